@@ -1,0 +1,3 @@
+module github.com/ferrite-llm/ferrite
+
+go 1.26

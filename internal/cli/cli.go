@@ -1,0 +1,38 @@
+// Package cli parses ferrite's command line and runs its subcommands: the
+// chat (the default), run, tokenize and bench. It returns exit codes instead
+// of exiting so that main.go is the only place that ends the process.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+)
+
+// Main runs ferrite with the given arguments (without the program name) and
+// returns the process exit code.
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) (code int) {
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(stderr, "ferrite: internal error: %v\n", r)
+			code = 3
+		}
+	}()
+	if len(args) > 0 {
+		switch args[0] {
+		case "-h", "--help", "help":
+			fmt.Fprint(stdout, usage)
+			return 0
+		}
+	}
+	fmt.Fprint(stderr, "ferrite: the chat is not built yet; see README.md for what works today.\n")
+	fmt.Fprint(stderr, usage)
+	return 0
+}
+
+const usage = `usage:
+  ferrite [--model DIR]                 open the chat
+  ferrite run --model DIR [flags] TEXT  generate once, streaming to stdout
+  ferrite tokenize --model DIR [TEXT]   print the token ids of TEXT (or stdin)
+  ferrite help                          this help
+`
