@@ -1,0 +1,227 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/sample"
+)
+
+// Defaults for zero Options fields.
+const (
+	DefaultMaxBatchTokens = 512
+	DefaultMaxSeqs        = 16
+)
+
+var (
+	// ErrClosed is returned by Generate after Close, and is the Err of the
+	// final event of every request still pending when Close is called.
+	ErrClosed = errors.New("runtime: closed")
+	// ErrPromptTooLong is wrapped by Generate's error for a prompt longer
+	// than the model's context or than the whole KV cache.
+	ErrPromptTooLong = errors.New("runtime: prompt too long")
+)
+
+// PanicError is the Err of the Error event of a request whose step
+// panicked.
+type PanicError struct {
+	Value any    // what was passed to panic
+	Stack []byte // the panicking goroutine's stack
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("runtime: engine step panicked: %v", e.Value) }
+
+// Unwrap returns the panic value when it is an error.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
+
+// TextDecoder turns a stream of generated ids into text, one id at a time;
+// *tokenizer.StreamDecoder is one. If it also has a Flush() string method,
+// Flush is called when generation ends to get the text still held back.
+// A decoder is used by the scheduler goroutine only.
+type TextDecoder interface {
+	Add(id int32) string
+}
+
+// flusher is the optional end-of-stream half of a TextDecoder.
+type flusher interface {
+	Flush() string
+}
+
+// Options configure a Runtime.
+type Options struct {
+	KVBudget       int64 // bytes of K/V cache storage (required)
+	BlockSize      int   // cache tokens per block; 0 means kvcache.DefaultBlockSize
+	MaxBatchTokens int   // token budget of one step (decode tokens + prompt chunks); 0 means DefaultMaxBatchTokens
+	MaxSeqs        int   // most sequences running at once; 0 means DefaultMaxSeqs; capped at MaxBatchTokens
+
+	// NewDecoder makes each request's detokenizer; nil means events carry
+	// token ids only.
+	NewDecoder func() TextDecoder
+}
+
+// Runtime is a running scheduler bound to one model and its KV cache.
+type Runtime struct {
+	m     model.Model
+	info  model.Info
+	opts  Options
+	cache *kvcache.Cache // owned by the loop goroutine
+	limit int            // most tokens one sequence may hold in the cache: min(MaxContext, whole cache)
+
+	mu       sync.Mutex // guards incoming, closed and nextID
+	incoming []*seq     // accepted by Generate, not yet seen by the loop
+	closed   bool
+	nextID   uint64
+
+	wake      chan struct{} // (cap 1) poked on new requests and cancellations
+	quit      chan struct{} // closed by Close
+	loopDone  chan struct{} // closed when the loop has exited
+	closeOnce sync.Once
+
+	stats atomic.Pointer[Stats] // the last published snapshot
+
+	sched scheduler // state owned by the loop goroutine
+}
+
+// New starts a runtime serving m. The runtime owns m until Close: nothing
+// else may call m.Forward.
+func New(m model.Model, opts Options) (*Runtime, error) {
+	if opts.KVBudget <= 0 {
+		return nil, errors.New("runtime: Options.KVBudget must be positive")
+	}
+	if opts.MaxBatchTokens < 0 || opts.MaxSeqs < 0 {
+		return nil, fmt.Errorf("runtime: negative MaxBatchTokens (%d) or MaxSeqs (%d)", opts.MaxBatchTokens, opts.MaxSeqs)
+	}
+	if opts.MaxBatchTokens == 0 {
+		opts.MaxBatchTokens = DefaultMaxBatchTokens
+	}
+	if opts.MaxSeqs == 0 {
+		opts.MaxSeqs = DefaultMaxSeqs
+	}
+	// Every running sequence's decode token must fit in one step.
+	opts.MaxSeqs = min(opts.MaxSeqs, opts.MaxBatchTokens)
+	cache, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: opts.BlockSize, Budget: opts.KVBudget})
+	if err != nil {
+		return nil, fmt.Errorf("runtime: %w", err)
+	}
+	info := m.Info()
+	cs := cache.Stats()
+	limit := cs.BlocksTotal * cs.BlockSize
+	if info.MaxContext > 0 {
+		limit = min(limit, info.MaxContext)
+	}
+	r := &Runtime{
+		m:        m,
+		info:     info,
+		opts:     opts,
+		cache:    cache,
+		limit:    limit,
+		wake:     make(chan struct{}, 1),
+		quit:     make(chan struct{}),
+		loopDone: make(chan struct{}),
+	}
+	r.sched.init(r)
+	r.publish()
+	go r.loop()
+	return r, nil
+}
+
+// Close stops the scheduler: every pending request ends with an Error event
+// wrapping ErrClosed, the loop goroutine exits, and later Generate calls
+// fail. Close waits for a step in progress to finish. It is idempotent.
+func (r *Runtime) Close() error {
+	r.closeOnce.Do(func() {
+		r.mu.Lock()
+		r.closed = true
+		r.mu.Unlock()
+		close(r.quit)
+	})
+	<-r.loopDone
+	return nil
+}
+
+// MaxSeqLen is the most tokens (prompt plus generated) one request may
+// hold: the model's context or the whole cache, whichever is smaller.
+func (r *Runtime) MaxSeqLen() int { return r.limit }
+
+// Generate queues req and returns its event stream. It fails at once, with
+// no stream, for an empty prompt, an id outside the vocabulary, or a prompt
+// that can never fit (ErrPromptTooLong). Cancelling ctx ends the request
+// (final event Done with FinishCancelled) and frees its cache blocks at the
+// next step boundary.
+func (r *Runtime) Generate(ctx context.Context, req Request) (*Stream, error) {
+	if err := r.validate(&req); err != nil {
+		return nil, err
+	}
+	req.Stop = slices.Clone(req.Stop) // the caller may reuse its slices
+	ctx, cancel := context.WithCancel(ctx)
+	s := &seq{
+		req:     req,
+		tokens:  append(make([]int32, 0, len(req.Prompt)+min(max(req.MaxTokens, 16), 4096)), req.Prompt...),
+		nPrompt: len(req.Prompt),
+		sampler: sample.New(req.Sampling),
+		arrived: time.Now(),
+	}
+	if r.opts.NewDecoder != nil {
+		s.dec = r.opts.NewDecoder()
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		cancel()
+		return nil, ErrClosed
+	}
+	r.nextID++
+	s.id = r.nextID
+	s.stream = newStream(s.id, cancel)
+	if ctx.Err() != nil {
+		s.cancelled.Store(true) // cancelled already: run nothing
+	}
+	s.stopWatch = context.AfterFunc(ctx, func() {
+		s.cancelled.Store(true)
+		r.poke()
+	})
+	s.cancelCtx = cancel
+	r.incoming = append(r.incoming, s)
+	r.mu.Unlock()
+	r.poke()
+	return s.stream, nil
+}
+
+// validate checks what can be checked before queueing.
+func (r *Runtime) validate(req *Request) error {
+	n := len(req.Prompt)
+	switch {
+	case n == 0:
+		return errors.New("runtime: empty prompt")
+	case req.MaxTokens < 0:
+		return fmt.Errorf("runtime: MaxTokens %d is negative", req.MaxTokens)
+	case r.info.MaxContext > 0 && n > r.info.MaxContext:
+		return fmt.Errorf("%w: %d tokens, the model's context is %d", ErrPromptTooLong, n, r.info.MaxContext)
+	case n > r.limit:
+		return fmt.Errorf("%w: %d tokens, the KV cache holds %d (budget %d bytes)", ErrPromptTooLong, n, r.limit, r.opts.KVBudget)
+	}
+	for i, t := range req.Prompt {
+		if t < 0 || int(t) >= r.info.Vocab {
+			return fmt.Errorf("runtime: prompt token %d is %d, outside the vocabulary [0, %d)", i, t, r.info.Vocab)
+		}
+	}
+	return nil
+}
+
+// poke wakes the loop if it is idle.
+func (r *Runtime) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
