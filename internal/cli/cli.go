@@ -23,6 +23,10 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		case "-h", "--help", "help":
 			fmt.Fprint(stdout, usage)
 			return 0
+		case "run":
+			return cmdRun(ctx, args[1:], stdin, stdout, stderr)
+		case "tokenize":
+			return cmdTokenize(ctx, args[1:], stdin, stdout, stderr)
 		}
 	}
 	fmt.Fprint(stderr, "ferrite: the chat is not built yet; see README.md for what works today.\n")

@@ -1,0 +1,160 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
+)
+
+// byteTokenizer writes a byte-level BPE tokenizer.json with no merges (the
+// 256 byte symbols, then three ChatML specials) and a ChatML template into
+// dir: small enough for the fixtures' 512-token vocabulary.
+func byteTokenizer(t *testing.T, dir string) {
+	t.Helper()
+	// The GPT-2 byte-to-unicode table: printable bytes map to themselves,
+	// the rest to U+0100 onwards.
+	vocab := map[string]int{}
+	next := 0
+	for b := range 256 {
+		printable := (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff)
+		r := rune(b)
+		if !printable {
+			r = rune(256 + next)
+			next++
+		}
+		vocab[string(r)] = b
+	}
+	specials := []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+	var added []map[string]any
+	for i, s := range specials {
+		added = append(added, map[string]any{"id": 256 + i, "content": s, "special": true,
+			"single_word": false, "lstrip": false, "rstrip": false, "normalized": false})
+	}
+	tj := map[string]any{
+		"version":        "1.0",
+		"added_tokens":   added,
+		"normalizer":     nil,
+		"pre_tokenizer":  map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+		"post_processor": nil,
+		"decoder":        map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+		"model":          map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{}, "dropout": nil, "unk_token": nil, "fuse_unk": false, "byte_fallback": false},
+	}
+	tc := map[string]any{
+		"eos_token": "<|im_end|>",
+		"pad_token": "<|endoftext|>",
+		"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" +
+			"{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+	}
+	for name, v := range map[string]any{"tokenizer.json": tj, "tokenizer_config.json": tc} {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// fixtureModel copies a reference fixture's config and weights into a temp
+// dir and adds the byte tokenizer.
+func fixtureModel(t *testing.T, name string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		b, err := os.ReadFile(filepath.Join(fixtures.Dir(name), f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	byteTokenizer(t, dir)
+	return dir
+}
+
+func runCLI(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = Main(context.Background(), args, strings.NewReader(stdin), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestTokenize(t *testing.T) {
+	dir := t.TempDir()
+	byteTokenizer(t, dir)
+	code, out, errs := runCLI(t, "", "tokenize", "--model", dir, "Hi <|im_end|>")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if got, want := strings.TrimSpace(out), "72 105 32 258"; got != want {
+		t.Fatalf("ids %q, want %q", got, want)
+	}
+	// The text may come on stdin.
+	code, out, _ = runCLI(t, "é", "tokenize", "--model", dir)
+	if code != 0 || strings.TrimSpace(out) != "195 169" {
+		t.Fatalf("stdin: exit %d, ids %q", code, out)
+	}
+}
+
+func TestRunGreedyIsDeterministic(t *testing.T) {
+	dir := fixtureModel(t, "qwen3")
+	args := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "12", "--system", "be brief", "hello there"}
+	code, out1, errs := runCLI(t, "", args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(errs, "prompt:") || !strings.Contains(errs, "decode:") || !strings.Contains(errs, "time to first token") {
+		t.Fatalf("no timing line on stderr: %q", errs)
+	}
+	_, out2, _ := runCLI(t, "", args...)
+	if out1 != out2 {
+		t.Fatalf("greedy runs differ: %q vs %q", out1, out2)
+	}
+	if out1 == "" {
+		t.Fatal("no output")
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no model", []string{"run", "hi"}, 2, "--model DIR is required"},
+		{"missing dir", []string{"run", "--model", filepath.Join(t.TempDir(), "nope"), "hi"}, 1, "nope"},
+		{"bad flag", []string{"run", "--bogus"}, 2, "flag provided but not defined"},
+		{"tokenize no model", []string{"tokenize", "x"}, 2, "--model DIR is required"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, _, errs := runCLI(t, "", c.args...)
+			if code != c.code || !strings.Contains(errs, c.want) {
+				t.Fatalf("exit %d, stderr %q; want exit %d containing %q", code, errs, c.code, c.want)
+			}
+		})
+	}
+}
+
+func TestRunPromptFromStdin(t *testing.T) {
+	dir := fixtureModel(t, "llama")
+	code, out, errs := runCLI(t, "from stdin", "run", "--model", dir, "--temperature", "0", "--max-tokens", "4", "--raw")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if strings.Contains(out, "from stdin") {
+		t.Fatalf("--raw printed the prompt: %q", out)
+	}
+	if n := strings.Count(errs, "decode: "); n != 1 {
+		t.Fatalf("stderr %q", errs)
+	}
+}
