@@ -1,0 +1,210 @@
+package mla_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/engine/internal/modeltest"
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	_ "github.com/ferrite-llm/ferrite/engine/models/deepseekv32"
+	_ "github.com/ferrite-llm/ferrite/engine/models/glm4moelite"
+	_ "github.com/ferrite-llm/ferrite/engine/models/glmmoedsa"
+	"github.com/ferrite-llm/ferrite/engine/models/mla"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Tiny random-weight configs. The DSA ones keep index_topk (5) below the
+// conformance suite's prompt (23 tokens), so most queries attend to a
+// subset; glm_moe_dsa has a shared layer; the lite one has no q-LoRA.
+const (
+	dsv32 = `{
+  "model_type": "deepseek_v32", "hidden_size": 32, "num_hidden_layers": 3,
+  "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 24,
+  "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 12, "intermediate_size": 48,
+  "moe_intermediate_size": 8, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+  "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1,
+  "index_n_heads": 4, "index_head_dim": 8, "index_topk": 5,
+  "vocab_size": 83, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+  "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+    "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 1.0},
+  "num_nextn_predict_layers": 1
+}`
+	glm5 = `{
+  "model_type": "glm_moe_dsa", "hidden_size": 32, "num_hidden_layers": 4,
+  "num_attention_heads": 2, "num_key_value_heads": 2, "q_lora_rank": 16, "kv_lora_rank": 16,
+  "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "intermediate_size": 48,
+  "moe_intermediate_size": 8, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+  "routed_scaling_factor": 2.5, "first_k_dense_replace": 2,
+  "index_n_heads": 2, "index_head_dim": 8, "index_topk": 5, "index_topk_freq": 2, "index_skip_topk_offset": 2,
+  "vocab_size": 83, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+  "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}
+}`
+	lite = `{
+  "model_type": "glm4_moe_lite", "hidden_size": 32, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": null, "kv_lora_rank": 16,
+  "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "intermediate_size": 48,
+  "moe_intermediate_size": 8, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+  "routed_scaling_factor": 1.8, "mlp_layer_types": ["sparse", "dense"], "rope_interleave": false,
+  "vocab_size": 83, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "num_nextn_predict_layers": 1
+}`
+)
+
+type mlaModel interface {
+	model.Model
+	Attention(int) *mla.Attention
+	SetForm(mla.Form)
+}
+
+func build(t *testing.T, cfg string) mlaModel {
+	t.Helper()
+	m, ok := modeltest.Build(t, cfg, kernels.BF16, nil).(mlaModel)
+	if !ok {
+		t.Fatal("not an MLA model")
+	}
+	return m
+}
+
+// TestConformance runs the engine's random-weight suite (incremental
+// decode, chunked prefill, mixed batches, fork and rollback) in every form.
+func TestConformance(t *testing.T) {
+	for name, cfg := range map[string]string{"deepseek_v32": dsv32, "glm_moe_dsa": glm5, "glm4_moe_lite": lite} {
+		m := build(t, cfg)
+		for _, f := range []struct {
+			name string
+			form mla.Form
+		}{{"auto", mla.FormAuto}, {"naive", mla.FormNaive}, {"absorbed", mla.FormAbsorbed}} {
+			t.Run(name+"/"+f.name, func(t *testing.T) {
+				m.SetForm(f.form)
+				defer m.SetForm(mla.FormAuto)
+				modeltest.Run(t, m)
+			})
+		}
+	}
+}
+
+// prompt runs tokens on a fresh sequence and returns all logits.
+func prompt(t *testing.T, m model.Model, c *kvcache.Cache, toks []int32) []float32 {
+	t.Helper()
+	s := c.NewSeq()
+	defer c.Free(s)
+	if err := c.Reserve(s, len(toks)); err != nil {
+		t.Fatal(err)
+	}
+	out, err := m.Forward(&model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: toks, KV: s, Logits: model.AllLogits}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Seqs[0].Logits
+}
+
+// TestNaiveTiles checks the naive form's tiled online softmax (tiles of 1,
+// 3 and 7 keys) against the absorbed form, over a context long enough for
+// the indexer to drop most keys.
+func TestNaiveTiles(t *testing.T) {
+	for name, cfg := range map[string]string{"deepseek_v32": dsv32, "glm_moe_dsa": glm5, "glm4_moe_lite": lite} {
+		t.Run(name, func(t *testing.T) {
+			m := build(t, cfg)
+			defer m.SetForm(mla.FormAuto)
+			c := modeltest.NewCache(t, m, 64)
+			rng := rand.New(rand.NewPCG(5, 6))
+			toks := make([]int32, 41)
+			for i := range toks {
+				toks[i] = int32(rng.IntN(m.Info().Vocab))
+			}
+			m.SetForm(mla.FormAbsorbed)
+			want := prompt(t, m, c, toks)
+			m.SetForm(mla.FormNaive)
+			for _, tile := range []int{1, 3, 7} {
+				for i := range m.Info().Layers {
+					m.Attention(i).Tile = tile
+				}
+				modeltest.Compare(t, fmt.Sprintf("tile %d", tile), prompt(t, m, c, toks), want, modeltest.Tol)
+			}
+		})
+	}
+}
+
+// TestLayout checks the per-layer cache widths: latent + rope key, plus the
+// index key on layers with their own indexer (not on shared ones), and the
+// NextN layer last.
+func TestLayout(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  string
+		want kvcache.Layout
+	}{
+		{dsv32, kvcache.Layout{{K: 28, V: 8}, {K: 28, V: 8}, {K: 28, V: 8}, {K: 28, V: 8}}},
+		{glm5, kvcache.Layout{{K: 20, V: 8}, {K: 20, V: 8}, {K: 20}, {K: 20, V: 8}}},
+		{lite, kvcache.Layout{{K: 20}, {K: 20}, {K: 20}}},
+	} {
+		m := build(t, tc.cfg)
+		got := m.CacheLayout()
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: layout %v, want %v", m.Info().Arch, got, tc.want)
+		}
+		if b := m.Info().KVBytesPerToken; b != tc.want.BytesPerToken() {
+			t.Errorf("%s: KVBytesPerToken %d, want %d", m.Info().Arch, b, tc.want.BytesPerToken())
+		}
+		_, isMTP := m.(model.MTPModel)
+		if wantMTP := len(tc.want) > m.Info().Layers; isMTP != wantMTP {
+			t.Errorf("%s: MTP model %v, want %v", m.Info().Arch, isMTP, wantMTP)
+		}
+	}
+}
+
+// TestSharedIndexer checks GLM-5's schedule: with freq 2 and offset 2,
+// layer 2 is shared and reuses layer 1's selection.
+func TestSharedIndexer(t *testing.T) {
+	m := build(t, glm5)
+	for i, want := range []int{-1, -1, 1, -1} {
+		a := m.Attention(i)
+		switch {
+		case want < 0 && (a.Indexer == nil || a.Share != nil):
+			t.Errorf("layer %d: want a full indexer", i)
+		case want >= 0 && (a.Indexer != nil || a.Share != m.Attention(want)):
+			t.Errorf("layer %d: want shared with layer %d", i, want)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ cfg, edit, want string }{
+		{dsv32, `"q_lora_rank": 16`, "q_lora_rank"},
+		{dsv32, `"index_topk": 5`, "index_topk"},
+		{glm5, `"index_topk_freq": 2`, "indexer_types"},
+		{lite, `"mlp_layer_types": ["sparse", "dense"]`, "mlp_layer_types"},
+		{dsv32, `"qk_rope_head_dim": 4`, "qk_rope_head_dim"},
+	} {
+		var bad string
+		switch tc.want {
+		case "q_lora_rank":
+			bad = strings.Replace(tc.cfg, tc.edit, `"q_lora_rank": null`, 1)
+		case "index_topk":
+			bad = strings.Replace(tc.cfg, tc.edit, `"index_topk": 0`, 1)
+		case "indexer_types":
+			bad = strings.Replace(tc.cfg, tc.edit, `"indexer_types": ["shared", "full", "full", "full"]`, 1)
+		case "mlp_layer_types":
+			bad = strings.Replace(tc.cfg, tc.edit, `"mlp_layer_types": ["sparse"]`, 1)
+		case "qk_rope_head_dim":
+			bad = strings.Replace(tc.cfg, tc.edit, `"qk_rope_head_dim": 3`, 1)
+		}
+		if bad == tc.cfg {
+			t.Fatalf("edit %q not applied", tc.edit)
+		}
+		_, err := modeltest.TryBuild(bad, kernels.F32, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one naming %s", tc.edit, err, tc.want)
+		}
+	}
+}
+
+func TestMissingTensor(t *testing.T) {
+	const name = "model.layers.1.self_attn.indexer.k_norm.bias"
+	_, err := modeltest.TryBuild(dsv32, kernels.F32, func(n string) bool { return n == name })
+	if err == nil || !strings.Contains(err.Error(), name) {
+		t.Fatalf("missing %s: error %v", name, err)
+	}
+}
