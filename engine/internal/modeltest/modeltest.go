@@ -1,0 +1,249 @@
+// Package modeltest is the conformance suite every architecture runs with
+// random weights: incremental decode equals the full forward, chunked
+// prefill equals one chunk, a mixed batch equals each sequence alone,
+// fork and rollback give the same logits as a fresh sequence, hidden states
+// reproduce the logits, and the cache gets every block back.
+package modeltest
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/randweights"
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/cpu"
+)
+
+// Tol is the largest allowed |a−b| / max|ref| between two ways of computing
+// the same logits.
+const Tol = 2e-5
+
+// Build makes the model described by cfgJSON with random weights of dtype.
+func Build(t testing.TB, cfgJSON string, dtype kernels.DType, missing func(string) bool) model.Model {
+	t.Helper()
+	m, err := TryBuild(cfgJSON, dtype, missing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TryBuild is Build returning the error; missing names the tensors the
+// random source pretends not to have.
+func TryBuild(cfgJSON string, dtype kernels.DType, missing func(string) bool) (model.Model, error) {
+	cfg, err := config.Parse("config.json", []byte(cfgJSON))
+	if err != nil {
+		return nil, err
+	}
+	src := randweights.New(1, dtype)
+	src.Missing = missing
+	return model.New(cfg, src, cpu.New(0))
+}
+
+// NewCache returns a cache for m with small blocks (so short sequences span
+// several) holding about blocks blocks.
+func NewCache(t testing.TB, m model.Model, blocks int) *kvcache.Cache {
+	t.Helper()
+	const bs = 4
+	c, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: bs, Budget: int64(blocks*bs) * m.Info().KVBytesPerToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// runner runs single-sequence steps against one cache.
+type runner struct {
+	t *testing.T
+	m model.Model
+	c *kvcache.Cache
+}
+
+// step runs tokens at the end of s and returns all their logits (n, vocab).
+func (r *runner) step(s *kvcache.Seq, tokens []int32, mode model.Logits) []float32 {
+	r.t.Helper()
+	pos := s.Len()
+	if err := r.c.Reserve(s, pos+len(tokens)); err != nil {
+		r.t.Fatal(err)
+	}
+	out, err := r.m.Forward(&model.Batch{Cache: r.c, Seqs: []model.Seq{{Tokens: tokens, Pos: pos, KV: s, Logits: mode}}})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return out.Seqs[0].Logits
+}
+
+// Compare fails t when got and want differ by more than Tol relative to
+// want's largest magnitude, and returns the relative error.
+func Compare(t testing.TB, what string, got, want []float32, tol float64) float64 {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	var maxRef, maxErr float64
+	for i := range want {
+		maxRef = max(maxRef, math.Abs(float64(want[i])))
+		d := math.Abs(float64(got[i]) - float64(want[i]))
+		if math.IsNaN(float64(got[i])) {
+			d = math.Inf(1)
+		}
+		maxErr = max(maxErr, d)
+	}
+	rel := maxErr / max(maxRef, 1e-30)
+	if rel > tol || maxRef == 0 {
+		t.Errorf("%s: max abs error %.3g, relative %.3g (max |ref| %.3g)", what, maxErr, rel, maxRef)
+	}
+	return rel
+}
+
+func randTokens(rng *rand.Rand, n, vocab int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32(rng.IntN(vocab))
+	}
+	return out
+}
+
+// Run runs the conformance suite on m.
+func Run(t *testing.T, m model.Model) {
+	info := m.Info()
+	vocab := info.Vocab
+	rng := rand.New(rand.NewPCG(3, 4))
+	prompt := randTokens(rng, 23, vocab)
+	c := NewCache(t, m, 64)
+	r := &runner{t: t, m: m, c: c}
+
+	// Reference: the whole prompt in one chunk.
+	ref := c.NewSeq()
+	full := r.step(ref, prompt, model.AllLogits)
+	row := func(i int) []float32 { return full[i*vocab : (i+1)*vocab] }
+
+	t.Run("incremental", func(t *testing.T) {
+		r := &runner{t: t, m: m, c: c}
+		s := c.NewSeq()
+		defer c.Free(s)
+		got := r.step(s, prompt[:5], model.AllLogits)
+		Compare(t, "prefill rows", got, full[:5*vocab], Tol)
+		for i := 5; i < len(prompt); i++ {
+			got := r.step(s, prompt[i:i+1], model.LastLogits)
+			Compare(t, fmt.Sprintf("decode position %d", i), got, row(i), Tol)
+		}
+	})
+
+	t.Run("chunked", func(t *testing.T) {
+		r := &runner{t: t, m: m, c: c}
+		s := c.NewSeq()
+		defer c.Free(s)
+		var got []float32
+		at := 0
+		for _, n := range []int{7, 1, 9, 6} {
+			got = append(got, r.step(s, prompt[at:at+n], model.AllLogits)...)
+			at += n
+		}
+		Compare(t, "chunked prefill", got, full, Tol)
+	})
+
+	t.Run("batch", func(t *testing.T) {
+		// Three sequences in one pass: A continues a prefill with a chunk,
+		// B decodes one token, C is a fresh prompt wanting hidden states.
+		promptB := randTokens(rng, 9, vocab)
+		promptC := randTokens(rng, 4, vocab)
+		r := &runner{t: t, m: m, c: c}
+		a, b, cs := c.NewSeq(), c.NewSeq(), c.NewSeq()
+		defer func() { c.Free(a); c.Free(b); c.Free(cs) }()
+		r.step(a, prompt[:6], model.NoLogits)
+		aloneB := r.step(b, promptB, model.AllLogits)
+		for _, s := range []struct {
+			seq *kvcache.Seq
+			n   int
+		}{{a, 11}, {b, 10}, {cs, 4}} {
+			if err := c.Reserve(s.seq, s.n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		next := int32(rng.IntN(vocab))
+		out, err := m.Forward(&model.Batch{Cache: c, Seqs: []model.Seq{
+			{Tokens: prompt[6:11], Pos: 6, KV: a, Logits: model.AllLogits},
+			{Tokens: []int32{next}, Pos: 9, KV: b, Logits: model.LastLogits},
+			{Tokens: promptC, Pos: 0, KV: cs, Logits: model.LastLogits, Hidden: true},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		Compare(t, "batched A", out.Seqs[0].Logits, full[6*vocab:11*vocab], Tol)
+
+		// B and C alone, on fresh sequences.
+		b2, c2 := c.NewSeq(), c.NewSeq()
+		defer func() { c.Free(b2); c.Free(c2) }()
+		Compare(t, "B prefill (separate cache)", r.step(b2, promptB, model.AllLogits), aloneB, Tol)
+		Compare(t, "batched B", out.Seqs[1].Logits, r.step(b2, []int32{next}, model.LastLogits), Tol)
+		aloneC := r.step(c2, promptC, model.AllLogits)
+		Compare(t, "batched C", out.Seqs[2].Logits, aloneC[3*vocab:], Tol)
+
+		h := out.Seqs[2].Hidden
+		if len(h) != 4*info.Hidden {
+			t.Fatalf("hidden states: %d values, want %d", len(h), 4*info.Hidden)
+		}
+		c3 := c.NewSeq()
+		defer c.Free(c3)
+		if err := c.Reserve(c3, 4); err != nil {
+			t.Fatal(err)
+		}
+		alone, err := m.Forward(&model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: promptC, KV: c3, Hidden: true}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(alone.Seqs[0].Logits) != 0 {
+			t.Fatal("logits returned with NoLogits")
+		}
+		Compare(t, "batched C hidden", h, alone.Seqs[0].Hidden, Tol)
+		if len(out.Seqs[0].Hidden) != 0 {
+			t.Fatal("hidden states returned without being asked for")
+		}
+	})
+
+	t.Run("fork-and-rollback", func(t *testing.T) {
+		r := &runner{t: t, m: m, c: c}
+		s := c.NewSeq()
+		defer c.Free(s)
+		r.step(s, prompt[:10], model.NoLogits)
+		f, err := c.Fork(s, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Free(f)
+		// The fork continues with the real prompt; the original speculates
+		// three wrong tokens, rolls them back, then continues too.
+		Compare(t, "fork continues", r.step(f, prompt[10:14], model.AllLogits), full[10*vocab:14*vocab], Tol)
+		r.step(s, randTokens(rng, 3, vocab), model.AllLogits)
+		c.Truncate(s, 10)
+		Compare(t, "after rollback", r.step(s, prompt[10:13], model.AllLogits), full[10*vocab:13*vocab], Tol)
+		Compare(t, "fork unaffected", r.step(f, prompt[14:15], model.LastLogits), row(14), Tol)
+	})
+
+	t.Run("errors", func(t *testing.T) {
+		s := c.NewSeq()
+		defer c.Free(s)
+		bad := []model.Batch{
+			{Cache: c, Seqs: []model.Seq{{Tokens: []int32{0}, Pos: 0, KV: s}}},                                  // not reserved
+			{Cache: c, Seqs: []model.Seq{{Tokens: []int32{int32(vocab)}, Pos: 0, KV: ref}}},                     // token out of range
+			{Cache: c, Seqs: []model.Seq{{Tokens: []int32{1}, Pos: 0, KV: ref}, {Tokens: []int32{1}, KV: ref}}}, // same handle twice
+			{Cache: nil, Seqs: []model.Seq{{Tokens: []int32{1}, KV: ref}}},
+		}
+		for i, b := range bad {
+			if _, err := m.Forward(&b); err == nil {
+				t.Errorf("bad batch %d: no error", i)
+			}
+		}
+	})
+
+	c.Free(ref)
+	if st := c.Stats(); st.BlocksUsed != 0 || st.Seqs != 0 {
+		t.Fatalf("cache after freeing everything: %+v", st)
+	}
+}

@@ -1,0 +1,106 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	_ "github.com/ferrite-llm/ferrite/engine/models/all" // register every architecture
+	"github.com/ferrite-llm/ferrite/engine/randweights"
+	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/cpu"
+)
+
+// Options control Load.
+type Options struct {
+	// Threads is the CPU backend's worker count; 0 means one per CPU.
+	Threads int
+	// Backend, when set, is used instead of a new CPU backend (and is not
+	// closed by Loaded.Close).
+	Backend kernels.Backend
+	// RandomWeights builds the model from config.json alone with seeded
+	// random tensors (benchmarks, smoke tests); no safetensors are read.
+	RandomWeights bool
+	// Seed seeds the random weights.
+	Seed uint64
+}
+
+// Loaded is a model ready to run, with what it was built from. The caller
+// loads the tokenizer (tokenizer.Load(dir)) separately.
+type Loaded struct {
+	Dir     string
+	Config  *config.Config
+	Weights *weights.Set // nil with RandomWeights
+	Backend kernels.Backend
+	Model   model.Model
+
+	ownBackend *cpu.Backend
+}
+
+// Load opens dir's config.json and weights, starts a backend and builds the
+// model. Every failure is returned as an error naming the file, key or
+// tensor at fault.
+func Load(dir string, opts Options) (*Loaded, error) {
+	cfg, err := config.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	l := &Loaded{Dir: dir, Config: cfg, Backend: opts.Backend}
+	var src model.WeightSource
+	if opts.RandomWeights {
+		src = randweights.New(opts.Seed, randomDType(cfg))
+	} else {
+		if l.Weights, err = weights.Open(dir); err != nil {
+			return nil, err
+		}
+		src = l.Weights
+	}
+	if l.Backend == nil {
+		l.ownBackend = cpu.New(opts.Threads)
+		l.Backend = l.ownBackend
+	}
+	if l.Model, err = model.New(cfg, src, l.Backend); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// randomDType is the config's dtype for random weights (bf16 unless the
+// config says float32 or float16).
+func randomDType(cfg *config.Config) kernels.DType {
+	switch cfg.Dtype() {
+	case "float32":
+		return kernels.F32
+	case "float16":
+		return kernels.F16
+	}
+	return kernels.BF16
+}
+
+// NewCache returns a paged KV cache for the model within budget bytes
+// (blockSize tokens per block; 0 means kvcache.DefaultBlockSize).
+func (l *Loaded) NewCache(budget int64, blockSize int) (*kvcache.Cache, error) {
+	c, err := kvcache.New(l.Model.CacheLayout(), kvcache.Options{BlockSize: blockSize, Budget: budget})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", l.Dir, err)
+	}
+	return c, nil
+}
+
+// Close releases the weights' memory mappings and the backend's workers
+// (when Load started them). The model must not be used afterwards.
+func (l *Loaded) Close() error {
+	var err error
+	if l.Weights != nil {
+		err = l.Weights.Close()
+		l.Weights = nil
+	}
+	if l.ownBackend != nil {
+		l.ownBackend.Close()
+		l.ownBackend = nil
+	}
+	return err
+}

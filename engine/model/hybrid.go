@@ -1,0 +1,30 @@
+package model
+
+import "github.com/ferrite-llm/ferrite/engine/linattn"
+
+// StateModel is implemented by models with linear-attention layers, whose
+// per-sequence recurrent state lives in a linattn.StatePool slot rather than
+// in the paged KV cache.
+type StateModel interface {
+	Model
+	// StateLayout is the shape of one sequence's slot: one entry per linear
+	// layer, in model order.
+	StateLayout() []linattn.LayerShape
+}
+
+// MTPModel is implemented by models whose checkpoint holds a
+// multi-token-prediction module (Qwen3-Next `mtp.*`, the DeepSeek/GLM NextN
+// layer `model.layers.{num_hidden_layers}.*`). Its attention cache is one
+// extra layer at the end of CacheLayout (index Info().Layers), so a
+// sequence's kvcache.Seq covers it too.
+type MTPModel interface {
+	Model
+	// ForwardMTP runs the MTP module. For each Seq, row i combines hidden[s]
+	// row i (the main model's post-final-norm hidden state at position
+	// Pos+i, width Info().Hidden) with the embedding of Tokens[i] (the token
+	// at position Pos+i+1); it runs at position Pos+i against the MTP layer's
+	// own cache and returns logits that predict the token at Pos+i+2 (rows
+	// chosen by Seq.Logits) and, when Seq.Hidden, the MTP's own post-norm
+	// output for chained drafting.
+	ForwardMTP(b *Batch, hidden [][]float32) (*Output, error)
+}

@@ -1,0 +1,195 @@
+package model
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/linattn"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Info describes a loaded model.
+type Info struct {
+	Arch            string // config.json model_type, e.g. "qwen3"
+	Vocab           int    // logits per row
+	Hidden          int    // hidden size (the width of Output hidden states)
+	Layers          int    // decoder layers
+	MaxContext      int    // max_position_embeddings
+	KVBytesPerToken int64  // cache bytes one token takes (CacheLayout().BytesPerToken())
+
+	// StateBytesPerSeq is the fixed recurrent state one sequence takes in a
+	// linattn.StatePool (StateModel: the sum of StateLayout's Bytes); 0 for
+	// models without linear-attention layers.
+	StateBytesPerSeq int64
+}
+
+// Model is an architecture ready to run.
+type Model interface {
+	// Info describes the model.
+	Info() Info
+	// CacheLayout is the per-layer K/V widths the model's cache must have.
+	CacheLayout() kvcache.Layout
+	// Forward runs one batch and returns the requested logits and hidden
+	// states. Errors report invalid batches; the model's state (other
+	// than the cache slots of the batch's positions) is unchanged.
+	// Forward must not be called concurrently.
+	Forward(b *Batch) (*Output, error)
+}
+
+// WeightSource is where a Constructor gets its tensors; *weights.Set and
+// *randweights.Source satisfy it.
+type WeightSource interface {
+	// Has reports whether the checkpoint holds the tensor name.
+	Has(name string) bool
+	// Mat returns the 2-D tensor name, shape-checked to (rows, cols).
+	Mat(name string, rows, cols int) (*kernels.Mat, error)
+	// Expert returns slice e, shape (rows, cols), of the fused 3-D tensor name.
+	Expert(name string, e, rows, cols int) (*kernels.Mat, error)
+	// Float32 returns a small tensor of exactly shape, converted to float32.
+	Float32(name string, shape ...int) ([]float32, error)
+}
+
+// Constructor builds an architecture from its config and weights. It must
+// return an error naming the key or tensor at fault, never panic.
+type Constructor func(cfg *config.Config, w WeightSource, be kernels.Backend) (Model, error)
+
+var (
+	regMu    sync.Mutex
+	registry = map[string]Constructor{}
+)
+
+// Register makes an architecture available under a config.json model_type.
+// It is called from the architecture package's init and panics on a
+// duplicate name (a programming error).
+func Register(modelType string, fn Constructor) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	if _, dup := registry[modelType]; dup {
+		panic("model: architecture registered twice")
+	}
+	registry[modelType] = fn
+}
+
+// Supported lists the registered model types, sorted.
+func Supported() []string {
+	regMu.Lock()
+	defer regMu.Unlock()
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// New builds the model for cfg.ModelType.
+func New(cfg *config.Config, w WeightSource, be kernels.Backend) (Model, error) {
+	regMu.Lock()
+	fn, ok := registry[cfg.ModelType]
+	regMu.Unlock()
+	if !ok {
+		mt := cfg.ModelType
+		if mt == "" {
+			mt = "(none)"
+		}
+		return nil, fmt.Errorf("%s: unsupported model_type %q; supported: %s", cfg.Path, mt, strings.Join(Supported(), ", "))
+	}
+	m, err := fn(cfg, w, be)
+	if err != nil {
+		return nil, fmt.Errorf("%s (%s): %w", cfg.Path, cfg.ModelType, err)
+	}
+	return m, nil
+}
+
+// Logits selects which rows of a sequence's chunk produce logits.
+type Logits uint8
+
+const (
+	NoLogits   Logits = iota // none (a prompt chunk that is not the last)
+	LastLogits               // the last token's (prompt end, decode)
+	AllLogits                // every token's (speculative verification, scoring)
+)
+
+// Seq is one sequence's part of a batch.
+type Seq struct {
+	Tokens []int32      // token ids to run, at positions Pos, Pos+1, …
+	Pos    int          // position of Tokens[0]; positions [0, Pos) are already cached
+	KV     *kvcache.Seq // the sequence's cache; Len() ≥ Pos+len(Tokens) (the caller reserves)
+	Logits Logits       // which rows return logits
+	Hidden bool         // return the final hidden states (after the final norm) of every token
+
+	// State is the sequence's recurrent-state slot for linear-attention
+	// layers (nil for models without them; see StateModel). Forward reads the
+	// state as it was after position Pos-1 and leaves it as it is after the
+	// last token of this chunk.
+	State *linattn.Slot
+}
+
+// Batch is one forward pass: sequences sharing a cache.
+type Batch struct {
+	Cache  *kvcache.Cache     // the storage every Seq.KV lives in; its layout must be the model's
+	States *linattn.StatePool // the pool every Seq.State lives in; nil for models without linear layers
+	Seqs   []Seq
+}
+
+// Tokens is the total number of tokens in the batch.
+func (b *Batch) Tokens() int {
+	n := 0
+	for i := range b.Seqs {
+		n += len(b.Seqs[i].Tokens)
+	}
+	return n
+}
+
+// Output holds a forward pass's results, one entry per batch Seq. The
+// slices are freshly allocated and owned by the caller.
+type Output struct {
+	Seqs []SeqOutput
+}
+
+// SeqOutput is one sequence's results.
+type SeqOutput struct {
+	Logits []float32 // (rows, vocab): rows is 0, 1 or len(Tokens) per Seq.Logits
+	Hidden []float32 // (len(Tokens), hidden) when Seq.Hidden, else nil
+}
+
+// Validate checks b against a model's vocabulary and cache layout: every
+// sequence has tokens in range, a distinct reserved cache handle, and the
+// cache has layout.
+func (b *Batch) Validate(vocab int, layout kvcache.Layout) error {
+	if b.Cache == nil {
+		return fmt.Errorf("model: batch has no cache")
+	}
+	if !slices.Equal(b.Cache.Layout(), layout) {
+		return fmt.Errorf("model: cache layout does not match the model's")
+	}
+	seen := make(map[*kvcache.Seq]bool, len(b.Seqs))
+	for i := range b.Seqs {
+		s := &b.Seqs[i]
+		switch {
+		case len(s.Tokens) == 0:
+			return fmt.Errorf("model: batch sequence %d has no tokens", i)
+		case s.KV == nil:
+			return fmt.Errorf("model: batch sequence %d has no cache handle", i)
+		case seen[s.KV]:
+			return fmt.Errorf("model: batch sequence %d repeats a cache handle", i)
+		case s.Pos < 0 || s.KV.Len() < s.Pos+len(s.Tokens):
+			return fmt.Errorf("model: batch sequence %d: positions [%d, %d) not reserved (cache length %d)",
+				i, s.Pos, s.Pos+len(s.Tokens), s.KV.Len())
+		case s.Logits > AllLogits:
+			return fmt.Errorf("model: batch sequence %d: bad logits mode %d", i, s.Logits)
+		}
+		seen[s.KV] = true
+		for _, t := range s.Tokens {
+			if t < 0 || int(t) >= vocab {
+				return fmt.Errorf("model: batch sequence %d: token %d outside the vocabulary [0, %d)", i, t, vocab)
+			}
+		}
+	}
+	return nil
+}

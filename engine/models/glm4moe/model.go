@@ -1,0 +1,100 @@
+// Package glm4moe implements GLM-4.5/4.6/4.7 (model_type "glm4_moe"): GQA
+// attention with q/k/v biases, optional per-head QK norm (use_qk_norm) and
+// partial NeoX RoPE (partial_rotary_factor, 0.5 by default) on the first
+// dims of each head; dense SwiGLU MLPs on the first first_k_dense_replace
+// layers and DeepSeek-V3 noaux_tc MoE elsewhere — sigmoid scores, the
+// e_score_correction_bias for selection only, grouped top-k, renormalised
+// weights times routed_scaling_factor — plus always-on shared experts.
+// The NextN MTP layer (model.layers.{num_hidden_layers}) is loaded when
+// num_nextn_predict_layers ≥ 1 and the checkpoint has it (see mtp.go).
+package glm4moe
+
+import (
+	"fmt"
+
+	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/models/internal/transformer"
+	"github.com/ferrite-llm/ferrite/engine/nn"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+func init() { model.Register("glm4_moe", New) }
+
+// New builds a GLM-4.5-family MoE model.
+func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Model, error) {
+	p, err := transformer.Read(cfg, false)
+	if err != nil {
+		return nil, err
+	}
+	if !hasRotaryFactor(cfg) {
+		p.Rope.PartialRotaryFactor = 0.5 // Glm4MoeConfig's default
+	}
+	bias := cfg.BoolOr("attention_bias", false)
+	qkNorm := cfg.BoolOr("use_qk_norm", false)
+	experts := cfg.IntOr("n_routed_experts", 128)
+	shared := cfg.IntOr("n_shared_experts", 1)
+	topK := cfg.IntOr("num_experts_per_tok", 8)
+	moeInter := cfg.IntOr("moe_intermediate_size", 1408)
+	groups := cfg.IntOr("n_group", 1)
+	topKGroups := cfg.IntOr("topk_group", 1)
+	scale := cfg.FloatOr("routed_scaling_factor", 1)
+	normTopK := cfg.BoolOr("norm_topk_prob", true)
+	firstDense := cfg.IntOr("first_k_dense_replace", 1)
+	if err := cfg.Err(); err != nil {
+		return nil, err
+	}
+	switch {
+	case experts <= 0 || topK <= 0 || topK > experts || moeInter <= 0 || shared < 0:
+		return nil, fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
+			experts, topK, moeInter, shared)
+	case groups <= 0 || experts%groups != 0 || topKGroups <= 0 || topKGroups > groups || (groups > 1 && experts/groups < 2):
+		return nil, fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", groups, topKGroups, experts)
+	}
+	rope, err := transformer.NewRoPE(p)
+	if err != nil {
+		return nil, err
+	}
+	l := nn.NewLoader(w)
+	// block loads model.layers.{i}; i = num_hidden_layers is the MTP layer's.
+	block := func(i int) *nn.Block {
+		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{QKVBias: bias, QKNorm: qkNorm})
+		pre := fmt.Sprintf("model.layers.%d.mlp", i)
+		var ffn nn.FFN
+		if i < firstDense {
+			ffn = l.MLP(pre, nn.HFNames, p.Hidden, p.Inter, false)
+		} else {
+			moe := &nn.MoE{
+				Router: nn.Router{
+					W:          l.Mat(pre+".gate.weight", experts, p.Hidden),
+					Bias:       l.Vec(pre+".gate.e_score_correction_bias", experts),
+					Scoring:    nn.SigmoidScoring,
+					TopK:       topK,
+					NormTopK:   normTopK,
+					Scale:      float32(scale),
+					Groups:     groups,
+					TopKGroups: topKGroups,
+				},
+				Experts: l.Experts(pre+".experts", nn.HFNames, experts, p.Hidden, moeInter),
+			}
+			if shared > 0 {
+				moe.Shared = l.MLP(pre+".shared_experts", nn.HFNames, p.Hidden, moeInter*shared, false)
+			}
+			ffn = moe
+		}
+		return transformer.LoadBlock(l, p, i, attn, ffn)
+	}
+	layers := make([]model.Layer, p.Layers)
+	for i := range layers {
+		layers[i] = block(i)
+	}
+	return newModel(cfg, l, p, layers, block, be)
+}
+
+// hasRotaryFactor reports whether the config sets partial_rotary_factor
+// anywhere config.Rope looks.
+func hasRotaryFactor(cfg *config.Config) bool {
+	return cfg.Has("partial_rotary_factor") ||
+		cfg.Sub("rope_parameters").Has("partial_rotary_factor") ||
+		cfg.Sub("rope_scaling").Has("partial_rotary_factor")
+}

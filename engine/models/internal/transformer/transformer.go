@@ -1,0 +1,157 @@
+// Package transformer holds the loading code shared by the decoder-only
+// GQA architectures (llama, qwen3, qwen3_moe, mixtral, glm4_moe): reading
+// the common hyperparameters from config.json, loading an attention block,
+// and wrapping layers into a model.Decoder with its embedding, final norm
+// and LM head. Each architecture package keeps what differs: its FFN, its
+// optional tensors and its config quirks.
+package transformer
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/nn"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Params are the hyperparameters every GQA decoder reads from config.json.
+type Params struct {
+	Hidden     int     // hidden_size
+	Layers     int     // num_hidden_layers
+	Heads      int     // num_attention_heads
+	KVHeads    int     // num_key_value_heads (default: Heads)
+	HeadDim    int     // head_dim (default: hidden_size / num_attention_heads)
+	Inter      int     // intermediate_size of dense MLPs (0 when absent)
+	Vocab      int     // vocab_size
+	MaxContext int     // max_position_embeddings
+	Eps        float32 // rms_norm_eps
+	Tied       bool    // tie_word_embeddings: the LM head is the embedding
+	Rope       nn.RopeConfig
+}
+
+// Read reads the common hyperparameters. Missing or mistyped keys are
+// recorded in cfg.Err(); Read returns that error (if any) after checking
+// the values are consistent.
+func Read(cfg *config.Config, tiedDefault bool) (Params, error) {
+	p := Params{
+		Hidden:     cfg.Int("hidden_size"),
+		Layers:     cfg.Int("num_hidden_layers"),
+		Heads:      cfg.Int("num_attention_heads"),
+		Inter:      cfg.IntOr("intermediate_size", 0),
+		Vocab:      cfg.Int("vocab_size"),
+		MaxContext: cfg.IntOr("max_position_embeddings", 0),
+		Eps:        float32(cfg.FloatOr("rms_norm_eps", 1e-6)),
+		Tied:       cfg.BoolOr("tie_word_embeddings", tiedDefault),
+	}
+	p.KVHeads = cfg.IntOr("num_key_value_heads", p.Heads)
+	if p.Heads > 0 {
+		p.HeadDim = cfg.IntOr("head_dim", p.Hidden/p.Heads)
+	}
+	rp := cfg.Rope()
+	p.Rope = nn.RopeConfig{
+		HeadDim:              p.HeadDim,
+		PartialRotaryFactor:  rp.PartialRotaryFactor,
+		Theta:                rp.Theta,
+		Type:                 rp.Type,
+		Factor:               rp.Factor,
+		OriginalMaxPositions: rp.OriginalMaxPos,
+		MaxPositions:         p.MaxContext,
+		LowFreqFactor:        rp.LowFreqFactor,
+		HighFreqFactor:       rp.HighFreqFactor,
+		BetaFast:             rp.BetaFast,
+		BetaSlow:             rp.BetaSlow,
+		Mscale:               rp.MScale,
+		MscaleAllDim:         rp.MScaleAllDim,
+		AttentionFactor:      rp.AttentionFactor,
+		NoTruncate:           !rp.Truncate,
+	}
+	if err := cfg.Err(); err != nil {
+		return p, err
+	}
+	switch {
+	case p.Hidden <= 0 || p.Layers <= 0 || p.Heads <= 0 || p.KVHeads <= 0 || p.HeadDim <= 0 || p.Vocab <= 0:
+		return p, fmt.Errorf("non-positive dimension: hidden_size %d, num_hidden_layers %d, num_attention_heads %d, num_key_value_heads %d, head_dim %d, vocab_size %d",
+			p.Hidden, p.Layers, p.Heads, p.KVHeads, p.HeadDim, p.Vocab)
+	case p.Heads%p.KVHeads != 0:
+		return p, fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", p.Heads, p.KVHeads)
+	case p.Eps < 0 || math.IsNaN(float64(p.Eps)):
+		return p, fmt.Errorf("rms_norm_eps %g", p.Eps)
+	}
+	return p, nil
+}
+
+// Layout is the cache layout of Layers uniform GQA layers.
+func (p Params) Layout() kvcache.Layout {
+	l := make(kvcache.Layout, p.Layers)
+	for i := range l {
+		l[i] = kvcache.LayerWidth{K: p.KVHeads * p.HeadDim, V: p.KVHeads * p.HeadDim}
+	}
+	return l
+}
+
+// AttnOptions select an attention block's optional parts.
+type AttnOptions struct {
+	QKVBias bool // q_proj/k_proj/v_proj have biases
+	OBias   bool // o_proj has a bias
+	QKNorm  bool // q_norm/k_norm (RMSNorm over head_dim) before RoPE
+}
+
+// LoadAttention loads model.layers.{layer}.self_attn.
+func LoadAttention(l *nn.Loader, p Params, layer int, rope *nn.RoPE, o AttnOptions) *nn.SelfAttention {
+	pre := fmt.Sprintf("model.layers.%d.self_attn.", layer)
+	q, kv := p.Heads*p.HeadDim, p.KVHeads*p.HeadDim
+	a := &nn.SelfAttention{
+		Q:    l.Linear(pre+"q_proj", q, p.Hidden, o.QKVBias),
+		K:    l.Linear(pre+"k_proj", kv, p.Hidden, o.QKVBias),
+		V:    l.Linear(pre+"v_proj", kv, p.Hidden, o.QKVBias),
+		O:    l.Linear(pre+"o_proj", p.Hidden, q, o.OBias),
+		Rope: rope,
+		Attn: nn.NewAttention(layer, p.Heads, p.KVHeads, p.HeadDim),
+	}
+	if o.QKNorm {
+		a.QNorm = l.RMSNorm(pre+"q_norm", p.HeadDim, p.Eps, false)
+		a.KNorm = l.RMSNorm(pre+"k_norm", p.HeadDim, p.Eps, false)
+	}
+	return a
+}
+
+// LoadBlock loads the norms of model.layers.{layer} around attn and ffn.
+func LoadBlock(l *nn.Loader, p Params, layer int, attn *nn.SelfAttention, ffn nn.FFN) *nn.Block {
+	pre := fmt.Sprintf("model.layers.%d.", layer)
+	return &nn.Block{
+		AttnNorm: l.RMSNorm(pre+"input_layernorm", p.Hidden, p.Eps, false),
+		Attn:     attn,
+		FFNNorm:  l.RMSNorm(pre+"post_attention_layernorm", p.Hidden, p.Eps, false),
+		FFN:      ffn,
+	}
+}
+
+// NewDecoder loads the embedding, final norm and LM head (the embedding
+// when tied, or when lm_head.weight is absent and tying is the default) and
+// assembles the model. It returns the loader's errors, if any.
+func NewDecoder(l *nn.Loader, p Params, arch string, layers []model.Layer, be kernels.Backend) (*model.Decoder, error) {
+	d := &model.Decoder{
+		Arch:       arch,
+		Embed:      l.Mat("model.embed_tokens.weight", p.Vocab, p.Hidden),
+		Layers:     layers,
+		Norm:       l.RMSNorm("model.norm", p.Hidden, p.Eps, false),
+		Layout:     p.Layout(),
+		MaxContext: p.MaxContext,
+		Backend:    be,
+	}
+	if p.Tied {
+		d.LMHead = d.Embed
+	} else {
+		d.LMHead = l.Mat("lm_head.weight", p.Vocab, p.Hidden)
+	}
+	if err := l.Err(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// NewRoPE builds the rotary embedding for p (NeoX half-split pairing).
+func NewRoPE(p Params) (*nn.RoPE, error) { return nn.NewRoPE(p.Rope) }

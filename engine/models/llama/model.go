@@ -1,0 +1,44 @@
+// Package llama implements the Llama architecture (model_type "llama"):
+// GQA attention with NeoX RoPE (optionally llama3-scaled), optional
+// attention and MLP biases, a SwiGLU MLP, and tied or separate embeddings.
+package llama
+
+import (
+	"fmt"
+
+	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/models/internal/transformer"
+	"github.com/ferrite-llm/ferrite/engine/nn"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+func init() { model.Register("llama", New) }
+
+// New builds a Llama model.
+func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Model, error) {
+	p, err := transformer.Read(cfg, false)
+	if err != nil {
+		return nil, err
+	}
+	attnBias := cfg.BoolOr("attention_bias", false)
+	mlpBias := cfg.BoolOr("mlp_bias", false)
+	if p.Inter <= 0 {
+		cfg.Int("intermediate_size")
+	}
+	if err := cfg.Err(); err != nil {
+		return nil, err
+	}
+	rope, err := transformer.NewRoPE(p)
+	if err != nil {
+		return nil, err
+	}
+	l := nn.NewLoader(w)
+	layers := make([]model.Layer, p.Layers)
+	for i := range layers {
+		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{QKVBias: attnBias, OBias: attnBias})
+		mlp := l.MLP(fmt.Sprintf("model.layers.%d.mlp", i), nn.HFNames, p.Hidden, p.Inter, mlpBias)
+		layers[i] = transformer.LoadBlock(l, p, i, attn, mlp)
+	}
+	return transformer.NewDecoder(l, p, "llama", layers, be)
+}

@@ -1,0 +1,48 @@
+// Package qwen3 implements dense Qwen3 (model_type "qwen3"): Llama-style
+// GQA with an explicit head_dim and per-head RMSNorm on q and k (q_norm,
+// k_norm) applied before RoPE.
+package qwen3
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/models/internal/transformer"
+	"github.com/ferrite-llm/ferrite/engine/nn"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+func init() { model.Register("qwen3", New) }
+
+// New builds a Qwen3 model.
+func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Model, error) {
+	p, err := transformer.Read(cfg, false)
+	if err != nil {
+		return nil, err
+	}
+	bias := cfg.BoolOr("attention_bias", false)
+	sliding := cfg.BoolOr("use_sliding_window", false)
+	if p.Inter <= 0 {
+		cfg.Int("intermediate_size")
+	}
+	if err := cfg.Err(); err != nil {
+		return nil, err
+	}
+	if sliding {
+		return nil, errors.New("use_sliding_window: sliding-window attention is not supported")
+	}
+	rope, err := transformer.NewRoPE(p)
+	if err != nil {
+		return nil, err
+	}
+	l := nn.NewLoader(w)
+	layers := make([]model.Layer, p.Layers)
+	for i := range layers {
+		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{QKVBias: bias, OBias: bias, QKNorm: true})
+		mlp := l.MLP(fmt.Sprintf("model.layers.%d.mlp", i), nn.HFNames, p.Hidden, p.Inter, false)
+		layers[i] = transformer.LoadBlock(l, p, i, attn, mlp)
+	}
+	return transformer.NewDecoder(l, p, "qwen3", layers, be)
+}

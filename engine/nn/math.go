@@ -1,0 +1,55 @@
+package nn
+
+import "math"
+
+// dot is Σ a[i]·b[i] over len(a) values, with four float32 accumulators.
+func dot(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * b[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// axpy sets y += alpha·x over len(x) values.
+func axpy(y []float32, alpha float32, x []float32) {
+	y = y[:len(x)]
+	for i, v := range x {
+		y[i] += alpha * v
+	}
+}
+
+// Silu is x·sigmoid(x).
+func Silu(x float32) float32 { return float32(float64(x) / (1 + math.Exp(-float64(x)))) }
+
+// Sigmoid is 1/(1+e^-x).
+func Sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+
+// Softmax replaces x with softmax(x) (max-subtracted, float64 sum).
+func Softmax(x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	m := x[0]
+	for _, v := range x[1:] {
+		m = max(m, v)
+	}
+	var sum float64
+	for i, v := range x {
+		e := math.Exp(float64(v - m))
+		x[i] = float32(e)
+		sum += e
+	}
+	inv := 1 / sum
+	for i, v := range x {
+		x[i] = float32(float64(v) * inv)
+	}
+}

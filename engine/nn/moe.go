@@ -1,0 +1,250 @@
+package nn
+
+import (
+	"math"
+	"slices"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Scoring is how a router turns logits into expert scores.
+type Scoring uint8
+
+const (
+	// SoftmaxScoring: p = softmax(logits) over all experts (Mixtral, Qwen-MoE).
+	SoftmaxScoring Scoring = iota
+	// SigmoidScoring: s = sigmoid(logits) per expert (DeepSeek-V3, GLM-4.5
+	// noaux_tc), optionally biased for selection.
+	SigmoidScoring
+)
+
+// Router picks TopK experts per token and their weights.
+//
+// Softmax: p = softmax(x·Wᵀ); take the top-k p; renormalise them to sum 1
+// when NormTopK. Sigmoid (noaux_tc): s = sigmoid(x·Wᵀ); selection uses
+// s + Bias; with Groups > 1 the experts are split into Groups equal groups,
+// each scored by the sum of its two best biased scores, and only the best
+// TopKGroups groups stay eligible (the rest are −inf, as in DeepSeek's
+// reference; Hugging Face fills 0, which differs only when biased scores are
+// negative). The weights are the unbiased s of the chosen experts, divided
+// by their sum + 1e-20 when NormTopK. Both then multiply by Scale
+// (routed_scaling_factor).
+type Router struct {
+	W          *kernels.Mat // (experts, hidden)
+	Bias       []float32    // (experts) e_score_correction_bias, selection only; nil if none
+	Scoring    Scoring
+	TopK       int
+	NormTopK   bool
+	Scale      float32 // routed_scaling_factor; 1 for none
+	Groups     int     // n_group; ≤ 1 disables grouped selection
+	TopKGroups int     // topk_group
+}
+
+// Route fills idx and w, each (n, TopK), with the chosen experts of every
+// row of x (n, hidden) and their weights.
+func (r *Router) Route(be kernels.Backend, a *Arena, x []float32, n int, idx []int32, w []float32) {
+	mark := a.Mark()
+	e := r.W.Rows
+	logits := a.Get(n * e) // (n, experts)
+	be.MatMul(logits, x, r.W, n)
+	choice := make([]float32, e)
+	order := make([]int32, e)
+	for i := range n {
+		s := logits[i*e : (i+1)*e]
+		ri, rw := idx[i*r.TopK:(i+1)*r.TopK], w[i*r.TopK:(i+1)*r.TopK]
+		switch r.Scoring {
+		case SoftmaxScoring:
+			Softmax(s)
+			copy(choice, s)
+		case SigmoidScoring:
+			for j, v := range s {
+				s[j] = Sigmoid(v)
+				choice[j] = s[j]
+				if r.Bias != nil {
+					choice[j] += r.Bias[j]
+				}
+			}
+			if r.Groups > 1 {
+				r.maskGroups(choice)
+			}
+		}
+		topK(order, choice, ri)
+		var sum float64
+		for k, j := range ri {
+			rw[k] = s[j]
+			sum += float64(s[j])
+		}
+		if r.NormTopK {
+			den := float32(sum)
+			if r.Scoring == SigmoidScoring {
+				den += 1e-20
+			}
+			for k := range rw {
+				rw[k] /= den
+			}
+		}
+		if r.Scale != 1 && r.Scale != 0 {
+			for k := range rw {
+				rw[k] *= r.Scale
+			}
+		}
+	}
+	a.Release(mark)
+}
+
+// maskGroups sets the scores of every expert outside the TopKGroups best
+// groups to −inf. A group's score is the sum of its two highest scores.
+func (r *Router) maskGroups(choice []float32) {
+	g := r.Groups
+	per := len(choice) / g
+	gs := make([]float32, g)
+	for k := range g {
+		grp := choice[k*per : (k+1)*per]
+		b1, b2 := float32(math.Inf(-1)), float32(math.Inf(-1))
+		for _, v := range grp {
+			if v > b1 {
+				b1, b2 = v, b1
+			} else if v > b2 {
+				b2 = v
+			}
+		}
+		if per == 1 {
+			b2 = 0
+		}
+		gs[k] = b1 + b2
+	}
+	keep := make([]int32, r.TopKGroups)
+	topK(make([]int32, g), gs, keep)
+	for k := range g {
+		if !slices.Contains(keep, int32(k)) {
+			for j := k * per; j < (k+1)*per; j++ {
+				choice[j] = float32(math.Inf(-1))
+			}
+		}
+	}
+}
+
+// topK writes into out the indices of the len(out) largest values of v,
+// largest first; ties go to the lower index. order is scratch of len(v).
+func topK(order []int32, v []float32, out []int32) {
+	for i := range order {
+		order[i] = int32(i)
+	}
+	// Partial selection: len(out) is small (≤ 16 in practice).
+	for k := range out {
+		best := k
+		for j := k + 1; j < len(order); j++ {
+			if v[order[j]] > v[order[best]] || (v[order[j]] == v[order[best]] && order[j] < order[best]) {
+				best = j
+			}
+		}
+		order[k], order[best] = order[best], order[k]
+		out[k] = order[k]
+	}
+}
+
+// Expert is one routed expert's SwiGLU weights, stored either fused
+// (GateUp) or as separate Gate and Up matrices.
+type Expert struct {
+	GateUp *kernels.Mat // (2·inter, hidden): rows [0, inter) gate, [inter, 2·inter) up; nil if separate
+	Gate   *kernels.Mat // (inter, hidden); nil if fused
+	Up     *kernels.Mat // (inter, hidden); nil if fused
+	Down   *kernels.Mat // (hidden, inter)
+}
+
+// MoE is a routed mixture of SwiGLU experts with optional shared experts:
+// y = Σ_k w_k·Expert_k(x) + g·Shared(x), where g = sigmoid(x·SharedGateᵀ)
+// for Qwen-style gated shared experts and 1 otherwise.
+type MoE struct {
+	Router     Router
+	Experts    []Expert // (experts)
+	Shared     *MLP     // shared experts (DeepSeek/GLM n_shared_experts fused into one MLP); nil if none
+	SharedGate *Linear  // (1, hidden) Qwen-style sigmoid gate on Shared; nil if ungated
+}
+
+// Forward sets y (n, hidden) = MoE(x (n, hidden)). Tokens are grouped by
+// expert so each expert's weights are read once per call; a token's expert
+// outputs are summed in increasing expert order, independent of the other
+// tokens in the batch.
+func (m *MoE) Forward(be kernels.Backend, a *Arena, y, x []float32, n int) {
+	mark := a.Mark()
+	hidden, inter, k := m.Experts[0].Down.Rows, m.Experts[0].Down.Cols, m.Router.TopK
+	idx := make([]int32, n*k)
+	w := make([]float32, n*k)
+	m.Router.Route(be, a, x, n, idx, w)
+
+	// Bucket (token, weight) pairs by expert, tokens in order.
+	count := make([]int, len(m.Experts)+1)
+	for _, e := range idx {
+		count[e+1]++
+	}
+	for e := range m.Experts {
+		count[e+1] += count[e]
+	}
+	tok := make([]int32, n*k)
+	tw := make([]float32, n*k)
+	fill := slices.Clone(count[:len(m.Experts)])
+	for i := range n {
+		for j := range k {
+			e := idx[i*k+j]
+			tok[fill[e]], tw[fill[e]] = int32(i), w[i*k+j]
+			fill[e]++
+		}
+	}
+
+	clear(y[:n*hidden])
+	xe := a.Get(n * hidden)    // (rows, hidden) gathered inputs
+	gu := a.Get(n * 2 * inter) // (rows, 2·inter) gate|up
+	h := a.Get(n * inter)      // (rows, inter)
+	ye := a.Get(n * hidden)    // (rows, hidden) expert outputs
+	for e := range m.Experts {
+		lo, hi := count[e], count[e+1]
+		rows := hi - lo
+		if rows == 0 {
+			continue
+		}
+		ex := &m.Experts[e]
+		for r, t := range tok[lo:hi] {
+			copy(xe[r*hidden:(r+1)*hidden], x[int(t)*hidden:(int(t)+1)*hidden])
+		}
+		if ex.GateUp != nil {
+			be.MatMul(gu, xe, ex.GateUp, rows)
+			for r := range rows {
+				row := gu[r*2*inter : (r+1)*2*inter]
+				for j := range inter {
+					h[r*inter+j] = Silu(row[j]) * row[inter+j]
+				}
+			}
+		} else {
+			g, u := gu[:rows*inter], gu[rows*inter:2*rows*inter]
+			be.MatMul(g, xe, ex.Gate, rows)
+			be.MatMul(u, xe, ex.Up, rows)
+			for j := range rows * inter {
+				h[j] = Silu(g[j]) * u[j]
+			}
+		}
+		be.MatMul(ye, h, ex.Down, rows)
+		for r, t := range tok[lo:hi] {
+			axpy(y[int(t)*hidden:(int(t)+1)*hidden], tw[lo+r], ye[r*hidden:(r+1)*hidden])
+		}
+	}
+
+	if m.Shared != nil {
+		ys := a.Get(n * hidden) // (n, hidden)
+		m.Shared.Forward(be, a, ys, x, n)
+		if m.SharedGate != nil {
+			g := a.Get(n) // (n, 1)
+			m.SharedGate.Forward(be, g, x, n)
+			for i := range n {
+				s := Sigmoid(g[i])
+				for j := range hidden {
+					ys[i*hidden+j] *= s
+				}
+			}
+		}
+		for i, v := range ys {
+			y[i] += v
+		}
+	}
+	a.Release(mark)
+}
