@@ -23,16 +23,18 @@
 // # One step
 //
 // The scheduler loop repeats: take new requests, drop cancelled ones (their
-// blocks go back to the pool at once), build a batch, run one forward pass,
-// sample. A batch is filled up to Options.MaxBatchTokens tokens:
+// blocks go back to the pool at once), build a batch, run one forward pass
+// (after the MTP passes when sequences speculate), sample. A batch is filled up to Options.MaxBatchTokens tokens:
 //
 //  1. one decode token for every running sequence that has one pending,
-//     oldest first;
-//  2. a chunk of the remaining prompt of running sequences still in
+//     oldest first (after a hybrid model's speculative rollback, the tokens
+//     to recompute with it);
+//  2. drafts for the decoding sequences that speculate (see below);
+//  3. a chunk of the remaining prompt of running sequences still in
 //     prefill (chunked prefill: a long prompt spans several steps);
-//  3. chunks of waiting requests, admitted in arrival order while fewer than
-//     Options.MaxSeqs run and the cache has room (leaving a block of
-//     headroom per running sequence). Admission stops at the first request
+//  4. chunks of waiting requests, admitted in arrival order while fewer than
+//     Options.MaxSeqs run and the cache (and, for a hybrid model, the state
+//     pool) has room (leaving a block of headroom per running sequence). Admission stops at the first request
 //     that does not fit, so a long prompt is not starved by short ones.
 //
 // When a decode token cannot get a cache slot, the newest running sequence
@@ -48,25 +50,92 @@
 // are freed; the runtime keeps serving the others. A Forward error is
 // handled the same way.
 //
+// # Recurrent state
+//
+// When the model is a model.StateModel (linear-attention layers), the
+// runtime owns a linattn.StatePool of Options.StateBudget bytes (default:
+// MaxSeqs slots, plus the snapshots speculation needs when the model has an
+// MTP module). A sequence gets a zeroed slot when admitted and gives it
+// back whenever its cache handle goes (finish, cancel, error, preemption):
+// a preempted sequence recomputes its state from position 0 with its K/V.
+// Admission stops while the pool has no free slot, so a budget below
+// MaxSeqs slots lowers concurrency; New refuses one below a single slot
+// (ErrStateBudget). Stats.RecurrentBytes is the pool's bytes in use.
+//
+// # Speculative decoding (MTP)
+//
+// With a model.MTPModel and a draft length k > 0 (Options.Draft, or
+// Request.Draft per request), each sequence drafts with the model's MTP
+// module inside the continuous batch. The MTP's cache row at position j
+// combines the target's post-norm hidden state at j with the token at j+1,
+// so every forward pass of a speculating sequence asks for its hidden
+// states (Seq.Hidden), and the step after feeds the MTP module those it
+// has not seen ("draft extend": prompt chunks, accepted tokens). A step of
+// a decoding sequence whose last token is t at position p then runs:
+//
+//  1. MTP pass 0: the pending extension rows, the last being the target's
+//     hidden state at p-1 with t: its logits give draft d1 (drawn with the
+//     request's own sampler: argmax for greedy, else from its distribution
+//     q, which is kept). Passes 1..k-1 chain one row each: the MTP's own
+//     post-norm output hidden state with d_i gives d_{i+1}. All sequences
+//     drafting in the step share each pass.
+//  2. The target's forward pass, where the sequence's entry is [t, d1..dk]
+//     with every row's logits (model.AllLogits) and hidden states.
+//  3. Verification in order: greedy accepts a draft equal to the target's
+//     choice; sampling accepts d with probability min(1, p(d)/q(d)) and on
+//     rejection draws from norm(max(0, p−q)); if all pass, a bonus token is
+//     drawn from the last row. So greedy output is plain greedy decoding's,
+//     token for token, and sampled output is distributed exactly as plain
+//     sampling's (a seeded request's tokens differ from plain decoding's,
+//     and depend on the draft lengths, hence on the load). Stop ids,
+//     MaxTokens and the length limit apply to each emitted token.
+//  4. Rollback: the cache (target and MTP layers) is truncated to the
+//     accepted positions. A hybrid model's linear layers have run over the
+//     rejected drafts too: the slot was snapshotted before the pass and is
+//     restored, and the accepted tokens run again in front of the next
+//     step's token (their K/V and hidden states are kept, so computed may
+//     be below the cache length). This costs one snapshot per verifying
+//     sequence (from the state pool; none free: no drafts) and a few
+//     recomputed tokens per rejection, and keeps a hybrid's verification
+//     window at 8 tokens or fewer, where the delta rule runs token by
+//     token exactly as in plain decoding.
+//
+// The draft length adapts per sequence: each draft position keeps an
+// estimate of its acceptance (given the earlier ones passed) and the
+// sequence drafts while the estimated chance that all drafts so far pass is
+// at least 1/4; when the first draft is hardly ever accepted (< 10 %) it
+// only probes with one draft every 8 steps. Drafts also stop short of
+// MaxTokens, the length limit, the step's token budget and the free cache
+// blocks; they never preempt. In steps with more than Options.DraftMaxSeqs
+// running sequences (default 8) nothing is drafted: a large batch is
+// compute-bound, and drafts would cost more than they save. The MTP cache
+// is still extended then, so drafting resumes when the load drops.
+//
+// Usage reports per request the verification steps, drafts, accepted drafts
+// (per step, and the acceptance rate of each draft position); Stats the
+// same engine-wide.
+//
 // # Stats
 //
 // Stats returns the snapshot published after every step (an atomic
-// pointer load, no lock): KV blocks and bytes in use, running and waiting
-// sequences, the last batch, steps per second. Per-request usage and timing
-// ride on the events.
+// pointer load, no lock): KV blocks and bytes in use, recurrent state in
+// use, running and waiting sequences, the last batch, steps per second,
+// speculative acceptance. Per-request usage and timing ride on the events.
 //
 // # Hooks for later
 //
-//   - Speculative decoding (MTP): a sequence's pending work is always
-//     tokens[computed:]; a drafting step would append k draft tokens, run
-//     them with model.AllLogits (and Seq.Hidden for the drafter), accept a
-//     prefix in advance and roll the rest back with kvcache.Cache.Truncate.
 //   - Conversation-cache reuse: attach is where a new sequence gets its
 //     cache handle (a kvcache.Cache.Fork of a cached conversation would set
-//     computed > 0 there; Usage.CachedTokens reports it) and release is where
-//     a finished one gives it back (a cache would keep it instead).
-//   - Recurrent state (linear-attention layers): Stats.RecurrentBytes is
-//     reported as 0 until hybrid models hold per-sequence state slots.
+//     computed > 0 there, and a hybrid model would StatePool.Copy a state
+//     checkpoint taken at that boundary; Usage.CachedTokens reports it) and
+//     release is where a finished one gives it back (a cache would keep it
+//     instead). A forked speculating sequence would also need the hidden
+//     state of its last cached position to draft.
+//   - Per-token recurrent states: a model that recorded the state after
+//     each verified token (DeltaRule Seq.StatesAfter, Conv.SaveStates) into
+//     per-position snapshots would let a hybrid restore the accepted
+//     position directly, with no recomputation and no 8-token window.
 //
-// The Runtime owns its model while it runs: nothing else may call Forward.
+// The Runtime owns its model while it runs: nothing else may call Forward
+// or ForwardMTP.
 package runtime

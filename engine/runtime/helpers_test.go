@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	_ "github.com/ferrite-llm/ferrite/engine/models/llama"
 	_ "github.com/ferrite-llm/ferrite/engine/models/qwen3"
@@ -95,12 +96,26 @@ func reference(t testing.TB, m model.Model, req runtime.Request) (out []int32, f
 		m = h.Model // neither hooked nor counted
 	}
 	info := m.Info()
-	c, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: blockSize, Budget: int64(info.MaxContext+blockSize) * info.KVBytesPerToken})
+	c, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: blockSize, Budget: int64(min(info.MaxContext, 1024)+blockSize) * info.KVBytesPerToken})
 	if err != nil {
 		t.Fatal(err)
 	}
 	kv := c.NewSeq()
 	defer c.Free(kv)
+	var states *linattn.StatePool
+	var slot *linattn.Slot
+	if sm, ok := m.(model.StateModel); ok && len(sm.StateLayout()) > 0 {
+		var per int64
+		for _, l := range sm.StateLayout() {
+			per += l.Bytes()
+		}
+		if states, err = linattn.NewStatePool(sm.StateLayout(), per); err != nil {
+			t.Fatal(err)
+		}
+		if slot, err = states.Alloc(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	smp := sample.New(req.Sampling)
 	toks := slices.Clone(req.Prompt)
 	pos := 0
@@ -108,7 +123,7 @@ func reference(t testing.TB, m model.Model, req runtime.Request) (out []int32, f
 		if err := c.Reserve(kv, len(toks)); err != nil {
 			t.Fatal(err)
 		}
-		o, err := m.Forward(&model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: toks[pos:], Pos: pos, KV: kv, Logits: model.LastLogits}}})
+		o, err := m.Forward(&model.Batch{Cache: c, States: states, Seqs: []model.Seq{{Tokens: toks[pos:], Pos: pos, KV: kv, Logits: model.LastLogits, State: slot}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -191,7 +206,7 @@ func waitIdle(t testing.TB, r *runtime.Runtime) runtime.Stats {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		st := r.Stats()
-		if st.Running == 0 && st.Waiting == 0 && st.KVBlocksUsed == 0 {
+		if st.Running == 0 && st.Waiting == 0 && st.KVBlocksUsed == 0 && st.RecurrentBytes == 0 {
 			return st
 		}
 		if time.Now().After(deadline) {

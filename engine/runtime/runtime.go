@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/sample"
 )
@@ -18,7 +19,17 @@ import (
 const (
 	DefaultMaxBatchTokens = 512
 	DefaultMaxSeqs        = 16
+
+	// DefaultDraftMaxSeqs is the most running sequences for which
+	// speculative decoding stays on (Options.DraftMaxSeqs 0). Verifying k
+	// drafts costs k extra rows per sequence in the target's forward pass:
+	// nearly free while a small batch is bound by reading the weights, pure
+	// waste of compute once a large batch is bound by arithmetic.
+	DefaultDraftMaxSeqs = 8
 )
+
+// MaxDraft is the most draft tokens per sequence and step.
+const MaxDraft = 16
 
 var (
 	// ErrClosed is returned by Generate after Close, and is the Err of the
@@ -27,6 +38,10 @@ var (
 	// ErrPromptTooLong is wrapped by Generate's error for a prompt longer
 	// than the model's context or than the whole KV cache.
 	ErrPromptTooLong = errors.New("runtime: prompt too long")
+	// ErrStateBudget is wrapped by New's error when Options.StateBudget
+	// cannot hold one sequence's recurrent state, and by the error of a
+	// request that can never get a state slot.
+	ErrStateBudget = errors.New("runtime: recurrent state budget too small")
 )
 
 // PanicError is the Err of the Error event of a request whose step
@@ -64,6 +79,28 @@ type Options struct {
 	MaxBatchTokens int   // token budget of one step (decode tokens + prompt chunks); 0 means DefaultMaxBatchTokens
 	MaxSeqs        int   // most sequences running at once; 0 means DefaultMaxSeqs; capped at MaxBatchTokens
 
+	// StateBudget is the bytes of recurrent state (models with
+	// linear-attention layers, model.StateModel): one slot per running
+	// sequence plus, for speculative decoding, one snapshot per sequence
+	// verifying drafts. 0 means room for MaxSeqs slots and, when the model
+	// has an MTP module, min(MaxSeqs, draft sequences) snapshots. A budget
+	// below one slot is refused (ErrStateBudget); a smaller budget than
+	// the default lowers the number of sequences that run at once.
+	StateBudget int64
+
+	// Draft is the number of tokens the model's MTP module drafts for
+	// each sequence per step (speculative decoding; model.MTPModel only:
+	// New refuses Draft > 0 for other models). 0 turns it off; values
+	// above MaxDraft are capped. Request.Draft overrides it per request.
+	// The draft length adapts to each sequence's measured acceptance
+	// (never below 1) and is capped so that hybrid models verify at most 8
+	// tokens at once (see doc.go).
+	Draft int
+	// DraftMaxSeqs turns speculation off in steps where more sequences
+	// than this are running; 0 means DefaultDraftMaxSeqs, negative means
+	// no limit.
+	DraftMaxSeqs int
+
 	// NewDecoder makes each request's detokenizer; nil means events carry
 	// token ids only.
 	NewDecoder func() TextDecoder
@@ -71,11 +108,13 @@ type Options struct {
 
 // Runtime is a running scheduler bound to one model and its KV cache.
 type Runtime struct {
-	m     model.Model
-	info  model.Info
-	opts  Options
-	cache *kvcache.Cache // owned by the loop goroutine
-	limit int            // most tokens one sequence may hold in the cache: min(MaxContext, whole cache)
+	m      model.Model
+	info   model.Info
+	opts   Options
+	cache  *kvcache.Cache     // owned by the loop goroutine
+	states *linattn.StatePool // recurrent-state slots; nil unless m is a model.StateModel with linear layers
+	mtp    model.MTPModel     // m's MTP module; nil without one
+	limit  int                // most tokens one sequence may hold in the cache: min(MaxContext, whole cache)
 
 	mu       sync.Mutex // guards incoming, closed and nextID
 	incoming []*seq     // accepted by Generate, not yet seen by the loop
@@ -98,8 +137,9 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 	if opts.KVBudget <= 0 {
 		return nil, errors.New("runtime: Options.KVBudget must be positive")
 	}
-	if opts.MaxBatchTokens < 0 || opts.MaxSeqs < 0 {
-		return nil, fmt.Errorf("runtime: negative MaxBatchTokens (%d) or MaxSeqs (%d)", opts.MaxBatchTokens, opts.MaxSeqs)
+	if opts.MaxBatchTokens < 0 || opts.MaxSeqs < 0 || opts.StateBudget < 0 || opts.Draft < 0 {
+		return nil, fmt.Errorf("runtime: negative MaxBatchTokens (%d), MaxSeqs (%d), StateBudget (%d) or Draft (%d)",
+			opts.MaxBatchTokens, opts.MaxSeqs, opts.StateBudget, opts.Draft)
 	}
 	if opts.MaxBatchTokens == 0 {
 		opts.MaxBatchTokens = DefaultMaxBatchTokens
@@ -109,6 +149,18 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 	}
 	// Every running sequence's decode token must fit in one step.
 	opts.MaxSeqs = min(opts.MaxSeqs, opts.MaxBatchTokens)
+	if opts.DraftMaxSeqs == 0 {
+		opts.DraftMaxSeqs = DefaultDraftMaxSeqs
+	}
+	opts.Draft = min(opts.Draft, MaxDraft)
+	mtp, _ := m.(model.MTPModel)
+	if opts.Draft > 0 && mtp == nil {
+		return nil, fmt.Errorf("runtime: Options.Draft %d needs a model with an MTP module (model.MTPModel); %s has none", opts.Draft, m.Info().Arch)
+	}
+	states, err := newStatePool(m, mtp != nil, &opts)
+	if err != nil {
+		return nil, err
+	}
 	cache, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: opts.BlockSize, Budget: opts.KVBudget})
 	if err != nil {
 		return nil, fmt.Errorf("runtime: %w", err)
@@ -124,6 +176,8 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 		info:     info,
 		opts:     opts,
 		cache:    cache,
+		states:   states,
+		mtp:      mtp,
 		limit:    limit,
 		wake:     make(chan struct{}, 1),
 		quit:     make(chan struct{}),
@@ -133,6 +187,41 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 	r.publish()
 	go r.loop()
 	return r, nil
+}
+
+// newStatePool makes the recurrent-state pool of a model.StateModel (nil
+// for other models) and settles opts.StateBudget.
+func newStatePool(m model.Model, hasMTP bool, opts *Options) (*linattn.StatePool, error) {
+	sm, ok := m.(model.StateModel)
+	if !ok {
+		return nil, nil
+	}
+	layout := sm.StateLayout()
+	if len(layout) == 0 {
+		return nil, nil
+	}
+	var per int64
+	for _, l := range layout {
+		per += l.Bytes()
+	}
+	if opts.StateBudget == 0 {
+		slots := int64(opts.MaxSeqs)
+		if hasMTP {
+			slots += int64(opts.MaxSeqs) // snapshots for verification...
+			if opts.DraftMaxSeqs > 0 {
+				slots -= int64(max(opts.MaxSeqs-opts.DraftMaxSeqs, 0)) // ...of at most DraftMaxSeqs sequences
+			}
+		}
+		opts.StateBudget = slots * per
+	}
+	if opts.StateBudget < per {
+		return nil, fmt.Errorf("%w: StateBudget %d bytes, one sequence of %s takes %d", ErrStateBudget, opts.StateBudget, m.Info().Arch, per)
+	}
+	p, err := linattn.NewStatePool(layout, opts.StateBudget)
+	if err != nil {
+		return nil, fmt.Errorf("runtime: %w", err)
+	}
+	return p, nil
 }
 
 // Close stops the scheduler: every pending request ends with an Error event
@@ -173,6 +262,9 @@ func (r *Runtime) Generate(ctx context.Context, req Request) (*Stream, error) {
 	}
 	if r.opts.NewDecoder != nil {
 		s.dec = r.opts.NewDecoder()
+	}
+	if k := r.draftLen(req.Draft); k > 0 {
+		s.sp = newSpecSeq(k)
 	}
 	r.mu.Lock()
 	if r.closed {
@@ -216,6 +308,17 @@ func (r *Runtime) validate(req *Request) error {
 		}
 	}
 	return nil
+}
+
+// draftLen is the draft length of a request whose Request.Draft is d.
+func (r *Runtime) draftLen(d int) int {
+	switch {
+	case r.mtp == nil || d < 0:
+		return 0
+	case d == 0:
+		return r.opts.Draft
+	}
+	return min(d, MaxDraft)
 }
 
 // poke wakes the loop if it is idle.

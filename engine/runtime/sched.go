@@ -22,6 +22,11 @@ type scheduler struct {
 	cur      *seq        // the sequence being scheduled or sampled, for panic blame
 	preempts int         // preemptions in the step being built
 
+	// The MTP passes of the step (spec.go).
+	mtpBatch  model.Batch
+	mtpHidden [][]float32 // (len(mtpBatch.Seqs)) the hidden-state input of each entry
+	mtpSeqs   []*seq      // (len(mtpBatch.Seqs)) the sequence of each entry
+
 	// Engine-wide counters, published in Stats.
 	steps, promptToks, genToks, preemptTotal, failed uint64
 	lastSeqs, lastToks                               int
@@ -29,11 +34,15 @@ type scheduler struct {
 	winStart                                         time.Time // start of the steps/s window
 	winSteps                                         int       // steps in the window
 	stepsPerSec                                      float64
+	lastDrafts                                       int        // draft tokens verified in the last step
+	spec                                             specCounts // speculative decoding since New
 }
 
 func (sc *scheduler) init(r *Runtime) {
 	sc.r = r
 	sc.batch.Cache = r.cache
+	sc.batch.States = r.states
+	sc.mtpBatch.Cache = r.cache // the MTP layer has no recurrent state: no States
 }
 
 // loop is the scheduler goroutine.
@@ -120,8 +129,11 @@ func (sc *scheduler) runStep() {
 	defer func() {
 		for _, s := range sc.step {
 			s.inStep = false
+			sc.endDraft(s)
 		}
 		sc.batch.Seqs, sc.step, sc.cur = sc.batch.Seqs[:0], sc.step[:0], nil
+		clear(sc.mtpHidden)
+		clear(sc.mtpSeqs)
 	}()
 	defer func() {
 		if p := recover(); p != nil {
@@ -134,9 +146,13 @@ func (sc *scheduler) runStep() {
 	if len(sc.step) == 0 {
 		return
 	}
+	if err := sc.draft(); err != nil {
+		sc.failStep(fmt.Errorf("runtime: MTP draft: %w", err))
+		return
+	}
 	out, err := sc.r.m.Forward(&sc.batch)
-	if err == nil && len(out.Seqs) != len(sc.batch.Seqs) {
-		err = fmt.Errorf("model returned %d outputs for %d sequences", len(out.Seqs), len(sc.batch.Seqs))
+	if err == nil {
+		err = sc.checkOutput(out)
 	}
 	if err != nil {
 		sc.failStep(fmt.Errorf("runtime: forward: %w", err))
@@ -145,21 +161,58 @@ func (sc *scheduler) runStep() {
 	now := time.Now()
 	sc.account(start, now)
 	for i, s := range sc.step {
-		n := len(sc.batch.Seqs[i].Tokens)
+		e, o := &sc.batch.Seqs[i], &out.Seqs[i]
+		if s.sp != nil && s.sp.k > 0 {
+			sc.verifySafe(s, e, o, now)
+			continue
+		}
+		n := len(e.Tokens)
 		if n > 1 || s.computed < s.nPrompt {
 			sc.promptToks += uint64(n) // a prompt chunk or a recomputation
 		}
+		if s.sp != nil {
+			s.sp.addHidden(e.Pos, n, o.Hidden, sc.r.info.Hidden)
+		}
 		s.computed += n
-		if sc.batch.Seqs[i].Logits == model.LastLogits {
-			sc.advanceSafe(s, out.Seqs[i].Logits, now)
+		if e.Logits == model.LastLogits {
+			sc.advanceSafe(s, o.Logits, now)
 		}
 	}
+}
+
+// checkOutput checks that the model returned what the step asked for.
+func (sc *scheduler) checkOutput(out *model.Output) error {
+	if len(out.Seqs) != len(sc.batch.Seqs) {
+		return fmt.Errorf("model returned %d outputs for %d sequences", len(out.Seqs), len(sc.batch.Seqs))
+	}
+	vocab, hidden := sc.r.info.Vocab, sc.r.info.Hidden
+	for i := range sc.batch.Seqs {
+		e, o := &sc.batch.Seqs[i], &out.Seqs[i]
+		rows := 0
+		switch e.Logits {
+		case model.LastLogits:
+			rows = 1
+		case model.AllLogits:
+			rows = len(e.Tokens)
+		}
+		if len(o.Logits) != rows*vocab || e.Hidden && len(o.Hidden) != len(e.Tokens)*hidden {
+			return fmt.Errorf("sequence %d: %d logits and %d hidden values for %d tokens (vocab %d, hidden %d)",
+				i, len(o.Logits), len(o.Hidden), len(e.Tokens), vocab, hidden)
+		}
+	}
+	return nil
 }
 
 // account updates the engine-wide step counters.
 func (sc *scheduler) account(start, now time.Time) {
 	sc.steps++
 	sc.lastSeqs, sc.lastToks = len(sc.batch.Seqs), sc.batch.Tokens()
+	sc.lastDrafts = 0
+	for _, s := range sc.step {
+		if s.sp != nil {
+			sc.lastDrafts += s.sp.k
+		}
+	}
 	sc.lastStep = now.Sub(start)
 	if sc.winSteps == 0 {
 		sc.winStart = start
@@ -196,6 +249,7 @@ func (sc *scheduler) schedule() {
 	for {
 		budget := sc.r.opts.MaxBatchTokens
 		budget = sc.scheduleDecodes(budget)
+		budget = sc.scheduleDrafts(budget)
 		budget = sc.schedulePrefills(budget)
 		// After a preemption the cache is tight: admit nobody new, unless
 		// nothing runs at all.
@@ -221,19 +275,22 @@ func (sc *scheduler) schedule() {
 
 // scheduleDecodes adds one token for each running sequence with exactly one
 // pending, preempting the newest sequences when the cache is full, and
-// returns the budget left.
+// returns the budget left. A speculating sequence of a hybrid model that
+// rolled back its recurrent state after a rejected draft counts as decoding
+// too, with the tokens to recompute in front of its last one.
 func (sc *scheduler) scheduleDecodes(budget int) int {
 	for i := 0; i < len(sc.running) && budget > 0; i++ {
 		s := sc.running[i]
 		sc.cur = s
-		if len(s.tokens)-s.computed != 1 {
+		n := len(s.tokens) - s.computed
+		if n != 1 && (n < 1 || n > budget || s.sp == nil || !s.sp.ready(s)) {
 			continue
 		}
-		if !sc.reserveOrPreempt(s, s.computed+1) {
+		if !sc.reserveOrPreempt(s, s.computed+n) {
 			break // s itself was the newest and is preempted; so are all after it
 		}
-		sc.add(s, 1)
-		budget--
+		sc.add(s, n)
+		budget -= n
 	}
 	return budget
 }
@@ -266,7 +323,17 @@ func (sc *scheduler) admit(budget int) {
 	for budget > 0 && len(sc.waiting) > 0 && len(sc.running) < sc.r.opts.MaxSeqs {
 		s := sc.waiting[0]
 		sc.cur = s
-		sc.attach(s)
+		if !sc.attach(s) {
+			sc.release(s)
+			if len(sc.running) > 0 {
+				return // a running sequence will free a slot
+			}
+			st := sc.r.states
+			err := fmt.Errorf("%w: no state slot free with no sequence running (%d of %d bytes in use, %d per sequence)",
+				ErrStateBudget, st.Used(), st.Budget(), st.BytesPerSeq())
+			sc.finish(s, Event{Type: EventError, Err: err}, time.Now())
+			continue
+		}
 		// Keep a block of headroom per running sequence, so admitting
 		// does not immediately force a preemption on the next decode.
 		n := sc.fit(s, min(len(s.tokens)-s.computed, budget), len(sc.running))
@@ -282,19 +349,42 @@ func (sc *scheduler) admit(budget int) {
 	}
 }
 
-// attach gives a sequence being admitted its cache handle. This is where a
-// conversation cache would Fork a cached prefix and set s.computed.
-func (sc *scheduler) attach(s *seq) {
+// attach gives a sequence being admitted its cache handle and, for a
+// hybrid model, a zeroed recurrent-state slot; it reports false when the
+// state pool is full (the caller releases s). This is where a
+// conversation cache would Fork a cached prefix (and Copy its state
+// checkpoint) and set s.computed.
+func (sc *scheduler) attach(s *seq) bool {
 	s.kv = sc.r.cache.NewSeq()
 	s.computed = 0
+	if s.sp != nil {
+		s.sp.reset()
+	}
+	if sc.r.states != nil {
+		slot, err := sc.r.states.Alloc()
+		if err != nil {
+			return false
+		}
+		s.slot = slot
+	}
+	return true
 }
 
-// release returns a sequence's cache handle. This is where a conversation
-// cache would keep a finished sequence's blocks instead.
+// release returns a sequence's cache handle and state slot, and forgets
+// what its MTP module had seen. This is where a conversation cache would
+// keep a finished sequence's blocks instead.
 func (sc *scheduler) release(s *seq) {
 	if s.kv != nil {
 		sc.r.cache.Free(s.kv)
 		s.kv = nil
+	}
+	sc.endDraft(s)
+	if s.slot != nil {
+		sc.r.states.Free(s.slot)
+		s.slot = nil
+	}
+	if s.sp != nil {
+		s.sp.reset()
 	}
 	s.computed = 0
 }
@@ -348,8 +438,8 @@ func (sc *scheduler) reserveOrPreempt(s *seq, n int) bool {
 // add appends tokens [computed, computed+n) of s to the batch. Logits are
 // requested when the chunk reaches the sequence's last token.
 func (sc *scheduler) add(s *seq, n int) {
-	if s.kv.Len() != s.computed+n {
-		panic("runtime: cache length does not match the scheduled chunk")
+	if s.kv.Len() < s.computed+n {
+		panic("runtime: cache not reserved for the scheduled chunk")
 	}
 	mode := model.NoLogits
 	if s.computed+n == len(s.tokens) {
@@ -360,6 +450,8 @@ func (sc *scheduler) add(s *seq, n int) {
 		Pos:    s.computed,
 		KV:     s.kv,
 		Logits: mode,
+		Hidden: s.sp != nil, // the MTP module's input
+		State:  s.slot,
 	})
 	sc.step = append(sc.step, s)
 	s.inStep = true
@@ -396,10 +488,15 @@ func (sc *scheduler) advanceSafe(s *seq, logits []float32, now time.Time) {
 	sc.advance(s, logits, now)
 }
 
-// advance samples s's next token from logits (vocab), emits it and ends the
-// request when a stop id, MaxTokens or the length limit is reached.
+// advance samples s's next token from logits (vocab) and emits it.
 func (sc *scheduler) advance(s *seq, logits []float32, now time.Time) {
-	tok := s.sampler.Sample(logits, s.tokens)
+	sc.emit(s, s.sampler.Sample(logits, s.tokens), now)
+}
+
+// emit appends tok to s's output and posts it, and ends the request when a
+// stop id, MaxTokens or the length limit is reached. It reports whether s
+// goes on.
+func (sc *scheduler) emit(s *seq, tok int32, now time.Time) bool {
 	sc.genToks++
 	if s.firstTok.IsZero() {
 		s.firstTok = now
@@ -407,7 +504,7 @@ func (sc *scheduler) advance(s *seq, logits []float32, now time.Time) {
 	s.lastTok = now
 	if slices.Contains(s.req.Stop, tok) {
 		sc.finish(s, Event{Type: EventDone, Finish: FinishStop}, now)
-		return
+		return false
 	}
 	s.tokens = append(s.tokens, tok)
 	var text string
@@ -418,7 +515,9 @@ func (sc *scheduler) advance(s *seq, logits []float32, now time.Time) {
 	// The next step would compute position len(tokens)-1: it must exist.
 	if s.req.MaxTokens > 0 && s.generated() >= s.req.MaxTokens || len(s.tokens) > sc.r.limit {
 		sc.finish(s, Event{Type: EventDone, Finish: FinishLength}, now)
+		return false
 	}
+	return true
 }
 
 // finish ends s with ev (Usage is filled in): s leaves its queue, its

@@ -123,3 +123,45 @@ func TestTakeText(t *testing.T) {
 		}
 	}
 }
+
+// The draft length follows the measured acceptance: full length at first,
+// down to nothing but a probe every probeEvery steps when drafts keep
+// failing, and back up when they pass again.
+func TestAdaptiveDraftLength(t *testing.T) {
+	sp := newSpecSeq(5)
+	if k := sp.want(); k != 5 {
+		t.Fatalf("fresh: %d drafts, want 5", k)
+	}
+	// Position 2 keeps failing: stop after it.
+	for range 20 {
+		sp.learn(5, 2)
+	}
+	if k := sp.want(); k != 2 {
+		t.Errorf("position 2 always rejected: %d drafts, want 2", k)
+	}
+	// Nothing passes: drafting stops but for probes.
+	for range 20 {
+		sp.learn(sp.want(), 0)
+	}
+	probes := 0
+	for range 4 * probeEvery {
+		if k := sp.want(); k > 0 {
+			probes++
+			if k != 1 {
+				t.Errorf("probe of %d drafts, want 1", k)
+			}
+		}
+	}
+	if probes != 4 {
+		t.Errorf("%d probes in %d steps, want 4", probes, 4*probeEvery)
+	}
+	// Everything passes again: back to the full length.
+	for range 60 {
+		if k := sp.want(); k > 0 {
+			sp.learn(k, k)
+		}
+	}
+	if k := sp.want(); k != 5 {
+		t.Errorf("all accepted again: %d drafts, want 5", k)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/sample"
 )
 
@@ -28,10 +29,12 @@ type seq struct {
 	sampler *sample.Sampler
 	dec     TextDecoder // nil: no text
 
-	tokens   []int32      // (nPrompt + generated) prompt then every emitted token
-	nPrompt  int          // len(req.Prompt)
-	kv       *kvcache.Seq // the cache handle while running
-	computed int          // tokens[:computed] have K/V in kv; the pending work is tokens[computed:]
+	tokens   []int32       // (nPrompt + generated) prompt then every emitted token
+	nPrompt  int           // len(req.Prompt)
+	kv       *kvcache.Seq  // the cache handle while running
+	slot     *linattn.Slot // the recurrent-state slot while running (StateModel), at position computed-1
+	computed int           // tokens[:computed] have K/V in kv (kv may hold more); the pending work is tokens[computed:]
+	sp       *specSeq      // speculative decoding; nil when the request does not speculate
 	state    seqState
 	inStep   bool   // scheduled in the step being built or run
 	text     []byte // decoder output not yet posted: an incomplete trailing UTF-8 character
@@ -71,6 +74,11 @@ func (s *seq) usage(now time.Time) Usage {
 		if d := s.lastTok.Sub(s.firstTok).Seconds(); d > 0 && u.GeneratedTokens > 1 {
 			u.DecodeTokensPerSec = float64(u.GeneratedTokens-1) / d
 		}
+	}
+	if sp := s.sp; sp != nil && sp.n.steps > 0 {
+		u.VerifySteps, u.DraftTokens, u.AcceptedTokens = int(sp.n.steps), int(sp.n.drafted), int(sp.n.accepted)
+		u.AcceptedPerStep = float64(sp.n.accepted) / float64(sp.n.steps)
+		u.AcceptRate = sp.n.rates()
 	}
 	return u
 }

@@ -8,13 +8,14 @@ func (r *Runtime) Stats() Stats { return *r.stats.Load() }
 
 // Stats is an engine-wide snapshot.
 type Stats struct {
-	KVBlockSize    int   // tokens per cache block
-	KVBlocksUsed   int   // blocks held by sequences
-	KVBlocksTotal  int   // blocks in the pool
-	KVBytesUsed    int64 // KVBlocksUsed × bytes per block
-	KVBytesTotal   int64 // the pool's bytes (≤ KVBudget)
-	KVBudget       int64 // Options.KVBudget
-	RecurrentBytes int64 // per-sequence recurrent state in use (always 0 until hybrid models hold state slots)
+	KVBlockSize     int   // tokens per cache block
+	KVBlocksUsed    int   // blocks held by sequences
+	KVBlocksTotal   int   // blocks in the pool
+	KVBytesUsed     int64 // KVBlocksUsed × bytes per block
+	KVBytesTotal    int64 // the pool's bytes (≤ KVBudget)
+	KVBudget        int64 // Options.KVBudget
+	RecurrentBytes  int64 // recurrent-state slots (linear-attention layers) held by running sequences
+	RecurrentBudget int64 // Options.StateBudget as settled by New; 0 for models without linear layers
 
 	Running int // sequences admitted (holding or about to hold cache blocks)
 	Waiting int // requests queued or preempted, waiting for admission
@@ -25,11 +26,53 @@ type Stats struct {
 	StepsPerSec     float64       // over the last second or so of work; 0 when idle
 	Steps           uint64        // steps run since New
 
-	PromptTokens    uint64 // prompt tokens (and tokens recomputed after preemption) run since New
+	PromptTokens    uint64 // prompt tokens (and tokens recomputed after preemption or a hybrid model's rollback) run since New
 	GeneratedTokens uint64 // tokens sampled since New
 	Preemptions     uint64 // sequences preempted since New
 	Failed          uint64 // requests ended by an Error event since New (panics, Forward errors, Close)
 	MaxSeqLen       int    // see Runtime.MaxSeqLen
+
+	// Speculative decoding since New (all zero without it).
+	LastDraftTokens int       // draft tokens verified in the last step
+	VerifySteps     uint64    // sequence-steps that verified drafts
+	DraftTokens     uint64    // draft tokens verified
+	AcceptedTokens  uint64    // draft tokens accepted
+	AcceptRate      float64   // AcceptedTokens / DraftTokens
+	AcceptedPerStep float64   // AcceptedTokens / VerifySteps (each also emits one target token)
+	AcceptRateByPos []float64 // [i]: share of the drafts at position i (0 first) that were accepted
+}
+
+// specCounts are speculative-decoding counters, per request or engine-wide.
+type specCounts struct {
+	steps, drafted, accepted uint64
+	posDrafted               [MaxDraft]uint64 // drafts verified at each position
+	posAccepted              [MaxDraft]uint64 // of which accepted
+}
+
+// add counts one verification of k drafts of which the first a were accepted.
+func (c *specCounts) add(k, a int) {
+	c.steps++
+	c.drafted += uint64(k)
+	c.accepted += uint64(a)
+	for i := range k {
+		c.posDrafted[i]++
+		if i < a {
+			c.posAccepted[i]++
+		}
+	}
+}
+
+// rates is the acceptance rate of each draft position ever verified.
+func (c *specCounts) rates() []float64 {
+	n := 0
+	for n < MaxDraft && c.posDrafted[n] > 0 {
+		n++
+	}
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = float64(c.posAccepted[i]) / float64(c.posDrafted[i])
+	}
+	return out
 }
 
 // publish stores a fresh Stats snapshot.
@@ -55,6 +98,19 @@ func (r *Runtime) publish() {
 		Preemptions:     sc.preemptTotal,
 		Failed:          sc.failed,
 		MaxSeqLen:       r.limit,
+		LastDraftTokens: sc.lastDrafts,
+		VerifySteps:     sc.spec.steps,
+		DraftTokens:     sc.spec.drafted,
+		AcceptedTokens:  sc.spec.accepted,
+	}
+	if r.states != nil {
+		st.RecurrentBytes = r.states.Used()
+		st.RecurrentBudget = r.states.Budget()
+	}
+	if sc.spec.steps > 0 {
+		st.AcceptRate = float64(sc.spec.accepted) / float64(sc.spec.drafted)
+		st.AcceptedPerStep = float64(sc.spec.accepted) / float64(sc.spec.steps)
+		st.AcceptRateByPos = sc.spec.rates()
 	}
 	r.stats.Store(st)
 }

@@ -14,6 +14,12 @@ type Request struct {
 	MaxTokens int           // most tokens to generate; 0 means until the context is full
 	Sampling  sample.Params // this request's sampler (its own RNG, seeded by Sampling.Seed)
 	Stop      []int32       // ids that end generation (EOS); the stop id itself is not emitted
+
+	// Draft overrides Options.Draft for this request: 0 keeps the
+	// runtime's setting, a positive value sets the most draft tokens per
+	// step (capped at MaxDraft), a negative one turns speculation off. It
+	// has no effect with a model without an MTP module.
+	Draft int
 }
 
 // EventType says what an Event carries.
@@ -70,6 +76,13 @@ type Usage struct {
 
 	PromptTokensPerSec float64 // prompt tokens / (first token − first scheduled)
 	DecodeTokensPerSec float64 // (generated − 1) / (last token − first token)
+
+	// Speculative decoding (all zero without it).
+	VerifySteps     int       // steps that verified drafts of this request
+	DraftTokens     int       // draft tokens verified
+	AcceptedTokens  int       // draft tokens accepted (each verify step also emits one target token)
+	AcceptedPerStep float64   // AcceptedTokens / VerifySteps
+	AcceptRate      []float64 // [i]: share of the drafts at position i (0 first) that were accepted
 }
 
 // Stream is the consumer side of one request. Next is meant for one
