@@ -158,3 +158,39 @@ func TestRunPromptFromStdin(t *testing.T) {
 		t.Fatalf("stderr %q", errs)
 	}
 }
+
+func TestRunMTPGreedyEqualsPlain(t *testing.T) {
+	dir := fixtureModel(t, "qwen3_next")
+	base := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "10"}
+	code, plain, errs := runCLI(t, "", append(base, "--mtp", "off", "tell me")...)
+	if code != 0 {
+		t.Fatalf("plain: exit %d: %s", code, errs)
+	}
+	code, spec, errs := runCLI(t, "", append(base, "--mtp", "on", "--draft", "2", "tell me")...)
+	if code != 0 {
+		t.Fatalf("mtp: exit %d: %s", code, errs)
+	}
+	if spec != plain {
+		t.Fatalf("speculative output %q differs from plain %q", spec, plain)
+	}
+	if !strings.Contains(errs, "mtp:") {
+		t.Fatalf("no MTP stats on stderr: %q", errs)
+	}
+}
+
+func TestRunMTPFlagErrors(t *testing.T) {
+	dir := fixtureModel(t, "llama")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--mtp", "on"}, "no MTP module"},
+		{[]string{"--mtp", "maybe"}, "want auto, on or off"},
+	} {
+		args := append([]string{"run", "--model", dir, "--max-tokens", "2"}, c.args...)
+		code, _, errs := runCLI(t, "", append(args, "hi")...)
+		if code != 1 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/ferrite-llm/ferrite/engine"
+	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/engine/sample"
 	"github.com/ferrite-llm/ferrite/tokenizer"
@@ -28,6 +29,8 @@ type runFlags struct {
 	raw         bool
 	threads     int
 	kvBudget    int64
+	mtp         string
+	draft       int
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
@@ -43,6 +46,32 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.raw, "raw", false, "no chat template: tokenize the prompt as it is and print only the continuation")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0 = all cores)")
 	fs.Int64Var(&f.kvBudget, "kv-budget", 1<<30, "KV-cache budget in bytes")
+	fs.StringVar(&f.mtp, "mtp", "auto", "MTP speculative decoding: auto (on when the model has an MTP module), on, off")
+	fs.IntVar(&f.draft, "draft", 3, "draft tokens per speculative step (adapted to the measured acceptance)")
+}
+
+// draftTokens is the runtime's Draft option for m under the --mtp and
+// --draft flags.
+func (f *runFlags) draftTokens(m model.Model) (int, error) {
+	_, hasMTP := m.(model.MTPModel)
+	switch f.mtp {
+	case "off":
+		return 0, nil
+	case "auto":
+		if !hasMTP {
+			return 0, nil
+		}
+	case "on":
+		if !hasMTP {
+			return 0, fmt.Errorf("--mtp on: the model has no MTP module")
+		}
+	default:
+		return 0, fmt.Errorf("--mtp %q: want auto, on or off", f.mtp)
+	}
+	if f.draft < 1 || f.draft > runtime.MaxDraft {
+		return 0, fmt.Errorf("--draft %d: want 1 to %d", f.draft, runtime.MaxDraft)
+	}
+	return f.draft, nil
 }
 
 // cmdRun implements `ferrite run`: one generation, text to stdout, timing to stderr.
@@ -117,8 +146,13 @@ func run(ctx context.Context, f *runFlags, prompt string, stdout, stderr io.Writ
 		return err
 	}
 	defer lm.Close()
+	draft, err := f.draftTokens(lm.Model)
+	if err != nil {
+		return err
+	}
 	rt, err := runtime.New(lm.Model, runtime.Options{
 		KVBudget:   f.kvBudget,
+		Draft:      draft,
 		NewDecoder: func() runtime.TextDecoder { return tok.NewStreamDecoder() },
 	})
 	if err != nil {
@@ -177,7 +211,12 @@ func formatStats(u runtime.Usage) string {
 		}
 		return fmt.Sprintf("%.1f tok/s", r)
 	}
-	return fmt.Sprintf("prompt: %d tokens, %s · decode: %d tokens, %s · time to first token: %.0f ms",
+	line := fmt.Sprintf("prompt: %d tokens, %s · decode: %d tokens, %s · time to first token: %.0f ms",
 		u.PromptTokens, rate(u.PromptTokensPerSec), u.GeneratedTokens, rate(u.DecodeTokensPerSec),
 		float64(u.TimeToFirstToken.Microseconds())/1000)
+	if u.VerifySteps > 0 {
+		line += fmt.Sprintf(" · mtp: %d of %d drafts accepted, %.2f per verify step",
+			u.AcceptedTokens, u.DraftTokens, u.AcceptedPerStep)
+	}
+	return line
 }
