@@ -1,0 +1,216 @@
+package ui
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	tea "github.com/charmbracelet/bubbletea"
+)
+
+// command is one slash command.
+type command struct {
+	name string
+	args string // usage of the arguments, e.g. "md|json [path]"
+	desc string
+	// run executes the command with the text after its name (trimmed).
+	run func(m *model, args string) tea.Cmd
+	// complete lists completions of the first argument (may be nil).
+	complete func(arg string) []compItem
+}
+
+// commandSet is the chat's slash commands, in the order /help lists them.
+type commandSet struct {
+	list []command
+}
+
+func newCommandSet() *commandSet {
+	return &commandSet{list: []command{
+		{name: "help", desc: "list commands and keys", run: (*model).cmdHelp},
+		{name: "new", desc: "start a new chat (this one stays saved)", run: (*model).cmdNew},
+		{name: "clear", desc: "clear this chat's messages", run: (*model).cmdClear},
+		{name: "system", args: "[text|--clear]", desc: "show or set the system prompt", run: (*model).cmdSystem},
+		{name: "set", args: "[name value]", desc: "show or change a sampling setting", run: (*model).cmdSet, complete: completeParams},
+		{name: "stop", desc: "stop the reply being generated", run: (*model).cmdStop},
+		{name: "stats", desc: "engine and last-reply statistics", run: (*model).cmdStats},
+		{name: "export", args: "md|json [path]", desc: "export the chat as Markdown or JSON", run: (*model).cmdExport, complete: completeExport},
+		{name: "copy", desc: "copy the last reply to the clipboard (OSC 52)", run: (*model).cmdCopy},
+		{name: "save", args: "name", desc: "save the chat under a name", run: (*model).cmdSave},
+		{name: "load", args: "[name]", desc: "load a saved chat; list them without a name", run: (*model).cmdLoad},
+		{name: "quit", desc: "leave ferrite", run: (*model).cmdQuit},
+	}}
+}
+
+func (s *commandSet) lookup(name string) (command, bool) {
+	i := slices.IndexFunc(s.list, func(c command) bool { return c.name == name })
+	if i < 0 {
+		return command{}, false
+	}
+	return s.list[i], true
+}
+
+// complete lists completions of a single-line input starting with "/": the
+// commands whose name starts with what was typed, or, after a command name
+// and a space, its argument's completions.
+func (s *commandSet) complete(value string) []compItem {
+	word, rest, hasArg := strings.Cut(strings.TrimPrefix(value, "/"), " ")
+	if !hasArg {
+		var out []compItem
+		for _, c := range s.list {
+			if strings.HasPrefix(c.name, word) {
+				v := "/" + c.name
+				if c.args != "" {
+					v += " "
+				}
+				out = append(out, compItem{value: v, label: "/" + c.name, args: c.args, desc: c.desc})
+			}
+		}
+		return out
+	}
+	c, ok := s.lookup(word)
+	if !ok || c.complete == nil || strings.Contains(rest, " ") {
+		return nil
+	}
+	items := c.complete(rest)
+	for i := range items {
+		items[i].value = "/" + c.name + " " + items[i].value
+	}
+	return items
+}
+
+// param is one setting /set changes.
+type param struct {
+	name string
+	desc string
+	set  func(s *Settings, v string) error
+}
+
+var params = []param{
+	{"temperature", "randomness; 0 is greedy (0–5)", func(s *Settings, v string) error {
+		return parseFloat(v, 0, 5, &s.Temperature)
+	}},
+	{"top_p", "nucleus mass; 1 is off (0–1)", func(s *Settings, v string) error {
+		return parseFloat(v, 0, 1, &s.TopP)
+	}},
+	{"top_k", "keep the k likeliest tokens; 0 is off", func(s *Settings, v string) error {
+		return parseInt(v, 0, math.MaxInt32, &s.TopK)
+	}},
+	{"min_p", "drop tokens below this share of the top one; 0 is off (0–1)", func(s *Settings, v string) error {
+		return parseFloat(v, 0, 1, &s.MinP)
+	}},
+	{"repeat_penalty", "penalty for recent tokens; 1 is off (0–10)", func(s *Settings, v string) error {
+		return parseFloat(v, 0, 10, &s.RepeatPenalty)
+	}},
+	{"seed", "sampling seed; 0 is a fresh seed per reply", func(s *Settings, v string) error {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a whole number ≥ 0", v)
+		}
+		s.Seed = n
+		return nil
+	}},
+	{"max_tokens", "longest reply in tokens; 0 is until the context is full", func(s *Settings, v string) error {
+		return parseInt(v, 0, math.MaxInt32, &s.MaxTokens)
+	}},
+}
+
+func parseFloat(v string, lo, hi float64, dst *float64) error {
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(f) {
+		return fmt.Errorf("%q is not a number", v)
+	}
+	if f < lo || f > hi {
+		return fmt.Errorf("%g is out of range [%g, %g]", f, lo, hi)
+	}
+	*dst = f
+	return nil
+}
+
+func parseInt(v string, lo, hi int, dst *int) error {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return fmt.Errorf("%q is not a whole number", v)
+	}
+	if n < lo || n > hi {
+		return fmt.Errorf("%d is out of range [%d, %d]", n, lo, hi)
+	}
+	*dst = n
+	return nil
+}
+
+func paramNames() string {
+	names := make([]string, len(params))
+	for i, p := range params {
+		names[i] = p.name
+	}
+	return strings.Join(names, ", ")
+}
+
+// applySetting parses "/set name value" arguments into s.
+func applySetting(s *Settings, args string) (name string, err error) {
+	f := strings.Fields(args)
+	if len(f) != 2 {
+		return "", fmt.Errorf("usage: /set <name> <value>, with name one of %s", paramNames())
+	}
+	i := slices.IndexFunc(params, func(p param) bool { return p.name == f[0] })
+	if i < 0 {
+		return "", fmt.Errorf("unknown setting %q: use one of %s", f[0], paramNames())
+	}
+	if err := params[i].set(s, f[1]); err != nil {
+		return "", fmt.Errorf("%s: %w", f[0], err)
+	}
+	return f[0], nil
+}
+
+func completeParams(arg string) []compItem {
+	var out []compItem
+	for _, p := range params {
+		if strings.HasPrefix(p.name, arg) {
+			out = append(out, compItem{value: p.name + " ", label: p.name, desc: p.desc})
+		}
+	}
+	return out
+}
+
+func completeExport(arg string) []compItem {
+	var out []compItem
+	for _, f := range []compItem{
+		{value: "md ", label: "md", args: "[path]", desc: "Markdown: roles, times, settings, per-reply stats"},
+		{value: "json ", label: "json", args: "[path]", desc: "JSON: the whole chat, loadable with /load"},
+	} {
+		if strings.HasPrefix(f.label, arg) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// helpText is what /help shows.
+func (m *model) helpText() string {
+	var b strings.Builder
+	b.WriteString("Commands:\n")
+	w := 0
+	for _, c := range m.cmds.list {
+		w = max(w, len(c.name)+1+len(c.args))
+	}
+	for _, c := range m.cmds.list {
+		head := "/" + c.name
+		if c.args != "" {
+			head += " " + c.args
+		}
+		fmt.Fprintf(&b, "  %-*s  %s\n", w+1, head, c.desc)
+	}
+	fmt.Fprintf(&b, "\n/set names: %s\n", paramNames())
+	b.WriteString("\nKeys:\n")
+	for _, g := range m.keys.helpGroups() {
+		parts := make([]string, 0, len(g))
+		for _, k := range g {
+			h := k.Help()
+			parts = append(parts, h.Key+" "+h.Desc)
+		}
+		b.WriteString("  " + strings.Join(parts, " · ") + "\n")
+	}
+	return strings.TrimRight(b.String(), "\n")
+}

@@ -1,0 +1,259 @@
+package ui
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/aymanbagabas/go-osc52/v2"
+	tea "github.com/charmbracelet/bubbletea"
+)
+
+// The slash commands. Each runs in Update: it changes state, and anything
+// that touches a file or the terminal is a returned command.
+
+func (m *model) cmdHelp(string) tea.Cmd {
+	m.view.notice(entryNotice, m.helpText())
+	return nil
+}
+
+func (m *model) cmdNew(string) tea.Cmd {
+	m.abandon()
+	m.chat = m.newChat(m.chat.Settings, m.chat.System)
+	m.view.clear()
+	m.ctxUsed, m.usage = 0, nil
+	m.view.notice(entryNotice, "New chat. The previous one is saved; /load lists saved chats.")
+	return nil
+}
+
+func (m *model) cmdClear(string) tea.Cmd {
+	m.abandon()
+	m.chat.Messages = nil
+	m.view.clear()
+	m.ctxUsed, m.usage = 0, nil
+	m.view.notice(entryNotice, "Cleared. The system prompt and settings are kept.")
+	return m.saveCmd(m.chatName, true)
+}
+
+func (m *model) cmdSystem(args string) tea.Cmd {
+	switch args {
+	case "":
+		if m.chat.System == "" {
+			m.view.notice(entryNotice, "No system prompt. Set one with /system <text>.")
+		} else {
+			m.view.notice(entryNotice, "System prompt:\n"+m.chat.System)
+		}
+		return nil
+	case "--clear":
+		m.chat.System = ""
+		m.view.notice(entryNotice, "System prompt cleared.")
+	default:
+		m.chat.System = args
+		m.view.notice(entryNotice, "System prompt set; it applies from the next message.")
+	}
+	return m.autosave()
+}
+
+func (m *model) cmdSet(args string) tea.Cmd {
+	if args == "" {
+		m.view.notice(entryNotice, "Settings: "+formatSettings(m.chat.Settings)+"\nChange one with /set <name> <value>.")
+		return nil
+	}
+	s := m.chat.Settings
+	name, err := applySetting(&s, args)
+	if err != nil {
+		m.view.notice(entryWarning, err.Error())
+		return nil
+	}
+	m.chat.Settings = s
+	m.view.notice(entryNotice, fmt.Sprintf("Set %s. Settings: %s", name, formatSettings(s)))
+	return m.autosave()
+}
+
+func (m *model) cmdStop(string) tea.Cmd {
+	if m.gen == nil {
+		m.view.notice(entryNotice, "Nothing to stop: no reply is being generated.")
+		return nil
+	}
+	m.stop()
+	return nil
+}
+
+func (m *model) cmdStats(string) tea.Cmd {
+	s := m.stats
+	var b strings.Builder
+	fmt.Fprintf(&b, "Model: %s", m.info.Name)
+	if m.info.Arch != "" {
+		fmt.Fprintf(&b, " (%s)", m.info.Arch)
+	}
+	if m.info.MaxContext > 0 {
+		fmt.Fprintf(&b, ", context %d tokens; this chat holds %d", m.info.MaxContext, m.ctxUsed)
+	}
+	b.WriteString("\n")
+	if s.KVBlocksTotal > 0 {
+		fmt.Fprintf(&b, "KV cache: %d of %d blocks (%.0f%%), %s of %s\n", s.KVBlocksUsed, s.KVBlocksTotal,
+			100*float64(s.KVBlocksUsed)/float64(s.KVBlocksTotal), formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))
+	}
+	fmt.Fprintf(&b, "Sequences: %d running, %d waiting\n", s.Running, s.Waiting)
+	if r := m.chat.lastReply(); r != nil && r.Stats != nil {
+		b.WriteString("Last reply: " + formatReplyStats(r.Stats) + "\n")
+	}
+	b.WriteString("Settings: " + formatSettings(m.chat.Settings))
+	m.view.notice(entryNotice, b.String())
+	return nil
+}
+
+func (m *model) cmdExport(args string) tea.Cmd {
+	f := strings.Fields(args)
+	if len(f) == 0 || len(f) > 2 || (f[0] != "md" && f[0] != "json") {
+		m.view.notice(entryWarning, "usage: /export md|json [path]")
+		return nil
+	}
+	if len(m.chat.Messages) == 0 {
+		m.view.notice(entryWarning, "Nothing to export: the chat is empty.")
+		return nil
+	}
+	format := f[0]
+	path := "ferrite-chat-" + m.chat.ID + "." + format
+	if len(f) == 2 {
+		path = expandHome(f[1])
+	}
+	c := m.chat.clone()
+	c.Updated = m.now()
+	return func() tea.Msg {
+		var data []byte
+		if format == "md" {
+			data = []byte(ExportMarkdown(c))
+		} else {
+			var err error
+			if data, err = MarshalChat(c); err != nil {
+				return exportedMsg{err: err}
+			}
+		}
+		if abs, err := filepath.Abs(path); err == nil {
+			path = abs
+		}
+		return exportedMsg{path: path, err: writeFileAtomic(path, data, 0o644)}
+	}
+}
+
+// expandHome replaces a leading "~/" by the home directory.
+func expandHome(p string) string {
+	if rest, ok := strings.CutPrefix(p, "~/"); ok {
+		if home, err := os.UserHomeDir(); err == nil {
+			return filepath.Join(home, rest)
+		}
+	}
+	return p
+}
+
+func (m *model) cmdCopy(string) tea.Cmd {
+	r := m.chat.lastReply()
+	if r == nil || strings.TrimSpace(r.Answer()) == "" {
+		m.view.notice(entryWarning, "Nothing to copy: there is no reply yet.")
+		return nil
+	}
+	return copyCmd(m.clip, r.Answer())
+}
+
+// copyCmd puts text on the clipboard of the terminal (and of the machine
+// the terminal runs on, over SSH too) with an OSC 52 sequence.
+func copyCmd(w io.Writer, text string) tea.Cmd {
+	return func() tea.Msg {
+		seq := osc52.New(text)
+		switch {
+		case os.Getenv("TMUX") != "":
+			seq = seq.Tmux()
+		case strings.HasPrefix(os.Getenv("TERM"), "screen"):
+			seq = seq.Screen()
+		}
+		_, err := seq.WriteTo(w)
+		return copiedMsg{n: len([]rune(text)), err: err}
+	}
+}
+
+func (m *model) cmdSave(args string) tea.Cmd {
+	if args == "" {
+		m.view.notice(entryWarning, "usage: /save <name>")
+		return nil
+	}
+	if err := checkChatName(args); err != nil {
+		m.view.notice(entryWarning, err.Error())
+		return nil
+	}
+	if len(m.chat.Messages) == 0 {
+		m.view.notice(entryWarning, "Nothing to save: the chat is empty.")
+		return nil
+	}
+	m.chatName = args // autosaves go there from now on
+	return m.saveCmd(args, false)
+}
+
+func (m *model) cmdLoad(args string) tea.Cmd {
+	st := m.store
+	if args == "" {
+		return func() tea.Msg {
+			chats, err := st.list()
+			return listedMsg{chats: chats, err: err}
+		}
+	}
+	if err := checkChatName(args); err != nil {
+		m.view.notice(entryWarning, err.Error())
+		return nil
+	}
+	return func() tea.Msg {
+		c, err := st.load(args)
+		return loadedMsg{name: args, chat: c, err: err}
+	}
+}
+
+// maxListedChats is the most saved chats /load lists.
+const maxListedChats = 20
+
+func (m *model) onListed(msg listedMsg) {
+	if msg.err != nil {
+		m.view.notice(entryError, "listing saved chats failed: "+msg.err.Error())
+		return
+	}
+	if len(msg.chats) == 0 {
+		m.view.notice(entryNotice, "No saved chats in "+m.store.dir+".")
+		return
+	}
+	var b strings.Builder
+	b.WriteString("Saved chats, newest first (/load <name>):")
+	for i, c := range msg.chats {
+		if i == maxListedChats {
+			fmt.Fprintf(&b, "\n  … and %d more in %s", len(msg.chats)-i, m.store.dir)
+			break
+		}
+		fmt.Fprintf(&b, "\n  %s  (%s)", c.Name, c.ModTime.Format("2006-01-02 15:04"))
+	}
+	m.view.notice(entryNotice, b.String())
+}
+
+func (m *model) onLoaded(msg loadedMsg) tea.Cmd {
+	if msg.err != nil {
+		m.view.notice(entryError, "load failed: "+msg.err.Error())
+		return nil
+	}
+	m.abandon()
+	c := msg.chat
+	c.Model = m.info // it continues with this model
+	m.chat, m.chatName = c, msg.name
+	m.view.setMessages(c.Messages)
+	m.view.bottom()
+	m.ctxUsed, m.usage = 0, nil
+	if r := c.lastReply(); r != nil && r.Stats != nil {
+		m.ctxUsed = r.Stats.PromptTokens + r.Stats.GeneratedTokens
+	}
+	note := fmt.Sprintf("Loaded chat %s: %d messages. Settings: %s", msg.name, len(c.Messages), formatSettings(c.Settings))
+	if c.System != "" {
+		note += "\nSystem prompt: " + c.System
+	}
+	m.view.notice(entryNotice, note)
+	return nil
+}
+
+func (m *model) cmdQuit(string) tea.Cmd { return m.quit() }

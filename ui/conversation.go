@@ -1,0 +1,285 @@
+package ui
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ferrite-llm/ferrite/tokenizer"
+)
+
+// chatFormatVersion is the Version of the JSON a chat is saved as.
+const chatFormatVersion = 1
+
+// Role is who wrote a message.
+type Role string
+
+// The roles of a conversation.
+const (
+	RoleSystem    Role = "system"
+	RoleUser      Role = "user"
+	RoleAssistant Role = "assistant"
+)
+
+// Chat is one conversation as it is saved, exported as JSON and loaded
+// again: everything needed to continue it or to reproduce its replies.
+type Chat struct {
+	Version  int        `json:"version"`
+	ID       string     `json:"id"`
+	Created  time.Time  `json:"created"`
+	Updated  time.Time  `json:"updated"`
+	Model    ModelInfo  `json:"model"`
+	System   string     `json:"system,omitempty"`
+	Settings Settings   `json:"settings"` // the settings the next reply will use
+	Messages []*Message `json:"messages"`
+}
+
+// Message is one turn of a Chat.
+type Message struct {
+	Role Role `json:"role"`
+	// Content is the text as typed or generated; an assistant's may hold a
+	// <think>…</think> block (see Thinking and Answer).
+	Content string      `json:"content"`
+	Time    time.Time   `json:"time"`
+	Stats   *ReplyStats `json:"stats,omitempty"` // assistant replies
+	Error   string      `json:"error,omitempty"` // the engine error that ended the reply
+}
+
+// ReplyStats is what an assistant reply cost, and the settings it was
+// sampled with.
+type ReplyStats struct {
+	PromptTokens       int      `json:"prompt_tokens"`
+	CachedTokens       int      `json:"cached_tokens,omitempty"`
+	GeneratedTokens    int      `json:"generated_tokens"`
+	TTFTMillis         float64  `json:"ttft_ms"`
+	TotalMillis        float64  `json:"total_ms"`
+	PromptTokensPerSec float64  `json:"prompt_tokens_per_sec"`
+	DecodeTokensPerSec float64  `json:"decode_tokens_per_sec"`
+	Finish             string   `json:"finish,omitempty"`
+	Seed               uint64   `json:"seed"`
+	Settings           Settings `json:"settings"`
+}
+
+func newReplyStats(u Usage, finish string, s Settings) *ReplyStats {
+	return &ReplyStats{
+		PromptTokens:       u.PromptTokens,
+		CachedTokens:       u.CachedTokens,
+		GeneratedTokens:    u.GeneratedTokens,
+		TTFTMillis:         float64(u.TimeToFirstToken.Microseconds()) / 1000,
+		TotalMillis:        float64(u.Total.Microseconds()) / 1000,
+		PromptTokensPerSec: u.PromptTokensPerSec,
+		DecodeTokensPerSec: u.DecodeTokensPerSec,
+		Finish:             finish,
+		Seed:               u.Seed,
+		Settings:           s,
+	}
+}
+
+// Thinking is the reasoning of an assistant message (the <think> block),
+// and whether the block is still open.
+func (m *Message) Thinking() (think string, open bool) {
+	think, _, open = splitThink(m.Content)
+	return think, open
+}
+
+// Answer is the message without its <think> block.
+func (m *Message) Answer() string {
+	_, answer, _ := splitThink(m.Content)
+	return answer
+}
+
+const (
+	thinkOpen  = "<think>"
+	thinkClose = "</think>"
+)
+
+// splitThink splits a reply into its leading <think> block and the answer.
+// A reply that has a closing tag and no opening one was started inside the
+// block (templates that put <think> in the generation prompt). While the
+// block is open, open is true and answer is empty. A reply that so far is
+// only the start of "<think>" counts as an open, empty block, so the tag
+// does not flash on screen while it streams in.
+func splitThink(s string) (think, answer string, open bool) {
+	trimmed := strings.TrimLeft(s, " \t\r\n")
+	if rest, ok := strings.CutPrefix(trimmed, thinkOpen); ok {
+		think, answer, closed := strings.Cut(rest, thinkClose)
+		if !closed {
+			return strings.TrimSpace(rest), "", true
+		}
+		return strings.TrimSpace(think), strings.TrimLeft(answer, " \t\r\n"), false
+	}
+	if trimmed != "" && strings.HasPrefix(thinkOpen, trimmed) {
+		return "", "", true
+	}
+	if before, after, ok := strings.Cut(s, thinkClose); ok && !strings.Contains(before, thinkOpen) {
+		return strings.TrimSpace(before), strings.TrimLeft(after, " \t\r\n"), false
+	}
+	return "", s, false
+}
+
+// promptMessages is the conversation as the model sees it: the system
+// prompt, then every user turn and every assistant reply that has text, its
+// reasoning passed apart as ReasoningContent (templates drop or keep it).
+func (c *Chat) promptMessages() []tokenizer.Message {
+	var out []tokenizer.Message
+	if c.System != "" {
+		out = append(out, tokenizer.Message{Role: string(RoleSystem), Content: c.System})
+	}
+	for _, m := range c.Messages {
+		switch m.Role {
+		case RoleUser:
+			out = append(out, tokenizer.Message{Role: string(RoleUser), Content: m.Content})
+		case RoleAssistant:
+			think, answer, _ := splitThink(m.Content)
+			if answer == "" && think == "" {
+				continue // failed or stopped before any text
+			}
+			out = append(out, tokenizer.Message{Role: string(RoleAssistant), Content: answer, ReasoningContent: think})
+		}
+	}
+	return out
+}
+
+// clone is a deep copy, for handing to a command that saves it.
+func (c *Chat) clone() *Chat {
+	d := *c
+	d.Messages = make([]*Message, len(c.Messages))
+	for i, m := range c.Messages {
+		mc := *m
+		if m.Stats != nil {
+			st := *m.Stats
+			mc.Stats = &st
+		}
+		d.Messages[i] = &mc
+	}
+	return &d
+}
+
+// lastReply is the last assistant message, or nil.
+func (c *Chat) lastReply() *Message {
+	for i := len(c.Messages) - 1; i >= 0; i-- {
+		if c.Messages[i].Role == RoleAssistant {
+			return c.Messages[i]
+		}
+	}
+	return nil
+}
+
+// MarshalChat is the chat's JSON, indented; UnmarshalChat reads it back.
+func MarshalChat(c *Chat) ([]byte, error) {
+	b, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// UnmarshalChat parses a chat saved by MarshalChat.
+func UnmarshalChat(data []byte) (*Chat, error) {
+	var c Chat
+	if err := json.Unmarshal(data, &c); err != nil {
+		return nil, fmt.Errorf("not a ferrite chat: %w", err)
+	}
+	switch {
+	case c.Version == 0:
+		return nil, errors.New("not a ferrite chat: no version")
+	case c.Version > chatFormatVersion:
+		return nil, fmt.Errorf("chat format version %d is newer than this ferrite's (%d)", c.Version, chatFormatVersion)
+	}
+	for i, m := range c.Messages {
+		if m == nil {
+			return nil, fmt.Errorf("message %d is null", i)
+		}
+		switch m.Role {
+		case RoleUser, RoleAssistant:
+		default:
+			return nil, fmt.Errorf("message %d has role %q", i, m.Role)
+		}
+	}
+	return &c, nil
+}
+
+// ExportMarkdown renders the chat as a Markdown document: the model and
+// settings, then every turn with its role and time, each reply followed by
+// its statistics. Reasoning goes in a collapsed <details> block.
+func ExportMarkdown(c *Chat) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Chat %s\n\n", c.ID)
+	model := c.Model.Name
+	if c.Model.Arch != "" {
+		model += " (" + c.Model.Arch + ")"
+	}
+	fmt.Fprintf(&b, "- Model: %s\n", model)
+	if c.Model.MaxContext > 0 {
+		fmt.Fprintf(&b, "- Context: %d tokens\n", c.Model.MaxContext)
+	}
+	fmt.Fprintf(&b, "- Started: %s\n", c.Created.Format(time.RFC3339))
+	fmt.Fprintf(&b, "- Sampling: %s\n", formatSettings(c.Settings))
+	if c.System != "" {
+		fmt.Fprintf(&b, "\n## System\n\n%s\n", c.System)
+	}
+	for _, m := range c.Messages {
+		role := "User"
+		if m.Role == RoleAssistant {
+			role = "Assistant"
+		}
+		fmt.Fprintf(&b, "\n## %s · %s\n\n", role, m.Time.Format(time.RFC3339))
+		if m.Role == RoleUser {
+			b.WriteString(m.Content)
+			b.WriteString("\n")
+			continue
+		}
+		think, answer, _ := splitThink(m.Content)
+		if think != "" {
+			fmt.Fprintf(&b, "<details><summary>Thinking</summary>\n\n%s\n\n</details>\n\n", think)
+		}
+		if answer != "" {
+			b.WriteString(answer)
+			b.WriteString("\n")
+		}
+		if m.Error != "" {
+			fmt.Fprintf(&b, "\n> Error: %s\n", m.Error)
+		}
+		if m.Stats != nil {
+			fmt.Fprintf(&b, "\n> %s · %s\n", formatReplyStats(m.Stats), formatSettings(m.Stats.Settings))
+		}
+	}
+	return b.String()
+}
+
+// formatSettings is the one-line form of s that /set and exports show.
+func formatSettings(s Settings) string {
+	seed := "random"
+	if s.Seed != 0 {
+		seed = fmt.Sprint(s.Seed)
+	}
+	return fmt.Sprintf("temperature=%g top_p=%g top_k=%d min_p=%g repeat_penalty=%g seed=%s max_tokens=%d",
+		s.Temperature, s.TopP, s.TopK, s.MinP, s.RepeatPenalty, seed, s.MaxTokens)
+}
+
+// formatReplyStats is a reply's statistics in one line.
+func formatReplyStats(st *ReplyStats) string {
+	parts := []string{
+		fmt.Sprintf("%d prompt + %d generated tokens", st.PromptTokens, st.GeneratedTokens),
+		fmt.Sprintf("TTFT %s", formatMillis(st.TTFTMillis)),
+		fmt.Sprintf("%.1f tok/s", st.DecodeTokensPerSec),
+	}
+	if st.PromptTokensPerSec > 0 {
+		parts = append(parts, fmt.Sprintf("prefill %.0f tok/s", st.PromptTokensPerSec))
+	}
+	if st.Finish != "" {
+		parts = append(parts, "finish "+st.Finish)
+	}
+	parts = append(parts, fmt.Sprintf("seed %d", st.Seed))
+	return strings.Join(parts, " · ")
+}
+
+// formatMillis prints a duration in ms below a second and in s above.
+func formatMillis(ms float64) string {
+	if ms < 1000 {
+		return fmt.Sprintf("%.0f ms", ms)
+	}
+	return fmt.Sprintf("%.2f s", ms/1000)
+}

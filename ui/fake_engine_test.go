@@ -1,0 +1,143 @@
+package ui
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+)
+
+// fakeEngine is an Engine that streams scripted replies. A prompt's length
+// is its number of words plus 4 per message, so tests can overflow a small
+// context on purpose.
+type fakeEngine struct {
+	info  ModelInfo
+	stats Stats
+
+	mu      sync.Mutex
+	script  []fakeReply // one per Send, in order; the last one repeats
+	sent    []Request
+	sendErr error
+}
+
+// fakeReply is one scripted reply.
+type fakeReply struct {
+	chunks []string      // the text deltas
+	delay  time.Duration // before each chunk
+	err    error         // end with EventError instead of EventDone
+	hold   chan struct{} // when set, the first chunk waits until it is closed
+}
+
+func newFakeEngine(replies ...fakeReply) *fakeEngine {
+	return &fakeEngine{
+		info:   ModelInfo{Name: "Fake-1B", Arch: "fake", MaxContext: 4096},
+		stats:  Stats{KVBlocksUsed: 3, KVBlocksTotal: 12, KVBytesUsed: 3 << 20, KVBytesTotal: 12 << 20, Running: 0, Waiting: 0},
+		script: replies,
+	}
+}
+
+func (e *fakeEngine) Info() ModelInfo { return e.info }
+
+func (e *fakeEngine) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stats
+}
+
+func (e *fakeEngine) requests() []Request {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]Request(nil), e.sent...)
+}
+
+func (e *fakeEngine) Send(ctx context.Context, req Request) (Reply, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.sent = append(e.sent, req)
+	if e.sendErr != nil {
+		return nil, e.sendErr
+	}
+	n := 0
+	for _, m := range req.Messages {
+		n += 4 + len(strings.Fields(m.Content))
+	}
+	if n > e.info.MaxContext {
+		return nil, &ContextError{PromptTokens: n, Limit: e.info.MaxContext}
+	}
+	r := fakeReply{chunks: []string{"ok"}}
+	if len(e.script) > 0 {
+		r = e.script[0]
+		if len(e.script) > 1 {
+			e.script = e.script[1:]
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	return &fakeStream{r: r, ctx: ctx, cancel: cancel, prompt: n}, nil
+}
+
+// fakeStream plays a fakeReply. Its usage numbers are fixed so that views
+// are deterministic.
+type fakeStream struct {
+	r      fakeReply
+	ctx    context.Context
+	cancel context.CancelFunc
+	prompt int
+	i      int
+	done   bool
+}
+
+func (s *fakeStream) Cancel()           { s.cancel() }
+func (s *fakeStream) PromptTokens() int { return s.prompt }
+
+func (s *fakeStream) usage() Usage {
+	return Usage{
+		PromptTokens: s.prompt, GeneratedTokens: s.i, TimeToFirstToken: 120 * time.Millisecond,
+		Total: time.Second, PromptTokensPerSec: 250, DecodeTokensPerSec: 25, Seed: 42,
+	}
+}
+
+func (s *fakeStream) Next() (Event, bool) {
+	if s.done {
+		return Event{}, false
+	}
+	if s.i < len(s.r.chunks) {
+		var wait <-chan time.Time
+		if s.r.delay > 0 {
+			wait = time.After(s.r.delay)
+		} else {
+			c := make(chan time.Time, 1)
+			c <- time.Time{}
+			wait = c
+		}
+		if s.i == 0 && s.r.hold != nil {
+			select {
+			case <-s.r.hold:
+			case <-s.ctx.Done():
+				return s.final(), true
+			}
+		}
+		select {
+		case <-wait:
+		case <-s.ctx.Done():
+			return s.final(), true
+		}
+		s.i++
+		return Event{Kind: EventDelta, Text: s.r.chunks[s.i-1], Usage: s.usage()}, true
+	}
+	return s.final(), true
+}
+
+func (s *fakeStream) final() Event {
+	s.done = true
+	s.cancel()
+	switch {
+	case s.r.err != nil:
+		return Event{Kind: EventError, Err: s.r.err, Usage: s.usage()}
+	case s.i < len(s.r.chunks):
+		return Event{Kind: EventDone, Finish: FinishCancelled, Usage: s.usage()}
+	}
+	return Event{Kind: EventDone, Finish: FinishStop, Usage: s.usage()}
+}
+
+var errBoom = errors.New("boom: the engine fell over")

@@ -1,0 +1,114 @@
+package ui
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ferrite-llm/ferrite/engine/runtime"
+	"github.com/ferrite-llm/ferrite/engine/sample"
+	"github.com/ferrite-llm/ferrite/tokenizer"
+)
+
+// RuntimeEngine is the Engine of an in-process engine/runtime.Runtime: it
+// renders the conversation with the tokenizer's chat template, encodes it
+// and streams the runtime's events.
+type RuntimeEngine struct {
+	rt   *runtime.Runtime
+	tok  *tokenizer.Tokenizer
+	info ModelInfo
+}
+
+// NewRuntimeEngine adapts rt. The runtime must decode text, so create it
+// with runtime.Options.NewDecoder returning tok.NewStreamDecoder() (special
+// tokens kept, so that <think> tags reach the chat). info names the model;
+// its MaxContext is replaced by rt.MaxSeqLen() (the model's context or the
+// whole KV cache, whichever is smaller). The caller keeps ownership of rt.
+func NewRuntimeEngine(rt *runtime.Runtime, tok *tokenizer.Tokenizer, info ModelInfo) *RuntimeEngine {
+	info.MaxContext = rt.MaxSeqLen()
+	return &RuntimeEngine{rt: rt, tok: tok, info: info}
+}
+
+// Info implements Engine.
+func (e *RuntimeEngine) Info() ModelInfo { return e.info }
+
+// Stats implements Engine.
+func (e *RuntimeEngine) Stats() Stats {
+	s := e.rt.Stats()
+	return Stats{
+		KVBlocksUsed:  s.KVBlocksUsed,
+		KVBlocksTotal: s.KVBlocksTotal,
+		KVBytesUsed:   s.KVBytesUsed,
+		KVBytesTotal:  s.KVBytesTotal,
+		Running:       s.Running,
+		Waiting:       s.Waiting,
+	}
+}
+
+// Send implements Engine.
+func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
+	text, err := e.tok.ApplyChatTemplate(req.Messages, tokenizer.TemplateOptions{AddGenerationPrompt: true})
+	if err != nil {
+		return nil, fmt.Errorf("chat template: %w", err)
+	}
+	ids := e.tok.Encode(text, false)
+	if limit := e.info.MaxContext; limit > 0 && len(ids) > limit {
+		return nil, &ContextError{PromptTokens: len(ids), Limit: limit}
+	}
+	s := req.Settings
+	stream, err := e.rt.Generate(ctx, runtime.Request{
+		Prompt:    ids,
+		MaxTokens: s.MaxTokens,
+		Stop:      e.tok.EOS(),
+		Sampling: sample.Params{
+			Temperature:   float32(s.Temperature),
+			TopP:          float32(s.TopP),
+			TopK:          s.TopK,
+			MinP:          float32(s.MinP),
+			RepeatPenalty: float32(s.RepeatPenalty),
+			Seed:          s.Seed,
+		},
+	})
+	if errors.Is(err, runtime.ErrPromptTooLong) {
+		return nil, &ContextError{PromptTokens: len(ids), Limit: e.info.MaxContext}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeReply{s: stream, n: len(ids)}, nil
+}
+
+// runtimeReply is a Reply over a runtime stream.
+type runtimeReply struct {
+	s *runtime.Stream
+	n int
+}
+
+func (r *runtimeReply) Cancel()           { r.s.Cancel() }
+func (r *runtimeReply) PromptTokens() int { return r.n }
+
+func (r *runtimeReply) Next() (Event, bool) {
+	ev, ok := r.s.Next()
+	if !ok {
+		return Event{}, false
+	}
+	out := Event{Text: ev.Text, Finish: string(ev.Finish), Err: ev.Err, Usage: Usage{
+		PromptTokens:       ev.Usage.PromptTokens,
+		CachedTokens:       ev.Usage.CachedTokens,
+		GeneratedTokens:    ev.Usage.GeneratedTokens,
+		TimeToFirstToken:   ev.Usage.TimeToFirstToken,
+		Total:              ev.Usage.Total,
+		PromptTokensPerSec: ev.Usage.PromptTokensPerSec,
+		DecodeTokensPerSec: ev.Usage.DecodeTokensPerSec,
+		Seed:               ev.Usage.Seed,
+	}}
+	switch ev.Type {
+	case runtime.EventDone:
+		out.Kind = EventDone
+	case runtime.EventError:
+		out.Kind = EventError
+	default:
+		out.Kind = EventDelta
+	}
+	return out, true
+}

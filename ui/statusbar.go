@@ -1,0 +1,116 @@
+package ui
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/charmbracelet/lipgloss"
+	xansi "github.com/charmbracelet/x/ansi"
+)
+
+// kvBarWidth is the width of the KV-cache bar, in cells.
+const kvBarWidth = 10
+
+// ctxWarnFraction is the share of the context above which the status bar
+// warns.
+const ctxWarnFraction = 0.9
+
+// statusData is what the status bar shows.
+type statusData struct {
+	info    ModelInfo
+	busy    bool
+	usage   *Usage // the current or last reply's; nil before the first token
+	stats   Stats
+	ctxUsed int
+}
+
+// statusBar is the line at the bottom: model, speed of the current reply,
+// KV-cache use, context use and sequences. Segments that do not fit are
+// dropped, least important first.
+type statusBar struct {
+	st *Styles
+}
+
+// segment is one part of the bar; lower prio is dropped first.
+type segment struct {
+	text string
+	prio int
+}
+
+func (b statusBar) render(width int, d statusData) string {
+	st := b.st.Status
+	label := func(s string) string { return st.Label.Render(s) }
+	value := func(s string) string { return st.Value.Render(s) }
+	var segs []segment
+
+	model := st.Model.Render(d.info.Name)
+	if d.info.Arch != "" {
+		model += label(" " + d.info.Arch)
+	}
+	segs = append(segs, segment{model, 9})
+	if d.busy {
+		segs = append(segs, segment{st.Busy.Render("● generating"), 5})
+	}
+	if u := d.usage; u != nil && u.GeneratedTokens > 0 {
+		segs = append(segs, segment{value(fmt.Sprintf("%.1f", u.DecodeTokensPerSec)) + label(" tok/s"), 6})
+		segs = append(segs, segment{label("TTFT ") + value(formatMillis(float64(u.TimeToFirstToken.Microseconds())/1000)), 4})
+	}
+	if s := d.stats; s.KVBlocksTotal > 0 {
+		frac := float64(s.KVBlocksUsed) / float64(s.KVBlocksTotal)
+		full := min(int(frac*kvBarWidth+0.5), kvBarWidth)
+		if s.KVBlocksUsed > 0 && full == 0 {
+			full = 1
+		}
+		bar := st.BarFull.Render(strings.Repeat("█", full)) + st.BarEmpty.Render(strings.Repeat("░", kvBarWidth-full))
+		segs = append(segs, segment{label("KV ") + bar + value(fmt.Sprintf(" %.0f%%", 100*frac)), 7})
+		segs = append(segs, segment{label(fmt.Sprintf("%d/%d blk · %s/%s", s.KVBlocksUsed, s.KVBlocksTotal,
+			formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))), 2})
+	}
+	if limit := d.info.MaxContext; limit > 0 {
+		text := label("ctx ") + value(fmt.Sprintf("%d/%d", d.ctxUsed, limit))
+		if float64(d.ctxUsed) >= ctxWarnFraction*float64(limit) {
+			text = st.Warning.Render(fmt.Sprintf("⚠ ctx %d/%d", d.ctxUsed, limit))
+		}
+		segs = append(segs, segment{text, 8})
+	}
+	segs = append(segs, segment{label(fmt.Sprintf("run %d · wait %d", d.stats.Running, d.stats.Waiting)), 3})
+
+	sep := label(" │ ")
+	join := func() string {
+		parts := make([]string, len(segs))
+		for i, s := range segs {
+			parts[i] = s.text
+		}
+		return st.Bar.Render(" ") + strings.Join(parts, sep)
+	}
+	line := join()
+	for xansi.StringWidth(line) > width && len(segs) > 1 {
+		low := 0
+		for i, s := range segs {
+			if s.prio < segs[low].prio {
+				low = i
+			}
+		}
+		segs = append(segs[:low], segs[low+1:]...)
+		line = join()
+	}
+	line = xansi.Truncate(line, width, "…")
+	if pad := width - lipgloss.Width(line); pad > 0 {
+		line += st.Bar.Render(strings.Repeat(" ", pad))
+	}
+	return line
+}
+
+// formatBytes prints a byte count in binary units.
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
