@@ -27,16 +27,17 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return cmdRun(ctx, args[1:], stdin, stdout, stderr)
 		case "tokenize":
 			return cmdTokenize(ctx, args[1:], stdin, stdout, stderr)
+		case "bench":
+			return cmdBench(ctx, args[1:], stdin, stdout, stderr)
 		}
 	}
-	fmt.Fprint(stderr, "ferrite: the chat is not built yet; see README.md for what works today.\n")
-	fmt.Fprint(stderr, usage)
-	return 0
+	return cmdChat(ctx, args, stdin, stdout, stderr)
 }
 
 const usage = `usage:
-  ferrite [--model DIR]                 open the chat
+  ferrite [--model DIR] [flags]         open the chat (behaves like run when stdout is not a terminal)
   ferrite run --model DIR [flags] TEXT  generate once, streaming to stdout
   ferrite tokenize --model DIR [TEXT]   print the token ids of TEXT (or stdin)
+  ferrite bench --model DIR [flags]     measure throughput: concurrency × prompt × gen sweep, roofline
   ferrite help                          this help
 `

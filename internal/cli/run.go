@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 
 	"github.com/ferrite-llm/ferrite/engine"
@@ -121,11 +122,69 @@ func promptText(args []string, stdin io.Reader) (string, error) {
 	return string(b), nil
 }
 
-func run(ctx context.Context, f *runFlags, prompt string, stdout, stderr io.Writer) error {
+// session is a loaded model with its tokenizer and a running runtime.
+type session struct {
+	name string
+	lm   *engine.Loaded
+	tok  *tokenizer.Tokenizer
+	rt   *runtime.Runtime
+}
+
+// open loads the model and tokenizer f names and starts a runtime on them.
+func open(f *runFlags) (*session, error) {
+	if f.model == "" {
+		return nil, errors.New("no model: give --model DIR (a Hugging Face model directory)")
+	}
 	tok, err := tokenizer.Load(f.model)
+	if err != nil {
+		return nil, err
+	}
+	lm, err := engine.Load(f.model, engine.Options{Threads: f.threads})
+	if err != nil {
+		return nil, err
+	}
+	draft, err := f.draftTokens(lm.Model)
+	if err != nil {
+		lm.Close()
+		return nil, err
+	}
+	rt, err := runtime.New(lm.Model, runtime.Options{
+		KVBudget:   f.kvBudget,
+		Draft:      draft,
+		NewDecoder: func() runtime.TextDecoder { return tok.NewStreamDecoder() },
+	})
+	if err != nil {
+		lm.Close()
+		return nil, err
+	}
+	return &session{name: filepath.Base(filepath.Clean(f.model)), lm: lm, tok: tok, rt: rt}, nil
+}
+
+// Close stops the runtime and releases the model.
+func (s *session) Close() {
+	s.rt.Close()
+	s.lm.Close()
+}
+
+// sampling is the sampler settings of the flags.
+func (f *runFlags) sampling() sample.Params {
+	return sample.Params{
+		Temperature:   float32(f.temperature),
+		TopK:          f.topK,
+		TopP:          float32(f.topP),
+		MinP:          float32(f.minP),
+		RepeatPenalty: float32(f.repeat),
+		Seed:          f.seed,
+	}
+}
+
+func run(ctx context.Context, f *runFlags, prompt string, stdout, stderr io.Writer) error {
+	s, err := open(f)
 	if err != nil {
 		return err
 	}
+	defer s.Close()
+	tok := s.tok
 	var ids []int32
 	if f.raw {
 		ids = tok.Encode(prompt, true)
@@ -141,37 +200,12 @@ func run(ctx context.Context, f *runFlags, prompt string, stdout, stderr io.Writ
 		}
 		ids = tok.Encode(text, false)
 	}
-	lm, err := engine.Load(f.model, engine.Options{Threads: f.threads})
-	if err != nil {
-		return err
-	}
-	defer lm.Close()
-	draft, err := f.draftTokens(lm.Model)
-	if err != nil {
-		return err
-	}
-	rt, err := runtime.New(lm.Model, runtime.Options{
-		KVBudget:   f.kvBudget,
-		Draft:      draft,
-		NewDecoder: func() runtime.TextDecoder { return tok.NewStreamDecoder() },
-	})
-	if err != nil {
-		return err
-	}
-	defer rt.Close()
-
+	rt := s.rt
 	stream, err := rt.Generate(ctx, runtime.Request{
 		Prompt:    ids,
 		MaxTokens: f.maxTokens,
 		Stop:      tok.EOS(),
-		Sampling: sample.Params{
-			Temperature:   float32(f.temperature),
-			TopK:          f.topK,
-			TopP:          float32(f.topP),
-			MinP:          float32(f.minP),
-			RepeatPenalty: float32(f.repeat),
-			Seed:          f.seed,
-		},
+		Sampling:  f.sampling(),
 	})
 	if err != nil {
 		return err
