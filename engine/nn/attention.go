@@ -119,7 +119,7 @@ func (a *Attention) rows(be kernels.Backend, c *kvcache.Cache, t *Tokens, out, q
 			for p := 0; p < ln; p += bs {
 				kb := c.KBlock(a.Layer, blocks[p/bs])
 				for j := 0; j < bs && p+j < ln; j++ {
-					sc[p+j] = dot(qv, kb[j*kw+kvOff:j*kw+kvOff+hd]) * a.Scale
+					sc[p+j] = Dot(qv, kb[j*kw+kvOff:j*kw+kvOff+hd]) * a.Scale
 				}
 			}
 			Softmax(sc)
@@ -127,7 +127,7 @@ func (a *Attention) rows(be kernels.Backend, c *kvcache.Cache, t *Tokens, out, q
 			for p := 0; p < ln; p += bs {
 				vb := c.VBlock(a.Layer, blocks[p/bs])
 				for j := 0; j < bs && p+j < ln; j++ {
-					axpy(o, sc[p+j], vb[j*kw+kvOff:j*kw+kvOff+hd])
+					Axpy(o, sc[p+j], vb[j*kw+kvOff:j*kw+kvOff+hd])
 				}
 			}
 		}

@@ -2,8 +2,8 @@ package nn
 
 import "math"
 
-// dot is Σ a[i]·b[i] over len(a) values, with four float32 accumulators.
-func dot(a, b []float32) float32 {
+// Dot is Σ a[i]·b[i] over len(a) values, with four float32 accumulators.
+func Dot(a, b []float32) float32 {
 	b = b[:len(a)]
 	var s0, s1, s2, s3 float32
 	i := 0
@@ -19,8 +19,8 @@ func dot(a, b []float32) float32 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-// axpy sets y += alpha·x over len(x) values.
-func axpy(y []float32, alpha float32, x []float32) {
+// Axpy sets y += alpha·x over len(x) values.
+func Axpy(y []float32, alpha float32, x []float32) {
 	y = y[:len(x)]
 	for i, v := range x {
 		y[i] += alpha * v

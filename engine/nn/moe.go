@@ -225,7 +225,7 @@ func (m *MoE) Forward(be kernels.Backend, a *Arena, y, x []float32, n int) {
 		}
 		be.MatMul(ye, h, ex.Down, rows)
 		for r, t := range tok[lo:hi] {
-			axpy(y[int(t)*hidden:(int(t)+1)*hidden], tw[lo+r], ye[r*hidden:(r+1)*hidden])
+			Axpy(y[int(t)*hidden:(int(t)+1)*hidden], tw[lo+r], ye[r*hidden:(r+1)*hidden])
 		}
 	}
 

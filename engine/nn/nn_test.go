@@ -292,12 +292,12 @@ func TestMoE(t *testing.T) {
 			m := &MLP{Gate: &Linear{W: ex.Gate}, Up: &Linear{W: ex.Up}, Down: &Linear{W: ex.Down}}
 			y := make([]float32, hidden)
 			m.Forward(be, &a, y, xi, 1)
-			axpy(want[i*hidden:(i+1)*hidden], wt[i*2+k], y)
+			Axpy(want[i*hidden:(i+1)*hidden], wt[i*2+k], y)
 		}
 		ys, g := make([]float32, hidden), make([]float32, 1)
 		shared.Forward(be, &a, ys, xi, 1)
 		gate.Forward(be, g, xi, 1)
-		axpy(want[i*hidden:(i+1)*hidden], Sigmoid(g[0]), ys)
+		Axpy(want[i*hidden:(i+1)*hidden], Sigmoid(g[0]), ys)
 	}
 	for name, ex := range map[string][]Expert{"fused": fused, "split": split} {
 		m := &MoE{Router: router, Experts: ex, Shared: shared, SharedGate: gate}

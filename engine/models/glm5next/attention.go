@@ -140,13 +140,13 @@ func (d *dsa) forward(p *pass, y, x []float32) {
 			sc := scores[:len(toks)]
 			qv := qt[r*H*L+h*L : r*H*L+(h+1)*L]
 			for j, s := range toks {
-				sc[j] = dot(qv, p.Cache.K(d.layer, seq, int(s))) * d.scale
+				sc[j] = nn.Dot(qv, p.Cache.K(d.layer, seq, int(s))) * d.scale
 			}
 			nn.Softmax(sc)
 			o := ob[r*H*L+h*L : r*H*L+(h+1)*L]
 			clear(o)
 			for j, s := range toks {
-				axpy(o, sc[j], p.Cache.K(d.layer, seq, int(s)))
+				nn.Axpy(o, sc[j], p.Cache.K(d.layer, seq, int(s)))
 			}
 		}
 	})
@@ -229,7 +229,7 @@ func (ix *indexer) forward(p *pass, layer int, x, qr []float32) {
 	ix.wqb.Forward(be, q, qr, n)
 	k := a.Get(n * dI) // (N, dim)
 	ix.wk.Forward(be, k, x, n)
-	layerNorm(k, ix.kW, ix.kB, 1e-6, n)
+	(&nn.LayerNorm{W: ix.kW, B: ix.kB, Eps: 1e-6}).Forward(k, k, n)
 	g := a.Get(n * dI) // (N, dim) gate scores γ
 	be.MatMul(g, x, ix.gate, n)
 	w := a.Get(n * nh) // (N, heads)
@@ -287,7 +287,7 @@ func (ix *indexer) forward(p *pass, layer int, x, qr []float32) {
 					key := keys[P]
 					var acc float32
 					for h := range nh {
-						acc += wr[h] * max(dot(qr[h*dI:(h+1)*dI], key)*qs, 0)
+						acc += wr[h] * max(nn.Dot(qr[h*dI:(h+1)*dI], key)*qs, 0)
 					}
 					sc[P] = acc
 				}

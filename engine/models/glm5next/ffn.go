@@ -143,7 +143,7 @@ func (m *moe) Forward(be kernels.Backend, a *nn.Arena, y, x []float32, n int) {
 		}
 		be.MatMul(ye, h, ex.Down, rows)
 		for r, t := range ts {
-			axpy(y[int(t)*hidden:(int(t)+1)*hidden], tw[start[e]+r], ye[r*hidden:(r+1)*hidden])
+			nn.Axpy(y[int(t)*hidden:(int(t)+1)*hidden], tw[start[e]+r], ye[r*hidden:(r+1)*hidden])
 		}
 	}
 	if m.shared != nil {

@@ -278,14 +278,14 @@ func (a *Attention) absorbed(c *nn.Ctx, rows []int32, q []float32, sel *Selectio
 				for p := 0; p < ln; p += bs {
 					kb := c.Cache.KBlock(a.Layer, blocks[p/bs])
 					for j := 0; j < bs && p+j < ln; j++ {
-						sc[p+j] = dot(qv, kb[j*kw:(j+1)*kw]) * a.Scale
+						sc[p+j] = nn.Dot(qv, kb[j*kw:(j+1)*kw]) * a.Scale
 					}
 				}
 				nn.Softmax(sc)
 				for p := 0; p < ln; p += bs {
 					kb := c.Cache.KBlock(a.Layer, blocks[p/bs])
 					for j := 0; j < bs && p+j < ln; j++ {
-						axpy(acc, sc[p+j], kb[j*kw:j*kw+kl])
+						nn.Axpy(acc, sc[p+j], kb[j*kw:j*kw+kl])
 					}
 				}
 				continue
@@ -294,13 +294,13 @@ func (a *Attention) absorbed(c *nn.Ctx, rows []int32, q []float32, sel *Selectio
 			for j, s := range idx {
 				kb := c.Cache.KBlock(a.Layer, blocks[int(s)/bs])
 				off := (int(s) % bs) * kw
-				sc[j] = dot(qv, kb[off:off+kw]) * a.Scale
+				sc[j] = nn.Dot(qv, kb[off:off+kw]) * a.Scale
 			}
 			nn.Softmax(sc)
 			for j, s := range idx {
 				kb := c.Cache.KBlock(a.Layer, blocks[int(s)/bs])
 				off := (int(s) % bs) * kw
-				axpy(acc, sc[j], kb[off:off+kl])
+				nn.Axpy(acc, sc[j], kb[off:off+kl])
 			}
 		}
 	})
@@ -386,7 +386,7 @@ func (a *Attention) naive(c *nn.Ctx, r0, r1 int, q []float32, sel *Selection, o 
 						s = int(keys[j])
 					}
 					k := kx[(s-t0)*ew+h*(dn+dv):]
-					v := (dot(qv[:dn], k[:dn]) + dot(qv[dn:], kpe[(s-t0)*dr:(s-t0+1)*dr])) * a.Scale
+					v := (nn.Dot(qv[:dn], k[:dn]) + nn.Dot(qv[dn:], kpe[(s-t0)*dr:(s-t0+1)*dr])) * a.Scale
 					sc[j] = v
 					tm = max(tm, v)
 				}
@@ -407,7 +407,7 @@ func (a *Attention) naive(c *nn.Ctx, r0, r1 int, q []float32, sel *Selection, o 
 					e := math.Exp(float64(sc[j] - mx[item]))
 					sum[item] += e
 					off := (s-t0)*ew + h*(dn+dv) + dn
-					axpy(ac, float32(e), kx[off:off+dv])
+					nn.Axpy(ac, float32(e), kx[off:off+dv])
 				}
 			}
 		})

@@ -50,11 +50,11 @@ type Indexer struct {
 	TopK  int     // index_topk
 	Scale float32 // Dim^-½
 
-	WQ    *nn.Linear // wq_b (Heads·Dim, q_lora_rank), input: the normed q latent
-	WK    *nn.Linear // wk (Dim, hidden), input: the layer input after input_layernorm
-	KNorm *LayerNorm // k_norm (Dim) with bias, eps 1e-6
-	W     *nn.Linear // weights_proj (Heads, hidden)
-	RoPE  *nn.RoPE   // on the first RoPE.Dim dims of every query head and of the key
+	WQ    *nn.Linear    // wq_b (Heads·Dim, q_lora_rank), input: the normed q latent
+	WK    *nn.Linear    // wk (Dim, hidden), input: the layer input after input_layernorm
+	KNorm *nn.LayerNorm // k_norm (Dim) with bias, eps 1e-6
+	W     *nn.Linear    // weights_proj (Heads, hidden)
+	RoPE  *nn.RoPE      // on the first RoPE.Dim dims of every query head and of the key
 }
 
 // Forward stores the batch's index keys in cache layer `layer` (V slots)
@@ -160,7 +160,7 @@ func (ix *Indexer) score(c *nn.Ctx, layer, row int, qv, wv []float32, p0, p1 int
 			ks := vb[j*d : (j+1)*d]
 			var s float32
 			for h, wh := range wv {
-				if v := dot(qv[h*d:(h+1)*d], ks) * ix.Scale; v > 0 {
+				if v := nn.Dot(qv[h*d:(h+1)*d], ks) * ix.Scale; v > 0 {
 					s += wh * v
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
@@ -52,7 +53,7 @@ func TestTopK(t *testing.T) {
 
 func TestLayerNorm(t *testing.T) {
 	x := []float32{1, 2, 3, 4, -1, 0.5, 0.25, 8}
-	ln := &LayerNorm{W: []float32{1, 2, 0.5, -1}, B: []float32{0.1, 0, -0.2, 0.3}, Eps: 1e-6}
+	ln := &nn.LayerNorm{W: []float32{1, 2, 0.5, -1}, B: []float32{0.1, 0, -0.2, 0.3}, Eps: 1e-6}
 	y := make([]float32, len(x))
 	ln.Forward(y, x, 2)
 	for r := range 2 {

@@ -435,7 +435,7 @@ func loadIndexer(l *nn.Loader, p *params, i int, rope *nn.RoPE) *Indexer {
 		Scale: float32(1 / math.Sqrt(float64(p.idxDim))),
 		WQ:    l.Linear(pre+"wq_b", p.idxHeads*p.idxDim, p.dims.qLora, false),
 		WK:    l.Linear(pre+"wk", p.idxDim, p.hidden, false),
-		KNorm: &LayerNorm{W: l.Vec(pre+"k_norm.weight", p.idxDim), B: l.Vec(pre+"k_norm.bias", p.idxDim), Eps: 1e-6},
+		KNorm: &nn.LayerNorm{W: l.Vec(pre+"k_norm.weight", p.idxDim), B: l.Vec(pre+"k_norm.bias", p.idxDim), Eps: 1e-6},
 		W:     l.Linear(pre+"weights_proj", p.idxHeads, p.hidden, false),
 		RoPE:  rope,
 	}
