@@ -1,0 +1,97 @@
+package cpu
+
+import (
+	"runtime"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Backend is the CPU implementation of kernels.Backend: a persistent worker
+// pool plus AVX-512 or AVX2/FMA matmul tiles (pure Go without them). Like every
+// backend it is meant for one engine goroutine at a time; a Parallel or
+// MatMul issued while another is in flight (for example from inside a
+// Parallel callback) runs single-threaded on its caller instead of
+// deadlocking.
+type Backend struct {
+	pool *pool
+}
+
+var _ kernels.Backend = (*Backend)(nil)
+
+// New returns a CPU backend running on threads workers, the calling
+// goroutine included; threads ≤ 0 means runtime.NumCPU(). The helper
+// goroutines live until Close, or until the Backend is garbage collected.
+func New(threads int) *Backend {
+	if threads <= 0 {
+		threads = runtime.NumCPU()
+	}
+	b := &Backend{pool: newPool(threads)}
+	runtime.AddCleanup(b, func(p *pool) { p.close() }, b.pool)
+	return b
+}
+
+// Name returns "cpu".
+func (b *Backend) Name() string { return "cpu" }
+
+// Threads returns the number of workers, the caller included.
+func (b *Backend) Threads() int { return b.pool.workers }
+
+// Close stops the helper goroutines. The backend keeps working after Close,
+// single-threaded. Close waits for an in-flight call and is idempotent.
+func (b *Backend) Close() { b.pool.close() }
+
+// Parallel calls fn on min(n, Threads()) contiguous, non-empty sub-ranges
+// that together cover [0, n) exactly once, concurrently, and returns when
+// all calls have returned. The first sub-range runs on the calling
+// goroutine. A panic in fn is re-raised on the calling goroutine after the
+// other calls have returned.
+func (b *Backend) Parallel(n int, fn func(lo, hi int)) {
+	if n <= 0 {
+		return
+	}
+	nw := min(n, b.pool.workers)
+	if nw == 1 || !b.pool.acquire() {
+		fn(0, n)
+		return
+	}
+	defer b.pool.release()
+	j := &b.pool.job
+	j.fn, j.n, j.nw, j.mm = fn, n, nw, nil
+	b.pool.run(nw)
+}
+
+// MatMul sets y (n, w.Rows) = x (n, w.Cols) · wᵀ, converting w from its
+// stored dtype inside the kernel. It panics (see kernels.CheckMatMul) on
+// malformed arguments. The work is split into tasks of output rows and, when
+// n > 64, of x rows; the workers take tasks off a shared counter.
+func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
+	kernels.CheckMatMul(y, x, w, n)
+	if n == 0 || w.Rows == 0 {
+		return
+	}
+	p := b.pool
+	if !p.acquire() {
+		var m matmul
+		var scratch []float32
+		m.init(y, x, w, n, 1)
+		for t := range m.tasks {
+			m.task(t, &scratch)
+		}
+		return
+	}
+	defer p.release()
+	m := &p.mm
+	m.init(y, x, w, n, p.workers)
+	defer func() { m.y, m.x, m.w = nil, nil, nil }()
+	nw := min(m.tasks, p.workers)
+	if nw == 1 {
+		for t := range m.tasks {
+			m.task(t, &p.scratch[0])
+		}
+		return
+	}
+	j := &p.job
+	j.fn, j.mm = nil, m
+	j.next.Store(0)
+	p.run(nw)
+}

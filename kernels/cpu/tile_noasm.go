@@ -1,0 +1,14 @@
+//go:build !amd64 || noasm
+
+package cpu
+
+import "github.com/ferrite-llm/ferrite/kernels"
+
+// tilesFor returns the pure-Go tiles: this build has no assembly.
+func tilesFor(d kernels.DType) *tileSet { return &genericTiles[d] }
+
+// haveAsm reports whether tilesFor returns assembly for some dtype.
+func haveAsm() bool { return false }
+
+// scale sets dst[i] = src[i] * s for i < len(src).
+func scale(dst, src []float32, s float32) { scaleGo(dst, src, s) }

@@ -1,0 +1,46 @@
+// Package cpuinfo is the one place the kernels read CPU features. Each
+// feature the fast paths depend on has a getter, read on every kernel
+// dispatch, and a Disable hook so tests can cover the fallback paths on a
+// machine that has the feature.
+package cpuinfo
+
+import (
+	"sync/atomic"
+
+	"golang.org/x/sys/cpu"
+)
+
+var (
+	avx2FMA atomic.Bool // AVX2 and FMA3, with OS support for the ymm state
+	f16c    atomic.Bool // VCVTPH2PS
+	avx512  atomic.Bool // AVX-512 F and VL, with OS support for the zmm state
+)
+
+func init() {
+	avx2FMA.Store(cpu.X86.HasAVX2 && cpu.X86.HasFMA)
+	f16c.Store(cpu.X86.HasF16C)
+	avx512.Store(cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL)
+}
+
+// AVX2FMA reports whether AVX2 and FMA3 may be used.
+func AVX2FMA() bool { return avx2FMA.Load() }
+
+// F16C reports whether the F16C half-precision conversions may be used.
+func F16C() bool { return f16c.Load() }
+
+// AVX512 reports whether AVX-512 F and VL may be used.
+func AVX512() bool { return avx512.Load() }
+
+// DisableAVX512 turns AVX-512 off until restore is called. For testing.
+func DisableAVX512() (restore func()) { return disable(&avx512) }
+
+// DisableAVX2FMA turns AVX2/FMA off until restore is called. For testing.
+func DisableAVX2FMA() (restore func()) { return disable(&avx2FMA) }
+
+// DisableF16C turns F16C off until restore is called. For testing.
+func DisableF16C() (restore func()) { return disable(&f16c) }
+
+func disable(b *atomic.Bool) func() {
+	old := b.Swap(false)
+	return func() { b.Store(old) }
+}
