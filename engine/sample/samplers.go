@@ -230,6 +230,7 @@ func (s *Sampler) dist(logits []float32, history []int32) []token {
 		sorted = true
 	}
 	softmax(ts)
+	n := len(ts)
 	if p.TopP < 1 {
 		ts = topP(ts, p.TopP)
 		sorted = true
@@ -237,7 +238,9 @@ func (s *Sampler) dist(logits []float32, history []int32) []token {
 	if p.MinP > 0 {
 		ts = minP(ts, p.MinP)
 	}
-	normalize(ts)
+	if len(ts) < n {
+		normalize(ts)
+	}
 	if sorted {
 		slices.SortFunc(ts, func(a, b token) int { return int(a.id) - int(b.id) })
 	}

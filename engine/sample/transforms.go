@@ -133,7 +133,7 @@ func softmax(ts []token) {
 	}
 	var sum float64
 	for i := range ts {
-		e := float32(math.Exp(float64(ts[i].v - m)))
+		e := exp32(ts[i].v - m)
 		ts[i].v = e
 		sum += float64(e)
 	}
