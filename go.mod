@@ -5,6 +5,7 @@ go 1.26.0
 require golang.org/x/sys v0.50.0
 
 require (
+	github.com/BurntSushi/toml v1.6.0
 	github.com/adrg/xdg v0.5.3
 	github.com/ardanlabs/jinja v1.8.0
 	github.com/aymanbagabas/go-osc52/v2 v2.0.1

@@ -134,15 +134,46 @@ func (tm *term) waitFor(what string, cond func(string) bool) string {
 	}
 }
 
+// models puts two fixture models with a byte tokenizer into one folder
+// (for config.toml's model_dirs) and returns it.
+func models(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, fixture := range map[string]string{"tiny-qwen3": "qwen3", "tiny-llama": "llama"} {
+		if err := os.Rename(modelDir(t, fixture), filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// env is a fresh XDG and Hugging Face environment under dir.
+func env(dir string) []string {
+	return []string{"XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir, "XDG_CACHE_HOME=" + dir,
+		"HF_HOME=" + filepath.Join(dir, "hf"), "HF_HUB_CACHE=", "NO_COLOR=1"}
+}
+
+func writeConfig(t *testing.T, data, text string) {
+	t.Helper()
+	path := filepath.Join(data, "ferrite", "config.toml")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestChatInTerminal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and drives it in tmux")
 	}
 	bin := build(t)
-	model := modelDir(t, "qwen3")
+	folder := models(t)
+	model := filepath.Join(folder, "tiny-qwen3")
 	data := t.TempDir()
-	tm := newTerm(t, []string{"XDG_DATA_HOME=" + data, "XDG_CONFIG_HOME=" + data, "NO_COLOR=1"},
-		bin, "--model", model, "--max-tokens", "24", "--temperature", "0")
+	writeConfig(t, data, "model_dirs = [\""+folder+"\"]\n[sampling]\nseed = 7\n")
+	tm := newTerm(t, env(data), bin, "--model", model, "--max-tokens", "24", "--temperature", "0")
 
 	s := tm.waitFor("the chat to open", func(s string) bool { return strings.Contains(s, "Type /help") })
 	if s == "" {
@@ -170,7 +201,7 @@ func TestChatInTerminal(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := string(b)
-	for _, want := range []string{"## User", "hello ferrite", "## Assistant", "qwen3", "temperature=0"} {
+	for _, want := range []string{"## User", "hello ferrite", "## Assistant", "qwen3", "temperature=0", "seed=7"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("transcript lacks %q:\n%s", want, md)
 		}
@@ -182,6 +213,65 @@ func TestChatInTerminal(t *testing.T) {
 		t.Error("no autosaved chat")
 	}
 
+	// /models lists the config's folder, the current model marked.
+	tm.send("/models", "Enter")
+	s = tm.waitFor("the model list", func(s string) bool { return strings.Contains(s, "tiny-llama") })
+	for _, want := range []string{"● tiny-qwen3", "llama", "config"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the list lacks %q:\n%s", want, s)
+		}
+	}
+
+	// Two alternatives, generated at once, compared and one kept.
+	tm.send("/set temperature 0.9", "Enter")
+	tm.send("/regen 2", "Enter")
+	s = tm.waitFor("the alternatives", func(s string) bool { return strings.Contains(s, "alternatives ready") })
+	if !strings.Contains(s, "Alternatives:  previous │[1]│ 2") {
+		t.Errorf("no alternatives strip:\n%s", s)
+	}
+	tm.send("S-Right")
+	tm.waitFor("alternative 2 shown", func(s string) bool { return strings.Contains(s, "│[2]") })
+	tm.send("Enter")
+	tm.waitFor("the kept alternative", func(s string) bool { return strings.Contains(s, "kept alternative 2") })
+
+	// A second chat; the first stays open.
+	tm.send("C-n")
+	tm.waitFor("the second chat", func(s string) bool { return strings.Contains(s, "[2 new chat]") })
+	tm.send("second chat here", "Enter")
+	tm.waitFor("its reply", func(s string) bool { return strings.Contains(s, "24 tokens") })
+	tm.send("C-Left")
+	tm.waitFor("the first chat again", func(s string) bool { return strings.Contains(s, "[1 hello ferrite]") })
+
+	// Switch model without leaving.
+	tm.send("/model tiny-llama", "Enter")
+	s = tm.waitFor("the switch", func(s string) bool { return strings.Contains(s, "Switched to tiny-llama") })
+	if !strings.Contains(s, "tiny-llama llama") {
+		t.Errorf("the status bar does not show the new model:\n%s", s)
+	}
+
+	tm.send("/quit", "Enter")
+	tm.waitFor("the program to exit", func(s string) bool { return s == "" })
+
+	// The input history is kept for the next session.
+	hist, err := os.ReadFile(filepath.Join(data, "ferrite", "history"))
+	if err != nil || !strings.Contains(string(hist), `"hello ferrite"`) || !strings.Contains(string(hist), `"/regen 2"`) {
+		t.Errorf("history %q, %v", hist, err)
+	}
+}
+
+func TestBadConfigIsReported(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and drives it in tmux")
+	}
+	bin := build(t)
+	model := modelDir(t, "qwen3")
+	data := t.TempDir()
+	writeConfig(t, data, "[sampling]\ntemperature = \"hot\"\n")
+	tm := newTerm(t, env(data), bin, "--model", model)
+	s := tm.waitFor("the warning", func(s string) bool { return strings.Contains(s, "is ignored") })
+	if !strings.Contains(s, "line 2") || !strings.Contains(s, "sampling.temperature") || !strings.Contains(s, "Type /help") {
+		t.Errorf("the warning lacks the line and key:\n%s", s)
+	}
 	tm.send("/quit", "Enter")
 	tm.waitFor("the program to exit", func(s string) bool { return s == "" })
 }

@@ -18,6 +18,7 @@ const (
 	entryNotice                     // command output (text)
 	entryWarning                    // something the user should fix (text)
 	entryError                      // an engine or IO error (text)
+	entryChoice                     // the alternatives of /regen (choice)
 )
 
 // entry is one block of the chat: a conversation message or a notice that
@@ -26,6 +27,7 @@ type entry struct {
 	kind      entryKind
 	msg       *Message // entryUser, entryAssistant
 	text      string   // notices
+	choice    *choice  // entryChoice
 	streaming bool     // the reply is being generated
 	version   int      // bumped whenever msg changes
 
@@ -112,6 +114,30 @@ func (c *chatView) removeMsg(msg *Message) {
 	c.dirty = true
 }
 
+// replaceEntry puts e in old's place.
+func (c *chatView) replaceEntry(old, e *entry) {
+	if i := slices.Index(c.entries, old); i >= 0 {
+		c.entries[i] = e
+	} else {
+		c.entries = append(c.entries, e)
+	}
+	c.dirty = true
+}
+
+// replies is every assistant entry, the options of a choice included.
+func (c *chatView) replies() []*entry {
+	var out []*entry
+	for _, e := range c.entries {
+		switch e.kind {
+		case entryAssistant:
+			out = append(out, e)
+		case entryChoice:
+			out = append(out, e.choice.opts...)
+		}
+	}
+	return out
+}
+
 // setMessages replaces the entries by those of a conversation.
 func (c *chatView) setMessages(msgs []*Message) {
 	c.clear()
@@ -180,6 +206,9 @@ func (c *chatView) View() string { return c.vp.View() }
 // layout returns e's block, laid out again only when something it depends
 // on changed.
 func (c *chatView) layout(e *entry) string {
+	if e.kind == entryChoice {
+		return c.layoutChoice(e.choice)
+	}
 	key := blockKey{
 		width: c.contentWidth(), version: e.version, mdVersion: e.mdVersion, mdWidth: e.mdWidth,
 		think: c.showThink, streaming: e.streaming,
@@ -213,7 +242,11 @@ func (c *chatView) layout(e *entry) string {
 // dimmed), the rendered answer, and a status or statistics line.
 func (c *chatView) layoutReply(b *strings.Builder, e *entry, w int) {
 	m := e.msg
-	b.WriteString(c.st.Chat.AssistantLabel.Render(c.modelName))
+	name := c.modelName
+	if m.Model != "" {
+		name = m.Model
+	}
+	b.WriteString(c.st.Chat.AssistantLabel.Render(name))
 	b.WriteString(c.st.Chat.Time.Render(" · " + m.Time.Format("15:04")))
 	think, answer, open := splitThink(m.Content)
 	if think != "" || open {
@@ -260,9 +293,37 @@ func (c *chatView) layoutReply(b *strings.Builder, e *entry, w int) {
 	}
 }
 
+// layoutChoice lays out the alternatives of /regen: a line naming them
+// (the shown one in brackets, ● while generating, ✗ when failed), the keys,
+// and the shown one. It is not cached: the options' blocks are.
+func (c *chatView) layoutChoice(ch *choice) string {
+	w := c.contentWidth()
+	names := make([]string, len(ch.opts))
+	for i, o := range ch.opts {
+		label := ch.label(i)
+		switch {
+		case o.streaming:
+			label += " ●"
+		case o.msg.Error != "":
+			label += " ✗"
+		}
+		if i == ch.sel {
+			names[i] = c.st.Choice.Selected.Render("[" + label + "]")
+		} else {
+			names[i] = c.st.Choice.Option.Render(" " + label + " ")
+		}
+	}
+	head := c.st.Choice.Header.Render("Alternatives: ") + strings.Join(names, c.st.Choice.Header.Render("│"))
+	keys := c.st.Choice.Header.Render(wrapText(ch.keysHelp, w))
+	return indent(truncateLines(head, w)+"\n"+keys, " ") + "\n\n" + c.layout(ch.opts[ch.sel])
+}
+
 // shortReplyStats is the line under a finished reply.
 func shortReplyStats(st *ReplyStats) string {
 	s := fmt.Sprintf("%d tokens · %.1f tok/s · TTFT %s", st.GeneratedTokens, st.DecodeTokensPerSec, formatMillis(st.TTFTMillis))
+	if st.DraftTokens > 0 {
+		s += fmt.Sprintf(" · MTP %.0f%%, %.1f tok/step", 100*float64(st.AcceptedTokens)/float64(st.DraftTokens), 1+st.AcceptedPerStep)
+	}
 	switch st.Finish {
 	case FinishLength:
 		s += " · cut at the length limit"

@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -8,6 +9,8 @@ import (
 	"strings"
 
 	tea "github.com/charmbracelet/bubbletea"
+
+	"github.com/ferrite-llm/ferrite/engine/runtime"
 )
 
 // command is one slash command.
@@ -18,7 +21,7 @@ type command struct {
 	// run executes the command with the text after its name (trimmed).
 	run func(m *model, args string) tea.Cmd
 	// complete lists completions of the first argument (may be nil).
-	complete func(arg string) []compItem
+	complete func(m *model, arg string) []compItem
 }
 
 // commandSet is the chat's slash commands, in the order /help lists them.
@@ -29,11 +32,18 @@ type commandSet struct {
 func newCommandSet() *commandSet {
 	return &commandSet{list: []command{
 		{name: "help", desc: "list commands and keys", run: (*model).cmdHelp},
-		{name: "new", desc: "start a new chat (this one stays saved)", run: (*model).cmdNew},
+		{name: "model", args: "[name|N|dir]", desc: "switch model (loads while you chat); list them without a name", run: (*model).cmdModel, complete: (*model).completeModels},
+		{name: "models", desc: "list the models: built-in, config, Hugging Face cache, ferrite's folder", run: (*model).cmdModels},
+		{name: "new", desc: "open a new chat (ctrl+n); the others stay open", run: (*model).cmdNew},
+		{name: "chats", desc: "list the open chats", run: (*model).cmdChats},
+		{name: "switch", args: "N", desc: "show open chat N (ctrl+←/→ cycle)", run: (*model).cmdSwitch},
+		{name: "close", args: "[N]", desc: "close this chat (or chat N); it stays saved", run: (*model).cmdClose},
 		{name: "clear", desc: "clear this chat's messages", run: (*model).cmdClear},
 		{name: "system", args: "[text|--clear]", desc: "show or set the system prompt", run: (*model).cmdSystem},
-		{name: "set", args: "[name value]", desc: "show or change a sampling setting", run: (*model).cmdSet, complete: completeParams},
-		{name: "stop", desc: "stop the reply being generated", run: (*model).cmdStop},
+		{name: "set", args: "[name value]", desc: "show or change a sampling or MTP setting", run: (*model).cmdSet, complete: completeParams},
+		{name: "regen", args: "[N]", desc: "N alternative replies to the last message, generated at once, to compare", run: (*model).cmdRegen},
+		{name: "pick", args: "[N]", desc: "keep alternative N of /regen (0: the previous reply)", run: (*model).cmdPick},
+		{name: "stop", desc: "stop the replies being generated in this chat", run: (*model).cmdStop},
 		{name: "stats", desc: "engine and last-reply statistics", run: (*model).cmdStats},
 		{name: "export", args: "md|json [path]", desc: "export the chat as Markdown or JSON", run: (*model).cmdExport, complete: completeExport},
 		{name: "copy", desc: "copy the last reply to the clipboard (OSC 52)", run: (*model).cmdCopy},
@@ -54,7 +64,7 @@ func (s *commandSet) lookup(name string) (command, bool) {
 // complete lists completions of a single-line input starting with "/": the
 // commands whose name starts with what was typed, or, after a command name
 // and a space, its argument's completions.
-func (s *commandSet) complete(value string) []compItem {
+func (s *commandSet) complete(value string, m *model) []compItem {
 	word, rest, hasArg := strings.Cut(strings.TrimPrefix(value, "/"), " ")
 	if !hasArg {
 		var out []compItem
@@ -73,37 +83,41 @@ func (s *commandSet) complete(value string) []compItem {
 	if !ok || c.complete == nil || strings.Contains(rest, " ") {
 		return nil
 	}
-	items := c.complete(rest)
+	items := c.complete(m, rest)
 	for i := range items {
 		items[i].value = "/" + c.name + " " + items[i].value
 	}
 	return items
 }
 
-// param is one setting /set changes.
+// param is one setting /set changes; info is the model's.
 type param struct {
 	name string
 	desc string
-	set  func(s *Settings, v string) error
+	set  func(s *Settings, v string, info ModelInfo) error
 }
 
+// defaultDraft is the draft length /set mtp on picks when neither the
+// chat nor the engine has one.
+const defaultDraft = 3
+
 var params = []param{
-	{"temperature", "randomness; 0 is greedy (0–5)", func(s *Settings, v string) error {
+	{"temperature", "randomness; 0 is greedy (0–5)", func(s *Settings, v string, _ ModelInfo) error {
 		return parseFloat(v, 0, 5, &s.Temperature)
 	}},
-	{"top_p", "nucleus mass; 1 is off (0–1)", func(s *Settings, v string) error {
+	{"top_p", "nucleus mass; 1 is off (0–1)", func(s *Settings, v string, _ ModelInfo) error {
 		return parseFloat(v, 0, 1, &s.TopP)
 	}},
-	{"top_k", "keep the k likeliest tokens; 0 is off", func(s *Settings, v string) error {
+	{"top_k", "keep the k likeliest tokens; 0 is off", func(s *Settings, v string, _ ModelInfo) error {
 		return parseInt(v, 0, math.MaxInt32, &s.TopK)
 	}},
-	{"min_p", "drop tokens below this share of the top one; 0 is off (0–1)", func(s *Settings, v string) error {
+	{"min_p", "drop tokens below this share of the top one; 0 is off (0–1)", func(s *Settings, v string, _ ModelInfo) error {
 		return parseFloat(v, 0, 1, &s.MinP)
 	}},
-	{"repeat_penalty", "penalty for recent tokens; 1 is off (0–10)", func(s *Settings, v string) error {
+	{"repeat_penalty", "penalty for recent tokens; 1 is off (0–10)", func(s *Settings, v string, _ ModelInfo) error {
 		return parseFloat(v, 0, 10, &s.RepeatPenalty)
 	}},
-	{"seed", "sampling seed; 0 is a fresh seed per reply", func(s *Settings, v string) error {
+	{"seed", "sampling seed; 0 is a fresh seed per reply", func(s *Settings, v string, _ ModelInfo) error {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			return fmt.Errorf("%q is not a whole number ≥ 0", v)
@@ -111,8 +125,32 @@ var params = []param{
 		s.Seed = n
 		return nil
 	}},
-	{"max_tokens", "longest reply in tokens; 0 is until the context is full", func(s *Settings, v string) error {
+	{"max_tokens", "longest reply in tokens; 0 is until the context is full", func(s *Settings, v string, _ ModelInfo) error {
 		return parseInt(v, 0, math.MaxInt32, &s.MaxTokens)
+	}},
+	{"mtp", "speculative decoding with the model's MTP module: on, off or auto", func(s *Settings, v string, info ModelInfo) error {
+		switch v {
+		case "off":
+			s.Draft = -1
+		case "auto":
+			s.Draft = 0
+		case "on":
+			if !info.MTP {
+				return fmt.Errorf("%s has no MTP module", info.Name)
+			}
+			if s.Draft <= 0 {
+				s.Draft = cmp.Or(info.Draft, defaultDraft)
+			}
+		default:
+			return fmt.Errorf("%q: use on, off or auto", v)
+		}
+		return nil
+	}},
+	{"draft", fmt.Sprintf("MTP draft tokens per step (1–%d); 0 is the engine's default", runtime.MaxDraft), func(s *Settings, v string, info ModelInfo) error {
+		if !info.MTP {
+			return fmt.Errorf("%s has no MTP module", info.Name)
+		}
+		return parseInt(v, 0, runtime.MaxDraft, &s.Draft)
 	}},
 }
 
@@ -148,8 +186,9 @@ func paramNames() string {
 	return strings.Join(names, ", ")
 }
 
-// applySetting parses "/set name value" arguments into s.
-func applySetting(s *Settings, args string) (name string, err error) {
+// applySetting parses "/set name value" arguments into s, for a model
+// with info.
+func applySetting(s *Settings, args string, info ModelInfo) (name string, err error) {
 	f := strings.Fields(args)
 	if len(f) != 2 {
 		return "", fmt.Errorf("usage: /set <name> <value>, with name one of %s", paramNames())
@@ -158,13 +197,13 @@ func applySetting(s *Settings, args string) (name string, err error) {
 	if i < 0 {
 		return "", fmt.Errorf("unknown setting %q: use one of %s", f[0], paramNames())
 	}
-	if err := params[i].set(s, f[1]); err != nil {
+	if err := params[i].set(s, f[1], info); err != nil {
 		return "", fmt.Errorf("%s: %w", f[0], err)
 	}
 	return f[0], nil
 }
 
-func completeParams(arg string) []compItem {
+func completeParams(_ *model, arg string) []compItem {
 	var out []compItem
 	for _, p := range params {
 		if strings.HasPrefix(p.name, arg) {
@@ -174,7 +213,7 @@ func completeParams(arg string) []compItem {
 	return out
 }
 
-func completeExport(arg string) []compItem {
+func completeExport(_ *model, arg string) []compItem {
 	var out []compItem
 	for _, f := range []compItem{
 		{value: "md ", label: "md", args: "[path]", desc: "Markdown: roles, times, settings, per-reply stats"},
@@ -187,15 +226,21 @@ func completeExport(arg string) []compItem {
 	return out
 }
 
+// Help lists the chat's slash commands and keys, as /help shows them
+// (for ferrite --help).
+func Help() string { return helpText(newCommandSet(), DefaultKeyMap()) }
+
 // helpText is what /help shows.
-func (m *model) helpText() string {
+func (m *model) helpText() string { return helpText(m.cmds, m.keys) }
+
+func helpText(cmds *commandSet, keys KeyMap) string {
 	var b strings.Builder
 	b.WriteString("Commands:\n")
 	w := 0
-	for _, c := range m.cmds.list {
+	for _, c := range cmds.list {
 		w = max(w, len(c.name)+1+len(c.args))
 	}
-	for _, c := range m.cmds.list {
+	for _, c := range cmds.list {
 		head := "/" + c.name
 		if c.args != "" {
 			head += " " + c.args
@@ -204,7 +249,7 @@ func (m *model) helpText() string {
 	}
 	fmt.Fprintf(&b, "\n/set names: %s\n", paramNames())
 	b.WriteString("\nKeys:\n")
-	for _, g := range m.keys.helpGroups() {
+	for _, g := range keys.helpGroups() {
 		parts := make([]string, 0, len(g))
 		for _, k := range g {
 			h := k.Help()

@@ -19,22 +19,15 @@ func (m *model) cmdHelp(string) tea.Cmd {
 	return nil
 }
 
-func (m *model) cmdNew(string) tea.Cmd {
-	m.abandon()
-	m.chat = m.newChat(m.chat.Settings, m.chat.System)
-	m.view.clear()
-	m.ctxUsed, m.usage = 0, nil
-	m.view.notice(entryNotice, "New chat. The previous one is saved; /load lists saved chats.")
-	return nil
-}
+func (m *model) cmdNew(string) tea.Cmd { return m.openTab() }
 
 func (m *model) cmdClear(string) tea.Cmd {
-	m.abandon()
+	cmd := m.abandon(m.chatTab)
 	m.chat.Messages = nil
 	m.view.clear()
 	m.ctxUsed, m.usage = 0, nil
 	m.view.notice(entryNotice, "Cleared. The system prompt and settings are kept.")
-	return m.saveCmd(m.chatName, true)
+	return tea.Batch(cmd, m.saveCmd(m.chatTab, m.chatName, true))
 }
 
 func (m *model) cmdSystem(args string) tea.Cmd {
@@ -62,7 +55,7 @@ func (m *model) cmdSet(args string) tea.Cmd {
 		return nil
 	}
 	s := m.chat.Settings
-	name, err := applySetting(&s, args)
+	name, err := applySetting(&s, args, m.info)
 	if err != nil {
 		m.view.notice(entryWarning, err.Error())
 		return nil
@@ -73,11 +66,11 @@ func (m *model) cmdSet(args string) tea.Cmd {
 }
 
 func (m *model) cmdStop(string) tea.Cmd {
-	if m.gen == nil {
-		m.view.notice(entryNotice, "Nothing to stop: no reply is being generated.")
+	if m.busyCount(m.chatTab) == 0 {
+		m.view.notice(entryNotice, "Nothing to stop: no reply is being generated in this chat.")
 		return nil
 	}
-	m.stop()
+	m.stop(m.chatTab)
 	return nil
 }
 
@@ -96,7 +89,23 @@ func (m *model) cmdStats(string) tea.Cmd {
 		fmt.Fprintf(&b, "KV cache: %d of %d blocks (%.0f%%), %s of %s\n", s.KVBlocksUsed, s.KVBlocksTotal,
 			100*float64(s.KVBlocksUsed)/float64(s.KVBlocksTotal), formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))
 	}
+	if s.RecurrentBytes > 0 {
+		fmt.Fprintf(&b, "Recurrent state: %s\n", formatBytes(s.RecurrentBytes))
+	}
 	fmt.Fprintf(&b, "Sequences: %d running, %d waiting\n", s.Running, s.Waiting)
+	switch k := m.chat.Settings.effectiveDraft(m.info); {
+	case !m.info.MTP:
+		b.WriteString("MTP: the model has no MTP module\n")
+	case k == 0:
+		b.WriteString("MTP: off for this chat\n")
+	default:
+		fmt.Fprintf(&b, "MTP: %d draft tokens per step", k)
+		if s.DraftTokens > 0 {
+			fmt.Fprintf(&b, "; %d of %d drafts accepted (%.0f%%), %.2f tokens per verify step",
+				s.AcceptedTokens, s.DraftTokens, 100*s.AcceptRate, 1+s.AcceptedPerStep)
+		}
+		b.WriteString("\n")
+	}
 	if r := m.chat.lastReply(); r != nil && r.Stats != nil {
 		b.WriteString("Last reply: " + formatReplyStats(r.Stats) + "\n")
 	}
@@ -188,7 +197,7 @@ func (m *model) cmdSave(args string) tea.Cmd {
 		return nil
 	}
 	m.chatName = args // autosaves go there from now on
-	return m.saveCmd(args, false)
+	return m.saveCmd(m.chatTab, args, false)
 }
 
 func (m *model) cmdLoad(args string) tea.Cmd {
@@ -201,6 +210,15 @@ func (m *model) cmdLoad(args string) tea.Cmd {
 	}
 	if err := checkChatName(args); err != nil {
 		m.view.notice(entryWarning, err.Error())
+		return nil
+	}
+	if t := m.findTab(args); t != nil && len(t.chat.Messages) > 0 {
+		for i, x := range m.tabs {
+			if x == t {
+				m.switchTo(i)
+			}
+		}
+		m.view.notice(entryNotice, "Chat "+args+" is open: this is it.")
 		return nil
 	}
 	return func() tea.Msg {
@@ -238,7 +256,18 @@ func (m *model) onLoaded(msg loadedMsg) tea.Cmd {
 		m.view.notice(entryError, "load failed: "+msg.err.Error())
 		return nil
 	}
-	m.abandon()
+	// An empty chat is replaced; otherwise the chat opens in a new tab.
+	var cmd tea.Cmd
+	if len(m.chat.Messages) > 0 || m.busyCount(m.chatTab) > 0 {
+		if len(m.tabs) >= maxTabs {
+			m.view.notice(entryWarning, fmt.Sprintf("%d chats are open, the most there can be: /close one first.", maxTabs))
+			return nil
+		}
+		m.tabs = append(m.tabs, m.newTab(m.chat.Settings, m.chat.System))
+		m.switchTo(len(m.tabs) - 1)
+	} else {
+		cmd = m.abandon(m.chatTab)
+	}
 	c := msg.chat
 	c.Model = m.info // it continues with this model
 	m.chat, m.chatName = c, msg.name
@@ -253,7 +282,7 @@ func (m *model) onLoaded(msg loadedMsg) tea.Cmd {
 		note += "\nSystem prompt: " + c.System
 	}
 	m.view.notice(entryNotice, note)
-	return nil
+	return cmd
 }
 
 func (m *model) cmdQuit(string) tea.Cmd { return m.quit() }

@@ -29,7 +29,7 @@ type completion struct {
 }
 
 // update recomputes the items for the input's value.
-func (c *completion) update(value string, cmds *commandSet) {
+func (c *completion) update(value string, cmds *commandSet, m *model) {
 	if value == c.input {
 		return
 	}
@@ -42,7 +42,7 @@ func (c *completion) update(value string, cmds *commandSet) {
 	if !strings.HasPrefix(value, "/") || strings.Contains(value, "\n") {
 		return
 	}
-	c.items = cmds.complete(value)
+	c.items = cmds.complete(value, m)
 	// An exact, complete match needs no popup.
 	if len(c.items) == 1 && c.items[0].value == value {
 		c.items = nil

@@ -77,9 +77,16 @@ func TestApplySetting(t *testing.T) {
 		{"temperature", "usage: /set", nil},
 		{"temperature 1 2", "usage: /set", nil},
 		{"nope 1", `unknown setting "nope"`, nil},
+		{"mtp off", "", func(s Settings) bool { return s.Draft == -1 }},
+		{"mtp auto", "", func(s Settings) bool { return s.Draft == 0 }},
+		{"mtp on", "", func(s Settings) bool { return s.Draft == 2 }}, // the engine's draft length
+		{"draft 5", "", func(s Settings) bool { return s.Draft == 5 }},
+		{"draft 0", "", func(s Settings) bool { return s.Draft == 0 }},
+		{"draft 17", "out of range", nil},
+		{"mtp maybe", "use on, off or auto", nil},
 	} {
 		s := DefaultSettings()
-		_, err := applySetting(&s, tc.args)
+		_, err := applySetting(&s, tc.args, ModelInfo{Name: "M", MTP: true, Draft: 2})
 		switch {
 		case tc.wantErr == "" && err != nil:
 			t.Errorf("/set %s: %v", tc.args, err)
@@ -93,6 +100,7 @@ func TestApplySetting(t *testing.T) {
 
 func TestCommandCompletion(t *testing.T) {
 	cs := newCommandSet()
+	m := &model{modelList: []ModelEntry{{Name: "ferrite-tiny", Source: "built-in"}, {Name: "Qwen/Qwen3-0.6B", Arch: "qwen3", Source: "hf-cache"}}}
 	labels := func(items []compItem) string {
 		var out []string
 		for _, it := range items {
@@ -101,20 +109,26 @@ func TestCommandCompletion(t *testing.T) {
 		return strings.Join(out, ",")
 	}
 	for _, tc := range []struct{ in, want string }{
-		{"/", "/help,/new,/clear,/system ,/set ,/stop,/stats,/export ,/copy,/save ,/load ,/quit"},
+		{"/", "/help,/model ,/models,/new,/chats,/switch ,/close ,/clear,/system ,/set ,/regen ,/pick ,/stop,/stats,/export ,/copy,/save ,/load ,/quit"},
 		{"/st", "/stop,/stats"},
+		{"/mod", "/model ,/models"},
+		{"/model q", "/model Qwen/Qwen3-0.6B"},
 		{"/set t", "/set temperature ,/set top_p ,/set top_k "},
 		{"/set temperature ", ""},
 		{"/export j", "/export json "},
 		{"/zzz", ""},
 		{"/help x", ""},
 	} {
-		if got := labels(cs.complete(tc.in)); got != tc.want {
+		if got := labels(cs.complete(tc.in, m)); got != tc.want {
 			t.Errorf("complete(%q) = %s, want %s", tc.in, got, tc.want)
 		}
 	}
 	var c completion
-	c.update("/st", cs)
+	c.update("/sw", cs, m)
+	if !c.open() || c.selected().value != "/switch " {
+		t.Fatalf("popup for /st: open %v", c.open())
+	}
+	c.update("/st", cs, m)
 	if !c.open() || c.selected().value != "/stop" {
 		t.Fatalf("popup for /st: open %v", c.open())
 	}
@@ -130,15 +144,15 @@ func TestCommandCompletion(t *testing.T) {
 	if c.open() {
 		t.Error("open after close")
 	}
-	c.update("/sta", cs)
+	c.update("/sta", cs, m)
 	if !c.open() {
 		t.Error("closed after typing on")
 	}
-	c.update("/stats", cs) // an exact match needs no popup
+	c.update("/stats", cs, m) // an exact match needs no popup
 	if c.open() {
 		t.Error("open on an exact match")
 	}
-	c.update("hello", cs)
+	c.update("hello", cs, m)
 	if c.open() {
 		t.Error("open on a message")
 	}
@@ -204,7 +218,7 @@ func TestStatusBar(t *testing.T) {
 	bar := statusBar{st: &st}
 	d := statusData{
 		info:    ModelInfo{Name: "Qwen3-0.6B", Arch: "qwen3", MaxContext: 40960},
-		busy:    true,
+		busy:    1,
 		usage:   &Usage{GeneratedTokens: 10, DecodeTokensPerSec: 23.44, TimeToFirstToken: 1500 * time.Millisecond},
 		stats:   Stats{KVBlocksUsed: 7, KVBlocksTotal: 16, KVBytesUsed: 7 << 26, KVBytesTotal: 1 << 30, Running: 1, Waiting: 2},
 		ctxUsed: 39000,
@@ -386,5 +400,30 @@ func TestInputShowsAllLinesAfterNewline(t *testing.T) {
 	}
 	if in.Height() != 3 {
 		t.Errorf("height %d, want 3", in.Height())
+	}
+}
+
+func TestPrintable(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain\ntext":         "plain\ntext",
+		"a\tb":                "a    b",
+		"esc\x1b[2Jx":         "esc␛[2Jx",
+		"cr\rbell\a":          "cr␍bell␇",
+		"del\x7f c1\u0085 ok": "del␡ c1\uFFFD ok",
+	} {
+		if got := printable(in); got != want {
+			t.Errorf("printable(%q) = %q, want %q", in, got, want)
+		}
+	}
+	// A reply full of control bytes keeps the view's size.
+	st := NewStyles(NoColorPalette(), true, true)
+	v := newChatView(&st, "m")
+	v.SetSize(40, 10)
+	v.add(&entry{kind: entryAssistant, msg: &Message{Role: RoleAssistant, Content: "\x1b[H\x1b[2J\r\x0b\x0c\x08 evil"}})
+	v.refresh()
+	for _, l := range strings.Split(v.View(), "\n") {
+		if strings.ContainsAny(l, "\x1b\r\x0b\x0c\x08") {
+			t.Errorf("a control character reached the screen: %q", l)
+		}
 	}
 }

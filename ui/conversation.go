@@ -43,6 +43,7 @@ type Message struct {
 	// <think>…</think> block (see Thinking and Answer).
 	Content string      `json:"content"`
 	Time    time.Time   `json:"time"`
+	Model   string      `json:"model,omitempty"` // the model that wrote an assistant reply
 	Stats   *ReplyStats `json:"stats,omitempty"` // assistant replies
 	Error   string      `json:"error,omitempty"` // the engine error that ended the reply
 }
@@ -57,6 +58,9 @@ type ReplyStats struct {
 	TotalMillis        float64  `json:"total_ms"`
 	PromptTokensPerSec float64  `json:"prompt_tokens_per_sec"`
 	DecodeTokensPerSec float64  `json:"decode_tokens_per_sec"`
+	DraftTokens        int      `json:"draft_tokens,omitempty"`    // speculative decoding: drafts verified
+	AcceptedTokens     int      `json:"accepted_tokens,omitempty"` // and accepted
+	AcceptedPerStep    float64  `json:"accepted_per_step,omitempty"`
 	Finish             string   `json:"finish,omitempty"`
 	Seed               uint64   `json:"seed"`
 	Settings           Settings `json:"settings"`
@@ -71,6 +75,9 @@ func newReplyStats(u Usage, finish string, s Settings) *ReplyStats {
 		TotalMillis:        float64(u.Total.Microseconds()) / 1000,
 		PromptTokensPerSec: u.PromptTokensPerSec,
 		DecodeTokensPerSec: u.DecodeTokensPerSec,
+		DraftTokens:        u.DraftTokens,
+		AcceptedTokens:     u.AcceptedTokens,
+		AcceptedPerStep:    u.AcceptedPerStep,
 		Finish:             finish,
 		Seed:               u.Seed,
 		Settings:           s,
@@ -225,7 +232,11 @@ func ExportMarkdown(c *Chat) string {
 		if m.Role == RoleAssistant {
 			role = "Assistant"
 		}
-		fmt.Fprintf(&b, "\n## %s · %s\n\n", role, m.Time.Format(time.RFC3339))
+		fmt.Fprintf(&b, "\n## %s · %s", role, m.Time.Format(time.RFC3339))
+		if m.Role == RoleAssistant && m.Model != "" && m.Model != c.Model.Name {
+			fmt.Fprintf(&b, " · %s", m.Model)
+		}
+		b.WriteString("\n\n")
 		if m.Role == RoleUser {
 			b.WriteString(m.Content)
 			b.WriteString("\n")
@@ -255,8 +266,15 @@ func formatSettings(s Settings) string {
 	if s.Seed != 0 {
 		seed = fmt.Sprint(s.Seed)
 	}
-	return fmt.Sprintf("temperature=%g top_p=%g top_k=%d min_p=%g repeat_penalty=%g seed=%s max_tokens=%d",
+	out := fmt.Sprintf("temperature=%g top_p=%g top_k=%d min_p=%g repeat_penalty=%g seed=%s max_tokens=%d",
 		s.Temperature, s.TopP, s.TopK, s.MinP, s.RepeatPenalty, seed, s.MaxTokens)
+	switch {
+	case s.Draft < 0:
+		out += " mtp=off"
+	case s.Draft > 0:
+		out += fmt.Sprintf(" mtp=on draft=%d", s.Draft)
+	}
+	return out
 }
 
 // formatReplyStats is a reply's statistics in one line.
@@ -268,6 +286,10 @@ func formatReplyStats(st *ReplyStats) string {
 	}
 	if st.PromptTokensPerSec > 0 {
 		parts = append(parts, fmt.Sprintf("prefill %.0f tok/s", st.PromptTokensPerSec))
+	}
+	if st.DraftTokens > 0 {
+		parts = append(parts, fmt.Sprintf("MTP %d/%d drafts accepted (%.0f%%), %.2f tokens per step",
+			st.AcceptedTokens, st.DraftTokens, 100*float64(st.AcceptedTokens)/float64(st.DraftTokens), 1+st.AcceptedPerStep))
 	}
 	if st.Finish != "" {
 		parts = append(parts, "finish "+st.Finish)

@@ -17,17 +17,28 @@
 // Run uses the alternate screen and the mouse wheel, gives the terminal
 // back however it ends, and returns a panic in the chat as an error.
 //
+// Options.Models (List, Find, Load) lets /models list and /model load
+// other models; internal/cli implements it on internal/catalog. With
+// Options.Closer the chat owns its engines and closes each one once it is
+// done with it.
+//
 // # Structure
 //
 // There is one bubbletea model (model.go). Its parts are plain structs that
-// it drives and that have no Update of their own: chatView (the scrollable
-// conversation, chatview.go), input (the textarea and its history),
-// completion (the slash-command popup) and statusBar. Update is split by
-// concern: update_keys.go (keys, mouse, slash-command dispatch),
-// update_stream.go (sending, streaming, rendering, saving),
-// commands_run.go (the slash commands). Keys live in keys.go (KeyMap),
-// styles in styles.go (Styles, built from a Palette; NO_COLOR gives a
-// colourless one). All message types are declared in one block in model.go.
+// it drives and that have no Update of their own: chatTab (one open chat:
+// its Chat, its chatView and its replies in flight, tabs.go), chatView (the
+// scrollable conversation, chatview.go), input (the textarea and its
+// history), completion (the slash-command popup) and statusBar. The model
+// embeds the shown chatTab, so m.chat and m.view are the shown chat's;
+// code that handles a reply uses the reply's own tab, which may be in the
+// background. Update is split by concern: update_keys.go (keys, mouse,
+// slash-command dispatch), update_stream.go (sending, streaming,
+// rendering, saving), commands_run.go (the slash commands), tabs.go
+// (several chats), regen.go (/regen's alternatives), models.go (/models,
+// /model and engine hand-over), history.go (the input history on disk).
+// Keys live in keys.go (KeyMap), styles in styles.go (Styles, built from a
+// Palette; NO_COLOR gives a colourless one). All message types are
+// declared in one block in model.go.
 //
 // # Rules
 //
@@ -36,9 +47,25 @@
 //     model: they return a message and Update applies it.
 //   - A reply is pulled one event per command (waitForEvent), re-issued by
 //     Update after every delta; the runtime merges deltas while the UI is
-//     busy, so the UI never falls behind. Stale events (a reply that was
-//     stopped and forgotten by /new, /clear or /load) carry an old id and
-//     are dropped.
+//     busy, so the UI never falls behind. Every reply in flight, in any
+//     chat, is a generation in model.gens under its own id; events of a
+//     reply that was stopped and forgotten (/clear, /load, /close, a kept
+//     alternative) find no generation and are dropped.
+//   - Several chats generate at once: each Send is one more request the
+//     runtime batches. Replies of a chat in the background are rendered
+//     when it is shown. One stats poll runs while anything is in flight.
+//   - /regen N sends N requests at once (seeds seed+1…seed+N when the
+//     chat has a seed) and shows them, with the previous reply, as one
+//     choice in the reply's place; the conversation keeps the previous
+//     reply until one is kept, so autosaves stay whole.
+//   - /model loads in a command (Models.Find, then Models.Load, whose
+//     stages come through a channel read like a reply's events). New
+//     replies go to the new engine once it is ready; replies still on the
+//     old one finish there, and it is closed (in a command) when none is
+//     left. A failed load changes nothing.
+//   - Text from the model or the user is made printable before it is laid
+//     out (printable): control characters are shown, never sent to the
+//     terminal.
 //   - Replies are rendered with glamour, one renderer per width (made again
 //     on resize). A finished reply is rendered once per width and cached;
 //     the streaming reply is re-rendered at most every renderInterval, and
@@ -53,7 +80,7 @@
 //   - Ctrl+C stops a reply first; pressed again (with no key in between)
 //     it quits. Esc also stops a reply.
 //
-// # Chats on disk
+// # Chats and history on disk
 //
 // Every chat is saved after each message to
 // $XDG_DATA_HOME/ferrite/chats/<id>.json (or the /save name), written
@@ -63,6 +90,8 @@
 // system prompt, settings, and every message with its time and, for
 // replies, statistics and the settings it was sampled with; /load and
 // UnmarshalChat read it back. /export md writes the same chat as Markdown.
+// The input history is appended to $XDG_DATA_HOME/ferrite/history, one
+// JSON string per line (DefaultHistoryFile), and read back at start.
 //
 // # Testing
 //

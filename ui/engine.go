@@ -3,6 +3,7 @@ package ui
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/ferrite-llm/ferrite/tokenizer"
@@ -28,6 +29,8 @@ type ModelInfo struct {
 	Name       string `json:"name"`                  // shown in the status bar, e.g. "Qwen3-0.6B"
 	Arch       string `json:"arch,omitempty"`        // architecture, e.g. "qwen3"
 	MaxContext int    `json:"max_context,omitempty"` // most tokens (prompt + reply) one request may hold; 0: unknown
+	MTP        bool   `json:"mtp,omitempty"`         // the model has an MTP module (speculative decoding)
+	Draft      int    `json:"draft,omitempty"`       // the engine's draft tokens per step when Settings.Draft is 0; 0: off
 }
 
 // Request is one reply to generate.
@@ -47,6 +50,22 @@ type Settings struct {
 	RepeatPenalty float64 `json:"repeat_penalty"` // 1: off
 	Seed          uint64  `json:"seed"`           // 0: a fresh seed per reply
 	MaxTokens     int     `json:"max_tokens"`     // 0: until the context is full
+	// Draft is speculative decoding with the model's MTP module: 0 is the
+	// engine's default (ModelInfo.Draft), > 0 drafts that many tokens per
+	// step, < 0 turns it off.
+	Draft int `json:"draft,omitempty"`
+}
+
+// effectiveDraft is the draft length a reply with s gets from a model
+// with info: 0 when it does not speculate.
+func (s Settings) effectiveDraft(info ModelInfo) int {
+	switch {
+	case !info.MTP || s.Draft < 0:
+		return 0
+	case s.Draft > 0:
+		return s.Draft
+	}
+	return info.Draft
 }
 
 // DefaultSettings are the settings a chat starts with unless
@@ -103,6 +122,12 @@ type Usage struct {
 	PromptTokensPerSec float64
 	DecodeTokensPerSec float64
 	Seed               uint64 // the seed the sampler used
+
+	// Speculative decoding (zero without it).
+	VerifySteps     int     // steps that verified drafts
+	DraftTokens     int     // draft tokens verified
+	AcceptedTokens  int     // draft tokens accepted
+	AcceptedPerStep float64 // AcceptedTokens / VerifySteps (each step also emits one token of its own)
 }
 
 // Stats is an engine-wide snapshot for the status bar.
@@ -113,6 +138,42 @@ type Stats struct {
 	KVBytesTotal  int64
 	Running       int // sequences generating
 	Waiting       int // requests queued for admission
+
+	RecurrentBytes int64 // recurrent state held (models with linear-attention layers)
+
+	// Speculative decoding since the engine started (zero without it).
+	DraftTokens     uint64
+	AcceptedTokens  uint64
+	AcceptRate      float64 // AcceptedTokens / DraftTokens
+	AcceptedPerStep float64 // accepted drafts per verify step
+}
+
+// Models is where /models and /model find other models and load them.
+// The command line implements it on internal/catalog and the real engine;
+// tests use a fake.
+type Models interface {
+	// List returns the models /models shows, in that order. It may read
+	// the disk; it runs in a command.
+	List(ctx context.Context) ([]ModelEntry, error)
+	// Find resolves what the user typed after /model: a name List gives,
+	// its number in the list, or a model directory.
+	Find(ctx context.Context, name string) (ModelEntry, error)
+	// Load loads a model and starts an engine on it. progress reports
+	// stages ("mapping the weights") for the status bar; it may be called
+	// from any goroutine, but not after Load returns. Load gives up with
+	// ctx's error when ctx is cancelled. The Closer releases the engine
+	// and the model; the chat calls it once no reply uses the engine.
+	Load(ctx context.Context, e ModelEntry, progress func(stage string)) (Engine, io.Closer, error)
+}
+
+// ModelEntry is one model Models knows.
+type ModelEntry struct {
+	Name    string // what /model takes
+	Arch    string // the architecture (config.json's model_type); "" when unknown
+	Source  string // where it was found: "built-in", "config", "hf-cache", "ferrite", "path"
+	Path    string // its directory; "" for a built-in model
+	Size    int64  // bytes on disk; 0 when unknown
+	Problem string // why it may not load; "" when it looks fine
 }
 
 // ContextError says a prompt does not fit the model's context.

@@ -3,6 +3,9 @@ package ui
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -15,10 +18,13 @@ type fakeEngine struct {
 	info  ModelInfo
 	stats Stats
 
-	mu      sync.Mutex
-	script  []fakeReply // one per Send, in order; the last one repeats
-	sent    []Request
-	sendErr error
+	mu        sync.Mutex
+	script    []fakeReply // one per Send, in order; the last one repeats
+	sent      []Request
+	sendErr   error
+	bySeed    map[uint64]fakeReply // when a request's seed is here, its reply (not the script's)
+	active    int                  // streams started and not yet ended
+	maxActive int                  // the most at once
 }
 
 // fakeReply is one scripted reply.
@@ -27,6 +33,7 @@ type fakeReply struct {
 	delay  time.Duration // before each chunk
 	err    error         // end with EventError instead of EventDone
 	hold   chan struct{} // when set, the first chunk waits until it is closed
+	usage  Usage         // when set, the usage of every event (GeneratedTokens is counted)
 }
 
 func newFakeEngine(replies ...fakeReply) *fakeEngine {
@@ -66,19 +73,31 @@ func (e *fakeEngine) Send(ctx context.Context, req Request) (Reply, error) {
 		return nil, &ContextError{PromptTokens: n, Limit: e.info.MaxContext}
 	}
 	r := fakeReply{chunks: []string{"ok"}}
-	if len(e.script) > 0 {
+	if br, ok := e.bySeed[req.Settings.Seed]; ok {
+		r = br
+	} else if len(e.script) > 0 {
 		r = e.script[0]
 		if len(e.script) > 1 {
 			e.script = e.script[1:]
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	return &fakeStream{r: r, ctx: ctx, cancel: cancel, prompt: n}, nil
+	e.active++
+	e.maxActive = max(e.maxActive, e.active)
+	return &fakeStream{e: e, r: r, ctx: ctx, cancel: cancel, prompt: n}, nil
+}
+
+// concurrency is the most streams that were open at once.
+func (e *fakeEngine) concurrency() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.maxActive
 }
 
 // fakeStream plays a fakeReply. Its usage numbers are fixed so that views
 // are deterministic.
 type fakeStream struct {
+	e      *fakeEngine
 	r      fakeReply
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -91,6 +110,11 @@ func (s *fakeStream) Cancel()           { s.cancel() }
 func (s *fakeStream) PromptTokens() int { return s.prompt }
 
 func (s *fakeStream) usage() Usage {
+	if s.r.usage != (Usage{}) {
+		u := s.r.usage
+		u.PromptTokens, u.GeneratedTokens = s.prompt, s.i
+		return u
+	}
 	return Usage{
 		PromptTokens: s.prompt, GeneratedTokens: s.i, TimeToFirstToken: 120 * time.Millisecond,
 		Total: time.Second, PromptTokensPerSec: 250, DecodeTokensPerSec: 25, Seed: 42,
@@ -131,6 +155,9 @@ func (s *fakeStream) Next() (Event, bool) {
 func (s *fakeStream) final() Event {
 	s.done = true
 	s.cancel()
+	s.e.mu.Lock()
+	s.e.active--
+	s.e.mu.Unlock()
 	switch {
 	case s.r.err != nil:
 		return Event{Kind: EventError, Err: s.r.err, Usage: s.usage()}
@@ -141,3 +168,67 @@ func (s *fakeStream) final() Event {
 }
 
 var errBoom = errors.New("boom: the engine fell over")
+
+// fakeModels is a Models over fake engines: each entry loads the engine of
+// the same name, or fails with the error set for it.
+type fakeModels struct {
+	mu      sync.Mutex
+	entries []ModelEntry
+	engines map[string]*fakeEngine
+	fail    map[string]error
+	hold    chan struct{} // when set, Load waits for it to be closed after its first stage
+	closed  []string      // the engines closed, in order
+}
+
+func (f *fakeModels) List(context.Context) ([]ModelEntry, error) {
+	return append([]ModelEntry(nil), f.entries...), nil
+}
+
+func (f *fakeModels) Find(_ context.Context, name string) (ModelEntry, error) {
+	for i, e := range f.entries {
+		if e.Name == name || strconv.Itoa(i+1) == name {
+			return e, nil
+		}
+	}
+	return ModelEntry{}, fmt.Errorf("no model %q", name)
+}
+
+func (f *fakeModels) Load(ctx context.Context, e ModelEntry, progress func(string)) (Engine, io.Closer, error) {
+	progress("reading weights")
+	if f.hold != nil {
+		select {
+		case <-f.hold:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+	}
+	progress("starting the runtime")
+	if err := f.fail[e.Name]; err != nil {
+		return nil, nil, err
+	}
+	eng := f.engines[e.Name]
+	if eng == nil {
+		return nil, nil, fmt.Errorf("no engine for %s", e.Name)
+	}
+	return eng, f.closer(e.Name), nil
+}
+
+// closer records closing name.
+func (f *fakeModels) closer(name string) io.Closer {
+	return closerFunc(func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.closed = append(f.closed, name)
+		return nil
+	})
+}
+
+func (f *fakeModels) closedNames() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.closed...)
+}
+
+type closerFunc func() error
+
+func (c closerFunc) Close() error { return c() }

@@ -103,12 +103,39 @@ func (in *input) onLastRow() bool {
 	return in.ta.Line() == in.ta.LineCount()-1 && li.RowOffset == li.Height-1
 }
 
-// remember adds a sent input to the history (not twice in a row).
-func (in *input) remember(s string) {
-	if s != "" && (len(in.history) == 0 || in.history[len(in.history)-1] != s) {
+// remember adds a sent input to the history (not twice in a row); it
+// reports whether it was added.
+func (in *input) remember(s string) bool {
+	added := s != "" && (len(in.history) == 0 || in.history[len(in.history)-1] != s)
+	if added {
 		in.history = append(in.history, s)
 	}
 	in.histPos = len(in.history)
+	return added
+}
+
+// prepend puts older entries (an earlier session's) before the history,
+// keeping the newest maxHistory in all.
+func (in *input) prepend(old []string) {
+	if len(old) == 0 {
+		return
+	}
+	browsing := in.histPos < len(in.history)
+	h := append(append([]string(nil), old...), in.history...)
+	// Drop a repeat at the seam, as remember would have.
+	if len(in.history) > 0 && len(old) > 0 && old[len(old)-1] == in.history[0] {
+		h = append(h[:len(old)-1], h[len(old):]...)
+	}
+	if len(h) > maxHistory {
+		h = h[len(h)-maxHistory:]
+	}
+	shift := len(h) - len(in.history)
+	in.history = h
+	if browsing {
+		in.histPos = max(in.histPos+shift, 0)
+	} else {
+		in.histPos = len(h)
+	}
 }
 
 // prev recalls the previous history entry; false when there is none.

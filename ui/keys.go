@@ -1,6 +1,10 @@
 package ui
 
-import "github.com/charmbracelet/bubbles/key"
+import (
+	"strings"
+
+	"github.com/charmbracelet/bubbles/key"
+)
 
 // KeyMap is every key the chat handles. The input's editing keys (cursor
 // movement, word deletion, …) are the textarea's defaults, except for
@@ -21,6 +25,16 @@ type KeyMap struct {
 		Bottom   key.Binding
 		Thinking key.Binding // show or hide <think> blocks
 		Mouse    key.Binding // release the mouse so the terminal can select text
+	}
+	Chats struct { // several chats open at once
+		New  key.Binding
+		Prev key.Binding
+		Next key.Binding
+	}
+	Choice struct { // the alternatives of /regen
+		Prev key.Binding
+		Next key.Binding
+		Keep key.Binding // on an empty input: keep the alternative shown
 	}
 	Complete struct {
 		Next   key.Binding
@@ -49,6 +63,14 @@ func DefaultKeyMap() KeyMap {
 	k.Chat.Thinking = key.NewBinding(key.WithKeys("ctrl+t"), key.WithHelp("ctrl+t", "show/hide thinking"))
 	k.Chat.Mouse = key.NewBinding(key.WithKeys("ctrl+o"), key.WithHelp("ctrl+o", "mouse: scroll/select text"))
 
+	k.Chats.New = key.NewBinding(key.WithKeys("ctrl+n"), key.WithHelp("ctrl+n", "new chat"))
+	k.Chats.Prev = key.NewBinding(key.WithKeys("ctrl+left", "ctrl+pgup"), key.WithHelp("ctrl+←", "previous chat"))
+	k.Chats.Next = key.NewBinding(key.WithKeys("ctrl+right", "ctrl+pgdown"), key.WithHelp("ctrl+→", "next chat"))
+
+	k.Choice.Prev = key.NewBinding(key.WithKeys("shift+left"), key.WithHelp("shift+←", "previous alternative"))
+	k.Choice.Next = key.NewBinding(key.WithKeys("shift+right"), key.WithHelp("shift+→", "next alternative"))
+	k.Choice.Keep = key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "keep the alternative shown"))
+
 	k.Complete.Next = key.NewBinding(key.WithKeys("down", "ctrl+n"), key.WithHelp("↓", "next"))
 	k.Complete.Prev = key.NewBinding(key.WithKeys("up", "ctrl+p"), key.WithHelp("↑", "previous"))
 	k.Complete.Accept = key.NewBinding(key.WithKeys("tab"), key.WithHelp("tab", "complete"))
@@ -64,6 +86,18 @@ func (k KeyMap) helpGroups() [][]key.Binding {
 	return [][]key.Binding{
 		{k.Input.Send, k.Input.Newline, k.Input.HistPrv, k.Input.HistNxt},
 		{k.Chat.PageUp, k.Chat.PageDown, k.Chat.LineUp, k.Chat.LineDown, k.Chat.Top, k.Chat.Bottom},
+		{k.Chats.New, k.Chats.Prev, k.Chats.Next},
+		{k.Choice.Prev, k.Choice.Next, k.Choice.Keep},
 		{k.Chat.Thinking, k.Chat.Mouse, k.Complete.Accept, k.Stop, k.Quit},
 	}
+}
+
+// keyPair names two keys for a hint: "shift+←/→" when they share a
+// modifier, "a/b" otherwise.
+func keyPair(a, b key.Binding) string {
+	ka, kb := a.Help().Key, b.Help().Key
+	if i := strings.LastIndexByte(ka, '+'); i > 0 && strings.HasPrefix(kb, ka[:i+1]) {
+		return ka + "/" + kb[i+1:]
+	}
+	return ka + "/" + kb
 }

@@ -37,6 +37,7 @@ func newMarkdown(width int, style ansi.StyleConfig, profile termenv.Profile) *ma
 // glamour puts around a document. Should glamour fail, it returns the text
 // wrapped, unrendered.
 func (md *markdown) render(text string) string {
+	text = printable(text)
 	md.mu.Lock()
 	defer md.mu.Unlock()
 	if md.r != nil {
@@ -64,6 +65,42 @@ func trimBlankLines(s string) string {
 }
 
 // wrapText wraps plain text at width columns, keeping its line breaks.
+// The text is made printable first.
 func wrapText(s string, width int) string {
-	return xansi.Wrap(s, max(width, 1), "")
+	return xansi.Wrap(printable(s), max(width, 1), "")
+}
+
+// tabWidth is the spaces a tab is shown as.
+const tabWidth = 4
+
+// printable replaces what a terminal would act on instead of showing:
+// the C0 control characters other than newline by their Unicode control
+// pictures (␛ for ESC, ␍ for CR), DEL by ␡, the C1 controls by U+FFFD, and
+// a tab by spaces. A model's output (or a pasted text) then can never move
+// the cursor or change the terminal's state, and widths stay right.
+func printable(s string) string {
+	i := strings.IndexFunc(s, func(r rune) bool { return r != '\n' && (r < 0x20 || (r >= 0x7f && r <= 0x9f)) })
+	if i < 0 {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	b.WriteString(s[:i])
+	for _, r := range s[i:] {
+		switch {
+		case r == '\n':
+			b.WriteRune(r)
+		case r == '\t':
+			b.WriteString(strings.Repeat(" ", tabWidth))
+		case r < 0x20:
+			b.WriteRune(0x2400 + r)
+		case r == 0x7f:
+			b.WriteRune('\u2421')
+		case r >= 0x80 && r <= 0x9f:
+			b.WriteRune('\uFFFD')
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

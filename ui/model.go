@@ -24,9 +24,28 @@ type Options struct {
 	ChatsDir string    // where chats are saved; "": DefaultChatsDir()
 	NoSave   bool      // no autosave (/save and /export still write)
 	KeyMap   *KeyMap   // nil: DefaultKeyMap()
-	Theme    string    // "dark" or "light"; "": dark in New, detected by Run
+	Theme    string    // "dark" or "light"; "" or "auto": dark in New, detected by Run
 	NoColor  bool      // no colours; also set by the NO_COLOR environment variable
 	NoMouse  bool      // leave the mouse to the terminal (no wheel scrolling)
+
+	// Models lets /models list and /model load other models; nil: only
+	// the engine the chat starts with.
+	Models Models
+	// Model is the entry of the engine the chat starts with, so that
+	// /models can mark it; the zero value is fine.
+	Model ModelEntry
+	// Closer releases the engine the chat starts with. When set, the chat
+	// owns the engine: it closes it once it has switched to another model
+	// and the replies still using it have ended, or when Run returns.
+	Closer io.Closer
+
+	// HistoryFile keeps the input history across sessions; "":
+	// DefaultHistoryFile(). NoHistory keeps it in memory only.
+	HistoryFile string
+	NoHistory   bool
+	// Warnings are shown when the chat opens (a configuration file that
+	// was ignored, for example).
+	Warnings []string
 
 	Input     io.Reader        // Run's terminal input; nil: stdin
 	Output    io.Writer        // Run's terminal output; nil: stdout
@@ -34,10 +53,10 @@ type Options struct {
 	Now       func() time.Time // the clock; nil: time.Now
 }
 
-// Timing of the periodic work while a reply streams.
+// Timing of the periodic work while replies stream or a model loads.
 const (
-	renderInterval = 80 * time.Millisecond  // re-render of the streaming reply
-	statsInterval  = 250 * time.Millisecond // engine stats poll
+	renderInterval = 80 * time.Millisecond  // re-render of a streaming reply
+	statsInterval  = 250 * time.Millisecond // engine stats poll, and the loading clock
 )
 
 // Messages of the model. Commands return them; only Update changes state.
@@ -52,16 +71,17 @@ type (
 		ev Event
 		ok bool
 	}
-	renderTickMsg struct{ id int } // time to re-render the streaming reply
+	renderTickMsg struct{ id int } // time to re-render a streaming reply
 	renderedMsg   struct {         // a reply's answer was rendered
 		e       *entry
 		version int
 		width   int
 		out     string
 	}
-	statsTickMsg struct{ id int } // time to poll the engine's stats
+	statsTickMsg struct{} // time to poll the engine's stats
 	statsMsg     struct{ stats Stats }
 	savedMsg     struct { // a chat was written
+		tab  *chatTab
 		path string
 		auto bool
 		err  error
@@ -83,11 +103,44 @@ type (
 		n   int
 		err error
 	}
+	modelsListedMsg struct { // Models.List returned
+		entries []ModelEntry
+		err     error
+		show    bool // /models or /model asked: show the list
+	}
+	modelFoundMsg struct { // Models.Find returned
+		name  string // as typed
+		entry ModelEntry
+		err   error
+	}
+	loadProgressMsg struct { // a loading model reached a stage
+		id    int
+		stage string
+	}
+	modelLoadedMsg struct { // Models.Load returned
+		id     int
+		entry  ModelEntry
+		eng    Engine
+		closer io.Closer
+		err    error
+	}
+	engineClosedMsg struct { // an engine the chat switched away from was closed
+		name string
+		err  error
+	}
+	historyLoadedMsg struct { // the input history of earlier sessions
+		entries []string
+		err     error
+	}
+	historySavedMsg struct{ err error }
 )
 
-// generation is the reply being generated.
+// generation is one reply being generated: a plain reply (alt < 0) or one
+// of the alternatives of /regen.
 type generation struct {
 	id       int
+	tab      *chatTab
+	eng      *engineRef // the engine generating it
 	entry    *entry
 	msg      *Message
 	text     strings.Builder // msg.Content, grown without copying
@@ -95,13 +148,42 @@ type generation struct {
 	cancel   context.CancelFunc
 	settings Settings
 	stopped  bool // the user stopped it
+	alt      int  // its index among the choice's options; -1 for a plain reply
+}
+
+// engineRef is an engine the chat uses or has used, and the replies that
+// still run on it.
+type engineRef struct {
+	eng     Engine
+	info    ModelInfo
+	entry   ModelEntry
+	closer  io.Closer // nil: not the chat's to close
+	active  int       // generations in flight on it
+	retired bool      // another model took over; closed once active is 0
+	closed  bool
+}
+
+// loadState is a model being loaded.
+type loadState struct {
+	id      int
+	entry   ModelEntry
+	stage   string
+	started time.Time
+	cancel  context.CancelFunc
+	// progress carries the loader's stages (waitProgress reads it).
+	progress <-chan string
 }
 
 // model is the chat: the one bubbletea model. Its components (chatView,
-// input, completion, statusBar) are plain structs it drives.
+// input, completion, statusBar) are plain structs it drives. It embeds the
+// current chat tab, so m.chat, m.view, m.gen… are the current chat's; the
+// other open chats are in tabs.
 type model struct {
-	eng     Engine
-	info    ModelInfo
+	*chatTab
+
+	cur     *engineRef   // the engine new replies go to
+	engines []*engineRef // every engine not yet closed, cur included
+	info    ModelInfo    // cur.info
 	opts    Options
 	keys    KeyMap
 	st      *Styles
@@ -111,23 +193,24 @@ type model struct {
 	clip    io.Writer
 
 	width, height int
-	chat          *Chat
-	chatName      string // the file the chat saves to: its id, or the /save name
-	view          *chatView
+	tabs          []*chatTab
 	in            *input
 	comp          completion
 	bar           statusBar
 	md            *markdown
 	store         *store
+	history       *historyFile // nil: not persisted
 	saveSeq       uint64
 	saving        int // save commands in flight
 	lastSaveErr   string
 
-	gen     *generation // nil when idle
-	genSeq  int
-	stats   Stats
-	usage   *Usage // the current or last reply's
-	ctxUsed int    // tokens the current or last request holds
+	gens      map[int]*generation // every reply being generated, by id
+	genSeq    int
+	stats     Stats
+	ticking   bool // a stats tick is scheduled
+	loading   *loadState
+	loadSeq   int
+	modelList []ModelEntry // the last Models.List, for completion
 
 	hint      string // written into the rule above the input
 	hintWarn  bool
@@ -145,7 +228,13 @@ func newModel(eng Engine, opts Options) *model {
 	if os.Getenv("NO_COLOR") != "" {
 		opts.NoColor = true
 	}
-	m := &model{eng: eng, info: eng.Info(), opts: opts, now: opts.Now}
+	m := &model{opts: opts, now: opts.Now, gens: map[int]*generation{}}
+	m.cur = &engineRef{eng: eng, info: eng.Info(), entry: opts.Model, closer: opts.Closer}
+	if m.cur.entry.Name == "" {
+		m.cur.entry.Name = m.cur.info.Name
+	}
+	m.engines = []*engineRef{m.cur}
+	m.info = m.cur.info
 	if m.now == nil {
 		m.now = time.Now
 	}
@@ -175,8 +264,14 @@ func newModel(eng Engine, opts Options) *model {
 		dir = DefaultChatsDir()
 	}
 	m.store = newStore(dir)
+	if !opts.NoHistory {
+		path := opts.HistoryFile
+		if path == "" {
+			path = DefaultHistoryFile()
+		}
+		m.history = &historyFile{path: path}
+	}
 	m.cmds = newCommandSet()
-	m.view = newChatView(m.st, m.info.Name)
 	m.in = newInput(m.keys, m.st)
 	m.bar = statusBar{st: m.st}
 	m.mouse = !opts.NoMouse
@@ -185,8 +280,12 @@ func newModel(eng Engine, opts Options) *model {
 	if opts.Settings != nil {
 		settings = *opts.Settings
 	}
-	m.chat = m.newChat(settings, opts.System)
+	m.chatTab = m.newTab(settings, opts.System)
+	m.tabs = []*chatTab{m.chatTab}
 	m.welcome()
+	for _, w := range opts.Warnings {
+		m.view.notice(entryWarning, w)
+	}
 	m.resize(80, 24)
 	return m
 }
@@ -194,9 +293,7 @@ func newModel(eng Engine, opts Options) *model {
 // newChat starts an empty conversation.
 func (m *model) newChat(s Settings, system string) *Chat {
 	now := m.now()
-	c := &Chat{Version: chatFormatVersion, ID: newChatID(now), Created: now, Updated: now, Model: m.info, System: system, Settings: s}
-	m.chatName = c.ID
-	return c
+	return &Chat{Version: chatFormatVersion, ID: newChatID(now), Created: now, Updated: now, Model: m.info, System: system, Settings: s}
 }
 
 // newChatID is the time the chat started and a random suffix.
@@ -215,7 +312,9 @@ func (m *model) welcome() {
 }
 
 // Init implements tea.Model.
-func (m *model) Init() tea.Cmd { return m.fetchStats() }
+func (m *model) Init() tea.Cmd {
+	return tea.Batch(m.fetchStats(), m.loadHistoryCmd(), m.listModelsCmd(false))
+}
 
 // Update implements tea.Model. A panic is turned into the error Run
 // returns, and the program quits.
@@ -225,9 +324,7 @@ func (m *model) Update(msg tea.Msg) (next tea.Model, cmd tea.Cmd) {
 			// The named results are lost with the panic; both are set here.
 			m.fatal = fmt.Errorf("ui: panic: %v\n%s", r, debug.Stack())
 			m.quitting = true
-			if m.gen != nil {
-				m.gen.cancel()
-			}
+			m.cancelAll()
 			next, cmd = m, tea.Quit
 		}
 	}()
@@ -248,9 +345,7 @@ func (m *model) Update(msg tea.Msg) (next tea.Model, cmd tea.Cmd) {
 	case renderedMsg:
 		m.onRendered(msg)
 	case statsTickMsg:
-		if m.gen != nil && m.gen.id == msg.id {
-			cmds = append(cmds, m.fetchStats(), m.statsTick(msg.id))
-		}
+		cmds = append(cmds, m.onStatsTick())
 	case statsMsg:
 		m.stats = msg.stats
 	case savedMsg:
@@ -271,6 +366,25 @@ func (m *model) Update(msg tea.Msg) (next tea.Model, cmd tea.Cmd) {
 		} else {
 			m.view.notice(entryNotice, fmt.Sprintf("Copied the last reply (%d characters) to the clipboard.", msg.n))
 		}
+	case modelsListedMsg:
+		m.onModelsListed(msg)
+	case modelFoundMsg:
+		cmds = append(cmds, m.onModelFound(msg))
+	case loadProgressMsg:
+		cmds = append(cmds, m.onLoadProgress(msg))
+	case modelLoadedMsg:
+		cmds = append(cmds, m.onModelLoaded(msg))
+	case engineClosedMsg:
+		if msg.err != nil {
+			m.view.notice(entryError, "closing "+msg.name+" failed: "+msg.err.Error())
+		}
+	case historyLoadedMsg:
+		m.onHistoryLoaded(msg)
+	case historySavedMsg:
+		if msg.err != nil && m.history != nil && !m.history.warned {
+			m.history.warned = true
+			m.view.notice(entryError, "saving the input history failed: "+msg.err.Error())
+		}
 	}
 	if m.quitting {
 		return m, tea.Batch(cmds...)
@@ -288,11 +402,20 @@ func (m *model) resize(w, h int) {
 	m.layout()
 }
 
-// layout sizes the chat to what the input and the bars leave, and makes a
-// Markdown renderer for a new width.
+// layout sizes every chat's view to what the input, the bars and the tab
+// strip leave, and makes a Markdown renderer for a new width.
 func (m *model) layout() {
 	h := m.height - m.in.Height() - 2 // the rule and the status bar
-	if m.view.SetSize(m.width, h) || m.md == nil {
+	if len(m.tabs) > 1 {
+		h-- // the tab strip
+	}
+	changed := false
+	for _, t := range m.tabs {
+		if t.view.SetSize(m.width, h) {
+			changed = true
+		}
+	}
+	if changed || m.md == nil {
 		m.md = newMarkdown(m.view.contentWidth(), m.st.Markdown, m.profile)
 	}
 }
@@ -306,7 +429,11 @@ func (m *model) View() string {
 	if m.comp.open() {
 		chat = overlayBottom(chat, m.comp.render(m.st, min(m.width-2, 100)), 1)
 	}
-	return strings.Join([]string{chat, m.ruleView(), m.in.View(), m.statusView()}, "\n")
+	parts := []string{chat, m.ruleView(), m.in.View(), m.statusView()}
+	if len(m.tabs) > 1 {
+		parts = append([]string{m.tabStrip()}, parts...)
+	}
+	return strings.Join(parts, "\n")
 }
 
 // ruleView is the line above the input, with the hint in it.
@@ -324,13 +451,23 @@ func (m *model) ruleView() string {
 }
 
 func (m *model) statusView() string {
-	return m.bar.render(m.width, statusData{
+	d := statusData{
 		info:    m.info,
-		busy:    m.gen != nil,
+		busy:    m.busyCount(m.chatTab),
 		usage:   m.usage,
 		stats:   m.stats,
 		ctxUsed: m.ctxUsed,
-	})
+		draft:   m.chat.Settings.effectiveDraft(m.info),
+	}
+	for i, t := range m.tabs {
+		if t != m.chatTab && m.busyCount(t) > 0 {
+			d.others = append(d.others, i+1)
+		}
+	}
+	if l := m.loading; l != nil {
+		d.loading = fmt.Sprintf("loading %s · %s · %ds", l.entry.Name, l.stage, int(m.now().Sub(l.started).Seconds()))
+	}
+	return m.bar.render(m.width, d)
 }
 
 // overlayBottom draws box over the last lines of base, from column x.
@@ -349,12 +486,20 @@ func overlayBottom(base, box string, x int) string {
 
 func (m *model) setHint(s string, warn bool) { m.hint, m.hintWarn = s, warn }
 
-// quit stops any reply and ends the program.
-func (m *model) quit() tea.Cmd {
-	if m.gen != nil {
-		m.gen.stopped = true
-		m.gen.cancel()
+// cancelAll stops every reply and a model being loaded.
+func (m *model) cancelAll() {
+	for _, g := range m.gens {
+		g.stopped = true
+		g.cancel()
 	}
+	if m.loading != nil {
+		m.loading.cancel()
+	}
+}
+
+// quit stops every reply and ends the program.
+func (m *model) quit() tea.Cmd {
+	m.cancelAll()
 	m.quitting = true
 	return tea.Quit
 }
@@ -362,10 +507,13 @@ func (m *model) quit() tea.Cmd {
 // Run runs the chat in the terminal until the user quits or ctx is done.
 // It uses the alternate screen and the mouse (unless Options.NoMouse),
 // always gives the terminal back as it found it, and returns a panic in
-// the chat as an error. The chat is saved once more on the way out.
-// Cancelling ctx is a normal exit (nil error).
+// the chat as an error. Every open chat is saved once more on the way
+// out, and the engines the chat owns (Options.Closer, and those /model
+// loaded) are closed before Run returns. Cancelling ctx is a normal exit
+// (nil error).
 func Run(ctx context.Context, eng Engine, opts Options) (err error) {
 	var p *tea.Program
+	var m *model
 	defer func() {
 		// A panic outside the program's own recovery (bubbletea restores the
 		// terminal for panics in Update, View and commands).
@@ -376,14 +524,19 @@ func Run(ctx context.Context, eng Engine, opts Options) (err error) {
 			}
 			err = fmt.Errorf("ui: panic: %v\n%s", r, debug.Stack())
 		}
+		if m != nil {
+			m.closeEngines()
+		} else if opts.Closer != nil {
+			_ = opts.Closer.Close()
+		}
 	}()
-	if opts.Theme == "" && os.Getenv("NO_COLOR") == "" && !opts.NoColor && opts.Output == nil {
+	if (opts.Theme == "" || opts.Theme == "auto") && os.Getenv("NO_COLOR") == "" && !opts.NoColor && opts.Output == nil {
 		opts.Theme = "dark"
 		if !lipgloss.HasDarkBackground() {
 			opts.Theme = "light"
 		}
 	}
-	m := newModel(eng, opts)
+	m = newModel(eng, opts)
 	popts := []tea.ProgramOption{tea.WithAltScreen(), tea.WithContext(ctx)}
 	if !opts.NoMouse {
 		popts = append(popts, tea.WithMouseCellMotion())
@@ -396,6 +549,7 @@ func Run(ctx context.Context, eng Engine, opts Options) (err error) {
 	}
 	p = tea.NewProgram(m, popts...)
 	_, err = p.Run()
+	m.cancelAll()
 	m.flush()
 	switch {
 	case m.fatal != nil:
@@ -408,15 +562,34 @@ func Run(ctx context.Context, eng Engine, opts Options) (err error) {
 	return nil
 }
 
-// flush saves the chat synchronously; Run calls it after the program has
-// stopped, since an autosave command may not have finished.
+// flush saves every open chat and the input history synchronously; Run
+// calls it after the program has stopped, since an autosave command may
+// not have finished.
 func (m *model) flush() {
-	if m.opts.NoSave || len(m.chat.Messages) == 0 {
+	if m.history != nil {
+		_ = m.history.flush()
+	}
+	if m.opts.NoSave {
 		return
 	}
-	if m.gen != nil { // quit mid-reply: keep what was generated
-		m.gen.msg.Content = m.gen.text.String()
+	for _, t := range m.tabs {
+		if len(t.chat.Messages) == 0 {
+			continue
+		}
+		if t.gen != nil { // quit mid-reply: keep what was generated
+			t.gen.msg.Content = t.gen.text.String()
+		}
+		m.saveSeq++
+		_, _ = m.store.save(t.chatName, t.chat, m.saveSeq)
 	}
-	m.saveSeq++
-	_, _ = m.store.save(m.chatName, m.chat, m.saveSeq)
+}
+
+// closeEngines closes every engine the chat owns; Run calls it last.
+func (m *model) closeEngines() {
+	for _, e := range m.engines {
+		if e.closer != nil && !e.closed {
+			e.closed = true
+			_ = e.closer.Close()
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/adrg/xdg"
 	tea "github.com/charmbracelet/bubbletea"
 	"github.com/charmbracelet/lipgloss"
 	xansi "github.com/charmbracelet/x/ansi"
@@ -22,7 +23,17 @@ var fixedNow = time.Date(2026, 3, 14, 15, 9, 26, 0, time.UTC)
 
 func TestMain(m *testing.M) {
 	lipgloss.SetColorProfile(termenv.Ascii) // no colours: views are plain text
-	os.Exit(m.Run())
+	// Nothing a test forgets to point elsewhere lands in the real data
+	// directory (chats, input history).
+	data, err := os.MkdirTemp("", "ferrite-ui-xdg-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("XDG_DATA_HOME", data)
+	xdg.Reload()
+	code := m.Run()
+	os.RemoveAll(data)
+	os.Exit(code)
 }
 
 // syncBuffer is a bytes.Buffer safe for a command goroutine and the test.
@@ -64,7 +75,7 @@ func (h *harness) waitTimeout() time.Duration {
 }
 
 func testOptions(t *testing.T) Options {
-	return Options{ChatsDir: tempDir(t), Now: func() time.Time { return fixedNow }}
+	return Options{ChatsDir: tempDir(t), HistoryFile: filepath.Join(tempDir(t), "history"), Now: func() time.Time { return fixedNow }}
 }
 
 // tempDir is a t.TempDir that tolerates a save command still finishing
@@ -226,10 +237,10 @@ func (h *harness) untilNotice(s string) {
 func (h *harness) settle() {
 	h.t.Helper()
 	h.until("the chat to settle", func(m *model) bool {
-		if m.gen != nil || m.saving > 0 {
+		if len(m.gens) > 0 || m.loading != nil || m.saving > 0 {
 			return false
 		}
-		for _, e := range m.view.entries {
+		for _, e := range m.view.replies() {
 			if e.rendering || e.needsRender(m.md.width) {
 				return false
 			}
@@ -630,7 +641,7 @@ func TestNewAndClear(t *testing.T) {
 	h.line("second")
 	h.settle()
 	h.line("/new")
-	h.waitFor("New chat.")
+	h.waitFor("New chat 2 of 2")
 	m := h.final()
 	if len(m.chat.Messages) != 0 || m.chat.ID == "test-chat" {
 		t.Errorf("after /new: id %q, %d messages", m.chat.ID, len(m.chat.Messages))

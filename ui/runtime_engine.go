@@ -23,7 +23,9 @@ type RuntimeEngine struct {
 // with runtime.Options.NewDecoder returning tok.NewStreamDecoder() (special
 // tokens kept, so that <think> tags reach the chat). info names the model;
 // its MaxContext is replaced by rt.MaxSeqLen() (the model's context or the
-// whole KV cache, whichever is smaller). The caller keeps ownership of rt.
+// whole KV cache, whichever is smaller). info.MTP and info.Draft say
+// whether the model speculates and the runtime's Options.Draft; the
+// caller sets them. The caller keeps ownership of rt.
 func NewRuntimeEngine(rt *runtime.Runtime, tok *tokenizer.Tokenizer, info ModelInfo) *RuntimeEngine {
 	info.MaxContext = rt.MaxSeqLen()
 	return &RuntimeEngine{rt: rt, tok: tok, info: info}
@@ -42,6 +44,12 @@ func (e *RuntimeEngine) Stats() Stats {
 		KVBytesTotal:  s.KVBytesTotal,
 		Running:       s.Running,
 		Waiting:       s.Waiting,
+
+		RecurrentBytes:  s.RecurrentBytes,
+		DraftTokens:     s.DraftTokens,
+		AcceptedTokens:  s.AcceptedTokens,
+		AcceptRate:      s.AcceptRate,
+		AcceptedPerStep: s.AcceptedPerStep,
 	}
 }
 
@@ -60,6 +68,7 @@ func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
 		Prompt:    ids,
 		MaxTokens: s.MaxTokens,
 		Stop:      e.tok.EOS(),
+		Draft:     s.Draft,
 		Sampling: sample.Params{
 			Temperature:   float32(s.Temperature),
 			TopP:          float32(s.TopP),
@@ -101,6 +110,10 @@ func (r *runtimeReply) Next() (Event, bool) {
 		PromptTokensPerSec: ev.Usage.PromptTokensPerSec,
 		DecodeTokensPerSec: ev.Usage.DecodeTokensPerSec,
 		Seed:               ev.Usage.Seed,
+		VerifySteps:        ev.Usage.VerifySteps,
+		DraftTokens:        ev.Usage.DraftTokens,
+		AcceptedTokens:     ev.Usage.AcceptedTokens,
+		AcceptedPerStep:    ev.Usage.AcceptedPerStep,
 	}}
 	switch ev.Type {
 	case runtime.EventDone:

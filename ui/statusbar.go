@@ -18,10 +18,13 @@ const ctxWarnFraction = 0.9
 // statusData is what the status bar shows.
 type statusData struct {
 	info    ModelInfo
-	busy    bool
+	busy    int    // replies the shown chat is generating
+	others  []int  // the numbers of the other chats that are generating
+	loading string // a model being loaded: name, stage and time so far
 	usage   *Usage // the current or last reply's; nil before the first token
 	stats   Stats
 	ctxUsed int
+	draft   int // the shown chat's MTP draft length; 0: no speculation
 }
 
 // statusBar is the line at the bottom: model, speed of the current reply,
@@ -48,12 +51,37 @@ func (b statusBar) render(width int, d statusData) string {
 		model += label(" " + d.info.Arch)
 	}
 	segs = append(segs, segment{model, 9})
-	if d.busy {
+	if d.loading != "" {
+		segs = append(segs, segment{st.Busy.Render("⟳ " + d.loading), 8})
+	}
+	switch {
+	case d.busy == 1:
 		segs = append(segs, segment{st.Busy.Render("● generating"), 5})
+	case d.busy > 1:
+		segs = append(segs, segment{st.Busy.Render(fmt.Sprintf("● generating %d", d.busy)), 5})
+	}
+	if len(d.others) > 0 {
+		nums := make([]string, len(d.others))
+		for i, n := range d.others {
+			nums[i] = fmt.Sprint(n)
+		}
+		word := "chat"
+		if len(nums) > 1 {
+			word = "chats"
+		}
+		segs = append(segs, segment{st.Busy.Render(fmt.Sprintf("● %s %s", word, strings.Join(nums, ","))), 4})
 	}
 	if u := d.usage; u != nil && u.GeneratedTokens > 0 {
 		segs = append(segs, segment{value(fmt.Sprintf("%.1f", u.DecodeTokensPerSec)) + label(" tok/s"), 6})
 		segs = append(segs, segment{label("TTFT ") + value(formatMillis(float64(u.TimeToFirstToken.Microseconds())/1000)), 4})
+	}
+	switch u := d.usage; {
+	case u != nil && u.DraftTokens > 0:
+		segs = append(segs, segment{mtpSegment(label, value, float64(u.AcceptedTokens)/float64(u.DraftTokens), u.AcceptedPerStep), 6})
+	case d.draft > 0 && d.stats.DraftTokens > 0:
+		segs = append(segs, segment{mtpSegment(label, value, d.stats.AcceptRate, d.stats.AcceptedPerStep), 6})
+	case d.draft > 0:
+		segs = append(segs, segment{label("MTP ") + value(fmt.Sprintf("on, %d drafts", d.draft)), 5})
 	}
 	if s := d.stats; s.KVBlocksTotal > 0 {
 		frac := float64(s.KVBlocksUsed) / float64(s.KVBlocksTotal)
@@ -87,7 +115,7 @@ func (b statusBar) render(width int, d statusData) string {
 	for xansi.StringWidth(line) > width && len(segs) > 1 {
 		low := 0
 		for i, s := range segs {
-			if s.prio < segs[low].prio {
+			if s.prio <= segs[low].prio { // of equals, the later goes first
 				low = i
 			}
 		}
@@ -99,6 +127,14 @@ func (b statusBar) render(width int, d statusData) string {
 		line += st.Bar.Render(strings.Repeat(" ", pad))
 	}
 	return line
+}
+
+// mtpSegment shows speculative decoding's acceptance: the share of drafts
+// accepted and the tokens each verify step yields (its own one plus the
+// accepted drafts), e.g. "MTP 80% · 3.4/step".
+func mtpSegment(label, value func(string) string, rate, acceptedPerStep float64) string {
+	return label("MTP ") + value(fmt.Sprintf("%.0f%%", 100*rate)) +
+		label(" · ") + value(fmt.Sprintf("%.1f", 1+acceptedPerStep)) + label("/step")
 }
 
 // formatBytes prints a byte count in binary units.

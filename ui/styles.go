@@ -62,6 +62,17 @@ type Styles struct {
 		Text    lipgloss.Style
 		Holder  lipgloss.Style // placeholder
 	}
+	Tabs struct { // the strip of open chats
+		Tab    lipgloss.Style
+		Active lipgloss.Style
+		Busy   lipgloss.Style // the ● of a chat that is generating
+		Sep    lipgloss.Style
+	}
+	Choice struct { // the alternatives of /regen
+		Header   lipgloss.Style
+		Option   lipgloss.Style
+		Selected lipgloss.Style
+	}
 	Complete struct {
 		Box      lipgloss.Style
 		Item     lipgloss.Style
@@ -107,6 +118,15 @@ func NewStyles(p Palette, dark, noColor bool) Styles {
 	s.Input.Prompt = base.Foreground(p.Accent)
 	s.Input.Text = base.Foreground(p.Text)
 	s.Input.Holder = base.Foreground(p.Muted)
+
+	s.Tabs.Tab = base.Foreground(p.Muted)
+	s.Tabs.Active = base.Foreground(p.Accent).Bold(true)
+	s.Tabs.Busy = base.Foreground(p.Accent)
+	s.Tabs.Sep = base.Foreground(p.Border)
+
+	s.Choice.Header = base.Foreground(p.Muted)
+	s.Choice.Option = base.Foreground(p.Muted)
+	s.Choice.Selected = base.Foreground(p.Accent).Bold(true)
 
 	s.Complete.Box = base.Border(lipgloss.RoundedBorder()).BorderForeground(p.Border).Padding(0, 1)
 	s.Complete.Item = base.Foreground(p.Text)

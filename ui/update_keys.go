@@ -33,9 +33,21 @@ func (m *model) handleKey(k tea.KeyMsg) tea.Cmd {
 		return nil
 	case m.comp.open() && key.Matches(k, km.Complete.Accept):
 		m.in.SetValue(m.comp.selected().value)
-	case key.Matches(k, km.Stop) && m.gen != nil:
-		m.stop()
+	case key.Matches(k, km.Stop) && m.busyCount(m.chatTab) > 0:
+		m.stop(m.chatTab)
 		return nil
+	case key.Matches(k, km.Chats.New):
+		cmd = m.openTab()
+	case key.Matches(k, km.Chats.Prev):
+		m.cycle(-1)
+	case key.Matches(k, km.Chats.Next):
+		m.cycle(1)
+	case m.choice != nil && key.Matches(k, km.Choice.Prev):
+		m.browse(-1)
+	case m.choice != nil && key.Matches(k, km.Choice.Next):
+		m.browse(1)
+	case m.choice != nil && key.Matches(k, km.Choice.Keep) && strings.TrimSpace(m.in.Value()) == "" && !m.comp.open():
+		cmd = m.pick(m.chatTab, m.choice.sel)
 	case key.Matches(k, km.Input.Send):
 		cmd = m.onEnter()
 	case key.Matches(k, km.Chat.PageUp):
@@ -59,15 +71,15 @@ func (m *model) handleKey(k tea.KeyMsg) tea.Cmd {
 	default:
 		cmd = m.in.Update(k)
 	}
-	m.comp.update(m.in.Value(), m.cmds)
+	m.comp.update(m.in.Value(), m.cmds, m)
 	return cmd
 }
 
 // onCtrlC stops the reply being generated; otherwise the first press arms
 // and the second quits.
 func (m *model) onCtrlC() tea.Cmd {
-	if m.gen != nil {
-		m.stop()
+	if m.busyCount(m.chatTab) > 0 {
+		m.stop(m.chatTab)
 		m.quitArmed = true
 		m.setHint("stopped · press ctrl+c again to quit", false)
 		return nil
@@ -103,17 +115,27 @@ func (m *model) submit() tea.Cmd {
 		return nil
 	}
 	if strings.HasPrefix(text, "/") {
-		m.in.remember(text)
+		hist := m.remember(text)
 		m.in.Reset()
-		return m.runCommand(text)
+		return tea.Batch(hist, m.runCommand(text))
 	}
 	if m.gen != nil {
 		m.setHint("a reply is still being generated: wait for it, or stop it with esc", true)
 		return nil
 	}
-	m.in.remember(text)
+	var keep tea.Cmd
+	if ch := m.choice; ch != nil { // sending keeps the alternative shown
+		if ch.opts[ch.sel].streaming {
+			m.setHint("the alternative shown is still being generated: wait, stop it with esc, or /pick another", true)
+			return nil
+		}
+		if keep = m.pick(m.chatTab, ch.sel); m.choice != nil {
+			return keep
+		}
+	}
+	hist := m.remember(text)
 	m.in.Reset()
-	return m.send(text)
+	return tea.Batch(keep, hist, m.send(text))
 }
 
 // runCommand runs "/name args"; an unknown name gets a message.

@@ -9,32 +9,42 @@ import (
 	tea "github.com/charmbracelet/bubbletea"
 )
 
-// send adds the user's message and starts a reply.
+// send adds the user's message to the shown chat and starts a reply.
 func (m *model) send(text string) tea.Cmd {
+	t := m.chatTab
 	now := m.now()
 	um := &Message{Role: RoleUser, Content: text, Time: now}
-	m.chat.Messages = append(m.chat.Messages, um)
-	req := Request{Messages: m.chat.promptMessages(), Settings: m.chat.Settings}
+	t.chat.Messages = append(t.chat.Messages, um)
+	req := Request{Messages: t.chat.promptMessages(), Settings: t.chat.Settings}
 
 	am := &Message{Role: RoleAssistant, Time: now}
 	ue := &entry{kind: entryUser, msg: um}
 	ae := &entry{kind: entryAssistant, msg: am, streaming: true}
-	m.view.add(ue)
-	m.view.add(ae)
-	m.view.bottom()
+	t.view.add(ue)
+	t.view.add(ae)
+	t.view.bottom()
 	m.setHint("", false)
+	t.usage = nil
+	g, ctx := m.newGeneration(t, ae, req.Settings, -1)
+	t.gen = g
+	return tea.Batch(m.startReply(ctx, g, req), m.autosave(), m.startTicking())
+}
 
+// newGeneration registers a reply of tab t shown by e, on the current
+// engine, and returns it with the context that ends it.
+func (m *model) newGeneration(t *chatTab, e *entry, s Settings, alt int) (*generation, context.Context) {
 	m.genSeq++
 	ctx, cancel := context.WithCancel(context.Background())
-	g := &generation{id: m.genSeq, entry: ae, msg: am, cancel: cancel, settings: m.chat.Settings}
-	m.gen = g
-	m.usage = nil
-	return tea.Batch(m.startReply(ctx, g.id, req), m.autosave(), m.statsTick(g.id))
+	e.msg.Model = m.info.Name
+	g := &generation{id: m.genSeq, tab: t, eng: m.cur, entry: e, msg: e.msg, cancel: cancel, settings: s, alt: alt}
+	m.gens[g.id] = g
+	m.cur.active++
+	return g, ctx
 }
 
 // startReply calls Engine.Send, which may render and tokenize the prompt.
-func (m *model) startReply(ctx context.Context, id int, req Request) tea.Cmd {
-	eng := m.eng
+func (m *model) startReply(ctx context.Context, g *generation, req Request) tea.Cmd {
+	eng, id := g.eng.eng, g.id
 	return func() (msg tea.Msg) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -68,8 +78,8 @@ func waitForEvent(id int, r Reply) tea.Cmd {
 }
 
 func (m *model) onReplyStarted(msg replyStartedMsg) tea.Cmd {
-	g := m.gen
-	if g == nil || g.id != msg.id {
+	g := m.gens[msg.id]
+	if g == nil {
 		if msg.reply != nil {
 			msg.reply.Cancel() // a reply nobody waits for any more
 		}
@@ -78,62 +88,78 @@ func (m *model) onReplyStarted(msg replyStartedMsg) tea.Cmd {
 	if msg.err != nil {
 		return m.unsend(g, msg.err)
 	}
+	t := g.tab
 	g.reply = msg.reply
-	m.chat.Messages = append(m.chat.Messages, g.msg)
+	if g.alt < 0 {
+		t.chat.Messages = append(t.chat.Messages, g.msg)
+	}
 	n := msg.reply.PromptTokens()
-	m.ctxUsed = n
-	if limit := m.info.MaxContext; limit > 0 && g.settings.MaxTokens > 0 && n+g.settings.MaxTokens > limit {
+	t.ctxUsed = n
+	if limit := g.eng.info.MaxContext; t == m.chatTab && limit > 0 && g.settings.MaxTokens > 0 && n+g.settings.MaxTokens > limit {
 		m.setHint(fmt.Sprintf("context nearly full: the reply can use only %d of max_tokens %d", limit-n, g.settings.MaxTokens), true)
 	}
 	return tea.Batch(waitForEvent(g.id, msg.reply), m.renderTick(g.id))
 }
 
-// unsend takes back a message that could not be sent: it leaves the chat,
-// returns to the input, and a warning says why.
+// unsend handles a reply that could not start. A plain reply takes its
+// message back: it leaves the chat, returns to the input (when the chat
+// is shown and the input empty), and a warning says why. An alternative
+// of /regen shows the error in its place.
 func (m *model) unsend(g *generation, err error) tea.Cmd {
-	m.gen = nil
-	g.cancel()
+	t := g.tab
+	var ce *ContextError
+	why := err.Error()
+	if errors.As(err, &ce) {
+		why = fmt.Sprintf("this conversation does not fit the context: %s", ce)
+	}
+	if g.alt >= 0 {
+		g.msg.Error = "could not start: " + why
+		cmd := m.endGen(g)
+		t.view.changed(g.entry)
+		return tea.Batch(cmd, m.onAltDone(t))
+	}
+	cmd := m.endGen(g)
 	// Drop the user's turn and both entries.
-	if n := len(m.chat.Messages); n > 0 && m.chat.Messages[n-1].Role == RoleUser {
-		um := m.chat.Messages[n-1]
-		m.chat.Messages = m.chat.Messages[:n-1]
-		m.view.removeMsg(um)
-		if m.in.Value() == "" {
+	if n := len(t.chat.Messages); n > 0 && t.chat.Messages[n-1].Role == RoleUser {
+		um := t.chat.Messages[n-1]
+		t.chat.Messages = t.chat.Messages[:n-1]
+		t.view.removeMsg(um)
+		if t == m.chatTab && m.in.Value() == "" {
 			m.in.SetValue(um.Content)
 		}
 	}
-	m.view.removeEntry(g.entry)
-	var ce *ContextError
+	t.view.removeEntry(g.entry)
 	switch {
 	case g.stopped:
-		m.view.notice(entryNotice, "Stopped before the reply started; your message is back in the input.")
-	case errors.As(err, &ce):
-		m.view.notice(entryWarning, fmt.Sprintf(
+		t.view.notice(entryNotice, "Stopped before the reply started; your message is back in the input.")
+	case ce != nil:
+		t.view.notice(entryWarning, fmt.Sprintf(
 			"This message does not fit the context: %s. It is back in the input: shorten it, or start a /new chat (or /clear this one).", ce))
 	default:
-		m.view.notice(entryError, "The engine could not start a reply: "+err.Error())
+		t.view.notice(entryError, "The engine could not start a reply: "+err.Error())
 	}
-	return m.autosave()
+	return tea.Batch(cmd, m.autosaveTab(t))
 }
 
 func (m *model) onReplyEvent(msg replyEventMsg) tea.Cmd {
-	g := m.gen
-	if g == nil || g.id != msg.id {
+	g := m.gens[msg.id]
+	if g == nil {
 		return nil
 	}
 	if !msg.ok {
 		return m.finish(g, Event{Kind: EventError, Err: errors.New("the reply ended without a final event")})
 	}
+	t := g.tab
 	ev := msg.ev
 	if ev.Text != "" {
 		g.text.WriteString(ev.Text)
 		g.msg.Content = g.text.String()
-		m.view.changed(g.entry)
+		t.view.changed(g.entry)
 	}
 	u := ev.Usage
-	m.usage = &u
+	t.usage = &u
 	if u.PromptTokens > 0 {
-		m.ctxUsed = u.PromptTokens + u.GeneratedTokens
+		t.ctxUsed = u.PromptTokens + u.GeneratedTokens
 	}
 	if ev.Kind == EventDelta {
 		return waitForEvent(g.id, g.reply)
@@ -141,11 +167,10 @@ func (m *model) onReplyEvent(msg replyEventMsg) tea.Cmd {
 	return m.finish(g, ev)
 }
 
-// finish ends the reply with its final event.
+// finish ends a reply with its final event.
 func (m *model) finish(g *generation, ev Event) tea.Cmd {
-	m.gen = nil
-	g.cancel()
-	g.entry.streaming = false
+	t := g.tab
+	cmd := m.endGen(g)
 	finish := ev.Finish
 	if ev.Kind == EventError {
 		finish = "error"
@@ -156,58 +181,92 @@ func (m *model) finish(g *generation, ev Event) tea.Cmd {
 		g.msg.Error = msg
 	}
 	g.msg.Stats = newReplyStats(ev.Usage, finish, g.settings)
-	m.view.changed(g.entry)
-	if ev.Kind == EventDone && ev.Finish == FinishLength && m.info.MaxContext > 0 && m.ctxUsed >= m.info.MaxContext {
-		m.view.notice(entryWarning, fmt.Sprintf(
-			"The conversation has filled the model's context (%d tokens). Start a /new chat or /clear this one to continue.", m.info.MaxContext))
+	t.view.changed(g.entry)
+	if t != m.chatTab {
+		t.unseen = true
 	}
-	return tea.Batch(m.autosave(), m.fetchStats())
+	if g.alt >= 0 {
+		return tea.Batch(cmd, m.fetchStats(), m.onAltDone(t))
+	}
+	if limit := g.eng.info.MaxContext; ev.Kind == EventDone && ev.Finish == FinishLength && limit > 0 && t.ctxUsed >= limit {
+		t.view.notice(entryWarning, fmt.Sprintf(
+			"The conversation has filled the model's context (%d tokens). Start a /new chat or /clear this one to continue.", limit))
+	}
+	return tea.Batch(cmd, m.autosaveTab(t), m.fetchStats())
 }
 
-// stop cancels the reply being generated; its final event follows.
-func (m *model) stop() {
-	if m.gen == nil {
-		return
+// endGen forgets a reply that has ended (or that nobody waits for any
+// more): its engine may then be closed.
+func (m *model) endGen(g *generation) tea.Cmd {
+	if m.gens[g.id] != g {
+		return nil
 	}
-	m.gen.stopped = true
-	m.gen.cancel()
-}
-
-// abandon stops the reply and forgets it at once (for /new, /clear,
-// /load): its remaining events are ignored.
-func (m *model) abandon() {
-	g := m.gen
-	if g == nil {
-		return
-	}
-	m.stop()
-	m.gen = nil
+	delete(m.gens, g.id)
+	g.cancel()
 	g.entry.streaming = false
+	g.tab.view.changed(g.entry)
+	if g.alt < 0 {
+		if g.tab.gen == g {
+			g.tab.gen = nil
+		}
+	} else if c := g.tab.choice; c != nil {
+		c.running--
+	}
+	g.eng.active--
+	return m.maybeClose(g.eng)
+}
+
+// stop cancels every reply chat t is generating; their final events
+// follow.
+func (m *model) stop(t *chatTab) {
+	for _, g := range m.gens {
+		if g.tab == t {
+			g.stopped = true
+			g.cancel()
+		}
+	}
+}
+
+// abandon stops chat t's replies and forgets them at once (for /clear,
+// /load, /close): their remaining events are ignored, and the
+// alternatives of /regen are dropped.
+func (m *model) abandon(t *chatTab) tea.Cmd {
+	var cmds []tea.Cmd
+	for _, g := range m.gens {
+		if g.tab == t {
+			g.stopped = true
+			cmds = append(cmds, m.endGen(g))
+		}
+	}
+	t.choice = nil
+	return tea.Batch(cmds...)
 }
 
 func (m *model) renderTick(id int) tea.Cmd {
 	return tea.Tick(renderInterval, func(time.Time) tea.Msg { return renderTickMsg{id: id} })
 }
 
-// onRenderTick re-renders the streaming reply if it changed, at most once
-// per renderInterval.
+// onRenderTick re-renders a streaming reply of the shown chat if it
+// changed, at most once per renderInterval. Replies of chats in the
+// background are rendered when their chat is shown.
 func (m *model) onRenderTick(msg renderTickMsg) tea.Cmd {
-	g := m.gen
-	if g == nil || g.id != msg.id {
+	g := m.gens[msg.id]
+	if g == nil {
 		return nil
 	}
 	var cmd tea.Cmd
-	if g.entry.needsRender(m.md.width) {
+	if g.tab == m.chatTab && g.entry.needsRender(m.md.width) {
 		cmd = m.renderEntry(g.entry)
 	}
 	return tea.Batch(cmd, m.renderTick(msg.id))
 }
 
-// renderFinished renders every reply that is not streaming and whose
-// rendering is stale (a reply just finished, or the width changed).
+// renderFinished renders every reply of the shown chat that is not
+// streaming and whose rendering is stale (a reply just finished, or the
+// width changed).
 func (m *model) renderFinished() []tea.Cmd {
 	var cmds []tea.Cmd
-	for _, e := range m.view.entries {
+	for _, e := range m.view.replies() {
 		if !e.streaming && e.needsRender(m.md.width) {
 			cmds = append(cmds, m.renderEntry(e))
 		}
@@ -231,15 +290,35 @@ func (m *model) onRendered(msg renderedMsg) {
 		return // rendered for an old width: renderFinished or the tick asks again
 	}
 	e.md, e.mdVersion, e.mdWidth = msg.out, msg.version, msg.width
-	m.view.dirty = true
+	for _, t := range m.tabs {
+		t.view.dirty = true
+	}
 }
 
-func (m *model) statsTick(id int) tea.Cmd {
-	return tea.Tick(statsInterval, func(time.Time) tea.Msg { return statsTickMsg{id: id} })
+// startTicking starts polling the engine's stats unless it already is; it
+// goes on while replies are generated or a model loads.
+func (m *model) startTicking() tea.Cmd {
+	if m.ticking {
+		return nil
+	}
+	m.ticking = true
+	return m.statsTick()
+}
+
+func (m *model) statsTick() tea.Cmd {
+	return tea.Tick(statsInterval, func(time.Time) tea.Msg { return statsTickMsg{} })
+}
+
+func (m *model) onStatsTick() tea.Cmd {
+	if !m.busy() {
+		m.ticking = false
+		return m.fetchStats()
+	}
+	return tea.Batch(m.fetchStats(), m.statsTick())
 }
 
 func (m *model) fetchStats() tea.Cmd {
-	eng, last := m.eng, m.stats
+	eng, last := m.cur.eng, m.stats
 	return func() (msg tea.Msg) {
 		defer func() {
 			if recover() != nil {
@@ -250,24 +329,27 @@ func (m *model) fetchStats() tea.Cmd {
 	}
 }
 
-// autosave writes the chat in a command, unless autosave is off or the
+// autosave writes the shown chat in a command.
+func (m *model) autosave() tea.Cmd { return m.autosaveTab(m.chatTab) }
+
+// autosaveTab writes chat t in a command, unless autosave is off or the
 // chat is empty.
-func (m *model) autosave() tea.Cmd {
-	if m.opts.NoSave || len(m.chat.Messages) == 0 {
+func (m *model) autosaveTab(t *chatTab) tea.Cmd {
+	if m.opts.NoSave || len(t.chat.Messages) == 0 {
 		return nil
 	}
-	return m.saveCmd(m.chatName, true)
+	return m.saveCmd(t, t.chatName, true)
 }
 
-// saveCmd writes a copy of the chat as name.
-func (m *model) saveCmd(name string, auto bool) tea.Cmd {
-	m.chat.Updated = m.now()
+// saveCmd writes a copy of chat t as name.
+func (m *model) saveCmd(t *chatTab, name string, auto bool) tea.Cmd {
+	t.chat.Updated = m.now()
 	m.saveSeq++
 	m.saving++
-	c, seq, st := m.chat.clone(), m.saveSeq, m.store
+	c, seq, st := t.chat.clone(), m.saveSeq, m.store
 	return func() tea.Msg {
 		path, err := st.save(name, c, seq)
-		return savedMsg{path: path, auto: auto, err: err}
+		return savedMsg{tab: t, path: path, auto: auto, err: err}
 	}
 }
 

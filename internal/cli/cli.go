@@ -21,7 +21,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	if len(args) > 0 {
 		switch args[0] {
 		case "-h", "--help", "help":
-			fmt.Fprint(stdout, usage)
+			printHelp(stdout)
 			return 0
 		case "run":
 			return cmdRun(ctx, args[1:], stdin, stdout, stderr)

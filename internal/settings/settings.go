@@ -1,0 +1,373 @@
+// Package settings reads ferrite's configuration file,
+// $XDG_CONFIG_HOME/ferrite/config.toml (~/.config/ferrite/config.toml when
+// XDG_CONFIG_HOME is unset).
+//
+// Every key is optional: Default holds the value of a key the file leaves
+// out. Load never fails the program: a file that cannot be read, does not
+// parse, has a value of the wrong type or out of range, or has a key this
+// version does not know is ignored as a whole, and the problems come back
+// as one error naming the file, the line and the key of each, so that the
+// chat can start with the defaults and show the warning. A missing file is
+// no problem at all.
+//
+// Flags win over the file; the command line applies the flags the user set
+// on top of what Load returns (internal/cli).
+package settings
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+	"github.com/adrg/xdg"
+)
+
+// Config is the whole file. The TOML keys are the field tags.
+type Config struct {
+	// DefaultModel is the model the chat opens without --model: a name
+	// from /models (a Hugging Face id such as "Qwen/Qwen3-0.6B", a folder
+	// name, the built-in model's name) or a directory.
+	DefaultModel string `toml:"default_model"`
+	// ModelDirs are more places to find models: each is a model directory
+	// (config.json and safetensors) or a folder of them.
+	ModelDirs    []string `toml:"model_dirs"`
+	SystemPrompt string   `toml:"system_prompt"`
+	Theme        string   `toml:"theme"`    // auto, dark or light
+	Mouse        bool     `toml:"mouse"`    // the mouse wheel scrolls the chat
+	Autosave     bool     `toml:"autosave"` // save every chat after each message
+	History      bool     `toml:"history"`  // keep the input history across sessions
+
+	Sampling Sampling `toml:"sampling"`
+	MTP      MTP      `toml:"mtp"`
+	Engine   Engine   `toml:"engine"`
+}
+
+// Sampling is the sampling defaults of a new chat (/set changes them).
+type Sampling struct {
+	Temperature   float64 `toml:"temperature"`    // 0 is greedy; 0–5
+	TopP          float64 `toml:"top_p"`          // 1 is off; 0–1
+	TopK          int     `toml:"top_k"`          // 0 is off
+	MinP          float64 `toml:"min_p"`          // 0 is off; 0–1
+	RepeatPenalty float64 `toml:"repeat_penalty"` // 1 is off; 0–10
+	Seed          uint64  `toml:"seed"`           // 0 is a fresh seed per reply
+	MaxTokens     int     `toml:"max_tokens"`     // 0 is until the context is full
+}
+
+// MTP is speculative decoding with the model's multi-token-prediction
+// module.
+type MTP struct {
+	Mode  string `toml:"mode"`  // auto (on when the model has an MTP module), on, off
+	Draft int    `toml:"draft"` // draft tokens per step, 1–MaxDraft
+}
+
+// Engine is how the engine runs a model.
+type Engine struct {
+	Threads     int      `toml:"threads"`      // CPU threads; 0 is one per core
+	KVBudget    ByteSize `toml:"kv_budget"`    // bytes of KV cache: a number or "1GiB", "512MiB"
+	BatchTokens int      `toml:"batch_tokens"` // tokens one engine step may run; 0 is the runtime's default
+	MaxSeqs     int      `toml:"max_seqs"`     // replies generated at once; 0 is the runtime's default
+}
+
+// MaxDraft is the largest MTP draft length (engine/runtime.MaxDraft).
+const MaxDraft = 16
+
+// Default is the configuration of a missing file.
+func Default() Config {
+	return Config{
+		Theme:    "auto",
+		Mouse:    true,
+		Autosave: true,
+		History:  true,
+		Sampling: Sampling{Temperature: 0.7, TopP: 0.95, TopK: 40, MinP: 0.05, RepeatPenalty: 1, MaxTokens: 2048},
+		MTP:      MTP{Mode: "auto", Draft: 3},
+		Engine:   Engine{KVBudget: 1 << 30},
+	}
+}
+
+// DefaultPath is $XDG_CONFIG_HOME/ferrite/config.toml.
+func DefaultPath() string {
+	return filepath.Join(xdg.ConfigHome, "ferrite", "config.toml")
+}
+
+// Load reads the file at path over Default. A missing file gives the
+// defaults and no error. Any other problem gives the defaults and an error
+// that lists every problem found with its line and key: the file is then
+// ignored as a whole.
+func Load(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Default(), nil
+	}
+	if err != nil {
+		return Default(), fmt.Errorf("%s is ignored: %w", path, err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return Default(), fmt.Errorf("%s is ignored: %w", path, err)
+	}
+	return c, nil
+}
+
+// Problem is one thing wrong with a file.
+type Problem struct {
+	Line int    // 1-based; 0 when unknown
+	Key  string // dotted, e.g. "sampling.temperature"; "" when none
+	Msg  string
+}
+
+func (p Problem) String() string {
+	var b strings.Builder
+	if p.Line > 0 {
+		fmt.Fprintf(&b, "line %d: ", p.Line)
+	}
+	if p.Key != "" {
+		fmt.Fprintf(&b, "%s: ", p.Key)
+	}
+	b.WriteString(p.Msg)
+	return b.String()
+}
+
+// Error is every problem of a file.
+type Error struct {
+	Problems []Problem
+}
+
+func (e *Error) Error() string {
+	parts := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		parts[i] = p.String()
+	}
+	return strings.Join(parts, "; ")
+}
+
+// tomlLineRE matches the line and key BurntSushi/toml puts into the
+// messages of its type errors.
+var tomlLineRE = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): (.*)$`)
+
+// Parse reads a file's contents over Default. Its error is an *Error.
+func Parse(data []byte) (Config, error) {
+	c := Default()
+	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&c)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return Default(), &Error{[]Problem{{Line: pe.Position.Line, Key: pe.LastKey, Msg: pe.Message}}}
+		}
+		if m := tomlLineRE.FindStringSubmatch(err.Error()); m != nil {
+			line, _ := strconv.Atoi(m[1])
+			return Default(), &Error{[]Problem{{Line: line, Key: m[2], Msg: m[3]}}}
+		}
+		return Default(), &Error{[]Problem{{Msg: strings.TrimPrefix(err.Error(), "toml: ")}}}
+	}
+	var probs []Problem
+	for _, k := range md.Undecoded() {
+		key := k.String()
+		msg := "unknown key"
+		if s := suggest(key); s != "" {
+			msg += fmt.Sprintf(" (did you mean %s?)", s)
+		}
+		probs = append(probs, Problem{Line: keyLine(data, key), Key: key, Msg: msg})
+	}
+	for _, p := range c.check() {
+		p.Line = keyLine(data, p.Key)
+		probs = append(probs, p)
+	}
+	if len(probs) > 0 {
+		slices.SortStableFunc(probs, func(a, b Problem) int { return a.Line - b.Line })
+		return Default(), &Error{probs}
+	}
+	return c, nil
+}
+
+// check lists the values out of range, keyed but without lines.
+func (c *Config) check() []Problem {
+	var probs []Problem
+	bad := func(key, format string, args ...any) {
+		probs = append(probs, Problem{Key: key, Msg: fmt.Sprintf(format, args...)})
+	}
+	rng := func(key string, v, lo, hi float64) {
+		if math.IsNaN(v) || v < lo || v > hi {
+			bad(key, "%g is out of range [%g, %g]", v, lo, hi)
+		}
+	}
+	oneOf := func(key, v string, allowed ...string) {
+		if !slices.Contains(allowed, v) {
+			bad(key, "%q: want %s", v, strings.Join(allowed, ", "))
+		}
+	}
+	notNeg := func(key string, v int) {
+		if v < 0 {
+			bad(key, "%d is negative", v)
+		}
+	}
+	oneOf("theme", c.Theme, "auto", "dark", "light")
+	s := c.Sampling
+	rng("sampling.temperature", s.Temperature, 0, 5)
+	rng("sampling.top_p", s.TopP, 0, 1)
+	notNeg("sampling.top_k", s.TopK)
+	rng("sampling.min_p", s.MinP, 0, 1)
+	rng("sampling.repeat_penalty", s.RepeatPenalty, 0, 10)
+	notNeg("sampling.max_tokens", s.MaxTokens)
+	oneOf("mtp.mode", c.MTP.Mode, "auto", "on", "off")
+	if c.MTP.Draft < 1 || c.MTP.Draft > MaxDraft {
+		bad("mtp.draft", "%d is out of range [1, %d]", c.MTP.Draft, MaxDraft)
+	}
+	notNeg("engine.threads", c.Engine.Threads)
+	if c.Engine.KVBudget <= 0 {
+		bad("engine.kv_budget", "must be positive")
+	}
+	notNeg("engine.batch_tokens", c.Engine.BatchTokens)
+	notNeg("engine.max_seqs", c.Engine.MaxSeqs)
+	for i, d := range c.ModelDirs {
+		if strings.TrimSpace(d) == "" {
+			bad("model_dirs", "entry %d is empty", i+1)
+		}
+	}
+	return probs
+}
+
+// knownKeys are every key of the file, for suggestions.
+var knownKeys = []string{
+	"default_model", "model_dirs", "system_prompt", "theme", "mouse", "autosave", "history",
+	"sampling.temperature", "sampling.top_p", "sampling.top_k", "sampling.min_p",
+	"sampling.repeat_penalty", "sampling.seed", "sampling.max_tokens",
+	"mtp.mode", "mtp.draft",
+	"engine.threads", "engine.kv_budget", "engine.batch_tokens", "engine.max_seqs",
+}
+
+// suggest is the known key an unknown one most likely meant: the same last
+// part in another table, or a key one or two edits away.
+func suggest(key string) string {
+	last := key[strings.LastIndexByte(key, '.')+1:]
+	for _, k := range knownKeys {
+		if k != key && k[strings.LastIndexByte(k, '.')+1:] == last {
+			return k
+		}
+	}
+	for _, k := range knownKeys {
+		if editDistance(k, key) <= 2 {
+			return k
+		}
+	}
+	return ""
+}
+
+// editDistance is the Levenshtein distance of two short strings.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// keyLine finds the line that sets a dotted key: "name = …" under its
+// "[table]" header, or "table.name = …" before any header. 0 when not
+// found (the parser has checked the syntax, so this is only a locator).
+func keyLine(data []byte, key string) int {
+	table, name := "", key
+	if i := strings.LastIndexByte(key, '.'); i >= 0 {
+		table, name = key[:i], key[i+1:]
+	}
+	cur := ""
+	for i, line := range strings.Split(string(data), "\n") {
+		l := strings.TrimSpace(line)
+		if strings.HasPrefix(l, "[") {
+			cur = strings.Trim(strings.TrimSpace(strings.SplitN(l, "#", 2)[0]), "[] ")
+			continue
+		}
+		k, _, ok := strings.Cut(l, "=")
+		if !ok {
+			continue
+		}
+		k = strings.Trim(strings.TrimSpace(k), `"`)
+		if (cur == table && k == name) || (cur == "" && k == key) {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+// ByteSize is a number of bytes, written in the file as an integer or as
+// a string with a unit: "512MiB", "2GiB", "1.5 GB", "4096".
+type ByteSize int64
+
+// UnmarshalTOML implements toml.Unmarshaler.
+func (b *ByteSize) UnmarshalTOML(v any) error {
+	switch v := v.(type) {
+	case int64:
+		*b = ByteSize(v)
+		return nil
+	case string:
+		n, err := ParseByteSize(v)
+		if err != nil {
+			return err
+		}
+		*b = n
+		return nil
+	}
+	return fmt.Errorf("want a number of bytes or a size such as \"2GiB\", not %T", v)
+}
+
+// byteUnits are the units ParseByteSize knows, longest first where one is
+// a suffix of another.
+var byteUnits = []struct {
+	name string
+	n    float64
+}{
+	{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30}, {"tib", 1 << 40},
+	{"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
+	{"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"t", 1 << 40},
+	{"b", 1},
+}
+
+// ParseByteSize reads "2GiB", "512 MiB", "1.5GB", "4096" (bytes).
+func ParseByteSize(s string) (ByteSize, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	mult := 1.0
+	for _, u := range byteUnits {
+		if rest, ok := strings.CutSuffix(t, u.name); ok {
+			t, mult = strings.TrimSpace(rest), u.n
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || math.IsNaN(f) || f < 0 || f*mult > math.MaxInt64 {
+		return 0, fmt.Errorf("%q is not a size: use bytes or a unit, e.g. \"2GiB\" or \"512MiB\"", s)
+	}
+	return ByteSize(f * mult), nil
+}
+
+// String prints the size the way the file may write it.
+func (b ByteSize) String() string {
+	for _, u := range []struct {
+		name string
+		n    int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if b >= ByteSize(u.n) && int64(b)%u.n == 0 {
+			return fmt.Sprintf("%d%s", int64(b)/u.n, u.name)
+		}
+	}
+	return strconv.FormatInt(int64(b), 10)
+}

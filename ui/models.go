@@ -1,0 +1,320 @@
+package ui
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	tea "github.com/charmbracelet/bubbletea"
+)
+
+// Switching models. /model NAME asks Models.Find in a command, then loads
+// the model in another; the load reports its stages through a channel
+// that a self-re-issuing command reads (like a reply's events), and the
+// status bar shows them with the time so far. The chat stays usable: new
+// replies go to the current engine until the new one is ready. Then it
+// takes over: replies still running on the old engine finish there, and
+// the old engine is closed (in a command) once none is left. A load that
+// fails leaves everything as it was and says why.
+
+func (m *model) cmdModels(string) tea.Cmd { return m.listModelsCmd(true) }
+
+func (m *model) cmdModel(args string) tea.Cmd {
+	if args == "" {
+		return m.listModelsCmd(true)
+	}
+	if m.opts.Models == nil {
+		m.view.notice(entryWarning, "This chat cannot switch models: it was started without a model catalog.")
+		return nil
+	}
+	if l := m.loading; l != nil {
+		m.view.notice(entryWarning, fmt.Sprintf("%s is still loading: wait for it before loading another model.", l.entry.Name))
+		return nil
+	}
+	models := m.opts.Models
+	return func() (msg tea.Msg) {
+		defer func() {
+			if r := recover(); r != nil {
+				msg = modelFoundMsg{name: args, err: fmt.Errorf("panic: %v", r)}
+			}
+		}()
+		e, err := models.Find(context.Background(), args)
+		return modelFoundMsg{name: args, entry: e, err: err}
+	}
+}
+
+// listModelsCmd asks Models.List; show says to print the list.
+func (m *model) listModelsCmd(show bool) tea.Cmd {
+	models := m.opts.Models
+	if models == nil {
+		if show {
+			return func() tea.Msg { return modelsListedMsg{show: true} }
+		}
+		return nil
+	}
+	return func() (msg tea.Msg) {
+		defer func() {
+			if r := recover(); r != nil {
+				msg = modelsListedMsg{show: show, err: fmt.Errorf("panic: %v", r)}
+			}
+		}()
+		list, err := models.List(context.Background())
+		return modelsListedMsg{entries: list, err: err, show: show}
+	}
+}
+
+func (m *model) onModelsListed(msg modelsListedMsg) {
+	if msg.err == nil {
+		m.modelList = msg.entries
+	}
+	if !msg.show {
+		return
+	}
+	if msg.err != nil {
+		m.view.notice(entryError, "listing models failed: "+msg.err.Error())
+	}
+	var b strings.Builder
+	cur := m.cur.entry
+	fmt.Fprintf(&b, "Using %s", m.info.Name)
+	if m.info.Arch != "" {
+		fmt.Fprintf(&b, " (%s)", m.info.Arch)
+	}
+	if m.opts.Models == nil {
+		b.WriteString(". No other models: this chat was started without a model catalog.")
+		m.view.notice(entryNotice, b.String())
+		return
+	}
+	if len(msg.entries) == 0 {
+		b.WriteString(". No other models were found: see /help for where ferrite looks.")
+		m.view.notice(entryNotice, b.String())
+		return
+	}
+	b.WriteString(". Models (/model NAME or NUMBER switches):")
+	nameW, archW := 0, 0
+	for _, e := range msg.entries {
+		nameW, archW = max(nameW, len([]rune(e.Name))), max(archW, len(e.Arch))
+	}
+	nameW, archW = min(nameW, 40), min(archW, 16)
+	for i, e := range msg.entries {
+		mark := " "
+		if sameModel(e, cur) {
+			mark = "●"
+		}
+		size := "?"
+		if e.Size > 0 {
+			size = formatBytes(e.Size)
+		}
+		arch := e.Arch
+		if arch == "" {
+			arch = "?"
+		}
+		fmt.Fprintf(&b, "\n%2d %s %-*s  %-*s  %9s  %s", i+1, mark, nameW, e.Name, archW, arch, size, e.Source)
+		if e.Path != "" && e.Source != "hf-cache" {
+			b.WriteString("  " + shortPath(e.Path))
+		}
+		if e.Problem != "" {
+			b.WriteString("  ⚠ " + e.Problem)
+		}
+	}
+	m.view.notice(entryNotice, b.String())
+}
+
+// sameModel reports whether a and b are the same model.
+func sameModel(a, b ModelEntry) bool {
+	if a.Path != "" || b.Path != "" {
+		return a.Path == b.Path
+	}
+	return a.Name == b.Name
+}
+
+// shortPath writes the home directory as ~.
+func shortPath(p string) string {
+	if home, err := os.UserHomeDir(); err == nil && home != "" {
+		if rest, ok := strings.CutPrefix(p, home+string(filepath.Separator)); ok {
+			return "~/" + rest
+		}
+	}
+	return p
+}
+
+func (m *model) onModelFound(msg modelFoundMsg) tea.Cmd {
+	if msg.err != nil {
+		m.view.notice(entryWarning, "/model "+msg.name+": "+msg.err.Error())
+		return nil
+	}
+	if sameModel(msg.entry, m.cur.entry) {
+		m.view.notice(entryNotice, "Already using "+msg.entry.Name+".")
+		return nil
+	}
+	if m.loading != nil {
+		return nil // another /model got there first
+	}
+	return m.startLoad(msg.entry)
+}
+
+// startLoad loads e in a command, with its progress read by another.
+func (m *model) startLoad(e ModelEntry) tea.Cmd {
+	m.loadSeq++
+	ctx, cancel := context.WithCancel(context.Background())
+	p := newProgress()
+	m.loading = &loadState{id: m.loadSeq, entry: e, stage: "starting", started: m.now(), cancel: cancel, progress: p.ch}
+	id, models := m.loadSeq, m.opts.Models
+	load := func() (msg tea.Msg) {
+		defer p.close()
+		defer func() {
+			if r := recover(); r != nil {
+				msg = modelLoadedMsg{id: id, entry: e, err: fmt.Errorf("panic: %v", r)}
+			}
+		}()
+		eng, closer, err := models.Load(ctx, e, p.report)
+		return modelLoadedMsg{id: id, entry: e, eng: eng, closer: closer, err: err}
+	}
+	return tea.Batch(load, waitProgress(id, p.ch), m.startTicking())
+}
+
+// progress carries a loader's stages to the chat. Reports after close
+// are dropped; a report that finds the channel full replaces nothing (the
+// reader is behind, and the next stage will do).
+type progress struct {
+	mu     sync.Mutex
+	ch     chan string
+	closed bool
+}
+
+func newProgress() *progress { return &progress{ch: make(chan string, 8)} }
+
+func (p *progress) report(stage string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	select {
+	case p.ch <- stage:
+	default:
+	}
+}
+
+func (p *progress) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed {
+		p.closed = true
+		close(p.ch)
+	}
+}
+
+// waitProgress reads the next stage; it ends (a nil message) once the
+// load is over.
+func waitProgress(id int, ch <-chan string) tea.Cmd {
+	return func() tea.Msg {
+		s, ok := <-ch
+		if !ok {
+			return nil
+		}
+		return loadProgressMsg{id: id, stage: s}
+	}
+}
+
+func (m *model) onLoadProgress(msg loadProgressMsg) tea.Cmd {
+	l := m.loading
+	if l == nil || l.id != msg.id {
+		return nil
+	}
+	l.stage = msg.stage
+	return waitProgress(l.id, l.progress)
+}
+
+func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
+	l := m.loading
+	if l == nil || l.id != msg.id {
+		return closeEngineCmd(msg.entry.Name, msg.closer) // cannot happen: one load at a time
+	}
+	m.loading = nil
+	l.cancel()
+	if msg.err != nil {
+		m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. Still using %s.", msg.entry.Name, msg.err, m.info.Name))
+		return nil
+	}
+	old := m.cur
+	m.cur = &engineRef{eng: msg.eng, info: msg.eng.Info(), entry: msg.entry, closer: msg.closer}
+	m.engines = append(m.engines, m.cur)
+	m.info = m.cur.info
+	if m.cur.entry.Name == "" {
+		m.cur.entry.Name = m.info.Name
+	}
+	for _, t := range m.tabs {
+		t.chat.Model = m.info
+		t.view.modelName = m.info.Name
+		t.view.dirty = true
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Switched to %s", m.info.Name)
+	if m.info.Arch != "" {
+		fmt.Fprintf(&b, " (%s", m.info.Arch)
+		if m.info.MaxContext > 0 {
+			fmt.Fprintf(&b, ", context %d tokens", m.info.MaxContext)
+		}
+		b.WriteString(")")
+	}
+	fmt.Fprintf(&b, " in %.1fs.", m.now().Sub(l.started).Seconds())
+	if m.info.Draft > 0 {
+		fmt.Fprintf(&b, " MTP speculative decoding is on (%d draft tokens).", m.info.Draft)
+	}
+	old.retired = true
+	if old.active > 0 {
+		fmt.Fprintf(&b, " %s finishes the %d replies in progress (esc stops them), then it is closed.", old.info.Name, old.active)
+	}
+	m.view.notice(entryNotice, b.String())
+	return tea.Batch(m.maybeClose(old), m.fetchStats())
+}
+
+// maybeClose closes e once another model has taken over and no reply
+// runs on it.
+func (m *model) maybeClose(e *engineRef) tea.Cmd {
+	if !e.retired || e.active > 0 || e.closed {
+		return nil
+	}
+	e.closed = true
+	for i, x := range m.engines {
+		if x == e {
+			m.engines = append(m.engines[:i], m.engines[i+1:]...)
+			break
+		}
+	}
+	return closeEngineCmd(e.info.Name, e.closer)
+}
+
+// closeEngineCmd closes an engine in a command (a runtime waits for its
+// step in progress).
+func closeEngineCmd(name string, c io.Closer) tea.Cmd {
+	if c == nil {
+		return nil
+	}
+	return func() tea.Msg { return engineClosedMsg{name: name, err: c.Close()} }
+}
+
+// completeModels lists the known models whose name starts with arg (or
+// contains it).
+func (m *model) completeModels(arg string) []compItem {
+	var out []compItem
+	low := strings.ToLower(arg)
+	for _, e := range m.modelList {
+		if !strings.Contains(strings.ToLower(e.Name), low) {
+			continue
+		}
+		desc := e.Source
+		if e.Arch != "" {
+			desc = e.Arch + " · " + desc
+		}
+		if e.Size > 0 {
+			desc += " · " + formatBytes(e.Size)
+		}
+		out = append(out, compItem{value: e.Name, label: e.Name, desc: desc})
+	}
+	return out
+}

@@ -1,0 +1,196 @@
+package ui
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// twoModels is a catalog of the chat's own engine A and two others: B
+// loads, "broken" fails.
+func twoModels(a *fakeEngine) (*fakeModels, *fakeEngine) {
+	b := newFakeEngine(fakeReply{chunks: []string{"from B"}})
+	b.info = ModelInfo{Name: "Model-B", Arch: "qwen3", MaxContext: 8192, MTP: true, Draft: 3}
+	f := &fakeModels{
+		entries: []ModelEntry{
+			{Name: a.info.Name, Arch: "fake", Source: "built-in", Size: 3 << 20},
+			{Name: "Model-B", Arch: "qwen3", Source: "hf-cache", Path: "/hub/models--x--b/snapshots/1", Size: 1536 << 20},
+			{Name: "broken", Arch: "llama", Source: "ferrite", Path: "/models/broken", Problem: "no .safetensors weights"},
+		},
+		engines: map[string]*fakeEngine{"Model-B": b},
+		fail:    map[string]error{"broken": errors.New("no .safetensors weights in /models/broken")},
+	}
+	return f, b
+}
+
+func TestModelsList(t *testing.T) {
+	a := newFakeEngine()
+	f, _ := twoModels(a)
+	opts := testOptions(t)
+	opts.Models = f
+	h := start(t, a, opts)
+	h.line("/models")
+	h.untilNotice("Models (/model NAME or NUMBER switches):")
+	m := h.final()
+	var text string
+	for _, e := range m.view.entries {
+		if strings.Contains(e.text, "Models (") {
+			text = e.text
+		}
+	}
+	for _, want := range []string{
+		"Using Fake-1B (fake).",
+		" 1 ● Fake-1B  ",
+		" 2   Model-B  qwen3",
+		"1.5 GiB  hf-cache",
+		" 3   broken   llama",
+		"ferrite  /models/broken  ⚠ no .safetensors weights",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the list lacks %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "/hub/models--x--b") {
+		t.Errorf("the HF cache path is shown (the name says it):\n%s", text)
+	}
+}
+
+func TestModelSwitchWhileAReplyRuns(t *testing.T) {
+	hold := make(chan struct{})
+	a := newFakeEngine(fakeReply{chunks: []string{"slow answer from A"}, hold: hold})
+	f, b := twoModels(a)
+	f.hold = make(chan struct{})
+	opts := testOptions(t)
+	opts.Models = f
+	opts.Closer = f.closer(a.info.Name)
+	h := start(t, a, opts)
+
+	h.line("question for A")
+	h.waitFor("generating")
+	h.line("/model Model-B")
+	// The load is in progress, with its stage in the status bar, and the
+	// chat stays usable.
+	h.waitFor("⟳ loading Model-B · reading weights")
+	h.line("/set seed 9")
+	h.untilNotice("Set seed.")
+	close(f.hold)
+	h.untilNotice("Switched to Model-B (qwen3, context 8192 tokens)")
+	h.untilNotice("Fake-1B finishes the 1 replies in progress")
+	if got := f.closedNames(); len(got) != 0 {
+		t.Fatalf("closed %v while A still generates", got)
+	}
+	// A's reply ends on A; then A is closed.
+	close(hold)
+	h.waitFor("slow answer from A")
+	h.settle()
+	h.until("A to be closed", func(*model) bool { return slices.Equal(f.closedNames(), []string{"Fake-1B"}) })
+
+	// New messages go to B.
+	h.line("question for B")
+	h.waitFor("from B")
+	h.settle()
+	m := h.final()
+	if n := len(b.requests()); n != 1 {
+		t.Errorf("B got %d requests", n)
+	}
+	if n := len(a.requests()); n != 1 {
+		t.Errorf("A got %d requests", n)
+	}
+	if m.info.Name != "Model-B" || m.chat.Model.Name != "Model-B" {
+		t.Errorf("model after the switch: %+v / %+v", m.info, m.chat.Model)
+	}
+	msgs := m.chat.Messages
+	if len(msgs) != 4 || msgs[1].Model != "Fake-1B" || msgs[3].Model != "Model-B" {
+		t.Errorf("replies' models: %+v", msgs)
+	}
+	if m.chat.Settings.Seed != 9 {
+		t.Errorf("the /set during the load was lost: %+v", m.chat.Settings)
+	}
+}
+
+func TestModelLoadFailureKeepsTheCurrentOne(t *testing.T) {
+	a := newFakeEngine(fakeReply{chunks: []string{"still A"}})
+	f, _ := twoModels(a)
+	opts := testOptions(t)
+	opts.Models = f
+	opts.Closer = f.closer(a.info.Name)
+	h := start(t, a, opts)
+	h.line("/model broken")
+	h.untilNotice("Could not load broken: no .safetensors weights in /models/broken. Still using Fake-1B.")
+	h.line("/model nothing-like-it")
+	h.untilNotice(`no model "nothing-like-it"`)
+	h.line("/model Fake-1B")
+	h.waitFor("Already using Fake-1B.")
+	h.line("hello")
+	h.waitFor("still A")
+	h.settle()
+	m := h.final()
+	if m.info.Name != "Fake-1B" || m.loading != nil {
+		t.Errorf("info %+v, loading %+v", m.info, m.loading)
+	}
+	if got := f.closedNames(); len(got) != 0 {
+		t.Errorf("closed %v", got)
+	}
+}
+
+func TestModelNameCompletes(t *testing.T) {
+	a := newFakeEngine()
+	f, _ := twoModels(a)
+	opts := testOptions(t)
+	opts.Models = f
+	h := start(t, a, opts)
+	// The list is fetched at start, so the names complete.
+	h.until("the model list", func(m *model) bool { return len(m.modelList) == 3 })
+	h.typeText("/model Mod")
+	h.waitFor("qwen3 · hf-cache · 1.5 GiB")
+	h.line("") // completes and runs
+	h.untilNotice("Switched to Model-B")
+	h.final()
+}
+
+func TestModelSwitchByNumberClosesAnIdleEngineAtOnce(t *testing.T) {
+	a := newFakeEngine()
+	f, _ := twoModels(a)
+	opts := testOptions(t)
+	opts.Models = f
+	opts.Closer = f.closer(a.info.Name)
+	h := start(t, a, opts)
+	h.line("/model 2")
+	h.untilNotice("Switched to Model-B")
+	h.until("A to be closed", func(*model) bool { return slices.Equal(f.closedNames(), []string{"Fake-1B"}) })
+	h.final()
+}
+
+func TestModelWithoutCatalog(t *testing.T) {
+	h := start(t, newFakeEngine(), testOptions(t))
+	h.line("/model x")
+	h.waitFor("started without a model catalog")
+	h.line("/models")
+	h.waitFor("No other models")
+	h.final()
+}
+
+func TestRunClosesOwnedEngines(t *testing.T) {
+	a := newFakeEngine()
+	f, _ := twoModels(a)
+	opts := testOptions(t)
+	opts.Models = f
+	opts.Closer = f.closer(a.info.Name)
+	in, _, done := runChat(t, t.Context(), a, opts)
+	_, _ = in.Write([]byte("/model Model-B\r"))
+	for range 500 {
+		if slices.Contains(f.closedNames(), "Fake-1B") {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, _ = in.Write([]byte("/quit\r"))
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.closedNames(); !slices.Equal(got, []string{"Fake-1B", "Model-B"}) {
+		t.Errorf("closed %v, want both engines", got)
+	}
+}
