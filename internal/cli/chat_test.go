@@ -1,0 +1,226 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/internal/catalog"
+	"github.com/ferrite-llm/ferrite/internal/settings"
+	"github.com/ferrite-llm/ferrite/tokenizer"
+	"github.com/ferrite-llm/ferrite/ui"
+)
+
+func TestHelpListsEverything(t *testing.T) {
+	code, out, _ := runCLI(t, "", "--help")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{
+		"ferrite run", "-model", "-temperature", "-mtp", "-draft", "-kv-budget", "-threads",
+		"-batch-tokens", "-max-seqs", "-config", "-no-save", "-no-history", "-no-mouse", "-theme",
+		"config.toml", "[sampling]", "/model", "/models", "/regen", "/pick", "/chats", "/set names:",
+		"ctrl+n new chat", "shift+← previous alternative",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--help lacks %q", want)
+		}
+	}
+}
+
+// parseChat parses chat flags over a configuration file's contents.
+func parseChat(t *testing.T, config string, args ...string) (settings.Config, runFlags, error) {
+	t.Helper()
+	var f runFlags
+	var cf chatFlags
+	fs := chatFlagSet(&f, &cf, io.Discard)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := settings.Parse([]byte(config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = applyFlags(&cfg, fs, &f, &cf)
+	f.fromConfig(&cfg)
+	return cfg, f, err
+}
+
+func TestFlagsWinOverTheConfig(t *testing.T) {
+	conf := `
+default_model = "from-config"
+mouse = true
+[sampling]
+temperature = 0.2
+top_k = 5
+max_tokens = 100
+[mtp]
+mode = "off"
+draft = 4
+[engine]
+kv_budget = "256MiB"
+max_seqs = 4
+`
+	cfg, f, err := parseChat(t, conf, "--temperature", "0.9", "--kv-budget", "1024", "--max-seqs", "2", "--no-mouse", "--mtp", "on")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Set flags win; the others keep the file's values, not the flags' defaults.
+	if cfg.Sampling.Temperature != 0.9 || cfg.Sampling.TopK != 5 || cfg.Sampling.MaxTokens != 100 {
+		t.Errorf("sampling = %+v", cfg.Sampling)
+	}
+	if cfg.Engine.KVBudget != 1024 || cfg.Engine.MaxSeqs != 2 || cfg.Mouse || cfg.MTP.Mode != "on" || cfg.MTP.Draft != 4 {
+		t.Errorf("config = %+v", cfg)
+	}
+	if f.model != "from-config" || f.temperature != 0.9 || f.topK != 5 || f.maxTokens != 100 || f.kvBudget != 1024 || f.draft != 4 {
+		t.Errorf("run flags = %+v", f)
+	}
+	if _, _, err := parseChat(t, "", "--theme", "pink"); err == nil || !strings.Contains(err.Error(), "--theme") {
+		t.Errorf("bad --theme: %v", err)
+	}
+}
+
+func TestPipedChatUsesTheConfig(t *testing.T) {
+	dir := fixtureModel(t, "llama")
+	cfgPath := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(cfgPath, []byte("default_model = \""+dir+"\"\n[sampling]\ntemperature = 0\nmax_tokens = 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runCLI(t, "", "--config", cfgPath, "hello")
+	if code != 0 || out == "" || !strings.Contains(errs, "decode: 3 tokens") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+
+	// A bad file is reported with its line and key, and ignored.
+	if err := os.WriteFile(cfgPath, []byte("[sampling]\ntemperature = \"hot\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs = runCLI(t, "", "--config", cfgPath, "--model", dir, "--max-tokens", "2", "hello")
+	if code != 0 || !strings.Contains(errs, "warning: "+cfgPath+" is ignored: line 2: sampling.temperature") {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+}
+
+func TestNoModelSaysWhatToDo(t *testing.T) {
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	c := &chatModels{cfg: settings.Default()}
+	if _, err := c.resolve(""); err == nil || !strings.Contains(err.Error(), "no model: give --model") {
+		t.Errorf("err = %v", err)
+	}
+	c.builtin = []catalog.Entry{{Name: "ferrite-tiny", Source: catalog.SourceBuiltin}}
+	if e, err := c.resolve(""); err != nil || e.Name != "ferrite-tiny" {
+		t.Errorf("default without a name: %+v, %v", e, err)
+	}
+}
+
+func TestChatModelsListsAndLoads(t *testing.T) {
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	root := t.TempDir()
+	for _, name := range []string{"qwen3", "qwen3_next"} {
+		if err := os.Rename(fixtureModel(t, name), filepath.Join(root, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	broken := filepath.Join(root, "broken")
+	if err := os.MkdirAll(broken, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(broken, "config.json"), []byte(`{"model_type": "llama"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := settings.Default()
+	cfg.ModelDirs = []string{root}
+	cfg.Engine.KVBudget = 4 << 20
+	c := &chatModels{cfg: cfg}
+	ctx := context.Background()
+	list, err := c.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range list {
+		names = append(names, e.Name+":"+e.Arch)
+	}
+	if got := strings.Join(names, " "); got != "broken:llama qwen3:qwen3 qwen3_next:qwen3_next" {
+		t.Fatalf("list = %s", got)
+	}
+
+	var stages []string
+	e, err := c.Find(ctx, "qwen3_next")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, closer, err := c.Load(ctx, e, func(s string) { stages = append(stages, s) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := eng.Info()
+	if info.Name != "qwen3_next" || info.Arch != "qwen3_next" || !info.MTP || info.Draft != 3 || info.MaxContext == 0 {
+		t.Errorf("info = %+v", info)
+	}
+	if strings.Join(stages, ",") != "reading the tokenizer,mapping the weights,starting the runtime" {
+		t.Errorf("stages = %q", stages)
+	}
+	// A reply's Draft reaches the runtime, and its MTP counts come back.
+	for _, draft := range []int{2, -1} {
+		r, err := eng.Send(ctx, ui.Request{
+			Messages: []tokenizer.Message{{Role: "user", Content: "hello"}},
+			Settings: ui.Settings{MaxTokens: 8, Draft: draft},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var last ui.Event
+		for {
+			ev, ok := r.Next()
+			if !ok {
+				break
+			}
+			last = ev
+		}
+		if last.Kind != ui.EventDone {
+			t.Fatalf("draft %d: final event %+v", draft, last)
+		}
+		if got := last.Usage.DraftTokens > 0; got != (draft > 0) {
+			t.Errorf("draft %d: usage %+v", draft, last.Usage)
+		}
+	}
+	if st := eng.Stats(); st.DraftTokens == 0 || st.AcceptRate < 0 || st.AcceptRate > 1 {
+		t.Errorf("stats = %+v", st)
+	}
+	if err := closer.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A model without weights fails to load with the reason.
+	be, _ := c.Find(ctx, "broken")
+	if _, _, err := c.Load(ctx, be, func(string) {}); err == nil {
+		t.Error("the broken model loaded")
+	}
+	// A cancelled load gives up.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, _, err := c.Load(cctx, e, func(string) {}); err == nil {
+		t.Error("a cancelled load succeeded")
+	}
+	// mtp = "on" refuses a model without MTP at start, not when switching.
+	cfg.MTP.Mode = "on"
+	c = &chatModels{cfg: cfg}
+	qe, _ := c.find("qwen3")
+	if _, _, err := c.open(ctx, qe, true, func(string) {}); err == nil || !strings.Contains(err.Error(), "no MTP module") {
+		t.Errorf("strict: %v", err)
+	}
+	eng, closer, err = c.open(ctx, qe, false, func(string) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eng.Info().MTP || eng.Info().Draft != 0 {
+		t.Errorf("info = %+v", eng.Info())
+	}
+	closer.Close()
+}
