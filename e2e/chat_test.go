@@ -290,3 +290,20 @@ func TestPipedBehavesLikeRun(t *testing.T) {
 		t.Fatalf("stdout %q, stderr %q", out, stderr.String())
 	}
 }
+
+// TestBuiltinModelAnswers is the README's main command: plain `ferrite`
+// opens the chat on the built-in model, which answers an in-domain question.
+func TestBuiltinModelAnswers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and drives it in tmux")
+	}
+	bin := build(t)
+	data := t.TempDir()
+	tm := newTerm(t, []string{"XDG_DATA_HOME=" + data, "XDG_CONFIG_HOME=" + data, "NO_COLOR=1"},
+		bin, "--temperature", "0")
+	tm.waitFor("the chat to open", func(s string) bool { return strings.Contains(s, "ferrite-tiny") })
+	tm.send("What does ephemeral mean?", "Enter")
+	tm.waitFor("the definition", func(s string) bool { return strings.Contains(s, "lasting a very short time") })
+	tm.send("C-c")
+	tm.send("C-c")
+}

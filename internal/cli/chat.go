@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/ferrite-llm/ferrite/builtin"
 	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
@@ -20,11 +21,14 @@ import (
 
 // builtinModels are the models built into the binary, listed first by
 // /models; the first is the default model when neither --model nor the
-// configuration names one. A built-in model adds itself here, e.g.
-//
-//	builtinModels = append(builtinModels, catalog.Entry{Name: builtin.Name, Arch: "glm5_next",
-//		Size: int64(len(builtin.WeightBytes())), Source: catalog.SourceBuiltin, Open: builtin.Open})
-var builtinModels []catalog.Entry
+// configuration names one.
+var builtinModels = []catalog.Entry{builtinEntry()}
+
+// builtinEntry is ferrite-tiny, the model embedded in the binary.
+func builtinEntry() catalog.Entry {
+	return catalog.Entry{Name: builtin.Name, Arch: "glm5_next", Size: int64(len(builtin.WeightBytes())),
+		Source: catalog.SourceBuiltin, Open: builtin.Open}
+}
 
 // chatFlags are the chat's flags that `ferrite run` does not have.
 type chatFlags struct {
@@ -116,14 +120,14 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 			return 2
 		}
 		e, err := cat.resolve(f.model)
-		if err == nil && e.Dir == "" {
-			err = fmt.Errorf("model %s: use the chat, or give --model a directory, to run without a terminal", e.Name)
-		}
 		if err != nil {
 			fmt.Fprintf(stderr, "ferrite: %v\n", err)
 			return 1
 		}
 		f.model = e.Dir
+		if e.Open != nil {
+			f.model = builtin.Label
+		}
 		if err := run(ctx, &f, prompt, stdout, stderr); err != nil {
 			fmt.Fprintf(stderr, "ferrite: %v\n", err)
 			return 1

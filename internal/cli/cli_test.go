@@ -130,7 +130,6 @@ func TestRunErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{"no model", []string{"run", "hi"}, 2, "--model DIR is required"},
 		{"missing dir", []string{"run", "--model", filepath.Join(t.TempDir(), "nope"), "hi"}, 1, "nope"},
 		{"bad flag", []string{"run", "--bogus"}, 2, "flag provided but not defined"},
 		{"tokenize no model", []string{"tokenize", "x"}, 2, "--model DIR is required"},
@@ -192,5 +191,15 @@ func TestRunMTPFlagErrors(t *testing.T) {
 		if code != 1 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
 		}
+	}
+}
+
+func TestRunDefaultsToBuiltinModel(t *testing.T) {
+	code, out, errs := runCLI(t, "", "run", "--temperature", "0", "--max-tokens", "40", "Who are you?")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "ferrite-tiny") {
+		t.Fatalf("the built-in model did not introduce itself: %q", out)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/ferrite-llm/ferrite/builtin"
 	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
@@ -35,7 +36,7 @@ type runFlags struct {
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.model, "model", "", "Hugging Face model directory (config.json, safetensors, tokenizer.json)")
+	fs.StringVar(&f.model, "model", "", "Hugging Face model directory (config.json, safetensors, tokenizer.json); default: the built-in "+builtin.Name)
 	fs.IntVar(&f.maxTokens, "max-tokens", 512, "stop after this many generated tokens")
 	fs.Float64Var(&f.temperature, "temperature", 0.7, "sampling temperature; 0 = greedy")
 	fs.IntVar(&f.topK, "top-k", 40, "keep the k most likely tokens (0 = off)")
@@ -82,7 +83,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	var f runFlags
 	f.register(fs)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: ferrite run --model DIR [flags] [PROMPT]   (the prompt is read from stdin when not given)\n")
+		fmt.Fprint(stderr, "usage: ferrite run [--model DIR] [flags] [PROMPT]   (the prompt is read from stdin when not given)\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -94,10 +95,6 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	prompt, err := promptText(fs.Args(), stdin)
 	if err != nil {
 		fmt.Fprintf(stderr, "ferrite run: %v\n", err)
-		return 2
-	}
-	if f.model == "" {
-		fmt.Fprint(stderr, "ferrite run: --model DIR is required\n")
 		return 2
 	}
 	if err := run(ctx, &f, prompt, stdout, stderr); err != nil {
@@ -130,16 +127,23 @@ type session struct {
 	rt   *runtime.Runtime
 }
 
-// open loads the model and tokenizer f names and starts a runtime on them.
+// open loads the model and tokenizer f names (the built-in model when f
+// names none) and starts a runtime on them.
 func open(f *runFlags) (*session, error) {
-	if f.model == "" {
-		return nil, errors.New("no model: give --model DIR (a Hugging Face model directory)")
+	name := filepath.Base(filepath.Clean(f.model))
+	var (
+		lm  *engine.Loaded
+		tok *tokenizer.Tokenizer
+		err error
+	)
+	if f.model == "" || builtin.IsName(f.model) {
+		name = builtin.Name
+		lm, tok, err = builtin.Open(engine.Options{Threads: f.threads})
+	} else {
+		if tok, err = tokenizer.Load(f.model); err == nil {
+			lm, err = engine.Load(f.model, engine.Options{Threads: f.threads})
+		}
 	}
-	tok, err := tokenizer.Load(f.model)
-	if err != nil {
-		return nil, err
-	}
-	lm, err := engine.Load(f.model, engine.Options{Threads: f.threads})
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +161,7 @@ func open(f *runFlags) (*session, error) {
 		lm.Close()
 		return nil, err
 	}
-	return &session{name: filepath.Base(filepath.Clean(f.model)), lm: lm, tok: tok, rt: rt}, nil
+	return &session{name: name, lm: lm, tok: tok, rt: rt}, nil
 }
 
 // Close stops the runtime and releases the model.

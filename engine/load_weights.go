@@ -1,0 +1,37 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/kernels/cpu"
+)
+
+// LoadWeights is Load for a model whose config and weights are already in
+// memory, for example the model built into the binary (package builtin):
+// cfg is the parsed config.json and w its weights (weights.FromBytes or
+// weights.Open). name is what Loaded.Dir reports, such as
+// "builtin:ferrite-tiny". The Loaded owns w: Close closes it, and w is
+// closed when the model cannot be built. opts.RandomWeights is not allowed.
+func LoadWeights(name string, cfg *config.Config, w *weights.Set, opts Options) (*Loaded, error) {
+	if cfg == nil || w == nil {
+		return nil, fmt.Errorf("%s: LoadWeights needs a config and weights", name)
+	}
+	if opts.RandomWeights {
+		return nil, fmt.Errorf("%s: LoadWeights does not build random weights (use Load)", name)
+	}
+	l := &Loaded{Dir: name, Config: cfg, Weights: w, Backend: opts.Backend}
+	if l.Backend == nil {
+		l.ownBackend = cpu.New(opts.Threads)
+		l.Backend = l.ownBackend
+	}
+	m, err := model.New(cfg, w, l.Backend)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	l.Model = m
+	return l, nil
+}
