@@ -47,38 +47,66 @@ type Tokenizer struct {
 // and, when present, tokenizer_config.json (special tokens, add_bos_token,
 // chat_template), chat_template.jinja (which wins over the config's
 // template) and generation_config.json (more eos ids).
-func Load(dir string) (tok *Tokenizer, err error) {
+func Load(dir string) (*Tokenizer, error) {
+	return loadFiles(dir,
+		func(name string) ([]byte, error) { return os.ReadFile(filepath.Join(dir, name)) },
+		func(name string) string { return filepath.Join(dir, name) })
+}
+
+// loadFiles is Load over any file source: read returns a file of the model
+// directory by name (an fs.ErrNotExist error when it is absent), and
+// display turns a name into the path that error messages show.
+func loadFiles(dir string, read func(name string) ([]byte, error), display func(name string) string) (tok *Tokenizer, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			tok, err = nil, fmt.Errorf("tokenizer: %s: malformed tokenizer (internal error: %v)", dir, r)
 		}
 	}()
-	tjPath := filepath.Join(dir, "tokenizer.json")
-	data, err := os.ReadFile(tjPath)
+	tjPath := display("tokenizer.json")
+	data, err := read("tokenizer.json")
 	if errors.Is(err, fs.ErrNotExist) {
-		gzPath := tjPath + ".gz"
-		if data, err = readGzip(gzPath); err == nil {
+		gzPath := display("tokenizer.json.gz")
+		var gz []byte
+		if gz, err = read("tokenizer.json.gz"); err == nil {
+			var zr *gzip.Reader
+			if zr, err = gzip.NewReader(bytes.NewReader(gz)); err == nil {
+				data, err = io.ReadAll(zr)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("tokenizer: %s: %w", gzPath, err)
+			}
 			tjPath = gzPath
 		} else if !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("tokenizer: %s: %w", gzPath, err)
+		} else {
+			err = fmt.Errorf("%s: %w", tjPath, fs.ErrNotExist)
 		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
-	var cfg, gen []byte
-	cfgPath := filepath.Join(dir, "tokenizer_config.json")
-	if cfg, err = readOptional(cfgPath); err != nil {
-		return nil, fmt.Errorf("tokenizer: %w", err)
+	optional := func(name string) ([]byte, error) {
+		b, err := read(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer: %s: %w", display(name), err)
+		}
+		return b, nil
 	}
-	genPath := filepath.Join(dir, "generation_config.json")
-	if gen, err = readOptional(genPath); err != nil {
-		return nil, fmt.Errorf("tokenizer: %w", err)
-	}
-	jinjaPath := filepath.Join(dir, "chat_template.jinja")
-	jinja, err := readOptional(jinjaPath)
+	cfgPath, genPath, jinjaPath := display("tokenizer_config.json"), display("generation_config.json"), display("chat_template.jinja")
+	cfg, err := optional("tokenizer_config.json")
 	if err != nil {
-		return nil, fmt.Errorf("tokenizer: %w", err)
+		return nil, err
+	}
+	gen, err := optional("generation_config.json")
+	if err != nil {
+		return nil, err
+	}
+	jinja, err := optional("chat_template.jinja")
+	if err != nil {
+		return nil, err
 	}
 	t, err := parseTokenizer(data)
 	if err != nil {
@@ -103,27 +131,6 @@ func Load(dir string) (tok *Tokenizer, err error) {
 		t.templateName = cfgPath + " chat_template"
 	}
 	return t, nil
-}
-
-func readGzip(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		return nil, err
-	}
-	return io.ReadAll(zr)
-}
-
-func readOptional(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	return b, err
 }
 
 // jsonError adds a line and column to JSON syntax errors.
