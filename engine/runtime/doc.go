@@ -35,9 +35,14 @@
 //  4. chunks of waiting requests, admitted in arrival order while fewer than
 //     Options.MaxSeqs run and the cache (and, for a hybrid model, the state
 //     pool) has room (leaving a block of headroom per running sequence). Admission stops at the first request
-//     that does not fit, so a long prompt is not starved by short ones.
+//     that does not fit, so a long prompt is not starved by short ones. A
+//     request admitted starts from the longest cached prefix of its tokens
+//     (see Conversation reuse).
 //
-// When a decode token cannot get a cache slot, the newest running sequence
+// Cached prefixes make room first: when a chunk, a decode token or a draft
+// needs blocks (or a state slot) that are not free, the least recently used
+// cached prefixes are evicted. Only then, when a decode token still cannot
+// get a cache slot, the newest running sequence
 // is preempted: its blocks are freed and it returns to the waiting queue
 // holding its prompt plus the tokens generated so far, which are recomputed
 // when it is admitted again. Its output is unchanged: tokens already
@@ -60,7 +65,9 @@
 // a preempted sequence recomputes its state from position 0 with its K/V.
 // Admission stops while the pool has no free slot, so a budget below
 // MaxSeqs slots lowers concurrency; New refuses one below a single slot
-// (ErrStateBudget). Stats.RecurrentBytes is the pool's bytes in use.
+// (ErrStateBudget). The state checkpoints of cached prefixes (see below)
+// take the pool's spare room and give it back when a sequence or a
+// snapshot needs it. Stats.RecurrentBytes is the pool's bytes in use.
 //
 // # Speculative decoding (MTP)
 //
@@ -115,6 +122,63 @@
 // (per step, and the acceptance rate of each draft position); Stats the
 // same engine-wide.
 //
+// # Conversation reuse
+//
+// A chat sends its whole history every turn. The runtime keeps what
+// sequences have computed as cached prefixes (Options.PrefixCache, on by
+// default): a sequence's prompt once it is computed, and the whole
+// sequence when it ends normally (stop, length, cancelled; not after an
+// error). A prefix is its token ids, a kvcache.Seq holding the K/V of the
+// first n of them, and for a hybrid model the recurrent state after them.
+// When a request is admitted, the prefix with the longest common prefix
+// with its tokens gives the first d of them: kvcache.Cache.Fork shares its
+// blocks (a shared partial last block is copied before the first write
+// into it), and only tokens[d:] are computed. d stops one short of the
+// last token, whose logits are needed (a repeated prompt reuses all but
+// its last token). Usage.CachedTokens reports d at the request's first
+// admission (a preempted request may reuse again when it comes back;
+// Stats.CachedTokens counts every admission, and Stats.PromptTokens only
+// what was computed). Several requests may
+// fork one prefix at once; nothing ever writes what a prefix uses (its
+// positions' K/V, its valid MTP rows).
+//
+// With attention alone, a prefix that another one extends (the same
+// conversation one turn earlier, or the prompt within its own sequence) is
+// dropped when the longer one is cached, so a conversation holds one
+// prefix; the blocks are shared anyway. Prefixes are evicted least
+// recently used first, when there are more than Options.PrefixCache, when
+// the cache or the state pool needs room (before any running sequence is
+// preempted), and all at once by Runtime.DropPrefixCache (a chat's /clear;
+// tests).
+//
+// Hybrid models. A recurrent state cannot be cut back to an earlier
+// position, so a hybrid's prefix is usable only at its full length, where
+// its state checkpoint was taken: after the prompt (a snapshot taken when
+// the prefill ends, if the pool has room no waiting request could use:
+// it serves a next turn whose history renders the reply differently) and
+// at the end of the sequence (its own slot, or, when it ended while
+// verifying drafts, the snapshot taken before them). The fork copies the
+// checkpoint into its new slot (StatePool.Copy or Restore); when the pool
+// has no room but for that very checkpoint, the new sequence takes the
+// checkpoint's slot over. A prefix whose whole length does not match is
+// not used; the shorter checkpoints of a conversation are the first to be
+// evicted, not dropped, as they serve branches of it.
+//
+// MTP models. The MTP layer's cache row j combines the target's hidden
+// state at j with token j+1, and lags the target by a step or so. A
+// prefix records how many MTP rows are valid (m), and keeps the target's
+// hidden states of the positions past them (at most 32). A speculating
+// sequence forking d tokens keeps the rows below min(m, d, lcp−1) (row j
+// needs token j+1 to match too), copies the blocks holding the rest
+// rather than sharing them, and feeds its MTP module the kept hidden
+// states, exactly as if it had computed the prefix itself; without those
+// hidden states d is cut to the valid rows (a hybrid, whose d is fixed,
+// then skips the prefix). A sequence that does not speculate ignores the
+// MTP rows, and passes on the count of those still valid.
+//
+// Stats reports the prefixes held, the blocks they reference, their state
+// checkpoints' bytes, and the admissions and tokens served since New.
+//
 // # Stats
 //
 // Stats returns the snapshot published after every step (an atomic
@@ -124,13 +188,10 @@
 //
 // # Hooks for later
 //
-//   - Conversation-cache reuse: attach is where a new sequence gets its
-//     cache handle (a kvcache.Cache.Fork of a cached conversation would set
-//     computed > 0 there, and a hybrid model would StatePool.Copy a state
-//     checkpoint taken at that boundary; Usage.CachedTokens reports it) and
-//     release is where a finished one gives it back (a cache would keep it
-//     instead). A forked speculating sequence would also need the hidden
-//     state of its last cached position to draft.
+//   - Finer-grained reuse: a prefix is evicted whole; truncating its tail
+//     blocks first (attention models) would keep more of a conversation
+//     under pressure. Matching is a scan of at most Options.PrefixCache
+//     prefixes per admission; a radix tree would scale to many more.
 //   - Per-token recurrent states: a model that recorded the state after
 //     each verified token (DeltaRule Seq.StatesAfter, Conv.SaveStates) into
 //     per-position snapshots would let a hybrid restore the accepted

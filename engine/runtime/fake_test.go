@@ -19,8 +19,12 @@ import (
 //
 // The MTP row at position p takes hidden (h, p), which it checks, and the
 // token t at p+1; it predicts h' = fakeMix(h, t) and returns fakeLogits(h')
-// plus noise (so drafts are right often, not always), and hidden (h', p+1).
-// Cache layer 1 (the MTP's) is only written.
+// plus noise (so drafts are right often, not always), and hidden
+// (h', p+1+fakeChained). Cache layer 1 (the MTP's) stores h'+1 at p for a
+// row fed the target's hidden state (-1 for a chained draft row), and a
+// call whose first row has the target's hidden state checks every row
+// before it against the tokens in layer 0: an MTP cache row that is stale,
+// or was overwritten by another sequence, fails loudly.
 type fakeMTP struct {
 	vocab int
 	noise float32 // size of the MTP's error on the logits
@@ -44,6 +48,10 @@ func (fakeHybrid) StateLayout() []linattn.LayerShape {
 
 // fakeMod keeps hashes below 2^24, exact in a float32.
 const fakeMod = 16777213
+
+// fakeChained marks the position in a hidden state made by the MTP module
+// (a chained draft row), as opposed to one made by the target.
+const fakeChained = 1 << 20
 
 func fakeMix(h uint64, tok int32) uint64 { return (h*31 + uint64(tok) + 7) % fakeMod }
 
@@ -150,13 +158,28 @@ func (f *fakeMTP) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output,
 			return nil, fmt.Errorf("fake: sequence %d: %d hidden values for %d tokens", i, len(hidden[i]), len(s.Tokens))
 		}
 		o := &out.Seqs[i]
+		if hidden[i][1] == float32(s.Pos) {
+			// Fed by the target: the MTP rows before must be the right ones.
+			var h uint64
+			for p := range s.Pos {
+				h = fakeMix(h, int32(b.Cache.K(0, s.KV, p)[0])-1)
+				want := float32(fakeMix(h, int32(b.Cache.K(0, s.KV, p+1)[0])-1) + 1)
+				if got := b.Cache.K(1, s.KV, p)[0]; got != want {
+					panic(fmt.Sprintf("fake: MTP cache row %d is %v, want %v (call at position %d)", p, got, want, s.Pos))
+				}
+			}
+		}
 		for j, tok := range s.Tokens {
 			p := s.Pos + j
-			if hidden[i][2*j+1] != float32(p) {
+			chained := hidden[i][2*j+1] == float32(p+fakeChained)
+			if hidden[i][2*j+1] != float32(p) && !chained {
 				return nil, fmt.Errorf("fake: MTP row at position %d got the hidden state of position %v", p, hidden[i][2*j+1])
 			}
-			b.Cache.K(1, s.KV, p)[0] = 1
 			h := fakeMix(uint64(hidden[i][2*j]), tok)
+			b.Cache.K(1, s.KV, p)[0] = float32(h + 1)
+			if chained {
+				b.Cache.K(1, s.KV, p)[0] = -1
+			}
 			if s.Logits == model.AllLogits || s.Logits == model.LastLogits && j == len(s.Tokens)-1 {
 				row := make([]float32, f.vocab)
 				f.fakeLogits(row, h)
@@ -166,7 +189,7 @@ func (f *fakeMTP) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output,
 				o.Logits = append(o.Logits, row...)
 			}
 			if s.Hidden {
-				o.Hidden = append(o.Hidden, float32(h), float32(p+1))
+				o.Hidden = append(o.Hidden, float32(h), float32(p+1+fakeChained))
 			}
 		}
 	}

@@ -199,14 +199,20 @@ func (h *hookModel) seen() (maxSeqs, maxTokens, chunked, steps int) {
 	return h.maxSeqs, h.maxTokens, h.chunked, h.steps
 }
 
-// waitIdle polls Stats until no sequence runs or waits and every cache
-// block is back in the pool.
+// waitIdle polls Stats until no sequence runs or waits, then empties the
+// prefix cache and checks that every cache block and state byte is back
+// in its pool.
 func waitIdle(t testing.TB, r *runtime.Runtime) runtime.Stats {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		st := r.Stats()
-		if st.Running == 0 && st.Waiting == 0 && st.KVBlocksUsed == 0 && st.RecurrentBytes == 0 {
+		if st.Running == 0 && st.Waiting == 0 {
+			r.DropPrefixCache()
+			st = r.Stats()
+		}
+		if st.Running == 0 && st.Waiting == 0 && st.KVBlocksUsed == 0 && st.RecurrentBytes == 0 &&
+			st.PrefixEntries == 0 && st.PrefixBlocks == 0 && st.PrefixStateBytes == 0 {
 			return st
 		}
 		if time.Now().After(deadline) {

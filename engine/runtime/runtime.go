@@ -85,7 +85,9 @@ type Options struct {
 	// verifying drafts. 0 means room for MaxSeqs slots and, when the model
 	// has an MTP module, min(MaxSeqs, draft sequences) snapshots. A budget
 	// below one slot is refused (ErrStateBudget); a smaller budget than
-	// the default lowers the number of sequences that run at once.
+	// the default lowers the number of sequences that run at once. Room
+	// that these leave free holds the state checkpoints of cached
+	// prefixes (PrefixCache): a larger budget keeps more conversations.
 	StateBudget int64
 
 	// Draft is the number of tokens the model's MTP module drafts for
@@ -100,6 +102,13 @@ type Options struct {
 	// than this are running; 0 means DefaultDraftMaxSeqs, negative means
 	// no limit.
 	DraftMaxSeqs int
+
+	// PrefixCache is the most cached prefixes kept for conversation reuse
+	// (see doc.go): 0 means DefaultPrefixCache, negative turns reuse off.
+	// Cached prefixes live in the KV cache and the state pool beside the
+	// running sequences and are evicted, least recently used first, when
+	// those need the room.
+	PrefixCache int
 
 	// NewDecoder makes each request's detokenizer; nil means events carry
 	// token ids only.
@@ -116,8 +125,9 @@ type Runtime struct {
 	mtp    model.MTPModel     // m's MTP module; nil without one
 	limit  int                // most tokens one sequence may hold in the cache: min(MaxContext, whole cache)
 
-	mu       sync.Mutex // guards incoming, closed and nextID
-	incoming []*seq     // accepted by Generate, not yet seen by the loop
+	mu       sync.Mutex      // guards incoming, drops, closed and nextID
+	incoming []*seq          // accepted by Generate, not yet seen by the loop
+	drops    []chan struct{} // DropPrefixCache calls waiting for the loop
 	closed   bool
 	nextID   uint64
 
@@ -151,6 +161,9 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 	opts.MaxSeqs = min(opts.MaxSeqs, opts.MaxBatchTokens)
 	if opts.DraftMaxSeqs == 0 {
 		opts.DraftMaxSeqs = DefaultDraftMaxSeqs
+	}
+	if opts.PrefixCache == 0 {
+		opts.PrefixCache = DefaultPrefixCache
 	}
 	opts.Draft = min(opts.Draft, MaxDraft)
 	mtp, _ := m.(model.MTPModel)
@@ -236,6 +249,25 @@ func (r *Runtime) Close() error {
 	})
 	<-r.loopDone
 	return nil
+}
+
+// DropPrefixCache empties the prefix cache (conversation reuse), returning
+// its blocks and state checkpoints to their pools, and waits until it is
+// done. Running requests keep what they have already reused.
+func (r *Runtime) DropPrefixCache() {
+	done := make(chan struct{})
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.drops = append(r.drops, done)
+	r.mu.Unlock()
+	r.poke()
+	select {
+	case <-done:
+	case <-r.loopDone:
+	}
 }
 
 // MaxSeqLen is the most tokens (prompt plus generated) one request may

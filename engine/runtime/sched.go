@@ -36,6 +36,8 @@ type scheduler struct {
 	stepsPerSec                                      float64
 	lastDrafts                                       int        // draft tokens verified in the last step
 	spec                                             specCounts // speculative decoding since New
+
+	prefix prefixCache // cached prefixes (prefix.go)
 }
 
 func (sc *scheduler) init(r *Runtime) {
@@ -43,6 +45,7 @@ func (sc *scheduler) init(r *Runtime) {
 	sc.batch.Cache = r.cache
 	sc.batch.States = r.states
 	sc.mtpBatch.Cache = r.cache // the MTP layer has no recurrent state: no States
+	sc.prefix.max = max(r.opts.PrefixCache, 0)
 }
 
 // loop is the scheduler goroutine.
@@ -66,6 +69,7 @@ func (sc *scheduler) iterate() (more bool) {
 	}()
 	if closed := sc.intake(); closed {
 		sc.failAll(ErrClosed)
+		sc.dropPrefixes()
 		r.publish()
 		return false
 	}
@@ -89,12 +93,19 @@ func (sc *scheduler) iterate() (more bool) {
 func (sc *scheduler) intake() (closed bool) {
 	r := sc.r
 	r.mu.Lock()
-	in := r.incoming
-	r.incoming = nil
+	in, drops := r.incoming, r.drops
+	r.incoming, r.drops = nil, nil
 	closed = r.closed
 	r.mu.Unlock()
 	for _, s := range in {
 		sc.wait(s) // ids grow, so this appends
+	}
+	if len(drops) > 0 {
+		sc.dropPrefixes()
+		r.publish()
+		for _, done := range drops {
+			close(done)
+		}
 	}
 	return closed
 }
@@ -174,8 +185,17 @@ func (sc *scheduler) runStep() {
 			s.sp.addHidden(e.Pos, n, o.Hidden, sc.r.info.Hidden)
 		}
 		s.computed += n
+		if e.Pos < s.nPrompt && s.computed == s.nPrompt {
+			sc.promptDone(s)
+		}
 		if e.Logits == model.LastLogits {
 			sc.advanceSafe(s, o.Logits, now)
+		}
+	}
+	// Prompts become cached prefixes once the MTP module has seen them.
+	for _, s := range sc.step {
+		if s.promptDue && s.state == seqRunning && (s.sp == nil || s.sp.mtpDone >= s.nPrompt) {
+			sc.cachePrompt(s)
 		}
 	}
 }
@@ -339,7 +359,15 @@ func (sc *scheduler) admit(budget int) {
 		n := sc.fit(s, min(len(s.tokens)-s.computed, budget), len(sc.running))
 		if n == 0 {
 			sc.release(s)
+			s.cached = 0
 			return
+		}
+		if s.cached > 0 {
+			sc.prefix.hits++
+			sc.prefix.tokens += uint64(s.cached)
+		}
+		if !s.admitted {
+			s.admitted, s.promptCached = true, min(s.cached, s.nPrompt)
 		}
 		sc.waiting = slices.Delete(sc.waiting, 0, 1)
 		sc.insertRunning(s)
@@ -350,29 +378,52 @@ func (sc *scheduler) admit(budget int) {
 }
 
 // attach gives a sequence being admitted its cache handle and, for a
-// hybrid model, a zeroed recurrent-state slot; it reports false when the
-// state pool is full (the caller releases s). This is where a
-// conversation cache would Fork a cached prefix (and Copy its state
-// checkpoint) and set s.computed.
+// hybrid model, a recurrent-state slot; it reports false when the state
+// pool is full even without cached checkpoints (the caller releases s).
+// With the prefix cache on, the handle is a fork of the longest cached
+// prefix of the sequence's tokens (the slot holds its checkpoint) and only
+// the rest is computed.
 func (sc *scheduler) attach(s *seq) bool {
-	s.kv = sc.r.cache.NewSeq()
-	s.computed = 0
+	r := sc.r
+	s.computed, s.cached, s.mtpRows = 0, 0, 0
 	if s.sp != nil {
 		s.sp.reset()
 	}
-	if sc.r.states != nil {
-		slot, err := sc.r.states.Alloc()
-		if err != nil {
-			return false
+	var e *prefix
+	var d, m int
+	if sc.prefix.on() {
+		e, d, m = sc.match(s)
+	}
+	steal := false
+	if r.states != nil {
+		if !sc.stateRoom(1, e) {
+			// Only e's checkpoint is left to evict: take its slot over,
+			// or start from scratch.
+			if e != nil && e.slot != nil {
+				steal = true
+			} else if e = nil; !sc.stateRoom(1, nil) {
+				return false
+			}
 		}
-		s.slot = slot
+		if !steal {
+			slot, err := r.states.Alloc()
+			if err != nil {
+				return false
+			}
+			s.slot = slot
+		}
+	}
+	if e != nil {
+		sc.attachPrefix(s, e, d, m, steal)
+	}
+	if s.kv == nil {
+		s.kv = r.cache.NewSeq()
 	}
 	return true
 }
 
-// release returns a sequence's cache handle and state slot, and forgets
-// what its MTP module had seen. This is where a conversation cache would
-// keep a finished sequence's blocks instead.
+// release returns a sequence's cache handle and state slot (what retain
+// has not kept), and forgets what its MTP module had seen.
 func (sc *scheduler) release(s *seq) {
 	if s.kv != nil {
 		sc.r.cache.Free(s.kv)
@@ -383,6 +434,11 @@ func (sc *scheduler) release(s *seq) {
 		sc.r.states.Free(s.slot)
 		s.slot = nil
 	}
+	if s.promptSnap != nil {
+		sc.r.states.FreeSnapshot(s.promptSnap)
+		s.promptSnap = nil
+	}
+	s.promptDue = false
 	if s.sp != nil {
 		s.sp.reset()
 	}
@@ -390,9 +446,11 @@ func (sc *scheduler) release(s *seq) {
 }
 
 // fit is the largest n ≤ want such that reserving tokens [computed,
-// computed+n) of s leaves at least headroom blocks free.
+// computed+n) of s leaves at least headroom blocks free, evicting cached
+// prefixes for room first.
 func (sc *scheduler) fit(s *seq, want, headroom int) int {
 	c := sc.r.cache
+	sc.cacheRoom(c.BlocksNeeded(s.kv, s.computed+want) + headroom)
 	free := c.BlocksFree() - headroom
 	if free < 0 {
 		return 0
@@ -415,9 +473,9 @@ func (sc *scheduler) reserve(s *seq, n int) {
 	}
 }
 
-// reserveOrPreempt grows s's cache to n tokens, preempting the newest
-// running sequences until it fits. It returns false when s itself had to
-// be preempted.
+// reserveOrPreempt grows s's cache to n tokens, evicting cached prefixes
+// and then preempting the newest running sequences until it fits. It
+// returns false when s itself had to be preempted.
 func (sc *scheduler) reserveOrPreempt(s *seq, n int) bool {
 	for {
 		err := sc.r.cache.Reserve(s.kv, n)
@@ -426,6 +484,9 @@ func (sc *scheduler) reserveOrPreempt(s *seq, n int) bool {
 		}
 		if !errors.Is(err, kvcache.ErrCacheFull) {
 			panic(err)
+		}
+		if sc.evictPrefix() {
+			continue
 		}
 		victim := sc.running[len(sc.running)-1]
 		sc.preempt(victim)
@@ -533,6 +594,9 @@ func (sc *scheduler) finish(s *seq, ev Event, now time.Time) {
 		sc.waiting = remove(sc.waiting, s)
 	}
 	s.state = seqFinished
+	if ev.Type == EventDone {
+		sc.retain(s)
+	}
 	sc.release(s)
 	s.stopWatch()
 	s.cancelCtx()

@@ -39,6 +39,14 @@ type seq struct {
 	inStep   bool   // scheduled in the step being built or run
 	text     []byte // decoder output not yet posted: an incomplete trailing UTF-8 character
 
+	// Conversation reuse (prefix.go).
+	cached       int               // tokens[:cached] came from the prefix cache at the last admission
+	admitted     bool              // admitted once: promptCached is set
+	promptCached int               // prompt tokens taken from the prefix cache at the first admission (Usage)
+	mtpRows      int               // MTP cache rows valid (a sequence that does not speculate: those of its cached prefix)
+	promptDue    bool              // the prompt is computed and becomes a cached prefix
+	promptSnap   *linattn.Snapshot // hybrid models: the state after the prompt, for that prefix
+
 	cancelled atomic.Bool // set by the context's AfterFunc
 	stopWatch func() bool // stops that AfterFunc
 	cancelCtx func()      // releases the request's context
@@ -56,6 +64,7 @@ func (s *seq) generated() int { return len(s.tokens) - s.nPrompt }
 func (s *seq) usage(now time.Time) Usage {
 	u := Usage{
 		PromptTokens:    s.nPrompt,
+		CachedTokens:    s.promptCached,
 		GeneratedTokens: s.generated(),
 		Preemptions:     s.preemptions,
 		Total:           now.Sub(s.arrived),
@@ -69,7 +78,7 @@ func (s *seq) usage(now time.Time) Usage {
 	if !s.firstTok.IsZero() {
 		u.TimeToFirstToken = s.firstTok.Sub(s.arrived)
 		if d := s.firstTok.Sub(s.firstSched).Seconds(); d > 0 {
-			u.PromptTokensPerSec = float64(s.nPrompt) / d
+			u.PromptTokensPerSec = float64(s.nPrompt-u.CachedTokens) / d
 		}
 		if d := s.lastTok.Sub(s.firstTok).Seconds(); d > 0 && u.GeneratedTokens > 1 {
 			u.DecodeTokensPerSec = float64(u.GeneratedTokens-1) / d

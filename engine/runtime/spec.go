@@ -151,6 +151,10 @@ func (sc *scheduler) scheduleDrafts(budget int) int {
 		if s.slot != nil {
 			k = min(k, maxStateVerify-n)
 		}
+		if k <= 0 {
+			continue
+		}
+		sc.cacheRoom(r.cache.BlocksNeeded(s.kv, len(s.tokens)+k))
 		free := r.cache.BlocksFree()
 		for k > 0 && r.cache.BlocksNeeded(s.kv, len(s.tokens)+k) > free {
 			k--
@@ -160,7 +164,7 @@ func (sc *scheduler) scheduleDrafts(budget int) int {
 		}
 		if s.slot != nil {
 			// Keep the slots that waiting requests could be admitted into.
-			if r.states.Available() <= min(len(sc.waiting), r.opts.MaxSeqs-len(sc.running)) {
+			if sc.stateFree() <= sc.waitingSlots() || !sc.stateRoom(1, nil) {
 				continue
 			}
 			snap, err := r.states.NewSnapshot()

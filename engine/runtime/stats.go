@@ -9,12 +9,12 @@ func (r *Runtime) Stats() Stats { return *r.stats.Load() }
 // Stats is an engine-wide snapshot.
 type Stats struct {
 	KVBlockSize     int   // tokens per cache block
-	KVBlocksUsed    int   // blocks held by sequences
+	KVBlocksUsed    int   // blocks held by sequences and cached prefixes
 	KVBlocksTotal   int   // blocks in the pool
 	KVBytesUsed     int64 // KVBlocksUsed × bytes per block
 	KVBytesTotal    int64 // the pool's bytes (≤ KVBudget)
 	KVBudget        int64 // Options.KVBudget
-	RecurrentBytes  int64 // recurrent-state slots (linear-attention layers) held by running sequences
+	RecurrentBytes  int64 // recurrent state (linear-attention layers) in use: running sequences' slots, snapshots, checkpoints
 	RecurrentBudget int64 // Options.StateBudget as settled by New; 0 for models without linear layers
 
 	Running int // sequences admitted (holding or about to hold cache blocks)
@@ -31,6 +31,13 @@ type Stats struct {
 	Preemptions     uint64 // sequences preempted since New
 	Failed          uint64 // requests ended by an Error event since New (panics, Forward errors, Close)
 	MaxSeqLen       int    // see Runtime.MaxSeqLen
+
+	// Conversation reuse (Options.PrefixCache).
+	PrefixEntries    int    // cached prefixes held
+	PrefixBlocks     int    // distinct KV blocks they reference (in KVBlocksUsed; some may be shared with running sequences)
+	PrefixStateBytes int64  // state checkpoints they hold (in RecurrentBytes)
+	PrefixHits       uint64 // admissions that reused a cached prefix, since New
+	CachedTokens     uint64 // tokens those admissions took from the cache instead of computing them
 
 	// Speculative decoding since New (all zero without it).
 	LastDraftTokens int       // draft tokens verified in the last step
@@ -106,7 +113,10 @@ func (r *Runtime) publish() {
 	if r.states != nil {
 		st.RecurrentBytes = r.states.Used()
 		st.RecurrentBudget = r.states.Budget()
+		st.PrefixStateBytes = int64(sc.prefix.checkpoints()) * r.states.BytesPerSeq()
 	}
+	st.PrefixEntries, st.PrefixBlocks = len(sc.prefix.entries), sc.prefixBlocks()
+	st.PrefixHits, st.CachedTokens = sc.prefix.hits, sc.prefix.tokens
 	if sc.spec.steps > 0 {
 		st.AcceptRate = float64(sc.spec.accepted) / float64(sc.spec.drafted)
 		st.AcceptedPerStep = float64(sc.spec.accepted) / float64(sc.spec.steps)

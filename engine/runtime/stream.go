@@ -65,7 +65,7 @@ type Event struct {
 // Usage is one request's accounting.
 type Usage struct {
 	PromptTokens    int    // len(Request.Prompt)
-	CachedTokens    int    // prompt tokens served from a cached conversation (0 until conversation reuse lands)
+	CachedTokens    int    // prompt tokens whose K/V (and state) came from the prefix cache, not computed, when the request was first admitted
 	GeneratedTokens int    // tokens emitted (a sampled stop id is not counted)
 	Preemptions     int    // times the request was evicted from the cache and recomputed
 	Seed            uint64 // the sampler's seed (drawn at random for Sampling.Seed 0): replays the request
@@ -74,7 +74,7 @@ type Usage struct {
 	TimeToFirstToken time.Duration // from Generate until the first sampled token
 	Total            time.Duration // from Generate until this event
 
-	PromptTokensPerSec float64 // prompt tokens / (first token − first scheduled)
+	PromptTokensPerSec float64 // computed prompt tokens (PromptTokens − CachedTokens) / (first token − first scheduled)
 	DecodeTokensPerSec float64 // (generated − 1) / (last token − first token)
 
 	// Speculative decoding (all zero without it).

@@ -41,6 +41,7 @@ func TestStress(t *testing.T) {
 	const total = 300
 	jobs := make([]stressJob, total)
 	rng := rand.New(rand.NewPCG(23, 24))
+	stems := [][]int32{randPrompt(rng, 20, vocab), randPrompt(rng, 20, vocab), randPrompt(rng, 20, vocab)}
 	for i := range jobs {
 		j := &jobs[i]
 		switch k := rng.IntN(20); {
@@ -57,6 +58,10 @@ func TestStress(t *testing.T) {
 			j.kind = jobSlow
 		}
 		j.req = runtime.Request{Prompt: randPrompt(rng, 1+rng.IntN(30), vocab), MaxTokens: 1 + rng.IntN(10), Sampling: greedy}
+		if rng.IntN(2) == 0 { // shares a prefix with others: reuse
+			stem := stems[rng.IntN(len(stems))]
+			j.req.Prompt = append(slices.Clone(stem[:1+rng.IntN(len(stem))]), j.req.Prompt[:rng.IntN(len(j.req.Prompt))]...)
+		}
 		if rng.IntN(3) == 0 {
 			j.req.Sampling = sample.Params{Temperature: 1, Seed: rng.Uint64()}
 		}
@@ -157,10 +162,10 @@ func TestStress(t *testing.T) {
 	for i := range counts {
 		byKind = append(byKind, counts[i].Load())
 	}
-	t.Logf("jobs by kind %v; %d cancelled, %d collateral failures; %d steps, %d preemptions, %d failed",
-		byKind, cancelled.Load(), collateral.Load(), st.Steps, st.Preemptions, st.Failed)
-	if st.Preemptions == 0 {
-		t.Error("no preemption: the stress test does not exercise it")
+	t.Logf("jobs by kind %v; %d cancelled, %d collateral failures; %d steps, %d preemptions, %d failed; %d prefix hits, %d tokens reused",
+		byKind, cancelled.Load(), collateral.Load(), st.Steps, st.Preemptions, st.Failed, st.PrefixHits, st.CachedTokens)
+	if st.Preemptions == 0 || st.PrefixHits == 0 {
+		t.Error("no preemption or no prefix reuse: the stress test does not exercise them")
 	}
 	if st.KVBlocksUsed != 0 || st.KVBytesUsed != 0 {
 		t.Errorf("blocks not returned: %+v", st)
