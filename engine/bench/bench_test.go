@@ -1,0 +1,139 @@
+package bench
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	_ "github.com/ferrite-llm/ferrite/engine/models/all"
+	"github.com/ferrite-llm/ferrite/engine/randweights"
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/cpu"
+)
+
+func TestActiveExperts(t *testing.T) {
+	for _, c := range []struct {
+		n, k, batch int
+		want        float64
+	}{
+		{8, 2, 1, 2},
+		{8, 2, 2, 8 * (1 - 0.75*0.75)},
+		{64, 8, 1000, 64},
+		{8, 0, 1, 8}, // top-k unknown: all
+		{0, 2, 1, 0},
+	} {
+		if got := ActiveExperts(c.n, c.k, c.batch); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("ActiveExperts(%d, %d, %d) = %g, want %g", c.n, c.k, c.batch, got, c.want)
+		}
+	}
+}
+
+func TestFootprint(t *testing.T) {
+	c := NewCounter(randweights.New(1, kernels.BF16))
+	mat := func(name string, r, k int) {
+		if _, err := c.Mat(name, r, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mat("model.embed_tokens.weight", 100, 8)                     // untied: one row per token
+	mat("lm_head.weight", 100, 8)                                // dense
+	mat("model.embed_tokens.weight", 100, 8)                     // loaded twice, counted once
+	mat("model.layers.0.self_attn.q_proj.weight", 8, 8)          // dense
+	mat("model.layers.0.mlp.shared_expert.up_proj.weight", 4, 8) // dense
+	for e := range 4 {                                           // per-expert storage, layer 0
+		mat("model.layers.0.mlp.experts."+string(rune('0'+e))+".up_proj.weight", 4, 8)
+	}
+	for e := range 4 { // fused storage, layer 1
+		if _, err := c.Expert("model.layers.1.mlp.experts.gate_up_proj", e, 8, 8); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mat("model.layers.2.eh_proj.weight", 8, 16) // NextN layer (layers = 2)
+	mat("mtp.fc.weight", 8, 16)                 // Qwen3-Next MTP
+	if _, err := c.Float32("model.norm.weight", 8); err != nil {
+		t.Fatal(err)
+	}
+	f := c.Footprint(2, 1)
+	want := Footprint{
+		EmbeddingBytes: 1600,
+		DenseBytes:     1600 + 128 + 64 + 32,
+		ExpertBytes:    4*64 + 4*128,
+		MTPBytes:       256 + 256,
+		MoELayers:      2, Experts: 4, TopK: 1,
+	}
+	if f.EmbeddingBytes != want.EmbeddingBytes || f.DenseBytes != want.DenseBytes || f.ExpertBytes != want.ExpertBytes ||
+		f.MTPBytes != want.MTPBytes || f.MoELayers != want.MoELayers || f.Experts != want.Experts || f.Tied {
+		t.Fatalf("footprint %+v, want %+v", f, want)
+	}
+	if f.TotalBytes != f.DenseBytes+f.EmbeddingBytes+f.ExpertBytes+f.MTPBytes {
+		t.Errorf("total %d is not the sum of the parts", f.TotalBytes)
+	}
+	// Batch 1, top-1 of 4: a quarter of each layer's experts.
+	if got, want := f.DecodeBytes(1, 0), f.DenseBytes+64+128; got != want {
+		t.Errorf("DecodeBytes(1) = %d, want %d", got, want)
+	}
+	if got, want := f.DecodeBytes(1, 2), f.DenseBytes+64+128+2*512; got != want {
+		t.Errorf("DecodeBytes(1, mtp) = %d, want %d", got, want)
+	}
+	if got := f.DecodeBytes(1000, 0); got != f.DenseBytes+f.ExpertBytes {
+		t.Errorf("DecodeBytes(1000) = %d, want every expert", got)
+	}
+}
+
+// TestRun sweeps a tiny random llama and checks the measurements add up.
+func TestRun(t *testing.T) {
+	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
+		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(1)
+	defer be.Close()
+	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{Concurrency: []int{1, 3}, PromptLens: []int{4}, GenLens: []int{3}, MTP: []bool{true, false}, Seed: 1, Warmup: true}
+	res, err := Run(context.Background(), m, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 4 {
+		t.Fatalf("%d results", len(res))
+	}
+	for _, r := range res {
+		if r.MTP {
+			if !strings.HasPrefix(r.Skipped, ErrMTPUnavailable.Error()) {
+				t.Errorf("%v: skipped %q", r.Case, r.Skipped)
+			}
+			continue
+		}
+		if r.GeneratedTokens != r.Concurrency*3 || r.PromptTokens != r.Concurrency*4 || r.DecodeTokPerSec <= 0 ||
+			r.PeakKVBytes <= 0 || r.Preemptions != 0 || r.Steps < 3 {
+			t.Errorf("%+v", r)
+		}
+	}
+	// Too long for the context, and gen-len 1, are refused.
+	for _, o := range []Options{
+		{Concurrency: []int{1}, PromptLens: []int{120}, GenLens: []int{10}},
+		{Concurrency: []int{1}, PromptLens: []int{4}, GenLens: []int{1}},
+		{Concurrency: []int{}, PromptLens: []int{4}, GenLens: []int{2}},
+	} {
+		if _, err := Run(context.Background(), m, o); err == nil {
+			t.Errorf("%+v: no error", o)
+		}
+	}
+}
+
+func TestMeasureBandwidth(t *testing.T) {
+	be := cpu.New(2)
+	defer be.Close()
+	bw := MeasureBandwidth(be, 3<<20, 2)
+	if bw.BytesPerSec <= 0 || bw.BufferBytes != 3<<20 || bw.Rounds != 2 || bw.Threads != 2 {
+		t.Fatalf("%+v", bw)
+	}
+}

@@ -1,0 +1,554 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"runtime/debug"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ferrite-llm/ferrite/engine/bench"
+	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/randweights"
+	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/cpu"
+)
+
+// benchFlags are the options of `ferrite bench`.
+type benchFlags struct {
+	model          string
+	concurrency    []int
+	promptLens     []int
+	genLens        []int
+	mtp            []bool
+	draft          int
+	draftMaxSeqs   int
+	dtype          string
+	threads        int
+	kvBudget       int64
+	maxBatchTokens int
+	seed           uint64
+	jsonPath       string
+	streamMiB      int
+	bandwidthGBps  float64
+	noWarmup       bool
+	cpuProfile     string
+}
+
+// intList is a comma-separated list of positive integers.
+type intList struct{ v *[]int }
+
+func (l intList) String() string {
+	if l.v == nil {
+		return ""
+	}
+	s := make([]string, len(*l.v))
+	for i, x := range *l.v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l intList) Set(s string) error {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	*l.v = out
+	return nil
+}
+
+// onOffList is a comma-separated list of on/off.
+type onOffList struct{ v *[]bool }
+
+func (l onOffList) String() string {
+	if l.v == nil {
+		return ""
+	}
+	s := make([]string, len(*l.v))
+	for i, b := range *l.v {
+		s[i] = onOff(b)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l onOffList) Set(s string) error {
+	var out []bool
+	for _, f := range strings.Split(s, ",") {
+		switch strings.TrimSpace(f) {
+		case "on":
+			out = append(out, true)
+		case "off":
+			out = append(out, false)
+		default:
+			return fmt.Errorf("%q is not on or off", f)
+		}
+	}
+	*l.v = out
+	return nil
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func (f *benchFlags) register(fs *flag.FlagSet) {
+	f.concurrency, f.promptLens, f.genLens, f.mtp = []int{1, 8, 32}, []int{128}, []int{64}, []bool{false}
+	fs.StringVar(&f.model, "model", "", "checkpoint directory, or a directory or file with only config.json (random weights at full size)")
+	fs.Var(intList{&f.concurrency}, "concurrency", "requests in flight at once, comma-separated")
+	fs.Var(intList{&f.promptLens}, "prompt-len", "prompt tokens per request, comma-separated")
+	fs.Var(intList{&f.genLens}, "gen-len", "generated tokens per request (EOS ignored), comma-separated, each ≥ 2")
+	fs.Var(onOffList{&f.mtp}, "mtp", "MTP speculative decoding: on, off or both (on,off)")
+	fs.IntVar(&f.draft, "draft", bench.DefaultDraft, "with --mtp on: draft tokens per step")
+	fs.IntVar(&f.draftMaxSeqs, "draft-max-seqs", 0, "with --mtp on: no drafting while more sequences run (0 = the runtime's default, -1 = no limit)")
+	fs.StringVar(&f.dtype, "dtype", "", "random weights' dtype: bf16, f16 or f32 (default: the config's torch_dtype/dtype, else bf16)")
+	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0 = all cores)")
+	fs.Int64Var(&f.kvBudget, "kv-budget", 0, "KV-cache budget in bytes (0 = enough for the largest case without preemption)")
+	fs.IntVar(&f.maxBatchTokens, "max-batch-tokens", 0, "tokens per engine step (0 = the runtime's default, at least the largest concurrency)")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the prompts, the samplers and the random weights")
+	fs.StringVar(&f.jsonPath, "json", "", "also write the results as JSON to this file")
+	fs.IntVar(&f.streamMiB, "stream-mib", 1024, "buffer size in MiB of the memory-bandwidth measurement")
+	fs.Float64Var(&f.bandwidthGBps, "bandwidth", 0, "memory bandwidth in GB/s for the roofline, instead of measuring it (0 = measure)")
+	fs.BoolVar(&f.noWarmup, "no-warmup", false, "skip the warm-up request")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the sweep (not the loading) to this file")
+}
+
+// cmdBench implements `ferrite bench`.
+func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f benchFlags
+	f.register(fs)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "usage: ferrite bench --model DIR [flags]\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "ferrite bench: "+format+"\n", a...)
+		return 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		return usageErr("unexpected argument %q", fs.Arg(0))
+	case f.model == "":
+		return usageErr("--model DIR is required")
+	case f.threads < 0:
+		return usageErr("--threads %d is negative", f.threads)
+	case f.kvBudget < 0:
+		return usageErr("--kv-budget %d is negative", f.kvBudget)
+	case f.maxBatchTokens < 0:
+		return usageErr("--max-batch-tokens %d is negative", f.maxBatchTokens)
+	case f.draft < 1:
+		return usageErr("--draft must be at least 1")
+	case f.streamMiB < 1:
+		return usageErr("--stream-mib must be at least 1")
+	case f.bandwidthGBps < 0 || math.IsNaN(f.bandwidthGBps) || math.IsInf(f.bandwidthGBps, 0):
+		return usageErr("--bandwidth %g: want GB/s > 0, or 0 to measure", f.bandwidthGBps)
+	}
+	for _, g := range f.genLens {
+		if g < 2 {
+			return usageErr("--gen-len %d: must be at least 2 (decode speed needs two tokens)", g)
+		}
+	}
+	if f.dtype != "" {
+		if _, err := parseDType(f.dtype); err != nil {
+			return usageErr("%v", err)
+		}
+	}
+	if err := runBench(ctx, &f, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "ferrite bench: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// parseDType reads --dtype or a config's dtype name.
+func parseDType(s string) (kernels.DType, error) {
+	switch strings.ToLower(s) {
+	case "bf16", "bfloat16":
+		return kernels.BF16, nil
+	case "f16", "fp16", "float16":
+		return kernels.F16, nil
+	case "f32", "fp32", "float32":
+		return kernels.F32, nil
+	}
+	return 0, fmt.Errorf("--dtype %q: want bf16, f16 or f32", s)
+}
+
+// hasCheckpoint reports whether path is a directory holding safetensors.
+func hasCheckpoint(path string) bool {
+	fi, err := os.Stat(path)
+	if err != nil || !fi.IsDir() {
+		return false
+	}
+	m, _ := filepath.Glob(filepath.Join(path, "*.safetensors"))
+	return len(m) > 0
+}
+
+// benchModel is the model under test and what it was built from.
+type benchModel struct {
+	cfg     *config.Config
+	model   model.Model
+	counter *bench.Counter
+	backend *cpu.Backend
+	weights *weights.Set // nil for random weights
+	random  bool
+	dtype   string // random weights' dtype
+	loadSec float64
+}
+
+func (b *benchModel) Close() {
+	b.backend.Close()
+	if b.weights != nil {
+		b.weights.Close()
+	}
+}
+
+// loadBenchModel opens the checkpoint at path, or builds random weights of
+// the config's shape when path has only a config.json.
+func loadBenchModel(path, dtypeFlag string, seed uint64, be *cpu.Backend) (*benchModel, error) {
+	start := time.Now()
+	cfg, err := config.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	bm := &benchModel{cfg: cfg, backend: be}
+	var src model.WeightSource
+	if hasCheckpoint(path) {
+		if dtypeFlag != "" {
+			return nil, fmt.Errorf("--dtype applies to random weights; %s holds a checkpoint", path)
+		}
+		if bm.weights, err = weights.Open(path); err != nil {
+			return nil, err
+		}
+		src = bm.weights
+	} else {
+		name := dtypeFlag
+		if name == "" {
+			name = cfg.Dtype()
+		}
+		dt := kernels.BF16
+		if name != "" {
+			if d, err := parseDType(name); err == nil {
+				dt = d
+			}
+		}
+		bm.random, bm.dtype = true, strings.ToLower(dt.String())
+		src = randweights.New(seed, dt)
+	}
+	bm.counter = bench.NewCounter(src)
+	if bm.model, err = model.New(cfg, bm.counter, be); err != nil {
+		if bm.weights != nil {
+			bm.weights.Close()
+		}
+		return nil, err
+	}
+	bm.loadSec = time.Since(start).Seconds()
+	return bm, nil
+}
+
+// benchReport is the JSON `ferrite bench --json` writes.
+type benchReport struct {
+	Date    string       `json:"date"`
+	Machine benchMachine `json:"machine"`
+	Model   benchModelJS `json:"model"`
+
+	Bandwidth struct {
+		BytesPerSec       float64 `json:"bytes_per_s"`        // the best round of all
+		BeforeBytesPerSec float64 `json:"before_bytes_per_s"` // best of the rounds before the sweep
+		AfterBytesPerSec  float64 `json:"after_bytes_per_s"`  // and after it (0 if the sweep failed)
+		BufferBytes       int64   `json:"buffer_bytes"`
+		Rounds            int     `json:"rounds"`
+		Threads           int     `json:"threads"`
+		Method            string  `json:"method"`
+	} `json:"bandwidth"`
+
+	Roofline struct {
+		WeightBytesPerStep int64   `json:"weight_bytes_per_step"` // batch 1
+		MaxStepsPerSec     float64 `json:"max_decode_steps_per_s"`
+		Method             string  `json:"method"`
+	} `json:"roofline"`
+
+	Runs []bench.Result `json:"runs"`
+}
+
+type benchMachine struct {
+	CPU       string `json:"cpu"`
+	CPUs      int    `json:"cpus"`
+	Threads   int    `json:"threads"`
+	GoVersion string `json:"go_version"`
+	OS        string `json:"os"`
+	Arch      string `json:"arch"`
+}
+
+type benchModelJS struct {
+	Path            string  `json:"path"`
+	Arch            string  `json:"arch"`
+	RandomWeights   bool    `json:"random_weights"`
+	DType           string  `json:"dtype,omitempty"`
+	Params          int64   `json:"params"`
+	WeightBytes     int64   `json:"weight_bytes"`
+	DenseBytes      int64   `json:"dense_bytes"`
+	EmbeddingBytes  int64   `json:"embedding_bytes"`
+	ExpertBytes     int64   `json:"expert_bytes"`
+	MTPBytes        int64   `json:"mtp_bytes"`
+	TiedEmbeddings  bool    `json:"tied_embeddings"`
+	MoELayers       int     `json:"moe_layers"`
+	Experts         int     `json:"experts"`
+	TopK            int     `json:"top_k"`
+	Layers          int     `json:"layers"`
+	Vocab           int     `json:"vocab"`
+	KVBytesPerToken int64   `json:"kv_bytes_per_token"`
+	LoadSec         float64 `json:"load_s"`
+}
+
+const (
+	bandwidthMethod = "bytes.IndexByte over a buffer without the byte (vector loads only), 1 MiB per task on the backend's threads; best of 3 rounds before the sweep and 3 after"
+	rooflineMethod  = "weight bytes one decode step reads (every tensor once; an untied input embedding and the MTP module excluded; routed experts scaled by the expected distinct experts n·(1−(1−k/n)^batch), exactly k/n at batch 1) ÷ measured bandwidth; KV-cache reads not counted"
+)
+
+func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) error {
+	be := cpu.New(f.threads)
+	// Bandwidth first, before the model takes memory (and again after the
+	// sweep: on a shared machine one measurement can land in a busy moment).
+	measure := f.bandwidthGBps == 0
+	bw0 := bench.Bandwidth{BytesPerSec: f.bandwidthGBps * 1e9, Threads: be.Threads()}
+	if measure {
+		fmt.Fprintf(stderr, "measuring memory bandwidth (%d MiB streaming read, best of 3)...\n", f.streamMiB)
+		bw0 = bench.MeasureBandwidth(be, int64(f.streamMiB)<<20, 3)
+		debug.FreeOSMemory()
+	}
+
+	fmt.Fprintf(stderr, "loading %s...\n", f.model)
+	bm, err := loadBenchModel(f.model, f.dtype, f.seed, be)
+	if err != nil {
+		be.Close()
+		return err
+	}
+	defer bm.Close()
+	info := bm.model.Info()
+	topK := bm.cfg.IntOr("num_experts_per_tok", 0)
+	fp := bm.counter.Footprint(info.Layers, topK)
+
+	opts := bench.Options{
+		Concurrency: f.concurrency, PromptLens: f.promptLens, GenLens: f.genLens, MTP: f.mtp,
+		Draft: f.draft, DraftMaxSeqs: f.draftMaxSeqs,
+		Seed: f.seed, KVBudget: f.kvBudget, MaxBatchTokens: f.maxBatchTokens, Warmup: !f.noWarmup,
+		Progress: func(c bench.Case) { fmt.Fprintf(stderr, "running %v...\n", c) },
+	}
+	stopProfile := func() {}
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			pf.Close()
+			return err
+		}
+		stopProfile = func() { pprof.StopCPUProfile(); pf.Close() }
+	}
+	results, runErr := bench.Run(ctx, bm.model, opts)
+	stopProfile()
+	bw, bw1 := bw0, bench.Bandwidth{}
+	if runErr == nil && measure {
+		fmt.Fprintf(stderr, "measuring memory bandwidth again...\n")
+		bw1 = bench.MeasureBandwidth(be, int64(f.streamMiB)<<20, 3)
+		bw.BytesPerSec, bw.Rounds = max(bw0.BytesPerSec, bw1.BytesPerSec), bw0.Rounds+bw1.Rounds
+	}
+	rl := bench.NewRoofline(bw, fp)
+	for i := range results {
+		rl.Apply(&results[i], fp)
+	}
+
+	rep := benchReport{
+		Date: time.Now().UTC().Format(time.RFC3339),
+		Machine: benchMachine{CPU: cpuModel(), CPUs: goruntime.NumCPU(), Threads: be.Threads(),
+			GoVersion: goruntime.Version(), OS: goruntime.GOOS, Arch: goruntime.GOARCH},
+		Model: benchModelJS{Path: f.model, Arch: info.Arch, RandomWeights: bm.random, DType: bm.dtype,
+			Params: fp.Params, WeightBytes: fp.TotalBytes, DenseBytes: fp.DenseBytes, EmbeddingBytes: fp.EmbeddingBytes,
+			ExpertBytes: fp.ExpertBytes, MTPBytes: fp.MTPBytes, TiedEmbeddings: fp.Tied, MoELayers: fp.MoELayers,
+			Experts: fp.Experts, TopK: fp.TopK, Layers: info.Layers, Vocab: info.Vocab,
+			KVBytesPerToken: info.KVBytesPerToken, LoadSec: bm.loadSec},
+		Runs: results,
+	}
+	rep.Bandwidth.BytesPerSec, rep.Bandwidth.BufferBytes = bw.BytesPerSec, bw.BufferBytes
+	rep.Bandwidth.Rounds, rep.Bandwidth.Threads, rep.Bandwidth.Method = bw.Rounds, bw.Threads, bandwidthMethod
+	if !measure {
+		rep.Bandwidth.Method = "given with --bandwidth"
+	}
+	rep.Bandwidth.BeforeBytesPerSec, rep.Bandwidth.AfterBytesPerSec = bw0.BytesPerSec, bw1.BytesPerSec
+	rep.Roofline.WeightBytesPerStep, rep.Roofline.MaxStepsPerSec, rep.Roofline.Method = rl.WeightBytesStep1, rl.MaxStepsPerSec, rooflineMethod
+
+	printBench(stdout, &rep, fp, rl)
+	if f.jsonPath != "" {
+		b, err := json.MarshalIndent(&rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(f.jsonPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return runErr
+}
+
+// printBench writes the human-readable report.
+func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roofline) {
+	m := &rep.Model
+	src := "checkpoint"
+	if m.RandomWeights {
+		src = "random " + m.DType + " weights"
+	}
+	fmt.Fprintf(w, "model:     %s (%s), %s, %s params, %s of weights, %d layers, load %.1f s\n",
+		m.Path, m.Arch, src, count(m.Params), gb(m.WeightBytes), m.Layers, m.LoadSec)
+	fmt.Fprintf(w, "machine:   %s, %d CPUs, %d threads, %s %s/%s\n",
+		rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.Threads, rep.Machine.GoVersion, rep.Machine.OS, rep.Machine.Arch)
+	if rl.Bandwidth.Rounds == 0 {
+		fmt.Fprintf(w, "bandwidth: %.1f GB/s (given with --bandwidth)\n", rl.Bandwidth.BytesPerSec/1e9)
+	} else {
+		after := "-"
+		if rep.Bandwidth.AfterBytesPerSec > 0 {
+			after = fmt.Sprintf("%.1f", rep.Bandwidth.AfterBytesPerSec/1e9)
+		}
+		fmt.Fprintf(w, "bandwidth: %.1f GB/s (%s streaming read, %d threads, best of %d rounds: %.1f GB/s before the sweep, %s after)\n",
+			rl.Bandwidth.BytesPerSec/1e9, gb(rl.Bandwidth.BufferBytes), rl.Bandwidth.Threads, rl.Bandwidth.Rounds,
+			rep.Bandwidth.BeforeBytesPerSec/1e9, after)
+	}
+	var how []string
+	if fp.Tied {
+		how = append(how, "tied embedding read in full as the LM head")
+	} else {
+		how = append(how, fmt.Sprintf("input embedding (%s) left out: one row per token", gb(fp.EmbeddingBytes)))
+	}
+	if fp.MoELayers > 0 {
+		k := strconv.Itoa(fp.TopK)
+		if fp.TopK == 0 {
+			k = "all (top-k unknown)"
+		}
+		how = append(how, fmt.Sprintf("%d MoE layers: %s of %d experts active per token, so %s of %s expert weights at batch 1; larger batches assume uniform routing",
+			fp.MoELayers, k, fp.Experts, gb(fp.DecodeBytes(1, 0)-fp.DenseBytes), gb(fp.ExpertBytes)))
+	}
+	if fp.MTPBytes > 0 {
+		how = append(how, fmt.Sprintf("MTP module (%s) left out, counted once per draft token with --mtp on", gb(fp.MTPBytes)))
+	}
+	fmt.Fprintf(w, "roofline:  %s of weights per decode step at batch 1 (%s) ÷ %.1f GB/s = %s steps/s max at batch 1\n\n",
+		gb(rl.WeightBytesStep1), strings.Join(how, "; "), rl.Bandwidth.BytesPerSec/1e9, num(rl.MaxStepsPerSec))
+
+	if len(rep.Runs) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "conc\tprompt\tgen\tmtp\twall s\tdecode tok/s\tper-req tok/s\tprompt tok/s\tTTFT mean ms\tp50 ms\tmax ms\tpeak KV\tsteps/s\tweight GB/s\troofline\taccept\tnote\t")
+	for _, r := range rep.Runs {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t", r.Concurrency, r.PromptLen, r.GenLen, onOff(r.MTP))
+		if r.Skipped != "" {
+			fmt.Fprintf(tw, "%s%s\t\n", strings.Repeat("-\t", 12), r.Skipped)
+			continue
+		}
+		acc, note := "-", ""
+		if r.MTPAcceptance != nil {
+			acc = fmt.Sprintf("%.0f%%", 100**r.MTPAcceptance)
+		} else if r.MTP {
+			note = "no drafts verified (see --draft-max-seqs)"
+		}
+		fmt.Fprintf(tw, "%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.0f%%\t%s\t%s\t\n",
+			r.WallSec, num(r.DecodeTokPerSec), num(r.PerReqDecodeTPS), num(r.PromptTokPerSec),
+			num(r.TTFTMeanMs), num(r.TTFTP50Ms), num(r.TTFTMaxMs), size(r.PeakKVBytes),
+			num(r.DecodeStepsPerSec), r.WeightBytesPerSec/1e9, 100*r.RooflineFraction, acc, note)
+	}
+	tw.Flush()
+	for _, r := range rep.Runs {
+		if r.RooflineFraction > 1 {
+			fmt.Fprintf(w, "\nwarning: a case ran above 100%% of the roofline: the bandwidth measurement was disturbed (a busy machine?); rerun, or pass --bandwidth\n")
+			break
+		}
+	}
+	fmt.Fprintf(w, "\ndecode tok/s: tokens generated after every request has its first token ÷ the time from then to the last token;\n"+
+		"steps/s: (those tokens − accepted drafts) ÷ concurrency ÷ that time; accept: accepted ÷ verified draft tokens;\n"+
+		"roofline: steps/s × weight bytes per step ÷ bandwidth (KV-cache reads not counted).\n")
+}
+
+func gb(b int64) string {
+	if b >= 1e9 {
+		return fmt.Sprintf("%.2f GB", float64(b)/1e9)
+	}
+	return fmt.Sprintf("%.1f MB", float64(b)/1e6)
+}
+
+// size formats a byte count in binary units.
+func size(b int64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+}
+
+// num formats a rate or a duration with about three significant digits.
+func num(x float64) string {
+	switch {
+	case x >= 100:
+		return fmt.Sprintf("%.0f", x)
+	case x >= 10:
+		return fmt.Sprintf("%.1f", x)
+	}
+	return fmt.Sprintf("%.2f", x)
+}
+
+func count(n int64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.2fB", float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.1fM", float64(n)/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1fk", float64(n)/1e3)
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// cpuModel is /proc/cpuinfo's model name (what lscpu prints), else GOARCH.
+func cpuModel() string {
+	fh, err := os.Open("/proc/cpuinfo")
+	if err == nil {
+		defer fh.Close()
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			k, v, ok := strings.Cut(sc.Text(), ":")
+			if ok && strings.TrimSpace(k) == "model name" {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return goruntime.GOARCH
+}

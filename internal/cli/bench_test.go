@@ -1,0 +1,230 @@
+package cli
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// tinyLlama writes a config.json alone (no weights: bench makes random
+// ones) for a two-layer llama into a temp dir.
+func tinyLlama(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := `{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+		"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+		"max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000,
+		"tie_word_embeddings": true, "torch_dtype": "bfloat16"}`
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestBench(t *testing.T) {
+	dir := tinyLlama(t)
+	js := filepath.Join(t.TempDir(), "bench.json")
+	code, out, errs := runCLI(t, "", "bench", "--model", dir, "--concurrency", "1,2", "--prompt-len", "5",
+		"--gen-len", "3,4", "--mtp", "off,on", "--threads", "2", "--stream-mib", "8", "--json", js)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"bandwidth:", "roofline:", "steps/s max at batch 1", "random bf16 weights",
+		"tied embedding read in full", "decode tok/s", "TTFT mean ms", "peak KV", "mtp: not available"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out)
+		}
+	}
+	// The table: a header and 2 × 2 × 2 rows, every line of it as wide as
+	// the header (aligned columns).
+	lines := strings.Split(out, "\n")
+	hdr := -1
+	for i, l := range lines {
+		if strings.Contains(l, "conc") && strings.Contains(l, "decode tok/s") {
+			hdr = i
+			break
+		}
+	}
+	if hdr < 0 || hdr+9 > len(lines) {
+		t.Fatalf("no table:\n%s", out)
+	}
+	for _, l := range lines[hdr+1 : hdr+9] {
+		if len(l) != len(lines[hdr]) {
+			t.Errorf("row %q is not as wide as the header %q", l, lines[hdr])
+		}
+	}
+	if l := lines[hdr+9]; strings.TrimSpace(l) != "" {
+		t.Errorf("more rows than cases: %q", l)
+	}
+
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Date    string
+		Machine struct {
+			CPU       string
+			Threads   int
+			GoVersion string `json:"go_version"`
+		}
+		Model struct {
+			Arch            string
+			RandomWeights   bool `json:"random_weights"`
+			DType           string
+			Params          int64
+			WeightBytes     int64 `json:"weight_bytes"`
+			KVBytesPerToken int64 `json:"kv_bytes_per_token"`
+		}
+		Bandwidth struct {
+			BytesPerSec float64 `json:"bytes_per_s"`
+		}
+		Roofline struct {
+			WeightBytesPerStep int64   `json:"weight_bytes_per_step"`
+			MaxSteps           float64 `json:"max_decode_steps_per_s"`
+		}
+		Runs []map[string]any
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Date == "" || rep.Machine.CPU == "" || rep.Machine.Threads != 2 || rep.Machine.GoVersion == "" {
+		t.Errorf("machine: %+v, date %q", rep.Machine, rep.Date)
+	}
+	m := rep.Model
+	if m.Arch != "llama" || !m.RandomWeights || m.DType != "bf16" || m.Params <= 0 || m.KVBytesPerToken <= 0 {
+		t.Errorf("model: %+v", m)
+	}
+	// Tied embeddings: every matrix is read once per step, the LM head
+	// being the embedding, so per-step bytes are all the weights.
+	if m.WeightBytes <= 0 || rep.Roofline.WeightBytesPerStep != m.WeightBytes {
+		t.Errorf("weight bytes %d, per step %d", m.WeightBytes, rep.Roofline.WeightBytesPerStep)
+	}
+	if rep.Bandwidth.BytesPerSec <= 0 || rep.Roofline.MaxSteps <= 0 {
+		t.Errorf("bandwidth %g, roofline %g", rep.Bandwidth.BytesPerSec, rep.Roofline.MaxSteps)
+	}
+	if len(rep.Runs) != 8 {
+		t.Fatalf("%d runs, want 8", len(rep.Runs))
+	}
+	positive := []string{"wall_s", "decode_tok_per_s", "per_request_decode_tok_per_s", "prompt_tok_per_s",
+		"ttft_mean_ms", "ttft_p50_ms", "ttft_max_ms", "peak_kv_bytes", "kv_budget_bytes", "steps",
+		"decode_steps_per_s", "weight_bytes_per_step", "weight_bytes_per_s", "roofline_fraction"}
+	for i, r := range rep.Runs {
+		conc, gen := r["concurrency"].(float64), r["gen_len"].(float64)
+		if r["mtp"] == true {
+			if s, _ := r["skipped"].(string); !strings.HasPrefix(s, "mtp: not available") {
+				t.Errorf("run %d: mtp on: %v", i, r)
+			}
+			continue
+		}
+		for _, k := range positive {
+			if v, ok := r[k].(float64); !ok || v <= 0 {
+				t.Errorf("run %d: %s = %v, want > 0", i, k, r[k])
+			}
+		}
+		if got := r["generated_tokens"]; got != conc*gen {
+			t.Errorf("run %d: %v tokens generated, want %v", i, got, conc*gen)
+		}
+		if r["ttft_max_ms"].(float64) < r["ttft_mean_ms"].(float64) {
+			t.Errorf("run %d: TTFT max < mean: %v", i, r)
+		}
+		// At its peak the cache holds at least one whole request (its last
+		// step runs position prompt+gen-2).
+		if min := (5 + gen - 1) * float64(m.KVBytesPerToken); r["peak_kv_bytes"].(float64) < min {
+			t.Errorf("run %d: peak KV %v < %v", i, r["peak_kv_bytes"], min)
+		}
+	}
+}
+
+// TestBenchCheckpoint runs a real (fixture) checkpoint: weights are read,
+// not made, and --dtype is refused.
+func TestBenchCheckpoint(t *testing.T) {
+	dir := fixtureModel(t, "qwen3")
+	code, out, errs := runCLI(t, "", "bench", "--model", dir, "--concurrency", "2", "--prompt-len", "4",
+		"--gen-len", "2", "--bandwidth", "12.5")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "bandwidth: 12.5 GB/s (given with --bandwidth)") || strings.Contains(errs, "measuring memory bandwidth") {
+		t.Errorf("--bandwidth not used:\n%s\n%s", out, errs)
+	}
+	// qwen3's fixture is untied: the input embedding is not read per step.
+	if !strings.Contains(out, "checkpoint") || !strings.Contains(out, "input embedding") {
+		t.Errorf("stdout:\n%s", out)
+	}
+	// An MTP checkpoint drafts with --mtp on and reports the acceptance.
+	mtpDir := fixtureModel(t, "glm4_moe")
+	js := filepath.Join(t.TempDir(), "mtp.json")
+	code, out, errs = runCLI(t, "", "bench", "--model", mtpDir, "--concurrency", "2", "--prompt-len", "4",
+		"--gen-len", "6", "--mtp", "on", "--draft", "2", "--stream-mib", "4", "--json", js)
+	if code != 0 {
+		t.Fatalf("mtp: exit %d: %s", code, errs)
+	}
+	var rep struct {
+		Model struct {
+			MTPBytes int64 `json:"mtp_bytes"`
+		}
+		Runs []struct {
+			MTP        bool
+			Skipped    string
+			Acceptance *float64 `json:"mtp_acceptance"`
+			Drafted    int      `json:"mtp_draft_tokens"`
+			Draft      int      `json:"mtp_draft"`
+			Generated  int      `json:"generated_tokens"`
+		}
+	}
+	if b, err := os.ReadFile(js); err != nil {
+		t.Fatal(err)
+	} else if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Model.MTPBytes <= 0 || len(rep.Runs) != 1 {
+		t.Fatalf("mtp report: %+v", rep)
+	}
+	if r := rep.Runs[0]; !r.MTP || r.Skipped != "" || r.Acceptance == nil || r.Drafted <= 0 || r.Draft != 2 || r.Generated != 12 {
+		t.Errorf("mtp run: %+v\n%s", r, out)
+	}
+
+	code, _, errs = runCLI(t, "", "bench", "--model", dir, "--dtype", "f32", "--concurrency", "1",
+		"--prompt-len", "4", "--gen-len", "2", "--stream-mib", "4")
+	if code != 1 || !strings.Contains(errs, "--dtype applies to random weights") {
+		t.Errorf("--dtype with a checkpoint: exit %d, %q", code, errs)
+	}
+}
+
+func TestBenchErrors(t *testing.T) {
+	dir := tinyLlama(t)
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no model", []string{}, 2, "--model DIR is required"},
+		{"zero concurrency", []string{"--model", dir, "--concurrency", "1,0"}, 2, `"0" is not a positive integer`},
+		{"not a number", []string{"--model", dir, "--prompt-len", "abc"}, 2, `"abc" is not a positive integer`},
+		{"empty list item", []string{"--model", dir, "--gen-len", "4,"}, 2, `"" is not a positive integer`},
+		{"gen-len 1", []string{"--model", dir, "--gen-len", "1"}, 2, "at least 2"},
+		{"bad mtp", []string{"--model", dir, "--mtp", "maybe"}, 2, `"maybe" is not on or off`},
+		{"zero draft", []string{"--model", dir, "--mtp", "on", "--draft", "0"}, 2, "--draft must be at least 1"},
+		{"bad dtype", []string{"--model", dir, "--dtype", "int4"}, 2, "want bf16, f16 or f32"},
+		{"negative threads", []string{"--model", dir, "--threads", "-1"}, 2, "negative"},
+		{"negative kv budget", []string{"--model", dir, "--kv-budget", "-5"}, 2, "negative"},
+		{"negative bandwidth", []string{"--model", dir, "--bandwidth", "-1"}, 2, "want GB/s > 0"},
+		{"stray argument", []string{"--model", dir, "extra"}, 2, `unexpected argument "extra"`},
+		{"unknown flag", []string{"--bogus"}, 2, "flag provided but not defined"},
+		{"missing model", []string{"--model", filepath.Join(t.TempDir(), "nope"), "--stream-mib", "1"}, 1, "nope"},
+		{"longer than the context", []string{"--model", dir, "--prompt-len", "250", "--gen-len", "10", "--stream-mib", "1"}, 1, "exceeds the model's context 256"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, _, errs := runCLI(t, "", append([]string{"bench"}, c.args...)...)
+			if code != c.code || !strings.Contains(errs, c.want) {
+				t.Fatalf("exit %d, stderr %q; want exit %d containing %q", code, errs, c.code, c.want)
+			}
+		})
+	}
+}
