@@ -683,3 +683,23 @@ func TestThinkingToggle(t *testing.T) {
 		t.Error("thinking is not shown")
 	}
 }
+
+func TestContextNearlyFullHint(t *testing.T) {
+	// A model whose whole context is below max_tokens: a short first
+	// message leaves most of the context free, so no warning.
+	eng := newFakeEngine()
+	eng.info.MaxContext = 100
+	h := start(t, eng, testOptions(t))
+	h.line("hi")
+	h.waitFor("ok")
+	if m := h.final(); strings.Contains(m.hint, "nearly full") {
+		t.Errorf("warned with 95 of 100 tokens free: %q", m.hint)
+	}
+
+	// Less than a quarter of the context left, and less than max_tokens.
+	eng = newFakeEngine()
+	eng.info.MaxContext = 40
+	h = start(t, eng, testOptions(t))
+	h.line(strings.Repeat("word ", 30))
+	h.waitFor("context nearly full: the reply can use only 6 of max_tokens")
+}

@@ -95,7 +95,11 @@ func (m *model) onReplyStarted(msg replyStartedMsg) tea.Cmd {
 	}
 	n := msg.reply.PromptTokens()
 	t.ctxUsed = n
-	if limit := g.eng.info.MaxContext; t == m.chatTab && limit > 0 && g.settings.MaxTokens > 0 && n+g.settings.MaxTokens > limit {
+	// Warn when the reply will be cut by the context rather than by
+	// max_tokens and less than a quarter of the context is left: a model
+	// whose context is below max_tokens is not "nearly full" on turn one.
+	if limit := g.eng.info.MaxContext; t == m.chatTab && limit > 0 && g.settings.MaxTokens > 0 &&
+		n+g.settings.MaxTokens > limit && 4*(limit-n) < limit {
 		m.setHint(fmt.Sprintf("context nearly full: the reply can use only %d of max_tokens %d", limit-n, g.settings.MaxTokens), true)
 	}
 	return tea.Batch(waitForEvent(g.id, msg.reply), m.renderTick(g.id))
