@@ -1,6 +1,11 @@
 package model
 
-import "github.com/ferrite-llm/ferrite/engine/linattn"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/ferrite-llm/ferrite/engine/linattn"
+)
 
 // StateModel is implemented by models with linear-attention layers, whose
 // per-sequence recurrent state lives in a linattn.StatePool slot rather than
@@ -27,4 +32,36 @@ type MTPModel interface {
 	// chosen by Seq.Logits) and, when Seq.Hidden, the MTP's own post-norm
 	// output for chained drafting.
 	ForwardMTP(b *Batch, hidden [][]float32) (*Output, error)
+}
+
+// ValidateStates checks b's recurrent-state slots against a StateModel's
+// layout: a pool of that shape, and a distinct slot for every sequence. A
+// model without linear layers (empty layout) needs none.
+func (b *Batch) ValidateStates(layout []linattn.LayerShape) error {
+	if len(layout) == 0 {
+		return nil
+	}
+	if b.States == nil {
+		return errors.New("model: batch has no state pool (Batch.States)")
+	}
+	var bytes int64
+	for _, l := range layout {
+		bytes += l.Bytes()
+	}
+	if b.States.Layers() != len(layout) || b.States.BytesPerSeq() != bytes {
+		return fmt.Errorf("model: state pool has %d layers of %d bytes per sequence, the model needs %d layers of %d bytes (StateLayout)",
+			b.States.Layers(), b.States.BytesPerSeq(), len(layout), bytes)
+	}
+	seen := make(map[*linattn.Slot]bool, len(b.Seqs))
+	for i := range b.Seqs {
+		st := b.Seqs[i].State
+		switch {
+		case st == nil:
+			return fmt.Errorf("model: batch sequence %d has no state slot", i)
+		case seen[st]:
+			return fmt.Errorf("model: batch sequence %d repeats a state slot", i)
+		}
+		seen[st] = true
+	}
+	return nil
 }

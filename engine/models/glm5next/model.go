@@ -1,7 +1,6 @@
 package glm5next
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -257,28 +256,7 @@ func (m *Model) validate(b *model.Batch) error {
 	if err := b.Validate(m.p.vocab, m.layout); err != nil {
 		return err
 	}
-	if len(m.stateLayout) == 0 {
-		return nil
-	}
-	if b.States == nil {
-		return errors.New("glm5_next: batch has no state pool (Batch.States)")
-	}
-	if b.States.Layers() != len(m.stateLayout) || b.States.BytesPerSeq() != m.stateBytes {
-		return fmt.Errorf("glm5_next: state pool has %d layers of %d bytes per sequence, the model needs %d layers of %d bytes (StateLayout)",
-			b.States.Layers(), b.States.BytesPerSeq(), len(m.stateLayout), m.stateBytes)
-	}
-	seen := make(map[*linattn.Slot]bool, len(b.Seqs))
-	for i := range b.Seqs {
-		st := b.Seqs[i].State
-		switch {
-		case st == nil:
-			return fmt.Errorf("glm5_next: batch sequence %d has no state slot", i)
-		case seen[st]:
-			return fmt.Errorf("glm5_next: batch sequence %d repeats a state slot", i)
-		}
-		seen[st] = true
-	}
-	return nil
+	return b.ValidateStates(m.stateLayout)
 }
 
 // Forward implements model.Model. Each sequence's KDA state is read from
