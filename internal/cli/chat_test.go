@@ -136,6 +136,7 @@ func TestChatModelsListsAndLoads(t *testing.T) {
 	cfg := settings.Default()
 	cfg.ModelDirs = []string{root}
 	cfg.Engine.KVBudget = 4 << 20
+	cfg.MTP.Mode = "auto" // drafting is off by default; auto turns it on for qwen3_next's MTP module
 	c := &chatModels{cfg: cfg}
 	ctx := context.Background()
 	list, err := c.List(ctx)

@@ -203,3 +203,14 @@ func TestRunDefaultsToBuiltinModel(t *testing.T) {
 		t.Fatalf("the built-in model did not introduce itself: %q", out)
 	}
 }
+
+func TestRunMTPOffByDefault(t *testing.T) {
+	dir := fixtureModel(t, "qwen3_next")
+	code, _, errs := runCLI(t, "", "run", "--model", dir, "--temperature", "0", "--max-tokens", "6", "hi")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if strings.Contains(errs, "mtp:") {
+		t.Fatalf("speculative decoding ran without --mtp: %q", errs)
+	}
+}

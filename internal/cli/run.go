@@ -48,7 +48,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.raw, "raw", false, "no chat template: tokenize the prompt as it is and print only the continuation")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0 = all cores)")
 	fs.Int64Var(&f.kvBudget, "kv-budget", 1<<30, "KV-cache budget in bytes")
-	fs.StringVar(&f.mtp, "mtp", "auto", "MTP speculative decoding: auto (on when the model has an MTP module), on, off")
+	fs.StringVar(&f.mtp, "mtp", "off", "MTP speculative decoding: off, auto (on when the model has an MTP module), on; off by default: on the CPU backend it costs more than it gains (BENCHMARKS.md §5)")
 	fs.IntVar(&f.draft, "draft", 3, "draft tokens per speculative step (adapted to the measured acceptance)")
 }
 

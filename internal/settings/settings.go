@@ -88,7 +88,7 @@ func Default() Config {
 		Autosave: true,
 		History:  true,
 		Sampling: Sampling{Temperature: 0.7, TopP: 0.95, TopK: 40, MinP: 0.05, RepeatPenalty: 1, MaxTokens: 2048},
-		MTP:      MTP{Mode: "auto", Draft: 3},
+		MTP:      MTP{Mode: "off", Draft: 3},
 		Engine:   Engine{KVBudget: 1 << 30},
 	}
 }
