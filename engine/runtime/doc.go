@@ -118,6 +118,19 @@
 // compute-bound, and drafts would cost more than they save. The MTP cache
 // is still extended then, so drafting resumes when the load drops.
 //
+// Drafting is also cost-aware (unless Options.DraftIgnoreCost): decode
+// steps (no prompt chunk) are timed from scheduling to the last sampled
+// token, MTP passes included, and an estimate of the seconds per emitted
+// token is kept for steps with drafts and steps without. Steps alternate
+// between the two kinds until two plain steps are measured; then one in 32
+// runs plain. When the drafting steps cost more than 5 % more per token,
+// nobody drafts but for a probe step now and then (after 32 steps, the gap
+// doubling after each probe that finds drafting still slower, up to 256),
+// and the MTP module is fed the target's hidden states 16 at a time (and
+// before a probe) rather than every step; drafting resumes once its steps
+// cost less than plain ones. Greedy output does not depend on any of this;
+// sampled output is distributed the same either way.
+//
 // Usage reports per request the verification steps, drafts, accepted drafts
 // (per step, and the acceptance rate of each draft position); Stats the
 // same engine-wide.

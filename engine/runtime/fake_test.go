@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/linattn"
@@ -29,6 +30,10 @@ type fakeMTP struct {
 	vocab int
 	noise float32 // size of the MTP's error on the logits
 	scale float32 // logit scale of the target
+
+	// cost, if set, is slept at the start of every call: mtp tells
+	// ForwardMTP from Forward, and tokens is the batch's tokens.
+	cost func(mtp bool, tokens int) time.Duration
 
 	mu        sync.Mutex
 	forwards  int // Forward calls
@@ -92,6 +97,9 @@ func (f *fakeMTP) forward(b *model.Batch, state bool) (*model.Output, error) {
 	if err := b.Validate(f.vocab, f.CacheLayout()); err != nil {
 		return nil, err
 	}
+	if f.cost != nil {
+		time.Sleep(f.cost(false, b.Tokens()))
+	}
 	f.mu.Lock()
 	f.forwards++
 	for _, s := range b.Seqs {
@@ -147,6 +155,9 @@ func (f *fakeMTP) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output,
 	}
 	if len(hidden) != len(b.Seqs) {
 		return nil, fmt.Errorf("fake: %d hidden blocks for %d sequences", len(hidden), len(b.Seqs))
+	}
+	if f.cost != nil {
+		time.Sleep(f.cost(true, b.Tokens()))
 	}
 	f.mu.Lock()
 	f.mtpCalls++

@@ -73,8 +73,17 @@ func budget(m model.Model, blocks int) int64 {
 	return int64(blocks*blockSize) * m.Info().KVBytesPerToken
 }
 
-// start builds a runtime that the test closes.
+// start builds a runtime that the test closes. Its drafting ignores cost
+// (these tests check what drafting does, not whether it pays on a fake
+// model's timings); startCostAware keeps the default.
 func start(t testing.TB, m model.Model, opts runtime.Options) *runtime.Runtime {
+	t.Helper()
+	opts.DraftIgnoreCost = true
+	return startCostAware(t, m, opts)
+}
+
+// startCostAware is start with Options.DraftIgnoreCost as given.
+func startCostAware(t testing.TB, m model.Model, opts runtime.Options) *runtime.Runtime {
 	t.Helper()
 	if opts.BlockSize == 0 {
 		opts.BlockSize = blockSize

@@ -102,6 +102,14 @@ type Options struct {
 	// than this are running; 0 means DefaultDraftMaxSeqs, negative means
 	// no limit.
 	DraftMaxSeqs int
+	// DraftIgnoreCost keeps drafting however much it costs. By default the
+	// runtime times its decode steps, with and without drafts, and while
+	// the steps with drafts emit tokens more slowly (by more than 5 %) it
+	// drafts for nobody but an occasional probe step (see doc.go and
+	// Stats.DraftSuppressed):
+	// on a compute-bound backend verifying k+1 tokens costs nearly k+1
+	// plain steps, and speculation loses whatever the acceptance.
+	DraftIgnoreCost bool
 
 	// PrefixCache is the most cached prefixes kept for conversation reuse
 	// (see doc.go): 0 means DefaultPrefixCache, negative turns reuse off.

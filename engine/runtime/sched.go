@@ -26,6 +26,7 @@ type scheduler struct {
 	mtpBatch  model.Batch
 	mtpHidden [][]float32 // (len(mtpBatch.Seqs)) the hidden-state input of each entry
 	mtpSeqs   []*seq      // (len(mtpBatch.Seqs)) the sequence of each entry
+	mtpPrompt bool        // the step's MTP passes fed the module prompt rows
 
 	// Engine-wide counters, published in Stats.
 	steps, promptToks, genToks, preemptTotal, failed uint64
@@ -36,6 +37,7 @@ type scheduler struct {
 	stepsPerSec                                      float64
 	lastDrafts                                       int        // draft tokens verified in the last step
 	spec                                             specCounts // speculative decoding since New
+	cost                                             draftCost  // cost of drafting vs plain steps (cost.go)
 
 	prefix prefixCache // cached prefixes (prefix.go)
 }
@@ -171,8 +173,10 @@ func (sc *scheduler) runStep() {
 	}
 	now := time.Now()
 	sc.account(start, now)
+	gen, timed, specs := sc.genToks, true, false // timed: a decode step, for the drafting cost
 	for i, s := range sc.step {
 		e, o := &sc.batch.Seqs[i], &out.Seqs[i]
+		specs = specs || s.sp != nil
 		if s.sp != nil && s.sp.k > 0 {
 			sc.verifySafe(s, e, o, now)
 			continue
@@ -180,6 +184,7 @@ func (sc *scheduler) runStep() {
 		n := len(e.Tokens)
 		if n > 1 || s.computed < s.nPrompt {
 			sc.promptToks += uint64(n) // a prompt chunk or a recomputation
+			timed = false
 		}
 		if s.sp != nil {
 			s.sp.addHidden(e.Pos, n, o.Hidden, sc.r.info.Hidden)
@@ -191,6 +196,9 @@ func (sc *scheduler) runStep() {
 		if e.Logits == model.LastLogits {
 			sc.advanceSafe(s, o.Logits, now)
 		}
+	}
+	if timed && specs && !sc.mtpPrompt && !sc.r.opts.DraftIgnoreCost {
+		sc.cost.observe(sc.lastDrafts > 0, time.Since(start), int(sc.genToks-gen))
 	}
 	// Prompts become cached prefixes once the MTP module has seen them.
 	for _, s := range sc.step {

@@ -128,6 +128,9 @@ func (sc *scheduler) scheduleDrafts(budget int) int {
 	if r.mtp == nil || r.opts.DraftMaxSeqs > 0 && len(sc.running) > r.opts.DraftMaxSeqs {
 		return budget
 	}
+	if !r.opts.DraftIgnoreCost && !sc.cost.allow() {
+		return budget // drafting costs more than it saves (cost.go)
+	}
 	for i, s := range sc.step {
 		sp := s.sp
 		if budget == 0 {
@@ -222,6 +225,8 @@ func (sc *scheduler) draft() error {
 	w := r.info.Hidden
 	b := &sc.mtpBatch
 	b.Seqs, sc.mtpHidden, sc.mtpSeqs = b.Seqs[:0], sc.mtpHidden[:0], sc.mtpSeqs[:0]
+	defer_ := !r.opts.DraftIgnoreCost && sc.cost.deferMTP()
+	sc.mtpPrompt = false
 	for i, s := range sc.step {
 		sp := s.sp
 		if sp == nil {
@@ -233,6 +238,12 @@ func (sc *scheduler) draft() error {
 		}
 		if end <= sp.mtpDone {
 			continue
+		}
+		if sp.k == 0 && defer_ && sp.mtpDone >= s.nPrompt && end-sp.mtpDone < maxMTPBacklog {
+			continue // drafting is off: feed the MTP module later, in one go
+		}
+		if sp.mtpDone < s.nPrompt {
+			sc.mtpPrompt = true // prefill work: the step is not timed (cost.go)
 		}
 		e := model.Seq{Tokens: s.tokens[sp.mtpDone+1 : end+1], Pos: sp.mtpDone, KV: s.kv}
 		if sp.k > 0 {

@@ -47,6 +47,14 @@ type Stats struct {
 	AcceptRate      float64   // AcceptedTokens / DraftTokens
 	AcceptedPerStep float64   // AcceptedTokens / VerifySteps (each also emits one target token)
 	AcceptRateByPos []float64 // [i]: share of the drafts at position i (0 first) that were accepted
+
+	// Cost-aware drafting (Options.DraftIgnoreCost false): the estimated
+	// wall time per emitted token of decode steps with and without drafts
+	// (0 until measured; MTP passes included), and whether drafting is
+	// suppressed because the former is the larger.
+	DraftSecPerToken float64
+	PlainSecPerToken float64
+	DraftSuppressed  bool
 }
 
 // specCounts are speculative-decoding counters, per request or engine-wide.
@@ -109,6 +117,10 @@ func (r *Runtime) publish() {
 		VerifySteps:     sc.spec.steps,
 		DraftTokens:     sc.spec.drafted,
 		AcceptedTokens:  sc.spec.accepted,
+
+		DraftSecPerToken: sc.cost.spec,
+		PlainSecPerToken: sc.cost.plain,
+		DraftSuppressed:  sc.cost.off,
 	}
 	if r.states != nil {
 		st.RecurrentBytes = r.states.Used()
