@@ -62,16 +62,7 @@ func (d *Decoder) Forward(b *Batch) (*Output, error) {
 	c.Backend, c.Cache = d.Backend, b.Cache
 	c.Arena.Reset()
 	n := b.Tokens()
-	t := &c.Tok
-	t.Pos, t.Seq, t.KV = t.Pos[:0], t.Seq[:0], t.KV[:0]
-	for i := range b.Seqs {
-		s := &b.Seqs[i]
-		for j := range s.Tokens {
-			t.Pos = append(t.Pos, int32(s.Pos+j))
-			t.Seq = append(t.Seq, int32(i))
-		}
-		t.KV = append(t.KV, s.KV)
-	}
+	b.FillTokens(&c.Tok)
 
 	x := c.Arena.Get(n * hidden) // (N, hidden) residual stream
 	row := 0

@@ -224,20 +224,13 @@ func (m *Model) begin(b *model.Batch) *pass {
 	p.Backend, p.Cache = m.be, b.Cache
 	p.Arena.Reset()
 	p.kpool, p.tail = m.p.kpool, m.p.tail
-	t := &p.Tok
-	t.Pos, t.Seq, t.KV = t.Pos[:0], t.Seq[:0], t.KV[:0]
+	b.FillTokens(&p.Tok)
 	p.start = append(p.start[:0], 0)
 	p.slots = p.slots[:0]
 	p.states = b.States
 	for i := range b.Seqs {
-		s := &b.Seqs[i]
-		for j := range s.Tokens {
-			t.Pos = append(t.Pos, int32(s.Pos+j))
-			t.Seq = append(t.Seq, int32(i))
-		}
-		t.KV = append(t.KV, s.KV)
-		p.start = append(p.start, len(t.Pos))
-		p.slots = append(p.slots, s.State)
+		p.start = append(p.start, p.start[i]+len(b.Seqs[i].Tokens))
+		p.slots = append(p.slots, b.Seqs[i].State)
 	}
 	return p
 }
