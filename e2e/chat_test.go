@@ -118,6 +118,15 @@ func (tm *term) send(keys ...string) {
 	}
 }
 
+// line types text and then presses Enter as a separate keystroke, as a
+// person does: text and Enter arriving in one read look like a paste, whose
+// newline the input keeps instead of sending.
+func (tm *term) line(text string) {
+	tm.send(text)
+	time.Sleep(150 * time.Millisecond)
+	tm.send("Enter")
+}
+
 // waitFor polls the screen until cond holds or the deadline passes.
 func (tm *term) waitFor(what string, cond func(string) bool) string {
 	tm.t.Helper()
@@ -179,7 +188,7 @@ func TestChatInTerminal(t *testing.T) {
 	if s == "" {
 		t.Fatal("ferrite exited at start")
 	}
-	tm.send("hello ferrite", "Enter")
+	tm.line("hello ferrite")
 	s = tm.waitFor("a finished reply with stats", func(s string) bool {
 		return strings.Contains(s, "tok/s") && strings.Contains(s, "24 tokens")
 	})
@@ -194,7 +203,7 @@ func TestChatInTerminal(t *testing.T) {
 	}
 
 	out := filepath.Join(data, "transcript.md")
-	tm.send("/export md "+out, "Enter")
+	tm.line("/export md " + out)
 	tm.waitFor("the export message", func(s string) bool { return strings.Contains(s, "Exported") })
 	b, err := os.ReadFile(out)
 	if err != nil {
@@ -214,7 +223,7 @@ func TestChatInTerminal(t *testing.T) {
 	}
 
 	// /models lists the config's folder, the current model marked.
-	tm.send("/models", "Enter")
+	tm.line("/models")
 	s = tm.waitFor("the model list", func(s string) bool { return strings.Contains(s, "tiny-llama") })
 	for _, want := range []string{"● tiny-qwen3", "llama", "config"} {
 		if !strings.Contains(s, want) {
@@ -223,8 +232,8 @@ func TestChatInTerminal(t *testing.T) {
 	}
 
 	// Two alternatives, generated at once, compared and one kept.
-	tm.send("/set temperature 0.9", "Enter")
-	tm.send("/regen 2", "Enter")
+	tm.line("/set temperature 0.9")
+	tm.line("/regen 2")
 	s = tm.waitFor("the alternatives", func(s string) bool { return strings.Contains(s, "alternatives ready") })
 	if !strings.Contains(s, "Alternatives:  previous │[1]│ 2") {
 		t.Errorf("no alternatives strip:\n%s", s)
@@ -237,19 +246,19 @@ func TestChatInTerminal(t *testing.T) {
 	// A second chat; the first stays open.
 	tm.send("C-n")
 	tm.waitFor("the second chat", func(s string) bool { return strings.Contains(s, "[2 new chat]") })
-	tm.send("second chat here", "Enter")
+	tm.line("second chat here")
 	tm.waitFor("its reply", func(s string) bool { return strings.Contains(s, "24 tokens") })
 	tm.send("C-Left")
 	tm.waitFor("the first chat again", func(s string) bool { return strings.Contains(s, "[1 hello ferrite]") })
 
 	// Switch model without leaving.
-	tm.send("/model tiny-llama", "Enter")
+	tm.line("/model tiny-llama")
 	s = tm.waitFor("the switch", func(s string) bool { return strings.Contains(s, "Switched to tiny-llama") })
 	if !strings.Contains(s, "tiny-llama llama") {
 		t.Errorf("the status bar does not show the new model:\n%s", s)
 	}
 
-	tm.send("/quit", "Enter")
+	tm.line("/quit")
 	tm.waitFor("the program to exit", func(s string) bool { return s == "" })
 
 	// The input history is kept for the next session.
@@ -272,7 +281,7 @@ func TestBadConfigIsReported(t *testing.T) {
 	if !strings.Contains(s, "line 2") || !strings.Contains(s, "sampling.temperature") || !strings.Contains(s, "Type /help") {
 		t.Errorf("the warning lacks the line and key:\n%s", s)
 	}
-	tm.send("/quit", "Enter")
+	tm.line("/quit")
 	tm.waitFor("the program to exit", func(s string) bool { return s == "" })
 }
 
@@ -302,7 +311,7 @@ func TestBuiltinModelAnswers(t *testing.T) {
 	tm := newTerm(t, []string{"XDG_DATA_HOME=" + data, "XDG_CONFIG_HOME=" + data, "NO_COLOR=1"},
 		bin, "--temperature", "0")
 	tm.waitFor("the chat to open", func(s string) bool { return strings.Contains(s, "ferrite-tiny") })
-	tm.send("What does ephemeral mean?", "Enter")
+	tm.line("What does ephemeral mean?")
 	tm.waitFor("the definition", func(s string) bool { return strings.Contains(s, "lasting a very short time") })
 	tm.send("C-c")
 	tm.send("C-c")
