@@ -310,7 +310,12 @@ func TestBuiltinModelAnswers(t *testing.T) {
 	data := t.TempDir()
 	tm := newTerm(t, []string{"XDG_DATA_HOME=" + data, "XDG_CONFIG_HOME=" + data, "NO_COLOR=1"},
 		bin, "--temperature", "0")
-	tm.waitFor("the chat to open", func(s string) bool { return strings.Contains(s, "ferrite-tiny") })
+	// Wait for the chat itself, not just the name (the loading line names the
+	// model too): keys typed before the terminal is in raw mode arrive as a
+	// cooked line whose Enter reads as a newline.
+	tm.waitFor("the chat to open", func(s string) bool {
+		return strings.Contains(s, "Chatting with ferrite-tiny") && strings.Contains(s, "Type /help")
+	})
 	tm.line("What does ephemeral mean?")
 	tm.waitFor("the definition", func(s string) bool { return strings.Contains(s, "lasting a very short time") })
 	tm.send("C-c")
