@@ -701,7 +701,10 @@ def train(args, model, blk, x_np, m_np, pad, ckdir, out_summary):
         log("WARNING close to the memory limit")
 
     train_budget = args.train_until - now() + state["elapsed"]
-    log(f"training budget {train_budget:.0f}s (until t={args.train_until}s)")
+    if args.schedule_seconds:
+        # one schedule across several runs (--resume): the cosine spans this many training seconds
+        train_budget = args.schedule_seconds
+    log(f"training budget {train_budget:.0f}s (until t={args.train_until}s, {state['elapsed']:.0f}s done before)")
     t_start = time.time() - state["elapsed"]
     last_ck = time.time()
     ema = None
@@ -1273,7 +1276,8 @@ def main():
     ap.add_argument("--moe-inter", type=int, default=160)
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--kda-chunk", type=int, default=16, help="chunk size of the torch KDA fallback in training")
-    ap.add_argument("--batch-candidates", type=lambda s: [int(x) for x in s.split(",")], default=[256, 192, 128, 96, 64])
+    ap.add_argument("--batch-candidates", type=lambda s: [int(x) for x in s.split(",")], default=[512, 384, 256, 192, 128, 96, 64],
+                    help="batch sizes tried in order; the first that fits in GPU memory is used")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=40)
@@ -1283,6 +1287,9 @@ def main():
     ap.add_argument("--balance-rate", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--train-until", type=float, default=380.0, help="stop training at this many seconds after start")
+    ap.add_argument("--schedule-seconds", type=float, default=0.0,
+                    help="training seconds the warm-up + cosine schedule spans, counted over all resumed runs "
+                         "(default: what this run trains, plus what a resumed checkpoint already trained)")
     ap.add_argument("--eval-deadline", type=float, default=0.0, help="default: train-until + 75")
     ap.add_argument("--max-steps", type=int, default=0)
     ap.add_argument("--min-steps", type=int, default=300, help="halve the batch once if fewer steps would fit")
