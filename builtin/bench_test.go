@@ -2,6 +2,7 @@ package builtin
 
 import (
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -33,7 +34,10 @@ func BenchmarkSpeculative(b *testing.B) {
 	}
 	for _, draft := range []int{0, 1, 2, 3} {
 		b.Run(fmt.Sprintf("draft=%d", draft), func(b *testing.B) {
-			rt, err := runtime.New(l.Model, runtime.Options{KVBudget: 8 << 20, Draft: draft})
+			rt, err := runtime.New(l.Model, runtime.Options{KVBudget: 8 << 20, Draft: draft,
+				// FERRITE_BENCH_DRAFT_ALWAYS=1 drafts on every step, to measure acceptance
+				// and the cost of speculation without the cost-aware switch.
+				DraftIgnoreCost: os.Getenv("FERRITE_BENCH_DRAFT_ALWAYS") == "1"})
 			if err != nil {
 				b.Fatal(err)
 			}
