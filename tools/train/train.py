@@ -27,7 +27,7 @@ One run does everything, under a wall-clock budget counted from the script's sta
 Typical use on the GPU machine (see MODEL_CARD.md, "Retraining"):
 
   PYTHONUNBUFFERED=1 python3 tools/train/train.py --corpus tools/train/data/corpus --out /tmp/ft \
-      --train-until 380 --deadline 480
+      --train-until 380 --eval-deadline 480
 """
 
 import time
@@ -701,10 +701,10 @@ def train(args, model, blk, x_np, m_np, pad, ckdir, out_summary):
         log("WARNING close to the memory limit")
 
     train_budget = args.train_until - now() + state["elapsed"]
-    if args.schedule_seconds:
-        # one schedule across several runs (--resume): the cosine spans this many training seconds
-        train_budget = args.schedule_seconds
-    log(f"training budget {train_budget:.0f}s (until t={args.train_until}s, {state['elapsed']:.0f}s done before)")
+    # one schedule across several runs (--resume): the cosine spans this many training seconds
+    schedule = args.schedule_seconds or train_budget
+    log(f"training budget {train_budget:.0f}s (until t={args.train_until}s, {state['elapsed']:.0f}s done before), "
+        f"cosine over {schedule:.0f}s")
     t_start = time.time() - state["elapsed"]
     last_ck = time.time()
     ema = None
@@ -715,7 +715,7 @@ def train(args, model, blk, x_np, m_np, pad, ckdir, out_summary):
         elapsed = time.time() - t_start
         if now() >= args.train_until or (args.max_steps and state["step"] >= args.max_steps):
             break
-        frac = min(1.0, elapsed / max(train_budget, 1.0))
+        frac = min(1.0, elapsed / max(schedule, 1.0))
         lr = args.lr * min(1.0, (state["step"] + 1) / args.warmup) * (
             args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
@@ -1288,7 +1288,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--train-until", type=float, default=380.0, help="stop training at this many seconds after start")
     ap.add_argument("--schedule-seconds", type=float, default=0.0,
-                    help="training seconds the warm-up + cosine schedule spans, counted over all resumed runs "
+                    help="training seconds the cosine decay spans, counted over all resumed runs "
                          "(default: what this run trains, plus what a resumed checkpoint already trained)")
     ap.add_argument("--eval-deadline", type=float, default=0.0, help="default: train-until + 75")
     ap.add_argument("--max-steps", type=int, default=0)
