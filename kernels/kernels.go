@@ -16,6 +16,15 @@ const (
 	BF16                // bfloat16, little-endian
 	F16                 // IEEE float16, little-endian
 	F8E4M3              // float8 e4m3fn with per-block float32 scales
+
+	// Block-quantized types in GGML's block layouts (a row of Cols elements
+	// is Cols/BlockElems() blocks of BlockBytes() bytes each); Cols must be a
+	// multiple of BlockElems().
+	Q8_0 // 32 int8 + one f16 scale
+	Q4_0 // 32 4-bit + one f16 scale, offset -8
+	Q4K  // 256-element super-block: 8 sub-blocks with 6-bit scales and mins
+	Q5K  // as Q4K with a fifth bit per weight
+	Q6K  // 256-element super-block: 16 sub-blocks with int8 scales
 )
 
 // String returns the safetensors spelling of the dtype.
@@ -29,9 +38,54 @@ func (d DType) String() string {
 		return "F16"
 	case F8E4M3:
 		return "F8_E4M3"
+	case Q8_0:
+		return "Q8_0"
+	case Q4_0:
+		return "Q4_0"
+	case Q4K:
+		return "Q4_K"
+	case Q5K:
+		return "Q5_K"
+	case Q6K:
+		return "Q6_K"
 	}
 	return "unknown"
 }
+
+// Quantized reports whether d is a block-quantized type.
+func (d DType) Quantized() bool { return d >= Q8_0 && d <= Q6K }
+
+// BlockElems is how many elements one block holds (1 for plain types).
+func (d DType) BlockElems() int {
+	switch d {
+	case Q8_0, Q4_0:
+		return 32
+	case Q4K, Q5K, Q6K:
+		return 256
+	}
+	return 1
+}
+
+// BlockBytes is how many bytes one block takes (Size() for plain types).
+func (d DType) BlockBytes() int {
+	switch d {
+	case Q8_0:
+		return 34
+	case Q4_0:
+		return 18
+	case Q4K:
+		return 144
+	case Q5K:
+		return 176
+	case Q6K:
+		return 210
+	}
+	return d.Size()
+}
+
+// RowBytes is how many bytes a row of cols elements takes; cols must be a
+// multiple of BlockElems().
+func (d DType) RowBytes(cols int) int { return cols / d.BlockElems() * d.BlockBytes() }
 
 // Size is the number of bytes one element takes.
 func (d DType) Size() int {
