@@ -1,0 +1,145 @@
+package gguf
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/ferrite-llm/ferrite/tokenizer"
+)
+
+// preSplit is a pre-tokenizer: the regexes Hugging Face's tokenizer.json
+// of that family splits with, and its other settings.
+type preSplit struct {
+	splits       []string
+	nfc          bool // the family's tokenizer.json normalizes to NFC (Qwen2)
+	ignoreMerges bool // Llama 3's ignore_merges
+	addBOS       bool // llama.cpp's default when tokenizer.ggml.add_bos_token is absent
+}
+
+var (
+	llama3Pre = preSplit{splits: []string{tokenizer.Llama3Regex}, ignoreMerges: true, addBOS: true}
+	qwen2Pre  = preSplit{splits: []string{tokenizer.Qwen2Regex}, nfc: true}
+	gpt2Pre   = preSplit{splits: []string{tokenizer.GPT2Regex}}
+	glm4Pre   = preSplit{splits: []string{tokenizer.Llama3Regex}}
+	// DeepSeek-V3's three Split steps.
+	deepseekV3Pre = preSplit{splits: []string{
+		`\p{N}{1,3}`,
+		`[一-龥぀-ゟ゠-ヿ]+`,
+		`[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_` + "`" + `{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
+	}}
+)
+
+// preTokenizers maps tokenizer.ggml.pre (the names llama.cpp's
+// convert_hf_to_gguf_update.py gives) to the pre-tokenizer.
+var preTokenizers = map[string]preSplit{
+	"llama3": llama3Pre, "llama-v3": llama3Pre, "llama-bpe": llama3Pre, "falcon3": llama3Pre, "pixtral": llama3Pre,
+	"qwen2": qwen2Pre, "deepseek-r1-qwen": qwen2Pre, "megrez": qwen2Pre,
+	"gpt2": gpt2Pre, "gpt-2": gpt2Pre, "phi-2": gpt2Pre, "olmo": gpt2Pre, "refact": gpt2Pre,
+	"glm4": glm4Pre, "chatglm-bpe": glm4Pre,
+	"deepseek-v3": deepseekV3Pre,
+}
+
+// Tokenizer builds the model's tokenizer from tokenizer.ggml.* (a byte-level
+// BPE: tokenizer.ggml.model "gpt2") and its chat template from
+// tokenizer.chat_template. SentencePiece ("llama") and other tokenizer
+// models are an error saying so.
+func (m *Model) Tokenizer() (*tokenizer.Tokenizer, error) {
+	meta, path := m.Meta, m.Path
+	kind := meta.String("tokenizer.ggml.model")
+	switch kind {
+	case "gpt2":
+	case "":
+		return nil, fmt.Errorf("%s: %w", path, errNoTokenizer)
+	case "llama":
+		return nil, fmt.Errorf("%s: SentencePiece tokenizers (tokenizer.ggml.model \"llama\") are not supported yet; ferrite reads byte-level BPE (\"gpt2\")", path)
+	default:
+		return nil, fmt.Errorf("%s: tokenizer.ggml.model %q is not supported; ferrite reads byte-level BPE (\"gpt2\")", path, kind)
+	}
+	preName := meta.String("tokenizer.ggml.pre")
+	pre, ok := preTokenizers[preName]
+	if !ok {
+		return nil, fmt.Errorf("%s: pre-tokenizer %q (tokenizer.ggml.pre) is not supported; supported: %s",
+			path, preName, strings.Join(slices.Sorted(maps.Keys(preTokenizers)), ", "))
+	}
+	v := tokenizer.BPEVocab{
+		Splits: pre.splits, NFC: pre.nfc, IgnoreMerges: pre.ignoreMerges,
+		BOS: -1, PAD: -1, AddBOS: pre.addBOS,
+		ChatTemplate: meta.String("tokenizer.chat_template"),
+		TemplateName: path + " tokenizer.chat_template",
+	}
+	tokens, err := stringArray(meta, path, "tokenizer.ggml.tokens", true)
+	if err != nil {
+		return nil, err
+	}
+	v.Tokens = tokens
+	if v.Merges, err = stringArray(meta, path, "tokenizer.ggml.merges", true); err != nil {
+		return nil, err
+	}
+	if tv, ok := meta.Get("tokenizer.ggml.token_type"); ok {
+		types, ok := tv.Ints()
+		if !ok || len(types) != len(tokens) {
+			return nil, meta.metaErr(path, "tokenizer.ggml.token_type", tv, fmt.Sprintf("%d integers, one per token", len(tokens)))
+		}
+		v.Kinds = make([]tokenizer.TokenKind, len(types))
+		for i, t := range types {
+			v.Kinds[i] = tokenizer.TokenKind(t)
+		}
+	}
+	id := func(key string) (int32, error) {
+		u, ok, err := meta.uintKey(path, key)
+		switch {
+		case err != nil:
+			return -1, err
+		case !ok:
+			return -1, nil
+		case u >= uint64(len(tokens)):
+			return -1, fmt.Errorf("%s: %s = %d is not below the vocabulary size %d", path, key, u, len(tokens))
+		}
+		return int32(u), nil
+	}
+	if v.BOS, err = id("tokenizer.ggml.bos_token_id"); err != nil {
+		return nil, err
+	}
+	if v.PAD, err = id("tokenizer.ggml.padding_token_id"); err != nil {
+		return nil, err
+	}
+	// The end of a reply: eos, and the end-of-turn / end-of-message tokens
+	// llama.cpp also stops at.
+	for _, key := range []string{"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"} {
+		e, err := id(key)
+		if err != nil {
+			return nil, err
+		}
+		if e >= 0 && !slices.Contains(v.EOS, e) {
+			v.EOS = append(v.EOS, e)
+		}
+	}
+	if b, ok, err := meta.boolKey(path, "tokenizer.ggml.add_bos_token"); err != nil {
+		return nil, err
+	} else if ok {
+		v.AddBOS = b
+	}
+	t, err := tokenizer.NewBPE(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return t, nil
+}
+
+// stringArray reads an array-of-strings key.
+func stringArray(meta Metadata, path, key string, required bool) ([]string, error) {
+	v, ok := meta.Get(key)
+	if !ok {
+		if required {
+			return nil, fmt.Errorf("%s: missing metadata %s", path, key)
+		}
+		return nil, nil
+	}
+	s, ok := v.Strings()
+	if !ok {
+		return nil, meta.metaErr(path, key, v, "an array of strings")
+	}
+	return s, nil
+}

@@ -1,0 +1,321 @@
+package gguf
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"sync"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Weights serves a GGUF model's tensors under the Hugging Face names
+// ferrite's architectures ask for (model.WeightSource): Mat and Expert view
+// the mapped data in place, in the stored type. Only the Q and K
+// projections of llama-architecture files are copied, to undo the
+// converter's row permutation.
+type Weights struct {
+	m         *Model
+	permuteQK bool
+	heads     int // attention heads (rows of attn_q in head blocks)
+	kvHeads   int
+	mainLayer int // layers at or above this index are NextN (MTP) blocks
+
+	mu        sync.Mutex
+	permuted  map[string][]byte // un-permuted copies, by GGUF name
+	permBytes int64
+}
+
+// Weights returns the model's tensors as a weight source for model.New.
+// cfg must come from m.Config (it supplies head counts and the layer count).
+func (m *Model) Weights() (*Weights, error) {
+	a, ok := archs[m.Meta.Arch()]
+	if !ok {
+		return nil, fmt.Errorf("%s: %s", m.Path, Unsupported(m.Meta.Arch()))
+	}
+	w := &Weights{m: m, permuteQK: a.permuteQK, permuted: map[string][]byte{}}
+	prefix := m.Meta.Arch() + "."
+	get := func(key string, def int) int {
+		u, ok, err := m.Meta.uintKey(m.Path, prefix+key)
+		if err != nil || !ok {
+			return def
+		}
+		return int(u)
+	}
+	w.heads = get("attention.head_count", 0)
+	w.kvHeads = get("attention.head_count_kv", w.heads)
+	w.mainLayer = get("block_count", 0) - get("nextn_predict_layers", 0)
+	return w, nil
+}
+
+// PermutedBytes is the memory the un-permuted Q/K copies take.
+func (w *Weights) PermutedBytes() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.permBytes
+}
+
+// ref is where a Hugging Face tensor lives in the GGUF file.
+type ref struct {
+	name   string // GGUF tensor name
+	expert int    // the expert's slice of a 3-D tensor, or -1
+	heads  int    // > 0: rows are permuted in this many head blocks
+}
+
+var (
+	layerName  = regexp.MustCompile(`^model\.layers\.(\d+)\.(.+)$`)
+	expertName = regexp.MustCompile(`^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$`)
+)
+
+// topNames are the tensors outside the blocks.
+var topNames = map[string]string{
+	"model.embed_tokens.weight": "token_embd.weight",
+	"model.norm.weight":         "output_norm.weight",
+	"lm_head.weight":            "output.weight",
+}
+
+// blockNames maps the names inside model.layers.N. to those inside blk.N.
+var blockNames = map[string]string{
+	"input_layernorm.weight":              "attn_norm.weight",
+	"post_attention_layernorm.weight":     "ffn_norm.weight",
+	"self_attn.q_proj.weight":             "attn_q.weight",
+	"self_attn.q_proj.bias":               "attn_q.bias",
+	"self_attn.k_proj.weight":             "attn_k.weight",
+	"self_attn.k_proj.bias":               "attn_k.bias",
+	"self_attn.v_proj.weight":             "attn_v.weight",
+	"self_attn.v_proj.bias":               "attn_v.bias",
+	"self_attn.o_proj.weight":             "attn_output.weight",
+	"self_attn.q_norm.weight":             "attn_q_norm.weight",
+	"self_attn.k_norm.weight":             "attn_k_norm.weight",
+	"mlp.gate_proj.weight":                "ffn_gate.weight",
+	"mlp.up_proj.weight":                  "ffn_up.weight",
+	"mlp.down_proj.weight":                "ffn_down.weight",
+	"mlp.gate.weight":                     "ffn_gate_inp.weight",
+	"mlp.gate.e_score_correction_bias":    "exp_probs_b.bias",
+	"mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
+	"mlp.shared_experts.up_proj.weight":   "ffn_up_shexp.weight",
+	"mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+}
+
+// nextnNames maps a NextN (MTP) layer's own tensors.
+var nextnNames = map[string]string{
+	"eh_proj.weight":          "nextn.eh_proj.weight",
+	"enorm.weight":            "nextn.enorm.weight",
+	"hnorm.weight":            "nextn.hnorm.weight",
+	"shared_head.head.weight": "nextn.shared_head_head.weight",
+	"shared_head.norm.weight": "nextn.shared_head_norm.weight",
+	"embed_tokens.weight":     "nextn.embed_tokens.weight",
+}
+
+// resolve finds the GGUF tensor behind a Hugging Face name.
+func (w *Weights) resolve(hf string) (ref, bool) {
+	if g, ok := topNames[hf]; ok {
+		return ref{name: g, expert: -1}, w.has(g)
+	}
+	m := layerName.FindStringSubmatch(hf)
+	if m == nil {
+		return ref{}, false
+	}
+	layer, err := strconv.Atoi(m[1])
+	if err != nil {
+		return ref{}, false
+	}
+	blk := "blk." + m[1] + "."
+	rest := m[2]
+	if g, ok := nextnNames[rest]; ok && layer >= w.mainLayer {
+		return ref{name: blk + g, expert: -1}, w.has(blk + g)
+	}
+	if e := expertName.FindStringSubmatch(rest); e != nil {
+		x, _ := strconv.Atoi(e[1])
+		if one := fmt.Sprintf("%sffn_%s.%d.weight", blk, e[2], x); w.has(one) { // older files: one tensor per expert
+			return ref{name: one, expert: -1}, true
+		}
+		g := blk + "ffn_" + e[2] + "_exps.weight"
+		return ref{name: g, expert: x}, w.has(g)
+	}
+	g, ok := blockNames[rest]
+	if !ok {
+		return ref{}, false
+	}
+	r := ref{name: blk + g, expert: -1}
+	if w.permuteQK {
+		switch rest {
+		case "self_attn.q_proj.weight", "self_attn.q_proj.bias":
+			r.heads = w.heads
+		case "self_attn.k_proj.weight", "self_attn.k_proj.bias":
+			r.heads = w.kvHeads
+		}
+	}
+	return r, w.has(r.name)
+}
+
+func (w *Weights) has(g string) bool {
+	_, ok := w.m.tensors[g]
+	return ok
+}
+
+// Has reports whether the Hugging Face tensor name is in the file.
+func (w *Weights) Has(name string) bool {
+	if w.m.closed.Load() {
+		return false
+	}
+	_, ok := w.resolve(name)
+	return ok
+}
+
+// tensor resolves name to its GGUF tensor.
+func (w *Weights) tensor(name string) (ref, *TensorInfo, error) {
+	if w.m.closed.Load() {
+		return ref{}, nil, fmt.Errorf("%s: tensor %q: the model is closed", w.m.Path, name)
+	}
+	r, ok := w.resolve(name)
+	if !ok {
+		if r.name == "" {
+			return r, nil, fmt.Errorf("%s: no GGUF tensor for %q", w.m.Path, name)
+		}
+		return r, nil, fmt.Errorf("%s: missing tensor %s (for %s)", w.m.Path, r.name, name)
+	}
+	return r, w.m.tensors[r.name], nil
+}
+
+// shapeErr reports a tensor whose shape is not the wanted one.
+func (w *Weights) shapeErr(r ref, t *TensorInfo, want []int) error {
+	return fmt.Errorf("%s: tensor %s has shape %v (GGML ne %v), want %v", w.m.Path, r.name, t.Shape(), t.Dims, want)
+}
+
+// dtype is the kernels' dtype of t, or an error naming its GGML type.
+func (w *Weights) dtype(r ref, t *TensorInfo) (kernels.DType, error) {
+	kd, ok := t.Type.DType()
+	if !ok {
+		return 0, fmt.Errorf("%s: tensor %s has type %s, which ferrite does not support (supported: %s)", w.m.Path, r.name, t.Type, supportedTypes)
+	}
+	return kd, nil
+}
+
+// Mat returns the 2-D tensor name, of shape (rows, cols), viewing the file.
+func (w *Weights) Mat(name string, rows, cols int) (*kernels.Mat, error) {
+	r, t, err := w.tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	if r.expert >= 0 {
+		return w.expertMat(r, t, rows, cols)
+	}
+	if len(t.Dims) != 2 || int(t.Dims[1]) != rows || int(t.Dims[0]) != cols {
+		return nil, w.shapeErr(r, t, []int{rows, cols})
+	}
+	kd, err := w.dtype(r, t)
+	if err != nil {
+		return nil, err
+	}
+	data := t.Data
+	if r.heads > 0 {
+		if data, err = w.unpermute(r, t, rows, kd.RowBytes(cols)); err != nil {
+			return nil, err
+		}
+	}
+	return &kernels.Mat{DType: kd, Rows: rows, Cols: cols, Data: data}, nil
+}
+
+// Expert would return a slice of a fused Hugging Face expert tensor
+// (experts.gate_up_proj); Has reports none, so models ask for the experts
+// one by one (model.layers.N.mlp.experts.E.gate_proj.weight), which Mat
+// serves as slices of GGUF's 3-D ffn_gate_exps (ne = [cols, rows, experts]).
+func (w *Weights) Expert(name string, _, _, _ int) (*kernels.Mat, error) {
+	return nil, fmt.Errorf("%s: fused expert tensor %q: GGUF experts are served per expert (Has reports no fused tensor)", w.m.Path, name)
+}
+
+// expertMat is the Mat of a per-expert name resolved to a 3-D slice.
+func (w *Weights) expertMat(r ref, t *TensorInfo, rows, cols int) (*kernels.Mat, error) {
+	if len(t.Dims) != 3 || int(t.Dims[1]) != rows || int(t.Dims[0]) != cols {
+		return nil, w.shapeErr(r, t, []int{int(t.Dims[len(t.Dims)-1]), rows, cols})
+	}
+	if r.expert >= int(t.Dims[2]) {
+		return nil, fmt.Errorf("%s: tensor %s has %d experts, want expert %d", w.m.Path, r.name, t.Dims[2], r.expert)
+	}
+	kd, err := w.dtype(r, t)
+	if err != nil {
+		return nil, err
+	}
+	n := rows * kd.RowBytes(cols)
+	return &kernels.Mat{DType: kd, Rows: rows, Cols: cols, Data: t.Data[r.expert*n : (r.expert+1)*n : (r.expert+1)*n]}, nil
+}
+
+// unpermute returns t's rows in Hugging Face order, copied once and kept.
+// convert_hf_to_gguf stores Q and K rows of head h as
+// h·d + 2k + s ← h·d + s·d/2 + k (d the head size, s ∈ {0,1}, k < d/2), so
+// that GGML's adjacent-pair rotation equals the half-split one.
+func (w *Weights) unpermute(r ref, t *TensorInfo, rows, rowBytes int) ([]byte, error) {
+	if rows%r.heads != 0 || rows/r.heads%2 != 0 {
+		return nil, fmt.Errorf("%s: tensor %s: %d rows do not split into %d heads of even size", w.m.Path, r.name, rows, r.heads)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if d, ok := w.permuted[r.name]; ok {
+		return d, nil
+	}
+	hd := rows / r.heads
+	out := make([]byte, len(t.Data))
+	for h := range r.heads {
+		for s := range 2 {
+			for k := range hd / 2 {
+				dst := (h*hd + s*hd/2 + k) * rowBytes
+				src := (h*hd + 2*k + s) * rowBytes
+				copy(out[dst:dst+rowBytes], t.Data[src:src+rowBytes])
+			}
+		}
+	}
+	w.permuted[r.name] = out
+	w.permBytes += int64(len(out))
+	return out, nil
+}
+
+// Float32 returns the tensor name, of exactly shape, converted to float32
+// (norm weights, biases: GGUF keeps them in F32).
+func (w *Weights) Float32(name string, shape ...int) ([]float32, error) {
+	r, t, err := w.tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	got := t.Shape()
+	if len(got) != len(shape) {
+		return nil, w.shapeErr(r, t, shape)
+	}
+	for i := range got {
+		if got[i] != shape[i] {
+			return nil, w.shapeErr(r, t, shape)
+		}
+	}
+	kd, err := w.dtype(r, t)
+	if err != nil {
+		return nil, err
+	}
+	data := t.Data
+	cols := int(t.Dims[0])
+	rows := t.Numel() / max(cols, 1)
+	if r.heads > 0 && len(t.Dims) == 1 { // a permuted bias: one element per row
+		if data, err = w.unpermute(r, t, cols, kd.RowBytes(1)); err != nil {
+			return nil, err
+		}
+		rows, cols = cols, 1
+	}
+	out := make([]float32, t.Numel())
+	if kd == kernels.F32 {
+		for i := range out {
+			out[i] = f32At(data, i)
+		}
+		return out, nil
+	}
+	m := &kernels.Mat{DType: kd, Rows: rows, Cols: cols, Data: data}
+	for i := range rows {
+		m.RowF32(out[i*cols:(i+1)*cols], i)
+	}
+	return out, nil
+}
+
+// f32At is element i of little-endian float32 data.
+func f32At(b []byte, i int) float32 {
+	return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+}
