@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gguf"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	_ "github.com/ferrite-llm/ferrite/engine/models/all" // register every architecture
@@ -20,19 +22,21 @@ type Options struct {
 	// Backend, when set, is used instead of a new CPU backend (and is not
 	// closed by Loaded.Close).
 	Backend kernels.Backend
-	// RandomWeights builds the model from config.json alone with seeded
-	// random tensors (benchmarks, smoke tests); no safetensors are read.
+	// RandomWeights builds the model from config.json (or a GGUF file's
+	// metadata) alone with seeded random tensors (benchmarks, smoke tests);
+	// no weights are read.
 	RandomWeights bool
 	// Seed seeds the random weights.
 	Seed uint64
 }
 
 // Loaded is a model ready to run, with what it was built from. The caller
-// loads the tokenizer (tokenizer.Load(dir)) separately.
+// loads the tokenizer (LoadTokenizer(dir)) separately.
 type Loaded struct {
 	Dir     string
 	Config  *config.Config
-	Weights *weights.Set // nil with RandomWeights
+	Weights *weights.Set // nil with RandomWeights or a GGUF file
+	GGUF    *gguf.Model  // the GGUF file the model was loaded from, or nil
 	Backend kernels.Backend
 	Model   model.Model
 
@@ -40,9 +44,15 @@ type Loaded struct {
 }
 
 // Load opens dir's config.json and weights, starts a backend and builds the
-// model. Every failure is returned as an error naming the file, key or
-// tensor at fault.
+// model. dir may also be a GGUF file, or a directory holding one GGUF model
+// and no config.json (see gguf.Find). Every failure is returned as an error
+// naming the file, key or tensor at fault.
 func Load(dir string, opts Options) (*Loaded, error) {
+	if file, ok, err := findGGUF(dir); err != nil {
+		return nil, err
+	} else if ok {
+		return loadGGUF(dir, file, opts)
+	}
 	cfg, err := config.Load(dir)
 	if err != nil {
 		return nil, err
@@ -97,6 +107,10 @@ func (l *Loaded) Close() error {
 	if l.Weights != nil {
 		err = l.Weights.Close()
 		l.Weights = nil
+	}
+	if l.GGUF != nil {
+		err = errors.Join(err, l.GGUF.Close())
+		l.GGUF = nil
 	}
 	if l.ownBackend != nil {
 		l.ownBackend.Close()

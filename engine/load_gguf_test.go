@@ -1,0 +1,159 @@
+package engine
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// ggufFixtures are the fixtures with a llama.cpp conversion.
+var ggufFixtures = []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe"}
+
+// writeGGUF converts fixture name to a GGUF file of type typ in a temporary
+// directory and returns its path.
+func writeGGUF(t *testing.T, name string, typ uint32) string {
+	t.Helper()
+	w, err := ggufwrite.Convert(fixtures.Dir(name), typ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), name+".gguf")
+	if err := w.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// promptRun is a model's logits for a fixture's prompt and its greedy
+// continuation.
+type promptRun struct {
+	logits []float32
+	greedy []int32
+}
+
+func runPrompt(t *testing.T, l *Loaded, prompt []int32, steps int) promptRun {
+	t.Helper()
+	m := l.Model
+	c, err := l.NewCache(int64(len(prompt)+steps+16)*m.Info().KVBytesPerToken, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.NewSeq()
+	step := func(s *kvcache.Seq, toks []int32, mode model.Logits) []float32 {
+		pos := s.Len()
+		if err := c.Reserve(s, pos+len(toks)); err != nil {
+			t.Fatal(err)
+		}
+		out, err := m.Forward(&model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: toks, Pos: pos, KV: s, Logits: mode}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.Seqs[0].Logits
+	}
+	r := promptRun{logits: step(s, prompt, model.AllLogits)}
+	vocab := m.Info().Vocab
+	next := argmax(r.logits[len(r.logits)-vocab:])
+	for range steps {
+		r.greedy = append(r.greedy, next)
+		next = argmax(step(s, []int32{next}, model.LastLogits))
+	}
+	return r
+}
+
+// f16Checkpoint writes a copy of the fixture checkpoint in dir with its
+// matrices in F16 (routers, norms and biases F32, as in GGUF conversions).
+func f16Checkpoint(t *testing.T, dir string) string {
+	t.Helper()
+	set, err := weights.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	var ts []weights.WriteTensor
+	for _, name := range set.Names() {
+		x, err := set.Tensor(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dt := kernels.F32
+		if len(x.Shape) >= 2 && !strings.HasSuffix(name, "gate.weight") {
+			dt = kernels.F16
+		}
+		ts = append(ts, weights.Encode(name, dt, x.Shape, ggufwrite.DecodeF32(x.Data)))
+	}
+	out := t.TempDir()
+	if err := weights.WriteFile(filepath.Join(out, "model.safetensors"), ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestGGUFFixtures converts each fixture to GGUF, in F32 and in F16, and
+// checks the model built from the file against the one built from the
+// same weights in safetensors: identical logits and greedy tokens (llama's
+// logits only within float rounding: its RoPE scaling arrives as
+// llama.cpp's rope_freqs factors rather than the llama3 parameters).
+func TestGGUFFixtures(t *testing.T) {
+	for _, name := range ggufFixtures {
+		t.Run(name, func(t *testing.T) {
+			fx, err := fixtures.Load(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			prompt, _, err := fx.Ints("prompt_ids")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tc := range []struct {
+				typ uint32
+				dir string
+			}{{ggufwrite.F32, fx.Dir}, {ggufwrite.F16, f16Checkpoint(t, fx.Dir)}} {
+				ref, err := Load(tc.dir, Options{Threads: 2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := runPrompt(t, ref, prompt, 12)
+				_, refMTP := ref.Model.(model.MTPModel)
+				ref.Close()
+				path := writeGGUF(t, name, tc.typ)
+				l, err := Load(path, Options{Threads: 2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := runPrompt(t, l, prompt, 12)
+				if _, mtp := l.Model.(model.MTPModel); mtp != refMTP {
+					t.Errorf("type %d: MTP module %v, safetensors %v", tc.typ, mtp, refMTP)
+				}
+				l.Close()
+				rel, abs := relErr(got.logits, want.logits)
+				t.Logf("type %d: logits max abs error %.3g, relative %.3g", tc.typ, abs, rel)
+				tol := 0.0
+				if name == "llama" {
+					tol = 1e-5
+				}
+				if rel > tol {
+					t.Errorf("type %d: logits relative error %.3g > %g", tc.typ, rel, tol)
+				}
+				if !slices.Equal(got.greedy, want.greedy) {
+					t.Errorf("type %d: greedy tokens\n got %v\nwant %v", tc.typ, got.greedy, want.greedy)
+				}
+			}
+		})
+	}
+}

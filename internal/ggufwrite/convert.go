@@ -1,0 +1,304 @@
+package ggufwrite
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// hfConfig is the part of a fixture's config.json the converter reads.
+type hfConfig struct {
+	ModelType        string  `json:"model_type"`
+	Hidden           int     `json:"hidden_size"`
+	Layers           int     `json:"num_hidden_layers"`
+	Heads            int     `json:"num_attention_heads"`
+	KVHeads          int     `json:"num_key_value_heads"`
+	HeadDim          int     `json:"head_dim"`
+	Inter            int     `json:"intermediate_size"`
+	MoEInter         int     `json:"moe_intermediate_size"`
+	MaxPos           int     `json:"max_position_embeddings"`
+	Eps              float64 `json:"rms_norm_eps"`
+	LocalExperts     int     `json:"num_local_experts"`
+	NumExperts       int     `json:"num_experts"`
+	RoutedExperts    int     `json:"n_routed_experts"`
+	SharedExperts    int     `json:"n_shared_experts"`
+	TopK             int     `json:"num_experts_per_tok"`
+	NormTopK         *bool   `json:"norm_topk_prob"`
+	FirstDense       int     `json:"first_k_dense_replace"`
+	ScalingFactor    float64 `json:"routed_scaling_factor"`
+	NGroup           int     `json:"n_group"`
+	TopKGroup        int     `json:"topk_group"`
+	NextN            int     `json:"num_nextn_predict_layers"`
+	RopeParameters   rope    `json:"rope_parameters"`
+	PartialRotary    float64 `json:"partial_rotary_factor"`
+	TieWordEmbedding bool    `json:"tie_word_embeddings"`
+}
+
+type rope struct {
+	Theta         float64 `json:"rope_theta"`
+	Type          string  `json:"rope_type"`
+	Factor        float64 `json:"factor"`
+	Low           float64 `json:"low_freq_factor"`
+	High          float64 `json:"high_freq_factor"`
+	OrigMax       int     `json:"original_max_position_embeddings"`
+	PartialRotary float64 `json:"partial_rotary_factor"`
+}
+
+// ggufArch is llama.cpp's architecture for a model_type.
+var ggufArch = map[string]string{"llama": "llama", "mixtral": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "glm4_moe": "glm4moe"}
+
+// Convert turns the Hugging Face checkpoint in dir (config.json and
+// model.safetensors with F32 weights) into a GGUF file whose matrices are of
+// type typ (F32 or F16; norms, biases and routers stay F32, as llama.cpp
+// converts them), without a tokenizer (see AddTokenizer).
+func Convert(dir string, typ uint32) (*Writer, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	var c hfConfig
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, err
+	}
+	arch, ok := ggufArch[c.ModelType]
+	if !ok {
+		return nil, fmt.Errorf("ggufwrite: no conversion for %q", c.ModelType)
+	}
+	if c.KVHeads == 0 {
+		c.KVHeads = c.Heads
+	}
+	if c.HeadDim == 0 {
+		c.HeadDim = c.Hidden / c.Heads
+	}
+	set, err := weights.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer set.Close()
+
+	w := &Writer{}
+	p := arch + "."
+	w.Add("general.architecture", arch)
+	w.Add("general.name", filepath.Base(dir))
+	w.Add("general.file_type", map[uint32]uint32{F32: 0, F16: 1}[typ])
+	blocks := c.Layers + c.NextN
+	w.Add(p+"block_count", uint32(blocks))
+	w.Add(p+"context_length", uint32(c.MaxPos))
+	w.Add(p+"embedding_length", uint32(c.Hidden))
+	w.Add(p+"feed_forward_length", uint32(c.Inter))
+	w.Add(p+"attention.head_count", uint32(c.Heads))
+	w.Add(p+"attention.head_count_kv", uint32(c.KVHeads))
+	w.Add(p+"attention.key_length", uint32(c.HeadDim))
+	w.Add(p+"attention.value_length", uint32(c.HeadDim))
+	w.Add(p+"attention.layer_norm_rms_epsilon", float32(c.Eps))
+	w.Add(p+"rope.freq_base", float32(c.RopeParameters.Theta))
+	rotary := c.RopeParameters.PartialRotary
+	if rotary == 0 {
+		rotary = c.PartialRotary
+	}
+	if rotary == 0 {
+		rotary = 1
+	}
+	w.Add(p+"rope.dimension_count", uint32(float64(c.HeadDim)*rotary))
+	experts := max(c.LocalExperts, c.NumExperts, c.RoutedExperts)
+	if experts > 0 {
+		w.Add(p+"expert_count", uint32(experts))
+		w.Add(p+"expert_used_count", uint32(c.TopK))
+	}
+	switch c.ModelType {
+	case "qwen3_moe":
+		w.Add(p+"expert_feed_forward_length", uint32(c.MoEInter))
+	case "glm4_moe":
+		w.Add(p+"expert_feed_forward_length", uint32(c.MoEInter))
+		w.Add(p+"expert_shared_count", uint32(c.SharedExperts))
+		w.Add(p+"leading_dense_block_count", uint32(c.FirstDense))
+		w.Add(p+"expert_gating_func", uint32(2))
+		w.Add(p+"expert_weights_scale", float32(c.ScalingFactor))
+		w.Add(p+"expert_weights_norm", c.NormTopK == nil || *c.NormTopK)
+		w.Add(p+"expert_group_count", uint32(max(c.NGroup, 1)))
+		w.Add(p+"expert_group_used_count", uint32(max(c.TopKGroup, 1)))
+		w.Add(p+"nextn_predict_layers", uint32(c.NextN))
+	}
+
+	cv := converter{w: w, set: set, typ: typ, c: &c, permute: arch == "llama"}
+	if err := cv.tensors(); err != nil {
+		return nil, err
+	}
+	if c.RopeParameters.Type == "llama3" {
+		w.Tensors = append(w.Tensors, Tensor{Name: "rope_freqs.weight", Type: F32,
+			Dims: []uint64{uint64(c.HeadDim / 2)}, Data: EncodeF32(llama3Factors(c.RopeParameters, c.HeadDim))})
+	}
+	return w, nil
+}
+
+// llama3Factors are the rope_freqs convert_hf_to_gguf computes for Llama 3
+// scaling (in float32, as torch does).
+func llama3Factors(r rope, dim int) []float32 {
+	out := make([]float32, dim/2)
+	old := float32(r.OrigMax)
+	lowWave, highWave := old/float32(r.Low), old/float32(r.High)
+	for i := range out {
+		freq := 1 / float32(math.Pow(r.Theta, float64(float32(2*i)/float32(dim))))
+		wave := 2 * math.Pi / float64(freq)
+		switch {
+		case wave < float64(highWave):
+			out[i] = 1
+		case wave > float64(lowWave):
+			out[i] = float32(r.Factor)
+		default:
+			smooth := (old/float32(wave) - float32(r.Low)) / (float32(r.High) - float32(r.Low))
+			out[i] = 1 / ((1-smooth)/float32(r.Factor) + smooth)
+		}
+	}
+	return out
+}
+
+type converter struct {
+	w       *Writer
+	set     *weights.Set
+	typ     uint32
+	c       *hfConfig
+	permute bool
+}
+
+// names as in llama.cpp's gguf-py tensor_mapping.py.
+var (
+	hfLayer  = regexp.MustCompile(`^model\.layers\.(\d+)\.(.+)$`)
+	hfExpert = regexp.MustCompile(`^(mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$`)
+	hfBlock  = map[string]string{
+		"input_layernorm.weight":              "attn_norm.weight",
+		"post_attention_layernorm.weight":     "ffn_norm.weight",
+		"self_attn.q_proj.weight":             "attn_q.weight",
+		"self_attn.q_proj.bias":               "attn_q.bias",
+		"self_attn.k_proj.weight":             "attn_k.weight",
+		"self_attn.k_proj.bias":               "attn_k.bias",
+		"self_attn.v_proj.weight":             "attn_v.weight",
+		"self_attn.v_proj.bias":               "attn_v.bias",
+		"self_attn.o_proj.weight":             "attn_output.weight",
+		"self_attn.q_norm.weight":             "attn_q_norm.weight",
+		"self_attn.k_norm.weight":             "attn_k_norm.weight",
+		"mlp.gate_proj.weight":                "ffn_gate.weight",
+		"mlp.up_proj.weight":                  "ffn_up.weight",
+		"mlp.down_proj.weight":                "ffn_down.weight",
+		"mlp.gate.weight":                     "ffn_gate_inp.weight",
+		"block_sparse_moe.gate.weight":        "ffn_gate_inp.weight",
+		"mlp.gate.e_score_correction_bias":    "exp_probs_b.bias",
+		"mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
+		"mlp.shared_experts.up_proj.weight":   "ffn_up_shexp.weight",
+		"mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+		"eh_proj.weight":                      "nextn.eh_proj.weight",
+		"enorm.weight":                        "nextn.enorm.weight",
+		"hnorm.weight":                        "nextn.hnorm.weight",
+		"shared_head.head.weight":             "nextn.shared_head_head.weight",
+		"shared_head.norm.weight":             "nextn.shared_head_norm.weight",
+	}
+	expertProj = map[string]string{"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
+)
+
+// tensors converts every tensor of the checkpoint.
+func (cv *converter) tensors() error {
+	experts := map[string]map[int][]float32{} // GGUF stacked name -> expert -> values
+	shapes := map[string][]int{}
+	for _, name := range cv.set.Names() {
+		t, err := cv.set.Tensor(name)
+		if err != nil {
+			return err
+		}
+		if t.DType != kernels.F32 {
+			return fmt.Errorf("ggufwrite: %s is %s, want F32", name, t.Dtype)
+		}
+		vals := DecodeF32(t.Data)
+		switch name {
+		case "model.embed_tokens.weight":
+			cv.add("token_embd.weight", t.Shape, vals)
+			continue
+		case "model.norm.weight":
+			cv.add("output_norm.weight", t.Shape, vals)
+			continue
+		case "lm_head.weight":
+			cv.add("output.weight", t.Shape, vals)
+			continue
+		}
+		m := hfLayer.FindStringSubmatch(name)
+		if m == nil {
+			return fmt.Errorf("ggufwrite: no GGUF name for %s", name)
+		}
+		blk := "blk." + m[1] + "."
+		if e := hfExpert.FindStringSubmatch(m[2]); e != nil {
+			g := blk + "ffn_" + expertProj[e[3]] + "_exps.weight"
+			x, _ := strconv.Atoi(e[2])
+			if experts[g] == nil {
+				experts[g] = map[int][]float32{}
+			}
+			experts[g][x] = vals
+			shapes[g] = t.Shape
+			continue
+		}
+		g, ok := hfBlock[m[2]]
+		if !ok {
+			return fmt.Errorf("ggufwrite: no GGUF name for %s", name)
+		}
+		if cv.permute && strings.HasPrefix(m[2], "self_attn.q_proj.") {
+			vals = permute(vals, t.Shape, cv.c.Heads)
+		}
+		if cv.permute && strings.HasPrefix(m[2], "self_attn.k_proj.") {
+			vals = permute(vals, t.Shape, cv.c.KVHeads)
+		}
+		cv.add(blk+g, t.Shape, vals)
+	}
+	names := make([]string, 0, len(experts))
+	for g := range experts {
+		names = append(names, g)
+	}
+	slices.Sort(names)
+	for _, g := range names {
+		var all []float32
+		for x := range len(experts[g]) {
+			all = append(all, experts[g][x]...)
+		}
+		cv.add(g, append([]int{len(experts[g])}, shapes[g]...), all)
+	}
+	return nil
+}
+
+// add appends a tensor of PyTorch shape (outermost first).
+func (cv *converter) add(name string, shape []int, vals []float32) {
+	dims := make([]uint64, len(shape))
+	for i, d := range shape {
+		dims[len(shape)-1-i] = uint64(d)
+	}
+	t := Tensor{Name: name, Type: F32, Dims: dims, Data: EncodeF32(vals)}
+	// Routers stay F32, as convert_hf_to_gguf keeps them.
+	if len(shape) >= 2 && cv.typ == F16 && !strings.HasSuffix(name, "ffn_gate_inp.weight") {
+		t.Type, t.Data = F16, weights.NewTensor(kernels.F16, shape, vals).Data
+	}
+	cv.w.Tensors = append(cv.w.Tensors, t)
+}
+
+// permute is convert_hf_to_gguf's LlamaModel.permute: rows of each head
+// reordered from (2, d/2) to (d/2, 2).
+func permute(vals []float32, shape []int, heads int) []float32 {
+	rows := shape[0]
+	cols := len(vals) / rows
+	hd := rows / heads
+	out := make([]float32, len(vals))
+	for h := range heads {
+		for s := range 2 {
+			for k := range hd / 2 {
+				src := h*hd + s*hd/2 + k
+				dst := h*hd + 2*k + s
+				copy(out[dst*cols:(dst+1)*cols], vals[src*cols:(src+1)*cols])
+			}
+		}
+	}
+	return out
+}
