@@ -49,8 +49,11 @@ func (v Value) Int() (int64, bool) {
 	return i, ok
 }
 
-// intOf decodes one integer of type t from b.
+// intOf decodes one integer of type t from b (false for a zero Value).
 func intOf(t ValueType, b []byte) (int64, bool) {
+	if len(b) < t.size() || t.size() == 0 {
+		return 0, false
+	}
 	switch t {
 	case TypeUint8:
 		return int64(b[0]), true
@@ -72,6 +75,9 @@ func intOf(t ValueType, b []byte) (int64, bool) {
 
 // Float returns a float or integer value as float64.
 func (v Value) Float() (float64, bool) {
+	if len(v.raw) < v.Type.size() {
+		return 0, false
+	}
 	switch v.Type {
 	case TypeFloat32:
 		return float64(math.Float32frombits(binary.LittleEndian.Uint32(v.raw))), true
@@ -84,7 +90,7 @@ func (v Value) Float() (float64, bool) {
 
 // Bool returns a bool value.
 func (v Value) Bool() (bool, bool) {
-	if v.Type != TypeBool {
+	if v.Type != TypeBool || len(v.raw) != 1 {
 		return false, false
 	}
 	return v.raw[0] != 0, true
