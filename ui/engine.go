@@ -170,7 +170,8 @@ type Models interface {
 type ModelEntry struct {
 	Name    string // what /model takes
 	Arch    string // the architecture (config.json's model_type); "" when unknown
-	Source  string // where it was found: "built-in", "config", "hf-cache", "ferrite", "path"
+	Quant   string // a GGUF file's quantization ("Q4_K_M"); "" for other models
+	Source  string // where it was found: "built-in", "config", "hf-cache", "ferrite", "ollama", "lm-studio", "path"
 	Path    string // its directory; "" for a built-in model
 	Size    int64  // bytes on disk; 0 when unknown
 	Problem string // why it may not load; "" when it looks fine

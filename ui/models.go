@@ -113,6 +113,9 @@ func (m *model) onModelsListed(msg modelsListedMsg) {
 			arch = "?"
 		}
 		fmt.Fprintf(&b, "\n%2d %s %-*s  %-*s  %9s  %s", i+1, mark, nameW, e.Name, archW, arch, size, e.Source)
+		if e.Quant != "" {
+			b.WriteString(" · " + e.Quant)
+		}
 		if e.Path != "" && e.Source != "hf-cache" {
 			b.WriteString("  " + shortPath(e.Path))
 		}

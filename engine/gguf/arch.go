@@ -290,5 +290,25 @@ func glm4MoEConfig(b *cfgBuilder) string {
 	return "glm4_moe"
 }
 
+// Problem says why ferrite cannot run the model, or "" when it can: an
+// unsupported architecture, tokenizer or tensor type. It reads only the
+// header (for listing models).
+func (m *Model) Problem() string {
+	if why := Unsupported(m.Meta.Arch()); why != "" {
+		return why
+	}
+	if _, err := m.preTokenizer(); err != nil {
+		return err.Error()
+	}
+	for _, name := range m.names {
+		if t := m.tensors[name]; len(t.Dims) >= 2 {
+			if _, ok := t.Type.DType(); !ok {
+				return fmt.Sprintf("tensor %s has type %s, which ferrite does not support (supported: %s)", name, t.Type, supportedTypes)
+			}
+		}
+	}
+	return ""
+}
+
 // errNoTokenizer is returned by Tokenizer for a file without tokenizer.ggml.model.
 var errNoTokenizer = errors.New("no tokenizer (tokenizer.ggml.model is absent)")

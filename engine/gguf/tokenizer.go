@@ -1,6 +1,7 @@
 package gguf
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -47,21 +48,9 @@ var preTokenizers = map[string]preSplit{
 // models are an error saying so.
 func (m *Model) Tokenizer() (*tokenizer.Tokenizer, error) {
 	meta, path := m.Meta, m.Path
-	kind := meta.String("tokenizer.ggml.model")
-	switch kind {
-	case "gpt2":
-	case "":
-		return nil, fmt.Errorf("%s: %w", path, errNoTokenizer)
-	case "llama":
-		return nil, fmt.Errorf("%s: SentencePiece tokenizers (tokenizer.ggml.model \"llama\") are not supported yet; ferrite reads byte-level BPE (\"gpt2\")", path)
-	default:
-		return nil, fmt.Errorf("%s: tokenizer.ggml.model %q is not supported; ferrite reads byte-level BPE (\"gpt2\")", path, kind)
-	}
-	preName := meta.String("tokenizer.ggml.pre")
-	pre, ok := preTokenizers[preName]
-	if !ok {
-		return nil, fmt.Errorf("%s: pre-tokenizer %q (tokenizer.ggml.pre) is not supported; supported: %s",
-			path, preName, strings.Join(slices.Sorted(maps.Keys(preTokenizers)), ", "))
+	pre, err := m.preTokenizer()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	v := tokenizer.BPEVocab{
 		Splits: pre.splits, NFC: pre.nfc, IgnoreMerges: pre.ignoreMerges,
@@ -126,6 +115,27 @@ func (m *Model) Tokenizer() (*tokenizer.Tokenizer, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return t, nil
+}
+
+// preTokenizer checks the tokenizer model and returns the pre-tokenizer
+// tokenizer.ggml.pre names.
+func (m *Model) preTokenizer() (preSplit, error) {
+	switch kind := m.Meta.String("tokenizer.ggml.model"); kind {
+	case "gpt2":
+	case "":
+		return preSplit{}, errNoTokenizer
+	case "llama":
+		return preSplit{}, errors.New(`SentencePiece tokenizers (tokenizer.ggml.model "llama") are not supported yet; ferrite reads byte-level BPE ("gpt2")`)
+	default:
+		return preSplit{}, fmt.Errorf(`tokenizer.ggml.model %q is not supported; ferrite reads byte-level BPE ("gpt2")`, kind)
+	}
+	name := m.Meta.String("tokenizer.ggml.pre")
+	pre, ok := preTokenizers[name]
+	if !ok {
+		return preSplit{}, fmt.Errorf("pre-tokenizer %q (tokenizer.ggml.pre) is not supported; supported: %s",
+			name, strings.Join(slices.Sorted(maps.Keys(preTokenizers)), ", "))
+	}
+	return pre, nil
 }
 
 // stringArray reads an array-of-strings key.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine/bench"
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gguf"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/weights"
@@ -202,6 +203,33 @@ func parseDType(s string) (kernels.DType, error) {
 	return 0, fmt.Errorf("--dtype %q: want bf16, f16 or f32", s)
 }
 
+// loadBenchGGUF builds the bench model of a GGUF file.
+func loadBenchGGUF(file string, be *cpu.Backend, start time.Time) (_ *benchModel, err error) {
+	g, err := gguf.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	bm := &benchModel{backend: be, gguf: g, dtype: g.Quantization()}
+	defer func() {
+		if err != nil {
+			g.Close()
+		}
+	}()
+	if bm.cfg, err = g.Config(); err != nil {
+		return nil, err
+	}
+	src, err := g.Weights()
+	if err != nil {
+		return nil, err
+	}
+	bm.counter = bench.NewCounter(src)
+	if bm.model, err = model.New(bm.cfg, bm.counter, be); err != nil {
+		return nil, err
+	}
+	bm.loadSec = time.Since(start).Seconds()
+	return bm, nil
+}
+
 // hasCheckpoint reports whether path is a directory holding safetensors.
 func hasCheckpoint(path string) bool {
 	fi, err := os.Stat(path)
@@ -218,9 +246,10 @@ type benchModel struct {
 	model   model.Model
 	counter *bench.Counter
 	backend *cpu.Backend
-	weights *weights.Set // nil for random weights
+	weights *weights.Set // nil for random weights or a GGUF file
+	gguf    *gguf.Model  // the GGUF file, or nil
 	random  bool
-	dtype   string // random weights' dtype
+	dtype   string // random weights' dtype, or a GGUF file's quantization
 	loadSec float64
 }
 
@@ -229,12 +258,23 @@ func (b *benchModel) Close() {
 	if b.weights != nil {
 		b.weights.Close()
 	}
+	if b.gguf != nil {
+		b.gguf.Close()
+	}
 }
 
-// loadBenchModel opens the checkpoint at path, or builds random weights of
-// the config's shape when path has only a config.json.
+// loadBenchModel opens the checkpoint or GGUF file at path, or builds
+// random weights of the config's shape when path has only a config.json.
 func loadBenchModel(path, dtypeFlag string, seed uint64, be *cpu.Backend) (*benchModel, error) {
 	start := time.Now()
+	if file, ok, err := gguf.Find(path); err != nil {
+		return nil, err
+	} else if ok && !hasCheckpoint(path) {
+		if dtypeFlag != "" {
+			return nil, fmt.Errorf("--dtype applies to random weights; %s is a GGUF model", path)
+		}
+		return loadBenchGGUF(file, be, start)
+	}
 	cfg, err := config.Load(path)
 	if err != nil {
 		return nil, err

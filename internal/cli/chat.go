@@ -15,7 +15,6 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/internal/catalog"
 	"github.com/ferrite-llm/ferrite/internal/settings"
-	"github.com/ferrite-llm/ferrite/tokenizer"
 	"github.com/ferrite-llm/ferrite/ui"
 )
 
@@ -319,7 +318,7 @@ func (c *chatModels) Load(ctx context.Context, me ui.ModelEntry, progress func(s
 }
 
 func uiEntry(e catalog.Entry) ui.ModelEntry {
-	return ui.ModelEntry{Name: e.Name, Arch: e.Arch, Source: e.Source, Path: e.Dir, Size: e.Size, Problem: e.Problem}
+	return ui.ModelEntry{Name: e.Name, Arch: e.Arch, Quant: e.Quant, Source: e.Source, Path: e.Dir, Size: e.Size, Problem: e.Problem}
 }
 
 // open loads e and starts a runtime on it, reporting its stages. strict
@@ -336,7 +335,7 @@ func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, pro
 		s.lm, s.tok, err = catalog.Load(e, eo)
 	} else {
 		progress("reading the tokenizer")
-		s.tok, err = tokenizer.Load(e.Dir)
+		s.tok, err = engine.LoadTokenizer(e.Dir)
 		if err == nil {
 			if err = ctx.Err(); err == nil {
 				progress("mapping the weights")

@@ -140,7 +140,7 @@ func open(f *runFlags) (*session, error) {
 		name = builtin.Name
 		lm, tok, err = builtin.Open(engine.Options{Threads: f.threads})
 	} else {
-		if tok, err = tokenizer.Load(f.model); err == nil {
+		if tok, err = engine.LoadTokenizer(f.model); err == nil {
 			lm, err = engine.Load(f.model, engine.Options{Threads: f.threads})
 		}
 	}

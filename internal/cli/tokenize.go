@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ferrite-llm/ferrite/tokenizer"
+	"github.com/ferrite-llm/ferrite/engine"
 )
 
 // cmdTokenize implements `ferrite tokenize`: the ids of a text, no special
@@ -17,7 +17,7 @@ import (
 func cmdTokenize(_ context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dir := fs.String("model", "", "model directory holding tokenizer.json")
+	dir := fs.String("model", "", "model directory holding tokenizer.json, or a GGUF file")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "usage: ferrite tokenize --model DIR [TEXT]   (the text is read from stdin when not given)\n")
 		fs.PrintDefaults()
@@ -37,7 +37,7 @@ func cmdTokenize(_ context.Context, args []string, stdin io.Reader, stdout, stde
 		fmt.Fprintf(stderr, "ferrite tokenize: %v\n", err)
 		return 2
 	}
-	tok, err := tokenizer.Load(*dir)
+	tok, err := engine.LoadTokenizer(*dir)
 	if err != nil {
 		fmt.Fprintf(stderr, "ferrite tokenize: %v\n", err)
 		return 1
