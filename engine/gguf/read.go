@@ -16,7 +16,7 @@ var (
 	ErrNotGGUF   = errors.New("not a GGUF file")
 	ErrVersion   = errors.New("unsupported GGUF version")
 	ErrTruncated = errors.New("file truncated")
-	ErrCount     = errors.New("count larger than the file can hold")
+	ErrCount     = errors.New("count larger than the rest of the file (truncated or corrupt)")
 	ErrString    = errors.New("bad string")
 	ErrType      = errors.New("unknown type")
 	ErrOffset    = errors.New("bad tensor data offset")

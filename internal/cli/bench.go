@@ -464,8 +464,11 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roofline) {
 	m := &rep.Model
 	src := "checkpoint"
-	if m.RandomWeights {
+	switch {
+	case m.RandomWeights:
 		src = "random " + m.DType + " weights"
+	case m.DType != "":
+		src = "GGUF " + m.DType
 	}
 	fmt.Fprintf(w, "model:     %s (%s), %s, %s params, %s of weights, %d layers, load %.1f s\n",
 		m.Path, m.Arch, src, count(m.Params), gb(m.WeightBytes), m.Layers, m.LoadSec)

@@ -107,6 +107,8 @@ func TestPipedChatUsesTheConfig(t *testing.T) {
 func TestNoModelSaysWhatToDo(t *testing.T) {
 	t.Setenv("HF_HUB_CACHE", t.TempDir())
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Setenv("OLLAMA_MODELS", t.TempDir())
+	t.Setenv("HOME", t.TempDir()) // no LM Studio folder
 	c := &chatModels{cfg: settings.Default()}
 	if _, err := c.resolve(""); err == nil || !strings.Contains(err.Error(), "no model: give --model") {
 		t.Errorf("err = %v", err)
@@ -120,6 +122,8 @@ func TestNoModelSaysWhatToDo(t *testing.T) {
 func TestChatModelsListsAndLoads(t *testing.T) {
 	t.Setenv("HF_HUB_CACHE", t.TempDir())
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Setenv("OLLAMA_MODELS", t.TempDir())
+	t.Setenv("HOME", t.TempDir()) // no LM Studio folder
 	root := t.TempDir()
 	for _, name := range []string{"qwen3", "qwen3_next"} {
 		if err := os.Rename(fixtureModel(t, name), filepath.Join(root, name)); err != nil {

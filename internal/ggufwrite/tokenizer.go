@@ -158,3 +158,19 @@ func byteRune(b byte) rune {
 	}
 	return rune(256 + n)
 }
+
+// ConvertWithTokenizer is Convert plus AddByteTokenizer sized to the
+// model's vocabulary: a GGUF file ferrite can chat with.
+func ConvertWithTokenizer(dir string, typ uint32) (*Writer, error) {
+	w, err := Convert(dir, typ)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range w.Tensors {
+		if t.Name == "token_embd.weight" {
+			AddByteTokenizer(w, int(t.Dims[1]))
+			return w, nil
+		}
+	}
+	return nil, fmt.Errorf("ggufwrite: %s has no token_embd.weight", dir)
+}

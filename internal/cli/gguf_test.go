@@ -1,0 +1,71 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
+)
+
+// ggufFile writes a chat-ready F32 GGUF file of a fixture into dir.
+func ggufFile(t *testing.T, fixture, dir, name string) string {
+	t.Helper()
+	w, err := ggufwrite.ConvertWithTokenizer(fixtures.Dir(fixture), ggufwrite.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestGGUFCommands runs run, tokenize, bench and the piped chat on GGUF
+// files: by path, by folder, and by the name ollama gives a model in its store.
+func TestGGUFCommands(t *testing.T) {
+	dir := t.TempDir()
+	file := ggufFile(t, "qwen3", dir, "qwen3-tiny.gguf")
+	for _, m := range []string{file, dir} {
+		code, out, errs := runCLI(t, "", "run", "--model", m, "--temperature", "0", "--max-tokens", "3", "hello")
+		if code != 0 || out == "" || !strings.Contains(errs, "decode: 3 tokens") {
+			t.Fatalf("run --model %s: exit %d, stdout %q, stderr %q", m, code, out, errs)
+		}
+	}
+	code, out, errs := runCLI(t, "", "tokenize", "--model", file, "<|im_start|>the")
+	if code != 0 || strings.TrimSpace(out) != "262 116 257" {
+		t.Errorf("tokenize: exit %d, %q %q", code, out, errs)
+	}
+	code, out, errs = runCLI(t, "", "bench", "--model", file, "--concurrency", "1", "--prompt-len", "4", "--gen-len", "2", "--bandwidth", "10")
+	if code != 0 || !strings.Contains(out, "GGUF F32") {
+		t.Errorf("bench: exit %d\n%s\n%s", code, out, errs)
+	}
+
+	// A model in ollama's store, run by its ollama name.
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	store := filepath.Join(home, "ollama")
+	t.Setenv("OLLAMA_MODELS", store)
+	blob := "sha256-" + strings.Repeat("ab", 32)
+	ggufFile(t, "llama", filepath.Join(store, "blobs"), blob)
+	manifest := filepath.Join(store, "manifests", "registry.ollama.ai", "library", "llama-tiny", "latest")
+	if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := `{"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:` + strings.Repeat("ab", 32) + `"}]}`
+	if err := os.WriteFile(manifest, []byte(m), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs = runCLI(t, "", "--model", "llama-tiny", "--temperature", "0", "--max-tokens", "2", "hi")
+	if code != 0 || out == "" || !strings.Contains(errs, "decode: 2 tokens") {
+		t.Fatalf("chat --model llama-tiny: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
