@@ -16,7 +16,7 @@ import (
 )
 
 // ggufFixtures are the fixtures with a llama.cpp conversion.
-var ggufFixtures = []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe"}
+var ggufFixtures = []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite"}
 
 // writeGGUF converts fixture name to a GGUF file of type typ in a temporary
 // directory and returns its path.

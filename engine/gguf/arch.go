@@ -17,6 +17,9 @@ type arch struct {
 	// adjacent-pair rotation (convert_hf_to_gguf's LlamaModel.permute),
 	// which Weights undoes.
 	permuteQK bool
+	// mla: multi-head latent attention, whose key_length / value_length
+	// describe the compressed cache rather than a head.
+	mla bool
 	// config fills the architecture's own keys of config.json and returns
 	// its model_type.
 	config func(b *cfgBuilder) string
@@ -24,17 +27,17 @@ type arch struct {
 
 // archs are the llama.cpp architectures (general.architecture) ferrite runs.
 var archs = map[string]arch{
-	"llama":    {permuteQK: true, config: llamaConfig},
-	"qwen3":    {config: func(*cfgBuilder) string { return "qwen3" }},
-	"qwen3moe": {config: qwen3MoEConfig},
-	"glm4moe":  {config: glm4MoEConfig},
+	"llama":     {permuteQK: true, config: llamaConfig},
+	"qwen3":     {config: func(*cfgBuilder) string { return "qwen3" }},
+	"qwen3moe":  {config: qwen3MoEConfig},
+	"glm4moe":   {config: glm4MoEConfig},
+	"deepseek2": {mla: true, config: deepseek2Config},
 }
 
 // knownUnsupported are architectures ferrite has but whose GGUF form it does
 // not read yet, with the reason given to the user.
 var knownUnsupported = map[string]string{
 	"qwen3next": "Qwen3-Next GGUF files (llama.cpp's rearranged linear-attention tensors) are not supported yet",
-	"deepseek2": "DeepSeek-V2/V3 and GLM-4.7-Flash GGUF files (llama.cpp's split MLA tensors) are not supported yet",
 	"clip":      "a vision projector (mmproj), not a language model",
 }
 
@@ -66,7 +69,7 @@ func (m *Model) Config() (*config.Config, error) {
 		return nil, fmt.Errorf("%s: %s", m.Path, Unsupported(name))
 	}
 	b := &cfgBuilder{m: m, prefix: name + ".", out: map[string]any{}}
-	b.common()
+	b.common(a.mla)
 	mt := a.config(b)
 	if b.err != nil {
 		return nil, b.err
@@ -138,8 +141,9 @@ func (b *cfgBuilder) has(tensor string) bool {
 	return ok
 }
 
-// common sets the keys every GQA decoder reads.
-func (b *cfgBuilder) common() {
+// common sets the keys every decoder reads; mla skips the head geometry,
+// which MLA architectures describe with their own keys.
+func (b *cfgBuilder) common(mla bool) {
 	o := b.out
 	hidden := b.uint("embedding_length", true, 0)
 	heads := b.uint("attention.head_count", true, 0)
@@ -152,6 +156,11 @@ func (b *cfgBuilder) common() {
 	if ff := b.uint("feed_forward_length", false, 0); ff > 0 {
 		o["intermediate_size"] = ff
 	}
+	b.vocab()
+	if mla {
+		b.rope(0)
+		return
+	}
 	headDim := 0
 	if heads > 0 {
 		headDim = hidden / heads
@@ -161,20 +170,24 @@ func (b *cfgBuilder) common() {
 		b.fail(fmt.Errorf("%s: attention.key_length %d differs from attention.value_length %d, which %s models do not have", b.m.Path, headDim, v, strings.TrimSuffix(b.prefix, ".")))
 	}
 	o["head_dim"] = headDim
+	o["attention_bias"] = b.has("blk.0.attn_q.bias")
+	b.rope(headDim)
+}
+
+// vocab sets the vocabulary size and tying from the embedding tensors.
+func (b *cfgBuilder) vocab() {
 	if emb, ok := b.m.tensors["token_embd.weight"]; ok && len(emb.Dims) == 2 {
-		o["vocab_size"] = int(emb.Dims[1])
+		b.out["vocab_size"] = int(emb.Dims[1])
 	} else {
 		b.fail(fmt.Errorf("%s: missing tensor token_embd.weight (or it is not 2-D)", b.m.Path))
 	}
-	o["tie_word_embeddings"] = !b.has("output.weight")
-	o["attention_bias"] = b.has("blk.0.attn_q.bias")
-	b.rope(headDim)
+	b.out["tie_word_embeddings"] = !b.has("output.weight")
 }
 
 // rope sets rope_parameters from rope.* metadata and the rope_freqs tensor.
 func (b *cfgBuilder) rope(headDim int) {
 	rp := map[string]any{"rope_theta": b.float("rope.freq_base", false, 10000), "rope_type": "default"}
-	if headDim > 0 { // always set: GLM-4-MoE's default is 0.5, not 1
+	if headDim > 0 { // always set: GLM-4-MoE's default is 0.5, not 1 (MLA passes 0: its own keys)
 		rp["partial_rotary_factor"] = float64(b.uint("rope.dimension_count", false, headDim)) / float64(headDim)
 	}
 	st := b.m.Meta.String(b.prefix + "rope.scaling.type")
@@ -271,23 +284,61 @@ func qwen3MoEConfig(b *cfgBuilder) string {
 }
 
 func glm4MoEConfig(b *cfgBuilder) string {
+	b.sigmoidMoE(true)
+	b.out["use_qk_norm"] = b.has("blk.0.attn_q_norm.weight")
+	return "glm4_moe"
+}
+
+// sigmoidMoE sets the keys of DeepSeek-V3-style routing (sigmoid scores,
+// a correction bias, groups, shared experts, leading dense layers) and of
+// the NextN (MTP) layers, which GGUF counts as blocks. normDefault is
+// norm_topk_prob when expert_weights_norm is absent.
+func (b *cfgBuilder) sigmoidMoE(normDefault bool) {
 	b.moeCommon("n_routed_experts")
 	nextn := b.uint("nextn_predict_layers", false, 0)
 	if layers := b.out["num_hidden_layers"].(int); nextn >= layers {
 		b.fail(fmt.Errorf("%s: %snextn_predict_layers %d leaves no layers of %d", b.m.Path, b.prefix, nextn, layers))
 	} else {
-		b.out["num_hidden_layers"] = layers - nextn // GGUF counts the MTP layers as blocks
+		b.out["num_hidden_layers"] = layers - nextn
 	}
 	b.out["num_nextn_predict_layers"] = nextn
 	b.out["n_shared_experts"] = b.uint("expert_shared_count", false, 0)
 	b.out["first_k_dense_replace"] = b.uint("leading_dense_block_count", false, 0)
 	b.out["routed_scaling_factor"] = b.float("expert_weights_scale", false, 1)
-	b.out["norm_topk_prob"] = b.bool("expert_weights_norm", true)
+	b.out["norm_topk_prob"] = b.bool("expert_weights_norm", normDefault)
 	b.out["n_group"] = b.uint("expert_group_count", false, 1)
 	b.out["topk_group"] = b.uint("expert_group_used_count", false, 1)
-	b.out["use_qk_norm"] = b.has("blk.0.attn_q_norm.weight")
 	b.gating(2, "sigmoid")
-	return "glm4_moe"
+}
+
+// deepseek2Config maps llama.cpp's MLA architecture (DeepSeek-V2/V3,
+// GLM-4.7-Flash) onto ferrite's MLA model. key_length_mla and
+// value_length_mla are the per-head sizes (older files give them as
+// key_length and value_length); the latent cache is kv_lora_rank wide.
+func deepseek2Config(b *cfgBuilder) string {
+	o := b.out
+	o["num_key_value_heads"] = o["num_attention_heads"]
+	if q := b.uint("attention.q_lora_rank", false, 0); q > 0 {
+		o["q_lora_rank"] = q
+	}
+	o["kv_lora_rank"] = b.uint("attention.kv_lora_rank", true, 0)
+	rope := b.uint("rope.dimension_count", true, 0)
+	key, value := "attention.key_length_mla", "attention.value_length_mla"
+	if _, ok := b.m.Meta.Get(b.prefix + key); !ok {
+		key, value = "attention.key_length", "attention.value_length"
+	}
+	kl, vl := b.uint(key, true, 0), b.uint(value, true, 0)
+	if kl <= rope {
+		b.fail(fmt.Errorf("%s: %s%s %d is not above rope.dimension_count %d", b.m.Path, b.prefix, key, kl, rope))
+	}
+	o["qk_rope_head_dim"], o["qk_nope_head_dim"], o["v_head_dim"] = rope, kl-rope, vl
+	o["rope_interleave"] = true // GGML's adjacent-pair rotation, as the checkpoints store it
+	if mul := b.float("rope.scaling.yarn_log_multiplier", false, 0); mul > 0 {
+		rp := o["rope_parameters"].(map[string]any)
+		rp["mscale"], rp["mscale_all_dim"] = mul/0.1, mul/0.1 // convert_hf_to_gguf writes 0.1·mscale_all_dim
+	}
+	b.sigmoidMoE(false)
+	return "glm4_moe_lite"
 }
 
 // Problem says why ferrite cannot run the model, or "" when it can: an

@@ -1,11 +1,15 @@
 package gguf
 
 import (
+	"encoding/binary"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // convert writes a fixture's F32 GGUF conversion, edited, and opens it.
@@ -24,7 +28,7 @@ func convert(t *testing.T, fixture string, edit func(w *ggufwrite.Writer)) *Mode
 // TestConfigMatchesFixture checks the config built from GGUF metadata
 // against the fixture's config.json on the keys the models read.
 func TestConfigMatchesFixture(t *testing.T) {
-	for _, name := range []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe"} {
+	for _, name := range []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite"} {
 		fx, err := fixtures.Load(name)
 		if err != nil {
 			t.Fatal(err)
@@ -41,7 +45,8 @@ func TestConfigMatchesFixture(t *testing.T) {
 			t.Errorf("%s: model_type %q", name, cfg.ModelType)
 		}
 		for _, key := range []string{"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-			"vocab_size", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers"} {
+			"vocab_size", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers",
+			"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"} {
 			w, ok := fixtures.Int(want, key)
 			if !ok {
 				continue
@@ -67,7 +72,7 @@ func TestConfigErrors(t *testing.T) {
 		edit          func(w *ggufwrite.Writer)
 	}{
 		{"qwen3", "Qwen3-Next GGUF files", func(w *ggufwrite.Writer) { w.Set("general.architecture", "qwen3next") }},
-		{"qwen3", `architecture "gemma3" is not supported (GGUF architectures ferrite runs: glm4moe, llama, qwen3, qwen3moe)`,
+		{"qwen3", `architecture "gemma3" is not supported (GGUF architectures ferrite runs: deepseek2, glm4moe, llama, qwen3, qwen3moe)`,
 			func(w *ggufwrite.Writer) { w.Set("general.architecture", "gemma3") }},
 		{"qwen3", "missing metadata qwen3.embedding_length", func(w *ggufwrite.Writer) { w.Set("qwen3.embedding_length", nil) }},
 		{"qwen3", "metadata qwen3.attention.head_count is a string", func(w *ggufwrite.Writer) { w.Set("qwen3.attention.head_count", "four") }},
@@ -166,4 +171,70 @@ func TestUnsupportedTensorType(t *testing.T) {
 	if _, err := w.Mat("model.layers.0.self_attn.q_proj.weight", 128, 64); err == nil || !strings.Contains(err.Error(), "type Q4_1, which ferrite does not support") {
 		t.Errorf("Mat: %v", err)
 	}
+}
+
+// TestJoinKVB rebuilds kv_b_proj from split halves of different types,
+// which gives an F32 matrix.
+func TestJoinKVB(t *testing.T) {
+	const heads, nope, v, lora = 2, 2, 3, 4
+	// kv_b_proj rows h·(nope+v)+r, columns j hold 100h + 10r + j.
+	want := make([]float32, heads*(nope+v)*lora)
+	kb := make([]float32, heads*lora*nope)
+	vb := make([]float32, heads*v*lora)
+	for h := range heads {
+		for r := range nope + v {
+			for j := range lora {
+				x := float32(100*h + 10*r + j)
+				want[(h*(nope+v)+r)*lora+j] = x
+				if r < nope {
+					kb[(h*lora+j)*nope+r] = x
+				} else {
+					vb[(h*v+r-nope)*lora+j] = x
+				}
+			}
+		}
+	}
+	w := &ggufwrite.Writer{}
+	w.Add("general.architecture", "deepseek2")
+	w.Tensors = []ggufwrite.Tensor{
+		{Name: "blk.0.attn_k_b.weight", Type: ggufwrite.F16, Dims: []uint64{nope, lora, heads}, Data: weightsF16(kb)},
+		{Name: "blk.0.attn_v_b.weight", Type: ggufwrite.F32, Dims: []uint64{lora, v, heads}, Data: ggufwrite.EncodeF32(vb)},
+	}
+	ws, err := openWriter(t, w).Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "model.layers.0.self_attn.kv_b_proj.weight"
+	if !ws.Has(name) {
+		t.Fatal("kv_b_proj not found")
+	}
+	m, err := ws.Mat(name, heads*(nope+v), lora)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.DType != kernels.F32 || !slices.Equal(ggufwrite.DecodeF32(m.Data), want) {
+		t.Errorf("kv_b_proj %v %v, want %v", m.DType, ggufwrite.DecodeF32(m.Data), want)
+	}
+	if _, err := ws.Mat(name, heads*(nope+v), lora+1); err == nil {
+		t.Error("wrong shape accepted")
+	}
+}
+
+// weightsF16 encodes float32 values (exact in F16 here) as F16.
+func weightsF16(vals []float32) []byte {
+	out := make([]byte, 2*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint16(out[2*i:], f16(v))
+	}
+	return out
+}
+
+// f16 converts small integers to IEEE half precision.
+func f16(v float32) uint16 {
+	if v == 0 {
+		return 0
+	}
+	bits := math.Float32bits(v)
+	exp := int(bits>>23&0xff) - 127 + 15
+	return uint16(bits>>16&0x8000) | uint16(exp)<<10 | uint16(bits>>13&0x3ff)
 }

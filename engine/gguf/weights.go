@@ -6,6 +6,7 @@ import (
 	"math"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -24,7 +25,8 @@ type Weights struct {
 	mainLayer int // layers at or above this index are NextN (MTP) blocks
 
 	mu        sync.Mutex
-	permuted  map[string][]byte // un-permuted copies, by GGUF name
+	permuted  map[string][]byte        // un-permuted and rebuilt copies, by GGUF name
+	joined    map[string]kernels.DType // the dtype of each rebuilt kv_b_proj
 	permBytes int64
 }
 
@@ -35,7 +37,7 @@ func (m *Model) Weights() (*Weights, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: %s", m.Path, Unsupported(m.Meta.Arch()))
 	}
-	w := &Weights{m: m, permuteQK: a.permuteQK, permuted: map[string][]byte{}}
+	w := &Weights{m: m, permuteQK: a.permuteQK, permuted: map[string][]byte{}, joined: map[string]kernels.DType{}}
 	prefix := m.Meta.Arch() + "."
 	get := func(key string, def int) int {
 		u, ok, err := m.Meta.uintKey(m.Path, prefix+key)
@@ -50,7 +52,8 @@ func (m *Model) Weights() (*Weights, error) {
 	return w, nil
 }
 
-// PermutedBytes is the memory the un-permuted Q/K copies take.
+// PermutedBytes is the memory the copies take: un-permuted Q/K rows, and
+// MLA's kv_b_proj rebuilt from its split halves.
 func (w *Weights) PermutedBytes() int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -62,6 +65,9 @@ type ref struct {
 	name   string // GGUF tensor name
 	expert int    // the expert's slice of a 3-D tensor, or -1
 	heads  int    // > 0: rows are permuted in this many head blocks
+	// kvB: name is blk.N.attn_kv_b, absent; kv_b_proj is rebuilt from
+	// attn_k_b and attn_v_b (see joinKVB).
+	kvB bool
 }
 
 var (
@@ -97,6 +103,13 @@ var blockNames = map[string]string{
 	"mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
 	"mlp.shared_experts.up_proj.weight":   "ffn_up_shexp.weight",
 	"mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+	// Multi-head latent attention (deepseek2).
+	"self_attn.q_a_proj.weight":           "attn_q_a.weight",
+	"self_attn.q_a_layernorm.weight":      "attn_q_a_norm.weight",
+	"self_attn.q_b_proj.weight":           "attn_q_b.weight",
+	"self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+	"self_attn.kv_a_layernorm.weight":     "attn_kv_a_norm.weight",
+	"self_attn.kv_b_proj.weight":          "attn_kv_b.weight",
 }
 
 // nextnNames maps a NextN (MTP) layer's own tensors.
@@ -140,6 +153,10 @@ func (w *Weights) resolve(hf string) (ref, bool) {
 		return ref{}, false
 	}
 	r := ref{name: blk + g, expert: -1}
+	if rest == "self_attn.kv_b_proj.weight" && !w.has(r.name) {
+		r.kvB = true
+		return r, w.has(blk+"attn_k_b.weight") && w.has(blk+"attn_v_b.weight")
+	}
 	if w.permuteQK {
 		switch rest {
 		case "self_attn.q_proj.weight", "self_attn.q_proj.bias":
@@ -177,6 +194,9 @@ func (w *Weights) tensor(name string) (ref, *TensorInfo, error) {
 		}
 		return r, nil, fmt.Errorf("%s: missing tensor %s (for %s)", w.m.Path, r.name, name)
 	}
+	if r.kvB {
+		return r, nil, nil
+	}
 	return r, w.m.tensors[r.name], nil
 }
 
@@ -199,6 +219,9 @@ func (w *Weights) Mat(name string, rows, cols int) (*kernels.Mat, error) {
 	r, t, err := w.tensor(name)
 	if err != nil {
 		return nil, err
+	}
+	if r.kvB {
+		return w.joinKVB(r, rows, cols)
 	}
 	if r.expert >= 0 {
 		return w.expertMat(r, t, rows, cols)
@@ -272,12 +295,84 @@ func (w *Weights) unpermute(r ref, t *TensorInfo, rows, rowBytes int) ([]byte, e
 	return out, nil
 }
 
+// joinKVB rebuilds MLA's kv_b_proj (heads·(nope+v), kv_lora) from the two
+// tensors convert_hf_to_gguf splits it into for llama.cpp's absorbed
+// attention: attn_k_b, each head's nope rows transposed (ne = [nope,
+// kv_lora, heads]), and attn_v_b, each head's v rows (ne = [kv_lora, v,
+// heads]). The result is a copy, kept; it stays in the stored dtype when
+// both are the same plain float type, else it is F32.
+func (w *Weights) joinKVB(r ref, rows, cols int) (*kernels.Mat, error) {
+	blk := strings.TrimSuffix(r.name, "attn_kv_b.weight")
+	kb, vb := w.m.tensors[blk+"attn_k_b.weight"], w.m.tensors[blk+"attn_v_b.weight"]
+	if len(kb.Dims) != 3 || len(vb.Dims) != 3 || kb.Dims[2] != vb.Dims[2] || int(kb.Dims[1]) != cols || int(vb.Dims[0]) != cols ||
+		rows != int(kb.Dims[2])*int(kb.Dims[0]+vb.Dims[1]) {
+		return nil, fmt.Errorf("%s: %sattn_k_b %v and attn_v_b %v do not make kv_b_proj [%d %d]", w.m.Path, blk, kb.Shape(), vb.Shape(), rows, cols)
+	}
+	kd, err := w.dtype(ref{name: kb.Name}, kb)
+	if err != nil {
+		return nil, err
+	}
+	vd, err := w.dtype(ref{name: vb.Name}, vb)
+	if err != nil {
+		return nil, err
+	}
+	heads, nope, v := int(kb.Dims[2]), int(kb.Dims[0]), int(vb.Dims[1])
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if d, ok := w.permuted[r.name]; ok {
+		return &kernels.Mat{DType: w.joined[r.name], Rows: rows, Cols: cols, Data: d}, nil
+	}
+	out := kernels.F32
+	if kd == vd && !kd.Quantized() {
+		out = kd
+	}
+	size := out.Size()
+	data := make([]byte, rows*cols*size)
+	kmat := &kernels.Mat{DType: kd, Rows: heads * cols, Cols: nope, Data: kb.Data}
+	vmat := &kernels.Mat{DType: vd, Rows: heads * v, Cols: cols, Data: vb.Data}
+	put := func(dst int, m *kernels.Mat, row, col int, buf []float32) {
+		if out == kd && out == vd {
+			es := size
+			copy(data[dst*es:(dst+1)*es], m.Data[(row*m.Cols+col)*es:])
+			return
+		}
+		binary.LittleEndian.PutUint32(data[dst*4:], math.Float32bits(buf[col]))
+	}
+	krow, vrow := make([]float32, nope), make([]float32, cols)
+	for h := range heads {
+		base := h * (nope + v) * cols
+		for c := range cols { // k_b[h] is (kv_lora, nope): row c gives column c of the nope rows
+			if out == kernels.F32 {
+				kmat.RowF32(krow, h*cols+c)
+			}
+			for k := range nope {
+				put(base+k*cols+c, kmat, h*cols+c, k, krow)
+			}
+		}
+		for j := range v {
+			if out == kernels.F32 {
+				vmat.RowF32(vrow, h*v+j)
+			}
+			for c := range cols {
+				put(base+(nope+j)*cols+c, vmat, h*v+j, c, vrow)
+			}
+		}
+	}
+	w.permuted[r.name] = data
+	w.joined[r.name] = out
+	w.permBytes += int64(len(data))
+	return &kernels.Mat{DType: out, Rows: rows, Cols: cols, Data: data}, nil
+}
+
 // Float32 returns the tensor name, of exactly shape, converted to float32
 // (norm weights, biases: GGUF keeps them in F32).
 func (w *Weights) Float32(name string, shape ...int) ([]float32, error) {
 	r, t, err := w.tensor(name)
 	if err != nil {
 		return nil, err
+	}
+	if t == nil {
+		return nil, fmt.Errorf("%s: %q is a rebuilt matrix, not a small tensor", w.m.Path, name)
 	}
 	got := t.Shape()
 	if len(got) != len(shape) {

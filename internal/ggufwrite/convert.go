@@ -17,30 +17,36 @@ import (
 
 // hfConfig is the part of a fixture's config.json the converter reads.
 type hfConfig struct {
-	ModelType        string  `json:"model_type"`
-	Hidden           int     `json:"hidden_size"`
-	Layers           int     `json:"num_hidden_layers"`
-	Heads            int     `json:"num_attention_heads"`
-	KVHeads          int     `json:"num_key_value_heads"`
-	HeadDim          int     `json:"head_dim"`
-	Inter            int     `json:"intermediate_size"`
-	MoEInter         int     `json:"moe_intermediate_size"`
-	MaxPos           int     `json:"max_position_embeddings"`
-	Eps              float64 `json:"rms_norm_eps"`
-	LocalExperts     int     `json:"num_local_experts"`
-	NumExperts       int     `json:"num_experts"`
-	RoutedExperts    int     `json:"n_routed_experts"`
-	SharedExperts    int     `json:"n_shared_experts"`
-	TopK             int     `json:"num_experts_per_tok"`
-	NormTopK         *bool   `json:"norm_topk_prob"`
-	FirstDense       int     `json:"first_k_dense_replace"`
-	ScalingFactor    float64 `json:"routed_scaling_factor"`
-	NGroup           int     `json:"n_group"`
-	TopKGroup        int     `json:"topk_group"`
-	NextN            int     `json:"num_nextn_predict_layers"`
-	RopeParameters   rope    `json:"rope_parameters"`
-	PartialRotary    float64 `json:"partial_rotary_factor"`
-	TieWordEmbedding bool    `json:"tie_word_embeddings"`
+	ModelType        string   `json:"model_type"`
+	Hidden           int      `json:"hidden_size"`
+	Layers           int      `json:"num_hidden_layers"`
+	Heads            int      `json:"num_attention_heads"`
+	KVHeads          int      `json:"num_key_value_heads"`
+	HeadDim          int      `json:"head_dim"`
+	Inter            int      `json:"intermediate_size"`
+	MoEInter         int      `json:"moe_intermediate_size"`
+	MaxPos           int      `json:"max_position_embeddings"`
+	Eps              float64  `json:"rms_norm_eps"`
+	LocalExperts     int      `json:"num_local_experts"`
+	NumExperts       int      `json:"num_experts"`
+	RoutedExperts    int      `json:"n_routed_experts"`
+	SharedExperts    int      `json:"n_shared_experts"`
+	TopK             int      `json:"num_experts_per_tok"`
+	NormTopK         *bool    `json:"norm_topk_prob"`
+	FirstDense       int      `json:"first_k_dense_replace"`
+	ScalingFactor    float64  `json:"routed_scaling_factor"`
+	NGroup           int      `json:"n_group"`
+	TopKGroup        int      `json:"topk_group"`
+	NextN            int      `json:"num_nextn_predict_layers"`
+	RopeParameters   rope     `json:"rope_parameters"`
+	QLora            int      `json:"q_lora_rank"`
+	KVLora           int      `json:"kv_lora_rank"`
+	Nope             int      `json:"qk_nope_head_dim"`
+	RopeDim          int      `json:"qk_rope_head_dim"`
+	VDim             int      `json:"v_head_dim"`
+	MLPLayerTypes    []string `json:"mlp_layer_types"`
+	PartialRotary    float64  `json:"partial_rotary_factor"`
+	TieWordEmbedding bool     `json:"tie_word_embeddings"`
 }
 
 type rope struct {
@@ -54,7 +60,8 @@ type rope struct {
 }
 
 // ggufArch is llama.cpp's architecture for a model_type.
-var ggufArch = map[string]string{"llama": "llama", "mixtral": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "glm4_moe": "glm4moe"}
+var ggufArch = map[string]string{"llama": "llama", "mixtral": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "glm4_moe": "glm4moe",
+	"glm4_moe_lite": "deepseek2"}
 
 // Convert turns the Hugging Face checkpoint in dir (config.json and
 // model.safetensors with F32 weights) into a GGUF file whose matrices are of
@@ -97,8 +104,19 @@ func Convert(dir string, typ uint32) (*Writer, error) {
 	w.Add(p+"feed_forward_length", uint32(c.Inter))
 	w.Add(p+"attention.head_count", uint32(c.Heads))
 	w.Add(p+"attention.head_count_kv", uint32(c.KVHeads))
-	w.Add(p+"attention.key_length", uint32(c.HeadDim))
-	w.Add(p+"attention.value_length", uint32(c.HeadDim))
+	if arch == "deepseek2" { // DeepseekV2Model.set_gguf_parameters: MLA as MQA over the latent
+		w.Set(p+"attention.head_count_kv", uint32(1))
+		w.Add(p+"attention.q_lora_rank", uint32(c.QLora))
+		w.Add(p+"attention.kv_lora_rank", uint32(c.KVLora))
+		w.Add(p+"attention.key_length", uint32(c.KVLora+c.RopeDim))
+		w.Add(p+"attention.value_length", uint32(c.KVLora))
+		w.Add(p+"attention.key_length_mla", uint32(c.Nope+c.RopeDim))
+		w.Add(p+"attention.value_length_mla", uint32(c.VDim))
+		c.HeadDim, c.PartialRotary = c.RopeDim, 1 // rope.dimension_count is qk_rope_head_dim
+	} else {
+		w.Add(p+"attention.key_length", uint32(c.HeadDim))
+		w.Add(p+"attention.value_length", uint32(c.HeadDim))
+	}
 	w.Add(p+"attention.layer_norm_rms_epsilon", float32(c.Eps))
 	w.Add(p+"rope.freq_base", float32(c.RopeParameters.Theta))
 	rotary := c.RopeParameters.PartialRotary
@@ -117,7 +135,13 @@ func Convert(dir string, typ uint32) (*Writer, error) {
 	switch c.ModelType {
 	case "qwen3_moe":
 		w.Add(p+"expert_feed_forward_length", uint32(c.MoEInter))
-	case "glm4_moe":
+	case "glm4_moe", "glm4_moe_lite":
+		if c.MLPLayerTypes != nil {
+			c.FirstDense = 0
+			for c.FirstDense < len(c.MLPLayerTypes) && c.MLPLayerTypes[c.FirstDense] == "dense" {
+				c.FirstDense++
+			}
+		}
 		w.Add(p+"expert_feed_forward_length", uint32(c.MoEInter))
 		w.Add(p+"expert_shared_count", uint32(c.SharedExperts))
 		w.Add(p+"leading_dense_block_count", uint32(c.FirstDense))
@@ -200,6 +224,11 @@ var (
 		"hnorm.weight":                        "nextn.hnorm.weight",
 		"shared_head.head.weight":             "nextn.shared_head_head.weight",
 		"shared_head.norm.weight":             "nextn.shared_head_norm.weight",
+		"self_attn.q_a_proj.weight":           "attn_q_a.weight",
+		"self_attn.q_a_layernorm.weight":      "attn_q_a_norm.weight",
+		"self_attn.q_b_proj.weight":           "attn_q_b.weight",
+		"self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+		"self_attn.kv_a_layernorm.weight":     "attn_kv_a_norm.weight",
 	}
 	expertProj = map[string]string{"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
 )
@@ -243,6 +272,10 @@ func (cv *converter) tensors() error {
 			shapes[g] = t.Shape
 			continue
 		}
+		if m[2] == "self_attn.kv_b_proj.weight" {
+			cv.splitKVB(blk, vals)
+			continue
+		}
 		g, ok := hfBlock[m[2]]
 		if !ok {
 			return fmt.Errorf("ggufwrite: no GGUF name for %s", name)
@@ -268,6 +301,30 @@ func (cv *converter) tensors() error {
 		cv.add(g, append([]int{len(experts[g])}, shapes[g]...), all)
 	}
 	return nil
+}
+
+// splitKVB is DeepseekV2Model.modify_tensors' split of kv_b_proj (heads,
+// nope+v, kv_lora) into attn_k_b (heads, kv_lora, nope: transposed) and
+// attn_v_b (heads, v, kv_lora).
+func (cv *converter) splitKVB(blk string, vals []float32) {
+	c := cv.c
+	heads, nope, v, lora := c.Heads, c.Nope, c.VDim, c.KVLora
+	kb := make([]float32, heads*lora*nope)
+	vb := make([]float32, heads*v*lora)
+	for h := range heads {
+		for r := range nope + v {
+			for j := range lora {
+				x := vals[(h*(nope+v)+r)*lora+j]
+				if r < nope {
+					kb[(h*lora+j)*nope+r] = x
+				} else {
+					vb[(h*v+r-nope)*lora+j] = x
+				}
+			}
+		}
+	}
+	cv.add(blk+"attn_k_b.weight", []int{heads, lora, nope}, kb)
+	cv.add(blk+"attn_v_b.weight", []int{heads, v, lora}, vb)
 }
 
 // add appends a tensor of PyTorch shape (outermost first).
