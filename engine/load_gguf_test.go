@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
@@ -16,7 +17,7 @@ import (
 )
 
 // ggufFixtures are the fixtures with a llama.cpp conversion.
-var ggufFixtures = []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite"}
+var ggufFixtures = []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite", "qwen3_next"}
 
 // writeGGUF converts fixture name to a GGUF file of type typ in a temporary
 // directory and returns its path.
@@ -48,12 +49,23 @@ func runPrompt(t *testing.T, l *Loaded, prompt []int32, steps int) promptRun {
 		t.Fatal(err)
 	}
 	s := c.NewSeq()
+	// Linear-attention models keep a recurrent state per sequence.
+	var states *linattn.StatePool
+	var slot *linattn.Slot
+	if sm, ok := m.(model.StateModel); ok {
+		if states, err = linattn.NewStatePool(sm.StateLayout(), 1<<24); err != nil {
+			t.Fatal(err)
+		}
+		if slot, err = states.Alloc(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	step := func(s *kvcache.Seq, toks []int32, mode model.Logits) []float32 {
 		pos := s.Len()
 		if err := c.Reserve(s, pos+len(toks)); err != nil {
 			t.Fatal(err)
 		}
-		out, err := m.Forward(&model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: toks, Pos: pos, KV: s, Logits: mode}}})
+		out, err := m.Forward(&model.Batch{Cache: c, States: states, Seqs: []model.Seq{{Tokens: toks, Pos: pos, KV: s, State: slot, Logits: mode}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +82,8 @@ func runPrompt(t *testing.T, l *Loaded, prompt []int32, steps int) promptRun {
 }
 
 // f16Checkpoint writes a copy of the fixture checkpoint in dir with its
-// matrices in F16 (routers, norms and biases F32, as in GGUF conversions).
+// matrices in F16 (routers, convolutions, norms and biases F32, as in GGUF
+// conversions).
 func f16Checkpoint(t *testing.T, dir string) string {
 	t.Helper()
 	set, err := weights.Open(dir)
@@ -85,7 +98,7 @@ func f16Checkpoint(t *testing.T, dir string) string {
 			t.Fatal(err)
 		}
 		dt := kernels.F32
-		if len(x.Shape) >= 2 && !strings.HasSuffix(name, "gate.weight") {
+		if len(x.Shape) >= 2 && !strings.HasSuffix(name, "gate.weight") && !strings.Contains(name, "conv1d") {
 			dt = kernels.F16
 		}
 		ts = append(ts, weights.Encode(name, dt, x.Shape, ggufwrite.DecodeF32(x.Data)))

@@ -32,13 +32,13 @@ var archs = map[string]arch{
 	"qwen3moe":  {config: qwen3MoEConfig},
 	"glm4moe":   {config: glm4MoEConfig},
 	"deepseek2": {mla: true, config: deepseek2Config},
+	"qwen3next": {config: qwen3NextConfig},
 }
 
 // knownUnsupported are architectures ferrite has but whose GGUF form it does
 // not read yet, with the reason given to the user.
 var knownUnsupported = map[string]string{
-	"qwen3next": "Qwen3-Next GGUF files (llama.cpp's rearranged linear-attention tensors) are not supported yet",
-	"clip":      "a vision projector (mmproj), not a language model",
+	"clip": "a vision projector (mmproj), not a language model",
 }
 
 // SupportedArchs lists the GGUF architectures Config accepts, sorted.
@@ -263,10 +263,16 @@ func (b *cfgBuilder) moeCommonMixtral() {
 }
 
 func qwen3MoEConfig(b *cfgBuilder) string {
-	n := b.moeCommon("num_experts")
+	b.qwenMoE()
+	return "qwen3_moe"
+}
+
+// qwenMoE sets the Qwen MoE keys: softmax routing, and dense layers among
+// the MoE ones (mlp_only_layers) where a block has no router.
+func (b *cfgBuilder) qwenMoE() {
+	b.moeCommon("num_experts")
 	b.out["norm_topk_prob"] = b.bool("expert_weights_norm", true)
 	b.out["decoder_sparse_step"] = 1
-	// Dense layers among the MoE ones are those without a router.
 	dense := []int{}
 	for l := range b.out["num_hidden_layers"].(int) {
 		if !b.has(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", l)) {
@@ -277,10 +283,43 @@ func qwen3MoEConfig(b *cfgBuilder) string {
 	if len(dense) > 0 && b.out["intermediate_size"] == nil {
 		b.fail(fmt.Errorf("%s: dense layers %v but no %sfeed_forward_length", b.m.Path, dense, b.prefix))
 	}
-	if n > 0 {
-		b.gating(1, "softmax")
+	b.gating(1, "softmax")
+}
+
+// qwen3NextConfig maps Qwen3-Next: Gated DeltaNet sizes from ssm.*, the
+// layer types from which blocks hold attention, and the MTP block that
+// GGUF counts after the last layer.
+func qwen3NextConfig(b *cfgBuilder) string {
+	o := b.out
+	nextn := b.uint("nextn_predict_layers", false, 0)
+	layers := o["num_hidden_layers"].(int) - nextn
+	if layers <= 0 {
+		b.fail(fmt.Errorf("%s: %snextn_predict_layers %d leaves no layers", b.m.Path, b.prefix, nextn))
+		return "qwen3_next"
 	}
-	return "qwen3_moe"
+	o["num_hidden_layers"] = layers
+	o["mtp_num_hidden_layers"] = nextn
+	b.qwenMoE()
+	o["shared_expert_intermediate_size"] = b.uint("expert_shared_feed_forward_length", false, 0)
+	o["linear_conv_kernel_dim"] = b.uint("ssm.conv_kernel", true, 0)
+	o["linear_key_head_dim"] = b.uint("ssm.state_size", true, 0)
+	o["linear_num_key_heads"] = b.uint("ssm.group_count", true, 0)
+	nv := b.uint("ssm.time_step_rank", true, 0)
+	o["linear_num_value_heads"] = nv
+	if inner := b.uint("ssm.inner_size", true, 0); nv > 0 && inner%nv == 0 {
+		o["linear_value_head_dim"] = inner / nv
+	} else {
+		b.fail(fmt.Errorf("%s: %sssm.inner_size %d is not a multiple of ssm.time_step_rank %d", b.m.Path, b.prefix, inner, nv))
+	}
+	types := make([]string, layers)
+	for l := range types {
+		types[l] = "linear_attention"
+		if b.has(fmt.Sprintf("blk.%d.attn_q.weight", l)) {
+			types[l] = "full_attention"
+		}
+	}
+	o["layer_types"] = types
+	return "qwen3_next"
 }
 
 func glm4MoEConfig(b *cfgBuilder) string {

@@ -71,8 +71,8 @@ func TestConfigErrors(t *testing.T) {
 		fixture, want string
 		edit          func(w *ggufwrite.Writer)
 	}{
-		{"qwen3", "Qwen3-Next GGUF files", func(w *ggufwrite.Writer) { w.Set("general.architecture", "qwen3next") }},
-		{"qwen3", `architecture "gemma3" is not supported (GGUF architectures ferrite runs: deepseek2, glm4moe, llama, qwen3, qwen3moe)`,
+		{"qwen3", "a vision projector", func(w *ggufwrite.Writer) { w.Set("general.architecture", "clip") }},
+		{"qwen3", `architecture "gemma3" is not supported (GGUF architectures ferrite runs: deepseek2, glm4moe, llama, qwen3, qwen3moe, qwen3next)`,
 			func(w *ggufwrite.Writer) { w.Set("general.architecture", "gemma3") }},
 		{"qwen3", "missing metadata qwen3.embedding_length", func(w *ggufwrite.Writer) { w.Set("qwen3.embedding_length", nil) }},
 		{"qwen3", "metadata qwen3.attention.head_count is a string", func(w *ggufwrite.Writer) { w.Set("qwen3.attention.head_count", "four") }},

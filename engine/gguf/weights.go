@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,11 @@ type Weights struct {
 	heads     int // attention heads (rows of attn_q in head blocks)
 	kvHeads   int
 	mainLayer int // layers at or above this index are NextN (MTP) blocks
+
+	// Qwen3-Next: norms stored as 1+w, and the Gated DeltaNet geometry
+	// (key heads, key head size, value heads, value head size).
+	normOffset     bool
+	nk, dk, nv, dv int
 
 	mu        sync.Mutex
 	permuted  map[string][]byte        // un-permuted and rebuilt copies, by GGUF name
@@ -49,6 +55,13 @@ func (m *Model) Weights() (*Weights, error) {
 	w.heads = get("attention.head_count", 0)
 	w.kvHeads = get("attention.head_count_kv", w.heads)
 	w.mainLayer = get("block_count", 0) - get("nextn_predict_layers", 0)
+	if m.Meta.Arch() == "qwen3next" {
+		w.normOffset = true
+		w.nk, w.dk, w.nv = get("ssm.group_count", 0), get("ssm.state_size", 0), get("ssm.time_step_rank", 0)
+		if w.nv > 0 {
+			w.dv = get("ssm.inner_size", 0) / w.nv
+		}
+	}
 	return w, nil
 }
 
@@ -65,10 +78,27 @@ type ref struct {
 	name   string // GGUF tensor name
 	expert int    // the expert's slice of a 3-D tensor, or -1
 	heads  int    // > 0: rows are permuted in this many head blocks
-	// kvB: name is blk.N.attn_kv_b, absent; kv_b_proj is rebuilt from
-	// attn_k_b and attn_v_b (see joinKVB).
-	kvB bool
+	join   join   // the matrix is rebuilt from split tensors
+	value  value  // how stored values map back to the checkpoint's
 }
+
+// join names a matrix llama.cpp's converter splits in two.
+type join uint8
+
+const (
+	joinNone join = iota
+	joinKVB       // MLA kv_b_proj from attn_k_b and attn_v_b (joinKVB)
+	joinQKVZ      // Gated DeltaNet in_proj_qkvz from attn_qkv and attn_gate (joinQKVZ)
+)
+
+// value names a converter's change to a small tensor's values.
+type value uint8
+
+const (
+	valuePlain    value = iota
+	valueMinusOne       // stored 1+w (Qwen3-Next's zero-centred norms): w = stored − 1
+	valueLogNeg         // stored −exp(A_log): A_log = log(−stored)
+)
 
 var (
 	layerName  = regexp.MustCompile(`^model\.layers\.(\d+)\.(.+)$`)
@@ -103,6 +133,18 @@ var blockNames = map[string]string{
 	"mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
 	"mlp.shared_experts.up_proj.weight":   "ffn_up_shexp.weight",
 	"mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+	// Gated DeltaNet (qwen3next); in_proj_qkvz is rebuilt (joinQKVZ).
+	"linear_attn.A_log":                  "ssm_a",
+	"linear_attn.dt_bias":                "ssm_dt.bias",
+	"linear_attn.conv1d.weight":          "ssm_conv1d.weight",
+	"linear_attn.in_proj_ba.weight":      "ssm_ba.weight",
+	"linear_attn.norm.weight":            "ssm_norm.weight",
+	"linear_attn.out_proj.weight":        "ssm_out.weight",
+	"linear_attn.in_proj_qkvz.weight":    "attn_qkv.weight",
+	"mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+	"mlp.shared_expert.up_proj.weight":   "ffn_up_shexp.weight",
+	"mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+	"mlp.shared_expert_gate.weight":      "ffn_gate_inp_shexp.weight",
 	// Multi-head latent attention (deepseek2).
 	"self_attn.q_a_proj.weight":           "attn_q_a.weight",
 	"self_attn.q_a_layernorm.weight":      "attn_q_a_norm.weight",
@@ -122,8 +164,38 @@ var nextnNames = map[string]string{
 	"embed_tokens.weight":     "nextn.embed_tokens.weight",
 }
 
+// mtpNames are Qwen3-Next's MTP tensors outside mtp.layers, which
+// convert_hf_to_gguf renames to NextN names on the block after the last.
+var mtpNames = map[string]string{
+	"mtp.fc.weight":                    "eh_proj.weight",
+	"mtp.pre_fc_norm_embedding.weight": "enorm.weight",
+	"mtp.pre_fc_norm_hidden.weight":    "hnorm.weight",
+	"mtp.norm.weight":                  "shared_head.norm.weight",
+	"mtp.embed_tokens.weight":          "embed_tokens.weight",
+}
+
+var mtpLayerName = regexp.MustCompile(`^mtp\.layers\.(\d+)\.(.+)$`)
+
 // resolve finds the GGUF tensor behind a Hugging Face name.
 func (w *Weights) resolve(hf string) (ref, bool) {
+	if g, ok := mtpNames[hf]; ok {
+		hf = fmt.Sprintf("model.layers.%d.%s", w.mainLayer, g)
+	} else if m := mtpLayerName.FindStringSubmatch(hf); m != nil {
+		k, _ := strconv.Atoi(m[1])
+		hf = fmt.Sprintf("model.layers.%d.%s", w.mainLayer+k, m[2])
+	}
+	r, ok := w.find(hf)
+	switch {
+	case strings.HasSuffix(hf, "linear_attn.A_log"):
+		r.value = valueLogNeg
+	case w.normOffset && strings.HasSuffix(hf, "norm.weight") && !strings.HasSuffix(hf, "linear_attn.norm.weight"):
+		r.value = valueMinusOne
+	}
+	return r, ok
+}
+
+// find is resolve of a model.layers name, without the value changes.
+func (w *Weights) find(hf string) (ref, bool) {
 	if g, ok := topNames[hf]; ok {
 		return ref{name: g, expert: -1}, w.has(g)
 	}
@@ -154,8 +226,12 @@ func (w *Weights) resolve(hf string) (ref, bool) {
 	}
 	r := ref{name: blk + g, expert: -1}
 	if rest == "self_attn.kv_b_proj.weight" && !w.has(r.name) {
-		r.kvB = true
+		r.join = joinKVB
 		return r, w.has(blk+"attn_k_b.weight") && w.has(blk+"attn_v_b.weight")
+	}
+	if rest == "linear_attn.in_proj_qkvz.weight" {
+		r.join = joinQKVZ
+		return r, w.has(blk+"attn_qkv.weight") && w.has(blk+"attn_gate.weight")
 	}
 	if w.permuteQK {
 		switch rest {
@@ -194,7 +270,7 @@ func (w *Weights) tensor(name string) (ref, *TensorInfo, error) {
 		}
 		return r, nil, fmt.Errorf("%s: missing tensor %s (for %s)", w.m.Path, r.name, name)
 	}
-	if r.kvB {
+	if r.join != joinNone {
 		return r, nil, nil
 	}
 	return r, w.m.tensors[r.name], nil
@@ -220,13 +296,17 @@ func (w *Weights) Mat(name string, rows, cols int) (*kernels.Mat, error) {
 	if err != nil {
 		return nil, err
 	}
-	if r.kvB {
+	switch r.join {
+	case joinKVB:
 		return w.joinKVB(r, rows, cols)
+	case joinQKVZ:
+		return w.joinQKVZ(r, rows, cols)
 	}
 	if r.expert >= 0 {
 		return w.expertMat(r, t, rows, cols)
 	}
-	if len(t.Dims) != 2 || int(t.Dims[1]) != rows || int(t.Dims[0]) != cols {
+	vector := len(t.Dims) == 1 && rows == 1 && int(t.Dims[0]) == cols // a (1, n) matrix stored as a vector
+	if !vector && (len(t.Dims) != 2 || int(t.Dims[1]) != rows || int(t.Dims[0]) != cols) {
 		return nil, w.shapeErr(r, t, []int{rows, cols})
 	}
 	kd, err := w.dtype(r, t)
@@ -364,6 +444,72 @@ func (w *Weights) joinKVB(r ref, rows, cols int) (*kernels.Mat, error) {
 	return &kernels.Mat{DType: out, Rows: rows, Cols: cols, Data: data}, nil
 }
 
+// joinQKVZ rebuilds Qwen3-Next's in_proj_qkvz (per key head g: q dk rows,
+// k dk rows, v r·dv rows, z r·dv rows, r = nv/nk) from the two tensors
+// convert_hf_to_gguf makes of it: attn_qkv (all q rows, then all k, then
+// all v) and attn_gate (the z rows). Rows are copied whole, so any type
+// stays as stored when both halves share it; else the result is F32.
+func (w *Weights) joinQKVZ(r ref, rows, cols int) (*kernels.Mat, error) {
+	blk := strings.TrimSuffix(r.name, "attn_qkv.weight")
+	qkv, gate := w.m.tensors[r.name], w.m.tensors[blk+"attn_gate.weight"]
+	nk, dk, nv, dv := w.nk, w.dk, w.nv, w.dv
+	if nk <= 0 || nv%nk != 0 || rows != 2*nk*dk+2*nv*dv || len(qkv.Dims) != 2 || len(gate.Dims) != 2 ||
+		int(qkv.Dims[0]) != cols || int(gate.Dims[0]) != cols || int(qkv.Dims[1]) != 2*nk*dk+nv*dv || int(gate.Dims[1]) != nv*dv {
+		return nil, fmt.Errorf("%s: %sattn_qkv %v and attn_gate %v do not make in_proj_qkvz [%d %d] with %d key heads of %d and %d value heads of %d",
+			w.m.Path, blk, qkv.Shape(), gate.Shape(), rows, cols, nk, dk, nv, dv)
+	}
+	qd, err := w.dtype(r, qkv)
+	if err != nil {
+		return nil, err
+	}
+	gd, err := w.dtype(ref{name: gate.Name}, gate)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if d, ok := w.permuted[blk+"in_proj_qkvz"]; ok {
+		return &kernels.Mat{DType: w.joined[blk+"in_proj_qkvz"], Rows: rows, Cols: cols, Data: d}, nil
+	}
+	out := kernels.F32
+	if qd == gd {
+		out = qd
+	}
+	rb := out.RowBytes(cols)
+	data := make([]byte, rows*rb)
+	src := map[*TensorInfo]*kernels.Mat{
+		qkv:  {DType: qd, Rows: int(qkv.Dims[1]), Cols: cols, Data: qkv.Data},
+		gate: {DType: gd, Rows: nv * dv, Cols: cols, Data: gate.Data},
+	}
+	buf := make([]float32, cols)
+	dst := 0
+	copyRows := func(t *TensorInfo, from, n int) {
+		m := src[t]
+		for i := from; i < from+n; i++ {
+			if out == m.DType {
+				copy(data[dst*rb:(dst+1)*rb], m.Data[i*rb:(i+1)*rb])
+			} else {
+				m.RowF32(buf, i)
+				for j, v := range buf {
+					binary.LittleEndian.PutUint32(data[dst*rb+4*j:], math.Float32bits(v))
+				}
+			}
+			dst++
+		}
+	}
+	rv := nv / nk * dv // value rows per key head
+	for g := range nk {
+		copyRows(qkv, g*dk, dk)
+		copyRows(qkv, nk*dk+g*dk, dk)
+		copyRows(qkv, 2*nk*dk+g*rv, rv)
+		copyRows(gate, g*rv, rv)
+	}
+	w.permuted[blk+"in_proj_qkvz"] = data
+	w.joined[blk+"in_proj_qkvz"] = out
+	w.permBytes += int64(len(data))
+	return &kernels.Mat{DType: out, Rows: rows, Cols: cols, Data: data}, nil
+}
+
 // Float32 returns the tensor name, of exactly shape, converted to float32
 // (norm weights, biases: GGUF keeps them in F32).
 func (w *Weights) Float32(name string, shape ...int) ([]float32, error) {
@@ -374,14 +520,9 @@ func (w *Weights) Float32(name string, shape ...int) ([]float32, error) {
 	if t == nil {
 		return nil, fmt.Errorf("%s: %q is a rebuilt matrix, not a small tensor", w.m.Path, name)
 	}
-	got := t.Shape()
-	if len(got) != len(shape) {
+	// GGUF drops dimensions of 1 (Qwen3-Next's conv1d (C, 1, K) is (C, K)).
+	if !slices.Equal(squeeze(t.Shape()), squeeze(shape)) {
 		return nil, w.shapeErr(r, t, shape)
-	}
-	for i := range got {
-		if got[i] != shape[i] {
-			return nil, w.shapeErr(r, t, shape)
-		}
 	}
 	kd, err := w.dtype(r, t)
 	if err != nil {
@@ -401,13 +542,32 @@ func (w *Weights) Float32(name string, shape ...int) ([]float32, error) {
 		for i := range out {
 			out[i] = f32At(data, i)
 		}
-		return out, nil
+	} else {
+		m := &kernels.Mat{DType: kd, Rows: rows, Cols: cols, Data: data}
+		for i := range rows {
+			m.RowF32(out[i*cols:(i+1)*cols], i)
+		}
 	}
-	m := &kernels.Mat{DType: kd, Rows: rows, Cols: cols, Data: data}
-	for i := range rows {
-		m.RowF32(out[i*cols:(i+1)*cols], i)
+	for i, v := range out {
+		switch r.value {
+		case valueMinusOne:
+			out[i] = v - 1 // exact for stored values in [0.5, 2]: 1 + (v − 1) gives v back
+		case valueLogNeg:
+			out[i] = float32(math.Log(-float64(v)))
+		}
 	}
 	return out, nil
+}
+
+// squeeze drops dimensions of 1.
+func squeeze(shape []int) []int {
+	out := []int{}
+	for _, d := range shape {
+		if d != 1 {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // f32At is element i of little-endian float32 data.

@@ -127,7 +127,7 @@ func TestDiscoverOtherTools(t *testing.T) {
 	lms := filepath.Join(root, "lmstudio")
 	writeBytes(t, filepath.Join(lms, "pub", "Qwen3-Tiny-GGUF", "Qwen3-Tiny-F16.gguf"), qwen)
 	writeBytes(t, filepath.Join(lms, "pub", "Qwen3-Tiny-GGUF", "mmproj-Qwen3-Tiny-F16.gguf"), unsupportedGGUF("clip"))
-	writeBytes(t, filepath.Join(lms, "pub", "Next-GGUF", "next.gguf"), unsupportedGGUF("qwen3next"))
+	writeBytes(t, filepath.Join(lms, "pub", "Gemma-GGUF", "gemma.gguf"), unsupportedGGUF("gemma3"))
 
 	hub := filepath.Join(root, "hub")
 	snap := filepath.Join(hub, "models--org--Llama-Tiny-GGUF", "snapshots", "rev1")
@@ -159,7 +159,7 @@ func TestDiscoverOtherTools(t *testing.T) {
 		{"gone:latest", "", "", SourceOllama, "missing or not a GGUF file"},
 		{"qwen3-tiny:latest", "qwen3", "F16", SourceOllama, ""},
 		{"someone/llama-tiny:1b", "llama", "F32", SourceOllama, ""},
-		{"pub/Next-GGUF/next", "qwen3next", "", SourceLMStudio, "Qwen3-Next GGUF files"},
+		{"pub/Gemma-GGUF/gemma", "gemma3", "", SourceLMStudio, `architecture "gemma3" is not supported`},
 		{"pub/Qwen3-Tiny-GGUF/Qwen3-Tiny-F16", "qwen3", "F16", SourceLMStudio, ""},
 		{"pub/Qwen3-Tiny-GGUF/mmproj-Qwen3-Tiny-F16", "clip", "", SourceLMStudio, "vision projector"},
 	}

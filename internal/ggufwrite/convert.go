@@ -45,6 +45,13 @@ type hfConfig struct {
 	RopeDim          int      `json:"qk_rope_head_dim"`
 	VDim             int      `json:"v_head_dim"`
 	MLPLayerTypes    []string `json:"mlp_layer_types"`
+	ConvK            int      `json:"linear_conv_kernel_dim"`
+	LinKDim          int      `json:"linear_key_head_dim"`
+	LinVDim          int      `json:"linear_value_head_dim"`
+	LinKHeads        int      `json:"linear_num_key_heads"`
+	LinVHeads        int      `json:"linear_num_value_heads"`
+	SharedInter      int      `json:"shared_expert_intermediate_size"`
+	MTPLayers        int      `json:"mtp_num_hidden_layers"`
 	PartialRotary    float64  `json:"partial_rotary_factor"`
 	TieWordEmbedding bool     `json:"tie_word_embeddings"`
 }
@@ -61,7 +68,7 @@ type rope struct {
 
 // ggufArch is llama.cpp's architecture for a model_type.
 var ggufArch = map[string]string{"llama": "llama", "mixtral": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "glm4_moe": "glm4moe",
-	"glm4_moe_lite": "deepseek2"}
+	"glm4_moe_lite": "deepseek2", "qwen3_next": "qwen3next"}
 
 // Convert turns the Hugging Face checkpoint in dir (config.json and
 // model.safetensors with F32 weights) into a GGUF file whose matrices are of
@@ -97,6 +104,9 @@ func Convert(dir string, typ uint32) (*Writer, error) {
 	w.Add("general.architecture", arch)
 	w.Add("general.name", filepath.Base(dir))
 	w.Add("general.file_type", map[uint32]uint32{F32: 0, F16: 1}[typ])
+	if c.ModelType == "qwen3_next" {
+		c.NextN = c.MTPLayers // _QwenMtpMixin: the MTP block follows the last layer
+	}
 	blocks := c.Layers + c.NextN
 	w.Add(p+"block_count", uint32(blocks))
 	w.Add(p+"context_length", uint32(c.MaxPos))
@@ -135,6 +145,16 @@ func Convert(dir string, typ uint32) (*Writer, error) {
 	switch c.ModelType {
 	case "qwen3_moe":
 		w.Add(p+"expert_feed_forward_length", uint32(c.MoEInter))
+	case "qwen3_next":
+		w.Add(p+"expert_feed_forward_length", uint32(c.MoEInter))
+		w.Add(p+"expert_shared_feed_forward_length", uint32(c.SharedInter))
+		w.Add(p+"ssm.conv_kernel", uint32(c.ConvK))
+		w.Add(p+"ssm.state_size", uint32(c.LinKDim))
+		w.Add(p+"ssm.group_count", uint32(c.LinKHeads))
+		w.Add(p+"ssm.time_step_rank", uint32(c.LinVHeads))
+		w.Add(p+"ssm.inner_size", uint32(c.LinVDim*c.LinVHeads))
+		w.Add(p+"full_attention_interval", uint32(4))
+		w.Add(p+"nextn_predict_layers", uint32(c.NextN))
 	case "glm4_moe", "glm4_moe_lite":
 		if c.MLPLayerTypes != nil {
 			c.FirstDense = 0
@@ -224,6 +244,16 @@ var (
 		"hnorm.weight":                        "nextn.hnorm.weight",
 		"shared_head.head.weight":             "nextn.shared_head_head.weight",
 		"shared_head.norm.weight":             "nextn.shared_head_norm.weight",
+		"linear_attn.A_log":                   "ssm_a",
+		"linear_attn.dt_proj.bias":            "ssm_dt.bias",
+		"linear_attn.conv1d.weight":           "ssm_conv1d.weight",
+		"linear_attn.in_proj_ba.weight":       "ssm_ba.weight",
+		"linear_attn.norm.weight":             "ssm_norm.weight",
+		"linear_attn.out_proj.weight":         "ssm_out.weight",
+		"mlp.shared_expert.gate_proj.weight":  "ffn_gate_shexp.weight",
+		"mlp.shared_expert.up_proj.weight":    "ffn_up_shexp.weight",
+		"mlp.shared_expert.down_proj.weight":  "ffn_down_shexp.weight",
+		"mlp.shared_expert_gate.weight":       "ffn_gate_inp_shexp.weight",
 		"self_attn.q_a_proj.weight":           "attn_q_a.weight",
 		"self_attn.q_a_layernorm.weight":      "attn_q_a_norm.weight",
 		"self_attn.q_b_proj.weight":           "attn_q_b.weight",
@@ -246,6 +276,11 @@ func (cv *converter) tensors() error {
 			return fmt.Errorf("ggufwrite: %s is %s, want F32", name, t.Dtype)
 		}
 		vals := DecodeF32(t.Data)
+		shape := t.Shape
+		if cv.c.ModelType == "qwen3_next" {
+			name, shape = cv.qwen3Next(name, shape, vals)
+		}
+		t.Shape = shape
 		switch name {
 		case "model.embed_tokens.weight":
 			cv.add("token_embd.weight", t.Shape, vals)
@@ -270,6 +305,10 @@ func (cv *converter) tensors() error {
 			}
 			experts[g][x] = vals
 			shapes[g] = t.Shape
+			continue
+		}
+		if m[2] == "linear_attn.in_proj_qkvz.weight" {
+			cv.splitQKVZ(blk, vals)
 			continue
 		}
 		if m[2] == "self_attn.kv_b_proj.weight" {
@@ -301,6 +340,62 @@ func (cv *converter) tensors() error {
 		cv.add(g, append([]int{len(experts[g])}, shapes[g]...), all)
 	}
 	return nil
+}
+
+// qwen3Next applies Qwen3NextModel's renames and value changes in place:
+// MTP tensors moved to the block after the last layer, A_log stored as
+// −exp(A_log), dt_bias renamed, conv1d squeezed, and the zero-centred norms
+// stored as 1+w. It returns the new name and shape.
+func (cv *converter) qwen3Next(name string, shape []int, vals []float32) (string, []int) {
+	remap := map[string]string{"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head.norm"}
+	if rest, ok := strings.CutPrefix(name, "mtp."); ok {
+		parts := strings.SplitN(rest, ".", 3)
+		if parts[0] == "layers" {
+			k, _ := strconv.Atoi(parts[1])
+			name = fmt.Sprintf("model.layers.%d.%s", cv.c.Layers+k, parts[2])
+		} else {
+			name = fmt.Sprintf("model.layers.%d.%s.%s", cv.c.Layers, remap[parts[0]], parts[1])
+		}
+	}
+	switch {
+	case strings.HasSuffix(name, ".A_log"):
+		for i, v := range vals {
+			vals[i] = float32(-math.Exp(float64(v)))
+		}
+	case strings.HasSuffix(name, ".dt_bias"):
+		name = strings.TrimSuffix(name, ".dt_bias") + ".dt_proj.bias"
+	case strings.Contains(name, "conv1d"):
+		shape = []int{shape[0], shape[2]}
+	case strings.HasSuffix(name, "norm.weight") && !strings.HasSuffix(name, "linear_attn.norm.weight"):
+		for i, v := range vals {
+			vals[i] = v + 1
+		}
+	}
+	return name, shape
+}
+
+// splitQKVZ is Qwen3NextModel's split of in_proj_qkvz (per key head: q, k,
+// v, z) into attn_qkv (all q, all k, all v) and attn_gate (all z).
+func (cv *converter) splitQKVZ(blk string, vals []float32) {
+	c := cv.c
+	cols := c.Hidden
+	nk, dk, dvr := c.LinKHeads, c.LinKDim, c.LinVHeads/c.LinKHeads*c.LinVDim
+	row := func(r int) []float32 { return vals[r*cols : (r+1)*cols] }
+	var q, k, v, z []float32
+	for g := range nk {
+		base := g * (2*dk + 2*dvr)
+		for r := range dk {
+			q = append(q, row(base+r)...)
+			k = append(k, row(base+dk+r)...)
+		}
+		for r := range dvr {
+			v = append(v, row(base+2*dk+r)...)
+			z = append(z, row(base+2*dk+dvr+r)...)
+		}
+	}
+	qkv := append(append(q, k...), v...)
+	cv.add(blk+"attn_qkv.weight", []int{len(qkv) / cols, cols}, qkv)
+	cv.add(blk+"attn_gate.weight", []int{len(z) / cols, cols}, z)
 }
 
 // splitKVB is DeepseekV2Model.modify_tensors' split of kv_b_proj (heads,
@@ -335,7 +430,7 @@ func (cv *converter) add(name string, shape []int, vals []float32) {
 	}
 	t := Tensor{Name: name, Type: F32, Dims: dims, Data: EncodeF32(vals)}
 	// Routers stay F32, as convert_hf_to_gguf keeps them.
-	if len(shape) >= 2 && cv.typ == F16 && !strings.HasSuffix(name, "ffn_gate_inp.weight") {
+	if len(shape) >= 2 && cv.typ == F16 && !strings.Contains(name, "ffn_gate_inp") && !strings.Contains(name, "ssm_conv1d") {
 		t.Type, t.Data = F16, weights.NewTensor(kernels.F16, shape, vals).Data
 	}
 	cv.w.Tensors = append(cv.w.Tensors, t)
