@@ -194,6 +194,19 @@ func (r *reader) str(what string) ([]byte, error) {
 	return r.bytes(int(n), what)
 }
 
+// skipString steps over element i of the string array key.
+func (r *reader) skipString(key string, i int) error {
+	if len(r.data)-r.pos < 8 {
+		return r.fail(fmt.Sprintf("%s[%d] length", key, i), 8)
+	}
+	n := binary.LittleEndian.Uint64(r.data[r.pos:])
+	if left := uint64(len(r.data) - r.pos - 8); n > left {
+		return fmt.Errorf("%s: %s[%d] at offset %d claims %d bytes, %d left: %w", r.name, key, i, r.pos, n, left, ErrString)
+	}
+	r.pos += 8 + int(n)
+	return nil
+}
+
 // Parse reads and validates a GGUF file held in data (usually a memory
 // mapping); name labels it in errors. The File's tensors and metadata view
 // data, which must stay unchanged while they are used.
@@ -303,6 +316,12 @@ func readValue(r *reader, t ValueType, key string, depth int) (Value, error) {
 		if s := elem.size(); s > 0 {
 			if _, err := r.bytes(n*s, key); err != nil {
 				return Value{}, err
+			}
+		} else if elem == TypeString { // tokenizer vocabularies: 100k+ strings, walked without allocating
+			for i := range n {
+				if err := r.skipString(key, i); err != nil {
+					return Value{}, err
+				}
 			}
 		} else {
 			for i := range n {

@@ -224,6 +224,16 @@ func TestParseValueTypeErrors(t *testing.T) {
 	if _, err := Parse("x", bArr); !errors.Is(err, ErrType) {
 		t.Errorf("element type 13: %v", err)
 	}
+	// A string array whose element claims more bytes than are left.
+	w = &ggufwrite.Writer{}
+	w.Add("k", []string{"abcdefghij", "de"})
+	b = w.Bytes()
+	if _, err := Parse("x", le64(b, typeAt+4+4+8, 1<<40)); !errors.Is(err, ErrString) || !strings.Contains(err.Error(), "k[0]") {
+		t.Errorf("lying array string: %v", err)
+	}
+	if _, err := Parse("x", b[:typeAt+4+4+8+8+10+4]); !errors.Is(err, ErrTruncated) || !strings.Contains(err.Error(), "k[1]") {
+		t.Errorf("array cut in a string length: %v", err)
+	}
 }
 
 // writeSplit writes the sample's tensors as a model split in n parts.
