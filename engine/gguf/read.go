@@ -224,6 +224,9 @@ func Parse(name string, data []byte) (*File, error) {
 		return nil, err
 	}
 	if f.Version != 2 && f.Version != 3 {
+		if bits.ReverseBytes32(f.Version) <= 3 {
+			return nil, fmt.Errorf("%s: a big-endian GGUF file (version %d), which ferrite does not read: %w", name, bits.ReverseBytes32(f.Version), ErrVersion)
+		}
 		return nil, fmt.Errorf("%s: version %d, want 2 or 3: %w", name, f.Version, ErrVersion)
 	}
 	nTensors, err := r.count("tensor count", 8+4+4+8) // name length, dims, type, offset

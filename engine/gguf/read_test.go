@@ -170,6 +170,7 @@ func TestParseErrors(t *testing.T) {
 		{"empty", nil, ErrNotGGUF},
 		{"magic", append([]byte("GGUX"), good[4:]...), ErrNotGGUF},
 		{"version 1", append(append([]byte("GGUF"), 1, 0, 0, 0), good[8:]...), ErrVersion},
+		{"big-endian", append(append([]byte("GGUF"), 0, 0, 0, 3), good[8:]...), ErrVersion},
 		{"header cut", good[:10], ErrTruncated},
 		{"cut in metadata", good[:260], ErrTruncated},
 		{"cut in tensor data", good[:len(good)-40], ErrOffset},

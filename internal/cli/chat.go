@@ -271,10 +271,10 @@ func (c *chatModels) resolve(name string) (catalog.Entry, error) {
 	return c.find(name)
 }
 
-// find is a directory (an existing one, or a name that looks like a
-// path) or a catalog name.
+// find is a directory or a GGUF file (an existing one, or a name that
+// looks like a path) or a catalog name.
 func (c *chatModels) find(name string) (catalog.Entry, error) {
-	if st, err := os.Stat(name); (err == nil && st.IsDir()) || catalog.LooksLikePath(name) {
+	if st, err := os.Stat(name); (err == nil && (st.IsDir() || st.Mode().IsRegular())) || catalog.LooksLikePath(name) {
 		return catalog.Probe(name)
 	}
 	es, err := c.discover()
