@@ -282,6 +282,15 @@ func (r *Runtime) DropPrefixCache() {
 // hold: the model's context or the whole cache, whichever is smaller.
 func (r *Runtime) MaxSeqLen() int { return r.limit }
 
+// SeqLimit says what sets MaxSeqLen: LimitContext (the model's context) or
+// LimitKVCache (the whole cache, when the KV budget holds fewer tokens).
+func (r *Runtime) SeqLimit() LengthLimit {
+	if r.info.MaxContext > 0 && r.limit == r.info.MaxContext {
+		return LimitContext
+	}
+	return LimitKVCache
+}
+
 // Generate queues req and returns its event stream. It fails at once, with
 // no stream, for an empty prompt, an id outside the vocabulary, or a prompt
 // that can never fit (ErrPromptTooLong). Cancelling ctx ends the request
