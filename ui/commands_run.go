@@ -81,8 +81,12 @@ func (m *model) cmdStats(string) tea.Cmd {
 	if m.info.Arch != "" {
 		fmt.Fprintf(&b, " (%s)", m.info.Arch)
 	}
-	if m.info.MaxContext > 0 {
-		fmt.Fprintf(&b, ", context %d tokens; this chat holds %d", m.info.MaxContext, m.ctxUsed)
+	if limit := m.info.MaxContext; limit > 0 {
+		fmt.Fprintf(&b, ", context %d tokens", limit)
+		if m.info.KVLimited {
+			b.WriteString(" (the KV cache's size, set by kv_budget: less than the model's context)")
+		}
+		fmt.Fprintf(&b, "; this chat holds %d", min(m.ctxUsed, limit))
 	}
 	b.WriteString("\n")
 	if s.KVBlocksTotal > 0 {

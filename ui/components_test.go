@@ -267,7 +267,7 @@ func TestExportMarkdownGolden(t *testing.T) {
 			{Role: RoleUser, Content: "Hi", Time: at},
 			{Role: RoleAssistant, Content: "<think>greet back</think>Hello!", Time: at.Add(time.Second),
 				Stats: newReplyStats(Usage{PromptTokens: 12, GeneratedTokens: 3, TimeToFirstToken: 80 * time.Millisecond,
-					Total: 300 * time.Millisecond, PromptTokensPerSec: 150, DecodeTokensPerSec: 9.5, Seed: 99}, FinishStop,
+					Total: 300 * time.Millisecond, PromptTokensPerSec: 150, DecodeTokensPerSec: 9.5, Seed: 99}, FinishStop, "",
 					Settings{Temperature: 0.7, TopP: 0.95, TopK: 40, MinP: 0.05, RepeatPenalty: 1, Seed: 5, MaxTokens: 512})},
 			{Role: RoleUser, Content: "Again", Time: at.Add(2 * time.Second)},
 			{Role: RoleAssistant, Content: "Hel", Time: at.Add(3 * time.Second), Error: "engine closed"},

@@ -62,11 +62,12 @@ type ReplyStats struct {
 	AcceptedTokens     int      `json:"accepted_tokens,omitempty"` // and accepted
 	AcceptedPerStep    float64  `json:"accepted_per_step,omitempty"`
 	Finish             string   `json:"finish,omitempty"`
+	Limit              string   `json:"limit,omitempty"` // with finish "length": the limit reached (Limit constants)
 	Seed               uint64   `json:"seed"`
 	Settings           Settings `json:"settings"`
 }
 
-func newReplyStats(u Usage, finish string, s Settings) *ReplyStats {
+func newReplyStats(u Usage, finish, limit string, s Settings) *ReplyStats {
 	return &ReplyStats{
 		PromptTokens:       u.PromptTokens,
 		CachedTokens:       u.CachedTokens,
@@ -79,6 +80,7 @@ func newReplyStats(u Usage, finish string, s Settings) *ReplyStats {
 		AcceptedTokens:     u.AcceptedTokens,
 		AcceptedPerStep:    u.AcceptedPerStep,
 		Finish:             finish,
+		Limit:              limit,
 		Seed:               u.Seed,
 		Settings:           s,
 	}
@@ -291,7 +293,10 @@ func formatReplyStats(st *ReplyStats) string {
 		parts = append(parts, fmt.Sprintf("MTP %d/%d drafts accepted (%.0f%%), %.2f tokens per step",
 			st.AcceptedTokens, st.DraftTokens, 100*float64(st.AcceptedTokens)/float64(st.DraftTokens), 1+st.AcceptedPerStep))
 	}
-	if st.Finish != "" {
+	switch {
+	case st.Finish == FinishLength && st.Limit != "":
+		parts = append(parts, "finish length ("+st.Limit+")")
+	case st.Finish != "":
 		parts = append(parts, "finish "+st.Finish)
 	}
 	parts = append(parts, fmt.Sprintf("seed %d", st.Seed))

@@ -31,6 +31,18 @@ type ModelInfo struct {
 	MaxContext int    `json:"max_context,omitempty"` // most tokens (prompt + reply) one request may hold; 0: unknown
 	MTP        bool   `json:"mtp,omitempty"`         // the model has an MTP module (speculative decoding)
 	Draft      int    `json:"draft,omitempty"`       // the engine's draft tokens per step when Settings.Draft is 0; 0: off
+	// KVLimited says MaxContext is what the KV cache holds (its size is
+	// set by the KV budget), less than the model's own context.
+	KVLimited bool `json:"kv_limited,omitempty"`
+}
+
+// contextLimit names what bounds a request, with its size: the model's
+// context, or the KV cache when the KV budget makes it smaller.
+func (i ModelInfo) contextLimit() string {
+	if i.KVLimited {
+		return fmt.Sprintf("the KV cache (%d tokens; kv_budget sets its size)", i.MaxContext)
+	}
+	return fmt.Sprintf("the model's context (%d tokens)", i.MaxContext)
 }
 
 // Request is one reply to generate.
@@ -103,11 +115,19 @@ const (
 	FinishCancelled = "cancelled" // stopped by the user
 )
 
+// Limits that end a reply with FinishLength (Event.Limit).
+const (
+	LimitMaxTokens = "max_tokens" // the max_tokens setting
+	LimitContext   = "context"    // the model's context is full
+	LimitKVCache   = "kv_cache"   // the KV cache, smaller than the model's context, is full
+)
+
 // Event is one message of a Reply.
 type Event struct {
 	Kind   EventKind
 	Text   string // EventDelta: new text (valid UTF-8)
 	Finish string // EventDone: one of the Finish constants
+	Limit  string // EventDone with FinishLength: one of the Limit constants; "" when unknown
 	Usage  Usage  // counts and timing as of this event
 	Err    error  // EventError: the cause
 }
@@ -180,8 +200,12 @@ type ModelEntry struct {
 type ContextError struct {
 	PromptTokens int // the prompt's length
 	Limit        int // the most tokens a request may hold
+	KV           bool // Limit is the KV cache's size (set by the KV budget), not the model's context
 }
 
 func (e *ContextError) Error() string {
-	return fmt.Sprintf("the prompt is %d tokens and the context holds %d", e.PromptTokens, e.Limit)
+	if e.KV {
+		return fmt.Sprintf("the prompt is %d tokens and the KV cache holds %d (raise kv_budget / --kv-budget)", e.PromptTokens, e.Limit)
+	}
+	return fmt.Sprintf("the prompt is %d tokens and the model's context holds %d", e.PromptTokens, e.Limit)
 }

@@ -34,6 +34,7 @@ type fakeReply struct {
 	err    error         // end with EventError instead of EventDone
 	hold   chan struct{} // when set, the first chunk waits until it is closed
 	usage  Usage         // when set, the usage of every event (GeneratedTokens is counted)
+	limit  string        // when set, the reply ends with FinishLength and this Limit
 }
 
 func newFakeEngine(replies ...fakeReply) *fakeEngine {
@@ -163,6 +164,8 @@ func (s *fakeStream) final() Event {
 		return Event{Kind: EventError, Err: s.r.err, Usage: s.usage()}
 	case s.i < len(s.r.chunks):
 		return Event{Kind: EventDone, Finish: FinishCancelled, Usage: s.usage()}
+	case s.r.limit != "":
+		return Event{Kind: EventDone, Finish: FinishLength, Limit: s.r.limit, Usage: s.usage()}
 	}
 	return Event{Kind: EventDone, Finish: FinishStop, Usage: s.usage()}
 }

@@ -258,6 +258,9 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 		fmt.Fprintf(&b, " (%s", m.info.Arch)
 		if m.info.MaxContext > 0 {
 			fmt.Fprintf(&b, ", context %d tokens", m.info.MaxContext)
+			if m.info.KVLimited {
+				b.WriteString(" by the KV budget")
+			}
 		}
 		b.WriteString(")")
 	}

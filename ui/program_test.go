@@ -703,3 +703,68 @@ func TestContextNearlyFullHint(t *testing.T) {
 	h.line(strings.Repeat("word ", 30))
 	h.waitFor("context nearly full: the reply can use only 6 of max_tokens")
 }
+
+func TestCutReplySaysWhy(t *testing.T) {
+	for _, tc := range []struct {
+		limit     string
+		kv        bool
+		line      string // under the reply
+		notice    string // "" for none
+		statsLine string // in /stats
+	}{
+		{LimitMaxTokens, false, "cut at max_tokens (2048)", "", "finish length (max_tokens)"},
+		{LimitContext, false, "cut: the model's context is full", "has filled the model's context (4096 tokens)", "finish length (context)"},
+		{LimitKVCache, true, "cut: the KV cache is full (raise kv_budget)", "has filled the KV cache (4096 tokens; kv_budget sets its size)", "finish length (kv_cache)"},
+	} {
+		t.Run(tc.limit, func(t *testing.T) {
+			eng := newFakeEngine(fakeReply{chunks: []string{"cut ", "short"}, limit: tc.limit})
+			eng.info.KVLimited = tc.kv
+			h := start(t, eng, testOptions(t))
+			h.line("hi")
+			h.until("the reply's stats line", func(m *model) bool { return strings.Contains(flatView(m), tc.line) })
+			if tc.notice != "" {
+				h.untilNotice(tc.notice)
+			}
+			h.line("/stats")
+			h.untilNotice(tc.statsLine)
+			m := h.final()
+			if st := m.chat.lastReply().Stats; st.Finish != FinishLength || st.Limit != tc.limit {
+				t.Errorf("stats = %+v", st)
+			}
+			for _, e := range m.view.entries {
+				if tc.notice == "" && e.msg == nil && strings.Contains(e.text, "has filled") {
+					t.Errorf("a reply cut by max_tokens says the context is full: %q", e.text)
+				}
+			}
+		})
+	}
+}
+
+func TestContextCounterNeverPassesItsLimit(t *testing.T) {
+	// A reply that fills the context ends with one token the context does
+	// not hold: prompt 5 + 8 generated with a limit of 12.
+	eng := newFakeEngine(fakeReply{chunks: strings.Split("a b c d e f g h", " "), limit: LimitKVCache})
+	eng.info.MaxContext, eng.info.KVLimited = 12, true
+	h := start(t, eng, testOptions(t))
+	h.line("hi")
+	h.until("the reply's stats line", func(m *model) bool { return strings.Contains(flatView(m), "KV cache is full") })
+	h.settle()
+	h.line("/stats")
+	h.untilNotice("context 12 tokens (the KV cache's size, set by kv_budget")
+	m := h.final()
+	bar := m.statusView()
+	if !strings.Contains(bar, "⚠ ctx 12/12 (KV budget)") || strings.Contains(bar, "13/12") {
+		t.Errorf("status bar %q: want ⚠ ctx 12/12 (KV budget)", bar)
+	}
+	for _, e := range m.view.entries {
+		if strings.Contains(e.text, "has filled the model's context") || strings.Contains(e.text, "holds 13") {
+			t.Errorf("notice %q: the limit is the KV cache's", e.text)
+		}
+	}
+}
+
+// flatView is the chat's view with its lines joined and runs of spaces
+// collapsed, so that a test finds a phrase the view wrapped.
+func flatView(m *model) string {
+	return strings.Join(strings.Fields(xansi.Strip(m.View())), " ")
+}

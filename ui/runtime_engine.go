@@ -28,6 +28,7 @@ type RuntimeEngine struct {
 // caller sets them. The caller keeps ownership of rt.
 func NewRuntimeEngine(rt *runtime.Runtime, tok *tokenizer.Tokenizer, info ModelInfo) *RuntimeEngine {
 	info.MaxContext = rt.MaxSeqLen()
+	info.KVLimited = rt.SeqLimit() == runtime.LimitKVCache
 	return &RuntimeEngine{rt: rt, tok: tok, info: info}
 }
 
@@ -61,7 +62,7 @@ func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
 	}
 	ids := e.tok.Encode(text, false)
 	if limit := e.info.MaxContext; limit > 0 && len(ids) > limit {
-		return nil, &ContextError{PromptTokens: len(ids), Limit: limit}
+		return nil, &ContextError{PromptTokens: len(ids), Limit: limit, KV: e.info.KVLimited}
 	}
 	s := req.Settings
 	stream, err := e.rt.Generate(ctx, runtime.Request{
@@ -79,7 +80,7 @@ func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
 		},
 	})
 	if errors.Is(err, runtime.ErrPromptTooLong) {
-		return nil, &ContextError{PromptTokens: len(ids), Limit: e.info.MaxContext}
+		return nil, &ContextError{PromptTokens: len(ids), Limit: e.info.MaxContext, KV: e.info.KVLimited}
 	}
 	if err != nil {
 		return nil, err
@@ -101,7 +102,7 @@ func (r *runtimeReply) Next() (Event, bool) {
 	if !ok {
 		return Event{}, false
 	}
-	out := Event{Text: ev.Text, Finish: string(ev.Finish), Err: ev.Err, Usage: Usage{
+	out := Event{Text: ev.Text, Finish: string(ev.Finish), Limit: string(ev.Limit), Err: ev.Err, Usage: Usage{
 		PromptTokens:       ev.Usage.PromptTokens,
 		CachedTokens:       ev.Usage.CachedTokens,
 		GeneratedTokens:    ev.Usage.GeneratedTokens,

@@ -95,9 +95,15 @@ func (b statusBar) render(width int, d statusData) string {
 			formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))), 2})
 	}
 	if limit := d.info.MaxContext; limit > 0 {
-		text := label("ctx ") + value(fmt.Sprintf("%d/%d", d.ctxUsed, limit))
-		if float64(d.ctxUsed) >= ctxWarnFraction*float64(limit) {
-			text = st.Warning.Render(fmt.Sprintf("⚠ ctx %d/%d", d.ctxUsed, limit))
+		// A reply that fills the context ends with a token it never
+		// stores: the context holds at most limit tokens.
+		used := min(d.ctxUsed, limit)
+		text := label("ctx ") + value(fmt.Sprintf("%d/%d", used, limit))
+		if float64(used) >= ctxWarnFraction*float64(limit) {
+			text = st.Warning.Render(fmt.Sprintf("⚠ ctx %d/%d", used, limit))
+		}
+		if d.info.KVLimited {
+			text += label(" (KV budget)")
 		}
 		segs = append(segs, segment{text, 8})
 	}

@@ -184,7 +184,7 @@ func (m *model) finish(g *generation, ev Event) tea.Cmd {
 		}
 		g.msg.Error = msg
 	}
-	g.msg.Stats = newReplyStats(ev.Usage, finish, g.settings)
+	g.msg.Stats = newReplyStats(ev.Usage, finish, ev.Limit, g.settings)
 	t.view.changed(g.entry)
 	if t != m.chatTab {
 		t.unseen = true
@@ -192,9 +192,10 @@ func (m *model) finish(g *generation, ev Event) tea.Cmd {
 	if g.alt >= 0 {
 		return tea.Batch(cmd, m.fetchStats(), m.onAltDone(t))
 	}
-	if limit := g.eng.info.MaxContext; ev.Kind == EventDone && ev.Finish == FinishLength && limit > 0 && t.ctxUsed >= limit {
+	if info := g.eng.info; ev.Kind == EventDone && ev.Finish == FinishLength && info.MaxContext > 0 &&
+		(ev.Limit == LimitContext || ev.Limit == LimitKVCache || ev.Limit == "" && t.ctxUsed >= info.MaxContext) {
 		t.view.notice(entryWarning, fmt.Sprintf(
-			"The conversation has filled the model's context (%d tokens). Start a /new chat or /clear this one to continue.", limit))
+			"The conversation has filled %s. Start a /new chat or /clear this one to continue.", info.contextLimit()))
 	}
 	return tea.Batch(cmd, m.autosaveTab(t), m.fetchStats())
 }
