@@ -198,8 +198,8 @@ type ModelEntry struct {
 
 // ContextError says a prompt does not fit the model's context.
 type ContextError struct {
-	PromptTokens int // the prompt's length
-	Limit        int // the most tokens a request may hold
+	PromptTokens int  // the prompt's length
+	Limit        int  // the most tokens a request may hold
 	KV           bool // Limit is the KV cache's size (set by the KV budget), not the model's context
 }
 
