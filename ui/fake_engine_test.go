@@ -177,6 +177,7 @@ var errBoom = errors.New("boom: the engine fell over")
 type fakeModels struct {
 	mu      sync.Mutex
 	entries []ModelEntry
+	dirs    map[string]ModelEntry // what Find gives for a folder outside entries
 	engines map[string]*fakeEngine
 	fail    map[string]error
 	hold    chan struct{} // when set, Load waits for it to be closed after its first stage
@@ -188,6 +189,9 @@ func (f *fakeModels) List(context.Context) ([]ModelEntry, error) {
 }
 
 func (f *fakeModels) Find(_ context.Context, name string) (ModelEntry, error) {
+	if e, ok := f.dirs[name]; ok {
+		return e, nil
+	}
 	for i, e := range f.entries {
 		if e.Name == name || strconv.Itoa(i+1) == name {
 			return e, nil

@@ -210,7 +210,8 @@ type model struct {
 	ticking   bool // a stats tick is scheduled
 	loading   *loadState
 	loadSeq   int
-	modelList []ModelEntry // the last Models.List, for completion
+	modelList []ModelEntry // the last Models.List and the models in opened it lacks: what /models shows
+	opened    []ModelEntry // every model the chat has run, so /models lists one opened by its folder
 
 	hint      string // written into the rule above the input
 	hintWarn  bool
@@ -234,6 +235,7 @@ func newModel(eng Engine, opts Options) *model {
 		m.cur.entry.Name = m.cur.info.Name
 	}
 	m.engines = []*engineRef{m.cur}
+	m.opened = []ModelEntry{m.cur.entry}
 	m.info = m.cur.info
 	if m.now == nil {
 		m.now = time.Now
