@@ -255,7 +255,7 @@ func TestModelOpenedByFolderIsListed(t *testing.T) {
 	h.line("/model 1")
 	h.untilNotice("Switched to Fake-1B")
 	h.line("/model 4")
-	h.untilNotice("Switched to model-c")
+	h.until("the second switch to model-c", func(m *model) bool { return m.loading == nil && m.info.Name == "model-c" })
 	if m := h.final(); m.info.Name != "model-c" {
 		t.Errorf("using %s, want model-c", m.info.Name)
 	}
