@@ -16,9 +16,15 @@ const maxInputLines = 8
 // the history of what was sent (Up and Down recall it).
 type input struct {
 	ta      textarea.Model
+	st      *Styles
 	history []string // oldest first
 	histPos int      // index into history while browsing; len(history) when not
 	draft   string   // what was typed before browsing started
+	// restored says the text is a message put back after it could not be
+	// sent. It is shown dimmed and acts as selected: typing or pasting
+	// replaces it, any other key that reaches the input (an arrow,
+	// backspace) keeps it for editing.
+	restored bool
 }
 
 func newInput(km KeyMap, st *Styles) *input {
@@ -43,7 +49,25 @@ func newInput(km KeyMap, st *Styles) *input {
 	ta.FocusedStyle, ta.BlurredStyle = fs, bs
 	ta.SetHeight(1)
 	ta.Focus()
-	return &input{ta: ta}
+	return &input{ta: ta, st: st}
+}
+
+// restore puts a message that could not be sent back, as selected text.
+func (in *input) restore(s string) {
+	in.SetValue(s)
+	in.setRestored(true)
+}
+
+func (in *input) setRestored(on bool) {
+	if in.restored == on {
+		return
+	}
+	in.restored = on
+	text := in.st.Input.Text
+	if on {
+		text = in.st.Input.Restored
+	}
+	in.ta.FocusedStyle.Text, in.ta.FocusedStyle.CursorLine = text, text
 }
 
 func (in *input) SetWidth(w int) {
@@ -68,6 +92,12 @@ func (in *input) fit() {
 // cursor leaves its height and never scrolls back when it grows, so it is
 // given its full height for the update and fitted to the text after.
 func (in *input) Update(msg tea.Msg) tea.Cmd {
+	if in.restored {
+		if k, ok := msg.(tea.KeyMsg); ok && (k.Type == tea.KeyRunes || k.Type == tea.KeySpace) {
+			in.ta.Reset()
+		}
+		in.setRestored(false)
+	}
 	var cmd tea.Cmd
 	in.ta.SetHeight(maxInputLines)
 	in.ta, cmd = in.ta.Update(msg)
@@ -78,11 +108,13 @@ func (in *input) Update(msg tea.Msg) tea.Cmd {
 func (in *input) Value() string { return in.ta.Value() }
 
 func (in *input) SetValue(s string) {
+	in.setRestored(false)
 	in.ta.SetValue(s)
 	in.fit()
 }
 
 func (in *input) Reset() {
+	in.setRestored(false)
 	in.ta.Reset()
 	in.histPos = len(in.history)
 	in.draft = ""
@@ -147,6 +179,7 @@ func (in *input) prev() bool {
 		in.draft = in.ta.Value()
 	}
 	in.histPos--
+	in.setRestored(false)
 	in.ta.SetValue(in.history[in.histPos])
 	in.ta.CursorStart()
 	in.moveToFirstLine()
@@ -161,6 +194,7 @@ func (in *input) next() bool {
 		return false
 	}
 	in.histPos++
+	in.setRestored(false)
 	if in.histPos == len(in.history) {
 		in.ta.SetValue(in.draft)
 	} else {

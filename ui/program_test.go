@@ -768,3 +768,31 @@ func TestContextCounterNeverPassesItsLimit(t *testing.T) {
 func flatView(m *model) string {
 	return strings.Join(strings.Fields(xansi.Strip(m.View())), " ")
 }
+
+// TestRejectedMessageIsReplacedByTyping: a message put back in the input
+// after it could not be sent is replaced by what is typed next, so that a
+// command typed then runs; an arrow key keeps it for editing.
+func TestRejectedMessageIsReplacedByTyping(t *testing.T) {
+	long := "Give me a synonym for happy, in far more words than twelve tokens can hold."
+	eng := newFakeEngine()
+	eng.info.MaxContext = 12
+	h := start(t, eng, testOptions(t))
+	h.line(long)
+	h.untilNotice("does not fit the context")
+	h.until("the message back in the input", func(m *model) bool { return m.in.Value() == long && m.in.restored })
+	h.key(tea.KeyLeft) // editing keeps it
+	h.typeText("!")
+	h.until("the edit", func(m *model) bool { return m.in.Value() == long[:len(long)-1]+"!." })
+	h.key(tea.KeyEnter)
+	h.until("the edited message back", func(m *model) bool { return m.in.restored })
+	h.line("/quit")
+	m := h.finalModel()
+	if !m.quitting {
+		t.Errorf("/quit typed after a rejected message did not quit; input %q", m.in.Value())
+	}
+	for _, r := range eng.requests() {
+		if strings.Contains(r.Messages[len(r.Messages)-1].Content, "/quit") {
+			t.Errorf("sent %q", r.Messages[len(r.Messages)-1].Content)
+		}
+	}
+}

@@ -129,16 +129,16 @@ func (m *model) unsend(g *generation, err error) tea.Cmd {
 		t.chat.Messages = t.chat.Messages[:n-1]
 		t.view.removeMsg(um)
 		if t == m.chatTab && m.in.Value() == "" {
-			m.in.SetValue(um.Content)
+			m.in.restore(um.Content)
 		}
 	}
 	t.view.removeEntry(g.entry)
 	switch {
 	case g.stopped:
-		t.view.notice(entryNotice, "Stopped before the reply started; your message is back in the input.")
+		t.view.notice(entryNotice, "Stopped before the reply started; your message is back in the input (typing replaces it, an arrow key edits it).")
 	case ce != nil:
 		t.view.notice(entryWarning, fmt.Sprintf(
-			"This message does not fit the context: %s. It is back in the input: shorten it, or start a /new chat (or /clear this one).", ce))
+			"This message does not fit the context: %s. It is back in the input (typing replaces it, an arrow key edits it): shorten it, or start a /new chat (or /clear this one).", ce))
 	default:
 		t.view.notice(entryError, "The engine could not start a reply: "+err.Error())
 	}
