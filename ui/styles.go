@@ -55,11 +55,11 @@ type Styles struct {
 		Error          lipgloss.Style
 	}
 	Input struct {
-		Rule    lipgloss.Style // the line above the input
-		Hint    lipgloss.Style // a hint written into the rule
-		Warning lipgloss.Style // a warning written into the rule
-		Prompt  lipgloss.Style
-		Text    lipgloss.Style
+		Rule     lipgloss.Style // the line above the input
+		Hint     lipgloss.Style // a hint written into the rule
+		Warning  lipgloss.Style // a warning written into the rule
+		Prompt   lipgloss.Style
+		Text     lipgloss.Style
 		Holder   lipgloss.Style // placeholder
 		Restored lipgloss.Style // a message put back after it could not be sent (typing replaces it)
 	}
