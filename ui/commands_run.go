@@ -21,13 +21,31 @@ func (m *model) cmdHelp(string) tea.Cmd {
 
 func (m *model) cmdNew(string) tea.Cmd { return m.openTab() }
 
+// cmdClear empties the shown chat. The cleared conversation stays
+// recoverable: it is saved once more under its own name, and the tab goes
+// on as a new chat (new id, new file). With autosave off there is no file
+// to keep, so the first /clear only says so and a second one clears.
 func (m *model) cmdClear(string) tea.Cmd {
+	had := len(m.chat.Messages) > 0
+	if had && m.opts.NoSave && !m.clearArmed {
+		m.clearArmed = true
+		m.view.notice(entryWarning, "Autosave is off, so the cleared messages could not be brought back: /clear again to clear anyway, or /save <name> first.")
+		return nil
+	}
 	cmd := m.abandon(m.chatTab)
-	m.chat.Messages = nil
+	note := "Cleared. The system prompt and settings are kept."
+	if had && !m.opts.NoSave {
+		name := m.chatName
+		cmd = tea.Batch(cmd, m.saveCmd(m.chatTab, name, true))
+		note = fmt.Sprintf("Cleared. The cleared chat stays saved as %s: /load %s brings it back. The system prompt and settings are kept.",
+			shortPath(m.store.path(name)), name)
+	}
+	m.chat = m.newChat(m.chat.Settings, m.chat.System)
+	m.chatName = m.chat.ID
 	m.view.clear()
 	m.ctxUsed, m.usage = 0, nil
-	m.view.notice(entryNotice, "Cleared. The system prompt and settings are kept.")
-	return tea.Batch(cmd, m.saveCmd(m.chatTab, m.chatName, true))
+	m.view.notice(entryNotice, note)
+	return cmd
 }
 
 func (m *model) cmdSystem(args string) tea.Cmd {

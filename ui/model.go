@@ -213,12 +213,13 @@ type model struct {
 	modelList []ModelEntry // the last Models.List and the models in opened it lacks: what /models shows
 	opened    []ModelEntry // every model the chat has run, so /models lists one opened by its folder
 
-	hint      string // written into the rule above the input
-	hintWarn  bool
-	quitArmed bool // ctrl+c was pressed once
-	mouse     bool // the program captures the mouse
-	quitting  bool
-	fatal     error
+	hint       string // written into the rule above the input
+	clearArmed bool   // /clear with autosave off warned once; the next command being /clear clears
+	hintWarn   bool
+	quitArmed  bool // ctrl+c was pressed once
+	mouse      bool // the program captures the mouse
+	quitting   bool
+	fatal      error
 }
 
 // New returns the chat model for eng. Run runs it in the terminal; tests

@@ -637,20 +637,54 @@ func TestNewAndClear(t *testing.T) {
 	h.line("first")
 	h.settle()
 	h.line("/clear")
-	h.waitFor("Cleared.")
+	h.untilNotice("Cleared. The cleared chat stays saved as " + filepath.Join(opts.ChatsDir, "test-chat.json") + ": /load test-chat brings it back.")
 	h.line("second")
 	h.settle()
+	var cleared string // the id the cleared tab goes on with
+	h.until("the new id", func(m *model) bool { cleared = m.chat.ID; return true })
 	h.line("/new")
 	h.waitFor("New chat 2 of 2")
 	m := h.final()
 	if len(m.chat.Messages) != 0 || m.chat.ID == "test-chat" {
 		t.Errorf("after /new: id %q, %d messages", m.chat.ID, len(m.chat.Messages))
 	}
-	c := readChat(t, filepath.Join(opts.ChatsDir, "test-chat.json"), func(c *Chat) bool {
-		return len(c.Messages) == 2 && c.Messages[1].Stats != nil
-	})
+	// The cleared conversation is still in its file; the chat after /clear
+	// is saved apart.
+	c := readChat(t, filepath.Join(opts.ChatsDir, "test-chat.json"), func(c *Chat) bool { return len(c.Messages) == 2 })
+	if c.Messages[0].Content != "first" {
+		t.Errorf("the cleared chat's file = %+v", c.Messages)
+	}
+	if cleared == "test-chat" {
+		t.Fatal("the chat goes on under the cleared chat's id")
+	}
+	c = readChat(t, filepath.Join(opts.ChatsDir, cleared+".json"), func(c *Chat) bool { return len(c.Messages) == 2 })
 	if c.Messages[0].Content != "second" {
-		t.Errorf("saved chat after /clear = %+v", c.Messages)
+		t.Errorf("the chat after /clear = %+v", c.Messages)
+	}
+
+	// /load brings the cleared chat back.
+	h2 := start(t, newFakeEngine(), opts)
+	h2.line("/load test-chat")
+	h2.untilNotice("Loaded chat test-chat: 2 messages")
+	h2.final()
+}
+
+func TestClearWithoutAutosaveAsksOnce(t *testing.T) {
+	opts := testOptions(t)
+	opts.NoSave = true
+	h := start(t, newFakeEngine(), opts)
+	h.line("first")
+	h.settle()
+	h.line("/clear")
+	h.untilNotice("Autosave is off, so the cleared messages could not be brought back: /clear again")
+	h.until("the chat kept", func(m *model) bool { return len(m.chat.Messages) == 2 })
+	h.line("/clear")
+	h.untilNotice("Cleared. The system prompt")
+	if m := h.final(); len(m.chat.Messages) != 0 {
+		t.Errorf("not cleared: %+v", m.chat.Messages)
+	}
+	if ents, _ := os.ReadDir(opts.ChatsDir); len(ents) != 0 {
+		t.Errorf("autosave is off, yet %d files were written", len(ents))
 	}
 }
 

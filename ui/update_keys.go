@@ -135,12 +135,16 @@ func (m *model) submit() tea.Cmd {
 	}
 	hist := m.remember(text)
 	m.in.Reset()
+	m.clearArmed = false
 	return tea.Batch(keep, hist, m.send(text))
 }
 
 // runCommand runs "/name args"; an unknown name gets a message.
 func (m *model) runCommand(text string) tea.Cmd {
 	name, args, _ := strings.Cut(strings.TrimPrefix(strings.TrimSpace(text), "/"), " ")
+	if name != "clear" {
+		m.clearArmed = false
+	}
 	c, ok := m.cmds.lookup(name)
 	if !ok {
 		m.view.notice(entryWarning, "Unknown command /"+name+". Type /help for the list.")
