@@ -48,7 +48,7 @@ func newCommandSet() *commandSet {
 		{name: "export", args: "md|json [path]", desc: "export the chat as Markdown or JSON", run: (*model).cmdExport, complete: completeExport},
 		{name: "copy", desc: "copy the last reply to the clipboard (OSC 52)", run: (*model).cmdCopy},
 		{name: "save", args: "name", desc: "save the chat under a name", run: (*model).cmdSave},
-		{name: "load", args: "[name]", desc: "load a saved chat; list them without a name", run: (*model).cmdLoad},
+		{name: "load", args: "[name|file.json]", desc: "load a saved chat, or a chat exported as JSON; list them without a name", run: (*model).cmdLoad},
 		{name: "quit", desc: "leave ferrite", run: (*model).cmdQuit},
 	}}
 }

@@ -166,7 +166,7 @@ func (m *model) cmdExport(args string) tea.Cmd {
 		if abs, err := filepath.Abs(path); err == nil {
 			path = abs
 		}
-		return exportedMsg{path: path, err: writeFileAtomic(path, data, 0o644)}
+		return exportedMsg{path: path, given: len(f) == 2, err: writeFileAtomic(path, data, 0o644)}
 	}
 }
 
@@ -228,6 +228,16 @@ func (m *model) cmdLoad(args string) tea.Cmd {
 		return func() tea.Msg {
 			chats, err := st.list()
 			return listedMsg{chats: chats, err: err}
+		}
+	}
+	if isChatPath(args) {
+		path := expandHome(args)
+		return func() tea.Msg {
+			if abs, err := filepath.Abs(path); err == nil {
+				path = abs
+			}
+			c, err := readChatFile(path)
+			return loadedMsg{path: path, chat: c, err: err}
 		}
 	}
 	if err := checkChatName(args); err != nil {
@@ -292,6 +302,14 @@ func (m *model) onLoaded(msg loadedMsg) tea.Cmd {
 	}
 	c := msg.chat
 	c.Model = m.info // it continues with this model
+	from := "chat " + msg.name
+	if msg.path != "" {
+		// A file (an export) continues as a new saved chat, so that its
+		// copy in the chats directory, if any, is not overwritten.
+		c.ID = newChatID(m.now())
+		msg.name = c.ID
+		from = msg.path
+	}
 	m.chat, m.chatName = c, msg.name
 	m.view.setMessages(c.Messages)
 	m.view.bottom()
@@ -299,7 +317,10 @@ func (m *model) onLoaded(msg loadedMsg) tea.Cmd {
 	if r := c.lastReply(); r != nil && r.Stats != nil {
 		m.ctxUsed = r.Stats.PromptTokens + r.Stats.GeneratedTokens
 	}
-	note := fmt.Sprintf("Loaded chat %s: %d messages. Settings: %s", msg.name, len(c.Messages), formatSettings(c.Settings))
+	note := fmt.Sprintf("Loaded %s: %d messages. Settings: %s", from, len(c.Messages), formatSettings(c.Settings))
+	if msg.path != "" && !m.opts.NoSave {
+		note += "\nIt is saved as chat " + msg.name + " from now on."
+	}
 	if c.System != "" {
 		note += "\nSystem prompt: " + c.System
 	}

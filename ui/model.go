@@ -87,11 +87,13 @@ type (
 		err  error
 	}
 	exportedMsg struct {
-		path string
-		err  error
+		path  string // absolute
+		given bool   // the user gave the path
+		err   error
 	}
 	loadedMsg struct {
-		name string
+		name string // the saved chat's name; "" for a file
+		path string // the file a chat was loaded from by its path
 		chat *Chat
 		err  error
 	}
@@ -356,8 +358,10 @@ func (m *model) Update(msg tea.Msg) (next tea.Model, cmd tea.Cmd) {
 	case exportedMsg:
 		if msg.err != nil {
 			m.view.notice(entryError, "export failed: "+msg.err.Error())
-		} else {
+		} else if msg.given {
 			m.view.notice(entryNotice, "Exported to "+msg.path)
+		} else {
+			m.view.notice(entryNotice, "Exported to "+msg.path+" (the working directory; give a path to write elsewhere)")
 		}
 	case loadedMsg:
 		cmds = append(cmds, m.onLoaded(msg))

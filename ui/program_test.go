@@ -830,3 +830,62 @@ func TestRejectedMessageIsReplacedByTyping(t *testing.T) {
 		}
 	}
 }
+
+func TestExportWithoutPathSaysWhere(t *testing.T) {
+	dir := tempDir(t)
+	t.Chdir(dir)
+	h := start(t, newFakeEngine(), testOptions(t))
+	h.line("hi")
+	h.settle()
+	h.line("/export md")
+	h.untilNotice("ferrite-chat-test-chat.md (the working directory; give a path to write elsewhere)")
+	m := h.final()
+	var note string
+	for _, e := range m.view.entries {
+		if strings.HasPrefix(e.text, "Exported to ") {
+			note = e.text
+		}
+	}
+	path := strings.Fields(note)[2]
+	if !filepath.IsAbs(path) {
+		t.Errorf("the message %q does not give the full path", note)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ferrite-chat-test-chat.md")); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestLoadExportedJSON: /load takes the path of a chat exported as JSON;
+// it continues as a new saved chat, leaving the original's file alone.
+func TestLoadExportedJSON(t *testing.T) {
+	opts := testOptions(t)
+	h := start(t, newFakeEngine(fakeReply{chunks: []string{"exported reply"}}), opts)
+	h.line("keep this")
+	h.settle()
+	out := filepath.Join(tempDir(t), "chat.json")
+	h.line("/export json " + out)
+	h.untilNotice("Exported to " + out)
+	h.final()
+
+	h2 := start(t, newFakeEngine(fakeReply{chunks: []string{"continued"}}), opts)
+	h2.line("/load " + out)
+	h2.untilNotice("Loaded " + out + ": 2 messages")
+	h2.untilNotice("It is saved as chat ")
+	h2.line("and then?")
+	h2.waitFor("continued")
+	h2.settle()
+	m := h2.final()
+	if len(m.chat.Messages) != 4 || m.chat.Messages[1].Content != "exported reply" {
+		t.Fatalf("messages = %+v", m.chat.Messages)
+	}
+	if m.chat.ID == "test-chat" || m.chatName != m.chat.ID {
+		t.Errorf("the loaded file continues as %q (file %q), want a new id", m.chat.ID, m.chatName)
+	}
+	readChat(t, filepath.Join(opts.ChatsDir, m.chat.ID+".json"), func(c *Chat) bool { return len(c.Messages) == 4 })
+	readChat(t, filepath.Join(opts.ChatsDir, "test-chat.json"), func(c *Chat) bool { return len(c.Messages) == 2 })
+
+	h3 := start(t, newFakeEngine(), opts)
+	h3.line("/load " + filepath.Join(filepath.Dir(out), "missing.json"))
+	h3.untilNotice("load failed: open ")
+	h3.final()
+}
