@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/charmbracelet/bubbles/cursor"
@@ -11,6 +12,19 @@ import (
 
 // maxInputLines is the most lines the input grows to before it scrolls.
 const maxInputLines = 8
+
+// tabRune stands for a tab inside the textarea, whose sanitizer would turn
+// the tab of a paste into 4 spaces: the message keeps its tabs. It is a
+// private-use code point, shown as tabShown.
+const (
+	tabRune  = '\uE009'
+	tabShown = "→"
+)
+
+// toTextarea and fromTextarea convert between a message and the
+// textarea's text (tabs as tabRune).
+func toTextarea(s string) string   { return strings.ReplaceAll(s, "\t", string(tabRune)) }
+func fromTextarea(s string) string { return strings.ReplaceAll(s, string(tabRune), "\t") }
 
 // input is the message editor: a textarea that grows with its text, and
 // the history of what was sent (Up and Down recall it).
@@ -98,6 +112,15 @@ func (in *input) Update(msg tea.Msg) tea.Cmd {
 		}
 		in.setRestored(false)
 	}
+	if k, ok := msg.(tea.KeyMsg); ok && k.Type == tea.KeyRunes && slices.Contains(k.Runes, '\t') {
+		k.Runes = slices.Clone(k.Runes)
+		for i, r := range k.Runes {
+			if r == '\t' {
+				k.Runes[i] = tabRune
+			}
+		}
+		msg = k
+	}
 	var cmd tea.Cmd
 	in.ta.SetHeight(maxInputLines)
 	in.ta, cmd = in.ta.Update(msg)
@@ -105,11 +128,11 @@ func (in *input) Update(msg tea.Msg) tea.Cmd {
 	return cmd
 }
 
-func (in *input) Value() string { return in.ta.Value() }
+func (in *input) Value() string { return fromTextarea(in.ta.Value()) }
 
 func (in *input) SetValue(s string) {
 	in.setRestored(false)
-	in.ta.SetValue(s)
+	in.ta.SetValue(toTextarea(s))
 	in.fit()
 }
 
@@ -121,7 +144,9 @@ func (in *input) Reset() {
 	in.fit()
 }
 
-func (in *input) View() string { return in.ta.View() }
+func (in *input) View() string {
+	return strings.ReplaceAll(in.ta.View(), string(tabRune), tabShown)
+}
 
 // onFirstRow reports whether the cursor is on the first visual row: Up
 // there recalls history instead of moving the cursor.
@@ -180,7 +205,7 @@ func (in *input) prev() bool {
 	}
 	in.histPos--
 	in.setRestored(false)
-	in.ta.SetValue(in.history[in.histPos])
+	in.ta.SetValue(toTextarea(in.history[in.histPos]))
 	in.ta.CursorStart()
 	in.moveToFirstLine()
 	in.fit()
@@ -198,7 +223,7 @@ func (in *input) next() bool {
 	if in.histPos == len(in.history) {
 		in.ta.SetValue(in.draft)
 	} else {
-		in.ta.SetValue(in.history[in.histPos])
+		in.ta.SetValue(toTextarea(in.history[in.histPos]))
 	}
 	in.fit()
 	return true

@@ -889,3 +889,26 @@ func TestLoadExportedJSON(t *testing.T) {
 	h3.untilNotice("load failed: open ")
 	h3.final()
 }
+
+// TestPastedTabStaysATab: the textarea's sanitizer turns a tab into spaces;
+// a tab in a paste reaches the engine as a tab, and the input shows it.
+func TestPastedTabStaysATab(t *testing.T) {
+	eng := newFakeEngine()
+	h := start(t, eng, testOptions(t))
+	h.tm.Send(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune("col1\tcol2\n\tindented"), Paste: true})
+	h.waitFor("› col1→col2")
+	h.key(tea.KeyEnter)
+	h.settle()
+	h.key(tea.KeyUp) // the history gives it back whole
+	m := h.final()
+	reqs := eng.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests", len(reqs))
+	}
+	if got := reqs[0].Messages[len(reqs[0].Messages)-1].Content; got != "col1\tcol2\n\tindented" {
+		t.Errorf("sent %q", got)
+	}
+	if got := m.in.Value(); got != "col1\tcol2\n\tindented" {
+		t.Errorf("recalled %q", got)
+	}
+}
