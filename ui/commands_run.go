@@ -58,10 +58,10 @@ func (m *model) cmdSystem(args string) tea.Cmd {
 		}
 		return nil
 	case "--clear":
-		m.chat.System = ""
+		m.chat.setSystem("", m.now())
 		m.view.notice(entryNotice, "System prompt cleared.")
 	default:
-		m.chat.System = args
+		m.chat.setSystem(args, m.now())
 		m.view.notice(entryNotice, "System prompt set; it applies from the next message.")
 	}
 	return m.autosave()

@@ -912,3 +912,55 @@ func TestPastedTabStaysATab(t *testing.T) {
 		t.Errorf("recalled %q", got)
 	}
 }
+
+// TestExportSystemPromptWhereSet: a system prompt set mid-chat is in the
+// Markdown export where it was set; the one the chat started with is at
+// the top.
+func TestExportSystemPromptWhereSet(t *testing.T) {
+	opts := testOptions(t)
+	opts.System = "Be brief."
+	h := start(t, newFakeEngine(), opts)
+	h.line("one")
+	h.settle()
+	h.line("/system Talk like a pirate.")
+	h.untilNotice("System prompt set")
+	h.line("two")
+	h.settle()
+	h.line("/system --clear")
+	h.untilNotice("System prompt cleared")
+	out := tempDir(t)
+	h.line("/export md " + filepath.Join(out, "chat.md"))
+	h.untilNotice("Exported to")
+	h.line("/export json " + filepath.Join(out, "chat.json"))
+	h.untilNotice("chat.json")
+	h.final()
+
+	md, err := os.ReadFile(filepath.Join(out, "chat.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := []string{"## System\n\nBe brief.", "## User", "one", "## Assistant", "## System · 2026-03-14T15:09:26Z\n\nTalk like a pirate.",
+		"## User", "two", "## Assistant", "## System · 2026-03-14T15:09:26Z\n\n_(the system prompt was cleared)_"}
+	rest := string(md)
+	for _, want := range order {
+		i := strings.Index(rest, want)
+		if i < 0 {
+			t.Fatalf("the export lacks %q after the parts before it:\n%s", want, md)
+		}
+		rest = rest[i+len(want):]
+	}
+	if strings.Count(string(md), "pirate") != 1 {
+		t.Errorf("the mid-chat prompt appears more than once:\n%s", md)
+	}
+	data, err := os.ReadFile(filepath.Join(out, "chat.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := UnmarshalChat(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ExportMarkdown(c) != string(md) {
+		t.Error("the JSON export loses where the system prompt changed")
+	}
+}
