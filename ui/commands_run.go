@@ -108,8 +108,8 @@ func (m *model) cmdStats(string) tea.Cmd {
 	}
 	b.WriteString("\n")
 	if s.KVBlocksTotal > 0 {
-		fmt.Fprintf(&b, "KV cache: %d of %d blocks (%.0f%%), %s of %s\n", s.KVBlocksUsed, s.KVBlocksTotal,
-			100*float64(s.KVBlocksUsed)/float64(s.KVBlocksTotal), formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))
+		fmt.Fprintf(&b, "KV cache: %d of %d blocks (%s), %s of %s\n", s.KVBlocksUsed, s.KVBlocksTotal,
+			percent(s.KVBlocksUsed, s.KVBlocksTotal), formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))
 	}
 	if s.RecurrentBytes > 0 {
 		fmt.Fprintf(&b, "Recurrent state: %s\n", formatBytes(s.RecurrentBytes))

@@ -427,3 +427,26 @@ func TestPrintable(t *testing.T) {
 		}
 	}
 }
+
+// TestKVBarAgreesWithItsPercentage: the bar has a filled cell exactly when
+// the percentage is not 0 %.
+func TestKVBarAgreesWithItsPercentage(t *testing.T) {
+	st := NewStyles(DefaultPalette(), true, false)
+	bar := statusBar{st: &st}
+	for _, tc := range []struct {
+		used, total int
+		want        string
+	}{
+		{0, 1000, "KV ░░░░░░░░░░ 0%"},
+		{1, 1000, "KV █░░░░░░░░░ <1%"},
+		{4, 1000, "KV █░░░░░░░░░ <1%"},
+		{5, 1000, "KV █░░░░░░░░░ 1%"},
+		{500, 1000, "KV █████░░░░░ 50%"},
+		{1000, 1000, "KV ██████████ 100%"},
+	} {
+		line := xansi.Strip(bar.render(160, statusData{info: ModelInfo{Name: "m"}, stats: Stats{KVBlocksUsed: tc.used, KVBlocksTotal: tc.total}}))
+		if !strings.Contains(line, tc.want) {
+			t.Errorf("%d of %d blocks: %q, want %q", tc.used, tc.total, line, tc.want)
+		}
+	}
+}
