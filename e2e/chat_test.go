@@ -321,3 +321,66 @@ func TestBuiltinModelAnswers(t *testing.T) {
 	tm.send("C-c")
 	tm.send("C-c")
 }
+
+// TestNoLoadingLineAfterQuit: the "loading …" line printed before the chat
+// opens is gone from the terminal once the chat has ended.
+func TestNoLoadingLineAfterQuit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and drives it in tmux")
+	}
+	bin := build(t)
+	model := modelDir(t, "qwen3")
+	data := t.TempDir()
+	// A shell keeps the pane open after ferrite exits, to see what it left.
+	tm := newTerm(t, env(data), "sh", "-c", bin+" --model "+model+"; echo ferrite-exited; sleep 60")
+	tm.waitFor("the chat to open", func(s string) bool { return strings.Contains(s, "Type /help") })
+	tm.line("/quit")
+	s := tm.waitFor("the shell after ferrite", func(s string) bool { return strings.Contains(s, "ferrite-exited") })
+	if strings.Contains(s, "loading") {
+		t.Errorf("the loading line stayed on the terminal:\n%s", s)
+	}
+}
+
+// TestModelNumberInTerminal: with several models in model_dirs, /model N
+// (typed, with the completion popup open) loads entry N of /models, not a
+// model whose name holds the digit.
+func TestModelNumberInTerminal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and drives it in tmux")
+	}
+	bin := build(t)
+	folder := t.TempDir()
+	for _, name := range []string{"glm5_next", "llama", "mixtral", "qwen3"} {
+		if err := os.Rename(modelDir(t, name), filepath.Join(folder, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data := t.TempDir()
+	writeConfig(t, data, "model_dirs = [\""+folder+"\"]\n")
+	tm := newTerm(t, env(data), bin, "--model", filepath.Join(folder, "llama"))
+	tm.waitFor("the chat to open", func(s string) bool { return strings.Contains(s, "Type /help") })
+	tm.line("/models")
+	s := tm.waitFor("the model list", func(s string) bool { return strings.Contains(s, "mixtral") && strings.Contains(s, "qwen3") })
+	var want string // the name of entry 5
+	for _, l := range strings.Split(s, "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "5" {
+			want = f[1]
+			if want == "●" {
+				want = f[2]
+			}
+		}
+	}
+	if want == "" || strings.Contains(want, "5") {
+		t.Fatalf("entry 5 is %q; the test needs a fifth model without a 5 in its name:\n%s", want, s)
+	}
+	tm.send("/model 5")
+	tm.waitFor("the popup on entry 5", func(s string) bool { return strings.Contains(s, "5 "+want) })
+	time.Sleep(150 * time.Millisecond)
+	tm.send("Enter")
+	s = tm.waitFor("the switch", func(s string) bool { return strings.Contains(s, "Switched to ") })
+	if !strings.Contains(s, "Switched to "+want) {
+		t.Errorf("/model 5 did not load entry 5 (%s):\n%s", want, s)
+	}
+	tm.line("/quit")
+	tm.waitFor("the program to exit", func(s string) bool { return s == "" })
+}

@@ -143,8 +143,19 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		fmt.Fprintf(stderr, "ferrite: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stderr, "loading %s…\n", e.Name)
+	// On a terminal the loading line is erased once the model is loaded:
+	// the chat runs on the alternate screen, and the line would otherwise
+	// be left on the terminal after it.
+	tty := isTerminal(stderr)
+	if tty {
+		fmt.Fprintf(stderr, "loading %s…", e.Name)
+	} else {
+		fmt.Fprintf(stderr, "loading %s…\n", e.Name)
+	}
 	eng, closer, err := cat.open(ctx, e, true, func(string) {})
+	if tty {
+		fmt.Fprint(stderr, "\r\x1b[K")
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ferrite: %v\n", err)
 		return 1
