@@ -384,3 +384,37 @@ func TestModelNumberInTerminal(t *testing.T) {
 	tm.line("/quit")
 	tm.waitFor("the program to exit", func(s string) bool { return s == "" })
 }
+
+// TestKVBudgetInTerminal: with a KV budget smaller than the model's
+// context, a reply cut by it says so under the reply, the context counter
+// names the KV budget and stops at its limit, and a message that does not
+// fit goes back to the input, where a command typed next replaces it.
+func TestKVBudgetInTerminal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and drives it in tmux")
+	}
+	bin := build(t)
+	model := modelDir(t, "qwen3")
+	data := t.TempDir()
+	// 4 blocks of 16 tokens (3 layers · K and V · 2 heads · 32 dims · 4 bytes).
+	tm := newTerm(t, env(data), bin, "--model", model, "--kv-budget", "98304", "--max-tokens", "0", "--temperature", "0")
+	tm.waitFor("the chat to open", func(s string) bool { return strings.Contains(s, "Type /help") })
+	tm.line("hi")
+	s := tm.waitFor("the cut reply", func(s string) bool { return strings.Contains(s, "tok/s") })
+	flat := strings.Join(strings.Fields(s), " ")
+	if !strings.Contains(flat, "cut: the KV cache is full (raise kv_budget)") {
+		t.Errorf("the reply does not say the KV cache cut it:\n%s", s)
+	}
+	if !strings.Contains(flat, "ctx 64/64 (KV budget)") {
+		t.Errorf("the status bar lacks ⚠ ctx 64/64 (KV budget):\n%s", s)
+	}
+	if !strings.Contains(flat, "has filled the KV cache (64 tokens; kv_budget sets its size)") {
+		t.Errorf("no notice naming the KV cache:\n%s", s)
+	}
+	tm.send("C-n") // a new chat: its context is empty
+	tm.waitFor("the second chat", func(s string) bool { return strings.Contains(s, "New chat 2 of 2") })
+	tm.line("Give me a synonym for happy, and explain it in detail with examples please.")
+	tm.waitFor("the message put back", func(s string) bool { return strings.Contains(s, "does not fit the context") })
+	tm.line("/quit")
+	tm.waitFor("the program to exit", func(s string) bool { return s == "" })
+}
