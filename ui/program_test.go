@@ -964,3 +964,25 @@ func TestExportSystemPromptWhereSet(t *testing.T) {
 		t.Error("the JSON export loses where the system prompt changed")
 	}
 }
+
+// TestSendRejectedWhileGeneratingIsReplacedByTyping: Enter while a reply
+// is generated leaves the message in the input, selected: a command typed
+// next runs instead of joining it.
+func TestSendRejectedWhileGeneratingIsReplacedByTyping(t *testing.T) {
+	hold := make(chan struct{})
+	eng := newFakeEngine(fakeReply{chunks: []string{"slow"}, hold: hold})
+	h := start(t, eng, testOptions(t))
+	h.line("first")
+	h.waitFor("generating")
+	h.line("Give me a synonym for happy.")
+	h.waitFor("typing replaces the message")
+	h.line("/stop")
+	h.until("the reply stopped", func(m *model) bool { return m.gen == nil })
+	m := h.final()
+	if got := m.in.Value(); got != "" {
+		t.Errorf("input %q: /stop was appended to the message instead of running", got)
+	}
+	if n := len(eng.requests()); n != 1 {
+		t.Errorf("%d requests, want 1", n)
+	}
+}
