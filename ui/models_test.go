@@ -35,13 +35,7 @@ func TestModelsList(t *testing.T) {
 	h := start(t, a, opts)
 	h.line("/models")
 	h.untilNotice("Models (/model NAME or NUMBER switches):")
-	m := h.final()
-	var text string
-	for _, e := range m.view.entries {
-		if strings.Contains(e.text, "Models (") {
-			text = e.text
-		}
-	}
+	text := lastNotice(h.final(), "Models (")
 	for _, want := range []string{
 		"Using Fake-1B (fake).",
 		" 1 ● Fake-1B  ",

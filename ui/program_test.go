@@ -232,6 +232,18 @@ func (h *harness) untilNotice(s string) {
 	})
 }
 
+// lastNotice is the last notice of the shown chat that holds s; "" when
+// there is none.
+func lastNotice(m *model, s string) string {
+	var text string
+	for _, e := range m.view.entries {
+		if e.msg == nil && strings.Contains(e.text, s) {
+			text = e.text
+		}
+	}
+	return text
+}
+
 // settle waits until no reply is being generated and every reply is
 // rendered at the current width.
 func (h *harness) settle() {
@@ -839,13 +851,7 @@ func TestExportWithoutPathSaysWhere(t *testing.T) {
 	h.settle()
 	h.line("/export md")
 	h.untilNotice("ferrite-chat-test-chat.md (the working directory; give a path to write elsewhere)")
-	m := h.final()
-	var note string
-	for _, e := range m.view.entries {
-		if strings.HasPrefix(e.text, "Exported to ") {
-			note = e.text
-		}
-	}
+	note := lastNotice(h.final(), "Exported to ")
 	path := strings.Fields(note)[2]
 	if !filepath.IsAbs(path) {
 		t.Errorf("the message %q does not give the full path", note)
