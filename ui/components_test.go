@@ -13,6 +13,7 @@ import (
 	"github.com/charmbracelet/lipgloss"
 	xansi "github.com/charmbracelet/x/ansi"
 	"github.com/charmbracelet/x/exp/golden"
+	"github.com/muesli/termenv"
 )
 
 func TestSplitThink(t *testing.T) {
@@ -448,5 +449,29 @@ func TestKVBarAgreesWithItsPercentage(t *testing.T) {
 		if !strings.Contains(line, tc.want) {
 			t.Errorf("%d of %d blocks: %q, want %q", tc.used, tc.total, line, tc.want)
 		}
+	}
+}
+
+// TestRestoredInputIsDimmed: a message put back is drawn in its own style
+// until it is edited.
+func TestRestoredInputIsDimmed(t *testing.T) {
+	lipgloss.SetColorProfile(termenv.ANSI256)
+	defer lipgloss.SetColorProfile(termenv.Ascii)
+	st := NewStyles(DefaultPalette(), true, false)
+	in := newInput(DefaultKeyMap(), &st)
+	in.SetWidth(40)
+	in.SetValue("hello")
+	plain := in.View()
+	in.restore("hello")
+	if in.View() == plain {
+		t.Error("restored text looks like typed text")
+	}
+	in.Update(tea.KeyMsg{Type: tea.KeyLeft})
+	if in.restored || in.Value() != "hello" {
+		t.Errorf("after an edit key: restored %v, value %q", in.restored, in.Value())
+	}
+	in.SetValue("hello")
+	if in.View() != plain {
+		t.Error("text set again is still drawn as restored")
 	}
 }

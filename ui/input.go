@@ -82,6 +82,9 @@ func (in *input) setRestored(on bool) {
 		text = in.st.Input.Restored
 	}
 	in.ta.FocusedStyle.Text, in.ta.FocusedStyle.CursorLine = text, text
+	// The textarea draws with a pointer to the style it was focused with,
+	// which may be an earlier copy's: focusing again points it here.
+	in.ta.Focus()
 }
 
 func (in *input) SetWidth(w int) {
