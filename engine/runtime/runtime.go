@@ -132,6 +132,7 @@ type Runtime struct {
 	states *linattn.StatePool // recurrent-state slots; nil unless m is a model.StateModel with linear layers
 	mtp    model.MTPModel     // m's MTP module; nil without one
 	limit  int                // most tokens one sequence may hold in the cache: min(MaxContext, whole cache)
+	limBy  Limit              // what sets limit: LimitContext or LimitKVBudget
 
 	mu       sync.Mutex      // guards incoming, drops, closed and nextID
 	incoming []*seq          // accepted by Generate, not yet seen by the loop
@@ -188,9 +189,9 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 	}
 	info := m.Info()
 	cs := cache.Stats()
-	limit := cs.BlocksTotal * cs.BlockSize
-	if info.MaxContext > 0 {
-		limit = min(limit, info.MaxContext)
+	limit, limBy := cs.BlocksTotal*cs.BlockSize, LimitKVBudget
+	if info.MaxContext > 0 && info.MaxContext <= limit {
+		limit, limBy = info.MaxContext, LimitContext
 	}
 	r := &Runtime{
 		m:        m,
@@ -200,6 +201,7 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 		states:   states,
 		mtp:      mtp,
 		limit:    limit,
+		limBy:    limBy,
 		wake:     make(chan struct{}, 1),
 		quit:     make(chan struct{}),
 		loopDone: make(chan struct{}),

@@ -149,7 +149,7 @@ func TestStopAndLength(t *testing.T) {
 	// the last sampled token is emitted without being computed.
 	long := randPrompt(rng, 90, m.Info().Vocab)
 	got = generate(t, r, t.Context(), runtime.Request{Prompt: long, Sampling: greedy}).Collect()
-	if want := 96 - 90 + 1; got.Err != nil || got.Finish != runtime.FinishLength || len(got.Tokens) != want {
+	if want := 96 - 90 + 1; got.Err != nil || got.Finish != runtime.FinishLength || got.Limit != runtime.LimitContext || len(got.Tokens) != want {
 		t.Errorf("context limit: %d tokens, %s, %v; want %d, length", len(got.Tokens), got.Finish, got.Err, want)
 	}
 
@@ -190,8 +190,13 @@ func TestImpossibleRequests(t *testing.T) {
 	}
 	// The small cache still serves a prompt that fits exactly.
 	got := generate(t, small, t.Context(), runtime.Request{Prompt: randPrompt(rng, 20, vocab), Sampling: greedy}).Collect()
-	if got.Err != nil || len(got.Tokens) != 1 || got.Finish != runtime.FinishLength {
-		t.Errorf("prompt filling the cache: %v %s %v", got.Tokens, got.Finish, got.Err)
+	if got.Err != nil || len(got.Tokens) != 1 || got.Finish != runtime.FinishLength || got.Limit != runtime.LimitKVBudget {
+		t.Errorf("prompt filling the cache: %v %s %s %v", got.Tokens, got.Finish, got.Limit, got.Err)
+	}
+	// MaxTokens reached is its own limit, on either runtime.
+	got = generate(t, small, t.Context(), runtime.Request{Prompt: randPrompt(rng, 4, vocab), MaxTokens: 3, Sampling: greedy}).Collect()
+	if got.Err != nil || len(got.Tokens) != 3 || got.Finish != runtime.FinishLength || got.Limit != runtime.LimitMaxTokens {
+		t.Errorf("max tokens: %v %s %s %v", got.Tokens, got.Finish, got.Limit, got.Err)
 	}
 	waitIdle(t, small)
 }

@@ -582,8 +582,12 @@ func (sc *scheduler) emit(s *seq, tok int32, now time.Time) bool {
 	}
 	s.stream.post(text, []int32{tok}, s.usage(now))
 	// The next step would compute position len(tokens)-1: it must exist.
-	if s.req.MaxTokens > 0 && s.generated() >= s.req.MaxTokens || len(s.tokens) > sc.r.limit {
-		sc.finish(s, Event{Type: EventDone, Finish: FinishLength}, now)
+	switch {
+	case s.req.MaxTokens > 0 && s.generated() >= s.req.MaxTokens:
+		sc.finish(s, Event{Type: EventDone, Finish: FinishLength, Limit: LimitMaxTokens}, now)
+		return false
+	case len(s.tokens) > sc.r.limit:
+		sc.finish(s, Event{Type: EventDone, Finish: FinishLength, Limit: sc.r.limBy}, now)
 		return false
 	}
 	return true

@@ -52,12 +52,27 @@ const (
 	FinishCancelled FinishReason = "cancelled" // the context was cancelled or Stream.Cancel called
 )
 
+// Limit says which limit ended a request with FinishLength.
+type Limit string
+
+const (
+	// LimitMaxTokens: Request.MaxTokens tokens were generated, as asked.
+	LimitMaxTokens Limit = "max_tokens"
+	// LimitContext: prompt and reply filled the model's context window.
+	LimitContext Limit = "context"
+	// LimitKVBudget: prompt and reply filled the whole KV cache
+	// (Options.KVBudget), which holds fewer tokens than the model's
+	// context: a larger budget would have let the reply go on.
+	LimitKVBudget Limit = "kv_budget"
+)
+
 // Event is one message of a Stream.
 type Event struct {
 	Type   EventType
 	Text   string  // EventDelta: new text, valid UTF-8 (empty while a character is incomplete)
 	Tokens []int32 // EventDelta: ids generated since the previous event, in order
 	Finish FinishReason
+	Limit  Limit // EventDone with FinishLength: the limit reached; "" otherwise
 	Usage  Usage // counts and timing as of this event (final on EventDone and EventError)
 	Err    error // EventError: the cause
 }
@@ -151,6 +166,7 @@ type Result struct {
 	Tokens []int32
 	Text   string
 	Finish FinishReason // empty when Err is set
+	Limit  Limit        // with FinishLength: the limit reached
 	Usage  Usage
 	Err    error
 }
@@ -169,7 +185,7 @@ func (s *Stream) Collect() Result {
 		text = append(text, ev.Text...)
 		switch ev.Type {
 		case EventDone:
-			r.Finish, r.Usage = ev.Finish, ev.Usage
+			r.Finish, r.Limit, r.Usage = ev.Finish, ev.Limit, ev.Usage
 		case EventError:
 			r.Err, r.Usage = ev.Err, ev.Usage
 		}
