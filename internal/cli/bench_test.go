@@ -212,7 +212,7 @@ func TestBenchErrors(t *testing.T) {
 		{"zero draft", []string{"--model", dir, "--mtp", "on", "--draft", "0"}, 2, "--draft must be at least 1"},
 		{"bad dtype", []string{"--model", dir, "--dtype", "int4"}, 2, "want bf16, f16 or f32"},
 		{"negative threads", []string{"--model", dir, "--threads", "-1"}, 2, "negative"},
-		{"negative kv budget", []string{"--model", dir, "--kv-budget", "-5"}, 2, "negative"},
+		{"negative kv budget", []string{"--model", dir, "--kv-budget", "-5"}, 2, `"-5" is not a size`},
 		{"negative bandwidth", []string{"--model", dir, "--bandwidth", "-1"}, 2, "want GB/s > 0"},
 		{"stray argument", []string{"--model", dir, "extra"}, 2, `unexpected argument "extra"`},
 		{"unknown flag", []string{"--bogus"}, 2, "flag provided but not defined"},
