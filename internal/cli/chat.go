@@ -124,12 +124,9 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		fmt.Fprintf(stderr, "ferrite: %v%s\n", err, logHint(logPath))
 		return 1
 	}
-	s := cfg.Sampling
+	st := ui.SettingsOf(cfg.Sampling)
 	opts := ui.Options{
-		Settings: &ui.Settings{
-			Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK, MinP: s.MinP,
-			RepeatPenalty: s.RepeatPenalty, Seed: s.Seed, MaxTokens: s.MaxTokens,
-		},
+		Settings:  &st,
 		System:    cfg.SystemPrompt,
 		NoSave:    !cfg.Autosave,
 		NoHistory: !cfg.History,
