@@ -38,8 +38,9 @@ const chatUsage = `usage:
   ferrite bench --model DIR [flags]  measure throughput: concurrency × prompt × gen sweep, roofline
   ferrite help                    this help
 
-flags of the chat (run has those not marked "chat only"; defaults are an
-empty configuration's, the file's values win over them, flags over the file):
+flags of the chat (run has those not marked [chat only]); the defaults are
+an empty configuration file's: the file's values win over them, and flags
+over the file:
 `
 
 // printHelp is `ferrite --help`: the commands, the chat's flags, the
@@ -49,18 +50,12 @@ func printHelp(w io.Writer) {
 	fs := newFlagSet("ferrite", chatScope, &f)
 	fmt.Fprint(w, chatUsage)
 	printFlags(w, fs)
-	fmt.Fprintf(w, `
---model takes a model directory or the name of a model /models lists (a
-Hugging Face cache entry such as Qwen/Qwen3-0.6B, a folder of model_dirs or
-of %s). Without it ferrite opens default_model, else the built-in %s.
-
-configuration: %s
-  %s.
-  README.md ("Configuration") documents every key.
-
-in the chat:
-%s
-`, catalog.ModelsDir(), builtin.Name, settings.DefaultPath(), configKeys(), indentText(ui.Help(), "  "))
+	fmt.Fprintf(w, "\n%s\n\nconfiguration: %s\n%s\n\nin the chat:\n%s\n",
+		wrapText("--model takes a model directory or the name of a model /models lists (a Hugging Face cache entry such as Qwen/Qwen3-0.6B, a folder of model_dirs or of "+
+			catalog.ModelsDir()+"). Without it ferrite opens default_model, else the built-in "+builtin.Name+".", "", 76),
+		settings.DefaultPath(),
+		wrapText(configKeys()+". README.md (\"Configuration\") documents every key.", "  ", 76),
+		indentText(ui.Help(), "  "))
 }
 
 // configKeys lists the configuration's keys by table.
@@ -79,6 +74,25 @@ func configKeys() string {
 		parts = append(parts, name)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// wrapText breaks s into lines of at most width columns (a longer word
+// stays whole), each starting with indent.
+func wrapText(s, indent string, width int) string {
+	var b strings.Builder
+	line := indent
+	for _, w := range strings.Fields(s) {
+		if line != indent && len(line)+1+len(w) > width {
+			b.WriteString(line + "\n")
+			line = indent
+		}
+		if line != indent {
+			line += " "
+		}
+		line += w
+	}
+	b.WriteString(line)
+	return b.String()
 }
 
 func indentText(s, prefix string) string {

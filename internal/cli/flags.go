@@ -116,15 +116,20 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 	fs.VisitAll(func(fl *flag.Flag) {
 		arg, help := flag.UnquoteUsage(fl)
 		if sf, ok := fl.Value.(settingFlag); ok {
-			arg, help = flagArg(sf.s), strings.ReplaceAll(sf.s.Help, "`", "")
+			s := sf.s
+			arg, help = flagArg(s), strings.ReplaceAll(s.Help, "`", "")
 			switch {
-			case sf.s.Kind == settings.Bool:
-				help += fmt.Sprintf(" (config.toml: %s = false)", sf.s.Key)
-			case sf.s.DefaultText != "":
-				help += fmt.Sprintf(" (default: %s)", sf.s.DefaultText)
-			case sf.s.Kind == settings.String:
-			default:
-				help += fmt.Sprintf(" (%s; default %s)", sf.s.Values(), sf.s.Format(sf.s.Default))
+			case s.Kind == settings.Bool:
+				help = fmt.Sprintf("turns %s off: %s", s.Key, help)
+			case s.DefaultText != "":
+				help += fmt.Sprintf(" (default: %s)", s.DefaultText)
+			case s.Kind == settings.Enum:
+				help += fmt.Sprintf(" (default %s)", s.Format(s.Default))
+			case s.Kind != settings.String:
+				help += fmt.Sprintf(" (%s; default %s)", s.Values(), s.Format(s.Default))
+			}
+			if !s.Run && fs.Name() == "ferrite" {
+				help += " [chat only]"
 			}
 		} else if fl.DefValue != "" && fl.DefValue != "false" {
 			help += fmt.Sprintf(" (default %s)", fl.DefValue)
