@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
@@ -321,6 +322,9 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 	} else {
 		progress("reading the tokenizer")
 		s.tok, err = tokenizer.Load(e.Dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			err = fmt.Errorf("%w: a model directory needs its tokenizer files too (the folders of testdata/models are test fixtures without one, not models to chat with)", err)
+		}
 		step("tokenizer")
 		if err == nil {
 			if err = ctx.Err(); err == nil {

@@ -155,6 +155,7 @@ func TestRunErrors(t *testing.T) {
 		{"out of range", []string{"--temperature", "9"}, 2, "invalid value \"9\" for flag -temperature: 9 is out of range [0, 5]"},
 		{"bad enum", []string{"run", "--mtp", "maybe"}, 2, `"maybe": want auto, on, off`},
 		{"no prompt", []string{"run"}, 2, "no prompt"},
+		{"fixture", []string{"run", "--model", fixtures.Dir("llama"), "hi"}, 1, "tokenizer.json: file does not exist: a model directory needs its tokenizer files too (the folders of testdata/models are test fixtures"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -230,7 +231,7 @@ func TestRunSaysWhyTheReplyStopped(t *testing.T) {
 		want string
 	}{
 		{[]string{"--max-tokens", "5"}, 0, ""},
-		{[]string{"--kv-budget", "64KiB", "--max-tokens", "200"}, 1, "the reply was cut: the KV cache (--kv-budget) holds only"},
+		{[]string{"--kv-budget", "64KiB", "--max-tokens", "200"}, 1, "the reply was cut: the KV cache holds only"},
 		{[]string{"--max-tokens", "600"}, 1, "the reply was cut: prompt and reply filled the model's context of 512 tokens"},
 		{[]string{"--max-tokens", "0"}, 0, ""},
 	} {

@@ -149,7 +149,7 @@ type cutError struct {
 func (e *cutError) Error() string {
 	switch e.limit {
 	case runtime.LimitKVBudget:
-		return fmt.Sprintf("the reply was cut: the KV cache (--kv-budget) holds only %d tokens of prompt and reply; give a larger --kv-budget", e.maxSeqLen)
+		return fmt.Sprintf("the reply was cut: the KV cache holds only %d tokens of prompt and reply; give a larger --kv-budget (kv_budget in config.toml)", e.maxSeqLen)
 	default:
 		return fmt.Sprintf("the reply was cut: prompt and reply filled the model's context of %d tokens", e.maxSeqLen)
 	}
