@@ -2,6 +2,8 @@ package cli
 
 import (
 	"encoding/json"
+	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -226,5 +228,20 @@ func TestBenchErrors(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want exit %d containing %q", code, errs, c.code, c.want)
 			}
 		})
+	}
+}
+
+// TestBenchKVBudgetTakesASize: bench reads --kv-budget with the same
+// parser as config.toml and the other commands.
+func TestBenchKVBudgetTakesASize(t *testing.T) {
+	var f benchFlags
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	f.register(fs)
+	if err := fs.Parse([]string{"--kv-budget", "1GiB"}); err != nil || f.kvBudget != 1<<30 {
+		t.Fatalf("--kv-budget 1GiB: %d, %v", f.kvBudget, err)
+	}
+	if err := fs.Parse([]string{"--kv-budget", "1 GB"}); err != nil || f.kvBudget != 1e9 {
+		t.Fatalf("--kv-budget 1 GB: %d, %v", f.kvBudget, err)
 	}
 }

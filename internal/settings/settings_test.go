@@ -350,3 +350,27 @@ func TestREADMESettingsTable(t *testing.T) {
 	}
 	t.Errorf("README.md's settings table is not internal/settings.Table's (go test ./internal/settings -update rewrites it):\n%s\nwant\n%s", table, want)
 }
+
+// TestOddShapesAreProblems: tables where values belong, values where
+// tables belong and arrays of tables are reported, not crashes.
+func TestOddShapesAreProblems(t *testing.T) {
+	for src, want := range map[string]string{
+		"sampling = 3\n":                         "line 1: sampling: want a table ([sampling])",
+		"[[sampling]]\ntemperature = 1\n":        "sampling: want a table ([sampling])",
+		"[sampling.temperature]\nx = 1\n":        "sampling.temperature: want a number, not a table",
+		"theme = [\"dark\"]\n":                   "line 1: theme: want one of auto, dark, light, not an array",
+		"model_dirs = [\"a\", 3]\n":              "line 1: model_dirs: entry 2: want a string, not an integer (3)",
+		"model_dirs = \"~/models\"\n":            `line 1: model_dirs: want a list of strings, not a string ("~/models")`,
+		"sampling = {temperature = 9}\n":         "sampling.temperature: 9 is out of range [0, 5]",
+		"[engine]\nkv_budget = 1e300\n":          "engine.kv_budget: want a number of bytes",
+		"[sampling]\nseed = 18446744073709551\n": "",
+	} {
+		_, err := Parse([]byte(src))
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%q: %v", src, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("%q: error %v, want %q", src, err, want)
+		}
+	}
+}
