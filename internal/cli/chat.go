@@ -116,18 +116,13 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	if !isTerminal(stdout) {
 		return generateOnce(ctx, "ferrite", nil, &f, fs, stdin, stdout, stderr)
 	}
-	cfg, warn, err := f.loadConfig(fs)
+	st, warn, err := f.setup(fs)
 	if err != nil {
 		fmt.Fprintf(stderr, "ferrite: %v\n", err)
 		return 2
 	}
-	log, logPath, closeLog, err := openLog(f.logPath, cfg.DebugLog)
-	if err != nil {
-		fmt.Fprintf(stderr, "ferrite: %v\n", err)
-		return 2
-	}
-	defer closeLog()
-	cat := &chatModels{cfg: cfg, builtin: builtinModels, log: log}
+	defer st.closeLog()
+	cfg, log, logPath, cat := st.cfg, st.log, st.logPath, st.models()
 	e, err := cat.resolve(cfg.DefaultModel)
 	if err != nil {
 		fmt.Fprintf(stderr, "ferrite: %v\n", err)
@@ -139,9 +134,9 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		fmt.Fprintf(stderr, "ferrite: %v%s\n", err, logHint(logPath))
 		return 1
 	}
-	st := ui.SettingsOf(cfg.Sampling)
+	chatSettings := ui.SettingsOf(cfg.Sampling)
 	opts := ui.Options{
-		Settings:  &st,
+		Settings:  &chatSettings,
 		System:    cfg.SystemPrompt,
 		NoSave:    !cfg.Autosave,
 		NoHistory: !cfg.History,
@@ -154,7 +149,6 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		LogPath:   logPath,
 	}
 	if warn != nil {
-		log.Warn("configuration ignored", "err", warn)
 		opts.Warnings = append(opts.Warnings, warn.Error()+" (the chat uses the defaults)")
 	}
 	if err := ui.Run(ctx, eng, opts); err != nil {

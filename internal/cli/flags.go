@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 
@@ -178,4 +179,36 @@ func (f *cmdFlags) loadConfig(fs *flag.FlagSet) (cfg settings.Config, warn, err 
 		settings.Lookup(key).Put(&cfg, v)
 	}
 	return cfg, warn, nil
+}
+
+// setup is what the chat and run share after their flags: the
+// configuration with the flags over it, and the debug log.
+type setup struct {
+	cfg      settings.Config
+	log      *slog.Logger
+	logPath  string // "" without a debug log
+	closeLog func()
+}
+
+// setup reads the configuration and opens the debug log. A problem of the
+// file is logged and returned as warn (the file is then ignored); err
+// stops the command.
+func (f *cmdFlags) setup(fs *flag.FlagSet) (st *setup, warn, err error) {
+	cfg, warn, err := f.loadConfig(fs)
+	if err != nil {
+		return nil, nil, err
+	}
+	log, path, closeLog, err := openLog(f.logPath, cfg.DebugLog)
+	if err != nil {
+		return nil, nil, err
+	}
+	if warn != nil {
+		log.Warn("configuration ignored", "err", warn)
+	}
+	return &setup{cfg: cfg, log: log, logPath: path, closeLog: closeLog}, warn, nil
+}
+
+// models is the catalog of models under the configuration.
+func (st *setup) models() *chatModels {
+	return &chatModels{cfg: st.cfg, builtin: builtinModels, log: st.log}
 }

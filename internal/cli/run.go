@@ -47,19 +47,13 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 // it reads the configuration and the prompt, resolves the model and
 // generates one reply. cmd prefixes the messages.
 func generateOnce(ctx context.Context, cmd string, args []string, f *cmdFlags, fs *flag.FlagSet, stdin io.Reader, stdout, stderr io.Writer) int {
-	cfg, warn, err := f.loadConfig(fs)
+	st, warn, err := f.setup(fs)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		return 2
 	}
-	log, logPath, closeLog, err := openLog(f.logPath, cfg.DebugLog)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
-		return 2
-	}
-	defer closeLog()
+	defer st.closeLog()
 	if warn != nil {
-		log.Warn("configuration ignored", "err", warn)
 		fmt.Fprintf(stderr, "%s: warning: %v\n", cmd, warn)
 	}
 	prompt, err := promptText(args, stdin)
@@ -67,19 +61,19 @@ func generateOnce(ctx context.Context, cmd string, args []string, f *cmdFlags, f
 		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		return 2
 	}
-	cat := &chatModels{cfg: cfg, builtin: builtinModels, log: log}
-	e, err := cat.resolve(cfg.DefaultModel)
+	cat := st.models()
+	e, err := cat.resolve(st.cfg.DefaultModel)
 	if err == nil {
 		var s *session
 		if s, err = cat.openSession(ctx, e, true, func(string) {}); err == nil {
-			err = generate(ctx, s, &cfg, f.raw, prompt, stdout, stderr, log)
+			err = generate(ctx, s, &st.cfg, f.raw, prompt, stdout, stderr, st.log)
 			s.Close()
 		}
 	}
 	if err != nil {
 		hint := ""
 		if ce := (*cutError)(nil); !errors.As(err, &ce) && !errors.Is(err, context.Canceled) {
-			hint = logHint(logPath)
+			hint = logHint(st.logPath)
 		}
 		fmt.Fprintf(stderr, "%s: %v%s\n", cmd, err, hint)
 		return 1
