@@ -103,6 +103,14 @@ func parseFlags(fs *flag.FlagSet, args []string, help func(io.Writer), stdout, s
 	return 2, false
 }
 
+// usageAndFlags is the --help of a command: its usage, then its flags.
+func usageAndFlags(usage string, fs *flag.FlagSet) func(io.Writer) {
+	return func(w io.Writer) {
+		fmt.Fprint(w, usage)
+		printFlags(w, fs)
+	}
+}
+
 // commandName is how the user typed the command of fs.
 func commandName(fs *flag.FlagSet) string {
 	if fs.Name() == "ferrite" {

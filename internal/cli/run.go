@@ -33,11 +33,7 @@ flags:
 func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var f cmdFlags
 	fs := newFlagSet("run", runScope, &f)
-	help := func(w io.Writer) {
-		fmt.Fprint(w, runUsage)
-		printFlags(w, fs)
-	}
-	if code, ok := parseFlags(fs, args, help, stdout, stderr); !ok {
+	if code, ok := parseFlags(fs, args, usageAndFlags(runUsage, fs), stdout, stderr); !ok {
 		return code
 	}
 	return generateOnce(ctx, "ferrite run", fs.Args(), &f, fs, stdin, stdout, stderr)

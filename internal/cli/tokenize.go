@@ -28,11 +28,7 @@ flags:
 func cmdTokenize(_ context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var f cmdFlags
 	fs := newFlagSet("tokenize", tokenizeScope, &f)
-	help := func(w io.Writer) {
-		fmt.Fprint(w, tokenizeUsage)
-		printFlags(w, fs)
-	}
-	if code, ok := parseFlags(fs, args, help, stdout, stderr); !ok {
+	if code, ok := parseFlags(fs, args, usageAndFlags(tokenizeUsage, fs), stdout, stderr); !ok {
 		return code
 	}
 	cfg, warn, err := f.loadConfig(fs)
