@@ -97,6 +97,15 @@ func setNames() []string { return settings.ChatNames() }
 
 func paramNames() string { return strings.Join(setNames(), ", ") }
 
+// setRanges lists the /set names with the values each takes.
+func setRanges() string {
+	names := setNames()
+	for i, name := range names {
+		names[i] = name + " (" + settings.ByChat(name).Values() + ")"
+	}
+	return strings.Join(names, ", ")
+}
+
 // applySetting parses "/set name value" arguments into s, for a model
 // with info: the value is read and checked by the setting's row of
 // settings.Table.

@@ -389,7 +389,8 @@ func (m *model) Update(msg tea.Msg) (next tea.Model, cmd tea.Cmd) {
 	case historySavedMsg:
 		if msg.err != nil && m.history != nil && !m.history.warned {
 			m.history.warned = true
-			m.view.notice(entryError, "saving the input history failed: "+msg.err.Error())
+			m.logger().Error("saving the input history failed", "err", msg.err)
+			m.view.notice(entryError, "saving the input history failed: "+msg.err.Error()+m.logHint())
 		}
 	}
 	if m.quitting {

@@ -69,6 +69,15 @@ func TestDraftAfterMTPAutoKeepsAuto(t *testing.T) {
 	h.final()
 }
 
+// TestSetListsTheTablesRanges: /set alone shows the values each setting
+// takes, from settings.Table.
+func TestSetListsTheTablesRanges(t *testing.T) {
+	h := start(t, mtpEngine(), testOptions(t))
+	h.line("/set")
+	h.untilNotice("temperature (0–5), top_p (0–1), top_k (≥ 0), min_p (0–1), repeat_penalty (0–10), seed (≥ 0), max_tokens (≥ 0), mtp (auto, on, off), draft (1–16).")
+	h.final()
+}
+
 // TestSetAgreesWithTheTable: every /set name is a row of settings.Table
 // with a field of the row's type, takes the row's range, and starts at
 // the row's default.
