@@ -29,7 +29,7 @@ const (
 // /set, /stats and README.md's settings table are all made from it.
 type Setting struct {
 	Key     string   // dotted TOML key, e.g. "sampling.temperature"
-	Kind    Kind     //
+	Kind    Kind     // how the value is written and checked
 	Default any      // string, []string, bool, int, uint64, float64 or ByteSize, as Kind says
 	Min     float64  // Int, Float, Size: the smallest value allowed
 	Max     float64  // Int, Float, Size: the largest value allowed (+Inf: no limit)
@@ -50,6 +50,7 @@ type Setting struct {
 	field func(c *Config) any // the Config field: a pointer of Default's type
 }
 
+// inf is the Max of a setting without an upper limit.
 var inf = math.Inf(1)
 
 // Table is every setting, in the order README.md lists them.
