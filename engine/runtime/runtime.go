@@ -138,7 +138,6 @@ type Runtime struct {
 	states *linattn.StatePool // recurrent-state slots; nil unless m is a model.StateModel with linear layers
 	mtp    model.MTPModel     // m's MTP module; nil without one
 	limit  int                // most tokens one sequence may hold in the cache: min(MaxContext, whole cache)
-	limBy  Limit              // what sets limit: LimitContext or LimitKVBudget
 
 	mu       sync.Mutex      // guards incoming, drops, closed and nextID
 	incoming []*seq          // accepted by Generate, not yet seen by the loop
@@ -195,9 +194,9 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 	}
 	info := m.Info()
 	cs := cache.Stats()
-	limit, limBy := cs.BlocksTotal*cs.BlockSize, LimitKVBudget
-	if info.MaxContext > 0 && info.MaxContext <= limit {
-		limit, limBy = info.MaxContext, LimitContext
+	limit := cs.BlocksTotal * cs.BlockSize
+	if info.MaxContext > 0 {
+		limit = min(limit, info.MaxContext)
 	}
 	r := &Runtime{
 		m:        m,
@@ -207,7 +206,6 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 		states:   states,
 		mtp:      mtp,
 		limit:    limit,
-		limBy:    limBy,
 		wake:     make(chan struct{}, 1),
 		quit:     make(chan struct{}),
 		loopDone: make(chan struct{}),
@@ -289,6 +287,15 @@ func (r *Runtime) DropPrefixCache() {
 // MaxSeqLen is the most tokens (prompt plus generated) one request may
 // hold: the model's context or the whole cache, whichever is smaller.
 func (r *Runtime) MaxSeqLen() int { return r.limit }
+
+// SeqLimit says what sets MaxSeqLen: LimitContext (the model's context) or
+// LimitKVCache (the whole cache, when the KV budget holds fewer tokens).
+func (r *Runtime) SeqLimit() LengthLimit {
+	if r.info.MaxContext > 0 && r.limit == r.info.MaxContext {
+		return LimitContext
+	}
+	return LimitKVCache
+}
 
 // Generate queues req and returns its event stream. It fails at once, with
 // no stream, for an empty prompt, an id outside the vocabulary, or a prompt

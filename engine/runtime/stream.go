@@ -52,18 +52,14 @@ const (
 	FinishCancelled FinishReason = "cancelled" // the context was cancelled or Stream.Cancel called
 )
 
-// Limit says which limit ended a request with FinishLength.
-type Limit string
+// LengthLimit says which limit ended a request with FinishLength, so that
+// a caller can tell the user why a reply was cut.
+type LengthLimit string
 
 const (
-	// LimitMaxTokens: Request.MaxTokens tokens were generated, as asked.
-	LimitMaxTokens Limit = "max_tokens"
-	// LimitContext: prompt and reply filled the model's context window.
-	LimitContext Limit = "context"
-	// LimitKVBudget: prompt and reply filled the whole KV cache
-	// (Options.KVBudget), which holds fewer tokens than the model's
-	// context: a larger budget would have let the reply go on.
-	LimitKVBudget Limit = "kv_budget"
+	LimitMaxTokens LengthLimit = "max_tokens" // Request.MaxTokens was reached
+	LimitContext   LengthLimit = "context"    // the model's context is full
+	LimitKVCache   LengthLimit = "kv_cache"   // the whole KV cache (Options.KVBudget), smaller than the model's context, is full
 )
 
 // Event is one message of a Stream.
@@ -72,9 +68,9 @@ type Event struct {
 	Text   string  // EventDelta: new text, valid UTF-8 (empty while a character is incomplete)
 	Tokens []int32 // EventDelta: ids generated since the previous event, in order
 	Finish FinishReason
-	Limit  Limit // EventDone with FinishLength: the limit reached; "" otherwise
-	Usage  Usage // counts and timing as of this event (final on EventDone and EventError)
-	Err    error // EventError: the cause
+	Limit  LengthLimit // EventDone with FinishLength: the limit reached; "" otherwise
+	Usage  Usage       // counts and timing as of this event (final on EventDone and EventError)
+	Err    error       // EventError: the cause
 }
 
 // Usage is one request's accounting.
@@ -166,7 +162,7 @@ type Result struct {
 	Tokens []int32
 	Text   string
 	Finish FinishReason // empty when Err is set
-	Limit  Limit        // with FinishLength: the limit reached
+	Limit  LengthLimit  // with FinishLength: the limit reached
 	Usage  Usage
 	Err    error
 }

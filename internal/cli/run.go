@@ -132,13 +132,13 @@ func sampling(s settings.Sampling) sample.Params {
 // cutError is the error of a reply that a limit other than max_tokens
 // ended early.
 type cutError struct {
-	limit     runtime.Limit
+	limit     runtime.LengthLimit
 	maxSeqLen int // the tokens a sequence may hold
 }
 
 func (e *cutError) Error() string {
 	switch e.limit {
-	case runtime.LimitKVBudget:
+	case runtime.LimitKVCache:
 		return fmt.Sprintf("the reply was cut: the KV cache holds only %d tokens of prompt and reply; give a larger --kv-budget (kv_budget in config.toml)", e.maxSeqLen)
 	default:
 		return fmt.Sprintf("the reply was cut: prompt and reply filled the model's context of %d tokens", e.maxSeqLen)
@@ -200,7 +200,7 @@ func generate(ctx context.Context, s *session, cfg *settings.Config, raw bool, p
 				return context.Canceled
 			case werr != nil:
 				return werr
-			case ev.Limit == runtime.LimitKVBudget || ev.Limit == runtime.LimitContext && maxTokens > 0:
+			case ev.Limit == runtime.LimitKVCache || ev.Limit == runtime.LimitContext && maxTokens > 0:
 				return &cutError{limit: ev.Limit, maxSeqLen: s.rt.MaxSeqLen()}
 			}
 			return nil
