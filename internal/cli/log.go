@@ -23,7 +23,8 @@ var discardLog = slog.New(slog.DiscardHandler)
 
 // openLog opens the debug log: the file --log names, else DefaultLogPath
 // when the configuration's debug_log is on, else none (a logger that
-// drops everything, and path ""). Records are appended as slog text lines.
+// drops everything, and path ""). Records are appended as slog text lines,
+// to a file only its owner may read.
 func openLog(flagPath string, enabled bool) (log *slog.Logger, path string, closeLog func(), err error) {
 	path = flagPath
 	if path == "" && enabled {
@@ -35,12 +36,12 @@ func openLog(flagPath string, enabled bool) (log *slog.Logger, path string, clos
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, "", nil, fmt.Errorf("debug log: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("debug log: %w", err)
 	}
 	log = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	log.Info("ferrite started", "pid", os.Getpid(), "args", os.Args[1:])
+	log.Info("ferrite started", "pid", os.Getpid())
 	return log, path, func() { f.Close() }, nil
 }
 
