@@ -374,3 +374,49 @@ func TestOddShapesAreProblems(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryConfigFieldHasARow: the keys of Config's toml tags are exactly
+// Table's keys, and each row fills the field its key names, so that a
+// field added to Config without its row (or a row for a field of another
+// key) is caught.
+func TestEveryConfigFieldHasARow(t *testing.T) {
+	var keys []string
+	var walk func(rt reflect.Type, prefix string)
+	walk = func(rt reflect.Type, prefix string) {
+		for f := range rt.Fields() {
+			key := prefix + f.Tag.Get("toml")
+			if f.Type.Kind() == reflect.Struct {
+				walk(f.Type, key+".")
+				continue
+			}
+			keys = append(keys, key)
+		}
+	}
+	walk(reflect.TypeFor[Config](), "")
+	var rows []string
+	for _, s := range Table {
+		rows = append(rows, s.Key)
+	}
+	if strings.Join(keys, " ") != strings.Join(rows, " ") {
+		t.Fatalf("Config's keys:\n%v\nTable's keys:\n%v", keys, rows)
+	}
+	// Each row's field is the one its key names: setting a row's value
+	// through the field changes what reflection finds under the key.
+	for i := range Table {
+		s := &Table[i]
+		var c Config
+		p := reflect.ValueOf(s.field(&c)).Pointer()
+		v := reflect.ValueOf(&c).Elem()
+		for _, part := range strings.Split(s.Key, ".") {
+			for j := range v.NumField() {
+				if v.Type().Field(j).Tag.Get("toml") == part {
+					v = v.Field(j)
+					break
+				}
+			}
+		}
+		if v.Addr().Pointer() != p {
+			t.Errorf("%s: the row fills another field than its key's", s.Key)
+		}
+	}
+}
