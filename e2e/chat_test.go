@@ -288,7 +288,8 @@ func TestBadConfigIsReported(t *testing.T) {
 func TestPipedBehavesLikeRun(t *testing.T) {
 	bin := build(t)
 	model := modelDir(t, "llama")
-	cmd := exec.Command(bin, "--model", model, "--max-tokens", "5", "--temperature", "0", "hi")
+	cmd := exec.Command(bin, "--model", model, "--max-tokens", "5", "--temperature", "0")
+	cmd.Stdin = strings.NewReader("hi\n")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -46,6 +47,11 @@ type Options struct {
 	// Warnings are shown when the chat opens (a configuration file that
 	// was ignored, for example).
 	Warnings []string
+	// Log is the debug log: engine errors with their stacks, load and
+	// save failures; nil: none. LogPath is its file, named in the chat's
+	// error messages.
+	Log     *slog.Logger
+	LogPath string
 
 	Input     io.Reader        // Run's terminal input; nil: stdin
 	Output    io.Writer        // Run's terminal output; nil: stdout
@@ -390,7 +396,8 @@ func (m *model) Update(msg tea.Msg) (next tea.Model, cmd tea.Cmd) {
 	case historySavedMsg:
 		if msg.err != nil && m.history != nil && !m.history.warned {
 			m.history.warned = true
-			m.view.notice(entryError, "saving the input history failed: "+msg.err.Error())
+			m.logger().Error("saving the input history failed", "err", msg.err)
+			m.view.notice(entryError, "saving the input history failed: "+msg.err.Error()+m.logHint())
 		}
 	}
 	if m.quitting {
@@ -557,10 +564,12 @@ func Run(ctx context.Context, eng Engine, opts Options) (err error) {
 	p = tea.NewProgram(m, popts...)
 	_, err = p.Run()
 	m.cancelAll()
-	m.flush()
+	saveErr := m.flush()
 	switch {
 	case m.fatal != nil:
 		return m.fatal
+	case saveErr != nil:
+		return fmt.Errorf("saving on quit: %w", saveErr)
 	case errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil && !errors.Is(err, tea.ErrProgramPanic):
 		return nil
 	case err != nil:
@@ -571,13 +580,17 @@ func Run(ctx context.Context, eng Engine, opts Options) (err error) {
 
 // flush saves every open chat and the input history synchronously; Run
 // calls it after the program has stopped, since an autosave command may
-// not have finished.
-func (m *model) flush() {
+// not have finished. The failures are logged and returned.
+func (m *model) flush() error {
+	var errs []error
 	if m.history != nil {
-		_ = m.history.flush()
+		if err := m.history.flush(); err != nil {
+			m.logger().Error("saving the input history failed", "err", err)
+			errs = append(errs, err)
+		}
 	}
 	if m.opts.NoSave {
-		return
+		return errors.Join(errs...)
 	}
 	for _, t := range m.tabs {
 		if len(t.chat.Messages) == 0 {
@@ -587,8 +600,12 @@ func (m *model) flush() {
 			t.gen.msg.Content = t.gen.text.String()
 		}
 		m.saveSeq++
-		_, _ = m.store.save(t.chatName, t.chat, m.saveSeq)
+		if _, err := m.store.save(t.chatName, t.chat, m.saveSeq); err != nil {
+			m.logger().Error("saving a chat on quit failed", "chat", t.chat.ID, "err", err)
+			errs = append(errs, err)
+		}
 	}
+	return errors.Join(errs...)
 }
 
 // closeEngines closes every engine the chat owns; Run calls it last.

@@ -196,7 +196,7 @@ func (m *model) startLoad(e ModelEntry) tea.Cmd {
 		defer p.close()
 		defer func() {
 			if r := recover(); r != nil {
-				msg = modelLoadedMsg{id: id, entry: e, err: fmt.Errorf("panic: %v", r)}
+				msg = modelLoadedMsg{id: id, entry: e, err: panicError(r)}
 			}
 		}()
 		eng, closer, err := models.Load(ctx, e, p.report)
@@ -266,7 +266,8 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 	m.loading = nil
 	l.cancel()
 	if msg.err != nil {
-		m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. Still using %s.", msg.entry.Name, msg.err, m.info.Name))
+		m.logger().Error("model load failed", "model", msg.entry.Name, "err", msg.err)
+		m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. Still using %s.%s", msg.entry.Name, msg.err, m.info.Name, m.logHint()))
 		return nil
 	}
 	old := m.cur

@@ -69,7 +69,7 @@ func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
 		Prompt:    ids,
 		MaxTokens: s.MaxTokens,
 		Stop:      e.tok.EOS(),
-		Draft:     s.Draft,
+		Draft:     runtimeDraft(s.effectiveDraft(e.info)),
 		Sampling: sample.Params{
 			Temperature:   float32(s.Temperature),
 			TopP:          float32(s.TopP),
@@ -86,6 +86,15 @@ func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
 		return nil, err
 	}
 	return &runtimeReply{s: stream, n: len(ids)}, nil
+}
+
+// runtimeDraft is Request.Draft for a reply that drafts k tokens per step
+// (0: none).
+func runtimeDraft(k int) int {
+	if k == 0 {
+		return -1
+	}
+	return k
 }
 
 // runtimeReply is a Reply over a runtime stream.
