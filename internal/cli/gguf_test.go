@@ -28,8 +28,15 @@ func ggufFile(t *testing.T, fixture, dir, name string) string {
 }
 
 // TestGGUFCommands runs run, tokenize, bench and the piped chat on GGUF
-// files: by path, by folder, and by the name ollama gives a model in its store.
+// files: by path, by folder, and by the name ollama gives a model in its
+// store.
 func TestGGUFCommands(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("HF_HUB_CACHE", t.TempDir())
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	store := filepath.Join(home, "ollama")
+	t.Setenv("OLLAMA_MODELS", store)
 	dir := t.TempDir()
 	file := ggufFile(t, "qwen3", dir, "qwen3-tiny.gguf")
 	for _, m := range []string{file, dir} {
@@ -48,12 +55,6 @@ func TestGGUFCommands(t *testing.T) {
 	}
 
 	// A model in ollama's store, run by its ollama name.
-	home := t.TempDir()
-	t.Setenv("HOME", home)
-	t.Setenv("HF_HUB_CACHE", t.TempDir())
-	t.Setenv("XDG_DATA_HOME", t.TempDir())
-	store := filepath.Join(home, "ollama")
-	t.Setenv("OLLAMA_MODELS", store)
 	blob := "sha256-" + strings.Repeat("ab", 32)
 	ggufFile(t, "llama", filepath.Join(store, "blobs"), blob)
 	manifest := filepath.Join(store, "manifests", "registry.ollama.ai", "library", "llama-tiny", "latest")
@@ -64,8 +65,15 @@ func TestGGUFCommands(t *testing.T) {
 	if err := os.WriteFile(manifest, []byte(m), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errs = runCLI(t, "", "--model", "llama-tiny", "--temperature", "0", "--max-tokens", "2", "hi")
-	if code != 0 || out == "" || !strings.Contains(errs, "decode: 2 tokens") {
-		t.Fatalf("chat --model llama-tiny: exit %d, stdout %q, stderr %q", code, out, errs)
+	for _, args := range [][]string{{"--model", "llama-tiny"}, {"run", "--model", "llama-tiny:latest"}} {
+		args = append(args, "--temperature", "0", "--max-tokens", "2")
+		code, out, errs = runCLI(t, "hi", args...)
+		if code != 0 || out == "" || !strings.Contains(errs, "decode: 2 tokens") {
+			t.Fatalf("%v: exit %d, stdout %q, stderr %q", args, code, out, errs)
+		}
+	}
+	code, out, errs = runCLI(t, "", "tokenize", "--model", "llama-tiny", "<|im_end|>")
+	if code != 0 || strings.TrimSpace(out) != "263" {
+		t.Errorf("tokenize --model llama-tiny: exit %d, %q %q", code, out, errs)
 	}
 }
