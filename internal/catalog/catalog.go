@@ -225,12 +225,9 @@ func scanFolder(dir, source string, self bool) ([]Entry, error) {
 	if self && gguf.IsGGUF(dir) {
 		return []Entry{describeGGUF(dir, ggufName("", dir), source)}, nil
 	}
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	ents, err := readPlace(dir, "model folder")
 	if err != nil {
-		return nil, fmt.Errorf("model folder: %w", err)
+		return nil, err
 	}
 	out := scanGGUFDir(dir, "", source)
 	for _, e := range ents {
@@ -247,16 +244,26 @@ func scanFolder(dir, source string, self bool) ([]Entry, error) {
 	return out, nil
 }
 
-// scanHub lists the models of a Hugging Face hub cache: for each
-// models--org--name, the snapshot that refs/main names, else the most
-// recently modified snapshot holding a config.json.
-func scanHub(hub string) ([]Entry, error) {
-	ents, err := os.ReadDir(hub)
+// readPlace lists the folder dir of a place; one that does not exist is
+// empty, not an error. what names the place in errors.
+func readPlace(dir, what string) ([]os.DirEntry, error) {
+	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("Hugging Face cache: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return ents, nil
+}
+
+// scanHub lists the models of a Hugging Face hub cache: for each
+// models--org--name, the snapshot that refs/main names, else the most
+// recently modified snapshot holding a model.
+func scanHub(hub string) ([]Entry, error) {
+	ents, err := readPlace(hub, "Hugging Face cache")
+	if err != nil {
+		return nil, err
 	}
 	var out []Entry
 	for _, e := range ents {

@@ -87,12 +87,9 @@ func fileSize(p string) int64 {
 // scanLMStudio lists LM Studio's models: <dir>/<publisher>/<repo>/*.gguf,
 // named publisher/repo/file.
 func scanLMStudio(dir string) ([]Entry, error) {
-	pubs, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	pubs, err := readPlace(dir, "LM Studio models")
 	if err != nil {
-		return nil, fmt.Errorf("LM Studio models: %w", err)
+		return nil, err
 	}
 	var out []Entry
 	for _, pub := range pubs {
