@@ -52,7 +52,7 @@ func printHelp(w io.Writer) {
 	fmt.Fprint(w, chatUsage)
 	printFlags(w, fs)
 	fmt.Fprintf(w, "\n%s\n\nconfiguration: %s\n%s\n\nin the chat:\n%s\n",
-		wrapText("--model takes a model directory or the name of a model /models lists (a Hugging Face cache entry such as Qwen/Qwen3-0.6B, a folder of model_dirs or of "+
+		wrapText("--model takes a model directory, a GGUF file or the name of a model /models lists (a Hugging Face cache entry such as Qwen/Qwen3-0.6B, an ollama model such as llama3.2:3b, an LM Studio file, a folder of model_dirs or of "+
 			catalog.ModelsDir()+"). Without it ferrite opens default_model, else the built-in "+builtin.Name+".", "", 76),
 		settings.DefaultPath(),
 		wrapText(configKeys()+". README.md (\"Configuration\") documents every key.", "  ", 76),

@@ -56,10 +56,10 @@ var inf = math.Inf(1)
 // Table is every setting, in the order README.md lists them.
 var Table = []Setting{
 	{Key: "default_model", Kind: String, Default: "", DefaultText: "the built-in model", Flag: "model", Run: true,
-		Help:  "the model to open: a name `/models` lists, or a model directory",
+		Help:  "the model to open: a name `/models` lists, a model directory or a GGUF file",
 		field: func(c *Config) any { return &c.DefaultModel }},
 	{Key: "model_dirs", Kind: Strings, Default: []string{},
-		Help:  "more places to find models: model directories, or folders of them (`~/` allowed)",
+		Help:  "more places to find models: model directories, GGUF files, or folders of them (`~/` allowed)",
 		field: func(c *Config) any { return &c.ModelDirs }},
 	{Key: "system_prompt", Kind: String, Default: "", Flag: "system", Run: true,
 		Help:  "the system prompt of new chats",
