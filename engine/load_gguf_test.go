@@ -17,7 +17,7 @@ import (
 )
 
 // ggufFixtures are the fixtures with a llama.cpp conversion.
-var ggufFixtures = []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite", "qwen3_next"}
+var ggufFixtures = []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite", "qwen3_next", "deepseek_v32", "glm_moe_dsa"}
 
 // writeGGUF converts fixture name to a GGUF file of type typ in a temporary
 // directory and returns its path.

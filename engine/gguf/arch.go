@@ -27,12 +27,14 @@ type arch struct {
 
 // archs are the llama.cpp architectures (general.architecture) ferrite runs.
 var archs = map[string]arch{
-	"llama":     {permuteQK: true, config: llamaConfig},
-	"qwen3":     {config: func(*cfgBuilder) string { return "qwen3" }},
-	"qwen3moe":  {config: qwen3MoEConfig},
-	"glm4moe":   {config: glm4MoEConfig},
-	"deepseek2": {mla: true, config: deepseek2Config},
-	"qwen3next": {config: qwen3NextConfig},
+	"llama":      {permuteQK: true, config: llamaConfig},
+	"qwen3":      {config: func(*cfgBuilder) string { return "qwen3" }},
+	"qwen3moe":   {config: qwen3MoEConfig},
+	"glm4moe":    {config: glm4MoEConfig},
+	"deepseek2":  {mla: true, config: deepseek2Config},
+	"deepseek32": {mla: true, config: deepseek32Config},
+	"glm-dsa":    {mla: true, config: glmDSAConfig},
+	"qwen3next":  {config: qwen3NextConfig},
 }
 
 // knownUnsupported are architectures ferrite has but whose GGUF form it does
@@ -371,13 +373,54 @@ func deepseek2Config(b *cfgBuilder) string {
 		b.fail(fmt.Errorf("%s: %s%s %d is not above rope.dimension_count %d", b.m.Path, b.prefix, key, kl, rope))
 	}
 	o["qk_rope_head_dim"], o["qk_nope_head_dim"], o["v_head_dim"] = rope, kl-rope, vl
+	o["head_dim"] = rope // as transformers' DeepseekV3Config sets it
 	o["rope_interleave"] = true // GGML's adjacent-pair rotation, as the checkpoints store it
 	if mul := b.float("rope.scaling.yarn_log_multiplier", false, 0); mul > 0 {
+		// convert_hf_to_gguf writes 0.1·mscale_all_dim as a float32.
+		ms := float64(float32(mul / 0.1))
 		rp := o["rope_parameters"].(map[string]any)
-		rp["mscale"], rp["mscale_all_dim"] = mul/0.1, mul/0.1 // convert_hf_to_gguf writes 0.1·mscale_all_dim
+		rp["mscale"], rp["mscale_all_dim"] = ms, ms
 	}
 	b.sigmoidMoE(false)
 	return "glm4_moe_lite"
+}
+
+// deepseek32Config maps DeepSeek-V3.2: MLA with the DSA indexer.
+func deepseek32Config(b *cfgBuilder) string {
+	deepseek2Config(b)
+	b.indexer()
+	return "deepseek_v32"
+}
+
+// glmDSAConfig maps GLM-5 (glm_moe_dsa): MLA with DSA indexers, some
+// layers sharing the previous indexer's selection (attention.indexer.types:
+// true for a layer with its own indexer).
+func glmDSAConfig(b *cfgBuilder) string {
+	deepseek2Config(b)
+	b.indexer()
+	if v, ok := b.m.Meta.Get(b.prefix + "attention.indexer.types"); ok {
+		full, ok := v.Bools()
+		if !ok || len(full) < b.out["num_hidden_layers"].(int) {
+			b.fail(b.m.Meta.metaErr(b.m.Path, b.prefix+"attention.indexer.types", v, "one bool per layer"))
+			return "glm_moe_dsa"
+		}
+		types := make([]string, b.out["num_hidden_layers"].(int))
+		for i := range types {
+			types[i] = "shared"
+			if full[i] {
+				types[i] = "full"
+			}
+		}
+		b.out["indexer_types"] = types
+	}
+	return "glm_moe_dsa"
+}
+
+// indexer sets the DSA indexer's sizes.
+func (b *cfgBuilder) indexer() {
+	b.out["index_n_heads"] = b.uint("attention.indexer.head_count", true, 0)
+	b.out["index_head_dim"] = b.uint("attention.indexer.key_length", true, 0)
+	b.out["index_topk"] = b.uint("attention.indexer.top_k", true, 0)
 }
 
 // Problem says why ferrite cannot run the model, or "" when it can: an

@@ -28,7 +28,7 @@ func convert(t *testing.T, fixture string, edit func(w *ggufwrite.Writer)) *Mode
 // TestConfigMatchesFixture checks the config built from GGUF metadata
 // against the fixture's config.json on the keys the models read.
 func TestConfigMatchesFixture(t *testing.T) {
-	for _, name := range []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite"} {
+	for _, name := range []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite", "qwen3_next", "deepseek_v32", "glm_moe_dsa"} {
 		fx, err := fixtures.Load(name)
 		if err != nil {
 			t.Fatal(err)
@@ -46,7 +46,8 @@ func TestConfigMatchesFixture(t *testing.T) {
 		}
 		for _, key := range []string{"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
 			"vocab_size", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers",
-			"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"} {
+			"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_n_heads", "index_head_dim", "index_topk",
+			"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim"} {
 			w, ok := fixtures.Int(want, key)
 			if !ok {
 				continue
@@ -72,7 +73,7 @@ func TestConfigErrors(t *testing.T) {
 		edit          func(w *ggufwrite.Writer)
 	}{
 		{"qwen3", "a vision projector", func(w *ggufwrite.Writer) { w.Set("general.architecture", "clip") }},
-		{"qwen3", `architecture "gemma3" is not supported (GGUF architectures ferrite runs: deepseek2, glm4moe, llama, qwen3, qwen3moe, qwen3next)`,
+		{"qwen3", `architecture "gemma3" is not supported (GGUF architectures ferrite runs: deepseek2, deepseek32, glm-dsa, glm4moe, llama, qwen3, qwen3moe, qwen3next)`,
 			func(w *ggufwrite.Writer) { w.Set("general.architecture", "gemma3") }},
 		{"qwen3", "missing metadata qwen3.embedding_length", func(w *ggufwrite.Writer) { w.Set("qwen3.embedding_length", nil) }},
 		{"qwen3", "metadata qwen3.attention.head_count is a string", func(w *ggufwrite.Writer) { w.Set("qwen3.attention.head_count", "four") }},

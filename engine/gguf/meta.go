@@ -135,6 +135,18 @@ func (v Value) Ints() ([]int64, bool) {
 	return out, true
 }
 
+// Bools returns an array of bools.
+func (v Value) Bools() ([]bool, bool) {
+	if v.Type != TypeArray || v.Elem != TypeBool {
+		return nil, false
+	}
+	out := make([]bool, v.Len)
+	for i := range out {
+		out[i] = v.raw[i] != 0
+	}
+	return out, true
+}
+
 // Floats returns an array of numbers as float64.
 func (v Value) Floats() ([]float64, bool) {
 	if v.Type != TypeArray {

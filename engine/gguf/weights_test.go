@@ -14,7 +14,7 @@ import (
 // its −exp(A_log) the same decay within rounding). This covers the tensors
 // a forward pass does not read, such as the MTP layers'.
 func TestWeightsMatchCheckpoint(t *testing.T) {
-	for _, name := range []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite", "qwen3_next"} {
+	for _, name := range []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite", "qwen3_next", "deepseek_v32", "glm_moe_dsa"} {
 		w, err := convert(t, name, nil).Weights()
 		if err != nil {
 			t.Fatal(err)

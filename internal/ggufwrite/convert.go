@@ -45,6 +45,10 @@ type hfConfig struct {
 	RopeDim          int      `json:"qk_rope_head_dim"`
 	VDim             int      `json:"v_head_dim"`
 	MLPLayerTypes    []string `json:"mlp_layer_types"`
+	IndexHeads       int      `json:"index_n_heads"`
+	IndexDim         int      `json:"index_head_dim"`
+	IndexTopK        int      `json:"index_topk"`
+	IndexerTypes     []string `json:"indexer_types"`
 	ConvK            int      `json:"linear_conv_kernel_dim"`
 	LinKDim          int      `json:"linear_key_head_dim"`
 	LinVDim          int      `json:"linear_value_head_dim"`
@@ -64,11 +68,14 @@ type rope struct {
 	High          float64 `json:"high_freq_factor"`
 	OrigMax       int     `json:"original_max_position_embeddings"`
 	PartialRotary float64 `json:"partial_rotary_factor"`
+	BetaFast      float64 `json:"beta_fast"`
+	BetaSlow      float64 `json:"beta_slow"`
+	MScaleAllDim  float64 `json:"mscale_all_dim"`
 }
 
 // ggufArch is llama.cpp's architecture for a model_type.
 var ggufArch = map[string]string{"llama": "llama", "mixtral": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "glm4_moe": "glm4moe",
-	"glm4_moe_lite": "deepseek2", "qwen3_next": "qwen3next"}
+	"glm4_moe_lite": "deepseek2", "qwen3_next": "qwen3next", "deepseek_v32": "deepseek32", "glm_moe_dsa": "glm-dsa"}
 
 // Convert turns the Hugging Face checkpoint in dir (config.json and
 // model.safetensors with F32 weights) into a GGUF file whose matrices are of
@@ -114,7 +121,8 @@ func Convert(dir string, typ uint32) (*Writer, error) {
 	w.Add(p+"feed_forward_length", uint32(c.Inter))
 	w.Add(p+"attention.head_count", uint32(c.Heads))
 	w.Add(p+"attention.head_count_kv", uint32(c.KVHeads))
-	if arch == "deepseek2" { // DeepseekV2Model.set_gguf_parameters: MLA as MQA over the latent
+	mla := arch == "deepseek2" || arch == "deepseek32" || arch == "glm-dsa"
+	if mla { // DeepseekV2Model.set_gguf_parameters: MLA as MQA over the latent
 		w.Set(p+"attention.head_count_kv", uint32(1))
 		w.Add(p+"attention.q_lora_rank", uint32(c.QLora))
 		w.Add(p+"attention.kv_lora_rank", uint32(c.KVLora))
@@ -129,6 +137,20 @@ func Convert(dir string, typ uint32) (*Writer, error) {
 	}
 	w.Add(p+"attention.layer_norm_rms_epsilon", float32(c.Eps))
 	w.Add(p+"rope.freq_base", float32(c.RopeParameters.Theta))
+	if r := c.RopeParameters; r.Type == "yarn" { // TextModel.set_gguf_parameters
+		w.Add(p+"rope.scaling.type", "yarn")
+		w.Add(p+"rope.scaling.factor", float32(r.Factor))
+		w.Add(p+"rope.scaling.original_context_length", uint32(r.OrigMax))
+		if r.BetaFast != 0 {
+			w.Add(p+"rope.scaling.yarn_beta_fast", float32(r.BetaFast))
+		}
+		if r.BetaSlow != 0 {
+			w.Add(p+"rope.scaling.yarn_beta_slow", float32(r.BetaSlow))
+		}
+		if r.MScaleAllDim != 0 {
+			w.Add(p+"rope.scaling.yarn_log_multiplier", float32(0.1*r.MScaleAllDim))
+		}
+	}
 	rotary := c.RopeParameters.PartialRotary
 	if rotary == 0 {
 		rotary = c.PartialRotary
@@ -155,7 +177,19 @@ func Convert(dir string, typ uint32) (*Writer, error) {
 		w.Add(p+"ssm.inner_size", uint32(c.LinVDim*c.LinVHeads))
 		w.Add(p+"full_attention_interval", uint32(4))
 		w.Add(p+"nextn_predict_layers", uint32(c.NextN))
-	case "glm4_moe", "glm4_moe_lite":
+	case "glm4_moe", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa":
+		if c.IndexHeads > 0 {
+			w.Add(p+"attention.indexer.head_count", uint32(c.IndexHeads))
+			w.Add(p+"attention.indexer.key_length", uint32(c.IndexDim))
+			w.Add(p+"attention.indexer.top_k", uint32(c.IndexTopK))
+		}
+		if c.IndexerTypes != nil {
+			full := make([]bool, len(c.IndexerTypes))
+			for i, t := range c.IndexerTypes {
+				full[i] = t == "full"
+			}
+			w.Add(p+"attention.indexer.types", full)
+		}
 		if c.MLPLayerTypes != nil {
 			c.FirstDense = 0
 			for c.FirstDense < len(c.MLPLayerTypes) && c.MLPLayerTypes[c.FirstDense] == "dense" {
@@ -219,46 +253,51 @@ var (
 	hfLayer  = regexp.MustCompile(`^model\.layers\.(\d+)\.(.+)$`)
 	hfExpert = regexp.MustCompile(`^(mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$`)
 	hfBlock  = map[string]string{
-		"input_layernorm.weight":              "attn_norm.weight",
-		"post_attention_layernorm.weight":     "ffn_norm.weight",
-		"self_attn.q_proj.weight":             "attn_q.weight",
-		"self_attn.q_proj.bias":               "attn_q.bias",
-		"self_attn.k_proj.weight":             "attn_k.weight",
-		"self_attn.k_proj.bias":               "attn_k.bias",
-		"self_attn.v_proj.weight":             "attn_v.weight",
-		"self_attn.v_proj.bias":               "attn_v.bias",
-		"self_attn.o_proj.weight":             "attn_output.weight",
-		"self_attn.q_norm.weight":             "attn_q_norm.weight",
-		"self_attn.k_norm.weight":             "attn_k_norm.weight",
-		"mlp.gate_proj.weight":                "ffn_gate.weight",
-		"mlp.up_proj.weight":                  "ffn_up.weight",
-		"mlp.down_proj.weight":                "ffn_down.weight",
-		"mlp.gate.weight":                     "ffn_gate_inp.weight",
-		"block_sparse_moe.gate.weight":        "ffn_gate_inp.weight",
-		"mlp.gate.e_score_correction_bias":    "exp_probs_b.bias",
-		"mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
-		"mlp.shared_experts.up_proj.weight":   "ffn_up_shexp.weight",
-		"mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
-		"eh_proj.weight":                      "nextn.eh_proj.weight",
-		"enorm.weight":                        "nextn.enorm.weight",
-		"hnorm.weight":                        "nextn.hnorm.weight",
-		"shared_head.head.weight":             "nextn.shared_head_head.weight",
-		"shared_head.norm.weight":             "nextn.shared_head_norm.weight",
-		"linear_attn.A_log":                   "ssm_a",
-		"linear_attn.dt_proj.bias":            "ssm_dt.bias",
-		"linear_attn.conv1d.weight":           "ssm_conv1d.weight",
-		"linear_attn.in_proj_ba.weight":       "ssm_ba.weight",
-		"linear_attn.norm.weight":             "ssm_norm.weight",
-		"linear_attn.out_proj.weight":         "ssm_out.weight",
-		"mlp.shared_expert.gate_proj.weight":  "ffn_gate_shexp.weight",
-		"mlp.shared_expert.up_proj.weight":    "ffn_up_shexp.weight",
-		"mlp.shared_expert.down_proj.weight":  "ffn_down_shexp.weight",
-		"mlp.shared_expert_gate.weight":       "ffn_gate_inp_shexp.weight",
-		"self_attn.q_a_proj.weight":           "attn_q_a.weight",
-		"self_attn.q_a_layernorm.weight":      "attn_q_a_norm.weight",
-		"self_attn.q_b_proj.weight":           "attn_q_b.weight",
-		"self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
-		"self_attn.kv_a_layernorm.weight":     "attn_kv_a_norm.weight",
+		"input_layernorm.weight":                "attn_norm.weight",
+		"post_attention_layernorm.weight":       "ffn_norm.weight",
+		"self_attn.q_proj.weight":               "attn_q.weight",
+		"self_attn.q_proj.bias":                 "attn_q.bias",
+		"self_attn.k_proj.weight":               "attn_k.weight",
+		"self_attn.k_proj.bias":                 "attn_k.bias",
+		"self_attn.v_proj.weight":               "attn_v.weight",
+		"self_attn.v_proj.bias":                 "attn_v.bias",
+		"self_attn.o_proj.weight":               "attn_output.weight",
+		"self_attn.q_norm.weight":               "attn_q_norm.weight",
+		"self_attn.k_norm.weight":               "attn_k_norm.weight",
+		"mlp.gate_proj.weight":                  "ffn_gate.weight",
+		"mlp.up_proj.weight":                    "ffn_up.weight",
+		"mlp.down_proj.weight":                  "ffn_down.weight",
+		"mlp.gate.weight":                       "ffn_gate_inp.weight",
+		"block_sparse_moe.gate.weight":          "ffn_gate_inp.weight",
+		"mlp.gate.e_score_correction_bias":      "exp_probs_b.bias",
+		"mlp.shared_experts.gate_proj.weight":   "ffn_gate_shexp.weight",
+		"mlp.shared_experts.up_proj.weight":     "ffn_up_shexp.weight",
+		"mlp.shared_experts.down_proj.weight":   "ffn_down_shexp.weight",
+		"eh_proj.weight":                        "nextn.eh_proj.weight",
+		"enorm.weight":                          "nextn.enorm.weight",
+		"hnorm.weight":                          "nextn.hnorm.weight",
+		"shared_head.head.weight":               "nextn.shared_head_head.weight",
+		"shared_head.norm.weight":               "nextn.shared_head_norm.weight",
+		"linear_attn.A_log":                     "ssm_a",
+		"linear_attn.dt_proj.bias":              "ssm_dt.bias",
+		"linear_attn.conv1d.weight":             "ssm_conv1d.weight",
+		"linear_attn.in_proj_ba.weight":         "ssm_ba.weight",
+		"linear_attn.norm.weight":               "ssm_norm.weight",
+		"linear_attn.out_proj.weight":           "ssm_out.weight",
+		"mlp.shared_expert.gate_proj.weight":    "ffn_gate_shexp.weight",
+		"mlp.shared_expert.up_proj.weight":      "ffn_up_shexp.weight",
+		"mlp.shared_expert.down_proj.weight":    "ffn_down_shexp.weight",
+		"mlp.shared_expert_gate.weight":         "ffn_gate_inp_shexp.weight",
+		"self_attn.indexer.k_norm.weight":       "indexer.k_norm.weight",
+		"self_attn.indexer.k_norm.bias":         "indexer.k_norm.bias",
+		"self_attn.indexer.weights_proj.weight": "indexer.proj.weight",
+		"self_attn.indexer.wk.weight":           "indexer.attn_k.weight",
+		"self_attn.indexer.wq_b.weight":         "indexer.attn_q_b.weight",
+		"self_attn.q_a_proj.weight":             "attn_q_a.weight",
+		"self_attn.q_a_layernorm.weight":        "attn_q_a_norm.weight",
+		"self_attn.q_b_proj.weight":             "attn_q_b.weight",
+		"self_attn.kv_a_proj_with_mqa.weight":   "attn_kv_a_mqa.weight",
+		"self_attn.kv_a_layernorm.weight":       "attn_kv_a_norm.weight",
 	}
 	expertProj = map[string]string{"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
 )
