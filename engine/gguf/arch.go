@@ -373,7 +373,7 @@ func deepseek2Config(b *cfgBuilder) string {
 		b.fail(fmt.Errorf("%s: %s%s %d is not above rope.dimension_count %d", b.m.Path, b.prefix, key, kl, rope))
 	}
 	o["qk_rope_head_dim"], o["qk_nope_head_dim"], o["v_head_dim"] = rope, kl-rope, vl
-	o["head_dim"] = rope // as transformers' DeepseekV3Config sets it
+	o["head_dim"] = rope        // as transformers' DeepseekV3Config sets it
 	o["rope_interleave"] = true // GGML's adjacent-pair rotation, as the checkpoints store it
 	if mul := b.float("rope.scaling.yarn_log_multiplier", false, 0); mul > 0 {
 		// convert_hf_to_gguf writes 0.1·mscale_all_dim as a float32.
