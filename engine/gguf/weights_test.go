@@ -1,11 +1,14 @@
 package gguf
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // TestWeightsMatchCheckpoint serves every tensor of each fixture checkpoint
@@ -62,6 +65,54 @@ func TestWeightsMatchCheckpoint(t *testing.T) {
 					break
 				}
 			}
+		}
+		set.Close()
+	}
+}
+
+// TestQuantizedRows checks, on Q8_0 conversions, that the row operations
+// work on quantized data: llama's Q/K un-permuted, an expert sliced,
+// Qwen3-Next's in_proj_qkvz rebuilt, each equal to quantizing the
+// checkpoint's matrix in its own row order.
+func TestQuantizedRows(t *testing.T) {
+	for _, c := range []struct{ fixture, stored, asked string }{
+		{"llama", "model.layers.1.self_attn.q_proj.weight", ""},
+		{"llama", "model.layers.2.self_attn.k_proj.weight", ""},
+		{"mixtral", "model.layers.1.block_sparse_moe.experts.3.w1.weight", "model.layers.1.mlp.experts.3.gate_proj.weight"},
+		{"qwen3_next", "model.layers.0.linear_attn.in_proj_qkvz.weight", ""},
+		{"qwen3_moe", "model.layers.1.mlp.experts.5.down_proj.weight", ""},
+	} {
+		w, err := ggufwrite.Convert(fixtures.Dir(c.fixture), ggufwrite.Q8_0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := openWriter(t, w)
+		if m.Quantization() != "Q8_0" || m.Problem() != "no tokenizer (tokenizer.ggml.model is absent)" {
+			t.Errorf("%s: quantization %q, problem %q", c.fixture, m.Quantization(), m.Problem())
+		}
+		ws, err := m.Weights()
+		if err != nil {
+			t.Fatal(err)
+		}
+		set, err := weights.Open(fixtures.Dir(c.fixture))
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := set.Tensor(c.stored)
+		if err != nil {
+			t.Fatal(err)
+		}
+		asked := c.asked
+		if asked == "" {
+			asked = c.stored
+		}
+		got, err := ws.Mat(asked, x.Shape[0], x.Shape[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := ggufwrite.QuantizeQ8_0(ggufwrite.DecodeF32(x.Data))
+		if got.DType != kernels.Q8_0 || !bytes.Equal(got.Data, want) {
+			t.Errorf("%s %s: %v, %d bytes, not the checkpoint's rows quantized", c.fixture, asked, got.DType, len(got.Data))
 		}
 		set.Close()
 	}

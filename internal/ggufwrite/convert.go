@@ -79,8 +79,9 @@ var ggufArch = map[string]string{"llama": "llama", "mixtral": "llama", "qwen3": 
 
 // Convert turns the Hugging Face checkpoint in dir (config.json and
 // model.safetensors with F32 weights) into a GGUF file whose matrices are of
-// type typ (F32 or F16; norms, biases and routers stay F32, as llama.cpp
-// converts them), without a tokenizer (see AddTokenizer).
+// type typ (F32, F16, or Q8_0 for those whose rows are whole blocks; norms,
+// biases and routers stay F32, as llama.cpp converts them), without a
+// tokenizer (see AddTokenizer).
 func Convert(dir string, typ uint32) (*Writer, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
@@ -110,7 +111,7 @@ func Convert(dir string, typ uint32) (*Writer, error) {
 	p := arch + "."
 	w.Add("general.architecture", arch)
 	w.Add("general.name", filepath.Base(dir))
-	w.Add("general.file_type", map[uint32]uint32{F32: 0, F16: 1}[typ])
+	w.Add("general.file_type", map[uint32]uint32{F32: 0, F16: 1, Q8_0: 7}[typ])
 	if c.ModelType == "qwen3_next" {
 		c.NextN = c.MTPLayers // _QwenMtpMixin: the MTP block follows the last layer
 	}
@@ -469,10 +470,38 @@ func (cv *converter) add(name string, shape []int, vals []float32) {
 	}
 	t := Tensor{Name: name, Type: F32, Dims: dims, Data: EncodeF32(vals)}
 	// Routers stay F32, as convert_hf_to_gguf keeps them.
-	if len(shape) >= 2 && cv.typ == F16 && !strings.Contains(name, "ffn_gate_inp") && !strings.Contains(name, "ssm_conv1d") {
+	plain := len(shape) >= 2 && !strings.Contains(name, "ffn_gate_inp") && !strings.Contains(name, "ssm_conv1d")
+	switch {
+	case plain && cv.typ == F16:
 		t.Type, t.Data = F16, weights.NewTensor(kernels.F16, shape, vals).Data
+	case plain && cv.typ == Q8_0 && shape[len(shape)-1]%32 == 0 && !strings.Contains(name, "attn_k_b"):
+		t.Type, t.Data = Q8_0, QuantizeQ8_0(vals)
 	}
 	cv.w.Tensors = append(cv.w.Tensors, t)
+}
+
+// QuantizeQ8_0 encodes values (whole blocks of 32) as GGML's Q8_0, the way
+// ggml's quantize_row_q8_0_ref does: per block d = max|x| / 127 stored as
+// f16, q = round(x / d) half away from zero.
+func QuantizeQ8_0(vals []float32) []byte {
+	out := make([]byte, len(vals)/32*34)
+	for b := range len(vals) / 32 {
+		x, blk := vals[b*32:(b+1)*32], out[b*34:(b+1)*34]
+		var amax float32
+		for _, v := range x {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		d := amax / 127
+		var id float32
+		if d != 0 {
+			id = 1 / d
+		}
+		copy(blk, weights.NewTensor(kernels.F16, []int{1}, []float32{d}).Data)
+		for i, v := range x {
+			blk[2+i] = byte(int8(math.Round(float64(v * id))))
+		}
+	}
+	return out
 }
 
 // permute is convert_hf_to_gguf's LlamaModel.permute: rows of each head
