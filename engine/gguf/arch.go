@@ -84,6 +84,10 @@ func (m *Model) Config() (*config.Config, error) {
 	return config.Parse(m.Path, data)
 }
 
+// maxBlocks bounds block_count, which the mapping loops over (the largest
+// models have about a hundred).
+const maxBlocks = 1 << 12
+
 // cfgBuilder collects config.json keys, keeping the first error.
 type cfgBuilder struct {
 	m      *Model
@@ -150,7 +154,12 @@ func (b *cfgBuilder) common(mla bool) {
 	hidden := b.uint("embedding_length", true, 0)
 	heads := b.uint("attention.head_count", true, 0)
 	o["hidden_size"] = hidden
-	o["num_hidden_layers"] = b.uint("block_count", true, 0)
+	blocks := b.uint("block_count", true, 0)
+	if blocks > maxBlocks {
+		b.fail(fmt.Errorf("%s: %sblock_count %d is more than %d", b.m.Path, b.prefix, blocks, maxBlocks))
+		blocks = 0
+	}
+	o["num_hidden_layers"] = blocks
 	o["num_attention_heads"] = heads
 	o["num_key_value_heads"] = b.uint("attention.head_count_kv", false, heads)
 	o["max_position_embeddings"] = b.uint("context_length", true, 0)

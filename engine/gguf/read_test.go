@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -322,12 +323,23 @@ func TestOpenSplit(t *testing.T) {
 
 // FuzzParse feeds mutated files to Parse: it must return a File or an
 // error, never panic, and every tensor it returns must lie inside the data.
+// A file that parses then goes through the config, tokenizer and weight
+// mappings, which must fail with errors, not panics, on whatever metadata
+// and tensors it holds.
 func FuzzParse(f *testing.F) {
 	f.Add(sample().Bytes())
 	w := sample()
 	w.Add("general.alignment", uint32(64))
 	f.Add(w.Bytes())
 	f.Add([]byte("GGUF\x03\x00\x00\x00"))
+	for _, fx := range []string{"qwen3", "glm4_moe_lite", "qwen3_next"} {
+		w, err := ggufwrite.Convert(fixtures.Dir(fx), ggufwrite.F32)
+		if err != nil {
+			f.Fatal(err)
+		}
+		ggufwrite.AddByteTokenizer(w, 300)
+		f.Add(w.Bytes())
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		file, err := Parse("fuzz", data)
 		if err != nil {
@@ -340,11 +352,40 @@ func FuzzParse(f *testing.F) {
 			v.Ints()
 			v.Floats()
 		}
+		m := &Model{Path: "fuzz", Parts: []string{"fuzz"}, Meta: file.Meta, tensors: map[string]*TensorInfo{}}
 		for _, x := range file.Tensors {
 			size, err := x.byteSize()
 			if err != nil || uint64(len(x.Data)) != size {
 				t.Fatalf("tensor %q: %d bytes, size %d (%v)", x.Name, len(x.Data), size, err)
 			}
+			m.tensors[x.Name] = x
+			m.names = append(m.names, x.Name)
 		}
+		exerciseModel(m)
 	})
+}
+
+// exerciseModel runs every mapping of m, ignoring errors.
+func exerciseModel(m *Model) {
+	m.Quantization()
+	m.Problem()
+	m.Config()
+	m.Tokenizer()
+	w, err := m.Weights()
+	if err != nil {
+		return
+	}
+	for _, name := range []string{"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.kv_b_proj.weight",
+		"model.layers.0.linear_attn.in_proj_qkvz.weight", "model.layers.0.mlp.experts.1.gate_proj.weight", "model.layers.0.input_layernorm.weight",
+		"model.layers.0.linear_attn.A_log", "model.layers.0.linear_attn.conv1d.weight", "mtp.fc.weight", "model.layers.0.self_attn.q_proj.bias"} {
+		if !w.Has(name) {
+			continue
+		}
+		for _, shape := range [][2]int{{1, 1}, {2, 32}, {64, 64}, {128, 64}, {192, 64}, {128, 32}} {
+			w.Mat(name, shape[0], shape[1])
+		}
+		for _, shape := range [][]int{{64}, {4}, {128, 1, 4}, {2, 3}} {
+			w.Float32(name, shape...)
+		}
+	}
 }

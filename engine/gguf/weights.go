@@ -537,6 +537,9 @@ func (w *Weights) Float32(name string, shape ...int) ([]float32, error) {
 	data := t.Data
 	cols := int(t.Dims[0])
 	rows := t.Numel() / max(cols, 1)
+	if kd.Quantized() && len(t.Dims) == 1 && r.heads > 0 {
+		return nil, fmt.Errorf("%s: tensor %s: a %s vector cannot be un-permuted row by row", w.m.Path, r.name, t.Type)
+	}
 	if r.heads > 0 && len(t.Dims) == 1 { // a permuted bias: one element per row
 		if data, err = w.unpermute(r, t, cols, kd.RowBytes(1)); err != nil {
 			return nil, err
