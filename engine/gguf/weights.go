@@ -14,10 +14,10 @@ import (
 )
 
 // Weights serves a GGUF model's tensors under the Hugging Face names
-// ferrite's architectures ask for (model.WeightSource): Mat and Expert view
-// the mapped data in place, in the stored type. Only the Q and K
-// projections of llama-architecture files are copied, to undo the
-// converter's row permutation.
+// ferrite's architectures ask for (model.WeightSource): Mat views the
+// mapped data in place, in the stored type. Only the matrices llama.cpp's
+// converter rearranged are copies: llama's Q and K rows un-permuted, MLA's
+// kv_b_proj and Qwen3-Next's in_proj_qkvz rebuilt from their halves.
 type Weights struct {
 	m         *Model
 	permuteQK bool
@@ -30,20 +30,19 @@ type Weights struct {
 	normOffset     bool
 	nk, dk, nv, dv int
 
-	mu        sync.Mutex
-	permuted  map[string][]byte        // un-permuted and rebuilt copies, by GGUF name
-	joined    map[string]kernels.DType // the dtype of each rebuilt kv_b_proj
-	permBytes int64
+	mu     sync.Mutex
+	copies map[string][]byte        // un-permuted and rebuilt matrices, by GGUF name
+	joined map[string]kernels.DType // the dtype of each rebuilt matrix
 }
 
-// Weights returns the model's tensors as a weight source for model.New.
-// cfg must come from m.Config (it supplies head counts and the layer count).
+// Weights returns the model's tensors as a weight source for model.New,
+// with the config Config builds.
 func (m *Model) Weights() (*Weights, error) {
 	a, ok := archs[m.Meta.Arch()]
 	if !ok {
 		return nil, fmt.Errorf("%s: %s", m.Path, Unsupported(m.Meta.Arch()))
 	}
-	w := &Weights{m: m, permuteQK: a.permuteQK, permuted: map[string][]byte{}, joined: map[string]kernels.DType{}}
+	w := &Weights{m: m, permuteQK: a.permuteQK, copies: map[string][]byte{}, joined: map[string]kernels.DType{}}
 	prefix := m.Meta.Arch() + "."
 	get := func(key string, def int) int {
 		u, ok, err := m.Meta.uintKey(m.Path, prefix+key)
@@ -63,14 +62,6 @@ func (m *Model) Weights() (*Weights, error) {
 		}
 	}
 	return w, nil
-}
-
-// PermutedBytes is the memory the copies take: un-permuted Q/K rows, and
-// MLA's kv_b_proj rebuilt from its split halves.
-func (w *Weights) PermutedBytes() int64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.permBytes
 }
 
 // ref is where a Hugging Face tensor lives in the GGUF file.
@@ -362,7 +353,7 @@ func (w *Weights) unpermute(r ref, t *TensorInfo, rows, rowBytes int) ([]byte, e
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if d, ok := w.permuted[r.name]; ok {
+	if d, ok := w.copies[r.name]; ok {
 		return d, nil
 	}
 	hd := rows / r.heads
@@ -376,8 +367,7 @@ func (w *Weights) unpermute(r ref, t *TensorInfo, rows, rowBytes int) ([]byte, e
 			}
 		}
 	}
-	w.permuted[r.name] = out
-	w.permBytes += int64(len(out))
+	w.copies[r.name] = out
 	return out, nil
 }
 
@@ -405,7 +395,7 @@ func (w *Weights) joinKVB(r ref, rows, cols int) (*kernels.Mat, error) {
 	heads, nope, v := int(kb.Dims[2]), int(kb.Dims[0]), int(vb.Dims[1])
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if d, ok := w.permuted[r.name]; ok {
+	if d, ok := w.copies[r.name]; ok {
 		return &kernels.Mat{DType: w.joined[r.name], Rows: rows, Cols: cols, Data: d}, nil
 	}
 	out := kernels.F32
@@ -444,9 +434,8 @@ func (w *Weights) joinKVB(r ref, rows, cols int) (*kernels.Mat, error) {
 			}
 		}
 	}
-	w.permuted[r.name] = data
+	w.copies[r.name] = data
 	w.joined[r.name] = out
-	w.permBytes += int64(len(data))
 	return &kernels.Mat{DType: out, Rows: rows, Cols: cols, Data: data}, nil
 }
 
@@ -474,7 +463,7 @@ func (w *Weights) joinQKVZ(r ref, rows, cols int) (*kernels.Mat, error) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if d, ok := w.permuted[blk+"in_proj_qkvz"]; ok {
+	if d, ok := w.copies[blk+"in_proj_qkvz"]; ok {
 		return &kernels.Mat{DType: w.joined[blk+"in_proj_qkvz"], Rows: rows, Cols: cols, Data: d}, nil
 	}
 	out := kernels.F32
@@ -510,9 +499,8 @@ func (w *Weights) joinQKVZ(r ref, rows, cols int) (*kernels.Mat, error) {
 		copyRows(qkv, 2*nk*dk+g*rv, rv)
 		copyRows(gate, g*rv, rv)
 	}
-	w.permuted[blk+"in_proj_qkvz"] = data
+	w.copies[blk+"in_proj_qkvz"] = data
 	w.joined[blk+"in_proj_qkvz"] = out
-	w.permBytes += int64(len(data))
 	return &kernels.Mat{DType: out, Rows: rows, Cols: cols, Data: data}, nil
 }
 
