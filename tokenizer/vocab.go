@@ -1,8 +1,10 @@
 package tokenizer
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -35,6 +37,16 @@ type BPEVocab struct {
 	NFC          bool // normalize the text to NFC first
 	IgnoreMerges bool // a piece that is a whole token is not merged (Llama 3)
 
+	// SentencePiece: Tokens are SentencePiece pieces (▁ for a space) with
+	// Scores, and Merges is ignored: two adjacent pieces merge when their
+	// concatenation is a piece, the one with the higher score first (see
+	// MergesFromScores); characters no piece covers fall back to the
+	// <0xXX> byte pieces, else Unk. AddSpacePrefix prepends ▁ to the text.
+	SentencePiece  bool
+	Scores         []float32
+	AddSpacePrefix bool
+	Unk            int32 // -1 when none
+
 	BOS    int32   // -1 when none
 	EOS    []int32 // end-of-generation ids
 	PAD    int32   // -1 when none
@@ -53,6 +65,12 @@ func NewBPE(v BPEVocab) (*Tokenizer, error) {
 	if v.Kinds != nil && len(v.Kinds) != len(v.Tokens) {
 		return nil, fmt.Errorf("tokenizer: %d token kinds for %d tokens", len(v.Kinds), len(v.Tokens))
 	}
+	if v.SentencePiece && len(v.Scores) != len(v.Tokens) {
+		return nil, fmt.Errorf("tokenizer: %d scores for %d SentencePiece tokens", len(v.Scores), len(v.Tokens))
+	}
+	if v.Unk >= int32(len(v.Tokens)) {
+		return nil, fmt.Errorf("tokenizer: unk %d is not below the vocabulary size %d", v.Unk, len(v.Tokens))
+	}
 	vocab := make(map[string]int32, len(v.Tokens))
 	var added []AddedToken
 	for i, s := range v.Tokens {
@@ -67,6 +85,11 @@ func NewBPE(v BPEVocab) (*Tokenizer, error) {
 		switch kind {
 		case KindControl, KindUserDefined:
 			added = append(added, AddedToken{ID: id, Content: s, Special: kind == KindControl})
+		case KindUnknown: // a vocabulary entry (what unknown text becomes) and special, as in transformers
+			added = append(added, AddedToken{ID: id, Content: s, Special: true})
+			if _, dup := vocab[s]; !dup {
+				vocab[s] = id
+			}
 		case KindUnused:
 			continue
 		default:
@@ -83,34 +106,47 @@ func NewBPE(v BPEVocab) (*Tokenizer, error) {
 			return nil, fmt.Errorf("tokenizer: eos %d is not in the vocabulary of %d", id, len(v.Tokens))
 		}
 	}
-	byteLevel := map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}
-	var pre []any
-	for _, re := range v.Splits {
-		pre = append(pre, map[string]any{"type": "Split", "pattern": map[string]string{"Regex": re}, "behavior": "Isolated", "invert": false})
-	}
-	pre = append(pre, byteLevel)
-	var norm any
-	if v.NFC {
-		norm = map[string]string{"type": "NFC"}
-	}
 	if added == nil {
 		added = []AddedToken{}
 	}
-	merges := v.Merges
-	if merges == nil {
-		merges = []string{}
-	}
-	tj := map[string]any{
-		"version":        "1.0",
-		"added_tokens":   added,
-		"normalizer":     norm,
-		"pre_tokenizer":  map[string]any{"type": "Sequence", "pretokenizers": pre},
-		"post_processor": nil,
-		"decoder":        byteLevel,
-		"model": map[string]any{
-			"type": "BPE", "vocab": vocab, "merges": merges, "ignore_merges": v.IgnoreMerges,
-			"fuse_unk": false, "byte_fallback": false,
-		},
+	model := map[string]any{"type": "BPE", "vocab": vocab, "ignore_merges": v.IgnoreMerges, "fuse_unk": false, "byte_fallback": false}
+	tj := map[string]any{"version": "1.0", "added_tokens": added, "post_processor": nil, "model": model}
+	if v.SentencePiece {
+		// What transformers' LlamaConverter makes of a SentencePiece BPE.
+		norm := []any{map[string]any{"type": "Replace", "pattern": map[string]string{"String": " "}, "content": "▁"}}
+		strip := 0
+		if v.AddSpacePrefix {
+			norm = append([]any{map[string]string{"type": "Prepend", "prepend": "▁"}}, norm...)
+			strip = 1
+		}
+		tj["normalizer"] = map[string]any{"type": "Sequence", "normalizers": norm}
+		tj["pre_tokenizer"] = nil
+		tj["decoder"] = map[string]any{"type": "Sequence", "decoders": []any{
+			map[string]any{"type": "Replace", "pattern": map[string]string{"String": "▁"}, "content": " "},
+			map[string]string{"type": "ByteFallback"}, map[string]string{"type": "Fuse"},
+			map[string]any{"type": "Strip", "content": " ", "start": strip, "stop": 0},
+		}}
+		model["merges"] = MergesFromScores(v.Tokens, v.Scores, func(s string) bool { _, ok := vocab[s]; return ok })
+		model["fuse_unk"], model["byte_fallback"] = true, true
+		if v.Unk >= 0 {
+			model["unk_token"] = v.Tokens[v.Unk]
+		}
+	} else {
+		byteLevel := map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}
+		var pre []any
+		for _, re := range v.Splits {
+			pre = append(pre, map[string]any{"type": "Split", "pattern": map[string]string{"Regex": re}, "behavior": "Isolated", "invert": false})
+		}
+		tj["pre_tokenizer"] = map[string]any{"type": "Sequence", "pretokenizers": append(pre, byteLevel)}
+		tj["decoder"] = byteLevel
+		if v.NFC {
+			tj["normalizer"] = map[string]string{"type": "NFC"}
+		}
+		merges := v.Merges
+		if merges == nil {
+			merges = []string{}
+		}
+		model["merges"] = merges
 	}
 	data, err := json.Marshal(tj)
 	if err != nil {
@@ -135,4 +171,50 @@ func NewBPE(v BPEVocab) (*Tokenizer, error) {
 	}
 	t.chatTemplate, t.templateName = v.ChatTemplate, v.TemplateName
 	return t, nil
+}
+
+// MergesFromScores derives BPE merges from SentencePiece scores, as
+// transformers' SentencePieceExtractor does: every split of a piece into
+// two pieces (inVocab) is a merge, ranked by the whole piece's score,
+// highest first; ties keep the pieces' id order, then the halves' ids.
+func MergesFromScores(tokens []string, scores []float32, inVocab func(string) bool) [][2]string {
+	ids := make(map[string]int, len(tokens))
+	for i, s := range tokens {
+		if _, dup := ids[s]; !dup {
+			ids[s] = i
+		}
+	}
+	type merge struct {
+		l, r  string
+		score float32
+	}
+	var out []merge
+	for i, s := range tokens {
+		if !inVocab(s) {
+			continue
+		}
+		var local []merge
+		for j := range s {
+			if j == 0 {
+				continue
+			}
+			l, r := s[:j], s[j:]
+			if inVocab(l) && inVocab(r) {
+				local = append(local, merge{l, r, scores[i]})
+			}
+		}
+		slices.SortStableFunc(local, func(a, b merge) int {
+			if c := cmp.Compare(ids[a.l], ids[b.l]); c != 0 {
+				return c
+			}
+			return cmp.Compare(ids[a.r], ids[b.r])
+		})
+		out = append(out, local...)
+	}
+	slices.SortStableFunc(out, func(a, b merge) int { return cmp.Compare(b.score, a.score) })
+	pairs := make([][2]string, len(out))
+	for i, m := range out {
+		pairs[i] = [2]string{m.l, m.r}
+	}
+	return pairs
 }

@@ -21,6 +21,7 @@
 // (general.architecture and the "<arch>.*" keys) into the config.json
 // ferrite's architectures read, Model.Weights maps the Hugging Face tensor
 // names the models ask for onto GGUF names (undoing the Q/K row permutation
-// of llama GGUFs), and Model.Tokenizer builds the byte-level BPE tokenizer
+// of llama GGUFs and the other changes llama.cpp's converter makes), and
+// Model.Tokenizer builds the tokenizer (byte-level BPE or SentencePiece)
 // and chat template of tokenizer.ggml.* and tokenizer.chat_template.
 package gguf

@@ -1,7 +1,6 @@
 package gguf
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -17,6 +16,8 @@ type preSplit struct {
 	nfc          bool // the family's tokenizer.json normalizes to NFC (Qwen2)
 	ignoreMerges bool // Llama 3's ignore_merges
 	addBOS       bool // llama.cpp's default when tokenizer.ggml.add_bos_token is absent
+	// sentencePiece: tokenizer.ggml.model "llama", pieces with scores.
+	sentencePiece bool
 }
 
 var (
@@ -42,10 +43,11 @@ var preTokenizers = map[string]preSplit{
 	"deepseek-v3": deepseekV3Pre,
 }
 
-// Tokenizer builds the model's tokenizer from tokenizer.ggml.* (a byte-level
-// BPE: tokenizer.ggml.model "gpt2") and its chat template from
-// tokenizer.chat_template. SentencePiece ("llama") and other tokenizer
-// models are an error saying so.
+// Tokenizer builds the model's tokenizer from tokenizer.ggml.* and its chat
+// template from tokenizer.chat_template: a byte-level BPE
+// (tokenizer.ggml.model "gpt2", with the pre-tokenizer tokenizer.ggml.pre
+// names) or a SentencePiece BPE ("llama": pieces and scores, byte
+// fallback). Other tokenizer models are an error saying so.
 func (m *Model) Tokenizer() (*tokenizer.Tokenizer, error) {
 	meta, path := m.Meta, m.Path
 	pre, err := m.preTokenizer()
@@ -54,7 +56,7 @@ func (m *Model) Tokenizer() (*tokenizer.Tokenizer, error) {
 	}
 	v := tokenizer.BPEVocab{
 		Splits: pre.splits, NFC: pre.nfc, IgnoreMerges: pre.ignoreMerges,
-		BOS: -1, PAD: -1, AddBOS: pre.addBOS,
+		BOS: -1, PAD: -1, Unk: -1, AddBOS: pre.addBOS,
 		ChatTemplate: meta.String("tokenizer.chat_template"),
 		TemplateName: path + " tokenizer.chat_template",
 	}
@@ -63,7 +65,11 @@ func (m *Model) Tokenizer() (*tokenizer.Tokenizer, error) {
 		return nil, err
 	}
 	v.Tokens = tokens
-	if v.Merges, err = stringArray(meta, path, "tokenizer.ggml.merges", true); err != nil {
+	if pre.sentencePiece {
+		if err := sentencePiece(meta, path, &v); err != nil {
+			return nil, err
+		}
+	} else if v.Merges, err = stringArray(meta, path, "tokenizer.ggml.merges", true); err != nil {
 		return nil, err
 	}
 	if tv, ok := meta.Get("tokenizer.ggml.token_type"); ok {
@@ -93,6 +99,12 @@ func (m *Model) Tokenizer() (*tokenizer.Tokenizer, error) {
 	}
 	if v.PAD, err = id("tokenizer.ggml.padding_token_id"); err != nil {
 		return nil, err
+	}
+	if v.Unk, err = id("tokenizer.ggml.unknown_token_id"); err != nil {
+		return nil, err
+	}
+	if v.Unk < 0 && pre.sentencePiece {
+		v.Unk = int32(slices.Index(v.Kinds, tokenizer.KindUnknown)) // -1 when none
 	}
 	// The end of a reply: eos, and the end-of-turn / end-of-message tokens
 	// llama.cpp also stops at.
@@ -125,17 +137,45 @@ func (m *Model) preTokenizer() (preSplit, error) {
 	case "":
 		return preSplit{}, errNoTokenizer
 	case "llama":
-		return preSplit{}, errors.New(`SentencePiece tokenizers (tokenizer.ggml.model "llama") are not supported yet; ferrite reads byte-level BPE ("gpt2")`)
+		return preSplit{sentencePiece: true, addBOS: true}, nil // llama.cpp's defaults for SentencePiece
 	default:
-		return preSplit{}, fmt.Errorf(`tokenizer.ggml.model %q is not supported; ferrite reads byte-level BPE ("gpt2")`, kind)
+		return preSplit{}, fmt.Errorf(`tokenizer.ggml.model %q is not supported; ferrite reads byte-level BPE ("gpt2") and SentencePiece ("llama")`, kind)
 	}
 	name := m.Meta.String("tokenizer.ggml.pre")
 	pre, ok := preTokenizers[name]
+	if name == "" || name == "default" {
+		return preSplit{}, fmt.Errorf("no pre-tokenizer (tokenizer.ggml.pre %q): llama.cpp's default splitting is not supported; supported: %s",
+			name, strings.Join(slices.Sorted(maps.Keys(preTokenizers)), ", "))
+	}
 	if !ok {
 		return preSplit{}, fmt.Errorf("pre-tokenizer %q (tokenizer.ggml.pre) is not supported; supported: %s",
 			name, strings.Join(slices.Sorted(maps.Keys(preTokenizers)), ", "))
 	}
 	return pre, nil
+}
+
+// sentencePiece reads a SentencePiece vocabulary's scores and
+// tokenizer.ggml.add_space_prefix (true when absent, as in llama.cpp).
+func sentencePiece(meta Metadata, path string, v *tokenizer.BPEVocab) error {
+	sv, ok := meta.Get("tokenizer.ggml.scores")
+	if !ok {
+		return fmt.Errorf("%s: missing metadata tokenizer.ggml.scores (a SentencePiece vocabulary needs them)", path)
+	}
+	scores, ok := sv.Floats()
+	if !ok || len(scores) != len(v.Tokens) {
+		return meta.metaErr(path, "tokenizer.ggml.scores", sv, fmt.Sprintf("%d numbers, one per token", len(v.Tokens)))
+	}
+	v.SentencePiece, v.Scores = true, make([]float32, len(scores))
+	for i, s := range scores {
+		v.Scores[i] = float32(s)
+	}
+	v.AddSpacePrefix = true
+	if b, ok, err := meta.boolKey(path, "tokenizer.ggml.add_space_prefix"); err != nil {
+		return err
+	} else if ok {
+		v.AddSpacePrefix = b
+	}
+	return nil
 }
 
 // stringArray reads an array-of-strings key.

@@ -1,7 +1,10 @@
 package gguf
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -105,7 +108,8 @@ func TestTokenizerErrors(t *testing.T) {
 		name, want string
 		edit       func(w *ggufwrite.Writer)
 	}{
-		{"sentencepiece", "SentencePiece", func(w *ggufwrite.Writer) { w.Set("tokenizer.ggml.model", "llama") }},
+		{"sentencepiece without scores", "missing metadata tokenizer.ggml.scores", func(w *ggufwrite.Writer) { w.Set("tokenizer.ggml.model", "llama") }},
+		{"default pre-tokenizer", "llama.cpp's default splitting", func(w *ggufwrite.Writer) { w.Set("tokenizer.ggml.pre", "default") }},
 		{"bert", `"bert" is not supported`, func(w *ggufwrite.Writer) { w.Set("tokenizer.ggml.model", "bert") }},
 		{"none", "no tokenizer", func(w *ggufwrite.Writer) { w.KV = nil }},
 		{"pre", `pre-tokenizer "mystery"`, func(w *ggufwrite.Writer) { w.Set("tokenizer.ggml.pre", "mystery") }},
@@ -128,5 +132,169 @@ func TestTokenizerErrors(t *testing.T) {
 	ids := tok.Encode("<|im_start|>the<|im_end|>", false)
 	if len(ids) != 4 || tok.Decode(ids, true) != "the" || len(tok.EOS()) != 2 {
 		t.Errorf("byte tokenizer: ids %v, decode %q, eos %v", ids, tok.Decode(ids, true), tok.EOS())
+	}
+}
+
+// spVocab is the SentencePiece-style fixture (tokenizer/testdata/sp) as a
+// GGUF vocabulary: pieces by id, kinds, and unique scores that rank each
+// piece a merge makes by its merge's rank (others lowest).
+func spVocab(t *testing.T) (tokens []string, kinds []int32, scores []float32) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(tokDir("sp"), "tokenizer.json.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tj struct {
+		AddedTokens []struct {
+			ID      int32
+			Content string
+		} `json:"added_tokens"`
+		Model struct {
+			Vocab  map[string]int32
+			Merges [][2]string
+		}
+	}
+	if err := json.NewDecoder(zr).Decode(&tj); err != nil {
+		t.Fatal(err)
+	}
+	n := len(tj.Model.Vocab)
+	tokens, kinds, scores = make([]string, n), make([]int32, n), make([]float32, n)
+	for s, id := range tj.Model.Vocab {
+		tokens[id], kinds[id], scores[id] = s, 1, -1e6-float32(id)
+		if strings.HasPrefix(s, "<0x") && len(s) == 6 {
+			kinds[id] = 6 // byte
+		}
+	}
+	for _, a := range tj.AddedTokens {
+		kinds[a.ID] = 3 // control
+	}
+	kinds[tj.Model.Vocab["<unk>"]] = 2
+	for rank, m := range tj.Model.Merges {
+		scores[tj.Model.Vocab[m[0]+m[1]]] = -float32(rank)
+	}
+	return tokens, kinds, scores
+}
+
+// spmReference is llama.cpp's SentencePiece tokenization
+// (llm_tokenizer_spm_session): spaces escaped, ▁ prepended, characters
+// merged pairwise, the pair whose concatenation is the highest-scored piece
+// first (the leftmost among equals), then symbols that are not pieces
+// spelled as <0xXX> byte pieces.
+func spmReference(text string, ids map[string]int32, scores []float32) []int32 {
+	if text == "" {
+		return nil
+	}
+	text = "▁" + strings.ReplaceAll(text, " ", "▁")
+	var syms []string
+	for _, r := range text {
+		syms = append(syms, string(r))
+	}
+	for {
+		best, bestScore := -1, float32(0)
+		for i := 0; i+1 < len(syms); i++ {
+			if id, ok := ids[syms[i]+syms[i+1]]; ok && (best < 0 || scores[id] > bestScore) {
+				best, bestScore = i, scores[id]
+			}
+		}
+		if best < 0 {
+			break
+		}
+		syms = append(syms[:best], append([]string{syms[best] + syms[best+1]}, syms[best+2:]...)...)
+	}
+	var out []int32
+	for _, s := range syms {
+		if id, ok := ids[s]; ok {
+			out = append(out, id)
+			continue
+		}
+		for _, b := range []byte(s) {
+			id, ok := ids[fmt.Sprintf("<0x%02X>", b)]
+			if !ok {
+				id = ids["<unk>"]
+			}
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// TestSentencePiece builds a SentencePiece GGUF vocabulary (pieces and
+// scores, no merges) and checks the tokenizer against llama.cpp's
+// algorithm on the fixture texts, and its decoding against transformers'.
+func TestSentencePiece(t *testing.T) {
+	tokens, kinds, scores := spVocab(t)
+	w := &ggufwrite.Writer{}
+	w.Add("tokenizer.ggml.model", "llama")
+	w.Add("tokenizer.ggml.tokens", tokens)
+	w.Add("tokenizer.ggml.token_type", kinds)
+	w.Add("tokenizer.ggml.scores", scores)
+	w.Add("tokenizer.ggml.bos_token_id", uint32(1))
+	w.Add("tokenizer.ggml.eos_token_id", uint32(2))
+	tok, err := openWriter(t, w).Tokenizer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]int32{}
+	for i, s := range tokens {
+		if kinds[i] != 3 {
+			ids[s] = int32(i)
+		}
+	}
+	var fx struct {
+		Variants []struct {
+			Name  string
+			Cases []struct {
+				Name, Text string
+				IDs        []int32 `json:"ids"`
+				DecodeSkip string  `json:"decode_skip"`
+			}
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(tokDir(".."), "testdata", "encode_variants.json.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.NewDecoder(zr).Decode(&fx); err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, v := range fx.Variants {
+		if v.Name != "sp_bytefallback" {
+			continue
+		}
+		for _, c := range v.Cases {
+			if strings.Contains(c.Text, "<s>") || strings.Contains(c.Text, "</s>") || strings.Contains(c.Text, "<unk>") {
+				continue // special tokens in the text: llama.cpp splits them off first
+			}
+			if strings.IndexFunc(c.Text, func(r rune) bool { return r >= 0x10000 }) >= 0 {
+				continue // the fixture lacks the <0xF0> piece real vocabularies have (and llama.cpp needs)
+			}
+			checked++
+			want := spmReference(c.Text, ids, scores)
+			if !slices.Equal(want, c.IDs) {
+				t.Logf("%s: llama.cpp's algorithm and transformers' BPE differ here", c.Name)
+			}
+			if got := tok.Encode(c.Text, false); !slices.Equal(got, want) {
+				t.Errorf("%s %q: ids %v, llama.cpp's algorithm gives %v (transformers %v)", c.Name, c.Text, got, want, c.IDs)
+			}
+			if got := tok.Decode(c.IDs, true); got != c.DecodeSkip {
+				t.Errorf("%s: decode %q, transformers %q", c.Name, got, c.DecodeSkip)
+			}
+		}
+	}
+	if checked < 50 {
+		t.Fatalf("only %d cases checked", checked)
+	}
+	t.Logf("%d fixture texts tokenized as llama.cpp does", checked)
+	if got := tok.Encode("hi", true); len(got) == 0 || got[0] != 1 {
+		t.Errorf("BOS not added by default: %v", got)
 	}
 }
