@@ -29,6 +29,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return cmdTokenize(ctx, args[1:], stdin, stdout, stderr)
 		case "bench":
 			return cmdBench(ctx, args[1:], stdin, stdout, stderr)
+		case "pull":
+			return cmdPull(ctx, args[1:], stdout, stderr)
 		}
 	}
 	return cmdChat(ctx, args, stdin, stdout, stderr)
@@ -39,5 +41,6 @@ const usage = `usage:
   ferrite run --model DIR [flags] TEXT  generate once, streaming to stdout
   ferrite tokenize --model DIR [TEXT]   print the token ids of TEXT (or stdin)
   ferrite bench --model DIR [flags]     measure throughput: concurrency × prompt × gen sweep, roofline
+  ferrite pull ORG/NAME[@REV][:QUANT]   download a Hugging Face model into the HF cache (resumable, verified)
   ferrite help                          this help
 `

@@ -12,7 +12,13 @@ import (
 	"time"
 
 	"github.com/ferrite-llm/ferrite/internal/catalog"
+	"github.com/ferrite-llm/ferrite/internal/hub/hubtest"
 )
+
+// client is a Client of the fake hub with its own cache, retrying at once.
+func client(t *testing.T, f *hubtest.Hub) *Client {
+	return &Client{Endpoint: f.URL, CacheDir: t.TempDir(), retryBase: 1}
+}
 
 const (
 	commitA = "0123456789abcdef0123456789abcdef01234567"
@@ -52,9 +58,9 @@ func pullOK(t *testing.T, c *Client, ref string) Result {
 }
 
 func TestPullLayoutReadByCatalog(t *testing.T) {
-	f := newFakeHub(t)
-	f.add("acme/Tiny-1B", commitA, shardedModel())
-	c := f.client(t)
+	f := hubtest.New(t)
+	f.Add("acme/Tiny-1B", commitA, shardedModel())
+	c := client(t, f)
 	var reports []Progress
 	ref, _ := ParseRef("acme/Tiny-1B")
 	res, err := c.Pull(context.Background(), ref, func(p Progress) { reports = append(reports, p) })
@@ -91,9 +97,8 @@ func TestPullLayoutReadByCatalog(t *testing.T) {
 			t.Errorf("%s: read %d bytes (%v), want its contents", name, len(data), err)
 		}
 		etag := filepath.Base(target)
-		ff := fakeFile{name: name, data: []byte(files[name])}
-		if wantEtag := ff.gitSHA1(); strings.HasSuffix(name, ".safetensors") {
-			wantEtag = ff.sha256()
+		if wantEtag := hubtest.GitSHA1([]byte(files[name])); strings.HasSuffix(name, ".safetensors") {
+			wantEtag = hubtest.SHA256([]byte(files[name]))
 			if etag != wantEtag {
 				t.Errorf("%s: blob %s, want its sha256 %s", name, etag, wantEtag)
 			}
@@ -136,29 +141,29 @@ func TestPullLayoutReadByCatalog(t *testing.T) {
 	}
 
 	// A second pull finds everything in the cache.
-	_, gets := f.count()
+	_, gets := f.Count()
 	again := pullOK(t, c, "acme/Tiny-1B")
-	if _, gets2 := f.count(); gets2 != gets || again.Downloaded != 0 || again.Dir != res.Dir {
+	if _, gets2 := f.Count(); gets2 != gets || again.Downloaded != 0 || again.Dir != res.Dir {
 		t.Fatalf("second pull fetched %d more files, downloaded %d", gets2-gets, again.Downloaded)
 	}
 }
 
 func TestPullTokenGoesOnlyToTheHub(t *testing.T) {
-	f := newFakeHub(t)
-	f.add("acme/Tiny-1B", commitA, shardedModel())
-	c := f.client(t)
+	f := hubtest.New(t)
+	f.Add("acme/Tiny-1B", commitA, shardedModel())
+	c := client(t, f)
 	c.Token = "hf_secret"
 	pullOK(t, c, "acme/Tiny-1B")
-	if f.auths["hub"] != "Bearer hf_secret" || f.auths["cdn"] != "" {
-		t.Fatalf("Authorization: hub %q, CDN %q", f.auths["hub"], f.auths["cdn"])
+	if f.Auth("hub") != "Bearer hf_secret" || f.Auth("cdn") != "" {
+		t.Fatalf("Authorization: hub %q, CDN %q", f.Auth("hub"), f.Auth("cdn"))
 	}
 }
 
 func TestPullRevisionAndRenamedRepository(t *testing.T) {
-	f := newFakeHub(t)
-	f.add("acme/New", commitB, shardedModel())
-	f.renamed["acme/Old"] = "acme/New"
-	c := f.client(t)
+	f := hubtest.New(t)
+	f.Add("acme/New", commitB, shardedModel())
+	f.Rename("acme/Old", "acme/New")
+	c := client(t, f)
 	res := pullOK(t, c, "acme/Old@"+commitB)
 	if res.Commit != commitB || !strings.Contains(res.Dir, "models--acme--Old") {
 		t.Fatalf("result %+v", res)
@@ -172,13 +177,13 @@ func TestPullRevisionAndRenamedRepository(t *testing.T) {
 }
 
 func TestPullResumesACutTransfer(t *testing.T) {
-	f := newFakeHub(t)
-	f.add("acme/Tiny-1B", commitA, shardedModel())
-	f.cutOnce["model-00001-of-00002.safetensors"] = 120_000
-	f.cutOnce["tokenizer.json"] = 3 // a small file, straight from the Hub
-	c := f.client(t)
+	f := hubtest.New(t)
+	f.Add("acme/Tiny-1B", commitA, shardedModel())
+	f.CutOnce("model-00001-of-00002.safetensors", 120_000)
+	f.CutOnce("tokenizer.json", 3) // a small file, straight from the Hub
+	c := client(t, f)
 	res := pullOK(t, c, "acme/Tiny-1B")
-	ranges := f.seenRanges()
+	ranges := f.Ranges()
 	if !slices.Contains(ranges, "model-00001-of-00002.safetensors=bytes=120000-") || !slices.Contains(ranges, "tokenizer.json=bytes=3-") {
 		t.Fatalf("ranges %v, want the cut files resumed where they stopped", ranges)
 	}
@@ -189,13 +194,13 @@ func TestPullResumesACutTransfer(t *testing.T) {
 }
 
 func TestPullResumesAcrossRuns(t *testing.T) {
-	f := newFakeHub(t)
-	f.add("acme/Tiny-1B", commitA, shardedModel())
-	c := f.client(t)
+	f := hubtest.New(t)
+	f.Add("acme/Tiny-1B", commitA, shardedModel())
+	c := client(t, f)
 	clock := time.Unix(0, 0)
 	c.now = func() time.Time { clock = clock.Add(time.Second); return clock } // every read reports
 	shard := "model-00001-of-00002.safetensors"
-	f.stallAt[shard] = 150_000
+	f.StallOnce(shard, 150_000)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var fileStart int64 = -1
@@ -231,8 +236,8 @@ func TestPullResumesAcrossRuns(t *testing.T) {
 
 	c.now = nil
 	res := pullOK(t, c, "acme/Tiny-1B")
-	if !slices.Contains(f.seenRanges(), shard+"=bytes="+strconv.FormatInt(part, 10)+"-") {
-		t.Fatalf("ranges %v, want %s resumed at %d", f.seenRanges(), shard, part)
+	if !slices.Contains(f.Ranges(), shard+"=bytes="+strconv.FormatInt(part, 10)+"-") {
+		t.Fatalf("ranges %v, want %s resumed at %d", f.Ranges(), shard, part)
 	}
 	if res.Downloaded >= res.Size-part+1 {
 		t.Errorf("downloaded %d of %d: the partial %d bytes were fetched again", res.Downloaded, res.Size, part)
@@ -244,15 +249,15 @@ func TestPullResumesAcrossRuns(t *testing.T) {
 }
 
 func TestPullRetriesAStalledTransfer(t *testing.T) {
-	f := newFakeHub(t)
-	f.add("acme/Tiny-1B", commitA, shardedModel())
+	f := hubtest.New(t)
+	f.Add("acme/Tiny-1B", commitA, shardedModel())
 	shard := "model-00002-of-00002.safetensors"
-	f.stallAt[shard] = 50_000
-	c := f.client(t)
+	f.StallOnce(shard, 50_000)
+	c := client(t, f)
 	c.Stall = 200 * time.Millisecond
 	res := pullOK(t, c, "acme/Tiny-1B")
-	if !slices.Contains(f.seenRanges(), shard+"=bytes=50000-") {
-		t.Fatalf("ranges %v, want the stalled file resumed", f.seenRanges())
+	if !slices.Contains(f.Ranges(), shard+"=bytes=50000-") {
+		t.Fatalf("ranges %v, want the stalled file resumed", f.Ranges())
 	}
 	if data, _ := os.ReadFile(filepath.Join(res.Dir, shard)); string(data) != shardedModel()[shard] {
 		t.Fatal("the resumed file differs")
@@ -262,10 +267,10 @@ func TestPullRetriesAStalledTransfer(t *testing.T) {
 func TestPullRejectsACorruptFile(t *testing.T) {
 	for _, name := range []string{"model-00002-of-00002.safetensors", "config.json"} { // sha256, git sha1
 		t.Run(name, func(t *testing.T) {
-			f := newFakeHub(t)
-			f.add("acme/Tiny-1B", commitA, shardedModel())
-			f.corrupt[name] = true
-			c := f.client(t)
+			f := hubtest.New(t)
+			f.Add("acme/Tiny-1B", commitA, shardedModel())
+			f.Corrupt(name, true)
+			c := client(t, f)
 			ref, _ := ParseRef("acme/Tiny-1B")
 			_, err := c.Pull(context.Background(), ref, nil)
 			if !errors.Is(err, ErrChecksum) || !strings.Contains(err.Error(), name) {
@@ -279,19 +284,19 @@ func TestPullRejectsACorruptFile(t *testing.T) {
 				t.Error("the corrupt file was linked into the snapshot")
 			}
 			// Served right again, the pull completes.
-			f.corrupt[name] = false
+			f.Corrupt(name, false)
 			pullOK(t, c, "acme/Tiny-1B")
 		})
 	}
 }
 
 func TestPullErrors(t *testing.T) {
-	f := newFakeHub(t)
-	f.add("acme/Tiny-1B", commitA, shardedModel())
-	gated := f.add("meta/Gated-8B", commitB, shardedModel())
-	gated.gated = true
-	f.token = "hf_good"
-	f.add("acme/Bin-Only", commitA, map[string]string{"config.json": "{}", "pytorch_model.bin": "x"})
+	f := hubtest.New(t)
+	f.Add("acme/Tiny-1B", commitA, shardedModel())
+	gated := f.Add("meta/Gated-8B", commitB, shardedModel())
+	gated.Gated = true
+	f.Token = "hf_good"
+	f.Add("acme/Bin-Only", commitA, map[string]string{"config.json": "{}", "pytorch_model.bin": "x"})
 	for _, tc := range []struct {
 		ref, token string
 		want       error
@@ -305,7 +310,7 @@ func TestPullErrors(t *testing.T) {
 		{"acme/Bin-Only", "", ErrNoModel, "pytorch_model.bin"},
 		{"acme/Tiny-1B:Q4_K_M", "", ErrNoModel, "no .gguf files"},
 	} {
-		c := f.client(t)
+		c := client(t, f)
 		c.Token = tc.token
 		ref, err := ParseRef(tc.ref)
 		if err != nil {
@@ -316,20 +321,20 @@ func TestPullErrors(t *testing.T) {
 			t.Errorf("%s (token %q): %v; want %v saying %q", tc.ref, tc.token, err, tc.want, tc.says)
 		}
 	}
-	c := f.client(t)
+	c := client(t, f)
 	c.Token = "hf_good"
 	pullOK(t, c, "meta/Gated-8B")
 }
 
 func TestPullOffline(t *testing.T) {
-	f := newFakeHub(t)
-	f.add("acme/Tiny-1B", commitA, shardedModel())
-	c := f.client(t)
+	f := hubtest.New(t)
+	f.Add("acme/Tiny-1B", commitA, shardedModel())
+	c := client(t, f)
 	online := pullOK(t, c, "acme/Tiny-1B")
-	before, _ := f.count()
+	before, _ := f.Count()
 	c.Offline = true
 	res := pullOK(t, c, "acme/Tiny-1B")
-	if after, _ := f.count(); after != before {
+	if after, _ := f.Count(); after != before {
 		t.Fatalf("offline pull made %d requests", after-before)
 	}
 	if !res.Offline || res.Dir != online.Dir || res.Size != online.Size {
@@ -342,30 +347,29 @@ func TestPullOffline(t *testing.T) {
 }
 
 func TestPullChecksDiskSpaceFirst(t *testing.T) {
-	f := newFakeHub(t)
-	f.add("acme/Tiny-1B", commitA, shardedModel())
-	c := f.client(t)
+	f := hubtest.New(t)
+	f.Add("acme/Tiny-1B", commitA, shardedModel())
+	c := client(t, f)
 	c.freeSpace = func(string) (int64, error) { return 1000, nil }
 	ref, _ := ParseRef("acme/Tiny-1B")
 	_, err := c.Pull(context.Background(), ref, nil)
 	if !errors.Is(err, ErrDiskFull) || !strings.Contains(err.Error(), "1000 B free") {
 		t.Fatalf("err %v, want a disk-space error", err)
 	}
-	if _, gets := f.count(); gets != 0 {
+	if _, gets := f.Count(); gets != 0 {
 		t.Fatalf("%d weight downloads started", gets)
 	}
 }
 
 func TestPullWaitsForTheLock(t *testing.T) {
-	f := newFakeHub(t)
-	f.add("acme/Tiny-1B", commitA, shardedModel())
-	c := f.client(t)
-	ff := fakeFile{data: []byte(shardedModel()["model-00002-of-00002.safetensors"])}
+	f := hubtest.New(t)
+	f.Add("acme/Tiny-1B", commitA, shardedModel())
+	c := client(t, f)
 	lockDir := filepath.Join(c.CacheDir, ".locks", "models--acme--Tiny-1B")
 	if err := os.MkdirAll(lockDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	held, busy, err := tryLock(filepath.Join(lockDir, ff.sha256()+".lock"))
+	held, busy, err := tryLock(filepath.Join(lockDir, hubtest.SHA256([]byte(shardedModel()["model-00002-of-00002.safetensors"]))+".lock"))
 	if err != nil || busy {
 		t.Fatal(err, busy)
 	}
@@ -396,8 +400,8 @@ func TestPullWaitsForTheLock(t *testing.T) {
 }
 
 func TestPullGGUF(t *testing.T) {
-	f := newFakeHub(t)
-	f.add("acme/Tiny-GGUF", commitA, map[string]string{
+	f := hubtest.New(t)
+	f.Add("acme/Tiny-GGUF", commitA, map[string]string{
 		"Tiny-Q4_K_M-00001-of-00002.gguf": "part one",
 		"Tiny-Q4_K_M-00002-of-00002.gguf": "part two",
 		"Tiny-Q4_K.gguf":                  "q4k",
@@ -405,7 +409,7 @@ func TestPullGGUF(t *testing.T) {
 		"mmproj-Tiny-Q8_0.gguf":           "vision",
 		"README.md":                       "# gguf",
 	})
-	c := f.client(t)
+	c := client(t, f)
 	res := pullOK(t, c, "acme/Tiny-GGUF:q4_k_m")
 	if !res.GGUF || !slices.Equal(res.Files, []string{"Tiny-Q4_K_M-00001-of-00002.gguf", "Tiny-Q4_K_M-00002-of-00002.gguf"}) {
 		t.Fatalf("result %+v", res)

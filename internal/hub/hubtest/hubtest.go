@@ -1,4 +1,8 @@
-package hub
+// Package hubtest is a fake Hugging Face Hub on loopback for tests: the
+// file-list API, resolve URLs that answer small files themselves and
+// redirect LFS files to a second server (the CDN, another host), with the
+// Hub's headers and error codes, and switches to make it misbehave.
+package hubtest
 
 import (
 	"crypto/sha1"
@@ -14,68 +18,80 @@ import (
 	"testing"
 )
 
-// fakeHub is a Hugging Face Hub on loopback: the file-list API, resolve
-// URLs that answer small files themselves and redirect LFS files to a
-// second server (the CDN, another host), with the Hub's headers and error
-// codes, and switches to misbehave.
-type fakeHub struct {
-	t     *testing.T
-	hub   *httptest.Server
-	cdn   *httptest.Server
-	token string // the token of a user with access to gated repositories
+// The Hub's headers (internal/hub reads them).
+const (
+	headerRepoCommit   = "X-Repo-Commit"
+	headerLinkedEtag   = "X-Linked-Etag"
+	headerLinkedSize   = "X-Linked-Size"
+	headerErrorCode    = "X-Error-Code"
+	headerErrorMessage = "X-Error-Message"
+)
+
+// Hub is the fake Hub. Set its switches before the requests they affect.
+type Hub struct {
+	URL   string // the Hub's address: HF_ENDPOINT
+	Token string // the token of a user with access to gated repositories
+
+	hub *httptest.Server
+	cdn *httptest.Server
 
 	mu       sync.Mutex
-	repos    map[string]*fakeRepo
+	repos    map[string]*Repo
 	renamed  map[string]string // old repo id → new one (relative redirects)
 	cutOnce  map[string]int    // file → bytes after which its next GET is cut
 	stallAt  map[string]int    // file → bytes after which its next GET stalls until the client leaves
 	corrupt  map[string]bool   // file → served with one byte flipped
-	ranges   []string          // the Range headers the CDN saw, "file=range"
+	ranges   []string          // the Range headers the servers saw, "file=range"
 	cdnGets  int
 	requests int
 	auths    map[string]string // "hub" / "cdn" → the last Authorization seen
 }
 
-type fakeRepo struct {
-	commit string
-	gated  bool
-	files  []fakeFile
+// Repo is one repository of the Hub.
+type Repo struct {
+	Commit string
+	Gated  bool // downloads need Hub.Token
+	files  []file
 }
 
-type fakeFile struct {
+type file struct {
 	name string
 	data []byte
 	lfs  bool
 }
 
-func (f fakeFile) sha256() string {
-	s := sha256.Sum256(f.data)
+// SHA256 is the hex sha256 of data (an LFS file's etag).
+func SHA256(data []byte) string {
+	s := sha256.Sum256(data)
 	return hex.EncodeToString(s[:])
 }
 
-func (f fakeFile) gitSHA1() string {
+// GitSHA1 is git's blob hash of data (a small file's etag).
+func GitSHA1(data []byte) string {
 	h := sha1.New()
-	fmt.Fprintf(h, "blob %d\x00", len(f.data))
-	h.Write(f.data)
+	fmt.Fprintf(h, "blob %d\x00", len(data))
+	h.Write(data)
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-func newFakeHub(t *testing.T) *fakeHub {
-	f := &fakeHub{t: t, repos: map[string]*fakeRepo{}, renamed: map[string]string{},
+// New starts a Hub; it stops when the test ends.
+func New(t testing.TB) *Hub {
+	f := &Hub{repos: map[string]*Repo{}, renamed: map[string]string{},
 		cutOnce: map[string]int{}, stallAt: map[string]int{}, corrupt: map[string]bool{}, auths: map[string]string{}}
 	f.hub = httptest.NewServer(http.HandlerFunc(f.serveHub))
 	f.cdn = httptest.NewServer(http.HandlerFunc(f.serveCDN))
+	f.URL = f.hub.URL
 	t.Cleanup(func() { f.hub.Close(); f.cdn.Close() })
 	return f
 }
 
-// add puts a repository on the hub; files ending in .safetensors or .gguf
-// are LFS files.
-func (f *fakeHub) add(repo, commit string, files map[string]string) *fakeRepo {
-	r := &fakeRepo{commit: commit}
+// Add puts a repository on the Hub, at commit (40 hex digits); files
+// ending in .safetensors or .gguf are LFS files, served by the CDN.
+func (f *Hub) Add(repo, commit string, files map[string]string) *Repo {
+	r := &Repo{Commit: commit}
 	for name, data := range files {
 		lfs := strings.HasSuffix(name, ".safetensors") || strings.HasSuffix(name, ".gguf")
-		r.files = append(r.files, fakeFile{name: name, data: []byte(data), lfs: lfs})
+		r.files = append(r.files, file{name: name, data: []byte(data), lfs: lfs})
 	}
 	f.mu.Lock()
 	f.repos[repo] = r
@@ -83,17 +99,43 @@ func (f *fakeHub) add(repo, commit string, files map[string]string) *fakeRepo {
 	return r
 }
 
-func (f *fakeHub) client(t *testing.T) *Client {
-	return &Client{Endpoint: f.hub.URL, CacheDir: t.TempDir(), retryBase: 1}
+// Rename makes old answer with relative redirects to new, like a
+// renamed repository.
+func (f *Hub) Rename(old, new string) { f.set(func() { f.renamed[old] = new }) }
+
+// CutOnce makes the next GET of file end after n bytes (the connection drops).
+func (f *Hub) CutOnce(file string, n int) { f.set(func() { f.cutOnce[file] = n }) }
+
+// StallOnce makes the next GET of file stop sending after n bytes, until
+// the client gives up.
+func (f *Hub) StallOnce(file string, n int) { f.set(func() { f.stallAt[file] = n }) }
+
+// Corrupt serves file with one byte flipped (on) or right (off).
+func (f *Hub) Corrupt(file string, on bool) { f.set(func() { f.corrupt[file] = on }) }
+
+func (f *Hub) set(change func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	change()
 }
 
-func (f *fakeHub) count() (requests, cdnGets int) {
+// Auth is the last Authorization header the Hub ("hub") or the CDN
+// ("cdn") received.
+func (f *Hub) Auth(server string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.auths[server]
+}
+
+// Count is the requests the Hub received and the GETs the CDN received.
+func (f *Hub) Count() (requests, cdnGets int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.requests, f.cdnGets
 }
 
-func (f *fakeHub) seenRanges() []string {
+// Ranges are the Range headers received, as "FILE=bytes=N-".
+func (f *Hub) Ranges() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]string(nil), f.ranges...)
@@ -107,7 +149,7 @@ func hubError(w http.ResponseWriter, status int, code, msg string) {
 
 // lookup finds a repository, answering a redirect or an error when it is
 // not there as asked.
-func (f *fakeHub) lookup(w http.ResponseWriter, r *http.Request, repo, rest string) (*fakeRepo, bool) {
+func (f *Hub) lookup(w http.ResponseWriter, r *http.Request, repo, rest string) (*Repo, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if to, ok := f.renamed[repo]; ok {
@@ -127,7 +169,7 @@ func (f *fakeHub) lookup(w http.ResponseWriter, r *http.Request, repo, rest stri
 	return rp, true
 }
 
-func (f *fakeHub) serveHub(w http.ResponseWriter, r *http.Request) {
+func (f *Hub) serveHub(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.requests++
 	f.auths["hub"] = r.Header.Get("Authorization")
@@ -143,7 +185,7 @@ func (f *fakeHub) serveHub(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			return
 		}
-		if rev := parts[3]; rev != "main" && rev != rp.commit {
+		if rev := parts[3]; rev != "main" && rev != rp.Commit {
 			hubError(w, http.StatusNotFound, "RevisionNotFound", "Invalid rev id: "+rev)
 			return
 		}
@@ -163,7 +205,7 @@ func (f *fakeHub) serveHub(w http.ResponseWriter, r *http.Request) {
 }
 
 // list answers /api/models/…/revision/… with ?blobs=true's fields.
-func (f *fakeHub) list(w http.ResponseWriter, r *http.Request, rp *fakeRepo) {
+func (f *Hub) list(w http.ResponseWriter, r *http.Request, rp *Repo) {
 	type lfs struct {
 		SHA256 string `json:"sha256"`
 		Size   int    `json:"size"`
@@ -179,14 +221,14 @@ func (f *fakeHub) list(w http.ResponseWriter, r *http.Request, rp *fakeRepo) {
 		SHA      string `json:"sha"`
 		Gated    any    `json:"gated"`
 		Siblings []sib  `json:"siblings"`
-	}{SHA: rp.commit, Gated: false}
-	if rp.gated {
+	}{SHA: rp.Commit, Gated: false}
+	if rp.Gated {
 		out.Gated = "manual"
 	}
 	for _, fl := range rp.files {
-		s := sib{Name: fl.name, Size: len(fl.data), BlobID: fl.gitSHA1()}
+		s := sib{Name: fl.name, Size: len(fl.data), BlobID: GitSHA1(fl.data)}
 		if fl.lfs {
-			s.LFS = &lfs{SHA256: fl.sha256(), Size: len(fl.data)}
+			s.LFS = &lfs{SHA256: SHA256(fl.data), Size: len(fl.data)}
 			s.Size = len(fl.data)
 		}
 		out.Siblings = append(out.Siblings, s)
@@ -196,8 +238,8 @@ func (f *fakeHub) list(w http.ResponseWriter, r *http.Request, rp *fakeRepo) {
 }
 
 // resolve answers HEAD and GET /{repo}/resolve/{rev}/{file} like the Hub.
-func (f *fakeHub) resolve(w http.ResponseWriter, r *http.Request, rp *fakeRepo, rev, name string) {
-	if rp.gated && r.Header.Get("Authorization") != "Bearer "+f.token {
+func (f *Hub) resolve(w http.ResponseWriter, r *http.Request, rp *Repo, rev, name string) {
+	if rp.Gated && r.Header.Get("Authorization") != "Bearer "+f.Token {
 		status := http.StatusUnauthorized
 		if r.Header.Get("Authorization") != "" {
 			status = http.StatusForbidden
@@ -205,42 +247,42 @@ func (f *fakeHub) resolve(w http.ResponseWriter, r *http.Request, rp *fakeRepo, 
 		hubError(w, status, "GatedRepo", "Access to model is restricted")
 		return
 	}
-	if rev != "main" && rev != rp.commit {
+	if rev != "main" && rev != rp.Commit {
 		hubError(w, http.StatusNotFound, "RevisionNotFound", "Invalid rev id")
 		return
 	}
-	var fl *fakeFile
+	var fl *file
 	for i := range rp.files {
 		if rp.files[i].name == name {
 			fl = &rp.files[i]
 		}
 	}
-	w.Header().Set(headerRepoCommit, rp.commit)
+	w.Header().Set(headerRepoCommit, rp.Commit)
 	if fl == nil {
 		hubError(w, http.StatusNotFound, "EntryNotFound", name+" does not exist")
 		return
 	}
 	if fl.lfs {
-		w.Header().Set(headerLinkedEtag, `"`+fl.sha256()+`"`)
+		w.Header().Set(headerLinkedEtag, `"`+SHA256(fl.data)+`"`)
 		w.Header().Set(headerLinkedSize, strconv.Itoa(len(fl.data)))
-		w.Header().Set("ETag", `"`+fl.gitSHA1()+`"`) // the pointer's, which the client must not use
-		w.Header().Set("Location", f.cdn.URL+"/blob/"+fl.sha256()+"?file="+fl.name)
+		w.Header().Set("ETag", `"`+GitSHA1(fl.data)+`"`) // the pointer's, which the client must not use
+		w.Header().Set("Location", f.cdn.URL+"/blob/"+SHA256(fl.data)+"?file="+fl.name)
 		w.WriteHeader(http.StatusFound)
 		return
 	}
-	w.Header().Set("ETag", `"`+fl.gitSHA1()+`"`)
+	w.Header().Set("ETag", `"`+GitSHA1(fl.data)+`"`)
 	f.serveBytes(w, r, fl)
 }
 
-func (f *fakeHub) serveCDN(w http.ResponseWriter, r *http.Request) {
+func (f *Hub) serveCDN(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.cdnGets++
 	f.auths["cdn"] = r.Header.Get("Authorization")
-	var fl *fakeFile
+	var fl *file
 	sha := strings.TrimPrefix(r.URL.Path, "/blob/")
 	for _, rp := range f.repos {
 		for i := range rp.files {
-			if rp.files[i].lfs && rp.files[i].sha256() == sha {
+			if rp.files[i].lfs && SHA256(rp.files[i].data) == sha {
 				fl = &rp.files[i]
 			}
 		}
@@ -255,7 +297,7 @@ func (f *fakeHub) serveCDN(w http.ResponseWriter, r *http.Request) {
 
 // serveBytes writes a file, honouring "Range: bytes=N-", cutting or
 // corrupting it when told to.
-func (f *fakeHub) serveBytes(w http.ResponseWriter, r *http.Request, fl *fakeFile) {
+func (f *Hub) serveBytes(w http.ResponseWriter, r *http.Request, fl *file) {
 	data := fl.data
 	f.mu.Lock()
 	if f.corrupt[fl.name] && len(data) > 0 {
