@@ -21,6 +21,7 @@ type statusData struct {
 	busy    int    // replies the shown chat is generating
 	others  []int  // the numbers of the other chats that are generating
 	loading string // a model being loaded: name, stage and time so far
+	pulling string // a model being downloaded: name and progress
 	usage   *Usage // the current or last reply's; nil before the first token
 	stats   Stats
 	ctxUsed int
@@ -53,6 +54,9 @@ func (b statusBar) render(width int, d statusData) string {
 	segs = append(segs, segment{model, 9})
 	if d.loading != "" {
 		segs = append(segs, segment{st.Busy.Render("⟳ " + d.loading), 8})
+	}
+	if d.pulling != "" {
+		segs = append(segs, segment{st.Busy.Render("⇣ " + d.pulling), 7})
 	}
 	switch {
 	case d.busy == 1:

@@ -163,6 +163,7 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		Models:    cat,
 		Model:     uiEntry(e),
 		Closer:    closer, // Run closes it
+		Puller:    chatPuller{},
 	}
 	if cfgErr != nil {
 		opts.Warnings = append(opts.Warnings, cfgErr.Error()+" (the chat uses the defaults)")

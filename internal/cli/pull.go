@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/internal/catalog"
 	"github.com/ferrite-llm/ferrite/internal/hub"
+	"github.com/ferrite-llm/ferrite/ui"
 )
 
 // plainInterval is how often `ferrite pull` prints a progress line when
@@ -86,14 +87,7 @@ examples:
 // pullSummary says what was pulled and how to open it.
 func pullSummary(ref hub.Ref, res hub.Result) string {
 	var b strings.Builder
-	how := fmt.Sprintf("%s downloaded", hub.FormatBytes(res.Downloaded))
-	switch {
-	case res.Offline:
-		how = "offline: found in the cache"
-	case res.Downloaded == 0:
-		how = "all in the cache already"
-	}
-	fmt.Fprintf(&b, "%s (commit %s): %d files, %s (%s)\n", ref, res.Commit[:12], len(res.Files), hub.FormatBytes(res.Size), how)
+	fmt.Fprintf(&b, "%s (commit %s): %s\n", ref, res.Commit[:12], pullLine(res))
 	if res.GGUF {
 		fmt.Fprintf(&b, "GGUF weights: %s\n", filepath.Join(res.Dir, res.Files[0]))
 		return b.String()
@@ -105,12 +99,59 @@ func pullSummary(ref hub.Ref, res hub.Result) string {
 	case e.Problem != "":
 		fmt.Fprintf(&b, "warning: %s\n", e.Problem)
 	}
+	fmt.Fprintf(&b, "chat with it: ferrite --model %s", pulledModel(ref, res))
 	if ref.Revision == "main" {
-		fmt.Fprintf(&b, "chat with it: ferrite --model %s   (or /model %s in the chat)\n", ref.Repo, ref.Repo)
-	} else {
-		fmt.Fprintf(&b, "chat with it: ferrite --model %s\n", res.Dir)
+		fmt.Fprintf(&b, "   (or /model %s in the chat)", ref.Repo)
 	}
+	b.WriteString("\n")
 	return b.String()
+}
+
+// pullLine is the files and bytes of a pull, and how many were downloaded.
+func pullLine(res hub.Result) string {
+	how := fmt.Sprintf("%s downloaded", hub.FormatBytes(res.Downloaded))
+	switch {
+	case res.Offline:
+		how = "offline: found in the cache"
+	case res.Downloaded == 0:
+		how = "all in the cache already"
+	}
+	return fmt.Sprintf("%d files, %s (%s)", len(res.Files), hub.FormatBytes(res.Size), how)
+}
+
+// pulledModel is what --model and /model take to open a pulled model:
+// its name for the revision the catalog lists (main), else its snapshot
+// directory.
+func pulledModel(ref hub.Ref, res hub.Result) string {
+	if ref.Revision == "main" {
+		return ref.Repo
+	}
+	return res.Dir
+}
+
+// chatPuller is the chat's ui.Puller: internal/hub configured from the
+// environment, like `ferrite pull`.
+type chatPuller struct{}
+
+// Pull implements ui.Puller.
+func (chatPuller) Pull(ctx context.Context, name string, progress func(ui.PullProgress)) (ui.PullResult, error) {
+	ref, err := hub.ParseRef(name)
+	if err != nil {
+		return ui.PullResult{}, err
+	}
+	res, err := hub.FromEnv().Pull(ctx, ref, func(p hub.Progress) {
+		progress(ui.PullProgress{Fraction: p.Fraction(), Text: p.String()})
+	})
+	if err != nil {
+		return ui.PullResult{}, err
+	}
+	out := ui.PullResult{Summary: pullLine(res) + "."}
+	if res.GGUF {
+		out.Summary += " GGUF weights: " + filepath.Join(res.Dir, res.Files[0]) + "."
+	} else {
+		out.Model = pulledModel(ref, res)
+	}
+	return out, nil
 }
 
 // plainProgress prints a line when a file starts and every plainInterval.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/internal/hub"
 	"github.com/ferrite-llm/ferrite/internal/hub/hubtest"
+	"github.com/ferrite-llm/ferrite/ui"
 )
 
 // pullEnv points the Hugging Face variables at a fake hub and a fresh
@@ -116,5 +117,27 @@ func TestPullViewShowsProgress(t *testing.T) {
 	}
 	if _, cmd := m.Update(pullDoneMsg{}); cmd == nil || m.View() != "" {
 		t.Error("the view does not quit when the pull ends")
+	}
+}
+
+func TestChatPuller(t *testing.T) {
+	f := hubtest.New(t)
+	const commit = "1111111111222222222233333333334444444444"
+	f.Add("acme/Tiny", commit, map[string]string{"config.json": `{"model_type": "qwen3"}`, "model.safetensors": "w"})
+	pullEnv(t, f)
+	var last ui.PullProgress
+	res, err := chatPuller{}.Pull(context.Background(), "acme/Tiny", func(p ui.PullProgress) { last = p })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Model != "acme/Tiny" || !strings.HasPrefix(res.Summary, "2 files, ") || last.Fraction != 1 {
+		t.Fatalf("result %+v, last progress %+v", res, last)
+	}
+	res, err = chatPuller{}.Pull(context.Background(), "acme/Tiny@"+commit, func(ui.PullProgress) {})
+	if err != nil || !strings.HasSuffix(res.Model, filepath.Join("snapshots", commit)) {
+		t.Fatalf("a revision opens by its directory: %+v, %v", res, err)
+	}
+	if _, err := (chatPuller{}).Pull(context.Background(), "nonsense", func(ui.PullProgress) {}); err == nil {
+		t.Fatal("a bad name was accepted")
 	}
 }
