@@ -31,6 +31,7 @@ type ModelInfo struct {
 	MaxContext int    `json:"max_context,omitempty"` // most tokens (prompt + reply) one request may hold; 0: unknown
 	MTP        bool   `json:"mtp,omitempty"`         // the model has an MTP module (speculative decoding)
 	Draft      int    `json:"draft,omitempty"`       // the engine's draft tokens per step when Settings.Draft is 0; 0: off
+	Remote     bool   `json:"remote,omitempty"`      // served by another machine (RemoteEngine): no KV-cache view
 }
 
 // Request is one reply to generate.

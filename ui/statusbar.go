@@ -51,6 +51,9 @@ func (b statusBar) render(width int, d statusData) string {
 	if d.info.Arch != "" {
 		model += label(" " + d.info.Arch)
 	}
+	if d.info.Remote {
+		model += label(" ⇄ remote")
+	}
 	segs = append(segs, segment{model, 9})
 	if d.loading != "" {
 		segs = append(segs, segment{st.Busy.Render("⟳ " + d.loading), 8})

@@ -39,6 +39,7 @@ type chatFlags struct {
 	theme       string
 	batchTokens int
 	maxSeqs     int
+	endpoints   []string // --endpoint URL or NAME=URL, repeatable
 }
 
 func (c *chatFlags) register(fs *flag.FlagSet) {
@@ -49,6 +50,10 @@ func (c *chatFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.theme, "theme", "auto", "colours for a dark or light terminal: auto, dark, light")
 	fs.IntVar(&c.batchTokens, "batch-tokens", 0, "tokens one engine step may run (0 = the runtime's default)")
 	fs.IntVar(&c.maxSeqs, "max-seqs", 0, "replies generated at once (0 = the runtime's default)")
+	fs.Func("endpoint", "an OpenAI-compatible server (URL or NAME=URL, repeatable): its models are listed as NAME/MODEL; without --model the chat opens its first one", func(v string) error {
+		c.endpoints = append(c.endpoints, v)
+		return nil
+	})
 }
 
 // chatFlagSet is the flag set of plain `ferrite`.
@@ -109,7 +114,8 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return 2
 	}
 	f.fromConfig(&cfg)
-	cat := &chatModels{cfg: cfg, builtin: builtinModels}
+	rem, remWarns := newRemotes(cfg.Endpoints, cf.endpoints)
+	cat := &chatModels{cfg: cfg, builtin: builtinModels, remote: rem}
 	if !isTerminal(stdout) {
 		if cfgErr != nil {
 			fmt.Fprintf(stderr, "ferrite: warning: %v\n", cfgErr)
@@ -120,6 +126,9 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 			return 2
 		}
 		e, err := cat.resolve(f.model)
+		if err == nil && e.Source == sourceRemote {
+			err = fmt.Errorf("%s is a remote model: it opens in the chat (on a terminal), not in a pipe", e.Name)
+		}
 		if err != nil {
 			fmt.Fprintf(stderr, "ferrite: %v\n", err)
 			return 1
@@ -138,7 +147,16 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		fmt.Fprintf(stderr, "ferrite: unexpected argument %q (to generate once, use `ferrite run`)\n", fs.Arg(0))
 		return 2
 	}
-	e, err := cat.resolve(f.model)
+	var e catalog.Entry
+	var err error
+	if f.model == "" && len(cf.endpoints) > 0 {
+		if e, err = rem.first(ctx); err != nil {
+			remWarns = append(remWarns, fmt.Sprintf("--endpoint: %v; the chat opens the default model", err))
+		}
+	}
+	if e.Name == "" {
+		e, err = cat.resolve(f.model)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ferrite: %v\n", err)
 		return 1
@@ -168,6 +186,7 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	if cfgErr != nil {
 		opts.Warnings = append(opts.Warnings, cfgErr.Error()+" (the chat uses the defaults)")
 	}
+	opts.Warnings = append(opts.Warnings, remWarns...)
 	if err := ui.Run(ctx, eng, opts); err != nil {
 		fmt.Fprintf(stderr, "ferrite: %v\n", err)
 		return 1
@@ -245,6 +264,7 @@ func (f *runFlags) fromConfig(cfg *settings.Config) {
 type chatModels struct {
 	cfg     settings.Config
 	builtin []catalog.Entry
+	remote  *remotes // the endpoints' models; nil: none
 }
 
 func (c *chatModels) discover() ([]catalog.Entry, error) {
@@ -279,7 +299,11 @@ func (c *chatModels) find(name string) (catalog.Entry, error) {
 	if st, err := os.Stat(name); (err == nil && st.IsDir()) || catalog.LooksLikePath(name) {
 		return catalog.Probe(name)
 	}
+	if e, ok := c.remote.lookup(name); ok {
+		return e, nil
+	}
 	es, err := c.discover()
+	es = append(es, c.remote.listed()...)
 	e, ferr := catalog.Find(es, name)
 	if ferr != nil && err != nil {
 		return e, fmt.Errorf("%w (and: %v)", ferr, err)
@@ -288,8 +312,9 @@ func (c *chatModels) find(name string) (catalog.Entry, error) {
 }
 
 // List implements ui.Models.
-func (c *chatModels) List(context.Context) ([]ui.ModelEntry, error) {
+func (c *chatModels) List(ctx context.Context) ([]ui.ModelEntry, error) {
 	es, err := c.discover()
+	es = append(es, c.remote.list(ctx)...)
 	out := make([]ui.ModelEntry, len(es))
 	for i, e := range es {
 		out[i] = uiEntry(e)
@@ -328,6 +353,9 @@ func uiEntry(e catalog.Entry) ui.ModelEntry {
 // chat starts with, as with `ferrite run`); a model switched to later
 // just runs without speculation.
 func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, progress func(string)) (ui.Engine, io.Closer, error) {
+	if e.Source == sourceRemote {
+		return c.remote.open(e)
+	}
 	eo := engine.Options{Threads: c.cfg.Engine.Threads}
 	var s session
 	s.name = e.Name

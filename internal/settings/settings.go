@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -49,6 +50,20 @@ type Config struct {
 	Sampling Sampling `toml:"sampling"`
 	MTP      MTP      `toml:"mtp"`
 	Engine   Engine   `toml:"engine"`
+
+	// Endpoints are OpenAI-compatible servers ([[endpoints]] tables)
+	// whose models the chat lists as NAME/MODEL next to the local ones.
+	Endpoints []Endpoint `toml:"endpoints"`
+}
+
+// Endpoint is a remote OpenAI-compatible server (vLLM, SGLang, ferrite
+// serve…).
+type Endpoint struct {
+	Name      string   `toml:"name"`        // the prefix of its models' names: NAME/MODEL
+	BaseURL   string   `toml:"base_url"`    // e.g. "http://gpu-box:8000/v1"
+	APIKeyEnv string   `toml:"api_key_env"` // the environment variable holding the API key
+	APIKey    string   `toml:"api_key"`     // the API key itself (api_key_env is better)
+	Models    []string `toml:"models"`      // the models to list; empty: ask GET /v1/models
 }
 
 // Sampling is the sampling defaults of a new chat (/set changes them).
@@ -232,6 +247,22 @@ func (c *Config) check() []Problem {
 			bad("model_dirs", "entry %d is empty", i+1)
 		}
 	}
+	names := map[string]bool{}
+	for i, e := range c.Endpoints {
+		switch {
+		case e.Name == "" || strings.ContainsAny(e.Name, "/ \t"):
+			bad("endpoints.name", "endpoint %d: %q: want a short name without spaces or '/'", i+1, e.Name)
+		case names[e.Name]:
+			bad("endpoints.name", "endpoint %d: %q is already the name of another endpoint", i+1, e.Name)
+		}
+		names[e.Name] = true
+		if u, err := url.Parse(e.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("endpoints.base_url", "endpoint %q: %q: want an http:// or https:// URL such as \"http://localhost:8000/v1\"", e.Name, e.BaseURL)
+		}
+		if e.APIKey != "" && e.APIKeyEnv != "" {
+			bad("endpoints.api_key", "endpoint %q: give api_key or api_key_env, not both", e.Name)
+		}
+	}
 	return probs
 }
 
@@ -242,6 +273,7 @@ var knownKeys = []string{
 	"sampling.repeat_penalty", "sampling.seed", "sampling.max_tokens",
 	"mtp.mode", "mtp.draft",
 	"engine.threads", "engine.kv_budget", "engine.batch_tokens", "engine.max_seqs",
+	"endpoints.name", "endpoints.base_url", "endpoints.api_key_env", "endpoints.api_key", "endpoints.models",
 }
 
 // suggest is the known key an unknown one most likely meant: the same last

@@ -113,6 +113,56 @@ func TestBadFilesReportLineAndKey(t *testing.T) {
 	}
 }
 
+func TestEndpoints(t *testing.T) {
+	c, err := Parse([]byte(`
+[[endpoints]]
+name = "gpu"
+base_url = "http://gpu-box:8000/v1"
+api_key_env = "GPU_KEY"
+models = ["Qwen/Qwen3-32B"]
+
+[[endpoints]]
+name = "local"
+base_url = "http://localhost:8080"
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Endpoint{
+		{Name: "gpu", BaseURL: "http://gpu-box:8000/v1", APIKeyEnv: "GPU_KEY", Models: []string{"Qwen/Qwen3-32B"}},
+		{Name: "local", BaseURL: "http://localhost:8080"},
+	}
+	if !reflect.DeepEqual(c.Endpoints, want) {
+		t.Fatalf("endpoints %+v, want %+v", c.Endpoints, want)
+	}
+	_, err = Parse([]byte(`
+[[endpoints]]
+name = "a/b"
+base_url = "gpu-box:8000"
+api_key = "k"
+api_key_env = "K"
+
+[[endpoints]]
+name = "x"
+base_url = "https://x.example/v1"
+[[endpoints]]
+name = "x"
+base_url = "https://y.example/v1"
+modles = []
+`))
+	for _, w := range []string{
+		`line 3: endpoints.name: endpoint 1: "a/b"`,
+		`line 4: endpoints.base_url: endpoint "a/b": "gpu-box:8000": want an http://`,
+		"endpoints.api_key: endpoint \"a/b\": give api_key or api_key_env, not both",
+		`endpoint 3: "x" is already the name`,
+		"endpoints.modles: unknown key (did you mean endpoints.models?)",
+	} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("error %v lacks %q", err, w)
+		}
+	}
+}
+
 func TestLoadNamesTheFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config.toml")
 	if err := os.WriteFile(path, []byte("[sampling]\ntop_p = 2\n"), 0o644); err != nil {
