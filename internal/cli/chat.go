@@ -83,7 +83,8 @@ of %s). Without it the chat opens default_model.
 configuration: %s
   default_model, model_dirs, system_prompt, theme, mouse, autosave, history,
   [sampling] temperature top_p top_k min_p repeat_penalty seed max_tokens,
-  [mtp] mode draft, [engine] threads kv_budget batch_tokens max_seqs.
+  [mtp] mode draft, [engine] threads kv_budget batch_tokens max_seqs,
+  [[endpoints]] name base_url api_key_env api_key models (remote servers).
   Flags given on the command line win. README.md ("The chat") documents
   every key.
 
