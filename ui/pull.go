@@ -28,8 +28,8 @@ type Puller interface {
 
 // PullProgress is a pull's progress, for the status bar.
 type PullProgress struct {
-	Fraction float64 // done, in [0, 1]
-	Text     string  // e.g. "512.0 MiB / 2.0 GiB (25%) · 40.0 MiB/s · ETA 38s"
+	Fraction float64 // done, in [0, 1]; 0 also before the size is known
+	Text     string  // the speed and time left ("40.0 MiB/s · ETA 38s"), or the stage ("listing files")
 }
 
 // PullResult is a finished pull.
@@ -165,5 +165,13 @@ func (m *model) pullStatus() string {
 	if m.pulling == nil {
 		return ""
 	}
-	return "pull " + m.pulling.name + " · " + m.pulling.last.Text
+	p := m.pulling.last
+	s := "pull " + m.pulling.name
+	if p.Fraction > 0 {
+		s += fmt.Sprintf(" %.0f%%", 100*p.Fraction)
+	}
+	if p.Text != "" {
+		s += " · " + p.Text
+	}
+	return s
 }

@@ -49,8 +49,10 @@ func TestPullInTheBackground(t *testing.T) {
 	h := start(t, a, opts)
 	h.line("/pull acme/Tiny-1B")
 	h.untilNotice("Pulling acme/Tiny-1B in the background")
-	f.steps <- PullProgress{Fraction: 0.25, Text: "25% · 40.0 MiB/s · ETA 38s"}
-	h.waitFor("⇣ pull acme/Tiny-1B · 25% · 40.0 MiB/s · ETA 38s")
+	f.steps <- PullProgress{Text: "listing files"}
+	h.waitFor("⇣ pull acme/Tiny-1B · listing files")
+	f.steps <- PullProgress{Fraction: 0.25, Text: "40.0 MiB/s · ETA 38s"}
+	h.waitFor("⇣ pull acme/Tiny-1B 25% · 40.0 MiB/s · ETA 38s")
 
 	// The chat stays usable, and a second pull waits its turn.
 	h.line("hello")
@@ -75,8 +77,8 @@ func TestPullStopAndFailure(t *testing.T) {
 	opts.Puller = f
 	h := start(t, a, opts)
 	h.line("/pull acme/Tiny-1B")
-	f.steps <- PullProgress{Fraction: 0.5, Text: "50%"}
-	h.waitFor("⇣ pull acme/Tiny-1B · 50%")
+	f.steps <- PullProgress{Fraction: 0.5}
+	h.waitFor("⇣ pull acme/Tiny-1B 50%")
 	h.line("/pull --stop")
 	h.untilNotice("Stopped pulling acme/Tiny-1B after 0s; /pull acme/Tiny-1B resumes it.")
 

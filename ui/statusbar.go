@@ -59,7 +59,7 @@ func (b statusBar) render(width int, d statusData) string {
 		segs = append(segs, segment{st.Busy.Render("⟳ " + d.loading), 8})
 	}
 	if d.pulling != "" {
-		segs = append(segs, segment{st.Busy.Render("⇣ " + d.pulling), 7})
+		segs = append(segs, segment{st.Busy.Render("⇣ " + d.pulling), 8})
 	}
 	switch {
 	case d.busy == 1:

@@ -140,7 +140,11 @@ func (chatPuller) Pull(ctx context.Context, name string, progress func(ui.PullPr
 		return ui.PullResult{}, err
 	}
 	res, err := hub.FromEnv().Pull(ctx, ref, func(p hub.Progress) {
-		progress(ui.PullProgress{Fraction: p.Fraction(), Text: p.String()})
+		text := p.Rate()
+		if text == "" {
+			text = p.Stage
+		}
+		progress(ui.PullProgress{Fraction: p.Fraction(), Text: text})
 	})
 	if err != nil {
 		return ui.PullResult{}, err
@@ -178,13 +182,15 @@ func plainProgress(w io.Writer, now func() time.Time) func(hub.Progress) {
 // pullWithBar runs the pull under a small bubbletea program: the pull in
 // a goroutine sends its progress with Program.Send, Update only stores it.
 func pullWithBar(ctx context.Context, c *hub.Client, ref hub.Ref, stderr io.Writer) (hub.Result, error) {
-	ctx, cancel := context.WithCancel(ctx)
+	// Ctrl+C in the program cancels only the pull, which then ends the
+	// program with its last message; ctx ending (a signal) kills both.
+	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	m := &pullView{ref: ref, bar: progress.New(progress.WithDefaultGradient()), cancel: cancel}
 	p := tea.NewProgram(m, tea.WithOutput(stderr), tea.WithContext(ctx))
 	done := make(chan pullDoneMsg, 1)
 	go func() {
-		res, err := c.Pull(ctx, ref, func(pr hub.Progress) { p.Send(pullProgressMsg(pr)) })
+		res, err := c.Pull(pctx, ref, func(pr hub.Progress) { p.Send(pullProgressMsg(pr)) })
 		done <- pullDoneMsg{res, err}
 		p.Send(pullDoneMsg{res, err})
 	}()

@@ -33,9 +33,19 @@ func (p Progress) String() string {
 		return p.Stage
 	}
 	s := fmt.Sprintf("%s / %s (%.0f%%)", FormatBytes(p.Done), FormatBytes(p.Total), 100*p.Fraction())
-	if p.Speed > 0 {
-		s += fmt.Sprintf(" · %s/s", FormatBytes(int64(p.Speed)))
+	if r := p.Rate(); r != "" {
+		s += " · " + r
 	}
+	return s
+}
+
+// Rate is the speed and the time left, "41.0 MiB/s · ETA 55s"; "" before
+// the speed is known.
+func (p Progress) Rate() string {
+	if p.Speed <= 0 {
+		return ""
+	}
+	s := FormatBytes(int64(p.Speed)) + "/s"
 	if p.ETA >= 0 && p.Done < p.Total {
 		s += " · ETA " + FormatDuration(p.ETA)
 	}

@@ -15,7 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
+	"time"
 )
 
 // The Hub's headers (internal/hub reads them).
@@ -45,6 +45,7 @@ type Hub struct {
 	cdnGets  int
 	requests int
 	auths    map[string]string // "hub" / "cdn" → the last Authorization seen
+	rate     int               // bytes per second of every transfer; 0: as fast as possible
 }
 
 // Repo is one repository of the Hub.
@@ -74,8 +75,9 @@ func GitSHA1(data []byte) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// New starts a Hub; it stops when the test ends.
-func New(t testing.TB) *Hub {
+// New starts a Hub; it stops when the test ends (t is a testing.TB, or
+// anything that runs cleanups, for a Hub outside tests).
+func New(t interface{ Cleanup(func()) }) *Hub {
 	f := &Hub{repos: map[string]*Repo{}, renamed: map[string]string{},
 		cutOnce: map[string]int{}, stallAt: map[string]int{}, corrupt: map[string]bool{}, auths: map[string]string{}}
 	f.hub = httptest.NewServer(http.HandlerFunc(f.serveHub))
@@ -109,6 +111,9 @@ func (f *Hub) CutOnce(file string, n int) { f.set(func() { f.cutOnce[file] = n }
 // StallOnce makes the next GET of file stop sending after n bytes, until
 // the client gives up.
 func (f *Hub) StallOnce(file string, n int) { f.set(func() { f.stallAt[file] = n }) }
+
+// Throttle limits every transfer to n bytes per second (0: no limit).
+func (f *Hub) Throttle(n int) { f.set(func() { f.rate = n }) }
 
 // Corrupt serves file with one byte flipped (on) or right (off).
 func (f *Hub) Corrupt(file string, on bool) { f.set(func() { f.corrupt[file] = on }) }
@@ -304,6 +309,7 @@ func (f *Hub) serveBytes(w http.ResponseWriter, r *http.Request, fl *file) {
 		data = append([]byte(nil), data...)
 		data[len(data)/2] ^= 0xff
 	}
+	rate := f.rate
 	cut, cutting := f.cutOnce[fl.name]
 	stall, stalling := f.stallAt[fl.name]
 	if r.Method == http.MethodGet {
@@ -344,6 +350,15 @@ func (f *Hub) serveBytes(w http.ResponseWriter, r *http.Request, fl *file) {
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 		return
+	}
+	for rate > 0 && len(body) > 0 {
+		n := min(len(body), rate/10)
+		if _, err := w.Write(body[:n]); err != nil {
+			return
+		}
+		w.(http.Flusher).Flush()
+		body = body[n:]
+		time.Sleep(100 * time.Millisecond)
 	}
 	_, _ = w.Write(body)
 }
