@@ -50,10 +50,25 @@ func (e *RemoteEngine) Send(ctx context.Context, req Request) (Reply, error) {
 	start := e.now()
 	cr := e.chatRequest(req)
 	stream, err := e.client.StreamChat(ctx, cr)
-	if ae := (*openai.APIError)(nil); errors.As(err, &ae) && ae.Status == 400 && cr.Extra != nil && mentionsExtra(ae.Message) {
-		e.noExtras.Store(true) // an OpenAI-strict server: standard fields only
-		cr.Extra = nil
-		stream, err = e.client.StreamChat(ctx, cr)
+	for retry := true; retry; {
+		retry = false
+		var ae *openai.APIError
+		if !errors.As(err, &ae) || ae.Status != 400 {
+			break
+		}
+		switch {
+		case cr.Extra != nil && mentionsExtra(ae.Message):
+			e.noExtras.Store(true) // an OpenAI-strict server: standard fields only
+			cr.Extra, retry = nil, true
+		case cr.MaxTokens > 0 && strings.Contains(ae.Message, "context length"):
+			// The prompt and max_tokens together pass the context (vLLM
+			// refuses that): let the reply use what is left, as the local
+			// engine does.
+			cr.MaxTokens, retry = 0, true
+		}
+		if retry {
+			stream, err = e.client.StreamChat(ctx, cr)
+		}
 	}
 	if err != nil {
 		if ctx.Err() != nil {

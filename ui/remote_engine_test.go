@@ -69,6 +69,12 @@ func (f *fakeOpenAI) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
 		fmt.Fprint(w, `{"error": {"message": "the engine died", "type": "server_error"}}`)
 		return
+	case "ctxlimit":
+		if _, ok := body["max_tokens"]; ok {
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `{"error": {"message": "This model's maximum context length is 4096 tokens. However, you requested 4100 tokens (2052 in the messages, 2048 in the completion)."}}`)
+			return
+		}
 	case "strict":
 		if _, ok := body["top_k"]; ok {
 			f.mu.Lock()
@@ -260,6 +266,21 @@ func TestRemoteEngineStrictServer(t *testing.T) {
 	f.mu.Unlock()
 	if refused != 1 || len(f.requests()) != 3 {
 		t.Fatalf("%d refusals in %d requests: want the extras dropped after the first", refused, len(f.requests()))
+	}
+}
+
+func TestRemoteEngineMaxTokensPastTheContext(t *testing.T) {
+	f := newFakeOpenAI(t)
+	r, err := f.engine("ctxlimit").Send(context.Background(), hello())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text, _ := collect(t, r); text != "Hello world" {
+		t.Fatalf("text %q", text)
+	}
+	reqs := f.requests()
+	if _, ok := reqs[len(reqs)-1]["max_tokens"]; len(reqs) != 2 || ok {
+		t.Fatalf("requests %v: want a retry without max_tokens", reqs)
 	}
 }
 
