@@ -6,6 +6,8 @@ import (
 
 	"github.com/charmbracelet/lipgloss"
 	xansi "github.com/charmbracelet/x/ansi"
+
+	"github.com/ferrite-llm/ferrite/internal/units"
 )
 
 // kvBarWidth is the width of the KV-cache bar, in cells.
@@ -145,15 +147,4 @@ func mtpSegment(label, value func(string) string, rate, acceptedPerStep float64)
 }
 
 // formatBytes prints a byte count in binary units.
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+func formatBytes(n int64) string { return units.Bytes(n) }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/internal/catalog"
 	"github.com/ferrite-llm/ferrite/internal/hub"
+	"github.com/ferrite-llm/ferrite/internal/units"
 	"github.com/ferrite-llm/ferrite/ui"
 )
 
@@ -109,14 +110,14 @@ func pullSummary(ref hub.Ref, res hub.Result) string {
 
 // pullLine is the files and bytes of a pull, and how many were downloaded.
 func pullLine(res hub.Result) string {
-	how := fmt.Sprintf("%s downloaded", hub.FormatBytes(res.Downloaded))
+	how := fmt.Sprintf("%s downloaded", units.Bytes(res.Downloaded))
 	switch {
 	case res.Offline:
 		how = "offline: found in the cache"
 	case res.Downloaded == 0:
 		how = "all in the cache already"
 	}
-	return fmt.Sprintf("%d files, %s (%s)", len(res.Files), hub.FormatBytes(res.Size), how)
+	return fmt.Sprintf("%d files, %s (%s)", len(res.Files), units.Bytes(res.Size), how)
 }
 
 // pulledModel is what --model and /model take to open a pulled model:

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ferrite-llm/ferrite/internal/units"
 )
 
 // Retries of one file's transfer: a cut connection, a stalled body or a
@@ -172,7 +174,7 @@ func (p *puller) transfer(ctx context.Context, name string, meta fileMeta, inc s
 		f.Close()
 		_ = os.Remove(inc)
 		return fmt.Errorf("%s: downloaded %s with hash %s, want %s; the download was removed, pull again to retry: %w",
-			name, FormatBytes(meta.size), got, meta.etag, ErrChecksum)
+			name, units.Bytes(meta.size), got, meta.etag, ErrChecksum)
 	}
 	return nil
 }
@@ -253,7 +255,7 @@ func (p *puller) receive(ctx context.Context, name string, meta fileMeta, f *os.
 		}
 	}
 	if off < meta.size {
-		return retryableError{fmt.Errorf("%s: the connection ended after %s of %s", name, FormatBytes(off), FormatBytes(meta.size))}
+		return retryableError{fmt.Errorf("%s: the connection ended after %s of %s", name, units.Bytes(off), units.Bytes(meta.size))}
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package hub
 import (
 	"fmt"
 	"time"
+
+	"github.com/ferrite-llm/ferrite/internal/units"
 )
 
 // Progress is a pull's state, reported to Pull's callback.
@@ -32,7 +34,7 @@ func (p Progress) String() string {
 	if p.Total <= 0 {
 		return p.Stage
 	}
-	s := fmt.Sprintf("%s / %s (%.0f%%)", FormatBytes(p.Done), FormatBytes(p.Total), 100*p.Fraction())
+	s := fmt.Sprintf("%s / %s (%.0f%%)", units.Bytes(p.Done), units.Bytes(p.Total), 100*p.Fraction())
 	if r := p.Rate(); r != "" {
 		s += " · " + r
 	}
@@ -45,37 +47,11 @@ func (p Progress) Rate() string {
 	if p.Speed <= 0 {
 		return ""
 	}
-	s := FormatBytes(int64(p.Speed)) + "/s"
+	s := units.Bytes(int64(p.Speed)) + "/s"
 	if p.ETA >= 0 && p.Done < p.Total {
-		s += " · ETA " + FormatDuration(p.ETA)
+		s += " · ETA " + units.Duration(p.ETA)
 	}
 	return s
-}
-
-// FormatBytes prints a byte count in binary units.
-func FormatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
-// FormatDuration prints a duration to the second: "45s", "3m05s", "1h02m".
-func FormatDuration(d time.Duration) string {
-	s := int64(d.Round(time.Second) / time.Second)
-	switch {
-	case s < 60:
-		return fmt.Sprintf("%ds", s)
-	case s < 3600:
-		return fmt.Sprintf("%dm%02ds", s/60, s%60)
-	}
-	return fmt.Sprintf("%dh%02dm", s/3600, s%3600/60)
 }
 
 // speedWindow is the span over which the speed is measured.

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/ferrite-llm/ferrite/internal/units"
 )
 
 // Result is what a pull left in the cache.
@@ -237,7 +239,7 @@ func (p *puller) checkSpace(files []sibling) error {
 		return nil // unknown: the writes will tell
 	}
 	if need > avail {
-		return fmt.Errorf("%s needs %s more and %s has %s free: %w", p.ref, FormatBytes(need), p.c.CacheDir, FormatBytes(avail), ErrDiskFull)
+		return fmt.Errorf("%s needs %s more and %s has %s free: %w", p.ref, units.Bytes(need), p.c.CacheDir, units.Bytes(avail), ErrDiskFull)
 	}
 	return nil
 }
