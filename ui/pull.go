@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	tea "github.com/charmbracelet/bubbletea"
 )
 
 // Downloading models. /pull NAME runs Puller.Pull in a command; the
-// download reports its progress through a one-slot channel (a newer
-// report replaces one not yet read) that a self-re-issuing command reads,
+// download reports its progress through a one-slot progress channel (a
+// newer report replaces one not yet read) that a self-re-issuing command reads,
 // and the status bar shows it. The chat stays usable; one pull runs at a
 // time; /pull --stop (or quitting) cancels it, and the next /pull of the
 // same model resumes it.
@@ -82,41 +81,22 @@ func (m *model) cmdPull(args string) tea.Cmd {
 func (m *model) startPull(name string) tea.Cmd {
 	m.pullSeq++
 	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan PullProgress, 1)
-	var mu sync.Mutex
-	closed := false
-	report := func(p PullProgress) {
-		mu.Lock()
-		defer mu.Unlock()
-		if closed {
-			return
-		}
-		select { // keep only the newest report
-		case <-ch:
-		default:
-		}
-		ch <- p
-	}
-	m.pulling = &pullState{id: m.pullSeq, name: name, started: m.now(), cancel: cancel, ch: ch,
+	p := newProgress[PullProgress](1) // the newest report is enough
+	m.pulling = &pullState{id: m.pullSeq, name: name, started: m.now(), cancel: cancel, ch: p.ch,
 		last: PullProgress{Text: "starting"}}
 	id, puller := m.pullSeq, m.opts.Puller
 	pull := func() (msg tea.Msg) {
-		defer func() {
-			mu.Lock()
-			closed = true
-			close(ch)
-			mu.Unlock()
-		}()
+		defer p.close()
 		defer func() {
 			if r := recover(); r != nil {
 				msg = pullMsg{id: id, done: true, err: fmt.Errorf("panic: %v", r)}
 			}
 		}()
-		res, err := puller.Pull(ctx, name, report)
+		res, err := puller.Pull(ctx, name, p.report)
 		return pullMsg{id: id, done: true, res: res, err: err}
 	}
 	m.view.notice(entryNotice, fmt.Sprintf("Pulling %s in the background (the status bar shows its progress; /pull --stop stops it).", name))
-	return tea.Batch(pull, waitPull(id, ch))
+	return tea.Batch(pull, waitPull(id, p.ch))
 }
 
 // waitPull reads the next progress report; it ends (a nil message) once

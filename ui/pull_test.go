@@ -95,3 +95,19 @@ func TestPullWithoutAPuller(t *testing.T) {
 	h.line("/pull --stop")
 	h.untilNotice("This chat cannot download models")
 }
+
+func TestProgressKeepsTheNewest(t *testing.T) {
+	p := newProgress[int](2)
+	for i := range 5 {
+		p.report(i)
+	}
+	p.close()
+	p.report(9) // after close: dropped
+	var got []int
+	for v := range p.ch {
+		got = append(got, v)
+	}
+	if len(got) != 2 || got[0] != 3 || got[1] != 4 {
+		t.Fatalf("read %v, want the newest two [3 4]", got)
+	}
+}
