@@ -23,37 +23,34 @@ import (
 // stderr is not a terminal.
 const plainInterval = 5 * time.Second
 
-// cmdPull implements `ferrite pull ORG/NAME[@REVISION][:QUANT]`: the
-// model's files into the Hugging Face cache, with a progress bar on a
-// terminal and a line every few seconds otherwise.
-func cmdPull(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("pull", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	quiet := fs.Bool("quiet", false, "no progress, only errors and the snapshot directory")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, `usage: ferrite pull [--quiet] ORG/NAME[@REVISION][:QUANT]
-
+const pullUsage = `usage: ferrite pull [--quiet] ORG/NAME[@REVISION][:QUANT]
 Downloads a Hugging Face model (configuration, tokenizer, chat template and
 safetensors weights; for a GGUF repository, the files of quantization QUANT)
-into the Hugging Face cache, where /models and --model find it. Honours
-HF_ENDPOINT, HF_TOKEN (else $HF_HOME/token), HF_HUB_CACHE, HF_HOME and
-HF_HUB_OFFLINE. An interrupted pull resumes where it stopped.
+into the Hugging Face cache, where /models and --model find it, and prints
+its snapshot directory. Honours HF_ENDPOINT, HF_TOKEN (else $HF_HOME/token),
+HF_HUB_CACHE, HF_HOME and HF_HUB_OFFLINE. An interrupted pull resumes where
+it stopped.
 
 examples:
   ferrite pull Qwen/Qwen3-0.6B
   ferrite pull Qwen/Qwen3-0.6B@main
   ferrite pull unsloth/Qwen3-8B-GGUF:Q4_K_M
-`)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+
+flags:
+`
+
+// cmdPull implements `ferrite pull ORG/NAME[@REVISION][:QUANT]`: the
+// model's files into the Hugging Face cache, with a progress bar on a
+// terminal and a line every few seconds otherwise.
+func cmdPull(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("pull", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	quiet := fs.Bool("quiet", false, "no progress, only errors and the snapshot directory")
+	if code, ok := parseFlags(fs, args, usageAndFlags(pullUsage, fs), stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
+		fmt.Fprint(stderr, "ferrite pull: want one model, ORG/NAME[@REVISION][:QUANT] (ferrite pull --help says more)\n")
 		return 2
 	}
 	ref, err := hub.ParseRef(fs.Arg(0))

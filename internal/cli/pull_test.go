@@ -72,7 +72,8 @@ func TestPullCommandErrors(t *testing.T) {
 		code int
 		says string
 	}{
-		{[]string{"pull"}, 2, "usage: ferrite pull"},
+		{[]string{"pull"}, 2, "want one model, ORG/NAME"},
+		{[]string{"pull", "--bogus", "a/b"}, 2, "ferrite pull: flag provided but not defined"},
 		{[]string{"pull", "not-a-repo"}, 2, "want ORG/NAME"},
 		{[]string{"pull", "acme/Missing"}, 1, "no such model repository"},
 	} {
