@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -74,6 +76,9 @@ func (e *RemoteEngine) Send(ctx context.Context, req Request) (Reply, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		if ce := contextError(err); ce != nil {
+			return nil, ce
+		}
 		return nil, fmt.Errorf("%s: %w", e.info.Name, err)
 	}
 	r := &remoteReply{events: make(chan Event, 16), stream: stream, start: start, now: e.now}
@@ -84,6 +89,32 @@ func (e *RemoteEngine) Send(ctx context.Context, req Request) (Reply, error) {
 		r.run(ctx)
 	}()
 	return r, nil
+}
+
+// The context-length refusals of vLLM and SGLang: "This model's maximum
+// context length is 4096 tokens. However, you requested 5000 tokens (4000
+// in the messages, 1000 in the completion)", or "… your request has 5000
+// input tokens".
+var (
+	contextLimitRE  = regexp.MustCompile(`maximum context length is (\d+)`)
+	contextPromptRE = regexp.MustCompile(`(\d+) in the messages|has (\d+) input tokens`)
+)
+
+// contextError is the *ContextError a server's refusal of a prompt too
+// long for the model means; nil for any other error.
+func contextError(err error) *ContextError {
+	var ae *openai.APIError
+	if !errors.As(err, &ae) || ae.Status != 400 {
+		return nil
+	}
+	lim := contextLimitRE.FindStringSubmatch(ae.Message)
+	pr := contextPromptRE.FindStringSubmatch(ae.Message)
+	if lim == nil || pr == nil {
+		return nil
+	}
+	limit, _ := strconv.Atoi(lim[1])
+	prompt, _ := strconv.Atoi(pr[1] + pr[2])
+	return &ContextError{PromptTokens: prompt, Limit: limit}
 }
 
 // extraFields are the sampling fields an OpenAI-strict server refuses.

@@ -3,6 +3,7 @@ package ui
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -75,6 +76,10 @@ func (f *fakeOpenAI) serve(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprint(w, `{"error": {"message": "This model's maximum context length is 4096 tokens. However, you requested 4100 tokens (2052 in the messages, 2048 in the completion)."}}`)
 			return
 		}
+	case "toolong":
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprint(w, `{"error": {"message": "This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens. Please reduce the length of the input messages."}}`)
+		return
 	case "strict":
 		if _, ok := body["top_k"]; ok {
 			f.mu.Lock()
@@ -281,6 +286,15 @@ func TestRemoteEngineMaxTokensPastTheContext(t *testing.T) {
 	reqs := f.requests()
 	if _, ok := reqs[len(reqs)-1]["max_tokens"]; len(reqs) != 2 || ok {
 		t.Fatalf("requests %v: want a retry without max_tokens", reqs)
+	}
+}
+
+func TestRemoteEnginePromptPastTheContext(t *testing.T) {
+	f := newFakeOpenAI(t)
+	_, err := f.engine("toolong").Send(context.Background(), hello())
+	var ce *ContextError
+	if !errors.As(err, &ce) || ce.PromptTokens != 5000 || ce.Limit != 4096 {
+		t.Fatalf("err %v, want a ContextError of 5000 in 4096", err)
 	}
 }
 
