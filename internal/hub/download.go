@@ -43,6 +43,16 @@ func (p *puller) fetch(ctx context.Context, commit string, f sibling) error {
 		p.emit(true)
 		return nil
 	}
+	if etag := f.etag(); isHash(etag) { // another snapshot has the blob already
+		if n, ok := fileSize(p.cache.blob(etag)); ok && n == f.size() {
+			if err := p.cache.link(commit, f.Name, etag); err != nil {
+				return fmt.Errorf("linking %s into the snapshot: %w", f.Name, err)
+			}
+			p.state.Done = base + n
+			p.emit(true)
+			return nil
+		}
+	}
 	p.stage("checking " + f.Name)
 	meta, err := p.c.head(ctx, p.ref.Repo, commit, f.Name)
 	if err != nil {

@@ -148,6 +148,30 @@ func TestPullLayoutReadByCatalog(t *testing.T) {
 	}
 }
 
+func TestPullSharesBlobsBetweenRevisions(t *testing.T) {
+	f := hubtest.New(t)
+	f.Add("acme/Tiny-1B", commitA, shardedModel())
+	c := client(t, f)
+	pullOK(t, c, "acme/Tiny-1B")
+	// A new commit that changes only the generation config.
+	files := shardedModel()
+	files["generation_config.json"] = `{"temperature": 0.7}`
+	f.Add("acme/Tiny-1B", commitB, files)
+	requests, gets := f.Count()
+	res := pullOK(t, c, "acme/Tiny-1B")
+	requests2, gets2 := f.Count()
+	// The listing, and one HEAD and one GET for the changed file.
+	if res.Commit != commitB || requests2-requests != 3 || gets2 != gets || res.Downloaded != int64(len(files["generation_config.json"])) {
+		t.Fatalf("commit %s: %d Hub requests, %d CDN GETs, %d bytes downloaded", res.Commit, requests2-requests, gets2-gets, res.Downloaded)
+	}
+	if data, _ := os.ReadFile(filepath.Join(res.Dir, "generation_config.json")); string(data) != files["generation_config.json"] {
+		t.Fatalf("generation_config.json = %q", data)
+	}
+	if ref, _ := os.ReadFile(filepath.Join(c.CacheDir, "models--acme--Tiny-1B", "refs", "main")); string(ref) != commitB {
+		t.Fatalf("refs/main = %q", ref)
+	}
+}
+
 func TestPullTokenGoesOnlyToTheHub(t *testing.T) {
 	f := hubtest.New(t)
 	f.Add("acme/Tiny-1B", commitA, shardedModel())
