@@ -143,6 +143,13 @@ type (
 		err     error
 	}
 	historySavedMsg struct{ err error }
+	pullMsg         struct { // a /pull's progress (done false) or its end
+		id       int
+		progress PullProgress
+		done     bool
+		res      PullResult
+		err      error
+	}
 )
 
 // generation is one reply being generated: a plain reply (alt < 0) or one

@@ -47,15 +47,6 @@ type pullState struct {
 	ch      <-chan PullProgress
 }
 
-// pullMsg is a pull's progress (done false) or its end.
-type pullMsg struct {
-	id       int
-	progress PullProgress
-	done     bool
-	res      PullResult
-	err      error
-}
-
 func (m *model) cmdPull(args string) tea.Cmd {
 	switch {
 	case m.opts.Puller == nil:
