@@ -156,21 +156,20 @@ func (chatPuller) Pull(ctx context.Context, name string, progress func(ui.PullPr
 	return out, nil
 }
 
-// plainProgress prints a line when a file starts and every plainInterval.
+// plainProgress prints a line when a file starts (files download several
+// at once) and a progress line every plainInterval.
 func plainProgress(w io.Writer, now func() time.Time) func(hub.Progress) {
 	var last time.Time
-	file := ""
+	started := map[string]bool{}
 	return func(p hub.Progress) {
-		switch {
-		case p.Stage == "done":
-			return
-		case p.File != "" && p.File != file:
-			file = p.File
-			fmt.Fprintf(w, "[%d/%d] %s\n", p.Index, p.Files, p.File)
-		case p.Stage != "downloading":
+		if p.Stage == "done" {
 			return
 		}
-		if t := now(); t.Sub(last) >= plainInterval && p.Total > 0 {
+		if p.File != "" && !started[p.File] {
+			started[p.File] = true
+			fmt.Fprintf(w, "[%d/%d] %s\n", p.Index, p.Files, p.File)
+		}
+		if t := now(); t.Sub(last) >= plainInterval && p.Total > 0 && p.Stage == "downloading" {
 			last = t
 			fmt.Fprintf(w, "  %s\n", p)
 		}

@@ -94,10 +94,14 @@ func TestPlainProgressLines(t *testing.T) {
 	now = now.Add(time.Second)
 	p.Done = 2 << 20
 	report(p) // too soon for another line
+	q := p
+	q.File, q.Index = "config.json", 1
+	report(q) // another file starts
+	report(p) // the first one again: no new line
 	now = now.Add(plainInterval)
 	p.Done, p.Speed, p.ETA = 3<<20, 1<<20, time.Second
 	report(p)
-	want := "[2/3] model.safetensors\n  1.0 MiB / 4.0 MiB (25%)\n  3.0 MiB / 4.0 MiB (75%) · 1.0 MiB/s · ETA 1s\n"
+	want := "[2/3] model.safetensors\n  1.0 MiB / 4.0 MiB (25%)\n[1/3] config.json\n  3.0 MiB / 4.0 MiB (75%) · 1.0 MiB/s · ETA 1s\n"
 	if b.String() != want {
 		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
 	}

@@ -36,11 +36,8 @@ func (e retryableError) Unwrap() error { return e.err }
 // fetch puts one file of commit in the cache: its blob (downloaded,
 // unless some snapshot already has it) and its link in the snapshot.
 func (p *puller) fetch(ctx context.Context, commit string, f sibling) error {
-	p.state.File = f.Name
-	base := p.state.Done
 	if n, ok := fileSize(p.cache.pointer(commit, f.Name)); ok {
-		p.state.Done = base + n
-		p.emit(true)
+		p.progress(f.Name, n, 0, true)
 		return nil
 	}
 	if etag := f.etag(); isHash(etag) { // another snapshot has the blob already
@@ -48,12 +45,10 @@ func (p *puller) fetch(ctx context.Context, commit string, f sibling) error {
 			if err := p.cache.link(commit, f.Name, etag); err != nil {
 				return fmt.Errorf("linking %s into the snapshot: %w", f.Name, err)
 			}
-			p.state.Done = base + n
-			p.emit(true)
+			p.progress(f.Name, n, 0, true)
 			return nil
 		}
 	}
-	p.stage("checking " + f.Name)
 	meta, err := p.c.head(ctx, p.ref.Repo, commit, f.Name)
 	if err != nil {
 		return err
@@ -64,20 +59,19 @@ func (p *puller) fetch(ctx context.Context, commit string, f sibling) error {
 	if want := f.etag(); want != "" && want != meta.etag {
 		return fmt.Errorf("%s: the file list says its hash is %s but the file's ETag is %s: %w", f.Name, want, meta.etag, ErrChecksum)
 	}
-	if err := p.fetchBlob(ctx, f.Name, meta, base); err != nil {
+	if err := p.fetchBlob(ctx, f.Name, meta); err != nil {
 		return err
 	}
 	if err := p.cache.link(commit, f.Name, meta.etag); err != nil {
 		return fmt.Errorf("linking %s into the snapshot: %w", f.Name, err)
 	}
-	p.state.Done = base + meta.size
-	p.emit(true)
+	p.progress(f.Name, meta.size, 0, true)
 	return nil
 }
 
 // fetchBlob downloads the blob of meta unless it is there, holding the
-// blob's lock meanwhile; base is the pull's Done before this file.
-func (p *puller) fetchBlob(ctx context.Context, name string, meta fileMeta, base int64) error {
+// blob's lock meanwhile.
+func (p *puller) fetchBlob(ctx context.Context, name string, meta fileMeta) error {
 	blob := p.cache.blob(meta.etag)
 	if _, ok := fileSize(blob); ok {
 		return nil
@@ -95,10 +89,9 @@ func (p *puller) fetchBlob(ctx context.Context, name string, meta fileMeta, base
 	if _, ok := fileSize(blob); ok { // the other pull finished it
 		return nil
 	}
-	p.stage("downloading")
 	wait := p.c.retryWait()
 	for attempt := 1; ; attempt++ {
-		err := p.transfer(ctx, name, meta, blob+".incomplete", base)
+		err := p.transfer(ctx, name, meta, blob+".incomplete")
 		var re retryableError
 		if err == nil || !errors.As(err, &re) || attempt == maxAttempts || ctx.Err() != nil {
 			if err == nil {
@@ -135,6 +128,9 @@ func (p *puller) lock(ctx context.Context, name, path string) (unlock func(), er
 			return nil, fmt.Errorf("locking %s: %w", name, err)
 		}
 		if !busy {
+			if waited {
+				p.stage("downloading")
+			}
 			return func() { f.Close() }, nil
 		}
 		if !waited {
@@ -151,7 +147,7 @@ func (p *puller) lock(ctx context.Context, name, path string) (unlock func(), er
 // transfer is one attempt at a blob: it resumes the .incomplete file inc
 // with a Range request, and checks the whole file's size and hash at the
 // end. A failed check removes inc (the next pull starts afresh).
-func (p *puller) transfer(ctx context.Context, name string, meta fileMeta, inc string, base int64) error {
+func (p *puller) transfer(ctx context.Context, name string, meta fileMeta, inc string) error {
 	f, err := os.OpenFile(inc, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
@@ -170,10 +166,9 @@ func (p *puller) transfer(ctx context.Context, name string, meta fileMeta, inc s
 	if _, err := io.Copy(h, io.NewSectionReader(f, 0, off)); err != nil {
 		return fmt.Errorf("%s: reading the partial download: %w", name, err)
 	}
-	p.state.Done = base + off
-	p.emit(true)
+	p.progress(name, off, 0, true)
 	if off < meta.size {
-		if err := p.receive(ctx, name, meta, f, h, off, base); err != nil {
+		if err := p.receive(ctx, name, meta, f, h, off); err != nil {
 			return err
 		}
 	}
@@ -198,7 +193,7 @@ func restart(f *os.File) (int64, error) {
 }
 
 // receive GETs the file from byte off on, appending to f and h.
-func (p *puller) receive(ctx context.Context, name string, meta fileMeta, f *os.File, h hash.Hash, off, base int64) error {
+func (p *puller) receive(ctx context.Context, name string, meta fileMeta, f *os.File, h hash.Hash, off int64) error {
 	stall := p.c.Stall
 	if stall <= 0 {
 		stall = time.Minute
@@ -253,9 +248,7 @@ func (p *puller) receive(ctx context.Context, name string, meta fileMeta, f *os.
 			}
 			h.Write(buf[:n])
 			off += int64(n)
-			p.meter.add(p.c.clock(), int64(n))
-			p.state.Done = base + off
-			p.emit(false)
+			p.progress(name, off, int64(n), false)
 		}
 		if rerr == io.EOF {
 			break

@@ -11,12 +11,15 @@ import (
 type Progress struct {
 	Repo  string // "ORG/NAME"
 	Stage string // "listing files", "downloading", "waiting for another pull", "done"…
-	File  string // the file being downloaded; "" between files
-	Index int    // File's 1-based number among Files
-	Files int    // files the pull fetches (cached ones included)
-	Done  int64  // bytes present so far, cached and resumed ones included
-	Total int64  // bytes of every file the pull fetches; 0 before the listing
-	Speed float64
+	// File is the file that progressed last (several download at once);
+	// "" before the downloads and when done.
+	File     string
+	Index    int   // File's 1-based number among Files
+	FileDone int64 // File's bytes present
+	Files    int   // files the pull fetches (cached ones included)
+	Done     int64 // bytes present so far, cached and resumed ones included
+	Total    int64 // bytes of every file the pull fetches; 0 before the listing
+	Speed    float64
 	// ETA is the time left at Speed; negative when unknown.
 	ETA time.Duration
 }

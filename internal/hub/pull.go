@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/ferrite-llm/ferrite/internal/units"
@@ -39,7 +40,8 @@ func (c *Client) Pull(ctx context.Context, ref Ref, progress func(Progress)) (Re
 	if c.CacheDir == "" {
 		return Result{}, errors.New("hub: no cache directory")
 	}
-	p := &puller{c: c, ref: ref, cache: c.cacheOf(ref.Repo), report: progress, started: c.clock()}
+	p := &puller{c: c, ref: ref, cache: c.cacheOf(ref.Repo), report: progress,
+		have: map[string]int64{}, index: map[string]int{}}
 	p.state = Progress{Repo: ref.Repo, ETA: -1}
 	if c.Offline {
 		return p.offline()
@@ -47,25 +49,50 @@ func (c *Client) Pull(ctx context.Context, ref Ref, progress func(Progress)) (Re
 	return p.pull(ctx)
 }
 
-// puller is one Pull.
+// parallelFiles is how many files a pull downloads at once.
+const parallelFiles = 4
+
+// puller is one Pull. Its files download in parallel; mu guards the
+// progress they share.
 type puller struct {
-	c       *Client
-	ref     Ref
-	cache   repoCache
-	report  func(Progress)
-	state   Progress
-	meter   meter
-	last    time.Time // the last report during a download
-	started time.Time
+	c      *Client
+	ref    Ref
+	cache  repoCache
+	report func(Progress)
+	index  map[string]int // a file's 1-based number in the pull; set before the downloads start
+
+	mu    sync.Mutex
+	state Progress
+	have  map[string]int64 // the bytes present of each file
+	meter meter
+	last  time.Time // the last report during a download
 }
 
+// stage sets what the pull is doing, and reports it.
 func (p *puller) stage(s string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.state.Stage = s
 	p.emit(true)
 }
 
-// emit reports the state; during a download at most every reportInterval
-// unless force.
+// progress says that n bytes of file name are present, of which received
+// were just transferred; it reports at most every reportInterval unless
+// force.
+func (p *puller) progress(name string, n, received int64, force bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if received > 0 {
+		p.meter.add(p.c.clock(), received)
+	}
+	p.state.Done += n - p.have[name]
+	p.have[name] = n
+	p.state.File, p.state.Index, p.state.FileDone = name, p.index[name], n
+	p.emit(force)
+}
+
+// emit reports the state (with p.mu held); during a download at most
+// every reportInterval unless force.
 func (p *puller) emit(force bool) {
 	if p.report == nil {
 		return
@@ -151,18 +178,17 @@ func (p *puller) pull(ctx context.Context) (Result, error) {
 		}
 	}
 	files := pl.files()
-	p.state.Files, p.state.Done = len(files), 0 // the index is counted again below
-	for _, f := range files {
+	for i, f := range files {
+		p.index[f.Name] = i + 1
 		p.state.Total += f.size()
 	}
+	p.state.Files = len(files)
 	if err := p.checkSpace(files); err != nil {
 		return Result{}, err
 	}
-	for i, f := range files {
-		p.state.Index = i + 1
-		if err := p.fetch(ctx, commit, f); err != nil {
-			return Result{}, err
-		}
+	p.stage("downloading")
+	if err := p.fetchAll(ctx, commit, files); err != nil {
+		return Result{}, err
 	}
 	if err := p.cache.writeRef(p.ref.Revision, commit); err != nil {
 		return Result{}, fmt.Errorf("writing refs/%s: %w", p.ref.Revision, err)
@@ -177,6 +203,37 @@ func (p *puller) pull(ctx context.Context) (Result, error) {
 	p.state.File, p.state.Done = "", p.state.Total
 	p.stage("done")
 	return res, nil
+}
+
+// fetchAll fetches files, parallelFiles at a time; the first failure
+// stops the others (their partial downloads stay, to be resumed).
+func (p *puller) fetchAll(ctx context.Context, commit string, files []sibling) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var once sync.Once
+	var first error
+	slots := make(chan struct{}, parallelFiles)
+	for _, f := range files {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := p.fetch(ctx, commit, f); err != nil {
+				once.Do(func() { first = err; cancel() })
+			}
+		})
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	return ctx.Err()
 }
 
 // readIndex lists the shards a safetensors index names, each once, sorted.

@@ -46,6 +46,8 @@ type Hub struct {
 	requests int
 	auths    map[string]string // "hub" / "cdn" → the last Authorization seen
 	rate     int               // bytes per second of every transfer; 0: as fast as possible
+	inflight int               // GETs being answered
+	most     int               // the most GETs answered at once
 }
 
 // Repo is one repository of the Hub.
@@ -137,6 +139,14 @@ func (f *Hub) Count() (requests, cdnGets int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.requests, f.cdnGets
+}
+
+// MostAtOnce is the most file GETs the Hub and the CDN answered at the
+// same time.
+func (f *Hub) MostAtOnce() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.most
 }
 
 // Ranges are the Range headers received, as "FILE=bytes=N-".
@@ -315,6 +325,9 @@ func (f *Hub) serveBytes(w http.ResponseWriter, r *http.Request, fl *file) {
 	if r.Method == http.MethodGet {
 		delete(f.cutOnce, fl.name)
 		delete(f.stallAt, fl.name)
+		f.inflight++
+		f.most = max(f.most, f.inflight)
+		defer f.set(func() { f.inflight-- })
 	} else {
 		cutting, stalling = false, false
 	}
