@@ -85,6 +85,25 @@ func TestPullCommandErrors(t *testing.T) {
 	}
 }
 
+func TestPullHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Main(context.Background(), []string{"pull", "--help"}, nil, &out, &errb); code != 0 || errb.Len() != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+	for _, want := range []string{"usage: ferrite pull [--quiet] ORG/NAME[@REVISION][:QUANT]", "HF_HUB_OFFLINE", "--quiet"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("help lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	Main(context.Background(), []string{"--help"}, nil, &out, &errb)
+	for _, want := range []string{"ferrite pull ORG/NAME", "--endpoint", "[[endpoints]]", "/pull"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("ferrite --help lacks %q", want)
+		}
+	}
+}
+
 func TestPlainProgressLines(t *testing.T) {
 	var b bytes.Buffer
 	now := time.Unix(0, 0)
