@@ -85,3 +85,23 @@ func TestRemoteEndpointsInTheCatalog(t *testing.T) {
 		t.Errorf("first: %+v, %v", e, err)
 	}
 }
+
+func TestEndpointFlags(t *testing.T) {
+	var f cmdFlags
+	fs := newFlagSet("ferrite", chatScope, &f)
+	if err := fs.Parse([]string{"--endpoint", "http://gpu-box:8000/v1", "--endpoint", "big=https://big.example/v1"}); err != nil {
+		t.Fatal(err)
+	}
+	rem, warns := newRemotes([]settings.Endpoint{{Name: "conf", BaseURL: "http://conf:1/v1"}}, f.endpoints)
+	var got []string
+	for _, e := range rem.eps {
+		got = append(got, e.name+"="+e.client.BaseURL)
+	}
+	if strings.Join(got, " ") != "conf=http://conf:1/v1 gpu-box=http://gpu-box:8000/v1 big=https://big.example/v1" || len(warns) != 0 {
+		t.Fatalf("endpoints %v, warnings %v", got, warns)
+	}
+	var rf cmdFlags
+	if newFlagSet("run", runScope, &rf).Lookup("endpoint") != nil {
+		t.Error("ferrite run has --endpoint, but only the chat uses it")
+	}
+}
