@@ -262,10 +262,20 @@ func (r *remoteReply) token() {
 	r.decodeRate()
 }
 
+// minDecodeSpan is the least time between the first and the last token
+// that measures a decode speed: tokens that arrive closer together were
+// buffered on the way (a proxy that holds the stream back), and their
+// speed is the whole reply's, from the request on.
+const minDecodeSpan = 10 * time.Millisecond
+
 // decodeRate is the tokens after the first over the time since it.
 func (r *remoteReply) decodeRate() {
-	if d := r.last.Sub(r.first).Seconds(); d > 0 && r.usage.GeneratedTokens > 1 {
-		r.usage.DecodeTokensPerSec = float64(r.usage.GeneratedTokens-1) / d
+	n := r.usage.GeneratedTokens
+	switch d := r.last.Sub(r.first); {
+	case n > 1 && d >= minDecodeSpan:
+		r.usage.DecodeTokensPerSec = float64(n-1) / d.Seconds()
+	case n > 0 && r.usage.Total > 0:
+		r.usage.DecodeTokensPerSec = float64(n) / r.usage.Total.Seconds()
 	}
 }
 

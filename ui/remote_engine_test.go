@@ -114,9 +114,16 @@ func (f *fakeOpenAI) serve(w http.ResponseWriter, r *http.Request) {
 	case "think":
 		delta(w, "reasoning_content", "hmm")
 		delta(w, "content", "answer")
+	case "buffered": // the whole reply in one write, as a buffering proxy passes it on
+		time.Sleep(20 * time.Millisecond)
+		var b strings.Builder
+		for _, word := range []string{"one ", "two ", "three"} {
+			fmt.Fprintf(&b, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", word)
+		}
+		fmt.Fprint(w, b.String())
 	default:
 		delta(w, "content", "Hello")
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 		delta(w, "content", " world")
 	}
 	chunk(w, `{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`)
@@ -174,7 +181,9 @@ func TestRemoteEngineStreams(t *testing.T) {
 		t.Fatalf("text %q, last %+v", text, last)
 	}
 	u := last.Usage
-	if u.PromptTokens != 5 || u.GeneratedTokens != 2 || u.TimeToFirstToken <= 0 || u.Total < u.TimeToFirstToken || u.DecodeTokensPerSec <= 0 {
+	// One token after the first, 20 ms later: at most 50 tok/s.
+	if u.PromptTokens != 5 || u.GeneratedTokens != 2 || u.TimeToFirstToken <= 0 || u.Total < u.TimeToFirstToken ||
+		u.DecodeTokensPerSec <= 0 || u.DecodeTokensPerSec > 50 {
 		t.Fatalf("usage %+v", u)
 	}
 	if r.PromptTokens() != 5 {
@@ -199,6 +208,21 @@ func waitRunning(t *testing.T, e *RemoteEngine, n int) {
 			t.Fatalf("Running = %d, want %d", e.Stats().Running, n)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestRemoteEngineBufferedStream(t *testing.T) {
+	// The speed of tokens that arrive together is the whole reply's, not
+	// three tokens in no time.
+	f := newFakeOpenAI(t)
+	r, err := f.engine("buffered").Send(context.Background(), hello())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, last := collect(t, r)
+	u := last.Usage
+	if want := float64(u.GeneratedTokens) / u.Total.Seconds(); u.DecodeTokensPerSec != want {
+		t.Fatalf("%.1f tok/s, want %.1f (%d tokens in %s)", u.DecodeTokensPerSec, want, u.GeneratedTokens, u.Total)
 	}
 }
 
