@@ -32,7 +32,9 @@ const reportInterval = 100 * time.Millisecond
 // Pull downloads what ref needs into the cache and returns the snapshot.
 // Files already in the cache are not fetched again; a download that was
 // interrupted resumes where it stopped. progress (may be nil) is called
-// from Pull's goroutine. Offline, Pull only finds ref in the cache.
+// from the download goroutines, one call at a time; it should not block
+// long (the downloads wait for it). Offline, Pull only finds ref in the
+// cache.
 func (c *Client) Pull(ctx context.Context, ref Ref, progress func(Progress)) (Result, error) {
 	if ref.Revision == "" {
 		ref.Revision = "main"
