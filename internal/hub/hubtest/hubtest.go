@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -97,6 +98,7 @@ func (f *Hub) Add(repo, commit string, files map[string]string) *Repo {
 		lfs := strings.HasSuffix(name, ".safetensors") || strings.HasSuffix(name, ".gguf")
 		r.files = append(r.files, file{name: name, data: []byte(data), lfs: lfs})
 	}
+	slices.SortFunc(r.files, func(a, b file) int { return strings.Compare(a.name, b.name) }) // the Hub lists them sorted
 	f.mu.Lock()
 	f.repos[repo] = r
 	f.mu.Unlock()
