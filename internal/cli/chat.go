@@ -37,6 +37,7 @@ const chatUsage = `usage:
   ferrite run [flags] [TEXT]      generate once, streaming to stdout, timing to stderr
   ferrite tokenize [flags] [TEXT] print the token ids of TEXT (or stdin)
   ferrite bench --model DIR [flags]  measure throughput: concurrency × prompt × gen sweep, roofline
+  ferrite pull ORG/NAME[@REV][:QUANT]  download a Hugging Face model into the HF cache (resumable, verified)
   ferrite help                    this help
 
 flags of the chat (run has those not marked [chat only]); the defaults are
@@ -55,7 +56,7 @@ func printHelp(w io.Writer) {
 		wrapText("--model takes a model directory, a GGUF file or the name of a model /models lists (a Hugging Face cache entry such as Qwen/Qwen3-0.6B, an ollama model such as llama3.2:3b, an LM Studio file, a folder of model_dirs or of "+
 			catalog.ModelsDir()+"). Without it ferrite opens default_model, else the built-in "+builtin.Name+".", "", 76),
 		settings.DefaultPath(),
-		wrapText(configKeys()+". README.md (\"Configuration\") documents every key.", "  ", 76),
+		wrapText(configKeys()+"; [[endpoints]] name base_url api_key_env api_key models (remote servers). README.md (\"Configuration\", \"Remote endpoints\") documents every key.", "  ", 76),
 		indentText(ui.Help(), "  "))
 }
 
@@ -110,7 +111,7 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "ferrite: unknown command %q: the commands are run, tokenize, bench and help (a prompt goes after `ferrite run`, or on stdin)\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "ferrite: unknown command %q: the commands are run, tokenize, bench, pull and help (a prompt goes after `ferrite run`, or on stdin)\n", fs.Arg(0))
 		return 2
 	}
 	if !isTerminal(stdout) {
@@ -123,7 +124,17 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	}
 	defer st.closeLog()
 	cfg, log, logPath, cat := st.cfg, st.log, st.logPath, st.models()
-	e, err := cat.resolve(cfg.DefaultModel)
+	var remWarns []string
+	cat.remote, remWarns = newRemotes(cfg.Endpoints, f.endpoints)
+	var e catalog.Entry
+	if cfg.DefaultModel == "" && len(f.endpoints) > 0 {
+		if e, err = cat.remote.first(ctx); err != nil {
+			remWarns = append(remWarns, fmt.Sprintf("--endpoint: %v; the chat opens the default model", err))
+		}
+	}
+	if e.Name == "" {
+		e, err = cat.resolve(cfg.DefaultModel)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ferrite: %v\n", err)
 		return 1
@@ -156,12 +167,14 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		Models:    cat,
 		Model:     uiEntry(e),
 		Closer:    closer, // Run closes it
+		Puller:    chatPuller{},
 		Log:       log,
 		LogPath:   logPath,
 	}
 	if warn != nil {
 		opts.Warnings = append(opts.Warnings, warn.Error()+" (the chat uses the defaults)")
 	}
+	opts.Warnings = append(opts.Warnings, remWarns...)
 	if err := ui.Run(ctx, eng, opts); err != nil {
 		log.Error("chat failed", "err", err)
 		fmt.Fprintf(stderr, "ferrite: %v%s\n", err, logHint(logPath))
@@ -186,6 +199,7 @@ type chatModels struct {
 	cfg     settings.Config
 	builtin []catalog.Entry
 	log     *slog.Logger // the debug log: load timings and failures
+	remote  *remotes     // the endpoints' models; nil: none
 }
 
 // logger is the debug log, or one that drops everything.
@@ -228,7 +242,11 @@ func (c *chatModels) find(name string) (catalog.Entry, error) {
 	if st, err := os.Stat(name); (err == nil && (st.IsDir() || st.Mode().IsRegular())) || catalog.LooksLikePath(name) {
 		return catalog.Probe(name)
 	}
+	if e, ok := c.remote.lookup(name); ok {
+		return e, nil
+	}
 	es, err := c.discover()
+	es = append(es, c.remote.listed()...)
 	e, ferr := catalog.Find(es, name)
 	if ferr != nil && err != nil {
 		return e, fmt.Errorf("%w (and: %v)", ferr, err)
@@ -237,8 +255,9 @@ func (c *chatModels) find(name string) (catalog.Entry, error) {
 }
 
 // List implements ui.Models.
-func (c *chatModels) List(context.Context) ([]ui.ModelEntry, error) {
+func (c *chatModels) List(ctx context.Context) ([]ui.ModelEntry, error) {
 	es, err := c.discover()
+	es = append(es, c.remote.list(ctx)...)
 	out := make([]ui.ModelEntry, len(es))
 	for i, e := range es {
 		out[i] = uiEntry(e)
@@ -277,6 +296,9 @@ func uiEntry(e catalog.Entry) ui.ModelEntry {
 // chat starts with, as with `ferrite run`); a model switched to later
 // just runs without speculation.
 func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, progress func(string)) (ui.Engine, io.Closer, error) {
+	if e.Source == sourceRemote {
+		return c.remote.open(e)
+	}
 	s, err := c.openSession(ctx, e, strict, progress)
 	if err != nil {
 		return nil, nil, err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
+	"github.com/ferrite-llm/ferrite/internal/hub"
 )
 
 // ggufFile writes a chat-ready F32 GGUF file of a fixture into dir.
@@ -75,5 +76,24 @@ func TestGGUFCommands(t *testing.T) {
 	code, out, errs = runCLI(t, "", "tokenize", "--model", "llama-tiny", "<|im_end|>")
 	if code != 0 || strings.TrimSpace(out) != "263" {
 		t.Errorf("tokenize --model llama-tiny: exit %d, %q %q", code, out, errs)
+	}
+}
+
+// TestPullSummaryGGUF checks that a pulled GGUF model is offered to chat
+// with, and that one ferrite cannot run says why.
+func TestPullSummaryGGUF(t *testing.T) {
+	dir := t.TempDir()
+	ggufFile(t, "qwen3", dir, "Tiny-Q8_0.gguf")
+	ref := hub.Ref{Repo: "acme/Tiny-GGUF", Revision: "main", Quant: "Q8_0"}
+	res := hub.Result{Ref: ref, Commit: strings.Repeat("c", 40), Dir: dir, Files: []string{"Tiny-Q8_0.gguf"}, GGUF: true}
+	got := pullSummary(ref, res)
+	if want := "chat with it: ferrite --model " + filepath.Join(dir, "Tiny-Q8_0.gguf"); !strings.Contains(got, want) || strings.Contains(got, "warning") {
+		t.Errorf("summary %q, want %q", got, want)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "Tiny-Q8_0.gguf"), []byte("GGUF\x03\x00\x00\x00"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := pullSummary(ref, res); !strings.Contains(got, "warning: ") || !strings.Contains(got, "truncated") {
+		t.Errorf("summary of a broken file %q", got)
 	}
 }
