@@ -15,8 +15,10 @@ import (
 )
 
 // Model is an opened GGUF model: one file, or every part of a split one,
-// memory-mapped read-only. It is safe for concurrent reads; Close unmaps
-// the files, after which no tensor data taken from it may be used.
+// memory-mapped read-only. It is safe for concurrent reads. Its metadata
+// values and tensor data are views of the mapping: Close unmaps the files,
+// after which neither may be used (what the accessors return, such as
+// Meta.String or Value.Strings, are copies and stay valid).
 type Model struct {
 	Path    string   // the file given to Open (the first part of a split model)
 	Parts   []string // every file, in order
