@@ -170,3 +170,42 @@ func TestGGUFFixtures(t *testing.T) {
 		})
 	}
 }
+
+// TestGGUFFusedExperts loads MoE fixtures converted with fused gate and up
+// expert tensors (ffn_gate_up_exps): the same logits as the safetensors.
+func TestGGUFFusedExperts(t *testing.T) {
+	for _, name := range []string{"qwen3_moe", "glm4_moe"} {
+		fx, err := fixtures.Load(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prompt, _, _ := fx.Ints("prompt_ids")
+		ref, err := Load(fx.Dir, Options{Threads: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := runPrompt(t, ref, prompt, 8)
+		ref.Close()
+		w, err := ggufwrite.Convert(fx.Dir, ggufwrite.F32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.FuseGateUpExperts()
+		path := filepath.Join(t.TempDir(), "fused.gguf")
+		if err := w.WriteFile(path); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := w.Find("blk.1.ffn_gate_up_exps.weight"); !ok {
+			t.Fatal("no fused tensor written")
+		}
+		l, err := Load(path, Options{Threads: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := runPrompt(t, l, prompt, 8)
+		l.Close()
+		if rel, _ := relErr(got.logits, want.logits); rel != 0 || !slices.Equal(got.greedy, want.greedy) {
+			t.Errorf("%s: relative error %.3g, greedy %v want %v", name, rel, got.greedy, want.greedy)
+		}
+	}
+}

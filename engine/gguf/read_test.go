@@ -377,9 +377,13 @@ func exerciseModel(m *Model) {
 	}
 	for _, name := range []string{"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.kv_b_proj.weight",
 		"model.layers.0.linear_attn.in_proj_qkvz.weight", "model.layers.0.mlp.experts.1.gate_proj.weight", "model.layers.0.input_layernorm.weight",
-		"model.layers.0.linear_attn.A_log", "model.layers.0.linear_attn.conv1d.weight", "mtp.fc.weight", "model.layers.0.self_attn.q_proj.bias"} {
+		"model.layers.0.linear_attn.A_log", "model.layers.0.linear_attn.conv1d.weight", "mtp.fc.weight", "model.layers.0.self_attn.q_proj.bias",
+		"model.layers.0.mlp.experts.gate_up_proj"} {
 		if !w.Has(name) {
 			continue
+		}
+		for _, e := range []int{-1, 0, 1 << 30} {
+			w.Expert(name, e, 64, 64)
 		}
 		for _, shape := range [][2]int{{1, 1}, {2, 32}, {64, 64}, {128, 64}, {192, 64}, {128, 32}} {
 			w.Mat(name, shape[0], shape[1])

@@ -70,6 +70,7 @@ type ref struct {
 	expert int    // the expert's slice of a 3-D tensor, or -1
 	heads  int    // > 0: rows are permuted in this many head blocks
 	join   join   // the matrix is rebuilt from split tensors
+	fused  bool   // a 3-D tensor of all experts, served by Expert
 	value  value  // how stored values map back to the checkpoint's
 }
 
@@ -151,6 +152,15 @@ var blockNames = map[string]string{
 	"self_attn.indexer.wq_b.weight":         "indexer.attn_q_b.weight",
 }
 
+// fusedExperts are transformers' fused expert tensors (E, 2·inter, hidden)
+// and (E, hidden, inter), which GGUF files converted with fused gate and up
+// projections hold as ffn_gate_up_exps (gate rows first, as transformers)
+// and ffn_down_exps.
+var fusedExperts = map[string]string{
+	"mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight",
+	"mlp.experts.down_proj":    "ffn_down_exps.weight",
+}
+
 // nextnNames maps a NextN (MTP) layer's own tensors.
 var nextnNames = map[string]string{
 	"eh_proj.weight":          "nextn.eh_proj.weight",
@@ -208,6 +218,9 @@ func (w *Weights) find(hf string) (ref, bool) {
 	rest := m[2]
 	if g, ok := nextnNames[rest]; ok && layer >= w.mainLayer {
 		return ref{name: blk + g, expert: -1}, w.has(blk + g)
+	}
+	if g, ok := fusedExperts[rest]; ok { // served fused only where the file fuses gate and up
+		return ref{name: blk + g, expert: -1, fused: true}, w.has(blk+"ffn_gate_up_exps.weight") && w.has(blk+g)
 	}
 	if e := expertName.FindStringSubmatch(rest); e != nil {
 		x, _ := strconv.Atoi(e[1])
@@ -302,6 +315,9 @@ func (w *Weights) Mat(name string, rows, cols int) (*kernels.Mat, error) {
 	if r.expert >= 0 {
 		return w.expertMat(r, t, rows, cols)
 	}
+	if r.fused {
+		return nil, fmt.Errorf("%s: tensor %s holds every expert: ask for one with Expert", w.m.Path, r.name)
+	}
 	vector := len(t.Dims) == 1 && rows == 1 && int(t.Dims[0]) == cols // a (1, n) matrix stored as a vector
 	if !vector && (len(t.Dims) != 2 || int(t.Dims[1]) != rows || int(t.Dims[0]) != cols) {
 		return nil, w.shapeErr(r, t, []int{rows, cols})
@@ -319,12 +335,24 @@ func (w *Weights) Mat(name string, rows, cols int) (*kernels.Mat, error) {
 	return &kernels.Mat{DType: kd, Rows: rows, Cols: cols, Data: data}, nil
 }
 
-// Expert would return a slice of a fused Hugging Face expert tensor
-// (experts.gate_up_proj); Has reports none, so models ask for the experts
-// one by one (model.layers.N.mlp.experts.E.gate_proj.weight), which Mat
-// serves as slices of GGUF's 3-D ffn_gate_exps (ne = [cols, rows, experts]).
-func (w *Weights) Expert(name string, _, _, _ int) (*kernels.Mat, error) {
-	return nil, fmt.Errorf("%s: fused expert tensor %q: GGUF experts are served per expert (Has reports no fused tensor)", w.m.Path, name)
+// Expert returns expert e's (rows, cols) slice of a fused expert tensor
+// (model.layers.N.mlp.experts.gate_up_proj or .down_proj), which Has
+// reports only for files that fuse gate and up (ffn_gate_up_exps). Other
+// files' experts are asked for one by one
+// (model.layers.N.mlp.experts.E.gate_proj.weight), which Mat serves.
+func (w *Weights) Expert(name string, e, rows, cols int) (*kernels.Mat, error) {
+	r, t, err := w.tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	if !r.fused {
+		return nil, fmt.Errorf("%s: %q is not a fused expert tensor", w.m.Path, name)
+	}
+	r.expert = e
+	if e < 0 {
+		return nil, fmt.Errorf("%s: tensor %s: expert %d", w.m.Path, r.name, e)
+	}
+	return w.expertMat(r, t, rows, cols)
 }
 
 // expertMat is the Mat of a per-expert name resolved to a 3-D slice.

@@ -522,3 +522,34 @@ func permute(vals []float32, shape []int, heads int) []float32 {
 	}
 	return out
 }
+
+// FuseGateUpExperts replaces each block's ffn_gate_exps and ffn_up_exps
+// with one ffn_gate_up_exps, each expert's gate rows then its up rows, as
+// convert_hf_to_gguf does with fuse_gate_up_exps.
+func (w *Writer) FuseGateUpExperts() {
+	byName := map[string]int{}
+	for i, t := range w.Tensors {
+		byName[t.Name] = i
+	}
+	var out []Tensor
+	for _, t := range w.Tensors {
+		blk, ok := strings.CutSuffix(t.Name, "ffn_gate_exps.weight")
+		if strings.HasSuffix(t.Name, "ffn_up_exps.weight") {
+			continue
+		}
+		if !ok {
+			out = append(out, t)
+			continue
+		}
+		up := w.Tensors[byName[blk+"ffn_up_exps.weight"]]
+		experts := int(t.Dims[2])
+		per := len(t.Data) / experts
+		var data []byte
+		for e := range experts {
+			data = append(data, t.Data[e*per:(e+1)*per]...)
+			data = append(data, up.Data[e*per:(e+1)*per]...)
+		}
+		out = append(out, Tensor{Name: blk + "ffn_gate_up_exps.weight", Type: t.Type, Dims: []uint64{t.Dims[0], 2 * t.Dims[1], t.Dims[2]}, Data: data})
+	}
+	w.Tensors = out
+}

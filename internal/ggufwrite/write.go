@@ -204,3 +204,13 @@ func DecodeF32(b []byte) []float32 {
 	}
 	return out
 }
+
+// Find returns the tensor called name.
+func (w *Writer) Find(name string) (Tensor, bool) {
+	for _, t := range w.Tensors {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return Tensor{}, false
+}
