@@ -26,8 +26,15 @@ func OllamaModelsDir() string {
 	return expandHome("~/.ollama/models")
 }
 
-// LMStudioModelsDir is LM Studio's models folder, ~/.lmstudio/models.
-func LMStudioModelsDir() string { return expandHome("~/.lmstudio/models") }
+// LMStudioModelsDir is LM Studio's models folder: ~/.lmstudio/models, or
+// ~/.cache/lm-studio/models where only that older one exists.
+func LMStudioModelsDir() string {
+	dir := expandHome("~/.lmstudio/models")
+	if old := expandHome("~/.cache/lm-studio/models"); !exists(dir) && exists(old) {
+		return old
+	}
+	return dir
+}
 
 // describeGGUF reads what an entry shows from a GGUF file (the first part
 // of a split model): its architecture, quantization and size, and the

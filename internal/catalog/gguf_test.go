@@ -227,3 +227,26 @@ func TestProbeGGUF(t *testing.T) {
 		t.Errorf("Probe of a folder of two models: %v", err)
 	}
 }
+
+func TestStoreDirs(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("OLLAMA_MODELS", "")
+	if got, want := OllamaModelsDir(), filepath.Join(home, ".ollama", "models"); got != want {
+		t.Errorf("OllamaModelsDir() = %q, want %q", got, want)
+	}
+	t.Setenv("OLLAMA_MODELS", "/srv/ollama")
+	if got := OllamaModelsDir(); got != "/srv/ollama" {
+		t.Errorf("with OLLAMA_MODELS: %q", got)
+	}
+	if got, want := LMStudioModelsDir(), filepath.Join(home, ".lmstudio", "models"); got != want {
+		t.Errorf("LMStudioModelsDir() = %q, want %q", got, want)
+	}
+	old := filepath.Join(home, ".cache", "lm-studio", "models")
+	if err := os.MkdirAll(old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := LMStudioModelsDir(); got != old {
+		t.Errorf("with only the older folder: %q, want %q", got, old)
+	}
+}
