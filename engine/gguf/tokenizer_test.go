@@ -5,9 +5,11 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -296,5 +298,64 @@ func TestSentencePiece(t *testing.T) {
 	t.Logf("%d fixture texts tokenized as llama.cpp does", checked)
 	if got := tok.Encode("hi", true); len(got) == 0 || got[0] != 1 {
 		t.Errorf("BOS not added by default: %v", got)
+	}
+}
+
+// TestLlamaCppVocab reads a vocabulary GGUF file written by llama.cpp
+// (testdata/llama.cpp) and checks the tokenizer against the ids llama.cpp
+// itself gives for its test texts.
+func TestLlamaCppVocab(t *testing.T) {
+	base := filepath.Join("testdata", "llama.cpp", "ggml-vocab-phi-3.gguf")
+	gz, err := os.ReadFile(base + ".gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "vocab.gguf")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	tok, err := m.Tokenizer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inp, err := os.ReadFile(base + ".inp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.ReadFile(base + ".out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sep = "\n__ggml_vocab_test__\n" // after every text, the last too
+	texts := strings.Split(strings.TrimSuffix(string(inp), sep), sep)
+	lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	if len(texts) < 40 || len(lines) != len(texts) {
+		t.Fatalf("%d texts, %d id lines", len(texts), len(lines))
+	}
+	for i, text := range texts {
+		var want []int32
+		for _, f := range strings.Fields(lines[i]) {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, int32(n))
+		}
+		if got := tok.Encode(text, false); !slices.Equal(got, want) {
+			t.Errorf("%q: ids %v, llama.cpp %v", text, got, want)
+		}
 	}
 }
