@@ -171,6 +171,34 @@ func TestGGUFFixtures(t *testing.T) {
 	}
 }
 
+// TestGGUFBF16 converts the bf16 fixture to a BF16 GGUF file (norms in F32,
+// as llama.cpp writes them): the same logits as its safetensors.
+func TestGGUFBF16(t *testing.T) {
+	fx, err := fixtures.Load("qwen3-bf16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt, _, _ := fx.Ints("prompt_ids")
+	ref, err := Load(fx.Dir, Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := runPrompt(t, ref, prompt, 8)
+	ref.Close()
+	l, err := Load(writeGGUF(t, "qwen3-bf16", ggufwrite.BF16), Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if q := l.GGUF.Quantization(); q != "BF16" {
+		t.Errorf("quantization %q", q)
+	}
+	got := runPrompt(t, l, prompt, 8)
+	if rel, _ := relErr(got.logits, want.logits); rel != 0 || !slices.Equal(got.greedy, want.greedy) {
+		t.Errorf("relative error %.3g, greedy %v want %v", rel, got.greedy, want.greedy)
+	}
+}
+
 // TestGGUFFusedExperts loads MoE fixtures converted with fused gate and up
 // expert tensors (ffn_gate_up_exps): the same logits as the safetensors.
 func TestGGUFFusedExperts(t *testing.T) {

@@ -78,8 +78,8 @@ var ggufArch = map[string]string{"llama": "llama", "mixtral": "llama", "qwen3": 
 	"glm4_moe_lite": "deepseek2", "qwen3_next": "qwen3next", "deepseek_v32": "deepseek32", "glm_moe_dsa": "glm-dsa"}
 
 // Convert turns the Hugging Face checkpoint in dir (config.json and
-// model.safetensors with F32 weights) into a GGUF file whose matrices are of
-// type typ (F32, F16, or Q8_0 for those whose rows are whole blocks; norms,
+// model.safetensors with F32 or BF16 weights) into a GGUF file whose matrices
+// are of type typ (F32, F16, BF16, or Q8_0 for those whose rows are whole blocks; norms,
 // biases and routers stay F32, as llama.cpp converts them), without a
 // tokenizer (see AddTokenizer).
 func Convert(dir string, typ uint32) (*Writer, error) {
@@ -111,7 +111,7 @@ func Convert(dir string, typ uint32) (*Writer, error) {
 	p := arch + "."
 	w.Add("general.architecture", arch)
 	w.Add("general.name", filepath.Base(dir))
-	w.Add("general.file_type", map[uint32]uint32{F32: 0, F16: 1, Q8_0: 7}[typ])
+	w.Add("general.file_type", map[uint32]uint32{F32: 0, F16: 1, Q8_0: 7, BF16: 32}[typ])
 	if c.ModelType == "qwen3_next" {
 		c.NextN = c.MTPLayers // _QwenMtpMixin: the MTP block follows the last layer
 	}
@@ -312,10 +312,13 @@ func (cv *converter) tensors() error {
 		if err != nil {
 			return err
 		}
-		if t.DType != kernels.F32 {
-			return fmt.Errorf("ggufwrite: %s is %s, want F32", name, t.Dtype)
+		if t.DType != kernels.F32 && t.DType != kernels.BF16 {
+			return fmt.Errorf("ggufwrite: %s is %s, want F32 or BF16", name, t.Dtype)
 		}
-		vals := DecodeF32(t.Data)
+		vals, err := cv.set.Float32(name, t.Shape...)
+		if err != nil {
+			return err
+		}
 		shape := t.Shape
 		if cv.c.ModelType == "qwen3_next" {
 			name, shape = cv.qwen3Next(name, shape, vals)
@@ -474,6 +477,8 @@ func (cv *converter) add(name string, shape []int, vals []float32) {
 	switch {
 	case plain && cv.typ == F16:
 		t.Type, t.Data = F16, weights.NewTensor(kernels.F16, shape, vals).Data
+	case plain && cv.typ == BF16:
+		t.Type, t.Data = BF16, weights.NewTensor(kernels.BF16, shape, vals).Data
 	case plain && cv.typ == Q8_0 && shape[len(shape)-1]%32 == 0 && !strings.Contains(name, "attn_k_b"):
 		t.Type, t.Data = Q8_0, QuantizeQ8_0(vals)
 	}
