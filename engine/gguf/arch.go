@@ -2,7 +2,6 @@ package gguf
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -37,8 +36,8 @@ var archs = map[string]arch{
 	"qwen3next":  {config: qwen3NextConfig},
 }
 
-// knownUnsupported are architectures ferrite has but whose GGUF form it does
-// not read yet, with the reason given to the user.
+// knownUnsupported are architectures that get a reason of their own: GGUF
+// files that are not language models.
 var knownUnsupported = map[string]string{
 	"clip": "a vision projector (mmproj), not a language model",
 }
@@ -451,6 +450,3 @@ func (m *Model) Problem() string {
 	}
 	return ""
 }
-
-// errNoTokenizer is returned by Tokenizer for a file without tokenizer.ggml.model.
-var errNoTokenizer = errors.New("no tokenizer (tokenizer.ggml.model is absent)")

@@ -1,6 +1,7 @@
 package gguf
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -128,6 +129,9 @@ func (m *Model) Tokenizer() (*tokenizer.Tokenizer, error) {
 	}
 	return t, nil
 }
+
+// errNoTokenizer is returned by Tokenizer for a file without tokenizer.ggml.model.
+var errNoTokenizer = errors.New("no tokenizer (tokenizer.ggml.model is absent)")
 
 // preTokenizer checks the tokenizer model and returns the pre-tokenizer
 // tokenizer.ggml.pre names.
