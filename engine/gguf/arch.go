@@ -432,11 +432,15 @@ func (b *cfgBuilder) indexer() {
 }
 
 // Problem says why ferrite cannot run the model, or "" when it can: an
-// unsupported architecture, tokenizer or tensor type. It reads only the
-// header (for listing models).
+// unsupported architecture, metadata the config cannot be built from, an
+// unsupported tokenizer or tensor type. It reads only the header (for
+// listing models).
 func (m *Model) Problem() string {
 	if why := Unsupported(m.Meta.Arch()); why != "" {
 		return why
+	}
+	if _, err := m.Config(); err != nil {
+		return strings.TrimPrefix(err.Error(), m.Path+": ")
 	}
 	if _, err := m.preTokenizer(); err != nil {
 		return err.Error()

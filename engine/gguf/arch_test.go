@@ -239,3 +239,19 @@ func f16(v float32) uint16 {
 	exp := int(bits>>23&0xff) - 127 + 15
 	return uint16(bits>>16&0x8000) | uint16(exp)<<10 | uint16(bits>>13&0x3ff)
 }
+
+// TestProblem checks what listing a model says about it.
+func TestProblem(t *testing.T) {
+	ok := convert(t, "qwen3", func(w *ggufwrite.Writer) { ggufwrite.AddByteTokenizer(w, 512) })
+	if p := ok.Problem(); p != "" {
+		t.Errorf("a runnable file: %q", p)
+	}
+	broken := convert(t, "qwen3", func(w *ggufwrite.Writer) {
+		ggufwrite.AddByteTokenizer(w, 512)
+		w.Set("qwen3.embedding_length", nil)
+		w.KV = deleteNil(w.KV)
+	})
+	if p := broken.Problem(); p != "missing metadata qwen3.embedding_length" {
+		t.Errorf("missing metadata: %q", p)
+	}
+}
