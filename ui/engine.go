@@ -2,10 +2,10 @@ package ui
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/internal/chatprompt"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -177,11 +177,4 @@ type ModelEntry struct {
 }
 
 // ContextError says a prompt does not fit the model's context.
-type ContextError struct {
-	PromptTokens int // the prompt's length
-	Limit        int // the most tokens a request may hold
-}
-
-func (e *ContextError) Error() string {
-	return fmt.Sprintf("the prompt is %d tokens and the context holds %d", e.PromptTokens, e.Limit)
-}
+type ContextError = chatprompt.ContextError

@@ -327,6 +327,20 @@ func uiEntry(e catalog.Entry) ui.ModelEntry {
 // chat starts with, as with `ferrite run`); a model switched to later
 // just runs without speculation.
 func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, progress func(string)) (ui.Engine, io.Closer, error) {
+	s, draft, err := c.openSession(ctx, e, strict, true, progress)
+	if err != nil {
+		return nil, nil, err
+	}
+	_, hasMTP := s.lm.Model.(model.MTPModel)
+	info := ui.ModelInfo{Name: e.Name, Arch: s.lm.Model.Info().Arch, MTP: hasMTP, Draft: draft}
+	return ui.NewRuntimeEngine(s.rt, s.tok, info), sessionCloser{s}, nil
+}
+
+// openSession loads e and starts a runtime on it with the configuration's
+// engine and MTP settings (see open for strict); decode gives the runtime
+// the tokenizer's stream decoder (events with text). It returns the
+// runtime's draft length.
+func (c *chatModels) openSession(ctx context.Context, e catalog.Entry, strict, decode bool, progress func(string)) (*session, int, error) {
 	eo := engine.Options{Threads: c.cfg.Engine.Threads}
 	var s session
 	s.name = e.Name
@@ -345,11 +359,11 @@ func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, pro
 		}
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, 0, err
 	}
 	if err := ctx.Err(); err != nil {
 		s.lm.Close()
-		return nil, nil, err
+		return nil, 0, err
 	}
 	progress("starting the runtime")
 	mode := c.cfg.MTP.Mode
@@ -360,26 +374,28 @@ func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, pro
 	draft, err := (&runFlags{mtp: mode, draft: c.cfg.MTP.Draft}).draftTokens(s.lm.Model)
 	if err != nil {
 		s.lm.Close()
-		return nil, nil, err
+		return nil, 0, err
 	}
-	tok := s.tok
-	s.rt, err = runtime.New(s.lm.Model, runtime.Options{
+	ro := runtime.Options{
 		KVBudget:       int64(c.cfg.Engine.KVBudget),
 		MaxBatchTokens: c.cfg.Engine.BatchTokens,
 		MaxSeqs:        c.cfg.Engine.MaxSeqs,
 		Draft:          draft,
-		NewDecoder:     func() runtime.TextDecoder { return tok.NewStreamDecoder() },
-	})
+	}
+	if decode {
+		tok := s.tok
+		ro.NewDecoder = func() runtime.TextDecoder { return tok.NewStreamDecoder() }
+	}
+	s.rt, err = runtime.New(s.lm.Model, ro)
 	if err != nil {
 		s.lm.Close()
-		return nil, nil, err
+		return nil, 0, err
 	}
 	if err := ctx.Err(); err != nil {
 		s.Close()
-		return nil, nil, err
+		return nil, 0, err
 	}
-	info := ui.ModelInfo{Name: e.Name, Arch: s.lm.Model.Info().Arch, MTP: hasMTP, Draft: draft}
-	return ui.NewRuntimeEngine(s.rt, s.tok, info), sessionCloser{&s}, nil
+	return &s, draft, nil
 }
 
 // sessionCloser closes a session for the chat.

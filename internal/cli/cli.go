@@ -1,5 +1,5 @@
 // Package cli parses ferrite's command line and runs its subcommands: the
-// chat (the default), run, tokenize and bench. It returns exit codes instead
+// chat (the default), run, tokenize, bench and serve. It returns exit codes instead
 // of exiting so that main.go is the only place that ends the process.
 package cli
 
@@ -29,6 +29,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return cmdTokenize(ctx, args[1:], stdin, stdout, stderr)
 		case "bench":
 			return cmdBench(ctx, args[1:], stdin, stdout, stderr)
+		case "serve":
+			return cmdServe(ctx, args[1:], stderr)
 		}
 	}
 	return cmdChat(ctx, args, stdin, stdout, stderr)
@@ -39,5 +41,6 @@ const usage = `usage:
   ferrite run --model DIR [flags] TEXT  generate once, streaming to stdout
   ferrite tokenize --model DIR [TEXT]   print the token ids of TEXT (or stdin)
   ferrite bench --model DIR [flags]     measure throughput: concurrency × prompt × gen sweep, roofline
+  ferrite serve [--model M]... [flags]  OpenAI-compatible HTTP API (default 127.0.0.1:8080)
   ferrite help                          this help
 `
