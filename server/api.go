@@ -2,9 +2,9 @@ package server
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
-	"fmt"
+	"encoding/json"
+		"fmt"
 	"strings"
 
 	"github.com/ferrite-llm/ferrite/tokenizer"
@@ -79,11 +79,16 @@ func (s *stopList) UnmarshalJSON(b []byte) error {
 	}
 	var many []string
 	if err := json.Unmarshal(b, &many); err != nil {
-		return errors.New("want a string or a list of strings")
+		return &fieldError{field: "stop", msg: "stop: want a string or a list of strings"}
 	}
 	*s = many
 	return nil
 }
+
+// fieldError is a request field that does not decode.
+type fieldError struct{ field, msg string }
+
+func (e *fieldError) Error() string { return e.msg }
 
 // isSet reports whether a raw JSON value is present and not null, false or
 // empty: the unsupported options a request may still send switched off.

@@ -161,6 +161,7 @@ type scripted struct {
 	promptLen int
 	reply     []int32
 	eos       int32
+	delay     time.Duration // slept in every Forward: a slow model
 }
 
 func (m *scripted) Info() model.Info {
@@ -171,6 +172,7 @@ func (m *scripted) Info() model.Info {
 func (m *scripted) CacheLayout() kvcache.Layout { return kvcache.Layout{{K: 1}} }
 
 func (m *scripted) Forward(b *model.Batch) (*model.Output, error) {
+	time.Sleep(m.delay)
 	out := &model.Output{Seqs: make([]model.SeqOutput, len(b.Seqs))}
 	for i, s := range b.Seqs {
 		first := len(s.Tokens) - 1
@@ -195,7 +197,7 @@ func (m *scripted) Forward(b *model.Batch) (*model.Output, error) {
 
 // scriptedBackend serves a model that answers the user message question
 // with reply (text in ferrite-tiny's vocabulary), as a reasoning model.
-func scriptedBackend(t testing.TB, question, reply string) *Backend {
+func scriptedBackend(t testing.TB, question, reply string, delay time.Duration) *Backend {
 	t.Helper()
 	tok, err := builtin.Tokenizer()
 	if err != nil {
@@ -205,7 +207,7 @@ func scriptedBackend(t testing.TB, question, reply string) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &scripted{vocab: tok.VocabSize(), promptLen: len(tok.Encode(text, false)), reply: tok.Encode(reply, false), eos: tok.EOS()[0]}
+	m := &scripted{vocab: tok.VocabSize(), promptLen: len(tok.Encode(text, false)), reply: tok.Encode(reply, false), eos: tok.EOS()[0], delay: delay}
 	if got := tok.Decode(m.reply, false); got != reply {
 		panic(fmt.Sprintf("reply %q does not round-trip (%q)", reply, got))
 	}

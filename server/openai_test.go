@@ -16,10 +16,6 @@ func (ts *testServer) client(key string) openai.Client {
 	return openai.NewClient(option.WithBaseURL(ts.url+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
 }
 
-// The greedy reply of ferrite-tiny to "Who are you?", which the tests
-// below expect (builtin's own tests pin the model's answers).
-const whoAmI = "I'm ferrite-tiny, a small language model built into ferrite."
-
 func TestOpenAIClientChat(t *testing.T) {
 	b := tinyBackend(t, defaultTestRuntime())
 	ts := startServer(t, Options{Models: []Model{loaded("ferrite-tiny", b)}, APIKey: "sesame"}, true)

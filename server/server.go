@@ -350,7 +350,10 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
 	if err := dec.Decode(v); err != nil {
 		var tooBig *http.MaxBytesError
 		var typeErr *json.UnmarshalTypeError
+		var fieldErr *fieldError
 		switch {
+		case errors.As(err, &fieldErr):
+			return paramError(fieldErr.field, fieldErr.msg)
 		case errors.As(err, &tooBig):
 			return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 				Message: fmt.Sprintf("the request body is over %d bytes", maxBody)}
