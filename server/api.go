@@ -2,9 +2,9 @@ package server
 
 import (
 	"bytes"
-	"errors"
 	"encoding/json"
-		"fmt"
+	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/ferrite-llm/ferrite/tokenizer"
