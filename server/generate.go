@@ -131,15 +131,23 @@ type choice struct {
 	usage  runtime.Usage // the latest usage the runtime reported
 }
 
-// send hands p to the handler; false when the client has gone.
+// send hands p to the handler; false when the client has gone (the
+// generation is then cancelled and counted so).
 func (c *choice) send(p piece) bool {
 	p.index = c.idx
 	select {
 	case c.out <- p:
 		return true
 	case <-c.reqCtx.Done():
+		c.gone()
 		return false
 	}
+}
+
+// gone ends a choice whose client went away.
+func (c *choice) gone() {
+	c.st.Cancel()
+	c.m.metrics.finished("cancelled")
 }
 
 // text releases text of the reply (after the stop strings).
@@ -196,8 +204,8 @@ func (c *choice) run() {
 				c.end("length", nil)
 			case c.s.abort.Err() != nil:
 				c.end("", unavailable("the server shut down before the request finished"))
-			default: // the client went away
-				c.m.metrics.finished("cancelled")
+			default:
+				c.gone()
 			}
 			return
 		case runtime.EventError:
