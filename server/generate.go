@@ -36,7 +36,7 @@ type job struct {
 	total   int
 	prompt  []int // prompt tokens of each prompt
 	cancel  context.CancelFunc
-	stopped func() bool // detaches the abort watch
+	unwatch func() bool // detaches the abort watch
 	wg      sync.WaitGroup
 }
 
@@ -58,7 +58,7 @@ func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genP
 	}
 	gctx, cancel := context.WithCancel(ctx)
 	j := &job{total: len(prompts) * p.n, cancel: cancel}
-	j.stopped = context.AfterFunc(s.abort, cancel)
+	j.unwatch = context.AfterFunc(s.abort, cancel)
 	j.pieces = make(chan piece, 4*j.total)
 	streams := make([]*runtime.Stream, 0, j.total)
 	for _, pr := range prompts {
@@ -102,7 +102,7 @@ func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genP
 // close cancels what still runs and waits for the choices' goroutines.
 func (j *job) close() {
 	j.cancel()
-	j.stopped()
+	j.unwatch()
 	j.wg.Wait()
 }
 
