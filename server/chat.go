@@ -121,21 +121,14 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, j *job, head
 			return
 		}
 	}
-	res, ok := j.stream(r.Context(), sse,
+	j.stream(r.Context(), sse,
 		func(p piece) error {
 			return chunk(chatChunkChoice{Index: p.index, Delta: chatDelta{Content: p.content, ReasoningContent: p.reasoning}})
 		},
-		func(p piece) error { return chunk(chatChunkChoice{Index: p.index, FinishReason: &p.finish}) })
-	if !ok {
-		return
-	}
-	if includeUsage {
-		u := j.usage(res)
-		ch := head
-		ch.Choices, ch.Usage = []chatChunkChoice{}, &u
-		if sse.send(ch) != nil {
-			return
-		}
-	}
-	sse.done()
+		func(p piece) error { return chunk(chatChunkChoice{Index: p.index, FinishReason: &p.finish}) },
+		usageChunk(includeUsage, func(u *usage) any {
+			ch := head
+			ch.Choices, ch.Usage = []chatChunkChoice{}, u
+			return ch
+		}))
 }

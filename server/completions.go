@@ -98,19 +98,12 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, j *job
 			return
 		}
 	}
-	res, ok := j.stream(r.Context(), sse,
+	j.stream(r.Context(), sse,
 		func(p piece) error { return chunk(textChoice{Index: p.index, Text: p.content}) },
-		func(p piece) error { return chunk(textChoice{Index: p.index, FinishReason: &p.finish}) })
-	if !ok {
-		return
-	}
-	if includeUsage {
-		u := j.usage(res)
-		ch := head
-		ch.Choices, ch.Usage = []textChoice{}, &u
-		if sse.send(ch) != nil {
-			return
-		}
-	}
-	sse.done()
+		func(p piece) error { return chunk(textChoice{Index: p.index, FinishReason: &p.finish}) },
+		usageChunk(includeUsage, func(u *usage) any {
+			ch := head
+			ch.Choices, ch.Usage = []textChoice{}, u
+			return ch
+		}))
 }

@@ -270,34 +270,50 @@ func (j *job) collect(ctx context.Context) ([]collected, *apiError) {
 	return res, nil
 }
 
-// stream passes the pieces to text and finish as they come, until every
-// choice has ended, and returns the choices' results. It returns false
-// when the stream cannot go on: the client has gone (a write failed), or a
-// choice failed (the error event is written).
-func (j *job) stream(ctx context.Context, sse *sseWriter, text, finish func(piece) error) ([]collected, bool) {
+// stream writes a streamed response's body after its first chunks: it
+// passes the pieces to text and finish as they come until every choice has
+// ended, then writes the usage chunk (when usage is not nil) and [DONE].
+// It stops early when the client has gone (a write failed), or when a
+// choice failed (after writing the error event).
+func (j *job) stream(ctx context.Context, sse *sseWriter, text, finish func(piece) error, usage func(*usage) any) {
 	res := make([]collected, j.total)
 	for left := j.total; left > 0; {
 		var p piece
 		select {
 		case <-ctx.Done():
-			return nil, false
+			return
 		case p = <-j.pieces:
 		}
 		if p.err != nil {
 			sse.fail(p.err)
-			return nil, false
+			return
 		}
 		if (p.reasoning != "" || p.content != "") && text(p) != nil {
-			return nil, false
+			return
 		}
 		if res[p.index].add(p) {
 			left--
 			if finish(p) != nil {
-				return nil, false
+				return
 			}
 		}
 	}
-	return res, true
+	if usage != nil {
+		u := j.usage(res)
+		if sse.send(usage(&u)) != nil {
+			return
+		}
+	}
+	sse.done()
+}
+
+// usageChunk is chunk when the client asked for the usage
+// (stream_options.include_usage), else nil.
+func usageChunk(include bool, chunk func(*usage) any) func(*usage) any {
+	if !include {
+		return nil
+	}
+	return chunk
 }
 
 // usage is the usage block of a finished request: each prompt counted

@@ -4,31 +4,13 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
-
-// syncBuffer is a bytes.Buffer safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestServeFlagErrors(t *testing.T) {
 	noConfig := filepath.Join(t.TempDir(), "none.toml")
@@ -44,7 +26,7 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"serve", "--config", noConfig, "--model", "ferrite-tiny", "--model", "ferrite-tiny"}, 1, "already served"},
 		{[]string{"serve", "--config", noConfig, "--addr", "256.0.0.1:1"}, 1, "256.0.0.1"},
 	} {
-		var stderr syncBuffer
+		var stderr bytes.Buffer
 		code := Main(context.Background(), c.args, strings.NewReader(""), &bytes.Buffer{}, &stderr)
 		if code != c.code || !strings.Contains(stderr.String(), c.want) {
 			t.Errorf("%q: code %d, stderr %q; want %d and %q", c.args, code, stderr.String(), c.code, c.want)
@@ -59,19 +41,28 @@ func TestServe(t *testing.T) {
 	t.Setenv("FERRITE_API_KEY", "k3y")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stderr syncBuffer
+	// The log goes to a file, which the test reads while the server writes.
+	stderr, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	logged := func() string {
+		b, _ := os.ReadFile(stderr.Name())
+		return string(b)
+	}
 	code := make(chan int, 1)
 	go func() {
 		code <- Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--config", filepath.Join(t.TempDir(), "none.toml"),
-			"--kv-budget", "8388608", "--threads", "2", "--shutdown-timeout", "5s"}, strings.NewReader(""), &bytes.Buffer{}, &stderr)
+			"--kv-budget", "8388608", "--threads", "2", "--shutdown-timeout", "5s"}, strings.NewReader(""), &bytes.Buffer{}, stderr)
 	}()
 	url := regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)`)
 	var base string
 	for deadline := time.Now().Add(30 * time.Second); base == ""; {
-		if m := url.FindStringSubmatch(stderr.String()); m != nil {
+		if m := url.FindStringSubmatch(logged()); m != nil {
 			base = m[1]
 		} else if time.Now().After(deadline) {
-			t.Fatalf("no listening line:\n%s", stderr.String())
+			t.Fatalf("no listening line:\n%s", logged())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -85,7 +76,7 @@ func TestServe(t *testing.T) {
 			resp.Body.Close()
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not healthy: %v\n%s", err, stderr.String())
+			t.Fatalf("not healthy: %v\n%s", err, logged())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -111,12 +102,12 @@ func TestServe(t *testing.T) {
 	select {
 	case c := <-code:
 		if c != 0 {
-			t.Errorf("exit code %d:\n%s", c, stderr.String())
+			t.Errorf("exit code %d:\n%s", c, logged())
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not stop")
 	}
-	if !strings.Contains(stderr.String(), "shutting down") {
-		t.Errorf("no shutdown in the log:\n%s", stderr.String())
+	if !strings.Contains(logged(), "shutting down") {
+		t.Errorf("no shutdown in the log:\n%s", logged())
 	}
 }
