@@ -9,35 +9,31 @@ import (
 )
 
 // handleChat is POST /v1/chat/completions.
-func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) *apiError {
 	var req chatRequest
 	if e := decodeBody(w, r, &req); e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	p, pr, m, e := s.chatRequest(&req)
 	if e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	j, e := s.start(r.Context(), m, []prompt{pr}, &p)
 	if e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	defer j.close()
 	head := chatChunk{ID: s.opts.newID("chatcmpl-"), Created: s.opts.now().Unix(), Model: m.name}
 	if p.stream {
 		s.streamChat(w, r, j, head, p.includeUsage)
-		return
+		return nil
 	}
 	res, e := j.collect(r.Context())
 	if e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	if res == nil {
-		return // the client has gone
+		return nil // the client has gone
 	}
 	out := chatCompletion{ID: head.ID, Object: "chat.completion", Created: head.Created, Model: head.Model,
 		Choices: make([]chatChoice, len(res)), Usage: j.usage(res)}
@@ -50,6 +46,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		out.Choices[i] = chatChoice{Index: i, Message: msg, FinishReason: c.finish}
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
 }
 
 // chatRequest checks a chat request and renders its prompt.

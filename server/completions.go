@@ -6,30 +6,25 @@ import (
 
 // handleCompletions is POST /v1/completions (text completion: no chat
 // template; the prompt is encoded with the tokenizer's special tokens).
-func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) *apiError {
 	var req completionRequest
 	if e := decodeBody(w, r, &req); e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	p, e := req.params(16) // OpenAI's default max_tokens for text completions
 	if e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	if req.Suffix != nil && *req.Suffix != "" {
-		writeError(w, paramError("suffix", "suffix (fill in the middle) is not supported"))
-		return
+		return paramError("suffix", "suffix (fill in the middle) is not supported")
 	}
 	texts, ids, e := completionPrompts(req.Prompt)
 	if e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	m, e := s.backend(req.Model)
 	if e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	tok := m.b.Tokenizer
 	var prompts []prompt
@@ -43,30 +38,27 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		echo = append(echo, tok.Decode(l, false))
 	}
 	if len(prompts) == 0 {
-		writeError(w, paramError("prompt", "prompt is an empty list"))
-		return
+		return paramError("prompt", "prompt is an empty list")
 	}
 	if !req.Echo {
 		echo = nil
 	}
 	j, e := s.start(r.Context(), m, prompts, &p)
 	if e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	defer j.close()
 	head := textCompletion{ID: s.opts.newID("cmpl-"), Object: "text_completion", Created: s.opts.now().Unix(), Model: m.name}
 	if p.stream {
 		s.streamCompletion(w, r, j, head, echo, p.includeUsage)
-		return
+		return nil
 	}
 	res, e := j.collect(r.Context())
 	if e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	if res == nil {
-		return // the client has gone
+		return nil // the client has gone
 	}
 	u := j.usage(res)
 	out := head
@@ -80,6 +72,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		out.Choices[i] = textChoice{Index: i, Text: text, FinishReason: &res[i].finish}
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
 }
 
 // streamCompletion writes the choices as text_completion events: the

@@ -268,19 +268,20 @@ func (s *Server) backend(name string) (*served, *apiError) {
 	return m, nil
 }
 
-// route is one endpoint.
+// route is one endpoint. Its handler returns the error to answer with, if
+// it has written nothing yet.
 type route struct {
 	method string
-	h      http.HandlerFunc
+	h      func(w http.ResponseWriter, r *http.Request) *apiError
 }
 
 // Handler is the server's HTTP handler (Serve uses it; it serves only
 // models that Serve has loaded).
 func (s *Server) Handler() http.Handler {
 	routes := map[string]route{
-		"/health":              {http.MethodGet, s.handleHealth},
-		"/metrics":             {http.MethodGet, s.handleMetrics},
-		"/v1/models":           {http.MethodGet, s.handleModels},
+		"/health":              {http.MethodGet, infallible(s.handleHealth)},
+		"/metrics":             {http.MethodGet, infallible(s.handleMetrics)},
+		"/v1/models":           {http.MethodGet, infallible(s.handleModels)},
 		"/v1/chat/completions": {http.MethodPost, s.handleChat},
 		"/v1/completions":      {http.MethodPost, s.handleCompletions},
 		"/tokenize":            {http.MethodPost, s.handleTokenize},
@@ -307,9 +308,19 @@ func (s *Server) Handler() http.Handler {
 			writeError(rec, &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
 				Message: "missing or wrong API key: send Authorization: Bearer KEY"})
 		default:
-			rt.h(rec, r)
+			if e := rt.h(rec, r); e != nil {
+				writeError(rec, e)
+			}
 		}
 	})
+}
+
+// infallible is a route handler of h, which always answers.
+func infallible(h http.HandlerFunc) func(http.ResponseWriter, *http.Request) *apiError {
+	return func(w http.ResponseWriter, r *http.Request) *apiError {
+		h(w, r)
+		return nil
+	}
 }
 
 // authorized checks the request's bearer token against Options.APIKey.

@@ -9,20 +9,17 @@ import (
 
 // handleTokenize is POST /tokenize (vLLM's): the ids of a prompt, or of a
 // conversation rendered with the chat template.
-func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) *apiError {
 	var req tokenizeRequest
 	if e := decodeBody(w, r, &req); e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	if (req.Prompt == nil) == (req.Messages == nil) {
-		writeError(w, badRequest("give either prompt or messages"))
-		return
+		return badRequest("give either prompt or messages")
 	}
 	m, e := s.backend(req.Model)
 	if e != nil {
-		writeError(w, e)
-		return
+		return e
 	}
 	tok := m.b.Tokenizer
 	var ids []int32
@@ -31,14 +28,12 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	} else {
 		msgs, e := templateMessages(req.Messages)
 		if e != nil {
-			writeError(w, e)
-			return
+			return e
 		}
 		opts := tokenizer.TemplateOptions{AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt}
 		p, err := chatprompt.Encode(tok, msgs, opts, 0)
 		if err != nil {
-			writeError(w, badRequest("%v", err))
-			return
+			return badRequest("%v", err)
 		}
 		ids = p.IDs
 	}
@@ -46,4 +41,5 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		ids = []int32{}
 	}
 	writeJSON(w, http.StatusOK, tokenizeResponse{Count: len(ids), MaxModelLen: m.b.Runtime.MaxSeqLen(), Tokens: ids})
+	return nil
 }
