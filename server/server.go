@@ -78,10 +78,11 @@ const maxBody = 16 << 20
 
 // Server is an OpenAI-compatible API over loaded models.
 type Server struct {
-	opts   Options
-	log    *slog.Logger
-	models []*served
-	byName map[string]*served
+	opts    Options
+	log     *slog.Logger
+	created int64 // Unix time of New: the models' created field
+	models  []*served
+	byName  map[string]*served
 
 	abort    context.Context // cancelled when running requests must end (shutdown timeout)
 	abortNow context.CancelFunc
@@ -114,7 +115,7 @@ func New(opts Options) (*Server, error) {
 	if opts.newID == nil {
 		opts.newID = randomID
 	}
-	s := &Server{opts: opts, log: opts.Log, byName: map[string]*served{}}
+	s := &Server{opts: opts, log: opts.Log, byName: map[string]*served{}, created: opts.now().Unix()}
 	if s.log == nil {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -145,7 +146,7 @@ func randomID(prefix string) string {
 // Options.ShutdownTimeout), releases the models and returns. The error is
 // nil after a shutdown asked for by ctx.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 30 * time.Second,
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
@@ -419,9 +420,8 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	list := modelList{Object: "list", Data: []modelCard{}}
-	created := s.opts.now().Unix()
 	for _, m := range s.models {
-		c := modelCard{ID: m.name, Object: "model", Created: created, OwnedBy: "ferrite"}
+		c := modelCard{ID: m.name, Object: "model", Created: s.created, OwnedBy: "ferrite"}
 		select {
 		case <-m.ready:
 			if m.b != nil {
