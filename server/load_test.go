@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/ferrite-llm/ferrite/engine/runtime"
+	"github.com/ferrite-llm/ferrite/engine/sample"
+	"github.com/ferrite-llm/ferrite/internal/chatprompt"
+	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
 // loadQuestions are in-domain questions for ferrite-tiny (replies of 10
@@ -39,8 +42,15 @@ type loadStats struct {
 // chunks).
 func loadRun(t *testing.T, url string, clients int, dur time.Duration, disconnect float64, seed uint64) *loadStats {
 	t.Helper()
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients, MaxConnsPerHost: 0}}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
 	defer hc.CloseIdleConnections()
+	return drive(t, clients, dur, seed, func(rng *rand.Rand) loadResult { return loadRequest(hc, url, rng, disconnect) })
+}
+
+// drive runs clients goroutines sending requests with send back to back
+// for dur.
+func drive(t *testing.T, clients int, dur time.Duration, seed uint64, send func(rng *rand.Rand) loadResult) *loadStats {
+	t.Helper()
 	var mu sync.Mutex
 	st := &loadStats{}
 	t0 := time.Now()
@@ -52,7 +62,7 @@ func loadRun(t *testing.T, url string, clients int, dur time.Duration, disconnec
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(seed, uint64(c)))
 			for time.Now().Before(deadline) {
-				r := loadRequest(hc, url, rng, disconnect)
+				r := send(rng)
 				mu.Lock()
 				st.requests++
 				switch {
@@ -92,16 +102,33 @@ type loadResult struct {
 // maxTokens bounds the replies of the load: 8 to maxTokens tokens.
 const maxTokens = 40
 
+// loadReq is one request of the load: a question, n choices of at most
+// maxTokens tokens, temperature 0.8 with a seed; extra are more fields
+// (a stop string or the usage).
+type loadReq struct {
+	question  string
+	n         int
+	maxTokens int
+	seed      int64
+	extra     string
+}
+
+func randomRequest(rng *rand.Rand) loadReq {
+	r := loadReq{question: loadQuestions[rng.IntN(len(loadQuestions))], n: 1, maxTokens: 8 + rng.IntN(maxTokens-7), seed: rng.Int64N(1000)}
+	if rng.IntN(4) == 0 {
+		r.n = 2
+	}
+	r.extra = []string{"", `,"stop":["."]`, `,"stream_options":{"include_usage":true}`}[rng.IntN(3)]
+	return r
+}
+
 // loadRequest sends one streaming chat request and reads it to its end (or
 // abandons it).
 func loadRequest(hc *http.Client, url string, rng *rand.Rand, disconnect float64) loadResult {
-	n := 1
-	if rng.IntN(4) == 0 {
-		n = 2
-	}
+	lr := randomRequest(rng)
+	n := lr.n
 	body := fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"stream":true,"n":%d,"max_tokens":%d,"temperature":0.8,"seed":%d%s}`,
-		loadQuestions[rng.IntN(len(loadQuestions))], n, 8+rng.IntN(maxTokens-7), rng.Int64N(1000),
-		[]string{"", `,"stop":["."]`, `,"stream_options":{"include_usage":true}`}[rng.IntN(3)])
+		lr.question, n, lr.maxTokens, lr.seed, lr.extra)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	leaveAfter := -1 // chunks read before giving up; -1: never
@@ -177,6 +204,43 @@ func loadRequest(hc *http.Client, url string, rng *rand.Rand, disconnect float64
 	return loadResult{failure: fmt.Sprintf("the stream ended without [DONE]: %v", sc.Err())}
 }
 
+// directRequest is loadRequest's request straight to the runtime, without
+// HTTP, JSON or the server's goroutines: the baseline of the benchmark.
+func directRequest(b *Backend, rng *rand.Rand) loadResult {
+	lr := randomRequest(rng)
+	p, err := chatprompt.Encode(b.Tokenizer, []tokenizer.Message{{Role: "user", Content: lr.question}},
+		tokenizer.TemplateOptions{AddGenerationPrompt: true}, 0)
+	if err != nil {
+		return loadResult{failure: err.Error()}
+	}
+	t0 := time.Now()
+	var streams []*runtime.Stream
+	for i := range lr.n {
+		st, err := b.Runtime.Generate(context.Background(), runtime.Request{Prompt: p.IDs, MaxTokens: lr.maxTokens,
+			Sampling: sample.Params{Temperature: 0.8, TopP: 1, RepeatPenalty: 1, Seed: uint64(lr.seed) + uint64(i) + 1}, Stop: b.Tokenizer.EOS()})
+		if err != nil {
+			return loadResult{failure: err.Error()}
+		}
+		streams = append(streams, st)
+	}
+	var ttft time.Duration
+	for _, st := range streams {
+		for {
+			ev, ok := st.Next()
+			if !ok {
+				break
+			}
+			if len(ev.Tokens) > 0 && ttft == 0 {
+				ttft = time.Since(t0)
+			}
+			if ev.Type == runtime.EventError {
+				return loadResult{failure: ev.Err.Error()}
+			}
+		}
+	}
+	return loadResult{ttft: ttft}
+}
+
 // percentile is the p-th percentile (0 to 100) of ds, nearest rank.
 func percentile(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
@@ -238,8 +302,9 @@ func tinyBytesPerToken(t *testing.T) int64 {
 }
 
 // TestLoadBenchmark measures requests per second and time to first token
-// at 1, 8 and 64 concurrent streaming clients (BENCHMARKS.md §6). It runs
-// only with FERRITE_SERVE_BENCH=DURATION (per concurrency level).
+// at 1, 8 and 64 concurrent streaming clients (BENCHMARKS.md §6), through
+// the server and, as a baseline, straight to the runtime. It runs only
+// with FERRITE_SERVE_BENCH=DURATION (per concurrency level and path).
 func TestLoadBenchmark(t *testing.T) {
 	v := os.Getenv("FERRITE_SERVE_BENCH")
 	if v == "" {
@@ -252,16 +317,25 @@ func TestLoadBenchmark(t *testing.T) {
 	b := tinyBackend(t, runtime.Options{KVBudget: 64 << 20, MaxSeqs: 64})
 	ts := startServer(t, Options{Models: []Model{loaded("ferrite-tiny", b)}}, true)
 	loadRun(t, ts.url, 8, time.Second, 0, 99) // warm up
-	fmt.Printf("| clients | requests | requests/s | completion tok/s | TTFT p50 | TTFT p99 |\n|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Printf("| path | clients | requests | requests/s | completion tok/s | TTFT p50 | TTFT p99 |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, clients := range []int{1, 8, 64} {
-		g0 := b.Runtime.Stats().GeneratedTokens
-		st := loadRun(t, ts.url, clients, dur, 0, uint64(clients))
-		if len(st.failures) > 0 || st.apiErrors > 0 {
-			t.Fatalf("%d clients: %d failures (%v), %d errors", clients, len(st.failures), st.failures[:min(3, len(st.failures))], st.apiErrors)
+		for _, direct := range []bool{false, true} {
+			g0 := b.Runtime.Stats().GeneratedTokens
+			var st *loadStats
+			path := "HTTP (server)"
+			if direct {
+				path = "runtime.Generate"
+				st = drive(t, clients, dur, uint64(clients), func(rng *rand.Rand) loadResult { return directRequest(b, rng) })
+			} else {
+				st = loadRun(t, ts.url, clients, dur, 0, uint64(clients))
+			}
+			if len(st.failures) > 0 || st.apiErrors > 0 {
+				t.Fatalf("%d clients: %d failures (%v), %d errors", clients, len(st.failures), st.failures[:min(3, len(st.failures))], st.apiErrors)
+			}
+			sec := st.elapsed.Seconds()
+			fmt.Printf("| %s | %d | %d | %.1f | %.0f | %.0f ms | %.0f ms |\n", path, clients, st.completed, float64(st.completed)/sec,
+				float64(b.Runtime.Stats().GeneratedTokens-g0)/sec,
+				float64(percentile(st.ttft, 50).Microseconds())/1000, float64(percentile(st.ttft, 99).Microseconds())/1000)
 		}
-		sec := st.elapsed.Seconds()
-		fmt.Printf("| %d | %d | %.1f | %.0f | %.0f ms | %.0f ms |\n", clients, st.completed, float64(st.completed)/sec,
-			float64(b.Runtime.Stats().GeneratedTokens-g0)/sec,
-			float64(percentile(st.ttft, 50).Microseconds())/1000, float64(percentile(st.ttft, 99).Microseconds())/1000)
 	}
 }
