@@ -41,7 +41,10 @@ type job struct {
 }
 
 // start checks that the prompts fit and queues every choice. ctx is the
-// request's: the client going away ends the generations.
+// request's: the client going away ends the generations. Two contexts
+// derive from it: the handler's side (ended by close too), on which the
+// choices give up sending, and the generations' (ended by that and by the
+// abort of a shutdown, which must still reach the handler as an error).
 func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genParams) (*job, *apiError) {
 	b := m.b
 	limit := b.Runtime.MaxSeqLen()
@@ -56,9 +59,10 @@ func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genP
 			return nil, contextError(n, n+p.maxTokens, limit)
 		}
 	}
-	gctx, cancel := context.WithCancel(ctx)
+	hctx, cancel := context.WithCancel(ctx)
+	gctx, abort := context.WithCancel(hctx)
 	j := &job{total: len(prompts) * p.n, cancel: cancel}
-	j.unwatch = context.AfterFunc(s.abort, cancel)
+	j.unwatch = context.AfterFunc(s.abort, abort)
 	j.pieces = make(chan piece, 4*j.total)
 	streams := make([]*runtime.Stream, 0, j.total)
 	for _, pr := range prompts {
@@ -86,7 +90,7 @@ func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genP
 	m.metrics.requests.Add(1)
 	for idx, st := range streams {
 		pr := prompts[idx/p.n]
-		c := &choice{s: s, m: m, idx: idx, st: st, stop: stopper{stops: p.stops}, reqCtx: ctx, out: j.pieces}
+		c := &choice{s: s, m: m, idx: idx, st: st, stop: stopper{stops: p.stops}, handler: hctx, out: j.pieces}
 		if pr.think {
 			c.think = newThinkSplitter(pr.thinkInside)
 		}
@@ -99,7 +103,8 @@ func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genP
 	return j, nil
 }
 
-// close cancels what still runs and waits for the choices' goroutines.
+// close cancels what still runs and waits for the choices' goroutines
+// (which stop sending: the handler reads no more).
 func (j *job) close() {
 	j.cancel()
 	j.unwatch()
@@ -118,27 +123,28 @@ func (j *job) promptTokens() int {
 
 // choice is one completion being generated, on its own goroutine.
 type choice struct {
-	s      *Server
-	m      *served
-	idx    int
-	st     *runtime.Stream
-	stop   stopper
-	think  *thinkSplitter  // nil: all text is content
-	reqCtx context.Context // the client's request
-	out    chan<- piece    // to the handler
+	s       *Server
+	m       *served
+	idx     int
+	st      *runtime.Stream
+	stop    stopper
+	think   *thinkSplitter  // nil: all text is content
+	handler context.Context // ends when the handler no longer reads out
+	out     chan<- piece    // to the handler
 
 	tokens int           // ids generated so far (up to a stop string)
 	usage  runtime.Usage // the latest usage the runtime reported
 }
 
-// send hands p to the handler; false when the client has gone (the
-// generation is then cancelled and counted so).
+// send hands p to the handler; false when the client has gone or the
+// handler has stopped reading (the generation is then cancelled and
+// counted so).
 func (c *choice) send(p piece) bool {
 	p.index = c.idx
 	select {
 	case c.out <- p:
 		return true
-	case <-c.reqCtx.Done():
+	case <-c.handler.Done():
 		c.gone()
 		return false
 	}

@@ -168,3 +168,36 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Error("the server still accepts connections")
 	}
 }
+
+// TestJobCloseWithoutReading: a handler that stops reading (an error in
+// one choice, a failed write) can close its job while the choices still
+// have pieces to send; close returns and the runtime gets its blocks back.
+func TestJobCloseWithoutReading(t *testing.T) {
+	b := scriptedBackend(t, "Go on.", strings.Repeat("and on ", 100), 0)
+	ts := startServer(t, Options{Models: []Model{loaded("fast", b)}}, true)
+	var req chatRequest
+	req.Messages = []chatMessage{{Role: "user", Content: []byte(`"Go on."`)}}
+	p, pr, m, e := ts.chatRequest(&req)
+	if e != nil {
+		t.Fatal(e)
+	}
+	p.n = 4
+	j, e := ts.start(context.Background(), m, []prompt{pr}, &p)
+	if e != nil {
+		t.Fatal(e)
+	}
+	for len(j.pieces) < cap(j.pieces) { // the choices fill the channel and block
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan struct{})
+	go func() {
+		j.close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("job.close hangs while the choices wait to send")
+	}
+	waitIdle(t, b.Runtime)
+}
