@@ -144,7 +144,7 @@ func randomID(prefix string) string {
 // Serve answers requests on ln while it loads the models, until ctx ends
 // or a model fails to load; then it shuts down gracefully (see
 // Options.ShutdownTimeout), releases the models and returns. The error is
-// nil after a shutdown asked for by ctx.
+// nil after a shutdown asked for by ctx. A Server serves once.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
