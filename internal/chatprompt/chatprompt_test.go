@@ -1,0 +1,52 @@
+package chatprompt
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/builtin"
+	"github.com/ferrite-llm/ferrite/tokenizer"
+)
+
+func TestEncode(t *testing.T) {
+	tok, err := builtin.Tokenizer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []tokenizer.Message{{Role: "user", Content: "Who are you?"}}
+	p, err := Encode(tok, msgs, tokenizer.TemplateOptions{AddGenerationPrompt: true}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n"
+	if p.Text != want {
+		t.Errorf("text %q, want %q", p.Text, want)
+	}
+	if got := tok.Decode(p.IDs, false); got != want {
+		t.Errorf("ids decode to %q", got)
+	}
+	if p.OpensThink() {
+		t.Error("ferrite-tiny's prompt opens a <think> block")
+	}
+	_, err = Encode(tok, msgs, tokenizer.TemplateOptions{AddGenerationPrompt: true}, len(p.IDs)-1)
+	var ce *ContextError
+	if !errors.As(err, &ce) || ce.PromptTokens != len(p.IDs) || ce.Limit != len(p.IDs)-1 {
+		t.Errorf("a prompt one token too long: %v", err)
+	}
+	if _, err := Encode(tok, msgs, tokenizer.TemplateOptions{AddGenerationPrompt: true}, len(p.IDs)); err != nil {
+		t.Errorf("a prompt that just fits: %v", err)
+	}
+}
+
+func TestOpensThink(t *testing.T) {
+	for text, want := range map[string]bool{
+		"<|im_start|>assistant\n<think>\n": true,
+		"<|im_start|>assistant\n<think>":   true,
+		"<|im_start|>assistant\n":          false,
+		"<think>\n\n</think>\n\n":          false,
+	} {
+		if got := (Prompt{Text: text}).OpensThink(); got != want {
+			t.Errorf("%q: %v, want %v", text, got, want)
+		}
+	}
+}
