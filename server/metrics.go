@@ -121,10 +121,19 @@ type httpCounts struct {
 // "other", which keeps the label set bounded.
 var knownPaths = []string{"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize"}
 
-func (c *httpCounts) count(path string, status int) {
-	if !slices.Contains(knownPaths, path) {
-		path = "other"
+// pathLabel is path as the metrics count it.
+func pathLabel(path string) string {
+	switch {
+	case slices.Contains(knownPaths, path):
+		return path
+	case strings.HasPrefix(path, modelPrefix):
+		return modelPrefix + "{model}"
 	}
+	return "other"
+}
+
+func (c *httpCounts) count(path string, status int) {
+	path = pathLabel(path)
 	if status == 0 {
 		status = http.StatusOK
 	}

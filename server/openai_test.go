@@ -110,6 +110,13 @@ func TestOpenAIClientCompletionsAndModels(t *testing.T) {
 	if len(page.Data) != 1 || page.Data[0].ID != "ferrite-tiny" || page.Data[0].OwnedBy != "ferrite" {
 		t.Fatalf("models %+v", page.Data)
 	}
+	if m, err := c.Models.Get(ctx, "ferrite-tiny"); err != nil || m.ID != "ferrite-tiny" {
+		t.Errorf("get ferrite-tiny: %+v, %v", m, err)
+	}
+	var apiErr *openai.Error
+	if _, err := c.Models.Get(ctx, "gpt-17"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
+		t.Errorf("get gpt-17: %v", err)
+	}
 	resp, err := c.Completions.New(ctx, openai.CompletionNewParams{
 		Model:       "ferrite-tiny",
 		Prompt:      openai.CompletionNewParamsPromptUnion{OfArrayOfStrings: []string{"Ephemeral means", "A synonym for big is"}},

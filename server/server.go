@@ -296,6 +296,9 @@ func (s *Server) Handler() http.Handler {
 				"ms", time.Since(t0).Milliseconds(), "remote", r.RemoteAddr)
 		}()
 		rt, ok := routes[r.URL.Path]
+		if !ok && strings.HasPrefix(r.URL.Path, modelPrefix) {
+			rt, ok = route{http.MethodGet, s.handleModel}, true
+		}
 		switch {
 		case !ok:
 			writeError(rec, &apiError{Status: http.StatusNotFound, Type: "not_found_error",
@@ -421,15 +424,31 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	list := modelList{Object: "list", Data: []modelCard{}}
 	for _, m := range s.models {
-		c := modelCard{ID: m.name, Object: "model", Created: s.created, OwnedBy: "ferrite"}
-		select {
-		case <-m.ready:
-			if m.b != nil {
-				c.MaxModelLen = m.b.Runtime.MaxSeqLen()
-			}
-		default:
-		}
-		list.Data = append(list.Data, c)
+		list.Data = append(list.Data, s.card(m))
 	}
 	writeJSON(w, http.StatusOK, list)
+}
+
+// modelPrefix is the path of one model: GET /v1/models/NAME (a name may
+// hold slashes, as in Qwen/Qwen3-0.6B).
+const modelPrefix = "/v1/models/"
+
+func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) *apiError {
+	name := strings.TrimPrefix(r.URL.Path, modelPrefix)
+	m := s.byName[name]
+	if m == nil {
+		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+			Message: fmt.Sprintf("the model %q does not exist", name)}
+	}
+	writeJSON(w, http.StatusOK, s.card(m))
+	return nil
+}
+
+// card describes m for /v1/models.
+func (s *Server) card(m *served) modelCard {
+	c := modelCard{ID: m.name, Object: "model", Created: s.created, OwnedBy: "ferrite"}
+	if b := m.loaded(); b != nil {
+		c.MaxModelLen = b.Runtime.MaxSeqLen()
+	}
+	return c
 }
