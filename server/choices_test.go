@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func chatJSON(t *testing.T, ts *testServer, body string) chatCompletion {
@@ -114,4 +116,26 @@ func TestReasoningContent(t *testing.T) {
 		t.Errorf("streamed reasoning %q, content %q:\n%s", reasoning, content, out)
 	}
 	waitIdle(t, b.Runtime)
+}
+
+// TestRequestsShareTheBatch: concurrent requests from several clients run
+// in the same engine steps (far fewer steps than tokens).
+func TestRequestsShareTheBatch(t *testing.T) {
+	b := scriptedBackend(t, "Go on.", strings.Repeat("and on ", 15), 10*time.Millisecond)
+	ts := startServer(t, Options{Models: []Model{loaded("slow", b)}}, true)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if status, body := ts.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"Go on."}]}`); status != 200 {
+				t.Errorf("status %d: %s", status, body)
+			}
+		}()
+	}
+	wg.Wait()
+	st := b.Runtime.Stats()
+	if st.GeneratedTokens < 4*30 || st.Steps > st.GeneratedTokens/2 {
+		t.Errorf("%d steps for %d tokens of 4 concurrent requests: not batched", st.Steps, st.GeneratedTokens)
+	}
 }
