@@ -73,7 +73,7 @@ func (s *Server) chatRequest(req *chatRequest) (genParams, prompt, *served, *api
 	if e != nil {
 		return p, prompt{}, nil, e
 	}
-	cp, terr := chatprompt.Encode(m.b.Tokenizer, msgs, opts, 0) // start checks the length
+	cp, terr := chatprompt.Encode(m.b.Tokenizer, msgs, opts) // start checks the length
 	if terr != nil {
 		return p, prompt{}, nil, badRequest("%v", terr)
 	}

@@ -209,7 +209,7 @@ func loadRequest(hc *http.Client, url string, rng *rand.Rand, disconnect float64
 func directRequest(b *Backend, rng *rand.Rand) loadResult {
 	lr := randomRequest(rng)
 	p, err := chatprompt.Encode(b.Tokenizer, []tokenizer.Message{{Role: "user", Content: lr.question}},
-		tokenizer.TemplateOptions{AddGenerationPrompt: true}, 0)
+		tokenizer.TemplateOptions{AddGenerationPrompt: true})
 	if err != nil {
 		return loadResult{failure: err.Error()}
 	}

@@ -31,7 +31,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) *apiErro
 			return e
 		}
 		opts := tokenizer.TemplateOptions{AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt}
-		p, err := chatprompt.Encode(tok, msgs, opts, 0)
+		p, err := chatprompt.Encode(tok, msgs, opts)
 		if err != nil {
 			return badRequest("%v", err)
 		}

@@ -1,8 +1,9 @@
 // Package chatprompt turns a conversation into the token ids a model is
-// given: the tokenizer's chat template rendered with the generation prompt,
-// encoded, and checked against the room a request has. The chat (ui) and
-// the OpenAI-compatible server (server) both build their prompts with it,
-// so a conversation reaches the model the same way from either.
+// given: the tokenizer's chat template rendered (with the generation
+// prompt), then encoded without adding special tokens (the template writes
+// its own). The chat (ui) and the OpenAI-compatible server (server) both
+// build their prompts with it, so a conversation reaches the model the
+// same way from either.
 package chatprompt
 
 import (
@@ -32,26 +33,13 @@ const (
 )
 
 // Encode renders msgs with tok's chat template and opts (a reply to
-// generate needs opts.AddGenerationPrompt) and encodes the text. A prompt
-// longer than limit tokens (limit > 0) gives a *ContextError.
-func Encode(tok *tokenizer.Tokenizer, msgs []tokenizer.Message, opts tokenizer.TemplateOptions, limit int) (Prompt, error) {
+// generate needs opts.AddGenerationPrompt) and encodes the text. Whether
+// the prompt fits is the caller's to check (against the runtime's
+// MaxSeqLen).
+func Encode(tok *tokenizer.Tokenizer, msgs []tokenizer.Message, opts tokenizer.TemplateOptions) (Prompt, error) {
 	text, err := tok.ApplyChatTemplate(msgs, opts)
 	if err != nil {
 		return Prompt{}, fmt.Errorf("chat template: %w", err)
 	}
-	p := Prompt{Text: text, IDs: tok.Encode(text, false)}
-	if limit > 0 && len(p.IDs) > limit {
-		return p, &ContextError{PromptTokens: len(p.IDs), Limit: limit}
-	}
-	return p, nil
-}
-
-// ContextError says a prompt does not fit the model's context.
-type ContextError struct {
-	PromptTokens int // the prompt's length
-	Limit        int // the most tokens a request may hold
-}
-
-func (e *ContextError) Error() string {
-	return fmt.Sprintf("the prompt is %d tokens and the context holds %d", e.PromptTokens, e.Limit)
+	return Prompt{Text: text, IDs: tok.Encode(text, false)}, nil
 }

@@ -30,17 +30,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		case "bench":
 			return cmdBench(ctx, args[1:], stdin, stdout, stderr)
 		case "serve":
-			return cmdServe(ctx, args[1:], stderr)
+			return cmdServe(ctx, args[1:], stdout, stderr)
 		}
 	}
 	return cmdChat(ctx, args, stdin, stdout, stderr)
 }
-
-const usage = `usage:
-  ferrite [--model DIR] [flags]         open the chat (behaves like run when stdout is not a terminal)
-  ferrite run --model DIR [flags] TEXT  generate once, streaming to stdout
-  ferrite tokenize --model DIR [TEXT]   print the token ids of TEXT (or stdin)
-  ferrite bench --model DIR [flags]     measure throughput: concurrency × prompt × gen sweep, roofline
-  ferrite serve [--model M]... [flags]  OpenAI-compatible HTTP API (default 127.0.0.1:8080)
-  ferrite help                          this help
-`

@@ -12,8 +12,17 @@ import (
 	"time"
 )
 
+// emptyConfig is an empty configuration file: the defaults.
+func emptyConfig(t *testing.T) string {
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func TestServeFlagErrors(t *testing.T) {
-	noConfig := filepath.Join(t.TempDir(), "none.toml")
+	cfg := emptyConfig(t)
 	for _, c := range []struct {
 		args []string
 		code int
@@ -22,9 +31,11 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"serve", "--bogus"}, 2, "flag provided but not defined"},
 		{[]string{"serve", "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"serve", "--shutdown-timeout", "0s"}, 2, "--shutdown-timeout"},
-		{[]string{"serve", "--config", noConfig, "--model", filepath.Join(t.TempDir(), "missing", "model")}, 1, "no such file"},
-		{[]string{"serve", "--config", noConfig, "--model", "ferrite-tiny", "--model", "ferrite-tiny"}, 1, "already served"},
-		{[]string{"serve", "--config", noConfig, "--addr", "256.0.0.1:1"}, 1, "256.0.0.1"},
+		{[]string{"serve", "--config", cfg, "--model", filepath.Join(t.TempDir(), "missing", "model")}, 1, "no such model directory"},
+		{[]string{"serve", "--config", cfg, "--model", "ferrite-tiny", "--model", "ferrite-tiny"}, 1, "already served"},
+		{[]string{"serve", "--config", cfg, "--addr", "256.0.0.1:1"}, 1, "256.0.0.1"},
+		{[]string{"serve", "--config", filepath.Join(t.TempDir(), "missing.toml")}, 2, "no such file"},
+		{[]string{"serve", "--kv-budget", "lots"}, 2, "kv-budget"},
 	} {
 		var stderr bytes.Buffer
 		code := Main(context.Background(), c.args, strings.NewReader(""), &bytes.Buffer{}, &stderr)
@@ -53,7 +64,7 @@ func TestServe(t *testing.T) {
 	}
 	code := make(chan int, 1)
 	go func() {
-		code <- Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--config", filepath.Join(t.TempDir(), "none.toml"),
+		code <- Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--config", emptyConfig(t),
 			"--kv-budget", "8388608", "--threads", "2", "--shutdown-timeout", "5s"}, strings.NewReader(""), &bytes.Buffer{}, stderr)
 	}()
 	url := regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)`)
