@@ -59,10 +59,14 @@ func unavailable(format string, args ...any) *apiError {
 	return &apiError{Status: http.StatusServiceUnavailable, Message: fmt.Sprintf(format, args...), Type: "server_error", Code: "service_unavailable"}
 }
 
-func contextError(prompt, want, limit int) *apiError {
-	msg := fmt.Sprintf("this model's maximum context length is %d tokens, but the prompt is %d tokens", limit, prompt)
+func contextError(prompt, want, limit int, kv bool) *apiError {
+	what := "this model's maximum context length is %d tokens"
+	if kv {
+		what = "the server's KV cache holds %d tokens (its --kv-budget)"
+	}
+	msg := fmt.Sprintf(what+", but the prompt is %d tokens", limit, prompt)
 	if want > prompt {
-		msg = fmt.Sprintf("this model's maximum context length is %d tokens, but %d were requested (%d in the prompt, %d for the completion); lower max_tokens or shorten the prompt",
+		msg = fmt.Sprintf(what+", but %d were requested (%d in the prompt, %d for the completion); lower max_tokens or shorten the prompt",
 			limit, want, prompt, want-prompt)
 	}
 	return &apiError{Status: http.StatusBadRequest, Message: msg, Type: "invalid_request_error", Param: "messages", Code: "context_length_exceeded"}

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/ferrite-llm/ferrite/engine/runtime"
 )
 
 // TestErrors sends bad requests: each gets OpenAI's error object with the
@@ -117,5 +119,16 @@ func TestAuth(t *testing.T) {
 	status, _ := ts.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
 	if status != 401 {
 		t.Errorf("chat without a key: %d", status)
+	}
+}
+
+// TestContextErrorNamesTheCache: past a context that the KV budget sets,
+// the message says so.
+func TestContextErrorNamesTheCache(t *testing.T) {
+	b := tinyBackend(t, runtime.Options{KVBudget: 4 * 16 * tinyBytesPerToken(t)}) // 64 tokens
+	ts := startServer(t, Options{Models: []Model{loaded("ferrite-tiny", b)}}, true)
+	status, body := ts.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"`+strings.Repeat("word ", 80)+`"}]}`)
+	if status != http.StatusBadRequest || !strings.Contains(body, "KV cache holds 64 tokens") || !strings.Contains(body, "context_length_exceeded") {
+		t.Errorf("%d %s", status, body)
 	}
 }

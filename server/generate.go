@@ -47,16 +47,16 @@ type job struct {
 // abort of a shutdown, which must still reach the handler as an error).
 func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genParams) (*job, *apiError) {
 	b := m.b
-	limit := b.Runtime.MaxSeqLen()
+	limit, kv := b.Runtime.MaxSeqLen(), b.Runtime.SeqLimit() == runtime.LimitKVCache
 	for _, pr := range prompts {
 		n := len(pr.ids)
 		switch {
 		case n == 0:
 			return nil, paramError("prompt", "the prompt is empty")
 		case n > limit:
-			return nil, contextError(n, 0, limit)
+			return nil, contextError(n, 0, limit, kv)
 		case p.explicitMax && n+p.maxTokens > limit:
-			return nil, contextError(n, n+p.maxTokens, limit)
+			return nil, contextError(n, n+p.maxTokens, limit, kv)
 		}
 	}
 	hctx, cancel := context.WithCancel(ctx)
@@ -77,7 +77,7 @@ func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genP
 			if err != nil {
 				j.close()
 				if errors.Is(err, runtime.ErrPromptTooLong) {
-					return nil, contextError(len(pr.ids), 0, limit)
+					return nil, contextError(len(pr.ids), 0, limit, kv)
 				}
 				if errors.Is(err, runtime.ErrClosed) {
 					return nil, unavailable("the server is shutting down")
