@@ -139,3 +139,25 @@ func TestRequestsShareTheBatch(t *testing.T) {
 		t.Errorf("%d steps for %d tokens of 4 concurrent requests: not batched", st.Steps, st.GeneratedTokens)
 	}
 }
+
+// TestSeveralModels: each request goes to the model it names, the first
+// one when it names none, and /v1/models lists them in order.
+func TestSeveralModels(t *testing.T) {
+	tiny := tinyBackend(t, defaultTestRuntime())
+	thinker := scriptedBackend(t, "Why?", "<think>Hmm.</think>Because.", 0)
+	ts := startServer(t, Options{Models: []Model{loaded("ferrite-tiny", tiny), loaded("thinker", thinker)}}, true)
+	if _, body := ts.do(t, "GET", "/v1/models", ""); !strings.Contains(body, `"id":"ferrite-tiny"`) ||
+		strings.Index(body, `"id":"thinker"`) < strings.Index(body, `"id":"ferrite-tiny"`) {
+		t.Errorf("models: %s", body)
+	}
+	r := chatJSON(t, ts, `{"model":"thinker","messages":[{"role":"user","content":"Why?"}]}`)
+	if r.Model != "thinker" || r.Choices[0].Message.Content != "Because." {
+		t.Errorf("thinker: %+v", r)
+	}
+	r = chatJSON(t, ts, `{"messages":[{"role":"user","content":"Why?"}],"max_tokens":3}`)
+	if r.Model != "ferrite-tiny" || r.Choices[0].Message.ReasoningContent != nil || tiny.Runtime.Stats().GeneratedTokens == 0 {
+		t.Errorf("default model: %+v", r)
+	}
+	waitIdle(t, tiny.Runtime)
+	waitIdle(t, thinker.Runtime)
+}
