@@ -77,7 +77,7 @@ func (s *Server) chatRequest(req *chatRequest) (genParams, prompt, *served, *api
 	if terr != nil {
 		return p, prompt{}, nil, badRequest("%v", terr)
 	}
-	return p, prompt{ids: cp.IDs, think: m.b.Reasoning, thinkInside: cp.OpensThink()}, m, nil
+	return p, prompt{param: "messages", ids: cp.IDs, think: m.b.Reasoning, thinkInside: cp.OpensThink()}, m, nil
 }
 
 // templateOptions are the chat template's options: the generation prompt,

@@ -30,11 +30,11 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) *apiE
 	var prompts []prompt
 	var echo []string // each prompt's text, for echo
 	for _, t := range texts {
-		prompts = append(prompts, prompt{ids: tok.Encode(t, true)})
+		prompts = append(prompts, prompt{param: "prompt", ids: tok.Encode(t, true)})
 		echo = append(echo, t)
 	}
 	for _, l := range ids {
-		prompts = append(prompts, prompt{ids: l})
+		prompts = append(prompts, prompt{param: "prompt", ids: l})
 		echo = append(echo, tok.Decode(l, false))
 	}
 	if len(prompts) == 0 {

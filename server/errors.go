@@ -59,7 +59,10 @@ func unavailable(format string, args ...any) *apiError {
 	return &apiError{Status: http.StatusServiceUnavailable, Message: fmt.Sprintf(format, args...), Type: "server_error", Code: "service_unavailable"}
 }
 
-func contextError(prompt, want, limit int, kv bool) *apiError {
+// contextError is a 400 for a prompt (the request field param) of prompt
+// tokens that, with want tokens asked for in all (0: none), does not fit
+// in limit; kv says the KV budget sets the limit, not the model.
+func contextError(param string, prompt, want, limit int, kv bool) *apiError {
 	what := "this model's maximum context length is %d tokens"
 	if kv {
 		what = "the server's KV cache holds %d tokens (its --kv-budget)"
@@ -69,7 +72,7 @@ func contextError(prompt, want, limit int, kv bool) *apiError {
 		msg = fmt.Sprintf(what+", but %d were requested (%d in the prompt, %d for the completion); lower max_tokens or shorten the prompt",
 			limit, want, prompt, want-prompt)
 	}
-	return &apiError{Status: http.StatusBadRequest, Message: msg, Type: "invalid_request_error", Param: "messages", Code: "context_length_exceeded"}
+	return &apiError{Status: http.StatusBadRequest, Message: msg, Type: "invalid_request_error", Param: param, Code: "context_length_exceeded"}
 }
 
 // writeJSON writes v as the response body with status.

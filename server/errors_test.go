@@ -47,6 +47,7 @@ func TestErrors(t *testing.T) {
 		{"unknown model", "POST", "/v1/chat/completions", `{"model":"gpt-17","messages":[{"role":"user","content":"hi"}]}`, 404, "invalid_request_error", "model", "model_not_found"},
 		{"past the context", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"` + long + `"}]}`, 400, "invalid_request_error", "messages", "context_length_exceeded"},
 		{"max_tokens past the context", "POST", "/v1/chat/completions", chat(`,"max_tokens":1020`), 400, "invalid_request_error", "messages", "context_length_exceeded"},
+		{"completion past the context", "POST", "/v1/completions", `{"prompt":"` + long + `"}`, 400, "invalid_request_error", "prompt", "context_length_exceeded"},
 		{"no prompt", "POST", "/v1/completions", `{"max_tokens":3}`, 400, "invalid_request_error", "prompt", ""},
 		{"empty prompt list", "POST", "/v1/completions", `{"prompt":[]}`, 400, "invalid_request_error", "prompt", ""},
 		{"suffix", "POST", "/v1/completions", `{"prompt":"a","suffix":"b"}`, 400, "invalid_request_error", "suffix", ""},

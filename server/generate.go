@@ -11,6 +11,7 @@ import (
 // prompt is one prompt of a request: its ids, and whether the reply starts
 // inside a <think> block (split only when think is set).
 type prompt struct {
+	param       string // the request field that holds it ("messages", "prompt"), for errors
 	ids         []int32
 	think       bool // split the reply into reasoning and answer
 	thinkInside bool // the prompt opened the <think> block
@@ -52,11 +53,11 @@ func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genP
 		n := len(pr.ids)
 		switch {
 		case n == 0:
-			return nil, paramError("prompt", "the prompt is empty")
+			return nil, paramError(pr.param, "the prompt is empty")
 		case n > limit:
-			return nil, contextError(n, 0, limit, kv)
+			return nil, contextError(pr.param, n, 0, limit, kv)
 		case p.explicitMax && n+p.maxTokens > limit:
-			return nil, contextError(n, n+p.maxTokens, limit, kv)
+			return nil, contextError(pr.param, n, n+p.maxTokens, limit, kv)
 		}
 	}
 	hctx, cancel := context.WithCancel(ctx)
@@ -77,7 +78,7 @@ func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genP
 			if err != nil {
 				j.close()
 				if errors.Is(err, runtime.ErrPromptTooLong) {
-					return nil, contextError(len(pr.ids), 0, limit, kv)
+					return nil, contextError(pr.param, len(pr.ids), 0, limit, kv)
 				}
 				if errors.Is(err, runtime.ErrClosed) {
 					return nil, unavailable("the server is shutting down")
