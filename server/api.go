@@ -211,7 +211,7 @@ type chatChoice struct {
 type responseMessage struct {
 	Role             string  `json:"role"`
 	Content          string  `json:"content"`
-	ReasoningContent *string `json:"reasoning_content,omitempty"`
+	ReasoningContent *string `json:"reasoning_content,omitempty"` // a reasoning model's <think> block; absent without one
 }
 
 type chatChunk struct {

@@ -39,7 +39,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) *apiError {
 		Choices: make([]chatChoice, len(res)), Usage: j.usage(res)}
 	for i, c := range res {
 		msg := responseMessage{Role: "assistant", Content: string(c.content)}
-		if pr.think {
+		if len(c.reasoning) > 0 {
 			rc := string(c.reasoning)
 			msg.ReasoningContent = &rc
 		}
