@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/charmbracelet/x/exp/golden"
+
+	"github.com/ferrite-llm/ferrite/engine/runtime"
 )
 
 // The golden files under testdata/ hold whole responses, byte for byte, on
@@ -117,4 +119,29 @@ func streamedText(t *testing.T, body string) (text, finish string) {
 	}
 	t.Fatalf("the stream has no [DONE]:\n%s", body)
 	return
+}
+
+// TestSpeculativeDecoding: with MTP drafts (several tokens per runtime
+// event) the server gives the same greedy reply, and a stop string in the
+// middle of an event still counts the tokens up to it.
+func TestSpeculativeDecoding(t *testing.T) {
+	plain := goldenServer(t)
+	b := tinyBackend(t, runtime.Options{KVBudget: 16 << 20, Draft: 3, DraftIgnoreCost: true})
+	spec := startServer(t, Options{Models: []Model{loaded("ferrite-tiny", b)}}, true)
+	for _, body := range []string{
+		`{"messages":[{"role":"user","content":"What does ephemeral mean?"}],"temperature":0}`,
+		`{"messages":[{"role":"user","content":"Who are you?"}],"temperature":0,"stop":" ferrite-t"}`,
+	} {
+		want, got := chatJSON(t, plain, body), chatJSON(t, spec, body)
+		if got.Choices[0].Message.Content != want.Choices[0].Message.Content || got.Usage.CompletionTokens != want.Usage.CompletionTokens ||
+			got.Choices[0].FinishReason != want.Choices[0].FinishReason {
+			t.Errorf("with drafts: %q (%d tokens, %s); without: %q (%d tokens, %s)",
+				got.Choices[0].Message.Content, got.Usage.CompletionTokens, got.Choices[0].FinishReason,
+				want.Choices[0].Message.Content, want.Usage.CompletionTokens, want.Choices[0].FinishReason)
+		}
+	}
+	if st := b.Runtime.Stats(); st.AcceptedTokens == 0 {
+		t.Errorf("no draft was accepted: %+v", st)
+	}
+	waitIdle(t, b.Runtime)
 }
