@@ -18,13 +18,18 @@ type modelMetrics struct {
 	finishes  map[string]uint64 // choices ended, by finish reason (stop, length, cancelled, error)
 	ttftSum   float64           // seconds
 	ttftCount uint64
-	samples   []rateSample // generated-token counts over the last rateWindow
+	ttftLE    [len(ttftBuckets)]uint64 // choices whose TTFT was at most ttftBuckets[i]
+	samples   []rateSample             // generated-token counts over the last rateWindow
 }
 
 type rateSample struct {
 	at        time.Time
 	generated uint64
 }
+
+// ttftBuckets are the upper bounds (seconds) of the time-to-first-token
+// histogram's buckets.
+var ttftBuckets = [...]float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
 
 // rateWindow is the span the tokens-per-second gauge averages over.
 const rateWindow = 10 * time.Second
@@ -44,8 +49,14 @@ func (m *modelMetrics) observeTTFT(d time.Duration, tokens int) {
 		return
 	}
 	m.mu.Lock()
-	m.ttftSum += d.Seconds()
+	sec := d.Seconds()
+	m.ttftSum += sec
 	m.ttftCount++
+	for i, le := range ttftBuckets {
+		if sec <= le {
+			m.ttftLE[i]++
+		}
+	}
 	m.mu.Unlock()
 }
 
@@ -227,7 +238,7 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p.head("ferrite_completions_total", "counter", "Choices ended, by finish reason (stop, length, cancelled by the client, error).")
-	p.head("ferrite_time_to_first_token_seconds", "summary", "Time from the request to its first generated token, per choice.")
+	p.head("ferrite_time_to_first_token_seconds", "histogram", "Time from the request to its first generated token, per choice.")
 	for _, m := range s.models {
 		m.metrics.mu.Lock()
 		reasons := make([]string, 0, len(m.metrics.finishes))
@@ -238,6 +249,10 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 		for _, r := range reasons {
 			p.sample("ferrite_completions_total", float64(m.metrics.finishes[r]), "model", m.name, "finish_reason", r)
 		}
+		for i, le := range ttftBuckets {
+			p.sample("ferrite_time_to_first_token_seconds_bucket", float64(m.metrics.ttftLE[i]), "model", m.name, "le", fmt.Sprint(le))
+		}
+		p.sample("ferrite_time_to_first_token_seconds_bucket", float64(m.metrics.ttftCount), "model", m.name, "le", "+Inf")
 		p.sample("ferrite_time_to_first_token_seconds_sum", m.metrics.ttftSum, "model", m.name)
 		p.sample("ferrite_time_to_first_token_seconds_count", float64(m.metrics.ttftCount), "model", m.name)
 		m.metrics.mu.Unlock()

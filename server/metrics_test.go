@@ -32,7 +32,7 @@ func metrics(t *testing.T, ts *testServer) map[string]float64 {
 		if m == nil {
 			t.Fatalf("not a Prometheus sample: %q", line)
 		}
-		base := strings.TrimSuffix(strings.TrimSuffix(m[1], "_sum"), "_count")
+		base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m[1], "_sum"), "_count"), "_bucket")
 		if !typed[m[1]] && !typed[base] {
 			t.Errorf("%s has no TYPE line before it", m[1])
 		}
@@ -56,15 +56,17 @@ func TestMetrics(t *testing.T) {
 	ts.post(t, "/v1/chat/completions", `{"temperature":9}`)
 	after := metrics(t, ts)
 	for key, want := range map[string]float64{
-		`ferrite_requests_total{model="ferrite-tiny"}`:                           1,
-		`ferrite_completions_total{model="ferrite-tiny",finish_reason="length"}`: 2,
-		`ferrite_time_to_first_token_seconds_count{model="ferrite-tiny"}`:        2,
-		`ferrite_generation_tokens_total{model="ferrite-tiny"}`:                  12,
-		`ferrite_http_requests_total{path="/v1/chat/completions",code="200"}`:    1,
-		`ferrite_http_requests_total{path="/v1/chat/completions",code="400"}`:    1,
-		`ferrite_http_requests_total{path="/metrics",code="200"}`:                1,
-		`ferrite_requests_running{model="ferrite-tiny"}`:                         0,
-		`ferrite_requests_waiting{model="ferrite-tiny"}`:                         0,
+		`ferrite_requests_total{model="ferrite-tiny"}`:                               1,
+		`ferrite_completions_total{model="ferrite-tiny",finish_reason="length"}`:     2,
+		`ferrite_time_to_first_token_seconds_count{model="ferrite-tiny"}`:            2,
+		`ferrite_time_to_first_token_seconds_bucket{model="ferrite-tiny",le="+Inf"}`: 2,
+		`ferrite_time_to_first_token_seconds_bucket{model="ferrite-tiny",le="30"}`:   2,
+		`ferrite_generation_tokens_total{model="ferrite-tiny"}`:                      12,
+		`ferrite_http_requests_total{path="/v1/chat/completions",code="200"}`:        1,
+		`ferrite_http_requests_total{path="/v1/chat/completions",code="400"}`:        1,
+		`ferrite_http_requests_total{path="/metrics",code="200"}`:                    1,
+		`ferrite_requests_running{model="ferrite-tiny"}`:                             0,
+		`ferrite_requests_waiting{model="ferrite-tiny"}`:                             0,
 	} {
 		if got := after[key]; got != want {
 			t.Errorf("%s = %g, want %g", key, got, want)
