@@ -13,7 +13,9 @@ import (
 
 // The golden files under testdata/ hold whole responses, byte for byte, on
 // greedy decoding with fixed ids and timestamps; regenerate them with
-// go test ./server -run Golden -update and review the diff.
+// go test ./server -run Golden -update and review the diff. The questions
+// are among testdata/models/ferrite-tiny/answers.json's, whose greedy
+// answers have no near-tie (the same tokens on every kernel).
 
 func goldenServer(t *testing.T) *testServer {
 	b := tinyBackend(t, defaultTestRuntime())
@@ -45,8 +47,8 @@ func TestChatStreamGolden(t *testing.T) {
 
 func TestChatGolden(t *testing.T) {
 	ts := goldenServer(t)
-	code, body := ts.post(t, "/v1/chat/completions", `{"model":"ferrite-tiny","messages":[{"role":"system","content":"You are terse."},
-		{"role":"user","content":[{"type":"text","text":"What does"},{"type":"text","text":"ephemeral mean?"}]}],"temperature":0,"max_tokens":48}`)
+	code, body := ts.post(t, "/v1/chat/completions", `{"model":"ferrite-tiny",
+		"messages":[{"role":"user","content":[{"type":"text","text":"What does fail mean?"}]}],"temperature":0,"max_tokens":64}`)
 	if code != http.StatusOK {
 		t.Fatalf("status %d: %s", code, body)
 	}
@@ -55,8 +57,8 @@ func TestChatGolden(t *testing.T) {
 
 func TestCompletionStreamGolden(t *testing.T) {
 	ts := goldenServer(t)
-	code, body := ts.post(t, "/v1/completions", `{"prompt":"The Devil's Dictionary defines","max_tokens":12,"temperature":0,
-		"echo":true,"stream":true,"stream_options":{"include_usage":true}}`)
+	code, body := ts.post(t, "/v1/completions", `{"prompt":"<|im_start|>user\nWhat is the opposite of hot?<|im_end|>\n<|im_start|>assistant\n",
+		"max_tokens":12,"temperature":0,"echo":true,"stream":true,"stream_options":{"include_usage":true}}`)
 	if code != http.StatusOK {
 		t.Fatalf("status %d: %s", code, body)
 	}
