@@ -97,15 +97,25 @@ func TestDisconnectFreesBlocks(t *testing.T) {
 		t.Errorf("%s choices counted as cancelled, want 2", n)
 	}
 
-	// Not streamed: the client gives up before the completion is ready.
-	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Millisecond)
+	// Not streamed: the client gives up once its generation has started,
+	// before the completion is ready.
+	ctx, cancel = context.WithCancel(context.Background())
 	defer cancel()
 	req, _ = http.NewRequestWithContext(ctx, "POST", ts.url+"/v1/chat/completions",
 		strings.NewReader(`{"messages":[{"role":"user","content":"Go on."}]}`))
-	if resp, err := http.DefaultClient.Do(req); err == nil {
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	for ts.models[0].metrics.requests.Load() < 2 {
+		time.Sleep(time.Millisecond)
 	}
+	cancel()
+	<-done
 	waitIdle(t, b.Runtime)
 	if n := cancelled(); n != "3" {
 		t.Errorf("%s choices counted as cancelled, want 3", n)
