@@ -31,6 +31,7 @@ func newCommandSet() *commandSet {
 		{name: "help", desc: "list commands and keys", run: (*model).cmdHelp},
 		{name: "model", args: "[name|N|dir]", desc: "switch model (loads while you chat); list them without a name", run: (*model).cmdModel, complete: (*model).completeModels},
 		{name: "models", desc: "list the models: built-in, config, Hugging Face cache, ferrite's folder", run: (*model).cmdModels},
+		{name: "pull", args: "ORG/NAME[@REV][:QUANT]", desc: "download a Hugging Face model in the background (--stop stops it)", run: (*model).cmdPull},
 		{name: "new", desc: "open a new chat (ctrl+n); the others stay open", run: (*model).cmdNew},
 		{name: "chats", desc: "list the open chats", run: (*model).cmdChats},
 		{name: "switch", args: "N", desc: "show open chat N (ctrl+←/→ cycle)", run: (*model).cmdSwitch},

@@ -114,7 +114,7 @@ func TestCommandCompletion(t *testing.T) {
 		return strings.Join(out, ",")
 	}
 	for _, tc := range []struct{ in, want string }{
-		{"/", "/help,/model ,/models,/new,/chats,/switch ,/close ,/clear,/system ,/set ,/regen ,/pick ,/stop,/stats,/export ,/copy,/save ,/load ,/quit"},
+		{"/", "/help,/model ,/models,/pull ,/new,/chats,/switch ,/close ,/clear,/system ,/set ,/regen ,/pick ,/stop,/stats,/export ,/copy,/save ,/load ,/quit"},
 		{"/st", "/stop,/stats"},
 		{"/mod", "/model ,/models"},
 		{"/model q", "/model Qwen/Qwen3-0.6B"},

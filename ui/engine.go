@@ -36,6 +36,9 @@ type ModelInfo struct {
 	// KVLimited says MaxContext is what the KV cache holds (its size is
 	// set by the KV budget), less than the model's own context.
 	KVLimited bool `json:"kv_limited,omitempty"`
+	// Remote says another machine serves the model (RemoteEngine): the
+	// chat sees no KV cache.
+	Remote bool `json:"remote,omitempty"`
 }
 
 // contextLimit names what bounds a request, with its size: the model's

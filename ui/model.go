@@ -39,6 +39,8 @@ type Options struct {
 	// owns the engine: it closes it once it has switched to another model
 	// and the replies still using it have ended, or when Run returns.
 	Closer io.Closer
+	// Puller lets /pull download models; nil: /pull says it cannot.
+	Puller Puller
 
 	// HistoryFile keeps the input history across sessions; "":
 	// DefaultHistoryFile(). NoHistory keeps it in memory only.
@@ -141,6 +143,13 @@ type (
 		err     error
 	}
 	historySavedMsg struct{ err error }
+	pullMsg         struct { // a /pull's progress (done false) or its end
+		id       int
+		progress PullProgress
+		done     bool
+		res      PullResult
+		err      error
+	}
 )
 
 // generation is one reply being generated: a plain reply (alt < 0) or one
@@ -218,6 +227,8 @@ type model struct {
 	ticking   bool // a stats tick is scheduled
 	loading   *loadState
 	loadSeq   int
+	pulling   *pullState // the /pull in progress
+	pullSeq   int
 	modelList []ModelEntry // the last Models.List and the models in opened it lacks: what /models shows
 	opened    []ModelEntry // every model the chat has run, so /models lists one opened by its folder
 
@@ -385,6 +396,8 @@ func (m *model) Update(msg tea.Msg) (next tea.Model, cmd tea.Cmd) {
 		cmds = append(cmds, m.onModelFound(msg))
 	case loadProgressMsg:
 		cmds = append(cmds, m.onLoadProgress(msg))
+	case pullMsg:
+		cmds = append(cmds, m.onPull(msg))
 	case modelLoadedMsg:
 		cmds = append(cmds, m.onModelLoaded(msg))
 	case engineClosedMsg:
@@ -481,6 +494,7 @@ func (m *model) statusView() string {
 	if l := m.loading; l != nil {
 		d.loading = fmt.Sprintf("loading %s · %s · %ds", l.entry.Name, l.stage, int(m.now().Sub(l.started).Seconds()))
 	}
+	d.pulling = m.pullStatus()
 	return m.bar.render(m.width, d)
 }
 
@@ -508,6 +522,9 @@ func (m *model) cancelAll() {
 	}
 	if m.loading != nil {
 		m.loading.cancel()
+	}
+	if m.pulling != nil {
+		m.pulling.cancel()
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	tea "github.com/charmbracelet/bubbletea"
 )
@@ -189,7 +188,7 @@ func (m *model) onModelFound(msg modelFoundMsg) tea.Cmd {
 func (m *model) startLoad(e ModelEntry) tea.Cmd {
 	m.loadSeq++
 	ctx, cancel := context.WithCancel(context.Background())
-	p := newProgress()
+	p := newProgress[string](8)
 	m.loading = &loadState{id: m.loadSeq, entry: e, stage: "starting", started: m.now(), cancel: cancel, progress: p.ch}
 	id, models := m.loadSeq, m.opts.Models
 	load := func() (msg tea.Msg) {
@@ -203,38 +202,6 @@ func (m *model) startLoad(e ModelEntry) tea.Cmd {
 		return modelLoadedMsg{id: id, entry: e, eng: eng, closer: closer, err: err}
 	}
 	return tea.Batch(load, waitProgress(id, p.ch), m.startTicking())
-}
-
-// progress carries a loader's stages to the chat. Reports after close
-// are dropped; a report that finds the channel full replaces nothing (the
-// reader is behind, and the next stage will do).
-type progress struct {
-	mu     sync.Mutex
-	ch     chan string
-	closed bool
-}
-
-func newProgress() *progress { return &progress{ch: make(chan string, 8)} }
-
-func (p *progress) report(stage string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return
-	}
-	select {
-	case p.ch <- stage:
-	default:
-	}
-}
-
-func (p *progress) close() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.closed {
-		p.closed = true
-		close(p.ch)
-	}
 }
 
 // waitProgress reads the next stage; it ends (a nil message) once the

@@ -37,6 +37,7 @@ const chatUsage = `usage:
   ferrite run [flags] [TEXT]      generate once, streaming to stdout, timing to stderr
   ferrite tokenize [flags] [TEXT] print the token ids of TEXT (or stdin)
   ferrite bench --model DIR [flags]  measure throughput: concurrency × prompt × gen sweep, roofline
+  ferrite pull ORG/NAME[@REV][:QUANT]  download a Hugging Face model into the HF cache (resumable, verified)
   ferrite serve [flags]           OpenAI-compatible HTTP API on 127.0.0.1:8080 (ferrite serve --help)
   ferrite help                    this help
 
@@ -56,7 +57,7 @@ func printHelp(w io.Writer) {
 		wrapText("--model takes a model directory or the name of a model /models lists (a Hugging Face cache entry such as Qwen/Qwen3-0.6B, a folder of model_dirs or of "+
 			catalog.ModelsDir()+"). Without it ferrite opens default_model, else the built-in "+builtin.Name+".", "", 76),
 		settings.DefaultPath(),
-		wrapText(configKeys()+". README.md (\"Configuration\") documents every key.", "  ", 76),
+		wrapText(configKeys()+"; [[endpoints]] name base_url api_key_env api_key models (remote servers). README.md (\"Configuration\", \"Remote endpoints\") documents every key.", "  ", 76),
 		indentText(ui.Help(), "  "))
 }
 
@@ -111,7 +112,7 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "ferrite: unknown command %q: the commands are run, tokenize, bench, serve and help (a prompt goes after `ferrite run`, or on stdin)\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "ferrite: unknown command %q: the commands are run, tokenize, bench, pull, serve and help (a prompt goes after `ferrite run`, or on stdin)\n", fs.Arg(0))
 		return 2
 	}
 	if !isTerminal(stdout) {
@@ -124,7 +125,17 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	}
 	defer st.closeLog()
 	cfg, log, logPath, cat := st.cfg, st.log, st.logPath, st.models()
-	e, err := cat.resolve(cfg.DefaultModel)
+	var remWarns []string
+	cat.remote, remWarns = newRemotes(cfg.Endpoints, f.endpoints)
+	var e catalog.Entry
+	if cfg.DefaultModel == "" && len(f.endpoints) > 0 {
+		if e, err = cat.remote.first(ctx); err != nil {
+			remWarns = append(remWarns, fmt.Sprintf("--endpoint: %v; the chat opens the default model", err))
+		}
+	}
+	if e.Name == "" {
+		e, err = cat.resolve(cfg.DefaultModel)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ferrite: %v\n", err)
 		return 1
@@ -157,12 +168,14 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		Models:    cat,
 		Model:     uiEntry(e),
 		Closer:    closer, // Run closes it
+		Puller:    chatPuller{},
 		Log:       log,
 		LogPath:   logPath,
 	}
 	if warn != nil {
 		opts.Warnings = append(opts.Warnings, warn.Error()+" (the chat uses the defaults)")
 	}
+	opts.Warnings = append(opts.Warnings, remWarns...)
 	if err := ui.Run(ctx, eng, opts); err != nil {
 		log.Error("chat failed", "err", err)
 		fmt.Fprintf(stderr, "ferrite: %v%s\n", err, logHint(logPath))
@@ -187,6 +200,7 @@ type chatModels struct {
 	cfg     settings.Config
 	builtin []catalog.Entry
 	log     *slog.Logger // the debug log: load timings and failures
+	remote  *remotes     // the endpoints' models; nil: none
 	// idsOnly starts runtimes without a text decoder: their events carry
 	// token ids only (the server decodes them itself, one at a time).
 	idsOnly bool
@@ -232,7 +246,11 @@ func (c *chatModels) find(name string) (catalog.Entry, error) {
 	if st, err := os.Stat(name); (err == nil && st.IsDir()) || catalog.LooksLikePath(name) {
 		return catalog.Probe(name)
 	}
+	if e, ok := c.remote.lookup(name); ok {
+		return e, nil
+	}
 	es, err := c.discover()
+	es = append(es, c.remote.listed()...)
 	e, ferr := catalog.Find(es, name)
 	if ferr != nil && err != nil {
 		return e, fmt.Errorf("%w (and: %v)", ferr, err)
@@ -241,8 +259,9 @@ func (c *chatModels) find(name string) (catalog.Entry, error) {
 }
 
 // List implements ui.Models.
-func (c *chatModels) List(context.Context) ([]ui.ModelEntry, error) {
+func (c *chatModels) List(ctx context.Context) ([]ui.ModelEntry, error) {
 	es, err := c.discover()
+	es = append(es, c.remote.list(ctx)...)
 	out := make([]ui.ModelEntry, len(es))
 	for i, e := range es {
 		out[i] = uiEntry(e)
@@ -281,6 +300,9 @@ func uiEntry(e catalog.Entry) ui.ModelEntry {
 // chat starts with, as with `ferrite run`); a model switched to later
 // just runs without speculation.
 func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, progress func(string)) (ui.Engine, io.Closer, error) {
+	if e.Source == sourceRemote {
+		return c.remote.open(e)
+	}
 	s, err := c.openSession(ctx, e, strict, progress)
 	if err != nil {
 		return nil, nil, err

@@ -29,6 +29,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return cmdTokenize(ctx, args[1:], stdin, stdout, stderr)
 		case "bench":
 			return cmdBench(ctx, args[1:], stdin, stdout, stderr)
+		case "pull":
+			return cmdPull(ctx, args[1:], stdout, stderr)
 		case "serve":
 			return cmdServe(ctx, args[1:], stdout, stderr)
 		}

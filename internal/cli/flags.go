@@ -20,6 +20,8 @@ type cmdFlags struct {
 	config  string         // --config: the configuration file
 	logPath string         // --log: the debug log's file
 	raw     bool           // --raw: no chat template
+	// endpoints are the chat's --endpoint flags (URL or NAME=URL).
+	endpoints []string
 }
 
 // scope is the command a flag set is for.
@@ -60,6 +62,12 @@ func newFlagSet(name string, sc scope, f *cmdFlags) *flag.FlagSet {
 	fs.StringVar(&f.config, "config", settings.DefaultPath(), "the configuration `FILE`; one named here must exist")
 	if sc == chatScope || sc == runScope {
 		fs.StringVar(&f.logPath, "log", "", "write a debug log to `FILE`: errors with their stacks, load and save failures, load timings")
+		if sc == chatScope {
+			fs.Func("endpoint", "an OpenAI-compatible server, `URL` or NAME=URL (repeatable): its models are listed as NAME/MODEL; without --model the chat opens its first one [chat only]", func(v string) error {
+				f.endpoints = append(f.endpoints, v)
+				return nil
+			})
+		}
 		fs.BoolVar(&f.raw, "raw", false, "no chat template: the prompt is tokenized as it is and only the continuation is printed (run, or the chat on a pipe)")
 	}
 	return fs

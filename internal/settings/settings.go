@@ -53,6 +53,10 @@ type Config struct {
 	Sampling Sampling `toml:"sampling"`
 	MTP      MTP      `toml:"mtp"`
 	Engine   Engine   `toml:"engine"`
+
+	// Endpoints are the [[endpoints]] tables: remote servers whose models
+	// the chat lists as NAME/MODEL (endpoints.go; not rows of Table).
+	Endpoints []Endpoint `toml:"-"`
 }
 
 // Sampling is the sampling defaults of a new chat (/set changes them).
@@ -187,6 +191,9 @@ func Parse(data []byte) (Config, error) {
 	var unknown []string // keys reported unknown: their children are not reported again
 	for _, k := range md.Keys() {
 		key := k.String()
+		if isEndpointKey(key) {
+			continue // parseEndpoints below
+		}
 		if slices.ContainsFunc(unknown, func(u string) bool { return strings.HasPrefix(key, u+".") }) {
 			continue
 		}
@@ -213,6 +220,9 @@ func Parse(data []byte) (Config, error) {
 		}
 		s.Put(&c, v)
 	}
+	eps, eprobs := parseEndpoints(raw[endpointsKey], data)
+	probs = append(probs, eprobs...)
+	c.Endpoints = eps
 	if len(probs) > 0 {
 		slices.SortStableFunc(probs, func(a, b Problem) int { return a.Line - b.Line })
 		return Default(), &Error{probs}
