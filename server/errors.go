@@ -79,7 +79,7 @@ func contextError(param string, prompt, want, limit int, kv bool) *apiError {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		panic("server: response does not marshal: " + err.Error()) // our own types always do
+		panic("server: a response type does not marshal to JSON") // a programmer error: our own types always do
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

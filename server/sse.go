@@ -26,7 +26,7 @@ func newSSE(w http.ResponseWriter) *sseWriter {
 func (s *sseWriter) send(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
-		panic("server: chunk does not marshal: " + err.Error()) // our own types always do
+		panic("server: a chunk type does not marshal to JSON") // a programmer error: our own types always do
 	}
 	return s.raw(b)
 }
