@@ -27,7 +27,7 @@ type samplingRequest struct {
 	RepetitionPenalty   *float64        `json:"repetition_penalty"`
 	PresencePenalty     *float64        `json:"presence_penalty"`
 	FrequencyPenalty    *float64        `json:"frequency_penalty"`
-	Seed                *int64          `json:"seed"`
+	Seed                *seed           `json:"seed"`
 	Stop                stopList        `json:"stop"`
 	N                   *int            `json:"n"`
 	Stream              bool            `json:"stream"`
@@ -82,6 +82,24 @@ func (s *stopList) UnmarshalJSON(b []byte) error {
 		return &fieldError{field: "stop", msg: "stop: want a string or a list of strings"}
 	}
 	*s = many
+	return nil
+}
+
+// seed is the seed parameter: any integer from -2^63 to 2^64-1 (OpenAI's
+// clients send int64, ferrite's chat a uint64), kept as its 64 bits.
+type seed uint64
+
+func (s *seed) UnmarshalJSON(b []byte) error {
+	var u uint64
+	if err := json.Unmarshal(b, &u); err == nil {
+		*s = seed(u)
+		return nil
+	}
+	var i int64
+	if err := json.Unmarshal(b, &i); err != nil {
+		return &fieldError{field: "seed", msg: "seed: want an integer"}
+	}
+	*s = seed(i)
 	return nil
 }
 

@@ -30,6 +30,13 @@ func TestChoicesSideBySide(t *testing.T) {
 	body := `{"messages":[{"role":"user","content":"Tell me a quote about time."}],"n":3,"seed":7,"temperature":1,"max_tokens":24,
 		"top_k":50,"min_p":0.01,"repetition_penalty":1.1,"presence_penalty":0.5,"frequency_penalty":0.2}`
 	a, c := chatJSON(t, ts, body), chatJSON(t, ts, body)
+	// Seeds past int64 (ferrite's chat sends uint64 seeds) and negative
+	// ones (OpenAI's clients send int64) are both taken, as their 64 bits.
+	neg := chatJSON(t, ts, strings.Replace(body, `"seed":7`, `"seed":-1`, 1))
+	big := chatJSON(t, ts, strings.Replace(body, `"seed":7`, `"seed":18446744073709551615`, 1))
+	if neg.Choices[0].Message.Content != big.Choices[0].Message.Content {
+		t.Errorf("seeds -1 and 2^64-1 gave %q and %q", neg.Choices[0].Message.Content, big.Choices[0].Message.Content)
+	}
 	if len(a.Choices) != 3 {
 		t.Fatalf("%d choices", len(a.Choices))
 	}

@@ -36,6 +36,7 @@ func TestErrors(t *testing.T) {
 		{"n", "POST", "/v1/chat/completions", chat(`,"n":9`), 400, "invalid_request_error", "n", ""},
 		{"max_tokens", "POST", "/v1/chat/completions", chat(`,"max_tokens":0`), 400, "invalid_request_error", "max_tokens", ""},
 		{"max_completion_tokens", "POST", "/v1/chat/completions", chat(`,"max_completion_tokens":-1`), 400, "invalid_request_error", "max_completion_tokens", ""},
+		{"seed type", "POST", "/v1/chat/completions", chat(`,"seed":1.5`), 400, "invalid_request_error", "seed", ""},
 		{"stop type", "POST", "/v1/chat/completions", chat(`,"stop":7`), 400, "invalid_request_error", "stop", ""},
 		{"logprobs", "POST", "/v1/chat/completions", chat(`,"logprobs":true`), 400, "invalid_request_error", "logprobs", ""},
 		{"tools", "POST", "/v1/chat/completions", chat(`,"tools":[{"type":"function","function":{"name":"f"}}]`), 400, "invalid_request_error", "tools", ""},
