@@ -1,6 +1,7 @@
 // Package cli parses ferrite's command line and runs its subcommands: the
-// chat (the default), run, tokenize, bench and serve. It returns exit codes instead
-// of exiting so that main.go is the only place that ends the process.
+// chat (the default), run, tokenize, bench, pull and serve. It returns exit
+// codes instead of exiting so that main.go is the only place that ends the
+// process.
 package cli
 
 import (
