@@ -266,9 +266,9 @@ func TestLoad(t *testing.T) {
 		}
 		dur = d
 	}
-	// A cache of 128 blocks (2,048 tokens) for 64 clients: admission waits,
-	// prefixes are evicted and sequences preempted.
-	b := tinyBackend(t, runtime.Options{KVBudget: 128 * 16 * tinyBytesPerToken(t)})
+	// A cache of 12 blocks (192 tokens) for 64 clients: admission waits,
+	// cached prefixes are evicted, and now and then a sequence is preempted.
+	b := tinyBackend(t, runtime.Options{KVBudget: 12 * 16 * tinyBytesPerToken(t)})
 	ts := startServer(t, Options{Models: []Model{loaded("ferrite-tiny", b)}}, true)
 	st := loadRun(t, ts.url, 64, dur, 0.33, 1)
 	t.Logf("%d requests in %v: %d completed, %d disconnected by the client, %d clean errors; TTFT p50 %v p99 %v; %d preemptions",
