@@ -117,6 +117,16 @@ func TestDisconnectFreesBlocks(t *testing.T) {
 	cancel()
 	<-done
 	waitIdle(t, b.Runtime)
+	for deadline := time.Now().Add(10 * time.Second); ; { // the handler counts it as it returns
+		_, metrics := ts.do(t, "GET", "/metrics", "")
+		if strings.Contains(metrics, `ferrite_http_requests_total{path="/v1/chat/completions",code="499"} 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the abandoned request is not counted as 499:\n%s", metrics)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if n := cancelled(); n != "3" {
 		t.Errorf("%s choices counted as cancelled, want 3", n)
 	}

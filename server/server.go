@@ -291,6 +291,9 @@ func (s *Server) Handler() http.Handler {
 		t0 := time.Now()
 		rec := &statusWriter{ResponseWriter: w}
 		defer func() {
+			if rec.status == 0 && r.Context().Err() != nil {
+				rec.status = statusClientGone
+			}
 			s.http.count(r.URL.Path, rec.status)
 			s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", rec.status,
 				"ms", time.Since(t0).Milliseconds(), "remote", r.RemoteAddr)
@@ -335,6 +338,10 @@ func (s *Server) authorized(r *http.Request) bool {
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	return ok && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(s.opts.APIKey)) == 1
 }
+
+// statusClientGone is the status logged and counted for a request whose
+// client went away before any answer (nginx's 499); it is never sent.
+const statusClientGone = 499
 
 // statusWriter remembers the status of a response.
 type statusWriter struct {
