@@ -73,7 +73,7 @@ func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 	if !p.acquire() {
 		var m matmul
 		var scratch []float32
-		m.init(y, x, w, n, 1)
+		m.init(y, x, w, n, 1, new(qrows))
 		for t := range m.tasks {
 			m.task(t, &scratch)
 		}
@@ -81,7 +81,7 @@ func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 	}
 	defer p.release()
 	m := &p.mm
-	m.init(y, x, w, n, p.workers)
+	m.init(y, x, w, n, p.workers, &p.qx)
 	defer func() { m.y, m.x, m.w = nil, nil, nil }()
 	nw := min(m.tasks, p.workers)
 	if nw == 1 {

@@ -31,6 +31,7 @@ type pool struct {
 
 	job     job         // the call in flight
 	mm      matmul      // the MatMul in flight
+	qx      qrows       // its x quantized to int8, for a quantized weight
 	scratch [][]float32 // per worker: F8 activations times the block scales
 }
 

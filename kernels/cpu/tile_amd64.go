@@ -40,6 +40,9 @@ func tilesFor(d kernels.DType) *tileSet {
 	return &asmTiles[d]
 }
 
+// qtilesFor returns the fastest tiles this CPU can run for quantized dtype d.
+func qtilesFor(d kernels.DType) *qtileSet { return &genericQTiles[d] }
+
 // haveAsm reports whether tilesFor returns assembly for some dtype.
 func haveAsm() bool { return cpuinfo.AVX2FMA() }
 
