@@ -92,11 +92,23 @@ func (l *Loaded) startBackend(opts Options) {
 
 // source wraps src to quantize its matrices when opts.Quant asks for it.
 func (l *Loaded) source(src model.WeightSource, opts Options) model.WeightSource {
-	if opts.Quant == "" {
-		return src
+	q, _ := Quantized(src, opts.Quant, l.Backend) // checked by checkQuant
+	return q
+}
+
+// Quantized returns src with its matrices quantized as Options.Quant quant
+// says (src itself for ""), the work spread over be's threads. Load does
+// this; callers that build models from their own sources (benchmarks) use it
+// directly.
+func Quantized(src model.WeightSource, quant string, be kernels.Backend) (model.WeightSource, error) {
+	if quant == "" {
+		return src, nil
 	}
-	plan, _ := parseQuant(opts.Quant) // checked by checkQuant
-	return newQuantSource(src, plan, l.Backend)
+	plan, err := parseQuant(quant)
+	if err != nil {
+		return nil, err
+	}
+	return newQuantSource(src, plan, be), nil
 }
 
 // randomDType is the config's dtype for random weights (bf16 unless the

@@ -63,8 +63,9 @@ draft = 4
 [engine]
 kv_budget = "256MiB"
 max_seqs = 4
+quant = "q4_k"
 `
-	cfg, f, err := parseChat(t, conf, "--temperature", "0.9", "--kv-budget", "1024", "--max-seqs", "2", "--no-mouse", "--mtp", "on")
+	cfg, f, err := parseChat(t, conf, "--temperature", "0.9", "--kv-budget", "1024", "--max-seqs", "2", "--no-mouse", "--mtp", "on", "--quant", "q8_0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +75,12 @@ max_seqs = 4
 	}
 	if cfg.Engine.KVBudget != 1024 || cfg.Engine.MaxSeqs != 2 || cfg.Mouse || cfg.MTP.Mode != "on" || cfg.MTP.Draft != 4 {
 		t.Errorf("config = %+v", cfg)
+	}
+	if cfg.Engine.Quant != "q8_0" || f.engineOptions().Quant != "q8_0" {
+		t.Errorf("--quant q8_0 lost: config %q, engine options %+v", cfg.Engine.Quant, f.engineOptions())
+	}
+	if _, f, _ := parseChat(t, conf); f.engineOptions().Quant != "q4_k" {
+		t.Errorf("[engine] quant lost: engine options %+v", f.engineOptions())
 	}
 	if f.model != "from-config" || f.temperature != 0.9 || f.topK != 5 || f.maxTokens != 100 || f.kvBudget != 1024 || f.draft != 4 {
 		t.Errorf("run flags = %+v", f)

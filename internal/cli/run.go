@@ -33,6 +33,7 @@ type runFlags struct {
 	kvBudget    int64
 	mtp         string
 	draft       int
+	quant       string
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
@@ -49,6 +50,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0 = all cores)")
 	fs.Int64Var(&f.kvBudget, "kv-budget", 1<<30, "KV-cache budget in bytes")
 	fs.StringVar(&f.mtp, "mtp", "off", "MTP speculative decoding: off, auto (on when the model has an MTP module), on; off by default: on the CPU backend it costs more than it gains (BENCHMARKS.md §5)")
+	fs.StringVar(&f.quant, "quant", "", "quantize a safetensors checkpoint's weights in memory at load: q8_0 or q4_k (default: as stored)")
 	fs.IntVar(&f.draft, "draft", 3, "draft tokens per speculative step (adapted to the measured acceptance)")
 }
 
@@ -74,6 +76,11 @@ func (f *runFlags) draftTokens(m model.Model) (int, error) {
 		return 0, fmt.Errorf("--draft %d: want 1 to %d", f.draft, runtime.MaxDraft)
 	}
 	return f.draft, nil
+}
+
+// engineOptions are the engine options the flags set.
+func (f *runFlags) engineOptions() engine.Options {
+	return engine.Options{Threads: f.threads, Quant: f.quant}
 }
 
 // cmdRun implements `ferrite run`: one generation, text to stdout, timing to stderr.
@@ -138,10 +145,10 @@ func open(f *runFlags) (*session, error) {
 	)
 	if f.model == "" || builtin.IsName(f.model) {
 		name = builtin.Name
-		lm, tok, err = builtin.Open(engine.Options{Threads: f.threads})
+		lm, tok, err = builtin.Open(f.engineOptions())
 	} else {
 		if tok, err = tokenizer.Load(f.model); err == nil {
-			lm, err = engine.Load(f.model, engine.Options{Threads: f.threads})
+			lm, err = engine.Load(f.model, f.engineOptions())
 		}
 	}
 	if err != nil {

@@ -75,6 +75,7 @@ type Engine struct {
 	KVBudget    ByteSize `toml:"kv_budget"`    // bytes of KV cache: a number or "1GiB", "512MiB"
 	BatchTokens int      `toml:"batch_tokens"` // tokens one engine step may run; 0 is the runtime's default
 	MaxSeqs     int      `toml:"max_seqs"`     // replies generated at once; 0 is the runtime's default
+	Quant       string   `toml:"quant"`        // quantize safetensors weights at load: "" (off), q8_0, q4_k
 }
 
 // MaxDraft is the largest MTP draft length (engine/runtime.MaxDraft).
@@ -227,6 +228,7 @@ func (c *Config) check() []Problem {
 	}
 	notNeg("engine.batch_tokens", c.Engine.BatchTokens)
 	notNeg("engine.max_seqs", c.Engine.MaxSeqs)
+	oneOf("engine.quant", c.Engine.Quant, "", "q8_0", "q4_k")
 	for i, d := range c.ModelDirs {
 		if strings.TrimSpace(d) == "" {
 			bad("model_dirs", "entry %d is empty", i+1)
@@ -241,7 +243,7 @@ var knownKeys = []string{
 	"sampling.temperature", "sampling.top_p", "sampling.top_k", "sampling.min_p",
 	"sampling.repeat_penalty", "sampling.seed", "sampling.max_tokens",
 	"mtp.mode", "mtp.draft",
-	"engine.threads", "engine.kv_budget", "engine.batch_tokens", "engine.max_seqs",
+	"engine.threads", "engine.kv_budget", "engine.batch_tokens", "engine.max_seqs", "engine.quant",
 }
 
 // suggest is the known key an unknown one most likely meant: the same last
