@@ -1,5 +1,6 @@
 // Command gen writes the AVX2/FMA matmul tiles of package kernels/cpu
-// (tile_amd64.s and its Go stubs, tile_stub_amd64.go) with avo.
+// (tile_amd64.s and its Go stubs, tile_stub_amd64.go) with avo: the float
+// tiles here, the integer tiles for GGML-quantized weights in quant.go.
 //
 // It is its own module so that avo never becomes a dependency of ferrite.
 // Regenerate from kernels/cpu with `go generate` (see tile_amd64.go), or here:
@@ -145,6 +146,11 @@ func main() {
 			for _, s := range a.shapes {
 				tile(a, d, s)
 			}
+		}
+	}
+	for _, a := range qisas {
+		for _, k := range qkernels {
+			qtile(a, k)
 		}
 	}
 	sum()

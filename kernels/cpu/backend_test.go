@@ -26,9 +26,15 @@ func TestConformance(t *testing.T) {
 }
 
 // TestConformanceFallbacks runs the suite on the slower paths this CPU
-// would not pick: AVX2 without AVX-512, the pure-Go tiles, and pure Go for
-// F16 only (no F16C).
+// would not pick: AVX2 without AVX-512, the pure-Go tiles, pure Go for F16
+// and the quantized types only (no F16C), and VPMADDUBSW instead of VNNI.
 func TestConformanceFallbacks(t *testing.T) {
+	t.Run("noVNNI", func(t *testing.T) {
+		defer cpuinfo.DisableVNNI()()
+		b := cpu.New(2)
+		defer b.Close()
+		kerneltest.MatMulTest(t, b)
+	})
 	t.Run("noAVX512", func(t *testing.T) {
 		defer cpuinfo.DisableAVX512()()
 		b := cpu.New(2)

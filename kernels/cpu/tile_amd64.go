@@ -40,8 +40,36 @@ func tilesFor(d kernels.DType) *tileSet {
 	return &asmTiles[d]
 }
 
-// qtilesFor returns the fastest tiles this CPU can run for quantized dtype d.
-func qtilesFor(d kernels.DType) *qtileSet { return &genericQTiles[d] }
+// Quantized tiles, indexed by kernels.DType: the AVX2 ones use VPMADDUBSW,
+// the VNNI ones VPDPBUSD (AVX-512 VNNI, 256-bit). Q5_K has only the Go tile.
+var (
+	avx2QTiles = [...]qtileSet{
+		kernels.Q8_0: {r1: qtileQ8_0R1AVX2},
+		kernels.Q4_0: {r1: qtileQ4_0R1AVX2},
+		kernels.Q4K:  {r1: qtileQ4KR1AVX2},
+		kernels.Q5K:  genericQTiles[kernels.Q5K],
+		kernels.Q6K:  {r1: qtileQ6KR1AVX2},
+	}
+	vnniQTiles = [...]qtileSet{
+		kernels.Q8_0: {r1: qtileQ8_0R1VNNI},
+		kernels.Q4_0: {r1: qtileQ4_0R1VNNI},
+		kernels.Q4K:  {r1: qtileQ4KR1VNNI},
+		kernels.Q5K:  genericQTiles[kernels.Q5K],
+		kernels.Q6K:  {r1: qtileQ6KR1VNNI},
+	}
+)
+
+// qtilesFor returns the fastest tiles this CPU can run for quantized dtype
+// d (the tiles need F16C for the block scales).
+func qtilesFor(d kernels.DType) *qtileSet {
+	switch {
+	case !cpuinfo.AVX2FMA() || !cpuinfo.F16C():
+		return &genericQTiles[d]
+	case cpuinfo.VNNI():
+		return &vnniQTiles[d]
+	}
+	return &avx2QTiles[d]
+}
 
 // haveAsm reports whether tilesFor returns assembly for some dtype.
 func haveAsm() bool { return cpuinfo.AVX2FMA() }

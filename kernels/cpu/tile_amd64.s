@@ -3204,6 +3204,1036 @@ tileF8R4C4AVX512_reduce:
 	VZEROUPPER
 	RET
 
+// func qtileQ8_0R1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qtileQ8_0R1AVX2(SB), NOSPLIT, $0-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         d_base+56(FP), DX
+	MOVQ         s_base+80(FP), BX
+	MOVQ         w_base+112(FP), SI
+	MOVQ         k+136(FP), DI
+	SHRQ         $0x05, DI
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	VXORPS       Y2, Y2, Y2
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X2
+	VPBROADCASTD X2, Y2
+	MOVL         $0x00010001, R8
+	VMOVD        R8, X2
+	VPBROADCASTD X2, Y2
+
+qtileQ8_0R1AVX2_loopU:
+	CMPQ         DI, $0x02
+	JB           qtileQ8_0R1AVX2_loop1
+	VMOVDQU      2(SI), Y3
+	VMOVDQU      (CX), Y4
+	VPSIGNB      Y3, Y4, Y4
+	VPABSB       Y3, Y3
+	VPMADDUBSW   Y4, Y3, Y3
+	VPMADDWD     Y2, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VPBROADCASTW (SI), X4
+	VCVTPH2PS    X4, Y4
+	VMULPS       Y4, Y3, Y3
+	VBROADCASTSS (DX), Y4
+	VFMADD231PS  Y3, Y4, Y0
+	VMOVDQU      36(SI), Y3
+	VMOVDQU      32(CX), Y4
+	VPSIGNB      Y3, Y4, Y4
+	VPABSB       Y3, Y3
+	VPMADDUBSW   Y4, Y3, Y3
+	VPMADDWD     Y2, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VPBROADCASTW 34(SI), X4
+	VCVTPH2PS    X4, Y4
+	VMULPS       Y4, Y3, Y3
+	VBROADCASTSS 4(DX), Y4
+	VFMADD231PS  Y3, Y4, Y1
+	ADDQ         $0x00000044, SI
+	ADDQ         $0x00000040, CX
+	ADDQ         $0x00000008, DX
+	ADDQ         $0x00000008, BX
+	SUBQ         $0x02, DI
+	JMP          qtileQ8_0R1AVX2_loopU
+
+qtileQ8_0R1AVX2_loop1:
+	TESTQ        DI, DI
+	JZ           qtileQ8_0R1AVX2_done
+	VMOVDQU      2(SI), Y3
+	VMOVDQU      (CX), Y4
+	VPSIGNB      Y3, Y4, Y4
+	VPABSB       Y3, Y3
+	VPMADDUBSW   Y4, Y3, Y3
+	VPMADDWD     Y2, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VPBROADCASTW (SI), X4
+	VCVTPH2PS    X4, Y4
+	VMULPS       Y4, Y3, Y3
+	VBROADCASTSS (DX), Y4
+	VFMADD231PS  Y3, Y4, Y0
+	ADDQ         $0x00000022, SI
+	ADDQ         $0x00000020, CX
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, BX
+	SUBQ         $0x01, DI
+	JMP          qtileQ8_0R1AVX2_loop1
+
+qtileQ8_0R1AVX2_done:
+	VADDPS       Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ4_0R1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qtileQ4_0R1AVX2(SB), NOSPLIT, $0-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         d_base+56(FP), DX
+	MOVQ         s_base+80(FP), BX
+	MOVQ         w_base+112(FP), SI
+	MOVQ         k+136(FP), DI
+	SHRQ         $0x05, DI
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	VXORPS       Y2, Y2, Y2
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X2
+	VPBROADCASTD X2, Y2
+	MOVL         $0x00010001, R8
+	VMOVD        R8, X4
+	VPBROADCASTD X4, Y4
+	MOVL         $0x08080808, R8
+	VMOVD        R8, X5
+	VPBROADCASTD X5, Y5
+
+qtileQ4_0R1AVX2_loopU:
+	CMPQ         DI, $0x02
+	JB           qtileQ4_0R1AVX2_loop1
+	VMOVDQU      2(SI), X3
+	VPSRLW       $0x04, X3, X6
+	VINSERTI128  $0x01, X6, Y3, Y6
+	VPAND        Y2, Y6, Y6
+	VPSUBB       Y5, Y6, Y6
+	VMOVDQU      (CX), Y7
+	VPSIGNB      Y6, Y7, Y7
+	VPABSB       Y6, Y6
+	VPMADDUBSW   Y7, Y6, Y6
+	VPMADDWD     Y4, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VPBROADCASTW (SI), X7
+	VCVTPH2PS    X7, Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS (DX), Y7
+	VFMADD231PS  Y6, Y7, Y0
+	VMOVDQU      20(SI), X3
+	VPSRLW       $0x04, X3, X6
+	VINSERTI128  $0x01, X6, Y3, Y6
+	VPAND        Y2, Y6, Y6
+	VPSUBB       Y5, Y6, Y6
+	VMOVDQU      32(CX), Y7
+	VPSIGNB      Y6, Y7, Y7
+	VPABSB       Y6, Y6
+	VPMADDUBSW   Y7, Y6, Y6
+	VPMADDWD     Y4, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VPBROADCASTW 18(SI), X7
+	VCVTPH2PS    X7, Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS 4(DX), Y7
+	VFMADD231PS  Y6, Y7, Y1
+	ADDQ         $0x00000024, SI
+	ADDQ         $0x00000040, CX
+	ADDQ         $0x00000008, DX
+	ADDQ         $0x00000008, BX
+	SUBQ         $0x02, DI
+	JMP          qtileQ4_0R1AVX2_loopU
+
+qtileQ4_0R1AVX2_loop1:
+	TESTQ        DI, DI
+	JZ           qtileQ4_0R1AVX2_done
+	VMOVDQU      2(SI), X3
+	VPSRLW       $0x04, X3, X6
+	VINSERTI128  $0x01, X6, Y3, Y6
+	VPAND        Y2, Y6, Y6
+	VPSUBB       Y5, Y6, Y6
+	VMOVDQU      (CX), Y7
+	VPSIGNB      Y6, Y7, Y7
+	VPABSB       Y6, Y6
+	VPMADDUBSW   Y7, Y6, Y6
+	VPMADDWD     Y4, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VPBROADCASTW (SI), X7
+	VCVTPH2PS    X7, Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS (DX), Y7
+	VFMADD231PS  Y6, Y7, Y0
+	ADDQ         $0x00000012, SI
+	ADDQ         $0x00000020, CX
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, BX
+	SUBQ         $0x01, DI
+	JMP          qtileQ4_0R1AVX2_loop1
+
+qtileQ4_0R1AVX2_done:
+	VADDPS       Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ4KR1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qtileQ4KR1AVX2(SB), NOSPLIT, $32-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         d_base+56(FP), DX
+	MOVQ         s_base+80(FP), BX
+	MOVQ         w_base+112(FP), SI
+	MOVQ         k+136(FP), DI
+	SHRQ         $0x08, DI
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X2
+	VPBROADCASTD X2, Y2
+	MOVL         $0x00010001, R8
+	VMOVD        R8, X3
+	VPBROADCASTD X3, Y3
+
+qtileQ4KR1AVX2_loop1:
+	TESTQ        DI, DI
+	JZ           qtileQ4KR1AVX2_done
+	MOVLQZX      4(SI), R8
+	MOVLQZX      8(SI), R9
+	MOVLQZX      12(SI), R10
+	MOVQ         R8, R11
+	SHRQ         $0x06, R11
+	ANDQ         $0x03030303, R11
+	SHLQ         $0x04, R11
+	MOVQ         R10, R12
+	ANDQ         $0x0f0f0f0f, R12
+	ORQ          R12, R11
+	SHLQ         $0x20, R11
+	ANDQ         $0x3f3f3f3f, R8
+	ORQ          R8, R11
+	VMOVQ        R11, X4
+	VPMOVZXBD    X4, Y4
+	MOVQ         R9, R11
+	SHRQ         $0x06, R11
+	ANDQ         $0x03030303, R11
+	SHLQ         $0x04, R11
+	SHRQ         $0x04, R10
+	ANDQ         $0x0f0f0f0f, R10
+	ORQ          R10, R11
+	SHLQ         $0x20, R11
+	ANDQ         $0x3f3f3f3f, R9
+	ORQ          R9, R11
+	VMOVQ        R11, X5
+	VPMOVZXBD    X5, Y5
+	VPBROADCASTW (SI), X6
+	VCVTPH2PS    X6, Y6
+	VPBROADCASTW 2(SI), X7
+	VCVTPH2PS    X7, Y7
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y6, Y4, Y4
+	VMULPS       (DX), Y4, Y4
+	VMOVUPS      Y4, (SP)
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y7, Y5, Y5
+	VFMADD231PS  (BX), Y5, Y1
+	VMOVDQU      16(SI), Y4
+	VPAND        Y2, Y4, Y5
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y2, Y4, Y4
+	VPMADDUBSW   (CX), Y5, Y5
+	VPMADDWD     Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (SP), Y6
+	VFMADD231PS  Y5, Y6, Y0
+	VPMADDUBSW   32(CX), Y4, Y5
+	VPMADDWD     Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS 4(SP), Y4
+	VFMADD231PS  Y5, Y4, Y0
+	VMOVDQU      48(SI), Y4
+	VPAND        Y2, Y4, Y5
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y2, Y4, Y4
+	VPMADDUBSW   64(CX), Y5, Y5
+	VPMADDWD     Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS 8(SP), Y6
+	VFMADD231PS  Y5, Y6, Y0
+	VPMADDUBSW   96(CX), Y4, Y5
+	VPMADDWD     Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS 12(SP), Y4
+	VFMADD231PS  Y5, Y4, Y0
+	VMOVDQU      80(SI), Y4
+	VPAND        Y2, Y4, Y5
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y2, Y4, Y4
+	VPMADDUBSW   128(CX), Y5, Y5
+	VPMADDWD     Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS 16(SP), Y6
+	VFMADD231PS  Y5, Y6, Y0
+	VPMADDUBSW   160(CX), Y4, Y5
+	VPMADDWD     Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS 20(SP), Y4
+	VFMADD231PS  Y5, Y4, Y0
+	VMOVDQU      112(SI), Y4
+	VPAND        Y2, Y4, Y5
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y2, Y4, Y4
+	VPMADDUBSW   192(CX), Y5, Y5
+	VPMADDWD     Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS 24(SP), Y6
+	VFMADD231PS  Y5, Y6, Y0
+	VPMADDUBSW   224(CX), Y4, Y5
+	VPMADDWD     Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS 28(SP), Y4
+	VFMADD231PS  Y5, Y4, Y0
+	ADDQ         $0x00000090, SI
+	ADDQ         $0x00000100, CX
+	ADDQ         $0x00000020, DX
+	ADDQ         $0x00000020, BX
+	SUBQ         $0x01, DI
+	JMP          qtileQ4KR1AVX2_loop1
+
+qtileQ4KR1AVX2_done:
+	VEXTRACTF128 $0x01, Y0, X2
+	VADDPS       X2, X0, X2
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VSUBPS       X0, X2, X2
+	VHADDPS      X2, X2, X2
+	VHADDPS      X2, X2, X2
+	VMOVSS       X2, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ6KR1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qtileQ6KR1AVX2(SB), NOSPLIT, $64-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         d_base+56(FP), DX
+	MOVQ         s_base+80(FP), BX
+	MOVQ         w_base+112(FP), SI
+	MOVQ         k+136(FP), DI
+	SHRQ         $0x08, DI
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+	MOVL         $0x00010001, R8
+	VMOVD        R8, X3
+	VPBROADCASTD X3, Y3
+
+qtileQ6KR1AVX2_loop1:
+	TESTQ        DI, DI
+	JZ           qtileQ6KR1AVX2_done
+	VPBROADCASTW 208(SI), X4
+	VCVTPH2PS    X4, Y4
+	VPMOVSXBD    192(SI), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VMOVUPS      Y5, (SP)
+	VPMOVSXBD    200(SI), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VMOVUPS      Y5, 32(SP)
+	MOVL         $0x03030303, R8
+	VMOVD        R8, X4
+	VPBROADCASTD X4, Y4
+	MOVL         $0x20202020, R8
+	VMOVD        R8, X5
+	VPBROADCASTD X5, Y5
+	VMOVDQU      128(SI), Y6
+	VMOVDQU      (SI), Y7
+	VPAND        Y1, Y7, Y7
+	VPAND        Y4, Y6, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y5, Y7, Y7
+	VMOVDQU      (CX), Y8
+	VPSIGNB      Y7, Y8, Y8
+	VPABSB       Y7, Y7
+	VPMADDUBSW   Y8, Y7, Y7
+	VPMADDWD     Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (SP), X2
+	VBROADCASTSS 4(SP), X8
+	VINSERTF128  $0x01, X8, Y2, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS (DX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      32(SI), Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x02, Y6, Y8
+	VPAND        Y4, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y5, Y7, Y7
+	VMOVDQU      32(CX), Y8
+	VPSIGNB      Y7, Y8, Y8
+	VPABSB       Y7, Y7
+	VPMADDUBSW   Y8, Y7, Y7
+	VPMADDWD     Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 8(SP), X2
+	VBROADCASTSS 12(SP), X8
+	VINSERTF128  $0x01, X8, Y2, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 4(DX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      (SI), Y7
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x04, Y6, Y8
+	VPAND        Y4, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y5, Y7, Y7
+	VMOVDQU      64(CX), Y8
+	VPSIGNB      Y7, Y8, Y8
+	VPABSB       Y7, Y7
+	VPMADDUBSW   Y8, Y7, Y7
+	VPMADDWD     Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 16(SP), X2
+	VBROADCASTSS 20(SP), X8
+	VINSERTF128  $0x01, X8, Y2, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 8(DX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      32(SI), Y7
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x06, Y6, Y6
+	VPAND        Y4, Y6, Y6
+	VPSLLW       $0x04, Y6, Y6
+	VPOR         Y6, Y7, Y7
+	VPSUBB       Y5, Y7, Y7
+	VMOVDQU      96(CX), Y6
+	VPSIGNB      Y7, Y6, Y6
+	VPABSB       Y7, Y7
+	VPMADDUBSW   Y6, Y7, Y6
+	VPMADDWD     Y3, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS 24(SP), X2
+	VBROADCASTSS 28(SP), X7
+	VINSERTF128  $0x01, X7, Y2, Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS 12(DX), Y7
+	VFMADD231PS  Y6, Y7, Y0
+	VMOVDQU      160(SI), Y6
+	VMOVDQU      64(SI), Y7
+	VPAND        Y1, Y7, Y7
+	VPAND        Y4, Y6, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y5, Y7, Y7
+	VMOVDQU      128(CX), Y8
+	VPSIGNB      Y7, Y8, Y8
+	VPABSB       Y7, Y7
+	VPMADDUBSW   Y8, Y7, Y7
+	VPMADDWD     Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 32(SP), X2
+	VBROADCASTSS 36(SP), X8
+	VINSERTF128  $0x01, X8, Y2, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 16(DX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      96(SI), Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x02, Y6, Y8
+	VPAND        Y4, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y5, Y7, Y7
+	VMOVDQU      160(CX), Y8
+	VPSIGNB      Y7, Y8, Y8
+	VPABSB       Y7, Y7
+	VPMADDUBSW   Y8, Y7, Y7
+	VPMADDWD     Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 40(SP), X2
+	VBROADCASTSS 44(SP), X8
+	VINSERTF128  $0x01, X8, Y2, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 20(DX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      64(SI), Y7
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x04, Y6, Y8
+	VPAND        Y4, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y5, Y7, Y7
+	VMOVDQU      192(CX), Y8
+	VPSIGNB      Y7, Y8, Y8
+	VPABSB       Y7, Y7
+	VPMADDUBSW   Y8, Y7, Y7
+	VPMADDWD     Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 48(SP), X2
+	VBROADCASTSS 52(SP), X8
+	VINSERTF128  $0x01, X8, Y2, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 24(DX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      96(SI), Y7
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x06, Y6, Y6
+	VPAND        Y4, Y6, Y6
+	VPSLLW       $0x04, Y6, Y6
+	VPOR         Y6, Y7, Y7
+	VPSUBB       Y5, Y7, Y7
+	VMOVDQU      224(CX), Y4
+	VPSIGNB      Y7, Y4, Y4
+	VPABSB       Y7, Y7
+	VPMADDUBSW   Y4, Y7, Y4
+	VPMADDWD     Y3, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS 56(SP), X2
+	VBROADCASTSS 60(SP), X5
+	VINSERTF128  $0x01, X5, Y2, Y5
+	VMULPS       Y5, Y4, Y4
+	VBROADCASTSS 28(DX), Y5
+	VFMADD231PS  Y4, Y5, Y0
+	ADDQ         $0x000000d2, SI
+	ADDQ         $0x00000100, CX
+	ADDQ         $0x00000020, DX
+	ADDQ         $0x00000020, BX
+	SUBQ         $0x01, DI
+	JMP          qtileQ6KR1AVX2_loop1
+
+qtileQ6KR1AVX2_done:
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ8_0R1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C
+TEXT ·qtileQ8_0R1VNNI(SB), NOSPLIT, $0-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         d_base+56(FP), DX
+	MOVQ         s_base+80(FP), BX
+	MOVQ         w_base+112(FP), SI
+	MOVQ         k+136(FP), DI
+	SHRQ         $0x05, DI
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	VXORPS       Y2, Y2, Y2
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X2
+	VPBROADCASTD X2, Y2
+
+qtileQ8_0R1VNNI_loopU:
+	CMPQ             DI, $0x02
+	JB               qtileQ8_0R1VNNI_loop1
+	VMOVDQU          2(SI), Y2
+	VMOVDQU          (CX), Y4
+	VPSIGNB          Y2, Y4, Y4
+	VPABSB           Y2, Y2
+	VPXOR            Y3, Y3, Y3
+	VPDPBUSD         Y4, Y2, Y3
+	VCVTDQ2PS        Y3, Y3
+	VPBROADCASTW     (SI), X2
+	VCVTPH2PS        X2, Y2
+	VMULPS           Y2, Y3, Y3
+	VFMADD231PS.BCST (DX), Y3, Y0
+	VMOVDQU          36(SI), Y2
+	VMOVDQU          32(CX), Y4
+	VPSIGNB          Y2, Y4, Y4
+	VPABSB           Y2, Y2
+	VPXOR            Y3, Y3, Y3
+	VPDPBUSD         Y4, Y2, Y3
+	VCVTDQ2PS        Y3, Y3
+	VPBROADCASTW     34(SI), X2
+	VCVTPH2PS        X2, Y2
+	VMULPS           Y2, Y3, Y3
+	VFMADD231PS.BCST 4(DX), Y3, Y1
+	ADDQ             $0x00000044, SI
+	ADDQ             $0x00000040, CX
+	ADDQ             $0x00000008, DX
+	ADDQ             $0x00000008, BX
+	SUBQ             $0x02, DI
+	JMP              qtileQ8_0R1VNNI_loopU
+
+qtileQ8_0R1VNNI_loop1:
+	TESTQ            DI, DI
+	JZ               qtileQ8_0R1VNNI_done
+	VMOVDQU          2(SI), Y2
+	VMOVDQU          (CX), Y4
+	VPSIGNB          Y2, Y4, Y4
+	VPABSB           Y2, Y2
+	VPXOR            Y3, Y3, Y3
+	VPDPBUSD         Y4, Y2, Y3
+	VCVTDQ2PS        Y3, Y3
+	VPBROADCASTW     (SI), X2
+	VCVTPH2PS        X2, Y2
+	VMULPS           Y2, Y3, Y3
+	VFMADD231PS.BCST (DX), Y3, Y0
+	ADDQ             $0x00000022, SI
+	ADDQ             $0x00000020, CX
+	ADDQ             $0x00000004, DX
+	ADDQ             $0x00000004, BX
+	SUBQ             $0x01, DI
+	JMP              qtileQ8_0R1VNNI_loop1
+
+qtileQ8_0R1VNNI_done:
+	VADDPS       Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ4_0R1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C
+TEXT ·qtileQ4_0R1VNNI(SB), NOSPLIT, $0-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         d_base+56(FP), DX
+	MOVQ         s_base+80(FP), BX
+	MOVQ         w_base+112(FP), SI
+	MOVQ         k+136(FP), DI
+	SHRQ         $0x05, DI
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	VXORPS       Y2, Y2, Y2
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X2
+	VPBROADCASTD X2, Y2
+	MOVL         $0x08080808, R8
+	VMOVD        R8, X4
+	VPBROADCASTD X4, Y4
+
+qtileQ4_0R1VNNI_loopU:
+	CMPQ             DI, $0x02
+	JB               qtileQ4_0R1VNNI_loop1
+	VMOVDQU          2(SI), X3
+	VPSRLW           $0x04, X3, X5
+	VINSERTI128      $0x01, X5, Y3, Y5
+	VPAND            Y2, Y5, Y5
+	VPSUBB           Y4, Y5, Y5
+	VMOVDQU          (CX), Y7
+	VPSIGNB          Y5, Y7, Y7
+	VPABSB           Y5, Y5
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         Y7, Y5, Y6
+	VCVTDQ2PS        Y6, Y6
+	VPBROADCASTW     (SI), X5
+	VCVTPH2PS        X5, Y5
+	VMULPS           Y5, Y6, Y6
+	VFMADD231PS.BCST (DX), Y6, Y0
+	VMOVDQU          20(SI), X3
+	VPSRLW           $0x04, X3, X5
+	VINSERTI128      $0x01, X5, Y3, Y5
+	VPAND            Y2, Y5, Y5
+	VPSUBB           Y4, Y5, Y5
+	VMOVDQU          32(CX), Y7
+	VPSIGNB          Y5, Y7, Y7
+	VPABSB           Y5, Y5
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         Y7, Y5, Y6
+	VCVTDQ2PS        Y6, Y6
+	VPBROADCASTW     18(SI), X5
+	VCVTPH2PS        X5, Y5
+	VMULPS           Y5, Y6, Y6
+	VFMADD231PS.BCST 4(DX), Y6, Y1
+	ADDQ             $0x00000024, SI
+	ADDQ             $0x00000040, CX
+	ADDQ             $0x00000008, DX
+	ADDQ             $0x00000008, BX
+	SUBQ             $0x02, DI
+	JMP              qtileQ4_0R1VNNI_loopU
+
+qtileQ4_0R1VNNI_loop1:
+	TESTQ            DI, DI
+	JZ               qtileQ4_0R1VNNI_done
+	VMOVDQU          2(SI), X3
+	VPSRLW           $0x04, X3, X5
+	VINSERTI128      $0x01, X5, Y3, Y5
+	VPAND            Y2, Y5, Y5
+	VPSUBB           Y4, Y5, Y5
+	VMOVDQU          (CX), Y7
+	VPSIGNB          Y5, Y7, Y7
+	VPABSB           Y5, Y5
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         Y7, Y5, Y6
+	VCVTDQ2PS        Y6, Y6
+	VPBROADCASTW     (SI), X5
+	VCVTPH2PS        X5, Y5
+	VMULPS           Y5, Y6, Y6
+	VFMADD231PS.BCST (DX), Y6, Y0
+	ADDQ             $0x00000012, SI
+	ADDQ             $0x00000020, CX
+	ADDQ             $0x00000004, DX
+	ADDQ             $0x00000004, BX
+	SUBQ             $0x01, DI
+	JMP              qtileQ4_0R1VNNI_loop1
+
+qtileQ4_0R1VNNI_done:
+	VADDPS       Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ4KR1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C, FMA3
+TEXT ·qtileQ4KR1VNNI(SB), NOSPLIT, $32-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         d_base+56(FP), DX
+	MOVQ         s_base+80(FP), BX
+	MOVQ         w_base+112(FP), SI
+	MOVQ         k+136(FP), DI
+	SHRQ         $0x08, DI
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X2
+	VPBROADCASTD X2, Y2
+
+qtileQ4KR1VNNI_loop1:
+	TESTQ            DI, DI
+	JZ               qtileQ4KR1VNNI_done
+	MOVLQZX          4(SI), R8
+	MOVLQZX          8(SI), R9
+	MOVLQZX          12(SI), R10
+	MOVQ             R8, R11
+	SHRQ             $0x06, R11
+	ANDQ             $0x03030303, R11
+	SHLQ             $0x04, R11
+	MOVQ             R10, R12
+	ANDQ             $0x0f0f0f0f, R12
+	ORQ              R12, R11
+	SHLQ             $0x20, R11
+	ANDQ             $0x3f3f3f3f, R8
+	ORQ              R8, R11
+	VMOVQ            R11, X3
+	VPMOVZXBD        X3, Y3
+	MOVQ             R9, R11
+	SHRQ             $0x06, R11
+	ANDQ             $0x03030303, R11
+	SHLQ             $0x04, R11
+	SHRQ             $0x04, R10
+	ANDQ             $0x0f0f0f0f, R10
+	ORQ              R10, R11
+	SHLQ             $0x20, R11
+	ANDQ             $0x3f3f3f3f, R9
+	ORQ              R9, R11
+	VMOVQ            R11, X4
+	VPMOVZXBD        X4, Y4
+	VPBROADCASTW     (SI), X5
+	VCVTPH2PS        X5, Y5
+	VPBROADCASTW     2(SI), X6
+	VCVTPH2PS        X6, Y6
+	VCVTDQ2PS        Y3, Y3
+	VMULPS           Y5, Y3, Y3
+	VMULPS           (DX), Y3, Y3
+	VMOVUPS          Y3, (SP)
+	VCVTDQ2PS        Y4, Y4
+	VMULPS           Y6, Y4, Y4
+	VFMADD231PS      (BX), Y4, Y1
+	VMOVDQU          16(SI), Y3
+	VPAND            Y2, Y3, Y4
+	VPSRLW           $0x04, Y3, Y3
+	VPAND            Y2, Y3, Y3
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         (CX), Y4, Y5
+	VCVTDQ2PS        Y5, Y5
+	VFMADD231PS.BCST (SP), Y5, Y0
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         32(CX), Y3, Y5
+	VCVTDQ2PS        Y5, Y5
+	VFMADD231PS.BCST 4(SP), Y5, Y0
+	VMOVDQU          48(SI), Y3
+	VPAND            Y2, Y3, Y4
+	VPSRLW           $0x04, Y3, Y3
+	VPAND            Y2, Y3, Y3
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         64(CX), Y4, Y5
+	VCVTDQ2PS        Y5, Y5
+	VFMADD231PS.BCST 8(SP), Y5, Y0
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         96(CX), Y3, Y5
+	VCVTDQ2PS        Y5, Y5
+	VFMADD231PS.BCST 12(SP), Y5, Y0
+	VMOVDQU          80(SI), Y3
+	VPAND            Y2, Y3, Y4
+	VPSRLW           $0x04, Y3, Y3
+	VPAND            Y2, Y3, Y3
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         128(CX), Y4, Y5
+	VCVTDQ2PS        Y5, Y5
+	VFMADD231PS.BCST 16(SP), Y5, Y0
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         160(CX), Y3, Y5
+	VCVTDQ2PS        Y5, Y5
+	VFMADD231PS.BCST 20(SP), Y5, Y0
+	VMOVDQU          112(SI), Y3
+	VPAND            Y2, Y3, Y4
+	VPSRLW           $0x04, Y3, Y3
+	VPAND            Y2, Y3, Y3
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         192(CX), Y4, Y5
+	VCVTDQ2PS        Y5, Y5
+	VFMADD231PS.BCST 24(SP), Y5, Y0
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         224(CX), Y3, Y5
+	VCVTDQ2PS        Y5, Y5
+	VFMADD231PS.BCST 28(SP), Y5, Y0
+	ADDQ             $0x00000090, SI
+	ADDQ             $0x00000100, CX
+	ADDQ             $0x00000020, DX
+	ADDQ             $0x00000020, BX
+	SUBQ             $0x01, DI
+	JMP              qtileQ4KR1VNNI_loop1
+
+qtileQ4KR1VNNI_done:
+	VEXTRACTF128 $0x01, Y0, X2
+	VADDPS       X2, X0, X2
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VSUBPS       X0, X2, X2
+	VHADDPS      X2, X2, X2
+	VHADDPS      X2, X2, X2
+	VMOVSS       X2, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ6KR1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C
+TEXT ·qtileQ6KR1VNNI(SB), NOSPLIT, $64-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         d_base+56(FP), DX
+	MOVQ         s_base+80(FP), BX
+	MOVQ         w_base+112(FP), SI
+	MOVQ         k+136(FP), DI
+	SHRQ         $0x08, DI
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+
+qtileQ6KR1VNNI_loop1:
+	TESTQ            DI, DI
+	JZ               qtileQ6KR1VNNI_done
+	VPBROADCASTW     208(SI), X3
+	VCVTPH2PS        X3, Y3
+	VPMOVSXBD        192(SI), Y4
+	VCVTDQ2PS        Y4, Y4
+	VMULPS           Y3, Y4, Y4
+	VMOVUPS          Y4, (SP)
+	VPMOVSXBD        200(SI), Y4
+	VCVTDQ2PS        Y4, Y4
+	VMULPS           Y3, Y4, Y4
+	VMOVUPS          Y4, 32(SP)
+	MOVL             $0x03030303, R8
+	VMOVD            R8, X3
+	VPBROADCASTD     X3, Y3
+	MOVL             $0x20202020, R8
+	VMOVD            R8, X4
+	VPBROADCASTD     X4, Y4
+	VMOVDQU          128(SI), Y5
+	VMOVDQU          (SI), Y6
+	VPAND            Y1, Y6, Y6
+	VPAND            Y3, Y5, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y4, Y6, Y6
+	VMOVDQU          (CX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPABSB           Y6, Y6
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         Y8, Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VBROADCASTSS     (SP), X2
+	VBROADCASTSS     4(SP), X6
+	VINSERTF128      $0x01, X6, Y2, Y6
+	VMULPS           Y6, Y7, Y7
+	VFMADD231PS.BCST (DX), Y7, Y0
+	VMOVDQU          32(SI), Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x02, Y5, Y7
+	VPAND            Y3, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y4, Y6, Y6
+	VMOVDQU          32(CX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPABSB           Y6, Y6
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         Y8, Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VBROADCASTSS     8(SP), X2
+	VBROADCASTSS     12(SP), X6
+	VINSERTF128      $0x01, X6, Y2, Y6
+	VMULPS           Y6, Y7, Y7
+	VFMADD231PS.BCST 4(DX), Y7, Y0
+	VMOVDQU          (SI), Y6
+	VPSRLW           $0x04, Y6, Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x04, Y5, Y7
+	VPAND            Y3, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y4, Y6, Y6
+	VMOVDQU          64(CX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPABSB           Y6, Y6
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         Y8, Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VBROADCASTSS     16(SP), X2
+	VBROADCASTSS     20(SP), X6
+	VINSERTF128      $0x01, X6, Y2, Y6
+	VMULPS           Y6, Y7, Y7
+	VFMADD231PS.BCST 8(DX), Y7, Y0
+	VMOVDQU          32(SI), Y6
+	VPSRLW           $0x04, Y6, Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x06, Y5, Y5
+	VPAND            Y3, Y5, Y5
+	VPSLLW           $0x04, Y5, Y5
+	VPOR             Y5, Y6, Y6
+	VPSUBB           Y4, Y6, Y6
+	VMOVDQU          96(CX), Y7
+	VPSIGNB          Y6, Y7, Y7
+	VPABSB           Y6, Y6
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         Y7, Y6, Y5
+	VCVTDQ2PS        Y5, Y5
+	VBROADCASTSS     24(SP), X2
+	VBROADCASTSS     28(SP), X6
+	VINSERTF128      $0x01, X6, Y2, Y6
+	VMULPS           Y6, Y5, Y5
+	VFMADD231PS.BCST 12(DX), Y5, Y0
+	VMOVDQU          160(SI), Y5
+	VMOVDQU          64(SI), Y6
+	VPAND            Y1, Y6, Y6
+	VPAND            Y3, Y5, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y4, Y6, Y6
+	VMOVDQU          128(CX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPABSB           Y6, Y6
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         Y8, Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VBROADCASTSS     32(SP), X2
+	VBROADCASTSS     36(SP), X6
+	VINSERTF128      $0x01, X6, Y2, Y6
+	VMULPS           Y6, Y7, Y7
+	VFMADD231PS.BCST 16(DX), Y7, Y0
+	VMOVDQU          96(SI), Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x02, Y5, Y7
+	VPAND            Y3, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y4, Y6, Y6
+	VMOVDQU          160(CX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPABSB           Y6, Y6
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         Y8, Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VBROADCASTSS     40(SP), X2
+	VBROADCASTSS     44(SP), X6
+	VINSERTF128      $0x01, X6, Y2, Y6
+	VMULPS           Y6, Y7, Y7
+	VFMADD231PS.BCST 20(DX), Y7, Y0
+	VMOVDQU          64(SI), Y6
+	VPSRLW           $0x04, Y6, Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x04, Y5, Y7
+	VPAND            Y3, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y4, Y6, Y6
+	VMOVDQU          192(CX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPABSB           Y6, Y6
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         Y8, Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VBROADCASTSS     48(SP), X2
+	VBROADCASTSS     52(SP), X6
+	VINSERTF128      $0x01, X6, Y2, Y6
+	VMULPS           Y6, Y7, Y7
+	VFMADD231PS.BCST 24(DX), Y7, Y0
+	VMOVDQU          96(SI), Y6
+	VPSRLW           $0x04, Y6, Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x06, Y5, Y5
+	VPAND            Y3, Y5, Y5
+	VPSLLW           $0x04, Y5, Y5
+	VPOR             Y5, Y6, Y6
+	VPSUBB           Y4, Y6, Y6
+	VMOVDQU          224(CX), Y4
+	VPSIGNB          Y6, Y4, Y4
+	VPABSB           Y6, Y6
+	VPXOR            Y3, Y3, Y3
+	VPDPBUSD         Y4, Y6, Y3
+	VCVTDQ2PS        Y3, Y3
+	VBROADCASTSS     56(SP), X2
+	VBROADCASTSS     60(SP), X4
+	VINSERTF128      $0x01, X4, Y2, Y4
+	VMULPS           Y4, Y3, Y3
+	VFMADD231PS.BCST 28(DX), Y3, Y0
+	ADDQ             $0x000000d2, SI
+	ADDQ             $0x00000100, CX
+	ADDQ             $0x00000020, DX
+	ADDQ             $0x00000020, BX
+	SUBQ             $0x01, DI
+	JMP              qtileQ6KR1VNNI_loop1
+
+qtileQ6KR1VNNI_done:
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (AX)
+	VZEROUPPER
+	RET
+
 // func sumF32(x []float32) float32
 // Requires: AVX, SSE
 TEXT ·sumF32(SB), NOSPLIT, $0-28

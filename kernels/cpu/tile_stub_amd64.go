@@ -508,6 +508,94 @@ func tileF8R2C4AVX512(y []float32, ldy int, x []float32, ldx int, w []byte, ldw 
 //go:noescape
 func tileF8R4C4AVX512(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
 
+// qtileQ8_0R1AVX2 sets y[0] to the dot product of one row of Q8_0 blocks w with one
+// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+//
+//	dw·d[b]·Σ int8(w)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ8_0R1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+
+// qtileQ4_0R1AVX2 sets y[0] to the dot product of one row of Q4_0 blocks w with one
+// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+//
+//	dw·d[b]·Σ (nibble−8)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4_0R1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+
+// qtileQ4KR1AVX2 sets y[0] to the dot product of one row of Q4K blocks w with one
+// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4KR1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+
+// qtileQ6KR1AVX2 sets y[0] to the dot product of one row of Q6K blocks w with one
+// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+//
+//	Σ over sub-blocks of 16: dw·sc·d[b]·Σ (q6−32)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ6KR1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+
+// qtileQ8_0R1VNNI sets y[0] to the dot product of one row of Q8_0 blocks w with one
+// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+//
+//	dw·d[b]·Σ int8(w)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ8_0R1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+
+// qtileQ4_0R1VNNI sets y[0] to the dot product of one row of Q4_0 blocks w with one
+// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+//
+//	dw·d[b]·Σ (nibble−8)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4_0R1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+
+// qtileQ4KR1VNNI sets y[0] to the dot product of one row of Q4K blocks w with one
+// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4KR1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+
+// qtileQ6KR1VNNI sets y[0] to the dot product of one row of Q6K blocks w with one
+// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+//
+//	Σ over sub-blocks of 16: dw·sc·d[b]·Σ (q6−32)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ6KR1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+
 // sumF32 returns the sum of x in some order:
 //
 //	for _, v := range x {
