@@ -145,12 +145,12 @@ var qkernels = []qkernel{
 	},
 	{
 		name: "Q4K", elems: 256, bytes: 144, unroll: 1, usesSum: true,
-		doc: "Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]",
+		doc:   "Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]",
 		block: q4kBlock,
 	},
 	{
 		name: "Q6K", elems: 256, bytes: 210, unroll: 1,
-		doc: "Σ over sub-blocks of 16: dw·sc·d[b]·Σ (q6−32)·q",
+		doc:   "Σ over sub-blocks of 16: dw·sc·d[b]·Σ (q6−32)·q",
 		block: q6kBlock,
 	},
 }
