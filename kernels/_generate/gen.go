@@ -150,7 +150,9 @@ func main() {
 	}
 	for _, a := range qisas {
 		for _, k := range qkernels {
-			qtile(a, k)
+			for _, r := range k.rows {
+				qtile(a, k, r)
+			}
 		}
 	}
 	sum()

@@ -66,13 +66,49 @@ func (c *qctx) fmaBcast(m Mem, t, acc VecVirtual) {
 }
 
 // signedDot sets t to the int32 lane sums of w·x for signed bytes w (ymm,
-// clobbered) and the x block at xm.
-func (c *qctx) signedDot(w VecVirtual, xm Mem, t VecVirtual) {
+// with |w| in aw) and the x block at xm.
+func (c *qctx) signedDot(w, aw VecVirtual, xm Mem, t VecVirtual) {
 	xr := YMM()
 	VMOVDQU(xm, xr)
 	VPSIGNB(w, xr, xr)
-	VPABSB(w, w)
-	c.idot(xr, w, t)
+	c.idot(xr, aw, t)
+}
+
+// xrow addresses one x row of a tile: its int8 values at q0 + idx·scale,
+// its (d, s) pairs (float32 block scale and d·Σq) at ds0 + dsIdx·scale.
+type xrow struct {
+	q0, ds0    GPVirtual
+	idx, dsIdx Register // nil for the first row
+	scale      uint8
+}
+
+// q is the int8 value at byte off of the row.
+func (x xrow) q(off int) Mem { return x.mem(x.q0, x.idx, off) }
+
+// d is block b's scale; s its d·Σq.
+func (x xrow) d(b int) Mem { return x.mem(x.ds0, x.dsIdx, 8*b) }
+func (x xrow) s(b int) Mem { return x.mem(x.ds0, x.dsIdx, 8*b+4) }
+
+func (x xrow) mem(base GPVirtual, idx Register, off int) Mem {
+	m := Mem{Base: base, Disp: off}
+	if idx != nil {
+		m.Index, m.Scale = idx, x.scale
+	}
+	return m
+}
+
+// signedBlock accumulates w·x over one block of 32 signed weights w for
+// every x row: acc[r] += dw·d_r[b]·Σ w·q_r.
+func (c *qctx) signedBlock(w VecVirtual, dw VecVirtual, xs []xrow, b int, acc []VecVirtual) {
+	aw := YMM()
+	VPABSB(w, aw)
+	for r, x := range xs {
+		t := YMM()
+		c.signedDot(w, aw, x.q(32*b), t)
+		VCVTDQ2PS(t, t)
+		VMULPS(dw, t, t)
+		c.fmaBcast(x.d(b), t, acc[r])
+	}
 }
 
 // f16Bcast returns the float16 at m widened into all eight float32 lanes.
@@ -108,48 +144,43 @@ type qkernel struct {
 	unroll  int // blocks per loop step (for accumulators in flight)
 	doc     string
 	usesSum bool
-	// block emits the dot of weight block i (at w + i·bytes) with its x
-	// blocks (at q + i·elems, d + 4·i·elems/32, s likewise) into acc (and
-	// sub, subtracted at the end).
-	block func(c *qctx, w, q, d, s GPVirtual, i int, acc, sub VecVirtual)
+	rows    []int // the tile heights generated (x rows per call)
+	// block emits the dot of weight block i (at w + i·bytes) with the x
+	// rows' blocks (from column i·elems) into acc[r] (and sub[r],
+	// subtracted at the end) for each x row r.
+	block func(c *qctx, w GPVirtual, xs []xrow, i int, acc, sub []VecVirtual)
 }
 
 var qkernels = []qkernel{
 	{
-		name: "Q8_0", elems: 32, bytes: 34, unroll: 2,
+		name: "Q8_0", elems: 32, bytes: 34, unroll: 2, rows: []int{1, 4},
 		doc: "dw·d[b]·Σ int8(w)·q",
-		block: func(c *qctx, w, q, d, _ GPVirtual, i int, acc, _ VecVirtual) {
-			wr, t := YMM(), YMM()
+		block: func(c *qctx, w GPVirtual, xs []xrow, i int, acc, _ []VecVirtual) {
+			wr := YMM()
 			VMOVDQU(Mem{Base: w, Disp: 34*i + 2}, wr)
-			c.signedDot(wr, Mem{Base: q, Disp: 32 * i}, t)
-			VCVTDQ2PS(t, t)
-			VMULPS(f16Bcast(Mem{Base: w, Disp: 34 * i}), t, t)
-			c.fmaBcast(Mem{Base: d, Disp: 4 * i}, t, acc)
+			c.signedBlock(wr, f16Bcast(Mem{Base: w, Disp: 34 * i}), xs, i, acc)
 		},
 	},
 	{
-		name: "Q4_0", elems: 32, bytes: 18, unroll: 2,
+		name: "Q4_0", elems: 32, bytes: 18, unroll: 2, rows: []int{1, 4},
 		doc: "dw·d[b]·Σ (nibble−8)·q",
-		block: func(c *qctx, w, q, d, _ GPVirtual, i int, acc, _ VecVirtual) {
-			lo, hi, wr, t := XMM(), XMM(), YMM(), YMM()
+		block: func(c *qctx, w GPVirtual, xs []xrow, i int, acc, _ []VecVirtual) {
+			lo, hi, wr := XMM(), XMM(), YMM()
 			VMOVDQU(Mem{Base: w, Disp: 18*i + 2}, lo)
 			VPSRLW(U8(4), lo, hi)
 			VINSERTI128(U8(1), hi, lo.AsY(), wr)
 			VPAND(c.low4, wr, wr)
 			VPSUBB(c.b8, wr, wr)
-			c.signedDot(wr, Mem{Base: q, Disp: 32 * i}, t)
-			VCVTDQ2PS(t, t)
-			VMULPS(f16Bcast(Mem{Base: w, Disp: 18 * i}), t, t)
-			c.fmaBcast(Mem{Base: d, Disp: 4 * i}, t, acc)
+			c.signedBlock(wr, f16Bcast(Mem{Base: w, Disp: 18 * i}), xs, i, acc)
 		},
 	},
 	{
-		name: "Q4K", elems: 256, bytes: 144, unroll: 1, usesSum: true,
+		name: "Q4K", elems: 256, bytes: 144, unroll: 1, usesSum: true, rows: []int{1, 4},
 		doc:   "Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]",
 		block: q4kBlock,
 	},
 	{
-		name: "Q6K", elems: 256, bytes: 210, unroll: 1,
+		name: "Q6K", elems: 256, bytes: 210, unroll: 1, rows: []int{1},
 		doc:   "Σ over sub-blocks of 16: dw·sc·d[b]·Σ (q6−32)·q",
 		block: q6kBlock,
 	},
@@ -202,29 +233,43 @@ func q4kScales(w GPVirtual, sc, mn VecVirtual) {
 
 // q4kBlock is one Q4_K super-block: 8 sub-blocks of 32, sub-block 2c the
 // low nibbles of qs[32c:32c+32], 2c+1 the high ones.
-func q4kBlock(c *qctx, w, q, d, s GPVirtual, _ int, acc, sub VecVirtual) {
-	local := AllocLocal(32) // dw·sc_j·d[b], float32[8]
+func q4kBlock(c *qctx, w GPVirtual, xs []xrow, _ int, acc, sub []VecVirtual) {
+	// Per x row, the sub-blocks' dw·sc_j·d[b] in the lane order
+	// [0 1 4 5 2 3 6 7] that de-interleaving the (d, s) pairs gives.
+	local := AllocLocal(32 * len(xs))
 	sc, mn := YMM(), YMM()
 	q4kScales(w, sc, mn)
 	dw, dmin := f16Bcast(Mem{Base: w}), f16Bcast(Mem{Base: w, Disp: 2})
 	VCVTDQ2PS(sc, sc)
 	VMULPS(dw, sc, sc)
-	VMULPS(Mem{Base: d}, sc, sc)
-	VMOVUPS(sc, local)
+	VPERMPD(U8(0xd8), sc, sc)
 	VCVTDQ2PS(mn, mn)
 	VMULPS(dmin, mn, mn)
-	VFMADD231PS(Mem{Base: s}, mn, sub)
+	VPERMPD(U8(0xd8), mn, mn)
+	for r, x := range xs {
+		p, d, s := YMM(), YMM(), YMM()
+		VMOVUPS(x.d(0), p) // d0 s0 d1 s1 | d2 s2 d3 s3
+		VSHUFPS(U8(0x88), x.d(4), p, d)
+		VSHUFPS(U8(0xdd), x.d(4), p, s)
+		VMULPS(sc, d, d)
+		VMOVUPS(d, local.Offset(32*r))
+		VFMADD231PS(mn, s, sub[r])
+	}
 	for h := range 4 {
-		raw, lo, t := YMM(), YMM(), YMM()
+		raw, lo := YMM(), YMM()
 		VMOVDQU(Mem{Base: w, Disp: 16 + 32*h}, raw)
 		VPAND(c.low4, raw, lo)
 		VPSRLW(U8(4), raw, raw)
 		VPAND(c.low4, raw, raw)
 		for k, u := range []VecVirtual{lo, raw} {
 			j := 2*h + k
-			c.idot(Mem{Base: q, Disp: 32 * j}, u, t)
-			VCVTDQ2PS(t, t)
-			c.fmaBcast(local.Offset(4*j), t, acc)
+			lane := []int{0, 1, 4, 5, 2, 3, 6, 7}[j]
+			for r, x := range xs {
+				t := YMM()
+				c.idot(x.q(32*j), u, t)
+				VCVTDQ2PS(t, t)
+				c.fmaBcast(local.Offset(32*r+4*lane), t, acc[r])
+			}
 		}
 	}
 }
@@ -232,7 +277,8 @@ func q4kBlock(c *qctx, w, q, d, s GPVirtual, _ int, acc, sub VecVirtual) {
 // q6kBlock is one Q6_K super-block: in half h, x block 4h+g takes the low
 // (g < 2) or high nibbles of ql[64h+32(g&1):] and bits 2g, 2g+1 of
 // qh[32h:]; its int32 lanes 0-3 are sub-block 2(4h+g), lanes 4-7 the next.
-func q6kBlock(c *qctx, w, q, d, _ GPVirtual, _ int, acc, _ VecVirtual) {
+func q6kBlock(c *qctx, w GPVirtual, xs []xrow, _ int, acc, _ []VecVirtual) {
+	x := xs[0]              // one x row
 	local := AllocLocal(64) // dw·sc float32[16]
 	dw := f16Bcast(Mem{Base: w, Disp: 208})
 	for half := range 2 {
@@ -263,24 +309,27 @@ func q6kBlock(c *qctx, w, q, d, _ GPVirtual, _ int, acc, _ VecVirtual) {
 			VPSLLW(U8(4), hb, hb)
 			VPOR(hb, u, u)
 			VPSUBB(b32, u, u)
-			c.signedDot(u, Mem{Base: q, Disp: 32 * b}, t)
+			au := YMM()
+			VPABSB(u, au)
+			c.signedDot(u, au, x.q(32*b), t)
 			VCVTDQ2PS(t, t)
 			lo, hi, sv := XMM(), XMM(), YMM()
 			VBROADCASTSS(local.Offset(8*b), lo)
 			VBROADCASTSS(local.Offset(8*b+4), hi)
 			VINSERTF128(U8(1), hi, lo.AsY(), sv)
 			VMULPS(sv, t, t)
-			c.fmaBcast(Mem{Base: d, Disp: 4 * b}, t, acc)
+			c.fmaBcast(x.d(b), t, acc[0])
 		}
 	}
 }
 
-func qtile(a qisa, k qkernel) {
-	name := fmt.Sprintf("qtile%sR1%s", k.name, a.suffix)
-	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, d, s []float32, ldq int, w []byte, k int)")
+func qtile(a qisa, k qkernel, R int) {
+	name := fmt.Sprintf("qtile%sR%d%s", k.name, R, a.suffix)
+	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
 	Doc(
-		fmt.Sprintf("%s sets y[0] to the dot product of one row of %s blocks w with one", name, k.name),
-		"x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:",
+		fmt.Sprintf("%s sets y[r·ldy] for r < %d to the dot product of one row of %s", name, R, k.name),
+		"blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)",
+		"pairs in ds[2·r·ldq/32:]); per block b:",
 		"",
 		"\t"+k.doc,
 		"",
@@ -288,21 +337,50 @@ func qtile(a qisa, k qkernel) {
 		"bounds; nothing is checked.",
 	)
 	Pragma("noescape")
-	yp := Load(Param("y").Base(), GP64())
-	qp := Load(Param("q").Base(), GP64()).(GPVirtual)
-	dp := Load(Param("d").Base(), GP64()).(GPVirtual)
-	sp := Load(Param("s").Base(), GP64()).(GPVirtual)
+	q0 := Load(Param("q").Base(), GP64()).(GPVirtual)
+	ds0 := Load(Param("ds").Base(), GP64()).(GPVirtual)
 	wp := Load(Param("w").Base(), GP64()).(GPVirtual)
 	n := Load(Param("k"), GP64())
+	xs := []xrow{{q0: q0, ds0: ds0}}
+	if R > 1 {
+		// Rows 1, 2 at index ×1, ×2; row 3 at 3·stride ×1.
+		ldq := Load(Param("ldq"), GP64()).(GPVirtual)
+		ldds := GP64()
+		MOVQ(ldq, ldds)
+		SHRQ(U8(2), ldds) // ldq/32 (d, s) pairs of 8 bytes
+		for r := 1; r < R; r++ {
+			x := xrow{q0: q0, ds0: ds0, idx: ldq, dsIdx: ldds, scale: uint8(r)}
+			if r == 3 {
+				q3, ds3 := GP64(), GP64()
+				LEAQ(Mem{Base: ldq, Index: ldq, Scale: 2}, q3)
+				LEAQ(Mem{Base: ldds, Index: ldds, Scale: 2}, ds3)
+				x.idx, x.dsIdx, x.scale = q3, ds3, 1
+			}
+			xs = append(xs, x)
+		}
+	}
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
 
-	accs := make([]VecVirtual, k.unroll)
-	for u := range accs {
-		accs[u] = YMM()
-		VXORPS(accs[u], accs[u], accs[u])
+	unroll := k.unroll
+	if R > 1 {
+		unroll = 1 // R accumulators are in flight already
 	}
-	sub := YMM()
-	VXORPS(sub, sub, sub)
+	acc := make([][]VecVirtual, unroll) // [unroll][R]
+	for u := range acc {
+		for range R {
+			v := YMM()
+			VXORPS(v, v, v)
+			acc[u] = append(acc[u], v)
+		}
+	}
+	var sub []VecVirtual
+	if k.usesSum {
+		for range R {
+			v := YMM()
+			VXORPS(v, v, v)
+			sub = append(sub, v)
+		}
+	}
 	c := &qctx{qisa: a, low4: bcastB(0x0f)}
 	if !a.vnni {
 		c.ones = bcastD(0x00010001)
@@ -312,37 +390,46 @@ func qtile(a qisa, k qkernel) {
 	}
 	advance := func(blocks int) {
 		ADDQ(U32(blocks*k.bytes), wp)
-		ADDQ(U32(blocks*k.elems), qp)
-		ADDQ(U32(blocks*k.elems/32*4), dp)
-		ADDQ(U32(blocks*k.elems/32*4), sp)
+		ADDQ(U32(blocks*k.elems), q0)
+		ADDQ(U32(blocks*k.elems/32*8), ds0)
 		SUBQ(U8(blocks), n)
 	}
-	if k.unroll > 1 {
+	if unroll > 1 {
 		Label(name + "_loopU")
-		CMPQ(n, U8(k.unroll))
+		CMPQ(n, U8(unroll))
 		JB(LabelRef(name + "_loop1"))
-		for u := range k.unroll {
-			k.block(c, wp, qp, dp, sp, u, accs[u], sub)
+		for u := range unroll {
+			k.block(c, wp, xs, u, acc[u], sub)
 		}
-		advance(k.unroll)
+		advance(unroll)
 		JMP(LabelRef(name + "_loopU"))
 	}
 	Label(name + "_loop1")
 	TESTQ(n, n)
 	JZ(LabelRef(name + "_done"))
-	k.block(c, wp, qp, dp, sp, 0, accs[0], sub)
+	k.block(c, wp, xs, 0, acc[0], sub)
 	advance(1)
 	JMP(LabelRef(name + "_loop1"))
 
 	Label(name + "_done")
-	for u := 1; u < k.unroll; u++ {
-		VADDPS(accs[u], accs[0], accs[0])
+	for u := 1; u < unroll; u++ {
+		VADDPS(acc[u][0], acc[0][0], acc[0][0])
 	}
-	var s VecVirtual
-	if k.usesSum {
-		s = sub
+	yp := Load(Param("y").Base(), GP64()).(GPVirtual)
+	var ldy Register
+	if R > 1 {
+		ldy = Load(Param("ldy"), GP64())
 	}
-	hsumStore(accs[0], s, Mem{Base: yp})
+	for r := range R {
+		var s VecVirtual
+		if sub != nil {
+			s = sub[r]
+		}
+		if r > 0 {
+			LEAQ(Mem{Base: yp, Index: ldy, Scale: 4}, yp)
+		}
+		hsumStore(acc[0][r], s, Mem{Base: yp})
+	}
 	VZEROUPPER()
 	RET()
 }

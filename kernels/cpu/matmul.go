@@ -136,7 +136,7 @@ func (m *matmul) qtask(r0, r1, i0, i1 int) {
 	if i1-i0 > 1 {
 		step = max(1, weightBlock/rb)
 	}
-	q, d, s, t := m.qx.q, m.qx.d, m.qx.s, m.qt
+	q, ds, t := m.qx.q, m.qx.ds, m.qt
 	nb := cols / qk
 	for s0 := r0; s0 < r1; s0 += step {
 		s1 := min(r1, s0+step)
@@ -150,7 +150,7 @@ func (m *matmul) qtask(r0, r1, i0, i1 int) {
 				tile = t.r4
 			}
 			for j := s0; j < s1; j++ {
-				tile(m.y[i*rows+j:], rows, q[i*cols:], d[i*nb:], s[i*nb:], cols, m.w.Data[j*rb:(j+1)*rb], cols)
+				tile(m.y[i*rows+j:], rows, q[i*cols:], ds[2*i*nb:], cols, m.w.Data[j*rb:(j+1)*rb], cols)
 			}
 			i += r
 		}

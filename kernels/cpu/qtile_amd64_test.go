@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -29,9 +30,11 @@ func qtileSets() map[string]*[kernels.Q6K + 1]qtileSet {
 
 // TestQTilesMatchGo checks every assembly tile against the Go tile on the
 // same quantized x: both sum the same integer products, so they differ only
-// by float32 rounding of the per-block terms.
+// by float32 rounding of the per-block terms. The 4-row tiles write y with a
+// stride and must leave the gaps alone.
 func TestQTilesMatchGo(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 9))
+	const R, ldy = 4, 3
 	for name, set := range qtileSets() {
 		if name == "go" {
 			continue
@@ -39,7 +42,7 @@ func TestQTilesMatchGo(t *testing.T) {
 		for _, dt := range quantTypes {
 			for _, k := range []int{256, 512, 2816} {
 				w := kerneltest.NewMat(rng, dt, 1, k, 0, 0)
-				x := make([]float32, k)
+				x := make([]float32, R*k)
 				for i := range x {
 					x[i] = float32(rng.NormFloat64())
 				}
@@ -48,18 +51,40 @@ func TestQTilesMatchGo(t *testing.T) {
 					x[i] = 0
 				}
 				var qx qrows
-				qx.quantize(x, 1, k)
-				var got, want [1]float32
-				set[dt].r1(got[:], 1, qx.q, qx.d, qx.s, k, w.Data, k)
-				genericQTiles[dt].r1(want[:], 1, qx.q, qx.d, qx.s, k, w.Data, k)
-				var scale float64 // Σ|per-block terms| bounds the rounding
+				qx.quantize(x, R, k)
+				want := make([]float32, R)
+				for r := range R {
+					genericQTiles[dt].r1(want[r:], 1, qx.q[r*k:], qx.ds[2*r*k/32:], k, w.Data, k)
+				}
+				var sums [R]float64 // Σ|xw| bounds the rounding
 				row := make([]float32, k)
 				w.RowF32(row, 0)
 				for i, v := range row {
-					scale += math.Abs(float64(v) * float64(x[i]))
+					for r := range R {
+						sums[r] += math.Abs(float64(v) * float64(x[r*k+i]))
+					}
 				}
-				if d := math.Abs(float64(got[0] - want[0])); d > 1e-5*scale {
-					t.Errorf("%s %v k=%d: %g, Go tile %g (Σ|xw| %g)", name, dt, k, got[0], want[0], scale)
+				check := func(tile string, got []float32, rows int) {
+					for r := range rows {
+						if d := math.Abs(float64(got[r*ldy] - want[r])); !(d <= 1e-5*sums[r]) {
+							t.Errorf("%s %v %s k=%d row %d: %g, Go tile %g (Σ|xw| %g)", name, dt, tile, k, r, got[r*ldy], want[r], sums[r])
+						}
+					}
+					for i, v := range got {
+						if i%ldy != 0 && v != -1 {
+							t.Errorf("%s %v %s: y[%d] between the rows written", name, dt, tile, i)
+						}
+					}
+				}
+				got := make([]float32, R*ldy)
+				for i := range got {
+					got[i] = -1
+				}
+				set[dt].r1(got, ldy, qx.q, qx.ds, k, w.Data, k)
+				check("R1", got, 1)
+				if set[dt].r4 != nil {
+					set[dt].r4(got, ldy, qx.q, qx.ds, k, w.Data, k)
+					check("R4", got, R)
 				}
 			}
 		}
@@ -67,7 +92,7 @@ func TestQTilesMatchGo(t *testing.T) {
 }
 
 // BenchmarkQTile runs each quantized tile on one core with the row in L1
-// (k = 4096): GB/s of weights.
+// (k = 4096): GB/s of weights, counted once per x row.
 func BenchmarkQTile(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	const k = 4096
@@ -80,11 +105,23 @@ func BenchmarkQTile(b *testing.B) {
 			}
 			var qx qrows
 			qx.quantize(x, 1, k)
-			b.Run(fmt.Sprintf("%s/%v", name, dt), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/%v/R1", name, dt), func(b *testing.B) {
 				y := make([]float32, 1)
 				b.SetBytes(int64(len(w.Data)))
 				for b.Loop() {
-					set[dt].r1(y, 1, qx.q, qx.d, qx.s, k, w.Data, k)
+					set[dt].r1(y, 1, qx.q, qx.ds, k, w.Data, k)
+				}
+			})
+			if set[dt].r4 == nil {
+				continue
+			}
+			var qx4 qrows
+			qx4.quantize(append(append(append(slices.Clone(x), x...), x...), x...), 4, k)
+			b.Run(fmt.Sprintf("%s/%v/R4", name, dt), func(b *testing.B) {
+				y := make([]float32, 4)
+				b.SetBytes(int64(4 * len(w.Data))) // as four R1 calls
+				for b.Loop() {
+					set[dt].r4(y, 1, qx4.q, qx4.ds, k, w.Data, k)
 				}
 			})
 		}

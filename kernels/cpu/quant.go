@@ -19,9 +19,8 @@ const qk = 32
 
 // qrows is a batch of x rows quantized to int8 in blocks of qk columns.
 type qrows struct {
-	q []int8    // (n, cols): round(x / d)
-	d []float32 // (n, cols/qk): the block scale d = max|x|/127
-	s []float32 // (n, cols/qk): d·Σq over the block, for the weights' offsets and mins
+	q  []int8    // (n, cols): round(x / d)
+	ds []float32 // (n, cols/qk, 2): the block scale d = max|x|/127, and d·Σq (for the weights' mins)
 }
 
 // quantize fills r with the n rows of x (n, cols), growing its buffers.
@@ -30,12 +29,12 @@ func (r *qrows) quantize(x []float32, n, cols int) {
 	if cap(r.q) < n*cols {
 		r.q = make([]int8, n*cols)
 	}
-	if cap(r.d) < nb {
-		r.d, r.s = make([]float32, nb), make([]float32, nb)
+	if cap(r.ds) < 2*nb {
+		r.ds = make([]float32, 2*nb)
 	}
-	r.q, r.d, r.s = r.q[:n*cols], r.d[:nb], r.s[:nb]
+	r.q, r.ds = r.q[:n*cols], r.ds[:2*nb]
 	for b := range nb {
-		r.d[b], r.s[b] = quantBlock(r.q[b*qk:(b+1)*qk], x[b*qk:(b+1)*qk])
+		r.ds[2*b], r.ds[2*b+1] = quantBlock(r.q[b*qk:(b+1)*qk], x[b*qk:(b+1)*qk])
 	}
 }
 
@@ -71,13 +70,13 @@ func quantBlock(q []int8, x []float32) (d, s float32) {
 
 // A qtileFunc sets y[r·ldy] for r < R x rows against one weight row w (k
 // columns, GGML blocks) from x rows quantized in blocks of qk: q holds x
-// row r at r·ldq, d and s at r·ldq/qk.
+// row r at r·ldq, its (d, s) pairs at ds[2·r·ldq/qk:].
 //
 //	for r := range R {
 //		y[r*ldy] = Σ over blocks b of x row r:
-//			wscale(b)·d[b]·Σᵢ wq(b, i)·q[i] − woffset(b)·s[b]
+//			wscale(b)·d[b]·Σᵢ wq(b, i)·q[i] − wmin(b)·s[b]
 //	}
-type qtileFunc func(y []float32, ldy int, q []int8, d, s []float32, ldq int, w []byte, k int)
+type qtileFunc func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
 // qtileSet holds the tiles of one quantized dtype: one x row, and four x
 // rows sharing the decoded weight row (nil where there is none).
@@ -95,18 +94,18 @@ var genericQTiles = [...]qtileSet{
 }
 
 // A qdotFunc is the dot product of one weight row w (k columns) with one
-// quantized x row.
-type qdotFunc func(q []int8, d, s []float32, w []byte, k int) float32
+// quantized x row (q, and its (d, s) pairs in ds).
+type qdotFunc func(q []int8, ds []float32, w []byte, k int) float32
 
 func rowTile(dot qdotFunc) qtileFunc {
-	return func(y []float32, _ int, q []int8, d, s []float32, _ int, w []byte, k int) {
-		y[0] = dot(q, d, s, w, k)
+	return func(y []float32, _ int, q []int8, ds []float32, _ int, w []byte, k int) {
+		y[0] = dot(q, ds, w, k)
 	}
 }
 
 func f16(b []byte) float32 { return f16Table()[binary.LittleEndian.Uint16(b)] }
 
-func dotQ8_0(q []int8, d, _ []float32, w []byte, k int) float32 {
+func dotQ8_0(q []int8, ds []float32, w []byte, k int) float32 {
 	var sum float32
 	for b := range k / 32 {
 		blk := w[b*34 : b*34+34]
@@ -115,13 +114,13 @@ func dotQ8_0(q []int8, d, _ []float32, w []byte, k int) float32 {
 		for i, v := range blk[2:34] {
 			acc += int32(int8(v)) * int32(xq[i])
 		}
-		sum += f16(blk) * d[b] * float32(acc)
+		sum += f16(blk) * ds[2*b] * float32(acc)
 	}
 	return sum
 }
 
 // Q4_0: x ≈ wd·(n − 8), so the block's dot is wd·(d·Σn·q − 8·s).
-func dotQ4_0(q []int8, d, s []float32, w []byte, k int) float32 {
+func dotQ4_0(q []int8, ds []float32, w []byte, k int) float32 {
 	var sum float32
 	for b := range k / 32 {
 		blk := w[b*18 : b*18+18]
@@ -130,7 +129,7 @@ func dotQ4_0(q []int8, d, s []float32, w []byte, k int) float32 {
 		for j, v := range blk[2:18] {
 			acc += int32(v&0xf)*int32(xq[j]) + int32(v>>4)*int32(xq[j+16])
 		}
-		sum += f16(blk) * (d[b]*float32(acc) - 8*s[b])
+		sum += f16(blk) * (ds[2*b]*float32(acc) - 8*ds[2*b+1])
 	}
 	return sum
 }
@@ -138,7 +137,7 @@ func dotQ4_0(q []int8, d, s []float32, w []byte, k int) float32 {
 // Q4_K and Q5_K: sub-block j of a super-block is x block 8·sb + j, and its
 // elements are (dw·sc)·n − dmin·m, so its dot is
 // dw·sc·d·Σn·q − dmin·m·s.
-func dotQ4K(q []int8, d, s []float32, w []byte, k int) float32 {
+func dotQ4K(q []int8, ds []float32, w []byte, k int) float32 {
 	var sum float32
 	for sb := range k / 256 {
 		blk := w[sb*144 : sb*144+144]
@@ -154,13 +153,13 @@ func dotQ4K(q []int8, d, s []float32, w []byte, k int) float32 {
 				acc += int32(v>>shift&0xf) * int32(xq[i])
 			}
 			sc, m := kernels.ScaleMinK4(j, scales)
-			sum += dw*float32(sc)*d[b]*float32(acc) - dmin*float32(m)*s[b]
+			sum += dw*float32(sc)*ds[2*b]*float32(acc) - dmin*float32(m)*ds[2*b+1]
 		}
 	}
 	return sum
 }
 
-func dotQ5K(q []int8, d, s []float32, w []byte, k int) float32 {
+func dotQ5K(q []int8, ds []float32, w []byte, k int) float32 {
 	var sum float32
 	for sb := range k / 256 {
 		blk := w[sb*176 : sb*176+176]
@@ -177,7 +176,7 @@ func dotQ5K(q []int8, d, s []float32, w []byte, k int) float32 {
 				acc += int32(n) * int32(xq[i])
 			}
 			sc, m := kernels.ScaleMinK4(j, scales)
-			sum += dw*float32(sc)*d[b]*float32(acc) - dmin*float32(m)*s[b]
+			sum += dw*float32(sc)*ds[2*b]*float32(acc) - dmin*float32(m)*ds[2*b+1]
 		}
 	}
 	return sum
@@ -186,7 +185,7 @@ func dotQ5K(q []int8, d, s []float32, w []byte, k int) float32 {
 // Q6_K: x block b of a super-block holds two 16-element sub-blocks with
 // int8 scales; elements are dw·sc·(n − 32), so the block's dot is
 // dw·d·(sc₀·Σ₀(n−32)·q + sc₁·Σ₁(n−32)·q).
-func dotQ6K(q []int8, d, _ []float32, w []byte, k int) float32 {
+func dotQ6K(q []int8, ds []float32, w []byte, k int) float32 {
 	var sum float32
 	for sb := range k / 256 {
 		blk := w[sb*210 : sb*210+210]
@@ -205,7 +204,7 @@ func dotQ6K(q []int8, d, _ []float32, w []byte, k int) float32 {
 				acc[l/16] += n * int32(xq[l])
 			}
 			isum := int32(int8(scales[2*g8]))*acc[0] + int32(int8(scales[2*g8+1]))*acc[1]
-			sum += dw * d[b] * float32(isum)
+			sum += dw * ds[2*b] * float32(isum)
 		}
 	}
 	return sum

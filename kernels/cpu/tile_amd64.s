@@ -3204,84 +3204,80 @@ tileF8R4C4AVX512_reduce:
 	VZEROUPPER
 	RET
 
-// func qtileQ8_0R1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// func qtileQ8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·qtileQ8_0R1AVX2(SB), NOSPLIT, $0-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         q_base+32(FP), CX
-	MOVQ         d_base+56(FP), DX
-	MOVQ         s_base+80(FP), BX
-	MOVQ         w_base+112(FP), SI
-	MOVQ         k+136(FP), DI
-	SHRQ         $0x05, DI
+TEXT ·qtileQ8_0R1AVX2(SB), NOSPLIT, $0-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x05, BX
 	VXORPS       Y0, Y0, Y0
 	VXORPS       Y1, Y1, Y1
-	VXORPS       Y2, Y2, Y2
-	MOVL         $0x0f0f0f0f, R8
-	VMOVD        R8, X2
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X2
 	VPBROADCASTD X2, Y2
-	MOVL         $0x00010001, R8
-	VMOVD        R8, X2
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X2
 	VPBROADCASTD X2, Y2
 
 qtileQ8_0R1AVX2_loopU:
-	CMPQ         DI, $0x02
+	CMPQ         BX, $0x02
 	JB           qtileQ8_0R1AVX2_loop1
-	VMOVDQU      2(SI), Y3
-	VMOVDQU      (CX), Y4
-	VPSIGNB      Y3, Y4, Y4
-	VPABSB       Y3, Y3
-	VPMADDUBSW   Y4, Y3, Y3
+	VMOVDQU      2(DX), Y3
+	VPBROADCASTW (DX), X4
+	VCVTPH2PS    X4, Y4
+	VPABSB       Y3, Y5
+	VMOVDQU      (AX), Y6
+	VPSIGNB      Y3, Y6, Y6
+	VPMADDUBSW   Y6, Y5, Y3
 	VPMADDWD     Y2, Y3, Y3
 	VCVTDQ2PS    Y3, Y3
-	VPBROADCASTW (SI), X4
-	VCVTPH2PS    X4, Y4
 	VMULPS       Y4, Y3, Y3
-	VBROADCASTSS (DX), Y4
+	VBROADCASTSS (CX), Y4
 	VFMADD231PS  Y3, Y4, Y0
-	VMOVDQU      36(SI), Y3
-	VMOVDQU      32(CX), Y4
-	VPSIGNB      Y3, Y4, Y4
-	VPABSB       Y3, Y3
-	VPMADDUBSW   Y4, Y3, Y3
+	VMOVDQU      36(DX), Y3
+	VPBROADCASTW 34(DX), X4
+	VCVTPH2PS    X4, Y4
+	VPABSB       Y3, Y5
+	VMOVDQU      32(AX), Y6
+	VPSIGNB      Y3, Y6, Y6
+	VPMADDUBSW   Y6, Y5, Y3
 	VPMADDWD     Y2, Y3, Y3
 	VCVTDQ2PS    Y3, Y3
-	VPBROADCASTW 34(SI), X4
-	VCVTPH2PS    X4, Y4
 	VMULPS       Y4, Y3, Y3
-	VBROADCASTSS 4(DX), Y4
+	VBROADCASTSS 8(CX), Y4
 	VFMADD231PS  Y3, Y4, Y1
-	ADDQ         $0x00000044, SI
-	ADDQ         $0x00000040, CX
-	ADDQ         $0x00000008, DX
-	ADDQ         $0x00000008, BX
-	SUBQ         $0x02, DI
+	ADDQ         $0x00000044, DX
+	ADDQ         $0x00000040, AX
+	ADDQ         $0x00000010, CX
+	SUBQ         $0x02, BX
 	JMP          qtileQ8_0R1AVX2_loopU
 
 qtileQ8_0R1AVX2_loop1:
-	TESTQ        DI, DI
+	TESTQ        BX, BX
 	JZ           qtileQ8_0R1AVX2_done
-	VMOVDQU      2(SI), Y3
-	VMOVDQU      (CX), Y4
-	VPSIGNB      Y3, Y4, Y4
-	VPABSB       Y3, Y3
-	VPMADDUBSW   Y4, Y3, Y3
+	VMOVDQU      2(DX), Y3
+	VPBROADCASTW (DX), X4
+	VCVTPH2PS    X4, Y4
+	VPABSB       Y3, Y5
+	VMOVDQU      (AX), Y6
+	VPSIGNB      Y3, Y6, Y6
+	VPMADDUBSW   Y6, Y5, Y3
 	VPMADDWD     Y2, Y3, Y3
 	VCVTDQ2PS    Y3, Y3
-	VPBROADCASTW (SI), X4
-	VCVTPH2PS    X4, Y4
 	VMULPS       Y4, Y3, Y3
-	VBROADCASTSS (DX), Y4
+	VBROADCASTSS (CX), Y4
 	VFMADD231PS  Y3, Y4, Y0
-	ADDQ         $0x00000022, SI
-	ADDQ         $0x00000020, CX
-	ADDQ         $0x00000004, DX
-	ADDQ         $0x00000004, BX
-	SUBQ         $0x01, DI
+	ADDQ         $0x00000022, DX
+	ADDQ         $0x00000020, AX
+	ADDQ         $0x00000008, CX
+	SUBQ         $0x01, BX
 	JMP          qtileQ8_0R1AVX2_loop1
 
 qtileQ8_0R1AVX2_done:
 	VADDPS       Y1, Y0, Y0
+	MOVQ         y_base+0(FP), AX
 	VEXTRACTF128 $0x01, Y0, X1
 	VADDPS       X1, X0, X1
 	VHADDPS      X1, X1, X1
@@ -3290,99 +3286,193 @@ qtileQ8_0R1AVX2_done:
 	VZEROUPPER
 	RET
 
-// func qtileQ4_0R1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// func qtileQ8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·qtileQ4_0R1AVX2(SB), NOSPLIT, $0-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         q_base+32(FP), CX
-	MOVQ         d_base+56(FP), DX
-	MOVQ         s_base+80(FP), BX
-	MOVQ         w_base+112(FP), SI
-	MOVQ         k+136(FP), DI
-	SHRQ         $0x05, DI
+TEXT ·qtileQ8_0R4AVX2(SB), NOSPLIT, $0-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	MOVQ         ldq+80(FP), SI
+	MOVQ         SI, DI
+	SHRQ         $0x02, DI
+	LEAQ         (SI)(SI*2), R8
+	LEAQ         (DI)(DI*2), R9
+	SHRQ         $0x05, BX
 	VXORPS       Y0, Y0, Y0
 	VXORPS       Y1, Y1, Y1
 	VXORPS       Y2, Y2, Y2
-	MOVL         $0x0f0f0f0f, R8
-	VMOVD        R8, X2
-	VPBROADCASTD X2, Y2
-	MOVL         $0x00010001, R8
-	VMOVD        R8, X4
+	VXORPS       Y3, Y3, Y3
+	MOVL         $0x0f0f0f0f, R10
+	VMOVD        R10, X4
 	VPBROADCASTD X4, Y4
-	MOVL         $0x08080808, R8
-	VMOVD        R8, X5
-	VPBROADCASTD X5, Y5
+	MOVL         $0x00010001, R10
+	VMOVD        R10, X4
+	VPBROADCASTD X4, Y4
+
+qtileQ8_0R4AVX2_loop1:
+	TESTQ        BX, BX
+	JZ           qtileQ8_0R4AVX2_done
+	VMOVDQU      2(DX), Y5
+	VPBROADCASTW (DX), X6
+	VCVTPH2PS    X6, Y6
+	VPABSB       Y5, Y7
+	VMOVDQU      (AX), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y4, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y6, Y8, Y8
+	VBROADCASTSS (CX), Y9
+	VFMADD231PS  Y8, Y9, Y0
+	VMOVDQU      (AX)(SI*1), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y4, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y6, Y8, Y8
+	VBROADCASTSS (CX)(DI*1), Y9
+	VFMADD231PS  Y8, Y9, Y1
+	VMOVDQU      (AX)(SI*2), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y4, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y6, Y8, Y8
+	VBROADCASTSS (CX)(DI*2), Y9
+	VFMADD231PS  Y8, Y9, Y2
+	VMOVDQU      (AX)(R8*1), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y5
+	VPMADDWD     Y4, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y6, Y5, Y5
+	VBROADCASTSS (CX)(R9*1), Y6
+	VFMADD231PS  Y5, Y6, Y3
+	ADDQ         $0x00000022, DX
+	ADDQ         $0x00000020, AX
+	ADDQ         $0x00000008, CX
+	SUBQ         $0x01, BX
+	JMP          qtileQ8_0R4AVX2_loop1
+
+qtileQ8_0R4AVX2_done:
+	MOVQ         y_base+0(FP), AX
+	MOVQ         ldy+24(FP), CX
+	VEXTRACTF128 $0x01, Y0, X4
+	VADDPS       X4, X0, X4
+	VHADDPS      X4, X4, X4
+	VHADDPS      X4, X4, X4
+	VMOVSS       X4, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qtileQ4_0R1AVX2(SB), NOSPLIT, $0-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x05, BX
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X2
+	VPBROADCASTD X2, Y2
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X3
+	VPBROADCASTD X3, Y3
+	MOVL         $0x08080808, SI
+	VMOVD        SI, X4
+	VPBROADCASTD X4, Y4
 
 qtileQ4_0R1AVX2_loopU:
-	CMPQ         DI, $0x02
+	CMPQ         BX, $0x02
 	JB           qtileQ4_0R1AVX2_loop1
-	VMOVDQU      2(SI), X3
-	VPSRLW       $0x04, X3, X6
-	VINSERTI128  $0x01, X6, Y3, Y6
+	VMOVDQU      2(DX), X5
+	VPSRLW       $0x04, X5, X6
+	VINSERTI128  $0x01, X6, Y5, Y6
 	VPAND        Y2, Y6, Y6
-	VPSUBB       Y5, Y6, Y6
-	VMOVDQU      (CX), Y7
-	VPSIGNB      Y6, Y7, Y7
-	VPABSB       Y6, Y6
-	VPMADDUBSW   Y7, Y6, Y6
-	VPMADDWD     Y4, Y6, Y6
-	VCVTDQ2PS    Y6, Y6
-	VPBROADCASTW (SI), X7
+	VPSUBB       Y4, Y6, Y6
+	VPBROADCASTW (DX), X7
 	VCVTPH2PS    X7, Y7
+	VPABSB       Y6, Y8
+	VMOVDQU      (AX), Y9
+	VPSIGNB      Y6, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y6
+	VPMADDWD     Y3, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
 	VMULPS       Y7, Y6, Y6
-	VBROADCASTSS (DX), Y7
+	VBROADCASTSS (CX), Y7
 	VFMADD231PS  Y6, Y7, Y0
-	VMOVDQU      20(SI), X3
-	VPSRLW       $0x04, X3, X6
-	VINSERTI128  $0x01, X6, Y3, Y6
+	VMOVDQU      20(DX), X5
+	VPSRLW       $0x04, X5, X6
+	VINSERTI128  $0x01, X6, Y5, Y6
 	VPAND        Y2, Y6, Y6
-	VPSUBB       Y5, Y6, Y6
-	VMOVDQU      32(CX), Y7
-	VPSIGNB      Y6, Y7, Y7
-	VPABSB       Y6, Y6
-	VPMADDUBSW   Y7, Y6, Y6
-	VPMADDWD     Y4, Y6, Y6
-	VCVTDQ2PS    Y6, Y6
-	VPBROADCASTW 18(SI), X7
+	VPSUBB       Y4, Y6, Y6
+	VPBROADCASTW 18(DX), X7
 	VCVTPH2PS    X7, Y7
+	VPABSB       Y6, Y8
+	VMOVDQU      32(AX), Y9
+	VPSIGNB      Y6, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y6
+	VPMADDWD     Y3, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
 	VMULPS       Y7, Y6, Y6
-	VBROADCASTSS 4(DX), Y7
+	VBROADCASTSS 8(CX), Y7
 	VFMADD231PS  Y6, Y7, Y1
-	ADDQ         $0x00000024, SI
-	ADDQ         $0x00000040, CX
-	ADDQ         $0x00000008, DX
-	ADDQ         $0x00000008, BX
-	SUBQ         $0x02, DI
+	ADDQ         $0x00000024, DX
+	ADDQ         $0x00000040, AX
+	ADDQ         $0x00000010, CX
+	SUBQ         $0x02, BX
 	JMP          qtileQ4_0R1AVX2_loopU
 
 qtileQ4_0R1AVX2_loop1:
-	TESTQ        DI, DI
+	TESTQ        BX, BX
 	JZ           qtileQ4_0R1AVX2_done
-	VMOVDQU      2(SI), X3
-	VPSRLW       $0x04, X3, X6
-	VINSERTI128  $0x01, X6, Y3, Y6
+	VMOVDQU      2(DX), X5
+	VPSRLW       $0x04, X5, X6
+	VINSERTI128  $0x01, X6, Y5, Y6
 	VPAND        Y2, Y6, Y6
-	VPSUBB       Y5, Y6, Y6
-	VMOVDQU      (CX), Y7
-	VPSIGNB      Y6, Y7, Y7
-	VPABSB       Y6, Y6
-	VPMADDUBSW   Y7, Y6, Y6
-	VPMADDWD     Y4, Y6, Y6
-	VCVTDQ2PS    Y6, Y6
-	VPBROADCASTW (SI), X7
+	VPSUBB       Y4, Y6, Y6
+	VPBROADCASTW (DX), X7
 	VCVTPH2PS    X7, Y7
+	VPABSB       Y6, Y8
+	VMOVDQU      (AX), Y9
+	VPSIGNB      Y6, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y6
+	VPMADDWD     Y3, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
 	VMULPS       Y7, Y6, Y6
-	VBROADCASTSS (DX), Y7
+	VBROADCASTSS (CX), Y7
 	VFMADD231PS  Y6, Y7, Y0
-	ADDQ         $0x00000012, SI
-	ADDQ         $0x00000020, CX
-	ADDQ         $0x00000004, DX
-	ADDQ         $0x00000004, BX
-	SUBQ         $0x01, DI
+	ADDQ         $0x00000012, DX
+	ADDQ         $0x00000020, AX
+	ADDQ         $0x00000008, CX
+	SUBQ         $0x01, BX
 	JMP          qtileQ4_0R1AVX2_loop1
 
 qtileQ4_0R1AVX2_done:
 	VADDPS       Y1, Y0, Y0
+	MOVQ         y_base+0(FP), AX
 	VEXTRACTF128 $0x01, Y0, X1
 	VADDPS       X1, X0, X1
 	VHADDPS      X1, X1, X1
@@ -3391,130 +3481,238 @@ qtileQ4_0R1AVX2_done:
 	VZEROUPPER
 	RET
 
-// func qtileQ4KR1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// func qtileQ4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·qtileQ4KR1AVX2(SB), NOSPLIT, $32-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         q_base+32(FP), CX
-	MOVQ         d_base+56(FP), DX
-	MOVQ         s_base+80(FP), BX
-	MOVQ         w_base+112(FP), SI
-	MOVQ         k+136(FP), DI
-	SHRQ         $0x08, DI
+TEXT ·qtileQ4_0R4AVX2(SB), NOSPLIT, $0-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	MOVQ         ldq+80(FP), SI
+	MOVQ         SI, DI
+	SHRQ         $0x02, DI
+	LEAQ         (SI)(SI*2), R8
+	LEAQ         (DI)(DI*2), R9
+	SHRQ         $0x05, BX
 	VXORPS       Y0, Y0, Y0
 	VXORPS       Y1, Y1, Y1
-	MOVL         $0x0f0f0f0f, R8
-	VMOVD        R8, X2
+	VXORPS       Y2, Y2, Y2
+	VXORPS       Y3, Y3, Y3
+	MOVL         $0x0f0f0f0f, R10
+	VMOVD        R10, X4
+	VPBROADCASTD X4, Y4
+	MOVL         $0x00010001, R10
+	VMOVD        R10, X5
+	VPBROADCASTD X5, Y5
+	MOVL         $0x08080808, R10
+	VMOVD        R10, X6
+	VPBROADCASTD X6, Y6
+
+qtileQ4_0R4AVX2_loop1:
+	TESTQ        BX, BX
+	JZ           qtileQ4_0R4AVX2_done
+	VMOVDQU      2(DX), X7
+	VPSRLW       $0x04, X7, X8
+	VINSERTI128  $0x01, X8, Y7, Y8
+	VPAND        Y4, Y8, Y8
+	VPSUBB       Y6, Y8, Y8
+	VPBROADCASTW (DX), X9
+	VCVTPH2PS    X9, Y9
+	VPABSB       Y8, Y10
+	VMOVDQU      (AX), Y11
+	VPSIGNB      Y8, Y11, Y11
+	VPMADDUBSW   Y11, Y10, Y11
+	VPMADDWD     Y5, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y9, Y11, Y11
+	VBROADCASTSS (CX), Y12
+	VFMADD231PS  Y11, Y12, Y0
+	VMOVDQU      (AX)(SI*1), Y11
+	VPSIGNB      Y8, Y11, Y11
+	VPMADDUBSW   Y11, Y10, Y11
+	VPMADDWD     Y5, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y9, Y11, Y11
+	VBROADCASTSS (CX)(DI*1), Y12
+	VFMADD231PS  Y11, Y12, Y1
+	VMOVDQU      (AX)(SI*2), Y11
+	VPSIGNB      Y8, Y11, Y11
+	VPMADDUBSW   Y11, Y10, Y11
+	VPMADDWD     Y5, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y9, Y11, Y11
+	VBROADCASTSS (CX)(DI*2), Y12
+	VFMADD231PS  Y11, Y12, Y2
+	VMOVDQU      (AX)(R8*1), Y11
+	VPSIGNB      Y8, Y11, Y11
+	VPMADDUBSW   Y11, Y10, Y8
+	VPMADDWD     Y5, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y9, Y8, Y8
+	VBROADCASTSS (CX)(R9*1), Y9
+	VFMADD231PS  Y8, Y9, Y3
+	ADDQ         $0x00000012, DX
+	ADDQ         $0x00000020, AX
+	ADDQ         $0x00000008, CX
+	SUBQ         $0x01, BX
+	JMP          qtileQ4_0R4AVX2_loop1
+
+qtileQ4_0R4AVX2_done:
+	MOVQ         y_base+0(FP), AX
+	MOVQ         ldy+24(FP), CX
+	VEXTRACTF128 $0x01, Y0, X4
+	VADDPS       X4, X0, X4
+	VHADDPS      X4, X4, X4
+	VHADDPS      X4, X4, X4
+	VMOVSS       X4, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qtileQ4KR1AVX2(SB), NOSPLIT, $32-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x08, BX
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X2
 	VPBROADCASTD X2, Y2
-	MOVL         $0x00010001, R8
-	VMOVD        R8, X3
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X3
 	VPBROADCASTD X3, Y3
 
 qtileQ4KR1AVX2_loop1:
-	TESTQ        DI, DI
+	TESTQ        BX, BX
 	JZ           qtileQ4KR1AVX2_done
-	MOVLQZX      4(SI), R8
-	MOVLQZX      8(SI), R9
-	MOVLQZX      12(SI), R10
-	MOVQ         R8, R11
-	SHRQ         $0x06, R11
-	ANDQ         $0x03030303, R11
-	SHLQ         $0x04, R11
-	MOVQ         R10, R12
-	ANDQ         $0x0f0f0f0f, R12
-	ORQ          R12, R11
-	SHLQ         $0x20, R11
-	ANDQ         $0x3f3f3f3f, R8
-	ORQ          R8, R11
-	VMOVQ        R11, X4
-	VPMOVZXBD    X4, Y4
-	MOVQ         R9, R11
-	SHRQ         $0x06, R11
-	ANDQ         $0x03030303, R11
-	SHLQ         $0x04, R11
-	SHRQ         $0x04, R10
+	MOVLQZX      4(DX), SI
+	MOVLQZX      8(DX), DI
+	MOVLQZX      12(DX), R8
+	MOVQ         SI, R9
+	SHRQ         $0x06, R9
+	ANDQ         $0x03030303, R9
+	SHLQ         $0x04, R9
+	MOVQ         R8, R10
 	ANDQ         $0x0f0f0f0f, R10
-	ORQ          R10, R11
-	SHLQ         $0x20, R11
-	ANDQ         $0x3f3f3f3f, R9
-	ORQ          R9, R11
-	VMOVQ        R11, X5
+	ORQ          R10, R9
+	SHLQ         $0x20, R9
+	ANDQ         $0x3f3f3f3f, SI
+	ORQ          SI, R9
+	VMOVQ        R9, X4
+	VPMOVZXBD    X4, Y4
+	MOVQ         DI, R9
+	SHRQ         $0x06, R9
+	ANDQ         $0x03030303, R9
+	SHLQ         $0x04, R9
+	SHRQ         $0x04, R8
+	ANDQ         $0x0f0f0f0f, R8
+	ORQ          R8, R9
+	SHLQ         $0x20, R9
+	ANDQ         $0x3f3f3f3f, DI
+	ORQ          DI, R9
+	VMOVQ        R9, X5
 	VPMOVZXBD    X5, Y5
-	VPBROADCASTW (SI), X6
+	VPBROADCASTW (DX), X6
 	VCVTPH2PS    X6, Y6
-	VPBROADCASTW 2(SI), X7
+	VPBROADCASTW 2(DX), X7
 	VCVTPH2PS    X7, Y7
 	VCVTDQ2PS    Y4, Y4
 	VMULPS       Y6, Y4, Y4
-	VMULPS       (DX), Y4, Y4
-	VMOVUPS      Y4, (SP)
+	VPERMPD      $0xd8, Y4, Y4
 	VCVTDQ2PS    Y5, Y5
 	VMULPS       Y7, Y5, Y5
-	VFMADD231PS  (BX), Y5, Y1
-	VMOVDQU      16(SI), Y4
+	VPERMPD      $0xd8, Y5, Y5
+	VMOVUPS      (CX), Y6
+	VSHUFPS      $0x88, 32(CX), Y6, Y7
+	VSHUFPS      $0xdd, 32(CX), Y6, Y6
+	VMULPS       Y4, Y7, Y7
+	VMOVUPS      Y7, (SP)
+	VFMADD231PS  Y5, Y6, Y1
+	VMOVDQU      16(DX), Y4
 	VPAND        Y2, Y4, Y5
 	VPSRLW       $0x04, Y4, Y4
 	VPAND        Y2, Y4, Y4
-	VPMADDUBSW   (CX), Y5, Y5
+	VPMADDUBSW   (AX), Y5, Y5
 	VPMADDWD     Y3, Y5, Y5
 	VCVTDQ2PS    Y5, Y5
 	VBROADCASTSS (SP), Y6
 	VFMADD231PS  Y5, Y6, Y0
-	VPMADDUBSW   32(CX), Y4, Y5
-	VPMADDWD     Y3, Y5, Y5
-	VCVTDQ2PS    Y5, Y5
-	VBROADCASTSS 4(SP), Y4
-	VFMADD231PS  Y5, Y4, Y0
-	VMOVDQU      48(SI), Y4
+	VPMADDUBSW   32(AX), Y4, Y4
+	VPMADDWD     Y3, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS 4(SP), Y5
+	VFMADD231PS  Y4, Y5, Y0
+	VMOVDQU      48(DX), Y4
 	VPAND        Y2, Y4, Y5
 	VPSRLW       $0x04, Y4, Y4
 	VPAND        Y2, Y4, Y4
-	VPMADDUBSW   64(CX), Y5, Y5
-	VPMADDWD     Y3, Y5, Y5
-	VCVTDQ2PS    Y5, Y5
-	VBROADCASTSS 8(SP), Y6
-	VFMADD231PS  Y5, Y6, Y0
-	VPMADDUBSW   96(CX), Y4, Y5
-	VPMADDWD     Y3, Y5, Y5
-	VCVTDQ2PS    Y5, Y5
-	VBROADCASTSS 12(SP), Y4
-	VFMADD231PS  Y5, Y4, Y0
-	VMOVDQU      80(SI), Y4
-	VPAND        Y2, Y4, Y5
-	VPSRLW       $0x04, Y4, Y4
-	VPAND        Y2, Y4, Y4
-	VPMADDUBSW   128(CX), Y5, Y5
+	VPMADDUBSW   64(AX), Y5, Y5
 	VPMADDWD     Y3, Y5, Y5
 	VCVTDQ2PS    Y5, Y5
 	VBROADCASTSS 16(SP), Y6
 	VFMADD231PS  Y5, Y6, Y0
-	VPMADDUBSW   160(CX), Y4, Y5
-	VPMADDWD     Y3, Y5, Y5
-	VCVTDQ2PS    Y5, Y5
-	VBROADCASTSS 20(SP), Y4
-	VFMADD231PS  Y5, Y4, Y0
-	VMOVDQU      112(SI), Y4
+	VPMADDUBSW   96(AX), Y4, Y4
+	VPMADDWD     Y3, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS 20(SP), Y5
+	VFMADD231PS  Y4, Y5, Y0
+	VMOVDQU      80(DX), Y4
 	VPAND        Y2, Y4, Y5
 	VPSRLW       $0x04, Y4, Y4
 	VPAND        Y2, Y4, Y4
-	VPMADDUBSW   192(CX), Y5, Y5
+	VPMADDUBSW   128(AX), Y5, Y5
+	VPMADDWD     Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS 8(SP), Y6
+	VFMADD231PS  Y5, Y6, Y0
+	VPMADDUBSW   160(AX), Y4, Y4
+	VPMADDWD     Y3, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS 12(SP), Y5
+	VFMADD231PS  Y4, Y5, Y0
+	VMOVDQU      112(DX), Y4
+	VPAND        Y2, Y4, Y5
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y2, Y4, Y4
+	VPMADDUBSW   192(AX), Y5, Y5
 	VPMADDWD     Y3, Y5, Y5
 	VCVTDQ2PS    Y5, Y5
 	VBROADCASTSS 24(SP), Y6
 	VFMADD231PS  Y5, Y6, Y0
-	VPMADDUBSW   224(CX), Y4, Y5
-	VPMADDWD     Y3, Y5, Y5
-	VCVTDQ2PS    Y5, Y5
-	VBROADCASTSS 28(SP), Y4
-	VFMADD231PS  Y5, Y4, Y0
-	ADDQ         $0x00000090, SI
-	ADDQ         $0x00000100, CX
-	ADDQ         $0x00000020, DX
-	ADDQ         $0x00000020, BX
-	SUBQ         $0x01, DI
+	VPMADDUBSW   224(AX), Y4, Y4
+	VPMADDWD     Y3, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS 28(SP), Y5
+	VFMADD231PS  Y4, Y5, Y0
+	ADDQ         $0x00000090, DX
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x00000040, CX
+	SUBQ         $0x01, BX
 	JMP          qtileQ4KR1AVX2_loop1
 
 qtileQ4KR1AVX2_done:
+	MOVQ         y_base+0(FP), AX
 	VEXTRACTF128 $0x01, Y0, X2
 	VADDPS       X2, X0, X2
 	VEXTRACTF128 $0x01, Y1, X0
@@ -3526,208 +3724,520 @@ qtileQ4KR1AVX2_done:
 	VZEROUPPER
 	RET
 
-// func qtileQ6KR1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// func qtileQ4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·qtileQ6KR1AVX2(SB), NOSPLIT, $64-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         q_base+32(FP), CX
-	MOVQ         d_base+56(FP), DX
-	MOVQ         s_base+80(FP), BX
-	MOVQ         w_base+112(FP), SI
-	MOVQ         k+136(FP), DI
-	SHRQ         $0x08, DI
+TEXT ·qtileQ4KR4AVX2(SB), NOSPLIT, $128-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	MOVQ         ldq+80(FP), SI
+	MOVQ         SI, DI
+	SHRQ         $0x02, DI
+	LEAQ         (SI)(SI*2), R8
+	LEAQ         (DI)(DI*2), R9
+	SHRQ         $0x08, BX
 	VXORPS       Y0, Y0, Y0
 	VXORPS       Y1, Y1, Y1
-	MOVL         $0x0f0f0f0f, R8
-	VMOVD        R8, X1
+	VXORPS       Y2, Y2, Y2
+	VXORPS       Y3, Y3, Y3
+	VXORPS       Y4, Y4, Y4
+	VXORPS       Y5, Y5, Y5
+	VXORPS       Y6, Y6, Y6
+	VXORPS       Y7, Y7, Y7
+	MOVL         $0x0f0f0f0f, R10
+	VMOVD        R10, X8
+	VPBROADCASTD X8, Y8
+	MOVL         $0x00010001, R10
+	VMOVD        R10, X9
+	VPBROADCASTD X9, Y9
+
+qtileQ4KR4AVX2_loop1:
+	TESTQ        BX, BX
+	JZ           qtileQ4KR4AVX2_done
+	MOVLQZX      4(DX), R10
+	MOVLQZX      8(DX), R11
+	MOVLQZX      12(DX), R12
+	MOVQ         R10, R13
+	SHRQ         $0x06, R13
+	ANDQ         $0x03030303, R13
+	SHLQ         $0x04, R13
+	MOVQ         R12, R14
+	ANDQ         $0x0f0f0f0f, R14
+	ORQ          R14, R13
+	SHLQ         $0x20, R13
+	ANDQ         $0x3f3f3f3f, R10
+	ORQ          R10, R13
+	VMOVQ        R13, X10
+	VPMOVZXBD    X10, Y10
+	MOVQ         R11, R13
+	SHRQ         $0x06, R13
+	ANDQ         $0x03030303, R13
+	SHLQ         $0x04, R13
+	SHRQ         $0x04, R12
+	ANDQ         $0x0f0f0f0f, R12
+	ORQ          R12, R13
+	SHLQ         $0x20, R13
+	ANDQ         $0x3f3f3f3f, R11
+	ORQ          R11, R13
+	VMOVQ        R13, X11
+	VPMOVZXBD    X11, Y11
+	VPBROADCASTW (DX), X12
+	VCVTPH2PS    X12, Y12
+	VPBROADCASTW 2(DX), X13
+	VCVTPH2PS    X13, Y13
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y12, Y10, Y10
+	VPERMPD      $0xd8, Y10, Y10
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y13, Y11, Y11
+	VPERMPD      $0xd8, Y11, Y11
+	VMOVUPS      (CX), Y12
+	VSHUFPS      $0x88, 32(CX), Y12, Y13
+	VSHUFPS      $0xdd, 32(CX), Y12, Y12
+	VMULPS       Y10, Y13, Y13
+	VMOVUPS      Y13, (SP)
+	VFMADD231PS  Y11, Y12, Y4
+	VMOVUPS      (CX)(DI*1), Y12
+	VSHUFPS      $0x88, 32(CX)(DI*1), Y12, Y13
+	VSHUFPS      $0xdd, 32(CX)(DI*1), Y12, Y12
+	VMULPS       Y10, Y13, Y13
+	VMOVUPS      Y13, 32(SP)
+	VFMADD231PS  Y11, Y12, Y5
+	VMOVUPS      (CX)(DI*2), Y12
+	VSHUFPS      $0x88, 32(CX)(DI*2), Y12, Y13
+	VSHUFPS      $0xdd, 32(CX)(DI*2), Y12, Y12
+	VMULPS       Y10, Y13, Y13
+	VMOVUPS      Y13, 64(SP)
+	VFMADD231PS  Y11, Y12, Y6
+	VMOVUPS      (CX)(R9*1), Y12
+	VSHUFPS      $0x88, 32(CX)(R9*1), Y12, Y13
+	VSHUFPS      $0xdd, 32(CX)(R9*1), Y12, Y12
+	VMULPS       Y10, Y13, Y13
+	VMOVUPS      Y13, 96(SP)
+	VFMADD231PS  Y11, Y12, Y7
+	VMOVDQU      16(DX), Y10
+	VPAND        Y8, Y10, Y11
+	VPSRLW       $0x04, Y10, Y10
+	VPAND        Y8, Y10, Y10
+	VPMADDUBSW   (AX), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS (SP), Y13
+	VFMADD231PS  Y12, Y13, Y0
+	VPMADDUBSW   (AX)(SI*1), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 32(SP), Y13
+	VFMADD231PS  Y12, Y13, Y1
+	VPMADDUBSW   (AX)(SI*2), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 64(SP), Y13
+	VFMADD231PS  Y12, Y13, Y2
+	VPMADDUBSW   (AX)(R8*1), Y11, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 96(SP), Y12
+	VFMADD231PS  Y11, Y12, Y3
+	VPMADDUBSW   32(AX), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 4(SP), Y12
+	VFMADD231PS  Y11, Y12, Y0
+	VPMADDUBSW   32(AX)(SI*1), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 36(SP), Y12
+	VFMADD231PS  Y11, Y12, Y1
+	VPMADDUBSW   32(AX)(SI*2), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 68(SP), Y12
+	VFMADD231PS  Y11, Y12, Y2
+	VPMADDUBSW   32(AX)(R8*1), Y10, Y10
+	VPMADDWD     Y9, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VBROADCASTSS 100(SP), Y11
+	VFMADD231PS  Y10, Y11, Y3
+	VMOVDQU      48(DX), Y10
+	VPAND        Y8, Y10, Y11
+	VPSRLW       $0x04, Y10, Y10
+	VPAND        Y8, Y10, Y10
+	VPMADDUBSW   64(AX), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 16(SP), Y13
+	VFMADD231PS  Y12, Y13, Y0
+	VPMADDUBSW   64(AX)(SI*1), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 48(SP), Y13
+	VFMADD231PS  Y12, Y13, Y1
+	VPMADDUBSW   64(AX)(SI*2), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 80(SP), Y13
+	VFMADD231PS  Y12, Y13, Y2
+	VPMADDUBSW   64(AX)(R8*1), Y11, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 112(SP), Y12
+	VFMADD231PS  Y11, Y12, Y3
+	VPMADDUBSW   96(AX), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 20(SP), Y12
+	VFMADD231PS  Y11, Y12, Y0
+	VPMADDUBSW   96(AX)(SI*1), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 52(SP), Y12
+	VFMADD231PS  Y11, Y12, Y1
+	VPMADDUBSW   96(AX)(SI*2), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 84(SP), Y12
+	VFMADD231PS  Y11, Y12, Y2
+	VPMADDUBSW   96(AX)(R8*1), Y10, Y10
+	VPMADDWD     Y9, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VBROADCASTSS 116(SP), Y11
+	VFMADD231PS  Y10, Y11, Y3
+	VMOVDQU      80(DX), Y10
+	VPAND        Y8, Y10, Y11
+	VPSRLW       $0x04, Y10, Y10
+	VPAND        Y8, Y10, Y10
+	VPMADDUBSW   128(AX), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 8(SP), Y13
+	VFMADD231PS  Y12, Y13, Y0
+	VPMADDUBSW   128(AX)(SI*1), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 40(SP), Y13
+	VFMADD231PS  Y12, Y13, Y1
+	VPMADDUBSW   128(AX)(SI*2), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 72(SP), Y13
+	VFMADD231PS  Y12, Y13, Y2
+	VPMADDUBSW   128(AX)(R8*1), Y11, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 104(SP), Y12
+	VFMADD231PS  Y11, Y12, Y3
+	VPMADDUBSW   160(AX), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 12(SP), Y12
+	VFMADD231PS  Y11, Y12, Y0
+	VPMADDUBSW   160(AX)(SI*1), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 44(SP), Y12
+	VFMADD231PS  Y11, Y12, Y1
+	VPMADDUBSW   160(AX)(SI*2), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 76(SP), Y12
+	VFMADD231PS  Y11, Y12, Y2
+	VPMADDUBSW   160(AX)(R8*1), Y10, Y10
+	VPMADDWD     Y9, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VBROADCASTSS 108(SP), Y11
+	VFMADD231PS  Y10, Y11, Y3
+	VMOVDQU      112(DX), Y10
+	VPAND        Y8, Y10, Y11
+	VPSRLW       $0x04, Y10, Y10
+	VPAND        Y8, Y10, Y10
+	VPMADDUBSW   192(AX), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 24(SP), Y13
+	VFMADD231PS  Y12, Y13, Y0
+	VPMADDUBSW   192(AX)(SI*1), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 56(SP), Y13
+	VFMADD231PS  Y12, Y13, Y1
+	VPMADDUBSW   192(AX)(SI*2), Y11, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 88(SP), Y13
+	VFMADD231PS  Y12, Y13, Y2
+	VPMADDUBSW   192(AX)(R8*1), Y11, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 120(SP), Y12
+	VFMADD231PS  Y11, Y12, Y3
+	VPMADDUBSW   224(AX), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 28(SP), Y12
+	VFMADD231PS  Y11, Y12, Y0
+	VPMADDUBSW   224(AX)(SI*1), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 60(SP), Y12
+	VFMADD231PS  Y11, Y12, Y1
+	VPMADDUBSW   224(AX)(SI*2), Y10, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VBROADCASTSS 92(SP), Y12
+	VFMADD231PS  Y11, Y12, Y2
+	VPMADDUBSW   224(AX)(R8*1), Y10, Y10
+	VPMADDWD     Y9, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VBROADCASTSS 124(SP), Y11
+	VFMADD231PS  Y10, Y11, Y3
+	ADDQ         $0x00000090, DX
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x00000040, CX
+	SUBQ         $0x01, BX
+	JMP          qtileQ4KR4AVX2_loop1
+
+qtileQ4KR4AVX2_done:
+	MOVQ         y_base+0(FP), AX
+	MOVQ         ldy+24(FP), CX
+	VEXTRACTF128 $0x01, Y0, X8
+	VADDPS       X8, X0, X8
+	VEXTRACTF128 $0x01, Y4, X0
+	VADDPS       X0, X4, X0
+	VSUBPS       X0, X8, X8
+	VHADDPS      X8, X8, X8
+	VHADDPS      X8, X8, X8
+	VMOVSS       X8, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VEXTRACTF128 $0x01, Y5, X1
+	VADDPS       X1, X5, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VEXTRACTF128 $0x01, Y6, X1
+	VADDPS       X1, X6, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VEXTRACTF128 $0x01, Y7, X1
+	VADDPS       X1, X7, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ6KR1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qtileQ6KR1AVX2(SB), NOSPLIT, $64-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x08, BX
+	VXORPS       Y0, Y0, Y0
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X1
 	VPBROADCASTD X1, Y1
-	MOVL         $0x00010001, R8
-	VMOVD        R8, X3
-	VPBROADCASTD X3, Y3
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X2
+	VPBROADCASTD X2, Y2
 
 qtileQ6KR1AVX2_loop1:
-	TESTQ        DI, DI
+	TESTQ        BX, BX
 	JZ           qtileQ6KR1AVX2_done
-	VPBROADCASTW 208(SI), X4
-	VCVTPH2PS    X4, Y4
-	VPMOVSXBD    192(SI), Y5
-	VCVTDQ2PS    Y5, Y5
-	VMULPS       Y4, Y5, Y5
-	VMOVUPS      Y5, (SP)
-	VPMOVSXBD    200(SI), Y5
-	VCVTDQ2PS    Y5, Y5
-	VMULPS       Y4, Y5, Y5
-	VMOVUPS      Y5, 32(SP)
-	MOVL         $0x03030303, R8
-	VMOVD        R8, X4
-	VPBROADCASTD X4, Y4
-	MOVL         $0x20202020, R8
-	VMOVD        R8, X5
-	VPBROADCASTD X5, Y5
-	VMOVDQU      128(SI), Y6
-	VMOVDQU      (SI), Y7
-	VPAND        Y1, Y7, Y7
-	VPAND        Y4, Y6, Y8
-	VPSLLW       $0x04, Y8, Y8
-	VPOR         Y8, Y7, Y7
-	VPSUBB       Y5, Y7, Y7
-	VMOVDQU      (CX), Y8
-	VPSIGNB      Y7, Y8, Y8
-	VPABSB       Y7, Y7
-	VPMADDUBSW   Y8, Y7, Y7
-	VPMADDWD     Y3, Y7, Y7
-	VCVTDQ2PS    Y7, Y7
-	VBROADCASTSS (SP), X2
-	VBROADCASTSS 4(SP), X8
-	VINSERTF128  $0x01, X8, Y2, Y8
-	VMULPS       Y8, Y7, Y7
-	VBROADCASTSS (DX), Y8
-	VFMADD231PS  Y7, Y8, Y0
-	VMOVDQU      32(SI), Y7
-	VPAND        Y1, Y7, Y7
-	VPSRLW       $0x02, Y6, Y8
-	VPAND        Y4, Y8, Y8
-	VPSLLW       $0x04, Y8, Y8
-	VPOR         Y8, Y7, Y7
-	VPSUBB       Y5, Y7, Y7
-	VMOVDQU      32(CX), Y8
-	VPSIGNB      Y7, Y8, Y8
-	VPABSB       Y7, Y7
-	VPMADDUBSW   Y8, Y7, Y7
-	VPMADDWD     Y3, Y7, Y7
-	VCVTDQ2PS    Y7, Y7
-	VBROADCASTSS 8(SP), X2
-	VBROADCASTSS 12(SP), X8
-	VINSERTF128  $0x01, X8, Y2, Y8
-	VMULPS       Y8, Y7, Y7
-	VBROADCASTSS 4(DX), Y8
-	VFMADD231PS  Y7, Y8, Y0
-	VMOVDQU      (SI), Y7
-	VPSRLW       $0x04, Y7, Y7
-	VPAND        Y1, Y7, Y7
-	VPSRLW       $0x04, Y6, Y8
-	VPAND        Y4, Y8, Y8
-	VPSLLW       $0x04, Y8, Y8
-	VPOR         Y8, Y7, Y7
-	VPSUBB       Y5, Y7, Y7
-	VMOVDQU      64(CX), Y8
-	VPSIGNB      Y7, Y8, Y8
-	VPABSB       Y7, Y7
-	VPMADDUBSW   Y8, Y7, Y7
-	VPMADDWD     Y3, Y7, Y7
-	VCVTDQ2PS    Y7, Y7
-	VBROADCASTSS 16(SP), X2
-	VBROADCASTSS 20(SP), X8
-	VINSERTF128  $0x01, X8, Y2, Y8
-	VMULPS       Y8, Y7, Y7
-	VBROADCASTSS 8(DX), Y8
-	VFMADD231PS  Y7, Y8, Y0
-	VMOVDQU      32(SI), Y7
-	VPSRLW       $0x04, Y7, Y7
-	VPAND        Y1, Y7, Y7
-	VPSRLW       $0x06, Y6, Y6
-	VPAND        Y4, Y6, Y6
-	VPSLLW       $0x04, Y6, Y6
-	VPOR         Y6, Y7, Y7
-	VPSUBB       Y5, Y7, Y7
-	VMOVDQU      96(CX), Y6
-	VPSIGNB      Y7, Y6, Y6
-	VPABSB       Y7, Y7
-	VPMADDUBSW   Y6, Y7, Y6
-	VPMADDWD     Y3, Y6, Y6
-	VCVTDQ2PS    Y6, Y6
-	VBROADCASTSS 24(SP), X2
-	VBROADCASTSS 28(SP), X7
-	VINSERTF128  $0x01, X7, Y2, Y7
-	VMULPS       Y7, Y6, Y6
-	VBROADCASTSS 12(DX), Y7
-	VFMADD231PS  Y6, Y7, Y0
-	VMOVDQU      160(SI), Y6
-	VMOVDQU      64(SI), Y7
-	VPAND        Y1, Y7, Y7
-	VPAND        Y4, Y6, Y8
-	VPSLLW       $0x04, Y8, Y8
-	VPOR         Y8, Y7, Y7
-	VPSUBB       Y5, Y7, Y7
-	VMOVDQU      128(CX), Y8
-	VPSIGNB      Y7, Y8, Y8
-	VPABSB       Y7, Y7
-	VPMADDUBSW   Y8, Y7, Y7
-	VPMADDWD     Y3, Y7, Y7
-	VCVTDQ2PS    Y7, Y7
-	VBROADCASTSS 32(SP), X2
-	VBROADCASTSS 36(SP), X8
-	VINSERTF128  $0x01, X8, Y2, Y8
-	VMULPS       Y8, Y7, Y7
-	VBROADCASTSS 16(DX), Y8
-	VFMADD231PS  Y7, Y8, Y0
-	VMOVDQU      96(SI), Y7
-	VPAND        Y1, Y7, Y7
-	VPSRLW       $0x02, Y6, Y8
-	VPAND        Y4, Y8, Y8
-	VPSLLW       $0x04, Y8, Y8
-	VPOR         Y8, Y7, Y7
-	VPSUBB       Y5, Y7, Y7
-	VMOVDQU      160(CX), Y8
-	VPSIGNB      Y7, Y8, Y8
-	VPABSB       Y7, Y7
-	VPMADDUBSW   Y8, Y7, Y7
-	VPMADDWD     Y3, Y7, Y7
-	VCVTDQ2PS    Y7, Y7
-	VBROADCASTSS 40(SP), X2
-	VBROADCASTSS 44(SP), X8
-	VINSERTF128  $0x01, X8, Y2, Y8
-	VMULPS       Y8, Y7, Y7
-	VBROADCASTSS 20(DX), Y8
-	VFMADD231PS  Y7, Y8, Y0
-	VMOVDQU      64(SI), Y7
-	VPSRLW       $0x04, Y7, Y7
-	VPAND        Y1, Y7, Y7
-	VPSRLW       $0x04, Y6, Y8
-	VPAND        Y4, Y8, Y8
-	VPSLLW       $0x04, Y8, Y8
-	VPOR         Y8, Y7, Y7
-	VPSUBB       Y5, Y7, Y7
-	VMOVDQU      192(CX), Y8
-	VPSIGNB      Y7, Y8, Y8
-	VPABSB       Y7, Y7
-	VPMADDUBSW   Y8, Y7, Y7
-	VPMADDWD     Y3, Y7, Y7
-	VCVTDQ2PS    Y7, Y7
-	VBROADCASTSS 48(SP), X2
-	VBROADCASTSS 52(SP), X8
-	VINSERTF128  $0x01, X8, Y2, Y8
-	VMULPS       Y8, Y7, Y7
-	VBROADCASTSS 24(DX), Y8
-	VFMADD231PS  Y7, Y8, Y0
-	VMOVDQU      96(SI), Y7
-	VPSRLW       $0x04, Y7, Y7
-	VPAND        Y1, Y7, Y7
-	VPSRLW       $0x06, Y6, Y6
-	VPAND        Y4, Y6, Y6
-	VPSLLW       $0x04, Y6, Y6
-	VPOR         Y6, Y7, Y7
-	VPSUBB       Y5, Y7, Y7
-	VMOVDQU      224(CX), Y4
-	VPSIGNB      Y7, Y4, Y4
-	VPABSB       Y7, Y7
-	VPMADDUBSW   Y4, Y7, Y4
-	VPMADDWD     Y3, Y4, Y4
+	VPBROADCASTW 208(DX), X3
+	VCVTPH2PS    X3, Y3
+	VPMOVSXBD    192(DX), Y4
 	VCVTDQ2PS    Y4, Y4
-	VBROADCASTSS 56(SP), X2
-	VBROADCASTSS 60(SP), X5
-	VINSERTF128  $0x01, X5, Y2, Y5
-	VMULPS       Y5, Y4, Y4
-	VBROADCASTSS 28(DX), Y5
-	VFMADD231PS  Y4, Y5, Y0
-	ADDQ         $0x000000d2, SI
-	ADDQ         $0x00000100, CX
-	ADDQ         $0x00000020, DX
-	ADDQ         $0x00000020, BX
-	SUBQ         $0x01, DI
+	VMULPS       Y3, Y4, Y4
+	VMOVUPS      Y4, (SP)
+	VPMOVSXBD    200(DX), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y3, Y4, Y4
+	VMOVUPS      Y4, 32(SP)
+	MOVL         $0x03030303, SI
+	VMOVD        SI, X3
+	VPBROADCASTD X3, Y3
+	MOVL         $0x20202020, SI
+	VMOVD        SI, X4
+	VPBROADCASTD X4, Y4
+	VMOVDQU      128(DX), Y6
+	VMOVDQU      (DX), Y7
+	VPAND        Y1, Y7, Y7
+	VPAND        Y3, Y6, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y4, Y7, Y7
+	VPABSB       Y7, Y8
+	VMOVDQU      (AX), Y9
+	VPSIGNB      Y7, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y7
+	VPMADDWD     Y2, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (SP), X5
+	VBROADCASTSS 4(SP), X8
+	VINSERTF128  $0x01, X8, Y5, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS (CX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      32(DX), Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x02, Y6, Y8
+	VPAND        Y3, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y4, Y7, Y7
+	VPABSB       Y7, Y8
+	VMOVDQU      32(AX), Y9
+	VPSIGNB      Y7, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y7
+	VPMADDWD     Y2, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 8(SP), X5
+	VBROADCASTSS 12(SP), X8
+	VINSERTF128  $0x01, X8, Y5, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 8(CX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      (DX), Y7
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x04, Y6, Y8
+	VPAND        Y3, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y4, Y7, Y7
+	VPABSB       Y7, Y8
+	VMOVDQU      64(AX), Y9
+	VPSIGNB      Y7, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y7
+	VPMADDWD     Y2, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 16(SP), X5
+	VBROADCASTSS 20(SP), X8
+	VINSERTF128  $0x01, X8, Y5, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 16(CX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      32(DX), Y7
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x06, Y6, Y6
+	VPAND        Y3, Y6, Y6
+	VPSLLW       $0x04, Y6, Y6
+	VPOR         Y6, Y7, Y7
+	VPSUBB       Y4, Y7, Y7
+	VPABSB       Y7, Y6
+	VMOVDQU      96(AX), Y8
+	VPSIGNB      Y7, Y8, Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPMADDWD     Y2, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS 24(SP), X5
+	VBROADCASTSS 28(SP), X7
+	VINSERTF128  $0x01, X7, Y5, Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS 24(CX), Y7
+	VFMADD231PS  Y6, Y7, Y0
+	VMOVDQU      160(DX), Y6
+	VMOVDQU      64(DX), Y7
+	VPAND        Y1, Y7, Y7
+	VPAND        Y3, Y6, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y4, Y7, Y7
+	VPABSB       Y7, Y8
+	VMOVDQU      128(AX), Y9
+	VPSIGNB      Y7, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y7
+	VPMADDWD     Y2, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 32(SP), X5
+	VBROADCASTSS 36(SP), X8
+	VINSERTF128  $0x01, X8, Y5, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 32(CX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      96(DX), Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x02, Y6, Y8
+	VPAND        Y3, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y4, Y7, Y7
+	VPABSB       Y7, Y8
+	VMOVDQU      160(AX), Y9
+	VPSIGNB      Y7, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y7
+	VPMADDWD     Y2, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 40(SP), X5
+	VBROADCASTSS 44(SP), X8
+	VINSERTF128  $0x01, X8, Y5, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 40(CX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      64(DX), Y7
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x04, Y6, Y8
+	VPAND        Y3, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBB       Y4, Y7, Y7
+	VPABSB       Y7, Y8
+	VMOVDQU      192(AX), Y9
+	VPSIGNB      Y7, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y7
+	VPMADDWD     Y2, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 48(SP), X5
+	VBROADCASTSS 52(SP), X8
+	VINSERTF128  $0x01, X8, Y5, Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 48(CX), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      96(DX), Y7
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPSRLW       $0x06, Y6, Y6
+	VPAND        Y3, Y6, Y6
+	VPSLLW       $0x04, Y6, Y6
+	VPOR         Y6, Y7, Y7
+	VPSUBB       Y4, Y7, Y7
+	VPABSB       Y7, Y3
+	VMOVDQU      224(AX), Y4
+	VPSIGNB      Y7, Y4, Y4
+	VPMADDUBSW   Y4, Y3, Y3
+	VPMADDWD     Y2, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS 56(SP), X5
+	VBROADCASTSS 60(SP), X4
+	VINSERTF128  $0x01, X4, Y5, Y4
+	VMULPS       Y4, Y3, Y3
+	VBROADCASTSS 56(CX), Y4
+	VFMADD231PS  Y3, Y4, Y0
+	ADDQ         $0x000000d2, DX
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x00000040, CX
+	SUBQ         $0x01, BX
 	JMP          qtileQ6KR1AVX2_loop1
 
 qtileQ6KR1AVX2_done:
+	MOVQ         y_base+0(FP), AX
 	VEXTRACTF128 $0x01, Y0, X1
 	VADDPS       X1, X0, X1
 	VHADDPS      X1, X1, X1
@@ -3736,78 +4246,74 @@ qtileQ6KR1AVX2_done:
 	VZEROUPPER
 	RET
 
-// func qtileQ8_0R1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// func qtileQ8_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 // Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C
-TEXT ·qtileQ8_0R1VNNI(SB), NOSPLIT, $0-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         q_base+32(FP), CX
-	MOVQ         d_base+56(FP), DX
-	MOVQ         s_base+80(FP), BX
-	MOVQ         w_base+112(FP), SI
-	MOVQ         k+136(FP), DI
-	SHRQ         $0x05, DI
+TEXT ·qtileQ8_0R1VNNI(SB), NOSPLIT, $0-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x05, BX
 	VXORPS       Y0, Y0, Y0
 	VXORPS       Y1, Y1, Y1
-	VXORPS       Y2, Y2, Y2
-	MOVL         $0x0f0f0f0f, R8
-	VMOVD        R8, X2
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X2
 	VPBROADCASTD X2, Y2
 
 qtileQ8_0R1VNNI_loopU:
-	CMPQ             DI, $0x02
+	CMPQ             BX, $0x02
 	JB               qtileQ8_0R1VNNI_loop1
-	VMOVDQU          2(SI), Y2
-	VMOVDQU          (CX), Y4
-	VPSIGNB          Y2, Y4, Y4
-	VPABSB           Y2, Y2
-	VPXOR            Y3, Y3, Y3
-	VPDPBUSD         Y4, Y2, Y3
-	VCVTDQ2PS        Y3, Y3
-	VPBROADCASTW     (SI), X2
-	VCVTPH2PS        X2, Y2
-	VMULPS           Y2, Y3, Y3
-	VFMADD231PS.BCST (DX), Y3, Y0
-	VMOVDQU          36(SI), Y2
-	VMOVDQU          32(CX), Y4
-	VPSIGNB          Y2, Y4, Y4
-	VPABSB           Y2, Y2
-	VPXOR            Y3, Y3, Y3
-	VPDPBUSD         Y4, Y2, Y3
-	VCVTDQ2PS        Y3, Y3
-	VPBROADCASTW     34(SI), X2
-	VCVTPH2PS        X2, Y2
-	VMULPS           Y2, Y3, Y3
-	VFMADD231PS.BCST 4(DX), Y3, Y1
-	ADDQ             $0x00000044, SI
-	ADDQ             $0x00000040, CX
-	ADDQ             $0x00000008, DX
-	ADDQ             $0x00000008, BX
-	SUBQ             $0x02, DI
+	VMOVDQU          2(DX), Y2
+	VPBROADCASTW     (DX), X3
+	VCVTPH2PS        X3, Y3
+	VPABSB           Y2, Y4
+	VMOVDQU          (AX), Y5
+	VPSIGNB          Y2, Y5, Y5
+	VPXOR            Y2, Y2, Y2
+	VPDPBUSD         Y5, Y4, Y2
+	VCVTDQ2PS        Y2, Y2
+	VMULPS           Y3, Y2, Y2
+	VFMADD231PS.BCST (CX), Y2, Y0
+	VMOVDQU          36(DX), Y2
+	VPBROADCASTW     34(DX), X3
+	VCVTPH2PS        X3, Y3
+	VPABSB           Y2, Y4
+	VMOVDQU          32(AX), Y5
+	VPSIGNB          Y2, Y5, Y5
+	VPXOR            Y2, Y2, Y2
+	VPDPBUSD         Y5, Y4, Y2
+	VCVTDQ2PS        Y2, Y2
+	VMULPS           Y3, Y2, Y2
+	VFMADD231PS.BCST 8(CX), Y2, Y1
+	ADDQ             $0x00000044, DX
+	ADDQ             $0x00000040, AX
+	ADDQ             $0x00000010, CX
+	SUBQ             $0x02, BX
 	JMP              qtileQ8_0R1VNNI_loopU
 
 qtileQ8_0R1VNNI_loop1:
-	TESTQ            DI, DI
+	TESTQ            BX, BX
 	JZ               qtileQ8_0R1VNNI_done
-	VMOVDQU          2(SI), Y2
-	VMOVDQU          (CX), Y4
-	VPSIGNB          Y2, Y4, Y4
-	VPABSB           Y2, Y2
-	VPXOR            Y3, Y3, Y3
-	VPDPBUSD         Y4, Y2, Y3
-	VCVTDQ2PS        Y3, Y3
-	VPBROADCASTW     (SI), X2
-	VCVTPH2PS        X2, Y2
-	VMULPS           Y2, Y3, Y3
-	VFMADD231PS.BCST (DX), Y3, Y0
-	ADDQ             $0x00000022, SI
-	ADDQ             $0x00000020, CX
-	ADDQ             $0x00000004, DX
-	ADDQ             $0x00000004, BX
-	SUBQ             $0x01, DI
+	VMOVDQU          2(DX), Y2
+	VPBROADCASTW     (DX), X3
+	VCVTPH2PS        X3, Y3
+	VPABSB           Y2, Y4
+	VMOVDQU          (AX), Y5
+	VPSIGNB          Y2, Y5, Y5
+	VPXOR            Y2, Y2, Y2
+	VPDPBUSD         Y5, Y4, Y2
+	VCVTDQ2PS        Y2, Y2
+	VMULPS           Y3, Y2, Y2
+	VFMADD231PS.BCST (CX), Y2, Y0
+	ADDQ             $0x00000022, DX
+	ADDQ             $0x00000020, AX
+	ADDQ             $0x00000008, CX
+	SUBQ             $0x01, BX
 	JMP              qtileQ8_0R1VNNI_loop1
 
 qtileQ8_0R1VNNI_done:
 	VADDPS       Y1, Y0, Y0
+	MOVQ         y_base+0(FP), AX
 	VEXTRACTF128 $0x01, Y0, X1
 	VADDPS       X1, X0, X1
 	VHADDPS      X1, X1, X1
@@ -3816,93 +4322,180 @@ qtileQ8_0R1VNNI_done:
 	VZEROUPPER
 	RET
 
-// func qtileQ4_0R1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+// func qtileQ8_0R4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 // Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C
-TEXT ·qtileQ4_0R1VNNI(SB), NOSPLIT, $0-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         q_base+32(FP), CX
-	MOVQ         d_base+56(FP), DX
-	MOVQ         s_base+80(FP), BX
-	MOVQ         w_base+112(FP), SI
-	MOVQ         k+136(FP), DI
-	SHRQ         $0x05, DI
+TEXT ·qtileQ8_0R4VNNI(SB), NOSPLIT, $0-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	MOVQ         ldq+80(FP), SI
+	MOVQ         SI, DI
+	SHRQ         $0x02, DI
+	LEAQ         (SI)(SI*2), R8
+	LEAQ         (DI)(DI*2), R9
+	SHRQ         $0x05, BX
 	VXORPS       Y0, Y0, Y0
 	VXORPS       Y1, Y1, Y1
 	VXORPS       Y2, Y2, Y2
-	MOVL         $0x0f0f0f0f, R8
-	VMOVD        R8, X2
-	VPBROADCASTD X2, Y2
-	MOVL         $0x08080808, R8
-	VMOVD        R8, X4
+	VXORPS       Y3, Y3, Y3
+	MOVL         $0x0f0f0f0f, R10
+	VMOVD        R10, X4
 	VPBROADCASTD X4, Y4
 
+qtileQ8_0R4VNNI_loop1:
+	TESTQ            BX, BX
+	JZ               qtileQ8_0R4VNNI_done
+	VMOVDQU          2(DX), Y4
+	VPBROADCASTW     (DX), X5
+	VCVTPH2PS        X5, Y5
+	VPABSB           Y4, Y6
+	VMOVDQU          (AX), Y8
+	VPSIGNB          Y4, Y8, Y8
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         Y8, Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VMULPS           Y5, Y7, Y7
+	VFMADD231PS.BCST (CX), Y7, Y0
+	VMOVDQU          (AX)(SI*1), Y8
+	VPSIGNB          Y4, Y8, Y8
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         Y8, Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VMULPS           Y5, Y7, Y7
+	VFMADD231PS.BCST (CX)(DI*1), Y7, Y1
+	VMOVDQU          (AX)(SI*2), Y8
+	VPSIGNB          Y4, Y8, Y8
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         Y8, Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VMULPS           Y5, Y7, Y7
+	VFMADD231PS.BCST (CX)(DI*2), Y7, Y2
+	VMOVDQU          (AX)(R8*1), Y7
+	VPSIGNB          Y4, Y7, Y7
+	VPXOR            Y4, Y4, Y4
+	VPDPBUSD         Y7, Y6, Y4
+	VCVTDQ2PS        Y4, Y4
+	VMULPS           Y5, Y4, Y4
+	VFMADD231PS.BCST (CX)(R9*1), Y4, Y3
+	ADDQ             $0x00000022, DX
+	ADDQ             $0x00000020, AX
+	ADDQ             $0x00000008, CX
+	SUBQ             $0x01, BX
+	JMP              qtileQ8_0R4VNNI_loop1
+
+qtileQ8_0R4VNNI_done:
+	MOVQ         y_base+0(FP), AX
+	MOVQ         ldy+24(FP), CX
+	VEXTRACTF128 $0x01, Y0, X4
+	VADDPS       X4, X0, X4
+	VHADDPS      X4, X4, X4
+	VHADDPS      X4, X4, X4
+	VMOVSS       X4, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ4_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C
+TEXT ·qtileQ4_0R1VNNI(SB), NOSPLIT, $0-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x05, BX
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X2
+	VPBROADCASTD X2, Y2
+	MOVL         $0x08080808, SI
+	VMOVD        SI, X3
+	VPBROADCASTD X3, Y3
+
 qtileQ4_0R1VNNI_loopU:
-	CMPQ             DI, $0x02
+	CMPQ             BX, $0x02
 	JB               qtileQ4_0R1VNNI_loop1
-	VMOVDQU          2(SI), X3
-	VPSRLW           $0x04, X3, X5
-	VINSERTI128      $0x01, X5, Y3, Y5
+	VMOVDQU          2(DX), X4
+	VPSRLW           $0x04, X4, X5
+	VINSERTI128      $0x01, X5, Y4, Y5
 	VPAND            Y2, Y5, Y5
-	VPSUBB           Y4, Y5, Y5
-	VMOVDQU          (CX), Y7
-	VPSIGNB          Y5, Y7, Y7
-	VPABSB           Y5, Y5
-	VPXOR            Y6, Y6, Y6
-	VPDPBUSD         Y7, Y5, Y6
-	VCVTDQ2PS        Y6, Y6
-	VPBROADCASTW     (SI), X5
-	VCVTPH2PS        X5, Y5
-	VMULPS           Y5, Y6, Y6
-	VFMADD231PS.BCST (DX), Y6, Y0
-	VMOVDQU          20(SI), X3
-	VPSRLW           $0x04, X3, X5
-	VINSERTI128      $0x01, X5, Y3, Y5
+	VPSUBB           Y3, Y5, Y5
+	VPBROADCASTW     (DX), X6
+	VCVTPH2PS        X6, Y6
+	VPABSB           Y5, Y7
+	VMOVDQU          (AX), Y8
+	VPSIGNB          Y5, Y8, Y8
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         Y8, Y7, Y5
+	VCVTDQ2PS        Y5, Y5
+	VMULPS           Y6, Y5, Y5
+	VFMADD231PS.BCST (CX), Y5, Y0
+	VMOVDQU          20(DX), X4
+	VPSRLW           $0x04, X4, X5
+	VINSERTI128      $0x01, X5, Y4, Y5
 	VPAND            Y2, Y5, Y5
-	VPSUBB           Y4, Y5, Y5
-	VMOVDQU          32(CX), Y7
-	VPSIGNB          Y5, Y7, Y7
-	VPABSB           Y5, Y5
-	VPXOR            Y6, Y6, Y6
-	VPDPBUSD         Y7, Y5, Y6
-	VCVTDQ2PS        Y6, Y6
-	VPBROADCASTW     18(SI), X5
-	VCVTPH2PS        X5, Y5
-	VMULPS           Y5, Y6, Y6
-	VFMADD231PS.BCST 4(DX), Y6, Y1
-	ADDQ             $0x00000024, SI
-	ADDQ             $0x00000040, CX
-	ADDQ             $0x00000008, DX
-	ADDQ             $0x00000008, BX
-	SUBQ             $0x02, DI
+	VPSUBB           Y3, Y5, Y5
+	VPBROADCASTW     18(DX), X6
+	VCVTPH2PS        X6, Y6
+	VPABSB           Y5, Y7
+	VMOVDQU          32(AX), Y8
+	VPSIGNB          Y5, Y8, Y8
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         Y8, Y7, Y5
+	VCVTDQ2PS        Y5, Y5
+	VMULPS           Y6, Y5, Y5
+	VFMADD231PS.BCST 8(CX), Y5, Y1
+	ADDQ             $0x00000024, DX
+	ADDQ             $0x00000040, AX
+	ADDQ             $0x00000010, CX
+	SUBQ             $0x02, BX
 	JMP              qtileQ4_0R1VNNI_loopU
 
 qtileQ4_0R1VNNI_loop1:
-	TESTQ            DI, DI
+	TESTQ            BX, BX
 	JZ               qtileQ4_0R1VNNI_done
-	VMOVDQU          2(SI), X3
-	VPSRLW           $0x04, X3, X5
-	VINSERTI128      $0x01, X5, Y3, Y5
+	VMOVDQU          2(DX), X4
+	VPSRLW           $0x04, X4, X5
+	VINSERTI128      $0x01, X5, Y4, Y5
 	VPAND            Y2, Y5, Y5
-	VPSUBB           Y4, Y5, Y5
-	VMOVDQU          (CX), Y7
-	VPSIGNB          Y5, Y7, Y7
-	VPABSB           Y5, Y5
-	VPXOR            Y6, Y6, Y6
-	VPDPBUSD         Y7, Y5, Y6
-	VCVTDQ2PS        Y6, Y6
-	VPBROADCASTW     (SI), X5
-	VCVTPH2PS        X5, Y5
-	VMULPS           Y5, Y6, Y6
-	VFMADD231PS.BCST (DX), Y6, Y0
-	ADDQ             $0x00000012, SI
-	ADDQ             $0x00000020, CX
-	ADDQ             $0x00000004, DX
-	ADDQ             $0x00000004, BX
-	SUBQ             $0x01, DI
+	VPSUBB           Y3, Y5, Y5
+	VPBROADCASTW     (DX), X6
+	VCVTPH2PS        X6, Y6
+	VPABSB           Y5, Y7
+	VMOVDQU          (AX), Y8
+	VPSIGNB          Y5, Y8, Y8
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         Y8, Y7, Y5
+	VCVTDQ2PS        Y5, Y5
+	VMULPS           Y6, Y5, Y5
+	VFMADD231PS.BCST (CX), Y5, Y0
+	ADDQ             $0x00000012, DX
+	ADDQ             $0x00000020, AX
+	ADDQ             $0x00000008, CX
+	SUBQ             $0x01, BX
 	JMP              qtileQ4_0R1VNNI_loop1
 
 qtileQ4_0R1VNNI_done:
 	VADDPS       Y1, Y0, Y0
+	MOVQ         y_base+0(FP), AX
 	VEXTRACTF128 $0x01, Y0, X1
 	VADDPS       X1, X0, X1
 	VHADDPS      X1, X1, X1
@@ -3911,119 +4504,220 @@ qtileQ4_0R1VNNI_done:
 	VZEROUPPER
 	RET
 
-// func qtileQ4KR1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
-// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C, FMA3
-TEXT ·qtileQ4KR1VNNI(SB), NOSPLIT, $32-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         q_base+32(FP), CX
-	MOVQ         d_base+56(FP), DX
-	MOVQ         s_base+80(FP), BX
-	MOVQ         w_base+112(FP), SI
-	MOVQ         k+136(FP), DI
-	SHRQ         $0x08, DI
+// func qtileQ4_0R4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C
+TEXT ·qtileQ4_0R4VNNI(SB), NOSPLIT, $0-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	MOVQ         ldq+80(FP), SI
+	MOVQ         SI, DI
+	SHRQ         $0x02, DI
+	LEAQ         (SI)(SI*2), R8
+	LEAQ         (DI)(DI*2), R9
+	SHRQ         $0x05, BX
 	VXORPS       Y0, Y0, Y0
 	VXORPS       Y1, Y1, Y1
-	MOVL         $0x0f0f0f0f, R8
-	VMOVD        R8, X2
+	VXORPS       Y2, Y2, Y2
+	VXORPS       Y3, Y3, Y3
+	MOVL         $0x0f0f0f0f, R10
+	VMOVD        R10, X4
+	VPBROADCASTD X4, Y4
+	MOVL         $0x08080808, R10
+	VMOVD        R10, X5
+	VPBROADCASTD X5, Y5
+
+qtileQ4_0R4VNNI_loop1:
+	TESTQ            BX, BX
+	JZ               qtileQ4_0R4VNNI_done
+	VMOVDQU          2(DX), X6
+	VPSRLW           $0x04, X6, X7
+	VINSERTI128      $0x01, X7, Y6, Y7
+	VPAND            Y4, Y7, Y7
+	VPSUBB           Y5, Y7, Y7
+	VPBROADCASTW     (DX), X8
+	VCVTPH2PS        X8, Y8
+	VPABSB           Y7, Y9
+	VMOVDQU          (AX), Y11
+	VPSIGNB          Y7, Y11, Y11
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         Y11, Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VMULPS           Y8, Y10, Y10
+	VFMADD231PS.BCST (CX), Y10, Y0
+	VMOVDQU          (AX)(SI*1), Y11
+	VPSIGNB          Y7, Y11, Y11
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         Y11, Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VMULPS           Y8, Y10, Y10
+	VFMADD231PS.BCST (CX)(DI*1), Y10, Y1
+	VMOVDQU          (AX)(SI*2), Y11
+	VPSIGNB          Y7, Y11, Y11
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         Y11, Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VMULPS           Y8, Y10, Y10
+	VFMADD231PS.BCST (CX)(DI*2), Y10, Y2
+	VMOVDQU          (AX)(R8*1), Y10
+	VPSIGNB          Y7, Y10, Y10
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         Y10, Y9, Y7
+	VCVTDQ2PS        Y7, Y7
+	VMULPS           Y8, Y7, Y7
+	VFMADD231PS.BCST (CX)(R9*1), Y7, Y3
+	ADDQ             $0x00000012, DX
+	ADDQ             $0x00000020, AX
+	ADDQ             $0x00000008, CX
+	SUBQ             $0x01, BX
+	JMP              qtileQ4_0R4VNNI_loop1
+
+qtileQ4_0R4VNNI_done:
+	MOVQ         y_base+0(FP), AX
+	MOVQ         ldy+24(FP), CX
+	VEXTRACTF128 $0x01, Y0, X4
+	VADDPS       X4, X0, X4
+	VHADDPS      X4, X4, X4
+	VHADDPS      X4, X4, X4
+	VMOVSS       X4, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ4KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C, FMA3
+TEXT ·qtileQ4KR1VNNI(SB), NOSPLIT, $32-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x08, BX
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X2
 	VPBROADCASTD X2, Y2
 
 qtileQ4KR1VNNI_loop1:
-	TESTQ            DI, DI
+	TESTQ            BX, BX
 	JZ               qtileQ4KR1VNNI_done
-	MOVLQZX          4(SI), R8
-	MOVLQZX          8(SI), R9
-	MOVLQZX          12(SI), R10
-	MOVQ             R8, R11
-	SHRQ             $0x06, R11
-	ANDQ             $0x03030303, R11
-	SHLQ             $0x04, R11
-	MOVQ             R10, R12
-	ANDQ             $0x0f0f0f0f, R12
-	ORQ              R12, R11
-	SHLQ             $0x20, R11
-	ANDQ             $0x3f3f3f3f, R8
-	ORQ              R8, R11
-	VMOVQ            R11, X3
-	VPMOVZXBD        X3, Y3
-	MOVQ             R9, R11
-	SHRQ             $0x06, R11
-	ANDQ             $0x03030303, R11
-	SHLQ             $0x04, R11
-	SHRQ             $0x04, R10
+	MOVLQZX          4(DX), SI
+	MOVLQZX          8(DX), DI
+	MOVLQZX          12(DX), R8
+	MOVQ             SI, R9
+	SHRQ             $0x06, R9
+	ANDQ             $0x03030303, R9
+	SHLQ             $0x04, R9
+	MOVQ             R8, R10
 	ANDQ             $0x0f0f0f0f, R10
-	ORQ              R10, R11
-	SHLQ             $0x20, R11
-	ANDQ             $0x3f3f3f3f, R9
-	ORQ              R9, R11
-	VMOVQ            R11, X4
+	ORQ              R10, R9
+	SHLQ             $0x20, R9
+	ANDQ             $0x3f3f3f3f, SI
+	ORQ              SI, R9
+	VMOVQ            R9, X3
+	VPMOVZXBD        X3, Y3
+	MOVQ             DI, R9
+	SHRQ             $0x06, R9
+	ANDQ             $0x03030303, R9
+	SHLQ             $0x04, R9
+	SHRQ             $0x04, R8
+	ANDQ             $0x0f0f0f0f, R8
+	ORQ              R8, R9
+	SHLQ             $0x20, R9
+	ANDQ             $0x3f3f3f3f, DI
+	ORQ              DI, R9
+	VMOVQ            R9, X4
 	VPMOVZXBD        X4, Y4
-	VPBROADCASTW     (SI), X5
+	VPBROADCASTW     (DX), X5
 	VCVTPH2PS        X5, Y5
-	VPBROADCASTW     2(SI), X6
+	VPBROADCASTW     2(DX), X6
 	VCVTPH2PS        X6, Y6
 	VCVTDQ2PS        Y3, Y3
 	VMULPS           Y5, Y3, Y3
-	VMULPS           (DX), Y3, Y3
-	VMOVUPS          Y3, (SP)
+	VPERMPD          $0xd8, Y3, Y3
 	VCVTDQ2PS        Y4, Y4
 	VMULPS           Y6, Y4, Y4
-	VFMADD231PS      (BX), Y4, Y1
-	VMOVDQU          16(SI), Y3
+	VPERMPD          $0xd8, Y4, Y4
+	VMOVUPS          (CX), Y5
+	VSHUFPS          $0x88, 32(CX), Y5, Y6
+	VSHUFPS          $0xdd, 32(CX), Y5, Y5
+	VMULPS           Y3, Y6, Y6
+	VMOVUPS          Y6, (SP)
+	VFMADD231PS      Y4, Y5, Y1
+	VMOVDQU          16(DX), Y3
 	VPAND            Y2, Y3, Y4
 	VPSRLW           $0x04, Y3, Y3
 	VPAND            Y2, Y3, Y3
 	VPXOR            Y5, Y5, Y5
-	VPDPBUSD         (CX), Y4, Y5
+	VPDPBUSD         (AX), Y4, Y5
 	VCVTDQ2PS        Y5, Y5
 	VFMADD231PS.BCST (SP), Y5, Y0
-	VPXOR            Y5, Y5, Y5
-	VPDPBUSD         32(CX), Y3, Y5
-	VCVTDQ2PS        Y5, Y5
-	VFMADD231PS.BCST 4(SP), Y5, Y0
-	VMOVDQU          48(SI), Y3
+	VPXOR            Y4, Y4, Y4
+	VPDPBUSD         32(AX), Y3, Y4
+	VCVTDQ2PS        Y4, Y4
+	VFMADD231PS.BCST 4(SP), Y4, Y0
+	VMOVDQU          48(DX), Y3
 	VPAND            Y2, Y3, Y4
 	VPSRLW           $0x04, Y3, Y3
 	VPAND            Y2, Y3, Y3
 	VPXOR            Y5, Y5, Y5
-	VPDPBUSD         64(CX), Y4, Y5
-	VCVTDQ2PS        Y5, Y5
-	VFMADD231PS.BCST 8(SP), Y5, Y0
-	VPXOR            Y5, Y5, Y5
-	VPDPBUSD         96(CX), Y3, Y5
-	VCVTDQ2PS        Y5, Y5
-	VFMADD231PS.BCST 12(SP), Y5, Y0
-	VMOVDQU          80(SI), Y3
-	VPAND            Y2, Y3, Y4
-	VPSRLW           $0x04, Y3, Y3
-	VPAND            Y2, Y3, Y3
-	VPXOR            Y5, Y5, Y5
-	VPDPBUSD         128(CX), Y4, Y5
+	VPDPBUSD         64(AX), Y4, Y5
 	VCVTDQ2PS        Y5, Y5
 	VFMADD231PS.BCST 16(SP), Y5, Y0
-	VPXOR            Y5, Y5, Y5
-	VPDPBUSD         160(CX), Y3, Y5
-	VCVTDQ2PS        Y5, Y5
-	VFMADD231PS.BCST 20(SP), Y5, Y0
-	VMOVDQU          112(SI), Y3
+	VPXOR            Y4, Y4, Y4
+	VPDPBUSD         96(AX), Y3, Y4
+	VCVTDQ2PS        Y4, Y4
+	VFMADD231PS.BCST 20(SP), Y4, Y0
+	VMOVDQU          80(DX), Y3
 	VPAND            Y2, Y3, Y4
 	VPSRLW           $0x04, Y3, Y3
 	VPAND            Y2, Y3, Y3
 	VPXOR            Y5, Y5, Y5
-	VPDPBUSD         192(CX), Y4, Y5
+	VPDPBUSD         128(AX), Y4, Y5
+	VCVTDQ2PS        Y5, Y5
+	VFMADD231PS.BCST 8(SP), Y5, Y0
+	VPXOR            Y4, Y4, Y4
+	VPDPBUSD         160(AX), Y3, Y4
+	VCVTDQ2PS        Y4, Y4
+	VFMADD231PS.BCST 12(SP), Y4, Y0
+	VMOVDQU          112(DX), Y3
+	VPAND            Y2, Y3, Y4
+	VPSRLW           $0x04, Y3, Y3
+	VPAND            Y2, Y3, Y3
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         192(AX), Y4, Y5
 	VCVTDQ2PS        Y5, Y5
 	VFMADD231PS.BCST 24(SP), Y5, Y0
-	VPXOR            Y5, Y5, Y5
-	VPDPBUSD         224(CX), Y3, Y5
-	VCVTDQ2PS        Y5, Y5
-	VFMADD231PS.BCST 28(SP), Y5, Y0
-	ADDQ             $0x00000090, SI
-	ADDQ             $0x00000100, CX
-	ADDQ             $0x00000020, DX
-	ADDQ             $0x00000020, BX
-	SUBQ             $0x01, DI
+	VPXOR            Y4, Y4, Y4
+	VPDPBUSD         224(AX), Y3, Y4
+	VCVTDQ2PS        Y4, Y4
+	VFMADD231PS.BCST 28(SP), Y4, Y0
+	ADDQ             $0x00000090, DX
+	ADDQ             $0x00000100, AX
+	ADDQ             $0x00000040, CX
+	SUBQ             $0x01, BX
 	JMP              qtileQ4KR1VNNI_loop1
 
 qtileQ4KR1VNNI_done:
+	MOVQ         y_base+0(FP), AX
 	VEXTRACTF128 $0x01, Y0, X2
 	VADDPS       X2, X0, X2
 	VEXTRACTF128 $0x01, Y1, X0
@@ -4035,197 +4729,474 @@ qtileQ4KR1VNNI_done:
 	VZEROUPPER
 	RET
 
-// func qtileQ6KR1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
-// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C
-TEXT ·qtileQ6KR1VNNI(SB), NOSPLIT, $64-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         q_base+32(FP), CX
-	MOVQ         d_base+56(FP), DX
-	MOVQ         s_base+80(FP), BX
-	MOVQ         w_base+112(FP), SI
-	MOVQ         k+136(FP), DI
-	SHRQ         $0x08, DI
+// func qtileQ4KR4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C, FMA3
+TEXT ·qtileQ4KR4VNNI(SB), NOSPLIT, $128-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	MOVQ         ldq+80(FP), SI
+	MOVQ         SI, DI
+	SHRQ         $0x02, DI
+	LEAQ         (SI)(SI*2), R8
+	LEAQ         (DI)(DI*2), R9
+	SHRQ         $0x08, BX
 	VXORPS       Y0, Y0, Y0
 	VXORPS       Y1, Y1, Y1
-	MOVL         $0x0f0f0f0f, R8
-	VMOVD        R8, X1
+	VXORPS       Y2, Y2, Y2
+	VXORPS       Y3, Y3, Y3
+	VXORPS       Y4, Y4, Y4
+	VXORPS       Y5, Y5, Y5
+	VXORPS       Y6, Y6, Y6
+	VXORPS       Y7, Y7, Y7
+	MOVL         $0x0f0f0f0f, R10
+	VMOVD        R10, X8
+	VPBROADCASTD X8, Y8
+
+qtileQ4KR4VNNI_loop1:
+	TESTQ            BX, BX
+	JZ               qtileQ4KR4VNNI_done
+	MOVLQZX          4(DX), R10
+	MOVLQZX          8(DX), R11
+	MOVLQZX          12(DX), R12
+	MOVQ             R10, R13
+	SHRQ             $0x06, R13
+	ANDQ             $0x03030303, R13
+	SHLQ             $0x04, R13
+	MOVQ             R12, R14
+	ANDQ             $0x0f0f0f0f, R14
+	ORQ              R14, R13
+	SHLQ             $0x20, R13
+	ANDQ             $0x3f3f3f3f, R10
+	ORQ              R10, R13
+	VMOVQ            R13, X9
+	VPMOVZXBD        X9, Y9
+	MOVQ             R11, R13
+	SHRQ             $0x06, R13
+	ANDQ             $0x03030303, R13
+	SHLQ             $0x04, R13
+	SHRQ             $0x04, R12
+	ANDQ             $0x0f0f0f0f, R12
+	ORQ              R12, R13
+	SHLQ             $0x20, R13
+	ANDQ             $0x3f3f3f3f, R11
+	ORQ              R11, R13
+	VMOVQ            R13, X10
+	VPMOVZXBD        X10, Y10
+	VPBROADCASTW     (DX), X11
+	VCVTPH2PS        X11, Y11
+	VPBROADCASTW     2(DX), X12
+	VCVTPH2PS        X12, Y12
+	VCVTDQ2PS        Y9, Y9
+	VMULPS           Y11, Y9, Y9
+	VPERMPD          $0xd8, Y9, Y9
+	VCVTDQ2PS        Y10, Y10
+	VMULPS           Y12, Y10, Y10
+	VPERMPD          $0xd8, Y10, Y10
+	VMOVUPS          (CX), Y11
+	VSHUFPS          $0x88, 32(CX), Y11, Y12
+	VSHUFPS          $0xdd, 32(CX), Y11, Y11
+	VMULPS           Y9, Y12, Y12
+	VMOVUPS          Y12, (SP)
+	VFMADD231PS      Y10, Y11, Y4
+	VMOVUPS          (CX)(DI*1), Y11
+	VSHUFPS          $0x88, 32(CX)(DI*1), Y11, Y12
+	VSHUFPS          $0xdd, 32(CX)(DI*1), Y11, Y11
+	VMULPS           Y9, Y12, Y12
+	VMOVUPS          Y12, 32(SP)
+	VFMADD231PS      Y10, Y11, Y5
+	VMOVUPS          (CX)(DI*2), Y11
+	VSHUFPS          $0x88, 32(CX)(DI*2), Y11, Y12
+	VSHUFPS          $0xdd, 32(CX)(DI*2), Y11, Y11
+	VMULPS           Y9, Y12, Y12
+	VMOVUPS          Y12, 64(SP)
+	VFMADD231PS      Y10, Y11, Y6
+	VMOVUPS          (CX)(R9*1), Y11
+	VSHUFPS          $0x88, 32(CX)(R9*1), Y11, Y12
+	VSHUFPS          $0xdd, 32(CX)(R9*1), Y11, Y11
+	VMULPS           Y9, Y12, Y12
+	VMOVUPS          Y12, 96(SP)
+	VFMADD231PS      Y10, Y11, Y7
+	VMOVDQU          16(DX), Y9
+	VPAND            Y8, Y9, Y10
+	VPSRLW           $0x04, Y9, Y9
+	VPAND            Y8, Y9, Y9
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         (AX), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST (SP), Y11, Y0
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         (AX)(SI*1), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 32(SP), Y11, Y1
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         (AX)(SI*2), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 64(SP), Y11, Y2
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         (AX)(R8*1), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 96(SP), Y11, Y3
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         32(AX), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 4(SP), Y10, Y0
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         32(AX)(SI*1), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 36(SP), Y10, Y1
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         32(AX)(SI*2), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 68(SP), Y10, Y2
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         32(AX)(R8*1), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 100(SP), Y10, Y3
+	VMOVDQU          48(DX), Y9
+	VPAND            Y8, Y9, Y10
+	VPSRLW           $0x04, Y9, Y9
+	VPAND            Y8, Y9, Y9
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         64(AX), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 16(SP), Y11, Y0
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         64(AX)(SI*1), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 48(SP), Y11, Y1
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         64(AX)(SI*2), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 80(SP), Y11, Y2
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         64(AX)(R8*1), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 112(SP), Y11, Y3
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         96(AX), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 20(SP), Y10, Y0
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         96(AX)(SI*1), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 52(SP), Y10, Y1
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         96(AX)(SI*2), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 84(SP), Y10, Y2
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         96(AX)(R8*1), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 116(SP), Y10, Y3
+	VMOVDQU          80(DX), Y9
+	VPAND            Y8, Y9, Y10
+	VPSRLW           $0x04, Y9, Y9
+	VPAND            Y8, Y9, Y9
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         128(AX), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 8(SP), Y11, Y0
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         128(AX)(SI*1), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 40(SP), Y11, Y1
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         128(AX)(SI*2), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 72(SP), Y11, Y2
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         128(AX)(R8*1), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 104(SP), Y11, Y3
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         160(AX), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 12(SP), Y10, Y0
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         160(AX)(SI*1), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 44(SP), Y10, Y1
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         160(AX)(SI*2), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 76(SP), Y10, Y2
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         160(AX)(R8*1), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 108(SP), Y10, Y3
+	VMOVDQU          112(DX), Y9
+	VPAND            Y8, Y9, Y10
+	VPSRLW           $0x04, Y9, Y9
+	VPAND            Y8, Y9, Y9
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         192(AX), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 24(SP), Y11, Y0
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         192(AX)(SI*1), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 56(SP), Y11, Y1
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         192(AX)(SI*2), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 88(SP), Y11, Y2
+	VPXOR            Y11, Y11, Y11
+	VPDPBUSD         192(AX)(R8*1), Y10, Y11
+	VCVTDQ2PS        Y11, Y11
+	VFMADD231PS.BCST 120(SP), Y11, Y3
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         224(AX), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 28(SP), Y10, Y0
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         224(AX)(SI*1), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 60(SP), Y10, Y1
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         224(AX)(SI*2), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 92(SP), Y10, Y2
+	VPXOR            Y10, Y10, Y10
+	VPDPBUSD         224(AX)(R8*1), Y9, Y10
+	VCVTDQ2PS        Y10, Y10
+	VFMADD231PS.BCST 124(SP), Y10, Y3
+	ADDQ             $0x00000090, DX
+	ADDQ             $0x00000100, AX
+	ADDQ             $0x00000040, CX
+	SUBQ             $0x01, BX
+	JMP              qtileQ4KR4VNNI_loop1
+
+qtileQ4KR4VNNI_done:
+	MOVQ         y_base+0(FP), AX
+	MOVQ         ldy+24(FP), CX
+	VEXTRACTF128 $0x01, Y0, X8
+	VADDPS       X8, X0, X8
+	VEXTRACTF128 $0x01, Y4, X0
+	VADDPS       X0, X4, X0
+	VSUBPS       X0, X8, X8
+	VHADDPS      X8, X8, X8
+	VHADDPS      X8, X8, X8
+	VMOVSS       X8, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VEXTRACTF128 $0x01, Y5, X1
+	VADDPS       X1, X5, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VEXTRACTF128 $0x01, Y6, X1
+	VADDPS       X1, X6, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VEXTRACTF128 $0x01, Y7, X1
+	VADDPS       X1, X7, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ6KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C
+TEXT ·qtileQ6KR1VNNI(SB), NOSPLIT, $64-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x08, BX
+	VXORPS       Y0, Y0, Y0
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X1
 	VPBROADCASTD X1, Y1
 
 qtileQ6KR1VNNI_loop1:
-	TESTQ            DI, DI
+	TESTQ            BX, BX
 	JZ               qtileQ6KR1VNNI_done
-	VPBROADCASTW     208(SI), X3
-	VCVTPH2PS        X3, Y3
-	VPMOVSXBD        192(SI), Y4
-	VCVTDQ2PS        Y4, Y4
-	VMULPS           Y3, Y4, Y4
-	VMOVUPS          Y4, (SP)
-	VPMOVSXBD        200(SI), Y4
-	VCVTDQ2PS        Y4, Y4
-	VMULPS           Y3, Y4, Y4
-	VMOVUPS          Y4, 32(SP)
-	MOVL             $0x03030303, R8
-	VMOVD            R8, X3
-	VPBROADCASTD     X3, Y3
-	MOVL             $0x20202020, R8
-	VMOVD            R8, X4
-	VPBROADCASTD     X4, Y4
-	VMOVDQU          128(SI), Y5
-	VMOVDQU          (SI), Y6
-	VPAND            Y1, Y6, Y6
-	VPAND            Y3, Y5, Y7
-	VPSLLW           $0x04, Y7, Y7
-	VPOR             Y7, Y6, Y6
-	VPSUBB           Y4, Y6, Y6
-	VMOVDQU          (CX), Y8
-	VPSIGNB          Y6, Y8, Y8
-	VPABSB           Y6, Y6
-	VPXOR            Y7, Y7, Y7
-	VPDPBUSD         Y8, Y6, Y7
-	VCVTDQ2PS        Y7, Y7
-	VBROADCASTSS     (SP), X2
-	VBROADCASTSS     4(SP), X6
-	VINSERTF128      $0x01, X6, Y2, Y6
-	VMULPS           Y6, Y7, Y7
-	VFMADD231PS.BCST (DX), Y7, Y0
-	VMOVDQU          32(SI), Y6
-	VPAND            Y1, Y6, Y6
-	VPSRLW           $0x02, Y5, Y7
-	VPAND            Y3, Y7, Y7
-	VPSLLW           $0x04, Y7, Y7
-	VPOR             Y7, Y6, Y6
-	VPSUBB           Y4, Y6, Y6
-	VMOVDQU          32(CX), Y8
-	VPSIGNB          Y6, Y8, Y8
-	VPABSB           Y6, Y6
-	VPXOR            Y7, Y7, Y7
-	VPDPBUSD         Y8, Y6, Y7
-	VCVTDQ2PS        Y7, Y7
-	VBROADCASTSS     8(SP), X2
-	VBROADCASTSS     12(SP), X6
-	VINSERTF128      $0x01, X6, Y2, Y6
-	VMULPS           Y6, Y7, Y7
-	VFMADD231PS.BCST 4(DX), Y7, Y0
-	VMOVDQU          (SI), Y6
-	VPSRLW           $0x04, Y6, Y6
-	VPAND            Y1, Y6, Y6
-	VPSRLW           $0x04, Y5, Y7
-	VPAND            Y3, Y7, Y7
-	VPSLLW           $0x04, Y7, Y7
-	VPOR             Y7, Y6, Y6
-	VPSUBB           Y4, Y6, Y6
-	VMOVDQU          64(CX), Y8
-	VPSIGNB          Y6, Y8, Y8
-	VPABSB           Y6, Y6
-	VPXOR            Y7, Y7, Y7
-	VPDPBUSD         Y8, Y6, Y7
-	VCVTDQ2PS        Y7, Y7
-	VBROADCASTSS     16(SP), X2
-	VBROADCASTSS     20(SP), X6
-	VINSERTF128      $0x01, X6, Y2, Y6
-	VMULPS           Y6, Y7, Y7
-	VFMADD231PS.BCST 8(DX), Y7, Y0
-	VMOVDQU          32(SI), Y6
-	VPSRLW           $0x04, Y6, Y6
-	VPAND            Y1, Y6, Y6
-	VPSRLW           $0x06, Y5, Y5
-	VPAND            Y3, Y5, Y5
-	VPSLLW           $0x04, Y5, Y5
-	VPOR             Y5, Y6, Y6
-	VPSUBB           Y4, Y6, Y6
-	VMOVDQU          96(CX), Y7
-	VPSIGNB          Y6, Y7, Y7
-	VPABSB           Y6, Y6
-	VPXOR            Y5, Y5, Y5
-	VPDPBUSD         Y7, Y6, Y5
-	VCVTDQ2PS        Y5, Y5
-	VBROADCASTSS     24(SP), X2
-	VBROADCASTSS     28(SP), X6
-	VINSERTF128      $0x01, X6, Y2, Y6
-	VMULPS           Y6, Y5, Y5
-	VFMADD231PS.BCST 12(DX), Y5, Y0
-	VMOVDQU          160(SI), Y5
-	VMOVDQU          64(SI), Y6
-	VPAND            Y1, Y6, Y6
-	VPAND            Y3, Y5, Y7
-	VPSLLW           $0x04, Y7, Y7
-	VPOR             Y7, Y6, Y6
-	VPSUBB           Y4, Y6, Y6
-	VMOVDQU          128(CX), Y8
-	VPSIGNB          Y6, Y8, Y8
-	VPABSB           Y6, Y6
-	VPXOR            Y7, Y7, Y7
-	VPDPBUSD         Y8, Y6, Y7
-	VCVTDQ2PS        Y7, Y7
-	VBROADCASTSS     32(SP), X2
-	VBROADCASTSS     36(SP), X6
-	VINSERTF128      $0x01, X6, Y2, Y6
-	VMULPS           Y6, Y7, Y7
-	VFMADD231PS.BCST 16(DX), Y7, Y0
-	VMOVDQU          96(SI), Y6
-	VPAND            Y1, Y6, Y6
-	VPSRLW           $0x02, Y5, Y7
-	VPAND            Y3, Y7, Y7
-	VPSLLW           $0x04, Y7, Y7
-	VPOR             Y7, Y6, Y6
-	VPSUBB           Y4, Y6, Y6
-	VMOVDQU          160(CX), Y8
-	VPSIGNB          Y6, Y8, Y8
-	VPABSB           Y6, Y6
-	VPXOR            Y7, Y7, Y7
-	VPDPBUSD         Y8, Y6, Y7
-	VCVTDQ2PS        Y7, Y7
-	VBROADCASTSS     40(SP), X2
-	VBROADCASTSS     44(SP), X6
-	VINSERTF128      $0x01, X6, Y2, Y6
-	VMULPS           Y6, Y7, Y7
-	VFMADD231PS.BCST 20(DX), Y7, Y0
-	VMOVDQU          64(SI), Y6
-	VPSRLW           $0x04, Y6, Y6
-	VPAND            Y1, Y6, Y6
-	VPSRLW           $0x04, Y5, Y7
-	VPAND            Y3, Y7, Y7
-	VPSLLW           $0x04, Y7, Y7
-	VPOR             Y7, Y6, Y6
-	VPSUBB           Y4, Y6, Y6
-	VMOVDQU          192(CX), Y8
-	VPSIGNB          Y6, Y8, Y8
-	VPABSB           Y6, Y6
-	VPXOR            Y7, Y7, Y7
-	VPDPBUSD         Y8, Y6, Y7
-	VCVTDQ2PS        Y7, Y7
-	VBROADCASTSS     48(SP), X2
-	VBROADCASTSS     52(SP), X6
-	VINSERTF128      $0x01, X6, Y2, Y6
-	VMULPS           Y6, Y7, Y7
-	VFMADD231PS.BCST 24(DX), Y7, Y0
-	VMOVDQU          96(SI), Y6
-	VPSRLW           $0x04, Y6, Y6
-	VPAND            Y1, Y6, Y6
-	VPSRLW           $0x06, Y5, Y5
-	VPAND            Y3, Y5, Y5
-	VPSLLW           $0x04, Y5, Y5
-	VPOR             Y5, Y6, Y6
-	VPSUBB           Y4, Y6, Y6
-	VMOVDQU          224(CX), Y4
-	VPSIGNB          Y6, Y4, Y4
-	VPABSB           Y6, Y6
-	VPXOR            Y3, Y3, Y3
-	VPDPBUSD         Y4, Y6, Y3
+	VPBROADCASTW     208(DX), X2
+	VCVTPH2PS        X2, Y2
+	VPMOVSXBD        192(DX), Y3
 	VCVTDQ2PS        Y3, Y3
-	VBROADCASTSS     56(SP), X2
-	VBROADCASTSS     60(SP), X4
-	VINSERTF128      $0x01, X4, Y2, Y4
-	VMULPS           Y4, Y3, Y3
-	VFMADD231PS.BCST 28(DX), Y3, Y0
-	ADDQ             $0x000000d2, SI
-	ADDQ             $0x00000100, CX
-	ADDQ             $0x00000020, DX
-	ADDQ             $0x00000020, BX
-	SUBQ             $0x01, DI
+	VMULPS           Y2, Y3, Y3
+	VMOVUPS          Y3, (SP)
+	VPMOVSXBD        200(DX), Y3
+	VCVTDQ2PS        Y3, Y3
+	VMULPS           Y2, Y3, Y3
+	VMOVUPS          Y3, 32(SP)
+	MOVL             $0x03030303, SI
+	VMOVD            SI, X2
+	VPBROADCASTD     X2, Y2
+	MOVL             $0x20202020, SI
+	VMOVD            SI, X3
+	VPBROADCASTD     X3, Y3
+	VMOVDQU          128(DX), Y5
+	VMOVDQU          (DX), Y6
+	VPAND            Y1, Y6, Y6
+	VPAND            Y2, Y5, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y3, Y6, Y6
+	VPABSB           Y6, Y7
+	VMOVDQU          (AX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         Y8, Y7, Y6
+	VCVTDQ2PS        Y6, Y6
+	VBROADCASTSS     (SP), X4
+	VBROADCASTSS     4(SP), X7
+	VINSERTF128      $0x01, X7, Y4, Y7
+	VMULPS           Y7, Y6, Y6
+	VFMADD231PS.BCST (CX), Y6, Y0
+	VMOVDQU          32(DX), Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x02, Y5, Y7
+	VPAND            Y2, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y3, Y6, Y6
+	VPABSB           Y6, Y7
+	VMOVDQU          32(AX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         Y8, Y7, Y6
+	VCVTDQ2PS        Y6, Y6
+	VBROADCASTSS     8(SP), X4
+	VBROADCASTSS     12(SP), X7
+	VINSERTF128      $0x01, X7, Y4, Y7
+	VMULPS           Y7, Y6, Y6
+	VFMADD231PS.BCST 8(CX), Y6, Y0
+	VMOVDQU          (DX), Y6
+	VPSRLW           $0x04, Y6, Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x04, Y5, Y7
+	VPAND            Y2, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y3, Y6, Y6
+	VPABSB           Y6, Y7
+	VMOVDQU          64(AX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         Y8, Y7, Y6
+	VCVTDQ2PS        Y6, Y6
+	VBROADCASTSS     16(SP), X4
+	VBROADCASTSS     20(SP), X7
+	VINSERTF128      $0x01, X7, Y4, Y7
+	VMULPS           Y7, Y6, Y6
+	VFMADD231PS.BCST 16(CX), Y6, Y0
+	VMOVDQU          32(DX), Y6
+	VPSRLW           $0x04, Y6, Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x06, Y5, Y5
+	VPAND            Y2, Y5, Y5
+	VPSLLW           $0x04, Y5, Y5
+	VPOR             Y5, Y6, Y6
+	VPSUBB           Y3, Y6, Y6
+	VPABSB           Y6, Y5
+	VMOVDQU          96(AX), Y7
+	VPSIGNB          Y6, Y7, Y7
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         Y7, Y5, Y6
+	VCVTDQ2PS        Y6, Y6
+	VBROADCASTSS     24(SP), X4
+	VBROADCASTSS     28(SP), X5
+	VINSERTF128      $0x01, X5, Y4, Y5
+	VMULPS           Y5, Y6, Y6
+	VFMADD231PS.BCST 24(CX), Y6, Y0
+	VMOVDQU          160(DX), Y5
+	VMOVDQU          64(DX), Y6
+	VPAND            Y1, Y6, Y6
+	VPAND            Y2, Y5, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y3, Y6, Y6
+	VPABSB           Y6, Y7
+	VMOVDQU          128(AX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         Y8, Y7, Y6
+	VCVTDQ2PS        Y6, Y6
+	VBROADCASTSS     32(SP), X4
+	VBROADCASTSS     36(SP), X7
+	VINSERTF128      $0x01, X7, Y4, Y7
+	VMULPS           Y7, Y6, Y6
+	VFMADD231PS.BCST 32(CX), Y6, Y0
+	VMOVDQU          96(DX), Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x02, Y5, Y7
+	VPAND            Y2, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y3, Y6, Y6
+	VPABSB           Y6, Y7
+	VMOVDQU          160(AX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         Y8, Y7, Y6
+	VCVTDQ2PS        Y6, Y6
+	VBROADCASTSS     40(SP), X4
+	VBROADCASTSS     44(SP), X7
+	VINSERTF128      $0x01, X7, Y4, Y7
+	VMULPS           Y7, Y6, Y6
+	VFMADD231PS.BCST 40(CX), Y6, Y0
+	VMOVDQU          64(DX), Y6
+	VPSRLW           $0x04, Y6, Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x04, Y5, Y7
+	VPAND            Y2, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPSUBB           Y3, Y6, Y6
+	VPABSB           Y6, Y7
+	VMOVDQU          192(AX), Y8
+	VPSIGNB          Y6, Y8, Y8
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         Y8, Y7, Y6
+	VCVTDQ2PS        Y6, Y6
+	VBROADCASTSS     48(SP), X4
+	VBROADCASTSS     52(SP), X7
+	VINSERTF128      $0x01, X7, Y4, Y7
+	VMULPS           Y7, Y6, Y6
+	VFMADD231PS.BCST 48(CX), Y6, Y0
+	VMOVDQU          96(DX), Y6
+	VPSRLW           $0x04, Y6, Y6
+	VPAND            Y1, Y6, Y6
+	VPSRLW           $0x06, Y5, Y5
+	VPAND            Y2, Y5, Y5
+	VPSLLW           $0x04, Y5, Y5
+	VPOR             Y5, Y6, Y6
+	VPSUBB           Y3, Y6, Y6
+	VPABSB           Y6, Y2
+	VMOVDQU          224(AX), Y3
+	VPSIGNB          Y6, Y3, Y3
+	VPXOR            Y5, Y5, Y5
+	VPDPBUSD         Y3, Y2, Y5
+	VCVTDQ2PS        Y5, Y5
+	VBROADCASTSS     56(SP), X4
+	VBROADCASTSS     60(SP), X2
+	VINSERTF128      $0x01, X2, Y4, Y2
+	VMULPS           Y2, Y5, Y5
+	VFMADD231PS.BCST 56(CX), Y5, Y0
+	ADDQ             $0x000000d2, DX
+	ADDQ             $0x00000100, AX
+	ADDQ             $0x00000040, CX
+	SUBQ             $0x01, BX
 	JMP              qtileQ6KR1VNNI_loop1
 
 qtileQ6KR1VNNI_done:
+	MOVQ         y_base+0(FP), AX
 	VEXTRACTF128 $0x01, Y0, X1
 	VADDPS       X1, X0, X1
 	VHADDPS      X1, X1, X1

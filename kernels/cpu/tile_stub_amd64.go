@@ -508,8 +508,9 @@ func tileF8R2C4AVX512(y []float32, ldy int, x []float32, ldx int, w []byte, ldw 
 //go:noescape
 func tileF8R4C4AVX512(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
 
-// qtileQ8_0R1AVX2 sets y[0] to the dot product of one row of Q8_0 blocks w with one
-// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+// qtileQ8_0R1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q8_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
 //
 //	dw·d[b]·Σ int8(w)·q
 //
@@ -517,43 +518,11 @@ func tileF8R4C4AVX512(y []float32, ldy int, x []float32, ldx int, w []byte, ldw 
 // bounds; nothing is checked.
 //
 //go:noescape
-func qtileQ8_0R1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+func qtileQ8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
-// qtileQ4_0R1AVX2 sets y[0] to the dot product of one row of Q4_0 blocks w with one
-// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
-//
-//	dw·d[b]·Σ (nibble−8)·q
-//
-// k is the row's length (a multiple of the block). The caller guarantees the
-// bounds; nothing is checked.
-//
-//go:noescape
-func qtileQ4_0R1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
-
-// qtileQ4KR1AVX2 sets y[0] to the dot product of one row of Q4K blocks w with one
-// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
-//
-//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]
-//
-// k is the row's length (a multiple of the block). The caller guarantees the
-// bounds; nothing is checked.
-//
-//go:noescape
-func qtileQ4KR1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
-
-// qtileQ6KR1AVX2 sets y[0] to the dot product of one row of Q6K blocks w with one
-// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
-//
-//	Σ over sub-blocks of 16: dw·sc·d[b]·Σ (q6−32)·q
-//
-// k is the row's length (a multiple of the block). The caller guarantees the
-// bounds; nothing is checked.
-//
-//go:noescape
-func qtileQ6KR1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
-
-// qtileQ8_0R1VNNI sets y[0] to the dot product of one row of Q8_0 blocks w with one
-// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+// qtileQ8_0R4AVX2 sets y[r·ldy] for r < 4 to the dot product of one row of Q8_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
 //
 //	dw·d[b]·Σ int8(w)·q
 //
@@ -561,10 +530,11 @@ func qtileQ6KR1AVX2(y []float32, ldy int, q []int8, d []float32, s []float32, ld
 // bounds; nothing is checked.
 //
 //go:noescape
-func qtileQ8_0R1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+func qtileQ8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
-// qtileQ4_0R1VNNI sets y[0] to the dot product of one row of Q4_0 blocks w with one
-// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+// qtileQ4_0R1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q4_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
 //
 //	dw·d[b]·Σ (nibble−8)·q
 //
@@ -572,10 +542,23 @@ func qtileQ8_0R1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, l
 // bounds; nothing is checked.
 //
 //go:noescape
-func qtileQ4_0R1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+func qtileQ4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
-// qtileQ4KR1VNNI sets y[0] to the dot product of one row of Q4K blocks w with one
-// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+// qtileQ4_0R4AVX2 sets y[r·ldy] for r < 4 to the dot product of one row of Q4_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ (nibble−8)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4KR1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q4K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
 //
 //	Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]
 //
@@ -583,10 +566,23 @@ func qtileQ4_0R1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, l
 // bounds; nothing is checked.
 //
 //go:noescape
-func qtileQ4KR1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+func qtileQ4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
-// qtileQ6KR1VNNI sets y[0] to the dot product of one row of Q6K blocks w with one
-// x row quantized to int8 in blocks of 32 (q, scales d, d·Σq in s); per block b:
+// qtileQ4KR4AVX2 sets y[r·ldy] for r < 4 to the dot product of one row of Q4K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ6KR1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q6K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
 //
 //	Σ over sub-blocks of 16: dw·sc·d[b]·Σ (q6−32)·q
 //
@@ -594,7 +590,91 @@ func qtileQ4KR1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ld
 // bounds; nothing is checked.
 //
 //go:noescape
-func qtileQ6KR1VNNI(y []float32, ldy int, q []int8, d []float32, s []float32, ldq int, w []byte, k int)
+func qtileQ6KR1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ8_0R1VNNI sets y[r·ldy] for r < 1 to the dot product of one row of Q8_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ int8(w)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ8_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ8_0R4VNNI sets y[r·ldy] for r < 4 to the dot product of one row of Q8_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ int8(w)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ8_0R4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4_0R1VNNI sets y[r·ldy] for r < 1 to the dot product of one row of Q4_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ (nibble−8)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4_0R4VNNI sets y[r·ldy] for r < 4 to the dot product of one row of Q4_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ (nibble−8)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4_0R4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4KR1VNNI sets y[r·ldy] for r < 1 to the dot product of one row of Q4K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4KR4VNNI sets y[r·ldy] for r < 4 to the dot product of one row of Q4K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4KR4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ6KR1VNNI sets y[r·ldy] for r < 1 to the dot product of one row of Q6K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks of 16: dw·sc·d[b]·Σ (q6−32)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ6KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
 // sumF32 returns the sum of x in some order:
 //
