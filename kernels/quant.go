@@ -277,12 +277,12 @@ func quantQ45K(out []byte, x []float32, nmax int) {
 	clear(qs)
 	for s := range 8 {
 		dl, ml := d*float32(ls[s]), dmin*float32(lm[s])
+		var idl float32
+		if dl != 0 {
+			idl = 1 / dl
+		}
 		for l, v := range x[32*s : 32*s+32] {
-			var q int
-			if dl != 0 {
-				q = int(roundAway((v + ml) / dl))
-			}
-			q = min(nmax, max(0, q))
+			q := min(nmax, max(0, int(roundAway((v+ml)*idl))))
 			qs[32*(s/2)+l] |= byte(q&0xf) << (4 * uint(s&1))
 			if qh != nil {
 				qh[l] |= byte(q>>4) << uint(s)
@@ -320,12 +320,15 @@ func quantQ6K(out []byte, x []float32) {
 	for s := range 16 {
 		scales[s] = byte(int8(min(127, max(-128, roundAway(iscale*scale[s])))))
 	}
+	var idl float32
 	for e, v := range x {
-		dl := d * float32(int8(scales[e/16]))
-		q := 32
-		if dl != 0 {
-			q = min(31, max(-32, int(roundAway(v/dl)))) + 32
+		if e%16 == 0 {
+			idl = 0
+			if dl := d * float32(int8(scales[e/16])); dl != 0 {
+				idl = 1 / dl
+			}
 		}
+		q := min(31, max(-32, int(roundAway(v*idl)))) + 32
 		h, g, l := e/128, e/32%4, e%32
 		ql[64*h+32*(g&1)+l] |= byte(q&0xf) << (4 * uint(g/2))
 		qh[32*h+l] |= byte(q>>4) << (2 * uint(g))
