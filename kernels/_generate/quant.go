@@ -180,6 +180,11 @@ var qkernels = []qkernel{
 		block: q4kBlock,
 	},
 	{
+		name: "Q5K", elems: 256, bytes: 176, unroll: 1, usesSum: true, rows: []int{1, 4},
+		doc:   "Σ over sub-blocks j: dw·sc_j·d[b]·Σ (nibble + 16·bit_j(qh))·q − dmin·m_j·s[b]",
+		block: q5kBlock,
+	},
+	{
 		name: "Q6K", elems: 256, bytes: 210, unroll: 1, rows: []int{1},
 		doc:   "Σ over sub-blocks of 16: dw·sc·d[b]·Σ (q6−32)·q",
 		block: q6kBlock,
@@ -233,7 +238,18 @@ func q4kScales(w GPVirtual, sc, mn VecVirtual) {
 
 // q4kBlock is one Q4_K super-block: 8 sub-blocks of 32, sub-block 2c the
 // low nibbles of qs[32c:32c+32], 2c+1 the high ones.
-func q4kBlock(c *qctx, w GPVirtual, xs []xrow, _ int, acc, sub []VecVirtual) {
+func q4kBlock(c *qctx, w GPVirtual, xs []xrow, i int, acc, sub []VecVirtual) {
+	kBlock(c, w, xs, acc, sub, false)
+}
+
+// q5kBlock is one Q5_K super-block: Q4_K's layout with the quants at
+// w+48, plus bit j of qh[l] (w+16) as bit 4 of sub-block j's element l.
+func q5kBlock(c *qctx, w GPVirtual, xs []xrow, i int, acc, sub []VecVirtual) {
+	kBlock(c, w, xs, acc, sub, true)
+}
+
+// kBlock is q4kBlock, or q5kBlock when five is set.
+func kBlock(c *qctx, w GPVirtual, xs []xrow, acc, sub []VecVirtual, five bool) {
 	// Per x row, the sub-blocks' dw·sc_j·d[b] in the lane order
 	// [0 1 4 5 2 3 6 7] that de-interleaving the (d, s) pairs gives.
 	local := AllocLocal(32 * len(xs))
@@ -255,14 +271,28 @@ func q4kBlock(c *qctx, w GPVirtual, xs []xrow, _ int, acc, sub []VecVirtual) {
 		VMOVUPS(d, local.Offset(32*r))
 		VFMADD231PS(mn, s, sub[r])
 	}
+	qs := 16
+	var qh, one VecVirtual
+	if five {
+		qs = 48
+		qh, one = YMM(), bcastB(1)
+		VMOVDQU(Mem{Base: w, Disp: 16}, qh)
+	}
 	for h := range 4 {
 		raw, lo := YMM(), YMM()
-		VMOVDQU(Mem{Base: w, Disp: 16 + 32*h}, raw)
+		VMOVDQU(Mem{Base: w, Disp: qs + 32*h}, raw)
 		VPAND(c.low4, raw, lo)
 		VPSRLW(U8(4), raw, raw)
 		VPAND(c.low4, raw, raw)
 		for k, u := range []VecVirtual{lo, raw} {
 			j := 2*h + k
+			if five { // u |= ((qh >> j) & 1) << 4
+				hb := YMM()
+				VPSRLW(U8(j), qh, hb)
+				VPAND(one, hb, hb)
+				VPSLLW(U8(4), hb, hb)
+				VPOR(hb, u, u)
+			}
 			lane := []int{0, 1, 4, 5, 2, 3, 6, 7}[j]
 			for r, x := range xs {
 				t := YMM()

@@ -41,22 +41,21 @@ func tilesFor(d kernels.DType) *tileSet {
 }
 
 // Quantized tiles, indexed by kernels.DType: the AVX2 ones use VPMADDUBSW,
-// the VNNI ones VPDPBUSD (AVX-512 VNNI, 256-bit). Q5_K has only the Go tile,
-// Q6_K no 4-row tile (in a model it is the output head, which prefill runs
+// the VNNI ones VPDPBUSD (AVX-512 VNNI, 256-bit). Q6_K has no 4-row tile (in a model it is the output head, which prefill runs
 // for one row).
 var (
 	avx2QTiles = [...]qtileSet{
 		kernels.Q8_0: {r1: qtileQ8_0R1AVX2, r4: qtileQ8_0R4AVX2},
 		kernels.Q4_0: {r1: qtileQ4_0R1AVX2, r4: qtileQ4_0R4AVX2},
 		kernels.Q4K:  {r1: qtileQ4KR1AVX2, r4: qtileQ4KR4AVX2},
-		kernels.Q5K:  genericQTiles[kernels.Q5K],
+		kernels.Q5K:  {r1: qtileQ5KR1AVX2, r4: qtileQ5KR4AVX2},
 		kernels.Q6K:  {r1: qtileQ6KR1AVX2},
 	}
 	vnniQTiles = [...]qtileSet{
 		kernels.Q8_0: {r1: qtileQ8_0R1VNNI, r4: qtileQ8_0R4VNNI},
 		kernels.Q4_0: {r1: qtileQ4_0R1VNNI, r4: qtileQ4_0R4VNNI},
 		kernels.Q4K:  {r1: qtileQ4KR1VNNI, r4: qtileQ4KR4VNNI},
-		kernels.Q5K:  genericQTiles[kernels.Q5K],
+		kernels.Q5K:  {r1: qtileQ5KR1VNNI, r4: qtileQ5KR4VNNI},
 		kernels.Q6K:  {r1: qtileQ6KR1VNNI},
 	}
 )

@@ -4039,6 +4039,531 @@ qtileQ4KR4AVX2_done:
 	VZEROUPPER
 	RET
 
+// func qtileQ5KR1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qtileQ5KR1AVX2(SB), NOSPLIT, $32-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x08, BX
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X2
+	VPBROADCASTD X2, Y2
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X3
+	VPBROADCASTD X3, Y3
+
+qtileQ5KR1AVX2_loop1:
+	TESTQ        BX, BX
+	JZ           qtileQ5KR1AVX2_done
+	MOVLQZX      4(DX), SI
+	MOVLQZX      8(DX), DI
+	MOVLQZX      12(DX), R8
+	MOVQ         SI, R9
+	SHRQ         $0x06, R9
+	ANDQ         $0x03030303, R9
+	SHLQ         $0x04, R9
+	MOVQ         R8, R10
+	ANDQ         $0x0f0f0f0f, R10
+	ORQ          R10, R9
+	SHLQ         $0x20, R9
+	ANDQ         $0x3f3f3f3f, SI
+	ORQ          SI, R9
+	VMOVQ        R9, X4
+	VPMOVZXBD    X4, Y4
+	MOVQ         DI, R9
+	SHRQ         $0x06, R9
+	ANDQ         $0x03030303, R9
+	SHLQ         $0x04, R9
+	SHRQ         $0x04, R8
+	ANDQ         $0x0f0f0f0f, R8
+	ORQ          R8, R9
+	SHLQ         $0x20, R9
+	ANDQ         $0x3f3f3f3f, DI
+	ORQ          DI, R9
+	VMOVQ        R9, X5
+	VPMOVZXBD    X5, Y5
+	VPBROADCASTW (DX), X6
+	VCVTPH2PS    X6, Y6
+	VPBROADCASTW 2(DX), X7
+	VCVTPH2PS    X7, Y7
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y6, Y4, Y4
+	VPERMPD      $0xd8, Y4, Y4
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y7, Y5, Y5
+	VPERMPD      $0xd8, Y5, Y5
+	VMOVUPS      (CX), Y6
+	VSHUFPS      $0x88, 32(CX), Y6, Y7
+	VSHUFPS      $0xdd, 32(CX), Y6, Y6
+	VMULPS       Y4, Y7, Y7
+	VMOVUPS      Y7, (SP)
+	VFMADD231PS  Y5, Y6, Y1
+	MOVL         $0x01010101, SI
+	VMOVD        SI, X5
+	VPBROADCASTD X5, Y5
+	VMOVDQU      16(DX), Y4
+	VMOVDQU      48(DX), Y6
+	VPAND        Y2, Y6, Y7
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y2, Y6, Y6
+	VPSRLW       $0x00, Y4, Y8
+	VPAND        Y5, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPMADDUBSW   (AX), Y7, Y7
+	VPMADDWD     Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (SP), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VPSRLW       $0x01, Y4, Y7
+	VPAND        Y5, Y7, Y7
+	VPSLLW       $0x04, Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPMADDUBSW   32(AX), Y6, Y6
+	VPMADDWD     Y3, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS 4(SP), Y7
+	VFMADD231PS  Y6, Y7, Y0
+	VMOVDQU      80(DX), Y6
+	VPAND        Y2, Y6, Y7
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y2, Y6, Y6
+	VPSRLW       $0x02, Y4, Y8
+	VPAND        Y5, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPMADDUBSW   64(AX), Y7, Y7
+	VPMADDWD     Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 16(SP), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VPSRLW       $0x03, Y4, Y7
+	VPAND        Y5, Y7, Y7
+	VPSLLW       $0x04, Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPMADDUBSW   96(AX), Y6, Y6
+	VPMADDWD     Y3, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS 20(SP), Y7
+	VFMADD231PS  Y6, Y7, Y0
+	VMOVDQU      112(DX), Y6
+	VPAND        Y2, Y6, Y7
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y2, Y6, Y6
+	VPSRLW       $0x04, Y4, Y8
+	VPAND        Y5, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPMADDUBSW   128(AX), Y7, Y7
+	VPMADDWD     Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 8(SP), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VPSRLW       $0x05, Y4, Y7
+	VPAND        Y5, Y7, Y7
+	VPSLLW       $0x04, Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPMADDUBSW   160(AX), Y6, Y6
+	VPMADDWD     Y3, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS 12(SP), Y7
+	VFMADD231PS  Y6, Y7, Y0
+	VMOVDQU      144(DX), Y6
+	VPAND        Y2, Y6, Y7
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y2, Y6, Y6
+	VPSRLW       $0x06, Y4, Y8
+	VPAND        Y5, Y8, Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPMADDUBSW   192(AX), Y7, Y7
+	VPMADDWD     Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 24(SP), Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VPSRLW       $0x07, Y4, Y4
+	VPAND        Y5, Y4, Y4
+	VPSLLW       $0x04, Y4, Y4
+	VPOR         Y4, Y6, Y6
+	VPMADDUBSW   224(AX), Y6, Y4
+	VPMADDWD     Y3, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS 28(SP), Y5
+	VFMADD231PS  Y4, Y5, Y0
+	ADDQ         $0x000000b0, DX
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x00000040, CX
+	SUBQ         $0x01, BX
+	JMP          qtileQ5KR1AVX2_loop1
+
+qtileQ5KR1AVX2_done:
+	MOVQ         y_base+0(FP), AX
+	VEXTRACTF128 $0x01, Y0, X2
+	VADDPS       X2, X0, X2
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VSUBPS       X0, X2, X2
+	VHADDPS      X2, X2, X2
+	VHADDPS      X2, X2, X2
+	VMOVSS       X2, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ5KR4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qtileQ5KR4AVX2(SB), NOSPLIT, $128-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	MOVQ         ldq+80(FP), SI
+	MOVQ         SI, DI
+	SHRQ         $0x02, DI
+	LEAQ         (SI)(SI*2), R8
+	LEAQ         (DI)(DI*2), R9
+	SHRQ         $0x08, BX
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	VXORPS       Y2, Y2, Y2
+	VXORPS       Y3, Y3, Y3
+	VXORPS       Y4, Y4, Y4
+	VXORPS       Y5, Y5, Y5
+	VXORPS       Y6, Y6, Y6
+	VXORPS       Y7, Y7, Y7
+	MOVL         $0x0f0f0f0f, R10
+	VMOVD        R10, X8
+	VPBROADCASTD X8, Y8
+	MOVL         $0x00010001, R10
+	VMOVD        R10, X9
+	VPBROADCASTD X9, Y9
+
+qtileQ5KR4AVX2_loop1:
+	TESTQ        BX, BX
+	JZ           qtileQ5KR4AVX2_done
+	MOVLQZX      4(DX), R10
+	MOVLQZX      8(DX), R11
+	MOVLQZX      12(DX), R12
+	MOVQ         R10, R13
+	SHRQ         $0x06, R13
+	ANDQ         $0x03030303, R13
+	SHLQ         $0x04, R13
+	MOVQ         R12, R14
+	ANDQ         $0x0f0f0f0f, R14
+	ORQ          R14, R13
+	SHLQ         $0x20, R13
+	ANDQ         $0x3f3f3f3f, R10
+	ORQ          R10, R13
+	VMOVQ        R13, X10
+	VPMOVZXBD    X10, Y10
+	MOVQ         R11, R13
+	SHRQ         $0x06, R13
+	ANDQ         $0x03030303, R13
+	SHLQ         $0x04, R13
+	SHRQ         $0x04, R12
+	ANDQ         $0x0f0f0f0f, R12
+	ORQ          R12, R13
+	SHLQ         $0x20, R13
+	ANDQ         $0x3f3f3f3f, R11
+	ORQ          R11, R13
+	VMOVQ        R13, X11
+	VPMOVZXBD    X11, Y11
+	VPBROADCASTW (DX), X12
+	VCVTPH2PS    X12, Y12
+	VPBROADCASTW 2(DX), X13
+	VCVTPH2PS    X13, Y13
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y12, Y10, Y10
+	VPERMPD      $0xd8, Y10, Y10
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y13, Y11, Y11
+	VPERMPD      $0xd8, Y11, Y11
+	VMOVUPS      (CX), Y12
+	VSHUFPS      $0x88, 32(CX), Y12, Y13
+	VSHUFPS      $0xdd, 32(CX), Y12, Y12
+	VMULPS       Y10, Y13, Y13
+	VMOVUPS      Y13, (SP)
+	VFMADD231PS  Y11, Y12, Y4
+	VMOVUPS      (CX)(DI*1), Y12
+	VSHUFPS      $0x88, 32(CX)(DI*1), Y12, Y13
+	VSHUFPS      $0xdd, 32(CX)(DI*1), Y12, Y12
+	VMULPS       Y10, Y13, Y13
+	VMOVUPS      Y13, 32(SP)
+	VFMADD231PS  Y11, Y12, Y5
+	VMOVUPS      (CX)(DI*2), Y12
+	VSHUFPS      $0x88, 32(CX)(DI*2), Y12, Y13
+	VSHUFPS      $0xdd, 32(CX)(DI*2), Y12, Y12
+	VMULPS       Y10, Y13, Y13
+	VMOVUPS      Y13, 64(SP)
+	VFMADD231PS  Y11, Y12, Y6
+	VMOVUPS      (CX)(R9*1), Y12
+	VSHUFPS      $0x88, 32(CX)(R9*1), Y12, Y13
+	VSHUFPS      $0xdd, 32(CX)(R9*1), Y12, Y12
+	VMULPS       Y10, Y13, Y13
+	VMOVUPS      Y13, 96(SP)
+	VFMADD231PS  Y11, Y12, Y7
+	MOVL         $0x01010101, R10
+	VMOVD        R10, X11
+	VPBROADCASTD X11, Y11
+	VMOVDQU      16(DX), Y10
+	VMOVDQU      48(DX), Y12
+	VPAND        Y8, Y12, Y13
+	VPSRLW       $0x04, Y12, Y12
+	VPAND        Y8, Y12, Y12
+	VPSRLW       $0x00, Y10, Y14
+	VPAND        Y11, Y14, Y14
+	VPSLLW       $0x04, Y14, Y14
+	VPOR         Y14, Y13, Y13
+	VPMADDUBSW   (AX), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS (SP), Y15
+	VFMADD231PS  Y14, Y15, Y0
+	VPMADDUBSW   (AX)(SI*1), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS 32(SP), Y15
+	VFMADD231PS  Y14, Y15, Y1
+	VPMADDUBSW   (AX)(SI*2), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS 64(SP), Y15
+	VFMADD231PS  Y14, Y15, Y2
+	VPMADDUBSW   (AX)(R8*1), Y13, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 96(SP), Y14
+	VFMADD231PS  Y13, Y14, Y3
+	VPSRLW       $0x01, Y10, Y13
+	VPAND        Y11, Y13, Y13
+	VPSLLW       $0x04, Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPMADDUBSW   32(AX), Y12, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 4(SP), Y14
+	VFMADD231PS  Y13, Y14, Y0
+	VPMADDUBSW   32(AX)(SI*1), Y12, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 36(SP), Y14
+	VFMADD231PS  Y13, Y14, Y1
+	VPMADDUBSW   32(AX)(SI*2), Y12, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 68(SP), Y14
+	VFMADD231PS  Y13, Y14, Y2
+	VPMADDUBSW   32(AX)(R8*1), Y12, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 100(SP), Y13
+	VFMADD231PS  Y12, Y13, Y3
+	VMOVDQU      80(DX), Y12
+	VPAND        Y8, Y12, Y13
+	VPSRLW       $0x04, Y12, Y12
+	VPAND        Y8, Y12, Y12
+	VPSRLW       $0x02, Y10, Y14
+	VPAND        Y11, Y14, Y14
+	VPSLLW       $0x04, Y14, Y14
+	VPOR         Y14, Y13, Y13
+	VPMADDUBSW   64(AX), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS 16(SP), Y15
+	VFMADD231PS  Y14, Y15, Y0
+	VPMADDUBSW   64(AX)(SI*1), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS 48(SP), Y15
+	VFMADD231PS  Y14, Y15, Y1
+	VPMADDUBSW   64(AX)(SI*2), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS 80(SP), Y15
+	VFMADD231PS  Y14, Y15, Y2
+	VPMADDUBSW   64(AX)(R8*1), Y13, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 112(SP), Y14
+	VFMADD231PS  Y13, Y14, Y3
+	VPSRLW       $0x03, Y10, Y13
+	VPAND        Y11, Y13, Y13
+	VPSLLW       $0x04, Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPMADDUBSW   96(AX), Y12, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 20(SP), Y14
+	VFMADD231PS  Y13, Y14, Y0
+	VPMADDUBSW   96(AX)(SI*1), Y12, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 52(SP), Y14
+	VFMADD231PS  Y13, Y14, Y1
+	VPMADDUBSW   96(AX)(SI*2), Y12, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 84(SP), Y14
+	VFMADD231PS  Y13, Y14, Y2
+	VPMADDUBSW   96(AX)(R8*1), Y12, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 116(SP), Y13
+	VFMADD231PS  Y12, Y13, Y3
+	VMOVDQU      112(DX), Y12
+	VPAND        Y8, Y12, Y13
+	VPSRLW       $0x04, Y12, Y12
+	VPAND        Y8, Y12, Y12
+	VPSRLW       $0x04, Y10, Y14
+	VPAND        Y11, Y14, Y14
+	VPSLLW       $0x04, Y14, Y14
+	VPOR         Y14, Y13, Y13
+	VPMADDUBSW   128(AX), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS 8(SP), Y15
+	VFMADD231PS  Y14, Y15, Y0
+	VPMADDUBSW   128(AX)(SI*1), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS 40(SP), Y15
+	VFMADD231PS  Y14, Y15, Y1
+	VPMADDUBSW   128(AX)(SI*2), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS 72(SP), Y15
+	VFMADD231PS  Y14, Y15, Y2
+	VPMADDUBSW   128(AX)(R8*1), Y13, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 104(SP), Y14
+	VFMADD231PS  Y13, Y14, Y3
+	VPSRLW       $0x05, Y10, Y13
+	VPAND        Y11, Y13, Y13
+	VPSLLW       $0x04, Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPMADDUBSW   160(AX), Y12, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 12(SP), Y14
+	VFMADD231PS  Y13, Y14, Y0
+	VPMADDUBSW   160(AX)(SI*1), Y12, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 44(SP), Y14
+	VFMADD231PS  Y13, Y14, Y1
+	VPMADDUBSW   160(AX)(SI*2), Y12, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 76(SP), Y14
+	VFMADD231PS  Y13, Y14, Y2
+	VPMADDUBSW   160(AX)(R8*1), Y12, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VBROADCASTSS 108(SP), Y13
+	VFMADD231PS  Y12, Y13, Y3
+	VMOVDQU      144(DX), Y12
+	VPAND        Y8, Y12, Y13
+	VPSRLW       $0x04, Y12, Y12
+	VPAND        Y8, Y12, Y12
+	VPSRLW       $0x06, Y10, Y14
+	VPAND        Y11, Y14, Y14
+	VPSLLW       $0x04, Y14, Y14
+	VPOR         Y14, Y13, Y13
+	VPMADDUBSW   192(AX), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS 24(SP), Y15
+	VFMADD231PS  Y14, Y15, Y0
+	VPMADDUBSW   192(AX)(SI*1), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS 56(SP), Y15
+	VFMADD231PS  Y14, Y15, Y1
+	VPMADDUBSW   192(AX)(SI*2), Y13, Y14
+	VPMADDWD     Y9, Y14, Y14
+	VCVTDQ2PS    Y14, Y14
+	VBROADCASTSS 88(SP), Y15
+	VFMADD231PS  Y14, Y15, Y2
+	VPMADDUBSW   192(AX)(R8*1), Y13, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VCVTDQ2PS    Y13, Y13
+	VBROADCASTSS 120(SP), Y14
+	VFMADD231PS  Y13, Y14, Y3
+	VPSRLW       $0x07, Y10, Y10
+	VPAND        Y11, Y10, Y10
+	VPSLLW       $0x04, Y10, Y10
+	VPOR         Y10, Y12, Y12
+	VPMADDUBSW   224(AX), Y12, Y10
+	VPMADDWD     Y9, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VBROADCASTSS 28(SP), Y11
+	VFMADD231PS  Y10, Y11, Y0
+	VPMADDUBSW   224(AX)(SI*1), Y12, Y10
+	VPMADDWD     Y9, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VBROADCASTSS 60(SP), Y11
+	VFMADD231PS  Y10, Y11, Y1
+	VPMADDUBSW   224(AX)(SI*2), Y12, Y10
+	VPMADDWD     Y9, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VBROADCASTSS 92(SP), Y11
+	VFMADD231PS  Y10, Y11, Y2
+	VPMADDUBSW   224(AX)(R8*1), Y12, Y10
+	VPMADDWD     Y9, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VBROADCASTSS 124(SP), Y11
+	VFMADD231PS  Y10, Y11, Y3
+	ADDQ         $0x000000b0, DX
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x00000040, CX
+	SUBQ         $0x01, BX
+	JMP          qtileQ5KR4AVX2_loop1
+
+qtileQ5KR4AVX2_done:
+	MOVQ         y_base+0(FP), AX
+	MOVQ         ldy+24(FP), CX
+	VEXTRACTF128 $0x01, Y0, X8
+	VADDPS       X8, X0, X8
+	VEXTRACTF128 $0x01, Y4, X0
+	VADDPS       X0, X4, X0
+	VSUBPS       X0, X8, X8
+	VHADDPS      X8, X8, X8
+	VHADDPS      X8, X8, X8
+	VMOVSS       X8, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VEXTRACTF128 $0x01, Y5, X1
+	VADDPS       X1, X5, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VEXTRACTF128 $0x01, Y6, X1
+	VADDPS       X1, X6, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VEXTRACTF128 $0x01, Y7, X1
+	VADDPS       X1, X7, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	VZEROUPPER
+	RET
+
 // func qtileQ6KR1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 // Requires: AVX, AVX2, F16C, FMA3
 TEXT ·qtileQ6KR1AVX2(SB), NOSPLIT, $64-120
@@ -4969,6 +5494,485 @@ qtileQ4KR4VNNI_loop1:
 	JMP              qtileQ4KR4VNNI_loop1
 
 qtileQ4KR4VNNI_done:
+	MOVQ         y_base+0(FP), AX
+	MOVQ         ldy+24(FP), CX
+	VEXTRACTF128 $0x01, Y0, X8
+	VADDPS       X8, X0, X8
+	VEXTRACTF128 $0x01, Y4, X0
+	VADDPS       X0, X4, X0
+	VSUBPS       X0, X8, X8
+	VHADDPS      X8, X8, X8
+	VHADDPS      X8, X8, X8
+	VMOVSS       X8, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VEXTRACTF128 $0x01, Y5, X1
+	VADDPS       X1, X5, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VEXTRACTF128 $0x01, Y6, X1
+	VADDPS       X1, X6, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VEXTRACTF128 $0x01, Y7, X1
+	VADDPS       X1, X7, X1
+	VSUBPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ5KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C, FMA3
+TEXT ·qtileQ5KR1VNNI(SB), NOSPLIT, $32-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x08, BX
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X2
+	VPBROADCASTD X2, Y2
+
+qtileQ5KR1VNNI_loop1:
+	TESTQ            BX, BX
+	JZ               qtileQ5KR1VNNI_done
+	MOVLQZX          4(DX), SI
+	MOVLQZX          8(DX), DI
+	MOVLQZX          12(DX), R8
+	MOVQ             SI, R9
+	SHRQ             $0x06, R9
+	ANDQ             $0x03030303, R9
+	SHLQ             $0x04, R9
+	MOVQ             R8, R10
+	ANDQ             $0x0f0f0f0f, R10
+	ORQ              R10, R9
+	SHLQ             $0x20, R9
+	ANDQ             $0x3f3f3f3f, SI
+	ORQ              SI, R9
+	VMOVQ            R9, X3
+	VPMOVZXBD        X3, Y3
+	MOVQ             DI, R9
+	SHRQ             $0x06, R9
+	ANDQ             $0x03030303, R9
+	SHLQ             $0x04, R9
+	SHRQ             $0x04, R8
+	ANDQ             $0x0f0f0f0f, R8
+	ORQ              R8, R9
+	SHLQ             $0x20, R9
+	ANDQ             $0x3f3f3f3f, DI
+	ORQ              DI, R9
+	VMOVQ            R9, X4
+	VPMOVZXBD        X4, Y4
+	VPBROADCASTW     (DX), X5
+	VCVTPH2PS        X5, Y5
+	VPBROADCASTW     2(DX), X6
+	VCVTPH2PS        X6, Y6
+	VCVTDQ2PS        Y3, Y3
+	VMULPS           Y5, Y3, Y3
+	VPERMPD          $0xd8, Y3, Y3
+	VCVTDQ2PS        Y4, Y4
+	VMULPS           Y6, Y4, Y4
+	VPERMPD          $0xd8, Y4, Y4
+	VMOVUPS          (CX), Y5
+	VSHUFPS          $0x88, 32(CX), Y5, Y6
+	VSHUFPS          $0xdd, 32(CX), Y5, Y5
+	VMULPS           Y3, Y6, Y6
+	VMOVUPS          Y6, (SP)
+	VFMADD231PS      Y4, Y5, Y1
+	MOVL             $0x01010101, SI
+	VMOVD            SI, X4
+	VPBROADCASTD     X4, Y4
+	VMOVDQU          16(DX), Y3
+	VMOVDQU          48(DX), Y5
+	VPAND            Y2, Y5, Y6
+	VPSRLW           $0x04, Y5, Y5
+	VPAND            Y2, Y5, Y5
+	VPSRLW           $0x00, Y3, Y7
+	VPAND            Y4, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         (AX), Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VFMADD231PS.BCST (SP), Y7, Y0
+	VPSRLW           $0x01, Y3, Y6
+	VPAND            Y4, Y6, Y6
+	VPSLLW           $0x04, Y6, Y6
+	VPOR             Y6, Y5, Y5
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         32(AX), Y5, Y6
+	VCVTDQ2PS        Y6, Y6
+	VFMADD231PS.BCST 4(SP), Y6, Y0
+	VMOVDQU          80(DX), Y5
+	VPAND            Y2, Y5, Y6
+	VPSRLW           $0x04, Y5, Y5
+	VPAND            Y2, Y5, Y5
+	VPSRLW           $0x02, Y3, Y7
+	VPAND            Y4, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         64(AX), Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VFMADD231PS.BCST 16(SP), Y7, Y0
+	VPSRLW           $0x03, Y3, Y6
+	VPAND            Y4, Y6, Y6
+	VPSLLW           $0x04, Y6, Y6
+	VPOR             Y6, Y5, Y5
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         96(AX), Y5, Y6
+	VCVTDQ2PS        Y6, Y6
+	VFMADD231PS.BCST 20(SP), Y6, Y0
+	VMOVDQU          112(DX), Y5
+	VPAND            Y2, Y5, Y6
+	VPSRLW           $0x04, Y5, Y5
+	VPAND            Y2, Y5, Y5
+	VPSRLW           $0x04, Y3, Y7
+	VPAND            Y4, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         128(AX), Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VFMADD231PS.BCST 8(SP), Y7, Y0
+	VPSRLW           $0x05, Y3, Y6
+	VPAND            Y4, Y6, Y6
+	VPSLLW           $0x04, Y6, Y6
+	VPOR             Y6, Y5, Y5
+	VPXOR            Y6, Y6, Y6
+	VPDPBUSD         160(AX), Y5, Y6
+	VCVTDQ2PS        Y6, Y6
+	VFMADD231PS.BCST 12(SP), Y6, Y0
+	VMOVDQU          144(DX), Y5
+	VPAND            Y2, Y5, Y6
+	VPSRLW           $0x04, Y5, Y5
+	VPAND            Y2, Y5, Y5
+	VPSRLW           $0x06, Y3, Y7
+	VPAND            Y4, Y7, Y7
+	VPSLLW           $0x04, Y7, Y7
+	VPOR             Y7, Y6, Y6
+	VPXOR            Y7, Y7, Y7
+	VPDPBUSD         192(AX), Y6, Y7
+	VCVTDQ2PS        Y7, Y7
+	VFMADD231PS.BCST 24(SP), Y7, Y0
+	VPSRLW           $0x07, Y3, Y3
+	VPAND            Y4, Y3, Y3
+	VPSLLW           $0x04, Y3, Y3
+	VPOR             Y3, Y5, Y5
+	VPXOR            Y3, Y3, Y3
+	VPDPBUSD         224(AX), Y5, Y3
+	VCVTDQ2PS        Y3, Y3
+	VFMADD231PS.BCST 28(SP), Y3, Y0
+	ADDQ             $0x000000b0, DX
+	ADDQ             $0x00000100, AX
+	ADDQ             $0x00000040, CX
+	SUBQ             $0x01, BX
+	JMP              qtileQ5KR1VNNI_loop1
+
+qtileQ5KR1VNNI_done:
+	MOVQ         y_base+0(FP), AX
+	VEXTRACTF128 $0x01, Y0, X2
+	VADDPS       X2, X0, X2
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VSUBPS       X0, X2, X2
+	VHADDPS      X2, X2, X2
+	VHADDPS      X2, X2, X2
+	VMOVSS       X2, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ5KR4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL, AVX512VNNI, F16C, FMA3
+TEXT ·qtileQ5KR4VNNI(SB), NOSPLIT, $128-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	MOVQ         ldq+80(FP), SI
+	MOVQ         SI, DI
+	SHRQ         $0x02, DI
+	LEAQ         (SI)(SI*2), R8
+	LEAQ         (DI)(DI*2), R9
+	SHRQ         $0x08, BX
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	VXORPS       Y2, Y2, Y2
+	VXORPS       Y3, Y3, Y3
+	VXORPS       Y4, Y4, Y4
+	VXORPS       Y5, Y5, Y5
+	VXORPS       Y6, Y6, Y6
+	VXORPS       Y7, Y7, Y7
+	MOVL         $0x0f0f0f0f, R10
+	VMOVD        R10, X8
+	VPBROADCASTD X8, Y8
+
+qtileQ5KR4VNNI_loop1:
+	TESTQ            BX, BX
+	JZ               qtileQ5KR4VNNI_done
+	MOVLQZX          4(DX), R10
+	MOVLQZX          8(DX), R11
+	MOVLQZX          12(DX), R12
+	MOVQ             R10, R13
+	SHRQ             $0x06, R13
+	ANDQ             $0x03030303, R13
+	SHLQ             $0x04, R13
+	MOVQ             R12, R14
+	ANDQ             $0x0f0f0f0f, R14
+	ORQ              R14, R13
+	SHLQ             $0x20, R13
+	ANDQ             $0x3f3f3f3f, R10
+	ORQ              R10, R13
+	VMOVQ            R13, X9
+	VPMOVZXBD        X9, Y9
+	MOVQ             R11, R13
+	SHRQ             $0x06, R13
+	ANDQ             $0x03030303, R13
+	SHLQ             $0x04, R13
+	SHRQ             $0x04, R12
+	ANDQ             $0x0f0f0f0f, R12
+	ORQ              R12, R13
+	SHLQ             $0x20, R13
+	ANDQ             $0x3f3f3f3f, R11
+	ORQ              R11, R13
+	VMOVQ            R13, X10
+	VPMOVZXBD        X10, Y10
+	VPBROADCASTW     (DX), X11
+	VCVTPH2PS        X11, Y11
+	VPBROADCASTW     2(DX), X12
+	VCVTPH2PS        X12, Y12
+	VCVTDQ2PS        Y9, Y9
+	VMULPS           Y11, Y9, Y9
+	VPERMPD          $0xd8, Y9, Y9
+	VCVTDQ2PS        Y10, Y10
+	VMULPS           Y12, Y10, Y10
+	VPERMPD          $0xd8, Y10, Y10
+	VMOVUPS          (CX), Y11
+	VSHUFPS          $0x88, 32(CX), Y11, Y12
+	VSHUFPS          $0xdd, 32(CX), Y11, Y11
+	VMULPS           Y9, Y12, Y12
+	VMOVUPS          Y12, (SP)
+	VFMADD231PS      Y10, Y11, Y4
+	VMOVUPS          (CX)(DI*1), Y11
+	VSHUFPS          $0x88, 32(CX)(DI*1), Y11, Y12
+	VSHUFPS          $0xdd, 32(CX)(DI*1), Y11, Y11
+	VMULPS           Y9, Y12, Y12
+	VMOVUPS          Y12, 32(SP)
+	VFMADD231PS      Y10, Y11, Y5
+	VMOVUPS          (CX)(DI*2), Y11
+	VSHUFPS          $0x88, 32(CX)(DI*2), Y11, Y12
+	VSHUFPS          $0xdd, 32(CX)(DI*2), Y11, Y11
+	VMULPS           Y9, Y12, Y12
+	VMOVUPS          Y12, 64(SP)
+	VFMADD231PS      Y10, Y11, Y6
+	VMOVUPS          (CX)(R9*1), Y11
+	VSHUFPS          $0x88, 32(CX)(R9*1), Y11, Y12
+	VSHUFPS          $0xdd, 32(CX)(R9*1), Y11, Y11
+	VMULPS           Y9, Y12, Y12
+	VMOVUPS          Y12, 96(SP)
+	VFMADD231PS      Y10, Y11, Y7
+	MOVL             $0x01010101, R10
+	VMOVD            R10, X10
+	VPBROADCASTD     X10, Y10
+	VMOVDQU          16(DX), Y9
+	VMOVDQU          48(DX), Y11
+	VPAND            Y8, Y11, Y12
+	VPSRLW           $0x04, Y11, Y11
+	VPAND            Y8, Y11, Y11
+	VPSRLW           $0x00, Y9, Y13
+	VPAND            Y10, Y13, Y13
+	VPSLLW           $0x04, Y13, Y13
+	VPOR             Y13, Y12, Y12
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         (AX), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST (SP), Y13, Y0
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         (AX)(SI*1), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 32(SP), Y13, Y1
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         (AX)(SI*2), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 64(SP), Y13, Y2
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         (AX)(R8*1), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 96(SP), Y13, Y3
+	VPSRLW           $0x01, Y9, Y12
+	VPAND            Y10, Y12, Y12
+	VPSLLW           $0x04, Y12, Y12
+	VPOR             Y12, Y11, Y11
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         32(AX), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 4(SP), Y12, Y0
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         32(AX)(SI*1), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 36(SP), Y12, Y1
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         32(AX)(SI*2), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 68(SP), Y12, Y2
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         32(AX)(R8*1), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 100(SP), Y12, Y3
+	VMOVDQU          80(DX), Y11
+	VPAND            Y8, Y11, Y12
+	VPSRLW           $0x04, Y11, Y11
+	VPAND            Y8, Y11, Y11
+	VPSRLW           $0x02, Y9, Y13
+	VPAND            Y10, Y13, Y13
+	VPSLLW           $0x04, Y13, Y13
+	VPOR             Y13, Y12, Y12
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         64(AX), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 16(SP), Y13, Y0
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         64(AX)(SI*1), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 48(SP), Y13, Y1
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         64(AX)(SI*2), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 80(SP), Y13, Y2
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         64(AX)(R8*1), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 112(SP), Y13, Y3
+	VPSRLW           $0x03, Y9, Y12
+	VPAND            Y10, Y12, Y12
+	VPSLLW           $0x04, Y12, Y12
+	VPOR             Y12, Y11, Y11
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         96(AX), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 20(SP), Y12, Y0
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         96(AX)(SI*1), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 52(SP), Y12, Y1
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         96(AX)(SI*2), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 84(SP), Y12, Y2
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         96(AX)(R8*1), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 116(SP), Y12, Y3
+	VMOVDQU          112(DX), Y11
+	VPAND            Y8, Y11, Y12
+	VPSRLW           $0x04, Y11, Y11
+	VPAND            Y8, Y11, Y11
+	VPSRLW           $0x04, Y9, Y13
+	VPAND            Y10, Y13, Y13
+	VPSLLW           $0x04, Y13, Y13
+	VPOR             Y13, Y12, Y12
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         128(AX), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 8(SP), Y13, Y0
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         128(AX)(SI*1), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 40(SP), Y13, Y1
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         128(AX)(SI*2), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 72(SP), Y13, Y2
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         128(AX)(R8*1), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 104(SP), Y13, Y3
+	VPSRLW           $0x05, Y9, Y12
+	VPAND            Y10, Y12, Y12
+	VPSLLW           $0x04, Y12, Y12
+	VPOR             Y12, Y11, Y11
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         160(AX), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 12(SP), Y12, Y0
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         160(AX)(SI*1), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 44(SP), Y12, Y1
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         160(AX)(SI*2), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 76(SP), Y12, Y2
+	VPXOR            Y12, Y12, Y12
+	VPDPBUSD         160(AX)(R8*1), Y11, Y12
+	VCVTDQ2PS        Y12, Y12
+	VFMADD231PS.BCST 108(SP), Y12, Y3
+	VMOVDQU          144(DX), Y11
+	VPAND            Y8, Y11, Y12
+	VPSRLW           $0x04, Y11, Y11
+	VPAND            Y8, Y11, Y11
+	VPSRLW           $0x06, Y9, Y13
+	VPAND            Y10, Y13, Y13
+	VPSLLW           $0x04, Y13, Y13
+	VPOR             Y13, Y12, Y12
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         192(AX), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 24(SP), Y13, Y0
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         192(AX)(SI*1), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 56(SP), Y13, Y1
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         192(AX)(SI*2), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 88(SP), Y13, Y2
+	VPXOR            Y13, Y13, Y13
+	VPDPBUSD         192(AX)(R8*1), Y12, Y13
+	VCVTDQ2PS        Y13, Y13
+	VFMADD231PS.BCST 120(SP), Y13, Y3
+	VPSRLW           $0x07, Y9, Y9
+	VPAND            Y10, Y9, Y9
+	VPSLLW           $0x04, Y9, Y9
+	VPOR             Y9, Y11, Y11
+	VPXOR            Y9, Y9, Y9
+	VPDPBUSD         224(AX), Y11, Y9
+	VCVTDQ2PS        Y9, Y9
+	VFMADD231PS.BCST 28(SP), Y9, Y0
+	VPXOR            Y9, Y9, Y9
+	VPDPBUSD         224(AX)(SI*1), Y11, Y9
+	VCVTDQ2PS        Y9, Y9
+	VFMADD231PS.BCST 60(SP), Y9, Y1
+	VPXOR            Y9, Y9, Y9
+	VPDPBUSD         224(AX)(SI*2), Y11, Y9
+	VCVTDQ2PS        Y9, Y9
+	VFMADD231PS.BCST 92(SP), Y9, Y2
+	VPXOR            Y9, Y9, Y9
+	VPDPBUSD         224(AX)(R8*1), Y11, Y9
+	VCVTDQ2PS        Y9, Y9
+	VFMADD231PS.BCST 124(SP), Y9, Y3
+	ADDQ             $0x000000b0, DX
+	ADDQ             $0x00000100, AX
+	ADDQ             $0x00000040, CX
+	SUBQ             $0x01, BX
+	JMP              qtileQ5KR4VNNI_loop1
+
+qtileQ5KR4VNNI_done:
 	MOVQ         y_base+0(FP), AX
 	MOVQ         ldy+24(FP), CX
 	VEXTRACTF128 $0x01, Y0, X8

@@ -580,6 +580,30 @@ func qtileQ4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []b
 //go:noescape
 func qtileQ4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
+// qtileQ5KR1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q5K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ (nibble + 16·bit_j(qh))·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ5KR1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ5KR4AVX2 sets y[r·ldy] for r < 4 to the dot product of one row of Q5K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ (nibble + 16·bit_j(qh))·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ5KR4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
 // qtileQ6KR1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q6K
 // blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
 // pairs in ds[2·r·ldq/32:]); per block b:
@@ -663,6 +687,30 @@ func qtileQ4KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []b
 //
 //go:noescape
 func qtileQ4KR4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ5KR1VNNI sets y[r·ldy] for r < 1 to the dot product of one row of Q5K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ (nibble + 16·bit_j(qh))·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ5KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ5KR4VNNI sets y[r·ldy] for r < 4 to the dot product of one row of Q5K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ (nibble + 16·bit_j(qh))·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ5KR4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
 // qtileQ6KR1VNNI sets y[r·ldy] for r < 1 to the dot product of one row of Q6K
 // blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
