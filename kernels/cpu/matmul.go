@@ -30,12 +30,13 @@ type matmul struct {
 }
 
 // init plans y = x·wᵀ for n rows on workers workers; for a quantized w, qx
-// receives x quantized to int8.
+// is sized to receive x quantized to int8 (which the caller does before the
+// tasks run, with qx.quantizeRows).
 func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, qx *qrows) {
 	*m = matmul{y: y, x: x, w: w, n: n}
 	if w.DType.Quantized() {
 		m.qt, m.qx = qtilesFor(w.DType), qx
-		qx.quantize(x, n, w.Cols)
+		qx.resize(n, w.Cols)
 	} else {
 		m.tiles, m.esz = tilesFor(w.DType), w.DType.Size()
 	}

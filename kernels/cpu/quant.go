@@ -25,6 +25,12 @@ type qrows struct {
 
 // quantize fills r with the n rows of x (n, cols), growing its buffers.
 func (r *qrows) quantize(x []float32, n, cols int) {
+	r.resize(n, cols)
+	r.quantizeRows(x, cols, 0, n)
+}
+
+// resize makes r hold n rows of cols columns, growing its buffers.
+func (r *qrows) resize(n, cols int) {
 	nb := n * cols / qk
 	if cap(r.q) < n*cols {
 		r.q = make([]int8, n*cols)
@@ -33,7 +39,12 @@ func (r *qrows) quantize(x []float32, n, cols int) {
 		r.ds = make([]float32, 2*nb)
 	}
 	r.q, r.ds = r.q[:n*cols], r.ds[:2*nb]
-	for b := range nb {
+}
+
+// quantizeRows quantizes rows [lo, hi) of x (rows of cols) into r, which
+// resize has sized.
+func (r *qrows) quantizeRows(x []float32, cols, lo, hi int) {
+	for b := lo * cols / qk; b < hi*cols/qk; b++ {
 		r.ds[2*b], r.ds[2*b+1] = quantBlock(r.q[b*qk:(b+1)*qk], x[b*qk:(b+1)*qk])
 	}
 }

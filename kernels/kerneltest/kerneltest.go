@@ -97,6 +97,7 @@ var QuantShapes = []Shape{
 	{1, 1023, 256, 0, 0},
 	{67, 41, 512, 0, 0},
 	{130, 21, 256, 0, 0},
+	{72, 9, 1024, 0, 0}, // enough x for a backend to quantize it in parallel
 }
 
 // QuantTol is how far a quantized MatMul may stray from the reference beyond
