@@ -155,6 +155,8 @@ func main() {
 			}
 		}
 	}
+	q4kConsts512()
+	qtileQ4K512()
 	sum()
 	scale()
 	Generate()

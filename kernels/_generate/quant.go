@@ -123,11 +123,11 @@ func f16Bcast(m Mem) VecVirtual {
 // (when sub is not nil), to y.
 func hsumStore(acc, sub VecVirtual, y Mem) {
 	t := XMM()
-	VEXTRACTF128(U8(1), acc, t)
+	VEXTRACTF128(U8(1), acc.AsY(), t)
 	VADDPS(t, acc.AsX(), t)
 	if sub != nil {
 		u := XMM()
-		VEXTRACTF128(U8(1), sub, u)
+		VEXTRACTF128(U8(1), sub.AsY(), u)
 		VADDPS(u, sub.AsX(), u)
 		VSUBPS(u, t, t)
 	}
@@ -201,9 +201,8 @@ func bcastB(c uint8) VecVirtual {
 // int32 lanes of sc and mn. It goes through general registers, not memory,
 // so no load waits on a store it only partly overlaps.
 func q4kScales(w GPVirtual, sc, mn VecVirtual) {
-	a0, a1, a2 := GP64(), GP64(), GP64()
+	a0, a2 := GP64(), GP64()
 	MOVLQZX(Mem{Base: w, Disp: 4}, a0)
-	MOVLQZX(Mem{Base: w, Disp: 8}, a1)
 	MOVLQZX(Mem{Base: w, Disp: 12}, a2)
 	// scales 4..7 per byte: (a2 & 0x0f) | ((a0 >> 6) & 3) << 4, above
 	// scales 0..3: a0 & 0x3f.
@@ -219,7 +218,9 @@ func q4kScales(w GPVirtual, sc, mn VecVirtual) {
 	ANDQ(U32(0x3f3f3f3f), a0)
 	ORQ(a0, t)
 	VMOVQ(t, sc.AsX())
-	VPMOVZXBD(sc.AsX(), sc)
+	VPMOVZXBD(sc.AsX(), sc.AsY())
+	a1 := GP64() // loaded late: four general registers at most are live here
+	MOVLQZX(Mem{Base: w, Disp: 8}, a1)
 	// mins 4..7: (a2 >> 4) & 0x0f | ((a1 >> 6) & 3) << 4, above mins 0..3:
 	// a1 & 0x3f.
 	MOVQ(a1, t)
@@ -233,7 +234,7 @@ func q4kScales(w GPVirtual, sc, mn VecVirtual) {
 	ANDQ(U32(0x3f3f3f3f), a1)
 	ORQ(a1, t)
 	VMOVQ(t, mn.AsX())
-	VPMOVZXBD(mn.AsX(), mn)
+	VPMOVZXBD(mn.AsX(), mn.AsY())
 }
 
 // q4kBlock is one Q4_K super-block: 8 sub-blocks of 32, sub-block 2c the
@@ -459,6 +460,148 @@ func qtile(a qisa, k qkernel, R int) {
 			LEAQ(Mem{Base: yp, Index: ldy, Scale: 4}, yp)
 		}
 		hsumStore(acc[0][r], s, Mem{Base: yp})
+	}
+	VZEROUPPER()
+	RET()
+}
+
+// The 512-bit Q4_K tile (AVX-512 VNNI and BW) takes two sub-blocks per
+// instruction: a super-block's nibbles qs[32h:32h+32] broadcast to both
+// halves of a zmm, the upper half shifted right by 4, give sub-blocks 2h and
+// 2h+1, whose x blocks are the 64 contiguous bytes at column 64h.
+var (
+	q4kIdxData   Mem // [4][16]uint32: VPERMPS picks of sub-blocks 2h, 2h+1's scales
+	q4kShiftData Mem // [32]uint16: 0 in the low half, 4 in the high half
+)
+
+// q4kConsts512 writes the 512-bit Q4_K tile's constant tables.
+func q4kConsts512() {
+	// The per-row scale vector holds sub-block j in lane
+	// [0 1 4 5 2 3 6 7][j] (see kBlock).
+	lane := []uint32{0, 1, 4, 5, 2, 3, 6, 7}
+	q4kIdxData = GLOBL("q4kidx", RODATA|NOPTR)
+	for h := range 4 {
+		for l := range 16 {
+			DATA(64*h+4*l, U32(lane[2*h+l/8]))
+		}
+	}
+	q4kShiftData = GLOBL("q4kshift", RODATA|NOPTR)
+	for l := range 32 {
+		DATA(2*l, U16(4*(l/16)))
+	}
+}
+
+// qtileQ4K512 is the 4-row Q4_K tile on zmm registers.
+func qtileQ4K512() {
+	const R = 4
+	name := "qtileQ4KR4VNNI512"
+	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
+	Doc(
+		name+" is qtileQ4KR4VNNI on 512-bit registers (AVX-512 VNNI and BW):",
+		"two sub-blocks per integer dot product, conversion and multiply-add.",
+	)
+	Pragma("noescape")
+	q0 := Load(Param("q").Base(), GP64()).(GPVirtual)
+	ds0 := Load(Param("ds").Base(), GP64()).(GPVirtual)
+	wp := Load(Param("w").Base(), GP64()).(GPVirtual)
+	n := Load(Param("k"), GP64())
+	ldq := Load(Param("ldq"), GP64()).(GPVirtual)
+	ldds := GP64()
+	MOVQ(ldq, ldds)
+	SHRQ(U8(2), ldds)
+	xs := []xrow{{q0: q0, ds0: ds0}}
+	for r := 1; r < R; r++ {
+		x := xrow{q0: q0, ds0: ds0, idx: ldq, dsIdx: ldds, scale: uint8(r)}
+		if r == 3 {
+			q3, ds3 := GP64(), GP64()
+			LEAQ(Mem{Base: ldq, Index: ldq, Scale: 2}, q3)
+			LEAQ(Mem{Base: ldds, Index: ldds, Scale: 2}, ds3)
+			x.idx, x.dsIdx, x.scale = q3, ds3, 1
+		}
+		xs = append(xs, x)
+	}
+	SHRQ(U8(8), n) // super-blocks
+	// The count lives on the stack: the loop needs every general register
+	// but this one.
+	left := AllocLocal(8)
+	MOVQ(n, left)
+
+	acc, sub := make([]VecVirtual, R), make([]VecVirtual, R)
+	for r := range R {
+		acc[r] = ZMM()
+		VXORPS(acc[r].AsY(), acc[r].AsY(), acc[r].AsY())
+	}
+	for r := range R {
+		sub[r] = ZMM() // used as ymm; ZMM lets the allocator use registers 16-31
+		VXORPS(sub[r].AsY(), sub[r].AsY(), sub[r].AsY())
+	}
+	low4 := ZMM()
+	t32 := GP32()
+	MOVL(U32(0x0f0f0f0f), t32)
+	VPBROADCASTD(t32, low4)
+	shift := ZMM()
+	VMOVDQU64(q4kShiftData, shift)
+
+	Label(name + "_loop")
+	CMPQ(left, U8(0))
+	JE(LabelRef(name + "_done"))
+	sc, mn := ZMM(), ZMM()
+	q4kScales(wp, sc, mn)
+	dw, dmin := f16Bcast(Mem{Base: wp}), f16Bcast(Mem{Base: wp, Disp: 2})
+	scy, mny := sc.AsY(), mn.AsY()
+	VCVTDQ2PS(scy, scy)
+	VMULPS(dw, scy, scy)
+	VPERMPD(U8(0xd8), scy, scy)
+	VCVTDQ2PS(mny, mny)
+	VMULPS(dmin, mny, mny)
+	VPERMPD(U8(0xd8), mny, mny)
+	rs := make([]VecVirtual, R) // per row: dw·sc_j·d[b], lanes permuted (low half)
+	for r, x := range xs {
+		p, s := ZMM(), ZMM()
+		rs[r] = ZMM()
+		// Define all of rs[r] first: VPERMPS reads it as a zmm, and a
+		// register only ever written in its low half would count as live
+		// from the function's entry.
+		VXORPS(rs[r], rs[r], rs[r])
+		VMOVUPS(x.d(0), p.AsY())
+		VSHUFPS(U8(0x88), x.d(4), p.AsY(), rs[r].AsY())
+		VSHUFPS(U8(0xdd), x.d(4), p.AsY(), s.AsY())
+		VMULPS(scy, rs[r].AsY(), rs[r].AsY())
+		VFMADD231PS(mny, s.AsY(), sub[r].AsY())
+	}
+	for h := range 4 {
+		idx := ZMM()
+		VMOVDQU64(q4kIdxData.Offset(64*h), idx)
+		u := ZMM()
+		VBROADCASTI64X4(Mem{Base: wp, Disp: 16 + 32*h}, u)
+		VPSRLVW(shift, u, u)
+		VPANDD(low4, u, u)
+		for r, x := range xs {
+			t, sv := ZMM(), ZMM()
+			VXORPS(t, t, t) // a zeroing idiom avo knows (VPXORD reads as a use)
+			VPDPBUSD(x.q(64*h), u, t)
+			VCVTDQ2PS(t, t)
+			VPERMPS(rs[r], idx, sv)
+			VFMADD231PS(sv, t, acc[r])
+		}
+	}
+	ADDQ(U32(144), wp)
+	ADDQ(U32(256), q0)
+	ADDQ(U32(64), ds0)
+	DECQ(left)
+	JMP(LabelRef(name + "_loop"))
+
+	Label(name + "_done")
+	yp := Load(Param("y").Base(), GP64()).(GPVirtual)
+	ldy := Load(Param("ldy"), GP64())
+	for r := range R {
+		h := YMM()
+		VEXTRACTF64X4(U8(1), acc[r], h)
+		VADDPS(acc[r].AsY(), h, h)
+		if r > 0 {
+			LEAQ(Mem{Base: yp, Index: ldy, Scale: 4}, yp)
+		}
+		hsumStore(h, sub[r], Mem{Base: yp})
 	}
 	VZEROUPPER()
 	RET()

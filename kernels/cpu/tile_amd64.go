@@ -54,7 +54,7 @@ var (
 	vnniQTiles = [...]qtileSet{
 		kernels.Q8_0: {r1: qtileQ8_0R1VNNI, r4: qtileQ8_0R4VNNI},
 		kernels.Q4_0: {r1: qtileQ4_0R1VNNI, r4: qtileQ4_0R4VNNI},
-		kernels.Q4K:  {r1: qtileQ4KR1VNNI, r4: qtileQ4KR4VNNI},
+		kernels.Q4K:  {r1: qtileQ4KR1VNNI, r4: qtileQ4KR4VNNI512},
 		kernels.Q5K:  {r1: qtileQ5KR1VNNI, r4: qtileQ5KR4VNNI},
 		kernels.Q6K:  {r1: qtileQ6KR1VNNI},
 	}

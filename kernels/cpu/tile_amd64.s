@@ -3607,31 +3607,31 @@ qtileQ4KR1AVX2_loop1:
 	TESTQ        BX, BX
 	JZ           qtileQ4KR1AVX2_done
 	MOVLQZX      4(DX), SI
-	MOVLQZX      8(DX), DI
-	MOVLQZX      12(DX), R8
-	MOVQ         SI, R9
-	SHRQ         $0x06, R9
-	ANDQ         $0x03030303, R9
-	SHLQ         $0x04, R9
-	MOVQ         R8, R10
-	ANDQ         $0x0f0f0f0f, R10
-	ORQ          R10, R9
-	SHLQ         $0x20, R9
-	ANDQ         $0x3f3f3f3f, SI
-	ORQ          SI, R9
-	VMOVQ        R9, X4
-	VPMOVZXBD    X4, Y4
+	MOVLQZX      12(DX), DI
+	MOVQ         SI, R8
+	SHRQ         $0x06, R8
+	ANDQ         $0x03030303, R8
+	SHLQ         $0x04, R8
 	MOVQ         DI, R9
-	SHRQ         $0x06, R9
-	ANDQ         $0x03030303, R9
-	SHLQ         $0x04, R9
-	SHRQ         $0x04, R8
-	ANDQ         $0x0f0f0f0f, R8
-	ORQ          R8, R9
-	SHLQ         $0x20, R9
-	ANDQ         $0x3f3f3f3f, DI
-	ORQ          DI, R9
-	VMOVQ        R9, X5
+	ANDQ         $0x0f0f0f0f, R9
+	ORQ          R9, R8
+	SHLQ         $0x20, R8
+	ANDQ         $0x3f3f3f3f, SI
+	ORQ          SI, R8
+	VMOVQ        R8, X4
+	VPMOVZXBD    X4, Y4
+	MOVLQZX      8(DX), SI
+	MOVQ         SI, R8
+	SHRQ         $0x06, R8
+	ANDQ         $0x03030303, R8
+	SHLQ         $0x04, R8
+	SHRQ         $0x04, DI
+	ANDQ         $0x0f0f0f0f, DI
+	ORQ          DI, R8
+	SHLQ         $0x20, R8
+	ANDQ         $0x3f3f3f3f, SI
+	ORQ          SI, R8
+	VMOVQ        R8, X5
 	VPMOVZXBD    X5, Y5
 	VPBROADCASTW (DX), X6
 	VCVTPH2PS    X6, Y6
@@ -3756,31 +3756,31 @@ qtileQ4KR4AVX2_loop1:
 	TESTQ        BX, BX
 	JZ           qtileQ4KR4AVX2_done
 	MOVLQZX      4(DX), R10
-	MOVLQZX      8(DX), R11
-	MOVLQZX      12(DX), R12
-	MOVQ         R10, R13
-	SHRQ         $0x06, R13
-	ANDQ         $0x03030303, R13
-	SHLQ         $0x04, R13
-	MOVQ         R12, R14
-	ANDQ         $0x0f0f0f0f, R14
-	ORQ          R14, R13
-	SHLQ         $0x20, R13
-	ANDQ         $0x3f3f3f3f, R10
-	ORQ          R10, R13
-	VMOVQ        R13, X10
-	VPMOVZXBD    X10, Y10
+	MOVLQZX      12(DX), R11
+	MOVQ         R10, R12
+	SHRQ         $0x06, R12
+	ANDQ         $0x03030303, R12
+	SHLQ         $0x04, R12
 	MOVQ         R11, R13
-	SHRQ         $0x06, R13
-	ANDQ         $0x03030303, R13
-	SHLQ         $0x04, R13
-	SHRQ         $0x04, R12
-	ANDQ         $0x0f0f0f0f, R12
-	ORQ          R12, R13
-	SHLQ         $0x20, R13
-	ANDQ         $0x3f3f3f3f, R11
-	ORQ          R11, R13
-	VMOVQ        R13, X11
+	ANDQ         $0x0f0f0f0f, R13
+	ORQ          R13, R12
+	SHLQ         $0x20, R12
+	ANDQ         $0x3f3f3f3f, R10
+	ORQ          R10, R12
+	VMOVQ        R12, X10
+	VPMOVZXBD    X10, Y10
+	MOVLQZX      8(DX), R10
+	MOVQ         R10, R12
+	SHRQ         $0x06, R12
+	ANDQ         $0x03030303, R12
+	SHLQ         $0x04, R12
+	SHRQ         $0x04, R11
+	ANDQ         $0x0f0f0f0f, R11
+	ORQ          R11, R12
+	SHLQ         $0x20, R12
+	ANDQ         $0x3f3f3f3f, R10
+	ORQ          R10, R12
+	VMOVQ        R12, X11
 	VPMOVZXBD    X11, Y11
 	VPBROADCASTW (DX), X12
 	VCVTPH2PS    X12, Y12
@@ -4060,31 +4060,31 @@ qtileQ5KR1AVX2_loop1:
 	TESTQ        BX, BX
 	JZ           qtileQ5KR1AVX2_done
 	MOVLQZX      4(DX), SI
-	MOVLQZX      8(DX), DI
-	MOVLQZX      12(DX), R8
-	MOVQ         SI, R9
-	SHRQ         $0x06, R9
-	ANDQ         $0x03030303, R9
-	SHLQ         $0x04, R9
-	MOVQ         R8, R10
-	ANDQ         $0x0f0f0f0f, R10
-	ORQ          R10, R9
-	SHLQ         $0x20, R9
-	ANDQ         $0x3f3f3f3f, SI
-	ORQ          SI, R9
-	VMOVQ        R9, X4
-	VPMOVZXBD    X4, Y4
+	MOVLQZX      12(DX), DI
+	MOVQ         SI, R8
+	SHRQ         $0x06, R8
+	ANDQ         $0x03030303, R8
+	SHLQ         $0x04, R8
 	MOVQ         DI, R9
-	SHRQ         $0x06, R9
-	ANDQ         $0x03030303, R9
-	SHLQ         $0x04, R9
-	SHRQ         $0x04, R8
-	ANDQ         $0x0f0f0f0f, R8
-	ORQ          R8, R9
-	SHLQ         $0x20, R9
-	ANDQ         $0x3f3f3f3f, DI
-	ORQ          DI, R9
-	VMOVQ        R9, X5
+	ANDQ         $0x0f0f0f0f, R9
+	ORQ          R9, R8
+	SHLQ         $0x20, R8
+	ANDQ         $0x3f3f3f3f, SI
+	ORQ          SI, R8
+	VMOVQ        R8, X4
+	VPMOVZXBD    X4, Y4
+	MOVLQZX      8(DX), SI
+	MOVQ         SI, R8
+	SHRQ         $0x06, R8
+	ANDQ         $0x03030303, R8
+	SHLQ         $0x04, R8
+	SHRQ         $0x04, DI
+	ANDQ         $0x0f0f0f0f, DI
+	ORQ          DI, R8
+	SHLQ         $0x20, R8
+	ANDQ         $0x3f3f3f3f, SI
+	ORQ          SI, R8
+	VMOVQ        R8, X5
 	VPMOVZXBD    X5, Y5
 	VPBROADCASTW (DX), X6
 	VCVTPH2PS    X6, Y6
@@ -4245,31 +4245,31 @@ qtileQ5KR4AVX2_loop1:
 	TESTQ        BX, BX
 	JZ           qtileQ5KR4AVX2_done
 	MOVLQZX      4(DX), R10
-	MOVLQZX      8(DX), R11
-	MOVLQZX      12(DX), R12
-	MOVQ         R10, R13
-	SHRQ         $0x06, R13
-	ANDQ         $0x03030303, R13
-	SHLQ         $0x04, R13
-	MOVQ         R12, R14
-	ANDQ         $0x0f0f0f0f, R14
-	ORQ          R14, R13
-	SHLQ         $0x20, R13
-	ANDQ         $0x3f3f3f3f, R10
-	ORQ          R10, R13
-	VMOVQ        R13, X10
-	VPMOVZXBD    X10, Y10
+	MOVLQZX      12(DX), R11
+	MOVQ         R10, R12
+	SHRQ         $0x06, R12
+	ANDQ         $0x03030303, R12
+	SHLQ         $0x04, R12
 	MOVQ         R11, R13
-	SHRQ         $0x06, R13
-	ANDQ         $0x03030303, R13
-	SHLQ         $0x04, R13
-	SHRQ         $0x04, R12
-	ANDQ         $0x0f0f0f0f, R12
-	ORQ          R12, R13
-	SHLQ         $0x20, R13
-	ANDQ         $0x3f3f3f3f, R11
-	ORQ          R11, R13
-	VMOVQ        R13, X11
+	ANDQ         $0x0f0f0f0f, R13
+	ORQ          R13, R12
+	SHLQ         $0x20, R12
+	ANDQ         $0x3f3f3f3f, R10
+	ORQ          R10, R12
+	VMOVQ        R12, X10
+	VPMOVZXBD    X10, Y10
+	MOVLQZX      8(DX), R10
+	MOVQ         R10, R12
+	SHRQ         $0x06, R12
+	ANDQ         $0x03030303, R12
+	SHLQ         $0x04, R12
+	SHRQ         $0x04, R11
+	ANDQ         $0x0f0f0f0f, R11
+	ORQ          R11, R12
+	SHLQ         $0x20, R12
+	ANDQ         $0x3f3f3f3f, R10
+	ORQ          R10, R12
+	VMOVQ        R12, X11
 	VPMOVZXBD    X11, Y11
 	VPBROADCASTW (DX), X12
 	VCVTPH2PS    X12, Y12
@@ -5145,31 +5145,31 @@ qtileQ4KR1VNNI_loop1:
 	TESTQ            BX, BX
 	JZ               qtileQ4KR1VNNI_done
 	MOVLQZX          4(DX), SI
-	MOVLQZX          8(DX), DI
-	MOVLQZX          12(DX), R8
-	MOVQ             SI, R9
-	SHRQ             $0x06, R9
-	ANDQ             $0x03030303, R9
-	SHLQ             $0x04, R9
-	MOVQ             R8, R10
-	ANDQ             $0x0f0f0f0f, R10
-	ORQ              R10, R9
-	SHLQ             $0x20, R9
-	ANDQ             $0x3f3f3f3f, SI
-	ORQ              SI, R9
-	VMOVQ            R9, X3
-	VPMOVZXBD        X3, Y3
+	MOVLQZX          12(DX), DI
+	MOVQ             SI, R8
+	SHRQ             $0x06, R8
+	ANDQ             $0x03030303, R8
+	SHLQ             $0x04, R8
 	MOVQ             DI, R9
-	SHRQ             $0x06, R9
-	ANDQ             $0x03030303, R9
-	SHLQ             $0x04, R9
-	SHRQ             $0x04, R8
-	ANDQ             $0x0f0f0f0f, R8
-	ORQ              R8, R9
-	SHLQ             $0x20, R9
-	ANDQ             $0x3f3f3f3f, DI
-	ORQ              DI, R9
-	VMOVQ            R9, X4
+	ANDQ             $0x0f0f0f0f, R9
+	ORQ              R9, R8
+	SHLQ             $0x20, R8
+	ANDQ             $0x3f3f3f3f, SI
+	ORQ              SI, R8
+	VMOVQ            R8, X3
+	VPMOVZXBD        X3, Y3
+	MOVLQZX          8(DX), SI
+	MOVQ             SI, R8
+	SHRQ             $0x06, R8
+	ANDQ             $0x03030303, R8
+	SHLQ             $0x04, R8
+	SHRQ             $0x04, DI
+	ANDQ             $0x0f0f0f0f, DI
+	ORQ              DI, R8
+	SHLQ             $0x20, R8
+	ANDQ             $0x3f3f3f3f, SI
+	ORQ              SI, R8
+	VMOVQ            R8, X4
 	VPMOVZXBD        X4, Y4
 	VPBROADCASTW     (DX), X5
 	VCVTPH2PS        X5, Y5
@@ -5283,31 +5283,31 @@ qtileQ4KR4VNNI_loop1:
 	TESTQ            BX, BX
 	JZ               qtileQ4KR4VNNI_done
 	MOVLQZX          4(DX), R10
-	MOVLQZX          8(DX), R11
-	MOVLQZX          12(DX), R12
-	MOVQ             R10, R13
-	SHRQ             $0x06, R13
-	ANDQ             $0x03030303, R13
-	SHLQ             $0x04, R13
-	MOVQ             R12, R14
-	ANDQ             $0x0f0f0f0f, R14
-	ORQ              R14, R13
-	SHLQ             $0x20, R13
-	ANDQ             $0x3f3f3f3f, R10
-	ORQ              R10, R13
-	VMOVQ            R13, X9
-	VPMOVZXBD        X9, Y9
+	MOVLQZX          12(DX), R11
+	MOVQ             R10, R12
+	SHRQ             $0x06, R12
+	ANDQ             $0x03030303, R12
+	SHLQ             $0x04, R12
 	MOVQ             R11, R13
-	SHRQ             $0x06, R13
-	ANDQ             $0x03030303, R13
-	SHLQ             $0x04, R13
-	SHRQ             $0x04, R12
-	ANDQ             $0x0f0f0f0f, R12
-	ORQ              R12, R13
-	SHLQ             $0x20, R13
-	ANDQ             $0x3f3f3f3f, R11
-	ORQ              R11, R13
-	VMOVQ            R13, X10
+	ANDQ             $0x0f0f0f0f, R13
+	ORQ              R13, R12
+	SHLQ             $0x20, R12
+	ANDQ             $0x3f3f3f3f, R10
+	ORQ              R10, R12
+	VMOVQ            R12, X9
+	VPMOVZXBD        X9, Y9
+	MOVLQZX          8(DX), R10
+	MOVQ             R10, R12
+	SHRQ             $0x06, R12
+	ANDQ             $0x03030303, R12
+	SHLQ             $0x04, R12
+	SHRQ             $0x04, R11
+	ANDQ             $0x0f0f0f0f, R11
+	ORQ              R11, R12
+	SHLQ             $0x20, R12
+	ANDQ             $0x3f3f3f3f, R10
+	ORQ              R10, R12
+	VMOVQ            R12, X10
 	VPMOVZXBD        X10, Y10
 	VPBROADCASTW     (DX), X11
 	VCVTPH2PS        X11, Y11
@@ -5552,31 +5552,31 @@ qtileQ5KR1VNNI_loop1:
 	TESTQ            BX, BX
 	JZ               qtileQ5KR1VNNI_done
 	MOVLQZX          4(DX), SI
-	MOVLQZX          8(DX), DI
-	MOVLQZX          12(DX), R8
-	MOVQ             SI, R9
-	SHRQ             $0x06, R9
-	ANDQ             $0x03030303, R9
-	SHLQ             $0x04, R9
-	MOVQ             R8, R10
-	ANDQ             $0x0f0f0f0f, R10
-	ORQ              R10, R9
-	SHLQ             $0x20, R9
-	ANDQ             $0x3f3f3f3f, SI
-	ORQ              SI, R9
-	VMOVQ            R9, X3
-	VPMOVZXBD        X3, Y3
+	MOVLQZX          12(DX), DI
+	MOVQ             SI, R8
+	SHRQ             $0x06, R8
+	ANDQ             $0x03030303, R8
+	SHLQ             $0x04, R8
 	MOVQ             DI, R9
-	SHRQ             $0x06, R9
-	ANDQ             $0x03030303, R9
-	SHLQ             $0x04, R9
-	SHRQ             $0x04, R8
-	ANDQ             $0x0f0f0f0f, R8
-	ORQ              R8, R9
-	SHLQ             $0x20, R9
-	ANDQ             $0x3f3f3f3f, DI
-	ORQ              DI, R9
-	VMOVQ            R9, X4
+	ANDQ             $0x0f0f0f0f, R9
+	ORQ              R9, R8
+	SHLQ             $0x20, R8
+	ANDQ             $0x3f3f3f3f, SI
+	ORQ              SI, R8
+	VMOVQ            R8, X3
+	VPMOVZXBD        X3, Y3
+	MOVLQZX          8(DX), SI
+	MOVQ             SI, R8
+	SHRQ             $0x06, R8
+	ANDQ             $0x03030303, R8
+	SHLQ             $0x04, R8
+	SHRQ             $0x04, DI
+	ANDQ             $0x0f0f0f0f, DI
+	ORQ              DI, R8
+	SHLQ             $0x20, R8
+	ANDQ             $0x3f3f3f3f, SI
+	ORQ              SI, R8
+	VMOVQ            R8, X4
 	VPMOVZXBD        X4, Y4
 	VPBROADCASTW     (DX), X5
 	VCVTPH2PS        X5, Y5
@@ -5726,31 +5726,31 @@ qtileQ5KR4VNNI_loop1:
 	TESTQ            BX, BX
 	JZ               qtileQ5KR4VNNI_done
 	MOVLQZX          4(DX), R10
-	MOVLQZX          8(DX), R11
-	MOVLQZX          12(DX), R12
-	MOVQ             R10, R13
-	SHRQ             $0x06, R13
-	ANDQ             $0x03030303, R13
-	SHLQ             $0x04, R13
-	MOVQ             R12, R14
-	ANDQ             $0x0f0f0f0f, R14
-	ORQ              R14, R13
-	SHLQ             $0x20, R13
-	ANDQ             $0x3f3f3f3f, R10
-	ORQ              R10, R13
-	VMOVQ            R13, X9
-	VPMOVZXBD        X9, Y9
+	MOVLQZX          12(DX), R11
+	MOVQ             R10, R12
+	SHRQ             $0x06, R12
+	ANDQ             $0x03030303, R12
+	SHLQ             $0x04, R12
 	MOVQ             R11, R13
-	SHRQ             $0x06, R13
-	ANDQ             $0x03030303, R13
-	SHLQ             $0x04, R13
-	SHRQ             $0x04, R12
-	ANDQ             $0x0f0f0f0f, R12
-	ORQ              R12, R13
-	SHLQ             $0x20, R13
-	ANDQ             $0x3f3f3f3f, R11
-	ORQ              R11, R13
-	VMOVQ            R13, X10
+	ANDQ             $0x0f0f0f0f, R13
+	ORQ              R13, R12
+	SHLQ             $0x20, R12
+	ANDQ             $0x3f3f3f3f, R10
+	ORQ              R10, R12
+	VMOVQ            R12, X9
+	VPMOVZXBD        X9, Y9
+	MOVLQZX          8(DX), R10
+	MOVQ             R10, R12
+	SHRQ             $0x06, R12
+	ANDQ             $0x03030303, R12
+	SHLQ             $0x04, R12
+	SHRQ             $0x04, R11
+	ANDQ             $0x0f0f0f0f, R11
+	ORQ              R11, R12
+	SHLQ             $0x20, R12
+	ANDQ             $0x3f3f3f3f, R10
+	ORQ              R10, R12
+	VMOVQ            R12, X10
 	VPMOVZXBD        X10, Y10
 	VPBROADCASTW     (DX), X11
 	VCVTPH2PS        X11, Y11
@@ -6206,6 +6206,347 @@ qtileQ6KR1VNNI_done:
 	VHADDPS      X1, X1, X1
 	VHADDPS      X1, X1, X1
 	VMOVSS       X1, (AX)
+	VZEROUPPER
+	RET
+
+DATA q4kidx<>+0(SB)/4, $0x00000000
+DATA q4kidx<>+4(SB)/4, $0x00000000
+DATA q4kidx<>+8(SB)/4, $0x00000000
+DATA q4kidx<>+12(SB)/4, $0x00000000
+DATA q4kidx<>+16(SB)/4, $0x00000000
+DATA q4kidx<>+20(SB)/4, $0x00000000
+DATA q4kidx<>+24(SB)/4, $0x00000000
+DATA q4kidx<>+28(SB)/4, $0x00000000
+DATA q4kidx<>+32(SB)/4, $0x00000001
+DATA q4kidx<>+36(SB)/4, $0x00000001
+DATA q4kidx<>+40(SB)/4, $0x00000001
+DATA q4kidx<>+44(SB)/4, $0x00000001
+DATA q4kidx<>+48(SB)/4, $0x00000001
+DATA q4kidx<>+52(SB)/4, $0x00000001
+DATA q4kidx<>+56(SB)/4, $0x00000001
+DATA q4kidx<>+60(SB)/4, $0x00000001
+DATA q4kidx<>+64(SB)/4, $0x00000004
+DATA q4kidx<>+68(SB)/4, $0x00000004
+DATA q4kidx<>+72(SB)/4, $0x00000004
+DATA q4kidx<>+76(SB)/4, $0x00000004
+DATA q4kidx<>+80(SB)/4, $0x00000004
+DATA q4kidx<>+84(SB)/4, $0x00000004
+DATA q4kidx<>+88(SB)/4, $0x00000004
+DATA q4kidx<>+92(SB)/4, $0x00000004
+DATA q4kidx<>+96(SB)/4, $0x00000005
+DATA q4kidx<>+100(SB)/4, $0x00000005
+DATA q4kidx<>+104(SB)/4, $0x00000005
+DATA q4kidx<>+108(SB)/4, $0x00000005
+DATA q4kidx<>+112(SB)/4, $0x00000005
+DATA q4kidx<>+116(SB)/4, $0x00000005
+DATA q4kidx<>+120(SB)/4, $0x00000005
+DATA q4kidx<>+124(SB)/4, $0x00000005
+DATA q4kidx<>+128(SB)/4, $0x00000002
+DATA q4kidx<>+132(SB)/4, $0x00000002
+DATA q4kidx<>+136(SB)/4, $0x00000002
+DATA q4kidx<>+140(SB)/4, $0x00000002
+DATA q4kidx<>+144(SB)/4, $0x00000002
+DATA q4kidx<>+148(SB)/4, $0x00000002
+DATA q4kidx<>+152(SB)/4, $0x00000002
+DATA q4kidx<>+156(SB)/4, $0x00000002
+DATA q4kidx<>+160(SB)/4, $0x00000003
+DATA q4kidx<>+164(SB)/4, $0x00000003
+DATA q4kidx<>+168(SB)/4, $0x00000003
+DATA q4kidx<>+172(SB)/4, $0x00000003
+DATA q4kidx<>+176(SB)/4, $0x00000003
+DATA q4kidx<>+180(SB)/4, $0x00000003
+DATA q4kidx<>+184(SB)/4, $0x00000003
+DATA q4kidx<>+188(SB)/4, $0x00000003
+DATA q4kidx<>+192(SB)/4, $0x00000006
+DATA q4kidx<>+196(SB)/4, $0x00000006
+DATA q4kidx<>+200(SB)/4, $0x00000006
+DATA q4kidx<>+204(SB)/4, $0x00000006
+DATA q4kidx<>+208(SB)/4, $0x00000006
+DATA q4kidx<>+212(SB)/4, $0x00000006
+DATA q4kidx<>+216(SB)/4, $0x00000006
+DATA q4kidx<>+220(SB)/4, $0x00000006
+DATA q4kidx<>+224(SB)/4, $0x00000007
+DATA q4kidx<>+228(SB)/4, $0x00000007
+DATA q4kidx<>+232(SB)/4, $0x00000007
+DATA q4kidx<>+236(SB)/4, $0x00000007
+DATA q4kidx<>+240(SB)/4, $0x00000007
+DATA q4kidx<>+244(SB)/4, $0x00000007
+DATA q4kidx<>+248(SB)/4, $0x00000007
+DATA q4kidx<>+252(SB)/4, $0x00000007
+GLOBL q4kidx<>(SB), RODATA|NOPTR, $256
+
+DATA q4kshift<>+0(SB)/2, $0x0000
+DATA q4kshift<>+2(SB)/2, $0x0000
+DATA q4kshift<>+4(SB)/2, $0x0000
+DATA q4kshift<>+6(SB)/2, $0x0000
+DATA q4kshift<>+8(SB)/2, $0x0000
+DATA q4kshift<>+10(SB)/2, $0x0000
+DATA q4kshift<>+12(SB)/2, $0x0000
+DATA q4kshift<>+14(SB)/2, $0x0000
+DATA q4kshift<>+16(SB)/2, $0x0000
+DATA q4kshift<>+18(SB)/2, $0x0000
+DATA q4kshift<>+20(SB)/2, $0x0000
+DATA q4kshift<>+22(SB)/2, $0x0000
+DATA q4kshift<>+24(SB)/2, $0x0000
+DATA q4kshift<>+26(SB)/2, $0x0000
+DATA q4kshift<>+28(SB)/2, $0x0000
+DATA q4kshift<>+30(SB)/2, $0x0000
+DATA q4kshift<>+32(SB)/2, $0x0004
+DATA q4kshift<>+34(SB)/2, $0x0004
+DATA q4kshift<>+36(SB)/2, $0x0004
+DATA q4kshift<>+38(SB)/2, $0x0004
+DATA q4kshift<>+40(SB)/2, $0x0004
+DATA q4kshift<>+42(SB)/2, $0x0004
+DATA q4kshift<>+44(SB)/2, $0x0004
+DATA q4kshift<>+46(SB)/2, $0x0004
+DATA q4kshift<>+48(SB)/2, $0x0004
+DATA q4kshift<>+50(SB)/2, $0x0004
+DATA q4kshift<>+52(SB)/2, $0x0004
+DATA q4kshift<>+54(SB)/2, $0x0004
+DATA q4kshift<>+56(SB)/2, $0x0004
+DATA q4kshift<>+58(SB)/2, $0x0004
+DATA q4kshift<>+60(SB)/2, $0x0004
+DATA q4kshift<>+62(SB)/2, $0x0004
+GLOBL q4kshift<>(SB), RODATA|NOPTR, $64
+
+// func qtileQ4KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VNNI, F16C, FMA3
+TEXT ·qtileQ4KR4VNNI512(SB), NOSPLIT, $8-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	MOVQ         ldq+80(FP), SI
+	MOVQ         SI, DI
+	SHRQ         $0x02, DI
+	LEAQ         (SI)(SI*2), R8
+	LEAQ         (DI)(DI*2), R9
+	SHRQ         $0x08, BX
+	MOVQ         BX, (SP)
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	VXORPS       Y2, Y2, Y2
+	VXORPS       Y3, Y3, Y3
+	VXORPS       Y4, Y4, Y4
+	VXORPS       Y5, Y5, Y5
+	VXORPS       Y6, Y6, Y6
+	VXORPS       Y7, Y7, Y7
+	MOVL         $0x0f0f0f0f, BX
+	VPBROADCASTD BX, Z8
+	VMOVDQU64    q4kshift<>+0(SB), Z9
+
+qtileQ4KR4VNNI512_loop:
+	CMPQ            (SP), $0x00
+	JE              qtileQ4KR4VNNI512_done
+	MOVLQZX         4(DX), BX
+	MOVLQZX         12(DX), R10
+	MOVQ            BX, R11
+	SHRQ            $0x06, R11
+	ANDQ            $0x03030303, R11
+	SHLQ            $0x04, R11
+	MOVQ            R10, R12
+	ANDQ            $0x0f0f0f0f, R12
+	ORQ             R12, R11
+	SHLQ            $0x20, R11
+	ANDQ            $0x3f3f3f3f, BX
+	ORQ             BX, R11
+	VMOVQ           R11, X10
+	VPMOVZXBD       X10, Y10
+	MOVLQZX         8(DX), BX
+	MOVQ            BX, R11
+	SHRQ            $0x06, R11
+	ANDQ            $0x03030303, R11
+	SHLQ            $0x04, R11
+	SHRQ            $0x04, R10
+	ANDQ            $0x0f0f0f0f, R10
+	ORQ             R10, R11
+	SHLQ            $0x20, R11
+	ANDQ            $0x3f3f3f3f, BX
+	ORQ             BX, R11
+	VMOVQ           R11, X11
+	VPMOVZXBD       X11, Y11
+	VPBROADCASTW    (DX), X12
+	VCVTPH2PS       X12, Y12
+	VPBROADCASTW    2(DX), X13
+	VCVTPH2PS       X13, Y13
+	VCVTDQ2PS       Y10, Y10
+	VMULPS          Y12, Y10, Y10
+	VPERMPD         $0xd8, Y10, Y10
+	VCVTDQ2PS       Y11, Y11
+	VMULPS          Y13, Y11, Y11
+	VPERMPD         $0xd8, Y11, Y11
+	VXORPS          Z13, Z13, Z13
+	VMOVUPS         (CX), Y12
+	VSHUFPS         $0x88, 32(CX), Y12, Y13
+	VSHUFPS         $0xdd, 32(CX), Y12, Y12
+	VMULPS          Y10, Y13, Y13
+	VFMADD231PS     Y11, Y12, Y4
+	VXORPS          Z14, Z14, Z14
+	VMOVUPS         (CX)(DI*1), Y12
+	VSHUFPS         $0x88, 32(CX)(DI*1), Y12, Y14
+	VSHUFPS         $0xdd, 32(CX)(DI*1), Y12, Y12
+	VMULPS          Y10, Y14, Y14
+	VFMADD231PS     Y11, Y12, Y5
+	VXORPS          Z15, Z15, Z15
+	VMOVUPS         (CX)(DI*2), Y12
+	VSHUFPS         $0x88, 32(CX)(DI*2), Y12, Y15
+	VSHUFPS         $0xdd, 32(CX)(DI*2), Y12, Y12
+	VMULPS          Y10, Y15, Y15
+	VFMADD231PS     Y11, Y12, Y6
+	VXORPS          Z16, Z16, Z16
+	VMOVUPS         (CX)(R9*1), Y12
+	VSHUFPS         $0x88, 32(CX)(R9*1), Y12, Y16
+	VSHUFPS         $0xdd, 32(CX)(R9*1), Y12, Y12
+	VMULPS          Y10, Y16, Y16
+	VFMADD231PS     Y11, Y12, Y7
+	VMOVDQU64       q4kidx<>+0(SB), Z10
+	VBROADCASTI64X4 16(DX), Z11
+	VPSRLVW         Z9, Z11, Z11
+	VPANDD          Z8, Z11, Z11
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        (AX), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z13, Z10, Z17
+	VFMADD231PS     Z17, Z12, Z0
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        (AX)(SI*1), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z14, Z10, Z17
+	VFMADD231PS     Z17, Z12, Z1
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        (AX)(SI*2), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z15, Z10, Z17
+	VFMADD231PS     Z17, Z12, Z2
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        (AX)(R8*1), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z16, Z10, Z10
+	VFMADD231PS     Z10, Z12, Z3
+	VMOVDQU64       q4kidx<>+64(SB), Z10
+	VBROADCASTI64X4 48(DX), Z11
+	VPSRLVW         Z9, Z11, Z11
+	VPANDD          Z8, Z11, Z11
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        64(AX), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z13, Z10, Z17
+	VFMADD231PS     Z17, Z12, Z0
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        64(AX)(SI*1), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z14, Z10, Z17
+	VFMADD231PS     Z17, Z12, Z1
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        64(AX)(SI*2), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z15, Z10, Z17
+	VFMADD231PS     Z17, Z12, Z2
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        64(AX)(R8*1), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z16, Z10, Z10
+	VFMADD231PS     Z10, Z12, Z3
+	VMOVDQU64       q4kidx<>+128(SB), Z10
+	VBROADCASTI64X4 80(DX), Z11
+	VPSRLVW         Z9, Z11, Z11
+	VPANDD          Z8, Z11, Z11
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        128(AX), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z13, Z10, Z17
+	VFMADD231PS     Z17, Z12, Z0
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        128(AX)(SI*1), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z14, Z10, Z17
+	VFMADD231PS     Z17, Z12, Z1
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        128(AX)(SI*2), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z15, Z10, Z17
+	VFMADD231PS     Z17, Z12, Z2
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        128(AX)(R8*1), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z16, Z10, Z10
+	VFMADD231PS     Z10, Z12, Z3
+	VMOVDQU64       q4kidx<>+192(SB), Z10
+	VBROADCASTI64X4 112(DX), Z11
+	VPSRLVW         Z9, Z11, Z11
+	VPANDD          Z8, Z11, Z11
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        192(AX), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z13, Z10, Z13
+	VFMADD231PS     Z13, Z12, Z0
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        192(AX)(SI*1), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z14, Z10, Z13
+	VFMADD231PS     Z13, Z12, Z1
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        192(AX)(SI*2), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z15, Z10, Z13
+	VFMADD231PS     Z13, Z12, Z2
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        192(AX)(R8*1), Z11, Z12
+	VCVTDQ2PS       Z12, Z12
+	VPERMPS         Z16, Z10, Z10
+	VFMADD231PS     Z10, Z12, Z3
+	ADDQ            $0x00000090, DX
+	ADDQ            $0x00000100, AX
+	ADDQ            $0x00000040, CX
+	DECQ            (SP)
+	JMP             qtileQ4KR4VNNI512_loop
+
+qtileQ4KR4VNNI512_done:
+	MOVQ          y_base+0(FP), AX
+	MOVQ          ldy+24(FP), CX
+	VEXTRACTF64X4 $0x01, Z0, Y8
+	VADDPS        Y0, Y8, Y8
+	VEXTRACTF128  $0x01, Y8, X0
+	VADDPS        X0, X8, X0
+	VEXTRACTF128  $0x01, Y4, X8
+	VADDPS        X8, X4, X8
+	VSUBPS        X8, X0, X0
+	VHADDPS       X0, X0, X0
+	VHADDPS       X0, X0, X0
+	VMOVSS        X0, (AX)
+	VEXTRACTF64X4 $0x01, Z1, Y0
+	VADDPS        Y1, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VEXTRACTF128  $0x01, Y5, X0
+	VADDPS        X0, X5, X0
+	VSUBPS        X0, X1, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
+	VEXTRACTF64X4 $0x01, Z2, Y0
+	VADDPS        Y2, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VEXTRACTF128  $0x01, Y6, X0
+	VADDPS        X0, X6, X0
+	VSUBPS        X0, X1, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
+	VEXTRACTF64X4 $0x01, Z3, Y0
+	VADDPS        Y3, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VEXTRACTF128  $0x01, Y7, X0
+	VADDPS        X0, X7, X0
+	VSUBPS        X0, X1, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
 	VZEROUPPER
 	RET
 
