@@ -157,6 +157,8 @@ func main() {
 	}
 	q4kConsts512()
 	qtileQ4K512()
+	q8Consts512()
+	qtileQ8_0R4512()
 	sum()
 	scale()
 	Generate()

@@ -606,3 +606,140 @@ func qtileQ4K512() {
 	VZEROUPPER()
 	RET()
 }
+
+// The 512-bit Q8_0 tile (AVX-512 VNNI and BW) takes two blocks per
+// instruction. AVX-512 has no VPSIGNB for the sign trick, so the weights
+// are biased instead: u = w XOR 0x80 = w + 128 as unsigned bytes, and
+// Σu·q = Σw·q + 128·Σq, whose excess 128·dw·(d·Σq) = 128·dw·s is summed
+// separately (in all 8 lanes of a block: 16× the lane sum) and taken off
+// at the end.
+var q8IdxData Mem // [2][16]uint32: VPERMPS picks of d (lanes 0, 2) and s (1, 3)
+
+func q8Consts512() {
+	q8IdxData = GLOBL("q8idx", RODATA|NOPTR)
+	for k := range 2 {
+		for l := range 16 {
+			DATA(64*k+4*l, U32(2*(l/8)+k))
+		}
+	}
+}
+
+// qtileQ8_0R4512 is the 4-row Q8_0 tile on zmm registers.
+func qtileQ8_0R4512() {
+	const R = 4
+	name := "qtileQ8_0R4VNNI512"
+	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
+	Doc(
+		name+" is qtileQ8_0R4VNNI on 512-bit registers (AVX-512 VNNI and BW):",
+		"two blocks per integer dot product, with biased weights (see quant.go).",
+	)
+	Pragma("noescape")
+	q0 := Load(Param("q").Base(), GP64()).(GPVirtual)
+	ds0 := Load(Param("ds").Base(), GP64()).(GPVirtual)
+	wp := Load(Param("w").Base(), GP64()).(GPVirtual)
+	n := Load(Param("k"), GP64())
+	ldq := Load(Param("ldq"), GP64()).(GPVirtual)
+	ldds := GP64()
+	MOVQ(ldq, ldds)
+	SHRQ(U8(2), ldds)
+	xs := []xrow{{q0: q0, ds0: ds0}}
+	for r := 1; r < R; r++ {
+		x := xrow{q0: q0, ds0: ds0, idx: ldq, dsIdx: ldds, scale: uint8(r)}
+		if r == 3 {
+			q3, ds3 := GP64(), GP64()
+			LEAQ(Mem{Base: ldq, Index: ldq, Scale: 2}, q3)
+			LEAQ(Mem{Base: ldds, Index: ldds, Scale: 2}, ds3)
+			x.idx, x.dsIdx, x.scale = q3, ds3, 1
+		}
+		xs = append(xs, x)
+	}
+	SHRQ(U8(5), n) // blocks
+
+	acc, corr := make([]VecVirtual, R), make([]VecVirtual, R)
+	for r := range R {
+		acc[r] = ZMM()
+		VXORPS(acc[r], acc[r], acc[r])
+	}
+	for r := range R {
+		corr[r] = ZMM()
+		VXORPS(corr[r], corr[r], corr[r])
+	}
+	b80 := ZMM()
+	t32 := GP32()
+	MOVL(U32(0x80808080), t32)
+	VPBROADCASTD(t32, b80)
+
+	// An odd block first, on ymm: 256-bit writes clear the upper halves,
+	// which are still zero here.
+	TESTQ(U32(1), n)
+	JZ(LabelRef(name + "_pairs"))
+	{
+		u, dw := ZMM(), f16Bcast(Mem{Base: wp})
+		VPXORD(Mem{Base: wp, Disp: 2}, b80.AsY(), u.AsY())
+		for r, x := range xs {
+			t := ZMM()
+			VXORPS(t.AsY(), t.AsY(), t.AsY())
+			VPDPBUSD(x.q(0), u.AsY(), t.AsY())
+			VCVTDQ2PS(t.AsY(), t.AsY())
+			VMULPS(dw, t.AsY(), t.AsY())
+			VFMADD231PS_BCST(x.d(0), t.AsY(), acc[r].AsY())
+			VFMADD231PS_BCST(x.s(0), dw, corr[r].AsY())
+		}
+	}
+	ADDQ(U8(34), wp)
+	ADDQ(U8(32), q0)
+	ADDQ(U8(8), ds0)
+	DECQ(n)
+
+	Label(name + "_pairs")
+	idxD, idxS := ZMM(), ZMM()
+	VMOVDQU64(q8IdxData, idxD)
+	VMOVDQU64(q8IdxData.Offset(64), idxS)
+	Label(name + "_loop")
+	TESTQ(n, n)
+	JZ(LabelRef(name + "_done"))
+	u := ZMM()
+	VMOVDQU(Mem{Base: wp, Disp: 2}, u.AsY())
+	VINSERTI64X4(U8(1), Mem{Base: wp, Disp: 36}, u, u)
+	VPXORD(b80, u, u)
+	dw, dwB := f16Bcast(Mem{Base: wp}), f16Bcast(Mem{Base: wp, Disp: 34})
+	dwv := ZMM()
+	VINSERTF64X4(U8(1), dwB, dw.AsZ(), dwv)
+	for r, x := range xs {
+		t, p, dv, sv := ZMM(), ZMM(), ZMM(), ZMM()
+		VXORPS(t, t, t)
+		VPDPBUSD(x.q(0), u, t)
+		VCVTDQ2PS(t, t)
+		VMULPS(dwv, t, t)
+		VBROADCASTF32X4(x.d(0), p) // dA sA dB sB, four times
+		VPERMPS(p, idxD, dv)
+		VPERMPS(p, idxS, sv)
+		VFMADD231PS(dv, t, acc[r])
+		VFMADD231PS(dwv, sv, corr[r])
+	}
+	ADDQ(U8(68), wp)
+	ADDQ(U8(64), q0)
+	ADDQ(U8(16), ds0)
+	SUBQ(U8(2), n)
+	JMP(LabelRef(name + "_loop"))
+
+	Label(name + "_done")
+	yp := Load(Param("y").Base(), GP64()).(GPVirtual)
+	ldy := Load(Param("ldy"), GP64())
+	k16 := ZMM()
+	t32b := GP32()
+	MOVL(U32(0x41800000), t32b) // 16.0
+	VPBROADCASTD(t32b, k16)
+	for r := range R {
+		VFNMADD231PS(k16, corr[r], acc[r]) // acc −= 16·corr
+		h := YMM()
+		VEXTRACTF64X4(U8(1), acc[r], h)
+		VADDPS(acc[r].AsY(), h, h)
+		if r > 0 {
+			LEAQ(Mem{Base: yp, Index: ldy, Scale: 4}, yp)
+		}
+		hsumStore(h, nil, Mem{Base: yp})
+	}
+	VZEROUPPER()
+	RET()
+}

@@ -40,14 +40,18 @@ func TestQTilesMatchGo(t *testing.T) {
 			continue
 		}
 		for _, dt := range quantTypes {
-			for _, k := range []int{256, 512, 2816} {
+			ks := []int{256, 512, 2816}
+			if dt.BlockElems() == 32 {
+				ks = append(ks, 32, 96, 288) // odd block counts
+			}
+			for _, k := range ks {
 				w := kerneltest.NewMat(rng, dt, 1, k, 0, 0)
 				x := make([]float32, R*k)
 				for i := range x {
 					x[i] = float32(rng.NormFloat64())
 				}
 				x[3] = 0 // and a zero block:
-				for i := 64; i < 96; i++ {
+				for i := 32; i < 64; i++ {
 					x[i] = 0
 				}
 				var qx qrows

@@ -52,7 +52,7 @@ var (
 		kernels.Q6K:  {r1: qtileQ6KR1AVX2},
 	}
 	vnniQTiles = [...]qtileSet{
-		kernels.Q8_0: {r1: qtileQ8_0R1VNNI, r4: qtileQ8_0R4VNNI},
+		kernels.Q8_0: {r1: qtileQ8_0R1VNNI, r4: qtileQ8_0R4VNNI512},
 		kernels.Q4_0: {r1: qtileQ4_0R1VNNI, r4: qtileQ4_0R4VNNI},
 		kernels.Q4K:  {r1: qtileQ4KR1VNNI, r4: qtileQ4KR4VNNI512},
 		kernels.Q5K:  {r1: qtileQ5KR1VNNI, r4: qtileQ5KR4VNNI},

@@ -6550,6 +6550,197 @@ qtileQ4KR4VNNI512_done:
 	VZEROUPPER
 	RET
 
+DATA q8idx<>+0(SB)/4, $0x00000000
+DATA q8idx<>+4(SB)/4, $0x00000000
+DATA q8idx<>+8(SB)/4, $0x00000000
+DATA q8idx<>+12(SB)/4, $0x00000000
+DATA q8idx<>+16(SB)/4, $0x00000000
+DATA q8idx<>+20(SB)/4, $0x00000000
+DATA q8idx<>+24(SB)/4, $0x00000000
+DATA q8idx<>+28(SB)/4, $0x00000000
+DATA q8idx<>+32(SB)/4, $0x00000002
+DATA q8idx<>+36(SB)/4, $0x00000002
+DATA q8idx<>+40(SB)/4, $0x00000002
+DATA q8idx<>+44(SB)/4, $0x00000002
+DATA q8idx<>+48(SB)/4, $0x00000002
+DATA q8idx<>+52(SB)/4, $0x00000002
+DATA q8idx<>+56(SB)/4, $0x00000002
+DATA q8idx<>+60(SB)/4, $0x00000002
+DATA q8idx<>+64(SB)/4, $0x00000001
+DATA q8idx<>+68(SB)/4, $0x00000001
+DATA q8idx<>+72(SB)/4, $0x00000001
+DATA q8idx<>+76(SB)/4, $0x00000001
+DATA q8idx<>+80(SB)/4, $0x00000001
+DATA q8idx<>+84(SB)/4, $0x00000001
+DATA q8idx<>+88(SB)/4, $0x00000001
+DATA q8idx<>+92(SB)/4, $0x00000001
+DATA q8idx<>+96(SB)/4, $0x00000003
+DATA q8idx<>+100(SB)/4, $0x00000003
+DATA q8idx<>+104(SB)/4, $0x00000003
+DATA q8idx<>+108(SB)/4, $0x00000003
+DATA q8idx<>+112(SB)/4, $0x00000003
+DATA q8idx<>+116(SB)/4, $0x00000003
+DATA q8idx<>+120(SB)/4, $0x00000003
+DATA q8idx<>+124(SB)/4, $0x00000003
+GLOBL q8idx<>(SB), RODATA|NOPTR, $128
+
+// func qtileQ8_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512DQ, AVX512F, AVX512VL, AVX512VNNI, F16C
+TEXT ·qtileQ8_0R4VNNI512(SB), NOSPLIT, $0-120
+	MOVQ             q_base+32(FP), AX
+	MOVQ             ds_base+56(FP), CX
+	MOVQ             w_base+88(FP), DX
+	MOVQ             k+112(FP), BX
+	MOVQ             ldq+80(FP), SI
+	MOVQ             SI, DI
+	SHRQ             $0x02, DI
+	LEAQ             (SI)(SI*2), R8
+	LEAQ             (DI)(DI*2), R9
+	SHRQ             $0x05, BX
+	VXORPS           Z0, Z0, Z0
+	VXORPS           Z1, Z1, Z1
+	VXORPS           Z2, Z2, Z2
+	VXORPS           Z3, Z3, Z3
+	VXORPS           Z4, Z4, Z4
+	VXORPS           Z5, Z5, Z5
+	VXORPS           Z6, Z6, Z6
+	VXORPS           Z7, Z7, Z7
+	MOVL             $0x80808080, R10
+	VPBROADCASTD     R10, Z8
+	TESTQ            $0x00000001, BX
+	JZ               qtileQ8_0R4VNNI512_pairs
+	VPBROADCASTW     (DX), X10
+	VCVTPH2PS        X10, Y10
+	VPXORD           2(DX), Y8, Y9
+	VXORPS           Y11, Y11, Y11
+	VPDPBUSD         (AX), Y9, Y11
+	VCVTDQ2PS        Y11, Y11
+	VMULPS           Y10, Y11, Y11
+	VFMADD231PS.BCST (CX), Y11, Y0
+	VFMADD231PS.BCST 4(CX), Y10, Y4
+	VXORPS           Y11, Y11, Y11
+	VPDPBUSD         (AX)(SI*1), Y9, Y11
+	VCVTDQ2PS        Y11, Y11
+	VMULPS           Y10, Y11, Y11
+	VFMADD231PS.BCST (CX)(DI*1), Y11, Y1
+	VFMADD231PS.BCST 4(CX)(DI*1), Y10, Y5
+	VXORPS           Y11, Y11, Y11
+	VPDPBUSD         (AX)(SI*2), Y9, Y11
+	VCVTDQ2PS        Y11, Y11
+	VMULPS           Y10, Y11, Y11
+	VFMADD231PS.BCST (CX)(DI*2), Y11, Y2
+	VFMADD231PS.BCST 4(CX)(DI*2), Y10, Y6
+	VXORPS           Y11, Y11, Y11
+	VPDPBUSD         (AX)(R8*1), Y9, Y11
+	VCVTDQ2PS        Y11, Y11
+	VMULPS           Y10, Y11, Y11
+	VFMADD231PS.BCST (CX)(R9*1), Y11, Y3
+	VFMADD231PS.BCST 4(CX)(R9*1), Y10, Y7
+	ADDQ             $0x22, DX
+	ADDQ             $0x20, AX
+	ADDQ             $0x08, CX
+	DECQ             BX
+
+qtileQ8_0R4VNNI512_pairs:
+	VMOVDQU64 q8idx<>+0(SB), Z9
+	VMOVDQU64 q8idx<>+64(SB), Z10
+
+qtileQ8_0R4VNNI512_loop:
+	TESTQ           BX, BX
+	JZ              qtileQ8_0R4VNNI512_done
+	VMOVDQU         2(DX), Y11
+	VINSERTI64X4    $0x01, 36(DX), Z11, Z11
+	VPXORD          Z8, Z11, Z11
+	VPBROADCASTW    (DX), X12
+	VCVTPH2PS       X12, Y12
+	VPBROADCASTW    34(DX), X13
+	VCVTPH2PS       X13, Y13
+	VINSERTF64X4    $0x01, Y13, Z12, Z13
+	VXORPS          Z14, Z14, Z14
+	VPDPBUSD        (AX), Z11, Z14
+	VCVTDQ2PS       Z14, Z14
+	VMULPS          Z13, Z14, Z14
+	VBROADCASTF32X4 (CX), Z15
+	VPERMPS         Z15, Z9, Z16
+	VPERMPS         Z15, Z10, Z15
+	VFMADD231PS     Z16, Z14, Z0
+	VFMADD231PS     Z13, Z15, Z4
+	VXORPS          Z14, Z14, Z14
+	VPDPBUSD        (AX)(SI*1), Z11, Z14
+	VCVTDQ2PS       Z14, Z14
+	VMULPS          Z13, Z14, Z14
+	VBROADCASTF32X4 (CX)(DI*1), Z15
+	VPERMPS         Z15, Z9, Z16
+	VPERMPS         Z15, Z10, Z15
+	VFMADD231PS     Z16, Z14, Z1
+	VFMADD231PS     Z13, Z15, Z5
+	VXORPS          Z14, Z14, Z14
+	VPDPBUSD        (AX)(SI*2), Z11, Z14
+	VCVTDQ2PS       Z14, Z14
+	VMULPS          Z13, Z14, Z14
+	VBROADCASTF32X4 (CX)(DI*2), Z15
+	VPERMPS         Z15, Z9, Z16
+	VPERMPS         Z15, Z10, Z15
+	VFMADD231PS     Z16, Z14, Z2
+	VFMADD231PS     Z13, Z15, Z6
+	VXORPS          Z14, Z14, Z14
+	VPDPBUSD        (AX)(R8*1), Z11, Z14
+	VCVTDQ2PS       Z14, Z14
+	VMULPS          Z13, Z14, Z14
+	VBROADCASTF32X4 (CX)(R9*1), Z15
+	VPERMPS         Z15, Z9, Z16
+	VPERMPS         Z15, Z10, Z15
+	VFMADD231PS     Z16, Z14, Z3
+	VFMADD231PS     Z13, Z15, Z7
+	ADDQ            $0x44, DX
+	ADDQ            $0x40, AX
+	ADDQ            $0x10, CX
+	SUBQ            $0x02, BX
+	JMP             qtileQ8_0R4VNNI512_loop
+
+qtileQ8_0R4VNNI512_done:
+	MOVQ          y_base+0(FP), AX
+	MOVQ          ldy+24(FP), CX
+	MOVL          $0x41800000, DX
+	VPBROADCASTD  DX, Z8
+	VFNMADD231PS  Z8, Z4, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y4
+	VADDPS        Y0, Y4, Y4
+	VEXTRACTF128  $0x01, Y4, X0
+	VADDPS        X0, X4, X0
+	VHADDPS       X0, X0, X0
+	VHADDPS       X0, X0, X0
+	VMOVSS        X0, (AX)
+	VFNMADD231PS  Z8, Z5, Z1
+	VEXTRACTF64X4 $0x01, Z1, Y0
+	VADDPS        Y1, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
+	VFNMADD231PS  Z8, Z6, Z2
+	VEXTRACTF64X4 $0x01, Z2, Y0
+	VADDPS        Y2, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
+	VFNMADD231PS  Z8, Z7, Z3
+	VEXTRACTF64X4 $0x01, Z3, Y0
+	VADDPS        Y3, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
+	VZEROUPPER
+	RET
+
 // func sumF32(x []float32) float32
 // Requires: AVX, SSE
 TEXT ·sumF32(SB), NOSPLIT, $0-28

@@ -730,6 +730,12 @@ func qtileQ6KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []b
 //go:noescape
 func qtileQ4KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
+// qtileQ8_0R4VNNI512 is qtileQ8_0R4VNNI on 512-bit registers (AVX-512 VNNI and BW):
+// two blocks per integer dot product, with biased weights (see quant.go).
+//
+//go:noescape
+func qtileQ8_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
 // sumF32 returns the sum of x in some order:
 //
 //	for _, v := range x {
