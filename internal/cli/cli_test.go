@@ -133,6 +133,7 @@ func TestRunErrors(t *testing.T) {
 		{"missing dir", []string{"run", "--model", filepath.Join(t.TempDir(), "nope"), "hi"}, 1, "nope"},
 		{"bad flag", []string{"run", "--bogus"}, 2, "flag provided but not defined"},
 		{"tokenize no model", []string{"tokenize", "x"}, 2, "--model DIR is required"},
+		{"bad quant", []string{"run", "--quant", "q3_k", "hi"}, 1, `unknown quantization "q3_k" (want one of q8_0, q4_k)`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -190,6 +191,21 @@ func TestRunMTPFlagErrors(t *testing.T) {
 		code, _, errs := runCLI(t, "", append(args, "hi")...)
 		if code != 1 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
+		}
+	}
+}
+
+// TestRunQuantizedBuiltin runs the built-in model with its weights
+// quantized on load: greedy, it still introduces itself (measured: the
+// same 30 tokens as bf16 with q8_0 and q4_k).
+func TestRunQuantizedBuiltin(t *testing.T) {
+	for _, q := range []string{"q8_0", "q4_k"} {
+		code, out, errs := runCLI(t, "", "run", "--quant", q, "--temperature", "0", "--max-tokens", "12", "Who are you?")
+		if code != 0 {
+			t.Fatalf("--quant %s: exit %d: %s", q, code, errs)
+		}
+		if !strings.Contains(out, "ferrite-tiny") {
+			t.Errorf("--quant %s: the built-in model did not introduce itself: %q", q, out)
 		}
 	}
 }
