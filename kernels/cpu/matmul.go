@@ -135,7 +135,7 @@ func (m *matmul) qtask(r0, r1, i0, i1 int) {
 	rb := m.w.DType.RowBytes(cols)
 	step := r1 - r0
 	if i1-i0 > 1 {
-		step = max(1, weightBlock/rb)
+		step = max(1, weightBlock/max(rb, 1))
 	}
 	q, ds, t := m.qx.q, m.qx.ds, m.qt
 	nb := cols / qk

@@ -86,6 +86,7 @@ var DTypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16, kernels.F8E
 // remainders and task splits as Shapes.
 var QuantShapes = []Shape{
 	{0, 4, 256, 0, 0},
+	{2, 3, 0, 0, 0},
 	{1, 1, 256, 0, 0},
 	{1, 7, 512, 0, 0},
 	{2, 3, 256, 0, 0},
