@@ -156,9 +156,11 @@ func main() {
 		}
 	}
 	q4kConsts512()
-	qtileQ4K512()
 	q8Consts512()
-	qtileQ8_0R4512()
+	for _, r := range []int{1, 4} {
+		qtileQ4K512(r)
+		qtileQ8_0512(r)
+	}
 	sum()
 	scale()
 	Generate()

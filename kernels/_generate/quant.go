@@ -372,24 +372,7 @@ func qtile(a qisa, k qkernel, R int) {
 	ds0 := Load(Param("ds").Base(), GP64()).(GPVirtual)
 	wp := Load(Param("w").Base(), GP64()).(GPVirtual)
 	n := Load(Param("k"), GP64())
-	xs := []xrow{{q0: q0, ds0: ds0}}
-	if R > 1 {
-		// Rows 1, 2 at index ×1, ×2; row 3 at 3·stride ×1.
-		ldq := Load(Param("ldq"), GP64()).(GPVirtual)
-		ldds := GP64()
-		MOVQ(ldq, ldds)
-		SHRQ(U8(2), ldds) // ldq/32 (d, s) pairs of 8 bytes
-		for r := 1; r < R; r++ {
-			x := xrow{q0: q0, ds0: ds0, idx: ldq, dsIdx: ldds, scale: uint8(r)}
-			if r == 3 {
-				q3, ds3 := GP64(), GP64()
-				LEAQ(Mem{Base: ldq, Index: ldq, Scale: 2}, q3)
-				LEAQ(Mem{Base: ldds, Index: ldds, Scale: 2}, ds3)
-				x.idx, x.dsIdx, x.scale = q3, ds3, 1
-			}
-			xs = append(xs, x)
-		}
-	}
+	xs := xrows(q0, ds0, R)
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
 
 	unroll := k.unroll
@@ -491,13 +474,12 @@ func q4kConsts512() {
 	}
 }
 
-// qtileQ4K512 is the 4-row Q4_K tile on zmm registers.
-func qtileQ4K512() {
-	const R = 4
-	name := "qtileQ4KR4VNNI512"
+// qtileQ4K512 is the R-row Q4_K tile on zmm registers.
+func qtileQ4K512(R int) {
+	name := fmt.Sprintf("qtileQ4KR%dVNNI512", R)
 	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
 	Doc(
-		name+" is qtileQ4KR4VNNI on 512-bit registers (AVX-512 VNNI and BW):",
+		fmt.Sprintf("%s is qtileQ4KR%dVNNI on 512-bit registers (AVX-512 VNNI and BW):", name, R),
 		"two sub-blocks per integer dot product, conversion and multiply-add.",
 	)
 	Pragma("noescape")
@@ -505,21 +487,7 @@ func qtileQ4K512() {
 	ds0 := Load(Param("ds").Base(), GP64()).(GPVirtual)
 	wp := Load(Param("w").Base(), GP64()).(GPVirtual)
 	n := Load(Param("k"), GP64())
-	ldq := Load(Param("ldq"), GP64()).(GPVirtual)
-	ldds := GP64()
-	MOVQ(ldq, ldds)
-	SHRQ(U8(2), ldds)
-	xs := []xrow{{q0: q0, ds0: ds0}}
-	for r := 1; r < R; r++ {
-		x := xrow{q0: q0, ds0: ds0, idx: ldq, dsIdx: ldds, scale: uint8(r)}
-		if r == 3 {
-			q3, ds3 := GP64(), GP64()
-			LEAQ(Mem{Base: ldq, Index: ldq, Scale: 2}, q3)
-			LEAQ(Mem{Base: ldds, Index: ldds, Scale: 2}, ds3)
-			x.idx, x.dsIdx, x.scale = q3, ds3, 1
-		}
-		xs = append(xs, x)
-	}
+	xs := xrows(q0, ds0, R)
 	SHRQ(U8(8), n) // super-blocks
 	// The count lives on the stack: the loop needs every general register
 	// but this one.
@@ -593,7 +561,10 @@ func qtileQ4K512() {
 
 	Label(name + "_done")
 	yp := Load(Param("y").Base(), GP64()).(GPVirtual)
-	ldy := Load(Param("ldy"), GP64())
+	var ldy Register
+	if R > 1 {
+		ldy = Load(Param("ldy"), GP64())
+	}
 	for r := range R {
 		h := YMM()
 		VEXTRACTF64X4(U8(1), acc[r], h)
@@ -624,13 +595,12 @@ func q8Consts512() {
 	}
 }
 
-// qtileQ8_0R4512 is the 4-row Q8_0 tile on zmm registers.
-func qtileQ8_0R4512() {
-	const R = 4
-	name := "qtileQ8_0R4VNNI512"
+// qtileQ8_0512 is the R-row Q8_0 tile on zmm registers.
+func qtileQ8_0512(R int) {
+	name := fmt.Sprintf("qtileQ8_0R%dVNNI512", R)
 	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
 	Doc(
-		name+" is qtileQ8_0R4VNNI on 512-bit registers (AVX-512 VNNI and BW):",
+		fmt.Sprintf("%s is qtileQ8_0R%dVNNI on 512-bit registers (AVX-512 VNNI and BW):", name, R),
 		"two blocks per integer dot product, with biased weights (see quant.go).",
 	)
 	Pragma("noescape")
@@ -638,21 +608,7 @@ func qtileQ8_0R4512() {
 	ds0 := Load(Param("ds").Base(), GP64()).(GPVirtual)
 	wp := Load(Param("w").Base(), GP64()).(GPVirtual)
 	n := Load(Param("k"), GP64())
-	ldq := Load(Param("ldq"), GP64()).(GPVirtual)
-	ldds := GP64()
-	MOVQ(ldq, ldds)
-	SHRQ(U8(2), ldds)
-	xs := []xrow{{q0: q0, ds0: ds0}}
-	for r := 1; r < R; r++ {
-		x := xrow{q0: q0, ds0: ds0, idx: ldq, dsIdx: ldds, scale: uint8(r)}
-		if r == 3 {
-			q3, ds3 := GP64(), GP64()
-			LEAQ(Mem{Base: ldq, Index: ldq, Scale: 2}, q3)
-			LEAQ(Mem{Base: ldds, Index: ldds, Scale: 2}, ds3)
-			x.idx, x.dsIdx, x.scale = q3, ds3, 1
-		}
-		xs = append(xs, x)
-	}
+	xs := xrows(q0, ds0, R)
 	SHRQ(U8(5), n) // blocks
 
 	acc, corr := make([]VecVirtual, R), make([]VecVirtual, R)
@@ -725,7 +681,10 @@ func qtileQ8_0R4512() {
 
 	Label(name + "_done")
 	yp := Load(Param("y").Base(), GP64()).(GPVirtual)
-	ldy := Load(Param("ldy"), GP64())
+	var ldy Register
+	if R > 1 {
+		ldy = Load(Param("ldy"), GP64())
+	}
 	k16 := ZMM()
 	t32b := GP32()
 	MOVL(U32(0x41800000), t32b) // 16.0
@@ -742,4 +701,28 @@ func qtileQ8_0R4512() {
 	}
 	VZEROUPPER()
 	RET()
+}
+
+// xrows addresses R x rows from q0 and ds0: rows 1 and 2 at index ×1 and
+// ×2 of the strides, row 3 at three strides ×1.
+func xrows(q0, ds0 GPVirtual, R int) []xrow {
+	xs := []xrow{{q0: q0, ds0: ds0}}
+	if R == 1 {
+		return xs
+	}
+	ldq := Load(Param("ldq"), GP64()).(GPVirtual)
+	ldds := GP64()
+	MOVQ(ldq, ldds)
+	SHRQ(U8(2), ldds) // ldq/32 (d, s) pairs of 8 bytes
+	for r := 1; r < R; r++ {
+		x := xrow{q0: q0, ds0: ds0, idx: ldq, dsIdx: ldds, scale: uint8(r)}
+		if r == 3 {
+			q3, ds3 := GP64(), GP64()
+			LEAQ(Mem{Base: ldq, Index: ldq, Scale: 2}, q3)
+			LEAQ(Mem{Base: ldds, Index: ldds, Scale: 2}, ds3)
+			x.idx, x.dsIdx, x.scale = q3, ds3, 1
+		}
+		xs = append(xs, x)
+	}
+	return xs
 }

@@ -24,6 +24,7 @@ func qtileSets() map[string]*[kernels.Q6K + 1]qtileSet {
 	}
 	if cpuinfo.VNNI() && cpuinfo.F16C() {
 		sets["vnni"] = &vnniQTiles
+		sets["vnni512"] = &vnni512QTiles
 	}
 	return sets
 }

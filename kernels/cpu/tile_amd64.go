@@ -52,13 +52,23 @@ var (
 		kernels.Q6K:  {r1: qtileQ6KR1AVX2},
 	}
 	vnniQTiles = [...]qtileSet{
-		kernels.Q8_0: {r1: qtileQ8_0R1VNNI, r4: qtileQ8_0R4VNNI512},
+		kernels.Q8_0: {r1: qtileQ8_0R1VNNI, r4: qtileQ8_0R4VNNI},
 		kernels.Q4_0: {r1: qtileQ4_0R1VNNI, r4: qtileQ4_0R4VNNI},
-		kernels.Q4K:  {r1: qtileQ4KR1VNNI, r4: qtileQ4KR4VNNI512},
+		kernels.Q4K:  {r1: qtileQ4KR1VNNI, r4: qtileQ4KR4VNNI},
 		kernels.Q5K:  {r1: qtileQ5KR1VNNI, r4: qtileQ5KR4VNNI},
 		kernels.Q6K:  {r1: qtileQ6KR1VNNI},
 	}
 )
+
+// vnni512QTiles are vnniQTiles with the Q8_0 and Q4_K tiles on zmm
+// registers (two 32-column blocks per instruction), which this package
+// uses; vnniQTiles stay for comparison in the tests and benchmarks.
+var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
+	t = vnniQTiles
+	t[kernels.Q8_0] = qtileSet{r1: qtileQ8_0R1VNNI512, r4: qtileQ8_0R4VNNI512}
+	t[kernels.Q4K] = qtileSet{r1: qtileQ4KR1VNNI512, r4: qtileQ4KR4VNNI512}
+	return t
+}()
 
 // qtilesFor returns the fastest tiles this CPU can run for quantized dtype
 // d (the tiles need F16C for the block scales).
@@ -67,7 +77,7 @@ func qtilesFor(d kernels.DType) *qtileSet {
 	case !cpuinfo.AVX2FMA() || !cpuinfo.F16C():
 		return &genericQTiles[d]
 	case cpuinfo.VNNI():
-		return &vnniQTiles[d]
+		return &vnni512QTiles[d]
 	}
 	return &avx2QTiles[d]
 }

@@ -6309,6 +6309,231 @@ DATA q4kshift<>+60(SB)/2, $0x0004
 DATA q4kshift<>+62(SB)/2, $0x0004
 GLOBL q4kshift<>(SB), RODATA|NOPTR, $64
 
+DATA q8idx<>+0(SB)/4, $0x00000000
+DATA q8idx<>+4(SB)/4, $0x00000000
+DATA q8idx<>+8(SB)/4, $0x00000000
+DATA q8idx<>+12(SB)/4, $0x00000000
+DATA q8idx<>+16(SB)/4, $0x00000000
+DATA q8idx<>+20(SB)/4, $0x00000000
+DATA q8idx<>+24(SB)/4, $0x00000000
+DATA q8idx<>+28(SB)/4, $0x00000000
+DATA q8idx<>+32(SB)/4, $0x00000002
+DATA q8idx<>+36(SB)/4, $0x00000002
+DATA q8idx<>+40(SB)/4, $0x00000002
+DATA q8idx<>+44(SB)/4, $0x00000002
+DATA q8idx<>+48(SB)/4, $0x00000002
+DATA q8idx<>+52(SB)/4, $0x00000002
+DATA q8idx<>+56(SB)/4, $0x00000002
+DATA q8idx<>+60(SB)/4, $0x00000002
+DATA q8idx<>+64(SB)/4, $0x00000001
+DATA q8idx<>+68(SB)/4, $0x00000001
+DATA q8idx<>+72(SB)/4, $0x00000001
+DATA q8idx<>+76(SB)/4, $0x00000001
+DATA q8idx<>+80(SB)/4, $0x00000001
+DATA q8idx<>+84(SB)/4, $0x00000001
+DATA q8idx<>+88(SB)/4, $0x00000001
+DATA q8idx<>+92(SB)/4, $0x00000001
+DATA q8idx<>+96(SB)/4, $0x00000003
+DATA q8idx<>+100(SB)/4, $0x00000003
+DATA q8idx<>+104(SB)/4, $0x00000003
+DATA q8idx<>+108(SB)/4, $0x00000003
+DATA q8idx<>+112(SB)/4, $0x00000003
+DATA q8idx<>+116(SB)/4, $0x00000003
+DATA q8idx<>+120(SB)/4, $0x00000003
+DATA q8idx<>+124(SB)/4, $0x00000003
+GLOBL q8idx<>(SB), RODATA|NOPTR, $128
+
+// func qtileQ4KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VNNI, F16C, FMA3
+TEXT ·qtileQ4KR1VNNI512(SB), NOSPLIT, $8-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x08, BX
+	MOVQ         BX, (SP)
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	MOVL         $0x0f0f0f0f, BX
+	VPBROADCASTD BX, Z2
+	VMOVDQU64    q4kshift<>+0(SB), Z3
+
+qtileQ4KR1VNNI512_loop:
+	CMPQ            (SP), $0x00
+	JE              qtileQ4KR1VNNI512_done
+	MOVLQZX         4(DX), BX
+	MOVLQZX         12(DX), SI
+	MOVQ            BX, DI
+	SHRQ            $0x06, DI
+	ANDQ            $0x03030303, DI
+	SHLQ            $0x04, DI
+	MOVQ            SI, R8
+	ANDQ            $0x0f0f0f0f, R8
+	ORQ             R8, DI
+	SHLQ            $0x20, DI
+	ANDQ            $0x3f3f3f3f, BX
+	ORQ             BX, DI
+	VMOVQ           DI, X4
+	VPMOVZXBD       X4, Y4
+	MOVLQZX         8(DX), BX
+	MOVQ            BX, DI
+	SHRQ            $0x06, DI
+	ANDQ            $0x03030303, DI
+	SHLQ            $0x04, DI
+	SHRQ            $0x04, SI
+	ANDQ            $0x0f0f0f0f, SI
+	ORQ             SI, DI
+	SHLQ            $0x20, DI
+	ANDQ            $0x3f3f3f3f, BX
+	ORQ             BX, DI
+	VMOVQ           DI, X5
+	VPMOVZXBD       X5, Y5
+	VPBROADCASTW    (DX), X6
+	VCVTPH2PS       X6, Y6
+	VPBROADCASTW    2(DX), X7
+	VCVTPH2PS       X7, Y7
+	VCVTDQ2PS       Y4, Y4
+	VMULPS          Y6, Y4, Y4
+	VPERMPD         $0xd8, Y4, Y4
+	VCVTDQ2PS       Y5, Y5
+	VMULPS          Y7, Y5, Y5
+	VPERMPD         $0xd8, Y5, Y5
+	VXORPS          Z7, Z7, Z7
+	VMOVUPS         (CX), Y6
+	VSHUFPS         $0x88, 32(CX), Y6, Y7
+	VSHUFPS         $0xdd, 32(CX), Y6, Y6
+	VMULPS          Y4, Y7, Y7
+	VFMADD231PS     Y5, Y6, Y1
+	VMOVDQU64       q4kidx<>+0(SB), Z4
+	VBROADCASTI64X4 16(DX), Z5
+	VPSRLVW         Z3, Z5, Z5
+	VPANDD          Z2, Z5, Z5
+	VXORPS          Z6, Z6, Z6
+	VPDPBUSD        (AX), Z5, Z6
+	VCVTDQ2PS       Z6, Z6
+	VPERMPS         Z7, Z4, Z4
+	VFMADD231PS     Z4, Z6, Z0
+	VMOVDQU64       q4kidx<>+64(SB), Z4
+	VBROADCASTI64X4 48(DX), Z5
+	VPSRLVW         Z3, Z5, Z5
+	VPANDD          Z2, Z5, Z5
+	VXORPS          Z6, Z6, Z6
+	VPDPBUSD        64(AX), Z5, Z6
+	VCVTDQ2PS       Z6, Z6
+	VPERMPS         Z7, Z4, Z4
+	VFMADD231PS     Z4, Z6, Z0
+	VMOVDQU64       q4kidx<>+128(SB), Z4
+	VBROADCASTI64X4 80(DX), Z5
+	VPSRLVW         Z3, Z5, Z5
+	VPANDD          Z2, Z5, Z5
+	VXORPS          Z6, Z6, Z6
+	VPDPBUSD        128(AX), Z5, Z6
+	VCVTDQ2PS       Z6, Z6
+	VPERMPS         Z7, Z4, Z4
+	VFMADD231PS     Z4, Z6, Z0
+	VMOVDQU64       q4kidx<>+192(SB), Z4
+	VBROADCASTI64X4 112(DX), Z5
+	VPSRLVW         Z3, Z5, Z5
+	VPANDD          Z2, Z5, Z5
+	VXORPS          Z6, Z6, Z6
+	VPDPBUSD        192(AX), Z5, Z6
+	VCVTDQ2PS       Z6, Z6
+	VPERMPS         Z7, Z4, Z4
+	VFMADD231PS     Z4, Z6, Z0
+	ADDQ            $0x00000090, DX
+	ADDQ            $0x00000100, AX
+	ADDQ            $0x00000040, CX
+	DECQ            (SP)
+	JMP             qtileQ4KR1VNNI512_loop
+
+qtileQ4KR1VNNI512_done:
+	MOVQ          y_base+0(FP), AX
+	VEXTRACTF64X4 $0x01, Z0, Y2
+	VADDPS        Y0, Y2, Y2
+	VEXTRACTF128  $0x01, Y2, X0
+	VADDPS        X0, X2, X0
+	VEXTRACTF128  $0x01, Y1, X2
+	VADDPS        X2, X1, X2
+	VSUBPS        X2, X0, X0
+	VHADDPS       X0, X0, X0
+	VHADDPS       X0, X0, X0
+	VMOVSS        X0, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ8_0R1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512DQ, AVX512F, AVX512VL, AVX512VNNI, F16C
+TEXT ·qtileQ8_0R1VNNI512(SB), NOSPLIT, $0-120
+	MOVQ             q_base+32(FP), AX
+	MOVQ             ds_base+56(FP), CX
+	MOVQ             w_base+88(FP), DX
+	MOVQ             k+112(FP), BX
+	SHRQ             $0x05, BX
+	VXORPS           Z0, Z0, Z0
+	VXORPS           Z1, Z1, Z1
+	MOVL             $0x80808080, SI
+	VPBROADCASTD     SI, Z2
+	TESTQ            $0x00000001, BX
+	JZ               qtileQ8_0R1VNNI512_pairs
+	VPBROADCASTW     (DX), X4
+	VCVTPH2PS        X4, Y4
+	VPXORD           2(DX), Y2, Y3
+	VXORPS           Y5, Y5, Y5
+	VPDPBUSD         (AX), Y3, Y5
+	VCVTDQ2PS        Y5, Y5
+	VMULPS           Y4, Y5, Y5
+	VFMADD231PS.BCST (CX), Y5, Y0
+	VFMADD231PS.BCST 4(CX), Y4, Y1
+	ADDQ             $0x22, DX
+	ADDQ             $0x20, AX
+	ADDQ             $0x08, CX
+	DECQ             BX
+
+qtileQ8_0R1VNNI512_pairs:
+	VMOVDQU64 q8idx<>+0(SB), Z3
+	VMOVDQU64 q8idx<>+64(SB), Z4
+
+qtileQ8_0R1VNNI512_loop:
+	TESTQ           BX, BX
+	JZ              qtileQ8_0R1VNNI512_done
+	VMOVDQU         2(DX), Y5
+	VINSERTI64X4    $0x01, 36(DX), Z5, Z5
+	VPXORD          Z2, Z5, Z5
+	VPBROADCASTW    (DX), X6
+	VCVTPH2PS       X6, Y6
+	VPBROADCASTW    34(DX), X7
+	VCVTPH2PS       X7, Y7
+	VINSERTF64X4    $0x01, Y7, Z6, Z7
+	VXORPS          Z8, Z8, Z8
+	VPDPBUSD        (AX), Z5, Z8
+	VCVTDQ2PS       Z8, Z8
+	VMULPS          Z7, Z8, Z8
+	VBROADCASTF32X4 (CX), Z9
+	VPERMPS         Z9, Z3, Z10
+	VPERMPS         Z9, Z4, Z9
+	VFMADD231PS     Z10, Z8, Z0
+	VFMADD231PS     Z7, Z9, Z1
+	ADDQ            $0x44, DX
+	ADDQ            $0x40, AX
+	ADDQ            $0x10, CX
+	SUBQ            $0x02, BX
+	JMP             qtileQ8_0R1VNNI512_loop
+
+qtileQ8_0R1VNNI512_done:
+	MOVQ          y_base+0(FP), AX
+	MOVL          $0x41800000, CX
+	VPBROADCASTD  CX, Z2
+	VFNMADD231PS  Z2, Z1, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y1
+	VADDPS        Y0, Y1, Y1
+	VEXTRACTF128  $0x01, Y1, X0
+	VADDPS        X0, X1, X0
+	VHADDPS       X0, X0, X0
+	VHADDPS       X0, X0, X0
+	VMOVSS        X0, (AX)
+	VZEROUPPER
+	RET
+
 // func qtileQ4KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 // Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VNNI, F16C, FMA3
 TEXT ·qtileQ4KR4VNNI512(SB), NOSPLIT, $8-120
@@ -6549,40 +6774,6 @@ qtileQ4KR4VNNI512_done:
 	VMOVSS        X1, (AX)
 	VZEROUPPER
 	RET
-
-DATA q8idx<>+0(SB)/4, $0x00000000
-DATA q8idx<>+4(SB)/4, $0x00000000
-DATA q8idx<>+8(SB)/4, $0x00000000
-DATA q8idx<>+12(SB)/4, $0x00000000
-DATA q8idx<>+16(SB)/4, $0x00000000
-DATA q8idx<>+20(SB)/4, $0x00000000
-DATA q8idx<>+24(SB)/4, $0x00000000
-DATA q8idx<>+28(SB)/4, $0x00000000
-DATA q8idx<>+32(SB)/4, $0x00000002
-DATA q8idx<>+36(SB)/4, $0x00000002
-DATA q8idx<>+40(SB)/4, $0x00000002
-DATA q8idx<>+44(SB)/4, $0x00000002
-DATA q8idx<>+48(SB)/4, $0x00000002
-DATA q8idx<>+52(SB)/4, $0x00000002
-DATA q8idx<>+56(SB)/4, $0x00000002
-DATA q8idx<>+60(SB)/4, $0x00000002
-DATA q8idx<>+64(SB)/4, $0x00000001
-DATA q8idx<>+68(SB)/4, $0x00000001
-DATA q8idx<>+72(SB)/4, $0x00000001
-DATA q8idx<>+76(SB)/4, $0x00000001
-DATA q8idx<>+80(SB)/4, $0x00000001
-DATA q8idx<>+84(SB)/4, $0x00000001
-DATA q8idx<>+88(SB)/4, $0x00000001
-DATA q8idx<>+92(SB)/4, $0x00000001
-DATA q8idx<>+96(SB)/4, $0x00000003
-DATA q8idx<>+100(SB)/4, $0x00000003
-DATA q8idx<>+104(SB)/4, $0x00000003
-DATA q8idx<>+108(SB)/4, $0x00000003
-DATA q8idx<>+112(SB)/4, $0x00000003
-DATA q8idx<>+116(SB)/4, $0x00000003
-DATA q8idx<>+120(SB)/4, $0x00000003
-DATA q8idx<>+124(SB)/4, $0x00000003
-GLOBL q8idx<>(SB), RODATA|NOPTR, $128
 
 // func qtileQ8_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 // Requires: AVX, AVX2, AVX512DQ, AVX512F, AVX512VL, AVX512VNNI, F16C
