@@ -157,9 +157,12 @@ func main() {
 	}
 	q4kConsts512()
 	q8Consts512()
+	q40Consts512()
 	for _, r := range []int{1, 4} {
 		qtileQ4K512(r)
-		qtileQ8_0512(r)
+		for _, bt := range biasedTypes {
+			qtileBiased512(bt, r)
+		}
 	}
 	sum()
 	scale()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 
 	. "github.com/mmcloughlin/avo/build"
 	. "github.com/mmcloughlin/avo/operand"
@@ -578,12 +579,12 @@ func qtileQ4K512(R int) {
 	RET()
 }
 
-// The 512-bit Q8_0 tile (AVX-512 VNNI and BW) takes two blocks per
+// The 512-bit Q8_0 and Q4_0 tiles (AVX-512 VNNI and BW) take two blocks per
 // instruction. AVX-512 has no VPSIGNB for the sign trick, so the weights
-// are biased instead: u = w XOR 0x80 = w + 128 as unsigned bytes, and
-// Σu·q = Σw·q + 128·Σq, whose excess 128·dw·(d·Σq) = 128·dw·s is summed
-// separately (in all 8 lanes of a block: 16× the lane sum) and taken off
-// at the end.
+// are biased to unsigned bytes instead: u = w + bias (Q8_0: w XOR 0x80 =
+// w + 128; Q4_0: the nibble itself, w + 8), and Σu·q = Σw·q + bias·Σq,
+// whose excess bias·dw·(d·Σq) = bias·dw·s is summed separately (in all 8
+// lanes of a block: 8× the block's) and taken off at the end.
 var q8IdxData Mem // [2][16]uint32: VPERMPS picks of d (lanes 0, 2) and s (1, 3)
 
 func q8Consts512() {
@@ -595,12 +596,79 @@ func q8Consts512() {
 	}
 }
 
-// qtileQ8_0512 is the R-row Q8_0 tile on zmm registers.
-func qtileQ8_0512(R int) {
-	name := fmt.Sprintf("qtileQ8_0R%dVNNI512", R)
+// biased32 is a 32-element block type for the biased 512-bit tile.
+type biased32 struct {
+	name  string
+	bytes int     // per block; the float16 scale first
+	bias  float32 // u − w
+	// consts sets up the loaders' broadcast constants.
+	consts func() []VecVirtual
+	// one loads block 0 at w into the ymm u as unsigned bytes; two loads
+	// blocks 0 and 1 into the zmm u.
+	one, two func(w GPVirtual, c []VecVirtual, u VecVirtual)
+}
+
+var biasedTypes = []biased32{
+	{
+		name: "Q8_0", bytes: 34, bias: 128,
+		consts: func() []VecVirtual { return []VecVirtual{bcastZ(0x80808080)} },
+		one: func(w GPVirtual, c []VecVirtual, u VecVirtual) {
+			VPXORD(Mem{Base: w, Disp: 2}, c[0].AsY(), u.AsY())
+		},
+		two: func(w GPVirtual, c []VecVirtual, u VecVirtual) {
+			VMOVDQU(Mem{Base: w, Disp: 2}, u.AsY())
+			VINSERTI64X4(U8(1), Mem{Base: w, Disp: 36}, u, u)
+			VPXORD(c[0], u, u)
+		},
+	},
+	{
+		// 16 bytes [A A | B B] in 128-bit lanes, shifted right by 0 or 4
+		// per lane and masked: the low then high nibbles of each block.
+		name: "Q4_0", bytes: 18, bias: 8,
+		consts: func() []VecVirtual {
+			shift := ZMM()
+			VMOVDQU64(q40ShiftData, shift)
+			return []VecVirtual{bcastZ(0x0f0f0f0f), shift}
+		},
+		one: func(w GPVirtual, c []VecVirtual, u VecVirtual) {
+			VBROADCASTI32X4(Mem{Base: w, Disp: 2}, u.AsY())
+			VPSRLVW(c[1].AsY(), u.AsY(), u.AsY())
+			VPANDD(c[0].AsY(), u.AsY(), u.AsY())
+		},
+		two: func(w GPVirtual, c []VecVirtual, u VecVirtual) {
+			VBROADCASTI32X4(Mem{Base: w, Disp: 2}, u)
+			VINSERTI32X4(U8(2), Mem{Base: w, Disp: 20}, u, u)
+			VINSERTI32X4(U8(3), Mem{Base: w, Disp: 20}, u, u)
+			VPSRLVW(c[1], u, u)
+			VPANDD(c[0], u, u)
+		},
+	},
+}
+
+var q40ShiftData Mem // [32]uint16: 0 in 128-bit lanes 0 and 2, 4 in lanes 1 and 3
+
+func q40Consts512() {
+	q40ShiftData = GLOBL("q40shift", RODATA|NOPTR)
+	for l := range 32 {
+		DATA(2*l, U16(4*((l/8)%2)))
+	}
+}
+
+// bcastZ returns a zmm with every dword c.
+func bcastZ(c uint32) VecVirtual {
+	t := GP32()
+	MOVL(U32(c), t)
+	v := ZMM()
+	VPBROADCASTD(t, v)
+	return v
+}
+
+// qtileBiased512 is the R-row tile of a biased32 type on zmm registers.
+func qtileBiased512(bt biased32, R int) {
+	name := fmt.Sprintf("qtile%sR%dVNNI512", bt.name, R)
 	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
 	Doc(
-		fmt.Sprintf("%s is qtileQ8_0R%dVNNI on 512-bit registers (AVX-512 VNNI and BW):", name, R),
+		fmt.Sprintf("%s is qtile%sR%dVNNI on 512-bit registers (AVX-512 VNNI and BW):", name, bt.name, R),
 		"two blocks per integer dot product, with biased weights (see quant.go).",
 	)
 	Pragma("noescape")
@@ -620,10 +688,7 @@ func qtileQ8_0512(R int) {
 		corr[r] = ZMM()
 		VXORPS(corr[r], corr[r], corr[r])
 	}
-	b80 := ZMM()
-	t32 := GP32()
-	MOVL(U32(0x80808080), t32)
-	VPBROADCASTD(t32, b80)
+	c := bt.consts()
 
 	// An odd block first, on ymm: 256-bit writes clear the upper halves,
 	// which are still zero here.
@@ -631,7 +696,7 @@ func qtileQ8_0512(R int) {
 	JZ(LabelRef(name + "_pairs"))
 	{
 		u, dw := ZMM(), f16Bcast(Mem{Base: wp})
-		VPXORD(Mem{Base: wp, Disp: 2}, b80.AsY(), u.AsY())
+		bt.one(wp, c, u)
 		for r, x := range xs {
 			t := ZMM()
 			VXORPS(t.AsY(), t.AsY(), t.AsY())
@@ -642,7 +707,7 @@ func qtileQ8_0512(R int) {
 			VFMADD231PS_BCST(x.s(0), dw, corr[r].AsY())
 		}
 	}
-	ADDQ(U8(34), wp)
+	ADDQ(U8(bt.bytes), wp)
 	ADDQ(U8(32), q0)
 	ADDQ(U8(8), ds0)
 	DECQ(n)
@@ -655,10 +720,8 @@ func qtileQ8_0512(R int) {
 	TESTQ(n, n)
 	JZ(LabelRef(name + "_done"))
 	u := ZMM()
-	VMOVDQU(Mem{Base: wp, Disp: 2}, u.AsY())
-	VINSERTI64X4(U8(1), Mem{Base: wp, Disp: 36}, u, u)
-	VPXORD(b80, u, u)
-	dw, dwB := f16Bcast(Mem{Base: wp}), f16Bcast(Mem{Base: wp, Disp: 34})
+	bt.two(wp, c, u)
+	dw, dwB := f16Bcast(Mem{Base: wp}), f16Bcast(Mem{Base: wp, Disp: bt.bytes})
 	dwv := ZMM()
 	VINSERTF64X4(U8(1), dwB, dw.AsZ(), dwv)
 	for r, x := range xs {
@@ -673,7 +736,7 @@ func qtileQ8_0512(R int) {
 		VFMADD231PS(dv, t, acc[r])
 		VFMADD231PS(dwv, sv, corr[r])
 	}
-	ADDQ(U8(68), wp)
+	ADDQ(U8(2*bt.bytes), wp)
 	ADDQ(U8(64), q0)
 	ADDQ(U8(16), ds0)
 	SUBQ(U8(2), n)
@@ -685,12 +748,9 @@ func qtileQ8_0512(R int) {
 	if R > 1 {
 		ldy = Load(Param("ldy"), GP64())
 	}
-	k16 := ZMM()
-	t32b := GP32()
-	MOVL(U32(0x41800000), t32b) // 16.0
-	VPBROADCASTD(t32b, k16)
+	k := bcastZ(math.Float32bits(bt.bias / 8))
 	for r := range R {
-		VFNMADD231PS(k16, corr[r], acc[r]) // acc −= 16·corr
+		VFNMADD231PS(k, corr[r], acc[r]) // acc −= bias/8·corr
 		h := YMM()
 		VEXTRACTF64X4(U8(1), acc[r], h)
 		VADDPS(acc[r].AsY(), h, h)

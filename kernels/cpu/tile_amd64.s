@@ -6343,6 +6343,40 @@ DATA q8idx<>+120(SB)/4, $0x00000003
 DATA q8idx<>+124(SB)/4, $0x00000003
 GLOBL q8idx<>(SB), RODATA|NOPTR, $128
 
+DATA q40shift<>+0(SB)/2, $0x0000
+DATA q40shift<>+2(SB)/2, $0x0000
+DATA q40shift<>+4(SB)/2, $0x0000
+DATA q40shift<>+6(SB)/2, $0x0000
+DATA q40shift<>+8(SB)/2, $0x0000
+DATA q40shift<>+10(SB)/2, $0x0000
+DATA q40shift<>+12(SB)/2, $0x0000
+DATA q40shift<>+14(SB)/2, $0x0000
+DATA q40shift<>+16(SB)/2, $0x0004
+DATA q40shift<>+18(SB)/2, $0x0004
+DATA q40shift<>+20(SB)/2, $0x0004
+DATA q40shift<>+22(SB)/2, $0x0004
+DATA q40shift<>+24(SB)/2, $0x0004
+DATA q40shift<>+26(SB)/2, $0x0004
+DATA q40shift<>+28(SB)/2, $0x0004
+DATA q40shift<>+30(SB)/2, $0x0004
+DATA q40shift<>+32(SB)/2, $0x0000
+DATA q40shift<>+34(SB)/2, $0x0000
+DATA q40shift<>+36(SB)/2, $0x0000
+DATA q40shift<>+38(SB)/2, $0x0000
+DATA q40shift<>+40(SB)/2, $0x0000
+DATA q40shift<>+42(SB)/2, $0x0000
+DATA q40shift<>+44(SB)/2, $0x0000
+DATA q40shift<>+46(SB)/2, $0x0000
+DATA q40shift<>+48(SB)/2, $0x0004
+DATA q40shift<>+50(SB)/2, $0x0004
+DATA q40shift<>+52(SB)/2, $0x0004
+DATA q40shift<>+54(SB)/2, $0x0004
+DATA q40shift<>+56(SB)/2, $0x0004
+DATA q40shift<>+58(SB)/2, $0x0004
+DATA q40shift<>+60(SB)/2, $0x0004
+DATA q40shift<>+62(SB)/2, $0x0004
+GLOBL q40shift<>(SB), RODATA|NOPTR, $64
+
 // func qtileQ4KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 // Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VNNI, F16C, FMA3
 TEXT ·qtileQ4KR1VNNI512(SB), NOSPLIT, $8-120
@@ -6522,6 +6556,84 @@ qtileQ8_0R1VNNI512_loop:
 qtileQ8_0R1VNNI512_done:
 	MOVQ          y_base+0(FP), AX
 	MOVL          $0x41800000, CX
+	VPBROADCASTD  CX, Z2
+	VFNMADD231PS  Z2, Z1, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y1
+	VADDPS        Y0, Y1, Y1
+	VEXTRACTF128  $0x01, Y1, X0
+	VADDPS        X0, X1, X0
+	VHADDPS       X0, X0, X0
+	VHADDPS       X0, X0, X0
+	VMOVSS        X0, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ4_0R1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VL, AVX512VNNI, F16C
+TEXT ·qtileQ4_0R1VNNI512(SB), NOSPLIT, $0-120
+	MOVQ             q_base+32(FP), AX
+	MOVQ             ds_base+56(FP), CX
+	MOVQ             w_base+88(FP), DX
+	MOVQ             k+112(FP), BX
+	SHRQ             $0x05, BX
+	VXORPS           Z0, Z0, Z0
+	VXORPS           Z1, Z1, Z1
+	VMOVDQU64        q40shift<>+0(SB), Z2
+	MOVL             $0x0f0f0f0f, SI
+	VPBROADCASTD     SI, Z3
+	TESTQ            $0x00000001, BX
+	JZ               qtileQ4_0R1VNNI512_pairs
+	VPBROADCASTW     (DX), X5
+	VCVTPH2PS        X5, Y5
+	VBROADCASTI32X4  2(DX), Y4
+	VPSRLVW          Y2, Y4, Y4
+	VPANDD           Y3, Y4, Y4
+	VXORPS           Y6, Y6, Y6
+	VPDPBUSD         (AX), Y4, Y6
+	VCVTDQ2PS        Y6, Y6
+	VMULPS           Y5, Y6, Y6
+	VFMADD231PS.BCST (CX), Y6, Y0
+	VFMADD231PS.BCST 4(CX), Y5, Y1
+	ADDQ             $0x12, DX
+	ADDQ             $0x20, AX
+	ADDQ             $0x08, CX
+	DECQ             BX
+
+qtileQ4_0R1VNNI512_pairs:
+	VMOVDQU64 q8idx<>+0(SB), Z4
+	VMOVDQU64 q8idx<>+64(SB), Z5
+
+qtileQ4_0R1VNNI512_loop:
+	TESTQ           BX, BX
+	JZ              qtileQ4_0R1VNNI512_done
+	VBROADCASTI32X4 2(DX), Z6
+	VINSERTI32X4    $0x02, 20(DX), Z6, Z6
+	VINSERTI32X4    $0x03, 20(DX), Z6, Z6
+	VPSRLVW         Z2, Z6, Z6
+	VPANDD          Z3, Z6, Z6
+	VPBROADCASTW    (DX), X7
+	VCVTPH2PS       X7, Y7
+	VPBROADCASTW    18(DX), X8
+	VCVTPH2PS       X8, Y8
+	VINSERTF64X4    $0x01, Y8, Z7, Z8
+	VXORPS          Z9, Z9, Z9
+	VPDPBUSD        (AX), Z6, Z9
+	VCVTDQ2PS       Z9, Z9
+	VMULPS          Z8, Z9, Z9
+	VBROADCASTF32X4 (CX), Z6
+	VPERMPS         Z6, Z4, Z10
+	VPERMPS         Z6, Z5, Z6
+	VFMADD231PS     Z10, Z9, Z0
+	VFMADD231PS     Z8, Z6, Z1
+	ADDQ            $0x24, DX
+	ADDQ            $0x40, AX
+	ADDQ            $0x10, CX
+	SUBQ            $0x02, BX
+	JMP             qtileQ4_0R1VNNI512_loop
+
+qtileQ4_0R1VNNI512_done:
+	MOVQ          y_base+0(FP), AX
+	MOVL          $0x3f800000, CX
 	VPBROADCASTD  CX, Z2
 	VFNMADD231PS  Z2, Z1, Z0
 	VEXTRACTF64X4 $0x01, Z0, Y1
@@ -6893,6 +7005,168 @@ qtileQ8_0R4VNNI512_done:
 	MOVQ          y_base+0(FP), AX
 	MOVQ          ldy+24(FP), CX
 	MOVL          $0x41800000, DX
+	VPBROADCASTD  DX, Z8
+	VFNMADD231PS  Z8, Z4, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y4
+	VADDPS        Y0, Y4, Y4
+	VEXTRACTF128  $0x01, Y4, X0
+	VADDPS        X0, X4, X0
+	VHADDPS       X0, X0, X0
+	VHADDPS       X0, X0, X0
+	VMOVSS        X0, (AX)
+	VFNMADD231PS  Z8, Z5, Z1
+	VEXTRACTF64X4 $0x01, Z1, Y0
+	VADDPS        Y1, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
+	VFNMADD231PS  Z8, Z6, Z2
+	VEXTRACTF64X4 $0x01, Z2, Y0
+	VADDPS        Y2, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
+	VFNMADD231PS  Z8, Z7, Z3
+	VEXTRACTF64X4 $0x01, Z3, Y0
+	VADDPS        Y3, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ4_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VL, AVX512VNNI, F16C
+TEXT ·qtileQ4_0R4VNNI512(SB), NOSPLIT, $0-120
+	MOVQ             q_base+32(FP), AX
+	MOVQ             ds_base+56(FP), CX
+	MOVQ             w_base+88(FP), DX
+	MOVQ             k+112(FP), BX
+	MOVQ             ldq+80(FP), SI
+	MOVQ             SI, DI
+	SHRQ             $0x02, DI
+	LEAQ             (SI)(SI*2), R8
+	LEAQ             (DI)(DI*2), R9
+	SHRQ             $0x05, BX
+	VXORPS           Z0, Z0, Z0
+	VXORPS           Z1, Z1, Z1
+	VXORPS           Z2, Z2, Z2
+	VXORPS           Z3, Z3, Z3
+	VXORPS           Z4, Z4, Z4
+	VXORPS           Z5, Z5, Z5
+	VXORPS           Z6, Z6, Z6
+	VXORPS           Z7, Z7, Z7
+	VMOVDQU64        q40shift<>+0(SB), Z8
+	MOVL             $0x0f0f0f0f, R10
+	VPBROADCASTD     R10, Z9
+	TESTQ            $0x00000001, BX
+	JZ               qtileQ4_0R4VNNI512_pairs
+	VPBROADCASTW     (DX), X11
+	VCVTPH2PS        X11, Y11
+	VBROADCASTI32X4  2(DX), Y10
+	VPSRLVW          Y8, Y10, Y10
+	VPANDD           Y9, Y10, Y10
+	VXORPS           Y12, Y12, Y12
+	VPDPBUSD         (AX), Y10, Y12
+	VCVTDQ2PS        Y12, Y12
+	VMULPS           Y11, Y12, Y12
+	VFMADD231PS.BCST (CX), Y12, Y0
+	VFMADD231PS.BCST 4(CX), Y11, Y4
+	VXORPS           Y12, Y12, Y12
+	VPDPBUSD         (AX)(SI*1), Y10, Y12
+	VCVTDQ2PS        Y12, Y12
+	VMULPS           Y11, Y12, Y12
+	VFMADD231PS.BCST (CX)(DI*1), Y12, Y1
+	VFMADD231PS.BCST 4(CX)(DI*1), Y11, Y5
+	VXORPS           Y12, Y12, Y12
+	VPDPBUSD         (AX)(SI*2), Y10, Y12
+	VCVTDQ2PS        Y12, Y12
+	VMULPS           Y11, Y12, Y12
+	VFMADD231PS.BCST (CX)(DI*2), Y12, Y2
+	VFMADD231PS.BCST 4(CX)(DI*2), Y11, Y6
+	VXORPS           Y12, Y12, Y12
+	VPDPBUSD         (AX)(R8*1), Y10, Y12
+	VCVTDQ2PS        Y12, Y12
+	VMULPS           Y11, Y12, Y12
+	VFMADD231PS.BCST (CX)(R9*1), Y12, Y3
+	VFMADD231PS.BCST 4(CX)(R9*1), Y11, Y7
+	ADDQ             $0x12, DX
+	ADDQ             $0x20, AX
+	ADDQ             $0x08, CX
+	DECQ             BX
+
+qtileQ4_0R4VNNI512_pairs:
+	VMOVDQU64 q8idx<>+0(SB), Z10
+	VMOVDQU64 q8idx<>+64(SB), Z11
+
+qtileQ4_0R4VNNI512_loop:
+	TESTQ           BX, BX
+	JZ              qtileQ4_0R4VNNI512_done
+	VBROADCASTI32X4 2(DX), Z12
+	VINSERTI32X4    $0x02, 20(DX), Z12, Z12
+	VINSERTI32X4    $0x03, 20(DX), Z12, Z12
+	VPSRLVW         Z8, Z12, Z12
+	VPANDD          Z9, Z12, Z12
+	VPBROADCASTW    (DX), X13
+	VCVTPH2PS       X13, Y13
+	VPBROADCASTW    18(DX), X14
+	VCVTPH2PS       X14, Y14
+	VINSERTF64X4    $0x01, Y14, Z13, Z14
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        (AX), Z12, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 (CX), Z16
+	VPERMPS         Z16, Z10, Z17
+	VPERMPS         Z16, Z11, Z16
+	VFMADD231PS     Z17, Z15, Z0
+	VFMADD231PS     Z14, Z16, Z4
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        (AX)(SI*1), Z12, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 (CX)(DI*1), Z16
+	VPERMPS         Z16, Z10, Z17
+	VPERMPS         Z16, Z11, Z16
+	VFMADD231PS     Z17, Z15, Z1
+	VFMADD231PS     Z14, Z16, Z5
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        (AX)(SI*2), Z12, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 (CX)(DI*2), Z16
+	VPERMPS         Z16, Z10, Z17
+	VPERMPS         Z16, Z11, Z16
+	VFMADD231PS     Z17, Z15, Z2
+	VFMADD231PS     Z14, Z16, Z6
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        (AX)(R8*1), Z12, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 (CX)(R9*1), Z12
+	VPERMPS         Z12, Z10, Z16
+	VPERMPS         Z12, Z11, Z12
+	VFMADD231PS     Z16, Z15, Z3
+	VFMADD231PS     Z14, Z12, Z7
+	ADDQ            $0x24, DX
+	ADDQ            $0x40, AX
+	ADDQ            $0x10, CX
+	SUBQ            $0x02, BX
+	JMP             qtileQ4_0R4VNNI512_loop
+
+qtileQ4_0R4VNNI512_done:
+	MOVQ          y_base+0(FP), AX
+	MOVQ          ldy+24(FP), CX
+	MOVL          $0x3f800000, DX
 	VPBROADCASTD  DX, Z8
 	VFNMADD231PS  Z8, Z4, Z0
 	VEXTRACTF64X4 $0x01, Z0, Y4
