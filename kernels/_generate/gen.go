@@ -158,6 +158,8 @@ func main() {
 	q4kConsts512()
 	q8Consts512()
 	q40Consts512()
+	q6kConsts512()
+	qtileQ6K512()
 	for _, r := range []int{1, 4} {
 		qtileQ4K512(r)
 		for _, bt := range biasedTypes {

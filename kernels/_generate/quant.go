@@ -786,3 +786,110 @@ func xrows(q0, ds0 GPVirtual, R int) []xrow {
 	}
 	return xs
 }
+
+// The 512-bit Q6_K tile (AVX-512 VNNI and BW, one x row) takes two x blocks
+// (four 16-element sub-blocks) per instruction. The 6-bit values q are
+// unsigned bytes; the offset 32 is taken off in the integer lanes with a
+// second VPDPBUSD of x against 32s, since each lane's four products belong
+// to one sub-block.
+var (
+	q6kIdxData   Mem // [4][16]uint32: VPERMPS picks of sub-blocks 4p..4p+3's scales, 4 lanes each
+	q6kShiftData Mem // [2][32]uint16: the qh shifts of groups 2p, 2p+1 (p = 0, 1)
+)
+
+func q6kConsts512() {
+	q6kIdxData = GLOBL("q6kidx", RODATA|NOPTR)
+	for p := range 4 {
+		for l := range 16 {
+			DATA(64*p+4*l, U32(4*p+l/4))
+		}
+	}
+	q6kShiftData = GLOBL("q6kshift", RODATA|NOPTR)
+	for p := range 2 {
+		for l := range 32 {
+			DATA(64*p+2*l, U16(4*p+2*(l/16)))
+		}
+	}
+}
+
+func qtileQ6K512() {
+	name := "qtileQ6KR1VNNI512"
+	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
+	Doc(
+		name+" is qtileQ6KR1VNNI on 512-bit registers (AVX-512 VNNI and BW):",
+		"two x blocks per integer dot product.",
+	)
+	Pragma("noescape")
+	q0 := Load(Param("q").Base(), GP64()).(GPVirtual)
+	ds0 := Load(Param("ds").Base(), GP64()).(GPVirtual)
+	wp := Load(Param("w").Base(), GP64()).(GPVirtual)
+	n := Load(Param("k"), GP64())
+	x := xrow{q0: q0, ds0: ds0}
+	SHRQ(U8(8), n) // super-blocks
+
+	acc := ZMM()
+	VXORPS(acc, acc, acc)
+	low4, three, b32 := bcastZ(0x0f0f0f0f), bcastZ(0x03030303), bcastZ(0x20202020)
+	shift := []VecVirtual{ZMM(), ZMM()}
+	for p := range shift {
+		VMOVDQU64(q6kShiftData.Offset(64*p), shift[p])
+	}
+	idxD := ZMM()
+	VMOVDQU64(q8IdxData, idxD)
+
+	Label(name + "_loop")
+	TESTQ(n, n)
+	JZ(LabelRef(name + "_done"))
+	dw, sc := ZMM(), ZMM()
+	VPBROADCASTW(Mem{Base: wp, Disp: 208}, dw.AsY())
+	VCVTPH2PS(dw.AsY(), dw)
+	VPMOVSXBD(Mem{Base: wp, Disp: 192}, sc)
+	VCVTDQ2PS(sc, sc)
+	VMULPS(dw, sc, sc) // dw·scale of each of the 16 sub-blocks
+	for h := range 2 {
+		qh, ql := ZMM(), ZMM()
+		VBROADCASTI64X4(Mem{Base: wp, Disp: 128 + 32*h}, qh)
+		VMOVDQU64(Mem{Base: wp, Disp: 64 * h}, ql)
+		for pr := range 2 {
+			b := 4*h + 2*pr // the pair's first x block
+			u, hb, t, t2 := ZMM(), ZMM(), ZMM(), ZMM()
+			if pr == 0 {
+				VPANDD(low4, ql, u)
+			} else {
+				VPSRLW(U8(4), ql, u)
+				VPANDD(low4, u, u)
+			}
+			VPSRLVW(shift[pr], qh, hb)
+			VPANDD(three, hb, hb)
+			VPSLLW(U8(4), hb, hb)
+			VPORD(hb, u, u)
+			VXORPS(t, t, t)
+			VPDPBUSD(x.q(32*b), u, t)
+			VXORPS(t2, t2, t2)
+			VPDPBUSD(x.q(32*b), b32, t2)
+			VPSUBD(t2, t, t)
+			VCVTDQ2PS(t, t)
+			idx, sv, p, dv := ZMM(), ZMM(), ZMM(), ZMM()
+			VMOVDQU64(q6kIdxData.Offset(64*(2*h+pr)), idx)
+			VPERMPS(sc, idx, sv)
+			VMULPS(sv, t, t)
+			VBROADCASTF32X4(x.d(b), p) // dA sA dB sB, four times
+			VPERMPS(p, idxD, dv)
+			VFMADD231PS(dv, t, acc)
+		}
+	}
+	ADDQ(U32(210), wp)
+	ADDQ(U32(256), q0)
+	ADDQ(U8(64), ds0)
+	DECQ(n)
+	JMP(LabelRef(name + "_loop"))
+
+	Label(name + "_done")
+	yp := Load(Param("y").Base(), GP64()).(GPVirtual)
+	h := YMM()
+	VEXTRACTF64X4(U8(1), acc, h)
+	VADDPS(acc.AsY(), h, h)
+	hsumStore(h, nil, Mem{Base: yp})
+	VZEROUPPER()
+	RET()
+}

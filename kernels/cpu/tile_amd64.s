@@ -6377,6 +6377,257 @@ DATA q40shift<>+60(SB)/2, $0x0004
 DATA q40shift<>+62(SB)/2, $0x0004
 GLOBL q40shift<>(SB), RODATA|NOPTR, $64
 
+DATA q6kidx<>+0(SB)/4, $0x00000000
+DATA q6kidx<>+4(SB)/4, $0x00000000
+DATA q6kidx<>+8(SB)/4, $0x00000000
+DATA q6kidx<>+12(SB)/4, $0x00000000
+DATA q6kidx<>+16(SB)/4, $0x00000001
+DATA q6kidx<>+20(SB)/4, $0x00000001
+DATA q6kidx<>+24(SB)/4, $0x00000001
+DATA q6kidx<>+28(SB)/4, $0x00000001
+DATA q6kidx<>+32(SB)/4, $0x00000002
+DATA q6kidx<>+36(SB)/4, $0x00000002
+DATA q6kidx<>+40(SB)/4, $0x00000002
+DATA q6kidx<>+44(SB)/4, $0x00000002
+DATA q6kidx<>+48(SB)/4, $0x00000003
+DATA q6kidx<>+52(SB)/4, $0x00000003
+DATA q6kidx<>+56(SB)/4, $0x00000003
+DATA q6kidx<>+60(SB)/4, $0x00000003
+DATA q6kidx<>+64(SB)/4, $0x00000004
+DATA q6kidx<>+68(SB)/4, $0x00000004
+DATA q6kidx<>+72(SB)/4, $0x00000004
+DATA q6kidx<>+76(SB)/4, $0x00000004
+DATA q6kidx<>+80(SB)/4, $0x00000005
+DATA q6kidx<>+84(SB)/4, $0x00000005
+DATA q6kidx<>+88(SB)/4, $0x00000005
+DATA q6kidx<>+92(SB)/4, $0x00000005
+DATA q6kidx<>+96(SB)/4, $0x00000006
+DATA q6kidx<>+100(SB)/4, $0x00000006
+DATA q6kidx<>+104(SB)/4, $0x00000006
+DATA q6kidx<>+108(SB)/4, $0x00000006
+DATA q6kidx<>+112(SB)/4, $0x00000007
+DATA q6kidx<>+116(SB)/4, $0x00000007
+DATA q6kidx<>+120(SB)/4, $0x00000007
+DATA q6kidx<>+124(SB)/4, $0x00000007
+DATA q6kidx<>+128(SB)/4, $0x00000008
+DATA q6kidx<>+132(SB)/4, $0x00000008
+DATA q6kidx<>+136(SB)/4, $0x00000008
+DATA q6kidx<>+140(SB)/4, $0x00000008
+DATA q6kidx<>+144(SB)/4, $0x00000009
+DATA q6kidx<>+148(SB)/4, $0x00000009
+DATA q6kidx<>+152(SB)/4, $0x00000009
+DATA q6kidx<>+156(SB)/4, $0x00000009
+DATA q6kidx<>+160(SB)/4, $0x0000000a
+DATA q6kidx<>+164(SB)/4, $0x0000000a
+DATA q6kidx<>+168(SB)/4, $0x0000000a
+DATA q6kidx<>+172(SB)/4, $0x0000000a
+DATA q6kidx<>+176(SB)/4, $0x0000000b
+DATA q6kidx<>+180(SB)/4, $0x0000000b
+DATA q6kidx<>+184(SB)/4, $0x0000000b
+DATA q6kidx<>+188(SB)/4, $0x0000000b
+DATA q6kidx<>+192(SB)/4, $0x0000000c
+DATA q6kidx<>+196(SB)/4, $0x0000000c
+DATA q6kidx<>+200(SB)/4, $0x0000000c
+DATA q6kidx<>+204(SB)/4, $0x0000000c
+DATA q6kidx<>+208(SB)/4, $0x0000000d
+DATA q6kidx<>+212(SB)/4, $0x0000000d
+DATA q6kidx<>+216(SB)/4, $0x0000000d
+DATA q6kidx<>+220(SB)/4, $0x0000000d
+DATA q6kidx<>+224(SB)/4, $0x0000000e
+DATA q6kidx<>+228(SB)/4, $0x0000000e
+DATA q6kidx<>+232(SB)/4, $0x0000000e
+DATA q6kidx<>+236(SB)/4, $0x0000000e
+DATA q6kidx<>+240(SB)/4, $0x0000000f
+DATA q6kidx<>+244(SB)/4, $0x0000000f
+DATA q6kidx<>+248(SB)/4, $0x0000000f
+DATA q6kidx<>+252(SB)/4, $0x0000000f
+GLOBL q6kidx<>(SB), RODATA|NOPTR, $256
+
+DATA q6kshift<>+0(SB)/2, $0x0000
+DATA q6kshift<>+2(SB)/2, $0x0000
+DATA q6kshift<>+4(SB)/2, $0x0000
+DATA q6kshift<>+6(SB)/2, $0x0000
+DATA q6kshift<>+8(SB)/2, $0x0000
+DATA q6kshift<>+10(SB)/2, $0x0000
+DATA q6kshift<>+12(SB)/2, $0x0000
+DATA q6kshift<>+14(SB)/2, $0x0000
+DATA q6kshift<>+16(SB)/2, $0x0000
+DATA q6kshift<>+18(SB)/2, $0x0000
+DATA q6kshift<>+20(SB)/2, $0x0000
+DATA q6kshift<>+22(SB)/2, $0x0000
+DATA q6kshift<>+24(SB)/2, $0x0000
+DATA q6kshift<>+26(SB)/2, $0x0000
+DATA q6kshift<>+28(SB)/2, $0x0000
+DATA q6kshift<>+30(SB)/2, $0x0000
+DATA q6kshift<>+32(SB)/2, $0x0002
+DATA q6kshift<>+34(SB)/2, $0x0002
+DATA q6kshift<>+36(SB)/2, $0x0002
+DATA q6kshift<>+38(SB)/2, $0x0002
+DATA q6kshift<>+40(SB)/2, $0x0002
+DATA q6kshift<>+42(SB)/2, $0x0002
+DATA q6kshift<>+44(SB)/2, $0x0002
+DATA q6kshift<>+46(SB)/2, $0x0002
+DATA q6kshift<>+48(SB)/2, $0x0002
+DATA q6kshift<>+50(SB)/2, $0x0002
+DATA q6kshift<>+52(SB)/2, $0x0002
+DATA q6kshift<>+54(SB)/2, $0x0002
+DATA q6kshift<>+56(SB)/2, $0x0002
+DATA q6kshift<>+58(SB)/2, $0x0002
+DATA q6kshift<>+60(SB)/2, $0x0002
+DATA q6kshift<>+62(SB)/2, $0x0002
+DATA q6kshift<>+64(SB)/2, $0x0004
+DATA q6kshift<>+66(SB)/2, $0x0004
+DATA q6kshift<>+68(SB)/2, $0x0004
+DATA q6kshift<>+70(SB)/2, $0x0004
+DATA q6kshift<>+72(SB)/2, $0x0004
+DATA q6kshift<>+74(SB)/2, $0x0004
+DATA q6kshift<>+76(SB)/2, $0x0004
+DATA q6kshift<>+78(SB)/2, $0x0004
+DATA q6kshift<>+80(SB)/2, $0x0004
+DATA q6kshift<>+82(SB)/2, $0x0004
+DATA q6kshift<>+84(SB)/2, $0x0004
+DATA q6kshift<>+86(SB)/2, $0x0004
+DATA q6kshift<>+88(SB)/2, $0x0004
+DATA q6kshift<>+90(SB)/2, $0x0004
+DATA q6kshift<>+92(SB)/2, $0x0004
+DATA q6kshift<>+94(SB)/2, $0x0004
+DATA q6kshift<>+96(SB)/2, $0x0006
+DATA q6kshift<>+98(SB)/2, $0x0006
+DATA q6kshift<>+100(SB)/2, $0x0006
+DATA q6kshift<>+102(SB)/2, $0x0006
+DATA q6kshift<>+104(SB)/2, $0x0006
+DATA q6kshift<>+106(SB)/2, $0x0006
+DATA q6kshift<>+108(SB)/2, $0x0006
+DATA q6kshift<>+110(SB)/2, $0x0006
+DATA q6kshift<>+112(SB)/2, $0x0006
+DATA q6kshift<>+114(SB)/2, $0x0006
+DATA q6kshift<>+116(SB)/2, $0x0006
+DATA q6kshift<>+118(SB)/2, $0x0006
+DATA q6kshift<>+120(SB)/2, $0x0006
+DATA q6kshift<>+122(SB)/2, $0x0006
+DATA q6kshift<>+124(SB)/2, $0x0006
+DATA q6kshift<>+126(SB)/2, $0x0006
+GLOBL q6kshift<>(SB), RODATA|NOPTR, $128
+
+// func qtileQ6KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VNNI
+TEXT ·qtileQ6KR1VNNI512(SB), NOSPLIT, $0-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	SHRQ         $0x08, BX
+	VXORPS       Z0, Z0, Z0
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z1
+	MOVL         $0x03030303, SI
+	VPBROADCASTD SI, Z2
+	MOVL         $0x20202020, SI
+	VPBROADCASTD SI, Z3
+	VMOVDQU64    q6kshift<>+0(SB), Z4
+	VMOVDQU64    q6kshift<>+64(SB), Z5
+	VMOVDQU64    q8idx<>+0(SB), Z6
+
+qtileQ6KR1VNNI512_loop:
+	TESTQ           BX, BX
+	JZ              qtileQ6KR1VNNI512_done
+	VPBROADCASTW    208(DX), Y7
+	VCVTPH2PS       Y7, Z7
+	VPMOVSXBD       192(DX), Z8
+	VCVTDQ2PS       Z8, Z8
+	VMULPS          Z7, Z8, Z8
+	VBROADCASTI64X4 128(DX), Z7
+	VMOVDQU64       (DX), Z9
+	VPANDD          Z1, Z9, Z10
+	VPSRLVW         Z4, Z7, Z11
+	VPANDD          Z2, Z11, Z11
+	VPSLLW          $0x04, Z11, Z11
+	VPORD           Z11, Z10, Z10
+	VXORPS          Z11, Z11, Z11
+	VPDPBUSD        (AX), Z10, Z11
+	VXORPS          Z10, Z10, Z10
+	VPDPBUSD        (AX), Z3, Z10
+	VPSUBD          Z10, Z11, Z11
+	VCVTDQ2PS       Z11, Z11
+	VMOVDQU64       q6kidx<>+0(SB), Z10
+	VPERMPS         Z8, Z10, Z10
+	VMULPS          Z10, Z11, Z11
+	VBROADCASTF32X4 (CX), Z10
+	VPERMPS         Z10, Z6, Z10
+	VFMADD231PS     Z10, Z11, Z0
+	VPSRLW          $0x04, Z9, Z9
+	VPANDD          Z1, Z9, Z9
+	VPSRLVW         Z5, Z7, Z7
+	VPANDD          Z2, Z7, Z7
+	VPSLLW          $0x04, Z7, Z7
+	VPORD           Z7, Z9, Z9
+	VXORPS          Z7, Z7, Z7
+	VPDPBUSD        64(AX), Z9, Z7
+	VXORPS          Z9, Z9, Z9
+	VPDPBUSD        64(AX), Z3, Z9
+	VPSUBD          Z9, Z7, Z7
+	VCVTDQ2PS       Z7, Z7
+	VMOVDQU64       q6kidx<>+64(SB), Z9
+	VPERMPS         Z8, Z9, Z9
+	VMULPS          Z9, Z7, Z7
+	VBROADCASTF32X4 16(CX), Z9
+	VPERMPS         Z9, Z6, Z9
+	VFMADD231PS     Z9, Z7, Z0
+	VBROADCASTI64X4 160(DX), Z7
+	VMOVDQU64       64(DX), Z9
+	VPANDD          Z1, Z9, Z10
+	VPSRLVW         Z4, Z7, Z11
+	VPANDD          Z2, Z11, Z11
+	VPSLLW          $0x04, Z11, Z11
+	VPORD           Z11, Z10, Z10
+	VXORPS          Z11, Z11, Z11
+	VPDPBUSD        128(AX), Z10, Z11
+	VXORPS          Z10, Z10, Z10
+	VPDPBUSD        128(AX), Z3, Z10
+	VPSUBD          Z10, Z11, Z11
+	VCVTDQ2PS       Z11, Z11
+	VMOVDQU64       q6kidx<>+128(SB), Z10
+	VPERMPS         Z8, Z10, Z10
+	VMULPS          Z10, Z11, Z11
+	VBROADCASTF32X4 32(CX), Z10
+	VPERMPS         Z10, Z6, Z10
+	VFMADD231PS     Z10, Z11, Z0
+	VPSRLW          $0x04, Z9, Z9
+	VPANDD          Z1, Z9, Z9
+	VPSRLVW         Z5, Z7, Z7
+	VPANDD          Z2, Z7, Z7
+	VPSLLW          $0x04, Z7, Z7
+	VPORD           Z7, Z9, Z9
+	VXORPS          Z7, Z7, Z7
+	VPDPBUSD        192(AX), Z9, Z7
+	VXORPS          Z9, Z9, Z9
+	VPDPBUSD        192(AX), Z3, Z9
+	VPSUBD          Z9, Z7, Z7
+	VCVTDQ2PS       Z7, Z7
+	VMOVDQU64       q6kidx<>+192(SB), Z9
+	VPERMPS         Z8, Z9, Z8
+	VMULPS          Z8, Z7, Z7
+	VBROADCASTF32X4 48(CX), Z8
+	VPERMPS         Z8, Z6, Z8
+	VFMADD231PS     Z8, Z7, Z0
+	ADDQ            $0x000000d2, DX
+	ADDQ            $0x00000100, AX
+	ADDQ            $0x40, CX
+	DECQ            BX
+	JMP             qtileQ6KR1VNNI512_loop
+
+qtileQ6KR1VNNI512_done:
+	MOVQ          y_base+0(FP), AX
+	VEXTRACTF64X4 $0x01, Z0, Y1
+	VADDPS        Y0, Y1, Y1
+	VEXTRACTF128  $0x01, Y1, X0
+	VADDPS        X0, X1, X0
+	VHADDPS       X0, X0, X0
+	VHADDPS       X0, X0, X0
+	VMOVSS        X0, (AX)
+	VZEROUPPER
+	RET
+
 // func qtileQ4KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 // Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VNNI, F16C, FMA3
 TEXT ·qtileQ4KR1VNNI512(SB), NOSPLIT, $8-120
