@@ -97,7 +97,8 @@ func TestQTilesMatchGo(t *testing.T) {
 }
 
 // BenchmarkQTile runs each quantized tile on one core with the row in L1
-// (k = 4096): GB/s of weights, counted once per x row.
+// (k = 4096): GB/s of weights, counted once per x row, and the thread's CPU
+// time per call.
 func BenchmarkQTile(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	const k = 4096
@@ -113,9 +114,7 @@ func BenchmarkQTile(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/%v/R1", name, dt), func(b *testing.B) {
 				y := make([]float32, 1)
 				b.SetBytes(int64(len(w.Data)))
-				for b.Loop() {
-					set[dt].r1(y, 1, qx.q, qx.ds, k, w.Data, k)
-				}
+				cpuLoop(b, func() { set[dt].r1(y, 1, qx.q, qx.ds, k, w.Data, k) })
 			})
 			if set[dt].r4 == nil {
 				continue
@@ -125,9 +124,7 @@ func BenchmarkQTile(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/%v/R4", name, dt), func(b *testing.B) {
 				y := make([]float32, 4)
 				b.SetBytes(int64(4 * len(w.Data))) // as four R1 calls
-				for b.Loop() {
-					set[dt].r4(y, 1, qx4.q, qx4.ds, k, w.Data, k)
-				}
+				cpuLoop(b, func() { set[dt].r4(y, 1, qx4.q, qx4.ds, k, w.Data, k) })
 			})
 		}
 	}

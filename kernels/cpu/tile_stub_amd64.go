@@ -736,18 +736,6 @@ func qtileQ6KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w 
 //go:noescape
 func qtileQ4KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
-// qtileQ8_0R1VNNI512 is qtileQ8_0R1VNNI on 512-bit registers (AVX-512 VNNI and BW):
-// two blocks per integer dot product, with biased weights (see quant.go).
-//
-//go:noescape
-func qtileQ8_0R1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
-
-// qtileQ4_0R1VNNI512 is qtileQ4_0R1VNNI on 512-bit registers (AVX-512 VNNI and BW):
-// two blocks per integer dot product, with biased weights (see quant.go).
-//
-//go:noescape
-func qtileQ4_0R1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
-
 // qtileQ4KR4VNNI512 is qtileQ4KR4VNNI on 512-bit registers (AVX-512 VNNI and BW):
 // two sub-blocks per integer dot product, conversion and multiply-add.
 //
