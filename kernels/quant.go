@@ -244,11 +244,9 @@ func quantQ45K(out []byte, x []float32, nmax int) {
 	var scale, mins [8]float32
 	var maxScale, maxMin float32
 	for s := range 8 {
-		lo, hi := float32(0), float32(0)
-		for _, v := range x[32*s : 32*s+32] {
-			lo, hi = min(lo, v), max(hi, v)
-		}
-		scale[s], mins[s] = (hi-lo)/float32(nmax), -lo
+		var off float32
+		scale[s], off = fitAffine(x[32*s:32*s+32], nmax)
+		mins[s] = -off
 		maxScale, maxMin = max(maxScale, scale[s]), max(maxMin, mins[s])
 	}
 	d, dmin := maxScale/63, maxMin/63
@@ -289,6 +287,65 @@ func quantQ45K(out []byte, x []float32, nmax int) {
 			}
 		}
 	}
+}
+
+// fitAffine chooses scale ≥ 0 and off ≤ 0 so that x ≈ off + scale·L with
+// integer L in [0, nmax]: first the range [min(0, min x), max x] mapped
+// onto the levels, then a few rounds of assigning levels and refitting
+// scale and off by least squares, keeping the best.
+func fitAffine(x []float32, nmax int) (scale, off float32) {
+	lo, hi := float32(0), float32(math.Inf(-1))
+	for _, v := range x {
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	if hi <= lo {
+		return 0, lo
+	}
+	scale, off = (hi-lo)/float32(nmax), lo
+	best := affineErr(x, scale, off, nmax)
+	for range 2 {
+		var sl, sll, sx, sxl float64
+		is := 1 / scale
+		for _, v := range x {
+			l := float64(affineLevel(v, off, is, nmax))
+			sl, sll, sx, sxl = sl+l, sll+l*l, sx+float64(v), sxl+float64(v)*l
+		}
+		n := float64(len(x))
+		det := n*sll - sl*sl
+		if det <= 0 {
+			break
+		}
+		sc, o := (n*sxl-sl*sx)/det, (sx*sll-sl*sxl)/det
+		if o > 0 { // the min must not be positive: refit with off = 0
+			sc, o = sxl/sll, 0
+		}
+		if !(sc > 0) {
+			break
+		}
+		if e := affineErr(x, float32(sc), float32(o), nmax); e < best {
+			best, scale, off = e, float32(sc), float32(o)
+		} else {
+			break
+		}
+	}
+	return scale, off
+}
+
+// affineErr is Σ (x − off − scale·L)² with L rounded and clamped to [0, nmax].
+func affineErr(x []float32, scale, off float32, nmax int) float64 {
+	is := 1 / scale
+	var e float64
+	for _, v := range x {
+		d := float64(v - off - scale*float32(affineLevel(v, off, is, nmax)))
+		e += d * d
+	}
+	return e
+}
+
+// affineLevel is (v − off)·is rounded to the nearest level in [0, nmax]
+// (halves up; negative values truncate to 0 before the clamp).
+func affineLevel(v, off, is float32, nmax int) int32 {
+	return min(int32(nmax), max(0, int32((v-off)*is+0.5)))
 }
 
 // quantQ6K writes one Q6_K block: each sub-block of 16 maps its value of
