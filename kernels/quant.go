@@ -66,23 +66,23 @@ func F32ToF16(f float32) uint16 {
 
 func f16At(b []byte) float32 { return F16ToF32(binary.LittleEndian.Uint16(b)) }
 
+// blockCodecs are the block dequantizer and quantizer of each type.
+var blockCodecs = map[DType]struct {
+	dequant func(y []float32, b []byte)
+	quant   func(b []byte, x []float32)
+}{
+	Q8_0: {dequantQ8_0, quantQ8_0},
+	Q4_0: {dequantQ4_0, quantQ4_0},
+	Q4K:  {dequantQ4K, func(b []byte, x []float32) { quantQ45K(b, x, 15) }},
+	Q5K:  {dequantQ5K, func(b []byte, x []float32) { quantQ45K(b, x, 31) }},
+	Q6K:  {dequantQ6K, quantQ6K},
+}
+
 // dequantRow decodes cols elements of dtype dt from src into dst.
 func dequantRow(dt DType, dst []float32, src []byte) {
-	be, bb := dt.BlockElems(), dt.BlockBytes()
+	be, bb, dq := dt.BlockElems(), dt.BlockBytes(), blockCodecs[dt].dequant
 	for b := range len(dst) / be {
-		blk, out := src[b*bb:(b+1)*bb], dst[b*be:(b+1)*be]
-		switch dt {
-		case Q8_0:
-			dequantQ8_0(out, blk)
-		case Q4_0:
-			dequantQ4_0(out, blk)
-		case Q4K:
-			dequantQ4K(out, blk)
-		case Q5K:
-			dequantQ5K(out, blk)
-		case Q6K:
-			dequantQ6K(out, blk)
-		}
+		dq(dst[b*be:(b+1)*be], src[b*bb:(b+1)*bb])
 	}
 }
 
@@ -181,20 +181,9 @@ func QuantizeRow(dt DType, dst []byte, src []float32) {
 	if !dt.Quantized() || len(src)%be != 0 || len(dst) < len(src)/be*bb {
 		panic("kernels: QuantizeRow bad arguments")
 	}
+	q := blockCodecs[dt].quant
 	for b := range len(src) / be {
-		x, out := src[b*be:(b+1)*be], dst[b*bb:(b+1)*bb]
-		switch dt {
-		case Q8_0:
-			quantQ8_0(out, x)
-		case Q4_0:
-			quantQ4_0(out, x)
-		case Q4K:
-			quantQ45K(out, x, 15)
-		case Q5K:
-			quantQ45K(out, x, 31)
-		case Q6K:
-			quantQ6K(out, x)
-		}
+		q(dst[b*bb:(b+1)*bb], src[b*be:(b+1)*be])
 	}
 }
 

@@ -357,8 +357,7 @@ func q6kBlock(c *qctx, w GPVirtual, xs []xrow, _ int, acc, _ []VecVirtual) {
 
 func qtile(a qisa, k qkernel, R int) {
 	name := fmt.Sprintf("qtile%sR%d%s", k.name, R, a.suffix)
-	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
-	Doc(
+	q0, ds0, wp, n := qtileBegin(name,
 		fmt.Sprintf("%s sets y[r·ldy] for r < %d to the dot product of one row of %s", name, R, k.name),
 		"blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)",
 		"pairs in ds[2·r·ldq/32:]); per block b:",
@@ -368,11 +367,6 @@ func qtile(a qisa, k qkernel, R int) {
 		"k is the row's length (a multiple of the block). The caller guarantees the",
 		"bounds; nothing is checked.",
 	)
-	Pragma("noescape")
-	q0 := Load(Param("q").Base(), GP64()).(GPVirtual)
-	ds0 := Load(Param("ds").Base(), GP64()).(GPVirtual)
-	wp := Load(Param("w").Base(), GP64()).(GPVirtual)
-	n := Load(Param("k"), GP64())
 	xs := xrows(q0, ds0, R)
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
 
@@ -478,16 +472,10 @@ func q4kConsts512() {
 // qtileQ4K512 is the R-row Q4_K tile on zmm registers.
 func qtileQ4K512(R int) {
 	name := fmt.Sprintf("qtileQ4KR%dVNNI512", R)
-	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
-	Doc(
+	q0, ds0, wp, n := qtileBegin(name,
 		fmt.Sprintf("%s is qtileQ4KR%dVNNI on 512-bit registers (AVX-512 VNNI and BW):", name, R),
 		"two sub-blocks per integer dot product, conversion and multiply-add.",
 	)
-	Pragma("noescape")
-	q0 := Load(Param("q").Base(), GP64()).(GPVirtual)
-	ds0 := Load(Param("ds").Base(), GP64()).(GPVirtual)
-	wp := Load(Param("w").Base(), GP64()).(GPVirtual)
-	n := Load(Param("k"), GP64())
 	xs := xrows(q0, ds0, R)
 	SHRQ(U8(8), n) // super-blocks
 	// The count lives on the stack: the loop needs every general register
@@ -561,22 +549,7 @@ func qtileQ4K512(R int) {
 	JMP(LabelRef(name + "_loop"))
 
 	Label(name + "_done")
-	yp := Load(Param("y").Base(), GP64()).(GPVirtual)
-	var ldy Register
-	if R > 1 {
-		ldy = Load(Param("ldy"), GP64())
-	}
-	for r := range R {
-		h := YMM()
-		VEXTRACTF64X4(U8(1), acc[r], h)
-		VADDPS(acc[r].AsY(), h, h)
-		if r > 0 {
-			LEAQ(Mem{Base: yp, Index: ldy, Scale: 4}, yp)
-		}
-		hsumStore(h, sub[r], Mem{Base: yp})
-	}
-	VZEROUPPER()
-	RET()
+	qtileEnd(acc, sub)
 }
 
 // The 512-bit Q8_0 and Q4_0 tiles (AVX-512 VNNI and BW) take two blocks per
@@ -666,16 +639,10 @@ func bcastZ(c uint32) VecVirtual {
 // qtileBiased512 is the R-row tile of a biased32 type on zmm registers.
 func qtileBiased512(bt biased32, R int) {
 	name := fmt.Sprintf("qtile%sR%dVNNI512", bt.name, R)
-	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
-	Doc(
+	q0, ds0, wp, n := qtileBegin(name,
 		fmt.Sprintf("%s is qtile%sR%dVNNI on 512-bit registers (AVX-512 VNNI and BW):", name, bt.name, R),
-		"two blocks per integer dot product, with biased weights (see quant.go).",
+		"two blocks per integer dot product, with biased weights (see kernels/_generate/quant.go).",
 	)
-	Pragma("noescape")
-	q0 := Load(Param("q").Base(), GP64()).(GPVirtual)
-	ds0 := Load(Param("ds").Base(), GP64()).(GPVirtual)
-	wp := Load(Param("w").Base(), GP64()).(GPVirtual)
-	n := Load(Param("k"), GP64())
 	xs := xrows(q0, ds0, R)
 	SHRQ(U8(5), n) // blocks
 
@@ -743,24 +710,11 @@ func qtileBiased512(bt biased32, R int) {
 	JMP(LabelRef(name + "_loop"))
 
 	Label(name + "_done")
-	yp := Load(Param("y").Base(), GP64()).(GPVirtual)
-	var ldy Register
-	if R > 1 {
-		ldy = Load(Param("ldy"), GP64())
-	}
 	k := bcastZ(math.Float32bits(bt.bias / 8))
 	for r := range R {
 		VFNMADD231PS(k, corr[r], acc[r]) // acc −= bias/8·corr
-		h := YMM()
-		VEXTRACTF64X4(U8(1), acc[r], h)
-		VADDPS(acc[r].AsY(), h, h)
-		if r > 0 {
-			LEAQ(Mem{Base: yp, Index: ldy, Scale: 4}, yp)
-		}
-		hsumStore(h, nil, Mem{Base: yp})
 	}
-	VZEROUPPER()
-	RET()
+	qtileEnd(acc, nil)
 }
 
 // xrows addresses R x rows from q0 and ds0: rows 1 and 2 at index ×1 and
@@ -814,16 +768,10 @@ func q6kConsts512() {
 
 func qtileQ6K512() {
 	name := "qtileQ6KR1VNNI512"
-	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
-	Doc(
+	q0, ds0, wp, n := qtileBegin(name,
 		name+" is qtileQ6KR1VNNI on 512-bit registers (AVX-512 VNNI and BW):",
 		"two x blocks per integer dot product.",
 	)
-	Pragma("noescape")
-	q0 := Load(Param("q").Base(), GP64()).(GPVirtual)
-	ds0 := Load(Param("ds").Base(), GP64()).(GPVirtual)
-	wp := Load(Param("w").Base(), GP64()).(GPVirtual)
-	n := Load(Param("k"), GP64())
 	x := xrow{q0: q0, ds0: ds0}
 	SHRQ(U8(8), n) // super-blocks
 
@@ -885,11 +833,43 @@ func qtileQ6K512() {
 	JMP(LabelRef(name + "_loop"))
 
 	Label(name + "_done")
+	qtileEnd([]VecVirtual{acc}, nil)
+}
+
+// qtileBegin starts a quantized tile: its TEXT with the qtileFunc
+// signature, its doc, and the loads of q's, ds's and w's bases and of k.
+func qtileBegin(name string, doc ...string) (q0, ds0, wp GPVirtual, k Register) {
+	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)")
+	Doc(doc...)
+	Pragma("noescape")
+	q0 = Load(Param("q").Base(), GP64()).(GPVirtual)
+	ds0 = Load(Param("ds").Base(), GP64()).(GPVirtual)
+	wp = Load(Param("w").Base(), GP64()).(GPVirtual)
+	k = Load(Param("k"), GP64())
+	return q0, ds0, wp, k
+}
+
+// qtileEnd stores the R rows' sums, the lanes of acc[r] (zmm) less those of
+// sub[r] (ymm; nil for none), to y[r·ldy], and returns.
+func qtileEnd(acc, sub []VecVirtual) {
 	yp := Load(Param("y").Base(), GP64()).(GPVirtual)
-	h := YMM()
-	VEXTRACTF64X4(U8(1), acc, h)
-	VADDPS(acc.AsY(), h, h)
-	hsumStore(h, nil, Mem{Base: yp})
+	var ldy Register
+	if len(acc) > 1 {
+		ldy = Load(Param("ldy"), GP64())
+	}
+	for r := range acc {
+		var s VecVirtual
+		if sub != nil {
+			s = sub[r]
+		}
+		h := YMM()
+		VEXTRACTF64X4(U8(1), acc[r], h)
+		VADDPS(acc[r].AsY(), h, h)
+		if r > 0 {
+			LEAQ(Mem{Base: yp, Index: ldy, Scale: 4}, yp)
+		}
+		hsumStore(h, s, Mem{Base: yp})
+	}
 	VZEROUPPER()
 	RET()
 }

@@ -148,34 +148,21 @@ func dotQ4_0(q []int8, ds []float32, w []byte, k int) float32 {
 // Q4_K and Q5_K: sub-block j of a super-block is x block 8·sb + j, and its
 // elements are (dw·sc)·n − dmin·m, so its dot is
 // dw·sc·d·Σn·q − dmin·m·s.
-func dotQ4K(q []int8, ds []float32, w []byte, k int) float32 {
-	var sum float32
-	for sb := range k / 256 {
-		blk := w[sb*144 : sb*144+144]
-		dw, dmin := f16(blk), f16(blk[2:])
-		scales, qs := blk[4:16], blk[16:144]
-		for j := range 8 {
-			b := 8*sb + j
-			xq := q[b*32 : b*32+32]
-			nib := qs[32*(j/2) : 32*(j/2)+32]
-			shift := 4 * uint(j&1)
-			var acc int32
-			for i, v := range nib {
-				acc += int32(v>>shift&0xf) * int32(xq[i])
-			}
-			sc, m := kernels.ScaleMinK4(j, scales)
-			sum += dw*float32(sc)*ds[2*b]*float32(acc) - dmin*float32(m)*ds[2*b+1]
-		}
-	}
-	return sum
-}
+func dotQ4K(q []int8, ds []float32, w []byte, k int) float32 { return dotK(q, ds, w, k, false) }
+func dotQ5K(q []int8, ds []float32, w []byte, k int) float32 { return dotK(q, ds, w, k, true) }
 
-func dotQ5K(q []int8, ds []float32, w []byte, k int) float32 {
+// dotK is dotQ4K, or dotQ5K with five set: bit j of qh[i] is bit 4 of
+// sub-block j's element i.
+func dotK(q []int8, ds []float32, w []byte, k int, five bool) float32 {
+	bb, qs0 := 144, 16
+	if five {
+		bb, qs0 = 176, 48
+	}
 	var sum float32
 	for sb := range k / 256 {
-		blk := w[sb*176 : sb*176+176]
+		blk := w[sb*bb : (sb+1)*bb]
 		dw, dmin := f16(blk), f16(blk[2:])
-		scales, qh, qs := blk[4:16], blk[16:48], blk[48:176]
+		scales, qh, qs := blk[4:16], blk[16:48], blk[qs0:qs0+128]
 		for j := range 8 {
 			b := 8*sb + j
 			xq := q[b*32 : b*32+32]
@@ -183,7 +170,10 @@ func dotQ5K(q []int8, ds []float32, w []byte, k int) float32 {
 			shift := 4 * uint(j&1)
 			var acc int32
 			for i, v := range nib {
-				n := v>>shift&0xf | (qh[i]>>uint(j)&1)<<4
+				n := v >> shift & 0xf
+				if five {
+					n |= (qh[i] >> uint(j) & 1) << 4
+				}
 				acc += int32(n) * int32(xq[i])
 			}
 			sc, m := kernels.ScaleMinK4(j, scales)

@@ -743,13 +743,13 @@ func qtileQ4KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w 
 func qtileQ4KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
 // qtileQ8_0R4VNNI512 is qtileQ8_0R4VNNI on 512-bit registers (AVX-512 VNNI and BW):
-// two blocks per integer dot product, with biased weights (see quant.go).
+// two blocks per integer dot product, with biased weights (see kernels/_generate/quant.go).
 //
 //go:noescape
 func qtileQ8_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
 // qtileQ4_0R4VNNI512 is qtileQ4_0R4VNNI on 512-bit registers (AVX-512 VNNI and BW):
-// two blocks per integer dot product, with biased weights (see quant.go).
+// two blocks per integer dot product, with biased weights (see kernels/_generate/quant.go).
 //
 //go:noescape
 func qtileQ4_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
