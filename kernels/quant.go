@@ -110,30 +110,27 @@ func ScaleMinK4(j int, s []byte) (sc, m uint8) {
 	return s[j+4]&0xf | (s[j-4]>>6)<<4, s[j+4]>>4 | (s[j]>>6)<<4
 }
 
-func dequantQ4K(y []float32, b []byte) {
-	d, dmin := f16At(b), f16At(b[2:])
-	scales, qs := b[4:16], b[16:144]
-	for s := range 8 {
-		sc, m := ScaleMinK4(s, scales)
-		d1, m1 := d*float32(sc), dmin*float32(m)
-		q := qs[32*(s/2) : 32*(s/2)+32]
-		shift := 4 * uint(s&1)
-		for l := range 32 {
-			y[32*s+l] = float32(d1*float32(q[l]>>shift&0xf)) - m1
-		}
-	}
-}
+func dequantQ4K(y []float32, b []byte) { dequantK(y, b, false) }
+func dequantQ5K(y []float32, b []byte) { dequantK(y, b, true) }
 
-func dequantQ5K(y []float32, b []byte) {
+// dequantK decodes a Q4_K block, or a Q5_K one with five set (bit s of
+// qh[l] is bit 4 of sub-block s's element l).
+func dequantK(y []float32, b []byte, five bool) {
 	d, dmin := f16At(b), f16At(b[2:])
-	scales, qh, qs := b[4:16], b[16:48], b[48:176]
+	scales, qh, qs := b[4:16], b[16:48], b[16:144]
+	if five {
+		qs = b[48:176]
+	}
 	for s := range 8 {
 		sc, m := ScaleMinK4(s, scales)
 		d1, m1 := d*float32(sc), dmin*float32(m)
 		q := qs[32*(s/2) : 32*(s/2)+32]
 		shift := 4 * uint(s&1)
 		for l := range 32 {
-			v := q[l]>>shift&0xf | (qh[l]>>uint(s)&1)<<4
+			v := q[l] >> shift & 0xf
+			if five {
+				v |= (qh[l] >> uint(s) & 1) << 4
+			}
 			y[32*s+l] = float32(d1*float32(v)) - m1
 		}
 	}
