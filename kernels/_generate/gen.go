@@ -159,7 +159,8 @@ func main() {
 	q8Consts512()
 	q40Consts512()
 	q6kConsts512()
-	qtileQ6K512()
+	qtileQ6K512(1)
+	qtileQ6K512(4)
 	for _, r := range []int{1, 4} {
 		qtileQ4K512(r)
 	}

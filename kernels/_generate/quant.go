@@ -766,17 +766,23 @@ func q6kConsts512() {
 	}
 }
 
-func qtileQ6K512() {
-	name := "qtileQ6KR1VNNI512"
+// qtileQ6K512 is the R-row Q6_K tile: the weights are unpacked once and
+// their scales picked once for all R x rows.
+func qtileQ6K512(R int) {
+	name := fmt.Sprintf("qtileQ6KR%dVNNI512", R)
 	q0, ds0, wp, n := qtileBegin(name,
-		name+" is qtileQ6KR1VNNI on 512-bit registers (AVX-512 VNNI and BW):",
+		fmt.Sprintf("%s sets y[r·ldy] for r < %d to the dot product of one row of Q6_K blocks", name, R),
+		"w with x row r (see qtileQ6KR1VNNI) on 512-bit registers (AVX-512 VNNI and BW):",
 		"two x blocks per integer dot product.",
 	)
-	x := xrow{q0: q0, ds0: ds0}
+	xs := xrows(q0, ds0, R)
 	SHRQ(U8(8), n) // super-blocks
 
-	acc := ZMM()
-	VXORPS(acc, acc, acc)
+	acc := make([]VecVirtual, R)
+	for r := range acc {
+		acc[r] = ZMM()
+		VXORPS(acc[r], acc[r], acc[r])
+	}
 	low4, three, b32 := bcastZ(0x0f0f0f0f), bcastZ(0x03030303), bcastZ(0x20202020)
 	shift := []VecVirtual{ZMM(), ZMM()}
 	for p := range shift {
@@ -800,7 +806,7 @@ func qtileQ6K512() {
 		VMOVDQU64(Mem{Base: wp, Disp: 64 * h}, ql)
 		for pr := range 2 {
 			b := 4*h + 2*pr // the pair's first x block
-			u, hb, t, t2 := ZMM(), ZMM(), ZMM(), ZMM()
+			u, hb := ZMM(), ZMM()
 			if pr == 0 {
 				VPANDD(low4, ql, u)
 			} else {
@@ -811,19 +817,22 @@ func qtileQ6K512() {
 			VPANDD(three, hb, hb)
 			VPSLLW(U8(4), hb, hb)
 			VPORD(hb, u, u)
-			VXORPS(t, t, t)
-			VPDPBUSD(x.q(32*b), u, t)
-			VXORPS(t2, t2, t2)
-			VPDPBUSD(x.q(32*b), b32, t2)
-			VPSUBD(t2, t, t)
-			VCVTDQ2PS(t, t)
-			idx, sv, p, dv := ZMM(), ZMM(), ZMM(), ZMM()
+			idx, sv := ZMM(), ZMM()
 			VMOVDQU64(q6kIdxData.Offset(64*(2*h+pr)), idx)
 			VPERMPS(sc, idx, sv)
-			VMULPS(sv, t, t)
-			VBROADCASTF32X4(x.d(b), p) // dA sA dB sB, four times
-			VPERMPS(p, idxD, dv)
-			VFMADD231PS(dv, t, acc)
+			for r, x := range xs {
+				t, t2, p, dv := ZMM(), ZMM(), ZMM(), ZMM()
+				VXORPS(t, t, t)
+				VPDPBUSD(x.q(32*b), u, t)
+				VXORPS(t2, t2, t2)
+				VPDPBUSD(x.q(32*b), b32, t2)
+				VPSUBD(t2, t, t)
+				VCVTDQ2PS(t, t)
+				VMULPS(sv, t, t)
+				VBROADCASTF32X4(x.d(b), p) // dA sA dB sB, four times
+				VPERMPS(p, idxD, dv)
+				VFMADD231PS(dv, t, acc[r])
+			}
 		}
 	}
 	ADDQ(U32(210), wp)
@@ -833,7 +842,7 @@ func qtileQ6K512() {
 	JMP(LabelRef(name + "_loop"))
 
 	Label(name + "_done")
-	qtileEnd([]VecVirtual{acc}, nil)
+	qtileEnd(acc, nil)
 }
 
 // qtileBegin starts a quantized tile: its TEXT with the qtileFunc

@@ -63,14 +63,14 @@ var (
 // vnni512QTiles are vnniQTiles with the tiles that run faster on zmm
 // registers (two 32-column blocks per instruction) swapped in: the 4-row
 // Q8_0, Q4_0 and Q4_K tiles, the 1-row Q4_K and Q6_K ones (BenchmarkQTile's
-// CPU time). This package uses them; vnniQTiles stay for comparison in the
+// CPU time), and a 4-row Q6_K tile the ymm set lacks. This package uses them; vnniQTiles stay for comparison in the
 // tests and benchmarks.
 var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
 	t = vnniQTiles
 	t[kernels.Q8_0].r4 = qtileQ8_0R4VNNI512
 	t[kernels.Q4_0].r4 = qtileQ4_0R4VNNI512
 	t[kernels.Q4K] = qtileSet{r1: qtileQ4KR1VNNI512, r4: qtileQ4KR4VNNI512}
-	t[kernels.Q6K] = qtileSet{r1: qtileQ6KR1VNNI512}
+	t[kernels.Q6K] = qtileSet{r1: qtileQ6KR1VNNI512, r4: qtileQ6KR4VNNI512}
 	return t
 }()
 

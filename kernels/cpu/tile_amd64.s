@@ -6543,36 +6543,36 @@ qtileQ6KR1VNNI512_loop:
 	VPANDD          Z2, Z11, Z11
 	VPSLLW          $0x04, Z11, Z11
 	VPORD           Z11, Z10, Z10
-	VXORPS          Z11, Z11, Z11
-	VPDPBUSD        (AX), Z10, Z11
+	VMOVDQU64       q6kidx<>+0(SB), Z11
+	VPERMPS         Z8, Z11, Z11
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        (AX), Z10, Z12
 	VXORPS          Z10, Z10, Z10
 	VPDPBUSD        (AX), Z3, Z10
-	VPSUBD          Z10, Z11, Z11
-	VCVTDQ2PS       Z11, Z11
-	VMOVDQU64       q6kidx<>+0(SB), Z10
-	VPERMPS         Z8, Z10, Z10
-	VMULPS          Z10, Z11, Z11
+	VPSUBD          Z10, Z12, Z12
+	VCVTDQ2PS       Z12, Z12
+	VMULPS          Z11, Z12, Z12
 	VBROADCASTF32X4 (CX), Z10
 	VPERMPS         Z10, Z6, Z10
-	VFMADD231PS     Z10, Z11, Z0
+	VFMADD231PS     Z10, Z12, Z0
 	VPSRLW          $0x04, Z9, Z9
 	VPANDD          Z1, Z9, Z9
 	VPSRLVW         Z5, Z7, Z7
 	VPANDD          Z2, Z7, Z7
 	VPSLLW          $0x04, Z7, Z7
 	VPORD           Z7, Z9, Z9
-	VXORPS          Z7, Z7, Z7
-	VPDPBUSD        64(AX), Z9, Z7
+	VMOVDQU64       q6kidx<>+64(SB), Z7
+	VPERMPS         Z8, Z7, Z7
+	VXORPS          Z10, Z10, Z10
+	VPDPBUSD        64(AX), Z9, Z10
 	VXORPS          Z9, Z9, Z9
 	VPDPBUSD        64(AX), Z3, Z9
-	VPSUBD          Z9, Z7, Z7
-	VCVTDQ2PS       Z7, Z7
-	VMOVDQU64       q6kidx<>+64(SB), Z9
-	VPERMPS         Z8, Z9, Z9
-	VMULPS          Z9, Z7, Z7
-	VBROADCASTF32X4 16(CX), Z9
-	VPERMPS         Z9, Z6, Z9
-	VFMADD231PS     Z9, Z7, Z0
+	VPSUBD          Z9, Z10, Z10
+	VCVTDQ2PS       Z10, Z10
+	VMULPS          Z7, Z10, Z10
+	VBROADCASTF32X4 16(CX), Z7
+	VPERMPS         Z7, Z6, Z7
+	VFMADD231PS     Z7, Z10, Z0
 	VBROADCASTI64X4 160(DX), Z7
 	VMOVDQU64       64(DX), Z9
 	VPANDD          Z1, Z9, Z10
@@ -6580,36 +6580,36 @@ qtileQ6KR1VNNI512_loop:
 	VPANDD          Z2, Z11, Z11
 	VPSLLW          $0x04, Z11, Z11
 	VPORD           Z11, Z10, Z10
-	VXORPS          Z11, Z11, Z11
-	VPDPBUSD        128(AX), Z10, Z11
+	VMOVDQU64       q6kidx<>+128(SB), Z11
+	VPERMPS         Z8, Z11, Z11
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        128(AX), Z10, Z12
 	VXORPS          Z10, Z10, Z10
 	VPDPBUSD        128(AX), Z3, Z10
-	VPSUBD          Z10, Z11, Z11
-	VCVTDQ2PS       Z11, Z11
-	VMOVDQU64       q6kidx<>+128(SB), Z10
-	VPERMPS         Z8, Z10, Z10
-	VMULPS          Z10, Z11, Z11
+	VPSUBD          Z10, Z12, Z12
+	VCVTDQ2PS       Z12, Z12
+	VMULPS          Z11, Z12, Z12
 	VBROADCASTF32X4 32(CX), Z10
 	VPERMPS         Z10, Z6, Z10
-	VFMADD231PS     Z10, Z11, Z0
+	VFMADD231PS     Z10, Z12, Z0
 	VPSRLW          $0x04, Z9, Z9
 	VPANDD          Z1, Z9, Z9
 	VPSRLVW         Z5, Z7, Z7
 	VPANDD          Z2, Z7, Z7
 	VPSLLW          $0x04, Z7, Z7
 	VPORD           Z7, Z9, Z9
-	VXORPS          Z7, Z7, Z7
-	VPDPBUSD        192(AX), Z9, Z7
+	VMOVDQU64       q6kidx<>+192(SB), Z7
+	VPERMPS         Z8, Z7, Z7
+	VXORPS          Z8, Z8, Z8
+	VPDPBUSD        192(AX), Z9, Z8
 	VXORPS          Z9, Z9, Z9
 	VPDPBUSD        192(AX), Z3, Z9
-	VPSUBD          Z9, Z7, Z7
-	VCVTDQ2PS       Z7, Z7
-	VMOVDQU64       q6kidx<>+192(SB), Z9
-	VPERMPS         Z8, Z9, Z8
-	VMULPS          Z8, Z7, Z7
-	VBROADCASTF32X4 48(CX), Z8
-	VPERMPS         Z8, Z6, Z8
-	VFMADD231PS     Z8, Z7, Z0
+	VPSUBD          Z9, Z8, Z8
+	VCVTDQ2PS       Z8, Z8
+	VMULPS          Z7, Z8, Z8
+	VBROADCASTF32X4 48(CX), Z7
+	VPERMPS         Z7, Z6, Z7
+	VFMADD231PS     Z7, Z8, Z0
 	ADDQ            $0x000000d2, DX
 	ADDQ            $0x00000100, AX
 	ADDQ            $0x40, CX
@@ -6625,6 +6625,278 @@ qtileQ6KR1VNNI512_done:
 	VHADDPS       X0, X0, X0
 	VHADDPS       X0, X0, X0
 	VMOVSS        X0, (AX)
+	VZEROUPPER
+	RET
+
+// func qtileQ6KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VNNI
+TEXT ·qtileQ6KR4VNNI512(SB), NOSPLIT, $0-120
+	MOVQ         q_base+32(FP), AX
+	MOVQ         ds_base+56(FP), CX
+	MOVQ         w_base+88(FP), DX
+	MOVQ         k+112(FP), BX
+	MOVQ         ldq+80(FP), SI
+	MOVQ         SI, DI
+	SHRQ         $0x02, DI
+	LEAQ         (SI)(SI*2), R8
+	LEAQ         (DI)(DI*2), R9
+	SHRQ         $0x08, BX
+	VXORPS       Z0, Z0, Z0
+	VXORPS       Z1, Z1, Z1
+	VXORPS       Z2, Z2, Z2
+	VXORPS       Z3, Z3, Z3
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z4
+	MOVL         $0x03030303, R10
+	VPBROADCASTD R10, Z5
+	MOVL         $0x20202020, R10
+	VPBROADCASTD R10, Z6
+	VMOVDQU64    q6kshift<>+0(SB), Z7
+	VMOVDQU64    q6kshift<>+64(SB), Z8
+	VMOVDQU64    q8idx<>+0(SB), Z9
+
+qtileQ6KR4VNNI512_loop:
+	TESTQ           BX, BX
+	JZ              qtileQ6KR4VNNI512_done
+	VPBROADCASTW    208(DX), Y10
+	VCVTPH2PS       Y10, Z10
+	VPMOVSXBD       192(DX), Z11
+	VCVTDQ2PS       Z11, Z11
+	VMULPS          Z10, Z11, Z11
+	VBROADCASTI64X4 128(DX), Z10
+	VMOVDQU64       (DX), Z12
+	VPANDD          Z4, Z12, Z13
+	VPSRLVW         Z7, Z10, Z14
+	VPANDD          Z5, Z14, Z14
+	VPSLLW          $0x04, Z14, Z14
+	VPORD           Z14, Z13, Z13
+	VMOVDQU64       q6kidx<>+0(SB), Z14
+	VPERMPS         Z11, Z14, Z14
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        (AX), Z13, Z15
+	VXORPS          Z16, Z16, Z16
+	VPDPBUSD        (AX), Z6, Z16
+	VPSUBD          Z16, Z15, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 (CX), Z16
+	VPERMPS         Z16, Z9, Z16
+	VFMADD231PS     Z16, Z15, Z0
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        (AX)(SI*1), Z13, Z15
+	VXORPS          Z16, Z16, Z16
+	VPDPBUSD        (AX)(SI*1), Z6, Z16
+	VPSUBD          Z16, Z15, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 (CX)(DI*1), Z16
+	VPERMPS         Z16, Z9, Z16
+	VFMADD231PS     Z16, Z15, Z1
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        (AX)(SI*2), Z13, Z15
+	VXORPS          Z16, Z16, Z16
+	VPDPBUSD        (AX)(SI*2), Z6, Z16
+	VPSUBD          Z16, Z15, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 (CX)(DI*2), Z16
+	VPERMPS         Z16, Z9, Z16
+	VFMADD231PS     Z16, Z15, Z2
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        (AX)(R8*1), Z13, Z15
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        (AX)(R8*1), Z6, Z13
+	VPSUBD          Z13, Z15, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 (CX)(R9*1), Z13
+	VPERMPS         Z13, Z9, Z13
+	VFMADD231PS     Z13, Z15, Z3
+	VPSRLW          $0x04, Z12, Z12
+	VPANDD          Z4, Z12, Z12
+	VPSRLVW         Z8, Z10, Z10
+	VPANDD          Z5, Z10, Z10
+	VPSLLW          $0x04, Z10, Z10
+	VPORD           Z10, Z12, Z12
+	VMOVDQU64       q6kidx<>+64(SB), Z10
+	VPERMPS         Z11, Z10, Z10
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        64(AX), Z12, Z13
+	VXORPS          Z14, Z14, Z14
+	VPDPBUSD        64(AX), Z6, Z14
+	VPSUBD          Z14, Z13, Z13
+	VCVTDQ2PS       Z13, Z13
+	VMULPS          Z10, Z13, Z13
+	VBROADCASTF32X4 16(CX), Z14
+	VPERMPS         Z14, Z9, Z14
+	VFMADD231PS     Z14, Z13, Z0
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        64(AX)(SI*1), Z12, Z13
+	VXORPS          Z14, Z14, Z14
+	VPDPBUSD        64(AX)(SI*1), Z6, Z14
+	VPSUBD          Z14, Z13, Z13
+	VCVTDQ2PS       Z13, Z13
+	VMULPS          Z10, Z13, Z13
+	VBROADCASTF32X4 16(CX)(DI*1), Z14
+	VPERMPS         Z14, Z9, Z14
+	VFMADD231PS     Z14, Z13, Z1
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        64(AX)(SI*2), Z12, Z13
+	VXORPS          Z14, Z14, Z14
+	VPDPBUSD        64(AX)(SI*2), Z6, Z14
+	VPSUBD          Z14, Z13, Z13
+	VCVTDQ2PS       Z13, Z13
+	VMULPS          Z10, Z13, Z13
+	VBROADCASTF32X4 16(CX)(DI*2), Z14
+	VPERMPS         Z14, Z9, Z14
+	VFMADD231PS     Z14, Z13, Z2
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        64(AX)(R8*1), Z12, Z13
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        64(AX)(R8*1), Z6, Z12
+	VPSUBD          Z12, Z13, Z13
+	VCVTDQ2PS       Z13, Z13
+	VMULPS          Z10, Z13, Z13
+	VBROADCASTF32X4 16(CX)(R9*1), Z10
+	VPERMPS         Z10, Z9, Z10
+	VFMADD231PS     Z10, Z13, Z3
+	VBROADCASTI64X4 160(DX), Z10
+	VMOVDQU64       64(DX), Z12
+	VPANDD          Z4, Z12, Z13
+	VPSRLVW         Z7, Z10, Z14
+	VPANDD          Z5, Z14, Z14
+	VPSLLW          $0x04, Z14, Z14
+	VPORD           Z14, Z13, Z13
+	VMOVDQU64       q6kidx<>+128(SB), Z14
+	VPERMPS         Z11, Z14, Z14
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        128(AX), Z13, Z15
+	VXORPS          Z16, Z16, Z16
+	VPDPBUSD        128(AX), Z6, Z16
+	VPSUBD          Z16, Z15, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 32(CX), Z16
+	VPERMPS         Z16, Z9, Z16
+	VFMADD231PS     Z16, Z15, Z0
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        128(AX)(SI*1), Z13, Z15
+	VXORPS          Z16, Z16, Z16
+	VPDPBUSD        128(AX)(SI*1), Z6, Z16
+	VPSUBD          Z16, Z15, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 32(CX)(DI*1), Z16
+	VPERMPS         Z16, Z9, Z16
+	VFMADD231PS     Z16, Z15, Z1
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        128(AX)(SI*2), Z13, Z15
+	VXORPS          Z16, Z16, Z16
+	VPDPBUSD        128(AX)(SI*2), Z6, Z16
+	VPSUBD          Z16, Z15, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 32(CX)(DI*2), Z16
+	VPERMPS         Z16, Z9, Z16
+	VFMADD231PS     Z16, Z15, Z2
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        128(AX)(R8*1), Z13, Z15
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        128(AX)(R8*1), Z6, Z13
+	VPSUBD          Z13, Z15, Z15
+	VCVTDQ2PS       Z15, Z15
+	VMULPS          Z14, Z15, Z15
+	VBROADCASTF32X4 32(CX)(R9*1), Z13
+	VPERMPS         Z13, Z9, Z13
+	VFMADD231PS     Z13, Z15, Z3
+	VPSRLW          $0x04, Z12, Z12
+	VPANDD          Z4, Z12, Z12
+	VPSRLVW         Z8, Z10, Z10
+	VPANDD          Z5, Z10, Z10
+	VPSLLW          $0x04, Z10, Z10
+	VPORD           Z10, Z12, Z12
+	VMOVDQU64       q6kidx<>+192(SB), Z10
+	VPERMPS         Z11, Z10, Z10
+	VXORPS          Z11, Z11, Z11
+	VPDPBUSD        192(AX), Z12, Z11
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        192(AX), Z6, Z13
+	VPSUBD          Z13, Z11, Z11
+	VCVTDQ2PS       Z11, Z11
+	VMULPS          Z10, Z11, Z11
+	VBROADCASTF32X4 48(CX), Z13
+	VPERMPS         Z13, Z9, Z13
+	VFMADD231PS     Z13, Z11, Z0
+	VXORPS          Z11, Z11, Z11
+	VPDPBUSD        192(AX)(SI*1), Z12, Z11
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        192(AX)(SI*1), Z6, Z13
+	VPSUBD          Z13, Z11, Z11
+	VCVTDQ2PS       Z11, Z11
+	VMULPS          Z10, Z11, Z11
+	VBROADCASTF32X4 48(CX)(DI*1), Z13
+	VPERMPS         Z13, Z9, Z13
+	VFMADD231PS     Z13, Z11, Z1
+	VXORPS          Z11, Z11, Z11
+	VPDPBUSD        192(AX)(SI*2), Z12, Z11
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        192(AX)(SI*2), Z6, Z13
+	VPSUBD          Z13, Z11, Z11
+	VCVTDQ2PS       Z11, Z11
+	VMULPS          Z10, Z11, Z11
+	VBROADCASTF32X4 48(CX)(DI*2), Z13
+	VPERMPS         Z13, Z9, Z13
+	VFMADD231PS     Z13, Z11, Z2
+	VXORPS          Z11, Z11, Z11
+	VPDPBUSD        192(AX)(R8*1), Z12, Z11
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        192(AX)(R8*1), Z6, Z12
+	VPSUBD          Z12, Z11, Z11
+	VCVTDQ2PS       Z11, Z11
+	VMULPS          Z10, Z11, Z11
+	VBROADCASTF32X4 48(CX)(R9*1), Z10
+	VPERMPS         Z10, Z9, Z10
+	VFMADD231PS     Z10, Z11, Z3
+	ADDQ            $0x000000d2, DX
+	ADDQ            $0x00000100, AX
+	ADDQ            $0x40, CX
+	DECQ            BX
+	JMP             qtileQ6KR4VNNI512_loop
+
+qtileQ6KR4VNNI512_done:
+	MOVQ          y_base+0(FP), AX
+	MOVQ          ldy+24(FP), CX
+	VEXTRACTF64X4 $0x01, Z0, Y4
+	VADDPS        Y0, Y4, Y4
+	VEXTRACTF128  $0x01, Y4, X0
+	VADDPS        X0, X4, X0
+	VHADDPS       X0, X0, X0
+	VHADDPS       X0, X0, X0
+	VMOVSS        X0, (AX)
+	VEXTRACTF64X4 $0x01, Z1, Y0
+	VADDPS        Y1, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
+	VEXTRACTF64X4 $0x01, Z2, Y0
+	VADDPS        Y2, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
+	VEXTRACTF64X4 $0x01, Z3, Y0
+	VADDPS        Y3, Y0, Y0
+	LEAQ          (AX)(CX*4), AX
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VHADDPS       X1, X1, X1
+	VHADDPS       X1, X1, X1
+	VMOVSS        X1, (AX)
 	VZEROUPPER
 	RET
 

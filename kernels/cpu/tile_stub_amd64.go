@@ -724,11 +724,19 @@ func qtileQ5KR4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []b
 //go:noescape
 func qtileQ6KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
-// qtileQ6KR1VNNI512 is qtileQ6KR1VNNI on 512-bit registers (AVX-512 VNNI and BW):
+// qtileQ6KR1VNNI512 sets y[r·ldy] for r < 1 to the dot product of one row of Q6_K blocks
+// w with x row r (see qtileQ6KR1VNNI) on 512-bit registers (AVX-512 VNNI and BW):
 // two x blocks per integer dot product.
 //
 //go:noescape
 func qtileQ6KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ6KR4VNNI512 sets y[r·ldy] for r < 4 to the dot product of one row of Q6_K blocks
+// w with x row r (see qtileQ6KR1VNNI) on 512-bit registers (AVX-512 VNNI and BW):
+// two x blocks per integer dot product.
+//
+//go:noescape
+func qtileQ6KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
 // qtileQ4KR1VNNI512 is qtileQ4KR1VNNI on 512-bit registers (AVX-512 VNNI and BW):
 // two sub-blocks per integer dot product, conversion and multiply-add.
