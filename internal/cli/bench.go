@@ -186,7 +186,7 @@ func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 			return usageErr("%v", err)
 		}
 	}
-	if f.quant != "" && !slices.Contains(engine.QuantTypes, f.quant) {
+	if f.quant != "" && !slices.Contains(engine.QuantTypes, strings.ToLower(f.quant)) {
 		return usageErr("--quant %q: want %s", f.quant, strings.Join(engine.QuantTypes, " or "))
 	}
 	if err := runBench(ctx, &f, stdout, stderr); err != nil {
