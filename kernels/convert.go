@@ -90,6 +90,9 @@ func (m *Mat) RowF32(dst []float32, r int) {
 			dst[i] = F8E4M3ToF32(src[i]) * srow[i/m.BlockCols]
 		}
 	case Q8_0, Q4_0, Q4K, Q5K, Q6K:
+		if n%m.DType.BlockElems() != 0 {
+			panic("kernels: RowF32 quantized row not a whole number of blocks")
+		}
 		rb := m.DType.RowBytes(n)
 		dequantRow(m.DType, dst[:n], m.Data[r*rb:(r+1)*rb])
 	default:

@@ -133,6 +133,16 @@ func TestQuantizeRoundTrip(t *testing.T) {
 	}
 }
 
+func TestRowF32PartialBlockPanics(t *testing.T) {
+	defer func() {
+		if r, _ := recover().(string); r != "kernels: RowF32 quantized row not a whole number of blocks" {
+			t.Errorf("recovered %q", r)
+		}
+	}()
+	m := &Mat{DType: Q8_0, Rows: 1, Cols: 48, Data: make([]byte, 68)}
+	m.RowF32(make([]float32, 48), 0)
+}
+
 func TestQuantizeErrors(t *testing.T) {
 	m := &Mat{DType: F32, Rows: 2, Cols: 48, Data: make([]byte, 2*48*4)}
 	if _, err := Quantize(m, Q4K); err == nil {
