@@ -22,8 +22,9 @@ import (
 //
 // Embeddings and the output head are quantized too (gathered rows are
 // dequantized exactly): with "q8_0" everything is Q8_0; with "q4_k" the
-// output head and the embeddings (often the same tied tensor) are Q6_K, as
-// in llama.cpp's Q4_K_M, and the rest Q4_K.
+// output head is Q6_K, as in llama.cpp's Q4_K_M, and so are the embeddings
+// (often that same tied tensor; llama.cpp keeps an untied one in Q4_K), and
+// the rest Q4_K.
 
 // QuantTypes are the Options.Quant values Load accepts.
 var QuantTypes = []string{"q8_0", "q4_k"}
