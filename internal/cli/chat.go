@@ -343,7 +343,7 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 		stages = append(stages, stage{name, now.Sub(t)})
 		t = now
 	}
-	eo := engine.Options{Threads: c.cfg.Engine.Threads}
+	eo := engine.Options{Threads: c.cfg.Engine.Threads, Quant: c.cfg.Engine.Quant}
 	s := &session{name: e.Name}
 	var err error
 	if e.Open != nil {

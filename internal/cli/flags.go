@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -181,8 +182,8 @@ func flagArg(s *settings.Setting) string {
 		return "N"
 	case settings.Size:
 		return "SIZE"
-	case settings.Enum:
-		return strings.Join(s.Choices, "|")
+	case settings.Enum: // an empty choice is the default, not something to type
+		return strings.Join(slices.DeleteFunc(slices.Clone(s.Choices), func(c string) bool { return c == "" }), "|")
 	}
 	if s.Flag == "model" {
 		return "DIR|NAME"
