@@ -28,6 +28,9 @@ type Options struct {
 	RandomWeights bool
 	// Seed seeds the random weights.
 	Seed uint64
+	// Quant, when set ("q8_0" or "q4_k", see QuantTypes), quantizes the
+	// matrices in memory as the model is built (see quantize.go for which).
+	Quant string
 }
 
 // Loaded is a model ready to run, with what it was built from. The caller
@@ -48,6 +51,9 @@ type Loaded struct {
 // and no config.json (see gguf.Find). Every failure is returned as an error
 // naming the file, key or tensor at fault.
 func Load(dir string, opts Options) (*Loaded, error) {
+	if err := checkQuant(dir, opts); err != nil {
+		return nil, err
+	}
 	if file, ok, err := findGGUF(dir); err != nil {
 		return nil, err
 	} else if ok {
@@ -67,15 +73,52 @@ func Load(dir string, opts Options) (*Loaded, error) {
 		}
 		src = l.Weights
 	}
-	if l.Backend == nil {
-		l.ownBackend = cpu.New(opts.Threads)
-		l.Backend = l.ownBackend
-	}
-	if l.Model, err = model.New(cfg, src, l.Backend); err != nil {
+	l.startBackend(opts)
+	if l.Model, err = model.New(cfg, l.source(src, opts), l.Backend); err != nil {
 		l.Close()
 		return nil, err
 	}
 	return l, nil
+}
+
+// checkQuant rejects an unknown Options.Quant before anything is loaded.
+func checkQuant(name string, opts Options) error {
+	if opts.Quant == "" {
+		return nil
+	}
+	if _, err := parseQuant(opts.Quant); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// startBackend sets l.Backend to opts.Backend or a new CPU backend.
+func (l *Loaded) startBackend(opts Options) {
+	if l.Backend == nil {
+		l.ownBackend = cpu.New(opts.Threads)
+		l.Backend = l.ownBackend
+	}
+}
+
+// source wraps src to quantize its matrices when opts.Quant asks for it.
+func (l *Loaded) source(src model.WeightSource, opts Options) model.WeightSource {
+	q, _ := Quantized(src, opts.Quant, l.Backend) // checked by checkQuant
+	return q
+}
+
+// Quantized returns src with its matrices quantized as Options.Quant quant
+// says (src itself for ""), the work spread over be's threads. Load does
+// this; callers that build models from their own sources (benchmarks) use it
+// directly.
+func Quantized(src model.WeightSource, quant string, be kernels.Backend) (model.WeightSource, error) {
+	if quant == "" {
+		return src, nil
+	}
+	plan, err := parseQuant(quant)
+	if err != nil {
+		return nil, err
+	}
+	return newQuantSource(src, plan, be), nil
 }
 
 // randomDType is the config's dtype for random weights (bf16 unless the

@@ -7,7 +7,6 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/gguf"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
-	"github.com/ferrite-llm/ferrite/kernels/cpu"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -23,7 +22,8 @@ func findGGUF(path string) (string, bool, error) {
 }
 
 // loadGGUF builds the model of a GGUF file: its config from the metadata,
-// its weights viewed in place in the mapped file.
+// its weights viewed in place in the mapped file (opts.Quant quantizes the
+// matrices not quantized already).
 func loadGGUF(name, file string, opts Options) (_ *Loaded, err error) {
 	g, err := gguf.Open(file)
 	if err != nil {
@@ -44,11 +44,8 @@ func loadGGUF(name, file string, opts Options) (_ *Loaded, err error) {
 	} else if src, err = g.Weights(); err != nil {
 		return nil, err
 	}
-	if l.Backend == nil {
-		l.ownBackend = cpu.New(opts.Threads)
-		l.Backend = l.ownBackend
-	}
-	if l.Model, err = model.New(l.Config, src, l.Backend); err != nil {
+	l.startBackend(opts)
+	if l.Model, err = model.New(l.Config, l.source(src, opts), l.Backend); err != nil {
 		return nil, err
 	}
 	return l, nil

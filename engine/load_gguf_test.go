@@ -237,3 +237,46 @@ func TestGGUFFusedExperts(t *testing.T) {
 		}
 	}
 }
+
+// TestGGUFQ8_0 converts every fixture to a Q8_0 GGUF file (ggml's reference
+// quantizer, in internal/ggufwrite) and checks it against the same
+// safetensors quantized as they load (Options.Quant "q8_0"): the same
+// blocks read in place give the same logits and greedy tokens. Llama's
+// logits differ a little: its RoPE scaling arrives as rope_freqs, and the
+// last-bit differences in q and k move some roundings of the activations,
+// which the int8 kernels quantize.
+func TestGGUFQ8_0(t *testing.T) {
+	for _, name := range ggufFixtures {
+		t.Run(name, func(t *testing.T) {
+			fx, err := fixtures.Load(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			prompt, _, _ := fx.Ints("prompt_ids")
+			ref, err := Load(fx.Dir, Options{Threads: 2, Quant: "q8_0"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := runPrompt(t, ref, prompt, 12)
+			ref.Close()
+			l, err := Load(writeGGUF(t, name, ggufwrite.Q8_0), Options{Threads: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if q := l.GGUF.Quantization(); q != "Q8_0" {
+				t.Errorf("quantization %q", q)
+			}
+			got := runPrompt(t, l, prompt, 12)
+			l.Close()
+			rel, abs := relErr(got.logits, want.logits)
+			t.Logf("logits max abs error %.3g, relative %.3g", abs, rel)
+			tol := 0.0
+			if name == "llama" {
+				tol = 2e-2
+			}
+			if rel > tol || !slices.Equal(got.greedy, want.greedy) {
+				t.Errorf("relative error %.3g > %g, greedy %v want %v", rel, tol, got.greedy, want.greedy)
+			}
+		})
+	}
+}

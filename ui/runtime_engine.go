@@ -3,10 +3,10 @@ package ui
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/engine/sample"
+	"github.com/ferrite-llm/ferrite/internal/chatprompt"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -56,11 +56,11 @@ func (e *RuntimeEngine) Stats() Stats {
 
 // Send implements Engine.
 func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
-	text, err := e.tok.ApplyChatTemplate(req.Messages, tokenizer.TemplateOptions{AddGenerationPrompt: true})
+	p, err := chatprompt.Encode(e.tok, req.Messages, tokenizer.TemplateOptions{AddGenerationPrompt: true})
 	if err != nil {
-		return nil, fmt.Errorf("chat template: %w", err)
+		return nil, err
 	}
-	ids := e.tok.Encode(text, false)
+	ids := p.IDs
 	if limit := e.info.MaxContext; limit > 0 && len(ids) > limit {
 		return nil, &ContextError{PromptTokens: len(ids), Limit: limit, KV: e.info.KVLimited}
 	}

@@ -13,11 +13,13 @@ import (
 	goruntime "runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/bench"
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/gguf"
@@ -39,6 +41,7 @@ type benchFlags struct {
 	draft          int
 	draftMaxSeqs   int
 	dtype          string
+	quant          string
 	threads        int
 	kvBudget       int64
 	maxBatchTokens int
@@ -143,6 +146,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.draft, "draft", bench.DefaultDraft, "with --mtp on: draft tokens per step")
 	fs.IntVar(&f.draftMaxSeqs, "draft-max-seqs", 0, "with --mtp on: no drafting while more sequences run (0 = the runtime's default, -1 = no limit)")
 	fs.StringVar(&f.dtype, "dtype", "", "random weights' dtype: bf16, f16 or f32 (default: the config's torch_dtype/dtype, else bf16)")
+	fs.StringVar(&f.quant, "quant", "", "quantize the weights in memory at load: q8_0 or q4_k (default: as stored)")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0 = all cores)")
 	fs.Var(sizeFlag{&f.kvBudget}, "kv-budget", "KV-cache budget: bytes or a size such as 512MiB (0 = enough for the largest case without preemption)")
 	fs.IntVar(&f.maxBatchTokens, "max-batch-tokens", 0, "tokens per engine step (0 = the runtime's default, at least the largest concurrency)")
@@ -199,6 +203,9 @@ func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 			return usageErr("%v", err)
 		}
 	}
+	if f.quant != "" && !slices.Contains(engine.QuantTypes, strings.ToLower(f.quant)) {
+		return usageErr("--quant %q: want %s", f.quant, strings.Join(engine.QuantTypes, " or "))
+	}
 	if err := runBench(ctx, &f, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "ferrite bench: %v\n", err)
 		return 1
@@ -219,8 +226,9 @@ func parseDType(s string) (kernels.DType, error) {
 	return 0, fmt.Errorf("--dtype %q: want bf16, f16 or f32", s)
 }
 
-// loadBenchGGUF builds the bench model of a GGUF file.
-func loadBenchGGUF(file string, be *cpu.Backend, start time.Time) (_ *benchModel, err error) {
+// loadBenchGGUF builds the bench model of a GGUF file (quantized further
+// as --quant says).
+func loadBenchGGUF(file, quant string, be *cpu.Backend, start time.Time) (_ *benchModel, err error) {
 	g, err := gguf.Open(file)
 	if err != nil {
 		return nil, err
@@ -234,10 +242,15 @@ func loadBenchGGUF(file string, be *cpu.Backend, start time.Time) (_ *benchModel
 	if bm.cfg, err = g.Config(); err != nil {
 		return nil, err
 	}
-	src, err := g.Weights()
+	gw, err := g.Weights()
 	if err != nil {
 		return nil, err
 	}
+	src, err := engine.Quantized(gw, quant, be)
+	if err != nil {
+		return nil, fmt.Errorf("--quant: %w", err)
+	}
+	bm.quant = quant
 	bm.counter = bench.NewCounter(src)
 	if bm.model, err = model.New(bm.cfg, bm.counter, be); err != nil {
 		return nil, err
@@ -266,6 +279,7 @@ type benchModel struct {
 	gguf    *gguf.Model  // the GGUF file, or nil
 	random  bool
 	dtype   string // random weights' dtype, or a GGUF file's quantization
+	quant   string // --quant
 	loadSec float64
 }
 
@@ -281,7 +295,7 @@ func (b *benchModel) Close() {
 
 // loadBenchModel opens the checkpoint or GGUF file at path, or builds
 // random weights of the config's shape when path has only a config.json.
-func loadBenchModel(path, dtypeFlag string, seed uint64, be *cpu.Backend) (*benchModel, error) {
+func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *cpu.Backend) (*benchModel, error) {
 	start := time.Now()
 	if file, ok, err := gguf.Find(path); err != nil {
 		return nil, err
@@ -289,7 +303,7 @@ func loadBenchModel(path, dtypeFlag string, seed uint64, be *cpu.Backend) (*benc
 		if dtypeFlag != "" {
 			return nil, fmt.Errorf("--dtype applies to random weights; %s is a GGUF model", path)
 		}
-		return loadBenchGGUF(file, be, start)
+		return loadBenchGGUF(file, quant, be, start)
 	}
 	cfg, err := config.Load(path)
 	if err != nil {
@@ -319,6 +333,13 @@ func loadBenchModel(path, dtypeFlag string, seed uint64, be *cpu.Backend) (*benc
 		bm.random, bm.dtype = true, strings.ToLower(dt.String())
 		src = randweights.New(seed, dt)
 	}
+	if src, err = engine.Quantized(src, quant, be); err != nil {
+		if bm.weights != nil {
+			bm.weights.Close()
+		}
+		return nil, fmt.Errorf("--quant: %w", err)
+	}
+	bm.quant = quant
 	bm.counter = bench.NewCounter(src)
 	if bm.model, err = model.New(cfg, bm.counter, be); err != nil {
 		if bm.weights != nil {
@@ -369,6 +390,7 @@ type benchModelJS struct {
 	Arch            string  `json:"arch"`
 	RandomWeights   bool    `json:"random_weights"`
 	DType           string  `json:"dtype,omitempty"`
+	Quant           string  `json:"quant,omitempty"`
 	Params          int64   `json:"params"`
 	WeightBytes     int64   `json:"weight_bytes"`
 	DenseBytes      int64   `json:"dense_bytes"`
@@ -403,7 +425,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 	}
 
 	fmt.Fprintf(stderr, "loading %s...\n", f.model)
-	bm, err := loadBenchModel(f.model, f.dtype, f.seed, be)
+	bm, err := loadBenchModel(f.model, f.dtype, f.quant, f.seed, be)
 	if err != nil {
 		be.Close()
 		return err
@@ -448,7 +470,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		Date: time.Now().UTC().Format(time.RFC3339),
 		Machine: benchMachine{CPU: cpuModel(), CPUs: goruntime.NumCPU(), Threads: be.Threads(),
 			GoVersion: goruntime.Version(), OS: goruntime.GOOS, Arch: goruntime.GOARCH},
-		Model: benchModelJS{Path: f.model, Arch: info.Arch, RandomWeights: bm.random, DType: bm.dtype,
+		Model: benchModelJS{Path: f.model, Arch: info.Arch, RandomWeights: bm.random, DType: bm.dtype, Quant: bm.quant,
 			Params: fp.Params, WeightBytes: fp.TotalBytes, DenseBytes: fp.DenseBytes, EmbeddingBytes: fp.EmbeddingBytes,
 			ExpertBytes: fp.ExpertBytes, MTPBytes: fp.MTPBytes, TiedEmbeddings: fp.Tied, MoELayers: fp.MoELayers,
 			Experts: fp.Experts, TopK: fp.TopK, Layers: info.Layers, Vocab: info.Vocab,
@@ -485,6 +507,9 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 		src = "random " + m.DType + " weights"
 	case m.DType != "":
 		src = "GGUF " + m.DType
+	}
+	if m.Quant != "" {
+		src += " quantized to " + m.Quant
 	}
 	fmt.Fprintf(w, "model:     %s (%s), %s, %s params, %s of weights, %d layers, load %.1f s\n",
 		m.Path, m.Arch, src, count(m.Params), gb(m.WeightBytes), m.Layers, m.LoadSec)

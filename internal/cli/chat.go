@@ -38,6 +38,7 @@ const chatUsage = `usage:
   ferrite tokenize [flags] [TEXT] print the token ids of TEXT (or stdin)
   ferrite bench --model DIR [flags]  measure throughput: concurrency × prompt × gen sweep, roofline
   ferrite pull ORG/NAME[@REV][:QUANT]  download a Hugging Face model into the HF cache (resumable, verified)
+  ferrite serve [flags]           OpenAI-compatible HTTP API on 127.0.0.1:8080 (ferrite serve --help)
   ferrite help                    this help
 
 flags of the chat (run has those not marked [chat only]); the defaults are
@@ -111,7 +112,7 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "ferrite: unknown command %q: the commands are run, tokenize, bench, pull and help (a prompt goes after `ferrite run`, or on stdin)\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "ferrite: unknown command %q: the commands are run, tokenize, bench, pull, serve and help (a prompt goes after `ferrite run`, or on stdin)\n", fs.Arg(0))
 		return 2
 	}
 	if !isTerminal(stdout) {
@@ -200,6 +201,9 @@ type chatModels struct {
 	builtin []catalog.Entry
 	log     *slog.Logger // the debug log: load timings and failures
 	remote  *remotes     // the endpoints' models; nil: none
+	// idsOnly starts runtimes without a text decoder: their events carry
+	// token ids only (the server decodes them itself, one at a time).
+	idsOnly bool
 }
 
 // logger is the debug log, or one that drops everything.
@@ -339,7 +343,7 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 		stages = append(stages, stage{name, now.Sub(t)})
 		t = now
 	}
-	eo := engine.Options{Threads: c.cfg.Engine.Threads}
+	eo := engine.Options{Threads: c.cfg.Engine.Threads, Quant: c.cfg.Engine.Quant}
 	s := &session{name: e.Name}
 	var err error
 	if e.Open != nil {
@@ -378,14 +382,17 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 		s.lm.Close()
 		return nil, nil, err
 	}
-	tok := s.tok
-	s.rt, err = runtime.New(s.lm.Model, runtime.Options{
+	ro := runtime.Options{
 		KVBudget:       int64(c.cfg.Engine.KVBudget),
 		MaxBatchTokens: c.cfg.Engine.BatchTokens,
 		MaxSeqs:        c.cfg.Engine.MaxSeqs,
 		Draft:          s.draft,
-		NewDecoder:     func() runtime.TextDecoder { return tok.NewStreamDecoder() },
-	})
+	}
+	if !c.idsOnly {
+		tok := s.tok
+		ro.NewDecoder = func() runtime.TextDecoder { return tok.NewStreamDecoder() }
+	}
+	s.rt, err = runtime.New(s.lm.Model, ro)
 	step("runtime")
 	if err != nil {
 		s.lm.Close()

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/internal/catalog"
 	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/tokenizer"
@@ -65,8 +66,9 @@ draft = 4
 [engine]
 kv_budget = "256MiB"
 max_seqs = 4
+quant = "q4_k"
 `
-	cfg, err := parseChat(t, conf, "--temperature", "0.9", "--kv-budget", "1GiB", "--max-seqs", "2", "--no-mouse", "--mtp", "on")
+	cfg, err := parseChat(t, conf, "--temperature", "0.9", "--kv-budget", "1GiB", "--max-seqs", "2", "--no-mouse", "--mtp", "on", "--quant", "q8_0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +79,13 @@ max_seqs = 4
 	if cfg.Engine.KVBudget != 1<<30 || cfg.Engine.MaxSeqs != 2 || cfg.Mouse || cfg.MTP.Mode != "on" || cfg.MTP.Draft != 4 || cfg.DefaultModel != "from-config" {
 		t.Errorf("config = %+v", cfg)
 	}
-	for _, bad := range [][]string{{"--theme", "pink"}, {"--kv-budget", "lots"}, {"--temperature", "9"}, {"--draft", "0"}} {
+	if cfg.Engine.Quant != "q8_0" {
+		t.Errorf("--quant q8_0 lost: engine = %+v", cfg.Engine)
+	}
+	if cfg, err := parseChat(t, conf); err != nil || cfg.Engine.Quant != "q4_k" {
+		t.Errorf("[engine] quant lost: engine = %+v, %v", cfg.Engine, err)
+	}
+	for _, bad := range [][]string{{"--theme", "pink"}, {"--kv-budget", "lots"}, {"--temperature", "9"}, {"--draft", "0"}, {"--quant", "q3_k"}} {
 		if _, err := parseChat(t, "", bad...); err == nil || !strings.Contains(err.Error(), bad[0][2:]) {
 			t.Errorf("%v: %v", bad, err)
 		}
@@ -176,6 +184,23 @@ func TestNoModelSaysWhatToDo(t *testing.T) {
 	c.builtin = []catalog.Entry{{Name: "ferrite-tiny", Source: catalog.SourceBuiltin}}
 	if e, err := c.resolve(""); err != nil || e.Name != "ferrite-tiny" {
 		t.Errorf("default without a name: %+v, %v", e, err)
+	}
+}
+
+// TestQuantReachesTheEngine: engine.quant is the engine's Options.Quant
+// for the built-in model and a model directory alike (run and the chat
+// both load through chatModels), and its choices are the engine's.
+func TestQuantReachesTheEngine(t *testing.T) {
+	if want := append([]string{""}, engine.QuantTypes...); !slices.Equal(settings.Lookup("engine.quant").Choices, want) {
+		t.Errorf("engine.quant's choices %q, the engine's %q", settings.Lookup("engine.quant").Choices, want)
+	}
+	cfg := settings.Default()
+	cfg.Engine.Quant = "int4" // the flags and the file reject it: only the engine can have said so
+	c := &chatModels{cfg: cfg}
+	for _, e := range []catalog.Entry{builtinEntry(), {Name: "qwen3", Dir: fixtureModel(t, "qwen3")}} {
+		if _, err := c.openSession(context.Background(), e, true, func(string) {}); err == nil || !strings.Contains(err.Error(), `unknown quantization "int4"`) {
+			t.Errorf("%s with quant int4: %v, want the engine's error", e.Name, err)
+		}
 	}
 }
 

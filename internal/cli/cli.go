@@ -1,6 +1,7 @@
 // Package cli parses ferrite's command line and runs its subcommands: the
-// chat (the default), run, tokenize and bench. It returns exit codes instead
-// of exiting so that main.go is the only place that ends the process.
+// chat (the default), run, tokenize, bench, pull and serve. It returns exit
+// codes instead of exiting so that main.go is the only place that ends the
+// process.
 package cli
 
 import (
@@ -31,6 +32,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return cmdBench(ctx, args[1:], stdin, stdout, stderr)
 		case "pull":
 			return cmdPull(ctx, args[1:], stdout, stderr)
+		case "serve":
+			return cmdServe(ctx, args[1:], stdout, stderr)
 		}
 	}
 	return cmdChat(ctx, args, stdin, stdout, stderr)

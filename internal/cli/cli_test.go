@@ -157,6 +157,7 @@ func TestRunErrors(t *testing.T) {
 		{"bad enum", []string{"run", "--mtp", "maybe"}, 2, `"maybe": want auto, on, off`},
 		{"no prompt", []string{"run"}, 2, "no prompt"},
 		{"fixture", []string{"run", "--model", fixtures.Dir("llama"), "hi"}, 1, "tokenizer.json: file does not exist: a model directory needs its tokenizer files too (the folders of testdata/models are test fixtures"},
+		{"bad quant", []string{"run", "--quant", "q3_k", "hi"}, 2, `invalid value "q3_k" for flag -quant: "q3_k": want "", q8_0, q4_k`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -306,6 +307,21 @@ func TestRunMTPFlagErrors(t *testing.T) {
 		code, _, errs := runCLI(t, "", append(args, "hi")...)
 		if wantCode := 1 + strings.Count(c.want, "invalid value"); code != wantCode || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
+		}
+	}
+}
+
+// TestRunQuantizedBuiltin runs the built-in model with its weights
+// quantized on load: greedy, it still introduces itself (measured: the
+// same 30 tokens as bf16 with q8_0 and q4_k).
+func TestRunQuantizedBuiltin(t *testing.T) {
+	for _, q := range []string{"q8_0", "q4_k"} {
+		code, out, errs := runCLI(t, "", "run", "--quant", q, "--temperature", "0", "--max-tokens", "12", "Who are you?")
+		if code != 0 {
+			t.Fatalf("--quant %s: exit %d: %s", q, code, errs)
+		}
+		if !strings.Contains(out, "ferrite-tiny") {
+			t.Errorf("--quant %s: the built-in model did not introduce itself: %q", q, out)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -31,7 +32,20 @@ const (
 	chatScope     scope = iota // plain ferrite: every setting with a flag
 	runScope                   // ferrite run: the settings marked Run
 	tokenizeScope              // ferrite tokenize: --model and --config
+	serveScope                 // ferrite serve: the [engine] and [mtp] settings (serve.go adds its own --model)
 )
+
+// inScope reports whether the flag of setting s belongs to a command of
+// scope sc.
+func inScope(s *settings.Setting, sc scope) bool {
+	switch {
+	case s.Flag == "":
+		return false
+	case sc == serveScope:
+		return strings.HasPrefix(s.Key, "engine.") || strings.HasPrefix(s.Key, "mtp.")
+	}
+	return sc == chatScope || sc == runScope && s.Run || s.Flag == "model"
+}
 
 // newFlagSet is the flag set of a command. It prints nothing itself:
 // parseFlags does.
@@ -42,12 +56,12 @@ func newFlagSet(name string, sc scope, f *cmdFlags) *flag.FlagSet {
 	f.given = map[string]any{}
 	for i := range settings.Table {
 		s := &settings.Table[i]
-		if s.Flag != "" && (sc == chatScope || sc == runScope && s.Run || s.Flag == "model") {
+		if inScope(s, sc) {
 			fs.Var(settingFlag{s, f.given}, s.Flag, s.Help)
 		}
 	}
 	fs.StringVar(&f.config, "config", settings.DefaultPath(), "the configuration `FILE`; one named here must exist")
-	if sc != tokenizeScope {
+	if sc == chatScope || sc == runScope {
 		fs.StringVar(&f.logPath, "log", "", "write a debug log to `FILE`: errors with their stacks, load and save failures, load timings")
 		if sc == chatScope {
 			fs.Func("endpoint", "an OpenAI-compatible server, `URL` or NAME=URL (repeatable): its models are listed as NAME/MODEL; without --model the chat opens its first one [chat only]", func(v string) error {
@@ -168,8 +182,8 @@ func flagArg(s *settings.Setting) string {
 		return "N"
 	case settings.Size:
 		return "SIZE"
-	case settings.Enum:
-		return strings.Join(s.Choices, "|")
+	case settings.Enum: // an empty choice is the default, not something to type
+		return strings.Join(slices.DeleteFunc(slices.Clone(s.Choices), func(c string) bool { return c == "" }), "|")
 	}
 	if s.Flag == "model" {
 		return "DIR|NAME"

@@ -479,7 +479,8 @@ func (cv *converter) add(name string, shape []int, vals []float32) {
 		t.Type, t.Data = F16, weights.NewTensor(kernels.F16, shape, vals).Data
 	case plain && cv.typ == BF16:
 		t.Type, t.Data = BF16, weights.NewTensor(kernels.BF16, shape, vals).Data
-	case plain && cv.typ == Q8_0 && shape[len(shape)-1]%32 == 0 && !strings.Contains(name, "attn_k_b"):
+	case plain && cv.typ == Q8_0 && shape[len(shape)-1]%32 == 0 && !strings.Contains(name, "attn_k_b") && !strings.Contains(name, "attn_v_b"):
+		// MLA's kv_b halves stay F32, as ferrite's --quant keeps kv_b_proj.
 		t.Type, t.Data = Q8_0, QuantizeQ8_0(vals)
 	}
 	cv.w.Tensors = append(cv.w.Tensors, t)

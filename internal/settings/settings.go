@@ -83,6 +83,7 @@ type Engine struct {
 	KVBudget    ByteSize `toml:"kv_budget"`    // bytes of KV cache: a number or "1GiB", "512MiB"
 	BatchTokens int      `toml:"batch_tokens"` // tokens one engine step may run; 0 is the runtime's default
 	MaxSeqs     int      `toml:"max_seqs"`     // replies generated at once; 0 is the runtime's default
+	Quant       string   `toml:"quant"`        // quantize safetensors weights at load: "" (off), q8_0, q4_k
 }
 
 // MaxDraft is the largest MTP draft length (engine/runtime.MaxDraft).

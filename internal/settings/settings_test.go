@@ -51,6 +51,7 @@ threads = 4
 kv_budget = "512MiB"
 batch_tokens = 256
 max_seqs = 8
+quant = "q4_k"
 `
 	c, err := Parse([]byte(src))
 	if err != nil {
@@ -61,7 +62,7 @@ max_seqs = 8
 		Theme: "light", Mouse: false, Autosave: false, History: false,
 		Sampling: Sampling{Temperature: 0.2, TopP: 0.9, TopK: 20, MinP: 0, RepeatPenalty: 1.1, Seed: 7, MaxTokens: 300},
 		MTP:      MTP{Mode: "off", Draft: 2},
-		Engine:   Engine{Threads: 4, KVBudget: 512 << 20, BatchTokens: 256, MaxSeqs: 8},
+		Engine:   Engine{Threads: 4, KVBudget: 512 << 20, BatchTokens: 256, MaxSeqs: 8, Quant: "q4_k"},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("config =\n%+v\nwant\n%+v", c, want)
@@ -91,6 +92,7 @@ func TestBadFilesReportLineAndKey(t *testing.T) {
 		{"unknown", "[sampling]\ntemprature = 1\n", []string{"line 2: sampling.temprature: unknown key (did you mean sampling.temperature?)"}},
 		{"wrong table", "temperature = 1\n", []string{"line 1: temperature: unknown key (did you mean sampling.temperature?)"}},
 		{"enum", "[mtp]\nmode = \"sometimes\"\n", []string{"line 2: mtp.mode", "want auto, on, off"}},
+		{"quant", "[engine]\nquant = \"q3_k\"\n", []string{"line 2: engine.quant", "q8_0, q4_k"}},
 		{"draft", "[mtp]\ndraft = 40\n", []string{"line 2: mtp.draft: 40 is out of range [1, 16]"}},
 		{"size", "[engine]\nkv_budget = \"lots\"\n", []string{"line 2", "engine.kv_budget", "not a size"}},
 		{"negative", "[engine]\nthreads = -1\nmax_seqs = -2\n", []string{"line 2: engine.threads", "line 3: engine.max_seqs"}},

@@ -1,6 +1,7 @@
 package settings
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -122,6 +123,10 @@ var Table = []Setting{
 	{Key: "engine.max_seqs", Kind: Int, Default: 0, Min: 0, Max: 4096, Flag: "max-seqs",
 		Help:  "replies generated at once; 0 is the runtime's default (16)",
 		field: func(c *Config) any { return &c.Engine.MaxSeqs }},
+	{Key: "engine.quant", Kind: Enum, Default: "", Choices: []string{"", "q8_0", "q4_k"}, DefaultText: "as stored", Flag: "quant", Run: true,
+		Help: "quantize the model's matrices in memory as it loads: q8_0 or q4_k (see \"Quantized weights\"); \"\" keeps them as stored. " +
+			"It applies when a model loads, so /set does not change it",
+		field: func(c *Config) any { return &c.Engine.Quant }},
 }
 
 // tables are the TOML tables the keys live in.
@@ -343,9 +348,19 @@ func (s *Setting) checkSize(b ByteSize) (any, error) {
 
 func (s *Setting) checkEnum(t string) (any, error) {
 	if !slices.Contains(s.Choices, t) {
-		return nil, fmt.Errorf("%q: want %s", t, strings.Join(s.Choices, ", "))
+		return nil, fmt.Errorf("%q: want %s", t, s.choiceList())
 	}
 	return t, nil
+}
+
+// choiceList is an Enum's choices, comma-separated, the empty one written
+// "" so that it shows.
+func (s *Setting) choiceList() string {
+	q := make([]string, len(s.Choices))
+	for i, c := range s.Choices {
+		q[i] = cmp.Or(c, `""`)
+	}
+	return strings.Join(q, ", ")
 }
 
 // rangeText is "[lo, hi]", or "[lo, …)" without an upper limit.
@@ -370,7 +385,7 @@ func (s *Setting) kindText() string {
 	case Size:
 		return `a number of bytes or a size such as "2GiB"`
 	case Enum:
-		return "one of " + strings.Join(s.Choices, ", ")
+		return "one of " + s.choiceList()
 	}
 	return "a string"
 }
@@ -423,7 +438,7 @@ func (s *Setting) Values() string {
 	case Size:
 		return "bytes, or a size such as 512MiB, 2GiB"
 	case Enum:
-		return strings.Join(s.Choices, ", ")
+		return s.choiceList()
 	case Bool:
 		return "true, false"
 	case Strings:

@@ -12,3 +12,6 @@ func haveAsm() bool { return false }
 
 // scale sets dst[i] = src[i] * s for i < len(src).
 func scale(dst, src []float32, s float32) { scaleGo(dst, src, s) }
+
+// qtilesFor returns the pure-Go tiles of quantized dtype d.
+func qtilesFor(d kernels.DType) *qtileSet { return &genericQTiles[d] }
