@@ -138,7 +138,7 @@ func onOff(b bool) string {
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
 	f.concurrency, f.promptLens, f.genLens, f.mtp = []int{1, 8, 32}, []int{128}, []int{64}, []bool{false}
-	fs.StringVar(&f.model, "model", "", "checkpoint directory, or a directory or file with only config.json (random weights at full size)")
+	fs.StringVar(&f.model, "model", "", "checkpoint directory, GGUF file, or a directory or file with only config.json (random weights at full size)")
 	fs.Var(intList{&f.concurrency}, "concurrency", "requests in flight at once, comma-separated")
 	fs.Var(intList{&f.promptLens}, "prompt-len", "prompt tokens per request, comma-separated")
 	fs.Var(intList{&f.genLens}, "gen-len", "generated tokens per request (EOS ignored), comma-separated, each ≥ 2")
@@ -166,7 +166,7 @@ func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	var f benchFlags
 	f.register(fs)
 	help := func(w io.Writer) {
-		fmt.Fprint(w, "usage: ferrite bench --model DIR [flags]\n")
+		fmt.Fprint(w, "usage: ferrite bench --model DIR|FILE [flags]\n")
 		fs.SetOutput(w)
 		fs.PrintDefaults()
 	}

@@ -46,7 +46,7 @@ func (l *stringList) String() string     { return strings.Join(*l, ", ") }
 func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
-	fs.Var(&f.models, "model", "a model to serve (`DIR|NAME`: a directory, or a name /models lists); repeat it to serve several, the first answering requests that name none (default: default_model, else the built-in model)")
+	fs.Var(&f.models, "model", "a model to serve (`DIR|NAME`: a model directory, a GGUF file or a name /models lists); repeat it to serve several, the first answering requests that name none (default: default_model, else the built-in model)")
 	fs.StringVar(&f.addr, "addr", DefaultServeAddr, "`HOST:PORT` to listen on (0.0.0.0:8080 listens on every interface)")
 	fs.StringVar(&f.apiKey, "api-key", "", "require Authorization: Bearer `KEY` on every request but GET /health (default: $FERRITE_API_KEY)")
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", server.DefaultShutdownTimeout, "on SIGTERM or ctrl+c, how long (`DURATION`, such as 10s) running requests may take to finish before they are cancelled")
