@@ -16,7 +16,8 @@
 //
 // NewRemoteEngine implements it on a model of an OpenAI-compatible server
 // (internal/openai): one streamed chat completion per reply, with speed
-// and time to first token measured here.
+// and time to first token measured here (remote_engine.go; the runtime's
+// adapter is runtime_engine.go).
 //
 // Run uses the alternate screen and the mouse wheel, gives the terminal
 // back however it ends, and returns a panic in the chat as an error.
