@@ -1,9 +1,9 @@
 // Package chatprompt turns a conversation into the token ids a model is
 // given: the tokenizer's chat template rendered (with the generation
 // prompt), then encoded without adding special tokens (the template writes
-// its own). The chat (ui) and the OpenAI-compatible server (server) both
-// build their prompts with it, so a conversation reaches the model the
-// same way from either.
+// its own). The chat (ui), `ferrite run` (internal/cli) and the
+// OpenAI-compatible server (server) all build their prompts with it, so a
+// conversation reaches the model the same way from each.
 package chatprompt
 
 import (

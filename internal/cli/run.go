@@ -12,6 +12,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/engine/sample"
+	"github.com/ferrite-llm/ferrite/internal/chatprompt"
 	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
@@ -160,11 +161,11 @@ func generate(ctx context.Context, s *session, cfg *settings.Config, raw bool, p
 			msgs = append(msgs, tokenizer.Message{Role: "system", Content: cfg.SystemPrompt})
 		}
 		msgs = append(msgs, tokenizer.Message{Role: "user", Content: prompt})
-		text, err := tok.ApplyChatTemplate(msgs, tokenizer.TemplateOptions{AddGenerationPrompt: true})
+		p, err := chatprompt.Encode(tok, msgs, tokenizer.TemplateOptions{AddGenerationPrompt: true})
 		if err != nil {
 			return err
 		}
-		ids = tok.Encode(text, false)
+		ids = p.IDs
 	}
 	maxTokens := cfg.Sampling.MaxTokens
 	stream, err := s.rt.Generate(ctx, runtime.Request{
