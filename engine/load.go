@@ -55,6 +55,10 @@ func Load(dir string, opts Options) (*Loaded, error) {
 		if l.Weights, err = weights.Open(dir); err != nil {
 			return nil, err
 		}
+		if err := checkDims(cfg, l.Weights); err != nil {
+			l.Close()
+			return nil, err
+		}
 		src = l.Weights
 	}
 	if l.Backend == nil {

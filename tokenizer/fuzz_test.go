@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
 )
 
 // FuzzTokenizerJSON feeds arbitrary bytes as tokenizer.json (with the
@@ -74,8 +76,8 @@ func FuzzChatTemplate(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(string(builtin))
-	for _, s := range hostileTemplates {
-		f.Add(s)
+	for _, h := range fixtures.HostileTemplates {
+		f.Add(h.Src)
 	}
 	msgs := []Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: strings.Repeat("hi ", 100)}}
 	const limit = 200 * time.Millisecond

@@ -84,12 +84,17 @@ func (l *Loader) Expert(name string, e, rows, cols int) *kernels.Mat {
 	return m
 }
 
-// Vec loads the 1-D tensor name of n values as float32.
+// maxPlaceholder bounds the placeholder Vec returns after a failure: n
+// comes from config.json, which may be damaged.
+const maxPlaceholder = 1 << 16
+
+// Vec loads the 1-D tensor name of n values as float32. After a failure it
+// returns zeros, n of them when n is plausible (at most maxPlaceholder).
 func (l *Loader) Vec(name string, n int) []float32 {
 	v, err := l.W.Float32(name, n)
 	if err != nil {
 		l.Fail(err)
-		return make([]float32, n)
+		return make([]float32, min(max(n, 0), maxPlaceholder))
 	}
 	return v
 }
