@@ -257,6 +257,18 @@ func replaceJSONValue(rng *rand.Rand, name string, orig []byte) (damage, bool) {
 	}
 	last := path[len(path)-1]
 	val := oddValues[rng.IntN(len(oddValues))]
+	var cur any
+	switch c := parent.(type) {
+	case map[string]any:
+		cur = c[last.(string)]
+	case []any:
+		cur = c[last.(int)]
+	}
+	if n, ok := cur.(json.Number); ok && rng.IntN(2) == 0 {
+		// A plausible value: it gets past the bounds, to the tensor shapes.
+		f, _ := n.Float64()
+		val = []float64{f * 2, f / 2, f + 1, f - 1, f * 4, f + 64}[rng.IntN(6)]
+	}
 	desc := fmt.Sprintf("%v = %v", path, val)
 	switch c := parent.(type) {
 	case map[string]any:
