@@ -148,6 +148,10 @@ type guard struct {
 
 var errStopped = errors.New("rendering took longer than the time limit")
 
+// rendering counts the rendering goroutines still running, abandoned ones
+// included (tests check that they end).
+var rendering atomic.Int64
+
 // check is called by the renderer every few evaluation steps: it stops a
 // rendering past its deadline even inside one long expression.
 func (g *guard) check() error {
@@ -193,7 +197,9 @@ func (c *ChatTemplate) Render(msgs []Message, opts TemplateOptions) (string, err
 		err error
 	}
 	done := make(chan result, 1)
+	rendering.Add(1)
 	go func() {
+		defer rendering.Add(-1)
 		defer func() {
 			if r := recover(); r != nil {
 				done <- result{err: fmt.Errorf("internal error: %v", r)}
