@@ -67,13 +67,19 @@ func TestDamagedModels(t *testing.T) {
 	}
 	var ok, clean int
 	var failures []string
+	var slowest time.Duration
+	slowCase := -1
 	for i := *sweepFirst; i < *sweepFirst+*sweepCases; i++ {
 		rng := rand.New(rand.NewPCG(*sweepSeed, uint64(i)))
 		d := damageOne(rng, files)
 		dir := filepath.Join(t.TempDir(), "model")
 		writeCase(t, dir, fixture, files, d)
 		fmt.Fprintf(os.Stderr, "sweep case %d: %s: %s\n", i, d.file, d.desc) // visible if the process dies
+		start := time.Now()
 		res := runCase(dir)
+		if d := time.Since(start); d > slowest {
+			slowest, slowCase = d, i
+		}
 		switch {
 		case res.failure != "":
 			failures = append(failures, fmt.Sprintf("case %d (%s: %s): %s", i, d.file, d.desc, res.failure))
@@ -84,7 +90,8 @@ func TestDamagedModels(t *testing.T) {
 		}
 		os.RemoveAll(dir)
 	}
-	t.Logf("%d cases: %d generated, %d clean errors, %d failures", *sweepCases, ok, clean, len(failures))
+	t.Logf("%d cases: %d generated, %d clean errors, %d failures; slowest: case %d, %v",
+		*sweepCases, ok, clean, len(failures), slowCase, slowest.Round(time.Millisecond))
 	for _, f := range failures {
 		t.Error(f)
 	}
