@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -110,7 +111,7 @@ func runCase(dir string) caseResult {
 	done := make(chan int, 1)
 	start := time.Now()
 	go func() {
-		done <- Main(ctx, []string{"run", "--model", dir, "--threads", "1", "--max-tokens", "3", "--temperature", "0", "--kv-budget", "8388608", "Hi"}, strings.NewReader(""), &stdout, &stderr)
+		done <- Main(ctx, []string{"run", "--model", dir, "--threads", "1", "--max-tokens", "3", "--temperature", "0", "--kv-budget", "8388608", "What does ephemeral mean? Answer in one line."}, strings.NewReader(""), &stdout, &stderr)
 	}()
 	select {
 	case code := <-done:
@@ -179,6 +180,13 @@ func damageOne(rng *rand.Rand, files map[string][]byte) damage {
 	switch name {
 	case "model.safetensors":
 		return damageSafetensors(rng, orig)
+	case "tokenizer.json":
+		if rng.IntN(8) == 0 {
+			// A regex that backtracks for ever on the rendered prompt.
+			pre := `"pre_tokenizer":{"type":"Split","pattern":{"Regex":"(([^#]+)+)+#"},"behavior":"Isolated","invert":false}`
+			out := regexp.MustCompile(`"pre_tokenizer": *\{[^}]*\}`).ReplaceAllLiteral(orig, []byte(pre))
+			return damage{name, "backtracking pre-tokenizer regex", out}
+		}
 	case "chat_template.jinja":
 		if rng.IntN(2) == 0 {
 			h := fixtures.HostileTemplates[rng.IntN(len(fixtures.HostileTemplates))]
