@@ -10,7 +10,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/weights"
 )
 
-// minDimBound is the bound checkDims allows whatever the checkpoint: small
+// minDimBound is the bound CheckDims allows whatever the checkpoint: small
 // test models have small tensors but may still set, say, index_topk = 2048.
 const minDimBound = 1 << 16
 
@@ -25,7 +25,7 @@ var notDims = map[string]bool{
 	"seed":                             true,
 }
 
-// checkDims checks every number of config.json that can size something —
+// CheckDims checks every number of config.json that can size something —
 // hidden_size, head_dim, index_head_dim, layer, head and expert counts,
 // intermediate sizes, vocab_size, kernel sizes, top-k, iteration counts —
 // before a model is built from it: none may pass the largest dimension of
@@ -34,8 +34,10 @@ var notDims = map[string]bool{
 // so a value past that bound is damage, and would otherwise allocate
 // memory sized by it before any tensor shape is compared (10^12 ends the
 // process: Go cannot recover from running out of memory). The architectures
-// compare the shapes exactly when they load each tensor.
-func checkDims(cfg *config.Config, w *weights.Set) error {
+// compare the shapes exactly when they load each tensor. Load and
+// LoadWeights call it; a caller building a model from a checkpoint itself
+// (model.New) should too.
+func CheckDims(cfg *config.Config, w *weights.Set) error {
 	bound := int64(max(minDimBound, len(w.Names())))
 	for _, name := range w.Names() {
 		t, err := w.Tensor(name)

@@ -55,7 +55,7 @@ func Load(dir string, opts Options) (*Loaded, error) {
 		if l.Weights, err = weights.Open(dir); err != nil {
 			return nil, err
 		}
-		if err := checkDims(cfg, l.Weights); err != nil {
+		if err := CheckDims(cfg, l.Weights); err != nil {
 			l.Close()
 			return nil, err
 		}

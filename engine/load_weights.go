@@ -23,7 +23,7 @@ func LoadWeights(name string, cfg *config.Config, w *weights.Set, opts Options) 
 		return nil, fmt.Errorf("%s: LoadWeights does not build random weights (use Load)", name)
 	}
 	l := &Loaded{Dir: name, Config: cfg, Weights: w, Backend: opts.Backend}
-	if err := checkDims(cfg, w); err != nil {
+	if err := CheckDims(cfg, w); err != nil {
 		l.Close()
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/bench"
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/model"
@@ -246,6 +247,10 @@ func loadBenchModel(path, dtypeFlag string, seed uint64, be *cpu.Backend) (*benc
 			return nil, fmt.Errorf("--dtype applies to random weights; %s holds a checkpoint", path)
 		}
 		if bm.weights, err = weights.Open(path); err != nil {
+			return nil, err
+		}
+		if err := engine.CheckDims(cfg, bm.weights); err != nil {
+			bm.weights.Close()
 			return nil, err
 		}
 		src = bm.weights
