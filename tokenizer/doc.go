@@ -80,7 +80,7 @@
 // has no include/import/extends, so a template cannot read files, and a
 // rendering is bounded in time and memory, even inside one expression:
 //   - it runs in its own goroutine and fails after TemplateOptions.Timeout
-//     (2 s by default); the renderer checks the deadline every 256
+//     (2 s by default); the renderer checks the deadline every 16
 //     evaluation steps, so the goroutine ends soon after too;
 //   - no single operation builds a string over 64 MiB or a list of over 2
 //     million items (string repetition, concatenation, replace, format,

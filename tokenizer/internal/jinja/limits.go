@@ -26,7 +26,7 @@ const itemBytes = 32
 const maxDepth = 10_000
 
 // checkEvery is how many evaluation steps pass between calls of Limits.Check.
-const checkEvery = 256
+const checkEvery = 16
 
 // Limits bound one rendering (see Template.RenderLimited).
 type Limits struct {
