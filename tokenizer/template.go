@@ -173,9 +173,8 @@ func (g *guard) step() error {
 	if n > maxTemplateSteps {
 		return fmt.Errorf("rendering stopped: more than %d loop iterations and macro calls", maxTemplateSteps)
 	}
-	if n&1023 == 0 && time.Now().After(g.deadline) {
-		g.stop.Store(true)
-		return errStopped
+	if n&1023 == 0 {
+		return g.check()
 	}
 	return nil
 }
