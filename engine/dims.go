@@ -29,16 +29,16 @@ var notDims = map[string]bool{
 // hidden_size, head_dim, index_head_dim, layer, head and expert counts,
 // intermediate sizes, vocab_size, kernel sizes, top-k, iteration counts —
 // before a model is built from it: none may pass the largest dimension of
-// the checkpoint's tensors or their count (or minDimBound, if more). A real
-// model's dimensions are all dimensions of its tensors (or counts of them),
-// so a value past that bound is damage, and would otherwise allocate
-// memory sized by it before any tensor shape is compared (10^12 ends the
-// process: Go cannot recover from running out of memory). The architectures
+// the checkpoint's tensors or their count. A real model's dimensions are
+// all dimensions of its tensors (or counts of them: layers, experts), so a
+// value past that bound is damage, and would otherwise allocate memory
+// sized by it before any tensor shape is compared (10^12 ends the process:
+// Go cannot recover from running out of memory), or loop over it. The architectures
 // compare the shapes exactly when they load each tensor. Load and
 // LoadWeights call it; a caller building a model from a checkpoint itself
 // (model.New) should too.
 func CheckDims(cfg *config.Config, w *weights.Set) error {
-	bound := int64(max(minDimBound, len(w.Names())))
+	bound := int64(len(w.Names()))
 	for _, name := range w.Names() {
 		t, err := w.Tensor(name)
 		if err != nil {
