@@ -71,6 +71,10 @@ func Load(dir string, opts Options) (*Loaded, error) {
 		if l.Weights, err = weights.Open(dir); err != nil {
 			return nil, err
 		}
+		if err := CheckDims(cfg, l.Weights); err != nil {
+			l.Close()
+			return nil, err
+		}
 		src = l.Weights
 	}
 	l.startBackend(opts)

@@ -41,8 +41,13 @@ func loadGGUF(name, file string, opts Options) (_ *Loaded, err error) {
 	var src model.WeightSource
 	if opts.RandomWeights {
 		src = randweights.New(opts.Seed, randomDType(l.Config))
-	} else if src, err = g.Weights(); err != nil {
-		return nil, err
+	} else {
+		if err = CheckGGUFDims(l.Config, g); err != nil {
+			return nil, err
+		}
+		if src, err = g.Weights(); err != nil {
+			return nil, err
+		}
 	}
 	l.startBackend(opts)
 	if l.Model, err = model.New(l.Config, l.source(src, opts), l.Backend); err != nil {

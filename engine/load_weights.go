@@ -25,6 +25,10 @@ func LoadWeights(name string, cfg *config.Config, w *weights.Set, opts Options) 
 		w.Close()
 		return nil, err
 	}
+	if err := CheckDims(cfg, w); err != nil {
+		w.Close()
+		return nil, err
+	}
 	l := &Loaded{Dir: name, Config: cfg, Weights: w, Backend: opts.Backend}
 	l.startBackend(opts)
 	m, err := model.New(cfg, l.source(w, opts), l.Backend)

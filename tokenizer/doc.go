@@ -66,36 +66,44 @@
 //
 // # Chat templates
 //
-// ApplyChatTemplate renders the template with github.com/ardanlabs/jinja
-// v1.8.0 (chosen by measuring Go Jinja libraries byte for byte against
-// Python jinja2 as transformers configures it), with the variables
-// transformers passes: messages, tools (None when there are none),
+// ApplyChatTemplate renders the template with a copy of
+// github.com/ardanlabs/jinja v1.8.0 in internal/jinja (chosen by measuring Go
+// Jinja libraries byte for byte against Python jinja2 as transformers
+// configures it; copied to add resource limits, see below), with the
+// variables transformers passes: messages, tools (None when there are none),
 // add_generation_prompt, the special tokens (bos_token, eos_token,
 // pad_token, unk_token), enable_thinking when set, and extra variables.
 // JSON (tools, tool-call arguments, json.RawMessage variables) keeps its key
 // order, since tojson prints keys in order as Python does.
 //
-// Templates are sandboxed: the library has no include/import/extends, so a
-// template cannot read files. A rendering is bounded: it runs in its own
-// goroutine and fails after TemplateOptions.Timeout (2 s by default); range()
-// is limited to 100000 items (Jinja's sandbox MAX_RANGE); loop iterations and
-// macro calls are counted (10 million at most) and macro calls limited to
-// 5000, which bounds recursion depth (a stack overflow would kill the
-// process). Panics inside the library become errors, and a malformed
-// template gives an error naming the template. The counting works by
-// rewriting the source: each `{% for %}` without a filter gets an
-// always-true `if __ferrite_tick()` filter, and each macro a last parameter
-// whose default calls the guard.
+// Templates come with downloaded models, so they are sandboxed: the library
+// has no include/import/extends, so a template cannot read files, and a
+// rendering is bounded in time and memory, even inside one expression:
+//   - it runs in its own goroutine and fails after TemplateOptions.Timeout
+//     (2 s by default); the renderer checks the deadline every 16
+//     evaluation steps, so the goroutine ends soon after too;
+//   - no single operation builds a string over 64 MiB or a list of over 2
+//     million items (string repetition, concatenation, replace, format,
+//     indent, join, tojson, printing a list, list(), split()): it fails
+//     before allocating; the output is at most MaxTemplateOutput (16 MiB),
+//     and the values one rendering builds in all at most 512 MiB;
+//   - comparisons visit at most a million values, and printing a list or
+//     dict that holds itself fails, so neither runs away;
+//   - range() is limited to 100000 items (Jinja's sandbox MAX_RANGE); loop
+//     iterations and macro calls are counted (10 million at most) and macro
+//     calls limited to 5000, which bounds recursion depth (a stack overflow
+//     would kill the process), as does a limit of 500 on bracket nesting;
+//     the source is at most 1 MiB. The counting works by rewriting the
+//     source: each `{% for %}` without a filter gets an always-true
+//     `if __ferrite_tick()` filter, and each macro a last parameter whose
+//     default calls the guard.
+//
+// Panics inside the library become errors, and a malformed template gives an
+// error naming the template.
 //
 // What remains:
-//   - after a timeout, the rendering goroutine stops only at its next guarded
-//     step (loop iteration, macro call, range call); a single expression
-//     that is slow on its own (a huge string repetition such as
-//     'x' * 10**10, which can also exhaust memory) is not interrupted;
 //   - loops that already have an `if` filter and `recursive` loops are not
-//     counted, and a template that builds a self-referential list or dict
-//     (l.append(l)) and then prints or recurses into it can overflow the
-//     stack;
+//     counted (the deadline and memory limits still hold);
 //   - library differences from Python: tojson(indent=N) sorts keys and
 //     escapes <, >, & (Llama 3.1+ tool prompts use it); a macro default
 //     value holding a comma ("a, b") is split wrongly; undefined a.b.c is ""

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -40,6 +41,9 @@ const (
 	Qwen2Regex  = qwen2Pattern
 )
 
+// regexTimeout bounds one match of a general regex.
+const regexTimeout = time.Second
+
 // compileRegex returns a pattern for an Oniguruma regex from tokenizer.json.
 func compileRegex(re string) (pattern, error) {
 	switch re {
@@ -54,6 +58,10 @@ func compileRegex(re string) (pattern, error) {
 	if err != nil {
 		return nil, fmt.Errorf("regex %q: %w", re, err)
 	}
+	// A backtracking regex from a damaged or hostile tokenizer.json could run
+	// for ever ((a+)+$ on "aaa…b"): a match that takes longer fails, and the
+	// rest of the text is left as one piece.
+	r.MatchTimeout = regexTimeout
 	return &regexPattern{re: r}, nil
 }
 

@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ardanlabs/jinja"
+	"github.com/ferrite-llm/ferrite/tokenizer/internal/jinja"
 )
 
 // Message is one chat message given to the chat template.
@@ -73,6 +73,16 @@ const (
 	// runaway recursion would otherwise overflow the goroutine stack, which
 	// Go cannot recover from).
 	maxMacroCalls = 5_000
+	// MaxTemplateOutput bounds the text one rendering outputs, in bytes.
+	MaxTemplateOutput = 16 << 20
+	// maxTemplateBuilt bounds the bytes of the strings and lists one
+	// rendering builds in all, garbage included; no single value may pass
+	// jinja.MaxValueBytes.
+	maxTemplateBuilt = 512 << 20
+	// maxTemplateSource bounds a template's size, and maxTemplateNesting
+	// the nesting of its brackets (the parser recurses on them).
+	maxTemplateSource  = 1 << 20
+	maxTemplateNesting = 500
 )
 
 // ChatTemplate is a compiled Jinja chat template.
@@ -90,6 +100,9 @@ func NewChatTemplate(name, source string) (c *ChatTemplate, err error) {
 			c, err = nil, fmt.Errorf("chat template %s: compile: internal error: %v", name, r)
 		}
 	}()
+	if err := checkSource(source); err != nil {
+		return nil, fmt.Errorf("chat template %s: %w", name, err)
+	}
 	tmpl, err := jinja.Compile(guardTemplate(source))
 	if err != nil {
 		return nil, fmt.Errorf("chat template %s: %w", name, err)
@@ -135,6 +148,23 @@ type guard struct {
 
 var errStopped = errors.New("rendering took longer than the time limit")
 
+// rendering counts the rendering goroutines still running, abandoned ones
+// included (tests check that they end).
+var rendering atomic.Int64
+
+// check is called by the renderer every few evaluation steps: it stops a
+// rendering past its deadline even inside one long expression.
+func (g *guard) check() error {
+	if g.stop.Load() {
+		return errStopped
+	}
+	if time.Now().After(g.deadline) {
+		g.stop.Store(true)
+		return errStopped
+	}
+	return nil
+}
+
 func (g *guard) step() error {
 	if g.stop.Load() {
 		return errStopped
@@ -143,9 +173,8 @@ func (g *guard) step() error {
 	if n > maxTemplateSteps {
 		return fmt.Errorf("rendering stopped: more than %d loop iterations and macro calls", maxTemplateSteps)
 	}
-	if n&1023 == 0 && time.Now().After(g.deadline) {
-		g.stop.Store(true)
-		return errStopped
+	if n&1023 == 0 {
+		return g.check()
 	}
 	return nil
 }
@@ -167,13 +196,15 @@ func (c *ChatTemplate) Render(msgs []Message, opts TemplateOptions) (string, err
 		err error
 	}
 	done := make(chan result, 1)
+	rendering.Add(1)
 	go func() {
+		defer rendering.Add(-1)
 		defer func() {
 			if r := recover(); r != nil {
 				done <- result{err: fmt.Errorf("internal error: %v", r)}
 			}
 		}()
-		s, err := c.tmpl.RenderValues(data)
+		s, err := c.tmpl.RenderLimited(data, jinja.Limits{MaxOutput: MaxTemplateOutput, Budget: maxTemplateBuilt, Check: g.check})
 		done <- result{s, err}
 	}()
 	timer := time.NewTimer(timeout)
@@ -617,6 +648,29 @@ func guardTemplate(src string) string {
 	}
 	b.WriteString(src[i:])
 	return b.String()
+}
+
+// checkSource rejects a template too big, or nested too deep, for the
+// parser.
+func checkSource(src string) error {
+	if len(src) > maxTemplateSource {
+		return fmt.Errorf("template of %d bytes, more than the limit of %d", len(src), maxTemplateSource)
+	}
+	depth := 0
+	for i := 0; i < len(src); i++ {
+		switch src[i] {
+		case '(', '[', '{':
+			if depth++; depth > maxTemplateNesting {
+				return fmt.Errorf("brackets nested more than %d deep", maxTemplateNesting)
+			}
+		case ')', ']', '}':
+			depth = max(0, depth-1)
+			if i > 0 && (src[i-1] == '}' || src[i-1] == '%') && src[i] == '}' {
+				depth = 0 // the end of a tag ends its expression
+			}
+		}
+	}
+	return nil
 }
 
 // hasWord reports whether s contains w as a whole word outside quotes.

@@ -2,27 +2,21 @@ package tokenizer
 
 import (
 	"encoding/json"
-	"go/build"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/ardanlabs/jinja"
+	"github.com/ferrite-llm/ferrite/tokenizer/internal/jinja"
 )
 
 // TestGuardRewriteKeepsOutput renders the real chat templates that
-// ardanlabs/jinja ships in its module (read from the module cache; skipped
-// when it is not there) with and without the guard rewrite: the output must
-// be the same.
+// ardanlabs/jinja ships (copied with the library) with and without the guard
+// rewrite and the limits: the output must be the same.
 func TestGuardRewriteKeepsOutput(t *testing.T) {
-	modcache := os.Getenv("GOMODCACHE")
-	if modcache == "" {
-		modcache = filepath.Join(build.Default.GOPATH, "pkg", "mod")
-	}
-	files, _ := filepath.Glob(filepath.Join(modcache, "github.com", "ardanlabs", "jinja@v1.8.0", "testdata", "templates", "*.jinja"))
+	files, _ := filepath.Glob(filepath.Join("internal", "jinja", "testdata", "templates", "*.jinja"))
 	if len(files) == 0 {
-		t.Skip("ardanlabs/jinja templates not in the module cache")
+		t.Fatal("no templates in internal/jinja/testdata/templates")
 	}
 	msgs := []Message{
 		{Role: "system", Content: "sys"},

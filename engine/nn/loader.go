@@ -30,6 +30,8 @@ type Loader struct {
 	W    Weights
 	errs []error
 	n    int
+
+	placeholders int // floats handed out as placeholders so far
 }
 
 // NewLoader returns a Loader reading from w.
@@ -61,11 +63,30 @@ func (l *Loader) Err() error {
 	return errors.Join(errs...)
 }
 
+// failFast is the number of failures after which the Loader stops looking
+// tensors up: the model is lost already, and a damaged layer or expert count
+// could otherwise make the constructor look up (and spell out errors for)
+// millions of missing tensors.
+const failFast = 1 << 12
+
+// lost reports whether failFast failures have been recorded; it counts one
+// more.
+func (l *Loader) lost() bool {
+	if l.n < failFast {
+		return false
+	}
+	l.n++
+	return true
+}
+
 // Has reports whether the tensor name exists.
 func (l *Loader) Has(name string) bool { return l.W.Has(name) }
 
 // Mat loads the 2-D tensor name of shape (rows, cols).
 func (l *Loader) Mat(name string, rows, cols int) *kernels.Mat {
+	if l.lost() {
+		return &kernels.Mat{}
+	}
 	m, err := l.W.Mat(name, rows, cols)
 	if err != nil {
 		l.Fail(err)
@@ -76,6 +97,9 @@ func (l *Loader) Mat(name string, rows, cols int) *kernels.Mat {
 
 // Expert loads slice e, shape (rows, cols), of the fused tensor name.
 func (l *Loader) Expert(name string, e, rows, cols int) *kernels.Mat {
+	if l.lost() {
+		return &kernels.Mat{}
+	}
 	m, err := l.W.Expert(name, e, rows, cols)
 	if err != nil {
 		l.Fail(err)
@@ -84,14 +108,42 @@ func (l *Loader) Expert(name string, e, rows, cols int) *kernels.Mat {
 	return m
 }
 
+// maxPlaceholders bounds the floats of all the placeholders one Loader
+// returns after failures: their sizes come from config.json, which may be
+// damaged (a layer count of thousands times a width of thousands), and a
+// model that failed to load is never run, so they need not be full size.
+const maxPlaceholders = 1 << 22
+
 // Vec loads the 1-D tensor name of n values as float32.
-func (l *Loader) Vec(name string, n int) []float32 {
-	v, err := l.W.Float32(name, n)
-	if err != nil {
-		l.Fail(err)
-		return make([]float32, n)
+func (l *Loader) Vec(name string, n int) []float32 { return l.Tensor(name, n) }
+
+// Tensor loads the small tensor name of exactly shape as float32. After a
+// failure it returns zeros: as many as shape holds while the Loader's
+// placeholders stay within maxPlaceholders, none after that.
+func (l *Loader) Tensor(name string, shape ...int) []float32 {
+	if l.lost() {
+		return nil
 	}
-	return v
+	v, err := l.W.Float32(name, shape...)
+	if err == nil {
+		return v
+	}
+	l.Fail(err)
+	n := 1
+	for _, d := range shape {
+		if d <= 0 {
+			return nil
+		}
+		if n > maxPlaceholders/d {
+			return nil
+		}
+		n *= d
+	}
+	if l.placeholders+n > maxPlaceholders {
+		return nil
+	}
+	l.placeholders += n
+	return make([]float32, n)
 }
 
 // Linear loads name+".weight" (out, in) and, when bias is set,

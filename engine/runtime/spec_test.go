@@ -73,14 +73,18 @@ func mtpFixtures(t *testing.T) []string {
 		if _, ok := m.(model.MTPModel); !ok {
 			continue
 		}
-		if raceOn && m.Info().Hidden > 128 {
+		if (raceOn || testing.Short()) && m.Info().Hidden > 128 {
 			// Larger than the tiny reference fixtures (hidden 64), like
-			// the built-in model: a minute under the race detector for
-			// nothing the tiny ones do not cover.
-			t.Logf("%s: hidden size %d, skipped under the race detector", n, m.Info().Hidden)
+			// the built-in model: a minute under the race detector (half a
+			// minute without) for nothing the tiny ones do not cover.
+			t.Logf("%s: hidden size %d, skipped under the race detector and in -short mode", n, m.Info().Hidden)
 			continue
 		}
 		out = append(out, n)
+	}
+	if testing.Short() && len(out) > 1 {
+		t.Logf("-short: %s only (of %v)", out[0], out)
+		out = out[:1]
 	}
 	return out
 }
@@ -584,8 +588,8 @@ func argmax(v []float32) int32 {
 func TestSpecOracleGreedy(t *testing.T) {
 	for _, name := range []string{"qwen3_next", "glm5_next", "glm4_moe_lite"} {
 		t.Run(name, func(t *testing.T) {
-			if raceOn && name != "qwen3_next" {
-				t.Skip("the oracle recomputes every history: one model is enough under the race detector")
+			if (raceOn || testing.Short()) && name != "qwen3_next" {
+				t.Skip("the oracle recomputes every history: one model is enough under the race detector and in -short mode")
 			}
 			t.Parallel()
 			m := newOracle(t, name, 4)

@@ -318,6 +318,10 @@ func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *cpu.Backend)
 		if bm.weights, err = weights.Open(path); err != nil {
 			return nil, err
 		}
+		if err := engine.CheckDims(cfg, bm.weights); err != nil {
+			bm.weights.Close()
+			return nil, err
+		}
 		src = bm.weights
 	} else {
 		name := dtypeFlag

@@ -212,7 +212,7 @@ func loadIndexer(l *nn.Loader, p *params, pre string) *indexer {
 		kW:    l.Vec(pre+"k_norm.weight", p.idxDim),
 		kB:    l.Vec(pre+"k_norm.bias", p.idxDim),
 		wproj: l.Linear(pre+"weights_proj", p.idxHeads, p.hidden, false),
-		ape:   tensor(l, pre+"index_kpool_compress_ape", p.kpool, p.idxDim),
+		ape:   l.Tensor(pre+"index_kpool_compress_ape", p.kpool, p.idxDim),
 		gate:  l.Mat(pre+"index_kpool_compress_gate", p.idxDim, p.hidden),
 		heads: p.idxHeads, dim: p.idxDim, pools: p.poolsPerQuery(), kpool: p.kpool,
 	}

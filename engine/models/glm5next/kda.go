@@ -51,10 +51,10 @@ func loadKDA(l *nn.Loader, p *params, pre string, slot int, be kernels.Backend) 
 	}
 	var w []float32 // [3C, 1, K]
 	if l.Has(pre + "conv1d.weight") {
-		w = tensor(l, pre+"conv1d.weight", 3*C, 1, K)
+		w = l.Tensor(pre+"conv1d.weight", 3*C, 1, K)
 	} else {
 		for _, n := range []string{"q", "k", "v"} {
-			w = append(w, tensor(l, pre+n+"_conv1d.weight", C, 1, K)...)
+			w = append(w, l.Tensor(pre+n+"_conv1d.weight", C, 1, K)...)
 		}
 	}
 	return &kda{

@@ -143,21 +143,6 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	return m, nil
 }
 
-// tensor loads the small tensor name of exactly shape as float32 through
-// l, recording a failure (and returning zeros) like the Loader's own getters.
-func tensor(l *nn.Loader, name string, shape ...int) []float32 {
-	v, err := l.W.Float32(name, shape...)
-	if err != nil {
-		l.Fail(err)
-		n := 1
-		for _, d := range shape {
-			n *= max(d, 0)
-		}
-		return make([]float32, n)
-	}
-	return v
-}
-
 // Info implements model.Model.
 func (m *Model) Info() model.Info { return m.info }
 

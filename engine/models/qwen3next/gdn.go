@@ -39,11 +39,11 @@ func loadGDN(l *nn.Loader, p *params, prefix string, slot int, be kernels.Backen
 		conv: linattn.Conv{
 			Channels: convDim,
 			K:        p.convK,
-			Weight:   loadVec(l, prefix+"conv1d.weight", convDim, 1, p.convK), // (convDim, 1, K)
+			Weight:   l.Tensor(prefix+"conv1d.weight", convDim, 1, p.convK), // (convDim, 1, K)
 		},
-		aLog:   loadVec(l, prefix+"A_log", hv),
-		dtBias: loadVec(l, prefix+"dt_bias", hv),
-		normW:  loadVec(l, prefix+"norm.weight", dv),
+		aLog:   l.Tensor(prefix+"A_log", hv),
+		dtBias: l.Tensor(prefix+"dt_bias", hv),
+		normW:  l.Tensor(prefix+"norm.weight", dv),
 		eps:    p.Eps,
 		out:    l.Linear(prefix+"out_proj", p.Hidden, valueDim, false),
 		rule:   linattn.DeltaRule{Heads: hv, KeyHeads: hk, DK: dk, DV: dv, Parallel: be.Parallel},
@@ -51,20 +51,6 @@ func loadGDN(l *nn.Loader, p *params, prefix string, slot int, be kernels.Backen
 	}
 	g.conv.Parallel = be.Parallel
 	return g
-}
-
-// loadVec loads a small tensor of exactly shape as float32.
-func loadVec(l *nn.Loader, name string, shape ...int) []float32 {
-	v, err := l.W.Float32(name, shape...)
-	if err != nil {
-		l.Fail(err)
-		n := 1
-		for _, d := range shape {
-			n *= max(d, 0)
-		}
-		return make([]float32, n)
-	}
-	return v
 }
 
 // shape is the layer's per-sequence state.
