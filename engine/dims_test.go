@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
 )
 
 // TestAbsurdDims sets each number of each fixture model's config.json in
@@ -86,6 +87,31 @@ func forEachNumber(v any, path string, fn func(path, key string, set func(any)))
 				continue
 			}
 			forEachNumber(e, p, fn)
+		}
+	}
+}
+
+// TestAbsurdGGUFDims: a GGUF file whose metadata sets a dimension absurdly
+// high fails with an error naming it before anything is sized by it.
+func TestAbsurdGGUFDims(t *testing.T) {
+	for _, key := range []string{"qwen3.embedding_length", "qwen3.feed_forward_length", "qwen3.block_count", "qwen3.attention.key_length"} {
+		w, err := ggufwrite.Convert(fixtures.Dir("qwen3"), ggufwrite.F32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Set(key, uint64(1e12))
+		path := filepath.Join(t.TempDir(), "bad.gguf")
+		if err := w.WriteFile(path); err != nil {
+			t.Fatal(err)
+		}
+		l, err := Load(path, Options{Threads: 1})
+		if err == nil {
+			l.Close()
+			t.Errorf("%s = 10^12: loaded", key)
+			continue
+		}
+		if !strings.Contains(err.Error(), "1000000000000") {
+			t.Errorf("%s = 10^12: error does not name the value: %v", key, err)
 		}
 	}
 }
