@@ -18,7 +18,7 @@ func FuzzUnmarshalChat(f *testing.F) {
 		Messages: []*Message{
 			{Role: RoleUser, Content: "Hi", Time: at},
 			{Role: RoleAssistant, Content: "<think>x</think>Hello!", Time: at, Model: "ferrite-tiny",
-				Stats: newReplyStats(Usage{PromptTokens: 3, GeneratedTokens: 2}, FinishStop, Settings{MaxTokens: 64})},
+				Stats: newReplyStats(Usage{PromptTokens: 3, GeneratedTokens: 2}, FinishStop, "", Settings{MaxTokens: 64})},
 			{Role: RoleAssistant, Content: "Hel", Time: at, Error: "engine closed"},
 		},
 	}
