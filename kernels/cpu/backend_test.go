@@ -119,3 +119,5 @@ func TestClose(t *testing.T) {
 	b.Close()
 	kerneltest.ParallelTest(t, b) // single-threaded now, still correct
 }
+
+func TestOps(t *testing.T) { kerneltest.RunOps(t, cpu.New(0)) }
