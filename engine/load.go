@@ -25,6 +25,9 @@ type Options struct {
 	RandomWeights bool
 	// Seed seeds the random weights.
 	Seed uint64
+	// KVFloat32 keeps the KV cache in float32 instead of the default of
+	// the architectures on the op set (bfloat16, half the bytes per token).
+	KVFloat32 bool
 }
 
 // Loaded is a model ready to run, with what it was built from. The caller
@@ -65,6 +68,12 @@ func Load(dir string, opts Options) (*Loaded, error) {
 		l.Close()
 		return nil, err
 	}
+	if dm, ok := l.Model.(model.DeviceModel); ok && opts.KVFloat32 {
+		if err := dm.SetCacheDType(kernels.F32); err != nil {
+			l.Close()
+			return nil, err
+		}
+	}
 	return l, nil
 }
 
@@ -83,7 +92,7 @@ func randomDType(cfg *config.Config) kernels.DType {
 // NewCache returns a paged KV cache for the model within budget bytes
 // (blockSize tokens per block; 0 means kvcache.DefaultBlockSize).
 func (l *Loaded) NewCache(budget int64, blockSize int) (*kvcache.Cache, error) {
-	c, err := kvcache.New(l.Model.CacheLayout(), kvcache.Options{BlockSize: blockSize, Budget: budget})
+	c, err := model.NewCache(l.Model, kvcache.Options{BlockSize: blockSize, Budget: budget})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", l.Dir, err)
 	}

@@ -42,6 +42,28 @@ type Model interface {
 	Forward(b *Batch) (*Output, error)
 }
 
+// DeviceModel is a Model that runs on the op set: its activations and KV
+// cache live in its device's memory, so its caches must be created with
+// NewCache (or kvcache.Options.Memory = Device()).
+type DeviceModel interface {
+	Model
+	// Device is the backend the model runs on.
+	Device() kernels.Device
+	// SetCacheDType picks the KV storage type, kernels.BF16 (the default)
+	// or kernels.F32, for caches created afterwards; CacheLayout and
+	// Info().KVBytesPerToken follow it.
+	SetCacheDType(dt kernels.DType) error
+}
+
+// NewCache creates the KV cache for m: in m's device memory when m is a
+// DeviceModel, host slices otherwise.
+func NewCache(m Model, opts kvcache.Options) (*kvcache.Cache, error) {
+	if dm, ok := m.(DeviceModel); ok {
+		opts.Memory = dm.Device()
+	}
+	return kvcache.New(m.CacheLayout(), opts)
+}
+
 // WeightSource is where a Constructor gets its tensors; *weights.Set and
 // *randweights.Source satisfy it.
 type WeightSource interface {

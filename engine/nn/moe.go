@@ -145,12 +145,7 @@ func topK(order []int32, v []float32, out []int32) {
 
 // Expert is one routed expert's SwiGLU weights, stored either fused
 // (GateUp) or as separate Gate and Up matrices.
-type Expert struct {
-	GateUp *kernels.Mat // (2·inter, hidden): rows [0, inter) gate, [inter, 2·inter) up; nil if separate
-	Gate   *kernels.Mat // (inter, hidden); nil if fused
-	Up     *kernels.Mat // (inter, hidden); nil if fused
-	Down   *kernels.Mat // (hidden, inter)
-}
+type Expert = kernels.Expert
 
 // MoE is a routed mixture of SwiGLU experts with optional shared experts:
 // y = Σ_k w_k·Expert_k(x) + g·Shared(x), where g = sigmoid(x·SharedGateᵀ)

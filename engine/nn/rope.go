@@ -174,6 +174,9 @@ func yarnFreqs(inv []float64, c RopeConfig, dim int) (float32, error) {
 	return float32(att), nil
 }
 
+// InvFreq is the (Dim/2) inverse frequencies, scalings applied (read-only).
+func (r *RoPE) InvFreq() []float32 { return r.invFreq }
+
 // Ensure makes the tables cover positions [0, n). Call it before a parallel
 // section that applies the rotation; Apply only reads the tables.
 func (r *RoPE) Ensure(n int) {

@@ -11,6 +11,7 @@ import (
 	"math"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gqa"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
@@ -127,6 +128,21 @@ func LoadBlock(l *nn.Loader, p Params, layer int, attn *nn.SelfAttention, ffn nn
 		FFNNorm:  l.RMSNorm(pre+"post_attention_layernorm", p.Hidden, p.Eps, false),
 		FFN:      ffn,
 	}
+}
+
+// NewModel loads the embedding, final norm and LM head like NewDecoder and
+// assembles the blocks into a gqa.Decoder on the op set; be must be a
+// kernels.Device.
+func NewModel(l *nn.Loader, p Params, arch string, blocks []*nn.Block, be kernels.Backend) (*gqa.Decoder, error) {
+	dev, ok := be.(kernels.Device)
+	if !ok {
+		return nil, fmt.Errorf("backend %s does not implement the op set (kernels.Device)", be.Name())
+	}
+	d, err := NewDecoder(l, p, arch, nil, be)
+	if err != nil {
+		return nil, err
+	}
+	return gqa.New(dev, arch, d.Embed, blocks, d.Norm, d.LMHead, d.Layout, d.MaxContext)
 }
 
 // NewDecoder loads the embedding, final norm and LM head (the embedding

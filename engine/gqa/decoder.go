@@ -1,0 +1,250 @@
+// Package gqa is the decoder of the grouped-query-attention architectures
+// (llama, qwen3, qwen3_moe, mixtral) on the op set (kernels.Device): token
+// embedding, pre-norm blocks (GQA attention, SwiGLU MLP or routed MoE) and
+// one output head (final norm, logit-row gather, LM head). Activations,
+// row maps and the KV cache live on the device; the host writes the step's
+// ids, positions, slots and block tables before it and reads the logit and
+// hidden rows after it.
+package gqa
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/nn"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Decoder is a decoder-only GQA transformer on a kernels.Device.
+type Decoder struct {
+	Arch       string
+	Embed      *kernels.Mat // (vocab, hidden) token embedding
+	Blocks     []*Block     // (layers)
+	Norm       *Norm        // (hidden) final norm
+	LMHead     *kernels.Mat // (vocab, hidden); Embed itself when tied
+	Layout     kvcache.Layout
+	MaxContext int
+	Dev        kernels.Device
+
+	mu sync.Mutex
+	in inputs
+}
+
+var _ model.DeviceModel = (*Decoder)(nil)
+
+// New converts host-loaded blocks (nn.Block with nn.MLP or nn.MoE) into a
+// Decoder on dev, uploading the small weights; the KV cache is BF16.
+func New(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*nn.Block, norm *nn.RMSNorm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) (*Decoder, error) {
+	u := &uploader{dev: dev}
+	d := &Decoder{Arch: arch, Embed: embed, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Norm: u.norm(norm)}
+	for _, b := range blocks {
+		gb, err := u.block(b)
+		if err != nil {
+			return nil, err
+		}
+		d.Blocks = append(d.Blocks, gb)
+	}
+	if u.err != nil {
+		return nil, u.err
+	}
+	d.Layout = make(kvcache.Layout, len(layout))
+	for i, w := range layout {
+		w.DType = kernels.BF16
+		d.Layout[i] = w
+	}
+	return d, nil
+}
+
+// SetCacheDType implements model.DeviceModel: F32 or BF16 KV storage for
+// caches created afterwards.
+func (d *Decoder) SetCacheDType(dt kernels.DType) error {
+	if dt != kernels.F32 && dt != kernels.BF16 {
+		return fmt.Errorf("gqa: KV cache dtype %v (want F32 or BF16)", dt)
+	}
+	for i := range d.Layout {
+		d.Layout[i].DType = dt
+	}
+	return nil
+}
+
+// Device implements model.DeviceModel.
+func (d *Decoder) Device() kernels.Device { return d.Dev }
+
+// Info implements model.Model.
+func (d *Decoder) Info() model.Info {
+	return model.Info{
+		Arch: d.Arch, Vocab: d.LMHead.Rows, Hidden: d.Embed.Cols, Layers: len(d.Blocks),
+		MaxContext: d.MaxContext, KVBytesPerToken: d.Layout.BytesPerToken(),
+	}
+}
+
+// CacheLayout implements model.Model.
+func (d *Decoder) CacheLayout() kvcache.Layout { return append(kvcache.Layout(nil), d.Layout...) }
+
+// inputs are the step's row maps, kept on the device between steps and
+// grown when a step needs more.
+type inputs struct {
+	ids, pos, seq, slot, rows, lrows kernels.Tensor // (cap, 1) I32
+	blocks                           kernels.Tensor // (cap, 1) I32, viewed as (seqs, maxBlocks)
+
+	// Host staging.
+	hIDs, hPos, hSeq, hSlot, hRows, hLRows, hBlocks []int32
+}
+
+// ensure returns an I32 (n, 1) view of *t, reallocating it when too small.
+func ensure(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, error) {
+	if !t.Valid() || t.Rows < n {
+		nt, err := dev.Alloc(kernels.I32, max(n, 2*t.Rows, 64), 1)
+		if err != nil {
+			return nt, err
+		}
+		*t = nt
+	}
+	return t.Slice(0, n), nil
+}
+
+// Forward implements model.Model.
+func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
+	if err := b.Validate(d.LMHead.Rows, d.Layout); err != nil {
+		return nil, err
+	}
+	if len(b.Seqs) == 0 {
+		return &model.Output{}, nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st, err := d.upload(b)
+	if err != nil {
+		return nil, err
+	}
+	dev := d.Dev
+	hidden, vocab, n := d.Embed.Cols, d.LMHead.Rows, b.Tokens()
+	dev.BeginStep()
+	x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
+	h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
+	y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
+	c := &Ctx{Dev: dev, N: n, Paged: st.paged, Cache: b.Cache.Layer}
+	dev.Embed(x, d.Embed, st.ids)
+	first := d.Blocks[0].AttnNorm
+	dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)
+	for i, blk := range d.Blocks {
+		blk.Forward(c, x, h, y)
+		next := d.Norm
+		if i+1 < len(d.Blocks) {
+			next = d.Blocks[i+1].AttnNorm
+		}
+		dev.AddRMSNorm(h, x, y, next.W, next.Eps, next.Offset)
+	}
+	// The output head: h holds the final norm of every row; gather the
+	// rows that want logits and run the LM head over them only.
+	var logits, hid kernels.Tensor
+	if st.nl > 0 {
+		lx := dev.Scratch(kernels.F32, st.nl, hidden) // (logit rows, hidden)
+		dev.GatherRows(lx, h, st.lrows)
+		logits = dev.Scratch(kernels.F32, st.nl, vocab) // (logit rows, vocab)
+		dev.Linear(logits, lx, d.LMHead, kernels.Epilogue{})
+	}
+	if st.nh > 0 {
+		hid = dev.Scratch(kernels.F32, st.nh, hidden) // (hidden rows, hidden)
+		dev.GatherRows(hid, h, st.rows)
+	}
+	dev.EndStep()
+	return d.outputs(b, logits, hid), nil
+}
+
+// step is one step's device inputs.
+type step struct {
+	paged       kernels.Paged
+	ids         kernels.Tensor
+	rows, lrows kernels.Tensor // rows whose hidden states / logits are returned
+	nh, nl      int
+}
+
+// upload writes the batch's ids and row maps to the device.
+func (d *Decoder) upload(b *model.Batch) (*step, error) {
+	in := &d.in
+	in.hIDs, in.hPos, in.hSeq, in.hSlot = in.hIDs[:0], in.hPos[:0], in.hSeq[:0], in.hSlot[:0]
+	in.hRows, in.hLRows = in.hRows[:0], in.hLRows[:0]
+	maxBlocks := 1
+	for i := range b.Seqs {
+		maxBlocks = max(maxBlocks, len(b.Seqs[i].KV.Blocks()))
+	}
+	in.hBlocks = append(in.hBlocks[:0], make([]int32, len(b.Seqs)*maxBlocks)...)
+	row := 0
+	for i := range b.Seqs {
+		s := &b.Seqs[i]
+		copy(in.hBlocks[i*maxBlocks:], s.KV.Blocks())
+		for j, t := range s.Tokens {
+			p := s.Pos + j
+			in.hIDs = append(in.hIDs, t)
+			in.hPos = append(in.hPos, int32(p))
+			in.hSeq = append(in.hSeq, int32(i))
+			in.hSlot = append(in.hSlot, b.Cache.Slot(s.KV, p))
+			if s.Hidden {
+				in.hRows = append(in.hRows, int32(row))
+			}
+			if s.Logits == model.AllLogits || (s.Logits == model.LastLogits && j == len(s.Tokens)-1) {
+				in.hLRows = append(in.hLRows, int32(row))
+			}
+			row++
+		}
+	}
+	st := &step{nh: len(in.hRows), nl: len(in.hLRows)}
+	st.paged.BlockSize = b.Cache.BlockSize()
+	var err error
+	for _, f := range []struct {
+		dst  *kernels.Tensor
+		buf  *kernels.Tensor
+		host []int32
+	}{
+		{&st.ids, &in.ids, in.hIDs}, {&st.paged.Pos, &in.pos, in.hPos}, {&st.paged.Seq, &in.seq, in.hSeq},
+		{&st.paged.Slot, &in.slot, in.hSlot}, {&st.rows, &in.rows, in.hRows}, {&st.lrows, &in.lrows, in.hLRows},
+		{&st.paged.Blocks, &in.blocks, in.hBlocks},
+	} {
+		if *f.dst, err = ensure(d.Dev, f.buf, len(f.host)); err != nil {
+			return nil, fmt.Errorf("gqa: step inputs: %w", err)
+		}
+		d.Dev.WriteI32(*f.dst, f.host)
+	}
+	st.paged.Blocks = st.paged.Blocks.Reshape(len(b.Seqs), maxBlocks)
+	return st, nil
+}
+
+// outputs reads the logit and hidden rows back and splits them per
+// sequence.
+func (d *Decoder) outputs(b *model.Batch, logits, hid kernels.Tensor) *model.Output {
+	hidden, vocab := d.Embed.Cols, d.LMHead.Rows
+	var lg, hs []float32
+	if logits.Valid() {
+		lg = make([]float32, logits.Elems())
+		d.Dev.ReadF32(lg, logits)
+	}
+	if hid.Valid() {
+		hs = make([]float32, hid.Elems())
+		d.Dev.ReadF32(hs, hid)
+	}
+	out := &model.Output{Seqs: make([]model.SeqOutput, len(b.Seqs))}
+	lrow, hrow := 0, 0
+	for i := range b.Seqs {
+		s := &b.Seqs[i]
+		nl := 0
+		switch s.Logits {
+		case model.LastLogits:
+			nl = 1
+		case model.AllLogits:
+			nl = len(s.Tokens)
+		}
+		if nl > 0 {
+			out.Seqs[i].Logits = lg[lrow*vocab : (lrow+nl)*vocab : (lrow+nl)*vocab]
+		}
+		lrow += nl
+		if s.Hidden {
+			nh := len(s.Tokens)
+			out.Seqs[i].Hidden = hs[hrow*hidden : (hrow+nh)*hidden : (hrow+nh)*hidden]
+			hrow += nh
+		}
+	}
+	return out
+}
