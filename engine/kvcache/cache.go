@@ -420,6 +420,29 @@ func (c *Cache) CopyBlock(dst, src int32) {
 	}
 }
 
+// Prefault writes every memory page of the storage once (values unchanged),
+// so that a measurement after it does not pay for first-touch page faults.
+func (c *Cache) Prefault() {
+	if c.mem != nil {
+		for l := range c.layout {
+			for _, t := range []kernels.Tensor{c.kt[l], c.vt[l]} {
+				if t.Valid() {
+					c.mem.Copy(t, t)
+				}
+			}
+		}
+		return
+	}
+	const page = 4096 / 4 // float32s
+	for l := range c.layout {
+		for _, s := range [][]float32{c.k[l], c.v[l]} {
+			for i := 0; i < len(s); i += page {
+				s[i] = 0
+			}
+		}
+	}
+}
+
 // Stats is a snapshot of the cache's accounting.
 type Stats struct {
 	BlockSize   int

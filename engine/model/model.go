@@ -56,12 +56,28 @@ type DeviceModel interface {
 }
 
 // NewCache creates the KV cache for m: in m's device memory when m is a
-// DeviceModel, host slices otherwise.
+// DeviceModel (or wraps one: a wrapper exposes what it wraps with an
+// Unwrap() Model method), host slices otherwise.
 func NewCache(m Model, opts kvcache.Options) (*kvcache.Cache, error) {
-	if dm, ok := m.(DeviceModel); ok {
+	if dm := AsDevice(m); dm != nil {
 		opts.Memory = dm.Device()
 	}
 	return kvcache.New(m.CacheLayout(), opts)
+}
+
+// AsDevice returns the DeviceModel m is or wraps, or nil.
+func AsDevice(m Model) DeviceModel {
+	for m != nil {
+		if dm, ok := m.(DeviceModel); ok {
+			return dm
+		}
+		w, ok := m.(interface{ Unwrap() Model })
+		if !ok {
+			return nil
+		}
+		m = w.Unwrap()
+	}
+	return nil
 }
 
 // WeightSource is where a Constructor gets its tensors; *weights.Set and
