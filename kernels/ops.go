@@ -113,7 +113,8 @@ type NormOps interface {
 // computed from InvFreq in the kernel: angle = float32(pos)·InvFreq[i],
 // cos = float32(cos(angle))·Scale (and sin alike), so no table has to
 // cover the context. Linear, llama3 and YaRN scalings and partial rotation
-// are all expressed through InvFreq, Dim and Scale.
+// are all expressed through InvFreq, Dim and Scale. InvFreq is written once
+// at load; a backend may cache tables derived from it.
 type Rotary struct {
 	InvFreq     Tensor  // (1, Dim/2) F32 inverse frequencies
 	Dim         int     // rotated dims: the first Dim of each head (even)

@@ -125,7 +125,6 @@ func (a *attnCall) rows(rows []int32) {
 	kw := a.kvh * a.hd
 	a.b.Parallel(len(rows)*a.kvh, func(lo, hi int) {
 		sc := make([]float32, a.grp*maxLen) // (group, len) scores, then probabilities
-		vrow := make([]float32, a.hd)
 		for item := lo; item < hi; item++ {
 			i, kvh := int(rows[item/a.kvh]), item%a.kvh
 			h0 := kvh * a.grp
@@ -161,9 +160,9 @@ func (a *attnCall) rows(rows []int32) {
 			o := a.out[(i*a.heads+h0)*a.hd : (i*a.heads+h0+a.grp)*a.hd]
 			clear(o)
 			for p := range ln {
-				v := a.row(a.vraw, a.slot(bt, p)*kw+off, vrow)
+				v := a.vraw[(a.slot(bt, p)*kw+off)*esz:]
 				for g := range a.grp {
-					axpy(o[g*a.hd:(g+1)*a.hd], sc[g*ln+p], v)
+					axpyRow(a.dt, o[g*a.hd:(g+1)*a.hd], sc[g*ln+p], v)
 				}
 			}
 		}

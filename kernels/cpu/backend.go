@@ -18,6 +18,7 @@ type Backend struct {
 	tmp   []float32 // scratch inside one op (Linear's accumulate)
 	moe   moeScratch
 	attn  attnScratch
+	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 }
 
 var _ kernels.Device = (*Backend)(nil)

@@ -124,23 +124,69 @@ func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, off
 	})
 }
 
-// RoPE implements kernels.RopeOps.
+// RoPE implements kernels.RopeOps. The CPU keeps each Rotary's cos/sin
+// rows in a table grown to the largest position seen (the same values the
+// reference computes per call), so a prefill does not recompute them per
+// layer.
 func (b *Backend) RoPE(x kernels.Tensor, heads, headDim int, pos kernels.Tensor, r *kernels.Rotary) {
 	contiguous(x)
 	half := r.Dim / 2
 	if x.Cols != heads*headDim || pos.Rows != x.Rows || r.InvFreq.Elems() != half || r.Dim > headDim {
 		panic("cpu: RoPE shapes do not match")
 	}
-	xs, ps, inv := f32(x), i32(pos), f32(r.InvFreq)[:half]
+	xs, ps := f32(x), i32(pos)
+	maxPos := 0
+	for i := range x.Rows {
+		p := int(ps[i*pos.Stride])
+		if p < 0 {
+			panic("cpu: RoPE negative position")
+		}
+		maxPos = max(maxPos, p)
+	}
+	tab := b.ropeTable(r, maxPos+1)
 	w := x.Cols
 	b.Parallel(x.Rows, func(lo, hi int) {
-		cs := make([]float32, 2*half)
-		cos, sin := cs[:half], cs[half:]
 		for i := lo; i < hi; i++ {
-			ref.RopeAngles(cos, sin, inv, int(ps[i*pos.Stride]), r.Scale)
-			ref.Rotate(xs[i*w:(i+1)*w], heads, headDim, cos, sin, r.Interleaved)
+			p := int(ps[i*pos.Stride])
+			ref.Rotate(xs[i*w:(i+1)*w], heads, headDim, tab.cos[p*half:(p+1)*half], tab.sin[p*half:(p+1)*half], r.Interleaved)
 		}
 	})
+}
+
+// ropeKey identifies a Rotary's frequencies and scale.
+type ropeKey struct {
+	freq  *float32
+	scale float32
+}
+
+// ropeTab is one Rotary's cos and sin rows, (positions, Dim/2) each.
+type ropeTab struct{ cos, sin []float32 }
+
+// ropeTable returns r's table covering positions [0, n).
+func (b *Backend) ropeTable(r *kernels.Rotary, n int) *ropeTab {
+	inv := f32(r.InvFreq)
+	key := ropeKey{&inv[0], r.Scale}
+	if b.rope == nil {
+		b.rope = map[ropeKey]*ropeTab{}
+	}
+	t := b.rope[key]
+	if t == nil {
+		t = &ropeTab{}
+		b.rope[key] = t
+	}
+	half := len(inv)
+	have := len(t.cos) / half
+	if n <= have {
+		return t
+	}
+	n = max(n, 2*have, 256)
+	cos := append(t.cos, make([]float32, (n-have)*half)...)
+	sin := append(t.sin, make([]float32, (n-have)*half)...)
+	for p := have; p < n; p++ {
+		ref.RopeAngles(cos[p*half:(p+1)*half], sin[p*half:(p+1)*half], inv, p, r.Scale)
+	}
+	t.cos, t.sin = cos, sin
+	return t
 }
 
 // Route implements kernels.MoEOps.
