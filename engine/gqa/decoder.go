@@ -113,6 +113,9 @@ func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
 	if len(b.Seqs) == 0 {
 		return &model.Output{}, nil
 	}
+	if b.Cache.Memory() != kernels.Memory(d.Dev) {
+		return nil, fmt.Errorf("gqa: the cache is not in the model's device memory (create it with model.NewCache)")
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st, err := d.upload(b)
@@ -122,6 +125,12 @@ func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
 	dev := d.Dev
 	hidden, vocab, n := d.Embed.Cols, d.LMHead.Rows, b.Tokens()
 	dev.BeginStep()
+	inStep := true
+	defer func() {
+		if inStep { // an op panicked: leave the device ready for the next step
+			dev.EndStep()
+		}
+	}()
 	x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
 	h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
 	y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
@@ -151,6 +160,7 @@ func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
 		dev.GatherRows(hid, h, st.rows)
 	}
 	dev.EndStep()
+	inStep = false
 	return d.outputs(b, logits, hid), nil
 }
 

@@ -210,6 +210,10 @@ func (c *Cache) Layer(l int) (k, v kernels.Tensor) {
 	return c.kt[l], c.vt[l]
 }
 
+// Memory is the backend memory holding the storage (Options.Memory); nil
+// for host slices.
+func (c *Cache) Memory() kernels.Memory { return c.mem }
+
 // Slot is the storage slot of token pos of s (pos < s.Len()).
 func (c *Cache) Slot(s *Seq, pos int) int32 {
 	if pos < 0 || pos >= s.n {
