@@ -239,17 +239,10 @@ func (d *Decoder) outputs(b *model.Batch, logits, hid kernels.Tensor) *model.Out
 	lrow, hrow := 0, 0
 	for i := range b.Seqs {
 		s := &b.Seqs[i]
-		nl := 0
-		switch s.Logits {
-		case model.LastLogits:
-			nl = 1
-		case model.AllLogits:
-			nl = len(s.Tokens)
-		}
-		if nl > 0 {
+		if nl := s.LogitRows(); nl > 0 {
 			out.Seqs[i].Logits = lg[lrow*vocab : (lrow+nl)*vocab : (lrow+nl)*vocab]
+			lrow += nl
 		}
-		lrow += nl
 		if s.Hidden {
 			nh := len(s.Tokens)
 			out.Seqs[i].Hidden = hs[hrow*hidden : (hrow+nh)*hidden : (hrow+nh)*hidden]

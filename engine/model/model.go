@@ -169,6 +169,17 @@ type Seq struct {
 	State *linattn.Slot
 }
 
+// LogitRows is how many logit rows the sequence's chunk returns.
+func (s *Seq) LogitRows() int {
+	switch s.Logits {
+	case LastLogits:
+		return 1
+	case AllLogits:
+		return len(s.Tokens)
+	}
+	return 0
+}
+
 // Batch is one forward pass: sequences sharing a cache.
 type Batch struct {
 	Cache  *kvcache.Cache     // the storage every Seq.KV lives in; its layout must be the model's

@@ -18,17 +18,10 @@ const (
 	SigmoidScoring = kernels.SigmoidScoring
 )
 
-// Router picks TopK experts per token and their weights.
-//
-// Softmax: p = softmax(x·Wᵀ); take the top-k p; renormalise them to sum 1
-// when NormTopK. Sigmoid (noaux_tc): s = sigmoid(x·Wᵀ); selection uses
-// s + Bias; with Groups > 1 the experts are split into Groups equal groups,
-// each scored by the sum of its two best biased scores, and only the best
-// TopKGroups groups stay eligible (the rest are −inf, as in DeepSeek's
-// reference; Hugging Face fills 0, which differs only when biased scores are
-// negative). The weights are the unbiased s of the chosen experts, divided
-// by their sum + 1e-20 when NormTopK. Both then multiply by Scale
-// (routed_scaling_factor).
+// Router picks TopK experts per token and their weights from the logits
+// x·Wᵀ, as kernels.Router describes (grouped top-k masks the groups left
+// out with −inf, as DeepSeek's reference does; Hugging Face fills 0, which
+// differs only when biased scores are negative).
 type Router struct {
 	W          *kernels.Mat // (experts, hidden)
 	Bias       []float32    // (experts) e_score_correction_bias, selection only; nil if none
