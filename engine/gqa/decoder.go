@@ -89,7 +89,10 @@ type inputs struct {
 	ids, pos, seq, slot, rows, lrows kernels.Tensor // (cap, 1) I32
 	blocks                           kernels.Tensor // (cap, 1) I32, viewed as (seqs, maxBlocks)
 
+	hid kernels.Tensor // (cap, hidden) F32 the MTP layer's input hidden states
+
 	// Host staging.
+	hHid                                            []float32
 	hIDs, hPos, hSeq, hSlot, hRows, hLRows, hBlocks []int32
 }
 
@@ -105,16 +108,25 @@ func ensure(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, error
 	return t.Slice(0, n), nil
 }
 
+// check validates b for a head of vocab rows and checks its cache is in
+// the model's device memory.
+func (d *Decoder) check(b *model.Batch, vocab int) error {
+	if err := b.Validate(vocab, d.Layout); err != nil {
+		return err
+	}
+	if b.Cache.Memory() != kernels.Memory(d.Dev) {
+		return fmt.Errorf("gqa: the cache is not in the model's device memory (create it with model.NewCache)")
+	}
+	return nil
+}
+
 // Forward implements model.Model.
 func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
-	if err := b.Validate(d.LMHead.Rows, d.Layout); err != nil {
+	if err := d.check(b, d.LMHead.Rows); err != nil {
 		return nil, err
 	}
 	if len(b.Seqs) == 0 {
 		return &model.Output{}, nil
-	}
-	if b.Cache.Memory() != kernels.Memory(d.Dev) {
-		return nil, fmt.Errorf("gqa: the cache is not in the model's device memory (create it with model.NewCache)")
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -122,8 +134,16 @@ func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
 	if err != nil {
 		return nil, err
 	}
+	embed := func(c *Ctx, x kernels.Tensor) { c.Dev.Embed(x, d.Embed, st.ids) }
+	return d.run(b, st, embed, d.Blocks, d.Norm, d.LMHead), nil
+}
+
+// run is one step through blocks after embed has set the residual stream
+// x (N, hidden): the output head norms every row with norm and runs head
+// over the rows that want logits.
+func (d *Decoder) run(b *model.Batch, st *step, embed func(c *Ctx, x kernels.Tensor), blocks []*Block, norm *Norm, head *kernels.Mat) *model.Output {
 	dev := d.Dev
-	hidden, vocab, n := d.Embed.Cols, d.LMHead.Rows, b.Tokens()
+	hidden, vocab, n := d.Embed.Cols, head.Rows, b.Tokens()
 	dev.BeginStep()
 	inStep := true
 	defer func() {
@@ -135,14 +155,14 @@ func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
 	h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
 	y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
 	c := &Ctx{Dev: dev, N: n, Paged: st.paged, Cache: b.Cache.Layer}
-	dev.Embed(x, d.Embed, st.ids)
-	first := d.Blocks[0].AttnNorm
+	embed(c, x)
+	first := blocks[0].AttnNorm
 	dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)
-	for i, blk := range d.Blocks {
+	for i, blk := range blocks {
 		blk.Forward(c, x, h, y)
-		next := d.Norm
-		if i+1 < len(d.Blocks) {
-			next = d.Blocks[i+1].AttnNorm
+		next := norm
+		if i+1 < len(blocks) {
+			next = blocks[i+1].AttnNorm
 		}
 		dev.AddRMSNorm(h, x, y, next.W, next.Eps, next.Offset)
 	}
@@ -153,7 +173,7 @@ func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
 		lx := dev.Scratch(kernels.F32, st.nl, hidden) // (logit rows, hidden)
 		dev.GatherRows(lx, h, st.lrows)
 		logits = dev.Scratch(kernels.F32, st.nl, vocab) // (logit rows, vocab)
-		dev.Linear(logits, lx, d.LMHead, kernels.Epilogue{})
+		dev.Linear(logits, lx, head, kernels.Epilogue{})
 	}
 	if st.nh > 0 {
 		hid = dev.Scratch(kernels.F32, st.nh, hidden) // (hidden rows, hidden)
@@ -161,7 +181,7 @@ func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
 	}
 	dev.EndStep()
 	inStep = false
-	return d.outputs(b, logits, hid), nil
+	return d.outputs(b, logits, hid, vocab)
 }
 
 // step is one step's device inputs.
@@ -224,8 +244,8 @@ func (d *Decoder) upload(b *model.Batch) (*step, error) {
 
 // outputs reads the logit and hidden rows back and splits them per
 // sequence.
-func (d *Decoder) outputs(b *model.Batch, logits, hid kernels.Tensor) *model.Output {
-	hidden, vocab := d.Embed.Cols, d.LMHead.Rows
+func (d *Decoder) outputs(b *model.Batch, logits, hid kernels.Tensor, vocab int) *model.Output {
+	hidden := d.Embed.Cols
 	var lg, hs []float32
 	if logits.Valid() {
 		lg = make([]float32, logits.Elems())
