@@ -27,7 +27,7 @@ func newModel(cfg *config.Config, l *nn.Loader, p transformer.Params, layers []*
 		return d, nil
 	}
 	blk := block(p.Layers)
-	h := mla.LoadNextN(l, p.Layers, p.Hidden, p.Eps, blk, d.LMHead)
+	h := mla.LoadNextN(l, p.Layers, p.Hidden, p.Eps, nil, d.LMHead)
 	if err := l.Err(); err != nil {
 		return nil, err
 	}

@@ -35,7 +35,9 @@ type NextN struct {
 
 // LoadNextN loads the prologue and head of the NextN layer `layer` around
 // block. The head falls back to lmHead when shared_head.head is absent
-// (it is a copy of lm_head in released checkpoints).
+// (it is a copy of lm_head in released checkpoints). block is nil when the
+// caller runs the layer itself (glm4_moe converts the weights to its
+// gqa.MTPDecoder) and never calls Forward.
 func LoadNextN(l *nn.Loader, layer, hidden int, eps float32, block model.Layer, lmHead *kernels.Mat) *NextN {
 	pre := fmt.Sprintf("model.layers.%d.", layer)
 	m := &NextN{
