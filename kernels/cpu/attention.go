@@ -3,6 +3,7 @@ package cpu
 import (
 	"encoding/binary"
 	"math"
+	"sync"
 	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -186,72 +187,85 @@ func (a *attnCall) row(data []byte, e int, buf []float32) []float32 {
 // chunk computes rows [lo, hi), consecutive tokens of one sequence, with
 // two matrix products per KV head and query tile: S = Q·Kᵀ over the
 // group's stacked query heads and the keys the tile's last row can see, a
-// causal softmax per row, then O = S·V.
+// causal softmax per row, then O = S·V. The (tile, KV head) items run in one
+// Parallel call, each on one worker with single-threaded products (a MatMul
+// issued inside Parallel runs inline), so a layer's attention is one
+// synchronisation, not a few per tile: on a busy machine every wake-up of a
+// helper costs a scheduling delay.
 func (a *attnCall) chunk(lo, hi int) {
+	tiles := (hi - lo + queryTile - 1) / queryTile
+	// Items alternate cheap (early) and expensive (late) tiles, so the
+	// contiguous ranges Parallel hands out cost about the same.
+	order := make([]int, 0, tiles)
+	for i, j := 0, tiles-1; i <= j; i, j = i+1, j-1 {
+		order = append(order, i)
+		if i != j {
+			order = append(order, j)
+		}
+	}
+	a.b.Parallel(tiles*a.kvh, func(i0, i1 int) {
+		s := scratchPool.Get().(*attnScratch)
+		defer scratchPool.Put(s)
+		for item := i0; item < i1; item++ {
+			t0 := lo + order[item/a.kvh]*queryTile
+			a.tile(s, item%a.kvh, t0, min(hi, t0+queryTile))
+		}
+	})
+}
+
+// tile computes query rows [t0, t1) of one sequence for KV head kvh.
+func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 	b, hd, grp := a.b, a.hd, a.grp
 	qw, kw := a.heads*hd, a.kvh*hd
-	bt := a.table(a.seq[lo])
-	keys := int(a.pos[hi-1]) + 1
-	tile := min(hi-lo, queryTile)
-	s := &b.attn
-	k := grow(&s.k, keys*hd)         // (keys, hd) this KV head's keys
-	vt := grow(&s.vt, hd*keys)       // (hd, keys) its values, transposed
-	vtt := grow(&s.vtt, hd*keys)     // (hd, tile keys) the prefix a tile sees
-	qs := grow(&s.qs, grp*tile*hd)   // (group·tile, hd) stacked queries
-	sc := grow(&s.sc, grp*tile*keys) // (group·tile, tile keys) scores, then probabilities
-	os := grow(&s.os, grp*tile*hd)   // (group·tile, hd)
+	bt := a.table(a.seq[t0])
+	nt := t1 - t0
+	tk := int(a.pos[t1-1]) + 1 // keys visible to the tile's last row
+	m := grp * nt              // stacked rows: (g, i) → g·nt + i−t0
+	k := grow(&s.k, tk*hd)     // (tk, hd) this KV head's keys
+	vt := grow(&s.vt, hd*tk)   // (hd, tk) its values, transposed
+	qs := grow(&s.qs, m*hd)    // (m, hd) stacked queries
+	sc := grow(&s.sc, m*tk)    // (m, tk) scores, then probabilities
+	os := grow(&s.os, m*hd)    // (m, hd)
 	vrow := grow(&s.vrow, hd)
-	for kvh := range a.kvh {
-		off := kvh * hd
-		for p := range keys {
-			e := a.slot(bt, p)*kw + off
-			copy(k[p*hd:(p+1)*hd], a.row(a.kraw, e, vrow))
-			for d, v := range a.row(a.vraw, e, vrow) {
-				vt[d*keys+p] = v
-			}
+	off := kvh * hd
+	for p := range tk {
+		e := a.slot(bt, p)*kw + off
+		copy(k[p*hd:(p+1)*hd], a.row(a.kraw, e, vrow))
+		for d, v := range a.row(a.vraw, e, vrow) {
+			vt[d*tk+p] = v
 		}
-		for t0 := lo; t0 < hi; t0 += tile {
-			t1 := min(hi, t0+tile)
-			nt := t1 - t0
-			tk := int(a.pos[t1-1]) + 1 // keys visible to the tile's last row
-			m := grp * nt              // stacked rows: (g, i) → g·nt + i−t0
-			for g := range grp {
-				h := kvh*grp + g
-				for i := t0; i < t1; i++ {
-					r := g*nt + i - t0
-					copy(qs[r*hd:(r+1)*hd], a.q[i*qw+h*hd:i*qw+(h+1)*hd])
-				}
-			}
-			kMat := &kernels.Mat{DType: kernels.F32, Rows: tk, Cols: hd, Data: f32Bytes(k[:tk*hd])}
-			b.MatMul(sc[:m*tk], qs[:m*hd], kMat, m)
-			b.Parallel(m, func(r0, r1 int) {
-				for r := r0; r < r1; r++ {
-					row := sc[r*tk : (r+1)*tk]
-					ln := int(a.pos[t0+r%nt]) + 1
-					softmax(row[:ln], a.scale)
-					clear(row[ln:])
-				}
-			})
-			for d := range hd {
-				copy(vtt[d*tk:(d+1)*tk], vt[d*keys:d*keys+tk])
-			}
-			vMat := &kernels.Mat{DType: kernels.F32, Rows: hd, Cols: tk, Data: f32Bytes(vtt[:hd*tk])}
-			b.MatMul(os[:m*hd], sc[:m*tk], vMat, m)
-			for g := range grp {
-				h := kvh*grp + g
-				for i := t0; i < t1; i++ {
-					r := g*nt + i - t0
-					copy(a.out[i*qw+h*hd:i*qw+(h+1)*hd], os[r*hd:(r+1)*hd])
-				}
-			}
+	}
+	for g := range grp {
+		h := kvh*grp + g
+		for i := t0; i < t1; i++ {
+			r := g*nt + i - t0
+			copy(qs[r*hd:(r+1)*hd], a.q[i*qw+h*hd:i*qw+(h+1)*hd])
+		}
+	}
+	b.MatMul(sc, qs, &kernels.Mat{DType: kernels.F32, Rows: tk, Cols: hd, Data: f32Bytes(k)}, m)
+	for r := range m {
+		row := sc[r*tk : (r+1)*tk]
+		ln := int(a.pos[t0+r%nt]) + 1
+		softmax(row[:ln], a.scale)
+		clear(row[ln:])
+	}
+	b.MatMul(os, sc, &kernels.Mat{DType: kernels.F32, Rows: hd, Cols: tk, Data: f32Bytes(vt)}, m)
+	for g := range grp {
+		h := kvh*grp + g
+		for i := t0; i < t1; i++ {
+			r := g*nt + i - t0
+			copy(a.out[i*qw+h*hd:i*qw+(h+1)*hd], os[r*hd:(r+1)*hd])
 		}
 	}
 }
 
-// attnScratch is the prefill path's reusable scratch.
+// attnScratch is one worker's scratch for prefill tiles.
 type attnScratch struct {
-	k, vt, vtt, qs, sc, os, vrow []float32
+	k, vt, qs, sc, os, vrow []float32
 }
+
+// scratchPool recycles attnScratch between calls and workers.
+var scratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
 
 // f32Bytes views float32 values as the little-endian bytes a kernels.Mat
 // holds.

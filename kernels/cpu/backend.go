@@ -17,7 +17,6 @@ type Backend struct {
 	arena arena     // per-step scratch tensors
 	tmp   []float32 // scratch inside one op (Linear's accumulate)
 	moe   moeScratch
-	attn  attnScratch
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 }
 
