@@ -1,7 +1,8 @@
 // Package gqa is the decoder of the grouped-query-attention architectures
-// (llama, qwen3, qwen3_moe, mixtral) on the op set (kernels.Device): token
+// (llama, qwen3, qwen3_moe, mixtral, glm4_moe) on the op set (kernels.Device): token
 // embedding, pre-norm blocks (GQA attention, SwiGLU MLP or routed MoE) and
-// one output head (final norm, logit-row gather, LM head). Activations,
+// one output head (final norm, logit-row gather, LM head), plus the
+// DeepSeek/GLM NextN MTP layer (MTPDecoder). Activations,
 // row maps and the KV cache live on the device; the host writes the step's
 // ids, positions, slots and block tables before it and reads the logit and
 // hidden rows after it.

@@ -2,7 +2,7 @@
 // the engine drives it: the Model interface, the Batch a forward pass runs,
 // the registry of architectures, NewCache, and Decoder, the decoder-only
 // transformer on host slices that the architectures not yet on the op set
-// (the mla family, glm4_moe) are assembled into; the GQA architectures run
+// (the mla family) are assembled into; the GQA architectures run
 // on engine/gqa, a DeviceModel.
 //
 // A forward pass runs one Batch: any mix of sequences, each contributing a
