@@ -123,8 +123,22 @@ func (d *Decoder) check(b *model.Batch, vocab int) error {
 
 // Forward implements model.Model.
 func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
-	if err := d.check(b, d.LMHead.Rows); err != nil {
+	return d.forward(b, d.LMHead.Rows, nil, func(st *step) (*model.Output, error) {
+		embed := func(c *Ctx, x kernels.Tensor) { c.Dev.Embed(x, d.Embed, st.ids) }
+		return d.run(b, st, embed, d.Blocks, d.Norm, d.LMHead), nil
+	})
+}
+
+// forward checks b for a head of vocab rows (and with validate, when not
+// nil), then, holding d.mu, uploads the step's inputs and runs body.
+func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body func(st *step) (*model.Output, error)) (*model.Output, error) {
+	if err := d.check(b, vocab); err != nil {
 		return nil, err
+	}
+	if validate != nil {
+		if err := validate(); err != nil {
+			return nil, err
+		}
 	}
 	if len(b.Seqs) == 0 {
 		return &model.Output{}, nil
@@ -135,8 +149,7 @@ func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
 	if err != nil {
 		return nil, err
 	}
-	embed := func(c *Ctx, x kernels.Tensor) { c.Dev.Embed(x, d.Embed, st.ids) }
-	return d.run(b, st, embed, d.Blocks, d.Norm, d.LMHead), nil
+	return body(st)
 }
 
 // run is one step through blocks after embed has set the residual stream

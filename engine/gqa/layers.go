@@ -83,7 +83,8 @@ type MLP struct {
 	Gate, Up, Down Linear
 }
 
-// Forward implements FFN; with acc it adds the result to y.
+// forward sets y (N, hidden) = MLP(h), or adds it to y when acc (shared
+// experts on top of routed ones).
 func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool) {
 	inter := m.Gate.W.Rows
 	g := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)

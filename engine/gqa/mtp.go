@@ -77,26 +77,14 @@ func splitCols(w *kernels.Mat) (left, right *kernels.Mat, err error) {
 // ForwardMTP implements model.MTPModel.
 func (m *MTPDecoder) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
 	d, hs := m.Decoder, m.Embed.Cols
-	if err := d.check(b, m.MTP.Head.Rows); err != nil {
-		return nil, err
-	}
-	if len(hidden) != len(b.Seqs) {
-		return nil, fmt.Errorf("mtp: %d hidden-state slices for %d sequences", len(hidden), len(b.Seqs))
-	}
-	for i := range b.Seqs {
-		if want := len(b.Seqs[i].Tokens) * hs; len(hidden[i]) != want {
-			return nil, fmt.Errorf("mtp: sequence %d: %d hidden values, want %d (tokens × hidden)", i, len(hidden[i]), want)
-		}
-	}
-	if len(b.Seqs) == 0 {
-		return &model.Output{}, nil
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	st, err := d.upload(b)
-	if err != nil {
-		return nil, err
-	}
+	validate := func() error { return b.ValidateHidden(hidden, hs) }
+	return d.forward(b, m.MTP.Head.Rows, validate, func(st *step) (*model.Output, error) { return m.mtp(b, st, hidden) })
+}
+
+// mtp runs the NextN layer; d.mu is held.
+func (m *MTPDecoder) mtp(b *model.Batch, st *step, hidden [][]float32) (*model.Output, error) {
+	d, hs := m.Decoder, m.Embed.Cols
+	var err error
 	n := b.Tokens()
 	if !d.in.hid.Valid() || d.in.hid.Rows < n {
 		if d.in.hid, err = d.Dev.Alloc(kernels.F32, max(n, 2*d.in.hid.Rows, 16), hs); err != nil {

@@ -7,14 +7,13 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
-// Scoring is how a router turns logits into expert scores.
+// Scoring is how a router turns logits into expert scores (see
+// kernels.Scoring).
 type Scoring = kernels.Scoring
 
+// The scorings, as in package kernels.
 const (
-	// SoftmaxScoring: p = softmax(logits) over all experts (Mixtral, Qwen-MoE).
 	SoftmaxScoring = kernels.SoftmaxScoring
-	// SigmoidScoring: s = sigmoid(logits) per expert (DeepSeek-V3, GLM-4.5
-	// noaux_tc), optionally biased for selection.
 	SigmoidScoring = kernels.SigmoidScoring
 )
 

@@ -70,13 +70,8 @@ func (m *NextN) Forward(d *model.Decoder, b *model.Batch, hidden [][]float32) (*
 	if err := b.Validate(vocab, d.Layout); err != nil {
 		return nil, err
 	}
-	if len(hidden) != len(b.Seqs) {
-		return nil, fmt.Errorf("mtp: %d hidden-state slices for %d sequences", len(hidden), len(b.Seqs))
-	}
-	for i := range b.Seqs {
-		if want := len(b.Seqs[i].Tokens) * hs; len(hidden[i]) != want {
-			return nil, fmt.Errorf("mtp: sequence %d: %d hidden values, want %d (tokens × hidden)", i, len(hidden[i]), want)
-		}
+	if err := b.ValidateHidden(hidden, hs); err != nil {
+		return nil, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
