@@ -288,7 +288,8 @@ func TestBadConfigIsReported(t *testing.T) {
 func TestPipedBehavesLikeRun(t *testing.T) {
 	bin := build(t)
 	model := modelDir(t, "llama")
-	cmd := exec.Command(bin, "--model", model, "--max-tokens", "5", "--temperature", "0", "hi")
+	cmd := exec.Command(bin, "--model", model, "--max-tokens", "5", "--temperature", "0")
+	cmd.Stdin = strings.NewReader("hi\n")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -401,7 +402,11 @@ func TestKVBudgetInTerminal(t *testing.T) {
 	tm := newTerm(t, env(data), bin, "--model", model, "--kv-budget", "49152", "--max-tokens", "0", "--temperature", "0")
 	tm.waitFor("the chat to open", func(s string) bool { return strings.Contains(s, "Type /help") })
 	tm.line("hi")
-	s := tm.waitFor("the cut reply", func(s string) bool { return strings.Contains(s, "tok/s") })
+	// The status bar shows tok/s while the reply streams; the reply's own
+	// stats line (and its cut reason) comes when it ends.
+	s := tm.waitFor("the cut reply", func(s string) bool {
+		return strings.Contains(strings.Join(strings.Fields(s), " "), "cut:")
+	})
 	flat := strings.Join(strings.Fields(s), " ")
 	if !strings.Contains(flat, "cut: the KV cache is full (raise kv_budget)") {
 		t.Errorf("the reply does not say the KV cache cut it:\n%s", s)

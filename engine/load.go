@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gguf"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	_ "github.com/ferrite-llm/ferrite/engine/models/all" // register every architecture
@@ -20,22 +22,27 @@ type Options struct {
 	// Backend, when set, is used instead of a new CPU backend (and is not
 	// closed by Loaded.Close).
 	Backend kernels.Backend
-	// RandomWeights builds the model from config.json alone with seeded
-	// random tensors (benchmarks, smoke tests); no safetensors are read.
+	// RandomWeights builds the model from config.json (or a GGUF file's
+	// metadata) alone with seeded random tensors (benchmarks, smoke tests);
+	// no weights are read.
 	RandomWeights bool
 	// Seed seeds the random weights.
 	Seed uint64
 	// KVFloat32 keeps the KV cache in float32 instead of the default of
 	// the architectures on the op set (bfloat16, half the bytes per token).
 	KVFloat32 bool
+	// Quant, when set ("q8_0" or "q4_k", see QuantTypes), quantizes the
+	// matrices in memory as the model is built (see quantize.go for which).
+	Quant string
 }
 
 // Loaded is a model ready to run, with what it was built from. The caller
-// loads the tokenizer (tokenizer.Load(dir)) separately.
+// loads the tokenizer (LoadTokenizer(dir)) separately.
 type Loaded struct {
 	Dir     string
 	Config  *config.Config
-	Weights *weights.Set // nil with RandomWeights
+	Weights *weights.Set // nil with RandomWeights or a GGUF file
+	GGUF    *gguf.Model  // the GGUF file the model was loaded from, or nil
 	Backend kernels.Backend
 	Model   model.Model
 
@@ -43,9 +50,18 @@ type Loaded struct {
 }
 
 // Load opens dir's config.json and weights, starts a backend and builds the
-// model. Every failure is returned as an error naming the file, key or
-// tensor at fault.
+// model. dir may also be a GGUF file, or a directory holding one GGUF model
+// and no config.json (see gguf.Find). Every failure is returned as an error
+// naming the file, key or tensor at fault.
 func Load(dir string, opts Options) (*Loaded, error) {
+	if err := checkQuant(dir, opts); err != nil {
+		return nil, err
+	}
+	if file, ok, err := findGGUF(dir); err != nil {
+		return nil, err
+	} else if ok {
+		return loadGGUF(dir, file, opts)
+	}
 	cfg, err := config.Load(dir)
 	if err != nil {
 		return nil, err
@@ -60,21 +76,67 @@ func Load(dir string, opts Options) (*Loaded, error) {
 		}
 		src = l.Weights
 	}
+	l.startBackend(opts)
+	if l.Model, err = l.newModel(cfg, src, opts); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// newModel builds the architecture from src on l's backend, with the KV
+// cache dtype opts asks for.
+func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Options) (model.Model, error) {
+	m, err := model.New(cfg, l.source(src, opts), l.Backend)
+	if err != nil {
+		return nil, err
+	}
+	if dm, ok := m.(model.DeviceModel); ok && opts.KVFloat32 {
+		if err := dm.SetCacheDType(kernels.F32); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// checkQuant rejects an unknown Options.Quant before anything is loaded.
+func checkQuant(name string, opts Options) error {
+	if opts.Quant == "" {
+		return nil
+	}
+	if _, err := parseQuant(opts.Quant); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// startBackend sets l.Backend to opts.Backend or a new CPU backend.
+func (l *Loaded) startBackend(opts Options) {
 	if l.Backend == nil {
 		l.ownBackend = cpu.New(opts.Threads)
 		l.Backend = l.ownBackend
 	}
-	if l.Model, err = model.New(cfg, src, l.Backend); err != nil {
-		l.Close()
+}
+
+// source wraps src to quantize its matrices when opts.Quant asks for it.
+func (l *Loaded) source(src model.WeightSource, opts Options) model.WeightSource {
+	q, _ := Quantized(src, opts.Quant, l.Backend) // checked by checkQuant
+	return q
+}
+
+// Quantized returns src with its matrices quantized as Options.Quant quant
+// says (src itself for ""), the work spread over be's threads. Load does
+// this; callers that build models from their own sources (benchmarks) use it
+// directly.
+func Quantized(src model.WeightSource, quant string, be kernels.Backend) (model.WeightSource, error) {
+	if quant == "" {
+		return src, nil
+	}
+	plan, err := parseQuant(quant)
+	if err != nil {
 		return nil, err
 	}
-	if dm, ok := l.Model.(model.DeviceModel); ok && opts.KVFloat32 {
-		if err := dm.SetCacheDType(kernels.F32); err != nil {
-			l.Close()
-			return nil, err
-		}
-	}
-	return l, nil
+	return newQuantSource(src, plan, be), nil
 }
 
 // randomDType is the config's dtype for random weights (bf16 unless the
@@ -106,6 +168,10 @@ func (l *Loaded) Close() error {
 	if l.Weights != nil {
 		err = l.Weights.Close()
 		l.Weights = nil
+	}
+	if l.GGUF != nil {
+		err = errors.Join(err, l.GGUF.Close())
+		l.GGUF = nil
 	}
 	if l.ownBackend != nil {
 		l.ownBackend.Close()

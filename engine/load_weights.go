@@ -4,9 +4,7 @@ import (
 	"fmt"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
-	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/weights"
-	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
 
 // LoadWeights is Load for a model whose config and weights are already in
@@ -22,12 +20,13 @@ func LoadWeights(name string, cfg *config.Config, w *weights.Set, opts Options) 
 	if opts.RandomWeights {
 		return nil, fmt.Errorf("%s: LoadWeights does not build random weights (use Load)", name)
 	}
-	l := &Loaded{Dir: name, Config: cfg, Weights: w, Backend: opts.Backend}
-	if l.Backend == nil {
-		l.ownBackend = cpu.New(opts.Threads)
-		l.Backend = l.ownBackend
+	if err := checkQuant(name, opts); err != nil {
+		w.Close()
+		return nil, err
 	}
-	m, err := model.New(cfg, w, l.Backend)
+	l := &Loaded{Dir: name, Config: cfg, Weights: w, Backend: opts.Backend}
+	l.startBackend(opts)
+	m, err := l.newModel(cfg, w, opts)
 	if err != nil {
 		l.Close()
 		return nil, err

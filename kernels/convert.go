@@ -59,7 +59,7 @@ func F8E4M3ToF32(b uint8) float32 {
 }
 
 // RowF32 decodes row r of m into dst (len m.Cols) as float32, applying the
-// block scale for F8E4M3. It is the generic reference every backend's
+// block scale for F8E4M3 and the block scales of the quantized types. It is the generic reference every backend's
 // conversion must equal; it is also how the engine gathers embedding rows.
 func (m *Mat) RowF32(dst []float32, r int) {
 	if r < 0 || r >= m.Rows || len(dst) < m.Cols {
@@ -89,6 +89,12 @@ func (m *Mat) RowF32(dst []float32, r int) {
 		for i := range n {
 			dst[i] = F8E4M3ToF32(src[i]) * srow[i/m.BlockCols]
 		}
+	case Q8_0, Q4_0, Q4K, Q5K, Q6K:
+		if n%m.DType.BlockElems() != 0 {
+			panic("kernels: RowF32 quantized row not a whole number of blocks")
+		}
+		rb := m.DType.RowBytes(n)
+		dequantRow(m.DType, dst[:n], m.Data[r*rb:(r+1)*rb])
 	default:
 		panic("kernels: RowF32 unknown dtype")
 	}

@@ -11,13 +11,15 @@ const (
 	errShortData   = "kernels: MatMul short weight data"
 	errBadBlock    = "kernels: MatMul bad F8 block shape"
 	errShortScales = "kernels: MatMul short F8 scales"
+	errPartBlock   = "kernels: MatMul quantized row not a whole number of blocks"
 )
 
 // CheckMatMul panics with a constant "kernels: MatMul ..." message unless
 // y = x·wᵀ for n rows is well-formed: n, w.Rows, w.Cols ≥ 0, x holds at least
 // (n, w.Cols) and y (n, w.Rows) elements, w.Data holds (w.Rows, w.Cols)
-// elements of a known dtype, and an F8E4M3 weight has positive block sizes
-// and all its scales. Every backend calls it before touching memory.
+// elements of a known dtype (whole blocks of a quantized one), and an F8E4M3
+// weight has positive block sizes and all its scales. Every backend calls it
+// before touching memory.
 func CheckMatMul(y, x []float32, w *Mat, n int) {
 	if w == nil {
 		panic(errNilWeight)
@@ -31,11 +33,13 @@ func CheckMatMul(y, x []float32, w *Mat, n int) {
 	if len(y) < n*w.Rows {
 		panic(errShortY)
 	}
-	size := w.DType.Size()
-	if size == 0 {
+	if w.DType.Size() == 0 && !w.DType.Quantized() {
 		panic(errBadDType)
 	}
-	if len(w.Data) < w.Rows*w.Cols*size {
+	if w.Cols%w.DType.BlockElems() != 0 {
+		panic(errPartBlock)
+	}
+	if len(w.Data) < w.Rows*w.DType.RowBytes(w.Cols) {
 		panic(errShortData)
 	}
 	if w.DType == F8E4M3 {
@@ -52,7 +56,8 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // MatMulRef is the generic reference MatMul every backend is checked
 // against: y (n, w.Rows) = x (n, w.Cols) · wᵀ. Each weight row is decoded
-// with RowF32 (exact for F32/BF16/F16; for F8E4M3 the product with the block
+// with RowF32 (exact for F32/BF16/F16, GGML's float32 dequantization for the
+// block-quantized types; for F8E4M3 the product with the block
 // scale is rounded to float32, as a fused kernel would), each output is the
 // float64 sum of the float64 products, rounded once to float32. It is slow
 // and meant for tests.

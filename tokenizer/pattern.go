@@ -32,6 +32,14 @@ const (
 	qwen2Pattern  = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 )
 
+// The well-known regexes, for tokenizers built from lists (NewBPE's
+// Splits): GPT-2's, Llama 3's (also GLM-4's) and Qwen2's (also Qwen3's).
+const (
+	GPT2Regex   = gpt2Pattern
+	Llama3Regex = llama3Pattern
+	Qwen2Regex  = qwen2Pattern
+)
+
 // compileRegex returns a pattern for an Oniguruma regex from tokenizer.json.
 func compileRegex(re string) (pattern, error) {
 	switch re {

@@ -69,7 +69,7 @@ func (m *model) cmdSystem(args string) tea.Cmd {
 
 func (m *model) cmdSet(args string) tea.Cmd {
 	if args == "" {
-		m.view.notice(entryNotice, "Settings: "+formatSettings(m.chat.Settings)+"\nChange one with /set <name> <value>.")
+		m.view.notice(entryNotice, "Settings: "+formatSettings(m.chat.Settings)+"\nChange one with /set <name> <value>: "+setRanges()+".")
 		return nil
 	}
 	s := m.chat.Settings

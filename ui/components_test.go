@@ -58,6 +58,10 @@ func TestPromptMessagesSkipEmptyReplies(t *testing.T) {
 	}
 }
 
+// mtpInfo is a model with an MTP module that the engine drafts 2 tokens
+// per step with.
+var mtpInfo = ModelInfo{Name: "M", MTP: true, Draft: 2}
+
 func TestApplySetting(t *testing.T) {
 	for _, tc := range []struct {
 		args    string
@@ -72,22 +76,22 @@ func TestApplySetting(t *testing.T) {
 		{"seed 18446744073709551615", "", func(s Settings) bool { return s.Seed == 1<<64-1 }},
 		{"max_tokens 0", "", func(s Settings) bool { return s.MaxTokens == 0 }},
 		{"temperature -1", "out of range", nil},
-		{"temperature NaN", "not a number", nil},
+		{"temperature NaN", "NaN is out of range [0, 5]", nil},
 		{"top_k 1.5", "not a whole number", nil},
 		{"seed -3", "not a whole number", nil},
 		{"temperature", "usage: /set", nil},
 		{"temperature 1 2", "usage: /set", nil},
 		{"nope 1", `unknown setting "nope"`, nil},
-		{"mtp off", "", func(s Settings) bool { return s.Draft == -1 }},
-		{"mtp auto", "", func(s Settings) bool { return s.Draft == 0 }},
-		{"mtp on", "", func(s Settings) bool { return s.Draft == 2 }}, // the engine's draft length
-		{"draft 5", "", func(s Settings) bool { return s.Draft == 5 }},
-		{"draft 0", "", func(s Settings) bool { return s.Draft == 0 }},
-		{"draft 17", "out of range", nil},
-		{"mtp maybe", "use on, off or auto", nil},
+		{"mtp off", "", func(s Settings) bool { return s.MTP == "off" && s.effectiveDraft(mtpInfo) == 0 }},
+		{"mtp auto", "", func(s Settings) bool { return s.MTP == "auto" && s.effectiveDraft(mtpInfo) == 2 }},
+		{"mtp on", "", func(s Settings) bool { return s.MTP == "on" && s.effectiveDraft(mtpInfo) == 2 }}, // the engine's draft length
+		{"draft 5", "", func(s Settings) bool { return s.Draft == 5 && s.MTP == "on" && s.effectiveDraft(mtpInfo) == 5 }},
+		{"draft 0", "out of range [1, 16]", nil},
+		{"draft 17", "out of range [1, 16]", nil},
+		{"mtp maybe", `"maybe": want auto, on, off`, nil},
 	} {
 		s := DefaultSettings()
-		_, err := applySetting(&s, tc.args, ModelInfo{Name: "M", MTP: true, Draft: 2})
+		_, err := applySetting(&s, tc.args, mtpInfo)
 		switch {
 		case tc.wantErr == "" && err != nil:
 			t.Errorf("/set %s: %v", tc.args, err)
@@ -110,7 +114,7 @@ func TestCommandCompletion(t *testing.T) {
 		return strings.Join(out, ",")
 	}
 	for _, tc := range []struct{ in, want string }{
-		{"/", "/help,/model ,/models,/new,/chats,/switch ,/close ,/clear,/system ,/set ,/regen ,/pick ,/stop,/stats,/export ,/copy,/save ,/load ,/quit"},
+		{"/", "/help,/model ,/models,/pull ,/new,/chats,/switch ,/close ,/clear,/system ,/set ,/regen ,/pick ,/stop,/stats,/export ,/copy,/save ,/load ,/quit"},
 		{"/st", "/stop,/stats"},
 		{"/mod", "/model ,/models"},
 		{"/model q", "/model Qwen/Qwen3-0.6B"},

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -322,21 +323,25 @@ func ExportMarkdown(c *Chat) string {
 	return b.String()
 }
 
-// formatSettings is the one-line form of s that /set and exports show.
+// formatSettings is the one-line form of s that /set, /stats and exports
+// show: each /set name of settings.Table with its value (the seed 0 as
+// random; MTP and draft only when the chat sets them).
 func formatSettings(s Settings) string {
-	seed := "random"
-	if s.Seed != 0 {
-		seed = fmt.Sprint(s.Seed)
+	var parts []string
+	for _, name := range setNames() {
+		v := s.get(name)
+		text := settings.ByChat(name).Format(v)
+		switch {
+		case name == "seed" && s.Seed == 0:
+			text = "random"
+		case name == "mtp" && s.MTP == "" && s.Draft == 0, name == "draft" && s.Draft <= 0:
+			continue // the engine's setting
+		case name == "mtp" && s.MTP == "":
+			text = s.mtpMode(ModelInfo{})
+		}
+		parts = append(parts, name+"="+text)
 	}
-	out := fmt.Sprintf("temperature=%g top_p=%g top_k=%d min_p=%g repeat_penalty=%g seed=%s max_tokens=%d",
-		s.Temperature, s.TopP, s.TopK, s.MinP, s.RepeatPenalty, seed, s.MaxTokens)
-	switch {
-	case s.Draft < 0:
-		out += " mtp=off"
-	case s.Draft > 0:
-		out += fmt.Sprintf(" mtp=on draft=%d", s.Draft)
-	}
-	return out
+	return strings.Join(parts, " ")
 }
 
 // formatReplyStats is a reply's statistics in one line.

@@ -14,11 +14,18 @@
 //	eng := ui.NewRuntimeEngine(rt, tok, ui.ModelInfo{Name: "Qwen3-0.6B", Arch: "qwen3"})
 //	err := ui.Run(ctx, eng, ui.Options{Settings: &settings, System: system})
 //
+// NewRemoteEngine implements it on a model of an OpenAI-compatible server
+// (internal/openai): one streamed chat completion per reply, with speed
+// and time to first token measured here (remote_engine.go; the runtime's
+// adapter is runtime_engine.go).
+//
 // Run uses the alternate screen and the mouse wheel, gives the terminal
 // back however it ends, and returns a panic in the chat as an error.
 //
 // Options.Models (List, Find, Load) lets /models list and /model load
-// other models; internal/cli implements it on internal/catalog. With
+// other models; internal/cli implements it on internal/catalog and the
+// remote endpoints. Options.Puller lets /pull download models in the
+// background (internal/hub). With
 // Options.Closer the chat owns its engines and closes each one once it is
 // done with it.
 //
@@ -35,7 +42,7 @@
 // slash-command dispatch), update_stream.go (sending, streaming,
 // rendering, saving), commands_run.go (the slash commands), tabs.go
 // (several chats), regen.go (/regen's alternatives), models.go (/models,
-// /model and engine hand-over), history.go (the input history on disk).
+// /model and engine hand-over), pull.go (/pull), history.go (the input history on disk).
 // Keys live in keys.go (KeyMap), styles in styles.go (Styles, built from a
 // Palette; NO_COLOR gives a colourless one). All message types are
 // declared in one block in model.go.

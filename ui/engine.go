@@ -1,11 +1,13 @@
 package ui
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -34,6 +36,9 @@ type ModelInfo struct {
 	// KVLimited says MaxContext is what the KV cache holds (its size is
 	// set by the KV budget), less than the model's own context.
 	KVLimited bool `json:"kv_limited,omitempty"`
+	// Remote says another machine serves the model (RemoteEngine): the
+	// chat sees no KV cache.
+	Remote bool `json:"remote,omitempty"`
 }
 
 // contextLimit names what bounds a request, with its size: the model's
@@ -54,6 +59,7 @@ type Request struct {
 }
 
 // Settings are the sampling settings of a reply, as /set changes them.
+// Their names, ranges and defaults are those of internal/settings.Table.
 type Settings struct {
 	Temperature   float64 `json:"temperature"`    // 0: greedy
 	TopP          float64 `json:"top_p"`          // 0 or 1: off
@@ -62,28 +68,103 @@ type Settings struct {
 	RepeatPenalty float64 `json:"repeat_penalty"` // 1: off
 	Seed          uint64  `json:"seed"`           // 0: a fresh seed per reply
 	MaxTokens     int     `json:"max_tokens"`     // 0: until the context is full
-	// Draft is speculative decoding with the model's MTP module: 0 is the
-	// engine's default (ModelInfo.Draft), > 0 drafts that many tokens per
-	// step, < 0 turns it off.
+	// MTP is speculative decoding with the model's MTP module: "on",
+	// "off", "auto" (on when the model has one), or "" for the engine's
+	// setting (ModelInfo.Draft).
+	MTP string `json:"mtp,omitempty"`
+	// Draft is the draft tokens per step; 0 is the engine's (ModelInfo.Draft,
+	// else settings' default). With MTP "" (chats saved before MTP was its
+	// own setting) a negative Draft means off and a positive one on.
 	Draft int `json:"draft,omitempty"`
+}
+
+// field is the field /set calls name: a pointer of the type of its
+// settings.Table row; nil for another name.
+func (s *Settings) field(name string) any {
+	switch name {
+	case "temperature":
+		return &s.Temperature
+	case "top_p":
+		return &s.TopP
+	case "top_k":
+		return &s.TopK
+	case "min_p":
+		return &s.MinP
+	case "repeat_penalty":
+		return &s.RepeatPenalty
+	case "seed":
+		return &s.Seed
+	case "max_tokens":
+		return &s.MaxTokens
+	case "mtp":
+		return &s.MTP
+	case "draft":
+		return &s.Draft
+	}
+	return nil
+}
+
+// get is the value of the field /set calls name.
+func (s *Settings) get(name string) any {
+	switch p := s.field(name).(type) {
+	case *float64:
+		return *p
+	case *int:
+		return *p
+	case *uint64:
+		return *p
+	case *string:
+		return *p
+	}
+	return nil
+}
+
+// set stores v, of the field's type, into the field /set calls name.
+func (s *Settings) set(name string, v any) {
+	switch p := s.field(name).(type) {
+	case *float64:
+		*p = v.(float64)
+	case *int:
+		*p = v.(int)
+	case *uint64:
+		*p = v.(uint64)
+	case *string:
+		*p = v.(string)
+	}
+}
+
+// mtpMode is MTP, or for "" the mode the engine's setting amounts to.
+func (s Settings) mtpMode(info ModelInfo) string {
+	switch {
+	case s.MTP != "":
+		return s.MTP
+	case s.Draft < 0:
+		return "off"
+	case s.Draft > 0 || info.Draft > 0:
+		return "on"
+	}
+	return "off"
 }
 
 // effectiveDraft is the draft length a reply with s gets from a model
 // with info: 0 when it does not speculate.
 func (s Settings) effectiveDraft(info ModelInfo) int {
-	switch {
-	case !info.MTP || s.Draft < 0:
+	if !info.MTP || s.mtpMode(info) == "off" {
 		return 0
-	case s.Draft > 0:
-		return s.Draft
 	}
-	return info.Draft
+	return cmp.Or(max(s.Draft, 0), info.Draft, defaultDraft)
 }
 
 // DefaultSettings are the settings a chat starts with unless
-// Options.Settings says otherwise (the same defaults as `ferrite run`).
-func DefaultSettings() Settings {
-	return Settings{Temperature: 0.7, TopP: 0.95, TopK: 40, MinP: 0.05, RepeatPenalty: 1, MaxTokens: 2048}
+// Options.Settings says otherwise: settings.Table's defaults, with the
+// engine's MTP setting.
+func DefaultSettings() Settings { return SettingsOf(settings.Default().Sampling) }
+
+// SettingsOf are a chat's settings under the configuration's sampling
+// settings, with the engine's MTP setting.
+func SettingsOf(s settings.Sampling) Settings {
+	return Settings{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK, MinP: s.MinP,
+		RepeatPenalty: s.RepeatPenalty, Seed: s.Seed, MaxTokens: s.MaxTokens}
 }
 
 // Reply is the consumer side of one generation.
@@ -193,7 +274,8 @@ type Models interface {
 type ModelEntry struct {
 	Name    string // what /model takes
 	Arch    string // the architecture (config.json's model_type); "" when unknown
-	Source  string // where it was found: "built-in", "config", "hf-cache", "ferrite", "path"
+	Quant   string // a GGUF file's quantization ("Q4_K_M"); "" for other models
+	Source  string // where it was found: "built-in", "config", "hf-cache", "ferrite", "ollama", "lm-studio", "path"
 	Path    string // its directory; "" for a built-in model
 	Size    int64  // bytes on disk; 0 when unknown
 	Problem string // why it may not load; "" when it looks fine

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -38,6 +39,8 @@ type Options struct {
 	// owns the engine: it closes it once it has switched to another model
 	// and the replies still using it have ended, or when Run returns.
 	Closer io.Closer
+	// Puller lets /pull download models; nil: /pull says it cannot.
+	Puller Puller
 
 	// HistoryFile keeps the input history across sessions; "":
 	// DefaultHistoryFile(). NoHistory keeps it in memory only.
@@ -46,6 +49,11 @@ type Options struct {
 	// Warnings are shown when the chat opens (a configuration file that
 	// was ignored, for example).
 	Warnings []string
+	// Log is the debug log: engine errors with their stacks, load and
+	// save failures; nil: none. LogPath is its file, named in the chat's
+	// error messages.
+	Log     *slog.Logger
+	LogPath string
 
 	Input     io.Reader        // Run's terminal input; nil: stdin
 	Output    io.Writer        // Run's terminal output; nil: stdout
@@ -135,6 +143,13 @@ type (
 		err     error
 	}
 	historySavedMsg struct{ err error }
+	pullMsg         struct { // a /pull's progress (done false) or its end
+		id       int
+		progress PullProgress
+		done     bool
+		res      PullResult
+		err      error
+	}
 )
 
 // generation is one reply being generated: a plain reply (alt < 0) or one
@@ -212,6 +227,8 @@ type model struct {
 	ticking   bool // a stats tick is scheduled
 	loading   *loadState
 	loadSeq   int
+	pulling   *pullState // the /pull in progress
+	pullSeq   int
 	modelList []ModelEntry // the last Models.List and the models in opened it lacks: what /models shows
 	opened    []ModelEntry // every model the chat has run, so /models lists one opened by its folder
 
@@ -379,6 +396,8 @@ func (m *model) Update(msg tea.Msg) (next tea.Model, cmd tea.Cmd) {
 		cmds = append(cmds, m.onModelFound(msg))
 	case loadProgressMsg:
 		cmds = append(cmds, m.onLoadProgress(msg))
+	case pullMsg:
+		cmds = append(cmds, m.onPull(msg))
 	case modelLoadedMsg:
 		cmds = append(cmds, m.onModelLoaded(msg))
 	case engineClosedMsg:
@@ -390,7 +409,8 @@ func (m *model) Update(msg tea.Msg) (next tea.Model, cmd tea.Cmd) {
 	case historySavedMsg:
 		if msg.err != nil && m.history != nil && !m.history.warned {
 			m.history.warned = true
-			m.view.notice(entryError, "saving the input history failed: "+msg.err.Error())
+			m.logger().Error("saving the input history failed", "err", msg.err)
+			m.view.notice(entryError, "saving the input history failed: "+msg.err.Error()+m.logHint())
 		}
 	}
 	if m.quitting {
@@ -474,6 +494,7 @@ func (m *model) statusView() string {
 	if l := m.loading; l != nil {
 		d.loading = fmt.Sprintf("loading %s · %s · %ds", l.entry.Name, l.stage, int(m.now().Sub(l.started).Seconds()))
 	}
+	d.pulling = m.pullStatus()
 	return m.bar.render(m.width, d)
 }
 
@@ -501,6 +522,9 @@ func (m *model) cancelAll() {
 	}
 	if m.loading != nil {
 		m.loading.cancel()
+	}
+	if m.pulling != nil {
+		m.pulling.cancel()
 	}
 }
 
@@ -557,10 +581,12 @@ func Run(ctx context.Context, eng Engine, opts Options) (err error) {
 	p = tea.NewProgram(m, popts...)
 	_, err = p.Run()
 	m.cancelAll()
-	m.flush()
+	saveErr := m.flush()
 	switch {
 	case m.fatal != nil:
 		return m.fatal
+	case saveErr != nil:
+		return fmt.Errorf("saving on quit: %w", saveErr)
 	case errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil && !errors.Is(err, tea.ErrProgramPanic):
 		return nil
 	case err != nil:
@@ -571,13 +597,17 @@ func Run(ctx context.Context, eng Engine, opts Options) (err error) {
 
 // flush saves every open chat and the input history synchronously; Run
 // calls it after the program has stopped, since an autosave command may
-// not have finished.
-func (m *model) flush() {
+// not have finished. The failures are logged and returned.
+func (m *model) flush() error {
+	var errs []error
 	if m.history != nil {
-		_ = m.history.flush()
+		if err := m.history.flush(); err != nil {
+			m.logger().Error("saving the input history failed", "err", err)
+			errs = append(errs, err)
+		}
 	}
 	if m.opts.NoSave {
-		return
+		return errors.Join(errs...)
 	}
 	for _, t := range m.tabs {
 		if len(t.chat.Messages) == 0 {
@@ -587,8 +617,12 @@ func (m *model) flush() {
 			t.gen.msg.Content = t.gen.text.String()
 		}
 		m.saveSeq++
-		_, _ = m.store.save(t.chatName, t.chat, m.saveSeq)
+		if _, err := m.store.save(t.chatName, t.chat, m.saveSeq); err != nil {
+			m.logger().Error("saving a chat on quit failed", "chat", t.chat.ID, "err", err)
+			errs = append(errs, err)
+		}
 	}
+	return errors.Join(errs...)
 }
 
 // closeEngines closes every engine the chat owns; Run calls it last.

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	tea "github.com/charmbracelet/bubbletea"
 )
@@ -142,6 +141,9 @@ func (m *model) onModelsListed(msg modelsListedMsg) {
 			arch = "?"
 		}
 		fmt.Fprintf(&b, "\n%2d %s %-*s  %-*s  %9s  %s", i+1, mark, nameW, e.Name, archW, arch, size, e.Source)
+		if e.Quant != "" {
+			b.WriteString(" · " + e.Quant)
+		}
 		if e.Path != "" && e.Source != "hf-cache" {
 			b.WriteString("  " + shortPath(e.Path))
 		}
@@ -189,52 +191,20 @@ func (m *model) onModelFound(msg modelFoundMsg) tea.Cmd {
 func (m *model) startLoad(e ModelEntry) tea.Cmd {
 	m.loadSeq++
 	ctx, cancel := context.WithCancel(context.Background())
-	p := newProgress()
+	p := newProgress[string](8)
 	m.loading = &loadState{id: m.loadSeq, entry: e, stage: "starting", started: m.now(), cancel: cancel, progress: p.ch}
 	id, models := m.loadSeq, m.opts.Models
 	load := func() (msg tea.Msg) {
 		defer p.close()
 		defer func() {
 			if r := recover(); r != nil {
-				msg = modelLoadedMsg{id: id, entry: e, err: fmt.Errorf("panic: %v", r)}
+				msg = modelLoadedMsg{id: id, entry: e, err: panicError(r)}
 			}
 		}()
 		eng, closer, err := models.Load(ctx, e, p.report)
 		return modelLoadedMsg{id: id, entry: e, eng: eng, closer: closer, err: err}
 	}
 	return tea.Batch(load, waitProgress(id, p.ch), m.startTicking())
-}
-
-// progress carries a loader's stages to the chat. Reports after close
-// are dropped; a report that finds the channel full replaces nothing (the
-// reader is behind, and the next stage will do).
-type progress struct {
-	mu     sync.Mutex
-	ch     chan string
-	closed bool
-}
-
-func newProgress() *progress { return &progress{ch: make(chan string, 8)} }
-
-func (p *progress) report(stage string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return
-	}
-	select {
-	case p.ch <- stage:
-	default:
-	}
-}
-
-func (p *progress) close() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.closed {
-		p.closed = true
-		close(p.ch)
-	}
 }
 
 // waitProgress reads the next stage; it ends (a nil message) once the
@@ -266,7 +236,8 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 	m.loading = nil
 	l.cancel()
 	if msg.err != nil {
-		m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. Still using %s.", msg.entry.Name, msg.err, m.info.Name))
+		m.logger().Error("model load failed", "model", msg.entry.Name, "err", msg.err)
+		m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. Still using %s.%s", msg.entry.Name, msg.err, m.info.Name, m.logHint()))
 		return nil
 	}
 	old := m.cur

@@ -18,7 +18,7 @@ func twoModels(a *fakeEngine) (*fakeModels, *fakeEngine) {
 	f := &fakeModels{
 		entries: []ModelEntry{
 			{Name: a.info.Name, Arch: "fake", Source: "built-in", Size: 3 << 20},
-			{Name: "Model-B", Arch: "qwen3", Source: "hf-cache", Path: "/hub/models--x--b/snapshots/1", Size: 1536 << 20},
+			{Name: "Model-B", Arch: "qwen3", Quant: "Q4_K_M", Source: "hf-cache", Path: "/hub/models--x--b/snapshots/1", Size: 1536 << 20},
 			{Name: "broken", Arch: "llama", Source: "ferrite", Path: "/models/broken", Problem: "no .safetensors weights"},
 		},
 		engines: map[string]*fakeEngine{"Model-B": b},
@@ -40,7 +40,7 @@ func TestModelsList(t *testing.T) {
 		"Using Fake-1B (fake).",
 		" 1 ● Fake-1B  ",
 		" 2   Model-B  qwen3",
-		"1.5 GiB  hf-cache",
+		"1.5 GiB  hf-cache · Q4_K_M",
 		" 3   broken   llama",
 		"ferrite  /models/broken  ⚠ no .safetensors weights",
 	} {

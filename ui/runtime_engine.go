@@ -3,10 +3,10 @@ package ui
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/engine/sample"
+	"github.com/ferrite-llm/ferrite/internal/chatprompt"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -61,11 +61,11 @@ func (e *RuntimeEngine) Stats() Stats {
 
 // Send implements Engine.
 func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
-	text, err := e.tok.ApplyChatTemplate(req.Messages, tokenizer.TemplateOptions{AddGenerationPrompt: true})
+	p, err := chatprompt.Encode(e.tok, req.Messages, tokenizer.TemplateOptions{AddGenerationPrompt: true})
 	if err != nil {
-		return nil, fmt.Errorf("chat template: %w", err)
+		return nil, err
 	}
-	ids := e.tok.Encode(text, false)
+	ids := p.IDs
 	if limit := e.info.MaxContext; limit > 0 && len(ids) > limit {
 		return nil, &ContextError{PromptTokens: len(ids), Limit: limit, KV: e.info.KVLimited}
 	}
@@ -74,7 +74,7 @@ func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
 		Prompt:    ids,
 		MaxTokens: s.MaxTokens,
 		Stop:      e.tok.EOS(),
-		Draft:     s.Draft,
+		Draft:     runtimeDraft(s.effectiveDraft(e.info)),
 		Sampling: sample.Params{
 			Temperature:   float32(s.Temperature),
 			TopP:          float32(s.TopP),
@@ -91,6 +91,15 @@ func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
 		return nil, err
 	}
 	return &runtimeReply{s: stream, n: len(ids)}, nil
+}
+
+// runtimeDraft is Request.Draft for a reply that drafts k tokens per step
+// (0: none).
+func runtimeDraft(k int) int {
+	if k == 0 {
+		return -1
+	}
+	return k
 }
 
 // runtimeReply is a Reply over a runtime stream.

@@ -7,6 +7,8 @@ import (
 
 	"github.com/charmbracelet/lipgloss"
 	xansi "github.com/charmbracelet/x/ansi"
+
+	"github.com/ferrite-llm/ferrite/internal/units"
 )
 
 // kvBarWidth is the width of the KV-cache bar, in cells.
@@ -22,6 +24,7 @@ type statusData struct {
 	busy    int    // replies the shown chat is generating
 	others  []int  // the numbers of the other chats that are generating
 	loading string // a model being loaded: name, stage and time so far
+	pulling string // a model being downloaded: name and progress
 	usage   *Usage // the current or last reply's; nil before the first token
 	stats   Stats
 	ctxUsed int
@@ -51,9 +54,15 @@ func (b statusBar) render(width int, d statusData) string {
 	if d.info.Arch != "" {
 		model += label(" " + d.info.Arch)
 	}
+	if d.info.Remote {
+		model += label(" ⇄ remote")
+	}
 	segs = append(segs, segment{model, 9})
 	if d.loading != "" {
 		segs = append(segs, segment{st.Busy.Render("⟳ " + d.loading), 8})
+	}
+	if d.pulling != "" {
+		segs = append(segs, segment{st.Busy.Render("⇣ " + d.pulling), 8})
 	}
 	switch {
 	case d.busy == 1:
@@ -155,15 +164,4 @@ func mtpSegment(label, value func(string) string, rate, acceptedPerStep float64)
 }
 
 // formatBytes prints a byte count in binary units.
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+func formatBytes(n int64) string { return units.Bytes(n) }

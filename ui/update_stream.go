@@ -56,12 +56,6 @@ func (m *model) startReply(ctx context.Context, g *generation, req Request) tea.
 	}
 }
 
-// panicError is a panic of the engine, recovered in a command so that the
-// chat survives it.
-func panicError(r any) error {
-	return fmt.Errorf("engine panic: %v", r)
-}
-
 // waitForEvent pulls the reply's next event; Update issues it again after
 // every delta, so the stream is read one event per command.
 func waitForEvent(id int, r Reply) tea.Cmd {
@@ -86,6 +80,10 @@ func (m *model) onReplyStarted(msg replyStartedMsg) tea.Cmd {
 		return nil
 	}
 	if msg.err != nil {
+		m.logger().Warn("sending failed", "model", g.eng.info.Name, "err", msg.err)
+		if _, ok := msg.err.(*enginePanic); ok && m.opts.LogPath != "" {
+			msg.err = fmt.Errorf("%w%s", msg.err, m.logHint())
+		}
 		return m.unsend(g, msg.err)
 	}
 	t := g.tab
@@ -182,7 +180,8 @@ func (m *model) finish(g *generation, ev Event) tea.Cmd {
 		if ev.Err != nil {
 			msg = ev.Err.Error()
 		}
-		g.msg.Error = msg
+		m.logger().Error("reply failed", "model", g.eng.info.Name, "err", ev.Err)
+		g.msg.Error = msg + m.logHint()
 	}
 	g.msg.Stats = newReplyStats(ev.Usage, finish, ev.Limit, g.settings)
 	t.view.changed(g.entry)
@@ -363,11 +362,13 @@ func (m *model) onSaved(msg savedMsg) {
 	switch {
 	case msg.err != nil && msg.auto:
 		if msg.err.Error() != m.lastSaveErr { // say it once, not after every message
-			m.view.notice(entryError, "autosave failed: "+msg.err.Error())
+			m.logger().Error("autosave failed", "err", msg.err)
+			m.view.notice(entryError, "autosave failed: "+msg.err.Error()+m.logHint())
 		}
 		m.lastSaveErr = msg.err.Error()
 	case msg.err != nil:
-		m.view.notice(entryError, "save failed: "+msg.err.Error())
+		m.logger().Error("save failed", "err", msg.err)
+		m.view.notice(entryError, "save failed: "+msg.err.Error()+m.logHint())
 	case msg.auto:
 		m.lastSaveErr = ""
 	default:

@@ -29,6 +29,12 @@ type RopeParams struct {
 
 	MRopeSection     []int // multimodal rope sections (Qwen-VL); nil if unset
 	MRopeInterleaved bool  // mrope_interleaved (Qwen3-VL); false if unset
+
+	// FreqFactors divide the inverse frequencies one by one after the
+	// type's scaling (ferrite's "freq_factors" key, which carries a GGUF
+	// file's rope_freqs tensor: llama.cpp's form of Llama 3 scaling); nil
+	// if unset.
+	FreqFactors []float64
 }
 
 // Rope returns the rotary embedding parameters. When rope_parameters is keyed
@@ -106,6 +112,9 @@ func (c *Config) rope(layerType string) RopeParams {
 	}
 	if s, ok := first("mrope_section", params, scaling); ok {
 		rp.MRopeSection = s.Ints("mrope_section")
+	}
+	if s, ok := first("freq_factors", params, scaling); ok {
+		rp.FreqFactors = s.Floats("freq_factors")
 	}
 	if s, ok := first("mrope_interleaved", params, scaling); ok {
 		rp.MRopeInterleaved = s.BoolOr("mrope_interleaved", false)

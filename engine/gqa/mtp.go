@@ -58,10 +58,10 @@ func (d *Decoder) AddNextN(enorm, hnorm *nn.RMSNorm, ehProj *nn.Linear, block *n
 }
 
 // splitCols copies the left and right column halves of w (rows, 2·k) into
-// two (rows, k) matrices.
+// two (rows, k) matrices; a block-quantized w splits between its blocks.
 func splitCols(w *kernels.Mat) (left, right *kernels.Mat, err error) {
 	k := w.Cols / 2
-	if w.Cols%2 != 0 || w.DType.Size() == 0 || w.DType == kernels.F8E4M3 || w.DType.Quantized() {
+	if w.Cols%2 != 0 || w.DType == kernels.F8E4M3 || k%w.DType.BlockElems() != 0 || w.DType.RowBytes(k) == 0 {
 		return nil, nil, fmt.Errorf("gqa: eh_proj %v (%d, %d) cannot be split into column halves", w.DType, w.Rows, w.Cols)
 	}
 	rb, hb := w.DType.RowBytes(w.Cols), w.DType.RowBytes(k)

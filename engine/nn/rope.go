@@ -26,6 +26,9 @@ type RopeConfig struct {
 	Mscale, MscaleAllDim float64 // yarn
 	AttentionFactor      float64 // yarn: explicit cos/sin scale; 0 means derive
 	NoTruncate           bool    // yarn: truncate=false (keep fractional correction bounds)
+	// FreqFactors, when set (one per rotated pair), divide the inverse
+	// frequencies after the type's scaling: llama.cpp's rope_freqs.
+	FreqFactors []float64
 }
 
 // RoPE applies rotary position embeddings from precomputed cos/sin tables.
@@ -83,6 +86,17 @@ func NewRoPE(c RopeConfig) (*RoPE, error) {
 		r.Scale = s
 	default:
 		return nil, fmt.Errorf("rope: unsupported rope type %q (supported: default, linear, llama3, yarn)", c.Type)
+	}
+	if c.FreqFactors != nil {
+		if len(c.FreqFactors) != half {
+			return nil, fmt.Errorf("rope: %d freq_factors for %d rotated pairs", len(c.FreqFactors), half)
+		}
+		for i, f := range c.FreqFactors {
+			if !(f > 0) {
+				return nil, fmt.Errorf("rope: freq_factors[%d] = %g must be positive", i, f)
+			}
+			inv[i] /= f
+		}
 	}
 	r.invFreq = make([]float32, half)
 	for i, v := range inv {

@@ -55,8 +55,9 @@
 //
 // A panic anywhere in a step (model, sampler, detokenizer, scheduler) is
 // recovered: the requests in that step get an Error event and their blocks
-// are freed; the runtime keeps serving the others. A Forward error is
-// handled the same way.
+// are freed; the runtime keeps serving the others. The event's Err is a
+// *PanicError holding the panicking goroutine's stack, which a log/slog
+// record of it carries. A Forward error is handled the same way.
 //
 // # Recurrent state
 //

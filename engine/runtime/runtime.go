@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -52,6 +53,11 @@ type PanicError struct {
 }
 
 func (e *PanicError) Error() string { return fmt.Sprintf("runtime: engine step panicked: %v", e.Value) }
+
+// LogValue makes a PanicError logged with log/slog carry its stack.
+func (e *PanicError) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("msg", e.Error()), slog.String("stack", string(e.Stack)))
+}
 
 // Unwrap returns the panic value when it is an error.
 func (e *PanicError) Unwrap() error {

@@ -1,24 +1,35 @@
 // Package catalog finds the models ferrite can open: the models built into
 // the binary, the directories the configuration names, the Hugging Face
-// cache, and ferrite's own model folder. /models lists them; /model and
-// --model take their names.
+// cache, ferrite's own model folder, and the GGUF models of other tools
+// (ollama, LM Studio), used in place: never copied or written. /models
+// lists them; /model and --model take their names.
 //
 // A model on disk is a directory with a config.json and at least one
-// .safetensors file (the tokenizer files are checked when it loads). The
+// .safetensors file (the tokenizer files are checked when it loads), or a
+// GGUF file (package engine/gguf; a split model by its first part). The
 // places, in the order they are listed:
 //
 //   - built-in models: entries the program passes in (Options.Builtin),
 //     loaded by their Open function;
-//   - Options.Dirs (config.toml's model_dirs): each is a model directory
-//     or a folder whose subdirectories are model directories;
+//   - Options.Dirs (config.toml's model_dirs): each is a model directory,
+//     a GGUF file, or a folder of model directories, GGUF files and
+//     folders holding GGUF files;
 //   - the Hugging Face cache: $HF_HUB_CACHE, else $HF_HOME/hub, else
 //     $XDG_CACHE_HOME/huggingface/hub (~/.cache/huggingface/hub), with
 //     one entry per models--org--name folder: the snapshot refs/main
-//     points to, else the newest one that holds a model; named "org/name";
-//   - ferrite's folder: $XDG_DATA_HOME/ferrite/models/* (ModelsDir).
+//     points to, else the newest one that holds a model; named "org/name",
+//     and "org/name/FILE" for each GGUF file of the snapshot;
+//   - ferrite's folder: $XDG_DATA_HOME/ferrite/models/* (ModelsDir);
+//   - ollama's store ($OLLAMA_MODELS, else ~/.ollama/models): each
+//     manifest's GGUF model blob, named as ollama names it ("llama3.2:3b");
+//   - LM Studio's folder (~/.lmstudio/models/PUBLISHER/REPO/*.gguf),
+//     named "PUBLISHER/REPO/FILE".
 //
-// Discovery only reads directories, config.json and file sizes: it is
-// cheap enough to run whenever the list is shown.
+// Discovery only reads directories, config.json, ollama manifests, GGUF
+// headers and file sizes: it is cheap enough to run whenever the list is
+// shown. A model ferrite cannot run (an unsupported architecture or
+// tokenizer, a vision projector, ollama's non-GGUF formats) is listed with
+// the reason in Entry.Problem.
 package catalog
 
 import (
@@ -35,6 +46,7 @@ import (
 	"github.com/adrg/xdg"
 
 	"github.com/ferrite-llm/ferrite/engine"
+	"github.com/ferrite-llm/ferrite/engine/gguf"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -54,8 +66,9 @@ type OpenFunc func(engine.Options) (*engine.Loaded, *tokenizer.Tokenizer, error)
 // Entry is one model.
 type Entry struct {
 	Name   string   // what /model and --model take: "org/name" in the HF cache, the folder's name elsewhere
-	Arch   string   // config.json's model_type; "" when unknown
-	Dir    string   // the model directory; "" for a model Open loads
+	Arch   string   // config.json's model_type, or a GGUF file's general.architecture; "" when unknown
+	Dir    string   // the model directory or GGUF file; "" for a model Open loads
+	Quant  string   // a GGUF file's quantization ("Q4_K_M", "Q8_0", "BF16"); "" for safetensors
 	Size   int64    // bytes on disk (every file of the directory); 0 when unknown
 	Source string   // one of the Source constants
 	Open   OpenFunc // loads a model without Dir (built-in models); nil for directories
@@ -72,6 +85,10 @@ type Options struct {
 	HubDir string
 	// FerriteDir is ferrite's model folder; "" means ModelsDir().
 	FerriteDir string
+	// OllamaDir is ollama's store; "" means OllamaModelsDir().
+	OllamaDir string
+	// LMStudioDir is LM Studio's models folder; "" means LMStudioModelsDir().
+	LMStudioDir string
 }
 
 // HubCacheDir is the Hugging Face hub cache: $HF_HUB_CACHE, else
@@ -149,64 +166,104 @@ func Discover(opts Options) ([]Entry, []error) {
 	for _, e := range es {
 		add(e)
 	}
+	for _, place := range []struct {
+		dir, def string
+		scan     func(string) ([]Entry, error)
+	}{{opts.OllamaDir, OllamaModelsDir(), scanOllama}, {opts.LMStudioDir, LMStudioModelsDir(), scanLMStudio}} {
+		if place.dir == "" {
+			place.dir = place.def
+		}
+		es, err := place.scan(place.dir)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, e := range es {
+			add(e)
+		}
+	}
 	return out, errs
 }
 
-// Probe describes the model directory dir (Source SourcePath). It fails
-// when dir is not a directory with a config.json.
+// Probe describes the model directory or GGUF file dir (Source
+// SourcePath). It fails when dir is neither a directory with a config.json
+// nor a GGUF file or a directory holding one GGUF model.
 func Probe(dir string) (Entry, error) {
 	dir = expandHome(dir)
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
 	st, err := os.Stat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Entry{}, fmt.Errorf("%s: no such model directory", dir)
+	}
 	if err != nil {
 		return Entry{}, err
 	}
-	if !st.IsDir() {
-		return Entry{}, fmt.Errorf("%s is not a directory", dir)
+	if st.IsDir() && exists(filepath.Join(dir, "config.json")) {
+		return describe(dir, filepath.Base(dir), SourcePath), nil
 	}
-	if !exists(filepath.Join(dir, "config.json")) {
-		return Entry{}, fmt.Errorf("%s has no config.json: not a model directory", dir)
+	file, ok, err := gguf.Find(dir)
+	switch {
+	case err != nil:
+		return Entry{}, err
+	case ok:
+		return describeGGUF(file, ggufName("", file), SourcePath), nil
+	case !st.IsDir():
+		return Entry{}, fmt.Errorf("%s is neither a model directory nor a GGUF file", dir)
 	}
-	return describe(dir, filepath.Base(dir), SourcePath), nil
+	return Entry{}, fmt.Errorf("%s has no config.json and no .gguf file: not a model directory", dir)
 }
 
-// scanFolder lists dir itself when it is a model directory (and self is
-// set), else its subdirectories that are. A dir that does not exist gives
-// nothing.
+// scanFolder lists dir itself when it is a model directory or a GGUF file
+// (and self is set), else its subdirectories that are model directories,
+// its GGUF files and those of its subdirectories without a config.json. A
+// dir that does not exist gives nothing.
 func scanFolder(dir, source string, self bool) ([]Entry, error) {
 	if self && exists(filepath.Join(dir, "config.json")) {
 		return []Entry{describe(dir, filepath.Base(filepath.Clean(dir)), source)}, nil
 	}
+	if self && gguf.IsGGUF(dir) {
+		return []Entry{describeGGUF(dir, ggufName("", dir), source)}, nil
+	}
+	ents, err := readPlace(dir, "model folder")
+	if err != nil {
+		return nil, err
+	}
+	out := scanGGUFDir(dir, "", source)
+	for _, e := range ents {
+		sub := filepath.Join(dir, e.Name())
+		if strings.HasPrefix(e.Name(), ".") || !isDir(sub) {
+			continue
+		}
+		if exists(filepath.Join(sub, "config.json")) {
+			out = append(out, describe(sub, e.Name(), source))
+		} else {
+			out = append(out, scanGGUFDir(sub, e.Name()+"/", source)...)
+		}
+	}
+	return out, nil
+}
+
+// readPlace lists the folder dir of a place; one that does not exist is
+// empty, not an error. what names the place in errors.
+func readPlace(dir, what string) ([]os.DirEntry, error) {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("model folder: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	var out []Entry
-	for _, e := range ents {
-		sub := filepath.Join(dir, e.Name())
-		if strings.HasPrefix(e.Name(), ".") || !isDir(sub) || !exists(filepath.Join(sub, "config.json")) {
-			continue
-		}
-		out = append(out, describe(sub, e.Name(), source))
-	}
-	return out, nil
+	return ents, nil
 }
 
 // scanHub lists the models of a Hugging Face hub cache: for each
 // models--org--name, the snapshot that refs/main names, else the most
-// recently modified snapshot holding a config.json.
+// recently modified snapshot holding a model.
 func scanHub(hub string) ([]Entry, error) {
-	ents, err := os.ReadDir(hub)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	ents, err := readPlace(hub, "Hugging Face cache")
 	if err != nil {
-		return nil, fmt.Errorf("Hugging Face cache: %w", err)
+		return nil, err
 	}
 	var out []Entry
 	for _, e := range ents {
@@ -216,8 +273,21 @@ func scanHub(hub string) ([]Entry, error) {
 		}
 		name := strings.ReplaceAll(repo, "--", "/")
 		base := filepath.Join(hub, e.Name())
-		if snap := hubSnapshot(base); snap != "" {
+		snap := hubSnapshot(base)
+		if snap == "" {
+			continue
+		}
+		if exists(filepath.Join(snap, "config.json")) {
 			out = append(out, describe(snap, name, SourceHFCache))
+		}
+		// GGUF files (what llama-cli -hf downloads), also in subfolders
+		// such as Q4_K_M/ of repositories that split files by quantization.
+		out = append(out, scanGGUFDir(snap, name+"/", SourceHFCache)...)
+		subs, _ := os.ReadDir(snap)
+		for _, s := range subs {
+			if p := filepath.Join(snap, s.Name()); !strings.HasPrefix(s.Name(), ".") && isDir(p) {
+				out = append(out, scanGGUFDir(p, name+"/"+s.Name()+"/", SourceHFCache)...)
+			}
 		}
 	}
 	return out, nil
@@ -228,7 +298,7 @@ func hubSnapshot(repo string) string {
 	snaps := filepath.Join(repo, "snapshots")
 	if ref, err := os.ReadFile(filepath.Join(repo, "refs", "main")); err == nil {
 		d := filepath.Join(snaps, strings.TrimSpace(string(ref)))
-		if exists(filepath.Join(d, "config.json")) {
+		if holdsModel(d) {
 			return d
 		}
 	}
@@ -239,7 +309,7 @@ func hubSnapshot(repo string) string {
 	best, bestTime := "", int64(0)
 	for _, e := range ents {
 		d := filepath.Join(snaps, e.Name())
-		if !exists(filepath.Join(d, "config.json")) {
+		if !holdsModel(d) {
 			continue
 		}
 		info, err := os.Stat(d)
@@ -251,6 +321,21 @@ func hubSnapshot(repo string) string {
 		}
 	}
 	return best
+}
+
+// holdsModel reports whether a snapshot has a config.json or GGUF files
+// (in it or one level down).
+func holdsModel(d string) bool {
+	if exists(filepath.Join(d, "config.json")) || len(gguf.ModelFiles(d)) > 0 {
+		return true
+	}
+	subs, _ := os.ReadDir(d)
+	for _, s := range subs {
+		if len(gguf.ModelFiles(filepath.Join(d, s.Name()))) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // describe reads what an entry shows from its directory.
@@ -347,7 +432,7 @@ func Find(entries []Entry, name string) (Entry, error) {
 	}
 	lower := strings.ToLower(name)
 	for _, rule := range []func(Entry) bool{
-		func(e Entry) bool { return e.Name == name },
+		func(e Entry) bool { return e.Name == name || e.Name == name+":latest" }, // ollama's default tag
 		func(e Entry) bool { return strings.ToLower(e.Name) == lower },
 		func(e Entry) bool { return strings.ToLower(e.Name[strings.LastIndexByte(e.Name, '/')+1:]) == lower },
 		nil, // the position in the list
@@ -383,7 +468,7 @@ func Find(entries []Entry, name string) (Entry, error) {
 }
 
 // Load opens e: its Open function, or the tokenizer and weights of its
-// directory.
+// directory or GGUF file.
 func Load(e Entry, opts engine.Options) (*engine.Loaded, *tokenizer.Tokenizer, error) {
 	if e.Open != nil {
 		return e.Open(opts)
@@ -391,7 +476,7 @@ func Load(e Entry, opts engine.Options) (*engine.Loaded, *tokenizer.Tokenizer, e
 	if e.Dir == "" {
 		return nil, nil, fmt.Errorf("model %s has neither a directory nor a loader", e.Name)
 	}
-	tok, err := tokenizer.Load(e.Dir)
+	tok, err := engine.LoadTokenizer(e.Dir)
 	if err != nil {
 		return nil, nil, err
 	}

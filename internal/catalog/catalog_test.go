@@ -94,10 +94,12 @@ func TestDiscoverEveryPlace(t *testing.T) {
 			return nil, nil, errors.New("not here")
 		}}
 	got, errs := Discover(Options{
-		Builtin:    []Entry{builtin},
-		Dirs:       []string{single, cfgDir, filepath.Join(root, "missing")},
-		HubDir:     hub,
-		FerriteDir: own,
+		Builtin:     []Entry{builtin},
+		Dirs:        []string{single, cfgDir, filepath.Join(root, "missing")},
+		HubDir:      hub,
+		FerriteDir:  own,
+		OllamaDir:   filepath.Join(root, "no-ollama"),
+		LMStudioDir: filepath.Join(root, "no-lmstudio"),
 	})
 	if len(errs) != 0 {
 		t.Fatalf("errors: %v", errs)
@@ -138,7 +140,8 @@ func TestDiscoverListsADirectoryOnce(t *testing.T) {
 	root := t.TempDir()
 	own := filepath.Join(root, "own")
 	writeModel(t, filepath.Join(own, "m"), "llama", 1)
-	got, _ := Discover(Options{Dirs: []string{own}, HubDir: filepath.Join(root, "nohub"), FerriteDir: own})
+	got, _ := Discover(Options{Dirs: []string{own}, HubDir: filepath.Join(root, "nohub"), FerriteDir: own,
+		OllamaDir: filepath.Join(root, "none"), LMStudioDir: filepath.Join(root, "none")})
 	if len(got) != 1 || got[0].Source != SourceConfig {
 		t.Fatalf("entries = %+v", got)
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,16 +13,20 @@ import (
 	goruntime "runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/bench"
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gguf"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
@@ -38,6 +41,7 @@ type benchFlags struct {
 	draft          int
 	draftMaxSeqs   int
 	dtype          string
+	quant          string
 	threads        int
 	kvBudget       int64
 	maxBatchTokens int
@@ -73,6 +77,25 @@ func (l intList) Set(s string) error {
 		out = append(out, n)
 	}
 	*l.v = out
+	return nil
+}
+
+// sizeFlag is a number of bytes, read like config.toml's sizes ("1GiB").
+type sizeFlag struct{ v *int64 }
+
+func (s sizeFlag) String() string {
+	if s.v == nil {
+		return ""
+	}
+	return settings.ByteSize(*s.v).String()
+}
+
+func (s sizeFlag) Set(text string) error {
+	b, err := settings.ParseByteSize(text)
+	if err != nil {
+		return err
+	}
+	*s.v = int64(b)
 	return nil
 }
 
@@ -115,7 +138,7 @@ func onOff(b bool) string {
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
 	f.concurrency, f.promptLens, f.genLens, f.mtp = []int{1, 8, 32}, []int{128}, []int{64}, []bool{false}
-	fs.StringVar(&f.model, "model", "", "checkpoint directory, or a directory or file with only config.json (random weights at full size)")
+	fs.StringVar(&f.model, "model", "", "checkpoint directory, GGUF file, or a directory or file with only config.json (random weights at full size)")
 	fs.Var(intList{&f.concurrency}, "concurrency", "requests in flight at once, comma-separated")
 	fs.Var(intList{&f.promptLens}, "prompt-len", "prompt tokens per request, comma-separated")
 	fs.Var(intList{&f.genLens}, "gen-len", "generated tokens per request (EOS ignored), comma-separated, each ≥ 2")
@@ -123,8 +146,9 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.draft, "draft", bench.DefaultDraft, "with --mtp on: draft tokens per step")
 	fs.IntVar(&f.draftMaxSeqs, "draft-max-seqs", 0, "with --mtp on: no drafting while more sequences run (0 = the runtime's default, -1 = no limit)")
 	fs.StringVar(&f.dtype, "dtype", "", "random weights' dtype: bf16, f16 or f32 (default: the config's torch_dtype/dtype, else bf16)")
+	fs.StringVar(&f.quant, "quant", "", "quantize the weights in memory at load: q8_0 or q4_k (default: as stored)")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0 = all cores)")
-	fs.Int64Var(&f.kvBudget, "kv-budget", 0, "KV-cache budget in bytes (0 = enough for the largest case without preemption)")
+	fs.Var(sizeFlag{&f.kvBudget}, "kv-budget", "KV-cache budget: bytes or a size such as 512MiB (0 = enough for the largest case without preemption)")
 	fs.IntVar(&f.maxBatchTokens, "max-batch-tokens", 0, "tokens per engine step (0 = the runtime's default, at least the largest concurrency)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the prompts, the samplers and the random weights")
 	fs.StringVar(&f.jsonPath, "json", "", "also write the results as JSON to this file")
@@ -137,18 +161,17 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 // cmdBench implements `ferrite bench`.
 func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	var f benchFlags
 	f.register(fs)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: ferrite bench --model DIR [flags]\n")
+	help := func(w io.Writer) {
+		fmt.Fprint(w, "usage: ferrite bench --model DIR|FILE [flags]\n")
+		fs.SetOutput(w)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, args, help, stdout, stderr); !ok {
+		return code
 	}
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "ferrite bench: "+format+"\n", a...)
@@ -161,8 +184,6 @@ func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return usageErr("--model DIR is required")
 	case f.threads < 0:
 		return usageErr("--threads %d is negative", f.threads)
-	case f.kvBudget < 0:
-		return usageErr("--kv-budget %d is negative", f.kvBudget)
 	case f.maxBatchTokens < 0:
 		return usageErr("--max-batch-tokens %d is negative", f.maxBatchTokens)
 	case f.draft < 1:
@@ -181,6 +202,9 @@ func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		if _, err := parseDType(f.dtype); err != nil {
 			return usageErr("%v", err)
 		}
+	}
+	if f.quant != "" && !slices.Contains(engine.QuantTypes, strings.ToLower(f.quant)) {
+		return usageErr("--quant %q: want %s", f.quant, strings.Join(engine.QuantTypes, " or "))
 	}
 	if err := runBench(ctx, &f, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "ferrite bench: %v\n", err)
@@ -202,6 +226,39 @@ func parseDType(s string) (kernels.DType, error) {
 	return 0, fmt.Errorf("--dtype %q: want bf16, f16 or f32", s)
 }
 
+// loadBenchGGUF builds the bench model of a GGUF file (quantized further
+// as --quant says).
+func loadBenchGGUF(file, quant string, be *cpu.Backend, start time.Time) (_ *benchModel, err error) {
+	g, err := gguf.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	bm := &benchModel{backend: be, gguf: g, dtype: g.Quantization()}
+	defer func() {
+		if err != nil {
+			g.Close()
+		}
+	}()
+	if bm.cfg, err = g.Config(); err != nil {
+		return nil, err
+	}
+	gw, err := g.Weights()
+	if err != nil {
+		return nil, err
+	}
+	src, err := engine.Quantized(gw, quant, be)
+	if err != nil {
+		return nil, fmt.Errorf("--quant: %w", err)
+	}
+	bm.quant = quant
+	bm.counter = bench.NewCounter(src)
+	if bm.model, err = model.New(bm.cfg, bm.counter, be); err != nil {
+		return nil, err
+	}
+	bm.loadSec = time.Since(start).Seconds()
+	return bm, nil
+}
+
 // hasCheckpoint reports whether path is a directory holding safetensors.
 func hasCheckpoint(path string) bool {
 	fi, err := os.Stat(path)
@@ -218,9 +275,11 @@ type benchModel struct {
 	model   model.Model
 	counter *bench.Counter
 	backend *cpu.Backend
-	weights *weights.Set // nil for random weights
+	weights *weights.Set // nil for random weights or a GGUF file
+	gguf    *gguf.Model  // the GGUF file, or nil
 	random  bool
-	dtype   string // random weights' dtype
+	dtype   string // random weights' dtype, or a GGUF file's quantization
+	quant   string // --quant
 	loadSec float64
 }
 
@@ -229,12 +288,23 @@ func (b *benchModel) Close() {
 	if b.weights != nil {
 		b.weights.Close()
 	}
+	if b.gguf != nil {
+		b.gguf.Close()
+	}
 }
 
-// loadBenchModel opens the checkpoint at path, or builds random weights of
-// the config's shape when path has only a config.json.
-func loadBenchModel(path, dtypeFlag string, seed uint64, be *cpu.Backend) (*benchModel, error) {
+// loadBenchModel opens the checkpoint or GGUF file at path, or builds
+// random weights of the config's shape when path has only a config.json.
+func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *cpu.Backend) (*benchModel, error) {
 	start := time.Now()
+	if file, ok, err := gguf.Find(path); err != nil {
+		return nil, err
+	} else if ok && !hasCheckpoint(path) {
+		if dtypeFlag != "" {
+			return nil, fmt.Errorf("--dtype applies to random weights; %s is a GGUF model", path)
+		}
+		return loadBenchGGUF(file, quant, be, start)
+	}
 	cfg, err := config.Load(path)
 	if err != nil {
 		return nil, err
@@ -263,6 +333,13 @@ func loadBenchModel(path, dtypeFlag string, seed uint64, be *cpu.Backend) (*benc
 		bm.random, bm.dtype = true, strings.ToLower(dt.String())
 		src = randweights.New(seed, dt)
 	}
+	if src, err = engine.Quantized(src, quant, be); err != nil {
+		if bm.weights != nil {
+			bm.weights.Close()
+		}
+		return nil, fmt.Errorf("--quant: %w", err)
+	}
+	bm.quant = quant
 	bm.counter = bench.NewCounter(src)
 	if bm.model, err = model.New(cfg, bm.counter, be); err != nil {
 		if bm.weights != nil {
@@ -313,6 +390,7 @@ type benchModelJS struct {
 	Arch            string  `json:"arch"`
 	RandomWeights   bool    `json:"random_weights"`
 	DType           string  `json:"dtype,omitempty"`
+	Quant           string  `json:"quant,omitempty"`
 	Params          int64   `json:"params"`
 	WeightBytes     int64   `json:"weight_bytes"`
 	DenseBytes      int64   `json:"dense_bytes"`
@@ -347,7 +425,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 	}
 
 	fmt.Fprintf(stderr, "loading %s...\n", f.model)
-	bm, err := loadBenchModel(f.model, f.dtype, f.seed, be)
+	bm, err := loadBenchModel(f.model, f.dtype, f.quant, f.seed, be)
 	if err != nil {
 		be.Close()
 		return err
@@ -392,7 +470,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		Date: time.Now().UTC().Format(time.RFC3339),
 		Machine: benchMachine{CPU: cpuModel(), CPUs: goruntime.NumCPU(), Threads: be.Threads(),
 			GoVersion: goruntime.Version(), OS: goruntime.GOOS, Arch: goruntime.GOARCH},
-		Model: benchModelJS{Path: f.model, Arch: info.Arch, RandomWeights: bm.random, DType: bm.dtype,
+		Model: benchModelJS{Path: f.model, Arch: info.Arch, RandomWeights: bm.random, DType: bm.dtype, Quant: bm.quant,
 			Params: fp.Params, WeightBytes: fp.TotalBytes, DenseBytes: fp.DenseBytes, EmbeddingBytes: fp.EmbeddingBytes,
 			ExpertBytes: fp.ExpertBytes, MTPBytes: fp.MTPBytes, TiedEmbeddings: fp.Tied, MoELayers: fp.MoELayers,
 			Experts: fp.Experts, TopK: fp.TopK, Layers: info.Layers, Vocab: info.Vocab,
@@ -432,8 +510,14 @@ func kib(n int64) string {
 func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roofline) {
 	m := &rep.Model
 	src := "checkpoint"
-	if m.RandomWeights {
+	switch {
+	case m.RandomWeights:
 		src = "random " + m.DType + " weights"
+	case m.DType != "":
+		src = "GGUF " + m.DType
+	}
+	if m.Quant != "" {
+		src += " quantized to " + m.Quant
 	}
 	fmt.Fprintf(w, "model:     %s (%s), %s, %s params, %s of weights, %d layers, KV cache %s per token, load %.1f s\n",
 		m.Path, m.Arch, src, count(m.Params), gb(m.WeightBytes), m.Layers, kib(m.KVBytesPerToken), m.LoadSec)

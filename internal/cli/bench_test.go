@@ -2,6 +2,8 @@ package cli
 
 import (
 	"encoding/json"
+	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +24,45 @@ func tinyLlama(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// TestBenchQuant runs the sweep on random weights quantized to Q8_0 and
+// checks that the report says so and counts the quantized bytes.
+func TestBenchQuant(t *testing.T) {
+	dir := tinyLlama(t)
+	js := filepath.Join(t.TempDir(), "bench.json")
+	var bytes [2]int64
+	for i, q := range []string{"", "q8_0"} {
+		code, out, errs := runCLI(t, "", "bench", "--model", dir, "--concurrency", "1", "--prompt-len", "5",
+			"--gen-len", "3", "--threads", "2", "--stream-mib", "8", "--quant", q, "--json", js)
+		if code != 0 {
+			t.Fatalf("--quant %q: exit %d: %s", q, code, errs)
+		}
+		if q != "" && !strings.Contains(out, "random bf16 weights quantized to q8_0") {
+			t.Errorf("stdout lacks the quantization:\n%s", out)
+		}
+		raw, err := os.ReadFile(js)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep struct {
+			Model struct {
+				Quant       string `json:"quant"`
+				WeightBytes int64  `json:"weight_bytes"`
+			} `json:"model"`
+		}
+		if err := json.Unmarshal(raw, &rep); err != nil {
+			t.Fatal(err)
+		}
+		if rep.Model.Quant != q {
+			t.Errorf("json quant %q, want %q", rep.Model.Quant, q)
+		}
+		bytes[i] = rep.Model.WeightBytes
+	}
+	// Q8_0 is 34 bytes per 32 weights against bf16's 64; norms stay float32.
+	if r := float64(bytes[1]) / float64(bytes[0]); r < 0.5 || r > 0.6 {
+		t.Errorf("q8_0 weights are %.2f of bf16's bytes (%d vs %d), want about 34/64", r, bytes[1], bytes[0])
+	}
 }
 
 func TestBench(t *testing.T) {
@@ -212,8 +253,9 @@ func TestBenchErrors(t *testing.T) {
 		{"bad mtp", []string{"--model", dir, "--mtp", "maybe"}, 2, `"maybe" is not on or off`},
 		{"zero draft", []string{"--model", dir, "--mtp", "on", "--draft", "0"}, 2, "--draft must be at least 1"},
 		{"bad dtype", []string{"--model", dir, "--dtype", "int4"}, 2, "want bf16, f16 or f32"},
+		{"bad quant", []string{"--model", dir, "--quant", "int4"}, 2, `--quant "int4": want q8_0 or q4_k`},
 		{"negative threads", []string{"--model", dir, "--threads", "-1"}, 2, "negative"},
-		{"negative kv budget", []string{"--model", dir, "--kv-budget", "-5"}, 2, "negative"},
+		{"negative kv budget", []string{"--model", dir, "--kv-budget", "-5"}, 2, `"-5" is not a size`},
 		{"negative bandwidth", []string{"--model", dir, "--bandwidth", "-1"}, 2, "want GB/s > 0"},
 		{"stray argument", []string{"--model", dir, "extra"}, 2, `unexpected argument "extra"`},
 		{"unknown flag", []string{"--bogus"}, 2, "flag provided but not defined"},
@@ -227,5 +269,20 @@ func TestBenchErrors(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want exit %d containing %q", code, errs, c.code, c.want)
 			}
 		})
+	}
+}
+
+// TestBenchKVBudgetTakesASize: bench reads --kv-budget with the same
+// parser as config.toml and the other commands.
+func TestBenchKVBudgetTakesASize(t *testing.T) {
+	var f benchFlags
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	f.register(fs)
+	if err := fs.Parse([]string{"--kv-budget", "1GiB"}); err != nil || f.kvBudget != 1<<30 {
+		t.Fatalf("--kv-budget 1GiB: %d, %v", f.kvBudget, err)
+	}
+	if err := fs.Parse([]string{"--kv-budget", "1 GB"}); err != nil || f.kvBudget != 1e9 {
+		t.Fatalf("--kv-budget 1 GB: %d, %v", f.kvBudget, err)
 	}
 }

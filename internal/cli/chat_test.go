@@ -2,12 +2,14 @@ package cli
 
 import (
 	"context"
-	"io"
+	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/internal/catalog"
 	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/tokenizer"
@@ -32,21 +34,22 @@ func TestHelpListsEverything(t *testing.T) {
 }
 
 // parseChat parses chat flags over a configuration file's contents.
-func parseChat(t *testing.T, config string, args ...string) (settings.Config, runFlags, error) {
+func parseChat(t *testing.T, config string, args ...string) (settings.Config, error) {
 	t.Helper()
-	var f runFlags
-	var cf chatFlags
-	fs := chatFlagSet(&f, &cf, io.Discard)
-	if err := fs.Parse(args); err != nil {
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := settings.Parse([]byte(config))
-	if err != nil {
-		t.Fatal(err)
+	var f cmdFlags
+	fs := newFlagSet("ferrite", chatScope, &f)
+	if err := fs.Parse(append([]string{"--config", path}, args...)); err != nil {
+		return settings.Config{}, err
 	}
-	err = applyFlags(&cfg, fs, &f, &cf)
-	f.fromConfig(&cfg)
-	return cfg, f, err
+	cfg, warn, err := f.loadConfig(fs)
+	if warn != nil {
+		t.Fatal(warn)
+	}
+	return cfg, err
 }
 
 func TestFlagsWinOverTheConfig(t *testing.T) {
@@ -63,8 +66,9 @@ draft = 4
 [engine]
 kv_budget = "256MiB"
 max_seqs = 4
+quant = "q4_k"
 `
-	cfg, f, err := parseChat(t, conf, "--temperature", "0.9", "--kv-budget", "1024", "--max-seqs", "2", "--no-mouse", "--mtp", "on")
+	cfg, err := parseChat(t, conf, "--temperature", "0.9", "--kv-budget", "1GiB", "--max-seqs", "2", "--no-mouse", "--mtp", "on", "--quant", "q8_0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,14 +76,65 @@ max_seqs = 4
 	if cfg.Sampling.Temperature != 0.9 || cfg.Sampling.TopK != 5 || cfg.Sampling.MaxTokens != 100 {
 		t.Errorf("sampling = %+v", cfg.Sampling)
 	}
-	if cfg.Engine.KVBudget != 1024 || cfg.Engine.MaxSeqs != 2 || cfg.Mouse || cfg.MTP.Mode != "on" || cfg.MTP.Draft != 4 {
+	if cfg.Engine.KVBudget != 1<<30 || cfg.Engine.MaxSeqs != 2 || cfg.Mouse || cfg.MTP.Mode != "on" || cfg.MTP.Draft != 4 || cfg.DefaultModel != "from-config" {
 		t.Errorf("config = %+v", cfg)
 	}
-	if f.model != "from-config" || f.temperature != 0.9 || f.topK != 5 || f.maxTokens != 100 || f.kvBudget != 1024 || f.draft != 4 {
-		t.Errorf("run flags = %+v", f)
+	if cfg.Engine.Quant != "q8_0" {
+		t.Errorf("--quant q8_0 lost: engine = %+v", cfg.Engine)
 	}
-	if _, _, err := parseChat(t, "", "--theme", "pink"); err == nil || !strings.Contains(err.Error(), "--theme") {
-		t.Errorf("bad --theme: %v", err)
+	if cfg, err := parseChat(t, conf); err != nil || cfg.Engine.Quant != "q4_k" {
+		t.Errorf("[engine] quant lost: engine = %+v, %v", cfg.Engine, err)
+	}
+	for _, bad := range [][]string{{"--theme", "pink"}, {"--kv-budget", "lots"}, {"--temperature", "9"}, {"--draft", "0"}, {"--quant", "q3_k"}} {
+		if _, err := parseChat(t, "", bad...); err == nil || !strings.Contains(err.Error(), bad[0][2:]) {
+			t.Errorf("%v: %v", bad, err)
+		}
+	}
+}
+
+// TestFlagsAgreeWithTheTable: every flag of a setting, in the chat and in
+// run, shows the table's default, and reads values with the table's
+// parser; the help shows the same defaults.
+func TestFlagsAgreeWithTheTable(t *testing.T) {
+	for _, sc := range []scope{chatScope, runScope} {
+		var f cmdFlags
+		fs := newFlagSet("x", sc, &f)
+		n := 0
+		fs.VisitAll(func(fl *flag.Flag) {
+			s := settings.ByFlag(fl.Name)
+			if s == nil {
+				if !slices.Contains([]string{"config", "log", "raw", "endpoint"}, fl.Name) {
+					t.Errorf("flag --%s is neither a setting nor a known command flag", fl.Name)
+				}
+				return
+			}
+			n++
+			if s.Kind != settings.Bool && fl.DefValue != s.Format(s.Default) {
+				t.Errorf("--%s default %q, table %q", fl.Name, fl.DefValue, s.Format(s.Default))
+			}
+			if _, ok := fl.Value.(settingFlag); !ok {
+				t.Errorf("--%s does not use the table's parser", fl.Name)
+			}
+		})
+		want := 0
+		for _, s := range settings.Table {
+			if s.Flag != "" && (sc == chatScope || s.Run) {
+				want++
+			}
+		}
+		if n != want {
+			t.Errorf("scope %d: %d setting flags, the table has %d", sc, n, want)
+		}
+	}
+	for _, args := range [][]string{{"--help"}, {"run", "--help"}} {
+		code, out, _ := runCLI(t, "", args...)
+		if code != 0 || !strings.Contains(out, "--max-tokens N\n        longest reply in tokens; 0 is until the context is full (≥ 0; default 2048)") {
+			t.Errorf("%v: exit %d, help lacks max-tokens' default 2048:\n%s", args, code, out)
+		}
+	}
+	_, out, _ := runCLI(t, "", "run", "--help")
+	if !strings.HasPrefix(out, "usage: ferrite run [flags] [TEXT]") || strings.Contains(out, "run --model DIR") {
+		t.Errorf("run's usage:\n%s", out)
 	}
 }
 
@@ -89,24 +144,39 @@ func TestPipedChatUsesTheConfig(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte("default_model = \""+dir+"\"\n[sampling]\ntemperature = 0\nmax_tokens = 3\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errs := runCLI(t, "", "--config", cfgPath, "hello")
+	code, out, errs := runCLI(t, "hello", "--config", cfgPath)
 	if code != 0 || out == "" || !strings.Contains(errs, "decode: 3 tokens") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	// So does run.
+	code, _, errs = runCLI(t, "hello", "run", "--config", cfgPath)
+	if code != 0 || !strings.Contains(errs, "decode: 3 tokens") {
+		t.Fatalf("run: exit %d, stderr %q", code, errs)
 	}
 
 	// A bad file is reported with its line and key, and ignored.
 	if err := os.WriteFile(cfgPath, []byte("[sampling]\ntemperature = \"hot\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, _, errs = runCLI(t, "", "--config", cfgPath, "--model", dir, "--max-tokens", "2", "hello")
+	code, _, errs = runCLI(t, "hello", "--config", cfgPath, "--model", dir, "--max-tokens", "2")
 	if code != 0 || !strings.Contains(errs, "warning: "+cfgPath+" is ignored: line 2: sampling.temperature") {
 		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	// A file --config names must exist.
+	missing := filepath.Join(t.TempDir(), "nope.toml")
+	for _, cmd := range [][]string{{"run"}, {}, {"tokenize"}} {
+		code, _, errs = runCLI(t, "hello", append(cmd, "--config", missing)...)
+		if code != 2 || !strings.Contains(errs, "--config "+missing+": no such file") {
+			t.Errorf("%v: exit %d, stderr %q", cmd, code, errs)
+		}
 	}
 }
 
 func TestNoModelSaysWhatToDo(t *testing.T) {
 	t.Setenv("HF_HUB_CACHE", t.TempDir())
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Setenv("OLLAMA_MODELS", t.TempDir())
+	t.Setenv("HOME", t.TempDir()) // no LM Studio folder
 	c := &chatModels{cfg: settings.Default()}
 	if _, err := c.resolve(""); err == nil || !strings.Contains(err.Error(), "no model: give --model") {
 		t.Errorf("err = %v", err)
@@ -117,9 +187,28 @@ func TestNoModelSaysWhatToDo(t *testing.T) {
 	}
 }
 
+// TestQuantReachesTheEngine: engine.quant is the engine's Options.Quant
+// for the built-in model and a model directory alike (run and the chat
+// both load through chatModels), and its choices are the engine's.
+func TestQuantReachesTheEngine(t *testing.T) {
+	if want := append([]string{""}, engine.QuantTypes...); !slices.Equal(settings.Lookup("engine.quant").Choices, want) {
+		t.Errorf("engine.quant's choices %q, the engine's %q", settings.Lookup("engine.quant").Choices, want)
+	}
+	cfg := settings.Default()
+	cfg.Engine.Quant = "int4" // the flags and the file reject it: only the engine can have said so
+	c := &chatModels{cfg: cfg}
+	for _, e := range []catalog.Entry{builtinEntry(), {Name: "qwen3", Dir: fixtureModel(t, "qwen3")}} {
+		if _, err := c.openSession(context.Background(), e, true, func(string) {}); err == nil || !strings.Contains(err.Error(), `unknown quantization "int4"`) {
+			t.Errorf("%s with quant int4: %v, want the engine's error", e.Name, err)
+		}
+	}
+}
+
 func TestChatModelsListsAndLoads(t *testing.T) {
 	t.Setenv("HF_HUB_CACHE", t.TempDir())
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Setenv("OLLAMA_MODELS", t.TempDir())
+	t.Setenv("HOME", t.TempDir()) // no LM Studio folder
 	root := t.TempDir()
 	for _, name := range []string{"qwen3", "qwen3_next"} {
 		if err := os.Rename(fixtureModel(t, name), filepath.Join(root, name)); err != nil {

@@ -1,6 +1,7 @@
 // Package cli parses ferrite's command line and runs its subcommands: the
-// chat (the default), run, tokenize and bench. It returns exit codes instead
-// of exiting so that main.go is the only place that ends the process.
+// chat (the default), run, tokenize, bench, pull and serve. It returns exit
+// codes instead of exiting so that main.go is the only place that ends the
+// process.
 package cli
 
 import (
@@ -29,15 +30,11 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return cmdTokenize(ctx, args[1:], stdin, stdout, stderr)
 		case "bench":
 			return cmdBench(ctx, args[1:], stdin, stdout, stderr)
+		case "pull":
+			return cmdPull(ctx, args[1:], stdout, stderr)
+		case "serve":
+			return cmdServe(ctx, args[1:], stdout, stderr)
 		}
 	}
 	return cmdChat(ctx, args, stdin, stdout, stderr)
 }
-
-const usage = `usage:
-  ferrite [--model DIR] [flags]         open the chat (behaves like run when stdout is not a terminal)
-  ferrite run --model DIR [flags] TEXT  generate once, streaming to stdout
-  ferrite tokenize --model DIR [TEXT]   print the token ids of TEXT (or stdin)
-  ferrite bench --model DIR [flags]     measure throughput: concurrency × prompt × gen sweep, roofline
-  ferrite help                          this help
-`

@@ -1,5 +1,6 @@
 // Command gen writes the AVX2/FMA matmul tiles of package kernels/cpu
-// (tile_amd64.s and its Go stubs, tile_stub_amd64.go) with avo.
+// (tile_amd64.s and its Go stubs, tile_stub_amd64.go) with avo: the float
+// tiles here, the integer tiles for GGML-quantized weights in quant.go.
 //
 // It is its own module so that avo never becomes a dependency of ferrite.
 // Regenerate from kernels/cpu with `go generate` (see tile_amd64.go), or here:
@@ -146,6 +147,26 @@ func main() {
 				tile(a, d, s)
 			}
 		}
+	}
+	for _, a := range qisas {
+		for _, k := range qkernels {
+			for _, r := range k.rows {
+				qtile(a, k, r)
+			}
+		}
+	}
+	q4kConsts512()
+	q8Consts512()
+	q40Consts512()
+	q6kConsts512()
+	qtileQ6K512(1)
+	qtileQ6K512(4)
+	for _, r := range []int{1, 4} {
+		qtileQ4K512(r)
+	}
+	for _, bt := range biasedTypes {
+		// One row on zmm is no faster than the ymm sign-trick tile.
+		qtileBiased512(bt, 4)
 	}
 	sum()
 	scale()

@@ -64,6 +64,25 @@ func (b *Backend) Parallel(n int, fn func(lo, hi int)) {
 	b.pool.run(nw)
 }
 
+// minQuantizeSplit is the fewest x elements whose int8 quantization is
+// spread over the workers (a wake-up costs about as much as 16k elements).
+const minQuantizeSplit = 1 << 16
+
+// quantizeX quantizes the x rows of m, a MatMul with a quantized weight,
+// over the pool's workers when there are enough of them. The caller holds
+// the pool.
+func (b *Backend) quantizeX(m *matmul) {
+	p := b.pool
+	nw := min(m.n, p.workers)
+	if nw == 1 || m.n*m.w.Cols < minQuantizeSplit {
+		m.qx.quantizeRows(m.x, m.w.Cols, 0, m.n)
+		return
+	}
+	j := &p.job
+	j.fn, j.n, j.nw, j.mm = p.quantizeFn, m.n, nw, nil
+	p.run(nw)
+}
+
 // MatMul sets y (n, w.Rows) = x (n, w.Cols) · wᵀ, converting w from its
 // stored dtype inside the kernel. It panics (see kernels.CheckMatMul) on
 // malformed arguments. The work is split into tasks of output rows and, when
@@ -77,7 +96,10 @@ func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 	if !p.acquire() {
 		var m matmul
 		var scratch []float32
-		m.init(y, x, w, n, 1)
+		m.init(y, x, w, n, 1, new(qrows))
+		if m.qx != nil {
+			m.qx.quantizeRows(x, w.Cols, 0, n)
+		}
 		for t := range m.tasks {
 			m.task(t, &scratch)
 		}
@@ -85,8 +107,11 @@ func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 	}
 	defer p.release()
 	m := &p.mm
-	m.init(y, x, w, n, p.workers)
+	m.init(y, x, w, n, p.workers, &p.qx)
 	defer func() { m.y, m.x, m.w = nil, nil, nil }()
+	if m.qt != nil {
+		b.quantizeX(m)
+	}
 	nw := min(m.tasks, p.workers)
 	if nw == 1 {
 		for t := range m.tasks {

@@ -2,6 +2,7 @@ package cpu_test
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
@@ -26,9 +27,15 @@ func TestConformance(t *testing.T) {
 }
 
 // TestConformanceFallbacks runs the suite on the slower paths this CPU
-// would not pick: AVX2 without AVX-512, the pure-Go tiles, and pure Go for
-// F16 only (no F16C).
+// would not pick: AVX2 without AVX-512, the pure-Go tiles, pure Go for F16
+// and the quantized types only (no F16C), and VPMADDUBSW instead of VNNI.
 func TestConformanceFallbacks(t *testing.T) {
+	t.Run("noVNNI", func(t *testing.T) {
+		defer cpuinfo.DisableVNNI()()
+		b := cpu.New(2)
+		defer b.Close()
+		kerneltest.MatMulTest(t, b)
+	})
 	t.Run("noAVX512", func(t *testing.T) {
 		defer cpuinfo.DisableAVX512()()
 		b := cpu.New(2)
@@ -52,17 +59,20 @@ func TestConformanceFallbacks(t *testing.T) {
 }
 
 // FuzzMatMul checks random shapes against the reference; the seeds run as a
-// normal test.
+// normal test. A quantized dtype's columns are rounded down to whole blocks,
+// and its tolerance widened by kerneltest.QuantTol.
 func FuzzMatMul(f *testing.F) {
-	for _, s := range [][5]uint16{{1, 1, 1, 1, 1}, {3, 9, 23, 2, 3}, {2, 4, 64, 128, 128}, {70, 5, 15, 1, 7}} {
-		for dt := range 4 {
+	dtypes := kerneltest.DTypes
+	for _, s := range [][5]uint16{{1, 1, 1, 1, 1}, {3, 9, 23, 2, 3}, {2, 4, 64, 128, 128}, {70, 5, 15, 1, 7}, {5, 3, 600, 1, 1}} {
+		for dt := range dtypes {
 			f.Add(uint8(dt), s[0], s[1], s[2], s[3], s[4], uint64(7))
 		}
 	}
 	b := cpu.New(0)
 	f.Fuzz(func(t *testing.T, dt uint8, n, rows, cols, br, bc uint16, seed uint64) {
-		d := kernels.DType(dt % 4)
+		d := dtypes[int(dt)%len(dtypes)]
 		s := [5]int{int(n % 80), int(rows % 300), int(cols % 600), int(br%140) + 1, int(bc%140) + 1}
+		s[2] -= s[2] % d.BlockElems()
 		rng := rand.New(rand.NewPCG(seed, 1))
 		w := kerneltest.NewMat(rng, d, s[1], s[2], s[3], s[4])
 		x := make([]float32, s[0]*s[2])
@@ -73,9 +83,13 @@ func FuzzMatMul(f *testing.F) {
 		want := make([]float32, s[0]*s[1])
 		b.MatMul(got, x, w, s[0])
 		kernels.MatMulRef(want, x, w, s[0])
+		tol := make([]float64, len(got))
+		if d.Quantized() {
+			tol = kerneltest.QuantTol(x, w, s[0])
+		}
 		for i := range got {
-			if d := got[i] - want[i]; d > 1e-3 || d < -1e-3 {
-				t.Fatalf("%v n=%d %dx%d block %dx%d: y[%d] = %g, want %g", d, s[0], s[1], s[2], s[3], s[4], i, got[i], want[i])
+			if e := math.Abs(float64(got[i] - want[i])); !(e <= 1e-3+tol[i]) {
+				t.Fatalf("%v n=%d %dx%d block %dx%d: y[%d] = %g, want %g ± %.3g", d, s[0], s[1], s[2], s[3], s[4], i, got[i], want[i], 1e-3+tol[i])
 			}
 		}
 	})

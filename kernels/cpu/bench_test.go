@@ -41,6 +41,11 @@ var benchShapes = []benchShape{
 	{kernels.F32, 64, 4096, 1024},
 	{kernels.F16, 64, 4096, 1024},
 	{kernels.F8E4M3, 64, 4096, 1024},
+	{kernels.Q8_0, 1, 4096, 1024},
+	{kernels.Q4K, 1, 4096, 1024},
+	{kernels.Q6K, 1, 4096, 1024},
+	{kernels.Q8_0, 64, 4096, 1024},
+	{kernels.Q4K, 64, 4096, 1024},
 }
 
 func BenchmarkMatMul(b *testing.B) {
@@ -51,7 +56,7 @@ func BenchmarkMatMul(b *testing.B) {
 		b.Run(name+"/hot", func(b *testing.B) { benchMatMul(b, be, s, 1) })
 		if s.n == 1 {
 			b.Run(name+"/cold", func(b *testing.B) {
-				benchMatMul(b, be, s, max(1, coldBytes/(s.rows*s.cols*s.dt.Size())))
+				benchMatMul(b, be, s, max(1, coldBytes/(s.rows*s.dt.RowBytes(s.cols))))
 			})
 		}
 	}

@@ -21,15 +21,25 @@ type matmul struct {
 	w      *kernels.Mat
 	n      int
 	tiles  *tileSet
-	esz    int // bytes per weight element
-	rc, bc int // rows per row chunk (a multiple of 4), x rows per batch chunk
-	nr     int // number of row chunks
+	esz    int       // bytes per weight element
+	qt     *qtileSet // quantized w only: its tiles,
+	qx     *qrows    // and x quantized to int8
+	rc, bc int       // rows per row chunk (a multiple of 4), x rows per batch chunk
+	nr     int       // number of row chunks
 	tasks  int
 }
 
-// init plans y = x·wᵀ for n rows on workers workers.
-func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int) {
-	*m = matmul{y: y, x: x, w: w, n: n, tiles: tilesFor(w.DType), esz: w.DType.Size()}
+// init plans y = x·wᵀ for n rows on workers workers; for a quantized w, qx
+// is sized to receive x quantized to int8 (which the caller does before the
+// tasks run, with qx.quantizeRows).
+func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, qx *qrows) {
+	*m = matmul{y: y, x: x, w: w, n: n}
+	if w.DType.Quantized() {
+		m.qt, m.qx = qtilesFor(w.DType), qx
+		qx.resize(n, w.Cols)
+	} else {
+		m.tiles, m.esz = tilesFor(w.DType), w.DType.Size()
+	}
 	m.bc = min(n, batchChunk)
 	nb := ceilDiv(n, m.bc)
 	// Aim for 4 tasks per worker so uneven cores even out, but no smaller
@@ -51,6 +61,10 @@ func (m *matmul) task(t int, scratch *[]float32) {
 	r1 := min(m.w.Rows, r0+m.rc)
 	i1 := min(m.n, i0+m.bc)
 
+	if m.qt != nil {
+		m.qtask(r0, r1, i0, i1)
+		return
+	}
 	cols := m.w.Cols
 	step := r1 - r0
 	if i1-i0 > 1 {
@@ -110,6 +124,36 @@ func (m *matmul) block(s0, s1, i0, i1 int, x []float32, ldx int) {
 				t.r1c1(yi[j:], rows, xi, ldx, data[j*cols*esz:], cols, cols)
 			}
 			i++
+		}
+	}
+}
+
+// qtask is task for a quantized w: output rows [r0, r1) for x rows [i0, i1),
+// weight rows blocked in L1 as in task.
+func (m *matmul) qtask(r0, r1, i0, i1 int) {
+	cols, rows := m.w.Cols, m.w.Rows
+	rb := m.w.DType.RowBytes(cols)
+	step := r1 - r0
+	if i1-i0 > 1 {
+		step = max(1, weightBlock/max(rb, 1))
+	}
+	q, ds, t := m.qx.q, m.qx.ds, m.qt
+	nb := cols / qk
+	for s0 := r0; s0 < r1; s0 += step {
+		s1 := min(r1, s0+step)
+		for i := i0; i < i1; {
+			r := 1
+			if t.r4 != nil && i+4 <= i1 {
+				r = 4
+			}
+			tile := t.r1
+			if r == 4 {
+				tile = t.r4
+			}
+			for j := s0; j < s1; j++ {
+				tile(m.y[i*rows+j:], rows, q[i*cols:], ds[2*i*nb:], cols, m.w.Data[j*rb:(j+1)*rb], cols)
+			}
+			i += r
 		}
 	}
 }

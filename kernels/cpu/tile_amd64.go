@@ -40,6 +40,52 @@ func tilesFor(d kernels.DType) *tileSet {
 	return &asmTiles[d]
 }
 
+// Quantized tiles, indexed by kernels.DType: the AVX2 ones use VPMADDUBSW,
+// the VNNI ones VPDPBUSD (AVX-512 VNNI, 256-bit). Q6_K has no 4-row tile (in a model it is the output head, which prefill runs
+// for one row).
+var (
+	avx2QTiles = [...]qtileSet{
+		kernels.Q8_0: {r1: qtileQ8_0R1AVX2, r4: qtileQ8_0R4AVX2},
+		kernels.Q4_0: {r1: qtileQ4_0R1AVX2, r4: qtileQ4_0R4AVX2},
+		kernels.Q4K:  {r1: qtileQ4KR1AVX2, r4: qtileQ4KR4AVX2},
+		kernels.Q5K:  {r1: qtileQ5KR1AVX2, r4: qtileQ5KR4AVX2},
+		kernels.Q6K:  {r1: qtileQ6KR1AVX2},
+	}
+	vnniQTiles = [...]qtileSet{
+		kernels.Q8_0: {r1: qtileQ8_0R1VNNI, r4: qtileQ8_0R4VNNI},
+		kernels.Q4_0: {r1: qtileQ4_0R1VNNI, r4: qtileQ4_0R4VNNI},
+		kernels.Q4K:  {r1: qtileQ4KR1VNNI, r4: qtileQ4KR4VNNI},
+		kernels.Q5K:  {r1: qtileQ5KR1VNNI, r4: qtileQ5KR4VNNI},
+		kernels.Q6K:  {r1: qtileQ6KR1VNNI},
+	}
+)
+
+// vnni512QTiles are vnniQTiles with the tiles that run faster on zmm
+// registers (two 32-column blocks per instruction) swapped in: the 4-row
+// Q8_0, Q4_0 and Q4_K tiles, the 1-row Q4_K and Q6_K ones (BenchmarkQTile's
+// CPU time), and a 4-row Q6_K tile the ymm set lacks. This package uses them; vnniQTiles stay for comparison in the
+// tests and benchmarks.
+var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
+	t = vnniQTiles
+	t[kernels.Q8_0].r4 = qtileQ8_0R4VNNI512
+	t[kernels.Q4_0].r4 = qtileQ4_0R4VNNI512
+	t[kernels.Q4K] = qtileSet{r1: qtileQ4KR1VNNI512, r4: qtileQ4KR4VNNI512}
+	t[kernels.Q6K] = qtileSet{r1: qtileQ6KR1VNNI512, r4: qtileQ6KR4VNNI512}
+	return t
+}()
+
+// qtilesFor returns the fastest tiles this CPU can run for quantized dtype
+// d (the tiles need F16C for the block scales).
+func qtilesFor(d kernels.DType) *qtileSet {
+	switch {
+	case !cpuinfo.AVX2FMA() || !cpuinfo.F16C():
+		return &genericQTiles[d]
+	case cpuinfo.VNNI():
+		return &vnni512QTiles[d]
+	}
+	return &avx2QTiles[d]
+}
+
 // haveAsm reports whether tilesFor returns assembly for some dtype.
 func haveAsm() bool { return cpuinfo.AVX2FMA() }
 

@@ -40,9 +40,7 @@ func BenchmarkTile(b *testing.B) {
 					x := make([]float32, 4*k)
 					w := make([]byte, 4*k*dt.Size())
 					y := make([]float32, 16)
-					for b.Loop() {
-						sh.f(y, 4, x, k, w, k, k)
-					}
+					cpuLoop(b, func() { sh.f(y, 4, x, k, w, k, k) })
 					b.ReportMetric(float64(2*sh.r*sh.c*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 				})
 			}

@@ -508,6 +508,260 @@ func tileF8R2C4AVX512(y []float32, ldy int, x []float32, ldx int, w []byte, ldw 
 //go:noescape
 func tileF8R4C4AVX512(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
 
+// qtileQ8_0R1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q8_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ int8(w)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ8_0R4AVX2 sets y[r·ldy] for r < 4 to the dot product of one row of Q8_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ int8(w)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4_0R1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q4_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ (nibble−8)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4_0R4AVX2 sets y[r·ldy] for r < 4 to the dot product of one row of Q4_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ (nibble−8)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4KR1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q4K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4KR4AVX2 sets y[r·ldy] for r < 4 to the dot product of one row of Q4K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ5KR1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q5K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ (nibble + 16·bit_j(qh))·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ5KR1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ5KR4AVX2 sets y[r·ldy] for r < 4 to the dot product of one row of Q5K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ (nibble + 16·bit_j(qh))·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ5KR4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ6KR1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q6K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks of 16: dw·sc·d[b]·Σ (q6−32)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ6KR1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ8_0R1VNNI sets y[r·ldy] for r < 1 to the dot product of one row of Q8_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ int8(w)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ8_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ8_0R4VNNI sets y[r·ldy] for r < 4 to the dot product of one row of Q8_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ int8(w)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ8_0R4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4_0R1VNNI sets y[r·ldy] for r < 1 to the dot product of one row of Q4_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ (nibble−8)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4_0R4VNNI sets y[r·ldy] for r < 4 to the dot product of one row of Q4_0
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	dw·d[b]·Σ (nibble−8)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4_0R4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4KR1VNNI sets y[r·ldy] for r < 1 to the dot product of one row of Q4K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4KR4VNNI sets y[r·ldy] for r < 4 to the dot product of one row of Q4K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ nibble·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ4KR4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ5KR1VNNI sets y[r·ldy] for r < 1 to the dot product of one row of Q5K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ (nibble + 16·bit_j(qh))·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ5KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ5KR4VNNI sets y[r·ldy] for r < 4 to the dot product of one row of Q5K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks j: dw·sc_j·d[b]·Σ (nibble + 16·bit_j(qh))·q − dmin·m_j·s[b]
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ5KR4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ6KR1VNNI sets y[r·ldy] for r < 1 to the dot product of one row of Q6K
+// blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
+// pairs in ds[2·r·ldq/32:]); per block b:
+//
+//	Σ over sub-blocks of 16: dw·sc·d[b]·Σ (q6−32)·q
+//
+// k is the row's length (a multiple of the block). The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func qtileQ6KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ6KR1VNNI512 sets y[r·ldy] for r < 1 to the dot product of one row of Q6_K blocks
+// w with x row r (see qtileQ6KR1VNNI) on 512-bit registers (AVX-512 VNNI and BW):
+// two x blocks per integer dot product.
+//
+//go:noescape
+func qtileQ6KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ6KR4VNNI512 sets y[r·ldy] for r < 4 to the dot product of one row of Q6_K blocks
+// w with x row r (see qtileQ6KR1VNNI) on 512-bit registers (AVX-512 VNNI and BW):
+// two x blocks per integer dot product.
+//
+//go:noescape
+func qtileQ6KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4KR1VNNI512 is qtileQ4KR1VNNI on 512-bit registers (AVX-512 VNNI and BW):
+// two sub-blocks per integer dot product, conversion and multiply-add.
+//
+//go:noescape
+func qtileQ4KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4KR4VNNI512 is qtileQ4KR4VNNI on 512-bit registers (AVX-512 VNNI and BW):
+// two sub-blocks per integer dot product, conversion and multiply-add.
+//
+//go:noescape
+func qtileQ4KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ8_0R4VNNI512 is qtileQ8_0R4VNNI on 512-bit registers (AVX-512 VNNI and BW):
+// two blocks per integer dot product, with biased weights (see kernels/_generate/quant.go).
+//
+//go:noescape
+func qtileQ8_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
+// qtileQ4_0R4VNNI512 is qtileQ4_0R4VNNI on 512-bit registers (AVX-512 VNNI and BW):
+// two blocks per integer dot product, with biased weights (see kernels/_generate/quant.go).
+//
+//go:noescape
+func qtileQ4_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
+
 // sumF32 returns the sum of x in some order:
 //
 //	for _, v := range x {

@@ -9,6 +9,11 @@
 // stay bit-identical, y's body starts poisoned with NaN so every element must
 // be written, and x's and w's guards hold NaN so an out-of-bounds read shows
 // up in the result. Parallel must visit every index exactly once.
+//
+// Block-quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) run over QuantShapes
+// (whole blocks) from random valid blocks, against the exact dequantization
+// times float32 x, with a tolerance that allows a backend to quantize x to
+// int8 as llama.cpp does (see QuantTol).
 package kerneltest
 
 import (
@@ -73,7 +78,38 @@ var Shapes = []Shape{
 }
 
 // DTypes are the weight dtypes MatMul must support.
-var DTypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16, kernels.F8E4M3}
+var DTypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16, kernels.F8E4M3,
+	kernels.Q8_0, kernels.Q4_0, kernels.Q4K, kernels.Q5K, kernels.Q6K}
+
+// QuantShapes are the MatMul cases for block-quantized weights: Cols is a
+// multiple of 256 (every quantized type's block), Rows and N cover the same
+// remainders and task splits as Shapes.
+var QuantShapes = []Shape{
+	{0, 4, 256, 0, 0},
+	{2, 3, 0, 0, 0},
+	{1, 1, 256, 0, 0},
+	{1, 7, 512, 0, 0},
+	{2, 3, 256, 0, 0},
+	{3, 9, 768, 0, 0},
+	{5, 33, 256, 0, 0},
+	{1, 130, 1024, 0, 0},
+	{4, 64, 512, 0, 0},
+	{17, 67, 256, 0, 0},
+	{1, 1023, 256, 0, 0},
+	{67, 41, 512, 0, 0},
+	{130, 21, 256, 0, 0},
+	{72, 9, 1024, 0, 0}, // enough x for a backend to quantize it in parallel
+}
+
+// QuantTol is how far a quantized MatMul may stray from the reference beyond
+// Tol: the backend may round each x block of 32 columns to int8 with scale
+// d = max|x|/127, an error uniform in ±d/2 per element, so y[i, j] may be off
+// by QuantSigmas standard deviations of Σₖ w[j,k]·eₖ:
+//
+//	QuantSigmas · √(Σₖ w[j,k]²·d(i,k)²/12)
+//
+// One missing or doubled block of 32 columns is ~10× that at the sizes tested.
+const QuantSigmas = 8
 
 const guard = 16 // elements (bytes for w) of guard band on each side
 
@@ -87,7 +123,11 @@ var (
 // shape, with guard bands and poisoned outputs (see the package comment).
 func MatMulTest(t *testing.T, b kernels.Backend) {
 	for _, dt := range DTypes {
-		for si, s := range Shapes {
+		shapes := Shapes
+		if dt.Quantized() {
+			shapes = QuantShapes
+		}
+		for si, s := range shapes {
 			name := fmt.Sprintf("%v/n=%d,%dx%d", dt, s.N, s.Rows, s.Cols)
 			if dt == kernels.F8E4M3 {
 				name += fmt.Sprintf(",block=%dx%d", s.BlockRows, s.BlockCols)
@@ -111,10 +151,10 @@ func MatMulTest(t *testing.T, b kernels.Backend) {
 
 				checkGuard(t, "y", ybuf, len(y))
 				w.check(t)
-				want, abs := reference(refKey{dt, s, si}, x, w.Mat)
+				want, abs, qtol := reference(refKey{dt, s, si}, x, w.Mat)
 				bad := 0
 				for i := range y {
-					tol := Tol * abs[i]
+					tol := Tol*abs[i] + qtol[i]
 					if d := math.Abs(float64(y[i]) - float64(want[i])); !(d <= tol) {
 						if bad++; bad <= 5 {
 							t.Errorf("y[%d, %d] = %g (bits %#08x), want %g ± %.3g",
@@ -136,6 +176,7 @@ func MatMulArgsTest(t *testing.T, b kernels.Backend) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	w := NewMat(rng, kernels.F32, 8, 16, 0, 0)
 	f8 := NewMat(rng, kernels.F8E4M3, 8, 16, 4, 4)
+	q8 := NewMat(rng, kernels.Q8_0, 8, 64, 0, 0)
 	cases := []struct {
 		name string
 		y, x []float32
@@ -149,6 +190,9 @@ func MatMulArgsTest(t *testing.T, b kernels.Backend) {
 		{"short data", make([]float32, 16), make([]float32, 32), &kernels.Mat{DType: kernels.F32, Rows: 8, Cols: 16, Data: w.Data[:511]}, 2},
 		{"short scales", make([]float32, 16), make([]float32, 32), &kernels.Mat{DType: kernels.F8E4M3, Rows: 8, Cols: 16, Data: f8.Data, Scale: f8.Scale[:7], BlockRows: 4, BlockCols: 4}, 2},
 		{"zero block", make([]float32, 16), make([]float32, 32), &kernels.Mat{DType: kernels.F8E4M3, Rows: 8, Cols: 16, Data: f8.Data, Scale: f8.Scale}, 2},
+		{"partial quant block", make([]float32, 16), make([]float32, 96), &kernels.Mat{DType: kernels.Q8_0, Rows: 8, Cols: 48, Data: q8.Data}, 2},
+		{"short quant data", make([]float32, 16), make([]float32, 128), &kernels.Mat{DType: kernels.Q8_0, Rows: 8, Cols: 64, Data: q8.Data[:8*68-1]}, 2},
+		{"unknown dtype", make([]float32, 16), make([]float32, 32), &kernels.Mat{DType: kernels.Q6K + 1, Rows: 8, Cols: 16, Data: w.Data}, 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -202,15 +246,20 @@ func ParallelTest(t *testing.T, b kernels.Backend) {
 // NewMat returns a rows×cols matrix of dtype dt with random weights of
 // magnitude ~0.1 (F16 and F8 include subnormals; there are no NaN or Inf
 // codes), and for F8E4M3 random scales in [2⁻⁸, 2⁻⁶) over blockRows×blockCols
-// blocks.
+// blocks. A quantized dtype gets random blocks: random quants, random
+// float16 scales of either sign sized so that weights are ~0.1.
 func NewMat(rng *rand.Rand, dt kernels.DType, rows, cols, blockRows, blockCols int) *kernels.Mat {
-	m := &kernels.Mat{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, rows*cols*dt.Size())}
+	m := &kernels.Mat{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, rows*dt.RowBytes(cols))}
 	fillMat(rng, m, blockRows, blockCols)
 	return m
 }
 
 func fillMat(rng *rand.Rand, m *kernels.Mat, blockRows, blockCols int) {
 	d := m.Data
+	if m.DType.Quantized() {
+		fillBlocks(rng, m)
+		return
+	}
 	for i := range m.Rows * m.Cols {
 		switch m.DType {
 		case kernels.F32:
@@ -237,6 +286,37 @@ func fillMat(rng *rand.Rand, m *kernels.Mat, blockRows, blockCols int) {
 	}
 }
 
+// quantScales says where a quantized dtype's float16 scales sit in its block
+// and the binary exponents they are drawn from.
+var quantScales = map[kernels.DType]struct {
+	offs     []int
+	emin, em int
+}{
+	kernels.Q8_0: {[]int{0}, -11, -9},
+	kernels.Q4_0: {[]int{0}, -8, -6},
+	kernels.Q4K:  {[]int{0, 2}, -13, -11},
+	kernels.Q5K:  {[]int{0, 2}, -14, -12},
+	kernels.Q6K:  {[]int{208}, -16, -13}, // float16 subnormals below 2⁻¹⁴
+}
+
+// fillBlocks fills a quantized m with random blocks.
+func fillBlocks(rng *rand.Rand, m *kernels.Mat) {
+	for i := range m.Data {
+		m.Data[i] = byte(rng.IntN(256))
+	}
+	qs := quantScales[m.DType]
+	bb := m.DType.BlockBytes()
+	for b := 0; b+bb <= len(m.Data); b += bb {
+		for _, o := range qs.offs {
+			v := math.Ldexp(1+rng.Float64(), qs.emin+rng.IntN(qs.em-qs.emin+1))
+			if rng.IntN(2) == 0 {
+				v = -v
+			}
+			putU16(m.Data[b+o:], kernels.F32ToF16(float32(v)))
+		}
+	}
+}
+
 // guardedMat is a Mat whose Data and Scale sit inside guard bands.
 type guardedMat struct {
 	*kernels.Mat
@@ -246,7 +326,7 @@ type guardedMat struct {
 }
 
 func newGuardedMat(rng *rand.Rand, dt kernels.DType, s Shape, offset int) *guardedMat {
-	size := s.Rows * s.Cols * dt.Size()
+	size := s.Rows * dt.RowBytes(s.Cols)
 	buf := make([]byte, guard+offset+size+guard)
 	for i := range buf {
 		buf[i] = 0xff // NaN in every dtype (read as -480 by F8 fast paths)
@@ -302,23 +382,56 @@ type refKey struct {
 }
 
 type refResult struct {
-	want []float32
-	abs  []float64
+	want      []float32
+	abs, qtol []float64
 }
 
 var refCache sync.Map // refKey → refResult
 
-// reference returns kernels.MatMulRef's result and absDot for a case,
-// computed once per test binary.
-func reference(k refKey, x []float32, w *kernels.Mat) ([]float32, []float64) {
+// reference returns kernels.MatMulRef's result, absDot and (for quantized
+// weights) QuantTol for a case, computed once per test binary.
+func reference(k refKey, x []float32, w *kernels.Mat) (want []float32, abs, qtol []float64) {
 	if r, ok := refCache.Load(k); ok {
-		return r.(refResult).want, r.(refResult).abs
+		r := r.(refResult)
+		return r.want, r.abs, r.qtol
 	}
-	want := make([]float32, k.s.N*k.s.Rows)
+	want = make([]float32, k.s.N*k.s.Rows)
 	kernels.MatMulRef(want, x, w, k.s.N)
-	abs := absDot(x, w, k.s.N)
-	refCache.Store(k, refResult{want, abs})
-	return want, abs
+	abs = absDot(x, w, k.s.N)
+	qtol = make([]float64, len(want))
+	if k.dt.Quantized() {
+		qtol = QuantTol(x, w, k.s.N)
+	}
+	refCache.Store(k, refResult{want, abs, qtol})
+	return want, abs, qtol
+}
+
+// QuantTol returns the x-quantization allowance (see QuantSigmas) for every
+// output (i, j) of y = x·wᵀ.
+func QuantTol(x []float32, w *kernels.Mat, n int) []float64 {
+	const qk = 32
+	d := make([]float64, n*w.Cols/qk) // (n, cols/qk): x's block scales
+	for b := range d {
+		var amax float64
+		for _, v := range x[b*qk : (b+1)*qk] {
+			amax = max(amax, math.Abs(float64(v)))
+		}
+		d[b] = amax / 127
+	}
+	out := make([]float64, n*w.Rows)
+	row := make([]float32, w.Cols)
+	for j := range w.Rows {
+		w.RowF32(row, j)
+		for i := range n {
+			var v float64
+			for k, wk := range row {
+				e := float64(wk) * d[(i*w.Cols+k)/qk]
+				v += e * e / 12
+			}
+			out[i*w.Rows+j] = QuantSigmas * math.Sqrt(v)
+		}
+	}
+	return out
 }
 
 // absDot returns Σₖ |x[i,k]·w[j,k]| for every output (i, j).

@@ -14,12 +14,14 @@ var (
 	avx2FMA atomic.Bool // AVX2 and FMA3, with OS support for the ymm state
 	f16c    atomic.Bool // VCVTPH2PS
 	avx512  atomic.Bool // AVX-512 F and VL, with OS support for the zmm state
+	vnni    atomic.Bool // AVX-512 VNNI (VPDPBUSD) and BW
 )
 
 func init() {
 	avx2FMA.Store(cpu.X86.HasAVX2 && cpu.X86.HasFMA)
 	f16c.Store(cpu.X86.HasF16C)
 	avx512.Store(cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL)
+	vnni.Store(cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512BW)
 }
 
 // AVX2FMA reports whether AVX2 and FMA3 may be used.
@@ -30,6 +32,13 @@ func F16C() bool { return f16c.Load() }
 
 // AVX512 reports whether AVX-512 F and VL may be used.
 func AVX512() bool { return avx512.Load() }
+
+// VNNI reports whether the AVX-512 VNNI integer dot product may be used,
+// with AVX-512 BW for byte operations on 512-bit registers (and F and VL).
+func VNNI() bool { return vnni.Load() && avx512.Load() }
+
+// DisableVNNI turns AVX-512 VNNI off until restore is called. For testing.
+func DisableVNNI() (restore func()) { return disable(&vnni) }
 
 // DisableAVX512 turns AVX-512 off until restore is called. For testing.
 func DisableAVX512() (restore func()) { return disable(&avx512) }

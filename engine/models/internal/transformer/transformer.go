@@ -68,6 +68,7 @@ func Read(cfg *config.Config, tiedDefault bool) (Params, error) {
 		MscaleAllDim:         rp.MScaleAllDim,
 		AttentionFactor:      rp.AttentionFactor,
 		NoTruncate:           !rp.Truncate,
+		FreqFactors:          rp.FreqFactors,
 	}
 	if err := cfg.Err(); err != nil {
 		return p, err

@@ -1,0 +1,284 @@
+package engine
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/linattn"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// ggufFixtures are the fixtures with a llama.cpp conversion.
+var ggufFixtures = []string{"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite", "qwen3_next", "deepseek_v32", "glm_moe_dsa"}
+
+// writeGGUF converts fixture name to a GGUF file of type typ in a temporary
+// directory and returns its path.
+func writeGGUF(t *testing.T, name string, typ uint32) string {
+	t.Helper()
+	w, err := ggufwrite.Convert(fixtures.Dir(name), typ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), name+".gguf")
+	if err := w.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// promptRun is a model's logits for a fixture's prompt and its greedy
+// continuation.
+type promptRun struct {
+	logits []float32
+	greedy []int32
+}
+
+func runPrompt(t *testing.T, l *Loaded, prompt []int32, steps int) promptRun {
+	t.Helper()
+	m := l.Model
+	c, err := l.NewCache(int64(len(prompt)+steps+16)*m.Info().KVBytesPerToken, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.NewSeq()
+	// Linear-attention models keep a recurrent state per sequence.
+	var states *linattn.StatePool
+	var slot *linattn.Slot
+	if sm, ok := m.(model.StateModel); ok {
+		if states, err = linattn.NewStatePool(sm.StateLayout(), 1<<24); err != nil {
+			t.Fatal(err)
+		}
+		if slot, err = states.Alloc(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step := func(s *kvcache.Seq, toks []int32, mode model.Logits) []float32 {
+		pos := s.Len()
+		if err := c.Reserve(s, pos+len(toks)); err != nil {
+			t.Fatal(err)
+		}
+		out, err := m.Forward(&model.Batch{Cache: c, States: states, Seqs: []model.Seq{{Tokens: toks, Pos: pos, KV: s, State: slot, Logits: mode}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.Seqs[0].Logits
+	}
+	r := promptRun{logits: step(s, prompt, model.AllLogits)}
+	vocab := m.Info().Vocab
+	next := argmax(r.logits[len(r.logits)-vocab:])
+	for range steps {
+		r.greedy = append(r.greedy, next)
+		next = argmax(step(s, []int32{next}, model.LastLogits))
+	}
+	return r
+}
+
+// f16Checkpoint writes a copy of the fixture checkpoint in dir with its
+// matrices in F16 (routers, convolutions, norms and biases F32, as in GGUF
+// conversions).
+func f16Checkpoint(t *testing.T, dir string) string {
+	t.Helper()
+	set, err := weights.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	var ts []weights.WriteTensor
+	for _, name := range set.Names() {
+		x, err := set.Tensor(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dt := kernels.F32
+		if len(x.Shape) >= 2 && !strings.HasSuffix(name, "gate.weight") && !strings.Contains(name, "conv1d") {
+			dt = kernels.F16
+		}
+		ts = append(ts, weights.Encode(name, dt, x.Shape, ggufwrite.DecodeF32(x.Data)))
+	}
+	out := t.TempDir()
+	if err := weights.WriteFile(filepath.Join(out, "model.safetensors"), ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestGGUFFixtures converts each fixture to GGUF, in F32 and in F16, and
+// checks the model built from the file against the one built from the
+// same weights in safetensors: identical logits and greedy tokens (llama's
+// logits only within float rounding: its RoPE scaling arrives as
+// llama.cpp's rope_freqs factors rather than the llama3 parameters). Both
+// run with a float32 KV cache, so that a BF16 cache's rounding does not
+// magnify that difference.
+func TestGGUFFixtures(t *testing.T) {
+	for _, name := range ggufFixtures {
+		t.Run(name, func(t *testing.T) {
+			fx, err := fixtures.Load(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			prompt, _, err := fx.Ints("prompt_ids")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tc := range []struct {
+				typ uint32
+				dir string
+			}{{ggufwrite.F32, fx.Dir}, {ggufwrite.F16, f16Checkpoint(t, fx.Dir)}} {
+				ref, err := Load(tc.dir, Options{Threads: 2, KVFloat32: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := runPrompt(t, ref, prompt, 12)
+				_, refMTP := ref.Model.(model.MTPModel)
+				ref.Close()
+				path := writeGGUF(t, name, tc.typ)
+				l, err := Load(path, Options{Threads: 2, KVFloat32: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := runPrompt(t, l, prompt, 12)
+				if _, mtp := l.Model.(model.MTPModel); mtp != refMTP {
+					t.Errorf("type %d: MTP module %v, safetensors %v", tc.typ, mtp, refMTP)
+				}
+				l.Close()
+				rel, abs := relErr(got.logits, want.logits)
+				t.Logf("type %d: logits max abs error %.3g, relative %.3g", tc.typ, abs, rel)
+				tol := 0.0
+				if name == "llama" {
+					tol = 1e-5
+				}
+				if rel > tol {
+					t.Errorf("type %d: logits relative error %.3g > %g", tc.typ, rel, tol)
+				}
+				if !slices.Equal(got.greedy, want.greedy) {
+					t.Errorf("type %d: greedy tokens\n got %v\nwant %v", tc.typ, got.greedy, want.greedy)
+				}
+			}
+		})
+	}
+}
+
+// TestGGUFBF16 converts the bf16 fixture to a BF16 GGUF file (norms in F32,
+// as llama.cpp writes them): the same logits as its safetensors.
+func TestGGUFBF16(t *testing.T) {
+	fx, err := fixtures.Load("qwen3-bf16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt, _, _ := fx.Ints("prompt_ids")
+	ref, err := Load(fx.Dir, Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := runPrompt(t, ref, prompt, 8)
+	ref.Close()
+	l, err := Load(writeGGUF(t, "qwen3-bf16", ggufwrite.BF16), Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if q := l.GGUF.Quantization(); q != "BF16" {
+		t.Errorf("quantization %q", q)
+	}
+	got := runPrompt(t, l, prompt, 8)
+	if rel, _ := relErr(got.logits, want.logits); rel != 0 || !slices.Equal(got.greedy, want.greedy) {
+		t.Errorf("relative error %.3g, greedy %v want %v", rel, got.greedy, want.greedy)
+	}
+}
+
+// TestGGUFFusedExperts loads MoE fixtures converted with fused gate and up
+// expert tensors (ffn_gate_up_exps): the same logits as the safetensors.
+func TestGGUFFusedExperts(t *testing.T) {
+	for _, name := range []string{"qwen3_moe", "glm4_moe"} {
+		fx, err := fixtures.Load(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prompt, _, _ := fx.Ints("prompt_ids")
+		ref, err := Load(fx.Dir, Options{Threads: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := runPrompt(t, ref, prompt, 8)
+		ref.Close()
+		w, err := ggufwrite.Convert(fx.Dir, ggufwrite.F32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.FuseGateUpExperts()
+		path := filepath.Join(t.TempDir(), "fused.gguf")
+		if err := w.WriteFile(path); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := w.Find("blk.1.ffn_gate_up_exps.weight"); !ok {
+			t.Fatal("no fused tensor written")
+		}
+		l, err := Load(path, Options{Threads: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := runPrompt(t, l, prompt, 8)
+		l.Close()
+		if rel, _ := relErr(got.logits, want.logits); rel != 0 || !slices.Equal(got.greedy, want.greedy) {
+			t.Errorf("%s: relative error %.3g, greedy %v want %v", name, rel, got.greedy, want.greedy)
+		}
+	}
+}
+
+// TestGGUFQ8_0 converts every fixture to a Q8_0 GGUF file (ggml's reference
+// quantizer, in internal/ggufwrite) and checks it against the same
+// safetensors quantized as they load (Options.Quant "q8_0"): the same
+// blocks read in place give the same logits and greedy tokens. Llama's
+// logits differ a little: its RoPE scaling arrives as rope_freqs, and the
+// last-bit differences in q and k move some roundings of the activations,
+// which the int8 kernels quantize.
+func TestGGUFQ8_0(t *testing.T) {
+	for _, name := range ggufFixtures {
+		t.Run(name, func(t *testing.T) {
+			fx, err := fixtures.Load(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			prompt, _, _ := fx.Ints("prompt_ids")
+			ref, err := Load(fx.Dir, Options{Threads: 2, Quant: "q8_0"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := runPrompt(t, ref, prompt, 12)
+			ref.Close()
+			l, err := Load(writeGGUF(t, name, ggufwrite.Q8_0), Options{Threads: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if q := l.GGUF.Quantization(); q != "Q8_0" {
+				t.Errorf("quantization %q", q)
+			}
+			got := runPrompt(t, l, prompt, 12)
+			l.Close()
+			rel, abs := relErr(got.logits, want.logits)
+			t.Logf("logits max abs error %.3g, relative %.3g", abs, rel)
+			tol := 0.0
+			if name == "llama" {
+				tol = 2e-2
+			}
+			if rel > tol || !slices.Equal(got.greedy, want.greedy) {
+				t.Errorf("relative error %.3g > %g, greedy %v want %v", rel, tol, got.greedy, want.greedy)
+			}
+		})
+	}
+}

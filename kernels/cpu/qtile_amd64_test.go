@@ -1,0 +1,131 @@
+//go:build !noasm
+
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/internal/cpuinfo"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+)
+
+var quantTypes = []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K, kernels.Q5K, kernels.Q6K}
+
+// qtileSets are the quantized tile sets this CPU can run, by name.
+func qtileSets() map[string]*[kernels.Q6K + 1]qtileSet {
+	sets := map[string]*[kernels.Q6K + 1]qtileSet{"go": &genericQTiles}
+	if cpuinfo.AVX2FMA() && cpuinfo.F16C() {
+		sets["avx2"] = &avx2QTiles
+	}
+	if cpuinfo.VNNI() && cpuinfo.F16C() {
+		sets["vnni"] = &vnniQTiles
+		sets["vnni512"] = &vnni512QTiles
+	}
+	return sets
+}
+
+// TestQTilesMatchGo checks every assembly tile against the Go tile on the
+// same quantized x: both sum the same integer products, so they differ only
+// by float32 rounding of the per-block terms. The 4-row tiles write y with a
+// stride and must leave the gaps alone.
+func TestQTilesMatchGo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	const R, ldy = 4, 3
+	for name, set := range qtileSets() {
+		if name == "go" {
+			continue
+		}
+		for _, dt := range quantTypes {
+			ks := []int{256, 512, 2816}
+			if dt.BlockElems() == 32 {
+				ks = append(ks, 32, 96, 288) // odd block counts
+			}
+			for _, k := range ks {
+				w := kerneltest.NewMat(rng, dt, 1, k, 0, 0)
+				x := make([]float32, R*k)
+				for i := range x {
+					x[i] = float32(rng.NormFloat64())
+				}
+				x[3] = 0 // and a zero block:
+				for i := 32; i < 64; i++ {
+					x[i] = 0
+				}
+				var qx qrows
+				qx.quantize(x, R, k)
+				want := make([]float32, R)
+				for r := range R {
+					genericQTiles[dt].r1(want[r:], 1, qx.q[r*k:], qx.ds[2*r*k/32:], k, w.Data, k)
+				}
+				var sums [R]float64 // Σ|xw| bounds the rounding
+				row := make([]float32, k)
+				w.RowF32(row, 0)
+				for i, v := range row {
+					for r := range R {
+						sums[r] += math.Abs(float64(v) * float64(x[r*k+i]))
+					}
+				}
+				check := func(tile string, got []float32, rows int) {
+					for r := range rows {
+						if d := math.Abs(float64(got[r*ldy] - want[r])); !(d <= 1e-5*sums[r]) {
+							t.Errorf("%s %v %s k=%d row %d: %g, Go tile %g (Σ|xw| %g)", name, dt, tile, k, r, got[r*ldy], want[r], sums[r])
+						}
+					}
+					for i, v := range got {
+						if i%ldy != 0 && v != -1 {
+							t.Errorf("%s %v %s: y[%d] between the rows written", name, dt, tile, i)
+						}
+					}
+				}
+				got := make([]float32, R*ldy)
+				for i := range got {
+					got[i] = -1
+				}
+				set[dt].r1(got, ldy, qx.q, qx.ds, k, w.Data, k)
+				check("R1", got, 1)
+				if set[dt].r4 != nil {
+					set[dt].r4(got, ldy, qx.q, qx.ds, k, w.Data, k)
+					check("R4", got, R)
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkQTile runs each quantized tile on one core with the row in L1
+// (k = 4096): GB/s of weights, counted once per x row, and the thread's CPU
+// time per call.
+func BenchmarkQTile(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	const k = 4096
+	for name, set := range qtileSets() {
+		for _, dt := range quantTypes {
+			w := kerneltest.NewMat(rng, dt, 1, k, 0, 0)
+			x := make([]float32, k)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			var qx qrows
+			qx.quantize(x, 1, k)
+			b.Run(fmt.Sprintf("%s/%v/R1", name, dt), func(b *testing.B) {
+				y := make([]float32, 1)
+				b.SetBytes(int64(len(w.Data)))
+				cpuLoop(b, func() { set[dt].r1(y, 1, qx.q, qx.ds, k, w.Data, k) })
+			})
+			if set[dt].r4 == nil {
+				continue
+			}
+			var qx4 qrows
+			qx4.quantize(append(append(append(slices.Clone(x), x...), x...), x...), 4, k)
+			b.Run(fmt.Sprintf("%s/%v/R4", name, dt), func(b *testing.B) {
+				y := make([]float32, 4)
+				b.SetBytes(int64(4 * len(w.Data))) // as four R1 calls
+				cpuLoop(b, func() { set[dt].r4(y, 1, qx4.q, qx4.ds, k, w.Data, k) })
+			})
+		}
+	}
+}
