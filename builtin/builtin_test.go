@@ -59,7 +59,7 @@ type env struct {
 
 func newEnv(t testing.TB, m model.Model, tokens, seqs int) *env {
 	t.Helper()
-	c, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: 16, Budget: int64(tokens+16*seqs) * m.Info().KVBytesPerToken})
+	c, err := model.NewCache(m, kvcache.Options{BlockSize: 16, Budget: int64(tokens+16*seqs) * m.Info().KVBytesPerToken})
 	if err != nil {
 		t.Fatal(err)
 	}

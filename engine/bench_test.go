@@ -46,7 +46,7 @@ func BenchmarkDecode(b *testing.B) {
 	const prompt = 128
 	for _, batch := range []int{1, 4, 8} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
-			c, err := kvcache.New(m.CacheLayout(), kvcache.Options{Budget: int64(batch*(prompt+4096)) * info.KVBytesPerToken})
+			c, err := model.NewCache(m, kvcache.Options{Budget: int64(batch*(prompt+4096)) * info.KVBytesPerToken})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -101,7 +101,7 @@ func BenchmarkPrefill(b *testing.B) {
 	defer be.Close()
 	m, _ := benchModel(b, be)
 	const n = 512
-	c, err := kvcache.New(m.CacheLayout(), kvcache.Options{Budget: int64(n) * m.Info().KVBytesPerToken})
+	c, err := model.NewCache(m, kvcache.Options{Budget: int64(n) * m.Info().KVBytesPerToken})
 	if err != nil {
 		b.Fatal(err)
 	}

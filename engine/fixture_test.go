@@ -1,20 +1,36 @@
 package engine
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 // fixtureTol bounds max|engine − transformers| / max|transformers| for
 // logits and hidden states. The references are float32 (bf16 weights are
 // widened exactly), so only summation order separates the two.
 const fixtureTol = 1e-4
+
+// bf16KVTol bounds the same error per row with a BF16 KV cache (the op-set
+// architectures' default): keys and values are rounded to 8 significant
+// bits (relative error ≤ 2⁻⁹ ≈ 2e-3 each), measured at ≤ 5e-3 on these
+// fixtures. Rounding may flip a near-tie MoE expert choice, which moves
+// that token's row far more (glm4_moe's prompt row 77: 0.17); at most one
+// row in bf16KVOutliers may exceed the bound. Greedy tokens must still be
+// identical.
+const (
+	bf16KVTol      = 1e-2
+	bf16KVOutliers = 32
+)
 
 // relErr is max|got−want| / max|want|.
 func relErr(got, want []float32) (rel, abs float64) {
@@ -45,7 +61,19 @@ func argmax(v []float32) int32 {
 // logits fed one token at a time, and 16 greedy tokens.
 func TestFixtures(t *testing.T) {
 	for _, name := range []string{"llama", "qwen3", "qwen3-bf16", "qwen3_moe", "mixtral", "glm4_moe"} {
-		t.Run(name, func(t *testing.T) {
+		for _, kv32 := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/kv-f32=%v", name, kv32), func(t *testing.T) { fixture(t, name, kv32, nil) })
+		}
+		// The strict backend: only the op set touches activations.
+		t.Run(name+"/strict", func(t *testing.T) { fixture(t, name, false, strict.New()) })
+	}
+}
+
+// fixture runs one transformers fixture, with a float32 or the model's
+// default KV cache.
+func fixture(t *testing.T, name string, kv32 bool, be kernels.Backend) {
+	{
+		{
 			fx, err := fixtures.Load(name)
 			if os.IsNotExist(err) {
 				t.Skipf("fixture %s not present", name)
@@ -53,13 +81,17 @@ func TestFixtures(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l, err := Load(fx.Dir, Options{Threads: 2})
+			l, err := Load(fx.Dir, Options{Threads: 2, KVFloat32: kv32, Backend: be})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer l.Close()
 			m := l.Model
 			info := m.Info()
+			tol := fixtureTol
+			if m.CacheLayout()[0].DType == kernels.BF16 {
+				tol = bf16KVTol
+			}
 			prompt, _, err := fx.Ints("prompt_ids")
 			if err != nil {
 				t.Fatal(err)
@@ -93,8 +125,30 @@ func TestFixtures(t *testing.T) {
 				t.Helper()
 				rel, abs := relErr(got, want)
 				t.Logf("%-14s max abs error %.3g, relative %.3g", what, abs, rel)
-				if rel > fixtureTol {
-					t.Errorf("%s: relative error %.3g > %g", what, rel, fixtureTol)
+				if rel <= tol {
+					return
+				}
+				if tol != bf16KVTol {
+					t.Errorf("%s: relative error %.3g > %g", what, rel, tol)
+					return
+				}
+				// Per row, relative to the whole tensor's largest value.
+				var maxRef float64
+				for _, v := range want {
+					maxRef = max(maxRef, math.Abs(float64(v)))
+				}
+				width := fx.Ref.V
+				if len(want)%width != 0 || strings.Contains(what, "hidden") {
+					width = fx.Ref.H
+				}
+				bad := 0
+				for r := 0; r < len(want)/width; r++ {
+					if _, a := relErr(got[r*width:(r+1)*width], want[r*width:(r+1)*width]); a > tol*maxRef {
+						bad++
+					}
+				}
+				if rows := len(want) / width; bad > max(1, rows/bf16KVOutliers) {
+					t.Errorf("%s: %d of %d rows beyond relative error %g", what, bad, rows, tol)
 				}
 			}
 
@@ -124,6 +178,6 @@ func TestFixtures(t *testing.T) {
 			if st := c.Stats(); st.BlocksUsed != 0 {
 				t.Errorf("cache not empty after Free: %+v", st)
 			}
-		})
+		}
 	}
 }

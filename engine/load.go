@@ -28,6 +28,9 @@ type Options struct {
 	RandomWeights bool
 	// Seed seeds the random weights.
 	Seed uint64
+	// KVFloat32 keeps the KV cache in float32 instead of the default of
+	// the architectures on the op set (bfloat16, half the bytes per token).
+	KVFloat32 bool
 	// Quant, when set ("q8_0" or "q4_k", see QuantTypes), quantizes the
 	// matrices in memory as the model is built (see quantize.go for which).
 	Quant string
@@ -78,11 +81,26 @@ func Load(dir string, opts Options) (*Loaded, error) {
 		src = l.Weights
 	}
 	l.startBackend(opts)
-	if l.Model, err = model.New(cfg, l.source(src, opts), l.Backend); err != nil {
+	if l.Model, err = l.newModel(cfg, src, opts); err != nil {
 		l.Close()
 		return nil, err
 	}
 	return l, nil
+}
+
+// newModel builds the architecture from src on l's backend, with the KV
+// cache dtype opts asks for.
+func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Options) (model.Model, error) {
+	m, err := model.New(cfg, l.source(src, opts), l.Backend)
+	if err != nil {
+		return nil, err
+	}
+	if dm, ok := m.(model.DeviceModel); ok && opts.KVFloat32 {
+		if err := dm.SetCacheDType(kernels.F32); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
 }
 
 // checkQuant rejects an unknown Options.Quant before anything is loaded.
@@ -140,7 +158,7 @@ func randomDType(cfg *config.Config) kernels.DType {
 // NewCache returns a paged KV cache for the model within budget bytes
 // (blockSize tokens per block; 0 means kvcache.DefaultBlockSize).
 func (l *Loaded) NewCache(budget int64, blockSize int) (*kvcache.Cache, error) {
-	c, err := kvcache.New(l.Model.CacheLayout(), kvcache.Options{BlockSize: blockSize, Budget: budget})
+	c, err := model.NewCache(l.Model, kvcache.Options{BlockSize: blockSize, Budget: budget})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", l.Dir, err)
 	}

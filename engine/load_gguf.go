@@ -50,7 +50,7 @@ func loadGGUF(name, file string, opts Options) (_ *Loaded, err error) {
 		}
 	}
 	l.startBackend(opts)
-	if l.Model, err = model.New(l.Config, l.source(src, opts), l.Backend); err != nil {
+	if l.Model, err = l.newModel(l.Config, src, opts); err != nil {
 		return nil, err
 	}
 	return l, nil

@@ -121,7 +121,9 @@ func f16Checkpoint(t *testing.T, dir string) string {
 // checks the model built from the file against the one built from the
 // same weights in safetensors: identical logits and greedy tokens (llama's
 // logits only within float rounding: its RoPE scaling arrives as
-// llama.cpp's rope_freqs factors rather than the llama3 parameters).
+// llama.cpp's rope_freqs factors rather than the llama3 parameters). Both
+// run with a float32 KV cache, so that a BF16 cache's rounding does not
+// magnify that difference.
 func TestGGUFFixtures(t *testing.T) {
 	for _, name := range ggufFixtures {
 		t.Run(name, func(t *testing.T) {
@@ -137,7 +139,7 @@ func TestGGUFFixtures(t *testing.T) {
 				typ uint32
 				dir string
 			}{{ggufwrite.F32, fx.Dir}, {ggufwrite.F16, f16Checkpoint(t, fx.Dir)}} {
-				ref, err := Load(tc.dir, Options{Threads: 2})
+				ref, err := Load(tc.dir, Options{Threads: 2, KVFloat32: true})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -145,7 +147,7 @@ func TestGGUFFixtures(t *testing.T) {
 				_, refMTP := ref.Model.(model.MTPModel)
 				ref.Close()
 				path := writeGGUF(t, name, tc.typ)
-				l, err := Load(path, Options{Threads: 2})
+				l, err := Load(path, Options{Threads: 2, KVFloat32: true})
 				if err != nil {
 					t.Fatal(err)
 				}

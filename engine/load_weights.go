@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
-	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 )
 
@@ -31,7 +30,7 @@ func LoadWeights(name string, cfg *config.Config, w *weights.Set, opts Options) 
 	}
 	l := &Loaded{Dir: name, Config: cfg, Weights: w, Backend: opts.Backend}
 	l.startBackend(opts)
-	m, err := model.New(cfg, l.source(w, opts), l.Backend)
+	m, err := l.newModel(cfg, w, opts)
 	if err != nil {
 		l.Close()
 		return nil, err

@@ -48,6 +48,8 @@ func (d DType) String() string {
 		return "Q5_K"
 	case Q6K:
 		return "Q6_K"
+	case I32:
+		return "I32"
 	}
 	return "unknown"
 }
@@ -90,7 +92,7 @@ func (d DType) RowBytes(cols int) int { return cols / d.BlockElems() * d.BlockBy
 // Size is the number of bytes one element takes.
 func (d DType) Size() int {
 	switch d {
-	case F32:
+	case F32, I32:
 		return 4
 	case BF16, F16:
 		return 2

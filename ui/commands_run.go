@@ -108,8 +108,12 @@ func (m *model) cmdStats(string) tea.Cmd {
 	}
 	b.WriteString("\n")
 	if s.KVBlocksTotal > 0 {
-		fmt.Fprintf(&b, "KV cache: %d of %d blocks (%s), %s of %s\n", s.KVBlocksUsed, s.KVBlocksTotal,
+		fmt.Fprintf(&b, "KV cache: %d of %d blocks (%s), %s of %s", s.KVBlocksUsed, s.KVBlocksTotal,
 			percent(s.KVBlocksUsed, s.KVBlocksTotal), formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))
+		if s.KVBytesPerToken > 0 {
+			fmt.Fprintf(&b, ", %s per token", formatBytes(s.KVBytesPerToken))
+		}
+		b.WriteString("\n")
 	}
 	if s.RecurrentBytes > 0 {
 		fmt.Fprintf(&b, "Recurrent state: %s\n", formatBytes(s.RecurrentBytes))

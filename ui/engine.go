@@ -237,8 +237,11 @@ type Stats struct {
 	KVBlocksTotal int
 	KVBytesUsed   int64
 	KVBytesTotal  int64
-	Running       int // sequences generating
-	Waiting       int // requests queued for admission
+	// KVBytesPerToken is the cache memory one token takes across all
+	// layers (half for a BF16 cache); 0 when unknown.
+	KVBytesPerToken int64
+	Running         int // sequences generating
+	Waiting         int // requests queued for admission
 
 	RecurrentBytes int64 // recurrent state held (models with linear-attention layers)
 

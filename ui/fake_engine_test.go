@@ -40,7 +40,7 @@ type fakeReply struct {
 func newFakeEngine(replies ...fakeReply) *fakeEngine {
 	return &fakeEngine{
 		info:   ModelInfo{Name: "Fake-1B", Arch: "fake", MaxContext: 4096},
-		stats:  Stats{KVBlocksUsed: 3, KVBlocksTotal: 12, KVBytesUsed: 3 << 20, KVBytesTotal: 12 << 20, Running: 0, Waiting: 0},
+		stats:  Stats{KVBlocksUsed: 3, KVBlocksTotal: 12, KVBytesUsed: 3 << 20, KVBytesTotal: 12 << 20, KVBytesPerToken: 1 << 10, Running: 0, Waiting: 0},
 		script: replies,
 	}
 }

@@ -797,6 +797,7 @@ func TestContextCounterNeverPassesItsLimit(t *testing.T) {
 	h.settle()
 	h.line("/stats")
 	h.untilNotice("context 12 tokens (the KV cache's size, set by kv_budget")
+	h.untilNotice("KV cache: 3 of 12 blocks (25%), 3.0 MiB of 12.0 MiB, 1.0 KiB per token")
 	m := h.final()
 	bar := m.statusView()
 	if !strings.Contains(bar, "⚠ ctx 12/12 (KV budget)") || strings.Contains(bar, "13/12") {

@@ -38,13 +38,18 @@ func (e *RuntimeEngine) Info() ModelInfo { return e.info }
 // Stats implements Engine.
 func (e *RuntimeEngine) Stats() Stats {
 	s := e.rt.Stats()
+	var perToken int64
+	if slots := int64(s.KVBlocksTotal) * int64(s.KVBlockSize); slots > 0 {
+		perToken = s.KVBytesTotal / slots
+	}
 	return Stats{
-		KVBlocksUsed:  s.KVBlocksUsed,
-		KVBlocksTotal: s.KVBlocksTotal,
-		KVBytesUsed:   s.KVBytesUsed,
-		KVBytesTotal:  s.KVBytesTotal,
-		Running:       s.Running,
-		Waiting:       s.Waiting,
+		KVBytesPerToken: perToken,
+		KVBlocksUsed:    s.KVBlocksUsed,
+		KVBlocksTotal:   s.KVBlocksTotal,
+		KVBytesUsed:     s.KVBytesUsed,
+		KVBytesTotal:    s.KVBytesTotal,
+		Running:         s.Running,
+		Waiting:         s.Waiting,
 
 		RecurrentBytes:  s.RecurrentBytes,
 		DraftTokens:     s.DraftTokens,

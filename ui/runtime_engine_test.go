@@ -16,6 +16,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -27,17 +28,6 @@ const tinyQwen3 = `{
   "vocab_size": 151936, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
   "rope_theta": 1000000, "tie_word_embeddings": true, "attention_bias": false
 }`
-
-// refBackend runs on the reference matmul, single-threaded.
-type refBackend struct{}
-
-func (refBackend) Name() string                                 { return "ref" }
-func (refBackend) MatMul(y, x []float32, w *kernels.Mat, n int) { kernels.MatMulRef(y, x, w, n) }
-func (refBackend) Parallel(n int, fn func(lo, hi int)) {
-	if n > 0 {
-		fn(0, n)
-	}
-}
 
 // The tiny runtime is built once and shared: loading the Qwen3 tokenizer
 // takes a couple of seconds. Tests use it one after another.
@@ -64,7 +54,7 @@ func newTinyRuntimeEngine(t *testing.T) (*RuntimeEngine, *tokenizer.Tokenizer) {
 			tinyErr = err
 			return
 		}
-		m, err := enginemodel.New(cfg, randweights.New(7, kernels.F32), refBackend{})
+		m, err := enginemodel.New(cfg, randweights.New(7, kernels.F32), strict.New())
 		if err != nil {
 			tinyErr = err
 			return
@@ -91,7 +81,7 @@ func TestRuntimeEngineStreams(t *testing.T) {
 	if got := eng.Info().MaxContext; got != 64 {
 		t.Errorf("MaxContext = %d, want 64 (the model's context)", got)
 	}
-	if st := eng.Stats(); st.KVBlocksTotal != 16 || st.KVBytesTotal == 0 {
+	if st := eng.Stats(); st.KVBlocksTotal != 16 || st.KVBytesTotal == 0 || st.KVBytesPerToken != st.KVBytesTotal/(16*16) {
 		t.Errorf("stats = %+v", st)
 	}
 	req := Request{

@@ -50,7 +50,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
@@ -511,9 +510,12 @@ type peakModel struct {
 	prefault atomic.Bool
 }
 
+// Unwrap returns the wrapped model (model.NewCache finds its device).
+func (p *peakModel) Unwrap() model.Model { return p.Model }
+
 func (p *peakModel) Forward(b *model.Batch) (*model.Output, error) {
 	if b.Cache != nil && p.prefault.CompareAndSwap(true, false) {
-		touchCache(b.Cache)
+		b.Cache.Prefault()
 	}
 	if b.Cache != nil {
 		used := b.Cache.Stats().BytesUsed
@@ -525,21 +527,6 @@ func (p *peakModel) Forward(b *model.Batch) (*model.Output, error) {
 		}
 	}
 	return p.Model.Forward(b)
-}
-
-// touchCache writes a zero into every 4 KiB page of c's storage.
-func touchCache(c *kvcache.Cache) {
-	const page = 4096 / 4 // float32s
-	n := int32(c.Stats().BlocksTotal)
-	for l := range c.Layout() {
-		for b := range n {
-			for _, blk := range [][]float32{c.KBlock(l, b), c.VBlock(l, b)} {
-				for i := 0; i < len(blk); i += page {
-					blk[i] = 0
-				}
-			}
-		}
-	}
 }
 
 // The optional model interfaces, one method each, so that embedding them

@@ -3,14 +3,13 @@ package kvcache
 import (
 	"errors"
 	"fmt"
+
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // DefaultBlockSize is the number of token slots per block when Options
 // leaves BlockSize zero.
 const DefaultBlockSize = 16
-
-// valueBytes is the storage size of one cached value (float32).
-const valueBytes = 4
 
 // ErrCacheFull is the error Reserve and Fork wrap when the pool has too few
 // free blocks. Test with errors.Is; errors.As with *FullError gives counts.
@@ -29,11 +28,16 @@ func (e *FullError) Error() string {
 // Is makes errors.Is(err, ErrCacheFull) true for a *FullError.
 func (e *FullError) Is(target error) bool { return target == ErrCacheFull }
 
-// LayerWidth is the number of float32 values one token occupies in a
-// layer's K and V arrays.
+// LayerWidth is the number of values one token occupies in a layer's K and
+// V arrays, and their storage type.
 type LayerWidth struct {
 	K int // e.g. nKV·headDim (GQA) or kv_lora+qk_rope (MLA latent)
 	V int // e.g. nKV·headDim; 0 when the layer caches no V (MLA) or nothing
+
+	// DType is kernels.F32 (the zero value) or kernels.BF16. A BF16 layer
+	// lives in backend memory (Options.Memory) and is reached through
+	// Cache.Layer only.
+	DType kernels.DType
 }
 
 // Layout is the cache shape a model needs: one LayerWidth per cached layer,
@@ -44,7 +48,7 @@ type Layout []LayerWidth
 func (l Layout) BytesPerToken() int64 {
 	var n int64
 	for _, w := range l {
-		n += int64(w.K+w.V) * valueBytes
+		n += int64(w.K+w.V) * int64(w.DType.Size())
 	}
 	return n
 }
@@ -53,6 +57,11 @@ func (l Layout) BytesPerToken() int64 {
 type Options struct {
 	BlockSize int   // token slots per block; 0 means DefaultBlockSize
 	Budget    int64 // bytes of K/V storage; the pool holds Budget/blockBytes blocks
+
+	// Memory, when set, allocates every layer's storage as backend tensors
+	// (Cache.Layer) for models that run on the op set; nil keeps host
+	// float32 slices (Cache.K, KBlock, …), which BF16 layers cannot use.
+	Memory kernels.Memory
 }
 
 // zeroWidthBlocks is the pool size for a layout that stores nothing per token
@@ -68,7 +77,10 @@ type Cache struct {
 	blockBytes int64 // bytes one block takes across all layers
 	budget     int64
 
-	k, v [][]float32 // per layer: (numBlocks, blockSize, width); nil for width 0
+	k, v [][]float32 // per layer: (numBlocks, blockSize, width); nil for width 0 or with mem
+
+	mem    kernels.Memory   // backend holding kt, vt; nil for host slices
+	kt, vt []kernels.Tensor // per layer: (numBlocks·blockSize, width) when mem is set
 
 	refs []int32 // (numBlocks) reference count of each block; 0 = free
 	free []int32 // stack of free block ids
@@ -86,8 +98,13 @@ func New(layout Layout, opts Options) (*Cache, error) {
 		return nil, fmt.Errorf("kvcache: block size %d", bs)
 	}
 	for i, w := range layout {
-		if w.K < 0 || w.V < 0 {
+		switch {
+		case w.K < 0 || w.V < 0:
 			return nil, fmt.Errorf("kvcache: layer %d has negative width (K %d, V %d)", i, w.K, w.V)
+		case w.DType != kernels.F32 && w.DType != kernels.BF16:
+			return nil, fmt.Errorf("kvcache: layer %d: unsupported dtype %v", i, w.DType)
+		case w.DType != kernels.F32 && opts.Memory == nil:
+			return nil, fmt.Errorf("kvcache: layer %d is %v and needs backend memory (Options.Memory)", i, w.DType)
 		}
 	}
 	blockBytes := layout.BytesPerToken() * int64(bs)
@@ -116,12 +133,18 @@ func New(layout Layout, opts Options) (*Cache, error) {
 		refs:       make([]int32, n),
 		free:       make([]int32, n),
 	}
-	for l, w := range layout {
-		if w.K > 0 {
-			c.k[l] = make([]float32, n*bs*w.K)
+	if opts.Memory != nil {
+		if err := c.allocTensors(opts.Memory); err != nil {
+			return nil, err
 		}
-		if w.V > 0 {
-			c.v[l] = make([]float32, n*bs*w.V)
+	} else {
+		for l, w := range layout {
+			if w.K > 0 {
+				c.k[l] = make([]float32, n*bs*w.K)
+			}
+			if w.V > 0 {
+				c.v[l] = make([]float32, n*bs*w.V)
+			}
 		}
 	}
 	// Pop order low ids first: the stack holds n-1 … 0.
@@ -129,6 +152,28 @@ func New(layout Layout, opts Options) (*Cache, error) {
 		c.free[i] = int32(n - 1 - i)
 	}
 	return c, nil
+}
+
+// allocTensors allocates every layer's K and V in m.
+func (c *Cache) allocTensors(m kernels.Memory) error {
+	c.mem = m
+	c.kt = make([]kernels.Tensor, len(c.layout))
+	c.vt = make([]kernels.Tensor, len(c.layout))
+	slots := c.numBlocks * c.blockSize
+	for l, w := range c.layout {
+		var err error
+		if w.K > 0 {
+			if c.kt[l], err = m.Alloc(w.DType, slots, w.K); err != nil {
+				return fmt.Errorf("kvcache: layer %d: %w", l, err)
+			}
+		}
+		if w.V > 0 {
+			if c.vt[l], err = m.Alloc(w.DType, slots, w.V); err != nil {
+				return fmt.Errorf("kvcache: layer %d: %w", l, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Seq is one sequence's view of the cache: its length in tokens and its
@@ -155,14 +200,45 @@ func (c *Cache) Layout() Layout { return c.layout }
 // BlockSize is the number of token slots per block.
 func (c *Cache) BlockSize() int { return c.blockSize }
 
+// Layer is layer l's K and V storage in backend memory, each
+// (blocks·BlockSize, width): slot b·BlockSize + j holds token j of block b.
+// It panics for a cache of host slices (Options.Memory nil).
+func (c *Cache) Layer(l int) (k, v kernels.Tensor) {
+	if c.mem == nil {
+		panic("kvcache: Layer on a cache of host slices")
+	}
+	return c.kt[l], c.vt[l]
+}
+
+// Memory is the backend memory holding the storage (Options.Memory); nil
+// for host slices.
+func (c *Cache) Memory() kernels.Memory { return c.mem }
+
+// Slot is the storage slot of token pos of s (pos < s.Len()).
+func (c *Cache) Slot(s *Seq, pos int) int32 {
+	if pos < 0 || pos >= s.n {
+		panic("kvcache: position outside the sequence")
+	}
+	return s.blocks[pos/c.blockSize]*int32(c.blockSize) + int32(pos%c.blockSize)
+}
+
+// host panics when the cache's storage is backend tensors.
+func (c *Cache) host() {
+	if c.mem != nil {
+		panic("kvcache: host access to a cache in backend memory")
+	}
+}
+
 // KBlock is layer l's K storage of block b: (BlockSize, K width) values.
 func (c *Cache) KBlock(l int, b int32) []float32 {
+	c.host()
 	w := c.layout[l].K * c.blockSize
 	return c.k[l][int(b)*w : int(b)*w+w]
 }
 
 // VBlock is layer l's V storage of block b: (BlockSize, V width) values.
 func (c *Cache) VBlock(l int, b int32) []float32 {
+	c.host()
 	w := c.layout[l].V * c.blockSize
 	return c.v[l][int(b)*w : int(b)*w+w]
 }
@@ -171,6 +247,7 @@ func (c *Cache) VBlock(l int, b int32) []float32 {
 // below s.Len(); writes are allowed only to positions reserved by the last
 // Reserve.
 func (c *Cache) K(l int, s *Seq, pos int) []float32 {
+	c.host()
 	if pos < 0 || pos >= s.n {
 		panic("kvcache: position outside the sequence")
 	}
@@ -181,6 +258,7 @@ func (c *Cache) K(l int, s *Seq, pos int) []float32 {
 
 // V is the V slot (V width values) of token pos of s in layer l.
 func (c *Cache) V(l int, s *Seq, pos int) []float32 {
+	c.host()
 	if pos < 0 || pos >= s.n {
 		panic("kvcache: position outside the sequence")
 	}
@@ -245,7 +323,7 @@ func (c *Cache) Reserve(s *Seq, n int) error {
 		i := s.n / c.blockSize
 		old := s.blocks[i]
 		b := c.pop()
-		c.copyBlock(b, old)
+		c.CopyBlock(b, old)
 		c.refs[old]--
 		s.blocks[i] = b
 	}
@@ -321,14 +399,50 @@ func (c *Cache) release(b int32) {
 	}
 }
 
-// copyBlock copies every layer's K and V contents of block src into dst.
-func (c *Cache) copyBlock(dst, src int32) {
+// CopyBlock copies every layer's K and V contents of block src into dst.
+func (c *Cache) CopyBlock(dst, src int32) {
+	if c.mem != nil {
+		bs := c.blockSize
+		d, s := int(dst)*bs, int(src)*bs
+		for l, w := range c.layout {
+			if w.K > 0 {
+				c.mem.Copy(c.kt[l].Slice(d, d+bs), c.kt[l].Slice(s, s+bs))
+			}
+			if w.V > 0 {
+				c.mem.Copy(c.vt[l].Slice(d, d+bs), c.vt[l].Slice(s, s+bs))
+			}
+		}
+		return
+	}
 	for l, w := range c.layout {
 		if w.K > 0 {
 			copy(c.KBlock(l, dst), c.KBlock(l, src))
 		}
 		if w.V > 0 {
 			copy(c.VBlock(l, dst), c.VBlock(l, src))
+		}
+	}
+}
+
+// Prefault writes every memory page of the storage once (values unchanged),
+// so that a measurement after it does not pay for first-touch page faults.
+func (c *Cache) Prefault() {
+	if c.mem != nil {
+		for l := range c.layout {
+			for _, t := range []kernels.Tensor{c.kt[l], c.vt[l]} {
+				if t.Valid() {
+					c.mem.Copy(t, t)
+				}
+			}
+		}
+		return
+	}
+	const page = 4096 / 4 // float32s
+	for l := range c.layout {
+		for _, s := range [][]float32{c.k[l], c.v[l]} {
+			for i := 0; i < len(s); i += page {
+				s[i] = 0
+			}
 		}
 	}
 }

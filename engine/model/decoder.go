@@ -9,7 +9,7 @@ import (
 )
 
 // Layer is one decoder layer. It updates the residual stream x (N, hidden)
-// in place; *nn.Block is the standard one.
+// in place (mla.Block is the one in use).
 type Layer interface {
 	Forward(c *nn.Ctx, x []float32)
 }

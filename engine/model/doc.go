@@ -1,7 +1,9 @@
 // Package model defines what an architecture provides to the engine and how
 // the engine drives it: the Model interface, the Batch a forward pass runs,
-// the registry of architectures, and Decoder, the shared decoder-only
-// transformer most architectures are assembled into.
+// the registry of architectures, NewCache, and Decoder, the decoder-only
+// transformer on host slices that the architectures not yet on the op set
+// (the mla family) are assembled into; the GQA architectures run
+// on engine/gqa, a DeviceModel.
 //
 // A forward pass runs one Batch: any mix of sequences, each contributing a
 // chunk of prompt tokens, one decode token or k+1 speculative verify tokens,

@@ -34,6 +34,20 @@ type MTPModel interface {
 	ForwardMTP(b *Batch, hidden [][]float32) (*Output, error)
 }
 
+// ValidateHidden checks ForwardMTP's hidden states against b: one slice
+// per sequence of len(Tokens)·width values.
+func (b *Batch) ValidateHidden(hidden [][]float32, width int) error {
+	if len(hidden) != len(b.Seqs) {
+		return fmt.Errorf("mtp: %d hidden-state slices for %d sequences", len(hidden), len(b.Seqs))
+	}
+	for i := range b.Seqs {
+		if want := len(b.Seqs[i].Tokens) * width; len(hidden[i]) != want {
+			return fmt.Errorf("mtp: sequence %d: %d hidden values, want %d (tokens × hidden)", i, len(hidden[i]), want)
+		}
+	}
+	return nil
+}
+
 // ValidateStates checks b's recurrent-state slots against a StateModel's
 // layout: a pool of that shape, and a distinct slot for every sequence. A
 // model without linear layers (empty layout) needs none.

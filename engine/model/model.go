@@ -42,6 +42,44 @@ type Model interface {
 	Forward(b *Batch) (*Output, error)
 }
 
+// DeviceModel is a Model that runs on the op set: its activations and KV
+// cache live in its device's memory, so its caches must be created with
+// NewCache (or kvcache.Options.Memory = Device()).
+type DeviceModel interface {
+	Model
+	// Device is the backend the model runs on.
+	Device() kernels.Device
+	// SetCacheDType picks the KV storage type, kernels.BF16 (the default)
+	// or kernels.F32, for caches created afterwards; CacheLayout and
+	// Info().KVBytesPerToken follow it.
+	SetCacheDType(dt kernels.DType) error
+}
+
+// NewCache creates the KV cache for m: in m's device memory when m is a
+// DeviceModel (or wraps one: a wrapper exposes what it wraps with an
+// Unwrap() Model method), host slices otherwise.
+func NewCache(m Model, opts kvcache.Options) (*kvcache.Cache, error) {
+	if dm := AsDevice(m); dm != nil {
+		opts.Memory = dm.Device()
+	}
+	return kvcache.New(m.CacheLayout(), opts)
+}
+
+// AsDevice returns the DeviceModel m is or wraps, or nil.
+func AsDevice(m Model) DeviceModel {
+	for m != nil {
+		if dm, ok := m.(DeviceModel); ok {
+			return dm
+		}
+		w, ok := m.(interface{ Unwrap() Model })
+		if !ok {
+			return nil
+		}
+		m = w.Unwrap()
+	}
+	return nil
+}
+
 // WeightSource is where a Constructor gets its tensors; *weights.Set and
 // *randweights.Source satisfy it.
 type WeightSource interface {
@@ -129,6 +167,17 @@ type Seq struct {
 	// state as it was after position Pos-1 and leaves it as it is after the
 	// last token of this chunk.
 	State *linattn.Slot
+}
+
+// LogitRows is how many logit rows the sequence's chunk returns.
+func (s *Seq) LogitRows() int {
+	switch s.Logits {
+	case LastLogits:
+		return 1
+	case AllLogits:
+		return len(s.Tokens)
+	}
+	return 0
 }
 
 // Batch is one forward pass: sequences sharing a cache.

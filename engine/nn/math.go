@@ -1,6 +1,6 @@
 package nn
 
-import "math"
+import "github.com/ferrite-llm/ferrite/kernels/ref"
 
 // Dot is Σ a[i]·b[i] over len(a) values, with four float32 accumulators.
 func Dot(a, b []float32) float32 {
@@ -27,29 +27,12 @@ func Axpy(y []float32, alpha float32, x []float32) {
 	}
 }
 
-// Silu is x·sigmoid(x).
-func Silu(x float32) float32 { return float32(float64(x) / (1 + math.Exp(-float64(x)))) }
+// Silu is x·sigmoid(x) (ref.Silu).
+func Silu(x float32) float32 { return ref.Silu(x) }
 
-// Sigmoid is 1/(1+e^-x).
-func Sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+// Sigmoid is 1/(1+e^-x) (ref.Sigmoid).
+func Sigmoid(x float32) float32 { return ref.Sigmoid(x) }
 
-// Softmax replaces x with softmax(x) (max-subtracted, float64 sum).
-func Softmax(x []float32) {
-	if len(x) == 0 {
-		return
-	}
-	m := x[0]
-	for _, v := range x[1:] {
-		m = max(m, v)
-	}
-	var sum float64
-	for i, v := range x {
-		e := math.Exp(float64(v - m))
-		x[i] = float32(e)
-		sum += e
-	}
-	inv := 1 / sum
-	for i, v := range x {
-		x[i] = float32(float64(v) * inv)
-	}
-}
+// Softmax replaces x with softmax(x), max-subtracted with a float64 sum
+// (ref.Softmax).
+func Softmax(x []float32) { ref.Softmax(x) }

@@ -1,34 +1,26 @@
 package nn
 
 import (
-	"math"
 	"slices"
 
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
-// Scoring is how a router turns logits into expert scores.
-type Scoring uint8
+// Scoring is how a router turns logits into expert scores (see
+// kernels.Scoring).
+type Scoring = kernels.Scoring
 
+// The scorings, as in package kernels.
 const (
-	// SoftmaxScoring: p = softmax(logits) over all experts (Mixtral, Qwen-MoE).
-	SoftmaxScoring Scoring = iota
-	// SigmoidScoring: s = sigmoid(logits) per expert (DeepSeek-V3, GLM-4.5
-	// noaux_tc), optionally biased for selection.
-	SigmoidScoring
+	SoftmaxScoring = kernels.SoftmaxScoring
+	SigmoidScoring = kernels.SigmoidScoring
 )
 
-// Router picks TopK experts per token and their weights.
-//
-// Softmax: p = softmax(x·Wᵀ); take the top-k p; renormalise them to sum 1
-// when NormTopK. Sigmoid (noaux_tc): s = sigmoid(x·Wᵀ); selection uses
-// s + Bias; with Groups > 1 the experts are split into Groups equal groups,
-// each scored by the sum of its two best biased scores, and only the best
-// TopKGroups groups stay eligible (the rest are −inf, as in DeepSeek's
-// reference; Hugging Face fills 0, which differs only when biased scores are
-// negative). The weights are the unbiased s of the chosen experts, divided
-// by their sum + 1e-20 when NormTopK. Both then multiply by Scale
-// (routed_scaling_factor).
+// Router picks TopK experts per token and their weights from the logits
+// x·Wᵀ, as kernels.Router describes (grouped top-k masks the groups left
+// out with −inf, as DeepSeek's reference does; Hugging Face fills 0, which
+// differs only when biased scores are negative).
 type Router struct {
 	W          *kernels.Mat // (experts, hidden)
 	Bias       []float32    // (experts) e_score_correction_bias, selection only; nil if none
@@ -41,116 +33,23 @@ type Router struct {
 }
 
 // Route fills idx and w, each (n, TopK), with the chosen experts of every
-// row of x (n, hidden) and their weights.
+// row of x (n, hidden) and their weights (ref.Route on each row's logits).
 func (r *Router) Route(be kernels.Backend, a *Arena, x []float32, n int, idx []int32, w []float32) {
 	mark := a.Mark()
 	e := r.W.Rows
 	logits := a.Get(n * e) // (n, experts)
 	be.MatMul(logits, x, r.W, n)
-	choice := make([]float32, e)
-	order := make([]int32, e)
+	spec := kernels.Router{Scoring: r.Scoring, TopK: r.TopK, NormTopK: r.NormTopK, Scale: r.Scale, Groups: r.Groups, TopKGroups: r.TopKGroups}
 	for i := range n {
-		s := logits[i*e : (i+1)*e]
-		ri, rw := idx[i*r.TopK:(i+1)*r.TopK], w[i*r.TopK:(i+1)*r.TopK]
-		switch r.Scoring {
-		case SoftmaxScoring:
-			Softmax(s)
-			copy(choice, s)
-		case SigmoidScoring:
-			for j, v := range s {
-				s[j] = Sigmoid(v)
-				choice[j] = s[j]
-				if r.Bias != nil {
-					choice[j] += r.Bias[j]
-				}
-			}
-			if r.Groups > 1 {
-				r.maskGroups(choice)
-			}
-		}
-		topK(order, choice, ri)
-		var sum float64
-		for k, j := range ri {
-			rw[k] = s[j]
-			sum += float64(s[j])
-		}
-		if r.NormTopK {
-			den := float32(sum)
-			if r.Scoring == SigmoidScoring {
-				den += 1e-20
-			}
-			for k := range rw {
-				rw[k] /= den
-			}
-		}
-		if r.Scale != 1 && r.Scale != 0 {
-			for k := range rw {
-				rw[k] *= r.Scale
-			}
-		}
+		k := r.TopK
+		ref.Route(idx[i*k:(i+1)*k], w[i*k:(i+1)*k], logits[i*e:(i+1)*e], &spec, r.Bias)
 	}
 	a.Release(mark)
 }
 
-// maskGroups sets the scores of every expert outside the TopKGroups best
-// groups to −inf. A group's score is the sum of its two highest scores.
-func (r *Router) maskGroups(choice []float32) {
-	g := r.Groups
-	per := len(choice) / g
-	gs := make([]float32, g)
-	for k := range g {
-		grp := choice[k*per : (k+1)*per]
-		b1, b2 := float32(math.Inf(-1)), float32(math.Inf(-1))
-		for _, v := range grp {
-			if v > b1 {
-				b1, b2 = v, b1
-			} else if v > b2 {
-				b2 = v
-			}
-		}
-		if per == 1 {
-			b2 = 0
-		}
-		gs[k] = b1 + b2
-	}
-	keep := make([]int32, r.TopKGroups)
-	topK(make([]int32, g), gs, keep)
-	for k := range g {
-		if !slices.Contains(keep, int32(k)) {
-			for j := k * per; j < (k+1)*per; j++ {
-				choice[j] = float32(math.Inf(-1))
-			}
-		}
-	}
-}
-
-// topK writes into out the indices of the len(out) largest values of v,
-// largest first; ties go to the lower index. order is scratch of len(v).
-func topK(order []int32, v []float32, out []int32) {
-	for i := range order {
-		order[i] = int32(i)
-	}
-	// Partial selection: len(out) is small (≤ 16 in practice).
-	for k := range out {
-		best := k
-		for j := k + 1; j < len(order); j++ {
-			if v[order[j]] > v[order[best]] || (v[order[j]] == v[order[best]] && order[j] < order[best]) {
-				best = j
-			}
-		}
-		order[k], order[best] = order[best], order[k]
-		out[k] = order[k]
-	}
-}
-
 // Expert is one routed expert's SwiGLU weights, stored either fused
 // (GateUp) or as separate Gate and Up matrices.
-type Expert struct {
-	GateUp *kernels.Mat // (2·inter, hidden): rows [0, inter) gate, [inter, 2·inter) up; nil if separate
-	Gate   *kernels.Mat // (inter, hidden); nil if fused
-	Up     *kernels.Mat // (inter, hidden); nil if fused
-	Down   *kernels.Mat // (hidden, inter)
-}
+type Expert = kernels.Expert
 
 // MoE is a routed mixture of SwiGLU experts with optional shared experts:
 // y = Σ_k w_k·Expert_k(x) + g·Shared(x), where g = sigmoid(x·SharedGateᵀ)

@@ -3,6 +3,8 @@ package nn
 import (
 	"fmt"
 	"math"
+
+	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
 // RopeConfig selects a rotary embedding. Field names follow Hugging Face's
@@ -188,6 +190,9 @@ func yarnFreqs(inv []float64, c RopeConfig, dim int) (float32, error) {
 	return float32(att), nil
 }
 
+// InvFreq is the (Dim/2) inverse frequencies, scalings applied (read-only).
+func (r *RoPE) InvFreq() []float32 { return r.invFreq }
+
 // Ensure makes the tables cover positions [0, n). Call it before a parallel
 // section that applies the rotation; Apply only reads the tables.
 func (r *RoPE) Ensure(n int) {
@@ -221,23 +226,5 @@ func (r *RoPE) Apply(x []float32, n, stride, pos int) {
 	if (pos+1)*half > len(r.cos) {
 		panic("nn: rope position beyond the table (call Ensure)")
 	}
-	cos := r.cos[pos*half : (pos+1)*half]
-	sin := r.sin[pos*half : (pos+1)*half]
-	for h := range n {
-		v := x[h*stride : h*stride+r.Dim]
-		if r.Interleaved {
-			for i := range half {
-				a, b := v[2*i], v[2*i+1]
-				v[2*i] = a*cos[i] - b*sin[i]
-				v[2*i+1] = b*cos[i] + a*sin[i]
-			}
-			continue
-		}
-		lo, hi := v[:half], v[half:]
-		for i := range half {
-			a, b := lo[i], hi[i]
-			lo[i] = a*cos[i] - b*sin[i]
-			hi[i] = b*cos[i] + a*sin[i]
-		}
-	}
+	ref.Rotate(x, n, stride, r.cos[pos*half:(pos+1)*half], r.sin[pos*half:(pos+1)*half], r.Interleaved)
 }

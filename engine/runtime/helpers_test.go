@@ -19,6 +19,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/engine/sample"
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 // Tiny configs: fast enough to run hundreds of requests under -race.
@@ -41,27 +42,16 @@ const (
 // sequences span several blocks.
 const blockSize = 4
 
-// refBackend is a single-threaded backend on the reference matmul: every
-// output row depends on its input row alone, never on the batch it is in,
-// so batched output must equal unbatched output exactly.
-type refBackend struct{}
-
-func (refBackend) Name() string                                 { return "ref" }
-func (refBackend) MatMul(y, x []float32, w *kernels.Mat, n int) { kernels.MatMulRef(y, x, w, n) }
-func (refBackend) Parallel(n int, fn func(lo, hi int)) {
-	if n > 0 {
-		fn(0, n)
-	}
-}
-
-// build makes a random-weight model on refBackend.
+// build makes a random-weight model on the strict backend: single-threaded
+// reference ops, every output row depends on its input row alone, never on
+// the batch it is in, so batched output must equal unbatched output exactly.
 func build(t testing.TB, cfgJSON string) model.Model {
 	t.Helper()
 	cfg, err := config.Parse("config.json", []byte(cfgJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := model.New(cfg, randweights.New(7, kernels.F32), refBackend{})
+	m, err := model.New(cfg, randweights.New(7, kernels.F32), strict.New())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +95,7 @@ func reference(t testing.TB, m model.Model, req runtime.Request) (out []int32, f
 		m = h.Model // neither hooked nor counted
 	}
 	info := m.Info()
-	c, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: blockSize, Budget: int64(min(info.MaxContext, 1024)+blockSize) * info.KVBytesPerToken})
+	c, err := model.NewCache(m, kvcache.Options{BlockSize: blockSize, Budget: int64(min(info.MaxContext, 1024)+blockSize) * info.KVBytesPerToken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,6 +164,9 @@ type hookModel struct {
 	chunked   int // prompt chunks that did not end at the sequence's last token
 	steps     int
 }
+
+// Unwrap returns the wrapped model (model.NewCache finds its device).
+func (h *hookModel) Unwrap() model.Model { return h.Model }
 
 func (h *hookModel) Forward(b *model.Batch) (*model.Output, error) {
 	h.mu.Lock()

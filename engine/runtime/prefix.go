@@ -167,7 +167,7 @@ func (sc *scheduler) attachPrefix(s *seq, e *prefix, d, m int, steal bool) {
 		} else {
 			src, dst := e.kv.Blocks(), kv.Blocks()
 			for i := base / bs; i < len(dst); i++ {
-				copyBlock(c, dst[i], src[i])
+				c.CopyBlock(dst[i], src[i])
 			}
 		}
 	}
@@ -195,18 +195,6 @@ func (sc *scheduler) attachPrefix(s *seq, e *prefix, d, m int, steal bool) {
 		s.mtpRows = m
 	}
 	sc.prefix.touch(e)
-}
-
-// copyBlock copies every layer's K and V of block src into block dst.
-func copyBlock(c *kvcache.Cache, dst, src int32) {
-	for l, w := range c.Layout() {
-		if w.K > 0 {
-			copy(c.KBlock(l, dst), c.KBlock(l, src))
-		}
-		if w.V > 0 {
-			copy(c.VBlock(l, dst), c.VBlock(l, src))
-		}
-	}
 }
 
 // mtpValid is how many MTP cache rows of s are valid.

@@ -188,7 +188,7 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	cache, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: opts.BlockSize, Budget: opts.KVBudget})
+	cache, err := model.NewCache(m, kvcache.Options{BlockSize: opts.BlockSize, Budget: opts.KVBudget})
 	if err != nil {
 		return nil, fmt.Errorf("runtime: %w", err)
 	}

@@ -216,13 +216,7 @@ func (sc *scheduler) checkOutput(out *model.Output) error {
 	vocab, hidden := sc.r.info.Vocab, sc.r.info.Hidden
 	for i := range sc.batch.Seqs {
 		e, o := &sc.batch.Seqs[i], &out.Seqs[i]
-		rows := 0
-		switch e.Logits {
-		case model.LastLogits:
-			rows = 1
-		case model.AllLogits:
-			rows = len(e.Tokens)
-		}
+		rows := e.LogitRows()
 		if len(o.Logits) != rows*vocab || e.Hidden && len(o.Hidden) != len(e.Tokens)*hidden {
 			return fmt.Errorf("sequence %d: %d logits and %d hidden values for %d tokens (vocab %d, hidden %d)",
 				i, len(o.Logits), len(o.Hidden), len(e.Tokens), vocab, hidden)

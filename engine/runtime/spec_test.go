@@ -22,9 +22,10 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/sample"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
-// loadFixture builds fixture name's checkpoint on refBackend, skipping t
+// loadFixture builds fixture name's checkpoint on the strict backend, skipping t
 // when the fixture is absent or its architecture is not registered.
 func loadFixture(t testing.TB, name string) model.Model {
 	t.Helper()
@@ -43,7 +44,7 @@ func loadFixture(t testing.TB, name string) model.Model {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := model.New(cfg, w, refBackend{})
+	m, err := model.New(cfg, w, strict.New())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +67,7 @@ func mtpFixtures(t *testing.T) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := model.New(cfg, w, refBackend{})
+		m, err := model.New(cfg, w, strict.New())
 		if err != nil {
 			t.Fatalf("%s: %v", n, err)
 		}
@@ -548,7 +549,7 @@ func (o *oracle) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, 
 // lastLogits runs m over toks alone and returns the last position's logits.
 func lastLogits(m model.Model, toks []int32) ([]float32, error) {
 	info := m.Info()
-	c, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: blockSize, Budget: int64(len(toks)+blockSize) * info.KVBytesPerToken})
+	c, err := model.NewCache(m, kvcache.Options{BlockSize: blockSize, Budget: int64(len(toks)+blockSize) * info.KVBytesPerToken})
 	if err != nil {
 		return nil, err
 	}

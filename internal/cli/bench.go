@@ -502,6 +502,14 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 	return runErr
 }
 
+// kib formats a small byte count: bytes below 1 KiB, else KiB.
+func kib(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	return fmt.Sprintf("%.1f KiB", float64(n)/1024)
+}
+
 // printBench writes the human-readable report.
 func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roofline) {
 	m := &rep.Model
@@ -515,8 +523,8 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 	if m.Quant != "" {
 		src += " quantized to " + m.Quant
 	}
-	fmt.Fprintf(w, "model:     %s (%s), %s, %s params, %s of weights, %d layers, load %.1f s\n",
-		m.Path, m.Arch, src, count(m.Params), gb(m.WeightBytes), m.Layers, m.LoadSec)
+	fmt.Fprintf(w, "model:     %s (%s), %s, %s params, %s of weights, %d layers, KV cache %s per token, load %.1f s\n",
+		m.Path, m.Arch, src, count(m.Params), gb(m.WeightBytes), m.Layers, kib(m.KVBytesPerToken), m.LoadSec)
 	fmt.Fprintf(w, "machine:   %s, %d CPUs, %d threads, %s %s/%s\n",
 		rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.Threads, rep.Machine.GoVersion, rep.Machine.OS, rep.Machine.Arch)
 	if rl.Bandwidth.Rounds == 0 {

@@ -74,7 +74,8 @@ func TestBench(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
 	for _, want := range []string{"bandwidth:", "roofline:", "steps/s max at batch 1", "random bf16 weights",
-		"tied embedding read in full", "decode tok/s", "TTFT mean ms", "peak KV", "mtp: not available"} {
+		"tied embedding read in full", "decode tok/s", "TTFT mean ms", "peak KV", "mtp: not available",
+		"KV cache 256 B per token"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out)
 		}

@@ -18,6 +18,9 @@ type panicModel struct{ model.Model }
 
 func (panicModel) Forward(*model.Batch) (*model.Output, error) { panic("forward exploded") }
 
+// Unwrap returns the wrapped model (model.NewCache finds its device).
+func (p panicModel) Unwrap() model.Model { return p.Model }
+
 // TestEnginePanicStackReachesTheLog: a panic the runtime recovers in a
 // step reaches the debug log with the panicking goroutine's stack.
 func TestEnginePanicStackReachesTheLog(t *testing.T) {

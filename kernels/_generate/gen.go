@@ -170,6 +170,9 @@ func main() {
 	}
 	sum()
 	scale()
+	for _, d := range dtypes[:2] { // F32 and BF16: the KV cache's dtypes
+		axpy(d)
+	}
 	Generate()
 }
 
@@ -458,6 +461,62 @@ func scale() {
 	INCQ(i)
 	JMP(LabelRef("scale_tail"))
 	Label("scale_done")
+	VZEROUPPER()
+	RET()
+}
+
+// axpy accumulates a scaled row of a stored dtype into float32: paged
+// attention adds each cached value row, weighted by its probability, to the
+// output with it.
+func axpy(d dtype) {
+	name := "axpy" + d.name
+	TEXT(name, NOSPLIT, "func(y []float32, a float32, w []byte)")
+	Doc(
+		name+" sets y[i] += a * w[i] for i < len(y), w in "+d.name+":",
+		"",
+		"\tfor i := range y {",
+		"\t\tj := i",
+		"\t\ty[i] += a * "+d.doc,
+		"\t}",
+		"",
+		"The caller guarantees len(w) ≥ len(y) elements.",
+	)
+	Pragma("noescape")
+	y := Load(Param("y").Base(), GP64())
+	n := Load(Param("y").Len(), GP64())
+	w := Load(Param("w").Base(), GP64())
+	ax := Load(Param("a"), XMM())
+	av := YMM()
+	VBROADCASTSS(ax, av)
+	i := GP64()
+	XORQ(i, i)
+	n32 := GP64()
+	MOVQ(n, n32)
+	ANDQ(I8(-32), n32)
+	c := &consts{isa: isas[0]}
+	Label(name + "_loop32")
+	CMPQ(i, n32)
+	JAE(LabelRef(name + "_tail"))
+	for j := range 4 {
+		v, acc := YMM(), YMM()
+		d.vec(Mem{Base: w, Index: i, Scale: uint8(d.size), Disp: 8 * d.size * j}, v, c)
+		VMOVUPS(Mem{Base: y, Index: i, Scale: 4, Disp: 32 * j}, acc)
+		VFMADD231PS(v, av, acc)
+		VMOVUPS(acc, Mem{Base: y, Index: i, Scale: 4, Disp: 32 * j})
+	}
+	ADDQ(U8(32), i)
+	JMP(LabelRef(name + "_loop32"))
+	Label(name + "_tail")
+	CMPQ(i, n)
+	JAE(LabelRef(name + "_done"))
+	v, acc := XMM(), XMM()
+	d.scalar(Mem{Base: w, Index: i, Scale: uint8(d.size)}, v, c)
+	VMOVSS(Mem{Base: y, Index: i, Scale: 4}, acc)
+	VFMADD231SS(v, ax, acc)
+	VMOVSS(acc, Mem{Base: y, Index: i, Scale: 4})
+	INCQ(i)
+	JMP(LabelRef(name + "_tail"))
+	Label(name + "_done")
 	VZEROUPPER()
 	RET()
 }

@@ -13,10 +13,14 @@ import (
 // Parallel callback) runs single-threaded on its caller instead of
 // deadlocking.
 type Backend struct {
-	pool *pool
+	pool  *pool
+	arena arena     // per-step scratch tensors
+	tmp   []float32 // scratch inside one op (Linear's accumulate)
+	moe   moeScratch
+	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 }
 
-var _ kernels.Backend = (*Backend)(nil)
+var _ kernels.Device = (*Backend)(nil)
 
 // New returns a CPU backend running on threads workers, the calling
 // goroutine included; threads ≤ 0 means runtime.NumCPU(). The helper

@@ -41,12 +41,14 @@ func TestConformanceFallbacks(t *testing.T) {
 		b := cpu.New(2)
 		defer b.Close()
 		kerneltest.MatMulTest(t, b)
+		kerneltest.RunOps(t, b)
 	})
 	t.Run("noAVX2", func(t *testing.T) {
 		defer cpuinfo.DisableAVX2FMA()()
 		b := cpu.New(2)
 		defer b.Close()
 		kerneltest.MatMulTest(t, b)
+		kerneltest.RunOps(t, b)
 	})
 	t.Run("noF16C", func(t *testing.T) {
 		defer cpuinfo.DisableF16C()()
@@ -133,3 +135,5 @@ func TestClose(t *testing.T) {
 	b.Close()
 	kerneltest.ParallelTest(t, b) // single-threaded now, still correct
 }
+
+func TestOps(t *testing.T) { kerneltest.RunOps(t, cpu.New(0)) }

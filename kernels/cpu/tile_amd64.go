@@ -97,3 +97,18 @@ func scale(dst, src []float32, s float32) {
 	}
 	scaleGo(dst, src, s)
 }
+
+// axpyRow sets y[i] += a·w[i] for i < len(y), w an F32 or BF16 row of at
+// least len(y) elements.
+func axpyRow(dt kernels.DType, y []float32, a float32, w []byte) {
+	if !cpuinfo.AVX2FMA() {
+		axpyGo(dt, y, a, w)
+		return
+	}
+	w = w[:len(y)*dt.Size()] // the slice checks what the assembly assumes
+	if dt == kernels.BF16 {
+		axpyBF16(y, a, w)
+	} else {
+		axpyF32(y, a, w)
+	}
+}

@@ -7672,3 +7672,105 @@ scale_tail:
 scale_done:
 	VZEROUPPER
 	RET
+
+// func axpyF32(y []float32, a float32, w []byte)
+// Requires: AVX, AVX2, FMA3, SSE
+TEXT ·axpyF32(SB), NOSPLIT, $0-56
+	MOVQ         y_base+0(FP), AX
+	MOVQ         y_len+8(FP), CX
+	MOVQ         w_base+32(FP), DX
+	MOVSS        a+24(FP), X0
+	VBROADCASTSS X0, Y1
+	XORQ         BX, BX
+	MOVQ         CX, SI
+	ANDQ         $-32, SI
+
+axpyF32_loop32:
+	CMPQ        BX, SI
+	JAE         axpyF32_tail
+	VMOVUPS     (DX)(BX*4), Y2
+	VMOVUPS     (AX)(BX*4), Y3
+	VFMADD231PS Y2, Y1, Y3
+	VMOVUPS     Y3, (AX)(BX*4)
+	VMOVUPS     32(DX)(BX*4), Y2
+	VMOVUPS     32(AX)(BX*4), Y3
+	VFMADD231PS Y2, Y1, Y3
+	VMOVUPS     Y3, 32(AX)(BX*4)
+	VMOVUPS     64(DX)(BX*4), Y2
+	VMOVUPS     64(AX)(BX*4), Y3
+	VFMADD231PS Y2, Y1, Y3
+	VMOVUPS     Y3, 64(AX)(BX*4)
+	VMOVUPS     96(DX)(BX*4), Y2
+	VMOVUPS     96(AX)(BX*4), Y3
+	VFMADD231PS Y2, Y1, Y3
+	VMOVUPS     Y3, 96(AX)(BX*4)
+	ADDQ        $0x20, BX
+	JMP         axpyF32_loop32
+
+axpyF32_tail:
+	CMPQ        BX, CX
+	JAE         axpyF32_done
+	VMOVSS      (DX)(BX*4), X1
+	VMOVSS      (AX)(BX*4), X2
+	VFMADD231SS X1, X0, X2
+	VMOVSS      X2, (AX)(BX*4)
+	INCQ        BX
+	JMP         axpyF32_tail
+
+axpyF32_done:
+	VZEROUPPER
+	RET
+
+// func axpyBF16(y []float32, a float32, w []byte)
+// Requires: AVX, AVX2, FMA3, SSE
+TEXT ·axpyBF16(SB), NOSPLIT, $0-56
+	MOVQ         y_base+0(FP), AX
+	MOVQ         y_len+8(FP), CX
+	MOVQ         w_base+32(FP), DX
+	MOVSS        a+24(FP), X0
+	VBROADCASTSS X0, Y1
+	XORQ         BX, BX
+	MOVQ         CX, SI
+	ANDQ         $-32, SI
+
+axpyBF16_loop32:
+	CMPQ        BX, SI
+	JAE         axpyBF16_tail
+	VPMOVZXWD   (DX)(BX*2), Y2
+	VPSLLD      $0x10, Y2, Y2
+	VMOVUPS     (AX)(BX*4), Y3
+	VFMADD231PS Y2, Y1, Y3
+	VMOVUPS     Y3, (AX)(BX*4)
+	VPMOVZXWD   16(DX)(BX*2), Y2
+	VPSLLD      $0x10, Y2, Y2
+	VMOVUPS     32(AX)(BX*4), Y3
+	VFMADD231PS Y2, Y1, Y3
+	VMOVUPS     Y3, 32(AX)(BX*4)
+	VPMOVZXWD   32(DX)(BX*2), Y2
+	VPSLLD      $0x10, Y2, Y2
+	VMOVUPS     64(AX)(BX*4), Y3
+	VFMADD231PS Y2, Y1, Y3
+	VMOVUPS     Y3, 64(AX)(BX*4)
+	VPMOVZXWD   48(DX)(BX*2), Y2
+	VPSLLD      $0x10, Y2, Y2
+	VMOVUPS     96(AX)(BX*4), Y3
+	VFMADD231PS Y2, Y1, Y3
+	VMOVUPS     Y3, 96(AX)(BX*4)
+	ADDQ        $0x20, BX
+	JMP         axpyBF16_loop32
+
+axpyBF16_tail:
+	CMPQ        BX, CX
+	JAE         axpyBF16_done
+	MOVWLZX     (DX)(BX*2), SI
+	SHLL        $0x10, SI
+	VMOVD       SI, X1
+	VMOVSS      (AX)(BX*4), X2
+	VFMADD231SS X1, X0, X2
+	VMOVSS      X2, (AX)(BX*4)
+	INCQ        BX
+	JMP         axpyBF16_tail
+
+axpyBF16_done:
+	VZEROUPPER
+	RET

@@ -226,3 +226,19 @@ func scaleGo(dst, src []float32, s float32) {
 		dst[i] = v * s
 	}
 }
+
+// axpyGo sets y[i] += a·w[i] for i < len(y), w an F32 or BF16 row: the
+// pure-Go twin of axpyF32 and axpyBF16.
+func axpyGo(dt kernels.DType, y []float32, a float32, w []byte) {
+	if dt == kernels.BF16 {
+		w = w[:2*len(y)]
+		for i := range y {
+			y[i] += a * bf16At(w, i)
+		}
+		return
+	}
+	w = w[:4*len(y)]
+	for i := range y {
+		y[i] += a * f32At(w, i)
+	}
+}

@@ -13,5 +13,8 @@ func haveAsm() bool { return false }
 // scale sets dst[i] = src[i] * s for i < len(src).
 func scale(dst, src []float32, s float32) { scaleGo(dst, src, s) }
 
+// axpyRow sets y[i] += a·w[i] for i < len(y), w an F32 or BF16 row.
+func axpyRow(dt kernels.DType, y []float32, a float32, w []byte) { axpyGo(dt, y, a, w) }
+
 // qtilesFor returns the pure-Go tiles of quantized dtype d.
 func qtilesFor(d kernels.DType) *qtileSet { return &genericQTiles[d] }

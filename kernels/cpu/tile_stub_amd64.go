@@ -781,3 +781,27 @@ func sumF32(x []float32) float32
 //
 //go:noescape
 func scaleF32(dst []float32, src []float32, s float32)
+
+// axpyF32 sets y[i] += a * w[i] for i < len(y), w in F32:
+//
+//	for i := range y {
+//		j := i
+//		y[i] += a * math.Float32frombits(binary.LittleEndian.Uint32(w[4*j:]))
+//	}
+//
+// The caller guarantees len(w) ≥ len(y) elements.
+//
+//go:noescape
+func axpyF32(y []float32, a float32, w []byte)
+
+// axpyBF16 sets y[i] += a * w[i] for i < len(y), w in BF16:
+//
+//	for i := range y {
+//		j := i
+//		y[i] += a * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*j:]))
+//	}
+//
+// The caller guarantees len(w) ≥ len(y) elements.
+//
+//go:noescape
+func axpyBF16(y []float32, a float32, w []byte)

@@ -17,16 +17,24 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 // Tol is the largest allowed |a−b| / max|ref| between two ways of computing
 // the same logits.
 const Tol = 2e-5
 
-// Build makes the model described by cfgJSON with random weights of dtype.
+// Build makes the model described by cfgJSON with random weights of dtype
+// on the CPU backend.
 func Build(t testing.TB, cfgJSON string, dtype kernels.DType, missing func(string) bool) model.Model {
 	t.Helper()
-	m, err := TryBuild(cfgJSON, dtype, missing)
+	return BuildOn(t, cpu.New(0), cfgJSON, dtype, missing)
+}
+
+// BuildOn is Build on backend be.
+func BuildOn(t testing.TB, be kernels.Backend, cfgJSON string, dtype kernels.DType, missing func(string) bool) model.Model {
+	t.Helper()
+	m, err := tryBuild(be, cfgJSON, dtype, missing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,13 +44,54 @@ func Build(t testing.TB, cfgJSON string, dtype kernels.DType, missing func(strin
 // TryBuild is Build returning the error; missing names the tensors the
 // random source pretends not to have.
 func TryBuild(cfgJSON string, dtype kernels.DType, missing func(string) bool) (model.Model, error) {
+	return tryBuild(cpu.New(0), cfgJSON, dtype, missing)
+}
+
+func tryBuild(be kernels.Backend, cfgJSON string, dtype kernels.DType, missing func(string) bool) (model.Model, error) {
 	cfg, err := config.Parse("config.json", []byte(cfgJSON))
 	if err != nil {
 		return nil, err
 	}
 	src := randweights.New(1, dtype)
 	src.Missing = missing
-	return model.New(cfg, src, cpu.New(0))
+	return model.New(cfg, src, be)
+}
+
+// Devices are the backends every op-set architecture runs its suite on:
+// the CPU and the strict test backend.
+func Devices() map[string]func() kernels.Backend {
+	return map[string]func() kernels.Backend{
+		"cpu":    func() kernels.Backend { return cpu.New(0) },
+		"strict": func() kernels.Backend { return strict.New() },
+	}
+}
+
+// RunDevices runs the suite on every backend of Devices, with the KV
+// cache in BF16 (the default) and F32, and checks the model went through
+// the op set (strict saw its steps).
+func RunDevices(t *testing.T, cfgJSON string, dtype kernels.DType, missing func(string) bool) {
+	for name, newBackend := range Devices() {
+		for _, kv := range []kernels.DType{kernels.BF16, kernels.F32} {
+			t.Run(name+"/kv="+kv.String(), func(t *testing.T) {
+				be := newBackend()
+				m := BuildOn(t, be, cfgJSON, dtype, missing)
+				dm, ok := m.(model.DeviceModel)
+				if !ok {
+					t.Fatalf("%T is not on the op set", m)
+				}
+				if err := dm.SetCacheDType(kv); err != nil {
+					t.Fatal(err)
+				}
+				if got, want := m.Info().KVBytesPerToken, m.CacheLayout().BytesPerToken(); got != want || m.CacheLayout()[0].DType != kv {
+					t.Fatalf("KVBytesPerToken %d, layout %d (%v)", got, want, m.CacheLayout()[0].DType)
+				}
+				Run(t, m)
+				if s, ok := be.(*strict.Device); ok && s.Steps() == 0 {
+					t.Fatal("the strict backend ran no step")
+				}
+			})
+		}
+	}
 }
 
 // NewCache returns a cache for m with small blocks (so short sequences span
@@ -50,7 +99,7 @@ func TryBuild(cfgJSON string, dtype kernels.DType, missing func(string) bool) (m
 func NewCache(t testing.TB, m model.Model, blocks int) *kvcache.Cache {
 	t.Helper()
 	const bs = 4
-	c, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: bs, Budget: int64(blocks*bs) * m.Info().KVBytesPerToken})
+	c, err := model.NewCache(m, kvcache.Options{BlockSize: bs, Budget: int64(blocks*bs) * m.Info().KVBytesPerToken})
 	if err != nil {
 		t.Fatal(err)
 	}

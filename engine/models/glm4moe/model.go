@@ -84,7 +84,7 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 		}
 		return transformer.LoadBlock(l, p, i, attn, ffn)
 	}
-	layers := make([]model.Layer, p.Layers)
+	layers := make([]*nn.Block, p.Layers)
 	for i := range layers {
 		layers[i] = block(i)
 	}

@@ -21,5 +21,5 @@ const tiny = `{
 }`
 
 func TestConformance(t *testing.T) {
-	modeltest.Run(t, modeltest.Build(t, tiny, kernels.BF16, nil))
+	modeltest.RunDevices(t, tiny, kernels.BF16, nil)
 }

@@ -9,24 +9,13 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels"
 )
 
-// mtpModel is a GLM-4.5 decoder with its NextN layer: a full GQA + MoE
-// block at cache layer num_hidden_layers between the DeepSeek-style
-// prologue (enorm, hnorm, eh_proj) and shared_head.
-type mtpModel struct {
-	*model.Decoder
-	mtp *mla.NextN
-}
-
-// ForwardMTP implements model.MTPModel.
-func (m *mtpModel) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
-	return m.mtp.Forward(m.Decoder, b, hidden)
-}
-
-// newModel assembles the decoder and, when the config declares a NextN
-// layer and the checkpoint holds it, loads it with block and appends its
-// cache layer (the same GQA width) to the layout.
-func newModel(cfg *config.Config, l *nn.Loader, p transformer.Params, layers []model.Layer, block func(int) *nn.Block, be kernels.Backend) (model.Model, error) {
-	d, err := transformer.NewDecoder(l, p, "glm4_moe", layers, be)
+// newModel assembles the decoder on the op set and, when the config
+// declares a NextN layer and the checkpoint holds it, loads it with block
+// (a full GQA + MoE block at cache layer num_hidden_layers between the
+// DeepSeek-style prologue — enorm, hnorm, eh_proj — and shared_head) and
+// returns a gqa.MTPDecoder.
+func newModel(cfg *config.Config, l *nn.Loader, p transformer.Params, layers []*nn.Block, block func(int) *nn.Block, be kernels.Backend) (model.Model, error) {
+	d, err := transformer.NewModel(l, p, "glm4_moe", layers, be)
 	if err != nil {
 		return nil, err
 	}
@@ -37,10 +26,10 @@ func newModel(cfg *config.Config, l *nn.Loader, p transformer.Params, layers []m
 	if !mla.HasNextN(l, nextn, p.Layers) {
 		return d, nil
 	}
-	mtp := mla.LoadNextN(l, p.Layers, p.Hidden, p.Eps, block(p.Layers), d.LMHead)
+	blk := block(p.Layers)
+	h := mla.LoadNextN(l, p.Layers, p.Hidden, p.Eps, nil, d.LMHead)
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	d.Layout = append(d.Layout, d.Layout[0])
-	return &mtpModel{Decoder: d, mtp: mtp}, nil
+	return d.AddNextN(h.ENorm, h.HNorm, h.EHProj, blk, h.Norm, h.Head)
 }

@@ -28,6 +28,6 @@ const tinyScaled = `{
 }`
 
 func TestConformance(t *testing.T) {
-	t.Run("f32", func(t *testing.T) { modeltest.Run(t, modeltest.Build(t, tiny, kernels.F32, nil)) })
-	t.Run("bf16-scaled", func(t *testing.T) { modeltest.Run(t, modeltest.Build(t, tinyScaled, kernels.BF16, nil)) })
+	t.Run("f32", func(t *testing.T) { modeltest.RunDevices(t, tiny, kernels.F32, nil) })
+	t.Run("bf16-scaled", func(t *testing.T) { modeltest.RunDevices(t, tinyScaled, kernels.BF16, nil) })
 }

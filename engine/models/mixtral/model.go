@@ -49,7 +49,7 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	if w.Has("model.layers.0.block_sparse_moe.gate.weight") {
 		pre, names = "block_sparse_moe", nn.MixtralNames
 	}
-	layers := make([]model.Layer, p.Layers)
+	layers := make([]*nn.Block, p.Layers)
 	for i := range layers {
 		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{})
 		mp := fmt.Sprintf("model.layers.%d.%s", i, pre)
@@ -65,5 +65,5 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 		}
 		layers[i] = transformer.LoadBlock(l, p, i, attn, moe)
 	}
-	return transformer.NewDecoder(l, p, "mixtral", layers, be)
+	return transformer.NewModel(l, p, "mixtral", layers, be)
 }

@@ -18,8 +18,8 @@ const tiny = `{
 }`
 
 func TestConformance(t *testing.T) {
-	t.Run("v5-fused", func(t *testing.T) { modeltest.Run(t, modeltest.Build(t, tiny, kernels.F32, nil)) })
+	t.Run("v5-fused", func(t *testing.T) { modeltest.RunDevices(t, tiny, kernels.F32, nil) })
 	// Transformers 4 names: block_sparse_moe.experts.{e}.w1/w3/w2.
 	v4 := func(name string) bool { return strings.Contains(name, ".mlp.") }
-	t.Run("v4-names", func(t *testing.T) { modeltest.Run(t, modeltest.Build(t, tiny, kernels.BF16, v4)) })
+	t.Run("v4-names", func(t *testing.T) { modeltest.RunDevices(t, tiny, kernels.BF16, v4) })
 }

@@ -35,7 +35,9 @@ type NextN struct {
 
 // LoadNextN loads the prologue and head of the NextN layer `layer` around
 // block. The head falls back to lmHead when shared_head.head is absent
-// (it is a copy of lm_head in released checkpoints).
+// (it is a copy of lm_head in released checkpoints). block is nil when the
+// caller runs the layer itself (glm4_moe converts the weights to its
+// gqa.MTPDecoder) and never calls Forward.
 func LoadNextN(l *nn.Loader, layer, hidden int, eps float32, block model.Layer, lmHead *kernels.Mat) *NextN {
 	pre := fmt.Sprintf("model.layers.%d.", layer)
 	m := &NextN{
@@ -68,13 +70,8 @@ func (m *NextN) Forward(d *model.Decoder, b *model.Batch, hidden [][]float32) (*
 	if err := b.Validate(vocab, d.Layout); err != nil {
 		return nil, err
 	}
-	if len(hidden) != len(b.Seqs) {
-		return nil, fmt.Errorf("mtp: %d hidden-state slices for %d sequences", len(hidden), len(b.Seqs))
-	}
-	for i := range b.Seqs {
-		if want := len(b.Seqs[i].Tokens) * hs; len(hidden[i]) != want {
-			return nil, fmt.Errorf("mtp: sequence %d: %d hidden values, want %d (tokens × hidden)", i, len(hidden[i]), want)
-		}
+	if err := b.ValidateHidden(hidden, hs); err != nil {
+		return nil, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

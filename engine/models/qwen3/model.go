@@ -38,11 +38,11 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 		return nil, err
 	}
 	l := nn.NewLoader(w)
-	layers := make([]model.Layer, p.Layers)
+	layers := make([]*nn.Block, p.Layers)
 	for i := range layers {
 		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{QKVBias: bias, OBias: bias, QKNorm: true})
 		mlp := l.MLP(fmt.Sprintf("model.layers.%d.mlp", i), nn.HFNames, p.Hidden, p.Inter, false)
 		layers[i] = transformer.LoadBlock(l, p, i, attn, mlp)
 	}
-	return transformer.NewDecoder(l, p, "qwen3", layers, be)
+	return transformer.NewModel(l, p, "qwen3", layers, be)
 }

@@ -56,7 +56,7 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 		return nil, err
 	}
 	l := nn.NewLoader(w)
-	layers := make([]model.Layer, p.Layers)
+	layers := make([]*nn.Block, p.Layers)
 	for i := range layers {
 		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{QKVBias: bias, OBias: bias, QKNorm: true})
 		pre := fmt.Sprintf("model.layers.%d.mlp", i)
@@ -80,5 +80,5 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 		}
 		layers[i] = transformer.LoadBlock(l, p, i, attn, ffn)
 	}
-	return transformer.NewDecoder(l, p, "qwen3_moe", layers, be)
+	return transformer.NewModel(l, p, "qwen3_moe", layers, be)
 }

@@ -20,7 +20,7 @@ const tiny = `{
 }`
 
 func TestConformance(t *testing.T) {
-	t.Run("fused", func(t *testing.T) { modeltest.Run(t, modeltest.Build(t, tiny, kernels.F32, nil)) })
+	t.Run("fused", func(t *testing.T) { modeltest.RunDevices(t, tiny, kernels.F32, nil) })
 	perExpert := func(name string) bool { return strings.HasSuffix(name, "gate_up_proj") }
-	t.Run("per-expert", func(t *testing.T) { modeltest.Run(t, modeltest.Build(t, tiny, kernels.BF16, perExpert)) })
+	t.Run("per-expert", func(t *testing.T) { modeltest.RunDevices(t, tiny, kernels.BF16, perExpert) })
 }

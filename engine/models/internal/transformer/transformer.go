@@ -1,8 +1,9 @@
 // Package transformer holds the loading code shared by the decoder-only
 // GQA architectures (llama, qwen3, qwen3_moe, mixtral, glm4_moe): reading
 // the common hyperparameters from config.json, loading an attention block,
-// and wrapping layers into a model.Decoder with its embedding, final norm
-// and LM head. Each architecture package keeps what differs: its FFN, its
+// and wrapping blocks with the embedding, final norm and LM head into a
+// gqa.Decoder on the op set (NewModel), or a host-slice model.Decoder
+// (NewDecoder, for glm4_moe, whose NextN layer is shared with mla). Each architecture package keeps what differs: its FFN, its
 // optional tensors and its config quirks.
 package transformer
 
@@ -11,8 +12,8 @@ import (
 	"math"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gqa"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
-	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -130,28 +131,24 @@ func LoadBlock(l *nn.Loader, p Params, layer int, attn *nn.SelfAttention, ffn nn
 	}
 }
 
-// NewDecoder loads the embedding, final norm and LM head (the embedding
-// when tied, or when lm_head.weight is absent and tying is the default) and
-// assembles the model. It returns the loader's errors, if any.
-func NewDecoder(l *nn.Loader, p Params, arch string, layers []model.Layer, be kernels.Backend) (*model.Decoder, error) {
-	d := &model.Decoder{
-		Arch:       arch,
-		Embed:      l.Mat("model.embed_tokens.weight", p.Vocab, p.Hidden),
-		Layers:     layers,
-		Norm:       l.RMSNorm("model.norm", p.Hidden, p.Eps, false),
-		Layout:     p.Layout(),
-		MaxContext: p.MaxContext,
-		Backend:    be,
+// NewModel loads the embedding, final norm and LM head (the embedding when
+// tied) and assembles the blocks into a gqa.Decoder on the op set; be must
+// be a kernels.Device. It returns the loader's errors, if any.
+func NewModel(l *nn.Loader, p Params, arch string, blocks []*nn.Block, be kernels.Backend) (*gqa.Decoder, error) {
+	dev, ok := be.(kernels.Device)
+	if !ok {
+		return nil, fmt.Errorf("backend %s does not implement the op set (kernels.Device)", be.Name())
 	}
-	if p.Tied {
-		d.LMHead = d.Embed
-	} else {
-		d.LMHead = l.Mat("lm_head.weight", p.Vocab, p.Hidden)
+	embed := l.Mat("model.embed_tokens.weight", p.Vocab, p.Hidden)
+	norm := l.RMSNorm("model.norm", p.Hidden, p.Eps, false)
+	head := embed
+	if !p.Tied {
+		head = l.Mat("lm_head.weight", p.Vocab, p.Hidden)
 	}
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	return d, nil
+	return gqa.New(dev, arch, embed, blocks, norm, head, p.Layout(), p.MaxContext)
 }
 
 // NewRoPE builds the rotary embedding for p (NeoX half-split pairing).

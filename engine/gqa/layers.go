@@ -1,0 +1,212 @@
+package gqa
+
+import (
+	"fmt"
+
+	"github.com/ferrite-llm/ferrite/engine/nn"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Ctx is what a block needs during one step: the device, the cache layers
+// and the step's row maps, all on the device.
+type Ctx struct {
+	Dev   kernels.Device
+	N     int // rows (tokens) in the step
+	Paged kernels.Paged
+	Cache func(layer int) (k, v kernels.Tensor)
+}
+
+// Norm is an RMSNorm's weight on the device.
+type Norm struct {
+	W      kernels.Tensor // (1, dim) F32
+	Eps    float32
+	Offset bool
+}
+
+// Linear is a weight in its stored dtype and an optional bias.
+type Linear struct {
+	W *kernels.Mat   // (out, in)
+	B kernels.Tensor // (1, out) F32; zero Tensor when absent
+}
+
+func (l *Linear) forward(dev kernels.Device, dst, x kernels.Tensor, acc bool) {
+	dev.Linear(dst, x, l.W, kernels.Epilogue{Bias: l.B, Accumulate: acc})
+}
+
+// Attention is a GQA self-attention block: q/k/v projections, optional
+// per-head QK norm, RoPE, paged causal attention and the output projection.
+type Attention struct {
+	Layer        int // cache layer
+	Q, K, V, O   Linear
+	QNorm, KNorm *Norm // nil when absent
+	Rope         *kernels.Rotary
+	Shape        kernels.AttnShape
+}
+
+// Forward sets y (N, hidden) = Attention(h (N, hidden)) and stores the
+// step's keys and values in the cache.
+func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
+	dev, n, s := c.Dev, c.N, a.Shape
+	q := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim)   // (N, heads·headDim)
+	k := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
+	v := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
+	a.Q.forward(dev, q, h, false)
+	a.K.forward(dev, k, h, false)
+	a.V.forward(dev, v, h, false)
+	if a.QNorm != nil {
+		qh := q.Reshape(n*s.Heads, s.HeadDim)
+		dev.RMSNorm(qh, qh, a.QNorm.W, a.QNorm.Eps, a.QNorm.Offset)
+	}
+	if a.KNorm != nil {
+		kh := k.Reshape(n*s.KVHeads, s.HeadDim)
+		dev.RMSNorm(kh, kh, a.KNorm.W, a.KNorm.Eps, a.KNorm.Offset)
+	}
+	if a.Rope != nil {
+		dev.RoPE(q, s.Heads, s.HeadDim, c.Paged.Pos, a.Rope)
+		dev.RoPE(k, s.KVHeads, s.HeadDim, c.Paged.Pos, a.Rope)
+	}
+	kc, vc := c.Cache(a.Layer)
+	dev.StoreKV(kc, vc, k, v, &c.Paged)
+	o := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim)
+	dev.Attention(o, q, kc, vc, &c.Paged, s)
+	a.O.forward(dev, y, o, false)
+}
+
+// FFN is a feed-forward block on the op set.
+type FFN interface {
+	// Forward sets y (N, hidden) = FFN(h (N, hidden)).
+	Forward(c *Ctx, y, h kernels.Tensor)
+}
+
+// MLP is the SwiGLU feed-forward block: down(silu(gate(h)) ⊙ up(h)).
+type MLP struct {
+	Gate, Up, Down Linear
+}
+
+// forward sets y (N, hidden) = MLP(h), or adds it to y when acc (shared
+// experts on top of routed ones).
+func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool) {
+	inter := m.Gate.W.Rows
+	g := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
+	u := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
+	m.Gate.forward(c.Dev, g, h, false)
+	m.Up.forward(c.Dev, u, h, false)
+	c.Dev.SwiGLU(g, g, u)
+	m.Down.forward(c.Dev, y, g, acc)
+}
+
+// Forward implements FFN.
+func (m *MLP) Forward(c *Ctx, y, h kernels.Tensor) { m.forward(c, y, h, false) }
+
+// MoE is a routed mixture of SwiGLU experts plus optional ungated shared
+// experts: y = Σ_k w_k·Expert_k(h) + Shared(h).
+type MoE struct {
+	Gate    *kernels.Mat // (experts, hidden) router
+	Router  kernels.Router
+	Experts []kernels.Expert
+	Shared  *MLP // nil when absent
+}
+
+// Forward implements FFN.
+func (m *MoE) Forward(c *Ctx, y, h kernels.Tensor) {
+	dev := c.Dev
+	logits := dev.Scratch(kernels.F32, c.N, m.Gate.Rows) // (N, experts)
+	dev.Linear(logits, h, m.Gate, kernels.Epilogue{})
+	ids := dev.Scratch(kernels.I32, c.N, m.Router.TopK) // (N, topK)
+	w := dev.Scratch(kernels.F32, c.N, m.Router.TopK)   // (N, topK)
+	dev.Route(ids, w, logits, &m.Router)
+	dev.Experts(y, h, ids, w, m.Experts)
+	if m.Shared != nil {
+		m.Shared.forward(c, y, h, true)
+	}
+}
+
+// Block is a pre-norm decoder layer, x += Attn(AttnNorm(x)); x += FFN(FFNNorm(x)),
+// run with the residual adds fused into the next norm (see Forward).
+type Block struct {
+	AttnNorm *Norm // input_layernorm
+	Attn     *Attention
+	FFNNorm  *Norm // post_attention_layernorm
+	FFN      FFN
+}
+
+// Forward runs the block on the residual stream x (N, hidden). On entry h
+// holds AttnNorm(x); on return x holds x + Attn, and y the FFN output still
+// to be added to x, which the caller fuses with the next norm (AddRMSNorm).
+func (b *Block) Forward(c *Ctx, x, h, y kernels.Tensor) {
+	b.Attn.Forward(c, y, h)
+	c.Dev.AddRMSNorm(h, x, y, b.FFNNorm.W, b.FFNNorm.Eps, b.FFNNorm.Offset)
+	b.FFN.Forward(c, y, h)
+}
+
+// uploader moves a host model's small weights (norms, biases, frequencies)
+// to the device, keeping the first error.
+type uploader struct {
+	dev kernels.Device
+	err error
+}
+
+func (u *uploader) vec(v []float32) kernels.Tensor {
+	if v == nil || u.err != nil {
+		return kernels.Tensor{}
+	}
+	t, err := u.dev.Alloc(kernels.F32, 1, len(v))
+	if err != nil {
+		u.err = err
+		return t
+	}
+	u.dev.WriteF32(t, v)
+	return t
+}
+
+func (u *uploader) norm(n *nn.RMSNorm) *Norm {
+	if n == nil {
+		return nil
+	}
+	return &Norm{W: u.vec(n.W), Eps: n.Eps, Offset: n.Offset}
+}
+
+func (u *uploader) linear(l *nn.Linear) Linear { return Linear{W: l.W, B: u.vec(l.B)} }
+
+func (u *uploader) mlp(m *nn.MLP) *MLP {
+	if m == nil {
+		return nil
+	}
+	return &MLP{Gate: u.linear(m.Gate), Up: u.linear(m.Up), Down: u.linear(m.Down)}
+}
+
+// block converts a loaded host block.
+func (u *uploader) block(b *nn.Block) (*Block, error) {
+	a := b.Attn
+	at := &Attention{
+		Layer: a.Attn.Layer,
+		Q:     u.linear(a.Q), K: u.linear(a.K), V: u.linear(a.V), O: u.linear(a.O),
+		QNorm: u.norm(a.QNorm), KNorm: u.norm(a.KNorm),
+		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
+	}
+	if a.Rope != nil {
+		at.Rope = &kernels.Rotary{InvFreq: u.vec(a.Rope.InvFreq()), Dim: a.Rope.Dim, Interleaved: a.Rope.Interleaved, Scale: a.Rope.Scale}
+	}
+	out := &Block{AttnNorm: u.norm(b.AttnNorm), Attn: at, FFNNorm: u.norm(b.FFNNorm)}
+	switch f := b.FFN.(type) {
+	case *nn.MLP:
+		out.FFN = u.mlp(f)
+	case *nn.MoE:
+		if f.SharedGate != nil {
+			return nil, fmt.Errorf("gqa: gated shared experts are not on the op set yet")
+		}
+		r := f.Router
+		out.FFN = &MoE{
+			Gate: r.W,
+			Router: kernels.Router{
+				Bias: u.vec(r.Bias), Scoring: kernels.Scoring(r.Scoring), TopK: r.TopK, NormTopK: r.NormTopK,
+				Scale: r.Scale, Groups: r.Groups, TopKGroups: r.TopKGroups,
+			},
+			Experts: f.Experts,
+			Shared:  u.mlp(f.Shared),
+		}
+	default:
+		return nil, fmt.Errorf("gqa: feed-forward block %T is not on the op set", b.FFN)
+	}
+	return out, u.err
+}

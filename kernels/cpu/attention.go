@@ -1,0 +1,322 @@
+package cpu
+
+import (
+	"encoding/binary"
+	"math"
+	"sync"
+	"unsafe"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Paged attention on the CPU. A sequence contributing at least
+// prefillRows rows (a prompt chunk) runs as two matrix products per KV head
+// and query tile, each tile reading only the keys its last row can see
+// (causal skipping); the other rows (decode, short verification chunks) run
+// one (row, KV head) item per task, the group's query heads together,
+// scores from the matmul tiles straight off the F32 or BF16 cache.
+
+// prefillRows is the chunk length from which a sequence's attention runs as
+// matrix products.
+const prefillRows = 16
+
+// queryTile is how many query rows share one pair of products; smaller
+// tiles skip more of the masked half, larger ones amortise the products.
+const queryTile = 64
+
+// StoreKV implements kernels.AttentionOps.
+func (b *Backend) StoreKV(kc, vc, k, v kernels.Tensor, p *kernels.Paged) {
+	store(kc, k, p)
+	store(vc, v, p)
+}
+
+// store writes the rows of x (N, width) F32 into cache slots p.Slot.
+func store(c, x kernels.Tensor, p *kernels.Paged) {
+	if x.Cols != c.Cols || p.Slot.Rows != x.Rows || !c.Contiguous() {
+		panic("cpu: StoreKV shapes do not match the cache")
+	}
+	xs, slots, w := f32(x), i32(p.Slot), x.Cols
+	for i := range x.Rows {
+		s := int(slots[i*p.Slot.Stride])
+		if s < 0 || s >= c.Rows {
+			panic("cpu: StoreKV slot outside the cache")
+		}
+		src := xs[i*x.Stride : i*x.Stride+w]
+		switch c.DType {
+		case kernels.F32:
+			copy(f32(c)[s*w:(s+1)*w], src)
+		case kernels.BF16:
+			dst := raw(c)[2*s*w : 2*(s+1)*w]
+			for j, f := range src {
+				binary.LittleEndian.PutUint16(dst[2*j:], kernels.F32ToBF16(f))
+			}
+		default:
+			panic("cpu: KV cache dtype must be F32 or BF16")
+		}
+	}
+}
+
+// attnCall is one Attention call's operands, unpacked.
+type attnCall struct {
+	b                   *Backend
+	out, q              []float32
+	kraw, vraw          []byte // cache layers, (slots, width) elements of dt
+	dt                  kernels.DType
+	pos, seq, blocks    []int32
+	maxBlocks, bs       int
+	heads, kvh, hd, grp int
+	scale               float32
+}
+
+// Attention implements kernels.AttentionOps.
+func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
+	contiguous(out)
+	contiguous(q)
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	switch {
+	case s.KVHeads <= 0 || s.Heads%s.KVHeads != 0:
+		panic("cpu: Attention head counts")
+	case q.Cols != qw || out.Cols != qw || out.Rows != q.Rows || kc.Cols != kw || vc.Cols != kw || kc.DType != vc.DType:
+		panic("cpu: Attention shapes do not match")
+	case kc.DType != kernels.F32 && kc.DType != kernels.BF16:
+		panic("cpu: KV cache dtype must be F32 or BF16")
+	}
+	a := attnCall{
+		b: b, out: f32(out), q: f32(q), kraw: raw(kc), vraw: raw(vc), dt: kc.DType,
+		pos: i32(p.Pos), seq: i32(p.Seq), blocks: i32(p.Blocks), maxBlocks: p.Blocks.Cols, bs: p.BlockSize,
+		heads: s.Heads, kvh: s.KVHeads, hd: s.HeadDim, grp: s.Heads / s.KVHeads, scale: s.Scale,
+	}
+	n := q.Rows
+	var short []int32 // rows handled item by item
+	for lo := 0; lo < n; {
+		hi := lo + 1
+		for hi < n && a.seq[hi] == a.seq[lo] {
+			hi++
+		}
+		if hi-lo >= prefillRows {
+			a.chunk(lo, hi)
+		} else {
+			for i := lo; i < hi; i++ {
+				short = append(short, int32(i))
+			}
+		}
+		lo = hi
+	}
+	if len(short) > 0 {
+		a.rows(short)
+	}
+}
+
+// slot is the cache slot of position p of the sequence with block table bt.
+func (a *attnCall) slot(bt []int32, p int) int { return int(bt[p/a.bs])*a.bs + p%a.bs }
+
+// table is sequence s's block table.
+func (a *attnCall) table(s int32) []int32 {
+	return a.blocks[int(s)*a.maxBlocks : (int(s)+1)*a.maxBlocks]
+}
+
+// rows computes the given rows one (row, KV head) item at a time.
+func (a *attnCall) rows(rows []int32) {
+	maxLen := 0
+	for _, i := range rows {
+		maxLen = max(maxLen, int(a.pos[i])+1)
+	}
+	tiles := tilesFor(a.dt)
+	esz := a.dt.Size()
+	kw := a.kvh * a.hd
+	a.b.Parallel(len(rows)*a.kvh, func(lo, hi int) {
+		sc := make([]float32, a.grp*maxLen) // (group, len) scores, then probabilities
+		for item := lo; item < hi; item++ {
+			i, kvh := int(rows[item/a.kvh]), item%a.kvh
+			h0 := kvh * a.grp
+			off := kvh * a.hd
+			bt := a.table(a.seq[i])
+			ln := int(a.pos[i]) + 1
+			qg := a.q[(i*a.heads+h0)*a.hd : (i*a.heads+h0+a.grp)*a.hd] // (group, hd)
+			// Scores, block by block: keys of a block are kw apart.
+			for p0 := 0; p0 < ln; p0 += a.bs {
+				nk := min(a.bs, ln-p0)
+				w := a.kraw[(a.slot(bt, p0)*kw+off)*esz:]
+				g := 0
+				for ; g+2 <= a.grp; g += 2 {
+					x, y := qg[g*a.hd:], sc[g*ln+p0:]
+					j := 0
+					for ; j+4 <= nk; j += 4 {
+						tiles.r2c4(y[j:], ln, x, a.hd, w[j*kw*esz:], kw, a.hd)
+					}
+					for ; j < nk; j++ {
+						tiles.r2c1(y[j:], ln, x, a.hd, w[j*kw*esz:], kw, a.hd)
+					}
+				}
+				for ; g < a.grp; g++ {
+					x, y := qg[g*a.hd:], sc[g*ln+p0:]
+					for j := range nk {
+						tiles.r1c1(y[j:], 1, x, a.hd, w[j*kw*esz:], kw, a.hd)
+					}
+				}
+			}
+			for g := range a.grp {
+				softmax(sc[g*ln:(g+1)*ln], a.scale)
+			}
+			o := a.out[(i*a.heads+h0)*a.hd : (i*a.heads+h0+a.grp)*a.hd]
+			clear(o)
+			for p := range ln {
+				v := a.vraw[(a.slot(bt, p)*kw+off)*esz:]
+				for g := range a.grp {
+					axpyRow(a.dt, o[g*a.hd:(g+1)*a.hd], sc[g*ln+p], v)
+				}
+			}
+		}
+	})
+}
+
+// row returns the hd cache values at element e of layer data as float32:
+// a view for F32, converted into buf for BF16.
+func (a *attnCall) row(data []byte, e int, buf []float32) []float32 {
+	if a.dt == kernels.F32 {
+		all := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(data))), len(data)/4)
+		return all[e : e+a.hd]
+	}
+	src := data[2*e : 2*(e+a.hd)]
+	for j := range buf {
+		buf[j] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*j:])) << 16)
+	}
+	return buf
+}
+
+// chunk computes rows [lo, hi), consecutive tokens of one sequence, with
+// two matrix products per KV head and query tile: S = Q·Kᵀ over the
+// group's stacked query heads and the keys the tile's last row can see, a
+// causal softmax per row, then O = S·V. The (tile, KV head) items run in one
+// Parallel call, each on one worker with single-threaded products (a MatMul
+// issued inside Parallel runs inline), so a layer's attention is one
+// synchronisation, not a few per tile: on a busy machine every wake-up of a
+// helper costs a scheduling delay.
+func (a *attnCall) chunk(lo, hi int) {
+	tiles := (hi - lo + queryTile - 1) / queryTile
+	// Items alternate cheap (early) and expensive (late) tiles, so the
+	// contiguous ranges Parallel hands out cost about the same.
+	order := make([]int, 0, tiles)
+	for i, j := 0, tiles-1; i <= j; i, j = i+1, j-1 {
+		order = append(order, i)
+		if i != j {
+			order = append(order, j)
+		}
+	}
+	a.b.Parallel(tiles*a.kvh, func(i0, i1 int) {
+		s := scratchPool.Get().(*attnScratch)
+		defer scratchPool.Put(s)
+		for item := i0; item < i1; item++ {
+			t0 := lo + order[item/a.kvh]*queryTile
+			a.tile(s, item%a.kvh, t0, min(hi, t0+queryTile))
+		}
+	})
+}
+
+// tile computes query rows [t0, t1) of one sequence for KV head kvh.
+func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
+	b, hd, grp := a.b, a.hd, a.grp
+	qw, kw := a.heads*hd, a.kvh*hd
+	bt := a.table(a.seq[t0])
+	nt := t1 - t0
+	tk := int(a.pos[t1-1]) + 1 // keys visible to the tile's last row
+	m := grp * nt              // stacked rows: (g, i) → g·nt + i−t0
+	k := grow(&s.k, tk*hd)     // (tk, hd) this KV head's keys
+	vt := grow(&s.vt, hd*tk)   // (hd, tk) its values, transposed
+	qs := grow(&s.qs, m*hd)    // (m, hd) stacked queries
+	sc := grow(&s.sc, m*tk)    // (m, tk) scores, then probabilities
+	os := grow(&s.os, m*hd)    // (m, hd)
+	vrow := grow(&s.vrow, hd)
+	off := kvh * hd
+	for p := range tk {
+		e := a.slot(bt, p)*kw + off
+		copy(k[p*hd:(p+1)*hd], a.row(a.kraw, e, vrow))
+		for d, v := range a.row(a.vraw, e, vrow) {
+			vt[d*tk+p] = v
+		}
+	}
+	for g := range grp {
+		h := kvh*grp + g
+		for i := t0; i < t1; i++ {
+			r := g*nt + i - t0
+			copy(qs[r*hd:(r+1)*hd], a.q[i*qw+h*hd:i*qw+(h+1)*hd])
+		}
+	}
+	b.MatMul(sc, qs, &kernels.Mat{DType: kernels.F32, Rows: tk, Cols: hd, Data: f32Bytes(k)}, m)
+	for r := range m {
+		row := sc[r*tk : (r+1)*tk]
+		ln := int(a.pos[t0+r%nt]) + 1
+		softmax(row[:ln], a.scale)
+		clear(row[ln:])
+	}
+	b.MatMul(os, sc, &kernels.Mat{DType: kernels.F32, Rows: hd, Cols: tk, Data: f32Bytes(vt)}, m)
+	for g := range grp {
+		h := kvh*grp + g
+		for i := t0; i < t1; i++ {
+			r := g*nt + i - t0
+			copy(a.out[i*qw+h*hd:i*qw+(h+1)*hd], os[r*hd:(r+1)*hd])
+		}
+	}
+}
+
+// attnScratch is one worker's scratch for prefill tiles.
+type attnScratch struct {
+	k, vt, qs, sc, os, vrow []float32
+}
+
+// scratchPool recycles attnScratch between calls and workers.
+var scratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
+
+// f32Bytes views float32 values as the little-endian bytes a kernels.Mat
+// holds.
+func f32Bytes(f []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), len(f)*4)
+}
+
+// softmax replaces x with softmax(scale·x): max-subtracted, a float32 exp,
+// a float64 sum.
+func softmax(x []float32, scale float32) {
+	if len(x) == 0 {
+		return
+	}
+	m := x[0] * scale
+	for i, v := range x {
+		x[i] = v * scale
+		m = max(m, x[i])
+	}
+	var sum float64
+	for i, v := range x {
+		e := expf(v - m)
+		x[i] = e
+		sum += float64(e)
+	}
+	inv := float32(1 / sum)
+	for i := range x {
+		x[i] *= inv
+	}
+}
+
+// expf is e^x for x ≤ 0 in float32 arithmetic, within 2 ulp of the exact
+// value (Cephes expf: x = k·ln2 + r, |r| ≤ ln2/2, a degree-6 polynomial in r;
+// the result 2^k·e^r is built in the exponent bits). It underflows to 0
+// below −87.
+func expf(x float32) float32 {
+	if x < -87 {
+		return 0
+	}
+	const (
+		log2e = 1.44269504088896341
+		ln2hi = 0.693359375
+		ln2lo = -2.12194440e-4
+	)
+	k := float32(math.Floor(float64(x*log2e + 0.5)))
+	r := x - k*ln2hi - k*ln2lo
+	p := float32(1.9875691500e-4)
+	p = p*r + 1.3981999507e-3
+	p = p*r + 8.3334519073e-3
+	p = p*r + 4.1665795894e-2
+	p = p*r + 1.6666665459e-1
+	p = p*r + 5.0000001201e-1
+	e := p*r*r + r + 1
+	return e * math.Float32frombits(uint32(int32(k)+127)<<23)
+}

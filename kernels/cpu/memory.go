@@ -1,0 +1,166 @@
+package cpu
+
+import (
+	"unsafe"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// buffer is the CPU's tensor memory: one host allocation, 64-byte aligned
+// by the Go allocator for large sizes, viewed as the dtype's elements.
+type buffer struct {
+	b     []byte // the bytes
+	elems int
+}
+
+func (b *buffer) Elems() int { return b.elems }
+
+// newBuffer allocates n zeroed elements of dt (backed by float32 words so
+// every element type is naturally aligned).
+func newBuffer(dt kernels.DType, n int) *buffer {
+	size := dt.Size()
+	if size == 0 {
+		panic("cpu: tensors of dtype " + dt.String() + " are not supported")
+	}
+	words := make([]float32, (n*size+3)/4)
+	return &buffer{b: unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(words)*4)[:n*size], elems: n}
+}
+
+// mem returns t's buffer, panicking when t belongs to another backend.
+func mem(t kernels.Tensor) (*buffer, int) {
+	b, off := t.Buffer()
+	cb, ok := b.(*buffer)
+	if !ok {
+		panic("cpu: tensor not allocated by the CPU backend")
+	}
+	return cb, off
+}
+
+// f32 is the float32 view of t's rows; a strided t includes the gaps.
+func f32(t kernels.Tensor) []float32 {
+	if t.DType != kernels.F32 {
+		panic("cpu: op wants an F32 tensor, got " + t.String())
+	}
+	b, off := mem(t)
+	n := span(t)
+	all := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b.b))), b.elems)
+	return all[off : off+n : off+n]
+}
+
+// i32 is the int32 view of t's rows.
+func i32(t kernels.Tensor) []int32 {
+	if t.DType != kernels.I32 {
+		panic("cpu: op wants an I32 tensor, got " + t.String())
+	}
+	b, off := mem(t)
+	n := span(t)
+	all := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(b.b))), b.elems)
+	return all[off : off+n : off+n]
+}
+
+// raw is the byte view of t's rows, any dtype.
+func raw(t kernels.Tensor) []byte {
+	b, off := mem(t)
+	sz := t.DType.Size()
+	return b.b[off*sz : (off+span(t))*sz]
+}
+
+// span is the number of elements from t's first to its last element.
+func span(t kernels.Tensor) int {
+	if t.Rows == 0 {
+		return 0
+	}
+	return (t.Rows-1)*t.Stride + t.Cols
+}
+
+// contiguous panics unless t's rows follow each other.
+func contiguous(t kernels.Tensor) {
+	if !t.Contiguous() {
+		panic("cpu: op wants a contiguous tensor")
+	}
+}
+
+// arena is the per-step scratch: the k-th Scratch call of a step reuses
+// the k-th buffer when it is large enough, so a steady stream of steps of
+// one shape stops allocating.
+type arena struct {
+	bufs []*buffer
+	next int
+}
+
+func (a *arena) get(dt kernels.DType, rows, cols int) kernels.Tensor {
+	n := rows * cols
+	need := (n*dt.Size() + 3) / 4 // float32 words
+	if a.next == len(a.bufs) {
+		a.bufs = append(a.bufs, nil)
+	}
+	b := a.bufs[a.next]
+	if b == nil || len(b.b)/4 < need {
+		b = newBuffer(kernels.F32, max(need, 1))
+		a.bufs[a.next] = b
+	}
+	a.next++
+	view := &buffer{b: b.b[:n*dt.Size()], elems: n}
+	return kernels.NewTensor(view, dt, rows, cols, cols, 0)
+}
+
+// Alloc implements kernels.Memory.
+func (b *Backend) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
+	return kernels.NewTensor(newBuffer(dt, rows*cols), dt, rows, cols, cols, 0), nil
+}
+
+// Scratch implements kernels.Memory.
+func (b *Backend) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
+	return b.arena.get(dt, rows, cols)
+}
+
+// BeginStep implements kernels.Memory: it releases the scratch tensors.
+func (b *Backend) BeginStep() { b.arena.next = 0 }
+
+// EndStep implements kernels.Memory (the CPU runs ops synchronously).
+func (b *Backend) EndStep() {}
+
+// WriteF32 implements kernels.Memory.
+func (b *Backend) WriteF32(t kernels.Tensor, src []float32) {
+	if len(src) != t.Elems() {
+		panic("cpu: WriteF32 length does not match the tensor")
+	}
+	d := f32(t)
+	for r := range t.Rows {
+		copy(d[r*t.Stride:r*t.Stride+t.Cols], src[r*t.Cols:])
+	}
+}
+
+// WriteI32 implements kernels.Memory.
+func (b *Backend) WriteI32(t kernels.Tensor, src []int32) {
+	if len(src) != t.Elems() {
+		panic("cpu: WriteI32 length does not match the tensor")
+	}
+	d := i32(t)
+	for r := range t.Rows {
+		copy(d[r*t.Stride:r*t.Stride+t.Cols], src[r*t.Cols:])
+	}
+}
+
+// ReadF32 implements kernels.Memory.
+func (b *Backend) ReadF32(dst []float32, t kernels.Tensor) {
+	if len(dst) != t.Elems() {
+		panic("cpu: ReadF32 length does not match the tensor")
+	}
+	s := f32(t)
+	for r := range t.Rows {
+		copy(dst[r*t.Cols:(r+1)*t.Cols], s[r*t.Stride:])
+	}
+}
+
+// Copy implements kernels.Memory.
+func (b *Backend) Copy(dst, src kernels.Tensor) {
+	if dst.DType != src.DType || dst.Rows != src.Rows || dst.Cols != src.Cols {
+		panic("cpu: Copy between tensors of different dtype or shape")
+	}
+	d, s := raw(dst), raw(src)
+	sz := dst.DType.Size()
+	for r := range dst.Rows {
+		copy(d[r*dst.Stride*sz:(r*dst.Stride+dst.Cols)*sz], s[r*src.Stride*sz:])
+	}
+}

@@ -1,0 +1,293 @@
+package cpu
+
+import (
+	"slices"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
+)
+
+// The op set on the CPU (kernels/ops.go). Element-wise and per-row ops are
+// the kernels/ref loops spread over the worker pool; matrix products go
+// through MatMul; attention has its own kernels (attention.go).
+
+// grow returns s resized to n values, reallocating only to grow.
+func grow(s *[]float32, n int) []float32 {
+	if cap(*s) < n {
+		*s = make([]float32, n)
+	}
+	return (*s)[:n]
+}
+
+// Linear implements kernels.LinearOps.
+func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilogue) {
+	contiguous(dst)
+	contiguous(x)
+	if x.Cols != w.Cols || dst.Cols != w.Rows || dst.Rows != x.Rows {
+		panic("cpu: Linear shapes do not match the weight")
+	}
+	n, out := x.Rows, w.Rows
+	y := f32(dst)
+	if e.Accumulate {
+		t := grow(&b.tmp, n*out)
+		b.MatMul(t, f32(x), w, n)
+		for i, v := range t {
+			y[i] += v
+		}
+	} else {
+		b.MatMul(y, f32(x), w, n)
+	}
+	if e.Bias.Valid() {
+		bias := f32(e.Bias)[:out]
+		for i := range n {
+			row := y[i*out : (i+1)*out]
+			for j, v := range bias {
+				row[j] += v
+			}
+		}
+	}
+}
+
+// SwiGLU implements kernels.LinearOps.
+func (b *Backend) SwiGLU(dst, gate, up kernels.Tensor) {
+	for _, t := range []kernels.Tensor{dst, gate, up} {
+		contiguous(t)
+	}
+	if gate.Elems() != dst.Elems() || up.Elems() != dst.Elems() {
+		panic("cpu: SwiGLU shapes differ")
+	}
+	y, g, u := f32(dst), f32(gate), f32(up)
+	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLU(y[lo:hi], g[lo:hi], u[lo:hi]) })
+}
+
+// Embed implements kernels.LinearOps.
+func (b *Backend) Embed(dst kernels.Tensor, w *kernels.Mat, ids kernels.Tensor) {
+	if dst.Cols != w.Cols || ids.Rows != dst.Rows || ids.Cols != 1 {
+		panic("cpu: Embed shapes do not match")
+	}
+	y, id := f32(dst), i32(ids)
+	for i := range dst.Rows {
+		t := int(id[i*ids.Stride])
+		if t < 0 || t >= w.Rows {
+			panic("cpu: Embed id outside the table")
+		}
+		w.RowF32(y[i*dst.Stride:i*dst.Stride+dst.Cols], t)
+	}
+}
+
+// GatherRows implements kernels.LinearOps.
+func (b *Backend) GatherRows(dst, src, rows kernels.Tensor) {
+	if dst.Cols != src.Cols || rows.Rows != dst.Rows || rows.Cols != 1 {
+		panic("cpu: GatherRows shapes do not match")
+	}
+	y, x, r := f32(dst), f32(src), i32(rows)
+	for i := range dst.Rows {
+		s := int(r[i*rows.Stride])
+		if s < 0 || s >= src.Rows {
+			panic("cpu: GatherRows row outside the source")
+		}
+		copy(y[i*dst.Stride:i*dst.Stride+dst.Cols], x[s*src.Stride:])
+	}
+}
+
+// RMSNorm implements kernels.NormOps.
+func (b *Backend) RMSNorm(dst, x, w kernels.Tensor, eps float32, offset bool) {
+	contiguous(dst)
+	contiguous(x)
+	if dst.Rows != x.Rows || dst.Cols != x.Cols || w.Elems() != x.Cols {
+		panic("cpu: RMSNorm shapes do not match")
+	}
+	y, xs, ws, d := f32(dst), f32(x), f32(w), x.Cols
+	b.Parallel(x.Rows, func(lo, hi int) {
+		ref.RMSNorm(y[lo*d:hi*d], xs[lo*d:hi*d], ws, eps, offset, hi-lo)
+	})
+}
+
+// AddRMSNorm implements kernels.NormOps.
+func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, offset bool) {
+	for _, t := range []kernels.Tensor{dst, res, delta} {
+		contiguous(t)
+		if t.Rows != res.Rows || t.Cols != res.Cols {
+			panic("cpu: AddRMSNorm shapes differ")
+		}
+	}
+	if w.Elems() != res.Cols {
+		panic("cpu: AddRMSNorm weight width")
+	}
+	y, r, dl, ws, d := f32(dst), f32(res), f32(delta), f32(w), res.Cols
+	b.Parallel(res.Rows, func(lo, hi int) {
+		rr := r[lo*d : hi*d]
+		for i, v := range dl[lo*d : hi*d] {
+			rr[i] += v
+		}
+		ref.RMSNorm(y[lo*d:hi*d], rr, ws, eps, offset, hi-lo)
+	})
+}
+
+// RoPE implements kernels.RopeOps. The CPU keeps each Rotary's cos/sin
+// rows in a table grown to the largest position seen (the same values the
+// reference computes per call), so a prefill does not recompute them per
+// layer.
+func (b *Backend) RoPE(x kernels.Tensor, heads, headDim int, pos kernels.Tensor, r *kernels.Rotary) {
+	contiguous(x)
+	half := r.Dim / 2
+	if x.Cols != heads*headDim || pos.Rows != x.Rows || r.InvFreq.Elems() != half || r.Dim > headDim {
+		panic("cpu: RoPE shapes do not match")
+	}
+	xs, ps := f32(x), i32(pos)
+	maxPos := 0
+	for i := range x.Rows {
+		p := int(ps[i*pos.Stride])
+		if p < 0 {
+			panic("cpu: RoPE negative position")
+		}
+		maxPos = max(maxPos, p)
+	}
+	tab := b.ropeTable(r, maxPos+1)
+	w := x.Cols
+	b.Parallel(x.Rows, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			p := int(ps[i*pos.Stride])
+			ref.Rotate(xs[i*w:(i+1)*w], heads, headDim, tab.cos[p*half:(p+1)*half], tab.sin[p*half:(p+1)*half], r.Interleaved)
+		}
+	})
+}
+
+// ropeKey identifies a Rotary's frequencies and scale.
+type ropeKey struct {
+	freq  *float32
+	scale float32
+}
+
+// ropeTab is one Rotary's cos and sin rows, (positions, Dim/2) each.
+type ropeTab struct{ cos, sin []float32 }
+
+// ropeTable returns r's table covering positions [0, n).
+func (b *Backend) ropeTable(r *kernels.Rotary, n int) *ropeTab {
+	inv := f32(r.InvFreq)
+	key := ropeKey{&inv[0], r.Scale}
+	if b.rope == nil {
+		b.rope = map[ropeKey]*ropeTab{}
+	}
+	t := b.rope[key]
+	if t == nil {
+		t = &ropeTab{}
+		b.rope[key] = t
+	}
+	half := len(inv)
+	have := len(t.cos) / half
+	if n <= have {
+		return t
+	}
+	n = max(n, 2*have, 256)
+	cos := append(t.cos, make([]float32, (n-have)*half)...)
+	sin := append(t.sin, make([]float32, (n-have)*half)...)
+	for p := have; p < n; p++ {
+		ref.RopeAngles(cos[p*half:(p+1)*half], sin[p*half:(p+1)*half], inv, p, r.Scale)
+	}
+	t.cos, t.sin = cos, sin
+	return t
+}
+
+// Route implements kernels.MoEOps.
+func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
+	contiguous(logits)
+	if ids.Rows != logits.Rows || w.Rows != logits.Rows || ids.Cols != r.TopK || w.Cols != r.TopK {
+		panic("cpu: Route shapes do not match")
+	}
+	id, ws, lg, e := i32(ids), f32(w), f32(logits), logits.Cols
+	var bias []float32
+	if r.Bias.Valid() {
+		bias = f32(r.Bias)[:e]
+	}
+	k := r.TopK
+	for i := range logits.Rows {
+		ref.Route(id[i*k:(i+1)*k], ws[i*k:(i+1)*k], lg[i*e:(i+1)*e], r, bias)
+	}
+}
+
+// moeScratch is Experts' reusable host scratch.
+type moeScratch struct {
+	count, fill []int
+	tok         []int32
+	tw          []float32
+	xe, gu, h   []float32
+	ye          []float32
+}
+
+// Experts implements kernels.MoEOps: (token, weight) pairs are bucketed by
+// expert so each expert runs once over its tokens; a token's outputs are
+// added in increasing expert id.
+func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert) {
+	contiguous(dst)
+	contiguous(x)
+	n, k := x.Rows, ids.Cols
+	hidden, inter := experts[0].Down.Rows, experts[0].Down.Cols
+	if dst.Rows != n || dst.Cols != hidden || x.Cols != hidden || ids.Rows != n || w.Rows != n || w.Cols != k {
+		panic("cpu: Experts shapes do not match")
+	}
+	y, xs, id, ws := f32(dst), f32(x), i32(ids), f32(w)
+	s := &b.moe
+	s.count = slices.Grow(s.count[:0], len(experts)+1)[:len(experts)+1]
+	clear(s.count)
+	for _, e := range id[:n*k] {
+		if e < 0 || int(e) >= len(experts) {
+			panic("cpu: Experts id outside the expert list")
+		}
+		s.count[e+1]++
+	}
+	for e := range experts {
+		s.count[e+1] += s.count[e]
+	}
+	s.fill = append(s.fill[:0], s.count[:len(experts)]...)
+	s.tok = slices.Grow(s.tok[:0], n*k)[:n*k]
+	s.tw = grow(&s.tw, n*k)
+	// Tokens in increasing order inside each bucket; buckets in expert order.
+	for i := range n {
+		for j := range k {
+			e := id[i*k+j]
+			s.tok[s.fill[e]], s.tw[s.fill[e]] = int32(i), ws[i*k+j]
+			s.fill[e]++
+		}
+	}
+	clear(y[:n*hidden])
+	xe := grow(&s.xe, n*hidden)
+	gu := grow(&s.gu, n*2*inter)
+	h := grow(&s.h, n*inter)
+	ye := grow(&s.ye, n*hidden)
+	for e := range experts {
+		lo, hi := s.count[e], s.count[e+1]
+		rows := hi - lo
+		if rows == 0 {
+			continue
+		}
+		ex := &experts[e]
+		for r, t := range s.tok[lo:hi] {
+			copy(xe[r*hidden:(r+1)*hidden], xs[int(t)*hidden:])
+		}
+		if ex.GateUp != nil {
+			b.MatMul(gu[:rows*2*inter], xe[:rows*hidden], ex.GateUp, rows)
+			for r := range rows {
+				row := gu[r*2*inter : (r+1)*2*inter]
+				ref.SwiGLU(h[r*inter:(r+1)*inter], row[:inter], row[inter:])
+			}
+		} else {
+			g, u := gu[:rows*inter], gu[rows*inter:2*rows*inter]
+			b.MatMul(g, xe[:rows*hidden], ex.Gate, rows)
+			b.MatMul(u, xe[:rows*hidden], ex.Up, rows)
+			ref.SwiGLU(h[:rows*inter], g, u)
+		}
+		b.MatMul(ye[:rows*hidden], h[:rows*inter], ex.Down, rows)
+		for r, t := range s.tok[lo:hi] {
+			axpy(y[int(t)*hidden:(int(t)+1)*hidden], s.tw[lo+r], ye[r*hidden:(r+1)*hidden])
+		}
+	}
+}
+
+// axpy sets y += a·x.
+func axpy(y []float32, a float32, x []float32) {
+	y = y[:len(x)]
+	for i, v := range x {
+		y[i] += a * v
+	}
+}

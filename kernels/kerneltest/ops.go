@@ -1,0 +1,464 @@
+package kerneltest
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
+)
+
+// Per-op tolerances against the kernels/ref golden references, as
+// |got − want| ≤ tol·scale, with scale stated per op:
+const (
+	// LinearTol: scale is Σₖ|x·w| (+|bias|, +|dst| when accumulating), as
+	// for MatMul.
+	LinearTol = Tol
+	// RowOpTol (SwiGLU, norms, RoPE, Route weights): scale is max(1, |want|).
+	// Element-wise float32 math differs from the reference by a few ulp at
+	// most.
+	RowOpTol = 1e-6
+	// AttentionTol: scale is the largest |v| the row reads. A float32 exp
+	// and float32 sums against the float64 reference; BF16 caches are
+	// compared with a reference over the same rounded keys and values.
+	AttentionTol = 1e-5
+	// ExpertsTol: scale is max |y| of the call (two chained products and a
+	// SwiGLU per expert).
+	ExpertsTol = 1e-5
+)
+
+// RunOps runs the op-set conformance suite against d as subtests. Every
+// destination is a view with guard rows on both sides that must stay
+// bit-identical, and starts poisoned with NaN so every element must be
+// written.
+func RunOps(t *testing.T, d kernels.Device) {
+	t.Run("Linear", func(t *testing.T) { linearTest(t, d) })
+	t.Run("SwiGLU", func(t *testing.T) { swigluTest(t, d) })
+	t.Run("Embed", func(t *testing.T) { embedTest(t, d) })
+	t.Run("GatherRows", func(t *testing.T) { gatherTest(t, d) })
+	t.Run("RMSNorm", func(t *testing.T) { normTest(t, d) })
+	t.Run("RoPE", func(t *testing.T) { ropeTest(t, d) })
+	t.Run("Attention", func(t *testing.T) { attentionTest(t, d) })
+	t.Run("Route", func(t *testing.T) { routeTest(t, d) })
+	t.Run("Experts", func(t *testing.T) { expertsTest(t, d) })
+}
+
+const guardRows = 2
+
+// buf is a device tensor with guard rows: t is the body view.
+type buf struct {
+	d     kernels.Device
+	whole kernels.Tensor
+	t     kernels.Tensor
+	host  []float32 // the whole tensor's F32 contents as written
+}
+
+// newBuf allocates (rows, cols) F32 with guard rows of yGuard and the
+// body set to body (poisoned with yPoison when body is nil).
+func newBuf(t *testing.T, d kernels.Device, rows, cols int, body []float32) *buf {
+	t.Helper()
+	whole, err := d.Alloc(kernels.F32, rows+2*guardRows, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := make([]float32, whole.Elems())
+	for i := range host {
+		host[i] = yGuard
+	}
+	b := host[guardRows*cols : (guardRows+rows)*cols]
+	if body == nil {
+		for i := range b {
+			b[i] = yPoison
+		}
+	} else {
+		copy(b, body)
+	}
+	d.WriteF32(whole, host)
+	return &buf{d: d, whole: whole, t: whole.Slice(guardRows, guardRows+rows), host: host}
+}
+
+// read returns the body and fails t when a guard changed.
+func (b *buf) read(t *testing.T, name string) []float32 {
+	t.Helper()
+	all := make([]float32, b.whole.Elems())
+	b.d.ReadF32(all, b.whole)
+	cols := b.whole.Cols
+	body := all[guardRows*cols : (b.whole.Rows-guardRows)*cols]
+	for i, v := range all {
+		if i >= guardRows*cols && i < (b.whole.Rows-guardRows)*cols {
+			continue
+		}
+		if math.Float32bits(v) != math.Float32bits(b.host[i]) {
+			t.Fatalf("%s: guard element %d overwritten", name, i)
+		}
+	}
+	return body
+}
+
+// ints uploads an I32 tensor.
+func ints(t *testing.T, d kernels.Device, rows, cols int, v []int32) kernels.Tensor {
+	t.Helper()
+	x, err := d.Alloc(kernels.I32, rows, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.WriteI32(x, v)
+	return x
+}
+
+func randn(rng *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64())
+	}
+	return v
+}
+
+// compare fails t for elements outside tol·scale(i).
+func compare(t *testing.T, what string, got, want []float32, tol float64, scale func(i int) float64) {
+	t.Helper()
+	bad := 0
+	for i := range want {
+		lim := tol * scale(i)
+		if d := math.Abs(float64(got[i]) - float64(want[i])); !(d <= lim) {
+			if bad++; bad <= 5 {
+				t.Errorf("%s[%d] = %g, want %g ± %.3g", what, i, got[i], want[i], lim)
+			}
+		}
+	}
+	if bad > 5 {
+		t.Errorf("%s: %d of %d wrong", what, bad, len(want))
+	}
+}
+
+func rowScale(want []float32) func(int) float64 {
+	return func(i int) float64 { return max(1, math.Abs(float64(want[i]))) }
+}
+
+// step runs fn inside BeginStep/EndStep.
+func step(d kernels.Device, fn func()) {
+	d.BeginStep()
+	defer d.EndStep()
+	fn()
+}
+
+func linearTest(t *testing.T, d kernels.Device) {
+	for _, c := range []struct {
+		n, rows, cols int
+		dt            kernels.DType
+		bias, acc     bool
+	}{{1, 7, 33, kernels.F32, false, false}, {3, 16, 64, kernels.BF16, true, false}, {5, 9, 17, kernels.BF16, true, true}, {20, 33, 40, kernels.F32, false, true}} {
+		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.rows)))
+			w := NewMat(rng, c.dt, c.rows, c.cols, 0, 0)
+			xv := randn(rng, c.n*c.cols)
+			x := newBuf(t, d, c.n, c.cols, xv)
+			var y0 []float32
+			if c.acc {
+				y0 = randn(rng, c.n*c.rows)
+			}
+			y := newBuf(t, d, c.n, c.rows, y0)
+			var e kernels.Epilogue
+			var bv []float32
+			if c.bias {
+				bv = randn(rng, c.rows)
+				e.Bias = newBuf(t, d, 1, c.rows, bv).t
+			}
+			e.Accumulate = c.acc
+			step(d, func() { d.Linear(y.t, x.t, w, e) })
+			got := y.read(t, "y")
+			want := make([]float32, c.n*c.rows)
+			copy(want, y0)
+			ref.Linear(want, xv, w, bv, c.acc, c.n)
+			abs := make([]float32, c.cols)
+			compare(t, "y", got, want, LinearTol, func(i int) float64 {
+				r, j := i/c.rows, i%c.rows
+				w.RowF32(abs, j)
+				s := 0.0
+				for k, v := range abs {
+					s += math.Abs(float64(v * xv[r*c.cols+k]))
+				}
+				if bv != nil {
+					s += math.Abs(float64(bv[j]))
+				}
+				if y0 != nil {
+					s += math.Abs(float64(y0[i]))
+				}
+				return s + 1e-30
+			})
+		})
+	}
+}
+
+func swigluTest(t *testing.T, d kernels.Device) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	gv, uv := randn(rng, 7*19), randn(rng, 7*19)
+	g, u, y := newBuf(t, d, 7, 19, gv), newBuf(t, d, 7, 19, uv), newBuf(t, d, 7, 19, nil)
+	step(d, func() { d.SwiGLU(y.t, g.t, u.t) })
+	want := make([]float32, len(gv))
+	ref.SwiGLU(want, gv, uv)
+	compare(t, "y", y.read(t, "y"), want, RowOpTol, rowScale(want))
+}
+
+func embedTest(t *testing.T, d kernels.Device) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		w := NewMat(rng, dt, 11, 24, 0, 0)
+		id := []int32{3, 0, 10, 3, 7}
+		y := newBuf(t, d, len(id), 24, nil)
+		it := ints(t, d, len(id), 1, id)
+		step(d, func() { d.Embed(y.t, w, it) })
+		got := y.read(t, "y")
+		want := make([]float32, len(id)*24)
+		for i, r := range id {
+			w.RowF32(want[i*24:(i+1)*24], int(r))
+		}
+		compare(t, dt.String(), got, want, 0, rowScale(want))
+	}
+}
+
+func gatherTest(t *testing.T, d kernels.Device) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	xv := randn(rng, 9*13)
+	rows := []int32{8, 0, 4, 4}
+	x, y := newBuf(t, d, 9, 13, xv), newBuf(t, d, len(rows), 13, nil)
+	rt := ints(t, d, len(rows), 1, rows)
+	step(d, func() { d.GatherRows(y.t, x.t, rt) })
+	want := make([]float32, len(rows)*13)
+	for i, r := range rows {
+		copy(want[i*13:], xv[int(r)*13:(int(r)+1)*13])
+	}
+	compare(t, "y", y.read(t, "y"), want, 0, rowScale(want))
+}
+
+func normTest(t *testing.T, d kernels.Device) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, offset := range []bool{false, true} {
+		const n, dim = 6, 40
+		xv, dv, wv := randn(rng, n*dim), randn(rng, n*dim), randn(rng, dim)
+		x, w, y := newBuf(t, d, n, dim, xv), newBuf(t, d, 1, dim, wv), newBuf(t, d, n, dim, nil)
+		step(d, func() { d.RMSNorm(y.t, x.t, w.t, 1e-6, offset) })
+		want := make([]float32, n*dim)
+		ref.RMSNorm(want, xv, wv, 1e-6, offset, n)
+		compare(t, "RMSNorm", y.read(t, "y"), want, RowOpTol, rowScale(want))
+
+		// AddRMSNorm: res += delta, y = norm(res); per-head shape too.
+		res, delta, y2 := newBuf(t, d, n, dim, xv), newBuf(t, d, n, dim, dv), newBuf(t, d, n, dim, nil)
+		step(d, func() { d.AddRMSNorm(y2.t, res.t, delta.t, w.t, 1e-5, offset) })
+		sum := make([]float32, n*dim)
+		for i := range sum {
+			sum[i] = xv[i] + dv[i]
+		}
+		ref.RMSNorm(want, sum, wv, 1e-5, offset, n)
+		compare(t, "AddRMSNorm residual", res.read(t, "res"), sum, 0, rowScale(sum))
+		compare(t, "AddRMSNorm", y2.read(t, "y"), want, RowOpTol, rowScale(want))
+	}
+}
+
+func ropeTest(t *testing.T, d kernels.Device) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	for _, c := range []struct {
+		heads, hd, dim int
+		inter          bool
+		scale          float32
+	}{{4, 16, 16, false, 1}, {3, 12, 6, false, 1.2}, {2, 8, 8, true, 1}} {
+		n := 5
+		pos := []int32{0, 1, 7, 300, 4095}
+		xv := randn(rng, n*c.heads*c.hd)
+		inv := make([]float32, c.dim/2)
+		for i := range inv {
+			inv[i] = float32(math.Pow(10000, -float64(2*i)/float64(c.dim)))
+		}
+		x := newBuf(t, d, n, c.heads*c.hd, xv)
+		r := &kernels.Rotary{InvFreq: newBuf(t, d, 1, len(inv), inv).t, Dim: c.dim, Interleaved: c.inter, Scale: c.scale}
+		pt := ints(t, d, n, 1, pos)
+		step(d, func() { d.RoPE(x.t, c.heads, c.hd, pt, r) })
+		want := append([]float32(nil), xv...)
+		ref.RoPE(want, c.heads, c.hd, pos, inv, c.inter, c.scale)
+		compare(t, fmt.Sprintf("rope %+v", c), x.read(t, "x"), want, RowOpTol, rowScale(want))
+	}
+}
+
+// attnSeq is one sequence of an attention case: rows positions from start
+// (earlier positions are cached from a previous step).
+type attnSeq struct{ start, rows int }
+
+func attentionTest(t *testing.T, d kernels.Device) {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for ci, c := range []struct {
+			heads, kvHeads, hd, bs int
+			seqs                   []attnSeq
+		}{
+			{4, 2, 16, 4, []attnSeq{{0, 1}}},
+			{4, 2, 16, 4, []attnSeq{{9, 1}, {0, 3}, {20, 1}}},   // decode rows
+			{6, 2, 8, 16, []attnSeq{{0, 40}}},                   // one prefill chunk
+			{3, 3, 12, 8, []attnSeq{{5, 1}, {0, 70}, {33, 17}}}, // mixed: decode, chunk, continued chunk
+			{8, 1, 32, 4, []attnSeq{{130, 2}, {0, 20}}},         // MQA, odd-tile remainders
+		} {
+			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
+				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))
+			})
+		}
+	}
+}
+
+func attentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvHeads, hd, bs int, seqs []attnSeq, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 15))
+	qw, kw := heads*hd, kvHeads*hd
+	maxBlocks := 0
+	for _, s := range seqs {
+		maxBlocks = max(maxBlocks, (s.start+s.rows+bs-1)/bs)
+	}
+	nBlocks := len(seqs)*maxBlocks + 3
+	// Block tables: a random permutation, so sequences interleave.
+	perm := rng.Perm(nBlocks)
+	blocks := make([]int32, len(seqs)*maxBlocks)
+	for i := range blocks {
+		blocks[i] = int32(perm[i])
+	}
+	kc, err := d.Alloc(dt, nBlocks*bs, kw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vc, _ := d.Alloc(dt, nBlocks*bs, kw)
+	round := func(v []float32) {
+		if dt == kernels.BF16 {
+			for i, x := range v {
+				v[i] = kernels.BF16ToF32(kernels.F32ToBF16(x))
+			}
+		}
+	}
+	// Host copies of every sequence's keys and values, all positions.
+	keys := make([][]float32, len(seqs))
+	vals := make([][]float32, len(seqs))
+	var pos, seq, slot []int32
+	var prePos, preSeq, preSlot []int32
+	var preK, preV, stepK, stepV []float32
+	for si, s := range seqs {
+		n := s.start + s.rows
+		keys[si], vals[si] = randn(rng, n*kw), randn(rng, n*kw)
+		for p := range n {
+			sl := blocks[si*maxBlocks+p/bs]*int32(bs) + int32(p%bs)
+			k, v := keys[si][p*kw:(p+1)*kw], vals[si][p*kw:(p+1)*kw]
+			if p < s.start {
+				prePos, preSeq, preSlot = append(prePos, int32(p)), append(preSeq, int32(si)), append(preSlot, sl)
+				preK, preV = append(preK, k...), append(preV, v...)
+			} else {
+				pos, seq, slot = append(pos, int32(p)), append(seq, int32(si)), append(slot, sl)
+				stepK, stepV = append(stepK, k...), append(stepV, v...)
+			}
+		}
+		round(keys[si])
+		round(vals[si])
+	}
+	bt := ints(t, d, len(seqs), maxBlocks, blocks)
+	paged := func(pos, seq, slot []int32) *kernels.Paged {
+		n := len(pos)
+		return &kernels.Paged{Pos: ints(t, d, n, 1, pos), Seq: ints(t, d, n, 1, seq), Slot: ints(t, d, n, 1, slot), Blocks: bt, BlockSize: bs}
+	}
+	if len(prePos) > 0 {
+		pk, pv := newBuf(t, d, len(prePos), kw, preK), newBuf(t, d, len(prePos), kw, preV)
+		p := paged(prePos, preSeq, preSlot)
+		step(d, func() { d.StoreKV(kc, vc, pk.t, pv.t, p) })
+	}
+	n := len(pos)
+	qv := randn(rng, n*qw)
+	q, k, v, out := newBuf(t, d, n, qw, qv), newBuf(t, d, n, kw, stepK), newBuf(t, d, n, kw, stepV), newBuf(t, d, n, qw, nil)
+	p := paged(pos, seq, slot)
+	shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd)))}
+	step(d, func() {
+		d.StoreKV(kc, vc, k.t, v.t, p)
+		d.Attention(out.t, q.t, kc, vc, p, shape)
+	})
+	got := out.read(t, "out")
+	want := make([]float32, n*qw)
+	scale := make([]float64, n)
+	for i := range n {
+		s := int(seq[i])
+		ln := int(pos[i]) + 1
+		ref.Attention(want[i*qw:(i+1)*qw], qv[i*qw:(i+1)*qw], ln,
+			func(p int) []float32 { return keys[s][p*kw : (p+1)*kw] },
+			func(p int) []float32 { return vals[s][p*kw : (p+1)*kw] }, shape)
+		for _, x := range vals[s][:ln*kw] {
+			scale[i] = max(scale[i], math.Abs(float64(x)))
+		}
+	}
+	compare(t, "out", got, want, AttentionTol, func(i int) float64 { return scale[i/qw] })
+}
+
+func routeTest(t *testing.T, d kernels.Device) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	for _, r := range []kernels.Router{
+		{Scoring: kernels.SoftmaxScoring, TopK: 2, NormTopK: true, Scale: 1},
+		{Scoring: kernels.SoftmaxScoring, TopK: 3, Scale: 1},
+		{Scoring: kernels.SigmoidScoring, TopK: 4, NormTopK: true, Scale: 2.5, Groups: 4, TopKGroups: 2},
+	} {
+		const n, e = 9, 16
+		lv := randn(rng, n*e)
+		var bias []float32
+		if r.Scoring == kernels.SigmoidScoring {
+			bias = randn(rng, e)
+			r.Bias = newBuf(t, d, 1, e, bias).t
+		}
+		lg := newBuf(t, d, n, e, lv)
+		ids, err := d.Alloc(kernels.I32, n, r.TopK)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := newBuf(t, d, n, r.TopK, nil)
+		step(d, func() { d.Route(ids, w.t, lg.t, &r) })
+		wantID := make([]int32, n*r.TopK)
+		wantW := make([]float32, n*r.TopK)
+		for i := range n {
+			ref.Route(wantID[i*r.TopK:(i+1)*r.TopK], wantW[i*r.TopK:(i+1)*r.TopK], append([]float32(nil), lv[i*e:(i+1)*e]...), &r, bias)
+		}
+		compare(t, "weights", w.read(t, "w"), wantW, RowOpTol, rowScale(wantW))
+		// The ids are checked by gathering the rows of an identity table.
+		table := make([]float32, e)
+		for i := range table {
+			table[i] = float32(i)
+		}
+		tb := newBuf(t, d, e, 1, table)
+		g := newBuf(t, d, n*r.TopK, 1, nil)
+		step(d, func() { d.GatherRows(g.t, tb.t, ids.Reshape(n*r.TopK, 1)) })
+		got := g.read(t, "ids")
+		for i, id := range wantID {
+			if got[i] != float32(id) {
+				t.Fatalf("%+v: id %d = %g, want %d", r, i, got[i], id)
+			}
+		}
+	}
+}
+
+func expertsTest(t *testing.T, d kernels.Device) {
+	rng := rand.New(rand.NewPCG(19, 20))
+	const n, k, e, hidden, inter = 11, 2, 5, 24, 16
+	ex := make([]kernels.Expert, e)
+	for i := range ex {
+		if i%2 == 0 {
+			ex[i] = kernels.Expert{GateUp: NewMat(rng, kernels.BF16, 2*inter, hidden, 0, 0)}
+		} else {
+			ex[i] = kernels.Expert{Gate: NewMat(rng, kernels.BF16, inter, hidden, 0, 0), Up: NewMat(rng, kernels.F32, inter, hidden, 0, 0)}
+		}
+		ex[i].Down = NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
+	}
+	xv := randn(rng, n*hidden)
+	ids := make([]int32, n*k)
+	wv := randn(rng, n*k)
+	for i := range n {
+		a := rng.IntN(e)
+		ids[i*k], ids[i*k+1] = int32(a), int32((a+1+rng.IntN(e-1))%e) // distinct, any order
+	}
+	x, y, w := newBuf(t, d, n, hidden, xv), newBuf(t, d, n, hidden, nil), newBuf(t, d, n, k, wv)
+	it := ints(t, d, n, k, ids)
+	step(d, func() { d.Experts(y.t, x.t, it, w.t, ex) })
+	want := make([]float32, n*hidden)
+	ref.Experts(want, xv, ids, wv, n, ex)
+	m := 0.0
+	for _, v := range want {
+		m = max(m, math.Abs(float64(v)))
+	}
+	compare(t, "y", y.read(t, "y"), want, ExpertsTol, func(int) float64 { return m })
+}

@@ -1,0 +1,267 @@
+package kernels
+
+// The op set: coarse, fused, layer-level operations on tensors the backend
+// owns. A model is written once against these interfaces; the CPU backend
+// (kernels/cpu) implements them, kernels/ref holds their golden references,
+// kernels/strict checks that a model uses nothing else, and every
+// implementation passes the per-op conformance suite in kernels/kerneltest.
+//
+// Rules every op follows, so that a GPU can run a step from captured
+// launches:
+//   - Shapes, dtypes and the small parameters (eps, scale, head counts) are
+//     host values fixed by the model; everything that depends on the batch's
+//     contents (token ids, positions, block tables, cache slots, expert
+//     routes, logit rows) is a tensor. No op returns data to the host.
+//   - Activations, norms, softmax and router scores are F32 and accumulate
+//     in F32 (float64 where a reference does); weights stay in their stored
+//     dtype (*Mat) and are converted inside the kernel; the KV cache is F32
+//     or BF16.
+//   - An op writes every element of its destination rows; destinations never
+//     alias inputs unless the op says so.
+//   - Malformed calls (shape or dtype mismatch) are programmer errors and
+//     panic with a constant "kernels: ..." message.
+//
+// Device embeds the capabilities the GQA family needs (dense and MoE). The
+// interfaces after it (MLAOps, SparseOps, LinearAttentionOps, HyperOps) are
+// the rest of the op set, designed here and discovered by type assertion;
+// no backend implements them yet, and the architectures that need them
+// (mla, glm4moelite, deepseekv32, glmmoedsa, qwen3next, glm5next) still run
+// on the host-slice path (kernels.Backend plus engine/nn and engine/linattn).
+
+// Device is a backend that owns tensor memory and runs the op set. It also
+// implements the host-slice Backend, which the architectures not yet ported
+// use.
+type Device interface {
+	Backend
+	Memory
+	LinearOps
+	NormOps
+	RopeOps
+	AttentionOps
+	MoEOps
+}
+
+// Memory allocates tensors and moves values between host and backend.
+type Memory interface {
+	// Alloc returns zeroed persistent storage (weights converted at load,
+	// KV cache, recurrent state) that lives until the Device does.
+	Alloc(dt DType, rows, cols int) (Tensor, error)
+
+	// Scratch returns a tensor from the per-step arena, with unspecified
+	// contents, valid until the next BeginStep. The arena grows to the
+	// largest step seen and then stops allocating.
+	Scratch(dt DType, rows, cols int) Tensor
+
+	// BeginStep starts a forward pass: it releases every Scratch tensor.
+	// EndStep finishes it; on an asynchronous device it waits for the
+	// pass's work. Write and Read are allowed only outside a step.
+	BeginStep()
+	EndStep()
+
+	// WriteF32 and WriteI32 copy host values into t (F32 or I32, len(src)
+	// = t.Elems()), row after row.
+	WriteF32(t Tensor, src []float32)
+	WriteI32(t Tensor, src []int32)
+	// ReadF32 copies t (F32, len(dst) = t.Elems()) into host memory.
+	ReadF32(dst []float32, t Tensor)
+
+	// Copy sets dst to src (same dtype and shape) on the backend, for
+	// example a KV-cache block's copy-on-write.
+	Copy(dst, src Tensor)
+}
+
+// Epilogue is what a linear op does with x·Wᵀ before writing it.
+type Epilogue struct {
+	Bias       Tensor // (1, out) F32 added to every row; zero Tensor for none
+	Accumulate bool   // dst += result (a residual add) instead of dst = result
+}
+
+// LinearOps are matrix products with the weights in their stored dtype.
+type LinearOps interface {
+	// Linear sets dst (N, w.Rows) = x (N, w.Cols)·wᵀ (+ Bias) or adds it
+	// to dst when e.Accumulate. x and dst are F32 and contiguous.
+	Linear(dst, x Tensor, w *Mat, e Epilogue)
+
+	// SwiGLU sets dst (N, inter) = silu(gate)·up for gate and up (N, inter),
+	// F32. dst may be gate.
+	SwiGLU(dst, gate, up Tensor)
+
+	// Embed sets dst (N, w.Cols) F32 to the rows of w named by ids (N, 1)
+	// I32: dst[i] = w[ids[i]].
+	Embed(dst Tensor, w *Mat, ids Tensor)
+
+	// GatherRows sets dst (M, C) = src[rows[i]] for rows (M, 1) I32 and
+	// src (N, C) F32: the logit-row gather before the LM head.
+	GatherRows(dst, src, rows Tensor)
+}
+
+// NormOps are row normalisations, F32 in and out, with a float64 sum of
+// squares.
+type NormOps interface {
+	// RMSNorm sets dst (R, D) = w ⊙ x·rsqrt(mean(x²) + eps) over rows of x
+	// (R, D), w (1, D) F32; with offset the scale is 1 + w (zero-centred
+	// norms). A per-head norm reshapes (N, heads·D) to (N·heads, D). dst may
+	// be x.
+	RMSNorm(dst, x, w Tensor, eps float32, offset bool)
+
+	// AddRMSNorm is the pre-norm block's fused residual step:
+	// res += delta, then dst = RMSNorm(res). res, delta, dst are (R, D).
+	AddRMSNorm(dst, res, delta, w Tensor, eps float32, offset bool)
+}
+
+// Rotary is a rotary position embedding as the ops see it. cos and sin are
+// computed from InvFreq in the kernel: angle = float32(pos)·InvFreq[i],
+// cos = float32(cos(angle))·Scale (and sin alike), so no table has to
+// cover the context. Linear, llama3 and YaRN scalings and partial rotation
+// are all expressed through InvFreq, Dim and Scale. InvFreq is written once
+// at load; a backend may cache tables derived from it.
+type Rotary struct {
+	InvFreq     Tensor  // (1, Dim/2) F32 inverse frequencies
+	Dim         int     // rotated dims: the first Dim of each head (even)
+	Interleaved bool    // pairs (2i, 2i+1) (GPT-J) rather than (i, i+Dim/2) (NeoX)
+	Scale       float32 // multiplies cos and sin (YaRN attention factor; 1 otherwise)
+}
+
+// RopeOps rotate query and key heads.
+type RopeOps interface {
+	// RoPE rotates, in place, every head of x (N, heads·headDim) F32 at
+	// its row's position pos (N, 1) I32.
+	RoPE(x Tensor, heads, headDim int, pos Tensor, r *Rotary)
+}
+
+// Paged maps the rows of a step's flattened batch to the paged KV cache.
+// Rows of one sequence are consecutive and in position order. A cache
+// layer is a (blocks·BlockSize, width) tensor: slot b·BlockSize + j holds
+// token j of block b.
+type Paged struct {
+	Pos       Tensor // (N, 1) I32 absolute position of each row
+	Seq       Tensor // (N, 1) I32 index of each row's sequence into Blocks
+	Slot      Tensor // (N, 1) I32 cache slot each row's k/v is stored in
+	Blocks    Tensor // (seqs, maxBlocks) I32 block table of each sequence
+	BlockSize int    // token slots per block
+}
+
+// AttnShape is a GQA attention layer: query head h reads KV head
+// h/(Heads/KVHeads).
+type AttnShape struct {
+	Heads, KVHeads, HeadDim int
+	Scale                   float32 // softmax scale, usually HeadDim^-½
+}
+
+// AttentionOps are paged causal attention over the KV cache.
+type AttentionOps interface {
+	// StoreKV writes k and v (N, KVHeads·HeadDim) F32 into the cache layer
+	// kc, vc (slots, KVHeads·HeadDim), F32 or BF16 (rounded to nearest
+	// even), at each row's p.Slot.
+	StoreKV(kc, vc, k, v Tensor, p *Paged)
+
+	// Attention sets out (N, Heads·HeadDim) to the causal attention of
+	// every row's query q (N, Heads·HeadDim) F32 over its sequence's cached
+	// keys and values at positions [0, Pos[i]]; the step's own k/v must be
+	// stored first. Softmax is max-subtracted in F32.
+	Attention(out, q, kc, vc Tensor, p *Paged, s AttnShape)
+}
+
+// Scoring is how a router turns logits into expert scores.
+type Scoring uint8
+
+const (
+	// SoftmaxScoring: p = softmax(logits) over all experts (Mixtral, Qwen-MoE).
+	SoftmaxScoring Scoring = iota
+	// SigmoidScoring: s = sigmoid(logits) per expert (DeepSeek-V3, GLM-4.5
+	// noaux_tc), optionally biased for selection.
+	SigmoidScoring
+)
+
+// Router picks TopK experts per token and their weights. Softmax: take the
+// top-k of softmax(logits), renormalised to sum 1 when NormTopK. Sigmoid
+// (noaux_tc): s = sigmoid(logits); selection uses s + Bias; with Groups > 1
+// only the TopKGroups groups with the best sum of their two best biased
+// scores stay eligible; the weights are the unbiased s, divided by their sum
+// + 1e-20 when NormTopK. Both then multiply by Scale. Ties go to the lower
+// expert id.
+type Router struct {
+	Bias       Tensor // (1, experts) F32 selection bias; zero Tensor for none
+	Scoring    Scoring
+	TopK       int
+	NormTopK   bool
+	Scale      float32 // routed_scaling_factor; 1 for none
+	Groups     int     // n_group; ≤ 1 disables grouped selection
+	TopKGroups int     // topk_group
+}
+
+// Expert is one routed expert's SwiGLU weights, fused (GateUp) or separate.
+type Expert struct {
+	GateUp *Mat // (2·inter, hidden): rows [0, inter) gate, [inter, 2·inter) up; nil if separate
+	Gate   *Mat // (inter, hidden); nil if fused
+	Up     *Mat // (inter, hidden); nil if fused
+	Down   *Mat // (hidden, inter)
+}
+
+// MoEOps route tokens to experts and run them.
+type MoEOps interface {
+	// Route sets ids and w (N, TopK), I32 and F32, from the router logits
+	// (N, experts) F32.
+	Route(ids, w, logits Tensor, r *Router)
+
+	// Experts sets dst (N, hidden) = Σ_k w[i,k]·Expert_{ids[i,k]}(x[i]) for
+	// x (N, hidden), summing a token's experts in increasing expert id so
+	// the result does not depend on the other tokens of the batch. Each
+	// expert's weights are read once per call.
+	Experts(dst, x, ids, w Tensor, experts []Expert)
+}
+
+// MLAOps are multi-head latent attention over a cache of compressed
+// latents (DeepSeek-V2/V3, GLM-4.7-Flash). Not implemented yet.
+type MLAOps interface {
+	// StoreLatent writes each row's latent (N, kvLora) after its norm and
+	// its rotated key (N, ropeDim) into the cache layer at p.Slot.
+	StoreLatent(cache, latent, kRope Tensor, p *Paged)
+	// AttentionMLA sets out (N, heads·vDim) from q (N, heads·(nope+rope))
+	// over the latent cache: naive (up-projecting K and V per key, prefill)
+	// or absorbed (q·W_UK against the latent, decode), chosen by the
+	// backend; wUK and wUV are the kv_b_proj halves.
+	AttentionMLA(out, q, cache Tensor, wUK, wUV *Mat, p *Paged, s AttnShape, rows Tensor)
+}
+
+// SparseOps are the DeepSeek sparse-attention (DSA) pieces: the indexer
+// and attention restricted to selected positions. Not implemented yet.
+type SparseOps interface {
+	// IndexerScores sets scores (N, maxLen) = Σ_h w[i,h]·ReLU(q[i,h]·k_t)
+	// over each row's cached indexer keys; positions past Pos[i] are −∞.
+	IndexerScores(scores, q, w, keys Tensor, p *Paged, heads int)
+	// TopK sets sel (N, k) I32 to each row's k best score columns (−1 past
+	// the row's length), ties to the lower index.
+	TopK(sel, scores Tensor)
+	// AttentionSparse is AttentionMLA over the positions in sel only.
+	AttentionSparse(out, q, cache, sel Tensor, wUK, wUV *Mat, p *Paged, s AttnShape)
+}
+
+// LinearAttentionOps are the gated delta rule layers (Gated DeltaNet, KDA)
+// with their recurrent state in a pool of per-sequence slots. Not
+// implemented yet.
+type LinearAttentionOps interface {
+	// ShortConv runs the causal depthwise convolution (kernel K) over each
+	// sequence's rows, continuing from and updating its conv state slot.
+	ShortConv(dst, x, w, convState, slots Tensor, p *Paged)
+	// DeltaRule runs the gated delta rule over each sequence's rows from its
+	// state slot (recurrent for short chunks, chunked WY for prefill) and
+	// leaves the state after the last row; float64 inside, F32 state.
+	DeltaRule(out, q, k, v, g, beta, state, slots Tensor, p *Paged, heads, dk, dv int)
+	// GatedRMSNorm sets dst = RMSNorm(x)·silu(gate) per head.
+	GatedRMSNorm(dst, x, gate, w Tensor, eps float32)
+	// L2Norm normalises every row of x in place.
+	L2Norm(x Tensor, eps float32)
+}
+
+// HyperOps are manifold-constrained hyper-connections (mHC, glm5next):
+// several residual streams mixed before and after each sublayer. Not
+// implemented yet.
+type HyperOps interface {
+	// HyperPre sets x (N, hidden) = Σ_i pre_i·X_i from the streams
+	// (N, streams·hidden) and the sublayer's mixing weights.
+	HyperPre(x, streams, mix Tensor, eps float32)
+	// HyperPost updates the streams from the sublayer output y with the
+	// Sinkhorn-normalised residual mix.
+	HyperPost(streams, y, mix Tensor, iters int)
+}

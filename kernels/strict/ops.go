@@ -1,0 +1,229 @@
+package strict
+
+import (
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
+)
+
+// Linear implements kernels.LinearOps.
+func (d *Device) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilogue) {
+	weight("Linear", w)
+	contiguous("Linear", dst, x)
+	shape("Linear", x, -1, w.Cols)
+	shape("Linear", dst, x.Rows, w.Rows)
+	xs := d.in("Linear", x, kernels.F32)
+	y := make([]float32, dst.Elems())
+	if e.Accumulate {
+		y = d.in("Linear (accumulate)", dst, kernels.F32)
+	}
+	var bias []float32
+	if e.Bias.Valid() {
+		shape("Linear bias", e.Bias, 1, w.Rows)
+		bias = d.in("Linear", e.Bias, kernels.F32)
+	}
+	ref.Linear(y, xs, w, bias, e.Accumulate, x.Rows)
+	d.out(dst, y)
+}
+
+// SwiGLU implements kernels.LinearOps.
+func (d *Device) SwiGLU(dst, gate, up kernels.Tensor) {
+	shape("SwiGLU", gate, dst.Rows, dst.Cols)
+	shape("SwiGLU", up, dst.Rows, dst.Cols)
+	g, u := d.in("SwiGLU", gate, kernels.F32), d.in("SwiGLU", up, kernels.F32)
+	ref.SwiGLU(g, g, u)
+	d.out(dst, g)
+}
+
+// Embed implements kernels.LinearOps.
+func (d *Device) Embed(dst kernels.Tensor, w *kernels.Mat, ids kernels.Tensor) {
+	weight("Embed", w)
+	shape("Embed", dst, -1, w.Cols)
+	shape("Embed ids", ids, dst.Rows, 1)
+	id := d.ints("Embed", ids)
+	y := make([]float32, dst.Elems())
+	for i, t := range id {
+		if t < 0 || int(t) >= w.Rows {
+			panic("strict: Embed id outside the table")
+		}
+		w.RowF32(y[i*w.Cols:(i+1)*w.Cols], int(t))
+	}
+	d.out(dst, y)
+}
+
+// GatherRows implements kernels.LinearOps.
+func (d *Device) GatherRows(dst, src, rows kernels.Tensor) {
+	shape("GatherRows", dst, -1, src.Cols)
+	shape("GatherRows rows", rows, dst.Rows, 1)
+	r := d.ints("GatherRows", rows)
+	x := d.in("GatherRows", src, kernels.F32)
+	y := make([]float32, dst.Elems())
+	for i, s := range r {
+		if s < 0 || int(s) >= src.Rows {
+			panic("strict: GatherRows row outside the source")
+		}
+		copy(y[i*src.Cols:(i+1)*src.Cols], x[int(s)*src.Cols:])
+	}
+	d.out(dst, y)
+}
+
+// RMSNorm implements kernels.NormOps.
+func (d *Device) RMSNorm(dst, x, w kernels.Tensor, eps float32, offset bool) {
+	shape("RMSNorm", dst, x.Rows, x.Cols)
+	shape("RMSNorm weight", w, 1, x.Cols)
+	xs, ws := d.in("RMSNorm", x, kernels.F32), d.in("RMSNorm", w, kernels.F32)
+	ref.RMSNorm(xs, xs, ws, eps, offset, x.Rows)
+	d.out(dst, xs)
+}
+
+// AddRMSNorm implements kernels.NormOps.
+func (d *Device) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, offset bool) {
+	shape("AddRMSNorm", dst, res.Rows, res.Cols)
+	shape("AddRMSNorm", delta, res.Rows, res.Cols)
+	shape("AddRMSNorm weight", w, 1, res.Cols)
+	r, dl := d.in("AddRMSNorm", res, kernels.F32), d.in("AddRMSNorm", delta, kernels.F32)
+	ws := d.in("AddRMSNorm", w, kernels.F32)
+	for i, v := range dl {
+		r[i] += v
+	}
+	d.out(res, r)
+	ref.RMSNorm(r, r, ws, eps, offset, res.Rows)
+	d.out(dst, r)
+}
+
+// RoPE implements kernels.RopeOps.
+func (d *Device) RoPE(x kernels.Tensor, heads, headDim int, pos kernels.Tensor, r *kernels.Rotary) {
+	shape("RoPE", x, -1, heads*headDim)
+	shape("RoPE positions", pos, x.Rows, 1)
+	shape("RoPE frequencies", r.InvFreq, 1, r.Dim/2)
+	if r.Dim <= 0 || r.Dim%2 != 0 || r.Dim > headDim {
+		panic("strict: RoPE rotary dim")
+	}
+	xs := d.in("RoPE", x, kernels.F32)
+	ref.RoPE(xs, heads, headDim, d.ints("RoPE", pos), d.in("RoPE", r.InvFreq, kernels.F32), r.Interleaved, r.Scale)
+	d.out(x, xs)
+}
+
+// paged reads and checks p's index tensors for n rows.
+func (d *Device) paged(op string, p *kernels.Paged, n, slots int) (pos, seq, slot, blocks []int32) {
+	shape(op+" positions", p.Pos, n, 1)
+	shape(op+" sequences", p.Seq, n, 1)
+	shape(op+" slots", p.Slot, n, 1)
+	pos, seq, slot = d.ints(op, p.Pos), d.ints(op, p.Seq), d.ints(op, p.Slot)
+	blocks = d.ints(op, p.Blocks)
+	for i := range n {
+		s := int(seq[i])
+		if s < 0 || s >= p.Blocks.Rows || pos[i] < 0 || int(pos[i])/p.BlockSize >= p.Blocks.Cols {
+			panic("strict: " + op + ": row outside the block tables")
+		}
+		b := blocks[s*p.Blocks.Cols+int(pos[i])/p.BlockSize]
+		if want := int(b)*p.BlockSize + int(pos[i])%p.BlockSize; want != int(slot[i]) || want >= slots {
+			panic("strict: " + op + ": a row's slot does not match its block table")
+		}
+	}
+	return pos, seq, slot, blocks
+}
+
+// cacheRow returns slot s of cache layer c as float32.
+func (d *Device) cacheRow(c kernels.Tensor, s int) []float32 {
+	v := d.view(c, c.DType)
+	out := make([]float32, c.Cols)
+	for j := range out {
+		if c.DType == kernels.BF16 {
+			out[j] = kernels.BF16ToF32(v.bf16[s*c.Stride+j])
+		} else {
+			out[j] = v.f32[s*c.Stride+j]
+		}
+	}
+	return out
+}
+
+// StoreKV implements kernels.AttentionOps.
+func (d *Device) StoreKV(kc, vc, k, v kernels.Tensor, p *kernels.Paged) {
+	shape("StoreKV", k, -1, kc.Cols)
+	shape("StoreKV", v, k.Rows, vc.Cols)
+	if kc.DType != vc.DType || kc.Rows != vc.Rows || (kc.DType != kernels.F32 && kc.DType != kernels.BF16) {
+		panic("strict: StoreKV cache layers must be F32 or BF16 and alike")
+	}
+	_, _, slot, _ := d.paged("StoreKV", p, k.Rows, kc.Rows)
+	for _, kv := range [2][2]kernels.Tensor{{kc, k}, {vc, v}} {
+		c, x := kv[0], kv[1]
+		xs := d.in("StoreKV", x, kernels.F32)
+		cv := d.view(c, c.DType)
+		for i, s := range slot {
+			row := xs[i*x.Cols : (i+1)*x.Cols]
+			if c.DType == kernels.BF16 {
+				for j, f := range row {
+					cv.bf16[int(s)*c.Stride+j] = kernels.F32ToBF16(f)
+				}
+			} else {
+				copy(cv.f32[int(s)*c.Stride:], row)
+			}
+		}
+	}
+}
+
+// Attention implements kernels.AttentionOps.
+func (d *Device) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
+	if s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 {
+		panic("strict: Attention head counts")
+	}
+	qw := s.Heads * s.HeadDim
+	shape("Attention", q, -1, qw)
+	shape("Attention", out, q.Rows, qw)
+	shape("Attention cache", kc, -1, s.KVHeads*s.HeadDim)
+	shape("Attention cache", vc, kc.Rows, s.KVHeads*s.HeadDim)
+	pos, seq, _, blocks := d.paged("Attention", p, q.Rows, kc.Rows)
+	qs := d.in("Attention", q, kernels.F32)
+	y := make([]float32, out.Elems())
+	for i := range q.Rows {
+		bt := blocks[int(seq[i])*p.Blocks.Cols:]
+		slot := func(p0 int) int { return int(bt[p0/p.BlockSize])*p.BlockSize + p0%p.BlockSize }
+		ref.Attention(y[i*qw:(i+1)*qw], qs[i*qw:(i+1)*qw], int(pos[i])+1,
+			func(p int) []float32 { return d.cacheRow(kc, slot(p)) },
+			func(p int) []float32 { return d.cacheRow(vc, slot(p)) }, s)
+	}
+	d.out(out, y)
+}
+
+// Route implements kernels.MoEOps.
+func (d *Device) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
+	shape("Route", ids, logits.Rows, r.TopK)
+	shape("Route", w, logits.Rows, r.TopK)
+	lg := d.in("Route", logits, kernels.F32)
+	var bias []float32
+	if r.Bias.Valid() {
+		shape("Route bias", r.Bias, 1, logits.Cols)
+		bias = d.in("Route", r.Bias, kernels.F32)
+	}
+	e, k := logits.Cols, r.TopK
+	id, ws := make([]int32, ids.Elems()), make([]float32, w.Elems())
+	for i := range logits.Rows {
+		ref.Route(id[i*k:(i+1)*k], ws[i*k:(i+1)*k], lg[i*e:(i+1)*e], r, bias)
+	}
+	iv := d.view(ids, kernels.I32)
+	for i := range ids.Rows {
+		copy(iv.i32[i*ids.Stride:i*ids.Stride+k], id[i*k:])
+	}
+	d.out(w, ws)
+}
+
+// Experts implements kernels.MoEOps.
+func (d *Device) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert) {
+	if len(experts) == 0 {
+		panic("strict: Experts without experts")
+	}
+	hidden := experts[0].Down.Rows
+	shape("Experts", x, -1, hidden)
+	shape("Experts", dst, x.Rows, hidden)
+	shape("Experts", ids, x.Rows, -1)
+	shape("Experts", w, x.Rows, ids.Cols)
+	id := d.ints("Experts", ids)
+	for _, e := range id {
+		if e < 0 || int(e) >= len(experts) {
+			panic("strict: Experts id outside the expert list")
+		}
+	}
+	y := make([]float32, dst.Elems())
+	ref.Experts(y, d.in("Experts", x, kernels.F32), id, d.in("Experts", w, kernels.F32), x.Rows, experts)
+	d.out(dst, y)
+}

@@ -1,0 +1,281 @@
+// Package strict is a test backend that proves a model runs on the op set
+// alone. It computes every op with the golden references (kernels/ref) and
+// is strict about everything else:
+//
+//   - tensor data lives in buffers only this package can read; a tensor of
+//     another backend, a wrong dtype or shape, or a strided operand where an
+//     op wants a contiguous one panics;
+//   - Scratch tensors start poisoned (a NaN with a private payload, or an
+//     out-of-range I32), and an op that reads a poisoned element panics, so
+//     a model that reads scratch it never wrote fails at the op at fault;
+//   - Write and Read, the only host ↔ backend copies, panic between
+//     BeginStep and EndStep: no host access to activations inside a step.
+//
+// MatMul is kernels.MatMulRef (float64 sums) and Parallel runs serially, so
+// the host-slice Backend methods work too, for the parts of the engine not
+// on the op set.
+package strict
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Poison values of fresh Scratch elements.
+var (
+	poisonF32  = math.Float32frombits(0x7fa0dead)
+	poisonBF16 = uint16(0x7fad)
+)
+
+const poisonI32 = math.MinInt32 + 0x5a5a
+
+// buffer is strict's tensor memory.
+type buffer struct {
+	dev  *Device
+	f32  []float32
+	i32  []int32
+	bf16 []uint16
+}
+
+func (b *buffer) Elems() int { return max(len(b.f32), len(b.i32), len(b.bf16)) }
+
+// Device is the strict backend. It is not safe for concurrent use.
+type Device struct {
+	inStep bool
+	steps  int // completed steps
+}
+
+var _ kernels.Device = (*Device)(nil)
+
+// New returns a strict device.
+func New() *Device { return &Device{} }
+
+// Name returns "strict".
+func (d *Device) Name() string { return "strict" }
+
+// Steps is the number of BeginStep/EndStep pairs completed, so a test can
+// tell that a model went through the op set.
+func (d *Device) Steps() int { return d.steps }
+
+// MatMul implements kernels.Backend with the float64 reference.
+func (d *Device) MatMul(y, x []float32, w *kernels.Mat, n int) {
+	kernels.CheckMatMul(y, x, w, n)
+	kernels.MatMulRef(y, x, w, n)
+}
+
+// Parallel implements kernels.Backend serially.
+func (d *Device) Parallel(n int, fn func(lo, hi int)) {
+	if n > 0 {
+		fn(0, n)
+	}
+}
+
+func (d *Device) alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, *buffer) {
+	if rows < 0 || cols < 0 {
+		panic("strict: negative tensor shape")
+	}
+	n := rows * cols
+	b := &buffer{dev: d}
+	switch dt {
+	case kernels.F32:
+		b.f32 = make([]float32, n)
+	case kernels.I32:
+		b.i32 = make([]int32, n)
+	case kernels.BF16:
+		b.bf16 = make([]uint16, n)
+	default:
+		panic("strict: unsupported tensor dtype " + dt.String())
+	}
+	return kernels.NewTensor(b, dt, rows, cols, cols, 0), b
+}
+
+// Alloc implements kernels.Memory.
+func (d *Device) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
+	t, _ := d.alloc(dt, rows, cols)
+	return t, nil
+}
+
+// Scratch implements kernels.Memory: a fresh, poisoned tensor.
+func (d *Device) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
+	if !d.inStep {
+		panic("strict: Scratch outside a step")
+	}
+	t, b := d.alloc(dt, rows, cols)
+	for i := range b.f32 {
+		b.f32[i] = poisonF32
+	}
+	for i := range b.i32 {
+		b.i32[i] = poisonI32
+	}
+	for i := range b.bf16 {
+		b.bf16[i] = poisonBF16
+	}
+	return t
+}
+
+// BeginStep implements kernels.Memory.
+func (d *Device) BeginStep() {
+	if d.inStep {
+		panic("strict: BeginStep inside a step")
+	}
+	d.inStep = true
+}
+
+// EndStep implements kernels.Memory.
+func (d *Device) EndStep() {
+	if !d.inStep {
+		panic("strict: EndStep outside a step")
+	}
+	d.inStep = false
+	d.steps++
+}
+
+// host panics inside a step: host copies happen only at step boundaries.
+func (d *Device) host(op string) {
+	if d.inStep {
+		panic("strict: " + op + " inside a step (host access to backend data)")
+	}
+}
+
+// WriteF32 implements kernels.Memory.
+func (d *Device) WriteF32(t kernels.Tensor, src []float32) {
+	d.host("WriteF32")
+	if len(src) != t.Elems() {
+		panic("strict: WriteF32 length does not match the tensor")
+	}
+	v := d.view(t, kernels.F32)
+	for r := range t.Rows {
+		copy(v.f32[r*t.Stride:r*t.Stride+t.Cols], src[r*t.Cols:])
+	}
+}
+
+// WriteI32 implements kernels.Memory.
+func (d *Device) WriteI32(t kernels.Tensor, src []int32) {
+	d.host("WriteI32")
+	if len(src) != t.Elems() {
+		panic("strict: WriteI32 length does not match the tensor")
+	}
+	v := d.view(t, kernels.I32)
+	for r := range t.Rows {
+		copy(v.i32[r*t.Stride:r*t.Stride+t.Cols], src[r*t.Cols:])
+	}
+}
+
+// ReadF32 implements kernels.Memory; reading a poisoned element panics.
+func (d *Device) ReadF32(dst []float32, t kernels.Tensor) {
+	d.host("ReadF32")
+	if len(dst) != t.Elems() {
+		panic("strict: ReadF32 length does not match the tensor")
+	}
+	copy(dst, d.in("ReadF32", t, kernels.F32))
+}
+
+// Copy implements kernels.Memory.
+func (d *Device) Copy(dst, src kernels.Tensor) {
+	if dst.DType != src.DType || dst.Rows != src.Rows || dst.Cols != src.Cols {
+		panic("strict: Copy between tensors of different dtype or shape")
+	}
+	s, t := d.view(src, src.DType), d.view(dst, dst.DType)
+	for r := range src.Rows {
+		a, b := r*src.Stride, r*dst.Stride
+		switch src.DType {
+		case kernels.F32:
+			copy(t.f32[b:b+dst.Cols], s.f32[a:a+src.Cols])
+		case kernels.I32:
+			copy(t.i32[b:b+dst.Cols], s.i32[a:a+src.Cols])
+		case kernels.BF16:
+			copy(t.bf16[b:b+dst.Cols], s.bf16[a:a+src.Cols])
+		}
+	}
+}
+
+// view is t's memory from its first element, checked to be strict's and of
+// dtype dt; the slices are cut to t's span.
+func (d *Device) view(t kernels.Tensor, dt kernels.DType) *buffer {
+	raw, off := t.Buffer()
+	b, ok := raw.(*buffer)
+	if !ok || b.dev != d {
+		panic(fmt.Sprintf("strict: tensor %v not allocated by this device", t))
+	}
+	if t.DType != dt {
+		panic(fmt.Sprintf("strict: tensor %v, want dtype %v", t, dt))
+	}
+	n := 0
+	if t.Rows > 0 {
+		n = (t.Rows-1)*t.Stride + t.Cols
+	}
+	v := &buffer{dev: d}
+	switch dt {
+	case kernels.F32:
+		v.f32 = b.f32[off : off+n]
+	case kernels.I32:
+		v.i32 = b.i32[off : off+n]
+	case kernels.BF16:
+		v.bf16 = b.bf16[off : off+n]
+	}
+	return v
+}
+
+// in returns a copy of input t (dtype F32) packed row after row, panicking
+// when an element is poisoned.
+func (d *Device) in(op string, t kernels.Tensor, dt kernels.DType) []float32 {
+	v := d.view(t, dt)
+	out := make([]float32, 0, t.Elems())
+	for r := range t.Rows {
+		for _, x := range v.f32[r*t.Stride : r*t.Stride+t.Cols] {
+			if math.Float32bits(x) == math.Float32bits(poisonF32) {
+				panic(fmt.Sprintf("strict: %s reads an element of %v never written", op, t))
+			}
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// ints returns a copy of I32 input t, panicking on poison.
+func (d *Device) ints(op string, t kernels.Tensor) []int32 {
+	v := d.view(t, kernels.I32)
+	out := make([]int32, 0, t.Elems())
+	for r := range t.Rows {
+		for _, x := range v.i32[r*t.Stride : r*t.Stride+t.Cols] {
+			if x == poisonI32 {
+				panic(fmt.Sprintf("strict: %s reads an element of %v never written", op, t))
+			}
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// out writes packed values into F32 output t.
+func (d *Device) out(t kernels.Tensor, vals []float32) {
+	v := d.view(t, kernels.F32)
+	for r := range t.Rows {
+		copy(v.f32[r*t.Stride:r*t.Stride+t.Cols], vals[r*t.Cols:(r+1)*t.Cols])
+	}
+}
+
+// shape panics unless t is (rows, cols); a negative value matches any.
+func shape(op string, t kernels.Tensor, rows, cols int) {
+	if (rows >= 0 && t.Rows != rows) || (cols >= 0 && t.Cols != cols) {
+		panic(fmt.Sprintf("strict: %s: operand %v, want (%d, %d)", op, t, rows, cols))
+	}
+}
+
+// contiguous panics unless t's rows are packed.
+func contiguous(op string, ts ...kernels.Tensor) {
+	for _, t := range ts {
+		if !t.Contiguous() {
+			panic(fmt.Sprintf("strict: %s: operand %v is strided", op, t))
+		}
+	}
+}
+
+// weight panics on an empty or malformed weight.
+func weight(op string, w *kernels.Mat) {
+	if w == nil || w.Rows <= 0 || w.Cols <= 0 || len(w.Data) < w.DType.RowBytes(w.Cols)*w.Rows {
+		panic("strict: " + op + ": missing or short weight")
+	}
+}
