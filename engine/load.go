@@ -10,14 +10,17 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/kernels"
-	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/device"
 )
 
 // Options control Load.
 type Options struct {
 	// Threads is the CPU backend's worker count; 0 means one per CPU.
 	Threads int
-	// Backend, when set, is used instead of a new CPU backend (and is not
+	// Device chooses the backend Load starts: "auto", "cpu", "cuda" or
+	// "cuda:N" (package kernels/device); "" is "cpu".
+	Device string
+	// Backend, when set, is used instead of starting one (and is not
 	// closed by Loaded.Close).
 	Backend kernels.Backend
 	// RandomWeights builds the model from config.json alone with seeded
@@ -35,8 +38,12 @@ type Loaded struct {
 	Weights *weights.Set // nil with RandomWeights
 	Backend kernels.Backend
 	Model   model.Model
+	// Device says what runs the model ("cpu (16 threads)", "cuda:0 NVIDIA
+	// H200 (...)"), DeviceNote why --device auto took the CPU; both empty
+	// with Options.Backend.
+	Device, DeviceNote string
 
-	ownBackend *cpu.Backend
+	ownBackend *device.Backend
 }
 
 // Load opens dir's config.json and weights, starts a backend and builds the
@@ -57,15 +64,36 @@ func Load(dir string, opts Options) (*Loaded, error) {
 		}
 		src = l.Weights
 	}
-	if l.Backend == nil {
-		l.ownBackend = cpu.New(opts.Threads)
-		l.Backend = l.ownBackend
+	if err := l.openBackend(opts); err != nil {
+		l.Close()
+		return nil, err
 	}
 	if l.Model, err = model.New(cfg, src, l.Backend); err != nil {
 		l.Close()
 		return nil, err
 	}
 	return l, nil
+}
+
+// openBackend starts the backend opts.Device names unless opts.Backend is
+// given.
+func (l *Loaded) openBackend(opts Options) error {
+	if l.Backend != nil {
+		return nil
+	}
+	spec := device.Spec{Kind: device.CPU}
+	if opts.Device != "" {
+		var err error
+		if spec, err = device.Parse(opts.Device); err != nil {
+			return err
+		}
+	}
+	b, err := device.Open(spec, opts.Threads)
+	if err != nil {
+		return err
+	}
+	l.ownBackend, l.Backend, l.Device, l.DeviceNote = b, b, b.Desc, b.Note
+	return nil
 }
 
 // randomDType is the config's dtype for random weights (bf16 unless the
@@ -99,7 +127,9 @@ func (l *Loaded) Close() error {
 		l.Weights = nil
 	}
 	if l.ownBackend != nil {
-		l.ownBackend.Close()
+		if e := l.ownBackend.Close(); err == nil {
+			err = e
+		}
 		l.ownBackend = nil
 	}
 	return err

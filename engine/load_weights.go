@@ -6,7 +6,6 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/weights"
-	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
 
 // LoadWeights is Load for a model whose config and weights are already in
@@ -23,9 +22,9 @@ func LoadWeights(name string, cfg *config.Config, w *weights.Set, opts Options) 
 		return nil, fmt.Errorf("%s: LoadWeights does not build random weights (use Load)", name)
 	}
 	l := &Loaded{Dir: name, Config: cfg, Weights: w, Backend: opts.Backend}
-	if l.Backend == nil {
-		l.ownBackend = cpu.New(opts.Threads)
-		l.Backend = l.ownBackend
+	if err := l.openBackend(opts); err != nil {
+		w.Close()
+		return nil, err
 	}
 	m, err := model.New(cfg, w, l.Backend)
 	if err != nil {

@@ -85,6 +85,13 @@ func (m *model) cmdStats(string) tea.Cmd {
 		fmt.Fprintf(&b, ", context %d tokens; this chat holds %d", m.info.MaxContext, m.ctxUsed)
 	}
 	b.WriteString("\n")
+	if m.info.Device != "" {
+		fmt.Fprintf(&b, "Device: %s", m.info.Device)
+		if m.info.DeviceNote != "" {
+			fmt.Fprintf(&b, " (%s)", m.info.DeviceNote)
+		}
+		b.WriteString("\n")
+	}
 	if s.KVBlocksTotal > 0 {
 		fmt.Fprintf(&b, "KV cache: %d of %d blocks (%.0f%%), %s of %s\n", s.KVBlocksUsed, s.KVBlocksTotal,
 			100*float64(s.KVBlocksUsed)/float64(s.KVBlocksTotal), formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))

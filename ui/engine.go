@@ -31,6 +31,8 @@ type ModelInfo struct {
 	MaxContext int    `json:"max_context,omitempty"` // most tokens (prompt + reply) one request may hold; 0: unknown
 	MTP        bool   `json:"mtp,omitempty"`         // the model has an MTP module (speculative decoding)
 	Draft      int    `json:"draft,omitempty"`       // the engine's draft tokens per step when Settings.Draft is 0; 0: off
+	Device     string `json:"device,omitempty"`      // what runs the model, e.g. "cpu (16 threads)", "cuda:0 NVIDIA H200 (...)"
+	DeviceNote string `json:"device_note,omitempty"` // why --device auto took the CPU, e.g. "no GPU: ..."
 }
 
 // Request is one reply to generate.

@@ -51,6 +51,9 @@ func (b statusBar) render(width int, d statusData) string {
 		model += label(" " + d.info.Arch)
 	}
 	segs = append(segs, segment{model, 9})
+	if d.info.Device != "" {
+		segs = append(segs, segment{label(deviceShort(d.info.Device)), 3})
+	}
 	if d.loading != "" {
 		segs = append(segs, segment{st.Busy.Render("⟳ " + d.loading), 8})
 	}
@@ -149,4 +152,14 @@ func formatBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// deviceShort is the status bar's name for a device: its first word and
+// the GPU's name without the details in brackets ("cuda:0 NVIDIA H200",
+// "cpu").
+func deviceShort(desc string) string {
+	if i := strings.Index(desc, " ("); i >= 0 {
+		return desc[:i]
+	}
+	return desc
 }

@@ -78,7 +78,7 @@ of %s). Without it the chat opens default_model.
 configuration: %s
   default_model, model_dirs, system_prompt, theme, mouse, autosave, history,
   [sampling] temperature top_p top_k min_p repeat_penalty seed max_tokens,
-  [mtp] mode draft, [engine] threads kv_budget batch_tokens max_seqs.
+  [mtp] mode draft, [engine] device threads kv_budget batch_tokens max_seqs.
   Flags given on the command line win. README.md ("The chat") documents
   every key.
 
@@ -200,6 +200,8 @@ func applyFlags(cfg *settings.Config, fs *flag.FlagSet, f *runFlags, cf *chatFla
 			cfg.SystemPrompt = f.system
 		case "threads":
 			cfg.Engine.Threads = f.threads
+		case "device":
+			cfg.Engine.Device = f.device
 		case "kv-budget":
 			cfg.Engine.KVBudget = settings.ByteSize(f.kvBudget)
 		case "mtp":
@@ -234,7 +236,7 @@ func (f *runFlags) fromConfig(cfg *settings.Config) {
 	f.maxTokens, f.temperature, f.topK, f.topP, f.minP, f.repeat, f.seed =
 		s.MaxTokens, s.Temperature, s.TopK, s.TopP, s.MinP, s.RepeatPenalty, s.Seed
 	f.system = cfg.SystemPrompt
-	f.threads, f.kvBudget = cfg.Engine.Threads, int64(cfg.Engine.KVBudget)
+	f.threads, f.device, f.kvBudget = cfg.Engine.Threads, cfg.Engine.Device, int64(cfg.Engine.KVBudget)
 	f.mtp, f.draft = cfg.MTP.Mode, cfg.MTP.Draft
 }
 
@@ -327,7 +329,7 @@ func uiEntry(e catalog.Entry) ui.ModelEntry {
 // chat starts with, as with `ferrite run`); a model switched to later
 // just runs without speculation.
 func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, progress func(string)) (ui.Engine, io.Closer, error) {
-	eo := engine.Options{Threads: c.cfg.Engine.Threads}
+	eo := engine.Options{Threads: c.cfg.Engine.Threads, Device: c.cfg.Engine.Device}
 	var s session
 	s.name = e.Name
 	var err error
@@ -378,7 +380,8 @@ func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, pro
 		s.Close()
 		return nil, nil, err
 	}
-	info := ui.ModelInfo{Name: e.Name, Arch: s.lm.Model.Info().Arch, MTP: hasMTP, Draft: draft}
+	info := ui.ModelInfo{Name: e.Name, Arch: s.lm.Model.Info().Arch, MTP: hasMTP, Draft: draft,
+		Device: s.lm.Device, DeviceNote: s.lm.DeviceNote}
 	return ui.NewRuntimeEngine(s.rt, s.tok, info), sessionCloser{&s}, nil
 }
 

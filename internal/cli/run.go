@@ -30,6 +30,7 @@ type runFlags struct {
 	system      string
 	raw         bool
 	threads     int
+	device      string
 	kvBudget    int64
 	mtp         string
 	draft       int
@@ -47,6 +48,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.system, "system", "", "system prompt")
 	fs.BoolVar(&f.raw, "raw", false, "no chat template: tokenize the prompt as it is and print only the continuation")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0 = all cores)")
+	fs.StringVar(&f.device, "device", "auto", "compute device: auto (the GPU when one is usable, else the CPU), cpu, cuda or cuda:N")
 	fs.Int64Var(&f.kvBudget, "kv-budget", 1<<30, "KV-cache budget in bytes")
 	fs.StringVar(&f.mtp, "mtp", "off", "MTP speculative decoding: off, auto (on when the model has an MTP module), on; off by default: on the CPU backend it costs more than it gains (BENCHMARKS.md §5)")
 	fs.IntVar(&f.draft, "draft", 3, "draft tokens per speculative step (adapted to the measured acceptance)")
@@ -138,10 +140,10 @@ func open(f *runFlags) (*session, error) {
 	)
 	if f.model == "" || builtin.IsName(f.model) {
 		name = builtin.Name
-		lm, tok, err = builtin.Open(engine.Options{Threads: f.threads})
+		lm, tok, err = builtin.Open(engine.Options{Threads: f.threads, Device: f.device})
 	} else {
 		if tok, err = tokenizer.Load(f.model); err == nil {
-			lm, err = engine.Load(f.model, engine.Options{Threads: f.threads})
+			lm, err = engine.Load(f.model, engine.Options{Threads: f.threads, Device: f.device})
 		}
 	}
 	if err != nil {

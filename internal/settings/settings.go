@@ -18,6 +18,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/ferrite-llm/ferrite/kernels/device"
 	"io/fs"
 	"math"
 	"os"
@@ -71,6 +72,7 @@ type MTP struct {
 
 // Engine is how the engine runs a model.
 type Engine struct {
+	Device      string   `toml:"device"`       // auto, cpu, cuda or cuda:N (package kernels/device)
 	Threads     int      `toml:"threads"`      // CPU threads; 0 is one per core
 	KVBudget    ByteSize `toml:"kv_budget"`    // bytes of KV cache: a number or "1GiB", "512MiB"
 	BatchTokens int      `toml:"batch_tokens"` // tokens one engine step may run; 0 is the runtime's default
@@ -89,7 +91,7 @@ func Default() Config {
 		History:  true,
 		Sampling: Sampling{Temperature: 0.7, TopP: 0.95, TopK: 40, MinP: 0.05, RepeatPenalty: 1, MaxTokens: 2048},
 		MTP:      MTP{Mode: "off", Draft: 3},
-		Engine:   Engine{KVBudget: 1 << 30},
+		Engine:   Engine{Device: "auto", KVBudget: 1 << 30},
 	}
 }
 
@@ -221,6 +223,9 @@ func (c *Config) check() []Problem {
 	if c.MTP.Draft < 1 || c.MTP.Draft > MaxDraft {
 		bad("mtp.draft", "%d is out of range [1, %d]", c.MTP.Draft, MaxDraft)
 	}
+	if _, err := device.Parse(c.Engine.Device); err != nil {
+		bad("engine.device", "%q: want auto, cpu, cuda or cuda:N", c.Engine.Device)
+	}
 	notNeg("engine.threads", c.Engine.Threads)
 	if c.Engine.KVBudget <= 0 {
 		bad("engine.kv_budget", "must be positive")
@@ -241,7 +246,7 @@ var knownKeys = []string{
 	"sampling.temperature", "sampling.top_p", "sampling.top_k", "sampling.min_p",
 	"sampling.repeat_penalty", "sampling.seed", "sampling.max_tokens",
 	"mtp.mode", "mtp.draft",
-	"engine.threads", "engine.kv_budget", "engine.batch_tokens", "engine.max_seqs",
+	"engine.device", "engine.threads", "engine.kv_budget", "engine.batch_tokens", "engine.max_seqs",
 }
 
 // suggest is the known key an unknown one most likely meant: the same last

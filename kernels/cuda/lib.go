@@ -72,7 +72,10 @@ func dlopen(names ...string) (uintptr, error) {
 			}
 		}
 	}
-	return 0, fmt.Errorf("%s not found (%v)", names[0], first)
+	if first != nil {
+		return 0, first // "libcuda.so.1: cannot open shared object file: ..."
+	}
+	return 0, fmt.Errorf("%s not found", names[0])
 }
 
 // symbols resolves every name in table into its *uintptr from lib.
