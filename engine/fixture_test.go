@@ -53,7 +53,8 @@ func TestFixtures(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l, err := Load(fx.Dir, Options{Threads: 2})
+			// FERRITE_TEST_DEVICE=cuda runs the fixtures on the GPU.
+			l, err := Load(fx.Dir, Options{Threads: 2, Device: os.Getenv("FERRITE_TEST_DEVICE")})
 			if err != nil {
 				t.Fatal(err)
 			}

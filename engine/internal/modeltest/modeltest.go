@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"sync"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
@@ -17,6 +19,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/device"
 )
 
 // Tol is the largest allowed |a−b| / max|ref| between two ways of computing
@@ -42,7 +45,42 @@ func TryBuild(cfgJSON string, dtype kernels.DType, missing func(string) bool) (m
 	}
 	src := randweights.New(1, dtype)
 	src.Missing = missing
-	return model.New(cfg, src, cpu.New(0))
+	be, err := Backend()
+	if err != nil {
+		return nil, err
+	}
+	return model.New(cfg, src, be)
+}
+
+var shared struct {
+	once sync.Once
+	be   kernels.Backend
+	err  error
+}
+
+// Backend is the backend the suites build models on: a new CPU backend, or
+// with FERRITE_TEST_DEVICE set ("cuda", "cuda:1", "auto") one device
+// backend shared by the whole test binary, so that every architecture's
+// suite runs on the GPU unchanged.
+func Backend() (kernels.Backend, error) {
+	spec := os.Getenv("FERRITE_TEST_DEVICE")
+	if spec == "" {
+		return cpu.New(0), nil
+	}
+	shared.once.Do(func() {
+		s, err := device.Parse(spec)
+		if err != nil {
+			shared.err = fmt.Errorf("FERRITE_TEST_DEVICE: %w", err)
+			return
+		}
+		b, err := device.Open(s, 0)
+		if err != nil {
+			shared.err = err
+			return
+		}
+		shared.be = b
+	})
+	return shared.be, shared.err
 }
 
 // NewCache returns a cache for m with small blocks (so short sequences span
