@@ -13,8 +13,9 @@ import (
 	"github.com/ebitengine/purego"
 )
 
-// minDriver is the oldest driver API version accepted (CUDA 12.0).
-const minDriver = 12000
+// minDriver is the oldest driver API version accepted: CUDA 13.0 (R580),
+// the toolkit the fatbin is built with.
+const minDriver = 13000
 
 // libDirs lists the folders searched after FERRITE_CUDA_LIB_DIR and the
 // dynamic linker's own path: driver mounts, the toolkit, pip wheels.
