@@ -97,24 +97,32 @@ func (d *Device) linearL(y, x uint64, w *Weight, n int) error {
 	if n == 0 || w.Rows == 0 {
 		return nil
 	}
-	nb := "8"
-	if n == 1 {
-		nb = "1"
+	nb := 1 // kernels for n = 1 (decode) and for n in chunks of 8
+	if n > 1 {
+		nb = 0
 	}
 	grid := uint32(ceilDiv(w.Rows, gemvBlock/32))
 	switch w.DType {
 	case kernels.F32, kernels.BF16, kernels.F16:
-		name := map[kernels.DType]string{kernels.F32: "f32", kernels.BF16: "bf16", kernels.F16: "f16"}[w.DType]
-		return d.launchL("ferrite_gemv_"+name+"_"+nb, grid, gemvBlock, 0,
+		return d.launchL(gemvKernels[w.DType][nb], grid, gemvBlock, 0,
 			y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols))
 	case kernels.F8E4M3:
 		if w.BlockRows <= 0 || w.BlockCols <= 0 || w.Scale == nil {
 			return fmt.Errorf("cuda: F8E4M3 weight without block scales")
 		}
-		return d.launchL("ferrite_gemv_f8e4m3_"+nb, grid, gemvBlock, 0,
+		return d.launchL(gemvKernels[w.DType][nb], grid, gemvBlock, 0,
 			y, x, w.Buf.ptr, w.Scale.ptr, i32(n), i32(w.Rows), i32(w.Cols), i32(w.BlockRows), i32(w.BlockCols))
 	}
 	return fmt.Errorf("cuda: no GEMV for %v weights", w.DType)
+}
+
+// gemvKernels names each dtype's GEMV kernels: [0] for n rows of x in
+// chunks of 8, [1] for n = 1.
+var gemvKernels = map[kernels.DType][2]string{
+	kernels.F32:    {"ferrite_gemv_f32_8", "ferrite_gemv_f32_1"},
+	kernels.BF16:   {"ferrite_gemv_bf16_8", "ferrite_gemv_bf16_1"},
+	kernels.F16:    {"ferrite_gemv_f16_8", "ferrite_gemv_f16_1"},
+	kernels.F8E4M3: {"ferrite_gemv_f8e4m3_8", "ferrite_gemv_f8e4m3_1"},
 }
 
 // RMSNorm queues y = w ⊙ x·rsqrt(mean(x²) + eps) (or (1 + w) ⊙ … with
