@@ -3,8 +3,8 @@
 //
 //	ferrite                       open the chat (built-in model)
 //	ferrite --model DIR           open the chat on a Hugging Face model directory
-//	ferrite run --model DIR TEXT  generate once, streaming to stdout
-//	ferrite tokenize --model DIR  print token ids of TEXT (argument or stdin)
+//	ferrite run [--model DIR] TEXT  generate once, streaming to stdout
+//	ferrite tokenize [TEXT]       print token ids of TEXT (argument or stdin)
 package main
 
 import (

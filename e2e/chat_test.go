@@ -288,7 +288,8 @@ func TestBadConfigIsReported(t *testing.T) {
 func TestPipedBehavesLikeRun(t *testing.T) {
 	bin := build(t)
 	model := modelDir(t, "llama")
-	cmd := exec.Command(bin, "--model", model, "--max-tokens", "5", "--temperature", "0", "hi")
+	cmd := exec.Command(bin, "--model", model, "--max-tokens", "5", "--temperature", "0")
+	cmd.Stdin = strings.NewReader("hi\n")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -320,4 +321,101 @@ func TestBuiltinModelAnswers(t *testing.T) {
 	tm.waitFor("the definition", func(s string) bool { return strings.Contains(s, "lasting a very short time") })
 	tm.send("C-c")
 	tm.send("C-c")
+}
+
+// TestNoLoadingLineAfterQuit: the "loading …" line printed before the chat
+// opens is gone from the terminal once the chat has ended.
+func TestNoLoadingLineAfterQuit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and drives it in tmux")
+	}
+	bin := build(t)
+	model := modelDir(t, "qwen3")
+	data := t.TempDir()
+	// A shell keeps the pane open after ferrite exits, to see what it left.
+	tm := newTerm(t, env(data), "sh", "-c", bin+" --model "+model+"; echo ferrite-exited; sleep 60")
+	tm.waitFor("the chat to open", func(s string) bool { return strings.Contains(s, "Type /help") })
+	tm.line("/quit")
+	s := tm.waitFor("the shell after ferrite", func(s string) bool { return strings.Contains(s, "ferrite-exited") })
+	if strings.Contains(s, "loading") {
+		t.Errorf("the loading line stayed on the terminal:\n%s", s)
+	}
+}
+
+// TestModelNumberInTerminal: with several models in model_dirs, /model N
+// (typed, with the completion popup open) loads entry N of /models, not a
+// model whose name holds the digit.
+func TestModelNumberInTerminal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and drives it in tmux")
+	}
+	bin := build(t)
+	folder := t.TempDir()
+	for _, name := range []string{"glm5_next", "llama", "mixtral", "qwen3"} {
+		if err := os.Rename(modelDir(t, name), filepath.Join(folder, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data := t.TempDir()
+	writeConfig(t, data, "model_dirs = [\""+folder+"\"]\n")
+	tm := newTerm(t, env(data), bin, "--model", filepath.Join(folder, "llama"))
+	tm.waitFor("the chat to open", func(s string) bool { return strings.Contains(s, "Type /help") })
+	tm.line("/models")
+	s := tm.waitFor("the model list", func(s string) bool { return strings.Contains(s, "mixtral") && strings.Contains(s, "qwen3") })
+	var want string // the name of entry 5
+	for _, l := range strings.Split(s, "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "5" {
+			want = f[1]
+			if want == "●" {
+				want = f[2]
+			}
+		}
+	}
+	if want == "" || strings.Contains(want, "5") {
+		t.Fatalf("entry 5 is %q; the test needs a fifth model without a 5 in its name:\n%s", want, s)
+	}
+	tm.send("/model 5")
+	tm.waitFor("the popup on entry 5", func(s string) bool { return strings.Contains(s, "5 "+want) })
+	time.Sleep(150 * time.Millisecond)
+	tm.send("Enter")
+	s = tm.waitFor("the switch", func(s string) bool { return strings.Contains(s, "Switched to ") })
+	if !strings.Contains(s, "Switched to "+want) {
+		t.Errorf("/model 5 did not load entry 5 (%s):\n%s", want, s)
+	}
+	tm.line("/quit")
+	tm.waitFor("the program to exit", func(s string) bool { return s == "" })
+}
+
+// TestKVBudgetInTerminal: with a KV budget smaller than the model's
+// context, a reply cut by it says so under the reply, the context counter
+// names the KV budget and stops at its limit, and a message that does not
+// fit goes back to the input, where a command typed next replaces it.
+func TestKVBudgetInTerminal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and drives it in tmux")
+	}
+	bin := build(t)
+	model := modelDir(t, "qwen3")
+	data := t.TempDir()
+	// 4 blocks of 16 tokens (3 layers · K and V · 2 heads · 32 dims · 4 bytes).
+	tm := newTerm(t, env(data), bin, "--model", model, "--kv-budget", "98304", "--max-tokens", "0", "--temperature", "0")
+	tm.waitFor("the chat to open", func(s string) bool { return strings.Contains(s, "Type /help") })
+	tm.line("hi")
+	s := tm.waitFor("the cut reply", func(s string) bool { return strings.Contains(s, "tok/s") })
+	flat := strings.Join(strings.Fields(s), " ")
+	if !strings.Contains(flat, "cut: the KV cache is full (raise kv_budget)") {
+		t.Errorf("the reply does not say the KV cache cut it:\n%s", s)
+	}
+	if !strings.Contains(flat, "ctx 64/64 (KV budget)") {
+		t.Errorf("the status bar lacks ⚠ ctx 64/64 (KV budget):\n%s", s)
+	}
+	if !strings.Contains(flat, "has filled the KV cache (64 tokens; kv_budget sets its size)") {
+		t.Errorf("no notice naming the KV cache:\n%s", s)
+	}
+	tm.send("C-n") // a new chat: its context is empty
+	tm.waitFor("the second chat", func(s string) bool { return strings.Contains(s, "New chat 2 of 2") })
+	tm.line("Give me a synonym for happy, and explain it in detail with examples please.")
+	tm.waitFor("the message put back", func(s string) bool { return strings.Contains(s, "does not fit the context") })
+	tm.line("/quit")
+	tm.waitFor("the program to exit", func(s string) bool { return s == "" })
 }

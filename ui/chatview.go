@@ -326,11 +326,24 @@ func shortReplyStats(st *ReplyStats) string {
 	}
 	switch st.Finish {
 	case FinishLength:
-		s += " · cut at the length limit"
+		s += " · " + cutReason(st)
 	case FinishCancelled:
 		s += " · stopped"
 	}
 	return s
+}
+
+// cutReason says why a reply ended with FinishLength.
+func cutReason(st *ReplyStats) string {
+	switch st.Limit {
+	case LimitMaxTokens:
+		return fmt.Sprintf("cut at max_tokens (%d)", st.Settings.MaxTokens)
+	case LimitContext:
+		return "cut: the model's context is full"
+	case LimitKVCache:
+		return "cut: the KV cache is full (raise kv_budget)"
+	}
+	return "cut at the length limit"
 }
 
 // indent prefixes every line of s.

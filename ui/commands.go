@@ -1,16 +1,13 @@
 package ui
 
 import (
-	"cmp"
 	"fmt"
-	"math"
 	"slices"
-	"strconv"
 	"strings"
 
 	tea "github.com/charmbracelet/bubbletea"
 
-	"github.com/ferrite-llm/ferrite/engine/runtime"
+	"github.com/ferrite-llm/ferrite/internal/settings"
 )
 
 // command is one slash command.
@@ -48,7 +45,7 @@ func newCommandSet() *commandSet {
 		{name: "export", args: "md|json [path]", desc: "export the chat as Markdown or JSON", run: (*model).cmdExport, complete: completeExport},
 		{name: "copy", desc: "copy the last reply to the clipboard (OSC 52)", run: (*model).cmdCopy},
 		{name: "save", args: "name", desc: "save the chat under a name", run: (*model).cmdSave},
-		{name: "load", args: "[name]", desc: "load a saved chat; list them without a name", run: (*model).cmdLoad},
+		{name: "load", args: "[name|file.json]", desc: "load a saved chat, or a chat exported as JSON; list them without a name", run: (*model).cmdLoad},
 		{name: "quit", desc: "leave ferrite", run: (*model).cmdQuit},
 	}}
 }
@@ -90,124 +87,59 @@ func (s *commandSet) complete(value string, m *model) []compItem {
 	return items
 }
 
-// param is one setting /set changes; info is the model's.
-type param struct {
-	name string
-	desc string
-	set  func(s *Settings, v string, info ModelInfo) error
-}
-
 // defaultDraft is the draft length /set mtp on picks when neither the
-// chat nor the engine has one.
-const defaultDraft = 3
+// chat nor the engine has one (settings.Table's default).
+var defaultDraft = settings.Default().MTP.Draft
 
-var params = []param{
-	{"temperature", "randomness; 0 is greedy (0–5)", func(s *Settings, v string, _ ModelInfo) error {
-		return parseFloat(v, 0, 5, &s.Temperature)
-	}},
-	{"top_p", "nucleus mass; 1 is off (0–1)", func(s *Settings, v string, _ ModelInfo) error {
-		return parseFloat(v, 0, 1, &s.TopP)
-	}},
-	{"top_k", "keep the k likeliest tokens; 0 is off", func(s *Settings, v string, _ ModelInfo) error {
-		return parseInt(v, 0, math.MaxInt32, &s.TopK)
-	}},
-	{"min_p", "drop tokens below this share of the top one; 0 is off (0–1)", func(s *Settings, v string, _ ModelInfo) error {
-		return parseFloat(v, 0, 1, &s.MinP)
-	}},
-	{"repeat_penalty", "penalty for recent tokens; 1 is off (0–10)", func(s *Settings, v string, _ ModelInfo) error {
-		return parseFloat(v, 0, 10, &s.RepeatPenalty)
-	}},
-	{"seed", "sampling seed; 0 is a fresh seed per reply", func(s *Settings, v string, _ ModelInfo) error {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			return fmt.Errorf("%q is not a whole number ≥ 0", v)
-		}
-		s.Seed = n
-		return nil
-	}},
-	{"max_tokens", "longest reply in tokens; 0 is until the context is full", func(s *Settings, v string, _ ModelInfo) error {
-		return parseInt(v, 0, math.MaxInt32, &s.MaxTokens)
-	}},
-	{"mtp", "speculative decoding with the model's MTP module: on, off or auto", func(s *Settings, v string, info ModelInfo) error {
-		switch v {
-		case "off":
-			s.Draft = -1
-		case "auto":
-			s.Draft = 0
-		case "on":
-			if !info.MTP {
-				return fmt.Errorf("%s has no MTP module", info.Name)
-			}
-			if s.Draft <= 0 {
-				s.Draft = cmp.Or(info.Draft, defaultDraft)
-			}
-		default:
-			return fmt.Errorf("%q: use on, off or auto", v)
-		}
-		return nil
-	}},
-	{"draft", fmt.Sprintf("MTP draft tokens per step (1–%d); 0 is the engine's default", runtime.MaxDraft), func(s *Settings, v string, info ModelInfo) error {
-		if !info.MTP {
-			return fmt.Errorf("%s has no MTP module", info.Name)
-		}
-		return parseInt(v, 0, runtime.MaxDraft, &s.Draft)
-	}},
-}
+// setNames are the settings /set changes: those of settings.Table with a
+// /set name.
+func setNames() []string { return settings.ChatNames() }
 
-func parseFloat(v string, lo, hi float64, dst *float64) error {
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || math.IsNaN(f) {
-		return fmt.Errorf("%q is not a number", v)
-	}
-	if f < lo || f > hi {
-		return fmt.Errorf("%g is out of range [%g, %g]", f, lo, hi)
-	}
-	*dst = f
-	return nil
-}
+func paramNames() string { return strings.Join(setNames(), ", ") }
 
-func parseInt(v string, lo, hi int, dst *int) error {
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		return fmt.Errorf("%q is not a whole number", v)
-	}
-	if n < lo || n > hi {
-		return fmt.Errorf("%d is out of range [%d, %d]", n, lo, hi)
-	}
-	*dst = n
-	return nil
-}
-
-func paramNames() string {
-	names := make([]string, len(params))
-	for i, p := range params {
-		names[i] = p.name
+// setRanges lists the /set names with the values each takes.
+func setRanges() string {
+	names := setNames()
+	for i, name := range names {
+		names[i] = name + " (" + settings.ByChat(name).Values() + ")"
 	}
 	return strings.Join(names, ", ")
 }
 
 // applySetting parses "/set name value" arguments into s, for a model
-// with info.
+// with info: the value is read and checked by the setting's row of
+// settings.Table.
 func applySetting(s *Settings, args string, info ModelInfo) (name string, err error) {
 	f := strings.Fields(args)
 	if len(f) != 2 {
 		return "", fmt.Errorf("usage: /set <name> <value>, with name one of %s", paramNames())
 	}
-	i := slices.IndexFunc(params, func(p param) bool { return p.name == f[0] })
-	if i < 0 {
+	row := settings.ByChat(f[0])
+	if row == nil || s.field(f[0]) == nil {
 		return "", fmt.Errorf("unknown setting %q: use one of %s", f[0], paramNames())
 	}
-	if err := params[i].set(s, f[1], info); err != nil {
+	v, err := row.Parse(f[1])
+	if err != nil {
 		return "", fmt.Errorf("%s: %w", f[0], err)
 	}
+	switch {
+	case (f[0] == "draft" || v == "on") && !info.MTP:
+		return "", fmt.Errorf("%s: %s has no MTP module", f[0], info.Name)
+	case f[0] == "draft" && s.MTP == "":
+		// The mode was the engine's: name it, so that a draft length does
+		// not turn speculation on or off by itself.
+		s.MTP = s.mtpMode(info)
+	}
+	s.set(f[0], v)
 	return f[0], nil
 }
 
 func completeParams(_ *model, arg string) []compItem {
 	var out []compItem
-	for _, p := range params {
-		if strings.HasPrefix(p.name, arg) {
-			out = append(out, compItem{value: p.name + " ", label: p.name, desc: p.desc})
+	for _, name := range setNames() {
+		if strings.HasPrefix(name, arg) {
+			row := settings.ByChat(name)
+			out = append(out, compItem{value: name + " ", label: name, desc: row.Help + " (" + row.Values() + ")"})
 		}
 	}
 	return out

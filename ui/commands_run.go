@@ -21,13 +21,31 @@ func (m *model) cmdHelp(string) tea.Cmd {
 
 func (m *model) cmdNew(string) tea.Cmd { return m.openTab() }
 
+// cmdClear empties the shown chat. The cleared conversation stays
+// recoverable: it is saved once more under its own name, and the tab goes
+// on as a new chat (new id, new file). With autosave off there is no file
+// to keep, so the first /clear only says so and a second one clears.
 func (m *model) cmdClear(string) tea.Cmd {
+	had := len(m.chat.Messages) > 0
+	if had && m.opts.NoSave && !m.clearArmed {
+		m.clearArmed = true
+		m.view.notice(entryWarning, "Autosave is off, so the cleared messages could not be brought back: /clear again to clear anyway, or /save <name> first.")
+		return nil
+	}
 	cmd := m.abandon(m.chatTab)
-	m.chat.Messages = nil
+	note := "Cleared. The system prompt and settings are kept."
+	if had && !m.opts.NoSave {
+		name := m.chatName
+		cmd = tea.Batch(cmd, m.saveCmd(m.chatTab, name, true))
+		note = fmt.Sprintf("Cleared. The cleared chat stays saved as %s: /load %s brings it back. The system prompt and settings are kept.",
+			shortPath(m.store.path(name)), name)
+	}
+	m.chat = m.newChat(m.chat.Settings, m.chat.System)
+	m.chatName = m.chat.ID
 	m.view.clear()
 	m.ctxUsed, m.usage = 0, nil
-	m.view.notice(entryNotice, "Cleared. The system prompt and settings are kept.")
-	return tea.Batch(cmd, m.saveCmd(m.chatTab, m.chatName, true))
+	m.view.notice(entryNotice, note)
+	return cmd
 }
 
 func (m *model) cmdSystem(args string) tea.Cmd {
@@ -40,10 +58,10 @@ func (m *model) cmdSystem(args string) tea.Cmd {
 		}
 		return nil
 	case "--clear":
-		m.chat.System = ""
+		m.chat.setSystem("", m.now())
 		m.view.notice(entryNotice, "System prompt cleared.")
 	default:
-		m.chat.System = args
+		m.chat.setSystem(args, m.now())
 		m.view.notice(entryNotice, "System prompt set; it applies from the next message.")
 	}
 	return m.autosave()
@@ -51,7 +69,7 @@ func (m *model) cmdSystem(args string) tea.Cmd {
 
 func (m *model) cmdSet(args string) tea.Cmd {
 	if args == "" {
-		m.view.notice(entryNotice, "Settings: "+formatSettings(m.chat.Settings)+"\nChange one with /set <name> <value>.")
+		m.view.notice(entryNotice, "Settings: "+formatSettings(m.chat.Settings)+"\nChange one with /set <name> <value>: "+setRanges()+".")
 		return nil
 	}
 	s := m.chat.Settings
@@ -81,8 +99,12 @@ func (m *model) cmdStats(string) tea.Cmd {
 	if m.info.Arch != "" {
 		fmt.Fprintf(&b, " (%s)", m.info.Arch)
 	}
-	if m.info.MaxContext > 0 {
-		fmt.Fprintf(&b, ", context %d tokens; this chat holds %d", m.info.MaxContext, m.ctxUsed)
+	if limit := m.info.MaxContext; limit > 0 {
+		fmt.Fprintf(&b, ", context %d tokens", limit)
+		if m.info.KVLimited {
+			b.WriteString(" (the KV cache's size, set by kv_budget: less than the model's context)")
+		}
+		fmt.Fprintf(&b, "; this chat holds %d", min(m.ctxUsed, limit))
 	}
 	b.WriteString("\n")
 	if m.info.Device != "" {
@@ -93,8 +115,8 @@ func (m *model) cmdStats(string) tea.Cmd {
 		b.WriteString("\n")
 	}
 	if s.KVBlocksTotal > 0 {
-		fmt.Fprintf(&b, "KV cache: %d of %d blocks (%.0f%%), %s of %s\n", s.KVBlocksUsed, s.KVBlocksTotal,
-			100*float64(s.KVBlocksUsed)/float64(s.KVBlocksTotal), formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))
+		fmt.Fprintf(&b, "KV cache: %d of %d blocks (%s), %s of %s\n", s.KVBlocksUsed, s.KVBlocksTotal,
+			percent(s.KVBlocksUsed, s.KVBlocksTotal), formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))
 	}
 	if s.RecurrentBytes > 0 {
 		fmt.Fprintf(&b, "Recurrent state: %s\n", formatBytes(s.RecurrentBytes))
@@ -151,7 +173,7 @@ func (m *model) cmdExport(args string) tea.Cmd {
 		if abs, err := filepath.Abs(path); err == nil {
 			path = abs
 		}
-		return exportedMsg{path: path, err: writeFileAtomic(path, data, 0o644)}
+		return exportedMsg{path: path, given: len(f) == 2, err: writeFileAtomic(path, data, 0o644)}
 	}
 }
 
@@ -213,6 +235,16 @@ func (m *model) cmdLoad(args string) tea.Cmd {
 		return func() tea.Msg {
 			chats, err := st.list()
 			return listedMsg{chats: chats, err: err}
+		}
+	}
+	if isChatPath(args) {
+		path := expandHome(args)
+		return func() tea.Msg {
+			if abs, err := filepath.Abs(path); err == nil {
+				path = abs
+			}
+			c, err := readChatFile(path)
+			return loadedMsg{path: path, chat: c, err: err}
 		}
 	}
 	if err := checkChatName(args); err != nil {
@@ -277,6 +309,14 @@ func (m *model) onLoaded(msg loadedMsg) tea.Cmd {
 	}
 	c := msg.chat
 	c.Model = m.info // it continues with this model
+	from := "chat " + msg.name
+	if msg.path != "" {
+		// A file (an export) continues as a new saved chat, so that its
+		// copy in the chats directory, if any, is not overwritten.
+		c.ID = newChatID(m.now())
+		msg.name = c.ID
+		from = msg.path
+	}
 	m.chat, m.chatName = c, msg.name
 	m.view.setMessages(c.Messages)
 	m.view.bottom()
@@ -284,7 +324,10 @@ func (m *model) onLoaded(msg loadedMsg) tea.Cmd {
 	if r := c.lastReply(); r != nil && r.Stats != nil {
 		m.ctxUsed = r.Stats.PromptTokens + r.Stats.GeneratedTokens
 	}
-	note := fmt.Sprintf("Loaded chat %s: %d messages. Settings: %s", msg.name, len(c.Messages), formatSettings(c.Settings))
+	note := fmt.Sprintf("Loaded %s: %d messages. Settings: %s", from, len(c.Messages), formatSettings(c.Settings))
+	if msg.path != "" && !m.opts.NoSave {
+		note += "\nIt is saved as chat " + msg.name + " from now on."
+	}
 	if c.System != "" {
 		note += "\nSystem prompt: " + c.System
 	}

@@ -15,6 +15,7 @@ type compItem struct {
 	label string // what the popup shows, e.g. "/set"
 	args  string // the arguments, e.g. "<name> <value>"
 	desc  string
+	keep  bool // shown even when it is exactly the input (it says what the input means)
 }
 
 // completion is the popup above the input that completes slash commands
@@ -44,7 +45,7 @@ func (c *completion) update(value string, cmds *commandSet, m *model) {
 	}
 	c.items = cmds.complete(value, m)
 	// An exact, complete match needs no popup.
-	if len(c.items) == 1 && c.items[0].value == value {
+	if len(c.items) == 1 && c.items[0].value == value && !c.items[0].keep {
 		c.items = nil
 	}
 }

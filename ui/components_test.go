@@ -13,6 +13,7 @@ import (
 	"github.com/charmbracelet/lipgloss"
 	xansi "github.com/charmbracelet/x/ansi"
 	"github.com/charmbracelet/x/exp/golden"
+	"github.com/muesli/termenv"
 )
 
 func TestSplitThink(t *testing.T) {
@@ -57,6 +58,10 @@ func TestPromptMessagesSkipEmptyReplies(t *testing.T) {
 	}
 }
 
+// mtpInfo is a model with an MTP module that the engine drafts 2 tokens
+// per step with.
+var mtpInfo = ModelInfo{Name: "M", MTP: true, Draft: 2}
+
 func TestApplySetting(t *testing.T) {
 	for _, tc := range []struct {
 		args    string
@@ -71,22 +76,22 @@ func TestApplySetting(t *testing.T) {
 		{"seed 18446744073709551615", "", func(s Settings) bool { return s.Seed == 1<<64-1 }},
 		{"max_tokens 0", "", func(s Settings) bool { return s.MaxTokens == 0 }},
 		{"temperature -1", "out of range", nil},
-		{"temperature NaN", "not a number", nil},
+		{"temperature NaN", "NaN is out of range [0, 5]", nil},
 		{"top_k 1.5", "not a whole number", nil},
 		{"seed -3", "not a whole number", nil},
 		{"temperature", "usage: /set", nil},
 		{"temperature 1 2", "usage: /set", nil},
 		{"nope 1", `unknown setting "nope"`, nil},
-		{"mtp off", "", func(s Settings) bool { return s.Draft == -1 }},
-		{"mtp auto", "", func(s Settings) bool { return s.Draft == 0 }},
-		{"mtp on", "", func(s Settings) bool { return s.Draft == 2 }}, // the engine's draft length
-		{"draft 5", "", func(s Settings) bool { return s.Draft == 5 }},
-		{"draft 0", "", func(s Settings) bool { return s.Draft == 0 }},
-		{"draft 17", "out of range", nil},
-		{"mtp maybe", "use on, off or auto", nil},
+		{"mtp off", "", func(s Settings) bool { return s.MTP == "off" && s.effectiveDraft(mtpInfo) == 0 }},
+		{"mtp auto", "", func(s Settings) bool { return s.MTP == "auto" && s.effectiveDraft(mtpInfo) == 2 }},
+		{"mtp on", "", func(s Settings) bool { return s.MTP == "on" && s.effectiveDraft(mtpInfo) == 2 }}, // the engine's draft length
+		{"draft 5", "", func(s Settings) bool { return s.Draft == 5 && s.MTP == "on" && s.effectiveDraft(mtpInfo) == 5 }},
+		{"draft 0", "out of range [1, 16]", nil},
+		{"draft 17", "out of range [1, 16]", nil},
+		{"mtp maybe", `"maybe": want auto, on, off`, nil},
 	} {
 		s := DefaultSettings()
-		_, err := applySetting(&s, tc.args, ModelInfo{Name: "M", MTP: true, Draft: 2})
+		_, err := applySetting(&s, tc.args, mtpInfo)
 		switch {
 		case tc.wantErr == "" && err != nil:
 			t.Errorf("/set %s: %v", tc.args, err)
@@ -267,7 +272,7 @@ func TestExportMarkdownGolden(t *testing.T) {
 			{Role: RoleUser, Content: "Hi", Time: at},
 			{Role: RoleAssistant, Content: "<think>greet back</think>Hello!", Time: at.Add(time.Second),
 				Stats: newReplyStats(Usage{PromptTokens: 12, GeneratedTokens: 3, TimeToFirstToken: 80 * time.Millisecond,
-					Total: 300 * time.Millisecond, PromptTokensPerSec: 150, DecodeTokensPerSec: 9.5, Seed: 99}, FinishStop,
+					Total: 300 * time.Millisecond, PromptTokensPerSec: 150, DecodeTokensPerSec: 9.5, Seed: 99}, FinishStop, "",
 					Settings{Temperature: 0.7, TopP: 0.95, TopK: 40, MinP: 0.05, RepeatPenalty: 1, Seed: 5, MaxTokens: 512})},
 			{Role: RoleUser, Content: "Again", Time: at.Add(2 * time.Second)},
 			{Role: RoleAssistant, Content: "Hel", Time: at.Add(3 * time.Second), Error: "engine closed"},
@@ -425,5 +430,52 @@ func TestPrintable(t *testing.T) {
 		if strings.ContainsAny(l, "\x1b\r\x0b\x0c\x08") {
 			t.Errorf("a control character reached the screen: %q", l)
 		}
+	}
+}
+
+// TestKVBarAgreesWithItsPercentage: the bar has a filled cell exactly when
+// the percentage is not 0 %.
+func TestKVBarAgreesWithItsPercentage(t *testing.T) {
+	st := NewStyles(DefaultPalette(), true, false)
+	bar := statusBar{st: &st}
+	for _, tc := range []struct {
+		used, total int
+		want        string
+	}{
+		{0, 1000, "KV ░░░░░░░░░░ 0%"},
+		{1, 1000, "KV █░░░░░░░░░ <1%"},
+		{4, 1000, "KV █░░░░░░░░░ <1%"},
+		{5, 1000, "KV █░░░░░░░░░ 1%"},
+		{500, 1000, "KV █████░░░░░ 50%"},
+		{1000, 1000, "KV ██████████ 100%"},
+	} {
+		line := xansi.Strip(bar.render(160, statusData{info: ModelInfo{Name: "m"}, stats: Stats{KVBlocksUsed: tc.used, KVBlocksTotal: tc.total}}))
+		if !strings.Contains(line, tc.want) {
+			t.Errorf("%d of %d blocks: %q, want %q", tc.used, tc.total, line, tc.want)
+		}
+	}
+}
+
+// TestRestoredInputIsDimmed: a message put back is drawn in its own style
+// until it is edited.
+func TestRestoredInputIsDimmed(t *testing.T) {
+	lipgloss.SetColorProfile(termenv.ANSI256)
+	defer lipgloss.SetColorProfile(termenv.Ascii)
+	st := NewStyles(DefaultPalette(), true, false)
+	in := newInput(DefaultKeyMap(), &st)
+	in.SetWidth(40)
+	in.SetValue("hello")
+	plain := in.View()
+	in.restore("hello")
+	if in.View() == plain {
+		t.Error("restored text looks like typed text")
+	}
+	in.Update(tea.KeyMsg{Type: tea.KeyLeft})
+	if in.restored || in.Value() != "hello" {
+		t.Errorf("after an edit key: restored %v, value %q", in.restored, in.Value())
+	}
+	in.SetValue("hello")
+	if in.View() != plain {
+		t.Error("text set again is still drawn as restored")
 	}
 }

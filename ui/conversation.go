@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -34,6 +37,33 @@ type Chat struct {
 	System   string     `json:"system,omitempty"`
 	Settings Settings   `json:"settings"` // the settings the next reply will use
 	Messages []*Message `json:"messages"`
+	// SystemChanges are the system prompts the chat had, when /system
+	// changed it after the first message: the first is the one it started
+	// with, and System is the last.
+	SystemChanges []SystemChange `json:"system_changes,omitempty"`
+}
+
+// SystemChange is a system prompt set in the middle of a chat.
+type SystemChange struct {
+	Before int       `json:"before"` // the index in Messages of the first message it applies to
+	Time   time.Time `json:"time"`
+	Prompt string    `json:"prompt"` // "": the prompt was cleared
+}
+
+// setSystem makes s the system prompt from the next message on, and
+// records the change when the chat already has messages.
+func (c *Chat) setSystem(s string, now time.Time) {
+	if n := len(c.Messages); n > 0 && s != c.System {
+		if len(c.SystemChanges) == 0 {
+			c.SystemChanges = []SystemChange{{Before: 0, Time: c.Created, Prompt: c.System}}
+		}
+		if last := &c.SystemChanges[len(c.SystemChanges)-1]; last.Before == n {
+			last.Prompt, last.Time = s, now // changed again before any message
+		} else {
+			c.SystemChanges = append(c.SystemChanges, SystemChange{Before: n, Time: now, Prompt: s})
+		}
+	}
+	c.System = s
 }
 
 // Message is one turn of a Chat.
@@ -62,11 +92,12 @@ type ReplyStats struct {
 	AcceptedTokens     int      `json:"accepted_tokens,omitempty"` // and accepted
 	AcceptedPerStep    float64  `json:"accepted_per_step,omitempty"`
 	Finish             string   `json:"finish,omitempty"`
+	Limit              string   `json:"limit,omitempty"` // with finish "length": the limit reached (Limit constants)
 	Seed               uint64   `json:"seed"`
 	Settings           Settings `json:"settings"`
 }
 
-func newReplyStats(u Usage, finish string, s Settings) *ReplyStats {
+func newReplyStats(u Usage, finish, limit string, s Settings) *ReplyStats {
 	return &ReplyStats{
 		PromptTokens:       u.PromptTokens,
 		CachedTokens:       u.CachedTokens,
@@ -79,6 +110,7 @@ func newReplyStats(u Usage, finish string, s Settings) *ReplyStats {
 		AcceptedTokens:     u.AcceptedTokens,
 		AcceptedPerStep:    u.AcceptedPerStep,
 		Finish:             finish,
+		Limit:              limit,
 		Seed:               u.Seed,
 		Settings:           s,
 	}
@@ -161,6 +193,7 @@ func (c *Chat) clone() *Chat {
 		}
 		d.Messages[i] = &mc
 	}
+	d.SystemChanges = slices.Clone(c.SystemChanges)
 	return &d
 }
 
@@ -205,12 +238,22 @@ func UnmarshalChat(data []byte) (*Chat, error) {
 			return nil, fmt.Errorf("message %d has role %q", i, m.Role)
 		}
 	}
+	// A change recorded after a message that was then taken back (a send
+	// that failed) may point past the end: keep every change in order and
+	// within the messages.
+	lo := 0
+	for i := range c.SystemChanges {
+		sc := &c.SystemChanges[i]
+		sc.Before = min(max(sc.Before, lo), len(c.Messages))
+		lo = sc.Before
+	}
 	return &c, nil
 }
 
 // ExportMarkdown renders the chat as a Markdown document: the model and
 // settings, then every turn with its role and time, each reply followed by
-// its statistics. Reasoning goes in a collapsed <details> block.
+// its statistics. Reasoning goes in a collapsed <details> block. A system
+// prompt changed mid-chat is shown where it was set.
 func ExportMarkdown(c *Chat) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Chat %s\n\n", c.ID)
@@ -224,10 +267,29 @@ func ExportMarkdown(c *Chat) string {
 	}
 	fmt.Fprintf(&b, "- Started: %s\n", c.Created.Format(time.RFC3339))
 	fmt.Fprintf(&b, "- Sampling: %s\n", formatSettings(c.Settings))
-	if c.System != "" {
+	if len(c.SystemChanges) == 0 && c.System != "" {
 		fmt.Fprintf(&b, "\n## System\n\n%s\n", c.System)
 	}
-	for _, m := range c.Messages {
+	// systemUpTo writes the prompts that apply from message i on; the
+	// first one is the prompt the chat started with.
+	next := 0
+	systemUpTo := func(i int) {
+		for ; next < len(c.SystemChanges) && c.SystemChanges[next].Before <= i; next++ {
+			sc := c.SystemChanges[next]
+			switch {
+			case next == 0:
+				if sc.Prompt != "" {
+					fmt.Fprintf(&b, "\n## System\n\n%s\n", sc.Prompt)
+				}
+			case sc.Prompt == "":
+				fmt.Fprintf(&b, "\n## System · %s\n\n_(the system prompt was cleared)_\n", sc.Time.Format(time.RFC3339))
+			default:
+				fmt.Fprintf(&b, "\n## System · %s\n\n%s\n", sc.Time.Format(time.RFC3339), sc.Prompt)
+			}
+		}
+	}
+	for i, m := range c.Messages {
+		systemUpTo(i)
 		role := "User"
 		if m.Role == RoleAssistant {
 			role = "Assistant"
@@ -257,24 +319,29 @@ func ExportMarkdown(c *Chat) string {
 			fmt.Fprintf(&b, "\n> %s · %s\n", formatReplyStats(m.Stats), formatSettings(m.Stats.Settings))
 		}
 	}
+	systemUpTo(math.MaxInt) // set after the last message
 	return b.String()
 }
 
-// formatSettings is the one-line form of s that /set and exports show.
+// formatSettings is the one-line form of s that /set, /stats and exports
+// show: each /set name of settings.Table with its value (the seed 0 as
+// random; MTP and draft only when the chat sets them).
 func formatSettings(s Settings) string {
-	seed := "random"
-	if s.Seed != 0 {
-		seed = fmt.Sprint(s.Seed)
+	var parts []string
+	for _, name := range setNames() {
+		v := s.get(name)
+		text := settings.ByChat(name).Format(v)
+		switch {
+		case name == "seed" && s.Seed == 0:
+			text = "random"
+		case name == "mtp" && s.MTP == "" && s.Draft == 0, name == "draft" && s.Draft <= 0:
+			continue // the engine's setting
+		case name == "mtp" && s.MTP == "":
+			text = s.mtpMode(ModelInfo{})
+		}
+		parts = append(parts, name+"="+text)
 	}
-	out := fmt.Sprintf("temperature=%g top_p=%g top_k=%d min_p=%g repeat_penalty=%g seed=%s max_tokens=%d",
-		s.Temperature, s.TopP, s.TopK, s.MinP, s.RepeatPenalty, seed, s.MaxTokens)
-	switch {
-	case s.Draft < 0:
-		out += " mtp=off"
-	case s.Draft > 0:
-		out += fmt.Sprintf(" mtp=on draft=%d", s.Draft)
-	}
-	return out
+	return strings.Join(parts, " ")
 }
 
 // formatReplyStats is a reply's statistics in one line.
@@ -291,7 +358,10 @@ func formatReplyStats(st *ReplyStats) string {
 		parts = append(parts, fmt.Sprintf("MTP %d/%d drafts accepted (%.0f%%), %.2f tokens per step",
 			st.AcceptedTokens, st.DraftTokens, 100*float64(st.AcceptedTokens)/float64(st.DraftTokens), 1+st.AcceptedPerStep))
 	}
-	if st.Finish != "" {
+	switch {
+	case st.Finish == FinishLength && st.Limit != "":
+		parts = append(parts, "finish length ("+st.Limit+")")
+	case st.Finish != "":
 		parts = append(parts, "finish "+st.Finish)
 	}
 	parts = append(parts, fmt.Sprintf("seed %d", st.Seed))

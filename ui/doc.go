@@ -79,6 +79,13 @@
 //     scrolling up stops following, scrolling back down resumes it.
 //   - Ctrl+C stops a reply first; pressed again (with no key in between)
 //     it quits. Esc also stops a reply.
+//   - A message that could not be sent goes back to the input as
+//     "restored" text (input.restore): typing replaces it, editing keys
+//     keep it. The textarea turns tabs into spaces, so the input holds a
+//     tab as a private-use rune (tabRune) and converts at its edges.
+//   - /model N is entry N of the list /models shows (modelList: the
+//     catalog's models, then those the chat opened by folder); the
+//     completion popup resolves a number the same way.
 //
 // # Chats and history on disk
 //
@@ -88,8 +95,12 @@
 // an fsync of the directory. Saves carry a sequence number, so a slow save
 // never overwrites a newer one. The JSON (Chat) is complete: model,
 // system prompt, settings, and every message with its time and, for
-// replies, statistics and the settings it was sampled with; /load and
-// UnmarshalChat read it back. /export md writes the same chat as Markdown.
+// replies, statistics (with the limit that cut a reply) and the settings it
+// was sampled with, and the system prompts set mid-chat (SystemChanges);
+// /load and UnmarshalChat read it back, by name or from an exported file's
+// path. /export md writes the same chat as Markdown. /clear saves the chat
+// once more under its name and goes on under a new id, so that the cleared
+// conversation can be loaded again.
 // The input history is appended to $XDG_DATA_HOME/ferrite/history, one
 // JSON string per line (DefaultHistoryFile), and read back at start.
 //

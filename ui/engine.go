@@ -1,11 +1,13 @@
 package ui
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -31,8 +33,22 @@ type ModelInfo struct {
 	MaxContext int    `json:"max_context,omitempty"` // most tokens (prompt + reply) one request may hold; 0: unknown
 	MTP        bool   `json:"mtp,omitempty"`         // the model has an MTP module (speculative decoding)
 	Draft      int    `json:"draft,omitempty"`       // the engine's draft tokens per step when Settings.Draft is 0; 0: off
-	Device     string `json:"device,omitempty"`      // what runs the model, e.g. "cpu (16 threads)", "cuda:0 NVIDIA H200 (...)"
-	DeviceNote string `json:"device_note,omitempty"` // why --device auto took the CPU, e.g. "no GPU: ..."
+	// KVLimited says MaxContext is what the KV cache holds (its size is
+	// set by the KV budget), less than the model's own context.
+	KVLimited bool `json:"kv_limited,omitempty"`
+	// Device says what runs the model ("cpu (16 threads)", "cuda:0 NVIDIA
+	// H200 (...)"); DeviceNote why --device auto took the CPU.
+	Device     string `json:"device,omitempty"`
+	DeviceNote string `json:"device_note,omitempty"`
+}
+
+// contextLimit names what bounds a request, with its size: the model's
+// context, or the KV cache when the KV budget makes it smaller.
+func (i ModelInfo) contextLimit() string {
+	if i.KVLimited {
+		return fmt.Sprintf("the KV cache (%d tokens; kv_budget sets its size)", i.MaxContext)
+	}
+	return fmt.Sprintf("the model's context (%d tokens)", i.MaxContext)
 }
 
 // Request is one reply to generate.
@@ -44,6 +60,7 @@ type Request struct {
 }
 
 // Settings are the sampling settings of a reply, as /set changes them.
+// Their names, ranges and defaults are those of internal/settings.Table.
 type Settings struct {
 	Temperature   float64 `json:"temperature"`    // 0: greedy
 	TopP          float64 `json:"top_p"`          // 0 or 1: off
@@ -52,28 +69,103 @@ type Settings struct {
 	RepeatPenalty float64 `json:"repeat_penalty"` // 1: off
 	Seed          uint64  `json:"seed"`           // 0: a fresh seed per reply
 	MaxTokens     int     `json:"max_tokens"`     // 0: until the context is full
-	// Draft is speculative decoding with the model's MTP module: 0 is the
-	// engine's default (ModelInfo.Draft), > 0 drafts that many tokens per
-	// step, < 0 turns it off.
+	// MTP is speculative decoding with the model's MTP module: "on",
+	// "off", "auto" (on when the model has one), or "" for the engine's
+	// setting (ModelInfo.Draft).
+	MTP string `json:"mtp,omitempty"`
+	// Draft is the draft tokens per step; 0 is the engine's (ModelInfo.Draft,
+	// else settings' default). With MTP "" (chats saved before MTP was its
+	// own setting) a negative Draft means off and a positive one on.
 	Draft int `json:"draft,omitempty"`
+}
+
+// field is the field /set calls name: a pointer of the type of its
+// settings.Table row; nil for another name.
+func (s *Settings) field(name string) any {
+	switch name {
+	case "temperature":
+		return &s.Temperature
+	case "top_p":
+		return &s.TopP
+	case "top_k":
+		return &s.TopK
+	case "min_p":
+		return &s.MinP
+	case "repeat_penalty":
+		return &s.RepeatPenalty
+	case "seed":
+		return &s.Seed
+	case "max_tokens":
+		return &s.MaxTokens
+	case "mtp":
+		return &s.MTP
+	case "draft":
+		return &s.Draft
+	}
+	return nil
+}
+
+// get is the value of the field /set calls name.
+func (s *Settings) get(name string) any {
+	switch p := s.field(name).(type) {
+	case *float64:
+		return *p
+	case *int:
+		return *p
+	case *uint64:
+		return *p
+	case *string:
+		return *p
+	}
+	return nil
+}
+
+// set stores v, of the field's type, into the field /set calls name.
+func (s *Settings) set(name string, v any) {
+	switch p := s.field(name).(type) {
+	case *float64:
+		*p = v.(float64)
+	case *int:
+		*p = v.(int)
+	case *uint64:
+		*p = v.(uint64)
+	case *string:
+		*p = v.(string)
+	}
+}
+
+// mtpMode is MTP, or for "" the mode the engine's setting amounts to.
+func (s Settings) mtpMode(info ModelInfo) string {
+	switch {
+	case s.MTP != "":
+		return s.MTP
+	case s.Draft < 0:
+		return "off"
+	case s.Draft > 0 || info.Draft > 0:
+		return "on"
+	}
+	return "off"
 }
 
 // effectiveDraft is the draft length a reply with s gets from a model
 // with info: 0 when it does not speculate.
 func (s Settings) effectiveDraft(info ModelInfo) int {
-	switch {
-	case !info.MTP || s.Draft < 0:
+	if !info.MTP || s.mtpMode(info) == "off" {
 		return 0
-	case s.Draft > 0:
-		return s.Draft
 	}
-	return info.Draft
+	return cmp.Or(max(s.Draft, 0), info.Draft, defaultDraft)
 }
 
 // DefaultSettings are the settings a chat starts with unless
-// Options.Settings says otherwise (the same defaults as `ferrite run`).
-func DefaultSettings() Settings {
-	return Settings{Temperature: 0.7, TopP: 0.95, TopK: 40, MinP: 0.05, RepeatPenalty: 1, MaxTokens: 2048}
+// Options.Settings says otherwise: settings.Table's defaults, with the
+// engine's MTP setting.
+func DefaultSettings() Settings { return SettingsOf(settings.Default().Sampling) }
+
+// SettingsOf are a chat's settings under the configuration's sampling
+// settings, with the engine's MTP setting.
+func SettingsOf(s settings.Sampling) Settings {
+	return Settings{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK, MinP: s.MinP,
+		RepeatPenalty: s.RepeatPenalty, Seed: s.Seed, MaxTokens: s.MaxTokens}
 }
 
 // Reply is the consumer side of one generation.
@@ -105,11 +197,19 @@ const (
 	FinishCancelled = "cancelled" // stopped by the user
 )
 
+// Limits that end a reply with FinishLength (Event.Limit).
+const (
+	LimitMaxTokens = "max_tokens" // the max_tokens setting
+	LimitContext   = "context"    // the model's context is full
+	LimitKVCache   = "kv_cache"   // the KV cache, smaller than the model's context, is full
+)
+
 // Event is one message of a Reply.
 type Event struct {
 	Kind   EventKind
 	Text   string // EventDelta: new text (valid UTF-8)
 	Finish string // EventDone: one of the Finish constants
+	Limit  string // EventDone with FinishLength: one of the Limit constants; "" when unknown
 	Usage  Usage  // counts and timing as of this event
 	Err    error  // EventError: the cause
 }
@@ -180,10 +280,14 @@ type ModelEntry struct {
 
 // ContextError says a prompt does not fit the model's context.
 type ContextError struct {
-	PromptTokens int // the prompt's length
-	Limit        int // the most tokens a request may hold
+	PromptTokens int  // the prompt's length
+	Limit        int  // the most tokens a request may hold
+	KV           bool // Limit is the KV cache's size (set by the KV budget), not the model's context
 }
 
 func (e *ContextError) Error() string {
-	return fmt.Sprintf("the prompt is %d tokens and the context holds %d", e.PromptTokens, e.Limit)
+	if e.KV {
+		return fmt.Sprintf("the prompt is %d tokens and the KV cache holds %d (raise kv_budget / --kv-budget)", e.PromptTokens, e.Limit)
+	}
+	return fmt.Sprintf("the prompt is %d tokens and the model's context holds %d", e.PromptTokens, e.Limit)
 }

@@ -34,6 +34,7 @@ type fakeReply struct {
 	err    error         // end with EventError instead of EventDone
 	hold   chan struct{} // when set, the first chunk waits until it is closed
 	usage  Usage         // when set, the usage of every event (GeneratedTokens is counted)
+	limit  string        // when set, the reply ends with FinishLength and this Limit
 }
 
 func newFakeEngine(replies ...fakeReply) *fakeEngine {
@@ -163,6 +164,8 @@ func (s *fakeStream) final() Event {
 		return Event{Kind: EventError, Err: s.r.err, Usage: s.usage()}
 	case s.i < len(s.r.chunks):
 		return Event{Kind: EventDone, Finish: FinishCancelled, Usage: s.usage()}
+	case s.r.limit != "":
+		return Event{Kind: EventDone, Finish: FinishLength, Limit: s.r.limit, Usage: s.usage()}
 	}
 	return Event{Kind: EventDone, Finish: FinishStop, Usage: s.usage()}
 }
@@ -174,6 +177,7 @@ var errBoom = errors.New("boom: the engine fell over")
 type fakeModels struct {
 	mu      sync.Mutex
 	entries []ModelEntry
+	dirs    map[string]ModelEntry // what Find gives for a folder outside entries
 	engines map[string]*fakeEngine
 	fail    map[string]error
 	hold    chan struct{} // when set, Load waits for it to be closed after its first stage
@@ -185,6 +189,9 @@ func (f *fakeModels) List(context.Context) ([]ModelEntry, error) {
 }
 
 func (f *fakeModels) Find(_ context.Context, name string) (ModelEntry, error) {
+	if e, ok := f.dirs[name]; ok {
+		return e, nil
+	}
 	for i, e := range f.entries {
 		if e.Name == name || strconv.Itoa(i+1) == name {
 			return e, nil

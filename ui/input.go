@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/charmbracelet/bubbles/cursor"
@@ -12,13 +13,32 @@ import (
 // maxInputLines is the most lines the input grows to before it scrolls.
 const maxInputLines = 8
 
+// tabRune stands for a tab inside the textarea, whose sanitizer would turn
+// the tab of a paste into 4 spaces: the message keeps its tabs. It is a
+// private-use code point, shown as tabShown.
+const (
+	tabRune  = '\uE009'
+	tabShown = "→"
+)
+
+// toTextarea and fromTextarea convert between a message and the
+// textarea's text (tabs as tabRune).
+func toTextarea(s string) string   { return strings.ReplaceAll(s, "\t", string(tabRune)) }
+func fromTextarea(s string) string { return strings.ReplaceAll(s, string(tabRune), "\t") }
+
 // input is the message editor: a textarea that grows with its text, and
 // the history of what was sent (Up and Down recall it).
 type input struct {
 	ta      textarea.Model
+	st      *Styles
 	history []string // oldest first
 	histPos int      // index into history while browsing; len(history) when not
 	draft   string   // what was typed before browsing started
+	// restored says the text is a message put back after it could not be
+	// sent. It is shown dimmed and acts as selected: typing or pasting
+	// replaces it, any other key that reaches the input (an arrow,
+	// backspace) keeps it for editing.
+	restored bool
 }
 
 func newInput(km KeyMap, st *Styles) *input {
@@ -43,7 +63,28 @@ func newInput(km KeyMap, st *Styles) *input {
 	ta.FocusedStyle, ta.BlurredStyle = fs, bs
 	ta.SetHeight(1)
 	ta.Focus()
-	return &input{ta: ta}
+	return &input{ta: ta, st: st}
+}
+
+// restore puts a message that could not be sent back, as selected text.
+func (in *input) restore(s string) {
+	in.SetValue(s)
+	in.setRestored(true)
+}
+
+func (in *input) setRestored(on bool) {
+	if in.restored == on {
+		return
+	}
+	in.restored = on
+	text := in.st.Input.Text
+	if on {
+		text = in.st.Input.Restored
+	}
+	in.ta.FocusedStyle.Text, in.ta.FocusedStyle.CursorLine = text, text
+	// The textarea draws with a pointer to the style it was focused with,
+	// which may be an earlier copy's: focusing again points it here.
+	in.ta.Focus()
 }
 
 func (in *input) SetWidth(w int) {
@@ -68,6 +109,21 @@ func (in *input) fit() {
 // cursor leaves its height and never scrolls back when it grows, so it is
 // given its full height for the update and fitted to the text after.
 func (in *input) Update(msg tea.Msg) tea.Cmd {
+	if in.restored {
+		if k, ok := msg.(tea.KeyMsg); ok && (k.Type == tea.KeyRunes || k.Type == tea.KeySpace) {
+			in.ta.Reset()
+		}
+		in.setRestored(false)
+	}
+	if k, ok := msg.(tea.KeyMsg); ok && k.Type == tea.KeyRunes && slices.Contains(k.Runes, '\t') {
+		k.Runes = slices.Clone(k.Runes)
+		for i, r := range k.Runes {
+			if r == '\t' {
+				k.Runes[i] = tabRune
+			}
+		}
+		msg = k
+	}
 	var cmd tea.Cmd
 	in.ta.SetHeight(maxInputLines)
 	in.ta, cmd = in.ta.Update(msg)
@@ -75,21 +131,25 @@ func (in *input) Update(msg tea.Msg) tea.Cmd {
 	return cmd
 }
 
-func (in *input) Value() string { return in.ta.Value() }
+func (in *input) Value() string { return fromTextarea(in.ta.Value()) }
 
 func (in *input) SetValue(s string) {
-	in.ta.SetValue(s)
+	in.setRestored(false)
+	in.ta.SetValue(toTextarea(s))
 	in.fit()
 }
 
 func (in *input) Reset() {
+	in.setRestored(false)
 	in.ta.Reset()
 	in.histPos = len(in.history)
 	in.draft = ""
 	in.fit()
 }
 
-func (in *input) View() string { return in.ta.View() }
+func (in *input) View() string {
+	return strings.ReplaceAll(in.ta.View(), string(tabRune), tabShown)
+}
 
 // onFirstRow reports whether the cursor is on the first visual row: Up
 // there recalls history instead of moving the cursor.
@@ -147,7 +207,8 @@ func (in *input) prev() bool {
 		in.draft = in.ta.Value()
 	}
 	in.histPos--
-	in.ta.SetValue(in.history[in.histPos])
+	in.setRestored(false)
+	in.ta.SetValue(toTextarea(in.history[in.histPos]))
 	in.ta.CursorStart()
 	in.moveToFirstLine()
 	in.fit()
@@ -161,10 +222,11 @@ func (in *input) next() bool {
 		return false
 	}
 	in.histPos++
+	in.setRestored(false)
 	if in.histPos == len(in.history) {
 		in.ta.SetValue(in.draft)
 	} else {
-		in.ta.SetValue(in.history[in.histPos])
+		in.ta.SetValue(toTextarea(in.history[in.histPos]))
 	}
 	in.fit()
 	return true

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -46,6 +47,11 @@ type Options struct {
 	// Warnings are shown when the chat opens (a configuration file that
 	// was ignored, for example).
 	Warnings []string
+	// Log is the debug log: engine errors with their stacks, load and
+	// save failures; nil: none. LogPath is its file, named in the chat's
+	// error messages.
+	Log     *slog.Logger
+	LogPath string
 
 	Input     io.Reader        // Run's terminal input; nil: stdin
 	Output    io.Writer        // Run's terminal output; nil: stdout
@@ -87,11 +93,13 @@ type (
 		err  error
 	}
 	exportedMsg struct {
-		path string
-		err  error
+		path  string // absolute
+		given bool   // the user gave the path
+		err   error
 	}
 	loadedMsg struct {
-		name string
+		name string // the saved chat's name; "" for a file
+		path string // the file a chat was loaded from by its path
 		chat *Chat
 		err  error
 	}
@@ -210,14 +218,16 @@ type model struct {
 	ticking   bool // a stats tick is scheduled
 	loading   *loadState
 	loadSeq   int
-	modelList []ModelEntry // the last Models.List, for completion
+	modelList []ModelEntry // the last Models.List and the models in opened it lacks: what /models shows
+	opened    []ModelEntry // every model the chat has run, so /models lists one opened by its folder
 
-	hint      string // written into the rule above the input
-	hintWarn  bool
-	quitArmed bool // ctrl+c was pressed once
-	mouse     bool // the program captures the mouse
-	quitting  bool
-	fatal     error
+	hint       string // written into the rule above the input
+	clearArmed bool   // /clear with autosave off warned once; the next command being /clear clears
+	hintWarn   bool
+	quitArmed  bool // ctrl+c was pressed once
+	mouse      bool // the program captures the mouse
+	quitting   bool
+	fatal      error
 }
 
 // New returns the chat model for eng. Run runs it in the terminal; tests
@@ -234,6 +244,7 @@ func newModel(eng Engine, opts Options) *model {
 		m.cur.entry.Name = m.cur.info.Name
 	}
 	m.engines = []*engineRef{m.cur}
+	m.opened = []ModelEntry{m.cur.entry}
 	m.info = m.cur.info
 	if m.now == nil {
 		m.now = time.Now
@@ -353,8 +364,10 @@ func (m *model) Update(msg tea.Msg) (next tea.Model, cmd tea.Cmd) {
 	case exportedMsg:
 		if msg.err != nil {
 			m.view.notice(entryError, "export failed: "+msg.err.Error())
-		} else {
+		} else if msg.given {
 			m.view.notice(entryNotice, "Exported to "+msg.path)
+		} else {
+			m.view.notice(entryNotice, "Exported to "+msg.path+" (the working directory; give a path to write elsewhere)")
 		}
 	case loadedMsg:
 		cmds = append(cmds, m.onLoaded(msg))
@@ -383,7 +396,8 @@ func (m *model) Update(msg tea.Msg) (next tea.Model, cmd tea.Cmd) {
 	case historySavedMsg:
 		if msg.err != nil && m.history != nil && !m.history.warned {
 			m.history.warned = true
-			m.view.notice(entryError, "saving the input history failed: "+msg.err.Error())
+			m.logger().Error("saving the input history failed", "err", msg.err)
+			m.view.notice(entryError, "saving the input history failed: "+msg.err.Error()+m.logHint())
 		}
 	}
 	if m.quitting {
@@ -550,10 +564,12 @@ func Run(ctx context.Context, eng Engine, opts Options) (err error) {
 	p = tea.NewProgram(m, popts...)
 	_, err = p.Run()
 	m.cancelAll()
-	m.flush()
+	saveErr := m.flush()
 	switch {
 	case m.fatal != nil:
 		return m.fatal
+	case saveErr != nil:
+		return fmt.Errorf("saving on quit: %w", saveErr)
 	case errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil && !errors.Is(err, tea.ErrProgramPanic):
 		return nil
 	case err != nil:
@@ -564,13 +580,17 @@ func Run(ctx context.Context, eng Engine, opts Options) (err error) {
 
 // flush saves every open chat and the input history synchronously; Run
 // calls it after the program has stopped, since an autosave command may
-// not have finished.
-func (m *model) flush() {
+// not have finished. The failures are logged and returned.
+func (m *model) flush() error {
+	var errs []error
 	if m.history != nil {
-		_ = m.history.flush()
+		if err := m.history.flush(); err != nil {
+			m.logger().Error("saving the input history failed", "err", err)
+			errs = append(errs, err)
+		}
 	}
 	if m.opts.NoSave {
-		return
+		return errors.Join(errs...)
 	}
 	for _, t := range m.tabs {
 		if len(t.chat.Messages) == 0 {
@@ -580,8 +600,12 @@ func (m *model) flush() {
 			t.gen.msg.Content = t.gen.text.String()
 		}
 		m.saveSeq++
-		_, _ = m.store.save(t.chatName, t.chat, m.saveSeq)
+		if _, err := m.store.save(t.chatName, t.chat, m.saveSeq); err != nil {
+			m.logger().Error("saving a chat on quit failed", "chat", t.chat.ID, "err", err)
+			errs = append(errs, err)
+		}
 	}
+	return errors.Join(errs...)
 }
 
 // closeEngines closes every engine the chat owns; Run calls it last.

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -35,6 +37,9 @@ func (m *model) cmdModel(args string) tea.Cmd {
 		m.view.notice(entryWarning, fmt.Sprintf("%s is still loading: wait for it before loading another model.", l.entry.Name))
 		return nil
 	}
+	if e, ok := m.listedModel(args); ok {
+		return func() tea.Msg { return modelFoundMsg{name: args, entry: e} }
+	}
 	models := m.opts.Models
 	return func() (msg tea.Msg) {
 		defer func() {
@@ -45,6 +50,29 @@ func (m *model) cmdModel(args string) tea.Cmd {
 		e, err := models.Find(context.Background(), args)
 		return modelFoundMsg{name: args, entry: e, err: err}
 	}
+}
+
+// listedModel is entry N of the list /models shows, for a number N that
+// is not also a model's name.
+func (m *model) listedModel(arg string) (ModelEntry, bool) {
+	n, err := strconv.Atoi(arg)
+	if err != nil || n < 1 || n > len(m.modelList) ||
+		slices.ContainsFunc(m.modelList, func(e ModelEntry) bool { return e.Name == arg }) {
+		return ModelEntry{}, false
+	}
+	return m.modelList[n-1], true
+}
+
+// withOpened is list and, after it, the models the chat has run that it
+// lacks (a model opened by its folder, outside the catalog's places).
+func (m *model) withOpened(list []ModelEntry) []ModelEntry {
+	out := slices.Clip(list)
+	for _, e := range m.opened {
+		if !slices.ContainsFunc(out, func(x ModelEntry) bool { return sameModel(x, e) }) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // listModelsCmd asks Models.List; show says to print the list.
@@ -68,6 +96,7 @@ func (m *model) listModelsCmd(show bool) tea.Cmd {
 }
 
 func (m *model) onModelsListed(msg modelsListedMsg) {
+	msg.entries = m.withOpened(msg.entries)
 	if msg.err == nil {
 		m.modelList = msg.entries
 	}
@@ -88,7 +117,7 @@ func (m *model) onModelsListed(msg modelsListedMsg) {
 		m.view.notice(entryNotice, b.String())
 		return
 	}
-	if len(msg.entries) == 0 {
+	if len(msg.entries) <= 1 && (len(msg.entries) == 0 || sameModel(msg.entries[0], cur)) {
 		b.WriteString(". No other models were found: see /help for where ferrite looks.")
 		m.view.notice(entryNotice, b.String())
 		return
@@ -167,7 +196,7 @@ func (m *model) startLoad(e ModelEntry) tea.Cmd {
 		defer p.close()
 		defer func() {
 			if r := recover(); r != nil {
-				msg = modelLoadedMsg{id: id, entry: e, err: fmt.Errorf("panic: %v", r)}
+				msg = modelLoadedMsg{id: id, entry: e, err: panicError(r)}
 			}
 		}()
 		eng, closer, err := models.Load(ctx, e, p.report)
@@ -237,7 +266,8 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 	m.loading = nil
 	l.cancel()
 	if msg.err != nil {
-		m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. Still using %s.", msg.entry.Name, msg.err, m.info.Name))
+		m.logger().Error("model load failed", "model", msg.entry.Name, "err", msg.err)
+		m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. Still using %s.%s", msg.entry.Name, msg.err, m.info.Name, m.logHint()))
 		return nil
 	}
 	old := m.cur
@@ -246,6 +276,12 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 	m.info = m.cur.info
 	if m.cur.entry.Name == "" {
 		m.cur.entry.Name = m.info.Name
+	}
+	if !slices.ContainsFunc(m.opened, func(e ModelEntry) bool { return sameModel(e, m.cur.entry) }) {
+		m.opened = append(m.opened, m.cur.entry)
+	}
+	if !slices.ContainsFunc(m.modelList, func(e ModelEntry) bool { return sameModel(e, m.cur.entry) }) {
+		m.modelList = append(m.modelList, m.cur.entry)
 	}
 	for _, t := range m.tabs {
 		t.chat.Model = m.info
@@ -258,6 +294,9 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 		fmt.Fprintf(&b, " (%s", m.info.Arch)
 		if m.info.MaxContext > 0 {
 			fmt.Fprintf(&b, ", context %d tokens", m.info.MaxContext)
+			if m.info.KVLimited {
+				b.WriteString(" by the KV budget")
+			}
 		}
 		b.WriteString(")")
 	}
@@ -298,23 +337,34 @@ func closeEngineCmd(name string, c io.Closer) tea.Cmd {
 	return func() tea.Msg { return engineClosedMsg{name: name, err: c.Close()} }
 }
 
-// completeModels lists the known models whose name starts with arg (or
-// contains it).
+// completeModels lists the known models whose name contains arg. A
+// number is the model at that position of /models, as Models.Find reads
+// it: the popup shows that one entry (unless a model has the number for
+// its name), not the names that contain the digits.
 func (m *model) completeModels(arg string) []compItem {
+	if n, err := strconv.Atoi(arg); err == nil && n >= 1 && n <= len(m.modelList) &&
+		!slices.ContainsFunc(m.modelList, func(e ModelEntry) bool { return e.Name == arg }) {
+		e := m.modelList[n-1]
+		return []compItem{{value: arg, label: arg + " " + e.Name, desc: modelDesc(e), keep: true}}
+	}
 	var out []compItem
 	low := strings.ToLower(arg)
 	for _, e := range m.modelList {
-		if !strings.Contains(strings.ToLower(e.Name), low) {
-			continue
+		if strings.Contains(strings.ToLower(e.Name), low) {
+			out = append(out, compItem{value: e.Name, label: e.Name, desc: modelDesc(e)})
 		}
-		desc := e.Source
-		if e.Arch != "" {
-			desc = e.Arch + " · " + desc
-		}
-		if e.Size > 0 {
-			desc += " · " + formatBytes(e.Size)
-		}
-		out = append(out, compItem{value: e.Name, label: e.Name, desc: desc})
 	}
 	return out
+}
+
+// modelDesc describes a model in the completion popup.
+func modelDesc(e ModelEntry) string {
+	desc := e.Source
+	if e.Arch != "" {
+		desc = e.Arch + " · " + desc
+	}
+	if e.Size > 0 {
+		desc += " · " + formatBytes(e.Size)
+	}
+	return desc
 }

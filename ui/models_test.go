@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	tea "github.com/charmbracelet/bubbletea"
 )
 
 // twoModels is a catalog of the chat's own engine A and two others: B
@@ -33,13 +35,7 @@ func TestModelsList(t *testing.T) {
 	h := start(t, a, opts)
 	h.line("/models")
 	h.untilNotice("Models (/model NAME or NUMBER switches):")
-	m := h.final()
-	var text string
-	for _, e := range m.view.entries {
-		if strings.Contains(e.text, "Models (") {
-			text = e.text
-		}
-	}
+	text := lastNotice(h.final(), "Models (")
 	for _, want := range []string{
 		"Using Fake-1B (fake).",
 		" 1 ● Fake-1B  ",
@@ -192,5 +188,69 @@ func TestRunClosesOwnedEngines(t *testing.T) {
 	}
 	if got := f.closedNames(); !slices.Equal(got, []string{"Fake-1B", "Model-B"}) {
 		t.Errorf("closed %v, want both engines", got)
+	}
+}
+
+// TestModelNumberIsTheListPosition: /model 5 is entry 5 of /models, in the
+// completion popup too, although another model's name holds a 5.
+func TestModelNumberIsTheListPosition(t *testing.T) {
+	a := newFakeEngine()
+	five := newFakeEngine(fakeReply{chunks: []string{"from the fifth"}})
+	five.info = ModelInfo{Name: "mistral-7b", Arch: "mistral", MaxContext: 4096}
+	glm := newFakeEngine()
+	glm.info = ModelInfo{Name: "glm5_next", Arch: "glm5_next", MaxContext: 4096}
+	f := &fakeModels{
+		entries: []ModelEntry{
+			{Name: a.info.Name, Arch: "fake", Source: "built-in"},
+			{Name: "qwen3", Arch: "qwen3", Source: "config", Path: "/m/qwen3"},
+			{Name: "glm5_next", Arch: "glm5_next", Source: "config", Path: "/m/glm5_next"},
+			{Name: "llama", Arch: "llama", Source: "config", Path: "/m/llama"},
+			{Name: "mistral-7b", Arch: "mistral", Source: "config", Path: "/m/mistral-7b"},
+		},
+		engines: map[string]*fakeEngine{"mistral-7b": five, "glm5_next": glm},
+	}
+	opts := testOptions(t)
+	opts.Models = f
+	h := start(t, a, opts)
+	h.until("the model list", func(m *model) bool { return len(m.modelList) == 5 })
+	h.typeText("/model 5")
+	h.waitFor("5 mistral-7b")
+	h.until("the popup on entry 5", func(m *model) bool {
+		return m.comp.open() && len(m.comp.items) == 1 && m.comp.selected().value == "/model 5"
+	})
+	h.key(tea.KeyEnter)
+	h.untilNotice("Switched to mistral-7b")
+	// A number past the list is matched against the names, as Find does.
+	h.typeText("/model 55")
+	h.until("no positional item", func(m *model) bool { return !m.comp.open() })
+	m := h.final()
+	if m.info.Name != "mistral-7b" {
+		t.Errorf("loaded %s, want entry 5, mistral-7b", m.info.Name)
+	}
+}
+
+// TestModelOpenedByFolderIsListed: a model /model DIR opened outside the
+// catalog's places is in /models, and its number switches back to it.
+func TestModelOpenedByFolderIsListed(t *testing.T) {
+	a := newFakeEngine()
+	f, _ := twoModels(a)
+	c := newFakeEngine()
+	c.info = ModelInfo{Name: "model-c", Arch: "llama", MaxContext: 2048}
+	f.engines["model-c"] = c
+	f.engines[a.info.Name] = a
+	f.dirs = map[string]ModelEntry{"/elsewhere/model-c": {Name: "model-c", Arch: "llama", Source: "path", Path: "/elsewhere/model-c"}}
+	opts := testOptions(t)
+	opts.Models = f
+	h := start(t, a, opts)
+	h.line("/model /elsewhere/model-c")
+	h.untilNotice("Switched to model-c")
+	h.line("/models")
+	h.untilNotice(" 4 ● model-c  llama          ?  path  /elsewhere/model-c")
+	h.line("/model 1")
+	h.untilNotice("Switched to Fake-1B")
+	h.line("/model 4")
+	h.until("the second switch to model-c", func(m *model) bool { return m.loading == nil && m.info.Name == "model-c" })
+	if m := h.final(); m.info.Name != "model-c" {
+		t.Errorf("using %s, want model-c", m.info.Name)
 	}
 }

@@ -1,12 +1,15 @@
 package ui
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/charmbracelet/lipgloss"
 	xansi "github.com/charmbracelet/x/ansi"
+
+	"github.com/ferrite-llm/ferrite/internal/settings"
 )
 
 // mtpEngine is a fake model with an MTP module whose replies report
@@ -31,23 +34,77 @@ func TestMTPSettingsReachTheEngine(t *testing.T) {
 	h.untilNotice("mtp=off")
 	h.line("one")
 	h.settle()
+	// A draft length leaves the mode as it is.
 	h.line("/set draft 5")
+	h.untilNotice("mtp=off draft=5")
+	h.line("/set mtp on")
 	h.untilNotice("mtp=on draft=5")
 	h.line("two")
 	h.settle()
 	h.line("/set mtp auto")
+	h.untilNotice("mtp=auto draft=5")
 	h.line("three")
 	h.settle()
 	m := h.final()
 	var drafts []int
 	for _, r := range eng.requests() {
-		drafts = append(drafts, r.Settings.Draft)
+		drafts = append(drafts, r.Settings.effectiveDraft(eng.info))
 	}
-	if len(drafts) != 3 || drafts[0] != -1 || drafts[1] != 5 || drafts[2] != 0 {
-		t.Errorf("Request drafts = %v, want [-1 5 0]", drafts)
+	if len(drafts) != 3 || drafts[0] != 0 || drafts[1] != 5 || drafts[2] != 5 {
+		t.Errorf("Request drafts = %v, want [0 5 5]", drafts)
 	}
-	if st := m.chat.Messages[1].Stats; st == nil || st.Settings.Draft != -1 || st.DraftTokens != 30 {
+	if st := m.chat.Messages[1].Stats; st == nil || st.Settings.MTP != "off" || st.DraftTokens != 30 {
 		t.Errorf("reply stats = %+v", st)
+	}
+}
+
+// TestDraftAfterMTPAutoKeepsAuto is issue 11's /set draft 4 after /set
+// mtp auto, which showed mtp=on.
+func TestDraftAfterMTPAutoKeepsAuto(t *testing.T) {
+	h := start(t, mtpEngine(), testOptions(t))
+	h.line("/set mtp auto")
+	h.untilNotice("Set mtp.")
+	h.line("/set draft 4")
+	h.untilNotice("mtp=auto draft=4")
+	h.final()
+}
+
+// TestSetListsTheTablesRanges: /set alone shows the values each setting
+// takes, from settings.Table.
+func TestSetListsTheTablesRanges(t *testing.T) {
+	h := start(t, mtpEngine(), testOptions(t))
+	h.line("/set")
+	h.untilNotice("temperature (0–5), top_p (0–1), top_k (≥ 0), min_p (0–1), repeat_penalty (0–10), seed (≥ 0), max_tokens (≥ 0), mtp (auto, on, off), draft (1–16).")
+	h.final()
+}
+
+// TestSetAgreesWithTheTable: every /set name is a row of settings.Table
+// with a field of the row's type, takes the row's range, and starts at
+// the row's default.
+func TestSetAgreesWithTheTable(t *testing.T) {
+	d, def := DefaultSettings(), settings.Default()
+	for _, name := range settings.ChatNames() {
+		row := settings.ByChat(name)
+		if d.field(name) == nil {
+			t.Errorf("/set %s has no field in Settings", name)
+			continue
+		}
+		if name != "mtp" && name != "draft" && d.get(name) != row.Get(&def) { // MTP starts as the engine's
+			t.Errorf("/set %s starts at %v, the table's default is %v", name, d.get(name), row.Get(&def))
+		}
+		s := DefaultSettings()
+		if _, err := applySetting(&s, name+" "+row.Format(row.Default), mtpInfo); err != nil || s.get(name) != row.Default {
+			t.Errorf("/set %s %s: %v, %v", name, row.Format(row.Default), s.get(name), err)
+		}
+		if row.Kind == settings.Int || row.Kind == settings.Float {
+			over := strconv.FormatFloat(row.Max+1, 'f', -1, 64)
+			if _, err := applySetting(&s, name+" "+over, mtpInfo); err == nil || !strings.Contains(err.Error(), "out of range") {
+				t.Errorf("/set %s %s: %v, want out of range", name, over, err)
+			}
+		}
+	}
+	if got := strings.Join(settings.ChatNames(), ", "); paramNames() != got {
+		t.Errorf("/set names %s, the table's %s", paramNames(), got)
 	}
 }
 

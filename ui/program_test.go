@@ -232,6 +232,18 @@ func (h *harness) untilNotice(s string) {
 	})
 }
 
+// lastNotice is the last notice of the shown chat that holds s; "" when
+// there is none.
+func lastNotice(m *model, s string) string {
+	var text string
+	for _, e := range m.view.entries {
+		if e.msg == nil && strings.Contains(e.text, s) {
+			text = e.text
+		}
+	}
+	return text
+}
+
 // settle waits until no reply is being generated and every reply is
 // rendered at the current width.
 func (h *harness) settle() {
@@ -637,20 +649,54 @@ func TestNewAndClear(t *testing.T) {
 	h.line("first")
 	h.settle()
 	h.line("/clear")
-	h.waitFor("Cleared.")
+	h.untilNotice("Cleared. The cleared chat stays saved as " + filepath.Join(opts.ChatsDir, "test-chat.json") + ": /load test-chat brings it back.")
 	h.line("second")
 	h.settle()
+	var cleared string // the id the cleared tab goes on with
+	h.until("the new id", func(m *model) bool { cleared = m.chat.ID; return true })
 	h.line("/new")
 	h.waitFor("New chat 2 of 2")
 	m := h.final()
 	if len(m.chat.Messages) != 0 || m.chat.ID == "test-chat" {
 		t.Errorf("after /new: id %q, %d messages", m.chat.ID, len(m.chat.Messages))
 	}
-	c := readChat(t, filepath.Join(opts.ChatsDir, "test-chat.json"), func(c *Chat) bool {
-		return len(c.Messages) == 2 && c.Messages[1].Stats != nil
-	})
+	// The cleared conversation is still in its file; the chat after /clear
+	// is saved apart.
+	c := readChat(t, filepath.Join(opts.ChatsDir, "test-chat.json"), func(c *Chat) bool { return len(c.Messages) == 2 })
+	if c.Messages[0].Content != "first" {
+		t.Errorf("the cleared chat's file = %+v", c.Messages)
+	}
+	if cleared == "test-chat" {
+		t.Fatal("the chat goes on under the cleared chat's id")
+	}
+	c = readChat(t, filepath.Join(opts.ChatsDir, cleared+".json"), func(c *Chat) bool { return len(c.Messages) == 2 })
 	if c.Messages[0].Content != "second" {
-		t.Errorf("saved chat after /clear = %+v", c.Messages)
+		t.Errorf("the chat after /clear = %+v", c.Messages)
+	}
+
+	// /load brings the cleared chat back.
+	h2 := start(t, newFakeEngine(), opts)
+	h2.line("/load test-chat")
+	h2.untilNotice("Loaded chat test-chat: 2 messages")
+	h2.final()
+}
+
+func TestClearWithoutAutosaveAsksOnce(t *testing.T) {
+	opts := testOptions(t)
+	opts.NoSave = true
+	h := start(t, newFakeEngine(), opts)
+	h.line("first")
+	h.settle()
+	h.line("/clear")
+	h.untilNotice("Autosave is off, so the cleared messages could not be brought back: /clear again")
+	h.until("the chat kept", func(m *model) bool { return len(m.chat.Messages) == 2 })
+	h.line("/clear")
+	h.untilNotice("Cleared. The system prompt")
+	if m := h.final(); len(m.chat.Messages) != 0 {
+		t.Errorf("not cleared: %+v", m.chat.Messages)
+	}
+	if ents, _ := os.ReadDir(opts.ChatsDir); len(ents) != 0 {
+		t.Errorf("autosave is off, yet %d files were written", len(ents))
 	}
 }
 
@@ -702,4 +748,247 @@ func TestContextNearlyFullHint(t *testing.T) {
 	h = start(t, eng, testOptions(t))
 	h.line(strings.Repeat("word ", 30))
 	h.waitFor("context nearly full: the reply can use only 6 of max_tokens")
+}
+
+func TestCutReplySaysWhy(t *testing.T) {
+	for _, tc := range []struct {
+		limit     string
+		kv        bool
+		line      string // under the reply
+		notice    string // "" for none
+		statsLine string // in /stats
+	}{
+		{LimitMaxTokens, false, "cut at max_tokens (2048)", "", "finish length (max_tokens)"},
+		{LimitContext, false, "cut: the model's context is full", "has filled the model's context (4096 tokens)", "finish length (context)"},
+		{LimitKVCache, true, "cut: the KV cache is full (raise kv_budget)", "has filled the KV cache (4096 tokens; kv_budget sets its size)", "finish length (kv_cache)"},
+	} {
+		t.Run(tc.limit, func(t *testing.T) {
+			eng := newFakeEngine(fakeReply{chunks: []string{"cut ", "short"}, limit: tc.limit})
+			eng.info.KVLimited = tc.kv
+			h := start(t, eng, testOptions(t))
+			h.line("hi")
+			h.until("the reply's stats line", func(m *model) bool { return strings.Contains(flatView(m), tc.line) })
+			if tc.notice != "" {
+				h.untilNotice(tc.notice)
+			}
+			h.line("/stats")
+			h.untilNotice(tc.statsLine)
+			m := h.final()
+			if st := m.chat.lastReply().Stats; st.Finish != FinishLength || st.Limit != tc.limit {
+				t.Errorf("stats = %+v", st)
+			}
+			for _, e := range m.view.entries {
+				if tc.notice == "" && e.msg == nil && strings.Contains(e.text, "has filled") {
+					t.Errorf("a reply cut by max_tokens says the context is full: %q", e.text)
+				}
+			}
+		})
+	}
+}
+
+func TestContextCounterNeverPassesItsLimit(t *testing.T) {
+	// A reply that fills the context ends with one token the context does
+	// not hold: prompt 5 + 8 generated with a limit of 12.
+	eng := newFakeEngine(fakeReply{chunks: strings.Split("a b c d e f g h", " "), limit: LimitKVCache})
+	eng.info.MaxContext, eng.info.KVLimited = 12, true
+	h := start(t, eng, testOptions(t))
+	h.line("hi")
+	h.until("the reply's stats line", func(m *model) bool { return strings.Contains(flatView(m), "KV cache is full") })
+	h.settle()
+	h.line("/stats")
+	h.untilNotice("context 12 tokens (the KV cache's size, set by kv_budget")
+	m := h.final()
+	bar := m.statusView()
+	if !strings.Contains(bar, "⚠ ctx 12/12 (KV budget)") || strings.Contains(bar, "13/12") {
+		t.Errorf("status bar %q: want ⚠ ctx 12/12 (KV budget)", bar)
+	}
+	for _, e := range m.view.entries {
+		if strings.Contains(e.text, "has filled the model's context") || strings.Contains(e.text, "holds 13") {
+			t.Errorf("notice %q: the limit is the KV cache's", e.text)
+		}
+	}
+}
+
+// flatView is the chat's view with its lines joined and runs of spaces
+// collapsed, so that a test finds a phrase the view wrapped.
+func flatView(m *model) string {
+	return strings.Join(strings.Fields(xansi.Strip(m.View())), " ")
+}
+
+// TestRejectedMessageIsReplacedByTyping: a message put back in the input
+// after it could not be sent is replaced by what is typed next, so that a
+// command typed then runs; an arrow key keeps it for editing.
+func TestRejectedMessageIsReplacedByTyping(t *testing.T) {
+	long := "Give me a synonym for happy, in far more words than twelve tokens can hold."
+	eng := newFakeEngine()
+	eng.info.MaxContext = 12
+	h := start(t, eng, testOptions(t))
+	h.line(long)
+	h.untilNotice("does not fit the context")
+	h.until("the message back in the input", func(m *model) bool { return m.in.Value() == long && m.in.restored })
+	h.key(tea.KeyLeft) // editing keeps it
+	h.typeText("!")
+	h.until("the edit", func(m *model) bool { return m.in.Value() == long[:len(long)-1]+"!." })
+	h.key(tea.KeyEnter)
+	h.until("the edited message back", func(m *model) bool { return m.in.restored })
+	h.line("/quit")
+	m := h.finalModel()
+	if !m.quitting {
+		t.Errorf("/quit typed after a rejected message did not quit; input %q", m.in.Value())
+	}
+	for _, r := range eng.requests() {
+		if strings.Contains(r.Messages[len(r.Messages)-1].Content, "/quit") {
+			t.Errorf("sent %q", r.Messages[len(r.Messages)-1].Content)
+		}
+	}
+}
+
+func TestExportWithoutPathSaysWhere(t *testing.T) {
+	dir := tempDir(t)
+	t.Chdir(dir)
+	h := start(t, newFakeEngine(), testOptions(t))
+	h.line("hi")
+	h.settle()
+	h.line("/export md")
+	h.untilNotice("ferrite-chat-test-chat.md (the working directory; give a path to write elsewhere)")
+	note := lastNotice(h.final(), "Exported to ")
+	path := strings.Fields(note)[2]
+	if !filepath.IsAbs(path) {
+		t.Errorf("the message %q does not give the full path", note)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ferrite-chat-test-chat.md")); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestLoadExportedJSON: /load takes the path of a chat exported as JSON;
+// it continues as a new saved chat, leaving the original's file alone.
+func TestLoadExportedJSON(t *testing.T) {
+	opts := testOptions(t)
+	h := start(t, newFakeEngine(fakeReply{chunks: []string{"exported reply"}}), opts)
+	h.line("keep this")
+	h.settle()
+	out := filepath.Join(tempDir(t), "chat.json")
+	h.line("/export json " + out)
+	h.untilNotice("Exported to " + out)
+	h.final()
+
+	h2 := start(t, newFakeEngine(fakeReply{chunks: []string{"continued"}}), opts)
+	h2.line("/load " + out)
+	h2.untilNotice("Loaded " + out + ": 2 messages")
+	h2.untilNotice("It is saved as chat ")
+	h2.line("and then?")
+	h2.waitFor("continued")
+	h2.settle()
+	m := h2.final()
+	if len(m.chat.Messages) != 4 || m.chat.Messages[1].Content != "exported reply" {
+		t.Fatalf("messages = %+v", m.chat.Messages)
+	}
+	if m.chat.ID == "test-chat" || m.chatName != m.chat.ID {
+		t.Errorf("the loaded file continues as %q (file %q), want a new id", m.chat.ID, m.chatName)
+	}
+	readChat(t, filepath.Join(opts.ChatsDir, m.chat.ID+".json"), func(c *Chat) bool { return len(c.Messages) == 4 })
+	readChat(t, filepath.Join(opts.ChatsDir, "test-chat.json"), func(c *Chat) bool { return len(c.Messages) == 2 })
+
+	h3 := start(t, newFakeEngine(), opts)
+	h3.line("/load " + filepath.Join(filepath.Dir(out), "missing.json"))
+	h3.untilNotice("load failed: open ")
+	h3.final()
+}
+
+// TestPastedTabStaysATab: the textarea's sanitizer turns a tab into spaces;
+// a tab in a paste reaches the engine as a tab, and the input shows it.
+func TestPastedTabStaysATab(t *testing.T) {
+	eng := newFakeEngine()
+	h := start(t, eng, testOptions(t))
+	h.tm.Send(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune("col1\tcol2\n\tindented"), Paste: true})
+	h.waitFor("› col1→col2")
+	h.key(tea.KeyEnter)
+	h.settle()
+	h.key(tea.KeyUp) // the history gives it back whole
+	m := h.final()
+	reqs := eng.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests", len(reqs))
+	}
+	if got := reqs[0].Messages[len(reqs[0].Messages)-1].Content; got != "col1\tcol2\n\tindented" {
+		t.Errorf("sent %q", got)
+	}
+	if got := m.in.Value(); got != "col1\tcol2\n\tindented" {
+		t.Errorf("recalled %q", got)
+	}
+}
+
+// TestExportSystemPromptWhereSet: a system prompt set mid-chat is in the
+// Markdown export where it was set; the one the chat started with is at
+// the top.
+func TestExportSystemPromptWhereSet(t *testing.T) {
+	opts := testOptions(t)
+	opts.System = "Be brief."
+	h := start(t, newFakeEngine(), opts)
+	h.line("one")
+	h.settle()
+	h.line("/system Talk like a pirate.")
+	h.untilNotice("System prompt set")
+	h.line("two")
+	h.settle()
+	h.line("/system --clear")
+	h.untilNotice("System prompt cleared")
+	out := tempDir(t)
+	h.line("/export md " + filepath.Join(out, "chat.md"))
+	h.untilNotice("Exported to")
+	h.line("/export json " + filepath.Join(out, "chat.json"))
+	h.untilNotice("chat.json")
+	h.final()
+
+	md, err := os.ReadFile(filepath.Join(out, "chat.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := []string{"## System\n\nBe brief.", "## User", "one", "## Assistant", "## System · 2026-03-14T15:09:26Z\n\nTalk like a pirate.",
+		"## User", "two", "## Assistant", "## System · 2026-03-14T15:09:26Z\n\n_(the system prompt was cleared)_"}
+	rest := string(md)
+	for _, want := range order {
+		i := strings.Index(rest, want)
+		if i < 0 {
+			t.Fatalf("the export lacks %q after the parts before it:\n%s", want, md)
+		}
+		rest = rest[i+len(want):]
+	}
+	if strings.Count(string(md), "pirate") != 1 {
+		t.Errorf("the mid-chat prompt appears more than once:\n%s", md)
+	}
+	data, err := os.ReadFile(filepath.Join(out, "chat.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := UnmarshalChat(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ExportMarkdown(c) != string(md) {
+		t.Error("the JSON export loses where the system prompt changed")
+	}
+}
+
+// TestSendRejectedWhileGeneratingIsReplacedByTyping: Enter while a reply
+// is generated leaves the message in the input, selected: a command typed
+// next runs instead of joining it.
+func TestSendRejectedWhileGeneratingIsReplacedByTyping(t *testing.T) {
+	hold := make(chan struct{})
+	eng := newFakeEngine(fakeReply{chunks: []string{"slow"}, hold: hold})
+	h := start(t, eng, testOptions(t))
+	h.line("first")
+	h.waitFor("generating")
+	h.line("Give me a synonym for happy.")
+	h.waitFor("typing replaces the message")
+	h.line("/stop")
+	h.until("the reply stopped", func(m *model) bool { return m.gen == nil })
+	m := h.final()
+	if got := m.in.Value(); got != "" {
+		t.Errorf("input %q: /stop was appended to the message instead of running", got)
+	}
+	if n := len(eng.requests()); n != 1 {
+		t.Errorf("%d requests, want 1", n)
+	}
 }

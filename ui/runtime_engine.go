@@ -28,6 +28,7 @@ type RuntimeEngine struct {
 // caller sets them. The caller keeps ownership of rt.
 func NewRuntimeEngine(rt *runtime.Runtime, tok *tokenizer.Tokenizer, info ModelInfo) *RuntimeEngine {
 	info.MaxContext = rt.MaxSeqLen()
+	info.KVLimited = rt.SeqLimit() == runtime.LimitKVCache
 	return &RuntimeEngine{rt: rt, tok: tok, info: info}
 }
 
@@ -61,14 +62,14 @@ func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
 	}
 	ids := e.tok.Encode(text, false)
 	if limit := e.info.MaxContext; limit > 0 && len(ids) > limit {
-		return nil, &ContextError{PromptTokens: len(ids), Limit: limit}
+		return nil, &ContextError{PromptTokens: len(ids), Limit: limit, KV: e.info.KVLimited}
 	}
 	s := req.Settings
 	stream, err := e.rt.Generate(ctx, runtime.Request{
 		Prompt:    ids,
 		MaxTokens: s.MaxTokens,
 		Stop:      e.tok.EOS(),
-		Draft:     s.Draft,
+		Draft:     runtimeDraft(s.effectiveDraft(e.info)),
 		Sampling: sample.Params{
 			Temperature:   float32(s.Temperature),
 			TopP:          float32(s.TopP),
@@ -79,12 +80,21 @@ func (e *RuntimeEngine) Send(ctx context.Context, req Request) (Reply, error) {
 		},
 	})
 	if errors.Is(err, runtime.ErrPromptTooLong) {
-		return nil, &ContextError{PromptTokens: len(ids), Limit: e.info.MaxContext}
+		return nil, &ContextError{PromptTokens: len(ids), Limit: e.info.MaxContext, KV: e.info.KVLimited}
 	}
 	if err != nil {
 		return nil, err
 	}
 	return &runtimeReply{s: stream, n: len(ids)}, nil
+}
+
+// runtimeDraft is Request.Draft for a reply that drafts k tokens per step
+// (0: none).
+func runtimeDraft(k int) int {
+	if k == 0 {
+		return -1
+	}
+	return k
 }
 
 // runtimeReply is a Reply over a runtime stream.
@@ -101,7 +111,7 @@ func (r *runtimeReply) Next() (Event, bool) {
 	if !ok {
 		return Event{}, false
 	}
-	out := Event{Text: ev.Text, Finish: string(ev.Finish), Err: ev.Err, Usage: Usage{
+	out := Event{Text: ev.Text, Finish: string(ev.Finish), Limit: string(ev.Limit), Err: ev.Err, Usage: Usage{
 		PromptTokens:       ev.Usage.PromptTokens,
 		CachedTokens:       ev.Usage.CachedTokens,
 		GeneratedTokens:    ev.Usage.GeneratedTokens,

@@ -45,6 +45,7 @@ var (
 	tinyOnce sync.Once
 	tinyEng  *RuntimeEngine
 	tinyTok  *tokenizer.Tokenizer
+	tinyM    enginemodel.Model
 	tinyErr  error
 )
 
@@ -77,7 +78,7 @@ func newTinyRuntimeEngine(t *testing.T) (*RuntimeEngine, *tokenizer.Tokenizer) {
 			tinyErr = err
 			return
 		}
-		tinyEng, tinyTok = NewRuntimeEngine(rt, tok, ModelInfo{Name: "tiny", Arch: "qwen3"}), tok
+		tinyEng, tinyTok, tinyM = NewRuntimeEngine(rt, tok, ModelInfo{Name: "tiny", Arch: "qwen3"}), tok, m
 	})
 	if tinyErr != nil {
 		t.Fatal(tinyErr)
@@ -195,5 +196,60 @@ func TestChatOnRuntime(t *testing.T) {
 	}
 	if fm.chat.Messages[3].Stats.PromptTokens <= fm.chat.Messages[1].Stats.PromptTokens {
 		t.Error("the second prompt is not longer than the first: the conversation was not sent")
+	}
+}
+
+// finalEvent reads r to its end and returns its last event.
+func finalEvent(r Reply) Event {
+	var final Event
+	for {
+		ev, ok := r.Next()
+		if !ok {
+			return final
+		}
+		final = ev
+	}
+}
+
+// TestRuntimeEngineNamesTheLimit: a reply cut by max_tokens, or by a KV
+// cache smaller than the model's context, says which; so does the engine's
+// info and a prompt that does not fit.
+func TestRuntimeEngineNamesTheLimit(t *testing.T) {
+	eng, tok := newTinyRuntimeEngine(t)
+	hi := (&Chat{Messages: []*Message{{Role: RoleUser, Content: "Hi"}}}).promptMessages()
+	r, err := eng.Send(context.Background(), Request{Messages: hi, Settings: Settings{MaxTokens: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := finalEvent(r); ev.Finish == FinishLength && ev.Limit != LimitMaxTokens || eng.Info().KVLimited {
+		t.Errorf("max_tokens: final %+v, info %+v", ev, eng.Info())
+	}
+
+	// 32 tokens of cache, under the model's 64.
+	rt, err := runtime.New(tinyM, runtime.Options{
+		KVBudget:   32 * tinyM.Info().KVBytesPerToken,
+		BlockSize:  16,
+		NewDecoder: func() runtime.TextDecoder { return tok.NewStreamDecoder() },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	small := NewRuntimeEngine(rt, tok, ModelInfo{Name: "tiny"})
+	if info := small.Info(); info.MaxContext != 32 || !info.KVLimited {
+		t.Errorf("info = %+v, want MaxContext 32 set by the KV cache", info)
+	}
+	r, err = small.Send(context.Background(), Request{Messages: hi, Settings: Settings{Temperature: 0}}) // greedy: deterministic
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := finalEvent(r); ev.Finish != FinishLength || ev.Limit != LimitKVCache {
+		t.Errorf("final event %+v, want length (kv_cache)", ev)
+	}
+	long := (&Chat{Messages: []*Message{{Role: RoleUser, Content: strings.Repeat("many words here ", 10)}}}).promptMessages()
+	_, err = small.Send(context.Background(), Request{Messages: long})
+	var ce *ContextError
+	if !errors.As(err, &ce) || !ce.KV || !strings.Contains(err.Error(), "the KV cache holds 32") {
+		t.Errorf("err = %v, want a ContextError naming the KV cache", err)
 	}
 }

@@ -2,6 +2,7 @@ package ui
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/charmbracelet/lipgloss"
@@ -93,14 +94,20 @@ func (b statusBar) render(width int, d statusData) string {
 			full = 1
 		}
 		bar := st.BarFull.Render(strings.Repeat("█", full)) + st.BarEmpty.Render(strings.Repeat("░", kvBarWidth-full))
-		segs = append(segs, segment{label("KV ") + bar + value(fmt.Sprintf(" %.0f%%", 100*frac)), 7})
+		segs = append(segs, segment{label("KV ") + bar + value(" "+percent(s.KVBlocksUsed, s.KVBlocksTotal)), 7})
 		segs = append(segs, segment{label(fmt.Sprintf("%d/%d blk · %s/%s", s.KVBlocksUsed, s.KVBlocksTotal,
 			formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))), 2})
 	}
 	if limit := d.info.MaxContext; limit > 0 {
-		text := label("ctx ") + value(fmt.Sprintf("%d/%d", d.ctxUsed, limit))
-		if float64(d.ctxUsed) >= ctxWarnFraction*float64(limit) {
-			text = st.Warning.Render(fmt.Sprintf("⚠ ctx %d/%d", d.ctxUsed, limit))
+		// A reply that fills the context ends with a token it never
+		// stores: the context holds at most limit tokens.
+		used := min(d.ctxUsed, limit)
+		text := label("ctx ") + value(fmt.Sprintf("%d/%d", used, limit))
+		if float64(used) >= ctxWarnFraction*float64(limit) {
+			text = st.Warning.Render(fmt.Sprintf("⚠ ctx %d/%d", used, limit))
+		}
+		if d.info.KVLimited {
+			text += label(" (KV budget)")
 		}
 		segs = append(segs, segment{text, 8})
 	}
@@ -130,6 +137,16 @@ func (b statusBar) render(width int, d statusData) string {
 		line += st.Bar.Render(strings.Repeat(" ", pad))
 	}
 	return line
+}
+
+// percent is used/total as a whole percentage. A share above 0 that
+// rounds to 0 is "<1%", in agreement with the KV bar's one filled cell.
+func percent(used, total int) string {
+	p := 100 * float64(used) / float64(total)
+	if used > 0 && p < 0.5 {
+		return "<1%"
+	}
+	return fmt.Sprintf("%d%%", int(math.Round(p)))
 }
 
 // mtpSegment shows speculative decoding's acceptance: the share of drafts

@@ -81,18 +81,32 @@ func (s *store) load(name string) (*Chat, error) {
 	if err := checkChatName(name); err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(s.path(name))
+	c, err := readChatFile(s.path(name))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("no saved chat %q in %s", name, s.dir)
 	}
+	return c, err
+}
+
+// readChatFile reads a chat saved, or exported as JSON, at path.
+func readChatFile(path string) (*Chat, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	c, err := UnmarshalChat(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", s.path(name), err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
+}
+
+// isChatPath says whether what /load was given is a file's path rather
+// than a saved chat's name: it has a directory, starts with ~ or ends
+// with .json.
+func isChatPath(arg string) bool {
+	return strings.ContainsRune(arg, filepath.Separator) || strings.ContainsRune(arg, '/') ||
+		strings.HasPrefix(arg, "~") || strings.HasSuffix(arg, ".json")
 }
 
 // savedChat is one entry of list.

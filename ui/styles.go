@@ -55,12 +55,13 @@ type Styles struct {
 		Error          lipgloss.Style
 	}
 	Input struct {
-		Rule    lipgloss.Style // the line above the input
-		Hint    lipgloss.Style // a hint written into the rule
-		Warning lipgloss.Style // a warning written into the rule
-		Prompt  lipgloss.Style
-		Text    lipgloss.Style
-		Holder  lipgloss.Style // placeholder
+		Rule     lipgloss.Style // the line above the input
+		Hint     lipgloss.Style // a hint written into the rule
+		Warning  lipgloss.Style // a warning written into the rule
+		Prompt   lipgloss.Style
+		Text     lipgloss.Style
+		Holder   lipgloss.Style // placeholder
+		Restored lipgloss.Style // a message put back after it could not be sent (typing replaces it)
 	}
 	Tabs struct { // the strip of open chats
 		Tab    lipgloss.Style
@@ -118,6 +119,7 @@ func NewStyles(p Palette, dark, noColor bool) Styles {
 	s.Input.Prompt = base.Foreground(p.Accent)
 	s.Input.Text = base.Foreground(p.Text)
 	s.Input.Holder = base.Foreground(p.Muted)
+	s.Input.Restored = base.Foreground(p.Muted).Italic(true)
 
 	s.Tabs.Tab = base.Foreground(p.Muted)
 	s.Tabs.Active = base.Foreground(p.Accent).Bold(true)

@@ -73,6 +73,7 @@ func (m *model) switchTo(i int) {
 	}
 	m.chatTab = m.tabs[i]
 	m.unseen = false
+	m.clearArmed = false
 	m.layout()
 	m.view.dirty = true
 	m.comp.close()

@@ -120,13 +120,13 @@ func (m *model) submit() tea.Cmd {
 		return tea.Batch(hist, m.runCommand(text))
 	}
 	if m.gen != nil {
-		m.setHint("a reply is still being generated: wait for it, or stop it with esc", true)
+		m.reject("a reply is being generated (esc stops it) · typing replaces the message")
 		return nil
 	}
 	var keep tea.Cmd
 	if ch := m.choice; ch != nil { // sending keeps the alternative shown
 		if ch.opts[ch.sel].streaming {
-			m.setHint("the alternative shown is still being generated: wait, stop it with esc, or /pick another", true)
+			m.reject("alternative still generating: wait, esc or /pick · typing replaces it")
 			return nil
 		}
 		if keep = m.pick(m.chatTab, ch.sel); m.choice != nil {
@@ -135,12 +135,24 @@ func (m *model) submit() tea.Cmd {
 	}
 	hist := m.remember(text)
 	m.in.Reset()
+	m.clearArmed = false
 	return tea.Batch(keep, hist, m.send(text))
+}
+
+// reject refuses to send the input now, saying why. The message stays in
+// the input as selected text, so that what is typed next (a command, say)
+// replaces it instead of being appended to it.
+func (m *model) reject(hint string) {
+	m.in.setRestored(true)
+	m.setHint(hint, true)
 }
 
 // runCommand runs "/name args"; an unknown name gets a message.
 func (m *model) runCommand(text string) tea.Cmd {
 	name, args, _ := strings.Cut(strings.TrimPrefix(strings.TrimSpace(text), "/"), " ")
+	if name != "clear" {
+		m.clearArmed = false
+	}
 	c, ok := m.cmds.lookup(name)
 	if !ok {
 		m.view.notice(entryWarning, "Unknown command /"+name+". Type /help for the list.")

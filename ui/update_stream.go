@@ -56,12 +56,6 @@ func (m *model) startReply(ctx context.Context, g *generation, req Request) tea.
 	}
 }
 
-// panicError is a panic of the engine, recovered in a command so that the
-// chat survives it.
-func panicError(r any) error {
-	return fmt.Errorf("engine panic: %v", r)
-}
-
 // waitForEvent pulls the reply's next event; Update issues it again after
 // every delta, so the stream is read one event per command.
 func waitForEvent(id int, r Reply) tea.Cmd {
@@ -86,6 +80,10 @@ func (m *model) onReplyStarted(msg replyStartedMsg) tea.Cmd {
 		return nil
 	}
 	if msg.err != nil {
+		m.logger().Warn("sending failed", "model", g.eng.info.Name, "err", msg.err)
+		if _, ok := msg.err.(*enginePanic); ok && m.opts.LogPath != "" {
+			msg.err = fmt.Errorf("%w%s", msg.err, m.logHint())
+		}
 		return m.unsend(g, msg.err)
 	}
 	t := g.tab
@@ -129,16 +127,16 @@ func (m *model) unsend(g *generation, err error) tea.Cmd {
 		t.chat.Messages = t.chat.Messages[:n-1]
 		t.view.removeMsg(um)
 		if t == m.chatTab && m.in.Value() == "" {
-			m.in.SetValue(um.Content)
+			m.in.restore(um.Content)
 		}
 	}
 	t.view.removeEntry(g.entry)
 	switch {
 	case g.stopped:
-		t.view.notice(entryNotice, "Stopped before the reply started; your message is back in the input.")
+		t.view.notice(entryNotice, "Stopped before the reply started; your message is back in the input (typing replaces it, an arrow key edits it).")
 	case ce != nil:
 		t.view.notice(entryWarning, fmt.Sprintf(
-			"This message does not fit the context: %s. It is back in the input: shorten it, or start a /new chat (or /clear this one).", ce))
+			"This message does not fit the context: %s. It is back in the input (typing replaces it, an arrow key edits it): shorten it, or start a /new chat (or /clear this one).", ce))
 	default:
 		t.view.notice(entryError, "The engine could not start a reply: "+err.Error())
 	}
@@ -182,9 +180,10 @@ func (m *model) finish(g *generation, ev Event) tea.Cmd {
 		if ev.Err != nil {
 			msg = ev.Err.Error()
 		}
-		g.msg.Error = msg
+		m.logger().Error("reply failed", "model", g.eng.info.Name, "err", ev.Err)
+		g.msg.Error = msg + m.logHint()
 	}
-	g.msg.Stats = newReplyStats(ev.Usage, finish, g.settings)
+	g.msg.Stats = newReplyStats(ev.Usage, finish, ev.Limit, g.settings)
 	t.view.changed(g.entry)
 	if t != m.chatTab {
 		t.unseen = true
@@ -192,9 +191,10 @@ func (m *model) finish(g *generation, ev Event) tea.Cmd {
 	if g.alt >= 0 {
 		return tea.Batch(cmd, m.fetchStats(), m.onAltDone(t))
 	}
-	if limit := g.eng.info.MaxContext; ev.Kind == EventDone && ev.Finish == FinishLength && limit > 0 && t.ctxUsed >= limit {
+	if info := g.eng.info; ev.Kind == EventDone && ev.Finish == FinishLength && info.MaxContext > 0 &&
+		(ev.Limit == LimitContext || ev.Limit == LimitKVCache || ev.Limit == "" && t.ctxUsed >= info.MaxContext) {
 		t.view.notice(entryWarning, fmt.Sprintf(
-			"The conversation has filled the model's context (%d tokens). Start a /new chat or /clear this one to continue.", limit))
+			"The conversation has filled %s. Start a /new chat or /clear this one to continue.", info.contextLimit()))
 	}
 	return tea.Batch(cmd, m.autosaveTab(t), m.fetchStats())
 }
@@ -362,11 +362,13 @@ func (m *model) onSaved(msg savedMsg) {
 	switch {
 	case msg.err != nil && msg.auto:
 		if msg.err.Error() != m.lastSaveErr { // say it once, not after every message
-			m.view.notice(entryError, "autosave failed: "+msg.err.Error())
+			m.logger().Error("autosave failed", "err", msg.err)
+			m.view.notice(entryError, "autosave failed: "+msg.err.Error()+m.logHint())
 		}
 		m.lastSaveErr = msg.err.Error()
 	case msg.err != nil:
-		m.view.notice(entryError, "save failed: "+msg.err.Error())
+		m.logger().Error("save failed", "err", msg.err)
+		m.view.notice(entryError, "save failed: "+msg.err.Error()+m.logHint())
 	case msg.auto:
 		m.lastSaveErr = ""
 	default:

@@ -8,7 +8,10 @@
 // once with ErrPromptTooLong) and returns a *Stream. The consumer calls
 // Stream.Next until it returns false; the events are text deltas (with the
 // token ids behind them), then exactly one final event: Done (finish reason
-// stop, length or cancelled) or Error. Each Request gets its own sampler,
+// stop, length or cancelled; for length, Event.Limit says which limit:
+// MaxTokens, the model's context, or the KV cache when the budget holds
+// fewer tokens than the context, as Runtime.SeqLimit reports) or Error.
+// Each Request gets its own sampler,
 // so seeded sampling gives the same tokens however the request was batched
 // or preempted.
 //
@@ -52,8 +55,9 @@
 //
 // A panic anywhere in a step (model, sampler, detokenizer, scheduler) is
 // recovered: the requests in that step get an Error event and their blocks
-// are freed; the runtime keeps serving the others. A Forward error is
-// handled the same way.
+// are freed; the runtime keeps serving the others. The event's Err is a
+// *PanicError holding the panicking goroutine's stack, which a log/slog
+// record of it carries. A Forward error is handled the same way.
 //
 // # Recurrent state
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -52,6 +53,11 @@ type PanicError struct {
 }
 
 func (e *PanicError) Error() string { return fmt.Sprintf("runtime: engine step panicked: %v", e.Value) }
+
+// LogValue makes a PanicError logged with log/slog carry its stack.
+func (e *PanicError) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("msg", e.Error()), slog.String("stack", string(e.Stack)))
+}
 
 // Unwrap returns the panic value when it is an error.
 func (e *PanicError) Unwrap() error {
@@ -281,6 +287,15 @@ func (r *Runtime) DropPrefixCache() {
 // MaxSeqLen is the most tokens (prompt plus generated) one request may
 // hold: the model's context or the whole cache, whichever is smaller.
 func (r *Runtime) MaxSeqLen() int { return r.limit }
+
+// SeqLimit says what sets MaxSeqLen: LimitContext (the model's context) or
+// LimitKVCache (the whole cache, when the KV budget holds fewer tokens).
+func (r *Runtime) SeqLimit() LengthLimit {
+	if r.info.MaxContext > 0 && r.limit == r.info.MaxContext {
+		return LimitContext
+	}
+	return LimitKVCache
+}
 
 // Generate queues req and returns its event stream. It fails at once, with
 // no stream, for an empty prompt, an id outside the vocabulary, or a prompt

@@ -149,8 +149,15 @@ func TestStopAndLength(t *testing.T) {
 	// the last sampled token is emitted without being computed.
 	long := randPrompt(rng, 90, m.Info().Vocab)
 	got = generate(t, r, t.Context(), runtime.Request{Prompt: long, Sampling: greedy}).Collect()
-	if want := 96 - 90 + 1; got.Err != nil || got.Finish != runtime.FinishLength || len(got.Tokens) != want {
-		t.Errorf("context limit: %d tokens, %s, %v; want %d, length", len(got.Tokens), got.Finish, got.Err, want)
+	if want := 96 - 90 + 1; got.Err != nil || got.Finish != runtime.FinishLength || got.Limit != runtime.LimitContext || len(got.Tokens) != want {
+		t.Errorf("context limit: %d tokens, %s (%s), %v; want %d, length (context)", len(got.Tokens), got.Finish, got.Limit, got.Err, want)
+	}
+	got = generate(t, r, t.Context(), runtime.Request{Prompt: prompt, MaxTokens: 3, Sampling: greedy}).Collect()
+	if got.Finish != runtime.FinishLength || got.Limit != runtime.LimitMaxTokens || len(got.Tokens) != 3 {
+		t.Errorf("max tokens: %d tokens, %s (%s); want 3, length (max_tokens)", len(got.Tokens), got.Finish, got.Limit)
+	}
+	if r.SeqLimit() != runtime.LimitContext {
+		t.Errorf("SeqLimit %s with a cache larger than the context", r.SeqLimit())
 	}
 
 	// A prompt of exactly the context still gets one token.
@@ -190,8 +197,11 @@ func TestImpossibleRequests(t *testing.T) {
 	}
 	// The small cache still serves a prompt that fits exactly.
 	got := generate(t, small, t.Context(), runtime.Request{Prompt: randPrompt(rng, 20, vocab), Sampling: greedy}).Collect()
-	if got.Err != nil || len(got.Tokens) != 1 || got.Finish != runtime.FinishLength {
-		t.Errorf("prompt filling the cache: %v %s %v", got.Tokens, got.Finish, got.Err)
+	if got.Err != nil || len(got.Tokens) != 1 || got.Finish != runtime.FinishLength || got.Limit != runtime.LimitKVCache {
+		t.Errorf("prompt filling the cache: %v %s (%s) %v; want the KV cache named", got.Tokens, got.Finish, got.Limit, got.Err)
+	}
+	if small.SeqLimit() != runtime.LimitKVCache {
+		t.Errorf("SeqLimit %s with a cache smaller than the context", small.SeqLimit())
 	}
 	waitIdle(t, small)
 }

@@ -582,11 +582,17 @@ func (sc *scheduler) emit(s *seq, tok int32, now time.Time) bool {
 	}
 	s.stream.post(text, []int32{tok}, s.usage(now))
 	// The next step would compute position len(tokens)-1: it must exist.
-	if s.req.MaxTokens > 0 && s.generated() >= s.req.MaxTokens || len(s.tokens) > sc.r.limit {
-		sc.finish(s, Event{Type: EventDone, Finish: FinishLength}, now)
-		return false
+	limit := LengthLimit("")
+	switch {
+	case s.req.MaxTokens > 0 && s.generated() >= s.req.MaxTokens:
+		limit = LimitMaxTokens
+	case len(s.tokens) > sc.r.limit:
+		limit = sc.r.SeqLimit()
+	default:
+		return true
 	}
-	return true
+	sc.finish(s, Event{Type: EventDone, Finish: FinishLength, Limit: limit}, now)
+	return false
 }
 
 // finish ends s with ev (Usage is filled in): s leaves its queue, its

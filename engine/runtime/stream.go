@@ -52,14 +52,25 @@ const (
 	FinishCancelled FinishReason = "cancelled" // the context was cancelled or Stream.Cancel called
 )
 
+// LengthLimit says which limit ended a request with FinishLength, so that
+// a caller can tell the user why a reply was cut.
+type LengthLimit string
+
+const (
+	LimitMaxTokens LengthLimit = "max_tokens" // Request.MaxTokens was reached
+	LimitContext   LengthLimit = "context"    // the model's context is full
+	LimitKVCache   LengthLimit = "kv_cache"   // the whole KV cache (Options.KVBudget), smaller than the model's context, is full
+)
+
 // Event is one message of a Stream.
 type Event struct {
 	Type   EventType
 	Text   string  // EventDelta: new text, valid UTF-8 (empty while a character is incomplete)
 	Tokens []int32 // EventDelta: ids generated since the previous event, in order
 	Finish FinishReason
-	Usage  Usage // counts and timing as of this event (final on EventDone and EventError)
-	Err    error // EventError: the cause
+	Limit  LengthLimit // EventDone with FinishLength: the limit reached; "" otherwise
+	Usage  Usage       // counts and timing as of this event (final on EventDone and EventError)
+	Err    error       // EventError: the cause
 }
 
 // Usage is one request's accounting.
@@ -151,6 +162,7 @@ type Result struct {
 	Tokens []int32
 	Text   string
 	Finish FinishReason // empty when Err is set
+	Limit  LengthLimit  // with FinishLength: the limit reached
 	Usage  Usage
 	Err    error
 }
@@ -169,7 +181,7 @@ func (s *Stream) Collect() Result {
 		text = append(text, ev.Text...)
 		switch ev.Type {
 		case EventDone:
-			r.Finish, r.Usage = ev.Finish, ev.Usage
+			r.Finish, r.Limit, r.Usage = ev.Finish, ev.Limit, ev.Usage
 		case EventError:
 			r.Err, r.Usage = ev.Err, ev.Usage
 		}

@@ -160,6 +160,9 @@ func Probe(dir string) (Entry, error) {
 		dir = abs
 	}
 	st, err := os.Stat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Entry{}, fmt.Errorf("%s: no such model directory", dir)
+	}
 	if err != nil {
 		return Entry{}, err
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -24,6 +23,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/device"
 )
@@ -77,6 +77,25 @@ func (l intList) Set(s string) error {
 	return nil
 }
 
+// sizeFlag is a number of bytes, read like config.toml's sizes ("1GiB").
+type sizeFlag struct{ v *int64 }
+
+func (s sizeFlag) String() string {
+	if s.v == nil {
+		return ""
+	}
+	return settings.ByteSize(*s.v).String()
+}
+
+func (s sizeFlag) Set(text string) error {
+	b, err := settings.ParseByteSize(text)
+	if err != nil {
+		return err
+	}
+	*s.v = int64(b)
+	return nil
+}
+
 // onOffList is a comma-separated list of on/off.
 type onOffList struct{ v *[]bool }
 
@@ -126,7 +145,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.dtype, "dtype", "", "random weights' dtype: bf16, f16 or f32 (default: the config's torch_dtype/dtype, else bf16)")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0 = all cores)")
 	fs.StringVar(&f.device, "device", "auto", "compute device: auto (the GPU when one is usable, else the CPU), cpu, cuda or cuda:N")
-	fs.Int64Var(&f.kvBudget, "kv-budget", 0, "KV-cache budget in bytes (0 = enough for the largest case without preemption)")
+	fs.Var(sizeFlag{&f.kvBudget}, "kv-budget", "KV-cache budget: bytes or a size such as 512MiB (0 = enough for the largest case without preemption)")
 	fs.IntVar(&f.maxBatchTokens, "max-batch-tokens", 0, "tokens per engine step (0 = the runtime's default, at least the largest concurrency)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the prompts, the samplers and the random weights")
 	fs.StringVar(&f.jsonPath, "json", "", "also write the results as JSON to this file")
@@ -139,18 +158,17 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 // cmdBench implements `ferrite bench`.
 func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	var f benchFlags
 	f.register(fs)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: ferrite bench --model DIR [flags]\n")
+	help := func(w io.Writer) {
+		fmt.Fprint(w, "usage: ferrite bench --model DIR [flags]\n")
+		fs.SetOutput(w)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, args, help, stdout, stderr); !ok {
+		return code
 	}
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "ferrite bench: "+format+"\n", a...)
@@ -165,8 +183,6 @@ func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return usageErr("--threads %d is negative", f.threads)
 	case !validDevice(f.device):
 		return usageErr("--device %q: want auto, cpu, cuda or cuda:N", f.device)
-	case f.kvBudget < 0:
-		return usageErr("--kv-budget %d is negative", f.kvBudget)
 	case f.maxBatchTokens < 0:
 		return usageErr("--max-batch-tokens %d is negative", f.maxBatchTokens)
 	case f.draft < 1:

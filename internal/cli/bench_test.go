@@ -2,6 +2,8 @@ package cli
 
 import (
 	"encoding/json"
+	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -215,7 +217,7 @@ func TestBenchErrors(t *testing.T) {
 		{"bad dtype", []string{"--model", dir, "--dtype", "int4"}, 2, "want bf16, f16 or f32"},
 		{"bad device", []string{"--model", dir, "--device", "gpu:1"}, 2, `--device "gpu:1": want auto, cpu, cuda or cuda:N`},
 		{"negative threads", []string{"--model", dir, "--threads", "-1"}, 2, "negative"},
-		{"negative kv budget", []string{"--model", dir, "--kv-budget", "-5"}, 2, "negative"},
+		{"negative kv budget", []string{"--model", dir, "--kv-budget", "-5"}, 2, `"-5" is not a size`},
 		{"negative bandwidth", []string{"--model", dir, "--bandwidth", "-1"}, 2, "want GB/s > 0"},
 		{"stray argument", []string{"--model", dir, "extra"}, 2, `unexpected argument "extra"`},
 		{"unknown flag", []string{"--bogus"}, 2, "flag provided but not defined"},
@@ -229,5 +231,20 @@ func TestBenchErrors(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want exit %d containing %q", code, errs, c.code, c.want)
 			}
 		})
+	}
+}
+
+// TestBenchKVBudgetTakesASize: bench reads --kv-budget with the same
+// parser as config.toml and the other commands.
+func TestBenchKVBudgetTakesASize(t *testing.T) {
+	var f benchFlags
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	f.register(fs)
+	if err := fs.Parse([]string{"--kv-budget", "1GiB"}); err != nil || f.kvBudget != 1<<30 {
+		t.Fatalf("--kv-budget 1GiB: %d, %v", f.kvBudget, err)
+	}
+	if err := fs.Parse([]string{"--kv-budget", "1 GB"}); err != nil || f.kvBudget != 1e9 {
+		t.Fatalf("--kv-budget 1 GB: %d, %v", f.kvBudget, err)
 	}
 }

@@ -3,11 +3,13 @@ package cli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"io/fs"
+	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/ferrite-llm/ferrite/builtin"
 	"github.com/ferrite-llm/ferrite/engine"
@@ -30,61 +32,68 @@ func builtinEntry() catalog.Entry {
 		Source: catalog.SourceBuiltin, Open: builtin.Open}
 }
 
-// chatFlags are the chat's flags that `ferrite run` does not have.
-type chatFlags struct {
-	config      string
-	noSave      bool
-	noHistory   bool
-	noMouse     bool
-	theme       string
-	batchTokens int
-	maxSeqs     int
-}
+const chatUsage = `usage:
+  ferrite [flags]                 open the chat (on a pipe: like run, with the prompt on stdin)
+  ferrite run [flags] [TEXT]      generate once, streaming to stdout, timing to stderr
+  ferrite tokenize [flags] [TEXT] print the token ids of TEXT (or stdin)
+  ferrite bench --model DIR [flags]  measure throughput: concurrency × prompt × gen sweep, roofline
+  ferrite help                    this help
 
-func (c *chatFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.config, "config", settings.DefaultPath(), "configuration file")
-	fs.BoolVar(&c.noSave, "no-save", false, "do not autosave chats")
-	fs.BoolVar(&c.noHistory, "no-history", false, "do not keep the input history across sessions")
-	fs.BoolVar(&c.noMouse, "no-mouse", false, "leave the mouse to the terminal (select text; no wheel scrolling)")
-	fs.StringVar(&c.theme, "theme", "auto", "colours for a dark or light terminal: auto, dark, light")
-	fs.IntVar(&c.batchTokens, "batch-tokens", 0, "tokens one engine step may run (0 = the runtime's default)")
-	fs.IntVar(&c.maxSeqs, "max-seqs", 0, "replies generated at once (0 = the runtime's default)")
-}
-
-// chatFlagSet is the flag set of plain `ferrite`.
-func chatFlagSet(f *runFlags, c *chatFlags, out io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("ferrite", flag.ContinueOnError)
-	fs.SetOutput(out)
-	f.register(fs)
-	c.register(fs)
-	fs.Usage = func() { printHelp(out) }
-	return fs
-}
+flags of the chat (run has those not marked [chat only]); the defaults are
+an empty configuration file's: the file's values win over them, and flags
+over the file:
+`
 
 // printHelp is `ferrite --help`: the commands, the chat's flags, the
 // configuration file, and the chat's slash commands and keys.
 func printHelp(w io.Writer) {
-	var f runFlags
-	var c chatFlags
-	fs := chatFlagSet(&f, &c, w)
-	fmt.Fprint(w, usage)
-	fmt.Fprint(w, "\nflags of the chat (plain `ferrite`; run has the first group too):\n")
-	fs.PrintDefaults()
-	fmt.Fprintf(w, `
---model takes a model directory or the name of a model /models lists (a
-Hugging Face cache entry such as Qwen/Qwen3-0.6B, a folder of model_dirs or
-of %s). Without it the chat opens default_model.
+	var f cmdFlags
+	fs := newFlagSet("ferrite", chatScope, &f)
+	fmt.Fprint(w, chatUsage)
+	printFlags(w, fs)
+	fmt.Fprintf(w, "\n%s\n\nconfiguration: %s\n%s\n\nin the chat:\n%s\n",
+		wrapText("--model takes a model directory or the name of a model /models lists (a Hugging Face cache entry such as Qwen/Qwen3-0.6B, a folder of model_dirs or of "+
+			catalog.ModelsDir()+"). Without it ferrite opens default_model, else the built-in "+builtin.Name+".", "", 76),
+		settings.DefaultPath(),
+		wrapText(configKeys()+". README.md (\"Configuration\") documents every key.", "  ", 76),
+		indentText(ui.Help(), "  "))
+}
 
-configuration: %s
-  default_model, model_dirs, system_prompt, theme, mouse, autosave, history,
-  [sampling] temperature top_p top_k min_p repeat_penalty seed max_tokens,
-  [mtp] mode draft, [engine] device threads kv_budget batch_tokens max_seqs.
-  Flags given on the command line win. README.md ("The chat") documents
-  every key.
+// configKeys lists the configuration's keys by table.
+func configKeys() string {
+	var parts []string
+	table := ""
+	for _, s := range settings.Table {
+		t, name, ok := strings.Cut(s.Key, ".")
+		if !ok {
+			t, name = "", s.Key
+		}
+		if t != table {
+			table = t
+			name = "[" + t + "] " + name
+		}
+		parts = append(parts, name)
+	}
+	return strings.Join(parts, ", ")
+}
 
-in the chat:
-%s
-`, catalog.ModelsDir(), settings.DefaultPath(), indentText(ui.Help(), "  "))
+// wrapText breaks s into lines of at most width columns (a longer word
+// stays whole), each starting with indent.
+func wrapText(s, indent string, width int) string {
+	var b strings.Builder
+	line := indent
+	for _, w := range strings.Fields(s) {
+		if line != indent && len(line)+1+len(w) > width {
+			b.WriteString(line + "\n")
+			line = indent
+		}
+		if line != indent {
+			line += " "
+		}
+		line += w
+	}
+	b.WriteString(line)
+	return b.String()
 }
 
 func indentText(s, prefix string) string {
@@ -92,69 +101,53 @@ func indentText(s, prefix string) string {
 }
 
 // cmdChat implements plain `ferrite`: the chat on a terminal, and `ferrite
-// run` when stdout is not a terminal (pipes, scripts).
+// run` with the prompt on stdin when stdout is not a terminal (pipes,
+// scripts).
 func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	var f runFlags
-	var cf chatFlags
-	fs := chatFlagSet(&f, &cf, stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	cfg, cfgErr := settings.Load(cf.config)
-	if err := applyFlags(&cfg, fs, &f, &cf); err != nil {
-		fmt.Fprintf(stderr, "ferrite: %v\n", err)
-		return 2
-	}
-	f.fromConfig(&cfg)
-	cat := &chatModels{cfg: cfg, builtin: builtinModels}
-	if !isTerminal(stdout) {
-		if cfgErr != nil {
-			fmt.Fprintf(stderr, "ferrite: warning: %v\n", cfgErr)
-		}
-		prompt, err := promptText(fs.Args(), stdin)
-		if err != nil {
-			fmt.Fprintf(stderr, "ferrite: %v\n", err)
-			return 2
-		}
-		e, err := cat.resolve(f.model)
-		if err != nil {
-			fmt.Fprintf(stderr, "ferrite: %v\n", err)
-			return 1
-		}
-		f.model = e.Dir
-		if e.Open != nil {
-			f.model = builtin.Label
-		}
-		if err := run(ctx, &f, prompt, stdout, stderr); err != nil {
-			fmt.Fprintf(stderr, "ferrite: %v\n", err)
-			return 1
-		}
-		return 0
+	var f cmdFlags
+	fs := newFlagSet("ferrite", chatScope, &f)
+	if code, ok := parseFlags(fs, args, printHelp, stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "ferrite: unexpected argument %q (to generate once, use `ferrite run`)\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "ferrite: unknown command %q: the commands are run, tokenize, bench and help (a prompt goes after `ferrite run`, or on stdin)\n", fs.Arg(0))
 		return 2
 	}
-	e, err := cat.resolve(f.model)
+	if !isTerminal(stdout) {
+		return generateOnce(ctx, "ferrite", nil, &f, fs, stdin, stdout, stderr)
+	}
+	st, warn, err := f.setup(fs)
+	if err != nil {
+		fmt.Fprintf(stderr, "ferrite: %v\n", err)
+		return 2
+	}
+	defer st.closeLog()
+	cfg, log, logPath, cat := st.cfg, st.log, st.logPath, st.models()
+	e, err := cat.resolve(cfg.DefaultModel)
 	if err != nil {
 		fmt.Fprintf(stderr, "ferrite: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stderr, "loading %s…\n", e.Name)
+	// On a terminal the loading line is erased once the model is loaded:
+	// the chat runs on the alternate screen, and the line would otherwise
+	// be left on the terminal after it.
+	tty := isTerminal(stderr)
+	if tty {
+		fmt.Fprintf(stderr, "loading %s…", e.Name)
+	} else {
+		fmt.Fprintf(stderr, "loading %s…\n", e.Name)
+	}
 	eng, closer, err := cat.open(ctx, e, true, func(string) {})
+	if tty {
+		fmt.Fprint(stderr, "\r\x1b[K")
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "ferrite: %v\n", err)
+		fmt.Fprintf(stderr, "ferrite: %v%s\n", err, logHint(logPath))
 		return 1
 	}
-	s := cfg.Sampling
+	chatSettings := ui.SettingsOf(cfg.Sampling)
 	opts := ui.Options{
-		Settings: &ui.Settings{
-			Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK, MinP: s.MinP,
-			RepeatPenalty: s.RepeatPenalty, Seed: s.Seed, MaxTokens: s.MaxTokens,
-		},
+		Settings:  &chatSettings,
 		System:    cfg.SystemPrompt,
 		NoSave:    !cfg.Autosave,
 		NoHistory: !cfg.History,
@@ -163,81 +156,27 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		Models:    cat,
 		Model:     uiEntry(e),
 		Closer:    closer, // Run closes it
+		Log:       log,
+		LogPath:   logPath,
 	}
-	if cfgErr != nil {
-		opts.Warnings = append(opts.Warnings, cfgErr.Error()+" (the chat uses the defaults)")
+	if warn != nil {
+		opts.Warnings = append(opts.Warnings, warn.Error()+" (the chat uses the defaults)")
 	}
 	if err := ui.Run(ctx, eng, opts); err != nil {
-		fmt.Fprintf(stderr, "ferrite: %v\n", err)
+		log.Error("chat failed", "err", err)
+		fmt.Fprintf(stderr, "ferrite: %v%s\n", err, logHint(logPath))
 		return 1
 	}
 	return 0
 }
 
-// applyFlags puts the flags the user set on top of the configuration, and
-// checks the chat's own flags.
-func applyFlags(cfg *settings.Config, fs *flag.FlagSet, f *runFlags, cf *chatFlags) error {
-	var err error
-	fs.Visit(func(fl *flag.Flag) {
-		switch fl.Name {
-		case "model":
-			cfg.DefaultModel = f.model
-		case "max-tokens":
-			cfg.Sampling.MaxTokens = f.maxTokens
-		case "temperature":
-			cfg.Sampling.Temperature = f.temperature
-		case "top-k":
-			cfg.Sampling.TopK = f.topK
-		case "top-p":
-			cfg.Sampling.TopP = f.topP
-		case "min-p":
-			cfg.Sampling.MinP = f.minP
-		case "repeat-penalty":
-			cfg.Sampling.RepeatPenalty = f.repeat
-		case "seed":
-			cfg.Sampling.Seed = f.seed
-		case "system":
-			cfg.SystemPrompt = f.system
-		case "threads":
-			cfg.Engine.Threads = f.threads
-		case "device":
-			cfg.Engine.Device = f.device
-		case "kv-budget":
-			cfg.Engine.KVBudget = settings.ByteSize(f.kvBudget)
-		case "mtp":
-			cfg.MTP.Mode = f.mtp
-		case "draft":
-			cfg.MTP.Draft = f.draft
-		case "batch-tokens":
-			cfg.Engine.BatchTokens = cf.batchTokens
-		case "max-seqs":
-			cfg.Engine.MaxSeqs = cf.maxSeqs
-		case "theme":
-			if cf.theme != "auto" && cf.theme != "dark" && cf.theme != "light" {
-				err = fmt.Errorf("--theme %q: want auto, dark or light", cf.theme)
-			}
-			cfg.Theme = cf.theme
-		case "no-mouse":
-			cfg.Mouse = !cf.noMouse
-		case "no-save":
-			cfg.Autosave = !cf.noSave
-		case "no-history":
-			cfg.History = !cf.noHistory
-		}
-	})
-	return err
-}
-
-// fromConfig sets the flags of `ferrite run` from the configuration (in
-// which the flags the user set have already won).
-func (f *runFlags) fromConfig(cfg *settings.Config) {
-	s := cfg.Sampling
-	f.model = cfg.DefaultModel
-	f.maxTokens, f.temperature, f.topK, f.topP, f.minP, f.repeat, f.seed =
-		s.MaxTokens, s.Temperature, s.TopK, s.TopP, s.MinP, s.RepeatPenalty, s.Seed
-	f.system = cfg.SystemPrompt
-	f.threads, f.device, f.kvBudget = cfg.Engine.Threads, cfg.Engine.Device, int64(cfg.Engine.KVBudget)
-	f.mtp, f.draft = cfg.MTP.Mode, cfg.MTP.Draft
+// logHint points to the debug log after an error message, when there is
+// one.
+func logHint(path string) string {
+	if path == "" {
+		return ""
+	}
+	return " (details in " + path + ")"
 }
 
 // chatModels is the chat's ui.Models: internal/catalog to find models,
@@ -246,6 +185,15 @@ func (f *runFlags) fromConfig(cfg *settings.Config) {
 type chatModels struct {
 	cfg     settings.Config
 	builtin []catalog.Entry
+	log     *slog.Logger // the debug log: load timings and failures
+}
+
+// logger is the debug log, or one that drops everything.
+func (c *chatModels) logger() *slog.Logger {
+	if c.log == nil {
+		return discardLog
+	}
+	return c.log
 }
 
 func (c *chatModels) discover() ([]catalog.Entry, error) {
@@ -329,20 +277,66 @@ func uiEntry(e catalog.Entry) ui.ModelEntry {
 // chat starts with, as with `ferrite run`); a model switched to later
 // just runs without speculation.
 func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, progress func(string)) (ui.Engine, io.Closer, error) {
+	s, err := c.openSession(ctx, e, strict, progress)
+	if err != nil {
+		return nil, nil, err
+	}
+	_, hasMTP := s.lm.Model.(model.MTPModel)
+	info := ui.ModelInfo{Name: e.Name, Arch: s.lm.Model.Info().Arch, MTP: hasMTP, Draft: s.draft,
+		Device: s.lm.Device, DeviceNote: s.lm.DeviceNote}
+	return ui.NewRuntimeEngine(s.rt, s.tok, info), sessionCloser{s}, nil
+}
+
+// openSession loads e and starts a runtime on it (see open), and records
+// the time each stage took, or why it failed, in the debug log.
+func (c *chatModels) openSession(ctx context.Context, e catalog.Entry, strict bool, progress func(string)) (*session, error) {
+	start := time.Now()
+	s, stages, err := c.load(ctx, e, strict, progress)
+	if err != nil {
+		c.logger().Error("model load failed", "model", e.Name, "dir", e.Dir, "err", err, "after", time.Since(start))
+		return nil, err
+	}
+	args := []any{"model", e.Name, "dir", e.Dir, "total", time.Since(start)}
+	for _, st := range stages {
+		args = append(args, st.name, st.took)
+	}
+	c.logger().Info("model loaded", args...)
+	return s, nil
+}
+
+// stage is one timed step of a model load.
+type stage struct {
+	name string
+	took time.Duration
+}
+
+func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, progress func(string)) (*session, []stage, error) {
+	var stages []stage
+	t := time.Now()
+	step := func(name string) {
+		now := time.Now()
+		stages = append(stages, stage{name, now.Sub(t)})
+		t = now
+	}
 	eo := engine.Options{Threads: c.cfg.Engine.Threads, Device: c.cfg.Engine.Device}
-	var s session
-	s.name = e.Name
+	s := &session{name: e.Name}
 	var err error
 	if e.Open != nil {
 		progress("loading the built-in model")
 		s.lm, s.tok, err = catalog.Load(e, eo)
+		step("builtin")
 	} else {
 		progress("reading the tokenizer")
 		s.tok, err = tokenizer.Load(e.Dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			err = fmt.Errorf("%w: a model directory needs its tokenizer files too (the folders of testdata/models are test fixtures without one, not models to chat with)", err)
+		}
+		step("tokenizer")
 		if err == nil {
 			if err = ctx.Err(); err == nil {
 				progress("mapping the weights")
 				s.lm, err = engine.Load(e.Dir, eo)
+				step("weights")
 			}
 		}
 	}
@@ -354,13 +348,12 @@ func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, pro
 		return nil, nil, err
 	}
 	progress("starting the runtime")
-	mode := c.cfg.MTP.Mode
+	mtp := c.cfg.MTP
 	_, hasMTP := s.lm.Model.(model.MTPModel)
-	if !strict && mode == "on" && !hasMTP {
-		mode = "auto"
+	if !strict && mtp.Mode == "on" && !hasMTP {
+		mtp.Mode = "auto"
 	}
-	draft, err := (&runFlags{mtp: mode, draft: c.cfg.MTP.Draft}).draftTokens(s.lm.Model)
-	if err != nil {
+	if s.draft, err = draftTokens(mtp, s.lm.Model); err != nil {
 		s.lm.Close()
 		return nil, nil, err
 	}
@@ -369,9 +362,10 @@ func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, pro
 		KVBudget:       int64(c.cfg.Engine.KVBudget),
 		MaxBatchTokens: c.cfg.Engine.BatchTokens,
 		MaxSeqs:        c.cfg.Engine.MaxSeqs,
-		Draft:          draft,
+		Draft:          s.draft,
 		NewDecoder:     func() runtime.TextDecoder { return tok.NewStreamDecoder() },
 	})
+	step("runtime")
 	if err != nil {
 		s.lm.Close()
 		return nil, nil, err
@@ -380,9 +374,22 @@ func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, pro
 		s.Close()
 		return nil, nil, err
 	}
-	info := ui.ModelInfo{Name: e.Name, Arch: s.lm.Model.Info().Arch, MTP: hasMTP, Draft: draft,
-		Device: s.lm.Device, DeviceNote: s.lm.DeviceNote}
-	return ui.NewRuntimeEngine(s.rt, s.tok, info), sessionCloser{&s}, nil
+	return s, stages, nil
+}
+
+// session is a loaded model with its tokenizer and a running runtime.
+type session struct {
+	name  string
+	lm    *engine.Loaded
+	tok   *tokenizer.Tokenizer
+	rt    *runtime.Runtime
+	draft int // the runtime's Options.Draft
+}
+
+// Close stops the runtime and releases the model.
+func (s *session) Close() {
+	s.rt.Close()
+	s.lm.Close()
 }
 
 // sessionCloser closes a session for the chat.

@@ -2,9 +2,10 @@ package cli
 
 import (
 	"context"
-	"io"
+	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -32,21 +33,22 @@ func TestHelpListsEverything(t *testing.T) {
 }
 
 // parseChat parses chat flags over a configuration file's contents.
-func parseChat(t *testing.T, config string, args ...string) (settings.Config, runFlags, error) {
+func parseChat(t *testing.T, config string, args ...string) (settings.Config, error) {
 	t.Helper()
-	var f runFlags
-	var cf chatFlags
-	fs := chatFlagSet(&f, &cf, io.Discard)
-	if err := fs.Parse(args); err != nil {
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := settings.Parse([]byte(config))
-	if err != nil {
-		t.Fatal(err)
+	var f cmdFlags
+	fs := newFlagSet("ferrite", chatScope, &f)
+	if err := fs.Parse(append([]string{"--config", path}, args...)); err != nil {
+		return settings.Config{}, err
 	}
-	err = applyFlags(&cfg, fs, &f, &cf)
-	f.fromConfig(&cfg)
-	return cfg, f, err
+	cfg, warn, err := f.loadConfig(fs)
+	if warn != nil {
+		t.Fatal(warn)
+	}
+	return cfg, err
 }
 
 func TestFlagsWinOverTheConfig(t *testing.T) {
@@ -64,7 +66,7 @@ draft = 4
 kv_budget = "256MiB"
 max_seqs = 4
 `
-	cfg, f, err := parseChat(t, conf, "--temperature", "0.9", "--kv-budget", "1024", "--max-seqs", "2", "--no-mouse", "--mtp", "on")
+	cfg, err := parseChat(t, conf, "--temperature", "0.9", "--kv-budget", "1GiB", "--max-seqs", "2", "--no-mouse", "--mtp", "on")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,14 +74,59 @@ max_seqs = 4
 	if cfg.Sampling.Temperature != 0.9 || cfg.Sampling.TopK != 5 || cfg.Sampling.MaxTokens != 100 {
 		t.Errorf("sampling = %+v", cfg.Sampling)
 	}
-	if cfg.Engine.KVBudget != 1024 || cfg.Engine.MaxSeqs != 2 || cfg.Mouse || cfg.MTP.Mode != "on" || cfg.MTP.Draft != 4 {
+	if cfg.Engine.KVBudget != 1<<30 || cfg.Engine.MaxSeqs != 2 || cfg.Mouse || cfg.MTP.Mode != "on" || cfg.MTP.Draft != 4 || cfg.DefaultModel != "from-config" {
 		t.Errorf("config = %+v", cfg)
 	}
-	if f.model != "from-config" || f.temperature != 0.9 || f.topK != 5 || f.maxTokens != 100 || f.kvBudget != 1024 || f.draft != 4 {
-		t.Errorf("run flags = %+v", f)
+	for _, bad := range [][]string{{"--theme", "pink"}, {"--kv-budget", "lots"}, {"--temperature", "9"}, {"--draft", "0"}} {
+		if _, err := parseChat(t, "", bad...); err == nil || !strings.Contains(err.Error(), bad[0][2:]) {
+			t.Errorf("%v: %v", bad, err)
+		}
 	}
-	if _, _, err := parseChat(t, "", "--theme", "pink"); err == nil || !strings.Contains(err.Error(), "--theme") {
-		t.Errorf("bad --theme: %v", err)
+}
+
+// TestFlagsAgreeWithTheTable: every flag of a setting, in the chat and in
+// run, shows the table's default, and reads values with the table's
+// parser; the help shows the same defaults.
+func TestFlagsAgreeWithTheTable(t *testing.T) {
+	for _, sc := range []scope{chatScope, runScope} {
+		var f cmdFlags
+		fs := newFlagSet("x", sc, &f)
+		n := 0
+		fs.VisitAll(func(fl *flag.Flag) {
+			s := settings.ByFlag(fl.Name)
+			if s == nil {
+				if !slices.Contains([]string{"config", "log", "raw"}, fl.Name) {
+					t.Errorf("flag --%s is neither a setting nor a known command flag", fl.Name)
+				}
+				return
+			}
+			n++
+			if s.Kind != settings.Bool && fl.DefValue != s.Format(s.Default) {
+				t.Errorf("--%s default %q, table %q", fl.Name, fl.DefValue, s.Format(s.Default))
+			}
+			if _, ok := fl.Value.(settingFlag); !ok {
+				t.Errorf("--%s does not use the table's parser", fl.Name)
+			}
+		})
+		want := 0
+		for _, s := range settings.Table {
+			if s.Flag != "" && (sc == chatScope || s.Run) {
+				want++
+			}
+		}
+		if n != want {
+			t.Errorf("scope %d: %d setting flags, the table has %d", sc, n, want)
+		}
+	}
+	for _, args := range [][]string{{"--help"}, {"run", "--help"}} {
+		code, out, _ := runCLI(t, "", args...)
+		if code != 0 || !strings.Contains(out, "--max-tokens N\n        longest reply in tokens; 0 is until the context is full (≥ 0; default 2048)") {
+			t.Errorf("%v: exit %d, help lacks max-tokens' default 2048:\n%s", args, code, out)
+		}
+	}
+	_, out, _ := runCLI(t, "", "run", "--help")
+	if !strings.HasPrefix(out, "usage: ferrite run [flags] [TEXT]") || strings.Contains(out, "run --model DIR") {
+		t.Errorf("run's usage:\n%s", out)
 	}
 }
 
@@ -89,18 +136,31 @@ func TestPipedChatUsesTheConfig(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte("default_model = \""+dir+"\"\n[sampling]\ntemperature = 0\nmax_tokens = 3\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errs := runCLI(t, "", "--config", cfgPath, "hello")
+	code, out, errs := runCLI(t, "hello", "--config", cfgPath)
 	if code != 0 || out == "" || !strings.Contains(errs, "decode: 3 tokens") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	// So does run.
+	code, _, errs = runCLI(t, "hello", "run", "--config", cfgPath)
+	if code != 0 || !strings.Contains(errs, "decode: 3 tokens") {
+		t.Fatalf("run: exit %d, stderr %q", code, errs)
 	}
 
 	// A bad file is reported with its line and key, and ignored.
 	if err := os.WriteFile(cfgPath, []byte("[sampling]\ntemperature = \"hot\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, _, errs = runCLI(t, "", "--config", cfgPath, "--model", dir, "--max-tokens", "2", "hello")
+	code, _, errs = runCLI(t, "hello", "--config", cfgPath, "--model", dir, "--max-tokens", "2")
 	if code != 0 || !strings.Contains(errs, "warning: "+cfgPath+" is ignored: line 2: sampling.temperature") {
 		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	// A file --config names must exist.
+	missing := filepath.Join(t.TempDir(), "nope.toml")
+	for _, cmd := range [][]string{{"run"}, {}, {"tokenize"}} {
+		code, _, errs = runCLI(t, "hello", append(cmd, "--config", missing)...)
+		if code != 2 || !strings.Contains(errs, "--config "+missing+": no such file") {
+			t.Errorf("%v: exit %d, stderr %q", cmd, code, errs)
+		}
 	}
 }
 

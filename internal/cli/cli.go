@@ -33,11 +33,3 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	}
 	return cmdChat(ctx, args, stdin, stdout, stderr)
 }
-
-const usage = `usage:
-  ferrite [--model DIR] [flags]         open the chat (behaves like run when stdout is not a terminal)
-  ferrite run --model DIR [flags] TEXT  generate once, streaming to stdout
-  ferrite tokenize --model DIR [TEXT]   print the token ids of TEXT (or stdin)
-  ferrite bench --model DIR [flags]     measure throughput: concurrency × prompt × gen sweep, roofline
-  ferrite help                          this help
-`

@@ -6,12 +6,31 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/adrg/xdg"
+
+	"github.com/ferrite-llm/ferrite/builtin"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/kernels/device"
 )
+
+// TestMain keeps the tests off the user's configuration, data and log
+// folders.
+func TestMain(m *testing.M) {
+	tmp, err := os.MkdirTemp("", "ferrite-cli-test")
+	if err != nil {
+		panic(err)
+	}
+	for _, v := range []string{"XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "HF_HUB_CACHE"} {
+		os.Setenv(v, filepath.Join(tmp, v))
+	}
+	xdg.Reload()
+	defer os.RemoveAll(tmp)
+	m.Run()
+}
 
 // byteTokenizer writes a byte-level BPE tokenizer.json with no merges (the
 // 256 byte symbols, then three ChatML specials) and a ChatML template into
@@ -133,15 +152,111 @@ func TestRunErrors(t *testing.T) {
 	}{
 		{"missing dir", []string{"run", "--model", filepath.Join(t.TempDir(), "nope"), "hi"}, 1, "nope"},
 		{"bad flag", []string{"run", "--bogus"}, 2, "flag provided but not defined"},
-		{"tokenize no model", []string{"tokenize", "x"}, 2, "--model DIR is required"},
+		{"bad size", []string{"run", "--kv-budget", "lots", "hi"}, 2, `invalid value "lots" for flag -kv-budget: "lots" is not a size`},
+		{"out of range", []string{"--temperature", "9"}, 2, "invalid value \"9\" for flag -temperature: 9 is out of range [0, 5]"},
+		{"bad enum", []string{"run", "--mtp", "maybe"}, 2, `"maybe": want auto, on, off`},
+		{"no prompt", []string{"run"}, 2, "no prompt"},
+		{"fixture", []string{"run", "--model", fixtures.Dir("llama"), "hi"}, 1, "tokenizer.json: file does not exist: a model directory needs its tokenizer files too (the folders of testdata/models are test fixtures"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			code, _, errs := runCLI(t, "", c.args...)
+			code, out, errs := runCLI(t, "", c.args...)
 			if code != c.code || !strings.Contains(errs, c.want) {
 				t.Fatalf("exit %d, stderr %q; want exit %d containing %q", code, errs, c.code, c.want)
 			}
+			// One line, not the whole usage.
+			if n := strings.Count(errs, "\n"); n != 1 || out != "" {
+				t.Errorf("%d lines on stderr, stdout %q:\n%s", n, out, errs)
+			}
 		})
+	}
+}
+
+// TestMissingModelSameErrorEverywhere: run, the piped chat and tokenize
+// say the same about a model folder that does not exist (the chat on a
+// terminal resolves --model with the same code before it starts).
+func TestMissingModelSameErrorEverywhere(t *testing.T) {
+	nope := filepath.Join(t.TempDir(), "nope")
+	var msgs []string
+	for _, cmd := range [][]string{{"run"}, {}, {"tokenize"}} {
+		code, _, errs := runCLI(t, "hi", append(cmd, "--model", nope)...)
+		if code != 1 {
+			t.Errorf("%v: exit %d, %s", cmd, code, errs)
+		}
+		_, msg, _ := strings.Cut(errs, ": ")
+		msgs = append(msgs, msg)
+	}
+	if msgs[0] != msgs[1] || msgs[0] != msgs[2] || !strings.Contains(msgs[0], nope+": no such model directory") {
+		t.Errorf("messages differ or do not name the folder: %q", msgs)
+	}
+}
+
+// TestUnknownCommandFails: a word in the command position is not a prompt,
+// on a pipe as on a terminal.
+func TestUnknownCommandFails(t *testing.T) {
+	code, out, errs := runCLI(t, "", "tokenise", "hello")
+	if code != 2 || out != "" || !strings.Contains(errs, `unknown command "tokenise"`) {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+// TestPipedPromptLosesItsFinalNewline: `echo TEXT | ferrite run` is
+// `ferrite run TEXT`; inner line breaks stay.
+func TestPipedPromptLosesItsFinalNewline(t *testing.T) {
+	dir := fixtureModel(t, "llama")
+	args := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "6"}
+	_, byArg, _ := runCLI(t, "", append(args, "hello there")...)
+	code, piped, errs := runCLI(t, "hello there\n", args...)
+	if code != 0 || piped != byArg {
+		t.Fatalf("exit %d (%s): piped %q, argument %q", code, errs, piped, byArg)
+	}
+	for in, want := range map[string]string{"a\n\nb\n": "a\n\nb", "a\r\n": "a", "  a  \n": "  a  "} {
+		if got, err := promptText(nil, strings.NewReader(in)); err != nil || got != want {
+			t.Errorf("promptText(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := promptText(nil, strings.NewReader("\n")); err == nil {
+		t.Error("a lone newline is a prompt")
+	}
+}
+
+// TestRunSaysWhyTheReplyStopped: a reply cut by the KV budget or the
+// context before --max-tokens says so and exits 1; one that reaches
+// --max-tokens, or the context with --max-tokens 0, exits 0.
+func TestRunSaysWhyTheReplyStopped(t *testing.T) {
+	dir := fixtureModel(t, "llama")
+	base := []string{"run", "--model", dir, "--temperature", "0", "--raw"}
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--max-tokens", "5"}, 0, ""},
+		{[]string{"--kv-budget", "64KiB", "--max-tokens", "200"}, 1, "the reply was cut: the KV cache holds only"},
+		{[]string{"--max-tokens", "600"}, 1, "the reply was cut: prompt and reply filled the model's context of 512 tokens"},
+		{[]string{"--max-tokens", "0"}, 0, ""},
+	} {
+		code, _, errs := runCLI(t, "hello", append(base, c.args...)...)
+		if code != c.code || c.want != "" && !strings.Contains(errs, c.want) || c.want == "" && strings.Contains(errs, "cut") {
+			t.Errorf("%v: exit %d, stderr %q; want %d, %q", c.args, code, errs, c.code, c.want)
+		}
+	}
+}
+
+// TestTokenizeDefaultsToTheBuiltinModel: tokenize opens the model run
+// would, the built-in one without --model.
+func TestTokenizeDefaultsToTheBuiltinModel(t *testing.T) {
+	tok, err := builtin.Tokenizer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runCLI(t, "", "tokenize", "What does ephemeral mean?")
+	var want []string
+	for _, id := range tok.Encode("What does ephemeral mean?", false) {
+		want = append(want, strconv.Itoa(int(id)))
+	}
+	if code != 0 || strings.TrimSpace(out) != strings.Join(want, " ") {
+		t.Fatalf("exit %d (%s): %q, want %q", code, errs, out, want)
 	}
 }
 
@@ -185,11 +300,11 @@ func TestRunMTPFlagErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"--mtp", "on"}, "no MTP module"},
-		{[]string{"--mtp", "maybe"}, "want auto, on or off"},
+		{[]string{"--mtp", "maybe"}, `invalid value "maybe" for flag -mtp: "maybe": want auto, on, off`},
 	} {
 		args := append([]string{"run", "--model", dir, "--max-tokens", "2"}, c.args...)
 		code, _, errs := runCLI(t, "", append(args, "hi")...)
-		if code != 1 || !strings.Contains(errs, c.want) {
+		if wantCode := 1 + strings.Count(c.want, "invalid value"); code != wantCode || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
 		}
 	}
@@ -224,7 +339,7 @@ func TestRunDevice(t *testing.T) {
 	if code, out, errs := runCLI(t, "", append([]string{args[0], "--device", "cpu"}, args[1:]...)...); code != 0 || out == "" {
 		t.Fatalf("--device cpu: exit %d, stderr %q", code, errs)
 	}
-	if code, _, errs := runCLI(t, "", append([]string{args[0], "--device", "tpu"}, args[1:]...)...); code == 0 || !strings.Contains(errs, `device "tpu": want auto, cpu, cuda or cuda:N`) {
+	if code, _, errs := runCLI(t, "", append([]string{args[0], "--device", "tpu"}, args[1:]...)...); code != 2 || !strings.Contains(errs, `-device: "tpu": want auto, cpu, cuda or cuda:N`) {
 		t.Fatalf("--device tpu: exit %d, stderr %q", code, errs)
 	}
 	if gpu, err := device.Open(device.Spec{Kind: device.CUDA}, 1); err == nil {

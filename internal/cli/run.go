@@ -6,59 +6,98 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"path/filepath"
+	"log/slog"
 	"strings"
 
-	"github.com/ferrite-llm/ferrite/builtin"
-	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/engine/sample"
+	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
-// runFlags are the options of `ferrite run`.
-type runFlags struct {
-	model       string
-	maxTokens   int
-	temperature float64
-	topK        int
-	topP        float64
-	minP        float64
-	repeat      float64
-	seed        uint64
-	system      string
-	raw         bool
-	threads     int
-	device      string
-	kvBudget    int64
-	mtp         string
-	draft       int
+const runUsage = `usage: ferrite run [flags] [TEXT]
+Generates one reply to TEXT (or to stdin, without its final line break),
+streaming it to stdout and the timing to stderr. The model is --model, else
+default_model of the configuration, else the built-in model. The flags
+override the configuration file's values. Exit status: 0 when the reply
+ended normally or reached --max-tokens, 1 when it could not be generated
+as asked (an error, or cut short by the context or the KV budget), 2 for
+a usage mistake.
+
+flags:
+`
+
+// cmdRun implements `ferrite run`: one generation, text to stdout, timing
+// to stderr.
+func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var f cmdFlags
+	fs := newFlagSet("run", runScope, &f)
+	if code, ok := parseFlags(fs, args, usageAndFlags(runUsage, fs), stdout, stderr); !ok {
+		return code
+	}
+	return generateOnce(ctx, "ferrite run", fs.Args(), &f, fs, stdin, stdout, stderr)
 }
 
-func (f *runFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.model, "model", "", "Hugging Face model directory (config.json, safetensors, tokenizer.json); default: the built-in "+builtin.Name)
-	fs.IntVar(&f.maxTokens, "max-tokens", 512, "stop after this many generated tokens")
-	fs.Float64Var(&f.temperature, "temperature", 0.7, "sampling temperature; 0 = greedy")
-	fs.IntVar(&f.topK, "top-k", 40, "keep the k most likely tokens (0 = off)")
-	fs.Float64Var(&f.topP, "top-p", 0.95, "nucleus sampling mass (1 = off)")
-	fs.Float64Var(&f.minP, "min-p", 0.05, "drop tokens below this fraction of the top probability (0 = off)")
-	fs.Float64Var(&f.repeat, "repeat-penalty", 1.0, "penalty for recently seen tokens (1 = off)")
-	fs.Uint64Var(&f.seed, "seed", 0, "random seed (0 = a fresh seed each run)")
-	fs.StringVar(&f.system, "system", "", "system prompt")
-	fs.BoolVar(&f.raw, "raw", false, "no chat template: tokenize the prompt as it is and print only the continuation")
-	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0 = all cores)")
-	fs.StringVar(&f.device, "device", "auto", "compute device: auto (the GPU when one is usable, else the CPU), cpu, cuda or cuda:N")
-	fs.Int64Var(&f.kvBudget, "kv-budget", 1<<30, "KV-cache budget in bytes")
-	fs.StringVar(&f.mtp, "mtp", "off", "MTP speculative decoding: off, auto (on when the model has an MTP module), on; off by default: on the CPU backend it costs more than it gains (BENCHMARKS.md §5)")
-	fs.IntVar(&f.draft, "draft", 3, "draft tokens per speculative step (adapted to the measured acceptance)")
+// generateOnce is `ferrite run` (and the chat on a pipe) after the flags:
+// it reads the configuration and the prompt, resolves the model and
+// generates one reply. cmd prefixes the messages.
+func generateOnce(ctx context.Context, cmd string, args []string, f *cmdFlags, fs *flag.FlagSet, stdin io.Reader, stdout, stderr io.Writer) int {
+	st, warn, err := f.setup(fs)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return 2
+	}
+	defer st.closeLog()
+	if warn != nil {
+		fmt.Fprintf(stderr, "%s: warning: %v\n", cmd, warn)
+	}
+	prompt, err := promptText(args, stdin)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return 2
+	}
+	cat := st.models()
+	e, err := cat.resolve(st.cfg.DefaultModel)
+	if err == nil {
+		var s *session
+		if s, err = cat.openSession(ctx, e, true, func(string) {}); err == nil {
+			err = generate(ctx, s, &st.cfg, f.raw, prompt, stdout, stderr, st.log)
+			s.Close()
+		}
+	}
+	if err != nil {
+		hint := ""
+		if ce := (*cutError)(nil); !errors.As(err, &ce) && !errors.Is(err, context.Canceled) {
+			hint = logHint(st.logPath)
+		}
+		fmt.Fprintf(stderr, "%s: %v%s\n", cmd, err, hint)
+		return 1
+	}
+	return 0
 }
 
-// draftTokens is the runtime's Draft option for m under the --mtp and
-// --draft flags.
-func (f *runFlags) draftTokens(m model.Model) (int, error) {
+// promptText is the joined arguments, or all of stdin without the line
+// breaks at its end (what `echo` adds) when there are none.
+func promptText(args []string, stdin io.Reader) (string, error) {
+	if len(args) > 0 && !(len(args) == 1 && args[0] == "-") {
+		return strings.Join(args, " "), nil
+	}
+	b, err := io.ReadAll(stdin)
+	if err != nil {
+		return "", fmt.Errorf("reading the prompt from stdin: %w", err)
+	}
+	text := strings.TrimRight(string(b), "\r\n")
+	if text == "" {
+		return "", errors.New("no prompt: give it as an argument or on stdin")
+	}
+	return text, nil
+}
+
+// draftTokens is the runtime's Draft option for m under the MTP settings.
+func draftTokens(mtp settings.MTP, m model.Model) (int, error) {
 	_, hasMTP := m.(model.MTPModel)
-	switch f.mtp {
+	switch mtp.Mode {
 	case "off":
 		return 0, nil
 	case "auto":
@@ -70,134 +109,55 @@ func (f *runFlags) draftTokens(m model.Model) (int, error) {
 			return 0, fmt.Errorf("--mtp on: the model has no MTP module")
 		}
 	default:
-		return 0, fmt.Errorf("--mtp %q: want auto, on or off", f.mtp)
+		return 0, fmt.Errorf("--mtp %q: want auto, on or off", mtp.Mode)
 	}
-	if f.draft < 1 || f.draft > runtime.MaxDraft {
-		return 0, fmt.Errorf("--draft %d: want 1 to %d", f.draft, runtime.MaxDraft)
+	if mtp.Draft < 1 || mtp.Draft > runtime.MaxDraft {
+		return 0, fmt.Errorf("--draft %d: want 1 to %d", mtp.Draft, runtime.MaxDraft)
 	}
-	return f.draft, nil
+	return mtp.Draft, nil
 }
 
-// cmdRun implements `ferrite run`: one generation, text to stdout, timing to stderr.
-func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var f runFlags
-	f.register(fs)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: ferrite run [--model DIR] [flags] [PROMPT]   (the prompt is read from stdin when not given)\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	prompt, err := promptText(fs.Args(), stdin)
-	if err != nil {
-		fmt.Fprintf(stderr, "ferrite run: %v\n", err)
-		return 2
-	}
-	if err := run(ctx, &f, prompt, stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "ferrite run: %v\n", err)
-		return 1
-	}
-	return 0
-}
-
-// promptText is the joined arguments, or all of stdin when there are none.
-func promptText(args []string, stdin io.Reader) (string, error) {
-	if len(args) > 0 && !(len(args) == 1 && args[0] == "-") {
-		return strings.Join(args, " "), nil
-	}
-	b, err := io.ReadAll(stdin)
-	if err != nil {
-		return "", fmt.Errorf("reading the prompt from stdin: %w", err)
-	}
-	if len(b) == 0 {
-		return "", errors.New("no prompt: give it as an argument or on stdin")
-	}
-	return string(b), nil
-}
-
-// session is a loaded model with its tokenizer and a running runtime.
-type session struct {
-	name string
-	lm   *engine.Loaded
-	tok  *tokenizer.Tokenizer
-	rt   *runtime.Runtime
-}
-
-// open loads the model and tokenizer f names (the built-in model when f
-// names none) and starts a runtime on them.
-func open(f *runFlags) (*session, error) {
-	name := filepath.Base(filepath.Clean(f.model))
-	var (
-		lm  *engine.Loaded
-		tok *tokenizer.Tokenizer
-		err error
-	)
-	if f.model == "" || builtin.IsName(f.model) {
-		name = builtin.Name
-		lm, tok, err = builtin.Open(engine.Options{Threads: f.threads, Device: f.device})
-	} else {
-		if tok, err = tokenizer.Load(f.model); err == nil {
-			lm, err = engine.Load(f.model, engine.Options{Threads: f.threads, Device: f.device})
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	draft, err := f.draftTokens(lm.Model)
-	if err != nil {
-		lm.Close()
-		return nil, err
-	}
-	rt, err := runtime.New(lm.Model, runtime.Options{
-		KVBudget:   f.kvBudget,
-		Draft:      draft,
-		NewDecoder: func() runtime.TextDecoder { return tok.NewStreamDecoder() },
-	})
-	if err != nil {
-		lm.Close()
-		return nil, err
-	}
-	return &session{name: name, lm: lm, tok: tok, rt: rt}, nil
-}
-
-// Close stops the runtime and releases the model.
-func (s *session) Close() {
-	s.rt.Close()
-	s.lm.Close()
-}
-
-// sampling is the sampler settings of the flags.
-func (f *runFlags) sampling() sample.Params {
+// sampling is the sampler of the settings.
+func sampling(s settings.Sampling) sample.Params {
 	return sample.Params{
-		Temperature:   float32(f.temperature),
-		TopK:          f.topK,
-		TopP:          float32(f.topP),
-		MinP:          float32(f.minP),
-		RepeatPenalty: float32(f.repeat),
-		Seed:          f.seed,
+		Temperature:   float32(s.Temperature),
+		TopK:          s.TopK,
+		TopP:          float32(s.TopP),
+		MinP:          float32(s.MinP),
+		RepeatPenalty: float32(s.RepeatPenalty),
+		Seed:          s.Seed,
 	}
 }
 
-func run(ctx context.Context, f *runFlags, prompt string, stdout, stderr io.Writer) error {
-	s, err := open(f)
-	if err != nil {
-		return err
+// cutError is the error of a reply that a limit other than max_tokens
+// ended early.
+type cutError struct {
+	limit     runtime.LengthLimit
+	maxSeqLen int // the tokens a sequence may hold
+}
+
+func (e *cutError) Error() string {
+	switch e.limit {
+	case runtime.LimitKVCache:
+		return fmt.Sprintf("the reply was cut: the KV cache holds only %d tokens of prompt and reply; give a larger --kv-budget (kv_budget in config.toml)", e.maxSeqLen)
+	default:
+		return fmt.Sprintf("the reply was cut: prompt and reply filled the model's context of %d tokens", e.maxSeqLen)
 	}
-	defer s.Close()
+}
+
+// generate writes one reply to prompt: text to stdout, the timing line to
+// stderr. A reply cut by the context or the KV cache before max_tokens
+// gives a *cutError after its text (none when max_tokens is 0, "until the
+// context is full", and the context ended it).
+func generate(ctx context.Context, s *session, cfg *settings.Config, raw bool, prompt string, stdout, stderr io.Writer, log *slog.Logger) error {
 	tok := s.tok
 	var ids []int32
-	if f.raw {
+	if raw {
 		ids = tok.Encode(prompt, true)
 	} else {
 		var msgs []tokenizer.Message
-		if f.system != "" {
-			msgs = append(msgs, tokenizer.Message{Role: "system", Content: f.system})
+		if cfg.SystemPrompt != "" {
+			msgs = append(msgs, tokenizer.Message{Role: "system", Content: cfg.SystemPrompt})
 		}
 		msgs = append(msgs, tokenizer.Message{Role: "user", Content: prompt})
 		text, err := tok.ApplyChatTemplate(msgs, tokenizer.TemplateOptions{AddGenerationPrompt: true})
@@ -206,12 +166,12 @@ func run(ctx context.Context, f *runFlags, prompt string, stdout, stderr io.Writ
 		}
 		ids = tok.Encode(text, false)
 	}
-	rt := s.rt
-	stream, err := rt.Generate(ctx, runtime.Request{
+	maxTokens := cfg.Sampling.MaxTokens
+	stream, err := s.rt.Generate(ctx, runtime.Request{
 		Prompt:    ids,
-		MaxTokens: f.maxTokens,
+		MaxTokens: maxTokens,
 		Stop:      tok.EOS(),
-		Sampling:  f.sampling(),
+		Sampling:  sampling(cfg.Sampling),
 	})
 	if err != nil {
 		return err
@@ -228,17 +188,22 @@ func run(ctx context.Context, f *runFlags, prompt string, stdout, stderr io.Writ
 				_, werr = io.WriteString(stdout, ev.Text)
 			}
 		case runtime.EventDone, runtime.EventError:
-			if werr == nil && !f.raw {
+			if werr == nil && !raw {
 				_, werr = io.WriteString(stdout, "\n")
 			}
 			fmt.Fprintf(stderr, "\n%s\n", formatStats(ev.Usage))
-			if ev.Type == runtime.EventError {
+			switch {
+			case ev.Type == runtime.EventError:
+				logEngineError(log, s.name, ev.Err)
 				return ev.Err
-			}
-			if ev.Finish == runtime.FinishCancelled {
+			case ev.Finish == runtime.FinishCancelled:
 				return context.Canceled
+			case werr != nil:
+				return werr
+			case ev.Limit == runtime.LimitKVCache || ev.Limit == runtime.LimitContext && maxTokens > 0:
+				return &cutError{limit: ev.Limit, maxSeqLen: s.rt.MaxSeqLen()}
 			}
-			return werr
+			return nil
 		}
 	}
 }

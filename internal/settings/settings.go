@@ -10,6 +10,10 @@
 // chat can start with the defaults and show the warning. A missing file is
 // no problem at all.
 //
+// Table is the one description of every setting (key, type, default, range,
+// help, flag, /set name): the file's parser, the command-line flags, the
+// chat's /set and README.md's settings table are made from it.
+//
 // Flags win over the file; the command line applies the flags the user set
 // on top of what Load returns (internal/cli).
 package settings
@@ -18,12 +22,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/ferrite-llm/ferrite/kernels/device"
 	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,10 +44,11 @@ type Config struct {
 	// (config.json and safetensors) or a folder of them.
 	ModelDirs    []string `toml:"model_dirs"`
 	SystemPrompt string   `toml:"system_prompt"`
-	Theme        string   `toml:"theme"`    // auto, dark or light
-	Mouse        bool     `toml:"mouse"`    // the mouse wheel scrolls the chat
-	Autosave     bool     `toml:"autosave"` // save every chat after each message
-	History      bool     `toml:"history"`  // keep the input history across sessions
+	Theme        string   `toml:"theme"`     // auto, dark or light
+	Mouse        bool     `toml:"mouse"`     // the mouse wheel scrolls the chat
+	Autosave     bool     `toml:"autosave"`  // save every chat after each message
+	History      bool     `toml:"history"`   // keep the input history across sessions
+	DebugLog     bool     `toml:"debug_log"` // write a debug log under $XDG_STATE_HOME/ferrite
 
 	Sampling Sampling `toml:"sampling"`
 	MTP      MTP      `toml:"mtp"`
@@ -82,17 +85,13 @@ type Engine struct {
 // MaxDraft is the largest MTP draft length (engine/runtime.MaxDraft).
 const MaxDraft = 16
 
-// Default is the configuration of a missing file.
+// Default is the configuration of a missing file: every Table default.
 func Default() Config {
-	return Config{
-		Theme:    "auto",
-		Mouse:    true,
-		Autosave: true,
-		History:  true,
-		Sampling: Sampling{Temperature: 0.7, TopP: 0.95, TopK: 40, MinP: 0.05, RepeatPenalty: 1, MaxTokens: 2048},
-		MTP:      MTP{Mode: "off", Draft: 3},
-		Engine:   Engine{Device: "auto", KVBudget: 1 << 30},
+	var c Config
+	for i := range Table {
+		Table[i].Put(&c, Table[i].Default)
 	}
+	return c
 }
 
 // DefaultPath is $XDG_CONFIG_HOME/ferrite/config.toml.
@@ -109,6 +108,26 @@ func Load(path string) (Config, error) {
 	if errors.Is(err, fs.ErrNotExist) {
 		return Default(), nil
 	}
+	return parseFile(path, data, err)
+}
+
+// LoadRequired is Load for a file the user named (--config): a missing
+// file is an error too, and the only one that returns no Config to go on
+// with.
+func LoadRequired(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Default(), &MissingError{Path: path}
+	}
+	return parseFile(path, data, err)
+}
+
+// MissingError is LoadRequired's error for a file that does not exist.
+type MissingError struct{ Path string }
+
+func (e *MissingError) Error() string { return e.Path + ": no such file" }
+
+func parseFile(path string, data []byte, err error) (Config, error) {
 	if err != nil {
 		return Default(), fmt.Errorf("%s is ignored: %w", path, err)
 	}
@@ -151,37 +170,49 @@ func (e *Error) Error() string {
 	return strings.Join(parts, "; ")
 }
 
-// tomlLineRE matches the line and key BurntSushi/toml puts into the
-// messages of its type errors.
-var tomlLineRE = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): (.*)$`)
-
-// Parse reads a file's contents over Default. Its error is an *Error.
+// Parse reads a file's contents over Default. Its error is an *Error
+// listing every problem: syntax (the parser stops at the first), then each
+// key that is unknown, of the wrong type or out of range.
 func Parse(data []byte) (Config, error) {
-	c := Default()
-	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&c)
+	var raw map[string]any
+	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&raw)
 	if err != nil {
 		var pe toml.ParseError
 		if errors.As(err, &pe) {
 			return Default(), &Error{[]Problem{{Line: pe.Position.Line, Key: pe.LastKey, Msg: pe.Message}}}
 		}
-		if m := tomlLineRE.FindStringSubmatch(err.Error()); m != nil {
-			line, _ := strconv.Atoi(m[1])
-			return Default(), &Error{[]Problem{{Line: line, Key: m[2], Msg: m[3]}}}
-		}
 		return Default(), &Error{[]Problem{{Msg: strings.TrimPrefix(err.Error(), "toml: ")}}}
 	}
+	c := Default()
 	var probs []Problem
-	for _, k := range md.Undecoded() {
+	var unknown []string // keys reported unknown: their children are not reported again
+	for _, k := range md.Keys() {
 		key := k.String()
-		msg := "unknown key"
-		if s := suggest(key); s != "" {
-			msg += fmt.Sprintf(" (did you mean %s?)", s)
+		if slices.ContainsFunc(unknown, func(u string) bool { return strings.HasPrefix(key, u+".") }) {
+			continue
 		}
-		probs = append(probs, Problem{Line: keyLine(data, key), Key: key, Msg: msg})
-	}
-	for _, p := range c.check() {
-		p.Line = keyLine(data, p.Key)
-		probs = append(probs, p)
+		s := Lookup(key)
+		if s == nil {
+			if slices.Contains(tables, key) {
+				if md.Type(k...) != "Hash" {
+					probs = append(probs, Problem{Line: keyLine(data, key), Key: key, Msg: "want a table ([" + key + "])"})
+				}
+				continue
+			}
+			unknown = append(unknown, key)
+			msg := "unknown key"
+			if sug := suggest(key); sug != "" {
+				msg += fmt.Sprintf(" (did you mean %s?)", sug)
+			}
+			probs = append(probs, Problem{Line: keyLine(data, key), Key: key, Msg: msg})
+			continue
+		}
+		v, err := s.decode(valueAt(raw, k))
+		if err != nil {
+			probs = append(probs, Problem{Line: keyLine(data, key), Key: key, Msg: err.Error()})
+			continue
+		}
+		s.Put(&c, v)
 	}
 	if len(probs) > 0 {
 		slices.SortStableFunc(probs, func(a, b Problem) int { return a.Line - b.Line })
@@ -190,77 +221,31 @@ func Parse(data []byte) (Config, error) {
 	return c, nil
 }
 
-// check lists the values out of range, keyed but without lines.
-func (c *Config) check() []Problem {
-	var probs []Problem
-	bad := func(key, format string, args ...any) {
-		probs = append(probs, Problem{Key: key, Msg: fmt.Sprintf(format, args...)})
-	}
-	rng := func(key string, v, lo, hi float64) {
-		if math.IsNaN(v) || v < lo || v > hi {
-			bad(key, "%g is out of range [%g, %g]", v, lo, hi)
+// valueAt is the decoded value of a key.
+func valueAt(raw map[string]any, k toml.Key) any {
+	var v any = raw
+	for _, part := range k {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
 		}
+		v = m[part]
 	}
-	oneOf := func(key, v string, allowed ...string) {
-		if !slices.Contains(allowed, v) {
-			bad(key, "%q: want %s", v, strings.Join(allowed, ", "))
-		}
-	}
-	notNeg := func(key string, v int) {
-		if v < 0 {
-			bad(key, "%d is negative", v)
-		}
-	}
-	oneOf("theme", c.Theme, "auto", "dark", "light")
-	s := c.Sampling
-	rng("sampling.temperature", s.Temperature, 0, 5)
-	rng("sampling.top_p", s.TopP, 0, 1)
-	notNeg("sampling.top_k", s.TopK)
-	rng("sampling.min_p", s.MinP, 0, 1)
-	rng("sampling.repeat_penalty", s.RepeatPenalty, 0, 10)
-	notNeg("sampling.max_tokens", s.MaxTokens)
-	oneOf("mtp.mode", c.MTP.Mode, "auto", "on", "off")
-	if c.MTP.Draft < 1 || c.MTP.Draft > MaxDraft {
-		bad("mtp.draft", "%d is out of range [1, %d]", c.MTP.Draft, MaxDraft)
-	}
-	if _, err := device.Parse(c.Engine.Device); err != nil {
-		bad("engine.device", "%q: want auto, cpu, cuda or cuda:N", c.Engine.Device)
-	}
-	notNeg("engine.threads", c.Engine.Threads)
-	if c.Engine.KVBudget <= 0 {
-		bad("engine.kv_budget", "must be positive")
-	}
-	notNeg("engine.batch_tokens", c.Engine.BatchTokens)
-	notNeg("engine.max_seqs", c.Engine.MaxSeqs)
-	for i, d := range c.ModelDirs {
-		if strings.TrimSpace(d) == "" {
-			bad("model_dirs", "entry %d is empty", i+1)
-		}
-	}
-	return probs
-}
-
-// knownKeys are every key of the file, for suggestions.
-var knownKeys = []string{
-	"default_model", "model_dirs", "system_prompt", "theme", "mouse", "autosave", "history",
-	"sampling.temperature", "sampling.top_p", "sampling.top_k", "sampling.min_p",
-	"sampling.repeat_penalty", "sampling.seed", "sampling.max_tokens",
-	"mtp.mode", "mtp.draft",
-	"engine.device", "engine.threads", "engine.kv_budget", "engine.batch_tokens", "engine.max_seqs",
+	return v
 }
 
 // suggest is the known key an unknown one most likely meant: the same last
 // part in another table, or a key one or two edits away.
 func suggest(key string) string {
 	last := key[strings.LastIndexByte(key, '.')+1:]
-	for _, k := range knownKeys {
-		if k != key && k[strings.LastIndexByte(k, '.')+1:] == last {
+	for _, s := range Table {
+		if k := s.Key; k != key && k[strings.LastIndexByte(k, '.')+1:] == last {
 			return k
 		}
 	}
-	for _, k := range knownKeys {
-		if editDistance(k, key) <= 2 {
-			return k
+	for _, s := range Table {
+		if editDistance(s.Key, key) <= 2 {
+			return s.Key
 		}
 	}
 	return ""
@@ -288,7 +273,8 @@ func editDistance(a, b string) int {
 }
 
 // keyLine finds the line that sets a dotted key: "name = …" under its
-// "[table]" header, or "table.name = …" before any header. 0 when not
+// "[table]" header, "table.name = …" before any header, or the header of
+// a table. 0 when not
 // found (the parser has checked the syntax, so this is only a locator).
 func keyLine(data []byte, key string) int {
 	table, name := "", key
@@ -300,6 +286,9 @@ func keyLine(data []byte, key string) int {
 		l := strings.TrimSpace(line)
 		if strings.HasPrefix(l, "[") {
 			cur = strings.Trim(strings.TrimSpace(strings.SplitN(l, "#", 2)[0]), "[] ")
+			if cur == key {
+				return i + 1
+			}
 			continue
 		}
 		k, _, ok := strings.Cut(l, "=")
@@ -317,23 +306,6 @@ func keyLine(data []byte, key string) int {
 // ByteSize is a number of bytes, written in the file as an integer or as
 // a string with a unit: "512MiB", "2GiB", "1.5 GB", "4096".
 type ByteSize int64
-
-// UnmarshalTOML implements toml.Unmarshaler.
-func (b *ByteSize) UnmarshalTOML(v any) error {
-	switch v := v.(type) {
-	case int64:
-		*b = ByteSize(v)
-		return nil
-	case string:
-		n, err := ParseByteSize(v)
-		if err != nil {
-			return err
-		}
-		*b = n
-		return nil
-	}
-	return fmt.Errorf("want a number of bytes or a size such as \"2GiB\", not %T", v)
-}
 
 // byteUnits are the units ParseByteSize knows, longest first where one is
 // a suffix of another.

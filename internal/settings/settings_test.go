@@ -2,6 +2,7 @@ package settings
 
 import (
 	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -86,7 +87,7 @@ func TestBadFilesReportLineAndKey(t *testing.T) {
 		want      []string // each must appear in the error
 	}{
 		{"syntax", "theme = \"dark\"\n[sampling]\ntemperature = \n", []string{"line 3", "sampling.temperature"}},
-		{"type", "[sampling]\n\ntop_k = \"many\"\n", []string{"line 3", "sampling.top_k", "incompatible types"}},
+		{"type", "[sampling]\n\ntop_k = \"many\"\n", []string{"line 3", "sampling.top_k", `want a whole number, not a string ("many")`}},
 		{"range", "# comment\n[sampling]\ntemperature = 9\n", []string{"line 3: sampling.temperature: 9 is out of range [0, 5]"}},
 		{"unknown", "[sampling]\ntemprature = 1\n", []string{"line 2: sampling.temprature: unknown key (did you mean sampling.temperature?)"}},
 		{"wrong table", "temperature = 1\n", []string{"line 1: temperature: unknown key (did you mean sampling.temperature?)"}},
@@ -112,6 +113,132 @@ func TestBadFilesReportLineAndKey(t *testing.T) {
 				t.Errorf("a bad file was not ignored: %+v", c)
 			}
 		})
+	}
+}
+
+// TestEveryProblemIsReported: neither a type error nor several bad values
+// hide one another; each comes with its line and key, in file order.
+func TestEveryProblemIsReported(t *testing.T) {
+	src := `theme = "pink"
+mouse = "yes"
+[sampling]
+temperature = 9
+top_p = -1
+top_k = "many"
+seed = -3
+[mtp]
+draft = 0
+[engine]
+kv_budget = "lots"
+colour = 3
+[extra]
+a = 1
+b = 2
+`
+	_, err := Parse([]byte(src))
+	var ce *Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("err = %v", err)
+	}
+	want := []string{
+		`line 1: theme: "pink": want auto, dark, light`,
+		`line 2: mouse: want true or false, not a string ("yes")`,
+		`line 4: sampling.temperature: 9 is out of range [0, 5]`,
+		`line 5: sampling.top_p: -1 is out of range [0, 1]`,
+		`line 6: sampling.top_k: want a whole number, not a string ("many")`,
+		`line 7: sampling.seed: -3 is negative`,
+		`line 9: mtp.draft: 0 is out of range [1, 16]`,
+		`line 11: engine.kv_budget: "lots" is not a size`,
+		`line 12: engine.colour: unknown key`,
+		`line 13: extra: unknown key`,
+	}
+	if len(ce.Problems) != len(want) {
+		t.Errorf("%d problems, want %d: %v", len(ce.Problems), len(want), err)
+	}
+	for i, w := range want {
+		if i < len(ce.Problems) && !strings.HasPrefix(ce.Problems[i].String(), w) {
+			t.Errorf("problem %d = %q, want %q…", i, ce.Problems[i], w)
+		}
+	}
+}
+
+func TestLoadRequiredSaysTheFileIsMissing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nope.toml")
+	_, err := LoadRequired(path)
+	var me *MissingError
+	if !errors.As(err, &me) || err.Error() != path+": no such file" {
+		t.Fatalf("err = %v", err)
+	}
+	if err := os.WriteFile(path, []byte("[sampling]\ntop_k = 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := LoadRequired(path); err != nil || c.Sampling.TopK != 3 {
+		t.Fatalf("%+v, %v", c.Sampling, err)
+	}
+}
+
+// TestTableIsConsistent: every default is a value of its key's kind that
+// its own checks accept, reads back from text as itself, and every flag
+// and /set name is unique.
+func TestTableIsConsistent(t *testing.T) {
+	flags, chats := map[string]bool{}, map[string]bool{}
+	d := Default()
+	for i := range Table {
+		s := &Table[i]
+		if !reflect.DeepEqual(s.Get(&d), s.Default) {
+			t.Errorf("%s: Default() has %#v, the table %#v", s.Key, s.Get(&d), s.Default)
+		}
+		if s.Kind != Strings {
+			v, err := s.Parse(s.Format(s.Default))
+			if err != nil || !reflect.DeepEqual(v, s.Default) {
+				t.Errorf("%s: default %#v reads back as %#v, %v", s.Key, s.Default, v, err)
+			}
+		}
+		if s.Help == "" {
+			t.Errorf("%s has no help", s.Key)
+		}
+		if s.Flag != "" {
+			if flags[s.Flag] {
+				t.Errorf("flag --%s twice", s.Flag)
+			}
+			flags[s.Flag] = true
+			if ByFlag(s.Flag) != s {
+				t.Errorf("ByFlag(%q) is not %s", s.Flag, s.Key)
+			}
+		}
+		if s.Chat != "" {
+			if chats[s.Chat] {
+				t.Errorf("/set %s twice", s.Chat)
+			}
+			chats[s.Chat] = true
+			if ByChat(s.Chat) != s {
+				t.Errorf("ByChat(%q) is not %s", s.Chat, s.Key)
+			}
+		}
+	}
+}
+
+func TestParseFromText(t *testing.T) {
+	for _, tc := range []struct{ key, in, want, err string }{
+		{"engine.kv_budget", "1GiB", "1GiB", ""},
+		{"engine.kv_budget", "36864", "36KiB", ""},
+		{"engine.kv_budget", "0", "", "0 is out of range [1, …)"},
+		{"sampling.temperature", "0.3", "0.3", ""},
+		{"sampling.temperature", "NaN", "", "NaN is out of range [0, 5]"},
+		{"sampling.top_k", "2.5", "", `"2.5" is not a whole number`},
+		{"mtp.mode", "maybe", "", `"maybe": want auto, on, off`},
+		{"mtp.draft", "17", "", "17 is out of range [1, 16]"},
+		{"sampling.seed", "-1", "", `"-1" is not a whole number ≥ 0`},
+		{"model_dirs", "a, b", "a,b", ""},
+	} {
+		s := Lookup(tc.key)
+		v, err := s.Parse(tc.in)
+		switch {
+		case tc.err != "" && (err == nil || err.Error() != tc.err):
+			t.Errorf("%s %q: err %v, want %q", tc.key, tc.in, err, tc.err)
+		case tc.err == "" && (err != nil || s.Format(v) != tc.want):
+			t.Errorf("%s %q: %v, %v; want %s", tc.key, tc.in, v, err, tc.want)
+		}
 	}
 }
 
@@ -183,10 +310,115 @@ func TestREADMEExample(t *testing.T) {
 	if _, err := Parse([]byte(m[1])); err != nil {
 		t.Fatalf("the README's example does not parse: %v", err)
 	}
-	for _, k := range knownKeys {
+	for _, s := range Table {
+		k := s.Key
 		name := k[strings.LastIndexByte(k, '.')+1:]
 		if !strings.Contains(chat, "`"+name+"`") && !strings.Contains(chat, "`"+k+"`") {
 			t.Errorf("the README's chat section does not document %s", k)
+		}
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite README.md's settings table from Table")
+
+// The README's settings table lies between these lines.
+const (
+	tableBegin = "<!-- settings table: made from internal/settings.Table; go test ./internal/settings -update rewrites it -->\n"
+	tableEnd   = "<!-- end of the settings table -->\n"
+)
+
+// TestREADMESettingsTable: README.md's settings table is MarkdownTable.
+func TestREADMESettingsTable(t *testing.T) {
+	const path = "../../README.md"
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(data)
+	before, rest, ok1 := strings.Cut(readme, tableBegin)
+	table, after, ok2 := strings.Cut(rest, tableEnd)
+	if !ok1 || !ok2 {
+		t.Fatalf("README.md lacks the settings table's marker lines %q and %q", tableBegin, tableEnd)
+	}
+	want := MarkdownTable()
+	if table == want {
+		return
+	}
+	if *update {
+		if err := os.WriteFile(path, []byte(before+tableBegin+want+tableEnd+after), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Errorf("README.md's settings table is not internal/settings.Table's (go test ./internal/settings -update rewrites it):\n%s\nwant\n%s", table, want)
+}
+
+// TestOddShapesAreProblems: tables where values belong, values where
+// tables belong and arrays of tables are reported, not crashes.
+func TestOddShapesAreProblems(t *testing.T) {
+	for src, want := range map[string]string{
+		"sampling = 3\n":                         "line 1: sampling: want a table ([sampling])",
+		"[[sampling]]\ntemperature = 1\n":        "sampling: want a table ([sampling])",
+		"[sampling.temperature]\nx = 1\n":        "sampling.temperature: want a number, not a table",
+		"theme = [\"dark\"]\n":                   "line 1: theme: want one of auto, dark, light, not an array",
+		"model_dirs = [\"a\", 3]\n":              "line 1: model_dirs: entry 2: want a string, not an integer (3)",
+		"model_dirs = \"~/models\"\n":            `line 1: model_dirs: want a list of strings, not a string ("~/models")`,
+		"sampling = {temperature = 9}\n":         "sampling.temperature: 9 is out of range [0, 5]",
+		"[engine]\nkv_budget = 1e300\n":          "engine.kv_budget: want a number of bytes",
+		"[sampling]\nseed = 18446744073709551\n": "",
+	} {
+		_, err := Parse([]byte(src))
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%q: %v", src, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("%q: error %v, want %q", src, err, want)
+		}
+	}
+}
+
+// TestEveryConfigFieldHasARow: the keys of Config's toml tags are exactly
+// Table's keys, and each row fills the field its key names, so that a
+// field added to Config without its row (or a row for a field of another
+// key) is caught.
+func TestEveryConfigFieldHasARow(t *testing.T) {
+	var keys []string
+	var walk func(rt reflect.Type, prefix string)
+	walk = func(rt reflect.Type, prefix string) {
+		for f := range rt.Fields() {
+			key := prefix + f.Tag.Get("toml")
+			if f.Type.Kind() == reflect.Struct {
+				walk(f.Type, key+".")
+				continue
+			}
+			keys = append(keys, key)
+		}
+	}
+	walk(reflect.TypeFor[Config](), "")
+	var rows []string
+	for _, s := range Table {
+		rows = append(rows, s.Key)
+	}
+	if strings.Join(keys, " ") != strings.Join(rows, " ") {
+		t.Fatalf("Config's keys:\n%v\nTable's keys:\n%v", keys, rows)
+	}
+	// Each row's field is the one its key names: setting a row's value
+	// through the field changes what reflection finds under the key.
+	for i := range Table {
+		s := &Table[i]
+		var c Config
+		p := reflect.ValueOf(s.field(&c)).Pointer()
+		v := reflect.ValueOf(&c).Elem()
+		for _, part := range strings.Split(s.Key, ".") {
+			for j := range v.NumField() {
+				if v.Type().Field(j).Tag.Get("toml") == part {
+					v = v.Field(j)
+					break
+				}
+			}
+		}
+		if v.Addr().Pointer() != p {
+			t.Errorf("%s: the row fills another field than its key's", s.Key)
 		}
 	}
 }
