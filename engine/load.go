@@ -75,6 +75,15 @@ func Load(dir string, opts Options) (*Loaded, error) {
 	return l, nil
 }
 
+// DeviceErr returns the failure that made the backend's results invalid (a
+// GPU's sticky error), or nil; the CPU never fails this way.
+func (l *Loaded) DeviceErr() error {
+	if f, ok := l.Backend.(interface{ Err() error }); ok {
+		return f.Err()
+	}
+	return nil
+}
+
 // openBackend starts the backend opts.Device names unless opts.Backend is
 // given.
 func (l *Loaded) openBackend(opts Options) error {

@@ -364,6 +364,7 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 		MaxSeqs:        c.cfg.Engine.MaxSeqs,
 		Draft:          s.draft,
 		NewDecoder:     func() runtime.TextDecoder { return tok.NewStreamDecoder() },
+		DeviceErr:      s.lm.DeviceErr,
 	})
 	step("runtime")
 	if err != nil {

@@ -74,6 +74,15 @@ func (b *Backend) Threads() int {
 	return 1
 }
 
+// Err returns the failure that made the backend's results invalid (a GPU's
+// sticky error, which kernels.Backend's MatMul cannot return), or nil.
+func (b *Backend) Err() error {
+	if f, ok := b.Backend.(interface{ Err() error }); ok {
+		return f.Err()
+	}
+	return nil
+}
+
 // Close releases the backend (worker goroutines, device memory).
 func (b *Backend) Close() error {
 	if b.close == nil {
@@ -106,5 +115,9 @@ func Open(s Spec, threads int) (*Backend, error) {
 
 func openCPU(threads int) *Backend {
 	c := cpu.New(threads)
-	return &Backend{Backend: c, Desc: fmt.Sprintf("cpu (%d threads)", c.Threads()), close: func() error { c.Close(); return nil }}
+	desc := fmt.Sprintf("cpu (%d threads)", c.Threads())
+	if c.Threads() == 1 {
+		desc = "cpu (1 thread)"
+	}
+	return &Backend{Backend: c, Desc: desc, close: func() error { c.Close(); return nil }}
 }

@@ -29,7 +29,7 @@ func TestParse(t *testing.T) {
 // CPU and says why, and cuda fails with one line.
 func TestOpen(t *testing.T) {
 	c, err := Open(Spec{Kind: CPU}, 2)
-	if err != nil || c.Backend.Name() != "cpu" || c.Desc != "cpu (2 threads)" || c.Note != "" {
+	if err != nil || c.Backend.Name() != "cpu" || c.Desc != "cpu (2 threads)" || c.Note != "" || c.Err() != nil {
 		t.Fatalf("cpu: %+v, %v", c, err)
 	}
 	c.Close()
