@@ -100,6 +100,17 @@ func upload(t testing.TB, d *Device, s []float32) *Buffer {
 	return b
 }
 
+// uploadMat returns a device copy of m, freed when the test ends.
+func uploadMat(t testing.TB, d *Device, m *kernels.Mat) *Weight {
+	t.Helper()
+	w, err := d.UploadMat(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Free() })
+	return w
+}
+
 // poisoned returns a device buffer of n float32 NaNs of a recognisable
 // pattern, so an element the kernel skips shows up.
 func poisoned(t testing.TB, d *Device, n int) *Buffer {
@@ -122,23 +133,6 @@ func download(t testing.TB, b *Buffer, n int) []float32 {
 		t.Fatal(err)
 	}
 	return s
-}
-
-// absDot is Σₖ |x[i,k]·w[j,k]| for every output.
-func absDot(x []float32, w *kernels.Mat, n int) []float64 {
-	out := make([]float64, n*w.Rows)
-	row := make([]float32, w.Cols)
-	for j := range w.Rows {
-		w.RowF32(row, j)
-		for i := range n {
-			var s float64
-			for k, v := range row {
-				s += math.Abs(float64(x[i*w.Cols+k]) * float64(v))
-			}
-			out[i*w.Rows+j] = s
-		}
-	}
-	return out
 }
 
 // compare fails t where |got − want| > tol·abs, NaN included.
@@ -170,18 +164,14 @@ func TestLinearBF16(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(s.rows), uint64(s.cols)))
 			m := kerneltest.NewMat(rng, kernels.BF16, s.rows, s.cols, 0, 0)
 			x := randF32(rng, s.n*s.cols)
-			w, err := d.UploadMat(m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Free()
+			w := uploadMat(t, d, m)
 			xb, yb := upload(t, d, x), poisoned(t, d, s.n*s.rows)
 			if err := d.Linear(yb, xb, w, s.n); err != nil {
 				t.Fatal(err)
 			}
 			want := make([]float32, s.n*s.rows)
 			kernels.MatMulRef(want, x, m, s.n)
-			compare(t, download(t, yb, len(want)), want, absDot(x, m, s.n), kerneltest.Tol)
+			compare(t, download(t, yb, len(want)), want, kerneltest.AbsDot(x, m, s.n), kerneltest.Tol)
 		})
 	}
 }
@@ -202,11 +192,7 @@ func TestGemmBF16(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(s.n), uint64(s.cols)))
 			m := kerneltest.NewMat(rng, kernels.BF16, s.rows, s.cols, 0, 0)
 			x := randF32(rng, s.n*s.cols)
-			w, err := d.UploadMat(m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Free()
+			w := uploadMat(t, d, m)
 			xf := upload(t, d, x)
 			xh, err := d.Alloc(int64(len(x)) * 2)
 			if err != nil {
@@ -235,9 +221,9 @@ func TestGemmBF16(t *testing.T) {
 			got := download(t, yb, s.n*s.rows)
 			want := make([]float32, len(got))
 			kernels.MatMulRef(want, xr, m, s.n)
-			compare(t, got, want, absDot(xr, m, s.n), 1.0/(1<<14))
+			compare(t, got, want, kerneltest.AbsDot(xr, m, s.n), 1.0/(1<<14))
 			kernels.MatMulRef(want, x, m, s.n)
-			compare(t, got, want, absDot(x, m, s.n), 1.0/(1<<8))
+			compare(t, got, want, kerneltest.AbsDot(x, m, s.n), 1.0/(1<<8))
 		})
 	}
 }

@@ -308,7 +308,7 @@ type refResult struct {
 
 var refCache sync.Map // refKey → refResult
 
-// reference returns kernels.MatMulRef's result and absDot for a case,
+// reference returns kernels.MatMulRef's result and AbsDot for a case,
 // computed once per test binary.
 func reference(k refKey, x []float32, w *kernels.Mat) ([]float32, []float64) {
 	if r, ok := refCache.Load(k); ok {
@@ -316,13 +316,14 @@ func reference(k refKey, x []float32, w *kernels.Mat) ([]float32, []float64) {
 	}
 	want := make([]float32, k.s.N*k.s.Rows)
 	kernels.MatMulRef(want, x, w, k.s.N)
-	abs := absDot(x, w, k.s.N)
+	abs := AbsDot(x, w, k.s.N)
 	refCache.Store(k, refResult{want, abs})
 	return want, abs
 }
 
-// absDot returns Σₖ |x[i,k]·w[j,k]| for every output (i, j).
-func absDot(x []float32, w *kernels.Mat, n int) []float64 {
+// AbsDot returns Σₖ |x[i,k]·w[j,k]| for every output (i, j) of
+// y = x·wᵀ: the scale MatMul tolerances are relative to.
+func AbsDot(x []float32, w *kernels.Mat, n int) []float64 {
 	out := make([]float64, n*w.Rows)
 	row := make([]float32, w.Cols)
 	for j := range w.Rows {
