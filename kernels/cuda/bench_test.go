@@ -89,20 +89,38 @@ func timeLaunches(b *testing.B, d *Device, reps int, launch func(i int) error) t
 // BenchmarkGEMV measures the batch-1 bf16 GEMV at each Qwen3-8B shape,
 // rotating over enough weight copies (≥ 1 GiB) that none is in L2 when it
 // is read again. GB/s counts the weight, x and y bytes once per call.
+// split is the decode kernel Linear runs (four warps a row); warp is the
+// one-warp-a-row kernel of n > 1 run at n = 1, for comparison.
 func BenchmarkGEMV(b *testing.B) {
 	d := needGPU(b)
 	for _, s := range qwen3_8B {
-		b.Run(fmt.Sprintf("%s_%dx%d", s.name, s.rows, s.cols), func(b *testing.B) {
-			bytes := int64(s.rows) * int64(s.cols) * 2
-			ws := benchWeights(b, d, int(max(2, (1<<30)/bytes)), s.rows, s.cols)
-			x, y := benchF32(b, d, s.cols), benchF32(b, d, s.rows)
-			b.ResetTimer()
-			el := timeLaunches(b, d, b.N, func(i int) error { return d.linearL(y.ptr, x.ptr, ws[i%len(ws)], 1) })
-			moved := float64(bytes+int64(s.cols+s.rows)*4) * float64(b.N)
-			b.ReportMetric(moved/el.Seconds()/1e9, "GB/s")
-			b.ReportMetric(el.Seconds()*1e6/float64(b.N), "us/call")
-		})
+		for _, split := range []bool{true, false} {
+			name := fmt.Sprintf("%s_%dx%d/split", s.name, s.rows, s.cols)
+			gemv := func(y, x uint64, w *Weight) error { return d.linearL(y, x, w, 1) }
+			if !split {
+				name = fmt.Sprintf("%s_%dx%d/warp", s.name, s.rows, s.cols)
+				gemv = func(y, x uint64, w *Weight) error {
+					return d.launchL(gemvKernels[kernels.BF16][0], uint32(ceilDiv(w.Rows, gemvBlock/32)), gemvBlock, 0,
+						y, x, w.Buf.ptr, i32(1), i32(w.Rows), i32(w.Cols))
+				}
+			}
+			benchGEMV(b, d, name, s.rows, s.cols, gemv)
+		}
 	}
+}
+
+// benchGEMV times gemv on a (rows, cols) bf16 weight as sub-benchmark name.
+func benchGEMV(b *testing.B, d *Device, name string, rows, cols int, gemv func(y, x uint64, w *Weight) error) {
+	b.Run(name, func(b *testing.B) {
+		bytes := int64(rows) * int64(cols) * 2
+		ws := benchWeights(b, d, int(max(2, (1<<30)/bytes)), rows, cols)
+		x, y := benchF32(b, d, cols), benchF32(b, d, rows)
+		b.ResetTimer()
+		el := timeLaunches(b, d, b.N, func(i int) error { return gemv(y.ptr, x.ptr, ws[i%len(ws)]) })
+		moved := float64(bytes+int64(cols+rows)*4) * float64(b.N)
+		b.ReportMetric(moved/el.Seconds()/1e9, "GB/s")
+		b.ReportMetric(el.Seconds()*1e6/float64(b.N), "us/call")
+	})
 }
 
 // BenchmarkDecodeStep8B times the GEMVs of one Qwen3-8B decode step (36

@@ -65,8 +65,12 @@ func (w *Weight) Free() error {
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
-// gemvBlock is the GEMV kernels' block size: 8 warps, one output row each.
-const gemvBlock = 256
+// gemvBlock is the GEMV kernels' block size, 8 warps: one output row each,
+// or gemvSplit warps per row in the n = 1 kernels (F8E4M3 excepted).
+const (
+	gemvBlock = 256
+	gemvSplit = 4
+)
 
 // Linear queues y (n, w.Rows) = x (n, w.Cols) · wᵀ with float32 x and y and
 // float32 accumulation (the decode GEMV; exact weight decoding, so the
@@ -104,6 +108,9 @@ func (d *Device) linearL(y, x uint64, w *Weight, n int) error {
 	grid := uint32(ceilDiv(w.Rows, gemvBlock/32))
 	switch w.DType {
 	case kernels.F32, kernels.BF16, kernels.F16:
+		if n == 1 { // four warps a row
+			grid = uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
+		}
 		return d.launchL(gemvKernels[w.DType][nb], grid, gemvBlock, 0,
 			y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols))
 	case kernels.F8E4M3:

@@ -5,8 +5,11 @@
 // warp's lanes stride the row in 16-byte loads when the row is 16-byte
 // aligned, one element at a time otherwise.
 //
-// Launch: 256 threads a block, ceil(rows / 8) blocks; n ≥ 1. The NB = 1
-// kernels are the decode path; NB = 8 kernels take any n in chunks of 8.
+// Launch: 256 threads a block; n ≥ 1. The _8 kernels take any n in chunks
+// of 8, one warp per row: ceil(rows / 8) blocks. The _1 kernels are the
+// decode path (n = 1): four warps share a row, each summing every fourth
+// 512-byte stretch, so a 4096-wide bf16 row is one round of loads per warp
+// and small matrices still fill the GPU: ceil(rows / 2) blocks.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -121,6 +124,51 @@ __device__ void gemv(float* __restrict__ y, const float* __restrict__ x, const u
     }
 }
 
+// One row per four warps (kSplit), n = 1: warp part p of a row sums the
+// stretches p, p + 4, p + 8, … of 32·E elements; the four partial sums meet
+// in shared memory.
+constexpr int kSplit = 4;
+
+template <class W>
+__device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                           int rows, int cols) {
+    __shared__ float part[kWarpsPerBlock];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
+    const int p = warp % kSplit;
+    float acc = 0.f;
+    if (r < rows) {
+        const uint8_t* row = w + size_t(r) * cols * W::kSize;
+        if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
+#pragma unroll 4
+            for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
+                float wv[W::kE];
+                W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
+                const float4* xp = reinterpret_cast<const float4*>(x + k);
+#pragma unroll
+                for (int q = 0; q < W::kE / 4; q++) {
+                    float4 xv = __ldg(xp + q);
+                    acc = fmaf(wv[4 * q], xv.x, acc);
+                    acc = fmaf(wv[4 * q + 1], xv.y, acc);
+                    acc = fmaf(wv[4 * q + 2], xv.z, acc);
+                    acc = fmaf(wv[4 * q + 3], xv.w, acc);
+                }
+            }
+        } else {
+            for (int k = p * 32 + lane; k < cols; k += kSplit * 32) acc = fmaf(W::one(row, k), x[k], acc);
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (p == 0 && lane == 0 && r < rows) {
+        float s = part[warp];
+#pragma unroll
+        for (int i = 1; i < kSplit; i++) s += part[warp + i];
+        y[r] = s;
+    }
+}
+
 // F8E4M3 with (ceil(rows/br), ceil(cols/bc)) float32 block scales: each
 // weight is rounded to float32 after its scale, as kernels.MatMulRef does.
 template <int NB>
@@ -159,11 +207,17 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
         gemv<W, NB>(y, x, w, n, rows, cols);                                                        \
     }
 
-FERRITE_GEMV(ferrite_gemv_f32_1, F32W, 1)
+#define FERRITE_GEMV_SPLIT(name, W)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int n, int rows, int cols) {               \
+        gemv_split<W>(y, x, w, rows, cols);                                                         \
+    }
+
+FERRITE_GEMV_SPLIT(ferrite_gemv_f32_1, F32W)
 FERRITE_GEMV(ferrite_gemv_f32_8, F32W, 8)
-FERRITE_GEMV(ferrite_gemv_bf16_1, BF16W, 1)
+FERRITE_GEMV_SPLIT(ferrite_gemv_bf16_1, BF16W)
 FERRITE_GEMV(ferrite_gemv_bf16_8, BF16W, 8)
-FERRITE_GEMV(ferrite_gemv_f16_1, F16W, 1)
+FERRITE_GEMV_SPLIT(ferrite_gemv_f16_1, F16W)
 FERRITE_GEMV(ferrite_gemv_f16_8, F16W, 8)
 
 extern "C" __global__ void __launch_bounds__(256)
