@@ -13,7 +13,8 @@ import (
 
 // Backend implements kernels.Backend on a GPU: MatMul runs the GEMV
 // kernels with each weight uploaded once (cached per *kernels.Mat for the
-// Backend's life) and the activations copied in and out on every call;
+// Backend's life; a Transient Mat is copied on every call instead) and the
+// activations copied in and out on every call;
 // Parallel runs on a CPU worker pool. It makes everything written against
 // kernels.Backend run on the GPU, slowly, until the engine keeps its
 // activations on the device.
@@ -29,6 +30,7 @@ type Backend struct {
 	err     error
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
+	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -103,9 +105,20 @@ func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 		clear(y)
 		return
 	}
-	dw, err := b.weight(w)
-	if err == nil {
-		err = b.dev.do(func() error { return b.matmulL(y, x[:n*w.Cols], dw, n) })
+	var err error
+	if w.Transient {
+		err = b.dev.do(func() error {
+			dw, err := b.transientL(w)
+			if err != nil {
+				return err
+			}
+			return b.matmulL(y, x[:n*w.Cols], dw, n)
+		})
+	} else {
+		var dw *Weight
+		if dw, err = b.weight(w); err == nil {
+			err = b.dev.do(func() error { return b.matmulL(y, x[:n*w.Cols], dw, n) })
+		}
 	}
 	if err != nil {
 		b.fail(err)
@@ -139,6 +152,44 @@ func (b *Backend) weight(m *kernels.Mat) (*Weight, error) {
 		return nil, err
 	}
 	b.weights[m] = w
+	return w, nil
+}
+
+// transientL copies a Transient m into the backend's scratch weight
+// buffers (grown to fit) and returns a Weight viewing them.
+func (b *Backend) transientL(m *kernels.Mat) (*Weight, error) {
+	d := b.dev
+	grow := func(buf **Buffer, n int64) error {
+		if *buf != nil && (*buf).size >= n {
+			return nil
+		}
+		if *buf != nil {
+			if err := (*buf).free(); err != nil {
+				return err
+			}
+		}
+		nb, err := d.allocL(max(n, 1<<20))
+		*buf = nb
+		return err
+	}
+	bytes := int64(m.Rows) * int64(m.Cols) * int64(m.DType.Size())
+	if err := grow(&b.tbuf, bytes); err != nil {
+		return nil, err
+	}
+	if err := d.uploadL(b.tbuf.ptr, m.Data[:bytes]); err != nil {
+		return nil, err
+	}
+	w := &Weight{Buf: b.tbuf, DType: m.DType, Rows: m.Rows, Cols: m.Cols, BlockRows: m.BlockRows, BlockCols: m.BlockCols}
+	if m.DType == kernels.F8E4M3 {
+		ns := ceilDiv(m.Rows, m.BlockRows) * ceilDiv(m.Cols, m.BlockCols)
+		if err := grow(&b.tscl, int64(ns)*4); err != nil {
+			return nil, err
+		}
+		if err := d.uploadL(b.tscl.ptr, f32Bytes(m.Scale[:ns])); err != nil {
+			return nil, err
+		}
+		w.Scale = b.tscl
+	}
 	return w, nil
 }
 

@@ -36,6 +36,7 @@ const Tol = 1.0 / (1 << 16)
 func Run(t *testing.T, b kernels.Backend) {
 	t.Run("MatMul", func(t *testing.T) { MatMulTest(t, b) })
 	t.Run("MatMulArgs", func(t *testing.T) { MatMulArgsTest(t, b) })
+	t.Run("MatMulTransient", func(t *testing.T) { MatMulTransientTest(t, b) })
 	t.Run("Parallel", func(t *testing.T) { ParallelTest(t, b) })
 }
 
@@ -126,6 +127,34 @@ func MatMulTest(t *testing.T, b kernels.Backend) {
 					t.Errorf("... %d of %d outputs wrong", bad, len(y))
 				}
 			})
+		}
+	}
+}
+
+// MatMulTransientTest checks that a Transient weight is read afresh: the
+// same *Mat, its Data rewritten between calls (as attention refills its key
+// tile for every head), must give each call's own product.
+func MatMulTransientTest(t *testing.T, b kernels.Backend) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, dt := range DTypes {
+		w := NewMat(rng, dt, 33, 40, 8, 16)
+		w.Transient = true
+		x := make([]float32, 3*w.Cols)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		for round := range 3 {
+			fillMat(rng, w, 8, 16) // new values, same Mat and buffers
+			y := make([]float32, 3*w.Rows)
+			b.MatMul(y, x, w, 3)
+			want := make([]float32, len(y))
+			kernels.MatMulRef(want, x, w, 3)
+			abs := AbsDot(x, w, 3)
+			for i := range y {
+				if d := math.Abs(float64(y[i]) - float64(want[i])); !(d <= Tol*abs[i]) {
+					t.Fatalf("%v round %d: y[%d] = %g, want %g: a stale copy of the weight?", dt, round, i, y[i], want[i])
+				}
+			}
 		}
 	}
 }
