@@ -81,7 +81,9 @@ func fixture(t *testing.T, name string, kv32 bool, be kernels.Backend) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l, err := Load(fx.Dir, Options{Threads: 2, KVFloat32: kv32, Backend: be})
+			// FERRITE_TEST_DEVICE=cuda runs the fixtures on the GPU (be, when
+			// set, takes its place).
+			l, err := Load(fx.Dir, Options{Threads: 2, KVFloat32: kv32, Backend: be, Device: os.Getenv("FERRITE_TEST_DEVICE")})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -12,14 +12,17 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/kernels"
-	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/device"
 )
 
 // Options control Load.
 type Options struct {
 	// Threads is the CPU backend's worker count; 0 means one per CPU.
 	Threads int
-	// Backend, when set, is used instead of a new CPU backend (and is not
+	// Device chooses the backend Load starts: "auto", "cpu", "cuda" or
+	// "cuda:N" (package kernels/device); "" is "cpu".
+	Device string
+	// Backend, when set, is used instead of starting one (and is not
 	// closed by Loaded.Close).
 	Backend kernels.Backend
 	// RandomWeights builds the model from config.json (or a GGUF file's
@@ -45,8 +48,12 @@ type Loaded struct {
 	GGUF    *gguf.Model  // the GGUF file the model was loaded from, or nil
 	Backend kernels.Backend
 	Model   model.Model
+	// Device says what runs the model ("cpu (16 threads)", "cuda:0 NVIDIA
+	// H200 (...)"), DeviceNote why --device auto took the CPU; both empty
+	// with Options.Backend.
+	Device, DeviceNote string
 
-	ownBackend *cpu.Backend
+	ownBackend *device.Backend
 }
 
 // Load opens dir's config.json and weights, starts a backend and builds the
@@ -80,7 +87,10 @@ func Load(dir string, opts Options) (*Loaded, error) {
 		}
 		src = l.Weights
 	}
-	l.startBackend(opts)
+	if err := l.openBackend(opts); err != nil {
+		l.Close()
+		return nil, err
+	}
 	if l.Model, err = l.newModel(cfg, src, opts); err != nil {
 		l.Close()
 		return nil, err
@@ -114,12 +124,13 @@ func checkQuant(name string, opts Options) error {
 	return nil
 }
 
-// startBackend sets l.Backend to opts.Backend or a new CPU backend.
-func (l *Loaded) startBackend(opts Options) {
-	if l.Backend == nil {
-		l.ownBackend = cpu.New(opts.Threads)
-		l.Backend = l.ownBackend
+// DeviceErr returns the failure that made the backend's results invalid (a
+// GPU's sticky error), or nil; the CPU never fails this way.
+func (l *Loaded) DeviceErr() error {
+	if f, ok := l.Backend.(interface{ Err() error }); ok {
+		return f.Err()
 	}
+	return nil
 }
 
 // source wraps src to quantize its matrices when opts.Quant asks for it.
@@ -141,6 +152,29 @@ func Quantized(src model.WeightSource, quant string, be kernels.Backend) (model.
 		return nil, err
 	}
 	return newQuantSource(src, plan, be), nil
+}
+
+// openBackend starts the backend opts.Device names unless opts.Backend is
+// given.
+func (l *Loaded) openBackend(opts Options) error {
+	if l.Backend != nil {
+		return nil
+	}
+	spec := device.Spec{Kind: device.CPU}
+	if opts.Device != "" {
+		var err error
+		if spec, err = device.Parse(opts.Device); err != nil {
+			return err
+		}
+	}
+	b, err := device.Open(spec, opts.Threads)
+	if err != nil {
+		return err
+	}
+	// The model runs on the opened backend itself (the CPU one implements
+	// the op set, kernels.Device), not on the wrapper.
+	l.ownBackend, l.Backend, l.Device, l.DeviceNote = b, b.Backend, b.Desc, b.Note
+	return nil
 }
 
 // randomDType is the config's dtype for random weights (bf16 unless the
@@ -178,7 +212,9 @@ func (l *Loaded) Close() error {
 		l.GGUF = nil
 	}
 	if l.ownBackend != nil {
-		l.ownBackend.Close()
+		if e := l.ownBackend.Close(); err == nil {
+			err = e
+		}
 		l.ownBackend = nil
 	}
 	return err

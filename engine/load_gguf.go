@@ -49,7 +49,9 @@ func loadGGUF(name, file string, opts Options) (_ *Loaded, err error) {
 			return nil, err
 		}
 	}
-	l.startBackend(opts)
+	if err = l.openBackend(opts); err != nil {
+		return nil, err
+	}
 	if l.Model, err = l.newModel(l.Config, src, opts); err != nil {
 		return nil, err
 	}

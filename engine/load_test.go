@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -175,4 +176,43 @@ func TestLoadErrors(t *testing.T) {
 		t.Fatalf("bad checkpoint: %v", err)
 	}
 	t.Log(err)
+}
+
+// failingBackend is a CPU backend whose device has failed.
+type failingBackend struct {
+	*cpu.Backend
+	err error
+}
+
+func (f failingBackend) Err() error { return f.err }
+
+// TestLoadDevice checks Options.Device (a malformed spec is an error, cpu
+// names itself) and DeviceErr (nil on the CPU, the backend's failure
+// otherwise).
+func TestLoadDevice(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(tinyMoE), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(dir, Options{RandomWeights: true, Device: "tpu"}); err == nil || !strings.Contains(err.Error(), `"tpu"`) {
+		t.Fatalf("Device tpu: %v", err)
+	}
+	l, err := Load(dir, Options{RandomWeights: true, Device: "cpu", Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Device != "cpu (1 thread)" || l.DeviceNote != "" || l.DeviceErr() != nil {
+		t.Errorf("cpu: device %q, note %q, err %v", l.Device, l.DeviceNote, l.DeviceErr())
+	}
+	l.Close()
+	be := failingBackend{cpu.New(1), errors.New("cuda: CUDA_ERROR_ILLEGAL_ADDRESS")}
+	defer be.Close()
+	l, err = Load(dir, Options{RandomWeights: true, Backend: be})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l.DeviceErr() != be.err {
+		t.Errorf("DeviceErr = %v, want the backend's", l.DeviceErr())
+	}
 }

@@ -29,7 +29,10 @@ func LoadWeights(name string, cfg *config.Config, w *weights.Set, opts Options) 
 		return nil, err
 	}
 	l := &Loaded{Dir: name, Config: cfg, Weights: w, Backend: opts.Backend}
-	l.startBackend(opts)
+	if err := l.openBackend(opts); err != nil {
+		l.Close()
+		return nil, err
+	}
 	m, err := l.newModel(cfg, w, opts)
 	if err != nil {
 		l.Close()

@@ -114,4 +114,9 @@ type Mat struct {
 	// float32 multipliers (a checkpoint's weight_scale_inv).
 	Scale                []float32
 	BlockRows, BlockCols int
+
+	// Transient marks a matrix whose Data changes between calls (activations
+	// viewed as a matrix, such as attention's gathered keys): a backend that
+	// keeps device copies of weights must read it afresh on every call.
+	Transient bool
 }

@@ -107,6 +107,13 @@ func (m *model) cmdStats(string) tea.Cmd {
 		fmt.Fprintf(&b, "; this chat holds %d", min(m.ctxUsed, limit))
 	}
 	b.WriteString("\n")
+	if m.info.Device != "" {
+		fmt.Fprintf(&b, "Device: %s", m.info.Device)
+		if m.info.DeviceNote != "" {
+			fmt.Fprintf(&b, " (%s)", m.info.DeviceNote)
+		}
+		b.WriteString("\n")
+	}
 	if s.KVBlocksTotal > 0 {
 		fmt.Fprintf(&b, "KV cache: %d of %d blocks (%s), %s of %s", s.KVBlocksUsed, s.KVBlocksTotal,
 			percent(s.KVBlocksUsed, s.KVBlocksTotal), formatBytes(s.KVBytesUsed), formatBytes(s.KVBytesTotal))

@@ -39,6 +39,10 @@ type ModelInfo struct {
 	// Remote says another machine serves the model (RemoteEngine): the
 	// chat sees no KV cache.
 	Remote bool `json:"remote,omitempty"`
+	// Device says what runs the model ("cpu (16 threads)", "cuda:0 NVIDIA
+	// H200 (...)"); DeviceNote why --device auto took the CPU.
+	Device     string `json:"device,omitempty"`
+	DeviceNote string `json:"device_note,omitempty"`
 }
 
 // contextLimit names what bounds a request, with its size: the model's

@@ -58,6 +58,9 @@ func (b statusBar) render(width int, d statusData) string {
 		model += label(" ⇄ remote")
 	}
 	segs = append(segs, segment{model, 9})
+	if d.info.Device != "" {
+		segs = append(segs, segment{label(deviceShort(d.info.Device)), 3})
+	}
 	if d.loading != "" {
 		segs = append(segs, segment{st.Busy.Render("⟳ " + d.loading), 8})
 	}
@@ -165,3 +168,13 @@ func mtpSegment(label, value func(string) string, rate, acceptedPerStep float64)
 
 // formatBytes prints a byte count in binary units.
 func formatBytes(n int64) string { return units.Bytes(n) }
+
+// deviceShort is the status bar's name for a device: its first word and
+// the GPU's name without the details in brackets ("cuda:0 NVIDIA H200",
+// "cpu").
+func deviceShort(desc string) string {
+	if i := strings.Index(desc, " ("); i >= 0 {
+		return desc[:i]
+	}
+	return desc
+}

@@ -154,8 +154,9 @@ func (a *Attention) chunk(be kernels.Backend, c *kvcache.Cache, t *Tokens, out, 
 	qs := make([]float32, group*tile*hd)   // (group·tile, headDim) stacked queries
 	sc := make([]float32, group*tile*keys) // (group·tile, keys) scores, then probabilities
 	os := make([]float32, group*tile*hd)   // (group·tile, headDim)
-	kMat := &kernels.Mat{DType: kernels.F32, Rows: keys, Cols: hd, Data: f32Bytes(k)}
-	vMat := &kernels.Mat{DType: kernels.F32, Rows: hd, Cols: keys, Data: f32Bytes(vt)}
+	// Transient: k and vt are refilled for every KV head.
+	kMat := &kernels.Mat{DType: kernels.F32, Rows: keys, Cols: hd, Data: f32Bytes(k), Transient: true}
+	vMat := &kernels.Mat{DType: kernels.F32, Rows: hd, Cols: keys, Data: f32Bytes(vt), Transient: true}
 	for kvh := range a.KVHeads {
 		off := kvh * hd
 		for p := range keys {

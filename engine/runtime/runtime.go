@@ -127,6 +127,12 @@ type Options struct {
 	// NewDecoder makes each request's detokenizer; nil means events carry
 	// token ids only.
 	NewDecoder func() TextDecoder
+
+	// DeviceErr, when set, is asked after every forward pass whether the
+	// backend failed during it (a GPU whose kernels cannot return errors
+	// through kernels.Backend): a non-nil error fails the step's requests
+	// with it, as a Forward error does, and the runtime keeps serving.
+	DeviceErr func() error
 }
 
 // Runtime is a running scheduler bound to one model and its KV cache.

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -472,5 +473,38 @@ func TestStats(t *testing.T) {
 	st = waitIdle(t, r)
 	if st.GeneratedTokens != 60 || st.PromptTokens != 30 || st.StepsPerSec != 0 {
 		t.Errorf("final stats: %+v", st)
+	}
+}
+
+// TestDeviceErrorFailsTheStep checks Options.DeviceErr: once the backend
+// reports a failure, the step's requests end with it as an error event, and
+// the runtime goes on (later requests fail alike while the device stays
+// dead, and succeed once it answers nil again).
+func TestDeviceErrorFailsTheStep(t *testing.T) {
+	m := build(t, tinyLlama)
+	var mu sync.Mutex
+	var devErr error
+	r := start(t, m, runtime.Options{KVBudget: budget(m, 64), DeviceErr: func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return devErr
+	}})
+	req := runtime.Request{Prompt: []int32{3, 4, 5}, MaxTokens: 4, Sampling: greedy}
+	if got := generate(t, r, t.Context(), req).Collect(); got.Err != nil || len(got.Tokens) != 4 {
+		t.Fatalf("healthy device: %+v", got)
+	}
+	mu.Lock()
+	devErr = errors.New("cuda: cuStreamSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS")
+	mu.Unlock()
+	for range 2 {
+		if got := generate(t, r, t.Context(), req).Collect(); got.Err == nil || !strings.Contains(got.Err.Error(), "CUDA_ERROR_ILLEGAL_ADDRESS") {
+			t.Fatalf("dead device: %v, want the device error", got.Err)
+		}
+	}
+	mu.Lock()
+	devErr = nil
+	mu.Unlock()
+	if got := generate(t, r, t.Context(), req).Collect(); got.Err != nil {
+		t.Fatalf("after the device recovered: %v", got.Err)
 	}
 }

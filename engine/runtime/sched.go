@@ -167,6 +167,9 @@ func (sc *scheduler) runStep() {
 	if err == nil {
 		err = sc.checkOutput(out)
 	}
+	if err == nil && sc.r.opts.DeviceErr != nil {
+		err = sc.r.opts.DeviceErr()
+	}
 	if err != nil {
 		sc.failStep(fmt.Errorf("runtime: forward: %w", err))
 		return

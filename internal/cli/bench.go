@@ -28,7 +28,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/kernels"
-	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/device"
 )
 
 // benchFlags are the options of `ferrite bench`.
@@ -43,6 +43,7 @@ type benchFlags struct {
 	dtype          string
 	quant          string
 	threads        int
+	device         string
 	kvBudget       int64
 	maxBatchTokens int
 	seed           uint64
@@ -148,6 +149,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.dtype, "dtype", "", "random weights' dtype: bf16, f16 or f32 (default: the config's torch_dtype/dtype, else bf16)")
 	fs.StringVar(&f.quant, "quant", "", "quantize the weights in memory at load: q8_0 or q4_k (default: as stored)")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0 = all cores)")
+	fs.StringVar(&f.device, "device", "auto", "compute device: auto (the GPU when one is usable, else the CPU), cpu, cuda or cuda:N")
 	fs.Var(sizeFlag{&f.kvBudget}, "kv-budget", "KV-cache budget: bytes or a size such as 512MiB (0 = enough for the largest case without preemption)")
 	fs.IntVar(&f.maxBatchTokens, "max-batch-tokens", 0, "tokens per engine step (0 = the runtime's default, at least the largest concurrency)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the prompts, the samplers and the random weights")
@@ -184,6 +186,8 @@ func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return usageErr("--model DIR is required")
 	case f.threads < 0:
 		return usageErr("--threads %d is negative", f.threads)
+	case !validDevice(f.device):
+		return usageErr("--device %q: want auto, cpu, cuda or cuda:N", f.device)
 	case f.maxBatchTokens < 0:
 		return usageErr("--max-batch-tokens %d is negative", f.maxBatchTokens)
 	case f.draft < 1:
@@ -228,7 +232,7 @@ func parseDType(s string) (kernels.DType, error) {
 
 // loadBenchGGUF builds the bench model of a GGUF file (quantized further
 // as --quant says).
-func loadBenchGGUF(file, quant string, be *cpu.Backend, start time.Time) (_ *benchModel, err error) {
+func loadBenchGGUF(file, quant string, be *device.Backend, start time.Time) (_ *benchModel, err error) {
 	g, err := gguf.Open(file)
 	if err != nil {
 		return nil, err
@@ -252,7 +256,7 @@ func loadBenchGGUF(file, quant string, be *cpu.Backend, start time.Time) (_ *ben
 	}
 	bm.quant = quant
 	bm.counter = bench.NewCounter(src)
-	if bm.model, err = model.New(bm.cfg, bm.counter, be); err != nil {
+	if bm.model, err = model.New(bm.cfg, bm.counter, be.Backend); err != nil {
 		return nil, err
 	}
 	bm.loadSec = time.Since(start).Seconds()
@@ -274,7 +278,7 @@ type benchModel struct {
 	cfg     *config.Config
 	model   model.Model
 	counter *bench.Counter
-	backend *cpu.Backend
+	backend *device.Backend
 	weights *weights.Set // nil for random weights or a GGUF file
 	gguf    *gguf.Model  // the GGUF file, or nil
 	random  bool
@@ -295,7 +299,7 @@ func (b *benchModel) Close() {
 
 // loadBenchModel opens the checkpoint or GGUF file at path, or builds
 // random weights of the config's shape when path has only a config.json.
-func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *cpu.Backend) (*benchModel, error) {
+func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *device.Backend) (*benchModel, error) {
 	start := time.Now()
 	if file, ok, err := gguf.Find(path); err != nil {
 		return nil, err
@@ -345,7 +349,7 @@ func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *cpu.Backend)
 	}
 	bm.quant = quant
 	bm.counter = bench.NewCounter(src)
-	if bm.model, err = model.New(cfg, bm.counter, be); err != nil {
+	if bm.model, err = model.New(cfg, bm.counter, be.Backend); err != nil {
 		if bm.weights != nil {
 			bm.weights.Close()
 		}
@@ -384,6 +388,8 @@ type benchMachine struct {
 	CPU       string `json:"cpu"`
 	CPUs      int    `json:"cpus"`
 	Threads   int    `json:"threads"`
+	Device    string `json:"device"`                // what ran the model: "cpu (16 threads)", "cuda:0 NVIDIA H200 (...)"
+	DevNote   string `json:"device_note,omitempty"` // why --device auto took the CPU
 	GoVersion string `json:"go_version"`
 	OS        string `json:"os"`
 	Arch      string `json:"arch"`
@@ -417,7 +423,14 @@ const (
 )
 
 func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) error {
-	be := cpu.New(f.threads)
+	spec, err := device.Parse(f.device)
+	if err != nil {
+		return err
+	}
+	be, err := device.Open(spec, f.threads)
+	if err != nil {
+		return err
+	}
 	// Bandwidth first, before the model takes memory (and again after the
 	// sweep: on a shared machine one measurement can land in a busy moment).
 	measure := f.bandwidthGBps == 0
@@ -472,7 +485,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 
 	rep := benchReport{
 		Date: time.Now().UTC().Format(time.RFC3339),
-		Machine: benchMachine{CPU: cpuModel(), CPUs: goruntime.NumCPU(), Threads: be.Threads(),
+		Machine: benchMachine{CPU: cpuModel(), CPUs: goruntime.NumCPU(), Threads: be.Threads(), Device: be.Desc, DevNote: be.Note,
 			GoVersion: goruntime.Version(), OS: goruntime.GOOS, Arch: goruntime.GOARCH},
 		Model: benchModelJS{Path: f.model, Arch: info.Arch, RandomWeights: bm.random, DType: bm.dtype, Quant: bm.quant,
 			Params: fp.Params, WeightBytes: fp.TotalBytes, DenseBytes: fp.DenseBytes, EmbeddingBytes: fp.EmbeddingBytes,
@@ -527,6 +540,11 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 		m.Path, m.Arch, src, count(m.Params), gb(m.WeightBytes), m.Layers, kib(m.KVBytesPerToken), m.LoadSec)
 	fmt.Fprintf(w, "machine:   %s, %d CPUs, %d threads, %s %s/%s\n",
 		rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.Threads, rep.Machine.GoVersion, rep.Machine.OS, rep.Machine.Arch)
+	if rep.Machine.DevNote != "" {
+		fmt.Fprintf(w, "device:    %s (%s)\n", rep.Machine.Device, rep.Machine.DevNote)
+	} else {
+		fmt.Fprintf(w, "device:    %s\n", rep.Machine.Device)
+	}
 	if rl.Bandwidth.Rounds == 0 {
 		fmt.Fprintf(w, "bandwidth: %.1f GB/s (given with --bandwidth)\n", rl.Bandwidth.BytesPerSec/1e9)
 	} else {
@@ -647,4 +665,10 @@ func cpuModel() string {
 		}
 	}
 	return goruntime.GOARCH
+}
+
+// validDevice reports whether s is a --device spec kernels/device reads.
+func validDevice(s string) bool {
+	_, err := device.Parse(s)
+	return err == nil
 }

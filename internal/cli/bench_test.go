@@ -69,11 +69,11 @@ func TestBench(t *testing.T) {
 	dir := tinyLlama(t)
 	js := filepath.Join(t.TempDir(), "bench.json")
 	code, out, errs := runCLI(t, "", "bench", "--model", dir, "--concurrency", "1,2", "--prompt-len", "5",
-		"--gen-len", "3,4", "--mtp", "off,on", "--threads", "2", "--stream-mib", "8", "--json", js)
+		"--gen-len", "3,4", "--mtp", "off,on", "--threads", "2", "--device", "cpu", "--stream-mib", "8", "--json", js)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	for _, want := range []string{"bandwidth:", "roofline:", "steps/s max at batch 1", "random bf16 weights",
+	for _, want := range []string{"device:    cpu (2 threads)\n", "bandwidth:", "roofline:", "steps/s max at batch 1", "random bf16 weights",
 		"tied embedding read in full", "decode tok/s", "TTFT mean ms", "peak KV", "mtp: not available",
 		"KV cache 256 B per token"} {
 		if !strings.Contains(out, want) {
@@ -111,6 +111,7 @@ func TestBench(t *testing.T) {
 		Machine struct {
 			CPU       string
 			Threads   int
+			Device    string
 			GoVersion string `json:"go_version"`
 		}
 		Model struct {
@@ -133,7 +134,8 @@ func TestBench(t *testing.T) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if rep.Date == "" || rep.Machine.CPU == "" || rep.Machine.Threads != 2 || rep.Machine.GoVersion == "" {
+	if rep.Date == "" || rep.Machine.CPU == "" || rep.Machine.Threads != 2 || rep.Machine.GoVersion == "" ||
+		rep.Machine.Device != "cpu (2 threads)" {
 		t.Errorf("machine: %+v, date %q", rep.Machine, rep.Date)
 	}
 	m := rep.Model
@@ -254,6 +256,7 @@ func TestBenchErrors(t *testing.T) {
 		{"zero draft", []string{"--model", dir, "--mtp", "on", "--draft", "0"}, 2, "--draft must be at least 1"},
 		{"bad dtype", []string{"--model", dir, "--dtype", "int4"}, 2, "want bf16, f16 or f32"},
 		{"bad quant", []string{"--model", dir, "--quant", "int4"}, 2, `--quant "int4": want q8_0 or q4_k`},
+		{"bad device", []string{"--model", dir, "--device", "gpu:1"}, 2, `--device "gpu:1": want auto, cpu, cuda or cuda:N`},
 		{"negative threads", []string{"--model", dir, "--threads", "-1"}, 2, "negative"},
 		{"negative kv budget", []string{"--model", dir, "--kv-budget", "-5"}, 2, `"-5" is not a size`},
 		{"negative bandwidth", []string{"--model", dir, "--bandwidth", "-1"}, 2, "want GB/s > 0"},

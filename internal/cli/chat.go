@@ -308,7 +308,8 @@ func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, pro
 		return nil, nil, err
 	}
 	_, hasMTP := s.lm.Model.(model.MTPModel)
-	info := ui.ModelInfo{Name: e.Name, Arch: s.lm.Model.Info().Arch, MTP: hasMTP, Draft: s.draft}
+	info := ui.ModelInfo{Name: e.Name, Arch: s.lm.Model.Info().Arch, MTP: hasMTP, Draft: s.draft,
+		Device: s.lm.Device, DeviceNote: s.lm.DeviceNote}
 	return ui.NewRuntimeEngine(s.rt, s.tok, info), sessionCloser{s}, nil
 }
 
@@ -343,7 +344,7 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 		stages = append(stages, stage{name, now.Sub(t)})
 		t = now
 	}
-	eo := engine.Options{Threads: c.cfg.Engine.Threads, Quant: c.cfg.Engine.Quant}
+	eo := engine.Options{Threads: c.cfg.Engine.Threads, Quant: c.cfg.Engine.Quant, Device: c.cfg.Engine.Device}
 	s := &session{name: e.Name}
 	var err error
 	if e.Open != nil {
@@ -387,6 +388,7 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 		MaxBatchTokens: c.cfg.Engine.BatchTokens,
 		MaxSeqs:        c.cfg.Engine.MaxSeqs,
 		Draft:          s.draft,
+		DeviceErr:      s.lm.DeviceErr,
 	}
 	if !c.idsOnly {
 		tok := s.tok

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/builtin"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/kernels/device"
 )
 
 // TestMain keeps the tests off the user's configuration, data and log
@@ -345,4 +346,26 @@ func TestRunMTPOffByDefault(t *testing.T) {
 	if strings.Contains(errs, "mtp:") {
 		t.Fatalf("speculative decoding ran without --mtp: %q", errs)
 	}
+}
+
+// TestRunDevice checks --device: cpu runs, a malformed spec is refused, and
+// cuda on a machine without a usable GPU fails with one line that says why.
+func TestRunDevice(t *testing.T) {
+	dir := fixtureModel(t, "qwen3")
+	args := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "2", "hi"}
+	if code, out, errs := runCLI(t, "", append([]string{args[0], "--device", "cpu"}, args[1:]...)...); code != 0 || out == "" {
+		t.Fatalf("--device cpu: exit %d, stderr %q", code, errs)
+	}
+	if code, _, errs := runCLI(t, "", append([]string{args[0], "--device", "tpu"}, args[1:]...)...); code != 2 || !strings.Contains(errs, `-device: "tpu": want auto, cpu, cuda or cuda:N`) {
+		t.Fatalf("--device tpu: exit %d, stderr %q", code, errs)
+	}
+	if gpu, err := device.Open(device.Spec{Kind: device.CUDA}, 1); err == nil {
+		gpu.Close()
+		t.Skip("a GPU is present")
+	}
+	code, _, errs := runCLI(t, "", append([]string{args[0], "--device", "cuda"}, args[1:]...)...)
+	if code != 1 || !strings.Contains(errs, "cuda: ") || strings.Count(strings.TrimSpace(errs), "\n") != 0 {
+		t.Fatalf("--device cuda without a GPU: exit %d, stderr %q; want exit 1 and one line", code, errs)
+	}
+	t.Logf("--device cuda: %s", errs)
 }

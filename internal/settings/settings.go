@@ -79,6 +79,7 @@ type MTP struct {
 
 // Engine is how the engine runs a model.
 type Engine struct {
+	Device      string   `toml:"device"`       // auto, cpu, cuda or cuda:N (package kernels/device)
 	Threads     int      `toml:"threads"`      // CPU threads; 0 is one per core
 	KVBudget    ByteSize `toml:"kv_budget"`    // bytes of KV cache: a number or "1GiB", "512MiB"
 	BatchTokens int      `toml:"batch_tokens"` // tokens one engine step may run; 0 is the runtime's default

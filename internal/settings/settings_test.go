@@ -47,6 +47,7 @@ mode = "off"
 draft = 2
 
 [engine]
+device = "cuda:1"
 threads = 4
 kv_budget = "512MiB"
 batch_tokens = 256
@@ -62,7 +63,7 @@ quant = "q4_k"
 		Theme: "light", Mouse: false, Autosave: false, History: false,
 		Sampling: Sampling{Temperature: 0.2, TopP: 0.9, TopK: 20, MinP: 0, RepeatPenalty: 1.1, Seed: 7, MaxTokens: 300},
 		MTP:      MTP{Mode: "off", Draft: 2},
-		Engine:   Engine{Threads: 4, KVBudget: 512 << 20, BatchTokens: 256, MaxSeqs: 8, Quant: "q4_k"},
+		Engine:   Engine{Device: "cuda:1", Threads: 4, KVBudget: 512 << 20, BatchTokens: 256, MaxSeqs: 8, Quant: "q4_k"},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("config =\n%+v\nwant\n%+v", c, want)
@@ -96,6 +97,7 @@ func TestBadFilesReportLineAndKey(t *testing.T) {
 		{"draft", "[mtp]\ndraft = 40\n", []string{"line 2: mtp.draft: 40 is out of range [1, 16]"}},
 		{"size", "[engine]\nkv_budget = \"lots\"\n", []string{"line 2", "engine.kv_budget", "not a size"}},
 		{"negative", "[engine]\nthreads = -1\nmax_seqs = -2\n", []string{"line 2: engine.threads", "line 3: engine.max_seqs"}},
+		{"device", "[engine]\ndevice = \"tpu\"\n", []string{"line 2: engine.device", "want auto, cpu, cuda or cuda:N"}},
 		{"dotted", "sampling.min_p = 3\n", []string{"line 1: sampling.min_p: 3 is out of range"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

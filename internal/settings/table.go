@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/ferrite-llm/ferrite/kernels/device"
 )
 
 // Kind is the type of a setting's value.
@@ -47,6 +49,8 @@ type Setting struct {
 	// Chat is the /set name that changes it in a chat ("" when /set does
 	// not): chat settings belong to each chat and are saved with it.
 	Chat string
+	// Check, for a String, refuses values of the wrong form.
+	Check func(string) error
 
 	field func(c *Config) any // the Config field: a pointer of Default's type
 }
@@ -111,6 +115,10 @@ var Table = []Setting{
 		Help:  "MTP draft tokens per step (adapted to the measured acceptance)",
 		field: func(c *Config) any { return &c.MTP.Draft }},
 
+	{Key: "engine.device", Kind: String, Default: "auto", Flag: "device", Run: true,
+		Help:  "what runs the model: `auto` (the GPU when an NVIDIA driver and a GPU of compute capability 8.0 or newer are found, else the CPU), `cpu`, `cuda` or `cuda:N`",
+		Check: checkDevice,
+		field: func(c *Config) any { return &c.Engine.Device }},
 	{Key: "engine.threads", Kind: Int, Default: 0, Min: 0, Max: 4096, Flag: "threads", Run: true,
 		Help:  "CPU threads; 0 is one per core",
 		field: func(c *Config) any { return &c.Engine.Threads }},
@@ -216,7 +224,7 @@ func (s *Setting) Parse(text string) (any, error) {
 	t := strings.TrimSpace(text)
 	switch s.Kind {
 	case String:
-		return text, nil
+		return s.checkString(text)
 	case Strings:
 		var out []string
 		for _, f := range strings.Split(text, ",") {
@@ -267,7 +275,7 @@ func (s *Setting) decode(v any) (any, error) {
 	switch s.Kind {
 	case String:
 		if t, ok := v.(string); ok {
-			return t, nil
+			return s.checkString(t)
 		}
 	case Strings:
 		if arr, ok := v.([]any); ok {
@@ -323,6 +331,23 @@ func (s *Setting) decode(v any) (any, error) {
 		}
 	}
 	return nil, fmt.Errorf("want %s, not %s", s.kindText(), tomlType(v))
+}
+
+func (s *Setting) checkString(t string) (any, error) {
+	if s.Check != nil {
+		if err := s.Check(t); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// checkDevice accepts the --device specs kernels/device reads.
+func checkDevice(t string) error {
+	if _, err := device.Parse(t); err != nil {
+		return fmt.Errorf("%q: want auto, cpu, cuda or cuda:N", t)
+	}
+	return nil
 }
 
 func (s *Setting) checkInt(n int64) (any, error) {

@@ -242,14 +242,15 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 			copy(qs[r*hd:(r+1)*hd], a.q[i*qw+h*hd:i*qw+(h+1)*hd])
 		}
 	}
-	b.MatMul(sc, qs, &kernels.Mat{DType: kernels.F32, Rows: tk, Cols: hd, Data: f32Bytes(k)}, m)
+	// Transient: k and vt are refilled for every KV head (see Mat.Transient).
+	b.MatMul(sc, qs, &kernels.Mat{DType: kernels.F32, Rows: tk, Cols: hd, Data: f32Bytes(k), Transient: true}, m)
 	for r := range m {
 		row := sc[r*tk : (r+1)*tk]
 		ln := int(a.pos[t0+r%nt]) + 1
 		softmax(row[:ln], a.scale)
 		clear(row[ln:])
 	}
-	b.MatMul(os, sc, &kernels.Mat{DType: kernels.F32, Rows: hd, Cols: tk, Data: f32Bytes(vt)}, m)
+	b.MatMul(os, sc, &kernels.Mat{DType: kernels.F32, Rows: hd, Cols: tk, Data: f32Bytes(vt), Transient: true}, m)
 	for g := range grp {
 		h := kvh*grp + g
 		for i := t0; i < t1; i++ {

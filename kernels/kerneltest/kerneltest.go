@@ -41,6 +41,7 @@ const Tol = 1.0 / (1 << 16)
 func Run(t *testing.T, b kernels.Backend) {
 	t.Run("MatMul", func(t *testing.T) { MatMulTest(t, b) })
 	t.Run("MatMulArgs", func(t *testing.T) { MatMulArgsTest(t, b) })
+	t.Run("MatMulTransient", func(t *testing.T) { MatMulTransientTest(t, b) })
 	t.Run("Parallel", func(t *testing.T) { ParallelTest(t, b) })
 }
 
@@ -166,6 +167,37 @@ func MatMulTest(t *testing.T, b kernels.Backend) {
 					t.Errorf("... %d of %d outputs wrong", bad, len(y))
 				}
 			})
+		}
+	}
+}
+
+// MatMulTransientTest checks that a Transient weight is read afresh: the
+// same *Mat, its Data rewritten between calls (as attention refills its key
+// tile for every head), must give each call's own product.
+func MatMulTransientTest(t *testing.T, b kernels.Backend) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, dt := range DTypes {
+		if dt.Quantized() {
+			continue // transient Mats are activations, never block-quantized
+		}
+		w := NewMat(rng, dt, 33, 40, 8, 16)
+		w.Transient = true
+		x := make([]float32, 3*w.Cols)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		for round := range 3 {
+			fillMat(rng, w, 8, 16) // new values, same Mat and buffers
+			y := make([]float32, 3*w.Rows)
+			b.MatMul(y, x, w, 3)
+			want := make([]float32, len(y))
+			kernels.MatMulRef(want, x, w, 3)
+			abs := AbsDot(x, w, 3)
+			for i := range y {
+				if d := math.Abs(float64(y[i]) - float64(want[i])); !(d <= Tol*abs[i]) {
+					t.Fatalf("%v round %d: y[%d] = %g, want %g: a stale copy of the weight?", dt, round, i, y[i], want[i])
+				}
+			}
 		}
 	}
 }
@@ -388,7 +420,7 @@ type refResult struct {
 
 var refCache sync.Map // refKey → refResult
 
-// reference returns kernels.MatMulRef's result, absDot and (for quantized
+// reference returns kernels.MatMulRef's result, AbsDot and (for quantized
 // weights) QuantTol for a case, computed once per test binary.
 func reference(k refKey, x []float32, w *kernels.Mat) (want []float32, abs, qtol []float64) {
 	if r, ok := refCache.Load(k); ok {
@@ -397,7 +429,7 @@ func reference(k refKey, x []float32, w *kernels.Mat) (want []float32, abs, qtol
 	}
 	want = make([]float32, k.s.N*k.s.Rows)
 	kernels.MatMulRef(want, x, w, k.s.N)
-	abs = absDot(x, w, k.s.N)
+	abs = AbsDot(x, w, k.s.N)
 	qtol = make([]float64, len(want))
 	if k.dt.Quantized() {
 		qtol = QuantTol(x, w, k.s.N)
@@ -434,8 +466,9 @@ func QuantTol(x []float32, w *kernels.Mat, n int) []float64 {
 	return out
 }
 
-// absDot returns Σₖ |x[i,k]·w[j,k]| for every output (i, j).
-func absDot(x []float32, w *kernels.Mat, n int) []float64 {
+// AbsDot returns Σₖ |x[i,k]·w[j,k]| for every output (i, j) of
+// y = x·wᵀ: the scale MatMul tolerances are relative to.
+func AbsDot(x []float32, w *kernels.Mat, n int) []float64 {
 	out := make([]float64, n*w.Rows)
 	row := make([]float32, w.Cols)
 	for j := range w.Rows {

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"sync"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
@@ -17,6 +19,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/device"
 	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
@@ -25,10 +28,14 @@ import (
 const Tol = 2e-5
 
 // Build makes the model described by cfgJSON with random weights of dtype
-// on the CPU backend.
+// on the suites' backend (see Backend).
 func Build(t testing.TB, cfgJSON string, dtype kernels.DType, missing func(string) bool) model.Model {
 	t.Helper()
-	return BuildOn(t, cpu.New(0), cfgJSON, dtype, missing)
+	be, err := Backend()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return BuildOn(t, be, cfgJSON, dtype, missing)
 }
 
 // BuildOn is Build on backend be.
@@ -44,7 +51,11 @@ func BuildOn(t testing.TB, be kernels.Backend, cfgJSON string, dtype kernels.DTy
 // TryBuild is Build returning the error; missing names the tensors the
 // random source pretends not to have.
 func TryBuild(cfgJSON string, dtype kernels.DType, missing func(string) bool) (model.Model, error) {
-	return tryBuild(cpu.New(0), cfgJSON, dtype, missing)
+	be, err := Backend()
+	if err != nil {
+		return nil, err
+	}
+	return tryBuild(be, cfgJSON, dtype, missing)
 }
 
 func tryBuild(be kernels.Backend, cfgJSON string, dtype kernels.DType, missing func(string) bool) (model.Model, error) {
@@ -58,12 +69,17 @@ func tryBuild(be kernels.Backend, cfgJSON string, dtype kernels.DType, missing f
 }
 
 // Devices are the backends every op-set architecture runs its suite on:
-// the CPU and the strict test backend.
-func Devices() map[string]func() kernels.Backend {
-	return map[string]func() kernels.Backend{
-		"cpu":    func() kernels.Backend { return cpu.New(0) },
-		"strict": func() kernels.Backend { return strict.New() },
+// the CPU, the strict test backend and, with FERRITE_TEST_DEVICE set, the
+// device backend it names (see Backend).
+func Devices() map[string]func() (kernels.Backend, error) {
+	d := map[string]func() (kernels.Backend, error){
+		"cpu":    func() (kernels.Backend, error) { return cpu.New(0), nil },
+		"strict": func() (kernels.Backend, error) { return strict.New(), nil },
 	}
+	if os.Getenv("FERRITE_TEST_DEVICE") != "" {
+		d["device"] = Backend
+	}
+	return d
 }
 
 // RunDevices runs the suite on every backend of Devices, with the KV
@@ -73,7 +89,10 @@ func RunDevices(t *testing.T, cfgJSON string, dtype kernels.DType, missing func(
 	for name, newBackend := range Devices() {
 		for _, kv := range []kernels.DType{kernels.BF16, kernels.F32} {
 			t.Run(name+"/kv="+kv.String(), func(t *testing.T) {
-				be := newBackend()
+				be, err := newBackend()
+				if err != nil {
+					t.Fatal(err)
+				}
 				m := BuildOn(t, be, cfgJSON, dtype, missing)
 				dm, ok := m.(model.DeviceModel)
 				if !ok {
@@ -92,6 +111,37 @@ func RunDevices(t *testing.T, cfgJSON string, dtype kernels.DType, missing func(
 			})
 		}
 	}
+}
+
+var shared struct {
+	once sync.Once
+	be   kernels.Backend
+	err  error
+}
+
+// Backend is the backend the suites build models on: a new CPU backend, or
+// with FERRITE_TEST_DEVICE set ("cuda", "cuda:1", "auto") one device
+// backend shared by the whole test binary, so that every architecture's
+// suite runs on the GPU unchanged.
+func Backend() (kernels.Backend, error) {
+	spec := os.Getenv("FERRITE_TEST_DEVICE")
+	if spec == "" {
+		return cpu.New(0), nil
+	}
+	shared.once.Do(func() {
+		s, err := device.Parse(spec)
+		if err != nil {
+			shared.err = fmt.Errorf("FERRITE_TEST_DEVICE: %w", err)
+			return
+		}
+		b, err := device.Open(s, 0)
+		if err != nil {
+			shared.err = err
+			return
+		}
+		shared.be = b.Backend // the backend itself: the CPU one implements the op set
+	})
+	return shared.be, shared.err
 }
 
 // NewCache returns a cache for m with small blocks (so short sequences span

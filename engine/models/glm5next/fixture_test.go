@@ -8,12 +8,12 @@ import (
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/internal/modeltest"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
-	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
 
 // fixtureTol bounds max|engine − transformers| / max|transformers|, the
@@ -40,8 +40,10 @@ func loadFixture(t testing.TB) *fixtures.Fixture {
 // build makes the model from a config and weight source with a 2-thread backend.
 func build(t testing.TB, cfg *config.Config, w model.WeightSource) *Model {
 	t.Helper()
-	be := cpu.New(2)
-	t.Cleanup(be.Close)
+	be, err := modeltest.Backend() // the GPU with FERRITE_TEST_DEVICE=cuda
+	if err != nil {
+		t.Fatal(err)
+	}
 	mm, err := model.New(cfg, w, be)
 	if err != nil {
 		t.Fatal(err)

@@ -18,7 +18,6 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/kernels"
-	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
 
 // fixtureTol bounds max|engine − transformers| / max|transformers|, as in
@@ -154,8 +153,10 @@ func loadFixture(t testing.TB) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ws.Close() })
-	be := cpu.New(2)
-	t.Cleanup(be.Close)
+	be, err := modeltest.Backend() // the GPU with FERRITE_TEST_DEVICE=cuda
+	if err != nil {
+		t.Fatal(err)
+	}
 	m, err := model.New(cfg, ws, be)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,217 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/cpu"
+)
+
+// Backend implements kernels.Backend on a GPU: MatMul runs the GEMV
+// kernels with each weight uploaded once (cached per *kernels.Mat for the
+// Backend's life; a Transient Mat is copied on every call instead) and the
+// activations copied in and out on every call;
+// Parallel runs on a CPU worker pool. It makes everything written against
+// kernels.Backend run on the GPU, slowly, until the engine keeps its
+// activations on the device.
+//
+// MatMul cannot return an error: when the device fails, y is filled with
+// NaN and Err reports the failure (a sticky error stays).
+type Backend struct {
+	dev *Device
+	cpu *cpu.Backend
+
+	mu      sync.Mutex // guards weights, err
+	weights map[*kernels.Mat]*Weight
+	err     error
+
+	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
+	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
+}
+
+var _ kernels.Backend = (*Backend)(nil)
+
+// OpenBackend opens GPU ordinal and returns a Backend that owns it, with
+// threads CPU workers for Parallel (≤ 0: one per CPU).
+func OpenBackend(ordinal, threads int) (*Backend, error) {
+	d, err := Open(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
+	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
+		b.ybuf, err = d.Alloc(stagingBytes)
+	}
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	b.cpu = cpu.New(threads)
+	return b, nil
+}
+
+// Name returns "cuda".
+func (b *Backend) Name() string { return "cuda" }
+
+// Device is the GPU the backend runs on.
+func (b *Backend) Device() *Device { return b.dev }
+
+// Threads is the CPU worker count Parallel uses.
+func (b *Backend) Threads() int { return b.cpu.Threads() }
+
+// Parallel runs fn over [0, n) on the CPU worker pool.
+func (b *Backend) Parallel(n int, fn func(lo, hi int)) { b.cpu.Parallel(n, fn) }
+
+// Err returns the first device failure MatMul met, or nil.
+func (b *Backend) Err() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}
+
+// WeightBytes is the device memory held by cached weights.
+func (b *Backend) WeightBytes() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var n int64
+	for _, w := range b.weights {
+		n += w.Bytes()
+	}
+	return n
+}
+
+// Close frees the cached weights and the device, and stops the CPU pool.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	b.weights = nil
+	b.mu.Unlock()
+	b.cpu.Close()
+	return b.dev.Close() // frees every Buffer still allocated
+}
+
+// MatMul sets y (n, w.Rows) = x (n, w.Cols) · wᵀ on the GPU with float32
+// accumulation. Malformed arguments panic like every backend's MatMul.
+func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
+	kernels.CheckMatMul(y, x, w, n)
+	if n == 0 || w.Rows == 0 {
+		return
+	}
+	y = y[:n*w.Rows]
+	if w.Cols == 0 {
+		clear(y)
+		return
+	}
+	var err error
+	if w.Transient {
+		err = b.dev.do(func() error {
+			dw, err := b.transientL(w)
+			if err != nil {
+				return err
+			}
+			return b.matmulL(y, x[:n*w.Cols], dw, n)
+		})
+	} else {
+		var dw *Weight
+		if dw, err = b.weight(w); err == nil {
+			err = b.dev.do(func() error { return b.matmulL(y, x[:n*w.Cols], dw, n) })
+		}
+	}
+	if err != nil {
+		b.fail(err)
+		nan := float32(math.NaN())
+		for i := range y {
+			y[i] = nan
+		}
+	}
+}
+
+func (b *Backend) fail(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err == nil {
+		b.err = err
+	}
+}
+
+// weight returns m's device copy, uploading it on first use.
+func (b *Backend) weight(m *kernels.Mat) (*Weight, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.weights == nil {
+		return nil, ErrClosed
+	}
+	if w := b.weights[m]; w != nil {
+		return w, nil
+	}
+	w, err := b.dev.UploadMat(m)
+	if err != nil {
+		return nil, err
+	}
+	b.weights[m] = w
+	return w, nil
+}
+
+// transientL copies a Transient m into the backend's scratch weight
+// buffers (grown to fit) and returns a Weight viewing them.
+func (b *Backend) transientL(m *kernels.Mat) (*Weight, error) {
+	d := b.dev
+	grow := func(buf **Buffer, n int64) error {
+		if *buf != nil && (*buf).size >= n {
+			return nil
+		}
+		if *buf != nil {
+			if err := (*buf).free(); err != nil {
+				return err
+			}
+		}
+		nb, err := d.allocL(max(n, 1<<20))
+		*buf = nb
+		return err
+	}
+	bytes := int64(m.Rows) * int64(m.Cols) * int64(m.DType.Size())
+	if err := grow(&b.tbuf, bytes); err != nil {
+		return nil, err
+	}
+	if err := d.uploadL(b.tbuf.ptr, m.Data[:bytes]); err != nil {
+		return nil, err
+	}
+	w := &Weight{Buf: b.tbuf, DType: m.DType, Rows: m.Rows, Cols: m.Cols, BlockRows: m.BlockRows, BlockCols: m.BlockCols}
+	if m.DType == kernels.F8E4M3 {
+		ns := ceilDiv(m.Rows, m.BlockRows) * ceilDiv(m.Cols, m.BlockCols)
+		if err := grow(&b.tscl, int64(ns)*4); err != nil {
+			return nil, err
+		}
+		if err := d.uploadL(b.tscl.ptr, f32Bytes(m.Scale[:ns])); err != nil {
+			return nil, err
+		}
+		w.Scale = b.tscl
+	}
+	return w, nil
+}
+
+// matmulL runs on the device thread: as many rows of x as fit the staging
+// buffers go up, through the GEMV and back down at a time.
+func (b *Backend) matmulL(y, x []float32, w *Weight, n int) error {
+	d := b.dev
+	chunk := min(n, stagingBytes/(4*w.Cols), stagingBytes/(4*w.Rows))
+	if chunk == 0 {
+		return fmt.Errorf("cuda: MatMul rows of %d×%d exceed the %d MiB staging buffers", w.Rows, w.Cols, stagingBytes>>20)
+	}
+	for i := 0; i < n; i += chunk {
+		m := min(chunk, n-i)
+		if err := d.uploadL(b.xbuf.ptr, f32Bytes(x[i*w.Cols:(i+m)*w.Cols])); err != nil {
+			return err
+		}
+		if err := d.linearL(b.ybuf.ptr, b.xbuf.ptr, w, m); err != nil {
+			return err
+		}
+		if err := d.downloadL(f32Bytes(y[i*w.Rows:(i+m)*w.Rows]), b.ybuf.ptr); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,189 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Qwen3-8B's linear layers (hidden 4096, 32 query and 8 KV heads of 128,
+// intermediate 12288, 36 layers, vocabulary 151936), q/k/v and gate/up
+// fused as a GPU engine stores them.
+var qwen3_8B = []struct {
+	name       string
+	rows, cols int
+}{
+	{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 24576, 4096}, {"down", 4096, 12288}, {"lm_head", 151936, 4096},
+}
+
+const qwen3_8BLayers = 36
+
+// benchWeights allocates copies bf16 (rows, cols) weights filled with
+// seeded random values on the device.
+func benchWeights(b *testing.B, d *Device, copies, rows, cols int) []*Weight {
+	b.Helper()
+	ws := make([]*Weight, copies)
+	for i := range ws {
+		buf, err := d.Alloc(int64(rows) * int64(cols) * 2)
+		if err == nil {
+			err = d.FillBF16(buf, int64(rows)*int64(cols), uint64(i+1), 0.05)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		ws[i] = &Weight{Buf: buf, DType: kernels.BF16, Rows: rows, Cols: cols}
+	}
+	b.Cleanup(func() {
+		for _, w := range ws {
+			w.Free()
+		}
+	})
+	return ws
+}
+
+// benchF32 returns a device buffer of n float32 values that are not zero.
+func benchF32(b *testing.B, d *Device, n int) *Buffer {
+	b.Helper()
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(i%17)*0.01 - 0.08
+	}
+	buf, err := d.Alloc(int64(n) * 4)
+	if err == nil {
+		err = buf.UploadF32(0, x)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { buf.Free() })
+	return buf
+}
+
+// timeLaunches times reps rounds of launch, queued from the device thread
+// back to back, on CUDA events.
+func timeLaunches(b *testing.B, d *Device, reps int, launch func(i int) error) time.Duration {
+	b.Helper()
+	if err := d.do(func() error { return launch(0) }); err != nil { // warm up
+		b.Fatal(err)
+	}
+	el, err := d.Time(func() error {
+		return d.do(func() error {
+			for i := range reps {
+				if err := launch(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return el
+}
+
+// BenchmarkGEMV measures the batch-1 bf16 GEMV at each Qwen3-8B shape,
+// rotating over enough weight copies (≥ 1 GiB) that none is in L2 when it
+// is read again. GB/s counts the weight, x and y bytes once per call.
+// split is the decode kernel Linear runs (four warps a row); warp is the
+// one-warp-a-row kernel of n > 1 run at n = 1, for comparison.
+func BenchmarkGEMV(b *testing.B) {
+	d := needGPU(b)
+	for _, s := range qwen3_8B {
+		for _, split := range []bool{true, false} {
+			name := fmt.Sprintf("%s_%dx%d/split", s.name, s.rows, s.cols)
+			gemv := func(y, x uint64, w *Weight) error { return d.linearL(y, x, w, 1) }
+			if !split {
+				name = fmt.Sprintf("%s_%dx%d/warp", s.name, s.rows, s.cols)
+				gemv = func(y, x uint64, w *Weight) error {
+					return d.launchL(gemvKernels[kernels.BF16][0], uint32(ceilDiv(w.Rows, gemvBlock/32)), gemvBlock, 0,
+						y, x, w.Buf.ptr, i32(1), i32(w.Rows), i32(w.Cols))
+				}
+			}
+			benchGEMV(b, d, name, s.rows, s.cols, gemv)
+		}
+	}
+}
+
+// benchGEMV times gemv on a (rows, cols) bf16 weight as sub-benchmark name.
+func benchGEMV(b *testing.B, d *Device, name string, rows, cols int, gemv func(y, x uint64, w *Weight) error) {
+	b.Run(name, func(b *testing.B) {
+		bytes := int64(rows) * int64(cols) * 2
+		ws := benchWeights(b, d, int(max(2, (1<<30)/bytes)), rows, cols)
+		x, y := benchF32(b, d, cols), benchF32(b, d, rows)
+		b.ResetTimer()
+		el := timeLaunches(b, d, b.N, func(i int) error { return gemv(y.ptr, x.ptr, ws[i%len(ws)]) })
+		moved := float64(bytes+int64(cols+rows)*4) * float64(b.N)
+		b.ReportMetric(moved/el.Seconds()/1e9, "GB/s")
+		b.ReportMetric(el.Seconds()*1e6/float64(b.N), "us/call")
+	})
+}
+
+// BenchmarkDecodeStep8B times the GEMVs of one Qwen3-8B decode step (36
+// layers × qkv, o, gate_up, down, then the LM head: 15.1 GB of distinct bf16
+// weights) launched eagerly, one op after another: the floor a batch-1 step
+// of this model reaches with these kernels, before attention and the small
+// kernels. tok/s is 1 / step time.
+func BenchmarkDecodeStep8B(b *testing.B) {
+	d := needGPU(b)
+	var step []*Weight
+	var bytes int64
+	for _, s := range qwen3_8B {
+		n := qwen3_8BLayers
+		if s.name == "lm_head" {
+			n = 1
+		}
+		step = append(step, benchWeights(b, d, n, s.rows, s.cols)...)
+		bytes += int64(n) * int64(s.rows) * int64(s.cols) * 2
+	}
+	x, y := benchF32(b, d, 12288), benchF32(b, d, 151936)
+	b.ResetTimer()
+	el := timeLaunches(b, d, b.N, func(int) error {
+		for _, w := range step {
+			if err := d.linearL(y.ptr, x.ptr, w, 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	sec := el.Seconds() / float64(b.N)
+	b.ReportMetric(sec*1e3, "ms/step")
+	b.ReportMetric(1/sec, "tok/s")
+	b.ReportMetric(float64(bytes)/sec/1e9, "GB/s")
+}
+
+// BenchmarkGemmBF16 measures cuBLASLt's bf16 GEMM (float32 output) at
+// Qwen3-8B prefill shapes: tokens × each linear layer. TFLOP/s counts
+// 2·tokens·rows·cols.
+func BenchmarkGemmBF16(b *testing.B) {
+	d := needGPU(b)
+	if err := d.HasGemm(); err != nil {
+		b.Skip(err)
+	}
+	for _, tokens := range []int{512, 4096} {
+		for _, s := range qwen3_8B[:4] {
+			b.Run(fmt.Sprintf("tokens=%d/%s_%dx%d", tokens, s.name, s.rows, s.cols), func(b *testing.B) {
+				ws := benchWeights(b, d, 2, s.rows, s.cols)
+				xb, err := d.Alloc(int64(tokens) * int64(s.cols) * 2)
+				if err == nil {
+					err = d.FillBF16(xb, int64(tokens)*int64(s.cols), 99, 1)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer xb.Free()
+				y := benchF32(b, d, tokens*s.rows)
+				gemm := func(i int) error { return d.gemmL(y.ptr, xb.ptr, ws[i%2], tokens) }
+				b.ResetTimer()
+				el := timeLaunches(b, d, b.N, gemm)
+				flops := 2 * float64(tokens) * float64(s.rows) * float64(s.cols) * float64(b.N)
+				b.ReportMetric(flops/el.Seconds()/1e12, "TFLOP/s")
+				b.ReportMetric(el.Seconds()*1e6/float64(b.N), "us/call")
+			})
+		}
+	}
+}

@@ -1,0 +1,221 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// cuBLASLt, loaded on first use; GEMMs work without it only through Linear.
+var lt struct {
+	once sync.Once
+	err  error
+
+	create, destroy, getStatusName                                   uintptr
+	descCreate, descDestroy, descSetAttr                             uintptr
+	layoutCreate, layoutDestroy                                      uintptr
+	prefCreate, prefDestroy, prefSetAttr, heuristic, matmul, version uintptr
+}
+
+func loadBlasLt() error {
+	lt.once.Do(func() {
+		lib, err := dlopen("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so")
+		if err != nil {
+			lt.err = fmt.Errorf("cuBLASLt: %w", err)
+			return
+		}
+		lt.err = symbols(lib, "libcublasLt", map[string]*uintptr{
+			"cublasLtCreate": &lt.create, "cublasLtDestroy": &lt.destroy, "cublasLtGetStatusName": &lt.getStatusName,
+			"cublasLtMatmulDescCreate": &lt.descCreate, "cublasLtMatmulDescDestroy": &lt.descDestroy,
+			"cublasLtMatmulDescSetAttribute": &lt.descSetAttr,
+			"cublasLtMatrixLayoutCreate":     &lt.layoutCreate, "cublasLtMatrixLayoutDestroy": &lt.layoutDestroy,
+			"cublasLtMatmulPreferenceCreate": &lt.prefCreate, "cublasLtMatmulPreferenceDestroy": &lt.prefDestroy,
+			"cublasLtMatmulPreferenceSetAttribute": &lt.prefSetAttr,
+			"cublasLtMatmulAlgoGetHeuristic":       &lt.heuristic, "cublasLtMatmul": &lt.matmul,
+			"cublasLtGetVersion": &lt.version,
+		})
+	})
+	return lt.err
+}
+
+// BlasError is a failed cuBLASLt call with its cublasStatus_t.
+type BlasError struct {
+	Op     string
+	Status int
+	Name   string
+}
+
+func (e *BlasError) Error() string { return fmt.Sprintf("cuda: %s: %s", e.Op, e.Name) }
+
+func checkLt(op string, r uintptr) error {
+	if r == 0 {
+		return nil
+	}
+	return &BlasError{Op: op, Status: int(int32(r)), Name: gostring(call(lt.getStatusName, r))}
+}
+
+// cuBLASLt and CUDA enum values.
+const (
+	cudaR32F          = 0
+	cudaR16BF         = 14
+	computeF32        = 68 // CUBLAS_COMPUTE_32F
+	descTransA        = 3  // CUBLASLT_MATMUL_DESC_TRANSA
+	opT               = 1  // CUBLAS_OP_T
+	prefMaxWorkspace  = 1  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+	gemmWorkspaceSize = 32 << 20
+)
+
+// heuristicResult is cublasLtMatmulHeuristicResult_t.
+type heuristicResult struct {
+	algo          [8]uint64 // cublasLtMatmulAlgo_t
+	workspaceSize uint64
+	state         int32
+	wavesCount    float32
+	reserved      [4]int32
+}
+
+// blasLt is a Device's cuBLASLt handle, workspace and per-shape plans.
+type blasLt struct {
+	handle    uintptr
+	workspace *Buffer
+	plans     map[[3]int]*gemmPlan
+}
+
+// gemmPlan is a matmul descriptor, its layouts and the algorithm chosen
+// for one (n, rows, cols), kept for the Device's life so that a shape always
+// runs the same algorithm.
+type gemmPlan struct {
+	desc, a, b, c uintptr
+	algo          heuristicResult
+}
+
+// blasLtL returns the device's cuBLASLt state, creating it on first use.
+func (d *Device) blasLtL() (*blasLt, error) {
+	if d.lt != nil || d.ltErr != nil {
+		return d.lt, d.ltErr
+	}
+	if d.ltErr = loadBlasLt(); d.ltErr != nil {
+		return nil, d.ltErr
+	}
+	b := &blasLt{plans: map[[3]int]*gemmPlan{}}
+	if d.ltErr = checkLt("cublasLtCreate", call(lt.create, uintptr(unsafe.Pointer(&b.handle)))); d.ltErr != nil {
+		return nil, d.ltErr
+	}
+	if b.workspace, d.ltErr = d.allocL(gemmWorkspaceSize); d.ltErr != nil {
+		call(lt.destroy, b.handle)
+		return nil, d.ltErr
+	}
+	d.lt = b
+	return b, nil
+}
+
+func (b *blasLt) close() error {
+	for _, p := range b.plans {
+		p.destroy()
+	}
+	err := b.workspace.free()
+	if e := checkLt("cublasLtDestroy", call(lt.destroy, b.handle)); err == nil {
+		err = e
+	}
+	return err
+}
+
+func (p *gemmPlan) destroy() {
+	for _, l := range []uintptr{p.a, p.b, p.c} {
+		if l != 0 {
+			call(lt.layoutDestroy, l)
+		}
+	}
+	if p.desc != 0 {
+		call(lt.descDestroy, p.desc)
+	}
+}
+
+// plan returns the plan for y (n, rows) f32 = x (n, cols) bf16 · w (rows,
+// cols) bf16ᵀ. In cuBLASLt's column-major terms y is (rows × n, ld rows) =
+// op_T(W: cols × rows, ld cols) · (X: cols × n, ld cols).
+func (b *blasLt) plan(n, rows, cols int) (*gemmPlan, error) {
+	key := [3]int{n, rows, cols}
+	if p := b.plans[key]; p != nil {
+		return p, nil
+	}
+	p := &gemmPlan{}
+	fail := func(err error) (*gemmPlan, error) { p.destroy(); return nil, err }
+	if err := checkLt("cublasLtMatmulDescCreate", call(lt.descCreate, uintptr(unsafe.Pointer(&p.desc)), computeF32, cudaR32F)); err != nil {
+		return fail(err)
+	}
+	trans := int32(opT)
+	if err := checkLt("cublasLtMatmulDescSetAttribute", call(lt.descSetAttr, p.desc, descTransA, uintptr(unsafe.Pointer(&trans)), 4)); err != nil {
+		return fail(err)
+	}
+	for _, l := range []struct {
+		out      *uintptr
+		dtype    uintptr
+		r, c, ld int
+	}{{&p.a, cudaR16BF, cols, rows, cols}, {&p.b, cudaR16BF, cols, n, cols}, {&p.c, cudaR32F, rows, n, rows}} {
+		if err := checkLt("cublasLtMatrixLayoutCreate", call(lt.layoutCreate, uintptr(unsafe.Pointer(l.out)), l.dtype, uintptr(l.r), uintptr(l.c), uintptr(l.ld))); err != nil {
+			return fail(err)
+		}
+	}
+	var pref uintptr
+	if err := checkLt("cublasLtMatmulPreferenceCreate", call(lt.prefCreate, uintptr(unsafe.Pointer(&pref)))); err != nil {
+		return fail(err)
+	}
+	defer call(lt.prefDestroy, pref)
+	ws := uint64(gemmWorkspaceSize)
+	if err := checkLt("cublasLtMatmulPreferenceSetAttribute", call(lt.prefSetAttr, pref, prefMaxWorkspace, uintptr(unsafe.Pointer(&ws)), 8)); err != nil {
+		return fail(err)
+	}
+	var found int32
+	if err := checkLt("cublasLtMatmulAlgoGetHeuristic", call(lt.heuristic, b.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1,
+		uintptr(unsafe.Pointer(&p.algo)), uintptr(unsafe.Pointer(&found)))); err != nil {
+		return fail(err)
+	}
+	if found == 0 {
+		return fail(fmt.Errorf("cuda: cuBLASLt has no bf16 algorithm for %d×%d×%d", n, rows, cols))
+	}
+	b.plans[key] = p
+	return p, nil
+}
+
+// GemmBF16 queues y (n, w.Rows) float32 = x (n, w.Cols) bf16 · wᵀ with a
+// bf16 weight, on cuBLASLt's tensor cores with float32 accumulation: the
+// prefill-size MatMul. The algorithm is chosen once per shape.
+func (d *Device) GemmBF16(y, x *Buffer, w *Weight, n int) error {
+	if w == nil || w.DType != kernels.BF16 || n <= 0 {
+		return fmt.Errorf("cuda: GemmBF16 needs a bf16 weight and n > 0")
+	}
+	if err := x.span(0, int64(n)*int64(w.Cols)*2); err != nil {
+		return fmt.Errorf("GemmBF16 x: %w", err)
+	}
+	if err := y.span(0, int64(n)*int64(w.Rows)*4); err != nil {
+		return fmt.Errorf("GemmBF16 y: %w", err)
+	}
+	return d.do(func() error { return d.gemmL(y.ptr, x.ptr, w, n) })
+}
+
+// gemmL runs on the device thread: GemmBF16 for device addresses y and x.
+func (d *Device) gemmL(y, x uint64, w *Weight, n int) error {
+	b, err := d.blasLtL()
+	if err != nil {
+		return err
+	}
+	p, err := b.plan(n, w.Rows, w.Cols)
+	if err != nil {
+		return err
+	}
+	alpha, beta := float32(1), float32(0)
+	return checkLt("cublasLtMatmul", call(lt.matmul, b.handle, p.desc,
+		uintptr(unsafe.Pointer(&alpha)), uintptr(w.Buf.ptr), p.a, uintptr(x), p.b,
+		uintptr(unsafe.Pointer(&beta)), uintptr(y), p.c, uintptr(y), p.c,
+		uintptr(unsafe.Pointer(&p.algo.algo)), uintptr(b.workspace.ptr), gemmWorkspaceSize, d.stream))
+}
+
+// HasGemm reports whether cuBLASLt loaded (GemmBF16 works), or why not.
+func (d *Device) HasGemm() error {
+	return d.do(func() error { _, err := d.blasLtL(); return err })
+}

@@ -1,0 +1,19 @@
+// Package cuda is ferrite's NVIDIA GPU backend. It binds the CUDA driver API
+// (libcuda.so.1) and cuBLASLt at run time with github.com/ebitengine/purego,
+// so builds stay CGO_ENABLED=0 and a binary runs unchanged on machines with
+// no GPU: Open then returns an error and callers use the CPU.
+//
+// A Device owns one GPU: its primary context is current on one locked OS
+// thread, a goroutine that runs every driver call in order. Device memory
+// is a Buffer, freed explicitly (there are no finalizers); host copies go
+// through fixed pinned staging buffers; kernel launch arguments live in a
+// pinned block. Every failure is a Go error naming the CUresult (or the
+// cuBLAS status); a sticky error such as an illegal address marks the
+// Device dead, and every later call returns that error instead of crashing.
+//
+// The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
+// ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and
+// loaded with cuModuleLoadData; fatbin.sha256 pins the sources it was built
+// from. Backend implements kernels.Backend on a Device: weights are uploaded
+// once per *kernels.Mat, activations are copied for every MatMul.
+package cuda

@@ -1,0 +1,76 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	_ "embed"
+	"fmt"
+	"os"
+	"unsafe"
+)
+
+// fatbin is every kernel in src/, built by tools/cuda/build_fatbin.sh.
+//
+//go:embed ferrite.fatbin
+var fatbin []byte
+
+// kernelNames are the entry points loadModule resolves.
+var kernelNames = []string{
+	"ferrite_gemv_f32_1", "ferrite_gemv_f32_8", "ferrite_gemv_bf16_1", "ferrite_gemv_bf16_8",
+	"ferrite_gemv_f16_1", "ferrite_gemv_f16_8", "ferrite_gemv_f8e4m3_1", "ferrite_gemv_f8e4m3_8",
+	"ferrite_rmsnorm_f32", "ferrite_f32_to_bf16", "ferrite_fill_bf16",
+}
+
+// loadModule loads the fatbin (or the file FERRITE_CUDA_FATBIN names, for
+// trying a freshly built one before it is committed) and resolves every
+// kernel.
+func (d *Device) loadModule() error {
+	image := fatbin
+	if p := os.Getenv("FERRITE_CUDA_FATBIN"); p != "" {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("cuda: FERRITE_CUDA_FATBIN: %w", err)
+		}
+		image = b
+	}
+	if len(image) == 0 {
+		return fmt.Errorf("cuda: the embedded fatbin is empty; build it with tools/cuda/build_fatbin.sh")
+	}
+	if err := check("cuModuleLoadData", call(driver.cuModuleLoadData, uintptr(unsafe.Pointer(&d.mod)), uintptr(unsafe.Pointer(&image[0])))); err != nil {
+		return fmt.Errorf("%w (GPU %s, sm_%d%d)", err, d.Name, d.Major, d.Minor)
+	}
+	d.fns = make(map[string]uintptr, len(kernelNames))
+	for _, name := range kernelNames {
+		var f uintptr
+		cname := cstring(name)
+		if err := check("cuModuleGetFunction "+name, call(driver.cuModuleGetFunction, uintptr(unsafe.Pointer(&f)), d.mod, uintptr(unsafe.Pointer(&cname[0])))); err != nil {
+			return err
+		}
+		d.fns[name] = f
+	}
+	return nil
+}
+
+// launchL queues kernel name on the stream with a 1-D grid. Each argument
+// is one kernel parameter: device pointers and 64-bit integers as they are,
+// 32-bit integers and floats in the low four bytes (see i32, f32).
+func (d *Device) launchL(name string, grid, block, smem uint32, args ...uint64) error {
+	fn := d.fns[name]
+	if fn == 0 {
+		return fmt.Errorf("cuda: no kernel %s", name)
+	}
+	if len(args) > len(d.args.vals) {
+		return fmt.Errorf("cuda: %s: %d arguments, at most %d", name, len(args), len(d.args.vals))
+	}
+	if grid == 0 {
+		return nil
+	}
+	copy(d.args.vals[:], args)
+	return check("cuLaunchKernel "+name, call(driver.cuLaunchKernel, fn,
+		uintptr(grid), 1, 1, uintptr(block), 1, 1, uintptr(smem), d.stream,
+		uintptr(unsafe.Pointer(&d.args.ptrs[0])), 0))
+}
+
+// i32 and f32 encode 32-bit kernel parameters for launchL.
+func i32(v int) uint64     { return uint64(uint32(int32(v))) }
+func f32(v float32) uint64 { return uint64(*(*uint32)(unsafe.Pointer(&v))) }

@@ -1,0 +1,187 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Weight is a weight matrix in device memory, the device twin of
+// kernels.Mat: Buf holds (Rows, Cols) elements of DType, row-major; an
+// F8E4M3 weight also has Scale, (ceil(Rows/BlockRows), ceil(Cols/BlockCols))
+// float32 block scales.
+type Weight struct {
+	Buf                  *Buffer
+	DType                kernels.DType
+	Rows, Cols           int
+	Scale                *Buffer
+	BlockRows, BlockCols int
+}
+
+// UploadMat copies m to the device. The caller frees the Weight with Free.
+func (d *Device) UploadMat(m *kernels.Mat) (*Weight, error) {
+	size := m.DType.Size()
+	if size == 0 {
+		return nil, fmt.Errorf("cuda: no kernels for %v weights", m.DType)
+	}
+	bytes := int64(m.Rows) * int64(m.Cols) * int64(size)
+	w := &Weight{DType: m.DType, Rows: m.Rows, Cols: m.Cols, BlockRows: m.BlockRows, BlockCols: m.BlockCols}
+	var err error
+	if w.Buf, err = d.Alloc(max(bytes, 1)); err != nil {
+		return nil, err
+	}
+	if err = w.Buf.Upload(0, m.Data[:bytes]); err == nil && m.DType == kernels.F8E4M3 {
+		ns := ceilDiv(m.Rows, m.BlockRows) * ceilDiv(m.Cols, m.BlockCols)
+		if w.Scale, err = d.Alloc(int64(max(ns, 1)) * 4); err == nil {
+			err = w.Scale.UploadF32(0, m.Scale[:ns])
+		}
+	}
+	if err != nil {
+		w.Free()
+		return nil, err
+	}
+	return w, nil
+}
+
+// Bytes is the device memory the weight takes.
+func (w *Weight) Bytes() int64 {
+	n := w.Buf.Size()
+	if w.Scale != nil {
+		n += w.Scale.Size()
+	}
+	return n
+}
+
+// Free releases the weight's device memory.
+func (w *Weight) Free() error {
+	err := w.Buf.Free()
+	if e := w.Scale.Free(); err == nil {
+		err = e
+	}
+	return err
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// gemvBlock is the GEMV kernels' block size, 8 warps: one output row each,
+// or gemvSplit warps per row in the n = 1 kernels (F8E4M3 excepted).
+const (
+	gemvBlock = 256
+	gemvSplit = 4
+)
+
+// Linear queues y (n, w.Rows) = x (n, w.Cols) · wᵀ with float32 x and y and
+// float32 accumulation (the decode GEMV; exact weight decoding, so the
+// result differs from kernels.MatMulRef only in summation order).
+// x and y are float32 buffers at element offset 0.
+func (d *Device) Linear(y, x *Buffer, w *Weight, n int) error {
+	if err := linearArgs(y, x, w, n); err != nil {
+		return err
+	}
+	return d.do(func() error { return d.linearL(y.ptr, x.ptr, w, n) })
+}
+
+func linearArgs(y, x *Buffer, w *Weight, n int) error {
+	if n < 0 || w == nil {
+		return fmt.Errorf("cuda: Linear with n=%d, weight %v", n, w)
+	}
+	if err := x.span(0, int64(n)*int64(w.Cols)*4); err != nil {
+		return fmt.Errorf("Linear x: %w", err)
+	}
+	if err := y.span(0, int64(n)*int64(w.Rows)*4); err != nil {
+		return fmt.Errorf("Linear y: %w", err)
+	}
+	return nil
+}
+
+// linearL launches the GEMV for device addresses y and x.
+func (d *Device) linearL(y, x uint64, w *Weight, n int) error {
+	if n == 0 || w.Rows == 0 {
+		return nil
+	}
+	nb := 1 // kernels for n = 1 (decode) and for n in chunks of 8
+	if n > 1 {
+		nb = 0
+	}
+	grid := uint32(ceilDiv(w.Rows, gemvBlock/32))
+	switch w.DType {
+	case kernels.F32, kernels.BF16, kernels.F16:
+		if n == 1 { // four warps a row
+			grid = uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
+		}
+		return d.launchL(gemvKernels[w.DType][nb], grid, gemvBlock, 0,
+			y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols))
+	case kernels.F8E4M3:
+		if w.BlockRows <= 0 || w.BlockCols <= 0 || w.Scale == nil {
+			return fmt.Errorf("cuda: F8E4M3 weight without block scales")
+		}
+		return d.launchL(gemvKernels[w.DType][nb], grid, gemvBlock, 0,
+			y, x, w.Buf.ptr, w.Scale.ptr, i32(n), i32(w.Rows), i32(w.Cols), i32(w.BlockRows), i32(w.BlockCols))
+	}
+	return fmt.Errorf("cuda: no GEMV for %v weights", w.DType)
+}
+
+// gemvKernels names each dtype's GEMV kernels: [0] for n rows of x in
+// chunks of 8, [1] for n = 1.
+var gemvKernels = map[kernels.DType][2]string{
+	kernels.F32:    {"ferrite_gemv_f32_8", "ferrite_gemv_f32_1"},
+	kernels.BF16:   {"ferrite_gemv_bf16_8", "ferrite_gemv_bf16_1"},
+	kernels.F16:    {"ferrite_gemv_f16_8", "ferrite_gemv_f16_1"},
+	kernels.F8E4M3: {"ferrite_gemv_f8e4m3_8", "ferrite_gemv_f8e4m3_1"},
+}
+
+// RMSNorm queues y = w ⊙ x·rsqrt(mean(x²) + eps) (or (1 + w) ⊙ … with
+// offset) over rows rows of dim float32 values; w holds dim float32. y may
+// be x.
+func (d *Device) RMSNorm(y, x, w *Buffer, rows, dim int, eps float32, offset bool) error {
+	if rows < 0 || dim <= 0 {
+		return fmt.Errorf("cuda: RMSNorm of %d rows of %d", rows, dim)
+	}
+	for _, c := range []struct {
+		b *Buffer
+		n int
+	}{{y, rows * dim}, {x, rows * dim}, {w, dim}} {
+		if err := c.b.span(0, int64(c.n)*4); err != nil {
+			return fmt.Errorf("RMSNorm: %w", err)
+		}
+	}
+	off := 0
+	if offset {
+		off = 1
+	}
+	return d.do(func() error {
+		return d.launchL("ferrite_rmsnorm_f32", uint32(rows), 256, 0, y.ptr, x.ptr, w.ptr, i32(rows), i32(dim), f32(eps), i32(off))
+	})
+}
+
+// elementwiseGrid is the grid for n elements of a grid-stride kernel.
+func (d *Device) elementwiseGrid(n int64) uint32 {
+	return uint32(min(ceilDiv(int(n), 256), d.SMs*32))
+}
+
+// ToBF16 queues dst[i] = bf16(src[i]) (round to nearest even) for n
+// elements: src float32, dst bfloat16.
+func (d *Device) ToBF16(dst, src *Buffer, n int) error {
+	if err := src.span(0, int64(n)*4); err != nil {
+		return err
+	}
+	if err := dst.span(0, int64(n)*2); err != nil {
+		return err
+	}
+	return d.do(func() error {
+		return d.launchL("ferrite_f32_to_bf16", d.elementwiseGrid(int64(n)), 256, 0, dst.ptr, src.ptr, uint64(n))
+	})
+}
+
+// FillBF16 queues n bfloat16 values uniform in [-scale, scale), a hash of
+// (seed, index), into dst: random weights generated where they are used.
+func (d *Device) FillBF16(dst *Buffer, n int64, seed uint64, scale float32) error {
+	if err := dst.span(0, n*2); err != nil {
+		return err
+	}
+	return d.do(func() error {
+		return d.launchL("ferrite_fill_bf16", d.elementwiseGrid(n), 256, 0, dst.ptr, uint64(n), seed, f32(scale))
+	})
+}

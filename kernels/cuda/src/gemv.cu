@@ -1,0 +1,233 @@
+// Matrix-vector products for decode: y (n, rows) = x (n, cols) · wᵀ with the
+// weight w (rows, cols) in its stored dtype, x and y float32, and every sum
+// accumulated in float32. One warp computes one output row for up to NB rows
+// of x at a time, so each weight byte is read once per NB rows of x; the
+// warp's lanes stride the row in 16-byte loads when the row is 16-byte
+// aligned, one element at a time otherwise.
+//
+// Launch: 256 threads a block; n ≥ 1. The _8 kernels take any n in chunks
+// of 8, one warp per row: ceil(rows / 8) blocks. The _1 kernels are the
+// decode path (n = 1): four warps share a row, each summing every fourth
+// 512-byte stretch, so a 4096-wide bf16 row is one round of loads per warp
+// and small matrices still fill the GPU: ceil(rows / 2) blocks.
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+// Weight decoders: one(row, k) widens element k of a row; vec(v, o) widens a
+// 16-byte load into E floats. kVec says whether vec exists for the dtype.
+
+struct F32W {
+    static constexpr int kSize = 4, kE = 4;
+    static constexpr bool kVec = true;
+    __device__ static float one(const uint8_t* row, int k) { return reinterpret_cast<const float*>(row)[k]; }
+    __device__ static void vec(uint4 v, float* o) {
+        o[0] = __uint_as_float(v.x); o[1] = __uint_as_float(v.y);
+        o[2] = __uint_as_float(v.z); o[3] = __uint_as_float(v.w);
+    }
+};
+
+struct BF16W {
+    static constexpr int kSize = 2, kE = 8;
+    static constexpr bool kVec = true;
+    __device__ static float one(const uint8_t* row, int k) {
+        return __uint_as_float(uint32_t(reinterpret_cast<const uint16_t*>(row)[k]) << 16);
+    }
+    __device__ static void pair(uint32_t w, float* o) {
+        o[0] = __uint_as_float(w << 16);
+        o[1] = __uint_as_float(w & 0xffff0000u);
+    }
+    __device__ static void vec(uint4 v, float* o) { pair(v.x, o); pair(v.y, o + 2); pair(v.z, o + 4); pair(v.w, o + 6); }
+};
+
+struct F16W {
+    static constexpr int kSize = 2, kE = 8;
+    static constexpr bool kVec = true;
+    __device__ static float one(const uint8_t* row, int k) {
+        return __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(row)[k]));
+    }
+    __device__ static void pair(uint32_t w, float* o) {
+        o[0] = __half2float(__ushort_as_half(uint16_t(w)));
+        o[1] = __half2float(__ushort_as_half(uint16_t(w >> 16)));
+    }
+    __device__ static void vec(uint4 v, float* o) { pair(v.x, o); pair(v.y, o + 2); pair(v.z, o + 4); pair(v.w, o + 6); }
+};
+
+// float8 e4m3fn (bias 7, 0x7f/0xff NaN), exact in float32; the block scale
+// is applied per element by the caller.
+__device__ inline float f8e4m3(uint8_t b) {
+    uint32_t sign = uint32_t(b >> 7) << 31, exp = (b >> 3) & 0xf, man = b & 7;
+    if (exp == 0xf && man == 7) return __uint_as_float(0x7fc00000u);
+    if (exp == 0) {
+        float f = float(man) * (1.0f / 512.0f);
+        return sign ? -f : f;
+    }
+    return __uint_as_float(sign | (exp + 120) << 23 | man << 20);
+}
+
+__device__ inline float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <class W, int NB>
+__device__ void gemv(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                     int n, int rows, int cols) {
+    const int r = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const uint8_t* row = w + size_t(r) * cols * W::kSize;
+    const bool vec = W::kVec && (size_t(cols) * W::kSize) % 16 == 0;
+    for (int j0 = 0; j0 < n; j0 += NB) {
+        const int nb = min(NB, n - j0);
+        const float* xb = x + size_t(j0) * cols;
+        float acc[NB];
+#pragma unroll
+        for (int j = 0; j < NB; j++) acc[j] = 0.f;
+        if (vec) {
+#pragma unroll 4
+            for (int k = lane * W::kE; k < cols; k += 32 * W::kE) {
+                float wv[W::kE];
+                W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
+#pragma unroll
+                for (int j = 0; j < NB; j++) {
+                    if (j < nb) {
+                        const float4* xp = reinterpret_cast<const float4*>(xb + size_t(j) * cols + k);
+#pragma unroll
+                        for (int q = 0; q < W::kE / 4; q++) {
+                            float4 xv = __ldg(xp + q);
+                            acc[j] = fmaf(wv[4 * q], xv.x, acc[j]);
+                            acc[j] = fmaf(wv[4 * q + 1], xv.y, acc[j]);
+                            acc[j] = fmaf(wv[4 * q + 2], xv.z, acc[j]);
+                            acc[j] = fmaf(wv[4 * q + 3], xv.w, acc[j]);
+                        }
+                    }
+                }
+            }
+        } else {
+            for (int k = lane; k < cols; k += 32) {
+                float wv = W::one(row, k);
+#pragma unroll
+                for (int j = 0; j < NB; j++)
+                    if (j < nb) acc[j] = fmaf(wv, xb[size_t(j) * cols + k], acc[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            float s = warp_sum(acc[j]);
+            if (lane == 0 && j < nb) y[size_t(j0 + j) * rows + r] = s;
+        }
+    }
+}
+
+// One row per four warps (kSplit), n = 1: warp part p of a row sums the
+// stretches p, p + 4, p + 8, … of 32·E elements; the four partial sums meet
+// in shared memory.
+constexpr int kSplit = 4;
+
+template <class W>
+__device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                           int rows, int cols) {
+    __shared__ float part[kWarpsPerBlock];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
+    const int p = warp % kSplit;
+    float acc = 0.f;
+    if (r < rows) {
+        const uint8_t* row = w + size_t(r) * cols * W::kSize;
+        if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
+#pragma unroll 4
+            for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
+                float wv[W::kE];
+                W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
+                const float4* xp = reinterpret_cast<const float4*>(x + k);
+#pragma unroll
+                for (int q = 0; q < W::kE / 4; q++) {
+                    float4 xv = __ldg(xp + q);
+                    acc = fmaf(wv[4 * q], xv.x, acc);
+                    acc = fmaf(wv[4 * q + 1], xv.y, acc);
+                    acc = fmaf(wv[4 * q + 2], xv.z, acc);
+                    acc = fmaf(wv[4 * q + 3], xv.w, acc);
+                }
+            }
+        } else {
+            for (int k = p * 32 + lane; k < cols; k += kSplit * 32) acc = fmaf(W::one(row, k), x[k], acc);
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (p == 0 && lane == 0 && r < rows) {
+        float s = part[warp];
+#pragma unroll
+        for (int i = 1; i < kSplit; i++) s += part[warp + i];
+        y[r] = s;
+    }
+}
+
+// F8E4M3 with (ceil(rows/br), ceil(cols/bc)) float32 block scales: each
+// weight is rounded to float32 after its scale, as kernels.MatMulRef does.
+template <int NB>
+__device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                        const float* __restrict__ scale, int n, int rows, int cols, int br, int bc) {
+    const int r = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const uint8_t* row = w + size_t(r) * cols;
+    const float* srow = scale + size_t(r / br) * ((cols + bc - 1) / bc);
+    for (int j0 = 0; j0 < n; j0 += NB) {
+        const int nb = min(NB, n - j0);
+        const float* xb = x + size_t(j0) * cols;
+        float acc[NB];
+#pragma unroll
+        for (int j = 0; j < NB; j++) acc[j] = 0.f;
+        for (int k = lane; k < cols; k += 32) {
+            float wv = __fmul_rn(f8e4m3(row[k]), srow[k / bc]);
+#pragma unroll
+            for (int j = 0; j < NB; j++)
+                if (j < nb) acc[j] = fmaf(wv, xb[size_t(j) * cols + k], acc[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            float s = warp_sum(acc[j]);
+            if (lane == 0 && j < nb) y[size_t(j0 + j) * rows + r] = s;
+        }
+    }
+}
+
+}  // namespace
+
+#define FERRITE_GEMV(name, W, NB)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int n, int rows, int cols) {               \
+        gemv<W, NB>(y, x, w, n, rows, cols);                                                        \
+    }
+
+#define FERRITE_GEMV_SPLIT(name, W)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int n, int rows, int cols) {               \
+        gemv_split<W>(y, x, w, rows, cols);                                                         \
+    }
+
+FERRITE_GEMV_SPLIT(ferrite_gemv_f32_1, F32W)
+FERRITE_GEMV(ferrite_gemv_f32_8, F32W, 8)
+FERRITE_GEMV_SPLIT(ferrite_gemv_bf16_1, BF16W)
+FERRITE_GEMV(ferrite_gemv_bf16_8, BF16W, 8)
+FERRITE_GEMV_SPLIT(ferrite_gemv_f16_1, F16W)
+FERRITE_GEMV(ferrite_gemv_f16_8, F16W, 8)
+
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_gemv_f8e4m3_1(float* y, const float* x, const uint8_t* w, const float* scale, int n, int rows,
+                          int cols, int br, int bc) {
+    gemv_f8<1>(y, x, w, scale, n, rows, cols, br, bc);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_gemv_f8e4m3_8(float* y, const float* x, const uint8_t* w, const float* scale, int n, int rows,
+                          int cols, int br, int bc) {
+    gemv_f8<8>(y, x, w, scale, n, rows, cols, br, bc);
+}
