@@ -54,7 +54,11 @@ type Loaded struct {
 	Device, DeviceNote string
 
 	ownBackend *device.Backend
+	autoDevice bool // the backend was chosen by --device auto
 }
+
+// openDevice opens a device backend; tests replace it.
+var openDevice = device.Open
 
 // Load opens dir's config.json and weights, starts a backend and builds the
 // model. dir may also be a GGUF file, or a directory holding one GGUF model
@@ -102,6 +106,22 @@ func Load(dir string, opts Options) (*Loaded, error) {
 // cache dtype opts asks for.
 func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Options) (model.Model, error) {
 	m, err := model.New(cfg, l.source(src, opts), l.Backend)
+	if err != nil && l.autoDevice {
+		// --device auto took a backend without the op set (the CUDA
+		// backend runs MatMul only so far), and this architecture needs
+		// it: run on the CPU instead, and say why.
+		if _, isDevice := l.Backend.(kernels.Device); !isDevice {
+			gpu := l.Device
+			l.ownBackend.Close()
+			b, cerr := openDevice(device.Spec{Kind: device.CPU}, opts.Threads)
+			if cerr != nil {
+				return nil, cerr
+			}
+			l.ownBackend, l.Backend, l.Device = b, b.Backend, b.Desc
+			l.DeviceNote = fmt.Sprintf("%s does not run %s yet (it lacks the op set)", gpu, cfg.ModelType)
+			m, err = model.New(cfg, l.source(src, opts), l.Backend)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -167,10 +187,11 @@ func (l *Loaded) openBackend(opts Options) error {
 			return err
 		}
 	}
-	b, err := device.Open(spec, opts.Threads)
+	b, err := openDevice(spec, opts.Threads)
 	if err != nil {
 		return err
 	}
+	l.autoDevice = spec.Kind == device.Auto
 	// The model runs on the opened backend itself (the CPU one implements
 	// the op set, kernels.Device), not on the wrapper.
 	l.ownBackend, l.Backend, l.Device, l.DeviceNote = b, b.Backend, b.Desc, b.Note

@@ -1,0 +1,50 @@
+package engine
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/device"
+)
+
+// matMulOnly is a backend with MatMul and Parallel but not the op set, as
+// the CUDA backend is so far.
+type matMulOnly struct{ kernels.Backend }
+
+func (matMulOnly) Name() string { return "fake-gpu" }
+
+// TestAutoDeviceFallsBackToCPU: when --device auto opens a GPU backend
+// that lacks the op set, an architecture on the op set loads on the CPU
+// (and says why) instead of failing; an explicit device still fails.
+func TestAutoDeviceFallsBackToCPU(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	orig := openDevice
+	defer func() { openDevice = orig }()
+	openDevice = func(s device.Spec, threads int) (*device.Backend, error) {
+		if s.Kind == device.CPU {
+			return orig(s, threads)
+		}
+		return &device.Backend{Backend: matMulOnly{c}, Desc: "fake-gpu:0"}, nil
+	}
+
+	l, err := Load(fixtures.Dir("qwen3"), Options{Threads: 1, Device: "auto"})
+	if err != nil {
+		t.Fatalf("auto: %v", err)
+	}
+	defer l.Close()
+	if _, ok := l.Backend.(kernels.Device); !ok {
+		t.Errorf("auto: the model runs on %s, not a backend with the op set", l.Backend.Name())
+	}
+	if !strings.HasPrefix(l.Device, "cpu") || !strings.Contains(l.DeviceNote, "fake-gpu:0 does not run qwen3") {
+		t.Errorf("auto: device %q, note %q; want the CPU and why", l.Device, l.DeviceNote)
+	}
+
+	if l, err := Load(fixtures.Dir("qwen3"), Options{Threads: 1, Device: "cuda"}); err == nil {
+		l.Close()
+		t.Error("an explicit cuda device without the op set loaded the model")
+	}
+}
