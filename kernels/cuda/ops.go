@@ -3,7 +3,9 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -22,6 +24,11 @@ type Weight struct {
 
 // UploadMat copies m to the device. The caller frees the Weight with Free.
 func (d *Device) UploadMat(m *kernels.Mat) (*Weight, error) {
+	if m.DType.Quantized() {
+		// No GPU kernels for GGML blocks yet: decode them exactly to
+		// float32 once, on the host, and run the float32 GEMV.
+		m = dequantize(m)
+	}
 	size := m.DType.Size()
 	if size == 0 {
 		return nil, fmt.Errorf("cuda: no kernels for %v weights", m.DType)
@@ -64,6 +71,20 @@ func (w *Weight) Free() error {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// dequantize returns m's values as an F32 matrix (kernels.Mat.RowF32, the
+// exact decoding).
+func dequantize(m *kernels.Mat) *kernels.Mat {
+	f := &kernels.Mat{DType: kernels.F32, Rows: m.Rows, Cols: m.Cols, Data: make([]byte, m.Rows*m.Cols*4)}
+	row := make([]float32, m.Cols)
+	for r := range m.Rows {
+		m.RowF32(row, r)
+		for i, v := range row {
+			binary.LittleEndian.PutUint32(f.Data[(r*m.Cols+i)*4:], math.Float32bits(v))
+		}
+	}
+	return f
+}
 
 // gemvBlock is the GEMV kernels' block size, 8 warps: one output row each,
 // or gemvSplit warps per row in the n = 1 kernels (F8E4M3 excepted).
