@@ -177,7 +177,11 @@ func TestPullDownloadsFilesInParallel(t *testing.T) {
 	f.Add("acme/Tiny-1B", commitA, shardedModel())
 	f.Throttle(2 << 20) // 0.1 s per 200 KiB: the shards overlap
 	res := pullOK(t, client(t, f), "acme/Tiny-1B")
-	if n := f.MostAtOnce(); n < 2 || n > parallelFiles {
+	// The fake counts a GET until its handler returns, which can be just
+	// after the client has read the last byte and started its next file:
+	// one more than parallelFiles is that overlap, not a fifth download
+	// (the model has 7 files, so pulling them all at once still fails).
+	if n := f.MostAtOnce(); n < 2 || n > parallelFiles+1 {
 		t.Fatalf("%d files downloaded at once, want 2 to %d", n, parallelFiles)
 	}
 	if res.Downloaded != res.Size {
