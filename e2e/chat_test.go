@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,34 +80,46 @@ func modelDir(t *testing.T, name string) string {
 	return dir
 }
 
-// term is one tmux session running a command.
+// term is one tmux session running a command, on a tmux server of its
+// own: sessions that share a server race with its exit when the last one
+// ends ("server exited unexpectedly").
 type term struct {
 	t    *testing.T
-	name string
+	name string // the session
+	sock string // the server's socket name (short: socket paths are limited)
 }
+
+// terms numbers the sessions of this test process, so that two terms of
+// one test never share a name.
+var terms atomic.Int64
 
 func newTerm(t *testing.T, env []string, argv ...string) *term {
 	t.Helper()
 	if _, err := exec.LookPath("tmux"); err != nil {
 		t.Skip("tmux is not installed (.ci/run installs it)")
 	}
-	name := "ferrite-e2e-" + strings.ReplaceAll(t.Name(), "/", "-")
-	_ = exec.Command("tmux", "kill-session", "-t", name).Run()
+	n := terms.Add(1)
+	name := fmt.Sprintf("ferrite-e2e-%d-%s", n, strings.ReplaceAll(t.Name(), "/", "-"))
+	tm := &term{t: t, name: name, sock: fmt.Sprintf("fe2e-%d-%d", os.Getpid(), n)}
 	args := []string{"new-session", "-d", "-s", name, "-x", "110", "-y", "32", "env"}
 	args = append(args, env...)
 	args = append(args, argv...)
-	if out, err := exec.Command("tmux", args...).CombinedOutput(); err != nil {
+	if out, err := tm.tmux(args...).CombinedOutput(); err != nil {
 		t.Fatalf("tmux: %v\n%s", err, out)
 	}
-	tm := &term{t: t, name: name}
-	t.Cleanup(func() { _ = exec.Command("tmux", "kill-session", "-t", name).Run() })
+	t.Cleanup(func() { _ = tm.tmux("kill-server").Run() })
 	return tm
+}
+
+// tmux is a tmux command addressed to this term's own server.
+func (tm *term) tmux(args ...string) *exec.Cmd {
+	return exec.Command("tmux", append([]string{"-L", tm.sock}, args...)...)
 }
 
 // screen is the visible terminal; "" once the session has ended (the
 // program exited).
 func (tm *term) screen() string {
-	out, err := exec.Command("tmux", "capture-pane", "-p", "-t", tm.name).Output()
+	out, err := tm.tmux("capture-pane", "-p", "-t", tm.name).Output()
 	if err != nil {
 		return ""
 	}
@@ -113,7 +127,7 @@ func (tm *term) screen() string {
 }
 
 func (tm *term) send(keys ...string) {
-	if out, err := exec.Command("tmux", append([]string{"send-keys", "-t", tm.name}, keys...)...).CombinedOutput(); err != nil {
+	if out, err := tm.tmux(append([]string{"send-keys", "-t", tm.name}, keys...)...).CombinedOutput(); err != nil {
 		tm.t.Fatalf("send-keys: %v\n%s", err, out)
 	}
 }
