@@ -22,11 +22,9 @@ package kernels
 //     panic with a constant "kernels: ..." message.
 //
 // Device embeds the capabilities the GQA family needs (dense and MoE). The
-// interfaces after it (MLAOps, SparseOps, LinearAttentionOps, HyperOps) are
-// the rest of the op set, designed here and discovered by type assertion;
-// no backend implements them yet, and the architectures that need them
-// (mla, glm4moelite, deepseekv32, glmmoedsa, qwen3next, glm5next) still run
-// on the host-slice path (kernels.Backend plus engine/nn and engine/linattn).
+// interfaces after it (MLAOps, SparseOps, LinearAttentionOps, HyperOps,
+// ClampOps) are the rest of the op set, discovered by type assertion; the
+// architectures that need them check for them at load.
 
 // Device is a backend that owns tensor memory and runs the op set. It also
 // implements the host-slice Backend, which the architectures not yet ported
@@ -254,14 +252,52 @@ type LinearAttentionOps interface {
 	L2Norm(x Tensor, eps float32)
 }
 
-// HyperOps are manifold-constrained hyper-connections (mHC, glm5next):
-// several residual streams mixed before and after each sublayer. Not
-// implemented yet.
+// Hyper is one manifold-constrained hyper-connection site (mHC): the
+// parameters that turn a token's hc residual streams into the sublayer's
+// input and mix the sublayer's output back in. With M = (2+hc)·hc:
+//
+//	r    = rsqrt(mean(X²) + NormEps) over the token's hc·hidden stream values
+//	mix  = (X·r)·Fnᵀ                                            (M)
+//	pre  = sigmoid(mix[0:hc]·Scale[0] + Base[0:hc]) + Eps
+//	post = 2·sigmoid(mix[hc:2hc]·Scale[1] + Base[hc:2hc])
+//	comb = Sinkhorn(mix[2hc:]·Scale[2] + Base[2hc:])             (hc, hc), row i = source stream
+//
+// Sinkhorn is a row softmax plus Eps, a column normalisation, then Iters−1
+// rounds of row and column normalisations, each dividing by (sum + Eps).
+type Hyper struct {
+	Fn      *Mat       // (M, hc·hidden) hc_*_fn
+	Base    Tensor     // (1, M) F32 hc_*_base
+	Scale   [3]float32 // hc_*_scale: pre, post, comb
+	Streams int        // hc (hc_mult)
+	Iters   int        // hc_sinkhorn_iters ≥ 1
+	Eps     float32    // hc_eps
+	NormEps float32    // eps of the weightless RMSNorm over the streams
+}
+
+// HyperOps are manifold-constrained hyper-connections (mHC, glm5next): a
+// token's residual is hc streams X (hc·hidden, stream-major), collapsed
+// before each sublayer and updated after it. Computed in float32 with
+// float64 sums; the mix product is a matrix product in the weight's dtype.
 type HyperOps interface {
-	// HyperPre sets x (N, hidden) = Σ_i pre_i·X_i from the streams
-	// (N, streams·hidden) and the sublayer's mixing weights.
-	HyperPre(x, streams, mix Tensor, eps float32)
-	// HyperPost updates the streams from the sublayer output y with the
-	// Sinkhorn-normalised residual mix.
-	HyperPost(streams, y, mix Tensor, iters int)
+	// HyperPre sets x (N, hidden) = Σ_i pre_i·X_i for the streams (N,
+	// hc·hidden) and coef (N, hc+hc·hc) = [post | comb] (comb row-major,
+	// row i = source stream), as Hyper describes.
+	HyperPre(x, coef, streams Tensor, h *Hyper)
+	// HyperPost sets, in place, X[j] = post[j]·y + Σ_i comb[i][j]·X[i] for
+	// the streams (N, hc·hidden), the sublayer output y (N, hidden) and
+	// HyperPre's coef.
+	HyperPost(streams, y, coef Tensor)
+	// HyperMerge sets dst (N, hidden) to the unweighted mean of the hc
+	// streams (N, hc·hidden), summed in float64.
+	HyperMerge(dst, streams Tensor)
+}
+
+// ClampOps are SwiGLU with an activation clamp (GLM-5's swiglu_limit L):
+// silu(min(gate, L))·clamp(up, −L, L), L > 0. The unclamped SwiGLU and
+// Experts of LinearOps and MoEOps are these without the clamp.
+type ClampOps interface {
+	// SwiGLUClamp is LinearOps.SwiGLU with the clamp. dst may be gate.
+	SwiGLUClamp(dst, gate, up Tensor, limit float32)
+	// ExpertsClamp is MoEOps.Experts with every expert's SwiGLU clamped.
+	ExpertsClamp(dst, x, ids, w Tensor, experts []Expert, limit float32)
 }

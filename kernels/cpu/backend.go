@@ -17,6 +17,7 @@ type Backend struct {
 	arena arena     // per-step scratch tensors
 	tmp   []float32 // scratch inside one op (Linear's accumulate)
 	moe   moeScratch
+	hyper hyperScratch
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 }
 

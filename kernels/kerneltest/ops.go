@@ -27,6 +27,12 @@ const (
 	// ExpertsTol: scale is max |y| of the call (two chained products and a
 	// SwiGLU per expert).
 	ExpertsTol = 1e-5
+	// HyperTol (HyperPre): scale is max(1, |want|). The mix product is a
+	// float32 MatMul against the float64 reference; its error passes
+	// through sigmoid and the Sinkhorn exponentials (factors ≤ |Scale|) into
+	// the coefficients and the pre-weighted sum of the streams. HyperPost
+	// and HyperMerge are the reference loops and must match to RowOpTol.
+	HyperTol = 2e-5
 )
 
 // RunOps runs the op-set conformance suite against d as subtests. Every
@@ -42,7 +48,20 @@ func RunOps(t *testing.T, d kernels.Device) {
 	t.Run("RoPE", func(t *testing.T) { ropeTest(t, d) })
 	t.Run("Attention", func(t *testing.T) { attentionTest(t, d) })
 	t.Run("Route", func(t *testing.T) { routeTest(t, d) })
-	t.Run("Experts", func(t *testing.T) { expertsTest(t, d) })
+	t.Run("Experts", func(t *testing.T) { expertsTest(t, d, d.Experts, 0) })
+	if c, ok := d.(kernels.ClampOps); ok {
+		t.Run("SwiGLUClamp", func(t *testing.T) { swigluClampTest(t, d, c) })
+		t.Run("ExpertsClamp", func(t *testing.T) {
+			expertsTest(t, d, func(dst, x, ids, w kernels.Tensor, ex []kernels.Expert) { c.ExpertsClamp(dst, x, ids, w, ex, 0.75) }, 0.75)
+		})
+	} else {
+		t.Log("no ClampOps: clamped SwiGLU not tested")
+	}
+	if h, ok := d.(kernels.HyperOps); ok {
+		t.Run("Hyper", func(t *testing.T) { hyperTest(t, d, h) })
+	} else {
+		t.Log("no HyperOps: hyper-connections not tested")
+	}
 }
 
 const guardRows = 2
@@ -432,7 +451,9 @@ func routeTest(t *testing.T, d kernels.Device) {
 	}
 }
 
-func expertsTest(t *testing.T, d kernels.Device) {
+// expertsTest runs op (Experts, or ExpertsClamp at limit) on a mix of
+// fused and separate, BF16 and F32 experts.
+func expertsTest(t *testing.T, d kernels.Device, op func(dst, x, ids, w kernels.Tensor, ex []kernels.Expert), limit float32) {
 	rng := rand.New(rand.NewPCG(19, 20))
 	const n, k, e, hidden, inter = 11, 2, 5, 24, 16
 	ex := make([]kernels.Expert, e)
@@ -453,12 +474,117 @@ func expertsTest(t *testing.T, d kernels.Device) {
 	}
 	x, y, w := newBuf(t, d, n, hidden, xv), newBuf(t, d, n, hidden, nil), newBuf(t, d, n, k, wv)
 	it := ints(t, d, n, k, ids)
-	step(d, func() { d.Experts(y.t, x.t, it, w.t, ex) })
+	step(d, func() { op(y.t, x.t, it, w.t, ex) })
 	want := make([]float32, n*hidden)
-	ref.Experts(want, xv, ids, wv, n, ex)
+	ref.ExpertsClamp(want, xv, ids, wv, n, ex, limit)
+	if limit != 0 {
+		// The clamp must matter: the unclamped experts differ.
+		plain := make([]float32, n*hidden)
+		ref.Experts(plain, xv, ids, wv, n, ex)
+		if rel, _ := maxDiff(plain, want); rel < 1e-3 {
+			t.Fatalf("the clamp at %g changes the experts' output by only %.3g", limit, rel)
+		}
+	}
 	m := 0.0
 	for _, v := range want {
 		m = max(m, math.Abs(float64(v)))
 	}
 	compare(t, "y", y.read(t, "y"), want, ExpertsTol, func(int) float64 { return m })
+}
+
+// maxDiff is max|a−b| / max|b| and max|a−b|.
+func maxDiff(a, b []float32) (rel, abs float64) {
+	m := 0.0
+	for i := range b {
+		abs = max(abs, math.Abs(float64(a[i])-float64(b[i])))
+		m = max(m, math.Abs(float64(b[i])))
+	}
+	return abs / m, abs
+}
+
+func swigluClampTest(t *testing.T, d kernels.Device, c kernels.ClampOps) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	const n, inter, limit = 7, 19, 0.8
+	gv, uv := randn(rng, n*inter), randn(rng, n*inter)
+	clamped := 0
+	for i := range gv {
+		gv[i] *= 2
+		uv[i] *= 2
+		if gv[i] > limit || math.Abs(float64(uv[i])) > limit {
+			clamped++
+		}
+	}
+	if clamped < n*inter/4 {
+		t.Fatalf("only %d of %d inputs reach the clamp", clamped, n*inter)
+	}
+	g, u, y := newBuf(t, d, n, inter, gv), newBuf(t, d, n, inter, uv), newBuf(t, d, n, inter, nil)
+	step(d, func() { c.SwiGLUClamp(y.t, g.t, u.t, limit) })
+	want := make([]float32, len(gv))
+	for i := range want { // silu(min(g, L))·clamp(u, −L, L), written out
+		gc := float64(min(gv[i], limit))
+		want[i] = float32(gc/(1+math.Exp(-gc))) * max(min(uv[i], limit), -limit)
+	}
+	compare(t, "y", y.read(t, "y"), want, RowOpTol, rowScale(want))
+	// In place (dst = gate).
+	step(d, func() { c.SwiGLUClamp(g.t, g.t, u.t, limit) })
+	compare(t, "in place", g.read(t, "gate"), want, RowOpTol, rowScale(want))
+}
+
+func hyperTest(t *testing.T, d kernels.Device, h kernels.HyperOps) {
+	for _, c := range []struct {
+		n, hc, hidden int
+		dt            kernels.DType
+		iters         int
+	}{{1, 1, 16, kernels.F32, 1}, {5, 4, 24, kernels.BF16, 20}, {9, 3, 40, kernels.F32, 7}} {
+		t.Run(fmt.Sprintf("%v/n=%d,hc=%d", c.dt, c.n, c.hc), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.hc)))
+			m, w, cw := (2+c.hc)*c.hc, c.hc*c.hidden, c.hc+c.hc*c.hc
+			xv := randn(rng, c.n*w)
+			for i := range xv {
+				xv[i] *= 3 // the norm must not be the identity
+			}
+			bv := randn(rng, m)
+			hp := &kernels.Hyper{
+				Fn: NewMat(rng, c.dt, m, w, 0, 0), Base: newBuf(t, d, 1, m, bv).t,
+				Scale:   [3]float32{0.5 + rng.Float32(), 0.5 + rng.Float32(), 1 + 2*rng.Float32()},
+				Streams: c.hc, Iters: c.iters, Eps: 1e-6, NormEps: 1e-5,
+			}
+			X, x, coef := newBuf(t, d, c.n, w, xv), newBuf(t, d, c.n, c.hidden, nil), newBuf(t, d, c.n, cw, nil)
+			step(d, func() { h.HyperPre(x.t, coef.t, X.t, hp) })
+			wantX, wantC := make([]float32, c.n*c.hidden), make([]float32, c.n*cw)
+			ref.Hyper(wantX, wantC, xv, bv, hp, c.n)
+			compare(t, "x", x.read(t, "x"), wantX, HyperTol, rowScale(wantX))
+			gotC := coef.read(t, "coef")
+			compare(t, "coef", gotC, wantC, HyperTol, rowScale(wantC))
+			// The last Sinkhorn step normalises columns.
+			for r := range c.n {
+				for j := range c.hc {
+					var col float64
+					for i := range c.hc {
+						col += float64(gotC[r*cw+c.hc+i*c.hc+j])
+					}
+					if math.Abs(col-1) > 1e-5 {
+						t.Fatalf("row %d: comb column %d sums to %g", r, j, col)
+					}
+				}
+			}
+
+			// HyperPost with the reference coefficients, then HyperMerge.
+			yv := randn(rng, c.n*c.hidden)
+			y, cf := newBuf(t, d, c.n, c.hidden, yv), newBuf(t, d, c.n, cw, wantC)
+			merged := newBuf(t, d, c.n, c.hidden, nil)
+			step(d, func() {
+				h.HyperPost(X.t, y.t, cf.t)
+				h.HyperMerge(merged.t, X.t)
+			})
+			want := append([]float32(nil), xv...)
+			ref.HyperPost(want, yv, wantC, c.hc, c.n)
+			compare(t, "streams", X.read(t, "streams"), want, RowOpTol, rowScale(want))
+			wantM := make([]float32, c.n*c.hidden)
+			for r := range c.n {
+				ref.HyperMerge(wantM[r*c.hidden:(r+1)*c.hidden], want[r*w:(r+1)*w], c.hc)
+			}
+			compare(t, "merge", merged.read(t, "merged"), wantM, RowOpTol, rowScale(wantM))
+		})
+	}
 }
