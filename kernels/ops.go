@@ -301,3 +301,56 @@ type ClampOps interface {
 	// ExpertsClamp is MoEOps.Experts with every expert's SwiGLU clamped.
 	ExpertsClamp(dst, x, ids, w Tensor, experts []Expert, limit float32)
 }
+
+// KPool is glm5_next's k-pool DSA indexer (index_kpool). Every token t
+// caches its indexer key k_t = LayerNorm(wk x_t) and gate γ_t = x_t·gateᵀ
+// as the row [k_t | γ_t] (2·Dim) of a cache layer. Pools are Size
+// consecutive tokens from position 0; the key of complete pool P is, per
+// channel c,
+//
+//	K̄_P[c] = Σ_j softmax_j(γ_{P·Size+j}[c] + Ape[j][c])·k_{P·Size+j}[c]
+//
+// and is kept in the first Dim values of the pool's last token's row once
+// that token is stored (its raw k_t is not needed any more: the tail pool
+// is always incomplete). A query at position t scores the complete pools
+// ending at or before t,
+//
+//	I_P = Σ_h w_h·ReLU(Scale·q_h·K̄_P)
+//
+// keeps the best min(Keep, #candidates) (ties to the lower pool) and, with
+// Tail, the incomplete pool's tokens [t+1 − (t+1) mod Size, t] unscored.
+type KPool struct {
+	Size  int     // index_kpool tokens per pool
+	Dim   int     // index_head_dim
+	Heads int     // index_n_heads
+	Keep  int     // complete pools kept per query: index_topk / index_kpool
+	Tail  bool    // index_kpool_always_select_tail
+	Ape   Tensor  // (Size, Dim) F32 index_kpool_compress_ape
+	Scale float32 // Dim^-½, times Heads^-½ when the head weights' factor is folded in
+}
+
+// SelWidth is the width of KPoolSelect's selection: the tokens of Keep
+// pools, and Size−1 more with Tail.
+func (k *KPool) SelWidth() int {
+	if k.Tail {
+		return k.Keep*k.Size + k.Size - 1
+	}
+	return k.Keep * k.Size
+}
+
+// KPoolOps are the k-pool indexer's cache and selection (glm5_next);
+// the selection feeds MLAOps.AttentionMLA.
+type KPoolOps interface {
+	// StoreKPool writes each row's [k | γ], k and g (N, Dim) F32, into
+	// cache (slots, 2·Dim), F32 or BF16 (rounded to nearest even), at
+	// p.Slot; then every row whose position closes a pool (Pos mod Size =
+	// Size−1) replaces the first Dim values of its slot with the pool's key,
+	// computed in float64 from the cached (rounded) members.
+	StoreKPool(cache, k, g Tensor, p *Paged, kp *KPool)
+
+	// KPoolSelect sets sel (N, SelWidth()) I32 to the positions each row
+	// attends to: the tokens of its kept pools, then the tail's, increasing,
+	// then −1. q is (N, Heads·Dim) and w (N, Heads) F32; the scores are
+	// float64 sums. The step's rows must be stored first.
+	KPoolSelect(sel, q, w, cache Tensor, p *Paged, kp *KPool)
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -33,7 +34,17 @@ const (
 	// the coefficients and the pre-weighted sum of the streams. HyperPost
 	// and HyperMerge are the reference loops and must match to RowOpTol.
 	HyperTol = 2e-5
+	// KPoolTol (the pooled keys StoreKPool writes): scale is max(1, |want|);
+	// a softmax-weighted mean of the members per channel. KPoolSelect's
+	// selection must be identical (random scores have no near-ties).
+	KPoolTol = RowOpTol
 )
+
+// I32Reader is implemented by backends whose I32 tensors a test can read
+// back (the k-pool selection); the suite skips those checks without it.
+type I32Reader interface {
+	ReadI32(dst []int32, t kernels.Tensor)
+}
 
 // RunOps runs the op-set conformance suite against d as subtests. Every
 // destination is a view with guard rows on both sides that must stay
@@ -56,6 +67,11 @@ func RunOps(t *testing.T, d kernels.Device) {
 		})
 	} else {
 		t.Log("no ClampOps: clamped SwiGLU not tested")
+	}
+	if k, ok := d.(kernels.KPoolOps); ok {
+		t.Run("KPool", func(t *testing.T) { kpoolTest(t, d, k) })
+	} else {
+		t.Log("no KPoolOps: the k-pool indexer not tested")
 	}
 	if h, ok := d.(kernels.HyperOps); ok {
 		t.Run("Hyper", func(t *testing.T) { hyperTest(t, d, h) })
@@ -586,5 +602,145 @@ func hyperTest(t *testing.T, d kernels.Device, h kernels.HyperOps) {
 			}
 			compare(t, "merge", merged.read(t, "merged"), wantM, RowOpTol, rowScale(wantM))
 		})
+	}
+}
+
+func kpoolTest(t *testing.T, d kernels.Device, k kernels.KPoolOps) {
+	rd, ok := d.(I32Reader)
+	if !ok {
+		t.Skip("the backend cannot read I32 tensors back")
+	}
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for ci, c := range []struct {
+			size, dim, heads, keep, bs int
+			tail                       bool
+			seqs                       []attnSeq
+		}{
+			{4, 8, 2, 2, 4, true, []attnSeq{{0, 1}, {0, 23}, {9, 1}, {14, 3}}},
+			{3, 16, 3, 3, 8, false, []attnSeq{{0, 40}, {17, 7}, {30, 1}, {5, 2}}},
+			{5, 8, 1, 1, 16, true, []attnSeq{{0, 64}, {63, 1}}},
+		} {
+			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
+				kpoolCase(t, d, k, rd, dt, c.size, c.dim, c.heads, c.keep, c.bs, c.tail, c.seqs, uint64(ci))
+			})
+		}
+	}
+}
+
+func kpoolCase(t *testing.T, d kernels.Device, k kernels.KPoolOps, rd I32Reader, dt kernels.DType, size, dim, heads, keep, bs int, tail bool, seqs []attnSeq, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 23))
+	maxBlocks := 0
+	for _, s := range seqs {
+		maxBlocks = max(maxBlocks, (s.start+s.rows+bs-1)/bs)
+	}
+	nBlocks := len(seqs)*maxBlocks + 2
+	perm := rng.Perm(nBlocks)
+	blocks := make([]int32, len(seqs)*maxBlocks)
+	for i := range blocks {
+		blocks[i] = int32(perm[i])
+	}
+	cache, err := d.Alloc(dt, nBlocks*bs, 2*dim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	round := func(v []float32) []float32 {
+		if dt == kernels.BF16 {
+			for i, x := range v {
+				v[i] = kernels.BF16ToF32(kernels.F32ToBF16(x))
+			}
+		}
+		return v
+	}
+	apeV := randn(rng, size*dim)
+	kp := &kernels.KPool{Size: size, Dim: dim, Heads: heads, Keep: keep, Tail: tail,
+		Ape: newBuf(t, d, size, dim, apeV).t, Scale: float32(1 / math.Sqrt(float64(dim*heads)))}
+	bt := ints(t, d, len(seqs), maxBlocks, blocks)
+	slotOf := func(si, p int) int32 { return blocks[si*maxBlocks+p/bs]*int32(bs) + int32(p%bs) }
+
+	// Every position's raw [k | γ], as the cache holds it.
+	raw := make([][][]float32, len(seqs))
+	type rows struct {
+		pos, seq, slot []int32
+		k, g           []float32
+	}
+	var pre, cur rows
+	for si, s := range seqs {
+		for p := range s.start + s.rows {
+			kv, gv := randn(rng, dim), randn(rng, dim)
+			for i := range gv {
+				gv[i] *= 2
+			}
+			r := &cur
+			if p < s.start {
+				r = &pre
+			}
+			r.pos, r.seq, r.slot = append(r.pos, int32(p)), append(r.seq, int32(si)), append(r.slot, slotOf(si, p))
+			r.k, r.g = append(r.k, kv...), append(r.g, gv...)
+			raw[si] = append(raw[si], append(round(kv), round(gv)...))
+		}
+	}
+	paged := func(r *rows) *kernels.Paged {
+		n := len(r.pos)
+		return &kernels.Paged{Pos: ints(t, d, n, 1, r.pos), Seq: ints(t, d, n, 1, r.seq), Slot: ints(t, d, n, 1, r.slot), Blocks: bt, BlockSize: bs}
+	}
+	if len(pre.pos) > 0 {
+		kb, gb, p := newBuf(t, d, len(pre.pos), dim, pre.k), newBuf(t, d, len(pre.pos), dim, pre.g), paged(&pre)
+		step(d, func() { k.StoreKPool(cache, kb.t, gb.t, p, kp) })
+	}
+	n, sw := len(cur.pos), kp.SelWidth()
+	qv, wv := randn(rng, n*heads*dim), randn(rng, n*heads)
+	kb, gb, p := newBuf(t, d, n, dim, cur.k), newBuf(t, d, n, dim, cur.g), paged(&cur)
+	q, w := newBuf(t, d, n, heads*dim, qv), newBuf(t, d, n, heads, wv)
+	sel, err := d.Alloc(kernels.I32, n, sw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(d, func() {
+		k.StoreKPool(cache, kb.t, gb.t, p, kp)
+		k.KPoolSelect(sel, q.t, w.t, cache, p, kp)
+	})
+
+	// The pools' keys, then what the cache must hold.
+	keys := make([][][]float32, len(seqs))
+	prob := make([]float64, size)
+	for si := range seqs {
+		for P := range len(raw[si]) / size {
+			key := make([]float32, dim)
+			ref.KPoolKey(key, raw[si][P*size:(P+1)*size], apeV, prob)
+			keys[si] = append(keys[si], round(key))
+		}
+	}
+	if dt == kernels.F32 {
+		all := make([]float32, cache.Elems())
+		d.ReadF32(all, cache)
+		for si := range seqs {
+			for pos, r := range raw[si] {
+				want := append([]float32(nil), r...)
+				if pos%size == size-1 {
+					copy(want, keys[si][pos/size])
+				}
+				s := int(slotOf(si, pos))
+				compare(t, fmt.Sprintf("cache seq %d pos %d", si, pos), all[s*2*dim:(s+1)*2*dim], want, KPoolTol, rowScale(want))
+			}
+		}
+	}
+	got := make([]int32, n*sw)
+	rd.ReadI32(got, sel)
+	want := make([]int32, n*sw)
+	dropped := 0
+	for i := range n {
+		si, pos := int(cur.seq[i]), int(cur.pos[i])
+		key := func(P int) []float32 { return keys[si][P] }
+		ref.KPoolSelect(want[i*sw:(i+1)*sw], qv[i*heads*dim:(i+1)*heads*dim], wv[i*heads:(i+1)*heads], pos, key, kp,
+			make([]float32, (pos+1)/size), make([]int32, keep))
+		if (pos+1)/size > keep {
+			dropped++
+		}
+		if !slices.Equal(got[i*sw:(i+1)*sw], want[i*sw:(i+1)*sw]) {
+			t.Errorf("row %d (seq %d, position %d): selection %v, want %v", i, si, pos, got[i*sw:(i+1)*sw], want[i*sw:(i+1)*sw])
+		}
+	}
+	if dropped == 0 {
+		t.Error("no row drops a pool: the case does not test the selection")
 	}
 }
