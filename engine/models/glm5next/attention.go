@@ -2,10 +2,10 @@ package glm5next
 
 import (
 	"math"
-	"slices"
 
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
 // dsa is a NoPE MLA attention layer with a k-pool DSA indexer (self_attn.*
@@ -265,7 +265,7 @@ func (ix *indexer) forward(p *pass, layer int, x, qr []float32) {
 				for j := range kp {
 					mem[j] = p.Cache.V(layer, seq, P*kp+j)
 				}
-				ix.pool(key, mem, prob)
+				ref.KPoolKey(key, mem, ix.ape, prob)
 				copy(mem[kp-1][:dI], key)
 			}
 		})
@@ -291,84 +291,10 @@ func (ix *indexer) forward(p *pass, layer int, x, qr []float32) {
 					}
 					sc[P] = acc
 				}
-				sel := topPools(p.sel[r*ix.pools:r*ix.pools:(r+1)*ix.pools], sc, ix.pools)
+				sel := ref.TopPools(p.sel[r*ix.pools:r*ix.pools:(r+1)*ix.pools], sc, ix.pools)
 				p.nsel[r] = int32(len(sel))
 			}
 		})
 	}
 	a.Release(mark)
-}
-
-// pool sets key (dim) to the pooled key of a complete pool whose members'
-// cached [k | γ] rows are mem (kpool): per channel c,
-// Σ_j softmax_j(γ_j[c] + ape[j][c])·k_j[c]. prob is scratch (kpool).
-func (ix *indexer) pool(key []float32, mem [][]float32, prob []float64) {
-	dI := ix.dim
-	for c := range dI {
-		mx := math.Inf(-1)
-		for j, v := range mem {
-			// γ + ape in float32, as transformers adds them.
-			prob[j] = float64(v[dI+c] + ix.ape[j*dI+c])
-			mx = max(mx, prob[j])
-		}
-		var sum float64
-		for j := range prob {
-			prob[j] = math.Exp(prob[j] - mx)
-			sum += prob[j]
-		}
-		var acc float64
-		for j, v := range mem {
-			acc += prob[j] / sum * float64(v[c])
-		}
-		key[c] = float32(acc)
-	}
-}
-
-// topPools appends to dst (which has room for k) the indices of the k
-// largest scores (all of them when there are at most k), ties going to the
-// lower index, and returns them in increasing index order.
-func topPools(dst []int32, scores []float32, k int) []int32 {
-	n := len(scores)
-	if n <= k {
-		for i := range n {
-			dst = append(dst, int32(i))
-		}
-		return dst
-	}
-	// worse(a, b): a ranks below b.
-	worse := func(a, b int32) bool {
-		return scores[a] < scores[b] || (scores[a] == scores[b] && a > b)
-	}
-	// A min-heap (root = worst kept) of the best k seen so far.
-	h := dst[:k]
-	for i := range k {
-		h[i] = int32(i)
-	}
-	down := func(i int) {
-		for {
-			l, m := 2*i+1, i
-			if l < k && worse(h[l], h[m]) {
-				m = l
-			}
-			if l+1 < k && worse(h[l+1], h[m]) {
-				m = l + 1
-			}
-			if m == i {
-				return
-			}
-			h[i], h[m] = h[m], h[i]
-			i = m
-		}
-	}
-	for i := k/2 - 1; i >= 0; i-- {
-		down(i)
-	}
-	for i := k; i < n; i++ {
-		if worse(h[0], int32(i)) {
-			h[0] = int32(i)
-			down(0)
-		}
-	}
-	slices.Sort(h)
-	return h
 }

@@ -5,20 +5,8 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
-
-// clampedSwiGLU sets h[i] = silu(min(g[i], limit)) · clamp(u[i], −limit,
-// limit): the gate is only capped from above, the up projection on both
-// sides (transformers' Glm5NextTextMLP / Glm5NextTextExperts).
-func clampedSwiGLU(h, g, u []float32, limit float32) {
-	u = u[:len(g)]
-	h = h[:len(g)]
-	for i, gv := range g {
-		gv = min(gv, limit)
-		uv := max(min(u[i], limit), -limit)
-		h[i] = nn.Silu(gv) * uv
-	}
-}
 
 // mlp is the dense clamped-SwiGLU feed-forward block (also the shared
 // expert): down(silu(min(gate(x), L)) ⊙ clamp(up(x), −L, L)).
@@ -46,7 +34,7 @@ func (m *mlp) Forward(be kernels.Backend, a *nn.Arena, y, x []float32, n int) {
 	u := a.Get(n * inter) // (n, inter)
 	m.gate.Forward(be, g, x, n)
 	m.up.Forward(be, u, x, n)
-	clampedSwiGLU(g, g, u, m.limit)
+	ref.SwiGLUClamp(g, g, u, m.limit)
 	m.down.Forward(be, y, g, n)
 	a.Release(mark)
 }
@@ -133,13 +121,13 @@ func (m *moe) Forward(be kernels.Backend, a *nn.Arena, y, x []float32, n int) {
 			be.MatMul(gu, xe, ex.GateUp, rows)
 			for r := range rows {
 				row := gu[r*2*inter : (r+1)*2*inter]
-				clampedSwiGLU(h[r*inter:(r+1)*inter], row[:inter], row[inter:], m.limit)
+				ref.SwiGLUClamp(h[r*inter:(r+1)*inter], row[:inter], row[inter:], m.limit)
 			}
 		} else {
 			g, u := gu[:rows*inter], gu[rows*inter:2*rows*inter]
 			be.MatMul(g, xe, ex.Gate, rows)
 			be.MatMul(u, xe, ex.Up, rows)
-			clampedSwiGLU(h, g, u, m.limit)
+			ref.SwiGLUClamp(h, g, u, m.limit)
 		}
 		be.MatMul(ye, h, ex.Down, rows)
 		for r, t := range ts {

@@ -7,15 +7,6 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels"
 )
 
-// sigmoid64 is 1/(1+e^-x) without overflow.
-func sigmoid64(x float64) float64 {
-	if x >= 0 {
-		return 1 / (1 + math.Exp(-x))
-	}
-	e := math.Exp(x)
-	return e / (1 + e)
-}
-
 // f32Mat wraps float32 values (rows, cols) as an F32 kernels.Mat.
 func f32Mat(rows, cols int, v []float32) *kernels.Mat {
 	data := make([]byte, 4*len(v)) // (rows, cols) little-endian float32

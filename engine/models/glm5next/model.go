@@ -11,6 +11,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
 // arch is the model_type the model reports in Info.
@@ -292,12 +293,11 @@ func (m *Model) layerForward(l *layer, i int, p *pass, X []float32) {
 	a, n := &p.Arena, p.N()
 	H, hc := m.p.hidden, m.p.hc
 	mark := a.Mark()
-	y := a.Get(n * H)          // (N, hidden) collapsed input, then normed
-	o := a.Get(n * H)          // (N, hidden) sublayer output
-	post := a.Get(n * hc)      // (N, hc)
-	comb := a.Get(n * hc * hc) // (N, hc, hc)
+	y := a.Get(n * H)               // (N, hidden) collapsed input, then normed
+	o := a.Get(n * H)               // (N, hidden) sublayer output
+	coef := a.Get(n * (hc + hc*hc)) // (N, hc+hc·hc) [post | comb]
 
-	l.attnHC.pre(p.Backend, a, X, y, post, comb, n)
+	l.attnHC.pre(p.Backend, a, X, y, coef, n)
 	l.attnNorm.Forward(y, y, n)
 	if l.kda != nil {
 		l.kda.forward(p, o, y)
@@ -307,12 +307,12 @@ func (m *Model) layerForward(l *layer, i int, p *pass, X []float32) {
 			m.traceSel(i, p)
 		}
 	}
-	l.attnHC.apply(X, o, post, comb, n)
+	ref.HyperPost(X, o, coef, hc, n)
 
-	l.ffnHC.pre(p.Backend, a, X, y, post, comb, n)
+	l.ffnHC.pre(p.Backend, a, X, y, coef, n)
 	l.ffnNorm.Forward(y, y, n)
 	l.ffn.Forward(p.Backend, a, o, y, n)
-	l.ffnHC.apply(X, o, post, comb, n)
+	ref.HyperPost(X, o, coef, hc, n)
 	a.Release(mark)
 }
 
