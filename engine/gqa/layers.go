@@ -78,9 +78,11 @@ type FFN interface {
 	Forward(c *Ctx, y, h kernels.Tensor)
 }
 
-// MLP is the SwiGLU feed-forward block: down(silu(gate(h)) ⊙ up(h)).
+// MLP is the SwiGLU feed-forward block: down(silu(gate(h)) ⊙ up(h)), or
+// with a clamp L down(silu(min(gate(h), L)) ⊙ clamp(up(h), −L, L)).
 type MLP struct {
 	Gate, Up, Down Linear
+	Limit          float32 // the SwiGLU clamp (swiglu_limit; kernels.ClampOps), 0 for none
 }
 
 // forward sets y (N, hidden) = MLP(h), or adds it to y when acc (shared
@@ -91,7 +93,11 @@ func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool) {
 	u := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
 	m.Gate.forward(c.Dev, g, h, false)
 	m.Up.forward(c.Dev, u, h, false)
-	c.Dev.SwiGLU(g, g, u)
+	if m.Limit != 0 {
+		clampOps(c.Dev).SwiGLUClamp(g, g, u, m.Limit)
+	} else {
+		c.Dev.SwiGLU(g, g, u)
+	}
 	m.Down.forward(c.Dev, y, g, acc)
 }
 
@@ -104,7 +110,8 @@ type MoE struct {
 	Gate    *kernels.Mat // (experts, hidden) router
 	Router  kernels.Router
 	Experts []kernels.Expert
-	Shared  *MLP // nil when absent
+	Limit   float32 // the experts' SwiGLU clamp (kernels.ClampOps), 0 for none; Shared has its own
+	Shared  *MLP    // nil when absent
 }
 
 // Forward implements FFN.
@@ -115,10 +122,24 @@ func (m *MoE) Forward(c *Ctx, y, h kernels.Tensor) {
 	ids := dev.Scratch(kernels.I32, c.N, m.Router.TopK) // (N, topK)
 	w := dev.Scratch(kernels.F32, c.N, m.Router.TopK)   // (N, topK)
 	dev.Route(ids, w, logits, &m.Router)
-	dev.Experts(y, h, ids, w, m.Experts)
+	if m.Limit != 0 {
+		clampOps(dev).ExpertsClamp(y, h, ids, w, m.Experts, m.Limit)
+	} else {
+		dev.Experts(y, h, ids, w, m.Experts)
+	}
 	if m.Shared != nil {
 		m.Shared.forward(c, y, h, true)
 	}
+}
+
+// clampOps is dev's clamped SwiGLU; a model with a clamp checks for it at
+// load.
+func clampOps(dev kernels.Device) kernels.ClampOps {
+	c, ok := dev.(kernels.ClampOps)
+	if !ok {
+		panic("gqa: a clamped SwiGLU on a device without kernels.ClampOps")
+	}
+	return c
 }
 
 // Block is a pre-norm decoder layer, x += Attn(AttnNorm(x)); x += FFN(FFNNorm(x)),
