@@ -30,7 +30,7 @@ type Decoder struct {
 	Dev        kernels.Device
 
 	mu sync.Mutex
-	in inputs
+	in Inputs
 }
 
 var _ model.DeviceModel = (*Decoder)(nil)
@@ -38,8 +38,8 @@ var _ model.DeviceModel = (*Decoder)(nil)
 // New converts host-loaded blocks (nn.Block with nn.MLP or nn.MoE) into a
 // Decoder on dev, uploading the small weights; the KV cache is BF16.
 func New(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*nn.Block, norm *nn.RMSNorm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) (*Decoder, error) {
-	u := &uploader{dev: dev}
-	d := &Decoder{Arch: arch, Embed: embed, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Norm: u.norm(norm)}
+	u := &Uploader{Dev: dev}
+	d := &Decoder{Arch: arch, Embed: embed, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Norm: u.Norm(norm)}
 	for _, b := range blocks {
 		gb, err := u.block(b)
 		if err != nil {
@@ -47,25 +47,41 @@ func New(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*nn.Block
 		}
 		d.Blocks = append(d.Blocks, gb)
 	}
-	if u.err != nil {
-		return nil, u.err
+	if u.Err != nil {
+		return nil, u.Err
 	}
-	d.Layout = make(kvcache.Layout, len(layout))
+	d.Layout = BF16Layout(layout)
+	return d, nil
+}
+
+// BF16Layout is layout with every layer's storage BF16, the op set's
+// default KV cache.
+func BF16Layout(layout kvcache.Layout) kvcache.Layout {
+	out := make(kvcache.Layout, len(layout))
 	for i, w := range layout {
 		w.DType = kernels.BF16
-		d.Layout[i] = w
+		out[i] = w
 	}
-	return d, nil
+	return out
+}
+
+// SetLayoutDType sets every layer of layout to dt, F32 or BF16
+// (model.DeviceModel's SetCacheDType).
+func SetLayoutDType(layout kvcache.Layout, dt kernels.DType) error {
+	if dt != kernels.F32 && dt != kernels.BF16 {
+		return fmt.Errorf("KV cache dtype %v (want F32 or BF16)", dt)
+	}
+	for i := range layout {
+		layout[i].DType = dt
+	}
+	return nil
 }
 
 // SetCacheDType implements model.DeviceModel: F32 or BF16 KV storage for
 // caches created afterwards.
 func (d *Decoder) SetCacheDType(dt kernels.DType) error {
-	if dt != kernels.F32 && dt != kernels.BF16 {
-		return fmt.Errorf("gqa: KV cache dtype %v (want F32 or BF16)", dt)
-	}
-	for i := range d.Layout {
-		d.Layout[i].DType = dt
+	if err := SetLayoutDType(d.Layout, dt); err != nil {
+		return fmt.Errorf("gqa: %w", err)
 	}
 	return nil
 }
@@ -84,9 +100,9 @@ func (d *Decoder) Info() model.Info {
 // CacheLayout implements model.Model.
 func (d *Decoder) CacheLayout() kvcache.Layout { return append(kvcache.Layout(nil), d.Layout...) }
 
-// inputs are the step's row maps, kept on the device between steps and
-// grown when a step needs more.
-type inputs struct {
+// Inputs are a step's row maps, kept on the device between steps and grown
+// when a step needs more.
+type Inputs struct {
 	ids, pos, seq, slot, rows, lrows kernels.Tensor // (cap, 1) I32
 	blocks                           kernels.Tensor // (cap, 1) I32, viewed as (seqs, maxBlocks)
 
@@ -112,26 +128,32 @@ func ensure(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, error
 // check validates b for a head of vocab rows and checks its cache is in
 // the model's device memory.
 func (d *Decoder) check(b *model.Batch, vocab int) error {
-	if err := b.Validate(vocab, d.Layout); err != nil {
+	return CheckBatch(b, vocab, d.Layout, d.Dev)
+}
+
+// CheckBatch validates b for a head of vocab rows and a cache of layout,
+// and checks its cache is in dev's memory.
+func CheckBatch(b *model.Batch, vocab int, layout kvcache.Layout, dev kernels.Device) error {
+	if err := b.Validate(vocab, layout); err != nil {
 		return err
 	}
-	if b.Cache.Memory() != kernels.Memory(d.Dev) {
-		return fmt.Errorf("gqa: the cache is not in the model's device memory (create it with model.NewCache)")
+	if b.Cache.Memory() != kernels.Memory(dev) {
+		return fmt.Errorf("the cache is not in the model's device memory (create it with model.NewCache)")
 	}
 	return nil
 }
 
 // Forward implements model.Model.
 func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
-	return d.forward(b, d.LMHead.Rows, nil, func(st *step) (*model.Output, error) {
-		embed := func(c *Ctx, x kernels.Tensor) { c.Dev.Embed(x, d.Embed, st.ids) }
+	return d.forward(b, d.LMHead.Rows, nil, func(st *Step) (*model.Output, error) {
+		embed := func(c *Ctx, x kernels.Tensor) { c.Dev.Embed(x, d.Embed, st.IDs) }
 		return d.run(b, st, embed, d.Blocks, d.Norm, d.LMHead), nil
 	})
 }
 
 // forward checks b for a head of vocab rows (and with validate, when not
 // nil), then, holding d.mu, uploads the step's inputs and runs body.
-func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body func(st *step) (*model.Output, error)) (*model.Output, error) {
+func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body func(st *Step) (*model.Output, error)) (*model.Output, error) {
 	if err := d.check(b, vocab); err != nil {
 		return nil, err
 	}
@@ -145,9 +167,9 @@ func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	st, err := d.upload(b)
+	st, err := d.in.Upload(d.Dev, b)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("gqa: %w", err)
 	}
 	return body(st)
 }
@@ -155,60 +177,67 @@ func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body
 // run is one step through blocks after embed has set the residual stream
 // x (N, hidden): the output head norms every row with norm and runs head
 // over the rows that want logits.
-func (d *Decoder) run(b *model.Batch, st *step, embed func(c *Ctx, x kernels.Tensor), blocks []*Block, norm *Norm, head *kernels.Mat) *model.Output {
+func (d *Decoder) run(b *model.Batch, st *Step, embed func(c *Ctx, x kernels.Tensor), blocks []*Block, norm *Norm, head *kernels.Mat) *model.Output {
 	dev := d.Dev
-	hidden, vocab, n := d.Embed.Cols, head.Rows, b.Tokens()
-	dev.BeginStep()
-	inStep := true
-	defer func() {
-		if inStep { // an op panicked: leave the device ready for the next step
-			dev.EndStep()
-		}
-	}()
-	x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
-	h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
-	y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
-	c := &Ctx{Dev: dev, N: n, Paged: st.paged, Cache: b.Cache.Layer}
-	embed(c, x)
-	first := blocks[0].AttnNorm
-	dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)
-	for i, blk := range blocks {
-		blk.Forward(c, x, h, y)
-		next := norm
-		if i+1 < len(blocks) {
-			next = blocks[i+1].AttnNorm
-		}
-		dev.AddRMSNorm(h, x, y, next.W, next.Eps, next.Offset)
-	}
-	// The output head: h holds the final norm of every row; gather the
-	// rows that want logits and run the LM head over them only.
+	hidden, n := d.Embed.Cols, b.Tokens()
 	var logits, hid kernels.Tensor
-	if st.nl > 0 {
-		lx := dev.Scratch(kernels.F32, st.nl, hidden) // (logit rows, hidden)
-		dev.GatherRows(lx, h, st.lrows)
-		logits = dev.Scratch(kernels.F32, st.nl, vocab) // (logit rows, vocab)
+	InStep(dev, func() {
+		x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
+		h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
+		y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
+		c := &Ctx{Dev: dev, N: n, Paged: st.Paged, Cache: b.Cache.Layer}
+		embed(c, x)
+		first := blocks[0].AttnNorm
+		dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)
+		for i, blk := range blocks {
+			blk.Forward(c, x, h, y)
+			next := norm
+			if i+1 < len(blocks) {
+				next = blocks[i+1].AttnNorm
+			}
+			dev.AddRMSNorm(h, x, y, next.W, next.Eps, next.Offset)
+		}
+		logits, hid = st.Head(dev, h, head)
+	})
+	return st.Outputs(dev, b, logits, hid)
+}
+
+// InStep runs fn between dev.BeginStep and dev.EndStep; a panic in fn
+// still ends the step, so the device is ready for the next one.
+func InStep(dev kernels.Device, fn func()) {
+	dev.BeginStep()
+	defer dev.EndStep()
+	fn()
+}
+
+// Step is one step's device inputs.
+type Step struct {
+	Paged       kernels.Paged
+	IDs         kernels.Tensor // (N, 1) I32 token ids
+	Rows, LRows kernels.Tensor // (NH, 1), (NL, 1) I32 rows whose hidden states / logits are returned
+	NH, NL      int
+}
+
+// Head is the output head: h (N, hidden) holds the final norm of every
+// row; it gathers the rows that want logits and runs head over them only,
+// and gathers the rows whose hidden states are returned. Either result is
+// the zero Tensor when no row wants it.
+func (st *Step) Head(dev kernels.Device, h kernels.Tensor, head *kernels.Mat) (logits, hid kernels.Tensor) {
+	if st.NL > 0 {
+		lx := dev.Scratch(kernels.F32, st.NL, h.Cols) // (logit rows, hidden)
+		dev.GatherRows(lx, h, st.LRows)
+		logits = dev.Scratch(kernels.F32, st.NL, head.Rows) // (logit rows, vocab)
 		dev.Linear(logits, lx, head, kernels.Epilogue{})
 	}
-	if st.nh > 0 {
-		hid = dev.Scratch(kernels.F32, st.nh, hidden) // (hidden rows, hidden)
-		dev.GatherRows(hid, h, st.rows)
+	if st.NH > 0 {
+		hid = dev.Scratch(kernels.F32, st.NH, h.Cols) // (hidden rows, hidden)
+		dev.GatherRows(hid, h, st.Rows)
 	}
-	dev.EndStep()
-	inStep = false
-	return d.outputs(b, logits, hid, vocab)
+	return logits, hid
 }
 
-// step is one step's device inputs.
-type step struct {
-	paged       kernels.Paged
-	ids         kernels.Tensor
-	rows, lrows kernels.Tensor // rows whose hidden states / logits are returned
-	nh, nl      int
-}
-
-// upload writes the batch's ids and row maps to the device.
-func (d *Decoder) upload(b *model.Batch) (*step, error) {
-	in := &d.in
+// Upload writes the batch's ids and row maps to dev (outside a step).
+func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 	in.hIDs, in.hPos, in.hSeq, in.hSlot = in.hIDs[:0], in.hPos[:0], in.hSeq[:0], in.hSlot[:0]
 	in.hRows, in.hLRows = in.hRows[:0], in.hLRows[:0]
 	maxBlocks := 1
@@ -235,39 +264,41 @@ func (d *Decoder) upload(b *model.Batch) (*step, error) {
 			row++
 		}
 	}
-	st := &step{nh: len(in.hRows), nl: len(in.hLRows)}
-	st.paged.BlockSize = b.Cache.BlockSize()
+	st := &Step{NH: len(in.hRows), NL: len(in.hLRows)}
+	st.Paged.BlockSize = b.Cache.BlockSize()
 	var err error
 	for _, f := range []struct {
 		dst  *kernels.Tensor
 		buf  *kernels.Tensor
 		host []int32
 	}{
-		{&st.ids, &in.ids, in.hIDs}, {&st.paged.Pos, &in.pos, in.hPos}, {&st.paged.Seq, &in.seq, in.hSeq},
-		{&st.paged.Slot, &in.slot, in.hSlot}, {&st.rows, &in.rows, in.hRows}, {&st.lrows, &in.lrows, in.hLRows},
-		{&st.paged.Blocks, &in.blocks, in.hBlocks},
+		{&st.IDs, &in.ids, in.hIDs}, {&st.Paged.Pos, &in.pos, in.hPos}, {&st.Paged.Seq, &in.seq, in.hSeq},
+		{&st.Paged.Slot, &in.slot, in.hSlot}, {&st.Rows, &in.rows, in.hRows}, {&st.LRows, &in.lrows, in.hLRows},
+		{&st.Paged.Blocks, &in.blocks, in.hBlocks},
 	} {
-		if *f.dst, err = ensure(d.Dev, f.buf, len(f.host)); err != nil {
-			return nil, fmt.Errorf("gqa: step inputs: %w", err)
+		if *f.dst, err = ensure(dev, f.buf, len(f.host)); err != nil {
+			return nil, fmt.Errorf("step inputs: %w", err)
 		}
-		d.Dev.WriteI32(*f.dst, f.host)
+		dev.WriteI32(*f.dst, f.host)
 	}
-	st.paged.Blocks = st.paged.Blocks.Reshape(len(b.Seqs), maxBlocks)
+	st.Paged.Blocks = st.Paged.Blocks.Reshape(len(b.Seqs), maxBlocks)
 	return st, nil
 }
 
-// outputs reads the logit and hidden rows back and splits them per
-// sequence.
-func (d *Decoder) outputs(b *model.Batch, logits, hid kernels.Tensor, vocab int) *model.Output {
-	hidden := d.Embed.Cols
+// Outputs reads the logit and hidden rows that Head returned back (after
+// the step) and splits them per sequence.
+func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) *model.Output {
 	var lg, hs []float32
+	var vocab, hidden int
 	if logits.Valid() {
 		lg = make([]float32, logits.Elems())
-		d.Dev.ReadF32(lg, logits)
+		dev.ReadF32(lg, logits)
+		vocab = logits.Cols
 	}
 	if hid.Valid() {
 		hs = make([]float32, hid.Elems())
-		d.Dev.ReadF32(hs, hid)
+		dev.ReadF32(hs, hid)
+		hidden = hid.Cols
 	}
 	out := &model.Output{Seqs: make([]model.SeqOutput, len(b.Seqs))}
 	lrow, hrow := 0, 0

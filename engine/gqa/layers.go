@@ -142,11 +142,19 @@ func clampOps(dev kernels.Device) kernels.ClampOps {
 	return c
 }
 
+// Mixer is a block's token mixer: GQA attention, or another
+// architecture's attention or linear attention.
+type Mixer interface {
+	// Forward sets y (N, hidden) = Mixer(h (N, hidden)), reading and
+	// writing the step's cache (or state) as it needs.
+	Forward(c *Ctx, y, h kernels.Tensor)
+}
+
 // Block is a pre-norm decoder layer, x += Attn(AttnNorm(x)); x += FFN(FFNNorm(x)),
 // run with the residual adds fused into the next norm (see Forward).
 type Block struct {
 	AttnNorm *Norm // input_layernorm
-	Attn     *Attention
+	Attn     Mixer
 	FFNNorm  *Norm // post_attention_layernorm
 	FFN      FFN
 }
@@ -160,58 +168,66 @@ func (b *Block) Forward(c *Ctx, x, h, y kernels.Tensor) {
 	b.FFN.Forward(c, y, h)
 }
 
-// uploader moves a host model's small weights (norms, biases, frequencies)
-// to the device, keeping the first error.
-type uploader struct {
-	dev kernels.Device
-	err error
+// Uploader moves a host-loaded model's small weights (norms, biases,
+// frequencies) to the device at load, keeping the first error in Err.
+type Uploader struct {
+	Dev kernels.Device
+	Err error
 }
 
-func (u *uploader) vec(v []float32) kernels.Tensor {
-	if v == nil || u.err != nil {
+// Tensor uploads v as a (rows, len(v)/rows) F32 tensor; nil v gives the
+// zero Tensor.
+func (u *Uploader) Tensor(v []float32, rows int) kernels.Tensor {
+	if v == nil || u.Err != nil || rows <= 0 {
 		return kernels.Tensor{}
 	}
-	t, err := u.dev.Alloc(kernels.F32, 1, len(v))
+	t, err := u.Dev.Alloc(kernels.F32, rows, len(v)/rows)
 	if err != nil {
-		u.err = err
+		u.Err = err
 		return t
 	}
-	u.dev.WriteF32(t, v)
+	u.Dev.WriteF32(t, v)
 	return t
 }
 
-func (u *uploader) norm(n *nn.RMSNorm) *Norm {
+// Vec uploads v as a (1, len(v)) F32 tensor; nil v gives the zero Tensor.
+func (u *Uploader) Vec(v []float32) kernels.Tensor { return u.Tensor(v, 1) }
+
+// Norm uploads an RMSNorm's weight; nil gives nil.
+func (u *Uploader) Norm(n *nn.RMSNorm) *Norm {
 	if n == nil {
 		return nil
 	}
-	return &Norm{W: u.vec(n.W), Eps: n.Eps, Offset: n.Offset}
+	return &Norm{W: u.Vec(n.W), Eps: n.Eps, Offset: n.Offset}
 }
 
-func (u *uploader) linear(l *nn.Linear) Linear { return Linear{W: l.W, B: u.vec(l.B)} }
+// Linear keeps l's weight in place and uploads its bias.
+func (u *Uploader) Linear(l *nn.Linear) Linear { return Linear{W: l.W, B: u.Vec(l.B)} }
 
-func (u *uploader) mlp(m *nn.MLP) *MLP {
+// MLP uploads a SwiGLU MLP's biases; nil gives nil.
+func (u *Uploader) MLP(m *nn.MLP) *MLP {
 	if m == nil {
 		return nil
 	}
-	return &MLP{Gate: u.linear(m.Gate), Up: u.linear(m.Up), Down: u.linear(m.Down)}
+	return &MLP{Gate: u.Linear(m.Gate), Up: u.Linear(m.Up), Down: u.Linear(m.Down)}
 }
 
 // block converts a loaded host block.
-func (u *uploader) block(b *nn.Block) (*Block, error) {
+func (u *Uploader) block(b *nn.Block) (*Block, error) {
 	a := b.Attn
 	at := &Attention{
 		Layer: a.Attn.Layer,
-		Q:     u.linear(a.Q), K: u.linear(a.K), V: u.linear(a.V), O: u.linear(a.O),
-		QNorm: u.norm(a.QNorm), KNorm: u.norm(a.KNorm),
+		Q:     u.Linear(a.Q), K: u.Linear(a.K), V: u.Linear(a.V), O: u.Linear(a.O),
+		QNorm: u.Norm(a.QNorm), KNorm: u.Norm(a.KNorm),
 		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
 	}
 	if a.Rope != nil {
-		at.Rope = &kernels.Rotary{InvFreq: u.vec(a.Rope.InvFreq()), Dim: a.Rope.Dim, Interleaved: a.Rope.Interleaved, Scale: a.Rope.Scale}
+		at.Rope = &kernels.Rotary{InvFreq: u.Vec(a.Rope.InvFreq()), Dim: a.Rope.Dim, Interleaved: a.Rope.Interleaved, Scale: a.Rope.Scale}
 	}
-	out := &Block{AttnNorm: u.norm(b.AttnNorm), Attn: at, FFNNorm: u.norm(b.FFNNorm)}
+	out := &Block{AttnNorm: u.Norm(b.AttnNorm), Attn: at, FFNNorm: u.Norm(b.FFNNorm)}
 	switch f := b.FFN.(type) {
 	case *nn.MLP:
-		out.FFN = u.mlp(f)
+		out.FFN = u.MLP(f)
 	case *nn.MoE:
 		if f.SharedGate != nil {
 			return nil, fmt.Errorf("gqa: gated shared experts are not on the op set yet")
@@ -220,14 +236,14 @@ func (u *uploader) block(b *nn.Block) (*Block, error) {
 		out.FFN = &MoE{
 			Gate: r.W,
 			Router: kernels.Router{
-				Bias: u.vec(r.Bias), Scoring: kernels.Scoring(r.Scoring), TopK: r.TopK, NormTopK: r.NormTopK,
+				Bias: u.Vec(r.Bias), Scoring: kernels.Scoring(r.Scoring), TopK: r.TopK, NormTopK: r.NormTopK,
 				Scale: r.Scale, Groups: r.Groups, TopKGroups: r.TopKGroups,
 			},
 			Experts: f.Experts,
-			Shared:  u.mlp(f.Shared),
+			Shared:  u.MLP(f.Shared),
 		}
 	default:
 		return nil, fmt.Errorf("gqa: feed-forward block %T is not on the op set", b.FFN)
 	}
-	return out, u.err
+	return out, u.Err
 }

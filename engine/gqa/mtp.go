@@ -33,28 +33,48 @@ type MTPDecoder struct {
 // AddNextN converts a host-loaded NextN layer (block at cache layer
 // len(d.Layout), which it appends) and returns the model with it.
 func (d *Decoder) AddNextN(enorm, hnorm *nn.RMSNorm, ehProj *nn.Linear, block *nn.Block, norm *nn.RMSNorm, head *kernels.Mat) (*MTPDecoder, error) {
-	u := &uploader{dev: d.Dev}
+	u := &Uploader{Dev: d.Dev}
 	blk, err := u.block(block)
 	if err != nil {
 		return nil, err
 	}
-	if blk.Attn.Layer != len(d.Layout) {
-		return nil, fmt.Errorf("gqa: NextN block at cache layer %d, want %d", blk.Attn.Layer, len(d.Layout))
+	if l := blk.Attn.(*Attention).Layer; l != len(d.Layout) {
+		return nil, fmt.Errorf("gqa: NextN block at cache layer %d, want %d", l, len(d.Layout))
 	}
+	m, err := u.NextN(enorm, hnorm, ehProj, blk, norm, head)
+	if err != nil {
+		return nil, err
+	}
+	d.Layout = append(d.Layout, d.Layout[0])
+	return &MTPDecoder{Decoder: d, MTP: m}, nil
+}
+
+// NextN uploads a NextN layer around block (already on the device).
+func (u *Uploader) NextN(enorm, hnorm *nn.RMSNorm, ehProj *nn.Linear, block *Block, norm *nn.RMSNorm, head *kernels.Mat) (*NextN, error) {
 	e, h, err := splitCols(ehProj.W)
 	if err != nil {
 		return nil, err
 	}
 	m := &NextN{
-		ENorm: u.norm(enorm), HNorm: u.norm(hnorm),
-		EH: Linear{W: e, B: u.vec(ehProj.B)}, HH: Linear{W: h},
-		Block: blk, Norm: u.norm(norm), Head: head,
+		ENorm: u.Norm(enorm), HNorm: u.Norm(hnorm),
+		EH: Linear{W: e, B: u.Vec(ehProj.B)}, HH: Linear{W: h},
+		Block: block, Norm: u.Norm(norm), Head: head,
 	}
-	if u.err != nil {
-		return nil, u.err
-	}
-	d.Layout = append(d.Layout, d.Layout[0])
-	return &MTPDecoder{Decoder: d, MTP: m}, nil
+	return m, u.Err
+}
+
+// Input sets x (N, hidden) = eh_proj([enorm(embed(ids)) | hnorm(hid)]), the
+// NextN layer's residual stream, for ids (N, 1) and the main model's
+// hidden states hid (N, hidden).
+func (m *NextN) Input(c *Ctx, x, ids, hid kernels.Tensor, embed *kernels.Mat) {
+	dev, n, hs := c.Dev, c.N, x.Cols
+	e := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
+	dev.Embed(e, embed, ids)
+	dev.RMSNorm(e, e, m.ENorm.W, m.ENorm.Eps, m.ENorm.Offset)
+	hn := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
+	dev.RMSNorm(hn, hid, m.HNorm.W, m.HNorm.Eps, m.HNorm.Offset)
+	m.EH.forward(dev, x, e, false)
+	m.HH.forward(dev, x, hn, true)
 }
 
 // splitCols copies the left and right column halves of w (rows, 2·k) into
@@ -78,35 +98,37 @@ func splitCols(w *kernels.Mat) (left, right *kernels.Mat, err error) {
 func (m *MTPDecoder) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
 	d, hs := m.Decoder, m.Embed.Cols
 	validate := func() error { return b.ValidateHidden(hidden, hs) }
-	return d.forward(b, m.MTP.Head.Rows, validate, func(st *step) (*model.Output, error) { return m.mtp(b, st, hidden) })
+	return d.forward(b, m.MTP.Head.Rows, validate, func(st *Step) (*model.Output, error) { return m.mtp(b, st, hidden) })
 }
 
 // mtp runs the NextN layer; d.mu is held.
-func (m *MTPDecoder) mtp(b *model.Batch, st *step, hidden [][]float32) (*model.Output, error) {
-	d, hs := m.Decoder, m.Embed.Cols
-	var err error
-	n := b.Tokens()
-	if !d.in.hid.Valid() || d.in.hid.Rows < n {
-		if d.in.hid, err = d.Dev.Alloc(kernels.F32, max(n, 2*d.in.hid.Rows, 16), hs); err != nil {
-			return nil, fmt.Errorf("mtp: step inputs: %w", err)
-		}
+func (m *MTPDecoder) mtp(b *model.Batch, st *Step, hidden [][]float32) (*model.Output, error) {
+	d := m.Decoder
+	hid, err := d.in.UploadHidden(d.Dev, hidden, m.Embed.Cols)
+	if err != nil {
+		return nil, fmt.Errorf("mtp: %w", err)
 	}
-	hid := d.in.hid.Slice(0, n) // (N, hidden) the main model's hidden states
-	d.in.hHid = d.in.hHid[:0]
+	prologue := func(c *Ctx, x kernels.Tensor) { m.MTP.Input(c, x, st.IDs, hid, d.Embed) }
+	return d.run(b, st, prologue, []*Block{m.MTP.Block}, m.MTP.Norm, m.MTP.Head), nil
+}
+
+// UploadHidden writes the main model's hidden states (one slice per
+// sequence, tokens × width) to dev for a NextN layer's step and returns
+// them as (N, width).
+func (in *Inputs) UploadHidden(dev kernels.Device, hidden [][]float32, width int) (kernels.Tensor, error) {
+	in.hHid = in.hHid[:0]
 	for _, h := range hidden {
-		d.in.hHid = append(d.in.hHid, h...)
+		in.hHid = append(in.hHid, h...)
 	}
-	d.Dev.WriteF32(hid, d.in.hHid)
-	nx := m.MTP
-	prologue := func(c *Ctx, x kernels.Tensor) {
-		dev := c.Dev
-		e := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
-		dev.Embed(e, d.Embed, st.ids)
-		dev.RMSNorm(e, e, nx.ENorm.W, nx.ENorm.Eps, nx.ENorm.Offset)
-		hn := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
-		dev.RMSNorm(hn, hid, nx.HNorm.W, nx.HNorm.Eps, nx.HNorm.Offset)
-		nx.EH.forward(dev, x, e, false)
-		nx.HH.forward(dev, x, hn, true)
+	n := len(in.hHid) / width
+	if !in.hid.Valid() || in.hid.Rows < n || in.hid.Cols != width {
+		t, err := dev.Alloc(kernels.F32, max(n, 2*in.hid.Rows, 16), width)
+		if err != nil {
+			return t, fmt.Errorf("step inputs: %w", err)
+		}
+		in.hid = t
 	}
-	return d.run(b, st, prologue, []*Block{nx.Block}, nx.Norm, nx.Head), nil
+	hid := in.hid.Slice(0, n) // (N, width)
+	dev.WriteF32(hid, in.hHid)
+	return hid, nil
 }
