@@ -29,7 +29,8 @@ const (
 	ExpertsTol = 1e-5
 )
 
-// RunOps runs the op-set conformance suite against d as subtests. Every
+// RunOps runs the op-set conformance suite against d as subtests (the
+// MLAOps and SparseOps cases too when d implements both). Every
 // destination is a view with guard rows on both sides that must stay
 // bit-identical, and starts poisoned with NaN so every element must be
 // written.
@@ -43,6 +44,14 @@ func RunOps(t *testing.T, d kernels.Device) {
 	t.Run("Attention", func(t *testing.T) { attentionTest(t, d) })
 	t.Run("Route", func(t *testing.T) { routeTest(t, d) })
 	t.Run("Experts", func(t *testing.T) { expertsTest(t, d) })
+	// The MLA and DSA capabilities, where the device has them.
+	mla, ok := d.(kernels.MLAOps)
+	sp, ok2 := d.(kernels.SparseOps)
+	if ok && ok2 {
+		t.Run("AttentionMLA", func(t *testing.T) { mlaTest(t, d, mla) })
+		t.Run("IndexerScores", func(t *testing.T) { indexerTest(t, d, sp) })
+		t.Run("TopK", func(t *testing.T) { topKTest(t, d, sp) })
+	}
 }
 
 const guardRows = 2
