@@ -22,9 +22,12 @@ package kernels
 //     panic with a constant "kernels: ..." message.
 //
 // Device embeds the capabilities the GQA family needs (dense and MoE). The
-// interfaces after it (MLAOps, SparseOps, LinearAttentionOps, HyperOps,
-// ClampOps) are the rest of the op set, discovered by type assertion; the
-// architectures that need them check for them at load.
+// interfaces after it are the rest of the op set, discovered by type
+// assertion and implemented by kernels/cpu and kernels/strict: MLAOps and
+// SparseOps (the MLA family: glm4_moe_lite, deepseek_v32, glm_moe_dsa;
+// glm5_next's NoPE MLA), KPoolOps, HyperOps and ClampOps (glm5_next), and
+// LinearAttentionOps (designed, not implemented yet). The architectures
+// that need them check for them at load.
 
 // Device is a backend that owns tensor memory and runs the op set. It also
 // implements the host-slice Backend, which the architectures not yet ported
@@ -209,30 +212,104 @@ type MoEOps interface {
 	Experts(dst, x, ids, w Tensor, experts []Expert)
 }
 
-// MLAOps are multi-head latent attention over a cache of compressed
-// latents (DeepSeek-V2/V3, GLM-4.7-Flash). Not implemented yet.
-type MLAOps interface {
-	// StoreLatent writes each row's latent (N, kvLora) after its norm and
-	// its rotated key (N, ropeDim) into the cache layer at p.Slot.
-	StoreLatent(cache, latent, kRope Tensor, p *Paged)
-	// AttentionMLA sets out (N, heads·vDim) from q (N, heads·(nope+rope))
-	// over the latent cache: naive (up-projecting K and V per key, prefill)
-	// or absorbed (q·W_UK against the latent, decode), chosen by the
-	// backend; wUK and wUV are the kv_b_proj halves.
-	AttentionMLA(out, q, cache Tensor, wUK, wUV *Mat, p *Paged, s AttnShape, rows Tensor)
+// MLAForm selects how AttentionMLA evaluates multi-head latent attention.
+// Both forms compute the same function up to float32 rounding; the choice
+// is a hint about cost, never about results.
+type MLAForm uint8
+
+const (
+	// MLAAuto lets the backend pick per sequence (the CPU compares the
+	// multiply-adds of both forms for the sequence's rows and context).
+	MLAAuto MLAForm = iota
+	// MLANaive expands the cached latents into per-head keys [W_UK·c | k_pe]
+	// and values W_UV·c (cheap when many queries share the keys: prefill).
+	MLANaive
+	// MLAAbsorbed folds W_UK into the query and W_UV into the output and
+	// scores the latents directly (cheap for few queries: decode).
+	MLAAbsorbed
+)
+
+// MLAShape is a multi-head latent attention layer (DeepSeek-V2/V3,
+// GLM-4.7-Flash). A query head is [q_nope (Nope) | q_pe (Rope)]; a cache
+// row is [c (KVLora) | k_pe (Rope)]: the normed latent and the rotated key
+// shared by all heads. kv_b_proj, (Heads·(Nope+V), KVLora), holds per head
+// W_UK (Nope rows) then W_UV (V rows).
+type MLAShape struct {
+	Heads  int
+	Nope   int     // qk_nope_head_dim
+	Rope   int     // qk_rope_head_dim (even; 0 for NoPE MLA)
+	V      int     // v_head_dim
+	KVLora int     // kv_lora_rank
+	Scale  float32 // softmax scale
+	Form   MLAForm
 }
 
-// SparseOps are the DeepSeek sparse-attention (DSA) pieces: the indexer
-// and attention restricted to selected positions. Not implemented yet.
+// MLAOps are multi-head latent attention over a paged cache of latents. A
+// backend that has them implements this interface next to Device; a model
+// discovers it by type assertion.
+type MLAOps interface {
+	// StoreLatent writes, for every row of kv (N, KVLora+Rope) F32 (the
+	// kv_a_proj_with_mqa output [c̃ | k]), the cache row
+	// [RMSNorm(c̃)·norm | RoPE(k)] into cache (slots, KVLora+Rope), F32 or
+	// BF16 (rounded to nearest even), at p.Slot. norm is (1, KVLora) F32
+	// (eps as given); k is rotated at p.Pos by r (r.Dim = Rope, Rope =
+	// kv.Cols − norm.Cols; r is nil when Rope is 0). kv is not modified.
+	StoreLatent(cache, kv, norm Tensor, eps float32, r *Rotary, p *Paged)
+
+	// AttentionMLA sets out (N, Heads·V) to each row's attention over its
+	// sequence's cached positions [0, Pos[i]] — or, when sel is valid, only
+	// over the positions in its row of sel (N, k) I32 (ascending, −1 for
+	// none; the DSA selection) — with softmax(Scale·(q_nope·W_UK·c +
+	// q_pe·k_pe)) weights on the values W_UV·c. q is (N, Heads·(Nope+Rope))
+	// F32; the last Rope dims of every head are first rotated in place at
+	// p.Pos by r (so q is also written; r is nil when Rope is 0). kvB is
+	// kv_b_proj. The step's own latents must be stored first. A selection
+	// need not contain the row's own position; a row that attends to
+	// nothing gets zeros.
+	AttentionMLA(out, q, cache Tensor, kvB *Mat, r *Rotary, p *Paged, s MLAShape, sel Tensor)
+}
+
+// IndexerShape is a DeepSeek sparse attention (DSA) lightning indexer:
+// Heads query heads of Dim dims against one cached key of Dim dims per
+// position.
+type IndexerShape struct {
+	Heads, Dim int
+	// Scale multiplies q·k inside the ReLU: Dim^-½, times Heads^-½ when
+	// the head weights' own Heads^-½ factor is folded in (it is positive,
+	// so it commutes with the ReLU).
+	Scale float32
+	// TopK is the selection size: rows with Pos+1 ≤ TopK keep every
+	// position, so their scores are not computed (set to 0).
+	TopK int
+}
+
+// SparseOps are the DSA pieces: the indexer's key cache, its scores and a
+// top-k selection that AttentionMLA consumes. Discovered by type assertion
+// like MLAOps.
 type SparseOps interface {
-	// IndexerScores sets scores (N, maxLen) = Σ_h w[i,h]·ReLU(q[i,h]·k_t)
-	// over each row's cached indexer keys; positions past Pos[i] are −∞.
-	IndexerScores(scores, q, w, keys Tensor, p *Paged, heads int)
-	// TopK sets sel (N, k) I32 to each row's k best score columns (−1 past
-	// the row's length), ties to the lower index.
+	// StoreIndexKey writes, for every row of k (N, Dim) F32 (the wk
+	// output), the cache row RoPE(LayerNorm(k)·w + b) into cache (slots,
+	// Dim), F32 or BF16, at p.Slot. w and b are (1, Dim) F32; the
+	// LayerNorm's mean and variance are float64 sums; r rotates the first
+	// r.Dim dims at p.Pos (nil: no rotation).
+	StoreIndexKey(cache, k, w, b Tensor, eps float32, r *Rotary, p *Paged)
+
+	// IndexerScores sets scores (N, L) F32, L ≥ max(Pos)+1, to
+	// I[i,t] = Σ_h w[i,h]·ReLU(Scale·q[i,h]·key_t) over the cached keys of
+	// row i's sequence for t ≤ Pos[i], and −∞ for t > Pos[i]. q is
+	// (N, Heads·Dim), w (N, Heads), both F32; keys is the key cache
+	// (slots, Dim). Rows with Pos+1 ≤ s.TopK get 0 for every visible t.
+	IndexerScores(scores, q, w, keys Tensor, p *Paged, s IndexerShape)
+
+	// TopK sets sel (N, k) I32 to the columns of each row's k largest
+	// scores (N, L) F32, ties to the lower column, never a −∞ one, in
+	// ascending column order, then −1 where a row has fewer than k.
 	TopK(sel, scores Tensor)
-	// AttentionSparse is AttentionMLA over the positions in sel only.
-	AttentionSparse(out, q, cache, sel Tensor, wUK, wUV *Mat, p *Paged, s AttnShape)
+
+	// ReadI32 copies t (I32, len(dst) = t.Elems()) into host memory,
+	// outside a step, like Memory.ReadF32: selections for tests and
+	// inspection.
+	ReadI32(dst []int32, t Tensor)
 }
 
 // LinearAttentionOps are the gated delta rule layers (Gated DeltaNet, KDA)
@@ -303,8 +380,9 @@ type ClampOps interface {
 }
 
 // KPool is glm5_next's k-pool DSA indexer (index_kpool). Every token t
-// caches its indexer key k_t = LayerNorm(wk x_t) and gate γ_t = x_t·gateᵀ
-// as the row [k_t | γ_t] (2·Dim) of a cache layer. Pools are Size
+// caches its indexer key k_t = LayerNorm(wk x_t) (weight NormW, bias NormB,
+// NormEps) and gate γ_t = x_t·gateᵀ as the row [k_t | γ_t] (2·Dim) of a
+// cache layer. Pools are Size
 // consecutive tokens from position 0; the key of complete pool P is, per
 // channel c,
 //
@@ -327,6 +405,9 @@ type KPool struct {
 	Tail  bool    // index_kpool_always_select_tail
 	Ape   Tensor  // (Size, Dim) F32 index_kpool_compress_ape
 	Scale float32 // Dim^-½, times Heads^-½ when the head weights' factor is folded in
+
+	NormW, NormB Tensor  // (1, Dim) F32 k_norm weight and bias
+	NormEps      float32 // k_norm eps
 }
 
 // SelWidth is the width of KPoolSelect's selection: the tokens of Keep
@@ -341,9 +422,9 @@ func (k *KPool) SelWidth() int {
 // KPoolOps are the k-pool indexer's cache and selection (glm5_next);
 // the selection feeds MLAOps.AttentionMLA.
 type KPoolOps interface {
-	// StoreKPool writes each row's [k | γ], k and g (N, Dim) F32, into
-	// cache (slots, 2·Dim), F32 or BF16 (rounded to nearest even), at
-	// p.Slot; then every row whose position closes a pool (Pos mod Size =
+	// StoreKPool writes each row's [LayerNorm(k) | g], k (the wk output)
+	// and g (N, Dim) F32, into cache (slots, 2·Dim), F32 or BF16 (rounded
+	// to nearest even), at p.Slot (the LayerNorm as ref.LayerNorm); then every row whose position closes a pool (Pos mod Size =
 	// Size−1) replaces the first Dim values of its slot with the pool's key,
 	// computed in float64 from the cached (rounded) members.
 	StoreKPool(cache, k, g Tensor, p *Paged, kp *KPool)

@@ -19,6 +19,9 @@ type Backend struct {
 	moe   moeScratch
 	hyper hyperScratch
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
+	mla   mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
+
+	mlaTile int // keys the naive MLA form expands at a time; 0 picks one (tests set it)
 }
 
 var _ kernels.Device = (*Backend)(nil)

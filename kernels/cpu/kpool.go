@@ -63,12 +63,18 @@ func (b *Backend) StoreKPool(cache, k, g kernels.Tensor, p *kernels.Paged, kp *k
 		panic("cpu: StoreKPool shapes do not match")
 	}
 	pos, seq, slot, table := kpoolPaged(cache, p, kp, k.Rows)
+	if kp.NormW.Elems() != kp.Dim || kp.NormB.Elems() != kp.Dim {
+		panic("cpu: StoreKPool norm shapes do not match")
+	}
 	ks, gs, dim := f32(k), f32(g), kp.Dim
+	nw, nb := f32(kp.NormW)[:dim], f32(kp.NormB)[:dim]
+	kn := grow(&b.tmp, dim) // one row's normed key
 	for i, s := range slot[:k.Rows] {
 		if s < 0 || int(s) >= cache.Rows {
 			panic("cpu: StoreKPool slot outside the cache")
 		}
-		setCacheRow(cache, int(s), 0, ks[i*dim:(i+1)*dim])
+		ref.LayerNorm(kn, ks[i*dim:(i+1)*dim], nw, nb, kp.NormEps, 1)
+		setCacheRow(cache, int(s), 0, kn)
 		setCacheRow(cache, int(s), dim, gs[i*dim:(i+1)*dim])
 	}
 	var closing []int // rows that complete a pool

@@ -153,8 +153,7 @@ func (b *Backend) ReadF32(dst []float32, t kernels.Tensor) {
 	}
 }
 
-// ReadI32 copies I32 tensor t (len(dst) = t.Elems()) into host memory,
-// for tests of ops with index outputs.
+// ReadI32 implements kernels.SparseOps.
 func (b *Backend) ReadI32(dst []int32, t kernels.Tensor) {
 	if len(dst) != t.Elems() {
 		panic("cpu: ReadI32 length does not match the tensor")

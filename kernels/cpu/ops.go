@@ -138,15 +138,7 @@ func (b *Backend) RoPE(x kernels.Tensor, heads, headDim int, pos kernels.Tensor,
 		panic("cpu: RoPE shapes do not match")
 	}
 	xs, ps := f32(x), i32(pos)
-	maxPos := 0
-	for i := range x.Rows {
-		p := int(ps[i*pos.Stride])
-		if p < 0 {
-			panic("cpu: RoPE negative position")
-		}
-		maxPos = max(maxPos, p)
-	}
-	tab := b.ropeTable(r, maxPos+1)
+	tab := b.ropeTable(r, maxPos(pos)+1)
 	w := x.Cols
 	b.Parallel(x.Rows, func(lo, hi int) {
 		for i := lo; i < hi; i++ {

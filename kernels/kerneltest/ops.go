@@ -40,13 +40,14 @@ const (
 	KPoolTol = RowOpTol
 )
 
-// I32Reader is implemented by backends whose I32 tensors a test can read
-// back (the k-pool selection); the suite skips those checks without it.
-type I32Reader interface {
+// i32Reader is implemented by backends whose I32 tensors a test can read
+// back (kernels.SparseOps has it); the k-pool selection test needs it.
+type i32Reader interface {
 	ReadI32(dst []int32, t kernels.Tensor)
 }
 
-// RunOps runs the op-set conformance suite against d as subtests. Every
+// RunOps runs the op-set conformance suite against d as subtests (the
+// MLAOps and SparseOps cases too when d implements both). Every
 // destination is a view with guard rows on both sides that must stay
 // bit-identical, and starts poisoned with NaN so every element must be
 // written.
@@ -77,6 +78,14 @@ func RunOps(t *testing.T, d kernels.Device) {
 		t.Run("Hyper", func(t *testing.T) { hyperTest(t, d, h) })
 	} else {
 		t.Log("no HyperOps: hyper-connections not tested")
+	}
+	// The MLA and DSA capabilities, where the device has them.
+	mla, ok := d.(kernels.MLAOps)
+	sp, ok2 := d.(kernels.SparseOps)
+	if ok && ok2 {
+		t.Run("AttentionMLA", func(t *testing.T) { mlaTest(t, d, mla) })
+		t.Run("IndexerScores", func(t *testing.T) { indexerTest(t, d, sp) })
+		t.Run("TopK", func(t *testing.T) { topKTest(t, d, sp) })
 	}
 }
 
@@ -606,7 +615,7 @@ func hyperTest(t *testing.T, d kernels.Device, h kernels.HyperOps) {
 }
 
 func kpoolTest(t *testing.T, d kernels.Device, k kernels.KPoolOps) {
-	rd, ok := d.(I32Reader)
+	rd, ok := d.(i32Reader)
 	if !ok {
 		t.Skip("the backend cannot read I32 tensors back")
 	}
@@ -627,7 +636,7 @@ func kpoolTest(t *testing.T, d kernels.Device, k kernels.KPoolOps) {
 	}
 }
 
-func kpoolCase(t *testing.T, d kernels.Device, k kernels.KPoolOps, rd I32Reader, dt kernels.DType, size, dim, heads, keep, bs int, tail bool, seqs []attnSeq, seed uint64) {
+func kpoolCase(t *testing.T, d kernels.Device, k kernels.KPoolOps, rd i32Reader, dt kernels.DType, size, dim, heads, keep, bs int, tail bool, seqs []attnSeq, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 23))
 	maxBlocks := 0
 	for _, s := range seqs {
@@ -651,9 +660,10 @@ func kpoolCase(t *testing.T, d kernels.Device, k kernels.KPoolOps, rd I32Reader,
 		}
 		return v
 	}
-	apeV := randn(rng, size*dim)
+	apeV, nw, nb := randn(rng, size*dim), randn(rng, dim), randn(rng, dim)
 	kp := &kernels.KPool{Size: size, Dim: dim, Heads: heads, Keep: keep, Tail: tail,
-		Ape: newBuf(t, d, size, dim, apeV).t, Scale: float32(1 / math.Sqrt(float64(dim*heads)))}
+		Ape: newBuf(t, d, size, dim, apeV).t, Scale: float32(1 / math.Sqrt(float64(dim*heads))),
+		NormW: newBuf(t, d, 1, dim, nw).t, NormB: newBuf(t, d, 1, dim, nb).t, NormEps: 1e-6}
 	bt := ints(t, d, len(seqs), maxBlocks, blocks)
 	slotOf := func(si, p int) int32 { return blocks[si*maxBlocks+p/bs]*int32(bs) + int32(p%bs) }
 
@@ -676,7 +686,9 @@ func kpoolCase(t *testing.T, d kernels.Device, k kernels.KPoolOps, rd I32Reader,
 			}
 			r.pos, r.seq, r.slot = append(r.pos, int32(p)), append(r.seq, int32(si)), append(r.slot, slotOf(si, p))
 			r.k, r.g = append(r.k, kv...), append(r.g, gv...)
-			raw[si] = append(raw[si], append(round(kv), round(gv)...))
+			kn := make([]float32, dim)
+			ref.LayerNorm(kn, kv, nw, nb, kp.NormEps, 1)
+			raw[si] = append(raw[si], append(round(kn), round(gv)...))
 		}
 	}
 	paged := func(r *rows) *kernels.Paged {

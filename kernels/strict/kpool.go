@@ -46,7 +46,10 @@ func (d *Device) StoreKPool(cache, k, g kernels.Tensor, p *kernels.Paged, kp *ke
 	shape("StoreKPool", k, -1, kp.Dim)
 	shape("StoreKPool", g, k.Rows, kp.Dim)
 	pos, seq, slot, blocks := d.paged("StoreKPool", p, k.Rows, cache.Rows)
+	shape("StoreKPool norm", kp.NormW, 1, kp.Dim)
+	shape("StoreKPool norm", kp.NormB, 1, kp.Dim)
 	ks, gs := d.in("StoreKPool", k, kernels.F32), d.in("StoreKPool", g, kernels.F32)
+	ref.LayerNorm(ks, ks, d.in("StoreKPool", kp.NormW, kernels.F32), d.in("StoreKPool", kp.NormB, kernels.F32), kp.NormEps, k.Rows)
 	ape := d.in("StoreKPool", kp.Ape, kernels.F32)
 	dim := kp.Dim
 	for i, s := range slot {

@@ -172,16 +172,6 @@ func (d *Device) ReadF32(dst []float32, t kernels.Tensor) {
 	copy(dst, d.in("ReadF32", t, kernels.F32))
 }
 
-// ReadI32 copies I32 tensor t (len(dst) = t.Elems()) into host memory,
-// for tests of ops with index outputs; reading a poisoned element panics.
-func (d *Device) ReadI32(dst []int32, t kernels.Tensor) {
-	d.host("ReadI32")
-	if len(dst) != t.Elems() {
-		panic("strict: ReadI32 length does not match the tensor")
-	}
-	copy(dst, d.ints("ReadI32", t))
-}
-
 // Copy implements kernels.Memory.
 func (d *Device) Copy(dst, src kernels.Tensor) {
 	if dst.DType != src.DType || dst.Rows != src.Rows || dst.Cols != src.Cols {
