@@ -17,6 +17,7 @@ type Backend struct {
 	arena arena     // per-step scratch tensors
 	tmp   []float32 // scratch inside one op (Linear's accumulate)
 	moe   moeScratch
+	lin   linScratch           // the delta rule's normalised q/k and gates
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 }
 

@@ -43,6 +43,7 @@ func RunOps(t *testing.T, d kernels.Device) {
 	t.Run("Attention", func(t *testing.T) { attentionTest(t, d) })
 	t.Run("Route", func(t *testing.T) { routeTest(t, d) })
 	t.Run("Experts", func(t *testing.T) { expertsTest(t, d) })
+	t.Run("LinearAttention", func(t *testing.T) { linearAttentionTests(t, d) })
 }
 
 const guardRows = 2
