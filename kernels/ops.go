@@ -25,9 +25,9 @@ package kernels
 // interfaces after it are the rest of the op set, discovered by type
 // assertion and implemented by kernels/cpu and kernels/strict: MLAOps and
 // SparseOps (the MLA family: glm4_moe_lite, deepseek_v32, glm_moe_dsa;
-// glm5_next's NoPE MLA), KPoolOps, HyperOps and ClampOps (glm5_next), and
-// LinearAttentionOps (designed, not implemented yet). The architectures
-// that need them check for them at load.
+// glm5_next's NoPE MLA), LinearAttentionOps (qwen3_next, glm5_next's KDA),
+// and KPoolOps, HyperOps and ClampOps (glm5_next). The architectures that
+// need them check for them at load.
 
 // Device is a backend that owns tensor memory and runs the op set. It also
 // implements the host-slice Backend, which the architectures not yet ported
@@ -312,21 +312,96 @@ type SparseOps interface {
 	ReadI32(dst []int32, t Tensor)
 }
 
-// LinearAttentionOps are the gated delta rule layers (Gated DeltaNet, KDA)
-// with their recurrent state in a pool of per-sequence slots. Not
-// implemented yet.
+// Recurrent maps the sequences of a step to their recurrent-state slots
+// (linear attention). Rows of one sequence are consecutive and in position
+// order; a state tensor holds one slot per row, and Slot names the row each
+// sequence continues from and leaves its state in. Distinct sequences have
+// distinct slots.
+type Recurrent struct {
+	Start Tensor // (seqs+1, 1) I32 first row of each sequence; Start[0] = 0, Start[seqs] = N
+	Slot  Tensor // (seqs, 1) I32 state slot of each sequence
+}
+
+// DeltaNet is one gated-delta-rule layer as the ops see it: Gated DeltaNet
+// (Qwen3-Next: one decay per value head) or Kimi Delta Attention (KDA,
+// glm5_next: one decay per key channel). Value head h reads q/k head
+// h/(Heads/KeyHeads) (repeat_interleave GQA).
+//
+// The gates are computed in the op from the raw projections a and b, in
+// float64 and rounded to float32 as the references do:
+//
+//	β = sigmoid(b)                                         (N, Heads)
+//	x = float32(a + DtBias)                                (N, Heads) or, PerChannel, (N, Heads·DK)
+//	g = −e^{ALog[h]}·softplus(x)                           LowerBound = 0 (GDN, Kimi-Linear)
+//	g = LowerBound·sigmoid(e^{ALog[h]}·x)                  LowerBound < 0 (GLM-5.3-Flash KDA)
+//
+// softplus is torch's (threshold 20).
+type DeltaNet struct {
+	Heads, KeyHeads int // value (state) heads Hv and q/k heads Hk; Heads%KeyHeads == 0
+	DK, DV          int // key and value head sizes
+
+	PerChannel bool    // KDA: a and DtBias have one value per key channel
+	ALog       Tensor  // (1, Heads) F32 A_log
+	DtBias     Tensor  // (1, Heads), or (1, Heads·DK) PerChannel, F32 dt_bias
+	LowerBound float32 // ≤ 0; see above
+}
+
+// QKVWidth is the width of the rule's [q | k | v] input,
+// 2·KeyHeads·DK + Heads·DV.
+func (n *DeltaNet) QKVWidth() int { return 2*n.KeyHeads*n.DK + n.Heads*n.DV }
+
+// StateWidth is the width of one slot of the rule's state tensor,
+// Heads·DK·DV: per head S (DK, DV), key index first.
+func (n *DeltaNet) StateWidth() int { return n.Heads * n.DK * n.DV }
+
+// Gate selects the output gate of GatedRMSNorm.
+type Gate uint8
+
+const (
+	GateSiLU    Gate = iota // z·sigmoid(z): Gated DeltaNet
+	GateSigmoid             // sigmoid(z): KDA
+)
+
+// LinearAttentionOps are the linear-attention layers of the hybrid models
+// (Gated DeltaNet, KDA): a short convolution and the gated delta rule, each
+// continuing from and updating every sequence's recurrent state, and the
+// gated output norm. State tensors are F32, one slot per row, allocated
+// with Alloc; a slot is snapshotted or restored with Copy of its row.
 type LinearAttentionOps interface {
-	// ShortConv runs the causal depthwise convolution (kernel K) over each
-	// sequence's rows, continuing from and updating its conv state slot.
-	ShortConv(dst, x, w, convState, slots Tensor, p *Paged)
-	// DeltaRule runs the gated delta rule over each sequence's rows from its
-	// state slot (recurrent for short chunks, chunked WY for prefill) and
-	// leaves the state after the last row; float64 inside, F32 state.
-	DeltaRule(out, q, k, v, g, beta, state, slots Tensor, p *Paged, heads, dk, dv int)
-	// GatedRMSNorm sets dst = RMSNorm(x)·silu(gate) per head.
-	GatedRMSNorm(dst, x, gate, w Tensor, eps float32)
-	// L2Norm normalises every row of x in place.
-	L2Norm(x Tensor, eps float32)
+	// ShortConv sets dst (N, C) = silu(conv(x)) for x (N, C) F32: the
+	// causal depthwise convolution with weights w (C, K) F32 (tap K−1
+	// multiplies the current row), run over each sequence's rows after the
+	// K−1 inputs in its slot of state (slots, (K−1)·C): row i of a slot is
+	// the raw input K−1−i rows before the sequence's next one, oldest first
+	// (zeros for a new sequence). It leaves there the sequence's last K−1
+	// raw inputs. Sums are float64. dst may be x.
+	ShortConv(dst, x, w, state Tensor, r *Recurrent)
+
+	// DeltaRule sets out (N, Heads·DV) to the gated delta rule over each
+	// sequence's rows, continuing from its slot of state (slots,
+	// StateWidth()) and leaving there the state after its last row. qkv
+	// (N, QKVWidth()) is the convolution's output [q | k | v]; the op
+	// L2-normalises every q and k head (x/sqrt(Σx² + 1e-6), q then times
+	// DK^-½, rounded to float32) and computes the gates from a and b (N,
+	// Heads) (see DeltaNet). Per value head, for each row:
+	//
+	//	S ← diag(e^g)·S;  δ = β(v − Sᵀk);  S ← S + k·δᵀ;  o = Sᵀq
+	//
+	// A backend runs it token by token (decode, short chunks) or in the
+	// chunked WY form (prefill), in float64; the two agree to rounding.
+	DeltaRule(out, qkv, a, b, state Tensor, r *Recurrent, n *DeltaNet)
+
+	// GatedRMSNorm sets dst (R, D) = w ⊙ rmsnorm(x) ⊙ gate(z) for x, z
+	// (R, D) and w (1, D) F32 (a plain weight, not 1 + w); rmsnorm(x) =
+	// x/sqrt(mean(x²) + eps), float64, rounded once. A per-head norm
+	// reshapes (N, heads·D) to (N·heads, D). dst may be x or z.
+	GatedRMSNorm(dst, x, z, w Tensor, eps float32, gate Gate)
+
+	// SigmoidGate sets dst (N, C) = x ⊙ sigmoid(gate), or adds it to dst
+	// when accumulate, for x (N, C) and gate (N, C) or (N, 1) (one gate per
+	// row) F32: Qwen3-Next's gated attention output and its MoE's gated
+	// shared expert. dst may be x.
+	SigmoidGate(dst, x, gate Tensor, accumulate bool)
 }
 
 // Hyper is one manifold-constrained hyper-connection site (mHC): the

@@ -113,8 +113,9 @@ type Inputs struct {
 	hIDs, hPos, hSeq, hSlot, hRows, hLRows, hBlocks []int32
 }
 
-// ensure returns an I32 (n, 1) view of *t, reallocating it when too small.
-func ensure(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, error) {
+// EnsureI32 returns an I32 (n, 1) view of *t, reallocating it (larger)
+// when too small: a step input kept on the device between steps.
+func EnsureI32(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, error) {
 	if !t.Valid() || t.Rows < n {
 		nt, err := dev.Alloc(kernels.I32, max(n, 2*t.Rows, 64), 1)
 		if err != nil {
@@ -276,7 +277,7 @@ func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 		{&st.Paged.Slot, &in.slot, in.hSlot}, {&st.Rows, &in.rows, in.hRows}, {&st.LRows, &in.lrows, in.hLRows},
 		{&st.Paged.Blocks, &in.blocks, in.hBlocks},
 	} {
-		if *f.dst, err = ensure(dev, f.buf, len(f.host)); err != nil {
+		if *f.dst, err = EnsureI32(dev, f.buf, len(f.host)); err != nil {
 			return nil, fmt.Errorf("step inputs: %w", err)
 		}
 		dev.WriteI32(*f.dst, f.host)

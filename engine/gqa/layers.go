@@ -29,7 +29,8 @@ type Linear struct {
 	B kernels.Tensor // (1, out) F32; zero Tensor when absent
 }
 
-func (l *Linear) forward(dev kernels.Device, dst, x kernels.Tensor, acc bool) {
+// Forward sets dst = x·Wᵀ (+ B), or adds it to dst when acc.
+func (l *Linear) Forward(dev kernels.Device, dst, x kernels.Tensor, acc bool) {
 	dev.Linear(dst, x, l.W, kernels.Epilogue{Bias: l.B, Accumulate: acc})
 }
 
@@ -50,9 +51,9 @@ func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
 	q := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim)   // (N, heads·headDim)
 	k := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
 	v := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
-	a.Q.forward(dev, q, h, false)
-	a.K.forward(dev, k, h, false)
-	a.V.forward(dev, v, h, false)
+	a.Q.Forward(dev, q, h, false)
+	a.K.Forward(dev, k, h, false)
+	a.V.Forward(dev, v, h, false)
 	if a.QNorm != nil {
 		qh := q.Reshape(n*s.Heads, s.HeadDim)
 		dev.RMSNorm(qh, qh, a.QNorm.W, a.QNorm.Eps, a.QNorm.Offset)
@@ -69,7 +70,7 @@ func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
 	dev.StoreKV(kc, vc, k, v, &c.Paged)
 	o := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim)
 	dev.Attention(o, q, kc, vc, &c.Paged, s)
-	a.O.forward(dev, y, o, false)
+	a.O.Forward(dev, y, o, false)
 }
 
 // FFN is a feed-forward block on the op set.
@@ -91,14 +92,14 @@ func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool) {
 	inter := m.Gate.W.Rows
 	g := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
 	u := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
-	m.Gate.forward(c.Dev, g, h, false)
-	m.Up.forward(c.Dev, u, h, false)
+	m.Gate.Forward(c.Dev, g, h, false)
+	m.Up.Forward(c.Dev, u, h, false)
 	if m.Limit != 0 {
 		clampOps(c.Dev).SwiGLUClamp(g, g, u, m.Limit)
 	} else {
 		c.Dev.SwiGLU(g, g, u)
 	}
-	m.Down.forward(c.Dev, y, g, acc)
+	m.Down.Forward(c.Dev, y, g, acc)
 }
 
 // Forward implements FFN.

@@ -73,8 +73,8 @@ func (m *NextN) Input(c *Ctx, x, ids, hid kernels.Tensor, embed *kernels.Mat) {
 	dev.RMSNorm(e, e, m.ENorm.W, m.ENorm.Eps, m.ENorm.Offset)
 	hn := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
 	dev.RMSNorm(hn, hid, m.HNorm.W, m.HNorm.Eps, m.HNorm.Offset)
-	m.EH.forward(dev, x, e, false)
-	m.HH.forward(dev, x, hn, true)
+	m.EH.Forward(dev, x, e, false)
+	m.HH.Forward(dev, x, hn, true)
 }
 
 // splitCols copies the left and right column halves of w (rows, 2·k) into

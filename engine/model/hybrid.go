@@ -79,3 +79,13 @@ func (b *Batch) ValidateStates(layout []linattn.LayerShape) error {
 	}
 	return nil
 }
+
+// NewStatePool creates the recurrent-state pool for a StateModel m with
+// room for budget bytes of slots and snapshots: in m's device memory when
+// m is (or wraps) a DeviceModel, host slices otherwise.
+func NewStatePool(m StateModel, budget int64) (*linattn.StatePool, error) {
+	if dm := AsDevice(m); dm != nil {
+		return linattn.NewDeviceStatePool(dm.Device(), m.StateLayout(), budget)
+	}
+	return linattn.NewStatePool(m.StateLayout(), budget)
+}

@@ -18,6 +18,7 @@ type Backend struct {
 	tmp   []float32 // scratch inside one op (Linear's accumulate)
 	moe   moeScratch
 	hyper hyperScratch
+	lin   linScratch           // the delta rule's normalised q/k and gates
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 	mla   mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
 

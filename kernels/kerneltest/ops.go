@@ -87,6 +87,7 @@ func RunOps(t *testing.T, d kernels.Device) {
 		t.Run("IndexerScores", func(t *testing.T) { indexerTest(t, d, sp) })
 		t.Run("TopK", func(t *testing.T) { topKTest(t, d, sp) })
 	}
+	t.Run("LinearAttention", func(t *testing.T) { linearAttentionTests(t, d) })
 }
 
 const guardRows = 2
