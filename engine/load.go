@@ -110,7 +110,7 @@ func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Optio
 		// --device auto took a backend without the op set (the CUDA
 		// backend runs MatMul only so far), and this architecture needs
 		// it: run on the CPU instead, and say why.
-		if _, isDevice := l.Backend.(kernels.Device); !isDevice {
+		if _, isDevice := l.Backend.(kernels.Device); !isDevice || errors.Is(err, model.ErrOpSet) {
 			gpu := l.Device
 			l.ownBackend.Close()
 			b, cerr := openDevice(device.Spec{Kind: device.CPU}, opts.Threads)

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -92,6 +93,11 @@ type WeightSource interface {
 	// Float32 returns a small tensor of exactly shape, converted to float32.
 	Float32(name string, shape ...int) ([]float32, error)
 }
+
+// ErrOpSet is matched (errors.Is) by a Constructor's error when the
+// backend lacks ops the architecture needs, so a caller can fall back to
+// a backend that has them.
+var ErrOpSet = errors.New("the backend does not implement the op set")
 
 // Constructor builds an architecture from its config and weights. It must
 // return an error naming the key or tensor at fault, never panic.

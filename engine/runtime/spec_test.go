@@ -559,7 +559,7 @@ func lastLogits(m model.Model, toks []int32) ([]float32, error) {
 	}
 	b := &model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: toks, KV: kv, Logits: model.LastLogits}}}
 	if sm, ok := m.(model.StateModel); ok {
-		if b.States, err = linattn.NewStatePool(sm.StateLayout(), info.StateBytesPerSeq); err != nil {
+		if b.States, err = model.NewStatePool(sm, info.StateBytesPerSeq); err != nil {
 			return nil, err
 		}
 		if b.Seqs[0].State, err = b.States.Alloc(); err != nil {

@@ -1,55 +1,54 @@
 package glm5next
 
 import (
-	"math"
+	"fmt"
 
+	"github.com/ferrite-llm/ferrite/engine/gqa"
 	"github.com/ferrite-llm/ferrite/engine/linattn"
-	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // kda is a Kimi Delta Attention layer (self_attn.* of a linear_attention
-// layer). With C = heads·dk channels (q, k and v all have `heads` heads of
-// dk; no GQA):
+// layer) on the linear-attention ops. With C = heads·dk channels (q, k and
+// v all have `heads` heads of dk; no GQA):
 //
 //	[q|k|v] = silu(causal_conv([q_proj x | k_proj x | v_proj x]))   rolling conv state
 //	g       = lower·sigmoid(exp(A_log)·(f_b(f_a(x)) + dt_bias))      per channel (softplus form without a bound)
 //	β       = sigmoid(b_proj x)                                      per head
 //	q̂, k̂   = L2-normalised (q̂ also × dk^-½)
-//	o       = gated delta rule with per-channel decay (linattn), continuing from the slot's state
+//	o       = gated delta rule with per-channel decay, continuing from the slot's state
 //	y       = o_proj( o_norm.w ⊙ rmsnorm(o) ⊙ sigmoid(g_b(g_a(x))) )   per head
+//
+// The gates, the L2 norms and the rule are one DeltaRule op.
 type kda struct {
-	q, k, v *nn.Linear   // (C, hidden) each
-	conv    linattn.Conv // Channels 3C, Weight [3C, 1, K] in [q|k|v] order, no bias
-	fa      *nn.Linear   // (dk, hidden) f_a_proj
-	fb      *nn.Linear   // (C, dk) f_b_proj
-	dtBias  []float32    // (C) per channel
-	aLog    []float32    // (heads)
-	b       *nn.Linear   // (heads, hidden) b_proj
-	ga      *nn.Linear   // (dk, hidden) g_a_proj
-	gb      *nn.Linear   // (C, dk) g_b_proj
-	oNorm   []float32    // (dk) o_norm.weight
-	o       *nn.Linear   // (hidden, C) o_proj
-	rule    linattn.DeltaRule
-
-	slot       int     // index of this layer in the state slot (StateLayout)
-	heads, dk  int     // linear_num_heads, linear_head_dim
-	lowerBound float32 // linear_lower_bound, 0 for none
-	eps        float32 // o_norm eps (rms_norm_eps)
+	dev   device
+	qkv   gqa.Linear       // (3C, hidden) q_proj, k_proj and v_proj stacked
+	conv  kernels.Tensor   // (3C, K) F32 the three depthwise convolutions, [q|k|v]
+	fa    gqa.Linear       // (dk, hidden) f_a_proj
+	fb    gqa.Linear       // (C, dk) f_b_proj
+	b     gqa.Linear       // (heads, hidden) b_proj
+	ga    gqa.Linear       // (dk, hidden) g_a_proj
+	gb    gqa.Linear       // (C, dk) g_b_proj
+	oNorm *gqa.Norm        // (dk) o_norm (rms_norm_eps)
+	o     gqa.Linear       // (hidden, C) o_proj
+	net   kernels.DeltaNet // heads, dk, A_log (1, heads), dt_bias (1, C), linear_lower_bound
+	state int              // index of this layer in StateLayout
+	convK int
 }
 
-// loadKDA loads a KDA layer under pre ("model.language_model.layers.0.self_attn.").
+// kda loads a KDA layer under pre ("model.language_model.layers.0.self_attn.").
 // It accepts the checkpoint names (three {q,k,v}_conv1d tensors, the forget
 // gate without a prefix) and transformers' in-memory names (one conv1d
 // [3C, 1, K], forget_gate.*).
-func loadKDA(l *nn.Loader, p *params, pre string, slot int, be kernels.Backend) *kda {
+func (l *loader) kda(pre string, state int) *kda {
+	p := l.p
 	h, dk, K := p.linHeads, p.linDim, p.convK
 	C := h * dk
 	fg := pre
 	if l.Has(pre + "forget_gate.f_a_proj.weight") {
 		fg = pre + "forget_gate."
 	}
-	var w []float32 // [3C, 1, K]
+	var w []float32 // (3C, 1, K)
 	if l.Has(pre + "conv1d.weight") {
 		w = l.Tensor(pre+"conv1d.weight", 3*C, 1, K)
 	} else {
@@ -57,81 +56,93 @@ func loadKDA(l *nn.Loader, p *params, pre string, slot int, be kernels.Backend) 
 			w = append(w, l.Tensor(pre+n+"_conv1d.weight", C, 1, K)...)
 		}
 	}
-	return &kda{
-		q:      l.Linear(pre+"q_proj", C, p.hidden, false),
-		k:      l.Linear(pre+"k_proj", C, p.hidden, false),
-		v:      l.Linear(pre+"v_proj", C, p.hidden, false),
-		conv:   linattn.Conv{Channels: 3 * C, K: K, Weight: w, Parallel: be.Parallel},
-		fa:     l.Linear(fg+"f_a_proj", dk, p.hidden, false),
-		fb:     l.Linear(fg+"f_b_proj", C, dk, false),
-		dtBias: l.Vec(fg+"dt_bias", C),
-		aLog:   l.Vec(fg+"A_log", h),
-		b:      l.Linear(pre+"b_proj", h, p.hidden, false),
-		ga:     l.Linear(pre+"g_a_proj", dk, p.hidden, false),
-		gb:     l.Linear(pre+"g_b_proj", C, dk, false),
-		oNorm:  l.Vec(pre+"o_norm.weight", dk),
-		o:      l.Linear(pre+"o_proj", p.hidden, C, false),
-		rule: linattn.DeltaRule{
-			Heads: h, DK: dk, DV: dk, PerChannel: true, Parallel: be.Parallel,
+	q, k, v := l.Mat(pre+"q_proj.weight", C, p.hidden), l.Mat(pre+"k_proj.weight", C, p.hidden), l.Mat(pre+"v_proj.weight", C, p.hidden)
+	m := &kda{
+		dev:   l.dev,
+		qkv:   gqa.Linear{W: l.stack(pre+"{q,k,v}_proj", q, k, v)},
+		conv:  l.u.Tensor(w, 3*C),
+		fa:    l.linear(fg+"f_a_proj", dk, p.hidden),
+		fb:    l.linear(fg+"f_b_proj", C, dk),
+		b:     l.linear(pre+"b_proj", h, p.hidden),
+		ga:    l.linear(pre+"g_a_proj", dk, p.hidden),
+		gb:    l.linear(pre+"g_b_proj", C, dk),
+		oNorm: l.u.Norm(l.RMSNorm(pre+"o_norm", dk, p.eps, false)),
+		o:     l.linear(pre+"o_proj", p.hidden, C),
+		net: kernels.DeltaNet{
+			Heads: h, KeyHeads: h, DK: dk, DV: dk, PerChannel: true,
+			ALog:       l.u.Vec(l.Vec(fg+"A_log", h)),
+			DtBias:     l.u.Vec(l.Vec(fg+"dt_bias", C)),
+			LowerBound: p.lowerBound,
 		},
-		slot: slot, heads: h, dk: dk, lowerBound: p.lowerBound, eps: p.eps,
+		state: state, convK: K,
 	}
+	return m
+}
+
+// stack concatenates matrices of one dtype and width by rows (q_proj,
+// k_proj and v_proj into one product), recording an error under name when
+// they cannot be.
+func (l *loader) stack(name string, ms ...*kernels.Mat) *kernels.Mat {
+	for _, m := range ms {
+		if m == nil || m.Rows == 0 {
+			return nil // the loader has the error
+		}
+	}
+	out, err := stackRows(ms...)
+	if err != nil {
+		l.Fail(fmt.Errorf("%s: %w", name, err))
+	}
+	return out
+}
+
+// stackRows concatenates matrices by rows. Every dtype stores rows
+// independently, except F8E4M3 with block scales, whose row blocks must not
+// straddle two matrices.
+func stackRows(ms ...*kernels.Mat) (*kernels.Mat, error) {
+	first := ms[0]
+	out := &kernels.Mat{DType: first.DType, Cols: first.Cols, BlockRows: first.BlockRows, BlockCols: first.BlockCols}
+	for _, m := range ms {
+		if m.DType != first.DType || m.Cols != first.Cols || m.BlockRows != first.BlockRows || m.BlockCols != first.BlockCols {
+			return nil, fmt.Errorf("cannot stack %v (%d, %d) onto %v (%d, %d)", m.DType, m.Rows, m.Cols, first.DType, first.Rows, first.Cols)
+		}
+		if m.DType == kernels.F8E4M3 && m.BlockRows > 0 && m.Rows%m.BlockRows != 0 {
+			return nil, fmt.Errorf("cannot stack F8E4M3 rows (%d) that do not fill their scale blocks (%d)", m.Rows, m.BlockRows)
+		}
+		out.Rows += m.Rows
+		out.Data = append(out.Data, m.Data[:m.DType.RowBytes(m.Cols)*m.Rows]...)
+		out.Scale = append(out.Scale, m.Scale...)
+	}
+	return out, nil
 }
 
 // shape is the layer's entry in StateLayout.
 func (m *kda) shape() linattn.LayerShape {
-	return linattn.LayerShape{Heads: m.heads, DK: m.dk, DV: m.dk, ConvK: m.conv.K, ConvChannels: m.conv.Channels}
+	return linattn.LayerShape{Heads: m.net.Heads, DK: m.net.DK, DV: m.net.DV, ConvK: m.convK, ConvChannels: m.net.QKVWidth()}
 }
 
 // forward sets y (N, hidden) = KDA(x (N, hidden)) for every sequence of
 // the pass, reading and updating each sequence's state slot.
-func (m *kda) forward(p *pass, y, x []float32) {
-	be, a, n := p.Backend, &p.Arena, p.N()
-	mark := a.Mark()
-	h, dk := m.heads, m.dk
+func (m *kda) forward(c *pass, y, x kernels.Tensor) {
+	dev, n := m.dev, c.N
+	h, dk := m.net.Heads, m.net.DK
 	C := h * dk
-	qkv := a.Get(n * 3 * C) // (N, 3C) [q | k | v], then the conv output in place
-	t := a.Get(n * C)       // (N, C) projection scratch, later the gate z
-	for i, proj := range []*nn.Linear{m.q, m.k, m.v} {
-		proj.Forward(be, t, x, n)
-		for r := range n {
-			copy(qkv[r*3*C+i*C:r*3*C+(i+1)*C], t[r*C:(r+1)*C])
-		}
-	}
-	fa := a.Get(n * dk) // (N, dk) f_a / g_a output
-	g := a.Get(n * C)   // (N, C) log-decay
-	m.fa.Forward(be, fa, x, n)
-	m.fb.Forward(be, g, fa, n)
-	linattn.KDAGates(g, g, m.aLog, m.dtBias, n, h, dk, m.lowerBound)
-	beta := a.Get(n * h) // (N, heads)
-	m.b.Forward(be, beta, x, n)
-	linattn.Sigmoid(beta, beta)
+	S, conv := c.states.Tensors(m.state)
+	qkv := dev.Scratch(kernels.F32, n, 3*C) // (N, 3C) [q | k | v], then the conv output in place
+	m.qkv.Forward(dev, qkv, x, false)
+	dev.ShortConv(qkv, qkv, m.conv, conv, c.rec)
+	t := dev.Scratch(kernels.F32, n, dk) // (N, dk) f_a / g_a output
+	a := dev.Scratch(kernels.F32, n, C)  // (N, C) the forget gate's input
+	m.fa.Forward(dev, t, x, false)
+	m.fb.Forward(dev, a, t, false)
+	beta := dev.Scratch(kernels.F32, n, h) // (N, heads) β before its sigmoid
+	m.b.Forward(dev, beta, x, false)
+	core := dev.Scratch(kernels.F32, n, C) // (N, C) delta-rule output
+	dev.DeltaRule(core, qkv, a, beta, S, c.rec, &m.net)
 
-	core := a.Get(n * C) // (N, C) delta-rule output
-	for s := range len(p.slots) {
-		lo, hi := p.seqRows(s)
-		T := hi - lo
-		if T == 0 {
-			continue
-		}
-		rows := qkv[lo*3*C : hi*3*C] // (T, 3C)
-		m.conv.Forward(rows, rows, T, p.states.Conv(p.slots[s], m.slot), linattn.ActSiLU)
-		linattn.L2Norm(rows, T, h, dk, 3*C, float32(1/math.Sqrt(float64(dk))))
-		linattn.L2Norm(rows[C:], T, h, dk, 3*C, 1)
-		m.rule.Forward(&linattn.Seq{
-			T: T,
-			Q: rows, K: rows[C:], V: rows[2*C:],
-			QStride: 3 * C, KStride: 3 * C, VStride: 3 * C,
-			Beta:  beta[lo*h : hi*h],
-			G:     g[lo*C : hi*C],
-			Out:   core[lo*C : hi*C],
-			State: p.states.S(p.slots[s], m.slot),
-		})
-	}
-
-	m.ga.Forward(be, fa, x, n)
-	m.gb.Forward(be, t, fa, n)
-	linattn.GatedRMSNorm(core, core, t, m.oNorm, dk, m.eps, linattn.GateSigmoid)
-	m.o.Forward(be, y, core, n)
-	a.Release(mark)
+	z := dev.Scratch(kernels.F32, n, C) // (N, C) output gate
+	m.ga.Forward(dev, t, x, false)
+	m.gb.Forward(dev, z, t, false)
+	ch, zh := core.Reshape(n*h, dk), z.Reshape(n*h, dk)
+	dev.GatedRMSNorm(ch, ch, zh, m.oNorm.W, m.oNorm.Eps, kernels.GateSigmoid)
+	m.o.Forward(dev, y, core, false)
 }
