@@ -9,10 +9,10 @@ import (
 
 var _ kernels.KPoolOps = (*Backend)(nil)
 
-// cacheRow returns cols values of slot s of cache layer c (F32 or BF16)
-// from column col: a view for F32, converted into buf for BF16.
-func cacheRow(c kernels.Tensor, s, col, cols int, buf []float32) []float32 {
-	off := s*c.Stride + col
+// cacheRow returns the first cols values of slot s of cache layer c (F32
+// or BF16): a view for F32, converted into buf for BF16.
+func cacheRow(c kernels.Tensor, s, cols int, buf []float32) []float32 {
+	off := s * c.Stride
 	switch c.DType {
 	case kernels.F32:
 		return f32(c)[off : off+cols]
@@ -24,22 +24,6 @@ func cacheRow(c kernels.Tensor, s, col, cols int, buf []float32) []float32 {
 		return buf[:cols]
 	}
 	panic("cpu: cache layer dtype must be F32 or BF16")
-}
-
-// setCacheRow writes vals into slot s of cache layer c from column col.
-func setCacheRow(c kernels.Tensor, s, col int, vals []float32) {
-	off := s*c.Stride + col
-	switch c.DType {
-	case kernels.F32:
-		copy(f32(c)[off:off+len(vals)], vals)
-	case kernels.BF16:
-		r := raw(c)[2*off : 2*(off+len(vals))]
-		for j, f := range vals {
-			binary.LittleEndian.PutUint16(r[2*j:], kernels.F32ToBF16(f))
-		}
-	default:
-		panic("cpu: cache layer dtype must be F32 or BF16")
-	}
 }
 
 // kpoolPaged unpacks p for a k-pool op over n rows of cache c.
@@ -68,14 +52,11 @@ func (b *Backend) StoreKPool(cache, k, g kernels.Tensor, p *kernels.Paged, kp *k
 	}
 	ks, gs, dim := f32(k), f32(g), kp.Dim
 	nw, nb := f32(kp.NormW)[:dim], f32(kp.NormB)[:dim]
-	kn := grow(&b.tmp, dim) // one row's normed key
+	row := grow(&b.tmp, 2*dim) // one token's [LayerNorm(k) | γ]
 	for i, s := range slot[:k.Rows] {
-		if s < 0 || int(s) >= cache.Rows {
-			panic("cpu: StoreKPool slot outside the cache")
-		}
-		ref.LayerNorm(kn, ks[i*dim:(i+1)*dim], nw, nb, kp.NormEps, 1)
-		setCacheRow(cache, int(s), 0, kn)
-		setCacheRow(cache, int(s), dim, gs[i*dim:(i+1)*dim])
+		ref.LayerNorm(row[:dim], ks[i*dim:(i+1)*dim], nw, nb, kp.NormEps, 1)
+		copy(row[dim:], gs[i*dim:(i+1)*dim])
+		putRow(cache, int(s), row)
 	}
 	var closing []int // rows that complete a pool
 	for i, t := range pos[:k.Rows] {
@@ -94,10 +75,13 @@ func (b *Backend) StoreKPool(cache, k, g kernels.Tensor, p *kernels.Paged, kp *k
 			bt, first := table(seq[i]), int(pos[i])+1-kp.Size
 			for j := range members {
 				q := first + j
-				copy(members[j], cacheRow(cache, int(bt[q/bs])*bs+q%bs, 0, 2*dim, members[j]))
+				copy(members[j], cacheRow(cache, int(bt[q/bs])*bs+q%bs, 2*dim, members[j]))
 			}
+			// The pool's key replaces its last member's k; its γ stays.
 			ref.KPoolKey(key, members, ape, prob)
-			setCacheRow(cache, int(slot[i]), 0, key)
+			last := members[kp.Size-1]
+			copy(last, key)
+			putRow(cache, int(slot[i]), last)
 		}
 	})
 }
@@ -120,7 +104,7 @@ func (b *Backend) KPoolSelect(sel, q, w, cache kernels.Tensor, p *kernels.Paged,
 			bt, t := table(seq[i]), int(pos[i])
 			key := func(P int) []float32 {
 				e := P*kp.Size + kp.Size - 1
-				return cacheRow(cache, int(bt[e/bs])*bs+e%bs, 0, kp.Dim, buf)
+				return cacheRow(cache, int(bt[e/bs])*bs+e%bs, kp.Dim, buf)
 			}
 			if c := (t + 1) / kp.Size; cap(scores) < c {
 				scores = make([]float32, c)

@@ -639,17 +639,8 @@ func kpoolTest(t *testing.T, d kernels.Device, k kernels.KPoolOps) {
 
 func kpoolCase(t *testing.T, d kernels.Device, k kernels.KPoolOps, rd i32Reader, dt kernels.DType, size, dim, heads, keep, bs int, tail bool, seqs []attnSeq, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 23))
-	maxBlocks := 0
-	for _, s := range seqs {
-		maxBlocks = max(maxBlocks, (s.start+s.rows+bs-1)/bs)
-	}
-	nBlocks := len(seqs)*maxBlocks + 2
-	perm := rng.Perm(nBlocks)
-	blocks := make([]int32, len(seqs)*maxBlocks)
-	for i := range blocks {
-		blocks[i] = int32(perm[i])
-	}
-	cache, err := d.Alloc(dt, nBlocks*bs, 2*dim)
+	g := newPaged(t, d, rng, seqs, bs)
+	cache, err := d.Alloc(dt, g.slots(), 2*dim)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -665,53 +656,45 @@ func kpoolCase(t *testing.T, d kernels.Device, k kernels.KPoolOps, rd i32Reader,
 	kp := &kernels.KPool{Size: size, Dim: dim, Heads: heads, Keep: keep, Tail: tail,
 		Ape: newBuf(t, d, size, dim, apeV).t, Scale: float32(1 / math.Sqrt(float64(dim*heads))),
 		NormW: newBuf(t, d, 1, dim, nw).t, NormB: newBuf(t, d, 1, dim, nb).t, NormEps: 1e-6}
-	bt := ints(t, d, len(seqs), maxBlocks, blocks)
-	slotOf := func(si, p int) int32 { return blocks[si*maxBlocks+p/bs]*int32(bs) + int32(p%bs) }
 
-	// Every position's raw [k | γ], as the cache holds it.
-	raw := make([][][]float32, len(seqs))
-	type rows struct {
-		pos, seq, slot []int32
-		k, g           []float32
-	}
-	var pre, cur rows
+	// Every position's wk output and gate, and its raw cache row
+	// [LayerNorm(k) | γ].
+	ks, gs, raw := make([][][]float32, len(seqs)), make([][][]float32, len(seqs)), make([][][]float32, len(seqs))
 	for si, s := range seqs {
-		for p := range s.start + s.rows {
+		for range s.start + s.rows {
 			kv, gv := randn(rng, dim), randn(rng, dim)
 			for i := range gv {
 				gv[i] *= 2
 			}
-			r := &cur
-			if p < s.start {
-				r = &pre
-			}
-			r.pos, r.seq, r.slot = append(r.pos, int32(p)), append(r.seq, int32(si)), append(r.slot, slotOf(si, p))
-			r.k, r.g = append(r.k, kv...), append(r.g, gv...)
 			kn := make([]float32, dim)
 			ref.LayerNorm(kn, kv, nw, nb, kp.NormEps, 1)
-			raw[si] = append(raw[si], append(round(kn), round(gv)...))
+			ks[si], gs[si] = append(ks[si], kv), append(gs[si], gv)
+			raw[si] = append(raw[si], append(round(kn), round(append([]float32(nil), gv...))...))
 		}
 	}
-	paged := func(r *rows) *kernels.Paged {
-		n := len(r.pos)
-		return &kernels.Paged{Pos: ints(t, d, n, 1, r.pos), Seq: ints(t, d, n, 1, r.seq), Slot: ints(t, d, n, 1, r.slot), Blocks: bt, BlockSize: bs}
-	}
-	if len(pre.pos) > 0 {
-		kb, gb, p := newBuf(t, d, len(pre.pos), dim, pre.k), newBuf(t, d, len(pre.pos), dim, pre.g), paged(&pre)
+	// store uploads the k and γ of the given rows and stores them.
+	store := func(seq, pos []int32) *kernels.Paged {
+		var kv, gv []float32
+		for i := range pos {
+			kv, gv = append(kv, ks[seq[i]][pos[i]]...), append(gv, gs[seq[i]][pos[i]]...)
+		}
+		kb, gb, p := newBuf(t, d, len(pos), dim, kv), newBuf(t, d, len(pos), dim, gv), g.paged(seq, pos)
 		step(d, func() { k.StoreKPool(cache, kb.t, gb.t, p, kp) })
+		return p
 	}
-	n, sw := len(cur.pos), kp.SelWidth()
+	if preSeq, prePos := g.rows(true); len(prePos) > 0 {
+		store(preSeq, prePos)
+	}
+	curSeq, curPos := g.rows(false)
+	p := store(curSeq, curPos)
+	n, sw := len(curPos), kp.SelWidth()
 	qv, wv := randn(rng, n*heads*dim), randn(rng, n*heads)
-	kb, gb, p := newBuf(t, d, n, dim, cur.k), newBuf(t, d, n, dim, cur.g), paged(&cur)
 	q, w := newBuf(t, d, n, heads*dim, qv), newBuf(t, d, n, heads, wv)
 	sel, err := d.Alloc(kernels.I32, n, sw)
 	if err != nil {
 		t.Fatal(err)
 	}
-	step(d, func() {
-		k.StoreKPool(cache, kb.t, gb.t, p, kp)
-		k.KPoolSelect(sel, q.t, w.t, cache, p, kp)
-	})
+	step(d, func() { k.KPoolSelect(sel, q.t, w.t, cache, p, kp) })
 
 	// The pools' keys, then what the cache must hold.
 	keys := make([][][]float32, len(seqs))
@@ -732,7 +715,7 @@ func kpoolCase(t *testing.T, d kernels.Device, k kernels.KPoolOps, rd i32Reader,
 				if pos%size == size-1 {
 					copy(want, keys[si][pos/size])
 				}
-				s := int(slotOf(si, pos))
+				s := int(g.slot(si, pos))
 				compare(t, fmt.Sprintf("cache seq %d pos %d", si, pos), all[s*2*dim:(s+1)*2*dim], want, KPoolTol, rowScale(want))
 			}
 		}
@@ -742,7 +725,7 @@ func kpoolCase(t *testing.T, d kernels.Device, k kernels.KPoolOps, rd i32Reader,
 	want := make([]int32, n*sw)
 	dropped := 0
 	for i := range n {
-		si, pos := int(cur.seq[i]), int(cur.pos[i])
+		si, pos := int(curSeq[i]), int(curPos[i])
 		key := func(P int) []float32 { return keys[si][P] }
 		ref.KPoolSelect(want[i*sw:(i+1)*sw], qv[i*heads*dim:(i+1)*heads*dim], wv[i*heads:(i+1)*heads], pos, key, kp,
 			make([]float32, (pos+1)/size), make([]int32, keep))

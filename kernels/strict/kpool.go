@@ -27,19 +27,6 @@ func pagedSlot(p *kernels.Paged, blocks []int32, seq, pos int) int {
 	return int(blocks[seq*p.Blocks.Cols+pos/p.BlockSize])*p.BlockSize + pos%p.BlockSize
 }
 
-// setCacheRow writes vals into slot s of cache layer c from column col,
-// rounding to BF16 when c is.
-func (d *Device) setCacheRow(c kernels.Tensor, s, col int, vals []float32) {
-	v := d.view(c, c.DType)
-	for j, f := range vals {
-		if c.DType == kernels.BF16 {
-			v.bf16[s*c.Stride+col+j] = kernels.F32ToBF16(f)
-		} else {
-			v.f32[s*c.Stride+col+j] = f
-		}
-	}
-}
-
 // StoreKPool implements kernels.KPoolOps.
 func (d *Device) StoreKPool(cache, k, g kernels.Tensor, p *kernels.Paged, kp *kernels.KPool) {
 	kpoolCheck("StoreKPool", cache, kp)
@@ -53,12 +40,10 @@ func (d *Device) StoreKPool(cache, k, g kernels.Tensor, p *kernels.Paged, kp *ke
 	ape := d.in("StoreKPool", kp.Ape, kernels.F32)
 	dim := kp.Dim
 	for i, s := range slot {
-		d.setCacheRow(cache, int(s), 0, ks[i*dim:(i+1)*dim])
-		d.setCacheRow(cache, int(s), dim, gs[i*dim:(i+1)*dim])
+		d.putRow(cache, int(s), append(append([]float32(nil), ks[i*dim:(i+1)*dim]...), gs[i*dim:(i+1)*dim]...))
 	}
 	members := make([][]float32, kp.Size)
 	prob := make([]float64, kp.Size)
-	key := make([]float32, dim)
 	for i, t := range pos {
 		if int(t)%kp.Size != kp.Size-1 {
 			continue
@@ -67,8 +52,10 @@ func (d *Device) StoreKPool(cache, k, g kernels.Tensor, p *kernels.Paged, kp *ke
 		for j := range members {
 			members[j] = d.cacheRow(cache, pagedSlot(p, blocks, int(seq[i]), first+j))
 		}
+		last := members[kp.Size-1] // the pool's key replaces its k; its γ stays
+		key := make([]float32, dim)
 		ref.KPoolKey(key, members, ape, prob)
-		d.setCacheRow(cache, int(slot[i]), 0, key)
+		d.putRow(cache, int(slot[i]), append(key, last[dim:]...))
 	}
 }
 
