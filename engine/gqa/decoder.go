@@ -1,8 +1,10 @@
-// Package gqa is the decoder of the grouped-query-attention architectures
-// (llama, qwen3, qwen3_moe, mixtral, glm4_moe) on the op set (kernels.Device): token
-// embedding, pre-norm blocks (GQA attention, SwiGLU MLP or routed MoE) and
-// one output head (final norm, logit-row gather, LM head), plus the
-// DeepSeek/GLM NextN MTP layer (MTPDecoder). Activations,
+// Package gqa is the decoder on the op set (kernels.Device) of the
+// grouped-query-attention architectures (llama, qwen3, qwen3_moe, mixtral,
+// glm4_moe) and of every architecture that brings its own token mixer
+// (engine/models/mla): token embedding, pre-norm blocks (a Mixer — GQA
+// attention here — then a SwiGLU MLP or routed MoE) and one output head
+// (final norm, logit-row gather, LM head), plus the DeepSeek/GLM NextN MTP
+// layer (MTPDecoder). Activations,
 // row maps and the KV cache live on the device; the host writes the step's
 // ids, positions, slots and block tables before it and reads the logit and
 // hidden rows after it.
@@ -38,24 +40,28 @@ var _ model.DeviceModel = (*Decoder)(nil)
 // New converts host-loaded blocks (nn.Block with nn.MLP or nn.MoE) into a
 // Decoder on dev, uploading the small weights; the KV cache is BF16.
 func New(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*nn.Block, norm *nn.RMSNorm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) (*Decoder, error) {
-	u := &uploader{dev: dev}
-	d := &Decoder{Arch: arch, Embed: embed, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Norm: u.norm(norm)}
-	for _, b := range blocks {
-		gb, err := u.block(b)
-		if err != nil {
-			return nil, err
-		}
-		d.Blocks = append(d.Blocks, gb)
+	u := NewUploader(dev)
+	gb := make([]*Block, len(blocks))
+	for i, b := range blocks {
+		gb[i] = u.Block(b)
 	}
-	if u.err != nil {
-		return nil, u.err
+	n := u.Norm(norm)
+	if err := u.Err(); err != nil {
+		return nil, err
 	}
+	return NewDecoder(dev, arch, embed, gb, n, lmHead, layout, maxContext), nil
+}
+
+// NewDecoder assembles blocks already on dev (any Mixer) between the
+// embedding and the output head; the KV cache is BF16 (SetCacheDType).
+func NewDecoder(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*Block, norm *Norm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) *Decoder {
+	d := &Decoder{Arch: arch, Embed: embed, Blocks: blocks, Norm: norm, LMHead: lmHead, MaxContext: maxContext, Dev: dev}
 	d.Layout = make(kvcache.Layout, len(layout))
 	for i, w := range layout {
 		w.DType = kernels.BF16
 		d.Layout[i] = w
 	}
-	return d, nil
+	return d
 }
 
 // SetCacheDType implements model.DeviceModel: F32 or BF16 KV storage for
@@ -168,7 +174,7 @@ func (d *Decoder) run(b *model.Batch, st *step, embed func(c *Ctx, x kernels.Ten
 	x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
 	h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
 	y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
-	c := &Ctx{Dev: dev, N: n, Paged: st.paged, Cache: b.Cache.Layer}
+	c := &Ctx{Dev: dev, N: n, Paged: st.paged, Pos: d.in.hPos, Cache: b.Cache.Layer}
 	embed(c, x)
 	first := blocks[0].AttnNorm
 	dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)

@@ -13,7 +13,18 @@ type Ctx struct {
 	Dev   kernels.Device
 	N     int // rows (tokens) in the step
 	Paged kernels.Paged
+	// Pos is the host copy of Paged.Pos (N), for decisions about shapes
+	// (how wide a row's scores are); never read back from the device.
+	Pos   []int32
 	Cache func(layer int) (k, v kernels.Tensor)
+}
+
+// Mixer is a block's token-mixing sublayer: GQA Attention here, MLA in
+// engine/models/mla.
+type Mixer interface {
+	// Forward sets y (N, hidden) from h (N, hidden), the normed block
+	// input, storing the step's keys in the cache.
+	Forward(c *Ctx, y, h kernels.Tensor)
 }
 
 // Norm is an RMSNorm's weight on the device.
@@ -29,8 +40,14 @@ type Linear struct {
 	B kernels.Tensor // (1, out) F32; zero Tensor when absent
 }
 
-func (l *Linear) forward(dev kernels.Device, dst, x kernels.Tensor, acc bool) {
+// Forward sets dst (N, out) = x (N, in)·Wᵀ + B, or adds it to dst when acc.
+func (l *Linear) Forward(dev kernels.Device, dst, x kernels.Tensor, acc bool) {
 	dev.Linear(dst, x, l.W, kernels.Epilogue{Bias: l.B, Accumulate: acc})
+}
+
+// Apply is an RMSNorm over the rows of x into dst (dst may be x).
+func (n *Norm) Apply(dev kernels.Device, dst, x kernels.Tensor) {
+	dev.RMSNorm(dst, x, n.W, n.Eps, n.Offset)
 }
 
 // Attention is a GQA self-attention block: q/k/v projections, optional
@@ -50,9 +67,9 @@ func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
 	q := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim)   // (N, heads·headDim)
 	k := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
 	v := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
-	a.Q.forward(dev, q, h, false)
-	a.K.forward(dev, k, h, false)
-	a.V.forward(dev, v, h, false)
+	a.Q.Forward(dev, q, h, false)
+	a.K.Forward(dev, k, h, false)
+	a.V.Forward(dev, v, h, false)
 	if a.QNorm != nil {
 		qh := q.Reshape(n*s.Heads, s.HeadDim)
 		dev.RMSNorm(qh, qh, a.QNorm.W, a.QNorm.Eps, a.QNorm.Offset)
@@ -69,7 +86,7 @@ func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
 	dev.StoreKV(kc, vc, k, v, &c.Paged)
 	o := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim)
 	dev.Attention(o, q, kc, vc, &c.Paged, s)
-	a.O.forward(dev, y, o, false)
+	a.O.Forward(dev, y, o, false)
 }
 
 // FFN is a feed-forward block on the op set.
@@ -89,10 +106,10 @@ func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool) {
 	inter := m.Gate.W.Rows
 	g := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
 	u := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
-	m.Gate.forward(c.Dev, g, h, false)
-	m.Up.forward(c.Dev, u, h, false)
+	m.Gate.Forward(c.Dev, g, h, false)
+	m.Up.Forward(c.Dev, u, h, false)
 	c.Dev.SwiGLU(g, g, u)
-	m.Down.forward(c.Dev, y, g, acc)
+	m.Down.Forward(c.Dev, y, g, acc)
 }
 
 // Forward implements FFN.
@@ -125,7 +142,7 @@ func (m *MoE) Forward(c *Ctx, y, h kernels.Tensor) {
 // run with the residual adds fused into the next norm (see Forward).
 type Block struct {
 	AttnNorm *Norm // input_layernorm
-	Attn     *Attention
+	Attn     Mixer
 	FFNNorm  *Norm // post_attention_layernorm
 	FFN      FFN
 }
@@ -139,14 +156,22 @@ func (b *Block) Forward(c *Ctx, x, h, y kernels.Tensor) {
 	b.FFN.Forward(c, y, h)
 }
 
-// uploader moves a host model's small weights (norms, biases, frequencies)
-// to the device, keeping the first error.
-type uploader struct {
+// Uploader moves a host-loaded model's small weights (norms, biases,
+// rotary frequencies) to the device and converts its blocks, keeping the
+// first error (Err).
+type Uploader struct {
 	dev kernels.Device
 	err error
 }
 
-func (u *uploader) vec(v []float32) kernels.Tensor {
+// NewUploader returns an Uploader to dev.
+func NewUploader(dev kernels.Device) *Uploader { return &Uploader{dev: dev} }
+
+// Err is the first allocation error, or a block that is not on the op set.
+func (u *Uploader) Err() error { return u.err }
+
+// Vec uploads v as a (1, len(v)) F32 tensor; nil gives the zero Tensor.
+func (u *Uploader) Vec(v []float32) kernels.Tensor {
 	if v == nil || u.err != nil {
 		return kernels.Tensor{}
 	}
@@ -159,54 +184,73 @@ func (u *uploader) vec(v []float32) kernels.Tensor {
 	return t
 }
 
-func (u *uploader) norm(n *nn.RMSNorm) *Norm {
+// Norm uploads an RMSNorm's weight; nil gives nil.
+func (u *Uploader) Norm(n *nn.RMSNorm) *Norm {
 	if n == nil {
 		return nil
 	}
-	return &Norm{W: u.vec(n.W), Eps: n.Eps, Offset: n.Offset}
+	return &Norm{W: u.Vec(n.W), Eps: n.Eps, Offset: n.Offset}
 }
 
-func (u *uploader) linear(l *nn.Linear) Linear { return Linear{W: l.W, B: u.vec(l.B)} }
+// Linear keeps the weight and uploads the bias.
+func (u *Uploader) Linear(l *nn.Linear) Linear { return Linear{W: l.W, B: u.Vec(l.B)} }
 
-func (u *uploader) mlp(m *nn.MLP) *MLP {
+// Rotary uploads a RoPE's inverse frequencies; nil gives nil.
+func (u *Uploader) Rotary(r *nn.RoPE) *kernels.Rotary {
+	if r == nil {
+		return nil
+	}
+	return &kernels.Rotary{InvFreq: u.Vec(r.InvFreq()), Dim: r.Dim, Interleaved: r.Interleaved, Scale: r.Scale}
+}
+
+func (u *Uploader) mlp(m *nn.MLP) *MLP {
 	if m == nil {
 		return nil
 	}
-	return &MLP{Gate: u.linear(m.Gate), Up: u.linear(m.Up), Down: u.linear(m.Down)}
+	return &MLP{Gate: u.Linear(m.Gate), Up: u.Linear(m.Up), Down: u.Linear(m.Down)}
 }
 
-// block converts a loaded host block.
-func (u *uploader) block(b *nn.Block) (*Block, error) {
-	a := b.Attn
-	at := &Attention{
-		Layer: a.Attn.Layer,
-		Q:     u.linear(a.Q), K: u.linear(a.K), V: u.linear(a.V), O: u.linear(a.O),
-		QNorm: u.norm(a.QNorm), KNorm: u.norm(a.KNorm),
-		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
-	}
-	if a.Rope != nil {
-		at.Rope = &kernels.Rotary{InvFreq: u.vec(a.Rope.InvFreq()), Dim: a.Rope.Dim, Interleaved: a.Rope.Interleaved, Scale: a.Rope.Scale}
-	}
-	out := &Block{AttnNorm: u.norm(b.AttnNorm), Attn: at, FFNNorm: u.norm(b.FFNNorm)}
-	switch f := b.FFN.(type) {
+// FFN converts a dense SwiGLU MLP or a routed MoE (softmax or grouped
+// noaux_tc routing, optional ungated shared experts).
+func (u *Uploader) FFN(f nn.FFN) FFN {
+	switch f := f.(type) {
 	case *nn.MLP:
-		out.FFN = u.mlp(f)
+		return u.mlp(f)
 	case *nn.MoE:
 		if f.SharedGate != nil {
-			return nil, fmt.Errorf("gqa: gated shared experts are not on the op set yet")
+			u.fail(fmt.Errorf("gqa: gated shared experts are not on the op set yet"))
+			return nil
 		}
 		r := f.Router
-		out.FFN = &MoE{
+		return &MoE{
 			Gate: r.W,
 			Router: kernels.Router{
-				Bias: u.vec(r.Bias), Scoring: kernels.Scoring(r.Scoring), TopK: r.TopK, NormTopK: r.NormTopK,
+				Bias: u.Vec(r.Bias), Scoring: kernels.Scoring(r.Scoring), TopK: r.TopK, NormTopK: r.NormTopK,
 				Scale: r.Scale, Groups: r.Groups, TopKGroups: r.TopKGroups,
 			},
 			Experts: f.Experts,
 			Shared:  u.mlp(f.Shared),
 		}
-	default:
-		return nil, fmt.Errorf("gqa: feed-forward block %T is not on the op set", b.FFN)
 	}
-	return out, u.err
+	u.fail(fmt.Errorf("gqa: feed-forward block %T is not on the op set", f))
+	return nil
+}
+
+func (u *Uploader) fail(err error) {
+	if u.err == nil {
+		u.err = err
+	}
+}
+
+// Block converts a loaded host GQA block.
+func (u *Uploader) Block(b *nn.Block) *Block {
+	a := b.Attn
+	at := &Attention{
+		Layer: a.Attn.Layer,
+		Q:     u.Linear(a.Q), K: u.Linear(a.K), V: u.Linear(a.V), O: u.Linear(a.O),
+		QNorm: u.Norm(a.QNorm), KNorm: u.Norm(a.KNorm),
+		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
+		Rope:  u.Rotary(a.Rope),
+	}
+	return &Block{AttnNorm: u.Norm(b.AttnNorm), Attn: at, FFNNorm: u.Norm(b.FFNNorm), FFN: u.FFN(b.FFN)}
 }

@@ -3,6 +3,7 @@ package gqa
 import (
 	"fmt"
 
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -30,31 +31,48 @@ type MTPDecoder struct {
 	MTP *NextN
 }
 
-// AddNextN converts a host-loaded NextN layer (block at cache layer
-// len(d.Layout), which it appends) and returns the model with it.
-func (d *Decoder) AddNextN(enorm, hnorm *nn.RMSNorm, ehProj *nn.Linear, block *nn.Block, norm *nn.RMSNorm, head *kernels.Mat) (*MTPDecoder, error) {
-	u := &uploader{dev: d.Dev}
-	blk, err := u.block(block)
-	if err != nil {
-		return nil, err
-	}
-	if blk.Attn.Layer != len(d.Layout) {
-		return nil, fmt.Errorf("gqa: NextN block at cache layer %d, want %d", blk.Attn.Layer, len(d.Layout))
-	}
-	e, h, err := splitCols(ehProj.W)
-	if err != nil {
-		return nil, err
-	}
+// HasNextN reports whether the config declares a NextN layer
+// (num_nextn_predict_layers ≥ 1) and the checkpoint holds it, as
+// model.layers.{layers}.
+func HasNextN(l *nn.Loader, nextn, layers int) bool {
+	return nextn > 0 && l.Has(fmt.Sprintf("model.layers.%d.eh_proj.weight", layers))
+}
+
+// LoadNextN loads the prologue (enorm, hnorm, eh_proj) and the head
+// (shared_head.norm, shared_head.head, lmHead when the checkpoint omits
+// it: released checkpoints hold a copy of lm_head) of the NextN layer
+// model.layers.{layer} around block, which the caller loaded and which
+// caches in layer `layer`. Errors are the loader's and the uploader's.
+func LoadNextN(l *nn.Loader, u *Uploader, layer, hidden int, eps float32, block *Block, lmHead *kernels.Mat) (*NextN, error) {
+	pre := fmt.Sprintf("model.layers.%d.", layer)
+	eh := l.Linear(pre+"eh_proj", hidden, 2*hidden, false)
 	m := &NextN{
-		ENorm: u.norm(enorm), HNorm: u.norm(hnorm),
-		EH: Linear{W: e, B: u.vec(ehProj.B)}, HH: Linear{W: h},
-		Block: blk, Norm: u.norm(norm), Head: head,
+		ENorm: u.Norm(l.RMSNorm(pre+"enorm", hidden, eps, false)),
+		HNorm: u.Norm(l.RMSNorm(pre+"hnorm", hidden, eps, false)),
+		Block: block,
+		Norm:  u.Norm(l.RMSNorm(pre+"shared_head.norm", hidden, eps, false)),
+		Head:  lmHead,
 	}
-	if u.err != nil {
-		return nil, u.err
+	if l.Has(pre + "shared_head.head.weight") {
+		m.Head = l.Mat(pre+"shared_head.head.weight", lmHead.Rows, hidden)
 	}
-	d.Layout = append(d.Layout, d.Layout[0])
-	return &MTPDecoder{Decoder: d, MTP: m}, nil
+	if err := l.Err(); err != nil {
+		return nil, err
+	}
+	e, h, err := splitCols(eh.W)
+	if err != nil {
+		return nil, err
+	}
+	m.EH, m.HH = Linear{W: e, B: u.Vec(eh.B)}, Linear{W: h}
+	return m, u.Err()
+}
+
+// WithNextN returns d with the NextN layer m, whose block caches in the
+// layer it appends to d's layout (width, in d's cache dtype).
+func (d *Decoder) WithNextN(m *NextN, width kvcache.LayerWidth) *MTPDecoder {
+	width.DType = d.Layout[0].DType
+	d.Layout = append(d.Layout, width)
+	return &MTPDecoder{Decoder: d, MTP: m}
 }
 
 // splitCols copies the left and right column halves of w (rows, 2·k) into
@@ -105,8 +123,8 @@ func (m *MTPDecoder) mtp(b *model.Batch, st *step, hidden [][]float32) (*model.O
 		dev.RMSNorm(e, e, nx.ENorm.W, nx.ENorm.Eps, nx.ENorm.Offset)
 		hn := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
 		dev.RMSNorm(hn, hid, nx.HNorm.W, nx.HNorm.Eps, nx.HNorm.Offset)
-		nx.EH.forward(dev, x, e, false)
-		nx.HH.forward(dev, x, hn, true)
+		nx.EH.Forward(dev, x, e, false)
+		nx.HH.Forward(dev, x, hn, true)
 	}
 	return d.run(b, st, prologue, []*Block{nx.Block}, nx.Norm, nx.Head), nil
 }
