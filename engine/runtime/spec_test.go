@@ -474,6 +474,9 @@ type oracle struct {
 	hist map[*kvcache.Seq][]int32 // each sequence's tokens by position, as the passes have seen them
 }
 
+// Unwrap returns the wrapped model (model.NewCache finds its device).
+func (o *oracle) Unwrap() model.Model { return o.MTPModel }
+
 // oracleHybrid is an oracle over a model with recurrent state.
 type oracleHybrid struct{ *oracle }
 

@@ -2,9 +2,8 @@
 // GQA architectures (llama, qwen3, qwen3_moe, mixtral, glm4_moe): reading
 // the common hyperparameters from config.json, loading an attention block,
 // and wrapping blocks with the embedding, final norm and LM head into a
-// gqa.Decoder on the op set (NewModel), or a host-slice model.Decoder
-// (NewDecoder, for glm4_moe, whose NextN layer is shared with mla). Each architecture package keeps what differs: its FFN, its
-// optional tensors and its config quirks.
+// gqa.Decoder on the op set (NewModel). Each architecture package keeps
+// what differs: its FFN, its optional tensors and its config quirks.
 package transformer
 
 import (
