@@ -41,7 +41,7 @@ var _ gqa.Mixer = (*Attention)(nil)
 func (a *Attention) Forward(c *gqa.Ctx, y, h kernels.Tensor) {
 	dev, n, s := c.Dev, c.N, a.Shape
 	q := dev.Scratch(kernels.F32, n, s.Heads*(s.Nope+s.Rope)) // (N, Heads·(Nope+Rope))
-	var qr kernels.Tensor                                        // (N, q_lora_rank) normed q latent; zero without q-LoRA
+	var qr kernels.Tensor                                     // (N, q_lora_rank) normed q latent; zero without q-LoRA
 	if a.QA != nil {
 		qr = dev.Scratch(kernels.F32, n, a.QA.W.Rows)
 		a.QA.Forward(dev, qr, h, false)

@@ -524,12 +524,12 @@ func (b *builder) indexer(i int) *Indexer {
 		// The head weights' index_n_heads^-½ is folded into Scale.
 		Shape: kernels.IndexerShape{Heads: p.idxHeads, Dim: p.idxDim, TopK: p.idxTopK,
 			Scale: float32(1 / math.Sqrt(float64(p.idxDim)*float64(p.idxHeads)))},
-		WQ:    u.Linear(l.Linear(pre+"wq_b", p.idxHeads*p.idxDim, p.dims.qLora, false)),
-		WK:    u.Linear(l.Linear(pre+"wk", p.idxDim, p.hidden, false)),
+		WQ:     u.Linear(l.Linear(pre+"wq_b", p.idxHeads*p.idxDim, p.dims.qLora, false)),
+		WK:     u.Linear(l.Linear(pre+"wk", p.idxDim, p.hidden, false)),
 		KNormW: u.Vec(l.Vec(pre+"k_norm.weight", p.idxDim)),
 		KNormB: u.Vec(l.Vec(pre+"k_norm.bias", p.idxDim)),
-		W:     u.Linear(l.Linear(pre+"weights_proj", p.idxHeads, p.hidden, false)),
-		Rope:  b.idxRope,
-		ops:   b.ops,
+		W:      u.Linear(l.Linear(pre+"weights_proj", p.idxHeads, p.hidden, false)),
+		Rope:   b.idxRope,
+		ops:    b.ops,
 	}
 }
