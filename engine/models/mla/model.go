@@ -351,12 +351,12 @@ type ops struct {
 func New(cfg *config.Config, w model.WeightSource, be kernels.Backend, spec Spec) (model.Model, error) {
 	dev, ok := be.(kernels.Device)
 	if !ok {
-		return nil, fmt.Errorf("backend %s does not implement the op set (kernels.Device)", be.Name())
+		return nil, &model.OpsError{Backend: be.Name(), Missing: "the op set (kernels.Device)"}
 	}
 	mo, ok1 := be.(kernels.MLAOps)
 	sp, ok2 := be.(kernels.SparseOps)
 	if !ok1 || !ok2 {
-		return nil, fmt.Errorf("backend %s does not implement the op set's MLA and DSA ops (kernels.MLAOps, kernels.SparseOps)", be.Name())
+		return nil, &model.OpsError{Backend: be.Name(), Missing: "the op set's MLA and DSA ops (kernels.MLAOps, kernels.SparseOps)"}
 	}
 	p, err := readParams(cfg, spec)
 	if err != nil {
