@@ -1,8 +1,10 @@
-// Package gqa is the decoder of the grouped-query-attention architectures
-// (llama, qwen3, qwen3_moe, mixtral, glm4_moe) on the op set (kernels.Device): token
-// embedding, pre-norm blocks (GQA attention, SwiGLU MLP or routed MoE) and
-// one output head (final norm, logit-row gather, LM head), plus the
-// DeepSeek/GLM NextN MTP layer (MTPDecoder). Activations,
+// Package gqa is the decoder on the op set (kernels.Device) of the
+// grouped-query-attention architectures (llama, qwen3, qwen3_moe, mixtral,
+// glm4_moe) and of every architecture that brings its own token mixer
+// (engine/models/mla): token embedding, pre-norm blocks (a Mixer — GQA
+// attention here — then a SwiGLU MLP or routed MoE) and one output head
+// (final norm, logit-row gather, LM head), plus the DeepSeek/GLM NextN MTP
+// layer (MTPDecoder). Activations,
 // row maps and the KV cache live on the device; the host writes the step's
 // ids, positions, slots and block tables before it and reads the logit and
 // hidden rows after it.
@@ -38,20 +40,22 @@ var _ model.DeviceModel = (*Decoder)(nil)
 // New converts host-loaded blocks (nn.Block with nn.MLP or nn.MoE) into a
 // Decoder on dev, uploading the small weights; the KV cache is BF16.
 func New(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*nn.Block, norm *nn.RMSNorm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) (*Decoder, error) {
-	u := &Uploader{Dev: dev}
-	d := &Decoder{Arch: arch, Embed: embed, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Norm: u.Norm(norm)}
-	for _, b := range blocks {
-		gb, err := u.block(b)
-		if err != nil {
-			return nil, err
-		}
-		d.Blocks = append(d.Blocks, gb)
+	u := NewUploader(dev)
+	gb := make([]*Block, len(blocks))
+	for i, b := range blocks {
+		gb[i] = u.Block(b)
 	}
-	if u.Err != nil {
-		return nil, u.Err
+	n := u.Norm(norm)
+	if err := u.Err(); err != nil {
+		return nil, err
 	}
-	d.Layout = BF16Layout(layout)
-	return d, nil
+	return NewDecoder(dev, arch, embed, gb, n, lmHead, layout, maxContext), nil
+}
+
+// NewDecoder assembles blocks already on dev (any Mixer) between the
+// embedding and the output head; the KV cache is BF16 (SetCacheDType).
+func NewDecoder(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*Block, norm *Norm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) *Decoder {
+	return &Decoder{Arch: arch, Embed: embed, Blocks: blocks, Norm: norm, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Layout: BF16Layout(layout)}
 }
 
 // BF16Layout is layout with every layer's storage BF16, the op set's
@@ -129,7 +133,10 @@ func EnsureI32(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, er
 // check validates b for a head of vocab rows and checks its cache is in
 // the model's device memory.
 func (d *Decoder) check(b *model.Batch, vocab int) error {
-	return CheckBatch(b, vocab, d.Layout, d.Dev)
+	if err := CheckBatch(b, vocab, d.Layout, d.Dev); err != nil {
+		return fmt.Errorf("gqa: %w", err)
+	}
+	return nil
 }
 
 // CheckBatch validates b for a head of vocab rows and a cache of layout,
@@ -186,7 +193,7 @@ func (d *Decoder) run(b *model.Batch, st *Step, embed func(c *Ctx, x kernels.Ten
 		x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
 		h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
 		y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
-		c := &Ctx{Dev: dev, N: n, Paged: st.Paged, Cache: b.Cache.Layer}
+		c := st.Ctx(dev, b)
 		embed(c, x)
 		first := blocks[0].AttnNorm
 		dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)
@@ -214,9 +221,15 @@ func InStep(dev kernels.Device, fn func()) {
 // Step is one step's device inputs.
 type Step struct {
 	Paged       kernels.Paged
+	Pos         []int32        // (N) host copy of Paged.Pos (Ctx.Pos)
 	IDs         kernels.Tensor // (N, 1) I32 token ids
 	Rows, LRows kernels.Tensor // (NH, 1), (NL, 1) I32 rows whose hidden states / logits are returned
 	NH, NL      int
+}
+
+// Ctx is the step's block context on dev for batch b.
+func (st *Step) Ctx(dev kernels.Device, b *model.Batch) *Ctx {
+	return &Ctx{Dev: dev, N: len(st.Pos), Paged: st.Paged, Pos: st.Pos, Cache: b.Cache.Layer}
 }
 
 // Head is the output head: h (N, hidden) holds the final norm of every
@@ -265,7 +278,7 @@ func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 			row++
 		}
 	}
-	st := &Step{NH: len(in.hRows), NL: len(in.hLRows)}
+	st := &Step{Pos: in.hPos, NH: len(in.hRows), NL: len(in.hLRows)}
 	st.Paged.BlockSize = b.Cache.BlockSize()
 	var err error
 	for _, f := range []struct {

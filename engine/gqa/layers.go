@@ -13,7 +13,18 @@ type Ctx struct {
 	Dev   kernels.Device
 	N     int // rows (tokens) in the step
 	Paged kernels.Paged
+	// Pos is the host copy of Paged.Pos (N), for decisions about shapes
+	// (how wide a row's scores are); never read back from the device.
+	Pos   []int32
 	Cache func(layer int) (k, v kernels.Tensor)
+}
+
+// Mixer is a block's token-mixing sublayer: GQA Attention here, MLA in
+// engine/models/mla.
+type Mixer interface {
+	// Forward sets y (N, hidden) from h (N, hidden), the normed block
+	// input, storing the step's keys in the cache.
+	Forward(c *Ctx, y, h kernels.Tensor)
 }
 
 // Norm is an RMSNorm's weight on the device.
@@ -29,9 +40,14 @@ type Linear struct {
 	B kernels.Tensor // (1, out) F32; zero Tensor when absent
 }
 
-// Forward sets dst = x·Wᵀ (+ B), or adds it to dst when acc.
+// Forward sets dst (N, out) = x (N, in)·Wᵀ + B, or adds it to dst when acc.
 func (l *Linear) Forward(dev kernels.Device, dst, x kernels.Tensor, acc bool) {
 	dev.Linear(dst, x, l.W, kernels.Epilogue{Bias: l.B, Accumulate: acc})
+}
+
+// Apply is an RMSNorm over the rows of x into dst (dst may be x).
+func (n *Norm) Apply(dev kernels.Device, dst, x kernels.Tensor) {
+	dev.RMSNorm(dst, x, n.W, n.Eps, n.Offset)
 }
 
 // Attention is a GQA self-attention block: q/k/v projections, optional
@@ -143,14 +159,6 @@ func clampOps(dev kernels.Device) kernels.ClampOps {
 	return c
 }
 
-// Mixer is a block's token mixer: GQA attention, or another
-// architecture's attention or linear attention.
-type Mixer interface {
-	// Forward sets y (N, hidden) = Mixer(h (N, hidden)), reading and
-	// writing the step's cache (or state) as it needs.
-	Forward(c *Ctx, y, h kernels.Tensor)
-}
-
 // Block is a pre-norm decoder layer, x += Attn(AttnNorm(x)); x += FFN(FFNNorm(x)),
 // run with the residual adds fused into the next norm (see Forward).
 type Block struct {
@@ -170,29 +178,36 @@ func (b *Block) Forward(c *Ctx, x, h, y kernels.Tensor) {
 }
 
 // Uploader moves a host-loaded model's small weights (norms, biases,
-// frequencies) to the device at load, keeping the first error in Err.
+// rotary frequencies) to the device and converts its blocks, keeping the
+// first error (Err).
 type Uploader struct {
-	Dev kernels.Device
-	Err error
+	dev kernels.Device
+	err error
 }
 
-// Tensor uploads v as a (rows, len(v)/rows) F32 tensor; nil v gives the
-// zero Tensor.
+// NewUploader returns an Uploader to dev.
+func NewUploader(dev kernels.Device) *Uploader { return &Uploader{dev: dev} }
+
+// Err is the first allocation error, or a block that is not on the op set.
+func (u *Uploader) Err() error { return u.err }
+
+// Vec uploads v as a (1, len(v)) F32 tensor; nil gives the zero Tensor.
+func (u *Uploader) Vec(v []float32) kernels.Tensor { return u.Tensor(v, 1) }
+
+// Tensor uploads v as a (rows, len(v)/rows) F32 tensor; nil gives the zero
+// Tensor.
 func (u *Uploader) Tensor(v []float32, rows int) kernels.Tensor {
-	if v == nil || u.Err != nil || rows <= 0 {
+	if v == nil || u.err != nil || rows <= 0 {
 		return kernels.Tensor{}
 	}
-	t, err := u.Dev.Alloc(kernels.F32, rows, len(v)/rows)
+	t, err := u.dev.Alloc(kernels.F32, rows, len(v)/rows)
 	if err != nil {
-		u.Err = err
+		u.err = err
 		return t
 	}
-	u.Dev.WriteF32(t, v)
+	u.dev.WriteF32(t, v)
 	return t
 }
-
-// Vec uploads v as a (1, len(v)) F32 tensor; nil v gives the zero Tensor.
-func (u *Uploader) Vec(v []float32) kernels.Tensor { return u.Tensor(v, 1) }
 
 // Norm uploads an RMSNorm's weight; nil gives nil.
 func (u *Uploader) Norm(n *nn.RMSNorm) *Norm {
@@ -202,8 +217,16 @@ func (u *Uploader) Norm(n *nn.RMSNorm) *Norm {
 	return &Norm{W: u.Vec(n.W), Eps: n.Eps, Offset: n.Offset}
 }
 
-// Linear keeps l's weight in place and uploads its bias.
+// Linear keeps the weight and uploads the bias.
 func (u *Uploader) Linear(l *nn.Linear) Linear { return Linear{W: l.W, B: u.Vec(l.B)} }
+
+// Rotary uploads a RoPE's inverse frequencies; nil gives nil.
+func (u *Uploader) Rotary(r *nn.RoPE) *kernels.Rotary {
+	if r == nil {
+		return nil
+	}
+	return &kernels.Rotary{InvFreq: u.Vec(r.InvFreq()), Dim: r.Dim, Interleaved: r.Interleaved, Scale: r.Scale}
+}
 
 // MLP uploads a SwiGLU MLP's biases; nil gives nil.
 func (u *Uploader) MLP(m *nn.MLP) *MLP {
@@ -213,28 +236,19 @@ func (u *Uploader) MLP(m *nn.MLP) *MLP {
 	return &MLP{Gate: u.Linear(m.Gate), Up: u.Linear(m.Up), Down: u.Linear(m.Down)}
 }
 
-// block converts a loaded host block.
-func (u *Uploader) block(b *nn.Block) (*Block, error) {
-	a := b.Attn
-	at := &Attention{
-		Layer: a.Attn.Layer,
-		Q:     u.Linear(a.Q), K: u.Linear(a.K), V: u.Linear(a.V), O: u.Linear(a.O),
-		QNorm: u.Norm(a.QNorm), KNorm: u.Norm(a.KNorm),
-		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
-	}
-	if a.Rope != nil {
-		at.Rope = &kernels.Rotary{InvFreq: u.Vec(a.Rope.InvFreq()), Dim: a.Rope.Dim, Interleaved: a.Rope.Interleaved, Scale: a.Rope.Scale}
-	}
-	out := &Block{AttnNorm: u.Norm(b.AttnNorm), Attn: at, FFNNorm: u.Norm(b.FFNNorm)}
-	switch f := b.FFN.(type) {
+// FFN converts a dense SwiGLU MLP or a routed MoE (softmax or grouped
+// noaux_tc routing, optional ungated shared experts).
+func (u *Uploader) FFN(f nn.FFN) FFN {
+	switch f := f.(type) {
 	case *nn.MLP:
-		out.FFN = u.MLP(f)
+		return u.MLP(f)
 	case *nn.MoE:
 		if f.SharedGate != nil {
-			return nil, fmt.Errorf("gqa: gated shared experts are not on the op set yet")
+			u.Fail(fmt.Errorf("gqa: gated shared experts are not on the op set yet"))
+			return nil
 		}
 		r := f.Router
-		out.FFN = &MoE{
+		return &MoE{
 			Gate: r.W,
 			Router: kernels.Router{
 				Bias: u.Vec(r.Bias), Scoring: kernels.Scoring(r.Scoring), TopK: r.TopK, NormTopK: r.NormTopK,
@@ -243,8 +257,27 @@ func (u *Uploader) block(b *nn.Block) (*Block, error) {
 			Experts: f.Experts,
 			Shared:  u.MLP(f.Shared),
 		}
-	default:
-		return nil, fmt.Errorf("gqa: feed-forward block %T is not on the op set", b.FFN)
 	}
-	return out, u.Err
+	u.Fail(fmt.Errorf("gqa: feed-forward block %T is not on the op set", f))
+	return nil
+}
+
+// Fail records err (the first one is kept).
+func (u *Uploader) Fail(err error) {
+	if u.err == nil {
+		u.err = err
+	}
+}
+
+// Block converts a loaded host GQA block.
+func (u *Uploader) Block(b *nn.Block) *Block {
+	a := b.Attn
+	at := &Attention{
+		Layer: a.Attn.Layer,
+		Q:     u.Linear(a.Q), K: u.Linear(a.K), V: u.Linear(a.V), O: u.Linear(a.O),
+		QNorm: u.Norm(a.QNorm), KNorm: u.Norm(a.KNorm),
+		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
+		Rope:  u.Rotary(a.Rope),
+	}
+	return &Block{AttnNorm: u.Norm(b.AttnNorm), Attn: at, FFNNorm: u.Norm(b.FFNNorm), FFN: u.FFN(b.FFN)}
 }

@@ -3,6 +3,7 @@ package gqa
 import (
 	"fmt"
 
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -30,51 +31,53 @@ type MTPDecoder struct {
 	MTP *NextN
 }
 
-// AddNextN converts a host-loaded NextN layer (block at cache layer
-// len(d.Layout), which it appends) and returns the model with it.
-func (d *Decoder) AddNextN(enorm, hnorm *nn.RMSNorm, ehProj *nn.Linear, block *nn.Block, norm *nn.RMSNorm, head *kernels.Mat) (*MTPDecoder, error) {
-	u := &Uploader{Dev: d.Dev}
-	blk, err := u.block(block)
-	if err != nil {
-		return nil, err
-	}
-	if l := blk.Attn.(*Attention).Layer; l != len(d.Layout) {
-		return nil, fmt.Errorf("gqa: NextN block at cache layer %d, want %d", l, len(d.Layout))
-	}
-	m, err := u.NextN(enorm, hnorm, ehProj, blk, norm, head)
-	if err != nil {
-		return nil, err
-	}
-	d.Layout = append(d.Layout, d.Layout[0])
-	return &MTPDecoder{Decoder: d, MTP: m}, nil
+// HasNextN reports whether the config declares a NextN layer
+// (num_nextn_predict_layers ≥ 1) and the checkpoint holds it, as
+// model.layers.{layers}.
+func HasNextN(l *nn.Loader, nextn, layers int) bool {
+	return nextn > 0 && l.Has(fmt.Sprintf("model.layers.%d.eh_proj.weight", layers))
 }
 
-// NextN uploads a NextN layer around block (already on the device).
-func (u *Uploader) NextN(enorm, hnorm *nn.RMSNorm, ehProj *nn.Linear, block *Block, norm *nn.RMSNorm, head *kernels.Mat) (*NextN, error) {
-	e, h, err := splitCols(ehProj.W)
-	if err != nil {
-		return nil, err
-	}
+// LoadNextN loads the prologue (enorm, hnorm, eh_proj) and the head
+// (shared_head.norm, shared_head.head, lmHead when the checkpoint omits
+// it: released checkpoints hold a copy of lm_head) of the NextN layer
+// model.layers.{layer} around block, which the caller loaded and which
+// caches in layer `layer`. Errors are the loader's and the uploader's.
+func LoadNextN(l *nn.Loader, u *Uploader, layer, hidden int, eps float32, block *Block, lmHead *kernels.Mat) (*NextN, error) {
+	return LoadNextNAt(l, u, fmt.Sprintf("model.layers.%d.", layer), hidden, eps, block, lmHead)
+}
+
+// LoadNextNAt is LoadNextN for a NextN layer under the tensor prefix pre
+// (a vision-language checkpoint's "model.language_model.layers.N.").
+func LoadNextNAt(l *nn.Loader, u *Uploader, pre string, hidden int, eps float32, block *Block, lmHead *kernels.Mat) (*NextN, error) {
+	eh := l.Linear(pre+"eh_proj", hidden, 2*hidden, false)
 	m := &NextN{
-		ENorm: u.Norm(enorm), HNorm: u.Norm(hnorm),
-		EH: Linear{W: e, B: u.Vec(ehProj.B)}, HH: Linear{W: h},
-		Block: block, Norm: u.Norm(norm), Head: head,
+		ENorm: u.Norm(l.RMSNorm(pre+"enorm", hidden, eps, false)),
+		HNorm: u.Norm(l.RMSNorm(pre+"hnorm", hidden, eps, false)),
+		Block: block,
+		Norm:  u.Norm(l.RMSNorm(pre+"shared_head.norm", hidden, eps, false)),
+		Head:  lmHead,
 	}
-	return m, u.Err
+	if l.Has(pre + "shared_head.head.weight") {
+		m.Head = l.Mat(pre+"shared_head.head.weight", lmHead.Rows, hidden)
+	}
+	if err := l.Err(); err != nil {
+		return nil, err
+	}
+	e, h, err := splitCols(eh.W)
+	if err != nil {
+		return nil, err
+	}
+	m.EH, m.HH = Linear{W: e, B: u.Vec(eh.B)}, Linear{W: h}
+	return m, u.Err()
 }
 
-// Input sets x (N, hidden) = eh_proj([enorm(embed(ids)) | hnorm(hid)]), the
-// NextN layer's residual stream, for ids (N, 1) and the main model's
-// hidden states hid (N, hidden).
-func (m *NextN) Input(c *Ctx, x, ids, hid kernels.Tensor, embed *kernels.Mat) {
-	dev, n, hs := c.Dev, c.N, x.Cols
-	e := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
-	dev.Embed(e, embed, ids)
-	dev.RMSNorm(e, e, m.ENorm.W, m.ENorm.Eps, m.ENorm.Offset)
-	hn := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
-	dev.RMSNorm(hn, hid, m.HNorm.W, m.HNorm.Eps, m.HNorm.Offset)
-	m.EH.Forward(dev, x, e, false)
-	m.HH.Forward(dev, x, hn, true)
+// WithNextN returns d with the NextN layer m, whose block caches in the
+// layer it appends to d's layout (width, in d's cache dtype).
+func (d *Decoder) WithNextN(m *NextN, width kvcache.LayerWidth) *MTPDecoder {
+	width.DType = d.Layout[0].DType
+	d.Layout = append(d.Layout, width)
+	return &MTPDecoder{Decoder: d, MTP: m}
 }
 
 // splitCols copies the left and right column halves of w (rows, 2·k) into
@@ -103,32 +106,30 @@ func (m *MTPDecoder) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Outp
 
 // mtp runs the NextN layer; d.mu is held.
 func (m *MTPDecoder) mtp(b *model.Batch, st *Step, hidden [][]float32) (*model.Output, error) {
-	d := m.Decoder
-	hid, err := d.in.UploadHidden(d.Dev, hidden, m.Embed.Cols)
-	if err != nil {
-		return nil, fmt.Errorf("mtp: %w", err)
-	}
-	prologue := func(c *Ctx, x kernels.Tensor) { m.MTP.Input(c, x, st.IDs, hid, d.Embed) }
-	return d.run(b, st, prologue, []*Block{m.MTP.Block}, m.MTP.Norm, m.MTP.Head), nil
-}
-
-// UploadHidden writes the main model's hidden states (one slice per
-// sequence, tokens × width) to dev for a NextN layer's step and returns
-// them as (N, width).
-func (in *Inputs) UploadHidden(dev kernels.Device, hidden [][]float32, width int) (kernels.Tensor, error) {
-	in.hHid = in.hHid[:0]
-	for _, h := range hidden {
-		in.hHid = append(in.hHid, h...)
-	}
-	n := len(in.hHid) / width
-	if !in.hid.Valid() || in.hid.Rows < n || in.hid.Cols != width {
-		t, err := dev.Alloc(kernels.F32, max(n, 2*in.hid.Rows, 16), width)
-		if err != nil {
-			return t, fmt.Errorf("step inputs: %w", err)
+	d, hs := m.Decoder, m.Embed.Cols
+	var err error
+	n := b.Tokens()
+	if !d.in.hid.Valid() || d.in.hid.Rows < n {
+		if d.in.hid, err = d.Dev.Alloc(kernels.F32, max(n, 2*d.in.hid.Rows, 16), hs); err != nil {
+			return nil, fmt.Errorf("mtp: step inputs: %w", err)
 		}
-		in.hid = t
 	}
-	hid := in.hid.Slice(0, n) // (N, width)
-	dev.WriteF32(hid, in.hHid)
-	return hid, nil
+	hid := d.in.hid.Slice(0, n) // (N, hidden) the main model's hidden states
+	d.in.hHid = d.in.hHid[:0]
+	for _, h := range hidden {
+		d.in.hHid = append(d.in.hHid, h...)
+	}
+	d.Dev.WriteF32(hid, d.in.hHid)
+	nx := m.MTP
+	prologue := func(c *Ctx, x kernels.Tensor) {
+		dev := c.Dev
+		e := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
+		dev.Embed(e, d.Embed, st.IDs)
+		dev.RMSNorm(e, e, nx.ENorm.W, nx.ENorm.Eps, nx.ENorm.Offset)
+		hn := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
+		dev.RMSNorm(hn, hid, nx.HNorm.W, nx.HNorm.Eps, nx.HNorm.Offset)
+		nx.EH.Forward(dev, x, e, false)
+		nx.HH.Forward(dev, x, hn, true)
+	}
+	return d.run(b, st, prologue, []*Block{nx.Block}, nx.Norm, nx.Head), nil
 }

@@ -1,7 +1,6 @@
 package model
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -94,10 +93,18 @@ type WeightSource interface {
 	Float32(name string, shape ...int) ([]float32, error)
 }
 
-// ErrOpSet is matched (errors.Is) by a Constructor's error when the
-// backend lacks ops the architecture needs, so a caller can fall back to
-// a backend that has them.
-var ErrOpSet = errors.New("the backend does not implement the op set")
+// OpsError is a Constructor's error when the backend lacks operations the
+// architecture needs (the op set, or a capability of it such as
+// kernels.MLAOps); engine.Load falls back to the CPU on it under
+// --device auto.
+type OpsError struct {
+	Backend string // the backend's name
+	Missing string // what it lacks, e.g. "the op set (kernels.Device)"
+}
+
+func (e *OpsError) Error() string {
+	return fmt.Sprintf("backend %s does not implement %s", e.Backend, e.Missing)
+}
 
 // Constructor builds an architecture from its config and weights. It must
 // return an error naming the key or tensor at fault, never panic.

@@ -428,8 +428,11 @@ func (a *mlaCall) naiveTile(ctx int) int {
 
 // naive computes rows [r0, r1), consecutive rows of one sequence, in the
 // naive form: the sequence's cached latents are expanded tile by tile into
-// keys [W_UK_h·c | k_pe] and values W_UV_h·c with one product, and each
-// (row, head) keeps an online softmax.
+// keys [W_UK_h·c | k_pe] and values W_UV_h·c with one product, then per
+// head S = Q_h·K_hᵀ and O_h += P·V_h are two more products (each head on
+// one worker, single-threaded), with an online softmax per (row, head)
+// across the tiles. Keys a row may not see (later positions, or outside
+// its selection) are masked.
 func (a *mlaCall) naive(r0, r1 int) {
 	b, s := a.b, a.s
 	nh, kl, dn, dr, dv := s.Heads, s.KVLora, s.Nope, s.Rope, s.V
@@ -443,11 +446,18 @@ func (a *mlaCall) naive(r0, r1 int) {
 	kpe := make([]float32, tile*dr) // (tile, Rope) rotated rope keys
 	row := make([]float32, kw)      // one cache row
 	kx := make([]float32, tile*ew)  // (tile, Heads·(Nope+V)) expanded [k_nope | v] per head
-	acc := make([]float32, m*nh*dv) // (m, Heads, V) unnormalised outputs
-	mx := make([]float32, m*nh)     // (m, Heads) running score maximum
-	sum := make([]float64, m*nh)    // (m, Heads) running softmax denominator
+	see := make([]bool, m*tile)     // (m, tile) the row may attend to the key
+	qh := make([]float32, nh*m*hd)  // (Heads, m, Nope+Rope) the rows' queries per head
+	acc := make([]float32, nh*m*dv) // (Heads, m, V) unnormalised outputs
+	mx := make([]float32, nh*m)     // (Heads, m) running score maximum (scaled)
+	sum := make([]float64, nh*m)    // (Heads, m) running softmax denominator
 	for i := range mx {
 		mx[i] = float32(math.Inf(-1))
+	}
+	for h := range nh {
+		for r := range m {
+			copy(qh[(h*m+r)*hd:(h*m+r+1)*hd], a.q[(r0+r)*qw+h*hd:])
+		}
 	}
 	for t0 := 0; t0 < ctx; t0 += tile {
 		t1 := min(ctx, t0+tile)
@@ -458,90 +468,117 @@ func (a *mlaCall) naive(r0, r1 int) {
 			copy(kpe[(p-t0)*dr:(p-t0+1)*dr], row[kl:])
 		}
 		b.MatMul(kx[:tl*ew], lat[:tl*kl], a.kvB, tl)
-		b.Parallel(m*nh, func(lo, hi int) {
-			sc := make([]float32, tl) // one (row, head)'s scores over the tile
-			for item := lo; item < hi; item++ {
-				i, h := r0+item/nh, item%nh
-				end := min(t1, int(a.pos[i])+1)
-				if end <= t0 {
+		a.visible(see[:m*tl], r0, r1, t0, t1)
+		b.Parallel(nh, func(lo, hi int) {
+			sc := scratchPool.Get().(*attnScratch)
+			defer scratchPool.Put(sc)
+			k := grow(&sc.k, tl*hd)   // (tl, Nope+Rope) this head's keys
+			vt := grow(&sc.vt, dv*tl) // (V, tl) its values, transposed
+			p := grow(&sc.sc, m*tl)   // (m, tl) scores, then probabilities
+			o := grow(&sc.os, m*dv)   // (m, V)
+			for h := lo; h < hi; h++ {
+				for j := range tl {
+					e := kx[j*ew+h*(dn+dv):]
+					copy(k[j*hd:j*hd+dn], e[:dn])
+					copy(k[j*hd+dn:(j+1)*hd], kpe[j*dr:(j+1)*dr])
+					for d, v := range e[dn : dn+dv] {
+						vt[d*tl+j] = v
+					}
+				}
+				b.MatMul(p, qh[h*m*hd:(h+1)*m*hd], &kernels.Mat{DType: kernels.F32, Rows: tl, Cols: hd, Data: f32Bytes(k), Transient: true}, m)
+				sees := false
+				for r := range m {
+					sees = a.softmaxStep(p[r*tl:(r+1)*tl], see[r*tl:(r+1)*tl], h*m+r, mx, sum, acc[(h*m+r)*dv:(h*m+r+1)*dv]) || sees
+				}
+				if !sees {
 					continue
 				}
-				idx, sparse := a.selRow(i)
-				var keys []int32 // selected positions in [t0, end)
-				nk := end - t0
-				if sparse {
-					k0, _ := slices.BinarySearch(idx, int32(t0))
-					k1, _ := slices.BinarySearch(idx, int32(end))
-					keys = idx[k0:k1]
-					nk = len(keys)
-				}
-				if nk == 0 {
-					continue
-				}
-				key := func(j int) int {
-					if sparse {
-						return int(keys[j])
-					}
-					return t0 + j
-				}
-				qv := a.q[i*qw+h*hd : i*qw+(h+1)*hd]
-				tm := float32(math.Inf(-1))
-				for j := range nk {
-					p := key(j) - t0
-					k := kx[p*ew+h*(dn+dv):]
-					v := (dotF32(qv[:dn], k[:dn]) + dotF32(qv[dn:], kpe[p*dr:(p+1)*dr])) * s.Scale
-					sc[j] = v
-					tm = max(tm, v)
-				}
-				ac := acc[item*dv : (item+1)*dv]
-				if tm > mx[item] {
-					if sum[item] != 0 {
-						f := math.Exp(float64(mx[item] - tm))
-						sum[item] *= f
-						for d := range ac {
-							ac[d] *= float32(f)
-						}
-					}
-					mx[item] = tm
-				}
-				for j := range nk {
-					e := math.Exp(float64(sc[j] - mx[item]))
-					sum[item] += e
-					off := (key(j)-t0)*ew + h*(dn+dv) + dn
-					axpy(ac, float32(e), kx[off:off+dv])
+				b.MatMul(o, p, &kernels.Mat{DType: kernels.F32, Rows: dv, Cols: tl, Data: f32Bytes(vt), Transient: true}, m)
+				for i, v := range o {
+					acc[h*m*dv+i] += v
 				}
 			}
 		})
 	}
-	for item := range m * nh {
-		i, h := r0+item/nh, item%nh
-		dst := a.out[i*nh*dv+h*dv : i*nh*dv+(h+1)*dv]
-		if sum[item] == 0 { // nothing attended to
-			clear(dst)
-			continue
-		}
-		inv := float32(1 / sum[item])
-		for j, v := range acc[item*dv : (item+1)*dv] {
-			dst[j] = v * inv
+	for h := range nh {
+		for r := range m {
+			item := h*m + r
+			dst := a.out[(r0+r)*nh*dv+h*dv : (r0+r)*nh*dv+(h+1)*dv]
+			if sum[item] == 0 { // nothing attended to
+				clear(dst)
+				continue
+			}
+			inv := float32(1 / sum[item])
+			for j, v := range acc[item*dv : (item+1)*dv] {
+				dst[j] = v * inv
+			}
 		}
 	}
 }
 
-// dotF32 is Σ a[i]·b[i] over len(a) values, four float32 accumulators.
-func dotF32(a, b []float32) float32 {
-	b = b[:len(a)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
+// visible sets see (rows r0..r1, keys t0..t1) to whether each row may
+// attend to each key: a causal one, within the row's selection if any.
+func (a *mlaCall) visible(see []bool, r0, r1, t0, t1 int) {
+	tl := t1 - t0
+	clear(see)
+	for r := r0; r < r1; r++ {
+		row := see[(r-r0)*tl : (r-r0+1)*tl]
+		end := min(t1, int(a.pos[r])+1)
+		idx, sparse := a.selRow(r)
+		if !sparse {
+			for p := t0; p < end; p++ {
+				row[p-t0] = true
+			}
+			continue
+		}
+		k0, _ := slices.BinarySearch(idx, int32(t0))
+		for _, p := range idx[k0:] {
+			if int(p) >= end {
+				break
+			}
+			row[int(p)-t0] = true
+		}
 	}
-	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
+}
+
+// softmaxStep folds one (row, head)'s tile of raw scores into its online
+// softmax: masked keys get probability 0, the others exp(Scale·s − max),
+// with the running maximum, sum and accumulated output acc (V) rescaled
+// when the maximum grows. It leaves the probabilities in sc and reports
+// whether the row sees any key of the tile.
+func (a *mlaCall) softmaxStep(sc []float32, see []bool, item int, mx []float32, sum []float64, acc []float32) bool {
+	tm := float32(math.Inf(-1))
+	for j, v := range sc {
+		if see[j] {
+			sc[j] = v * a.s.Scale
+			tm = max(tm, sc[j])
+		}
 	}
-	return (s0 + s1) + (s2 + s3)
+	if math.IsInf(float64(tm), -1) {
+		clear(sc)
+		return false
+	}
+	if tm > mx[item] {
+		if sum[item] != 0 {
+			f := expf(mx[item] - tm)
+			sum[item] *= float64(f)
+			for d := range acc {
+				acc[d] *= f
+			}
+		}
+		mx[item] = tm
+	}
+	var ps float64
+	for j, v := range sc {
+		e := float32(0)
+		if see[j] {
+			e = expf(v - mx[item])
+		}
+		sc[j] = e
+		ps += float64(e)
+	}
+	sum[item] += ps
+	return true
 }
 
 // IndexerScores implements kernels.SparseOps: (row, key block) items over

@@ -99,9 +99,9 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	}
 	dev, ok := be.(device)
 	if !ok {
-		return nil, fmt.Errorf("%w glm5_next needs on backend %s (kernels.Device with MLAOps, KPoolOps, LinearAttentionOps, HyperOps and ClampOps)", model.ErrOpSet, be.Name())
+		return nil, &model.OpsError{Backend: be.Name(), Missing: "the op set glm5_next needs (kernels.Device with MLAOps, KPoolOps, LinearAttentionOps, HyperOps and ClampOps)"}
 	}
-	l := &loader{Loader: nn.NewLoader(w), u: &gqa.Uploader{Dev: dev}, dev: dev, p: &p}
+	l := &loader{Loader: nn.NewLoader(w), u: gqa.NewUploader(dev), dev: dev, p: &p}
 	root := "model."
 	if l.Has("model.language_model.embed_tokens.weight") {
 		root = "model.language_model."
@@ -146,20 +146,15 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	if !p.tied {
 		m.lmHead = l.Mat("lm_head.weight", p.vocab, p.hidden)
 	}
-	mtpPre := fmt.Sprintf("%slayers.%d.", root, p.layers)
-	hasMTP := p.nextn > 0 && l.Has(mtpPre+"eh_proj.weight")
-	if hasMTP {
-		m.layout = append(m.layout, kvcache.LayerWidth{K: p.kvLora, V: 2 * p.idxDim, VFloat32: true})
-	}
 	m.layout = gqa.BF16Layout(m.layout)
-	if hasMTP {
+	if mtpPre := fmt.Sprintf("%slayers.%d.", root, p.layers); p.nextn > 0 && l.Has(mtpPre+"eh_proj.weight") {
 		m.mtp = l.mtp(mtpPre, m)
 	}
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	if l.u.Err != nil {
-		return nil, l.u.Err
+	if err := l.u.Err(); err != nil {
+		return nil, err
 	}
 	if m.mtp != nil {
 		return withMTP{m}, nil
@@ -294,7 +289,7 @@ func (m *Model) Forward(b *model.Batch) (*model.Output, error) {
 	n, H, hc := b.Tokens(), m.p.hidden, m.p.hc
 	var logits, hid kernels.Tensor
 	gqa.InStep(dev, func() {
-		c := &pass{Ctx: gqa.Ctx{Dev: dev, N: n, Paged: st.Paged, Cache: b.Cache.Layer}, rec: &m.rec.r, states: b.States}
+		c := &pass{Ctx: *st.Ctx(dev, b), rec: &m.rec.r, states: b.States}
 		X := dev.Scratch(kernels.F32, n, hc*H) // (N, hc·hidden) residual streams
 		// Every stream starts as the token's embedding.
 		dev.Embed(X.Reshape(n*hc, H), m.embed, m.rec.streamIDs)
@@ -440,7 +435,9 @@ func (p *params) clamp() float32 {
 }
 
 // mtp loads the NextN layer (layers.{num_hidden_layers}.*) into a gqa
-// MTP decoder that shares m's embedding, device and cache layout.
+// MTP decoder that shares m's embedding and device; its cache layer,
+// laid out as a DSA layer's, is appended to m's layout, which the decoder
+// shares (SetCacheDType changes both).
 func (l *loader) mtp(pre string, m *Model) *gqa.MTPDecoder {
 	p := l.p
 	blk := &gqa.Block{
@@ -453,22 +450,13 @@ func (l *loader) mtp(pre string, m *Model) *gqa.MTPDecoder {
 	} else {
 		blk.FFN = l.mlp(pre+"mlp", p.inter)
 	}
-	head := m.lmHead
-	if l.Has(pre + "shared_head.head.weight") {
-		head = l.Mat(pre+"shared_head.head.weight", p.vocab, p.hidden)
-	}
-	eh := l.Linear(pre+"eh_proj", p.hidden, 2*p.hidden, false)
-	enorm := l.RMSNorm(pre+"enorm", p.hidden, p.eps, false)
-	hnorm := l.RMSNorm(pre+"hnorm", p.hidden, p.eps, false)
-	norm := l.RMSNorm(pre+"shared_head.norm", p.hidden, p.eps, false)
-	if l.Err() != nil || l.u.Err != nil {
-		return nil
-	}
-	nx, err := l.u.NextN(enorm, hnorm, eh, blk, norm, head)
+	nx, err := gqa.LoadNextNAt(l.Loader, l.u, pre, p.hidden, p.eps, blk, m.lmHead)
 	if err != nil {
 		l.Fail(err)
 		return nil
 	}
-	dec := &gqa.Decoder{Arch: arch, Embed: m.embed, LMHead: head, Layout: m.layout, MaxContext: p.maxContext, Dev: l.dev}
-	return &gqa.MTPDecoder{Decoder: dec, MTP: nx}
+	dec := gqa.NewDecoder(l.dev, arch, m.embed, nil, nil, m.lmHead, m.layout, p.maxContext)
+	d := dec.WithNextN(nx, kvcache.LayerWidth{K: p.kvLora, V: 2 * p.idxDim, VFloat32: true})
+	m.layout = d.Layout
+	return d
 }

@@ -524,7 +524,8 @@ func TestErrors(t *testing.T) {
 	}
 	// A backend with the GQA family's op set only.
 	cfg, _ := config.Parse("config.json", []byte(tinyRandom))
-	if _, err := New(cfg, randweights.New(1, kernels.F32), struct{ kernels.Device }{be}); !errors.Is(err, model.ErrOpSet) {
+	var missing *model.OpsError
+	if _, err := New(cfg, randweights.New(1, kernels.F32), struct{ kernels.Device }{be}); !errors.As(err, &missing) {
 		t.Errorf("backend without the op set: %v", err)
 	}
 	// A missing tensor is named.
