@@ -107,10 +107,10 @@ func Load(dir string, opts Options) (*Loaded, error) {
 func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Options) (model.Model, error) {
 	m, err := model.New(cfg, l.source(src, opts), l.Backend)
 	if err != nil && l.autoDevice {
-		// --device auto took a backend without the op set (the CUDA
-		// backend runs MatMul only so far), and this architecture needs
-		// it: run on the CPU instead, and say why.
-		if _, isDevice := l.Backend.(kernels.Device); !isDevice {
+		// --device auto took a backend without the op set (or without
+		// ops this architecture needs, model.ErrOpSet): run on the CPU
+		// instead, and say why.
+		if _, isDevice := l.Backend.(kernels.Device); !isDevice || errors.Is(err, model.ErrOpSet) {
 			gpu := l.Device
 			l.ownBackend.Close()
 			b, cerr := openDevice(device.Spec{Kind: device.CPU}, opts.Threads)

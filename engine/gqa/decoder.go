@@ -1,11 +1,13 @@
 // Package gqa is the decoder of the grouped-query-attention architectures
-// (llama, qwen3, qwen3_moe, mixtral, glm4_moe) on the op set (kernels.Device): token
-// embedding, pre-norm blocks (GQA attention, SwiGLU MLP or routed MoE) and
-// one output head (final norm, logit-row gather, LM head), plus the
-// DeepSeek/GLM NextN MTP layer (MTPDecoder). Activations,
-// row maps and the KV cache live on the device; the host writes the step's
-// ids, positions, slots and block tables before it and reads the logit and
-// hidden rows after it.
+// (llama, qwen3, qwen3_moe, mixtral, glm4_moe) and of the hybrids that mix
+// GQA with linear attention (qwen3_next) on the op set (kernels.Device):
+// token embedding, pre-norm blocks (a mixer — GQA attention, optionally
+// gated, or a gated delta rule — then a SwiGLU MLP or routed MoE) and one
+// output head (final norm, logit-row gather, LM head), plus the NextN MTP
+// layer (MTPDecoder). Activations, row maps, the KV cache and the
+// recurrent states live on the device; the host writes the step's ids,
+// positions, slots, block tables and state slots before it and reads the
+// logit and hidden rows after it.
 package gqa
 
 import (
@@ -13,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -29,26 +32,52 @@ type Decoder struct {
 	MaxContext int
 	Dev        kernels.Device
 
-	mu sync.Mutex
-	in inputs
+	// States is the recurrent state of the linear-attention blocks, one
+	// entry per *LinearAttention in block order (empty for pure attention
+	// models); a hybrid's batches carry a state pool of this layout in
+	// Dev's memory (model.NewStatePool).
+	States []linattn.LayerShape
+
+	lin kernels.LinearAttentionOps // Dev's linear-attention ops; nil without them
+	mu  sync.Mutex
+	in  inputs
 }
 
 var _ model.DeviceModel = (*Decoder)(nil)
+var _ model.StateModel = (*Decoder)(nil)
 
 // New converts host-loaded blocks (nn.Block with nn.MLP or nn.MoE) into a
 // Decoder on dev, uploading the small weights; the KV cache is BF16.
 func New(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*nn.Block, norm *nn.RMSNorm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) (*Decoder, error) {
-	u := &uploader{dev: dev}
-	d := &Decoder{Arch: arch, Embed: embed, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Norm: u.norm(norm)}
+	u := &Uploader{Dev: dev}
+	var gb []*Block
 	for _, b := range blocks {
-		gb, err := u.block(b)
+		b, err := u.Block(b)
 		if err != nil {
 			return nil, err
 		}
-		d.Blocks = append(d.Blocks, gb)
+		gb = append(gb, b)
 	}
-	if u.err != nil {
-		return nil, u.err
+	n := u.Norm(norm)
+	if u.Err != nil {
+		return nil, u.Err
+	}
+	return Assemble(dev, arch, embed, gb, n, lmHead, layout, maxContext)
+}
+
+// Assemble makes a Decoder of blocks already on dev; the KV cache is
+// BF16. Blocks with linear attention need dev's LinearAttentionOps, as do
+// gated attention and gated shared experts.
+func Assemble(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*Block, norm *Norm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) (*Decoder, error) {
+	d := &Decoder{Arch: arch, Embed: embed, Blocks: blocks, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Norm: norm}
+	d.lin, _ = dev.(kernels.LinearAttentionOps)
+	for _, b := range blocks {
+		if la, ok := b.Mixer.(*LinearAttention); ok {
+			d.States = append(d.States, la.StateShape())
+		}
+		if needsLin(b) && d.lin == nil {
+			return nil, fmt.Errorf("%w: backend %s lacks the linear-attention ops (kernels.LinearAttentionOps) %s needs", model.ErrOpSet, dev.Name(), arch)
+		}
 	}
 	d.Layout = make(kvcache.Layout, len(layout))
 	for i, w := range layout {
@@ -56,6 +85,25 @@ func New(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*nn.Block
 		d.Layout[i] = w
 	}
 	return d, nil
+}
+
+// needsLin reports whether b runs any of the LinearAttentionOps.
+func needsLin(b *Block) bool {
+	switch m := b.Mixer.(type) {
+	case *LinearAttention:
+		return true
+	case *Attention:
+		if m.Gate != nil {
+			return true
+		}
+	}
+	moe, ok := b.FFN.(*MoE)
+	return ok && moe.SharedGate != nil
+}
+
+// StateLayout implements model.StateModel: d.States.
+func (d *Decoder) StateLayout() []linattn.LayerShape {
+	return append([]linattn.LayerShape(nil), d.States...)
 }
 
 // SetCacheDType implements model.DeviceModel: F32 or BF16 KV storage for
@@ -75,9 +123,13 @@ func (d *Decoder) Device() kernels.Device { return d.Dev }
 
 // Info implements model.Model.
 func (d *Decoder) Info() model.Info {
+	var state int64
+	for _, s := range d.States {
+		state += s.Bytes()
+	}
 	return model.Info{
 		Arch: d.Arch, Vocab: d.LMHead.Rows, Hidden: d.Embed.Cols, Layers: len(d.Blocks),
-		MaxContext: d.MaxContext, KVBytesPerToken: d.Layout.BytesPerToken(),
+		MaxContext: d.MaxContext, KVBytesPerToken: d.Layout.BytesPerToken(), StateBytesPerSeq: state,
 	}
 }
 
@@ -89,12 +141,14 @@ func (d *Decoder) CacheLayout() kvcache.Layout { return append(kvcache.Layout(ni
 type inputs struct {
 	ids, pos, seq, slot, rows, lrows kernels.Tensor // (cap, 1) I32
 	blocks                           kernels.Tensor // (cap, 1) I32, viewed as (seqs, maxBlocks)
+	start, state                     kernels.Tensor // (cap, 1) I32 hybrids: sequence starts, state rows
 
 	hid kernels.Tensor // (cap, hidden) F32 the MTP layer's input hidden states
 
 	// Host staging.
 	hHid                                            []float32
 	hIDs, hPos, hSeq, hSlot, hRows, hLRows, hBlocks []int32
+	hStart, hState                                  []int32
 }
 
 // ensure returns an I32 (n, 1) view of *t, reallocating it when too small.
@@ -121,9 +175,36 @@ func (d *Decoder) check(b *model.Batch, vocab int) error {
 	return nil
 }
 
-// Forward implements model.Model.
+// checkStates validates a main-model batch's state slots (hybrids).
+func (d *Decoder) checkStates(b *model.Batch) error {
+	if len(d.States) == 0 {
+		return nil
+	}
+	if err := b.ValidateStates(d.States); err != nil {
+		return err
+	}
+	if b.States.Memory() != kernels.Memory(d.Dev) {
+		return fmt.Errorf("gqa: the state pool is not in the model's device memory (create it with model.NewStatePool)")
+	}
+	return nil
+}
+
+// Forward implements model.Model. A hybrid's sequences continue from their
+// state slots (a sequence at Pos 0 from a zeroed one) and leave the state
+// after their last token there.
 func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
-	return d.forward(b, d.LMHead.Rows, nil, func(st *step) (*model.Output, error) {
+	validate := func() error { return d.checkStates(b) }
+	return d.forward(b, d.LMHead.Rows, validate, func(st *step) (*model.Output, error) {
+		if len(d.States) > 0 {
+			for i := range b.Seqs {
+				if b.Seqs[i].Pos == 0 {
+					b.States.Reset(b.Seqs[i].State) // no history: a zero state
+				}
+			}
+			if err := d.uploadStates(b, st); err != nil {
+				return nil, err
+			}
+		}
 		embed := func(c *Ctx, x kernels.Tensor) { c.Dev.Embed(x, d.Embed, st.ids) }
 		return d.run(b, st, embed, d.Blocks, d.Norm, d.LMHead), nil
 	})
@@ -168,7 +249,10 @@ func (d *Decoder) run(b *model.Batch, st *step, embed func(c *Ctx, x kernels.Ten
 	x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
 	h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
 	y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
-	c := &Ctx{Dev: dev, N: n, Paged: st.paged, Cache: b.Cache.Layer}
+	c := &Ctx{Dev: dev, N: n, Paged: st.paged, Cache: b.Cache.Layer, Lin: d.lin}
+	if st.rec.Slot.Valid() {
+		c.Rec, c.States = &st.rec, b.States.Tensors
+	}
 	embed(c, x)
 	first := blocks[0].AttnNorm
 	dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)
@@ -201,6 +285,7 @@ func (d *Decoder) run(b *model.Batch, st *step, embed func(c *Ctx, x kernels.Ten
 // step is one step's device inputs.
 type step struct {
 	paged       kernels.Paged
+	rec         kernels.Recurrent // hybrids' main-model steps
 	ids         kernels.Tensor
 	rows, lrows kernels.Tensor // rows whose hidden states / logits are returned
 	nh, nl      int
@@ -254,6 +339,28 @@ func (d *Decoder) upload(b *model.Batch) (*step, error) {
 	}
 	st.paged.Blocks = st.paged.Blocks.Reshape(len(b.Seqs), maxBlocks)
 	return st, nil
+}
+
+// uploadStates writes the batch's sequence starts and state rows (a
+// hybrid's main-model step).
+func (d *Decoder) uploadStates(b *model.Batch, st *step) error {
+	in := &d.in
+	in.hStart, in.hState = append(in.hStart[:0], 0), in.hState[:0]
+	for i := range b.Seqs {
+		s := &b.Seqs[i]
+		in.hStart = append(in.hStart, in.hStart[i]+int32(len(s.Tokens)))
+		in.hState = append(in.hState, int32(b.States.Row(s.State)))
+	}
+	var err error
+	if st.rec.Start, err = ensure(d.Dev, &in.start, len(in.hStart)); err != nil {
+		return fmt.Errorf("gqa: step inputs: %w", err)
+	}
+	if st.rec.Slot, err = ensure(d.Dev, &in.state, len(in.hState)); err != nil {
+		return fmt.Errorf("gqa: step inputs: %w", err)
+	}
+	d.Dev.WriteI32(st.rec.Start, in.hStart)
+	d.Dev.WriteI32(st.rec.Slot, in.hState)
+	return nil
 }
 
 // outputs reads the logit and hidden rows back and splits them per

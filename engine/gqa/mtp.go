@@ -3,6 +3,7 @@ package gqa
 import (
 	"fmt"
 
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -17,9 +18,10 @@ import (
 // eh_proj is kept as its two column halves, so the concatenation is two
 // products into one accumulator.
 type NextN struct {
-	ENorm, HNorm *Norm // (hidden) each
+	Embed        *kernels.Mat // (vocab, hidden) its own embedding; nil: the decoder's
+	ENorm, HNorm *Norm        // (hidden) each
 	EH, HH       Linear
-	Block        *Block
+	Block        *Block       // GQA attention at cache layer len(Layout) of the decoder
 	Norm         *Norm        // shared_head.norm (hidden)
 	Head         *kernels.Mat // (vocab, hidden)
 }
@@ -33,45 +35,42 @@ type MTPDecoder struct {
 // AddNextN converts a host-loaded NextN layer (block at cache layer
 // len(d.Layout), which it appends) and returns the model with it.
 func (d *Decoder) AddNextN(enorm, hnorm *nn.RMSNorm, ehProj *nn.Linear, block *nn.Block, norm *nn.RMSNorm, head *kernels.Mat) (*MTPDecoder, error) {
-	u := &uploader{dev: d.Dev}
-	blk, err := u.block(block)
+	u := &Uploader{Dev: d.Dev}
+	blk, err := u.Block(block)
 	if err != nil {
 		return nil, err
 	}
-	if blk.Attn.Layer != len(d.Layout) {
-		return nil, fmt.Errorf("gqa: NextN block at cache layer %d, want %d", blk.Attn.Layer, len(d.Layout))
-	}
-	e, h, err := splitCols(ehProj.W)
+	e, h, err := SplitCols(ehProj.W)
 	if err != nil {
 		return nil, err
 	}
 	m := &NextN{
-		ENorm: u.norm(enorm), HNorm: u.norm(hnorm),
-		EH: Linear{W: e, B: u.vec(ehProj.B)}, HH: Linear{W: h},
-		Block: blk, Norm: u.norm(norm), Head: head,
+		ENorm: u.Norm(enorm), HNorm: u.Norm(hnorm),
+		EH: Linear{W: e, B: u.Vec(ehProj.B)}, HH: Linear{W: h},
+		Block: blk, Norm: u.Norm(norm), Head: head,
 	}
-	if u.err != nil {
-		return nil, u.err
+	if u.Err != nil {
+		return nil, u.Err
 	}
-	d.Layout = append(d.Layout, d.Layout[0])
-	return &MTPDecoder{Decoder: d, MTP: m}, nil
+	return d.WithNextN(m)
 }
 
-// splitCols copies the left and right column halves of w (rows, 2·k) into
-// two (rows, k) matrices; a block-quantized w splits between its blocks.
-func splitCols(w *kernels.Mat) (left, right *kernels.Mat, err error) {
-	k := w.Cols / 2
-	if w.Cols%2 != 0 || w.DType == kernels.F8E4M3 || k%w.DType.BlockElems() != 0 || w.DType.RowBytes(k) == 0 {
-		return nil, nil, fmt.Errorf("gqa: eh_proj %v (%d, %d) cannot be split into column halves", w.DType, w.Rows, w.Cols)
+// WithNextN returns d with the NextN layer m, whose block's attention
+// takes the cache layer it appends to d.Layout.
+func (d *Decoder) WithNextN(m *NextN) (*MTPDecoder, error) {
+	at, ok := m.Block.Mixer.(*Attention)
+	if !ok {
+		return nil, fmt.Errorf("gqa: NextN block mixer %T, want attention", m.Block.Mixer)
 	}
-	rb, hb := w.DType.RowBytes(w.Cols), w.DType.RowBytes(k)
-	left = &kernels.Mat{DType: w.DType, Rows: w.Rows, Cols: k, Data: make([]byte, w.Rows*hb)}
-	right = &kernels.Mat{DType: w.DType, Rows: w.Rows, Cols: k, Data: make([]byte, w.Rows*hb)}
-	for r := range w.Rows {
-		copy(left.Data[r*hb:(r+1)*hb], w.Data[r*rb:r*rb+hb])
-		copy(right.Data[r*hb:(r+1)*hb], w.Data[r*rb+hb:(r+1)*rb])
+	if at.Layer != len(d.Layout) {
+		return nil, fmt.Errorf("gqa: NextN block at cache layer %d, want %d", at.Layer, len(d.Layout))
 	}
-	return left, right, nil
+	if needsLin(m.Block) && d.lin == nil {
+		return nil, fmt.Errorf("%w: backend %s lacks the linear-attention ops the MTP layer needs", model.ErrOpSet, d.Dev.Name())
+	}
+	kv := at.Shape.KVHeads * at.Shape.HeadDim
+	d.Layout = append(d.Layout, kvcache.LayerWidth{K: kv, V: kv, DType: d.Layout[0].DType})
+	return &MTPDecoder{Decoder: d, MTP: m}, nil
 }
 
 // ForwardMTP implements model.MTPModel.
@@ -101,7 +100,11 @@ func (m *MTPDecoder) mtp(b *model.Batch, st *step, hidden [][]float32) (*model.O
 	prologue := func(c *Ctx, x kernels.Tensor) {
 		dev := c.Dev
 		e := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
-		dev.Embed(e, d.Embed, st.ids)
+		embed := nx.Embed
+		if embed == nil {
+			embed = d.Embed
+		}
+		dev.Embed(e, embed, st.ids)
 		dev.RMSNorm(e, e, nx.ENorm.W, nx.ENorm.Eps, nx.ENorm.Offset)
 		hn := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
 		dev.RMSNorm(hn, hid, nx.HNorm.W, nx.HNorm.Eps, nx.HNorm.Offset)

@@ -512,6 +512,9 @@ func (o *oracle) Forward(b *model.Batch) (*model.Output, error) {
 	return o.MTPModel.Forward(b)
 }
 
+// Unwrap returns the wrapped model (model.NewCache finds its device).
+func (o *oracle) Unwrap() model.Model { return o.MTPModel }
+
 func (o *oracle) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
 	out, err := o.MTPModel.ForwardMTP(b, hidden)
 	if err != nil {
@@ -559,7 +562,7 @@ func lastLogits(m model.Model, toks []int32) ([]float32, error) {
 	}
 	b := &model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: toks, KV: kv, Logits: model.LastLogits}}}
 	if sm, ok := m.(model.StateModel); ok {
-		if b.States, err = linattn.NewStatePool(sm.StateLayout(), info.StateBytesPerSeq); err != nil {
+		if b.States, err = model.NewStatePool(sm, info.StateBytesPerSeq); err != nil {
 			return nil, err
 		}
 		if b.Seqs[0].State, err = b.States.Alloc(); err != nil {

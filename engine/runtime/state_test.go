@@ -119,3 +119,6 @@ func TestStateBudget(t *testing.T) {
 		t.Errorf("%d verification steps without room for a snapshot", st.VerifySteps)
 	}
 }
+
+// Unwrap returns the wrapped model (model.NewCache finds its device).
+func (s *stateSpy) Unwrap() model.Model { return s.StateModel }

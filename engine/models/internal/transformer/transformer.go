@@ -14,6 +14,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/gqa"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -137,7 +138,7 @@ func LoadBlock(l *nn.Loader, p Params, layer int, attn *nn.SelfAttention, ffn nn
 func NewModel(l *nn.Loader, p Params, arch string, blocks []*nn.Block, be kernels.Backend) (*gqa.Decoder, error) {
 	dev, ok := be.(kernels.Device)
 	if !ok {
-		return nil, fmt.Errorf("backend %s does not implement the op set (kernels.Device)", be.Name())
+		return nil, fmt.Errorf("%w: backend %s does not implement the op set (kernels.Device)", model.ErrOpSet, be.Name())
 	}
 	embed := l.Mat("model.embed_tokens.weight", p.Vocab, p.Hidden)
 	norm := l.RMSNorm("model.norm", p.Hidden, p.Eps, false)
