@@ -1,13 +1,15 @@
 // Package gqa is the decoder on the op set (kernels.Device) of the
 // grouped-query-attention architectures (llama, qwen3, qwen3_moe, mixtral,
-// glm4_moe) and of every architecture that brings its own token mixer
-// (engine/models/mla): token embedding, pre-norm blocks (a Mixer — GQA
-// attention here — then a SwiGLU MLP or routed MoE) and one output head
-// (final norm, logit-row gather, LM head), plus the DeepSeek/GLM NextN MTP
-// layer (MTPDecoder). Activations,
-// row maps and the KV cache live on the device; the host writes the step's
-// ids, positions, slots and block tables before it and reads the logit and
-// hidden rows after it.
+// glm4_moe), of the hybrids that mix attention with linear attention
+// (qwen3_next) and of every architecture that brings its own token mixer
+// (engine/models/mla; glm5next uses its pieces): token embedding, pre-norm
+// blocks (a Mixer — GQA attention, optionally gated, or a gated delta rule
+// — then a SwiGLU MLP or routed MoE, optionally clamped) and one output
+// head (final norm, logit-row gather, LM head), plus the DeepSeek/GLM NextN
+// MTP layer (MTPDecoder). Activations, row maps, the KV cache and the
+// recurrent states live on the device; the host writes the step's ids,
+// positions, slots, block tables and state slots before it and reads the
+// logit and hidden rows after it.
 package gqa
 
 import (
@@ -15,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -31,11 +34,21 @@ type Decoder struct {
 	MaxContext int
 	Dev        kernels.Device
 
-	mu sync.Mutex
-	in Inputs
+	// States is the recurrent state of the linear-attention blocks, one
+	// entry per *LinearAttention in block order (empty for pure attention
+	// models); a hybrid's batches carry a state pool of this layout in
+	// Dev's memory (model.NewStatePool).
+	States []linattn.LayerShape
+
+	lin kernels.LinearAttentionOps // Dev's linear-attention ops; nil without them
+	mu  sync.Mutex
+	in  Inputs
 }
 
-var _ model.DeviceModel = (*Decoder)(nil)
+var (
+	_ model.DeviceModel = (*Decoder)(nil)
+	_ model.StateModel  = (*Decoder)(nil)
+)
 
 // New converts host-loaded blocks (nn.Block with nn.MLP or nn.MoE) into a
 // Decoder on dev, uploading the small weights; the KV cache is BF16.
@@ -49,13 +62,52 @@ func New(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*nn.Block
 	if err := u.Err(); err != nil {
 		return nil, err
 	}
-	return NewDecoder(dev, arch, embed, gb, n, lmHead, layout, maxContext), nil
+	return NewDecoder(dev, arch, embed, gb, n, lmHead, layout, maxContext)
 }
 
 // NewDecoder assembles blocks already on dev (any Mixer) between the
 // embedding and the output head; the KV cache is BF16 (SetCacheDType).
-func NewDecoder(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*Block, norm *Norm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) *Decoder {
-	return &Decoder{Arch: arch, Embed: embed, Blocks: blocks, Norm: norm, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Layout: BF16Layout(layout)}
+// Blocks with linear attention need dev's LinearAttentionOps, as do gated
+// attention and gated shared experts (a *model.OpsError without them).
+func NewDecoder(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*Block, norm *Norm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) (*Decoder, error) {
+	d := &Decoder{Arch: arch, Embed: embed, Blocks: blocks, Norm: norm, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Layout: BF16Layout(layout)}
+	d.lin, _ = dev.(kernels.LinearAttentionOps)
+	for _, b := range blocks {
+		if la, ok := b.Mixer.(*LinearAttention); ok {
+			d.States = append(d.States, la.StateShape())
+		}
+		if err := d.checkLin(b); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// checkLin fails when b runs LinearAttentionOps and d's device lacks them.
+func (d *Decoder) checkLin(b *Block) error {
+	if d.lin == nil && needsLin(b) {
+		return &model.OpsError{Backend: d.Dev.Name(), Missing: "the linear-attention ops (kernels.LinearAttentionOps) " + d.Arch + " needs"}
+	}
+	return nil
+}
+
+// needsLin reports whether b runs any of the LinearAttentionOps.
+func needsLin(b *Block) bool {
+	switch m := b.Mixer.(type) {
+	case *LinearAttention:
+		return true
+	case *Attention:
+		if m.Gate != nil {
+			return true
+		}
+	}
+	moe, ok := b.FFN.(*MoE)
+	return ok && moe.SharedGate != nil
+}
+
+// StateLayout implements model.StateModel: d.States.
+func (d *Decoder) StateLayout() []linattn.LayerShape {
+	return append([]linattn.LayerShape(nil), d.States...)
 }
 
 // BF16Layout is layout with every layer's storage BF16, the op set's
@@ -95,9 +147,13 @@ func (d *Decoder) Device() kernels.Device { return d.Dev }
 
 // Info implements model.Model.
 func (d *Decoder) Info() model.Info {
+	var state int64
+	for _, s := range d.States {
+		state += s.Bytes()
+	}
 	return model.Info{
 		Arch: d.Arch, Vocab: d.LMHead.Rows, Hidden: d.Embed.Cols, Layers: len(d.Blocks),
-		MaxContext: d.MaxContext, KVBytesPerToken: d.Layout.BytesPerToken(),
+		MaxContext: d.MaxContext, KVBytesPerToken: d.Layout.BytesPerToken(), StateBytesPerSeq: state,
 	}
 }
 
@@ -109,12 +165,14 @@ func (d *Decoder) CacheLayout() kvcache.Layout { return append(kvcache.Layout(ni
 type Inputs struct {
 	ids, pos, seq, slot, rows, lrows kernels.Tensor // (cap, 1) I32
 	blocks                           kernels.Tensor // (cap, 1) I32, viewed as (seqs, maxBlocks)
+	start, state                     kernels.Tensor // (cap, 1) I32 hybrids: sequence starts, state rows
 
 	hid kernels.Tensor // (cap, hidden) F32 the MTP layer's input hidden states
 
 	// Host staging.
 	hHid                                            []float32
 	hIDs, hPos, hSeq, hSlot, hRows, hLRows, hBlocks []int32
+	hStart, hState                                  []int32
 }
 
 // EnsureI32 returns an I32 (n, 1) view of *t, reallocating it (larger)
@@ -151,9 +209,37 @@ func CheckBatch(b *model.Batch, vocab int, layout kvcache.Layout, dev kernels.De
 	return nil
 }
 
-// Forward implements model.Model.
+// CheckStates validates a main-model batch's state slots against layout
+// (none needed when it is empty) and checks the pool is in dev's memory.
+func CheckStates(b *model.Batch, layout []linattn.LayerShape, dev kernels.Device) error {
+	if len(layout) == 0 {
+		return nil
+	}
+	if err := b.ValidateStates(layout); err != nil {
+		return err
+	}
+	if b.States.Memory() != kernels.Memory(dev) {
+		return fmt.Errorf("the state pool is not in the model's device memory (create it with model.NewStatePool)")
+	}
+	return nil
+}
+
+// Forward implements model.Model. A hybrid's sequences continue from their
+// state slots (a sequence at Pos 0 from a zeroed one) and leave the state
+// after their last token there.
 func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
-	return d.forward(b, d.LMHead.Rows, nil, func(st *Step) (*model.Output, error) {
+	validate := func() error {
+		if err := CheckStates(b, d.States, d.Dev); err != nil {
+			return fmt.Errorf("gqa: %w", err)
+		}
+		return nil
+	}
+	return d.forward(b, d.LMHead.Rows, validate, func(st *Step) (*model.Output, error) {
+		if len(d.States) > 0 {
+			if err := d.in.UploadStates(d.Dev, b, st); err != nil {
+				return nil, fmt.Errorf("gqa: %w", err)
+			}
+		}
 		embed := func(c *Ctx, x kernels.Tensor) { c.Dev.Embed(x, d.Embed, st.IDs) }
 		return d.run(b, st, embed, d.Blocks, d.Norm, d.LMHead), nil
 	})
@@ -194,6 +280,7 @@ func (d *Decoder) run(b *model.Batch, st *Step, embed func(c *Ctx, x kernels.Ten
 		h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
 		y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
 		c := st.Ctx(dev, b)
+		c.Lin = d.lin
 		embed(c, x)
 		first := blocks[0].AttnNorm
 		dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)
@@ -221,15 +308,21 @@ func InStep(dev kernels.Device, fn func()) {
 // Step is one step's device inputs.
 type Step struct {
 	Paged       kernels.Paged
-	Pos         []int32        // (N) host copy of Paged.Pos (Ctx.Pos)
-	IDs         kernels.Tensor // (N, 1) I32 token ids
-	Rows, LRows kernels.Tensor // (NH, 1), (NL, 1) I32 rows whose hidden states / logits are returned
+	Rec         kernels.Recurrent // hybrids' main-model steps (UploadStates)
+	Pos         []int32           // (N) host copy of Paged.Pos (Ctx.Pos)
+	IDs         kernels.Tensor    // (N, 1) I32 token ids
+	Rows, LRows kernels.Tensor    // (NH, 1), (NL, 1) I32 rows whose hidden states / logits are returned
 	NH, NL      int
 }
 
-// Ctx is the step's block context on dev for batch b.
+// Ctx is the step's block context on dev for batch b, with b's recurrent
+// states when UploadStates wrote their map (Lin is the caller's to set).
 func (st *Step) Ctx(dev kernels.Device, b *model.Batch) *Ctx {
-	return &Ctx{Dev: dev, N: len(st.Pos), Paged: st.Paged, Pos: st.Pos, Cache: b.Cache.Layer}
+	c := &Ctx{Dev: dev, N: len(st.Pos), Paged: st.Paged, Pos: st.Pos, Cache: b.Cache.Layer}
+	if st.Rec.Slot.Valid() {
+		c.Rec, c.States = &st.Rec, b.States.Tensors
+	}
+	return c
 }
 
 // Head is the output head: h (N, hidden) holds the final norm of every
@@ -297,6 +390,31 @@ func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 	}
 	st.Paged.Blocks = st.Paged.Blocks.Reshape(len(b.Seqs), maxBlocks)
 	return st, nil
+}
+
+// UploadStates resets the state slots of b's sequences at position 0 (no
+// history: a zero state) and writes the sequences' starts and state rows
+// into st.Rec: a hybrid's main-model step.
+func (in *Inputs) UploadStates(dev kernels.Device, b *model.Batch, st *Step) error {
+	in.hStart, in.hState = append(in.hStart[:0], 0), in.hState[:0]
+	for i := range b.Seqs {
+		s := &b.Seqs[i]
+		if s.Pos == 0 {
+			b.States.Reset(s.State)
+		}
+		in.hStart = append(in.hStart, in.hStart[i]+int32(len(s.Tokens)))
+		in.hState = append(in.hState, int32(b.States.Row(s.State)))
+	}
+	var err error
+	if st.Rec.Start, err = EnsureI32(dev, &in.start, len(in.hStart)); err != nil {
+		return fmt.Errorf("step inputs: %w", err)
+	}
+	if st.Rec.Slot, err = EnsureI32(dev, &in.state, len(in.hState)); err != nil {
+		return fmt.Errorf("step inputs: %w", err)
+	}
+	dev.WriteI32(st.Rec.Start, in.hStart)
+	dev.WriteI32(st.Rec.Slot, in.hState)
+	return nil
 }
 
 // Outputs reads the logit and hidden rows that Head returned back (after

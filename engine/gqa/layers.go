@@ -17,10 +17,17 @@ type Ctx struct {
 	// (how wide a row's scores are); never read back from the device.
 	Pos   []int32
 	Cache func(layer int) (k, v kernels.Tensor)
+
+	// Hybrid models: the device's linear-attention ops, the step's
+	// sequence → state-slot map and state layer l's tensors (S, conv).
+	Lin    kernels.LinearAttentionOps
+	Rec    *kernels.Recurrent
+	States func(l int) (s, conv kernels.Tensor)
 }
 
-// Mixer is a block's token-mixing sublayer: GQA Attention here, MLA in
-// engine/models/mla.
+// Mixer is a block's token-mixing sublayer: GQA Attention (optionally
+// gated) and LinearAttention here, MLA in engine/models/mla, glm5_next's
+// DSA in engine/models/glm5next.
 type Mixer interface {
 	// Forward sets y (N, hidden) from h (N, hidden), the normed block
 	// input, storing the step's keys in the cache.
@@ -51,13 +58,18 @@ func (n *Norm) Apply(dev kernels.Device, dst, x kernels.Tensor) {
 }
 
 // Attention is a GQA self-attention block: q/k/v projections, optional
-// per-head QK norm, RoPE, paged causal attention and the output projection.
+// per-head QK norm, RoPE, paged causal attention, an optional output gate
+// and the output projection.
 type Attention struct {
 	Layer        int // cache layer
 	Q, K, V, O   Linear
 	QNorm, KNorm *Norm // nil when absent
 	Rope         *kernels.Rotary
 	Shape        kernels.AttnShape
+
+	// Gate, when set, gates the attention output per channel before O:
+	// o ⊙= sigmoid(Gate(h)) (Qwen3-Next); (heads·headDim, hidden).
+	Gate *Linear
 }
 
 // Forward sets y (N, hidden) = Attention(h (N, hidden)) and stores the
@@ -86,6 +98,11 @@ func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
 	dev.StoreKV(kc, vc, k, v, &c.Paged)
 	o := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim)
 	dev.Attention(o, q, kc, vc, &c.Paged, s)
+	if a.Gate != nil {
+		g := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim)
+		a.Gate.Forward(dev, g, h, false)
+		c.Lin.SigmoidGate(o, o, g, false)
+	}
 	a.O.Forward(dev, y, o, false)
 }
 
@@ -121,14 +138,16 @@ func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool) {
 // Forward implements FFN.
 func (m *MLP) Forward(c *Ctx, y, h kernels.Tensor) { m.forward(c, y, h, false) }
 
-// MoE is a routed mixture of SwiGLU experts plus optional ungated shared
-// experts: y = Σ_k w_k·Expert_k(h) + Shared(h).
+// MoE is a routed mixture of SwiGLU experts plus optional shared experts:
+// y = Σ_k w_k·Expert_k(h) + g·Shared(h), g = sigmoid(SharedGate(h)) for
+// Qwen-style gated shared experts and 1 otherwise.
 type MoE struct {
-	Gate    *kernels.Mat // (experts, hidden) router
-	Router  kernels.Router
-	Experts []kernels.Expert
-	Limit   float32 // the experts' SwiGLU clamp (kernels.ClampOps), 0 for none; Shared has its own
-	Shared  *MLP    // nil when absent
+	Gate       *kernels.Mat // (experts, hidden) router
+	Router     kernels.Router
+	Experts    []kernels.Expert
+	Limit      float32 // the experts' SwiGLU clamp (kernels.ClampOps), 0 for none; Shared has its own
+	Shared     *MLP    // nil when absent
+	SharedGate *Linear // (1, hidden); nil when ungated
 }
 
 // Forward implements FFN.
@@ -144,7 +163,14 @@ func (m *MoE) Forward(c *Ctx, y, h kernels.Tensor) {
 	} else {
 		dev.Experts(y, h, ids, w, m.Experts)
 	}
-	if m.Shared != nil {
+	switch {
+	case m.SharedGate != nil:
+		sh := dev.Scratch(kernels.F32, c.N, h.Cols) // (N, hidden)
+		m.Shared.forward(c, sh, h, false)
+		g := dev.Scratch(kernels.F32, c.N, 1) // (N, 1)
+		m.SharedGate.Forward(dev, g, h, false)
+		c.Lin.SigmoidGate(y, sh, g, true)
+	case m.Shared != nil:
 		m.Shared.forward(c, y, h, true)
 	}
 }
@@ -159,11 +185,11 @@ func clampOps(dev kernels.Device) kernels.ClampOps {
 	return c
 }
 
-// Block is a pre-norm decoder layer, x += Attn(AttnNorm(x)); x += FFN(FFNNorm(x)),
+// Block is a pre-norm decoder layer, x += Mixer(AttnNorm(x)); x += FFN(FFNNorm(x)),
 // run with the residual adds fused into the next norm (see Forward).
 type Block struct {
 	AttnNorm *Norm // input_layernorm
-	Attn     Mixer
+	Mixer    Mixer
 	FFNNorm  *Norm // post_attention_layernorm
 	FFN      FFN
 }
@@ -172,7 +198,7 @@ type Block struct {
 // holds AttnNorm(x); on return x holds x + Attn, and y the FFN output still
 // to be added to x, which the caller fuses with the next norm (AddRMSNorm).
 func (b *Block) Forward(c *Ctx, x, h, y kernels.Tensor) {
-	b.Attn.Forward(c, y, h)
+	b.Mixer.Forward(c, y, h)
 	c.Dev.AddRMSNorm(h, x, y, b.FFNNorm.W, b.FFNNorm.Eps, b.FFNNorm.Offset)
 	b.FFN.Forward(c, y, h)
 }
@@ -237,18 +263,14 @@ func (u *Uploader) MLP(m *nn.MLP) *MLP {
 }
 
 // FFN converts a dense SwiGLU MLP or a routed MoE (softmax or grouped
-// noaux_tc routing, optional ungated shared experts).
+// noaux_tc routing, optional shared experts, gated or not).
 func (u *Uploader) FFN(f nn.FFN) FFN {
 	switch f := f.(type) {
 	case *nn.MLP:
 		return u.MLP(f)
 	case *nn.MoE:
-		if f.SharedGate != nil {
-			u.Fail(fmt.Errorf("gqa: gated shared experts are not on the op set yet"))
-			return nil
-		}
 		r := f.Router
-		return &MoE{
+		m := &MoE{
 			Gate: r.W,
 			Router: kernels.Router{
 				Bias: u.Vec(r.Bias), Scoring: kernels.Scoring(r.Scoring), TopK: r.TopK, NormTopK: r.NormTopK,
@@ -257,6 +279,11 @@ func (u *Uploader) FFN(f nn.FFN) FFN {
 			Experts: f.Experts,
 			Shared:  u.MLP(f.Shared),
 		}
+		if f.SharedGate != nil {
+			g := u.Linear(f.SharedGate)
+			m.SharedGate = &g
+		}
+		return m
 	}
 	u.Fail(fmt.Errorf("gqa: feed-forward block %T is not on the op set", f))
 	return nil
@@ -269,15 +296,18 @@ func (u *Uploader) Fail(err error) {
 	}
 }
 
-// Block converts a loaded host GQA block.
-func (u *Uploader) Block(b *nn.Block) *Block {
-	a := b.Attn
-	at := &Attention{
+// Attention converts a loaded GQA attention block.
+func (u *Uploader) Attention(a *nn.SelfAttention) *Attention {
+	return &Attention{
 		Layer: a.Attn.Layer,
 		Q:     u.Linear(a.Q), K: u.Linear(a.K), V: u.Linear(a.V), O: u.Linear(a.O),
 		QNorm: u.Norm(a.QNorm), KNorm: u.Norm(a.KNorm),
 		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
 		Rope:  u.Rotary(a.Rope),
 	}
-	return &Block{AttnNorm: u.Norm(b.AttnNorm), Attn: at, FFNNorm: u.Norm(b.FFNNorm), FFN: u.FFN(b.FFN)}
+}
+
+// Block converts a loaded host GQA block.
+func (u *Uploader) Block(b *nn.Block) *Block {
+	return &Block{AttnNorm: u.Norm(b.AttnNorm), Mixer: u.Attention(b.Attn), FFNNorm: u.Norm(b.FFNNorm), FFN: u.FFN(b.FFN)}
 }

@@ -18,9 +18,10 @@ import (
 // eh_proj is kept as its two column halves, so the concatenation is two
 // products into one accumulator.
 type NextN struct {
-	ENorm, HNorm *Norm // (hidden) each
+	Embed        *kernels.Mat // (vocab, hidden) its own embedding; nil: the decoder's
+	ENorm, HNorm *Norm        // (hidden) each
 	EH, HH       Linear
-	Block        *Block
+	Block        *Block       // at cache layer len(Layout) of the decoder
 	Norm         *Norm        // shared_head.norm (hidden)
 	Head         *kernels.Mat // (vocab, hidden)
 }
@@ -64,7 +65,7 @@ func LoadNextNAt(l *nn.Loader, u *Uploader, pre string, hidden int, eps float32,
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	e, h, err := splitCols(eh.W)
+	e, h, err := SplitCols(eh.W)
 	if err != nil {
 		return nil, err
 	}
@@ -74,27 +75,13 @@ func LoadNextNAt(l *nn.Loader, u *Uploader, pre string, hidden int, eps float32,
 
 // WithNextN returns d with the NextN layer m, whose block caches in the
 // layer it appends to d's layout (width, in d's cache dtype).
-func (d *Decoder) WithNextN(m *NextN, width kvcache.LayerWidth) *MTPDecoder {
+func (d *Decoder) WithNextN(m *NextN, width kvcache.LayerWidth) (*MTPDecoder, error) {
+	if err := d.checkLin(m.Block); err != nil {
+		return nil, err
+	}
 	width.DType = d.Layout[0].DType
 	d.Layout = append(d.Layout, width)
-	return &MTPDecoder{Decoder: d, MTP: m}
-}
-
-// splitCols copies the left and right column halves of w (rows, 2·k) into
-// two (rows, k) matrices; a block-quantized w splits between its blocks.
-func splitCols(w *kernels.Mat) (left, right *kernels.Mat, err error) {
-	k := w.Cols / 2
-	if w.Cols%2 != 0 || w.DType == kernels.F8E4M3 || k%w.DType.BlockElems() != 0 || w.DType.RowBytes(k) == 0 {
-		return nil, nil, fmt.Errorf("gqa: eh_proj %v (%d, %d) cannot be split into column halves", w.DType, w.Rows, w.Cols)
-	}
-	rb, hb := w.DType.RowBytes(w.Cols), w.DType.RowBytes(k)
-	left = &kernels.Mat{DType: w.DType, Rows: w.Rows, Cols: k, Data: make([]byte, w.Rows*hb)}
-	right = &kernels.Mat{DType: w.DType, Rows: w.Rows, Cols: k, Data: make([]byte, w.Rows*hb)}
-	for r := range w.Rows {
-		copy(left.Data[r*hb:(r+1)*hb], w.Data[r*rb:r*rb+hb])
-		copy(right.Data[r*hb:(r+1)*hb], w.Data[r*rb+hb:(r+1)*rb])
-	}
-	return left, right, nil
+	return &MTPDecoder{Decoder: d, MTP: m}, nil
 }
 
 // ForwardMTP implements model.MTPModel.
@@ -124,7 +111,11 @@ func (m *MTPDecoder) mtp(b *model.Batch, st *Step, hidden [][]float32) (*model.O
 	prologue := func(c *Ctx, x kernels.Tensor) {
 		dev := c.Dev
 		e := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
-		dev.Embed(e, d.Embed, st.IDs)
+		embed := nx.Embed
+		if embed == nil {
+			embed = d.Embed
+		}
+		dev.Embed(e, embed, st.IDs)
 		dev.RMSNorm(e, e, nx.ENorm.W, nx.ENorm.Eps, nx.ENorm.Offset)
 		hn := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
 		dev.RMSNorm(hn, hid, nx.HNorm.W, nx.HNorm.Eps, nx.HNorm.Offset)

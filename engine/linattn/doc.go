@@ -1,10 +1,14 @@
-// Package linattn implements the linear-attention mixers of ferrite's hybrid
-// models: the gated delta rule of Qwen3-Next's GatedDeltaNet (GDN, one scalar
-// log-decay per head) and of glm5_next's Kimi Delta Attention (KDA, one
-// log-decay per key channel), with the pieces around them: the causal
-// depthwise short convolution with its rolling state, the L2 normalisation of
-// q and k, the decay/β gates, the gated RMSNorm on the output, and a pool of
-// fixed-size per-sequence state slots.
+// Package linattn holds the pool of fixed-size per-sequence recurrent-state
+// slots of ferrite's hybrid models ([StatePool]: host slices, or rows of
+// backend tensors with [NewDeviceStatePool]), and the host-slice
+// linear-attention mixers that glm5_next still runs on until it moves to
+// the op set: the gated delta rule of Kimi Delta Attention (KDA, one
+// log-decay per key channel; the GDN form, one scalar log-decay per head, is
+// also here), the causal depthwise short convolution with its rolling state,
+// the L2 normalisation of q and k, the decay gates and the gated RMSNorm on
+// the output. Qwen3-Next runs on the op set: kernels.LinearAttentionOps,
+// whose references (kernels/ref) and CPU kernels (kernels/cpu) these loops
+// became.
 //
 // # The rule
 //
@@ -48,8 +52,8 @@
 // # Other pieces
 //
 // [Conv] is the depthwise causal convolution (state: the last K−1 raw
-// inputs). [L2Norm] normalises q/k; [GDNGates] and [KDAGates] turn the
-// projections into g and β; [GatedRMSNorm] is the output norm. [StatePool]
+// inputs). [L2Norm] normalises q/k; [KDAGates] turns the projection into
+// g; [GatedRMSNorm] is the output norm. [StatePool]
 // owns the per-sequence S and conv states of every linear layer, with
 // snapshots for speculative rollback and slot copies for prefix reuse.
 //

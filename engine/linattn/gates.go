@@ -5,27 +5,6 @@ import (
 	"math"
 )
 
-// GDNGates computes Qwen3-Next's decay and write strength for T tokens and
-// `heads` value heads: g = −exp(A_log[h]) · softplus(a + dt_bias[h]) and
-// β = sigmoid(b). a, b, g and beta are [T, heads]; aLog and dtBias are
-// [heads]. a + dt_bias is rounded to float32 as in HF; exp, softplus
-// (threshold 20, as torch) and sigmoid are float64, rounded once.
-// g may alias a and beta may alias b.
-func GDNGates(g, beta, a, b, aLog, dtBias []float32, T, heads int) {
-	n := T * heads
-	if len(a) < n || len(b) < n || len(g) < n || len(beta) < n || len(aLog) < heads || len(dtBias) < heads {
-		panic(fmt.Sprintf("linattn: GDNGates: bad sizes for T=%d heads=%d", T, heads))
-	}
-	for t := 0; t < T; t++ {
-		for h := 0; h < heads; h++ {
-			i := t*heads + h
-			x := float64(a[i] + dtBias[h]) // float32 sum, as HF
-			g[i] = float32(-math.Exp(float64(aLog[h])) * softplus64(x))
-			beta[i] = float32(sigmoid64(float64(b[i])))
-		}
-	}
-}
-
 // KDAGates computes glm5_next's per-channel log-decay for T tokens: gpre
 // ([T, heads·dk], the forget gate's f_b output) plus dtBias ([heads·dk],
 // per channel, rounded to float32 as in HF), then with a = exp(A_log[h]):

@@ -6,32 +6,6 @@ import (
 	"testing"
 )
 
-func TestGDNGates(t *testing.T) {
-	rng := rand.New(rand.NewPCG(41, 41))
-	T, H := 3, 4
-	a, b := randn(rng, T*H, 3), randn(rng, T*H, 3)
-	a[0] = 30 // softplus threshold branch
-	aLog, dt := randn(rng, H, 1), randn(rng, H, 1)
-	g, beta := make([]float32, T*H), make([]float32, T*H)
-	GDNGates(g, beta, a, b, aLog, dt, T, H)
-	for i := range g {
-		h := i % H
-		x := float64(a[i] + dt[h])
-		sp := math.Log1p(math.Exp(x))
-		if x > 20 {
-			sp = x
-		}
-		wantG := -math.Exp(float64(aLog[h])) * sp
-		wantB := 1 / (1 + math.Exp(-float64(b[i])))
-		if math.Abs(float64(g[i])-wantG) > 1e-6*math.Abs(wantG) || math.Abs(float64(beta[i])-wantB) > 1e-7 {
-			t.Errorf("i=%d: g %g want %g, beta %g want %g", i, g[i], wantG, beta[i], wantB)
-		}
-		if g[i] > 0 {
-			t.Errorf("positive log-decay %g", g[i])
-		}
-	}
-}
-
 func TestKDAGates(t *testing.T) {
 	rng := rand.New(rand.NewPCG(42, 42))
 	T, H, dk := 2, 3, 5

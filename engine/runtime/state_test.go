@@ -123,3 +123,4 @@ func TestStateBudget(t *testing.T) {
 		t.Errorf("%d verification steps without room for a snapshot", st.VerifySteps)
 	}
 }
+

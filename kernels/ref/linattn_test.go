@@ -61,3 +61,52 @@ func near(t *testing.T, what string, got, want []float32, tol float64) {
 		}
 	}
 }
+
+// TestDeltaGates checks the gates against their formulas written out: GDN
+// (one decay per head, softplus, with its threshold branch), KDA bounded
+// and unbounded (one per key channel), and β.
+func TestDeltaGates(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 41))
+	const H, dk = 3, 5
+	for _, n := range []kernels.DeltaNet{
+		{Heads: H, KeyHeads: H, DK: dk, DV: 1},
+		{Heads: H, KeyHeads: H, DK: dk, DV: 1, PerChannel: true, LowerBound: -5},
+		{Heads: H, KeyHeads: H, DK: dk, DV: 1, PerChannel: true},
+	} {
+		per := 1
+		if n.PerChannel {
+			per = dk
+		}
+		r := func(k int, s float64) []float32 {
+			v := make([]float32, k)
+			for i := range v {
+				v[i] = float32(s * rng.NormFloat64())
+			}
+			return v
+		}
+		a, b, aLog, dt := r(H*per, 4), r(H, 3), r(H, 1), r(H*per, 1)
+		a[0] = 30 // softplus's threshold branch
+		g, beta := make([]float32, H*per), make([]float32, H)
+		ref.DeltaGates(g, beta, a, b, &n, aLog, dt)
+		for i := range g {
+			h := i / per
+			x := float64(a[i] + dt[i])
+			e := math.Exp(float64(aLog[h]))
+			want := -e * math.Log1p(math.Exp(x))
+			if x > 20 {
+				want = -e * x
+			}
+			if n.LowerBound < 0 {
+				want = float64(n.LowerBound) / (1 + math.Exp(-e*x))
+			}
+			if math.Abs(float64(g[i])-want) > 1e-6*math.Abs(want)+1e-30 || g[i] > 0 || g[i] < n.LowerBound && n.LowerBound < 0 {
+				t.Errorf("%+v: g[%d] = %g, want %g", n, i, g[i], want)
+			}
+		}
+		for h := range beta {
+			if want := 1 / (1 + math.Exp(-float64(b[h]))); math.Abs(float64(beta[h])-want) > 1e-7 {
+				t.Errorf("beta[%d] = %g, want %g", h, beta[h], want)
+			}
+		}
+	}
+}

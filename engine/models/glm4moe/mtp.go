@@ -32,5 +32,5 @@ func newModel(cfg *config.Config, l *nn.Loader, p transformer.Params, layers []*
 	if err != nil {
 		return nil, err
 	}
-	return d.WithNextN(h, p.Layout()[0]), nil
+	return d.WithNextN(h, p.Layout()[0])
 }

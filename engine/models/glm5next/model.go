@@ -58,9 +58,9 @@ type Model struct {
 	trace    func(layer int, streams kernels.Tensor)
 	traceSel func(layer int, sel kernels.Tensor)
 
-	mu  sync.Mutex // one pass at a time
-	in  gqa.Inputs // the step's ids and row maps
-	rec recInputs  // the step's recurrent-state and stream-embedding maps
+	mu      sync.Mutex   // one pass at a time
+	in      gqa.Inputs   // the step's ids, row maps and state slots
+	streams streamInputs // the step's token ids, once per stream
 }
 
 // withMTP is a Model with its NextN layer: the model.MTPModel implementation.
@@ -69,13 +69,13 @@ type withMTP struct{ *Model }
 // layer is one decoder layer: two hyper-connection sites around the token
 // mixer (KDA or DSA) and the FFN.
 type layer struct {
-	attnHC   *kernels.Hyper // hc_attn_{fn,base,scale}
-	attnNorm *gqa.Norm      // (hidden) input_layernorm
-	kda      *kda           // set on linear_attention layers
-	dsa      *dsa           // set on deepseek_sparse_attention layers
-	ffnHC    *kernels.Hyper // hc_ffn_{fn,base,scale}
-	ffnNorm  *gqa.Norm      // (hidden) post_attention_layernorm
-	ffn      gqa.FFN        // *gqa.MLP (dense) or *gqa.MoE (sparse), clamped
+	attnHC   *kernels.Hyper       // hc_attn_{fn,base,scale}
+	attnNorm *gqa.Norm            // (hidden) input_layernorm
+	kda      *gqa.LinearAttention // set on linear_attention layers (KDA)
+	dsa      *dsa                 // set on deepseek_sparse_attention layers
+	ffnHC    *kernels.Hyper       // hc_ffn_{fn,base,scale}
+	ffnNorm  *gqa.Norm            // (hidden) post_attention_layernorm
+	ffn      gqa.FFN              // *gqa.MLP (dense) or *gqa.MoE (sparse), clamped
 }
 
 // loader is what the constructors share: the checkpoint, the device and
@@ -118,7 +118,7 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 		}
 		if p.types[i] == linearAttention {
 			ly.kda = l.kda(pre+"self_attn.", len(m.states))
-			m.states = append(m.states, ly.kda.shape())
+			m.states = append(m.states, ly.kda.StateShape())
 			m.layout = append(m.layout, kvcache.LayerWidth{})
 		} else {
 			own := p.idxTypes[i] == fullIndexer
@@ -241,21 +241,10 @@ func (m *Model) validate(b *model.Batch) error {
 	if err := gqa.CheckBatch(b, m.p.vocab, m.layout, m.dev); err != nil {
 		return fmt.Errorf("glm5_next: %w", err)
 	}
-	if err := b.ValidateStates(m.states); err != nil {
-		return err
-	}
-	if len(m.states) > 0 && b.States.Memory() != kernels.Memory(m.dev) {
-		return fmt.Errorf("glm5_next: the state pool is not in the model's device memory (create it with model.NewStatePool)")
+	if err := gqa.CheckStates(b, m.states, m.dev); err != nil {
+		return fmt.Errorf("glm5_next: %w", err)
 	}
 	return nil
-}
-
-// pass is one step's context: gqa's (device, rows, cache) plus the
-// recurrent states.
-type pass struct {
-	gqa.Ctx
-	rec    *kernels.Recurrent // each sequence's rows and state row
-	states *linattn.StatePool
 }
 
 // Forward implements model.Model. Each sequence's KDA state is read from
@@ -273,26 +262,24 @@ func (m *Model) Forward(b *model.Batch) (*model.Output, error) {
 	defer m.mu.Unlock()
 	dev := m.dev
 	st, err := m.in.Upload(dev, b)
+	if err == nil && len(m.states) > 0 {
+		err = m.in.UploadStates(dev, b, st) // a sequence at Pos 0 starts from a zeroed state
+	}
+	var streamIDs kernels.Tensor
 	if err == nil {
-		err = m.rec.upload(dev, b, m.p.hc, len(m.states) > 0)
+		streamIDs, err = m.streams.upload(dev, b, m.p.hc)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("glm5_next: %w", err)
 	}
-	if len(m.states) > 0 {
-		for i := range b.Seqs {
-			if b.Seqs[i].Pos == 0 {
-				b.States.Reset(b.Seqs[i].State)
-			}
-		}
-	}
 	n, H, hc := b.Tokens(), m.p.hidden, m.p.hc
 	var logits, hid kernels.Tensor
 	gqa.InStep(dev, func() {
-		c := &pass{Ctx: *st.Ctx(dev, b), rec: &m.rec.r, states: b.States}
+		c := st.Ctx(dev, b)
+		c.Lin = dev
 		X := dev.Scratch(kernels.F32, n, hc*H) // (N, hc·hidden) residual streams
 		// Every stream starts as the token's embedding.
-		dev.Embed(X.Reshape(n*hc, H), m.embed, m.rec.streamIDs)
+		dev.Embed(X.Reshape(n*hc, H), m.embed, streamIDs)
 		y := dev.Scratch(kernels.F32, n, H)           // (N, hidden) sublayer input
 		o := dev.Scratch(kernels.F32, n, H)           // (N, hidden) sublayer output
 		coef := dev.Scratch(kernels.F32, n, hc+hc*hc) // (N, hc+hc²) [post | comb]
@@ -309,14 +296,14 @@ func (m *Model) Forward(b *model.Batch) (*model.Output, error) {
 // layerForward runs decoder layer l (index i) on the streams X (N,
 // hc·hidden): at each site the streams collapse into the sublayer's input,
 // which is normed, and the sublayer's output is mixed back in.
-func (m *Model) layerForward(c *pass, l *layer, i int, X, y, o, coef kernels.Tensor) {
+func (m *Model) layerForward(c *gqa.Ctx, l *layer, i int, X, y, o, coef kernels.Tensor) {
 	dev := m.dev
 	dev.HyperPre(y, coef, X, l.attnHC)
 	dev.RMSNorm(y, y, l.attnNorm.W, l.attnNorm.Eps, l.attnNorm.Offset)
 	if l.kda != nil {
-		l.kda.forward(c, o, y)
+		l.kda.Forward(c, o, y)
 	} else {
-		l.dsa.Forward(&c.Ctx, o, y)
+		l.dsa.Forward(c, o, y)
 		if m.traceSel != nil && l.dsa.idx != nil {
 			m.traceSel(i, l.dsa.sel)
 		}
@@ -325,55 +312,36 @@ func (m *Model) layerForward(c *pass, l *layer, i int, X, y, o, coef kernels.Ten
 
 	dev.HyperPre(y, coef, X, l.ffnHC)
 	dev.RMSNorm(y, y, l.ffnNorm.W, l.ffnNorm.Eps, l.ffnNorm.Offset)
-	l.ffn.Forward(&c.Ctx, o, y)
+	l.ffn.Forward(c, o, y)
 	dev.HyperPost(X, o, coef)
 	if m.trace != nil {
 		m.trace(i, X)
 	}
 }
 
-// recInputs are the step's row maps beyond gqa's, kept on the device
-// between steps: each sequence's first row and state row, and the token
-// ids repeated per stream.
-type recInputs struct {
-	start, slot, sids    kernels.Tensor // device buffers, grown as needed
-	hStart, hSlot, hSIDs []int32        // host staging
-	r                    kernels.Recurrent
-	streamIDs            kernels.Tensor // (N·hc, 1) I32 every row's token id, hc times
+// streamInputs are the step's token ids repeated once per stream, kept on
+// the device between steps.
+type streamInputs struct {
+	ids  kernels.Tensor // device buffer, grown as needed
+	host []int32        // host staging
 }
 
-// upload writes b's stream ids and, with states, its recurrent row maps.
-func (ri *recInputs) upload(dev kernels.Device, b *model.Batch, hc int, states bool) error {
-	ri.hStart, ri.hSlot, ri.hSIDs = append(ri.hStart[:0], 0), ri.hSlot[:0], ri.hSIDs[:0]
+// upload writes b's token ids, each hc times, and returns them (N·hc, 1).
+func (si *streamInputs) upload(dev kernels.Device, b *model.Batch, hc int) (kernels.Tensor, error) {
+	si.host = si.host[:0]
 	for i := range b.Seqs {
-		s := &b.Seqs[i]
-		ri.hStart = append(ri.hStart, ri.hStart[i]+int32(len(s.Tokens)))
-		if states {
-			ri.hSlot = append(ri.hSlot, int32(b.States.Row(s.State)))
-		}
-		for _, t := range s.Tokens {
+		for _, t := range b.Seqs[i].Tokens {
 			for range hc {
-				ri.hSIDs = append(ri.hSIDs, t)
+				si.host = append(si.host, t)
 			}
 		}
 	}
-	var err error
-	if ri.streamIDs, err = gqa.EnsureI32(dev, &ri.sids, len(ri.hSIDs)); err != nil {
-		return err
+	t, err := gqa.EnsureI32(dev, &si.ids, len(si.host))
+	if err != nil {
+		return t, err
 	}
-	dev.WriteI32(ri.streamIDs, ri.hSIDs)
-	if !states {
-		return nil
-	}
-	if ri.r.Start, err = gqa.EnsureI32(dev, &ri.start, len(ri.hStart)); err != nil {
-		return err
-	}
-	if ri.r.Slot, err = gqa.EnsureI32(dev, &ri.slot, len(ri.hSlot)); err != nil {
-		return err
-	}
-	dev.WriteI32(ri.r.Start, ri.hStart)
-	dev.WriteI32(ri.r.Slot, ri.hSlot)
-	return nil
+	dev.WriteI32(t, si.host)
+	return t, nil
 }
 
 // hyper loads an mHC site (prefix hc_attn or hc_ffn).
@@ -442,7 +410,7 @@ func (l *loader) mtp(pre string, m *Model) *gqa.MTPDecoder {
 	p := l.p
 	blk := &gqa.Block{
 		AttnNorm: l.norm(pre + "input_layernorm"),
-		Attn:     l.dsa(pre+"self_attn.", p.layers, true),
+		Mixer:    l.dsa(pre+"self_attn.", p.layers, true),
 		FFNNorm:  l.norm(pre + "post_attention_layernorm"),
 	}
 	if l.Has(pre + "mlp.gate.weight") {
@@ -455,8 +423,15 @@ func (l *loader) mtp(pre string, m *Model) *gqa.MTPDecoder {
 		l.Fail(err)
 		return nil
 	}
-	dec := gqa.NewDecoder(l.dev, arch, m.embed, nil, nil, m.lmHead, m.layout, p.maxContext)
-	d := dec.WithNextN(nx, kvcache.LayerWidth{K: p.kvLora, V: 2 * p.idxDim, VFloat32: true})
+	var d *gqa.MTPDecoder
+	dec, err := gqa.NewDecoder(l.dev, arch, m.embed, nil, nil, m.lmHead, m.layout, p.maxContext)
+	if err == nil {
+		d, err = dec.WithNextN(nx, kvcache.LayerWidth{K: p.kvLora, V: 2 * p.idxDim, VFloat32: true})
+	}
+	if err != nil {
+		l.Fail(err)
+		return nil
+	}
 	m.layout = d.Layout
 	return d
 }

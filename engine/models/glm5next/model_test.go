@@ -536,24 +536,6 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-// TestStackRows checks q/k/v stacking: rows concatenated in order, and
-// F8E4M3 scale blocks that would straddle two matrices refused.
-func TestStackRows(t *testing.T) {
-	a := &kernels.Mat{DType: kernels.BF16, Rows: 1, Cols: 2, Data: []byte{1, 2, 3, 4}}
-	b := &kernels.Mat{DType: kernels.BF16, Rows: 2, Cols: 2, Data: []byte{5, 6, 7, 8, 9, 10, 11, 12}}
-	m, err := stackRows(a, b)
-	if err != nil || m.Rows != 3 || m.Cols != 2 || !slices.Equal(m.Data, []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}) {
-		t.Fatalf("stackRows = %+v, %v", m, err)
-	}
-	if _, err := stackRows(a, &kernels.Mat{DType: kernels.F32, Rows: 1, Cols: 2, Data: make([]byte, 8)}); err == nil {
-		t.Error("stacked BF16 and F32")
-	}
-	f8 := &kernels.Mat{DType: kernels.F8E4M3, Rows: 3, Cols: 2, Data: make([]byte, 6), Scale: []float32{1}, BlockRows: 128, BlockCols: 128}
-	if _, err := stackRows(f8, f8); err == nil {
-		t.Error("stacked F8E4M3 rows that do not fill their scale blocks")
-	}
-}
-
 // TestRollbackAndFork speculates wrong tokens across pool boundaries and
 // rolls them back (kvcache.Truncate for the latents and index keys, a state
 // snapshot for KDA), and forks a sequence mid-pool: both continue exactly

@@ -406,7 +406,9 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend, spec Spec
 	if err := b.err(); err != nil {
 		return nil, err
 	}
-	m.Decoder = gqa.NewDecoder(dev, spec.Arch, embed, blocks, norm, head, layout, p.maxCtx)
+	if m.Decoder, err = gqa.NewDecoder(dev, spec.Arch, embed, blocks, norm, head, layout, p.maxCtx); err != nil {
+		return nil, err
+	}
 	if !gqa.HasNextN(l, p.nextn, p.layers) {
 		return m, nil
 	}
@@ -424,7 +426,11 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend, spec Spec
 	if err != nil {
 		return nil, err
 	}
-	return &mtpModel{Model: m, mtp: m.WithNextN(nx, a.width())}, nil
+	mtp, err := m.WithNextN(nx, a.width())
+	if err != nil {
+		return nil, err
+	}
+	return &mtpModel{Model: m, mtp: mtp}, nil
 }
 
 // builder loads layers and converts them onto the device.
@@ -507,7 +513,7 @@ func (b *builder) block(i int, sparse bool) (*gqa.Block, *Attention) {
 	}
 	blk := &gqa.Block{
 		AttnNorm: u.Norm(l.RMSNorm(pre+"input_layernorm", p.hidden, p.eps, false)),
-		Attn:     a,
+		Mixer:    a,
 		FFNNorm:  u.Norm(l.RMSNorm(pre+"post_attention_layernorm", p.hidden, p.eps, false)),
 	}
 	if l.Err() == nil {
