@@ -42,7 +42,7 @@ func (l *loader) kda(pre string, state int) *gqa.LinearAttention {
 	}
 	return &gqa.LinearAttention{
 		Slot:  state,
-		QKV:   gqa.Linear{W: l.stack(pre+"{q,k,v}_proj", C)},
+		QKV:   gqa.Linear{W: l.qkv(pre, C)},
 		Z:     gqa.Proj{l.linear(pre+"g_a_proj", dk, p.hidden), l.linear(pre+"g_b_proj", C, dk)},
 		A:     gqa.Proj{l.linear(fg+"f_a_proj", dk, p.hidden), l.linear(fg+"f_b_proj", C, dk)},
 		B:     l.linear(pre+"b_proj", h, p.hidden),
@@ -60,10 +60,9 @@ func (l *loader) kda(pre string, state int) *gqa.LinearAttention {
 	}
 }
 
-// stack loads q_proj, k_proj and v_proj (C, hidden) each under pre and
+// qkv loads q_proj, k_proj and v_proj (C, hidden) each under pre and
 // stacks them by rows, recording an error when they cannot be.
-func (l *loader) stack(name string, C int) *kernels.Mat {
-	pre := name[:len(name)-len("{q,k,v}_proj")]
+func (l *loader) qkv(pre string, C int) *kernels.Mat {
 	var ms []*kernels.Mat
 	for _, n := range []string{"q_proj", "k_proj", "v_proj"} {
 		m := l.Mat(pre+n+".weight", C, l.p.hidden)
@@ -74,7 +73,7 @@ func (l *loader) stack(name string, C int) *kernels.Mat {
 	}
 	out, err := gqa.StackRows(ms...)
 	if err != nil {
-		l.Fail(fmt.Errorf("%s: %w", name, err))
+		l.Fail(fmt.Errorf("%s{q,k,v}_proj: %w", pre, err))
 	}
 	return out
 }
