@@ -123,4 +123,3 @@ func TestStateBudget(t *testing.T) {
 		t.Errorf("%d verification steps without room for a snapshot", st.VerifySteps)
 	}
 }
-
