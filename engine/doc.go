@@ -21,7 +21,7 @@
 //	linattn      the hybrids' per-sequence recurrent-state slots (linear attention runs on the op set)
 //	model        Model, Batch, Output, the registry, and Decoder (the shared
 //	             decoder-only transformer)
-//	nn           layers: Linear, RMSNorm, RoPE, paged GQA attention, SwiGLU MLP, MoE
+//	nn           layers' weights as loaded (Linear, RMSNorm, RoPE frequencies, MLP, MoE) and the Loader
 //	models/<arch> one package per architecture, registered in init
 //	models/all   blank imports of every architecture
 //	randweights  seeded random tensors for any config (benchmarks, tests)

@@ -5,17 +5,14 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/ferrite-llm/ferrite/engine/kvcache"
-	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
 
-// BenchmarkAttention compares one layer's attention over the paged cache
-// at the Qwen3-0.6B shape (16 query heads, 8 KV heads, head_dim 128): the
-// host-slice nn.Attention over a float32 cache (the path before the op
-// set) against the op set's Attention over F32 and BF16 caches. decode: one
-// row at position ctx-1; prefill: ctx rows of one sequence.
+// BenchmarkAttention times one layer's attention over the paged cache at
+// the Qwen3-0.6B shape (16 query heads, 8 KV heads, head_dim 128): the op
+// set's Attention over F32 and BF16 caches. decode: one row at position
+// ctx-1; prefill: ctx rows of one sequence.
 //
 //	go test -run - -bench Attention ./engine/gqa
 func BenchmarkAttention(b *testing.B) {
@@ -28,9 +25,6 @@ func BenchmarkAttention(b *testing.B) {
 			if rows > 1 {
 				name = "prefill"
 			}
-			b.Run(fmt.Sprintf("%s/ctx=%d/nn-f32", name, ctx), func(b *testing.B) {
-				benchHost(b, be, heads, kvHeads, hd, bs, ctx, rows)
-			})
 			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 				b.Run(fmt.Sprintf("%s/ctx=%d/op-%v", name, ctx, dt), func(b *testing.B) {
 					benchOp(b, be, dt, heads, kvHeads, hd, bs, ctx, rows)
@@ -46,36 +40,6 @@ func randVec(rng *rand.Rand, n int) []float32 {
 		v[i] = float32(rng.NormFloat64())
 	}
 	return v
-}
-
-// benchHost times nn.Attention.Forward for the last rows of a ctx-token
-// sequence whose keys and values are all cached.
-func benchHost(b *testing.B, be *cpu.Backend, heads, kvHeads, hd, bs, ctx, rows int) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	kw := kvHeads * hd
-	c, err := kvcache.New(kvcache.Layout{{K: kw, V: kw}}, kvcache.Options{BlockSize: bs, Budget: int64(ctx+bs) * int64(kw) * 8})
-	if err != nil {
-		b.Fatal(err)
-	}
-	s := c.NewSeq()
-	if err := c.Reserve(s, ctx); err != nil {
-		b.Fatal(err)
-	}
-	a := nn.NewAttention(0, heads, kvHeads, hd)
-	var t nn.Tokens
-	t.KV = []*kvcache.Seq{s}
-	for p := range ctx {
-		copy(c.K(0, s, p), randVec(rng, kw))
-		copy(c.V(0, s, p), randVec(rng, kw))
-	}
-	for p := ctx - rows; p < ctx; p++ {
-		t.Pos, t.Seq = append(t.Pos, int32(p)), append(t.Seq, 0)
-	}
-	q := randVec(rng, rows*heads*hd)
-	out := make([]float32, rows*heads*hd)
-	for b.Loop() {
-		a.Forward(be, c, &t, out, q)
-	}
 }
 
 // benchOp times the op set's Attention for the same case.

@@ -10,7 +10,6 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/linattn"
-	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
 
@@ -255,19 +254,4 @@ func (b *Batch) Validate(vocab int, layout kvcache.Layout) error {
 		}
 	}
 	return nil
-}
-
-// FillTokens sets t to b's row maps: one row per token of every sequence,
-// in batch order, with its absolute position and its sequence's index and
-// cache handle.
-func (b *Batch) FillTokens(t *nn.Tokens) {
-	t.Pos, t.Seq, t.KV = t.Pos[:0], t.Seq[:0], t.KV[:0]
-	for i := range b.Seqs {
-		s := &b.Seqs[i]
-		for j := range s.Tokens {
-			t.Pos = append(t.Pos, int32(s.Pos+j))
-			t.Seq = append(t.Seq, int32(i))
-		}
-		t.KV = append(t.KV, s.KV)
-	}
 }

@@ -1,27 +1,11 @@
 package nn
 
-import (
-	"github.com/ferrite-llm/ferrite/engine/kvcache"
-	"github.com/ferrite-llm/ferrite/kernels"
-)
+// FFN is a feed-forward block's weights as loaded: *MLP (dense) or *MoE
+// (sparse); engine/gqa's Uploader converts it for the op set.
+type FFN interface{ ffn() }
 
-// Ctx is what a layer needs during one forward pass: the backend, the cache
-// storage, the batch's row → sequence map and scratch space.
-type Ctx struct {
-	Backend kernels.Backend
-	Cache   *kvcache.Cache
-	Tok     Tokens
-	Arena   Arena
-}
-
-// N is the number of rows (tokens) in the pass.
-func (c *Ctx) N() int { return c.Tok.N() }
-
-// FFN is a feed-forward block: MLP (dense) or MoE (sparse).
-type FFN interface {
-	// Forward sets y (n, hidden) = FFN(x (n, hidden)).
-	Forward(be kernels.Backend, a *Arena, y, x []float32, n int)
-}
+func (*MLP) ffn() {}
+func (*MoE) ffn() {}
 
 // SelfAttention is a GQA attention block's weights as loaded: q/k/v
 // projections, optional per-head QK norm, RoPE on the first Rope.Dim dims

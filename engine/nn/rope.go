@@ -3,8 +3,6 @@ package nn
 import (
 	"fmt"
 	"math"
-
-	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
 // RopeConfig selects a rotary embedding. Field names follow Hugging Face's
@@ -31,18 +29,18 @@ type RopeConfig struct {
 	FreqFactors []float64
 }
 
-// RoPE applies rotary position embeddings from precomputed cos/sin tables.
+// RoPE is a rotary position embedding as a model loads it: the inverse
+// frequencies with every scaling applied, which kernels.Rotary carries to
+// the op set (ref.RoPE is the rotation).
 type RoPE struct {
 	Dim         int     // rotated dims per head (even), the first Dim of each vector
 	Interleaved bool    // pair (2i, 2i+1) rather than (i, i+Dim/2)
 	Scale       float32 // multiplies cos and sin (YaRN attention factor; 1 otherwise)
 
-	invFreq  []float32 // (Dim/2) inverse frequencies
-	cos, sin []float32 // (positions, Dim/2), grown by Ensure
+	invFreq []float32 // (Dim/2) inverse frequencies
 }
 
-// NewRoPE builds the inverse frequencies for c; the cos/sin tables are
-// filled on demand by Ensure.
+// NewRoPE builds the inverse frequencies for c.
 func NewRoPE(c RopeConfig) (*RoPE, error) {
 	f := c.PartialRotaryFactor
 	if f == 0 {
@@ -192,39 +190,3 @@ func yarnFreqs(inv []float64, c RopeConfig, dim int) (float32, error) {
 
 // InvFreq is the (Dim/2) inverse frequencies, scalings applied (read-only).
 func (r *RoPE) InvFreq() []float32 { return r.invFreq }
-
-// Ensure makes the tables cover positions [0, n). Call it before a parallel
-// section that applies the rotation; Apply only reads the tables.
-func (r *RoPE) Ensure(n int) {
-	half := r.Dim / 2
-	have := len(r.cos) / half
-	if n <= have {
-		return
-	}
-	n = max(n, 2*have, 256)
-	cos := make([]float32, n*half)
-	sin := make([]float32, n*half)
-	copy(cos, r.cos)
-	copy(sin, r.sin)
-	for p := have; p < n; p++ {
-		for i, f := range r.invFreq {
-			// fp32 angle as in the reference: float32(pos) · inv_freq.
-			a := float64(float32(p) * f)
-			cos[p*half+i] = float32(math.Cos(a)) * r.Scale
-			sin[p*half+i] = float32(math.Sin(a)) * r.Scale
-		}
-	}
-	r.cos, r.sin = cos, sin
-}
-
-// Apply rotates, in place, n vectors of x that start stride values apart
-// (x[i·stride : i·stride+Dim]) for token position pos. For a token's
-// (heads, headDim) row, n = heads and stride = headDim; to rotate a slice
-// that sits later in each head, pass x offset to it.
-func (r *RoPE) Apply(x []float32, n, stride, pos int) {
-	half := r.Dim / 2
-	if (pos+1)*half > len(r.cos) {
-		panic("nn: rope position beyond the table (call Ensure)")
-	}
-	ref.Rotate(x, n, stride, r.cos[pos*half:(pos+1)*half], r.sin[pos*half:(pos+1)*half], r.Interleaved)
-}
