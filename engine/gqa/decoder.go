@@ -51,8 +51,8 @@ var _ model.StateModel = (*Decoder)(nil)
 func New(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*nn.Block, norm *nn.RMSNorm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) (*Decoder, error) {
 	u := &Uploader{Dev: dev}
 	var gb []*Block
-	for _, b := range blocks {
-		b, err := u.Block(b)
+	for _, hb := range blocks {
+		b, err := u.Block(hb)
 		if err != nil {
 			return nil, err
 		}

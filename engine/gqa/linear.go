@@ -46,12 +46,12 @@ type LinearAttention struct {
 	Norm  *Norm        // (1, DV) gated RMSNorm weight (plain w)
 	Gate  kernels.Gate // the output gate: SiLU (GDN) or sigmoid (KDA)
 	Out   Linear       // (hidden, Hv·DV)
-	Width int          // conv kernel width K
+	ConvK int          // conv kernel width K
 }
 
 // StateShape is the layer's per-sequence state.
 func (m *LinearAttention) StateShape() linattn.LayerShape {
-	return linattn.LayerShape{Heads: m.Net.Heads, DK: m.Net.DK, DV: m.Net.DV, ConvK: m.Width, ConvChannels: m.Net.QKVWidth()}
+	return linattn.LayerShape{Heads: m.Net.Heads, DK: m.Net.DK, DV: m.Net.DV, ConvK: m.ConvK, ConvChannels: m.Net.QKVWidth()}
 }
 
 // Forward implements Mixer.

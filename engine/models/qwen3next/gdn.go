@@ -46,7 +46,7 @@ func (l *loader) gdn(prefix string, slot int) *gqa.LinearAttention {
 		A:     gqa.Proj{{W: l.selectRows(ba, rows(2*r, r, r))}},
 		B:     gqa.Linear{W: l.selectRows(ba, rows(2*r, 0, r))},
 		Conv:  u.Mat(conv, convDim, p.convK),
-		Width: p.convK,
+		ConvK: p.convK,
 		Net: kernels.DeltaNet{
 			Heads: hv, KeyHeads: hk, DK: dk, DV: dv,
 			ALog:   u.Vec(l.Tensor(prefix+"A_log", hv)),
