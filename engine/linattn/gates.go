@@ -2,11 +2,13 @@ package linattn
 
 import (
 	"fmt"
-	"math"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
-// KDAGates computes glm5_next's per-channel log-decay for T tokens: gpre
-// ([T, heads·dk], the forget gate's f_b output) plus dtBias ([heads·dk],
+// KDAGates computes glm5_next's per-channel log-decay for T tokens
+// (ref.DeltaGates): gpre ([T, heads·dk], the forget gate's f_b output) plus dtBias ([heads·dk],
 // per channel, rounded to float32 as in HF), then with a = exp(A_log[h]):
 //
 //	g = lowerBound · sigmoid(a · (gpre + dt_bias))   if lowerBound < 0 (linear_lower_bound set; −5 for GLM-5.3-Flash)
@@ -21,19 +23,10 @@ func KDAGates(g, gpre, aLog, dtBias []float32, T, heads, dk int, lowerBound floa
 	if lowerBound > 0 {
 		panic(fmt.Sprintf("linattn: KDAGates: lower bound %g must be negative (or 0 for none)", lowerBound))
 	}
-	lb := float64(lowerBound)
-	for h := 0; h < heads; h++ {
-		a := math.Exp(float64(aLog[h]))
-		for t := 0; t < T; t++ {
-			row := t*heads*dk + h*dk
-			for c := 0; c < dk; c++ {
-				x := float64(gpre[row+c] + dtBias[h*dk+c]) // float32 sum, as HF
-				if lb < 0 {
-					g[row+c] = float32(lb * sigmoid64(a*x))
-				} else {
-					g[row+c] = float32(-a * softplus64(x))
-				}
-			}
-		}
+	net := &kernels.DeltaNet{Heads: heads, KeyHeads: heads, DK: dk, PerChannel: true, LowerBound: lowerBound}
+	beta, b := make([]float32, heads), make([]float32, heads) // ref.DeltaGates' β, unused here
+	w := heads * dk
+	for t := range T {
+		ref.DeltaGates(g[t*w:(t+1)*w], beta, gpre[t*w:(t+1)*w], b, net, aLog, dtBias)
 	}
 }
