@@ -106,21 +106,20 @@ func Load(dir string, opts Options) (*Loaded, error) {
 // cache dtype opts asks for.
 func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Options) (model.Model, error) {
 	m, err := model.New(cfg, l.source(src, opts), l.Backend)
-	if err != nil && l.autoDevice {
-		// --device auto took a backend without the op set (or without
-		// ops this architecture needs, model.ErrOpSet): run on the CPU
+	var missing *model.OpsError
+	if err != nil && l.autoDevice && errors.As(err, &missing) {
+		// --device auto took a backend without the ops this architecture
+		// needs (the op set, or its MLA capability): run on the CPU
 		// instead, and say why.
-		if _, isDevice := l.Backend.(kernels.Device); !isDevice || errors.Is(err, model.ErrOpSet) {
-			gpu := l.Device
-			l.ownBackend.Close()
-			b, cerr := openDevice(device.Spec{Kind: device.CPU}, opts.Threads)
-			if cerr != nil {
-				return nil, cerr
-			}
-			l.ownBackend, l.Backend, l.Device = b, b.Backend, b.Desc
-			l.DeviceNote = fmt.Sprintf("%s does not run %s yet (it lacks the op set)", gpu, cfg.ModelType)
-			m, err = model.New(cfg, l.source(src, opts), l.Backend)
+		gpu := l.Device
+		l.ownBackend.Close()
+		b, cerr := openDevice(device.Spec{Kind: device.CPU}, opts.Threads)
+		if cerr != nil {
+			return nil, cerr
 		}
+		l.ownBackend, l.Backend, l.Device = b, b.Backend, b.Desc
+		l.DeviceNote = fmt.Sprintf("%s does not run %s yet (it lacks %s)", gpu, cfg.ModelType, missing.Missing)
+		m, err = model.New(cfg, l.source(src, opts), l.Backend)
 	}
 	if err != nil {
 		return nil, err

@@ -13,6 +13,9 @@ type Ctx struct {
 	Dev   kernels.Device
 	N     int // rows (tokens) in the step
 	Paged kernels.Paged
+	// Pos is the host copy of Paged.Pos (N), for decisions about shapes
+	// (how wide a row's scores are); never read back from the device.
+	Pos   []int32
 	Cache func(layer int) (k, v kernels.Tensor)
 
 	// Hybrid models: the device's linear-attention ops, the step's
@@ -22,11 +25,12 @@ type Ctx struct {
 	States func(l int) (s, conv kernels.Tensor)
 }
 
-// Mixer is a block's token mixer: GQA attention over the KV cache or
-// linear attention over the recurrent state.
+// Mixer is a block's token-mixing sublayer: GQA Attention (optionally
+// gated) and LinearAttention here, MLA in engine/models/mla, glm5_next's
+// DSA in engine/models/glm5next.
 type Mixer interface {
-	// Forward sets y (N, hidden) = Mixer(h (N, hidden)), storing the step's
-	// keys and values or advancing each sequence's state.
+	// Forward sets y (N, hidden) from h (N, hidden), the normed block
+	// input, storing the step's keys in the cache.
 	Forward(c *Ctx, y, h kernels.Tensor)
 }
 
@@ -43,8 +47,14 @@ type Linear struct {
 	B kernels.Tensor // (1, out) F32; zero Tensor when absent
 }
 
-func (l *Linear) forward(dev kernels.Device, dst, x kernels.Tensor, acc bool) {
+// Forward sets dst (N, out) = x (N, in)·Wᵀ + B, or adds it to dst when acc.
+func (l *Linear) Forward(dev kernels.Device, dst, x kernels.Tensor, acc bool) {
 	dev.Linear(dst, x, l.W, kernels.Epilogue{Bias: l.B, Accumulate: acc})
+}
+
+// Apply is an RMSNorm over the rows of x into dst (dst may be x).
+func (n *Norm) Apply(dev kernels.Device, dst, x kernels.Tensor) {
+	dev.RMSNorm(dst, x, n.W, n.Eps, n.Offset)
 }
 
 // Attention is a GQA self-attention block: q/k/v projections, optional
@@ -69,9 +79,9 @@ func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
 	q := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim)   // (N, heads·headDim)
 	k := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
 	v := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
-	a.Q.forward(dev, q, h, false)
-	a.K.forward(dev, k, h, false)
-	a.V.forward(dev, v, h, false)
+	a.Q.Forward(dev, q, h, false)
+	a.K.Forward(dev, k, h, false)
+	a.V.Forward(dev, v, h, false)
 	if a.QNorm != nil {
 		qh := q.Reshape(n*s.Heads, s.HeadDim)
 		dev.RMSNorm(qh, qh, a.QNorm.W, a.QNorm.Eps, a.QNorm.Offset)
@@ -90,10 +100,10 @@ func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
 	dev.Attention(o, q, kc, vc, &c.Paged, s)
 	if a.Gate != nil {
 		g := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim)
-		a.Gate.forward(dev, g, h, false)
+		a.Gate.Forward(dev, g, h, false)
 		c.Lin.SigmoidGate(o, o, g, false)
 	}
-	a.O.forward(dev, y, o, false)
+	a.O.Forward(dev, y, o, false)
 }
 
 // FFN is a feed-forward block on the op set.
@@ -102,9 +112,11 @@ type FFN interface {
 	Forward(c *Ctx, y, h kernels.Tensor)
 }
 
-// MLP is the SwiGLU feed-forward block: down(silu(gate(h)) ⊙ up(h)).
+// MLP is the SwiGLU feed-forward block: down(silu(gate(h)) ⊙ up(h)), or
+// with a clamp L down(silu(min(gate(h), L)) ⊙ clamp(up(h), −L, L)).
 type MLP struct {
 	Gate, Up, Down Linear
+	Limit          float32 // the SwiGLU clamp (swiglu_limit; kernels.ClampOps), 0 for none
 }
 
 // forward sets y (N, hidden) = MLP(h), or adds it to y when acc (shared
@@ -113,10 +125,14 @@ func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool) {
 	inter := m.Gate.W.Rows
 	g := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
 	u := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
-	m.Gate.forward(c.Dev, g, h, false)
-	m.Up.forward(c.Dev, u, h, false)
-	c.Dev.SwiGLU(g, g, u)
-	m.Down.forward(c.Dev, y, g, acc)
+	m.Gate.Forward(c.Dev, g, h, false)
+	m.Up.Forward(c.Dev, u, h, false)
+	if m.Limit != 0 {
+		clampOps(c.Dev).SwiGLUClamp(g, g, u, m.Limit)
+	} else {
+		c.Dev.SwiGLU(g, g, u)
+	}
+	m.Down.Forward(c.Dev, y, g, acc)
 }
 
 // Forward implements FFN.
@@ -129,6 +145,7 @@ type MoE struct {
 	Gate       *kernels.Mat // (experts, hidden) router
 	Router     kernels.Router
 	Experts    []kernels.Expert
+	Limit      float32 // the experts' SwiGLU clamp (kernels.ClampOps), 0 for none; Shared has its own
 	Shared     *MLP    // nil when absent
 	SharedGate *Linear // (1, hidden); nil when ungated
 }
@@ -141,24 +158,38 @@ func (m *MoE) Forward(c *Ctx, y, h kernels.Tensor) {
 	ids := dev.Scratch(kernels.I32, c.N, m.Router.TopK) // (N, topK)
 	w := dev.Scratch(kernels.F32, c.N, m.Router.TopK)   // (N, topK)
 	dev.Route(ids, w, logits, &m.Router)
-	dev.Experts(y, h, ids, w, m.Experts)
+	if m.Limit != 0 {
+		clampOps(dev).ExpertsClamp(y, h, ids, w, m.Experts, m.Limit)
+	} else {
+		dev.Experts(y, h, ids, w, m.Experts)
+	}
 	switch {
 	case m.SharedGate != nil:
 		sh := dev.Scratch(kernels.F32, c.N, h.Cols) // (N, hidden)
 		m.Shared.forward(c, sh, h, false)
 		g := dev.Scratch(kernels.F32, c.N, 1) // (N, 1)
-		m.SharedGate.forward(dev, g, h, false)
+		m.SharedGate.Forward(dev, g, h, false)
 		c.Lin.SigmoidGate(y, sh, g, true)
 	case m.Shared != nil:
 		m.Shared.forward(c, y, h, true)
 	}
 }
 
+// clampOps is dev's clamped SwiGLU; a model with a clamp checks for it at
+// load.
+func clampOps(dev kernels.Device) kernels.ClampOps {
+	c, ok := dev.(kernels.ClampOps)
+	if !ok {
+		panic("gqa: a clamped SwiGLU on a device without kernels.ClampOps")
+	}
+	return c
+}
+
 // Block is a pre-norm decoder layer, x += Mixer(AttnNorm(x)); x += FFN(FFNNorm(x)),
 // run with the residual adds fused into the next norm (see Forward).
 type Block struct {
 	AttnNorm *Norm // input_layernorm
-	Mixer    Mixer // *Attention or *LinearAttention
+	Mixer    Mixer
 	FFNNorm  *Norm // post_attention_layernorm
 	FFN      FFN
 }
@@ -173,28 +204,34 @@ func (b *Block) Forward(c *Ctx, x, h, y kernels.Tensor) {
 }
 
 // Uploader moves a host-loaded model's small weights (norms, biases,
-// frequencies, gate parameters) to the device, keeping the first error.
+// rotary frequencies) to the device and converts its blocks, keeping the
+// first error (Err).
 type Uploader struct {
-	Dev kernels.Device
-	Err error
+	dev kernels.Device
+	err error
 }
+
+// NewUploader returns an Uploader to dev.
+func NewUploader(dev kernels.Device) *Uploader { return &Uploader{dev: dev} }
+
+// Err is the first allocation error, or a block that is not on the op set.
+func (u *Uploader) Err() error { return u.err }
 
 // Vec uploads v as a (1, len(v)) F32 tensor; nil gives the zero Tensor.
-func (u *Uploader) Vec(v []float32) kernels.Tensor {
-	return u.Mat(v, 1, len(v))
-}
+func (u *Uploader) Vec(v []float32) kernels.Tensor { return u.Tensor(v, 1) }
 
-// Mat uploads v as a (rows, cols) F32 tensor; nil gives the zero Tensor.
-func (u *Uploader) Mat(v []float32, rows, cols int) kernels.Tensor {
-	if v == nil || u.Err != nil {
+// Tensor uploads v as a (rows, len(v)/rows) F32 tensor; nil gives the zero
+// Tensor.
+func (u *Uploader) Tensor(v []float32, rows int) kernels.Tensor {
+	if v == nil || u.err != nil || rows <= 0 {
 		return kernels.Tensor{}
 	}
-	t, err := u.Dev.Alloc(kernels.F32, rows, cols)
+	t, err := u.dev.Alloc(kernels.F32, rows, len(v)/rows)
 	if err != nil {
-		u.Err = err
+		u.err = err
 		return t
 	}
-	u.Dev.WriteF32(t, v)
+	u.dev.WriteF32(t, v)
 	return t
 }
 
@@ -206,27 +243,8 @@ func (u *Uploader) Norm(n *nn.RMSNorm) *Norm {
 	return &Norm{W: u.Vec(n.W), Eps: n.Eps, Offset: n.Offset}
 }
 
-// Linear keeps l's weight and uploads its bias.
+// Linear keeps the weight and uploads the bias.
 func (u *Uploader) Linear(l *nn.Linear) Linear { return Linear{W: l.W, B: u.Vec(l.B)} }
-
-func (u *Uploader) mlp(m *nn.MLP) *MLP {
-	if m == nil {
-		return nil
-	}
-	return &MLP{Gate: u.Linear(m.Gate), Up: u.Linear(m.Up), Down: u.Linear(m.Down)}
-}
-
-// Attention converts a loaded GQA attention block.
-func (u *Uploader) Attention(a *nn.SelfAttention) *Attention {
-	at := &Attention{
-		Layer: a.Attn.Layer,
-		Q:     u.Linear(a.Q), K: u.Linear(a.K), V: u.Linear(a.V), O: u.Linear(a.O),
-		QNorm: u.Norm(a.QNorm), KNorm: u.Norm(a.KNorm),
-		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
-	}
-	at.Rope = u.Rotary(a.Rope)
-	return at
-}
 
 // Rotary uploads a RoPE's inverse frequencies; nil gives nil.
 func (u *Uploader) Rotary(r *nn.RoPE) *kernels.Rotary {
@@ -236,11 +254,20 @@ func (u *Uploader) Rotary(r *nn.RoPE) *kernels.Rotary {
 	return &kernels.Rotary{InvFreq: u.Vec(r.InvFreq()), Dim: r.Dim, Interleaved: r.Interleaved, Scale: r.Scale}
 }
 
-// FFN converts a loaded feed-forward block (*nn.MLP or *nn.MoE).
-func (u *Uploader) FFN(f nn.FFN) (FFN, error) {
+// MLP uploads a SwiGLU MLP's biases; nil gives nil.
+func (u *Uploader) MLP(m *nn.MLP) *MLP {
+	if m == nil {
+		return nil
+	}
+	return &MLP{Gate: u.Linear(m.Gate), Up: u.Linear(m.Up), Down: u.Linear(m.Down)}
+}
+
+// FFN converts a dense SwiGLU MLP or a routed MoE (softmax or grouped
+// noaux_tc routing, optional shared experts, gated or not).
+func (u *Uploader) FFN(f nn.FFN) FFN {
 	switch f := f.(type) {
 	case *nn.MLP:
-		return u.mlp(f), u.Err
+		return u.MLP(f)
 	case *nn.MoE:
 		r := f.Router
 		m := &MoE{
@@ -250,22 +277,37 @@ func (u *Uploader) FFN(f nn.FFN) (FFN, error) {
 				Scale: r.Scale, Groups: r.Groups, TopKGroups: r.TopKGroups,
 			},
 			Experts: f.Experts,
-			Shared:  u.mlp(f.Shared),
+			Shared:  u.MLP(f.Shared),
 		}
 		if f.SharedGate != nil {
 			g := u.Linear(f.SharedGate)
 			m.SharedGate = &g
 		}
-		return m, u.Err
+		return m
 	}
-	return nil, fmt.Errorf("gqa: feed-forward block %T is not on the op set", f)
+	u.Fail(fmt.Errorf("gqa: feed-forward block %T is not on the op set", f))
+	return nil
 }
 
-// Block converts a loaded GQA block.
-func (u *Uploader) Block(b *nn.Block) (*Block, error) {
-	ffn, err := u.FFN(b.FFN)
-	if err != nil {
-		return nil, err
+// Fail records err (the first one is kept).
+func (u *Uploader) Fail(err error) {
+	if u.err == nil {
+		u.err = err
 	}
-	return &Block{AttnNorm: u.Norm(b.AttnNorm), Mixer: u.Attention(b.Attn), FFNNorm: u.Norm(b.FFNNorm), FFN: ffn}, u.Err
+}
+
+// Attention converts a loaded GQA attention block.
+func (u *Uploader) Attention(a *nn.SelfAttention) *Attention {
+	return &Attention{
+		Layer: a.Attn.Layer,
+		Q:     u.Linear(a.Q), K: u.Linear(a.K), V: u.Linear(a.V), O: u.Linear(a.O),
+		QNorm: u.Norm(a.QNorm), KNorm: u.Norm(a.KNorm),
+		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
+		Rope:  u.Rotary(a.Rope),
+	}
+}
+
+// Block converts a loaded host GQA block.
+func (u *Uploader) Block(b *nn.Block) *Block {
+	return &Block{AttnNorm: u.Norm(b.AttnNorm), Mixer: u.Attention(b.Attn), FFNNorm: u.Norm(b.FFNNorm), FFN: u.FFN(b.FFN)}
 }

@@ -16,11 +16,11 @@ func (p Proj) Out() int { return p[len(p)-1].W.Rows }
 func (p Proj) forward(c *Ctx, dst, x kernels.Tensor) {
 	for i := range p {
 		if i == len(p)-1 {
-			p[i].forward(c.Dev, dst, x, false)
+			p[i].Forward(c.Dev, dst, x, false)
 			break
 		}
 		t := c.Dev.Scratch(kernels.F32, c.N, p[i].W.Rows) // (N, rank)
-		p[i].forward(c.Dev, t, x, false)
+		p[i].Forward(c.Dev, t, x, false)
 		x = t
 	}
 }
@@ -46,12 +46,12 @@ type LinearAttention struct {
 	Norm  *Norm        // (1, DV) gated RMSNorm weight (plain w)
 	Gate  kernels.Gate // the output gate: SiLU (GDN) or sigmoid (KDA)
 	Out   Linear       // (hidden, Hv·DV)
-	ConvK int          // conv kernel width K
+	Width int          // conv kernel width K
 }
 
 // StateShape is the layer's per-sequence state.
 func (m *LinearAttention) StateShape() linattn.LayerShape {
-	return linattn.LayerShape{Heads: m.Net.Heads, DK: m.Net.DK, DV: m.Net.DV, ConvK: m.ConvK, ConvChannels: m.Net.QKVWidth()}
+	return linattn.LayerShape{Heads: m.Net.Heads, DK: m.Net.DK, DV: m.Net.DV, ConvK: m.Width, ConvChannels: m.Net.QKVWidth()}
 }
 
 // Forward implements Mixer.
@@ -59,17 +59,17 @@ func (m *LinearAttention) Forward(c *Ctx, y, h kernels.Tensor) {
 	dev, n, net := c.Dev, c.N, &m.Net
 	s, conv := c.States(m.Slot)
 	qkv := dev.Scratch(kernels.F32, n, net.QKVWidth()) // (N, 2·Hk·DK + Hv·DV) [q | k | v]
-	m.QKV.forward(dev, qkv, h, false)
+	m.QKV.Forward(dev, qkv, h, false)
 	c.Lin.ShortConv(qkv, qkv, m.Conv, conv, c.Rec)
 	a := dev.Scratch(kernels.F32, n, m.A.Out()) // (N, Hv) or (N, Hv·DK)
 	m.A.forward(c, a, h)
 	b := dev.Scratch(kernels.F32, n, net.Heads) // (N, Hv)
-	m.B.forward(dev, b, h, false)
+	m.B.Forward(dev, b, h, false)
 	o := dev.Scratch(kernels.F32, n, net.Heads*net.DV) // (N, Hv·DV)
 	c.Lin.DeltaRule(o, qkv, a, b, s, c.Rec, net)
 	z := dev.Scratch(kernels.F32, n, net.Heads*net.DV) // (N, Hv·DV)
 	m.Z.forward(c, z, h)
 	oh, zh := o.Reshape(n*net.Heads, net.DV), z.Reshape(n*net.Heads, net.DV)
 	c.Lin.GatedRMSNorm(oh, oh, zh, m.Norm.W, m.Norm.Eps, m.Gate)
-	m.Out.forward(dev, y, o, false)
+	m.Out.Forward(dev, y, o, false)
 }

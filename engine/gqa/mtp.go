@@ -21,7 +21,7 @@ type NextN struct {
 	Embed        *kernels.Mat // (vocab, hidden) its own embedding; nil: the decoder's
 	ENorm, HNorm *Norm        // (hidden) each
 	EH, HH       Linear
-	Block        *Block       // GQA attention at cache layer len(Layout) of the decoder
+	Block        *Block       // at cache layer len(Layout) of the decoder
 	Norm         *Norm        // shared_head.norm (hidden)
 	Head         *kernels.Mat // (vocab, hidden)
 }
@@ -32,44 +32,55 @@ type MTPDecoder struct {
 	MTP *NextN
 }
 
-// AddNextN converts a host-loaded NextN layer (block at cache layer
-// len(d.Layout), which it appends) and returns the model with it.
-func (d *Decoder) AddNextN(enorm, hnorm *nn.RMSNorm, ehProj *nn.Linear, block *nn.Block, norm *nn.RMSNorm, head *kernels.Mat) (*MTPDecoder, error) {
-	u := &Uploader{Dev: d.Dev}
-	blk, err := u.Block(block)
-	if err != nil {
-		return nil, err
-	}
-	e, h, err := SplitCols(ehProj.W)
-	if err != nil {
-		return nil, err
-	}
-	m := &NextN{
-		ENorm: u.Norm(enorm), HNorm: u.Norm(hnorm),
-		EH: Linear{W: e, B: u.Vec(ehProj.B)}, HH: Linear{W: h},
-		Block: blk, Norm: u.Norm(norm), Head: head,
-	}
-	if u.Err != nil {
-		return nil, u.Err
-	}
-	return d.WithNextN(m)
+// HasNextN reports whether the config declares a NextN layer
+// (num_nextn_predict_layers ≥ 1) and the checkpoint holds it, as
+// model.layers.{layers}.
+func HasNextN(l *nn.Loader, nextn, layers int) bool {
+	return nextn > 0 && l.Has(fmt.Sprintf("model.layers.%d.eh_proj.weight", layers))
 }
 
-// WithNextN returns d with the NextN layer m, whose block's attention
-// takes the cache layer it appends to d.Layout.
-func (d *Decoder) WithNextN(m *NextN) (*MTPDecoder, error) {
-	at, ok := m.Block.Mixer.(*Attention)
-	if !ok {
-		return nil, fmt.Errorf("gqa: NextN block mixer %T, want attention", m.Block.Mixer)
+// LoadNextN loads the prologue (enorm, hnorm, eh_proj) and the head
+// (shared_head.norm, shared_head.head, lmHead when the checkpoint omits
+// it: released checkpoints hold a copy of lm_head) of the NextN layer
+// model.layers.{layer} around block, which the caller loaded and which
+// caches in layer `layer`. Errors are the loader's and the uploader's.
+func LoadNextN(l *nn.Loader, u *Uploader, layer, hidden int, eps float32, block *Block, lmHead *kernels.Mat) (*NextN, error) {
+	return LoadNextNAt(l, u, fmt.Sprintf("model.layers.%d.", layer), hidden, eps, block, lmHead)
+}
+
+// LoadNextNAt is LoadNextN for a NextN layer under the tensor prefix pre
+// (a vision-language checkpoint's "model.language_model.layers.N.").
+func LoadNextNAt(l *nn.Loader, u *Uploader, pre string, hidden int, eps float32, block *Block, lmHead *kernels.Mat) (*NextN, error) {
+	eh := l.Linear(pre+"eh_proj", hidden, 2*hidden, false)
+	m := &NextN{
+		ENorm: u.Norm(l.RMSNorm(pre+"enorm", hidden, eps, false)),
+		HNorm: u.Norm(l.RMSNorm(pre+"hnorm", hidden, eps, false)),
+		Block: block,
+		Norm:  u.Norm(l.RMSNorm(pre+"shared_head.norm", hidden, eps, false)),
+		Head:  lmHead,
 	}
-	if at.Layer != len(d.Layout) {
-		return nil, fmt.Errorf("gqa: NextN block at cache layer %d, want %d", at.Layer, len(d.Layout))
+	if l.Has(pre + "shared_head.head.weight") {
+		m.Head = l.Mat(pre+"shared_head.head.weight", lmHead.Rows, hidden)
 	}
-	if needsLin(m.Block) && d.lin == nil {
-		return nil, fmt.Errorf("%w: backend %s lacks the linear-attention ops the MTP layer needs", model.ErrOpSet, d.Dev.Name())
+	if err := l.Err(); err != nil {
+		return nil, err
 	}
-	kv := at.Shape.KVHeads * at.Shape.HeadDim
-	d.Layout = append(d.Layout, kvcache.LayerWidth{K: kv, V: kv, DType: d.Layout[0].DType})
+	e, h, err := SplitCols(eh.W)
+	if err != nil {
+		return nil, err
+	}
+	m.EH, m.HH = Linear{W: e, B: u.Vec(eh.B)}, Linear{W: h}
+	return m, u.Err()
+}
+
+// WithNextN returns d with the NextN layer m, whose block caches in the
+// layer it appends to d's layout (width, in d's cache dtype).
+func (d *Decoder) WithNextN(m *NextN, width kvcache.LayerWidth) (*MTPDecoder, error) {
+	if err := d.checkLin(m.Block); err != nil {
+		return nil, err
+	}
+	width.DType = d.Layout[0].DType
+	d.Layout = append(d.Layout, width)
 	return &MTPDecoder{Decoder: d, MTP: m}, nil
 }
 
@@ -77,11 +88,11 @@ func (d *Decoder) WithNextN(m *NextN) (*MTPDecoder, error) {
 func (m *MTPDecoder) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
 	d, hs := m.Decoder, m.Embed.Cols
 	validate := func() error { return b.ValidateHidden(hidden, hs) }
-	return d.forward(b, m.MTP.Head.Rows, validate, func(st *step) (*model.Output, error) { return m.mtp(b, st, hidden) })
+	return d.forward(b, m.MTP.Head.Rows, validate, func(st *Step) (*model.Output, error) { return m.mtp(b, st, hidden) })
 }
 
 // mtp runs the NextN layer; d.mu is held.
-func (m *MTPDecoder) mtp(b *model.Batch, st *step, hidden [][]float32) (*model.Output, error) {
+func (m *MTPDecoder) mtp(b *model.Batch, st *Step, hidden [][]float32) (*model.Output, error) {
 	d, hs := m.Decoder, m.Embed.Cols
 	var err error
 	n := b.Tokens()
@@ -104,12 +115,12 @@ func (m *MTPDecoder) mtp(b *model.Batch, st *step, hidden [][]float32) (*model.O
 		if embed == nil {
 			embed = d.Embed
 		}
-		dev.Embed(e, embed, st.ids)
+		dev.Embed(e, embed, st.IDs)
 		dev.RMSNorm(e, e, nx.ENorm.W, nx.ENorm.Eps, nx.ENorm.Offset)
 		hn := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
 		dev.RMSNorm(hn, hid, nx.HNorm.W, nx.HNorm.Eps, nx.HNorm.Offset)
-		nx.EH.forward(dev, x, e, false)
-		nx.HH.forward(dev, x, hn, true)
+		nx.EH.Forward(dev, x, e, false)
+		nx.HH.Forward(dev, x, hn, true)
 	}
 	return d.run(b, st, prologue, []*Block{nx.Block}, nx.Norm, nx.Head), nil
 }

@@ -59,3 +59,24 @@ func SelectRows(w *kernels.Mat, idx []int) (*kernels.Mat, error) {
 	}
 	return out, nil
 }
+
+// StackRows concatenates matrices of one dtype and width by rows (several
+// projections of one input as one product). Every dtype stores rows
+// independently, except F8E4M3 with block scales, whose row blocks must
+// not straddle two matrices.
+func StackRows(ms ...*kernels.Mat) (*kernels.Mat, error) {
+	first := ms[0]
+	out := &kernels.Mat{DType: first.DType, Cols: first.Cols, BlockRows: first.BlockRows, BlockCols: first.BlockCols}
+	for _, m := range ms {
+		if m.DType != first.DType || m.Cols != first.Cols || m.BlockRows != first.BlockRows || m.BlockCols != first.BlockCols {
+			return nil, fmt.Errorf("gqa: cannot stack %v (%d, %d) onto %v (%d, %d)", m.DType, m.Rows, m.Cols, first.DType, first.Rows, first.Cols)
+		}
+		if m.DType == kernels.F8E4M3 && m.BlockRows > 0 && m.Rows%m.BlockRows != 0 {
+			return nil, fmt.Errorf("gqa: cannot stack F8E4M3 rows (%d) that do not fill their scale blocks (%d)", m.Rows, m.BlockRows)
+		}
+		out.Rows += m.Rows
+		out.Data = append(out.Data, m.Data[:m.DType.RowBytes(m.Cols)*m.Rows]...)
+		out.Scale = append(out.Scale, m.Scale...)
+	}
+	return out, nil
+}

@@ -90,7 +90,3 @@ func NewStatePool(m StateModel, budget int64) (*linattn.StatePool, error) {
 	}
 	return linattn.NewStatePool(m.StateLayout(), budget)
 }
-
-// ErrOpSet is matched (errors.Is) by a constructor's error when the backend
-// lacks ops the architecture needs, so a caller can pick another backend.
-var ErrOpSet = errors.New("the backend lacks ops this architecture needs")

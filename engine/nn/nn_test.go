@@ -319,7 +319,7 @@ func TestArena(t *testing.T) {
 	m := a.Mark()
 	y := a.Get(5)
 	a.Release(m)
-	z := a.Zeros(5)
+	z := a.Get(5)
 	if len(x) != 10 || len(y) != 5 || len(z) != 5 {
 		t.Fatal("lengths")
 	}

@@ -211,7 +211,7 @@
 //     under pressure. Matching is a scan of at most Options.PrefixCache
 //     prefixes per admission; a radix tree would scale to many more.
 //   - Per-token recurrent states: a model that recorded the state after
-//     each verified token (DeltaRule Seq.StatesAfter, Conv.SaveStates) into
+//     each verified token (a DeltaRule and ShortConv that also write them) into
 //     per-position snapshots would let a hybrid restore the accepted
 //     position directly, with no recomputation and no 8-token window.
 //

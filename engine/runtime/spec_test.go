@@ -474,6 +474,10 @@ type oracle struct {
 	hist map[*kvcache.Seq][]int32 // each sequence's tokens by position, as the passes have seen them
 }
 
+// Unwrap returns the wrapped model (model.NewCache and model.NewStatePool
+// find its device).
+func (o *oracle) Unwrap() model.Model { return o.MTPModel }
+
 // oracleHybrid is an oracle over a model with recurrent state.
 type oracleHybrid struct{ *oracle }
 
@@ -511,9 +515,6 @@ func (o *oracle) Forward(b *model.Batch) (*model.Output, error) {
 	o.mu.Unlock()
 	return o.MTPModel.Forward(b)
 }
-
-// Unwrap returns the wrapped model (model.NewCache finds its device).
-func (o *oracle) Unwrap() model.Model { return o.MTPModel }
 
 func (o *oracle) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
 	out, err := o.MTPModel.ForwardMTP(b, hidden)

@@ -45,8 +45,8 @@ func (l *loader) gdn(prefix string, slot int) *gqa.LinearAttention {
 		Z:     gqa.Proj{{W: l.selectRows(qkvz, rows(group, 2*dk+r*dv, r*dv))}},
 		A:     gqa.Proj{{W: l.selectRows(ba, rows(2*r, r, r))}},
 		B:     gqa.Linear{W: l.selectRows(ba, rows(2*r, 0, r))},
-		Conv:  u.Mat(conv, convDim, p.convK),
-		ConvK: p.convK,
+		Conv:  u.Tensor(conv, convDim),
+		Width: p.convK,
 		Net: kernels.DeltaNet{
 			Heads: hv, KeyHeads: hk, DK: dk, DV: dv,
 			ALog:   u.Vec(l.Tensor(prefix+"A_log", hv)),

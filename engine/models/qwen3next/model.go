@@ -155,13 +155,13 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	}
 	dev, ok := be.(kernels.Device)
 	if !ok {
-		return nil, fmt.Errorf("%w: backend %s does not implement the op set (kernels.Device)", model.ErrOpSet, be.Name())
+		return nil, &model.OpsError{Backend: be.Name(), Missing: "the op set (kernels.Device)"}
 	}
 	rope, err := transformer.NewRoPE(p.Params)
 	if err != nil {
 		return nil, err
 	}
-	l := &loader{Loader: nn.NewLoader(w), u: &gqa.Uploader{Dev: dev}, p: &p}
+	l := &loader{Loader: nn.NewLoader(w), u: gqa.NewUploader(dev), p: &p}
 	rot := l.u.Rotary(rope) // uploaded once, shared by the attention layers
 	var blocks []*gqa.Block
 	var layout kvcache.Layout // (layers [+1 MTP]) zero width for linear layers
@@ -193,23 +193,20 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	if l.u.Err != nil {
-		return nil, l.u.Err
+	if err := l.u.Err(); err != nil {
+		return nil, err
 	}
-	d, err := gqa.Assemble(dev, "qwen3_next", embed, blocks, norm, head, layout, p.MaxContext)
+	d, err := gqa.NewDecoder(dev, "qwen3_next", embed, blocks, norm, head, layout, p.MaxContext)
 	if err != nil || nx == nil {
 		return d, err
 	}
-	return d.WithNextN(nx)
+	return d.WithNextN(nx, kvcache.LayerWidth{K: kvw, V: kvw})
 }
 
 // block loads the norms and FFN of the pre-norm layer under pre around mix.
 func (l *loader) block(pre string, mix gqa.Mixer, sparse bool) *gqa.Block {
 	p := l.p
-	ffn, err := l.u.FFN(loadFFN(l.Loader, p, pre+"mlp", sparse))
-	if err != nil {
-		l.Fail(err)
-	}
+	ffn := l.u.FFN(loadFFN(l.Loader, p, pre+"mlp", sparse))
 	return &gqa.Block{
 		AttnNorm: l.u.Norm(l.RMSNorm(pre+"input_layernorm", p.Hidden, p.Eps, true)),
 		Mixer:    mix,
