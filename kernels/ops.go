@@ -388,7 +388,10 @@ type LinearAttentionOps interface {
 	//	S ← diag(e^g)·S;  δ = β(v − Sᵀk);  S ← S + k·δᵀ;  o = Sᵀq
 	//
 	// A backend runs it token by token (decode, short chunks) or in the
-	// chunked WY form (prefill), in float64; the two agree to rounding.
+	// chunked WY form (prefill), in float64; the two agree to rounding. A
+	// sequence of at most 8 rows must take the token-by-token form, which
+	// rounds the state to float32 after every row: speculative verification
+	// then reproduces plain decoding bit for bit (engine/runtime).
 	DeltaRule(out, qkv, a, b, state Tensor, r *Recurrent, n *DeltaNet)
 
 	// GatedRMSNorm sets dst (R, D) = w ⊙ rmsnorm(x) ⊙ gate(z) for x, z

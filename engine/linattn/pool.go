@@ -90,10 +90,22 @@ type devStore struct {
 // Slot is one sequence's state in a StatePool. Its ID is a small integer,
 // unique among live slots, reused after Free.
 type Slot struct {
-	id   int
+	id int
+	store
+}
+
+// store is where a slot's or snapshot's state lives.
+type store struct {
 	buf  []float32 // host pools: the state; nil once freed
 	row  int       // device pools: the row in the pool's tensors
 	live bool
+}
+
+// check panics unless st is live; what names it in the message.
+func (st *store) check(what string) {
+	if !st.live {
+		panic("linattn: use of a freed " + what)
+	}
 }
 
 // ID returns the slot's index in [0, peak number of live slots).
@@ -101,11 +113,7 @@ func (s *Slot) ID() int { return s.id }
 
 // Snapshot is a copy of one slot's state (speculative rollback, turn
 // checkpoints), laid out as a slot.
-type Snapshot struct {
-	buf  []float32 // host pools
-	row  int       // device pools
-	live bool
-}
+type Snapshot struct{ store }
 
 // NewStatePool makes a pool for the given linear layers (in model order,
 // linear layers only) with room for budgetBytes of slots and snapshots.
@@ -308,7 +316,7 @@ func (p *StatePool) Alloc() (*Slot, error) {
 		p.nextID++
 	}
 	p.mu.Unlock()
-	return &Slot{id: id, buf: buf, row: row, live: true}, nil
+	return &Slot{id: id, store: store{buf: buf, row: row, live: true}}, nil
 }
 
 // Free returns a slot's memory to the pool. Using the slot afterwards, or
@@ -340,19 +348,42 @@ func (p *StatePool) devCopy(dst, src int) {
 	p.mu.Unlock()
 }
 
-func (p *StatePool) check(s *Slot) {
-	if s == nil || !s.live {
-		panic("linattn: use of a freed or nil Slot")
+// copyState copies src's state over dst's (both live): a row copy on the
+// backend, or a host copy.
+func (p *StatePool) copyState(dst, src *store) {
+	if p.dev != nil {
+		p.devCopy(dst.row, src.row)
+		return
 	}
+	copy(p.host(dst), p.host(src))
+}
+
+func (p *StatePool) check(s *Slot) {
+	if s == nil {
+		panic("linattn: use of a nil Slot")
+	}
+	s.check("Slot")
+}
+
+func (p *StatePool) checkSnap(sn *Snapshot) {
+	if sn == nil {
+		panic("linattn: use of a nil Snapshot")
+	}
+	sn.check("Snapshot")
+}
+
+// host is a host pool's buffer of st.
+func (p *StatePool) host(st *store) []float32 {
+	if p.dev != nil {
+		panic("linattn: host access to a device state pool")
+	}
+	return st.buf
 }
 
 // buf is a host slot's buffer.
 func (p *StatePool) buf(s *Slot) []float32 {
 	p.check(s)
-	if p.dev != nil {
-		panic("linattn: host access to a device state pool")
-	}
-	return s.buf
+	return p.host(&s.store)
 }
 
 // S returns layer l's delta-rule state in slot s, [Heads, DK, DV].
@@ -374,13 +405,9 @@ func (p *StatePool) convOf(buf []float32, l int) []float32 {
 // Copy copies every layer's state of src into dst (conversation reuse:
 // fork a sequence from a checkpointed turn boundary).
 func (p *StatePool) Copy(dst, src *Slot) {
-	if p.dev != nil {
-		p.check(dst)
-		p.check(src)
-		p.devCopy(dst.row, src.row)
-		return
-	}
-	copy(p.buf(dst), p.buf(src))
+	p.check(dst)
+	p.check(src)
+	p.copyState(&dst.store, &src.store)
 }
 
 // NewSnapshot allocates a (zeroed) snapshot buffer from the budget.
@@ -389,7 +416,7 @@ func (p *StatePool) NewSnapshot() (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Snapshot{buf: buf, row: row, live: true}, nil
+	return &Snapshot{store{buf: buf, row: row, live: true}}, nil
 }
 
 // FreeSnapshot returns a snapshot's memory to the pool.
@@ -400,41 +427,24 @@ func (p *StatePool) FreeSnapshot(sn *Snapshot) {
 	p.give(buf, row)
 }
 
-func (p *StatePool) checkSnap(sn *Snapshot) {
-	if sn == nil || !sn.live {
-		panic("linattn: use of a freed or nil Snapshot")
-	}
-}
-
 // snapBuf is a host snapshot's buffer.
 func (p *StatePool) snapBuf(sn *Snapshot) []float32 {
 	p.checkSnap(sn)
-	if p.dev != nil {
-		panic("linattn: host access to a device state pool")
-	}
-	return sn.buf
+	return p.host(&sn.store)
 }
 
 // Snapshot copies slot src's state into dst.
 func (p *StatePool) Snapshot(dst *Snapshot, src *Slot) {
-	if p.dev != nil {
-		p.checkSnap(dst)
-		p.check(src)
-		p.devCopy(dst.row, src.row)
-		return
-	}
-	copy(p.snapBuf(dst), p.buf(src))
+	p.checkSnap(dst)
+	p.check(src)
+	p.copyState(&dst.store, &src.store)
 }
 
 // Restore copies snapshot src back into slot dst.
 func (p *StatePool) Restore(dst *Slot, src *Snapshot) {
-	if p.dev != nil {
-		p.check(dst)
-		p.checkSnap(src)
-		p.devCopy(dst.row, src.row)
-		return
-	}
-	copy(p.buf(dst), p.snapBuf(src))
+	p.check(dst)
+	p.checkSnap(src)
+	p.copyState(&dst.store, &src.store)
 }
 
 // SnapshotS returns layer l's S inside a snapshot, [Heads, DK, DV]: pass it

@@ -189,36 +189,34 @@ func TestDevicePool(t *testing.T) {
 	if p.BytesPerSeq() != per || p.Memory() != kernels.Memory(dev) {
 		t.Fatalf("BytesPerSeq %d, want %d", p.BytesPerSeq(), per)
 	}
-	// fill sets every value of s's rows to v; read returns them.
-	fill := func(s *Slot, v float32) {
+	// rows are s's rows of every state tensor.
+	rows := func(s *Slot) []kernels.Tensor {
+		var out []kernels.Tensor
 		for l := range p.Layers() {
 			st, conv := p.Tensors(l)
 			for _, x := range []kernels.Tensor{st, conv} {
-				if !x.Valid() {
-					continue
+				if x.Valid() {
+					out = append(out, x.Slice(p.Row(s), p.Row(s)+1))
 				}
-				row := x.Slice(p.Row(s), p.Row(s)+1)
-				vals := make([]float32, row.Elems())
-				for i := range vals {
-					vals[i] = v
-				}
-				dev.WriteF32(row, vals)
 			}
+		}
+		return out
+	}
+	fill := func(s *Slot, v float32) {
+		for _, r := range rows(s) {
+			vals := make([]float32, r.Elems())
+			for i := range vals {
+				vals[i] = v
+			}
+			dev.WriteF32(r, vals)
 		}
 	}
 	read := func(s *Slot) []float32 {
 		var out []float32
-		for l := range p.Layers() {
-			st, conv := p.Tensors(l)
-			for _, x := range []kernels.Tensor{st, conv} {
-				if !x.Valid() {
-					continue
-				}
-				row := x.Slice(p.Row(s), p.Row(s)+1)
-				vals := make([]float32, row.Elems())
-				dev.ReadF32(vals, row)
-				out = append(out, vals...)
-			}
+		for _, r := range rows(s) {
+			vals := make([]float32, r.Elems())
+			dev.ReadF32(vals, r)
+			out = append(out, vals...)
 		}
 		return out
 	}

@@ -9,7 +9,8 @@ import (
 
 // StateModel is implemented by models with linear-attention layers, whose
 // per-sequence recurrent state lives in a linattn.StatePool slot rather than
-// in the paged KV cache.
+// in the paged KV cache. A model may implement it with an empty layout (no
+// linear layers, as gqa.Decoder without them): it then needs no pool.
 type StateModel interface {
 	Model
 	// StateLayout is the shape of one sequence's slot: one entry per linear

@@ -14,8 +14,9 @@ import (
 
 var _ kernels.LinearAttentionOps = (*Backend)(nil)
 
-// recurrentMaxT is the longest chunk the delta rule runs token by token.
-// On a CPU the two forms cost about the same per token for long prompts
+// recurrentMaxT is the longest chunk the delta rule runs token by token: 8,
+// the op's contract (speculative verification equals plain decoding). On a
+// CPU the two forms cost about the same per token for long prompts
 // (both are dominated by ~3·DK·DV multiply-adds per token and head); the
 // chunked form's start-up cost loses for a few tokens.
 const recurrentMaxT = 8
@@ -26,6 +27,24 @@ const deltaChunk = 32
 
 // convBlock is the channel block of one ShortConv work item.
 const convBlock = 64
+
+// minSplitWork is the least work (multiply-adds, roughly) worth spreading
+// over the pool: a wake-up of the helpers costs about as much as 16k
+// elements, and on a loaded machine much more, so a decode step's small
+// per-row ops run on the caller.
+const minSplitWork = 1 << 16
+
+// split is Parallel for n items of cost work each, run serially when the
+// whole is below minSplitWork.
+func (b *Backend) split(n, cost int, fn func(lo, hi int)) {
+	if n*cost < minSplitWork {
+		if n > 0 {
+			fn(0, n)
+		}
+		return
+	}
+	b.Parallel(n, fn)
+}
 
 // linScratch is the delta rule's host scratch, reused between calls.
 type linScratch struct {
@@ -94,7 +113,7 @@ func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurren
 	y, xs, ws, st := f32(dst), f32(x), f32(w), f32(state)
 	nb := (C + convBlock - 1) / convBlock
 	ss, sr := r.Start.Stride, r.Slot.Stride
-	b.Parallel(r.Slot.Rows*nb, func(lo, hi int) {
+	b.split(r.Slot.Rows*nb, x.Rows/max(r.Slot.Rows, 1)*convBlock*K, func(lo, hi int) {
 		for it := lo; it < hi; it++ {
 			s, blk := it/nb, it%nb
 			r0, r1 := int(start[s*ss]), int(start[(s+1)*ss])
@@ -171,7 +190,7 @@ func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Re
 	g := grow(&ls.g, rows*gw)
 	beta := grow(&ls.beta, rows*H)
 	qs := float32(1 / math.Sqrt(float64(dk)))
-	b.Parallel(rows, func(lo, hi int) {
+	b.split(rows, 4*kw+2*gw, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			row := qk[i*2*kw : (i+1)*2*kw]
 			copy(row, xs[i*w:i*w+2*kw])
@@ -188,7 +207,7 @@ func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Re
 	o, st := f32(out), f32(state)
 	rule := &deltaRule{Heads: H, KeyHeads: Hk, DK: dk, DV: dv, PerChannel: n.PerChannel}
 	ss, sr := r.Start.Stride, r.Slot.Stride
-	b.Parallel(r.Slot.Rows*H, func(lo, hi int) {
+	b.split(r.Slot.Rows*H, rows/max(r.Slot.Rows, 1)*3*dk*dv, func(lo, hi int) {
 		var rw *recWS
 		var cw *chunkWS
 		for it := lo; it < hi; it++ {
@@ -240,7 +259,7 @@ func (b *Backend) GatedRMSNorm(dst, x, z, w kernels.Tensor, eps float32, gate ke
 		panic("cpu: GatedRMSNorm weight width")
 	}
 	y, xs, zs, ws, d := f32(dst), f32(x), f32(z), f32(w), x.Cols
-	b.Parallel(x.Rows, func(lo, hi int) {
+	b.split(x.Rows, 4*d, func(lo, hi int) {
 		ref.GatedRMSNorm(y[lo*d:hi*d], xs[lo*d:hi*d], zs[lo*d:hi*d], ws, eps, gate)
 	})
 }
@@ -255,7 +274,7 @@ func (b *Backend) SigmoidGate(dst, x, gate kernels.Tensor, accumulate bool) {
 		panic("cpu: SigmoidGate shapes do not match")
 	}
 	y, xs, gs := f32(dst), f32(x), f32(gate)
-	b.Parallel(x.Rows, func(lo, hi int) {
+	b.split(x.Rows, 4*c, func(lo, hi int) {
 		ref.SigmoidGate(y[lo*c:hi*c], xs[lo*c:hi*c], gs[lo*gc:hi*gc], c, accumulate)
 	})
 }

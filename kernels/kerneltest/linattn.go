@@ -110,17 +110,16 @@ func shortConvTest(t *testing.T, d kernels.Device, la kernels.LinearAttentionOps
 
 // deltaCase is a delta-rule layer and the sequences of one call.
 type deltaCase struct {
-	name        string
-	n           kernels.DeltaNet
-	lens        []int
-	slots       []int32
-	decayLo     float32 // the raw decay input a is drawn from [decayLo, decayLo+2)
-	aLogLo      float32
-	nSlots      int
-	gateWidth   int
-	qkvW, stW   int
-	aLog, dtB   []float32
-	aLogT, dtBT kernels.Tensor
+	name      string
+	n         kernels.DeltaNet
+	lens      []int
+	slots     []int32
+	decayLo   float32 // the raw decay input a is drawn from [decayLo, decayLo+2)
+	aLogLo    float32
+	nSlots    int
+	gateWidth int
+	qkvW, stW int
+	aLog, dtB []float32 // the layer's A_log and dt_bias on the host
 }
 
 func deltaCases() []*deltaCase {
@@ -146,8 +145,7 @@ func (c *deltaCase) setup(t *testing.T, d kernels.Device, rng *rand.Rand) {
 	for i := range c.aLog {
 		c.aLog[i] = c.aLogLo + float32(rng.Float64())
 	}
-	c.aLogT, c.dtBT = newBuf(t, d, 1, c.n.Heads, c.aLog).t, newBuf(t, d, 1, c.gateWidth, c.dtB).t
-	c.n.ALog, c.n.DtBias = c.aLogT, c.dtBT
+	c.n.ALog, c.n.DtBias = newBuf(t, d, 1, c.n.Heads, c.aLog).t, newBuf(t, d, 1, c.gateWidth, c.dtB).t
 }
 
 // inputs draws rows of qkv, a and b.

@@ -110,3 +110,103 @@ func TestDeltaGates(t *testing.T) {
 		}
 	}
 }
+
+// TestNorms checks L2Normalize and GatedRMSNorm against their formulas, and
+// the L2 norm's eps: a zero vector stays zero, a tiny one is not blown up.
+func TestNorms(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 31))
+	v := make([]float32, 16)
+	for i := range v {
+		v[i] = float32(2 * rng.NormFloat64())
+	}
+	x := append([]float32(nil), v...)
+	ref.L2Normalize(x, 0.25)
+	var ss float64
+	for _, e := range v {
+		ss += float64(e) * float64(e)
+	}
+	for i, e := range v {
+		if want := float32(float64(e) * 0.25 / math.Sqrt(ss+1e-6)); x[i] != want {
+			t.Fatalf("L2Normalize[%d] = %g, want %g", i, x[i], want)
+		}
+	}
+	z := []float32{0, 0, 1e-5, 0}
+	ref.L2Normalize(z[:2], 1)
+	ref.L2Normalize(z[2:], 1)
+	if z[0] != 0 || z[1] != 0 || !(z[2] > 0 && z[2] < 0.01) {
+		t.Errorf("eps handling: %v", z)
+	}
+
+	const d, rows = 12, 5
+	r := func(n int, s float64) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(s * rng.NormFloat64())
+		}
+		return v
+	}
+	xs, zs, w := r(rows*d, 1.5), r(rows*d, 2), r(d, 1)
+	for _, gate := range []kernels.Gate{kernels.GateSiLU, kernels.GateSigmoid} {
+		got := make([]float32, len(xs))
+		ref.GatedRMSNorm(got, xs, zs, w, 1e-5, gate)
+		for r := range rows {
+			var ms float64
+			for i := range d {
+				ms += float64(xs[r*d+i]) * float64(xs[r*d+i])
+			}
+			ms /= d
+			for i := range d {
+				zi := float64(zs[r*d+i])
+				g := 1 / (1 + math.Exp(-zi))
+				if gate == kernels.GateSiLU {
+					g *= zi
+				}
+				want := float64(w[i]) * float64(xs[r*d+i]) / math.Sqrt(ms+1e-5) * g
+				if math.Abs(float64(got[r*d+i])-want) > 1e-6*max(1, math.Abs(want)) {
+					t.Errorf("gate %d [%d,%d] = %g, want %g", gate, r, i, got[r*d+i], want)
+				}
+			}
+		}
+	}
+}
+
+// TestShortConv checks the convolution against its formula over the
+// history and the new rows, and that a sequence fed in pieces leaves the
+// same outputs and state as in one call.
+func TestShortConv(t *testing.T) {
+	rng := rand.New(rand.NewPCG(33, 33))
+	const C, K, T = 5, 4, 9
+	r := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	x, w, s0 := r(T*C), r(C*K), r((K-1)*C)
+	all := append(append([]float32(nil), s0...), x...) // (K−1+T, C) raw inputs
+	state := append([]float32(nil), s0...)
+	y := make([]float32, T*C)
+	ref.ShortConv(y, x, w, state, T, C, K)
+	for tt := range T {
+		for ch := range C {
+			var acc float64
+			for j := range K {
+				acc += float64(w[ch*K+j]) * float64(all[(tt+j)*C+ch])
+			}
+			want := acc / (1 + math.Exp(-acc))
+			if math.Abs(float64(y[tt*C+ch])-want) > 1e-6*max(1, math.Abs(want)) {
+				t.Fatalf("y[%d,%d] = %g, want %g", tt, ch, y[tt*C+ch], want)
+			}
+		}
+	}
+	near(t, "state", state, all[T*C:], 0)
+	// In pieces of 1, 3 and 5 rows, in place.
+	st := append([]float32(nil), s0...)
+	xp := append([]float32(nil), x...)
+	for _, p := range [][2]int{{0, 1}, {1, 4}, {4, 9}} {
+		ref.ShortConv(xp[p[0]*C:p[1]*C], xp[p[0]*C:p[1]*C], w, st, p[1]-p[0], C, K)
+	}
+	near(t, "pieces", xp, y, 0)
+	near(t, "pieces state", st, state, 0)
+}
