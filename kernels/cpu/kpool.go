@@ -86,7 +86,8 @@ func (b *Backend) StoreKPool(cache, k, g kernels.Tensor, p *kernels.Paged, kp *k
 	})
 }
 
-// KPoolSelect implements kernels.KPoolOps, rows over the worker pool.
+// KPoolSelect implements kernels.KPoolOps, rows over the worker pool: the
+// reference scores, the heap top-k of the sparse attention's TopK.
 func (b *Backend) KPoolSelect(sel, q, w, cache kernels.Tensor, p *kernels.Paged, kp *kernels.KPool) {
 	contiguous(sel)
 	contiguous(q)
@@ -99,17 +100,22 @@ func (b *Backend) KPoolSelect(sel, q, w, cache kernels.Tensor, p *kernels.Paged,
 	out, qs, ws, bs := i32(sel), f32(q), f32(w), p.BlockSize
 	b.Parallel(n, func(lo, hi int) {
 		var scores []float32
-		pools, buf := make([]int32, kp.Keep), make([]float32, kp.Dim)
+		heap, pools, buf := make([]int32, 0, kp.Keep), make([]int32, kp.Keep), make([]float32, kp.Dim)
 		for i := lo; i < hi; i++ {
 			bt, t := table(seq[i]), int(pos[i])
 			key := func(P int) []float32 {
 				e := P*kp.Size + kp.Size - 1
 				return cacheRow(cache, int(bt[e/bs])*bs+e%bs, kp.Dim, buf)
 			}
-			if c := (t + 1) / kp.Size; cap(scores) < c {
+			c := (t + 1) / kp.Size
+			if cap(scores) < c {
 				scores = make([]float32, c)
 			}
-			ref.KPoolSelect(out[i*sw:(i+1)*sw], qs[i*qw:(i+1)*qw], ws[i*kp.Heads:(i+1)*kp.Heads], t, key, kp, scores, pools)
+			ref.KPoolScores(scores[:c], qs[i*qw:(i+1)*qw], ws[i*kp.Heads:(i+1)*kp.Heads], key, kp.Scale)
+			for j := topK(scores[:c], heap, pools); j < len(pools); j++ {
+				pools[j] = -1
+			}
+			ref.KPoolTokens(out[i*sw:(i+1)*sw], pools, t, kp)
 		}
 	})
 }

@@ -2,7 +2,6 @@ package ref
 
 import (
 	"math"
-	"slices"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -53,69 +52,27 @@ func KPoolScores(scores, q, w []float32, key func(P int) []float32, scale float3
 	}
 }
 
-// TopPools appends to dst (which has room for k) the indices of the k
-// largest scores (all of them when there are at most k), ties going to the
-// lower index, and returns them in increasing index order.
-func TopPools(dst []int32, scores []float32, k int) []int32 {
-	n := len(scores)
-	if n <= k {
-		for i := range n {
-			dst = append(dst, int32(i))
-		}
-		return dst
-	}
-	if k == 0 {
-		return dst
-	}
-	// worse(a, b): a ranks below b.
-	worse := func(a, b int32) bool {
-		return scores[a] < scores[b] || (scores[a] == scores[b] && a > b)
-	}
-	// A min-heap (root = worst kept) of the best k seen so far.
-	h := dst[len(dst) : len(dst)+k]
-	for i := range k {
-		h[i] = int32(i)
-	}
-	down := func(i int) {
-		for {
-			l, m := 2*i+1, i
-			if l < k && worse(h[l], h[m]) {
-				m = l
-			}
-			if l+1 < k && worse(h[l+1], h[m]) {
-				m = l + 1
-			}
-			if m == i {
-				return
-			}
-			h[i], h[m] = h[m], h[i]
-			i = m
-		}
-	}
-	for i := k/2 - 1; i >= 0; i-- {
-		down(i)
-	}
-	for i := k; i < n; i++ {
-		if worse(h[0], int32(i)) {
-			h[0] = int32(i)
-			down(0)
-		}
-	}
-	slices.Sort(h)
-	return dst[:len(dst)+k]
-}
-
 // KPoolSelect sets sel (kp.SelWidth()) to the positions a query at
 // position pos attends to (kernels.KPoolOps): the tokens of its kept pools,
 // then the tail's, then −1. q (heads·dim) and w (heads) are the query's;
 // key(P) is complete pool P's key (dim). scores and pools are scratch of
 // at least (pos+1)/Size and Keep values.
 func KPoolSelect(sel []int32, q, w []float32, pos int, key func(P int) []float32, kp *kernels.KPool, scores []float32, pools []int32) {
-	cand := (pos + 1) / kp.Size
-	sc := scores[:cand]
+	sc := scores[:(pos+1)/kp.Size]
 	KPoolScores(sc, q, w, key, kp.Scale)
+	SelectTopK(pools[:kp.Keep], sc)
+	KPoolTokens(sel, pools[:kp.Keep], pos, kp)
+}
+
+// KPoolTokens sets sel (kp.SelWidth()) to the tokens of the kept pools
+// (ascending, −1 for none), then with kp.Tail those of the incomplete pool
+// [pos+1 − (pos+1) mod Size, pos], then −1.
+func KPoolTokens(sel, pools []int32, pos int, kp *kernels.KPool) {
 	n := 0
-	for _, P := range TopPools(pools[:0], sc, kp.Keep) {
+	for _, P := range pools {
+		if P < 0 {
+			break
+		}
 		for j := range kp.Size {
 			sel[n] = P*int32(kp.Size) + int32(j)
 			n++
