@@ -109,36 +109,7 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	m := &Model{p: p, dev: dev}
 	var prev *dsa // the last DSA layer, whose selection a shared layer reuses
 	for i := range p.layers {
-		pre := fmt.Sprintf("%slayers.%d.", root, i)
-		ly := &layer{
-			attnHC:   l.hyper(pre + "hc_attn"),
-			attnNorm: l.norm(pre + "input_layernorm"),
-			ffnHC:    l.hyper(pre + "hc_ffn"),
-			ffnNorm:  l.norm(pre + "post_attention_layernorm"),
-		}
-		if p.types[i] == linearAttention {
-			ly.kda = l.kda(pre+"self_attn.", len(m.states))
-			m.states = append(m.states, ly.kda.StateShape())
-			m.layout = append(m.layout, kvcache.LayerWidth{})
-		} else {
-			own := p.idxTypes[i] == fullIndexer
-			ly.dsa = l.dsa(pre+"self_attn.", i, own)
-			if !own {
-				ly.dsa.src = prev
-			}
-			prev = ly.dsa
-			width := kvcache.LayerWidth{K: p.kvLora}
-			if own {
-				width = kvcache.LayerWidth{K: p.kvLora, V: 2 * p.idxDim, VFloat32: true}
-			}
-			m.layout = append(m.layout, width)
-		}
-		if p.mlpTypes[i] == sparseFFN {
-			ly.ffn = l.moe(pre + "mlp")
-		} else {
-			ly.ffn = l.mlp(pre+"mlp", p.inter)
-		}
-		m.layers = append(m.layers, ly)
+		m.layers = append(m.layers, l.layer(m, fmt.Sprintf("%slayers.%d.", root, i), i, &prev))
 	}
 	m.embed = l.Mat(root+"embed_tokens.weight", p.vocab, p.hidden)
 	m.norm = l.norm(root + "norm")
@@ -160,6 +131,41 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 		return withMTP{m}, nil
 	}
 	return m, nil
+}
+
+// layer loads decoder layer i under pre and adds its cache layer (and,
+// for KDA, its state) to m's layouts; *prev is the last DSA layer, which a
+// shared one reuses the selection of.
+func (l *loader) layer(m *Model, pre string, i int, prev **dsa) *layer {
+	p := l.p
+	ly := &layer{
+		attnHC:   l.hyper(pre + "hc_attn"),
+		attnNorm: l.norm(pre + "input_layernorm"),
+		ffnHC:    l.hyper(pre + "hc_ffn"),
+		ffnNorm:  l.norm(pre + "post_attention_layernorm"),
+	}
+	if p.types[i] == linearAttention {
+		ly.kda = l.kda(pre+"self_attn.", len(m.states))
+		m.states = append(m.states, ly.kda.StateShape())
+		m.layout = append(m.layout, kvcache.LayerWidth{})
+	} else {
+		own := p.idxTypes[i] == fullIndexer
+		ly.dsa = l.dsa(pre+"self_attn.", i, own)
+		width := kvcache.LayerWidth{K: p.kvLora}
+		if own {
+			width = kvcache.LayerWidth{K: p.kvLora, V: 2 * p.idxDim, VFloat32: true}
+		} else {
+			ly.dsa.src = *prev
+		}
+		*prev = ly.dsa
+		m.layout = append(m.layout, width)
+	}
+	if p.mlpTypes[i] == sparseFFN {
+		ly.ffn = l.moe(pre + "mlp")
+	} else {
+		ly.ffn = l.mlp(pre+"mlp", p.inter)
+	}
+	return ly
 }
 
 // norm loads an RMSNorm (rms_norm_eps) onto the device.
