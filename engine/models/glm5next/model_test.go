@@ -19,13 +19,14 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/kernels"
-	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
 
 // TestLayouts checks the cache and state layouts of the fixture model.
-func TestLayouts(t *testing.T) {
+func TestLayouts(t *testing.T) { devices(t, testLayouts) }
+
+func testLayouts(t *testing.T, be kernels.Backend) {
 	fx := loadFixture(t)
-	m := fixtureModel(t, cpu.New(1), fx)
+	m := fixtureModel(t, be, fx)
 	// [KDA, DSA, KDA, DSA] + MTP: kv_lora 32 latent, 2×16 index key data.
 	f32 := kernels.F32
 	dsa := kvcache.LayerWidth{K: 32, V: 32, DType: f32, VFloat32: true}
@@ -444,10 +445,10 @@ func testRandomConfig(t *testing.T, be kernels.Backend, dt kernels.DType) {
 }
 
 // TestErrors checks bad batches and configs are reported, not run.
-func TestErrors(t *testing.T) {
+func TestErrors(t *testing.T) { devices(t, testErrors) }
+
+func testErrors(t *testing.T, be kernels.Backend) {
 	fx := loadFixture(t)
-	be := cpu.New(1)
-	defer be.Close()
 	m := fixtureModel(t, be, fx)
 	e := newEnv(t, m, 64, 2)
 	s := e.newSeq()
@@ -525,7 +526,7 @@ func TestErrors(t *testing.T) {
 	// A backend with the GQA family's op set only.
 	cfg, _ := config.Parse("config.json", []byte(tinyRandom))
 	var missing *model.OpsError
-	if _, err := New(cfg, randweights.New(1, kernels.F32), struct{ kernels.Device }{be}); !errors.As(err, &missing) {
+	if _, err := New(cfg, randweights.New(1, kernels.F32), struct{ kernels.Device }{be.(kernels.Device)}); !errors.As(err, &missing) {
 		t.Errorf("backend without the op set: %v", err)
 	}
 	// A missing tensor is named.
