@@ -12,9 +12,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
 // The tests share one Device; without a GPU every GPU test skips and
@@ -228,9 +228,9 @@ func TestGemmBF16(t *testing.T) {
 	}
 }
 
-// TestRMSNorm checks the kernel against engine/nn's RMSNorm (the CPU
-// reference) in both forms: the kernel sums x² in float32 where the
-// reference sums in float64, so |Δ| ≤ 2⁻¹⁸·|want| + 1e-30.
+// TestRMSNorm checks the kernel against kernels/ref's RMSNorm in both
+// forms: the kernel sums x² in float32 where the reference sums in
+// float64, so |Δ| ≤ 2⁻¹⁸·|want| + 1e-30.
 func TestRMSNorm(t *testing.T) {
 	d := needGPU(t)
 	for _, s := range []struct {
@@ -240,11 +240,11 @@ func TestRMSNorm(t *testing.T) {
 		t.Run(fmt.Sprintf("%dx%d,offset=%v", s.rows, s.dim, s.offset), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(s.rows), uint64(s.dim)))
 			x, w := randF32(rng, s.rows*s.dim), randF32(rng, s.dim)
-			ref := &nn.RMSNorm{W: w, Eps: 1e-6, Offset: s.offset}
+			const eps = 1e-6
 			want := make([]float32, len(x))
-			ref.Forward(want, x, s.rows)
+			ref.RMSNorm(want, x, w, eps, s.offset, s.rows)
 			xb, wb, yb := upload(t, d, x), upload(t, d, w), poisoned(t, d, len(x))
-			if err := d.RMSNorm(yb, xb, wb, s.rows, s.dim, ref.Eps, s.offset); err != nil {
+			if err := d.RMSNorm(yb, xb, wb, s.rows, s.dim, eps, s.offset); err != nil {
 				t.Fatal(err)
 			}
 			abs := make([]float64, len(want))
@@ -253,7 +253,7 @@ func TestRMSNorm(t *testing.T) {
 			}
 			compare(t, download(t, yb, len(want)), want, abs, 1.0/(1<<18))
 			// In place (y = x).
-			if err := d.RMSNorm(xb, xb, wb, s.rows, s.dim, ref.Eps, s.offset); err != nil {
+			if err := d.RMSNorm(xb, xb, wb, s.rows, s.dim, eps, s.offset); err != nil {
 				t.Fatal(err)
 			}
 			compare(t, download(t, xb, len(want)), want, abs, 1.0/(1<<18))
