@@ -107,8 +107,8 @@ func Load(dir string, opts Options) (*Loaded, error) {
 func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Options) (model.Model, error) {
 	m, err := model.New(cfg, l.source(src, opts), l.Backend)
 	if err != nil && l.autoDevice {
-		// --device auto took a backend without the op set (the CUDA
-		// backend runs MatMul only so far), and this architecture needs
+		// --device auto took a backend without the op set (a GPU
+		// backend that has not ported it), and this architecture needs
 		// it: run on the CPU instead, and say why.
 		if _, isDevice := l.Backend.(kernels.Device); !isDevice {
 			gpu := l.Device

@@ -96,7 +96,7 @@ func BenchmarkGEMV(b *testing.B) {
 	for _, s := range qwen3_8B {
 		for _, split := range []bool{true, false} {
 			name := fmt.Sprintf("%s_%dx%d/split", s.name, s.rows, s.cols)
-			gemv := func(y, x uint64, w *Weight) error { return d.linearL(y, x, w, 1) }
+			gemv := func(y, x uint64, w *Weight) error { return d.linearL(y, x, w, 1, 0, false) }
 			if !split {
 				name = fmt.Sprintf("%s_%dx%d/warp", s.name, s.rows, s.cols)
 				gemv = func(y, x uint64, w *Weight) error {
@@ -144,7 +144,7 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 	b.ResetTimer()
 	el := timeLaunches(b, d, b.N, func(int) error {
 		for _, w := range step {
-			if err := d.linearL(y.ptr, x.ptr, w, 1); err != nil {
+			if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
 				return err
 			}
 		}
@@ -177,7 +177,7 @@ func BenchmarkGemmBF16(b *testing.B) {
 				}
 				defer xb.Free()
 				y := benchF32(b, d, tokens*s.rows)
-				gemm := func(i int) error { return d.gemmL(y.ptr, xb.ptr, ws[i%2], tokens) }
+				gemm := func(i int) error { return d.gemmL(y.ptr, xb.ptr, ws[i%2], tokens, false) }
 				b.ResetTimer()
 				el := timeLaunches(b, d, b.N, gemm)
 				flops := 2 * float64(tokens) * float64(s.rows) * float64(s.cols) * float64(b.N)

@@ -53,8 +53,8 @@ type Device struct {
 // each argument stored in the low bytes of its 8-byte slot. It is allocated
 // once per Device and pinned for its lifetime.
 type launchBlock struct {
-	vals [16]uint64
-	ptrs [16]uintptr
+	vals [24]uint64
+	ptrs [24]uintptr
 }
 
 // Open starts the device thread for GPU ordinal, makes its primary context
