@@ -17,10 +17,14 @@ import (
 
 var _ kernels.Device = (*Backend)(nil)
 
-// gemmMinRows is the row count from which Linear runs cuBLASLt on a bf16
-// weight, with the activations rounded to bf16 on the device (prefill);
-// below it the GEMV reads float32 activations, exact up to summation order.
-const gemmMinRows = 128
+// Linear on a bf16 weight runs cuBLASLt from 2 rows (the GEMV reads the
+// weight once per 8 rows, and its float32 x costs more cache traffic than
+// the weight as the rows grow). Below gemmRoundRows rows, where the GEMM
+// reads the weight once whatever its height, x is split into two bf16
+// terms (hi + lo, 16 bits of mantissa) stacked as 2·rows inputs: about
+// float32 accuracy at no extra weight traffic. From gemmRoundRows rows
+// (prefill, compute-bound) x is rounded to bf16 once.
+const gemmRoundRows = 256
 
 // flushAt is how many queued launches go to the device thread at a time:
 // one hand-over to the locked thread per batch rather than per op, while
@@ -126,17 +130,43 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 		return
 	}
 	y, xp := dptr(dst), dptr(x)
-	if n < gemmMinRows || dw.DType != kernels.BF16 || !b.useGemm() {
+	switch {
+	case n == 1 || dw.DType != kernels.BF16 || !b.useGemm():
 		b.queue(func(d *Device) error { return d.linearL(y, xp, dw, n, bias, e.Accumulate) })
-		return
+	case n < gemmRoundRows:
+		b.linearSplit(y, xp, bias, dw, n, e.Accumulate)
+	default:
+		b.linearRounded(y, xp, bias, dw, n, e.Accumulate)
 	}
+}
+
+// linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo
+// rows, their products summed in the epilogue kernel.
+func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
+	xb := dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)) // (2n, cols) x as bf16 hi, then lo
+	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows))   // (2n, rows) the two products
+	b.queue(func(d *Device) error {
+		cnt := int64(n) * int64(w.Cols)
+		if err := d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt)); err != nil {
+			return err
+		}
+		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
+			return err
+		}
+		out := int64(n) * int64(w.Rows)
+		return d.launchL("ferrite_add_halves", d.elementwiseGrid(out), 256, 0, y, t, bias, uint64(out), i32(w.Rows), b32(acc))
+	})
+}
+
+// linearRounded is Linear through cuBLASLt with x rounded to bf16.
+func (b *Backend) linearRounded(y, x, bias uint64, w *Weight, n int, acc bool) {
 	xb := dptr(b.Scratch(kernels.BF16, n, w.Cols)) // (n, cols) x in bf16
 	b.queue(func(d *Device) error {
 		cnt := int64(n) * int64(w.Cols)
-		if err := d.launchL("ferrite_f32_to_bf16", d.elementwiseGrid(cnt), 256, 0, xb, xp, uint64(cnt)); err != nil {
+		if err := d.launchL("ferrite_f32_to_bf16", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt)); err != nil {
 			return err
 		}
-		if err := d.gemmL(y, xb, dw, n, e.Accumulate); err != nil {
+		if err := d.gemmL(y, xb, w, n, acc); err != nil {
 			return err
 		}
 		if bias == 0 {

@@ -63,6 +63,31 @@ extern "C" __global__ void ferrite_add_bias(float* y, const float* bias, uint64_
         y[i] += bias[i % cols];
 }
 
+// Splits n float32 values into two bfloat16 terms, dst[i] = hi = bf16(x)
+// and dst[n + i] = bf16(x − hi), so that hi + lo carries 16 bits of x's
+// mantissa: a GEMM over the stacked (2·rows, cols) input is accurate to
+// about 2⁻¹⁷·Σ|x·w| while it still reads the weight once.
+extern "C" __global__ void ferrite_f32_to_bf16x2(uint16_t* dst, const float* src, uint64_t n) {
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        const float x = src[i];
+        const uint16_t hi = f32_to_bf16(x);
+        dst[i] = hi;
+        dst[n + i] = f32_to_bf16(__fsub_rn(x, __uint_as_float(uint32_t(hi) << 16)));
+    }
+}
+
+// The epilogue of the split GEMM: y[i] = t[i] + t[n + i] (+ bias[i % cols])
+// (+ y[i] when acc) for n = rows·cols values of t (2·rows, cols).
+extern "C" __global__ void ferrite_add_halves(float* y, const float* t, const float* bias, uint64_t n, int cols,
+                                              int acc) {
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        float v = __fadd_rn(t[i], t[n + i]);
+        if (bias) v = __fadd_rn(v, bias[i % cols]);
+        if (acc) v = __fadd_rn(v, y[i]);
+        y[i] = v;
+    }
+}
+
 // Row copy: rows of row_bytes bytes, dst_stride and src_stride bytes apart.
 // Launch: one block per row.
 extern "C" __global__ void ferrite_copy_rows(uint8_t* dst, int64_t dst_stride, const uint8_t* src, int64_t src_stride,
@@ -233,6 +258,18 @@ __device__ inline float kv_at(const void* c, size_t e) {
     return static_cast<const float*>(c)[e];
 }
 
+// kv8 widens 8 consecutive cache values at element e (a multiple of 8) into o.
+template <bool BF>
+__device__ inline void kv8(const void* c, size_t e, float* o) {
+    if (BF) {
+        BF16W::vec(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(c) + e)), o);
+    } else {
+        const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(c) + e);
+        F32W::vec(*reinterpret_cast<const uint4*>(p), o);
+        F32W::vec(*reinterpret_cast<const uint4*>(p + 1), o + 4);
+    }
+}
+
 template <int DPL, bool BF>
 __device__ void attn_block(const AttnArgs& a) {
     __shared__ float sq[kAttnGroup][kAttnMaxHD];
@@ -275,10 +312,23 @@ __device__ void attn_block(const AttnArgs& a) {
         for (int g = 0; g < kAttnGroup; g++) s[g] = 0.f;
         if (valid) {
             base = (size_t(bt[p / a.bs]) * a.bs + p % a.bs) * kw + off;
-            for (int d = 0; d < hd; d++) {
-                const float kd = kv_at<BF>(a.kc, base + d);
+            if (hd % 8 == 0) {  // 16-byte loads (bf16) or two (float32)
+#pragma unroll 2
+                for (int d = 0; d < hd; d += 8) {
+                    float kd[8];
+                    kv8<BF>(a.kc, base + d, kd);
 #pragma unroll
-                for (int g = 0; g < kAttnGroup; g++) s[g] = fmaf(sq[g][d], kd, s[g]);
+                    for (int e = 0; e < 8; e++) {
+#pragma unroll
+                        for (int g = 0; g < kAttnGroup; g++) s[g] = fmaf(sq[g][d + e], kd[e], s[g]);
+                    }
+                }
+            } else {
+                for (int d = 0; d < hd; d++) {
+                    const float kd = kv_at<BF>(a.kc, base + d);
+#pragma unroll
+                    for (int g = 0; g < kAttnGroup; g++) s[g] = fmaf(sq[g][d], kd, s[g]);
+                }
             }
         }
         float pe[kAttnGroup];
@@ -293,20 +343,32 @@ __device__ void attn_block(const AttnArgs& a) {
             for (int j = 0; j < DPL; j++) acc[g][j] *= c;
             m[g] = mn;
         }
+        // Values, kV keys at a time: their loads are issued before the
+        // first is used.
+        constexpr int kV = 4;
         const int nk = min(32, k1 - t0);
-        for (int kk = 0; kk < nk; kk++) {
-            const size_t vb = __shfl_sync(0xffffffffu, base, kk);
-            float vv[DPL];
+        for (int k0v = 0; k0v < nk; k0v += kV) {
+            float vv[kV][DPL];
 #pragma unroll
-            for (int j = 0; j < DPL; j++) {
-                const int d = lane + 32 * j;
-                vv[j] = d < hd ? kv_at<BF>(a.vc, vb + d) : 0.f;
+            for (int u = 0; u < kV; u++) {
+                const int kk = min(k0v + u, nk - 1);
+                const size_t vb = __shfl_sync(0xffffffffu, base, kk);
+#pragma unroll
+                for (int j = 0; j < DPL; j++) {
+                    const int d = lane + 32 * j;
+                    vv[u][j] = d < hd ? kv_at<BF>(a.vc, vb + d) : 0.f;
+                }
             }
 #pragma unroll
-            for (int g = 0; g < kAttnGroup; g++) {
-                const float pk = __shfl_sync(0xffffffffu, pe[g], kk);
+            for (int u = 0; u < kV; u++) {
+                const int kk = k0v + u;
 #pragma unroll
-                for (int j = 0; j < DPL; j++) acc[g][j] = fmaf(pk, vv[j], acc[g][j]);
+                for (int g = 0; g < kAttnGroup; g++) {
+                    float pk = __shfl_sync(0xffffffffu, pe[g], kk & 31);
+                    if (kk >= nk) pk = 0.f;
+#pragma unroll
+                    for (int j = 0; j < DPL; j++) acc[g][j] = fmaf(pk, vv[u][j], acc[g][j]);
+                }
             }
         }
     }
