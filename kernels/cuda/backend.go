@@ -34,6 +34,8 @@ type Backend struct {
 	arena    arena // the op set's per-step scratch
 	qmu      sync.Mutex
 	pending  []func(*Device) error // op launches not yet handed to the device thread (queue)
+	inStep   bool                  // between BeginStep and EndStep: the step's launches wait for EndStep
+	graphs   stepGraphs            // the step graph (graph.go), owned by the device thread
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
@@ -49,6 +51,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
+	b.graphs.enabled = graphsEnabled()
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}
@@ -95,6 +98,7 @@ func (b *Backend) Close() error {
 	b.mu.Lock()
 	b.weights, b.experts = nil, nil
 	b.mu.Unlock()
+	b.dev.do(func() error { b.dropGraphL(); return nil })
 	b.cpu.Close()
 	return b.dev.Close() // frees every Buffer still allocated
 }

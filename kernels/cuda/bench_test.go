@@ -195,7 +195,8 @@ func BenchmarkGemmBF16(b *testing.B) {
 // the LM head: 7 Linear and 10 other ops a layer, queued by the Backend and
 // waited for at EndStep), on seeded random bf16 weights made on the device
 // and a bf16 KV cache of ctx positions. "linear" runs only the Linear ops,
-// "other" only the rest, so the three wall times split the step. ms/step is
+// "other" only the rest, so the wall times split the step; the steps replay
+// a CUDA graph (graphs/step 1) except in the "eager" variants. ms/step is
 // host wall time from BeginStep to the end of EndStep.
 func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	needGPU(b)
@@ -256,10 +257,15 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
 
 	for _, c := range []struct {
-		name      string
-		ctx       int
-		lin, rest bool
-	}{{"all/ctx=512", 512, true, true}, {"linear", 512, true, false}, {"other/ctx=512", 512, false, true}, {"all/ctx=4096", 4096, true, true}} {
+		name             string
+		ctx              int
+		lin, rest, eager bool
+	}{
+		{"all/ctx=512", 512, true, true, false}, {"all/ctx=512/eager", 512, true, true, true},
+		{"linear", 512, true, false, false}, {"linear/eager", 512, true, false, true},
+		{"other/ctx=512", 512, false, true, false}, {"other/ctx=512/eager", 512, false, true, true},
+		{"all/ctx=4096", 4096, true, true, false},
+	} {
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)
@@ -342,8 +348,11 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			}
 			be.EndStep()
 		}
+		be.dev.do(func() error { be.graphs.enabled = !c.eager; return nil })
 		b.Run(c.name, func(b *testing.B) {
-			step() // warm up
+			step() // warm up; with graphs the second step is captured
+			step()
+			_, replays0, _ := be.GraphStats()
 			b.ResetTimer()
 			start := time.Now()
 			for range b.N {
@@ -353,8 +362,10 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			if err := be.Err(); err != nil {
 				b.Fatal(err)
 			}
+			_, replays, _ := be.GraphStats()
 			b.ReportMetric(sec*1e3, "ms/step")
 			b.ReportMetric(1/sec, "tok/s")
+			b.ReportMetric(float64(replays-replays0)/float64(b.N), "graphs/step")
 		})
 	}
 }

@@ -201,6 +201,10 @@ func (d *Device) GemmBF16(y, x *Buffer, w *Weight, n int) error {
 // gemmL runs on the device thread: GemmBF16 for device addresses y and x;
 // with acc it adds to y (β = 1) instead.
 func (d *Device) gemmL(y, x uint64, w *Weight, n int, acc bool) error {
+	if d.trace != nil {
+		*d.trace = append(*d.trace, traceGemm, y, x, w.Buf.ptr, uint64(n), uint64(w.Rows), uint64(w.Cols), uint64(b32(acc)))
+		return nil
+	}
 	b, err := d.blasLtL()
 	if err != nil {
 		return err

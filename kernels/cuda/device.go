@@ -47,6 +47,11 @@ type Device struct {
 	dead     error // the sticky error that killed the context, if any
 	lt       *blasLt
 	ltErr    error // why cuBLASLt is unavailable, once tried
+
+	// trace, when set, makes launchL, launch3L and gemmL append what they
+	// would launch (kernel, grid, block, arguments) to it instead of
+	// launching: a step's launch trace, which graph.go compares.
+	trace *[]uint64
 }
 
 // launchBlock is cuLaunchKernel's parameter array: ptrs[i] points at vals[i],

@@ -154,17 +154,36 @@ func (b *Backend) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
 }
 
 // BeginStep implements kernels.Memory: it releases every Scratch tensor.
+// The step's launches then wait for EndStep.
 func (b *Backend) BeginStep() {
-	b.exec(nil) // the launches still queued use the arena
+	b.exec(nil) // launches queued outside a step (Copy) use the arena's old chunks
 	if err := b.arena.reset(b.dev); err != nil {
 		b.fail(err)
 	}
+	b.qmu.Lock()
+	b.inStep = true
+	b.qmu.Unlock()
 }
 
-// EndStep implements kernels.Memory: it issues the queued launches and
-// waits for the step's kernels.
+// EndStep implements kernels.Memory: it launches the step, through a CUDA
+// graph when the step repeats (graph.go), and waits for it.
 func (b *Backend) EndStep() {
-	b.exec(func(d *Device) error { return d.syncL() })
+	b.qmu.Lock()
+	ops := b.pending
+	b.pending, b.inStep = nil, false
+	b.qmu.Unlock()
+	if b.Err() != nil {
+		return
+	}
+	err := b.dev.do(func() error {
+		if err := b.runStepL(ops); err != nil {
+			return err
+		}
+		return b.dev.syncL()
+	})
+	if err != nil {
+		b.fail(err)
+	}
 }
 
 // WriteF32 implements kernels.Memory.

@@ -76,6 +76,12 @@ func (d *Device) launch3L(name string, grid [3]uint32, block, smem uint32, args 
 	if grid[0] == 0 || grid[1] == 0 || grid[2] == 0 {
 		return nil
 	}
+	if d.trace != nil {
+		*d.trace = append(*d.trace, uint64(fn), uint64(grid[0]), uint64(grid[1]), uint64(grid[2]),
+			uint64(block)<<32|uint64(smem), uint64(len(args)))
+		*d.trace = append(*d.trace, args...)
+		return nil
+	}
 	copy(d.args.vals[:], args)
 	return check("cuLaunchKernel "+name, call(driver.cuLaunchKernel, fn,
 		uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]), uintptr(block), 1, 1, uintptr(smem), d.stream,

@@ -26,18 +26,19 @@ var _ kernels.Device = (*Backend)(nil)
 // (prefill, compute-bound) x is rounded to bf16 once.
 const gemmRoundRows = 256
 
-// flushAt is how many queued launches go to the device thread at a time:
-// one hand-over to the locked thread per batch rather than per op, while
-// the GPU already runs the earlier batches.
+// flushAt is how many launches queued outside a step go to the device
+// thread at a time: one hand-over to the locked thread per batch rather
+// than per op.
 const flushAt = 32
 
 // queue adds f, which queues work on the stream, to the launches waiting
-// for the device thread; they go in batches, or before anything that
-// reads, writes or waits (exec). Nothing is queued after a failure.
+// for the device thread. Inside a step they wait for EndStep, which runs
+// the step as a whole (graph.go); outside one they go in batches. Anything
+// that reads, writes or waits (exec) issues the waiting launches first.
 func (b *Backend) queue(f func(d *Device) error) {
 	b.qmu.Lock()
 	b.pending = append(b.pending, f)
-	full := len(b.pending) >= flushAt
+	full := !b.inStep && len(b.pending) >= flushAt
 	b.qmu.Unlock()
 	if full {
 		b.exec(nil)

@@ -4,7 +4,9 @@
 # kernels/cuda, kernels/device and engine, a ferrite binary for `ferrite
 # bench`, kernels/cuda's CUDA sources, build_fatbin.sh and the Qwen3-8B
 # config, binaries xz-compressed to fit the 64 MiB the working tree may
-# take. The ferrite binary is built from a copy of the checkout whose
+# take. With KEEP_FATBIN=1 the committed fatbin and manifest go along and
+# device_run.sh uses them instead of building (for runs that change no
+# CUDA source). The ferrite binary is built from a copy of the checkout whose
 # built-in model weights are emptied (32 MB the bench never reads).
 #
 #	tools/cuda/prepare_device_run.sh [DEST]
@@ -24,6 +26,9 @@ git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp"
 : >"$tmp/builtin/model/model.safetensors"
 (cd "$tmp" && go build -ldflags=-s -o "$dest/ferrite" .)
 cp -r kernels/cuda/src "$dest/k/"
+if [ "${KEEP_FATBIN:-0}" = 1 ]; then
+	cp kernels/cuda/ferrite.fatbin kernels/cuda/fatbin.sha256 "$dest/k/"
+fi
 cp tools/cuda/build_fatbin.sh "$dest/tools/cuda/"
 cp tools/cuda/device_run.sh "$dest/"
 cp engine/testdata/qwen3-8b/config.json "$dest/qwen3-8b/"
