@@ -28,7 +28,7 @@ var builtinModels = []catalog.Entry{builtinEntry()}
 
 // builtinEntry is ferrite-tiny, the model embedded in the binary.
 func builtinEntry() catalog.Entry {
-	return catalog.Entry{Name: builtin.Name, Arch: "glm5_next", Size: int64(len(builtin.WeightBytes())),
+	return catalog.Entry{Name: builtin.Name, Arch: "glm5_next", Quant: builtin.Quant, Size: int64(len(builtin.WeightBytes())),
 		Source: catalog.SourceBuiltin, Open: builtin.Open}
 }
 

@@ -13,11 +13,15 @@ import (
 	"os"
 )
 
-// GGML tensor types the tests write.
+// GGML tensor types (ggml.h's ggml_type) written here.
 const (
 	F32  = 0
 	F16  = 1
+	Q4_0 = 2
 	Q8_0 = 8
+	Q4K  = 12
+	Q5K  = 13
+	Q6K  = 14
 	BF16 = 30
 )
 
