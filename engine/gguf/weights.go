@@ -68,6 +68,21 @@ func (m *Model) Weights() (*Weights, error) {
 	return w, nil
 }
 
+// TensorNamesKey is the metadata key that marks a file keeping the
+// checkpoint's tensor names: its value is TensorNamesCheckpoint. ferrite
+// writes it (tools/packtiny); llama.cpp's files have llama.cpp's names.
+const (
+	TensorNamesKey        = "ferrite.tensor_names"
+	TensorNamesCheckpoint = "checkpoint"
+)
+
+// KeepsCheckpointNames reports whether the file says it keeps the
+// checkpoint's tensor names (TensorNamesKey), to be served by
+// CheckpointWeights with the checkpoint's config.json.
+func (m *Model) KeepsCheckpointNames() bool {
+	return m.Meta.String(TensorNamesKey) == TensorNamesCheckpoint
+}
+
 // CheckpointWeights serves the tensors under the names they are stored
 // with, for a file that keeps the checkpoint's (Hugging Face) tensor names
 // rather than llama.cpp's, such as the built-in model's (tools/packtiny

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gguf"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
@@ -77,7 +78,7 @@ func Pack(dir, quant, name string, threads int) ([]byte, error) {
 	w.Add("general.name", name)
 	w.Add("general.file_type", ft)
 	w.Add("general.quantization_version", uint32(2))
-	w.Add("ferrite.tensor_names", "checkpoint")
+	w.Add(gguf.TensorNamesKey, gguf.TensorNamesCheckpoint)
 	w.Add("ferrite.checkpoint_sha256", sum)
 	if w.Tensors, err = rec.tensors(); err != nil {
 		return nil, err

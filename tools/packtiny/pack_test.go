@@ -77,8 +77,8 @@ func checkTypes(t *testing.T, g *gguf.Model) {
 	if q := g.Quantization(); q != "Q8_0" {
 		t.Errorf("general.file_type %q, want Q8_0", q)
 	}
-	if s := g.Meta.String("ferrite.tensor_names"); s != "checkpoint" {
-		t.Errorf("ferrite.tensor_names %q", s)
+	if !g.KeepsCheckpointNames() {
+		t.Errorf("%s is %q", gguf.TensorNamesKey, g.Meta.String(gguf.TensorNamesKey))
 	}
 	var q8 int
 	for _, n := range g.TensorNames() {
