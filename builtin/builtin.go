@@ -133,10 +133,11 @@ func Open(opts engine.Options) (*engine.Loaded, *tokenizer.Tokenizer, error) {
 
 // Export writes the model's files into dir (created if needed), so that it
 // can be loaded from disk like any other model directory (engine.Load,
-// tokenizer.Load, or transformers' from_pretrained): the embedded files
-// other than the weights as they are, and model.safetensors holding the
-// weights dequantized to F32, the very values the built-in model computes
-// with (a Q8_0 value, a float16 scale times an int8, is exact in float32).
+// tokenizer.Load, or transformers' from_pretrained, which initialises the
+// unused vision stub that is not shipped): the embedded files other than
+// the weights as they are, and model.safetensors holding the weights
+// dequantized to F32, the very values of the built-in model's weights (a
+// Q8_0 value, a float16 scale times an int8, is exact in float32).
 func Export(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err

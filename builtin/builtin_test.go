@@ -506,4 +506,26 @@ func TestExport(t *testing.T) {
 	if l.Model.Info().Vocab != tok.VocabSize() {
 		t.Errorf("exported model vocab %d, tokenizer %d", l.Model.Info().Vocab, tok.VocabSize())
 	}
+	// the exported F32 values are the embedded Q8_0 ones, exactly
+	w, err := Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := l.Model.Info()
+	q, err := w.CheckpointWeights().Mat("lm_head.weight", info.Vocab, info.Hidden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := l.Weights.Mat("lm_head.weight", info.Vocab, info.Hidden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, got := make([]float32, info.Hidden), make([]float32, info.Hidden)
+	for _, r := range []int{0, info.Vocab / 2, info.Vocab - 1} {
+		q.RowF32(want, r)
+		f.RowF32(got, r)
+		if f.DType != kernels.F32 || !slices.Equal(got, want) {
+			t.Fatalf("exported lm_head.weight row %d (%v) is not the dequantized Q8_0 row", r, f.DType)
+		}
+	}
 }
