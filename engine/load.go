@@ -64,8 +64,8 @@ var openDevice = device.Open
 // model. dir may also be a GGUF file, or a directory holding one GGUF model
 // and no config.json (see gguf.Find); a directory with a config.json and,
 // instead of safetensors, one GGUF file that keeps the checkpoint's tensor
-// names (builtin/model: config.json and model.gguf) loads that file. Every failure is returned as an error
-// naming the file, key or tensor at fault.
+// names (builtin/model: config.json and model.gguf) loads that file. Every
+// failure is returned as an error naming the file, key or tensor at fault.
 func Load(dir string, opts Options) (*Loaded, error) {
 	if err := checkQuant(dir, opts); err != nil {
 		return nil, err
