@@ -7,7 +7,7 @@
 # take. With KEEP_FATBIN=1 the committed fatbin and manifest go along and
 # device_run.sh uses them instead of building (for runs that change no
 # CUDA source). The ferrite binary is built from a copy of the checkout whose
-# built-in model weights are emptied (32 MB the bench never reads).
+# built-in model weights are emptied (megabytes the bench never reads).
 #
 #	tools/cuda/prepare_device_run.sh [DEST]
 set -euo pipefail
@@ -23,7 +23,7 @@ go test -c -ldflags=-s -o "$dest/engine.test" ./engine
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp"
-: >"$tmp/builtin/model/model.safetensors"
+for f in "$tmp"/builtin/model/model.*; do : >"$f"; done
 (cd "$tmp" && go build -ldflags=-s -o "$dest/ferrite" .)
 cp -r kernels/cuda/src "$dest/k/"
 if [ "${KEEP_FATBIN:-0}" = 1 ]; then
