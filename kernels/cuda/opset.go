@@ -11,8 +11,8 @@ import (
 
 // The op set (kernels/ops.go) on the GPU, the kernels of src/ops.cu and
 // src/gemv.cu. Every op checks its shapes on the host (a mismatch is a
-// programmer error and panics, as on the CPU), then queues its launches on
-// the device thread; nothing waits for the GPU until EndStep or a read. A
+// programmer error and panics, as on the CPU), then queues a closure of its
+// launches (queue); nothing waits for the GPU until EndStep or a read. A
 // device failure is kept for Err and turns the later ops into no-ops.
 
 var _ kernels.Device = (*Backend)(nil)
@@ -60,13 +60,8 @@ func (b *Backend) exec(f func(d *Device) error) bool {
 		return true
 	}
 	err := b.dev.do(func() error {
-		for _, p := range pending {
-			if err := p(b.dev); err != nil {
-				return err
-			}
-		}
-		if f == nil {
-			return nil
+		if err := runOps(b.dev, pending); err != nil || f == nil {
+			return err
 		}
 		return f(b.dev)
 	})
@@ -77,6 +72,7 @@ func (b *Backend) exec(f func(d *Device) error) bool {
 	return true
 }
 
+// fillNaN sets every value of v to NaN (a read after a device failure).
 func fillNaN(v []float32) {
 	nan := float32(math.NaN())
 	for i := range v {
