@@ -91,7 +91,7 @@ func newEnv(t testing.TB, m model.Model, tokens, seqs int) *env {
 		for _, l := range sm.StateLayout() {
 			per += l.Bytes()
 		}
-		if e.st, err = linattn.NewStatePool(sm.StateLayout(), int64(seqs)*per); err != nil {
+		if e.st, err = model.NewStatePool(sm, int64(seqs)*per); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -288,10 +288,15 @@ func TestTokenizer(t *testing.T) {
 
 // TestFixture compares ferrite's CPU logits on the embedded weights with
 // transformers' float32 references (testdata/models/ferrite-tiny): every
-// prompt position, cached decode steps, 16 greedy tokens and the MTP layer.
+// prompt position, cached decode steps, 16 greedy tokens and the MTP layer,
+// with a float32 KV cache (TestAnswers runs the default BF16 one).
 func TestFixture(t *testing.T) {
 	fx := fixture(t)
-	l, _ := open(t)
+	l, _, err := Open(engine.Options{Threads: 2, KVFloat32: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
 	m := l.Model
 	info := m.Info()
 	if info.Vocab != fx.Ref.V || info.Hidden != fx.Ref.H || info.Layers != fx.Ref.NumHiddenLayers {

@@ -49,3 +49,41 @@ func TestAutoDeviceFallsBackToCPU(t *testing.T) {
 		t.Error("an explicit cuda device without the op set loaded the model")
 	}
 }
+
+// deviceOnly is a backend with the op set's Device but none of its
+// optional capabilities (kernels.MLAOps, kernels.SparseOps).
+type deviceOnly struct{ kernels.Device }
+
+func (deviceOnly) Name() string { return "fake-gpu" }
+
+// TestAutoDeviceFallsBackForMLA: an MLA architecture needs the MLA and DSA
+// capabilities; under --device auto a device without them gives way to the
+// CPU, while a GQA model stays on it.
+func TestAutoDeviceFallsBackForMLA(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	orig := openDevice
+	defer func() { openDevice = orig }()
+	openDevice = func(s device.Spec, threads int) (*device.Backend, error) {
+		if s.Kind == device.CPU {
+			return orig(s, threads)
+		}
+		return &device.Backend{Backend: deviceOnly{c}, Desc: "fake-gpu:0"}, nil
+	}
+	l, err := Load(fixtures.Dir("glm4_moe_lite"), Options{Threads: 1, Device: "auto"})
+	if err != nil {
+		t.Fatalf("auto: %v", err)
+	}
+	defer l.Close()
+	if !strings.HasPrefix(l.Device, "cpu") || !strings.Contains(l.DeviceNote, "fake-gpu:0 does not run glm4_moe_lite yet (it lacks the op set's MLA") {
+		t.Errorf("auto: device %q, note %q; want the CPU and why", l.Device, l.DeviceNote)
+	}
+	g, err := Load(fixtures.Dir("qwen3"), Options{Threads: 1, Device: "auto"})
+	if err != nil {
+		t.Fatalf("auto: %v", err)
+	}
+	defer g.Close()
+	if g.Device != "fake-gpu:0" || g.DeviceNote != "" {
+		t.Errorf("qwen3: device %q, note %q; want the fake GPU", g.Device, g.DeviceNote)
+	}
+}

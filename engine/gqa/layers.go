@@ -13,7 +13,25 @@ type Ctx struct {
 	Dev   kernels.Device
 	N     int // rows (tokens) in the step
 	Paged kernels.Paged
+	// Pos is the host copy of Paged.Pos (N), for decisions about shapes
+	// (how wide a row's scores are); never read back from the device.
+	Pos   []int32
 	Cache func(layer int) (k, v kernels.Tensor)
+
+	// Hybrid models: the device's linear-attention ops, the step's
+	// sequence → state-slot map and state layer l's tensors (S, conv).
+	Lin    kernels.LinearAttentionOps
+	Rec    *kernels.Recurrent
+	States func(l int) (s, conv kernels.Tensor)
+}
+
+// Mixer is a block's token-mixing sublayer: GQA Attention (optionally
+// gated) and LinearAttention here, MLA in engine/models/mla, glm5_next's
+// DSA in engine/models/glm5next.
+type Mixer interface {
+	// Forward sets y (N, hidden) from h (N, hidden), the normed block
+	// input, storing the step's keys in the cache.
+	Forward(c *Ctx, y, h kernels.Tensor)
 }
 
 // Norm is an RMSNorm's weight on the device.
@@ -29,18 +47,29 @@ type Linear struct {
 	B kernels.Tensor // (1, out) F32; zero Tensor when absent
 }
 
-func (l *Linear) forward(dev kernels.Device, dst, x kernels.Tensor, acc bool) {
+// Forward sets dst (N, out) = x (N, in)·Wᵀ + B, or adds it to dst when acc.
+func (l *Linear) Forward(dev kernels.Device, dst, x kernels.Tensor, acc bool) {
 	dev.Linear(dst, x, l.W, kernels.Epilogue{Bias: l.B, Accumulate: acc})
 }
 
+// Apply is an RMSNorm over the rows of x into dst (dst may be x).
+func (n *Norm) Apply(dev kernels.Device, dst, x kernels.Tensor) {
+	dev.RMSNorm(dst, x, n.W, n.Eps, n.Offset)
+}
+
 // Attention is a GQA self-attention block: q/k/v projections, optional
-// per-head QK norm, RoPE, paged causal attention and the output projection.
+// per-head QK norm, RoPE, paged causal attention, an optional output gate
+// and the output projection.
 type Attention struct {
 	Layer        int // cache layer
 	Q, K, V, O   Linear
 	QNorm, KNorm *Norm // nil when absent
 	Rope         *kernels.Rotary
 	Shape        kernels.AttnShape
+
+	// Gate, when set, gates the attention output per channel before O:
+	// o ⊙= sigmoid(Gate(h)) (Qwen3-Next); (heads·headDim, hidden).
+	Gate *Linear
 }
 
 // Forward sets y (N, hidden) = Attention(h (N, hidden)) and stores the
@@ -50,9 +79,9 @@ func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
 	q := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim)   // (N, heads·headDim)
 	k := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
 	v := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
-	a.Q.forward(dev, q, h, false)
-	a.K.forward(dev, k, h, false)
-	a.V.forward(dev, v, h, false)
+	a.Q.Forward(dev, q, h, false)
+	a.K.Forward(dev, k, h, false)
+	a.V.Forward(dev, v, h, false)
 	if a.QNorm != nil {
 		qh := q.Reshape(n*s.Heads, s.HeadDim)
 		dev.RMSNorm(qh, qh, a.QNorm.W, a.QNorm.Eps, a.QNorm.Offset)
@@ -69,7 +98,12 @@ func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
 	dev.StoreKV(kc, vc, k, v, &c.Paged)
 	o := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim)
 	dev.Attention(o, q, kc, vc, &c.Paged, s)
-	a.O.forward(dev, y, o, false)
+	if a.Gate != nil {
+		g := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim)
+		a.Gate.Forward(dev, g, h, false)
+		c.Lin.SigmoidGate(o, o, g, false)
+	}
+	a.O.Forward(dev, y, o, false)
 }
 
 // FFN is a feed-forward block on the op set.
@@ -78,9 +112,11 @@ type FFN interface {
 	Forward(c *Ctx, y, h kernels.Tensor)
 }
 
-// MLP is the SwiGLU feed-forward block: down(silu(gate(h)) ⊙ up(h)).
+// MLP is the SwiGLU feed-forward block: down(silu(gate(h)) ⊙ up(h)), or
+// with a clamp L down(silu(min(gate(h), L)) ⊙ clamp(up(h), −L, L)).
 type MLP struct {
 	Gate, Up, Down Linear
+	Limit          float32 // the SwiGLU clamp (swiglu_limit; kernels.ClampOps), 0 for none
 }
 
 // forward sets y (N, hidden) = MLP(h), or adds it to y when acc (shared
@@ -89,22 +125,29 @@ func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool) {
 	inter := m.Gate.W.Rows
 	g := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
 	u := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
-	m.Gate.forward(c.Dev, g, h, false)
-	m.Up.forward(c.Dev, u, h, false)
-	c.Dev.SwiGLU(g, g, u)
-	m.Down.forward(c.Dev, y, g, acc)
+	m.Gate.Forward(c.Dev, g, h, false)
+	m.Up.Forward(c.Dev, u, h, false)
+	if m.Limit != 0 {
+		clampOps(c.Dev).SwiGLUClamp(g, g, u, m.Limit)
+	} else {
+		c.Dev.SwiGLU(g, g, u)
+	}
+	m.Down.Forward(c.Dev, y, g, acc)
 }
 
 // Forward implements FFN.
 func (m *MLP) Forward(c *Ctx, y, h kernels.Tensor) { m.forward(c, y, h, false) }
 
-// MoE is a routed mixture of SwiGLU experts plus optional ungated shared
-// experts: y = Σ_k w_k·Expert_k(h) + Shared(h).
+// MoE is a routed mixture of SwiGLU experts plus optional shared experts:
+// y = Σ_k w_k·Expert_k(h) + g·Shared(h), g = sigmoid(SharedGate(h)) for
+// Qwen-style gated shared experts and 1 otherwise.
 type MoE struct {
-	Gate    *kernels.Mat // (experts, hidden) router
-	Router  kernels.Router
-	Experts []kernels.Expert
-	Shared  *MLP // nil when absent
+	Gate       *kernels.Mat // (experts, hidden) router
+	Router     kernels.Router
+	Experts    []kernels.Expert
+	Limit      float32 // the experts' SwiGLU clamp (kernels.ClampOps), 0 for none; Shared has its own
+	Shared     *MLP    // nil when absent
+	SharedGate *Linear // (1, hidden); nil when ungated
 }
 
 // Forward implements FFN.
@@ -115,17 +158,38 @@ func (m *MoE) Forward(c *Ctx, y, h kernels.Tensor) {
 	ids := dev.Scratch(kernels.I32, c.N, m.Router.TopK) // (N, topK)
 	w := dev.Scratch(kernels.F32, c.N, m.Router.TopK)   // (N, topK)
 	dev.Route(ids, w, logits, &m.Router)
-	dev.Experts(y, h, ids, w, m.Experts)
-	if m.Shared != nil {
+	if m.Limit != 0 {
+		clampOps(dev).ExpertsClamp(y, h, ids, w, m.Experts, m.Limit)
+	} else {
+		dev.Experts(y, h, ids, w, m.Experts)
+	}
+	switch {
+	case m.SharedGate != nil:
+		sh := dev.Scratch(kernels.F32, c.N, h.Cols) // (N, hidden)
+		m.Shared.forward(c, sh, h, false)
+		g := dev.Scratch(kernels.F32, c.N, 1) // (N, 1)
+		m.SharedGate.Forward(dev, g, h, false)
+		c.Lin.SigmoidGate(y, sh, g, true)
+	case m.Shared != nil:
 		m.Shared.forward(c, y, h, true)
 	}
 }
 
-// Block is a pre-norm decoder layer, x += Attn(AttnNorm(x)); x += FFN(FFNNorm(x)),
+// clampOps is dev's clamped SwiGLU; a model with a clamp checks for it at
+// load.
+func clampOps(dev kernels.Device) kernels.ClampOps {
+	c, ok := dev.(kernels.ClampOps)
+	if !ok {
+		panic("gqa: a clamped SwiGLU on a device without kernels.ClampOps")
+	}
+	return c
+}
+
+// Block is a pre-norm decoder layer, x += Mixer(AttnNorm(x)); x += FFN(FFNNorm(x)),
 // run with the residual adds fused into the next norm (see Forward).
 type Block struct {
 	AttnNorm *Norm // input_layernorm
-	Attn     *Attention
+	Mixer    Mixer
 	FFNNorm  *Norm // post_attention_layernorm
 	FFN      FFN
 }
@@ -134,23 +198,35 @@ type Block struct {
 // holds AttnNorm(x); on return x holds x + Attn, and y the FFN output still
 // to be added to x, which the caller fuses with the next norm (AddRMSNorm).
 func (b *Block) Forward(c *Ctx, x, h, y kernels.Tensor) {
-	b.Attn.Forward(c, y, h)
+	b.Mixer.Forward(c, y, h)
 	c.Dev.AddRMSNorm(h, x, y, b.FFNNorm.W, b.FFNNorm.Eps, b.FFNNorm.Offset)
 	b.FFN.Forward(c, y, h)
 }
 
-// uploader moves a host model's small weights (norms, biases, frequencies)
-// to the device, keeping the first error.
-type uploader struct {
+// Uploader moves a host-loaded model's small weights (norms, biases,
+// rotary frequencies) to the device and converts its blocks, keeping the
+// first error (Err).
+type Uploader struct {
 	dev kernels.Device
 	err error
 }
 
-func (u *uploader) vec(v []float32) kernels.Tensor {
-	if v == nil || u.err != nil {
+// NewUploader returns an Uploader to dev.
+func NewUploader(dev kernels.Device) *Uploader { return &Uploader{dev: dev} }
+
+// Err is the first allocation error, or a block that is not on the op set.
+func (u *Uploader) Err() error { return u.err }
+
+// Vec uploads v as a (1, len(v)) F32 tensor; nil gives the zero Tensor.
+func (u *Uploader) Vec(v []float32) kernels.Tensor { return u.Tensor(v, 1) }
+
+// Tensor uploads v as a (rows, len(v)/rows) F32 tensor; nil gives the zero
+// Tensor.
+func (u *Uploader) Tensor(v []float32, rows int) kernels.Tensor {
+	if v == nil || u.err != nil || rows <= 0 {
 		return kernels.Tensor{}
 	}
-	t, err := u.dev.Alloc(kernels.F32, 1, len(v))
+	t, err := u.dev.Alloc(kernels.F32, rows, len(v)/rows)
 	if err != nil {
 		u.err = err
 		return t
@@ -159,54 +235,79 @@ func (u *uploader) vec(v []float32) kernels.Tensor {
 	return t
 }
 
-func (u *uploader) norm(n *nn.RMSNorm) *Norm {
+// Norm uploads an RMSNorm's weight; nil gives nil.
+func (u *Uploader) Norm(n *nn.RMSNorm) *Norm {
 	if n == nil {
 		return nil
 	}
-	return &Norm{W: u.vec(n.W), Eps: n.Eps, Offset: n.Offset}
+	return &Norm{W: u.Vec(n.W), Eps: n.Eps, Offset: n.Offset}
 }
 
-func (u *uploader) linear(l *nn.Linear) Linear { return Linear{W: l.W, B: u.vec(l.B)} }
+// Linear keeps the weight and uploads the bias.
+func (u *Uploader) Linear(l *nn.Linear) Linear { return Linear{W: l.W, B: u.Vec(l.B)} }
 
-func (u *uploader) mlp(m *nn.MLP) *MLP {
+// Rotary uploads a RoPE's inverse frequencies; nil gives nil.
+func (u *Uploader) Rotary(r *nn.RoPE) *kernels.Rotary {
+	if r == nil {
+		return nil
+	}
+	return &kernels.Rotary{InvFreq: u.Vec(r.InvFreq()), Dim: r.Dim, Interleaved: r.Interleaved, Scale: r.Scale}
+}
+
+// MLP uploads a SwiGLU MLP's biases; nil gives nil.
+func (u *Uploader) MLP(m *nn.MLP) *MLP {
 	if m == nil {
 		return nil
 	}
-	return &MLP{Gate: u.linear(m.Gate), Up: u.linear(m.Up), Down: u.linear(m.Down)}
+	return &MLP{Gate: u.Linear(m.Gate), Up: u.Linear(m.Up), Down: u.Linear(m.Down)}
 }
 
-// block converts a loaded host block.
-func (u *uploader) block(b *nn.Block) (*Block, error) {
-	a := b.Attn
-	at := &Attention{
-		Layer: a.Attn.Layer,
-		Q:     u.linear(a.Q), K: u.linear(a.K), V: u.linear(a.V), O: u.linear(a.O),
-		QNorm: u.norm(a.QNorm), KNorm: u.norm(a.KNorm),
-		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
-	}
-	if a.Rope != nil {
-		at.Rope = &kernels.Rotary{InvFreq: u.vec(a.Rope.InvFreq()), Dim: a.Rope.Dim, Interleaved: a.Rope.Interleaved, Scale: a.Rope.Scale}
-	}
-	out := &Block{AttnNorm: u.norm(b.AttnNorm), Attn: at, FFNNorm: u.norm(b.FFNNorm)}
-	switch f := b.FFN.(type) {
+// FFN converts a dense SwiGLU MLP or a routed MoE (softmax or grouped
+// noaux_tc routing, optional shared experts, gated or not).
+func (u *Uploader) FFN(f nn.FFN) FFN {
+	switch f := f.(type) {
 	case *nn.MLP:
-		out.FFN = u.mlp(f)
+		return u.MLP(f)
 	case *nn.MoE:
-		if f.SharedGate != nil {
-			return nil, fmt.Errorf("gqa: gated shared experts are not on the op set yet")
-		}
 		r := f.Router
-		out.FFN = &MoE{
+		m := &MoE{
 			Gate: r.W,
 			Router: kernels.Router{
-				Bias: u.vec(r.Bias), Scoring: kernels.Scoring(r.Scoring), TopK: r.TopK, NormTopK: r.NormTopK,
+				Bias: u.Vec(r.Bias), Scoring: kernels.Scoring(r.Scoring), TopK: r.TopK, NormTopK: r.NormTopK,
 				Scale: r.Scale, Groups: r.Groups, TopKGroups: r.TopKGroups,
 			},
 			Experts: f.Experts,
-			Shared:  u.mlp(f.Shared),
+			Shared:  u.MLP(f.Shared),
 		}
-	default:
-		return nil, fmt.Errorf("gqa: feed-forward block %T is not on the op set", b.FFN)
+		if f.SharedGate != nil {
+			g := u.Linear(f.SharedGate)
+			m.SharedGate = &g
+		}
+		return m
 	}
-	return out, u.err
+	u.Fail(fmt.Errorf("gqa: feed-forward block %T is not on the op set", f))
+	return nil
+}
+
+// Fail records err (the first one is kept).
+func (u *Uploader) Fail(err error) {
+	if u.err == nil {
+		u.err = err
+	}
+}
+
+// Attention converts a loaded GQA attention block.
+func (u *Uploader) Attention(a *nn.SelfAttention) *Attention {
+	return &Attention{
+		Layer: a.Attn.Layer,
+		Q:     u.Linear(a.Q), K: u.Linear(a.K), V: u.Linear(a.V), O: u.Linear(a.O),
+		QNorm: u.Norm(a.QNorm), KNorm: u.Norm(a.KNorm),
+		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
+		Rope:  u.Rotary(a.Rope),
+	}
+}
+
+// Block converts a loaded host GQA block.
+func (u *Uploader) Block(b *nn.Block) *Block {
+	return &Block{AttnNorm: u.Norm(b.AttnNorm), Mixer: u.Attention(b.Attn), FFNNorm: u.Norm(b.FFNNorm), FFN: u.FFN(b.FFN)}
 }

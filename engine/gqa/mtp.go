@@ -3,6 +3,7 @@ package gqa
 import (
 	"fmt"
 
+	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -17,9 +18,10 @@ import (
 // eh_proj is kept as its two column halves, so the concatenation is two
 // products into one accumulator.
 type NextN struct {
-	ENorm, HNorm *Norm // (hidden) each
+	Embed        *kernels.Mat // (vocab, hidden) its own embedding; nil: the decoder's
+	ENorm, HNorm *Norm        // (hidden) each
 	EH, HH       Linear
-	Block        *Block
+	Block        *Block       // at cache layer len(Layout) of the decoder
 	Norm         *Norm        // shared_head.norm (hidden)
 	Head         *kernels.Mat // (vocab, hidden)
 }
@@ -30,59 +32,67 @@ type MTPDecoder struct {
 	MTP *NextN
 }
 
-// AddNextN converts a host-loaded NextN layer (block at cache layer
-// len(d.Layout), which it appends) and returns the model with it.
-func (d *Decoder) AddNextN(enorm, hnorm *nn.RMSNorm, ehProj *nn.Linear, block *nn.Block, norm *nn.RMSNorm, head *kernels.Mat) (*MTPDecoder, error) {
-	u := &uploader{dev: d.Dev}
-	blk, err := u.block(block)
-	if err != nil {
-		return nil, err
-	}
-	if blk.Attn.Layer != len(d.Layout) {
-		return nil, fmt.Errorf("gqa: NextN block at cache layer %d, want %d", blk.Attn.Layer, len(d.Layout))
-	}
-	e, h, err := splitCols(ehProj.W)
-	if err != nil {
-		return nil, err
-	}
-	m := &NextN{
-		ENorm: u.norm(enorm), HNorm: u.norm(hnorm),
-		EH: Linear{W: e, B: u.vec(ehProj.B)}, HH: Linear{W: h},
-		Block: blk, Norm: u.norm(norm), Head: head,
-	}
-	if u.err != nil {
-		return nil, u.err
-	}
-	d.Layout = append(d.Layout, d.Layout[0])
-	return &MTPDecoder{Decoder: d, MTP: m}, nil
+// HasNextN reports whether the config declares a NextN layer
+// (num_nextn_predict_layers ≥ 1) and the checkpoint holds it, as
+// model.layers.{layers}.
+func HasNextN(l *nn.Loader, nextn, layers int) bool {
+	return nextn > 0 && l.Has(fmt.Sprintf("model.layers.%d.eh_proj.weight", layers))
 }
 
-// splitCols copies the left and right column halves of w (rows, 2·k) into
-// two (rows, k) matrices; a block-quantized w splits between its blocks.
-func splitCols(w *kernels.Mat) (left, right *kernels.Mat, err error) {
-	k := w.Cols / 2
-	if w.Cols%2 != 0 || w.DType == kernels.F8E4M3 || k%w.DType.BlockElems() != 0 || w.DType.RowBytes(k) == 0 {
-		return nil, nil, fmt.Errorf("gqa: eh_proj %v (%d, %d) cannot be split into column halves", w.DType, w.Rows, w.Cols)
+// LoadNextN loads the prologue (enorm, hnorm, eh_proj) and the head
+// (shared_head.norm, shared_head.head, lmHead when the checkpoint omits
+// it: released checkpoints hold a copy of lm_head) of the NextN layer
+// model.layers.{layer} around block, which the caller loaded and which
+// caches in layer `layer`. Errors are the loader's and the uploader's.
+func LoadNextN(l *nn.Loader, u *Uploader, layer, hidden int, eps float32, block *Block, lmHead *kernels.Mat) (*NextN, error) {
+	return LoadNextNAt(l, u, fmt.Sprintf("model.layers.%d.", layer), hidden, eps, block, lmHead)
+}
+
+// LoadNextNAt is LoadNextN for a NextN layer under the tensor prefix pre
+// (a vision-language checkpoint's "model.language_model.layers.N.").
+func LoadNextNAt(l *nn.Loader, u *Uploader, pre string, hidden int, eps float32, block *Block, lmHead *kernels.Mat) (*NextN, error) {
+	eh := l.Linear(pre+"eh_proj", hidden, 2*hidden, false)
+	m := &NextN{
+		ENorm: u.Norm(l.RMSNorm(pre+"enorm", hidden, eps, false)),
+		HNorm: u.Norm(l.RMSNorm(pre+"hnorm", hidden, eps, false)),
+		Block: block,
+		Norm:  u.Norm(l.RMSNorm(pre+"shared_head.norm", hidden, eps, false)),
+		Head:  lmHead,
 	}
-	rb, hb := w.DType.RowBytes(w.Cols), w.DType.RowBytes(k)
-	left = &kernels.Mat{DType: w.DType, Rows: w.Rows, Cols: k, Data: make([]byte, w.Rows*hb)}
-	right = &kernels.Mat{DType: w.DType, Rows: w.Rows, Cols: k, Data: make([]byte, w.Rows*hb)}
-	for r := range w.Rows {
-		copy(left.Data[r*hb:(r+1)*hb], w.Data[r*rb:r*rb+hb])
-		copy(right.Data[r*hb:(r+1)*hb], w.Data[r*rb+hb:(r+1)*rb])
+	if l.Has(pre + "shared_head.head.weight") {
+		m.Head = l.Mat(pre+"shared_head.head.weight", lmHead.Rows, hidden)
 	}
-	return left, right, nil
+	if err := l.Err(); err != nil {
+		return nil, err
+	}
+	e, h, err := SplitCols(eh.W)
+	if err != nil {
+		return nil, err
+	}
+	m.EH, m.HH = Linear{W: e, B: u.Vec(eh.B)}, Linear{W: h}
+	return m, u.Err()
+}
+
+// WithNextN returns d with the NextN layer m, whose block caches in the
+// layer it appends to d's layout (width, in d's cache dtype).
+func (d *Decoder) WithNextN(m *NextN, width kvcache.LayerWidth) (*MTPDecoder, error) {
+	if err := d.checkLin(m.Block); err != nil {
+		return nil, err
+	}
+	width.DType = d.Layout[0].DType
+	d.Layout = append(d.Layout, width)
+	return &MTPDecoder{Decoder: d, MTP: m}, nil
 }
 
 // ForwardMTP implements model.MTPModel.
 func (m *MTPDecoder) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
 	d, hs := m.Decoder, m.Embed.Cols
 	validate := func() error { return b.ValidateHidden(hidden, hs) }
-	return d.forward(b, m.MTP.Head.Rows, validate, func(st *step) (*model.Output, error) { return m.mtp(b, st, hidden) })
+	return d.forward(b, m.MTP.Head.Rows, validate, func(st *Step) (*model.Output, error) { return m.mtp(b, st, hidden) })
 }
 
 // mtp runs the NextN layer; d.mu is held.
-func (m *MTPDecoder) mtp(b *model.Batch, st *step, hidden [][]float32) (*model.Output, error) {
+func (m *MTPDecoder) mtp(b *model.Batch, st *Step, hidden [][]float32) (*model.Output, error) {
 	d, hs := m.Decoder, m.Embed.Cols
 	var err error
 	n := b.Tokens()
@@ -101,12 +111,16 @@ func (m *MTPDecoder) mtp(b *model.Batch, st *step, hidden [][]float32) (*model.O
 	prologue := func(c *Ctx, x kernels.Tensor) {
 		dev := c.Dev
 		e := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
-		dev.Embed(e, d.Embed, st.ids)
+		embed := nx.Embed
+		if embed == nil {
+			embed = d.Embed
+		}
+		dev.Embed(e, embed, st.IDs)
 		dev.RMSNorm(e, e, nx.ENorm.W, nx.ENorm.Eps, nx.ENorm.Offset)
 		hn := dev.Scratch(kernels.F32, n, hs) // (N, hidden)
 		dev.RMSNorm(hn, hid, nx.HNorm.W, nx.HNorm.Eps, nx.HNorm.Offset)
-		nx.EH.forward(dev, x, e, false)
-		nx.HH.forward(dev, x, hn, true)
+		nx.EH.Forward(dev, x, e, false)
+		nx.HH.Forward(dev, x, hn, true)
 	}
 	return d.run(b, st, prologue, []*Block{nx.Block}, nx.Norm, nx.Head), nil
 }

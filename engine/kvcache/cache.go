@@ -38,6 +38,24 @@ type LayerWidth struct {
 	// lives in backend memory (Options.Memory) and is reached through
 	// Cache.Layer only.
 	DType kernels.DType
+
+	// VFloat32 keeps V in F32 whatever DType: data whose rounding would
+	// change discrete choices (glm5_next's k-pool indexer keys, from which
+	// the attended pools are selected).
+	VFloat32 bool
+}
+
+// vDType is the storage type of V.
+func (w LayerWidth) vDType() kernels.DType {
+	if w.VFloat32 {
+		return kernels.F32
+	}
+	return w.DType
+}
+
+// Bytes is the cache memory one token takes in the layer.
+func (w LayerWidth) Bytes() int64 {
+	return int64(w.K)*int64(w.DType.Size()) + int64(w.V)*int64(w.vDType().Size())
 }
 
 // Layout is the cache shape a model needs: one LayerWidth per cached layer,
@@ -48,7 +66,7 @@ type Layout []LayerWidth
 func (l Layout) BytesPerToken() int64 {
 	var n int64
 	for _, w := range l {
-		n += int64(w.K+w.V) * int64(w.DType.Size())
+		n += w.Bytes()
 	}
 	return n
 }
@@ -168,7 +186,7 @@ func (c *Cache) allocTensors(m kernels.Memory) error {
 			}
 		}
 		if w.V > 0 {
-			if c.vt[l], err = m.Alloc(w.DType, slots, w.V); err != nil {
+			if c.vt[l], err = m.Alloc(w.vDType(), slots, w.V); err != nil {
 				return fmt.Errorf("kvcache: layer %d: %w", l, err)
 			}
 		}

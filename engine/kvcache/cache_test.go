@@ -4,6 +4,9 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 // testLayout has a GQA-like layer, an MLA-like layer (no V) and a layer that
@@ -63,6 +66,20 @@ func checkRefs(t *testing.T, c *Cache, live []*Seq) {
 func TestLayoutBytes(t *testing.T) {
 	if got, want := testLayout.BytesPerToken(), int64((4+4+3)*4); got != want {
 		t.Fatalf("BytesPerToken = %d, want %d", got, want)
+	}
+	// BF16 halves K and V, except a V kept in F32.
+	bf := Layout{{K: 4, V: 6, DType: kernels.BF16}, {K: 4, V: 6, DType: kernels.BF16, VFloat32: true}}
+	if got, want := bf.BytesPerToken(), int64((4+6)*2+4*2+6*4); got != want {
+		t.Fatalf("BF16 BytesPerToken = %d, want %d", got, want)
+	}
+	c, err := New(bf, Options{BlockSize: 2, Budget: 4 * bf.BytesPerToken(), Memory: strict.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l, want := range []kernels.DType{kernels.BF16, kernels.F32} {
+		if k, v := c.Layer(l); k.DType != kernels.BF16 || v.DType != want || v.Cols != 6 {
+			t.Errorf("layer %d: K %v, V %v, want V %v", l, k, v, want)
+		}
 	}
 }
 

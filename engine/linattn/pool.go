@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // LayerShape is the per-sequence state of one linear-attention layer.
@@ -48,6 +50,12 @@ func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 // and count against the same budget. Memory is allocated on first use and
 // kept for reuse after Free (never more than the budget at any time).
 //
+// A pool made by NewDeviceStatePool keeps the same layout in backend
+// tensors instead (see Tensors): one row per slot or snapshot, which the
+// op set's linear-attention ops index by Row; Copy, Snapshot, Restore and
+// Reset are then backend copies, and S, Conv, SnapshotS and SnapshotConv
+// are not available.
+//
 // Alloc, Free, NewSnapshot and FreeSnapshot may be called concurrently.
 // The data of one slot must not be used by two goroutines at once.
 type StatePool struct {
@@ -62,13 +70,42 @@ type StatePool struct {
 	spare  [][]float32 // freed buffers kept for reuse
 	freeID []int       // freed slot ids, reused first
 	nextID int
+
+	dev *devStore // backend storage; nil for host slots
+}
+
+// devStore is a device pool's storage: per layer, S and the conv state as
+// (rows, SLen) and (rows, ConvLen) F32 tensors. Row 0 stays zero (the
+// source of Reset); slots and snapshots take rows 1, 2, … Rows are
+// allocated as needed, doubling up to the budget's worth.
+type devStore struct {
+	mem      kernels.Memory
+	s, conv  []kernels.Tensor // (layers) the current tensors
+	rows     int              // rows allocated
+	maxRows  int              // 1 + the budget's worth of slots
+	freeRows []int
+	nextRow  int
 }
 
 // Slot is one sequence's state in a StatePool. Its ID is a small integer,
 // unique among live slots, reused after Free.
 type Slot struct {
-	id  int
-	buf []float32 // nil once freed
+	id int
+	store
+}
+
+// store is where a slot's or snapshot's state lives.
+type store struct {
+	buf  []float32 // host pools: the state; nil once freed
+	row  int       // device pools: the row in the pool's tensors
+	live bool
+}
+
+// check panics unless st is live; what names it in the message.
+func (st *store) check(what string) {
+	if !st.live {
+		panic("linattn: use of a freed " + what)
+	}
 }
 
 // ID returns the slot's index in [0, peak number of live slots).
@@ -76,7 +113,7 @@ func (s *Slot) ID() int { return s.id }
 
 // Snapshot is a copy of one slot's state (speculative rollback, turn
 // checkpoints), laid out as a slot.
-type Snapshot struct{ buf []float32 }
+type Snapshot struct{ store }
 
 // NewStatePool makes a pool for the given linear layers (in model order,
 // linear layers only) with room for budgetBytes of slots and snapshots.
@@ -95,6 +132,104 @@ func NewStatePool(layers []LayerShape, budgetBytes int64) (*StatePool, error) {
 		return nil, fmt.Errorf("linattn: negative budget %d", budgetBytes)
 	}
 	return p, nil
+}
+
+// NewDeviceStatePool is NewStatePool with the states in mem's tensors.
+func NewDeviceStatePool(mem kernels.Memory, layers []LayerShape, budgetBytes int64) (*StatePool, error) {
+	p, err := NewStatePool(layers, budgetBytes)
+	if err != nil {
+		return nil, err
+	}
+	p.dev = &devStore{mem: mem, nextRow: 1, maxRows: 1}
+	if p.per > 0 {
+		p.dev.maxRows += int(budgetBytes / p.BytesPerSeq())
+	}
+	return p, nil
+}
+
+// Memory is the backend memory a device pool's tensors live in; nil for a
+// host pool.
+func (p *StatePool) Memory() kernels.Memory {
+	if p.dev == nil {
+		return nil
+	}
+	return p.dev.mem
+}
+
+// Tensors returns a device pool's state tensors of layer l: S (rows,
+// Heads·DK·DV) and the conv state (rows, (ConvK−1)·ConvChannels), F32, a
+// slot's state in its Row. They are reallocated (larger) when a slot or
+// snapshot needs a row past them, so fetch them for every step.
+func (p *StatePool) Tensors(l int) (s, conv kernels.Tensor) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dev == nil {
+		panic("linattn: Tensors of a host state pool")
+	}
+	if p.dev.rows == 0 {
+		return kernels.Tensor{}, kernels.Tensor{}
+	}
+	return p.dev.s[l], p.dev.conv[l]
+}
+
+// Row is slot s's row in a device pool's tensors.
+func (p *StatePool) Row(s *Slot) int {
+	p.check(s)
+	return s.row
+}
+
+// grow makes the tensors at least n rows long, copying what they held.
+func (d *devStore) grow(layers []LayerShape, n int) error {
+	if n <= d.rows {
+		return nil
+	}
+	rows := min(max(n, 2*d.rows, 4), max(d.maxRows, n))
+	s, conv := make([]kernels.Tensor, len(layers)), make([]kernels.Tensor, len(layers))
+	for i, l := range layers {
+		var err error
+		if s[i], err = d.mem.Alloc(kernels.F32, rows, l.SLen()); err != nil {
+			return fmt.Errorf("linattn: state pool: %w", err)
+		}
+		if l.ConvLen() > 0 {
+			if conv[i], err = d.mem.Alloc(kernels.F32, rows, l.ConvLen()); err != nil {
+				return fmt.Errorf("linattn: state pool: %w", err)
+			}
+		}
+		if d.rows > 0 {
+			d.mem.Copy(s[i].Slice(0, d.rows), d.s[i])
+			if conv[i].Valid() {
+				d.mem.Copy(conv[i].Slice(0, d.rows), d.conv[i])
+			}
+		}
+	}
+	d.s, d.conv, d.rows = s, conv, rows
+	return nil
+}
+
+// copyRow sets row dst of every tensor to row src.
+func (d *devStore) copyRow(dst, src int) {
+	for i := range d.s {
+		d.mem.Copy(d.s[i].Slice(dst, dst+1), d.s[i].Slice(src, src+1))
+		if d.conv[i].Valid() {
+			d.mem.Copy(d.conv[i].Slice(dst, dst+1), d.conv[i].Slice(src, src+1))
+		}
+	}
+}
+
+// takeRow returns a zeroed row of a device pool; p.mu is held.
+func (p *StatePool) takeRow() (int, error) {
+	d := p.dev
+	row := d.nextRow
+	if n := len(d.freeRows); n > 0 {
+		row, d.freeRows = d.freeRows[n-1], d.freeRows[:n-1]
+	} else {
+		if err := d.grow(p.layers, row+1); err != nil {
+			return 0, err
+		}
+		d.nextRow++
+	}
+	d.copyRow(row, 0)
+	return row, nil
 }
 
 // Layers returns the number of layers of a slot.
@@ -123,14 +258,24 @@ func (p *StatePool) Available() int {
 	return int((p.budget - p.used) / p.BytesPerSeq())
 }
 
-// take reserves one buffer's worth of budget and returns a zeroed buffer.
-func (p *StatePool) take() ([]float32, error) {
+// take reserves one buffer's worth of budget and returns a zeroed buffer
+// (host pools) or row (device pools).
+func (p *StatePool) take() ([]float32, int, error) {
 	p.mu.Lock()
 	need := p.BytesPerSeq()
 	if p.used+need > p.budget {
 		err := &ExhaustedError{Need: need, Used: p.used, Budget: p.budget}
 		p.mu.Unlock()
-		return nil, err
+		return nil, 0, err
+	}
+	if p.dev != nil {
+		defer p.mu.Unlock()
+		row, err := p.takeRow()
+		if err != nil {
+			return nil, 0, err
+		}
+		p.used += need
+		return nil, row, nil
 	}
 	p.used += need
 	var buf []float32
@@ -139,23 +284,27 @@ func (p *StatePool) take() ([]float32, error) {
 	}
 	p.mu.Unlock()
 	if buf == nil {
-		return make([]float32, p.per), nil
+		return make([]float32, p.per), 0, nil
 	}
 	clear(buf)
-	return buf, nil
+	return buf, 0, nil
 }
 
-func (p *StatePool) give(buf []float32) {
+func (p *StatePool) give(buf []float32, row int) {
 	p.mu.Lock()
 	p.used -= p.BytesPerSeq()
-	p.spare = append(p.spare, buf)
+	if p.dev != nil {
+		p.dev.freeRows = append(p.dev.freeRows, row)
+	} else {
+		p.spare = append(p.spare, buf)
+	}
 	p.mu.Unlock()
 }
 
 // Alloc returns a new slot with all state zeroed (a fresh sequence), or an
 // *ExhaustedError (errors.Is(err, ErrExhausted)) if it does not fit.
 func (p *StatePool) Alloc() (*Slot, error) {
-	buf, err := p.take()
+	buf, row, err := p.take()
 	if err != nil {
 		return nil, err
 	}
@@ -167,28 +316,74 @@ func (p *StatePool) Alloc() (*Slot, error) {
 		p.nextID++
 	}
 	p.mu.Unlock()
-	return &Slot{id: id, buf: buf}, nil
+	return &Slot{id: id, store: store{buf: buf, row: row, live: true}}, nil
 }
 
 // Free returns a slot's memory to the pool. Using the slot afterwards, or
 // freeing it twice, panics.
 func (p *StatePool) Free(s *Slot) {
-	buf := p.buf(s)
-	s.buf = nil
-	p.give(buf)
+	p.check(s)
+	buf, row := s.buf, s.row
+	s.buf, s.live = nil, false
+	p.give(buf, row)
 	p.mu.Lock()
 	p.freeID = append(p.freeID, s.id)
 	p.mu.Unlock()
 }
 
 // Reset zeroes a slot's state (the sequence starts over).
-func (p *StatePool) Reset(s *Slot) { clear(p.buf(s)) }
-
-func (p *StatePool) buf(s *Slot) []float32 {
-	if s == nil || s.buf == nil {
-		panic("linattn: use of a freed or nil Slot")
+func (p *StatePool) Reset(s *Slot) {
+	p.check(s)
+	if p.dev != nil {
+		p.devCopy(s.row, 0)
+		return
 	}
-	return s.buf
+	clear(s.buf)
+}
+
+// devCopy copies row src over row dst of a device pool.
+func (p *StatePool) devCopy(dst, src int) {
+	p.mu.Lock()
+	p.dev.copyRow(dst, src)
+	p.mu.Unlock()
+}
+
+// copyState copies src's state over dst's (both live): a row copy on the
+// backend, or a host copy.
+func (p *StatePool) copyState(dst, src *store) {
+	if p.dev != nil {
+		p.devCopy(dst.row, src.row)
+		return
+	}
+	copy(p.host(dst), p.host(src))
+}
+
+func (p *StatePool) check(s *Slot) {
+	if s == nil {
+		panic("linattn: use of a nil Slot")
+	}
+	s.check("Slot")
+}
+
+func (p *StatePool) checkSnap(sn *Snapshot) {
+	if sn == nil {
+		panic("linattn: use of a nil Snapshot")
+	}
+	sn.check("Snapshot")
+}
+
+// host is a host pool's buffer of st.
+func (p *StatePool) host(st *store) []float32 {
+	if p.dev != nil {
+		panic("linattn: host access to a device state pool")
+	}
+	return st.buf
+}
+
+// buf is a host slot's buffer.
+func (p *StatePool) buf(s *Slot) []float32 {
+	p.check(s)
+	return p.host(&s.store)
 }
 
 // S returns layer l's delta-rule state in slot s, [Heads, DK, DV].
@@ -209,36 +404,48 @@ func (p *StatePool) convOf(buf []float32, l int) []float32 {
 
 // Copy copies every layer's state of src into dst (conversation reuse:
 // fork a sequence from a checkpointed turn boundary).
-func (p *StatePool) Copy(dst, src *Slot) { copy(p.buf(dst), p.buf(src)) }
+func (p *StatePool) Copy(dst, src *Slot) {
+	p.check(dst)
+	p.check(src)
+	p.copyState(&dst.store, &src.store)
+}
 
 // NewSnapshot allocates a (zeroed) snapshot buffer from the budget.
 func (p *StatePool) NewSnapshot() (*Snapshot, error) {
-	buf, err := p.take()
+	buf, row, err := p.take()
 	if err != nil {
 		return nil, err
 	}
-	return &Snapshot{buf: buf}, nil
+	return &Snapshot{store{buf: buf, row: row, live: true}}, nil
 }
 
 // FreeSnapshot returns a snapshot's memory to the pool.
 func (p *StatePool) FreeSnapshot(sn *Snapshot) {
-	buf := p.snapBuf(sn)
-	sn.buf = nil
-	p.give(buf)
+	p.checkSnap(sn)
+	buf, row := sn.buf, sn.row
+	sn.buf, sn.live = nil, false
+	p.give(buf, row)
 }
 
+// snapBuf is a host snapshot's buffer.
 func (p *StatePool) snapBuf(sn *Snapshot) []float32 {
-	if sn == nil || sn.buf == nil {
-		panic("linattn: use of a freed or nil Snapshot")
-	}
-	return sn.buf
+	p.checkSnap(sn)
+	return p.host(&sn.store)
 }
 
 // Snapshot copies slot src's state into dst.
-func (p *StatePool) Snapshot(dst *Snapshot, src *Slot) { copy(p.snapBuf(dst), p.buf(src)) }
+func (p *StatePool) Snapshot(dst *Snapshot, src *Slot) {
+	p.checkSnap(dst)
+	p.check(src)
+	p.copyState(&dst.store, &src.store)
+}
 
 // Restore copies snapshot src back into slot dst.
-func (p *StatePool) Restore(dst *Slot, src *Snapshot) { copy(p.buf(dst), p.snapBuf(src)) }
+func (p *StatePool) Restore(dst *Slot, src *Snapshot) {
+	p.check(dst)
+	p.checkSnap(src)
+	p.copyState(&dst.store, &src.store)
+}
 
 // SnapshotS returns layer l's S inside a snapshot, [Heads, DK, DV]: pass it
 // as Seq.StatesAfter[t] to record the state after token t directly.

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"sync"
 	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 func TestPoolAccounting(t *testing.T) {
@@ -170,4 +173,111 @@ func TestPoolConcurrent(t *testing.T) {
 	if p.Used() != 0 {
 		t.Fatalf("Used %d after all frees", p.Used())
 	}
+}
+
+// TestDevicePool checks a device pool on the strict backend: zeroed rows,
+// Copy, Snapshot, Restore and Reset as row copies, growth keeping every
+// row, and the budget.
+func TestDevicePool(t *testing.T) {
+	dev := strict.New()
+	layers := []LayerShape{{Heads: 2, DK: 3, DV: 4, ConvK: 4, ConvChannels: 5}, {Heads: 1, DK: 2, DV: 2, ConvK: 1, ConvChannels: 3}}
+	per := int64(4 * (2*3*4 + 3*5 + 1*2*2))
+	p, err := NewDeviceStatePool(dev, layers, 7*per)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.BytesPerSeq() != per || p.Memory() != kernels.Memory(dev) {
+		t.Fatalf("BytesPerSeq %d, want %d", p.BytesPerSeq(), per)
+	}
+	// rows are s's rows of every state tensor.
+	rows := func(s *Slot) []kernels.Tensor {
+		var out []kernels.Tensor
+		for l := range p.Layers() {
+			st, conv := p.Tensors(l)
+			for _, x := range []kernels.Tensor{st, conv} {
+				if x.Valid() {
+					out = append(out, x.Slice(p.Row(s), p.Row(s)+1))
+				}
+			}
+		}
+		return out
+	}
+	fill := func(s *Slot, v float32) {
+		for _, r := range rows(s) {
+			vals := make([]float32, r.Elems())
+			for i := range vals {
+				vals[i] = v
+			}
+			dev.WriteF32(r, vals)
+		}
+	}
+	read := func(s *Slot) []float32 {
+		var out []float32
+		for _, r := range rows(s) {
+			vals := make([]float32, r.Elems())
+			dev.ReadF32(vals, r)
+			out = append(out, vals...)
+		}
+		return out
+	}
+	all := func(s *Slot, v float32) bool {
+		for _, x := range read(s) {
+			if x != v {
+				return false
+			}
+		}
+		return true
+	}
+	var slots []*Slot
+	for i := range 5 { // grows past the first allocation (4 rows)
+		s, err := p.Alloc()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !all(s, 0) {
+			t.Fatalf("slot %d not zeroed", i)
+		}
+		fill(s, float32(i+1))
+		slots = append(slots, s)
+	}
+	for i, s := range slots {
+		if !all(s, float32(i+1)) {
+			t.Fatalf("slot %d lost its state when the pool grew", i)
+		}
+	}
+	sn, err := p.NewSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Snapshot(sn, slots[1])
+	p.Copy(slots[0], slots[2])
+	p.Reset(slots[2])
+	p.Restore(slots[3], sn)
+	if !all(slots[0], 3) || !all(slots[2], 0) || !all(slots[3], 2) || !all(slots[1], 2) {
+		t.Fatal("Copy, Reset, Snapshot or Restore")
+	}
+	if _, err := p.Alloc(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.NewSnapshot(); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("8th slot: %v", err)
+	}
+	p.Free(slots[4])
+	s, err := p.Alloc() // reuses slot 4's row: zeroed again
+	if err != nil || !all(s, 0) {
+		t.Fatalf("reused row not zeroed (%v)", err)
+	}
+	p.FreeSnapshot(sn)
+	mustPanicPool(t, func() { p.S(s, 0) })
+	mustPanicPool(t, func() { p.Restore(s, sn) })
+}
+
+func mustPanicPool(t *testing.T, fn func()) {
+	t.Helper()
+	defer func() {
+		if recover() == nil {
+			t.Error("no panic")
+		}
+	}()
+	fn()
 }

@@ -1,9 +1,8 @@
 // Package model defines what an architecture provides to the engine and how
 // the engine drives it: the Model interface, the Batch a forward pass runs,
-// the registry of architectures, NewCache, and Decoder, the decoder-only
-// transformer on host slices that the architectures not yet on the op set
-// (the mla family) are assembled into; the GQA architectures run
-// on engine/gqa, a DeviceModel.
+// the registry of architectures and NewCache. The op-set architectures (GQA
+// and the mla family) run on engine/gqa, a DeviceModel; qwen3_next and
+// glm5_next assemble their own host-slice forward passes.
 //
 // A forward pass runs one Batch: any mix of sequences, each contributing a
 // chunk of prompt tokens, one decode token or k+1 speculative verify tokens,

@@ -9,7 +9,8 @@ import (
 
 // StateModel is implemented by models with linear-attention layers, whose
 // per-sequence recurrent state lives in a linattn.StatePool slot rather than
-// in the paged KV cache.
+// in the paged KV cache. A model may implement it with an empty layout (no
+// linear layers, as gqa.Decoder without them): it then needs no pool.
 type StateModel interface {
 	Model
 	// StateLayout is the shape of one sequence's slot: one entry per linear
@@ -78,4 +79,14 @@ func (b *Batch) ValidateStates(layout []linattn.LayerShape) error {
 		seen[st] = true
 	}
 	return nil
+}
+
+// NewStatePool creates the recurrent-state pool for a StateModel m with
+// room for budget bytes of slots and snapshots: in m's device memory when
+// m is (or wraps) a DeviceModel, host slices otherwise.
+func NewStatePool(m StateModel, budget int64) (*linattn.StatePool, error) {
+	if dm := AsDevice(m); dm != nil {
+		return linattn.NewDeviceStatePool(dm.Device(), m.StateLayout(), budget)
+	}
+	return linattn.NewStatePool(m.StateLayout(), budget)
 }

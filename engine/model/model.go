@@ -93,6 +93,19 @@ type WeightSource interface {
 	Float32(name string, shape ...int) ([]float32, error)
 }
 
+// OpsError is a Constructor's error when the backend lacks operations the
+// architecture needs (the op set, or a capability of it such as
+// kernels.MLAOps); engine.Load falls back to the CPU on it under
+// --device auto.
+type OpsError struct {
+	Backend string // the backend's name
+	Missing string // what it lacks, e.g. "the op set (kernels.Device)"
+}
+
+func (e *OpsError) Error() string {
+	return fmt.Sprintf("backend %s does not implement %s", e.Backend, e.Missing)
+}
+
 // Constructor builds an architecture from its config and weights. It must
 // return an error naming the key or tensor at fault, never panic.
 type Constructor func(cfg *config.Config, w WeightSource, be kernels.Backend) (Model, error)

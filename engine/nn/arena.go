@@ -35,13 +35,6 @@ func (a *Arena) Get(n int) []float32 {
 	return s
 }
 
-// Zeros returns n zeroed values.
-func (a *Arena) Zeros(n int) []float32 {
-	s := a.Get(n)
-	clear(s)
-	return s
-}
-
 // Mark records the arena's position for Release.
 func (a *Arena) Mark() int { return a.off }
 

@@ -1,10 +1,10 @@
 // Package nn holds the engine's shared layers on host slices as tiny
 // structs: Linear, RMSNorm, RoPE, causal GQA attention over the paged KV
 // cache, the SwiGLU MLP and mixture-of-experts routing. The architectures not
-// yet on the op set (qwen3_next, the mla family, glm5_next) run
-// them, with the heavy matrix products through kernels.Backend and the
-// shared formulas from kernels/ref; the GQA architectures load their weights
-// with nn's Loader and run on engine/gqa.
+// yet on the op set (qwen3_next, glm5_next) run them, with the heavy matrix
+// products through kernels.Backend and the shared formulas from
+// kernels/ref; the op-set architectures (GQA and the mla family) load their
+// weights with nn's Loader and run on engine/gqa.
 //
 // Conventions:
 //   - Activations are row-major float32 matrices passed as flat slices with

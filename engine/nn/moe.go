@@ -53,7 +53,8 @@ type Expert = kernels.Expert
 
 // MoE is a routed mixture of SwiGLU experts with optional shared experts:
 // y = Σ_k w_k·Expert_k(x) + g·Shared(x), where g = sigmoid(x·SharedGateᵀ)
-// for Qwen-style gated shared experts and 1 otherwise.
+// for Qwen-style gated shared experts and 1 otherwise. The gated form runs
+// on the op set only (gqa.MoE); Forward panics on it.
 type MoE struct {
 	Router     Router
 	Experts    []Expert // (experts)
@@ -66,6 +67,9 @@ type MoE struct {
 // outputs are summed in increasing expert order, independent of the other
 // tokens in the batch.
 func (m *MoE) Forward(be kernels.Backend, a *Arena, y, x []float32, n int) {
+	if m.SharedGate != nil {
+		panic("nn: a gated shared expert runs on the op set (gqa.MoE), not on host slices")
+	}
 	mark := a.Mark()
 	hidden, inter, k := m.Experts[0].Down.Rows, m.Experts[0].Down.Cols, m.Router.TopK
 	idx := make([]int32, n*k)
@@ -131,16 +135,6 @@ func (m *MoE) Forward(be kernels.Backend, a *Arena, y, x []float32, n int) {
 	if m.Shared != nil {
 		ys := a.Get(n * hidden) // (n, hidden)
 		m.Shared.Forward(be, a, ys, x, n)
-		if m.SharedGate != nil {
-			g := a.Get(n) // (n, 1)
-			m.SharedGate.Forward(be, g, x, n)
-			for i := range n {
-				s := Sigmoid(g[i])
-				for j := range hidden {
-					ys[i*hidden+j] *= s
-				}
-			}
-		}
 		for i, v := range ys {
 			y[i] += v
 		}

@@ -62,7 +62,8 @@
 // # Recurrent state
 //
 // When the model is a model.StateModel (linear-attention layers), the
-// runtime owns a linattn.StatePool of Options.StateBudget bytes (default:
+// runtime owns a linattn.StatePool (model.NewStatePool: in the model's
+// device memory when it runs on the op set) of Options.StateBudget bytes (default:
 // MaxSeqs slots, plus the snapshots speculation needs when the model has an
 // MTP module). A sequence gets a zeroed slot when admitted and gives it
 // back whenever its cache handle goes (finish, cancel, error, preemption):
@@ -210,7 +211,7 @@
 //     under pressure. Matching is a scan of at most Options.PrefixCache
 //     prefixes per admission; a radix tree would scale to many more.
 //   - Per-token recurrent states: a model that recorded the state after
-//     each verified token (DeltaRule Seq.StatesAfter, Conv.SaveStates) into
+//     each verified token (a DeltaRule and ShortConv that also write them) into
 //     per-position snapshots would let a hybrid restore the accepted
 //     position directly, with no recomputation and no 8-token window.
 //

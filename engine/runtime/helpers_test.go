@@ -108,7 +108,7 @@ func reference(t testing.TB, m model.Model, req runtime.Request) (out []int32, f
 		for _, l := range sm.StateLayout() {
 			per += l.Bytes()
 		}
-		if states, err = linattn.NewStatePool(sm.StateLayout(), per); err != nil {
+		if states, err = model.NewStatePool(sm, per); err != nil {
 			t.Fatal(err)
 		}
 		if slot, err = states.Alloc(); err != nil {

@@ -250,7 +250,7 @@ func newStatePool(m model.Model, hasMTP bool, opts *Options) (*linattn.StatePool
 	if opts.StateBudget < per {
 		return nil, fmt.Errorf("%w: StateBudget %d bytes, one sequence of %s takes %d", ErrStateBudget, opts.StateBudget, m.Info().Arch, per)
 	}
-	p, err := linattn.NewStatePool(layout, opts.StateBudget)
+	p, err := model.NewStatePool(sm, opts.StateBudget)
 	if err != nil {
 		return nil, fmt.Errorf("runtime: %w", err)
 	}

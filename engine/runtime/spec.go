@@ -12,10 +12,11 @@ import (
 // Speculative decoding with the model's MTP module (see doc.go).
 
 // maxStateVerify is the most tokens a hybrid model verifies for one
-// sequence in one step. linattn.DeltaRule.Forward runs its token-by-token
-// form up to 8 tokens, and that form rounds the state to float32 after
-// every token, exactly as plain decoding does: a verification window this
-// short gives the linear layers plain decoding's results bit for bit.
+// sequence in one step. The delta rule runs its token-by-token form up to 8
+// tokens (kernels.LinearAttentionOps.DeltaRule's contract), and that form
+// rounds the state to float32 after every token, exactly as plain decoding
+// does: a verification window this short gives the linear layers plain
+// decoding's results bit for bit.
 const maxStateVerify = 8
 
 // Adaptive draft length.

@@ -474,6 +474,10 @@ type oracle struct {
 	hist map[*kvcache.Seq][]int32 // each sequence's tokens by position, as the passes have seen them
 }
 
+// Unwrap returns the wrapped model (model.NewCache and model.NewStatePool
+// find its device).
+func (o *oracle) Unwrap() model.Model { return o.MTPModel }
+
 // oracleHybrid is an oracle over a model with recurrent state.
 type oracleHybrid struct{ *oracle }
 
@@ -559,7 +563,7 @@ func lastLogits(m model.Model, toks []int32) ([]float32, error) {
 	}
 	b := &model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: toks, KV: kv, Logits: model.LastLogits}}}
 	if sm, ok := m.(model.StateModel); ok {
-		if b.States, err = linattn.NewStatePool(sm.StateLayout(), info.StateBytesPerSeq); err != nil {
+		if b.States, err = model.NewStatePool(sm, info.StateBytesPerSeq); err != nil {
 			return nil, err
 		}
 		if b.Seqs[0].State, err = b.States.Alloc(); err != nil {

@@ -26,6 +26,10 @@ type stateSpy struct {
 	maxBytes int64 // most state bytes in use during a Forward
 }
 
+// Unwrap returns the spied model (model.NewCache and model.NewStatePool
+// find its device).
+func (s *stateSpy) Unwrap() model.Model { return s.StateModel }
+
 func (s *stateSpy) Forward(b *model.Batch) (*model.Output, error) {
 	if b.States == nil {
 		return nil, errors.New("spy: no state pool")

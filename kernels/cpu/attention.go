@@ -37,22 +37,7 @@ func store(c, x kernels.Tensor, p *kernels.Paged) {
 	}
 	xs, slots, w := f32(x), i32(p.Slot), x.Cols
 	for i := range x.Rows {
-		s := int(slots[i*p.Slot.Stride])
-		if s < 0 || s >= c.Rows {
-			panic("cpu: StoreKV slot outside the cache")
-		}
-		src := xs[i*x.Stride : i*x.Stride+w]
-		switch c.DType {
-		case kernels.F32:
-			copy(f32(c)[s*w:(s+1)*w], src)
-		case kernels.BF16:
-			dst := raw(c)[2*s*w : 2*(s+1)*w]
-			for j, f := range src {
-				binary.LittleEndian.PutUint16(dst[2*j:], kernels.F32ToBF16(f))
-			}
-		default:
-			panic("cpu: KV cache dtype must be F32 or BF16")
-		}
+		putRow(c, int(slots[i*p.Slot.Stride]), xs[i*x.Stride:i*x.Stride+w])
 	}
 }
 

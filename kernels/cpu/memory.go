@@ -153,6 +153,17 @@ func (b *Backend) ReadF32(dst []float32, t kernels.Tensor) {
 	}
 }
 
+// ReadI32 implements kernels.SparseOps.
+func (b *Backend) ReadI32(dst []int32, t kernels.Tensor) {
+	if len(dst) != t.Elems() {
+		panic("cpu: ReadI32 length does not match the tensor")
+	}
+	s := i32(t)
+	for r := range t.Rows {
+		copy(dst[r*t.Cols:(r+1)*t.Cols], s[r*t.Stride:])
+	}
+}
+
 // Copy implements kernels.Memory.
 func (b *Backend) Copy(dst, src kernels.Tensor) {
 	if dst.DType != src.DType || dst.Rows != src.Rows || dst.Cols != src.Cols {

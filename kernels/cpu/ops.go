@@ -49,7 +49,10 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 }
 
 // SwiGLU implements kernels.LinearOps.
-func (b *Backend) SwiGLU(dst, gate, up kernels.Tensor) {
+func (b *Backend) SwiGLU(dst, gate, up kernels.Tensor) { b.SwiGLUClamp(dst, gate, up, 0) }
+
+// SwiGLUClamp implements kernels.ClampOps (limit 0: SwiGLU).
+func (b *Backend) SwiGLUClamp(dst, gate, up kernels.Tensor, limit float32) {
 	for _, t := range []kernels.Tensor{dst, gate, up} {
 		contiguous(t)
 	}
@@ -57,7 +60,7 @@ func (b *Backend) SwiGLU(dst, gate, up kernels.Tensor) {
 		panic("cpu: SwiGLU shapes differ")
 	}
 	y, g, u := f32(dst), f32(gate), f32(up)
-	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLU(y[lo:hi], g[lo:hi], u[lo:hi]) })
+	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLUClamp(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
 // Embed implements kernels.LinearOps.
@@ -135,15 +138,7 @@ func (b *Backend) RoPE(x kernels.Tensor, heads, headDim int, pos kernels.Tensor,
 		panic("cpu: RoPE shapes do not match")
 	}
 	xs, ps := f32(x), i32(pos)
-	maxPos := 0
-	for i := range x.Rows {
-		p := int(ps[i*pos.Stride])
-		if p < 0 {
-			panic("cpu: RoPE negative position")
-		}
-		maxPos = max(maxPos, p)
-	}
-	tab := b.ropeTable(r, maxPos+1)
+	tab := b.ropeTable(r, maxPos(pos)+1)
 	w := x.Cols
 	b.Parallel(x.Rows, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -219,6 +214,11 @@ type moeScratch struct {
 // expert so each expert runs once over its tokens; a token's outputs are
 // added in increasing expert id.
 func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert) {
+	b.ExpertsClamp(dst, x, ids, w, experts, 0)
+}
+
+// ExpertsClamp implements kernels.ClampOps (limit 0: Experts).
+func (b *Backend) ExpertsClamp(dst, x, ids, w kernels.Tensor, experts []kernels.Expert, limit float32) {
 	contiguous(dst)
 	contiguous(x)
 	n, k := x.Rows, ids.Cols
@@ -269,13 +269,13 @@ func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Exper
 			b.MatMul(gu[:rows*2*inter], xe[:rows*hidden], ex.GateUp, rows)
 			for r := range rows {
 				row := gu[r*2*inter : (r+1)*2*inter]
-				ref.SwiGLU(h[r*inter:(r+1)*inter], row[:inter], row[inter:])
+				ref.SwiGLUClamp(h[r*inter:(r+1)*inter], row[:inter], row[inter:], limit)
 			}
 		} else {
 			g, u := gu[:rows*inter], gu[rows*inter:2*rows*inter]
 			b.MatMul(g, xe[:rows*hidden], ex.Gate, rows)
 			b.MatMul(u, xe[:rows*hidden], ex.Up, rows)
-			ref.SwiGLU(h[:rows*inter], g, u)
+			ref.SwiGLUClamp(h[:rows*inter], g, u, limit)
 		}
 		b.MatMul(ye[:rows*hidden], h[:rows*inter], ex.Down, rows)
 		for r, t := range s.tok[lo:hi] {

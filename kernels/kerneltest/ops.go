@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -27,9 +28,26 @@ const (
 	// ExpertsTol: scale is max |y| of the call (two chained products and a
 	// SwiGLU per expert).
 	ExpertsTol = 1e-5
+	// HyperTol (HyperPre): scale is max(1, |want|). The mix product is a
+	// float32 MatMul against the float64 reference; its error passes
+	// through sigmoid and the Sinkhorn exponentials (factors ≤ |Scale|) into
+	// the coefficients and the pre-weighted sum of the streams. HyperPost
+	// and HyperMerge are the reference loops and must match to RowOpTol.
+	HyperTol = 2e-5
+	// KPoolTol (the pooled keys StoreKPool writes): scale is max(1, |want|);
+	// a softmax-weighted mean of the members per channel. KPoolSelect's
+	// selection must be identical (random scores have no near-ties).
+	KPoolTol = RowOpTol
 )
 
-// RunOps runs the op-set conformance suite against d as subtests. Every
+// i32Reader is implemented by backends whose I32 tensors a test can read
+// back (kernels.SparseOps has it); the k-pool selection test needs it.
+type i32Reader interface {
+	ReadI32(dst []int32, t kernels.Tensor)
+}
+
+// RunOps runs the op-set conformance suite against d as subtests (the
+// MLAOps and SparseOps cases too when d implements both). Every
 // destination is a view with guard rows on both sides that must stay
 // bit-identical, and starts poisoned with NaN so every element must be
 // written.
@@ -42,7 +60,34 @@ func RunOps(t *testing.T, d kernels.Device) {
 	t.Run("RoPE", func(t *testing.T) { ropeTest(t, d) })
 	t.Run("Attention", func(t *testing.T) { attentionTest(t, d) })
 	t.Run("Route", func(t *testing.T) { routeTest(t, d) })
-	t.Run("Experts", func(t *testing.T) { expertsTest(t, d) })
+	t.Run("Experts", func(t *testing.T) { expertsTest(t, d, d.Experts, 0) })
+	if c, ok := d.(kernels.ClampOps); ok {
+		t.Run("SwiGLUClamp", func(t *testing.T) { swigluClampTest(t, d, c) })
+		t.Run("ExpertsClamp", func(t *testing.T) {
+			expertsTest(t, d, func(dst, x, ids, w kernels.Tensor, ex []kernels.Expert) { c.ExpertsClamp(dst, x, ids, w, ex, 0.75) }, 0.75)
+		})
+	} else {
+		t.Log("no ClampOps: clamped SwiGLU not tested")
+	}
+	if k, ok := d.(kernels.KPoolOps); ok {
+		t.Run("KPool", func(t *testing.T) { kpoolTest(t, d, k) })
+	} else {
+		t.Log("no KPoolOps: the k-pool indexer not tested")
+	}
+	if h, ok := d.(kernels.HyperOps); ok {
+		t.Run("Hyper", func(t *testing.T) { hyperTest(t, d, h) })
+	} else {
+		t.Log("no HyperOps: hyper-connections not tested")
+	}
+	// The MLA and DSA capabilities, where the device has them.
+	mla, ok := d.(kernels.MLAOps)
+	sp, ok2 := d.(kernels.SparseOps)
+	if ok && ok2 {
+		t.Run("AttentionMLA", func(t *testing.T) { mlaTest(t, d, mla) })
+		t.Run("IndexerScores", func(t *testing.T) { indexerTest(t, d, sp) })
+		t.Run("TopK", func(t *testing.T) { topKTest(t, d, sp) })
+	}
+	t.Run("LinearAttention", func(t *testing.T) { linearAttentionTests(t, d) })
 }
 
 const guardRows = 2
@@ -432,7 +477,9 @@ func routeTest(t *testing.T, d kernels.Device) {
 	}
 }
 
-func expertsTest(t *testing.T, d kernels.Device) {
+// expertsTest runs op (Experts, or ExpertsClamp at limit) on a mix of
+// fused and separate, BF16 and F32 experts.
+func expertsTest(t *testing.T, d kernels.Device, op func(dst, x, ids, w kernels.Tensor, ex []kernels.Expert), limit float32) {
 	rng := rand.New(rand.NewPCG(19, 20))
 	const n, k, e, hidden, inter = 11, 2, 5, 24, 16
 	ex := make([]kernels.Expert, e)
@@ -453,12 +500,243 @@ func expertsTest(t *testing.T, d kernels.Device) {
 	}
 	x, y, w := newBuf(t, d, n, hidden, xv), newBuf(t, d, n, hidden, nil), newBuf(t, d, n, k, wv)
 	it := ints(t, d, n, k, ids)
-	step(d, func() { d.Experts(y.t, x.t, it, w.t, ex) })
+	step(d, func() { op(y.t, x.t, it, w.t, ex) })
 	want := make([]float32, n*hidden)
-	ref.Experts(want, xv, ids, wv, n, ex)
+	ref.ExpertsClamp(want, xv, ids, wv, n, ex, limit)
+	if limit != 0 {
+		// The clamp must matter: the unclamped experts differ.
+		plain := make([]float32, n*hidden)
+		ref.Experts(plain, xv, ids, wv, n, ex)
+		if rel, _ := maxDiff(plain, want); rel < 1e-3 {
+			t.Fatalf("the clamp at %g changes the experts' output by only %.3g", limit, rel)
+		}
+	}
 	m := 0.0
 	for _, v := range want {
 		m = max(m, math.Abs(float64(v)))
 	}
 	compare(t, "y", y.read(t, "y"), want, ExpertsTol, func(int) float64 { return m })
+}
+
+// maxDiff is max|a−b| / max|b| and max|a−b|.
+func maxDiff(a, b []float32) (rel, abs float64) {
+	m := 0.0
+	for i := range b {
+		abs = max(abs, math.Abs(float64(a[i])-float64(b[i])))
+		m = max(m, math.Abs(float64(b[i])))
+	}
+	return abs / m, abs
+}
+
+func swigluClampTest(t *testing.T, d kernels.Device, c kernels.ClampOps) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	const n, inter, limit = 7, 19, 0.8
+	gv, uv := randn(rng, n*inter), randn(rng, n*inter)
+	clamped := 0
+	for i := range gv {
+		gv[i] *= 2
+		uv[i] *= 2
+		if gv[i] > limit || math.Abs(float64(uv[i])) > limit {
+			clamped++
+		}
+	}
+	if clamped < n*inter/4 {
+		t.Fatalf("only %d of %d inputs reach the clamp", clamped, n*inter)
+	}
+	g, u, y := newBuf(t, d, n, inter, gv), newBuf(t, d, n, inter, uv), newBuf(t, d, n, inter, nil)
+	step(d, func() { c.SwiGLUClamp(y.t, g.t, u.t, limit) })
+	want := make([]float32, len(gv))
+	for i := range want { // silu(min(g, L))·clamp(u, −L, L), written out
+		gc := float64(min(gv[i], limit))
+		want[i] = float32(gc/(1+math.Exp(-gc))) * max(min(uv[i], limit), -limit)
+	}
+	compare(t, "y", y.read(t, "y"), want, RowOpTol, rowScale(want))
+	// In place (dst = gate).
+	step(d, func() { c.SwiGLUClamp(g.t, g.t, u.t, limit) })
+	compare(t, "in place", g.read(t, "gate"), want, RowOpTol, rowScale(want))
+}
+
+func hyperTest(t *testing.T, d kernels.Device, h kernels.HyperOps) {
+	for _, c := range []struct {
+		n, hc, hidden int
+		dt            kernels.DType
+		iters         int
+	}{{1, 1, 16, kernels.F32, 1}, {5, 4, 24, kernels.BF16, 20}, {9, 3, 40, kernels.F32, 7}} {
+		t.Run(fmt.Sprintf("%v/n=%d,hc=%d", c.dt, c.n, c.hc), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.hc)))
+			m, w, cw := (2+c.hc)*c.hc, c.hc*c.hidden, c.hc+c.hc*c.hc
+			xv := randn(rng, c.n*w)
+			for i := range xv {
+				xv[i] *= 3 // the norm must not be the identity
+			}
+			bv := randn(rng, m)
+			hp := &kernels.Hyper{
+				Fn: NewMat(rng, c.dt, m, w, 0, 0), Base: newBuf(t, d, 1, m, bv).t,
+				Scale:   [3]float32{0.5 + rng.Float32(), 0.5 + rng.Float32(), 1 + 2*rng.Float32()},
+				Streams: c.hc, Iters: c.iters, Eps: 1e-6, NormEps: 1e-5,
+			}
+			X, x, coef := newBuf(t, d, c.n, w, xv), newBuf(t, d, c.n, c.hidden, nil), newBuf(t, d, c.n, cw, nil)
+			step(d, func() { h.HyperPre(x.t, coef.t, X.t, hp) })
+			wantX, wantC := make([]float32, c.n*c.hidden), make([]float32, c.n*cw)
+			ref.Hyper(wantX, wantC, xv, bv, hp, c.n)
+			compare(t, "x", x.read(t, "x"), wantX, HyperTol, rowScale(wantX))
+			gotC := coef.read(t, "coef")
+			compare(t, "coef", gotC, wantC, HyperTol, rowScale(wantC))
+			// The last Sinkhorn step normalises columns.
+			for r := range c.n {
+				for j := range c.hc {
+					var col float64
+					for i := range c.hc {
+						col += float64(gotC[r*cw+c.hc+i*c.hc+j])
+					}
+					if math.Abs(col-1) > 1e-5 {
+						t.Fatalf("row %d: comb column %d sums to %g", r, j, col)
+					}
+				}
+			}
+
+			// HyperPost with the reference coefficients, then HyperMerge.
+			yv := randn(rng, c.n*c.hidden)
+			y, cf := newBuf(t, d, c.n, c.hidden, yv), newBuf(t, d, c.n, cw, wantC)
+			merged := newBuf(t, d, c.n, c.hidden, nil)
+			step(d, func() {
+				h.HyperPost(X.t, y.t, cf.t)
+				h.HyperMerge(merged.t, X.t)
+			})
+			want := append([]float32(nil), xv...)
+			ref.HyperPost(want, yv, wantC, c.hc, c.n)
+			compare(t, "streams", X.read(t, "streams"), want, RowOpTol, rowScale(want))
+			wantM := make([]float32, c.n*c.hidden)
+			for r := range c.n {
+				ref.HyperMerge(wantM[r*c.hidden:(r+1)*c.hidden], want[r*w:(r+1)*w], c.hc)
+			}
+			compare(t, "merge", merged.read(t, "merged"), wantM, RowOpTol, rowScale(wantM))
+		})
+	}
+}
+
+func kpoolTest(t *testing.T, d kernels.Device, k kernels.KPoolOps) {
+	rd, ok := d.(i32Reader)
+	if !ok {
+		t.Skip("the backend cannot read I32 tensors back")
+	}
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for ci, c := range []struct {
+			size, dim, heads, keep, bs int
+			tail                       bool
+			seqs                       []attnSeq
+		}{
+			{4, 8, 2, 2, 4, true, []attnSeq{{0, 1}, {0, 23}, {9, 1}, {14, 3}}},
+			{3, 16, 3, 3, 8, false, []attnSeq{{0, 40}, {17, 7}, {30, 1}, {5, 2}}},
+			{5, 8, 1, 1, 16, true, []attnSeq{{0, 64}, {63, 1}}},
+		} {
+			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
+				kpoolCase(t, d, k, rd, dt, c.size, c.dim, c.heads, c.keep, c.bs, c.tail, c.seqs, uint64(ci))
+			})
+		}
+	}
+}
+
+func kpoolCase(t *testing.T, d kernels.Device, k kernels.KPoolOps, rd i32Reader, dt kernels.DType, size, dim, heads, keep, bs int, tail bool, seqs []attnSeq, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 23))
+	g := newPaged(t, d, rng, seqs, bs)
+	cache, err := d.Alloc(dt, g.slots(), 2*dim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	round := func(v []float32) []float32 {
+		if dt == kernels.BF16 {
+			for i, x := range v {
+				v[i] = kernels.BF16ToF32(kernels.F32ToBF16(x))
+			}
+		}
+		return v
+	}
+	apeV, nw, nb := randn(rng, size*dim), randn(rng, dim), randn(rng, dim)
+	kp := &kernels.KPool{Size: size, Dim: dim, Heads: heads, Keep: keep, Tail: tail,
+		Ape: newBuf(t, d, size, dim, apeV).t, Scale: float32(1 / math.Sqrt(float64(dim*heads))),
+		NormW: newBuf(t, d, 1, dim, nw).t, NormB: newBuf(t, d, 1, dim, nb).t, NormEps: 1e-6}
+
+	// Every position's wk output and gate, and its raw cache row
+	// [LayerNorm(k) | γ].
+	ks, gs, raw := make([][][]float32, len(seqs)), make([][][]float32, len(seqs)), make([][][]float32, len(seqs))
+	for si, s := range seqs {
+		for range s.start + s.rows {
+			kv, gv := randn(rng, dim), randn(rng, dim)
+			for i := range gv {
+				gv[i] *= 2
+			}
+			kn := make([]float32, dim)
+			ref.LayerNorm(kn, kv, nw, nb, kp.NormEps, 1)
+			ks[si], gs[si] = append(ks[si], kv), append(gs[si], gv)
+			raw[si] = append(raw[si], append(round(kn), round(append([]float32(nil), gv...))...))
+		}
+	}
+	// store uploads the k and γ of the given rows and stores them.
+	store := func(seq, pos []int32) *kernels.Paged {
+		var kv, gv []float32
+		for i := range pos {
+			kv, gv = append(kv, ks[seq[i]][pos[i]]...), append(gv, gs[seq[i]][pos[i]]...)
+		}
+		kb, gb, p := newBuf(t, d, len(pos), dim, kv), newBuf(t, d, len(pos), dim, gv), g.paged(seq, pos)
+		step(d, func() { k.StoreKPool(cache, kb.t, gb.t, p, kp) })
+		return p
+	}
+	if preSeq, prePos := g.rows(true); len(prePos) > 0 {
+		store(preSeq, prePos)
+	}
+	curSeq, curPos := g.rows(false)
+	p := store(curSeq, curPos)
+	n, sw := len(curPos), kp.SelWidth()
+	qv, wv := randn(rng, n*heads*dim), randn(rng, n*heads)
+	q, w := newBuf(t, d, n, heads*dim, qv), newBuf(t, d, n, heads, wv)
+	sel, err := d.Alloc(kernels.I32, n, sw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(d, func() { k.KPoolSelect(sel, q.t, w.t, cache, p, kp) })
+
+	// The pools' keys, then what the cache must hold.
+	keys := make([][][]float32, len(seqs))
+	prob := make([]float64, size)
+	for si := range seqs {
+		for P := range len(raw[si]) / size {
+			key := make([]float32, dim)
+			ref.KPoolKey(key, raw[si][P*size:(P+1)*size], apeV, prob)
+			keys[si] = append(keys[si], round(key))
+		}
+	}
+	if dt == kernels.F32 {
+		all := make([]float32, cache.Elems())
+		d.ReadF32(all, cache)
+		for si := range seqs {
+			for pos, r := range raw[si] {
+				want := append([]float32(nil), r...)
+				if pos%size == size-1 {
+					copy(want, keys[si][pos/size])
+				}
+				s := int(g.slot(si, pos))
+				compare(t, fmt.Sprintf("cache seq %d pos %d", si, pos), all[s*2*dim:(s+1)*2*dim], want, KPoolTol, rowScale(want))
+			}
+		}
+	}
+	got := make([]int32, n*sw)
+	rd.ReadI32(got, sel)
+	want := make([]int32, n*sw)
+	dropped := 0
+	for i := range n {
+		si, pos := int(curSeq[i]), int(curPos[i])
+		key := func(P int) []float32 { return keys[si][P] }
+		ref.KPoolSelect(want[i*sw:(i+1)*sw], qv[i*heads*dim:(i+1)*heads*dim], wv[i*heads:(i+1)*heads], pos, key, kp,
+			make([]float32, (pos+1)/size), make([]int32, keep))
+		if (pos+1)/size > keep {
+			dropped++
+		}
+		if !slices.Equal(got[i*sw:(i+1)*sw], want[i*sw:(i+1)*sw]) {
+			t.Errorf("row %d (seq %d, position %d): selection %v, want %v", i, si, pos, got[i*sw:(i+1)*sw], want[i*sw:(i+1)*sw])
+		}
+	}
+	if dropped == 0 {
+		t.Error("no row drops a pool: the case does not test the selection")
+	}
 }

@@ -90,6 +90,19 @@ func SwiGLU(y, gate, up []float32) {
 	}
 }
 
+// SwiGLUClamp sets y[i] = silu(min(gate[i], limit))·clamp(up[i], −limit,
+// limit) (kernels.ClampOps); limit 0 means no clamp (SwiGLU). y may be
+// gate.
+func SwiGLUClamp(y, gate, up []float32, limit float32) {
+	if limit == 0 {
+		SwiGLU(y, gate, up)
+		return
+	}
+	for i, g := range gate {
+		y[i] = Silu(min(g, limit)) * max(min(up[i], limit), -limit)
+	}
+}
+
 // RopeAngles sets cos and sin (len(invFreq) each) for position pos:
 // angle = float32(pos)·invFreq[i] in float32, cos and sin in float64,
 // rounded and multiplied by scale.
@@ -272,7 +285,10 @@ func TopK(out []int32, v []float32) {
 
 // Expert sets y (hidden) = down(silu(gate(x))·up(x)) for one token x
 // (hidden), float64 dot products.
-func Expert(y, x []float32, e *kernels.Expert) {
+func Expert(y, x []float32, e *kernels.Expert) { expert(y, x, e, 0) }
+
+// expert is Expert with its SwiGLU clamped at limit (0: none).
+func expert(y, x []float32, e *kernels.Expert, limit float32) {
 	inter := e.Down.Cols
 	g, u := make([]float32, inter), make([]float32, inter)
 	if e.GateUp != nil {
@@ -284,13 +300,19 @@ func Expert(y, x []float32, e *kernels.Expert) {
 		kernels.MatMulRef(g, x, e.Gate, 1)
 		kernels.MatMulRef(u, x, e.Up, 1)
 	}
-	SwiGLU(g, g, u)
+	SwiGLUClamp(g, g, u, limit)
 	kernels.MatMulRef(y, g, e.Down, 1)
 }
 
 // Experts sets y (n, hidden) = Σ_k w[i,k]·Expert_{ids[i,k]}(x[i]), each
 // token's experts summed in increasing expert id (kernels.MoEOps.Experts).
 func Experts(y, x []float32, ids []int32, w []float32, n int, experts []kernels.Expert) {
+	ExpertsClamp(y, x, ids, w, n, experts, 0)
+}
+
+// ExpertsClamp is Experts with every expert's SwiGLU clamped at limit
+// (kernels.ClampOps; 0: no clamp).
+func ExpertsClamp(y, x []float32, ids []int32, w []float32, n int, experts []kernels.Expert, limit float32) {
 	hidden := experts[0].Down.Rows
 	k := len(ids) / max(n, 1)
 	ye := make([]float32, hidden)
@@ -303,7 +325,7 @@ func Experts(y, x []float32, ids []int32, w []float32, n int, experts []kernels.
 		}
 		slices.SortStableFunc(order, func(a, b int) int { return int(ids[i*k+a] - ids[i*k+b]) })
 		for _, j := range order {
-			Expert(ye, x[i*hidden:(i+1)*hidden], &experts[ids[i*k+j]])
+			expert(ye, x[i*hidden:(i+1)*hidden], &experts[ids[i*k+j]], limit)
 			for d, v := range ye {
 				yr[d] += w[i*k+j] * v
 			}

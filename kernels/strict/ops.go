@@ -26,11 +26,26 @@ func (d *Device) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilogu
 }
 
 // SwiGLU implements kernels.LinearOps.
-func (d *Device) SwiGLU(dst, gate, up kernels.Tensor) {
-	shape("SwiGLU", gate, dst.Rows, dst.Cols)
-	shape("SwiGLU", up, dst.Rows, dst.Cols)
-	g, u := d.in("SwiGLU", gate, kernels.F32), d.in("SwiGLU", up, kernels.F32)
-	ref.SwiGLU(g, g, u)
+func (d *Device) SwiGLU(dst, gate, up kernels.Tensor) { d.swiglu("SwiGLU", dst, gate, up, 0) }
+
+// SwiGLUClamp implements kernels.ClampOps.
+func (d *Device) SwiGLUClamp(dst, gate, up kernels.Tensor, limit float32) {
+	checkLimit("SwiGLUClamp", limit)
+	d.swiglu("SwiGLUClamp", dst, gate, up, limit)
+}
+
+// checkLimit panics unless limit is a positive clamp.
+func checkLimit(op string, limit float32) {
+	if !(limit > 0) {
+		panic("strict: " + op + ": the clamp must be positive")
+	}
+}
+
+func (d *Device) swiglu(op string, dst, gate, up kernels.Tensor, limit float32) {
+	shape(op, gate, dst.Rows, dst.Cols)
+	shape(op, up, dst.Rows, dst.Cols)
+	g, u := d.in(op, gate, kernels.F32), d.in(op, up, kernels.F32)
+	ref.SwiGLUClamp(g, g, u, limit)
 	d.out(dst, g)
 }
 
@@ -209,6 +224,16 @@ func (d *Device) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 
 // Experts implements kernels.MoEOps.
 func (d *Device) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert) {
+	d.experts(dst, x, ids, w, experts, 0)
+}
+
+// ExpertsClamp implements kernels.ClampOps.
+func (d *Device) ExpertsClamp(dst, x, ids, w kernels.Tensor, experts []kernels.Expert, limit float32) {
+	checkLimit("ExpertsClamp", limit)
+	d.experts(dst, x, ids, w, experts, limit)
+}
+
+func (d *Device) experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert, limit float32) {
 	if len(experts) == 0 {
 		panic("strict: Experts without experts")
 	}
@@ -224,6 +249,6 @@ func (d *Device) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert
 		}
 	}
 	y := make([]float32, dst.Elems())
-	ref.Experts(y, d.in("Experts", x, kernels.F32), id, d.in("Experts", w, kernels.F32), x.Rows, experts)
+	ref.ExpertsClamp(y, d.in("Experts", x, kernels.F32), id, d.in("Experts", w, kernels.F32), x.Rows, experts, limit)
 	d.out(dst, y)
 }

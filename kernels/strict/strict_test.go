@@ -48,3 +48,34 @@ func TestStrictness(t *testing.T) {
 		t.Fatalf("Steps() = %d, want 1", d.Steps())
 	}
 }
+
+// TestSelectionChecks: AttentionMLA rejects a DSA selection that is not
+// ascending, reaches past the row's position or continues after a −1.
+func TestSelectionChecks(t *testing.T) {
+	d := strict.New()
+	s := kernels.MLAShape{Heads: 1, Nope: 2, V: 2, KVLora: 2, Scale: 1}
+	kvB := &kernels.Mat{DType: kernels.F32, Rows: 4, Cols: 2, Data: make([]byte, 32)}
+	cache, _ := d.Alloc(kernels.F32, 4, 2)
+	q, _ := d.Alloc(kernels.F32, 1, 2)
+	out, _ := d.Alloc(kernels.F32, 1, 2)
+	i32 := func(v ...int32) kernels.Tensor {
+		x, _ := d.Alloc(kernels.I32, 1, len(v))
+		d.WriteI32(x, v)
+		return x
+	}
+	p := &kernels.Paged{Pos: i32(2), Seq: i32(0), Slot: i32(2), Blocks: i32(0), BlockSize: 4}
+	d.WriteF32(q, []float32{1, 2})
+	for sel, want := range map[kernels.Tensor]string{
+		i32(1, 0, -1): "ascending",
+		i32(0, 3, -1): "visible positions",
+		i32(0, -1, 2): "after a −1",
+	} {
+		d.BeginStep()
+		mustPanic(t, want, func() { d.AttentionMLA(out, q, cache, kvB, nil, p, s, sel) })
+		d.EndStep()
+	}
+	good := i32(0, 2, -1)
+	d.BeginStep()
+	d.AttentionMLA(out, q, cache, kvB, nil, p, s, good)
+	d.EndStep()
+}

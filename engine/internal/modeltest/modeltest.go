@@ -41,7 +41,7 @@ func Build(t testing.TB, cfgJSON string, dtype kernels.DType, missing func(strin
 // BuildOn is Build on backend be.
 func BuildOn(t testing.TB, be kernels.Backend, cfgJSON string, dtype kernels.DType, missing func(string) bool) model.Model {
 	t.Helper()
-	m, err := tryBuild(be, cfgJSON, dtype, missing)
+	m, err := TryBuildOn(be, cfgJSON, dtype, missing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,10 +55,11 @@ func TryBuild(cfgJSON string, dtype kernels.DType, missing func(string) bool) (m
 	if err != nil {
 		return nil, err
 	}
-	return tryBuild(be, cfgJSON, dtype, missing)
+	return TryBuildOn(be, cfgJSON, dtype, missing)
 }
 
-func tryBuild(be kernels.Backend, cfgJSON string, dtype kernels.DType, missing func(string) bool) (model.Model, error) {
+// TryBuildOn is TryBuild on backend be.
+func TryBuildOn(be kernels.Backend, cfgJSON string, dtype kernels.DType, missing func(string) bool) (model.Model, error) {
 	cfg, err := config.Parse("config.json", []byte(cfgJSON))
 	if err != nil {
 		return nil, err

@@ -2,9 +2,9 @@ package glm4moe
 
 import (
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gqa"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/models/internal/transformer"
-	"github.com/ferrite-llm/ferrite/engine/models/mla"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -23,13 +23,14 @@ func newModel(cfg *config.Config, l *nn.Loader, p transformer.Params, layers []*
 	if err := cfg.Err(); err != nil {
 		return nil, err
 	}
-	if !mla.HasNextN(l, nextn, p.Layers) {
+	if !gqa.HasNextN(l, nextn, p.Layers) {
 		return d, nil
 	}
-	blk := block(p.Layers)
-	h := mla.LoadNextN(l, p.Layers, p.Hidden, p.Eps, nil, d.LMHead)
-	if err := l.Err(); err != nil {
+	u := gqa.NewUploader(d.Dev)
+	blk := u.Block(block(p.Layers))
+	h, err := gqa.LoadNextN(l, u, p.Layers, p.Hidden, p.Eps, blk, d.LMHead)
+	if err != nil {
 		return nil, err
 	}
-	return d.AddNextN(h.ENorm, h.HNorm, h.EHProj, blk, h.Norm, h.Head)
+	return d.WithNextN(h, p.Layout()[0])
 }

@@ -2,9 +2,8 @@ package glm5next
 
 import (
 	"math"
-	"slices"
 
-	"github.com/ferrite-llm/ferrite/engine/nn"
+	"github.com/ferrite-llm/ferrite/engine/gqa"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
 
@@ -17,358 +16,135 @@ import (
 //	k_h,s = W_UK_h c_s,  v_h,s = W_UV_h c_s                                 (kv_b_proj = [W_UK_h; W_UV_h] per head)
 //	o_h   = Σ_{s ∈ S_t} softmax_s(q_h·k_h,s · dn^-½) v_h,s;   y = o_proj(concat_h o_h)
 //
-// computed in the absorbed form: q̃_h = W_UK_hᵀ q_h scores against the
-// cached latents directly and ō_h = Σ p_s c_s is expanded by W_UV_h once.
-// S_t is the indexer's selection (see indexer): there is no causal mask
-// besides it, so a token whose complete pool is not selected does not
-// attend to itself (as in transformers).
+// on MLAOps (StoreLatent, then AttentionMLA over the selection; the
+// backend picks the naive or absorbed form). S_t is the indexer's token
+// selection (see indexer): there is no causal mask besides it, so a token
+// whose complete pool is not selected does not attend to itself (as in
+// transformers), and a token with no selection attends to nothing (zero
+// output).
 type dsa struct {
-	layer   int            // cache layer
-	qa      *nn.Linear     // (q_lora, hidden) q_a_proj
-	qaNorm  *nn.RMSNorm    // (q_lora) q_a_layernorm
-	qb      *nn.Linear     // (heads·dn, q_lora) q_b_proj
-	kva     *nn.Linear     // (kv_lora, hidden) kv_a_proj_with_mqa (qk_rope_head_dim = 0)
-	kvaNorm *nn.RMSNorm    // (kv_lora) kv_a_layernorm
-	ukT     []*kernels.Mat // (heads) F32 (kv_lora, dn): W_UK_hᵀ, transposed from kv_b_proj
-	uv      []*kernels.Mat // (heads) (dv, kv_lora): W_UV_h, a view of kv_b_proj's rows (F32 copy for FP8)
-	o       *nn.Linear     // (hidden, heads·dv) o_proj
-	heads   int
-	nope    int      // dn
-	kvLora  int      // kv_lora_rank
-	vDim    int      // dv
-	scale   float32  // dn^-½
-	idx     *indexer // nil on a shared layer: it reuses the previous layer's selection
+	dev     device
+	layer   int          // cache layer
+	qa      gqa.Linear   // (q_lora, hidden) q_a_proj
+	qaNorm  *gqa.Norm    // (q_lora) q_a_layernorm
+	qb      gqa.Linear   // (heads·dn, q_lora) q_b_proj
+	kva     gqa.Linear   // (kv_lora, hidden) kv_a_proj_with_mqa (qk_rope_head_dim = 0)
+	kvaNorm *gqa.Norm    // (kv_lora) kv_a_layernorm, applied by StoreLatent
+	kvb     *kernels.Mat // (heads·(dn+dv), kv_lora) kv_b_proj
+	o       gqa.Linear   // (hidden, heads·dv) o_proj
+	shape   kernels.MLAShape
+	idx     *indexer // nil on a shared layer: it reuses src's selection
+	src     *dsa     // the DSA layer before a shared one
+
+	// sel is the step's selection (N, idx.kp.SelWidth()) I32, set by
+	// Forward for the shared layer after it.
+	sel kernels.Tensor
 }
 
-// loadDSA loads a DSA layer under pre, caching in cache layer `layer`;
-// own says whether it has its own indexer.
-func loadDSA(l *nn.Loader, p *params, pre string, layer int, own bool) *dsa {
+// dsa loads a DSA layer under pre, caching in cache layer `layer`; own
+// says whether it has its own indexer.
+func (l *loader) dsa(pre string, layer int, own bool) *dsa {
+	p := l.p
+	lin := func(name string, out, in int) gqa.Linear { return l.u.Linear(l.Linear(name, out, in, p.attnBias)) }
 	d := &dsa{
+		dev:     l.dev,
 		layer:   layer,
-		qa:      l.Linear(pre+"q_a_proj", p.qLora, p.hidden, p.attnBias),
-		qaNorm:  l.RMSNorm(pre+"q_a_layernorm", p.qLora, p.eps, false),
-		qb:      l.Linear(pre+"q_b_proj", p.heads*p.nope, p.qLora, false),
-		kva:     l.Linear(pre+"kv_a_proj_with_mqa", p.kvLora, p.hidden, p.attnBias),
-		kvaNorm: l.RMSNorm(pre+"kv_a_layernorm", p.kvLora, p.eps, false),
-		o:       l.Linear(pre+"o_proj", p.hidden, p.heads*p.vDim, p.attnBias),
-		heads:   p.heads, nope: p.nope, kvLora: p.kvLora, vDim: p.vDim,
-		scale: float32(1 / math.Sqrt(float64(p.nope))),
-	}
-	kvb := l.Mat(pre+"kv_b_proj.weight", p.heads*(p.nope+p.vDim), p.kvLora) // (heads·(dn+dv), kv_lora)
-	if kvb.Rows == p.heads*(p.nope+p.vDim) {
-		row := make([]float32, p.kvLora) // (kv_lora)
-		for h := range p.heads {
-			ukT := make([]float32, p.kvLora*p.nope) // (kv_lora, dn)
-			base := h * (p.nope + p.vDim)
-			for j := range p.nope {
-				kvb.RowF32(row, base+j)
-				for c, v := range row {
-					ukT[c*p.nope+j] = v
-				}
-			}
-			d.ukT = append(d.ukT, f32Mat(p.kvLora, p.nope, ukT))
-			if kvb.DType != kernels.F8E4M3 {
-				// W_UV_h is dv consecutive rows of kv_b_proj: a view.
-				sz := kvb.DType.Size()
-				off := (base + p.nope) * p.kvLora * sz
-				d.uv = append(d.uv, &kernels.Mat{DType: kvb.DType, Rows: p.vDim, Cols: p.kvLora,
-					Data: kvb.Data[off : off+p.vDim*p.kvLora*sz]})
-				continue
-			}
-			uv := make([]float32, p.vDim*p.kvLora) // (dv, kv_lora)
-			for e := range p.vDim {
-				kvb.RowF32(uv[e*p.kvLora:(e+1)*p.kvLora], base+p.nope+e)
-			}
-			d.uv = append(d.uv, f32Mat(p.vDim, p.kvLora, uv))
-		}
+		qa:      lin(pre+"q_a_proj", p.qLora, p.hidden),
+		qaNorm:  l.u.Norm(l.RMSNorm(pre+"q_a_layernorm", p.qLora, p.eps, false)),
+		qb:      l.linear(pre+"q_b_proj", p.heads*p.nope, p.qLora),
+		kva:     lin(pre+"kv_a_proj_with_mqa", p.kvLora, p.hidden),
+		kvaNorm: l.u.Norm(l.RMSNorm(pre+"kv_a_layernorm", p.kvLora, p.eps, false)),
+		kvb:     l.Mat(pre+"kv_b_proj.weight", p.heads*(p.nope+p.vDim), p.kvLora),
+		o:       lin(pre+"o_proj", p.hidden, p.heads*p.vDim),
+		shape: kernels.MLAShape{
+			Heads: p.heads, Nope: p.nope, V: p.vDim, KVLora: p.kvLora,
+			Scale: float32(1 / math.Sqrt(float64(p.nope))),
+		},
 	}
 	if own {
-		d.idx = loadIndexer(l, p, pre+"indexer.")
+		d.idx = l.indexer(pre + "indexer.")
 	}
 	return d
 }
 
-// forward sets y (N, hidden) = Attention(x (N, hidden)), storing the
-// batch's latents (and index keys) in the cache. x is the layer input after
-// input_layernorm.
-func (d *dsa) forward(p *pass, y, x []float32) {
-	be, a, n := p.Backend, &p.Arena, p.N()
-	mark := a.Mark()
-	H, dn, L, dv := d.heads, d.nope, d.kvLora, d.vDim
-	qr := a.Get(n * d.qa.Out()) // (N, q_lora) q_resid
-	d.qa.Forward(be, qr, x, n)
-	d.qaNorm.Forward(qr, qr, n)
-	q := a.Get(n * H * dn) // (N, heads·dn)
-	d.qb.Forward(be, q, qr, n)
-	c := a.Get(n * L) // (N, kv_lora)
-	d.kva.Forward(be, c, x, n)
-	d.kvaNorm.Forward(c, c, n)
-	for r, pos := range p.Tok.Pos {
-		copy(p.Cache.K(d.layer, p.Tok.KV[p.Tok.Seq[r]], int(pos)), c[r*L:(r+1)*L])
-	}
-
-	// Absorb W_UK into the queries: qt (N, heads, kv_lora).
-	qt := a.Get(n * H * L)
-	qh := a.Get(n * dn) // (N, dn) one head's queries
-	th := a.Get(n * L)  // (N, kv_lora)
-	for h := range H {
-		for r := range n {
-			copy(qh[r*dn:(r+1)*dn], q[r*H*dn+h*dn:])
-		}
-		be.MatMul(th, qh, d.ukT[h], n)
-		for r := range n {
-			copy(qt[r*H*L+h*L:r*H*L+(h+1)*L], th[r*L:(r+1)*L])
-		}
-	}
-
+// Forward implements gqa.Mixer: y (N, hidden) = Attention(x (N, hidden)),
+// storing the step's latents (and index keys) in the cache. x is the layer
+// input after input_layernorm.
+func (d *dsa) Forward(c *gqa.Ctx, y, x kernels.Tensor) {
+	dev, n, s := d.dev, c.N, d.shape
+	qr := dev.Scratch(kernels.F32, n, d.qa.W.Rows) // (N, q_lora) q_resid
+	d.qa.Forward(dev, qr, x, false)
+	dev.RMSNorm(qr, qr, d.qaNorm.W, d.qaNorm.Eps, d.qaNorm.Offset)
+	q := dev.Scratch(kernels.F32, n, s.Heads*s.Nope) // (N, heads·dn)
+	d.qb.Forward(dev, q, qr, false)
+	kv := dev.Scratch(kernels.F32, n, s.KVLora) // (N, kv_lora) before its norm
+	d.kva.Forward(dev, kv, x, false)
+	latents, index := c.Cache(d.layer)
+	dev.StoreLatent(latents, kv, d.kvaNorm.W, d.kvaNorm.Eps, nil, &c.Paged)
 	if d.idx != nil {
-		d.idx.forward(p, d.layer, x, qr)
+		d.sel = d.idx.forward(c, dev, index, x, qr)
+	} else {
+		d.sel = d.src.sel
 	}
-
-	ob := a.Get(n * H * L) // (N, heads, kv_lora) Σ p_s c_s
-	kp := p.kpool
-	be.Parallel(n*H, func(lo, hi int) {
-		var scores []float32
-		var toks []int32
-		for item := lo; item < hi; item++ {
-			r, h := item/H, item%H
-			seq := p.Tok.KV[p.Tok.Seq[r]]
-			toks = p.tokens(toks[:0], r, kp)
-			if cap(scores) < len(toks) {
-				scores = make([]float32, len(toks))
-			}
-			sc := scores[:len(toks)]
-			qv := qt[r*H*L+h*L : r*H*L+(h+1)*L]
-			for j, s := range toks {
-				sc[j] = nn.Dot(qv, p.Cache.K(d.layer, seq, int(s))) * d.scale
-			}
-			nn.Softmax(sc)
-			o := ob[r*H*L+h*L : r*H*L+(h+1)*L]
-			clear(o)
-			for j, s := range toks {
-				nn.Axpy(o, sc[j], p.Cache.K(d.layer, seq, int(s)))
-			}
-		}
-	})
-
-	// Expand by W_UV: ov (N, heads·dv).
-	ov := a.Get(n * H * dv)
-	vh := a.Get(n * dv) // (N, dv)
-	for h := range H {
-		for r := range n {
-			copy(th[r*L:(r+1)*L], ob[r*H*L+h*L:])
-		}
-		be.MatMul(vh, th, d.uv[h], n)
-		for r := range n {
-			copy(ov[r*H*dv+h*dv:r*H*dv+(h+1)*dv], vh[r*dv:(r+1)*dv])
-		}
-	}
-	d.o.Forward(be, y, ov, n)
-	a.Release(mark)
+	o := dev.Scratch(kernels.F32, n, s.Heads*s.V) // (N, heads·dv)
+	dev.AttentionMLA(o, q, latents, d.kvb, nil, &c.Paged, s, d.sel)
+	d.o.Forward(dev, y, o, false)
 }
 
-// indexer is the k-pool DSA lightning indexer (self_attn.indexer.*). Per
-// token t it caches k_t = LayerNorm(wk x_t) and γ_t = x_t·gateᵀ in the
-// cache V slot [k_t | γ_t] (2·index_head_dim values). Pools are kpool
-// consecutive tokens from position 0; the key of complete pool P, per
-// channel c, is
+// indexer is the k-pool DSA lightning indexer (self_attn.indexer.*) on
+// KPoolOps (kernels.KPool describes the pools, their keys and the
+// selection):
 //
-//	K̄_P[c] = Σ_j softmax_j(γ_{P·kpool+j}[c] + ape[j][c]) · k_{P·kpool+j}[c]
+//	k_t = LayerNorm(wk x_t),  γ_t = x_t·gateᵀ             cached as [k_t | γ_t] in the cache V slot
+//	I_{t,P} = Σ_h w_{t,h}·ReLU(d^-½·q_{t,h}·K̄_P),  q = wq_b(q_resid), w = weights_proj(x)·n_heads^-½
 //
-// and query t scores every complete pool whose last token is ≤ t:
-//
-//	I_{t,P} = Σ_h w_{t,h} · ReLU(d^-½ · q_{t,h}·K̄_P),  q = wq_b(q_resid), w = weights_proj(x)·n_heads^-½
-//
-// It keeps the best min(index_topk/kpool, #candidates) pools (ties to the
-// lower pool) and, with index_kpool_always_select_tail, the incomplete tail
-// [t+1 − (t+1) mod kpool, t] unscored. No RoPE.
-//
-// A complete pool's key never changes, and the raw k/γ of its members are
-// not needed once it is complete (the tail pool is always incomplete), so
-// the pass that stores a pool's last token pools it once and overwrites that
-// token's slot with K̄_P (first index_head_dim values). Rolling back
-// (kvcache.Truncate) or forking to a length inside the pool leaves its
-// earlier members raw and rewrites the last one, so the pool is rebuilt
-// from the real tokens. A pass thus costs O(new tokens) for pooling and
-// O(#pools) per query for scoring.
+// (n_heads^-½ is folded into the score scale, where it commutes with the
+// ReLU). No RoPE. A complete pool's key replaces the raw k of its last
+// token when that token is stored; rolling back (kvcache.Truncate) or
+// forking to a length inside the pool rewrites that token, so the pool is
+// rebuilt from the real ones. A step thus costs O(new tokens) for pooling
+// and O(#pools) per query for scoring.
 type indexer struct {
-	wqb   *nn.Linear   // (heads·dim, q_lora) wq_b
-	wk    *nn.Linear   // (dim, hidden)
-	kW    []float32    // (dim) k_norm.weight (LayerNorm, eps 1e-6)
-	kB    []float32    // (dim) k_norm.bias
-	wproj *nn.Linear   // (heads, hidden) weights_proj
-	ape   []float32    // (kpool, dim) index_kpool_compress_ape
-	gate  *kernels.Mat // (dim, hidden) index_kpool_compress_gate
-	heads int          // index_n_heads
-	dim   int          // index_head_dim
-	pools int          // index_topk / index_kpool: pools kept per query
-	kpool int
+	wqb   gqa.Linear // (heads·dim, q_lora) wq_b
+	wk    gqa.Linear // (dim, hidden)
+	wproj gqa.Linear // (heads, hidden) weights_proj
+	gate  gqa.Linear // (dim, hidden) index_kpool_compress_gate
+	kp    kernels.KPool
 }
 
-func loadIndexer(l *nn.Loader, p *params, pre string) *indexer {
+func (l *loader) indexer(pre string) *indexer {
+	p := l.p
 	return &indexer{
-		wqb:   l.Linear(pre+"wq_b", p.idxHeads*p.idxDim, p.qLora, false),
-		wk:    l.Linear(pre+"wk", p.idxDim, p.hidden, false),
-		kW:    l.Vec(pre+"k_norm.weight", p.idxDim),
-		kB:    l.Vec(pre+"k_norm.bias", p.idxDim),
-		wproj: l.Linear(pre+"weights_proj", p.idxHeads, p.hidden, false),
-		ape:   l.Tensor(pre+"index_kpool_compress_ape", p.kpool, p.idxDim),
-		gate:  l.Mat(pre+"index_kpool_compress_gate", p.idxDim, p.hidden),
-		heads: p.idxHeads, dim: p.idxDim, pools: p.poolsPerQuery(), kpool: p.kpool,
+		wqb:   l.linear(pre+"wq_b", p.idxHeads*p.idxDim, p.qLora),
+		wk:    l.linear(pre+"wk", p.idxDim, p.hidden),
+		wproj: l.linear(pre+"weights_proj", p.idxHeads, p.hidden),
+		gate:  gqa.Linear{W: l.Mat(pre+"index_kpool_compress_gate", p.idxDim, p.hidden)},
+		kp: kernels.KPool{
+			Size: p.kpool, Dim: p.idxDim, Heads: p.idxHeads, Keep: p.poolsPerQuery(), Tail: p.tail,
+			Ape:     l.u.Tensor(l.Tensor(pre+"index_kpool_compress_ape", p.kpool, p.idxDim), p.kpool),
+			Scale:   float32(1 / math.Sqrt(float64(p.idxDim)*float64(p.idxHeads))),
+			NormW:   l.u.Vec(l.Vec(pre+"k_norm.weight", p.idxDim)),
+			NormB:   l.u.Vec(l.Vec(pre+"k_norm.bias", p.idxDim)),
+			NormEps: 1e-6,
+		},
 	}
 }
 
-// forward caches the batch's index keys in layer's V slots and fills the
-// pass's selection (p.sel, p.nsel) for every row. x is the layer input after
+// forward caches the step's index keys in the cache layer and returns
+// every row's selection (N, SelWidth) I32. x is the layer input after
 // input_layernorm, qr the normed q latent.
-func (ix *indexer) forward(p *pass, layer int, x, qr []float32) {
-	be, a, n := p.Backend, &p.Arena, p.N()
-	mark := a.Mark()
-	nh, dI, kp := ix.heads, ix.dim, ix.kpool
-	q := a.Get(n * nh * dI) // (N, heads·dim)
-	ix.wqb.Forward(be, q, qr, n)
-	k := a.Get(n * dI) // (N, dim)
-	ix.wk.Forward(be, k, x, n)
-	(&nn.LayerNorm{W: ix.kW, B: ix.kB, Eps: 1e-6}).Forward(k, k, n)
-	g := a.Get(n * dI) // (N, dim) gate scores γ
-	be.MatMul(g, x, ix.gate, n)
-	w := a.Get(n * nh) // (N, heads)
-	ix.wproj.Forward(be, w, x, n)
-	ws := float32(1 / math.Sqrt(float64(nh)))
-	for i := range w {
-		w[i] *= ws
-	}
-	for r, pos := range p.Tok.Pos {
-		slot := p.Cache.V(layer, p.Tok.KV[p.Tok.Seq[r]], int(pos)) // (2·dim) [k | γ]
-		copy(slot[:dI], k[r*dI:(r+1)*dI])
-		copy(slot[dI:], g[r*dI:(r+1)*dI])
-	}
-
-	p.ensureSel(n, ix.pools)
-	qs := float32(1 / math.Sqrt(float64(dI)))
-	for s := range len(p.start) - 1 {
-		lo, hi := p.seqRows(s)
-		if lo == hi {
-			continue
-		}
-		seq := p.Tok.KV[s]
-		// Pool P is complete once its last token P·kpool+kpool−1 is stored:
-		// pool the ones this pass completes into their last token's slot.
-		first, last := int(p.Tok.Pos[lo]), int(p.Tok.Pos[hi-1])
-		done := first / kp    // first pool completed by this pass
-		np := (last + 1) / kp // complete pools visible to the last row
-		be.Parallel(np-done, func(plo, phi int) {
-			prob := make([]float64, kp)  // (kpool) softmax over a pool's members
-			mem := make([][]float32, kp) // (kpool) the members' cached [k | γ]
-			key := make([]float32, dI)   // (dim) the pooled key
-			for P := done + plo; P < done+phi; P++ {
-				for j := range kp {
-					mem[j] = p.Cache.V(layer, seq, P*kp+j)
-				}
-				ix.pool(key, mem, prob)
-				copy(mem[kp-1][:dI], key)
-			}
-		})
-		keys := make([][]float32, np) // (pools) each complete pool's key (dim), in its last token's slot
-		for P := range keys {
-			keys[P] = p.Cache.V(layer, seq, P*kp+kp-1)[:dI]
-		}
-		be.Parallel(hi-lo, func(rlo, rhi int) {
-			var scores []float32
-			for r := lo + rlo; r < lo+rhi; r++ {
-				npt := (int(p.Tok.Pos[r]) + 1) / kp // candidates: complete pools ending at or before t
-				if cap(scores) < npt {
-					scores = make([]float32, npt)
-				}
-				sc := scores[:npt]
-				qr := q[r*nh*dI : (r+1)*nh*dI]
-				wr := w[r*nh : (r+1)*nh]
-				for P := range npt {
-					key := keys[P]
-					var acc float32
-					for h := range nh {
-						acc += wr[h] * max(nn.Dot(qr[h*dI:(h+1)*dI], key)*qs, 0)
-					}
-					sc[P] = acc
-				}
-				sel := topPools(p.sel[r*ix.pools:r*ix.pools:(r+1)*ix.pools], sc, ix.pools)
-				p.nsel[r] = int32(len(sel))
-			}
-		})
-	}
-	a.Release(mark)
-}
-
-// pool sets key (dim) to the pooled key of a complete pool whose members'
-// cached [k | γ] rows are mem (kpool): per channel c,
-// Σ_j softmax_j(γ_j[c] + ape[j][c])·k_j[c]. prob is scratch (kpool).
-func (ix *indexer) pool(key []float32, mem [][]float32, prob []float64) {
-	dI := ix.dim
-	for c := range dI {
-		mx := math.Inf(-1)
-		for j, v := range mem {
-			// γ + ape in float32, as transformers adds them.
-			prob[j] = float64(v[dI+c] + ix.ape[j*dI+c])
-			mx = max(mx, prob[j])
-		}
-		var sum float64
-		for j := range prob {
-			prob[j] = math.Exp(prob[j] - mx)
-			sum += prob[j]
-		}
-		var acc float64
-		for j, v := range mem {
-			acc += prob[j] / sum * float64(v[c])
-		}
-		key[c] = float32(acc)
-	}
-}
-
-// topPools appends to dst (which has room for k) the indices of the k
-// largest scores (all of them when there are at most k), ties going to the
-// lower index, and returns them in increasing index order.
-func topPools(dst []int32, scores []float32, k int) []int32 {
-	n := len(scores)
-	if n <= k {
-		for i := range n {
-			dst = append(dst, int32(i))
-		}
-		return dst
-	}
-	// worse(a, b): a ranks below b.
-	worse := func(a, b int32) bool {
-		return scores[a] < scores[b] || (scores[a] == scores[b] && a > b)
-	}
-	// A min-heap (root = worst kept) of the best k seen so far.
-	h := dst[:k]
-	for i := range k {
-		h[i] = int32(i)
-	}
-	down := func(i int) {
-		for {
-			l, m := 2*i+1, i
-			if l < k && worse(h[l], h[m]) {
-				m = l
-			}
-			if l+1 < k && worse(h[l+1], h[m]) {
-				m = l + 1
-			}
-			if m == i {
-				return
-			}
-			h[i], h[m] = h[m], h[i]
-			i = m
-		}
-	}
-	for i := k/2 - 1; i >= 0; i-- {
-		down(i)
-	}
-	for i := k; i < n; i++ {
-		if worse(h[0], int32(i)) {
-			h[0] = int32(i)
-			down(0)
-		}
-	}
-	slices.Sort(h)
-	return h
+func (ix *indexer) forward(c *gqa.Ctx, dev device, cache, x, qr kernels.Tensor) kernels.Tensor {
+	n, kp := c.N, &ix.kp
+	q := dev.Scratch(kernels.F32, n, kp.Heads*kp.Dim) // (N, heads·dim)
+	ix.wqb.Forward(dev, q, qr, false)
+	k := dev.Scratch(kernels.F32, n, kp.Dim) // (N, dim) before k_norm
+	ix.wk.Forward(dev, k, x, false)
+	g := dev.Scratch(kernels.F32, n, kp.Dim) // (N, dim) gate scores γ
+	ix.gate.Forward(dev, g, x, false)
+	w := dev.Scratch(kernels.F32, n, kp.Heads) // (N, heads)
+	ix.wproj.Forward(dev, w, x, false)
+	dev.StoreKPool(cache, k, g, &c.Paged, kp)
+	sel := dev.Scratch(kernels.I32, n, kp.SelWidth())
+	dev.KPoolSelect(sel, q, w, cache, &c.Paged, kp)
+	return sel
 }

@@ -73,10 +73,28 @@ type params struct {
 	limit      float32 // swiglu_limit; +Inf when null
 
 	nextn int // num_nextn_predict_layers
+
+	// Read only to be validated.
+	kvHeads  int    // num_key_value_heads (must equal heads)
+	ropeDim  int    // qk_rope_head_dim (must be 0)
+	hasQLora bool   // q_lora_rank is not null
+	act      string // hidden_act (must be silu)
 }
 
-// readParams reads and checks cfg.
+// readParams reads and checks cfg: the hyperparameters with their
+// defaults, then the layer schedule, then the validation of both.
 func readParams(cfg *config.Config) (params, error) {
+	p := readDefaults(cfg)
+	p.readSchedule(cfg)
+	if err := cfg.Err(); err != nil {
+		return p, err
+	}
+	return p, p.validate()
+}
+
+// readDefaults reads the scalar hyperparameters, defaulting each to
+// transformers' Glm5NextTextConfig value.
+func readDefaults(cfg *config.Config) params {
 	p := params{
 		hidden:     cfg.Int("hidden_size"),
 		layers:     cfg.Int("num_hidden_layers"),
@@ -118,10 +136,10 @@ func readParams(cfg *config.Config) (params, error) {
 		nextn: cfg.IntOr("num_nextn_predict_layers", 0),
 	}
 	p.experts = cfg.IntOr("n_routed_experts", cfg.IntOr("num_local_experts", 288))
-	kvHeads := cfg.IntOr("num_key_value_heads", p.heads)
-	rope := cfg.IntOr("qk_rope_head_dim", 0)
-	hasQLora := cfg.Has("q_lora_rank") || !slices.Contains(cfg.Keys(), "q_lora_rank")
-	act := cfg.StringOr("hidden_act", "silu")
+	p.kvHeads = cfg.IntOr("num_key_value_heads", p.heads)
+	p.ropeDim = cfg.IntOr("qk_rope_head_dim", 0)
+	p.hasQLora = cfg.Has("q_lora_rank") || !slices.Contains(cfg.Keys(), "q_lora_rank")
+	p.act = cfg.StringOr("hidden_act", "silu")
 
 	// swiglu_limit: absent means 10, null means no clamp.
 	p.limit = float32(cfg.FloatOr("swiglu_limit", 10))
@@ -146,8 +164,13 @@ func readParams(cfg *config.Config) (params, error) {
 			p.lowerBound = -5
 		}
 	}
+	return p
+}
 
-	// Layer schedules.
+// readSchedule reads the per-layer schedules (layer_types, mlp_layer_types,
+// indexer_types or its older encodings), defaulting to transformers'
+// patterns.
+func (p *params) readSchedule(cfg *config.Config) {
 	if cfg.Has("layer_types") {
 		p.types = cfg.Strings("layer_types")
 	} else {
@@ -200,41 +223,56 @@ func readParams(cfg *config.Config) (params, error) {
 			p.idxTypes = append(p.idxTypes, t)
 		}
 	}
-	if err := cfg.Err(); err != nil {
-		return p, err
-	}
+}
 
+// validate checks the hyperparameters and the schedule against each other
+// and against what the engine supports.
+func (p *params) validate() error {
+	if err := p.checkShapes(); err != nil {
+		return err
+	}
+	return p.checkSchedule()
+}
+
+// checkShapes checks the scalar hyperparameters.
+func (p *params) checkShapes() error {
 	switch {
 	case p.hidden <= 0 || p.layers <= 0 || p.vocab <= 0:
-		return p, fmt.Errorf("non-positive dimension: hidden_size %d, num_hidden_layers %d, vocab_size %d", p.hidden, p.layers, p.vocab)
-	case act != "silu":
-		return p, fmt.Errorf("hidden_act %q: only silu is supported", act)
+		return fmt.Errorf("non-positive dimension: hidden_size %d, num_hidden_layers %d, vocab_size %d", p.hidden, p.layers, p.vocab)
+	case p.act != "silu":
+		return fmt.Errorf("hidden_act %q: only silu is supported", p.act)
 	case p.eps < 0 || math.IsNaN(float64(p.eps)):
-		return p, fmt.Errorf("rms_norm_eps %g", p.eps)
+		return fmt.Errorf("rms_norm_eps %g", p.eps)
 	case len(p.types) != p.layers || len(p.mlpTypes) != p.layers || len(p.idxTypes) != p.layers:
-		return p, fmt.Errorf("layer_types (%d), mlp_layer_types (%d) and indexer_types (%d) need %d entries each",
+		return fmt.Errorf("layer_types (%d), mlp_layer_types (%d) and indexer_types (%d) need %d entries each",
 			len(p.types), len(p.mlpTypes), len(p.idxTypes), p.layers)
 	case p.linHeads <= 0 || p.linDim <= 0 || p.convK <= 0:
-		return p, fmt.Errorf("bad KDA shape: linear_num_heads %d, linear_head_dim %d, linear_conv_kernel_dim %d", p.linHeads, p.linDim, p.convK)
+		return fmt.Errorf("bad KDA shape: linear_num_heads %d, linear_head_dim %d, linear_conv_kernel_dim %d", p.linHeads, p.linDim, p.convK)
 	case p.lowerBound > 0 || math.IsNaN(float64(p.lowerBound)):
-		return p, fmt.Errorf("linear_lower_bound %g: want a negative bound or null", p.lowerBound)
-	case !hasQLora || p.qLora <= 0:
-		return p, fmt.Errorf("q_lora_rank must be set (glm5_next attention always uses the q LoRA)")
-	case rope != 0:
-		return p, fmt.Errorf("qk_rope_head_dim %d: glm5_next attention has no RoPE (NoPE MLA), want 0", rope)
-	case p.heads <= 0 || kvHeads != p.heads || p.kvLora <= 0 || p.nope <= 0 || p.vDim <= 0:
-		return p, fmt.Errorf("bad MLA shape: num_attention_heads %d, num_key_value_heads %d, kv_lora_rank %d, qk_nope_head_dim %d, v_head_dim %d",
-			p.heads, kvHeads, p.kvLora, p.nope, p.vDim)
+		return fmt.Errorf("linear_lower_bound %g: want a negative bound or null", p.lowerBound)
+	case !p.hasQLora || p.qLora <= 0:
+		return fmt.Errorf("q_lora_rank must be set (glm5_next attention always uses the q LoRA)")
+	case p.ropeDim != 0:
+		return fmt.Errorf("qk_rope_head_dim %d: glm5_next attention has no RoPE (NoPE MLA), want 0", p.ropeDim)
+	case p.heads <= 0 || p.kvHeads != p.heads || p.kvLora <= 0 || p.nope <= 0 || p.vDim <= 0:
+		return fmt.Errorf("bad MLA shape: num_attention_heads %d, num_key_value_heads %d, kv_lora_rank %d, qk_nope_head_dim %d, v_head_dim %d",
+			p.heads, p.kvHeads, p.kvLora, p.nope, p.vDim)
 	case p.idxHeads <= 0 || p.idxDim <= 0 || p.kpool <= 0 || p.idxTopK < p.kpool || p.idxTopK%p.kpool != 0:
-		return p, fmt.Errorf("bad indexer: index_n_heads %d, index_head_dim %d, index_topk %d, index_kpool %d (index_topk must be a positive multiple of index_kpool)",
+		return fmt.Errorf("bad indexer: index_n_heads %d, index_head_dim %d, index_topk %d, index_kpool %d (index_topk must be a positive multiple of index_kpool)",
 			p.idxHeads, p.idxDim, p.idxTopK, p.kpool)
 	case p.hc <= 0 || p.hcIters <= 0 || p.hcEps < 0:
-		return p, fmt.Errorf("bad mHC: hc_mult %d, hc_sinkhorn_iters %d, hc_eps %g", p.hc, p.hcIters, p.hcEps)
+		return fmt.Errorf("bad mHC: hc_mult %d, hc_sinkhorn_iters %d, hc_eps %g", p.hc, p.hcIters, p.hcEps)
 	case p.limit <= 0 || math.IsNaN(float64(p.limit)):
-		return p, fmt.Errorf("swiglu_limit %g", p.limit)
+		return fmt.Errorf("swiglu_limit %g", p.limit)
 	case p.nextn < 0:
-		return p, fmt.Errorf("num_nextn_predict_layers %d", p.nextn)
+		return fmt.Errorf("num_nextn_predict_layers %d", p.nextn)
 	}
+	return nil
+}
+
+// checkSchedule checks every layer's kinds, and the MoE shape when a layer
+// (or the MTP layer) has one.
+func (p *params) checkSchedule() error {
 	anySparse := false
 	for i := range p.layers {
 		switch p.types[i] {
@@ -246,35 +284,35 @@ func readParams(cfg *config.Config) (params, error) {
 				// transformers hands a layer's selection only to the very next
 				// layer, and only from a DSA layer with its own indexer.
 				if i == 0 || p.types[i-1] != sparseAttention || p.idxTypes[i-1] != fullIndexer {
-					return p, fmt.Errorf("indexer_types[%d] = %q: a shared DSA layer must follow a DSA layer with its own indexer", i, sharedIndexer)
+					return fmt.Errorf("indexer_types[%d] = %q: a shared DSA layer must follow a DSA layer with its own indexer", i, sharedIndexer)
 				}
 			default:
-				return p, fmt.Errorf("indexer_types[%d] = %q: want %q or %q", i, p.idxTypes[i], fullIndexer, sharedIndexer)
+				return fmt.Errorf("indexer_types[%d] = %q: want %q or %q", i, p.idxTypes[i], fullIndexer, sharedIndexer)
 			}
 		default:
-			return p, fmt.Errorf("layer_types[%d] = %q: want %q or %q", i, p.types[i], linearAttention, sparseAttention)
+			return fmt.Errorf("layer_types[%d] = %q: want %q or %q", i, p.types[i], linearAttention, sparseAttention)
 		}
 		switch p.mlpTypes[i] {
 		case denseFFN:
 			if p.inter <= 0 {
-				return p, fmt.Errorf("layer %d has a dense MLP but intermediate_size is %d", i, p.inter)
+				return fmt.Errorf("layer %d has a dense MLP but intermediate_size is %d", i, p.inter)
 			}
 		case sparseFFN:
 			anySparse = true
 		default:
-			return p, fmt.Errorf("mlp_layer_types[%d] = %q: want %q or %q", i, p.mlpTypes[i], denseFFN, sparseFFN)
+			return fmt.Errorf("mlp_layer_types[%d] = %q: want %q or %q", i, p.mlpTypes[i], denseFFN, sparseFFN)
 		}
 	}
 	if anySparse || p.nextn > 0 {
 		switch {
 		case p.experts <= 0 || p.topK <= 0 || p.topK > p.experts || p.moeInter <= 0 || p.shared < 0:
-			return p, fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
+			return fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
 				p.experts, p.topK, p.moeInter, p.shared)
 		case p.groups <= 0 || p.experts%p.groups != 0 || p.topKGroups <= 0 || p.topKGroups > p.groups || (p.groups > 1 && p.experts/p.groups < 2):
-			return p, fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", p.groups, p.topKGroups, p.experts)
+			return fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", p.groups, p.topKGroups, p.experts)
 		}
 	}
-	return p, nil
+	return nil
 }
 
 // poolsPerQuery is the number of complete pools the indexer keeps per query.

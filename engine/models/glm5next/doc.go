@@ -26,8 +26,13 @@
 // transformers': DSA at i % 4 == 3, dense for the first three layers, all
 // indexers full.
 //
+// The model runs on the op set (kernels.Device plus MLAOps, KPoolOps,
+// LinearAttentionOps, HyperOps and ClampOps; engine/gqa's step inputs,
+// output head, FFNs and MTP decoder): activations, the KV cache and the
+// recurrent states live in the backend's memory.
+//
 // Residual streams (mHC). The embedding is copied into hc_mult streams
-// X [hc, hidden]. Each layer has two hyper-connection sites, around the
+// X [hc, hidden] (kernels.HyperOps). Each layer has two hyper-connection sites, around the
 // mixer and around the FFN, each with its own (fn, base, scale):
 //
 //	r = rsqrt(mean(vec(X)²) + eps);  mix = (vec(X)·r)·fnᵀ   split [pre n | post n | comb n·n]
@@ -44,18 +49,18 @@
 // rolling state, the per-channel forget gate g = lower·sigmoid(exp(A_log)·
 // (f_b(f_a(x)) + dt_bias)) (Kimi's −exp(A_log)·softplus(·) when
 // linear_lower_bound is null), β = sigmoid(b_proj x), L2-normalised q
-// (× dk^-½) and k, the gated delta rule with per-channel decay (engine/
-// linattn: chunkwise for prompt chunks, recurrent for a few tokens, always
-// continuing from the sequence's state), and o_proj(o_norm(o) ⊙
-// sigmoid(g_b(g_a(x)))). The rule's state S [heads, dk, dk] and the conv
-// state [K−1, 3·heads·dk] of each KDA layer live in the sequence's
-// linattn.Slot (Seq.State), shaped by StateLayout. A chunk at Pos 0 starts
-// from a zeroed state.
+// (× dk^-½) and k, the gated delta rule with per-channel decay
+// (kernels.LinearAttentionOps: chunkwise for prompt chunks, recurrent for a
+// few tokens, always continuing from the sequence's state), and
+// o_proj(o_norm(o) ⊙ sigmoid(g_b(g_a(x)))). The rule's state S [heads, dk,
+// dk] and the conv state [K−1, 3·heads·dk] of each KDA layer live in the
+// sequence's row of a device state pool (model.NewStatePool), shaped by
+// StateLayout. A chunk at Pos 0 starts from a zeroed state.
 //
 // DSA (self_attn.* of sparse layers): MLA with q LoRA and no RoPE
-// (qk_rope_head_dim must be 0), scale qk_nope_head_dim^-½, in the absorbed
-// form over the cached normed latent (each head's W_UK block of kv_b_proj is
-// transposed into float32 at load; W_UV is used in place). The k-pool indexer caches k_t =
+// (qk_rope_head_dim must be 0), scale qk_nope_head_dim^-½, over the cached
+// normed latent (kernels.MLAOps; the backend picks the naive or absorbed
+// form). The k-pool indexer (kernels.KPoolOps) caches k_t =
 // LayerNorm(wk x_t) and γ_t = x_t·index_kpool_compress_gateᵀ per token
 // (x = the layer input after input_layernorm). Pools are index_kpool tokens
 // from position 0; a complete pool's key (a per-channel softmax of γ + ape
@@ -75,9 +80,10 @@
 // Cache. CacheLayout has, per layer, zero width for KDA; K = kv_lora_rank
 // (latent) and V = 2·index_head_dim ([k_t | γ_t], or the pool key in a
 // pool's last token) for a DSA layer (V = 0 for a shared one); the MTP
-// layer follows as one more DSA entry when loaded. Info().KVBytesPerToken
-// is its size in float32 (the cache stores float32), and
-// Info().StateBytesPerSeq the KDA slot size.
+// layer follows as one more DSA entry when loaded. The latents are BF16 by
+// default (SetCacheDType), the indexer data always F32 (rounding them flips
+// near-tied pool selections). Info().KVBytesPerToken is the layout's size,
+// and Info().StateBytesPerSeq the KDA slot size.
 //
 // FFN: clamped SwiGLU everywhere (dense MLP, routed experts, shared
 // expert): silu(min(gate, L))·clamp(up, −L, L) with L = swiglu_limit. MoE:
@@ -89,7 +95,8 @@
 // the checkpoint has eh_proj): a plain residual block without
 // hyper-connections, x = eh_proj([enorm(embed(tok_{p+1})) | hnorm(h_p)]),
 // NoPE MLA with its own k-pool indexer and cache, the MoE, and
-// shared_head.head(shared_head.norm(x)). h_p is the main model's
+// shared_head.head(shared_head.norm(x)), run by engine/gqa's MTP decoder
+// with the DSA layer as its block's mixer. h_p is the main model's
 // post-final-norm hidden (Seq.Hidden of Forward). A model loaded with it
 // implements model.MTPModel.
 package glm5next

@@ -14,6 +14,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // fixtureTol bounds max|engine − transformers| / max|transformers|, the
@@ -37,13 +38,23 @@ func loadFixture(t testing.TB) *fixtures.Fixture {
 	return fx
 }
 
-// build makes the model from a config and weight source with a 2-thread backend.
-func build(t testing.TB, cfg *config.Config, w model.WeightSource) *Model {
-	t.Helper()
-	be, err := modeltest.Backend() // the GPU with FERRITE_TEST_DEVICE=cuda
-	if err != nil {
-		t.Fatal(err)
+// devices runs fn as a subtest on every backend the architecture suites
+// use (cpu, strict, and the device of FERRITE_TEST_DEVICE).
+func devices(t *testing.T, fn func(t *testing.T, be kernels.Backend)) {
+	for name, newBackend := range modeltest.Devices() {
+		t.Run(name, func(t *testing.T) {
+			be, err := newBackend()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fn(t, be)
+		})
 	}
+}
+
+// build makes the model from a config and weight source on be.
+func build(t testing.TB, be kernels.Backend, cfg *config.Config, w model.WeightSource) *Model {
+	t.Helper()
 	mm, err := model.New(cfg, w, be)
 	if err != nil {
 		t.Fatal(err)
@@ -58,8 +69,9 @@ func build(t testing.TB, cfg *config.Config, w model.WeightSource) *Model {
 	return nil
 }
 
-// fixtureModel loads the fixture checkpoint as it is on disk.
-func fixtureModel(t testing.TB, fx *fixtures.Fixture) *Model {
+// fixtureModel loads the fixture checkpoint as it is on disk, with a
+// float32 KV cache (the fixture tolerance; TestFixture checks BF16 too).
+func fixtureModel(t testing.TB, be kernels.Backend, fx *fixtures.Fixture) *Model {
 	t.Helper()
 	cfg, err := config.Load(fx.Dir)
 	if err != nil {
@@ -70,7 +82,11 @@ func fixtureModel(t testing.TB, fx *fixtures.Fixture) *Model {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.Close() })
-	return build(t, cfg, w)
+	m := build(t, be, cfg, w)
+	if err := m.SetCacheDType(kernels.F32); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // env is a cache and a state pool for a model.
@@ -83,16 +99,12 @@ type env struct {
 
 func newEnv(t testing.TB, m *Model, tokens, seqs int) *env {
 	t.Helper()
-	c, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: 16, Budget: int64(tokens+16*seqs) * m.Info().KVBytesPerToken})
+	c, err := model.NewCache(m, kvcache.Options{BlockSize: 16, Budget: int64(tokens+16*seqs) * m.Info().KVBytesPerToken})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lay := m.StateLayout()
-	var per int64
-	for _, l := range lay {
-		per += l.Bytes()
-	}
-	st, err := linattn.NewStatePool(lay, int64(seqs)*per)
+	// Room for the sequences and a snapshot.
+	st, err := model.NewStatePool(m, int64(seqs+1)*m.Info().StateBytesPerSeq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,13 +206,50 @@ func mustInts(t testing.TB, fx *fixtures.Fixture, name string) []int32 {
 	return v
 }
 
-// TestFixture runs the transformers fixture: every layer's residual
-// streams, prompt logits and final hidden states from one forward, cached
-// decode logits fed one token at a time, 16 greedy tokens, and the MTP
-// logits.
-func TestFixture(t *testing.T) {
+// record keeps copies of tensors an op writes inside a step (the model's
+// trace hooks), to read them once the step is over.
+type record struct {
+	dev  kernels.Device
+	keys []int
+	ts   []kernels.Tensor
+}
+
+// add copies t into persistent memory under key.
+func (r *record) add(key int, t kernels.Tensor) {
+	c, err := r.dev.Alloc(t.DType, t.Rows, t.Cols)
+	if err != nil {
+		panic(err)
+	}
+	r.dev.Copy(c, t)
+	r.keys, r.ts = append(r.keys, key), append(r.ts, c)
+}
+
+// f32 reads the i-th recorded F32 tensor.
+func (r *record) f32(i int) []float32 {
+	v := make([]float32, r.ts[i].Elems())
+	r.dev.ReadF32(v, r.ts[i])
+	return v
+}
+
+// i32 reads the i-th recorded I32 tensor.
+func (r *record) i32(i int) []int32 {
+	v := make([]int32, r.ts[i].Elems())
+	r.dev.(interface {
+		ReadI32(dst []int32, t kernels.Tensor)
+	}).ReadI32(v, r.ts[i])
+	return v
+}
+
+// TestFixture runs the transformers fixture on every backend: every
+// layer's residual streams, prompt logits and final hidden states from one
+// forward, cached decode logits fed one token at a time, 16 greedy tokens,
+// and the MTP logits, with a float32 KV cache; then the prompt, decode
+// and greedy tokens with the default BF16 cache.
+func TestFixture(t *testing.T) { devices(t, testFixture) }
+
+func testFixture(t *testing.T, be kernels.Backend) {
 	fx := loadFixture(t)
-	m := fixtureModel(t, fx)
+	m := fixtureModel(t, be, fx)
 	info := m.Info()
 	if info.Vocab != fx.Ref.V || info.Hidden != fx.Ref.H || info.Layers != 4 || info.Arch != "glm5_next" {
 		t.Fatalf("info %+v, fixture V %d H %d", info, fx.Ref.V, fx.Ref.H)
@@ -211,17 +260,22 @@ func TestFixture(t *testing.T) {
 	wantLast := mustFloats(t, fx, "last_layer_output")
 	e := newEnv(t, m, 2*T+64, 2)
 
-	per := T * hc * H
-	m.trace = func(l int, X []float32) {
-		if l+1 < info.Layers {
-			check(t, fmt.Sprintf("streams after layer %d", l), X, wantStreams[(l+1)*per:(l+2)*per], fixtureTol)
-		} else {
-			check(t, "last layer output", X, wantLast, fixtureTol)
-		}
-	}
+	rec := &record{dev: m.dev}
+	m.trace = rec.add
 	s := e.newSeq()
 	out := e.run(s, prompt, model.AllLogits, true)
 	m.trace = nil
+	per := T * hc * H
+	for i, l := range rec.keys {
+		if l+1 < info.Layers {
+			check(t, fmt.Sprintf("streams after layer %d", l), rec.f32(i), wantStreams[(l+1)*per:(l+2)*per], fixtureTol)
+		} else {
+			check(t, "last layer output", rec.f32(i), wantLast, fixtureTol)
+		}
+	}
+	if len(rec.keys) != info.Layers {
+		t.Fatalf("%d layers traced, want %d", len(rec.keys), info.Layers)
+	}
 	check(t, "prompt logits", out.Logits, mustFloats(t, fx, "prompt_logits"), fixtureTol)
 	check(t, "final hidden", out.Hidden, mustFloats(t, fx, "final_hidden"), fixtureTol)
 	finalHidden := out.Hidden
@@ -233,20 +287,7 @@ func TestFixture(t *testing.T) {
 	check(t, "decode logits", dec, mustFloats(t, fx, "decode_logits"), fixtureTol)
 	e.free(s)
 
-	t.Run("greedy", func(t *testing.T) {
-		greedy := mustInts(t, fx, "greedy_ids")
-		g := e.newSeq()
-		defer e.free(g)
-		next := argmax(e.run(g, prompt, model.LastLogits, false).Logits)
-		var got []int32
-		for range len(greedy) {
-			got = append(got, next)
-			next = argmax(e.run(g, []int32{next}, model.LastLogits, false).Logits)
-		}
-		if !slices.Equal(got, greedy) {
-			t.Errorf("greedy tokens\n got %v\nwant %v", got, greedy)
-		}
-	})
+	t.Run("greedy", func(t *testing.T) { greedy(t, e, fx, prompt) })
 
 	t.Run("mtp", func(t *testing.T) {
 		mm := model.Model(withMTP{m})
@@ -272,5 +313,41 @@ func TestFixture(t *testing.T) {
 	})
 	if st := e.c.Stats(); st.BlocksUsed != 0 {
 		t.Errorf("cache not empty after Free: %+v", st)
+	}
+
+	t.Run("kv=BF16", func(t *testing.T) {
+		if err := m.SetCacheDType(kernels.BF16); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Info().KVBytesPerToken; got != m.CacheLayout().BytesPerToken() || m.CacheLayout()[1].DType != kernels.BF16 {
+			t.Fatalf("KVBytesPerToken %d with layout %v", got, m.CacheLayout())
+		}
+		e := newEnv(t, m, 2*T+64, 2)
+		s := e.newSeq()
+		check(t, "prompt logits (BF16 KV)", e.run(s, prompt, model.AllLogits, false).Logits, mustFloats(t, fx, "prompt_logits"), bf16KVTol)
+		e.free(s)
+		greedy(t, e, fx, prompt)
+	})
+}
+
+// bf16KVTol bounds the fixture error with a BF16 KV cache (latents and
+// index keys rounded to 8 significant bits, relative error ≤ 2⁻⁹ each),
+// as engine's fixture tests state it.
+const bf16KVTol = 1e-2
+
+// greedy checks the fixture's greedy continuation of prompt.
+func greedy(t *testing.T, e *env, fx *fixtures.Fixture, prompt []int32) {
+	t.Helper()
+	want := mustInts(t, fx, "greedy_ids")
+	g := e.newSeq()
+	defer e.free(g)
+	next := argmax(e.run(g, prompt, model.LastLogits, false).Logits)
+	var got []int32
+	for range len(want) {
+		got = append(got, next)
+		next = argmax(e.run(g, []int32{next}, model.LastLogits, false).Logits)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("greedy tokens\n got %v\nwant %v", got, want)
 	}
 }

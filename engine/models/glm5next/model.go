@@ -2,10 +2,12 @@ package glm5next
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gqa"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
@@ -24,32 +26,41 @@ func init() {
 	model.Register("glm5_next_text", New)
 }
 
-// Model is a loaded GLM-5.3-Flash text model. It implements
-// model.StateModel; a model loaded with its MTP layer is wrapped in a type
-// that also implements model.MTPModel.
+// device is the op set glm5_next runs on: the GQA family's Device plus
+// NoPE MLA attention, the k-pool indexer, KDA's linear attention, the
+// hyper-connections and the clamped SwiGLU.
+type device interface {
+	kernels.Device
+	kernels.MLAOps
+	kernels.KPoolOps
+	kernels.LinearAttentionOps
+	kernels.HyperOps
+	kernels.ClampOps
+}
+
+// Model is a loaded GLM-5.3-Flash text model on the op set. It implements
+// model.StateModel and model.DeviceModel; a model loaded with its MTP
+// layer is wrapped in a type that also implements model.MTPModel.
 type Model struct {
 	p      params
-	embed  *kernels.Mat // (vocab, hidden) embed_tokens
-	layers []*layer     // (num_hidden_layers)
-	norm   *nn.RMSNorm  // (hidden) final norm, after the mean over streams
-	lmHead *kernels.Mat // (vocab, hidden); embed when tied
-	mtp    *mtp         // nil without an MTP layer
+	dev    device
+	embed  *kernels.Mat         // (vocab, hidden) embed_tokens
+	layers []*layer             // (num_hidden_layers)
+	norm   *gqa.Norm            // (hidden) final norm, after the mean over streams
+	lmHead *kernels.Mat         // (vocab, hidden); embed when tied
+	mtp    *gqa.MTPDecoder      // the NextN layer on gqa's decoder; nil without it
+	layout kvcache.Layout       // (layers [+1 MTP]) zero width for KDA layers; shared with mtp
+	states []linattn.LayerShape // (KDA layers) one sequence's slot
 
-	layout      kvcache.Layout       // (layers [+1 MTP]) zero width for KDA layers
-	stateLayout []linattn.LayerShape // (KDA layers) one sequence's slot
-	stateBytes  int64                // Σ stateLayout[i].Bytes()
-	info        model.Info
-	be          kernels.Backend
+	// trace, when set (tests), is called inside the step after each layer
+	// with the residual streams (N, hc·hidden), and after each DSA layer
+	// with its selection (N, SelWidth) I32.
+	trace    func(layer int, streams kernels.Tensor)
+	traceSel func(layer int, sel kernels.Tensor)
 
-	// trace, when set (tests), receives the residual streams (N, hc, hidden)
-	// after each layer of a Forward.
-	trace func(layer int, streams []float32)
-	// traceSel, when set (tests), receives each DSA layer's selection after
-	// its indexer ran: per row, the kept pools (p.sel/p.nsel).
-	traceSel func(layer int, p *pass)
-
-	mu   sync.Mutex // one pass at a time
-	pass pass       // reused between passes
+	mu      sync.Mutex   // one pass at a time
+	in      gqa.Inputs   // the step's ids, row maps and state slots
+	streams streamInputs // the step's token ids, once per stream
 }
 
 // withMTP is a Model with its NextN layer: the model.MTPModel implementation.
@@ -58,84 +69,92 @@ type withMTP struct{ *Model }
 // layer is one decoder layer: two hyper-connection sites around the token
 // mixer (KDA or DSA) and the FFN.
 type layer struct {
-	attnHC   *hyper      // hc_attn_{fn,base,scale}
-	attnNorm *nn.RMSNorm // (hidden) input_layernorm
-	kda      *kda        // set on linear_attention layers
-	dsa      *dsa        // set on deepseek_sparse_attention layers
-	ffnHC    *hyper      // hc_ffn_{fn,base,scale}
-	ffnNorm  *nn.RMSNorm // (hidden) post_attention_layernorm
-	ffn      nn.FFN      // *mlp (dense) or *moe (sparse)
+	attnHC   *kernels.Hyper       // hc_attn_{fn,base,scale}
+	attnNorm *gqa.Norm            // (hidden) input_layernorm
+	kda      *gqa.LinearAttention // set on linear_attention layers (KDA)
+	dsa      *dsa                 // set on deepseek_sparse_attention layers
+	ffnHC    *kernels.Hyper       // hc_ffn_{fn,base,scale}
+	ffnNorm  *gqa.Norm            // (hidden) post_attention_layernorm
+	ffn      gqa.FFN              // *gqa.MLP (dense) or *gqa.MoE (sparse), clamped
+}
+
+// loader is what the constructors share: the checkpoint, the device and
+// the hyperparameters.
+type loader struct {
+	*nn.Loader
+	u   *gqa.Uploader
+	dev device
+	p   *params
 }
 
 // New builds a glm5_next model from a flat text config or the
 // vision-language wrapper's text_config (engine/config merges it), with
 // the text weights under "model.language_model." or "model.". The vision
-// tower (model.visual.*) is not loaded.
+// tower (model.visual.*) is not loaded. be must implement the op set
+// glm5_next needs (the CPU and strict backends do).
 func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Model, error) {
 	p, err := readParams(cfg)
 	if err != nil {
 		return nil, err
 	}
-	l := nn.NewLoader(w)
+	dev, ok := be.(device)
+	if !ok {
+		return nil, &model.OpsError{Backend: be.Name(), Missing: "the op set glm5_next needs (kernels.Device with MLAOps, KPoolOps, LinearAttentionOps, HyperOps and ClampOps)"}
+	}
+	l := &loader{Loader: nn.NewLoader(w), u: gqa.NewUploader(dev), dev: dev, p: &p}
 	root := "model."
 	if l.Has("model.language_model.embed_tokens.weight") {
 		root = "model.language_model."
 	}
-	m := &Model{p: p, be: be}
+	m := &Model{p: p, dev: dev}
+	var prev *dsa // the last DSA layer, whose selection a shared layer reuses
 	for i := range p.layers {
 		pre := fmt.Sprintf("%slayers.%d.", root, i)
 		ly := &layer{
-			attnHC:   loadHyper(l, pre+"hc_attn", &p),
-			attnNorm: l.RMSNorm(pre+"input_layernorm", p.hidden, p.eps, false),
-			ffnHC:    loadHyper(l, pre+"hc_ffn", &p),
-			ffnNorm:  l.RMSNorm(pre+"post_attention_layernorm", p.hidden, p.eps, false),
+			attnHC:   l.hyper(pre + "hc_attn"),
+			attnNorm: l.norm(pre + "input_layernorm"),
+			ffnHC:    l.hyper(pre + "hc_ffn"),
+			ffnNorm:  l.norm(pre + "post_attention_layernorm"),
 		}
 		if p.types[i] == linearAttention {
-			ly.kda = loadKDA(l, &p, pre+"self_attn.", len(m.stateLayout), be)
-			m.stateLayout = append(m.stateLayout, ly.kda.shape())
+			ly.kda = l.kda(pre+"self_attn.", len(m.states))
+			m.states = append(m.states, ly.kda.StateShape())
 			m.layout = append(m.layout, kvcache.LayerWidth{})
 		} else {
 			own := p.idxTypes[i] == fullIndexer
-			ly.dsa = loadDSA(l, &p, pre+"self_attn.", i, own)
+			ly.dsa = l.dsa(pre+"self_attn.", i, own)
+			if !own {
+				ly.dsa.src = prev
+			}
+			prev = ly.dsa
 			width := kvcache.LayerWidth{K: p.kvLora}
 			if own {
-				width.V = 2 * p.idxDim
+				width = kvcache.LayerWidth{K: p.kvLora, V: 2 * p.idxDim, VFloat32: true}
 			}
 			m.layout = append(m.layout, width)
 		}
 		if p.mlpTypes[i] == sparseFFN {
-			ly.ffn = loadMoE(l, &p, pre+"mlp")
+			ly.ffn = l.moe(pre + "mlp")
 		} else {
-			ly.ffn = loadMLP(l, pre+"mlp", p.hidden, p.inter, p.limit)
+			ly.ffn = l.mlp(pre+"mlp", p.inter)
 		}
 		m.layers = append(m.layers, ly)
 	}
 	m.embed = l.Mat(root+"embed_tokens.weight", p.vocab, p.hidden)
-	m.norm = l.RMSNorm(root+"norm", p.hidden, p.eps, false)
-	if p.tied {
-		m.lmHead = m.embed
-	} else {
+	m.norm = l.norm(root + "norm")
+	m.lmHead = m.embed
+	if !p.tied {
 		m.lmHead = l.Mat("lm_head.weight", p.vocab, p.hidden)
 	}
-	mtpPre := fmt.Sprintf("%slayers.%d.", root, p.layers)
-	if p.nextn > 0 && l.Has(mtpPre+"eh_proj.weight") {
-		m.mtp = loadMTP(l, &p, mtpPre, p.layers, m.lmHead)
-		m.layout = append(m.layout, kvcache.LayerWidth{K: p.kvLora, V: 2 * p.idxDim})
+	m.layout = gqa.BF16Layout(m.layout)
+	if mtpPre := fmt.Sprintf("%slayers.%d.", root, p.layers); p.nextn > 0 && l.Has(mtpPre+"eh_proj.weight") {
+		m.mtp = l.mtp(mtpPre, m)
 	}
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	for _, s := range m.stateLayout {
-		m.stateBytes += s.Bytes()
-	}
-	m.info = model.Info{
-		Arch:             arch,
-		Vocab:            p.vocab,
-		Hidden:           p.hidden,
-		Layers:           p.layers,
-		MaxContext:       p.maxContext,
-		KVBytesPerToken:  m.layout.BytesPerToken(),
-		StateBytesPerSeq: m.stateBytes,
+	if err := l.u.Err(); err != nil {
+		return nil, err
 	}
 	if m.mtp != nil {
 		return withMTP{m}, nil
@@ -143,220 +162,276 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	return m, nil
 }
 
+// norm loads an RMSNorm (rms_norm_eps) onto the device.
+func (l *loader) norm(name string) *gqa.Norm {
+	return l.u.Norm(l.RMSNorm(name, l.p.hidden, l.p.eps, false))
+}
+
+// linear loads a bias-free projection.
+func (l *loader) linear(name string, out, in int) gqa.Linear {
+	return l.u.Linear(l.Linear(name, out, in, false))
+}
+
 // Info implements model.Model.
-func (m *Model) Info() model.Info { return m.info }
+func (m *Model) Info() model.Info {
+	var state int64
+	for _, s := range m.states {
+		state += s.Bytes()
+	}
+	return model.Info{
+		Arch:             arch,
+		Vocab:            m.p.vocab,
+		Hidden:           m.p.hidden,
+		Layers:           m.p.layers,
+		MaxContext:       m.p.maxContext,
+		KVBytesPerToken:  m.layout.BytesPerToken(),
+		StateBytesPerSeq: state,
+	}
+}
 
 // CacheLayout implements model.Model: per decoder layer, zero width for a
 // KDA layer, and K = kv_lora_rank (the normed latent c_t) with V =
 // 2·index_head_dim (the indexer's k_t and γ_t; the last token of a complete
 // pool holds the pool's key instead) for a DSA layer (V = 0 when it shares
 // the previous layer's selection); then the MTP layer, laid out as a DSA
-// layer, when loaded.
+// layer, when loaded. The latents are BF16 unless SetCacheDType says
+// otherwise; the indexer data stay F32 (VFloat32): rounding the keys
+// flips near-tied pool selections, which moves a token's attention far
+// more than the rounding itself (on the fixture, the first greedy token).
 func (m *Model) CacheLayout() kvcache.Layout { return slices.Clone(m.layout) }
 
 // StateLayout implements model.StateModel: one entry per KDA layer, in layer
 // order: S [heads, dk, dk] and the conv state [K−1, 3·heads·dk].
-func (m *Model) StateLayout() []linattn.LayerShape { return slices.Clone(m.stateLayout) }
+func (m *Model) StateLayout() []linattn.LayerShape { return slices.Clone(m.states) }
 
-// pass is what the layers of one forward pass share.
-type pass struct {
-	nn.Ctx
-	states *linattn.StatePool // the batch's state pool; nil for an MTP pass
-	slots  []*linattn.Slot    // (sequences) each sequence's state slot
-	start  []int              // (sequences+1) first row of each sequence; start[len] = N
-	kpool  int                // index_kpool
-	tail   bool               // index_kpool_always_select_tail
-	pools  int                // index_topk / index_kpool: room per row in sel
-	sel    []int32            // (N, pools) kept pools of each row, increasing (first nsel[r] valid)
-	nsel   []int32            // (N)
+// Device implements model.DeviceModel.
+func (m *Model) Device() kernels.Device { return m.dev }
+
+// SetCacheDType implements model.DeviceModel (the MTP layer's decoder
+// shares the layout).
+func (m *Model) SetCacheDType(dt kernels.DType) error {
+	if err := gqa.SetLayoutDType(m.layout, dt); err != nil {
+		return fmt.Errorf("glm5_next: %w", err)
+	}
+	return nil
 }
 
-// seqRows returns the row range [lo, hi) of sequence s.
-func (p *pass) seqRows(s int) (lo, hi int) { return p.start[s], p.start[s+1] }
-
-// ensureSel sizes the selection for n rows of k pools.
-func (p *pass) ensureSel(n, k int) {
-	if cap(p.sel) < n*k {
-		p.sel = make([]int32, n*k)
+// ForwardMTP implements model.MTPModel: the NextN layer (a plain pre-norm
+// block: NoPE MLA with its own k-pool indexer and cache layer, and the
+// clamped MoE) on gqa's MTP decoder. Row i of sequence s combines hidden[s]
+// row i (the main model's post-final-norm hidden state at position Pos+i)
+// with the embedding of Tokens[i] (the token at Pos+i+1):
+//
+//	x = eh_proj([enorm(embed(tok)) | hnorm(h)])
+//	x = x + Attn(input_layernorm(x));  x = x + FFN(post_attention_layernorm(x))
+//	logits = shared_head.head(shared_head.norm(x))
+//
+// Hidden returns shared_head.norm(x). The batch's States are not used.
+func (w withMTP) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
+	out, err := w.mtp.ForwardMTP(b, hidden)
+	if err != nil {
+		return nil, fmt.Errorf("glm5_next: %w", err)
 	}
-	if cap(p.nsel) < n {
-		p.nsel = make([]int32, n)
-	}
-	p.sel, p.nsel, p.pools = p.sel[:n*k], p.nsel[:n], k
+	return out, nil
 }
 
-// tokens appends to dst the positions row r attends to: every token of
-// its kept pools, then (with the tail option) the incomplete tail pool
-// [t+1 − (t+1) mod kpool, t], all increasing.
-func (p *pass) tokens(dst []int32, r, kpool int) []int32 {
-	for _, P := range p.sel[r*p.pools : r*p.pools+int(p.nsel[r])] {
-		for j := range kpool {
-			dst = append(dst, P*int32(kpool)+int32(j))
-		}
-	}
-	if p.tail {
-		t := p.Tok.Pos[r]
-		for s := t + 1 - (t+1)%int32(kpool); s <= t; s++ {
-			dst = append(dst, s)
-		}
-	}
-	return dst
-}
-
-// begin prepares m.pass for batch b.
-func (m *Model) begin(b *model.Batch) *pass {
-	p := &m.pass
-	p.Backend, p.Cache = m.be, b.Cache
-	p.Arena.Reset()
-	p.kpool, p.tail = m.p.kpool, m.p.tail
-	b.FillTokens(&p.Tok)
-	p.start = append(p.start[:0], 0)
-	p.slots = p.slots[:0]
-	p.states = b.States
-	for i := range b.Seqs {
-		p.start = append(p.start, p.start[i]+len(b.Seqs[i].Tokens))
-		p.slots = append(p.slots, b.Seqs[i].State)
-	}
-	return p
-}
-
-// end drops the pass's references to the batch.
-func (m *Model) end() {
-	p := &m.pass
-	p.Cache, p.states = nil, nil
-	clear(p.Tok.KV)
-	clear(p.slots)
-}
-
-// validate checks b for a main-model pass: Batch.Validate plus the
-// recurrent-state slots.
+// validate checks b for a main-model pass: the batch and its cache, and
+// the recurrent-state slots in the model's device memory.
 func (m *Model) validate(b *model.Batch) error {
-	if err := b.Validate(m.p.vocab, m.layout); err != nil {
-		return err
+	if err := gqa.CheckBatch(b, m.p.vocab, m.layout, m.dev); err != nil {
+		return fmt.Errorf("glm5_next: %w", err)
 	}
-	return b.ValidateStates(m.stateLayout)
+	if err := gqa.CheckStates(b, m.states, m.dev); err != nil {
+		return fmt.Errorf("glm5_next: %w", err)
+	}
+	return nil
 }
 
 // Forward implements model.Model. Each sequence's KDA state is read from
 // and written back to Seq.State; a sequence at Pos 0 starts from a zeroed
-// state. Hidden returns the post-final-norm hidden states (the mean of the
-// streams after the final norm), the input of the MTP layer.
+// state. Hidden returns the post-final-norm hidden states (the final norm
+// of the mean of the streams), the input of the MTP layer.
 func (m *Model) Forward(b *model.Batch) (*model.Output, error) {
 	if err := m.validate(b); err != nil {
 		return nil, err
 	}
+	if len(b.Seqs) == 0 {
+		return &model.Output{}, nil
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p := m.begin(b)
-	defer m.end()
-	if len(m.stateLayout) > 0 {
-		for i := range b.Seqs {
-			if b.Seqs[i].Pos == 0 {
-				b.States.Reset(b.Seqs[i].State)
-			}
-		}
+	dev := m.dev
+	st, err := m.in.Upload(dev, b)
+	if err == nil && len(m.states) > 0 {
+		err = m.in.UploadStates(dev, b, st) // a sequence at Pos 0 starts from a zeroed state
 	}
-	n, H, hc := p.N(), m.p.hidden, m.p.hc
-	X := p.Arena.Get(n * hc * H) // (N, hc, hidden) residual streams
-	for r := range n {
-		s := &b.Seqs[p.Tok.Seq[r]]
-		row := X[r*hc*H : (r+1)*hc*H]
-		m.embed.RowF32(row[:H], int(s.Tokens[int(p.Tok.Pos[r])-s.Pos]))
-		for j := 1; j < hc; j++ {
-			copy(row[j*H:(j+1)*H], row[:H])
-		}
+	var streamIDs kernels.Tensor
+	if err == nil {
+		streamIDs, err = m.streams.upload(dev, b, m.p.hc)
 	}
-	for i, l := range m.layers {
-		m.layerForward(l, i, p, X)
-		if m.trace != nil {
-			m.trace(i, X)
-		}
+	if err != nil {
+		return nil, fmt.Errorf("glm5_next: %w", err)
 	}
-	// Final collapse: the unweighted mean of the streams.
-	x := p.Arena.Get(n * H) // (N, hidden)
-	inv := 1 / float64(hc)
-	for r := range n {
-		for d := range H {
-			var s float64
-			for j := range hc {
-				s += float64(X[r*hc*H+j*H+d])
-			}
-			x[r*H+d] = float32(s * inv)
+	n, H, hc := b.Tokens(), m.p.hidden, m.p.hc
+	var logits, hid kernels.Tensor
+	gqa.InStep(dev, func() {
+		c := st.Ctx(dev, b)
+		c.Lin = dev
+		X := dev.Scratch(kernels.F32, n, hc*H) // (N, hc·hidden) residual streams
+		// Every stream starts as the token's embedding.
+		dev.Embed(X.Reshape(n*hc, H), m.embed, streamIDs)
+		y := dev.Scratch(kernels.F32, n, H)           // (N, hidden) sublayer input
+		o := dev.Scratch(kernels.F32, n, H)           // (N, hidden) sublayer output
+		coef := dev.Scratch(kernels.F32, n, hc+hc*hc) // (N, hc+hc²) [post | comb]
+		for i, l := range m.layers {
+			m.layerForward(c, l, i, X, y, o, coef)
 		}
-	}
-	return m.output(p, b.Seqs, x, m.norm, m.lmHead), nil
+		dev.HyperMerge(y, X)
+		dev.RMSNorm(y, y, m.norm.W, m.norm.Eps, m.norm.Offset)
+		logits, hid = st.Head(dev, y, m.lmHead)
+	})
+	return st.Outputs(dev, b, logits, hid), nil
 }
 
-// layerForward runs decoder layer l (index i) on the streams X (N, hc, hidden).
-func (m *Model) layerForward(l *layer, i int, p *pass, X []float32) {
-	a, n := &p.Arena, p.N()
-	H, hc := m.p.hidden, m.p.hc
-	mark := a.Mark()
-	y := a.Get(n * H)          // (N, hidden) collapsed input, then normed
-	o := a.Get(n * H)          // (N, hidden) sublayer output
-	post := a.Get(n * hc)      // (N, hc)
-	comb := a.Get(n * hc * hc) // (N, hc, hc)
-
-	l.attnHC.pre(p.Backend, a, X, y, post, comb, n)
-	l.attnNorm.Forward(y, y, n)
+// layerForward runs decoder layer l (index i) on the streams X (N,
+// hc·hidden): at each site the streams collapse into the sublayer's input,
+// which is normed, and the sublayer's output is mixed back in.
+func (m *Model) layerForward(c *gqa.Ctx, l *layer, i int, X, y, o, coef kernels.Tensor) {
+	dev := m.dev
+	dev.HyperPre(y, coef, X, l.attnHC)
+	dev.RMSNorm(y, y, l.attnNorm.W, l.attnNorm.Eps, l.attnNorm.Offset)
 	if l.kda != nil {
-		l.kda.forward(p, o, y)
+		l.kda.Forward(c, o, y)
 	} else {
-		l.dsa.forward(p, o, y)
+		l.dsa.Forward(c, o, y)
 		if m.traceSel != nil && l.dsa.idx != nil {
-			m.traceSel(i, p)
+			m.traceSel(i, l.dsa.sel)
 		}
 	}
-	l.attnHC.apply(X, o, post, comb, n)
+	dev.HyperPost(X, o, coef)
 
-	l.ffnHC.pre(p.Backend, a, X, y, post, comb, n)
-	l.ffnNorm.Forward(y, y, n)
-	l.ffn.Forward(p.Backend, a, o, y, n)
-	l.ffnHC.apply(X, o, post, comb, n)
-	a.Release(mark)
+	dev.HyperPre(y, coef, X, l.ffnHC)
+	dev.RMSNorm(y, y, l.ffnNorm.W, l.ffnNorm.Eps, l.ffnNorm.Offset)
+	l.ffn.Forward(c, o, y)
+	dev.HyperPost(X, o, coef)
+	if m.trace != nil {
+		m.trace(i, X)
+	}
 }
 
-// output applies norm to x (N, hidden) in place, then head to the rows
-// each sequence wants logits for.
-func (m *Model) output(p *pass, seqs []model.Seq, x []float32, norm *nn.RMSNorm, head *kernels.Mat) *model.Output {
-	H, V := m.p.hidden, m.p.vocab
-	norm.Forward(x, x, p.N())
-	var rows []int
-	for i := range seqs {
-		lo, hi := p.seqRows(i)
-		switch seqs[i].Logits {
-		case model.LastLogits:
-			rows = append(rows, hi-1)
-		case model.AllLogits:
-			for r := lo; r < hi; r++ {
-				rows = append(rows, r)
+// streamInputs are the step's token ids repeated once per stream, kept on
+// the device between steps.
+type streamInputs struct {
+	ids  kernels.Tensor // device buffer, grown as needed
+	host []int32        // host staging
+}
+
+// upload writes b's token ids, each hc times, and returns them (N·hc, 1).
+func (si *streamInputs) upload(dev kernels.Device, b *model.Batch, hc int) (kernels.Tensor, error) {
+	si.host = si.host[:0]
+	for i := range b.Seqs {
+		for _, t := range b.Seqs[i].Tokens {
+			for range hc {
+				si.host = append(si.host, t)
 			}
 		}
 	}
-	lx := p.Arena.Get(len(rows) * H) // (logit rows, hidden)
-	for k, r := range rows {
-		copy(lx[k*H:(k+1)*H], x[r*H:(r+1)*H])
+	t, err := gqa.EnsureI32(dev, &si.ids, len(si.host))
+	if err != nil {
+		return t, err
 	}
-	logits := make([]float32, len(rows)*V) // (logit rows, vocab)
-	if len(rows) > 0 {
-		p.Backend.MatMul(logits, lx, head, len(rows))
+	dev.WriteI32(t, si.host)
+	return t, nil
+}
+
+// hyper loads an mHC site (prefix hc_attn or hc_ffn).
+func (l *loader) hyper(prefix string) *kernels.Hyper {
+	p := l.p
+	m := (2 + p.hc) * p.hc
+	h := &kernels.Hyper{
+		Fn:      l.Mat(prefix+"_fn", m, p.hc*p.hidden),
+		Base:    l.u.Vec(l.Vec(prefix+"_base", m)),
+		Streams: p.hc, Iters: p.hcIters, Eps: p.hcEps, NormEps: p.eps,
 	}
-	out := &model.Output{Seqs: make([]model.SeqOutput, len(seqs))}
-	k := 0
-	for i := range seqs {
-		lo, hi := p.seqRows(i)
-		nl := 0
-		switch seqs[i].Logits {
-		case model.LastLogits:
-			nl = 1
-		case model.AllLogits:
-			nl = hi - lo
-		}
-		out.Seqs[i].Logits = logits[k*V : (k+nl)*V : (k+nl)*V]
-		k += nl
-		if seqs[i].Hidden {
-			out.Seqs[i].Hidden = slices.Clone(x[lo*H : hi*H])
-		}
+	if sc := l.Vec(prefix+"_scale", 3); len(sc) == 3 {
+		h.Scale = [3]float32(sc)
 	}
-	return out
+	return h
+}
+
+// mlp loads a dense clamped-SwiGLU MLP (also the shared expert).
+func (l *loader) mlp(prefix string, inter int) *gqa.MLP {
+	m := l.u.MLP(l.MLP(prefix, nn.HFNames, l.p.hidden, inter, false))
+	m.Limit = l.p.clamp()
+	return m
+}
+
+// moe loads the sparse block: DeepSeek-V3 noaux_tc routing (sigmoid
+// scores, e_score_correction_bias for selection only, −inf group masking,
+// renormalised weights × routed_scaling_factor) over clamped-SwiGLU
+// experts, plus the always-on shared expert of width
+// moe_intermediate_size·n_shared_experts.
+func (l *loader) moe(prefix string) *gqa.MoE {
+	p := l.p
+	m := &gqa.MoE{
+		Gate: l.Mat(prefix+".gate.weight", p.experts, p.hidden), // (experts, hidden)
+		Router: kernels.Router{
+			Bias:       l.u.Vec(l.Vec(prefix+".gate.e_score_correction_bias", p.experts)), // (1, experts)
+			Scoring:    kernels.SigmoidScoring,
+			TopK:       p.topK,
+			NormTopK:   p.normTopK,
+			Scale:      p.scale,
+			Groups:     p.groups,
+			TopKGroups: p.topKGroups,
+		},
+		Experts: l.Experts(prefix+".experts", nn.HFNames, p.experts, p.hidden, p.moeInter),
+		Limit:   p.clamp(),
+	}
+	if p.shared > 0 {
+		m.Shared = l.mlp(prefix+".shared_experts", p.moeInter*p.shared)
+	}
+	return m
+}
+
+// clamp is the SwiGLU clamp of gqa's MLP and MoE: swiglu_limit, or 0 (none)
+// when it is null.
+func (p *params) clamp() float32 {
+	if math.IsInf(float64(p.limit), 1) {
+		return 0
+	}
+	return p.limit
+}
+
+// mtp loads the NextN layer (layers.{num_hidden_layers}.*) into a gqa
+// MTP decoder that shares m's embedding and device; its cache layer,
+// laid out as a DSA layer's, is appended to m's layout, which the decoder
+// shares (SetCacheDType changes both).
+func (l *loader) mtp(pre string, m *Model) *gqa.MTPDecoder {
+	p := l.p
+	blk := &gqa.Block{
+		AttnNorm: l.norm(pre + "input_layernorm"),
+		Mixer:    l.dsa(pre+"self_attn.", p.layers, true),
+		FFNNorm:  l.norm(pre + "post_attention_layernorm"),
+	}
+	if l.Has(pre + "mlp.gate.weight") {
+		blk.FFN = l.moe(pre + "mlp")
+	} else {
+		blk.FFN = l.mlp(pre+"mlp", p.inter)
+	}
+	nx, err := gqa.LoadNextNAt(l.Loader, l.u, pre, p.hidden, p.eps, blk, m.lmHead)
+	if err != nil {
+		l.Fail(err)
+		return nil
+	}
+	var d *gqa.MTPDecoder
+	dec, err := gqa.NewDecoder(l.dev, arch, m.embed, nil, nil, m.lmHead, m.layout, p.maxContext)
+	if err == nil {
+		d, err = dec.WithNextN(nx, kvcache.LayerWidth{K: p.kvLora, V: 2 * p.idxDim, VFloat32: true})
+	}
+	if err != nil {
+		l.Fail(err)
+		return nil
+	}
+	m.layout = d.Layout
+	return d
 }

@@ -1,9 +1,13 @@
 // Package mla holds the layers shared by the DeepSeek-V3-style
 // architectures (deepseek_v32, glm_moe_dsa, glm4_moe_lite): multi-head
-// latent attention (MLA), the DeepSeek Sparse Attention (DSA) lightning
-// indexer, the pre-norm block around them, the NextN multi-token-prediction
-// layer (shared with glm4_moe) and the model assembly the architecture
-// packages configure.
+// latent attention (MLA) and the DeepSeek Sparse Attention (DSA) lightning
+// indexer on the op set (kernels.MLAOps, kernels.SparseOps), and the model
+// assembly the architecture packages configure. Everything else is
+// engine/gqa's: the Attention here is a gqa.Mixer inside gqa's pre-norm
+// Block, the FFN is gqa's MLP or grouped noaux_tc MoE, the embedding and
+// output head are gqa.Decoder's, and the NextN layer is gqa's MTPDecoder.
+// The backend must implement both capability interfaces (kernels/cpu and
+// kernels/strict do).
 //
 // # MLA
 //
@@ -15,10 +19,13 @@
 //	[c̃|k] = kv_a_proj_with_mqa(x);  lat = RMSNorm(c̃);  kpe = RoPE(k)   (one rope key shared by all heads)
 //
 // The cache keeps only lat and kpe: one K slot of c+dr values per token
-// (kvcache.LayerWidth.K). kv_b_proj, viewed as (heads, dn+dv, c), holds
-// W_UK (rows 0..dn) and W_UV (rows dn..). Attention is computed in one of two
-// mathematically equal forms, chosen per sequence from the chunk's length and
-// context by comparing their multiply-adds (FormAuto):
+// (kvcache.LayerWidth.K), BF16 by default (SetCacheDType(kernels.F32) or
+// engine.Options.KVFloat32 for float32); StoreLatent norms, rotates and
+// stores them in one op. kv_b_proj, viewed as (heads, dn+dv, c), holds W_UK
+// (rows 0..dn) and W_UV (rows dn..). AttentionMLA computes one of two
+// mathematically equal forms, which the backend chooses per sequence from
+// the chunk's length and context by comparing their multiply-adds
+// (kernels.MLAAuto; SetForm forces one):
 //
 //   - naive (prefill): expand the cached latents into per-head keys
 //     [W_UK·lat | kpe] and values W_UV·lat, tile by tile over the context,
@@ -38,7 +45,8 @@
 // # DSA lightning indexer
 //
 // A DSA layer restricts each query's attention to index_topk cached
-// positions chosen by its indexer:
+// positions chosen by its indexer (StoreIndexKey, IndexerScores, TopK; the
+// selection is an (N, index_topk) I32 tensor AttentionMLA reads):
 //
 //	k_s   = RoPE(LayerNorm(wk(x_s)))                       cached in the layer's V slot (index_head_dim)
 //	q_t,j = RoPE(wq_b(q_resid_t))_j                        j < index_n_heads; q_resid = RMSNorm(q_a_proj(x))
@@ -49,7 +57,12 @@
 // DeepSeek-V3.2, interleaved for GLM-5. Query t attends to the top
 // min(index_topk, t+1) positions by I (causal positions only, so the
 // selection is causal by construction); when t+1 ≤ index_topk that is every
-// visible position and no score is computed. A GLM-5 "shared" layer
+// visible position and no score is computed, and a step whose rows all
+// are so attends densely without a selection. The index keys share the
+// cache's dtype (BF16 by default). Rounding anything upstream of an indexer
+// can flip near-tied top-k choices, which on the random-weight transformers
+// fixtures changes the greedy tokens: they are checked with a float32
+// cache. A GLM-5 "shared" layer
 // (indexer_types) has no indexer and reuses the selection of the nearest
 // earlier full layer in the same forward pass.
 //
@@ -58,6 +71,7 @@
 // The DeepSeek/GLM MTP layer model.layers.{num_hidden_layers} runs
 // x = eh_proj([enorm(embed(tok_{p+1})) | hnorm(h_p)]), one full decoder block
 // at position p with its own cache layer (and its own indexer in DSA
-// models), then shared_head.head(shared_head.norm(x)). Its cache is the
-// extra last entry of the model's kvcache.Layout.
+// models), then shared_head.head(shared_head.norm(x)) (gqa.LoadNextN,
+// gqa.MTPDecoder). Its cache is the extra last entry of the model's
+// kvcache.Layout.
 package mla

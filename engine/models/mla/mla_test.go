@@ -2,7 +2,6 @@ package mla_test
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -14,6 +13,8 @@ import (
 	_ "github.com/ferrite-llm/ferrite/engine/models/glmmoedsa"
 	"github.com/ferrite-llm/ferrite/engine/models/mla"
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 // Tiny random-weight configs. The DSA ones keep index_topk (5) below the
@@ -54,14 +55,14 @@ const (
 )
 
 type mlaModel interface {
-	model.Model
+	model.DeviceModel
 	Attention(int) *mla.Attention
-	SetForm(mla.Form)
+	SetForm(kernels.MLAForm)
 }
 
-func build(t *testing.T, cfg string) mlaModel {
+func build(t *testing.T, be kernels.Backend, cfg string) mlaModel {
 	t.Helper()
-	m, ok := modeltest.Build(t, cfg, kernels.BF16, nil).(mlaModel)
+	m, ok := modeltest.BuildOn(t, be, cfg, kernels.BF16, nil).(mlaModel)
 	if !ok {
 		t.Fatal("not an MLA model")
 	}
@@ -69,62 +70,36 @@ func build(t *testing.T, cfg string) mlaModel {
 }
 
 // TestConformance runs the engine's random-weight suite (incremental
-// decode, chunked prefill, mixed batches, fork and rollback) in every form.
+// decode, chunked prefill, mixed batches, fork and rollback) on the CPU in
+// every form and on the strict backend, with BF16 and F32 caches.
 func TestConformance(t *testing.T) {
 	for name, cfg := range map[string]string{"deepseek_v32": dsv32, "glm_moe_dsa": glm5, "glm4_moe_lite": lite} {
-		m := build(t, cfg)
-		for _, f := range []struct {
-			name string
-			form mla.Form
-		}{{"auto", mla.FormAuto}, {"naive", mla.FormNaive}, {"absorbed", mla.FormAbsorbed}} {
-			t.Run(name+"/"+f.name, func(t *testing.T) {
-				m.SetForm(f.form)
-				defer m.SetForm(mla.FormAuto)
-				modeltest.Run(t, m)
-			})
-		}
-	}
-}
-
-// prompt runs tokens on a fresh sequence and returns all logits.
-func prompt(t *testing.T, m model.Model, c *kvcache.Cache, toks []int32) []float32 {
-	t.Helper()
-	s := c.NewSeq()
-	defer c.Free(s)
-	if err := c.Reserve(s, len(toks)); err != nil {
-		t.Fatal(err)
-	}
-	out, err := m.Forward(&model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: toks, KV: s, Logits: model.AllLogits}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out.Seqs[0].Logits
-}
-
-// TestNaiveTiles checks the naive form's tiled online softmax (tiles of 1,
-// 3 and 7 keys) against the absorbed form, over a context long enough for
-// the indexer to drop most keys.
-func TestNaiveTiles(t *testing.T) {
-	for name, cfg := range map[string]string{"deepseek_v32": dsv32, "glm_moe_dsa": glm5, "glm4_moe_lite": lite} {
-		t.Run(name, func(t *testing.T) {
-			m := build(t, cfg)
-			defer m.SetForm(mla.FormAuto)
-			c := modeltest.NewCache(t, m, 64)
-			rng := rand.New(rand.NewPCG(5, 6))
-			toks := make([]int32, 41)
-			for i := range toks {
-				toks[i] = int32(rng.IntN(m.Info().Vocab))
+		for dev, newBackend := range modeltest.Devices() {
+			forms := []kernels.MLAForm{kernels.MLAAuto, kernels.MLANaive, kernels.MLAAbsorbed}
+			if dev != "cpu" {
+				forms = forms[:1] // the strict backend computes one reference
 			}
-			m.SetForm(mla.FormAbsorbed)
-			want := prompt(t, m, c, toks)
-			m.SetForm(mla.FormNaive)
-			for _, tile := range []int{1, 3, 7} {
-				for i := range m.Info().Layers {
-					m.Attention(i).Tile = tile
+			for _, kv := range []kernels.DType{kernels.BF16, kernels.F32} {
+				be, err := newBackend()
+				if err != nil {
+					t.Fatal(err)
 				}
-				modeltest.Compare(t, fmt.Sprintf("tile %d", tile), prompt(t, m, c, toks), want, modeltest.Tol)
+				m := build(t, be, cfg)
+				if err := m.SetCacheDType(kv); err != nil {
+					t.Fatal(err)
+				}
+				for _, f := range forms {
+					t.Run(fmt.Sprintf("%s/%s/kv=%v/form=%d", name, dev, kv, f), func(t *testing.T) {
+						m.SetForm(f)
+						defer m.SetForm(kernels.MLAAuto)
+						modeltest.Run(t, m)
+					})
+				}
+				if s, ok := be.(*strict.Device); ok && s.Steps() == 0 {
+					t.Fatal("the strict backend ran no step")
+				}
 			}
-		})
+		}
 	}
 }
 
@@ -140,13 +115,20 @@ func TestLayout(t *testing.T) {
 		{glm5, kvcache.Layout{{K: 20, V: 8}, {K: 20, V: 8}, {K: 20}, {K: 20, V: 8}}},
 		{lite, kvcache.Layout{{K: 20}, {K: 20}, {K: 20}}},
 	} {
-		m := build(t, tc.cfg)
-		got := m.CacheLayout()
-		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
-			t.Errorf("%s: layout %v, want %v", m.Info().Arch, got, tc.want)
-		}
-		if b := m.Info().KVBytesPerToken; b != tc.want.BytesPerToken() {
-			t.Errorf("%s: KVBytesPerToken %d, want %d", m.Info().Arch, b, tc.want.BytesPerToken())
+		m := build(t, cpu.New(1), tc.cfg)
+		for _, kv := range []kernels.DType{kernels.BF16, kernels.F32} {
+			if err := m.SetCacheDType(kv); err != nil {
+				t.Fatal(err)
+			}
+			got := m.CacheLayout()
+			for i := range got {
+				if got[i].K != tc.want[i].K || got[i].V != tc.want[i].V || got[i].DType != kv || len(got) != len(tc.want) {
+					t.Fatalf("%s: layout %v, want %v in %v", m.Info().Arch, got, tc.want, kv)
+				}
+			}
+			if b, want := m.Info().KVBytesPerToken, tc.want.BytesPerToken()*int64(kv.Size())/4; b != want {
+				t.Errorf("%s: KVBytesPerToken %d in %v, want %d", m.Info().Arch, b, kv, want)
+			}
 		}
 		_, isMTP := m.(model.MTPModel)
 		if wantMTP := len(tc.want) > m.Info().Layers; isMTP != wantMTP {
@@ -158,7 +140,7 @@ func TestLayout(t *testing.T) {
 // TestSharedIndexer checks GLM-5's schedule: with freq 2 and offset 2,
 // layer 2 is shared and reuses layer 1's selection.
 func TestSharedIndexer(t *testing.T) {
-	m := build(t, glm5)
+	m := build(t, cpu.New(1), glm5)
 	for i, want := range []int{-1, -1, 1, -1} {
 		a := m.Attention(i)
 		switch {

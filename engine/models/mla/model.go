@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gqa"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
@@ -33,9 +34,10 @@ type Spec struct {
 	FirstDense int
 }
 
-// Model is an MLA decoder: model.Decoder's forward pass over Blocks.
+// Model is an MLA decoder: a gqa.Decoder (embedding, pre-norm blocks,
+// output head on the op set) whose blocks mix tokens with MLA Attention.
 type Model struct {
-	*model.Decoder
+	*gqa.Decoder
 	attn []*Attention // (layers [+ the NextN layer]) for inspection and tests
 }
 
@@ -43,22 +45,23 @@ type Model struct {
 // layer's when the model has one.
 func (m *Model) Attention(i int) *Attention { return m.attn[i] }
 
-// SetForm forces every layer's MLA form (FormAuto restores the default).
-func (m *Model) SetForm(f Form) {
+// SetForm forces every layer's MLA form (kernels.MLAAuto restores the
+// default).
+func (m *Model) SetForm(f kernels.MLAForm) {
 	for _, a := range m.attn {
-		a.Form = f
+		a.Shape.Form = f
 	}
 }
 
 // mtpModel is a Model with its NextN layer.
 type mtpModel struct {
 	*Model
-	mtp *NextN
+	mtp *gqa.MTPDecoder
 }
 
 // ForwardMTP implements model.MTPModel.
 func (m *mtpModel) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
-	return m.mtp.Forward(m.Decoder, b, hidden)
+	return m.mtp.ForwardMTP(b, hidden)
 }
 
 // params are the hyperparameters New reads from config.json.
@@ -71,11 +74,9 @@ type params struct {
 	moe                                  moeParams
 	idxHeads, idxDim, idxTopK            int
 	nextn                                int
-	sparse                               []bool // (layers) MoE rather than dense MLP
-	dsa                                  []bool // (layers) DSA attention
-	shared                               []bool // (layers) DSA layer reusing an earlier selection
-	rope                                 nn.RopeConfig
-	scale                                float32
+	schedule
+	rope  nn.RopeConfig
+	scale float32
 }
 
 type dims struct{ qLora, kvLora, nope, rope, v int }
@@ -86,7 +87,61 @@ type moeParams struct {
 	normTopK                                         bool
 }
 
+// schedule is what each layer is.
+type schedule struct {
+	sparse []bool // (layers) MoE rather than dense MLP
+	dsa    []bool // (layers) DSA attention
+	shared []bool // (layers) DSA layer reusing an earlier selection
+}
+
+// readParams reads the hyperparameters: the defaults, the layer schedule,
+// then the checks that tie them together.
 func readParams(cfg *config.Config, s Spec) (params, error) {
+	p := readDefaults(cfg, s)
+	types, err := readTypes(cfg, s, p.layers)
+	rp := cfg.Rope()
+	if cerr := cfg.Err(); cerr != nil {
+		return p, cerr
+	}
+	if err != nil {
+		return p, err
+	}
+	if err := p.validate(); err != nil {
+		return p, err
+	}
+	if p.schedule, err = types.schedule(s, p.layers); err != nil {
+		return p, err
+	}
+	if err := p.validateSchedule(); err != nil {
+		return p, err
+	}
+	p.rope = nn.RopeConfig{
+		HeadDim:              p.dims.rope, // transformers points head_dim at qk_rope_head_dim
+		Theta:                rp.Theta,
+		Type:                 rp.Type,
+		Factor:               rp.Factor,
+		OriginalMaxPositions: rp.OriginalMaxPos,
+		MaxPositions:         p.maxCtx,
+		LowFreqFactor:        rp.LowFreqFactor,
+		HighFreqFactor:       rp.HighFreqFactor,
+		BetaFast:             rp.BetaFast,
+		BetaSlow:             rp.BetaSlow,
+		Mscale:               rp.MScale,
+		MscaleAllDim:         rp.MScaleAllDim,
+		AttentionFactor:      rp.AttentionFactor,
+		NoTruncate:           !rp.Truncate,
+	}
+	scale := 1 / math.Sqrt(float64(p.dims.nope+p.dims.rope))
+	if rp.Type != "" && rp.Type != "default" && rp.MScaleAllDim != 0 {
+		ms := nn.YarnMscale(rp.Factor, rp.MScaleAllDim)
+		scale *= ms * ms
+	}
+	p.scale = float32(scale)
+	return p, nil
+}
+
+// readDefaults reads every dimension, with the architectures' defaults.
+func readDefaults(cfg *config.Config, s Spec) params {
 	p := params{
 		hidden: cfg.Int("hidden_size"),
 		layers: cfg.Int("num_hidden_layers"),
@@ -121,166 +176,188 @@ func readParams(cfg *config.Config, s Spec) (params, error) {
 		p.idxDim = cfg.Int("index_head_dim")
 		p.idxTopK = cfg.Int("index_topk")
 	}
+	return p
+}
+
+// layerTypes are the config's per-layer type lists (nil when absent) and
+// first_k_dense_replace.
+type layerTypes struct {
+	mlp, attn, indexer []string
+	firstDense         int
+}
+
+// readTypes reads the per-layer type lists, GLM-5's IndexCache schedule
+// (indexer_types, else index_topk_pattern, else index_topk_freq /
+// index_skip_topk_offset) turned into one, and the activation and scoring
+// the model must use.
+func readTypes(cfg *config.Config, s Spec, layers int) (layerTypes, error) {
+	var t layerTypes
 	if act := cfg.StringOr("hidden_act", "silu"); act != "silu" {
-		return p, fmt.Errorf("hidden_act %q: only silu is supported", act)
+		return t, fmt.Errorf("hidden_act %q: only silu is supported", act)
 	}
 	if f := cfg.StringOr("scoring_func", "sigmoid"); f != "sigmoid" {
-		return p, fmt.Errorf("scoring_func %q: only sigmoid (noaux_tc) routing is supported", f)
+		return t, fmt.Errorf("scoring_func %q: only sigmoid (noaux_tc) routing is supported", f)
 	}
-	var mlpTypes, layerTypes, idxTypes []string
 	if cfg.Has("mlp_layer_types") {
-		mlpTypes = cfg.Strings("mlp_layer_types")
+		t.mlp = cfg.Strings("mlp_layer_types")
 	}
 	if cfg.Has("layer_types") {
-		layerTypes = cfg.Strings("layer_types")
+		t.attn = cfg.Strings("layer_types")
 	}
-	firstDense := cfg.IntOr("first_k_dense_replace", s.FirstDense)
-	if s.SharedIndexers {
-		switch {
-		case cfg.Has("indexer_types"):
-			idxTypes = cfg.Strings("indexer_types")
-		case cfg.Has("index_topk_pattern"):
-			for _, r := range cfg.StringOr("index_topk_pattern", "") {
-				switch r {
-				case 'F':
-					idxTypes = append(idxTypes, "full")
-				case 'S':
-					idxTypes = append(idxTypes, "shared")
-				default:
-					idxTypes = append(idxTypes, string(r))
-				}
+	t.firstDense = cfg.IntOr("first_k_dense_replace", s.FirstDense)
+	if !s.SharedIndexers {
+		return t, nil
+	}
+	switch {
+	case cfg.Has("indexer_types"):
+		t.indexer = cfg.Strings("indexer_types")
+	case cfg.Has("index_topk_pattern"):
+		for _, r := range cfg.StringOr("index_topk_pattern", "") {
+			switch r {
+			case 'F':
+				t.indexer = append(t.indexer, "full")
+			case 'S':
+				t.indexer = append(t.indexer, "shared")
+			default:
+				t.indexer = append(t.indexer, string(r))
 			}
-		default:
-			freq := max(cfg.IntOr("index_topk_freq", 1), 1)
-			off := cfg.IntOr("index_skip_topk_offset", 2)
-			for i := range max(p.layers, 0) {
-				if max(i-off+1, 0)%freq == 0 {
-					idxTypes = append(idxTypes, "full")
-				} else {
-					idxTypes = append(idxTypes, "shared")
-				}
+		}
+	default:
+		freq := max(cfg.IntOr("index_topk_freq", 1), 1)
+		off := cfg.IntOr("index_skip_topk_offset", 2)
+		for i := range max(layers, 0) {
+			if max(i-off+1, 0)%freq == 0 {
+				t.indexer = append(t.indexer, "full")
+			} else {
+				t.indexer = append(t.indexer, "shared")
 			}
 		}
 	}
-	rp := cfg.Rope()
-	if err := cfg.Err(); err != nil {
-		return p, err
-	}
+	return t, nil
+}
 
+// validate checks the dimensions.
+func (p *params) validate() error {
 	d := p.dims
 	switch {
 	case p.hidden <= 0 || p.layers <= 0 || p.heads <= 0 || p.vocab <= 0:
-		return p, fmt.Errorf("non-positive dimension: hidden_size %d, num_hidden_layers %d, num_attention_heads %d, vocab_size %d",
+		return fmt.Errorf("non-positive dimension: hidden_size %d, num_hidden_layers %d, num_attention_heads %d, vocab_size %d",
 			p.hidden, p.layers, p.heads, p.vocab)
 	case d.kvLora <= 0 || d.nope < 0 || d.rope <= 0 || d.rope%2 != 0 || d.v <= 0 || d.qLora < 0:
-		return p, fmt.Errorf("bad MLA shape: kv_lora_rank %d, qk_nope_head_dim %d, qk_rope_head_dim %d (even, > 0), v_head_dim %d, q_lora_rank %d",
+		return fmt.Errorf("bad MLA shape: kv_lora_rank %d, qk_nope_head_dim %d, qk_rope_head_dim %d (even, > 0), v_head_dim %d, q_lora_rank %d",
 			d.kvLora, d.nope, d.rope, d.v, d.qLora)
 	case p.eps < 0 || math.IsNaN(float64(p.eps)):
-		return p, fmt.Errorf("rms_norm_eps %g", p.eps)
-	case mlpTypes != nil && len(mlpTypes) != p.layers:
-		return p, fmt.Errorf("mlp_layer_types has %d entries for %d layers", len(mlpTypes), p.layers)
-	case layerTypes != nil && len(layerTypes) != p.layers:
-		return p, fmt.Errorf("layer_types has %d entries for %d layers", len(layerTypes), p.layers)
-	case idxTypes != nil && len(idxTypes) != p.layers:
-		return p, fmt.Errorf("indexer_types has %d entries for %d layers", len(idxTypes), p.layers)
+		return fmt.Errorf("rms_norm_eps %g", p.eps)
 	}
+	return nil
+}
 
-	p.sparse = make([]bool, p.layers)
-	p.dsa = make([]bool, p.layers)
-	p.shared = make([]bool, p.layers)
-	anySparse, anyDSA := false, false
-	for i := range p.layers {
-		if mlpTypes != nil {
-			switch mlpTypes[i] {
+// schedule turns the type lists into per-layer flags.
+func (t layerTypes) schedule(s Spec, layers int) (schedule, error) {
+	var sc schedule
+	for _, l := range []struct {
+		name string
+		list []string
+	}{{"mlp_layer_types", t.mlp}, {"layer_types", t.attn}, {"indexer_types", t.indexer}} {
+		if l.list != nil && len(l.list) != layers {
+			return sc, fmt.Errorf("%s has %d entries for %d layers", l.name, len(l.list), layers)
+		}
+	}
+	sc.sparse, sc.dsa, sc.shared = make([]bool, layers), make([]bool, layers), make([]bool, layers)
+	for i := range layers {
+		if t.mlp != nil {
+			switch t.mlp[i] {
 			case "dense":
 			case "sparse":
-				p.sparse[i] = true
+				sc.sparse[i] = true
 			default:
-				return p, fmt.Errorf("mlp_layer_types[%d] = %q, want dense or sparse", i, mlpTypes[i])
+				return sc, fmt.Errorf("mlp_layer_types[%d] = %q, want dense or sparse", i, t.mlp[i])
 			}
 		} else {
-			p.sparse[i] = i >= firstDense
+			sc.sparse[i] = i >= t.firstDense
 		}
-		anySparse = anySparse || p.sparse[i]
-		lt := "deepseek_sparse_attention"
-		if !s.DSA {
-			lt = "full_attention"
+		lt := "full_attention"
+		if s.DSA {
+			lt = "deepseek_sparse_attention"
 		}
-		if layerTypes != nil {
-			lt = layerTypes[i]
+		if t.attn != nil {
+			lt = t.attn[i]
 		}
 		switch {
 		case lt == "deepseek_sparse_attention" && s.DSA:
-			p.dsa[i] = true
+			sc.dsa[i] = true
 		case lt == "full_attention":
 		default:
-			return p, fmt.Errorf("layer_types[%d] = %q is not supported by %s", i, lt, s.Arch)
+			return sc, fmt.Errorf("layer_types[%d] = %q is not supported by %s", i, lt, s.Arch)
 		}
-		anyDSA = anyDSA || p.dsa[i]
-		if idxTypes != nil && p.dsa[i] {
-			switch idxTypes[i] {
+		if t.indexer != nil && sc.dsa[i] {
+			switch t.indexer[i] {
 			case "full":
 			case "shared":
-				if i == 0 || !p.dsa[i-1] {
-					return p, fmt.Errorf("indexer_types[%d] is shared but layer %d has no DSA indexer to share", i, i-1)
+				if i == 0 || !sc.dsa[i-1] {
+					return sc, fmt.Errorf("indexer_types[%d] is shared but layer %d has no DSA indexer to share", i, i-1)
 				}
-				p.shared[i] = true
+				sc.shared[i] = true
 			default:
-				return p, fmt.Errorf("indexer_types[%d] = %q, want full or shared", i, idxTypes[i])
+				return sc, fmt.Errorf("indexer_types[%d] = %q, want full or shared", i, t.indexer[i])
 			}
 		}
+	}
+	return sc, nil
+}
+
+// validateSchedule checks the MoE and indexer shapes the schedule uses.
+func (p *params) validateSchedule() error {
+	anySparse, anyDSA := false, false
+	for i := range p.layers {
+		anySparse = anySparse || p.sparse[i]
+		anyDSA = anyDSA || p.dsa[i]
 	}
 	m := p.moe
 	if anySparse || p.nextn > 0 {
 		switch {
 		case m.experts <= 0 || m.topK <= 0 || m.topK > m.experts || m.inter <= 0 || m.shared < 0:
-			return p, fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
+			return fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
 				m.experts, m.topK, m.inter, m.shared)
 		case m.groups <= 0 || m.experts%m.groups != 0 || m.topKGroups <= 0 || m.topKGroups > m.groups || (m.groups > 1 && m.experts/m.groups < 2):
-			return p, fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", m.groups, m.topKGroups, m.experts)
+			return fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", m.groups, m.topKGroups, m.experts)
 		}
 	}
 	if anyDSA {
 		switch {
-		case p.idxHeads <= 0 || p.idxDim < d.rope || p.idxTopK <= 0:
-			return p, fmt.Errorf("bad indexer shape: index_n_heads %d, index_head_dim %d (≥ qk_rope_head_dim %d), index_topk %d",
-				p.idxHeads, p.idxDim, d.rope, p.idxTopK)
-		case d.qLora == 0:
-			return p, fmt.Errorf("the DSA indexer needs q_lora_rank")
+		case p.idxHeads <= 0 || p.idxDim < p.dims.rope || p.idxTopK <= 0:
+			return fmt.Errorf("bad indexer shape: index_n_heads %d, index_head_dim %d (≥ qk_rope_head_dim %d), index_topk %d",
+				p.idxHeads, p.idxDim, p.dims.rope, p.idxTopK)
+		case p.dims.qLora == 0:
+			return fmt.Errorf("the DSA indexer needs q_lora_rank")
 		}
 	}
-
-	p.rope = nn.RopeConfig{
-		HeadDim:              d.rope, // transformers points head_dim at qk_rope_head_dim
-		Theta:                rp.Theta,
-		Type:                 rp.Type,
-		Factor:               rp.Factor,
-		OriginalMaxPositions: rp.OriginalMaxPos,
-		MaxPositions:         p.maxCtx,
-		LowFreqFactor:        rp.LowFreqFactor,
-		HighFreqFactor:       rp.HighFreqFactor,
-		BetaFast:             rp.BetaFast,
-		BetaSlow:             rp.BetaSlow,
-		Mscale:               rp.MScale,
-		MscaleAllDim:         rp.MScaleAllDim,
-		AttentionFactor:      rp.AttentionFactor,
-		NoTruncate:           !rp.Truncate,
-	}
-	scale := 1 / math.Sqrt(float64(d.nope+d.rope))
-	if rp.Type != "" && rp.Type != "default" && rp.MScaleAllDim != 0 {
-		ms := nn.YarnMscale(rp.Factor, rp.MScaleAllDim)
-		scale *= ms * ms
-	}
-	p.scale = float32(scale)
-	return p, nil
+	return nil
 }
 
 // latentEps is the eps of q_a_layernorm and kv_a_layernorm: transformers
 // builds them without an eps argument, so rms_norm_eps does not apply.
 const latentEps = 1e-6
 
-// New builds an MLA model from cfg as spec describes it.
+// ops are the device and the MLA capabilities a model runs on.
+type ops struct {
+	dev kernels.Device
+	mla kernels.MLAOps
+	sp  kernels.SparseOps
+}
+
+// New builds an MLA model from cfg as spec describes it, on be, which must
+// implement the op set with kernels.MLAOps and kernels.SparseOps.
 func New(cfg *config.Config, w model.WeightSource, be kernels.Backend, spec Spec) (model.Model, error) {
+	dev, ok := be.(kernels.Device)
+	if !ok {
+		return nil, &model.OpsError{Backend: be.Name(), Missing: "the op set (kernels.Device)"}
+	}
+	mo, ok1 := be.(kernels.MLAOps)
+	sp, ok2 := be.(kernels.SparseOps)
+	if !ok1 || !ok2 {
+		return nil, &model.OpsError{Backend: be.Name(), Missing: "the op set's MLA and DSA ops (kernels.MLAOps, kernels.SparseOps)"}
+	}
 	p, err := readParams(cfg, spec)
 	if err != nil {
 		return nil, err
@@ -291,106 +368,121 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend, spec Spec
 	if err != nil {
 		return nil, err
 	}
-	var idxRope *nn.RoPE
+	idxRope := p.rope
+	idxRope.Interleaved = spec.IndexerInterleaved
+
+	b := &builder{l: nn.NewLoader(w), u: gqa.NewUploader(dev), p: &p, ops: ops{dev: dev, mla: mo, sp: sp}}
+	b.rope = b.u.Rotary(rope)
 	if spec.DSA {
-		ic := p.rope
-		ic.Interleaved = spec.IndexerInterleaved
-		if idxRope, err = nn.NewRoPE(ic); err != nil {
+		r, err := nn.NewRoPE(idxRope)
+		if err != nil {
 			return nil, err
 		}
+		b.idxRope = b.u.Rotary(r)
 	}
-
-	l := nn.NewLoader(w)
 	m := &Model{}
-	layers := make([]model.Layer, p.layers)
-	layout := make(kvcache.Layout, p.layers, p.layers+1)
+	blocks := make([]*gqa.Block, p.layers)
+	layout := make(kvcache.Layout, p.layers)
 	var lastFull *Attention // the selection a shared layer reuses
 	for i := range p.layers {
-		blk := loadBlock(l, &p, i, rope, p.sparse[i])
-		a := blk.Attn
+		blk, a := b.block(i, p.sparse[i])
 		switch {
 		case p.shared[i]:
 			a.Share = lastFull
 		case p.dsa[i]:
-			a.Indexer = loadIndexer(l, &p, i, idxRope)
+			a.Indexer = b.indexer(i)
 			lastFull = a
 		}
-		layout[i] = a.width()
-		layers[i] = blk
+		blocks[i], layout[i] = blk, a.width()
 		m.attn = append(m.attn, a)
 	}
-
-	d := &model.Decoder{
-		Arch:       spec.Arch,
-		Embed:      l.Mat("model.embed_tokens.weight", p.vocab, p.hidden),
-		Layers:     layers,
-		Norm:       l.RMSNorm("model.norm", p.hidden, p.eps, false),
-		MaxContext: p.maxCtx,
-		Backend:    be,
+	l := b.l
+	embed := l.Mat("model.embed_tokens.weight", p.vocab, p.hidden)
+	head := embed
+	if !p.tied {
+		head = l.Mat("lm_head.weight", p.vocab, p.hidden)
 	}
-	if p.tied {
-		d.LMHead = d.Embed
-	} else {
-		d.LMHead = l.Mat("lm_head.weight", p.vocab, p.hidden)
-	}
-	m.Decoder = d
-
-	var mtp *NextN
-	if HasNextN(l, p.nextn, p.layers) {
-		L := p.layers
-		pre := fmt.Sprintf("model.layers.%d.", L)
-		blk := loadBlock(l, &p, L, rope, l.Has(pre+"mlp.gate.weight"))
-		if spec.DSA && l.Has(pre+"self_attn.indexer.wk.weight") {
-			blk.Attn.Indexer = loadIndexer(l, &p, L, idxRope)
-		}
-		layout = append(layout, blk.Attn.width())
-		m.attn = append(m.attn, blk.Attn)
-		mtp = LoadNextN(l, L, p.hidden, p.eps, blk, d.LMHead)
-	}
-	d.Layout = layout
-	if err := l.Err(); err != nil {
+	norm := b.u.Norm(l.RMSNorm("model.norm", p.hidden, p.eps, false))
+	if err := b.err(); err != nil {
 		return nil, err
 	}
-	for _, a := range m.attn {
-		a.prepare()
+	if m.Decoder, err = gqa.NewDecoder(dev, spec.Arch, embed, blocks, norm, head, layout, p.maxCtx); err != nil {
+		return nil, err
 	}
-	if mtp != nil {
-		return &mtpModel{Model: m, mtp: mtp}, nil
+	if !gqa.HasNextN(l, p.nextn, p.layers) {
+		return m, nil
 	}
-	return m, nil
+	L := p.layers
+	pre := fmt.Sprintf("model.layers.%d.", L)
+	blk, a := b.block(L, l.Has(pre+"mlp.gate.weight"))
+	if spec.DSA && l.Has(pre+"self_attn.indexer.wk.weight") {
+		a.Indexer = b.indexer(L)
+	}
+	m.attn = append(m.attn, a)
+	if err := b.err(); err != nil {
+		return nil, err
+	}
+	nx, err := gqa.LoadNextN(l, b.u, L, p.hidden, p.eps, blk, head)
+	if err != nil {
+		return nil, err
+	}
+	mtp, err := m.WithNextN(nx, a.width())
+	if err != nil {
+		return nil, err
+	}
+	return &mtpModel{Model: m, mtp: mtp}, nil
 }
 
-// width is the attention's cache slot: the latent and rope key, plus the
+// builder loads layers and converts them onto the device.
+type builder struct {
+	l             *nn.Loader
+	u             *gqa.Uploader
+	p             *params
+	ops           ops
+	rope, idxRope *kernels.Rotary // MLA's (Dim = qk_rope_head_dim) and the indexer's
+}
+
+// err is the first loading or upload error.
+func (b *builder) err() error {
+	if err := b.l.Err(); err != nil {
+		return err
+	}
+	return b.u.Err()
+}
+
+// width is the attention's cache row: K the latent and rope key, V the
 // index key when it has an indexer.
 func (a *Attention) width() kvcache.LayerWidth {
-	w := kvcache.LayerWidth{K: a.KVLora + a.Rope}
+	w := kvcache.LayerWidth{K: a.Shape.KVLora + a.Shape.Rope}
 	if a.Indexer != nil {
-		w.V = a.Indexer.Dim
+		w.V = a.Indexer.Shape.Dim
 	}
 	return w
 }
 
-// loadBlock loads model.layers.{i}: MLA attention (without indexer) and a
+// block loads model.layers.{i}: MLA attention (without indexer) and a
 // dense MLP or a noaux_tc MoE.
-func loadBlock(l *nn.Loader, p *params, i int, rope *nn.RoPE, sparse bool) *Block {
+func (b *builder) block(i int, sparse bool) (*gqa.Block, *Attention) {
+	l, u, p := b.l, b.u, b.p
 	pre := fmt.Sprintf("model.layers.%d.", i)
 	at := pre + "self_attn."
 	d := p.dims
 	qw := p.heads * (d.nope + d.rope)
 	a := &Attention{
-		Layer: i, Heads: p.heads, Nope: d.nope, Rope: d.rope, V: d.v, KVLora: d.kvLora, Scale: p.scale,
-		KVA:     l.Linear(at+"kv_a_proj_with_mqa", d.kvLora+d.rope, p.hidden, p.bias),
-		KVANorm: l.RMSNorm(at+"kv_a_layernorm", d.kvLora, latentEps, false),
-		KVB:     l.Linear(at+"kv_b_proj", p.heads*(d.nope+d.v), d.kvLora, false),
-		O:       l.Linear(at+"o_proj", p.hidden, p.heads*d.v, p.bias),
-		RoPE:    rope,
+		Layer: i, ops: b.ops, Rope: b.rope,
+		Shape:   kernels.MLAShape{Heads: p.heads, Nope: d.nope, Rope: d.rope, V: d.v, KVLora: d.kvLora, Scale: p.scale},
+		KVA:     u.Linear(l.Linear(at+"kv_a_proj_with_mqa", d.kvLora+d.rope, p.hidden, p.bias)),
+		KVANorm: u.Norm(l.RMSNorm(at+"kv_a_layernorm", d.kvLora, latentEps, false)),
+		KVB:     l.Mat(at+"kv_b_proj.weight", p.heads*(d.nope+d.v), d.kvLora),
+		O:       u.Linear(l.Linear(at+"o_proj", p.hidden, p.heads*d.v, p.bias)),
 	}
 	if d.qLora > 0 {
-		a.QA = l.Linear(at+"q_a_proj", d.qLora, p.hidden, p.bias)
-		a.QANorm = l.RMSNorm(at+"q_a_layernorm", d.qLora, latentEps, false)
-		a.QB = l.Linear(at+"q_b_proj", qw, d.qLora, false)
+		qa := u.Linear(l.Linear(at+"q_a_proj", d.qLora, p.hidden, p.bias))
+		a.QA = &qa
+		a.QANorm = u.Norm(l.RMSNorm(at+"q_a_layernorm", d.qLora, latentEps, false))
+		a.QB = u.Linear(l.Linear(at+"q_b_proj", qw, d.qLora, false))
 	} else {
-		a.QB = l.Linear(at+"q_proj", qw, p.hidden, false)
+		a.QB = u.Linear(l.Linear(at+"q_proj", qw, p.hidden, false))
 	}
 	mp := pre + "mlp"
 	var ffn nn.FFN
@@ -419,24 +511,31 @@ func loadBlock(l *nn.Loader, p *params, i int, rope *nn.RoPE, sparse bool) *Bloc
 		}
 		ffn = l.MLP(mp, nn.HFNames, p.hidden, max(p.inter, 1), false)
 	}
-	return &Block{
-		AttnNorm: l.RMSNorm(pre+"input_layernorm", p.hidden, p.eps, false),
-		Attn:     a,
-		FFNNorm:  l.RMSNorm(pre+"post_attention_layernorm", p.hidden, p.eps, false),
-		FFN:      ffn,
+	blk := &gqa.Block{
+		AttnNorm: u.Norm(l.RMSNorm(pre+"input_layernorm", p.hidden, p.eps, false)),
+		Mixer:    a,
+		FFNNorm:  u.Norm(l.RMSNorm(pre+"post_attention_layernorm", p.hidden, p.eps, false)),
 	}
+	if l.Err() == nil {
+		blk.FFN = u.FFN(ffn)
+	}
+	return blk, a
 }
 
-// loadIndexer loads model.layers.{i}.self_attn.indexer.
-func loadIndexer(l *nn.Loader, p *params, i int, rope *nn.RoPE) *Indexer {
+// indexer loads model.layers.{i}.self_attn.indexer.
+func (b *builder) indexer(i int) *Indexer {
+	l, u, p := b.l, b.u, b.p
 	pre := fmt.Sprintf("model.layers.%d.self_attn.indexer.", i)
 	return &Indexer{
-		Heads: p.idxHeads, Dim: p.idxDim, TopK: p.idxTopK,
-		Scale: float32(1 / math.Sqrt(float64(p.idxDim))),
-		WQ:    l.Linear(pre+"wq_b", p.idxHeads*p.idxDim, p.dims.qLora, false),
-		WK:    l.Linear(pre+"wk", p.idxDim, p.hidden, false),
-		KNorm: &nn.LayerNorm{W: l.Vec(pre+"k_norm.weight", p.idxDim), B: l.Vec(pre+"k_norm.bias", p.idxDim), Eps: 1e-6},
-		W:     l.Linear(pre+"weights_proj", p.idxHeads, p.hidden, false),
-		RoPE:  rope,
+		// The head weights' index_n_heads^-½ is folded into Scale.
+		Shape: kernels.IndexerShape{Heads: p.idxHeads, Dim: p.idxDim, TopK: p.idxTopK,
+			Scale: float32(1 / math.Sqrt(float64(p.idxDim)*float64(p.idxHeads)))},
+		WQ:     u.Linear(l.Linear(pre+"wq_b", p.idxHeads*p.idxDim, p.dims.qLora, false)),
+		WK:     u.Linear(l.Linear(pre+"wk", p.idxDim, p.hidden, false)),
+		KNormW: u.Vec(l.Vec(pre+"k_norm.weight", p.idxDim)),
+		KNormB: u.Vec(l.Vec(pre+"k_norm.bias", p.idxDim)),
+		W:      u.Linear(l.Linear(pre+"weights_proj", p.idxHeads, p.hidden, false)),
+		Rope:   b.idxRope,
+		ops:    b.ops,
 	}
 }

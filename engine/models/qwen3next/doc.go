@@ -16,24 +16,31 @@
 // the final norm, q_norm/k_norm and all MTP norms — except the gated norm at
 // the output of the GatedDeltaNet, which multiplies by a plain w.
 //
+// The model runs on the op set: a gqa.Decoder whose blocks' mixers are
+// gqa.LinearAttention (the delta rule, kernels.LinearAttentionOps) or a
+// gated gqa.Attention, with the MTP layer as a gqa.NextN.
+//
 // Gated DeltaNet (linear_attn.*). in_proj_qkvz and in_proj_ba are grouped
 // per key head: row block g of in_proj_qkvz is [q dk | k dk | v r·dv |
 // z r·dv] and of in_proj_ba [b r | a r], with r = Hv/Hk value heads per key
-// head (value head j belongs to key head j/r). The [q|k|v] channels go
+// head (value head j belongs to key head j/r); their rows are rearranged at
+// load into the [q | k | v], z, b and a projections. The [q|k|v] channels go
 // through a causal depthwise convolution (kernel K, no bias) and SiLU; q and
 // k are L2-normalised (q then scaled by dk^-½); β = sigmoid(b) and the log
-// decay g = −exp(A_log)·softplus(a + dt_bias) drive the gated delta rule
-// (engine/linattn), chunkwise for prompt chunks and recurrent for a few
-// tokens, always continuing from the sequence's state; the output is
+// decay g = −exp(A_log)·softplus(a + dt_bias) drive the gated delta rule,
+// chunkwise for prompt chunks and recurrent for a few tokens, always
+// continuing from the sequence's state; the output is
 // w ⊙ rmsnorm(o) ⊙ silu(z) per value head, then out_proj. The rule's state
 // S [Hv, dk, dv] and the last K−1 raw conv inputs [K−1, conv_dim] of every
-// linear layer live in the sequence's linattn.Slot (Seq.State); the model
+// linear layer live in the sequence's linattn.Slot (Seq.State) of a state
+// pool in the model's device memory (model.NewStatePool); the model
 // reports their shapes through StateLayout and their size in
 // Info().StateBytesPerSeq. A chunk at Pos 0 starts from a zeroed state.
 //
 // Gated attention (self_attn.*). q_proj yields, per head, the query and an
-// output gate ([q headDim | gate headDim], interleaved per head); q and k get
-// the per-head zero-centred QK norm, then NeoX RoPE on the first
+// output gate ([q headDim | gate headDim], interleaved per head, split at
+// load); q and k get the per-head zero-centred QK norm, then NeoX RoPE on
+// the first
 // head_dim·partial_rotary_factor dims (0.25 by default); causal GQA softmax
 // attention over the paged KV cache; the attention output is multiplied by
 // sigmoid(gate) before o_proj. Only these layers (and the MTP layer) take

@@ -3,11 +3,10 @@ package qwen3next
 import (
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gqa"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
-	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/models/internal/transformer"
 	"github.com/ferrite-llm/ferrite/engine/nn"
@@ -124,93 +123,96 @@ func (p *params) sparse(i int) bool {
 	return !slices.Contains(p.mlpOnly, i) && p.experts > 0 && (i+1)%p.sparseStep == 0
 }
 
-// Model is a loaded Qwen3-Next. It implements model.StateModel; a model
-// loaded with its MTP head is wrapped in a type that also implements
-// model.MTPModel.
-type Model struct {
-	embed  *kernels.Mat // (vocab, hidden) token embedding
-	layers []*layer     // (num_hidden_layers)
-	norm   *nn.RMSNorm  // (hidden) model.norm, 1+w
-	lmHead *kernels.Mat // (vocab, hidden); embed when tied
-	mtp    *mtp         // nil without an MTP head
-
-	layout      kvcache.Layout       // (layers [+1 MTP]) zero width for linear layers
-	stateLayout []linattn.LayerShape // (linear layers) one sequence's slot
-	stateBytes  int64                // Σ stateLayout[i].Bytes()
-	info        model.Info           // what Info returns
-	vocab       int                  // logits per row
-	hidden      int                  // hidden size
-	be          kernels.Backend      // runs the matrix products and parallel loops
-
-	mu   sync.Mutex // one pass at a time
-	pass pass       // reused between passes (scratch, row maps)
-	rows []int      // (logit rows) scratch of output
+// loader is what the layer loaders share: the checkpoint's tensors and the
+// device the small weights go to.
+type loader struct {
+	*nn.Loader
+	u *gqa.Uploader
+	p *params
 }
 
-// withMTP is a Model with its MTP head: the model.MTPModel implementation.
-type withMTP struct{ *Model }
+// selectRows is gqa.SelectRows, recording its error; a matrix that failed
+// to load (already reported) stays empty.
+func (l *loader) selectRows(w *kernels.Mat, idx []int) *kernels.Mat {
+	if w.Rows == 0 {
+		return w
+	}
+	m, err := gqa.SelectRows(w, idx)
+	if err != nil {
+		l.Fail(err)
+		return &kernels.Mat{}
+	}
+	return m
+}
 
-// New builds a Qwen3-Next model.
+// New builds a Qwen3-Next model on the op set: a gqa.Decoder whose blocks
+// mix Gated DeltaNet and gated attention, with the MTP layer as a
+// gqa.NextN when the checkpoint has one.
 func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Model, error) {
 	p, err := readParams(cfg)
 	if err != nil {
 		return nil, err
 	}
+	dev, ok := be.(kernels.Device)
+	if !ok {
+		return nil, &model.OpsError{Backend: be.Name(), Missing: "the op set (kernels.Device)"}
+	}
 	rope, err := transformer.NewRoPE(p.Params)
 	if err != nil {
 		return nil, err
 	}
-	l := nn.NewLoader(w)
-	m := &Model{be: be, vocab: p.Vocab, hidden: p.Hidden}
+	l := &loader{Loader: nn.NewLoader(w), u: gqa.NewUploader(dev), p: &p}
+	rot := l.u.Rotary(rope) // uploaded once, shared by the attention layers
+	var blocks []*gqa.Block
+	var layout kvcache.Layout // (layers [+1 MTP]) zero width for linear layers
 	kvw := p.KVHeads * p.HeadDim
+	linear := 0
 	for i, t := range p.types {
 		pre := fmt.Sprintf("model.layers.%d.", i)
-		ly := &layer{
-			attnNorm: l.RMSNorm(pre+"input_layernorm", p.Hidden, p.Eps, true),
-			ffnNorm:  l.RMSNorm(pre+"post_attention_layernorm", p.Hidden, p.Eps, true),
-			ffn:      loadFFN(l, &p, pre+"mlp", p.sparse(i)),
-		}
+		var mix gqa.Mixer
 		if t == linearAttention {
-			g := loadGDN(l, &p, pre+"linear_attn.", len(m.stateLayout), be)
-			ly.mix = g
-			m.stateLayout = append(m.stateLayout, g.shape())
-			m.layout = append(m.layout, kvcache.LayerWidth{})
+			mix = l.gdn(pre+"linear_attn.", linear)
+			linear++
+			layout = append(layout, kvcache.LayerWidth{})
 		} else {
-			ly.mix = loadAttention(l, &p, pre+"self_attn.", i, rope)
-			m.layout = append(m.layout, kvcache.LayerWidth{K: kvw, V: kvw})
+			mix = l.attention(pre+"self_attn.", i, rot)
+			layout = append(layout, kvcache.LayerWidth{K: kvw, V: kvw})
 		}
-		m.layers = append(m.layers, ly)
+		blocks = append(blocks, l.block(pre, mix, p.sparse(i)))
 	}
-	m.embed = l.Mat("model.embed_tokens.weight", p.Vocab, p.Hidden)
-	m.norm = l.RMSNorm("model.norm", p.Hidden, p.Eps, true)
-	if p.Tied {
-		m.lmHead = m.embed
-	} else {
-		m.lmHead = l.Mat("lm_head.weight", p.Vocab, p.Hidden)
+	embed := l.Mat("model.embed_tokens.weight", p.Vocab, p.Hidden)
+	norm := l.u.Norm(l.RMSNorm("model.norm", p.Hidden, p.Eps, true))
+	head := embed
+	if !p.Tied {
+		head = l.Mat("lm_head.weight", p.Vocab, p.Hidden)
 	}
+	var nx *gqa.NextN
 	if p.mtpLayers > 0 && l.Has("mtp.fc.weight") {
-		m.mtp = loadMTP(l, &p, m.embed, p.Layers, rope)
-		m.layout = append(m.layout, kvcache.LayerWidth{K: kvw, V: kvw})
+		nx = l.mtp(embed, head, p.Layers, rot)
 	}
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	for _, s := range m.stateLayout {
-		m.stateBytes += s.Bytes()
+	if err := l.u.Err(); err != nil {
+		return nil, err
 	}
-	m.info = model.Info{
-		Arch:             "qwen3_next",
-		Vocab:            p.Vocab,
-		Hidden:           p.Hidden,
-		Layers:           p.Layers,
-		MaxContext:       p.MaxContext,
-		KVBytesPerToken:  m.layout.BytesPerToken(),
-		StateBytesPerSeq: m.stateBytes,
+	d, err := gqa.NewDecoder(dev, "qwen3_next", embed, blocks, norm, head, layout, p.MaxContext)
+	if err != nil || nx == nil {
+		return d, err
 	}
-	if m.mtp != nil {
-		return withMTP{m}, nil
+	return d.WithNextN(nx, kvcache.LayerWidth{K: kvw, V: kvw})
+}
+
+// block loads the norms and FFN of the pre-norm layer under pre around mix.
+func (l *loader) block(pre string, mix gqa.Mixer, sparse bool) *gqa.Block {
+	p := l.p
+	ffn := l.u.FFN(loadFFN(l.Loader, p, pre+"mlp", sparse))
+	return &gqa.Block{
+		AttnNorm: l.u.Norm(l.RMSNorm(pre+"input_layernorm", p.Hidden, p.Eps, true)),
+		Mixer:    mix,
+		FFNNorm:  l.u.Norm(l.RMSNorm(pre+"post_attention_layernorm", p.Hidden, p.Eps, true)),
+		FFN:      ffn,
 	}
-	return m, nil
 }
 
 // loadFFN loads the MoE block (sparse) or the dense MLP under prefix.
@@ -237,169 +239,4 @@ func loadFFN(l *nn.Loader, p *params, prefix string, sparse bool) nn.FFN {
 		moe.SharedGate = l.Linear(prefix+".shared_expert_gate", 1, p.Hidden, false) // (1, hidden)
 	}
 	return moe
-}
-
-// Info implements model.Model.
-func (m *Model) Info() model.Info { return m.info }
-
-// CacheLayout implements model.Model: one entry per decoder layer (zero
-// width for linear-attention layers), plus the MTP layer last when loaded.
-func (m *Model) CacheLayout() kvcache.Layout { return slices.Clone(m.layout) }
-
-// StateLayout implements model.StateModel: one entry per linear-attention
-// layer, in layer order.
-func (m *Model) StateLayout() []linattn.LayerShape { return slices.Clone(m.stateLayout) }
-
-// layer is one pre-norm decoder layer.
-type layer struct {
-	attnNorm *nn.RMSNorm // (hidden) input_layernorm, 1+w
-	mix      mixer       // *gdn or *gatedAttention
-	ffnNorm  *nn.RMSNorm // (hidden) post_attention_layernorm, 1+w
-	ffn      nn.FFN      // *nn.MoE or *nn.MLP
-}
-
-// mixer is a layer's token mixer.
-type mixer interface {
-	// forward sets y (N, hidden) = Mixer(x (N, hidden)), updating the
-	// batch's cache slots or recurrent state.
-	forward(p *pass, y, x []float32)
-}
-
-// forward updates the residual stream x (N, hidden) in place.
-func (l *layer) forward(p *pass, x []float32) {
-	a, n := &p.Arena, p.N()
-	mark := a.Mark()
-	h := a.Get(len(x)) // (N, hidden)
-	y := a.Get(len(x)) // (N, hidden)
-	l.attnNorm.Forward(h, x, n)
-	l.mix.forward(p, y, h)
-	for i, v := range y {
-		x[i] += v
-	}
-	l.ffnNorm.Forward(h, x, n)
-	l.ffn.Forward(p.Backend, a, y, h, n)
-	for i, v := range y {
-		x[i] += v
-	}
-	a.Release(mark)
-}
-
-// pass is what the layers of one forward pass share.
-type pass struct {
-	nn.Ctx
-	states *linattn.StatePool // the batch's state pool; nil for an MTP pass
-	slots  []*linattn.Slot    // (sequences) each sequence's state slot
-	start  []int              // (sequences+1) first row of each sequence; start[len] = N
-}
-
-// seqRows returns the row range [lo, hi) of sequence s.
-func (p *pass) seqRows(s int) (lo, hi int) { return p.start[s], p.start[s+1] }
-
-// begin prepares m.pass for batch b: row maps, cache and scratch.
-func (m *Model) begin(b *model.Batch) *pass {
-	p := &m.pass
-	p.Backend, p.Cache = m.be, b.Cache
-	p.Arena.Reset()
-	b.FillTokens(&p.Tok)
-	p.start = append(p.start[:0], 0)
-	p.slots = p.slots[:0]
-	p.states = b.States
-	for i := range b.Seqs {
-		p.start = append(p.start, p.start[i]+len(b.Seqs[i].Tokens))
-		p.slots = append(p.slots, b.Seqs[i].State)
-	}
-	return p
-}
-
-// end drops the pass's references to the batch.
-func (m *Model) end() {
-	p := &m.pass
-	p.Cache, p.states = nil, nil
-	clear(p.Tok.KV)
-	clear(p.slots)
-}
-
-// validate checks b for a main-model pass: Batch.Validate plus the
-// recurrent-state slots.
-func (m *Model) validate(b *model.Batch) error {
-	if err := b.Validate(m.vocab, m.layout); err != nil {
-		return err
-	}
-	return b.ValidateStates(m.stateLayout)
-}
-
-// Forward implements model.Model. Each sequence's linear-attention state is
-// read from and written back to Seq.State; a sequence at Pos 0 starts from
-// a zeroed state.
-func (m *Model) Forward(b *model.Batch) (*model.Output, error) {
-	if err := m.validate(b); err != nil {
-		return nil, err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	p := m.begin(b)
-	defer m.end()
-	if len(m.stateLayout) > 0 {
-		for i := range b.Seqs {
-			if b.Seqs[i].Pos == 0 {
-				b.States.Reset(b.Seqs[i].State) // no history: a zero state
-			}
-		}
-	}
-	n, hidden := p.N(), m.hidden
-	x := p.Arena.Get(n * hidden) // (N, hidden) residual stream
-	for r := range n {
-		s := &b.Seqs[p.Tok.Seq[r]]
-		m.embed.RowF32(x[r*hidden:(r+1)*hidden], int(s.Tokens[int(p.Tok.Pos[r])-s.Pos]))
-	}
-	for _, l := range m.layers {
-		l.forward(p, x)
-	}
-	return m.output(p, b.Seqs, x, m.norm), nil
-}
-
-// output applies the final norm to x (N, hidden) in place, then the LM head
-// to the rows each sequence wants logits for.
-func (m *Model) output(p *pass, seqs []model.Seq, x []float32, norm *nn.RMSNorm) *model.Output {
-	hidden, vocab := m.hidden, m.vocab
-	norm.Forward(x, x, p.N())
-	rows := m.rows[:0]
-	for i := range seqs {
-		lo, hi := p.seqRows(i)
-		switch seqs[i].Logits {
-		case model.LastLogits:
-			rows = append(rows, hi-1)
-		case model.AllLogits:
-			for r := lo; r < hi; r++ {
-				rows = append(rows, r)
-			}
-		}
-	}
-	m.rows = rows
-	lx := p.Arena.Get(len(rows) * hidden) // (logit rows, hidden)
-	for k, r := range rows {
-		copy(lx[k*hidden:(k+1)*hidden], x[r*hidden:(r+1)*hidden])
-	}
-	logits := make([]float32, len(rows)*vocab) // (logit rows, vocab)
-	if len(rows) > 0 {
-		p.Backend.MatMul(logits, lx, m.lmHead, len(rows))
-	}
-	out := &model.Output{Seqs: make([]model.SeqOutput, len(seqs))}
-	k := 0
-	for i := range seqs {
-		lo, hi := p.seqRows(i)
-		nl := 0
-		switch seqs[i].Logits {
-		case model.LastLogits:
-			nl = 1
-		case model.AllLogits:
-			nl = hi - lo
-		}
-		out.Seqs[i].Logits = logits[k*vocab : (k+nl)*vocab : (k+nl)*vocab]
-		k += nl
-		if seqs[i].Hidden {
-			out.Seqs[i].Hidden = slices.Clone(x[lo*hidden : hi*hidden])
-		}
-	}
-	return out
 }

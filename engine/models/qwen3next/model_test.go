@@ -18,6 +18,8 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 // fixtureTol bounds max|engine − transformers| / max|transformers|, as in
@@ -44,11 +46,11 @@ func newEnv(t testing.TB, m model.Model) *env {
 	if !ok {
 		t.Fatal("qwen3_next model does not implement model.StateModel")
 	}
-	c, err := kvcache.New(m.CacheLayout(), kvcache.Options{BlockSize: 8, Budget: 4096 * m.Info().KVBytesPerToken})
+	c, err := model.NewCache(m, kvcache.Options{BlockSize: 8, Budget: 4096 * m.Info().KVBytesPerToken})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := linattn.NewStatePool(sm.StateLayout(), 16*m.Info().StateBytesPerSeq)
+	pool, err := model.NewStatePool(sm, 16*m.Info().StateBytesPerSeq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +137,22 @@ type fixture struct {
 	logits, hidden, decode, mtpLogits []float32
 }
 
-func loadFixture(t testing.TB) *fixture {
+// onDevices runs fn against the fixture model on every backend of
+// modeltest.Devices: the CPU, the strict backend and, with
+// FERRITE_TEST_DEVICE set, that device.
+func onDevices(t *testing.T, fn func(t *testing.T, f *fixture)) {
+	for name, newBackend := range modeltest.Devices() {
+		t.Run(name, func(t *testing.T) {
+			be, err := newBackend()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fn(t, loadFixture(t, be))
+		})
+	}
+}
+
+func loadFixture(t testing.TB, be kernels.Backend) *fixture {
 	t.Helper()
 	fx, err := fixtures.Load("qwen3_next")
 	if errors.Is(err, os.ErrNotExist) {
@@ -153,12 +170,12 @@ func loadFixture(t testing.TB) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ws.Close() })
-	be, err := modeltest.Backend() // the GPU with FERRITE_TEST_DEVICE=cuda
+	m, err := model.New(cfg, ws, be)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := model.New(cfg, ws, be)
-	if err != nil {
+	// Float32 KV: the fixture tolerances are float32 ones.
+	if err := m.(model.DeviceModel).SetCacheDType(kernels.F32); err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{m: m}
@@ -206,8 +223,9 @@ func argmax(v []float32) int32 {
 // TestFixture compares with transformers 5.17: prompt logits and final
 // hidden states from one pass, cached decode logits, 16 greedy tokens and
 // the MTP head's logits.
-func TestFixture(t *testing.T) {
-	f := loadFixture(t)
+func TestFixture(t *testing.T) { onDevices(t, testFixture) }
+
+func testFixture(t *testing.T, f *fixture) {
 	e := newEnv(t, f.m)
 	info := f.m.Info()
 	if _, ok := f.m.(model.MTPModel); !ok {
@@ -260,8 +278,9 @@ func TestFixture(t *testing.T) {
 // (within and across the 64-token chunk of the delta rule, and down to one
 // token at a time, i.e. the recurrent form throughout) and compares every
 // position's logits with one pass.
-func TestChunkedPrefill(t *testing.T) {
-	f := loadFixture(t)
+func TestChunkedPrefill(t *testing.T) { onDevices(t, testChunkedPrefill) }
+
+func testChunkedPrefill(t *testing.T, f *fixture) {
 	e := newEnv(t, f.m)
 	T := len(f.prompt)
 	ref := e.newSeq()
@@ -289,8 +308,9 @@ func TestChunkedPrefill(t *testing.T) {
 // TestBatch runs sequences of different lengths together — a continued
 // prefill, a fresh prompt asking for hidden states, decode rows — and
 // compares each with the same sequence run alone.
-func TestBatch(t *testing.T) {
-	f := loadFixture(t)
+func TestBatch(t *testing.T) { onDevices(t, testBatch) }
+
+func testBatch(t *testing.T, f *fixture) {
 	e := newEnv(t, f.m)
 	V, H := f.m.Info().Vocab, f.m.Info().Hidden
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -378,8 +398,9 @@ func TestBatch(t *testing.T) {
 // TestRollback verifies three wrong speculative tokens, restores the state
 // from a snapshot, truncates the cache and continues: the logits equal a
 // sequence that never saw the wrong tokens.
-func TestRollback(t *testing.T) {
-	f := loadFixture(t)
+func TestRollback(t *testing.T) { onDevices(t, testRollback) }
+
+func testRollback(t *testing.T, f *fixture) {
 	e := newEnv(t, f.m)
 	V := f.m.Info().Vocab
 	ref := e.newSeq()
@@ -411,8 +432,9 @@ func TestRollback(t *testing.T) {
 
 // TestMTPChunks runs the MTP head over the prompt in pieces (as drafting
 // does, one position at a time at the end) and compares with one pass.
-func TestMTPChunks(t *testing.T) {
-	f := loadFixture(t)
+func TestMTPChunks(t *testing.T) { onDevices(t, testMTPChunks) }
+
+func testMTPChunks(t *testing.T, f *fixture) {
 	e := newEnv(t, f.m)
 	mm := f.m.(model.MTPModel)
 	V, H := f.m.Info().Vocab, f.m.Info().Hidden
@@ -453,8 +475,9 @@ func TestMTPChunks(t *testing.T) {
 
 // TestErrors checks that malformed batches are refused without touching
 // any state.
-func TestErrors(t *testing.T) {
-	f := loadFixture(t)
+func TestErrors(t *testing.T) { onDevices(t, testErrors) }
+
+func testErrors(t *testing.T, f *fixture) {
 	e := newEnv(t, f.m)
 	s, s2 := e.newSeq(), e.newSeq()
 	defer func() { e.free(s); e.free(s2); e.checkEmpty() }()
@@ -471,10 +494,19 @@ func TestErrors(t *testing.T) {
 	one := func(pool *linattn.StatePool, slot *linattn.Slot) *model.Batch {
 		return &model.Batch{Cache: e.c, States: pool, Seqs: []model.Seq{{Tokens: []int32{1, 2}, KV: s.kv, State: slot}}}
 	}
+	host, err := linattn.NewStatePool(f.m.(model.StateModel).StateLayout(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostSlot, err := host.Alloc()
+	if err != nil {
+		t.Fatal(err)
+	}
 	bad := map[string]*model.Batch{
 		"no pool":    one(nil, s.slot),
 		"no slot":    one(e.pool, nil),
 		"wrong pool": one(other, s.slot),
+		"host pool":  one(host, hostSlot),
 		"same slot twice": {Cache: e.c, States: e.pool, Seqs: []model.Seq{
 			{Tokens: []int32{1}, KV: s.kv, State: s.slot}, {Tokens: []int32{1}, KV: s2.kv, State: s.slot}}},
 	}
@@ -509,17 +541,46 @@ const tiny = `{
   "mtp_num_hidden_layers": 1
 }`
 
-// TestRandomConfig builds the tiny config with random weights and checks
-// the layout, the state accounting and chunked/incremental/batched
-// consistency across the 64-token chunk.
+// TestRandomConfig builds the tiny config with random weights on every
+// backend of modeltest.Devices, with BF16 and F32 KV caches, and checks the
+// layout, the state accounting and chunked/incremental consistency across
+// the delta rule's chunks.
 func TestRandomConfig(t *testing.T) {
-	m := modeltest.Build(t, tiny, kernels.F32, nil)
+	for name, newBackend := range modeltest.Devices() {
+		for _, kv := range []kernels.DType{kernels.BF16, kernels.F32} {
+			t.Run(name+"/kv="+kv.String(), func(t *testing.T) {
+				be, err := newBackend()
+				if err != nil {
+					t.Fatal(err)
+				}
+				randomConfig(t, modeltest.BuildOn(t, be, tiny, kernels.F32, nil), kv)
+				if s, ok := be.(*strict.Device); ok && s.Steps() == 0 {
+					t.Fatal("the strict backend ran no step")
+				}
+			})
+		}
+	}
+}
+
+// bf16Tol bounds two ways of computing the same logits with a BF16 KV
+// cache: the delta rule's chunked and token-by-token forms round
+// differently, so a key or value may round to the neighbouring bf16 (2⁻⁹
+// relative) in one and not the other.
+const bf16Tol = 1e-2
+
+func randomConfig(t *testing.T, m model.Model, kv kernels.DType) {
 	if _, ok := m.(model.MTPModel); !ok {
 		t.Fatal("random model with mtp.* tensors is not an MTPModel")
 	}
+	if err := m.(model.DeviceModel).SetCacheDType(kv); err != nil {
+		t.Fatal(err)
+	}
 	// Layers 2 and 5 are full attention (interval 3); the MTP layer is last.
-	kv := 1 * 16
-	want := kvcache.Layout{{}, {}, {K: kv, V: kv}, {}, {}, {K: kv, V: kv}, {K: kv, V: kv}}
+	w := 1 * 16
+	want := kvcache.Layout{{}, {}, {K: w, V: w}, {}, {}, {K: w, V: w}, {K: w, V: w}}
+	for i := range want {
+		want[i].DType = kv
+	}
 	if got := m.CacheLayout(); !slices.Equal(got, want) {
 		t.Fatalf("cache layout %v, want %v", got, want)
 	}
@@ -531,6 +592,10 @@ func TestRandomConfig(t *testing.T) {
 	info := m.Info()
 	if info.StateBytesPerSeq != 4*shape.Bytes() || info.KVBytesPerToken != want.BytesPerToken() {
 		t.Fatalf("info %+v: want %d state bytes, %d KV bytes", info, 4*shape.Bytes(), want.BytesPerToken())
+	}
+	tol, incTol := modeltest.Tol, 1e-4
+	if kv == kernels.BF16 {
+		tol, incTol = bf16Tol, bf16Tol
 	}
 
 	e := newEnv(t, m)
@@ -545,7 +610,7 @@ func TestRandomConfig(t *testing.T) {
 	e.free(ref)
 	for _, sizes := range [][]int{{70, 70}, {1, 63, 1, 64, 11}, {100, 1, 1, 1, 37}} {
 		s := e.newSeq()
-		check(t, fmt.Sprint("chunks ", sizes), e.prefill(s, prompt, sizes...), full, modeltest.Tol)
+		check(t, fmt.Sprint("chunks ", sizes), e.prefill(s, prompt, sizes...), full, tol)
 		e.free(s)
 	}
 	s := e.newSeq()
@@ -558,10 +623,13 @@ func TestRandomConfig(t *testing.T) {
 	// compound rounding differently from the chunked float64 path; the
 	// project's fp32 tolerance (1e-4 relative) applies here, not the tighter
 	// one-pass bound.
-	check(t, "token by token", inc, full, 1e-4)
+	check(t, "token by token", inc, full, incTol)
 	e.checkEmpty()
+}
 
-	// Without mtp.* tensors the model is not an MTPModel and caches no MTP layer.
+// TestNoMTP: without mtp.* tensors the model is not an MTPModel and caches
+// no MTP layer.
+func TestNoMTP(t *testing.T) {
 	noMTP := modeltest.Build(t, tiny, kernels.BF16, func(name string) bool { return strings.HasPrefix(name, "mtp.") })
 	if _, ok := noMTP.(model.MTPModel); ok {
 		t.Error("model without mtp.* claims to be an MTPModel")
@@ -621,4 +689,18 @@ func TestNoLinearLayers(t *testing.T) {
 		c.Free(s)
 	}
 	check(t, "with and without a pool", logits[1], logits[0], 0)
+}
+
+// TestBackendWithoutLinearOps: a device without the linear-attention ops
+// (or a backend without the op set) is refused with a *model.OpsError,
+// which --device auto answers by running on the CPU.
+func TestBackendWithoutLinearOps(t *testing.T) {
+	type plain struct{ kernels.Device } // hides the CPU's LinearAttentionOps
+	type hostOnly struct{ kernels.Backend }
+	for name, be := range map[string]kernels.Backend{"device": plain{cpu.New(1)}, "host": hostOnly{cpu.New(1)}} {
+		var missing *model.OpsError
+		if _, err := modeltest.TryBuildOn(be, tiny, kernels.F32, nil); !errors.As(err, &missing) {
+			t.Errorf("%s: error %v, want a *model.OpsError", name, err)
+		}
+	}
 }

@@ -2,9 +2,8 @@
 // GQA architectures (llama, qwen3, qwen3_moe, mixtral, glm4_moe): reading
 // the common hyperparameters from config.json, loading an attention block,
 // and wrapping blocks with the embedding, final norm and LM head into a
-// gqa.Decoder on the op set (NewModel), or a host-slice model.Decoder
-// (NewDecoder, for glm4_moe, whose NextN layer is shared with mla). Each architecture package keeps what differs: its FFN, its
-// optional tensors and its config quirks.
+// gqa.Decoder on the op set (NewModel). Each architecture package keeps
+// what differs: its FFN, its optional tensors and its config quirks.
 package transformer
 
 import (
@@ -14,6 +13,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/gqa"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -137,7 +137,7 @@ func LoadBlock(l *nn.Loader, p Params, layer int, attn *nn.SelfAttention, ffn nn
 func NewModel(l *nn.Loader, p Params, arch string, blocks []*nn.Block, be kernels.Backend) (*gqa.Decoder, error) {
 	dev, ok := be.(kernels.Device)
 	if !ok {
-		return nil, fmt.Errorf("backend %s does not implement the op set (kernels.Device)", be.Name())
+		return nil, &model.OpsError{Backend: be.Name(), Missing: "the op set (kernels.Device)"}
 	}
 	embed := l.Mat("model.embed_tokens.weight", p.Vocab, p.Hidden)
 	norm := l.RMSNorm("model.norm", p.Hidden, p.Eps, false)

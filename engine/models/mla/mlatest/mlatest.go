@@ -20,6 +20,7 @@ import (
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 // Tol bounds max|engine − transformers| / max|transformers|, as the engine's
@@ -30,11 +31,12 @@ const Tol = 1e-4
 // absorbed form, chunked vs whole, batched vs alone).
 const FormTol = 2e-5
 
-// Load builds the named fixture's model on a 2-thread CPU backend; the
-// returned function releases it. The test is skipped when the fixture is
-// absent. A model on the op set (glm4_moe) gets a float32 KV cache, so the
-// float32 tolerances hold; engine's TestFixtures checks its BF16 default.
-func Load(t testing.TB, name string) (*fixtures.Fixture, model.Model, func()) {
+// Load builds the named fixture's model on be (a 2-thread CPU backend when
+// nil); the returned function releases what Load opened. The test is
+// skipped when the fixture is absent. The model gets a float32 KV cache,
+// so the float32 tolerances hold; engine's TestFixtures checks the BF16
+// default.
+func Load(t testing.TB, name string, be kernels.Backend) (*fixtures.Fixture, model.Model, func()) {
 	t.Helper()
 	fx, err := fixtures.Load(name)
 	if os.IsNotExist(err) || (err != nil && !fileExists(fixtures.Dir(name))) {
@@ -51,7 +53,11 @@ func Load(t testing.TB, name string) (*fixtures.Fixture, model.Model, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	be := cpu.New(2)
+	closeBe := func() {}
+	if be == nil {
+		c := cpu.New(2)
+		be, closeBe = c, c.Close
+	}
 	m, err := model.New(cfg, set, be)
 	if err == nil {
 		if dm := model.AsDevice(m); dm != nil {
@@ -59,11 +65,11 @@ func Load(t testing.TB, name string) (*fixtures.Fixture, model.Model, func()) {
 		}
 	}
 	if err != nil {
-		be.Close()
+		closeBe()
 		set.Close()
 		t.Fatal(err)
 	}
-	return fx, m, func() { be.Close(); set.Close() }
+	return fx, m, func() { closeBe(); set.Close() }
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
@@ -155,9 +161,16 @@ func (s *suite) prefill(t testing.TB, toks []int32, mode model.Logits) (*kvcache
 	return seq, s.run(t, seq, toks, mode, false)
 }
 
-// Run checks the named fixture end to end (see the package doc).
+// Run checks the named fixture end to end (see the package doc) on the
+// CPU and on the strict backend.
 func Run(t *testing.T, name string) {
-	fx, m, done := Load(t, name)
+	t.Run("cpu", func(t *testing.T) { RunOn(t, name, nil) })
+	t.Run("strict", func(t *testing.T) { RunOn(t, name, strict.New()) })
+}
+
+// RunOn checks the named fixture on be (nil: the CPU).
+func RunOn(t *testing.T, name string, be kernels.Backend) {
+	fx, m, done := Load(t, name, be)
 	defer done()
 	info := m.Info()
 	s := &suite{fx: fx, m: m, vocab: info.Vocab, hidden: info.Hidden}
@@ -225,7 +238,7 @@ func Run(t *testing.T, name string) {
 
 	t.Run("batch", func(t *testing.T) { s.batch(t, full.Logits) })
 
-	if fm, ok := m.(interface{ SetForm(mla.Form) }); ok {
+	if fm, ok := m.(interface{ SetForm(kernels.MLAForm) }); ok && be == nil {
 		t.Run("forms", func(t *testing.T) { s.forms(t, fm) })
 	}
 	if am, ok := m.(interface{ Attention(int) *mla.Attention }); ok && hasDSA(m) {
@@ -305,10 +318,10 @@ func (s *suite) batch(t *testing.T, full []float32) {
 
 // forms checks the naive and the absorbed MLA form each against the
 // fixture and against one another, on the prompt and on cached decode.
-func (s *suite) forms(t *testing.T, fm interface{ SetForm(mla.Form) }) {
-	defer fm.SetForm(mla.FormAuto)
+func (s *suite) forms(t *testing.T, fm interface{ SetForm(kernels.MLAForm) }) {
+	defer fm.SetForm(kernels.MLAAuto)
 	var got [2][]float32
-	for k, f := range []mla.Form{mla.FormNaive, mla.FormAbsorbed} {
+	for k, f := range []kernels.MLAForm{kernels.MLANaive, kernels.MLAAbsorbed} {
 		name := []string{"naive", "absorbed"}[k]
 		fm.SetForm(f)
 		seq, out := s.prefill(t, s.prompt, model.AllLogits)
@@ -334,44 +347,42 @@ func (s *suite) dsa(t *testing.T, am interface{ Attention(int) *mla.Attention })
 	defer s.c.Free(seq)
 	for i := range L {
 		a := am.Attention(i)
-		sel := a.Selection()
-		if sel == nil {
+		if a.TopK() == 0 {
 			continue
 		}
+		sel := a.Selection()
 		src := a
 		if a.Share != nil {
 			src = a.Share
-			if sel != src.Selection() {
+			if !slices.EqualFunc(sel, src.Selection(), slices.Equal) {
 				t.Errorf("layer %d: shared layer does not use layer %d's selection", i, src.Layer)
 			}
 			t.Logf("layer %d: shared, reuses layer %d's top-k", i, src.Layer)
 		}
-		topK := src.Indexer.TopK
+		topK := src.TopK()
+		if len(sel) != T {
+			t.Fatalf("layer %d: %d selection rows for %d positions", i, len(sel), T)
+		}
 		dropped := 0
-		for p := range T {
-			idx, full := sel.Row(p)
-			if p+1 <= topK {
-				if !full {
-					t.Errorf("layer %d position %d: %d visible ≤ top-k %d but not full", i, p, p+1, topK)
-				}
-				continue
-			}
-			if full || len(idx) != topK {
-				t.Fatalf("layer %d position %d: full %v, %d selected, want %d of %d", i, p, full, len(idx), topK, p+1)
+		for p, idx := range sel {
+			want := min(p+1, topK)
+			if len(idx) != want {
+				t.Fatalf("layer %d position %d: %d selected, want %d of %d", i, p, len(idx), want, p+1)
 			}
 			for j, v := range idx {
 				if v < 0 || int(v) > p || (j > 0 && idx[j-1] >= v) {
 					t.Fatalf("layer %d position %d: bad selection %v", i, p, idx)
 				}
 			}
-			dropped++
+			if want < p+1 {
+				dropped++
+			}
 		}
 		if want := T - topK; dropped != want {
 			t.Errorf("layer %d: %d queries attend to fewer positions than visible, want %d", i, dropped, want)
 		}
 		if a.Share == nil {
-			last, _ := sel.Row(T - 1)
-			t.Logf("layer %d: %d/%d queries sparse; the last attends to %d of %d positions", i, dropped, T, len(last), T)
+			t.Logf("layer %d: %d/%d queries sparse; the last attends to %d of %d positions", i, dropped, T, len(sel[T-1]), T)
 		}
 	}
 
@@ -380,8 +391,8 @@ func (s *suite) dsa(t *testing.T, am interface{ Attention(int) *mla.Attention })
 	var saved []int
 	for i := range L {
 		if ix := am.Attention(i).Indexer; ix != nil {
-			saved = append(saved, ix.TopK)
-			ix.TopK = math.MaxInt32
+			saved = append(saved, ix.Shape.TopK)
+			ix.Shape.TopK = math.MaxInt32
 		}
 	}
 	dense, out := s.prefill(t, s.prompt, model.AllLogits)
@@ -389,7 +400,7 @@ func (s *suite) dsa(t *testing.T, am interface{ Attention(int) *mla.Attention })
 	k := 0
 	for i := range L {
 		if ix := am.Attention(i).Indexer; ix != nil {
-			ix.TopK = saved[k]
+			ix.Shape.TopK = saved[k]
 			k++
 		}
 	}
@@ -461,9 +472,8 @@ func (s *suite) mtp(t *testing.T, ownHidden []float32) {
 		a := am.Attention(s.m.Info().Layers)
 		if a.Indexer != nil {
 			// The batch's rows are [short (30) | long (T-1)].
-			idx, full := a.Selection().Row(30 + T - 2)
-			if full || len(idx) != a.Indexer.TopK {
-				t.Errorf("mtp indexer: last row full %v with %d positions, want %d of %d", full, len(idx), a.Indexer.TopK, T-1)
+			if sel := a.Selection(); len(sel) != 30+T-1 || len(sel[30+T-2]) != a.TopK() {
+				t.Errorf("mtp indexer: %d selection rows, want %d; the last must keep %d of %d positions", len(sel), 30+T-1, a.TopK(), T-1)
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package linattn
+package cpu
 
 import "sync"
 
@@ -24,25 +24,9 @@ func (w *recWS) ensure(dk, dv int) {
 	w.u, w.del, w.o = w.u[:dv], w.del[:dv], w.o[:dv]
 }
 
-// Recurrent applies the rule token by token (§3.1 of the spec): the decode
-// path and the reference the chunk form is tested against. Heads run in
-// parallel; each head's tokens run in order with its state kept hot.
-func (d *DeltaRule) Recurrent(s *Seq) {
-	d.check(s)
-	if s.T == 0 {
-		return
-	}
-	orSerial(d.Parallel)(d.Heads, func(lo, hi int) {
-		ws := recPool.Get().(*recWS)
-		ws.ensure(d.DK, d.DV)
-		for h := lo; h < hi; h++ {
-			d.recurrentHead(s, h, ws)
-		}
-		recPool.Put(ws)
-	})
-}
-
-func (d *DeltaRule) recurrentHead(s *Seq, h int, ws *recWS) {
+// recurrentHead applies the rule token by token to value head h (decode,
+// short chunks), keeping the head's state hot.
+func (d *deltaRule) recurrentHead(s *deltaSeq, h int, ws *recWS) {
 	dk, dv, H := d.DK, d.DV, d.Heads
 	kh := h / (H / d.keyHeads())
 	qs, ks, vs, os := d.strides(s)
@@ -67,9 +51,6 @@ func (d *DeltaRule) recurrentHead(s *Seq, h int, ws *recWS) {
 		out := s.Out[t*os+h*dv : t*os+h*dv+dv] // [DV]
 		for j, x := range ws.o {
 			out[j] = float32(x)
-		}
-		if s.StatesAfter != nil && s.StatesAfter[t] != nil {
-			copy(s.StatesAfter[t][h*hs:(h+1)*hs], S)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package linattn
+package cpu
 
 import (
 	"math"
@@ -73,28 +73,10 @@ func (w *chunkWS) ensure(dk, dv, C int) {
 	}
 }
 
-// Chunked applies the rule chunk by chunk (prefill). It continues from
-// s.State and leaves the final state there; the last chunk may be short.
-// Results equal Recurrent's up to rounding. s.StatesAfter must be nil.
-func (d *DeltaRule) Chunked(s *Seq) {
-	d.check(s)
-	if s.StatesAfter != nil {
-		panic("linattn: StatesAfter is only supported by Recurrent")
-	}
-	if s.T == 0 {
-		return
-	}
-	orSerial(d.Parallel)(d.Heads, func(lo, hi int) {
-		w := chunkPool.Get().(*chunkWS)
-		w.ensure(d.DK, d.DV, d.chunk())
-		for h := lo; h < hi; h++ {
-			d.chunkHead(s, h, w)
-		}
-		chunkPool.Put(w)
-	})
-}
-
-func (d *DeltaRule) chunkHead(s *Seq, h int, w *chunkWS) {
+// chunkHead applies the rule chunk by chunk to value head h (prefill),
+// continuing from its state and leaving the final state there; the last
+// chunk may be short. Results equal recurrentHead's up to rounding.
+func (d *deltaRule) chunkHead(s *deltaSeq, h int, w *chunkWS) {
 	dk, dv, C := d.DK, d.DV, w.C
 	n4 := w.dvp / 4
 	// Panel strides, one quad more than the rows so that power-of-two
@@ -201,7 +183,7 @@ func (d *DeltaRule) chunkHead(s *Seq, h int, w *chunkWS) {
 }
 
 // loadChunk copies tokens t0..t0+L−1 of head h into w and forms the decays.
-func (d *DeltaRule) loadChunk(s *Seq, h, t0, L int, w *chunkWS) {
+func (d *deltaRule) loadChunk(s *deltaSeq, h, t0, L int, w *chunkWS) {
 	dk, H := d.DK, d.Heads
 	kh := h / (H / d.keyHeads())
 	qs, ks, _, _ := d.strides(s)

@@ -1,6 +1,6 @@
 //go:build !amd64 || amd64.v3
 
-package linattn
+package cpu
 
 func gemmP(m, k, n4 int, a []float64, lda int, b [][4]float64, bps int, c [][4]float64, cps int, tri, set bool) {
 	for i := 0; i < m; i += 2 {

@@ -1,4 +1,4 @@
-package linattn
+package cpu
 
 // Small float64 matrix products for the chunk form.
 //

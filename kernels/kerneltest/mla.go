@@ -1,0 +1,418 @@
+package kerneltest
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
+)
+
+// Tolerances of the MLA and DSA ops, as |got − want| ≤ tol·scale:
+const (
+	// MLATol (AttentionMLA): scale is the row's bound on |output|,
+	// max over (head, v) of Σ_c |W_UV[h,v,c]|·max_t |c_t[c]| over the
+	// latents it attends to. Two chained float32 products around a float32
+	// softmax against the float64 reference, in either form.
+	MLATol = 2e-5
+	// IndexerTol (IndexerScores): scale is Σ_h |w_h|·Scale·max_t Σ_d
+	// |q_h,d·k_t,d|, the bound on a row's scores.
+	IndexerTol = 1e-5
+)
+
+// paged is a test's cache geometry: random block tables, so sequences
+// interleave, and every sequence's positions with their slots.
+type paged struct {
+	t         *testing.T
+	d         kernels.Device
+	seqs      []attnSeq
+	bs        int
+	maxBlocks int
+	blocks    []int32 // (seqs, maxBlocks)
+	bt        kernels.Tensor
+}
+
+func newPaged(t *testing.T, d kernels.Device, rng *rand.Rand, seqs []attnSeq, bs int) *paged {
+	g := &paged{t: t, d: d, seqs: seqs, bs: bs}
+	for _, s := range seqs {
+		g.maxBlocks = max(g.maxBlocks, (s.start+s.rows+bs-1)/bs)
+	}
+	perm := rng.Perm(g.slots() / bs)
+	g.blocks = make([]int32, len(seqs)*g.maxBlocks)
+	for i := range g.blocks {
+		g.blocks[i] = int32(perm[i])
+	}
+	g.bt = ints(t, d, len(seqs), g.maxBlocks, g.blocks)
+	return g
+}
+
+// slots is the cache size in slots (three spare blocks).
+func (g *paged) slots() int { return (len(g.seqs)*g.maxBlocks + 3) * g.bs }
+
+func (g *paged) slot(si, p int) int32 {
+	return g.blocks[si*g.maxBlocks+p/g.bs]*int32(g.bs) + int32(p%g.bs)
+}
+
+// rows lists the (sequence, position) pairs of the cached prefixes
+// (pre) or of the step.
+func (g *paged) rows(pre bool) (seq, pos []int32) {
+	for si, s := range g.seqs {
+		lo, hi := s.start, s.start+s.rows
+		if pre {
+			lo, hi = 0, s.start
+		}
+		for p := lo; p < hi; p++ {
+			seq, pos = append(seq, int32(si)), append(pos, int32(p))
+		}
+	}
+	return seq, pos
+}
+
+// paged uploads the row maps of the given rows.
+func (g *paged) paged(seq, pos []int32) *kernels.Paged {
+	slot := make([]int32, len(pos))
+	for i := range pos {
+		slot[i] = g.slot(int(seq[i]), int(pos[i]))
+	}
+	n := len(pos)
+	return &kernels.Paged{Pos: ints(g.t, g.d, n, 1, pos), Seq: ints(g.t, g.d, n, 1, seq), Slot: ints(g.t, g.d, n, 1, slot), Blocks: g.bt, BlockSize: g.bs}
+}
+
+// invFreq is a RoPE frequency table of dim rotated dims.
+func invFreq(dim int) []float32 {
+	inv := make([]float32, dim/2)
+	for i := range inv {
+		inv[i] = float32(math.Pow(10000, -float64(2*i)/float64(dim)))
+	}
+	return inv
+}
+
+// hostAngles is ref.RopeAngles at position p.
+func hostAngles(inv []float32, p int) (cos, sin []float32) {
+	cos, sin = make([]float32, len(inv)), make([]float32, len(inv))
+	ref.RopeAngles(cos, sin, inv, p, 1)
+	return cos, sin
+}
+
+// roundTo rounds v to the cache dtype in place.
+func roundTo(dt kernels.DType, v []float32) {
+	if dt == kernels.BF16 {
+		for i, x := range v {
+			v[i] = kernels.BF16ToF32(kernels.F32ToBF16(x))
+		}
+	}
+}
+
+// checkCache reads back an F32 cache and compares the slots of every
+// position with want (slot → row).
+func checkCache(t *testing.T, d kernels.Device, c kernels.Tensor, want map[int32][]float32) {
+	t.Helper()
+	if c.DType != kernels.F32 {
+		return
+	}
+	all := make([]float32, c.Elems())
+	d.ReadF32(all, c)
+	for s, w := range want {
+		row := all[int(s)*c.Cols : (int(s)+1)*c.Cols]
+		compare(t, fmt.Sprintf("cache slot %d", s), row, w, RowOpTol, rowScale(w))
+	}
+}
+
+type mlaCase struct {
+	heads, nope, rope, v, kl, bs int
+	seqs                         []attnSeq
+	topK                         int // 0: dense; else a random selection of at most topK positions
+	inter                        bool
+	wdt                          kernels.DType
+}
+
+func mlaTest(t *testing.T, d kernels.Device, ops kernels.MLAOps) {
+	cases := []mlaCase{
+		{4, 8, 4, 6, 16, 4, []attnSeq{{0, 1}}, 0, true, kernels.BF16},
+		{2, 8, 4, 8, 24, 4, []attnSeq{{9, 1}, {0, 3}, {20, 1}}, 0, false, kernels.F32},   // decode rows
+		{3, 4, 8, 4, 12, 8, []attnSeq{{5, 1}, {0, 40}, {33, 17}}, 0, true, kernels.BF16}, // mixed
+		{2, 8, 4, 8, 16, 4, []attnSeq{{0, 30}, {25, 2}, {10, 1}}, 6, true, kernels.F8E4M3},
+		{5, 16, 8, 16, 32, 16, []attnSeq{{40, 3}, {0, 20}}, 9, false, kernels.BF16},
+		{2, 8, 0, 8, 16, 4, []attnSeq{{0, 9}, {12, 1}}, 5, false, kernels.BF16}, // NoPE (no rotary)
+	}
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for ci, c := range cases {
+			for _, form := range []kernels.MLAForm{kernels.MLAAuto, kernels.MLANaive, kernels.MLAAbsorbed} {
+				t.Run(fmt.Sprintf("%v/%d/form=%d", dt, ci, form), func(t *testing.T) {
+					mlaCaseRun(t, d, ops, dt, c, form, uint64(ci))
+				})
+			}
+		}
+	}
+}
+
+func mlaCaseRun(t *testing.T, d kernels.Device, ops kernels.MLAOps, dt kernels.DType, c mlaCase, form kernels.MLAForm, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 31))
+	kw, qw := c.kl+c.rope, c.heads*(c.nope+c.rope)
+	g := newPaged(t, d, rng, c.seqs, c.bs)
+	cache, err := d.Alloc(dt, g.slots(), kw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := invFreq(c.rope)
+	var r *kernels.Rotary
+	if c.rope > 0 {
+		r = &kernels.Rotary{InvFreq: newBuf(t, d, 1, len(inv), inv).t, Dim: c.rope, Interleaved: c.inter, Scale: 1}
+	}
+	normV := randn(rng, c.kl)
+	norm := newBuf(t, d, 1, c.kl, normV).t
+	const eps = 1e-6
+	kvB := NewMat(rng, c.wdt, c.heads*(c.nope+c.v), c.kl, 4, 8)
+	s := kernels.MLAShape{Heads: c.heads, Nope: c.nope, Rope: c.rope, V: c.v, KVLora: c.kl, Scale: float32(1 / math.Sqrt(float64(c.nope+c.rope))), Form: form}
+
+	// Every position's kv_a output and its expected cache row.
+	want := map[int32][]float32{} // slot → cache row
+	store := func(pre bool) (seq, pos []int32, p *kernels.Paged) {
+		seq, pos = g.rows(pre)
+		kv := randn(rng, len(pos)*kw)
+		for i := range pos {
+			row := make([]float32, kw)
+			cos, sin := hostAngles(inv, int(pos[i]))
+			ref.LatentRow(row, kv[i*kw:(i+1)*kw], normV, eps, cos, sin, c.inter)
+			roundTo(dt, row)
+			want[g.slot(int(seq[i]), int(pos[i]))] = row
+		}
+		p = g.paged(seq, pos)
+		if len(pos) > 0 {
+			x := newBuf(t, d, len(pos), kw, kv)
+			step(d, func() { ops.StoreLatent(cache, x.t, norm, eps, r, p) })
+			compare(t, "kv after StoreLatent", x.read(t, "kv"), kv, 0, rowScale(kv))
+		}
+		return seq, pos, p
+	}
+	store(true)
+	seq, pos := g.rows(false)
+	n := len(pos)
+	// The step's rows: stored by the step itself, before the attention.
+	kvStep := randn(rng, n*kw)
+	for i := range pos {
+		row := make([]float32, kw)
+		cos, sin := hostAngles(inv, int(pos[i]))
+		ref.LatentRow(row, kvStep[i*kw:(i+1)*kw], normV, eps, cos, sin, c.inter)
+		roundTo(dt, row)
+		want[g.slot(int(seq[i]), int(pos[i]))] = row
+	}
+	p := g.paged(seq, pos)
+
+	// Selections: every visible position while there are at most topK,
+	// else a random ascending subset (one row in five short of topK).
+	var selRows [][]int32
+	var selT kernels.Tensor
+	if c.topK > 0 {
+		flat := make([]int32, n*c.topK)
+		for i := range n {
+			ln := int(pos[i]) + 1
+			var idx []int32
+			if ln <= c.topK {
+				for q := range ln {
+					idx = append(idx, int32(q))
+				}
+			} else {
+				k := c.topK
+				if i%5 == 0 {
+					k -= 2
+				}
+				for _, q := range rng.Perm(ln)[:k] {
+					idx = append(idx, int32(q))
+				}
+				slices.Sort(idx)
+			}
+			selRows = append(selRows, idx)
+			row := flat[i*c.topK : (i+1)*c.topK]
+			for j := range row {
+				row[j] = -1
+				if j < len(idx) {
+					row[j] = idx[j]
+				}
+			}
+		}
+		selT = ints(t, d, n, c.topK, flat)
+	}
+	qv := randn(rng, n*qw)
+	kvx, q, out := newBuf(t, d, n, kw, kvStep), newBuf(t, d, n, qw, qv), newBuf(t, d, n, c.heads*c.v, nil)
+	step(d, func() {
+		ops.StoreLatent(cache, kvx.t, norm, eps, r, p)
+		ops.AttentionMLA(out.t, q.t, cache, kvB, r, p, s, selT)
+	})
+	checkCache(t, d, cache, want)
+
+	// The reference over the expected cache rows.
+	kvb := ref.MatF32(kvB)
+	qRot := slices.Clone(qv)
+	wantOut := make([]float32, n*c.heads*c.v)
+	scale := make([]float64, n)
+	uvAbs := make([]float64, c.heads*c.v*c.kl) // |W_UV|
+	for h := range c.heads {
+		for j := range c.v {
+			for cc := range c.kl {
+				uvAbs[(h*c.v+j)*c.kl+cc] = math.Abs(float64(kvb[(h*(c.nope+c.v)+c.nope+j)*c.kl+cc]))
+			}
+		}
+	}
+	for i := range n {
+		cos, sin := hostAngles(inv, int(pos[i]))
+		ref.RotateMLAQuery(qRot[i*qw:(i+1)*qw], s, cos, sin, c.inter)
+		var idx []int32
+		if selRows != nil {
+			idx = selRows[i]
+		} else {
+			for q := range pos[i] + 1 {
+				idx = append(idx, q)
+			}
+		}
+		row := func(q int) []float32 { return want[g.slot(int(seq[i]), q)] }
+		ref.AttentionMLA(wantOut[i*c.heads*c.v:(i+1)*c.heads*c.v], qRot[i*qw:(i+1)*qw], idx, row, kvb, s)
+		latMax := make([]float64, c.kl)
+		for _, q := range idx {
+			for cc, x := range row(int(q))[:c.kl] {
+				latMax[cc] = max(latMax[cc], math.Abs(float64(x)))
+			}
+		}
+		for hj := range c.heads * c.v {
+			var b float64
+			for cc, x := range latMax {
+				b += uvAbs[hj*c.kl+cc] * x
+			}
+			scale[i] = max(scale[i], b)
+		}
+	}
+	compare(t, "q rotated in place", q.read(t, "q"), qRot, RowOpTol, rowScale(qRot))
+	compare(t, "out", out.read(t, "out"), wantOut, MLATol, func(k int) float64 { return scale[k/(c.heads*c.v)] + 1e-30 })
+}
+
+func indexerTest(t *testing.T, d kernels.Device, sp kernels.SparseOps) {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for ci, c := range []struct {
+			heads, dim, rope, bs, topK int
+			seqs                       []attnSeq
+			inter                      bool
+		}{
+			{4, 16, 8, 4, 0, []attnSeq{{0, 1}, {7, 1}, {0, 13}}, false},
+			{3, 8, 8, 8, 6, []attnSeq{{3, 1}, {0, 21}, {30, 2}}, true},
+			{8, 32, 4, 16, 10, []attnSeq{{0, 40}, {50, 1}}, false},
+		} {
+			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(ci), 37))
+				g := newPaged(t, d, rng, c.seqs, c.bs)
+				keys, err := d.Alloc(dt, g.slots(), c.dim)
+				if err != nil {
+					t.Fatal(err)
+				}
+				inv := invFreq(c.rope)
+				r := &kernels.Rotary{InvFreq: newBuf(t, d, 1, len(inv), inv).t, Dim: c.rope, Interleaved: c.inter, Scale: 1}
+				wv, bv := randn(rng, c.dim), randn(rng, c.dim)
+				w, b := newBuf(t, d, 1, c.dim, wv).t, newBuf(t, d, 1, c.dim, bv).t
+				const eps = 1e-6
+				want := map[int32][]float32{}
+				store := func(pre bool) (seq, pos []int32, p *kernels.Paged, run func()) {
+					seq, pos = g.rows(pre)
+					kv := randn(rng, len(pos)*c.dim)
+					for i := range pos {
+						row := make([]float32, c.dim)
+						cos, sin := hostAngles(inv, int(pos[i]))
+						ref.IndexKeyRow(row, kv[i*c.dim:(i+1)*c.dim], wv, bv, eps, cos, sin, c.inter)
+						roundTo(dt, row)
+						want[g.slot(int(seq[i]), int(pos[i]))] = row
+					}
+					p = g.paged(seq, pos)
+					x := newBuf(t, d, len(pos), c.dim, kv)
+					return seq, pos, p, func() { sp.StoreIndexKey(keys, x.t, w, b, eps, r, p) }
+				}
+				if _, pos, _, run := store(true); len(pos) > 0 {
+					step(d, run)
+				}
+				seq, pos, p, run := store(false)
+				n := len(pos)
+				L := int(slices.Max(pos)) + 4 // columns past every row's length
+				s := kernels.IndexerShape{Heads: c.heads, Dim: c.dim, Scale: float32(1 / math.Sqrt(float64(c.dim*c.heads))), TopK: c.topK}
+				qv, hw := randn(rng, n*c.heads*c.dim), randn(rng, n*c.heads)
+				q, hwt, sc := newBuf(t, d, n, c.heads*c.dim, qv), newBuf(t, d, n, c.heads, hw), newBuf(t, d, n, L, nil)
+				step(d, func() {
+					run()
+					sp.IndexerScores(sc.t, q.t, hwt.t, keys, p, s)
+				})
+				checkCache(t, d, keys, want)
+				got := sc.read(t, "scores")
+				wantS := make([]float32, n*L)
+				scale := make([]float64, n)
+				qr := func(i int) []float32 { return qv[i*c.heads*c.dim : (i+1)*c.heads*c.dim] }
+				for i := range n {
+					ln := int(pos[i]) + 1
+					for tt := range L {
+						switch {
+						case tt >= ln:
+							if !math.IsInf(float64(got[i*L+tt]), -1) {
+								t.Fatalf("row %d column %d past the length: %g, want −∞", i, tt, got[i*L+tt])
+							}
+							got[i*L+tt] = 0 // checked: compared as equal below
+						case ln <= c.topK:
+							wantS[i*L+tt] = 0
+						default:
+							k := want[g.slot(int(seq[i]), tt)]
+							wantS[i*L+tt] = ref.IndexerScore(qr(i), hw[i*c.heads:(i+1)*c.heads], k, s)
+							var bound float64
+							for h := range c.heads {
+								var dd float64
+								for j, x := range qr(i)[h*c.dim : (h+1)*c.dim] {
+									dd += math.Abs(float64(x * k[j]))
+								}
+								bound += math.Abs(float64(hw[i*c.heads+h])) * dd * float64(s.Scale)
+							}
+							scale[i] = max(scale[i], bound)
+						}
+					}
+				}
+				compare(t, "scores", got, wantS, IndexerTol, func(k int) float64 { return scale[k/L] + 1e-30 })
+			})
+		}
+	}
+}
+
+func topKTest(t *testing.T, d kernels.Device, sp kernels.SparseOps) {
+	rng := rand.New(rand.NewPCG(41, 42))
+	const n, L, k = 7, 23, 5
+	sc := make([]float32, n*L)
+	for i := range n {
+		row := sc[i*L : (i+1)*L]
+		for j := range row {
+			row[j] = float32(rng.IntN(4)) // many ties
+			if i%2 == 1 {
+				row[j] = float32(rng.NormFloat64())
+			}
+		}
+		// Rows whose tails are −∞ (positions past the length), one with
+		// fewer finite columns than k.
+		for j := L - 3*i; j < L && j >= 0; j++ {
+			row[j] = float32(math.Inf(-1))
+		}
+	}
+	for j := 3; j < L; j++ {
+		sc[6*L+j] = float32(math.Inf(-1))
+	}
+	s := newBuf(t, d, n, L, sc)
+	sel, err := d.Alloc(kernels.I32, n, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(d, func() { sp.TopK(sel, s.t) })
+	got := make([]int32, n*k)
+	sp.ReadI32(got, sel)
+	want := make([]int32, n*k)
+	for i := range n {
+		ref.SelectTopK(want[i*k:(i+1)*k], sc[i*L:(i+1)*L])
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("TopK\n got %v\nwant %v", got, want)
+	}
+	if !slices.Equal(want[6*k:], []int32{0, 1, 2, -1, -1}) {
+		t.Fatalf("reference: row 6 = %v", want[6*k:])
+	}
+}
