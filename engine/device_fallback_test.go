@@ -17,20 +17,26 @@ type matMulOnly struct{ kernels.Backend }
 
 func (matMulOnly) Name() string { return "fake-gpu" }
 
+// fakeGPU makes every device but the CPU open as gpu ("fake-gpu:0") for
+// the rest of t.
+func fakeGPU(t *testing.T, gpu kernels.Backend) {
+	orig := openDevice
+	t.Cleanup(func() { openDevice = orig })
+	openDevice = func(s device.Spec, threads int) (*device.Backend, error) {
+		if s.Kind == device.CPU {
+			return orig(s, threads)
+		}
+		return &device.Backend{Backend: gpu, Desc: "fake-gpu:0"}, nil
+	}
+}
+
 // TestAutoDeviceFallsBackToCPU: when --device auto opens a GPU backend
 // that lacks the op set, an architecture on the op set loads on the CPU
 // (and says why) instead of failing; an explicit device still fails.
 func TestAutoDeviceFallsBackToCPU(t *testing.T) {
 	c := cpu.New(1)
 	defer c.Close()
-	orig := openDevice
-	defer func() { openDevice = orig }()
-	openDevice = func(s device.Spec, threads int) (*device.Backend, error) {
-		if s.Kind == device.CPU {
-			return orig(s, threads)
-		}
-		return &device.Backend{Backend: matMulOnly{c}, Desc: "fake-gpu:0"}, nil
-	}
+	fakeGPU(t, matMulOnly{c})
 
 	l, err := Load(fixtures.Dir("qwen3"), Options{Threads: 1, Device: "auto"})
 	if err != nil {
@@ -62,14 +68,7 @@ func (deviceOnly) Name() string { return "fake-gpu" }
 func TestAutoDeviceFallsBackForMLA(t *testing.T) {
 	c := cpu.New(1)
 	defer c.Close()
-	orig := openDevice
-	defer func() { openDevice = orig }()
-	openDevice = func(s device.Spec, threads int) (*device.Backend, error) {
-		if s.Kind == device.CPU {
-			return orig(s, threads)
-		}
-		return &device.Backend{Backend: deviceOnly{c}, Desc: "fake-gpu:0"}, nil
-	}
+	fakeGPU(t, deviceOnly{c})
 	l, err := Load(fixtures.Dir("glm4_moe_lite"), Options{Threads: 1, Device: "auto"})
 	if err != nil {
 		t.Fatalf("auto: %v", err)

@@ -71,25 +71,36 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		pos: i32(p.Pos), seq: i32(p.Seq), blocks: i32(p.Blocks), maxBlocks: p.Blocks.Cols, bs: p.BlockSize,
 		heads: s.Heads, kvh: s.KVHeads, hd: s.HeadDim, grp: s.Heads / s.KVHeads, scale: s.Scale,
 	}
-	n := q.Rows
-	var short []int32 // rows handled item by item
-	for lo := 0; lo < n; {
+	short := seqRuns(a.seq[:q.Rows], func(lo, hi int) bool { // rows handled item by item
+		if hi-lo < prefillRows {
+			return false
+		}
+		a.chunk(lo, hi)
+		return true
+	})
+	if len(short) > 0 {
+		a.rows(short)
+	}
+}
+
+// seqRuns calls whole for every run [lo, hi) of consecutive rows of one
+// sequence (seq holds each row's sequence) and returns, in order, the rows
+// of the runs it declined (whole returned false).
+func seqRuns(seq []int32, whole func(lo, hi int) bool) []int32 {
+	var rest []int32
+	for lo := 0; lo < len(seq); {
 		hi := lo + 1
-		for hi < n && a.seq[hi] == a.seq[lo] {
+		for hi < len(seq) && seq[hi] == seq[lo] {
 			hi++
 		}
-		if hi-lo >= prefillRows {
-			a.chunk(lo, hi)
-		} else {
+		if !whole(lo, hi) {
 			for i := lo; i < hi; i++ {
-				short = append(short, int32(i))
+				rest = append(rest, int32(i))
 			}
 		}
 		lo = hi
 	}
-	if len(short) > 0 {
-		a.rows(short)
-	}
+	return rest
 }
 
 // slot is the cache slot of position p of the sequence with block table bt.

@@ -240,21 +240,13 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 			}
 		})
 	}
-	var absorbed []int32 // rows computed in the absorbed form
-	for lo := 0; lo < n; {
-		hi := lo + 1
-		for hi < n && a.seq[hi] == a.seq[lo] {
-			hi++
+	absorbed := seqRuns(a.seq[:n], func(lo, hi int) bool { // rows computed in the absorbed form
+		if !a.naiveFor(hi-lo, int(a.pos[hi-1])+1) {
+			return false
 		}
-		if a.naiveFor(hi-lo, int(a.pos[hi-1])+1) {
-			a.naive(lo, hi)
-		} else {
-			for i := lo; i < hi; i++ {
-				absorbed = append(absorbed, int32(i))
-			}
-		}
-		lo = hi
-	}
+		a.naive(lo, hi)
+		return true
+	})
 	if len(absorbed) > 0 {
 		a.absorbed(absorbed)
 	}

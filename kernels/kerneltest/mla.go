@@ -168,11 +168,13 @@ func mlaCaseRun(t *testing.T, d kernels.Device, ops kernels.MLAOps, dt kernels.D
 	kvB := NewMat(rng, c.wdt, c.heads*(c.nope+c.v), c.kl, 4, 8)
 	s := kernels.MLAShape{Heads: c.heads, Nope: c.nope, Rope: c.rope, V: c.v, KVLora: c.kl, Scale: float32(1 / math.Sqrt(float64(c.nope+c.rope))), Form: form}
 
-	// Every position's kv_a output and its expected cache row.
+	// Every position's kv_a output and its expected cache row: the cached
+	// prefixes are stored by a step of their own, the step's rows by the
+	// step itself, before the attention.
 	want := map[int32][]float32{} // slot → cache row
-	store := func(pre bool) (seq, pos []int32, p *kernels.Paged) {
+	inputs := func(pre bool) (seq, pos []int32, kv []float32) {
 		seq, pos = g.rows(pre)
-		kv := randn(rng, len(pos)*kw)
+		kv = randn(rng, len(pos)*kw)
 		for i := range pos {
 			row := make([]float32, kw)
 			cos, sin := hostAngles(inv, int(pos[i]))
@@ -180,26 +182,15 @@ func mlaCaseRun(t *testing.T, d kernels.Device, ops kernels.MLAOps, dt kernels.D
 			roundTo(dt, row)
 			want[g.slot(int(seq[i]), int(pos[i]))] = row
 		}
-		p = g.paged(seq, pos)
-		if len(pos) > 0 {
-			x := newBuf(t, d, len(pos), kw, kv)
-			step(d, func() { ops.StoreLatent(cache, x.t, norm, eps, r, p) })
-			compare(t, "kv after StoreLatent", x.read(t, "kv"), kv, 0, rowScale(kv))
-		}
-		return seq, pos, p
+		return seq, pos, kv
 	}
-	store(true)
-	seq, pos := g.rows(false)
+	if seq, pos, kv := inputs(true); len(pos) > 0 {
+		x, p := newBuf(t, d, len(pos), kw, kv), g.paged(seq, pos)
+		step(d, func() { ops.StoreLatent(cache, x.t, norm, eps, r, p) })
+		compare(t, "kv after StoreLatent", x.read(t, "kv"), kv, 0, rowScale(kv))
+	}
+	seq, pos, kvStep := inputs(false)
 	n := len(pos)
-	// The step's rows: stored by the step itself, before the attention.
-	kvStep := randn(rng, n*kw)
-	for i := range pos {
-		row := make([]float32, kw)
-		cos, sin := hostAngles(inv, int(pos[i]))
-		ref.LatentRow(row, kvStep[i*kw:(i+1)*kw], normV, eps, cos, sin, c.inter)
-		roundTo(dt, row)
-		want[g.slot(int(seq[i]), int(pos[i]))] = row
-	}
 	p := g.paged(seq, pos)
 
 	// Selections: every visible position while there are at most topK,

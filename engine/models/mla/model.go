@@ -8,6 +8,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/gqa"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/models/internal/transformer"
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -115,22 +116,10 @@ func readParams(cfg *config.Config, s Spec) (params, error) {
 	if err := p.validateSchedule(); err != nil {
 		return p, err
 	}
-	p.rope = nn.RopeConfig{
-		HeadDim:              p.dims.rope, // transformers points head_dim at qk_rope_head_dim
-		Theta:                rp.Theta,
-		Type:                 rp.Type,
-		Factor:               rp.Factor,
-		OriginalMaxPositions: rp.OriginalMaxPos,
-		MaxPositions:         p.maxCtx,
-		LowFreqFactor:        rp.LowFreqFactor,
-		HighFreqFactor:       rp.HighFreqFactor,
-		BetaFast:             rp.BetaFast,
-		BetaSlow:             rp.BetaSlow,
-		Mscale:               rp.MScale,
-		MscaleAllDim:         rp.MScaleAllDim,
-		AttentionFactor:      rp.AttentionFactor,
-		NoTruncate:           !rp.Truncate,
-	}
+	// transformers points head_dim at qk_rope_head_dim; MLA rotates all of
+	// it and has no per-frequency factors.
+	p.rope = transformer.RopeConfig(rp, p.dims.rope, p.maxCtx)
+	p.rope.PartialRotaryFactor, p.rope.FreqFactors = 0, nil
 	scale := 1 / math.Sqrt(float64(p.dims.nope+p.dims.rope))
 	if rp.Type != "" && rp.Type != "default" && rp.MScaleAllDim != 0 {
 		ms := nn.YarnMscale(rp.Factor, rp.MScaleAllDim)

@@ -1,6 +1,7 @@
 // Package transformer holds the loading code shared by the decoder-only
 // GQA architectures (llama, qwen3, qwen3_moe, mixtral, glm4_moe): reading
-// the common hyperparameters from config.json, loading an attention block,
+// the common hyperparameters from config.json (the rotary embedding also
+// for engine/models/mla), loading an attention block,
 // and wrapping blocks with the embedding, final norm and LM head into a
 // gqa.Decoder on the op set (NewModel). Each architecture package keeps
 // what differs: its FFN, its optional tensors and its config quirks.
@@ -51,25 +52,7 @@ func Read(cfg *config.Config, tiedDefault bool) (Params, error) {
 	if p.Heads > 0 {
 		p.HeadDim = cfg.IntOr("head_dim", p.Hidden/p.Heads)
 	}
-	rp := cfg.Rope()
-	p.Rope = nn.RopeConfig{
-		HeadDim:              p.HeadDim,
-		PartialRotaryFactor:  rp.PartialRotaryFactor,
-		Theta:                rp.Theta,
-		Type:                 rp.Type,
-		Factor:               rp.Factor,
-		OriginalMaxPositions: rp.OriginalMaxPos,
-		MaxPositions:         p.MaxContext,
-		LowFreqFactor:        rp.LowFreqFactor,
-		HighFreqFactor:       rp.HighFreqFactor,
-		BetaFast:             rp.BetaFast,
-		BetaSlow:             rp.BetaSlow,
-		Mscale:               rp.MScale,
-		MscaleAllDim:         rp.MScaleAllDim,
-		AttentionFactor:      rp.AttentionFactor,
-		NoTruncate:           !rp.Truncate,
-		FreqFactors:          rp.FreqFactors,
-	}
+	p.Rope = RopeConfig(cfg.Rope(), p.HeadDim, p.MaxContext)
 	if err := cfg.Err(); err != nil {
 		return p, err
 	}
@@ -83,6 +66,29 @@ func Read(cfg *config.Config, tiedDefault bool) (Params, error) {
 		return p, fmt.Errorf("rms_norm_eps %g", p.Eps)
 	}
 	return p, nil
+}
+
+// RopeConfig is the rotary embedding of rp (config.json's rope
+// parameters) over heads of headDim dims, for up to maxPos positions.
+func RopeConfig(rp config.RopeParams, headDim, maxPos int) nn.RopeConfig {
+	return nn.RopeConfig{
+		HeadDim:              headDim,
+		PartialRotaryFactor:  rp.PartialRotaryFactor,
+		Theta:                rp.Theta,
+		Type:                 rp.Type,
+		Factor:               rp.Factor,
+		OriginalMaxPositions: rp.OriginalMaxPos,
+		MaxPositions:         maxPos,
+		LowFreqFactor:        rp.LowFreqFactor,
+		HighFreqFactor:       rp.HighFreqFactor,
+		BetaFast:             rp.BetaFast,
+		BetaSlow:             rp.BetaSlow,
+		Mscale:               rp.MScale,
+		MscaleAllDim:         rp.MScaleAllDim,
+		AttentionFactor:      rp.AttentionFactor,
+		NoTruncate:           !rp.Truncate,
+		FreqFactors:          rp.FreqFactors,
+	}
 }
 
 // Layout is the cache layout of Layers uniform GQA layers.
