@@ -10,11 +10,15 @@
 // describes it: data and licences, training, evaluation and limits.
 //
 // The files under model/ are embedded with go:embed: config.json and
-// generation_config.json as transformers saved them, model.safetensors
-// (BF16, checkpoint names, the MTP layer at model.language_model.layers.6),
-// and the tokenizer (tokenizer.json, tokenizer_config.json,
-// chat_template.jinja). The weights are used in place (weights.FromBytes):
-// loading copies nothing.
+// generation_config.json as transformers saved them, the tokenizer
+// (tokenizer.json, tokenizer_config.json, chat_template.jinja), and the
+// weights, model.gguf: a GGUF file holding the matrices in Q8_0 (the MoE
+// router gates, MLA's kv_b_proj and the indexer's compress gate in BF16, as
+// ferrite's --quant q8_0 keeps them) and the norms and other small tensors
+// in F32, under the checkpoint's tensor names (the MTP layer at
+// model.language_model.layers.6). tools/packtiny writes it from the bf16
+// checkpoint that tools/train trains. The weights are used in place
+// (gguf.FromBytes): loading copies nothing.
 //
 //	l, tok, err := builtin.Open(engine.Options{})
 //	defer l.Close()
@@ -30,7 +34,9 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/gguf"
 	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -46,13 +52,18 @@ const Label = "builtin:" + Name
 //go:embed model/config.json model/generation_config.json model/tokenizer.json model/tokenizer_config.json model/chat_template.jinja
 var files embed.FS
 
-//go:embed model/model.safetensors
+// Quant is the quantization of the embedded weights (general.file_type).
+const Quant = "Q8_0"
+
+// WeightsFile is the name of the embedded weights under model/.
+const WeightsFile = "model.gguf"
+
+//go:embed model/model.gguf
 var weightBytes []byte
 
-// fileNames are the embedded files, model.safetensors included.
+// fileNames are the embedded files other than the weights.
 var fileNames = []string{
-	"config.json", "generation_config.json", "model.safetensors",
-	"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+	"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
 }
 
 // IsName reports whether s names the built-in model: "ferrite-tiny" or
@@ -73,8 +84,8 @@ func Files() fs.FS {
 	return sub
 }
 
-// WeightBytes returns the embedded model.safetensors. The slice is the
-// binary's own data: it must not be modified.
+// WeightBytes returns the embedded model.gguf. The slice is the binary's
+// own data: it must not be modified.
 func WeightBytes() []byte { return weightBytes }
 
 // Config parses the embedded config.json.
@@ -86,10 +97,10 @@ func Config() (*config.Config, error) {
 	return config.Parse(Label+"/config.json", data)
 }
 
-// Weights returns the embedded weights as a Set viewing the binary's data
-// (nothing is copied).
-func Weights() (*weights.Set, error) {
-	return weights.FromBytes(Label+"/model.safetensors", weightBytes)
+// Weights parses the embedded model.gguf; its tensors view the binary's
+// data (nothing is copied). Serve them with CheckpointWeights.
+func Weights() (*gguf.Model, error) {
+	return gguf.FromBytes(Label+"/"+WeightsFile, weightBytes)
 }
 
 // Tokenizer loads the embedded tokenizer, with its chat template and the
@@ -113,7 +124,7 @@ func Open(opts engine.Options) (*engine.Loaded, *tokenizer.Tokenizer, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err := engine.LoadWeights(Label, cfg, w, opts)
+	l, err := engine.LoadGGUFCheckpoint(Label, cfg, w, opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -122,24 +133,52 @@ func Open(opts engine.Options) (*engine.Loaded, *tokenizer.Tokenizer, error) {
 
 // Export writes the model's files into dir (created if needed), so that it
 // can be loaded from disk like any other model directory (engine.Load,
-// tokenizer.Load, or transformers' from_pretrained).
+// tokenizer.Load, or transformers' from_pretrained, which initialises the
+// unused vision stub that is not shipped): the embedded files other than
+// the weights as they are, and model.safetensors holding the weights
+// dequantized to F32, the very values of the built-in model's weights (a
+// Q8_0 value, a float16 scale times an int8, is exact in float32).
 func Export(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	for _, n := range fileNames {
-		var data []byte
-		if n == "model.safetensors" {
-			data = weightBytes
-		} else {
-			var err error
-			if data, err = fs.ReadFile(Files(), n); err != nil {
-				return fmt.Errorf("%s: %w", Label, err)
-			}
+		data, err := fs.ReadFile(Files(), n)
+		if err != nil {
+			return fmt.Errorf("%s: %w", Label, err)
 		}
 		if err := os.WriteFile(filepath.Join(dir, n), data, 0o644); err != nil {
 			return err
 		}
 	}
-	return nil
+	tensors, err := dequantized()
+	if err != nil {
+		return err
+	}
+	return weights.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
+}
+
+// dequantized returns every embedded tensor as F32, in the checkpoint's
+// shape.
+func dequantized() ([]weights.WriteTensor, error) {
+	g, err := Weights()
+	if err != nil {
+		return nil, err
+	}
+	var out []weights.WriteTensor
+	for _, name := range g.TensorNames() {
+		t, _ := g.Tensor(name)
+		dt, ok := t.Type.DType()
+		if !ok {
+			return nil, fmt.Errorf("%s: tensor %s has type %s", Label, name, t.Type)
+		}
+		cols := int(t.Dims[0])
+		m := &kernels.Mat{DType: dt, Rows: t.Numel() / cols, Cols: cols, Data: t.Data}
+		vals := make([]float32, t.Numel())
+		for r := range m.Rows {
+			m.RowF32(vals[r*cols:(r+1)*cols], r)
+		}
+		out = append(out, weights.Encode(name, kernels.F32, t.Shape(), vals))
+	}
+	return out, nil
 }

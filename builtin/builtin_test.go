@@ -19,12 +19,34 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/engine/sample"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
-// fixtureTol bounds max|ferrite − transformers| / max|transformers|, the
-// tolerance of the other fixtures (bf16 weights, float32 on both sides).
-const fixtureTol = 1e-4
+// The embedded weights are Q8_0, quantized from the bf16 checkpoint that
+// transformers ran in float32 to make builtin/testdata/reference; ferrite on
+// that checkpoint met the other fixtures' 1e-4 (about 1e-6; see git
+// history), and glm5_next's exactness is checked by engine's fixture tests.
+// Against those references the Q8_0 model is held to what 8-bit weights and
+// ferrite's 8-bit activations in the Q8_0 dot products cost this small
+// model (measured, the bound in brackets):
+//   - the mean over positions of ‖ferrite − transformers‖ / ‖transformers‖
+//     (one row: a position's logits or hidden state): 0.046 for the prompt
+//     logits, 0.050 for the final hidden, 0.058 for the MTP logits, 0.11 for
+//     the 4 decode steps (fed transformers' greedy tokens, which are not the
+//     Q8_0 model's own) [0.15];
+//   - the share of positions whose top logit is transformers', over the 77
+//     prompt and 76 MTP positions: 0.97 and 0.89 [0.85];
+//   - the greedy tokens, which may leave transformers' only where its top
+//     two logits are within quantNearTie (they do at the first step, gap
+//     0.079, where Q8_0 answers "Ephemeral (adjective)" and bf16 "Permit").
+//
+// TestAnswers holds the Q8_0 model to transformers' exact tokens.
+const (
+	quantMeanTol = 0.15
+	quantArgmax  = 0.85
+	quantNearTie = 0.5
+)
 
 // nearTie is the top-2 logit gap below which a greedy choice may
 // legitimately differ between two correct float32 implementations.
@@ -42,7 +64,7 @@ func open(t testing.TB) (*engine.Loaded, *tokenizer.Tokenizer) {
 
 func fixture(t testing.TB) *fixtures.Fixture {
 	t.Helper()
-	fx, err := fixtures.Load(Name)
+	fx, err := fixtures.LoadDir(Name, filepath.Join("testdata", "reference"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,29 +135,56 @@ func (e *env) run(s *seq, toks []int32, mode model.Logits, hidden bool) model.Se
 	return out.Seqs[0]
 }
 
-func relErr(got, want []float32) (rel, abs float64) {
-	var maxRef float64
-	for i := range want {
-		maxRef = max(maxRef, math.Abs(float64(want[i])))
-		d := math.Abs(float64(got[i]) - float64(want[i]))
-		if math.IsNaN(d) {
-			d = math.Inf(1)
-		}
-		abs = max(abs, d)
-	}
-	return abs / maxRef, abs
-}
-
-func check(t testing.TB, what string, got, want []float32) {
+// check compares rows of width values (positions) with the references; for
+// logits, the top logits too (where there are enough rows for a share).
+func check(t testing.TB, what string, got, want []float32, width int, logits bool) {
 	t.Helper()
-	if len(got) != len(want) {
+	if len(got) != len(want) || len(want)%width != 0 {
 		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
 	}
-	rel, abs := relErr(got, want)
-	t.Logf("%-16s max abs error %.3g, relative %.3g", what, abs, rel)
-	if rel > fixtureTol {
-		t.Errorf("%s: relative error %.3g > %g", what, rel, fixtureTol)
+	rows := len(want) / width
+	var sum, worst float64
+	same := 0
+	for r := range rows {
+		g, w := got[r*width:(r+1)*width], want[r*width:(r+1)*width]
+		var num, den float64
+		for i := range w {
+			d := float64(g[i]) - float64(w[i])
+			num += d * d
+			den += float64(w[i]) * float64(w[i])
+		}
+		e := math.Sqrt(num / den)
+		if math.IsNaN(e) {
+			e = math.Inf(1)
+		}
+		sum += e
+		worst = max(worst, e)
+		if argmax(g) == argmax(w) {
+			same++
+		}
 	}
+	mean := sum / float64(rows)
+	t.Logf("%-16s relative error per position: mean %.3g, worst %.3g; same top logit at %d of %d", what, mean, worst, same, rows)
+	if mean > quantMeanTol {
+		t.Errorf("%s: mean relative error %.3g > %g", what, mean, quantMeanTol)
+	}
+	if logits && rows >= 16 && float64(same) < quantArgmax*float64(rows) {
+		t.Errorf("%s: the top logit is transformers' at %d of %d positions", what, same, rows)
+	}
+}
+
+// top2Gap is the gap between the two largest values of v.
+func top2Gap(v []float32) float64 {
+	a, b := math.Inf(-1), math.Inf(-1)
+	for _, x := range v {
+		switch x := float64(x); {
+		case x > a:
+			a, b = x, a
+		case x > b:
+			b = x
+		}
+	}
+	return a - b
 }
 
 func argmax(v []float32) int32 {
@@ -180,12 +229,15 @@ func TestOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tn, err := w.Tensor("lm_head.weight")
+	if q := w.Quantization(); q != Quant {
+		t.Errorf("model.gguf's general.file_type is %s, Quant says %s", q, Quant)
+	}
+	m, err := w.CheckpointWeights().Mat("lm_head.weight", info.Vocab, info.Hidden)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if i := bytes.Index(weightBytes, tn.Data[:64]); i < 0 || &weightBytes[i] != &tn.Data[0] {
-		t.Error("lm_head.weight is not a view into the embedded bytes")
+	if i := bytes.Index(weightBytes, m.Data[:64]); i < 0 || &weightBytes[i] != &m.Data[0] || m.DType != kernels.Q8_0 {
+		t.Errorf("lm_head.weight (%v) is not a Q8_0 view into the embedded bytes", m.DType)
 	}
 }
 
@@ -270,14 +322,14 @@ func TestFixture(t *testing.T) {
 
 	s := e.newSeq()
 	out := e.run(s, prompt, model.AllLogits, true)
-	check(t, "prompt logits", out.Logits, floats("prompt_logits"))
-	check(t, "final hidden", out.Hidden, floats("final_hidden"))
+	check(t, "prompt logits", out.Logits, floats("prompt_logits"), info.Vocab, true)
+	check(t, "final hidden", out.Hidden, floats("final_hidden"), H, false)
 	finalHidden := out.Hidden
 	var dec []float32
 	for _, id := range ints("decode_ids") {
 		dec = append(dec, e.run(s, []int32{id}, model.LastLogits, false).Logits...)
 	}
-	check(t, "decode logits", dec, floats("decode_logits"))
+	check(t, "decode logits", dec, floats("decode_logits"), info.Vocab, true)
 	e.free(s)
 
 	greedy := ints("greedy_ids")
@@ -288,9 +340,7 @@ func TestFixture(t *testing.T) {
 		got = append(got, next)
 		next = argmax(e.run(g, []int32{next}, model.LastLogits, false).Logits)
 	}
-	if !slices.Equal(got, greedy) {
-		t.Errorf("greedy tokens\n got %v\nwant %v", got, greedy)
-	}
+	checkGreedy(t, got, greedy, refGaps(floats("prompt_logits"), floats("decode_logits"), ints("decode_ids"), greedy, info.Vocab))
 	e.free(g)
 
 	mtp := m.(model.MTPModel)
@@ -302,8 +352,40 @@ func TestFixture(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	check(t, "MTP logits", mo.Seqs[0].Logits, floats("mtp_logits"))
+	check(t, "MTP logits", mo.Seqs[0].Logits, floats("mtp_logits"), info.Vocab, true)
 	e.free(ms)
+}
+
+// refGaps are transformers' top-2 gaps at the greedy steps its logits
+// cover: the prompt's last position, then the decode steps while decode_ids
+// (the model's own greedy continuation) agree with greedy_ids.
+func refGaps(prompt, decode []float32, decodeIDs, greedy []int32, vocab int) []float64 {
+	gaps := []float64{top2Gap(prompt[len(prompt)-vocab:])}
+	for i, id := range decodeIDs {
+		if i >= len(greedy) || id != greedy[i] {
+			break
+		}
+		gaps = append(gaps, top2Gap(decode[i*vocab:(i+1)*vocab]))
+	}
+	return gaps
+}
+
+// checkGreedy accepts ferrite's greedy tokens if they are transformers' or
+// leave them at a step whose top-2 gap (gaps, where known) is a near-tie
+// for Q8_0 weights.
+func checkGreedy(t *testing.T, got, want []int32, gaps []float64) {
+	t.Helper()
+	i := 0
+	for i < min(len(got), len(want)) && got[i] == want[i] {
+		i++
+	}
+	switch {
+	case i == len(want) && len(got) == len(want):
+	case i < len(gaps) && gaps[i] < quantNearTie:
+		t.Logf("greedy tokens leave transformers' at step %d, a near-tie for Q8_0 weights (gap %.3g)\n got %v\nwant %v", i, gaps[i], got, want)
+	default:
+		t.Errorf("greedy tokens leave transformers' at step %d\n got %v\nwant %v", i, got, want)
+	}
 }
 
 type answer struct {
@@ -428,5 +510,27 @@ func TestExport(t *testing.T) {
 	}
 	if l.Model.Info().Vocab != tok.VocabSize() {
 		t.Errorf("exported model vocab %d, tokenizer %d", l.Model.Info().Vocab, tok.VocabSize())
+	}
+	// the exported F32 values are the embedded Q8_0 ones, exactly
+	w, err := Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := l.Model.Info()
+	q, err := w.CheckpointWeights().Mat("lm_head.weight", info.Vocab, info.Hidden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := l.Weights.Mat("lm_head.weight", info.Vocab, info.Hidden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, got := make([]float32, info.Hidden), make([]float32, info.Hidden)
+	for _, r := range []int{0, info.Vocab / 2, info.Vocab - 1} {
+		q.RowF32(want, r)
+		f.RowF32(got, r)
+		if f.DType != kernels.F32 || !slices.Equal(got, want) {
+			t.Fatalf("exported lm_head.weight row %d (%v) is not the dequantized Q8_0 row", r, f.DType)
+		}
 	}
 }

@@ -10,8 +10,9 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels/device"
 )
 
-// matMulOnly is a backend with MatMul and Parallel but not the op set, as
-// the CUDA backend is so far.
+// matMulOnly is a backend with MatMul and Parallel but not the op set: a
+// GPU backend that has not ported the op set (the CUDA backend has; see
+// TestCUDABackendHasOpSet in kernels/device).
 type matMulOnly struct{ kernels.Backend }
 
 func (matMulOnly) Name() string { return "fake-gpu" }

@@ -62,8 +62,10 @@ var openDevice = device.Open
 
 // Load opens dir's config.json and weights, starts a backend and builds the
 // model. dir may also be a GGUF file, or a directory holding one GGUF model
-// and no config.json (see gguf.Find). Every failure is returned as an error
-// naming the file, key or tensor at fault.
+// and no config.json (see gguf.Find); a directory with a config.json and,
+// instead of safetensors, one GGUF file that keeps the checkpoint's tensor
+// names (builtin/model: config.json and model.gguf) loads that file. Every
+// failure is returned as an error naming the file, key or tensor at fault.
 func Load(dir string, opts Options) (*Loaded, error) {
 	if err := checkQuant(dir, opts); err != nil {
 		return nil, err
@@ -76,6 +78,12 @@ func Load(dir string, opts Options) (*Loaded, error) {
 	cfg, err := config.Load(dir)
 	if err != nil {
 		return nil, err
+	}
+	if g, err := checkpointGGUF(dir, opts); err != nil || g != nil {
+		if err != nil {
+			return nil, err
+		}
+		return LoadGGUFCheckpoint(dir, cfg, g, opts)
 	}
 	l := &Loaded{Dir: dir, Config: cfg, Backend: opts.Backend}
 	var src model.WeightSource

@@ -21,6 +21,31 @@ func findGGUF(path string) (string, bool, error) {
 	return gguf.Find(path)
 }
 
+// checkpointGGUF opens the GGUF file of a checkpoint directory without
+// safetensors whose one GGUF model keeps the checkpoint's tensor names
+// (gguf.Model.KeepsCheckpointNames); nil when dir is not one.
+func checkpointGGUF(dir string, opts Options) (*gguf.Model, error) {
+	if opts.RandomWeights {
+		return nil, nil
+	}
+	if st, _ := filepath.Glob(filepath.Join(dir, "*.safetensors")); len(st) > 0 {
+		return nil, nil
+	}
+	files := gguf.ModelFiles(dir)
+	if len(files) != 1 {
+		return nil, nil
+	}
+	g, err := gguf.Open(files[0])
+	if err != nil {
+		return nil, err
+	}
+	if !g.KeepsCheckpointNames() {
+		g.Close()
+		return nil, nil
+	}
+	return g, nil
+}
+
 // loadGGUF builds the model of a GGUF file: its config from the metadata,
 // its weights viewed in place in the mapped file (opts.Quant quantizes the
 // matrices not quantized already).

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferrite-llm/ferrite/engine/gguf"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
@@ -280,5 +281,80 @@ func TestGGUFQ8_0(t *testing.T) {
 				t.Errorf("relative error %.3g > %g, greedy %v want %v", rel, tol, got.greedy, want.greedy)
 			}
 		})
+	}
+}
+
+// TestLoadCheckpointGGUF loads a directory holding config.json and, instead
+// of safetensors, a GGUF file with the checkpoint's tensor names (as
+// builtin/model holds the built-in model): the same logits as the
+// safetensors checkpoint. Without gguf.TensorNamesKey the file is not
+// taken for the checkpoint's weights.
+func TestLoadCheckpointGGUF(t *testing.T) {
+	fx := fixtures.Dir("qwen3")
+	set, err := weights.Open(fx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	w := &ggufwrite.Writer{}
+	for _, name := range set.Names() {
+		x, err := set.Tensor(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x.DType != kernels.F32 {
+			t.Fatalf("%s: %v, want the fixture's F32", name, x.DType)
+		}
+		dims := make([]uint64, len(x.Shape))
+		for i, d := range x.Shape {
+			dims[len(dims)-1-i] = uint64(d)
+		}
+		w.Tensors = append(w.Tensors, ggufwrite.Tensor{Name: name, Type: ggufwrite.F32, Dims: dims, Data: x.Data})
+	}
+	write := func(marked bool) string {
+		dir := t.TempDir()
+		cfg, err := os.ReadFile(filepath.Join(fx, "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		w.KV = nil
+		if marked {
+			w.Add(gguf.TensorNamesKey, gguf.TensorNamesCheckpoint)
+		}
+		if err := w.WriteFile(filepath.Join(dir, "model.gguf")); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	fxt, err := fixtures.Load("qwen3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt, _, err := fxt.Ints("prompt_ids")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Load(write(true), Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ref, err := Load(fx, Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	if l.GGUF == nil || l.Weights != nil {
+		t.Error("the model was not built from the GGUF file")
+	}
+	got, want := runPrompt(t, l, prompt, 4), runPrompt(t, ref, prompt, 4)
+	if !slices.Equal(got.logits, want.logits) || !slices.Equal(got.greedy, want.greedy) {
+		t.Error("the checkpoint GGUF's logits differ from the safetensors checkpoint's")
+	}
+	if _, err := Load(write(false), Options{Threads: 1}); err == nil || !strings.Contains(err.Error(), "safetensors") {
+		t.Errorf("a GGUF file with llama.cpp's names beside config.json: %v, want the missing safetensors", err)
 	}
 }

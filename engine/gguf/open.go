@@ -20,12 +20,13 @@ import (
 // after which neither may be used (what the accessors return, such as
 // Meta.String or Value.Strings, are copies and stay valid).
 type Model struct {
-	Path    string   // the file given to Open (the first part of a split model)
-	Parts   []string // every file, in order
+	Path    string   // the file given to Open (the first part of a split model), or FromBytes's name
+	Parts   []string // every file, in order (none for FromBytes)
 	Meta    Metadata // the first part's metadata
 	tensors map[string]*TensorInfo
 	names   []string // in file order
 	unmaps  []func() error
+	size    int64 // FromBytes: the data's length (Open's files are measured by Size)
 	closed  atomic.Bool
 }
 
@@ -83,12 +84,8 @@ func Open(path string) (_ *Model, err error) {
 		if i == 0 {
 			m.Meta = f.Meta
 		}
-		for _, t := range f.Tensors {
-			if _, dup := m.tensors[t.Name]; dup {
-				return nil, fmt.Errorf("%s: tensor %q is also in an earlier part: %w", p, t.Name, ErrDuplicate)
-			}
-			m.tensors[t.Name] = t
-			m.names = append(m.names, t.Name)
+		if err := m.add(f); err != nil {
+			return nil, err
 		}
 	}
 	if n, ok, err := m.Meta.uintKey(m.Path, "split.tensors.count"); err != nil {
@@ -97,6 +94,38 @@ func Open(path string) (_ *Model, err error) {
 		return nil, fmt.Errorf("%s: split.tensors.count is %d, but the %d parts hold %d tensors: %w", m.Path, n, len(paths), len(m.names), ErrCount)
 	}
 	return m, nil
+}
+
+// FromBytes parses a whole GGUF file held in memory, such as the model
+// built into the binary (package builtin, embedded with go:embed); name
+// labels it in errors. The Model views data in place, which must stay
+// unchanged while it is used; Close releases nothing. A part of a split
+// model is refused.
+func FromBytes(name string, data []byte) (*Model, error) {
+	f, err := Parse(name, data)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSplit(f, 0, 1); err != nil {
+		return nil, err
+	}
+	m := &Model{Path: name, Meta: f.Meta, tensors: map[string]*TensorInfo{}, size: int64(len(data))}
+	if err := m.add(f); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// add registers the tensors of one part.
+func (m *Model) add(f *File) error {
+	for _, t := range f.Tensors {
+		if _, dup := m.tensors[t.Name]; dup {
+			return fmt.Errorf("%s: tensor %q is also in an earlier part: %w", f.Name, t.Name, ErrDuplicate)
+		}
+		m.tensors[t.Name] = t
+		m.names = append(m.names, t.Name)
+	}
+	return nil
 }
 
 // checkSplit checks part i (0-based) of n against its split.* metadata.
@@ -142,9 +171,9 @@ func (m *Model) Tensor(name string) (*TensorInfo, bool) {
 // TensorNames returns the tensor names in file order.
 func (m *Model) TensorNames() []string { return append([]string(nil), m.names...) }
 
-// Size is the total size of the files in bytes.
+// Size is the total size of the files in bytes (of the data, for FromBytes).
 func (m *Model) Size() int64 {
-	var n int64
+	n := m.size
 	for _, p := range m.Parts {
 		if fi, err := os.Stat(p); err == nil {
 			n += fi.Size()

@@ -1,6 +1,7 @@
 package gguf
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"os"
@@ -391,5 +392,45 @@ func exerciseModel(m *Model) {
 		for _, shape := range [][]int{{64}, {4}, {128, 1, 4}, {2, 3}} {
 			w.Float32(name, shape...)
 		}
+	}
+}
+
+// TestFromBytes parses a file held in memory: tensors view the bytes in
+// place, CheckpointWeights serves them under their stored names, and a part
+// of a split model or a truncated file is refused.
+func TestFromBytes(t *testing.T) {
+	w := sample()
+	w.Add(TensorNamesKey, TensorNamesCheckpoint)
+	data := w.Bytes()
+	m, err := FromBytes("mem.gguf", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.KeepsCheckpointNames() || m.Size() != int64(len(data)) || len(m.Parts) != 0 {
+		t.Errorf("checkpoint names %v, size %d, parts %v", m.KeepsCheckpointNames(), m.Size(), m.Parts)
+	}
+	cw := m.CheckpointWeights()
+	a, err := cw.Mat("a", 2, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := bytes.Index(data, a.Data); i < 0 || &data[i] != &a.Data[0] {
+		t.Error("tensor a is not a view of the bytes")
+	}
+	if v, err := cw.Float32("a", 2, 3); err != nil || v[5] != 6 {
+		t.Errorf("Float32(a) = %v, %v", v, err)
+	}
+	if cw.Has("blk.0.attn_q.weight") || !cw.Has("b") {
+		t.Error("CheckpointWeights maps names")
+	}
+	if _, err := cw.Expert("a", 0, 2, 3); err == nil {
+		t.Error("Expert of a 2-D tensor")
+	}
+	w.Set("split.count", uint16(2))
+	if _, err := FromBytes("part.gguf", w.Bytes()); err == nil {
+		t.Error("a split part is accepted")
+	}
+	if _, err := FromBytes("short.gguf", data[:len(data)-40]); err == nil { // into tensor b
+		t.Errorf("truncated: %v", err)
 	}
 }

@@ -30,6 +30,10 @@ type Weights struct {
 	normOffset     bool
 	nk, dk, nv, dv int
 
+	// asStored: tensors are served under the names they are stored with
+	// (CheckpointWeights).
+	asStored bool
+
 	mu     sync.Mutex
 	copies map[string][]byte        // un-permuted and rebuilt matrices, by GGUF name
 	joined map[string]kernels.DType // the dtype of each rebuilt matrix
@@ -62,6 +66,32 @@ func (m *Model) Weights() (*Weights, error) {
 		}
 	}
 	return w, nil
+}
+
+// TensorNamesKey is the metadata key that marks a file keeping the
+// checkpoint's tensor names: its value is TensorNamesCheckpoint. ferrite
+// writes it (tools/packtiny); llama.cpp's files have llama.cpp's names.
+const (
+	TensorNamesKey        = "ferrite.tensor_names"
+	TensorNamesCheckpoint = "checkpoint"
+)
+
+// KeepsCheckpointNames reports whether the file says it keeps the
+// checkpoint's tensor names (TensorNamesKey), to be served by
+// CheckpointWeights with the checkpoint's config.json.
+func (m *Model) KeepsCheckpointNames() bool {
+	return m.Meta.String(TensorNamesKey) == TensorNamesCheckpoint
+}
+
+// CheckpointWeights serves the tensors under the names they are stored
+// with, for a file that keeps the checkpoint's (Hugging Face) tensor names
+// rather than llama.cpp's, such as the built-in model's (tools/packtiny
+// writes it): Mat views a 2-D tensor (out, in) in place, Expert slices a
+// 3-D one (experts, out, in), and Float32 converts any other. The config
+// comes from elsewhere (the checkpoint's config.json): Config does not apply
+// to such a file.
+func (m *Model) CheckpointWeights() *Weights {
+	return &Weights{m: m, asStored: true, copies: map[string][]byte{}, joined: map[string]kernels.DType{}}
 }
 
 // ref is where a Hugging Face tensor lives in the GGUF file.
@@ -185,6 +215,10 @@ var mtpLayerName = regexp.MustCompile(`^mtp\.layers\.(\d+)\.(.+)$`)
 
 // resolve finds the GGUF tensor behind a Hugging Face name.
 func (w *Weights) resolve(hf string) (ref, bool) {
+	if w.asStored {
+		t, ok := w.m.tensors[hf]
+		return ref{name: hf, expert: -1, fused: ok && len(t.Dims) == 3}, ok
+	}
 	if g, ok := mtpNames[hf]; ok {
 		hf = fmt.Sprintf("model.layers.%d.%s", w.mainLayer, g)
 	} else if m := mtpLayerName.FindStringSubmatch(hf); m != nil {

@@ -10,7 +10,7 @@ import (
 // Set without copying: the tensors' Data are views into data, which must stay
 // unchanged while the Set is used (for example bytes embedded in the binary
 // with go:embed). name labels the Set in errors (a file name, or something
-// like "builtin:ferrite-tiny"). The header is validated as Open validates
+// like "mem:model.safetensors"). The header is validated as Open validates
 // files. Close is a no-op for such a Set apart from marking it closed.
 func FromBytes(name string, data []byte) (*Set, error) {
 	if name == "" {

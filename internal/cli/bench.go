@@ -19,6 +19,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/builtin"
 	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/bench"
 	"github.com/ferrite-llm/ferrite/engine/config"
@@ -139,7 +140,7 @@ func onOff(b bool) string {
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
 	f.concurrency, f.promptLens, f.genLens, f.mtp = []int{1, 8, 32}, []int{128}, []int{64}, []bool{false}
-	fs.StringVar(&f.model, "model", "", "checkpoint directory, GGUF file, or a directory or file with only config.json (random weights at full size)")
+	fs.StringVar(&f.model, "model", "", "checkpoint directory, GGUF file, ferrite-tiny (the built-in model), or a directory or file with only config.json (random weights at full size)")
 	fs.Var(intList{&f.concurrency}, "concurrency", "requests in flight at once, comma-separated")
 	fs.Var(intList{&f.promptLens}, "prompt-len", "prompt tokens per request, comma-separated")
 	fs.Var(intList{&f.genLens}, "gen-len", "generated tokens per request (EOS ignored), comma-separated, each ≥ 2")
@@ -168,7 +169,7 @@ func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	var f benchFlags
 	f.register(fs)
 	help := func(w io.Writer) {
-		fmt.Fprint(w, "usage: ferrite bench --model DIR|FILE [flags]\n")
+		fmt.Fprint(w, "usage: ferrite bench --model DIR|FILE|ferrite-tiny [flags]\n")
 		fs.SetOutput(w)
 		fs.PrintDefaults()
 	}
@@ -237,20 +238,41 @@ func loadBenchGGUF(file, quant string, be *device.Backend, start time.Time) (_ *
 	if err != nil {
 		return nil, err
 	}
-	bm := &benchModel{backend: be, gguf: g, dtype: g.Quantization()}
 	defer func() {
 		if err != nil {
 			g.Close()
 		}
 	}()
-	if bm.cfg, err = g.Config(); err != nil {
+	cfg, err := g.Config()
+	if err != nil {
 		return nil, err
 	}
 	gw, err := g.Weights()
 	if err != nil {
 		return nil, err
 	}
-	src, err := engine.Quantized(gw, quant, be)
+	return buildBenchGGUF(cfg, g, gw, quant, be, start)
+}
+
+// loadBenchBuiltin builds the bench model of the model built into the
+// binary (--model ferrite-tiny or builtin).
+func loadBenchBuiltin(quant string, be *device.Backend, start time.Time) (*benchModel, error) {
+	cfg, err := builtin.Config()
+	if err != nil {
+		return nil, err
+	}
+	g, err := builtin.Weights()
+	if err != nil {
+		return nil, err
+	}
+	return buildBenchGGUF(cfg, g, g.CheckpointWeights(), quant, be, start)
+}
+
+// buildBenchGGUF builds the bench model of GGUF file g, whose weights src
+// serves, quantized further as --quant says.
+func buildBenchGGUF(cfg *config.Config, g *gguf.Model, src model.WeightSource, quant string, be *device.Backend, start time.Time) (*benchModel, error) {
+	bm := &benchModel{cfg: cfg, backend: be, gguf: g, dtype: g.Quantization()}
+	src, err := engine.Quantized(src, quant, be)
 	if err != nil {
 		return nil, fmt.Errorf("--quant: %w", err)
 	}
@@ -297,10 +319,17 @@ func (b *benchModel) Close() {
 	}
 }
 
-// loadBenchModel opens the checkpoint or GGUF file at path, or builds
-// random weights of the config's shape when path has only a config.json.
+// loadBenchModel opens the checkpoint or GGUF file at path, or the model
+// built into the binary when path names it, or builds random weights of the
+// config's shape when path has only a config.json.
 func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *device.Backend) (*benchModel, error) {
 	start := time.Now()
+	if builtin.IsName(path) {
+		if dtypeFlag != "" {
+			return nil, fmt.Errorf("--dtype applies to random weights; %s is the built-in model", path)
+		}
+		return loadBenchBuiltin(quant, be, start)
+	}
 	if file, ok, err := gguf.Find(path); err != nil {
 		return nil, err
 	} else if ok && !hasCheckpoint(path) {

@@ -28,7 +28,7 @@ var builtinModels = []catalog.Entry{builtinEntry()}
 
 // builtinEntry is ferrite-tiny, the model embedded in the binary.
 func builtinEntry() catalog.Entry {
-	return catalog.Entry{Name: builtin.Name, Arch: "glm5_next", Size: int64(len(builtin.WeightBytes())),
+	return catalog.Entry{Name: builtin.Name, Arch: "glm5_next", Quant: builtin.Quant, Size: int64(len(builtin.WeightBytes())),
 		Source: catalog.SourceBuiltin, Open: builtin.Open}
 }
 
@@ -36,7 +36,7 @@ const chatUsage = `usage:
   ferrite [flags]                 open the chat (on a pipe: like run, with the prompt on stdin)
   ferrite run [flags] [TEXT]      generate once, streaming to stdout, timing to stderr
   ferrite tokenize [flags] [TEXT] print the token ids of TEXT (or stdin)
-  ferrite bench --model DIR|FILE [flags]  measure throughput: concurrency × prompt × gen sweep, roofline
+  ferrite bench --model DIR|FILE|ferrite-tiny [flags]  measure throughput: concurrency × prompt × gen sweep, roofline
   ferrite pull ORG/NAME[@REV][:QUANT]  download a Hugging Face model into the HF cache (resumable, verified)
   ferrite serve [flags]           OpenAI-compatible HTTP API on 127.0.0.1:8080 (ferrite serve --help)
   ferrite help                    this help

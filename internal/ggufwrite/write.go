@@ -1,8 +1,10 @@
-// Package ggufwrite writes GGUF files for tests: a plain encoder of the
-// format (Writer), and a small converter from the transformers fixtures
-// (Convert) that names, stacks and permutes tensors the way llama.cpp's
-// convert_hf_to_gguf.py does. It is independent of package engine/gguf, so
-// that the reader is checked against a second implementation.
+// Package ggufwrite writes GGUF files: a plain encoder of the format
+// (Writer), which tools/packtiny uses to write the built-in model's
+// weights (builtin/model/model.gguf), and, for tests, a small converter
+// from the transformers fixtures (Convert) that names, stacks and permutes
+// tensors the way llama.cpp's convert_hf_to_gguf.py does. It is independent
+// of package engine/gguf, so that the reader is checked against a second
+// implementation (its own tests read back what it writes with that reader).
 package ggufwrite
 
 import (
@@ -13,11 +15,15 @@ import (
 	"os"
 )
 
-// GGML tensor types the tests write.
+// GGML tensor types (ggml.h's ggml_type) written here.
 const (
 	F32  = 0
 	F16  = 1
+	Q4_0 = 2
 	Q8_0 = 8
+	Q4K  = 12
+	Q5K  = 13
+	Q6K  = 14
 	BF16 = 30
 )
 

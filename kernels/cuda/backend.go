@@ -11,29 +11,37 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
 
-// Backend implements kernels.Backend on a GPU: MatMul runs the GEMV
-// kernels with each weight uploaded once (cached per *kernels.Mat for the
-// Backend's life; a Transient Mat is copied on every call instead) and the
-// activations copied in and out on every call;
-// Parallel runs on a CPU worker pool. It makes everything written against
-// kernels.Backend run on the GPU, slowly, until the engine keeps its
-// activations on the device.
+// Backend is ferrite's GPU backend. It implements kernels.Device, the op
+// set (opset.go, memory.go): tensors live in device memory, each weight is
+// uploaded once (cached per *kernels.Mat for the Backend's life), and a step
+// queues its kernels without waiting until EndStep. It also implements the
+// host-slice kernels.Backend for the architectures not on the op set yet:
+// MatMul runs the GEMV kernels with the activations copied in and out on
+// every call (a Transient Mat is copied on every call too), and Parallel
+// runs on a CPU worker pool.
 //
-// MatMul cannot return an error: when the device fails, y is filled with
-// NaN and Err reports the failure (a sticky error stays).
+// Ops cannot return errors: when the device fails, the failure is kept
+// for Err (a sticky error stays), later ops do nothing, reads return NaN.
 type Backend struct {
 	dev *Device
 	cpu *cpu.Backend
 
-	mu      sync.Mutex // guards weights, err
+	mu      sync.Mutex // guards weights, experts, err
 	weights map[*kernels.Mat]*Weight
+	experts map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
 	err     error
+
+	arena    arena // the op set's per-step scratch
+	qmu      sync.Mutex
+	pending  []func(*Device) error // op launches not yet handed to the device thread (queue)
+	inStep   bool                  // between BeginStep and EndStep: the step's launches wait for EndStep
+	graphs   stepGraphs            // the step graph (graph.go), owned by the device thread
+	gemmOnce sync.Once
+	gemmErr  error // why cuBLASLt is not used, once tried
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
 }
-
-var _ kernels.Backend = (*Backend)(nil)
 
 // OpenBackend opens GPU ordinal and returns a Backend that owns it, with
 // threads CPU workers for Parallel (≤ 0: one per CPU).
@@ -43,6 +51,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
+	b.graphs.enabled = graphsEnabled()
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}
@@ -87,8 +96,9 @@ func (b *Backend) WeightBytes() int64 {
 // Close frees the cached weights and the device, and stops the CPU pool.
 func (b *Backend) Close() error {
 	b.mu.Lock()
-	b.weights = nil
+	b.weights, b.experts = nil, nil
 	b.mu.Unlock()
+	b.dev.do(func() error { b.dropGraphL(); return nil })
 	b.cpu.Close()
 	return b.dev.Close() // frees every Buffer still allocated
 }
@@ -101,6 +111,7 @@ func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 		return
 	}
 	y = y[:n*w.Rows]
+	b.exec(nil) // launches queued by the op set go first
 	if w.Cols == 0 {
 		clear(y)
 		return
@@ -206,7 +217,7 @@ func (b *Backend) matmulL(y, x []float32, w *Weight, n int) error {
 		if err := d.uploadL(b.xbuf.ptr, f32Bytes(x[i*w.Cols:(i+m)*w.Cols])); err != nil {
 			return err
 		}
-		if err := d.linearL(b.ybuf.ptr, b.xbuf.ptr, w, m); err != nil {
+		if err := d.linearL(b.ybuf.ptr, b.xbuf.ptr, w, m, 0, false); err != nil {
 			return err
 		}
 		if err := d.downloadL(f32Bytes(y[i*w.Rows:(i+m)*w.Rows]), b.ybuf.ptr); err != nil {

@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -96,7 +97,7 @@ func BenchmarkGEMV(b *testing.B) {
 	for _, s := range qwen3_8B {
 		for _, split := range []bool{true, false} {
 			name := fmt.Sprintf("%s_%dx%d/split", s.name, s.rows, s.cols)
-			gemv := func(y, x uint64, w *Weight) error { return d.linearL(y, x, w, 1) }
+			gemv := func(y, x uint64, w *Weight) error { return d.linearL(y, x, w, 1, 0, false) }
 			if !split {
 				name = fmt.Sprintf("%s_%dx%d/warp", s.name, s.rows, s.cols)
 				gemv = func(y, x uint64, w *Weight) error {
@@ -144,7 +145,7 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 	b.ResetTimer()
 	el := timeLaunches(b, d, b.N, func(int) error {
 		for _, w := range step {
-			if err := d.linearL(y.ptr, x.ptr, w, 1); err != nil {
+			if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
 				return err
 			}
 		}
@@ -177,7 +178,7 @@ func BenchmarkGemmBF16(b *testing.B) {
 				}
 				defer xb.Free()
 				y := benchF32(b, d, tokens*s.rows)
-				gemm := func(i int) error { return d.gemmL(y.ptr, xb.ptr, ws[i%2], tokens) }
+				gemm := func(i int) error { return d.gemmL(y.ptr, xb.ptr, ws[i%2], tokens, false) }
 				b.ResetTimer()
 				el := timeLaunches(b, d, b.N, gemm)
 				flops := 2 * float64(tokens) * float64(s.rows) * float64(s.cols) * float64(b.N)
@@ -185,5 +186,186 @@ func BenchmarkGemmBF16(b *testing.B) {
 				b.ReportMetric(el.Seconds()*1e6/float64(b.N), "us/call")
 			})
 		}
+	}
+}
+
+// BenchmarkOpsDecodeStep8B times one batch-1 Qwen3-8B decode step through
+// the op set, as engine/gqa issues it (36 layers of norm, q/k/v, QK-norm,
+// RoPE, KV store, paged attention, o, norm, gate, up, SwiGLU, down, then
+// the LM head: 7 Linear and 10 other ops a layer, queued by the Backend and
+// waited for at EndStep), on seeded random bf16 weights made on the device
+// and a bf16 KV cache of ctx positions. "linear" runs only the Linear ops,
+// "other" only the rest, so the wall times split the step; the steps replay
+// a CUDA graph (graphs/step 1) except in the "eager" variants. ms/step is
+// host wall time from BeginStep to the end of EndStep.
+func BenchmarkOpsDecodeStep8B(b *testing.B) {
+	needGPU(b)
+	be, err := OpenBackend(0, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	const hidden, heads, kvHeads, hd, inter, vocab, layers = 4096, 32, 8, 128, 12288, 151936, 36
+	seed := uint64(1)
+	mat := func(rows, cols int) *kernels.Mat {
+		m := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols}
+		buf, err := be.dev.Alloc(int64(rows) * int64(cols) * 2)
+		if err == nil {
+			seed++
+			err = be.dev.FillBF16(buf, int64(rows)*int64(cols), seed, 1/float32(math.Sqrt(float64(cols))))
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		be.weights[m] = &Weight{Buf: buf, DType: kernels.BF16, Rows: rows, Cols: cols}
+		return m
+	}
+	vec := func(n int, v float32) kernels.Tensor {
+		t, err := be.Alloc(kernels.F32, 1, n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := make([]float32, n)
+		for i := range s {
+			s[i] = v * (1 + float32(i%7)*0.01)
+		}
+		be.WriteF32(t, s)
+		return t
+	}
+	ints := func(v ...int32) kernels.Tensor {
+		t, err := be.Alloc(kernels.I32, len(v), 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		be.WriteI32(t, v)
+		return t
+	}
+	type layer struct{ q, k, v, o, gate, up, down *kernels.Mat }
+	ls := make([]layer, layers)
+	for i := range ls {
+		ls[i] = layer{mat(heads*hd, hidden), mat(kvHeads*hd, hidden), mat(kvHeads*hd, hidden), mat(hidden, heads*hd),
+			mat(inter, hidden), mat(inter, hidden), mat(hidden, inter)}
+	}
+	head := mat(vocab, hidden)
+	norm, qkNorm := vec(hidden, 1), vec(hd, 1)
+	inv := make([]float32, hd/2)
+	for i := range inv {
+		inv[i] = float32(math.Pow(1e6, -float64(2*i)/hd))
+	}
+	rope := &kernels.Rotary{InvFreq: vec(hd/2, 1), Dim: hd, Scale: 1}
+	be.WriteF32(rope.InvFreq, inv)
+	shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
+
+	for _, c := range []struct {
+		name             string
+		ctx              int
+		lin, rest, eager bool
+	}{
+		{"all/ctx=512", 512, true, true, false}, {"all/ctx=512/eager", 512, true, true, true},
+		{"linear", 512, true, false, false}, {"linear/eager", 512, true, false, true},
+		{"other/ctx=512", 512, false, true, false}, {"other/ctx=512/eager", 512, false, true, true},
+		{"all/ctx=4096", 4096, true, true, false},
+	} {
+		const bs = 16
+		nb := c.ctx / bs
+		table := make([]int32, nb)
+		for i := range table {
+			table[i] = int32(i)
+		}
+		var kc, vc []kernels.Tensor
+		for range layers {
+			for _, l := range []*[]kernels.Tensor{&kc, &vc} {
+				t, err := be.Alloc(kernels.BF16, c.ctx, kvHeads*hd)
+				if err == nil {
+					seed++
+					tb, _ := t.Buffer()
+					err = be.dev.FillBF16(tb.(*tensorBuf).buf, int64(t.Elems()), seed, 1)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				*l = append(*l, t)
+			}
+		}
+		p := &kernels.Paged{Pos: ints(int32(c.ctx - 1)), Seq: ints(0), Slot: ints(int32(c.ctx - 1)), BlockSize: bs}
+		bt, err := be.Alloc(kernels.I32, 1, nb)
+		if err != nil {
+			b.Fatal(err)
+		}
+		be.WriteI32(bt, table)
+		p.Blocks = bt
+		x0 := make([]float32, hidden)
+		for i := range x0 {
+			x0[i] = float32(i%13)*0.1 - 0.6
+		}
+		step := func() {
+			be.BeginStep()
+			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
+			q, k, v := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd)
+			o, g, u := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, inter), be.Scratch(kernels.F32, 1, inter)
+			logits := be.Scratch(kernels.F32, 1, vocab)
+			be.exec(func(d *Device) error { return d.uploadL(dptr(x), f32Bytes(x0)) })
+			for i, l := range ls {
+				if c.rest && i == 0 {
+					be.RMSNorm(h, x, norm, 1e-6, false)
+				}
+				if c.lin {
+					be.Linear(q, h, l.q, kernels.Epilogue{})
+					be.Linear(k, h, l.k, kernels.Epilogue{})
+					be.Linear(v, h, l.v, kernels.Epilogue{})
+				}
+				if c.rest {
+					qh, kh := q.Reshape(heads, hd), k.Reshape(kvHeads, hd)
+					be.RMSNorm(qh, qh, qkNorm, 1e-6, false)
+					be.RMSNorm(kh, kh, qkNorm, 1e-6, false)
+					be.RoPE(q, heads, hd, p.Pos, rope)
+					be.RoPE(k, kvHeads, hd, p.Pos, rope)
+					be.StoreKV(kc[i], vc[i], k, v, p)
+					be.Attention(o, q, kc[i], vc[i], p, shape)
+				}
+				if c.lin {
+					be.Linear(y, o, l.o, kernels.Epilogue{})
+				}
+				if c.rest {
+					be.AddRMSNorm(h, x, y, norm, 1e-6, false)
+				}
+				if c.lin {
+					be.Linear(g, h, l.gate, kernels.Epilogue{})
+					be.Linear(u, h, l.up, kernels.Epilogue{})
+				}
+				if c.rest {
+					be.SwiGLU(g, g, u)
+				}
+				if c.lin {
+					be.Linear(y, g, l.down, kernels.Epilogue{})
+				}
+				if c.rest {
+					be.AddRMSNorm(h, x, y, norm, 1e-6, false)
+				}
+			}
+			if c.lin {
+				be.Linear(logits, h, head, kernels.Epilogue{})
+			}
+			be.EndStep()
+		}
+		be.dev.do(func() error { be.graphs.enabled = !c.eager; return nil })
+		b.Run(c.name, func(b *testing.B) {
+			step() // warm up; with graphs the second step is captured
+			step()
+			_, replays0, _ := be.GraphStats()
+			b.ResetTimer()
+			start := time.Now()
+			for range b.N {
+				step()
+			}
+			sec := time.Since(start).Seconds() / float64(b.N)
+			if err := be.Err(); err != nil {
+				b.Fatal(err)
+			}
+			_, replays, _ := be.GraphStats()
+			b.ReportMetric(sec*1e3, "ms/step")
+			b.ReportMetric(1/sec, "tok/s")
+			b.ReportMetric(float64(replays-replays0)/float64(b.N), "graphs/step")
+		})
 	}
 }

@@ -195,11 +195,16 @@ func (d *Device) GemmBF16(y, x *Buffer, w *Weight, n int) error {
 	if err := y.span(0, int64(n)*int64(w.Rows)*4); err != nil {
 		return fmt.Errorf("GemmBF16 y: %w", err)
 	}
-	return d.do(func() error { return d.gemmL(y.ptr, x.ptr, w, n) })
+	return d.do(func() error { return d.gemmL(y.ptr, x.ptr, w, n, false) })
 }
 
-// gemmL runs on the device thread: GemmBF16 for device addresses y and x.
-func (d *Device) gemmL(y, x uint64, w *Weight, n int) error {
+// gemmL runs on the device thread: GemmBF16 for device addresses y and x;
+// with acc it adds to y (β = 1) instead.
+func (d *Device) gemmL(y, x uint64, w *Weight, n int, acc bool) error {
+	if d.trace != nil {
+		*d.trace = append(*d.trace, traceGemm, y, x, w.Buf.ptr, uint64(n), uint64(w.Rows), uint64(w.Cols), uint64(b32(acc)))
+		return nil
+	}
 	b, err := d.blasLtL()
 	if err != nil {
 		return err
@@ -209,6 +214,9 @@ func (d *Device) gemmL(y, x uint64, w *Weight, n int) error {
 		return err
 	}
 	alpha, beta := float32(1), float32(0)
+	if acc {
+		beta = 1
+	}
 	return checkLt("cublasLtMatmul", call(lt.matmul, b.handle, p.desc,
 		uintptr(unsafe.Pointer(&alpha)), uintptr(w.Buf.ptr), p.a, uintptr(x), p.b,
 		uintptr(unsafe.Pointer(&beta)), uintptr(y), p.c, uintptr(y), p.c,

@@ -320,7 +320,7 @@ func stickyChildMain(t *testing.T) {
 		t.Fatal(err)
 	}
 	x := upload(t, d, make([]float32, 64))
-	err = d.do(func() error { return d.linearL(8, x.ptr, w, 1) }) // y at address 8
+	err = d.do(func() error { return d.linearL(8, x.ptr, w, 1, 0, false) }) // y at address 8
 	if err == nil {
 		err = d.Sync()
 	}

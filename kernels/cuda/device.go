@@ -47,14 +47,19 @@ type Device struct {
 	dead     error // the sticky error that killed the context, if any
 	lt       *blasLt
 	ltErr    error // why cuBLASLt is unavailable, once tried
+
+	// trace, when set, makes launchL, launch3L and gemmL append what they
+	// would launch (kernel, grid, block, arguments) to it instead of
+	// launching: a step's launch trace, which graph.go compares.
+	trace *[]uint64
 }
 
 // launchBlock is cuLaunchKernel's parameter array: ptrs[i] points at vals[i],
 // each argument stored in the low bytes of its 8-byte slot. It is allocated
 // once per Device and pinned for its lifetime.
 type launchBlock struct {
-	vals [16]uint64
-	ptrs [16]uintptr
+	vals [24]uint64
+	ptrs [24]uintptr
 }
 
 // Open starts the device thread for GPU ordinal, makes its primary context

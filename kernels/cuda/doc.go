@@ -14,6 +14,10 @@
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and
 // loaded with cuModuleLoadData; fatbin.sha256 pins the sources it was built
-// from. Backend implements kernels.Backend on a Device: weights are uploaded
-// once per *kernels.Mat, activations are copied for every MatMul.
+// from; tools/cuda/check_cuda.sh type-checks them with clang where there is
+// no nvcc. Backend implements the op set (kernels.Device) on a Device:
+// tensors in device memory, a per-step scratch arena, launches queued and
+// handed to the device thread in batches, each weight uploaded once per
+// *kernels.Mat. It also implements the host-slice kernels.Backend, copying
+// activations for every MatMul, for the architectures not on the op set.
 package cuda

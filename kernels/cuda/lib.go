@@ -105,6 +105,8 @@ var driver struct {
 	cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemsetD32Async                        uintptr
 	cuModuleLoadData, cuModuleUnload, cuModuleGetFunction, cuLaunchKernel         uintptr
 	cuEventCreate, cuEventDestroy, cuEventRecord, cuEventSynchronize, cuEventTime uintptr
+	cuStreamBeginCapture, cuStreamEndCapture, cuGraphInstantiate, cuGraphLaunch   uintptr
+	cuGraphDestroy, cuGraphExecDestroy                                            uintptr
 }
 
 // errNoDriver wraps every failure to load libcuda.so.1.
@@ -136,7 +138,10 @@ func loadDriver() error {
 			"cuModuleGetFunction": &d.cuModuleGetFunction, "cuLaunchKernel": &d.cuLaunchKernel,
 			"cuEventCreate": &d.cuEventCreate, "cuEventDestroy_v2": &d.cuEventDestroy,
 			"cuEventRecord": &d.cuEventRecord, "cuEventSynchronize": &d.cuEventSynchronize,
-			"cuEventElapsedTime": &d.cuEventTime,
+			"cuEventElapsedTime":      &d.cuEventTime,
+			"cuStreamBeginCapture_v2": &d.cuStreamBeginCapture, "cuStreamEndCapture": &d.cuStreamEndCapture,
+			"cuGraphInstantiateWithFlags": &d.cuGraphInstantiate, "cuGraphLaunch": &d.cuGraphLaunch,
+			"cuGraphDestroy": &d.cuGraphDestroy, "cuGraphExecDestroy": &d.cuGraphExecDestroy,
 		})
 		if driver.err != nil {
 			return

@@ -19,6 +19,12 @@ var kernelNames = []string{
 	"ferrite_gemv_f32_1", "ferrite_gemv_f32_8", "ferrite_gemv_bf16_1", "ferrite_gemv_bf16_8",
 	"ferrite_gemv_f16_1", "ferrite_gemv_f16_8", "ferrite_gemv_f8e4m3_1", "ferrite_gemv_f8e4m3_8",
 	"ferrite_rmsnorm_f32", "ferrite_f32_to_bf16", "ferrite_fill_bf16",
+	// The op set (src/ops.cu).
+	"ferrite_swiglu", "ferrite_add_bias", "ferrite_f32_to_bf16x2", "ferrite_add_halves", "ferrite_copy_rows", "ferrite_embed", "ferrite_gather_rows",
+	"ferrite_add_rmsnorm", "ferrite_rope", "ferrite_store_kv",
+	"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8",
+	"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8",
+	"ferrite_attn_combine", "ferrite_route", "ferrite_moe_gate_up", "ferrite_moe_down", "ferrite_moe_combine",
 }
 
 // loadModule loads the fatbin (or the file FERRITE_CUDA_FATBIN names, for
@@ -55,6 +61,11 @@ func (d *Device) loadModule() error {
 // is one kernel parameter: device pointers and 64-bit integers as they are,
 // 32-bit integers and floats in the low four bytes (see i32, f32).
 func (d *Device) launchL(name string, grid, block, smem uint32, args ...uint64) error {
+	return d.launch3L(name, [3]uint32{grid, 1, 1}, block, smem, args...)
+}
+
+// launch3L is launchL with a 3-D grid.
+func (d *Device) launch3L(name string, grid [3]uint32, block, smem uint32, args ...uint64) error {
 	fn := d.fns[name]
 	if fn == 0 {
 		return fmt.Errorf("cuda: no kernel %s", name)
@@ -62,15 +73,29 @@ func (d *Device) launchL(name string, grid, block, smem uint32, args ...uint64) 
 	if len(args) > len(d.args.vals) {
 		return fmt.Errorf("cuda: %s: %d arguments, at most %d", name, len(args), len(d.args.vals))
 	}
-	if grid == 0 {
+	if grid[0] == 0 || grid[1] == 0 || grid[2] == 0 {
+		return nil
+	}
+	if d.trace != nil {
+		*d.trace = append(*d.trace, uint64(fn), uint64(grid[0]), uint64(grid[1]), uint64(grid[2]),
+			uint64(block)<<32|uint64(smem), uint64(len(args)))
+		*d.trace = append(*d.trace, args...)
 		return nil
 	}
 	copy(d.args.vals[:], args)
 	return check("cuLaunchKernel "+name, call(driver.cuLaunchKernel, fn,
-		uintptr(grid), 1, 1, uintptr(block), 1, 1, uintptr(smem), d.stream,
+		uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]), uintptr(block), 1, 1, uintptr(smem), d.stream,
 		uintptr(unsafe.Pointer(&d.args.ptrs[0])), 0))
 }
 
 // i32 and f32 encode 32-bit kernel parameters for launchL.
 func i32(v int) uint64     { return uint64(uint32(int32(v))) }
 func f32(v float32) uint64 { return uint64(*(*uint32)(unsafe.Pointer(&v))) }
+
+// b32 encodes a bool as a 32-bit integer parameter (0 or 1).
+func b32(v bool) uint64 {
+	if v {
+		return 1
+	}
+	return 0
+}

@@ -101,7 +101,7 @@ func (d *Device) Linear(y, x *Buffer, w *Weight, n int) error {
 	if err := linearArgs(y, x, w, n); err != nil {
 		return err
 	}
-	return d.do(func() error { return d.linearL(y.ptr, x.ptr, w, n) })
+	return d.do(func() error { return d.linearL(y.ptr, x.ptr, w, n, 0, false) })
 }
 
 func linearArgs(y, x *Buffer, w *Weight, n int) error {
@@ -117,8 +117,9 @@ func linearArgs(y, x *Buffer, w *Weight, n int) error {
 	return nil
 }
 
-// linearL launches the GEMV for device addresses y and x.
-func (d *Device) linearL(y, x uint64, w *Weight, n int) error {
+// linearL launches the GEMV for device addresses y and x, adding the
+// float32 bias at device address bias (0 for none) and, with acc, the old y.
+func (d *Device) linearL(y, x uint64, w *Weight, n int, bias uint64, acc bool) error {
 	if n == 0 || w.Rows == 0 {
 		return nil
 	}
@@ -133,13 +134,13 @@ func (d *Device) linearL(y, x uint64, w *Weight, n int) error {
 			grid = uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
 		}
 		return d.launchL(gemvKernels[w.DType][nb], grid, gemvBlock, 0,
-			y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols))
+			y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc))
 	case kernels.F8E4M3:
 		if w.BlockRows <= 0 || w.BlockCols <= 0 || w.Scale == nil {
 			return fmt.Errorf("cuda: F8E4M3 weight without block scales")
 		}
 		return d.launchL(gemvKernels[w.DType][nb], grid, gemvBlock, 0,
-			y, x, w.Buf.ptr, w.Scale.ptr, i32(n), i32(w.Rows), i32(w.Cols), i32(w.BlockRows), i32(w.BlockCols))
+			y, x, w.Buf.ptr, w.Scale.ptr, i32(n), i32(w.Rows), i32(w.Cols), i32(w.BlockRows), i32(w.BlockCols), bias, b32(acc))
 	}
 	return fmt.Errorf("cuda: no GEMV for %v weights", w.DType)
 }

@@ -1199,8 +1199,9 @@ def make_fixture(model, blk, tok, fxdir, mdir, words, summary):
         "options": FxSpec.options,
         "notes": [
             "decode_ids are the model's own greedy continuation of the prompt (not random ids).",
-            "The weights are builtin/model/model.safetensors (config.json, generation_config.json and "
-            "model.safetensors here are symbolic links to them).",
+            "The weights are the run's bf16 model/model.safetensors; ferrite embeds them quantized to Q8_0 "
+            "(builtin/model/model.gguf, tools/packtiny) and checks them against these references "
+            "(builtin/testdata/reference) at a Q8_0 tolerance.",
         ],
         "mtp": {
             "layer_index": tcfg.num_hidden_layers,

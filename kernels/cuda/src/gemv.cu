@@ -1,9 +1,10 @@
-// Matrix-vector products for decode: y (n, rows) = x (n, cols) · wᵀ with the
-// weight w (rows, cols) in its stored dtype, x and y float32, and every sum
-// accumulated in float32. One warp computes one output row for up to NB rows
-// of x at a time, so each weight byte is read once per NB rows of x; the
-// warp's lanes stride the row in 16-byte loads when the row is 16-byte
-// aligned, one element at a time otherwise.
+// Matrix-vector products for decode: y (n, rows) = x (n, cols) · wᵀ (+ bias)
+// (+ y when acc_y) with the weight w (rows, cols) in its stored dtype, x, y
+// and bias float32 (bias may be null), and every sum accumulated in
+// float32. One warp computes one output row for up to NB rows of x at a
+// time, so each weight byte is read once per NB rows of x; the warp's lanes
+// stride the row in 16-byte loads when the row is 16-byte aligned, one
+// element at a time otherwise.
 //
 // Launch: 256 threads a block; n ≥ 1. The _8 kernels take any n in chunks
 // of 8, one warp per row: ceil(rows / 8) blocks. The _1 kernels are the
@@ -74,9 +75,17 @@ __device__ inline float warp_sum(float v) {
     return v;
 }
 
+// store writes one output element through the linear epilogue: + bias[r]
+// when bias is set, + the old value when acc_y (a residual add).
+__device__ inline void store(float* y, float s, const float* bias, int r, int acc_y) {
+    if (bias) s += bias[r];
+    if (acc_y) s += *y;
+    *y = s;
+}
+
 template <class W, int NB>
 __device__ void gemv(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
-                     int n, int rows, int cols) {
+                     int n, int rows, int cols, const float* __restrict__ bias, int acc_y) {
     const int r = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= rows) return;
@@ -119,7 +128,7 @@ __device__ void gemv(float* __restrict__ y, const float* __restrict__ x, const u
 #pragma unroll
         for (int j = 0; j < NB; j++) {
             float s = warp_sum(acc[j]);
-            if (lane == 0 && j < nb) y[size_t(j0 + j) * rows + r] = s;
+            if (lane == 0 && j < nb) store(y + size_t(j0 + j) * rows + r, s, bias, r, acc_y);
         }
     }
 }
@@ -131,7 +140,7 @@ constexpr int kSplit = 4;
 
 template <class W>
 __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
-                           int rows, int cols) {
+                           int rows, int cols, const float* __restrict__ bias, int acc_y) {
     __shared__ float part[kWarpsPerBlock];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
@@ -165,7 +174,7 @@ __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, c
         float s = part[warp];
 #pragma unroll
         for (int i = 1; i < kSplit; i++) s += part[warp + i];
-        y[r] = s;
+        store(y + r, s, bias, r, acc_y);
     }
 }
 
@@ -173,7 +182,8 @@ __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, c
 // weight is rounded to float32 after its scale, as kernels.MatMulRef does.
 template <int NB>
 __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
-                        const float* __restrict__ scale, int n, int rows, int cols, int br, int bc) {
+                        const float* __restrict__ scale, int n, int rows, int cols, int br, int bc,
+                        const float* __restrict__ bias, int acc_y) {
     const int r = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= rows) return;
@@ -194,7 +204,7 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
 #pragma unroll
         for (int j = 0; j < NB; j++) {
             float s = warp_sum(acc[j]);
-            if (lane == 0 && j < nb) y[size_t(j0 + j) * rows + r] = s;
+            if (lane == 0 && j < nb) store(y + size_t(j0 + j) * rows + r, s, bias, r, acc_y);
         }
     }
 }
@@ -203,14 +213,16 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
 
 #define FERRITE_GEMV(name, W, NB)                                                                   \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
-                                                           int n, int rows, int cols) {               \
-        gemv<W, NB>(y, x, w, n, rows, cols);                                                        \
+                                                           int n, int rows, int cols, const float* bias, \
+                                                           int acc_y) {                                  \
+        gemv<W, NB>(y, x, w, n, rows, cols, bias, acc_y);                                           \
     }
 
 #define FERRITE_GEMV_SPLIT(name, W)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
-                                                           int n, int rows, int cols) {               \
-        gemv_split<W>(y, x, w, rows, cols);                                                         \
+                                                           int n, int rows, int cols, const float* bias, \
+                                                           int acc_y) {                                  \
+        gemv_split<W>(y, x, w, rows, cols, bias, acc_y);                                            \
     }
 
 FERRITE_GEMV_SPLIT(ferrite_gemv_f32_1, F32W)
@@ -222,12 +234,12 @@ FERRITE_GEMV(ferrite_gemv_f16_8, F16W, 8)
 
 extern "C" __global__ void __launch_bounds__(256)
     ferrite_gemv_f8e4m3_1(float* y, const float* x, const uint8_t* w, const float* scale, int n, int rows,
-                          int cols, int br, int bc) {
-    gemv_f8<1>(y, x, w, scale, n, rows, cols, br, bc);
+                          int cols, int br, int bc, const float* bias, int acc_y) {
+    gemv_f8<1>(y, x, w, scale, n, rows, cols, br, bc, bias, acc_y);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     ferrite_gemv_f8e4m3_8(float* y, const float* x, const uint8_t* w, const float* scale, int n, int rows,
-                          int cols, int br, int bc) {
-    gemv_f8<8>(y, x, w, scale, n, rows, cols, br, bc);
+                          int cols, int br, int bc, const float* bias, int acc_y) {
+    gemv_f8<8>(y, x, w, scale, n, rows, cols, br, bc, bias, acc_y);
 }

@@ -1,0 +1,264 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"sync"
+	"unsafe"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// kernels.Memory on the GPU: tensors are device memory; the host reaches
+// them only through WriteF32/WriteI32/ReadF32, which go through the pinned
+// staging buffers.
+
+// tensorBuf is the GPU's kernels.Buffer: elems elements at device address
+// ptr. A tensor from Alloc owns its Buffer (buf); a Scratch tensor views
+// the step arena (buf nil).
+type tensorBuf struct {
+	ptr   uint64
+	elems int
+	buf   *Buffer
+}
+
+func (t *tensorBuf) Elems() int { return t.elems }
+
+// dptr is the device address of t's element (0, 0). It panics for a
+// tensor of another backend.
+func dptr(t kernels.Tensor) uint64 {
+	b, off := t.Buffer()
+	tb, ok := b.(*tensorBuf)
+	if !ok {
+		panic("cuda: tensor not allocated by the CUDA backend")
+	}
+	return tb.ptr + uint64(off*t.DType.Size())
+}
+
+// arenaAlign is the alignment of every Scratch tensor, enough for 16-byte
+// vector loads and cuBLASLt's operands.
+const arenaAlign = 256
+
+// minChunk is the smallest arena chunk allocated.
+const minChunk = 16 << 20
+
+// arena is the per-step scratch: a bump allocator over device chunks. A
+// step that outgrows the current chunk gets another one; the next
+// BeginStep replaces them by one chunk as large as the largest step seen,
+// so steps of a steady shape stop allocating.
+type arena struct {
+	mu     sync.Mutex
+	chunks []*Buffer
+	off    int64 // next free byte of the last chunk
+	used   int64 // bytes handed out in this step
+	peak   int64 // the most bytes any step used
+}
+
+func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
+
+// get returns the device address of size fresh bytes; it allocates on the
+// device thread only when the last chunk is full.
+func (a *arena) get(d *Device, size int64) (uint64, error) {
+	size = alignUp(max(size, 1), arenaAlign)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.used += size
+	if n := len(a.chunks); n > 0 && a.off+size <= a.chunks[n-1].size {
+		p := a.chunks[n-1].ptr + uint64(a.off)
+		a.off += size
+		return p, nil
+	}
+	grow := int64(minChunk)
+	if n := len(a.chunks); n > 0 {
+		grow = 2 * a.chunks[n-1].size
+	}
+	var c *Buffer
+	err := d.do(func() error {
+		var err error
+		c, err = d.allocL(alignUp(max(size, grow), 1<<20))
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	a.chunks = append(a.chunks, c)
+	a.off = size
+	return c.ptr, nil
+}
+
+// reset starts a step. When the last step needed more than one chunk it
+// waits for the device, frees them and allocates one chunk of the peak.
+func (a *arena) reset(d *Device) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.peak = max(a.peak, a.used)
+	a.off, a.used = 0, 0
+	if len(a.chunks) <= 1 {
+		return nil
+	}
+	return d.do(func() error {
+		if err := d.syncL(); err != nil {
+			return err
+		}
+		for _, c := range a.chunks {
+			if err := c.free(); err != nil {
+				return err
+			}
+		}
+		a.chunks = a.chunks[:0]
+		c, err := d.allocL(alignUp(a.peak, 1<<20))
+		if err != nil {
+			return err
+		}
+		a.chunks = append(a.chunks, c)
+		return nil
+	})
+}
+
+// Alloc implements kernels.Memory: zeroed device memory that lives until
+// the Backend is closed.
+func (b *Backend) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
+	size := dt.Size()
+	if size == 0 || rows < 0 || cols < 0 {
+		panic("cuda: Alloc of an unsupported dtype or a negative shape")
+	}
+	n := rows * cols
+	bytes := alignUp(int64(max(n*size, 4)), 4)
+	var buf *Buffer
+	err := b.dev.do(func() error {
+		var err error
+		if buf, err = b.dev.allocL(bytes); err != nil {
+			return err
+		}
+		return check("cuMemsetD32Async", call(driver.cuMemsetD32Async, uintptr(buf.ptr), 0, uintptr(bytes/4), b.dev.stream))
+	})
+	if err != nil {
+		return kernels.Tensor{}, err
+	}
+	return kernels.NewTensor(&tensorBuf{ptr: buf.ptr, elems: n, buf: buf}, dt, rows, cols, cols, 0), nil
+}
+
+// Scratch implements kernels.Memory. When the device cannot provide the
+// memory, the failure is kept for Err and the ops of the step do nothing.
+func (b *Backend) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
+	size := dt.Size()
+	if size == 0 || rows < 0 || cols < 0 {
+		panic("cuda: Scratch of an unsupported dtype or a negative shape")
+	}
+	n := rows * cols
+	p, err := b.arena.get(b.dev, int64(n*size))
+	if err != nil {
+		b.fail(err)
+	}
+	return kernels.NewTensor(&tensorBuf{ptr: p, elems: n}, dt, rows, cols, cols, 0)
+}
+
+// BeginStep implements kernels.Memory: it releases every Scratch tensor.
+// The step's launches then wait for EndStep.
+func (b *Backend) BeginStep() {
+	b.exec(nil) // launches queued outside a step (Copy) use the arena's old chunks
+	if err := b.arena.reset(b.dev); err != nil {
+		b.fail(err)
+	}
+	b.qmu.Lock()
+	b.inStep = true
+	b.qmu.Unlock()
+}
+
+// EndStep implements kernels.Memory: it launches the step, through a CUDA
+// graph when the step repeats (graph.go), and waits for it.
+func (b *Backend) EndStep() {
+	b.qmu.Lock()
+	ops := b.pending
+	b.pending, b.inStep = nil, false
+	b.qmu.Unlock()
+	if b.Err() != nil {
+		return
+	}
+	err := b.dev.do(func() error {
+		if err := b.runStepL(ops); err != nil {
+			return err
+		}
+		return b.dev.syncL()
+	})
+	if err != nil {
+		b.fail(err)
+	}
+}
+
+// WriteF32 implements kernels.Memory.
+func (b *Backend) WriteF32(t kernels.Tensor, src []float32) {
+	if t.DType != kernels.F32 || len(src) != t.Elems() {
+		panic("cuda: WriteF32 wants an F32 tensor of len(src) elements")
+	}
+	b.write(t, f32Bytes(src))
+}
+
+// WriteI32 implements kernels.Memory.
+func (b *Backend) WriteI32(t kernels.Tensor, src []int32) {
+	if t.DType != kernels.I32 || len(src) != t.Elems() {
+		panic("cuda: WriteI32 wants an I32 tensor of len(src) elements")
+	}
+	var raw []byte
+	if len(src) > 0 {
+		raw = unsafe.Slice((*byte)(unsafe.Pointer(&src[0])), 4*len(src))
+	}
+	b.write(t, raw)
+}
+
+// write copies src, t's rows one after another, into t.
+func (b *Backend) write(t kernels.Tensor, src []byte) {
+	p, esz := dptr(t), int64(t.DType.Size())
+	b.exec(func(d *Device) error {
+		if t.Contiguous() {
+			return d.uploadL(p, src)
+		}
+		row := int64(t.Cols) * esz
+		for r := range int64(t.Rows) {
+			if err := d.uploadL(p+uint64(r*int64(t.Stride)*esz), src[r*row:(r+1)*row]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// ReadF32 implements kernels.Memory: it waits for queued work, then copies.
+// After a device failure dst is filled with NaN.
+func (b *Backend) ReadF32(dst []float32, t kernels.Tensor) {
+	if t.DType != kernels.F32 || len(dst) != t.Elems() {
+		panic("cuda: ReadF32 wants an F32 tensor of len(dst) elements")
+	}
+	p, raw := dptr(t), f32Bytes(dst)
+	ok := b.exec(func(d *Device) error {
+		if t.Contiguous() {
+			return d.downloadL(raw, p)
+		}
+		row := int64(t.Cols) * 4
+		for r := range int64(t.Rows) {
+			if err := d.downloadL(raw[r*row:(r+1)*row], p+uint64(r*int64(t.Stride)*4)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if !ok {
+		fillNaN(dst)
+	}
+}
+
+// Copy implements kernels.Memory.
+func (b *Backend) Copy(dst, src kernels.Tensor) {
+	if dst.DType != src.DType || dst.Rows != src.Rows || dst.Cols != src.Cols {
+		panic("cuda: Copy between tensors of different dtype or shape")
+	}
+	esz := int64(dst.DType.Size())
+	dp, sp := dptr(dst), dptr(src)
+	if dp == sp || dst.Rows == 0 || dst.Cols == 0 {
+		return
+	}
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_copy_rows", uint32(dst.Rows), 256, 0,
+			dp, uint64(int64(dst.Stride)*esz), sp, uint64(int64(src.Stride)*esz), i32(dst.Rows), i32(int(int64(dst.Cols)*esz)))
+	})
+}

@@ -1,0 +1,531 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"encoding/binary"
+	"math"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// The op set (kernels/ops.go) on the GPU, the kernels of src/ops.cu and
+// src/gemv.cu. Every op checks its shapes on the host (a mismatch is a
+// programmer error and panics, as on the CPU), then queues a closure of its
+// launches (queue); nothing waits for the GPU until EndStep or a read. A
+// device failure is kept for Err and turns the later ops into no-ops.
+
+var _ kernels.Device = (*Backend)(nil)
+
+// Linear on a bf16 weight runs cuBLASLt from 2 rows (the GEMV reads the
+// weight once per 8 rows, and its float32 x costs more cache traffic than
+// the weight as the rows grow). Below gemmRoundRows rows, where the GEMM
+// reads the weight once whatever its height, x is split into two bf16
+// terms (hi + lo, 16 bits of mantissa) stacked as 2·rows inputs: about
+// float32 accuracy at no extra weight traffic. From gemmRoundRows rows
+// (prefill, compute-bound) x is rounded to bf16 once.
+const gemmRoundRows = 256
+
+// flushAt is how many launches queued outside a step go to the device
+// thread at a time: one hand-over to the locked thread per batch rather
+// than per op.
+const flushAt = 32
+
+// queue adds f, which queues work on the stream, to the launches waiting
+// for the device thread. Inside a step they wait for EndStep, which runs
+// the step as a whole (graph.go); outside one they go in batches. Anything
+// that reads, writes or waits (exec) issues the waiting launches first.
+func (b *Backend) queue(f func(d *Device) error) {
+	b.qmu.Lock()
+	b.pending = append(b.pending, f)
+	full := !b.inStep && len(b.pending) >= flushAt
+	b.qmu.Unlock()
+	if full {
+		b.exec(nil)
+	}
+}
+
+// exec runs the queued launches and then f (when not nil) on the device
+// thread, unless the backend already failed, and keeps the first error for
+// Err. It reports whether everything ran and succeeded.
+func (b *Backend) exec(f func(d *Device) error) bool {
+	b.qmu.Lock()
+	pending := b.pending
+	b.pending = nil
+	b.qmu.Unlock()
+	if b.Err() != nil {
+		return false
+	}
+	if len(pending) == 0 && f == nil {
+		return true
+	}
+	err := b.dev.do(func() error {
+		if err := runOps(b.dev, pending); err != nil || f == nil {
+			return err
+		}
+		return f(b.dev)
+	})
+	if err != nil {
+		b.fail(err)
+		return false
+	}
+	return true
+}
+
+// fillNaN sets every value of v to NaN (a read after a device failure).
+func fillNaN(v []float32) {
+	nan := float32(math.NaN())
+	for i := range v {
+		v[i] = nan
+	}
+}
+
+// f32Contig panics unless every tensor is F32 and contiguous.
+func f32Contig(op string, ts ...kernels.Tensor) {
+	for _, t := range ts {
+		if t.DType != kernels.F32 || !t.Contiguous() {
+			panic("cuda: " + op + " wants contiguous F32 tensors, got " + t.String())
+		}
+	}
+}
+
+// index panics unless t is an I32 column (rows, 1) or, with cols > 1, a
+// contiguous (rows, cols) I32 tensor.
+func index(op string, t kernels.Tensor, rows, cols int) {
+	if t.DType != kernels.I32 || t.Rows != rows || t.Cols != cols || (cols > 1 && !t.Contiguous()) {
+		panic("cuda: " + op + " index tensor " + t.String() + " does not match")
+	}
+}
+
+// useGemm reports whether cuBLASLt is available, trying it once.
+func (b *Backend) useGemm() bool {
+	b.gemmOnce.Do(func() { b.gemmErr = b.dev.HasGemm() })
+	return b.gemmErr == nil
+}
+
+// Linear implements kernels.LinearOps.
+func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilogue) {
+	f32Contig("Linear", dst, x)
+	if x.Cols != w.Cols || dst.Cols != w.Rows || dst.Rows != x.Rows || w.Cols == 0 {
+		panic("cuda: Linear shapes do not match the weight")
+	}
+	var bias uint64
+	if e.Bias.Valid() {
+		f32Contig("Linear bias", e.Bias)
+		if e.Bias.Elems() != w.Rows {
+			panic("cuda: Linear bias width")
+		}
+		bias = dptr(e.Bias)
+	}
+	n := x.Rows
+	if n == 0 || w.Rows == 0 {
+		return
+	}
+	dw, err := b.weight(w)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	y, xp := dptr(dst), dptr(x)
+	switch {
+	case n == 1 || dw.DType != kernels.BF16 || !b.useGemm():
+		b.queue(func(d *Device) error { return d.linearL(y, xp, dw, n, bias, e.Accumulate) })
+	case n < gemmRoundRows:
+		b.linearSplit(y, xp, bias, dw, n, e.Accumulate)
+	default:
+		b.linearRounded(y, xp, bias, dw, n, e.Accumulate)
+	}
+}
+
+// linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo
+// rows, their products summed in the epilogue kernel.
+func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
+	xb := dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)) // (2n, cols) x as bf16 hi, then lo
+	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows))   // (2n, rows) the two products
+	b.queue(func(d *Device) error {
+		cnt := int64(n) * int64(w.Cols)
+		if err := d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt)); err != nil {
+			return err
+		}
+		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
+			return err
+		}
+		out := int64(n) * int64(w.Rows)
+		return d.launchL("ferrite_add_halves", d.elementwiseGrid(out), 256, 0, y, t, bias, uint64(out), i32(w.Rows), b32(acc))
+	})
+}
+
+// linearRounded is Linear through cuBLASLt with x rounded to bf16.
+func (b *Backend) linearRounded(y, x, bias uint64, w *Weight, n int, acc bool) {
+	xb := dptr(b.Scratch(kernels.BF16, n, w.Cols)) // (n, cols) x in bf16
+	b.queue(func(d *Device) error {
+		cnt := int64(n) * int64(w.Cols)
+		if err := d.launchL("ferrite_f32_to_bf16", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt)); err != nil {
+			return err
+		}
+		if err := d.gemmL(y, xb, w, n, acc); err != nil {
+			return err
+		}
+		if bias == 0 {
+			return nil
+		}
+		out := int64(n) * int64(w.Rows)
+		return d.launchL("ferrite_add_bias", d.elementwiseGrid(out), 256, 0, y, bias, uint64(out), i32(w.Rows))
+	})
+}
+
+// SwiGLU implements kernels.LinearOps.
+func (b *Backend) SwiGLU(dst, gate, up kernels.Tensor) {
+	f32Contig("SwiGLU", dst, gate, up)
+	if gate.Elems() != dst.Elems() || up.Elems() != dst.Elems() {
+		panic("cuda: SwiGLU shapes differ")
+	}
+	y, g, u, n := dptr(dst), dptr(gate), dptr(up), int64(dst.Elems())
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_swiglu", d.elementwiseGrid(n), 256, 0, y, g, u, uint64(n))
+	})
+}
+
+// Embed implements kernels.LinearOps.
+func (b *Backend) Embed(dst kernels.Tensor, w *kernels.Mat, ids kernels.Tensor) {
+	if dst.DType != kernels.F32 || dst.Cols != w.Cols {
+		panic("cuda: Embed shapes do not match")
+	}
+	index("Embed", ids, dst.Rows, 1)
+	if dst.Rows == 0 {
+		return
+	}
+	dw, err := b.weight(w)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	var scale uint64
+	if dw.Scale != nil {
+		scale = dw.Scale.ptr
+	}
+	y, id := dptr(dst), dptr(ids)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_embed", uint32(dst.Rows), 256, 0, y, i32(dst.Stride), dw.Buf.ptr, scale, id,
+			i32(ids.Stride), i32(dst.Rows), i32(dw.Rows), i32(dw.Cols), i32(int(dw.DType)), i32(dw.BlockRows), i32(dw.BlockCols))
+	})
+}
+
+// GatherRows implements kernels.LinearOps.
+func (b *Backend) GatherRows(dst, src, rows kernels.Tensor) {
+	if dst.DType != kernels.F32 || src.DType != kernels.F32 || dst.Cols != src.Cols {
+		panic("cuda: GatherRows shapes do not match")
+	}
+	index("GatherRows", rows, dst.Rows, 1)
+	y, x, r := dptr(dst), dptr(src), dptr(rows)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_gather_rows", uint32(dst.Rows), 256, 0, y, i32(dst.Stride), x, i32(src.Stride), r,
+			i32(rows.Stride), i32(dst.Rows), i32(dst.Cols), i32(src.Rows))
+	})
+}
+
+// RMSNorm implements kernels.NormOps.
+func (b *Backend) RMSNorm(dst, x, w kernels.Tensor, eps float32, offset bool) {
+	f32Contig("RMSNorm", dst, x, w)
+	if dst.Rows != x.Rows || dst.Cols != x.Cols || w.Elems() != x.Cols {
+		panic("cuda: RMSNorm shapes do not match")
+	}
+	b.norm(dptr(dst), dptr(x), 0, dptr(w), x.Rows, x.Cols, eps, offset)
+}
+
+// AddRMSNorm implements kernels.NormOps.
+func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, offset bool) {
+	f32Contig("AddRMSNorm", dst, res, delta, w)
+	for _, t := range []kernels.Tensor{dst, delta} {
+		if t.Rows != res.Rows || t.Cols != res.Cols {
+			panic("cuda: AddRMSNorm shapes differ")
+		}
+	}
+	if w.Elems() != res.Cols {
+		panic("cuda: AddRMSNorm weight width")
+	}
+	b.norm(dptr(dst), dptr(res), dptr(delta), dptr(w), res.Rows, res.Cols, eps, offset)
+}
+
+func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool) {
+	if rows == 0 || dim == 0 {
+		return
+	}
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_add_rmsnorm", uint32(rows), 256, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset))
+	})
+}
+
+// RoPE implements kernels.RopeOps.
+func (b *Backend) RoPE(x kernels.Tensor, heads, headDim int, pos kernels.Tensor, r *kernels.Rotary) {
+	f32Contig("RoPE", x, r.InvFreq)
+	half := r.Dim / 2
+	if x.Cols != heads*headDim || r.InvFreq.Elems() != half || r.Dim > headDim || r.Dim%2 != 0 {
+		panic("cuda: RoPE shapes do not match")
+	}
+	index("RoPE", pos, x.Rows, 1)
+	total := int64(x.Rows) * int64(heads) * int64(half)
+	if total == 0 {
+		return
+	}
+	xp, pp, inv := dptr(x), dptr(pos), dptr(r.InvFreq)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_rope", d.elementwiseGrid(total), 256, 0, xp, pp, i32(pos.Stride), inv,
+			i32(x.Rows), i32(heads), i32(headDim), i32(half), b32(r.Interleaved), f32(r.Scale))
+	})
+}
+
+// StoreKV implements kernels.AttentionOps.
+func (b *Backend) StoreKV(kc, vc, k, v kernels.Tensor, p *kernels.Paged) {
+	if k.DType != kernels.F32 || v.DType != kernels.F32 || k.Rows != v.Rows {
+		panic("cuda: StoreKV wants F32 keys and values of one row count")
+	}
+	if kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16) {
+		panic("cuda: KV cache dtype must be F32 or BF16")
+	}
+	if !kc.Contiguous() || !vc.Contiguous() || kc.Cols != k.Cols || vc.Cols != v.Cols || k.Cols != v.Cols || kc.Rows != vc.Rows {
+		panic("cuda: StoreKV shapes do not match the cache")
+	}
+	index("StoreKV", p.Slot, k.Rows, 1)
+	total := int64(k.Rows) * int64(k.Cols)
+	if total == 0 {
+		return
+	}
+	kcp, vcp, kp, vp, sp := dptr(kc), dptr(vc), dptr(k), dptr(v), dptr(p.Slot)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_store_kv", d.elementwiseGrid(total), 256, 0, kcp, vcp, kp, i32(k.Stride), vp, i32(v.Stride),
+			sp, i32(p.Slot.Stride), i32(k.Rows), i32(k.Cols), i32(kc.Rows), b32(kc.DType == kernels.BF16))
+	})
+}
+
+// Attention tiling (src/ops.cu): attnSplit keys per split, attnGroup query
+// heads per block, head dims up to attnMaxHD.
+const (
+	attnSplit  = 128
+	attnGroup  = 8
+	attnMaxHD  = 256
+	attnThread = 128
+)
+
+// attnKernels[bf16][i] handles head dims up to 32·2^i.
+var attnKernels = [2][4]string{
+	{"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8"},
+	{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"},
+}
+
+// Attention implements kernels.AttentionOps: the split-KV kernel, every
+// row over its own keys, the splits merged by ferrite_attn_combine. The
+// split count comes from host values only (the block table's width and the
+// batch), never from the positions on the device: enough splits of
+// attnSplit keys to give the GPU about two blocks per multiprocessor.
+func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
+	f32Contig("Attention", out, q)
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	switch {
+	case s.KVHeads <= 0 || s.Heads%s.KVHeads != 0:
+		panic("cuda: Attention head counts")
+	case q.Cols != qw || out.Cols != qw || out.Rows != q.Rows || kc.Cols != kw || vc.Cols != kw || kc.DType != vc.DType:
+		panic("cuda: Attention shapes do not match")
+	case kc.DType != kernels.F32 && kc.DType != kernels.BF16:
+		panic("cuda: KV cache dtype must be F32 or BF16")
+	case s.HeadDim <= 0 || s.HeadDim > attnMaxHD:
+		panic("cuda: Attention head dim above 256")
+	case !p.Blocks.Contiguous() || p.Blocks.DType != kernels.I32 || p.BlockSize <= 0:
+		panic("cuda: Attention block table")
+	}
+	n := q.Rows
+	index("Attention", p.Pos, n, 1)
+	index("Attention", p.Seq, n, 1)
+	if n == 0 {
+		return
+	}
+	if p.Pos.Stride != 1 && n > 1 || p.Seq.Stride != 1 && n > 1 {
+		panic("cuda: Attention wants contiguous positions and sequences")
+	}
+	dpl := 0
+	for 32<<dpl < s.HeadDim {
+		dpl++
+	}
+	bf := 0
+	if kc.DType == kernels.BF16 {
+		bf = 1
+	}
+	chunks := ceilDiv(s.Heads/s.KVHeads, attnGroup)
+	blocks := n * s.KVHeads * chunks
+	splits := min(ceilDiv(p.Blocks.Cols*p.BlockSize, attnSplit), max(1, ceilDiv(2*b.dev.SMs, blocks)))
+	var part uint64
+	if splits > 1 {
+		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, s.HeadDim+2)) // (n, heads, splits, max, sum, hd acc)
+	}
+	o, qp, kcp, vcp := dptr(out), dptr(q), dptr(kc), dptr(vc)
+	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
+	b.queue(func(d *Device) error {
+		err := d.launch3L(attnKernels[bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
+			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
+			i32(s.HeadDim), i32(chunks), i32(attnSplit), f32(s.Scale))
+		if err != nil || splits == 1 {
+			return err
+		}
+		return d.launch3L("ferrite_attn_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, attnThread, 0,
+			o, part, i32(s.Heads), i32(s.HeadDim), i32(splits))
+	})
+}
+
+// Route implements kernels.MoEOps.
+func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
+	f32Contig("Route", logits, w)
+	n, e := logits.Rows, logits.Cols
+	index("Route", ids, n, r.TopK)
+	if w.Rows != n || w.Cols != r.TopK || r.TopK <= 0 || r.TopK > 64 || r.TopK > e || r.Groups > 64 {
+		panic("cuda: Route shapes do not match")
+	}
+	groups, keep := r.Groups, r.TopKGroups
+	if groups > 1 && (e%groups != 0 || keep <= 0 || keep > groups) {
+		panic("cuda: Route groups do not divide the experts")
+	}
+	var bias uint64
+	if r.Bias.Valid() {
+		f32Contig("Route bias", r.Bias)
+		if r.Bias.Elems() != e {
+			panic("cuda: Route bias width")
+		}
+		bias = dptr(r.Bias)
+	}
+	if n == 0 {
+		return
+	}
+	smem := uint32((2*e + 128) * 4)
+	if smem > 48<<10 {
+		panic("cuda: Route over more experts than shared memory holds")
+	}
+	ip, wp, lp := dptr(ids), dptr(w), dptr(logits)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_route", uint32(n), 32, smem, ip, i32(ids.Stride), wp, i32(w.Stride), lp, i32(logits.Stride), bias,
+			i32(n), i32(e), i32(r.TopK), b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(groups), i32(keep))
+	})
+}
+
+// expertDescBytes is the size of src/ops.cu's MatDesc: two pointers and six
+// int32 (dtype, rows, cols, block rows, block cols, first row).
+const expertDescBytes = 40
+
+// expertTable returns the device table of experts' weight descriptors,
+// three per expert (gate, up, down), uploading the weights and the table
+// on first use; it is cached per expert list.
+func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
+	key := &experts[0]
+	b.mu.Lock()
+	t := b.experts[key]
+	b.mu.Unlock()
+	if t != nil {
+		return t, nil
+	}
+	raw := make([]byte, 3*len(experts)*expertDescBytes)
+	put := func(i int, m *kernels.Mat, row0 int) error {
+		w, err := b.weight(m)
+		if err != nil {
+			return err
+		}
+		var scale uint64
+		if w.Scale != nil {
+			scale = w.Scale.ptr
+		}
+		d := raw[i*expertDescBytes:]
+		binary.LittleEndian.PutUint64(d[0:], w.Buf.ptr)
+		binary.LittleEndian.PutUint64(d[8:], scale)
+		for j, v := range []int{int(w.DType), w.Rows, w.Cols, max(w.BlockRows, 1), max(w.BlockCols, 1), row0} {
+			binary.LittleEndian.PutUint32(d[16+4*j:], uint32(int32(v)))
+		}
+		return nil
+	}
+	for i, ex := range experts {
+		var err error
+		if ex.GateUp != nil {
+			inter := ex.GateUp.Rows / 2
+			if err = put(3*i, ex.GateUp, 0); err == nil {
+				err = put(3*i+1, ex.GateUp, inter)
+			}
+		} else if err = put(3*i, ex.Gate, 0); err == nil {
+			err = put(3*i+1, ex.Up, 0)
+		}
+		if err == nil {
+			err = put(3*i+2, ex.Down, 0)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	t, err := b.dev.Alloc(int64(len(raw)))
+	if err == nil {
+		err = t.Upload(0, raw)
+	}
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.experts == nil {
+		b.experts = map[*kernels.Expert]*Buffer{}
+	}
+	b.experts[key] = t
+	return t, nil
+}
+
+// Experts implements kernels.MoEOps: every (token, slot) pair runs its
+// expert's gate/up GEMV with the SwiGLU fused, then its down GEMV, and a
+// last kernel adds each token's slots in increasing expert id.
+func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert) {
+	f32Contig("Experts", dst, x, w)
+	if len(experts) == 0 {
+		panic("cuda: Experts without experts")
+	}
+	n, k := x.Rows, ids.Cols
+	hidden, inter := experts[0].Down.Rows, experts[0].Down.Cols
+	index("Experts", ids, n, k)
+	if !ids.Contiguous() {
+		panic("cuda: Experts wants contiguous expert ids")
+	}
+	if dst.Rows != n || dst.Cols != hidden || x.Cols != hidden || w.Rows != n || w.Cols != k || k > 64 {
+		panic("cuda: Experts shapes do not match")
+	}
+	for _, ex := range experts {
+		gateRows := 0
+		if ex.GateUp != nil {
+			gateRows = ex.GateUp.Rows / 2
+		} else if ex.Gate != nil && ex.Up != nil && ex.Up.Rows == ex.Gate.Rows {
+			gateRows = ex.Gate.Rows
+		}
+		if ex.Down == nil || ex.Down.Rows != hidden || ex.Down.Cols != inter || gateRows != inter {
+			panic("cuda: Experts of different shapes")
+		}
+	}
+	if n == 0 {
+		return
+	}
+	table, err := b.expertTable(experts)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	h := dptr(b.Scratch(kernels.F32, n*k, inter))   // (n·k, inter) SwiGLU of each slot
+	ye := dptr(b.Scratch(kernels.F32, n*k, hidden)) // (n·k, hidden) each slot's expert output
+	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
+	chunk := max(1, 65535/k) // tokens per launch: gridDim.y ≤ 65535
+	b.queue(func(d *Device) error {
+		for r0 := 0; r0 < n; r0 += chunk {
+			m := min(chunk, n-r0)
+			s0 := uint64(r0 * k)
+			err := d.launch3L("ferrite_moe_gate_up", [3]uint32{uint32(ceilDiv(inter, 8)), uint32(m * k), 1}, 256, 0,
+				h+s0*uint64(inter)*4, xp+uint64(r0*x.Stride)*4, i32(x.Stride), ip+s0*4, table.ptr, i32(len(experts)), i32(k), i32(inter))
+			if err != nil {
+				return err
+			}
+			err = d.launch3L("ferrite_moe_down", [3]uint32{uint32(ceilDiv(hidden, 8)), uint32(m * k), 1}, 256, 0,
+				ye+s0*uint64(hidden)*4, h+s0*uint64(inter)*4, ip+s0*4, table.ptr, i32(len(experts)), i32(inter), i32(hidden))
+			if err != nil {
+				return err
+			}
+		}
+		return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
+	})
+}

@@ -1,0 +1,251 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
+)
+
+// openOps returns a Backend on the GPU for an op-set test, closed when the
+// test ends, after checking that no op failed.
+func openOps(t *testing.T) *Backend {
+	t.Helper()
+	needGPU(t)
+	b, err := OpenBackend(0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.Err(); err != nil {
+			t.Errorf("device failure: %v", err)
+		}
+		b.Close()
+	})
+	return b
+}
+
+// TestOps runs the op-set conformance suite (kerneltest.RunOps, the
+// tolerances written down there) on the GPU.
+func TestOps(t *testing.T) {
+	kerneltest.RunOps(t, openOps(t))
+}
+
+// f32Tensor allocates (rows, cols) F32 holding v.
+func f32Tensor(t *testing.T, b *Backend, rows, cols int, v []float32) kernels.Tensor {
+	t.Helper()
+	x, err := b.Alloc(kernels.F32, rows, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.WriteF32(x, v)
+	return x
+}
+
+func i32Tensor(t *testing.T, b *Backend, rows, cols int, v []int32) kernels.Tensor {
+	t.Helper()
+	x, err := b.Alloc(kernels.I32, rows, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.WriteI32(x, v)
+	return x
+}
+
+// TestOpsLinearGemm checks Linear's cuBLASLt paths on a bf16 weight, with
+// bias and accumulation. Below gemmRoundRows rows x is split into two bf16
+// terms: the result must meet the conformance tolerance against float32 x
+// (LinearTol·Σ|x·w|). From gemmRoundRows rows x is rounded to bf16: against
+// kernels/ref.Linear over the same rounded x the products are exact in
+// float32 and only cuBLASLt's summation order differs, within 2⁻¹⁴·Σ|x·w|
+// as TestGemmBF16 allows.
+func TestOpsLinearGemm(t *testing.T) {
+	b := openOps(t)
+	if !b.useGemm() {
+		t.Skipf("no cuBLASLt: %v", b.gemmErr)
+	}
+	for _, n := range []int{2, 9, 40, 165, gemmRoundRows + 44} {
+		rng := rand.New(rand.NewPCG(uint64(n), 4))
+		const rows, cols = 96, 256
+		w := kerneltest.NewMat(rng, kernels.BF16, rows, cols, 0, 0)
+		xv, y0, bv := randF32(rng, n*cols), randF32(rng, n*rows), randF32(rng, rows)
+		x, y, bias := f32Tensor(t, b, n, cols, xv), f32Tensor(t, b, n, rows, y0), f32Tensor(t, b, 1, rows, bv)
+		b.BeginStep()
+		b.Linear(y, x, w, kernels.Epilogue{Bias: bias, Accumulate: true})
+		b.EndStep()
+		got := make([]float32, n*rows)
+		b.ReadF32(got, y)
+		xr, tol := xv, kerneltest.LinearTol
+		if n >= gemmRoundRows {
+			xr, tol = make([]float32, len(xv)), 1.0/(1<<14)
+			for i, v := range xv {
+				xr[i] = kernels.BF16ToF32(kernels.F32ToBF16(v))
+			}
+		}
+		want := append([]float32(nil), y0...)
+		ref.Linear(want, xr, w, bv, true, n)
+		abs := make([]float64, len(want))
+		row := make([]float32, cols)
+		for j := range rows {
+			w.RowF32(row, j)
+			for i := range n {
+				s := math.Abs(float64(bv[j])) + math.Abs(float64(y0[i*rows+j]))
+				for k, v := range row {
+					s += math.Abs(float64(v * xr[i*cols+k]))
+				}
+				abs[i*rows+j] = s
+			}
+		}
+		t.Logf("n=%d: tolerance %.3g", n, tol)
+		compare(t, got, want, abs, tol)
+	}
+}
+
+// TestOpsAttentionSplits checks the split-KV path at decode shapes the
+// conformance cases do not reach: long contexts split many ways, and a
+// query group wider than one block's heads (MQA with 16 heads).
+func TestOpsAttentionSplits(t *testing.T) {
+	b := openOps(t)
+	for _, c := range []struct{ heads, kvHeads, hd, ctx int }{{32, 8, 128, 1500}, {16, 1, 64, 700}, {4, 4, 256, 300}} {
+		rng := rand.New(rand.NewPCG(uint64(c.ctx), 5))
+		const bs = 16
+		nb := (c.ctx + bs - 1) / bs
+		qw, kw := c.heads*c.hd, c.kvHeads*c.hd
+		perm := rng.Perm(nb + 2)
+		table := make([]int32, nb)
+		slots := make([]int32, c.ctx)
+		pos := make([]int32, c.ctx)
+		for i := range table {
+			table[i] = int32(perm[i])
+		}
+		for p := range slots {
+			slots[p] = table[p/bs]*bs + int32(p%bs)
+			pos[p] = int32(p)
+		}
+		kv, vv := randF32(rng, c.ctx*kw), randF32(rng, c.ctx*kw)
+		kc, err := b.Alloc(kernels.BF16, (nb+2)*bs, kw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vc, _ := b.Alloc(kernels.BF16, (nb+2)*bs, kw)
+		all := &kernels.Paged{Pos: i32Tensor(t, b, c.ctx, 1, pos), Seq: i32Tensor(t, b, c.ctx, 1, make([]int32, c.ctx)),
+			Slot: i32Tensor(t, b, c.ctx, 1, slots), Blocks: i32Tensor(t, b, 1, nb, table), BlockSize: bs}
+		k, v := f32Tensor(t, b, c.ctx, kw, kv), f32Tensor(t, b, c.ctx, kw, vv)
+		qv := randF32(rng, qw)
+		q := f32Tensor(t, b, 1, qw, qv)
+		out := f32Tensor(t, b, 1, qw, make([]float32, qw))
+		last := &kernels.Paged{Pos: all.Pos.Slice(c.ctx-1, c.ctx), Seq: all.Seq.Slice(0, 1), Slot: all.Slot.Slice(c.ctx-1, c.ctx),
+			Blocks: all.Blocks, BlockSize: bs}
+		shape := kernels.AttnShape{Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.hd, Scale: float32(1 / math.Sqrt(float64(c.hd)))}
+		b.BeginStep()
+		b.StoreKV(kc, vc, k, v, all)
+		b.Attention(out, q, kc, vc, last, shape)
+		b.EndStep()
+		got := make([]float32, qw)
+		b.ReadF32(got, out)
+		for i := range kv {
+			kv[i] = kernels.BF16ToF32(kernels.F32ToBF16(kv[i]))
+			vv[i] = kernels.BF16ToF32(kernels.F32ToBF16(vv[i]))
+		}
+		want := make([]float32, qw)
+		ref.Attention(want, qv, c.ctx, func(p int) []float32 { return kv[p*kw : (p+1)*kw] },
+			func(p int) []float32 { return vv[p*kw : (p+1)*kw] }, shape)
+		vmax := 0.0
+		for _, x := range vv {
+			vmax = max(vmax, math.Abs(float64(x)))
+		}
+		abs := make([]float64, qw)
+		for i := range abs {
+			abs[i] = vmax
+		}
+		compare(t, got, want, abs, kerneltest.AttentionTol)
+	}
+}
+
+// TestScratchStopsAllocating: after a step of the largest size, steps of
+// that size or smaller reuse the arena's one chunk.
+func TestScratchStopsAllocating(t *testing.T) {
+	b := openOps(t)
+	step := func(sizes ...int) {
+		b.BeginStep()
+		for _, n := range sizes {
+			b.Scratch(kernels.F32, n, 1)
+		}
+		b.EndStep()
+	}
+	step(3<<20, 5<<20, 1) // 36 MiB: more than the first 16 MiB chunk
+	step(1)
+	if len(b.arena.chunks) != 1 {
+		t.Fatalf("%d chunks after the reset, want 1", len(b.arena.chunks))
+	}
+	c := b.arena.chunks[0]
+	for range 3 {
+		step(3<<20, 5<<20, 1)
+		if len(b.arena.chunks) != 1 || b.arena.chunks[0] != c {
+			t.Fatal("a step of the peak size allocated again")
+		}
+	}
+}
+
+// TestGraphReplay runs one step shape five times with new inputs each
+// time: the second step repeats the first one's launches, so it is
+// captured into a CUDA graph, and it and the later ones replay the graph.
+// Every step's outputs must match those of a Backend that launches eagerly
+// (the same kernels; 1e-6 relative allows cuBLASLt a different reduction
+// order), and a step of another shape must run eagerly again.
+func TestGraphReplay(t *testing.T) {
+	g, e := openOps(t), openOps(t)
+	g.graphs.enabled, e.graphs.enabled = true, false
+	rng := rand.New(rand.NewPCG(8, 9))
+	w1 := kerneltest.NewMat(rng, kernels.BF16, 48, 64, 0, 0)
+	w2 := kerneltest.NewMat(rng, kernels.BF16, 64, 48, 0, 0)
+	nw := randF32(rng, 48)
+	type model struct {
+		b          *Backend
+		x, norm, y kernels.Tensor
+	}
+	setup := func(b *Backend) *model {
+		m := &model{b: b, x: f32Tensor(t, b, 3, 64, make([]float32, 3*64)), norm: f32Tensor(t, b, 1, 48, nw)}
+		m.y = f32Tensor(t, b, 3, 64, make([]float32, 3*64))
+		return m
+	}
+	run := func(m *model, rows int, xv []float32) []float32 {
+		b := m.b
+		x, y := m.x.Slice(0, rows), m.y.Slice(0, rows)
+		b.WriteF32(x, xv)
+		b.BeginStep()
+		h := b.Scratch(kernels.F32, rows, 48)
+		b.Linear(h, x, w1, kernels.Epilogue{})
+		b.RMSNorm(h, h, m.norm, 1e-6, false)
+		b.Linear(y, h, w2, kernels.Epilogue{Accumulate: true})
+		b.EndStep()
+		out := make([]float32, rows*64)
+		b.ReadF32(out, y)
+		return out
+	}
+	mg, me := setup(g), setup(e)
+	for i, rows := range []int{3, 3, 3, 3, 3, 1} {
+		xv := randF32(rng, rows*64)
+		got, want := run(mg, rows, xv), run(me, rows, xv)
+		for j := range want {
+			if d := math.Abs(float64(got[j] - want[j])); !(d <= 1e-6*(1+math.Abs(float64(want[j])))) {
+				t.Fatalf("step %d: y[%d] = %g with graphs, %g eager", i, j, got[j], want[j])
+			}
+		}
+	}
+	captures, replays, err := g.GraphStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if captures != 1 || replays != 4 {
+		t.Errorf("%d captures and %d replays, want 1 and 4", captures, replays)
+	}
+	if c, r, _ := e.GraphStats(); c != 0 || r != 0 {
+		t.Errorf("the eager backend captured %d graphs", c+r)
+	}
+}

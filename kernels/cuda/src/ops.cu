@@ -1,0 +1,679 @@
+// The op set (kernels/ops.go) on the GPU: the element-wise, per-row,
+// attention and mixture-of-experts kernels that kernels/cuda's Backend
+// launches for kernels.Device. Activations are float32 and every sum is
+// accumulated in float32 (float64 where kernels/ref uses it and the cost is
+// nothing next to the memory traffic: norms, SiLU, sigmoid, RoPE angles).
+//
+// The sources compile as one translation unit in name order
+// (tools/cuda/build_fatbin.sh), so this file uses f32_to_bf16 from
+// convert.cu and the weight decoders and warp_sum of gemv.cu.
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+// DType codes, as kernels.DType numbers them.
+constexpr int kF32 = 0, kBF16 = 1, kF16 = 2, kF8E4M3 = 3;
+
+__device__ inline float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ inline double warp_sum_f64(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// silu(g)·u as kernels/ref computes it: silu in float64, rounded, then a
+// float32 product.
+__device__ inline float swiglu1(float g, float u) {
+    const float s = float(double(g) / (1.0 + exp(-double(g))));
+    return __fmul_rn(s, u);
+}
+
+// elem decodes element k of a weight row of the given dtype; srow is the
+// row's F8E4M3 block scales (bc columns each).
+__device__ inline float elem(const uint8_t* row, int k, int dtype, const float* srow, int bc) {
+    switch (dtype) {
+    case kF32: return F32W::one(row, k);
+    case kBF16: return BF16W::one(row, k);
+    case kF16: return F16W::one(row, k);
+    default: return __fmul_rn(f8e4m3(row[k]), srow[k / bc]);
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Element-wise and row ops. Launch: any 1-D grid of 256 threads for the
+// grid-stride kernels; one block per row where the comment says so.
+
+// y[i] = silu(g[i])·u[i] for n values; y may be g.
+extern "C" __global__ void ferrite_swiglu(float* y, const float* g, const float* u, uint64_t n) {
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
+        y[i] = swiglu1(g[i], u[i]);
+}
+
+// y[i] += bias[i % cols] for n·cols values (the cuBLASLt path's bias).
+extern "C" __global__ void ferrite_add_bias(float* y, const float* bias, uint64_t n, int cols) {
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
+        y[i] += bias[i % cols];
+}
+
+// Splits n float32 values into two bfloat16 terms, dst[i] = hi = bf16(x)
+// and dst[n + i] = bf16(x − hi), so that hi + lo carries 16 bits of x's
+// mantissa: a GEMM over the stacked (2·rows, cols) input is accurate to
+// about 2⁻¹⁷·Σ|x·w| while it still reads the weight once.
+extern "C" __global__ void ferrite_f32_to_bf16x2(uint16_t* dst, const float* src, uint64_t n) {
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        const float x = src[i];
+        const uint16_t hi = f32_to_bf16(x);
+        dst[i] = hi;
+        dst[n + i] = f32_to_bf16(__fsub_rn(x, __uint_as_float(uint32_t(hi) << 16)));
+    }
+}
+
+// The epilogue of the split GEMM: y[i] = t[i] + t[n + i] (+ bias[i % cols])
+// (+ y[i] when acc) for n = rows·cols values of t (2·rows, cols).
+extern "C" __global__ void ferrite_add_halves(float* y, const float* t, const float* bias, uint64_t n, int cols,
+                                              int acc) {
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        float v = __fadd_rn(t[i], t[n + i]);
+        if (bias) v = __fadd_rn(v, bias[i % cols]);
+        if (acc) v = __fadd_rn(v, y[i]);
+        y[i] = v;
+    }
+}
+
+// Row copy: rows of row_bytes bytes, dst_stride and src_stride bytes apart.
+// Launch: one block per row.
+extern "C" __global__ void ferrite_copy_rows(uint8_t* dst, int64_t dst_stride, const uint8_t* src, int64_t src_stride,
+                                             int rows, int row_bytes) {
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    uint8_t* d = dst + r * dst_stride;
+    const uint8_t* s = src + r * src_stride;
+    if ((row_bytes | (int)(dst_stride & 3) | (int)(src_stride & 3) | (int)(uintptr_t(d) & 3) | (int)(uintptr_t(s) & 3)) % 4 == 0) {
+        for (int i = threadIdx.x; i < row_bytes / 4; i += blockDim.x)
+            reinterpret_cast<uint32_t*>(d)[i] = reinterpret_cast<const uint32_t*>(s)[i];
+    } else {
+        for (int i = threadIdx.x; i < row_bytes; i += blockDim.x) d[i] = s[i];
+    }
+}
+
+// Embedding gather: y[i] (cols) = row ids[i] of the weight w (rows, cols),
+// decoded exactly as kernels.Mat.RowF32 (an F8E4M3 weight with its block
+// scales). An id outside the table writes NaN. Launch: one block per row.
+extern "C" __global__ void ferrite_embed(float* y, int y_stride, const uint8_t* w, const float* scale, const int* ids,
+                                         int ids_stride, int n, int rows, int cols, int dtype, int br, int bc) {
+    const int i = blockIdx.x;
+    if (i >= n) return;
+    const int id = ids[size_t(i) * ids_stride];
+    float* yr = y + size_t(i) * y_stride;
+    if (id < 0 || id >= rows) {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const int size = dtype == kF32 ? 4 : dtype == kF8E4M3 ? 1 : 2;
+    const uint8_t* row = w + size_t(id) * cols * size;
+    const float* srow = dtype == kF8E4M3 ? scale + size_t(id / br) * ((cols + bc - 1) / bc) : nullptr;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = elem(row, c, dtype, srow, bc);
+}
+
+// Row gather: y[i] (cols) = x[rows[i]]; a row outside x writes NaN.
+// Launch: one block per output row.
+extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const float* x, int x_stride, const int* rows,
+                                               int rows_stride, int m, int cols, int nsrc) {
+    const int i = blockIdx.x;
+    if (i >= m) return;
+    const int r = rows[size_t(i) * rows_stride];
+    float* yr = y + size_t(i) * y_stride;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        yr[c] = (r >= 0 && r < nsrc) ? x[size_t(r) * x_stride + c] : __int_as_float(0x7fc00000);
+}
+
+// Fused residual add and RMSNorm: with delta set, res += delta first; then
+// y = w ⊙ res·rsqrt(mean(res²) + eps) ((1 + w) with offset), the mean of
+// squares summed in float64 and rounded to float32 before eps, as
+// kernels/ref.RMSNorm. Rows are dim values apart; y may be res (plain
+// RMSNorm in place). Launch: one block of 256 threads per row.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
+                        int offset) {
+    __shared__ double partial[8];
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    float* xr = res + size_t(r) * dim;
+    float* yr = y + size_t(r) * dim;
+    double ss = 0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i];
+        if (delta) {
+            v = __fadd_rn(v, delta[size_t(r) * dim + i]);
+            xr[i] = v;
+        }
+        ss += double(v) * double(v);
+    }
+    ss = warp_sum_f64(ss);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0;
+        for (int i = 0; i < int(blockDim.x >> 5); i++) t += partial[i];
+        partial[0] = t;
+    }
+    __syncthreads();
+    const float ms = float(partial[0] / double(dim));
+    const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float s = offset ? __fadd_rn(1.0f, w[i]) : w[i];
+        yr[i] = __fmul_rn(s, __fmul_rn(xr[i], inv));
+    }
+}
+
+// Rotary embedding in place over x (n, heads·hd): the first 2·half dims of
+// every head, at its row's position, angle = float32(pos)·inv[i] in float32
+// and cos/sin in float64, rounded and scaled (kernels/ref.RopeAngles);
+// pairs (2i, 2i+1) when interleaved, else (i, i + half).
+extern "C" __global__ void ferrite_rope(float* x, const int* pos, int pos_stride, const float* inv, int n, int heads,
+                                        int hd, int half, int interleaved, float scale) {
+    const uint64_t total = uint64_t(n) * heads * half;
+    for (uint64_t t = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; t < total; t += uint64_t(gridDim.x) * blockDim.x) {
+        const int i = int(t % half);
+        const int h = int((t / half) % heads);
+        const int r = int(t / (uint64_t(half) * heads));
+        const int p = pos[size_t(r) * pos_stride];
+        const double a = double(__fmul_rn(float(p), inv[i]));
+        const float c = __fmul_rn(float(cos(a)), scale), s = __fmul_rn(float(sin(a)), scale);
+        float* v = x + (size_t(r) * heads + h) * hd;
+        float* pa = interleaved ? v + 2 * i : v + i;
+        float* pb = interleaved ? v + 2 * i + 1 : v + i + half;
+        const float a0 = *pa, b0 = *pb;
+        *pa = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, s));
+        *pb = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, s));
+    }
+}
+
+// KV store: kc[slot[i]] = k[i], vc[slot[i]] = v[i] over width values, the
+// cache float32 or bf16 (round to nearest even); a slot outside [0, slots)
+// is skipped.
+extern "C" __global__ void ferrite_store_kv(void* kc, void* vc, const float* k, int k_stride, const float* v,
+                                            int v_stride, const int* slot, int slot_stride, int n, int width,
+                                            int slots, int bf16) {
+    const uint64_t total = uint64_t(n) * width;
+    for (uint64_t t = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; t < total; t += uint64_t(gridDim.x) * blockDim.x) {
+        const int i = int(t / width), j = int(t % width);
+        const int s = slot[size_t(i) * slot_stride];
+        if (s < 0 || s >= slots) continue;
+        const float kv = k[size_t(i) * k_stride + j], vv = v[size_t(i) * v_stride + j];
+        const size_t e = size_t(s) * width + j;
+        if (bf16) {
+            static_cast<uint16_t*>(kc)[e] = f32_to_bf16(kv);
+            static_cast<uint16_t*>(vc)[e] = f32_to_bf16(vv);
+        } else {
+            static_cast<float*>(kc)[e] = kv;
+            static_cast<float*>(vc)[e] = vv;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Paged causal attention, split-KV. Block (row i, KV head, head chunk,
+// split z) computes, for up to kAttnGroup query heads of the KV head's
+// group, the softmax-weighted sum of the values over the keys of positions
+// [z·split, min((z+1)·split, pos[i]+1)) of the row's sequence, with an
+// online (running max) softmax in float32. Each warp takes tiles of 32 keys,
+// one key per lane for the scores and then the lanes split the head dims to
+// add the tile's values. With one split the block writes out directly;
+// otherwise it writes (max, sum, acc[hd]) per head to part and
+// ferrite_attn_combine merges the splits.
+//
+// Launch: grid (n, kvHeads·chunks, splits), 128 threads; hd ≤ 32·DPL.
+
+namespace {
+
+constexpr int kAttnWarps = 4;
+constexpr int kAttnGroup = 8;  // query heads a block handles
+constexpr int kAttnMaxHD = 256;
+
+struct AttnArgs {
+    float* out;
+    const float* q;
+    const void* kc;
+    const void* vc;
+    const int* pos;
+    const int* seq;
+    const int* blocks;
+    float* part;
+    int max_blocks, bs, n, heads, kvh, hd, chunks, split;
+    float scale;
+};
+
+template <bool BF>
+__device__ inline float kv_at(const void* c, size_t e) {
+    if (BF) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(c)[e]) << 16);
+    return static_cast<const float*>(c)[e];
+}
+
+// kv8 widens 8 consecutive cache values at element e (a multiple of 8) into o.
+template <bool BF>
+__device__ inline void kv8(const void* c, size_t e, float* o) {
+    if (BF) {
+        BF16W::vec(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(c) + e)), o);
+    } else {
+        const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(c) + e);
+        F32W::vec(*reinterpret_cast<const uint4*>(p), o);
+        F32W::vec(*reinterpret_cast<const uint4*>(p + 1), o + 4);
+    }
+}
+
+template <int DPL, bool BF>
+__device__ void attn_block(const AttnArgs& a) {
+    __shared__ float sq[kAttnGroup][kAttnMaxHD];
+    __shared__ float wm[kAttnWarps][kAttnGroup], wl[kAttnWarps][kAttnGroup];
+    __shared__ float wacc[kAttnWarps][kAttnGroup][kAttnMaxHD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = blockIdx.x;
+    const int kvh = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks;
+    const int grp = a.heads / a.kvh;
+    const int h0 = kvh * grp + chunk * kAttnGroup;
+    const int ng = min(kAttnGroup, grp - chunk * kAttnGroup);
+    const int hd = a.hd;
+    const int len = a.pos[i] + 1;
+    const int k0 = blockIdx.z * a.split, k1 = min(len, k0 + a.split);
+    const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
+    const size_t kw = size_t(a.kvh) * hd;
+    const size_t off = size_t(kvh) * hd;
+
+    for (int t = threadIdx.x; t < kAttnGroup * hd; t += blockDim.x) {
+        const int g = t / hd, d = t % hd;
+        sq[g][d] = g < ng ? a.q[(size_t(i) * a.heads + h0 + g) * hd + d] : 0.f;
+    }
+    __syncthreads();
+
+    float m[kAttnGroup], l[kAttnGroup], acc[kAttnGroup][DPL];
+#pragma unroll
+    for (int g = 0; g < kAttnGroup; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.f;
+#pragma unroll
+        for (int j = 0; j < DPL; j++) acc[g][j] = 0.f;
+    }
+
+    for (int t0 = k0 + warp * 32; t0 < k1; t0 += kAttnWarps * 32) {
+        const int p = t0 + lane;
+        const bool valid = p < k1;
+        size_t base = 0;  // element index of this lane's key row
+        float s[kAttnGroup];
+#pragma unroll
+        for (int g = 0; g < kAttnGroup; g++) s[g] = 0.f;
+        if (valid) {
+            base = (size_t(bt[p / a.bs]) * a.bs + p % a.bs) * kw + off;
+            if (hd % 8 == 0) {  // 16-byte loads (bf16) or two (float32)
+#pragma unroll 2
+                for (int d = 0; d < hd; d += 8) {
+                    float kd[8];
+                    kv8<BF>(a.kc, base + d, kd);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+#pragma unroll
+                        for (int g = 0; g < kAttnGroup; g++) s[g] = fmaf(sq[g][d + e], kd[e], s[g]);
+                    }
+                }
+            } else {
+                for (int d = 0; d < hd; d++) {
+                    const float kd = kv_at<BF>(a.kc, base + d);
+#pragma unroll
+                    for (int g = 0; g < kAttnGroup; g++) s[g] = fmaf(sq[g][d], kd, s[g]);
+                }
+            }
+        }
+        float pe[kAttnGroup];
+#pragma unroll
+        for (int g = 0; g < kAttnGroup; g++) {
+            const float sc = valid ? s[g] * a.scale : -INFINITY;
+            const float mn = fmaxf(m[g], warp_max(sc));
+            const float c = expf(m[g] - mn);  // 0 while m is −∞
+            pe[g] = valid ? expf(sc - mn) : 0.f;
+            l[g] = l[g] * c + warp_sum(pe[g]);
+#pragma unroll
+            for (int j = 0; j < DPL; j++) acc[g][j] *= c;
+            m[g] = mn;
+        }
+        // Values, kV keys at a time: their loads are issued before the
+        // first is used.
+        constexpr int kV = 4;
+        const int nk = min(32, k1 - t0);
+        for (int k0v = 0; k0v < nk; k0v += kV) {
+            float vv[kV][DPL];
+#pragma unroll
+            for (int u = 0; u < kV; u++) {
+                const int kk = min(k0v + u, nk - 1);
+                const size_t vb = __shfl_sync(0xffffffffu, base, kk);
+#pragma unroll
+                for (int j = 0; j < DPL; j++) {
+                    const int d = lane + 32 * j;
+                    vv[u][j] = d < hd ? kv_at<BF>(a.vc, vb + d) : 0.f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kV; u++) {
+                const int kk = k0v + u;
+#pragma unroll
+                for (int g = 0; g < kAttnGroup; g++) {
+                    float pk = __shfl_sync(0xffffffffu, pe[g], kk & 31);
+                    if (kk >= nk) pk = 0.f;
+#pragma unroll
+                    for (int j = 0; j < DPL; j++) acc[g][j] = fmaf(pk, vv[u][j], acc[g][j]);
+                }
+            }
+        }
+    }
+
+    // Merge the warps' running softmaxes.
+#pragma unroll
+    for (int g = 0; g < kAttnGroup; g++) {
+        if (lane == 0) {
+            wm[warp][g] = m[g];
+            wl[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int j = 0; j < DPL; j++) {
+            const int d = lane + 32 * j;
+            if (d < hd) wacc[warp][g][d] = acc[g][j];
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < ng * hd; t += blockDim.x) {
+        const int g = t / hd, d = t % hd;
+        float mx = -INFINITY;
+        for (int w = 0; w < kAttnWarps; w++) mx = fmaxf(mx, wm[w][g]);
+        float L = 0.f, A = 0.f;
+        if (mx != -INFINITY) {
+            for (int w = 0; w < kAttnWarps; w++) {
+                const float c = expf(wm[w][g] - mx);
+                L += wl[w][g] * c;
+                A += wacc[w][g][d] * c;
+            }
+        }
+        const int h = h0 + g;
+        if (gridDim.z == 1) {
+            a.out[(size_t(i) * a.heads + h) * hd + d] = A / L;
+        } else {
+            float* pp = a.part + ((size_t(i) * a.heads + h) * gridDim.z + blockIdx.z) * (hd + 2);
+            if (d == 0) {
+                pp[0] = mx;
+                pp[1] = L;
+            }
+            pp[2 + d] = A;
+        }
+    }
+}
+
+}  // namespace
+
+#define FERRITE_ATTN(name, DPL, BF)                                                                     \
+    extern "C" __global__ void __launch_bounds__(128) name(                                           \
+        float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
+        const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
+        int chunks, int split, float scale) {                                                          \
+        AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale}; \
+        attn_block<DPL, BF>(a);                                                                        \
+    }
+
+FERRITE_ATTN(ferrite_attn_f32_1, 1, false)
+FERRITE_ATTN(ferrite_attn_f32_2, 2, false)
+FERRITE_ATTN(ferrite_attn_f32_4, 4, false)
+FERRITE_ATTN(ferrite_attn_f32_8, 8, false)
+FERRITE_ATTN(ferrite_attn_bf16_1, 1, true)
+FERRITE_ATTN(ferrite_attn_bf16_2, 2, true)
+FERRITE_ATTN(ferrite_attn_bf16_4, 4, true)
+FERRITE_ATTN(ferrite_attn_bf16_8, 8, true)
+
+// Merges the splits of ferrite_attn_*: out (n, heads·hd) from part (n,
+// heads, splits, hd + 2). Launch: grid (n, heads), 128 threads.
+extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, int heads, int hd, int splits) {
+    const int i = blockIdx.x, h = blockIdx.y;
+    const float* pp = part + (size_t(i) * heads + h) * splits * (hd + 2);
+    float mx = -INFINITY;
+    for (int z = 0; z < splits; z++) mx = fmaxf(mx, pp[z * (hd + 2)]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float L = 0.f, A = 0.f;
+        for (int z = 0; z < splits; z++) {
+            const float mz = pp[z * (hd + 2)];
+            if (mz == -INFINITY) continue;
+            const float c = expf(mz - mx);
+            L += pp[z * (hd + 2) + 1] * c;
+            A += pp[z * (hd + 2) + 2 + d] * c;
+        }
+        out[(size_t(i) * heads + h) * hd + d] = A / L;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Mixture of experts.
+
+// Router, one warp per token: scores (softmax over the experts, or sigmoid
+// plus a selection bias with grouped noaux_tc selection), the top k by
+// repeated arg-max with ties to the lower expert id, and their weights,
+// exactly as kernels/ref.Route. Launch: grid n, 32 threads, dynamic shared
+// memory (2·experts + 128) · 4 bytes; experts ≥ 1, k ≤ 64, groups ≤ 64.
+extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int w_stride, const float* logits,
+                                         int l_stride, const float* bias, int n, int experts, int k, int sigmoid,
+                                         int norm, float rscale, int groups, int keep) {
+    extern __shared__ float sm[];
+    float* sc = sm;               // (experts) scores
+    float* ch = sm + experts;     // (experts) selection values; NaN once taken
+    float* gs = ch + experts;     // (64) group scores
+    int* sel = reinterpret_cast<int*>(gs + 64);  // (64) chosen ids
+    const int lane = threadIdx.x;
+    const int row = blockIdx.x;
+    if (row >= n) return;
+    const float* lg = logits + size_t(row) * l_stride;
+    if (!sigmoid) {
+        float mx = -INFINITY;
+        for (int j = lane; j < experts; j += 32) mx = fmaxf(mx, lg[j]);
+        mx = warp_max(mx);
+        double part = 0;
+        for (int j = lane; j < experts; j += 32) {
+            const double e = exp(double(__fsub_rn(lg[j], mx)));
+            sc[j] = float(e);
+            part += e;
+        }
+        const double inv = 1.0 / warp_sum_f64(part);
+        for (int j = lane; j < experts; j += 32) {
+            sc[j] = float(double(sc[j]) * inv);
+            ch[j] = sc[j];
+        }
+    } else {
+        for (int j = lane; j < experts; j += 32) {
+            sc[j] = float(1.0 / (1.0 + exp(-double(lg[j]))));
+            ch[j] = bias ? __fadd_rn(sc[j], bias[j]) : sc[j];
+        }
+    }
+    __syncwarp();
+    if (sigmoid && groups > 1) {
+        const int per = experts / groups;
+        for (int g = lane; g < groups; g += 32) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int j = g * per; j < (g + 1) * per; j++) {
+                const float v = ch[j];
+                if (v > b1) {
+                    b2 = b1;
+                    b1 = v;
+                } else if (v > b2) {
+                    b2 = v;
+                }
+            }
+            if (per == 1) b2 = 0.f;
+            gs[g] = __fadd_rn(b1, b2);
+        }
+        __syncwarp();
+        uint64_t kept = 0;
+        if (lane == 0) {
+            for (int r = 0; r < keep; r++) {
+                int best = -1;
+                for (int g = 0; g < groups; g++) {
+                    if ((kept >> g) & 1) continue;
+                    if (best < 0 || gs[g] > gs[best]) best = g;  // ties: the lower g, met first
+                }
+                if (best >= 0) kept |= uint64_t(1) << best;
+            }
+        }
+        kept = __shfl_sync(0xffffffffu, kept, 0);
+        for (int j = lane; j < experts; j += 32)
+            if (!((kept >> (j / per)) & 1)) ch[j] = -INFINITY;
+        __syncwarp();
+    }
+    for (int r = 0; r < k; r++) {
+        float bv = 0.f;
+        int bi = -1;
+        for (int j = lane; j < experts; j += 32) {
+            const float v = ch[j];
+            if (v != v) continue;  // taken
+            if (bi < 0 || v > bv) {
+                bv = v;
+                bi = j;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            sel[r] = bi;
+            if (bi >= 0) ch[bi] = __int_as_float(0x7fc00000);
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        double sum = 0;
+        for (int r = 0; r < k; r++) sum += double(sc[max(sel[r], 0)]);
+        float den = float(sum);
+        if (sigmoid) den = __fadd_rn(den, 1e-20f);
+        for (int r = 0; r < k; r++) {
+            float v = sc[max(sel[r], 0)];
+            if (norm) v = __fdiv_rn(v, den);
+            if (rscale != 1.0f && rscale != 0.0f) v = __fmul_rn(v, rscale);
+            ids[size_t(row) * ids_stride + r] = sel[r];
+            w[size_t(row) * w_stride + r] = v;
+        }
+    }
+}
+
+namespace {
+
+// MatDesc is one weight matrix of an expert as kernels/cuda's Go side lays
+// it out (expertDesc): data and F8E4M3 block scales, dtype, shape, block
+// shape and the first row the view starts at (the up half of a fused
+// gate_up).
+struct MatDesc {
+    const uint8_t* data;
+    const float* scale;
+    int dtype, rows, cols, br, bc, row0;
+};
+
+// warp_dot is row r (of the view) of m times x (m.cols values), float32 sums,
+// the same in every lane.
+__device__ float warp_dot(const MatDesc& m, int r, const float* __restrict__ x) {
+    const int lane = threadIdx.x & 31;
+    const int rr = r + m.row0, cols = m.cols;
+    float acc = 0.f;
+    if (m.dtype == kF8E4M3) {
+        const uint8_t* row = m.data + size_t(rr) * cols;
+        const float* srow = m.scale + size_t(rr / m.br) * ((cols + m.bc - 1) / m.bc);
+        for (int k = lane; k < cols; k += 32) acc = fmaf(elem(row, k, kF8E4M3, srow, m.bc), x[k], acc);
+        return warp_sum(acc);
+    }
+    const int size = m.dtype == kF32 ? 4 : 2;
+    const uint8_t* row = m.data + size_t(rr) * cols * size;
+    const int per = 16 / size;  // elements in a 16-byte load
+    if ((size_t(cols) * size) % 16 == 0 && (uintptr_t(row) & 15) == 0 && (uintptr_t(x) & 15) == 0) {
+        for (int k = lane * per; k < cols; k += 32 * per) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + size_t(k) * size));
+            float wv[8];
+            if (m.dtype == kF32) F32W::vec(v, wv);
+            else if (m.dtype == kBF16) BF16W::vec(v, wv);
+            else F16W::vec(v, wv);
+            for (int q = 0; q < per; q++) acc = fmaf(wv[q], x[k + q], acc);
+        }
+    } else {
+        for (int k = lane; k < cols; k += 32) acc = fmaf(elem(row, k, m.dtype, nullptr, 1), x[k], acc);
+    }
+    return warp_sum(acc);
+}
+
+}  // namespace
+
+// Expert gate and up with SwiGLU, one (token, slot) pair per blockIdx.y:
+// h[s] (inter) = silu(gate_e·x[s / k])·(up_e·x[s / k]) for e = ids[s], the
+// experts' descriptors at table[3e] (gate) and table[3e + 1] (up). An id
+// outside [0, experts) writes NaN. Launch: grid (ceil(inter / 8), n·k),
+// 256 threads, one output per warp.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_gate_up(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts,
+                        int k, int inter) {
+    const int s = blockIdx.y;
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= inter) return;
+    const int e = ids[s];
+    float out = __int_as_float(0x7fc00000);
+    if (e >= 0 && e < experts) {
+        const float* xr = x + size_t(s / k) * x_stride;
+        const float g = warp_dot(table[3 * e], r, xr);
+        const float u = warp_dot(table[3 * e + 1], r, xr);
+        out = swiglu1(g, u);
+    }
+    if ((threadIdx.x & 31) == 0) h[size_t(s) * inter + r] = out;
+}
+
+// Expert down: ye[s] (hidden) = down_e·h[s] for e = ids[s] (table[3e + 2]).
+// Launch: grid (ceil(hidden / 8), n·k), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_down(float* ye, const float* h, const int* ids, const MatDesc* table, int experts, int inter,
+                     int hidden) {
+    const int s = blockIdx.y;
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= hidden) return;
+    const int e = ids[s];
+    float out = __int_as_float(0x7fc00000);
+    if (e >= 0 && e < experts) out = warp_dot(table[3 * e + 2], r, h + size_t(s) * inter);
+    if ((threadIdx.x & 31) == 0) ye[size_t(s) * hidden + r] = out;
+}
+
+// Combine: y[i] = Σ_j w[i, j]·ye[i·k + j], the token's experts added in
+// increasing expert id (float32 products and sums, kernels/ref.Experts).
+// Launch: grid n, 256 threads; k ≤ 64.
+extern "C" __global__ void ferrite_moe_combine(float* y, int y_stride, const float* ye, const int* ids,
+                                               const float* w, int k, int hidden) {
+    __shared__ int order[64];
+    const int i = blockIdx.x;
+    if (threadIdx.x == 0) {
+        // Insertion sort by id, stable.
+        for (int j = 0; j < k; j++) {
+            int t = j;
+            while (t > 0 && ids[size_t(i) * k + order[t - 1]] > ids[size_t(i) * k + j]) {
+                order[t] = order[t - 1];
+                t--;
+            }
+            order[t] = j;
+        }
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
+        float acc = 0.f;
+        for (int t = 0; t < k; t++) {
+            const int j = order[t];
+            acc = __fadd_rn(acc, __fmul_rn(w[size_t(i) * k + j], ye[(size_t(i) * k + j) * hidden + d]));
+        }
+        y[size_t(i) * y_stride + d] = acc;
+    }
+}

@@ -1,0 +1,68 @@
+// Declarations of the CUDA keywords, built-in variables and device
+// functions kernels/cuda/src uses, so that clang can type-check the kernels
+// as device code on a machine without the CUDA toolkit
+// (tools/cuda/check_cuda.sh). Declarations only: nothing here is compiled
+// into the fatbin, which nvcc builds with the real headers.
+#pragma once
+#include <__clang_cuda_builtin_vars.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
+#define __shared__ __attribute__((shared))
+#define __constant__ __attribute__((constant))
+#define __forceinline__ __inline__ __attribute__((always_inline))
+#define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+#ifndef INFINITY
+#define INFINITY __builtin_huge_valf()
+#endif
+
+struct __attribute__((aligned(16))) uint4 { unsigned int x, y, z, w; };
+struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
+struct __attribute__((aligned(8))) float2 { float x, y; };
+
+__device__ void __syncthreads();
+__device__ void __syncwarp(unsigned mask = 0xffffffffu);
+#define FERRITE_SHFL(T)                                                        \
+    __device__ T __shfl_sync(unsigned mask, T v, int lane, int width = 32);    \
+    __device__ T __shfl_xor_sync(unsigned mask, T v, int lane, int width = 32);
+FERRITE_SHFL(int)
+FERRITE_SHFL(unsigned)
+FERRITE_SHFL(long)
+FERRITE_SHFL(unsigned long)
+FERRITE_SHFL(long long)
+FERRITE_SHFL(unsigned long long)
+FERRITE_SHFL(float)
+FERRITE_SHFL(double)
+#undef FERRITE_SHFL
+
+__device__ uint4 __ldg(const uint4*);
+__device__ float4 __ldg(const float4*);
+__device__ float __ldg(const float*);
+__device__ unsigned __float_as_uint(float);
+__device__ float __uint_as_float(unsigned);
+__device__ float __int_as_float(int);
+__device__ int __float_as_int(float);
+__device__ float __fmul_rn(float, float);
+__device__ float __fadd_rn(float, float);
+__device__ float __fsub_rn(float, float);
+__device__ float __fdiv_rn(float, float);
+__device__ float __fsqrt_rn(float);
+__device__ float fmaf(float, float, float);
+__device__ float fmaxf(float, float);
+__device__ float fminf(float, float);
+__device__ float expf(float);
+__device__ float sqrtf(float);
+__device__ float rsqrtf(float);
+__device__ double exp(double);
+__device__ double cos(double);
+__device__ double sin(double);
+__device__ double sqrt(double);
+__device__ int min(int, int);
+__device__ int max(int, int);
+__device__ unsigned min(unsigned, unsigned);
+__device__ unsigned max(unsigned, unsigned);
+__device__ long long min(long long, long long);
+__device__ long long max(long long, long long);
