@@ -19,8 +19,7 @@
 //	gguf         GGUF files: validated reader, config, weights under HF names, tokenizer
 //	kvcache      paged, reference-counted K/V cache (Reserve/Truncate/Fork/Free)
 //	linattn      the hybrids' per-sequence recurrent-state slots (linear attention runs on the op set)
-//	model        Model, Batch, Output, the registry, and Decoder (the shared
-//	             decoder-only transformer)
+//	model        Model, Batch, Output, the registry, NewCache and NewStatePool
 //	nn           layers' weights as loaded (Linear, RMSNorm, RoPE frequencies, MLP, MoE) and the Loader
 //	models/<arch> one package per architecture, registered in init
 //	models/all   blank imports of every architecture
