@@ -122,7 +122,7 @@ func promptLogits(t *testing.T, l *engine.Loaded, prompt []int32) []float32 {
 	var states *linattn.StatePool
 	var slot *linattn.Slot
 	if sm, ok := m.(model.StateModel); ok {
-		if states, err = linattn.NewStatePool(sm.StateLayout(), 1<<24); err != nil {
+		if states, err = model.NewStatePool(sm, 1<<24); err != nil {
 			t.Fatal(err)
 		}
 		if slot, err = states.Alloc(); err != nil {
