@@ -48,3 +48,49 @@ func TestSinkhorn(t *testing.T) {
 		}
 	}
 }
+
+// TestHyperPost checks the stream update X'[j] = post[j]·y + Σ_i
+// comb[i][j]·X[i] (comb transposed) against a direct evaluation, and
+// HyperMerge against the mean.
+func TestHyperPost(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const n, hc, hidden = 3, 4, 5
+	X := make([]float32, n*hc*hidden)
+	y := make([]float32, n*hidden)
+	coef := make([]float32, n*(hc+hc*hc))
+	for _, s := range [][]float32{X, y, coef} {
+		for i := range s {
+			s[i] = float32(rng.NormFloat64())
+		}
+	}
+	want := make([]float32, len(X))
+	cw := hc + hc*hc
+	for r := range n {
+		for j := range hc {
+			for d := range hidden {
+				acc := float64(coef[r*cw+j]) * float64(y[r*hidden+d])
+				for i := range hc {
+					acc += float64(coef[r*cw+hc+i*hc+j]) * float64(X[r*hc*hidden+i*hidden+d])
+				}
+				want[r*hc*hidden+j*hidden+d] = float32(acc)
+			}
+		}
+	}
+	HyperPost(X, y, coef, hc, n)
+	for i := range want {
+		if math.Abs(float64(X[i]-want[i])) > 1e-6*(1+math.Abs(float64(want[i]))) {
+			t.Fatalf("stream value %d = %g, want %g", i, X[i], want[i])
+		}
+	}
+	m := make([]float32, hidden)
+	HyperMerge(m, X[:hc*hidden], hc)
+	for d := range hidden {
+		var s float64
+		for j := range hc {
+			s += float64(X[j*hidden+d])
+		}
+		if math.Abs(float64(m[d])-s/hc) > 1e-6 {
+			t.Fatalf("merge %d = %g, want %g", d, m[d], s/hc)
+		}
+	}
+}
