@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/internal/modeltest"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
@@ -581,3 +582,9 @@ func testRollbackAndFork(t *testing.T, be kernels.Backend) {
 		e.free(q)
 	}
 }
+
+// TestSuite runs the engine's shared architecture suite (incremental =
+// full, chunked prefill, batched = alone, fork and rollback with state
+// snapshots, bad batches) on tinyRandom on every backend of
+// modeltest.Devices, with BF16 and F32 KV caches.
+func TestSuite(t *testing.T) { modeltest.RunDevices(t, tinyRandom, kernels.F32, nil) }

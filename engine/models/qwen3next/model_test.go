@@ -704,3 +704,9 @@ func TestBackendWithoutLinearOps(t *testing.T) {
 		}
 	}
 }
+
+// TestSuite runs the engine's shared architecture suite (incremental =
+// full, chunked prefill, batched = alone, fork and rollback with state
+// snapshots, bad batches) on the tiny config on every backend of
+// modeltest.Devices, with BF16 and F32 KV caches.
+func TestSuite(t *testing.T) { modeltest.RunDevices(t, tiny, kernels.F32, nil) }
