@@ -32,6 +32,11 @@ type MTPModel interface {
 	// own cache and returns logits that predict the token at Pos+i+2 (rows
 	// chosen by Seq.Logits) and, when Seq.Hidden, the MTP's own post-norm
 	// output for chained drafting.
+	//
+	// hidden is host memory on purpose: the rows cross the step boundary
+	// (the runtime keeps them between the main step and the drafts, with
+	// the logits), and the implementation uploads them with the step's
+	// other inputs; no op inside a step reads host activations.
 	ForwardMTP(b *Batch, hidden [][]float32) (*Output, error)
 }
 
