@@ -60,7 +60,10 @@ func argmax(v []float32) int32 {
 // indexers (random weights, near-tied scores) pick other positions as soon
 // as anything upstream is rounded — BF16 latents change a few prompt rows'
 // top-k in later layers, and the greedy tokens follow (measured: 3 and 20
-// of 83 rows beyond bf16KVTol). Real checkpoints run their indexers on FP8
+// of 83 rows beyond bf16KVTol). Keeping their index keys in float32
+// (kvcache.LayerWidth.VFloat32, glm5_next's fix) was tried: still 3 and 20
+// rows beyond the bound and other greedy tokens, since the rounded latents
+// move the hidden states the indexer scores, not only the keys it stores. Real checkpoints run their indexers on FP8
 // keys; the BF16 default is checked on them by modeltest's suites
 // (incremental = full, batched = alone) and mlatest's F32 fixtures prove
 // the math.
