@@ -6,6 +6,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -59,5 +60,21 @@ func TestValidate(t *testing.T) {
 		if err := b.Validate(10, layout); err == nil {
 			t.Errorf("%s: no error", name)
 		}
+	}
+}
+
+// hostState is a StateModel that is not on the op set.
+type hostState struct{ model.Model }
+
+func (hostState) Info() model.Info { return model.Info{Arch: "host"} }
+func (hostState) StateLayout() []linattn.LayerShape {
+	return []linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 1}}
+}
+
+// TestNewStatePoolNeedsDevice: recurrent state lives only in a device's
+// memory, so a model without one gets an error, not a host pool.
+func TestNewStatePoolNeedsDevice(t *testing.T) {
+	if p, err := model.NewStatePool(hostState{}, 1<<10); err == nil || p != nil || !strings.Contains(err.Error(), "not on the op set") {
+		t.Fatalf("pool %v, error %v", p, err)
 	}
 }

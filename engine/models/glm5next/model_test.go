@@ -20,6 +20,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 // TestLayouts checks the cache and state layouts of the fixture model.
@@ -457,20 +458,20 @@ func testErrors(t *testing.T, be kernels.Backend) {
 	bs := e.batchSeq(s, []int32{1, 2}, model.LastLogits, false)
 	noSlot := bs
 	noSlot.State = nil
-	other, err := linattn.NewStatePool([]linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 1}}, 1<<20)
+	other, err := linattn.NewStatePool(e.st.Memory(), []linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 1}}, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	host, err := linattn.NewStatePool(m.StateLayout(), 1<<20) // the right layout in host memory
+	elsewhere, err := linattn.NewStatePool(strict.New(), m.StateLayout(), 1<<20) // the right layout in another device's memory
 	if err != nil {
 		t.Fatal(err)
 	}
-	hostSlot, err := host.Alloc()
+	elsewhereSlot, err := elsewhere.Alloc()
 	if err != nil {
 		t.Fatal(err)
 	}
-	onHost := bs
-	onHost.State = hostSlot
+	onElsewhere := bs
+	onElsewhere.State = elsewhereSlot
 	hostCache, err := kvcache.New(m.CacheLayout(), kvcache.Options{Budget: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -482,7 +483,7 @@ func testErrors(t *testing.T, be kernels.Backend) {
 		{Cache: e.c, States: e.st, Seqs: []model.Seq{bs, bs}},                                          // repeated handle
 		{Cache: nil, States: e.st, Seqs: []model.Seq{bs}},                                              // no cache
 		{Cache: e.c, States: e.st, Seqs: []model.Seq{{Tokens: []int32{600}, KV: s.kv, State: s.slot}}}, // token out of range
-		{Cache: e.c, States: host, Seqs: []model.Seq{onHost}},                                          // states in host memory
+		{Cache: e.c, States: elsewhere, Seqs: []model.Seq{onElsewhere}},                                // states in another device's memory
 		{Cache: hostCache, States: e.st, Seqs: []model.Seq{bs}},                                        // cache in host memory
 	} {
 		if _, err := m.Forward(&b); err == nil {

@@ -487,26 +487,27 @@ func testErrors(t *testing.T, f *fixture) {
 	if err := e.c.Reserve(s2.kv, 2); err != nil {
 		t.Fatal(err)
 	}
-	other, err := linattn.NewStatePool([]linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 2, ConvChannels: 1}}, 1<<20)
+	other, err := linattn.NewStatePool(e.pool.Memory(), []linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 2, ConvChannels: 1}}, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	one := func(pool *linattn.StatePool, slot *linattn.Slot) *model.Batch {
 		return &model.Batch{Cache: e.c, States: pool, Seqs: []model.Seq{{Tokens: []int32{1, 2}, KV: s.kv, State: slot}}}
 	}
-	host, err := linattn.NewStatePool(f.m.(model.StateModel).StateLayout(), 1<<20)
+	// The right layout in another device's memory.
+	elsewhere, err := linattn.NewStatePool(strict.New(), f.m.(model.StateModel).StateLayout(), 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hostSlot, err := host.Alloc()
+	elsewhereSlot, err := elsewhere.Alloc()
 	if err != nil {
 		t.Fatal(err)
 	}
 	bad := map[string]*model.Batch{
-		"no pool":    one(nil, s.slot),
-		"no slot":    one(e.pool, nil),
-		"wrong pool": one(other, s.slot),
-		"host pool":  one(host, hostSlot),
+		"no pool":                one(nil, s.slot),
+		"no slot":                one(e.pool, nil),
+		"wrong pool":             one(other, s.slot),
+		"pool in another device": one(elsewhere, elsewhereSlot),
 		"same slot twice": {Cache: e.c, States: e.pool, Seqs: []model.Seq{
 			{Tokens: []int32{1}, KV: s.kv, State: s.slot}, {Tokens: []int32{1}, KV: s2.kv, State: s.slot}}},
 	}
@@ -671,7 +672,7 @@ func TestNoLinearLayers(t *testing.T) {
 		t.Fatalf("all-attention model has %d state layers, %d state bytes", n, m.Info().StateBytesPerSeq)
 	}
 	c := modeltest.NewCache(t, m, 16)
-	pool, err := linattn.NewStatePool(nil, 0)
+	pool, err := linattn.NewStatePool(m.(model.DeviceModel).Device(), nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
