@@ -1,9 +1,8 @@
 // Package ref holds the golden references of the op set (kernels/ops.go):
 // plain Go loops over host slices, float64 wherever the math benefits,
 // written for clarity rather than speed. The strict test backend computes
-// with them, the conformance suite (kernels/kerneltest) checks every
-// backend against them, and the host-slice layers of engine/nn call the
-// ones they share, so each formula exists once.
+// with them and the conformance suite (kernels/kerneltest) checks every
+// backend against them, so each formula exists once.
 package ref
 
 import (

@@ -472,7 +472,7 @@ func testErrors(t *testing.T, be kernels.Backend) {
 	}
 	onElsewhere := bs
 	onElsewhere.State = elsewhereSlot
-	hostCache, err := kvcache.New(m.CacheLayout(), kvcache.Options{Budget: 1 << 20})
+	otherCache, err := kvcache.New(m.CacheLayout(), kvcache.Options{Budget: 1 << 20, Memory: strict.New()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,7 +484,7 @@ func testErrors(t *testing.T, be kernels.Backend) {
 		{Cache: nil, States: e.st, Seqs: []model.Seq{bs}},                                              // no cache
 		{Cache: e.c, States: e.st, Seqs: []model.Seq{{Tokens: []int32{600}, KV: s.kv, State: s.slot}}}, // token out of range
 		{Cache: e.c, States: elsewhere, Seqs: []model.Seq{onElsewhere}},                                // states in another device's memory
-		{Cache: hostCache, States: e.st, Seqs: []model.Seq{bs}},                                        // cache in host memory
+		{Cache: otherCache, States: e.st, Seqs: []model.Seq{bs}},                                       // cache in another device's memory
 	} {
 		if _, err := m.Forward(&b); err == nil {
 			t.Errorf("bad batch %d: no error", i)
