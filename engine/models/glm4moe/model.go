@@ -51,38 +51,33 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	case groups <= 0 || experts%groups != 0 || topKGroups <= 0 || topKGroups > groups || (groups > 1 && experts/groups < 2):
 		return nil, fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", groups, topKGroups, experts)
 	}
-	rope, err := transformer.NewRoPE(p)
+	ffn := func(l *nn.Loader, i int) nn.FFN {
+		pre := fmt.Sprintf("model.layers.%d.mlp", i)
+		if i < firstDense {
+			return l.MLP(pre, nn.HFNames, p.Hidden, p.Inter, false)
+		}
+		moe := &nn.MoE{
+			Router: nn.Router{
+				W:          l.Mat(pre+".gate.weight", experts, p.Hidden),
+				Bias:       l.Vec(pre+".gate.e_score_correction_bias", experts),
+				Scoring:    nn.SigmoidScoring,
+				TopK:       topK,
+				NormTopK:   normTopK,
+				Scale:      float32(scale),
+				Groups:     groups,
+				TopKGroups: topKGroups,
+			},
+			Experts: l.Experts(pre+".experts", nn.HFNames, experts, p.Hidden, moeInter),
+		}
+		if shared > 0 {
+			moe.Shared = l.MLP(pre+".shared_experts", nn.HFNames, p.Hidden, moeInter*shared, false)
+		}
+		return moe
+	}
+	// block loads model.layers.{i}; i = num_hidden_layers is the MTP layer's.
+	l, block, err := transformer.Blocks(w, p, transformer.AttnOptions{QKVBias: bias, QKNorm: qkNorm}, ffn)
 	if err != nil {
 		return nil, err
-	}
-	l := nn.NewLoader(w)
-	// block loads model.layers.{i}; i = num_hidden_layers is the MTP layer's.
-	block := func(i int) *nn.Block {
-		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{QKVBias: bias, QKNorm: qkNorm})
-		pre := fmt.Sprintf("model.layers.%d.mlp", i)
-		var ffn nn.FFN
-		if i < firstDense {
-			ffn = l.MLP(pre, nn.HFNames, p.Hidden, p.Inter, false)
-		} else {
-			moe := &nn.MoE{
-				Router: nn.Router{
-					W:          l.Mat(pre+".gate.weight", experts, p.Hidden),
-					Bias:       l.Vec(pre+".gate.e_score_correction_bias", experts),
-					Scoring:    nn.SigmoidScoring,
-					TopK:       topK,
-					NormTopK:   normTopK,
-					Scale:      float32(scale),
-					Groups:     groups,
-					TopKGroups: topKGroups,
-				},
-				Experts: l.Experts(pre+".experts", nn.HFNames, experts, p.Hidden, moeInter),
-			}
-			if shared > 0 {
-				moe.Shared = l.MLP(pre+".shared_experts", nn.HFNames, p.Hidden, moeInter*shared, false)
-			}
-			ffn = moe
-		}
-		return transformer.LoadBlock(l, p, i, attn, ffn)
 	}
 	layers := make([]*nn.Block, p.Layers)
 	for i := range layers {
