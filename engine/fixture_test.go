@@ -32,30 +32,6 @@ const (
 	bf16KVOutliers = 32
 )
 
-// relErr is max|got−want| / max|want|.
-func relErr(got, want []float32) (rel, abs float64) {
-	var maxRef float64
-	for i := range want {
-		maxRef = max(maxRef, math.Abs(float64(want[i])))
-		d := math.Abs(float64(got[i]) - float64(want[i]))
-		if math.IsNaN(d) {
-			d = math.Inf(1)
-		}
-		abs = max(abs, d)
-	}
-	return abs / maxRef, abs
-}
-
-func argmax(v []float32) int32 {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
-}
-
 // f32Only are the fixtures checked with a float32 cache only: their DSA
 // indexers (random weights, near-tied scores) pick other positions as soon
 // as anything upstream is rounded — BF16 latents change a few prompt rows'
@@ -141,7 +117,7 @@ func fixture(t *testing.T, name string, kv32 bool, be kernels.Backend) {
 			}
 			check := func(what string, got, want []float32) {
 				t.Helper()
-				rel, abs := relErr(got, want)
+				rel, abs := fixtures.RelErr(got, want)
 				t.Logf("%-14s max abs error %.3g, relative %.3g", what, abs, rel)
 				if rel <= tol {
 					return
@@ -161,7 +137,7 @@ func fixture(t *testing.T, name string, kv32 bool, be kernels.Backend) {
 				}
 				bad := 0
 				for r := 0; r < len(want)/width; r++ {
-					if _, a := relErr(got[r*width:(r+1)*width], want[r*width:(r+1)*width]); a > tol*maxRef {
+					if _, a := fixtures.RelErr(got[r*width:(r+1)*width], want[r*width:(r+1)*width]); a > tol*maxRef {
 						bad++
 					}
 				}
@@ -183,11 +159,11 @@ func fixture(t *testing.T, name string, kv32 bool, be kernels.Backend) {
 
 			// Greedy continuation of the prompt.
 			g := c.NewSeq()
-			next := argmax(run(g, prompt, model.LastLogits, false).Logits)
+			next := fixtures.Argmax(run(g, prompt, model.LastLogits, false).Logits)
 			var got []int32
 			for range len(greedy) {
 				got = append(got, next)
-				next = argmax(run(g, []int32{next}, model.LastLogits, false).Logits)
+				next = fixtures.Argmax(run(g, []int32{next}, model.LastLogits, false).Logits)
 			}
 			if !slices.Equal(got, greedy) {
 				t.Errorf("greedy tokens\n got %v\nwant %v", got, greedy)

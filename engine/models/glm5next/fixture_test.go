@@ -3,7 +3,6 @@ package glm5next
 import (
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"slices"
 	"testing"
@@ -156,41 +155,17 @@ func (e *env) run(s *seq, toks []int32, mode model.Logits, hidden bool) model.Se
 	return out.Seqs[0]
 }
 
-// relErr is max|got−want| / max|want| and max|got−want|.
-func relErr(got, want []float32) (rel, abs float64) {
-	var maxRef float64
-	for i := range want {
-		maxRef = max(maxRef, math.Abs(float64(want[i])))
-		d := math.Abs(float64(got[i]) - float64(want[i]))
-		if math.IsNaN(d) {
-			d = math.Inf(1)
-		}
-		abs = max(abs, d)
-	}
-	return abs / maxRef, abs
-}
-
 // check compares got with want at tol, logging the error.
 func check(t testing.TB, what string, got, want []float32, tol float64) {
 	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
 	}
-	rel, abs := relErr(got, want)
+	rel, abs := fixtures.RelErr(got, want)
 	t.Logf("%-26s max abs error %.3g, relative %.3g", what, abs, rel)
 	if rel > tol {
 		t.Errorf("%s: relative error %.3g > %g", what, rel, tol)
 	}
-}
-
-func argmax(v []float32) int32 {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }
 
 func mustFloats(t testing.TB, fx *fixtures.Fixture, name string) []float32 {
@@ -346,11 +321,11 @@ func greedy(t *testing.T, e *env, fx *fixtures.Fixture, prompt []int32) {
 	want := mustInts(t, fx, "greedy_ids")
 	g := e.newSeq()
 	defer e.free(g)
-	next := argmax(e.run(g, prompt, model.LastLogits, false).Logits)
+	next := fixtures.Argmax(e.run(g, prompt, model.LastLogits, false).Logits)
 	var got []int32
 	for range len(want) {
 		got = append(got, next)
-		next = argmax(e.run(g, []int32{next}, model.LastLogits, false).Logits)
+		next = fixtures.Argmax(e.run(g, []int32{next}, model.LastLogits, false).Logits)
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("greedy tokens\n got %v\nwant %v", got, want)

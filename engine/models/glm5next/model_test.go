@@ -19,6 +19,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
@@ -132,7 +133,7 @@ func testPoolsDropped(t *testing.T, be kernels.Backend) {
 	e2 := newEnv(t, m, T+16, 1)
 	s2 := e2.newSeq()
 	dense := e2.run(s2, prompt, model.AllLogits, false).Logits
-	rel, abs := relErr(dense, sparse)
+	rel, abs := fixtures.RelErr(dense, sparse)
 	t.Logf("all pools kept: logits differ by %.3g (relative %.3g)", abs, rel)
 	if rel < 100*fixtureTol {
 		t.Errorf("keeping every pool changed the logits by only %.3g relative", rel)

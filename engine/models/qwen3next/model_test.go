@@ -210,16 +210,6 @@ func check(t *testing.T, what string, got, want []float32, tol float64) {
 	t.Logf("%-22s max abs error %.3g, relative %.3g", what, abs, rel)
 }
 
-func argmax(v []float32) int32 {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
-}
-
 // TestFixture compares with transformers 5.17: prompt logits and final
 // hidden states from one pass, cached decode logits, 16 greedy tokens and
 // the MTP head's logits.
@@ -261,11 +251,11 @@ func testFixture(t *testing.T, f *fixture) {
 	e.free(s)
 
 	g := e.newSeq()
-	next := argmax(e.step(g, f.prompt, model.LastLogits))
+	next := fixtures.Argmax(e.step(g, f.prompt, model.LastLogits))
 	var got []int32
 	for range len(f.greedy) {
 		got = append(got, next)
-		next = argmax(e.step(g, []int32{next}, model.LastLogits))
+		next = fixtures.Argmax(e.step(g, []int32{next}, model.LastLogits))
 	}
 	if !slices.Equal(got, f.greedy) {
 		t.Errorf("greedy tokens\n got %v\nwant %v", got, f.greedy)
