@@ -193,7 +193,7 @@ func testBatch(t *testing.T, be kernels.Backend) {
 	a, b, c := e.newSeq(), e.newSeq(), e.newSeq()
 	e.run(b, pb[:25], model.NoLogits, false)
 	e.run(c, pc[:12], model.NoLogits, false)
-	out, err := m.Forward(&model.Batch{Cache: e.c, States: e.st, Seqs: []model.Seq{
+	out, err := m.Forward(&model.Batch{Cache: e.Cache, States: e.States, Seqs: []model.Seq{
 		e.batchSeq(b, pb[25:], model.AllLogits, false),
 		e.batchSeq(a, pa, model.AllLogits, true),
 		e.batchSeq(c, pc[12:], model.LastLogits, false),
@@ -341,8 +341,8 @@ func testFlatCheckpoint(t *testing.T, be kernels.Backend) {
 		s := e.newSeq()
 		defer e.free(s)
 		out := e.run(s, prompt, model.AllLogits, true)
-		mt, err := withMTP{m}.ForwardMTP(&model.Batch{Cache: e.c, Seqs: []model.Seq{
-			{Tokens: prompt[1:], KV: s.kv, Logits: model.AllLogits},
+		mt, err := withMTP{m}.ForwardMTP(&model.Batch{Cache: e.Cache, Seqs: []model.Seq{
+			{Tokens: prompt[1:], KV: s.KV, Logits: model.AllLogits},
 		}}, [][]float32{out.Hidden[:(len(prompt)-1)*m.Info().Hidden]})
 		if err != nil {
 			t.Fatal(err)
@@ -459,7 +459,7 @@ func testErrors(t *testing.T, be kernels.Backend) {
 	bs := e.batchSeq(s, []int32{1, 2}, model.LastLogits, false)
 	noSlot := bs
 	noSlot.State = nil
-	other, err := linattn.NewStatePool(e.st.Memory(), []linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 1}}, 1<<20)
+	other, err := linattn.NewStatePool(e.States.Memory(), []linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 1}}, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,20 +478,20 @@ func testErrors(t *testing.T, be kernels.Backend) {
 		t.Fatal(err)
 	}
 	for i, b := range []model.Batch{
-		{Cache: e.c, Seqs: []model.Seq{bs}},                                                            // no state pool
-		{Cache: e.c, States: e.st, Seqs: []model.Seq{noSlot}},                                          // no slot
-		{Cache: e.c, States: other, Seqs: []model.Seq{bs}},                                             // wrong pool
-		{Cache: e.c, States: e.st, Seqs: []model.Seq{bs, bs}},                                          // repeated handle
-		{Cache: nil, States: e.st, Seqs: []model.Seq{bs}},                                              // no cache
-		{Cache: e.c, States: e.st, Seqs: []model.Seq{{Tokens: []int32{600}, KV: s.kv, State: s.slot}}}, // token out of range
-		{Cache: e.c, States: elsewhere, Seqs: []model.Seq{onElsewhere}},                                // states in another device's memory
-		{Cache: otherCache, States: e.st, Seqs: []model.Seq{bs}},                                       // cache in another device's memory
+		{Cache: e.Cache, Seqs: []model.Seq{bs}},                                                                // no state pool
+		{Cache: e.Cache, States: e.States, Seqs: []model.Seq{noSlot}},                                          // no slot
+		{Cache: e.Cache, States: other, Seqs: []model.Seq{bs}},                                                 // wrong pool
+		{Cache: e.Cache, States: e.States, Seqs: []model.Seq{bs, bs}},                                          // repeated handle
+		{Cache: nil, States: e.States, Seqs: []model.Seq{bs}},                                                  // no cache
+		{Cache: e.Cache, States: e.States, Seqs: []model.Seq{{Tokens: []int32{600}, KV: s.KV, State: s.Slot}}}, // token out of range
+		{Cache: e.Cache, States: elsewhere, Seqs: []model.Seq{onElsewhere}},                                    // states in another device's memory
+		{Cache: otherCache, States: e.States, Seqs: []model.Seq{bs}},                                           // cache in another device's memory
 	} {
 		if _, err := m.Forward(&b); err == nil {
 			t.Errorf("bad batch %d: no error", i)
 		}
 	}
-	if _, err := (withMTP{m}).ForwardMTP(&model.Batch{Cache: e.c, Seqs: []model.Seq{bs}}, [][]float32{make([]float32, 3)}); err == nil {
+	if _, err := (withMTP{m}).ForwardMTP(&model.Batch{Cache: e.Cache, Seqs: []model.Seq{bs}}, [][]float32{make([]float32, 3)}); err == nil {
 		t.Error("ForwardMTP with a short hidden block: no error")
 	}
 
@@ -558,26 +558,13 @@ func testRollbackAndFork(t *testing.T, be kernels.Backend) {
 
 	s := e.newSeq()
 	e.run(s, prompt[:50], model.NoLogits, false)
-	snap, err := e.st.NewSnapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.st.FreeSnapshot(snap)
-	e.st.Snapshot(snap, s.slot)
+	rollback := e.Checkpoint(t, s)
 	// Fork at 50 (inside pool 12 = [48, 52)), before the speculation.
-	f := &seq{slot: nil}
-	if f.kv, err = e.c.Fork(s.kv, 50); err != nil {
-		t.Fatal(err)
-	}
-	if f.slot, err = e.st.Alloc(); err != nil {
-		t.Fatal(err)
-	}
-	e.st.Copy(f.slot, s.slot)
+	f := e.Fork(t, s, 50)
 
 	// Seven wrong tokens complete pools 12 and 13, then are rejected.
 	e.run(s, []int32{1, 2, 3, 4, 5, 6, 7}, model.AllLogits, false)
-	e.c.Truncate(s.kv, 50)
-	e.st.Restore(s.slot, snap)
+	rollback()
 	check(t, "after rollback", e.run(s, prompt[50:], model.AllLogits, false).Logits, full[50*V:], selfTol)
 	check(t, "fork", e.run(f, prompt[50:60], model.AllLogits, false).Logits, full[50*V:60*V], selfTol)
 	for _, q := range []*seq{ref, s, f} {
