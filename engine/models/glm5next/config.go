@@ -15,8 +15,8 @@ const (
 	fullAttention   = "full_attention"            // an alias of sparseAttention (Glm5NextTextConfig)
 	denseFFN        = "dense"
 	sparseFFN       = "sparse"
-	fullIndexer     = "full"   // the layer runs its own indexer
-	sharedIndexer   = "shared" // the layer reuses the previous layer's selection
+	fullIndexer     = config.FullIndexer   // the layer runs its own indexer
+	sharedIndexer   = config.SharedIndexer // the layer reuses the previous layer's selection
 )
 
 // params are the hyperparameters read from config.json (the text config of
@@ -198,31 +198,7 @@ func (p *params) readSchedule(cfg *config.Config) {
 			p.mlpTypes = append(p.mlpTypes, t)
 		}
 	}
-	switch {
-	case cfg.Has("indexer_types"):
-		p.idxTypes = cfg.Strings("indexer_types")
-	case cfg.Has("index_topk_pattern"):
-		for _, c := range cfg.StringOr("index_topk_pattern", "") {
-			switch c {
-			case 'F':
-				p.idxTypes = append(p.idxTypes, fullIndexer)
-			case 'S':
-				p.idxTypes = append(p.idxTypes, sharedIndexer)
-			default:
-				p.idxTypes = append(p.idxTypes, string(c))
-			}
-		}
-	default:
-		freq := max(cfg.IntOr("index_topk_freq", 1), 1)
-		offset := cfg.IntOr("index_skip_topk_offset", 2)
-		for i := range max(p.layers, 0) {
-			t := sharedIndexer
-			if max(i-offset+1, 0)%freq == 0 {
-				t = fullIndexer
-			}
-			p.idxTypes = append(p.idxTypes, t)
-		}
-	}
+	p.idxTypes = cfg.IndexerTypes(p.layers)
 }
 
 // validate checks the hyperparameters and the schedule against each other

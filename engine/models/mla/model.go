@@ -197,31 +197,7 @@ func readTypes(cfg *config.Config, s Spec, layers int) (layerTypes, error) {
 	if !s.SharedIndexers {
 		return t, nil
 	}
-	switch {
-	case cfg.Has("indexer_types"):
-		t.indexer = cfg.Strings("indexer_types")
-	case cfg.Has("index_topk_pattern"):
-		for _, r := range cfg.StringOr("index_topk_pattern", "") {
-			switch r {
-			case 'F':
-				t.indexer = append(t.indexer, "full")
-			case 'S':
-				t.indexer = append(t.indexer, "shared")
-			default:
-				t.indexer = append(t.indexer, string(r))
-			}
-		}
-	default:
-		freq := max(cfg.IntOr("index_topk_freq", 1), 1)
-		off := cfg.IntOr("index_skip_topk_offset", 2)
-		for i := range max(layers, 0) {
-			if max(i-off+1, 0)%freq == 0 {
-				t.indexer = append(t.indexer, "full")
-			} else {
-				t.indexer = append(t.indexer, "shared")
-			}
-		}
-	}
+	t.indexer = cfg.IndexerTypes(layers)
 	return t, nil
 }
 
@@ -281,8 +257,8 @@ func (t layerTypes) schedule(s Spec, layers int) (schedule, error) {
 		}
 		if t.indexer != nil && sc.dsa[i] {
 			switch t.indexer[i] {
-			case "full":
-			case "shared":
+			case config.FullIndexer:
+			case config.SharedIndexer:
 				if i == 0 || !sc.dsa[i-1] {
 					return sc, fmt.Errorf("indexer_types[%d] is shared but layer %d has no DSA indexer to share", i, i-1)
 				}
