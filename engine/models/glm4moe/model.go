@@ -44,12 +44,9 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	if err := cfg.Err(); err != nil {
 		return nil, err
 	}
-	switch {
-	case experts <= 0 || topK <= 0 || topK > experts || moeInter <= 0 || shared < 0:
-		return nil, fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
-			experts, topK, moeInter, shared)
-	case groups <= 0 || experts%groups != 0 || topKGroups <= 0 || topKGroups > groups || (groups > 1 && experts/groups < 2):
-		return nil, fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", groups, topKGroups, experts)
+	shape := nn.GroupedMoEShape{Experts: experts, TopK: topK, Inter: moeInter, Shared: shared, Groups: groups, TopKGroups: topKGroups}
+	if err := shape.Check(); err != nil {
+		return nil, err
 	}
 	ffn := func(l *nn.Loader, i int) nn.FFN {
 		pre := fmt.Sprintf("model.layers.%d.mlp", i)

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/nn"
 )
 
 // Layer kinds of layer_types, mlp_layer_types and indexer_types.
@@ -280,12 +281,9 @@ func (p *params) checkSchedule() error {
 		}
 	}
 	if anySparse || p.nextn > 0 {
-		switch {
-		case p.experts <= 0 || p.topK <= 0 || p.topK > p.experts || p.moeInter <= 0 || p.shared < 0:
-			return fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
-				p.experts, p.topK, p.moeInter, p.shared)
-		case p.groups <= 0 || p.experts%p.groups != 0 || p.topKGroups <= 0 || p.topKGroups > p.groups || (p.groups > 1 && p.experts/p.groups < 2):
-			return fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", p.groups, p.topKGroups, p.experts)
+		shape := nn.GroupedMoEShape{Experts: p.experts, TopK: p.topK, Inter: p.moeInter, Shared: p.shared, Groups: p.groups, TopKGroups: p.topKGroups}
+		if err := shape.Check(); err != nil {
+			return err
 		}
 	}
 	return nil

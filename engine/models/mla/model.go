@@ -280,12 +280,9 @@ func (p *params) validateSchedule() error {
 	}
 	m := p.moe
 	if anySparse || p.nextn > 0 {
-		switch {
-		case m.experts <= 0 || m.topK <= 0 || m.topK > m.experts || m.inter <= 0 || m.shared < 0:
-			return fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
-				m.experts, m.topK, m.inter, m.shared)
-		case m.groups <= 0 || m.experts%m.groups != 0 || m.topKGroups <= 0 || m.topKGroups > m.groups || (m.groups > 1 && m.experts/m.groups < 2):
-			return fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", m.groups, m.topKGroups, m.experts)
+		shape := nn.GroupedMoEShape{Experts: m.experts, TopK: m.topK, Inter: m.inter, Shared: m.shared, Groups: m.groups, TopKGroups: m.topKGroups}
+		if err := shape.Check(); err != nil {
+			return err
 		}
 	}
 	if anyDSA {
