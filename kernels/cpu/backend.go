@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"runtime"
+	"sync/atomic"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -15,6 +16,8 @@ import (
 type Backend struct {
 	pool  *pool
 	arena arena     // per-step scratch tensors
+	// allocated is the bytes of the tensors Alloc returned (MemoryUse).
+	allocated atomic.Int64
 	tmp   []float32 // scratch inside one op (Linear's accumulate)
 	moe   moeScratch
 	hyper hyperScratch
