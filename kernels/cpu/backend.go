@@ -15,17 +15,17 @@ import (
 // deadlocking.
 type Backend struct {
 	pool  *pool
-	arena arena // per-step scratch tensors
-	// allocated is the bytes of the tensors Alloc returned (MemoryUse).
-	allocated atomic.Int64
-	tmp       []float32 // scratch inside one op (Linear's accumulate)
-	moe       moeScratch
-	hyper     hyperScratch
-	lin       linScratch           // the delta rule's normalised q/k and gates
-	rope      map[ropeKey]*ropeTab // cos/sin tables per Rotary
-	mla       mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
+	arena arena     // per-step scratch tensors
+	tmp   []float32 // scratch inside one op (Linear's accumulate)
+	moe   moeScratch
+	hyper hyperScratch
+	lin   linScratch           // the delta rule's normalised q/k and gates
+	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
+	mla   mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
 
 	mlaTile int // keys the naive MLA form expands at a time; 0 picks one (tests set it)
+
+	allocated atomic.Int64 // bytes of the tensors Alloc returned (MemoryUse)
 }
 
 var _ kernels.Device = (*Backend)(nil)
