@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -140,6 +141,7 @@ func TestLoadCheckpoint(t *testing.T) {
 		t.Fatalf("NewCache: %v", err)
 	}
 	checkMemory(t, l, rec, before.Tensors+cache.Stats().BytesTotal)
+	runtime.KeepAlive(cache) // the CPU counts live tensors
 }
 
 // checkMemory checks Loaded.Memory on the CPU: the weights are what the

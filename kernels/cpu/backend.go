@@ -25,7 +25,7 @@ type Backend struct {
 
 	mlaTile int // keys the naive MLA form expands at a time; 0 picks one (tests set it)
 
-	allocated atomic.Int64 // bytes of the tensors Alloc returned (MemoryUse)
+	allocated atomic.Int64 // bytes of the live tensors Alloc returned (MemoryUse)
 }
 
 var _ kernels.Device = (*Backend)(nil)

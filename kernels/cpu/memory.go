@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"runtime"
 	"sync/atomic"
 	"unsafe"
 
@@ -113,13 +114,15 @@ func (a *arena) get(dt kernels.DType, rows, cols int) kernels.Tensor {
 // Alloc implements kernels.Memory.
 func (b *Backend) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
 	buf := newBuffer(dt, rows*cols)
-	b.allocated.Add(int64(len(buf.b)))
+	n := int64(len(buf.b))
+	b.allocated.Add(n)
+	runtime.AddCleanup(buf, func(n int64) { b.allocated.Add(-n) }, n)
 	return kernels.NewTensor(buf, dt, rows, cols, cols, 0), nil
 }
 
 // MemoryUse implements kernels.MemoryReporter: host RAM the backend
-// allocated, Alloc's tensors (never freed: they live as long as the
-// Backend) and the Scratch arena. Weights are 0: the CPU runs the model's
+// allocated, Alloc's tensors still alive (the garbage collector frees a
+// dropped KV cache; the count follows once it has) and the Scratch arena. Weights are 0: the CPU runs the model's
 // weights where they lie, mapped from the file or converted at load.
 func (b *Backend) MemoryUse() kernels.MemoryUse {
 	return kernels.MemoryUse{Tensors: b.allocated.Load(), Arena: b.arena.bytes.Load()}

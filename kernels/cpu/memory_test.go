@@ -1,7 +1,9 @@
 package cpu
 
 import (
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -15,14 +17,20 @@ func TestMemoryUse(t *testing.T) {
 	if u := b.MemoryUse(); u != (kernels.MemoryUse{}) {
 		t.Fatalf("fresh backend: %+v, want zero", u)
 	}
-	if _, err := b.Alloc(kernels.BF16, 16, 64); err != nil { // a BF16 KV layer: 2 KiB
-		t.Fatal(err)
-	}
-	if _, err := b.Alloc(kernels.F32, 3, 5); err != nil { // 60 B
-		t.Fatal(err)
-	}
-	if _, err := b.Alloc(kernels.I32, 7, 1); err != nil { // 28 B
-		t.Fatal(err)
+	var kept []kernels.Tensor // alive to the end: the count follows the GC
+	for _, a := range []struct {
+		dt         kernels.DType
+		rows, cols int
+	}{
+		{kernels.BF16, 16, 64}, // a BF16 KV layer: 2 KiB
+		{kernels.F32, 3, 5},    // 60 B
+		{kernels.I32, 7, 1},    // 28 B
+	} {
+		x, err := b.Alloc(a.dt, a.rows, a.cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept = append(kept, x)
 	}
 	for range 2 { // the second step reuses the first one's buffers
 		b.BeginStep()
@@ -40,4 +48,31 @@ func TestMemoryUse(t *testing.T) {
 	if u := b.MemoryUse(); u.OnDevice || u.Weights != 0 || u.Total != 0 {
 		t.Errorf("the CPU reports device memory or weights: %+v", u)
 	}
+	runtime.KeepAlive(kept)
+}
+
+// TestMemoryUseFollowsTheGC checks that a dropped tensor leaves the count
+// once the garbage collector has freed it.
+func TestMemoryUseFollowsTheGC(t *testing.T) {
+	b := New(1)
+	defer b.Close()
+	keep, err := b.Alloc(kernels.F32, 1, 256) // 1 KiB
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Alloc(kernels.F32, 1024, 256); err != nil { // 1 MiB, dropped
+		t.Fatal(err)
+	}
+	if got := b.MemoryUse().Tensors; got != 1<<10+1<<20 {
+		t.Fatalf("Tensors = %d before the GC, want %d", got, 1<<10+1<<20)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for b.MemoryUse().Tensors != 1<<10 && time.Now().Before(deadline) {
+		runtime.GC()
+		time.Sleep(time.Millisecond)
+	}
+	if got := b.MemoryUse().Tensors; got != 1<<10 {
+		t.Errorf("Tensors = %d after the GC, want %d (the kept tensor)", got, 1<<10)
+	}
+	runtime.KeepAlive(keep)
 }

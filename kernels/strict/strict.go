@@ -101,8 +101,8 @@ func (d *Device) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error)
 	return t, nil
 }
 
-// MemoryUse implements kernels.MemoryReporter: host bytes of Alloc's
-// tensors, and as the arena the Scratch bytes of the current or last step
+// MemoryUse implements kernels.MemoryReporter: host bytes of every tensor
+// Alloc returned (dropped ones included), and as the arena the Scratch bytes of the current or last step
 // (strict allocates every Scratch tensor afresh).
 func (d *Device) MemoryUse() kernels.MemoryUse {
 	return kernels.MemoryUse{Tensors: d.allocated, Arena: d.scratch}
