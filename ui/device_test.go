@@ -51,6 +51,10 @@ func TestGPUMemoryInStatusBarAndStats(t *testing.T) {
 	h.untilNotice("Memory (GPU): weights 16.0 GiB, KV cache 12.0 MiB, other tensors 2.0 GiB, step arena 512.0 MiB; " +
 		"18.5 GiB in all; the device has 139.7 GiB, 120.0 GiB free\n")
 	h.final()
+	st := NewStyles(DefaultPalette(), true, false)
+	if bar := xansi.Strip(statusBar{st: &st}.render(120, statusData{info: eng.info, stats: eng.stats})); !strings.Contains(bar, "│ cuda:0 NVIDIA H200 │ GPU 18.5/140 GiB │") {
+		t.Errorf("wide status bar lacks the device and its memory: %q", bar)
+	}
 
 	for u, want := range map[kernels.MemoryUse]string{
 		{OnDevice: true, Weights: 1 << 29, Total: 24 << 30}: "0.5/24.0 GiB",
