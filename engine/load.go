@@ -54,7 +54,8 @@ type Loaded struct {
 	Device, DeviceNote string
 
 	ownBackend *device.Backend
-	autoDevice bool // the backend was chosen by --device auto
+	autoDevice bool         // the backend was chosen by --device auto
+	tally      *weightTally // the weights the model took (Memory)
 }
 
 // openDevice opens a device backend; tests replace it.
@@ -163,7 +164,8 @@ func (l *Loaded) DeviceErr() error {
 // source wraps src to quantize its matrices when opts.Quant asks for it.
 func (l *Loaded) source(src model.WeightSource, opts Options) model.WeightSource {
 	q, _ := Quantized(src, opts.Quant, l.Backend) // checked by checkQuant
-	return q
+	l.tally = newWeightTally(q)
+	return l.tally
 }
 
 // Quantized returns src with its matrices quantized as Options.Quant quant

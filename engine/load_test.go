@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -134,9 +135,35 @@ func TestLoadCheckpoint(t *testing.T) {
 	}
 	modeltest.Compare(t, "loaded vs in-memory", run(l.Model), run(mem), 1e-6)
 
+	before := l.Memory()
 	cache, err := l.NewCache(1<<20, 0)
 	if err != nil || cache.BlockSize() != 16 {
 		t.Fatalf("NewCache: %v", err)
+	}
+	checkMemory(t, l, rec, before.Tensors+cache.Stats().BytesTotal)
+	runtime.KeepAlive(cache) // the CPU counts live tensors
+}
+
+// checkMemory checks Loaded.Memory on the CPU: the weights are what the
+// recorder handed the in-memory model (each tensor once, norms as float32),
+// the tensors include the KV cache.
+func checkMemory(t *testing.T, l *Loaded, rec *recorder, minTensors int64) {
+	t.Helper()
+	var want int64
+	for _, m := range rec.mats {
+		want += int64(len(m.Data))
+	}
+	for _, ms := range rec.experts {
+		for _, m := range ms {
+			want += int64(len(m.Data))
+		}
+	}
+	for _, v := range rec.vecs {
+		want += int64(len(v.Data))
+	}
+	u := l.Memory()
+	if u.OnDevice || u.Weights != want || u.Tensors < minTensors || u.Total != 0 {
+		t.Errorf("Memory = %+v, want host weights of %d bytes and at least %d bytes of tensors", u, want, minTensors)
 	}
 }
 
@@ -215,4 +242,22 @@ func TestLoadDevice(t *testing.T) {
 	if l.DeviceErr() != be.err {
 		t.Errorf("DeviceErr = %v, want the backend's", l.DeviceErr())
 	}
+	dev := deviceMemBackend{cpu.New(1), kernels.MemoryUse{OnDevice: true, Weights: 7 << 30, Tensors: 1 << 30, Total: 139 << 30, Free: 120 << 30}}
+	defer dev.Close()
+	if l, err = Load(dir, Options{RandomWeights: true, Backend: dev}); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if u := l.Memory(); u != dev.use {
+		t.Errorf("Memory on a device = %+v, want the backend's %+v", u, dev.use)
+	}
 }
+
+// deviceMemBackend is a CPU backend that reports device memory, as a GPU's
+// does.
+type deviceMemBackend struct {
+	*cpu.Backend
+	use kernels.MemoryUse
+}
+
+func (d deviceMemBackend) MemoryUse() kernels.MemoryUse { return d.use }

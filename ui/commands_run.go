@@ -9,6 +9,8 @@ import (
 
 	"github.com/aymanbagabas/go-osc52/v2"
 	tea "github.com/charmbracelet/bubbletea"
+
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // The slash commands. Each runs in Update: it changes state, and anything
@@ -124,6 +126,9 @@ func (m *model) cmdStats(string) tea.Cmd {
 	}
 	if s.RecurrentBytes > 0 {
 		fmt.Fprintf(&b, "Recurrent state: %s\n", formatBytes(s.RecurrentBytes))
+	}
+	if line := memoryLine(s); line != "" {
+		b.WriteString(line + "\n")
 	}
 	fmt.Fprintf(&b, "Sequences: %d running, %d waiting\n", s.Running, s.Waiting)
 	switch k := m.chat.Settings.effectiveDraft(m.info); {
@@ -340,3 +345,38 @@ func (m *model) onLoaded(msg loadedMsg) tea.Cmd {
 }
 
 func (m *model) cmdQuit(string) tea.Cmd { return m.quit() }
+
+// memoryLine is /stats' account of the memory the model holds: weights, KV
+// cache and recurrent state, the backend's other tensors and step arena,
+// and on a GPU the device's total and free memory. On the host the weights
+// are as loaded (mapped from the file or converted in RAM). "" when the
+// engine reports nothing.
+func memoryLine(s Stats) string {
+	u := s.Memory
+	if u == (kernels.MemoryUse{}) {
+		return ""
+	}
+	where := "host RAM"
+	if u.OnDevice {
+		where = "GPU"
+	}
+	kv := s.KVBytesTotal + s.RecurrentBytes
+	parts := []string{"weights " + formatBytes(u.Weights), "KV cache " + formatBytes(s.KVBytesTotal)}
+	if s.RecurrentBytes > 0 {
+		parts = append(parts, "recurrent state "+formatBytes(s.RecurrentBytes))
+	}
+	// A model on the op set allocates its KV cache and state as backend
+	// tensors; one on host slices does not.
+	if other := u.Tensors - kv; other > 0 {
+		parts = append(parts, "other tensors "+formatBytes(other))
+	}
+	if u.Arena > 0 {
+		parts = append(parts, "step arena "+formatBytes(u.Arena))
+	}
+	line := fmt.Sprintf("Memory (%s): %s; %s in all", where, strings.Join(parts, ", "),
+		formatBytes(u.Weights+max(u.Tensors, kv)+u.Arena))
+	if u.Total > 0 {
+		line += fmt.Sprintf("; the device has %s, %s free", formatBytes(u.Total), formatBytes(u.Free))
+	}
+	return line
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferrite-llm/ferrite/internal/settings"
+	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -248,6 +249,11 @@ type Stats struct {
 	Waiting         int // requests queued for admission
 
 	RecurrentBytes int64 // recurrent state held (models with linear-attention layers)
+
+	// Memory is what the model holds in its backend's memory: a GPU's
+	// device memory (OnDevice), or host RAM; zero when unknown (a remote
+	// engine).
+	Memory kernels.MemoryUse
 
 	// Speculative decoding since the engine started (zero without it).
 	DraftTokens     uint64

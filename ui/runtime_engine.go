@@ -52,6 +52,7 @@ func (e *RuntimeEngine) Stats() Stats {
 		Waiting:         s.Waiting,
 
 		RecurrentBytes:  s.RecurrentBytes,
+		Memory:          s.Memory,
 		DraftTokens:     s.DraftTokens,
 		AcceptedTokens:  s.AcceptedTokens,
 		AcceptRate:      s.AcceptRate,

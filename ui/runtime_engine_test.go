@@ -54,15 +54,17 @@ func newTinyRuntimeEngine(t *testing.T) (*RuntimeEngine, *tokenizer.Tokenizer) {
 			tinyErr = err
 			return
 		}
-		m, err := enginemodel.New(cfg, randweights.New(7, kernels.F32), strict.New())
+		dev := strict.New()
+		m, err := enginemodel.New(cfg, randweights.New(7, kernels.F32), dev)
 		if err != nil {
 			tinyErr = err
 			return
 		}
 		rt, err := runtime.New(m, runtime.Options{
-			KVBudget:   256 * m.Info().KVBytesPerToken,
-			BlockSize:  16,
-			NewDecoder: func() runtime.TextDecoder { return tok.NewStreamDecoder() },
+			KVBudget:     256 * m.Info().KVBytesPerToken,
+			BlockSize:    16,
+			NewDecoder:   func() runtime.TextDecoder { return tok.NewStreamDecoder() },
+			DeviceMemory: dev.MemoryUse, // asked on the runtime's goroutine, as Forward is
 		})
 		if err != nil {
 			tinyErr = err
@@ -81,7 +83,8 @@ func TestRuntimeEngineStreams(t *testing.T) {
 	if got := eng.Info().MaxContext; got != 64 {
 		t.Errorf("MaxContext = %d, want 64 (the model's context)", got)
 	}
-	if st := eng.Stats(); st.KVBlocksTotal != 16 || st.KVBytesTotal == 0 || st.KVBytesPerToken != st.KVBytesTotal/(16*16) {
+	if st := eng.Stats(); st.KVBlocksTotal != 16 || st.KVBytesTotal == 0 || st.KVBytesPerToken != st.KVBytesTotal/(16*16) ||
+		st.Memory.Tensors < st.KVBytesTotal {
 		t.Errorf("stats = %+v", st)
 	}
 	req := Request{

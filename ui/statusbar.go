@@ -9,6 +9,7 @@ import (
 	xansi "github.com/charmbracelet/x/ansi"
 
 	"github.com/ferrite-llm/ferrite/internal/units"
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // kvBarWidth is the width of the KV-cache bar, in cells.
@@ -60,6 +61,11 @@ func (b statusBar) render(width int, d statusData) string {
 	segs = append(segs, segment{model, 9})
 	if d.info.Device != "" {
 		segs = append(segs, segment{label(deviceShort(d.info.Device)), 3})
+	}
+	if mem := d.stats.Memory; mem.OnDevice {
+		// Outlives the device's name: at 80 columns the memory is what
+		// matters.
+		segs = append(segs, segment{label("GPU ") + value(gpuMemory(mem)), 4})
 	}
 	if d.loading != "" {
 		segs = append(segs, segment{st.Busy.Render("⟳ " + d.loading), 8})
@@ -177,4 +183,20 @@ func deviceShort(desc string) string {
 		return desc[:i]
 	}
 	return desc
+}
+
+// gpuMemory is the device memory the model holds over the device's total,
+// in GiB: "17.2/139 GiB" ("17.2 GiB" when the total is unknown).
+func gpuMemory(u kernels.MemoryUse) string {
+	gib := func(n int64) string {
+		g := float64(n) / (1 << 30)
+		if g >= 100 {
+			return fmt.Sprintf("%.0f", g)
+		}
+		return fmt.Sprintf("%.1f", g)
+	}
+	if u.Total <= 0 {
+		return gib(u.Used()) + " GiB"
+	}
+	return gib(u.Used()) + "/" + gib(u.Total) + " GiB"
 }

@@ -17,7 +17,11 @@ const goldenReply = "<think>The user wants a summary. Keep it short.</think>" +
 	"- no server\n- streaming replies\n\n```go\nfmt.Println(\"hi\")\n```\n"
 
 func goldenHarness(t *testing.T, width, height int) *harness {
-	eng := newFakeEngine(fakeReply{chunks: strings.SplitAfter(goldenReply, " ")})
+	return goldenHarnessOn(t, newFakeEngine(fakeReply{chunks: strings.SplitAfter(goldenReply, " ")}), width, height)
+}
+
+// goldenHarnessOn is goldenHarness with the engine set up by the caller.
+func goldenHarnessOn(t *testing.T, eng *fakeEngine, width, height int) *harness {
 	h := start(t, eng, testOptions(t))
 	if width != 80 || height != 24 {
 		h.tm.Send(tea.WindowSizeMsg{Width: width, Height: height})
@@ -38,6 +42,13 @@ func TestViewGolden(t *testing.T) {
 		h.tm.Send(tea.KeyMsg{Type: tea.KeyCtrlT})
 		h.until("thinking shown", func(m *model) bool { return m.view.showThink })
 		golden.RequireEqual(t, h.final().View())
+	})
+	t.Run("GPU", func(t *testing.T) {
+		// At 80 columns the GPU's memory outlives the device's name.
+		eng := newFakeEngine(fakeReply{chunks: strings.SplitAfter(goldenReply, " ")})
+		eng.info.Device = "cuda:0 NVIDIA H200 (sm_90, 132 SMs, 139 GiB)"
+		eng.stats.Memory = gpuMemoryUse
+		golden.RequireEqual(t, goldenHarnessOn(t, eng, 80, 24).final().View())
 	})
 	t.Run("Narrow", func(t *testing.T) {
 		h := goldenHarness(t, 44, 18)

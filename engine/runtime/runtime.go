@@ -14,6 +14,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/sample"
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // Defaults for zero Options fields.
@@ -133,6 +134,12 @@ type Options struct {
 	// through kernels.Backend): a non-nil error fails the step's requests
 	// with it, as a Forward error does, and the runtime keeps serving.
 	DeviceErr func() error
+
+	// DeviceMemory, when set, is asked after every step what the model
+	// holds in its backend's memory (engine.Loaded.Memory); Stats.Memory
+	// carries the answer. It must be cheap and safe from the runtime's
+	// goroutine.
+	DeviceMemory func() kernels.MemoryUse
 }
 
 // Runtime is a running scheduler bound to one model and its KV cache.

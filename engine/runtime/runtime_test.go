@@ -15,6 +15,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/engine/sample"
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // mixedRequests returns n requests with prompt lengths spread over
@@ -506,5 +507,32 @@ func TestDeviceErrorFailsTheStep(t *testing.T) {
 	mu.Unlock()
 	if got := generate(t, r, t.Context(), req).Collect(); got.Err != nil {
 		t.Fatalf("after the device recovered: %v", got.Err)
+	}
+}
+
+// TestDeviceMemoryInStats checks Options.DeviceMemory: its answer after the
+// latest step is in Stats.Memory.
+func TestDeviceMemoryInStats(t *testing.T) {
+	m := build(t, tinyLlama)
+	var mu sync.Mutex
+	use := kernels.MemoryUse{OnDevice: true, Weights: 5 << 30, Tensors: 1 << 30, Arena: 64 << 20, Total: 139 << 30, Free: 100 << 30}
+	r := start(t, m, runtime.Options{KVBudget: budget(m, 64), DeviceMemory: func() kernels.MemoryUse {
+		mu.Lock()
+		defer mu.Unlock()
+		return use
+	}})
+	if got := r.Stats().Memory; got != use {
+		t.Errorf("Stats.Memory at start = %+v, want %+v", got, use)
+	}
+	mu.Lock()
+	use.Arena, use.Free = 128<<20, 99<<30
+	want := use
+	mu.Unlock()
+	req := runtime.Request{Prompt: []int32{3, 4, 5}, MaxTokens: 2, Sampling: greedy}
+	if got := generate(t, r, t.Context(), req).Collect(); got.Err != nil {
+		t.Fatal(got.Err)
+	}
+	if got := waitIdle(t, r).Memory; got != want {
+		t.Errorf("Stats.Memory after a request = %+v, want %+v", got, want)
 	}
 }

@@ -1,6 +1,10 @@
 package runtime
 
-import "time"
+import (
+	"time"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
 
 // Stats returns the snapshot published after the last step. It is cheap
 // (an atomic load) and safe from any goroutine.
@@ -55,6 +59,11 @@ type Stats struct {
 	DraftSecPerToken float64
 	PlainSecPerToken float64
 	DraftSuppressed  bool
+
+	// Memory is what the model holds in its backend's memory
+	// (Options.DeviceMemory; zero without it). The KV cache (KVBytesTotal)
+	// and recurrent state are part of its Tensors on a device backend.
+	Memory kernels.MemoryUse
 }
 
 // specCounts are speculative-decoding counters, per request or engine-wide.
@@ -121,6 +130,9 @@ func (r *Runtime) publish() {
 		DraftSecPerToken: sc.cost.spec,
 		PlainSecPerToken: sc.cost.plain,
 		DraftSuppressed:  sc.cost.off,
+	}
+	if r.opts.DeviceMemory != nil {
+		st.Memory = r.opts.DeviceMemory()
 	}
 	if r.states != nil {
 		st.RecurrentBytes = r.states.Used()

@@ -322,6 +322,20 @@ func (b *benchModel) Close() {
 // loadBenchModel opens the checkpoint or GGUF file at path, or the model
 // built into the binary when path names it, or builds random weights of the
 // config's shape when path has only a config.json.
+// findBenchModel checks that path is a model loadBenchModel can load: the
+// built-in model, a GGUF model, or a directory with a config.json. It
+// reads no weights.
+func findBenchModel(path string) error {
+	if builtin.IsName(path) {
+		return nil
+	}
+	if _, ok, err := gguf.Find(path); err != nil || ok {
+		return err
+	}
+	_, err := config.Load(path)
+	return err
+}
+
 func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *device.Backend) (*benchModel, error) {
 	start := time.Now()
 	if builtin.IsName(path) {
@@ -410,7 +424,21 @@ type benchReport struct {
 		Method             string  `json:"method"`
 	} `json:"roofline"`
 
+	// Memory is what the backend held after the sweep (kernels.MemoryUse;
+	// on the host the weights are the model's as loaded).
+	Memory *benchMemory `json:"memory,omitempty"`
+
 	Runs []bench.Result `json:"runs"`
+}
+
+type benchMemory struct {
+	OnDevice    bool  `json:"on_device"`    // a GPU's memory, not host RAM
+	WeightBytes int64 `json:"weight_bytes"` // weights (a GPU's uploaded copies)
+	TensorBytes int64 `json:"tensor_bytes"` // persistent tensors: the KV caches and recurrent state of the runs, the model's buffers
+	ArenaBytes  int64 `json:"arena_bytes"`  // the per-step scratch arena
+	UsedBytes   int64 `json:"used_bytes"`   // the three together
+	DeviceTotal int64 `json:"device_total_bytes,omitempty"`
+	DeviceFree  int64 `json:"device_free_bytes,omitempty"`
 }
 
 type benchMachine struct {
@@ -452,6 +480,9 @@ const (
 )
 
 func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) error {
+	if err := findBenchModel(f.model); err != nil {
+		return err // before the bandwidth probe spends seconds
+	}
 	spec, err := device.Parse(f.device)
 	if err != nil {
 		return err
@@ -530,6 +561,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 	}
 	rep.Bandwidth.BeforeBytesPerSec, rep.Bandwidth.AfterBytesPerSec = bw0.BytesPerSec, bw1.BytesPerSec
 	rep.Roofline.WeightBytesPerStep, rep.Roofline.MaxStepsPerSec, rep.Roofline.Method = rl.WeightBytesStep1, rl.MaxStepsPerSec, rooflineMethod
+	rep.Memory = benchMemoryOf(be.Backend, fp.TotalBytes)
 
 	printBench(stdout, &rep, fp, rl)
 	if f.jsonPath != "" {
@@ -542,6 +574,21 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		}
 	}
 	return runErr
+}
+
+// benchMemoryOf is what be holds (nil when it does not say); on the host
+// the weights are the model's as loaded, weightBytes.
+func benchMemoryOf(be kernels.Backend, weightBytes int64) *benchMemory {
+	r, ok := be.(kernels.MemoryReporter)
+	if !ok {
+		return nil
+	}
+	u := r.MemoryUse()
+	if !u.OnDevice {
+		u.Weights = weightBytes
+	}
+	return &benchMemory{OnDevice: u.OnDevice, WeightBytes: u.Weights, TensorBytes: u.Tensors, ArenaBytes: u.Arena,
+		UsedBytes: u.Used(), DeviceTotal: u.Total, DeviceFree: u.Free}
 }
 
 // kib formats a small byte count: bytes below 1 KiB, else KiB.
@@ -573,6 +620,18 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 		fmt.Fprintf(w, "device:    %s (%s)\n", rep.Machine.Device, rep.Machine.DevNote)
 	} else {
 		fmt.Fprintf(w, "device:    %s\n", rep.Machine.Device)
+	}
+	if m := rep.Memory; m != nil {
+		where := "host RAM"
+		if m.OnDevice {
+			where = "device memory"
+		}
+		fmt.Fprintf(w, "memory:    %s held after the sweep: %s (weights %s, tensors %s, step arena %s)",
+			where, gb(m.UsedBytes), gb(m.WeightBytes), gb(m.TensorBytes), gb(m.ArenaBytes))
+		if m.DeviceTotal > 0 {
+			fmt.Fprintf(w, "; device %s, %s free", gb(m.DeviceTotal), gb(m.DeviceFree))
+		}
+		fmt.Fprintln(w)
 	}
 	if rl.Bandwidth.Rounds == 0 {
 		fmt.Fprintf(w, "bandwidth: %.1f GB/s (given with --bandwidth)\n", rl.Bandwidth.BytesPerSec/1e9)

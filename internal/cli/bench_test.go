@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // tinyLlama writes a config.json alone (no weights: bench makes random
@@ -75,7 +76,7 @@ func TestBench(t *testing.T) {
 	}
 	for _, want := range []string{"device:    cpu (2 threads)\n", "bandwidth:", "roofline:", "steps/s max at batch 1", "random bf16 weights",
 		"tied embedding read in full", "decode tok/s", "TTFT mean ms", "peak KV", "mtp: not available",
-		"KV cache 256 B per token"} {
+		"KV cache 256 B per token", "memory:    host RAM held after the sweep: "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out)
 		}
@@ -129,6 +130,13 @@ func TestBench(t *testing.T) {
 			WeightBytesPerStep int64   `json:"weight_bytes_per_step"`
 			MaxSteps           float64 `json:"max_decode_steps_per_s"`
 		}
+		Memory struct {
+			OnDevice    bool  `json:"on_device"`
+			WeightBytes int64 `json:"weight_bytes"`
+			TensorBytes int64 `json:"tensor_bytes"`
+			ArenaBytes  int64 `json:"arena_bytes"`
+			UsedBytes   int64 `json:"used_bytes"`
+		}
 		Runs []map[string]any
 	}
 	if err := json.Unmarshal(b, &rep); err != nil {
@@ -146,6 +154,13 @@ func TestBench(t *testing.T) {
 	// being the embedding, so per-step bytes are all the weights.
 	if m.WeightBytes <= 0 || rep.Roofline.WeightBytesPerStep != m.WeightBytes {
 		t.Errorf("weight bytes %d, per step %d", m.WeightBytes, rep.Roofline.WeightBytesPerStep)
+	}
+	// On the CPU the memory's weights are the model's; its tensors (the
+	// runs' KV caches until the GC frees them, the model's own buffers) are
+	// Alloc'd.
+	if mem := rep.Memory; mem.OnDevice || mem.WeightBytes != m.WeightBytes || mem.TensorBytes <= 0 ||
+		mem.ArenaBytes <= 0 || mem.UsedBytes != mem.WeightBytes+mem.TensorBytes+mem.ArenaBytes {
+		t.Errorf("memory: %+v", mem)
 	}
 	if rep.Bandwidth.BytesPerSec <= 0 || rep.Roofline.MaxSteps <= 0 {
 		t.Errorf("bandwidth %g, roofline %g", rep.Bandwidth.BytesPerSec, rep.Roofline.MaxSteps)
@@ -272,6 +287,19 @@ func TestBenchErrors(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want exit %d containing %q", code, errs, c.code, c.want)
 			}
 		})
+	}
+}
+
+// TestBenchMissingModelFailsFast: a --model that is not there fails before
+// the bandwidth probe (seconds at the default buffer size).
+func TestBenchMissingModelFailsFast(t *testing.T) {
+	start := time.Now()
+	code, _, errs := runCLI(t, "", "bench", "--model", filepath.Join(t.TempDir(), "nope"), "--device", "cpu")
+	if code != 1 || !strings.Contains(errs, "nope") || strings.Contains(errs, "measuring memory bandwidth") {
+		t.Fatalf("exit %d, stderr %q; want exit 1 naming the model, no bandwidth probe", code, errs)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("took %v", d)
 	}
 }
 

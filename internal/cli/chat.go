@@ -389,6 +389,7 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 		MaxSeqs:        c.cfg.Engine.MaxSeqs,
 		Draft:          s.draft,
 		DeviceErr:      s.lm.DeviceErr,
+		DeviceMemory:   s.lm.Memory,
 	}
 	if !c.idsOnly {
 		tok := s.tok

@@ -283,6 +283,10 @@ func TestChatModelsListsAndLoads(t *testing.T) {
 	if st := eng.Stats(); st.DraftTokens == 0 || st.AcceptRate < 0 || st.AcceptRate > 1 {
 		t.Errorf("stats = %+v", st)
 	}
+	// The model's memory reaches the chat: on the CPU, host weights.
+	if m := eng.Stats().Memory; m.OnDevice || m.Weights == 0 {
+		t.Errorf("memory = %+v, want the model's weights in host RAM", m)
+	}
 	if err := closer.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"runtime"
+	"sync/atomic"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -23,6 +24,8 @@ type Backend struct {
 	mla   mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
 
 	mlaTile int // keys the naive MLA form expands at a time; 0 picks one (tests set it)
+
+	allocated atomic.Int64 // bytes of the live tensors Alloc returned (MemoryUse)
 }
 
 var _ kernels.Device = (*Backend)(nil)

@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"runtime"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -84,8 +86,9 @@ func contiguous(t kernels.Tensor) {
 // the k-th buffer when it is large enough, so a steady stream of steps of
 // one shape stops allocating.
 type arena struct {
-	bufs []*buffer
-	next int
+	bufs  []*buffer
+	next  int
+	bytes atomic.Int64 // the bufs' bytes, for MemoryUse from any goroutine
 }
 
 func (a *arena) get(dt kernels.DType, rows, cols int) kernels.Tensor {
@@ -96,8 +99,12 @@ func (a *arena) get(dt kernels.DType, rows, cols int) kernels.Tensor {
 	}
 	b := a.bufs[a.next]
 	if b == nil || len(b.b)/4 < need {
+		if b != nil {
+			a.bytes.Add(-int64(len(b.b)))
+		}
 		b = newBuffer(kernels.F32, max(need, 1))
 		a.bufs[a.next] = b
+		a.bytes.Add(int64(len(b.b)))
 	}
 	a.next++
 	view := &buffer{b: b.b[:n*dt.Size()], elems: n}
@@ -106,7 +113,19 @@ func (a *arena) get(dt kernels.DType, rows, cols int) kernels.Tensor {
 
 // Alloc implements kernels.Memory.
 func (b *Backend) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
-	return kernels.NewTensor(newBuffer(dt, rows*cols), dt, rows, cols, cols, 0), nil
+	buf := newBuffer(dt, rows*cols)
+	n := int64(len(buf.b))
+	b.allocated.Add(n)
+	runtime.AddCleanup(buf, func(n int64) { b.allocated.Add(-n) }, n)
+	return kernels.NewTensor(buf, dt, rows, cols, cols, 0), nil
+}
+
+// MemoryUse implements kernels.MemoryReporter: host RAM the backend
+// allocated, Alloc's tensors still alive (the garbage collector frees a
+// dropped KV cache; the count follows once it has) and the Scratch arena. Weights are 0: the CPU runs the model's
+// weights where they lie, mapped from the file or converted at load.
+func (b *Backend) MemoryUse() kernels.MemoryUse {
+	return kernels.MemoryUse{Tensors: b.allocated.Load(), Arena: b.arena.bytes.Load()}
 }
 
 // Scratch implements kernels.Memory.

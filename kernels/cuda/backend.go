@@ -31,7 +31,8 @@ type Backend struct {
 	experts map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
 	err     error
 
-	arena    arena // the op set's per-step scratch
+	arena    arena      // the op set's per-step scratch
+	mem      memAccount // device memory by kind (MemoryUse)
 	qmu      sync.Mutex
 	pending  []func(*Device) error // op launches not yet handed to the device thread (queue)
 	inStep   bool                  // between BeginStep and EndStep: the step's launches wait for EndStep
@@ -83,21 +84,15 @@ func (b *Backend) Err() error {
 }
 
 // WeightBytes is the device memory held by cached weights.
-func (b *Backend) WeightBytes() int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var n int64
-	for _, w := range b.weights {
-		n += w.Bytes()
-	}
-	return n
-}
+func (b *Backend) WeightBytes() int64 { return b.mem.weights.Load() }
 
 // Close frees the cached weights and the device, and stops the CPU pool.
 func (b *Backend) Close() error {
 	b.mu.Lock()
 	b.weights, b.experts = nil, nil
 	b.mu.Unlock()
+	b.mem.weights.Store(0)
+	b.mem.tensors.Store(0)
 	b.dev.do(func() error { b.dropGraphL(); return nil })
 	b.cpu.Close()
 	return b.dev.Close() // frees every Buffer still allocated
@@ -163,6 +158,7 @@ func (b *Backend) weight(m *kernels.Mat) (*Weight, error) {
 		return nil, err
 	}
 	b.weights[m] = w
+	b.mem.weights.Add(w.Bytes())
 	return w, nil
 }
 

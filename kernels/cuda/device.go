@@ -282,8 +282,14 @@ func (d *Device) syncL() error {
 	return check("cuStreamSynchronize", call(driver.cuStreamSynchronize, d.stream))
 }
 
+// errNoMemInfo is MemInfo's error when the driver lacks cuMemGetInfo_v2.
+var errNoMemInfo = errors.New("cuda: the driver has no cuMemGetInfo_v2")
+
 // MemInfo returns the device's free and total memory in bytes.
 func (d *Device) MemInfo() (free, total int64, err error) {
+	if driver.cuMemGetInfo == 0 {
+		return 0, 0, errNoMemInfo
+	}
 	err = d.do(func() error {
 		var f, t uint64
 		err := check("cuMemGetInfo", call(driver.cuMemGetInfo, uintptr(unsafe.Pointer(&f)), uintptr(unsafe.Pointer(&t))))

@@ -91,6 +91,16 @@ func symbols(lib uintptr, libName string, table map[string]*uintptr) error {
 	return nil
 }
 
+// optionalSymbols resolves the names of table that lib has, leaving the
+// others 0: entry points ferrite can do without.
+func optionalSymbols(lib uintptr, table map[string]*uintptr) {
+	for name, p := range table {
+		if fn, err := purego.Dlsym(lib, name); err == nil {
+			*p = fn
+		}
+	}
+}
+
 // driver holds the CUDA driver API entry points, versioned where the API
 // has versions (the _v2 symbols take 64-bit sizes and pointers).
 var driver struct {
@@ -101,12 +111,16 @@ var driver struct {
 	cuDeviceGetCount, cuDeviceGet, cuDeviceGetName, cuDeviceGetAttribute          uintptr
 	cuDeviceTotalMem, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease         uintptr
 	cuCtxSetCurrent, cuStreamCreate, cuStreamDestroy, cuStreamSynchronize         uintptr
-	cuMemAlloc, cuMemFree, cuMemHostAlloc, cuMemFreeHost, cuMemGetInfo            uintptr
+	cuMemAlloc, cuMemFree, cuMemHostAlloc, cuMemFreeHost                          uintptr
 	cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemsetD32Async                        uintptr
 	cuModuleLoadData, cuModuleUnload, cuModuleGetFunction, cuLaunchKernel         uintptr
 	cuEventCreate, cuEventDestroy, cuEventRecord, cuEventSynchronize, cuEventTime uintptr
 	cuStreamBeginCapture, cuStreamEndCapture, cuGraphInstantiate, cuGraphLaunch   uintptr
 	cuGraphDestroy, cuGraphExecDestroy                                            uintptr
+
+	// Optional (0 when the driver lacks them): what the chat reports, never
+	// needed to run.
+	cuMemGetInfo uintptr
 }
 
 // errNoDriver wraps every failure to load libcuda.so.1.
@@ -131,7 +145,7 @@ func loadDriver() error {
 			"cuStreamCreate": &d.cuStreamCreate, "cuStreamDestroy_v2": &d.cuStreamDestroy,
 			"cuStreamSynchronize": &d.cuStreamSynchronize,
 			"cuMemAlloc_v2":       &d.cuMemAlloc, "cuMemFree_v2": &d.cuMemFree,
-			"cuMemHostAlloc": &d.cuMemHostAlloc, "cuMemFreeHost": &d.cuMemFreeHost, "cuMemGetInfo_v2": &d.cuMemGetInfo,
+			"cuMemHostAlloc": &d.cuMemHostAlloc, "cuMemFreeHost": &d.cuMemFreeHost,
 			"cuMemcpyHtoDAsync_v2": &d.cuMemcpyHtoDAsync, "cuMemcpyDtoHAsync_v2": &d.cuMemcpyDtoHAsync,
 			"cuMemsetD32Async": &d.cuMemsetD32Async,
 			"cuModuleLoadData": &d.cuModuleLoadData, "cuModuleUnload": &d.cuModuleUnload,
@@ -146,6 +160,7 @@ func loadDriver() error {
 		if driver.err != nil {
 			return
 		}
+		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo})
 		if err := check("cuInit", call(d.cuInit, 0)); err != nil {
 			driver.err = err
 			return

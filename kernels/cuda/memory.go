@@ -135,6 +135,7 @@ func (b *Backend) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error
 	if err != nil {
 		return kernels.Tensor{}, err
 	}
+	b.mem.tensors.Add(bytes)
 	return kernels.NewTensor(&tensorBuf{ptr: buf.ptr, elems: n, buf: buf}, dt, rows, cols, cols, 0), nil
 }
 

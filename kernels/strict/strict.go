@@ -45,6 +45,9 @@ func (b *buffer) Elems() int { return max(len(b.f32), len(b.i32), len(b.bf16)) }
 type Device struct {
 	inStep bool
 	steps  int // completed steps
+
+	allocated int64 // bytes of the tensors Alloc returned
+	scratch   int64 // bytes of the Scratch tensors of the current (or last) step
 }
 
 var _ kernels.Device = (*Device)(nil)
@@ -94,7 +97,15 @@ func (d *Device) alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, *buffe
 // Alloc implements kernels.Memory.
 func (d *Device) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
 	t, _ := d.alloc(dt, rows, cols)
+	d.allocated += int64(rows * cols * dt.Size())
 	return t, nil
+}
+
+// MemoryUse implements kernels.MemoryReporter: host bytes of every tensor
+// Alloc returned (dropped ones included), and as the arena the Scratch bytes of the current or last step
+// (strict allocates every Scratch tensor afresh).
+func (d *Device) MemoryUse() kernels.MemoryUse {
+	return kernels.MemoryUse{Tensors: d.allocated, Arena: d.scratch}
 }
 
 // Scratch implements kernels.Memory: a fresh, poisoned tensor.
@@ -103,6 +114,7 @@ func (d *Device) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
 		panic("strict: Scratch outside a step")
 	}
 	t, b := d.alloc(dt, rows, cols)
+	d.scratch += int64(rows * cols * dt.Size())
 	for i := range b.f32 {
 		b.f32[i] = poisonF32
 	}
@@ -121,6 +133,7 @@ func (d *Device) BeginStep() {
 		panic("strict: BeginStep inside a step")
 	}
 	d.inStep = true
+	d.scratch = 0
 }
 
 // EndStep implements kernels.Memory.

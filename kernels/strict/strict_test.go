@@ -79,3 +79,26 @@ func TestSelectionChecks(t *testing.T) {
 	d.AttentionMLA(out, q, cache, kvB, nil, p, s, good)
 	d.EndStep()
 }
+
+// TestMemoryUse checks strict's MemoryUse against the allocated sizes:
+// Alloc's tensors add up, the arena is the last step's Scratch bytes.
+func TestMemoryUse(t *testing.T) {
+	d := strict.New()
+	if _, err := d.Alloc(kernels.BF16, 4, 8); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Alloc(kernels.I32, 3, 1); err != nil {
+		t.Fatal(err)
+	}
+	d.BeginStep()
+	d.Scratch(kernels.F32, 10, 10)
+	d.EndStep()
+	d.BeginStep()
+	d.Scratch(kernels.F32, 2, 5)
+	d.Scratch(kernels.I32, 1, 4)
+	d.EndStep()
+	want := kernels.MemoryUse{Tensors: 64 + 12, Arena: 40 + 16}
+	if u := d.MemoryUse(); u != want {
+		t.Errorf("MemoryUse = %+v, want %+v", u, want)
+	}
+}

@@ -1,0 +1,34 @@
+package kernels
+
+// MemoryUse is the memory a backend holds, in bytes: what the chat's status
+// bar, /stats and ferrite bench report. KV cache and recurrent state are in
+// Tensors; their own pools know their sizes (kvcache.Cache, linattn's
+// StatePool), so the split is worked out by the caller, not by tagging
+// allocations.
+type MemoryUse struct {
+	// OnDevice says the numbers are a device's own memory (a GPU's), not
+	// host RAM.
+	OnDevice bool
+	// Weights is the weights held in the backend's memory: a GPU's
+	// uploaded copies. A host backend uses the model's weights where they
+	// are (mapped or converted in RAM) and reports 0.
+	Weights int64
+	// Tensors is the persistent tensors from Alloc: the KV cache, the
+	// recurrent state, and the model's small buffers (indices, norms).
+	Tensors int64
+	// Arena is the capacity of the per-step Scratch arena.
+	Arena int64
+	// Total and Free are the device's memory as its driver reports it (all
+	// processes); 0 when unknown (host backends, or a driver without the
+	// call).
+	Total, Free int64
+}
+
+// Used is the bytes the backend holds: weights, tensors and arena.
+func (u MemoryUse) Used() int64 { return u.Weights + u.Tensors + u.Arena }
+
+// MemoryReporter is an optional capability of a Backend: it reports what
+// it holds. It is cheap enough to call after every step.
+type MemoryReporter interface {
+	MemoryUse() MemoryUse
+}
