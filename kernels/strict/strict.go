@@ -19,6 +19,7 @@ package strict
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -41,13 +42,15 @@ type buffer struct {
 
 func (b *buffer) Elems() int { return max(len(b.f32), len(b.i32), len(b.bf16)) }
 
-// Device is the strict backend. It is not safe for concurrent use.
+// Device is the strict backend. It is not safe for concurrent use, except
+// that Alloc (a cache or pool made while a step runs) and MemoryUse may be
+// called at any time.
 type Device struct {
 	inStep bool
 	steps  int // completed steps
 
-	allocated int64 // bytes of the tensors Alloc returned
-	scratch   int64 // bytes of the Scratch tensors of the current (or last) step
+	allocated atomic.Int64 // bytes of the tensors Alloc returned
+	scratch   atomic.Int64 // bytes of the Scratch tensors of the current (or last) step
 }
 
 var _ kernels.Device = (*Device)(nil)
@@ -97,7 +100,7 @@ func (d *Device) alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, *buffe
 // Alloc implements kernels.Memory.
 func (d *Device) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
 	t, _ := d.alloc(dt, rows, cols)
-	d.allocated += int64(rows * cols * dt.Size())
+	d.allocated.Add(int64(rows * cols * dt.Size()))
 	return t, nil
 }
 
@@ -105,7 +108,7 @@ func (d *Device) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error)
 // Alloc returned (dropped ones included), and as the arena the Scratch bytes of the current or last step
 // (strict allocates every Scratch tensor afresh).
 func (d *Device) MemoryUse() kernels.MemoryUse {
-	return kernels.MemoryUse{Tensors: d.allocated, Arena: d.scratch}
+	return kernels.MemoryUse{Tensors: d.allocated.Load(), Arena: d.scratch.Load()}
 }
 
 // Scratch implements kernels.Memory: a fresh, poisoned tensor.
@@ -114,7 +117,7 @@ func (d *Device) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
 		panic("strict: Scratch outside a step")
 	}
 	t, b := d.alloc(dt, rows, cols)
-	d.scratch += int64(rows * cols * dt.Size())
+	d.scratch.Add(int64(rows * cols * dt.Size()))
 	for i := range b.f32 {
 		b.f32[i] = poisonF32
 	}
@@ -133,7 +136,7 @@ func (d *Device) BeginStep() {
 		panic("strict: BeginStep inside a step")
 	}
 	d.inStep = true
-	d.scratch = 0
+	d.scratch.Store(0)
 }
 
 // EndStep implements kernels.Memory.
