@@ -159,7 +159,7 @@ func check(t testing.TB, what string, got, want []float32, width int, logits boo
 		}
 		sum += e
 		worst = max(worst, e)
-		if argmax(g) == argmax(w) {
+		if fixtures.Argmax(g) == fixtures.Argmax(w) {
 			same++
 		}
 	}
@@ -185,16 +185,6 @@ func top2Gap(v []float32) float64 {
 		}
 	}
 	return a - b
-}
-
-func argmax(v []float32) int32 {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }
 
 func TestOpen(t *testing.T) {
@@ -334,11 +324,11 @@ func TestFixture(t *testing.T) {
 
 	greedy := ints("greedy_ids")
 	g := e.newSeq()
-	next := argmax(e.run(g, prompt, model.LastLogits, false).Logits)
+	next := fixtures.Argmax(e.run(g, prompt, model.LastLogits, false).Logits)
 	var got []int32
 	for range len(greedy) {
 		got = append(got, next)
-		next = argmax(e.run(g, []int32{next}, model.LastLogits, false).Logits)
+		next = fixtures.Argmax(e.run(g, []int32{next}, model.LastLogits, false).Logits)
 	}
 	checkGreedy(t, got, greedy, refGaps(floats("prompt_logits"), floats("decode_logits"), ints("decode_ids"), greedy, info.Vocab))
 	e.free(g)

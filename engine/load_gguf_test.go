@@ -74,10 +74,10 @@ func runPrompt(t *testing.T, l *Loaded, prompt []int32, steps int) promptRun {
 	}
 	r := promptRun{logits: step(s, prompt, model.AllLogits)}
 	vocab := m.Info().Vocab
-	next := argmax(r.logits[len(r.logits)-vocab:])
+	next := fixtures.Argmax(r.logits[len(r.logits)-vocab:])
 	for range steps {
 		r.greedy = append(r.greedy, next)
-		next = argmax(step(s, []int32{next}, model.LastLogits))
+		next = fixtures.Argmax(step(s, []int32{next}, model.LastLogits))
 	}
 	return r
 }
@@ -157,7 +157,7 @@ func TestGGUFFixtures(t *testing.T) {
 					t.Errorf("type %d: MTP module %v, safetensors %v", tc.typ, mtp, refMTP)
 				}
 				l.Close()
-				rel, abs := relErr(got.logits, want.logits)
+				rel, abs := fixtures.RelErr(got.logits, want.logits)
 				t.Logf("type %d: logits max abs error %.3g, relative %.3g", tc.typ, abs, rel)
 				tol := 0.0
 				if name == "llama" {
@@ -197,7 +197,7 @@ func TestGGUFBF16(t *testing.T) {
 		t.Errorf("quantization %q", q)
 	}
 	got := runPrompt(t, l, prompt, 8)
-	if rel, _ := relErr(got.logits, want.logits); rel != 0 || !slices.Equal(got.greedy, want.greedy) {
+	if rel, _ := fixtures.RelErr(got.logits, want.logits); rel != 0 || !slices.Equal(got.greedy, want.greedy) {
 		t.Errorf("relative error %.3g, greedy %v want %v", rel, got.greedy, want.greedy)
 	}
 }
@@ -235,7 +235,7 @@ func TestGGUFFusedExperts(t *testing.T) {
 		}
 		got := runPrompt(t, l, prompt, 8)
 		l.Close()
-		if rel, _ := relErr(got.logits, want.logits); rel != 0 || !slices.Equal(got.greedy, want.greedy) {
+		if rel, _ := fixtures.RelErr(got.logits, want.logits); rel != 0 || !slices.Equal(got.greedy, want.greedy) {
 			t.Errorf("%s: relative error %.3g, greedy %v want %v", name, rel, got.greedy, want.greedy)
 		}
 	}
@@ -271,7 +271,7 @@ func TestGGUFQ8_0(t *testing.T) {
 			}
 			got := runPrompt(t, l, prompt, 12)
 			l.Close()
-			rel, abs := relErr(got.logits, want.logits)
+			rel, abs := fixtures.RelErr(got.logits, want.logits)
 			t.Logf("logits max abs error %.3g, relative %.3g", abs, rel)
 			tol := 0.0
 			if name == "llama" {

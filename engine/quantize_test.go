@@ -41,7 +41,7 @@ func forwardAll(t *testing.T, l *Loaded, toks []int32) []float32 {
 
 // top2 returns the best index of v and its margin over the runner-up.
 func top2(v []float32) (int32, float32) {
-	best := argmax(v)
+	best := fixtures.Argmax(v)
 	second := float32(-1e30)
 	for i, x := range v {
 		if int32(i) != best && x > second {
@@ -80,7 +80,7 @@ func TestQuantQ8_0Fixtures(t *testing.T) {
 			defer l.Close()
 			check := func(what string, got, want []float32) {
 				t.Helper()
-				rel, abs := relErr(got, want)
+				rel, abs := fixtures.RelErr(got, want)
 				t.Logf("%-14s max abs error %.3g, relative %.3g", what, abs, rel)
 				if !(rel <= quantLogitsTol) {
 					t.Errorf("%s: relative error %.3g > %g", what, rel, quantLogitsTol)
@@ -111,7 +111,7 @@ func TestQuantQ8_0Fixtures(t *testing.T) {
 			fAll := forwardAll(t, ref, seq) // the float32 model's margins along the fixture's path
 			v := l.Model.Info().Vocab
 			g := newDecoder(t, l, prompt)
-			next := argmax(g.last)
+			next := fixtures.Argmax(g.last)
 			for i, want := range greedy {
 				p := len(prompt) - 1 + i
 				if next != want {
@@ -122,7 +122,7 @@ func TestQuantQ8_0Fixtures(t *testing.T) {
 					}
 					break
 				}
-				next = argmax(g.step(next))
+				next = fixtures.Argmax(g.step(next))
 			}
 		})
 	}
@@ -192,7 +192,7 @@ func TestQuantRandom(t *testing.T) {
 		l.Close()
 	}
 	for q, tol := range map[string]float64{"q8_0": 0.05, "q4_k": 0.4} {
-		rel, abs := relErr(logits[q], logits[""])
+		rel, abs := fixtures.RelErr(logits[q], logits[""])
 		t.Logf("%s vs bf16 logits: max abs error %.3g, relative %.3g", q, abs, rel)
 		if !(rel <= tol) || rel == 0 {
 			t.Errorf("%s logits: relative error %.3g, want in (0, %g]", q, rel, tol)

@@ -30,8 +30,9 @@ package kernels
 // need them check for them at load.
 
 // Device is a backend that owns tensor memory and runs the op set. It also
-// implements the host-slice Backend, which the architectures not yet ported
-// use.
+// implements the host-slice Backend (MatMul, Parallel), which load-time work
+// (quantizing weights, touching pages) and the MatMul conformance suite
+// use; no forward pass does.
 type Device interface {
 	Backend
 	Memory

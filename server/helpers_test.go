@@ -16,6 +16,8 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -162,7 +164,20 @@ type scripted struct {
 	promptLen int
 	reply     []int32
 	eos       int32
-	delay     time.Duration // slept in every Forward: a slow model
+	delay     time.Duration  // slept in every Forward: a slow model
+	dev       *strict.Device // holds its (untouched) KV cache
+}
+
+// Device makes scripted a model.DeviceModel, whose cache the runtime
+// creates in dev.
+func (m *scripted) Device() kernels.Device { return m.dev }
+
+// SetCacheDType accepts F32, the one cache type scripted has.
+func (m *scripted) SetCacheDType(dt kernels.DType) error {
+	if dt != kernels.F32 {
+		return fmt.Errorf("scripted: %v cache", dt)
+	}
+	return nil
 }
 
 func (m *scripted) Info() model.Info {
@@ -208,7 +223,7 @@ func scriptedBackend(t testing.TB, question, reply string, delay time.Duration) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &scripted{vocab: tok.VocabSize(), promptLen: len(tok.Encode(text, false)), reply: tok.Encode(reply, false), eos: tok.EOS()[0], delay: delay}
+	m := &scripted{vocab: tok.VocabSize(), promptLen: len(tok.Encode(text, false)), reply: tok.Encode(reply, false), eos: tok.EOS()[0], delay: delay, dev: strict.New()}
 	if got := tok.Decode(m.reply, false); got != reply {
 		panic(fmt.Sprintf("reply %q does not round-trip (%q)", reply, got))
 	}

@@ -84,14 +84,16 @@ func (d *Decoder) WithNextN(m *NextN, width kvcache.LayerWidth) (*MTPDecoder, er
 	return &MTPDecoder{Decoder: d, MTP: m}, nil
 }
 
-// ForwardMTP implements model.MTPModel.
+// ForwardMTP implements model.MTPModel. hidden, the main model's rows
+// handed over at the step boundary, is uploaded with the step's inputs.
 func (m *MTPDecoder) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
 	d, hs := m.Decoder, m.Embed.Cols
 	validate := func() error { return b.ValidateHidden(hidden, hs) }
 	return d.forward(b, m.MTP.Head.Rows, validate, func(st *Step) (*model.Output, error) { return m.mtp(b, st, hidden) })
 }
 
-// mtp runs the NextN layer; d.mu is held.
+// mtp runs the NextN layer; d.mu is held. hidden is host memory only up to
+// its upload with the step inputs, before the step begins.
 func (m *MTPDecoder) mtp(b *model.Batch, st *Step, hidden [][]float32) (*model.Output, error) {
 	d, hs := m.Decoder, m.Embed.Cols
 	var err error

@@ -34,9 +34,7 @@ type LayerWidth struct {
 	K int // e.g. nKV·headDim (GQA) or kv_lora+qk_rope (MLA latent)
 	V int // e.g. nKV·headDim; 0 when the layer caches no V (MLA) or nothing
 
-	// DType is kernels.F32 (the zero value) or kernels.BF16. A BF16 layer
-	// lives in backend memory (Options.Memory) and is reached through
-	// Cache.Layer only.
+	// DType is kernels.F32 (the zero value) or kernels.BF16.
 	DType kernels.DType
 
 	// VFloat32 keeps V in F32 whatever DType: data whose rounding would
@@ -76,9 +74,8 @@ type Options struct {
 	BlockSize int   // token slots per block; 0 means DefaultBlockSize
 	Budget    int64 // bytes of K/V storage; the pool holds Budget/blockBytes blocks
 
-	// Memory, when set, allocates every layer's storage as backend tensors
-	// (Cache.Layer) for models that run on the op set; nil keeps host
-	// float32 slices (Cache.K, KBlock, …), which BF16 layers cannot use.
+	// Memory allocates every layer's storage as backend tensors
+	// (Cache.Layer): the model's device memory (model.NewCache). Required.
 	Memory kernels.Memory
 }
 
@@ -95,19 +92,21 @@ type Cache struct {
 	blockBytes int64 // bytes one block takes across all layers
 	budget     int64
 
-	k, v [][]float32 // per layer: (numBlocks, blockSize, width); nil for width 0 or with mem
-
-	mem    kernels.Memory   // backend holding kt, vt; nil for host slices
-	kt, vt []kernels.Tensor // per layer: (numBlocks·blockSize, width) when mem is set
+	mem    kernels.Memory   // backend holding kt, vt
+	kt, vt []kernels.Tensor // per layer: (numBlocks·blockSize, width); invalid for width 0
 
 	refs []int32 // (numBlocks) reference count of each block; 0 = free
 	free []int32 // stack of free block ids
 	seqs int     // live sequences (created and not yet freed)
 }
 
-// New allocates a cache for layout within opts.Budget bytes. It fails when
-// the budget cannot hold a single block or a width is negative.
+// New allocates a cache for layout within opts.Budget bytes in
+// opts.Memory. It fails without memory, when the budget cannot hold a
+// single block or a width is negative.
 func New(layout Layout, opts Options) (*Cache, error) {
+	if opts.Memory == nil {
+		return nil, errors.New("kvcache: no backend memory (Options.Memory) to hold the cache")
+	}
 	bs := opts.BlockSize
 	if bs == 0 {
 		bs = DefaultBlockSize
@@ -121,8 +120,6 @@ func New(layout Layout, opts Options) (*Cache, error) {
 			return nil, fmt.Errorf("kvcache: layer %d has negative width (K %d, V %d)", i, w.K, w.V)
 		case w.DType != kernels.F32 && w.DType != kernels.BF16:
 			return nil, fmt.Errorf("kvcache: layer %d: unsupported dtype %v", i, w.DType)
-		case w.DType != kernels.F32 && opts.Memory == nil:
-			return nil, fmt.Errorf("kvcache: layer %d is %v and needs backend memory (Options.Memory)", i, w.DType)
 		}
 	}
 	blockBytes := layout.BytesPerToken() * int64(bs)
@@ -146,24 +143,11 @@ func New(layout Layout, opts Options) (*Cache, error) {
 		numBlocks:  n,
 		blockBytes: blockBytes,
 		budget:     opts.Budget,
-		k:          make([][]float32, len(layout)),
-		v:          make([][]float32, len(layout)),
 		refs:       make([]int32, n),
 		free:       make([]int32, n),
 	}
-	if opts.Memory != nil {
-		if err := c.allocTensors(opts.Memory); err != nil {
-			return nil, err
-		}
-	} else {
-		for l, w := range layout {
-			if w.K > 0 {
-				c.k[l] = make([]float32, n*bs*w.K)
-			}
-			if w.V > 0 {
-				c.v[l] = make([]float32, n*bs*w.V)
-			}
-		}
+	if err := c.allocTensors(opts.Memory); err != nil {
+		return nil, err
 	}
 	// Pop order low ids first: the stack holds n-1 … 0.
 	for i := range n {
@@ -195,14 +179,10 @@ func (c *Cache) allocTensors(m kernels.Memory) error {
 	return nil
 }
 
-// Release frees the storage of a cache in backend memory (Options.Memory)
-// at once, rather than when the backend closes; a cache of host slices is
-// left to the garbage collector. The cache must not be used afterwards,
-// nor released twice: call it once, when its owner is done with it.
+// Release frees the cache's layer tensors in its backend memory at once,
+// rather than when the backend closes. The cache must not be used
+// afterwards, nor released twice: its owner calls it once, when done.
 func (c *Cache) Release() {
-	if c.mem == nil {
-		return
-	}
 	for _, ts := range [][]kernels.Tensor{c.kt, c.vt} {
 		for _, t := range ts {
 			if t.Valid() {
@@ -238,16 +218,9 @@ func (c *Cache) BlockSize() int { return c.blockSize }
 
 // Layer is layer l's K and V storage in backend memory, each
 // (blocks·BlockSize, width): slot b·BlockSize + j holds token j of block b.
-// It panics for a cache of host slices (Options.Memory nil).
-func (c *Cache) Layer(l int) (k, v kernels.Tensor) {
-	if c.mem == nil {
-		panic("kvcache: Layer on a cache of host slices")
-	}
-	return c.kt[l], c.vt[l]
-}
+func (c *Cache) Layer(l int) (k, v kernels.Tensor) { return c.kt[l], c.vt[l] }
 
-// Memory is the backend memory holding the storage (Options.Memory); nil
-// for host slices.
+// Memory is the backend memory holding the storage (Options.Memory).
 func (c *Cache) Memory() kernels.Memory { return c.mem }
 
 // Slot is the storage slot of token pos of s (pos < s.Len()).
@@ -256,51 +229,6 @@ func (c *Cache) Slot(s *Seq, pos int) int32 {
 		panic("kvcache: position outside the sequence")
 	}
 	return s.blocks[pos/c.blockSize]*int32(c.blockSize) + int32(pos%c.blockSize)
-}
-
-// host panics when the cache's storage is backend tensors.
-func (c *Cache) host() {
-	if c.mem != nil {
-		panic("kvcache: host access to a cache in backend memory")
-	}
-}
-
-// KBlock is layer l's K storage of block b: (BlockSize, K width) values.
-func (c *Cache) KBlock(l int, b int32) []float32 {
-	c.host()
-	w := c.layout[l].K * c.blockSize
-	return c.k[l][int(b)*w : int(b)*w+w]
-}
-
-// VBlock is layer l's V storage of block b: (BlockSize, V width) values.
-func (c *Cache) VBlock(l int, b int32) []float32 {
-	c.host()
-	w := c.layout[l].V * c.blockSize
-	return c.v[l][int(b)*w : int(b)*w+w]
-}
-
-// K is the K slot (K width values) of token pos of s in layer l. pos must be
-// below s.Len(); writes are allowed only to positions reserved by the last
-// Reserve.
-func (c *Cache) K(l int, s *Seq, pos int) []float32 {
-	c.host()
-	if pos < 0 || pos >= s.n {
-		panic("kvcache: position outside the sequence")
-	}
-	w := c.layout[l].K
-	off := (int(s.blocks[pos/c.blockSize])*c.blockSize + pos%c.blockSize) * w
-	return c.k[l][off : off+w]
-}
-
-// V is the V slot (V width values) of token pos of s in layer l.
-func (c *Cache) V(l int, s *Seq, pos int) []float32 {
-	c.host()
-	if pos < 0 || pos >= s.n {
-		panic("kvcache: position outside the sequence")
-	}
-	w := c.layout[l].V
-	off := (int(s.blocks[pos/c.blockSize])*c.blockSize + pos%c.blockSize) * w
-	return c.v[l][off : off+w]
 }
 
 // ** cache management (the scheduler, between forward passes) **
@@ -437,25 +365,14 @@ func (c *Cache) release(b int32) {
 
 // CopyBlock copies every layer's K and V contents of block src into dst.
 func (c *Cache) CopyBlock(dst, src int32) {
-	if c.mem != nil {
-		bs := c.blockSize
-		d, s := int(dst)*bs, int(src)*bs
-		for l, w := range c.layout {
-			if w.K > 0 {
-				c.mem.Copy(c.kt[l].Slice(d, d+bs), c.kt[l].Slice(s, s+bs))
-			}
-			if w.V > 0 {
-				c.mem.Copy(c.vt[l].Slice(d, d+bs), c.vt[l].Slice(s, s+bs))
-			}
-		}
-		return
-	}
+	bs := c.blockSize
+	d, s := int(dst)*bs, int(src)*bs
 	for l, w := range c.layout {
 		if w.K > 0 {
-			copy(c.KBlock(l, dst), c.KBlock(l, src))
+			c.mem.Copy(c.kt[l].Slice(d, d+bs), c.kt[l].Slice(s, s+bs))
 		}
 		if w.V > 0 {
-			copy(c.VBlock(l, dst), c.VBlock(l, src))
+			c.mem.Copy(c.vt[l].Slice(d, d+bs), c.vt[l].Slice(s, s+bs))
 		}
 	}
 }
@@ -463,21 +380,10 @@ func (c *Cache) CopyBlock(dst, src int32) {
 // Prefault writes every memory page of the storage once (values unchanged),
 // so that a measurement after it does not pay for first-touch page faults.
 func (c *Cache) Prefault() {
-	if c.mem != nil {
-		for l := range c.layout {
-			for _, t := range []kernels.Tensor{c.kt[l], c.vt[l]} {
-				if t.Valid() {
-					c.mem.Copy(t, t)
-				}
-			}
-		}
-		return
-	}
-	const page = 4096 / 4 // float32s
 	for l := range c.layout {
-		for _, s := range [][]float32{c.k[l], c.v[l]} {
-			for i := 0; i < len(s); i += page {
-				s[i] = 0
+		for _, t := range []kernels.Tensor{c.kt[l], c.vt[l]} {
+			if t.Valid() {
+				c.mem.Copy(t, t)
 			}
 		}
 	}

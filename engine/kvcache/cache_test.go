@@ -15,7 +15,7 @@ var testLayout = Layout{{K: 4, V: 4}, {K: 3, V: 0}, {K: 0, V: 0}}
 
 func newTestCache(t *testing.T, blocks, bs int) *Cache {
 	t.Helper()
-	c, err := New(testLayout, Options{BlockSize: bs, Budget: int64(blocks*bs) * testLayout.BytesPerToken()})
+	c, err := New(testLayout, Options{BlockSize: bs, Budget: int64(blocks*bs) * testLayout.BytesPerToken(), Memory: strict.New()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,13 +84,17 @@ func TestLayoutBytes(t *testing.T) {
 }
 
 func TestNewErrors(t *testing.T) {
-	if _, err := New(testLayout, Options{Budget: 10}); err == nil {
+	mem := strict.New()
+	if _, err := New(testLayout, Options{Budget: 10, Memory: mem}); err == nil {
 		t.Error("budget below one block: want error")
 	}
-	if _, err := New(Layout{{K: -1}}, Options{Budget: 1 << 20}); err == nil {
+	if _, err := New(Layout{{K: -1}}, Options{Budget: 1 << 20, Memory: mem}); err == nil {
 		t.Error("negative width: want error")
 	}
-	c, err := New(Layout{{}, {}}, Options{})
+	if _, err := New(testLayout, Options{Budget: 1 << 20}); err == nil {
+		t.Error("no backend memory: want error")
+	}
+	c, err := New(Layout{{}, {}}, Options{Memory: mem})
 	if err != nil {
 		t.Fatalf("zero-width layout: %v", err)
 	}
@@ -148,9 +152,9 @@ func TestForkCopyOnWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	for p := range 6 {
-		c.K(0, a, p)[0] = float32(p)
-		c.V(0, a, p)[0] = float32(-p)
-		c.K(1, a, p)[2] = float32(10 + p)
+		put(c, 0, a, p, false, 0, float32(p))
+		put(c, 0, a, p, true, 0, float32(-p))
+		put(c, 1, a, p, false, 2, float32(10+p))
 	}
 	b, err := c.Fork(a, 6)
 	if err != nil {
@@ -166,20 +170,20 @@ func TestForkCopyOnWrite(t *testing.T) {
 	if err := c.Reserve(b, 7); err != nil {
 		t.Fatal(err)
 	}
-	c.K(0, b, 6)[0] = 100
+	put(c, 0, b, 6, false, 0, 100)
 	if err := c.Reserve(a, 7); err != nil {
 		t.Fatal(err)
 	}
-	c.K(0, a, 6)[0] = 200
+	put(c, 0, a, 6, false, 0, 200)
 	if a.Blocks()[0] != b.Blocks()[0] || a.Blocks()[1] == b.Blocks()[1] {
 		t.Fatalf("tables a %v b %v: want the full block shared, the tail private", a.Blocks(), b.Blocks())
 	}
 	for p := range 6 {
-		if c.K(0, b, p)[0] != float32(p) || c.V(0, b, p)[0] != float32(-p) || c.K(1, b, p)[2] != float32(10+p) {
+		if at(c, 0, b, p, false, 0) != float32(p) || at(c, 0, b, p, true, 0) != float32(-p) || at(c, 1, b, p, false, 2) != float32(10+p) {
 			t.Fatalf("fork lost token %d", p)
 		}
 	}
-	if c.K(0, a, 6)[0] != 200 || c.K(0, b, 6)[0] != 100 {
+	if at(c, 0, a, 6, false, 0) != 200 || at(c, 0, b, 6, false, 0) != 100 {
 		t.Fatal("writes after the fork leaked between sequences")
 	}
 	checkRefs(t, c, []*Seq{a, b})
@@ -234,9 +238,9 @@ func TestStress(t *testing.T) {
 			}
 			for p := len(e.shadow); p < n; p++ {
 				stamp++
-				c.K(0, e.s, p)[0] = stamp
-				c.V(0, e.s, p)[3] = -stamp
-				c.K(1, e.s, p)[1] = stamp / 2
+				put(c, 0, e.s, p, false, 0, stamp)
+				put(c, 0, e.s, p, true, 3, -stamp)
+				put(c, 1, e.s, p, false, 1, stamp/2)
 				e.shadow = append(e.shadow, stamp)
 			}
 		case op < 7:
@@ -263,7 +267,7 @@ func TestStress(t *testing.T) {
 				t.Fatalf("step %d: len %d, shadow %d", step, e.s.Len(), len(e.shadow))
 			}
 			for p, want := range e.shadow {
-				if c.K(0, e.s, p)[0] != want || c.V(0, e.s, p)[3] != -want || c.K(1, e.s, p)[1] != want/2 {
+				if at(c, 0, e.s, p, false, 0) != want || at(c, 0, e.s, p, true, 3) != -want || at(c, 1, e.s, p, false, 1) != want/2 {
 					t.Fatalf("step %d: position %d corrupted", step, p)
 				}
 			}
@@ -279,6 +283,33 @@ func TestStress(t *testing.T) {
 	if c.BlocksFree() != blocks {
 		t.Fatalf("%d of %d blocks returned", c.BlocksFree(), blocks)
 	}
+}
+
+// row is the storage row of layer l's K (or V) at position p of s.
+func row(c *Cache, l int, s *Seq, p int, v bool) kernels.Tensor {
+	k, vt := c.Layer(l)
+	if v {
+		k = vt
+	}
+	slot := int(c.Slot(s, p))
+	return k.Slice(slot, slot+1)
+}
+
+// at reads value i of layer l's K (or V) at position p of s.
+func at(c *Cache, l int, s *Seq, p int, v bool, i int) float32 {
+	r := row(c, l, s, p, v)
+	vals := make([]float32, r.Cols)
+	c.Memory().ReadF32(vals, r)
+	return vals[i]
+}
+
+// put sets value i of layer l's K (or V) at position p of s to x.
+func put(c *Cache, l int, s *Seq, p int, v bool, i int, x float32) {
+	r := row(c, l, s, p, v)
+	vals := make([]float32, r.Cols)
+	c.Memory().ReadF32(vals, r)
+	vals[i] = x
+	c.Memory().WriteF32(r, vals)
 }
 
 // TestRelease: Release frees every layer tensor (the backend's tensors

@@ -5,8 +5,9 @@
 // widths the model declares in a Layout: GQA layers store 2·nKV·headDim
 // values per token, an MLA layer stores one latent of kv_lora+rope values and
 // no V (V width 0), and a layer with no attention cache (linear attention)
-// declares 0 and 0. Values are stored as float32: exactness first, at twice
-// the memory of bf16.
+// declares 0 and 0. The arrays are tensors in the model's backend memory
+// (Options.Memory; there is no host form), BF16 by default or F32, a
+// layer's V optionally F32 whatever its K (LayerWidth).
 //
 // A sequence is a *Seq: a length and a block table mapping token positions
 // to blocks (position p lives in slot p%BlockSize of block table[p/BlockSize]).

@@ -41,40 +41,32 @@ func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 
 // StatePool owns the recurrent state of the linear-attention layers of
 // every live sequence, one fixed-size slot per sequence, within a byte
-// budget. A slot's buffer is, for each layer l in order,
+// budget, in backend tensors: per layer l,
 //
-//	S_l    [Heads_l, DK_l, DV_l]       float32
-//	conv_l [ConvK_l−1, ConvChannels_l] float32
+//	S_l    (rows, Heads_l·DK_l·DV_l)       F32
+//	conv_l (rows, (ConvK_l−1)·ConvChannels_l) F32
 //
-// contiguously, BytesPerSeq() bytes in all. Snapshots have the same layout
-// and count against the same budget. Memory is allocated on first use and
-// kept for reuse after Free (never more than the budget at any time).
-//
-// A pool made by NewDeviceStatePool keeps the same layout in backend
-// tensors instead (see Tensors): one row per slot or snapshot, which the
-// op set's linear-attention ops index by Row; Copy, Snapshot, Restore and
-// Reset are then backend copies, and S, Conv, SnapshotS and SnapshotConv
-// are not available.
+// one row per slot or snapshot, which the op set's linear-attention ops
+// index by Row. BytesPerSeq() bytes make one slot; snapshots have the same
+// layout and count against the same budget. Copy, Snapshot, Restore and
+// Reset are backend copies of rows; nothing is ever on the host.
 //
 // Alloc, Free, NewSnapshot and FreeSnapshot may be called concurrently.
 // The data of one slot must not be used by two goroutines at once.
 type StatePool struct {
-	layers  []LayerShape
-	offS    []int // offset of S_l in a slot's buffer
-	offConv []int // offset of conv_l
-	per     int   // float32s per slot
-	budget  int64
+	layers []LayerShape
+	per    int // float32s per slot
+	budget int64
 
 	mu     sync.Mutex
-	used   int64       // bytes of live slots and snapshots
-	spare  [][]float32 // freed buffers kept for reuse
-	freeID []int       // freed slot ids, reused first
+	used   int64 // bytes of live slots and snapshots
+	freeID []int // freed slot ids, reused first
 	nextID int
 
-	dev *devStore // backend storage; nil for host slots
+	dev devStore
 }
 
-// devStore is a device pool's storage: per layer, S and the conv state as
+// devStore is a pool's storage: per layer, S and the conv state as
 // (rows, SLen) and (rows, ConvLen) F32 tensors. Row 0 stays zero (the
 // source of Reset); slots and snapshots take rows 1, 2, … Rows are
 // allocated as needed, doubling up to the budget's worth.
@@ -96,8 +88,7 @@ type Slot struct {
 
 // store is where a slot's or snapshot's state lives.
 type store struct {
-	buf  []float32 // host pools: the state; nil once freed
-	row  int       // device pools: the row in the pool's tensors
+	row  int // the row in the pool's tensors
 	live bool
 }
 
@@ -115,64 +106,47 @@ func (s *Slot) ID() int { return s.id }
 // checkpoints), laid out as a slot.
 type Snapshot struct{ store }
 
-// NewStatePool makes a pool for the given linear layers (in model order,
-// linear layers only) with room for budgetBytes of slots and snapshots.
-func NewStatePool(layers []LayerShape, budgetBytes int64) (*StatePool, error) {
+// NewStatePool makes a pool in mem for the given linear layers (in model
+// order, linear layers only) with room for budgetBytes of slots and
+// snapshots.
+func NewStatePool(mem kernels.Memory, layers []LayerShape, budgetBytes int64) (*StatePool, error) {
+	if mem == nil {
+		return nil, errors.New("linattn: a state pool needs backend memory")
+	}
 	p := &StatePool{layers: append([]LayerShape(nil), layers...), budget: budgetBytes}
 	for i, l := range layers {
 		if l.Heads <= 0 || l.DK <= 0 || l.DV <= 0 || l.ConvK <= 0 || l.ConvChannels < 0 {
 			return nil, fmt.Errorf("linattn: bad LayerShape %d: %+v", i, l)
 		}
-		p.offS = append(p.offS, p.per)
-		p.per += l.SLen()
-		p.offConv = append(p.offConv, p.per)
-		p.per += l.ConvLen()
+		p.per += l.SLen() + l.ConvLen()
 	}
 	if budgetBytes < 0 {
 		return nil, fmt.Errorf("linattn: negative budget %d", budgetBytes)
 	}
-	return p, nil
-}
-
-// NewDeviceStatePool is NewStatePool with the states in mem's tensors.
-func NewDeviceStatePool(mem kernels.Memory, layers []LayerShape, budgetBytes int64) (*StatePool, error) {
-	p, err := NewStatePool(layers, budgetBytes)
-	if err != nil {
-		return nil, err
-	}
-	p.dev = &devStore{mem: mem, nextRow: 1, maxRows: 1}
+	p.dev = devStore{mem: mem, nextRow: 1, maxRows: 1}
 	if p.per > 0 {
 		p.dev.maxRows += int(budgetBytes / p.BytesPerSeq())
 	}
 	return p, nil
 }
 
-// Memory is the backend memory a device pool's tensors live in; nil for a
-// host pool.
-func (p *StatePool) Memory() kernels.Memory {
-	if p.dev == nil {
-		return nil
-	}
-	return p.dev.mem
-}
+// Memory is the backend memory the pool's tensors live in.
+func (p *StatePool) Memory() kernels.Memory { return p.dev.mem }
 
-// Tensors returns a device pool's state tensors of layer l: S (rows,
-// Heads·DK·DV) and the conv state (rows, (ConvK−1)·ConvChannels), F32, a
-// slot's state in its Row. They are reallocated (larger) when a slot or
-// snapshot needs a row past them, so fetch them for every step.
+// Tensors returns the state tensors of layer l: S (rows, Heads·DK·DV) and
+// the conv state (rows, (ConvK−1)·ConvChannels; invalid when ConvK is 1),
+// F32, a slot's state in its Row. They are reallocated (larger) when a
+// slot or snapshot needs a row past them, so fetch them for every step.
 func (p *StatePool) Tensors(l int) (s, conv kernels.Tensor) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.dev == nil {
-		panic("linattn: Tensors of a host state pool")
-	}
 	if p.dev.rows == 0 {
 		return kernels.Tensor{}, kernels.Tensor{}
 	}
 	return p.dev.s[l], p.dev.conv[l]
 }
 
-// Row is slot s's row in a device pool's tensors.
+// Row is slot s's row in the pool's tensors.
 func (p *StatePool) Row(s *Slot) int {
 	p.check(s)
 	return s.row
@@ -216,9 +190,9 @@ func (d *devStore) copyRow(dst, src int) {
 	}
 }
 
-// takeRow returns a zeroed row of a device pool; p.mu is held.
+// takeRow returns a zeroed row; p.mu is held.
 func (p *StatePool) takeRow() (int, error) {
-	d := p.dev
+	d := &p.dev
 	row := d.nextRow
 	if n := len(d.freeRows); n > 0 {
 		row, d.freeRows = d.freeRows[n-1], d.freeRows[:n-1]
@@ -258,53 +232,33 @@ func (p *StatePool) Available() int {
 	return int((p.budget - p.used) / p.BytesPerSeq())
 }
 
-// take reserves one buffer's worth of budget and returns a zeroed buffer
-// (host pools) or row (device pools).
-func (p *StatePool) take() ([]float32, int, error) {
+// take reserves one slot's worth of budget and returns a zeroed row.
+func (p *StatePool) take() (int, error) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	need := p.BytesPerSeq()
 	if p.used+need > p.budget {
-		err := &ExhaustedError{Need: need, Used: p.used, Budget: p.budget}
-		p.mu.Unlock()
-		return nil, 0, err
+		return 0, &ExhaustedError{Need: need, Used: p.used, Budget: p.budget}
 	}
-	if p.dev != nil {
-		defer p.mu.Unlock()
-		row, err := p.takeRow()
-		if err != nil {
-			return nil, 0, err
-		}
-		p.used += need
-		return nil, row, nil
+	row, err := p.takeRow()
+	if err != nil {
+		return 0, err
 	}
 	p.used += need
-	var buf []float32
-	if n := len(p.spare); n > 0 {
-		buf, p.spare = p.spare[n-1], p.spare[:n-1]
-	}
-	p.mu.Unlock()
-	if buf == nil {
-		return make([]float32, p.per), 0, nil
-	}
-	clear(buf)
-	return buf, 0, nil
+	return row, nil
 }
 
-func (p *StatePool) give(buf []float32, row int) {
+func (p *StatePool) give(row int) {
 	p.mu.Lock()
 	p.used -= p.BytesPerSeq()
-	if p.dev != nil {
-		p.dev.freeRows = append(p.dev.freeRows, row)
-	} else {
-		p.spare = append(p.spare, buf)
-	}
+	p.dev.freeRows = append(p.dev.freeRows, row)
 	p.mu.Unlock()
 }
 
 // Alloc returns a new slot with all state zeroed (a fresh sequence), or an
 // *ExhaustedError (errors.Is(err, ErrExhausted)) if it does not fit.
 func (p *StatePool) Alloc() (*Slot, error) {
-	buf, row, err := p.take()
+	row, err := p.take()
 	if err != nil {
 		return nil, err
 	}
@@ -316,16 +270,15 @@ func (p *StatePool) Alloc() (*Slot, error) {
 		p.nextID++
 	}
 	p.mu.Unlock()
-	return &Slot{id: id, store: store{buf: buf, row: row, live: true}}, nil
+	return &Slot{id: id, store: store{row: row, live: true}}, nil
 }
 
-// Free returns a slot's memory to the pool. Using the slot afterwards, or
+// Free returns a slot's row to the pool. Using the slot afterwards, or
 // freeing it twice, panics.
 func (p *StatePool) Free(s *Slot) {
 	p.check(s)
-	buf, row := s.buf, s.row
-	s.buf, s.live = nil, false
-	p.give(buf, row)
+	s.live = false
+	p.give(s.row)
 	p.mu.Lock()
 	p.freeID = append(p.freeID, s.id)
 	p.mu.Unlock()
@@ -334,28 +287,14 @@ func (p *StatePool) Free(s *Slot) {
 // Reset zeroes a slot's state (the sequence starts over).
 func (p *StatePool) Reset(s *Slot) {
 	p.check(s)
-	if p.dev != nil {
-		p.devCopy(s.row, 0)
-		return
-	}
-	clear(s.buf)
+	p.copyRow(s.row, 0)
 }
 
-// devCopy copies row src over row dst of a device pool.
-func (p *StatePool) devCopy(dst, src int) {
+// copyRow copies row src over row dst on the backend.
+func (p *StatePool) copyRow(dst, src int) {
 	p.mu.Lock()
 	p.dev.copyRow(dst, src)
 	p.mu.Unlock()
-}
-
-// copyState copies src's state over dst's (both live): a row copy on the
-// backend, or a host copy.
-func (p *StatePool) copyState(dst, src *store) {
-	if p.dev != nil {
-		p.devCopy(dst.row, src.row)
-		return
-	}
-	copy(p.host(dst), p.host(src))
 }
 
 func (p *StatePool) check(s *Slot) {
@@ -372,93 +311,40 @@ func (p *StatePool) checkSnap(sn *Snapshot) {
 	sn.check("Snapshot")
 }
 
-// host is a host pool's buffer of st.
-func (p *StatePool) host(st *store) []float32 {
-	if p.dev != nil {
-		panic("linattn: host access to a device state pool")
-	}
-	return st.buf
-}
-
-// buf is a host slot's buffer.
-func (p *StatePool) buf(s *Slot) []float32 {
-	p.check(s)
-	return p.host(&s.store)
-}
-
-// S returns layer l's delta-rule state in slot s, [Heads, DK, DV].
-func (p *StatePool) S(s *Slot, l int) []float32 { return p.sOf(p.buf(s), l) }
-
-// Conv returns layer l's conv state in slot s, [ConvK−1, ConvChannels].
-func (p *StatePool) Conv(s *Slot, l int) []float32 { return p.convOf(p.buf(s), l) }
-
-func (p *StatePool) sOf(buf []float32, l int) []float32 {
-	o := p.offS[l]
-	return buf[o : o+p.layers[l].SLen() : o+p.layers[l].SLen()]
-}
-
-func (p *StatePool) convOf(buf []float32, l int) []float32 {
-	o := p.offConv[l]
-	return buf[o : o+p.layers[l].ConvLen() : o+p.layers[l].ConvLen()]
-}
-
 // Copy copies every layer's state of src into dst (conversation reuse:
 // fork a sequence from a checkpointed turn boundary).
 func (p *StatePool) Copy(dst, src *Slot) {
 	p.check(dst)
 	p.check(src)
-	p.copyState(&dst.store, &src.store)
+	p.copyRow(dst.row, src.row)
 }
 
-// NewSnapshot allocates a (zeroed) snapshot buffer from the budget.
+// NewSnapshot allocates a (zeroed) snapshot from the budget.
 func (p *StatePool) NewSnapshot() (*Snapshot, error) {
-	buf, row, err := p.take()
+	row, err := p.take()
 	if err != nil {
 		return nil, err
 	}
-	return &Snapshot{store{buf: buf, row: row, live: true}}, nil
+	return &Snapshot{store{row: row, live: true}}, nil
 }
 
-// FreeSnapshot returns a snapshot's memory to the pool.
+// FreeSnapshot returns a snapshot's row to the pool.
 func (p *StatePool) FreeSnapshot(sn *Snapshot) {
 	p.checkSnap(sn)
-	buf, row := sn.buf, sn.row
-	sn.buf, sn.live = nil, false
-	p.give(buf, row)
-}
-
-// snapBuf is a host snapshot's buffer.
-func (p *StatePool) snapBuf(sn *Snapshot) []float32 {
-	p.checkSnap(sn)
-	return p.host(&sn.store)
+	sn.live = false
+	p.give(sn.row)
 }
 
 // Snapshot copies slot src's state into dst.
 func (p *StatePool) Snapshot(dst *Snapshot, src *Slot) {
 	p.checkSnap(dst)
 	p.check(src)
-	p.copyState(&dst.store, &src.store)
+	p.copyRow(dst.row, src.row)
 }
 
 // Restore copies snapshot src back into slot dst.
 func (p *StatePool) Restore(dst *Slot, src *Snapshot) {
 	p.check(dst)
 	p.checkSnap(src)
-	p.copyState(&dst.store, &src.store)
-}
-
-// SnapshotS returns layer l's S inside a snapshot, [Heads, DK, DV]: pass it
-// as Seq.StatesAfter[t] to record the state after token t directly.
-func (p *StatePool) SnapshotS(sn *Snapshot, l int) []float32 { return p.sOf(p.snapBuf(sn), l) }
-
-// SnapshotConv returns layer l's conv state inside a snapshot,
-// [ConvK−1, ConvChannels] (a Conv.SaveStates destination).
-func (p *StatePool) SnapshotConv(sn *Snapshot, l int) []float32 { return p.convOf(p.snapBuf(sn), l) }
-
-// Trim drops the buffers kept for reuse, letting the garbage collector
-// return their memory.
-func (p *StatePool) Trim() {
-	p.mu.Lock()
-	p.spare = nil
-	p.mu.Unlock()
+	p.copyRow(dst.row, src.row)
 }

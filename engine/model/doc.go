@@ -1,8 +1,9 @@
 // Package model defines what an architecture provides to the engine and how
 // the engine drives it: the Model interface, the Batch a forward pass runs,
-// the registry of architectures and NewCache. The op-set architectures (GQA
-// and the mla family) run on engine/gqa, a DeviceModel; qwen3_next and
-// glm5_next assemble their own host-slice forward passes.
+// the registry of architectures, NewCache and NewStatePool. Every
+// architecture runs on the op set (a DeviceModel): the GQA ones, the mla
+// family and qwen3_next through engine/gqa's Decoder, glm5_next through its
+// own layer loop around gqa's pieces.
 //
 // A forward pass runs one Batch: any mix of sequences, each contributing a
 // chunk of prompt tokens, one decode token or k+1 speculative verify tokens,

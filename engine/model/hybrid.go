@@ -32,6 +32,11 @@ type MTPModel interface {
 	// own cache and returns logits that predict the token at Pos+i+2 (rows
 	// chosen by Seq.Logits) and, when Seq.Hidden, the MTP's own post-norm
 	// output for chained drafting.
+	//
+	// hidden is host memory on purpose: the rows cross the step boundary
+	// (the runtime keeps them between the main step and the drafts, with
+	// the logits), and the implementation uploads them with the step's
+	// other inputs; no op inside a step reads host activations.
 	ForwardMTP(b *Batch, hidden [][]float32) (*Output, error)
 }
 
@@ -82,11 +87,12 @@ func (b *Batch) ValidateStates(layout []linattn.LayerShape) error {
 }
 
 // NewStatePool creates the recurrent-state pool for a StateModel m with
-// room for budget bytes of slots and snapshots: in m's device memory when
-// m is (or wraps) a DeviceModel, host slices otherwise.
+// room for budget bytes of slots and snapshots, in the device memory of
+// the DeviceModel m is or wraps (recurrent state has no host form).
 func NewStatePool(m StateModel, budget int64) (*linattn.StatePool, error) {
-	if dm := AsDevice(m); dm != nil {
-		return linattn.NewDeviceStatePool(dm.Device(), m.StateLayout(), budget)
+	dm := AsDevice(m)
+	if dm == nil {
+		return nil, fmt.Errorf("model: %s is not on the op set: its recurrent state has no device memory", m.Info().Arch)
 	}
-	return linattn.NewStatePool(m.StateLayout(), budget)
+	return linattn.NewStatePool(dm.Device(), m.StateLayout(), budget)
 }

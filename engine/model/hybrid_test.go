@@ -5,15 +5,17 @@ import (
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/linattn"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 func TestValidateStates(t *testing.T) {
 	layout := []linattn.LayerShape{{Heads: 2, DK: 4, DV: 4, ConvK: 4, ConvChannels: 24}}
-	pool, err := linattn.NewStatePool(layout, 1<<20)
+	dev := strict.New()
+	pool, err := linattn.NewStatePool(dev, layout, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := linattn.NewStatePool(append(layout, layout[0]), 1<<20)
+	other, err := linattn.NewStatePool(dev, append(layout, layout[0]), 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,13 +54,15 @@ type DeviceModel interface {
 	SetCacheDType(dt kernels.DType) error
 }
 
-// NewCache creates the KV cache for m: in m's device memory when m is a
-// DeviceModel (or wraps one: a wrapper exposes what it wraps with an
-// Unwrap() Model method), host slices otherwise.
+// NewCache creates the KV cache for m in the device memory of the
+// DeviceModel m is or wraps (a wrapper exposes what it wraps with an
+// Unwrap() Model method); the cache has no host form.
 func NewCache(m Model, opts kvcache.Options) (*kvcache.Cache, error) {
-	if dm := AsDevice(m); dm != nil {
-		opts.Memory = dm.Device()
+	dm := AsDevice(m)
+	if dm == nil {
+		return nil, fmt.Errorf("model: %s is not on the op set: its KV cache has no device memory", m.Info().Arch)
 	}
+	opts.Memory = dm.Device()
 	return kvcache.New(m.CacheLayout(), opts)
 }
 

@@ -6,8 +6,10 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
+	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 type fakeModel struct{ model.Model }
@@ -35,7 +37,8 @@ func TestRegistry(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	layout := kvcache.Layout{{K: 2, V: 2}}
-	c, _ := kvcache.New(layout, kvcache.Options{BlockSize: 4, Budget: 1 << 10})
+	mem := strict.New()
+	c, _ := kvcache.New(layout, kvcache.Options{BlockSize: 4, Budget: 1 << 10, Memory: mem})
 	s := c.NewSeq()
 	c.Reserve(s, 3)
 	ok := model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: []int32{1, 2}, Pos: 1, KV: s, Logits: model.AllLogits}}}
@@ -45,7 +48,7 @@ func TestValidate(t *testing.T) {
 	if ok.Tokens() != 2 {
 		t.Fatal("Tokens")
 	}
-	other, _ := kvcache.New(kvcache.Layout{{K: 2, V: 1}}, kvcache.Options{Budget: 1 << 10})
+	other, _ := kvcache.New(kvcache.Layout{{K: 2, V: 1}}, kvcache.Options{Budget: 1 << 10, Memory: mem})
 	for name, b := range map[string]model.Batch{
 		"no cache":        {Seqs: ok.Seqs},
 		"wrong layout":    {Cache: other, Seqs: ok.Seqs},
@@ -59,5 +62,25 @@ func TestValidate(t *testing.T) {
 		if err := b.Validate(10, layout); err == nil {
 			t.Errorf("%s: no error", name)
 		}
+	}
+}
+
+// hostState is a StateModel that is not on the op set.
+type hostState struct{ model.Model }
+
+func (hostState) Info() model.Info            { return model.Info{Arch: "host"} }
+func (hostState) CacheLayout() kvcache.Layout { return kvcache.Layout{{K: 1, V: 1}} }
+func (hostState) StateLayout() []linattn.LayerShape {
+	return []linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 1}}
+}
+
+// TestStorageNeedsDevice: the KV cache and recurrent state live only in a
+// device's memory, so a model without one gets errors, not host storage.
+func TestStorageNeedsDevice(t *testing.T) {
+	if p, err := model.NewStatePool(hostState{}, 1<<10); err == nil || p != nil || !strings.Contains(err.Error(), "not on the op set") {
+		t.Errorf("state pool %v, error %v", p, err)
+	}
+	if c, err := model.NewCache(hostState{}, kvcache.Options{Budget: 1 << 10}); err == nil || c != nil || !strings.Contains(err.Error(), "not on the op set") {
+		t.Errorf("cache %v, error %v", c, err)
 	}
 }

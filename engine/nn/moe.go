@@ -1,6 +1,10 @@
 package nn
 
-import "github.com/ferrite-llm/ferrite/kernels"
+import (
+	"fmt"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
 
 // Scoring is how a router turns logits into expert scores (see
 // kernels.Scoring).
@@ -40,4 +44,25 @@ type MoE struct {
 	Experts    []Expert // (experts)
 	Shared     *MLP     // shared experts (DeepSeek/GLM n_shared_experts fused into one MLP); nil if none
 	SharedGate *Linear  // (1, hidden) Qwen-style sigmoid gate on Shared; nil if ungated
+}
+
+// GroupedMoEShape is a DeepSeek-style (noaux_tc) MoE's shape as config.json
+// gives it: n_routed_experts, num_experts_per_tok, moe_intermediate_size,
+// n_shared_experts, n_group and topk_group.
+type GroupedMoEShape struct {
+	Experts, TopK, Inter, Shared, Groups, TopKGroups int
+}
+
+// Check returns an error naming the config keys when s cannot run: no
+// experts, a top-k outside them, groups that do not divide them or leave
+// fewer than two experts a group (the group score sums the top two).
+func (s GroupedMoEShape) Check() error {
+	switch {
+	case s.Experts <= 0 || s.TopK <= 0 || s.TopK > s.Experts || s.Inter <= 0 || s.Shared < 0:
+		return fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
+			s.Experts, s.TopK, s.Inter, s.Shared)
+	case s.Groups <= 0 || s.Experts%s.Groups != 0 || s.TopKGroups <= 0 || s.TopKGroups > s.Groups || (s.Groups > 1 && s.Experts/s.Groups < 2):
+		return fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", s.Groups, s.TopKGroups, s.Experts)
+	}
+	return nil
 }

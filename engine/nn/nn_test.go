@@ -97,3 +97,24 @@ func TestRopeScaling(t *testing.T) {
 		t.Fatal("odd rotary dim: want error")
 	}
 }
+
+func TestGroupedMoEShape(t *testing.T) {
+	ok := GroupedMoEShape{Experts: 8, TopK: 2, Inter: 16, Shared: 1, Groups: 4, TopKGroups: 2}
+	if err := ok.Check(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []func(*GroupedMoEShape){
+		func(s *GroupedMoEShape) { s.TopK = 9 },
+		func(s *GroupedMoEShape) { s.Inter = 0 },
+		func(s *GroupedMoEShape) { s.Shared = -1 },
+		func(s *GroupedMoEShape) { s.Groups = 3 },     // does not divide 8
+		func(s *GroupedMoEShape) { s.Groups = 8 },     // one expert a group
+		func(s *GroupedMoEShape) { s.TopKGroups = 5 }, // more than the groups
+	} {
+		s := ok
+		bad(&s)
+		if err := s.Check(); err == nil {
+			t.Errorf("%+v: no error", s)
+		}
+	}
+}

@@ -62,8 +62,8 @@
 // # Recurrent state
 //
 // When the model is a model.StateModel (linear-attention layers), the
-// runtime owns a linattn.StatePool (model.NewStatePool: in the model's
-// device memory when it runs on the op set) of Options.StateBudget bytes (default:
+// runtime owns a linattn.StatePool (model.NewStatePool: rows of tensors
+// in the model's device memory) of Options.StateBudget bytes (default:
 // MaxSeqs slots, plus the snapshots speculation needs when the model has an
 // MTP module). A sequence gets a zeroed slot when admitted and gives it
 // back whenever its cache handle goes (finish, cancel, error, preemption):

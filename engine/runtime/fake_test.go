@@ -8,6 +8,8 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 // fakeMTP is a tiny model with known next-token distributions and an MTP
@@ -34,6 +36,9 @@ type fakeMTP struct {
 	// cost, if set, is slept at the start of every call: mtp tells
 	// ForwardMTP from Forward, and tokens is the batch's tokens.
 	cost func(mtp bool, tokens int) time.Duration
+
+	devOnce sync.Once
+	dev     *strict.Device // holds the cache and state storage (Device)
 
 	mu        sync.Mutex
 	forwards  int // Forward calls
@@ -89,6 +94,51 @@ func (f *fakeMTP) Info() model.Info {
 
 func (f *fakeMTP) CacheLayout() kvcache.Layout { return kvcache.Layout{{K: 1, V: 1}, {K: 1, V: 1}} }
 
+// Device makes the fake a model.DeviceModel: its cache and state pool live
+// in a strict device's tensors, which it reads and writes between steps.
+func (f *fakeMTP) Device() kernels.Device {
+	f.devOnce.Do(func() { f.dev = strict.New() })
+	return f.dev
+}
+
+// SetCacheDType accepts the fake's one cache type, F32.
+func (f *fakeMTP) SetCacheDType(dt kernels.DType) error {
+	if dt != kernels.F32 {
+		return fmt.Errorf("fake: %v cache", dt)
+	}
+	return nil
+}
+
+// row is row i of t, one value wide (the fake's K and S widths).
+func row(t kernels.Tensor, i int) kernels.Tensor { return t.Slice(i, i+1) }
+
+// getK is value 0 of layer l's K at position p of s.
+func getK(c *kvcache.Cache, l int, s *kvcache.Seq, p int) float32 {
+	k, _ := c.Layer(l)
+	v := make([]float32, 1)
+	c.Memory().ReadF32(v, row(k, int(c.Slot(s, p))))
+	return v[0]
+}
+
+// setK sets value 0 of layer l's K at position p of s.
+func setK(c *kvcache.Cache, l int, s *kvcache.Seq, p int, v float32) {
+	k, _ := c.Layer(l)
+	c.Memory().WriteF32(row(k, int(c.Slot(s, p))), []float32{v})
+}
+
+// getState and setState read and write value 0 of slot st's S in layer 0.
+func getState(p *linattn.StatePool, st *linattn.Slot) float32 {
+	s, _ := p.Tensors(0)
+	v := make([]float32, 1)
+	p.Memory().ReadF32(v, row(s, p.Row(st)))
+	return v[0]
+}
+
+func setState(p *linattn.StatePool, st *linattn.Slot, v float32) {
+	s, _ := p.Tensors(0)
+	p.Memory().WriteF32(row(s, p.Row(st)), []float32{v})
+}
+
 func (f *fakeMTP) Forward(b *model.Batch) (*model.Output, error) { return f.forward(b, false) }
 
 func (h fakeHybrid) Forward(b *model.Batch) (*model.Output, error) { return h.forward(b, true) }
@@ -113,9 +163,7 @@ func (f *fakeMTP) forward(b *model.Batch, state bool) (*model.Output, error) {
 		if state && (b.States == nil || s.State == nil) {
 			return nil, fmt.Errorf("fake: sequence %d has no state", i)
 		}
-		var st []float32
 		if state {
-			st = b.States.S(s.State, 0)
 			if s.Pos == 0 {
 				b.States.Reset(s.State)
 			}
@@ -123,18 +171,20 @@ func (f *fakeMTP) forward(b *model.Batch, state bool) (*model.Output, error) {
 		// The context before Pos, from the cache.
 		var h uint64
 		for p := range s.Pos {
-			h = fakeMix(h, int32(b.Cache.K(0, s.KV, p)[0])-1)
+			h = fakeMix(h, int32(getK(b.Cache, 0, s.KV, p))-1)
 		}
-		if state && uint64(st[0]) != h {
-			panic(fmt.Sprintf("fake: recurrent state %v at position %d, the cache says %d", st[0], s.Pos, h))
+		if state {
+			if st := getState(b.States, s.State); uint64(st) != h {
+				panic(fmt.Sprintf("fake: recurrent state %v at position %d, the cache says %d", st, s.Pos, h))
+			}
 		}
 		o := &out.Seqs[i]
 		for j, tok := range s.Tokens {
 			p := s.Pos + j
-			b.Cache.K(0, s.KV, p)[0] = float32(tok + 1)
+			setK(b.Cache, 0, s.KV, p, float32(tok+1))
 			h = fakeMix(h, tok)
 			if state {
-				st[0] = float32(h)
+				setState(b.States, s.State, float32(h))
 			}
 			if s.Logits == model.AllLogits || s.Logits == model.LastLogits && j == len(s.Tokens)-1 {
 				row := make([]float32, f.vocab)
@@ -173,9 +223,9 @@ func (f *fakeMTP) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output,
 			// Fed by the target: the MTP rows before must be the right ones.
 			var h uint64
 			for p := range s.Pos {
-				h = fakeMix(h, int32(b.Cache.K(0, s.KV, p)[0])-1)
-				want := float32(fakeMix(h, int32(b.Cache.K(0, s.KV, p+1)[0])-1) + 1)
-				if got := b.Cache.K(1, s.KV, p)[0]; got != want {
+				h = fakeMix(h, int32(getK(b.Cache, 0, s.KV, p))-1)
+				want := float32(fakeMix(h, int32(getK(b.Cache, 0, s.KV, p+1))-1) + 1)
+				if got := getK(b.Cache, 1, s.KV, p); got != want {
 					panic(fmt.Sprintf("fake: MTP cache row %d is %v, want %v (call at position %d)", p, got, want, s.Pos))
 				}
 			}
@@ -187,9 +237,10 @@ func (f *fakeMTP) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output,
 				return nil, fmt.Errorf("fake: MTP row at position %d got the hidden state of position %v", p, hidden[i][2*j+1])
 			}
 			h := fakeMix(uint64(hidden[i][2*j]), tok)
-			b.Cache.K(1, s.KV, p)[0] = float32(h + 1)
 			if chained {
-				b.Cache.K(1, s.KV, p)[0] = -1
+				setK(b.Cache, 1, s.KV, p, -1)
+			} else {
+				setK(b.Cache, 1, s.KV, p, float32(h+1))
 			}
 			if s.Logits == model.AllLogits || s.Logits == model.LastLogits && j == len(s.Tokens)-1 {
 				row := make([]float32, f.vocab)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 // layoutModel is a model that is never run: it only sizes a cache.
@@ -25,7 +26,7 @@ func idleRuntime(t *testing.T, blocks int, opts Options) *Runtime {
 	t.Helper()
 	opts.BlockSize = 4
 	opts.KVBudget = int64(blocks * 4 * 8)
-	c, err := kvcache.New(layoutModel{}.CacheLayout(), kvcache.Options{BlockSize: opts.BlockSize, Budget: opts.KVBudget})
+	c, err := kvcache.New(layoutModel{}.CacheLayout(), kvcache.Options{BlockSize: opts.BlockSize, Budget: opts.KVBudget, Memory: strict.New()})
 	if err != nil {
 		t.Fatal(err)
 	}

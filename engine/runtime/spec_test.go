@@ -537,7 +537,7 @@ func (o *oracle) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, 
 		if err != nil {
 			return nil, err
 		}
-		best := argmax(logits)
+		best := fixtures.Argmax(logits)
 		if splitmix(fakeHash(hist))%o.wrongEvery == 0 {
 			best = (best + 1) % int32(vocab)
 		}
@@ -575,16 +575,6 @@ func lastLogits(m model.Model, toks []int32) ([]float32, error) {
 		return nil, err
 	}
 	return out.Seqs[0].Logits, nil
-}
-
-func argmax(v []float32) int32 {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }
 
 // With drafts that are mostly right, speculation on real checkpoints still

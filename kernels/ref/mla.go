@@ -1,7 +1,6 @@
 package ref
 
 import (
-	"cmp"
 	"math"
 	"slices"
 
@@ -144,14 +143,8 @@ func IndexerScore(q, w, key []float32, s kernels.IndexerShape) float32 {
 // the lower index, never a −∞ one, in ascending order, then −1 where fewer
 // than k are finite (kernels.SparseOps.TopK).
 func SelectTopK(sel []int32, scores []float32) {
-	var cand []int32
-	for i, v := range scores {
-		if !math.IsInf(float64(v), -1) {
-			cand = append(cand, int32(i))
-		}
-	}
-	slices.SortStableFunc(cand, func(a, b int32) int { return cmp.Compare(scores[b], scores[a]) })
-	cand = cand[:min(len(cand), len(sel))]
+	cand := rank(scores) // −∞ scores rank last, so cutting first keeps the finite ones
+	cand = slices.DeleteFunc(cand[:min(len(cand), len(sel))], func(i int32) bool { return math.IsInf(float64(scores[i]), -1) })
 	slices.Sort(cand)
 	for i := range sel {
 		sel[i] = -1

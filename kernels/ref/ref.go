@@ -1,12 +1,12 @@
 // Package ref holds the golden references of the op set (kernels/ops.go):
 // plain Go loops over host slices, float64 wherever the math benefits,
 // written for clarity rather than speed. The strict test backend computes
-// with them, the conformance suite (kernels/kerneltest) checks every
-// backend against them, and the host-slice layers of engine/nn call the
-// ones they share, so each formula exists once.
+// with them and the conformance suite (kernels/kerneltest) checks every
+// backend against them, so each formula exists once.
 package ref
 
 import (
+	"cmp"
 	"math"
 	"slices"
 
@@ -264,23 +264,19 @@ func maskGroups(choice []float32, groups, keep int) {
 	}
 }
 
-// TopK writes into out the indices of the len(out) largest values of v,
-// largest first; ties go to the lower index.
-func TopK(out []int32, v []float32) {
+// TopK writes into out the indices of the len(out) ≤ len(v) largest values
+// of v, largest first; ties go to the lower index. It is the one top-k of
+// the references: routing uses it directly, SelectTopK (DSA) through rank.
+func TopK(out []int32, v []float32) { copy(out, rank(v)[:len(out)]) }
+
+// rank returns v's indices by decreasing value, ties to the lower index.
+func rank(v []float32) []int32 {
 	order := make([]int32, len(v))
 	for i := range order {
 		order[i] = int32(i)
 	}
-	for k := range out { // partial selection: len(out) is small
-		best := k
-		for j := k + 1; j < len(order); j++ {
-			if v[order[j]] > v[order[best]] || (v[order[j]] == v[order[best]] && order[j] < order[best]) {
-				best = j
-			}
-		}
-		order[k], order[best] = order[best], order[k]
-		out[k] = order[k]
-	}
+	slices.SortStableFunc(order, func(a, b int32) int { return cmp.Compare(v[b], v[a]) })
+	return order
 }
 
 // Expert sets y (hidden) = down(silu(gate(x))·up(x)) for one token x

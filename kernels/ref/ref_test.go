@@ -101,3 +101,25 @@ func TestLayerNorm(t *testing.T) {
 		}
 	}
 }
+
+// TestTopK checks the one top-k both selections share: largest first, ties
+// to the lower index; SelectTopK ascending, never a −∞ score, −1 padding.
+func TestTopK(t *testing.T) {
+	inf := float32(math.Inf(-1))
+	v := []float32{1, 3, inf, 3, 2, inf, 0}
+	out := make([]int32, 4)
+	TopK(out, v)
+	if want := []int32{1, 3, 4, 0}; !slices.Equal(out, want) {
+		t.Errorf("TopK %v, want %v", out, want)
+	}
+	sel := make([]int32, 3)
+	SelectTopK(sel, v)
+	if want := []int32{1, 3, 4}; !slices.Equal(sel, want) {
+		t.Errorf("SelectTopK %v, want %v", sel, want)
+	}
+	sel = make([]int32, 4)
+	SelectTopK(sel, []float32{inf, 5, inf, 5})
+	if want := []int32{1, 3, -1, -1}; !slices.Equal(sel, want) {
+		t.Errorf("SelectTopK past the finite scores %v, want %v", sel, want)
+	}
+}

@@ -15,8 +15,8 @@
 //     Scratch tensor or inside a step panics too.
 //
 // MatMul is kernels.MatMulRef (float64 sums) and Parallel runs serially, so
-// the host-slice Backend methods work too, for the parts of the engine not
-// on the op set.
+// the host-slice Backend methods work too, for the load-time work that
+// uses them (quantizing weights).
 package strict
 
 import (

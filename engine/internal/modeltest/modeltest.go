@@ -27,6 +27,14 @@ import (
 // the same logits.
 const Tol = 2e-5
 
+// BF16StateTol replaces Tol for a model with recurrent state on a BF16 KV
+// cache: its linear-attention layers compute the same rows with float32
+// differences that depend on the chunking (the delta rule's chunked and
+// recurrent forms), and a key or value the attention layers store may then
+// round to the neighbouring bf16 (2⁻⁹ relative) in one run and not in the
+// other.
+const BF16StateTol = 1e-2
+
 // Build makes the model described by cfgJSON with random weights of dtype
 // on the suites' backend (see Backend).
 func Build(t testing.TB, cfgJSON string, dtype kernels.DType, missing func(string) bool) model.Model {
@@ -102,10 +110,20 @@ func RunDevices(t *testing.T, cfgJSON string, dtype kernels.DType, missing func(
 				if err := dm.SetCacheDType(kv); err != nil {
 					t.Fatal(err)
 				}
-				if got, want := m.Info().KVBytesPerToken, m.CacheLayout().BytesPerToken(); got != want || m.CacheLayout()[0].DType != kv {
-					t.Fatalf("KVBytesPerToken %d, layout %d (%v)", got, want, m.CacheLayout()[0].DType)
+				layout := m.CacheLayout()
+				if got, want := m.Info().KVBytesPerToken, layout.BytesPerToken(); got != want {
+					t.Fatalf("KVBytesPerToken %d, layout %d", got, want)
 				}
-				Run(t, m)
+				for i, w := range layout {
+					if w.K+w.V > 0 && w.DType != kv {
+						t.Fatalf("cache layer %d is %v, want %v", i, w.DType, kv)
+					}
+				}
+				tol := Tol
+				if sm, ok := m.(model.StateModel); ok && len(sm.StateLayout()) > 0 && kv == kernels.BF16 {
+					tol = BF16StateTol
+				}
+				RunTol(t, m, tol)
 				if s, ok := be.(*strict.Device); ok && s.Steps() == 0 {
 					t.Fatal("the strict backend ran no step")
 				}
@@ -157,27 +175,6 @@ func NewCache(t testing.TB, m model.Model, blocks int) *kvcache.Cache {
 	return c
 }
 
-// runner runs single-sequence steps against one cache.
-type runner struct {
-	t *testing.T
-	m model.Model
-	c *kvcache.Cache
-}
-
-// step runs tokens at the end of s and returns all their logits (n, vocab).
-func (r *runner) step(s *kvcache.Seq, tokens []int32, mode model.Logits) []float32 {
-	r.t.Helper()
-	pos := s.Len()
-	if err := r.c.Reserve(s, pos+len(tokens)); err != nil {
-		r.t.Fatal(err)
-	}
-	out, err := r.m.Forward(&model.Batch{Cache: r.c, Seqs: []model.Seq{{Tokens: tokens, Pos: pos, KV: s, Logits: mode}}})
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	return out.Seqs[0].Logits
-}
-
 // Compare fails t when got and want differ by more than Tol relative to
 // want's largest magnitude, and returns the relative error.
 func Compare(t testing.TB, what string, got, want []float32, tol float64) float64 {
@@ -209,43 +206,47 @@ func randTokens(rng *rand.Rand, n, vocab int) []int32 {
 	return out
 }
 
-// Run runs the conformance suite on m.
-func Run(t *testing.T, m model.Model) {
+// Run runs the conformance suite on m; a model with recurrent state runs
+// it with a state pool (forks copy the state, rollbacks restore a
+// snapshot).
+func Run(t *testing.T, m model.Model) { RunTol(t, m, Tol) }
+
+// RunTol is Run comparing the ways of computing the same logits within tol
+// (relative to the largest reference magnitude).
+func RunTol(t *testing.T, m model.Model, tol float64) {
 	info := m.Info()
 	vocab := info.Vocab
 	rng := rand.New(rand.NewPCG(3, 4))
 	prompt := randTokens(rng, 23, vocab)
-	c := NewCache(t, m, 64)
-	r := &runner{t: t, m: m, c: c}
+	const bs = 4 // small blocks, so that short sequences span several
+	e := NewEnv(t, m, bs, 64*bs, 12)
 
 	// Reference: the whole prompt in one chunk.
-	ref := c.NewSeq()
-	full := r.step(ref, prompt, model.AllLogits)
+	ref := e.NewSeq(t)
+	full := e.Step(t, ref, prompt, model.AllLogits)
 	row := func(i int) []float32 { return full[i*vocab : (i+1)*vocab] }
 
 	t.Run("incremental", func(t *testing.T) {
-		r := &runner{t: t, m: m, c: c}
-		s := c.NewSeq()
-		defer c.Free(s)
-		got := r.step(s, prompt[:5], model.AllLogits)
-		Compare(t, "prefill rows", got, full[:5*vocab], Tol)
+		s := e.NewSeq(t)
+		defer e.Free(s)
+		got := e.Step(t, s, prompt[:5], model.AllLogits)
+		Compare(t, "prefill rows", got, full[:5*vocab], tol)
 		for i := 5; i < len(prompt); i++ {
-			got := r.step(s, prompt[i:i+1], model.LastLogits)
-			Compare(t, fmt.Sprintf("decode position %d", i), got, row(i), Tol)
+			got := e.Step(t, s, prompt[i:i+1], model.LastLogits)
+			Compare(t, fmt.Sprintf("decode position %d", i), got, row(i), tol)
 		}
 	})
 
 	t.Run("chunked", func(t *testing.T) {
-		r := &runner{t: t, m: m, c: c}
-		s := c.NewSeq()
-		defer c.Free(s)
+		s := e.NewSeq(t)
+		defer e.Free(s)
 		var got []float32
 		at := 0
 		for _, n := range []int{7, 1, 9, 6} {
-			got = append(got, r.step(s, prompt[at:at+n], model.AllLogits)...)
+			got = append(got, e.Step(t, s, prompt[at:at+n], model.AllLogits)...)
 			at += n
 		}
-		Compare(t, "chunked prefill", got, full, Tol)
+		Compare(t, "chunked prefill", got, full, tol)
 	})
 
 	t.Run("batch", func(t *testing.T) {
@@ -253,97 +254,79 @@ func Run(t *testing.T, m model.Model) {
 		// B decodes one token, C is a fresh prompt wanting hidden states.
 		promptB := randTokens(rng, 9, vocab)
 		promptC := randTokens(rng, 4, vocab)
-		r := &runner{t: t, m: m, c: c}
-		a, b, cs := c.NewSeq(), c.NewSeq(), c.NewSeq()
-		defer func() { c.Free(a); c.Free(b); c.Free(cs) }()
-		r.step(a, prompt[:6], model.NoLogits)
-		aloneB := r.step(b, promptB, model.AllLogits)
-		for _, s := range []struct {
-			seq *kvcache.Seq
-			n   int
-		}{{a, 11}, {b, 10}, {cs, 4}} {
-			if err := c.Reserve(s.seq, s.n); err != nil {
-				t.Fatal(err)
-			}
-		}
+		a, b, cs := e.NewSeq(t), e.NewSeq(t), e.NewSeq(t)
+		defer func() { e.Free(a); e.Free(b); e.Free(cs) }()
+		e.Step(t, a, prompt[:6], model.NoLogits)
+		aloneB := e.Step(t, b, promptB, model.AllLogits)
 		next := int32(rng.IntN(vocab))
-		out, err := m.Forward(&model.Batch{Cache: c, Seqs: []model.Seq{
-			{Tokens: prompt[6:11], Pos: 6, KV: a, Logits: model.AllLogits},
-			{Tokens: []int32{next}, Pos: 9, KV: b, Logits: model.LastLogits},
-			{Tokens: promptC, Pos: 0, KV: cs, Logits: model.LastLogits, Hidden: true},
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		Compare(t, "batched A", out.Seqs[0].Logits, full[6*vocab:11*vocab], Tol)
+		out := e.Run(t,
+			Entry{S: a, Tokens: prompt[6:11], Logits: model.AllLogits},
+			Entry{S: b, Tokens: []int32{next}, Logits: model.LastLogits},
+			Entry{S: cs, Tokens: promptC, Logits: model.LastLogits, Hidden: true})
+		Compare(t, "batched A", out[0].Logits, full[6*vocab:11*vocab], tol)
 
 		// B and C alone, on fresh sequences.
-		b2, c2 := c.NewSeq(), c.NewSeq()
-		defer func() { c.Free(b2); c.Free(c2) }()
-		Compare(t, "B prefill (separate cache)", r.step(b2, promptB, model.AllLogits), aloneB, Tol)
-		Compare(t, "batched B", out.Seqs[1].Logits, r.step(b2, []int32{next}, model.LastLogits), Tol)
-		aloneC := r.step(c2, promptC, model.AllLogits)
-		Compare(t, "batched C", out.Seqs[2].Logits, aloneC[3*vocab:], Tol)
+		b2, c2 := e.NewSeq(t), e.NewSeq(t)
+		defer func() { e.Free(b2); e.Free(c2) }()
+		Compare(t, "B prefill (separate cache)", e.Step(t, b2, promptB, model.AllLogits), aloneB, tol)
+		Compare(t, "batched B", out[1].Logits, e.Step(t, b2, []int32{next}, model.LastLogits), tol)
+		aloneC := e.Step(t, c2, promptC, model.AllLogits)
+		Compare(t, "batched C", out[2].Logits, aloneC[3*vocab:], tol)
 
-		h := out.Seqs[2].Hidden
+		h := out[2].Hidden
 		if len(h) != 4*info.Hidden {
 			t.Fatalf("hidden states: %d values, want %d", len(h), 4*info.Hidden)
 		}
-		c3 := c.NewSeq()
-		defer c.Free(c3)
-		if err := c.Reserve(c3, 4); err != nil {
-			t.Fatal(err)
-		}
-		alone, err := m.Forward(&model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: promptC, KV: c3, Hidden: true}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(alone.Seqs[0].Logits) != 0 {
+		c3 := e.NewSeq(t)
+		defer e.Free(c3)
+		alone := e.Run(t, Entry{S: c3, Tokens: promptC, Hidden: true})
+		if len(alone[0].Logits) != 0 {
 			t.Fatal("logits returned with NoLogits")
 		}
-		Compare(t, "batched C hidden", h, alone.Seqs[0].Hidden, Tol)
-		if len(out.Seqs[0].Hidden) != 0 {
+		Compare(t, "batched C hidden", h, alone[0].Hidden, tol)
+		if len(out[0].Hidden) != 0 {
 			t.Fatal("hidden states returned without being asked for")
 		}
 	})
 
 	t.Run("fork-and-rollback", func(t *testing.T) {
-		r := &runner{t: t, m: m, c: c}
-		s := c.NewSeq()
-		defer c.Free(s)
-		r.step(s, prompt[:10], model.NoLogits)
-		f, err := c.Fork(s, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Free(f)
+		s := e.NewSeq(t)
+		defer e.Free(s)
+		e.Step(t, s, prompt[:10], model.NoLogits)
+		f := e.Fork(t, s, 10)
+		defer e.Free(f)
 		// The fork continues with the real prompt; the original speculates
 		// three wrong tokens, rolls them back, then continues too.
-		Compare(t, "fork continues", r.step(f, prompt[10:14], model.AllLogits), full[10*vocab:14*vocab], Tol)
-		r.step(s, randTokens(rng, 3, vocab), model.AllLogits)
-		c.Truncate(s, 10)
-		Compare(t, "after rollback", r.step(s, prompt[10:13], model.AllLogits), full[10*vocab:13*vocab], Tol)
-		Compare(t, "fork unaffected", r.step(f, prompt[14:15], model.LastLogits), row(14), Tol)
+		Compare(t, "fork continues", e.Step(t, f, prompt[10:14], model.AllLogits), full[10*vocab:14*vocab], tol)
+		rollback := e.Checkpoint(t, s)
+		e.Step(t, s, randTokens(rng, 3, vocab), model.AllLogits)
+		rollback()
+		Compare(t, "after rollback", e.Step(t, s, prompt[10:13], model.AllLogits), full[10*vocab:13*vocab], tol)
+		Compare(t, "fork unaffected", e.Step(t, f, prompt[14:15], model.LastLogits), row(14), tol)
 	})
 
 	t.Run("errors", func(t *testing.T) {
-		s := c.NewSeq()
-		defer c.Free(s)
-		bad := []model.Batch{
-			{Cache: c, Seqs: []model.Seq{{Tokens: []int32{0}, Pos: 0, KV: s}}},                                  // not reserved
-			{Cache: c, Seqs: []model.Seq{{Tokens: []int32{int32(vocab)}, Pos: 0, KV: ref}}},                     // token out of range
-			{Cache: c, Seqs: []model.Seq{{Tokens: []int32{1}, Pos: 0, KV: ref}, {Tokens: []int32{1}, KV: ref}}}, // same handle twice
-			{Cache: nil, Seqs: []model.Seq{{Tokens: []int32{1}, KV: ref}}},
+		s := e.NewSeq(t)
+		defer e.Free(s)
+		c, st := e.Cache, e.States
+		one := []int32{1}
+		bad := map[string]model.Batch{
+			"not reserved":     {Cache: c, States: st, Seqs: []model.Seq{{Tokens: []int32{0}, Pos: 0, KV: s.KV, State: s.Slot}}},
+			"token past vocab": {Cache: c, States: st, Seqs: []model.Seq{{Tokens: []int32{int32(vocab)}, Pos: 0, KV: ref.KV, State: ref.Slot}}},
+			"same handle":      {Cache: c, States: st, Seqs: []model.Seq{{Tokens: one, KV: ref.KV, State: ref.Slot}, {Tokens: one, KV: ref.KV, State: s.Slot}}},
+			"no cache":         {States: st, Seqs: []model.Seq{{Tokens: one, KV: ref.KV, State: ref.Slot}}},
 		}
-		for i, b := range bad {
+		if st != nil {
+			bad["no state slot"] = model.Batch{Cache: c, States: st, Seqs: []model.Seq{{Tokens: one, KV: ref.KV}}}
+			bad["no state pool"] = model.Batch{Cache: c, Seqs: []model.Seq{{Tokens: one, KV: ref.KV, State: ref.Slot}}}
+		}
+		for name, b := range bad {
 			if _, err := m.Forward(&b); err == nil {
-				t.Errorf("bad batch %d: no error", i)
+				t.Errorf("bad batch (%s): no error", name)
 			}
 		}
 	})
 
-	c.Free(ref)
-	if st := c.Stats(); st.BlocksUsed != 0 || st.Seqs != 0 {
-		t.Fatalf("cache after freeing everything: %+v", st)
-	}
+	e.Free(ref)
+	e.CheckEmpty(t)
 }

@@ -44,45 +44,37 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	if err := cfg.Err(); err != nil {
 		return nil, err
 	}
-	switch {
-	case experts <= 0 || topK <= 0 || topK > experts || moeInter <= 0 || shared < 0:
-		return nil, fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
-			experts, topK, moeInter, shared)
-	case groups <= 0 || experts%groups != 0 || topKGroups <= 0 || topKGroups > groups || (groups > 1 && experts/groups < 2):
-		return nil, fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", groups, topKGroups, experts)
-	}
-	rope, err := transformer.NewRoPE(p)
-	if err != nil {
+	shape := nn.GroupedMoEShape{Experts: experts, TopK: topK, Inter: moeInter, Shared: shared, Groups: groups, TopKGroups: topKGroups}
+	if err := shape.Check(); err != nil {
 		return nil, err
 	}
-	l := nn.NewLoader(w)
-	// block loads model.layers.{i}; i = num_hidden_layers is the MTP layer's.
-	block := func(i int) *nn.Block {
-		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{QKVBias: bias, QKNorm: qkNorm})
+	ffn := func(l *nn.Loader, i int) nn.FFN {
 		pre := fmt.Sprintf("model.layers.%d.mlp", i)
-		var ffn nn.FFN
 		if i < firstDense {
-			ffn = l.MLP(pre, nn.HFNames, p.Hidden, p.Inter, false)
-		} else {
-			moe := &nn.MoE{
-				Router: nn.Router{
-					W:          l.Mat(pre+".gate.weight", experts, p.Hidden),
-					Bias:       l.Vec(pre+".gate.e_score_correction_bias", experts),
-					Scoring:    nn.SigmoidScoring,
-					TopK:       topK,
-					NormTopK:   normTopK,
-					Scale:      float32(scale),
-					Groups:     groups,
-					TopKGroups: topKGroups,
-				},
-				Experts: l.Experts(pre+".experts", nn.HFNames, experts, p.Hidden, moeInter),
-			}
-			if shared > 0 {
-				moe.Shared = l.MLP(pre+".shared_experts", nn.HFNames, p.Hidden, moeInter*shared, false)
-			}
-			ffn = moe
+			return l.MLP(pre, nn.HFNames, p.Hidden, p.Inter, false)
 		}
-		return transformer.LoadBlock(l, p, i, attn, ffn)
+		moe := &nn.MoE{
+			Router: nn.Router{
+				W:          l.Mat(pre+".gate.weight", experts, p.Hidden),
+				Bias:       l.Vec(pre+".gate.e_score_correction_bias", experts),
+				Scoring:    nn.SigmoidScoring,
+				TopK:       topK,
+				NormTopK:   normTopK,
+				Scale:      float32(scale),
+				Groups:     groups,
+				TopKGroups: topKGroups,
+			},
+			Experts: l.Experts(pre+".experts", nn.HFNames, experts, p.Hidden, moeInter),
+		}
+		if shared > 0 {
+			moe.Shared = l.MLP(pre+".shared_experts", nn.HFNames, p.Hidden, moeInter*shared, false)
+		}
+		return moe
+	}
+	// block loads model.layers.{i}; i = num_hidden_layers is the MTP layer's.
+	l, block, err := transformer.Blocks(w, p, transformer.AttnOptions{QKVBias: bias, QKNorm: qkNorm}, ffn)
+	if err != nil {
+		return nil, err
 	}
 	layers := make([]*nn.Block, p.Layers)
 	for i := range layers {

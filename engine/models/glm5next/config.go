@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/nn"
 )
 
 // Layer kinds of layer_types, mlp_layer_types and indexer_types.
@@ -15,8 +16,8 @@ const (
 	fullAttention   = "full_attention"            // an alias of sparseAttention (Glm5NextTextConfig)
 	denseFFN        = "dense"
 	sparseFFN       = "sparse"
-	fullIndexer     = "full"   // the layer runs its own indexer
-	sharedIndexer   = "shared" // the layer reuses the previous layer's selection
+	fullIndexer     = config.FullIndexer   // the layer runs its own indexer
+	sharedIndexer   = config.SharedIndexer // the layer reuses the previous layer's selection
 )
 
 // params are the hyperparameters read from config.json (the text config of
@@ -198,31 +199,7 @@ func (p *params) readSchedule(cfg *config.Config) {
 			p.mlpTypes = append(p.mlpTypes, t)
 		}
 	}
-	switch {
-	case cfg.Has("indexer_types"):
-		p.idxTypes = cfg.Strings("indexer_types")
-	case cfg.Has("index_topk_pattern"):
-		for _, c := range cfg.StringOr("index_topk_pattern", "") {
-			switch c {
-			case 'F':
-				p.idxTypes = append(p.idxTypes, fullIndexer)
-			case 'S':
-				p.idxTypes = append(p.idxTypes, sharedIndexer)
-			default:
-				p.idxTypes = append(p.idxTypes, string(c))
-			}
-		}
-	default:
-		freq := max(cfg.IntOr("index_topk_freq", 1), 1)
-		offset := cfg.IntOr("index_skip_topk_offset", 2)
-		for i := range max(p.layers, 0) {
-			t := sharedIndexer
-			if max(i-offset+1, 0)%freq == 0 {
-				t = fullIndexer
-			}
-			p.idxTypes = append(p.idxTypes, t)
-		}
-	}
+	p.idxTypes = cfg.IndexerTypes(p.layers)
 }
 
 // validate checks the hyperparameters and the schedule against each other
@@ -304,12 +281,9 @@ func (p *params) checkSchedule() error {
 		}
 	}
 	if anySparse || p.nextn > 0 {
-		switch {
-		case p.experts <= 0 || p.topK <= 0 || p.topK > p.experts || p.moeInter <= 0 || p.shared < 0:
-			return fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
-				p.experts, p.topK, p.moeInter, p.shared)
-		case p.groups <= 0 || p.experts%p.groups != 0 || p.topKGroups <= 0 || p.topKGroups > p.groups || (p.groups > 1 && p.experts/p.groups < 2):
-			return fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", p.groups, p.topKGroups, p.experts)
+		shape := nn.GroupedMoEShape{Experts: p.experts, TopK: p.topK, Inter: p.moeInter, Shared: p.shared, Groups: p.groups, TopKGroups: p.topKGroups}
+		if err := shape.Check(); err != nil {
+			return err
 		}
 	}
 	return nil

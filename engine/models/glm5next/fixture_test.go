@@ -3,15 +3,12 @@ package glm5next
 import (
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"slices"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/internal/modeltest"
-	"github.com/ferrite-llm/ferrite/engine/kvcache"
-	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
@@ -94,80 +91,36 @@ func fixtureModel(t testing.TB, be kernels.Backend, fx *fixtures.Fixture) *Model
 	return m
 }
 
-// env is a cache and a state pool for a model.
+// env is modeltest's Env (a cache and a state pool in the model's memory)
+// bound to one test.
 type env struct {
-	t  testing.TB
-	m  *Model
-	c  *kvcache.Cache
-	st *linattn.StatePool
-}
-
-func newEnv(t testing.TB, m *Model, tokens, seqs int) *env {
-	t.Helper()
-	c, err := model.NewCache(m, kvcache.Options{BlockSize: 16, Budget: int64(tokens+16*seqs) * m.Info().KVBytesPerToken})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Room for the sequences and a snapshot.
-	st, err := model.NewStatePool(m, int64(seqs+1)*m.Info().StateBytesPerSeq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, m: m, c: c, st: st}
+	t testing.TB
+	*modeltest.Env
 }
 
 // seq is one sequence's cache handle and state slot.
-type seq struct {
-	kv   *kvcache.Seq
-	slot *linattn.Slot
+type seq = modeltest.Seq
+
+// newEnv makes an env with room for tokens tokens (plus a block per
+// sequence) and seqs sequences and a snapshot.
+func newEnv(t testing.TB, m *Model, tokens, seqs int) *env {
+	t.Helper()
+	return &env{t, modeltest.NewEnv(t, m, 16, tokens+16*seqs, seqs+1)}
 }
 
-func (e *env) newSeq() *seq {
-	e.t.Helper()
-	sl, err := e.st.Alloc()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return &seq{kv: e.c.NewSeq(), slot: sl}
-}
-
-func (e *env) free(s *seq) {
-	e.c.Free(s.kv)
-	e.st.Free(s.slot)
-}
+func (e *env) newSeq() *seq { return e.NewSeq(e.t) }
+func (e *env) free(s *seq)  { e.Free(s) }
 
 // batchSeq reserves toks at the end of s and returns its batch entry.
 func (e *env) batchSeq(s *seq, toks []int32, mode model.Logits, hidden bool) model.Seq {
 	e.t.Helper()
-	pos := s.kv.Len()
-	if err := e.c.Reserve(s.kv, pos+len(toks)); err != nil {
-		e.t.Fatal(err)
-	}
-	return model.Seq{Tokens: toks, Pos: pos, KV: s.kv, State: s.slot, Logits: mode, Hidden: hidden}
+	return e.Batch(e.t, modeltest.Entry{S: s, Tokens: toks, Logits: mode, Hidden: hidden}).Seqs[0]
 }
 
 // run runs toks at the end of s alone.
 func (e *env) run(s *seq, toks []int32, mode model.Logits, hidden bool) model.SeqOutput {
 	e.t.Helper()
-	out, err := e.m.Forward(&model.Batch{Cache: e.c, States: e.st, Seqs: []model.Seq{e.batchSeq(s, toks, mode, hidden)}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return out.Seqs[0]
-}
-
-// relErr is max|got−want| / max|want| and max|got−want|.
-func relErr(got, want []float32) (rel, abs float64) {
-	var maxRef float64
-	for i := range want {
-		maxRef = max(maxRef, math.Abs(float64(want[i])))
-		d := math.Abs(float64(got[i]) - float64(want[i]))
-		if math.IsNaN(d) {
-			d = math.Inf(1)
-		}
-		abs = max(abs, d)
-	}
-	return abs / maxRef, abs
+	return e.Run(e.t, modeltest.Entry{S: s, Tokens: toks, Logits: mode, Hidden: hidden})[0]
 }
 
 // check compares got with want at tol, logging the error.
@@ -176,21 +129,11 @@ func check(t testing.TB, what string, got, want []float32, tol float64) {
 	if len(got) != len(want) {
 		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
 	}
-	rel, abs := relErr(got, want)
+	rel, abs := fixtures.RelErr(got, want)
 	t.Logf("%-26s max abs error %.3g, relative %.3g", what, abs, rel)
 	if rel > tol {
 		t.Errorf("%s: relative error %.3g > %g", what, rel, tol)
 	}
-}
-
-func argmax(v []float32) int32 {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }
 
 func mustFloats(t testing.TB, fx *fixtures.Fixture, name string) []float32 {
@@ -305,8 +248,8 @@ func testFixture(t *testing.T, be kernels.Backend) {
 		// The main model's pass fills positions [0, T); the MTP runs over
 		// positions [0, T−1) with tokens 1..T−1 and its own cache layer.
 		e.run(s, prompt, model.NoLogits, false)
-		out, err := mtpModel.ForwardMTP(&model.Batch{Cache: e.c, Seqs: []model.Seq{
-			{Tokens: prompt[1:], Pos: 0, KV: s.kv, Logits: model.AllLogits, Hidden: true},
+		out, err := mtpModel.ForwardMTP(&model.Batch{Cache: e.Cache, Seqs: []model.Seq{
+			{Tokens: prompt[1:], Pos: 0, KV: s.KV, Logits: model.AllLogits, Hidden: true},
 		}}, [][]float32{finalHidden[:(T-1)*H]})
 		if err != nil {
 			t.Fatal(err)
@@ -316,7 +259,7 @@ func testFixture(t *testing.T, be kernels.Backend) {
 			t.Errorf("MTP hidden: %d values, want %d", len(out.Seqs[0].Hidden), (T-1)*H)
 		}
 	})
-	if st := e.c.Stats(); st.BlocksUsed != 0 {
+	if st := e.Cache.Stats(); st.BlocksUsed != 0 {
 		t.Errorf("cache not empty after Free: %+v", st)
 	}
 
@@ -346,11 +289,11 @@ func greedy(t *testing.T, e *env, fx *fixtures.Fixture, prompt []int32) {
 	want := mustInts(t, fx, "greedy_ids")
 	g := e.newSeq()
 	defer e.free(g)
-	next := argmax(e.run(g, prompt, model.LastLogits, false).Logits)
+	next := fixtures.Argmax(e.run(g, prompt, model.LastLogits, false).Logits)
 	var got []int32
 	for range len(want) {
 		got = append(got, next)
-		next = argmax(e.run(g, []int32{next}, model.LastLogits, false).Logits)
+		next = fixtures.Argmax(e.run(g, []int32{next}, model.LastLogits, false).Logits)
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("greedy tokens\n got %v\nwant %v", got, want)

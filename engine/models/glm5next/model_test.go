@@ -13,12 +13,15 @@ import (
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/internal/modeltest"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/strict"
 )
 
 // TestLayouts checks the cache and state layouts of the fixture model.
@@ -130,7 +133,7 @@ func testPoolsDropped(t *testing.T, be kernels.Backend) {
 	e2 := newEnv(t, m, T+16, 1)
 	s2 := e2.newSeq()
 	dense := e2.run(s2, prompt, model.AllLogits, false).Logits
-	rel, abs := relErr(dense, sparse)
+	rel, abs := fixtures.RelErr(dense, sparse)
 	t.Logf("all pools kept: logits differ by %.3g (relative %.3g)", abs, rel)
 	if rel < 100*fixtureTol {
 		t.Errorf("keeping every pool changed the logits by only %.3g relative", rel)
@@ -190,7 +193,7 @@ func testBatch(t *testing.T, be kernels.Backend) {
 	a, b, c := e.newSeq(), e.newSeq(), e.newSeq()
 	e.run(b, pb[:25], model.NoLogits, false)
 	e.run(c, pc[:12], model.NoLogits, false)
-	out, err := m.Forward(&model.Batch{Cache: e.c, States: e.st, Seqs: []model.Seq{
+	out, err := m.Forward(&model.Batch{Cache: e.Cache, States: e.States, Seqs: []model.Seq{
 		e.batchSeq(b, pb[25:], model.AllLogits, false),
 		e.batchSeq(a, pa, model.AllLogits, true),
 		e.batchSeq(c, pc[12:], model.LastLogits, false),
@@ -338,8 +341,8 @@ func testFlatCheckpoint(t *testing.T, be kernels.Backend) {
 		s := e.newSeq()
 		defer e.free(s)
 		out := e.run(s, prompt, model.AllLogits, true)
-		mt, err := withMTP{m}.ForwardMTP(&model.Batch{Cache: e.c, Seqs: []model.Seq{
-			{Tokens: prompt[1:], KV: s.kv, Logits: model.AllLogits},
+		mt, err := withMTP{m}.ForwardMTP(&model.Batch{Cache: e.Cache, Seqs: []model.Seq{
+			{Tokens: prompt[1:], KV: s.KV, Logits: model.AllLogits},
 		}}, [][]float32{out.Hidden[:(len(prompt)-1)*m.Info().Hidden]})
 		if err != nil {
 			t.Fatal(err)
@@ -456,39 +459,39 @@ func testErrors(t *testing.T, be kernels.Backend) {
 	bs := e.batchSeq(s, []int32{1, 2}, model.LastLogits, false)
 	noSlot := bs
 	noSlot.State = nil
-	other, err := linattn.NewStatePool([]linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 1}}, 1<<20)
+	other, err := linattn.NewStatePool(e.States.Memory(), []linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 1}}, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	host, err := linattn.NewStatePool(m.StateLayout(), 1<<20) // the right layout in host memory
+	elsewhere, err := linattn.NewStatePool(strict.New(), m.StateLayout(), 1<<20) // the right layout in another device's memory
 	if err != nil {
 		t.Fatal(err)
 	}
-	hostSlot, err := host.Alloc()
+	elsewhereSlot, err := elsewhere.Alloc()
 	if err != nil {
 		t.Fatal(err)
 	}
-	onHost := bs
-	onHost.State = hostSlot
-	hostCache, err := kvcache.New(m.CacheLayout(), kvcache.Options{Budget: 1 << 20})
+	onElsewhere := bs
+	onElsewhere.State = elsewhereSlot
+	otherCache, err := kvcache.New(m.CacheLayout(), kvcache.Options{Budget: 1 << 20, Memory: strict.New()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, b := range []model.Batch{
-		{Cache: e.c, Seqs: []model.Seq{bs}},                                                            // no state pool
-		{Cache: e.c, States: e.st, Seqs: []model.Seq{noSlot}},                                          // no slot
-		{Cache: e.c, States: other, Seqs: []model.Seq{bs}},                                             // wrong pool
-		{Cache: e.c, States: e.st, Seqs: []model.Seq{bs, bs}},                                          // repeated handle
-		{Cache: nil, States: e.st, Seqs: []model.Seq{bs}},                                              // no cache
-		{Cache: e.c, States: e.st, Seqs: []model.Seq{{Tokens: []int32{600}, KV: s.kv, State: s.slot}}}, // token out of range
-		{Cache: e.c, States: host, Seqs: []model.Seq{onHost}},                                          // states in host memory
-		{Cache: hostCache, States: e.st, Seqs: []model.Seq{bs}},                                        // cache in host memory
+		{Cache: e.Cache, Seqs: []model.Seq{bs}},                                                                // no state pool
+		{Cache: e.Cache, States: e.States, Seqs: []model.Seq{noSlot}},                                          // no slot
+		{Cache: e.Cache, States: other, Seqs: []model.Seq{bs}},                                                 // wrong pool
+		{Cache: e.Cache, States: e.States, Seqs: []model.Seq{bs, bs}},                                          // repeated handle
+		{Cache: nil, States: e.States, Seqs: []model.Seq{bs}},                                                  // no cache
+		{Cache: e.Cache, States: e.States, Seqs: []model.Seq{{Tokens: []int32{600}, KV: s.KV, State: s.Slot}}}, // token out of range
+		{Cache: e.Cache, States: elsewhere, Seqs: []model.Seq{onElsewhere}},                                    // states in another device's memory
+		{Cache: otherCache, States: e.States, Seqs: []model.Seq{bs}},                                           // cache in another device's memory
 	} {
 		if _, err := m.Forward(&b); err == nil {
 			t.Errorf("bad batch %d: no error", i)
 		}
 	}
-	if _, err := (withMTP{m}).ForwardMTP(&model.Batch{Cache: e.c, Seqs: []model.Seq{bs}}, [][]float32{make([]float32, 3)}); err == nil {
+	if _, err := (withMTP{m}).ForwardMTP(&model.Batch{Cache: e.Cache, Seqs: []model.Seq{bs}}, [][]float32{make([]float32, 3)}); err == nil {
 		t.Error("ForwardMTP with a short hidden block: no error")
 	}
 
@@ -555,29 +558,22 @@ func testRollbackAndFork(t *testing.T, be kernels.Backend) {
 
 	s := e.newSeq()
 	e.run(s, prompt[:50], model.NoLogits, false)
-	snap, err := e.st.NewSnapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.st.FreeSnapshot(snap)
-	e.st.Snapshot(snap, s.slot)
+	rollback := e.Checkpoint(t, s)
 	// Fork at 50 (inside pool 12 = [48, 52)), before the speculation.
-	f := &seq{slot: nil}
-	if f.kv, err = e.c.Fork(s.kv, 50); err != nil {
-		t.Fatal(err)
-	}
-	if f.slot, err = e.st.Alloc(); err != nil {
-		t.Fatal(err)
-	}
-	e.st.Copy(f.slot, s.slot)
+	f := e.Fork(t, s, 50)
 
 	// Seven wrong tokens complete pools 12 and 13, then are rejected.
 	e.run(s, []int32{1, 2, 3, 4, 5, 6, 7}, model.AllLogits, false)
-	e.c.Truncate(s.kv, 50)
-	e.st.Restore(s.slot, snap)
+	rollback()
 	check(t, "after rollback", e.run(s, prompt[50:], model.AllLogits, false).Logits, full[50*V:], selfTol)
 	check(t, "fork", e.run(f, prompt[50:60], model.AllLogits, false).Logits, full[50*V:60*V], selfTol)
 	for _, q := range []*seq{ref, s, f} {
 		e.free(q)
 	}
 }
+
+// TestSuite runs the engine's shared architecture suite (incremental =
+// full, chunked prefill, batched = alone, fork and rollback with state
+// snapshots, bad batches) on tinyRandom on every backend of
+// modeltest.Devices, with BF16 and F32 KV caches.
+func TestSuite(t *testing.T) { modeltest.RunDevices(t, tinyRandom, kernels.F32, nil) }

@@ -29,16 +29,8 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	if err := cfg.Err(); err != nil {
 		return nil, err
 	}
-	rope, err := transformer.NewRoPE(p)
-	if err != nil {
-		return nil, err
+	mlp := func(l *nn.Loader, i int) nn.FFN {
+		return l.MLP(fmt.Sprintf("model.layers.%d.mlp", i), nn.HFNames, p.Hidden, p.Inter, mlpBias)
 	}
-	l := nn.NewLoader(w)
-	layers := make([]*nn.Block, p.Layers)
-	for i := range layers {
-		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{QKVBias: attnBias, OBias: attnBias})
-		mlp := l.MLP(fmt.Sprintf("model.layers.%d.mlp", i), nn.HFNames, p.Hidden, p.Inter, mlpBias)
-		layers[i] = transformer.LoadBlock(l, p, i, attn, mlp)
-	}
-	return transformer.NewModel(l, p, "llama", layers, be)
+	return transformer.Build(w, p, "llama", transformer.AttnOptions{QKVBias: attnBias, OBias: attnBias}, mlp, be)
 }

@@ -38,22 +38,15 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	case window > 0 && window < p.MaxContext:
 		return nil, fmt.Errorf("sliding_window %d: sliding-window attention is not supported", window)
 	}
-	rope, err := transformer.NewRoPE(p)
-	if err != nil {
-		return nil, err
-	}
-	l := nn.NewLoader(w)
 	// Transformers 4 checkpoints call the block block_sparse_moe and the
 	// projections w1 (gate), w3 (up), w2 (down).
 	pre, names := "mlp", nn.HFNames
 	if w.Has("model.layers.0.block_sparse_moe.gate.weight") {
 		pre, names = "block_sparse_moe", nn.MixtralNames
 	}
-	layers := make([]*nn.Block, p.Layers)
-	for i := range layers {
-		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{})
+	moe := func(l *nn.Loader, i int) nn.FFN {
 		mp := fmt.Sprintf("model.layers.%d.%s", i, pre)
-		moe := &nn.MoE{
+		return &nn.MoE{
 			Router: nn.Router{
 				W:        l.Mat(mp+".gate.weight", experts, p.Hidden),
 				Scoring:  nn.SoftmaxScoring,
@@ -63,7 +56,6 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 			},
 			Experts: l.Experts(mp+".experts", names, experts, p.Hidden, p.Inter),
 		}
-		layers[i] = transformer.LoadBlock(l, p, i, attn, moe)
 	}
-	return transformer.NewModel(l, p, "mixtral", layers, be)
+	return transformer.Build(w, p, "mixtral", transformer.AttnOptions{}, moe, be)
 }

@@ -197,31 +197,7 @@ func readTypes(cfg *config.Config, s Spec, layers int) (layerTypes, error) {
 	if !s.SharedIndexers {
 		return t, nil
 	}
-	switch {
-	case cfg.Has("indexer_types"):
-		t.indexer = cfg.Strings("indexer_types")
-	case cfg.Has("index_topk_pattern"):
-		for _, r := range cfg.StringOr("index_topk_pattern", "") {
-			switch r {
-			case 'F':
-				t.indexer = append(t.indexer, "full")
-			case 'S':
-				t.indexer = append(t.indexer, "shared")
-			default:
-				t.indexer = append(t.indexer, string(r))
-			}
-		}
-	default:
-		freq := max(cfg.IntOr("index_topk_freq", 1), 1)
-		off := cfg.IntOr("index_skip_topk_offset", 2)
-		for i := range max(layers, 0) {
-			if max(i-off+1, 0)%freq == 0 {
-				t.indexer = append(t.indexer, "full")
-			} else {
-				t.indexer = append(t.indexer, "shared")
-			}
-		}
-	}
+	t.indexer = cfg.IndexerTypes(layers)
 	return t, nil
 }
 
@@ -281,8 +257,8 @@ func (t layerTypes) schedule(s Spec, layers int) (schedule, error) {
 		}
 		if t.indexer != nil && sc.dsa[i] {
 			switch t.indexer[i] {
-			case "full":
-			case "shared":
+			case config.FullIndexer:
+			case config.SharedIndexer:
 				if i == 0 || !sc.dsa[i-1] {
 					return sc, fmt.Errorf("indexer_types[%d] is shared but layer %d has no DSA indexer to share", i, i-1)
 				}
@@ -304,12 +280,9 @@ func (p *params) validateSchedule() error {
 	}
 	m := p.moe
 	if anySparse || p.nextn > 0 {
-		switch {
-		case m.experts <= 0 || m.topK <= 0 || m.topK > m.experts || m.inter <= 0 || m.shared < 0:
-			return fmt.Errorf("bad MoE shape: n_routed_experts %d, num_experts_per_tok %d, moe_intermediate_size %d, n_shared_experts %d",
-				m.experts, m.topK, m.inter, m.shared)
-		case m.groups <= 0 || m.experts%m.groups != 0 || m.topKGroups <= 0 || m.topKGroups > m.groups || (m.groups > 1 && m.experts/m.groups < 2):
-			return fmt.Errorf("bad expert groups: n_group %d, topk_group %d for %d experts", m.groups, m.topKGroups, m.experts)
+		shape := nn.GroupedMoEShape{Experts: m.experts, TopK: m.topK, Inter: m.inter, Shared: m.shared, Groups: m.groups, TopKGroups: m.topKGroups}
+		if err := shape.Check(); err != nil {
+			return err
 		}
 	}
 	if anyDSA {

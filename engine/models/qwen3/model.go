@@ -33,16 +33,8 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	if sliding {
 		return nil, errors.New("use_sliding_window: sliding-window attention is not supported")
 	}
-	rope, err := transformer.NewRoPE(p)
-	if err != nil {
-		return nil, err
+	mlp := func(l *nn.Loader, i int) nn.FFN {
+		return l.MLP(fmt.Sprintf("model.layers.%d.mlp", i), nn.HFNames, p.Hidden, p.Inter, false)
 	}
-	l := nn.NewLoader(w)
-	layers := make([]*nn.Block, p.Layers)
-	for i := range layers {
-		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{QKVBias: bias, OBias: bias, QKNorm: true})
-		mlp := l.MLP(fmt.Sprintf("model.layers.%d.mlp", i), nn.HFNames, p.Hidden, p.Inter, false)
-		layers[i] = transformer.LoadBlock(l, p, i, attn, mlp)
-	}
-	return transformer.NewModel(l, p, "qwen3", layers, be)
+	return transformer.Build(w, p, "qwen3", transformer.AttnOptions{QKVBias: bias, OBias: bias, QKNorm: true}, mlp, be)
 }

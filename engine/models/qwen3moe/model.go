@@ -51,18 +51,10 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 		return nil, fmt.Errorf("bad MoE shape: %s %d, num_experts_per_tok %d, moe_intermediate_size %d, decoder_sparse_step %d",
 			expertsKey, experts, topK, moeInter, step)
 	}
-	rope, err := transformer.NewRoPE(p)
-	if err != nil {
-		return nil, err
-	}
-	l := nn.NewLoader(w)
-	layers := make([]*nn.Block, p.Layers)
-	for i := range layers {
-		attn := transformer.LoadAttention(l, p, i, rope, transformer.AttnOptions{QKVBias: bias, OBias: bias, QKNorm: true})
+	ffn := func(l *nn.Loader, i int) nn.FFN {
 		pre := fmt.Sprintf("model.layers.%d.mlp", i)
-		var ffn nn.FFN
 		if !slices.Contains(mlpOnly, i) && experts > 0 && (i+1)%step == 0 {
-			ffn = &nn.MoE{
+			return &nn.MoE{
 				Router: nn.Router{
 					W:        l.Mat(pre+".gate.weight", experts, p.Hidden),
 					Scoring:  nn.SoftmaxScoring,
@@ -72,13 +64,11 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 				},
 				Experts: l.Experts(pre+".experts", nn.HFNames, experts, p.Hidden, moeInter),
 			}
-		} else {
-			if p.Inter <= 0 {
-				l.Failf("layer %d is dense but intermediate_size is %d", i, p.Inter)
-			}
-			ffn = l.MLP(pre, nn.HFNames, p.Hidden, p.Inter, false)
 		}
-		layers[i] = transformer.LoadBlock(l, p, i, attn, ffn)
+		if p.Inter <= 0 {
+			l.Failf("layer %d is dense but intermediate_size is %d", i, p.Inter)
+		}
+		return l.MLP(pre, nn.HFNames, p.Hidden, p.Inter, false)
 	}
-	return transformer.NewModel(l, p, "qwen3_moe", layers, be)
+	return transformer.Build(w, p, "qwen3_moe", transformer.AttnOptions{QKVBias: bias, OBias: bias, QKNorm: true}, ffn, be)
 }

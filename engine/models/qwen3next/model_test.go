@@ -26,61 +26,27 @@ import (
 // the engine's fixture test for the other architectures.
 const fixtureTol = 1e-4
 
-// env is a model with a KV cache and a state pool to run sequences in.
+// env is modeltest's Env (a cache and a state pool in the model's memory)
+// bound to one test.
 type env struct {
-	t    testing.TB
-	m    model.Model
-	c    *kvcache.Cache
-	pool *linattn.StatePool
+	t testing.TB
+	*modeltest.Env
 }
 
 // seq is one sequence: its cache handle and state slot.
-type seq struct {
-	kv   *kvcache.Seq
-	slot *linattn.Slot
-}
+type seq = modeltest.Seq
 
 func newEnv(t testing.TB, m model.Model) *env {
 	t.Helper()
-	sm, ok := m.(model.StateModel)
-	if !ok {
+	if _, ok := m.(model.StateModel); !ok {
 		t.Fatal("qwen3_next model does not implement model.StateModel")
 	}
-	c, err := model.NewCache(m, kvcache.Options{BlockSize: 8, Budget: 4096 * m.Info().KVBytesPerToken})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := model.NewStatePool(sm, 16*m.Info().StateBytesPerSeq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, m: m, c: c, pool: pool}
+	return &env{t, modeltest.NewEnv(t, m, 8, 4096, 16)}
 }
 
-func (e *env) newSeq() *seq {
-	e.t.Helper()
-	slot, err := e.pool.Alloc()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return &seq{kv: e.c.NewSeq(), slot: slot}
-}
-
-func (e *env) free(s *seq) {
-	e.c.Free(s.kv)
-	e.pool.Free(s.slot)
-}
-
-// checkEmpty fails unless every cache block and state slot was given back.
-func (e *env) checkEmpty() {
-	e.t.Helper()
-	if st := e.c.Stats(); st.BlocksUsed != 0 || st.Seqs != 0 {
-		e.t.Errorf("cache after freeing everything: %+v", st)
-	}
-	if u := e.pool.Used(); u != 0 {
-		e.t.Errorf("state pool after freeing everything: %d bytes in use", u)
-	}
-}
+func (e *env) newSeq() *seq { return e.NewSeq(e.t) }
+func (e *env) free(s *seq)  { e.Free(s) }
+func (e *env) checkEmpty()  { e.CheckEmpty(e.t) }
 
 // entry is one sequence's part of a batch for env.run.
 type entry struct {
@@ -94,25 +60,17 @@ type entry struct {
 // its sequence).
 func (e *env) run(entries ...entry) []model.SeqOutput {
 	e.t.Helper()
-	b := &model.Batch{Cache: e.c, States: e.pool}
+	var es []modeltest.Entry
 	for _, en := range entries {
-		pos := en.s.kv.Len()
-		if err := e.c.Reserve(en.s.kv, pos+len(en.toks)); err != nil {
-			e.t.Fatal(err)
-		}
-		b.Seqs = append(b.Seqs, model.Seq{Tokens: en.toks, Pos: pos, KV: en.s.kv, State: en.s.slot, Logits: en.mode, Hidden: en.hidden})
+		es = append(es, modeltest.Entry{S: en.s, Tokens: en.toks, Logits: en.mode, Hidden: en.hidden})
 	}
-	out, err := e.m.Forward(b)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return out.Seqs
+	return e.Run(e.t, es...)
 }
 
 // step runs toks at the end of s alone.
 func (e *env) step(s *seq, toks []int32, mode model.Logits) []float32 {
 	e.t.Helper()
-	return e.run(entry{s, toks, mode, false})[0].Logits
+	return e.Step(e.t, s, toks, mode)
 }
 
 // prefill runs prompt in chunks of the given sizes and returns all logits.
@@ -210,16 +168,6 @@ func check(t *testing.T, what string, got, want []float32, tol float64) {
 	t.Logf("%-22s max abs error %.3g, relative %.3g", what, abs, rel)
 }
 
-func argmax(v []float32) int32 {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
-}
-
 // TestFixture compares with transformers 5.17: prompt logits and final
 // hidden states from one pass, cached decode logits, 16 greedy tokens and
 // the MTP head's logits.
@@ -248,8 +196,8 @@ func testFixture(t *testing.T, f *fixture) {
 	// same cache handle (its own cache layer), which holds the prompt.
 	T := len(f.prompt)
 	mtpRun := func(h []float32) []float32 {
-		o, err := f.m.(model.MTPModel).ForwardMTP(&model.Batch{Cache: e.c, Seqs: []model.Seq{
-			{Tokens: f.prompt[1:], Pos: 0, KV: s.kv, Logits: model.AllLogits},
+		o, err := f.m.(model.MTPModel).ForwardMTP(&model.Batch{Cache: e.Cache, Seqs: []model.Seq{
+			{Tokens: f.prompt[1:], Pos: 0, KV: s.KV, Logits: model.AllLogits},
 		}}, [][]float32{h[:(T-1)*info.Hidden]})
 		if err != nil {
 			t.Fatal(err)
@@ -261,11 +209,11 @@ func testFixture(t *testing.T, f *fixture) {
 	e.free(s)
 
 	g := e.newSeq()
-	next := argmax(e.step(g, f.prompt, model.LastLogits))
+	next := fixtures.Argmax(e.step(g, f.prompt, model.LastLogits))
 	var got []int32
 	for range len(f.greedy) {
 		got = append(got, next)
-		next = argmax(e.step(g, []int32{next}, model.LastLogits))
+		next = fixtures.Argmax(e.step(g, []int32{next}, model.LastLogits))
 	}
 	if !slices.Equal(got, f.greedy) {
 		t.Errorf("greedy tokens\n got %v\nwant %v", got, f.greedy)
@@ -371,16 +319,7 @@ func testBatch(t *testing.T, f *fixture) {
 	}
 	var forks []fork
 	for _, s := range []*seq{a, b, c, d} {
-		kv, err := e.c.Fork(s.kv, s.kv.Len())
-		if err != nil {
-			t.Fatal(err)
-		}
-		slot, err := e.pool.Alloc()
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.pool.Copy(slot, s.slot)
-		forks = append(forks, fork{s, &seq{kv, slot}})
+		forks = append(forks, fork{s, e.Fork(t, s, s.KV.Len())})
 	}
 	var entries []entry
 	for i, fk := range forks {
@@ -409,22 +348,22 @@ func testRollback(t *testing.T, f *fixture) {
 
 	s := e.newSeq()
 	e.step(s, f.prompt[:50], model.NoLogits)
-	snap, err := e.pool.NewSnapshot()
+	snap, err := e.States.NewSnapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.pool.Snapshot(snap, s.slot)
+	e.States.Snapshot(snap, s.Slot)
 	e.step(s, []int32{1, 2, 3}, model.AllLogits)
-	e.pool.Restore(s.slot, snap)
-	e.pool.FreeSnapshot(snap)
-	e.c.Truncate(s.kv, 50)
+	e.States.Restore(s.Slot, snap)
+	e.States.FreeSnapshot(snap)
+	e.Cache.Truncate(s.KV, 50)
 	check(t, "after rollback", e.step(s, f.prompt[50:60], model.AllLogits), full[50*V:60*V], modeltest.Tol)
 	e.free(s)
 
 	// A slot reused without Reset starts over at Pos 0.
 	s = e.newSeq()
 	e.step(s, f.prompt[:20], model.NoLogits)
-	e.c.Truncate(s.kv, 0)
+	e.Cache.Truncate(s.KV, 0)
 	check(t, "restart at Pos 0", e.step(s, f.prompt[:10], model.AllLogits), full[:10*V], modeltest.Tol)
 	e.free(s)
 	e.checkEmpty()
@@ -444,8 +383,8 @@ func testMTPChunks(t *testing.T, f *fixture) {
 	var got []float32
 	at := 0
 	for _, n := range []int{40, 1, 35, 1, 5} {
-		o, err := mm.ForwardMTP(&model.Batch{Cache: e.c, Seqs: []model.Seq{
-			{Tokens: f.prompt[at+1 : at+1+n], Pos: at, KV: s.kv, Logits: model.AllLogits, Hidden: true},
+		o, err := mm.ForwardMTP(&model.Batch{Cache: e.Cache, Seqs: []model.Seq{
+			{Tokens: f.prompt[at+1 : at+1+n], Pos: at, KV: s.KV, Logits: model.AllLogits, Hidden: true},
 		}}, [][]float32{f.hidden[at*H : (at+n)*H]})
 		if err != nil {
 			t.Fatal(err)
@@ -462,8 +401,8 @@ func testMTPChunks(t *testing.T, f *fixture) {
 	check(t, "chunked mtp logits", got, f.mtpLogits, fixtureTol)
 
 	// The MTP's hidden output, normed, reproduces its logits.
-	o, err := mm.ForwardMTP(&model.Batch{Cache: e.c, Seqs: []model.Seq{
-		{Tokens: f.prompt[T-1:], Pos: T - 2, KV: s.kv, Logits: model.LastLogits, Hidden: true},
+	o, err := mm.ForwardMTP(&model.Batch{Cache: e.Cache, Seqs: []model.Seq{
+		{Tokens: f.prompt[T-1:], Pos: T - 2, KV: s.KV, Logits: model.LastLogits, Hidden: true},
 	}}, [][]float32{f.hidden[(T-2)*H : (T-1)*H]})
 	if err != nil {
 		t.Fatal(err)
@@ -481,34 +420,35 @@ func testErrors(t *testing.T, f *fixture) {
 	e := newEnv(t, f.m)
 	s, s2 := e.newSeq(), e.newSeq()
 	defer func() { e.free(s); e.free(s2); e.checkEmpty() }()
-	if err := e.c.Reserve(s.kv, 2); err != nil {
+	if err := e.Cache.Reserve(s.KV, 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.c.Reserve(s2.kv, 2); err != nil {
+	if err := e.Cache.Reserve(s2.KV, 2); err != nil {
 		t.Fatal(err)
 	}
-	other, err := linattn.NewStatePool([]linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 2, ConvChannels: 1}}, 1<<20)
+	other, err := linattn.NewStatePool(e.States.Memory(), []linattn.LayerShape{{Heads: 1, DK: 1, DV: 1, ConvK: 2, ConvChannels: 1}}, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	one := func(pool *linattn.StatePool, slot *linattn.Slot) *model.Batch {
-		return &model.Batch{Cache: e.c, States: pool, Seqs: []model.Seq{{Tokens: []int32{1, 2}, KV: s.kv, State: slot}}}
+		return &model.Batch{Cache: e.Cache, States: pool, Seqs: []model.Seq{{Tokens: []int32{1, 2}, KV: s.KV, State: slot}}}
 	}
-	host, err := linattn.NewStatePool(f.m.(model.StateModel).StateLayout(), 1<<20)
+	// The right layout in another device's memory.
+	elsewhere, err := linattn.NewStatePool(strict.New(), f.m.(model.StateModel).StateLayout(), 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hostSlot, err := host.Alloc()
+	elsewhereSlot, err := elsewhere.Alloc()
 	if err != nil {
 		t.Fatal(err)
 	}
 	bad := map[string]*model.Batch{
-		"no pool":    one(nil, s.slot),
-		"no slot":    one(e.pool, nil),
-		"wrong pool": one(other, s.slot),
-		"host pool":  one(host, hostSlot),
-		"same slot twice": {Cache: e.c, States: e.pool, Seqs: []model.Seq{
-			{Tokens: []int32{1}, KV: s.kv, State: s.slot}, {Tokens: []int32{1}, KV: s2.kv, State: s.slot}}},
+		"no pool":                one(nil, s.Slot),
+		"no slot":                one(e.States, nil),
+		"wrong pool":             one(other, s.Slot),
+		"pool in another device": one(elsewhere, elsewhereSlot),
+		"same slot twice": {Cache: e.Cache, States: e.States, Seqs: []model.Seq{
+			{Tokens: []int32{1}, KV: s.KV, State: s.Slot}, {Tokens: []int32{1}, KV: s2.KV, State: s.Slot}}},
 	}
 	for name, b := range bad {
 		if _, err := f.m.Forward(b); err == nil {
@@ -516,7 +456,7 @@ func testErrors(t *testing.T, f *fixture) {
 		}
 	}
 	mm := f.m.(model.MTPModel)
-	b := &model.Batch{Cache: e.c, Seqs: []model.Seq{{Tokens: []int32{1, 2}, KV: s.kv}}}
+	b := &model.Batch{Cache: e.Cache, Seqs: []model.Seq{{Tokens: []int32{1, 2}, KV: s.KV}}}
 	H := f.m.Info().Hidden
 	for _, h := range [][][]float32{nil, {make([]float32, H)}} {
 		if _, err := mm.ForwardMTP(b, h); err == nil {
@@ -671,7 +611,7 @@ func TestNoLinearLayers(t *testing.T) {
 		t.Fatalf("all-attention model has %d state layers, %d state bytes", n, m.Info().StateBytesPerSeq)
 	}
 	c := modeltest.NewCache(t, m, 16)
-	pool, err := linattn.NewStatePool(nil, 0)
+	pool, err := linattn.NewStatePool(m.(model.DeviceModel).Device(), nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -704,3 +644,9 @@ func TestBackendWithoutLinearOps(t *testing.T) {
 		}
 	}
 }
+
+// TestSuite runs the engine's shared architecture suite (incremental =
+// full, chunked prefill, batched = alone, fork and rollback with state
+// snapshots, bad batches) on the tiny config on every backend of
+// modeltest.Devices, with BF16 and F32 KV caches.
+func TestSuite(t *testing.T) { modeltest.RunDevices(t, tiny, kernels.F32, nil) }

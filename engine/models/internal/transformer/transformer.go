@@ -157,5 +157,39 @@ func NewModel(l *nn.Loader, p Params, arch string, blocks []*nn.Block, be kernel
 	return gqa.New(dev, arch, embed, blocks, norm, head, p.Layout(), p.MaxContext)
 }
 
+// FFNLoader loads layer i's FFN with l (under model.layers.{i}.mlp, or
+// where the checkpoint names it).
+type FFNLoader func(l *nn.Loader, i int) nn.FFN
+
+// Blocks returns a loader over w and block, which loads model.layers.{i}:
+// the attention with o, ffn's FFN and the block's two norms. An MTP layer
+// (i = p.Layers) loads the same way.
+func Blocks(w model.WeightSource, p Params, o AttnOptions, ffn FFNLoader) (*nn.Loader, func(i int) *nn.Block, error) {
+	rope, err := NewRoPE(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	l := nn.NewLoader(w)
+	block := func(i int) *nn.Block {
+		attn := LoadAttention(l, p, i, rope, o)
+		return LoadBlock(l, p, i, attn, ffn(l, i))
+	}
+	return l, block, nil
+}
+
+// Build loads the p.Layers blocks of Blocks and assembles them with
+// NewModel: the whole of a uniform GQA architecture but its FFN.
+func Build(w model.WeightSource, p Params, arch string, o AttnOptions, ffn FFNLoader, be kernels.Backend) (*gqa.Decoder, error) {
+	l, block, err := Blocks(w, p, o, ffn)
+	if err != nil {
+		return nil, err
+	}
+	layers := make([]*nn.Block, p.Layers)
+	for i := range layers {
+		layers[i] = block(i)
+	}
+	return NewModel(l, p, arch, layers, be)
+}
+
 // NewRoPE builds the rotary embedding for p (NeoX half-split pairing).
 func NewRoPE(p Params) (*nn.RoPE, error) { return nn.NewRoPE(p.Rope) }

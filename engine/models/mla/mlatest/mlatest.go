@@ -74,20 +74,6 @@ func Load(t testing.TB, name string, be kernels.Backend) (*fixtures.Fixture, mod
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
-// relErr is max|got−want| / max|want| and the max absolute error.
-func relErr(got, want []float32) (rel, abs float64) {
-	var maxRef float64
-	for i := range want {
-		maxRef = max(maxRef, math.Abs(float64(want[i])))
-		d := math.Abs(float64(got[i]) - float64(want[i]))
-		if math.IsNaN(d) {
-			d = math.Inf(1)
-		}
-		abs = max(abs, d)
-	}
-	return abs / max(maxRef, 1e-30), abs
-}
-
 // Check fails t when got differs from want by more than tol relative to
 // max|want|, logs the errors and returns the relative one.
 func Check(t testing.TB, what string, got, want []float32, tol float64) float64 {
@@ -95,22 +81,12 @@ func Check(t testing.TB, what string, got, want []float32, tol float64) float64 
 	if len(got) != len(want) {
 		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
 	}
-	rel, abs := relErr(got, want)
+	rel, abs := fixtures.RelErr(got, want)
 	t.Logf("%-28s max abs error %.3g, relative %.3g", what, abs, rel)
 	if rel > tol {
 		t.Errorf("%s: relative error %.3g > %g (max abs %.3g)", what, rel, tol, abs)
 	}
 	return rel
-}
-
-func argmax(v []float32) int32 {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }
 
 // suite is one fixture's model, references and cache.
@@ -212,11 +188,11 @@ func RunOn(t *testing.T, name string, be kernels.Backend) {
 	t.Run("greedy", func(t *testing.T) {
 		seq, out := s.prefill(t, s.prompt, model.LastLogits)
 		defer c.Free(seq)
-		next := argmax(out.Logits)
+		next := fixtures.Argmax(out.Logits)
 		var got []int32
 		for range len(s.greedy) {
 			got = append(got, next)
-			next = argmax(s.run(t, seq, []int32{next}, model.LastLogits, false).Logits)
+			next = fixtures.Argmax(s.run(t, seq, []int32{next}, model.LastLogits, false).Logits)
 		}
 		if !slices.Equal(got, s.greedy) {
 			t.Errorf("greedy tokens\n got %v\nwant %v", got, s.greedy)
@@ -404,7 +380,7 @@ func (s *suite) dsa(t *testing.T, am interface{ Attention(int) *mla.Attention })
 			k++
 		}
 	}
-	rel, abs := relErr(out.Logits, s.logits)
+	rel, abs := fixtures.RelErr(out.Logits, s.logits)
 	t.Logf("dense attention instead of top-k: max abs error %.3g, relative %.3g", abs, rel)
 	if rel < 100*Tol {
 		t.Errorf("dense attention matches the fixture (relative error %.3g): the indexer selects nothing that matters", rel)
