@@ -22,6 +22,7 @@ package strict
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -46,13 +47,15 @@ type buffer struct {
 
 func (b *buffer) Elems() int { return max(len(b.f32), len(b.i32), len(b.bf16)) }
 
-// Device is the strict backend. It is not safe for concurrent use.
+// Device is the strict backend. It is not safe for concurrent use, except
+// Alloc and MemoryUse (tests build caches on one model's device from
+// several goroutines).
 type Device struct {
 	inStep bool
 	steps  int // completed steps
 
-	allocated int64 // bytes of the tensors Alloc returned
-	scratch   int64 // bytes of the Scratch tensors of the current (or last) step
+	allocated atomic.Int64 // bytes of the tensors Alloc returned and Free did not release
+	scratch   int64        // bytes of the Scratch tensors of the current (or last) step
 }
 
 var _ kernels.Device = (*Device)(nil)
@@ -103,7 +106,7 @@ func (d *Device) alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, *buffe
 func (d *Device) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
 	t, b := d.alloc(dt, rows, cols)
 	b.alloc = true
-	d.allocated += int64(rows * cols * dt.Size())
+	d.allocated.Add(int64(rows * cols * dt.Size()))
 	return t, nil
 }
 
@@ -116,7 +119,7 @@ func (d *Device) Free(t kernels.Tensor) {
 	if !b.alloc {
 		panic(fmt.Sprintf("strict: Free of %v, a Scratch tensor", t))
 	}
-	d.allocated -= int64(b.Elems() * t.DType.Size())
+	d.allocated.Add(-int64(b.Elems() * t.DType.Size()))
 	b.f32, b.i32, b.bf16, b.freed = nil, nil, nil, true
 }
 
@@ -125,7 +128,7 @@ func (d *Device) Free(t kernels.Tensor) {
 // the arena the Scratch bytes of the current or last step (strict
 // allocates every Scratch tensor afresh).
 func (d *Device) MemoryUse() kernels.MemoryUse {
-	return kernels.MemoryUse{Tensors: d.allocated, Arena: d.scratch}
+	return kernels.MemoryUse{Tensors: d.allocated.Load(), Arena: d.scratch}
 }
 
 // Scratch implements kernels.Memory: a fresh, poisoned tensor.
