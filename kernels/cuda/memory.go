@@ -155,6 +155,12 @@ func (b *Backend) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error
 // (cuMemFree). After a device failure the Buffer stays until Close, which
 // frees every Buffer still allocated; the counters drop at once either way.
 func (b *Backend) Free(t kernels.Tensor) {
+	b.qmu.Lock()
+	inStep := b.inStep
+	b.qmu.Unlock()
+	if inStep {
+		panic("cuda: Free inside a step (the step's launches may still use the tensor)")
+	}
 	buf := b.mem.release(tensorBufOf(t))
 	b.exec(func(d *Device) error {
 		if err := d.syncL(); err != nil {
