@@ -1,5 +1,11 @@
 package kernels
 
+import "errors"
+
+// ErrFreed is the panic value of a backend that notices a tensor used, or
+// freed again, after Memory.Free released its storage.
+var ErrFreed = errors.New("kernels: tensor used after Memory.Free released it")
+
 // MemoryUse is the memory a backend holds, in bytes: what the chat's status
 // bar, /stats and ferrite bench report. KV cache and recurrent state are in
 // Tensors; their own pools know their sizes (kvcache.Cache, linattn's

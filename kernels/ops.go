@@ -46,8 +46,16 @@ type Device interface {
 // Memory allocates tensors and moves values between host and backend.
 type Memory interface {
 	// Alloc returns zeroed persistent storage (weights converted at load,
-	// KV cache, recurrent state) that lives until the Device does.
+	// KV cache, recurrent state) that lives until Free or until the Device
+	// closes.
 	Alloc(dt DType, rows, cols int) (Tensor, error)
+
+	// Free releases the persistent storage of t, a tensor from Alloc (or a
+	// view of one: the whole storage goes), outside a step. Using t or any
+	// view of it afterwards, or freeing it twice, is a programmer error
+	// (a backend that notices panics with an error wrapping ErrFreed). Scratch tensors are
+	// not freed this way: BeginStep releases them.
+	Free(t Tensor)
 
 	// Scratch returns a tensor from the per-step arena, with unspecified
 	// contents, valid until the next BeginStep. The arena grows to the

@@ -137,3 +137,42 @@ func TestMeasureBandwidth(t *testing.T) {
 		t.Fatalf("%+v", bw)
 	}
 }
+
+// TestRunReleasesMemory: every case's runtime releases its KV cache when it
+// closes, so a sweep of several cases on the CPU backend ends with the
+// backend's tensors at the model's own plus its step inputs, the same after
+// a second sweep: no cache outlives its case.
+func TestRunReleasesMemory(t *testing.T) {
+	cfg, err := config.Parse("config.json", []byte(`{"model_type": "qwen3", "hidden_size": 32, "head_dim": 16,
+		"intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(1)
+	defer be.Close()
+	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := be.MemoryUse().Tensors
+	opts := Options{Concurrency: []int{1, 2, 4}, PromptLens: []int{4, 9}, GenLens: []int{3}, Seed: 1, Warmup: true}
+	sweep := func() int64 {
+		res, err := Run(context.Background(), m, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res) != 6 {
+			t.Fatalf("%d results, want 6", len(res))
+		}
+		return be.MemoryUse().Tensors
+	}
+	after := sweep()
+	cache := opts.kvBudget(m.Info()) // each case's cache
+	if after-loaded >= cache {
+		t.Errorf("after a sweep of 6 cases: Tensors %d above the loaded model's, a cache is %d: caches kept", after-loaded, cache)
+	}
+	if again := sweep(); again != after {
+		t.Errorf("after a second sweep: Tensors %d, want %d as after the first", again, after)
+	}
+}

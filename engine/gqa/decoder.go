@@ -178,14 +178,28 @@ type Inputs struct {
 // EnsureI32 returns an I32 (n, 1) view of *t, reallocating it (larger)
 // when too small: a step input kept on the device between steps.
 func EnsureI32(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, error) {
-	if !t.Valid() || t.Rows < n {
-		nt, err := dev.Alloc(kernels.I32, max(n, 2*t.Rows, 64), 1)
-		if err != nil {
-			return nt, err
-		}
-		*t = nt
+	if err := ensure(dev, t, kernels.I32, n, 1, 64); err != nil {
+		return kernels.Tensor{}, err
 	}
 	return t.Slice(0, n), nil
+}
+
+// ensure makes *t a (≥ n, cols) tensor of dt: when it is too small it is
+// replaced by one of at least twice its rows (and least rows), and the old
+// one is freed. Outside a step only.
+func ensure(dev kernels.Device, t *kernels.Tensor, dt kernels.DType, n, cols, least int) error {
+	if t.Valid() && t.Rows >= n {
+		return nil
+	}
+	nt, err := dev.Alloc(dt, max(n, 2*t.Rows, least), cols)
+	if err != nil {
+		return err
+	}
+	if t.Valid() {
+		dev.Free(*t)
+	}
+	*t = nt
+	return nil
 }
 
 // check validates b for a head of vocab rows and checks its cache is in

@@ -98,10 +98,8 @@ func (m *MTPDecoder) mtp(b *model.Batch, st *Step, hidden [][]float32) (*model.O
 	d, hs := m.Decoder, m.Embed.Cols
 	var err error
 	n := b.Tokens()
-	if !d.in.hid.Valid() || d.in.hid.Rows < n {
-		if d.in.hid, err = d.Dev.Alloc(kernels.F32, max(n, 2*d.in.hid.Rows, 16), hs); err != nil {
-			return nil, fmt.Errorf("mtp: step inputs: %w", err)
-		}
+	if err = ensure(d.Dev, &d.in.hid, kernels.F32, n, hs, 16); err != nil {
+		return nil, fmt.Errorf("mtp: step inputs: %w", err)
 	}
 	hid := d.in.hid.Slice(0, n) // (N, hidden) the main model's hidden states
 	d.in.hHid = d.in.hHid[:0]

@@ -156,7 +156,8 @@ func New(layout Layout, opts Options) (*Cache, error) {
 	return c, nil
 }
 
-// allocTensors allocates every layer's K and V in m.
+// allocTensors allocates every layer's K and V in m; on failure it frees
+// what it allocated.
 func (c *Cache) allocTensors(m kernels.Memory) error {
 	c.mem = m
 	c.kt = make([]kernels.Tensor, len(c.layout))
@@ -165,17 +166,30 @@ func (c *Cache) allocTensors(m kernels.Memory) error {
 	for l, w := range c.layout {
 		var err error
 		if w.K > 0 {
-			if c.kt[l], err = m.Alloc(w.DType, slots, w.K); err != nil {
-				return fmt.Errorf("kvcache: layer %d: %w", l, err)
-			}
+			c.kt[l], err = m.Alloc(w.DType, slots, w.K)
 		}
-		if w.V > 0 {
-			if c.vt[l], err = m.Alloc(w.vDType(), slots, w.V); err != nil {
-				return fmt.Errorf("kvcache: layer %d: %w", l, err)
-			}
+		if err == nil && w.V > 0 {
+			c.vt[l], err = m.Alloc(w.vDType(), slots, w.V)
+		}
+		if err != nil {
+			c.Release()
+			return fmt.Errorf("kvcache: layer %d: %w", l, err)
 		}
 	}
 	return nil
+}
+
+// Release frees the cache's layer tensors in its backend memory at once,
+// rather than when the backend closes. The cache must not be used
+// afterwards, nor released twice: its owner calls it once, when done.
+func (c *Cache) Release() {
+	for _, ts := range [][]kernels.Tensor{c.kt, c.vt} {
+		for _, t := range ts {
+			if t.Valid() {
+				c.mem.Free(t)
+			}
+		}
+	}
 }
 
 // Seq is one sequence's view of the cache: its length in tokens and its

@@ -311,3 +311,53 @@ func put(c *Cache, l int, s *Seq, p int, v bool, i int, x float32) {
 	vals[i] = x
 	c.Memory().WriteF32(r, vals)
 }
+
+// TestRelease: Release frees every layer tensor (the backend's tensors
+// back at the baseline), a released layer panics on use, and a New that
+// fails half-way frees what it allocated.
+func TestRelease(t *testing.T) {
+	d := strict.New()
+	layout := Layout{{K: 4, V: 4, DType: kernels.BF16}, {K: 3}, {K: 2, V: 2, VFloat32: true}}
+	c, err := New(layout, Options{BlockSize: 2, Budget: 4 * layout.BytesPerToken(), Memory: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := d.MemoryUse().Tensors, 4*layout.BytesPerToken(); got != want {
+		t.Fatalf("Tensors = %d, want %d (the budget)", got, want)
+	}
+	c.Release()
+	if got := d.MemoryUse().Tensors; got != 0 {
+		t.Errorf("Tensors = %d after Release, want 0", got)
+	}
+	func() {
+		defer func() {
+			if err, _ := recover().(error); !errors.Is(err, kernels.ErrFreed) {
+				t.Errorf("a released layer read: panic %v, want kernels.ErrFreed", err)
+			}
+		}()
+		k, _ := c.Layer(2)
+		d.ReadF32(make([]float32, k.Elems()), k)
+	}()
+
+	fail := &failingMemory{Memory: d, left: 3}
+	if _, err := New(layout, Options{BlockSize: 2, Budget: 4 * layout.BytesPerToken(), Memory: fail}); err == nil {
+		t.Fatal("New with an Alloc that fails: no error")
+	}
+	if got := d.MemoryUse().Tensors; got != 0 {
+		t.Errorf("Tensors = %d after a failed New, want 0 (what it allocated freed)", got)
+	}
+}
+
+// failingMemory fails every Alloc after the first left.
+type failingMemory struct {
+	kernels.Memory
+	left int
+}
+
+func (m *failingMemory) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
+	if m.left == 0 {
+		return kernels.Tensor{}, errors.New("out of memory")
+	}
+	m.left--
+	return m.Memory.Alloc(dt, rows, cols)
+}

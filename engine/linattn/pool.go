@@ -161,13 +161,13 @@ func (d *devStore) grow(layers []LayerShape, n int) error {
 	s, conv := make([]kernels.Tensor, len(layers)), make([]kernels.Tensor, len(layers))
 	for i, l := range layers {
 		var err error
-		if s[i], err = d.mem.Alloc(kernels.F32, rows, l.SLen()); err != nil {
-			return fmt.Errorf("linattn: state pool: %w", err)
+		s[i], err = d.mem.Alloc(kernels.F32, rows, l.SLen())
+		if err == nil && l.ConvLen() > 0 {
+			conv[i], err = d.mem.Alloc(kernels.F32, rows, l.ConvLen())
 		}
-		if l.ConvLen() > 0 {
-			if conv[i], err = d.mem.Alloc(kernels.F32, rows, l.ConvLen()); err != nil {
-				return fmt.Errorf("linattn: state pool: %w", err)
-			}
+		if err != nil {
+			d.free(s, conv)
+			return fmt.Errorf("linattn: state pool: %w", err)
 		}
 		if d.rows > 0 {
 			d.mem.Copy(s[i].Slice(0, d.rows), d.s[i])
@@ -176,8 +176,29 @@ func (d *devStore) grow(layers []LayerShape, n int) error {
 			}
 		}
 	}
+	d.free(d.s, d.conv)
 	d.s, d.conv, d.rows = s, conv, rows
 	return nil
+}
+
+// free releases the valid tensors of s and conv.
+func (d *devStore) free(s, conv []kernels.Tensor) {
+	for _, ts := range [][]kernels.Tensor{s, conv} {
+		for _, t := range ts {
+			if t.Valid() {
+				d.mem.Free(t)
+			}
+		}
+	}
+}
+
+// Release frees the pool's tensors in its backend memory at once, rather
+// than when the backend closes. The pool and its slots must not be used
+// afterwards, nor released twice: its owner calls it once, when done.
+func (p *StatePool) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dev.free(p.dev.s, p.dev.conv)
 }
 
 // copyRow sets row dst of every tensor to row src.

@@ -219,3 +219,35 @@ func mustPanicPool(t *testing.T, fn func()) {
 	}()
 	fn()
 }
+
+// TestDevicePoolRelease: growing frees the smaller tensors (the backend
+// holds only the current rows), Release frees the rest, and a released
+// pool's tensors panic on use.
+func TestDevicePoolRelease(t *testing.T) {
+	dev := strict.New()
+	layers := []LayerShape{{Heads: 2, DK: 3, DV: 4, ConvK: 4, ConvChannels: 5}, {Heads: 1, DK: 2, DV: 2, ConvK: 1, ConvChannels: 3}}
+	p, err := NewStatePool(dev, layers, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 9 { // rows 4, 8, then 16
+		if _, err := p.Alloc(); err != nil {
+			t.Fatalf("slot %d: %v", i, err)
+		}
+		s, _ := p.Tensors(0)
+		if got, want := dev.MemoryUse().Tensors, int64(s.Rows)*p.BytesPerSeq(); got != want {
+			t.Fatalf("after slot %d: Tensors = %d, want %d (%d rows, the old tensors freed)", i, got, want, s.Rows)
+		}
+	}
+	s, _ := p.Tensors(0)
+	p.Release()
+	if got := dev.MemoryUse().Tensors; got != 0 {
+		t.Errorf("Tensors = %d after Release, want 0", got)
+	}
+	defer func() {
+		if err, _ := recover().(error); !errors.Is(err, kernels.ErrFreed) {
+			t.Errorf("a released state tensor read: panic %v, want kernels.ErrFreed", err)
+		}
+	}()
+	dev.ReadF32(make([]float32, s.Elems()), s)
+}

@@ -265,7 +265,8 @@ func newStatePool(m model.Model, hasMTP bool, opts *Options) (*linattn.StatePool
 }
 
 // Close stops the scheduler: every pending request ends with an Error event
-// wrapping ErrClosed, the loop goroutine exits, and later Generate calls
+// wrapping ErrClosed, the loop goroutine exits (releasing the KV cache and
+// the state pool in the model's backend memory), and later Generate calls
 // fail. Close waits for a step in progress to finish. It is idempotent.
 func (r *Runtime) Close() error {
 	r.closeOnce.Do(func() {

@@ -50,10 +50,15 @@ func (sc *scheduler) init(r *Runtime) {
 	sc.prefix.max = max(r.opts.PrefixCache, 0)
 }
 
-// loop is the scheduler goroutine.
+// loop is the scheduler goroutine. When it ends (Close) every sequence
+// has been finished, and it releases the cache and the state pool, once.
 func (r *Runtime) loop() {
 	defer close(r.loopDone)
 	for r.sched.iterate() {
+	}
+	r.cache.Release()
+	if r.states != nil {
+		r.states.Release()
 	}
 }
 

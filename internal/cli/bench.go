@@ -425,7 +425,8 @@ type benchReport struct {
 	} `json:"roofline"`
 
 	// Memory is what the backend held after the sweep (kernels.MemoryUse;
-	// on the host the weights are the model's as loaded).
+	// on the host the weights are the model's as loaded). Every case's KV
+	// cache and state pool were released when its runtime closed.
 	Memory *benchMemory `json:"memory,omitempty"`
 
 	Runs []bench.Result `json:"runs"`
@@ -434,7 +435,7 @@ type benchReport struct {
 type benchMemory struct {
 	OnDevice    bool  `json:"on_device"`    // a GPU's memory, not host RAM
 	WeightBytes int64 `json:"weight_bytes"` // weights (a GPU's uploaded copies)
-	TensorBytes int64 `json:"tensor_bytes"` // persistent tensors: the KV caches and recurrent state of the runs, the model's buffers
+	TensorBytes int64 `json:"tensor_bytes"` // persistent tensors: the model's buffers (the runs' KV caches and recurrent state are released)
 	ArenaBytes  int64 `json:"arena_bytes"`  // the per-step scratch arena
 	UsedBytes   int64 `json:"used_bytes"`   // the three together
 	DeviceTotal int64 `json:"device_total_bytes,omitempty"`

@@ -156,8 +156,7 @@ func TestBench(t *testing.T) {
 		t.Errorf("weight bytes %d, per step %d", m.WeightBytes, rep.Roofline.WeightBytesPerStep)
 	}
 	// On the CPU the memory's weights are the model's; its tensors (the
-	// runs' KV caches until the GC frees them, the model's own buffers) are
-	// Alloc'd.
+	// model's own buffers: the runs' KV caches were released) are Alloc'd.
 	if mem := rep.Memory; mem.OnDevice || mem.WeightBytes != m.WeightBytes || mem.TensorBytes <= 0 ||
 		mem.ArenaBytes <= 0 || mem.UsedBytes != mem.WeightBytes+mem.TensorBytes+mem.ArenaBytes {
 		t.Errorf("memory: %+v", mem)

@@ -11,8 +11,15 @@ import (
 // buffer is the CPU's tensor memory: one host allocation, 64-byte aligned
 // by the Go allocator for large sizes, viewed as the dtype's elements.
 type buffer struct {
-	b     []byte // the bytes
+	b     []byte // the bytes; nil once Free released them
 	elems int
+
+	// A buffer from Alloc has the cleanup that takes its bytes out of
+	// Backend.allocated when it is dropped without Free; Scratch views have
+	// none.
+	alloc   bool
+	freed   bool
+	cleanup runtime.Cleanup
 }
 
 func (b *buffer) Elems() int { return b.elems }
@@ -34,6 +41,9 @@ func mem(t kernels.Tensor) (*buffer, int) {
 	cb, ok := b.(*buffer)
 	if !ok {
 		panic("cpu: tensor not allocated by the CPU backend")
+	}
+	if cb.freed {
+		panic(kernels.ErrFreed)
 	}
 	return cb, off
 }
@@ -114,16 +124,30 @@ func (a *arena) get(dt kernels.DType, rows, cols int) kernels.Tensor {
 // Alloc implements kernels.Memory.
 func (b *Backend) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
 	buf := newBuffer(dt, rows*cols)
-	n := int64(len(buf.b))
-	b.allocated.Add(n)
-	runtime.AddCleanup(buf, func(n int64) { b.allocated.Add(-n) }, n)
+	buf.alloc = true
+	b.allocated.Add(int64(len(buf.b)))
+	buf.cleanup = runtime.AddCleanup(buf, func(n int64) { b.allocated.Add(-n) }, int64(len(buf.b)))
 	return kernels.NewTensor(buf, dt, rows, cols, cols, 0), nil
 }
 
+// Free implements kernels.Memory: t's bytes leave the accounting at once
+// and go to the garbage collector (with every view of t). It panics for a
+// Scratch tensor and with kernels.ErrFreed for a freed one.
+func (b *Backend) Free(t kernels.Tensor) {
+	cb, _ := mem(t)
+	if !cb.alloc {
+		panic("cpu: Free of a tensor not from Alloc (Scratch tensors go at BeginStep)")
+	}
+	cb.cleanup.Stop()
+	b.allocated.Add(-int64(len(cb.b)))
+	cb.b, cb.freed = nil, true
+}
+
 // MemoryUse implements kernels.MemoryReporter: host RAM the backend
-// allocated, Alloc's tensors still alive (the garbage collector frees a
-// dropped KV cache; the count follows once it has) and the Scratch arena. Weights are 0: the CPU runs the model's
-// weights where they lie, mapped from the file or converted at load.
+// allocated, Alloc's tensors not yet freed (Free, or the garbage collector
+// for a tensor dropped without it) and the Scratch arena. Weights are 0:
+// the CPU runs the model's weights where they lie, mapped from the file or
+// converted at load.
 func (b *Backend) MemoryUse() kernels.MemoryUse {
 	return kernels.MemoryUse{Tensors: b.allocated.Load(), Arena: b.arena.bytes.Load()}
 }

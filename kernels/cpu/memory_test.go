@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
 )
 
 // TestMemoryUse checks the CPU's MemoryUse against the sizes of what was
@@ -75,4 +76,10 @@ func TestMemoryUseFollowsTheGC(t *testing.T) {
 		t.Errorf("Tensors = %d after the GC, want %d (the kept tensor)", got, 1<<10)
 	}
 	runtime.KeepAlive(keep)
+}
+
+func TestFree(t *testing.T) {
+	b := New(1)
+	defer b.Close()
+	kerneltest.FreeTest(t, b)
 }

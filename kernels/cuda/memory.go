@@ -14,12 +14,13 @@ import (
 // staging buffers.
 
 // tensorBuf is the GPU's kernels.Buffer: elems elements at device address
-// ptr. A tensor from Alloc owns its Buffer (buf); a Scratch tensor views
-// the step arena (buf nil).
+// ptr. A tensor from Alloc owns its Buffer (buf) until Free; a Scratch
+// tensor views the step arena (buf nil).
 type tensorBuf struct {
 	ptr   uint64
 	elems int
 	buf   *Buffer
+	freed bool
 }
 
 func (t *tensorBuf) Elems() int { return t.elems }
@@ -27,12 +28,22 @@ func (t *tensorBuf) Elems() int { return t.elems }
 // dptr is the device address of t's element (0, 0). It panics for a
 // tensor of another backend.
 func dptr(t kernels.Tensor) uint64 {
-	b, off := t.Buffer()
+	_, off := t.Buffer()
+	return tensorBufOf(t).ptr + uint64(off*t.DType.Size())
+}
+
+// tensorBufOf is t's buffer. It panics for a tensor of another backend and
+// with kernels.ErrFreed for a freed one.
+func tensorBufOf(t kernels.Tensor) *tensorBuf {
+	b, _ := t.Buffer()
 	tb, ok := b.(*tensorBuf)
 	if !ok {
 		panic("cuda: tensor not allocated by the CUDA backend")
 	}
-	return tb.ptr + uint64(off*t.DType.Size())
+	if tb.freed {
+		panic(kernels.ErrFreed)
+	}
+	return tb
 }
 
 // arenaAlign is the alignment of every Scratch tensor, enough for 16-byte
@@ -116,7 +127,7 @@ func (a *arena) reset(d *Device) error {
 }
 
 // Alloc implements kernels.Memory: zeroed device memory that lives until
-// the Backend is closed.
+// Free or until the Backend is closed.
 func (b *Backend) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
 	size := dt.Size()
 	if size == 0 || rows < 0 || cols < 0 {
@@ -137,6 +148,26 @@ func (b *Backend) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error
 	}
 	b.mem.tensors.Add(bytes)
 	return kernels.NewTensor(&tensorBuf{ptr: buf.ptr, elems: n, buf: buf}, dt, rows, cols, cols, 0), nil
+}
+
+// Free implements kernels.Memory: once the launches queued so far have
+// run, the device thread waits for the stream and frees t's Buffer
+// (cuMemFree). After a device failure the Buffer stays until Close, which
+// frees every Buffer still allocated; the counters drop at once either way.
+func (b *Backend) Free(t kernels.Tensor) {
+	b.qmu.Lock()
+	inStep := b.inStep
+	b.qmu.Unlock()
+	if inStep {
+		panic("cuda: Free inside a step (the step's launches may still use the tensor)")
+	}
+	buf := b.mem.release(tensorBufOf(t))
+	b.exec(func(d *Device) error {
+		if err := d.syncL(); err != nil {
+			return err
+		}
+		return buf.free()
+	})
 }
 
 // Scratch implements kernels.Memory. When the device cannot provide the

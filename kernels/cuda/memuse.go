@@ -52,6 +52,19 @@ func (a *memAccount) use(arena int64, now time.Time, query func() (free, total i
 	}
 }
 
+// release marks Alloc's tensor buffer tb freed and takes its Buffer out of
+// the tally, returning the Buffer to free on the device. It panics for a
+// Scratch tensor.
+func (a *memAccount) release(tb *tensorBuf) *Buffer {
+	if tb.buf == nil {
+		panic("cuda: Free of a Scratch tensor (BeginStep releases them)")
+	}
+	buf := tb.buf
+	tb.buf, tb.freed = nil, true
+	a.tensors.Add(-buf.size)
+	return buf
+}
+
 // capacity is the bytes of the arena's chunks.
 func (a *arena) capacity() int64 {
 	a.mu.Lock()

@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -92,5 +93,47 @@ func TestMemoryUseOnGPU(t *testing.T) {
 	}
 	if !u.OnDevice || u.Total <= 0 || u.Free <= 0 || u.Free > u.Total {
 		t.Errorf("device memory %+v: want total and free from the driver", u)
+	}
+}
+
+// TestMemAccountRelease checks Free's bookkeeping without a GPU: the
+// tensor's Buffer leaves the tally and is handed back once, the freed
+// tensor panics with kernels.ErrFreed on use and on a second Free, and a
+// Scratch tensor cannot be freed.
+func TestMemAccountRelease(t *testing.T) {
+	var a memAccount
+	a.tensors.Add(3 << 20)
+	buf := &Buffer{ptr: 0x1000, size: 1 << 20}
+	x := kernels.NewTensor(&tensorBuf{ptr: buf.ptr, elems: 1 << 18, buf: buf}, kernels.F32, 1<<10, 1<<8, 1<<8, 0)
+	if got := a.release(tensorBufOf(x)); got != buf {
+		t.Fatalf("release returned %p, want the tensor's Buffer %p", got, buf)
+	}
+	if got := a.tensors.Load(); got != 2<<20 {
+		t.Errorf("tensors = %d after release, want %d", got, 2<<20)
+	}
+	for name, use := range map[string]func(){
+		"dptr":       func() { dptr(x.Slice(1, 2)) },
+		"Free again": func() { a.release(tensorBufOf(x)) },
+	} {
+		func() {
+			defer func() {
+				if err, _ := recover().(error); !errors.Is(err, kernels.ErrFreed) {
+					t.Errorf("%s of a freed tensor: panic %v, want kernels.ErrFreed", name, err)
+				}
+			}()
+			use()
+		}()
+	}
+	s := kernels.NewTensor(&tensorBuf{ptr: 0x2000, elems: 4}, kernels.F32, 1, 4, 4, 0)
+	func() {
+		defer func() {
+			if r := recover(); r == nil {
+				t.Error("release of a Scratch tensor did not panic")
+			}
+		}()
+		a.release(tensorBufOf(s))
+	}()
+	if got := a.tensors.Load(); got != 2<<20 {
+		t.Errorf("tensors = %d, want %d: only the freed tensor leaves the tally", got, 2<<20)
 	}
 }

@@ -36,6 +36,10 @@ func TestOps(t *testing.T) {
 	kerneltest.RunOps(t, openOps(t))
 }
 
+// TestFree runs the Memory.Free checks (kerneltest.FreeTest) on the GPU:
+// cuMemFree through the device thread, the counters back at the baseline.
+func TestFree(t *testing.T) { kerneltest.FreeTest(t, openOps(t)) }
+
 // f32Tensor allocates (rows, cols) F32 holding v.
 func f32Tensor(t *testing.T, b *Backend, rows, cols int, v []float32) kernels.Tensor {
 	t.Helper()

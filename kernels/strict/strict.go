@@ -9,7 +9,10 @@
 //     out-of-range I32), and an op that reads a poisoned element panics, so
 //     a model that reads scratch it never wrote fails at the op at fault;
 //   - Write and Read, the only host ↔ backend copies, panic between
-//     BeginStep and EndStep: no host access to activations inside a step.
+//     BeginStep and EndStep: no host access to activations inside a step;
+//   - Free marks a tensor's storage freed: any later use of it or of a view
+//     of it, and a second Free, panic with kernels.ErrFreed, and Free of a
+//     Scratch tensor or inside a step panics too.
 //
 // MatMul is kernels.MatMulRef (float64 sums) and Parallel runs serially, so
 // the host-slice Backend methods work too, for the load-time work that
@@ -34,23 +37,25 @@ const poisonI32 = math.MinInt32 + 0x5a5a
 
 // buffer is strict's tensor memory.
 type buffer struct {
-	dev  *Device
-	f32  []float32
-	i32  []int32
-	bf16 []uint16
+	dev   *Device
+	f32   []float32
+	i32   []int32
+	bf16  []uint16
+	alloc bool // from Alloc, not Scratch
+	freed bool // released by Free
 }
 
 func (b *buffer) Elems() int { return max(len(b.f32), len(b.i32), len(b.bf16)) }
 
 // Device is the strict backend. It is not safe for concurrent use, except
-// that Alloc (a cache or pool made while a step runs) and MemoryUse may be
-// called at any time.
+// Alloc and MemoryUse (tests build caches on one model's device from
+// several goroutines).
 type Device struct {
 	inStep bool
 	steps  int // completed steps
 
-	allocated atomic.Int64 // bytes of the tensors Alloc returned
-	scratch   atomic.Int64 // bytes of the Scratch tensors of the current (or last) step
+	allocated atomic.Int64 // bytes of the tensors Alloc returned and Free did not release
+	scratch   int64        // bytes of the Scratch tensors of the current (or last) step
 }
 
 var _ kernels.Device = (*Device)(nil)
@@ -99,16 +104,31 @@ func (d *Device) alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, *buffe
 
 // Alloc implements kernels.Memory.
 func (d *Device) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error) {
-	t, _ := d.alloc(dt, rows, cols)
+	t, b := d.alloc(dt, rows, cols)
+	b.alloc = true
 	d.allocated.Add(int64(rows * cols * dt.Size()))
 	return t, nil
 }
 
-// MemoryUse implements kernels.MemoryReporter: host bytes of every tensor
-// Alloc returned (dropped ones included), and as the arena the Scratch bytes of the current or last step
-// (strict allocates every Scratch tensor afresh).
+// Free implements kernels.Memory.
+func (d *Device) Free(t kernels.Tensor) {
+	if d.inStep {
+		panic("strict: Free inside a step")
+	}
+	b := d.buffer(t)
+	if !b.alloc {
+		panic(fmt.Sprintf("strict: Free of %v, a Scratch tensor", t))
+	}
+	d.allocated.Add(-int64(b.Elems() * t.DType.Size()))
+	b.f32, b.i32, b.bf16, b.freed = nil, nil, nil, true
+}
+
+// MemoryUse implements kernels.MemoryReporter: host bytes of the tensors
+// Alloc returned and Free did not release (dropped ones included), and as
+// the arena the Scratch bytes of the current or last step (strict
+// allocates every Scratch tensor afresh).
 func (d *Device) MemoryUse() kernels.MemoryUse {
-	return kernels.MemoryUse{Tensors: d.allocated.Load(), Arena: d.scratch.Load()}
+	return kernels.MemoryUse{Tensors: d.allocated.Load(), Arena: d.scratch}
 }
 
 // Scratch implements kernels.Memory: a fresh, poisoned tensor.
@@ -117,7 +137,7 @@ func (d *Device) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
 		panic("strict: Scratch outside a step")
 	}
 	t, b := d.alloc(dt, rows, cols)
-	d.scratch.Add(int64(rows * cols * dt.Size()))
+	d.scratch += int64(rows * cols * dt.Size())
 	for i := range b.f32 {
 		b.f32[i] = poisonF32
 	}
@@ -136,7 +156,7 @@ func (d *Device) BeginStep() {
 		panic("strict: BeginStep inside a step")
 	}
 	d.inStep = true
-	d.scratch.Store(0)
+	d.scratch = 0
 }
 
 // EndStep implements kernels.Memory.
@@ -210,11 +230,8 @@ func (d *Device) Copy(dst, src kernels.Tensor) {
 // view is t's memory from its first element, checked to be strict's and of
 // dtype dt; the slices are cut to t's span.
 func (d *Device) view(t kernels.Tensor, dt kernels.DType) *buffer {
-	raw, off := t.Buffer()
-	b, ok := raw.(*buffer)
-	if !ok || b.dev != d {
-		panic(fmt.Sprintf("strict: tensor %v not allocated by this device", t))
-	}
+	b := d.buffer(t)
+	_, off := t.Buffer()
 	if t.DType != dt {
 		panic(fmt.Sprintf("strict: tensor %v, want dtype %v", t, dt))
 	}
@@ -232,6 +249,19 @@ func (d *Device) view(t kernels.Tensor, dt kernels.DType) *buffer {
 		v.bf16 = b.bf16[off : off+n]
 	}
 	return v
+}
+
+// buffer is t's memory, checked to be strict's and not freed.
+func (d *Device) buffer(t kernels.Tensor) *buffer {
+	raw, _ := t.Buffer()
+	b, ok := raw.(*buffer)
+	if !ok || b.dev != d {
+		panic(fmt.Sprintf("strict: tensor %v not allocated by this device", t))
+	}
+	if b.freed {
+		panic(fmt.Errorf("%w (%v)", kernels.ErrFreed, t))
+	}
+	return b
 }
 
 // in returns a copy of input t (dtype F32) packed row after row, panicking

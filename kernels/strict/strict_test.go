@@ -1,6 +1,7 @@
 package strict_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -101,4 +102,27 @@ func TestMemoryUse(t *testing.T) {
 	if u := d.MemoryUse(); u != want {
 		t.Errorf("MemoryUse = %+v, want %+v", u, want)
 	}
+}
+
+func TestFree(t *testing.T) { kerneltest.FreeTest(t, strict.New()) }
+
+// TestFreeChecks: Free inside a step panics, and a freed tensor panics at
+// the op that uses it, naming the tensor.
+func TestFreeChecks(t *testing.T) {
+	d := strict.New()
+	x, _ := d.Alloc(kernels.F32, 2, 4)
+	w, _ := d.Alloc(kernels.F32, 1, 4)
+	d.BeginStep()
+	mustPanic(t, "Free inside a step", func() { d.Free(x) })
+	d.EndStep()
+	d.Free(w)
+	d.BeginStep()
+	defer d.EndStep()
+	defer func() {
+		err, _ := recover().(error)
+		if !errors.Is(err, kernels.ErrFreed) || !strings.Contains(err.Error(), "kernels: ") || !strings.Contains(err.Error(), "F32(1, 4)") {
+			t.Errorf("RMSNorm with a freed weight: panic %v, want kernels.ErrFreed naming F32(1, 4)", err)
+		}
+	}()
+	d.RMSNorm(x, x, w, 1e-6, false)
 }
