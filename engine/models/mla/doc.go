@@ -61,8 +61,9 @@
 // are so attends densely without a selection. The index keys share the
 // cache's dtype (BF16 by default). Rounding anything upstream of an indexer
 // can flip near-tied top-k choices, which on the random-weight transformers
-// fixtures changes the greedy tokens: they are checked with a float32
-// cache. A GLM-5 "shared" layer
+// fixtures changes the greedy tokens: they are checked exactly with a
+// float32 cache, and with BF16 flip by flip (Indexer.Scores,
+// Attention.Selection; engine's dsaMarginFixture). A GLM-5 "shared" layer
 // (indexer_types) has no indexer and reuses the selection of the nearest
 // earlier full layer in the same forward pass.
 //

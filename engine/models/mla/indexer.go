@@ -19,7 +19,8 @@ type Indexer struct {
 	W      gqa.Linear      // weights_proj (Heads, hidden)
 	Rope   *kernels.Rotary // on the first Rope.Dim dims of every query head and of the key
 
-	ops ops
+	ops    ops
+	scores kernels.Tensor // (N, L) F32 the last pass's scores when it scored every row at once; else zero
 }
 
 // keyEps is k_norm's eps (transformers' nn.LayerNorm default).
@@ -61,5 +62,26 @@ func (ix *Indexer) Forward(c *gqa.Ctx, keys, h, qr kernels.Tensor) kernels.Tenso
 		ix.ops.sp.IndexerScores(sc, q.Slice(r0, r1), w.Slice(r0, r1), keys, &p, s)
 		ix.ops.sp.TopK(sel.Slice(r0, r1), sc)
 	}
+	ix.scores = kernels.Tensor{}
+	if per == n {
+		ix.scores = scores
+	}
 	return sel
+}
+
+// Scores reads back the last forward pass's indexer scores (N rows of
+// max(Pos)+1; a row's columns past its Pos are unspecified), or nil when
+// that pass attended densely or scored its rows in chunks. Outside a step
+// only; for tests and inspection.
+func (ix *Indexer) Scores() [][]float32 {
+	if !ix.scores.Valid() {
+		return nil
+	}
+	flat := make([]float32, ix.scores.Elems())
+	ix.ops.dev.ReadF32(flat, ix.scores)
+	rows := make([][]float32, ix.scores.Rows)
+	for i := range rows {
+		rows[i] = flat[i*ix.scores.Cols : (i+1)*ix.scores.Cols]
+	}
+	return rows
 }
