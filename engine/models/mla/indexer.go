@@ -40,6 +40,7 @@ func (ix *Indexer) Forward(c *gqa.Ctx, keys, h, qr kernels.Tensor) kernels.Tenso
 	k := dev.Scratch(kernels.F32, n, s.Dim) // (N, Dim) index keys
 	ix.WK.Forward(dev, k, h, false)
 	ix.ops.sp.StoreIndexKey(keys, k, ix.KNormW, ix.KNormB, keyEps, ix.Rope, &c.Paged)
+	ix.scores = kernels.Tensor{}
 	maxLen := int(slices.Max(c.Pos)) + 1
 	if maxLen <= s.TopK {
 		return kernels.Tensor{}
@@ -62,7 +63,6 @@ func (ix *Indexer) Forward(c *gqa.Ctx, keys, h, qr kernels.Tensor) kernels.Tenso
 		ix.ops.sp.IndexerScores(sc, q.Slice(r0, r1), w.Slice(r0, r1), keys, &p, s)
 		ix.ops.sp.TopK(sel.Slice(r0, r1), sc)
 	}
-	ix.scores = kernels.Tensor{}
 	if per == n {
 		ix.scores = scores
 	}
