@@ -86,6 +86,23 @@ func BenchmarkMatMulPaths(b *testing.B) {
 	}
 }
 
+// BenchmarkMatMulBF16 compares BF16 weights with x kept in float32 and x
+// rounded to bfloat16 (SetBF16Activations: VDPBF16PS for decode, AMX for
+// prefill where the CPU has them), hot, with CPU time per call.
+func BenchmarkMatMulBF16(b *testing.B) {
+	for _, s := range []benchShape{{kernels.BF16, 1, 4096, 1024}, {kernels.BF16, 64, 3072, 1024},
+		{kernels.BF16, 512, 1024, 1024}, {kernels.BF16, 512, 3072, 1024}, {kernels.BF16, 512, 1024, 3072}} {
+		for _, on := range []bool{false, true} {
+			b.Run(fmt.Sprintf("bf16x=%v/n=%d/%dx%d", on, s.n, s.rows, s.cols), func(b *testing.B) {
+				be := cpu.New(0)
+				defer be.Close()
+				be.SetBF16Activations(on)
+				benchMatMul(b, be, s, 1)
+			})
+		}
+	}
+}
+
 // BenchmarkMatMulRef is the naive reference, for scale.
 func BenchmarkMatMulRef(b *testing.B) {
 	s := benchShape{kernels.BF16, 1, 1024, 1024}
