@@ -130,6 +130,14 @@ func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Optio
 			return nil, err
 		}
 	}
+	// A model that keeps its KV cache in bfloat16 runs at that precision
+	// anyway: let the CPU backend round x to bfloat16 for BF16 weights
+	// (VDPBF16PS and AMX tiles). With a float32 cache, MatMuls stay exact
+	// in float32 too.
+	if b, ok := l.Backend.(interface{ SetBF16Activations(bool) }); ok {
+		lay := m.CacheLayout()
+		b.SetBF16Activations(len(lay) > 0 && lay[0].DType == kernels.BF16)
+	}
 	return m, nil
 }
 
