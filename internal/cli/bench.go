@@ -259,6 +259,7 @@ func loadBenchGGUF(file, quant string, be *device.Backend, start time.Time) (_ *
 	if bm.model, err = model.New(bm.cfg, bm.counter, be.Backend); err != nil {
 		return nil, err
 	}
+	engine.SetActivationPrecision(be.Backend, bm.model)
 	bm.loadSec = time.Since(start).Seconds()
 	return bm, nil
 }
@@ -355,6 +356,7 @@ func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *device.Backe
 		}
 		return nil, err
 	}
+	engine.SetActivationPrecision(be.Backend, bm.model)
 	bm.loadSec = time.Since(start).Seconds()
 	return bm, nil
 }

@@ -58,32 +58,35 @@ func run(cfgDir, out, typ string, layers int, seed uint64) error {
 	if err := json.Unmarshal(raw, &cfg); err != nil {
 		return fmt.Errorf("%s/config.json: %w", cfgDir, err)
 	}
+	// The converter reads config.json in the current transformers layout:
+	// give it an edited copy, cut to the layers asked for, with a
+	// top-level rope_theta (older configs) moved into rope_parameters.
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return err
+	}
 	if layers > 0 && layers < cfg.Layers {
-		// The converter reads the layer count from config.json: give it
-		// an edited copy.
-		var m map[string]any
-		if err := json.Unmarshal(raw, &m); err != nil {
-			return err
-		}
 		m["num_hidden_layers"], cfg.Layers = layers, layers
-		tmp, err := os.MkdirTemp("", "randgguf")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(tmp)
-		if raw, err = json.Marshal(m); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(tmp, "config.json"), raw, 0o644); err != nil {
-			return err
-		}
-		cfgDir = tmp
+	}
+	if theta, ok := m["rope_theta"]; ok && m["rope_parameters"] == nil {
+		m["rope_parameters"] = map[string]any{"rope_type": "default", "rope_theta": theta}
+	}
+	tmp, err := os.MkdirTemp("", "randgguf")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if raw, err = json.Marshal(m); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "config.json"), raw, 0o644); err != nil {
+		return err
 	}
 	src, err := newSource(cfg, seed)
 	if err != nil {
 		return err
 	}
-	w, err := ggufwrite.ConvertFrom(cfgDir, src, t)
+	w, err := ggufwrite.ConvertFrom(tmp, src, t)
 	if err != nil {
 		return err
 	}

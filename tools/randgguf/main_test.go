@@ -39,6 +39,18 @@ func TestWritesLoadableGGUF(t *testing.T) {
 	if got := l.Config.IntOr("num_hidden_layers", 0); got != 1 {
 		t.Errorf("%d layers, want 1", got)
 	}
+	// The real Qwen3-0.6B config (top-level rope_theta) cut to one layer.
+	if err := run("../../engine/testdata/qwen3-0.6b", out, "bf16", 1, 7); err != nil {
+		t.Fatal(err)
+	}
+	if m, err = gguf.Open(out); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	v, _ := m.Meta.Get("qwen3.rope.freq_base")
+	if f, ok := v.Float(); !ok || f != 1e6 {
+		t.Errorf("rope.freq_base %v, want 1e6", v)
+	}
 	if err := run(fixtures.Dir("qwen3_moe"), out, "bf16", 0, 1); err == nil {
 		t.Error("a MoE config was accepted")
 	}
