@@ -53,6 +53,14 @@ func amxKernelsFor() *amxKernels {
 	return asmAMX()
 }
 
+// Block-quantized weights (Q8_0, Q4_K, ...) take AMX for prefill too, where
+// bfloat16 activations are allowed: each task dequantizes a block of 32
+// weight rows exactly (kernels' RowF32) and rounds it to bfloat16 once, for
+// all x rows of the call (such a MatMul has a single batch chunk), and then
+// multiplies it as a BF16 block. Rounding the weights to bfloat16 adds at
+// most 2⁻⁹ of each weight; the int8 path it replaces rounds each x element
+// to within half of max|x|/127 of its 32-column block instead.
+
 // usesAMX reports whether MatMul with weight w over n rows, on the bf16
 // path, runs on AMX: enough x rows, and whole 32-column chunks (the tiles
 // read 64 bytes of a weight row at a time).
@@ -105,21 +113,48 @@ func (a *amxX) packGroups(k *amxKernels, x []float32, cols, lo, hi int) {
 func (m *matmul) atask(r0, r1, i0, i1 int, scratch *[]float32) {
 	cols, rows := m.w.Cols, m.w.Rows
 	nb := ceilDiv(i1-i0, amxRows)
-	if cap(*scratch) < nb*1024 {
-		*scratch = make([]float32, nb*1024)
+	// scratch: the results of nb blocks (nb·1024), and for a quantized w
+	// one block of weight rows in float32 and in bfloat16 (cols + 16·cols).
+	need := nb * 1024
+	if m.w.DType.Quantized() {
+		need += 17 * cols
+	}
+	if cap(*scratch) < need {
+		*scratch = make([]float32, need)
 	}
 	c := (*scratch)[:nb*1024]
 	a, k := m.xa, m.ak
 	x := a.p[(i0/16)*a.xg:]
 	for j := r0; j < r1; j += amxRows {
-		if j+amxRows <= rows {
-			k.mul(c, m.w.Data[2*j*cols:], 2*cols, x, a.xg, nb, cols, &amxCfg)
+		wr := min(amxRows, rows-j)
+		var w []byte
+		if m.w.DType.Quantized() {
+			w = m.dequantBlock((*scratch)[nb*1024:need], j, wr)
+		} else {
+			w = m.w.Data[2*j*cols:]
+		}
+		if wr == amxRows {
+			k.mul(c, w, 2*cols, x, a.xg, nb, cols, &amxCfg)
 			m.storeBlocks(k, c, j, amxRows, i0, i1)
 			continue
 		}
-		amxBF16GoRows(c, m.w.Data[2*j*cols:], 2*cols, rows-j, x, a.xg, nb, cols)
-		m.storeBlocks(&genericAMX, c, j, rows-j, i0, i1)
+		amxBF16GoRows(c, w, 2*cols, wr, x, a.xg, nb, cols)
+		m.storeBlocks(&genericAMX, c, j, wr, i0, i1)
 	}
+}
+
+// dequantBlock decodes weight rows [j, j+wr) of a quantized w exactly and
+// rounds them to bfloat16 in buf (cols float32s of row buffer, then the
+// block), returning the block as bytes with a row stride of 2·cols.
+func (m *matmul) dequantBlock(buf []float32, j, wr int) []byte {
+	cols := m.w.Cols
+	row, blk := buf[:cols], buf[cols:cols+16*cols]
+	b16 := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(blk))), 32*cols)
+	for r := range wr {
+		m.w.RowF32(row, j+r)
+		roundBF16(b16[r*cols:(r+1)*cols], row)
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(blk))), 64*cols)
 }
 
 // storeBlocks writes the results of amxBF16 in c (nb blocks of 32 x rows

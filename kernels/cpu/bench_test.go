@@ -86,14 +86,16 @@ func BenchmarkMatMulPaths(b *testing.B) {
 	}
 }
 
-// BenchmarkMatMulBF16 compares BF16 weights with x kept in float32 and x
-// rounded to bfloat16 (SetBF16Activations: VDPBF16PS for decode, AMX for
-// prefill where the CPU has them), hot, with CPU time per call.
+// BenchmarkMatMulBF16 compares BF16 and quantized weights with x kept in
+// float32 (int8 for the quantized) and x rounded to bfloat16
+// (SetBF16Activations: VDPBF16PS for decode, AMX for prefill where the CPU
+// has them), hot.
 func BenchmarkMatMulBF16(b *testing.B) {
 	for _, s := range []benchShape{{kernels.BF16, 1, 4096, 1024}, {kernels.BF16, 64, 3072, 1024},
-		{kernels.BF16, 512, 1024, 1024}, {kernels.BF16, 512, 3072, 1024}, {kernels.BF16, 512, 1024, 3072}} {
+		{kernels.BF16, 512, 1024, 1024}, {kernels.BF16, 512, 3072, 1024}, {kernels.BF16, 512, 1024, 3072},
+		{kernels.Q8_0, 512, 3072, 1024}, {kernels.Q4K, 512, 3072, 1024}, {kernels.Q6K, 512, 1024, 3072}} {
 		for _, on := range []bool{false, true} {
-			b.Run(fmt.Sprintf("bf16x=%v/n=%d/%dx%d", on, s.n, s.rows, s.cols), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%v/bf16x=%v/n=%d/%dx%d", s.dt, on, s.n, s.rows, s.cols), func(b *testing.B) {
 				be := cpu.New(0)
 				defer be.Close()
 				be.SetBF16Activations(on)

@@ -129,13 +129,16 @@ const (
 
 // bf16Path returns the path MatMul with weight w over n rows takes on this
 // CPU, where rounding x to bfloat16 is allowed (on, see
-// Backend.SetBF16Activations).
+// Backend.SetBF16Activations). Quantized weights take pathAMX or their
+// int8 tiles (pathF32 here).
 func bf16Path(w *kernels.Mat, n int, on bool) int {
 	switch {
-	case !on || w.DType != kernels.BF16 || w.Transient:
+	case !on || w.Transient:
 		return pathF32
-	case usesAMX(w, n):
+	case (w.DType == kernels.BF16 || w.DType.Quantized()) && usesAMX(w, n):
 		return pathAMX
+	case w.DType != kernels.BF16:
+		return pathF32
 	case n <= bf16MaxRows && bf16TilesFor() != nil:
 		return pathBF16
 	}

@@ -46,21 +46,24 @@ type xbufs struct {
 func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs, bf16 bool) {
 	*m = matmul{y: y, x: x, w: w, n: n}
 	gran := 4 // output rows per row chunk: a multiple of the tiles' rows
+	m.bc = min(n, batchChunk)
 	switch path := bf16Path(w, n, bf16); {
-	case w.DType.Quantized():
-		m.qt, m.qx = qtilesFor(w.DType), &xs.q
-		m.qx.resize(n, w.Cols)
 	case path == pathAMX:
 		m.ak, m.xa = amxKernelsFor(), &xs.a
 		m.xa.resize(n, w.Cols)
 		gran = amxRows
+		if w.DType.Quantized() {
+			m.bc = n // dequantize each weight block once for all x rows
+		}
+	case w.DType.Quantized():
+		m.qt, m.qx = qtilesFor(w.DType), &xs.q
+		m.qx.resize(n, w.Cols)
 	case path == pathBF16:
 		m.bt, m.xb = bf16TilesFor(), &xs.b
 		m.xb.resize(n, w.Cols)
 	default:
 		m.tiles, m.esz = tilesFor(w.DType), w.DType.Size()
 	}
-	m.bc = min(n, batchChunk)
 	nb := ceilDiv(n, m.bc)
 	// Aim for 4 tasks per worker so uneven cores even out, but no smaller
 	// than minTaskMACs.
