@@ -86,15 +86,17 @@ func (b *Backend) convertX(m *matmul) {
 	p.run(nw)
 }
 
-// SetBF16Activations lets MatMul round x to bfloat16 for BF16 weights (off
-// by default): one x row to three then run VDPBF16PS tiles, and 16 or more
-// AMX tiles, where the CPU has them. Results then differ from the float32
-// product by up to 2⁻⁸·Σ|x·w| (see bf16.go): the precision of a model that
-// keeps its KV cache in bfloat16 anyway. Call it between MatMuls only.
+// SetBF16Activations lets MatMul round x to bfloat16 (off by default), where
+// the CPU has the units that make it faster: BF16 weights then run one to
+// three x rows on VDPBF16PS tiles and eight or more on AMX, quantized
+// weights 128 or more x rows on AMX (dequantized to bfloat16). Results then
+// differ from the float32 product by up to 2⁻⁸·Σ|x·w| (see bf16.go): the
+// precision of a model that keeps its KV cache in bfloat16 anyway. Call it
+// between MatMuls only.
 func (b *Backend) SetBF16Activations(on bool) { b.bf16x = on }
 
 // RoundsXToBF16 reports whether MatMul(y, x, w, n) multiplies x rounded to
-// bfloat16 instead of x (the VDPBF16PS path for BF16 weights; see bf16.go):
+// bfloat16 instead of x (the VDPBF16PS and AMX paths; see bf16.go, amx.go):
 // kerneltest takes its reference from the rounded x then.
 func (b *Backend) RoundsXToBF16(w *kernels.Mat, n int) bool {
 	return bf16Path(w, n, b.bf16x) != pathF32

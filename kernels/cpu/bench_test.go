@@ -93,7 +93,9 @@ func BenchmarkMatMulPaths(b *testing.B) {
 func BenchmarkMatMulBF16(b *testing.B) {
 	for _, s := range []benchShape{{kernels.BF16, 1, 4096, 1024}, {kernels.BF16, 64, 3072, 1024},
 		{kernels.BF16, 512, 1024, 1024}, {kernels.BF16, 512, 3072, 1024}, {kernels.BF16, 512, 1024, 3072},
-		{kernels.Q8_0, 512, 3072, 1024}, {kernels.Q4K, 512, 3072, 1024}, {kernels.Q6K, 512, 1024, 3072}} {
+		{kernels.Q8_0, 512, 3072, 1024}, {kernels.Q4K, 512, 3072, 1024}, {kernels.Q6K, 512, 1024, 3072},
+		{kernels.BF16, 4, 3072, 1024}, {kernels.BF16, 8, 3072, 1024}, {kernels.BF16, 16, 3072, 1024},
+		{kernels.Q4K, 16, 3072, 1024}, {kernels.Q4K, 64, 3072, 1024}, {kernels.Q4K, 128, 3072, 1024}, {kernels.Q8_0, 128, 3072, 1024}} {
 		for _, on := range []bool{false, true} {
 			b.Run(fmt.Sprintf("%v/bf16x=%v/n=%d/%dx%d", s.dt, on, s.n, s.rows, s.cols), func(b *testing.B) {
 				be := cpu.New(0)
