@@ -104,7 +104,7 @@ var QuantShapes = []Shape{
 	{1, 1023, 256, 0, 0},
 	{67, 41, 512, 0, 0},
 	{130, 21, 256, 0, 0},
-	{72, 9, 1024, 0, 0}, // enough x for a backend to quantize it in parallel
+	{72, 9, 1024, 0, 0},  // enough x for a backend to quantize it in parallel
 	{130, 40, 256, 0, 0}, // a CPU's AMX path: a block of 32 weight rows and 8 more
 }
 
