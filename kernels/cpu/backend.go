@@ -86,6 +86,18 @@ func (b *Backend) convertX(m *matmul) {
 	p.run(nw)
 }
 
+// matMulInline is MatMul on the calling goroutine alone, with the caller's
+// buffers for the converted x and the tasks' scratch: what a MatMul issued
+// inside a Parallel callback runs.
+func (b *Backend) matMulInline(y, x []float32, w *kernels.Mat, n int, xs *xbufs, scratch *[]float32) {
+	var m matmul
+	m.init(y, x, w, n, 1, xs, b.bf16x)
+	m.convertX(0, m.convertUnits())
+	for t := range m.tasks {
+		m.task(t, scratch)
+	}
+}
+
 // SetBF16Activations lets MatMul round x to bfloat16 (off by default), where
 // the CPU has the units that make it faster: BF16 weights then run one to
 // three x rows on VDPBF16PS tiles and eight or more on AMX, quantized
@@ -113,13 +125,8 @@ func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 	}
 	p := b.pool
 	if !p.acquire() {
-		var m matmul
 		var scratch []float32
-		m.init(y, x, w, n, 1, new(xbufs), b.bf16x)
-		m.convertX(0, m.convertUnits())
-		for t := range m.tasks {
-			m.task(t, &scratch)
-		}
+		b.matMulInline(y, x, w, n, new(xbufs), &scratch)
 		return
 	}
 	defer p.release()

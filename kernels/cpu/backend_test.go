@@ -166,4 +166,16 @@ func TestClose(t *testing.T) {
 	kerneltest.ParallelTest(t, b) // single-threaded now, still correct
 }
 
-func TestOps(t *testing.T) { kerneltest.RunOps(t, cpu.New(0)) }
+// TestOps runs the op suite with x kept in float32 and with bfloat16
+// activations allowed (AMX prefill attention over a BF16 cache, where the
+// CPU has it).
+func TestOps(t *testing.T) {
+	for _, bf16 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bf16=%v", bf16), func(t *testing.T) {
+			b := cpu.New(0)
+			defer b.Close()
+			b.SetBF16Activations(bf16)
+			kerneltest.RunOps(t, b)
+		})
+	}
+}

@@ -13,8 +13,9 @@ import (
 // changes against the float32 path is x itself, each element off by at most
 // 2⁻⁹ of its magnitude, so y[i, j] may differ from the float32 product by
 // up to 2⁻⁸·Σₖ|x[i,k]·w[j,k]| (about 2⁻⁹·√k times the typical term for
-// random signs). Which calls take this path is bf16MaxRows's choice; a
-// Transient weight (attention's K and V, which are activations) never does.
+// random signs). Which calls take this path is bf16MaxRows's choice.
+// Prefill attention over a BF16 cache uses it too (tileAMX), for its
+// products of queries and probabilities with the cached keys and values.
 
 // bf16Rows is a batch of x rows rounded to bfloat16, each padded with zeros
 // to ld columns, a multiple of 32, because the tiles read whole 32-column
@@ -133,7 +134,7 @@ const (
 // int8 tiles (pathF32 here).
 func bf16Path(w *kernels.Mat, n int, on bool) int {
 	switch {
-	case !on || w.Transient:
+	case !on:
 		return pathF32
 	case (w.DType == kernels.BF16 || w.DType.Quantized()) && usesAMX(w, n):
 		return pathAMX
