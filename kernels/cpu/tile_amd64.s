@@ -8734,6 +8734,163 @@ transpose16_done:
 	VZEROUPPER
 	RET
 
+// func softmaxF32(x []float32, scale float32)
+// Requires: AVX, AVX512DQ, AVX512F, BMI2, SSE
+TEXT ·softmaxF32(SB), NOSPLIT, $0-28
+	MOVQ         x_base+0(FP), AX
+	MOVQ         x_len+8(FP), CX
+	MOVSS        scale+24(FP), X0
+	VBROADCASTSS X0, Z0
+	MOVQ         CX, DX
+	ANDQ         $-16, DX
+	ANDQ         $0x0f, CX
+	MOVL         $0x0000ffff, BX
+	BZHIL        CX, BX, BX
+	KMOVW        BX, K1
+
+	// Pass 1: x *= scale, and the maximum.
+	MOVL         $0xff800000, BX
+	VPBROADCASTD BX, Z1
+	XORQ         BX, BX
+
+softmax_max:
+	CMPQ    BX, DX
+	JAE     softmax_max_tail
+	VMULPS  (AX)(BX*4), Z0, Z2
+	VMOVUPS Z2, (AX)(BX*4)
+	VMAXPS  Z2, Z1, Z1
+	ADDQ    $0x10, BX
+	JMP     softmax_max
+
+softmax_max_tail:
+	TESTQ     CX, CX
+	JZ        softmax_max_done
+	VMOVUPS.Z (AX)(BX*4), K1, Z2
+	VMULPS    Z0, Z2, Z2
+	VMOVUPS   Z2, K1, (AX)(BX*4)
+	VMAXPS    Z2, Z1, K1, Z1
+
+softmax_max_done:
+	VEXTRACTF32X8 $0x01, Z1, Y0
+	VMAXPS        Y0, Y1, Y1
+	VEXTRACTF128  $0x01, Y1, X0
+	VMAXPS        X0, X1, X1
+	VPERMILPS     $0x4e, X1, X0
+	VMAXPS        X0, X1, X1
+	VPERMILPS     $0xb1, X1, X0
+	VMAXPS        X0, X1, X1
+	VBROADCASTSS  X1, Z1
+
+	// Pass 2: x = exp(x − max), and the sum.
+	MOVL         $0x3fb8aa3b, BX
+	VPBROADCASTD BX, Z0
+	MOVL         $0x3f000000, BX
+	VPBROADCASTD BX, Z2
+	MOVL         $0x3f318000, BX
+	VPBROADCASTD BX, Z3
+	MOVL         $0xb95e8083, BX
+	VPBROADCASTD BX, Z4
+	MOVL         $0x39506967, BX
+	VPBROADCASTD BX, Z5
+	MOVL         $0x3ab743ce, BX
+	VPBROADCASTD BX, Z6
+	MOVL         $0x3c088908, BX
+	VPBROADCASTD BX, Z7
+	MOVL         $0x3d2aa9c1, BX
+	VPBROADCASTD BX, Z8
+	MOVL         $0x3e2aaaaa, BX
+	VPBROADCASTD BX, Z9
+	MOVL         $0x3f000000, BX
+	VPBROADCASTD BX, Z10
+	MOVL         $0x3f800000, BX
+	VPBROADCASTD BX, Z11
+	VXORPS       Z12, Z12, Z12
+	XORQ         BX, BX
+
+softmax_exp:
+	CMPQ         BX, DX
+	JAE          softmax_exp_tail
+	VMOVUPS      (AX)(BX*4), Z13
+	VSUBPS       Z1, Z13, Z13
+	VMULPS       Z0, Z13, Z14
+	VADDPS       Z2, Z14, Z14
+	VRNDSCALEPS  $0x01, Z14, Z14
+	VMOVAPS      Z13, Z13
+	VFNMADD231PS Z3, Z14, Z13
+	VFNMADD231PS Z4, Z14, Z13
+	VMOVAPS      Z5, Z15
+	VFMADD213PS  Z6, Z13, Z15
+	VFMADD213PS  Z7, Z13, Z15
+	VFMADD213PS  Z8, Z13, Z15
+	VFMADD213PS  Z9, Z13, Z15
+	VFMADD213PS  Z10, Z13, Z15
+	VMULPS       Z13, Z13, Z16
+	VFMADD213PS  Z13, Z16, Z15
+	VADDPS       Z11, Z15, Z15
+	VSCALEFPS    Z14, Z15, Z15
+	VMOVUPS      Z15, (AX)(BX*4)
+	VADDPS       Z15, Z12, Z12
+	ADDQ         $0x10, BX
+	JMP          softmax_exp
+
+softmax_exp_tail:
+	TESTQ        CX, CX
+	JZ           softmax_exp_done
+	VMOVUPS.Z    (AX)(BX*4), K1, Z13
+	VSUBPS       Z1, Z13, Z13
+	VMULPS       Z0, Z13, Z0
+	VADDPS       Z2, Z0, Z0
+	VRNDSCALEPS  $0x01, Z0, Z0
+	VMOVAPS      Z13, Z1
+	VFNMADD231PS Z3, Z0, Z1
+	VFNMADD231PS Z4, Z0, Z1
+	VMOVAPS      Z5, Z2
+	VFMADD213PS  Z6, Z1, Z2
+	VFMADD213PS  Z7, Z1, Z2
+	VFMADD213PS  Z8, Z1, Z2
+	VFMADD213PS  Z9, Z1, Z2
+	VFMADD213PS  Z10, Z1, Z2
+	VMULPS       Z1, Z1, Z3
+	VFMADD213PS  Z1, Z3, Z2
+	VADDPS       Z11, Z2, Z2
+	VSCALEFPS    Z0, Z2, Z2
+	VMOVUPS      Z2, K1, (AX)(BX*4)
+	VADDPS       Z2, Z12, K1, Z12
+
+softmax_exp_done:
+	VEXTRACTF32X8 $0x01, Z12, Y0
+	VADDPS        Y0, Y12, Y12
+	VEXTRACTF128  $0x01, Y12, X0
+	VADDPS        X0, X12, X12
+	VPERMILPS     $0x4e, X12, X0
+	VADDPS        X0, X12, X12
+	VPERMILPS     $0xb1, X12, X0
+	VADDPS        X0, X12, X12
+	VBROADCASTSS  X12, Z12
+	VDIVPS        Z12, Z11, Z0
+
+	// Pass 3: x /= sum.
+	XORQ BX, BX
+
+softmax_norm:
+	CMPQ    BX, DX
+	JAE     softmax_norm_tail
+	VMULPS  (AX)(BX*4), Z0, Z1
+	VMOVUPS Z1, (AX)(BX*4)
+	ADDQ    $0x10, BX
+	JMP     softmax_norm
+
+softmax_norm_tail:
+	TESTQ     CX, CX
+	JZ        softmax_norm_done
+	VMOVUPS.Z (AX)(BX*4), K1, Z1
+	VMULPS    Z0, Z1, Z1
+	VMOVUPS   Z1, K1, (AX)(BX*4)
+
+softmax_norm_done:
+	VZEROUPPER
+	RET
+
 // func sumF32(x []float32) float32
 // Requires: AVX, SSE
 TEXT ·sumF32(SB), NOSPLIT, $0-28
