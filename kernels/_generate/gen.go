@@ -174,7 +174,6 @@ func main() {
 	bf16Round()
 	amxTile()
 	transpose16()
-	softmax()
 	sum()
 	scale()
 	for _, d := range dtypes[:2] { // F32 and BF16: the KV cache's dtypes

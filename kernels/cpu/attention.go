@@ -351,9 +351,9 @@ func f32Bytes(f []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), len(f)*4)
 }
 
-// softmaxGo replaces x with softmax(scale·x): max-subtracted, a float32
-// exp, a float64 sum. It is the pure-Go twin of softmaxF32.
-func softmaxGo(x []float32, scale float32) {
+// softmax replaces x with softmax(scale·x): max-subtracted, a float32 exp,
+// a float64 sum.
+func softmax(x []float32, scale float32) {
 	if len(x) == 0 {
 		return
 	}

@@ -109,15 +109,6 @@ func asmAMX() *amxKernels {
 	return nil
 }
 
-// softmax replaces x with softmax(scale·x) (see softmaxGo).
-func softmax(x []float32, scale float32) {
-	if len(x) > 0 && cpuinfo.AVX512() {
-		softmaxF32(x, scale)
-		return
-	}
-	softmaxGo(x, scale)
-}
-
 // roundBF16 sets dst[i] = kernels.F32ToBF16(src[i]) for i < len(src).
 func roundBF16(dst []uint16, src []float32) {
 	n := len(src) &^ 15

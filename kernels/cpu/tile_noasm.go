@@ -27,6 +27,3 @@ func roundBF16(dst []uint16, src []float32) { roundBF16Go(dst, src) }
 
 // asmAMX returns nil: this build has no AMX kernels.
 func asmAMX() *amxKernels { return nil }
-
-// softmax replaces x with softmax(scale·x) (see softmaxGo).
-func softmax(x []float32, scale float32) { softmaxGo(x, scale) }

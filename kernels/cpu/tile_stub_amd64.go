@@ -849,13 +849,6 @@ func amxBF16(c []float32, w []byte, ldw int, x []uint32, xg int, nb int, k int, 
 //go:noescape
 func transpose16(dst []uint32, ldd int, src []uint32, lds int, n int)
 
-// softmaxF32 replaces x with softmax(scale·x): max-subtracted, a float32
-// exp (within a few ulp of e^x; underflow gives subnormals or 0), float32
-// sums in 16 lanes (AVX-512 F, BMI2). The pure-Go softmax is its twin.
-//
-//go:noescape
-func softmaxF32(x []float32, scale float32)
-
 // sumF32 returns the sum of x in some order:
 //
 //	for _, v := range x {

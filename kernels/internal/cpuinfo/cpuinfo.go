@@ -13,7 +13,7 @@ import (
 var (
 	avx2FMA atomic.Bool // AVX2 and FMA3, with OS support for the ymm state
 	f16c    atomic.Bool // VCVTPH2PS
-	avx512  atomic.Bool // AVX-512 F and VL (and BMI2), with OS support for the zmm state
+	avx512  atomic.Bool // AVX-512 F and VL, with OS support for the zmm state
 	vnni    atomic.Bool // AVX-512 VNNI (VPDPBUSD) and BW
 	bf16    atomic.Bool // AVX-512 BF16 (VDPBF16PS) and BW
 	amx     atomic.Bool // AMX tiles with BF16, and the OS's permission to use them
@@ -22,7 +22,7 @@ var (
 func init() {
 	avx2FMA.Store(cpu.X86.HasAVX2 && cpu.X86.HasFMA)
 	f16c.Store(cpu.X86.HasF16C)
-	avx512.Store(cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasBMI2) // every AVX-512 CPU has BMI2; the tail masks use BZHI
+	avx512.Store(cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL)
 	vnni.Store(cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512BW)
 	bf16.Store(cpu.X86.HasAVX512BF16 && cpu.X86.HasAVX512BW && cpu.X86.HasBMI2)
 	amx.Store(cpu.X86.HasAMXTile && cpu.X86.HasAMXBF16 && requestAMX())
