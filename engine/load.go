@@ -138,7 +138,21 @@ func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Optio
 			return nil, err
 		}
 	}
+	SetActivationPrecision(l.Backend, m)
 	return m, nil
+}
+
+// SetActivationPrecision tells be (if it has the choice, as the CPU backend
+// does) whether MatMul may round x to bfloat16 for BF16 weights (its
+// VDPBF16PS and AMX tiles): yes for a model that keeps its KV cache in
+// bfloat16 and so runs at that precision anyway, no with a float32 cache,
+// where MatMuls stay exact in float32 too. Call it after the cache dtype is
+// set.
+func SetActivationPrecision(be kernels.Backend, m model.Model) {
+	if b, ok := be.(interface{ SetBF16Activations(bool) }); ok {
+		lay := m.CacheLayout()
+		b.SetBF16Activations(len(lay) > 0 && lay[0].DType == kernels.BF16)
+	}
 }
 
 // checkQuant rejects an unknown Options.Quant before anything is loaded.

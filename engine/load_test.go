@@ -110,6 +110,7 @@ func TestLoadCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	SetActivationPrecision(be, mem) // as Load does for its model
 	rec.write(t, filepath.Join(dir, "model.safetensors"))
 
 	l, err := Load(dir, Options{Threads: 2})

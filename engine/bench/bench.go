@@ -81,8 +81,10 @@ type Options struct {
 	KVBudget       int64
 	MaxBatchTokens int // per-step token budget; 0 means the runtime's default
 
-	// Warmup runs one short request on its own runtime before the sweep
-	// (first-touch page faults of mapped weights, worker start-up).
+	// Warmup runs one request of the longest prompt on its own runtime
+	// before the sweep (first-touch page faults of mapped weights and of
+	// the activation buffers a prompt that long needs, worker start-up),
+	// as llama-bench warms up with a run of the measured size.
 	Warmup bool
 	// NoPrime skips each case's untimed one-token request, which also
 	// writes to every page of the new runtime's KV cache so that the
@@ -243,7 +245,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		_, err = runCase(ctx, rt, pm, Case{Concurrency: 1, PromptLen: min(8, slices.Min(o.PromptLens)), GenLen: 2}, info.Vocab, o.Seed)
+		_, err = runCase(ctx, rt, pm, Case{Concurrency: 1, PromptLen: slices.Max(o.PromptLens), GenLen: 2}, info.Vocab, o.Seed)
 		rt.Close()
 		if err != nil {
 			return nil, fmt.Errorf("bench: warm-up: %w", err)

@@ -281,6 +281,7 @@ func buildBenchGGUF(cfg *config.Config, g *gguf.Model, src model.WeightSource, q
 	if bm.model, err = model.New(bm.cfg, bm.counter, be.Backend); err != nil {
 		return nil, err
 	}
+	engine.SetActivationPrecision(be.Backend, bm.model)
 	bm.loadSec = time.Since(start).Seconds()
 	return bm, nil
 }
@@ -398,6 +399,7 @@ func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *device.Backe
 		}
 		return nil, err
 	}
+	engine.SetActivationPrecision(be.Backend, bm.model)
 	bm.loadSec = time.Since(start).Seconds()
 	return bm, nil
 }

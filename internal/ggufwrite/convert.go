@@ -83,6 +83,25 @@ var ggufArch = map[string]string{"llama": "llama", "mixtral": "llama", "qwen3": 
 // biases and routers stay F32, as llama.cpp converts them), without a
 // tokenizer (see AddTokenizer).
 func Convert(dir string, typ uint32) (*Writer, error) {
+	set, err := weights.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer set.Close()
+	return ConvertFrom(dir, set, typ)
+}
+
+// Source is what ConvertFrom reads a checkpoint's tensors from, by their
+// Hugging Face names: a weights.Set, or invented tensors (tools/randgguf).
+type Source interface {
+	Names() []string
+	Tensor(name string) (*weights.Tensor, error) // its DType and Shape
+	Float32(name string, shape ...int) ([]float32, error)
+}
+
+// ConvertFrom is Convert with the tensors read from src, and only
+// config.json from dir.
+func ConvertFrom(dir string, src Source, typ uint32) (*Writer, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return nil, err
@@ -101,12 +120,6 @@ func Convert(dir string, typ uint32) (*Writer, error) {
 	if c.HeadDim == 0 {
 		c.HeadDim = c.Hidden / c.Heads
 	}
-	set, err := weights.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer set.Close()
-
 	w := &Writer{}
 	p := arch + "."
 	w.Add("general.architecture", arch)
@@ -208,7 +221,7 @@ func Convert(dir string, typ uint32) (*Writer, error) {
 		w.Add(p+"nextn_predict_layers", uint32(c.NextN))
 	}
 
-	cv := converter{w: w, set: set, typ: typ, c: &c, permute: arch == "llama"}
+	cv := converter{w: w, set: src, typ: typ, c: &c, permute: arch == "llama"}
 	if err := cv.tensors(); err != nil {
 		return nil, err
 	}
@@ -243,7 +256,7 @@ func llama3Factors(r rope, dim int) []float32 {
 
 type converter struct {
 	w       *Writer
-	set     *weights.Set
+	set     Source
 	typ     uint32
 	c       *hfConfig
 	permute bool

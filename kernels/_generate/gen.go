@@ -168,6 +168,12 @@ func main() {
 		// One row on zmm is no faster than the ymm sign-trick tile.
 		qtileBiased512(bt, 4)
 	}
+	for _, s := range bf16Shapes {
+		bf16Tile(s)
+	}
+	bf16Round()
+	amxTile()
+	transpose16()
 	sum()
 	scale()
 	for _, d := range dtypes[:2] { // F32 and BF16: the KV cache's dtypes

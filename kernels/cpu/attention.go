@@ -202,9 +202,14 @@ func (a *attnCall) chunk(lo, hi int) {
 	a.b.Parallel(tiles*a.kvh, func(i0, i1 int) {
 		s := scratchPool.Get().(*attnScratch)
 		defer scratchPool.Put(s)
+		amx := a.dt == kernels.BF16 && a.b.bf16x && a.hd%32 == 0 && amxKernelsFor() != nil
 		for item := i0; item < i1; item++ {
 			t0 := lo + order[item/a.kvh]*queryTile
-			a.tile(s, item%a.kvh, t0, min(hi, t0+queryTile))
+			if amx {
+				a.tileAMX(s, item%a.kvh, t0, min(hi, t0+queryTile))
+			} else {
+				a.tile(s, item%a.kvh, t0, min(hi, t0+queryTile))
+			}
 		}
 	})
 }
@@ -256,9 +261,81 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 	}
 }
 
+// tileAMX is tile for a BF16 cache where bfloat16 activations are allowed
+// (Backend.SetBF16Activations) and AMX is there: K and Vᵀ are gathered as
+// the cache's bfloat16 (no conversion), padded with zeros to whole
+// 32-key chunks, and both products run on the AMX path, which rounds the
+// queries and the probabilities to bfloat16.
+func (a *attnCall) tileAMX(s *attnScratch, kvh, t0, t1 int) {
+	hd, grp := a.hd, a.grp
+	qw, kw := a.heads*hd, a.kvh*hd
+	bt := a.table(a.seq[t0])
+	nt := t1 - t0
+	tk := int(a.pos[t1-1]) + 1 // keys visible to the tile's last row
+	tkp := roundUp(tk, 32)
+	m := grp * nt
+	k := growU16(&s.k16, tkp*hd)   // (tkp, hd) keys, zero rows past tk
+	vt := growU16(&s.vt16, hd*tkp) // (hd, tkp) values transposed, zero columns past tk
+	qs := grow(&s.qs, m*hd)
+	sc := grow(&s.sc, m*tkp)
+	os := grow(&s.os, m*hd)
+	off := kvh * hd
+	for p := range tk {
+		e := 2 * (a.slot(bt, p)*kw + off)
+		copy(u16Bytes(k[p*hd:(p+1)*hd]), a.kraw[e:e+2*hd])
+		vs := a.vraw[e : e+2*hd]
+		for d := range hd {
+			vt[d*tkp+p] = binary.LittleEndian.Uint16(vs[2*d:])
+		}
+	}
+	clear(k[tk*hd:])
+	for d := range hd {
+		clear(vt[d*tkp+tk : (d+1)*tkp])
+	}
+	for g := range grp {
+		h := kvh*grp + g
+		for i := t0; i < t1; i++ {
+			r := g*nt + i - t0
+			copy(qs[r*hd:(r+1)*hd], a.q[i*qw+h*hd:i*qw+(h+1)*hd])
+		}
+	}
+	// Transient: k and vt are refilled for every KV head (see Mat.Transient).
+	a.b.matMulInline(sc, qs, &kernels.Mat{DType: kernels.BF16, Rows: tkp, Cols: hd, Data: u16Bytes(k), Transient: true}, m, &s.xs, &s.f32)
+	for r := range m {
+		row := sc[r*tkp : (r+1)*tkp]
+		ln := int(a.pos[t0+r%nt]) + 1
+		softmax(row[:ln], a.scale)
+		clear(row[ln:])
+	}
+	a.b.matMulInline(os, sc, &kernels.Mat{DType: kernels.BF16, Rows: hd, Cols: tkp, Data: u16Bytes(vt), Transient: true}, m, &s.xs, &s.f32)
+	for g := range grp {
+		h := kvh*grp + g
+		for i := t0; i < t1; i++ {
+			r := g*nt + i - t0
+			copy(a.out[i*qw+h*hd:i*qw+(h+1)*hd], os[r*hd:(r+1)*hd])
+		}
+	}
+}
+
 // attnScratch is one worker's scratch for prefill tiles.
 type attnScratch struct {
 	k, vt, qs, sc, os, vrow []float32
+	k16, vt16               []uint16  // tileAMX's keys and values
+	xs                      xbufs     // its products' converted x
+	f32                     []float32 // and their task scratch
+}
+
+// growU16 is grow for uint16s.
+func growU16(p *[]uint16, n int) []uint16 {
+	if cap(*p) < n {
+		*p = make([]uint16, n)
+	}
+	return (*p)[:n]
+}
+
+// u16Bytes views uint16 values as little-endian bytes.
+func u16Bytes(v []uint16) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), len(v)*2)
 }
 
 // scratchPool recycles attnScratch between calls and workers.

@@ -26,6 +26,7 @@ type Backend struct {
 	mlaTile int // keys the naive MLA form expands at a time; 0 picks one (tests set it)
 
 	allocated atomic.Int64 // bytes of the live tensors Alloc returned (MemoryUse)
+	bf16x     bool         // BF16 weights may take x rounded to bfloat16
 }
 
 var _ kernels.Device = (*Backend)(nil)
@@ -72,23 +73,53 @@ func (b *Backend) Parallel(n int, fn func(lo, hi int)) {
 	b.pool.run(nw)
 }
 
-// minQuantizeSplit is the fewest x elements whose int8 quantization is
-// spread over the workers (a wake-up costs about as much as 16k elements).
-const minQuantizeSplit = 1 << 16
+// minConvertSplit is the fewest x elements whose conversion (int8 or
+// bfloat16) is spread over the workers (a wake-up costs about as much as
+// quantizing 16k elements).
+const minConvertSplit = 1 << 16
 
-// quantizeX quantizes the x rows of m, a MatMul with a quantized weight,
-// over the pool's workers when there are enough of them. The caller holds
-// the pool.
-func (b *Backend) quantizeX(m *matmul) {
+// convertX converts the x rows of m for its tiles (a quantized weight, or
+// the bf16 path) over the pool's workers when there are enough of them.
+// The caller holds the pool.
+func (b *Backend) convertX(m *matmul) {
 	p := b.pool
-	nw := min(m.n, p.workers)
-	if nw == 1 || m.n*m.w.Cols < minQuantizeSplit {
-		m.qx.quantizeRows(m.x, m.w.Cols, 0, m.n)
+	units := m.convertUnits()
+	nw := min(units, p.workers)
+	if nw == 1 || m.n*m.w.Cols < minConvertSplit {
+		m.convertX(0, units)
 		return
 	}
 	j := &p.job
-	j.fn, j.n, j.nw, j.mm = p.quantizeFn, m.n, nw, nil
+	j.fn, j.n, j.nw, j.mm = p.convertFn, units, nw, nil
 	p.run(nw)
+}
+
+// matMulInline is MatMul on the calling goroutine alone, with the caller's
+// buffers for the converted x and the tasks' scratch: what a MatMul issued
+// inside a Parallel callback runs.
+func (b *Backend) matMulInline(y, x []float32, w *kernels.Mat, n int, xs *xbufs, scratch *[]float32) {
+	var m matmul
+	m.init(y, x, w, n, 1, xs, b.bf16x)
+	m.convertX(0, m.convertUnits())
+	for t := range m.tasks {
+		m.task(t, scratch)
+	}
+}
+
+// SetBF16Activations lets MatMul round x to bfloat16 (off by default), where
+// the CPU has the units that make it faster: BF16 weights then run one to
+// three x rows on VDPBF16PS tiles and eight or more on AMX, quantized
+// weights 128 or more x rows on AMX (dequantized to bfloat16). Results then
+// differ from the float32 product by up to 2⁻⁸·Σ|x·w| (see bf16.go): the
+// precision of a model that keeps its KV cache in bfloat16 anyway. Call it
+// between MatMuls only.
+func (b *Backend) SetBF16Activations(on bool) { b.bf16x = on }
+
+// RoundsXToBF16 reports whether MatMul(y, x, w, n) multiplies x rounded to
+// bfloat16 instead of x (the VDPBF16PS and AMX paths; see bf16.go, amx.go):
+// kerneltest takes its reference from the rounded x then.
+func (b *Backend) RoundsXToBF16(w *kernels.Mat, n int) bool {
+	return bf16Path(w, n, b.bf16x) != pathF32
 }
 
 // MatMul sets y (n, w.Rows) = x (n, w.Cols) · wᵀ, converting w from its
@@ -102,23 +133,16 @@ func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 	}
 	p := b.pool
 	if !p.acquire() {
-		var m matmul
 		var scratch []float32
-		m.init(y, x, w, n, 1, new(qrows))
-		if m.qx != nil {
-			m.qx.quantizeRows(x, w.Cols, 0, n)
-		}
-		for t := range m.tasks {
-			m.task(t, &scratch)
-		}
+		b.matMulInline(y, x, w, n, new(xbufs), &scratch)
 		return
 	}
 	defer p.release()
 	m := &p.mm
-	m.init(y, x, w, n, p.workers, &p.qx)
+	m.init(y, x, w, n, p.workers, &p.xs, b.bf16x)
 	defer func() { m.y, m.x, m.w = nil, nil, nil }()
-	if m.qt != nil {
-		b.quantizeX(m)
+	if m.convertUnits() > 0 {
+		b.convertX(m)
 	}
 	nw := min(m.tasks, p.workers)
 	if nw == 1 {

@@ -15,14 +15,18 @@ import (
 )
 
 // TestConformance runs the shared suite on the fastest path this CPU has,
-// single- and multi-threaded.
+// single- and multi-threaded, with x kept in float32 and with bfloat16
+// activations allowed (VDPBF16PS and AMX where the CPU has them).
 func TestConformance(t *testing.T) {
-	for _, threads := range []int{1, 2, 3, 0} {
-		t.Run(fmt.Sprintf("threads=%d", threads), func(t *testing.T) {
-			b := cpu.New(threads)
-			defer b.Close()
-			kerneltest.Run(t, b)
-		})
+	for _, bf16 := range []bool{false, true} {
+		for _, threads := range []int{1, 2, 3, 0} {
+			t.Run(fmt.Sprintf("bf16=%v/threads=%d", bf16, threads), func(t *testing.T) {
+				b := cpu.New(threads)
+				defer b.Close()
+				b.SetBF16Activations(bf16)
+				kerneltest.Run(t, b)
+			})
+		}
 	}
 }
 
@@ -50,6 +54,30 @@ func TestConformanceFallbacks(t *testing.T) {
 		kerneltest.MatMulTest(t, b)
 		kerneltest.RunOps(t, b)
 	})
+	t.Run("noAMX", func(t *testing.T) {
+		defer cpuinfo.DisableAMX()()
+		b := cpu.New(2)
+		defer b.Close()
+		b.SetBF16Activations(true)
+		kerneltest.MatMulTest(t, b)
+	})
+	t.Run("noBF16", func(t *testing.T) {
+		defer cpuinfo.DisableBF16()()
+		defer cpuinfo.DisableAMX()()
+		b := cpu.New(2)
+		defer b.Close()
+		b.SetBF16Activations(true)
+		kerneltest.MatMulTest(t, b)
+	})
+	t.Run("goBF16", func(t *testing.T) { // the bf16 paths' drivers with the Go twins
+		defer cpu.ForceGenericBF16()()
+		for _, threads := range []int{1, 2} {
+			b := cpu.New(threads)
+			defer b.Close()
+			b.SetBF16Activations(true)
+			kerneltest.MatMulTest(t, b)
+		}
+	})
 	t.Run("noF16C", func(t *testing.T) {
 		defer cpuinfo.DisableF16C()()
 		b := cpu.New(2)
@@ -69,6 +97,7 @@ func FuzzMatMul(f *testing.F) {
 		}
 	}
 	b := cpu.New(0)
+	b.SetBF16Activations(true)
 	f.Fuzz(func(t *testing.T, dt uint8, n, rows, cols, br, bc uint16, seed uint64) {
 		d := dtypes[int(dt)%len(dtypes)]
 		s := [5]int{int(n % 80), int(rows % 300), int(cols % 600), int(br%140) + 1, int(bc%140) + 1}
@@ -82,7 +111,8 @@ func FuzzMatMul(f *testing.F) {
 		got := make([]float32, s[0]*s[1])
 		want := make([]float32, s[0]*s[1])
 		b.MatMul(got, x, w, s[0])
-		kernels.MatMulRef(want, x, w, s[0])
+		xr, _ := kerneltest.RoundX(b, x, w, s[0])
+		kernels.MatMulRef(want, xr, w, s[0])
 		tol := make([]float64, len(got))
 		if d.Quantized() {
 			tol = kerneltest.QuantTol(x, w, s[0])
@@ -136,4 +166,16 @@ func TestClose(t *testing.T) {
 	kerneltest.ParallelTest(t, b) // single-threaded now, still correct
 }
 
-func TestOps(t *testing.T) { kerneltest.RunOps(t, cpu.New(0)) }
+// TestOps runs the op suite with x kept in float32 and with bfloat16
+// activations allowed (AMX prefill attention over a BF16 cache, where the
+// CPU has it).
+func TestOps(t *testing.T) {
+	for _, bf16 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bf16=%v", bf16), func(t *testing.T) {
+			b := cpu.New(0)
+			defer b.Close()
+			b.SetBF16Activations(bf16)
+			kerneltest.RunOps(t, b)
+		})
+	}
+}

@@ -86,6 +86,27 @@ func BenchmarkMatMulPaths(b *testing.B) {
 	}
 }
 
+// BenchmarkMatMulBF16 compares BF16 and quantized weights with x kept in
+// float32 (int8 for the quantized) and x rounded to bfloat16
+// (SetBF16Activations: VDPBF16PS for decode, AMX for prefill where the CPU
+// has them), hot.
+func BenchmarkMatMulBF16(b *testing.B) {
+	for _, s := range []benchShape{{kernels.BF16, 1, 4096, 1024}, {kernels.BF16, 64, 3072, 1024},
+		{kernels.BF16, 512, 1024, 1024}, {kernels.BF16, 512, 3072, 1024}, {kernels.BF16, 512, 1024, 3072},
+		{kernels.Q8_0, 512, 3072, 1024}, {kernels.Q4K, 512, 3072, 1024}, {kernels.Q6K, 512, 1024, 3072},
+		{kernels.BF16, 4, 3072, 1024}, {kernels.BF16, 8, 3072, 1024}, {kernels.BF16, 16, 3072, 1024},
+		{kernels.Q4K, 16, 3072, 1024}, {kernels.Q4K, 64, 3072, 1024}, {kernels.Q4K, 128, 3072, 1024}, {kernels.Q8_0, 128, 3072, 1024}} {
+		for _, on := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%v/bf16x=%v/n=%d/%dx%d", s.dt, on, s.n, s.rows, s.cols), func(b *testing.B) {
+				be := cpu.New(0)
+				defer be.Close()
+				be.SetBF16Activations(on)
+				benchMatMul(b, be, s, 1)
+			})
+		}
+	}
+}
+
 // BenchmarkMatMulRef is the naive reference, for scale.
 func BenchmarkMatMulRef(b *testing.B) {
 	s := benchShape{kernels.BF16, 1, 1024, 1024}

@@ -21,26 +21,49 @@ type matmul struct {
 	w      *kernels.Mat
 	n      int
 	tiles  *tileSet
-	esz    int       // bytes per weight element
-	qt     *qtileSet // quantized w only: its tiles,
-	qx     *qrows    // and x quantized to int8
-	rc, bc int       // rows per row chunk (a multiple of 4), x rows per batch chunk
-	nr     int       // number of row chunks
+	esz    int          // bytes per weight element
+	qt     *qtileSet    // quantized w only: its tiles,
+	qx     *qrows       // and x quantized to int8
+	bt     *bf16TileSet // the bf16 path only (bf16.go): its tiles,
+	xb     *bf16Rows    // and x rounded to bfloat16
+	ak     *amxKernels  // the AMX path only (amx.go): its kernels,
+	xa     *amxX        // and x rounded and packed
+	rc, bc int          // rows per row chunk (a multiple of 4), x rows per batch chunk
+	nr     int          // number of row chunks
 	tasks  int
 }
 
-// init plans y = x·wᵀ for n rows on workers workers; for a quantized w, qx
-// is sized to receive x quantized to int8 (which the caller does before the
-// tasks run, with qx.quantizeRows).
-func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, qx *qrows) {
+// xbufs are the converted x rows a MatMul may need.
+type xbufs struct {
+	q qrows    // quantized to int8, for a quantized w
+	b bf16Rows // rounded to bfloat16, for the bf16 path
+	a amxX     // rounded and packed, for AMX
+}
+
+// init plans y = x·wᵀ for n rows on workers workers; for a quantized w, or
+// on the bf16 paths (allowed with bf16), xs is sized to receive x converted
+// (which the caller does before the tasks run, with m.convertX).
+func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs, bf16 bool) {
 	*m = matmul{y: y, x: x, w: w, n: n}
-	if w.DType.Quantized() {
-		m.qt, m.qx = qtilesFor(w.DType), qx
-		qx.resize(n, w.Cols)
-	} else {
+	gran := 4 // output rows per row chunk: a multiple of the tiles' rows
+	m.bc = min(n, batchChunk)
+	switch path := bf16Path(w, n, bf16); {
+	case path == pathAMX:
+		m.ak, m.xa = amxKernelsFor(), &xs.a
+		m.xa.resize(n, w.Cols)
+		gran = amxRows
+		if w.DType.Quantized() {
+			m.bc = n // dequantize each weight block once for all x rows
+		}
+	case w.DType.Quantized():
+		m.qt, m.qx = qtilesFor(w.DType), &xs.q
+		m.qx.resize(n, w.Cols)
+	case path == pathBF16:
+		m.bt, m.xb = bf16TilesFor(), &xs.b
+		m.xb.resize(n, w.Cols)
+	default:
 		m.tiles, m.esz = tilesFor(w.DType), w.DType.Size()
 	}
-	m.bc = min(n, batchChunk)
 	nb := ceilDiv(n, m.bc)
 	// Aim for 4 tasks per worker so uneven cores even out, but no smaller
 	// than minTaskMACs.
@@ -48,8 +71,8 @@ func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, qx *qrows)
 	if workers == 1 {
 		rowTasks = 1
 	}
-	m.rc = roundUp4(ceilDiv(w.Rows, rowTasks))
-	m.rc = max(m.rc, roundUp4(ceilDiv(minTaskMACs, m.bc*max(w.Cols, 1))))
+	m.rc = roundUp(ceilDiv(w.Rows, rowTasks), gran)
+	m.rc = max(m.rc, roundUp(ceilDiv(minTaskMACs, m.bc*max(w.Cols, 1)), gran))
 	m.nr = ceilDiv(w.Rows, m.rc)
 	m.tasks = m.nr * nb
 }
@@ -63,6 +86,14 @@ func (m *matmul) task(t int, scratch *[]float32) {
 
 	if m.qt != nil {
 		m.qtask(r0, r1, i0, i1)
+		return
+	}
+	if m.bt != nil {
+		m.btask(r0, r1, i0, i1)
+		return
+	}
+	if m.ak != nil {
+		m.atask(r0, r1, i0, i1, scratch)
 		return
 	}
 	cols := m.w.Cols
@@ -158,6 +189,32 @@ func (m *matmul) qtask(r0, r1, i0, i1 int) {
 	}
 }
 
+// convertUnits is how many units (x rows; 16-row groups for AMX) x is
+// converted in before the tasks run, 0 for none.
+func (m *matmul) convertUnits() int {
+	switch {
+	case m.qx != nil, m.xb != nil:
+		return m.n
+	case m.xa != nil:
+		return m.xa.groups()
+	}
+	return 0
+}
+
+// convertX converts units [lo, hi) of x for the tiles: rows quantized to
+// int8 for a quantized w, rows rounded to bfloat16 on the bf16 path, groups
+// rounded and packed for AMX.
+func (m *matmul) convertX(lo, hi int) {
+	switch {
+	case m.qx != nil:
+		m.qx.quantizeRows(m.x, m.w.Cols, lo, hi)
+	case m.xb != nil:
+		m.xb.roundRows(m.x, m.w.Cols, lo, hi)
+	case m.xa != nil:
+		m.xa.packGroups(m.ak, m.x, m.w.Cols, lo, hi)
+	}
+}
+
 // scaleX writes x rows [i0, i1), each column multiplied by the scale of
 // its column block in row block rb, to *scratch and returns them.
 func (m *matmul) scaleX(scratch *[]float32, i0, i1, rb int) []float32 {
@@ -182,4 +239,4 @@ func (m *matmul) scaleX(scratch *[]float32, i0, i1, rb int) []float32 {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
-func roundUp4(a int) int   { return (a + 3) &^ 3 }
+func roundUp(a, g int) int { return ceilDiv(a, g) * g }

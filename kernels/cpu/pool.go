@@ -31,11 +31,11 @@ type pool struct {
 
 	job job    // the call in flight
 	mm  matmul // the MatMul in flight
-	qx  qrows  // its x quantized to int8, for a quantized weight
-	// quantizeFn is quantizeX, as a func value made once: the Parallel job
-	// that quantizes mm's x rows [lo, hi).
-	quantizeFn func(lo, hi int)
-	scratch    [][]float32 // per worker: F8 activations times the block scales
+	xs  xbufs  // its x converted for the tiles (int8 or bfloat16)
+	// convertFn is mm.convertX, as a func value made once: the Parallel job
+	// that converts mm's x rows [lo, hi).
+	convertFn func(lo, hi int)
+	scratch   [][]float32 // per worker: F8 activations times the block scales
 }
 
 // job is one parallel call, shared by its workers: either a Parallel (fn
@@ -60,7 +60,7 @@ func (j *job) do(w int, scratch *[]float32) {
 
 func newPool(workers int) *pool {
 	p := &pool{workers: workers, quit: make(chan struct{}), scratch: make([][]float32, workers)}
-	p.quantizeFn = p.quantizeX
+	p.convertFn = func(lo, hi int) { p.mm.convertX(lo, hi) }
 	for w := 1; w < workers; w++ {
 		ch := make(chan *job, 1) // buffered: the caller never waits for a polling helper
 		p.wake = append(p.wake, ch)
@@ -108,9 +108,6 @@ func (p *pool) call(id int, j *job) {
 	}()
 	j.do(id, &p.scratch[id])
 }
-
-// quantizeX quantizes x rows [lo, hi) of the MatMul in flight.
-func (p *pool) quantizeX(lo, hi int) { p.mm.qx.quantizeRows(p.mm.x, p.mm.w.Cols, lo, hi) }
 
 // acquire claims the pool for one call; release gives it back.
 func (p *pool) acquire() bool { return p.busy.CompareAndSwap(false, true) }

@@ -86,6 +86,39 @@ func qtilesFor(d kernels.DType) *qtileSet {
 	return &avx2QTiles[d]
 }
 
+// vdpbf16Tiles are the bf16 path's tiles (kernels/_generate/bf16.go).
+var vdpbf16Tiles = bf16TileSet{r1c1: tileBF16xR1C1, r1c4: tileBF16xR1C4, r4c4: tileBF16xR4C4}
+
+// asmBF16Tiles returns the VDPBF16PS tiles if this CPU has AVX-512 BF16.
+func asmBF16Tiles() *bf16TileSet {
+	if cpuinfo.BF16() {
+		return &vdpbf16Tiles
+	}
+	return nil
+}
+
+// asmKernelsAMX are the AMX path's kernels (kernels/_generate/bf16.go).
+var asmKernelsAMX = amxKernels{mul: amxBF16, transpose: transpose16}
+
+// asmAMX returns the AMX kernels if this CPU has AMX with BF16 (and
+// AVX-512 for the transposes) and Linux granted the tile state.
+func asmAMX() *amxKernels {
+	if cpuinfo.AMX() && cpuinfo.AVX512() {
+		return &asmKernelsAMX
+	}
+	return nil
+}
+
+// roundBF16 sets dst[i] = kernels.F32ToBF16(src[i]) for i < len(src).
+func roundBF16(dst []uint16, src []float32) {
+	n := len(src) &^ 15
+	if cpuinfo.AVX512() && cpuinfo.BF16() { // BF16 implies the BW the assembly needs
+		bf16Round(dst[:n], src[:n])
+		src, dst = src[n:], dst[n:]
+	}
+	roundBF16Go(dst, src)
+}
+
 // haveAsm reports whether tilesFor returns assembly for some dtype.
 func haveAsm() bool { return cpuinfo.AVX2FMA() }
 

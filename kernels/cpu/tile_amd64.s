@@ -7578,6 +7578,1162 @@ qtileQ4_0R4VNNI512_done:
 	VZEROUPPER
 	RET
 
+// func tileBF16xR4C4(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, k int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VL, BMI2
+TEXT ·tileBF16xR4C4(SB), NOSPLIT, $0-104
+	MOVQ   y_base+0(FP), AX
+	MOVQ   ldy+24(FP), CX
+	MOVQ   x_base+32(FP), DX
+	MOVQ   ldx+56(FP), BX
+	MOVQ   w_base+64(FP), SI
+	MOVQ   ldw+88(FP), DI
+	MOVQ   k+96(FP), R8
+	LEAQ   (DX)(BX*2), R9
+	LEAQ   (R9)(BX*2), R10
+	LEAQ   (R10)(BX*2), BX
+	LEAQ   (SI)(DI*2), R11
+	LEAQ   (R11)(DI*2), R12
+	LEAQ   (R12)(DI*2), DI
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+	VPXORD Z15, Z15, Z15
+	MOVQ   R8, R14
+	ANDQ   $-32, R14
+	XORQ   R13, R13
+
+	// 32 columns a step.
+tileBF16xR4C4_loop1:
+	CMPQ      R13, R14
+	JAE       tileBF16xR4C4_tail
+	VMOVDQU16 (SI)(R13*2), Z16
+	VMOVDQU16 (R11)(R13*2), Z17
+	VMOVDQU16 (R12)(R13*2), Z18
+	VMOVDQU16 (DI)(R13*2), Z19
+	VMOVDQU16 (DX)(R13*2), Z24
+
+	// VDPBF16PS Z24, Z16, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z24, Z17, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc8
+
+	// VDPBF16PS Z24, Z18, Z2
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd0
+
+	// VDPBF16PS Z24, Z19, Z3
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x66
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xd8
+	VMOVDQU16 (R9)(R13*2), Z25
+
+	// VDPBF16PS Z25, Z16, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe1
+
+	// VDPBF16PS Z25, Z17, Z5
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe9
+
+	// VDPBF16PS Z25, Z18, Z6
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf1
+
+	// VDPBF16PS Z25, Z19, Z7
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x66
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xf9
+	VMOVDQU16 (R10)(R13*2), Z26
+
+	// VDPBF16PS Z26, Z16, Z8
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc2
+
+	// VDPBF16PS Z26, Z17, Z9
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xca
+
+	// VDPBF16PS Z26, Z18, Z10
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd2
+
+	// VDPBF16PS Z26, Z19, Z11
+	BYTE      $0x62
+	BYTE      $0x12
+	BYTE      $0x66
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xda
+	VMOVDQU16 (BX)(R13*2), Z27
+
+	// VDPBF16PS Z27, Z16, Z12
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe3
+
+	// VDPBF16PS Z27, Z17, Z13
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xeb
+
+	// VDPBF16PS Z27, Z18, Z14
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf3
+
+	// VDPBF16PS Z27, Z19, Z15
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xfb
+	ADDQ $0x20, R13
+	JMP  tileBF16xR4C4_loop1
+
+tileBF16xR4C4_tail:
+	// The last k%32 columns: weights under a mask of k%32 ones.
+	ANDQ        $0x1f, R8
+	JZ          tileBF16xR4C4_reduce
+	MOVL        $0xffffffff, R14
+	BZHIL       R8, R14, R14
+	KMOVD       R14, K1
+	VMOVDQU16.Z (SI)(R13*2), K1, Z16
+	VMOVDQU16.Z (R11)(R13*2), K1, Z17
+	VMOVDQU16.Z (R12)(R13*2), K1, Z18
+	VMOVDQU16.Z (DI)(R13*2), K1, Z19
+	VMOVDQU16   (DX)(R13*2), Z24
+
+	// VDPBF16PS Z24, Z16, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z24, Z17, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc8
+
+	// VDPBF16PS Z24, Z18, Z2
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd0
+
+	// VDPBF16PS Z24, Z19, Z3
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x66
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xd8
+	VMOVDQU16 (R9)(R13*2), Z25
+
+	// VDPBF16PS Z25, Z16, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe1
+
+	// VDPBF16PS Z25, Z17, Z5
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe9
+
+	// VDPBF16PS Z25, Z18, Z6
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf1
+
+	// VDPBF16PS Z25, Z19, Z7
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x66
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xf9
+	VMOVDQU16 (R10)(R13*2), Z26
+
+	// VDPBF16PS Z26, Z16, Z8
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc2
+
+	// VDPBF16PS Z26, Z17, Z9
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xca
+
+	// VDPBF16PS Z26, Z18, Z10
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd2
+
+	// VDPBF16PS Z26, Z19, Z11
+	BYTE      $0x62
+	BYTE      $0x12
+	BYTE      $0x66
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xda
+	VMOVDQU16 (BX)(R13*2), Z27
+
+	// VDPBF16PS Z27, Z16, Z12
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe3
+
+	// VDPBF16PS Z27, Z17, Z13
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xeb
+
+	// VDPBF16PS Z27, Z18, Z14
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf3
+
+	// VDPBF16PS Z27, Z19, Z15
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xfb
+
+tileBF16xR4C4_reduce:
+	VEXTRACTF64X4 $0x01, Z0, Y16
+	VADDPS        Y16, Y0, Y0
+	VEXTRACTF64X4 $0x01, Z1, Y16
+	VADDPS        Y16, Y1, Y1
+	VEXTRACTF64X4 $0x01, Z2, Y16
+	VADDPS        Y16, Y2, Y2
+	VEXTRACTF64X4 $0x01, Z3, Y16
+	VADDPS        Y16, Y3, Y3
+	VEXTRACTF64X4 $0x01, Z4, Y16
+	VADDPS        Y16, Y4, Y4
+	VEXTRACTF64X4 $0x01, Z5, Y16
+	VADDPS        Y16, Y5, Y5
+	VEXTRACTF64X4 $0x01, Z6, Y16
+	VADDPS        Y16, Y6, Y6
+	VEXTRACTF64X4 $0x01, Z7, Y16
+	VADDPS        Y16, Y7, Y7
+	VEXTRACTF64X4 $0x01, Z8, Y16
+	VADDPS        Y16, Y8, Y8
+	VEXTRACTF64X4 $0x01, Z9, Y16
+	VADDPS        Y16, Y9, Y9
+	VEXTRACTF64X4 $0x01, Z10, Y16
+	VADDPS        Y16, Y10, Y10
+	VEXTRACTF64X4 $0x01, Z11, Y16
+	VADDPS        Y16, Y11, Y11
+	VEXTRACTF64X4 $0x01, Z12, Y16
+	VADDPS        Y16, Y12, Y12
+	VEXTRACTF64X4 $0x01, Z13, Y16
+	VADDPS        Y16, Y13, Y13
+	VEXTRACTF64X4 $0x01, Z14, Y16
+	VADDPS        Y16, Y14, Y14
+	VEXTRACTF64X4 $0x01, Z15, Y16
+	VADDPS        Y16, Y15, Y15
+	VHADDPS       Y1, Y0, Y0
+	VHADDPS       Y3, Y2, Y2
+	VHADDPS       Y2, Y0, Y0
+	VEXTRACTF32X4 $0x01, Y0, X17
+	VADDPS        X17, X0, X17
+	VMOVUPS       X17, (AX)
+	LEAQ          (AX)(CX*4), AX
+	VHADDPS       Y5, Y4, Y4
+	VHADDPS       Y7, Y6, Y6
+	VHADDPS       Y6, Y4, Y4
+	VEXTRACTF32X4 $0x01, Y4, X17
+	VADDPS        X17, X4, X17
+	VMOVUPS       X17, (AX)
+	LEAQ          (AX)(CX*4), AX
+	VHADDPS       Y9, Y8, Y8
+	VHADDPS       Y11, Y10, Y10
+	VHADDPS       Y10, Y8, Y8
+	VEXTRACTF32X4 $0x01, Y8, X17
+	VADDPS        X17, X8, X17
+	VMOVUPS       X17, (AX)
+	LEAQ          (AX)(CX*4), AX
+	VHADDPS       Y13, Y12, Y12
+	VHADDPS       Y15, Y14, Y14
+	VHADDPS       Y14, Y12, Y12
+	VEXTRACTF32X4 $0x01, Y12, X17
+	VADDPS        X17, X12, X17
+	VMOVUPS       X17, (AX)
+	VZEROUPPER
+	RET
+
+// func tileBF16xR1C4(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, k int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VL, BMI2
+TEXT ·tileBF16xR1C4(SB), NOSPLIT, $0-104
+	MOVQ   y_base+0(FP), AX
+	MOVQ   ldy+24(FP), CX
+	MOVQ   x_base+32(FP), CX
+	MOVQ   ldx+56(FP), DX
+	MOVQ   w_base+64(FP), DX
+	MOVQ   ldw+88(FP), BX
+	MOVQ   k+96(FP), SI
+	LEAQ   (DX)(BX*2), DI
+	LEAQ   (DI)(BX*2), R8
+	LEAQ   (R8)(BX*2), BX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	MOVQ   SI, R10
+	ANDQ   $-32, R10
+	XORQ   R9, R9
+
+	// Main loop, 64 columns a step.
+	MOVQ R10, R11
+	SUBQ $0x00000040, R11
+
+tileBF16xR1C4_loopU:
+	CMPQ      R9, R11
+	JG        tileBF16xR1C4_loop1
+	VMOVDQU16 (DX)(R9*2), Z16
+	VMOVDQU16 (DI)(R9*2), Z17
+	VMOVDQU16 (R8)(R9*2), Z18
+	VMOVDQU16 (BX)(R9*2), Z19
+	VMOVDQU16 (CX)(R9*2), Z24
+
+	// VDPBF16PS Z24, Z16, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z24, Z17, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc8
+
+	// VDPBF16PS Z24, Z18, Z2
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd0
+
+	// VDPBF16PS Z24, Z19, Z3
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x66
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xd8
+	VMOVDQU16 64(DX)(R9*2), Z20
+	VMOVDQU16 64(DI)(R9*2), Z21
+	VMOVDQU16 64(R8)(R9*2), Z22
+	VMOVDQU16 64(BX)(R9*2), Z23
+	VMOVDQU16 64(CX)(R9*2), Z25
+
+	// VDPBF16PS Z25, Z20, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe1
+
+	// VDPBF16PS Z25, Z21, Z5
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe9
+
+	// VDPBF16PS Z25, Z22, Z6
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x4e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf1
+
+	// VDPBF16PS Z25, Z23, Z7
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x46
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf9
+	ADDQ $0x00000040, R9
+	JMP  tileBF16xR1C4_loopU
+
+	// 32 columns a step.
+tileBF16xR1C4_loop1:
+	CMPQ      R9, R10
+	JAE       tileBF16xR1C4_tail
+	VMOVDQU16 (DX)(R9*2), Z16
+	VMOVDQU16 (DI)(R9*2), Z17
+	VMOVDQU16 (R8)(R9*2), Z18
+	VMOVDQU16 (BX)(R9*2), Z19
+	VMOVDQU16 (CX)(R9*2), Z24
+
+	// VDPBF16PS Z24, Z16, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z24, Z17, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc8
+
+	// VDPBF16PS Z24, Z18, Z2
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd0
+
+	// VDPBF16PS Z24, Z19, Z3
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd8
+	ADDQ $0x20, R9
+	JMP  tileBF16xR1C4_loop1
+
+tileBF16xR1C4_tail:
+	// The last k%32 columns: weights under a mask of k%32 ones.
+	ANDQ        $0x1f, SI
+	JZ          tileBF16xR1C4_reduce
+	MOVL        $0xffffffff, R10
+	BZHIL       SI, R10, R10
+	KMOVD       R10, K1
+	VMOVDQU16.Z (DX)(R9*2), K1, Z16
+	VMOVDQU16.Z (DI)(R9*2), K1, Z17
+	VMOVDQU16.Z (R8)(R9*2), K1, Z18
+	VMOVDQU16.Z (BX)(R9*2), K1, Z19
+	VMOVDQU16   (CX)(R9*2), Z24
+
+	// VDPBF16PS Z24, Z16, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z24, Z17, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc8
+
+	// VDPBF16PS Z24, Z18, Z2
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd0
+
+	// VDPBF16PS Z24, Z19, Z3
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd8
+
+tileBF16xR1C4_reduce:
+	VADDPS        Z4, Z0, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y16
+	VADDPS        Y16, Y0, Y0
+	VADDPS        Z5, Z1, Z1
+	VEXTRACTF64X4 $0x01, Z1, Y16
+	VADDPS        Y16, Y1, Y1
+	VADDPS        Z6, Z2, Z2
+	VEXTRACTF64X4 $0x01, Z2, Y16
+	VADDPS        Y16, Y2, Y2
+	VADDPS        Z7, Z3, Z3
+	VEXTRACTF64X4 $0x01, Z3, Y16
+	VADDPS        Y16, Y3, Y3
+	VHADDPS       Y1, Y0, Y0
+	VHADDPS       Y3, Y2, Y2
+	VHADDPS       Y2, Y0, Y0
+	VEXTRACTF32X4 $0x01, Y0, X17
+	VADDPS        X17, X0, X17
+	VMOVUPS       X17, (AX)
+	VZEROUPPER
+	RET
+
+// func tileBF16xR1C1(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, k int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VL, BMI2
+TEXT ·tileBF16xR1C1(SB), NOSPLIT, $0-104
+	MOVQ   y_base+0(FP), AX
+	MOVQ   ldy+24(FP), CX
+	MOVQ   x_base+32(FP), CX
+	MOVQ   ldx+56(FP), DX
+	MOVQ   w_base+64(FP), DX
+	MOVQ   ldw+88(FP), BX
+	MOVQ   k+96(FP), BX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	MOVQ   BX, DI
+	ANDQ   $-32, DI
+	XORQ   SI, SI
+
+	// Main loop, 256 columns a step.
+	MOVQ DI, R8
+	SUBQ $0x00000100, R8
+
+tileBF16xR1C1_loopU:
+	CMPQ      SI, R8
+	JG        tileBF16xR1C1_loop1
+	VMOVDQU16 (DX)(SI*2), Z16
+	VMOVDQU16 (CX)(SI*2), Z24
+
+	// VDPBF16PS Z24, Z16, Z0
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x7e
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xc0
+	VMOVDQU16 64(DX)(SI*2), Z17
+	VMOVDQU16 64(CX)(SI*2), Z25
+
+	// VDPBF16PS Z25, Z17, Z1
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x76
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xc9
+	VMOVDQU16 128(DX)(SI*2), Z18
+	VMOVDQU16 128(CX)(SI*2), Z26
+
+	// VDPBF16PS Z26, Z18, Z2
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x6e
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xd2
+	VMOVDQU16 192(DX)(SI*2), Z19
+	VMOVDQU16 192(CX)(SI*2), Z27
+
+	// VDPBF16PS Z27, Z19, Z3
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x66
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xdb
+	VMOVDQU16 256(DX)(SI*2), Z20
+	VMOVDQU16 256(CX)(SI*2), Z28
+
+	// VDPBF16PS Z28, Z20, Z4
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x5e
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xe4
+	VMOVDQU16 320(DX)(SI*2), Z21
+	VMOVDQU16 320(CX)(SI*2), Z29
+
+	// VDPBF16PS Z29, Z21, Z5
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x56
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xed
+	VMOVDQU16 384(DX)(SI*2), Z22
+	VMOVDQU16 384(CX)(SI*2), Z30
+
+	// VDPBF16PS Z30, Z22, Z6
+	BYTE      $0x62
+	BYTE      $0x92
+	BYTE      $0x4e
+	BYTE      $0x40
+	BYTE      $0x52
+	BYTE      $0xf6
+	VMOVDQU16 448(DX)(SI*2), Z23
+	VMOVDQU16 448(CX)(SI*2), Z31
+
+	// VDPBF16PS Z31, Z23, Z7
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x46
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xff
+	ADDQ $0x00000100, SI
+	JMP  tileBF16xR1C1_loopU
+
+	// 32 columns a step.
+tileBF16xR1C1_loop1:
+	CMPQ      SI, DI
+	JAE       tileBF16xR1C1_tail
+	VMOVDQU16 (DX)(SI*2), Z16
+	VMOVDQU16 (CX)(SI*2), Z24
+
+	// VDPBF16PS Z24, Z16, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+	ADDQ $0x20, SI
+	JMP  tileBF16xR1C1_loop1
+
+tileBF16xR1C1_tail:
+	// The last k%32 columns: weights under a mask of k%32 ones.
+	ANDQ        $0x1f, BX
+	JZ          tileBF16xR1C1_reduce
+	MOVL        $0xffffffff, DI
+	BZHIL       BX, DI, DI
+	KMOVD       DI, K1
+	VMOVDQU16.Z (DX)(SI*2), K1, Z16
+	VMOVDQU16   (CX)(SI*2), Z24
+
+	// VDPBF16PS Z24, Z16, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+
+tileBF16xR1C1_reduce:
+	VADDPS        Z1, Z0, Z0
+	VADDPS        Z2, Z0, Z0
+	VADDPS        Z3, Z0, Z0
+	VADDPS        Z4, Z0, Z0
+	VADDPS        Z5, Z0, Z0
+	VADDPS        Z6, Z0, Z0
+	VADDPS        Z7, Z0, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y16
+	VADDPS        Y16, Y0, Y0
+	VEXTRACTF32X4 $0x01, Y0, X17
+	VADDPS        X17, X0, X0
+	VHADDPS       X0, X0, X0
+	VHADDPS       X0, X0, X0
+	VMOVSS        X0, (AX)
+	VZEROUPPER
+	RET
+
+// func bf16Round(dst []uint16, src []float32)
+// Requires: AVX, AVX512F
+TEXT ·bf16Round(SB), NOSPLIT, $0-48
+	MOVQ         dst_base+0(FP), AX
+	MOVQ         src_base+24(FP), CX
+	MOVQ         src_len+32(FP), DX
+	ANDQ         $-16, DX
+	MOVL         $0x00000001, BX
+	VPBROADCASTD BX, Z0
+	MOVL         $0x00007fff, BX
+	VPBROADCASTD BX, Z1
+	MOVL         $0x00000040, BX
+	VPBROADCASTD BX, Z2
+	MOVL         $0xff000000, BX
+	VPBROADCASTD BX, Z3
+	XORQ         BX, BX
+
+bf16Round_loop:
+	CMPQ      BX, DX
+	JAE       bf16Round_done
+	VMOVDQU32 (CX)(BX*4), Z4
+	VPSRLD    $0x10, Z4, Z6
+	VPORD     Z2, Z6, Z6
+	VPSLLD    $0x01, Z4, Z5
+	VPCMPUD   $0x06, Z3, Z5, K1
+	VPSRLD    $0x10, Z4, Z5
+	VPANDD    Z0, Z5, Z5
+	VPADDD    Z1, Z4, Z4
+	VPADDD    Z5, Z4, Z4
+	VPSRLD    $0x10, Z4, Z4
+	VMOVDQA32 Z6, K1, Z4
+	VPMOVDW   Z4, (AX)(BX*2)
+	ADDQ      $0x10, BX
+	JMP       bf16Round_loop
+
+bf16Round_done:
+	VZEROUPPER
+	RET
+
+// func amxBF16(c []float32, w []byte, ldw int, x []uint32, xg int, nb int, k int, cfg *[64]byte)
+TEXT ·amxBF16(SB), NOSPLIT, $0-112
+	MOVQ cfg+104(FP), AX
+
+	// LDTILECFG (AX)
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x78
+	BYTE $0x49
+	BYTE $0x00
+	MOVQ c_base+0(FP), R12
+	MOVQ w_base+24(FP), R10
+	MOVQ ldw+48(FP), DI
+	MOVQ x_base+56(FP), DX
+	MOVQ xg+80(FP), R13
+	MOVQ nb+88(FP), R14
+	MOVQ k+96(FP), R8
+	LEAQ (R10)(DI*8), R11
+	LEAQ (R11)(DI*8), R11
+	SHLQ $0x02, R13
+	SHRQ $0x05, R8
+	MOVQ $0x00000040, AX
+
+amxBF16_block:
+	MOVQ R10, BX
+	MOVQ R11, CX
+	LEAQ (DX)(R13*1), SI
+	MOVQ R8, R9
+
+	// TILEZERO TMM0
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7b
+	BYTE $0x49
+	BYTE $0xc0
+
+	// TILEZERO TMM1
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7b
+	BYTE $0x49
+	BYTE $0xc8
+
+	// TILEZERO TMM2
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7b
+	BYTE $0x49
+	BYTE $0xd0
+
+	// TILEZERO TMM3
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7b
+	BYTE $0x49
+	BYTE $0xd8
+
+amxBF16_loop:
+	// TILELOADD (BX)(DI*1), TMM4
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7b
+	BYTE $0x4b
+	BYTE $0x24
+	BYTE $0x3b
+
+	// TILELOADD (CX)(DI*1), TMM5
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7b
+	BYTE $0x4b
+	BYTE $0x2c
+	BYTE $0x39
+
+	// TILELOADD (DX)(AX*1), TMM6
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7b
+	BYTE $0x4b
+	BYTE $0x34
+	BYTE $0x02
+
+	// TILELOADD (SI)(AX*1), TMM7
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7b
+	BYTE $0x4b
+	BYTE $0x3c
+	BYTE $0x06
+
+	// TDPBF16PS TMM0, TMM4, TMM6 (c += a·b)
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x4a
+	BYTE $0x5c
+	BYTE $0xc4
+
+	// TDPBF16PS TMM1, TMM4, TMM7 (c += a·b)
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x42
+	BYTE $0x5c
+	BYTE $0xcc
+
+	// TDPBF16PS TMM2, TMM5, TMM6 (c += a·b)
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x4a
+	BYTE $0x5c
+	BYTE $0xd5
+
+	// TDPBF16PS TMM3, TMM5, TMM7 (c += a·b)
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x42
+	BYTE $0x5c
+	BYTE $0xdd
+	ADDQ $0x40, BX
+	ADDQ $0x40, CX
+	ADDQ $0x00000400, DX
+	ADDQ $0x00000400, SI
+	DECQ R9
+	JNZ  amxBF16_loop
+
+	// DX is at group 1 of this block: the next block starts a group on.
+	ADDQ R13, DX
+	MOVQ R12, BX
+
+	// TILESTORED TMM0, (BX)(AX*1)
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7a
+	BYTE $0x4b
+	BYTE $0x04
+	BYTE $0x03
+	ADDQ $0x00000400, BX
+
+	// TILESTORED TMM1, (BX)(AX*1)
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7a
+	BYTE $0x4b
+	BYTE $0x0c
+	BYTE $0x03
+	ADDQ $0x00000400, BX
+
+	// TILESTORED TMM2, (BX)(AX*1)
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7a
+	BYTE $0x4b
+	BYTE $0x14
+	BYTE $0x03
+	ADDQ $0x00000400, BX
+
+	// TILESTORED TMM3, (BX)(AX*1)
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x7a
+	BYTE $0x4b
+	BYTE $0x1c
+	BYTE $0x03
+	ADDQ $0x00000400, BX
+	ADDQ $0x00001000, R12
+	DECQ R14
+	JNZ  amxBF16_block
+
+	// TILERELEASE
+	BYTE $0xc4
+	BYTE $0xe2
+	BYTE $0x78
+	BYTE $0x49
+	BYTE $0xc0
+	RET
+
+// func transpose16(dst []uint32, ldd int, src []uint32, lds int, n int)
+// Requires: AVX, AVX512F
+TEXT ·transpose16(SB), NOSPLIT, $0-72
+	MOVQ        dst_base+0(FP), AX
+	MOVQ        ldd+24(FP), CX
+	MOVQ        src_base+32(FP), DX
+	MOVQ        lds+56(FP), BX
+	MOVQ        n+64(FP), SI
+	VMOVDQU32   (DX), Z0
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z1
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z2
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z3
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z4
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z5
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z6
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z7
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z8
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z9
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z10
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z11
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z12
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z13
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z14
+	LEAQ        (DX)(BX*4), DX
+	VMOVDQU32   (DX), Z15
+	VPUNPCKLDQ  Z1, Z0, Z16
+	VPUNPCKHDQ  Z1, Z0, Z0
+	VPUNPCKLDQ  Z3, Z2, Z1
+	VPUNPCKHDQ  Z3, Z2, Z2
+	VPUNPCKLDQ  Z5, Z4, Z3
+	VPUNPCKHDQ  Z5, Z4, Z4
+	VPUNPCKLDQ  Z7, Z6, Z5
+	VPUNPCKHDQ  Z7, Z6, Z6
+	VPUNPCKLDQ  Z9, Z8, Z7
+	VPUNPCKHDQ  Z9, Z8, Z8
+	VPUNPCKLDQ  Z11, Z10, Z9
+	VPUNPCKHDQ  Z11, Z10, Z10
+	VPUNPCKLDQ  Z13, Z12, Z11
+	VPUNPCKHDQ  Z13, Z12, Z12
+	VPUNPCKLDQ  Z15, Z14, Z13
+	VPUNPCKHDQ  Z15, Z14, Z14
+	VPUNPCKLQDQ Z1, Z16, Z15
+	VPUNPCKHQDQ Z1, Z16, Z1
+	VPUNPCKLQDQ Z2, Z0, Z16
+	VPUNPCKHQDQ Z2, Z0, Z0
+	VPUNPCKLQDQ Z5, Z3, Z2
+	VPUNPCKHQDQ Z5, Z3, Z3
+	VPUNPCKLQDQ Z6, Z4, Z5
+	VPUNPCKHQDQ Z6, Z4, Z4
+	VPUNPCKLQDQ Z9, Z7, Z6
+	VPUNPCKHQDQ Z9, Z7, Z7
+	VPUNPCKLQDQ Z10, Z8, Z9
+	VPUNPCKHQDQ Z10, Z8, Z8
+	VPUNPCKLQDQ Z13, Z11, Z10
+	VPUNPCKHQDQ Z13, Z11, Z11
+	VPUNPCKLQDQ Z14, Z12, Z13
+	VPUNPCKHQDQ Z14, Z12, Z12
+	VSHUFI32X4  $0x88, Z2, Z15, Z14
+	VSHUFI32X4  $0xdd, Z2, Z15, Z2
+	VSHUFI32X4  $0x88, Z3, Z1, Z15
+	VSHUFI32X4  $0xdd, Z3, Z1, Z1
+	VSHUFI32X4  $0x88, Z5, Z16, Z3
+	VSHUFI32X4  $0xdd, Z5, Z16, Z5
+	VSHUFI32X4  $0x88, Z4, Z0, Z16
+	VSHUFI32X4  $0xdd, Z4, Z0, Z0
+	VSHUFI32X4  $0x88, Z10, Z6, Z4
+	VSHUFI32X4  $0xdd, Z10, Z6, Z6
+	VSHUFI32X4  $0x88, Z11, Z7, Z10
+	VSHUFI32X4  $0xdd, Z11, Z7, Z7
+	VSHUFI32X4  $0x88, Z13, Z9, Z11
+	VSHUFI32X4  $0xdd, Z13, Z9, Z9
+	VSHUFI32X4  $0x88, Z12, Z8, Z13
+	VSHUFI32X4  $0xdd, Z12, Z8, Z8
+	VSHUFI32X4  $0x88, Z4, Z14, Z12
+	VSHUFI32X4  $0xdd, Z4, Z14, Z4
+	VSHUFI32X4  $0x88, Z10, Z15, Z14
+	VSHUFI32X4  $0xdd, Z10, Z15, Z10
+	VSHUFI32X4  $0x88, Z11, Z3, Z15
+	VSHUFI32X4  $0xdd, Z11, Z3, Z3
+	VSHUFI32X4  $0x88, Z13, Z16, Z11
+	VSHUFI32X4  $0xdd, Z13, Z16, Z13
+	VSHUFI32X4  $0x88, Z6, Z2, Z16
+	VSHUFI32X4  $0xdd, Z6, Z2, Z2
+	VSHUFI32X4  $0x88, Z7, Z1, Z6
+	VSHUFI32X4  $0xdd, Z7, Z1, Z1
+	VSHUFI32X4  $0x88, Z9, Z5, Z7
+	VSHUFI32X4  $0xdd, Z9, Z5, Z5
+	VSHUFI32X4  $0x88, Z8, Z0, Z9
+	VSHUFI32X4  $0xdd, Z8, Z0, Z0
+	CMPQ        SI, $0x01
+	JB          transpose16_done
+	VMOVDQU32   Z12, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x02
+	JB          transpose16_done
+	VMOVDQU32   Z14, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x03
+	JB          transpose16_done
+	VMOVDQU32   Z15, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x04
+	JB          transpose16_done
+	VMOVDQU32   Z11, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x05
+	JB          transpose16_done
+	VMOVDQU32   Z16, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x06
+	JB          transpose16_done
+	VMOVDQU32   Z6, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x07
+	JB          transpose16_done
+	VMOVDQU32   Z7, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x08
+	JB          transpose16_done
+	VMOVDQU32   Z9, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x09
+	JB          transpose16_done
+	VMOVDQU32   Z4, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x0a
+	JB          transpose16_done
+	VMOVDQU32   Z10, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x0b
+	JB          transpose16_done
+	VMOVDQU32   Z3, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x0c
+	JB          transpose16_done
+	VMOVDQU32   Z13, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x0d
+	JB          transpose16_done
+	VMOVDQU32   Z2, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x0e
+	JB          transpose16_done
+	VMOVDQU32   Z1, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x0f
+	JB          transpose16_done
+	VMOVDQU32   Z5, (AX)
+	LEAQ        (AX)(CX*4), AX
+	CMPQ        SI, $0x10
+	JB          transpose16_done
+	VMOVDQU32   Z0, (AX)
+
+transpose16_done:
+	VZEROUPPER
+	RET
+
 // func sumF32(x []float32) float32
 // Requires: AVX, SSE
 TEXT ·sumF32(SB), NOSPLIT, $0-28

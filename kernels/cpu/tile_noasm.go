@@ -18,3 +18,12 @@ func axpyRow(dt kernels.DType, y []float32, a float32, w []byte) { axpyGo(dt, y,
 
 // qtilesFor returns the pure-Go tiles of quantized dtype d.
 func qtilesFor(d kernels.DType) *qtileSet { return &genericQTiles[d] }
+
+// asmBF16Tiles returns nil: this build has no VDPBF16PS tiles.
+func asmBF16Tiles() *bf16TileSet { return nil }
+
+// roundBF16 sets dst[i] = kernels.F32ToBF16(src[i]) for i < len(src).
+func roundBF16(dst []uint16, src []float32) { roundBF16Go(dst, src) }
+
+// asmAMX returns nil: this build has no AMX kernels.
+func asmAMX() *amxKernels { return nil }

@@ -762,6 +762,93 @@ func qtileQ8_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w
 //go:noescape
 func qtileQ4_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
+// tileBF16xR4C4 sets an (4, 4) tile of y = x·wᵀ, x and w in BF16 (AVX-512 BF16):
+//
+//	for r := range 4 {
+//		for c := range 4 {
+//			var sum float32
+//			for i := range k {
+//				sum += kernels.BF16ToF32(x[r*ldx+i]) * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*(c*ldw+i):]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// x rows are read in whole 32-column chunks: the caller pads them with
+// zeros to ldx ≥ k rounded up to 32. The caller guarantees the bounds;
+// nothing is checked. Denormal products and sums flush to zero.
+//
+//go:noescape
+func tileBF16xR4C4(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, k int)
+
+// tileBF16xR1C4 sets an (1, 4) tile of y = x·wᵀ, x and w in BF16 (AVX-512 BF16):
+//
+//	for r := range 1 {
+//		for c := range 4 {
+//			var sum float32
+//			for i := range k {
+//				sum += kernels.BF16ToF32(x[r*ldx+i]) * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*(c*ldw+i):]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// x rows are read in whole 32-column chunks: the caller pads them with
+// zeros to ldx ≥ k rounded up to 32. The caller guarantees the bounds;
+// nothing is checked. Denormal products and sums flush to zero.
+//
+//go:noescape
+func tileBF16xR1C4(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, k int)
+
+// tileBF16xR1C1 sets an (1, 1) tile of y = x·wᵀ, x and w in BF16 (AVX-512 BF16):
+//
+//	for r := range 1 {
+//		for c := range 1 {
+//			var sum float32
+//			for i := range k {
+//				sum += kernels.BF16ToF32(x[r*ldx+i]) * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*(c*ldw+i):]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// x rows are read in whole 32-column chunks: the caller pads them with
+// zeros to ldx ≥ k rounded up to 32. The caller guarantees the bounds;
+// nothing is checked. Denormal products and sums flush to zero.
+//
+//go:noescape
+func tileBF16xR1C1(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, k int)
+
+// bf16Round sets dst[i] = kernels.F32ToBF16(src[i]) for i < len(src)&^15
+// (AVX-512 F and BW). The caller guarantees len(dst) ≥ len(src)&^15.
+//
+//go:noescape
+func bf16Round(dst []uint16, src []float32)
+
+// amxBF16 multiplies 32 weight rows by nb blocks of 32 x rows with AMX
+// (TDPBF16PS), each block as four 16×16 tiles in c: for b < nb, and
+// h, g < 2, wr, xr < 16,
+//
+//	c[b*1024+(2*h+g)*256+wr*16+xr] = Σ over columns i < k of
+//		BF16 weight (16h+wr, i) · BF16 x (32b+16g+xr, i)
+//
+// where weight row r, column i is the bfloat16 at w[r*ldw+2*i:], and the
+// columns 2p, 2p+1 of chunk q (32 columns) of x row 16j+xr are the two
+// halves of x[j*xg+q*256+p*16+xr]. k is a positive multiple of 32, xg
+// is k*8; cfg is the tile configuration (palette 1, every tile 16 rows
+// of 64 bytes). The caller guarantees the bounds and the OS permission;
+// nothing is checked.
+//
+//go:noescape
+func amxBF16(c []float32, w []byte, ldw int, x []uint32, xg int, nb int, k int, cfg *[64]byte)
+
+// transpose16 sets dst[r*ldd+c] = src[c*lds+r] for r < n ≤ 16, c < 16
+// (AVX-512 F). It reads all 16 rows of src. The caller guarantees the
+// bounds; nothing is checked.
+//
+//go:noescape
+func transpose16(dst []uint32, ldd int, src []uint32, lds int, n int)
+
 // sumF32 returns the sum of x in some order:
 //
 //	for _, v := range x {

@@ -76,6 +76,11 @@ var Shapes = []Shape{
 	{64, 96, 160, 128, 128},
 	{67, 41, 72, 8, 8},
 	{130, 21, 24, 128, 128},
+	// Whole 32-column chunks and 16+ x rows: a CPU's AMX path, with
+	// partial blocks of x rows and of weight rows.
+	{16, 32, 32, 128, 128},
+	{33, 95, 64, 16, 16},
+	{100, 64, 96, 128, 128},
 }
 
 // DTypes are the weight dtypes MatMul must support.
@@ -99,7 +104,8 @@ var QuantShapes = []Shape{
 	{1, 1023, 256, 0, 0},
 	{67, 41, 512, 0, 0},
 	{130, 21, 256, 0, 0},
-	{72, 9, 1024, 0, 0}, // enough x for a backend to quantize it in parallel
+	{72, 9, 1024, 0, 0},  // enough x for a backend to quantize it in parallel
+	{130, 40, 256, 0, 0}, // a CPU's AMX path: a block of 32 weight rows and 8 more
 }
 
 // QuantTol is how far a quantized MatMul may stray from the reference beyond
@@ -152,7 +158,8 @@ func MatMulTest(t *testing.T, b kernels.Backend) {
 
 				checkGuard(t, "y", ybuf, len(y))
 				w.check(t)
-				want, abs, qtol := reference(refKey{dt, s, si}, x, w.Mat)
+				xr, rounded := RoundX(b, x, w.Mat, s.N)
+				want, abs, qtol := reference(refKey{dt, s, si, rounded}, xr, w.Mat)
 				bad := 0
 				for i := range y {
 					tol := Tol*abs[i] + qtol[i]
@@ -191,7 +198,8 @@ func MatMulTransientTest(t *testing.T, b kernels.Backend) {
 			y := make([]float32, 3*w.Rows)
 			b.MatMul(y, x, w, 3)
 			want := make([]float32, len(y))
-			kernels.MatMulRef(want, x, w, 3)
+			xr, _ := RoundX(b, x, w, 3)
+			kernels.MatMulRef(want, xr, w, 3)
 			abs := AbsDot(x, w, 3)
 			for i := range y {
 				if d := math.Abs(float64(y[i]) - float64(want[i])); !(d <= Tol*abs[i]) {
@@ -273,6 +281,34 @@ func ParallelTest(t *testing.T, b kernels.Backend) {
 			}
 		}
 	}
+}
+
+// XRounder is implemented by a backend that multiplies some weights by x
+// rounded to bfloat16 (ties to even) instead of x itself, as the CPU
+// backend's VDPBF16PS path does for BF16 weights. MatMulTest then takes the
+// reference from the rounded x, with the same Tol: the rounding is the
+// backend's declared behaviour, and the products and sums are still checked
+// to float32 precision. Each rounded element is within 2⁻⁹ of its own
+// magnitude, so such a result is within (2⁻⁸ + Tol)·Σₖ|x·w| of the product
+// with x unrounded.
+type XRounder interface {
+	// RoundsXToBF16 reports whether MatMul(y, x, w, n) rounds x to
+	// bfloat16.
+	RoundsXToBF16(w *kernels.Mat, n int) bool
+}
+
+// RoundX returns x as b multiplies it by w over n rows: a copy rounded to
+// bfloat16 and true where b is an XRounder that says so, else x and false.
+func RoundX(b kernels.Backend, x []float32, w *kernels.Mat, n int) ([]float32, bool) {
+	r, ok := b.(XRounder)
+	if !ok || !r.RoundsXToBF16(w, n) {
+		return x, false
+	}
+	xr := make([]float32, len(x))
+	for i, v := range x {
+		xr[i] = kernels.BF16ToF32(kernels.F32ToBF16(v))
+	}
+	return xr, true
 }
 
 // NewMat returns a rows×cols matrix of dtype dt with random weights of
@@ -408,9 +444,10 @@ func checkGuard(t *testing.T, name string, buf []float32, n int) {
 // is (dtype, case index)), so its reference result can be reused by every
 // backend and thread count a test binary runs.
 type refKey struct {
-	dt kernels.DType
-	s  Shape
-	i  int
+	dt      kernels.DType
+	s       Shape
+	i       int
+	rounded bool // x rounded to bfloat16 (XRounder)
 }
 
 type refResult struct {

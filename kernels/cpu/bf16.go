@@ -1,0 +1,186 @@
+package cpu
+
+import (
+	"sync/atomic"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// BF16 weights on a CPU with AVX-512 BF16 take a second path: MatMul rounds
+// each x row to bfloat16 once (ties to even), and the tiles multiply bf16 by
+// bf16 with VDPBF16PS, 32 columns and 64 multiply-adds per instruction and
+// no widening of the weights. The products are exact in float32; what
+// changes against the float32 path is x itself, each element off by at most
+// 2⁻⁹ of its magnitude, so y[i, j] may differ from the float32 product by
+// up to 2⁻⁸·Σₖ|x[i,k]·w[j,k]| (about 2⁻⁹·√k times the typical term for
+// random signs). Which calls take this path is bf16MaxRows's choice.
+// Prefill attention over a BF16 cache uses it too (tileAMX), for its
+// products of queries and probabilities with the cached keys and values.
+
+// bf16Rows is a batch of x rows rounded to bfloat16, each padded with zeros
+// to ld columns, a multiple of 32, because the tiles read whole 32-column
+// chunks of x.
+type bf16Rows struct {
+	x  []uint16 // (n, ld) bfloat16 bit patterns
+	ld int
+}
+
+// resize makes r hold n rows of cols columns, growing its buffer.
+func (r *bf16Rows) resize(n, cols int) {
+	r.ld = (cols + 31) &^ 31
+	if cap(r.x) < n*r.ld {
+		r.x = make([]uint16, n*r.ld)
+	}
+	r.x = r.x[:n*r.ld]
+}
+
+// roundRows rounds rows [lo, hi) of x (rows of cols) into r, which resize
+// has sized.
+func (r *bf16Rows) roundRows(x []float32, cols, lo, hi int) {
+	for i := lo; i < hi; i++ {
+		d := r.x[i*r.ld : (i+1)*r.ld]
+		roundBF16(d[:cols], x[i*cols:(i+1)*cols])
+		clear(d[cols:])
+	}
+}
+
+// roundBF16Go sets dst[i] = kernels.F32ToBF16(src[i]) for i < len(src).
+func roundBF16Go(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = kernels.F32ToBF16(v)
+	}
+}
+
+// A bf16TileFunc is a tileFunc whose x rows are bfloat16, zero-padded to a
+// multiple of 32 columns:
+//
+//	y[r*ldy+c] = Σᵢ<k BF16ToF32(x[r*ldx+i]) · BF16ToF32(w row c, column i)
+type bf16TileFunc func(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, k int)
+
+// bf16TileSet holds the tile shapes of the bf16 path: one x row against one
+// weight row (decode streams the weights row by row), one against four
+// (the x rows prefill leaves over), four against four (prefill).
+type bf16TileSet struct {
+	r1c1, r1c4, r4c4 bf16TileFunc
+}
+
+// genericBF16Tiles are the pure-Go twin of the VDPBF16PS tiles: the same
+// products (exact in float32), summed in another order.
+var genericBF16Tiles = bf16TileSet{
+	r1c1: func(y []float32, _ int, x []uint16, _ int, w []byte, _ int, k int) {
+		y[0] = dotBF16xBF16(x[:k], w)
+	},
+	r1c4: func(y []float32, _ int, x []uint16, _ int, w []byte, ldw int, k int) {
+		for c := range 4 {
+			y[c] = dotBF16xBF16(x[:k], w[2*c*ldw:])
+		}
+	},
+	r4c4: func(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, k int) {
+		for r := range 4 {
+			for c := range 4 {
+				y[r*ldy+c] = dotBF16xBF16(x[r*ldx:r*ldx+k], w[2*c*ldw:])
+			}
+		}
+	},
+}
+
+// dotBF16xBF16 is Σ x[i]·w[i] over len(x) elements, both bfloat16.
+func dotBF16xBF16(x []uint16, w []byte) float32 {
+	w = w[:2*len(x)]
+	var s0, s1 float32
+	i := 0
+	for ; i+2 <= len(x); i += 2 {
+		s0 += kernels.BF16ToF32(x[i]) * bf16At(w, i)
+		s1 += kernels.BF16ToF32(x[i+1]) * bf16At(w, i+1)
+	}
+	if i < len(x) {
+		s0 += kernels.BF16ToF32(x[i]) * bf16At(w, i)
+	}
+	return s0 + s1
+}
+
+// bf16MaxRows is the most x rows a MatMul may have to take the bf16 path.
+// VDPBF16PS runs at about half the rate of two float32 FMAs on this CPU
+// (BenchmarkBF16Tile: the 4×4 tile takes 308 ns of CPU per call at
+// k = 1024, the float32 one 254), so it gains only where the float32
+// tiles spend their time widening weights: one x row (28 against 40 ns for
+// 1×1), and two or three (about equal). Prefill keeps the float32 tiles.
+const bf16MaxRows = 3
+
+// forceGenericBF16 makes bf16TilesFor return the pure-Go twin, so the bf16
+// path's driver can be tested without the instruction (ForceGenericBF16).
+var forceGenericBF16 atomic.Bool
+
+// bf16TilesFor returns the bf16 path's tiles, or nil where it is off: the
+// VDPBF16PS tiles where the CPU has AVX-512 BF16, else none.
+func bf16TilesFor() *bf16TileSet {
+	if forceGenericBF16.Load() {
+		return &genericBF16Tiles
+	}
+	return asmBF16Tiles()
+}
+
+// The paths a BF16 weight can take.
+const (
+	pathF32  = iota // x as float32, weights widened (the float tiles)
+	pathBF16        // x rounded to bfloat16, VDPBF16PS tiles
+	pathAMX         // x rounded to bfloat16 and packed, AMX tiles
+)
+
+// bf16Path returns the path MatMul with weight w over n rows takes on this
+// CPU, where rounding x to bfloat16 is allowed (on, see
+// Backend.SetBF16Activations). Quantized weights take pathAMX or their
+// int8 tiles (pathF32 here).
+func bf16Path(w *kernels.Mat, n int, on bool) int {
+	switch {
+	case !on:
+		return pathF32
+	case (w.DType == kernels.BF16 || w.DType.Quantized()) && usesAMX(w, n):
+		return pathAMX
+	case w.DType != kernels.BF16:
+		return pathF32
+	case n <= bf16MaxRows && bf16TilesFor() != nil:
+		return pathBF16
+	}
+	return pathF32
+}
+
+// btask is task for the bf16 path: output rows [r0, r1) for x rows
+// [i0, i1), weight rows blocked in L1 as in task.
+func (m *matmul) btask(r0, r1, i0, i1 int) {
+	cols, rows := m.w.Cols, m.w.Rows
+	step := r1 - r0
+	if i1-i0 > 1 {
+		step = max(4, weightBlock/max(2*cols, 1)&^3)
+	}
+	t, x, ld, data := m.bt, m.xb.x, m.xb.ld, m.w.Data
+	for s0 := r0; s0 < r1; s0 += step {
+		s1 := min(r1, s0+step)
+		for i := i0; i < i1; {
+			xi, yi := x[i*ld:], m.y[i*rows:]
+			j := s0
+			if i+4 <= i1 {
+				for ; j+4 <= s1; j += 4 {
+					t.r4c4(yi[j:], rows, xi, ld, data[2*j*cols:], cols, cols)
+				}
+				for r := range 4 {
+					for c := j; c < s1; c++ {
+						t.r1c1(yi[r*rows+c:], rows, xi[r*ld:], ld, data[2*c*cols:], cols, cols)
+					}
+				}
+				i += 4
+				continue
+			}
+			if i1-i0 > 1 { // prefill's last rows; decode streams row by row
+				for ; j+4 <= s1; j += 4 {
+					t.r1c4(yi[j:], rows, xi, ld, data[2*j*cols:], cols, cols)
+				}
+			}
+			for ; j < s1; j++ {
+				t.r1c1(yi[j:], rows, xi, ld, data[2*j*cols:], cols, cols)
+			}
+			i++
+		}
+	}
+}

@@ -1,0 +1,191 @@
+// Command randgguf writes a GGUF file with random weights of a model's real
+// shape, from its config.json alone: the files that `ferrite bench` and
+// llama.cpp's llama-bench are compared on (BENCHMARKS.md), without
+// downloading a checkpoint. The matrices come from engine/randweights (the
+// values `ferrite bench` invents for a config directory), named, shaped
+// and written as llama.cpp's convert_hf_to_gguf.py would
+// (internal/ggufwrite), with a byte-level tokenizer sized to the
+// vocabulary. Quantize the bf16 file with llama-quantize for the other
+// types.
+//
+//	go run ./tools/randgguf -config engine/testdata/qwen3-0.6b -o qwen3-0.6b-bf16.gguf
+//	llama-quantize qwen3-0.6b-bf16.gguf qwen3-0.6b-q4_0.gguf Q4_0
+//
+// Dense Qwen3 and Llama configs only: the converter holds a MoE model's
+// experts in float32 until it stacks them, more memory than a real-size
+// MoE model leaves.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/ferrite-llm/ferrite/engine/randweights"
+	"github.com/ferrite-llm/ferrite/engine/weights"
+	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+func main() {
+	cfgDir := flag.String("config", "", "directory with the model's config.json")
+	out := flag.String("o", "", "GGUF file to write")
+	layers := flag.Int("layers", 0, "keep only the first N layers (0: all)")
+	typ := flag.String("type", "bf16", "matrix type: bf16, f16, f32 or q8_0")
+	seed := flag.Uint64("seed", 1, "seed of the random weights")
+	flag.Parse()
+	if err := run(*cfgDir, *out, *typ, *layers, *seed); err != nil {
+		fmt.Fprintln(os.Stderr, "randgguf:", err)
+		os.Exit(1)
+	}
+}
+
+var types = map[string]uint32{"bf16": ggufwrite.BF16, "f16": ggufwrite.F16, "f32": ggufwrite.F32, "q8_0": ggufwrite.Q8_0}
+
+func run(cfgDir, out, typ string, layers int, seed uint64) error {
+	t, ok := types[typ]
+	if cfgDir == "" || out == "" || !ok {
+		return errors.New("usage: randgguf -config DIR -o FILE.gguf [-type bf16|f16|f32|q8_0] [-layers N] [-seed S]")
+	}
+	raw, err := os.ReadFile(filepath.Join(cfgDir, "config.json"))
+	if err != nil {
+		return err
+	}
+	var cfg config
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return fmt.Errorf("%s/config.json: %w", cfgDir, err)
+	}
+	// The converter reads config.json in the current transformers layout:
+	// give it an edited copy, cut to the layers asked for, with a
+	// top-level rope_theta (older configs) moved into rope_parameters.
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return err
+	}
+	if layers > 0 && layers < cfg.Layers {
+		m["num_hidden_layers"], cfg.Layers = layers, layers
+	}
+	if theta, ok := m["rope_theta"]; ok && m["rope_parameters"] == nil {
+		m["rope_parameters"] = map[string]any{"rope_type": "default", "rope_theta": theta}
+	}
+	tmp, err := os.MkdirTemp("", "randgguf")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if raw, err = json.Marshal(m); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "config.json"), raw, 0o644); err != nil {
+		return err
+	}
+	src, err := newSource(cfg, seed)
+	if err != nil {
+		return err
+	}
+	w, err := ggufwrite.ConvertFrom(tmp, src, t)
+	if err != nil {
+		return err
+	}
+	ggufwrite.AddByteTokenizer(w, cfg.Vocab)
+	return w.WriteFile(out)
+}
+
+// config is the part of config.json the tensor list depends on.
+type config struct {
+	ModelType string `json:"model_type"`
+	Hidden    int    `json:"hidden_size"`
+	Layers    int    `json:"num_hidden_layers"`
+	Heads     int    `json:"num_attention_heads"`
+	KVHeads   int    `json:"num_key_value_heads"`
+	HeadDim   int    `json:"head_dim"`
+	Inter     int    `json:"intermediate_size"`
+	Vocab     int    `json:"vocab_size"`
+	Tied      bool   `json:"tie_word_embeddings"`
+}
+
+// source invents a dense model's tensors under their Hugging Face names.
+type source struct {
+	seed   uint64
+	names  []string
+	shapes map[string][]int
+}
+
+func newSource(c config, seed uint64) (*source, error) {
+	if c.ModelType != "qwen3" && c.ModelType != "llama" {
+		return nil, fmt.Errorf("model_type %q: only the dense qwen3 and llama layouts are known", c.ModelType)
+	}
+	if c.KVHeads == 0 {
+		c.KVHeads = c.Heads
+	}
+	if c.HeadDim == 0 && c.Heads > 0 {
+		c.HeadDim = c.Hidden / c.Heads
+	}
+	s := &source{seed: seed, shapes: map[string][]int{}}
+	add := func(name string, shape ...int) {
+		s.names = append(s.names, name)
+		s.shapes[name] = shape
+	}
+	h, q, kv := c.Hidden, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	add("model.embed_tokens.weight", c.Vocab, h)
+	for l := range c.Layers {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		add(p+"input_layernorm.weight", h)
+		add(p+"post_attention_layernorm.weight", h)
+		add(p+"self_attn.q_proj.weight", q, h)
+		add(p+"self_attn.k_proj.weight", kv, h)
+		add(p+"self_attn.v_proj.weight", kv, h)
+		add(p+"self_attn.o_proj.weight", h, q)
+		if c.ModelType == "qwen3" {
+			add(p+"self_attn.q_norm.weight", c.HeadDim)
+			add(p+"self_attn.k_norm.weight", c.HeadDim)
+		}
+		add(p+"mlp.gate_proj.weight", c.Inter, h)
+		add(p+"mlp.up_proj.weight", c.Inter, h)
+		add(p+"mlp.down_proj.weight", h, c.Inter)
+	}
+	add("model.norm.weight", h)
+	if !c.Tied {
+		add("lm_head.weight", c.Vocab, h)
+	}
+	for name, shape := range s.shapes {
+		for _, d := range shape {
+			if d <= 0 {
+				return nil, fmt.Errorf("config.json gives %s the shape %v", name, shape)
+			}
+		}
+	}
+	return s, nil
+}
+
+func (s *source) Names() []string { return s.names }
+
+func (s *source) Tensor(name string) (*weights.Tensor, error) {
+	shape, ok := s.shapes[name]
+	if !ok {
+		return nil, fmt.Errorf("no tensor %s", name)
+	}
+	return &weights.Tensor{Name: name, DType: kernels.BF16, Dtype: "BF16", Shape: shape}, nil
+}
+
+// Float32 returns the tensor's values: randweights' bf16 matrices (a
+// fresh source each time, so none stays cached; the values depend only
+// on the seed and the name) or its role-aware vectors.
+func (s *source) Float32(name string, shape ...int) ([]float32, error) {
+	rw := randweights.New(s.seed, kernels.BF16)
+	if len(shape) != 2 {
+		return rw.Float32(name, shape...)
+	}
+	m, err := rw.Mat(name, shape[0], shape[1])
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, shape[0]*shape[1])
+	for r := range shape[0] {
+		m.RowF32(out[r*shape[1]:(r+1)*shape[1]], r)
+	}
+	return out, nil
+}

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/engine"
+	"github.com/ferrite-llm/ferrite/engine/gguf"
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
+)
+
+// TestWritesLoadableGGUF writes the qwen3 fixture's shape cut to one layer,
+// checks the tensors and their types, and has ferrite load and run it.
+func TestWritesLoadableGGUF(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "m.gguf")
+	if err := run(fixtures.Dir("qwen3"), out, "bf16", 1, 7); err != nil {
+		t.Fatal(err)
+	}
+	m, err := gguf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := m.TensorNames()
+	quant := m.Quantization()
+	m.Close()
+	// token_embd, output_norm, output (the fixture does not tie it), and per
+	// layer two norms, q/k/v/o, q/k norms, gate/up/down.
+	if want := 3 + 11; len(names) != want {
+		t.Errorf("%d tensors %v, want %d", len(names), names, want)
+	}
+	if quant != "BF16" {
+		t.Errorf("quantization %q, want BF16", quant)
+	}
+	l, err := engine.Load(out, engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if got := l.Config.IntOr("num_hidden_layers", 0); got != 1 {
+		t.Errorf("%d layers, want 1", got)
+	}
+	// The real Qwen3-0.6B config (top-level rope_theta) cut to one layer.
+	if err := run("../../engine/testdata/qwen3-0.6b", out, "bf16", 1, 7); err != nil {
+		t.Fatal(err)
+	}
+	if m, err = gguf.Open(out); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	v, _ := m.Meta.Get("qwen3.rope.freq_base")
+	if f, ok := v.Float(); !ok || f != 1e6 {
+		t.Errorf("rope.freq_base %v, want 1e6", v)
+	}
+	if err := run(fixtures.Dir("qwen3_moe"), out, "bf16", 0, 1); err == nil {
+		t.Error("a MoE config was accepted")
+	}
+	if err := run(fixtures.Dir("qwen3"), out, "q3_k", 0, 1); err == nil {
+		t.Error("an unknown type was accepted")
+	}
+}
