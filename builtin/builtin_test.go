@@ -173,20 +173,6 @@ func check(t testing.TB, what string, got, want []float32, width int, logits boo
 	}
 }
 
-// top2Gap is the gap between the two largest values of v.
-func top2Gap(v []float32) float64 {
-	a, b := math.Inf(-1), math.Inf(-1)
-	for _, x := range v {
-		switch x := float64(x); {
-		case x > a:
-			a, b = x, a
-		case x > b:
-			b = x
-		}
-	}
-	return a - b
-}
-
 func TestOpen(t *testing.T) {
 	l, tok := open(t)
 	info := l.Model.Info()
@@ -350,12 +336,12 @@ func TestFixture(t *testing.T) {
 // cover: the prompt's last position, then the decode steps while decode_ids
 // (the model's own greedy continuation) agree with greedy_ids.
 func refGaps(prompt, decode []float32, decodeIDs, greedy []int32, vocab int) []float64 {
-	gaps := []float64{top2Gap(prompt[len(prompt)-vocab:])}
+	gaps := []float64{fixtures.Top2Gap(prompt[len(prompt)-vocab:])}
 	for i, id := range decodeIDs {
 		if i >= len(greedy) || id != greedy[i] {
 			break
 		}
-		gaps = append(gaps, top2Gap(decode[i*vocab:(i+1)*vocab]))
+		gaps = append(gaps, fixtures.Top2Gap(decode[i*vocab:(i+1)*vocab]))
 	}
 	return gaps
 }

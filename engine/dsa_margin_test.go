@@ -279,7 +279,7 @@ func dsaMarginFixture(t *testing.T, name string) {
 		if got := fixtures.Argmax(g32.logits); got != want {
 			t.Fatalf("greedy step %d: the float32 cache picks %d, transformers %d", j, got, want)
 		}
-		if clean && margin(g32.logits) >= 2*bf16KVTol*maxAbs(g32.logits) {
+		if clean && fixtures.Top2Gap(g32.logits) >= 2*bf16KVTol*maxAbs(g32.logits) {
 			checked++
 			if got := fixtures.Argmax(g16.logits); got != want {
 				t.Errorf("greedy step %d (no flip, clear margin): BF16 cache picks %d, transformers %d", j, got, want)
@@ -288,20 +288,6 @@ func dsaMarginFixture(t *testing.T, name string) {
 		toks = []int32{want}
 	}
 	t.Logf("greedy: %d of %d tokens checked; largest primary flip gap %.3g (bound %g), %d secondary flips in all", checked, len(greedy), gap, dsaFlipGap, secondary)
-}
-
-// margin is the gap between v's two largest values.
-func margin(v []float32) float64 {
-	a, b := math.Inf(-1), math.Inf(-1)
-	for _, x := range v {
-		switch x := float64(x); {
-		case x > a:
-			a, b = x, a
-		case x > b:
-			b = x
-		}
-	}
-	return a - b
 }
 
 func maxAbs(v []float32) float64 {
