@@ -42,6 +42,18 @@ type promptRun struct {
 	greedy []int32
 }
 
+// loadAndRun loads the model at path, runs prompt through it as runPrompt
+// does, and closes it.
+func loadAndRun(t *testing.T, path string, opts Options, prompt []int32, steps int) promptRun {
+	t.Helper()
+	l, err := Load(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return runPrompt(t, l, prompt, steps)
+}
+
 func runPrompt(t *testing.T, l *Loaded, prompt []int32, steps int) promptRun {
 	t.Helper()
 	m := l.Model
@@ -182,12 +194,7 @@ func TestGGUFBF16(t *testing.T) {
 		t.Fatal(err)
 	}
 	prompt, _, _ := fx.Ints("prompt_ids")
-	ref, err := Load(fx.Dir, Options{Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := runPrompt(t, ref, prompt, 8)
-	ref.Close()
+	want := loadAndRun(t, fx.Dir, Options{Threads: 2}, prompt, 8)
 	l, err := Load(writeGGUF(t, "qwen3-bf16", ggufwrite.BF16), Options{Threads: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -211,12 +218,7 @@ func TestGGUFFusedExperts(t *testing.T) {
 			t.Fatal(err)
 		}
 		prompt, _, _ := fx.Ints("prompt_ids")
-		ref, err := Load(fx.Dir, Options{Threads: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := runPrompt(t, ref, prompt, 8)
-		ref.Close()
+		want := loadAndRun(t, fx.Dir, Options{Threads: 2}, prompt, 8)
 		w, err := ggufwrite.Convert(fx.Dir, ggufwrite.F32)
 		if err != nil {
 			t.Fatal(err)
@@ -256,12 +258,7 @@ func TestGGUFQ8_0(t *testing.T) {
 				t.Fatal(err)
 			}
 			prompt, _, _ := fx.Ints("prompt_ids")
-			ref, err := Load(fx.Dir, Options{Threads: 2, Quant: "q8_0"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := runPrompt(t, ref, prompt, 12)
-			ref.Close()
+			want := loadAndRun(t, fx.Dir, Options{Threads: 2, Quant: "q8_0"}, prompt, 12)
 			l, err := Load(writeGGUF(t, name, ggufwrite.Q8_0), Options{Threads: 2})
 			if err != nil {
 				t.Fatal(err)
