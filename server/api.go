@@ -232,13 +232,19 @@ type responseMessage struct {
 	ReasoningContent *string `json:"reasoning_content,omitempty"` // a reasoning model's <think> block; absent without one
 }
 
-type chatChunk struct {
-	ID      string            `json:"id"`
-	Object  string            `json:"object"` // "chat.completion.chunk"
-	Created int64             `json:"created"`
-	Model   string            `json:"model"`
-	Choices []chatChunkChoice `json:"choices"`
-	Usage   *usage            `json:"usage,omitempty"`
+// chatChunk is one streamed chunk of a chat completion, Object
+// "chat.completion.chunk".
+type chatChunk = choices[chatChunkChoice]
+
+// choices is the envelope of a streamed chat chunk and of a text
+// completion: the same fields around their own kind of choice.
+type choices[C any] struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []C    `json:"choices"`
+	Usage   *usage `json:"usage,omitempty"`
 }
 
 type chatChunkChoice struct {
@@ -254,14 +260,9 @@ type chatDelta struct {
 	ReasoningContent string `json:"reasoning_content,omitempty"`
 }
 
-type textCompletion struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"` // "text_completion"
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []textChoice `json:"choices"`
-	Usage   *usage       `json:"usage,omitempty"`
-}
+// textCompletion is a /v1/completions response or chunk, Object
+// "text_completion".
+type textCompletion = choices[textChoice]
 
 type textChoice struct {
 	Index        int       `json:"index"`
