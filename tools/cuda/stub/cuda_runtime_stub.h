@@ -66,3 +66,8 @@ __device__ unsigned min(unsigned, unsigned);
 __device__ unsigned max(unsigned, unsigned);
 __device__ long long min(long long, long long);
 __device__ long long max(long long, long long);
+
+// Warp votes, bit counts and shared-memory atomics (ops_mla.cu's top-k).
+__device__ unsigned __ballot_sync(unsigned mask, int pred);
+__device__ int __popc(unsigned);
+__device__ int atomicAdd(int*, int);

@@ -1,0 +1,604 @@
+// Multi-head latent attention and DeepSeek sparse attention on the GPU
+// (kernels.MLAOps, kernels.SparseOps), launched by kernels/cuda's mla.go:
+// the latent and index-key stores, the absorbed-form attention (the query
+// folded through W_UK, scores and the softmax-weighted sum straight off the
+// latent cache, W_UV applied to the sum), the naive form's key/value
+// expansion, the DSA indexer scores and the device top-k.
+//
+// The sources compile as one translation unit in name order, so this file
+// (after ops.cu) uses ops.cu's elem, kv_at, kv8, warp_max and kF8E4M3,
+// gemv.cu's warp_sum and convert.cu's f32_to_bf16.
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+// block_sum_f64 is the sum of v over a block of 256 threads, in every
+// thread; partial holds 8 doubles of shared memory.
+__device__ inline double block_sum_f64(double v, double* partial) {
+    v = warp_sum_f64(v);
+    __syncthreads();  // partial may still be read by an earlier call
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0;
+    for (int i = 0; i < int(blockDim.x >> 5); i++) t += partial[i];
+    return t;
+}
+
+// put stores v at element e of a cache, float32 or bf16 (nearest even).
+__device__ inline void put(void* cache, int bf16, size_t e, float v) {
+    if (bf16) static_cast<uint16_t*>(cache)[e] = f32_to_bf16(v);
+    else static_cast<float*>(cache)[e] = v;
+}
+
+// rotate_into rotates the pairs of x's first 2·half values by the angles of
+// position p (kernels/ref.RopeAngles and Rotate: angle float32(p)·inv[i],
+// cos and sin in float64, rounded and scaled) and stores them at element e
+// of the cache; f(j) gives x's value j (already normed). Threads stride
+// over the pairs.
+template <typename F>
+__device__ inline void rotate_into(void* cache, int bf16, size_t e, F f, int p, const float* inv, int half,
+                                   int interleaved, float rscale) {
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double a = double(__fmul_rn(float(p), inv[i]));
+        const float c = __fmul_rn(float(cos(a)), rscale), s = __fmul_rn(float(sin(a)), rscale);
+        const int ja = interleaved ? 2 * i : i, jb = interleaved ? 2 * i + 1 : i + half;
+        const float a0 = f(ja), b0 = f(jb);
+        put(cache, bf16, e + ja, __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, s)));
+        put(cache, bf16, e + jb, __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, s)));
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Cache stores. Launch: one block of 256 threads per row; a slot outside
+// [0, slots) is skipped.
+
+// Latent store: cache[slot[r]] (width) = [RMSNorm(kv[r][:kl])·norm |
+// RoPE(kv[r][kl:])], the mean of squares a float64 sum rounded to float32
+// before eps (kernels/ref.LatentRow). inv is null when nothing rotates
+// (half = 0); dims past kl + 2·half are copied.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_mla_store_latent(void* cache, int bf16, int slots, const float* kv, int kv_stride, const float* norm,
+                             int kl, int width, float eps, const int* pos, int pos_stride, const int* slot,
+                             int slot_stride, const float* inv, int half, int interleaved, float rscale) {
+    __shared__ double partial[8];
+    const int r = blockIdx.x;
+    const int s = slot[size_t(r) * slot_stride];
+    if (s < 0 || s >= slots) return;
+    const float* x = kv + size_t(r) * kv_stride;
+    const size_t e = size_t(s) * width;
+    double ss = 0;
+    for (int c = threadIdx.x; c < kl; c += blockDim.x) ss += double(x[c]) * double(x[c]);
+    ss = block_sum_f64(ss, partial);
+    const float ms = float(ss / double(kl));
+    const float rinv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+    for (int c = threadIdx.x; c < kl; c += blockDim.x) put(cache, bf16, e + c, __fmul_rn(norm[c], __fmul_rn(x[c], rinv)));
+    const float* k = x + kl;
+    if (half > 0)
+        rotate_into(cache, bf16, e + kl, [k](int j) { return k[j]; }, pos[size_t(r) * pos_stride], inv, half, interleaved,
+                    rscale);
+    for (int c = kl + 2 * half + threadIdx.x; c < width; c += blockDim.x) put(cache, bf16, e + c, x[c]);
+}
+
+// Index-key store: cache[slot[r]] (dim) = RoPE(LayerNorm(k[r])·w + b) over
+// the first 2·half dims, the mean and the biased variance float64 sums
+// rounded to float32 (kernels/ref.IndexKeyRow).
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_dsa_store_key(void* cache, int bf16, int slots, const float* k, int k_stride, const float* w,
+                          const float* b, int dim, float eps, const int* pos, int pos_stride, const int* slot,
+                          int slot_stride, const float* inv, int half, int interleaved, float rscale) {
+    __shared__ double partial[8];
+    const int r = blockIdx.x;
+    const int s = slot[size_t(r) * slot_stride];
+    if (s < 0 || s >= slots) return;
+    const float* x = k + size_t(r) * k_stride;
+    const size_t e = size_t(s) * dim;
+    double sum = 0;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) sum += double(x[c]);
+    sum = block_sum_f64(sum, partial);
+    const float mean = float(sum / double(dim));
+    double ss = 0;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        const double d = double(__fsub_rn(x[c], mean));
+        ss += d * d;
+    }
+    ss = block_sum_f64(ss, partial);
+    const float var = float(ss / double(dim));
+    const float rinv = float(1.0 / sqrt(double(__fadd_rn(var, eps))));
+    auto normed = [=](int j) { return __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[j], mean), rinv), w[j]), b[j]); };
+    if (half > 0) rotate_into(cache, bf16, e, normed, pos[size_t(r) * pos_stride], inv, half, interleaved, rscale);
+    for (int c = 2 * half + threadIdx.x; c < dim; c += blockDim.x) put(cache, bf16, e + c, normed(c));
+}
+
+// ---------------------------------------------------------------------------
+// MLA, absorbed form. A query head is [q_nope (dn) | q_pe (dr)], a cache row
+// [c (kl) | k_pe (dr)]; kv_b_proj w (heads·(dn + dv), kl) holds per head
+// W_UK (dn rows) then W_UV (dv rows), in its stored dtype (F8E4M3 with its
+// block scales, br × bc).
+
+namespace {
+
+constexpr int kMlaRows = 8;    // query rows a projection block handles: each weight element is read once per 8
+constexpr int kMlaG = 16;      // query heads an attention block handles
+constexpr int kMlaTile = 32;   // keys an attention block scores at a time
+constexpr int kMlaWarps = 8;   // warps of an attention block (256 threads)
+
+// wsize is the bytes of one element of a weight dtype.
+__device__ inline int wsize(int dtype) { return dtype == kF32 ? 4 : dtype == kF8E4M3 ? 1 : 2; }
+
+// wrow returns row r of a weight (cols wide) and, for F8E4M3, its scale row.
+__device__ inline const uint8_t* wrow(const uint8_t* w, const float* wscale, int dtype, int cols, int br, int bc, int r,
+                                      const float** srow) {
+    *srow = dtype == kF8E4M3 ? wscale + size_t(r / br) * ((cols + bc - 1) / bc) : nullptr;
+    return w + size_t(r) * cols * wsize(dtype);
+}
+
+}  // namespace
+
+// Absorbed queries: qc (n, heads, kl + dr) = per row and head
+// [W_UK_hᵀ·q_nope | q_pe] for q (n, heads·(dn + dr)), float32 sums over the
+// dn rows of W_UK_h. The block's warps split W_UK_h's rows, its lanes 64
+// columns. Launch: grid (heads, ceil(kl / 64), ceil(n / 8)), 256 threads,
+// dynamic shared memory 8·dn·4 bytes.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_mla_absorb_q(float* qc, const float* q, int n, int heads, int dn, int dr, int dv, int kl,
+                         const uint8_t* w, const float* wscale, int wdtype, int br, int bc) {
+    extern __shared__ float sqn[];  // (8, dn) the rows' q_nope of head h
+    __shared__ float red[kMlaWarps][kMlaRows][64];
+    const int h = blockIdx.x, c0 = blockIdx.y * 64, r0 = blockIdx.z * kMlaRows;
+    const int nr = min(kMlaRows, n - r0);
+    const int hd = dn + dr, kw = kl + dr;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int t = threadIdx.x; t < kMlaRows * dn; t += blockDim.x) {
+        const int r = t / dn, d = t % dn;
+        sqn[t] = r < nr ? q[(size_t(r0 + r) * heads + h) * hd + d] : 0.f;
+    }
+    if (blockIdx.y == 0) {
+        for (int t = threadIdx.x; t < nr * dr; t += blockDim.x) {
+            const int r = t / dr, e = t % dr;
+            qc[(size_t(r0 + r) * heads + h) * kw + kl + e] = q[(size_t(r0 + r) * heads + h) * hd + dn + e];
+        }
+    }
+    __syncthreads();
+    float acc[kMlaRows][2];
+#pragma unroll
+    for (int r = 0; r < kMlaRows; r++) acc[r][0] = acc[r][1] = 0.f;
+    for (int d = warp; d < dn; d += kMlaWarps) {
+        const float* srow;
+        const uint8_t* row = wrow(w, wscale, wdtype, kl, br, bc, h * (dn + dv) + d, &srow);
+        float wv[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int c = c0 + lane + 32 * u;
+            wv[u] = c < kl ? elem(row, c, wdtype, srow, bc) : 0.f;
+        }
+#pragma unroll
+        for (int r = 0; r < kMlaRows; r++) {
+            const float x = sqn[r * dn + d];
+            acc[r][0] = fmaf(wv[0], x, acc[r][0]);
+            acc[r][1] = fmaf(wv[1], x, acc[r][1]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kMlaRows; r++) {
+        red[warp][r][lane] = acc[r][0];
+        red[warp][r][lane + 32] = acc[r][1];
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < nr * 64; t += blockDim.x) {
+        const int r = t / 64, cc = t % 64, c = c0 + cc;
+        if (c >= kl) continue;
+        float s = 0.f;
+        for (int v = 0; v < kMlaWarps; v++) s += red[v][r][cc];
+        qc[(size_t(r0 + r) * heads + h) * kw + c] = s;
+    }
+}
+
+namespace {
+
+struct MlaArgs {
+    float* lat;          // (n, heads, kl) with one split
+    float* part;         // (n, heads, splits, kl + 2) per split: max, sum, kl unnormalised sums
+    const float* qc;     // (n, heads, kl + dr) absorbed queries
+    const void* cache;   // (slots, kl + dr) F32 or BF16
+    const int* pos;
+    const int* seq;
+    const int* blocks;
+    const int* sel;      // (n, k) selections, or null (dense)
+    int k, max_blocks, bs, heads, gs, kl, dr, split;
+    float scale;
+};
+
+// Latent attention of block (row i, head group y, split z): heads
+// [y·gs, min(heads, (y+1)·gs)) over the keys [z·split, (z+1)·split) of the
+// row's key list (positions 0..pos[i], or its selection; −1 entries and
+// positions past pos[i] are skipped). Per tile of 32 keys: the warps score
+// the keys (a key per warp at a time, lanes across its kl + dr dims, every
+// head of the group), one warp per head updates its online softmax, then
+// every thread adds the tile's latents to its DPT dims of each head's sum.
+template <int DPT, bool BF>
+__device__ void mla_attn_block(const MlaArgs& a) {
+    extern __shared__ float sq[];  // (gs, kw) the group's absorbed queries
+    __shared__ float sp[kMlaG][kMlaTile];  // scaled scores, then probabilities
+    __shared__ float scorr[kMlaG];         // the tile's rescale factor per head
+    __shared__ float sm[kMlaG], sl[kMlaG]; // final max and sum per head
+    __shared__ int sslot[kMlaTile];        // cache slot of each key of the tile, −1 for none
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = blockIdx.x;
+    const int h0 = blockIdx.y * a.gs;
+    const int ng = min(a.gs, a.heads - h0);
+    const int kl = a.kl, kw = a.kl + a.dr;
+    const int p_max = a.pos[i];
+    const int* sel = a.sel ? a.sel + size_t(i) * a.k : nullptr;
+    const int end = sel ? a.k : p_max + 1;
+    const int k0 = blockIdx.z * a.split, k1 = min(end, k0 + a.split);
+    const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
+
+    for (int t = threadIdx.x; t < kMlaG * kw; t += blockDim.x) {
+        const int g = t / kw, d = t % kw;
+        if (g < a.gs) sq[t] = g < ng ? a.qc[(size_t(i) * a.heads + h0 + g) * kw + d] : 0.f;
+    }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // heads warp and warp + 8
+    float acc[kMlaG][DPT];
+#pragma unroll
+    for (int g = 0; g < kMlaG; g++) {
+#pragma unroll
+        for (int j = 0; j < DPT; j++) acc[g][j] = 0.f;
+    }
+    __syncthreads();
+
+    for (int t0 = k0; t0 < k1; t0 += kMlaTile) {
+        if (threadIdx.x < kMlaTile) {
+            const int j = t0 + threadIdx.x;
+            int s = -1;
+            if (j < k1) {
+                const int p = sel ? sel[j] : j;
+                if (p >= 0 && p <= p_max) s = bt[p / a.bs] * a.bs + p % a.bs;
+            }
+            sslot[threadIdx.x] = s;
+        }
+        __syncthreads();
+        for (int kk = warp; kk < kMlaTile; kk += kMlaWarps) {
+            const int s = sslot[kk];
+            float part[kMlaG];
+#pragma unroll
+            for (int g = 0; g < kMlaG; g++) part[g] = 0.f;
+            if (s >= 0) {
+                const size_t base = size_t(s) * kw;
+                if (kw % 8 == 0) {  // 16-byte loads (bf16) or two (float32)
+                    for (int d = lane * 8; d < kw; d += 256) {
+                        float kd[8];
+                        kv8<BF>(a.cache, base + d, kd);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) {
+#pragma unroll
+                            for (int g = 0; g < kMlaG; g++)
+                                if (g < a.gs) part[g] = fmaf(sq[g * kw + d + e], kd[e], part[g]);
+                        }
+                    }
+                } else {
+                    for (int d = lane; d < kw; d += 32) {
+                        const float kd = kv_at<BF>(a.cache, base + d);
+#pragma unroll
+                        for (int g = 0; g < kMlaG; g++)
+                            if (g < a.gs) part[g] = fmaf(sq[g * kw + d], kd, part[g]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < kMlaG; g++) {
+                const float v = warp_sum(part[g]);
+                if (lane == 0) sp[g][kk] = s >= 0 ? v * a.scale : -INFINITY;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int g = warp + kMlaWarps * u;
+            const float sc = sp[g][lane];
+            const float mn = fmaxf(m[u], warp_max(sc));
+            const float c = mn == -INFINITY ? 1.f : expf(m[u] - mn);  // 0 while m is −∞
+            const float p = sc == -INFINITY ? 0.f : expf(sc - mn);
+            l[u] = l[u] * c + warp_sum(p);
+            m[u] = mn;
+            sp[g][lane] = p;
+            if (lane == 0) scorr[g] = c;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < kMlaG; g++) {
+            const float c = scorr[g];
+#pragma unroll
+            for (int j = 0; j < DPT; j++) acc[g][j] *= c;
+        }
+        for (int kk = 0; kk < kMlaTile; kk++) {
+            const int s = sslot[kk];
+            if (s < 0) continue;
+            const size_t base = size_t(s) * kw;
+            float cv[DPT];
+#pragma unroll
+            for (int j = 0; j < DPT; j++) {
+                const int d = threadIdx.x + 256 * j;
+                cv[j] = d < kl ? kv_at<BF>(a.cache, base + d) : 0.f;
+            }
+#pragma unroll
+            for (int g = 0; g < kMlaG; g++) {
+                const float p = sp[g][kk];
+#pragma unroll
+                for (int j = 0; j < DPT; j++) acc[g][j] = fmaf(p, cv[j], acc[g][j]);
+            }
+        }
+        __syncthreads();  // sslot and sp are rewritten by the next tile
+    }
+
+    if (lane == 0) {
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            sm[warp + kMlaWarps * u] = m[u];
+            sl[warp + kMlaWarps * u] = l[u];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < kMlaG; g++) {
+        if (g >= ng) break;
+        const size_t hrow = size_t(i) * a.heads + h0 + g;
+        if (gridDim.z == 1) {
+            const float L = sl[g];
+#pragma unroll
+            for (int j = 0; j < DPT; j++) {
+                const int d = threadIdx.x + 256 * j;
+                if (d < kl) a.lat[hrow * kl + d] = L > 0.f ? acc[g][j] / L : 0.f;
+            }
+        } else {
+            float* pp = a.part + (hrow * gridDim.z + blockIdx.z) * (kl + 2);
+            if (threadIdx.x == 0) {
+                pp[0] = sm[g];
+                pp[1] = sl[g];
+            }
+#pragma unroll
+            for (int j = 0; j < DPT; j++) {
+                const int d = threadIdx.x + 256 * j;
+                if (d < kl) pp[2 + d] = acc[g][j];
+            }
+        }
+    }
+}
+
+}  // namespace
+
+// Latent attention: lat (n, heads, kl) = the softmax(scale·(q̃·c + q_pe·k_pe))
+// weighted sum of the latents c, from the absorbed queries qc (n, heads,
+// kl + dr), per split into part when there are several (merged by
+// ferrite_attn_combine with hd = kl). A row that attends to nothing gets
+// zeros. Launch: grid (n, ceil(heads / gs), splits), 256 threads, dynamic
+// shared memory gs·(kl + dr)·4 bytes; gs ≤ 16, kl ≤ 256·DPT.
+#define FERRITE_MLA_ATTN(name, DPT, BF)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) name(                                                    \
+        float* lat, float* part, const float* qc, const void* cache, const int* pos, const int* seq,           \
+        const int* blocks, const int* sel, int k, int max_blocks, int bs, int heads, int gs, int kl, int dr,   \
+        int split, float scale) {                                                                               \
+        MlaArgs a{lat, part, qc, cache, pos, seq, blocks, sel, k, max_blocks, bs, heads, gs, kl, dr, split, scale}; \
+        mla_attn_block<DPT, BF>(a);                                                                             \
+    }
+
+FERRITE_MLA_ATTN(ferrite_mla_attn_f32_1, 1, false)
+FERRITE_MLA_ATTN(ferrite_mla_attn_f32_2, 2, false)
+FERRITE_MLA_ATTN(ferrite_mla_attn_f32_4, 4, false)
+FERRITE_MLA_ATTN(ferrite_mla_attn_bf16_1, 1, true)
+FERRITE_MLA_ATTN(ferrite_mla_attn_bf16_2, 2, true)
+FERRITE_MLA_ATTN(ferrite_mla_attn_bf16_4, 4, true)
+
+// Absorbed output: out (n, heads·dv), out[i, h·dv + j] = W_UV_h[j]·lat[i, h]
+// for lat (n, heads, kl), float32 sums; a warp per output column, 8 rows of
+// lat at a time. Launch: grid (heads, ceil(dv / 32), ceil(n / 8)), 256
+// threads, dynamic shared memory 8·kl·4 bytes.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_mla_out(float* out, const float* lat, int n, int heads, int dn, int dv, int kl, const uint8_t* w,
+                    const float* wscale, int wdtype, int br, int bc) {
+    extern __shared__ float sl[];  // (8, kl)
+    const int h = blockIdx.x, j0 = blockIdx.y * 32, r0 = blockIdx.z * kMlaRows;
+    const int nr = min(kMlaRows, n - r0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int t = threadIdx.x; t < kMlaRows * kl; t += blockDim.x) {
+        const int r = t / kl, c = t % kl;
+        sl[t] = r < nr ? lat[(size_t(r0 + r) * heads + h) * kl + c] : 0.f;
+    }
+    __syncthreads();
+    for (int jj = warp; jj < 32; jj += kMlaWarps) {
+        const int j = j0 + jj;
+        if (j >= dv) break;
+        const float* srow;
+        const uint8_t* row = wrow(w, wscale, wdtype, kl, br, bc, h * (dn + dv) + dn + j, &srow);
+        float acc[kMlaRows];
+#pragma unroll
+        for (int r = 0; r < kMlaRows; r++) acc[r] = 0.f;
+        for (int c = lane; c < kl; c += 32) {
+            const float wv = elem(row, c, wdtype, srow, bc);
+#pragma unroll
+            for (int r = 0; r < kMlaRows; r++) acc[r] = fmaf(wv, sl[r * kl + c], acc[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < kMlaRows; r++) {
+            const float v = warp_sum(acc[r]);
+            if (lane == 0 && r < nr) out[size_t(r0 + r) * heads * dv + size_t(h) * dv + j] = v;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// DSA indexer scores: scores[i, t] (L columns, row stride L) =
+// Σ_h w[i, h]·ReLU(scale·q[i, h]·key_t) for t ≤ pos[i] (float32 dot
+// products, the heads added in order), −∞ for t > pos[i], 0 for every
+// visible t of a row with pos[i] + 1 ≤ topk. A thread per column, heads in
+// groups of 8 against the key read 8 dims at a time; the row's query is
+// staged in shared memory when it fits (staged). Launch: grid (n,
+// ceil(L / 128)), 128 threads, dynamic shared memory heads·dim·4 bytes when
+// staged.
+template <bool BF>
+__device__ void dsa_scores(float* scores, int L, const float* q, const float* w, const void* keys, const int* pos,
+                           const int* seq, const int* blocks, int max_blocks, int bs, int heads, int dim, float scale,
+                           int topk, int staged) {
+    extern __shared__ float sqk[];
+    const int i = blockIdx.x;
+    const int t0 = blockIdx.y * blockDim.x, t = t0 + threadIdx.x;
+    const int len = pos[i] + 1;
+    float* row = scores + size_t(i) * L;
+    if (t0 >= len || len <= topk) {  // block-uniform: no scores to compute
+        if (t < L) row[t] = t < len ? 0.f : -INFINITY;
+        return;
+    }
+    const float* qr = q + size_t(i) * heads * dim;
+    if (staged) {
+        for (int j = threadIdx.x; j < heads * dim; j += blockDim.x) sqk[j] = qr[j];
+        __syncthreads();
+        qr = sqk;
+    }
+    if (t >= L) return;
+    if (t >= len) {
+        row[t] = -INFINITY;
+        return;
+    }
+    const size_t base = (size_t(blocks[size_t(seq[i]) * max_blocks + t / bs]) * bs + t % bs) * dim;
+    const float* wr = w + size_t(i) * heads;
+    float v = 0.f;
+    for (int hg = 0; hg < heads; hg += 8) {
+        float s[8];
+#pragma unroll
+        for (int g = 0; g < 8; g++) s[g] = 0.f;
+        if (dim % 8 == 0) {
+            for (int d = 0; d < dim; d += 8) {
+                float kd[8];
+                kv8<BF>(keys, base + d, kd);
+#pragma unroll
+                for (int g = 0; g < 8; g++) {
+                    const float* qh = qr + size_t(min(hg + g, heads - 1)) * dim + d;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) s[g] = fmaf(qh[e], kd[e], s[g]);
+                }
+            }
+        } else {
+            for (int d = 0; d < dim; d++) {
+                const float kd = kv_at<BF>(keys, base + d);
+#pragma unroll
+                for (int g = 0; g < 8; g++) s[g] = fmaf(qr[size_t(min(hg + g, heads - 1)) * dim + d], kd, s[g]);
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < 8; g++) {
+            const float dt = __fmul_rn(s[g], scale);
+            if (hg + g < heads && dt > 0.f) v = __fadd_rn(v, __fmul_rn(wr[hg + g], dt));
+        }
+    }
+    row[t] = v;
+}
+
+#define FERRITE_DSA_SCORES(name, BF)                                                                               \
+    extern "C" __global__ void __launch_bounds__(128) name(                                                       \
+        float* scores, int L, const float* q, const float* w, const void* keys, const int* pos, const int* seq,  \
+        const int* blocks, int max_blocks, int bs, int heads, int dim, float scale, int topk, int staged) {      \
+        dsa_scores<BF>(scores, L, q, w, keys, pos, seq, blocks, max_blocks, bs, heads, dim, scale, topk, staged); \
+    }
+
+FERRITE_DSA_SCORES(ferrite_dsa_scores_f32, false)
+FERRITE_DSA_SCORES(ferrite_dsa_scores_bf16, true)
+
+// ---------------------------------------------------------------------------
+// Top-k selection, one block per row: sel[i] (k) = the columns of the k
+// largest scores[i] (L), ties to the lower column, in ascending column
+// order, −∞ ones left out, −1 after them — kernels/ref.SelectTopK exactly
+// (its order: cmp.Compare, so NaN ranks below −∞ and −0 equals +0). A
+// radix select over an order-preserving 32-bit key finds the k-th key T in
+// four passes of 8 bits; a last pass writes, in column order, the columns
+// above T and the first of those equal to T. Launch: grid n, 512 threads.
+
+namespace {
+
+constexpr int kTopKThreads = 512;
+
+// rank_key maps a score to a 32-bit key whose unsigned order is
+// cmp.Compare's: NaN lowest, −0 = +0.
+__device__ inline uint32_t rank_key(float v) {
+    if (v != v) return 0u;
+    if (v == 0.f) return 0x80000000u;
+    const uint32_t b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+constexpr uint32_t kNegInfKey = 0x007fffffu;  // rank_key(−∞)
+
+// flag_scan returns the number of threads of the block whose f is set and,
+// in *before, how many of them come before this thread. cnt holds one int
+// of shared memory per warp.
+__device__ inline int flag_scan(bool f, int* before, int* cnt) {
+    const unsigned bal = __ballot_sync(0xffffffffu, f);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) cnt[warp] = __popc(bal);
+    __syncthreads();
+    int b = 0, total = 0;
+    for (int v = 0; v < int(blockDim.x >> 5); v++) {
+        const int c = cnt[v];
+        if (v < warp) b += c;
+        total += c;
+    }
+    *before = b + __popc(bal & ((1u << lane) - 1u));
+    __syncthreads();  // cnt is rewritten by the next scan
+    return total;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kTopKThreads)
+    ferrite_topk(int* sel, int k, const float* scores, int stride, int L) {
+    __shared__ int hist[256];
+    __shared__ int cnt[kTopKThreads / 32];
+    __shared__ int s_bin, s_need;
+    const float* row = scores + size_t(blockIdx.x) * stride;
+    int* out = sel + size_t(blockIdx.x) * k;
+    uint32_t T = 0;  // the k-th largest key (0 with k ≥ L: every column)
+    int need = L;    // how many columns with key T to take, in column order
+    if (k < L) {
+        uint32_t mask = 0;
+        need = k;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+            __syncthreads();
+            for (int c = threadIdx.x; c < L; c += blockDim.x) {
+                const uint32_t u = rank_key(row[c]);
+                if ((u & mask) == T) atomicAdd(&hist[(u >> shift) & 255u], 1);
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                // The keys matching T number at least need: find the digit
+                // whose bin holds the need-th largest of them.
+                int cum = 0, b = 255;
+                for (; b > 0 && cum + hist[b] < need; b--) cum += hist[b];
+                s_bin = b;
+                s_need = need - cum;
+            }
+            __syncthreads();
+            T |= uint32_t(s_bin) << shift;
+            mask |= 255u << shift;
+            need = s_need;
+            __syncthreads();  // s_bin and s_need are rewritten by the next pass
+        }
+    }
+    int written = 0;
+    for (int c0 = 0; c0 < L; c0 += blockDim.x) {
+        const int c = c0 + threadIdx.x;
+        const uint32_t u = c < L ? rank_key(row[c]) : 0u;
+        const bool eq = c < L && u == T;
+        int tie;
+        const int ties = flag_scan(eq, &tie, cnt);
+        const bool take = c < L && (u > T || (eq && tie < need));
+        const bool emit = take && u != kNegInfKey;
+        int at;
+        const int emitted = flag_scan(emit, &at, cnt);
+        if (emit) out[written + at] = c;
+        written += emitted;
+        need -= min(ties, need);
+    }
+    for (int j = written + threadIdx.x; j < k; j += blockDim.x) out[j] = -1;
+}
