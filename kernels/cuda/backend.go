@@ -29,6 +29,7 @@ type Backend struct {
 	mu      sync.Mutex // guards weights, experts, err
 	weights map[*kernels.Mat]*Weight
 	experts map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
+	mlaUK   mlaUK                       // kv_b_proj's W_UK halves transposed (mla.go)
 	err     error
 
 	arena    arena      // the op set's per-step scratch

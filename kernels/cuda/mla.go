@@ -3,6 +3,9 @@
 package cuda
 
 import (
+	"encoding/binary"
+	"math"
+	"sync"
 	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -22,7 +25,7 @@ var (
 
 func init() {
 	kernelNames = append(kernelNames,
-		"ferrite_mla_store_latent", "ferrite_dsa_store_key", "ferrite_mla_absorb_q", "ferrite_mla_out",
+		"ferrite_mla_store_latent", "ferrite_dsa_store_key", "ferrite_mla_proj",
 		"ferrite_mla_attn_f32_1", "ferrite_mla_attn_f32_2", "ferrite_mla_attn_f32_4",
 		"ferrite_mla_attn_bf16_1", "ferrite_mla_attn_bf16_2", "ferrite_mla_attn_bf16_4",
 		"ferrite_dsa_scores_f32", "ferrite_dsa_scores_bf16", "ferrite_topk")
@@ -30,7 +33,7 @@ func init() {
 
 // Tiling of src/ops_mla.cu.
 const (
-	mlaRows    = 8        // query rows per projection block (absorb, out)
+	mlaRows    = 8        // query rows and output rows per projection block
 	mlaGroup   = 16       // query heads per attention block, at most
 	mlaSplit   = 64       // keys per attention split
 	mlaMaxKL   = 1024     // kv_lora_rank the attention kernels take (256·DPT, DPT ≤ 4)
@@ -131,23 +134,76 @@ func pagedRows(op string, p *kernels.Paged, n int) (pos, seq, bt uint64) {
 	return dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
 }
 
-// weightArgs are a device weight's kernel arguments: data, F8E4M3 scales
-// (0 otherwise), dtype, block rows and columns (at least 1).
-func weightArgs(w *Weight) []uint64 {
+// projArgs are the weight arguments of ferrite_mla_proj: data, F8E4M3
+// scales (0 otherwise), dtype, width, block rows and columns (at least 1)
+// and the first row of head 0.
+func projArgs(w *Weight, row0 int) []uint64 {
 	var scale uint64
 	if w.Scale != nil {
 		scale = w.Scale.ptr
 	}
-	return []uint64{w.Buf.ptr, scale, i32(int(w.DType)), i32(max(w.BlockRows, 1)), i32(max(w.BlockCols, 1))}
+	return []uint64{w.Buf.ptr, scale, i32(int(w.DType)), i32(w.Cols), i32(max(w.BlockRows, 1)), i32(max(w.BlockCols, 1)), i32(row0)}
+}
+
+// mlaUK holds, per kv_b_proj, its W_UK halves transposed: (heads·kl, dn),
+// head h's rows h·kl … (h+1)·kl − 1 being W_UK_hᵀ, so that the absorbed
+// query W_UK_hᵀ·q_nope is a per-head matrix-vector product with
+// contiguous rows like the output's W_UV_h·lat. F32, BF16 and F16 keep
+// their bytes; other dtypes are decoded to F32 (kernels.Mat.RowF32).
+type mlaUK struct {
+	mu sync.Mutex
+	m  map[*kernels.Mat]*kernels.Mat
+}
+
+// get returns kvB's transposed W_UK, built on first use.
+func (u *mlaUK) get(kvB *kernels.Mat, s kernels.MLAShape) *kernels.Mat {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if t := u.m[kvB]; t != nil {
+		return t
+	}
+	nh, dn, dv, kl := s.Heads, s.Nope, s.V, s.KVLora
+	dt := kvB.DType
+	exact := dt == kernels.F32 || dt == kernels.BF16 || dt == kernels.F16
+	if !exact {
+		dt = kernels.F32
+	}
+	es := dt.Size()
+	t := &kernels.Mat{DType: dt, Rows: nh * kl, Cols: dn, Data: make([]byte, nh*kl*dn*es)}
+	row := make([]float32, kl)
+	for h := range nh {
+		for d := range dn {
+			r := h*(dn+dv) + d // row d of W_UK_h
+			if !exact {
+				kvB.RowF32(row, r)
+			}
+			for c := range kl {
+				dst := t.Data[((h*kl+c)*dn+d)*es:]
+				if exact {
+					copy(dst[:es], kvB.Data[(r*kl+c)*es:])
+				} else {
+					binary.LittleEndian.PutUint32(dst, math.Float32bits(row[c]))
+				}
+			}
+		}
+	}
+	if u.m == nil {
+		u.m = map[*kernels.Mat]*kernels.Mat{}
+	}
+	u.m[kvB] = t
+	return t
 }
 
 // AttentionMLA implements kernels.MLAOps in the absorbed form, whatever
-// s.Form asks (both forms compute the same attention; MLANaive and MLAAuto
-// are a choice of cost, and the absorbed form is the one the GPU has):
-// q_pe rotated in place (ferrite_rope on the heads' tails), the absorbed
-// queries [W_UK_hᵀ q_nope | q_pe] (ferrite_mla_absorb_q), the latent
-// attention split over the keys like Attention (ferrite_mla_attn_*, merged
-// by ferrite_attn_combine), then W_UV_h per head (ferrite_mla_out).
+// s.Form asks (both forms compute the same attention; the form is a choice
+// of cost, and on the GPU the absorbed one wins at every shape: its latent
+// attention reads each latent once for up to 16 heads, while the naive
+// form's expanded keys would be read per head and per row by the untiled
+// attention kernels). The steps: q_pe rotated in place (ferrite_rope on the
+// heads' tails); the absorbed queries W_UK_hᵀ·q_nope (ferrite_mla_proj over
+// the transposed W_UK); the latent attention split over the keys like
+// Attention (ferrite_mla_attn_*, merged by ferrite_attn_combine); then
+// W_UV_h·lat per head (ferrite_mla_proj over kv_b_proj).
 func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r *kernels.Rotary, p *kernels.Paged, s kernels.MLAShape, sel kernels.Tensor) {
 	f32Contig("AttentionMLA", out, q)
 	bf := cacheDType("AttentionMLA", cache)
@@ -158,8 +214,8 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 		panic("cuda: AttentionMLA shapes do not match")
 	case kvB.Rows != s.Heads*(s.Nope+s.V) || kvB.Cols != kl || 2*half != s.Rope:
 		panic("cuda: AttentionMLA kv_b_proj or rotary does not match the shape")
-	case kl > mlaMaxKL || s.Nope > mlaMaxKL:
-		panic("cuda: AttentionMLA kv_lora_rank or qk_nope_head_dim above 1024")
+	case kl > mlaMaxKL:
+		panic("cuda: AttentionMLA kv_lora_rank above 1024")
 	}
 	pos, seq, bt := pagedRows("AttentionMLA", p, n)
 	var selp uint64
@@ -186,18 +242,25 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	}
 	splits := max(1, min(ceilDiv(keys, mlaSplit), ceilDiv(2*b.dev.SMs, n*groups)))
 	dw, err := b.weight(kvB)
+	var uk *Weight
+	if err == nil && s.Nope > 0 {
+		uk, err = b.weight(b.mlaUK.get(kvB, s))
+	}
 	if err != nil {
 		b.fail(err)
 		return
 	}
-	wa := weightArgs(dw)
-	qc := dptr(b.Scratch(kernels.F32, n*s.Heads, kw))  // (n, heads, kl+dr) absorbed queries
+	var qc uint64 // (n, heads, kl) absorbed queries W_UK_hᵀ·q_nope; none without q_nope dims (zero)
+	if uk != nil {
+		qc = dptr(b.Scratch(kernels.F32, n*s.Heads, kl))
+	}
 	lat := dptr(b.Scratch(kernels.F32, n*s.Heads, kl)) // (n, heads, kl) attended latents
 	var part uint64
 	if splits > 1 {
 		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, kl+2)) // (n, heads, splits, max, sum, kl sums)
 	}
 	o, qp := dptr(out), dptr(q)
+	rowBlocks := uint32(ceilDiv(n, mlaRows))
 	b.queue(func(d *Device) error {
 		if half > 0 { // q_pe: the last Rope dims of every head
 			total := int64(n) * int64(s.Heads) * int64(half)
@@ -207,15 +270,15 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 				return err
 			}
 		}
-		rowBlocks := uint32(ceilDiv(n, mlaRows))
-		args := append([]uint64{qc, qp, i32(n), i32(s.Heads), i32(s.Nope), i32(s.Rope), i32(s.V), i32(kl)}, wa...)
-		if err := d.launch3L("ferrite_mla_absorb_q", [3]uint32{uint32(s.Heads), uint32(ceilDiv(kl, 64)), rowBlocks}, 256,
-			uint32(mlaRows*s.Nope*4), args...); err != nil {
-			return err
+		if uk != nil {
+			args := append([]uint64{qc, i32(s.Heads * kl), i32(kl), qp, i32(s.Heads * hd), i32(hd), i32(n), i32(kl), i32(kl)}, projArgs(uk, 0)...)
+			if err := d.launch3L("ferrite_mla_proj", [3]uint32{uint32(ceilDiv(kl, mlaRows)), uint32(s.Heads), rowBlocks}, 256, 0, args...); err != nil {
+				return err
+			}
 		}
 		err := d.launch3L(mlaAttnKernels[b2i(bf)][dpt], [3]uint32{uint32(n), uint32(groups), uint32(splits)}, 256, uint32(gs*kw*4),
-			lat, part, qc, dptr(cache), pos, seq, bt, selp, i32(keys), i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads),
-			i32(gs), i32(kl), i32(s.Rope), i32(mlaSplit), f32(s.Scale))
+			lat, part, qc, qp, dptr(cache), pos, seq, bt, selp, i32(keys), i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads),
+			i32(gs), i32(kl), i32(s.Nope), i32(s.Rope), i32(mlaSplit), f32(s.Scale))
 		if err != nil {
 			return err
 		}
@@ -225,9 +288,9 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 				return err
 			}
 		}
-		args = append([]uint64{o, lat, i32(n), i32(s.Heads), i32(s.Nope), i32(s.V), i32(kl)}, wa...)
-		return d.launch3L("ferrite_mla_out", [3]uint32{uint32(s.Heads), uint32(ceilDiv(s.V, 32)), rowBlocks}, 256,
-			uint32(mlaRows*kl*4), args...)
+		args := append([]uint64{o, i32(s.Heads * s.V), i32(s.V), lat, i32(s.Heads * kl), i32(kl), i32(n), i32(s.V), i32(s.Nope + s.V)},
+			projArgs(dw, s.Nope)...)
+		return d.launch3L("ferrite_mla_proj", [3]uint32{uint32(ceilDiv(s.V, mlaRows)), uint32(s.Heads), rowBlocks}, 256, 0, args...)
 	})
 }
 

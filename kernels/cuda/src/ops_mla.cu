@@ -114,100 +114,50 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // ---------------------------------------------------------------------------
 // MLA, absorbed form. A query head is [q_nope (dn) | q_pe (dr)], a cache row
-// [c (kl) | k_pe (dr)]; kv_b_proj w (heads·(dn + dv), kl) holds per head
-// W_UK (dn rows) then W_UV (dv rows), in its stored dtype (F8E4M3 with its
-// block scales, br × bc).
+// [c (kl) | k_pe (dr)]; kv_b_proj (heads·(dn + dv), kl) holds per head W_UK
+// (dn rows) then W_UV (dv rows). The absorbed query W_UK_hᵀ·q_nope and the
+// output W_UV_h·lat are both per-head matrix-vector products
+// (ferrite_mla_proj): the first over W_UK transposed once on the host
+// ((heads·kl, dn), mla.go), the second over kv_b_proj's W_UV rows.
 
-namespace {
-
-constexpr int kMlaRows = 8;    // query rows a projection block handles: each weight element is read once per 8
-constexpr int kMlaG = 16;      // query heads an attention block handles
-constexpr int kMlaTile = 32;   // keys an attention block scores at a time
-constexpr int kMlaWarps = 8;   // warps of an attention block (256 threads)
-
-// wsize is the bytes of one element of a weight dtype.
-__device__ inline int wsize(int dtype) { return dtype == kF32 ? 4 : dtype == kF8E4M3 ? 1 : 2; }
-
-// wrow returns row r of a weight (cols wide) and, for F8E4M3, its scale row.
-__device__ inline const uint8_t* wrow(const uint8_t* w, const float* wscale, int dtype, int cols, int br, int bc, int r,
-                                      const float** srow) {
-    *srow = dtype == kF8E4M3 ? wscale + size_t(r / br) * ((cols + bc - 1) / bc) : nullptr;
-    return w + size_t(r) * cols * wsize(dtype);
-}
-
-}  // namespace
-
-// Absorbed queries: qc (n, heads, kl + dr) = per row and head
-// [W_UK_hᵀ·q_nope | q_pe] for q (n, heads·(dn + dr)), float32 sums over the
-// dn rows of W_UK_h. The block's warps split W_UK_h's rows, its lanes 64
-// columns. Launch: grid (heads, ceil(kl / 64), ceil(n / 8)), 256 threads,
-// dynamic shared memory 8·dn·4 bytes.
+// Per-head projection: y[i·y_rs + h·y_hs + r] = W[h·w_hrows + r]·x[i·x_rs +
+// h·x_hs] (cols values) for rows r < rows of every head h and query row i <
+// n, the weight W (wcols wide) in its stored dtype (F8E4M3 with br × bc
+// block scales; row0 is head 0's first row), float32 sums (ops.cu's
+// warp_dot: 16-byte loads when aligned). A warp per output row, the block's
+// 8 query rows in turn. Launch: grid (ceil(rows / 8), heads, ceil(n / 8)),
+// 256 threads.
 extern "C" __global__ void __launch_bounds__(256)
-    ferrite_mla_absorb_q(float* qc, const float* q, int n, int heads, int dn, int dr, int dv, int kl,
-                         const uint8_t* w, const float* wscale, int wdtype, int br, int bc) {
-    extern __shared__ float sqn[];  // (8, dn) the rows' q_nope of head h
-    __shared__ float red[kMlaWarps][kMlaRows][64];
-    const int h = blockIdx.x, c0 = blockIdx.y * 64, r0 = blockIdx.z * kMlaRows;
-    const int nr = min(kMlaRows, n - r0);
-    const int hd = dn + dr, kw = kl + dr;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int t = threadIdx.x; t < kMlaRows * dn; t += blockDim.x) {
-        const int r = t / dn, d = t % dn;
-        sqn[t] = r < nr ? q[(size_t(r0 + r) * heads + h) * hd + d] : 0.f;
-    }
-    if (blockIdx.y == 0) {
-        for (int t = threadIdx.x; t < nr * dr; t += blockDim.x) {
-            const int r = t / dr, e = t % dr;
-            qc[(size_t(r0 + r) * heads + h) * kw + kl + e] = q[(size_t(r0 + r) * heads + h) * hd + dn + e];
-        }
-    }
-    __syncthreads();
-    float acc[kMlaRows][2];
-#pragma unroll
-    for (int r = 0; r < kMlaRows; r++) acc[r][0] = acc[r][1] = 0.f;
-    for (int d = warp; d < dn; d += kMlaWarps) {
-        const float* srow;
-        const uint8_t* row = wrow(w, wscale, wdtype, kl, br, bc, h * (dn + dv) + d, &srow);
-        float wv[2];
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int c = c0 + lane + 32 * u;
-            wv[u] = c < kl ? elem(row, c, wdtype, srow, bc) : 0.f;
-        }
-#pragma unroll
-        for (int r = 0; r < kMlaRows; r++) {
-            const float x = sqn[r * dn + d];
-            acc[r][0] = fmaf(wv[0], x, acc[r][0]);
-            acc[r][1] = fmaf(wv[1], x, acc[r][1]);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < kMlaRows; r++) {
-        red[warp][r][lane] = acc[r][0];
-        red[warp][r][lane + 32] = acc[r][1];
-    }
-    __syncthreads();
-    for (int t = threadIdx.x; t < nr * 64; t += blockDim.x) {
-        const int r = t / 64, cc = t % 64, c = c0 + cc;
-        if (c >= kl) continue;
-        float s = 0.f;
-        for (int v = 0; v < kMlaWarps; v++) s += red[v][r][cc];
-        qc[(size_t(r0 + r) * heads + h) * kw + c] = s;
+    ferrite_mla_proj(float* y, int y_rs, int y_hs, const float* x, int x_rs, int x_hs, int n, int rows, int w_hrows,
+                     const uint8_t* wdata, const float* wscale, int wdtype, int wcols, int br, int bc, int row0) {
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int h = blockIdx.y;
+    if (r >= rows) return;
+    const MatDesc w{wdata, wscale, wdtype, 0, wcols, br, bc, row0};
+    const int i1 = min(n, int(blockIdx.z + 1) * 8);
+    for (int i = blockIdx.z * 8; i < i1; i++) {
+        const float v = warp_dot(w, h * w_hrows + r, x + size_t(i) * x_rs + size_t(h) * x_hs);
+        if ((threadIdx.x & 31) == 0) y[size_t(i) * y_rs + size_t(h) * y_hs + r] = v;
     }
 }
 
 namespace {
+
+constexpr int kMlaG = 16;     // query heads an attention block handles
+constexpr int kMlaTile = 32;  // keys an attention block scores at a time
+constexpr int kMlaWarps = 8;  // warps of an attention block (256 threads)
 
 struct MlaArgs {
     float* lat;          // (n, heads, kl) with one split
     float* part;         // (n, heads, splits, kl + 2) per split: max, sum, kl unnormalised sums
-    const float* qc;     // (n, heads, kl + dr) absorbed queries
+    const float* qc;     // (n, heads, kl) absorbed queries W_UK_hᵀ·q_nope; null for zeros (dn = 0)
+    const float* q;      // (n, heads·(dn + dr)) the rotated queries (their q_pe)
     const void* cache;   // (slots, kl + dr) F32 or BF16
     const int* pos;
     const int* seq;
     const int* blocks;
     const int* sel;      // (n, k) selections, or null (dense)
-    int k, max_blocks, bs, heads, gs, kl, dr, split;
+    int k, max_blocks, bs, heads, gs, kl, dn, dr, split;
     float scale;
 };
 
@@ -236,9 +186,13 @@ __device__ void mla_attn_block(const MlaArgs& a) {
     const int k0 = blockIdx.z * a.split, k1 = min(end, k0 + a.split);
     const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
 
-    for (int t = threadIdx.x; t < kMlaG * kw; t += blockDim.x) {
+    for (int t = threadIdx.x; t < a.gs * kw; t += blockDim.x) {
         const int g = t / kw, d = t % kw;
-        if (g < a.gs) sq[t] = g < ng ? a.qc[(size_t(i) * a.heads + h0 + g) * kw + d] : 0.f;
+        const size_t hh = size_t(i) * a.heads + h0 + g;
+        float v = 0.f;
+        if (g < ng && d < kl) v = a.qc ? a.qc[hh * kl + d] : 0.f;
+        if (g < ng && d >= kl) v = a.q[hh * (a.dn + a.dr) + a.dn + d - kl];
+        sq[t] = v;
     }
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // heads warp and warp + 8
     float acc[kMlaG][DPT];
@@ -370,17 +324,18 @@ __device__ void mla_attn_block(const MlaArgs& a) {
 }  // namespace
 
 // Latent attention: lat (n, heads, kl) = the softmax(scale·(q̃·c + q_pe·k_pe))
-// weighted sum of the latents c, from the absorbed queries qc (n, heads,
-// kl + dr), per split into part when there are several (merged by
+// weighted sum of the latents c, from the absorbed queries q̃ = qc (n,
+// heads, kl) and the q_pe of q (n, heads·(dn + dr)), per split into part when there are several (merged by
 // ferrite_attn_combine with hd = kl). A row that attends to nothing gets
 // zeros. Launch: grid (n, ceil(heads / gs), splits), 256 threads, dynamic
 // shared memory gs·(kl + dr)·4 bytes; gs ≤ 16, kl ≤ 256·DPT.
 #define FERRITE_MLA_ATTN(name, DPT, BF)                                                                          \
     extern "C" __global__ void __launch_bounds__(256) name(                                                    \
-        float* lat, float* part, const float* qc, const void* cache, const int* pos, const int* seq,           \
-        const int* blocks, const int* sel, int k, int max_blocks, int bs, int heads, int gs, int kl, int dr,   \
-        int split, float scale) {                                                                               \
-        MlaArgs a{lat, part, qc, cache, pos, seq, blocks, sel, k, max_blocks, bs, heads, gs, kl, dr, split, scale}; \
+        float* lat, float* part, const float* qc, const float* q, const void* cache, const int* pos,            \
+        const int* seq, const int* blocks, const int* sel, int k, int max_blocks, int bs, int heads, int gs,     \
+        int kl, int dn, int dr, int split, float scale) {                                                       \
+        MlaArgs a{lat, part, qc, q, cache, pos, seq, blocks, sel, k, max_blocks, bs, heads, gs, kl, dn, dr,      \
+                  split, scale};                                                                                \
         mla_attn_block<DPT, BF>(a);                                                                             \
     }
 
@@ -390,43 +345,6 @@ FERRITE_MLA_ATTN(ferrite_mla_attn_f32_4, 4, false)
 FERRITE_MLA_ATTN(ferrite_mla_attn_bf16_1, 1, true)
 FERRITE_MLA_ATTN(ferrite_mla_attn_bf16_2, 2, true)
 FERRITE_MLA_ATTN(ferrite_mla_attn_bf16_4, 4, true)
-
-// Absorbed output: out (n, heads·dv), out[i, h·dv + j] = W_UV_h[j]·lat[i, h]
-// for lat (n, heads, kl), float32 sums; a warp per output column, 8 rows of
-// lat at a time. Launch: grid (heads, ceil(dv / 32), ceil(n / 8)), 256
-// threads, dynamic shared memory 8·kl·4 bytes.
-extern "C" __global__ void __launch_bounds__(256)
-    ferrite_mla_out(float* out, const float* lat, int n, int heads, int dn, int dv, int kl, const uint8_t* w,
-                    const float* wscale, int wdtype, int br, int bc) {
-    extern __shared__ float sl[];  // (8, kl)
-    const int h = blockIdx.x, j0 = blockIdx.y * 32, r0 = blockIdx.z * kMlaRows;
-    const int nr = min(kMlaRows, n - r0);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int t = threadIdx.x; t < kMlaRows * kl; t += blockDim.x) {
-        const int r = t / kl, c = t % kl;
-        sl[t] = r < nr ? lat[(size_t(r0 + r) * heads + h) * kl + c] : 0.f;
-    }
-    __syncthreads();
-    for (int jj = warp; jj < 32; jj += kMlaWarps) {
-        const int j = j0 + jj;
-        if (j >= dv) break;
-        const float* srow;
-        const uint8_t* row = wrow(w, wscale, wdtype, kl, br, bc, h * (dn + dv) + dn + j, &srow);
-        float acc[kMlaRows];
-#pragma unroll
-        for (int r = 0; r < kMlaRows; r++) acc[r] = 0.f;
-        for (int c = lane; c < kl; c += 32) {
-            const float wv = elem(row, c, wdtype, srow, bc);
-#pragma unroll
-            for (int r = 0; r < kMlaRows; r++) acc[r] = fmaf(wv, sl[r * kl + c], acc[r]);
-        }
-#pragma unroll
-        for (int r = 0; r < kMlaRows; r++) {
-            const float v = warp_sum(acc[r]);
-            if (lane == 0 && r < nr) out[size_t(r0 + r) * heads * dv + size_t(h) * dv + j] = v;
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------
 // DSA indexer scores: scores[i, t] (L columns, row stride L) =
