@@ -2,12 +2,12 @@
 // (kernels.MLAOps, kernels.SparseOps), launched by kernels/cuda's mla.go:
 // the latent and index-key stores, the absorbed-form attention (the query
 // folded through W_UK, scores and the softmax-weighted sum straight off the
-// latent cache, W_UV applied to the sum), the naive form's key/value
-// expansion, the DSA indexer scores and the device top-k.
+// latent cache, W_UV applied to the sum), the DSA indexer scores and the
+// device top-k.
 //
 // The sources compile as one translation unit in name order, so this file
-// (after ops.cu) uses ops.cu's elem, kv_at, kv8, warp_max and kF8E4M3,
-// gemv.cu's warp_sum and convert.cu's f32_to_bf16.
+// (after ops.cu) uses ops.cu's MatDesc, warp_dot, kv_at, kv8, warp_max and
+// warp_sum_f64, gemv.cu's warp_sum and convert.cu's f32_to_bf16.
 #include <math.h>
 #include <stdint.h>
 
@@ -147,6 +147,22 @@ constexpr int kMlaG = 16;     // query heads an attention block handles
 constexpr int kMlaTile = 32;  // keys an attention block scores at a time
 constexpr int kMlaWarps = 8;  // warps of an attention block (256 threads)
 
+// kv4 widens the 4 cache values at element e (a multiple of 4) into o.
+template <bool BF>
+__device__ inline void kv4(const void* c, size_t e, float* o) {
+    if (BF) {
+        const uint32_t* p = reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(c) + e);
+        BF16W::pair(p[0], o);
+        BF16W::pair(p[1], o + 2);
+    } else {
+        const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(c) + e);
+        o[0] = v.x;
+        o[1] = v.y;
+        o[2] = v.z;
+        o[3] = v.w;
+    }
+}
+
 struct MlaArgs {
     float* lat;          // (n, heads, kl) with one split
     float* part;         // (n, heads, splits, kl + 2) per split: max, sum, kl unnormalised sums
@@ -221,15 +237,16 @@ __device__ void mla_attn_block(const MlaArgs& a) {
             for (int g = 0; g < kMlaG; g++) part[g] = 0.f;
             if (s >= 0) {
                 const size_t base = size_t(s) * kw;
-                if (kw % 8 == 0) {  // 16-byte loads (bf16) or two (float32)
-                    for (int d = lane * 8; d < kw; d += 256) {
-                        float kd[8];
-                        kv8<BF>(a.cache, base + d, kd);
+                if (kw % 4 == 0) {  // 4 dims a lane: 8-byte (bf16) or 16-byte loads, float4 queries
+                    for (int d = lane * 4; d < kw; d += 128) {
+                        float kd[4];
+                        kv4<BF>(a.cache, base + d, kd);
 #pragma unroll
-                        for (int e = 0; e < 8; e++) {
-#pragma unroll
-                            for (int g = 0; g < kMlaG; g++)
-                                if (g < a.gs) part[g] = fmaf(sq[g * kw + d + e], kd[e], part[g]);
+                        for (int g = 0; g < kMlaG; g++) {
+                            if (g < a.gs) {
+                                const float4 qv = *reinterpret_cast<const float4*>(sq + g * kw + d);
+                                part[g] = fmaf(qv.x, kd[0], fmaf(qv.y, kd[1], fmaf(qv.z, kd[2], fmaf(qv.w, kd[3], part[g]))));
+                            }
                         }
                     }
                 } else {
@@ -279,6 +296,7 @@ __device__ void mla_attn_block(const MlaArgs& a) {
             }
 #pragma unroll
             for (int g = 0; g < kMlaG; g++) {
+                if (g >= a.gs) break;
                 const float p = sp[g][kk];
 #pragma unroll
                 for (int j = 0; j < DPT; j++) acc[g][j] = fmaf(p, cv[j], acc[g][j]);
