@@ -4,11 +4,13 @@ package cuda
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
 // TestMLAWide runs the MLA and DSA cases at real model widths
@@ -153,6 +155,42 @@ func BenchmarkMLADecode(b *testing.B) {
 		})
 		for _, kc := range caches {
 			be.Free(kc)
+		}
+	}
+}
+
+// TestMLAUKTranspose checks on the host the transposed W_UK that the
+// absorbed queries multiply by: row h·kl + c of it is column c of W_UK_h
+// (kv_b_proj's rows h·(dn+dv) … h·(dn+dv)+dn−1), exact bytes for BF16 and
+// decoded to F32 for F8E4M3 (with its block scales).
+func TestMLAUKTranspose(t *testing.T) {
+	s := kernels.MLAShape{Heads: 3, Nope: 5, V: 4, KVLora: 16}
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F8E4M3} {
+		rng := rand.New(rand.NewPCG(1, uint64(dt)))
+		kvB := kerneltest.NewMat(rng, dt, s.Heads*(s.Nope+s.V), s.KVLora, 4, 8)
+		var u mlaUK
+		uk := u.get(kvB, s)
+		if u.get(kvB, s) != uk {
+			t.Fatalf("%v: not cached", dt)
+		}
+		want := kernels.F32
+		if dt == kernels.BF16 {
+			want = kernels.BF16
+		}
+		if uk.DType != want || uk.Rows != s.Heads*s.KVLora || uk.Cols != s.Nope {
+			t.Fatalf("%v: transposed W_UK is %v (%d, %d)", dt, uk.DType, uk.Rows, uk.Cols)
+		}
+		full := ref.MatF32(kvB)
+		got := ref.MatF32(uk)
+		for h := range s.Heads {
+			for c := range s.KVLora {
+				for d := range s.Nope {
+					w := full[(h*(s.Nope+s.V)+d)*s.KVLora+c]
+					if g := got[(h*s.KVLora+c)*s.Nope+d]; g != w {
+						t.Fatalf("%v: head %d W_UKᵀ[%d][%d] = %g, want %g", dt, h, c, d, g, w)
+					}
+				}
+			}
 		}
 	}
 }
