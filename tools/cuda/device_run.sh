@@ -42,7 +42,10 @@ export FERRITE_CUDA_FATBIN="$dev/k/ferrite.fatbin" FERRITE_TEST_DEVICE=cuda
 # The fixtures are found through the build path of the test binary.
 if [ ! -e /work/wt/cudaops ]; then mkdir -p /work/wt && ln -s "$root" /work/wt/cudaops; fi
 (cd "$root/engine" && timeout 75 "$dev/engine.test" -test.v -test.count 1 -test.run 'TestFixtures|TestAutoDevice' 2>&1; echo "engine.test rc=$?") >"$out/fixtures.log"
-grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" | grep -v -- '--- PASS' | tail -40
+# The MLA family's random-weight suite (decode, chunked prefill, batches,
+# fork, rollback; dense and DSA) on the device beside cpu and strict.
+(timeout 40 ./mla.test -test.v -test.count 1 -test.run 'TestConformance' 2>&1; echo "mla.test rc=$?") >"$out/mla.log"
+grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" "$out/mla.log" | grep -v -- '--- PASS' | tail -40
 
 # The decode-step benchmarks (STEP_BENCH: the bare-GEMV step of BENCHMARKS.md
 # section 9 and the op-set step, split into its Linear ops and the rest,

@@ -20,6 +20,7 @@ export CGO_ENABLED=0
 go test -c -ldflags=-s -o "$dest/cuda.test" ./kernels/cuda
 go test -c -ldflags=-s -o "$dest/device.test" ./kernels/device
 go test -c -ldflags=-s -o "$dest/engine.test" ./engine
+go test -c -ldflags=-s -o "$dest/mla.test" ./engine/models/mla
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp"
