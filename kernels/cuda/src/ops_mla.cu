@@ -343,9 +343,9 @@ __device__ void mla_attn_block(const MlaArgs& a) {
 
 // Latent attention: lat (n, heads, kl) = the softmax(scale·(q̃·c + q_pe·k_pe))
 // weighted sum of the latents c, from the absorbed queries q̃ = qc (n,
-// heads, kl) and the q_pe of q (n, heads·(dn + dr)), per split into part when there are several (merged by
-// ferrite_attn_combine with hd = kl). A row that attends to nothing gets
-// zeros. Launch: grid (n, ceil(heads / gs), splits), 256 threads, dynamic
+// heads, kl) and the q_pe of q (n, heads·(dn + dr)); per split into part
+// when there are several (merged by ferrite_attn_combine with hd = kl). A
+// row that attends to nothing gets zeros. Launch: grid (n, ceil(heads / gs), splits), 256 threads, dynamic
 // shared memory gs·(kl + dr)·4 bytes; gs ≤ 16, kl ≤ 256·DPT.
 #define FERRITE_MLA_ATTN(name, DPT, BF)                                                                          \
     extern "C" __global__ void __launch_bounds__(256) name(                                                    \
