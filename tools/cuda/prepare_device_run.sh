@@ -17,10 +17,10 @@ rm -rf "$dest"
 mkdir -p "$dest/k" "$dest/tools/cuda" "$dest/qwen3-8b"
 cd "$src"
 export CGO_ENABLED=0
+go test -c -ldflags=-s -o "$dest/mla.test" ./engine/models/mla
 go test -c -ldflags=-s -o "$dest/cuda.test" ./kernels/cuda
 go test -c -ldflags=-s -o "$dest/device.test" ./kernels/device
 go test -c -ldflags=-s -o "$dest/engine.test" ./engine
-go test -c -ldflags=-s -o "$dest/mla.test" ./engine/models/mla
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp"

@@ -37,6 +37,10 @@ FERRITE_SHFL(unsigned long long)
 FERRITE_SHFL(float)
 FERRITE_SHFL(double)
 #undef FERRITE_SHFL
+// Warp votes, bit counts and shared-memory atomics (ops_mla.cu's top-k).
+__device__ unsigned __ballot_sync(unsigned mask, int pred);
+__device__ int __popc(unsigned);
+__device__ int atomicAdd(int*, int);
 
 __device__ uint4 __ldg(const uint4*);
 __device__ float4 __ldg(const float4*);
@@ -66,8 +70,3 @@ __device__ unsigned min(unsigned, unsigned);
 __device__ unsigned max(unsigned, unsigned);
 __device__ long long min(long long, long long);
 __device__ long long max(long long, long long);
-
-// Warp votes, bit counts and shared-memory atomics (ops_mla.cu's top-k).
-__device__ unsigned __ballot_sync(unsigned mask, int pred);
-__device__ int __popc(unsigned);
-__device__ int atomicAdd(int*, int);
