@@ -25,7 +25,7 @@ var (
 
 func init() {
 	kernelNames = append(kernelNames,
-		"ferrite_mla_store_latent", "ferrite_dsa_store_key", "ferrite_mla_proj",
+		"ferrite_mla_store_latent", "ferrite_dsa_store_key", "ferrite_mla_proj", "ferrite_mla_combine",
 		"ferrite_mla_attn_f32_1", "ferrite_mla_attn_f32_2", "ferrite_mla_attn_f32_4",
 		"ferrite_mla_attn_bf16_1", "ferrite_mla_attn_bf16_2", "ferrite_mla_attn_bf16_4",
 		"ferrite_dsa_scores_f32", "ferrite_dsa_scores_bf16", "ferrite_topk")
@@ -202,7 +202,7 @@ func (u *mlaUK) get(kvB *kernels.Mat, s kernels.MLAShape) *kernels.Mat {
 // attention kernels). The steps: q_pe rotated in place (ferrite_rope on the
 // heads' tails); the absorbed queries W_UK_hᵀ·q_nope (ferrite_mla_proj over
 // the transposed W_UK); the latent attention split over the keys like
-// Attention (ferrite_mla_attn_*, merged by ferrite_attn_combine); then
+// Attention (ferrite_mla_attn_*, merged by ferrite_mla_combine); then
 // W_UV_h·lat per head (ferrite_mla_proj over kv_b_proj).
 func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r *kernels.Rotary, p *kernels.Paged, s kernels.MLAShape, sel kernels.Tensor) {
 	f32Contig("AttentionMLA", out, q)
@@ -283,7 +283,7 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 			return err
 		}
 		if splits > 1 {
-			if err := d.launch3L("ferrite_attn_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, attnThread, 0,
+			if err := d.launch3L("ferrite_mla_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, 128, 0,
 				lat, part, i32(s.Heads), i32(kl), i32(splits)); err != nil {
 				return err
 			}

@@ -433,10 +433,8 @@ FERRITE_ATTN(ferrite_attn_bf16_2, 2, true)
 FERRITE_ATTN(ferrite_attn_bf16_4, 4, true)
 FERRITE_ATTN(ferrite_attn_bf16_8, 8, true)
 
-// Merges the splits of ferrite_attn_* (and of ferrite_mla_attn_*, hd = the
-// latent width): out (n, heads·hd) from part (n, heads, splits, hd + 2); a
-// head with no key in any split gets zeros. Launch: grid (n, heads), 128
-// threads.
+// Merges the splits of ferrite_attn_*: out (n, heads·hd) from part (n,
+// heads, splits, hd + 2). Launch: grid (n, heads), 128 threads.
 extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, int heads, int hd, int splits) {
     const int i = blockIdx.x, h = blockIdx.y;
     const float* pp = part + (size_t(i) * heads + h) * splits * (hd + 2);
@@ -451,7 +449,7 @@ extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, i
             L += pp[z * (hd + 2) + 1] * c;
             A += pp[z * (hd + 2) + 2 + d] * c;
         }
-        out[(size_t(i) * heads + h) * hd + d] = L > 0.f ? A / L : 0.f;
+        out[(size_t(i) * heads + h) * hd + d] = A / L;
     }
 }
 

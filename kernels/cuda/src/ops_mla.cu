@@ -344,8 +344,8 @@ __device__ void mla_attn_block(const MlaArgs& a) {
 // Latent attention: lat (n, heads, kl) = the softmax(scale·(q̃·c + q_pe·k_pe))
 // weighted sum of the latents c, from the absorbed queries q̃ = qc (n,
 // heads, kl) and the q_pe of q (n, heads·(dn + dr)); per split into part
-// when there are several (merged by ferrite_attn_combine with hd = kl). A
-// row that attends to nothing gets zeros. Launch: grid (n, ceil(heads / gs), splits), 256 threads, dynamic
+// when there are several (merged by ferrite_mla_combine). A row that
+// attends to nothing gets zeros. Launch: grid (n, ceil(heads / gs), splits), 256 threads, dynamic
 // shared memory gs·(kl + dr)·4 bytes; gs ≤ 16, kl ≤ 256·DPT.
 #define FERRITE_MLA_ATTN(name, DPT, BF)                                                                          \
     extern "C" __global__ void __launch_bounds__(256) name(                                                    \
@@ -363,6 +363,29 @@ FERRITE_MLA_ATTN(ferrite_mla_attn_f32_4, 4, false)
 FERRITE_MLA_ATTN(ferrite_mla_attn_bf16_1, 1, true)
 FERRITE_MLA_ATTN(ferrite_mla_attn_bf16_2, 2, true)
 FERRITE_MLA_ATTN(ferrite_mla_attn_bf16_4, 4, true)
+
+// Merges the splits of ferrite_mla_attn_*: lat (n, heads·kl) from part (n,
+// heads, splits, kl + 2), as ops.cu's ferrite_attn_combine does for GQA
+// but with zeros for a head whose row attended to nothing (an empty DSA
+// selection), which GQA attention never meets. Launch: grid (n, heads),
+// 128 threads.
+extern "C" __global__ void ferrite_mla_combine(float* lat, const float* part, int heads, int kl, int splits) {
+    const int i = blockIdx.x, h = blockIdx.y;
+    const float* pp = part + (size_t(i) * heads + h) * splits * (kl + 2);
+    float mx = -INFINITY;
+    for (int z = 0; z < splits; z++) mx = fmaxf(mx, pp[z * (kl + 2)]);
+    for (int d = threadIdx.x; d < kl; d += blockDim.x) {
+        float L = 0.f, A = 0.f;
+        for (int z = 0; z < splits; z++) {
+            const float mz = pp[z * (kl + 2)];
+            if (mz == -INFINITY) continue;
+            const float c = expf(mz - mx);
+            L += pp[z * (kl + 2) + 1] * c;
+            A += pp[z * (kl + 2) + 2 + d] * c;
+        }
+        lat[(size_t(i) * heads + h) * kl + d] = L > 0.f ? A / L : 0.f;
+    }
+}
 
 // ---------------------------------------------------------------------------
 // DSA indexer scores: scores[i, t] (L columns, row stride L) =
