@@ -29,7 +29,6 @@ type Backend struct {
 	mu      sync.Mutex // guards weights, experts, err
 	weights map[*kernels.Mat]*Weight
 	experts map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
-	mlaUK   mlaUK                       // kv_b_proj's W_UK halves transposed (mla.go)
 	err     error
 
 	arena    arena      // the op set's per-step scratch
@@ -43,6 +42,8 @@ type Backend struct {
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
+
+	mlaUK mlaUK // kv_b_proj's W_UK halves transposed (mla.go)
 }
 
 // OpenBackend opens GPU ordinal and returns a Backend that owns it, with
