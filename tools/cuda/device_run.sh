@@ -33,6 +33,13 @@ chmod +x ./*.test ferrite
 	fi
 } >"$out/build.log" 2>&1
 cp k/ferrite.fatbin k/fatbin.sha256 "$out/" 2>/dev/null
+
+# The MLA family's random-weight suite (decode, chunked prefill, batches,
+# fork, rollback; dense and DSA) on the device.
+(FERRITE_CUDA_FATBIN="$dev/k/ferrite.fatbin" FERRITE_TEST_DEVICE=cuda timeout 40 ./mla.test -test.v -test.count 1 \
+	-test.run 'TestConformance//device' 2>&1; echo "mla.test rc=$?") >"$out/mla.log"
+grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/mla.log" | grep -v -- '--- PASS' | tail -20
+
 export FERRITE_CUDA_FATBIN="$dev/k/ferrite.fatbin" FERRITE_TEST_DEVICE=cuda
 
 # kernels/cuda from its copy k/ (the manifest test reads src/ there).
@@ -50,11 +57,6 @@ grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" | gr
 (cd k && timeout 60 ../cuda.test -test.run XXX -test.bench "${STEP_BENCH:-DecodeStep8B}" -test.benchtime 20x \
 	-test.count "${STEP_COUNT:-2}" 2>&1; echo "bench rc=$?") >>"$out/cuda-tests.log"
 grep -E '^Benchmark' "$out/cuda-tests.log"
-
-# The MLA family's random-weight suite (decode, chunked prefill, batches,
-# fork, rollback; dense and DSA) on the device.
-(timeout 40 ./mla.test -test.v -test.count 1 -test.run 'TestConformance//device' 2>&1; echo "mla.test rc=$?") >"$out/mla.log"
-grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/mla.log" | grep -v -- '--- PASS' | tail -20
 
 (timeout "$(( ${BENCH_END:-340} - SECONDS > 30 ? ${BENCH_END:-340} - SECONDS : 30 ))" ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1,8,32,64 \
 	--prompt-len 128 --gen-len 128 --bandwidth 4300 --json "$out/bench.json" 2>&1; echo "bench rc=$?") >"$out/bench.log"
