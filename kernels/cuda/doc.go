@@ -18,8 +18,11 @@
 // no nvcc. Backend implements the op set (kernels.Device) on a Device:
 // tensors in device memory, a per-step scratch arena, launches queued and
 // handed to the device thread in batches, each weight uploaded once per
-// *kernels.Mat; with kernels.MLAOps and kernels.SparseOps (mla.go,
-// src/ops_mla.cu) the MLA family runs on it too. It also implements the
-// host-slice kernels.Backend, copying activations for every MatMul, for the
-// architectures not on the op set.
+// *kernels.Mat. It also implements the host-slice kernels.Backend, copying
+// activations for every MatMul, for the architectures not on the op set.
+//
+// With kernels.MLAOps and kernels.SparseOps (mla.go, src/ops_mla.cu) the
+// MLA family runs on the op set too: latent and index-key stores, the
+// absorbed latent attention with optional DSA selections, the indexer
+// scores and a top-k with the references' tie order.
 package cuda
