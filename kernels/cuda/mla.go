@@ -3,8 +3,6 @@
 package cuda
 
 import (
-	"encoding/binary"
-	"math"
 	"sync"
 	"unsafe"
 
@@ -25,7 +23,7 @@ var (
 
 func init() {
 	kernelNames = append(kernelNames,
-		"ferrite_mla_store_latent", "ferrite_dsa_store_key", "ferrite_mla_proj", "ferrite_mla_combine",
+		"ferrite_mla_store_latent", "ferrite_dsa_store_key", "ferrite_mla_uk_t", "ferrite_mla_proj", "ferrite_mla_combine",
 		"ferrite_mla_attn_f32_1", "ferrite_mla_attn_f32_2", "ferrite_mla_attn_f32_4",
 		"ferrite_mla_attn_bf16_1", "ferrite_mla_attn_bf16_2", "ferrite_mla_attn_bf16_4",
 		"ferrite_dsa_scores_f32", "ferrite_dsa_scores_bf16", "ferrite_topk")
@@ -145,53 +143,54 @@ func projArgs(w *Weight, row0 int) []uint64 {
 	return []uint64{w.Buf.ptr, scale, i32(int(w.DType)), i32(w.Cols), i32(max(w.BlockRows, 1)), i32(max(w.BlockCols, 1)), i32(row0)}
 }
 
-// mlaUK holds, per kv_b_proj, its W_UK halves transposed: (heads·kl, dn),
-// head h's rows h·kl … (h+1)·kl − 1 being W_UK_hᵀ, so that the absorbed
-// query W_UK_hᵀ·q_nope is a per-head matrix-vector product with
-// contiguous rows like the output's W_UV_h·lat. F32, BF16 and F16 keep
-// their bytes; other dtypes are decoded to F32 (kernels.Mat.RowF32).
+// mlaUK holds, per kv_b_proj, its W_UK halves transposed in device memory:
+// (heads·kl, dn), head h's rows h·kl … (h+1)·kl − 1 being W_UK_hᵀ, so that
+// the absorbed query W_UK_hᵀ·q_nope is a per-head matrix-vector product
+// with contiguous rows like the output's W_UV_h·lat. Made on the device
+// from the uploaded weight (ferrite_mla_uk_t), so weights generated in
+// device memory need no host bytes.
 type mlaUK struct {
 	mu sync.Mutex
-	m  map[*kernels.Mat]*kernels.Mat
+	m  map[*kernels.Mat]*Weight
 }
 
-// get returns kvB's transposed W_UK, built on first use.
-func (u *mlaUK) get(kvB *kernels.Mat, s kernels.MLAShape) *kernels.Mat {
+// ukWeight returns kvB's transposed W_UK (dw is kvB on the device), made on
+// first use: F32, BF16 and F16 keep their bits, other dtypes become F32.
+func (b *Backend) ukWeight(kvB *kernels.Mat, dw *Weight, s kernels.MLAShape) (*Weight, error) {
+	u := &b.mlaUK
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if t := u.m[kvB]; t != nil {
-		return t
+	if w := u.m[kvB]; w != nil {
+		return w, nil
 	}
-	nh, dn, dv, kl := s.Heads, s.Nope, s.V, s.KVLora
-	dt := kvB.DType
-	exact := dt == kernels.F32 || dt == kernels.BF16 || dt == kernels.F16
-	if !exact {
+	dt := dw.DType
+	if dt != kernels.F32 && dt != kernels.BF16 && dt != kernels.F16 {
 		dt = kernels.F32
 	}
-	es := dt.Size()
-	t := &kernels.Mat{DType: dt, Rows: nh * kl, Cols: dn, Data: make([]byte, nh*kl*dn*es)}
-	row := make([]float32, kl)
-	for h := range nh {
-		for d := range dn {
-			r := h*(dn+dv) + d // row d of W_UK_h
-			if !exact {
-				kvB.RowF32(row, r)
-			}
-			for c := range kl {
-				dst := t.Data[((h*kl+c)*dn+d)*es:]
-				if exact {
-					copy(dst[:es], kvB.Data[(r*kl+c)*es:])
-				} else {
-					binary.LittleEndian.PutUint32(dst, math.Float32bits(row[c]))
-				}
-			}
-		}
+	n := s.Heads * s.KVLora * s.Nope
+	buf, err := b.dev.Alloc(int64(max(n*dt.Size(), 4)))
+	if err != nil {
+		return nil, err
 	}
+	var scale uint64
+	if dw.Scale != nil {
+		scale = dw.Scale.ptr
+	}
+	err = b.dev.do(func() error {
+		return b.dev.launchL("ferrite_mla_uk_t", b.dev.elementwiseGrid(int64(n)), 256, 0, buf.ptr, dw.Buf.ptr, scale,
+			i32(int(dw.DType)), i32(s.Heads), i32(s.Nope), i32(s.V), i32(s.KVLora), i32(max(dw.BlockRows, 1)), i32(max(dw.BlockCols, 1)))
+	})
+	if err != nil {
+		buf.Free()
+		return nil, err
+	}
+	w := &Weight{Buf: buf, DType: dt, Rows: s.Heads * s.KVLora, Cols: s.Nope}
+	b.mem.weights.Add(w.Bytes())
 	if u.m == nil {
-		u.m = map[*kernels.Mat]*kernels.Mat{}
+		u.m = map[*kernels.Mat]*Weight{}
 	}
-	u.m[kvB] = t
-	return t
+	u.m[kvB] = w
+	return w, nil
 }
 
 // AttentionMLA implements kernels.MLAOps in the absorbed form, whatever
@@ -201,7 +200,7 @@ func (u *mlaUK) get(kvB *kernels.Mat, s kernels.MLAShape) *kernels.Mat {
 // form's expanded keys would be read per head and per row by the untiled
 // attention kernels). The steps: q_pe rotated in place (ferrite_rope on the
 // heads' tails); the absorbed queries W_UK_hᵀ·q_nope (ferrite_mla_proj over
-// the transposed W_UK); the latent attention split over the keys like
+// the transposed W_UK, ukWeight); the latent attention split over the keys like
 // Attention (ferrite_mla_attn_*, merged by ferrite_mla_combine); then
 // W_UV_h·lat per head (ferrite_mla_proj over kv_b_proj).
 func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r *kernels.Rotary, p *kernels.Paged, s kernels.MLAShape, sel kernels.Tensor) {
@@ -244,7 +243,7 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	dw, err := b.weight(kvB)
 	var uk *Weight
 	if err == nil && s.Nope > 0 {
-		uk, err = b.weight(b.mlaUK.get(kvB, s))
+		uk, err = b.ukWeight(kvB, dw, s)
 	}
 	if err != nil {
 		b.fail(err)

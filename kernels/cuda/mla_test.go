@@ -159,18 +159,25 @@ func BenchmarkMLADecode(b *testing.B) {
 	}
 }
 
-// TestMLAUKTranspose checks on the host the transposed W_UK that the
-// absorbed queries multiply by: row h·kl + c of it is column c of W_UK_h
-// (kv_b_proj's rows h·(dn+dv) … h·(dn+dv)+dn−1), exact bytes for BF16 and
-// decoded to F32 for F8E4M3 (with its block scales).
+// TestMLAUKTranspose checks the transposed W_UK the absorbed queries
+// multiply by (ukWeight, ferrite_mla_uk_t): row h·kl + c of it is column c
+// of W_UK_h (kv_b_proj's rows h·(dn+dv) … h·(dn+dv)+dn−1), the same bits
+// for BF16 and decoded to F32 with the block scales for F8E4M3.
 func TestMLAUKTranspose(t *testing.T) {
-	s := kernels.MLAShape{Heads: 3, Nope: 5, V: 4, KVLora: 16}
+	b := openOps(t)
+	s := kernels.MLAShape{Heads: 3, Nope: 5, V: 4, KVLora: 24}
 	for _, dt := range []kernels.DType{kernels.BF16, kernels.F8E4M3} {
 		rng := rand.New(rand.NewPCG(1, uint64(dt)))
 		kvB := kerneltest.NewMat(rng, dt, s.Heads*(s.Nope+s.V), s.KVLora, 4, 8)
-		var u mlaUK
-		uk := u.get(kvB, s)
-		if u.get(kvB, s) != uk {
+		dw, err := b.weight(kvB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uk, err := b.ukWeight(kvB, dw, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, _ := b.ukWeight(kvB, dw, s); again != uk {
 			t.Fatalf("%v: not cached", dt)
 		}
 		want := kernels.F32
@@ -180,8 +187,12 @@ func TestMLAUKTranspose(t *testing.T) {
 		if uk.DType != want || uk.Rows != s.Heads*s.KVLora || uk.Cols != s.Nope {
 			t.Fatalf("%v: transposed W_UK is %v (%d, %d)", dt, uk.DType, uk.Rows, uk.Cols)
 		}
+		raw := make([]byte, uk.Rows*uk.Cols*uk.DType.Size())
+		if err := b.dev.do(func() error { return b.dev.downloadL(raw, uk.Buf.ptr) }); err != nil {
+			t.Fatal(err)
+		}
+		got := ref.MatF32(&kernels.Mat{DType: uk.DType, Rows: uk.Rows, Cols: uk.Cols, Data: raw})
 		full := ref.MatF32(kvB)
-		got := ref.MatF32(uk)
 		for h := range s.Heads {
 			for c := range s.KVLora {
 				for d := range s.Nope {

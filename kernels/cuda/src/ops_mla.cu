@@ -117,8 +117,9 @@ extern "C" __global__ void __launch_bounds__(256)
 // [c (kl) | k_pe (dr)]; kv_b_proj (heads·(dn + dv), kl) holds per head W_UK
 // (dn rows) then W_UV (dv rows). The absorbed query W_UK_hᵀ·q_nope and the
 // output W_UV_h·lat are both per-head matrix-vector products
-// (ferrite_mla_proj): the first over W_UK transposed once on the host
-// ((heads·kl, dn), mla.go), the second over kv_b_proj's W_UV rows.
+// (ferrite_mla_proj): the first over W_UK transposed once per weight
+// ((heads·kl, dn), ferrite_mla_uk_t), the second over kv_b_proj's W_UV
+// rows.
 
 // Per-head projection: y[i·y_rs + h·y_hs + r] = W[h·w_hrows + r]·x[i·x_rs +
 // h·x_hs] (cols values) for rows r < rows of every head h and query row i <
@@ -138,6 +139,27 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int i = blockIdx.z * 8; i < i1; i++) {
         const float v = warp_dot(w, h * w_hrows + r, x + size_t(i) * x_rs + size_t(h) * x_hs);
         if ((threadIdx.x & 31) == 0) y[size_t(i) * y_rs + size_t(h) * y_hs + r] = v;
+    }
+}
+
+// W_UK transposed, once per kv_b_proj: dst (heads·kl, dn), its row h·kl + c
+// being column c of W_UK_h (rows h·(dn + dv) … h·(dn + dv) + dn − 1 of w,
+// kl wide). F32, BF16 and F16 keep their bits; F8E4M3 is decoded with its
+// br × bc block scales to float32. Launch: any 1-D grid, 256 threads.
+extern "C" __global__ void ferrite_mla_uk_t(void* dst, const uint8_t* w, const float* wscale, int wdtype, int heads,
+                                            int dn, int dv, int kl, int br, int bc) {
+    const uint64_t total = uint64_t(heads) * kl * dn;
+    for (uint64_t t = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; t < total; t += uint64_t(gridDim.x) * blockDim.x) {
+        const int d = int(t % dn), c = int((t / dn) % kl), h = int(t / (uint64_t(dn) * kl));
+        const size_t r = size_t(h) * (dn + dv) + d, e = r * kl + c;
+        if (wdtype == kF32) {
+            static_cast<uint32_t*>(dst)[t] = reinterpret_cast<const uint32_t*>(w)[e];
+        } else if (wdtype == kBF16 || wdtype == kF16) {
+            static_cast<uint16_t*>(dst)[t] = reinterpret_cast<const uint16_t*>(w)[e];
+        } else {
+            const float* srow = wscale + (r / br) * ((kl + bc - 1) / bc);
+            static_cast<float*>(dst)[t] = __fmul_rn(f8e4m3(w[e]), srow[c / bc]);
+        }
     }
 }
 
