@@ -33,7 +33,8 @@ func init() {
 const (
 	mlaRows    = 8        // query rows and output rows per projection block
 	mlaGroup   = 16       // query heads per attention block, at most
-	mlaSplit   = 64       // keys per attention split
+	mlaSplit   = 64       // keys per attention split, at least
+	mlaTile    = 32       // keys an attention block scores at a time
 	mlaMaxKL   = 1024     // kv_lora_rank the attention kernels take (256·DPT, DPT ≤ 4)
 	mlaSmem    = 44 << 10 // dynamic shared memory an attention block may take
 	topKThread = 512
@@ -239,7 +240,11 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	for 256<<dpt < kl {
 		dpt++
 	}
+	// Enough splits of at least mlaSplit keys for about two blocks per
+	// multiprocessor; every split then takes an equal share of the keys
+	// (whole tiles), so that together they cover all of them.
 	splits := max(1, min(ceilDiv(keys, mlaSplit), ceilDiv(2*b.dev.SMs, n*groups)))
+	split := ceilDiv(ceilDiv(keys, splits), mlaTile) * mlaTile
 	dw, err := b.weight(kvB)
 	var uk *Weight
 	if err == nil && s.Nope > 0 {
@@ -277,7 +282,7 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 		}
 		err := d.launch3L(mlaAttnKernels[b2i(bf)][dpt], [3]uint32{uint32(n), uint32(groups), uint32(splits)}, 256, uint32(gs*kw*4),
 			lat, part, qc, qp, dptr(cache), pos, seq, bt, selp, i32(keys), i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads),
-			i32(gs), i32(kl), i32(s.Nope), i32(s.Rope), i32(mlaSplit), f32(s.Scale))
+			i32(gs), i32(kl), i32(s.Nope), i32(s.Rope), i32(split), f32(s.Scale))
 		if err != nil {
 			return err
 		}
