@@ -261,8 +261,34 @@ func (b *Backend) ReadF32(dst []float32, t kernels.Tensor) {
 	if t.DType != kernels.F32 || len(dst) != t.Elems() {
 		panic("cuda: ReadF32 wants an F32 tensor of len(dst) elements")
 	}
-	p, raw := dptr(t), f32Bytes(dst)
-	ok := b.exec(func(d *Device) error {
+	if !b.read(f32Bytes(dst), t) {
+		fillNaN(dst)
+	}
+}
+
+// ReadI32 copies t (I32, len(dst) = t.Elems()) into host memory, like
+// ReadF32 (selections for tests: kernels/kerneltest reads them back). After
+// a device failure dst is filled with −1.
+func (b *Backend) ReadI32(dst []int32, t kernels.Tensor) {
+	if t.DType != kernels.I32 || len(dst) != t.Elems() {
+		panic("cuda: ReadI32 wants an I32 tensor of len(dst) elements")
+	}
+	var raw []byte
+	if len(dst) > 0 {
+		raw = unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst))
+	}
+	if !b.read(raw, t) {
+		for i := range dst {
+			dst[i] = -1
+		}
+	}
+}
+
+// read copies t's rows (4-byte elements) into raw once the queued work has
+// run, and reports whether it succeeded.
+func (b *Backend) read(raw []byte, t kernels.Tensor) bool {
+	p := dptr(t)
+	return b.exec(func(d *Device) error {
 		if t.Contiguous() {
 			return d.downloadL(raw, p)
 		}
@@ -274,9 +300,6 @@ func (b *Backend) ReadF32(dst []float32, t kernels.Tensor) {
 		}
 		return nil
 	})
-	if !ok {
-		fillNaN(dst)
-	}
 }
 
 // Copy implements kernels.Memory.
