@@ -17,7 +17,7 @@ var (
 )
 
 func init() {
-	kernelNames = append(kernelNames, "ferrite_swiglu_clamp", "ferrite_hyper_norm", "ferrite_hyper_pre",
+	kernelNames = append(kernelNames, "ferrite_swiglu_clamp", "ferrite_hyper_norm", "ferrite_hyper_mix", "ferrite_hyper_pre",
 		"ferrite_hyper_post", "ferrite_hyper_merge", "ferrite_kpool_store", "ferrite_kpool_pool",
 		"ferrite_kpool_scores", "ferrite_kpool_select")
 }
@@ -61,8 +61,9 @@ func hyperStreams(op string, streams, y kernels.Tensor) int {
 }
 
 // HyperPre implements kernels.HyperOps: the weightless norm of every
-// token's streams, the mix product through Linear, then a block per token
-// for the coefficients (Sinkhorn on one thread) and the pre-weighted sum.
+// token's streams, the mix product in float64 (ferrite_hyper_mix), then a
+// block per token for the coefficients (Sinkhorn on one thread) and the
+// pre-weighted sum.
 func (b *Backend) HyperPre(x, coef, streams kernels.Tensor, h *kernels.Hyper) {
 	hc := h.Streams
 	f32Contig("HyperPre", coef, h.Base)
@@ -75,16 +76,28 @@ func (b *Backend) HyperPre(x, coef, streams kernels.Tensor, h *kernels.Hyper) {
 	if n == 0 {
 		return
 	}
-	xn := b.Scratch(kernels.F32, n, w)  // (N, hc·hidden) normed streams
-	mix := b.Scratch(kernels.F32, n, m) // (N, (2+hc)·hc)
-	X, xnp := dptr(streams), dptr(xn)
+	fn, err := b.weight(h.Fn)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	var scale uint64
+	if fn.Scale != nil {
+		scale = fn.Scale.ptr
+	}
+	xn := dptr(b.Scratch(kernels.F32, n, w))  // (N, hc·hidden) normed streams
+	mix := dptr(b.Scratch(kernels.F32, n, m)) // (N, (2+hc)·hc)
+	X, xp, cp, base := dptr(streams), dptr(x), dptr(coef), dptr(h.Base)
 	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_hyper_norm", uint32(n), 256, 0, xnp, X, i32(w), f32(h.NormEps))
-	})
-	b.Linear(mix, xn, h.Fn, kernels.Epilogue{})
-	xp, cp, mp, base := dptr(x), dptr(coef), dptr(mix), dptr(h.Base)
-	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_hyper_pre", uint32(n), 128, 0, xp, cp, X, mp, base, i32(hidden), i32(hc), i32(h.Iters),
+		err := d.launchL("ferrite_hyper_norm", uint32(n), 256, 0, xn, X, i32(w), f32(h.NormEps))
+		if err == nil {
+			err = d.launch3L("ferrite_hyper_mix", [3]uint32{uint32(ceilDiv(n, 4)), uint32(m), 1}, 256, 0, mix, xn, fn.Buf.ptr, scale,
+				i32(n), i32(m), i32(w), i32(int(fn.DType)), i32(max(fn.BlockRows, 1)), i32(max(fn.BlockCols, 1)))
+		}
+		if err != nil {
+			return err
+		}
+		return d.launchL("ferrite_hyper_pre", uint32(n), 128, 0, xp, cp, X, mix, base, i32(hidden), i32(hc), i32(h.Iters),
 			f32(h.Scale[0]), f32(h.Scale[1]), f32(h.Scale[2]), f32(h.Eps))
 	})
 }
@@ -190,17 +203,25 @@ func (b *Backend) KPoolSelect(sel, q, w, cache kernels.Tensor, p *kernels.Paged,
 	}
 	// L: the most complete pools a row of this block table can see.
 	L := max(1, p.Blocks.Cols*p.BlockSize/kp.Size)
-	scores := dptr(b.Scratch(kernels.F32, n, L)) // (n, L) pool scores
-	sp, qp, wp, c := dptr(sel), dptr(q), dptr(w), dptr(cache)
+	scores := b.Scratch(kernels.F32, n, L) // (n, L) pool scores
+	sc, qp, wp, c := dptr(scores), dptr(q), dptr(w), dptr(cache)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
 	b.queue(func(d *Device) error {
-		err := d.launch3L("ferrite_kpool_scores", [3]uint32{uint32(n), uint32(ceilDiv(L, kpoolTile)), 1}, 128, uint32(smem),
-			scores, i32(L), qp, wp, c, pos, seq, bt, i32(p.Blocks.Cols), i32(p.BlockSize), i32(kp.Heads), i32(kp.Dim),
+		return d.launch3L("ferrite_kpool_scores", [3]uint32{uint32(n), uint32(ceilDiv(L, kpoolTile)), 1}, 128, uint32(smem),
+			sc, i32(L), qp, wp, c, pos, seq, bt, i32(p.Blocks.Cols), i32(p.BlockSize), i32(kp.Heads), i32(kp.Dim),
 			i32(kp.Size), f32(kp.Scale), b32(bf))
-		if err != nil {
-			return err
-		}
-		return d.launchL("ferrite_kpool_select", uint32(n), 256, 0, sp, i32(sw), scores, i32(L), pos, i32(kp.Size),
+	})
+	b.kpoolSelect(sel, scores, p.Pos, kp)
+}
+
+// kpoolSelect queues the selection of KPoolSelect from the pool scores
+// (n, L) F32 of rows at positions pos (n, 1) I32: row i reads its first
+// (pos_i+1)/Size scores.
+func (b *Backend) kpoolSelect(sel, scores, pos kernels.Tensor, kp *kernels.KPool) {
+	n, sw := scores.Rows, kp.SelWidth()
+	sp, sc, pp := dptr(sel), dptr(scores), dptr(pos)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_kpool_select", uint32(n), 256, 0, sp, i32(sw), sc, i32(scores.Stride), pp, i32(kp.Size),
 			i32(kp.Keep), b32(kp.Tail))
 	})
 }

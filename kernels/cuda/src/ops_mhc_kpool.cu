@@ -53,6 +53,33 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int c = threadIdx.x; c < w; c += blockDim.x) xn[off + c] = __fmul_rn(X[off + c], inv);
 }
 
+// The mix product mix (n, m) = xn (n, cols)·wᵀ for the site's hc_fn w (m,
+// cols) in its stored dtype (decoded as kernels.Mat.RowF32), float64 sums
+// rounded once, as kernels.MatMulRef: the mix feeds sigmoids and Sinkhorn's
+// exponentials, so it is not left to the bf16 GEMM paths of Linear. Block
+// (rows 4x .. 4x+3, output j). Launch: grid (ceil(n/4), m), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_hyper_mix(float* mix, const float* xn, const uint8_t* w, const float* scale, int n, int m, int cols,
+                      int dtype, int br, int bc) {
+    __shared__ double part[32];
+    const int r0 = blockIdx.x * 4, j = blockIdx.y;
+    const int size = dtype == kF32 ? 4 : dtype == kF8E4M3 ? 1 : 2;
+    const uint8_t* row = w + size_t(j) * cols * size;
+    const float* srow = dtype == kF8E4M3 ? scale + size_t(j / br) * ((cols + bc - 1) / bc) : nullptr;
+    double acc[4] = {0, 0, 0, 0};
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        const double wv = double(elem(row, c, dtype, srow, bc));
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (r0 + q < n) acc[q] += wv * double(xn[size_t(r0 + q) * cols + c]);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const double sum = block_sum_f64(acc[q], part);
+        if (threadIdx.x == 0 && r0 + q < n) mix[size_t(r0 + q) * m + j] = float(sum);
+    }
+}
+
 // The coefficients and the pre-weighted sum of one token per block
 // (kernels/ref.HyperCoef, HyperPre): from the token's mix ((2+hc)·hc),
 // pre_j = sigmoid(mix_j·s0 + base_j) + eps, coef = [post | comb] with
