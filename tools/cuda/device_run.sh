@@ -41,14 +41,14 @@ export FERRITE_CUDA_FATBIN="$dev/k/ferrite.fatbin" FERRITE_TEST_DEVICE=cuda
 
 # The fixtures are found through the build path of the test binary.
 if [ ! -e /work/wt/cudaops ]; then mkdir -p /work/wt && ln -s "$root" /work/wt/cudaops; fi
-(cd "$root/engine" && timeout 75 "$dev/engine.test" -test.v -test.count 1 -test.run 'TestFixtures|TestAutoDevice' 2>&1; echo "engine.test rc=$?") >"$out/fixtures.log"
+(cd "$root/engine" && timeout 75 "$dev/engine.test" -test.v -test.count 1 -test.run 'TestFixtures|TestAutoDevice|TestBuiltinOnDevice' 2>&1; echo "engine.test rc=$?") >"$out/fixtures.log"
 # The hybrids on the GPU (linear attention, mHC, k-pool): their fixture and
-# suite subtests on "device", and the built-in ferrite-tiny (a glm5_next).
+# suite subtests on "device" (the built-in ferrite-tiny, a glm5_next, is
+# engine.test's TestBuiltinOnDevice).
 for p in qwen3next glm5next; do
 	(cd "$root/engine/models/$p" && timeout 60 "$dev/$p.test" -test.v -test.count 1 -test.run '/device' 2>&1; echo "$p.test rc=$?") >"$out/$p.log"
 done
-(cd "$root/builtin" && timeout 60 "$dev/builtin.test" -test.v -test.count 1 -test.run 'TestFixture|TestAnswers' 2>&1; echo "builtin.test rc=$?") >"$out/builtin.log"
-grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" "$out/qwen3next.log" "$out/glm5next.log" "$out/builtin.log" |
+grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" "$out/qwen3next.log" "$out/glm5next.log" |
 	grep -v -- '--- PASS' | tail -60
 
 # The decode-step benchmarks (STEP_BENCH: the bare-GEMV step of BENCHMARKS.md
