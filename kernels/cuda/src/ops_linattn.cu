@@ -177,22 +177,38 @@ __device__ void delta_rule(const DeltaArgs& a) {
             S[i][col] = c < dk && j < dv ? double(S0[size_t(c) * dv + j]) : 0.0;
         }
     }
-    for (int r = r0; r < r1; r++) {
+    // The next row's inputs, loaded while the current row is computed.
+    float nk[KPL], nq[KPL], ng[KPL], nv[kDeltaCols], nb = 0.f;
+    auto load = [&](int r) {
         const float* qr = a.qk + size_t(r) * qkw + size_t(kh) * dk;  // (dk) normalised q
         const float* kr = qr + size_t(a.hk) * dk;                    // (dk) normalised k
         const float* gr = a.g + size_t(r) * gw;
-        const double eg = a.per_channel ? 0.0 : exp(double(gr[h]));
-        double kc[KPL], qc[KPL], dec[KPL];
 #pragma unroll
         for (int i = 0; i < KPL; i++) {
             const int c = lane + 32 * i;
             const bool in = c < dk;
-            kc[i] = in ? double(kr[c]) : 0.0;
-            qc[i] = in ? double(qr[c]) : 0.0;
-            dec[i] = !in ? 0.0 : a.per_channel ? exp(double(gr[size_t(h) * dk + c])) : eg;
+            nk[i] = in ? kr[c] : 0.f;
+            nq[i] = in ? qr[c] : 0.f;
+            ng[i] = in ? gr[a.per_channel ? h * dk + c : h] : 0.f;
         }
-        const double bt = double(a.beta[size_t(r) * a.hv + h]);
         const float* vr = a.qkv + size_t(r) * qkv_w + qkw + size_t(h) * dv;  // (dv)
+#pragma unroll
+        for (int col = 0; col < kDeltaCols; col++) nv[col] = j0 + col < dv ? vr[j0 + col] : 0.f;
+        nb = a.beta[size_t(r) * a.hv + h];
+    };
+    if (r0 < r1) load(r0);
+    for (int r = r0; r < r1; r++) {
+        double kc[KPL], qc[KPL], dec[KPL], v[kDeltaCols];
+#pragma unroll
+        for (int i = 0; i < KPL; i++) {
+            kc[i] = double(nk[i]);
+            qc[i] = double(nq[i]);
+            dec[i] = lane + 32 * i < dk ? exp(double(ng[i])) : 0.0;
+        }
+#pragma unroll
+        for (int col = 0; col < kDeltaCols; col++) v[col] = double(nv[col]);
+        const double bt = double(nb);
+        if (r + 1 < r1) load(r + 1);
         double u[kDeltaCols], o[kDeltaCols];
 #pragma unroll
         for (int col = 0; col < kDeltaCols; col++) {
@@ -204,8 +220,7 @@ __device__ void delta_rule(const DeltaArgs& a) {
         for (int col = 0; col < kDeltaCols; col++) u[col] = warp_sum_f64(u[col]);
 #pragma unroll
         for (int col = 0; col < kDeltaCols; col++) {
-            const int j = j0 + col;
-            const double del = j < dv ? bt * (double(vr[j]) - u[col]) : 0.0;
+            const double del = j0 + col < dv ? bt * (v[col] - u[col]) : 0.0;
             o[col] = 0;
 #pragma unroll
             for (int i = 0; i < KPL; i++) {
