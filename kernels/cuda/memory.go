@@ -266,35 +266,17 @@ func (b *Backend) ReadF32(dst []float32, t kernels.Tensor) {
 	}
 }
 
-// ReadI32 copies t (I32, len(dst) = t.Elems()) into host memory, like
-// ReadF32 (selections for tests: kernels/kerneltest reads them back). After
-// a device failure dst is filled with −1.
-func (b *Backend) ReadI32(dst []int32, t kernels.Tensor) {
-	if t.DType != kernels.I32 || len(dst) != t.Elems() {
-		panic("cuda: ReadI32 wants an I32 tensor of len(dst) elements")
-	}
-	var raw []byte
-	if len(dst) > 0 {
-		raw = unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst))
-	}
-	if !b.read(raw, t) {
-		for i := range dst {
-			dst[i] = -1
-		}
-	}
-}
-
-// read copies t's rows (4-byte elements) into raw once the queued work has
-// run, and reports whether it succeeded.
+// read copies t's rows, one after another, into raw once the queued work
+// has run, and reports whether it could.
 func (b *Backend) read(raw []byte, t kernels.Tensor) bool {
-	p := dptr(t)
+	p, esz := dptr(t), int64(t.DType.Size())
 	return b.exec(func(d *Device) error {
 		if t.Contiguous() {
 			return d.downloadL(raw, p)
 		}
-		row := int64(t.Cols) * 4
+		row := int64(t.Cols) * esz
 		for r := range int64(t.Rows) {
-			if err := d.downloadL(raw[r*row:(r+1)*row], p+uint64(r*int64(t.Stride)*4)); err != nil {
+			if err := d.downloadL(raw[r*row:(r+1)*row], p+uint64(r*int64(t.Stride)*esz)); err != nil {
 				return err
 			}
 		}

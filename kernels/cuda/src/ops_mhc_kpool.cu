@@ -5,7 +5,7 @@
 //
 // The file sorts after ops.cu and ops_linattn.cu in the one translation
 // unit, so it uses their helpers (swiglu_clamp1, warp_sum_f64, sigmoid64,
-// block_sum_f64) and convert.cu's f32_to_bf16.
+// block_total_f64) and convert.cu's f32_to_bf16.
 #include <math.h>
 #include <stdint.h>
 
@@ -48,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const size_t off = size_t(blockIdx.x) * w;
     double ss = 0;
     for (int c = threadIdx.x; c < w; c += blockDim.x) ss += double(X[off + c]) * double(X[off + c]);
-    ss = block_sum_f64(ss, part);
+    ss = block_total_f64(ss, part);
     const float inv = float(1.0 / sqrt(double(float(ss / double(w))) + double(eps)));
     for (int c = threadIdx.x; c < w; c += blockDim.x) xn[off + c] = __fmul_rn(X[off + c], inv);
 }
@@ -75,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        const double sum = block_sum_f64(acc[q], part);
+        const double sum = block_total_f64(acc[q], part);
         if (threadIdx.x == 0 && r0 + q < n) mix[size_t(r0 + q) * m + j] = float(sum);
     }
 }
@@ -196,14 +196,14 @@ extern "C" __global__ void __launch_bounds__(128)
     const float* kr = k + size_t(i) * dim;
     double s = 0;
     for (int c = threadIdx.x; c < dim; c += blockDim.x) s += double(kr[c]);
-    s = block_sum_f64(s, part);
+    s = block_total_f64(s, part);
     const float mean = float(s / double(dim));
     double ss = 0;
     for (int c = threadIdx.x; c < dim; c += blockDim.x) {
         const double v = double(__fsub_rn(kr[c], mean));
         ss += v * v;
     }
-    ss = block_sum_f64(ss, part);
+    ss = block_total_f64(ss, part);
     const float inv = float(1.0 / sqrt(double(__fadd_rn(float(ss / double(dim)), eps))));
     if (sl < 0 || sl >= slots) return;
     const size_t row = size_t(sl) * 2 * dim;
