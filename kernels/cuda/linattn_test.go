@@ -294,18 +294,25 @@ func TestKPoolLong(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.BeginStep()
-	b.KPoolSelect(sel, q, w, cache, paged(T-last, T), kp)
-	b.EndStep()
-	gotSel := make([]int32, last*sw)
-	b.ReadI32(gotSel, sel)
-	for i := range last {
-		p := T - last + i
-		wantSel := make([]int32, sw)
-		ref.KPoolSelect(wantSel, qv[i*heads*dim:(i+1)*heads*dim], wv[i*heads:(i+1)*heads], p, func(P int) []float32 { return keys[P] },
-			kp, make([]float32, (p+1)/size), make([]int32, kp.Keep))
-		if !slices.Equal(gotSel[i*sw:(i+1)*sw], wantSel) {
-			t.Errorf("position %d: selection\n%v\nwant\n%v", p, gotSel[i*sw:(i+1)*sw], wantSel)
+	// In one round, then with the score scratch holding two rows (three
+	// rounds).
+	pg := paged(T-last, T)
+	for _, elems := range []int{kpoolScoreElems, 2 * (nblocks * bs / size)} {
+		defer func(e int) { kpoolScoreElems = e }(kpoolScoreElems)
+		kpoolScoreElems = elems
+		b.BeginStep()
+		b.KPoolSelect(sel, q, w, cache, pg, kp)
+		b.EndStep()
+		gotSel := make([]int32, last*sw)
+		b.ReadI32(gotSel, sel)
+		for i := range last {
+			p := T - last + i
+			wantSel := make([]int32, sw)
+			ref.KPoolSelect(wantSel, qv[i*heads*dim:(i+1)*heads*dim], wv[i*heads:(i+1)*heads], p, func(P int) []float32 { return keys[P] },
+				kp, make([]float32, (p+1)/size), make([]int32, kp.Keep))
+			if !slices.Equal(gotSel[i*sw:(i+1)*sw], wantSel) {
+				t.Errorf("score scratch of %d: position %d: selection\n%v\nwant\n%v", elems, p, gotSel[i*sw:(i+1)*sw], wantSel)
+			}
 		}
 	}
 }

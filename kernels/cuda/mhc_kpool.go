@@ -183,6 +183,10 @@ func (b *Backend) StoreKPool(cache, k, g kernels.Tensor, p *kernels.Paged, kp *k
 // kpoolTile is the pools a block of ferrite_kpool_scores scores.
 const kpoolTile = 64
 
+// kpoolScoreElems bounds KPoolSelect's score scratch (64 MiB), a long
+// prefill's rows taking turns (a variable for tests).
+var kpoolScoreElems = 16 << 20
+
 // KPoolSelect implements kernels.KPoolOps: the pool scores of every row
 // into scratch (blocks of kpoolTile pools), then a block per row selects
 // its best pools by a radix select and writes their tokens and the tail's.
@@ -201,17 +205,22 @@ func (b *Backend) KPoolSelect(sel, q, w, cache kernels.Tensor, p *kernels.Paged,
 	if n == 0 || sw == 0 {
 		return
 	}
-	// L: the most complete pools a row of this block table can see.
+	// L: the most complete pools a row of this block table can see. The
+	// rows go kpoolScoreElems scores at a time through one scratch.
 	L := max(1, p.Blocks.Cols*p.BlockSize/kp.Size)
-	scores := b.Scratch(kernels.F32, n, L) // (n, L) pool scores
-	sc, qp, wp, c := dptr(scores), dptr(q), dptr(w), dptr(cache)
-	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
-	b.queue(func(d *Device) error {
-		return d.launch3L("ferrite_kpool_scores", [3]uint32{uint32(n), uint32(ceilDiv(L, kpoolTile)), 1}, 128, uint32(smem),
-			sc, i32(L), qp, wp, c, pos, seq, bt, i32(p.Blocks.Cols), i32(p.BlockSize), i32(kp.Heads), i32(kp.Dim),
-			i32(kp.Size), f32(kp.Scale), b32(bf))
-	})
-	b.kpoolSelect(sel, scores, p.Pos, kp)
+	chunk := max(1, min(n, kpoolScoreElems/L))
+	scores := b.Scratch(kernels.F32, chunk, L) // (chunk, L) pool scores
+	sc, c, bt := dptr(scores), dptr(cache), dptr(p.Blocks)
+	for r0 := 0; r0 < n; r0 += chunk {
+		m := min(chunk, n-r0)
+		qp, wp, pos, seq := dptr(q.Slice(r0, r0+m)), dptr(w.Slice(r0, r0+m)), dptr(p.Pos.Slice(r0, r0+m)), dptr(p.Seq.Slice(r0, r0+m))
+		b.queue(func(d *Device) error {
+			return d.launch3L("ferrite_kpool_scores", [3]uint32{uint32(m), uint32(ceilDiv(L, kpoolTile)), 1}, 128, uint32(smem),
+				sc, i32(L), qp, wp, c, pos, seq, bt, i32(p.Blocks.Cols), i32(p.BlockSize), i32(kp.Heads), i32(kp.Dim),
+				i32(kp.Size), f32(kp.Scale), b32(bf))
+		})
+		b.kpoolSelect(sel.Slice(r0, r0+m), scores.Slice(0, m), p.Pos.Slice(r0, r0+m), kp)
+	}
 }
 
 // kpoolSelect queues the selection of KPoolSelect from the pool scores
