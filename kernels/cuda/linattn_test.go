@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
@@ -343,4 +344,90 @@ func TestHyperShapes(t *testing.T) {
 			checkRel(t, "coef", gotC, wantC, kerneltest.HyperTol)
 		})
 	}
+}
+
+// BenchmarkLinearAttention times one Gated DeltaNet layer's linear-attention
+// ops at Qwen3-Next-80B-A3B's shape (32 value heads, 16 key heads, head
+// size 128, a 4-tap convolution over the 8192 q/k/v channels): ShortConv,
+// DeltaRule and GatedRMSNorm, for decode batches (one row per sequence: the
+// token-by-token form) and one long prefill sequence (the float64 form).
+// ms/call is host wall time from BeginStep to the end of EndStep.
+func BenchmarkLinearAttention(b *testing.B) {
+	needGPU(b)
+	be, err := OpenBackend(0, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	const H, Hk, dk, dv, K = 32, 16, 128, 128, 4
+	n := kernels.DeltaNet{Heads: H, KeyHeads: Hk, DK: dk, DV: dv}
+	C := n.QKVWidth()
+	tensor := func(rows, cols int, v float32) kernels.Tensor {
+		t, err := be.Alloc(kernels.F32, rows, cols)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := make([]float32, rows*cols)
+		for i := range s {
+			s[i] = v * float32(math.Sin(float64(i)*0.37))
+		}
+		be.WriteF32(t, s)
+		return t
+	}
+	n.ALog, n.DtBias = tensor(1, H, 0.5), tensor(1, H, 0.5)
+	convW, normW := tensor(C, K, 0.5), tensor(1, dv, 1)
+	for _, c := range []struct {
+		name       string
+		seqs, rows int // sequences, rows each
+	}{{"decode/seqs=1", 1, 1}, {"decode/seqs=64", 64, 1}, {"prefill/rows=512", 1, 512}, {"prefill/rows=4096", 1, 4096}} {
+		b.Run(c.name, func(b *testing.B) {
+			N := c.seqs * c.rows
+			x, a, bt := tensor(N, C, 1), tensor(N, H, 1), tensor(N, H, 1)
+			out, z := tensor(N, H*dv, 0), tensor(N, H*dv, 1)
+			conv, err := be.Alloc(kernels.F32, c.seqs, (K-1)*C)
+			if err != nil {
+				b.Fatal(err)
+			}
+			state, err := be.Alloc(kernels.F32, c.seqs, n.StateWidth())
+			if err != nil {
+				b.Fatal(err)
+			}
+			start, slot := make([]int32, c.seqs+1), make([]int32, c.seqs)
+			for s := range slot {
+				start[s+1], slot[s] = int32((s+1)*c.rows), int32(s)
+			}
+			r := &kernels.Recurrent{Start: i32TensorB(b, be, start), Slot: i32TensorB(b, be, slot)}
+			step := func() {
+				be.BeginStep()
+				y := be.Scratch(kernels.F32, N, C)
+				be.ShortConv(y, x, convW, conv, r)
+				be.DeltaRule(out, y, a, bt, state, r, &n)
+				be.GatedRMSNorm(out.Reshape(N*H, dv), out.Reshape(N*H, dv), z.Reshape(N*H, dv), normW, 1e-6, kernels.GateSiLU)
+				be.EndStep()
+			}
+			step()
+			b.ResetTimer()
+			t0 := time.Now()
+			for range b.N {
+				step()
+			}
+			b.ReportMetric(float64(time.Since(t0).Microseconds())/1e3/float64(b.N), "ms/call")
+			if err := be.Err(); err != nil {
+				b.Fatal(err)
+			}
+			for _, t := range []kernels.Tensor{x, a, bt, out, z, conv, state, r.Start, r.Slot} {
+				be.Free(t)
+			}
+		})
+	}
+}
+
+// i32TensorB uploads an I32 column for a benchmark.
+func i32TensorB(b *testing.B, be *Backend, v []int32) kernels.Tensor {
+	t, err := be.Alloc(kernels.I32, len(v), 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	be.WriteI32(t, v)
+	return t
 }

@@ -56,6 +56,8 @@ grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" "$ou
 # with graphs and eager).
 (cd k && timeout 60 ../cuda.test -test.run XXX -test.bench "${STEP_BENCH:-DecodeStep8B}" -test.benchtime 20x \
 	-test.count "${STEP_COUNT:-2}" 2>&1; echo "bench rc=$?") >>"$out/cuda-tests.log"
+# The linear-attention layer (Qwen3-Next shape): decode batches and prefill.
+(cd k && timeout 40 ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x 2>&1; echo "linattn bench rc=$?") >>"$out/cuda-tests.log"
 grep -E '^Benchmark' "$out/cuda-tests.log"
 
 (timeout "$(( ${BENCH_END:-340} - SECONDS > 30 ? ${BENCH_END:-340} - SECONDS : 30 ))" ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1,8,32,64 \
