@@ -38,7 +38,8 @@ __device__ double block_total_f64(double v, double* part) {
     return t;
 }
 
-constexpr int kConvMaxK = 8;  // the longest convolution ShortConv runs
+constexpr int kConvMaxK = 8;   // the longest convolution ShortConv runs
+constexpr int kConvAhead = 8;  // rows whose inputs ShortConv loads at once
 
 }  // namespace
 
@@ -65,16 +66,26 @@ extern "C" __global__ void __launch_bounds__(128)
         wc[j] = j < K - 1 ? double(w[size_t(ch) * K + j]) : 0.0;
     }
     const double wlast = double(w[size_t(ch) * K + K - 1]);  // the current row's tap
-    for (int r = r0; r < r1; r++) {
-        const float xt = x[size_t(r) * C + ch];
-        double acc = 0;
+    // kConvAhead rows' inputs are loaded before their outputs are stored
+    // (loads in flight together; row r + u is never the element y[r]
+    // overwrites, so this holds when y is x too).
+    for (int r = r0; r < r1; r += kConvAhead) {
+        float xs[kConvAhead];
 #pragma unroll
-        for (int j = 0; j < kConvMaxK - 1; j++)
-            if (j < K - 1) acc += wc[j] * double(win[j]);
-        acc += wlast * double(xt);
-        y[size_t(r) * C + ch] = float(acc * sigmoid64(acc));
+        for (int u = 0; u < kConvAhead; u++) xs[u] = r + u < r1 ? x[size_t(r + u) * C + ch] : 0.f;
 #pragma unroll
-        for (int j = 0; j < kConvMaxK - 1; j++) win[j] = j < K - 2 ? win[j + 1] : (j == K - 2 ? xt : win[j]);
+        for (int u = 0; u < kConvAhead; u++) {
+            if (r + u >= r1) break;
+            const float xt = xs[u];
+            double acc = 0;
+#pragma unroll
+            for (int j = 0; j < kConvMaxK - 1; j++)
+                if (j < K - 1) acc += wc[j] * double(win[j]);
+            acc += wlast * double(xt);
+            y[size_t(r + u) * C + ch] = float(acc * sigmoid64(acc));
+#pragma unroll
+            for (int j = 0; j < kConvMaxK - 1; j++) win[j] = j < K - 2 ? win[j + 1] : (j == K - 2 ? xt : win[j]);
+        }
     }
 #pragma unroll
     for (int j = 0; j < kConvMaxK - 1; j++)
