@@ -23,7 +23,7 @@ func init() {
 const (
 	convMaxK    = 8
 	deltaMaxDK  = 256
-	deltaBlockV = 16 // state columns per block of ferrite_delta_rule_*
+	deltaBlockV = 8 // state columns per block of ferrite_delta_rule_*
 )
 
 // deltaKernels[i] handles key heads of up to 32·2^i.
@@ -62,7 +62,7 @@ func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurren
 
 // DeltaRule implements kernels.LinearAttentionOps: ferrite_delta_prep
 // normalises q and k and forms the gates of every row, then a block per
-// (sequence, value head, 16 state columns) runs the rule over the
+// (sequence, value head, 8 state columns) runs the rule over the
 // sequence's rows with its part of the state in registers: token by token
 // with the state rounded after every row for up to 8 rows, in float64
 // across the call beyond (the contract's two forms; see ops_linattn.cu).

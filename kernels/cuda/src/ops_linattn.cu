@@ -127,9 +127,9 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // ---------------------------------------------------------------------------
 // The gated delta rule. Block (sequence s, value head h, column tile z)
-// steps through the sequence's rows keeping the columns [16z, 16z + 16) of
+// steps through the sequence's rows keeping the columns [8z, 8z + 8) of
 // the head's state S (dk, dv) in registers as float64: warp w owns columns
-// 16z + 4w .. +3, lane l the key rows l, l + 32, …; the sums over the key
+// 8z + 2w and 8z + 2w + 1, lane l the key rows l, l + 32, …; the sums over the key
 // index are warp reductions. Per row, for each owned column j:
 //
 //	u = Σ_c k_c·e^{g_c}·S[c][j];  δ = β(v_j − u)
@@ -144,11 +144,11 @@ extern "C" __global__ void __launch_bounds__(128)
 // WY form (kernels/ref.DeltaRuleChunked): the same arithmetic as the
 // chunked form up to the order of float64 sums.
 //
-// Launch: grid (seqs, hv, ceil(dv/16)), 128 threads; dk ≤ 32·KPL.
+// Launch: grid (seqs, hv, ceil(dv/8)), 128 threads; dk ≤ 32·KPL.
 
 namespace {
 
-constexpr int kDeltaCols = 4;   // state columns per warp
+constexpr int kDeltaCols = 2;   // state columns per warp
 constexpr int kDeltaWarps = 4;  // warps per block
 constexpr int kDeltaRecurrentMax = 8;
 
