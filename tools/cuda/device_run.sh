@@ -63,4 +63,9 @@ grep -E '^Benchmark' "$out/cuda-tests.log"
 (timeout "$(( ${BENCH_END:-340} - SECONDS > 30 ? ${BENCH_END:-340} - SECONDS : 30 ))" ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1,8,32,64 \
 	--prompt-len 128 --gen-len 128 --bandwidth 4300 --json "$out/bench.json" 2>&1; echo "bench rc=$?") >"$out/bench.log"
 cat "$out/bench.log" | tail -20
+# qwen3_next end to end on the GPU (BENCHMARKS.md section 11's scaled-down
+# shape, random bf16 weights): linear attention, gated attention, MoE.
+(timeout 45 ./ferrite bench --model "$root/engine/testdata/qwen3next-small" --device cuda --concurrency 1,8 \
+	--prompt-len 512 --gen-len 32 --bandwidth 4300 --json "$out/bench-qwen3next.json" 2>&1; echo "bench qwen3next rc=$?") >"$out/bench-qwen3next.log"
+tail -8 "$out/bench-qwen3next.log"
 tail -3 "$out/build.log"
