@@ -19,12 +19,16 @@ import (
 // cases (kerneltest.RunOps) do not reach: model-sized heads, long
 // sequences, many pools, ties in the k-pool selection.
 
-// maxRel returns max |got − want| / max(1, |want|) and where.
+// maxRel returns max |got − want| / max(1, |want|) and where (+Inf for a
+// NaN).
 func maxRel(got, want []float32) (float64, int) {
 	m, at := 0.0, -1
 	for i := range want {
 		d := math.Abs(float64(got[i])-float64(want[i])) / max(1, math.Abs(float64(want[i])))
-		if !(d <= m) {
+		if math.IsNaN(d) {
+			d = math.Inf(1)
+		}
+		if d > m {
 			m, at = d, i
 		}
 	}
