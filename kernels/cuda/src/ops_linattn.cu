@@ -165,6 +165,28 @@ struct DeltaArgs {
     int hv, hk, dk, dv, per_channel;
 };
 
+// warp_sum_n sums each of v[0..N) over the warp, in every lane: the
+// shuffle butterfly of warp_sum_f64 (the same bits), the N chains
+// interleaved.
+template <int N>
+__device__ __forceinline__ void warp_sum_n(double* v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+    }
+}
+
+// delta_out writes row r's outputs o (the warp's kDeltaCols columns from
+// j0, reduced) from lane 0.
+__device__ __forceinline__ void delta_out(const DeltaArgs& a, int r, int h, int j0, int lane, const double* o) {
+    if (lane != 0) return;
+    float* orow = a.out + size_t(r) * a.hv * a.dv + size_t(h) * a.dv;
+#pragma unroll
+    for (int col = 0; col < kDeltaCols; col++)
+        if (j0 + col < a.dv) orow[j0 + col] = float(o[col]);
+}
+
 template <int KPL>
 __device__ void delta_rule(const DeltaArgs& a) {
     const int s = blockIdx.x, h = blockIdx.y;
@@ -207,6 +229,12 @@ __device__ void delta_rule(const DeltaArgs& a) {
         for (int col = 0; col < kDeltaCols; col++) nv[col] = j0 + col < dv ? vr[j0 + col] : 0.f;
         nb = a.beta[size_t(r) * a.hv + h];
     };
+    // red[0..C) are row r's u, red[C..2C) row r−1's o (unreduced until the
+    // u of the next row is reduced with them: independent shuffle chains,
+    // so the recurrence waits for one reduction per row, not two).
+    double red[2 * kDeltaCols];
+#pragma unroll
+    for (int col = 0; col < kDeltaCols; col++) red[kDeltaCols + col] = 0.0;
     if (r0 < r1) load(r0);
     for (int r = r0; r < r1; r++) {
         double kc[KPL], qc[KPL], dec[KPL], v[kDeltaCols];
@@ -220,34 +248,30 @@ __device__ void delta_rule(const DeltaArgs& a) {
         for (int col = 0; col < kDeltaCols; col++) v[col] = double(nv[col]);
         const double bt = double(nb);
         if (r + 1 < r1) load(r + 1);
-        double u[kDeltaCols], o[kDeltaCols];
 #pragma unroll
         for (int col = 0; col < kDeltaCols; col++) {
-            u[col] = 0;
+            red[col] = 0;
 #pragma unroll
-            for (int i = 0; i < KPL; i++) u[col] += kc[i] * dec[i] * S[i][col];
+            for (int i = 0; i < KPL; i++) red[col] += kc[i] * dec[i] * S[i][col];
         }
-#pragma unroll
-        for (int col = 0; col < kDeltaCols; col++) u[col] = warp_sum_f64(u[col]);
+        warp_sum_n<2 * kDeltaCols>(red);
+        if (r > r0) delta_out(a, r - 1, h, j0, lane, red + kDeltaCols);
 #pragma unroll
         for (int col = 0; col < kDeltaCols; col++) {
-            const double del = j0 + col < dv ? bt * (v[col] - u[col]) : 0.0;
-            o[col] = 0;
+            const double del = j0 + col < dv ? bt * (v[col] - red[col]) : 0.0;
+            double o = 0;
 #pragma unroll
             for (int i = 0; i < KPL; i++) {
                 const double xs = dec[i] * S[i][col] + kc[i] * del;
                 S[i][col] = round ? double(float(xs)) : xs;
-                o[col] += qc[i] * xs;
+                o += qc[i] * xs;
             }
+            red[kDeltaCols + col] = o;
         }
-#pragma unroll
-        for (int col = 0; col < kDeltaCols; col++) o[col] = warp_sum_f64(o[col]);
-        if (lane == 0) {
-            float* orow = a.out + size_t(r) * a.hv * dv + size_t(h) * dv;
-#pragma unroll
-            for (int col = 0; col < kDeltaCols; col++)
-                if (j0 + col < dv) orow[j0 + col] = float(o[col]);
-        }
+    }
+    if (r1 > r0) {
+        warp_sum_n<kDeltaCols>(red + kDeltaCols);
+        delta_out(a, r1 - 1, h, j0, lane, red + kDeltaCols);
     }
 #pragma unroll
     for (int i = 0; i < KPL; i++) {
