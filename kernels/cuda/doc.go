@@ -15,7 +15,9 @@
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and
 // loaded with cuModuleLoadData; fatbin.sha256 pins the sources it was built
 // from; tools/cuda/check_cuda.sh type-checks them with clang where there is
-// no nvcc. Backend implements the op set (kernels.Device) on a Device:
+// no nvcc. Backend implements the op set (kernels.Device) and the
+// linear-attention, k-pool, mHC and clamp capabilities
+// (kernels.LinearAttentionOps, KPoolOps, HyperOps, ClampOps) on a Device:
 // tensors in device memory, a per-step scratch arena, launches queued and
 // handed to the device thread in batches, each weight uploaded once per
 // *kernels.Mat. It also implements the host-slice kernels.Backend, copying

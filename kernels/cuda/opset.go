@@ -475,6 +475,11 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 // expert's gate/up GEMV with the SwiGLU fused, then its down GEMV, and a
 // last kernel adds each token's slots in increasing expert id.
 func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert) {
+	b.runExperts(dst, x, ids, w, experts, 0)
+}
+
+// runExperts is Experts with the SwiGLU clamped at limit > 0 (ExpertsClamp).
+func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert, limit float32) {
 	f32Contig("Experts", dst, x, w)
 	if len(experts) == 0 {
 		panic("cuda: Experts without experts")
@@ -516,7 +521,7 @@ func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Exper
 			m := min(chunk, n-r0)
 			s0 := uint64(r0 * k)
 			err := d.launch3L("ferrite_moe_gate_up", [3]uint32{uint32(ceilDiv(inter, 8)), uint32(m * k), 1}, 256, 0,
-				h+s0*uint64(inter)*4, xp+uint64(r0*x.Stride)*4, i32(x.Stride), ip+s0*4, table.ptr, i32(len(experts)), i32(k), i32(inter))
+				h+s0*uint64(inter)*4, xp+uint64(r0*x.Stride)*4, i32(x.Stride), ip+s0*4, table.ptr, i32(len(experts)), i32(k), i32(inter), f32(limit))
 			if err != nil {
 				return err
 			}

@@ -48,17 +48,31 @@ export FERRITE_CUDA_FATBIN="$dev/k/ferrite.fatbin" FERRITE_TEST_DEVICE=cuda
 
 # The fixtures are found through the build path of the test binary.
 if [ ! -e /work/wt/cudaops ]; then mkdir -p /work/wt && ln -s "$root" /work/wt/cudaops; fi
-(cd "$root/engine" && timeout 75 "$dev/engine.test" -test.v -test.count 1 -test.run 'TestFixtures|TestAutoDevice' 2>&1; echo "engine.test rc=$?") >"$out/fixtures.log"
-grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" | grep -v -- '--- PASS' | tail -40
+(cd "$root/engine" && timeout 75 "$dev/engine.test" -test.v -test.count 1 -test.run 'TestFixtures|TestAutoDevice|TestBuiltinOnDevice' 2>&1; echo "engine.test rc=$?") >"$out/fixtures.log"
+# The hybrids on the GPU (linear attention, mHC, k-pool): their fixture and
+# suite subtests on "device" (the built-in ferrite-tiny, a glm5_next, is
+# engine.test's TestBuiltinOnDevice).
+for p in qwen3next glm5next; do
+	(cd "$root/engine/models/$p" && timeout 60 "$dev/$p.test" -test.v -test.count 1 -test.run '/device' 2>&1; echo "$p.test rc=$?") >"$out/$p.log"
+done
+grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" "$out/qwen3next.log" "$out/glm5next.log" |
+	grep -v -- '--- PASS' | tail -60
 
 # The decode-step benchmarks (STEP_BENCH: the bare-GEMV step of BENCHMARKS.md
 # section 9 and the op-set step, split into its Linear ops and the rest,
 # with graphs and eager).
 (cd k && timeout 60 ../cuda.test -test.run XXX -test.bench "${STEP_BENCH:-DecodeStep8B}" -test.benchtime 20x \
 	-test.count "${STEP_COUNT:-2}" 2>&1; echo "bench rc=$?") >>"$out/cuda-tests.log"
+# The linear-attention layer (Qwen3-Next shape): decode batches and prefill.
+(cd k && timeout 40 ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x 2>&1; echo "linattn bench rc=$?") >>"$out/cuda-tests.log"
 grep -E '^Benchmark' "$out/cuda-tests.log"
 
 (timeout "$(( ${BENCH_END:-340} - SECONDS > 30 ? ${BENCH_END:-340} - SECONDS : 30 ))" ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1,8,32,64 \
 	--prompt-len 128 --gen-len 128 --bandwidth 4300 --json "$out/bench.json" 2>&1; echo "bench rc=$?") >"$out/bench.log"
 cat "$out/bench.log" | tail -20
+# qwen3_next end to end on the GPU (BENCHMARKS.md section 11's scaled-down
+# shape, random bf16 weights): linear attention, gated attention, MoE.
+(timeout 45 ./ferrite bench --model "$root/engine/testdata/qwen3next-small" --device cuda --concurrency 1,8 \
+	--prompt-len 512 --gen-len 32 --bandwidth 4300 --json "$out/bench-qwen3next.json" 2>&1; echo "bench qwen3next rc=$?") >"$out/bench-qwen3next.log"
+tail -8 "$out/bench-qwen3next.log"
 tail -3 "$out/build.log"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares DEST (default .device-out/ of this checkout, git-ignored) for
 # tools/cuda/device_run.sh on the GPU machine: the test binaries of
-# kernels/cuda, kernels/device and engine, a ferrite binary for `ferrite
+# kernels/cuda, kernels/device, engine, engine/models/qwen3next and
+# engine/models/glm5next, a ferrite binary for `ferrite
 # bench`, kernels/cuda's CUDA sources, build_fatbin.sh and the Qwen3-8B
 # config, binaries xz-compressed to fit the 64 MiB the working tree may
 # take. With KEEP_FATBIN=1 the committed fatbin and manifest go along and
@@ -21,6 +22,9 @@ go test -c -ldflags=-s -o "$dest/mla.test" ./engine/models/mla
 go test -c -ldflags=-s -o "$dest/cuda.test" ./kernels/cuda
 go test -c -ldflags=-s -o "$dest/device.test" ./kernels/device
 go test -c -ldflags=-s -o "$dest/engine.test" ./engine
+# The hybrids' own suites (linear attention, mHC, k-pool on the GPU).
+go test -c -ldflags=-s -o "$dest/qwen3next.test" ./engine/models/qwen3next
+go test -c -ldflags=-s -o "$dest/glm5next.test" ./engine/models/glm5next
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp"

@@ -34,6 +34,13 @@ __device__ inline float swiglu1(float g, float u) {
     return __fmul_rn(s, u);
 }
 
+// swiglu1 with GLM-5's activation clamp at limit > 0 (kernels/ref
+// .SwiGLUClamp): silu(min(g, L))·clamp(u, −L, L); limit 0 is no clamp.
+__device__ inline float swiglu_clamp1(float g, float u, float limit) {
+    if (limit > 0.f) return swiglu1(fminf(g, limit), fmaxf(fminf(u, limit), -limit));
+    return swiglu1(g, u);
+}
+
 // elem decodes element k of a weight row of the given dtype; srow is the
 // row's F8E4M3 block scales (bc columns each).
 __device__ inline float elem(const uint8_t* row, int k, int dtype, const float* srow, int bc) {
@@ -615,12 +622,13 @@ __device__ float warp_dot(const MatDesc& m, int r, const float* __restrict__ x) 
 
 // Expert gate and up with SwiGLU, one (token, slot) pair per blockIdx.y:
 // h[s] (inter) = silu(gate_e·x[s / k])·(up_e·x[s / k]) for e = ids[s], the
-// experts' descriptors at table[3e] (gate) and table[3e + 1] (up). An id
-// outside [0, experts) writes NaN. Launch: grid (ceil(inter / 8), n·k),
+// experts' descriptors at table[3e] (gate) and table[3e + 1] (up), the
+// SwiGLU clamped at limit > 0 (kernels.ClampOps). An id outside
+// [0, experts) writes NaN. Launch: grid (ceil(inter / 8), n·k),
 // 256 threads, one output per warp.
 extern "C" __global__ void __launch_bounds__(256)
     ferrite_moe_gate_up(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts,
-                        int k, int inter) {
+                        int k, int inter, float limit) {
     const int s = blockIdx.y;
     const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (r >= inter) return;
@@ -630,7 +638,7 @@ extern "C" __global__ void __launch_bounds__(256)
         const float* xr = x + size_t(s / k) * x_stride;
         const float g = warp_dot(table[3 * e], r, xr);
         const float u = warp_dot(table[3 * e + 1], r, xr);
-        out = swiglu1(g, u);
+        out = swiglu_clamp1(g, u, limit);
     }
     if ((threadIdx.x & 31) == 0) h[size_t(s) * inter + r] = out;
 }

@@ -70,3 +70,8 @@ __device__ unsigned min(unsigned, unsigned);
 __device__ unsigned max(unsigned, unsigned);
 __device__ long long min(long long, long long);
 __device__ long long max(long long, long long);
+__device__ double log1p(double);
+__device__ double fmax(double, double);
+__device__ unsigned atomicAdd(unsigned*, unsigned);
+__device__ unsigned __ballot_sync(unsigned mask, int pred);
+__device__ int __popc(unsigned);
