@@ -52,6 +52,59 @@ func (d *Device) UploadMat(m *kernels.Mat) (*Weight, error) {
 	return w, nil
 }
 
+// UploadStack copies ms, weights of one width and dtype, to the device
+// as one matrix of their rows stacked in order. Quantized weights are
+// decoded to float32 (as UploadMat does), and so are F8E4M3 weights whose
+// scale blocks would straddle two of them. The caller frees the Weight.
+func (d *Device) UploadStack(ms []*kernels.Mat) (*Weight, error) {
+	first := ms[0]
+	decode := false
+	rows := 0
+	for i, m := range ms {
+		if m.Cols != first.Cols || m.DType != first.DType || m.BlockRows != first.BlockRows || m.BlockCols != first.BlockCols {
+			return nil, fmt.Errorf("cuda: cannot stack %v (%d, %d) onto %v (%d, %d)", m.DType, m.Rows, m.Cols, first.DType, first.Rows, first.Cols)
+		}
+		decode = decode || m.DType.Quantized() || (m.DType == kernels.F8E4M3 && i < len(ms)-1 && m.Rows%m.BlockRows != 0)
+		rows += m.Rows
+	}
+	dt := first.DType
+	if decode {
+		dt = kernels.F32
+	}
+	size := int64(dt.Size())
+	w := &Weight{DType: dt, Rows: rows, Cols: first.Cols}
+	var err error
+	if w.Buf, err = d.Alloc(max(int64(rows)*int64(first.Cols)*size, 1)); err != nil {
+		return nil, err
+	}
+	var scales []float32
+	off := int64(0)
+	for _, m := range ms {
+		if decode {
+			m = dequantize(m)
+		}
+		bytes := int64(m.Rows) * int64(m.Cols) * size
+		if err = w.Buf.Upload(off, m.Data[:bytes]); err != nil {
+			break
+		}
+		off += bytes
+		if dt == kernels.F8E4M3 {
+			scales = append(scales, m.Scale[:ceilDiv(m.Rows, m.BlockRows)*ceilDiv(m.Cols, m.BlockCols)]...)
+		}
+	}
+	if err == nil && dt == kernels.F8E4M3 {
+		w.BlockRows, w.BlockCols = first.BlockRows, first.BlockCols
+		if w.Scale, err = d.Alloc(int64(max(len(scales), 1)) * 4); err == nil {
+			err = w.Scale.UploadF32(0, scales)
+		}
+	}
+	if err != nil {
+		w.Free()
+		return nil, err
+	}
+	return w, nil
+}
+
 // Bytes is the device memory the weight takes.
 func (w *Weight) Bytes() int64 {
 	n := w.Buf.Size()

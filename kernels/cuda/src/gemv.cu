@@ -138,6 +138,42 @@ __device__ void gemv(float* __restrict__ y, const float* __restrict__ x, const u
 // in shared memory.
 constexpr int kSplit = 4;
 
+// split_dot is warp part p's share of row · x (cols values), summed over
+// the warp (the same in every lane).
+template <class W>
+__device__ float split_dot(const uint8_t* __restrict__ row, const float* __restrict__ x, int cols, int p) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
+#pragma unroll 4
+        for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
+            float wv[W::kE];
+            W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
+            const float4* xp = reinterpret_cast<const float4*>(x + k);
+#pragma unroll
+            for (int q = 0; q < W::kE / 4; q++) {
+                float4 xv = __ldg(xp + q);
+                acc = fmaf(wv[4 * q], xv.x, acc);
+                acc = fmaf(wv[4 * q + 1], xv.y, acc);
+                acc = fmaf(wv[4 * q + 2], xv.z, acc);
+                acc = fmaf(wv[4 * q + 3], xv.w, acc);
+            }
+        }
+    } else {
+        for (int k = p * 32 + lane; k < cols; k += kSplit * 32) acc = fmaf(W::one(row, k), x[k], acc);
+    }
+    return warp_sum(acc);
+}
+
+// split_total adds the kSplit partial sums of the row whose first warp is
+// w0, in a fixed order.
+__device__ inline float split_total(const float* part, int w0) {
+    float s = part[w0];
+#pragma unroll
+    for (int i = 1; i < kSplit; i++) s += part[w0 + i];
+    return s;
+}
+
 template <class W>
 __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
                            int rows, int cols, const float* __restrict__ bias, int acc_y) {
@@ -146,36 +182,43 @@ __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, c
     const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
     const int p = warp % kSplit;
     float acc = 0.f;
-    if (r < rows) {
-        const uint8_t* row = w + size_t(r) * cols * W::kSize;
-        if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
-#pragma unroll 4
-            for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
-                float wv[W::kE];
-                W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
-                const float4* xp = reinterpret_cast<const float4*>(x + k);
-#pragma unroll
-                for (int q = 0; q < W::kE / 4; q++) {
-                    float4 xv = __ldg(xp + q);
-                    acc = fmaf(wv[4 * q], xv.x, acc);
-                    acc = fmaf(wv[4 * q + 1], xv.y, acc);
-                    acc = fmaf(wv[4 * q + 2], xv.z, acc);
-                    acc = fmaf(wv[4 * q + 3], xv.w, acc);
-                }
-            }
-        } else {
-            for (int k = p * 32 + lane; k < cols; k += kSplit * 32) acc = fmaf(W::one(row, k), x[k], acc);
-        }
-    }
-    acc = warp_sum(acc);
+    if (r < rows) acc = split_dot<W>(w + size_t(r) * cols * W::kSize, x, cols, p);
     if (lane == 0) part[warp] = acc;
     __syncthreads();
-    if (p == 0 && lane == 0 && r < rows) {
-        float s = part[warp];
-#pragma unroll
-        for (int i = 1; i < kSplit; i++) s += part[warp + i];
-        store(y + r, s, bias, r, acc_y);
+    if (p == 0 && lane == 0 && r < rows) store(y + r, split_total(part, warp), bias, r, acc_y);
+}
+
+// silu(g)·u as kernels/ref computes it: silu in float64, rounded, then a
+// float32 product; with limit ≠ 0 first g = min(g, limit) and u clamped to
+// [−limit, limit] (kernels/ref.SwiGLUClamp).
+__device__ inline float swiglu1(float g, float u) {
+    const float s = float(double(g) / (1.0 + exp(-double(g))));
+    return __fmul_rn(s, u);
+}
+
+__device__ inline float swiglu_clamp(float g, float u, float limit) {
+    if (limit != 0.f) {
+        g = fminf(g, limit);
+        u = fmaxf(fminf(u, limit), -limit);
     }
+    return swiglu1(g, u);
+}
+
+// The SwiGLU MLP's first half at n = 1, w the stacked [gate; up] (2·inter,
+// cols): block r runs gate row r on warps 0–3 and up row r on warps 4–7
+// (split_dot) and writes y[r] = swiglu(gate, up) (clamped with limit ≠ 0).
+// Launch: inter blocks of 256 threads.
+template <class W>
+__device__ void gemv_swiglu(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                            int inter, int cols, float limit) {
+    __shared__ float part[kWarpsPerBlock];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x;
+    const int half = warp / kSplit;  // 0: gate, 1: up
+    const float acc = split_dot<W>(w + (size_t(half) * inter + r) * cols * W::kSize, x, cols, warp % kSplit);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) y[r] = swiglu_clamp(split_total(part, 0), split_total(part, kSplit), limit);
 }
 
 // F8E4M3 with (ceil(rows/br), ceil(cols/bc)) float32 block scales: each
@@ -224,6 +267,16 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
                                                            int acc_y) {                                  \
         gemv_split<W>(y, x, w, rows, cols, bias, acc_y);                                            \
     }
+
+#define FERRITE_GEMV_SWIGLU(name, W)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int inter, int cols, float limit) {          \
+        gemv_swiglu<W>(y, x, w, inter, cols, limit);                                                  \
+    }
+
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f32, F32W)
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_bf16, BF16W)
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f16, F16W)
 
 FERRITE_GEMV_SPLIT(ferrite_gemv_f32_1, F32W)
 FERRITE_GEMV(ferrite_gemv_f32_8, F32W, 8)

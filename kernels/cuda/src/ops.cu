@@ -6,7 +6,7 @@
 //
 // The sources compile as one translation unit in name order
 // (tools/cuda/build_fatbin.sh), so this file uses f32_to_bf16 from
-// convert.cu and the weight decoders and warp_sum of gemv.cu.
+// convert.cu and the weight decoders, warp_sum and swiglu_clamp of gemv.cu.
 #include <math.h>
 #include <stdint.h>
 
@@ -25,13 +25,6 @@ __device__ inline double warp_sum_f64(double v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
-}
-
-// silu(g)·u as kernels/ref computes it: silu in float64, rounded, then a
-// float32 product.
-__device__ inline float swiglu1(float g, float u) {
-    const float s = float(double(g) / (1.0 + exp(-double(g))));
-    return __fmul_rn(s, u);
 }
 
 // elem decodes element k of a weight row of the given dtype; srow is the
@@ -55,6 +48,16 @@ __device__ inline float elem(const uint8_t* row, int k, int dtype, const float* 
 extern "C" __global__ void ferrite_swiglu(float* y, const float* g, const float* u, uint64_t n) {
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
         y[i] = swiglu1(g[i], u[i]);
+}
+
+// y[i·inter + j] = swiglu(t[i·2·inter + j], t[i·2·inter + inter + j]) for
+// n = rows·inter values of t (rows, 2·inter), the stacked [gate | up]
+// product of SwiGLULinear (clamped with limit ≠ 0).
+extern "C" __global__ void ferrite_swiglu_cat(float* y, const float* t, uint64_t n, int inter, float limit) {
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        const uint64_t r = i / inter, j = i % inter;
+        y[i] = swiglu_clamp(t[r * 2 * inter + j], t[r * 2 * inter + inter + j], limit);
+    }
 }
 
 // y[i] += bias[i % cols] for n·cols values (the cuBLASLt path's bias).
@@ -217,6 +220,75 @@ extern "C" __global__ void ferrite_store_kv(void* kc, void* vc, const float* k, 
             static_cast<float*>(kc)[e] = kv;
             static_cast<float*>(vc)[e] = vv;
         }
+    }
+}
+
+// The attention input step (kernels.AttentionOps.PrepareQKV): block (row
+// i, head h) of qkv (n, (heads + 2·kvh)·hd) [q | k | v] takes its head into
+// shared memory; a q or k head is normed (qn/kn set: the float64 mean of
+// squares as ferrite_add_rmsnorm) and rotated (inv set: ferrite_rope's
+// angles and products) and written to q or, for k, to the cache; a v head
+// is stored as it is. Cache rows are float32 or bf16 (round to nearest
+// even); a slot outside [0, slots) is skipped. Launch: grid (n, heads +
+// 2·kvh), 128 threads; hd ≤ 256.
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_prepare_qkv(float* q, void* kc, void* vc, const float* qkv, const int* pos, int pos_stride, const int* slot,
+                        int slot_stride, int slots, int bf16, int heads, int kvh, int hd, const float* qn, float qeps,
+                        int qoff, const float* kn, float keps, int koff, const float* inv, int half, int interleaved,
+                        float scale) {
+    __shared__ float v[256];
+    __shared__ double partial[4];
+    const int i = blockIdx.x, h = blockIdx.y;
+    const int kind = h < heads ? 0 : h < heads + kvh ? 1 : 2;  // q, k, v
+    const float* src = qkv + (size_t(i) * (heads + 2 * kvh) + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) v[d] = src[d];
+    __syncthreads();
+    if (kind < 2) {
+        const float* w = kind == 0 ? qn : kn;
+        if (w) {
+            const float eps = kind == 0 ? qeps : keps;
+            const int off = kind == 0 ? qoff : koff;
+            double ss = 0;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += double(v[d]) * double(v[d]);
+            ss = warp_sum_f64(ss);
+            if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+            __syncthreads();
+            double t = 0;
+            for (int k = 0; k < int(blockDim.x >> 5); k++) t += partial[k];
+            const float ms = float(t / double(hd));
+            const float rs = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                const float s = off ? __fadd_rn(1.0f, w[d]) : w[d];
+                v[d] = __fmul_rn(s, __fmul_rn(v[d], rs));
+            }
+            __syncthreads();
+        }
+        if (inv) {
+            const int p = pos[size_t(i) * pos_stride];
+            for (int k = threadIdx.x; k < half; k += blockDim.x) {
+                const double a = double(__fmul_rn(float(p), inv[k]));
+                const float c = __fmul_rn(float(cos(a)), scale), sn = __fmul_rn(float(sin(a)), scale);
+                const int ia = interleaved ? 2 * k : k, ib = interleaved ? 2 * k + 1 : k + half;
+                const float a0 = v[ia], b0 = v[ib];
+                v[ia] = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, sn));
+                v[ib] = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, sn));
+            }
+            __syncthreads();
+        }
+    }
+    if (kind == 0) {
+        float* dst = q + (size_t(i) * heads + h) * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = v[d];
+        return;
+    }
+    const int s = slot[size_t(i) * slot_stride];
+    if (s < 0 || s >= slots) return;
+    const int kh = kind == 1 ? h - heads : h - heads - kvh;
+    const size_t e = size_t(s) * kvh * hd + size_t(kh) * hd;
+    void* c = kind == 1 ? kc : vc;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        if (bf16) static_cast<uint16_t*>(c)[e + d] = f32_to_bf16(v[d]);
+        else static_cast<float*>(c)[e + d] = v[d];
     }
 }
 
