@@ -190,14 +190,15 @@ func BenchmarkGemmBF16(b *testing.B) {
 }
 
 // BenchmarkOpsDecodeStep8B times one batch-1 Qwen3-8B decode step through
-// the op set, as engine/gqa issues it (36 layers of norm, q/k/v, QK-norm,
-// RoPE, KV store, paged attention, o, norm, gate, up, SwiGLU, down, then
-// the LM head: 7 Linear and 10 other ops a layer, queued by the Backend and
-// waited for at EndStep), on seeded random bf16 weights made on the device
-// and a bf16 KV cache of ctx positions. "linear" runs only the Linear ops,
-// "other" only the rest, so the wall times split the step; the steps replay
-// a CUDA graph (graphs/step 1) except in the "eager" variants. ms/step is
-// host wall time from BeginStep to the end of EndStep.
+// the op set, as engine/gqa issues it (36 layers of q/k/v as one LinearCat,
+// PrepareQKV (QK-norm, RoPE, KV store), paged attention, o, AddRMSNorm,
+// SwiGLULinear (gate, up, SwiGLU), down, AddRMSNorm, then the LM head: 4
+// products and 4 other ops a layer, queued by the Backend and waited for
+// at EndStep), on seeded random bf16 weights made on the device and a bf16
+// KV cache of ctx positions. "linear" runs only the products, "other" only
+// the rest, so the wall times split the step; the steps replay a CUDA graph
+// (graphs/step 1) except in the "eager" variants. ms/step is host wall
+// time from BeginStep to the end of EndStep.
 func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	needGPU(b)
 	be, err := OpenBackend(0, 2)
@@ -240,11 +241,33 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		be.WriteI32(t, v)
 		return t
 	}
-	type layer struct{ q, k, v, o, gate, up, down *kernels.Mat }
+	// stack makes the device weight of ms stacked (what stacked uploads),
+	// filled on the device; ms themselves have no data.
+	stack := func(ms ...*kernels.Mat) []*kernels.Mat {
+		rows := 0
+		for _, m := range ms {
+			rows += m.Rows
+		}
+		w := mat(rows, ms[0].Cols)
+		var key stackKey
+		copy(key[:], ms)
+		if be.stacks == nil {
+			be.stacks = map[stackKey]*Weight{}
+		}
+		be.stacks[key] = be.weights[w]
+		return ms
+	}
+	part := func(rows, cols int) *kernels.Mat { return &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols} }
+	type layer struct {
+		qkv               []*kernels.Mat
+		o, gate, up, down *kernels.Mat
+	}
 	ls := make([]layer, layers)
 	for i := range ls {
-		ls[i] = layer{mat(heads*hd, hidden), mat(kvHeads*hd, hidden), mat(kvHeads*hd, hidden), mat(hidden, heads*hd),
-			mat(inter, hidden), mat(inter, hidden), mat(hidden, inter)}
+		l := layer{qkv: stack(part(heads*hd, hidden), part(kvHeads*hd, hidden), part(kvHeads*hd, hidden)),
+			o: mat(hidden, heads*hd), gate: part(inter, hidden), up: part(inter, hidden), down: mat(hidden, inter)}
+		stack(l.gate, l.up)
+		ls[i] = l
 	}
 	head := mat(vocab, hidden)
 	norm, qkNorm := vec(hidden, 1), vec(hd, 1)
@@ -301,26 +324,20 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		step := func() {
 			be.BeginStep()
 			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
-			q, k, v := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd)
-			o, g, u := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, inter), be.Scratch(kernels.F32, 1, inter)
+			qkv := be.Scratch(kernels.F32, 1, (heads+2*kvHeads)*hd)
+			q, o, g := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, inter)
 			logits := be.Scratch(kernels.F32, 1, vocab)
 			be.exec(func(d *Device) error { return d.uploadL(dptr(x), f32Bytes(x0)) })
+			qn := &kernels.HeadNorm{W: qkNorm, Eps: 1e-6}
 			for i, l := range ls {
 				if c.rest && i == 0 {
 					be.RMSNorm(h, x, norm, 1e-6, false)
 				}
 				if c.lin {
-					be.Linear(q, h, l.q, kernels.Epilogue{})
-					be.Linear(k, h, l.k, kernels.Epilogue{})
-					be.Linear(v, h, l.v, kernels.Epilogue{})
+					be.LinearCat(qkv, h, l.qkv, kernels.Epilogue{})
 				}
 				if c.rest {
-					qh, kh := q.Reshape(heads, hd), k.Reshape(kvHeads, hd)
-					be.RMSNorm(qh, qh, qkNorm, 1e-6, false)
-					be.RMSNorm(kh, kh, qkNorm, 1e-6, false)
-					be.RoPE(q, heads, hd, p.Pos, rope)
-					be.RoPE(k, kvHeads, hd, p.Pos, rope)
-					be.StoreKV(kc[i], vc[i], k, v, p)
+					be.PrepareQKV(q, kc[i], vc[i], qkv, qn, qn, rope, p, shape)
 					be.Attention(o, q, kc[i], vc[i], p, shape)
 				}
 				if c.lin {
@@ -330,13 +347,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 					be.AddRMSNorm(h, x, y, norm, 1e-6, false)
 				}
 				if c.lin {
-					be.Linear(g, h, l.gate, kernels.Epilogue{})
-					be.Linear(u, h, l.up, kernels.Epilogue{})
-				}
-				if c.rest {
-					be.SwiGLU(g, g, u)
-				}
-				if c.lin {
+					be.SwiGLULinear(g, h, l.gate, l.up, 0)
 					be.Linear(y, g, l.down, kernels.Epilogue{})
 				}
 				if c.rest {
