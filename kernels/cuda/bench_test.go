@@ -279,15 +279,18 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	be.WriteF32(rope.InvFreq, inv)
 	shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
 
+	var logits0 []float32 // the first variant's logits, which the other full steps must match
+	caches := map[int][2][]kernels.Tensor{}
 	for _, c := range []struct {
-		name             string
-		ctx              int
-		lin, rest, eager bool
+		name                  string
+		ctx                   int
+		lin, rest, eager, pdl bool
 	}{
-		{"all/ctx=512", 512, true, true, false}, {"all/ctx=512/eager", 512, true, true, true},
-		{"linear", 512, true, false, false}, {"linear/eager", 512, true, false, true},
-		{"other/ctx=512", 512, false, true, false}, {"other/ctx=512/eager", 512, false, true, true},
-		{"all/ctx=4096", 4096, true, true, false},
+		{"all/ctx=512", 512, true, true, false, false}, {"all/ctx=512/eager", 512, true, true, true, false},
+		{"all/ctx=512/pdl", 512, true, true, false, true}, {"all/ctx=512/eager/pdl", 512, true, true, true, true},
+		{"linear", 512, true, false, false, false}, {"linear/eager", 512, true, false, true, false},
+		{"other/ctx=512", 512, false, true, false, false}, {"other/ctx=512/eager", 512, false, true, true, false},
+		{"all/ctx=4096", 4096, true, true, false, false},
 	} {
 		const bs = 16
 		nb := c.ctx / bs
@@ -295,8 +298,8 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		for i := range table {
 			table[i] = int32(i)
 		}
-		var kc, vc []kernels.Tensor
-		for range layers {
+		kc, vc := caches[c.ctx][0], caches[c.ctx][1] // shared by the variants of one ctx, so their logits agree
+		for range layers - len(kc) {
 			for _, l := range []*[]kernels.Tensor{&kc, &vc} {
 				t, err := be.Alloc(kernels.BF16, c.ctx, kvHeads*hd)
 				if err == nil {
@@ -310,6 +313,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 				*l = append(*l, t)
 			}
 		}
+		caches[c.ctx] = [2][]kernels.Tensor{kc, vc}
 		p := &kernels.Paged{Pos: ints(int32(c.ctx - 1)), Seq: ints(0), Slot: ints(int32(c.ctx - 1)), BlockSize: bs}
 		bt, err := be.Alloc(kernels.I32, 1, nb)
 		if err != nil {
@@ -321,12 +325,13 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		for i := range x0 {
 			x0[i] = float32(i%13)*0.1 - 0.6
 		}
+		var logits kernels.Tensor
 		step := func() {
 			be.BeginStep()
 			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
 			qkv := be.Scratch(kernels.F32, 1, (heads+2*kvHeads)*hd)
 			q, o, g := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, inter)
-			logits := be.Scratch(kernels.F32, 1, vocab)
+			logits = be.Scratch(kernels.F32, 1, vocab)
 			be.exec(func(d *Device) error { return d.uploadL(dptr(x), f32Bytes(x0)) })
 			qn := &kernels.HeadNorm{W: qkNorm, Eps: 1e-6}
 			for i, l := range ls {
@@ -360,6 +365,10 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			be.EndStep()
 		}
 		be.dev.do(func() error { be.graphs.enabled = !c.eager; return nil })
+		if be.dev.SetPDL(c.pdl) != c.pdl {
+			b.Logf("%s: no programmatic dependent launch here", c.name)
+			continue
+		}
 		b.Run(c.name, func(b *testing.B) {
 			step() // warm up; with graphs the second step is captured
 			step()
@@ -378,5 +387,21 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			b.ReportMetric(1/sec, "tok/s")
 			b.ReportMetric(float64(replays-replays0)/float64(b.N), "graphs/step")
 		})
+		if c.ctx != 512 || !c.lin || !c.rest {
+			continue
+		}
+		got := make([]float32, vocab)
+		be.ReadF32(got, logits)
+		if logits0 == nil {
+			logits0 = got
+			continue
+		}
+		for i, v := range got {
+			if math.Float32bits(v) != math.Float32bits(logits0[i]) {
+				b.Errorf("%s: logit %d = %g, %g in the first variant", c.name, i, v, logits0[i])
+				break
+			}
+		}
 	}
+	be.dev.SetPDL(false)
 }

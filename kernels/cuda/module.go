@@ -83,6 +83,9 @@ func (d *Device) launch3L(name string, grid [3]uint32, block, smem uint32, args 
 		return nil
 	}
 	copy(d.args.vals[:], args)
+	if d.pdl && pdlKernels[name] {
+		return d.launchPDL(name, fn, grid, block, smem)
+	}
 	return check("cuLaunchKernel "+name, call(driver.cuLaunchKernel, fn,
 		uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]), uintptr(block), 1, 1, uintptr(smem), d.stream,
 		uintptr(unsafe.Pointer(&d.args.ptrs[0])), 0))

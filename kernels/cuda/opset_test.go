@@ -253,3 +253,72 @@ func TestGraphReplay(t *testing.T) {
 		t.Errorf("the eager backend captured %d graphs", c+r)
 	}
 }
+
+// TestOpsPDL runs the op-set conformance suite with programmatic dependent
+// launch on (skipped where the GPU or driver has none).
+func TestOpsPDL(t *testing.T) {
+	b := openOps(t)
+	if !b.dev.SetPDL(true) {
+		t.Skip("no programmatic dependent launch on this GPU or driver")
+	}
+	kerneltest.RunOps(t, b)
+}
+
+// TestPDLGraphStep runs a chain of dependent one-row ops (the decode
+// kernels: GEMVs, norms, the fused SwiGLU GEMV) for five steps with PDL
+// and graphs on, against a Backend that launches eagerly without PDL: a
+// kernel that started before its input was written would differ.
+func TestPDLGraphStep(t *testing.T) {
+	p, e := openOps(t), openOps(t)
+	if !p.dev.SetPDL(true) {
+		t.Skip("no programmatic dependent launch on this GPU or driver")
+	}
+	e.dev.SetPDL(false)
+	p.graphs.enabled, e.graphs.enabled = true, false
+	rng := rand.New(rand.NewPCG(10, 11))
+	const hidden, inter = 256, 512
+	w1 := kerneltest.NewMat(rng, kernels.BF16, hidden, hidden, 0, 0)
+	gate := kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)
+	up := kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)
+	down := kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
+	nw := randF32(rng, hidden)
+	type model struct {
+		b          *Backend
+		x, norm, y kernels.Tensor
+	}
+	setup := func(b *Backend) *model {
+		return &model{b: b, x: f32Tensor(t, b, 1, hidden, make([]float32, hidden)), norm: f32Tensor(t, b, 1, hidden, nw),
+			y: f32Tensor(t, b, 1, hidden, make([]float32, hidden))}
+	}
+	run := func(m *model, xv []float32) []float32 {
+		b := m.b
+		b.WriteF32(m.x, xv)
+		b.BeginStep()
+		for range 4 { // y feeds the next layer: every kernel reads its predecessor's output
+			h := b.Scratch(kernels.F32, 1, hidden)
+			g := b.Scratch(kernels.F32, 1, inter)
+			b.AddRMSNorm(h, m.x, m.y, m.norm, 1e-6, false)
+			b.Linear(m.y, h, w1, kernels.Epilogue{})
+			b.RMSNorm(h, m.y, m.norm, 1e-6, false)
+			b.SwiGLULinear(g, h, gate, up, 0)
+			b.Linear(m.y, g, down, kernels.Epilogue{Accumulate: true})
+		}
+		b.EndStep()
+		out := make([]float32, hidden)
+		b.ReadF32(out, m.y)
+		return out
+	}
+	mp, me := setup(p), setup(e)
+	for i := range 5 {
+		xv := randF32(rng, hidden)
+		got, want := run(mp, xv), run(me, xv)
+		for j := range want {
+			if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+				t.Fatalf("step %d: y[%d] = %g with PDL and graphs, %g eager", i, j, got[j], want[j])
+			}
+		}
+	}
+	if _, replays, err := p.GraphStats(); err != nil || replays != 4 {
+		t.Errorf("%d graph replays (%v), want 4", replays, err)
+	}
+}

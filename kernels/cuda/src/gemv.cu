@@ -265,12 +265,14 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
                                                            int n, int rows, int cols, const float* bias, \
                                                            int acc_y) {                                  \
+        FERRITE_PDL_WAIT();                                                                         \
         gemv_split<W>(y, x, w, rows, cols, bias, acc_y);                                            \
     }
 
 #define FERRITE_GEMV_SWIGLU(name, W)                                                                  \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
                                                            int inter, int cols, float limit) {          \
+        FERRITE_PDL_WAIT();                                                                           \
         gemv_swiglu<W>(y, x, w, inter, cols, limit);                                                  \
     }
 

@@ -112,6 +112,7 @@ extern "C" __global__ void ferrite_copy_rows(uint8_t* dst, int64_t dst_stride, c
 // scales). An id outside the table writes NaN. Launch: one block per row.
 extern "C" __global__ void ferrite_embed(float* y, int y_stride, const uint8_t* w, const float* scale, const int* ids,
                                          int ids_stride, int n, int rows, int cols, int dtype, int br, int bc) {
+    FERRITE_PDL_WAIT();
     const int i = blockIdx.x;
     if (i >= n) return;
     const int id = ids[size_t(i) * ids_stride];
@@ -130,6 +131,7 @@ extern "C" __global__ void ferrite_embed(float* y, int y_stride, const uint8_t* 
 // Launch: one block per output row.
 extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const float* x, int x_stride, const int* rows,
                                                int rows_stride, int m, int cols, int nsrc) {
+    FERRITE_PDL_WAIT();
     const int i = blockIdx.x;
     if (i >= m) return;
     const int r = rows[size_t(i) * rows_stride];
@@ -146,6 +148,7 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
 extern "C" __global__ void __launch_bounds__(256)
     ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
                         int offset) {
+    FERRITE_PDL_WAIT();
     __shared__ double partial[8];
     const int r = blockIdx.x;
     if (r >= rows) return;
@@ -236,6 +239,7 @@ extern "C" __global__ void __launch_bounds__(128)
                         int slot_stride, int slots, int bf16, int heads, int kvh, int hd, const float* qn, float qeps,
                         int qoff, const float* kn, float keps, int koff, const float* inv, int half, int interleaved,
                         float scale) {
+    FERRITE_PDL_WAIT();
     __shared__ float v[256];
     __shared__ double partial[4];
     const int i = blockIdx.x, h = blockIdx.y;
@@ -492,6 +496,7 @@ __device__ void attn_block(const AttnArgs& a) {
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
         int chunks, int split, float scale) {                                                          \
+        FERRITE_PDL_WAIT();                                                                            \
         AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale}; \
         attn_block<DPL, BF>(a);                                                                        \
     }
@@ -508,6 +513,7 @@ FERRITE_ATTN(ferrite_attn_bf16_8, 8, true)
 // Merges the splits of ferrite_attn_*: out (n, heads·hd) from part (n,
 // heads, splits, hd + 2). Launch: grid (n, heads), 128 threads.
 extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, int heads, int hd, int splits) {
+    FERRITE_PDL_WAIT();
     const int i = blockIdx.x, h = blockIdx.y;
     const float* pp = part + (size_t(i) * heads + h) * splits * (hd + 2);
     float mx = -INFINITY;

@@ -1,0 +1,63 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+// TestPDLKernelsWait checks that every kernel launched with programmatic
+// dependent launch starts with FERRITE_PDL_WAIT(), directly or through the
+// macro that defines it: without the wait it could read its inputs before
+// the kernel that writes them has finished.
+func TestPDLKernelsWait(t *testing.T) {
+	files, err := filepath.Glob("src/*.cu")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no CUDA sources (%v)", err)
+	}
+	var all strings.Builder
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all.Write(b)
+	}
+	src := all.String()
+	const wait = `[\s\\]*FERRITE_PDL_WAIT\(\);`
+	for name := range pdlKernels {
+		q := regexp.QuoteMeta(name)
+		if regexp.MustCompile(`__global__[^{;]*?\b` + q + `\([^)]*\)\s*\{` + wait).MatchString(src) {
+			continue
+		}
+		m := regexp.MustCompile(`\b(\w+)\(` + q + `,`).FindStringSubmatch(src)
+		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{`+wait).MatchString(src) {
+			continue
+		}
+		t.Errorf("%s is launched with PDL but does not start with FERRITE_PDL_WAIT()", name)
+	}
+}
+
+// TestLaunchConfigLayout checks the Go mirrors of CUlaunchConfig and
+// CUlaunchAttribute against the C layout (64-bit).
+func TestLaunchConfigLayout(t *testing.T) {
+	var c launchConfig
+	var a launchAttr
+	for _, f := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"sizeof(CUlaunchConfig)", unsafe.Sizeof(c), 56}, {"hStream", unsafe.Offsetof(c.stream), 32},
+		{"attrs", unsafe.Offsetof(c.attrs), 40}, {"numAttrs", unsafe.Offsetof(c.numAttrs), 48},
+		{"sizeof(CUlaunchAttribute)", unsafe.Sizeof(a), 72}, {"value", unsafe.Offsetof(a.val), 8},
+	} {
+		if f.got != f.want {
+			t.Errorf("%s = %d, want %d", f.name, f.got, f.want)
+		}
+	}
+}
