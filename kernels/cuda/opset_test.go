@@ -254,16 +254,6 @@ func TestGraphReplay(t *testing.T) {
 	}
 }
 
-// TestOpsPDL runs the op-set conformance suite with programmatic dependent
-// launch on (skipped where the GPU or driver has none).
-func TestOpsPDL(t *testing.T) {
-	b := openOps(t)
-	if !b.dev.SetPDL(true) {
-		t.Skip("no programmatic dependent launch on this GPU or driver")
-	}
-	kerneltest.RunOps(t, b)
-}
-
 // TestPDLGraphStep runs a chain of dependent one-row ops (the decode
 // kernels: GEMVs, norms, the fused SwiGLU GEMV) for five steps with PDL
 // and graphs on, against a Backend that launches eagerly without PDL: a
