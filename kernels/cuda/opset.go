@@ -361,8 +361,12 @@ func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offs
 	if rows == 0 || dim == 0 {
 		return
 	}
+	block := uint32(256) // threads a row; 1024 when the rows do not fill the GPU
+	if rows < b.dev.SMs {
+		block = 1024
+	}
 	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_add_rmsnorm", uint32(rows), 256, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset))
+		return d.launchL("ferrite_add_rmsnorm", uint32(rows), block, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset))
 	})
 }
 

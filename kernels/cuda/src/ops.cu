@@ -144,12 +144,14 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
 // y = w ⊙ res·rsqrt(mean(res²) + eps) ((1 + w) with offset), the mean of
 // squares summed in float64 and rounded to float32 before eps, as
 // kernels/ref.RMSNorm. Rows are dim values apart; y may be res (plain
-// RMSNorm in place). Launch: one block of 256 threads per row.
-extern "C" __global__ void __launch_bounds__(256)
+// RMSNorm in place). Launch: one block per row, a multiple of 32 threads
+// up to 1024 (256 for many rows, 1024 for a few: a decode step's single
+// row is latency, not throughput).
+extern "C" __global__ void __launch_bounds__(1024)
     ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
                         int offset) {
     FERRITE_PDL_WAIT();
-    __shared__ double partial[8];
+    __shared__ double partial[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
     float* xr = res + size_t(r) * dim;
