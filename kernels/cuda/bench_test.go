@@ -142,19 +142,24 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 		bytes += int64(n) * int64(s.rows) * int64(s.cols) * 2
 	}
 	x, y := benchF32(b, d, 12288), benchF32(b, d, 151936)
-	b.ResetTimer()
-	el := timeLaunches(b, d, b.N, func(int) error {
-		for _, w := range step {
-			if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	sec := el.Seconds() / float64(b.N)
-	b.ReportMetric(sec*1e3, "ms/step")
-	b.ReportMetric(1/sec, "tok/s")
-	b.ReportMetric(float64(bytes)/sec/1e9, "GB/s")
+	defer d.SetGEMVRows(gemvRowsDefault())
+	for _, r := range []int{0, 4, 8} { // gemv_split, gemv_rows with 4 and 8 rows a block
+		d.SetGEMVRows(r)
+		b.Run(fmt.Sprintf("rows=%d", r), func(b *testing.B) {
+			el := timeLaunches(b, d, b.N, func(int) error {
+				for _, w := range step {
+					if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			sec := el.Seconds() / float64(b.N)
+			b.ReportMetric(sec*1e3, "ms/step")
+			b.ReportMetric(1/sec, "tok/s")
+			b.ReportMetric(float64(bytes)/sec/1e9, "GB/s")
+		})
+	}
 }
 
 // BenchmarkGemmBF16 measures cuBLASLt's bf16 GEMM (float32 output) at
@@ -281,17 +286,22 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 
 	var logits0 []float32 // the first variant's logits, which the other full steps must match
 	caches := map[int][2][]kernels.Tensor{}
+	defer be.dev.SetGEMVRows(gemvRowsDefault())
 	for _, c := range []struct {
 		name                  string
 		ctx                   int
 		lin, rest, eager, pdl bool
+		rows                  int // the n = 1 GEMV: 0 gemv_split, else gemv_rows with rows a block
 	}{
-		{"all/ctx=512", 512, true, true, false, false}, {"all/ctx=512/eager", 512, true, true, true, false},
-		{"all/ctx=512/pdl", 512, true, true, false, true}, {"all/ctx=512/eager/pdl", 512, true, true, true, true},
-		{"linear", 512, true, false, false, false}, {"linear/eager", 512, true, false, true, false},
-		{"other/ctx=512", 512, false, true, false, false}, {"other/ctx=512/eager", 512, false, true, true, false},
-		{"all/ctx=4096", 4096, true, true, false, false},
+		{"all/ctx=512", 512, true, true, false, false, 0}, {"all/ctx=512/eager", 512, true, true, true, false, 0},
+		{"all/ctx=512/pdl", 512, true, true, false, true, 0}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0},
+		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8},
+		{"linear", 512, true, false, false, false, 0}, {"linear/eager", 512, true, false, true, false, 0},
+		{"linear/rows=4", 512, true, false, false, false, 4}, {"linear/rows=8", 512, true, false, false, false, 8},
+		{"other/ctx=512", 512, false, true, false, false, 0}, {"other/ctx=512/eager", 512, false, true, true, false, 0},
+		{"all/ctx=4096", 4096, true, true, false, false, 0},
 	} {
+		be.dev.SetGEMVRows(c.rows)
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)
@@ -394,6 +404,14 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		be.ReadF32(got, logits)
 		if logits0 == nil {
 			logits0 = got
+			continue
+		}
+		if c.rows != 0 { // another summation order: report how far the logits moved
+			diff, top := 0.0, 0.0
+			for i, v := range got {
+				diff, top = max(diff, math.Abs(float64(v-logits0[i]))), max(top, math.Abs(float64(logits0[i])))
+			}
+			b.Logf("%s: max |Δlogit| %.3g against gemv_split (max |logit| %.3g)", c.name, diff, top)
 			continue
 		}
 		for i, v := range got {

@@ -53,6 +53,10 @@ type Device struct {
 	// thread.
 	pdl bool
 
+	// gemvRows is the n = 1 GEMV variant (ops.go, gemvRowsKernels): 0 for
+	// gemv_split, else rows a block of gemv_rows; set at Open.
+	gemvRows int
+
 	// trace, when set, makes launchL, launch3L and gemmL append what they
 	// would launch (kernel, grid, block, arguments) to it instead of
 	// launching: a step's launch trace, which graph.go compares.
@@ -209,6 +213,7 @@ func (d *Device) setup() error {
 		d.args.ptrs[i] = uintptr(unsafe.Pointer(&d.args.vals[i]))
 	}
 	d.pdl = pdlEnabled(d.Major)
+	d.gemvRows = gemvRowsDefault()
 	return d.loadModule()
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -183,11 +184,14 @@ func (d *Device) linearL(y, x uint64, w *Weight, n int, bias uint64, acc bool) e
 	grid := uint32(ceilDiv(w.Rows, gemvBlock/32))
 	switch w.DType {
 	case kernels.F32, kernels.BF16, kernels.F16:
-		if n == 1 { // four warps a row
+		name := gemvKernels[w.DType][nb]
+		switch {
+		case n == 1 && d.gemvRows > 0: // gemvRows rows a block
+			name, grid = gemvRowsKernels[w.DType][d.gemvRows/8], uint32(ceilDiv(w.Rows, d.gemvRows))
+		case n == 1: // four warps a row
 			grid = uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
 		}
-		return d.launchL(gemvKernels[w.DType][nb], grid, gemvBlock, 0,
-			y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc))
+		return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc))
 	case kernels.F8E4M3:
 		if w.BlockRows <= 0 || w.BlockCols <= 0 || w.Scale == nil {
 			return fmt.Errorf("cuda: F8E4M3 weight without block scales")
@@ -205,6 +209,37 @@ var gemvKernels = map[kernels.DType][2]string{
 	kernels.BF16:   {"ferrite_gemv_bf16_8", "ferrite_gemv_bf16_1"},
 	kernels.F16:    {"ferrite_gemv_f16_8", "ferrite_gemv_f16_1"},
 	kernels.F8E4M3: {"ferrite_gemv_f8e4m3_8", "ferrite_gemv_f8e4m3_1"},
+}
+
+// gemvRowsKernels names the n = 1 GEMVs of R rows a block (gemv_rows):
+// [0] for R = 4, [1] for R = 8.
+var gemvRowsKernels = map[kernels.DType][2]string{
+	kernels.F32:  {"ferrite_gemv_f32_r4", "ferrite_gemv_f32_r8"},
+	kernels.BF16: {"ferrite_gemv_bf16_r4", "ferrite_gemv_bf16_r8"},
+	kernels.F16:  {"ferrite_gemv_f16_r4", "ferrite_gemv_f16_r8"},
+}
+
+// gemvRowsDefault is a new Device's GEMV variant at n = 1:
+// FERRITE_CUDA_GEMV_ROWS=4 or 8 picks gemv_rows with that many rows a
+// block; anything else the four-warps-a-row gemv_split.
+func gemvRowsDefault() int {
+	switch os.Getenv("FERRITE_CUDA_GEMV_ROWS") {
+	case "4":
+		return 4
+	case "8":
+		return 8
+	}
+	return 0
+}
+
+// SetGEMVRows picks the n = 1 GEMV for later launches: 4 or 8 rows a
+// block (gemv_rows), 0 for four warps a row (gemv_split). A switch for
+// benchmarks and tests.
+func (d *Device) SetGEMVRows(r int) {
+	if r != 0 && r != 4 && r != 8 {
+		panic("cuda: SetGEMVRows wants 0, 4 or 8")
+	}
+	d.do(func() error { d.gemvRows = r; return nil })
 }
 
 // RMSNorm queues y = w ⊙ x·rsqrt(mean(x²) + eps) (or (1 + w) ⊙ … with

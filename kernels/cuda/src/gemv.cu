@@ -188,6 +188,69 @@ __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, c
     if (p == 0 && lane == 0 && r < rows) store(y + r, split_total(part, warp), bias, r, acc_y);
 }
 
+// R rows a block, n = 1, the 8 warps splitting the columns: warp v sums
+// the 16-byte stretches v, v + 8, v + 16, … of every one of the block's
+// rows, so each x stretch is loaded once for R rows (x's L2 traffic is 1/R
+// of a row's instead of as much as the weight's) and a lane has R weight
+// loads in flight per stretch; the warps' partial sums meet in shared
+// memory. An alternative to gemv_split (Device.gemvRows picks it).
+template <class W, int R>
+__device__ void gemv_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                          int rows, int cols, const float* __restrict__ bias, int acc_y) {
+    __shared__ float part[kWarpsPerBlock][R];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r0 = blockIdx.x * R;
+    const int nr = min(R, rows - r0);
+    const size_t rb = size_t(cols) * W::kSize;  // bytes a row
+    const uint8_t* base = w + size_t(r0) * rb;
+    float acc[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) acc[j] = 0.f;
+    if (W::kVec && rb % 16 == 0) {
+#pragma unroll 2
+        for (int k = (warp * 32 + lane) * W::kE; k < cols; k += kWarpsPerBlock * 32 * W::kE) {
+            uint4 wv[R];
+#pragma unroll
+            for (int j = 0; j < R; j++)
+                wv[j] = j < nr ? __ldg(reinterpret_cast<const uint4*>(base + j * rb + size_t(k) * W::kSize)) : make_uint4(0, 0, 0, 0);
+            float xv[W::kE];
+            const float4* xp = reinterpret_cast<const float4*>(x + k);
+#pragma unroll
+            for (int q = 0; q < W::kE / 4; q++) {
+                const float4 v = __ldg(xp + q);
+                xv[4 * q] = v.x;
+                xv[4 * q + 1] = v.y;
+                xv[4 * q + 2] = v.z;
+                xv[4 * q + 3] = v.w;
+            }
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                float f[W::kE];
+                W::vec(wv[j], f);
+#pragma unroll
+                for (int e = 0; e < W::kE; e++) acc[j] = fmaf(f[e], xv[e], acc[j]);
+            }
+        }
+    } else {
+        for (int k = warp * 32 + lane; k < cols; k += kWarpsPerBlock * 32) {
+            const float xk = x[k];
+            for (int j = 0; j < nr; j++) acc[j] = fmaf(W::one(base + j * rb, k), xk, acc[j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const float s = warp_sum(acc[j]);
+        if (lane == 0) part[warp][j] = s;
+    }
+    __syncthreads();
+    if (int(threadIdx.x) < nr) {
+        float s = part[0][threadIdx.x];
+#pragma unroll
+        for (int i = 1; i < kWarpsPerBlock; i++) s += part[i][threadIdx.x];
+        store(y + r0 + threadIdx.x, s, bias, r0 + threadIdx.x, acc_y);
+    }
+}
+
 // silu(g)·u as kernels/ref computes it: silu in float64, rounded, then a
 // float32 product; with limit ≠ 0 first g = min(g, limit) and u clamped to
 // [−limit, limit] (kernels/ref.SwiGLUClamp).
@@ -279,6 +342,21 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
 FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f32, F32W)
 FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_bf16, BF16W)
 FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f16, F16W)
+
+#define FERRITE_GEMV_ROWS(name, W, R)                                                               \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int n, int rows, int cols, const float* bias, \
+                                                           int acc_y) {                                  \
+        FERRITE_PDL_WAIT();                                                                         \
+        gemv_rows<W, R>(y, x, w, rows, cols, bias, acc_y);                                          \
+    }
+
+FERRITE_GEMV_ROWS(ferrite_gemv_f32_r4, F32W, 4)
+FERRITE_GEMV_ROWS(ferrite_gemv_f32_r8, F32W, 8)
+FERRITE_GEMV_ROWS(ferrite_gemv_bf16_r4, BF16W, 4)
+FERRITE_GEMV_ROWS(ferrite_gemv_bf16_r8, BF16W, 8)
+FERRITE_GEMV_ROWS(ferrite_gemv_f16_r4, F16W, 4)
+FERRITE_GEMV_ROWS(ferrite_gemv_f16_r8, F16W, 8)
 
 FERRITE_GEMV_SPLIT(ferrite_gemv_f32_1, F32W)
 FERRITE_GEMV(ferrite_gemv_f32_8, F32W, 8)
