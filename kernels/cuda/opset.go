@@ -196,7 +196,11 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	y, xp := dptr(dst), dptr(x)
 	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 {
 		b.queue(func(d *Device) error {
-			return d.launchL(k, uint32(inter), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit))
+			name, grid := k[0], uint32(inter)
+			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
+				name, grid = k[d.gemvRows/4], uint32(ceilDiv(inter, d.gemvRows/2))
+			}
+			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit))
 		})
 		return
 	}
@@ -209,11 +213,13 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	})
 }
 
-// gemvSwiGLU names the n = 1 GEMV with the SwiGLU epilogue per dtype.
-var gemvSwiGLU = map[kernels.DType]string{
-	kernels.F32:  "ferrite_gemv_swiglu_f32",
-	kernels.BF16: "ferrite_gemv_swiglu_bf16",
-	kernels.F16:  "ferrite_gemv_swiglu_f16",
+// gemvSwiGLU names the n = 1 GEMVs with the SwiGLU epilogue per dtype:
+// [0] four warps a weight row (gemv_swiglu), [1] and [2] 4 and 8 weight
+// rows a block (gemv_swiglu_rows, Device.gemvRows).
+var gemvSwiGLU = map[kernels.DType][3]string{
+	kernels.F32:  {"ferrite_gemv_swiglu_f32", "ferrite_gemv_swiglu_f32_r4", "ferrite_gemv_swiglu_f32_r8"},
+	kernels.BF16: {"ferrite_gemv_swiglu_bf16", "ferrite_gemv_swiglu_bf16_r4", "ferrite_gemv_swiglu_bf16_r8"},
+	kernels.F16:  {"ferrite_gemv_swiglu_f16", "ferrite_gemv_swiglu_f16_r4", "ferrite_gemv_swiglu_f16_r8"},
 }
 
 // stackKey identifies a stack of up to four weights.

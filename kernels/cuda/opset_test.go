@@ -312,3 +312,43 @@ func TestPDLGraphStep(t *testing.T) {
 		t.Errorf("%d graph replays (%v), want 4", replays, err)
 	}
 }
+
+// TestSwiGLULinearRows checks SwiGLULinear's one-row GEMV in every
+// variant (four warps a row, gemv_swiglu_rows with 4 and 8 weight rows a
+// block; vector and scalar paths, a last block of fewer rows, the clamp)
+// against kernels/ref: the products' errors reach y through the SwiGLU,
+// scaled by |u| and silu'(g) ≤ 1.1.
+func TestSwiGLULinearRows(t *testing.T) {
+	b := openOps(t)
+	defer b.dev.SetGEMVRows(gemvRowsDefault())
+	for _, r := range []int{0, 4, 8} {
+		for _, c := range []struct {
+			inter, cols int
+			dt          kernels.DType
+			limit       float32
+		}{{24, 64, kernels.BF16, 0}, {5, 33, kernels.F32, 0}, {37, 4096, kernels.BF16, 0.5}, {9, 1000, kernels.F16, 0}} {
+			b.dev.SetGEMVRows(r)
+			rng := rand.New(rand.NewPCG(uint64(c.inter), uint64(c.cols)))
+			gate, up := kerneltest.NewMat(rng, c.dt, c.inter, c.cols, 0, 0), kerneltest.NewMat(rng, c.dt, c.inter, c.cols, 0, 0)
+			xv := randF32(rng, c.cols)
+			x, y := f32Tensor(t, b, 1, c.cols, xv), f32Tensor(t, b, 1, c.inter, make([]float32, c.inter))
+			b.BeginStep()
+			b.SwiGLULinear(y, x, gate, up, c.limit)
+			b.EndStep()
+			got := make([]float32, c.inter)
+			b.ReadF32(got, y)
+			g, u, want := make([]float32, c.inter), make([]float32, c.inter), make([]float32, c.inter)
+			ref.Linear(g, xv, gate, nil, false, 1)
+			ref.Linear(u, xv, up, nil, false, 1)
+			ref.SwiGLUClamp(want, g, u, c.limit)
+			ga, ua := kerneltest.AbsDot(xv, gate, 1), kerneltest.AbsDot(xv, up, 1)
+			for i := range want {
+				lim := kerneltest.Tol*(1.1*ga[i]*math.Abs(float64(u[i]))+ua[i]*math.Abs(float64(g[i]))+ga[i]*ua[i]) + 1e-6*max(1, math.Abs(float64(want[i])))
+				if d := math.Abs(float64(got[i] - want[i])); !(d <= lim) {
+					t.Errorf("rows=%d %v %dx%d limit %v: y[%d] = %g, want %g ± %.3g", r, c.dt, c.inter, c.cols, c.limit, i, got[i], want[i], lim)
+					break
+				}
+			}
+		}
+	}
+}

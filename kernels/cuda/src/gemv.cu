@@ -194,15 +194,24 @@ __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, c
 // of a row's instead of as much as the weight's) and a lane has R weight
 // loads in flight per stretch; the warps' partial sums meet in shared
 // memory. An alternative to gemv_split (Device.gemvRows picks it).
+//
+// rows_partial leaves in part[v][j] warp v's share of row j · x, where row
+// j < half is a + j·(row bytes) (if j < na) and row j ≥ half is b + (j −
+// half)·(row bytes) (if j − half < nb); missing rows sum to 0. It ends
+// with __syncthreads.
 template <class W, int R>
-__device__ void gemv_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
-                          int rows, int cols, const float* __restrict__ bias, int acc_y) {
-    __shared__ float part[kWarpsPerBlock][R];
+__device__ void rows_partial(float (&part)[kWarpsPerBlock][R], const uint8_t* __restrict__ a,
+                             const uint8_t* __restrict__ b, int half, int na, int nb,
+                             const float* __restrict__ x, int cols) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int r0 = blockIdx.x * R;
-    const int nr = min(R, rows - r0);
     const size_t rb = size_t(cols) * W::kSize;  // bytes a row
-    const uint8_t* base = w + size_t(r0) * rb;
+    const uint8_t* row[R];
+    bool ok[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        ok[j] = j < half ? j < na : j - half < nb;
+        row[j] = j < half ? a + j * rb : b + (j - half) * rb;
+    }
     float acc[R];
 #pragma unroll
     for (int j = 0; j < R; j++) acc[j] = 0.f;
@@ -212,7 +221,7 @@ __device__ void gemv_rows(float* __restrict__ y, const float* __restrict__ x, co
             uint4 wv[R];
 #pragma unroll
             for (int j = 0; j < R; j++)
-                wv[j] = j < nr ? __ldg(reinterpret_cast<const uint4*>(base + j * rb + size_t(k) * W::kSize)) : make_uint4(0, 0, 0, 0);
+                wv[j] = ok[j] ? __ldg(reinterpret_cast<const uint4*>(row[j] + size_t(k) * W::kSize)) : make_uint4(0, 0, 0, 0);
             float xv[W::kE];
             const float4* xp = reinterpret_cast<const float4*>(x + k);
 #pragma unroll
@@ -234,7 +243,9 @@ __device__ void gemv_rows(float* __restrict__ y, const float* __restrict__ x, co
     } else {
         for (int k = warp * 32 + lane; k < cols; k += kWarpsPerBlock * 32) {
             const float xk = x[k];
-            for (int j = 0; j < nr; j++) acc[j] = fmaf(W::one(base + j * rb, k), xk, acc[j]);
+#pragma unroll
+            for (int j = 0; j < R; j++)
+                if (ok[j]) acc[j] = fmaf(W::one(row[j], k), xk, acc[j]);
         }
     }
 #pragma unroll
@@ -243,12 +254,25 @@ __device__ void gemv_rows(float* __restrict__ y, const float* __restrict__ x, co
         if (lane == 0) part[warp][j] = s;
     }
     __syncthreads();
-    if (int(threadIdx.x) < nr) {
-        float s = part[0][threadIdx.x];
+}
+
+// rows_total adds the warps' partial sums of row j in a fixed order.
+template <int R>
+__device__ inline float rows_total(const float (&part)[kWarpsPerBlock][R], int j) {
+    float s = part[0][j];
 #pragma unroll
-        for (int i = 1; i < kWarpsPerBlock; i++) s += part[i][threadIdx.x];
-        store(y + r0 + threadIdx.x, s, bias, r0 + threadIdx.x, acc_y);
-    }
+    for (int i = 1; i < kWarpsPerBlock; i++) s += part[i][j];
+    return s;
+}
+
+template <class W, int R>
+__device__ void gemv_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                          int rows, int cols, const float* __restrict__ bias, int acc_y) {
+    __shared__ float part[kWarpsPerBlock][R];
+    const int r0 = blockIdx.x * R;
+    const int nr = min(R, rows - r0);
+    rows_partial<W, R>(part, w + size_t(r0) * cols * W::kSize, nullptr, R, nr, 0, x, cols);
+    if (int(threadIdx.x) < nr) store(y + r0 + threadIdx.x, rows_total<R>(part, threadIdx.x), bias, r0 + threadIdx.x, acc_y);
 }
 
 // silu(g)·u as kernels/ref computes it: silu in float64, rounded, then a
@@ -282,6 +306,22 @@ __device__ void gemv_swiglu(float* __restrict__ y, const float* __restrict__ x, 
     if (lane == 0) part[warp] = acc;
     __syncthreads();
     if (threadIdx.x == 0) y[r] = swiglu_clamp(split_total(part, 0), split_total(part, kSplit), limit);
+}
+
+// gemv_swiglu with gemv_rows' layout: block b computes the R/2 outputs
+// from row b·R/2 on, reading those gate rows and the matching up rows (R
+// weight rows a block). Launch: ceil(inter / (R/2)) blocks of 256 threads.
+template <class W, int R>
+__device__ void gemv_swiglu_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                                 int inter, int cols, float limit) {
+    constexpr int H = R / 2;
+    __shared__ float part[kWarpsPerBlock][R];
+    const int r0 = blockIdx.x * H;
+    const int nh = min(H, inter - r0);
+    const size_t rb = size_t(cols) * W::kSize;
+    rows_partial<W, R>(part, w + size_t(r0) * rb, w + (size_t(inter) + r0) * rb, H, nh, nh, x, cols);
+    if (int(threadIdx.x) < nh)
+        y[r0 + threadIdx.x] = swiglu_clamp(rows_total<R>(part, threadIdx.x), rows_total<R>(part, H + threadIdx.x), limit);
 }
 
 // F8E4M3 with (ceil(rows/br), ceil(cols/bc)) float32 block scales: each
@@ -338,6 +378,20 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
         FERRITE_PDL_WAIT();                                                                           \
         gemv_swiglu<W>(y, x, w, inter, cols, limit);                                                  \
     }
+
+#define FERRITE_GEMV_SWIGLU_ROWS(name, W, R)                                                          \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int inter, int cols, float limit) {          \
+        FERRITE_PDL_WAIT();                                                                           \
+        gemv_swiglu_rows<W, R>(y, x, w, inter, cols, limit);                                          \
+    }
+
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f32_r4, F32W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f32_r8, F32W, 8)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r4, BF16W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r8, BF16W, 8)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r4, F16W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r8, F16W, 8)
 
 FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f32, F32W)
 FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_bf16, BF16W)
