@@ -96,8 +96,8 @@ type LinearOps interface {
 	// (+ Bias, (1, Σ rows)) or adds it when e.Accumulate: the products of
 	// one input with several weights of one dtype and width (q/k/v), side
 	// by side in each row of dst. A backend may keep the weights stacked as
-	// one matrix (read in one pass), keyed by the slice: a model passes the
-	// same ws on every call. x and dst are F32 and contiguous.
+	// one matrix (read in one pass), cached per list of weights, so ws are
+	// weights, never Transient. x and dst are F32 and contiguous.
 	LinearCat(dst, x Tensor, ws []*Mat, e Epilogue)
 
 	// SwiGLU sets dst (N, inter) = silu(gate)·up for gate and up (N, inter),
@@ -107,8 +107,9 @@ type LinearOps interface {
 	// SwiGLULinear is a SwiGLU MLP's first half in one op: dst (N, inter) =
 	// silu(min(g, L))·clamp(u, −L, L) for g = x·gateᵀ, u = x·upᵀ (x (N,
 	// hidden); gate and up (inter, hidden) of one dtype), or silu(g)·u when
-	// limit L is 0 (the clamp of kernels.ClampOps.SwiGLUClamp). x and dst
-	// are F32 and contiguous.
+	// limit L is 0 (the clamp of kernels.ClampOps.SwiGLUClamp). gate and up
+	// may be kept stacked like LinearCat's weights (never Transient). x and
+	// dst are F32 and contiguous.
 	SwiGLULinear(dst, x Tensor, gate, up *Mat, limit float32)
 
 	// Embed sets dst (N, w.Cols) F32 to the rows of w named by ids (N, 1)

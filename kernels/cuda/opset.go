@@ -233,6 +233,11 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 	}
 	var key stackKey
 	copy(key[:], ms)
+	for _, m := range ms {
+		if m.Transient {
+			panic("cuda: LinearCat or SwiGLULinear of a Transient matrix")
+		}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.weights == nil {
