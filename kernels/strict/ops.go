@@ -32,7 +32,7 @@ func (d *Device) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.E
 	}
 	total := 0
 	for _, w := range ws {
-		weight("LinearCat", w)
+		stackable("LinearCat", w)
 		if w.Cols != ws[0].Cols || w.DType != ws[0].DType {
 			panic("strict: LinearCat weights of different widths or dtypes")
 		}
@@ -55,10 +55,19 @@ func (d *Device) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.E
 	d.out(dst, y)
 }
 
+// stackable panics unless w is a weight a backend may stack and cache: not
+// Transient.
+func stackable(op string, w *kernels.Mat) {
+	weight(op, w)
+	if w.Transient {
+		panic("strict: " + op + ": a Transient matrix (backends cache stacked weights)")
+	}
+}
+
 // SwiGLULinear implements kernels.LinearOps.
 func (d *Device) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, limit float32) {
-	weight("SwiGLULinear", gate)
-	weight("SwiGLULinear", up)
+	stackable("SwiGLULinear", gate)
+	stackable("SwiGLULinear", up)
 	if gate.Rows != up.Rows || gate.Cols != up.Cols || gate.DType != up.DType {
 		panic("strict: SwiGLULinear gate and up differ")
 	}
