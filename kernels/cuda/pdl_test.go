@@ -61,3 +61,45 @@ func TestLaunchConfigLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestKernelNames checks, without a GPU, that every kernel name the Go
+// side launches ("ferrite_…" literals outside tests) is one loadModule
+// resolves, and that every resolved name is a kernel in src/: a missing
+// one would only fail on the GPU.
+func TestKernelNames(t *testing.T) {
+	resolved := map[string]bool{}
+	for _, n := range kernelNames {
+		resolved[n] = true
+	}
+	gofiles, _ := filepath.Glob("*.go")
+	lit := regexp.MustCompile(`"(ferrite_\w+)"`)
+	for _, f := range gofiles {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range lit.FindAllStringSubmatch(string(b), -1) {
+			if !resolved[m[1]] {
+				t.Errorf("%s: %s is launched but not in kernelNames", f, m[1])
+			}
+		}
+	}
+	cu, _ := filepath.Glob("src/*.cu")
+	var src strings.Builder
+	for _, f := range cu {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Write(b)
+	}
+	for n := range resolved {
+		q := regexp.QuoteMeta(n)
+		if !regexp.MustCompile(`(__global__[^{;]*?\b` + q + `\()|(\(` + q + `,)`).MatchString(src.String()) {
+			t.Errorf("kernelNames lists %s, which src/ does not define", n)
+		}
+	}
+}
