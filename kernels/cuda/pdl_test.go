@@ -39,6 +39,12 @@ func TestPDLKernelsWait(t *testing.T) {
 		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{`+wait).MatchString(src) {
 			continue
 		}
+		// The attention kernels: their macro packs AttnArgs and calls
+		// attn_block, which starts with the wait.
+		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{[\s\\]*AttnArgs a\{[^}]*\};[\s\\]*attn_block<`).MatchString(src) &&
+			regexp.MustCompile(`__device__ void attn_block\(const AttnArgs& a\)\s*\{`+wait).MatchString(src) {
+			continue
+		}
 		t.Errorf("%s is launched with PDL but does not start with FERRITE_PDL_WAIT()", name)
 	}
 }

@@ -348,8 +348,11 @@ __device__ inline void kv8(const void* c, size_t e, float* o) {
     }
 }
 
+// attn_block is the attention kernels' whole body (their macro only packs
+// the arguments), so it starts with their programmatic-launch wait.
 template <int DPL, bool BF>
 __device__ void attn_block(const AttnArgs& a) {
+    FERRITE_PDL_WAIT();
     __shared__ float sq[kAttnGroup][kAttnMaxHD];
     __shared__ float wm[kAttnWarps][kAttnGroup], wl[kAttnWarps][kAttnGroup];
     __shared__ float wacc[kAttnWarps][kAttnGroup][kAttnMaxHD];
@@ -498,7 +501,6 @@ __device__ void attn_block(const AttnArgs& a) {
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
         int chunks, int split, float scale) {                                                          \
-        FERRITE_PDL_WAIT();                                                                            \
         AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale}; \
         attn_block<DPL, BF>(a);                                                                        \
     }
@@ -515,7 +517,6 @@ FERRITE_ATTN(ferrite_attn_bf16_8, 8, true)
 // Merges the splits of ferrite_attn_*: out (n, heads·hd) from part (n,
 // heads, splits, hd + 2). Launch: grid (n, heads), 128 threads.
 extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, int heads, int hd, int splits) {
-    FERRITE_PDL_WAIT();
     const int i = blockIdx.x, h = blockIdx.y;
     const float* pp = part + (size_t(i) * heads + h) * splits * (hd + 2);
     float mx = -INFINITY;
