@@ -10,7 +10,10 @@
 // of 8, one warp per row: ceil(rows / 8) blocks. The _1 kernels are the
 // decode path (n = 1): four warps share a row, each summing every fourth
 // 512-byte stretch, so a 4096-wide bf16 row is one round of loads per warp
-// and small matrices still fill the GPU: ceil(rows / 2) blocks.
+// and small matrices still fill the GPU: ceil(rows / 2) blocks. The _r4
+// and _r8 kernels are the other decode layout (gemv_rows): 4 or 8 rows a
+// block, ceil(rows / R) blocks. src/ops.cu builds SwiGLULinear's GEMVs on
+// split_dot and rows_partial.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -275,55 +278,6 @@ __device__ void gemv_rows(float* __restrict__ y, const float* __restrict__ x, co
     if (int(threadIdx.x) < nr) store(y + r0 + threadIdx.x, rows_total<R>(part, threadIdx.x), bias, r0 + threadIdx.x, acc_y);
 }
 
-// silu(g)·u as kernels/ref computes it: silu in float64, rounded, then a
-// float32 product; with limit ≠ 0 first g = min(g, limit) and u clamped to
-// [−limit, limit] (kernels/ref.SwiGLUClamp).
-__device__ inline float swiglu1(float g, float u) {
-    const float s = float(double(g) / (1.0 + exp(-double(g))));
-    return __fmul_rn(s, u);
-}
-
-__device__ inline float swiglu_clamp(float g, float u, float limit) {
-    if (limit != 0.f) {
-        g = fminf(g, limit);
-        u = fmaxf(fminf(u, limit), -limit);
-    }
-    return swiglu1(g, u);
-}
-
-// The SwiGLU MLP's first half at n = 1, w the stacked [gate; up] (2·inter,
-// cols): block r runs gate row r on warps 0–3 and up row r on warps 4–7
-// (split_dot) and writes y[r] = swiglu(gate, up) (clamped with limit ≠ 0).
-// Launch: inter blocks of 256 threads.
-template <class W>
-__device__ void gemv_swiglu(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
-                            int inter, int cols, float limit) {
-    __shared__ float part[kWarpsPerBlock];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int r = blockIdx.x;
-    const int half = warp / kSplit;  // 0: gate, 1: up
-    const float acc = split_dot<W>(w + (size_t(half) * inter + r) * cols * W::kSize, x, cols, warp % kSplit);
-    if (lane == 0) part[warp] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) y[r] = swiglu_clamp(split_total(part, 0), split_total(part, kSplit), limit);
-}
-
-// gemv_swiglu with gemv_rows' layout: block b computes the R/2 outputs
-// from row b·R/2 on, reading those gate rows and the matching up rows (R
-// weight rows a block). Launch: ceil(inter / (R/2)) blocks of 256 threads.
-template <class W, int R>
-__device__ void gemv_swiglu_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
-                                 int inter, int cols, float limit) {
-    constexpr int H = R / 2;
-    __shared__ float part[kWarpsPerBlock][R];
-    const int r0 = blockIdx.x * H;
-    const int nh = min(H, inter - r0);
-    const size_t rb = size_t(cols) * W::kSize;
-    rows_partial<W, R>(part, w + size_t(r0) * rb, w + (size_t(inter) + r0) * rb, H, nh, nh, x, cols);
-    if (int(threadIdx.x) < nh)
-        y[r0 + threadIdx.x] = swiglu_clamp(rows_total<R>(part, threadIdx.x), rows_total<R>(part, H + threadIdx.x), limit);
-}
-
 // F8E4M3 with (ceil(rows/br), ceil(cols/bc)) float32 block scales: each
 // weight is rounded to float32 after its scale, as kernels.MatMulRef does.
 template <int NB>
@@ -371,31 +325,6 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
         FERRITE_PDL_WAIT();                                                                         \
         gemv_split<W>(y, x, w, rows, cols, bias, acc_y);                                            \
     }
-
-#define FERRITE_GEMV_SWIGLU(name, W)                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
-                                                           int inter, int cols, float limit) {          \
-        FERRITE_PDL_WAIT();                                                                           \
-        gemv_swiglu<W>(y, x, w, inter, cols, limit);                                                  \
-    }
-
-#define FERRITE_GEMV_SWIGLU_ROWS(name, W, R)                                                          \
-    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
-                                                           int inter, int cols, float limit) {          \
-        FERRITE_PDL_WAIT();                                                                           \
-        gemv_swiglu_rows<W, R>(y, x, w, inter, cols, limit);                                          \
-    }
-
-FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f32_r4, F32W, 4)
-FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f32_r8, F32W, 8)
-FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r4, BF16W, 4)
-FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r8, BF16W, 8)
-FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r4, F16W, 4)
-FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r8, F16W, 8)
-
-FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f32, F32W)
-FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_bf16, BF16W)
-FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f16, F16W)
 
 #define FERRITE_GEMV_ROWS(name, W, R)                                                               \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \

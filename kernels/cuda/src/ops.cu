@@ -6,7 +6,7 @@
 //
 // The sources compile as one translation unit in name order
 // (tools/cuda/build_fatbin.sh), so this file uses f32_to_bf16 from
-// convert.cu and the weight decoders, warp_sum and swiglu_clamp of gemv.cu.
+// convert.cu and the weight decoders and warp_sum of gemv.cu.
 #include <math.h>
 #include <stdint.h>
 
@@ -25,6 +25,20 @@ __device__ inline double warp_sum_f64(double v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+// silu(g)·u as kernels/ref computes it: silu in float64, rounded, then a
+// float32 product.
+__device__ inline float swiglu1(float g, float u) {
+    const float s = float(double(g) / (1.0 + exp(-double(g))));
+    return __fmul_rn(s, u);
+}
+
+// swiglu1 with GLM-5's activation clamp at limit > 0 (kernels/ref
+// .SwiGLUClamp): silu(min(g, L))·clamp(u, −L, L); limit 0 is no clamp.
+__device__ inline float swiglu_clamp1(float g, float u, float limit) {
+    if (limit > 0.f) return swiglu1(fminf(g, limit), fmaxf(fminf(u, limit), -limit));
+    return swiglu1(g, u);
 }
 
 // elem decodes element k of a weight row of the given dtype; srow is the
@@ -56,9 +70,73 @@ extern "C" __global__ void ferrite_swiglu(float* y, const float* g, const float*
 extern "C" __global__ void ferrite_swiglu_cat(float* y, const float* t, uint64_t n, int inter, float limit) {
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
         const uint64_t r = i / inter, j = i % inter;
-        y[i] = swiglu_clamp(t[r * 2 * inter + j], t[r * 2 * inter + inter + j], limit);
+        y[i] = swiglu_clamp1(t[r * 2 * inter + j], t[r * 2 * inter + inter + j], limit);
     }
 }
+
+// SwiGLULinear's one-row GEMVs (gemv.cu's split_dot and rows_partial with
+// a SwiGLU epilogue).
+namespace {
+
+// The SwiGLU MLP's first half at n = 1, w the stacked [gate; up] (2·inter,
+// cols): block r runs gate row r on warps 0–3 and up row r on warps 4–7
+// (split_dot) and writes y[r] = swiglu(gate, up) (clamped with limit ≠ 0).
+// Launch: inter blocks of 256 threads.
+template <class W>
+__device__ void gemv_swiglu(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                            int inter, int cols, float limit) {
+    __shared__ float part[kWarpsPerBlock];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x;
+    const int half = warp / kSplit;  // 0: gate, 1: up
+    const float acc = split_dot<W>(w + (size_t(half) * inter + r) * cols * W::kSize, x, cols, warp % kSplit);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) y[r] = swiglu_clamp1(split_total(part, 0), split_total(part, kSplit), limit);
+}
+
+// gemv_swiglu with gemv_rows' layout: block b computes the R/2 outputs
+// from row b·R/2 on, reading those gate rows and the matching up rows (R
+// weight rows a block). Launch: ceil(inter / (R/2)) blocks of 256 threads.
+template <class W, int R>
+__device__ void gemv_swiglu_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                                 int inter, int cols, float limit) {
+    constexpr int H = R / 2;
+    __shared__ float part[kWarpsPerBlock][R];
+    const int r0 = blockIdx.x * H;
+    const int nh = min(H, inter - r0);
+    const size_t rb = size_t(cols) * W::kSize;
+    rows_partial<W, R>(part, w + size_t(r0) * rb, w + (size_t(inter) + r0) * rb, H, nh, nh, x, cols);
+    if (int(threadIdx.x) < nh)
+        y[r0 + threadIdx.x] = swiglu_clamp1(rows_total<R>(part, threadIdx.x), rows_total<R>(part, H + threadIdx.x), limit);
+}
+
+}  // namespace
+
+#define FERRITE_GEMV_SWIGLU_ROWS(name, W, R)                                                          \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int inter, int cols, float limit) {          \
+        FERRITE_PDL_WAIT();                                                                           \
+        gemv_swiglu_rows<W, R>(y, x, w, inter, cols, limit);                                          \
+    }
+
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f32_r4, F32W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f32_r8, F32W, 8)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r4, BF16W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r8, BF16W, 8)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r4, F16W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r8, F16W, 8)
+
+#define FERRITE_GEMV_SWIGLU(name, W)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int inter, int cols, float limit) {          \
+        FERRITE_PDL_WAIT();                                                                           \
+        gemv_swiglu<W>(y, x, w, inter, cols, limit);                                                  \
+    }
+
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f32, F32W)
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_bf16, BF16W)
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f16, F16W)
 
 // y[i] += bias[i % cols] for n·cols values (the cuBLASLt path's bias).
 extern "C" __global__ void ferrite_add_bias(float* y, const float* bias, uint64_t n, int cols) {
