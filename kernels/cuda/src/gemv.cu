@@ -224,7 +224,7 @@ __device__ void rows_partial(float (&part)[kWarpsPerBlock][R], const uint8_t* __
             uint4 wv[R];
 #pragma unroll
             for (int j = 0; j < R; j++)
-                wv[j] = ok[j] ? __ldg(reinterpret_cast<const uint4*>(row[j] + size_t(k) * W::kSize)) : make_uint4(0, 0, 0, 0);
+                wv[j] = ok[j] ? __ldg(reinterpret_cast<const uint4*>(row[j] + size_t(k) * W::kSize)) : uint4{};
             float xv[W::kE];
             const float4* xp = reinterpret_cast<const float4*>(x + k);
 #pragma unroll

@@ -22,7 +22,6 @@
 struct __attribute__((aligned(16))) uint4 { unsigned int x, y, z, w; };
 struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
 struct __attribute__((aligned(8))) float2 { float x, y; };
-__device__ uint4 make_uint4(unsigned, unsigned, unsigned, unsigned);
 
 __device__ void __syncthreads();
 __device__ void __syncwarp(unsigned mask = 0xffffffffu);
