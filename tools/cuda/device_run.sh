@@ -55,6 +55,8 @@ grep -E '^Benchmark' "$out/cuda-tests.log"
 	--prompt-len 128 --gen-len 128 --bandwidth 4300 --json "$out/bench.json" 2>&1; echo "bench rc=$?") >"$out/bench.log"
 cat "$out/bench.log" | tail -20
 
+tail -3 "$out/build.log"
+
 # Batch-1 decode with programmatic dependent launch on (FERRITE_CUDA_PDL=1)
 # and the n = 1 GEMV variant PDL_GEMV_ROWS (0: four warps a row), against
 # the concurrency-1 row above (about 40 s; PDL_BENCH=0 skips it).
@@ -63,4 +65,3 @@ if [ "${PDL_BENCH:-1}" = 1 ]; then
 		--concurrency 1 --prompt-len 128 --gen-len 128 --bandwidth 4300 2>&1; echo "bench rc=$?") >"$out/bench-pdl.log"
 	tail -8 "$out/bench-pdl.log"
 fi
-tail -3 "$out/build.log"
