@@ -54,7 +54,6 @@ grep -E '^Benchmark' "$out/cuda-tests.log"
 (timeout "$(( ${BENCH_END:-340} - SECONDS > 30 ? ${BENCH_END:-340} - SECONDS : 30 ))" ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1,8,32,64 \
 	--prompt-len 128 --gen-len 128 --bandwidth 4300 --json "$out/bench.json" 2>&1; echo "bench rc=$?") >"$out/bench.log"
 cat "$out/bench.log" | tail -20
-
 tail -3 "$out/build.log"
 
 # Batch-1 decode with programmatic dependent launch on (FERRITE_CUDA_PDL=1)
