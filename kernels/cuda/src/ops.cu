@@ -472,7 +472,7 @@ __device__ void attn_block(const AttnArgs& a) {
         if (valid) {
             base = (size_t(bt[p / a.bs]) * a.bs + p % a.bs) * kw + off;
             if (hd % 8 == 0) {  // 16-byte loads (bf16) or two (float32)
-#pragma unroll 2
+#pragma unroll 8
                 for (int d = 0; d < hd; d += 8) {
                     float kd[8];
                     kv8<BF>(a.kc, base + d, kd);
@@ -504,7 +504,7 @@ __device__ void attn_block(const AttnArgs& a) {
         }
         // Values, kV keys at a time: their loads are issued before the
         // first is used.
-        constexpr int kV = 4;
+        constexpr int kV = DPL <= 4 ? 8 : 4;  // fewer for wide heads (registers)
         const int nk = min(32, k1 - t0);
         for (int k0v = 0; k0v < nk; k0v += kV) {
             float vv[kV][DPL];
