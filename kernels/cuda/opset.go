@@ -97,6 +97,19 @@ func index(op string, t kernels.Tensor, rows, cols int) {
 	}
 }
 
+// biasPtr is the device address of an optional (1, width) F32 bias, 0 for
+// the zero Tensor; it panics on a malformed one.
+func biasPtr(op string, bias kernels.Tensor, width int) uint64 {
+	if !bias.Valid() {
+		return 0
+	}
+	f32Contig(op+" bias", bias)
+	if bias.Elems() != width {
+		panic("cuda: " + op + " bias width")
+	}
+	return dptr(bias)
+}
+
 // useGemm reports whether cuBLASLt is available, trying it once.
 func (b *Backend) useGemm() bool {
 	b.gemmOnce.Do(func() { b.gemmErr = b.dev.HasGemm() })
@@ -109,14 +122,7 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 	if x.Cols != w.Cols || dst.Cols != w.Rows || dst.Rows != x.Rows || w.Cols == 0 {
 		panic("cuda: Linear shapes do not match the weight")
 	}
-	var bias uint64
-	if e.Bias.Valid() {
-		f32Contig("Linear bias", e.Bias)
-		if e.Bias.Elems() != w.Rows {
-			panic("cuda: Linear bias width")
-		}
-		bias = dptr(e.Bias)
-	}
+	bias := biasPtr("Linear", e.Bias, w.Rows)
 	n := x.Rows
 	if n == 0 || w.Rows == 0 {
 		return
@@ -156,14 +162,7 @@ func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.
 	if dst.Cols != total || dst.Rows != x.Rows {
 		panic("cuda: LinearCat shapes do not match the weights")
 	}
-	var bias uint64
-	if e.Bias.Valid() {
-		f32Contig("LinearCat bias", e.Bias)
-		if e.Bias.Elems() != total {
-			panic("cuda: LinearCat bias width")
-		}
-		bias = dptr(e.Bias)
-	}
+	bias := biasPtr("LinearCat", e.Bias, total)
 	if x.Rows == 0 || total == 0 {
 		return
 	}
@@ -561,14 +560,7 @@ func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	if groups > 1 && (e%groups != 0 || keep <= 0 || keep > groups) {
 		panic("cuda: Route groups do not divide the experts")
 	}
-	var bias uint64
-	if r.Bias.Valid() {
-		f32Contig("Route bias", r.Bias)
-		if r.Bias.Elems() != e {
-			panic("cuda: Route bias width")
-		}
-		bias = dptr(r.Bias)
-	}
+	bias := biasPtr("Route", r.Bias, e)
 	if n == 0 {
 		return
 	}

@@ -11,11 +11,9 @@ import (
 	"unsafe"
 )
 
-// TestPDLKernelsWait checks that every kernel launched with programmatic
-// dependent launch starts with FERRITE_PDL_WAIT(), directly or through the
-// macro that defines it: without the wait it could read its inputs before
-// the kernel that writes them has finished.
-func TestPDLKernelsWait(t *testing.T) {
+// cudaSources is every source in src/, concatenated.
+func cudaSources(t *testing.T) string {
+	t.Helper()
 	files, err := filepath.Glob("src/*.cu")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no CUDA sources (%v)", err)
@@ -28,7 +26,15 @@ func TestPDLKernelsWait(t *testing.T) {
 		}
 		all.Write(b)
 	}
-	src := all.String()
+	return all.String()
+}
+
+// TestPDLKernelsWait checks that every kernel launched with programmatic
+// dependent launch starts with FERRITE_PDL_WAIT(), directly or through the
+// macro that defines it: without the wait it could read its inputs before
+// the kernel that writes them has finished.
+func TestPDLKernelsWait(t *testing.T) {
+	src := cudaSources(t)
 	const wait = `[\s\\]*FERRITE_PDL_WAIT\(\);`
 	for name := range pdlKernels {
 		q := regexp.QuoteMeta(name)
@@ -93,18 +99,10 @@ func TestKernelNames(t *testing.T) {
 			}
 		}
 	}
-	cu, _ := filepath.Glob("src/*.cu")
-	var src strings.Builder
-	for _, f := range cu {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		src.Write(b)
-	}
+	src := cudaSources(t)
 	for n := range resolved {
 		q := regexp.QuoteMeta(n)
-		if !regexp.MustCompile(`(__global__[^{;]*?\b` + q + `\()|(\(` + q + `,)`).MatchString(src.String()) {
+		if !regexp.MustCompile(`(__global__[^{;]*?\b` + q + `\()|(\(` + q + `,)`).MatchString(src) {
 			t.Errorf("kernelNames lists %s, which src/ does not define", n)
 		}
 	}
