@@ -29,6 +29,7 @@ type Backend struct {
 	mu      sync.Mutex // guards weights, experts, err
 	weights map[*kernels.Mat]*Weight
 	experts map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
+	stacks  map[stackKey]*Weight        // weights stacked by rows (LinearCat, SwiGLULinear)
 	err     error
 
 	arena    arena      // the op set's per-step scratch
@@ -91,7 +92,7 @@ func (b *Backend) WeightBytes() int64 { return b.mem.weights.Load() }
 // Close frees the cached weights and the device, and stops the CPU pool.
 func (b *Backend) Close() error {
 	b.mu.Lock()
-	b.weights, b.experts = nil, nil
+	b.weights, b.experts, b.stacks = nil, nil, nil
 	b.mu.Unlock()
 	b.mem.weights.Store(0)
 	b.mem.tensors.Store(0)

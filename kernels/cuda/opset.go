@@ -97,6 +97,19 @@ func index(op string, t kernels.Tensor, rows, cols int) {
 	}
 }
 
+// biasPtr is the device address of an optional (1, width) F32 bias, 0 for
+// the zero Tensor; it panics on a malformed one.
+func biasPtr(op string, bias kernels.Tensor, width int) uint64 {
+	if !bias.Valid() {
+		return 0
+	}
+	f32Contig(op+" bias", bias)
+	if bias.Elems() != width {
+		panic("cuda: " + op + " bias width")
+	}
+	return dptr(bias)
+}
+
 // useGemm reports whether cuBLASLt is available, trying it once.
 func (b *Backend) useGemm() bool {
 	b.gemmOnce.Do(func() { b.gemmErr = b.dev.HasGemm() })
@@ -109,14 +122,7 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 	if x.Cols != w.Cols || dst.Cols != w.Rows || dst.Rows != x.Rows || w.Cols == 0 {
 		panic("cuda: Linear shapes do not match the weight")
 	}
-	var bias uint64
-	if e.Bias.Valid() {
-		f32Contig("Linear bias", e.Bias)
-		if e.Bias.Elems() != w.Rows {
-			panic("cuda: Linear bias width")
-		}
-		bias = dptr(e.Bias)
-	}
+	bias := biasPtr("Linear", e.Bias, w.Rows)
 	n := x.Rows
 	if n == 0 || w.Rows == 0 {
 		return
@@ -126,15 +132,129 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 		b.fail(err)
 		return
 	}
-	y, xp := dptr(dst), dptr(x)
+	b.linearW(dptr(dst), dptr(x), bias, dw, n, e.Accumulate)
+}
+
+// linearW queues y (n, w.Rows) = x·wᵀ (+ bias) (+ y when acc): the GEMV
+// for one row (and for weights cuBLASLt does not take), cuBLASLt above.
+func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
-	case n == 1 || dw.DType != kernels.BF16 || !b.useGemm():
-		b.queue(func(d *Device) error { return d.linearL(y, xp, dw, n, bias, e.Accumulate) })
+	case n == 1 || w.DType != kernels.BF16 || !b.useGemm():
+		b.queue(func(d *Device) error { return d.linearL(y, x, w, n, bias, acc) })
 	case n < gemmRoundRows:
-		b.linearSplit(y, xp, bias, dw, n, e.Accumulate)
+		b.linearSplit(y, x, bias, w, n, acc)
 	default:
-		b.linearRounded(y, xp, bias, dw, n, e.Accumulate)
+		b.linearRounded(y, x, bias, w, n, acc)
 	}
+}
+
+// LinearCat implements kernels.LinearOps: the weights are stacked once on
+// the device (stacked) and run as one product.
+func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) {
+	f32Contig("LinearCat", dst, x)
+	total := 0
+	for _, w := range ws {
+		if w.Cols != x.Cols || w.Cols == 0 {
+			panic("cuda: LinearCat weights of another width")
+		}
+		total += w.Rows
+	}
+	if dst.Cols != total || dst.Rows != x.Rows {
+		panic("cuda: LinearCat shapes do not match the weights")
+	}
+	bias := biasPtr("LinearCat", e.Bias, total)
+	if x.Rows == 0 || total == 0 {
+		return
+	}
+	dw, err := b.stacked(ws...)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	b.linearW(dptr(dst), dptr(x), bias, dw, x.Rows, e.Accumulate)
+}
+
+// SwiGLULinear implements kernels.LinearOps: gate and up stacked once on
+// the device; one row runs the GEMV with the SwiGLU in its epilogue (a
+// block computes gate row r and up row r), more rows the stacked product
+// into scratch and then ferrite_swiglu_cat.
+func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, limit float32) {
+	f32Contig("SwiGLULinear", dst, x)
+	if gate.Rows != up.Rows || gate.Cols != x.Cols || up.Cols != x.Cols || dst.Cols != gate.Rows || dst.Rows != x.Rows || x.Cols == 0 {
+		panic("cuda: SwiGLULinear shapes do not match the weights")
+	}
+	n, inter := x.Rows, gate.Rows
+	if n == 0 || inter == 0 {
+		return
+	}
+	dw, err := b.stacked(gate, up)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	y, xp := dptr(dst), dptr(x)
+	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 {
+		b.queue(func(d *Device) error {
+			name, grid := k[0], uint32(inter)
+			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
+				name, grid = k[d.gemvRows/4], uint32(ceilDiv(inter, d.gemvRows/2))
+			}
+			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit))
+		})
+		return
+	}
+	t := b.Scratch(kernels.F32, n, 2*inter) // (n, 2·inter) [x·gateᵀ | x·upᵀ]
+	tp := dptr(t)
+	b.linearW(tp, xp, 0, dw, n, false)
+	total := int64(n) * int64(inter)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_swiglu_cat", d.elementwiseGrid(total), 256, 0, y, tp, uint64(total), i32(inter), f32(limit))
+	})
+}
+
+// gemvSwiGLU names the n = 1 GEMVs with the SwiGLU epilogue per dtype:
+// [0] four warps a weight row (gemv_swiglu), [1] and [2] 4 and 8 weight
+// rows a block (gemv_swiglu_rows, Device.gemvRows).
+var gemvSwiGLU = map[kernels.DType][3]string{
+	kernels.F32:  {"ferrite_gemv_swiglu_f32", "ferrite_gemv_swiglu_f32_r4", "ferrite_gemv_swiglu_f32_r8"},
+	kernels.BF16: {"ferrite_gemv_swiglu_bf16", "ferrite_gemv_swiglu_bf16_r4", "ferrite_gemv_swiglu_bf16_r8"},
+	kernels.F16:  {"ferrite_gemv_swiglu_f16", "ferrite_gemv_swiglu_f16_r4", "ferrite_gemv_swiglu_f16_r8"},
+}
+
+// stackKey identifies a stack of up to four weights.
+type stackKey [4]*kernels.Mat
+
+// stacked returns the device copy of ms stacked by rows, uploading it on
+// first use (cached per stack, like weight).
+func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
+	if len(ms) > len(stackKey{}) {
+		panic("cuda: LinearCat of more than four weights")
+	}
+	var key stackKey
+	copy(key[:], ms)
+	for _, m := range ms {
+		if m.Transient {
+			panic("cuda: LinearCat or SwiGLULinear of a Transient matrix")
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.weights == nil {
+		return nil, ErrClosed
+	}
+	if w := b.stacks[key]; w != nil {
+		return w, nil
+	}
+	w, err := b.dev.UploadStack(ms)
+	if err != nil {
+		return nil, err
+	}
+	if b.stacks == nil {
+		b.stacks = map[stackKey]*Weight{}
+	}
+	b.stacks[key] = w
+	b.mem.weights.Add(w.Bytes())
+	return w, nil
 }
 
 // linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo
@@ -251,8 +371,65 @@ func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offs
 	if rows == 0 || dim == 0 {
 		return
 	}
+	block := uint32(256) // threads a row; 1024 when the rows do not fill the GPU
+	if rows < b.dev.SMs {
+		block = 1024
+	}
 	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_add_rmsnorm", uint32(rows), 256, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset))
+		return d.launchL("ferrite_add_rmsnorm", uint32(rows), block, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset))
+	})
+}
+
+// PrepareQKV implements kernels.AttentionOps: one block per (row, head)
+// of [q | k | v] norms, rotates and writes its head (ferrite_prepare_qkv).
+func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	f32Contig("PrepareQKV", q, qkv)
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	n := qkv.Rows
+	switch {
+	case qkv.Cols != qw+2*kw || q.Rows != n || q.Cols != qw || s.HeadDim <= 0 || s.HeadDim > attnMaxHD:
+		panic("cuda: PrepareQKV shapes do not match")
+	case kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16):
+		panic("cuda: KV cache dtype must be F32 or BF16")
+	case !kc.Contiguous() || !vc.Contiguous() || kc.Cols != kw || vc.Cols != kw || kc.Rows != vc.Rows:
+		panic("cuda: PrepareQKV shapes do not match the cache")
+	}
+	index("PrepareQKV", p.Slot, n, 1)
+	index("PrepareQKV", p.Pos, n, 1)
+	var args [6]uint64 // q norm, k norm, inverse frequencies, half, interleaved, scale
+	for i, hn := range []*kernels.HeadNorm{qn, kn} {
+		if hn != nil {
+			f32Contig("PrepareQKV norm", hn.W)
+			if hn.W.Elems() != s.HeadDim {
+				panic("cuda: PrepareQKV norm width")
+			}
+			args[i] = dptr(hn.W)
+		}
+	}
+	if r != nil {
+		f32Contig("PrepareQKV rotary", r.InvFreq)
+		if r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim || r.Dim%2 != 0 {
+			panic("cuda: PrepareQKV rotary does not fit the heads")
+		}
+		args[2], args[3], args[4], args[5] = dptr(r.InvFreq), i32(r.Dim/2), b32(r.Interleaved), f32(r.Scale)
+	}
+	if n == 0 {
+		return
+	}
+	var qe, ke float32
+	var qo, ko bool
+	if qn != nil {
+		qe, qo = qn.Eps, qn.Offset
+	}
+	if kn != nil {
+		ke, ko = kn.Eps, kn.Offset
+	}
+	qp, kcp, vcp, src, pos, slot := dptr(q), dptr(kc), dptr(vc), dptr(qkv), dptr(p.Pos), dptr(p.Slot)
+	b.queue(func(d *Device) error {
+		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(s.Heads + 2*s.KVHeads), 1}, 128, 0,
+			qp, kcp, vcp, src, pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), i32(kc.Rows), b32(kc.DType == kernels.BF16),
+			i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), args[0], f32(qe), b32(qo), args[1], f32(ke), b32(ko),
+			args[2], args[3], args[4], args[5])
 	})
 }
 
@@ -383,14 +560,7 @@ func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	if groups > 1 && (e%groups != 0 || keep <= 0 || keep > groups) {
 		panic("cuda: Route groups do not divide the experts")
 	}
-	var bias uint64
-	if r.Bias.Valid() {
-		f32Contig("Route bias", r.Bias)
-		if r.Bias.Elems() != e {
-			panic("cuda: Route bias width")
-		}
-		bias = dptr(r.Bias)
-	}
+	bias := biasPtr("Route", r.Bias, e)
 	if n == 0 {
 		return
 	}

@@ -76,3 +76,12 @@ cat "$out/bench.log" | tail -20
 	--prompt-len 512 --gen-len 32 --bandwidth 4300 --json "$out/bench-qwen3next.json" 2>&1; echo "bench qwen3next rc=$?") >"$out/bench-qwen3next.log"
 tail -8 "$out/bench-qwen3next.log"
 tail -3 "$out/build.log"
+
+# Batch-1 decode with programmatic dependent launch on (FERRITE_CUDA_PDL=1)
+# and the n = 1 GEMV variant PDL_GEMV_ROWS (0: four warps a row), against
+# the concurrency-1 row above (about 40 s; PDL_BENCH=0 skips it).
+if [ "${PDL_BENCH:-1}" = 1 ]; then
+	(FERRITE_CUDA_PDL=1 FERRITE_CUDA_GEMV_ROWS="${PDL_GEMV_ROWS:-0}" timeout 60 ./ferrite bench --model "$dev/qwen3-8b" --device cuda \
+		--concurrency 1 --prompt-len 128 --gen-len 128 --bandwidth 4300 2>&1; echo "bench rc=$?") >"$out/bench-pdl.log"
+	tail -8 "$out/bench-pdl.log"
+fi

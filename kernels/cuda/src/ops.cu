@@ -64,6 +64,80 @@ extern "C" __global__ void ferrite_swiglu(float* y, const float* g, const float*
         y[i] = swiglu1(g[i], u[i]);
 }
 
+// y[i·inter + j] = swiglu(t[i·2·inter + j], t[i·2·inter + inter + j]) for
+// n = rows·inter values of t (rows, 2·inter), the stacked [gate | up]
+// product of SwiGLULinear (clamped with limit ≠ 0).
+extern "C" __global__ void ferrite_swiglu_cat(float* y, const float* t, uint64_t n, int inter, float limit) {
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        const uint64_t r = i / inter, j = i % inter;
+        y[i] = swiglu_clamp1(t[r * 2 * inter + j], t[r * 2 * inter + inter + j], limit);
+    }
+}
+
+// SwiGLULinear's one-row GEMVs (gemv.cu's split_dot and rows_partial with
+// a SwiGLU epilogue).
+namespace {
+
+// The SwiGLU MLP's first half at n = 1, w the stacked [gate; up] (2·inter,
+// cols): block r runs gate row r on warps 0–3 and up row r on warps 4–7
+// (split_dot) and writes y[r] = swiglu(gate, up) (clamped with limit ≠ 0).
+// Launch: inter blocks of 256 threads.
+template <class W>
+__device__ void gemv_swiglu(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                            int inter, int cols, float limit) {
+    __shared__ float part[kWarpsPerBlock];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x;
+    const int half = warp / kSplit;  // 0: gate, 1: up
+    const float acc = split_dot<W>(w + (size_t(half) * inter + r) * cols * W::kSize, x, cols, warp % kSplit);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) y[r] = swiglu_clamp1(split_total(part, 0), split_total(part, kSplit), limit);
+}
+
+// gemv_swiglu with gemv_rows' layout: block b computes the R/2 outputs
+// from row b·R/2 on, reading those gate rows and the matching up rows (R
+// weight rows a block). Launch: ceil(inter / (R/2)) blocks of 256 threads.
+template <class W, int R>
+__device__ void gemv_swiglu_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                                 int inter, int cols, float limit) {
+    constexpr int H = R / 2;
+    __shared__ float part[kWarpsPerBlock][R];
+    const int r0 = blockIdx.x * H;
+    const int nh = min(H, inter - r0);
+    const size_t rb = size_t(cols) * W::kSize;
+    rows_partial<W, R>(part, w + size_t(r0) * rb, w + (size_t(inter) + r0) * rb, H, nh, nh, x, cols);
+    if (int(threadIdx.x) < nh)
+        y[r0 + threadIdx.x] = swiglu_clamp1(rows_total<R>(part, threadIdx.x), rows_total<R>(part, H + threadIdx.x), limit);
+}
+
+}  // namespace
+
+#define FERRITE_GEMV_SWIGLU_ROWS(name, W, R)                                                          \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int inter, int cols, float limit) {          \
+        FERRITE_PDL_WAIT();                                                                           \
+        gemv_swiglu_rows<W, R>(y, x, w, inter, cols, limit);                                          \
+    }
+
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f32_r4, F32W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f32_r8, F32W, 8)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r4, BF16W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r8, BF16W, 8)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r4, F16W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r8, F16W, 8)
+
+#define FERRITE_GEMV_SWIGLU(name, W)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int inter, int cols, float limit) {          \
+        FERRITE_PDL_WAIT();                                                                           \
+        gemv_swiglu<W>(y, x, w, inter, cols, limit);                                                  \
+    }
+
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f32, F32W)
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_bf16, BF16W)
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f16, F16W)
+
 // y[i] += bias[i % cols] for n·cols values (the cuBLASLt path's bias).
 extern "C" __global__ void ferrite_add_bias(float* y, const float* bias, uint64_t n, int cols) {
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
@@ -116,6 +190,7 @@ extern "C" __global__ void ferrite_copy_rows(uint8_t* dst, int64_t dst_stride, c
 // scales). An id outside the table writes NaN. Launch: one block per row.
 extern "C" __global__ void ferrite_embed(float* y, int y_stride, const uint8_t* w, const float* scale, const int* ids,
                                          int ids_stride, int n, int rows, int cols, int dtype, int br, int bc) {
+    FERRITE_PDL_WAIT();
     const int i = blockIdx.x;
     if (i >= n) return;
     const int id = ids[size_t(i) * ids_stride];
@@ -134,6 +209,7 @@ extern "C" __global__ void ferrite_embed(float* y, int y_stride, const uint8_t* 
 // Launch: one block per output row.
 extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const float* x, int x_stride, const int* rows,
                                                int rows_stride, int m, int cols, int nsrc) {
+    FERRITE_PDL_WAIT();
     const int i = blockIdx.x;
     if (i >= m) return;
     const int r = rows[size_t(i) * rows_stride];
@@ -146,11 +222,14 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
 // y = w ⊙ res·rsqrt(mean(res²) + eps) ((1 + w) with offset), the mean of
 // squares summed in float64 and rounded to float32 before eps, as
 // kernels/ref.RMSNorm. Rows are dim values apart; y may be res (plain
-// RMSNorm in place). Launch: one block of 256 threads per row.
-extern "C" __global__ void __launch_bounds__(256)
+// RMSNorm in place). Launch: one block per row, a multiple of 32 threads
+// up to 1024 (256 for many rows, 1024 for a few: a decode step's single
+// row is latency, not throughput).
+extern "C" __global__ void __launch_bounds__(1024)
     ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
                         int offset) {
-    __shared__ double partial[8];
+    FERRITE_PDL_WAIT();
+    __shared__ double partial[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
     float* xr = res + size_t(r) * dim;
@@ -227,6 +306,76 @@ extern "C" __global__ void ferrite_store_kv(void* kc, void* vc, const float* k, 
     }
 }
 
+// The attention input step (kernels.AttentionOps.PrepareQKV): block (row
+// i, head h) of qkv (n, (heads + 2·kvh)·hd) [q | k | v] takes its head into
+// shared memory; a q or k head is normed (qn/kn set: the float64 mean of
+// squares as ferrite_add_rmsnorm) and rotated (inv set: ferrite_rope's
+// angles and products) and written to q or, for k, to the cache; a v head
+// is stored as it is. Cache rows are float32 or bf16 (round to nearest
+// even); a slot outside [0, slots) is skipped. Launch: grid (n, heads +
+// 2·kvh), 128 threads; hd ≤ 256.
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_prepare_qkv(float* q, void* kc, void* vc, const float* qkv, const int* pos, int pos_stride, const int* slot,
+                        int slot_stride, int slots, int bf16, int heads, int kvh, int hd, const float* qn, float qeps,
+                        int qoff, const float* kn, float keps, int koff, const float* inv, int half, int interleaved,
+                        float scale) {
+    FERRITE_PDL_WAIT();
+    __shared__ float v[256];
+    __shared__ double partial[4];
+    const int i = blockIdx.x, h = blockIdx.y;
+    const int kind = h < heads ? 0 : h < heads + kvh ? 1 : 2;  // q, k, v
+    const float* src = qkv + (size_t(i) * (heads + 2 * kvh) + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) v[d] = src[d];
+    __syncthreads();
+    if (kind < 2) {
+        const float* w = kind == 0 ? qn : kn;
+        if (w) {
+            const float eps = kind == 0 ? qeps : keps;
+            const int off = kind == 0 ? qoff : koff;
+            double ss = 0;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += double(v[d]) * double(v[d]);
+            ss = warp_sum_f64(ss);
+            if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+            __syncthreads();
+            double t = 0;
+            for (int k = 0; k < int(blockDim.x >> 5); k++) t += partial[k];
+            const float ms = float(t / double(hd));
+            const float rs = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                const float s = off ? __fadd_rn(1.0f, w[d]) : w[d];
+                v[d] = __fmul_rn(s, __fmul_rn(v[d], rs));
+            }
+            __syncthreads();
+        }
+        if (inv) {
+            const int p = pos[size_t(i) * pos_stride];
+            for (int k = threadIdx.x; k < half; k += blockDim.x) {
+                const double a = double(__fmul_rn(float(p), inv[k]));
+                const float c = __fmul_rn(float(cos(a)), scale), sn = __fmul_rn(float(sin(a)), scale);
+                const int ia = interleaved ? 2 * k : k, ib = interleaved ? 2 * k + 1 : k + half;
+                const float a0 = v[ia], b0 = v[ib];
+                v[ia] = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, sn));
+                v[ib] = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, sn));
+            }
+            __syncthreads();
+        }
+    }
+    if (kind == 0) {
+        float* dst = q + (size_t(i) * heads + h) * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = v[d];
+        return;
+    }
+    const int s = slot[size_t(i) * slot_stride];
+    if (s < 0 || s >= slots) return;
+    const int kh = kind == 1 ? h - heads : h - heads - kvh;
+    const size_t e = size_t(s) * kvh * hd + size_t(kh) * hd;
+    void* c = kind == 1 ? kc : vc;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        if (bf16) static_cast<uint16_t*>(c)[e + d] = f32_to_bf16(v[d]);
+        else static_cast<float*>(c)[e + d] = v[d];
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Paged causal attention, split-KV. Block (row i, KV head, head chunk,
 // split z) computes, for up to kAttnGroup query heads of the KV head's
@@ -277,8 +426,11 @@ __device__ inline void kv8(const void* c, size_t e, float* o) {
     }
 }
 
+// attn_block is the attention kernels' whole body (their macro only packs
+// the arguments), so it starts with their programmatic-launch wait.
 template <int DPL, bool BF>
 __device__ void attn_block(const AttnArgs& a) {
+    FERRITE_PDL_WAIT();
     __shared__ float sq[kAttnGroup][kAttnMaxHD];
     __shared__ float wm[kAttnWarps][kAttnGroup], wl[kAttnWarps][kAttnGroup];
     __shared__ float wacc[kAttnWarps][kAttnGroup][kAttnMaxHD];
@@ -320,7 +472,7 @@ __device__ void attn_block(const AttnArgs& a) {
         if (valid) {
             base = (size_t(bt[p / a.bs]) * a.bs + p % a.bs) * kw + off;
             if (hd % 8 == 0) {  // 16-byte loads (bf16) or two (float32)
-#pragma unroll 2
+#pragma unroll 8
                 for (int d = 0; d < hd; d += 8) {
                     float kd[8];
                     kv8<BF>(a.kc, base + d, kd);
@@ -352,7 +504,7 @@ __device__ void attn_block(const AttnArgs& a) {
         }
         // Values, kV keys at a time: their loads are issued before the
         // first is used.
-        constexpr int kV = 4;
+        constexpr int kV = DPL <= 4 ? 8 : 4;  // fewer for wide heads (registers)
         const int nk = min(32, k1 - t0);
         for (int k0v = 0; k0v < nk; k0v += kV) {
             float vv[kV][DPL];
