@@ -66,3 +66,8 @@ __device__ unsigned min(unsigned, unsigned);
 __device__ unsigned max(unsigned, unsigned);
 __device__ long long min(long long, long long);
 __device__ long long max(long long, long long);
+__device__ int __all_sync(unsigned mask, int pred);
+__device__ float exp2f(float);
+__device__ size_t __cvta_generic_to_shared(const void*);
+__device__ uint4 make_uint4(unsigned, unsigned, unsigned, unsigned);
+__device__ float2 make_float2(float, float);
