@@ -230,7 +230,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 		// prefixes would only hold cache blocks (and show in peak KV).
 		ro := runtime.Options{KVBudget: budget, MaxBatchTokens: o.MaxBatchTokens, MaxSeqs: maxSeqs, PrefixCache: -1}
 		if ro.MaxBatchTokens == 0 {
-			ro.MaxBatchTokens = max(runtime.DefaultMaxBatchTokens, maxSeqs)
+			ro.MaxBatchTokens = max(runtime.BatchTokens(m), maxSeqs)
 		}
 		if c.MTP {
 			if _, ok := m.(model.MTPModel); !ok {

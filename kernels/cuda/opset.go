@@ -327,15 +327,23 @@ var prefillKernels = [2][2]string{
 // of n rows: a head dim it has an instance for and at least one full row
 // tile. The kernel then takes every tile of prefillRows rows that are all
 // of one sequence (decided on the device) and the split-KV kernel the rest.
-func usePrefill(s kernels.AttnShape, n int) bool {
-	return n >= prefillRows && (s.HeadDim == 64 || s.HeadDim == 128)
+func (b *Backend) usePrefill(s kernels.AttnShape, n int) bool {
+	return !b.splitKVOnly && n >= prefillRows && (s.HeadDim == 64 || s.HeadDim == 128)
 }
 
 // AttentionRoundsToBF16 reports whether Attention over a batch of n rows
 // rounds queries, probabilities and an F32 cache's keys and values to
 // bfloat16 for its tensor-core products (the prefill kernel; its sums stay
 // float32). kerneltest then holds it to AttentionBF16Tol.
-func (b *Backend) AttentionRoundsToBF16(s kernels.AttnShape, n int) bool { return usePrefill(s, n) }
+func (b *Backend) AttentionRoundsToBF16(s kernels.AttnShape, n int) bool { return b.usePrefill(s, n) }
+
+// batchTokens is the step token budget the runtime gets from
+// PreferredBatchTokens: whole 4,096-token prompt chunks, where cuBLASLt's
+// Linear layers and the prefill kernel reach their throughput.
+const batchTokens = 4096
+
+// PreferredBatchTokens implements kernels.BatchSizer.
+func (b *Backend) PreferredBatchTokens() int { return batchTokens }
 
 // Attention implements kernels.AttentionOps. Batches usePrefill accepts
 // first run the prefill kernel (src/prefill.cu: flash attention on tensor
@@ -386,7 +394,7 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	o, qp, kcp, vcp := dptr(out), dptr(q), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
-	pf := usePrefill(s, n)
+	pf := b.usePrefill(s, n)
 	b.queue(func(d *Device) error {
 		if pf {
 			err := d.launch3L(prefillKernels[bf][s.HeadDim/128], [3]uint32{uint32(s.Heads), uint32(ceilDiv(n, prefillRows)), 1},

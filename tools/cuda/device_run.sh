@@ -51,6 +51,14 @@ grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" | gr
 	-test.count "${STEP_COUNT:-2}" 2>&1; echo "bench rc=$?") >>"$out/cuda-tests.log"
 grep -E '^Benchmark' "$out/cuda-tests.log"
 
+# Prefill (issue 13): one layer's attention at 512 and 4,096 tokens, the
+# prefill kernel against the split-KV kernel alone; then whole prompts of
+# 512 and 4,096 tokens through `ferrite bench` (prompt tok/s and TTFT).
+(cd k && timeout 60 ../cuda.test -test.run XXX -test.bench PrefillAttention -test.benchtime 3x 2>&1; echo "prefill bench rc=$?") >"$out/prefill.log"
+(timeout 100 ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1 --prompt-len 512,4096 --gen-len 2 \
+	--bandwidth 4300 --json "$out/prefill-bench.json" 2>&1; echo "prefill ferrite bench rc=$?") >>"$out/prefill.log"
+grep -E '^Benchmark|rc=|^ +1 ' "$out/prefill.log"
+
 (timeout "$(( ${BENCH_END:-340} - SECONDS > 30 ? ${BENCH_END:-340} - SECONDS : 30 ))" ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1,8,32,64 \
 	--prompt-len 128 --gen-len 128 --bandwidth 4300 --json "$out/bench.json" 2>&1; echo "bench rc=$?") >"$out/bench.log"
 cat "$out/bench.log" | tail -20
