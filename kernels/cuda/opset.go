@@ -313,22 +313,33 @@ var attnKernels = [2][4]string{
 	{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"},
 }
 
-// prefillRows is the row tile of the prefill kernel (src/prefill.cu,
-// kPrefillRows in src/ops.cu); prefillKernels[bf16][hd == 128] are its
-// instances, for head dims 64 and 128. A block has a warp per 16 rows.
+// prefillRows is the prefill kernel's default row tile (src/prefill.cu: 64
+// or 128 rows, a warp per 16); Backend.prefillRows overrides it.
+// prefillKernels[bf16][hd == 128][rows == 128] are its instances, for head
+// dims 64 and 128.
 const prefillRows = 64
 
-var prefillKernels = [2][2]string{
-	{"ferrite_prefill_attn_f32_64", "ferrite_prefill_attn_f32_128"},
-	{"ferrite_prefill_attn_bf16_64", "ferrite_prefill_attn_bf16_128"},
+var prefillKernels = [2][2][2]string{
+	{{"ferrite_prefill_attn_f32_64_64", "ferrite_prefill_attn_f32_64_128"},
+		{"ferrite_prefill_attn_f32_128_64", "ferrite_prefill_attn_f32_128_128"}},
+	{{"ferrite_prefill_attn_bf16_64_64", "ferrite_prefill_attn_bf16_64_128"},
+		{"ferrite_prefill_attn_bf16_128_64", "ferrite_prefill_attn_bf16_128_128"}},
+}
+
+// prefillTile is the prefill kernel's row tile: 64 or 128.
+func (b *Backend) prefillTile() int {
+	if b.prefillRows == 128 {
+		return 128
+	}
+	return prefillRows
 }
 
 // usePrefill reports whether Attention runs the prefill kernel for a batch
 // of n rows: a head dim it has an instance for and at least one full row
-// tile. The kernel then takes every tile of prefillRows rows that are all
-// of one sequence (decided on the device) and the split-KV kernel the rest.
+// tile. The kernel then takes every row tile whose rows are all of one
+// sequence (decided on the device) and the split-KV kernel the rest.
 func (b *Backend) usePrefill(s kernels.AttnShape, n int) bool {
-	return !b.splitKVOnly && n >= prefillRows && (s.HeadDim == 64 || s.HeadDim == 128)
+	return !b.splitKVOnly && n >= b.prefillTile() && (s.HeadDim == 64 || s.HeadDim == 128)
 }
 
 // AttentionRoundsToBF16 reports whether Attention over a batch of n rows
@@ -347,7 +358,7 @@ func (b *Backend) PreferredBatchTokens() int { return batchTokens }
 
 // Attention implements kernels.AttentionOps. Batches usePrefill accepts
 // first run the prefill kernel (src/prefill.cu: flash attention on tensor
-// cores over tiles of prefillRows rows of one sequence). The split-KV
+// cores over row tiles of one sequence). The split-KV
 // kernel then does every other row over its own keys, the splits merged by
 // ferrite_attn_combine. The split count comes from host values only (the
 // block table's width and the batch), never from the positions on the
@@ -394,11 +405,14 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	o, qp, kcp, vcp := dptr(out), dptr(q), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
-	pf := b.usePrefill(s, n)
+	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
+	if b.usePrefill(s, n) {
+		ptile = b.prefillTile()
+	}
 	b.queue(func(d *Device) error {
-		if pf {
-			err := d.launch3L(prefillKernels[bf][s.HeadDim/128], [3]uint32{uint32(s.Heads), uint32(ceilDiv(n, prefillRows)), 1},
-				prefillRows/16*32, 0, o, qp, kcp, vcp, pos, seq, bt, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads),
+		if ptile > 0 {
+			err := d.launch3L(prefillKernels[bf][s.HeadDim/128][ptile/128], [3]uint32{uint32(s.Heads), uint32(ceilDiv(n, ptile)), 1},
+				uint32(ptile/16*32), 0, o, qp, kcp, vcp, pos, seq, bt, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads),
 				i32(s.KVHeads), f32(s.Scale))
 			if err != nil {
 				return err
@@ -406,12 +420,12 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		}
 		err := d.launch3L(attnKernels[bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
 			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
-			i32(s.HeadDim), i32(chunks), i32(attnSplit), f32(s.Scale), b32(pf))
+			i32(s.HeadDim), i32(chunks), i32(attnSplit), f32(s.Scale), i32(ptile))
 		if err != nil || splits == 1 {
 			return err
 		}
 		return d.launch3L("ferrite_attn_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, attnThread, 0,
-			o, part, i32(s.Heads), i32(s.HeadDim), i32(splits), seq, i32(n), b32(pf))
+			o, part, i32(s.Heads), i32(s.HeadDim), i32(splits), seq, i32(n), i32(ptile))
 	})
 }
 

@@ -70,16 +70,16 @@ func newPrefillCase(tb testing.TB, be *Backend, dt kernels.DType, heads, kvHeads
 	return c
 }
 
-// run returns Attention's output over the case, with the prefill kernel or
-// the split-KV kernel alone.
-func (c *prefillCase) run(tb testing.TB, be *Backend, splitKV bool) []float32 {
+// run returns Attention's output over the case, with the prefill kernel at
+// row tiles of rows, or the split-KV kernel alone (rows 0).
+func (c *prefillCase) run(tb testing.TB, be *Backend, rows int) []float32 {
 	tb.Helper()
 	out, err := be.Alloc(kernels.F32, c.q.Rows, c.q.Cols)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	be.splitKVOnly = splitKV
-	defer func() { be.splitKVOnly = false }()
+	defer be.Free(out)
+	defer be.setPrefill(rows)()
 	be.BeginStep()
 	be.Attention(out, c.q, c.kc, c.vc, c.p, c.shape)
 	be.EndStep()
@@ -89,6 +89,14 @@ func (c *prefillCase) run(tb testing.TB, be *Backend, splitKV bool) []float32 {
 		tb.Fatal(err)
 	}
 	return got
+}
+
+// setPrefill makes Attention use the prefill kernel at row tiles of rows,
+// or only the split-KV kernel (rows 0), until the returned func restores
+// the defaults.
+func (b *Backend) setPrefill(rows int) func() {
+	b.splitKVOnly, b.prefillRows = rows == 0, rows
+	return func() { b.splitKVOnly, b.prefillRows = false, 0 }
 }
 
 // TestPrefillAttention checks the prefill kernel at model sizes (Qwen3-8B's
@@ -107,24 +115,27 @@ func TestPrefillAttention(t *testing.T) {
 				if !be.AttentionRoundsToBF16(pc.shape, c.n) {
 					t.Fatal("the prefill kernel is not used")
 				}
-				want := pc.run(t, be, true)
-				got := pc.run(t, be, false)
-				lim := kerneltest.AttentionBF16Tol * pc.maxV
-				worst, at, bad := 0.0, 0, 0
-				for i := range want {
-					d := math.Abs(float64(got[i]) - float64(want[i]))
-					if !(d <= lim) {
-						bad++
+				want := pc.run(t, be, 0)
+				for _, rows := range []int{64, 128} {
+					got := pc.run(t, be, rows)
+					lim := kerneltest.AttentionBF16Tol * pc.maxV
+					worst, at, bad := 0.0, 0, 0
+					for i := range want {
+						d := math.Abs(float64(got[i]) - float64(want[i]))
+						if !(d <= lim) {
+							bad++
+						}
+						if !(d <= worst) {
+							worst, at = d, i
+						}
 					}
-					if !(d <= worst) {
-						worst, at = d, i
+					qw := c.heads * c.hd
+					t.Logf("tile %d rows: max |prefill − split-KV| %.3g = %.3g·max|v| at row %d head %d dim %d (tol %.3g·max|v|)",
+						rows, worst, worst/pc.maxV, at/qw, at%qw/c.hd, at%c.hd, kerneltest.AttentionBF16Tol)
+					if bad > 0 {
+						t.Errorf("tile %d rows: %d of %d outputs off by more than %.3g (got %g want %g at %d)",
+							rows, bad, len(want), lim, got[at], want[at], at)
 					}
-				}
-				qw := c.heads * c.hd
-				t.Logf("max |prefill − split-KV| %.3g = %.3g·max|v| at row %d head %d dim %d (tol %.3g·max|v|)",
-					worst, worst/pc.maxV, at/qw, at%qw/c.hd, at%c.hd, kerneltest.AttentionBF16Tol)
-				if bad > 0 {
-					t.Errorf("%d of %d outputs off by more than %.3g (got %g want %g at %d)", bad, len(want), lim, got[at], want[at], at)
 				}
 			})
 		}
@@ -133,8 +144,9 @@ func TestPrefillAttention(t *testing.T) {
 
 // BenchmarkPrefillAttention times one Qwen3-8B layer's attention (32 query
 // and 8 KV heads of 128, bf16 cache) over a fresh prompt of n tokens in one
-// step: the prefill kernel, and the split-KV kernel alone for comparison.
-// TFLOP/s counts 4·heads·hd flops per (row, visible key) pair.
+// step: the prefill kernel at row tiles of 64 and 128, and the split-KV
+// kernel alone for comparison. TFLOP/s counts 4·heads·hd flops per (row,
+// visible key) pair; ms/36-layers is the whole model's attention.
 func BenchmarkPrefillAttention(b *testing.B) {
 	be := openOps(b)
 	const heads, kvHeads, hd = 32, 8, 128
@@ -145,14 +157,13 @@ func BenchmarkPrefillAttention(b *testing.B) {
 			b.Fatal(err)
 		}
 		flops := 4 * float64(heads*hd) * float64(n) * float64(n+1) / 2
-		for _, splitKV := range []bool{false, true} {
-			name := fmt.Sprintf("n=%d/prefill", n)
-			if splitKV {
+		for _, rows := range []int{64, 128, 0} {
+			name := fmt.Sprintf("n=%d/prefill%d", n, rows)
+			if rows == 0 {
 				name = fmt.Sprintf("n=%d/splitkv", n)
 			}
 			b.Run(name, func(b *testing.B) {
-				be.splitKVOnly = splitKV
-				defer func() { be.splitKVOnly = false }()
+				defer be.setPrefill(rows)()
 				step := func(reps int) {
 					be.BeginStep()
 					for range reps {

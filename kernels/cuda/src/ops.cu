@@ -236,16 +236,16 @@ extern "C" __global__ void ferrite_store_kv(void* kc, void* vc, const float* k, 
 namespace {
 
 constexpr int kAttnWarps = 4;
-constexpr int kPrefillRows = 64;  // query rows per tile of prefill.cu's kernel
 
-// prefill_owns reports whether prefill.cu's kernel computes the row tile
-// starting at r0 (rows [r0, min(n, r0 + kPrefillRows))): all of its rows
-// are of one sequence. The split-KV kernel, launched with ptile set after
-// it, skips those rows. Every lane of the calling warp must take part.
-__device__ inline bool prefill_owns(const int* seq, int n, int r0) {
-    const int s = seq[r0];
+// prefill_owns reports whether prefill.cu's kernel, at row tiles of rows,
+// computes the tile of row i (rows [r0, min(n, r0 + rows)), r0 = i − i %
+// rows): all of its rows are of one sequence. The split-KV kernel,
+// launched after it with ptile = rows, skips those rows. Every lane of the
+// calling warp must take part.
+__device__ inline bool prefill_owns(const int* seq, int n, int i, int rows) {
+    const int r0 = i - i % rows, s = seq[r0];
     bool same = true;
-    for (int r = r0 + int(threadIdx.x & 31); r < min(n, r0 + kPrefillRows); r += 32) same = same && seq[r] == s;
+    for (int r = r0 + int(threadIdx.x & 31); r < min(n, r0 + rows); r += 32) same = same && seq[r] == s;
     return __all_sync(0xffffffffu, same);
 }
 constexpr int kAttnGroup = 8;  // query heads a block handles
@@ -262,7 +262,7 @@ struct AttnArgs {
     float* part;
     int max_blocks, bs, n, heads, kvh, hd, chunks, split;
     float scale;
-    int ptile;  // rows of tiles prefill_owns are prefill.cu's
+    int ptile;  // prefill.cu's row tile when it ran first (prefill_owns), else 0
 };
 
 template <bool BF>
@@ -290,7 +290,7 @@ __device__ void attn_block(const AttnArgs& a) {
     __shared__ float wacc[kAttnWarps][kAttnGroup][kAttnMaxHD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int i = blockIdx.x;
-    if (a.ptile && prefill_owns(a.seq, a.n, i - i % kPrefillRows)) return;
+    if (a.ptile && prefill_owns(a.seq, a.n, i, a.ptile)) return;
     const int kvh = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks;
     const int grp = a.heads / a.kvh;
     const int h0 = kvh * grp + chunk * kAttnGroup;
@@ -448,12 +448,12 @@ FERRITE_ATTN(ferrite_attn_bf16_4, 4, true)
 FERRITE_ATTN(ferrite_attn_bf16_8, 8, true)
 
 // Merges the splits of ferrite_attn_*: out (n, heads·hd) from part (n,
-// heads, splits, hd + 2), but for the rows of prefill.cu's tiles when
-// ptile is set. Launch: grid (n, heads), 128 threads.
+// heads, splits, hd + 2), but for the rows of prefill.cu's tiles of ptile
+// rows (none when 0). Launch: grid (n, heads), 128 threads.
 extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, int heads, int hd, int splits,
                                                 const int* seq, int n, int ptile) {
     const int i = blockIdx.x, h = blockIdx.y;
-    if (ptile && prefill_owns(seq, n, i - i % kPrefillRows)) return;
+    if (ptile && prefill_owns(seq, n, i, ptile)) return;
     const float* pp = part + (size_t(i) * heads + h) * splits * (hd + 2);
     float mx = -INFINITY;
     for (int z = 0; z < splits; z++) mx = fmaxf(mx, pp[z * (hd + 2)]);

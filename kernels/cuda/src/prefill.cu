@@ -1,11 +1,11 @@
 // Paged causal attention for prefill: flash attention on tensor cores
 // (mma.sync m16n8k16 bf16 → f32, sm_80 and up). ops.cu's split-KV kernel
 // reads every key once per query row; here a block takes a tile of
-// kPrefillRows consecutive query rows of one sequence for one query head
-// and streams the sequence's keys and values through shared memory in
-// tiles of kPfKeys, so each key is read once per row tile.
+// 16·WARPS consecutive query rows of one sequence for one query head and
+// streams the sequence's keys and values through shared memory in tiles of
+// kPfKeys, so each key is read once per row tile.
 //
-// Block (head h, row tile): rows [r0, r0 + kPrefillRows) of the batch, which
+// Block (head h, row tile): rows [r0, r0 + 16·WARPS) of the batch, which
 // prefill_owns (ops.cu) says are all of one sequence; other tiles are left
 // to the split-KV kernel (launched after this one with the same predicate).
 // Warp w takes rows r0 + 16w .. r0 + 16w + 15. For each key tile:
@@ -30,13 +30,12 @@
 //   C (16×8 f32):  c[0], c[1] = (g, 2t), (g, 2t+1); c[2], c[3] = (g+8, 2t), (g+8, 2t+1)
 // the lower-indexed element of each pair in the low 16 bits.
 //
-// Launch: grid (heads, ceil(n / kPrefillRows)), kPfWarps·32 threads; HD 64
-// or 128.
+// Launch: grid (heads, ceil(n / (16·WARPS))), 32·WARPS threads; HD 64 or
+// 128; WARPS 4 or 8 (tiles of 64 or 128 rows).
 
 namespace {
 
 constexpr int kPfKeys = 64;  // keys per shared-memory tile
-constexpr int kPfWarps = kPrefillRows / 16;
 
 // pack_bf16 rounds lo and hi to bf16 (nearest even) into one register, lo
 // in the low half.
@@ -102,11 +101,11 @@ struct PrefillArgs {
 // cache rows of keys [k0, k0 + kPfKeys) of the sequence whose block table
 // is bt; keys from kend on are zeros. BF16: cp.async (the caller commits);
 // F32: rounded by the threads.
-template <int HD, bool BF>
+template <int HD, bool BF, int WARPS>
 __device__ inline void load_tile(uint16_t* dst, const void* cache, const int* bt, int bs, size_t kw, size_t off,
                                  int k0, int kend) {
     constexpr int kChunks = HD / 8;  // 16-byte bf16 chunks per row
-    for (int c = threadIdx.x; c < kPfKeys * kChunks; c += kPfWarps * 32) {
+    for (int c = threadIdx.x; c < kPfKeys * kChunks; c += WARPS * 32) {
         const int key = c / kChunks, part = c % kChunks;
         const int p = k0 + key;
         uint16_t* d = dst + key * (HD + 8) + part * 8;
@@ -126,8 +125,9 @@ __device__ inline void load_tile(uint16_t* dst, const void* cache, const int* bt
     }
 }
 
-template <int HD, bool BF>
+template <int HD, bool BF, int WARPS>
 __device__ void prefill_block(const PrefillArgs& a) {
+    constexpr int ROWS = 16 * WARPS;
     constexpr int S = HD + 8;        // shared row stride, elements
     constexpr int KS = HD / 16;      // k-steps of Q·Kᵀ
     constexpr int ND = HD / 8;       // n-tiles of O
@@ -137,8 +137,8 @@ __device__ void prefill_block(const PrefillArgs& a) {
     uint16_t* vs = reinterpret_cast<uint16_t*>(vs4);
 
     const int h = blockIdx.x;
-    const int r0 = (gridDim.y - 1 - blockIdx.y) * kPrefillRows;  // the longest tiles first
-    if (!prefill_owns(a.seq, a.n, r0)) return;
+    const int r0 = (gridDim.y - 1 - blockIdx.y) * ROWS;  // the longest tiles first
+    if (!prefill_owns(a.seq, a.n, r0, ROWS)) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int kvh = h / (a.heads / a.kvh);
@@ -148,7 +148,7 @@ __device__ void prefill_block(const PrefillArgs& a) {
     // The tile's key range: [0, largest position + 1); keys up to its
     // smallest position need no mask. Rows past n have position −1.
     int pmax = -1, pmin = 0x7fffffff;
-    for (int r = r0 + lane; r < min(a.n, r0 + kPrefillRows); r += 32) {
+    for (int r = r0 + lane; r < min(a.n, r0 + ROWS); r += 32) {
         const int p = a.pos[r];
         pmax = max(pmax, p);
         pmin = min(pmin, p);
@@ -166,9 +166,9 @@ __device__ void prefill_block(const PrefillArgs& a) {
     const int pos0 = row0 < a.n ? a.pos[row0] : -1, pos1 = row1 < a.n ? a.pos[row1] : -1;
 
     // Prologue: the first key and value tiles start streaming in.
-    load_tile<HD, BF>(ks, a.kc, bt, a.bs, kw, off, 0, kend);
+    load_tile<HD, BF, WARPS>(ks, a.kc, bt, a.bs, kw, off, 0, kend);
     cp_commit();
-    load_tile<HD, BF>(vs, a.vc, bt, a.bs, kw, off, 0, kend);
+    load_tile<HD, BF, WARPS>(vs, a.vc, bt, a.bs, kw, off, 0, kend);
     cp_commit();
 
     // Q as A fragments, rounded to bf16.
@@ -229,7 +229,7 @@ __device__ void prefill_block(const PrefillArgs& a) {
         __syncthreads();  // every warp is done with ks
         const bool more = j + 1 < ntiles;
         if (more) {
-            load_tile<HD, BF>(ks, a.kc, bt, a.bs, kw, off, k0 + kPfKeys, kend);
+            load_tile<HD, BF, WARPS>(ks, a.kc, bt, a.bs, kw, off, k0 + kPfKeys, kend);
             cp_commit();
         }
 
@@ -299,7 +299,7 @@ __device__ void prefill_block(const PrefillArgs& a) {
         }
         __syncthreads();  // every warp is done with vs
         if (more) {
-            load_tile<HD, BF>(vs, a.vc, bt, a.bs, kw, off, k0 + kPfKeys, kend);
+            load_tile<HD, BF, WARPS>(vs, a.vc, bt, a.bs, kw, off, k0 + kPfKeys, kend);
             cp_commit();
         }
     }
@@ -321,15 +321,20 @@ __device__ void prefill_block(const PrefillArgs& a) {
 
 }  // namespace
 
-#define FERRITE_PREFILL(name, HD, BF)                                                                      \
-    extern "C" __global__ void __launch_bounds__(kPfWarps * 32) name(                                     \
+#define FERRITE_PREFILL(name, HD, BF, WARPS)                                                               \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) name(                                         \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,        \
         const int* blocks, int max_blocks, int bs, int n, int heads, int kvh, float scale) {               \
         PrefillArgs a{out, q, kc, vc, pos, seq, blocks, max_blocks, bs, n, heads, kvh, scale};             \
-        prefill_block<HD, BF>(a);                                                                          \
+        prefill_block<HD, BF, WARPS>(a);                                                                   \
     }
 
-FERRITE_PREFILL(ferrite_prefill_attn_f32_64, 64, false)
-FERRITE_PREFILL(ferrite_prefill_attn_f32_128, 128, false)
-FERRITE_PREFILL(ferrite_prefill_attn_bf16_64, 64, true)
-FERRITE_PREFILL(ferrite_prefill_attn_bf16_128, 128, true)
+// ferrite_prefill_attn_<cache>_<head dim>_<rows per tile>
+FERRITE_PREFILL(ferrite_prefill_attn_f32_64_64, 64, false, 4)
+FERRITE_PREFILL(ferrite_prefill_attn_f32_128_64, 128, false, 4)
+FERRITE_PREFILL(ferrite_prefill_attn_bf16_64_64, 64, true, 4)
+FERRITE_PREFILL(ferrite_prefill_attn_bf16_128_64, 128, true, 4)
+FERRITE_PREFILL(ferrite_prefill_attn_f32_64_128, 64, false, 8)
+FERRITE_PREFILL(ferrite_prefill_attn_f32_128_128, 128, false, 8)
+FERRITE_PREFILL(ferrite_prefill_attn_bf16_64_128, 64, true, 8)
+FERRITE_PREFILL(ferrite_prefill_attn_bf16_128_128, 128, true, 8)
