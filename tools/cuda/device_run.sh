@@ -55,7 +55,7 @@ grep -E '^Benchmark' "$out/cuda-tests.log"
 # prefill kernel against the split-KV kernel alone; then whole prompts of
 # 512 and 4,096 tokens through `ferrite bench` (prompt tok/s and TTFT).
 (cd k && timeout 60 ../cuda.test -test.run XXX -test.bench PrefillAttention -test.benchtime 3x 2>&1; echo "prefill bench rc=$?") >"$out/prefill.log"
-(timeout 100 ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1 --prompt-len 512,4096 --gen-len 2 \
+(timeout 100 ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1 --prompt-len 512,4096 --gen-len 1 \
 	--bandwidth 4300 --json "$out/prefill-bench.json" 2>&1; echo "prefill ferrite bench rc=$?") >>"$out/prefill.log"
 grep -E '^Benchmark|rc=|^ +1 ' "$out/prefill.log"
 
