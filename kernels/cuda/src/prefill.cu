@@ -125,6 +125,60 @@ __device__ inline void load_tile(uint16_t* dst, const void* cache, const int* bt
     }
 }
 
+// softmax_tile turns a key tile's scores s (C fragments of NK n-tiles,
+// rows g and g + 8) into probabilities and updates the running state: the
+// scores scaled to log2 units (sl2), keys past a row's position masked
+// when mask is set (keys k0 + 8·nt + 2t + (e & 1)), the running maxima m0,
+// m1 of the quad's rows, this thread's partial sums l0, l1, and the output
+// accumulators o (ND n-tiles) rescaled to the new maxima.
+template <int NK, int ND>
+__device__ inline void softmax_tile(float (&s)[NK][4], float (&o)[ND][4], float& m0, float& m1, float& l0, float& l1,
+                                    int k0, bool mask, int pos0, int pos1, int t, float sl2) {
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NK; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = k0 + nt * 8 + 2 * t + (e & 1);
+            float x = s[nt][e] * sl2;
+            if (mask && key > (e < 2 ? pos0 : pos1)) x = -INFINITY;
+            s[nt][e] = x;
+        }
+        mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    // While a row has seen no key its max is −∞: subtract 0 instead, so
+    // exp2 gives 0 for the masked scores and the (zero) old state.
+    const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
+    m0 = mn0;
+    m1 = mn1;
+    float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NK; nt++) {
+        s[nt][0] = exp2f(s[nt][0] - mu0);
+        s[nt][1] = exp2f(s[nt][1] - mu0);
+        s[nt][2] = exp2f(s[nt][2] - mu1);
+        s[nt][3] = exp2f(s[nt][3] - mu1);
+        ps0 += s[nt][0] + s[nt][1];
+        ps1 += s[nt][2] + s[nt][3];
+    }
+    l0 = l0 * c0 + ps0;
+    l1 = l1 * c1 + ps1;
+#pragma unroll
+    for (int d = 0; d < ND; d++) {
+        o[d][0] *= c0;
+        o[d][1] *= c0;
+        o[d][2] *= c1;
+        o[d][3] *= c1;
+    }
+}
+
 template <int HD, bool BF, int WARPS>
 __device__ void prefill_block(const PrefillArgs& a) {
     constexpr int ROWS = 16 * WARPS;
@@ -164,6 +218,11 @@ __device__ void prefill_block(const PrefillArgs& a) {
     // This thread's two rows (g and g + 8 of the warp's 16).
     const int row0 = r0 + warp * 16 + g, row1 = row0 + 8;
     const int pos0 = row0 < a.n ? a.pos[row0] : -1, pos1 = row1 < a.n ? a.pos[row1] : -1;
+    // The warp's largest position: key tiles past it are masked for all of
+    // its rows and change nothing, so the warp skips their products.
+    int wmax = max(pos0, pos1);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
 
     // Prologue: the first key and value tiles start streaming in.
     load_tile<HD, BF, WARPS>(ks, a.kc, bt, a.bs, kw, off, 0, kend);
@@ -211,19 +270,22 @@ __device__ void prefill_block(const PrefillArgs& a) {
 
     for (int j = 0; j < ntiles; j++) {
         const int k0 = j * kPfKeys;
-        cp_wait<1>();  // this tile's keys (its values may still be in flight)
+        const bool live = k0 <= wmax;  // warp-uniform
+        cp_wait<1>();                  // this tile's keys (its values may still be in flight)
         __syncthreads();
 
         float s[NK][4];
+        if (live) {
 #pragma unroll
-        for (int nt = 0; nt < NK; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            for (int nt = 0; nt < NK; nt++) {
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
-            for (int kk = 0; kk < KS / 2; kk++) {
-                uint32_t b[4];
-                ldsm_x4(b, kbase + uint32_t((nt * 8 * S + kk * 32) * 2));
-                mma_bf16(s[nt], qa[2 * kk], b[0], b[1]);
-                mma_bf16(s[nt], qa[2 * kk + 1], b[2], b[3]);
+                for (int kk = 0; kk < KS / 2; kk++) {
+                    uint32_t b[4];
+                    ldsm_x4(b, kbase + uint32_t((nt * 8 * S + kk * 32) * 2));
+                    mma_bf16(s[nt], qa[2 * kk], b[0], b[1]);
+                    mma_bf16(s[nt], qa[2 * kk + 1], b[2], b[3]);
+                }
             }
         }
         __syncthreads();  // every warp is done with ks
@@ -232,69 +294,25 @@ __device__ void prefill_block(const PrefillArgs& a) {
             load_tile<HD, BF, WARPS>(ks, a.kc, bt, a.bs, kw, off, k0 + kPfKeys, kend);
             cp_commit();
         }
-
-        // Scale to log2 units, mask, and update the running softmax.
-        const bool mask = k0 + kPfKeys - 1 > pmin;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NK; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + nt * 8 + 2 * t + (e & 1);
-                float x = s[nt][e] * sl2;
-                if (mask && key > (e < 2 ? pos0 : pos1)) x = -INFINITY;
-                s[nt][e] = x;
-            }
-            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        // While a row has seen no key its max is −∞: subtract 0 instead, so
-        // exp2 gives 0 for the masked scores and the (zero) old state.
-        const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
-        const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
-        m0 = mn0;
-        m1 = mn1;
-        float ps0 = 0.f, ps1 = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < NK; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - mu0);
-            s[nt][1] = exp2f(s[nt][1] - mu0);
-            s[nt][2] = exp2f(s[nt][2] - mu1);
-            s[nt][3] = exp2f(s[nt][3] - mu1);
-            ps0 += s[nt][0] + s[nt][1];
-            ps1 += s[nt][2] + s[nt][3];
-        }
-        l0 = l0 * c0 + ps0;
-        l1 = l1 * c1 + ps1;
-#pragma unroll
-        for (int d = 0; d < ND; d++) {
-            o[d][0] *= c0;
-            o[d][1] *= c0;
-            o[d][2] *= c1;
-            o[d][3] *= c1;
-        }
-
+        if (live) softmax_tile<NK, ND>(s, o, m0, m1, l0, l1, k0, k0 + kPfKeys - 1 > pmin, pos0, pos1, t, sl2);
         if (more) cp_wait<1>();  // this tile's values (the next keys may be in flight)
         else cp_wait<0>();
-        __syncthreads();
+        __syncthreads();  // the values are in
+        if (live) {
 #pragma unroll
-        for (int kk = 0; kk < kPfKeys / 16; kk++) {
-            // P's C fragments of n-tiles 2kk and 2kk+1 are the A fragment
-            // of k-step kk.
-            const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                    pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                    pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            for (int kk = 0; kk < kPfKeys / 16; kk++) {
+                // P's C fragments of n-tiles 2kk and 2kk+1 are the A
+                // fragment of k-step kk.
+                const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                        pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                        pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-            for (int dp = 0; dp < ND / 2; dp++) {
-                uint32_t b[4];
-                ldsm_x4_t(b, vbase + uint32_t((kk * 16 * S + dp * 16) * 2));
-                mma_bf16(o[2 * dp], pa, b[0], b[1]);
-                mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+                for (int dp = 0; dp < ND / 2; dp++) {
+                    uint32_t b[4];
+                    ldsm_x4_t(b, vbase + uint32_t((kk * 16 * S + dp * 16) * 2));
+                    mma_bf16(o[2 * dp], pa, b[0], b[1]);
+                    mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+                }
             }
         }
         __syncthreads();  // every warp is done with vs
