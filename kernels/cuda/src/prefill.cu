@@ -85,18 +85,6 @@ __device__ inline void cp_wait() {
 
 __device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
-struct PrefillArgs {
-    float* out;
-    const float* q;
-    const void* kc;
-    const void* vc;
-    const int* pos;
-    const int* seq;
-    const int* blocks;
-    int max_blocks, bs, n, heads, kvh;
-    float scale;
-};
-
 // load_tile fills dst (kPfKeys rows of HD bf16, stride HD + 8) with the
 // cache rows of keys [k0, k0 + kPfKeys) of the sequence whose block table
 // is bt; keys from kend on are zeros. BF16: cp.async (the caller commits);
@@ -180,7 +168,7 @@ __device__ inline void softmax_tile(float (&s)[NK][4], float (&o)[ND][4], float&
 }
 
 template <int HD, bool BF, int WARPS>
-__device__ void prefill_block(const PrefillArgs& a) {
+__device__ void prefill_block(const AttnArgs& a) {  // ops.cu's arguments; hd = HD, no part or splits
     constexpr int ROWS = 16 * WARPS;
     constexpr int S = HD + 8;        // shared row stride, elements
     constexpr int KS = HD / 16;      // k-steps of Q·Kᵀ
@@ -343,7 +331,7 @@ __device__ void prefill_block(const PrefillArgs& a) {
     extern "C" __global__ void __launch_bounds__(WARPS * 32) name(                                         \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,        \
         const int* blocks, int max_blocks, int bs, int n, int heads, int kvh, float scale) {               \
-        PrefillArgs a{out, q, kc, vc, pos, seq, blocks, max_blocks, bs, n, heads, kvh, scale};             \
+        AttnArgs a{out, q, kc, vc, pos, seq, blocks, nullptr, max_blocks, bs, n, heads, kvh, HD, 1, 1, scale, 0}; \
         prefill_block<HD, BF, WARPS>(a);                                                                   \
     }
 
