@@ -41,7 +41,7 @@ export FERRITE_CUDA_FATBIN="$dev/k/ferrite.fatbin" FERRITE_TEST_DEVICE=cuda
 
 # The fixtures are found through the build path of the test binary.
 if [ ! -e /work/wt/cudaops ]; then mkdir -p /work/wt && ln -s "$root" /work/wt/cudaops; fi
-(cd "$root/engine" && timeout 75 "$dev/engine.test" -test.v -test.count 1 -test.run 'TestFixtures|TestAutoDevice' 2>&1; echo "engine.test rc=$?") >"$out/fixtures.log"
+(cd "$root/engine" && timeout 75 "$dev/engine.test" -test.v -test.count 1 -test.run 'TestFixtures|TestAutoDevice|TestPrefillOnDevice' 2>&1; echo "engine.test rc=$?") >"$out/fixtures.log"
 grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" | grep -v -- '--- PASS' | tail -40
 
 # The decode-step benchmarks (STEP_BENCH: the bare-GEMV step of BENCHMARKS.md
