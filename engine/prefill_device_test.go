@@ -23,7 +23,9 @@ const prefillTol = 2e-2
 // kernel takes) on FERRITE_TEST_DEVICE, in one step and as chunks of 100
 // and 200 tokens, and checks every row's logits against the CPU backend
 // on the same weights: a causal mask, position or block-table mistake
-// moves the early rows far beyond prefillTol.
+// moves the rows far beyond prefillTol (on the CPU, letting every row see
+// one key too many moves rows 0 / 100 / 298 by 0.73 / 0.11 / 0.08 of the
+// largest logit).
 func TestPrefillOnDevice(t *testing.T) {
 	dev := os.Getenv("FERRITE_TEST_DEVICE")
 	if dev == "" || dev == "cpu" {
