@@ -41,6 +41,9 @@ type Backend struct {
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
+	splitKVOnly bool // Attention without the prefill kernel (its tests and benchmarks compare)
+	prefillRows int  // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
+
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
 

@@ -490,11 +490,57 @@ var attnKernels = [2][4]string{
 	{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"},
 }
 
-// Attention implements kernels.AttentionOps: the split-KV kernel, every
-// row over its own keys, the splits merged by ferrite_attn_combine. The
-// split count comes from host values only (the block table's width and the
-// batch), never from the positions on the device: enough splits of
-// attnSplit keys to give the GPU about two blocks per multiprocessor.
+// prefillRows is the prefill kernel's default row tile (src/prefill.cu: 64
+// or 128 rows, a warp per 16); Backend.prefillRows overrides it.
+// prefillKernels[bf16][hd == 128][rows == 128] are its instances, for head
+// dims 64 and 128.
+const prefillRows = 64
+
+var prefillKernels = [2][2][2]string{
+	{{"ferrite_prefill_attn_f32_64_64", "ferrite_prefill_attn_f32_64_128"},
+		{"ferrite_prefill_attn_f32_128_64", "ferrite_prefill_attn_f32_128_128"}},
+	{{"ferrite_prefill_attn_bf16_64_64", "ferrite_prefill_attn_bf16_64_128"},
+		{"ferrite_prefill_attn_bf16_128_64", "ferrite_prefill_attn_bf16_128_128"}},
+}
+
+// prefillTile is the prefill kernel's row tile: 64 or 128.
+func (b *Backend) prefillTile() int {
+	if b.prefillRows == 128 {
+		return 128
+	}
+	return prefillRows
+}
+
+// usePrefill reports whether Attention runs the prefill kernel for a batch
+// of n rows: a head dim it has an instance for and at least one full row
+// tile. The kernel then takes every row tile whose rows are all of one
+// sequence (decided on the device) and the split-KV kernel the rest.
+func (b *Backend) usePrefill(s kernels.AttnShape, n int) bool {
+	return !b.splitKVOnly && n >= b.prefillTile() && (s.HeadDim == 64 || s.HeadDim == 128)
+}
+
+// AttentionRoundsToBF16 reports whether Attention over a batch of n rows
+// rounds queries, probabilities and an F32 cache's keys and values to
+// bfloat16 for its tensor-core products (the prefill kernel; its sums stay
+// float32). kerneltest then holds it to AttentionBF16Tol.
+func (b *Backend) AttentionRoundsToBF16(s kernels.AttnShape, n int) bool { return b.usePrefill(s, n) }
+
+// batchTokens is the step token budget the runtime gets from
+// PreferredBatchTokens: whole 4,096-token prompt chunks, where cuBLASLt's
+// Linear layers and the prefill kernel reach their throughput.
+const batchTokens = 4096
+
+// PreferredBatchTokens implements kernels.BatchSizer.
+func (b *Backend) PreferredBatchTokens() int { return batchTokens }
+
+// Attention implements kernels.AttentionOps. Batches usePrefill accepts
+// first run the prefill kernel (src/prefill.cu: flash attention on tensor
+// cores over row tiles of one sequence). The split-KV
+// kernel then does every other row over its own keys, the splits merged by
+// ferrite_attn_combine. The split count comes from host values only (the
+// block table's width and the batch), never from the positions on the
+// device: enough splits of attnSplit keys to give the GPU about two blocks
+// per multiprocessor.
 func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
 	f32Contig("Attention", out, q)
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
@@ -536,15 +582,27 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	o, qp, kcp, vcp := dptr(out), dptr(q), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
+	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
+	if b.usePrefill(s, n) {
+		ptile = b.prefillTile()
+	}
 	b.queue(func(d *Device) error {
+		if ptile > 0 {
+			err := d.launch3L(prefillKernels[bf][s.HeadDim/128][ptile/128], [3]uint32{uint32(s.Heads), uint32(ceilDiv(n, ptile)), 1},
+				uint32(ptile/16*32), 0, o, qp, kcp, vcp, pos, seq, bt, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads),
+				i32(s.KVHeads), f32(s.Scale))
+			if err != nil {
+				return err
+			}
+		}
 		err := d.launch3L(attnKernels[bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
 			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
-			i32(s.HeadDim), i32(chunks), i32(attnSplit), f32(s.Scale))
+			i32(s.HeadDim), i32(chunks), i32(attnSplit), f32(s.Scale), i32(ptile))
 		if err != nil || splits == 1 {
 			return err
 		}
 		return d.launch3L("ferrite_attn_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, attnThread, 0,
-			o, part, i32(s.Heads), i32(s.HeadDim), i32(splits))
+			o, part, i32(s.Heads), i32(s.HeadDim), i32(splits), seq, i32(n), i32(ptile))
 	})
 }
 

@@ -14,7 +14,7 @@ import (
 
 // openOps returns a Backend on the GPU for an op-set test, closed when the
 // test ends, after checking that no op failed.
-func openOps(t *testing.T) *Backend {
+func openOps(t testing.TB) *Backend {
 	t.Helper()
 	needGPU(t)
 	b, err := OpenBackend(0, 2)

@@ -28,7 +28,10 @@ const (
 	// AttentionBF16Tol replaces AttentionTol for a backend that rounds x to
 	// bfloat16 for products with BF16 operands (XRounder, asked about a
 	// Transient BF16 matrix): the queries and the probabilities, off by up
-	// to 2⁻⁹ each.
+	// to 2⁻⁹ each. It also holds for an AttnRounder's tensor-core
+	// attention, which rounds an F32 cache's keys and values too (2⁻⁹ of
+	// each value adds at most 2⁻⁹·scale; the score errors are the queries'
+	// and keys' 2⁻⁹ relative of Σ|q·k|·Scale, a few 10⁻³ for random data).
 	AttentionBF16Tol = 1.0 / (1 << 7)
 	// ExpertsTol: scale is max |y| of the call (two chained products and a
 	// SwiGLU per expert).
@@ -345,6 +348,17 @@ func ropeTest(t *testing.T, d kernels.Device) {
 // (earlier positions are cached from a previous step).
 type attnSeq struct{ start, rows int }
 
+// AttnRounder is implemented by a backend whose Attention multiplies on
+// tensor cores in bfloat16 for some batches (the CUDA prefill kernel): the
+// queries, the probabilities and an F32 cache's keys and values are
+// rounded to bfloat16, every sum is float32. The attention cases then use
+// AttentionBF16Tol.
+type AttnRounder interface {
+	// AttentionRoundsToBF16 reports whether Attention over a batch of n
+	// rows of shape s may round so.
+	AttentionRoundsToBF16(s kernels.AttnShape, n int) bool
+}
+
 func attentionTest(t *testing.T, d kernels.Device) {
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		for ci, c := range []struct {
@@ -356,6 +370,14 @@ func attentionTest(t *testing.T, d kernels.Device) {
 			{6, 2, 8, 16, []attnSeq{{0, 40}}},                   // one prefill chunk
 			{3, 3, 12, 8, []attnSeq{{5, 1}, {0, 70}, {33, 17}}}, // mixed: decode, chunk, continued chunk
 			{8, 1, 32, 4, []attnSeq{{130, 2}, {0, 20}}},         // MQA, odd-tile remainders
+			// Prefill-sized batches (many rows of one sequence) at the head
+			// dims GPU tensor-core kernels take: a chunk with a partial last
+			// row tile; decode rows around a fresh and a continued chunk,
+			// whose rows start off any 64-row boundary; a continued chunk
+			// over a small block size.
+			{4, 2, 64, 16, []attnSeq{{0, 150}}},
+			{4, 2, 128, 16, []attnSeq{{3, 1}, {0, 200}, {90, 140}, {40, 1}}},
+			{4, 4, 128, 8, []attnSeq{{100, 130}}},
 		} {
 			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
 				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))
@@ -450,6 +472,14 @@ func attentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvHe
 	if r, ok := d.(XRounder); ok && dt == kernels.BF16 && r.RoundsXToBF16(probe, 64) {
 		tol = AttentionBF16Tol
 	}
+	if r, ok := d.(AttnRounder); ok && r.AttentionRoundsToBF16(shape, n) {
+		tol = AttentionBF16Tol
+	}
+	worst := 0.0 // the largest error in units of the row's scale, for tuning tolerances
+	for i := range want {
+		worst = max(worst, math.Abs(float64(got[i])-float64(want[i]))/scale[i/qw])
+	}
+	t.Logf("%d rows, heads %d/%d, head dim %d: max error %.3g·scale (tol %.3g)", n, heads, kvHeads, hd, worst, tol)
 	compare(t, "out", got, want, tol, func(i int) float64 { return scale[i/qw] })
 }
 

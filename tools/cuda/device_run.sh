@@ -48,7 +48,7 @@ export FERRITE_CUDA_FATBIN="$dev/k/ferrite.fatbin" FERRITE_TEST_DEVICE=cuda
 
 # The fixtures are found through the build path of the test binary.
 if [ ! -e /work/wt/cudaops ]; then mkdir -p /work/wt && ln -s "$root" /work/wt/cudaops; fi
-(cd "$root/engine" && timeout 75 "$dev/engine.test" -test.v -test.count 1 -test.run 'TestFixtures|TestAutoDevice|TestBuiltinOnDevice' 2>&1; echo "engine.test rc=$?") >"$out/fixtures.log"
+(cd "$root/engine" && timeout 75 "$dev/engine.test" -test.v -test.count 1 -test.run 'TestFixtures|TestAutoDevice|TestBuiltinOnDevice|TestPrefillOnDevice' 2>&1; echo "engine.test rc=$?") >"$out/fixtures.log"
 # The hybrids on the GPU (linear attention, mHC, k-pool): their fixture and
 # suite subtests on "device" (the built-in ferrite-tiny, a glm5_next, is
 # engine.test's TestBuiltinOnDevice).
@@ -66,6 +66,14 @@ grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" "$ou
 # The linear-attention layer (Qwen3-Next shape): decode batches and prefill.
 (cd k && timeout 40 ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x 2>&1; echo "linattn bench rc=$?") >>"$out/cuda-tests.log"
 grep -E '^Benchmark' "$out/cuda-tests.log"
+
+# Prefill (issue 13): one layer's attention at 512 and 4,096 tokens, the
+# prefill kernel against the split-KV kernel alone; then whole prompts of
+# 512 and 4,096 tokens through `ferrite bench` (prompt tok/s and TTFT).
+(cd k && timeout 60 ../cuda.test -test.run XXX -test.bench PrefillAttention -test.benchtime 3x 2>&1; echo "prefill bench rc=$?") >"$out/prefill.log"
+(timeout 100 ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1 --prompt-len 512,4096 --gen-len 1 \
+	--bandwidth 4300 --json "$out/prefill-bench.json" 2>&1; echo "prefill ferrite bench rc=$?") >>"$out/prefill.log"
+grep -E '^Benchmark|rc=|^ +1 ' "$out/prefill.log"
 
 (timeout "$(( ${BENCH_END:-340} - SECONDS > 30 ? ${BENCH_END:-340} - SECONDS : 30 ))" ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1,8,32,64 \
 	--prompt-len 128 --gen-len 128 --bandwidth 4300 --json "$out/bench.json" 2>&1; echo "bench rc=$?") >"$out/bench.log"

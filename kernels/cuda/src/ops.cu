@@ -392,6 +392,18 @@ extern "C" __global__ void __launch_bounds__(128)
 namespace {
 
 constexpr int kAttnWarps = 4;
+
+// prefill_owns reports whether prefill.cu's kernel, at row tiles of rows,
+// computes the tile of row i (rows [r0, min(n, r0 + rows)), r0 = i − i %
+// rows): all of its rows are of one sequence. The split-KV kernel,
+// launched after it with ptile = rows, skips those rows. Every lane of the
+// calling warp must take part.
+__device__ inline bool prefill_owns(const int* seq, int n, int i, int rows) {
+    const int r0 = i - i % rows, s = seq[r0];
+    bool same = true;
+    for (int r = r0 + int(threadIdx.x & 31); r < min(n, r0 + rows); r += 32) same = same && seq[r] == s;
+    return __all_sync(0xffffffffu, same);
+}
 constexpr int kAttnGroup = 8;  // query heads a block handles
 constexpr int kAttnMaxHD = 256;
 
@@ -406,6 +418,7 @@ struct AttnArgs {
     float* part;
     int max_blocks, bs, n, heads, kvh, hd, chunks, split;
     float scale;
+    int ptile;  // prefill.cu's row tile when it ran first (prefill_owns), else 0
 };
 
 template <bool BF>
@@ -436,6 +449,7 @@ __device__ void attn_block(const AttnArgs& a) {
     __shared__ float wacc[kAttnWarps][kAttnGroup][kAttnMaxHD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int i = blockIdx.x;
+    if (a.ptile && prefill_owns(a.seq, a.n, i, a.ptile)) return;
     const int kvh = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks;
     const int grp = a.heads / a.kvh;
     const int h0 = kvh * grp + chunk * kAttnGroup;
@@ -578,8 +592,8 @@ __device__ void attn_block(const AttnArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
-        int chunks, int split, float scale) {                                                          \
-        AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale}; \
+        int chunks, int split, float scale, int ptile) {                                               \
+        AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile}; \
         attn_block<DPL, BF>(a);                                                                        \
     }
 
@@ -593,9 +607,12 @@ FERRITE_ATTN(ferrite_attn_bf16_4, 4, true)
 FERRITE_ATTN(ferrite_attn_bf16_8, 8, true)
 
 // Merges the splits of ferrite_attn_*: out (n, heads·hd) from part (n,
-// heads, splits, hd + 2). Launch: grid (n, heads), 128 threads.
-extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, int heads, int hd, int splits) {
+// heads, splits, hd + 2), but for the rows of prefill.cu's tiles of ptile
+// rows (none when 0). Launch: grid (n, heads), 128 threads.
+extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, int heads, int hd, int splits,
+                                                const int* seq, int n, int ptile) {
     const int i = blockIdx.x, h = blockIdx.y;
+    if (ptile && prefill_owns(seq, n, i, ptile)) return;
     const float* pp = part + (size_t(i) * heads + h) * splits * (hd + 2);
     float mx = -INFINITY;
     for (int z = 0; z < splits; z++) mx = fmaxf(mx, pp[z * (hd + 2)]);

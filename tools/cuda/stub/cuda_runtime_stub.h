@@ -75,3 +75,8 @@ __device__ double fmax(double, double);
 __device__ unsigned atomicAdd(unsigned*, unsigned);
 __device__ unsigned __ballot_sync(unsigned mask, int pred);
 __device__ int __popc(unsigned);
+__device__ int __all_sync(unsigned mask, int pred);
+__device__ float exp2f(float);
+__device__ size_t __cvta_generic_to_shared(const void*);
+__device__ uint4 make_uint4(unsigned, unsigned, unsigned, unsigned);
+__device__ float2 make_float2(float, float);
