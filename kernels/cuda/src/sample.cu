@@ -12,7 +12,7 @@ namespace {
 constexpr int kSampleThreads = 1024;
 constexpr int kSampleWarps = kSampleThreads / 32;
 constexpr int kSampleMaxK = 1024;  // the bitonic sort holds one candidate per thread
-constexpr unsigned kFull = 0xffffffffu;
+constexpr unsigned kSampleFull = 0xffffffffu;
 
 // sample_key maps a logit to an unsigned key in the candidates' order:
 // NaN as −∞, −0 as +0, then the usual flip of float bits (negative values
@@ -56,8 +56,8 @@ extern "C" __global__ void __launch_bounds__(kSampleThreads)
     __shared__ int wc[kSampleWarps];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        const uint32_t ok = __shfl_xor_sync(kFull, bk, o);
-        const int oc = __shfl_xor_sync(kFull, bc, o);
+        const uint32_t ok = __shfl_xor_sync(kSampleFull, bk, o);
+        const int oc = __shfl_xor_sync(kSampleFull, bc, o);
         if (sample_better(ok, oc, bk, bc)) bk = ok, bc = oc;
     }
     if (lane == 0) wk[warp] = bk, wc[warp] = bc;
@@ -68,8 +68,8 @@ extern "C" __global__ void __launch_bounds__(kSampleThreads)
     bc = lane < nw ? wc[lane] : 0x7fffffff;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        const uint32_t ok = __shfl_xor_sync(kFull, bk, o);
-        const int oc = __shfl_xor_sync(kFull, bc, o);
+        const uint32_t ok = __shfl_xor_sync(kSampleFull, bk, o);
+        const int oc = __shfl_xor_sync(kSampleFull, bc, o);
         if (sample_better(ok, oc, bk, bc)) bk = ok, bc = oc;
     }
     if (lane == 0) {
@@ -109,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(kSampleThreads)
             const uint32_t key = j < V ? sample_key(row[j]) : 0;
             const bool match = j < V && (key & mask) == prefix;
             const unsigned bin = match ? (key >> shift) & 255u : 256u;
-            const unsigned peers = __match_any_sync(kFull, bin);
+            const unsigned peers = __match_any_sync(kSampleFull, bin);
             if (match && lane == __ffs(peers) - 1) atomicAdd(&hist[warp][bin], unsigned(__popc(peers)));
         }
         __syncthreads();
@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(kSampleThreads)
             uint32_t incl = s;  // keys in the bins of lanes ≥ lane
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
-                const uint32_t t = __shfl_down_sync(kFull, incl, o);
+                const uint32_t t = __shfl_down_sync(kSampleFull, incl, o);
                 if (lane + o < 32) incl += t;
             }
             const uint32_t above = incl - s;
@@ -161,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(kSampleThreads)
             skey[at] = key, scol[at] = j;
         }
         const bool eq = j < V && key == T;
-        const unsigned ballot = __ballot_sync(kFull, eq);
+        const unsigned ballot = __ballot_sync(kSampleFull, eq);
         if (lane == 0) wcount[warp] = __popc(ballot);
         __syncthreads();
         int r = s_neq + __popc(ballot & ((1u << lane) - 1u));
