@@ -18,6 +18,9 @@
 // no nvcc. Backend implements the op set (kernels.Device) on a Device:
 // tensors in device memory, a per-step scratch arena, launches queued and
 // handed to the device thread in batches, each weight uploaded once per
-// *kernels.Mat. It also implements the host-slice kernels.Backend, copying
-// activations for every MatMul, for the architectures not on the op set.
+// *kernels.Mat, and kernels.SampleOps (src/sample.cu: a row's argmax, or
+// its best k by radix select). Steps that repeat replay CUDA graphs, the
+// last eight shapes' kept (graph.go). It also implements the host-slice
+// kernels.Backend, copying activations for every MatMul, for the
+// architectures not on the op set.
 package cuda
