@@ -11,6 +11,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
+	"github.com/ferrite-llm/ferrite/engine/sample"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
@@ -143,10 +144,14 @@ func (m *timedModel) Forward(b *model.Batch) (*model.Output, error) {
 	return out, err
 }
 
-// BenchmarkDecodeBatch decodes 8 and 32 greedy sequences at once on the
-// CPU backend and splits a decode step's wall time into Forward (the ops,
+// BenchmarkDecodeBatch decodes 8 and 32 sequences at once on the CPU
+// backend, greedy and with top-k sampling (both from the rows' best
+// entries), and splits a decode step's wall time into Forward (the ops,
 // the step inputs, reading the outputs) and the rest (scheduling,
-// sampling, posting tokens). Run with
+// sampling, posting tokens). (Top-p alone samples whole rows, and random
+// weights give nearly uniform rows: a nucleus of most of the vocabulary
+// to sort, about 80 ms a row here, which says nothing about real models.)
+// Run with
 //
 //	go test -run '^$' -bench DecodeBatch -benchtime 2x ./engine/runtime
 func BenchmarkDecodeBatch(b *testing.B) {
@@ -161,8 +166,16 @@ func BenchmarkDecodeBatch(b *testing.B) {
 		b.Fatal(err)
 	}
 	const prompt, gen = 8, 48
-	for _, seqs := range []int{8, 32} {
-		b.Run(fmt.Sprintf("seqs=%d", seqs), func(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		seqs int
+		p    sample.Params
+	}{
+		{"greedy", 8, greedy}, {"greedy", 32, greedy},
+		{"top-k", 32, sample.Params{Temperature: 0.8, TopK: 40, Seed: 1}},
+	} {
+		seqs := c.seqs
+		b.Run(fmt.Sprintf("%s/seqs=%d", c.name, seqs), func(b *testing.B) {
 			m := &timedModel{Model: inner}
 			r, err := runtime.New(m, runtime.Options{KVBudget: int64(seqs*(prompt+gen+32)) * m.Info().KVBytesPerToken, MaxSeqs: seqs})
 			if err != nil {
@@ -177,7 +190,7 @@ func BenchmarkDecodeBatch(b *testing.B) {
 				start := time.Now()
 				streams := make([]*runtime.Stream, seqs)
 				for i := range streams {
-					if streams[i], err = r.Generate(b.Context(), runtime.Request{Prompt: randPrompt(rng, prompt, m.Info().Vocab), MaxTokens: gen, Sampling: greedy}); err != nil {
+					if streams[i], err = r.Generate(b.Context(), runtime.Request{Prompt: randPrompt(rng, prompt, m.Info().Vocab), MaxTokens: gen, Sampling: c.p}); err != nil {
 						b.Fatal(err)
 					}
 				}

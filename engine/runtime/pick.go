@@ -2,12 +2,21 @@ package runtime
 
 import (
 	"fmt"
+	goruntime "runtime"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"sync/atomic"
 
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/sample"
 )
 
-// Sampling from a forward pass's output. A sequence whose sampler can draw
+// Sampling from a forward pass's output. Whole rows that plain decoding
+// samples (a pass over the vocabulary each) are drawn on several
+// goroutines before the tokens are emitted in order (presample); each
+// sampler still draws on one goroutine only, so tokens do not change.
+// A sequence whose sampler can draw
 // from a row's best entries (sample.Sampler.Candidates) asks the model for
 // those only (model.Batch.Top): a device model then reduces its logit rows
 // on the device and sends back a few values per row instead of the
@@ -90,4 +99,55 @@ func checkLogits(e *model.Seq, o *model.SeqOutput, out *model.Output, vocab, top
 		return fmt.Errorf("%d logits for %d rows", len(o.Logits), rows)
 	}
 	return nil
+}
+
+// drawn is a token presample drew for a step entry.
+type drawn struct {
+	tok   int32
+	done  bool
+	panic any    // what the sampler panicked with, if it did
+	stack []byte // and where
+}
+
+// presample draws the next token of every entry of the step that samples
+// a whole logit row (no drafts to verify, no best entries) into sc.drawn,
+// on up to GOMAXPROCS goroutines when there are two or more; advanceSafe
+// emits them. A sampler's panic is kept for its entry alone.
+func (sc *scheduler) presample(out *model.Output) {
+	n := len(sc.step)
+	sc.drawn = slices.Grow(sc.drawn[:0], n)[:n]
+	clear(sc.drawn)
+	todo := sc.todo[:0]
+	for i, s := range sc.step {
+		if sc.batch.Seqs[i].Logits == model.LastLogits && (s.sp == nil || s.sp.k == 0) && out.Seqs[i].Top == 0 {
+			todo = append(todo, i)
+		}
+	}
+	sc.todo = todo
+	if len(todo) < 2 {
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(goruntime.GOMAXPROCS(0), len(todo)) {
+		wg.Go(func() {
+			for j := int(next.Add(1)) - 1; j < len(todo); j = int(next.Add(1)) - 1 {
+				sc.drawOne(todo[j], out)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// drawOne draws entry i's token into sc.drawn[i].
+func (sc *scheduler) drawOne(i int, out *model.Output) {
+	d := &sc.drawn[i]
+	defer func() {
+		if p := recover(); p != nil {
+			d.panic, d.stack = p, debug.Stack()
+		}
+	}()
+	s := sc.step[i]
+	d.tok = s.sampler.Sample(out.Seqs[i].Logits, s.tokens)
+	d.done = true
 }

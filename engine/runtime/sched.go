@@ -20,6 +20,8 @@ type scheduler struct {
 	batch    model.Batch // the step being built; batch.Seqs[i] belongs to step[i]
 	step     []*seq      // (len(batch.Seqs)) the sequence of each batch entry
 	cur      *seq        // the sequence being scheduled or sampled, for panic blame
+	drawn    []drawn     // (len(step)) tokens drawn ahead by presample (pick.go)
+	todo     []int       // presample's scratch: the entries it draws
 	preempts int         // preemptions in the step being built
 
 	// The MTP passes of the step (spec.go).
@@ -183,6 +185,7 @@ func (sc *scheduler) runStep() {
 	}
 	now := time.Now()
 	sc.account(start, now)
+	sc.presample(out)
 	gen, timed, specs := sc.genToks, true, false // timed: a decode step, for the drafting cost
 	for i, s := range sc.step {
 		e, o := &sc.batch.Seqs[i], &out.Seqs[i]
@@ -559,7 +562,17 @@ func (sc *scheduler) advanceSafe(s *seq, out *model.Output, i int, now time.Time
 		}
 	}()
 	sc.cur = s
-	sc.emit(s, sc.pick(s, out, i, 0, s.tokens), now)
+	tok := int32(0)
+	switch d := &sc.drawn[i]; {
+	case d.panic != nil:
+		sc.finish(s, Event{Type: EventError, Err: &PanicError{Value: d.panic, Stack: d.stack}}, now)
+		return
+	case d.done:
+		tok = d.tok
+	default:
+		tok = sc.pick(s, out, i, 0, s.tokens)
+	}
+	sc.emit(s, tok, now)
 }
 
 // emit appends tok to s's output and posts it, and ends the request when a
