@@ -27,7 +27,8 @@ package kernels
 // SparseOps (the MLA family: glm4_moe_lite, deepseek_v32, glm_moe_dsa;
 // glm5_next's NoPE MLA), LinearAttentionOps (qwen3_next, glm5_next's KDA),
 // and KPoolOps, HyperOps and ClampOps (glm5_next). The architectures that
-// need them check for them at load.
+// need them check for them at load. SampleOps reduce logit rows for the
+// sampler; a model without them returns the rows.
 
 // Device is a backend that owns tensor memory and runs the op set. It also
 // implements the host-slice Backend (MatMul, Parallel), which load-time work
@@ -554,4 +555,18 @@ type KPoolOps interface {
 	// then −1. q is (N, Heads·Dim) and w (N, Heads) F32; the scores are
 	// float64 sums. The step's rows must be stored first.
 	KPoolSelect(sel, q, w, cache Tensor, p *Paged, kp *KPool)
+}
+
+// SampleOps reduce logit rows on the device, so that a step returns a few
+// candidates per row instead of the vocabulary (engine/runtime samples from
+// them; engine/sample says when they suffice). Discovered by type assertion
+// like MLAOps.
+type SampleOps interface {
+	// TopKRows sets out (R, 2k) F32, 1 ≤ k ≤ V, to the k best entries of
+	// each row of logits (R, V) F32, best first: the larger value first,
+	// ties to the lower column, NaN counted as −∞ and −0 as +0. Row i of
+	// out is [values (k) | columns (k)]: the values as ordered (NaN written
+	// as −∞, −0 as +0), the columns as float32 (exact: V ≤ 2^24). With
+	// k = 1 it is the greedy argmax.
+	TopKRows(out, logits Tensor)
 }

@@ -282,6 +282,7 @@ func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body
 	if err != nil {
 		return nil, fmt.Errorf("gqa: %w", err)
 	}
+	st.Top = b.Top
 	return body(st)
 }
 
@@ -330,6 +331,11 @@ type Step struct {
 	IDs         kernels.Tensor    // (N, 1) I32 token ids
 	Rows, LRows kernels.Tensor    // (NH, 1), (NL, 1) I32 rows whose hidden states / logits are returned
 	NH, NL      int
+
+	// Top is the batch's model.Batch.Top: Head reduces every logit row to
+	// its Top best entries when the device has kernels.SampleOps.
+	Top int
+	top kernels.Tensor // (NL, 2·Top) F32 Head's reduction; the zero Tensor for none
 }
 
 // Ctx is the step's block context on dev for batch b, with b's recurrent
@@ -345,13 +351,21 @@ func (st *Step) Ctx(dev kernels.Device, b *model.Batch) *Ctx {
 // Head is the output head: h (N, hidden) holds the final norm of every
 // row; it gathers the rows that want logits and runs head over them only,
 // and gathers the rows whose hidden states are returned. Either result is
-// the zero Tensor when no row wants it.
+// the zero Tensor when no row wants it. With st.Top and a device with
+// kernels.SampleOps it also reduces every logit row to its best entries,
+// which Outputs reads instead of the rows.
 func (st *Step) Head(dev kernels.Device, h kernels.Tensor, head *kernels.Mat) (logits, hid kernels.Tensor) {
+	st.top = kernels.Tensor{}
 	if st.NL > 0 {
 		lx := dev.Scratch(kernels.F32, st.NL, h.Cols) // (logit rows, hidden)
 		dev.GatherRows(lx, h, st.LRows)
 		logits = dev.Scratch(kernels.F32, st.NL, head.Rows) // (logit rows, vocab)
 		dev.Linear(logits, lx, head, kernels.Epilogue{})
+		if so, ok := dev.(kernels.SampleOps); ok && st.Top > 0 {
+			k := min(st.Top, head.Rows)
+			st.top = dev.Scratch(kernels.F32, st.NL, 2*k) // (logit rows, [values | ids]) best entries
+			so.TopKRows(st.top, logits)
+		}
 	}
 	if st.NH > 0 {
 		hid = dev.Scratch(kernels.F32, st.NH, h.Cols) // (hidden rows, hidden)
@@ -456,14 +470,23 @@ func (in *Inputs) UploadStates(dev kernels.Device, b *model.Batch, st *Step) err
 }
 
 // Outputs reads the logit and hidden rows that Head returned back (after
-// the step) and splits them per sequence.
+// the step) and splits them per sequence. When Head reduced the logit rows
+// it reads their best entries, in one copy, and the whole rows of the
+// sequences with model.Seq.Full only; Output.Logits reads the others' on
+// demand until the next step.
 func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) *model.Output {
-	var lg, hs []float32
-	var vocab, hidden int
+	var lg, hs, top []float32
+	var vocab, hidden, k int
 	if logits.Valid() {
-		lg = make([]float32, logits.Elems())
-		dev.ReadF32(lg, logits)
 		vocab = logits.Cols
+		if st.top.Valid() {
+			k = st.top.Cols / 2
+			top = make([]float32, st.top.Elems())
+			dev.ReadF32(top, st.top)
+		} else {
+			lg = make([]float32, logits.Elems())
+			dev.ReadF32(lg, logits)
+		}
 	}
 	if hid.Valid() {
 		hs = make([]float32, hid.Elems())
@@ -471,17 +494,42 @@ func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.
 		hidden = hid.Cols
 	}
 	out := &model.Output{Seqs: make([]model.SeqOutput, len(b.Seqs))}
+	first := make([]int, 0, len(b.Seqs)+1) // (seqs+1) first logit row of each sequence
 	lrow, hrow := 0, 0
 	for i := range b.Seqs {
-		s := &b.Seqs[i]
+		s, o := &b.Seqs[i], &out.Seqs[i]
+		first = append(first, lrow)
 		if nl := s.LogitRows(); nl > 0 {
-			out.Seqs[i].Logits = lg[lrow*vocab : (lrow+nl)*vocab : (lrow+nl)*vocab]
+			switch {
+			case lg != nil:
+				o.Logits = lg[lrow*vocab : (lrow+nl)*vocab : (lrow+nl)*vocab]
+			case s.Full:
+				o.Logits = make([]float32, nl*vocab)
+				dev.ReadF32(o.Logits, logits.Slice(lrow, lrow+nl))
+			default:
+				o.Top, o.TopVals, o.TopIDs = k, make([]float32, nl*k), make([]int32, nl*k)
+				for r := range nl {
+					row := top[(lrow+r)*2*k : (lrow+r+1)*2*k]
+					copy(o.TopVals[r*k:], row[:k])
+					for j, id := range row[k:] {
+						o.TopIDs[r*k+j] = int32(id) // exact: ids below 2^24
+					}
+				}
+			}
 			lrow += nl
 		}
 		if s.Hidden {
 			nh := len(s.Tokens)
 			out.Seqs[i].Hidden = hs[hrow*hidden : (hrow+nh)*hidden : (hrow+nh)*hidden]
 			hrow += nh
+		}
+	}
+	if top != nil {
+		first = append(first, lrow)
+		out.Logits = func(i int) []float32 {
+			rows := make([]float32, (first[i+1]-first[i])*vocab)
+			dev.ReadF32(rows, logits.Slice(first[i], first[i+1]))
+			return rows
 		}
 	}
 	return out

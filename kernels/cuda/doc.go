@@ -27,10 +27,13 @@
 // (kernels.LinearAttentionOps, KPoolOps, HyperOps, ClampOps) on a Device:
 // tensors in device memory, a per-step scratch arena, launches queued and
 // handed to the device thread in batches, each weight uploaded once per
-// *kernels.Mat. Attention runs a flash-attention kernel on tensor cores
-// (src/prefill.cu) for tiles of prompt rows of one sequence and a split-KV
-// kernel for the other rows (decode); PreferredBatchTokens asks the
-// runtime for 4,096-token steps, so prompts are prefilled in large chunks. It also implements the host-slice kernels.Backend, copying
+// *kernels.Mat, and kernels.SampleOps (src/sample.cu: a row's argmax, or
+// its best k by radix select). Attention runs a flash-attention kernel on
+// tensor cores (src/prefill.cu) for tiles of prompt rows of one sequence and
+// a split-KV kernel for the other rows (decode); PreferredBatchTokens asks
+// the runtime for 4,096-token steps, so prompts are prefilled in large
+// chunks. Steps that repeat replay CUDA graphs, the last eight shapes' kept
+// (graph.go). It also implements the host-slice kernels.Backend, copying
 // activations for every MatMul, for the architectures not on the op set.
 //
 // With kernels.MLAOps and kernels.SparseOps (mla.go, src/ops_mla.cu) the

@@ -105,6 +105,11 @@ func RunOps(t *testing.T, d kernels.Device) {
 		t.Run("TopK", func(t *testing.T) { topKTest(t, d, sp) })
 	}
 	t.Run("LinearAttention", func(t *testing.T) { linearAttentionTests(t, d) })
+	if so, ok := d.(kernels.SampleOps); ok {
+		t.Run("TopKRows", func(t *testing.T) { sampleTest(t, d, so) })
+	} else {
+		t.Log("no SampleOps: on-device sampling not tested")
+	}
 }
 
 const guardRows = 2

@@ -25,6 +25,14 @@ struct __attribute__((aligned(8))) float2 { float x, y; };
 
 __device__ void __syncthreads();
 __device__ void __syncwarp(unsigned mask = 0xffffffffu);
+// Warp votes, bit counts and shared-memory atomics (src/sample.cu).
+__device__ unsigned __ballot_sync(unsigned mask, int pred);
+__device__ unsigned __match_any_sync(unsigned mask, unsigned value);
+__device__ int __popc(unsigned);
+__device__ int __ffs(int);
+__device__ unsigned atomicAdd(unsigned*, unsigned);
+__device__ int atomicAdd(int*, int);
+__device__ unsigned __shfl_down_sync(unsigned mask, unsigned v, unsigned delta, int width = 32);
 #define FERRITE_SHFL(T)                                                        \
     __device__ T __shfl_sync(unsigned mask, T v, int lane, int width = 32);    \
     __device__ T __shfl_xor_sync(unsigned mask, T v, int lane, int width = 32);
