@@ -25,6 +25,8 @@ var kernelNames = []string{
 	"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8",
 	"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8",
 	"ferrite_attn_combine", "ferrite_route", "ferrite_moe_gate_up", "ferrite_moe_down", "ferrite_moe_combine",
+	// The grouped experts (src/ops_moe.cu).
+	"ferrite_moe_few_gate_up_1", "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_1", "ferrite_moe_few_down_8",
 }
 
 // loadModule loads the fatbin (or the file FERRITE_CUDA_FATBIN names, for

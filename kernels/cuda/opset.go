@@ -471,9 +471,16 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	return t, nil
 }
 
-// Experts implements kernels.MoEOps: every (token, slot) pair runs its
-// expert's gate/up GEMV with the SwiGLU fused, then its down GEMV, and a
-// last kernel adds each token's slots in increasing expert id.
+// moeFewTokens is the most tokens Experts runs through the grouped kernels
+// (src/ops_moe.cu's ferrite_moe_few_*: each chosen expert read once, two
+// launches); more take the per-slot kernels.
+const moeFewTokens = 8
+
+// Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
+// grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
+// increasing expert id fused) kernels. More: every (token, slot) pair runs
+// its expert's gate/up GEMV with the SwiGLU fused, then its down GEMV, and
+// a last kernel adds each token's slots in increasing expert id.
 func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert) {
 	f32Contig("Experts", dst, x, w)
 	if len(experts) == 0 {
@@ -507,9 +514,25 @@ func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Exper
 		b.fail(err)
 		return
 	}
-	h := dptr(b.Scratch(kernels.F32, n*k, inter))   // (n·k, inter) SwiGLU of each slot
-	ye := dptr(b.Scratch(kernels.F32, n*k, hidden)) // (n·k, hidden) each slot's expert output
+	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
+	if n <= moeFewTokens {
+		nb := "8"
+		if n == 1 {
+			nb = "1"
+		}
+		b.queue(func(d *Device) error {
+			err := d.launch3L("ferrite_moe_few_gate_up_"+nb, [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
+				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter))
+			if err != nil {
+				return err
+			}
+			return d.launchL("ferrite_moe_few_down_"+nb, uint32(ceilDiv(hidden, 4)), 256, 0, y, i32(dst.Stride), h, ip, wp,
+				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
+		})
+		return
+	}
+	ye := dptr(b.Scratch(kernels.F32, n*k, hidden)) // (n·k, hidden) each slot's expert output
 	chunk := max(1, 65535/k) // tokens per launch: gridDim.y ≤ 65535
 	b.queue(func(d *Device) error {
 		for r0 := 0; r0 < n; r0 += chunk {

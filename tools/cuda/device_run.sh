@@ -51,7 +51,16 @@ grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" | gr
 	-test.count "${STEP_COUNT:-2}" 2>&1; echo "bench rc=$?") >>"$out/cuda-tests.log"
 grep -E '^Benchmark' "$out/cuda-tests.log"
 
+# The grouped MoE experts alone, Qwen3-30B-A3B's shape, 48 layers a step.
+(cd k && timeout 60 ../cuda.test -test.run XXX -test.bench MoEDecode -test.benchtime 20x 2>&1; echo "moe bench rc=$?") >"$out/moe.log"
+grep -E '^Benchmark|rc=' "$out/moe.log"
+
 (timeout "$(( ${BENCH_END:-340} - SECONDS > 30 ? ${BENCH_END:-340} - SECONDS : 30 ))" ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1,8,32,64 \
 	--prompt-len 128 --gen-len 128 --bandwidth 4300 --json "$out/bench.json" 2>&1; echo "bench rc=$?") >"$out/bench.log"
 cat "$out/bench.log" | tail -20
+
+# Qwen3-30B-A3B (MoE, 128 experts top 8) on random bf16 weights.
+(timeout "${MOE_BENCH_S:-150}" ./ferrite bench --model "$dev/qwen3-30b-a3b" --device cuda --concurrency 1,8 \
+	--prompt-len 128 --gen-len 64 --bandwidth 4300 --json "$out/bench-moe.json" 2>&1; echo "moe bench rc=$?") >"$out/bench-moe.log"
+tail -12 "$out/bench-moe.log"
 tail -3 "$out/build.log"

@@ -38,6 +38,12 @@ FERRITE_SHFL(float)
 FERRITE_SHFL(double)
 #undef FERRITE_SHFL
 
+__device__ unsigned __ballot_sync(unsigned mask, int pred);
+__device__ int __any_sync(unsigned mask, int pred);
+__device__ int __popc(unsigned);
+__device__ int __ffs(int);
+__device__ int __ffsll(long long);
+
 __device__ uint4 __ldg(const uint4*);
 __device__ float4 __ldg(const float4*);
 __device__ float __ldg(const float*);

@@ -1,0 +1,175 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
+)
+
+// TestOpsExpertsPaths checks Experts against kernels/ref.Experts on both
+// paths (the grouped kernels up to moeFewTokens tokens, the per-slot ones
+// above) with experts fused and separate, bf16, f32 and block-scaled
+// F8E4M3 weights, and tokens that share experts, within
+// kerneltest.ExpertsTol of max |y|. The last token of every call has an
+// expert id out of range: its row must be NaN and the others unaffected.
+func TestOpsExpertsPaths(t *testing.T) {
+	b := openOps(t)
+	const e, k, hidden, inter = 12, 4, 256, 96
+	rng := rand.New(rand.NewPCG(31, 32))
+	ex := make([]kernels.Expert, e)
+	for i := range ex {
+		switch i % 4 {
+		case 0:
+			ex[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.BF16, 2*inter, hidden, 0, 0)}
+		case 1:
+			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
+				Up: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)}
+		case 2:
+			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
+				Up: kerneltest.NewMat(rng, kernels.F32, inter, hidden, 0, 0)}
+		default:
+			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.F8E4M3, inter, hidden, 32, 64),
+				Up: kerneltest.NewMat(rng, kernels.F8E4M3, inter, hidden, 32, 64)}
+		}
+		if i%4 == 3 {
+			ex[i].Down = kerneltest.NewMat(rng, kernels.F8E4M3, hidden, inter, 64, 32)
+		} else {
+			ex[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
+		}
+	}
+	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, 37} {
+		t.Run(fmt.Sprint("n=", n), func(t *testing.T) {
+			good := max(n-1, 1) // tokens with valid ids; the last has a bad one when n > 1
+			xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
+			ids := make([]int32, n*k)
+			for i := range n {
+				for j, p := range rng.Perm(e)[:k] {
+					ids[i*k+j] = int32(p)
+				}
+			}
+			if n > 1 {
+				ids[(n-1)*k+1] = e + 3
+			}
+			x, w := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv)
+			it, y := i32Tensor(t, b, n, k, ids), f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
+			b.BeginStep()
+			b.Experts(y, x, it, w, ex)
+			b.EndStep()
+			got := make([]float32, n*hidden)
+			b.ReadF32(got, y)
+			want := make([]float32, good*hidden)
+			ref.Experts(want, xv[:good*hidden], ids[:good*k], wv[:good*k], good, ex)
+			m := 0.0
+			for _, v := range want {
+				m = max(m, math.Abs(float64(v)))
+			}
+			worst, at := 0.0, 0
+			for i, v := range want {
+				if d := math.Abs(float64(got[i]) - float64(v)); !(d <= worst) {
+					worst, at = d, i
+				}
+			}
+			t.Logf("n=%d: max |Δ| %.3g at y[%d][%d], max |y| %.3g", n, worst, at/hidden, at%hidden, m)
+			if !(worst <= kerneltest.ExpertsTol*m) {
+				t.Errorf("n=%d: y[%d][%d] = %g, want %g (tolerance %.3g)", n, at/hidden, at%hidden, got[at], want[at], kerneltest.ExpertsTol*m)
+			}
+			if n > 1 {
+				for d, v := range got[good*hidden:] {
+					if !math.IsNaN(float64(v)) {
+						t.Fatalf("n=%d: the token with a bad expert id has y[%d] = %g, want NaN", n, d, v)
+					}
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkMoEDecode times Experts alone on Qwen3-30B-A3B's shape (128
+// experts of 768, top 8, hidden 2048, bf16) for 48 layers a step, each
+// layer its own experts (4.5 GiB, more than L2 holds many times over) and
+// its own random choice, the step replayed as a CUDA graph. GB/s counts
+// the chosen experts' weight bytes (distinct experts of the step's tokens)
+// over the step's wall time.
+func BenchmarkMoEDecode(b *testing.B) {
+	needGPU(b)
+	be, err := OpenBackend(0, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	const e, k, hidden, inter, layers = 128, 8, 2048, 768, 48
+	seed := uint64(100)
+	mat := func(rows, cols int) *kernels.Mat {
+		m := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols}
+		buf, err := be.dev.Alloc(int64(rows) * int64(cols) * 2)
+		if err == nil {
+			seed++
+			err = be.dev.FillBF16(buf, int64(rows)*int64(cols), seed, 1/float32(math.Sqrt(float64(cols))))
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		be.weights[m] = &Weight{Buf: buf, DType: kernels.BF16, Rows: rows, Cols: cols}
+		return m
+	}
+	exs := make([][]kernels.Expert, layers)
+	for l := range exs {
+		exs[l] = make([]kernels.Expert, e)
+		for i := range exs[l] {
+			exs[l][i] = kernels.Expert{Gate: mat(inter, hidden), Up: mat(inter, hidden), Down: mat(hidden, inter)}
+		}
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{1, 4, 8} {
+		x := f32Tensor(b, be, n, hidden, randF32(rng, n*hidden))
+		y := f32Tensor(b, be, n, hidden, make([]float32, n*hidden))
+		ids := make([]kernels.Tensor, layers)
+		ws := make([]kernels.Tensor, layers)
+		distinct := 0
+		for l := range layers {
+			v := make([]int32, n*k)
+			used := map[int32]bool{}
+			for i := range n {
+				for j, p := range rng.Perm(e)[:k] {
+					v[i*k+j] = int32(p)
+					used[int32(p)] = true
+				}
+			}
+			distinct += len(used)
+			ids[l] = i32Tensor(b, be, n, k, v)
+			ws[l] = f32Tensor(b, be, n, k, randF32(rng, n*k))
+		}
+		step := func() {
+			be.BeginStep()
+			for l := range layers {
+				be.Experts(y, x, ids[l], ws[l], exs[l])
+			}
+			be.EndStep()
+		}
+		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
+			step()
+			step()
+			b.ResetTimer()
+			start := time.Now()
+			for range b.N {
+				step()
+			}
+			sec := time.Since(start).Seconds() / float64(b.N)
+			if err := be.Err(); err != nil {
+				b.Fatal(err)
+			}
+			bytes := float64(distinct) * 3 * hidden * inter * 2
+			b.ReportMetric(sec*1e3, "ms/step")
+			b.ReportMetric(sec*1e6/layers, "µs/layer")
+			b.ReportMetric(bytes/sec/1e9, "GB/s")
+		})
+	}
+}

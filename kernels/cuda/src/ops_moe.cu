@@ -1,0 +1,538 @@
+// Mixture of experts on the GPU (kernels.MoEOps): the router and the routed
+// experts' SwiGLU FFNs that kernels/cuda's Backend launches. It follows
+// ops.cu in the one translation unit (tools/cuda/build_fatbin.sh compiles
+// the sources in name order) and uses its helpers (elem, swiglu1,
+// warp_max, warp_sum_f64) and gemv.cu's weight decoders.
+//
+// Experts has two paths. A few tokens (decode: at most kMoeFewTokens) run
+// the grouped kernels ferrite_moe_few_*: one launch for gate/up with the
+// SwiGLU fused, one for down with the routing weights and the sum over a
+// token's experts fused, each expert's weights read once per launch
+// whatever the number of tokens that chose it. More tokens (prefill) run
+// the per-slot kernels ferrite_moe_gate_up / _down / _combine.
+#include <stdint.h>
+
+// Router, one warp per token: scores (softmax over the experts, or sigmoid
+// plus a selection bias with grouped noaux_tc selection), the top k by
+// repeated arg-max with ties to the lower expert id, and their weights,
+// exactly as kernels/ref.Route. Launch: grid n, 32 threads, dynamic shared
+// memory (2·experts + 128) · 4 bytes; experts ≥ 1, k ≤ 64, groups ≤ 64.
+extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int w_stride, const float* logits,
+                                         int l_stride, const float* bias, int n, int experts, int k, int sigmoid,
+                                         int norm, float rscale, int groups, int keep) {
+    extern __shared__ float sm[];
+    float* sc = sm;               // (experts) scores
+    float* ch = sm + experts;     // (experts) selection values; NaN once taken
+    float* gs = ch + experts;     // (64) group scores
+    int* sel = reinterpret_cast<int*>(gs + 64);  // (64) chosen ids
+    const int lane = threadIdx.x;
+    const int row = blockIdx.x;
+    if (row >= n) return;
+    const float* lg = logits + size_t(row) * l_stride;
+    if (!sigmoid) {
+        float mx = -INFINITY;
+        for (int j = lane; j < experts; j += 32) mx = fmaxf(mx, lg[j]);
+        mx = warp_max(mx);
+        double part = 0;
+        for (int j = lane; j < experts; j += 32) {
+            const double e = exp(double(__fsub_rn(lg[j], mx)));
+            sc[j] = float(e);
+            part += e;
+        }
+        const double inv = 1.0 / warp_sum_f64(part);
+        for (int j = lane; j < experts; j += 32) {
+            sc[j] = float(double(sc[j]) * inv);
+            ch[j] = sc[j];
+        }
+    } else {
+        for (int j = lane; j < experts; j += 32) {
+            sc[j] = float(1.0 / (1.0 + exp(-double(lg[j]))));
+            ch[j] = bias ? __fadd_rn(sc[j], bias[j]) : sc[j];
+        }
+    }
+    __syncwarp();
+    if (sigmoid && groups > 1) {
+        const int per = experts / groups;
+        for (int g = lane; g < groups; g += 32) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int j = g * per; j < (g + 1) * per; j++) {
+                const float v = ch[j];
+                if (v > b1) {
+                    b2 = b1;
+                    b1 = v;
+                } else if (v > b2) {
+                    b2 = v;
+                }
+            }
+            if (per == 1) b2 = 0.f;
+            gs[g] = __fadd_rn(b1, b2);
+        }
+        __syncwarp();
+        uint64_t kept = 0;
+        if (lane == 0) {
+            for (int r = 0; r < keep; r++) {
+                int best = -1;
+                for (int g = 0; g < groups; g++) {
+                    if ((kept >> g) & 1) continue;
+                    if (best < 0 || gs[g] > gs[best]) best = g;  // ties: the lower g, met first
+                }
+                if (best >= 0) kept |= uint64_t(1) << best;
+            }
+        }
+        kept = __shfl_sync(0xffffffffu, kept, 0);
+        for (int j = lane; j < experts; j += 32)
+            if (!((kept >> (j / per)) & 1)) ch[j] = -INFINITY;
+        __syncwarp();
+    }
+    for (int r = 0; r < k; r++) {
+        float bv = 0.f;
+        int bi = -1;
+        for (int j = lane; j < experts; j += 32) {
+            const float v = ch[j];
+            if (v != v) continue;  // taken
+            if (bi < 0 || v > bv) {
+                bv = v;
+                bi = j;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            sel[r] = bi;
+            if (bi >= 0) ch[bi] = __int_as_float(0x7fc00000);
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        double sum = 0;
+        for (int r = 0; r < k; r++) sum += double(sc[max(sel[r], 0)]);
+        float den = float(sum);
+        if (sigmoid) den = __fadd_rn(den, 1e-20f);
+        for (int r = 0; r < k; r++) {
+            float v = sc[max(sel[r], 0)];
+            if (norm) v = __fdiv_rn(v, den);
+            if (rscale != 1.0f && rscale != 0.0f) v = __fmul_rn(v, rscale);
+            ids[size_t(row) * ids_stride + r] = sel[r];
+            w[size_t(row) * w_stride + r] = v;
+        }
+    }
+}
+
+namespace {
+
+// MatDesc is one weight matrix of an expert as kernels/cuda's Go side lays
+// it out (expertDesc): data and F8E4M3 block scales, dtype, shape, block
+// shape and the first row the view starts at (the up half of a fused
+// gate_up).
+struct MatDesc {
+    const uint8_t* data;
+    const float* scale;
+    int dtype, rows, cols, br, bc, row0;
+};
+
+// warp_dot is row r (of the view) of m times x (m.cols values), float32 sums,
+// the same in every lane.
+__device__ float warp_dot(const MatDesc& m, int r, const float* __restrict__ x) {
+    const int lane = threadIdx.x & 31;
+    const int rr = r + m.row0, cols = m.cols;
+    float acc = 0.f;
+    if (m.dtype == kF8E4M3) {
+        const uint8_t* row = m.data + size_t(rr) * cols;
+        const float* srow = m.scale + size_t(rr / m.br) * ((cols + m.bc - 1) / m.bc);
+        for (int k = lane; k < cols; k += 32) acc = fmaf(elem(row, k, kF8E4M3, srow, m.bc), x[k], acc);
+        return warp_sum(acc);
+    }
+    const int size = m.dtype == kF32 ? 4 : 2;
+    const uint8_t* row = m.data + size_t(rr) * cols * size;
+    const int per = 16 / size;  // elements in a 16-byte load
+    if ((size_t(cols) * size) % 16 == 0 && (uintptr_t(row) & 15) == 0 && (uintptr_t(x) & 15) == 0) {
+        for (int k = lane * per; k < cols; k += 32 * per) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + size_t(k) * size));
+            float wv[8];
+            if (m.dtype == kF32) F32W::vec(v, wv);
+            else if (m.dtype == kBF16) BF16W::vec(v, wv);
+            else F16W::vec(v, wv);
+            for (int q = 0; q < per; q++) acc = fmaf(wv[q], x[k + q], acc);
+        }
+    } else {
+        for (int k = lane; k < cols; k += 32) acc = fmaf(elem(row, k, m.dtype, nullptr, 1), x[k], acc);
+    }
+    return warp_sum(acc);
+}
+
+}  // namespace
+
+// Expert gate and up with SwiGLU, one (token, slot) pair per blockIdx.y:
+// h[s] (inter) = silu(gate_e·x[s / k])·(up_e·x[s / k]) for e = ids[s], the
+// experts' descriptors at table[3e] (gate) and table[3e + 1] (up). An id
+// outside [0, experts) writes NaN. Launch: grid (ceil(inter / 8), n·k),
+// 256 threads, one output per warp.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_gate_up(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts,
+                        int k, int inter) {
+    const int s = blockIdx.y;
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= inter) return;
+    const int e = ids[s];
+    float out = __int_as_float(0x7fc00000);
+    if (e >= 0 && e < experts) {
+        const float* xr = x + size_t(s / k) * x_stride;
+        const float g = warp_dot(table[3 * e], r, xr);
+        const float u = warp_dot(table[3 * e + 1], r, xr);
+        out = swiglu1(g, u);
+    }
+    if ((threadIdx.x & 31) == 0) h[size_t(s) * inter + r] = out;
+}
+
+// Expert down: ye[s] (hidden) = down_e·h[s] for e = ids[s] (table[3e + 2]).
+// Launch: grid (ceil(hidden / 8), n·k), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_down(float* ye, const float* h, const int* ids, const MatDesc* table, int experts, int inter,
+                     int hidden) {
+    const int s = blockIdx.y;
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= hidden) return;
+    const int e = ids[s];
+    float out = __int_as_float(0x7fc00000);
+    if (e >= 0 && e < experts) out = warp_dot(table[3 * e + 2], r, h + size_t(s) * inter);
+    if ((threadIdx.x & 31) == 0) ye[size_t(s) * hidden + r] = out;
+}
+
+// Combine: y[i] = Σ_j w[i, j]·ye[i·k + j], the token's experts added in
+// increasing expert id (float32 products and sums, kernels/ref.Experts).
+// Launch: grid n, 256 threads; k ≤ 64.
+extern "C" __global__ void ferrite_moe_combine(float* y, int y_stride, const float* ye, const int* ids,
+                                               const float* w, int k, int hidden) {
+    __shared__ int order[64];
+    const int i = blockIdx.x;
+    if (threadIdx.x == 0) {
+        // Insertion sort by id, stable.
+        for (int j = 0; j < k; j++) {
+            int t = j;
+            while (t > 0 && ids[size_t(i) * k + order[t - 1]] > ids[size_t(i) * k + j]) {
+                order[t] = order[t - 1];
+                t--;
+            }
+            order[t] = j;
+        }
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
+        float acc = 0.f;
+        for (int t = 0; t < k; t++) {
+            const int j = order[t];
+            acc = __fadd_rn(acc, __fmul_rn(w[size_t(i) * k + j], ye[(size_t(i) * k + j) * hidden + d]));
+        }
+        y[size_t(i) * y_stride + d] = acc;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Grouped experts for a few tokens (decode). Slot s = i·k + j is token i's
+// j-th routed expert, ids[s]; the slots are at most kMoeMaxSlots. In both
+// kernels the work for one expert covers every slot that chose it, up to NB
+// slots per pass over its weight rows (so a decode step reads each chosen
+// expert once), and the result does not depend on which other tokens share
+// the call.
+
+namespace {
+
+constexpr int kMoeMaxSlots = 512;  // kernels/cuda moeFewTokens (8) · k (≤ 64)
+constexpr int kMoeDownRows = 4;    // hidden rows per ferrite_moe_few_down block
+
+// mat_row is row r of the view m and, for F8E4M3, its row of block scales.
+__device__ inline const uint8_t* mat_row(const MatDesc& m, int r, const float** srow) {
+    const int rr = r + m.row0;
+    *srow = nullptr;
+    if (m.dtype == kF8E4M3) {
+        *srow = m.scale + size_t(rr / m.br) * ((m.cols + m.bc - 1) / m.bc);
+        return m.data + size_t(rr) * m.cols;
+    }
+    return m.data + size_t(rr) * m.cols * (m.dtype == kF32 ? 4 : 2);
+}
+
+// rows_dot_vec sets oa[j] = a·xs[j] (and ob[j] = b·xs[j] when TWO) for
+// j < nx: a and b weight rows of cols values of dtype W in 16-byte loads
+// (rows and xs 16-byte aligned, cols·size a multiple of 16), float32 sums,
+// the same in every lane. With TWO both rows' loads are in flight together.
+template <class W, int NB, bool TWO>
+__device__ void rows_dot_vec(const uint8_t* __restrict__ a, const uint8_t* __restrict__ b, int cols,
+                             const float* const (&xs)[NB], int nx, float (&oa)[NB], float (&ob)[NB]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < NB; j++) oa[j] = ob[j] = 0.f;
+#pragma unroll 4
+    for (int k = lane * W::kE; k < cols; k += 32 * W::kE) {
+        float wa[W::kE], wb[W::kE];
+        W::vec(__ldg(reinterpret_cast<const uint4*>(a + size_t(k) * W::kSize)), wa);
+        if (TWO) W::vec(__ldg(reinterpret_cast<const uint4*>(b + size_t(k) * W::kSize)), wb);
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            if (j < nx) {
+                const float4* xp = reinterpret_cast<const float4*>(xs[j] + k);
+#pragma unroll
+                for (int q = 0; q < W::kE / 4; q++) {
+                    const float4 xv = __ldg(xp + q);
+                    oa[j] = fmaf(wa[4 * q], xv.x, oa[j]);
+                    oa[j] = fmaf(wa[4 * q + 1], xv.y, oa[j]);
+                    oa[j] = fmaf(wa[4 * q + 2], xv.z, oa[j]);
+                    oa[j] = fmaf(wa[4 * q + 3], xv.w, oa[j]);
+                    if (TWO) {
+                        ob[j] = fmaf(wb[4 * q], xv.x, ob[j]);
+                        ob[j] = fmaf(wb[4 * q + 1], xv.y, ob[j]);
+                        ob[j] = fmaf(wb[4 * q + 2], xv.z, ob[j]);
+                        ob[j] = fmaf(wb[4 * q + 3], xv.w, ob[j]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        oa[j] = warp_sum(oa[j]);
+        if (TWO) ob[j] = warp_sum(ob[j]);
+    }
+}
+
+// row_dot_any is rows_dot_vec for one row of any dtype and alignment, one
+// element a lane at a time (F8E4M3 with its block scales).
+template <int NB>
+__device__ void row_dot_any(const MatDesc& m, const uint8_t* row, const float* srow, const float* const (&xs)[NB],
+                            int nx, float (&o)[NB]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < NB; j++) o[j] = 0.f;
+    for (int k = lane; k < m.cols; k += 32) {
+        const float wv = elem(row, k, m.dtype, srow, m.bc);
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+            if (j < nx) o[j] = fmaf(wv, xs[j][k], o[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < NB; j++) o[j] = warp_sum(o[j]);
+}
+
+// vec_ok reports whether row (of m) takes 16-byte loads; xal says the
+// vectors do.
+__device__ inline bool vec_ok(const MatDesc& m, const uint8_t* row, bool xal) {
+    return xal && m.dtype != kF8E4M3 && (uintptr_t(row) & 15) == 0 &&
+           (size_t(m.cols) * (m.dtype == kF32 ? 4 : 2)) % 16 == 0;
+}
+
+template <int NB>
+__device__ void row_dot(const MatDesc& m, const uint8_t* row, const float* srow, bool vec,
+                        const float* const (&xs)[NB], int nx, float (&o)[NB]) {
+    float unused[NB];
+    if (!vec) row_dot_any<NB>(m, row, srow, xs, nx, o);
+    else if (m.dtype == kBF16) rows_dot_vec<BF16W, NB, false>(row, row, m.cols, xs, nx, o, unused);
+    else if (m.dtype == kF16) rows_dot_vec<F16W, NB, false>(row, row, m.cols, xs, nx, o, unused);
+    else rows_dot_vec<F32W, NB, false>(row, row, m.cols, xs, nx, o, unused);
+}
+
+// desc_dot sets oa[j] = a_r·xs[j] and, when b is set, ob[j] = b_r·xs[j],
+// for row r of the views a and b (one pass over both when they share a
+// dtype and width); xal says every xs[j] is 16-byte aligned.
+template <int NB>
+__device__ void desc_dot(const MatDesc& a, const MatDesc* b, int r, const float* const (&xs)[NB], int nx, bool xal,
+                         float (&oa)[NB], float (&ob)[NB]) {
+    const float *sa, *sb = nullptr;
+    const uint8_t* ra = mat_row(a, r, &sa);
+    const bool va = vec_ok(a, ra, xal);
+    if (!b) {
+        row_dot<NB>(a, ra, sa, va, xs, nx, oa);
+        return;
+    }
+    const uint8_t* rb = mat_row(*b, r, &sb);
+    const bool vb = vec_ok(*b, rb, xal);
+    if (va && vb && a.dtype == b->dtype && a.cols == b->cols) {
+        if (a.dtype == kBF16) rows_dot_vec<BF16W, NB, true>(ra, rb, a.cols, xs, nx, oa, ob);
+        else if (a.dtype == kF16) rows_dot_vec<F16W, NB, true>(ra, rb, a.cols, xs, nx, oa, ob);
+        else rows_dot_vec<F32W, NB, true>(ra, rb, a.cols, xs, nx, oa, ob);
+        return;
+    }
+    row_dot<NB>(a, ra, sa, va, xs, nx, oa);
+    row_dot<NB>(*b, rb, sb, vb, xs, nx, ob);
+}
+
+// moe_few_gate_up: block (x, s) computes rows [8x, 8x + 8) of
+// h[t] (inter) = silu(gate_e·x[t / k])·(up_e·x[t / k]) for every slot t
+// with ids[t] = e = ids[s], when s is the first such slot (the other
+// blocks of that expert return at once). An id outside [0, experts)
+// writes NaN into its own slot's row.
+template <int NB>
+__device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table,
+                                int experts, int k, int slots, int inter) {
+    const int s = blockIdx.y, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= inter) return;
+    const int e = ids[s];
+    if (e < 0 || e >= experts) {
+        if (lane == 0) h[size_t(s) * inter + r] = __int_as_float(0x7fc00000);
+        return;
+    }
+    for (int t0 = 0; t0 < s; t0 += 32)
+        if (__any_sync(0xffffffffu, t0 + lane < s && ids[t0 + lane] == e)) return;
+    const MatDesc g = table[3 * e], u = table[3 * e + 1];
+    const bool xal = (uintptr_t(x) & 15) == 0 && (x_stride & 3) == 0;
+    int sl[NB];
+    const float* xs[NB];
+    int nx = 0;
+    auto flush = [&]() {
+        float gv[NB], uv[NB];
+        desc_dot<NB>(g, &u, r, xs, nx, xal, gv, uv);
+        if (lane == 0) {
+#pragma unroll
+            for (int q = 0; q < NB; q++)
+                if (q < nx) h[size_t(sl[q]) * inter + r] = swiglu1(gv[q], uv[q]);
+        }
+        nx = 0;
+    };
+    for (int t0 = s; t0 < slots; t0 += 32) {
+        unsigned m = __ballot_sync(0xffffffffu, t0 + lane < slots && ids[t0 + lane] == e);
+        while (m) {
+            const int t = t0 + __ffs(int(m)) - 1;
+            m &= m - 1;
+#pragma unroll
+            for (int q = 0; q < NB; q++) {
+                if (q == nx) {
+                    sl[q] = t;
+                    xs[q] = x + size_t(t / k) * x_stride;
+                }
+            }
+            if (++nx == NB) flush();
+        }
+    }
+    if (nx > 0) flush();
+}
+
+// moe_few_down: block x computes rows [x·R, x·R + R) (R = kMoeDownRows) of
+// y[i] (hidden) = Σ_j w[i, j]·down_{ids[i, j]}·h[i·k + j] for the n
+// tokens: each warp takes (row, expert) tasks, the products of one expert's
+// row with the h of every slot that chose it land in shared memory, then
+// each (row, token) adds its k products in increasing expert id (float32
+// products and sums, kernels/ref.Experts). An id outside [0, experts)
+// makes its token's row NaN.
+template <int NB>
+__device__ void moe_few_down(float* y, int y_stride, const float* h, const int* ids, const float* w,
+                             const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
+    __shared__ float part[kMoeDownRows][kMoeMaxSlots];  // (row, slot) expert products
+    __shared__ int next[kMoeMaxSlots];                  // the next slot of the same expert, or −1
+    __shared__ int first[kMoeMaxSlots];                 // the first slot of each expert (and each bad id)
+    __shared__ int order[kMoeMaxSlots];                 // (token, k) its slots' j by expert id, stable
+    __shared__ int nfirst;
+    const int slots = n * k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * kMoeDownRows;
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+        const int e = ids[s];
+        int nx = -1;
+        if (e >= 0 && e < experts) {
+            for (int t = s + 1; t < slots; t++) {
+                if (ids[t] == e) {
+                    nx = t;
+                    break;
+                }
+            }
+        }
+        next[s] = nx;
+        const int i = s / k, j = s % k;
+        int rank = 0;
+        for (int q = 0; q < k; q++) {
+            const int eq = ids[i * k + q];
+            rank += eq < e || (eq == e && q < j);
+        }
+        order[i * k + rank] = j;
+    }
+    if (warp == 0) {
+        int cnt = 0;
+        for (int t0 = 0; t0 < slots; t0 += 32) {
+            const int s = t0 + lane;
+            bool f = s < slots;
+            if (f) {
+                const int e = ids[s];
+                if (e >= 0 && e < experts) {
+                    for (int t = 0; t < s && f; t++) f = ids[t] != e;
+                }
+            }
+            const unsigned m = __ballot_sync(0xffffffffu, f);
+            if (f) first[cnt + __popc(m & ((1u << lane) - 1))] = s;
+            cnt += __popc(m);
+        }
+        if (lane == 0) nfirst = cnt;
+    }
+    __syncthreads();
+    const bool xal = (uintptr_t(h) & 15) == 0 && (inter & 3) == 0;
+    for (int task = warp; task < kMoeDownRows * nfirst; task += blockDim.x >> 5) {
+        const int rr = task % kMoeDownRows, r = r0 + rr;
+        const int s0 = first[task / kMoeDownRows];
+        if (r >= hidden) continue;
+        const int e = ids[s0];
+        if (e < 0 || e >= experts) {
+            if (lane == 0) part[rr][s0] = __int_as_float(0x7fc00000);
+            continue;
+        }
+        const MatDesc d = table[3 * e + 2];
+        for (int s = s0; s >= 0;) {
+            int sl[NB];
+            const float* xs[NB];
+            int nx = 0;
+#pragma unroll
+            for (int q = 0; q < NB; q++) {
+                if (s >= 0) {
+                    sl[q] = s;
+                    xs[q] = h + size_t(s) * inter;
+                    nx++;
+                    s = next[s];
+                }
+            }
+            float o[NB], unused[NB];
+            desc_dot<NB>(d, nullptr, r, xs, nx, xal, o, unused);
+            if (lane == 0) {
+#pragma unroll
+                for (int q = 0; q < NB; q++)
+                    if (q < nx) part[rr][sl[q]] = o[q];
+            }
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < kMoeDownRows * n; t += blockDim.x) {
+        const int rr = t % kMoeDownRows, i = t / kMoeDownRows, r = r0 + rr;
+        if (r >= hidden) continue;
+        float acc = 0.f;
+        for (int q = 0; q < k; q++) {
+            const int j = order[i * k + q];
+            acc = __fadd_rn(acc, __fmul_rn(w[size_t(i) * k + j], part[rr][i * k + j]));
+        }
+        y[size_t(i) * y_stride + r] = acc;
+    }
+}
+
+}  // namespace
+
+// Launch: grid (ceil(inter / 8), n·k), 256 threads; h (n·k, inter); n·k ≤
+// 512. The _1 kernel is for one token, _8 for up to 8 tokens an expert.
+#define FERRITE_MOE_FEW_GATE_UP(name, NB)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                                       \
+        name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
+             int slots, int inter) {                                                                        \
+        moe_few_gate_up<NB>(h, x, x_stride, ids, table, experts, k, slots, inter);                           \
+    }
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8)
+
+// Launch: grid ceil(hidden / 4), 256 threads; y (n, hidden), w (n, k)
+// contiguous; n·k ≤ 512.
+#define FERRITE_MOE_FEW_DOWN(name, NB)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                       \
+        name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
+             int experts, int n, int k, int inter, int hidden) {                                            \
+        moe_few_down<NB>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                       \
+    }
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8)
