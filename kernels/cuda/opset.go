@@ -533,7 +533,7 @@ func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Exper
 		return
 	}
 	ye := dptr(b.Scratch(kernels.F32, n*k, hidden)) // (n·k, hidden) each slot's expert output
-	chunk := max(1, 65535/k) // tokens per launch: gridDim.y ≤ 65535
+	chunk := max(1, 65535/k)                        // tokens per launch: gridDim.y ≤ 65535
 	b.queue(func(d *Device) error {
 		for r0 := 0; r0 < n; r0 += chunk {
 			m := min(chunk, n-r0)
