@@ -143,6 +143,12 @@ func (b *Backend) fail(err error) {
 	}
 }
 
+var _ kernels.RandomGenerator = (*Backend)(nil)
+
+// GeneratesRandom implements kernels.RandomGenerator: a Random Mat without
+// Data is generated in device memory when it is first used (UploadMat).
+func (b *Backend) GeneratesRandom() bool { return true }
+
 // weight returns m's device copy, uploading it on first use.
 func (b *Backend) weight(m *kernels.Mat) (*Weight, error) {
 	b.mu.Lock()

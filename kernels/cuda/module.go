@@ -27,6 +27,8 @@ var kernelNames = []string{
 	"ferrite_attn_combine", "ferrite_route", "ferrite_moe_gate_up", "ferrite_moe_down", "ferrite_moe_combine",
 	// The grouped experts (src/ops_moe.cu).
 	"ferrite_moe_few_gate_up_1", "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_1", "ferrite_moe_few_down_8",
+	// Random weights (src/randfill.cu).
+	"ferrite_random_fill",
 }
 
 // loadModule loads the fatbin (or the file FERRITE_CUDA_FATBIN names, for
