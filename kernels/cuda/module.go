@@ -24,9 +24,10 @@ var kernelNames = []string{
 	"ferrite_add_rmsnorm", "ferrite_rope", "ferrite_store_kv",
 	"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8",
 	"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8",
-	"ferrite_attn_combine", "ferrite_route", "ferrite_moe_gate_up", "ferrite_moe_down", "ferrite_moe_combine",
-	// The grouped experts (src/ops_moe.cu).
-	"ferrite_moe_few_gate_up_1", "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_1", "ferrite_moe_few_down_8",
+	"ferrite_attn_combine",
+	// Mixture of experts (src/ops_moe.cu).
+	"ferrite_route", "ferrite_moe_combine", "ferrite_moe_few_gate_up_1", "ferrite_moe_few_gate_up_8",
+	"ferrite_moe_few_down_1", "ferrite_moe_few_down_8", "ferrite_moe_sort", "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down",
 	// Random weights (src/randfill.cu).
 	"ferrite_random_fill",
 }

@@ -15,10 +15,11 @@ import (
 )
 
 // TestOpsExpertsPaths checks Experts against kernels/ref.Experts on both
-// paths (the grouped kernels up to moeFewTokens tokens, the per-slot ones
-// above) with experts fused and separate, bf16, f32 and block-scaled
-// F8E4M3 weights, and tokens that share experts, within
-// kerneltest.ExpertsTol of max |y|. The last token of every call has an
+// paths (the grouped GEMV kernels up to moeFewTokens tokens, the sorted
+// tiled GEMMs above, with experts of one and of several 64-slot tiles)
+// with experts fused and separate, bf16, f32 and block-scaled F8E4M3
+// weights, and tokens that share experts, within kerneltest.ExpertsTol of
+// max |y|. The last token of every call has an
 // expert id out of range: its row must be NaN and the others unaffected.
 func TestOpsExpertsPaths(t *testing.T) {
 	b := openOps(t)
@@ -45,7 +46,7 @@ func TestOpsExpertsPaths(t *testing.T) {
 			ex[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
 		}
 	}
-	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, 37} {
+	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, 37, 300} {
 		t.Run(fmt.Sprint("n=", n), func(t *testing.T) {
 			good := max(n-1, 1) // tokens with valid ids; the last has a bad one when n > 1
 			xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)

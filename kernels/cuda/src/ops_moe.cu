@@ -4,12 +4,15 @@
 // the sources in name order) and uses its helpers (elem, swiglu1,
 // warp_max, warp_sum_f64) and gemv.cu's weight decoders.
 //
-// Experts has two paths. A few tokens (decode: at most kMoeFewTokens) run
-// the grouped kernels ferrite_moe_few_*: one launch for gate/up with the
-// SwiGLU fused, one for down with the routing weights and the sum over a
-// token's experts fused, each expert's weights read once per launch
-// whatever the number of tokens that chose it. More tokens (prefill) run
-// the per-slot kernels ferrite_moe_gate_up / _down / _combine.
+// Experts has two paths. A few tokens (decode: at most 8, kernels/cuda's
+// moeFewTokens) run the grouped kernels ferrite_moe_few_*: one launch for
+// gate/up with the SwiGLU fused, one for down with the routing weights and
+// the sum over a token's experts fused, each expert's weights read once per
+// launch whatever the number of tokens that chose it. More tokens
+// (prefill) are sorted by expert on the device (ferrite_moe_sort) and run
+// as tiled grouped GEMMs, 64 slots by 64 weight rows a block
+// (ferrite_moe_tile_*), each expert's weights read once per 64 of its
+// slots, then ferrite_moe_combine adds each token's experts.
 #include <stdint.h>
 
 // Router, one warp per token: scores (softmax over the experts, or sigmoid
@@ -137,73 +140,7 @@ struct MatDesc {
     int dtype, rows, cols, br, bc, row0;
 };
 
-// warp_dot is row r (of the view) of m times x (m.cols values), float32 sums,
-// the same in every lane.
-__device__ float warp_dot(const MatDesc& m, int r, const float* __restrict__ x) {
-    const int lane = threadIdx.x & 31;
-    const int rr = r + m.row0, cols = m.cols;
-    float acc = 0.f;
-    if (m.dtype == kF8E4M3) {
-        const uint8_t* row = m.data + size_t(rr) * cols;
-        const float* srow = m.scale + size_t(rr / m.br) * ((cols + m.bc - 1) / m.bc);
-        for (int k = lane; k < cols; k += 32) acc = fmaf(elem(row, k, kF8E4M3, srow, m.bc), x[k], acc);
-        return warp_sum(acc);
-    }
-    const int size = m.dtype == kF32 ? 4 : 2;
-    const uint8_t* row = m.data + size_t(rr) * cols * size;
-    const int per = 16 / size;  // elements in a 16-byte load
-    if ((size_t(cols) * size) % 16 == 0 && (uintptr_t(row) & 15) == 0 && (uintptr_t(x) & 15) == 0) {
-        for (int k = lane * per; k < cols; k += 32 * per) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + size_t(k) * size));
-            float wv[8];
-            if (m.dtype == kF32) F32W::vec(v, wv);
-            else if (m.dtype == kBF16) BF16W::vec(v, wv);
-            else F16W::vec(v, wv);
-            for (int q = 0; q < per; q++) acc = fmaf(wv[q], x[k + q], acc);
-        }
-    } else {
-        for (int k = lane; k < cols; k += 32) acc = fmaf(elem(row, k, m.dtype, nullptr, 1), x[k], acc);
-    }
-    return warp_sum(acc);
-}
-
 }  // namespace
-
-// Expert gate and up with SwiGLU, one (token, slot) pair per blockIdx.y:
-// h[s] (inter) = silu(gate_e·x[s / k])·(up_e·x[s / k]) for e = ids[s], the
-// experts' descriptors at table[3e] (gate) and table[3e + 1] (up). An id
-// outside [0, experts) writes NaN. Launch: grid (ceil(inter / 8), n·k),
-// 256 threads, one output per warp.
-extern "C" __global__ void __launch_bounds__(256)
-    ferrite_moe_gate_up(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts,
-                        int k, int inter) {
-    const int s = blockIdx.y;
-    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (r >= inter) return;
-    const int e = ids[s];
-    float out = __int_as_float(0x7fc00000);
-    if (e >= 0 && e < experts) {
-        const float* xr = x + size_t(s / k) * x_stride;
-        const float g = warp_dot(table[3 * e], r, xr);
-        const float u = warp_dot(table[3 * e + 1], r, xr);
-        out = swiglu1(g, u);
-    }
-    if ((threadIdx.x & 31) == 0) h[size_t(s) * inter + r] = out;
-}
-
-// Expert down: ye[s] (hidden) = down_e·h[s] for e = ids[s] (table[3e + 2]).
-// Launch: grid (ceil(hidden / 8), n·k), 256 threads.
-extern "C" __global__ void __launch_bounds__(256)
-    ferrite_moe_down(float* ye, const float* h, const int* ids, const MatDesc* table, int experts, int inter,
-                     int hidden) {
-    const int s = blockIdx.y;
-    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (r >= hidden) return;
-    const int e = ids[s];
-    float out = __int_as_float(0x7fc00000);
-    if (e >= 0 && e < experts) out = warp_dot(table[3 * e + 2], r, h + size_t(s) * inter);
-    if ((threadIdx.x & 31) == 0) ye[size_t(s) * hidden + r] = out;
-}
 
 // Combine: y[i] = Σ_j w[i, j]·ye[i·k + j], the token's experts added in
 // increasing expert id (float32 products and sums, kernels/ref.Experts).
@@ -536,3 +473,160 @@ FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8)
     }
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1)
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8)
+
+// ---------------------------------------------------------------------------
+// Grouped experts for many tokens (prefill): the slots sorted by expert,
+// then tiled GEMMs over each expert's slots. Every output element is one
+// float32 sum over k in increasing order, whatever tile its slot lands in,
+// so the result is deterministic although the order of an expert's slots
+// (atomics) is not.
+
+namespace {
+
+constexpr int kTileM = 64;  // slots a block (kernels/cuda moeTileM)
+constexpr int kTileN = 64;  // weight rows a block
+constexpr int kTileK = 32;  // k per shared-memory stage
+
+// desc_elem is element (r, c) of the view m.
+__device__ inline float desc_elem(const MatDesc& m, int r, int c) {
+    const float* srow;
+    const uint8_t* row = mat_row(m, r, &srow);
+    return elem(row, c, m.dtype, srow, m.bc);
+}
+
+// moe_tile: block (x, g) takes tile g of the sorted slots — expert e with
+// tiles[e] ≤ g < tiles[e + 1], its slots perm[off[e] + 64·(g − tiles[e]) …]
+// — and weight rows [64x, 64x + 64) of its gate and up (GU: h[s] =
+// silu(gate·x[s / k])·(up·x[s / k]), inter = ncols) or down (ye[s] =
+// down·h[s], hidden = ncols), kdim the inner width. 256 threads, each 4
+// slots × 4 rows.
+template <bool GU>
+__device__ void moe_tile(float* out, int ncols, const float* in, int in_stride, const int* off, const int* tiles,
+                         const int* perm, const MatDesc* table, int experts, int k, int kdim) {
+    __shared__ __align__(16) float xs[kTileK][kTileM + 4];
+    __shared__ __align__(16) float ws[GU ? 2 : 1][kTileK][kTileN + 4];
+    __shared__ int row_in[kTileM], slot[kTileM];
+    const int g = blockIdx.y;
+    if (g >= tiles[experts]) return;
+    int lo = 0, hi = experts;  // tiles[lo] ≤ g < tiles[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tiles[mid] <= g) lo = mid;
+        else hi = mid;
+    }
+    const int e = lo;
+    const int m0 = (g - tiles[e]) * kTileM, cnt = off[e + 1] - off[e] - m0;
+    const int n0 = blockIdx.x * kTileN;
+    if (threadIdx.x < kTileM) {
+        const int m = threadIdx.x;
+        const int s = m < cnt ? perm[off[e] + m0 + m] : -1;
+        slot[m] = s;
+        row_in[m] = s < 0 ? -1 : GU ? s / k : s;
+    }
+    const MatDesc wa = table[3 * e + (GU ? 0 : 2)];
+    const MatDesc wb = table[3 * e + 1];
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    float acc[GU ? 2 : 1][4][4];
+#pragma unroll
+    for (int q = 0; q < (GU ? 2 : 1); q++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[q][i][j] = 0.f;
+    __syncthreads();
+    for (int k0 = 0; k0 < kdim; k0 += kTileK) {
+        for (int t = threadIdx.x; t < kTileM * kTileK; t += blockDim.x) {
+            const int kk = t % kTileK, m = t / kTileK, c = k0 + kk, r = row_in[m];
+            xs[kk][m] = (r >= 0 && c < kdim) ? in[size_t(r) * in_stride + c] : 0.f;
+        }
+        for (int t = threadIdx.x; t < kTileN * kTileK; t += blockDim.x) {
+            const int kk = t % kTileK, nn = t / kTileK, c = k0 + kk, r = n0 + nn;
+            const bool ok = r < ncols && c < kdim;
+            ws[0][kk][nn] = ok ? desc_elem(wa, r, c) : 0.f;
+            if (GU) ws[GU ? 1 : 0][kk][nn] = ok ? desc_elem(wb, r, c) : 0.f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < kTileK; kk++) {
+            const float4 a4 = *reinterpret_cast<const float4*>(&xs[kk][ty * 4]);
+            const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+            for (int q = 0; q < (GU ? 2 : 1); q++) {
+                const float4 b4 = *reinterpret_cast<const float4*>(&ws[q][kk][tx * 4]);
+                const float b[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) acc[q][i][j] = fmaf(a[i], b[j], acc[q][i][j]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int s = slot[ty * 4 + i];
+        if (s < 0) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int r = n0 + tx * 4 + j;
+            if (r < ncols) out[size_t(s) * ncols + r] = GU ? swiglu1(acc[0][i][j], acc[GU ? 1 : 0][i][j]) : acc[0][i][j];
+        }
+    }
+}
+
+}  // namespace
+
+// Sorts the slots by expert: off[e] (experts + 1) is where expert e's
+// slots start in perm (slots), tiles[e] (experts + 1) how many 64-slot
+// tiles the experts before e take. A slot with an id outside [0, experts)
+// is left out and its row of ye (slots, hidden) set to NaN. Launch: one
+// block of 1024 threads; experts ≤ 1024.
+extern "C" __global__ void __launch_bounds__(1024)
+    ferrite_moe_sort(int* off, int* tiles, int* perm, float* ye, const int* ids, int slots, int experts, int hidden) {
+    __shared__ int cnt[1024];
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+        const int e = ids[s];
+        if (e >= 0 && e < experts) {
+            atomicAdd(&cnt[e], 1);
+        } else {
+            for (int d = 0; d < hidden; d++) ye[size_t(s) * hidden + d] = __int_as_float(0x7fc00000);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int o = 0, tl = 0;
+        for (int e = 0; e < experts; e++) {
+            const int c = cnt[e];
+            off[e] = o;
+            tiles[e] = tl;
+            cnt[e] = o;  // the next free place
+            o += c;
+            tl += (c + kTileM - 1) / kTileM;
+        }
+        off[experts] = o;
+        tiles[experts] = tl;
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+        const int e = ids[s];
+        if (e >= 0 && e < experts) perm[atomicAdd(&cnt[e], 1)] = s;
+    }
+}
+
+// Gate/up tiles: h (slots, inter) from x (n, hidden). Launch: grid
+// (ceil(inter / 64), ceil(slots / 64) + experts), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_tile_gate_up(float* h, int inter, const float* x, int x_stride, const int* off, const int* tiles,
+                             const int* perm, const MatDesc* table, int experts, int k, int hidden) {
+    moe_tile<true>(h, inter, x, x_stride, off, tiles, perm, table, experts, k, hidden);
+}
+
+// Down tiles: ye (slots, hidden) from h (slots, inter). Launch: grid
+// (ceil(hidden / 64), ceil(slots / 64) + experts), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_tile_down(float* ye, int hidden, const float* h, const int* off, const int* tiles, const int* perm,
+                          const MatDesc* table, int experts, int k, int inter) {
+    moe_tile<false>(ye, hidden, h, inter, off, tiles, perm, table, experts, k, inter);
+}

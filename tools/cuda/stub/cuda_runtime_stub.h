@@ -14,6 +14,7 @@
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
 #define __forceinline__ __inline__ __attribute__((always_inline))
+#define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
 #ifndef INFINITY
 #define INFINITY __builtin_huge_valf()
@@ -39,6 +40,7 @@ FERRITE_SHFL(float)
 FERRITE_SHFL(double)
 #undef FERRITE_SHFL
 
+__device__ int atomicAdd(int*, int);
 __device__ unsigned __ballot_sync(unsigned mask, int pred);
 __device__ int __any_sync(unsigned mask, int pred);
 __device__ int __popc(unsigned);
