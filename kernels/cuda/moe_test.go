@@ -93,13 +93,14 @@ func TestOpsExpertsPaths(t *testing.T) {
 	}
 }
 
-// BenchmarkMoEDecode times Experts alone on Qwen3-30B-A3B's shape (128
-// experts of 768, top 8, hidden 2048, bf16) for 48 layers a step, each
-// layer its own experts (4.5 GiB, more than L2 holds many times over) and
-// its own random choice, the step replayed as a CUDA graph. GB/s counts
-// the chosen experts' weight bytes (distinct experts of the step's tokens)
-// over the step's wall time.
-func BenchmarkMoEDecode(b *testing.B) {
+// BenchmarkMoE times Experts alone on Qwen3-30B-A3B's shape (128 experts
+// of 768, top 8, hidden 2048, bf16) for 48 layers a step, each layer its
+// own experts (58 GB in all, far more than L2 holds) and its own random
+// choice, the step replayed as a CUDA graph: n tokens a step, decode (the
+// grouped GEMV path) up to 8, prefill above. GB/s counts the chosen
+// experts' weight bytes (distinct experts of the step's tokens) over the
+// step's wall time, TFLOP/s the slots' multiply-adds.
+func BenchmarkMoE(b *testing.B) {
 	needGPU(b)
 	be, err := OpenBackend(0, 2)
 	if err != nil {
@@ -129,7 +130,7 @@ func BenchmarkMoEDecode(b *testing.B) {
 		}
 	}
 	rng := rand.New(rand.NewPCG(5, 6))
-	for _, n := range []int{1, 4, 8} {
+	for _, n := range []int{1, 4, 8, 64, 512} {
 		x := f32Tensor(b, be, n, hidden, randF32(rng, n*hidden))
 		y := f32Tensor(b, be, n, hidden, make([]float32, n*hidden))
 		ids := make([]kernels.Tensor, layers)
@@ -171,6 +172,7 @@ func BenchmarkMoEDecode(b *testing.B) {
 			b.ReportMetric(sec*1e3, "ms/step")
 			b.ReportMetric(sec*1e6/layers, "µs/layer")
 			b.ReportMetric(bytes/sec/1e9, "GB/s")
+			b.ReportMetric(float64(layers*n*k)*3*2*hidden*inter/sec/1e12, "TFLOP/s")
 		})
 	}
 }
