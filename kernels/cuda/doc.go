@@ -18,6 +18,7 @@
 // no nvcc. Backend implements the op set (kernels.Device) on a Device:
 // tensors in device memory, a per-step scratch arena, launches queued and
 // handed to the device thread in batches, each weight uploaded once per
-// *kernels.Mat. It also implements the host-slice kernels.Backend, copying
+// *kernels.Mat (a kernels.Mat.Random one without Data generated in device
+// memory instead: the bytes engine/randweights makes on the host). It also implements the host-slice kernels.Backend, copying
 // activations for every MatMul, for the architectures not on the op set.
 package cuda

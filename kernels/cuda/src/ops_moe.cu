@@ -201,7 +201,7 @@ __device__ inline const uint8_t* mat_row(const MatDesc& m, int r, const float** 
 // the same in every lane. With TWO both rows' loads are in flight together.
 template <class W, int NB, bool TWO>
 __device__ void rows_dot_vec(const uint8_t* __restrict__ a, const uint8_t* __restrict__ b, int cols,
-                             const float* const (&xs)[NB], int nx, float (&oa)[NB], float (&ob)[NB]) {
+                             const float* (&xs)[NB], int nx, float (&oa)[NB], float (&ob)[NB]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int j = 0; j < NB; j++) oa[j] = ob[j] = 0.f;
@@ -241,7 +241,7 @@ __device__ void rows_dot_vec(const uint8_t* __restrict__ a, const uint8_t* __res
 // row_dot_any is rows_dot_vec for one row of any dtype and alignment, one
 // element a lane at a time (F8E4M3 with its block scales).
 template <int NB>
-__device__ void row_dot_any(const MatDesc& m, const uint8_t* row, const float* srow, const float* const (&xs)[NB],
+__device__ void row_dot_any(const MatDesc& m, const uint8_t* row, const float* srow, const float* (&xs)[NB],
                             int nx, float (&o)[NB]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -265,7 +265,7 @@ __device__ inline bool vec_ok(const MatDesc& m, const uint8_t* row, bool xal) {
 
 template <int NB>
 __device__ void row_dot(const MatDesc& m, const uint8_t* row, const float* srow, bool vec,
-                        const float* const (&xs)[NB], int nx, float (&o)[NB]) {
+                        const float* (&xs)[NB], int nx, float (&o)[NB]) {
     float unused[NB];
     if (!vec) row_dot_any<NB>(m, row, srow, xs, nx, o);
     else if (m.dtype == kBF16) rows_dot_vec<BF16W, NB, false>(row, row, m.cols, xs, nx, o, unused);
@@ -277,7 +277,7 @@ __device__ void row_dot(const MatDesc& m, const uint8_t* row, const float* srow,
 // for row r of the views a and b (one pass over both when they share a
 // dtype and width); xal says every xs[j] is 16-byte aligned.
 template <int NB>
-__device__ void desc_dot(const MatDesc& a, const MatDesc* b, int r, const float* const (&xs)[NB], int nx, bool xal,
+__device__ void desc_dot(const MatDesc& a, const MatDesc* b, int r, const float* (&xs)[NB], int nx, bool xal,
                          float (&oa)[NB], float (&ob)[NB]) {
     const float *sa, *sb = nullptr;
     const uint8_t* ra = mat_row(a, r, &sa);
