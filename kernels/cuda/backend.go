@@ -40,6 +40,8 @@ type Backend struct {
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
+	noMMA bool // Experts' prefill path keeps off the tensor cores (tests)
+
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
 }

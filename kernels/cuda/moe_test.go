@@ -14,82 +14,104 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
-// TestOpsExpertsPaths checks Experts against kernels/ref.Experts on both
-// paths (the grouped GEMV kernels up to moeFewTokens tokens, the sorted
-// tiled GEMMs above, with experts of one and of several 64-slot tiles)
-// with experts fused and separate, bf16, f32 and block-scaled F8E4M3
-// weights, and tokens that share experts, within kerneltest.ExpertsTol of
-// max |y|. The last token of every call has an
-// expert id out of range: its row must be NaN and the others unaffected.
+// TestOpsExpertsPaths checks Experts against kernels/ref.Experts on every
+// path: the grouped GEMV kernels up to moeFewTokens tokens, above them the
+// sorted tiled GEMMs on CUDA cores (experts of mixed dtypes: bf16, f32 and
+// block-scaled F8E4M3, fused and separate) and on tensor cores (all bf16,
+// and again with them turned off), with experts of one and of several
+// 64-slot tiles and tokens that share experts, within
+// kerneltest.ExpertsTol of max |y|.
 func TestOpsExpertsPaths(t *testing.T) {
 	b := openOps(t)
-	const e, k, hidden, inter = 12, 4, 256, 96
+	const e, hidden, inter = 12, 256, 96
 	rng := rand.New(rand.NewPCG(31, 32))
-	ex := make([]kernels.Expert, e)
-	for i := range ex {
+	mixed, bf16 := make([]kernels.Expert, e), make([]kernels.Expert, e)
+	for i := range e {
 		switch i % 4 {
 		case 0:
-			ex[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.BF16, 2*inter, hidden, 0, 0)}
+			mixed[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.BF16, 2*inter, hidden, 0, 0)}
 		case 1:
-			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
+			mixed[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
 				Up: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)}
 		case 2:
-			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
+			mixed[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
 				Up: kerneltest.NewMat(rng, kernels.F32, inter, hidden, 0, 0)}
 		default:
-			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.F8E4M3, inter, hidden, 32, 64),
+			mixed[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.F8E4M3, inter, hidden, 32, 64),
 				Up: kerneltest.NewMat(rng, kernels.F8E4M3, inter, hidden, 32, 64)}
 		}
 		if i%4 == 3 {
-			ex[i].Down = kerneltest.NewMat(rng, kernels.F8E4M3, hidden, inter, 64, 32)
+			mixed[i].Down = kerneltest.NewMat(rng, kernels.F8E4M3, hidden, inter, 64, 32)
 		} else {
-			ex[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
+			mixed[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
 		}
+		if i%2 == 0 {
+			bf16[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.BF16, 2*inter, hidden, 0, 0)}
+		} else {
+			bf16[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
+				Up: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)}
+		}
+		bf16[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
 	}
 	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, 37, 300} {
-		t.Run(fmt.Sprint("n=", n), func(t *testing.T) {
-			good := max(n-1, 1) // tokens with valid ids; the last has a bad one when n > 1
-			xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
-			ids := make([]int32, n*k)
-			for i := range n {
-				for j, p := range rng.Perm(e)[:k] {
-					ids[i*k+j] = int32(p)
-				}
+		checkExperts(t, b, fmt.Sprint("mixed/n=", n), mixed, n, 4, rng)
+	}
+	for _, n := range []int{9, 300} {
+		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
+		b.noMMA = true
+		checkExperts(t, b, fmt.Sprint("bf16/fma/n=", n), bf16, n, 4, rng)
+		b.noMMA = false
+	}
+}
+
+// checkExperts runs Experts for n random tokens of k distinct experts each
+// and compares it with kernels/ref.Experts. The last token of a call of
+// several has an expert id out of range: its row must be NaN and the
+// others unaffected.
+func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n, k int, rng *rand.Rand) {
+	t.Helper()
+	hidden := ex[0].Down.Rows
+	good := max(n-1, 1) // tokens with valid ids
+	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
+	ids := make([]int32, n*k)
+	for i := range n {
+		for j, p := range rng.Perm(len(ex))[:k] {
+			ids[i*k+j] = int32(p)
+		}
+	}
+	if n > 1 {
+		ids[(n-1)*k+1] = int32(len(ex) + 3)
+	}
+	x, w := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv)
+	it, y := i32Tensor(t, b, n, k, ids), f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
+	b.BeginStep()
+	b.Experts(y, x, it, w, ex)
+	b.EndStep()
+	got := make([]float32, n*hidden)
+	b.ReadF32(got, y)
+	want := make([]float32, good*hidden)
+	ref.Experts(want, xv[:good*hidden], ids[:good*k], wv[:good*k], good, ex)
+	m := 0.0
+	for _, v := range want {
+		m = max(m, math.Abs(float64(v)))
+	}
+	worst, at := 0.0, 0
+	for i, v := range want {
+		if d := math.Abs(float64(got[i]) - float64(v)); !(d <= worst) {
+			worst, at = d, i
+		}
+	}
+	t.Logf("%s: max |Δ| %.3g (%.3g of max |y| %.3g) at y[%d][%d]", name, worst, worst/m, m, at/hidden, at%hidden)
+	if !(worst <= kerneltest.ExpertsTol*m) {
+		t.Errorf("%s: y[%d][%d] = %g, want %g (tolerance %.3g)", name, at/hidden, at%hidden, got[at], want[at], kerneltest.ExpertsTol*m)
+	}
+	if n > 1 {
+		for d, v := range got[good*hidden:] {
+			if !math.IsNaN(float64(v)) {
+				t.Errorf("%s: the token with a bad expert id has y[%d] = %g, want NaN", name, d, v)
+				break
 			}
-			if n > 1 {
-				ids[(n-1)*k+1] = e + 3
-			}
-			x, w := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv)
-			it, y := i32Tensor(t, b, n, k, ids), f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
-			b.BeginStep()
-			b.Experts(y, x, it, w, ex)
-			b.EndStep()
-			got := make([]float32, n*hidden)
-			b.ReadF32(got, y)
-			want := make([]float32, good*hidden)
-			ref.Experts(want, xv[:good*hidden], ids[:good*k], wv[:good*k], good, ex)
-			m := 0.0
-			for _, v := range want {
-				m = max(m, math.Abs(float64(v)))
-			}
-			worst, at := 0.0, 0
-			for i, v := range want {
-				if d := math.Abs(float64(got[i]) - float64(v)); !(d <= worst) {
-					worst, at = d, i
-				}
-			}
-			t.Logf("n=%d: max |Δ| %.3g at y[%d][%d], max |y| %.3g", n, worst, at/hidden, at%hidden, m)
-			if !(worst <= kerneltest.ExpertsTol*m) {
-				t.Errorf("n=%d: y[%d][%d] = %g, want %g (tolerance %.3g)", n, at/hidden, at%hidden, got[at], want[at], kerneltest.ExpertsTol*m)
-			}
-			if n > 1 {
-				for d, v := range got[good*hidden:] {
-					if !math.IsNaN(float64(v)) {
-						t.Fatalf("n=%d: the token with a bad expert id has y[%d] = %g, want NaN", n, d, v)
-					}
-				}
-			}
-		})
+		}
 	}
 }
 

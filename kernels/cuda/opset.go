@@ -485,8 +485,9 @@ const (
 // Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
 // grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
 // increasing expert id fused) kernels. More: the slots sorted by expert on
-// the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs, and
-// a last kernel that adds each token's slots in increasing expert id.
+// the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
+// tensor cores, x split into two bf16 terms, when every weight is bf16),
+// and a last kernel that adds each token's slots in increasing expert id.
 func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert) {
 	f32Contig("Experts", dst, x, w)
 	if len(experts) == 0 || len(experts) > moeMaxExperts {
@@ -501,16 +502,21 @@ func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Exper
 	if dst.Rows != n || dst.Cols != hidden || x.Cols != hidden || w.Rows != n || w.Cols != k || k > 64 {
 		panic("cuda: Experts shapes do not match")
 	}
+	// The tensor-core kernels take bf16 weights and widths of 32s.
+	mma := !b.noMMA && hidden%32 == 0 && inter%32 == 0 && x.Stride%4 == 0
 	for _, ex := range experts {
 		gateRows := 0
 		if ex.GateUp != nil {
 			gateRows = ex.GateUp.Rows / 2
+			mma = mma && ex.GateUp.DType == kernels.BF16
 		} else if ex.Gate != nil && ex.Up != nil && ex.Up.Rows == ex.Gate.Rows {
 			gateRows = ex.Gate.Rows
+			mma = mma && ex.Gate.DType == kernels.BF16 && ex.Up.DType == kernels.BF16
 		}
 		if ex.Down == nil || ex.Down.Rows != hidden || ex.Down.Cols != inter || gateRows != inter {
 			panic("cuda: Experts of different shapes")
 		}
+		mma = mma && ex.Down.DType == kernels.BF16
 	}
 	if n == 0 {
 		return
@@ -544,17 +550,21 @@ func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Exper
 	tiles := dptr(b.Scratch(kernels.I32, 1, ne+1))  // (experts + 1) 64-slot tiles before each expert
 	perm := dptr(b.Scratch(kernels.I32, 1, n*k))    // (n·k) the slots sorted by expert
 	gy := uint32(ceilDiv(n*k, moeTileM) + ne)
+	gateUp, down, threads := "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down", uint32(256)
+	if mma {
+		gateUp, down, threads = "ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", 128
+	}
 	b.queue(func(d *Device) error {
 		err := d.launchL("ferrite_moe_sort", 1, 1024, 0, off, tiles, perm, ye, ip, i32(n*k), i32(ne), i32(hidden))
 		if err != nil {
 			return err
 		}
-		err = d.launch3L("ferrite_moe_tile_gate_up", [3]uint32{uint32(ceilDiv(inter, moeTileM)), gy, 1}, 256, 0,
+		err = d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, moeTileM)), gy, 1}, threads, 0,
 			h, i32(inter), xp, i32(x.Stride), off, tiles, perm, table.ptr, i32(ne), i32(k), i32(hidden))
 		if err != nil {
 			return err
 		}
-		err = d.launch3L("ferrite_moe_tile_down", [3]uint32{uint32(ceilDiv(hidden, moeTileM)), gy, 1}, 256, 0,
+		err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, moeTileM)), gy, 1}, threads, 0,
 			ye, i32(hidden), h, off, tiles, perm, table.ptr, i32(ne), i32(k), i32(inter))
 		if err != nil {
 			return err

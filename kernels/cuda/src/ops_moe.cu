@@ -494,6 +494,31 @@ __device__ inline float desc_elem(const MatDesc& m, int r, int c) {
     return elem(row, c, m.dtype, srow, m.bc);
 }
 
+// tile_slots returns the expert of tile g (< tiles[experts]), the e with
+// tiles[e] ≤ g < tiles[e + 1], and threads [0, kTileM) set slot[m] to the
+// tile's m-th slot, perm[off[e] + kTileM·(g − tiles[e]) + m], or −1 past
+// the expert's last, and row_in[m] to the row of the input it reads: the
+// token (GU) or the slot. The caller synchronises before using them.
+template <bool GU>
+__device__ int tile_slots(int* slot, int* row_in, int g, const int* off, const int* tiles, const int* perm,
+                          int experts, int k) {
+    int lo = 0, hi = experts;  // tiles[lo] ≤ g < tiles[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tiles[mid] <= g) lo = mid;
+        else hi = mid;
+    }
+    const int e = lo;
+    const int m0 = (g - tiles[e]) * kTileM, cnt = off[e + 1] - off[e] - m0;
+    if (threadIdx.x < kTileM) {
+        const int m = threadIdx.x;
+        const int s = m < cnt ? perm[off[e] + m0 + m] : -1;
+        slot[m] = s;
+        row_in[m] = s < 0 ? -1 : GU ? s / k : s;
+    }
+    return e;
+}
+
 // moe_tile: block (x, g) takes tile g of the sorted slots — expert e with
 // tiles[e] ≤ g < tiles[e + 1], its slots perm[off[e] + 64·(g − tiles[e]) …]
 // — and weight rows [64x, 64x + 64) of its gate and up (GU: h[s] =
@@ -508,21 +533,8 @@ __device__ void moe_tile(float* out, int ncols, const float* in, int in_stride, 
     __shared__ int row_in[kTileM], slot[kTileM];
     const int g = blockIdx.y;
     if (g >= tiles[experts]) return;
-    int lo = 0, hi = experts;  // tiles[lo] ≤ g < tiles[hi]
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (tiles[mid] <= g) lo = mid;
-        else hi = mid;
-    }
-    const int e = lo;
-    const int m0 = (g - tiles[e]) * kTileM, cnt = off[e + 1] - off[e] - m0;
+    const int e = tile_slots<GU>(slot, row_in, g, off, tiles, perm, experts, k);
     const int n0 = blockIdx.x * kTileN;
-    if (threadIdx.x < kTileM) {
-        const int m = threadIdx.x;
-        const int s = m < cnt ? perm[off[e] + m0 + m] : -1;
-        slot[m] = s;
-        row_in[m] = s < 0 ? -1 : GU ? s / k : s;
-    }
     const MatDesc wa = table[3 * e + (GU ? 0 : 2)];
     const MatDesc wb = table[3 * e + 1];
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -570,6 +582,141 @@ __device__ void moe_tile(float* out, int ncols, const float* in, int in_stride, 
         for (int j = 0; j < 4; j++) {
             const int r = n0 + tx * 4 + j;
             if (r < ncols) out[size_t(s) * ncols + r] = GU ? swiglu1(acc[0][i][j], acc[GU ? 1 : 0][i][j]) : acc[0][i][j];
+        }
+    }
+}
+
+// mma_bf16 is d += a·b for a 16×16 bf16 tile a (row-major fragment), a
+// 16×8 bf16 tile b (column-major fragment) and float32 d (m16n8k16).
+__device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+constexpr int kMmaPad = 40;  // bf16 per shared row of 32: 80 bytes, conflict-free fragment loads
+
+// moe_mma is moe_tile on tensor cores for bf16 weights, kdim a multiple
+// of 32 and in 16-byte aligned rows: x is split into two bf16 terms, hi =
+// bf16(x) and lo = bf16(x − hi) (16 bits of x's mantissa, error ≤ 2⁻¹⁸|x|),
+// both multiplied by the weights with float32 accumulation (mma.sync
+// m16n8k16). 128 threads: warp w computes slots [32·(w/2), +32) by rows
+// [32·(w%2), +32) of the block's 64 × 64.
+template <bool GU>
+__device__ void moe_mma(float* out, int ncols, const float* in, int in_stride, const int* off, const int* tiles,
+                        const int* perm, const MatDesc* table, int experts, int k, int kdim) {
+    constexpr int NW = GU ? 2 : 1;
+    __shared__ __align__(16) uint16_t xh[kTileM][kMmaPad], xl[kTileM][kMmaPad];
+    __shared__ __align__(16) uint16_t ws[NW][kTileN][kMmaPad];
+    __shared__ int row_in[kTileM], slot[kTileM];
+    const int g = blockIdx.y;
+    if (g >= tiles[experts]) return;
+    const int e = tile_slots<GU>(slot, row_in, g, off, tiles, perm, experts, k);
+    const int n0 = blockIdx.x * kTileN;
+    const uint8_t* wrow[NW];  // the weights' rows of 32 bf16 this thread stages
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    float acc[NW][2][4][4];
+#pragma unroll
+    for (int q = 0; q < NW; q++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[q][i][j][c] = 0.f;
+    // Staging: thread t copies weight row t/2's 16 bf16 at (t%2)·16 of
+    // each 32, and x row t/2's 16 values at (t%2)·16.
+    const int sr = threadIdx.x >> 1, sc = (threadIdx.x & 1) * 16;
+#pragma unroll
+    for (int q = 0; q < NW; q++) {
+        const MatDesc w = table[3 * e + (GU ? q : 2)];
+        const float* unused;
+        wrow[q] = n0 + sr < ncols ? mat_row(w, n0 + sr, &unused) : nullptr;
+    }
+    __syncthreads();
+    const int xr = row_in[sr];
+    for (int k0 = 0; k0 < kdim; k0 += 32) {
+#pragma unroll
+        for (int q = 0; q < NW; q++) {
+            uint4 a = make_uint4(0, 0, 0, 0), b = a;
+            if (wrow[q]) {
+                const uint4* p = reinterpret_cast<const uint4*>(wrow[q] + size_t(k0 + sc) * 2);
+                a = __ldg(p);
+                b = __ldg(p + 1);
+            }
+            *reinterpret_cast<uint4*>(&ws[q][sr][sc]) = a;
+            *reinterpret_cast<uint4*>(&ws[q][sr][sc + 8]) = b;
+        }
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (xr >= 0) f = __ldg(reinterpret_cast<const float4*>(in + size_t(xr) * in_stride + k0 + sc) + v);
+            const float fv[4] = {f.x, f.y, f.z, f.w};
+            uint32_t hi[2], lo[2];
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                const uint16_t h0 = f32_to_bf16(fv[2 * p]), h1 = f32_to_bf16(fv[2 * p + 1]);
+                const uint16_t l0 = f32_to_bf16(__fsub_rn(fv[2 * p], __uint_as_float(uint32_t(h0) << 16)));
+                const uint16_t l1 = f32_to_bf16(__fsub_rn(fv[2 * p + 1], __uint_as_float(uint32_t(h1) << 16)));
+                hi[p] = uint32_t(h0) | uint32_t(h1) << 16;
+                lo[p] = uint32_t(l0) | uint32_t(l1) << 16;
+            }
+            *reinterpret_cast<uint2*>(&xh[sr][sc + 4 * v]) = make_uint2(hi[0], hi[1]);
+            *reinterpret_cast<uint2*>(&xl[sr][sc + 4 * v]) = make_uint2(lo[0], lo[1]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < 32; ks += 16) {
+            uint32_t ah[2][4], al[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int r = wm + 16 * i + gid, c = ks + 2 * tig;
+                ah[i][0] = *reinterpret_cast<const uint32_t*>(&xh[r][c]);
+                ah[i][1] = *reinterpret_cast<const uint32_t*>(&xh[r + 8][c]);
+                ah[i][2] = *reinterpret_cast<const uint32_t*>(&xh[r][c + 8]);
+                ah[i][3] = *reinterpret_cast<const uint32_t*>(&xh[r + 8][c + 8]);
+                al[i][0] = *reinterpret_cast<const uint32_t*>(&xl[r][c]);
+                al[i][1] = *reinterpret_cast<const uint32_t*>(&xl[r + 8][c]);
+                al[i][2] = *reinterpret_cast<const uint32_t*>(&xl[r][c + 8]);
+                al[i][3] = *reinterpret_cast<const uint32_t*>(&xl[r + 8][c + 8]);
+            }
+#pragma unroll
+            for (int q = 0; q < NW; q++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int n = wn + 8 * j + gid, c = ks + 2 * tig;
+                    const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&ws[q][n][c]);
+                    const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&ws[q][n][c + 8]);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        mma_bf16(acc[q][i][j], ah[i], b0, b1);
+                        mma_bf16(acc[q][i][j], al[i], b0, b1);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int s = slot[wm + 16 * i + gid + 8 * half];
+            if (s < 0) continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int n = n0 + wn + 8 * j + 2 * tig + c;
+                    if (n >= ncols) continue;
+                    const float v = acc[0][i][j][2 * half + c];
+                    out[size_t(s) * ncols + n] = GU ? swiglu1(v, acc[NW - 1][i][j][2 * half + c]) : v;
+                }
+            }
         }
     }
 }
@@ -629,4 +776,19 @@ extern "C" __global__ void __launch_bounds__(256)
     ferrite_moe_tile_down(float* ye, int hidden, const float* h, const int* off, const int* tiles, const int* perm,
                           const MatDesc* table, int experts, int k, int inter) {
     moe_tile<false>(ye, hidden, h, inter, off, tiles, perm, table, experts, k, inter);
+}
+
+// The same on tensor cores (moe_mma): every gate, up and down weight bf16,
+// hidden and inter multiples of 32, x's stride a multiple of 4. Launch:
+// the grids of ferrite_moe_tile_*, 128 threads.
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_moe_mma_gate_up(float* h, int inter, const float* x, int x_stride, const int* off, const int* tiles,
+                            const int* perm, const MatDesc* table, int experts, int k, int hidden) {
+    moe_mma<true>(h, inter, x, x_stride, off, tiles, perm, table, experts, k, hidden);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_moe_mma_down(float* ye, int hidden, const float* h, const int* off, const int* tiles, const int* perm,
+                         const MatDesc* table, int experts, int k, int inter) {
+    moe_mma<false>(ye, hidden, h, inter, off, tiles, perm, table, experts, k, inter);
 }

@@ -25,6 +25,10 @@ struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
 struct __attribute__((aligned(8))) float2 { float x, y; };
 struct __attribute__((aligned(8))) uint2 { unsigned int x, y; };
 
+__device__ uint4 make_uint4(unsigned, unsigned, unsigned, unsigned);
+__device__ uint2 make_uint2(unsigned, unsigned);
+__device__ float4 make_float4(float, float, float, float);
+
 __device__ void __syncthreads();
 __device__ void __syncwarp(unsigned mask = 0xffffffffu);
 #define FERRITE_SHFL(T)                                                        \
