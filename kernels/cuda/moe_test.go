@@ -130,20 +130,7 @@ func BenchmarkMoE(b *testing.B) {
 	}
 	defer be.Close()
 	const e, k, hidden, inter, layers = 128, 8, 2048, 768, 48
-	seed := uint64(100)
-	mat := func(rows, cols int) *kernels.Mat {
-		m := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols}
-		buf, err := be.dev.Alloc(int64(rows) * int64(cols) * 2)
-		if err == nil {
-			seed++
-			err = be.dev.FillBF16(buf, int64(rows)*int64(cols), seed, 1/float32(math.Sqrt(float64(cols))))
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		be.weights[m] = &Weight{Buf: buf, DType: kernels.BF16, Rows: rows, Cols: cols}
-		return m
-	}
+	mat := deviceMats(b, be)
 	exs := make([][]kernels.Expert, layers)
 	for l := range exs {
 		exs[l] = make([]kernels.Expert, e)
@@ -195,6 +182,157 @@ func BenchmarkMoE(b *testing.B) {
 			b.ReportMetric(sec*1e6/layers, "µs/layer")
 			b.ReportMetric(bytes/sec/1e9, "GB/s")
 			b.ReportMetric(float64(layers*n*k)*3*2*hidden*inter/sec/1e12, "TFLOP/s")
+		})
+	}
+}
+
+// deviceMats returns a maker of bf16 weights filled on the device with
+// seeded random values of magnitude 1/√cols, registered as be's copies of
+// their (data-less) Mats.
+func deviceMats(b *testing.B, be *Backend) func(rows, cols int) *kernels.Mat {
+	seed := uint64(100)
+	return func(rows, cols int) *kernels.Mat {
+		m := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols}
+		buf, err := be.dev.Alloc(int64(rows) * int64(cols) * 2)
+		if err == nil {
+			seed++
+			err = be.dev.FillBF16(buf, int64(rows)*int64(cols), seed, 1/float32(math.Sqrt(float64(cols))))
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		be.weights[m] = &Weight{Buf: buf, DType: kernels.BF16, Rows: rows, Cols: cols}
+		return m
+	}
+}
+
+// BenchmarkOpsDecodeStep30BA3B times a whole batch-1 decode step of
+// Qwen3-30B-A3B (hidden 2048, 48 layers, 32/4 heads of 128, 128 experts of
+// 768 with fused gate/up, top 8 renormalised, vocabulary 151936) through
+// the op set, no engine: random bf16 weights made on the device (61 GB),
+// 512 cached positions in a bf16 KV cache, the step replayed as a CUDA
+// graph. "moe" runs only each layer's router, Route and Experts, "attn"
+// everything else. ms/step is host wall time from BeginStep to the end of
+// EndStep; GB/s counts the weight bytes a step reads (the experts its
+// routing chose, distinct per layer).
+func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
+	needGPU(b)
+	be, err := OpenBackend(0, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	const hidden, heads, kvHeads, hd, experts, topK, inter, vocab, layers, ctx = 2048, 32, 4, 128, 128, 8, 768, 151936, 48, 512
+	mat := deviceMats(b, be)
+	type layer struct {
+		q, k, v, o, router *kernels.Mat
+		ex                 []kernels.Expert
+		kc, vc             kernels.Tensor
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	vec := func(n int, v float32) kernels.Tensor {
+		s := make([]float32, n)
+		for i := range s {
+			s[i] = v * (1 + float32(i%7)*0.01)
+		}
+		return f32Tensor(b, be, 1, n, s)
+	}
+	ls := make([]layer, layers)
+	for i := range ls {
+		l := &ls[i]
+		l.q, l.k, l.v, l.o = mat(heads*hd, hidden), mat(kvHeads*hd, hidden), mat(kvHeads*hd, hidden), mat(hidden, heads*hd)
+		l.router = mat(experts, hidden)
+		l.ex = make([]kernels.Expert, experts)
+		for e := range l.ex {
+			l.ex[e] = kernels.Expert{GateUp: mat(2*inter, hidden), Down: mat(hidden, inter)}
+		}
+		for j, t := range []*kernels.Tensor{&l.kc, &l.vc} {
+			if *t, err = be.Alloc(kernels.BF16, ctx, kvHeads*hd); err == nil {
+				tb, _ := t.Buffer()
+				err = be.dev.FillBF16(tb.(*tensorBuf).buf, int64(ctx*kvHeads*hd), uint64(2*i+j), 1)
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	head := mat(vocab, hidden)
+	norm, qkNorm := vec(hidden, 1), vec(hd, 1)
+	inv := make([]float32, hd/2)
+	for i := range inv {
+		inv[i] = float32(math.Pow(1e6, -float64(2*i)/hd))
+	}
+	rope := &kernels.Rotary{InvFreq: f32Tensor(b, be, 1, hd/2, inv), Dim: hd, Scale: 1}
+	shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
+	router := &kernels.Router{Scoring: kernels.SoftmaxScoring, TopK: topK, NormTopK: true, Scale: 1}
+	const bs = 16
+	table := make([]int32, ctx/bs)
+	for i := range table {
+		table[i] = int32(i)
+	}
+	p := &kernels.Paged{Pos: i32Tensor(b, be, 1, 1, []int32{ctx - 1}), Seq: i32Tensor(b, be, 1, 1, []int32{0}),
+		Slot: i32Tensor(b, be, 1, 1, []int32{ctx - 1}), Blocks: i32Tensor(b, be, 1, ctx/bs, table), BlockSize: bs}
+	x0 := randF32(rng, hidden)
+	for _, c := range []struct {
+		name      string
+		attn, moe bool
+	}{{"all", true, true}, {"moe", false, true}, {"attn", true, false}} {
+		step := func() {
+			be.BeginStep()
+			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
+			q, k, v := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd)
+			o, logits := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, vocab)
+			rl := be.Scratch(kernels.F32, 1, experts)
+			ids, w := be.Scratch(kernels.I32, 1, topK), be.Scratch(kernels.F32, 1, topK)
+			be.exec(func(d *Device) error { return d.uploadL(dptr(x), f32Bytes(x0)) })
+			be.RMSNorm(h, x, norm, 1e-6, false)
+			for _, l := range ls {
+				if c.attn {
+					be.Linear(q, h, l.q, kernels.Epilogue{})
+					be.Linear(k, h, l.k, kernels.Epilogue{})
+					be.Linear(v, h, l.v, kernels.Epilogue{})
+					qh, kh := q.Reshape(heads, hd), k.Reshape(kvHeads, hd)
+					be.RMSNorm(qh, qh, qkNorm, 1e-6, false)
+					be.RMSNorm(kh, kh, qkNorm, 1e-6, false)
+					be.RoPE(q, heads, hd, p.Pos, rope)
+					be.RoPE(k, kvHeads, hd, p.Pos, rope)
+					be.StoreKV(l.kc, l.vc, k, v, p)
+					be.Attention(o, q, l.kc, l.vc, p, shape)
+					be.Linear(y, o, l.o, kernels.Epilogue{})
+					be.AddRMSNorm(h, x, y, norm, 1e-6, false)
+				}
+				if c.moe {
+					be.Linear(rl, h, l.router, kernels.Epilogue{})
+					be.Route(ids, w, rl, router)
+					be.Experts(y, h, ids, w, l.ex)
+					be.AddRMSNorm(h, x, y, norm, 1e-6, false)
+				}
+			}
+			be.Linear(logits, h, head, kernels.Epilogue{})
+			be.EndStep()
+		}
+		b.Run(c.name, func(b *testing.B) {
+			step()
+			step()
+			b.ResetTimer()
+			start := time.Now()
+			for range b.N {
+				step()
+			}
+			sec := time.Since(start).Seconds() / float64(b.N)
+			if err := be.Err(); err != nil {
+				b.Fatal(err)
+			}
+			bytes := float64(vocab) * hidden * 2
+			if c.attn {
+				bytes += float64(layers) * (2*heads*hd + 2*kvHeads*hd) * hidden * 2
+			}
+			if c.moe {
+				bytes += float64(layers) * (experts*hidden + topK*3*inter*hidden) * 2
+			}
+			b.ReportMetric(sec*1e3, "ms/step")
+			b.ReportMetric(1/sec, "tok/s")
+			b.ReportMetric(bytes/sec/1e9, "GB/s")
 		})
 	}
 }

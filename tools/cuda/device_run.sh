@@ -51,8 +51,9 @@ grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" | gr
 	-test.count "${STEP_COUNT:-2}" 2>&1; echo "bench rc=$?") >>"$out/cuda-tests.log"
 grep -E '^Benchmark' "$out/cuda-tests.log"
 
-# The grouped MoE experts alone, Qwen3-30B-A3B's shape, 48 layers a step.
-(cd k && timeout 60 ../cuda.test -test.run XXX -test.bench BenchmarkMoE -test.benchtime 20x 2>&1; echo "moe bench rc=$?") >"$out/moe.log"
+# Qwen3-30B-A3B through the op set: the experts alone (decode and prefill
+# sizes), then whole batch-1 steps (all, MoE only, the rest).
+(cd k && timeout 90 ../cuda.test -test.run XXX -test.bench 'BenchmarkMoE|BenchmarkOpsDecodeStep30BA3B' -test.benchtime 20x 2>&1; echo "moe bench rc=$?") >"$out/moe.log"
 grep -E '^Benchmark|rc=' "$out/moe.log"
 
 (timeout "$(( ${BENCH_END:-340} - SECONDS > 30 ? ${BENCH_END:-340} - SECONDS : 30 ))" ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1,8,32,64 \
