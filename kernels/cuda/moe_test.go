@@ -166,17 +166,7 @@ func BenchmarkMoE(b *testing.B) {
 			be.EndStep()
 		}
 		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
-			step()
-			step()
-			b.ResetTimer()
-			start := time.Now()
-			for range b.N {
-				step()
-			}
-			sec := time.Since(start).Seconds() / float64(b.N)
-			if err := be.Err(); err != nil {
-				b.Fatal(err)
-			}
+			sec := timeSteps(b, be, step)
 			bytes := float64(distinct) * 3 * hidden * inter * 2
 			b.ReportMetric(sec*1e3, "ms/step")
 			b.ReportMetric(sec*1e6/layers, "µs/layer")
@@ -184,6 +174,23 @@ func BenchmarkMoE(b *testing.B) {
 			b.ReportMetric(float64(layers*n*k)*3*2*hidden*inter/sec/1e12, "TFLOP/s")
 		})
 	}
+}
+
+// timeSteps runs step twice (the second is captured as a CUDA graph),
+// then b.N times, and returns the mean host wall time of those.
+func timeSteps(b *testing.B, be *Backend, step func()) float64 {
+	step()
+	step()
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		step()
+	}
+	sec := time.Since(start).Seconds() / float64(b.N)
+	if err := be.Err(); err != nil {
+		b.Fatal(err)
+	}
+	return sec
 }
 
 // deviceMats returns a maker of bf16 weights filled on the device with
@@ -312,17 +319,7 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 			be.EndStep()
 		}
 		b.Run(c.name, func(b *testing.B) {
-			step()
-			step()
-			b.ResetTimer()
-			start := time.Now()
-			for range b.N {
-				step()
-			}
-			sec := time.Since(start).Seconds() / float64(b.N)
-			if err := be.Err(); err != nil {
-				b.Fatal(err)
-			}
+			sec := timeSteps(b, be, step)
 			bytes := float64(vocab) * hidden * 2
 			if c.attn {
 				bytes += float64(layers) * (2*heads*hd + 2*kvHeads*hd) * hidden * 2
