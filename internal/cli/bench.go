@@ -378,7 +378,13 @@ func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *device.Backe
 			}
 		}
 		bm.random, bm.dtype = true, strings.ToLower(dt.String())
-		src = randweights.New(seed, dt)
+		rw := randweights.New(seed, dt)
+		// A GPU generates the same values in its own memory: nothing is
+		// made on the host or uploaded (the quantizer reads host bytes).
+		if g, ok := be.Backend.(kernels.RandomGenerator); ok && g.GeneratesRandom() && quant == "" {
+			rw.Deferred = true
+		}
+		src = rw
 	}
 	if src, err = engine.Quantized(src, quant, be); err != nil {
 		if bm.weights != nil {

@@ -43,6 +43,7 @@ type Backend struct {
 
 	splitKVOnly bool // Attention without the prefill kernel (its tests and benchmarks compare)
 	prefillRows int  // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
+	noMMA       bool // Experts' prefill path keeps off the tensor cores (tests)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
@@ -148,6 +149,12 @@ func (b *Backend) fail(err error) {
 		b.err = err
 	}
 }
+
+var _ kernels.RandomGenerator = (*Backend)(nil)
+
+// GeneratesRandom implements kernels.RandomGenerator: a Random Mat without
+// Data is generated in device memory when it is first used (UploadMat).
+func (b *Backend) GeneratesRandom() bool { return true }
 
 // weight returns m's device copy, uploading it on first use.
 func (b *Backend) weight(m *kernels.Mat) (*Weight, error) {

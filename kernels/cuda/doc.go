@@ -27,7 +27,8 @@
 // (kernels.LinearAttentionOps, KPoolOps, HyperOps, ClampOps) on a Device:
 // tensors in device memory, a per-step scratch arena, launches queued and
 // handed to the device thread in batches, each weight uploaded once per
-// *kernels.Mat, and kernels.SampleOps (src/sample.cu: a row's argmax, or
+// *kernels.Mat (a kernels.Mat.Random one without Data generated in device
+// memory instead: the bytes engine/randweights makes on the host), and kernels.SampleOps (src/sample.cu: a row's argmax, or
 // its best k by radix select). Attention runs a flash-attention kernel on
 // tensor cores (src/prefill.cu) for tiles of prompt rows of one sequence and
 // a split-KV kernel for the other rows (decode); PreferredBatchTokens asks

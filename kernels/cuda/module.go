@@ -33,7 +33,13 @@ var kernelNames = []string{
 	"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8",
 	"ferrite_attn_combine", "ferrite_prefill_attn_f32_64_64", "ferrite_prefill_attn_f32_128_64",
 	"ferrite_prefill_attn_bf16_64_64", "ferrite_prefill_attn_bf16_128_64", "ferrite_prefill_attn_f32_64_128",
-	"ferrite_prefill_attn_f32_128_128", "ferrite_prefill_attn_bf16_64_128", "ferrite_prefill_attn_bf16_128_128", "ferrite_route", "ferrite_moe_gate_up", "ferrite_moe_down", "ferrite_moe_combine",
+	"ferrite_prefill_attn_f32_128_128", "ferrite_prefill_attn_bf16_64_128", "ferrite_prefill_attn_bf16_128_128",
+	// Mixture of experts (src/ops_moe.cu).
+	"ferrite_route", "ferrite_moe_combine", "ferrite_moe_few_gate_up_1", "ferrite_moe_few_gate_up_8",
+	"ferrite_moe_few_down_1", "ferrite_moe_few_down_8", "ferrite_moe_sort", "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down",
+	"ferrite_moe_mma_gate_up", "ferrite_moe_mma_down",
+	// Random weights (src/randfill.cu).
+	"ferrite_random_fill",
 }
 
 // loadModule loads the fatbin (or the file FERRITE_CUDA_FATBIN names, for

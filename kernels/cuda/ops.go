@@ -23,7 +23,8 @@ type Weight struct {
 	BlockRows, BlockCols int
 }
 
-// UploadMat copies m to the device. The caller frees the Weight with Free.
+// UploadMat copies m to the device, or generates there the values of a
+// Random m without Data (FillRandom). The caller frees the Weight with Free.
 func (d *Device) UploadMat(m *kernels.Mat) (*Weight, error) {
 	if m.DType.Quantized() {
 		// No GPU kernels for GGML blocks yet: decode them exactly to
@@ -40,7 +41,12 @@ func (d *Device) UploadMat(m *kernels.Mat) (*Weight, error) {
 	if w.Buf, err = d.Alloc(max(bytes, 1)); err != nil {
 		return nil, err
 	}
-	if err = w.Buf.Upload(0, m.Data[:bytes]); err == nil && m.DType == kernels.F8E4M3 {
+	if m.Data == nil && m.Random != nil {
+		err = d.FillRandom(w.Buf, bytes, m.DType, *m.Random)
+	} else {
+		err = w.Buf.Upload(0, m.Data[:bytes])
+	}
+	if err == nil && m.DType == kernels.F8E4M3 {
 		ns := ceilDiv(m.Rows, m.BlockRows) * ceilDiv(m.Cols, m.BlockCols)
 		if w.Scale, err = d.Alloc(int64(max(ns, 1)) * 4); err == nil {
 			err = w.Scale.UploadF32(0, m.Scale[:ns])
@@ -282,6 +288,23 @@ func (d *Device) ToBF16(dst, src *Buffer, n int) error {
 	}
 	return d.do(func() error {
 		return d.launchL("ferrite_f32_to_bf16", d.elementwiseGrid(int64(n)), 256, 0, dst.ptr, src.ptr, uint64(n))
+	})
+}
+
+// FillRandom queues the first bytes bytes of the kernels.RandomFill f of
+// dtype dt (F32, BF16 or F16) into dst: the bytes f.Fill writes on the
+// host, generated on the device (src/randfill.cu).
+func (d *Device) FillRandom(dst *Buffer, bytes int64, dt kernels.DType, f kernels.RandomFill) error {
+	if dt != kernels.F32 && dt != kernels.BF16 && dt != kernels.F16 {
+		return fmt.Errorf("cuda: no random fill for %v", dt)
+	}
+	if err := dst.span(0, bytes); err != nil {
+		return err
+	}
+	words := ceilDiv(int(bytes), 4)
+	return d.do(func() error {
+		return d.launchL("ferrite_random_fill", d.elementwiseGrid(int64(words)), 256, 0, dst.ptr, uint64(bytes), f.Seed,
+			i32(int(dt)), i32(f.Top))
 	})
 }
 

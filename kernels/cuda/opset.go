@@ -699,9 +699,23 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	return t, nil
 }
 
-// Experts implements kernels.MoEOps: every (token, slot) pair runs its
-// expert's gate/up GEMV with the SwiGLU fused, then its down GEMV, and a
-// last kernel adds each token's slots in increasing expert id.
+// moeFewTokens is the most tokens Experts runs through the grouped GEMV
+// kernels (src/ops_moe.cu's ferrite_moe_few_*: each chosen expert read
+// once, two launches); more are sorted by expert and run as tiled grouped
+// GEMMs of moeTileM slots (and weight rows) a block, for at most
+// moeMaxExperts experts.
+const (
+	moeFewTokens  = 8
+	moeTileM      = 64
+	moeMaxExperts = 1024
+)
+
+// Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
+// grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
+// increasing expert id fused) kernels. More: the slots sorted by expert on
+// the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
+// tensor cores, x split into two bf16 terms, when every weight is bf16),
+// and a last kernel that adds each token's slots in increasing expert id.
 func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert) {
 	b.runExperts(dst, x, ids, w, experts, 0)
 }
@@ -709,8 +723,8 @@ func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Exper
 // runExperts is Experts with the SwiGLU clamped at limit > 0 (ExpertsClamp).
 func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert, limit float32) {
 	f32Contig("Experts", dst, x, w)
-	if len(experts) == 0 {
-		panic("cuda: Experts without experts")
+	if len(experts) == 0 || len(experts) > moeMaxExperts {
+		panic("cuda: Experts wants 1 to 1024 experts")
 	}
 	n, k := x.Rows, ids.Cols
 	hidden, inter := experts[0].Down.Rows, experts[0].Down.Cols
@@ -721,16 +735,21 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	if dst.Rows != n || dst.Cols != hidden || x.Cols != hidden || w.Rows != n || w.Cols != k || k > 64 {
 		panic("cuda: Experts shapes do not match")
 	}
+	// The tensor-core kernels take bf16 weights and widths of 32s.
+	mma := !b.noMMA && hidden%32 == 0 && inter%32 == 0 && x.Stride%4 == 0
 	for _, ex := range experts {
 		gateRows := 0
 		if ex.GateUp != nil {
 			gateRows = ex.GateUp.Rows / 2
+			mma = mma && ex.GateUp.DType == kernels.BF16
 		} else if ex.Gate != nil && ex.Up != nil && ex.Up.Rows == ex.Gate.Rows {
 			gateRows = ex.Gate.Rows
+			mma = mma && ex.Gate.DType == kernels.BF16 && ex.Up.DType == kernels.BF16
 		}
 		if ex.Down == nil || ex.Down.Rows != hidden || ex.Down.Cols != inter || gateRows != inter {
 			panic("cuda: Experts of different shapes")
 		}
+		mma = mma && ex.Down.DType == kernels.BF16
 	}
 	if n == 0 {
 		return
@@ -740,24 +759,48 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		b.fail(err)
 		return
 	}
-	h := dptr(b.Scratch(kernels.F32, n*k, inter))   // (n·k, inter) SwiGLU of each slot
-	ye := dptr(b.Scratch(kernels.F32, n*k, hidden)) // (n·k, hidden) each slot's expert output
+	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
-	chunk := max(1, 65535/k) // tokens per launch: gridDim.y ≤ 65535
+	if n <= moeFewTokens {
+		gateUp, down := "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
+		if n == 1 {
+			gateUp, down = "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
+		}
+		b.queue(func(d *Device) error {
+			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
+				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), f32(limit))
+			if err != nil {
+				return err
+			}
+			return d.launchL(down, uint32(ceilDiv(hidden, 4)), 256, 0, y, i32(dst.Stride), h, ip, wp,
+				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
+		})
+		return
+	}
+	ne := len(experts)
+	ye := dptr(b.Scratch(kernels.F32, n*k, hidden)) // (n·k, hidden) each slot's expert output
+	off := dptr(b.Scratch(kernels.I32, 1, ne+1))    // (experts + 1) where each expert's slots start in perm
+	tiles := dptr(b.Scratch(kernels.I32, 1, ne+1))  // (experts + 1) 64-slot tiles before each expert
+	perm := dptr(b.Scratch(kernels.I32, 1, n*k))    // (n·k) the slots sorted by expert
+	gy := uint32(ceilDiv(n*k, moeTileM) + ne)
+	gateUp, down, threads := "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down", uint32(256)
+	if mma {
+		gateUp, down, threads = "ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", 128
+	}
 	b.queue(func(d *Device) error {
-		for r0 := 0; r0 < n; r0 += chunk {
-			m := min(chunk, n-r0)
-			s0 := uint64(r0 * k)
-			err := d.launch3L("ferrite_moe_gate_up", [3]uint32{uint32(ceilDiv(inter, 8)), uint32(m * k), 1}, 256, 0,
-				h+s0*uint64(inter)*4, xp+uint64(r0*x.Stride)*4, i32(x.Stride), ip+s0*4, table.ptr, i32(len(experts)), i32(k), i32(inter), f32(limit))
-			if err != nil {
-				return err
-			}
-			err = d.launch3L("ferrite_moe_down", [3]uint32{uint32(ceilDiv(hidden, 8)), uint32(m * k), 1}, 256, 0,
-				ye+s0*uint64(hidden)*4, h+s0*uint64(inter)*4, ip+s0*4, table.ptr, i32(len(experts)), i32(inter), i32(hidden))
-			if err != nil {
-				return err
-			}
+		err := d.launchL("ferrite_moe_sort", 1, 1024, 0, off, tiles, perm, ye, ip, i32(n*k), i32(ne), i32(hidden))
+		if err != nil {
+			return err
+		}
+		err = d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, moeTileM)), gy, 1}, threads, 0,
+			h, i32(inter), xp, i32(x.Stride), off, tiles, perm, table.ptr, i32(ne), i32(k), i32(hidden), f32(limit))
+		if err != nil {
+			return err
+		}
+		err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, moeTileM)), gy, 1}, threads, 0,
+			ye, i32(hidden), h, off, tiles, perm, table.ptr, i32(ne), i32(k), i32(inter))
+		if err != nil {
+			return err
 		}
 		return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
 	})

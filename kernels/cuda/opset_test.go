@@ -41,7 +41,7 @@ func TestOps(t *testing.T) {
 func TestFree(t *testing.T) { kerneltest.FreeTest(t, openOps(t)) }
 
 // f32Tensor allocates (rows, cols) F32 holding v.
-func f32Tensor(t *testing.T, b *Backend, rows, cols int, v []float32) kernels.Tensor {
+func f32Tensor(t testing.TB, b *Backend, rows, cols int, v []float32) kernels.Tensor {
 	t.Helper()
 	x, err := b.Alloc(kernels.F32, rows, cols)
 	if err != nil {
@@ -51,7 +51,7 @@ func f32Tensor(t *testing.T, b *Backend, rows, cols int, v []float32) kernels.Te
 	return x
 }
 
-func i32Tensor(t *testing.T, b *Backend, rows, cols int, v []int32) kernels.Tensor {
+func i32Tensor(t testing.TB, b *Backend, rows, cols int, v []int32) kernels.Tensor {
 	t.Helper()
 	x, err := b.Alloc(kernels.I32, rows, cols)
 	if err != nil {

@@ -74,6 +74,10 @@ grep -E '^Benchmark' "$out/cuda-tests.log"
 (timeout 100 ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1 --prompt-len 512,4096 --gen-len 1 \
 	--bandwidth 4300 --json "$out/prefill-bench.json" 2>&1; echo "prefill ferrite bench rc=$?") >>"$out/prefill.log"
 grep -E '^Benchmark|rc=|^ +1 ' "$out/prefill.log"
+# Qwen3-30B-A3B through the op set: the experts alone (decode and prefill
+# sizes), then whole batch-1 steps (all, MoE only, the rest).
+(cd k && timeout 90 ../cuda.test -test.run XXX -test.bench 'BenchmarkMoE|BenchmarkOpsDecodeStep30BA3B' -test.benchtime 20x 2>&1; echo "moe bench rc=$?") >"$out/moe.log"
+grep -E '^Benchmark|rc=' "$out/moe.log"
 
 (timeout "$(( ${BENCH_END:-340} - SECONDS > 30 ? ${BENCH_END:-340} - SECONDS : 30 ))" ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1,8,32,64 \
 	--prompt-len 128 --gen-len 128 --bandwidth 4300 --json "$out/bench.json" 2>&1; echo "bench rc=$?") >"$out/bench.log"
@@ -83,6 +87,11 @@ cat "$out/bench.log" | tail -20
 (timeout 45 ./ferrite bench --model "$root/engine/testdata/qwen3next-small" --device cuda --concurrency 1,8 \
 	--prompt-len 512 --gen-len 32 --bandwidth 4300 --json "$out/bench-qwen3next.json" 2>&1; echo "bench qwen3next rc=$?") >"$out/bench-qwen3next.log"
 tail -8 "$out/bench-qwen3next.log"
+
+# Qwen3-30B-A3B (MoE, 128 experts top 8) on random bf16 weights.
+(timeout "${MOE_BENCH_S:-150}" ./ferrite bench --model "$dev/qwen3-30b-a3b" --device cuda --concurrency 1,8 \
+	--prompt-len 128 --gen-len 64 --bandwidth 4300 --json "$out/bench-moe.json" 2>&1; echo "moe bench rc=$?") >"$out/bench-moe.log"
+tail -12 "$out/bench-moe.log"
 tail -3 "$out/build.log"
 
 # Batch-1 decode with programmatic dependent launch on (FERRITE_CUDA_PDL=1)

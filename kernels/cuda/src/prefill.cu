@@ -45,14 +45,6 @@ __device__ inline uint32_t pack_bf16(float lo, float hi) {
     return r;
 }
 
-// mma_bf16: c += a·b for one m16n8k16 tile.
-__device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // ldsm_x4 loads four 8×8 b16 matrices; lanes 8i..8i+7 give the row
 // addresses of matrix i, and r[i] gets (row g, columns 2t, 2t+1) of it.
 __device__ inline void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
