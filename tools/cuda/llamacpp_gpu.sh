@@ -18,7 +18,8 @@
 # llama-bench-*.log, batched-bench-*.log, prep.done); the build and the
 # files to $LLAMA_WORK (default /tmp/llamacpp). Each step runs under its
 # own timeout; Q4K=0 skips the Q4_K_M file, PREP_WAIT (seconds, 480)
-# bounds bench's wait for prep.
+# bounds bench's wait for prep. For a dry run elsewhere: CONFIG (a config
+# directory instead of qwen3-8b), LAYERS (keep that many), CUDA=OFF.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-/tmp/out}/llama"
@@ -43,10 +44,10 @@ build() {
 	rm -rf "$work/llama.cpp"
 	unxz_to "$here/llama.cpp.tar.xz" "$work/llama.cpp.tar" && tar -C "$work" -xf "$work/llama.cpp.tar" || return 1
 	cd "$work/llama.cpp" || return 1
-	nvcc --version | tail -2
+	[ "${CUDA:-ON}" = OFF ] || nvcc --version | tail -2
 	cmake --version | head -1
 	timeout 60 cmake -S . -B build -G "$gen" -DCMAKE_BUILD_TYPE=Release \
-		-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_CUDA_FA_ALL_QUANTS=OFF \
+		-DGGML_CUDA="${CUDA:-ON}" -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_CUDA_FA_ALL_QUANTS=OFF \
 		-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 		-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF ||
 		return 1
@@ -62,7 +63,8 @@ gguf() {
 	unxz_to "$here/randgguf.xz" "$work/randgguf" && chmod +x "$work/randgguf" || return 1
 	# The writer holds the whole file (16.4 GB) until it writes it; the
 	# limit keeps the garbage of the per-tensor conversions from doubling it.
-	GOMEMLIMIT=24GiB timeout 300 "$work/randgguf" -config "$here/qwen3-8b" -o "$bf16" -type bf16 -seed 1
+	GOMEMLIMIT=24GiB timeout 300 "$work/randgguf" -config "${CONFIG:-$here/qwen3-8b}" -o "$bf16" \
+		-type bf16 -seed 1 -layers "${LAYERS:-0}"
 	local rc=$?
 	ls -l "$bf16"
 	echo "randgguf rc=$rc, $((SECONDS - t0)) s"
