@@ -238,6 +238,16 @@ func loadBenchGGUF(file, quant string, be *device.Backend, start time.Time) (_ *
 			g.Close()
 		}
 	}()
+	if g.KeepsCheckpointNames() {
+		// A checkpoint's tensors under their own names, with its
+		// config.json beside the file: the built-in model's layout
+		// (builtin/model/, or what `ferrite export` writes).
+		cfg, err := config.Load(filepath.Dir(file))
+		if err != nil {
+			return nil, err
+		}
+		return buildBenchGGUF(cfg, g, g.CheckpointWeights(), quant, be, start)
+	}
 	cfg, err := g.Config()
 	if err != nil {
 		return nil, err
