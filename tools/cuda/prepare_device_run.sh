@@ -13,7 +13,7 @@
 #	tools/cuda/prepare_device_run.sh [DEST]
 set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
-dest="${1:-$src/.device-out}"
+dest="$(realpath -m "${1:-$src/.device-out}")"
 rm -rf "$dest"
 mkdir -p "$dest/k" "$dest/tools/cuda" "$dest/qwen3-8b" "$dest/qwen3-30b-a3b"
 cd "$src"
