@@ -6,7 +6,7 @@
 // device top-k.
 //
 // The sources compile as one translation unit in name order, so this file
-// (after ops.cu) uses ops.cu's MatDesc, warp_dot, kv_at, kv8, warp_max and
+// (after ops.cu and ops_common.cu) uses ops_common.cu's MatDesc and warp_dot, ops.cu's kv_at, kv8, warp_max and
 // warp_sum_f64, gemv.cu's warp_sum and convert.cu's f32_to_bf16.
 #include <math.h>
 #include <stdint.h>
