@@ -539,8 +539,8 @@ func (b *Backend) PreferredBatchTokens() int { return batchTokens }
 // kernel then does every other row over its own keys, the splits merged by
 // ferrite_attn_combine. The split count comes from host values only (the
 // block table's width and the batch), never from the positions on the
-// device: enough splits of attnSplit keys to give the GPU about two blocks
-// per multiprocessor.
+// device: enough splits of at least attnSplit keys to give the GPU about
+// two blocks per multiprocessor, which share out the block table's keys.
 func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
 	f32Contig("Attention", out, q)
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
@@ -576,6 +576,10 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	chunks := ceilDiv(s.Heads/s.KVHeads, attnGroup)
 	blocks := n * s.KVHeads * chunks
 	splits := min(ceilDiv(p.Blocks.Cols*p.BlockSize, attnSplit), max(1, ceilDiv(2*b.dev.SMs, blocks)))
+	// The splits share out every key, whole warp tiles each: with the count
+	// capped by the grid, a fixed attnSplit would leave the keys past
+	// splits·attnSplit out.
+	split := ceilDiv(ceilDiv(p.Blocks.Cols*p.BlockSize, splits), 32) * 32
 	var part uint64
 	if splits > 1 {
 		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, s.HeadDim+2)) // (n, heads, splits, max, sum, hd acc)
@@ -597,7 +601,7 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		}
 		err := d.launch3L(attnKernels[bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
 			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
-			i32(s.HeadDim), i32(chunks), i32(attnSplit), f32(s.Scale), i32(ptile))
+			i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile))
 		if err != nil || splits == 1 {
 			return err
 		}

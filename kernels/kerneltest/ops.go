@@ -383,6 +383,9 @@ func attentionTest(t *testing.T, d kernels.Device) {
 			{4, 2, 64, 16, []attnSeq{{0, 150}}},
 			{4, 2, 128, 16, []attnSeq{{3, 1}, {0, 200}, {90, 140}, {40, 1}}},
 			{4, 4, 128, 8, []attnSeq{{100, 130}}},
+			// More rows than a GPU gives a block each: the context cannot
+			// be split, and every row still sees all of its keys.
+			{4, 2, 16, 8, []attnSeq{{0, 300}, {400, 1}}},
 		} {
 			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
 				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))
