@@ -16,7 +16,7 @@
 #   bench8b    ferrite bench, Qwen3-8B, concurrency 1/8/32/64, 128+128
 #   prefill    ferrite bench, Qwen3-8B, prompts of 512 and 4,096 tokens
 #   pdl        ferrite bench, Qwen3-8B batch 1 with programmatic dependent launch
-#   moe        ferrite bench, Qwen3-30B-A3B, concurrency 1/8
+#   moe        ferrite bench, Qwen3-30B-A3B and GLM-4.7-Flash, concurrency 1/8
 #   hybrid     ferrite bench, qwen3_next (small) and ferrite-tiny with MTP on/off
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
 # (default 540) have passed, so a hang still returns the fatbin and the logs.
@@ -103,6 +103,8 @@ want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prom
 want pdl && FERRITE_CUDA_PDL=1 FERRITE_CUDA_GEMV_ROWS="${PDL_GEMV_ROWS:-0}" bench pdl 60 --model "$dev/qwen3-8b" \
 	--concurrency 1 --prompt-len 128 --gen-len 128
 want moe && bench moe 120 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 64
+# GLM-4.7-Flash (MLA + 64 experts top 4, 47 layers) on random bf16 weights.
+want moe && bench glmflash 90 --model "$root/engine/testdata/glm4.7-flash" --concurrency 1,8 --prompt-len 128 --gen-len 64
 if want hybrid; then
 	bench qwen3next 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512 --gen-len 32
 	bench tiny-mtp 60 --model "$root/builtin/model" --concurrency 1 --prompt-len 64 --gen-len 256 --mtp off,on
