@@ -143,6 +143,7 @@ func mlaTest(t *testing.T, d kernels.Device, ops kernels.MLAOps) {
 		{2, 8, 4, 8, 16, 4, []attnSeq{{0, 30}, {25, 2}, {10, 1}}, 6, true, kernels.F8E4M3},
 		{5, 16, 8, 16, 32, 16, []attnSeq{{40, 3}, {0, 20}}, 9, false, kernels.BF16},
 		{2, 8, 0, 8, 16, 4, []attnSeq{{0, 9}, {12, 1}}, 5, false, kernels.BF16}, // NoPE (no rotary)
+		{3, 6, 2, 5, 15, 4, []attnSeq{{0, 5}, {7, 1}}, 0, true, kernels.F32},    // odd widths: no vector loads
 	}
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		for ci, c := range cases {
