@@ -254,11 +254,16 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 		b.fail(err)
 		return
 	}
-	var qc uint64 // (n, heads, kl) absorbed queries W_UK_hᵀ·q_nope; none without q_nope dims (zero)
+	// lat (n, heads, kl), the attended latents, takes the place of the
+	// absorbed queries qc W_UK_hᵀ·q_nope (none without q_nope dims: zero):
+	// an attention block stages its rows' queries before it writes their
+	// latents, and with several splits the merge writes them after every
+	// block has run. A long prefill step keeps one such buffer per layer.
+	lat := dptr(b.Scratch(kernels.F32, n*s.Heads, kl))
+	var qc uint64
 	if uk != nil {
-		qc = dptr(b.Scratch(kernels.F32, n*s.Heads, kl))
+		qc = lat
 	}
-	lat := dptr(b.Scratch(kernels.F32, n*s.Heads, kl)) // (n, heads, kl) attended latents
 	var part uint64
 	if splits > 1 {
 		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, kl+2)) // (n, heads, splits, max, sum, kl sums)

@@ -188,7 +188,7 @@ __device__ inline void kv4(const void* c, size_t e, float* o) {
 }
 
 struct MlaArgs {
-    float* lat;          // (n, heads, kl) with one split
+    float* lat;          // (n, heads, kl) with one split; may be qc (the block stages its queries first)
     float* part;         // (n, heads, splits, kl + 2) per split: max, sum, kl unnormalised sums
     const float* qc;     // (n, heads, kl) absorbed queries W_UK_hᵀ·q_nope; null for zeros (dn = 0)
     const float* q;      // (n, heads·(dn + dr)) the rotated queries (their q_pe)
