@@ -72,7 +72,7 @@ func build(t *testing.T, be kernels.Backend, cfg string) mlaModel {
 // TestConformance runs the engine's random-weight suite (incremental
 // decode, chunked prefill, mixed batches, fork and rollback) on the CPU in
 // every form, on the strict backend and (FERRITE_TEST_DEVICE) the device,
-// with BF16 and F32 caches (modeltest.TolFor).
+// with BF16 and F32 caches (the BF16 ones within modeltest.BF16KVTol).
 func TestConformance(t *testing.T) {
 	for name, cfg := range map[string]string{"deepseek_v32": dsv32, "glm_moe_dsa": glm5, "glm4_moe_lite": lite} {
 		for dev, newBackend := range modeltest.Devices() {
@@ -93,7 +93,11 @@ func TestConformance(t *testing.T) {
 					t.Run(fmt.Sprintf("%s/%s/kv=%v/form=%d", name, dev, kv, f), func(t *testing.T) {
 						m.SetForm(f)
 						defer m.SetForm(kernels.MLAAuto)
-						modeltest.RunTol(t, m, modeltest.TolFor(dev, m, kv))
+						tol := modeltest.Tol
+						if kv == kernels.BF16 {
+							tol = modeltest.BF16KVTol
+						}
+						modeltest.RunTol(t, m, tol)
 					})
 				}
 				if s, ok := be.(*strict.Device); ok && s.Steps() == 0 {
