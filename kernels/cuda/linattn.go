@@ -93,18 +93,18 @@ func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Re
 		kpl++
 	}
 	qk := dptr(b.Scratch(kernels.F32, rows, 2*Hk*dk)) // (rows, 2·Hk·DK) normalised [q | k]
-	g := dptr(b.Scratch(kernels.F32, rows, gw))       // (rows, gw) log-decays
+	dec := dptr(b.Scratch(kernels.F32, rows, 2*gw))   // (rows, gw) float64 decays e^g
 	beta := dptr(b.Scratch(kernels.F32, rows, H))     // (rows, H) write strengths
 	o, xp, ap, bp, alog, dtb := dptr(out), dptr(qkv), dptr(a), dptr(bt), dptr(n.ALog), dptr(n.DtBias)
 	st, start, slot := dptr(state), dptr(r.Start), dptr(r.Slot)
 	b.queue(func(d *Device) error {
-		err := d.launchL("ferrite_delta_prep", uint32(rows), 128, 0, qk, g, beta, xp, ap, bp, alog, dtb,
+		err := d.launchL("ferrite_delta_prep", uint32(rows), 128, 0, qk, dec, beta, xp, ap, bp, alog, dtb,
 			i32(w), i32(H), i32(Hk), i32(dk), b32(n.PerChannel), f32(n.LowerBound))
 		if err != nil {
 			return err
 		}
 		return d.launch3L(deltaKernels[kpl], [3]uint32{uint32(seqs), uint32(H), uint32(ceilDiv(dv, deltaBlockV))}, 128, 0,
-			o, qk, xp, g, beta, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride),
+			o, qk, xp, dec, beta, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride),
 			i32(H), i32(Hk), i32(dk), i32(dv), b32(n.PerChannel))
 	})
 }

@@ -94,12 +94,13 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // The delta rule's per-row inputs (kernels/ref.prepare): qk (n, 2·hk·dk)
 // = [q | k] with every head L2-normalised (x/sqrt(Σx² + 1e-6), q then
-// times float32(dk^-½)), the log-decays g (n, gw) (gw = hv, or hv·dk
-// per channel) and β (n, hv), from the rows of qkv (n, qkv_w), a (n, gw)
-// and b (n, hv), in float64 rounded once as kernels/ref.DeltaGates.
-// Launch: grid n, 128 threads.
+// times float32(dk^-½)), the decays dec (n, gw) = e^g in float64 of the
+// log-decays g rounded to float32 (gw = hv, or hv·dk per channel) and β
+// (n, hv), from the rows of qkv (n, qkv_w), a (n, gw) and b (n, hv), in
+// float64 rounded once as kernels/ref.DeltaGates. Launch: grid n, 128
+// threads.
 extern "C" __global__ void __launch_bounds__(128)
-    ferrite_delta_prep(float* qk, float* g, float* beta, const float* qkv, const float* a, const float* b,
+    ferrite_delta_prep(float* qk, double* dec, float* beta, const float* qkv, const float* a, const float* b,
                        const float* alog, const float* dtb, int qkv_w, int hv, int hk, int dk, int per_channel,
                        float lower) {
     const int i = blockIdx.x;
@@ -119,7 +120,8 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int c = threadIdx.x; c < gw; c += blockDim.x) {
         const double e = exp(double(alog[c / per]));
         const double xv = double(__fadd_rn(a[size_t(i) * gw + c], dtb[c]));  // float32 sum, as HF
-        g[size_t(i) * gw + c] = lower < 0 ? float(double(lower) * sigmoid64(e * xv)) : float(-e * softplus64(xv));
+        const float g = lower < 0 ? float(double(lower) * sigmoid64(e * xv)) : float(-e * softplus64(xv));
+        dec[size_t(i) * gw + c] = exp(double(g));
     }
     for (int h = threadIdx.x; h < hv; h += blockDim.x)
         beta[size_t(i) * hv + h] = float(sigmoid64(double(b[size_t(i) * hv + h])));
@@ -156,7 +158,7 @@ struct DeltaArgs {
     float* out;          // (n, hv·dv)
     const float* qk;     // (n, 2·hk·dk) ferrite_delta_prep's
     const float* qkv;    // (n, qkv_w): v at column 2·hk·dk + h·dv
-    const float* g;      // (n, gw)
+    const double* dec;   // (n, gw) e^g
     const float* beta;   // (n, hv)
     float* state;        // (slots, state_stride): head h at h·dk·dv
     const int* start;    // (seqs+1) at start_stride
@@ -211,18 +213,19 @@ __device__ void delta_rule(const DeltaArgs& a) {
         }
     }
     // The next row's inputs, loaded while the current row is computed.
-    float nk[KPL], nq[KPL], ng[KPL], nv[kDeltaCols], nb = 0.f;
+    float nk[KPL], nq[KPL], nv[kDeltaCols], nb = 0.f;
+    double nd[KPL];
     auto load = [&](int r) {
         const float* qr = a.qk + size_t(r) * qkw + size_t(kh) * dk;  // (dk) normalised q
         const float* kr = qr + size_t(a.hk) * dk;                    // (dk) normalised k
-        const float* gr = a.g + size_t(r) * gw;
+        const double* dr = a.dec + size_t(r) * gw;
 #pragma unroll
         for (int i = 0; i < KPL; i++) {
             const int c = lane + 32 * i;
             const bool in = c < dk;
             nk[i] = in ? kr[c] : 0.f;
             nq[i] = in ? qr[c] : 0.f;
-            ng[i] = in ? gr[a.per_channel ? h * dk + c : h] : 0.f;
+            nd[i] = in ? dr[a.per_channel ? h * dk + c : h] : 0.0;
         }
         const float* vr = a.qkv + size_t(r) * qkv_w + qkw + size_t(h) * dv;  // (dv)
 #pragma unroll
@@ -242,7 +245,7 @@ __device__ void delta_rule(const DeltaArgs& a) {
         for (int i = 0; i < KPL; i++) {
             kc[i] = double(nk[i]);
             qc[i] = double(nq[i]);
-            dec[i] = lane + 32 * i < dk ? exp(double(ng[i])) : 0.0;
+            dec[i] = nd[i];
         }
 #pragma unroll
         for (int col = 0; col < kDeltaCols; col++) v[col] = double(nv[col]);
@@ -288,10 +291,10 @@ __device__ void delta_rule(const DeltaArgs& a) {
 
 #define FERRITE_DELTA(name, KPL)                                                                              \
     extern "C" __global__ void __launch_bounds__(128) name(                                                  \
-        float* out, const float* qk, const float* qkv, const float* g, const float* beta, float* state,       \
+        float* out, const float* qk, const float* qkv, const double* dec, const float* beta, float* state,    \
         int state_stride, const int* start, int start_stride, const int* slot, int slot_stride, int hv, int hk, \
         int dk, int dv, int per_channel) {                                                                    \
-        DeltaArgs a{out, qk, qkv, g, beta, state, start, slot, state_stride, start_stride, slot_stride,      \
+        DeltaArgs a{out, qk, qkv, dec, beta, state, start, slot, state_stride, start_stride, slot_stride,    \
                     hv, hk, dk, dv, per_channel};                                                             \
         delta_rule<KPL>(a);                                                                                   \
     }
