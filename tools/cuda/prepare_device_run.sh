@@ -13,11 +13,12 @@
 #	tools/cuda/prepare_device_run.sh [DEST]
 set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
-dest="${1:-$src/.device-out}"
+dest="$(realpath -m "${1:-$src/.device-out}")"
 rm -rf "$dest"
-mkdir -p "$dest/k" "$dest/tools/cuda" "$dest/qwen3-8b"
+mkdir -p "$dest/k" "$dest/tools/cuda" "$dest/qwen3-8b" "$dest/qwen3-30b-a3b"
 cd "$src"
 export CGO_ENABLED=0
+go test -c -ldflags=-s -o "$dest/mla.test" ./engine/models/mla
 go test -c -ldflags=-s -o "$dest/cuda.test" ./kernels/cuda
 go test -c -ldflags=-s -o "$dest/device.test" ./kernels/device
 go test -c -ldflags=-s -o "$dest/engine.test" ./engine
@@ -36,5 +37,6 @@ fi
 cp tools/cuda/build_fatbin.sh "$dest/tools/cuda/"
 cp tools/cuda/device_run.sh "$dest/"
 cp engine/testdata/qwen3-8b/config.json "$dest/qwen3-8b/"
+cp engine/testdata/qwen3-30b-a3b/config.json "$dest/qwen3-30b-a3b/"
 xz -T2 -6 "$dest"/*.test "$dest/ferrite"
 du -sh "$dest"
