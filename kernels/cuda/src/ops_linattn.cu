@@ -6,9 +6,9 @@
 // rows [start[s], start[s+1]) of the step, continuing from row slot[s] of
 // the state.
 //
-// The file sorts after ops.cu in the one translation unit
+// The file sorts after ops.cu and ops_common.cu in the one translation unit
 // (tools/cuda/build_fatbin.sh), so it uses ops.cu's warp_sum_f64 and
-// swiglu1 and gemv.cu's warp_sum.
+// ops_common.cu's block_sum_f64.
 #include <math.h>
 #include <stdint.h>
 
@@ -23,20 +23,6 @@ __device__ inline double sigmoid64(double x) {
 
 // softplus64 is torch's softplus (beta 1, threshold 20).
 __device__ inline double softplus64(double x) { return x > 20.0 ? x : log1p(exp(x)); }
-
-// block_total_f64 returns the sum of v over the block (a multiple of 32
-// threads, at most 1024) to every thread, added in a fixed order; part
-// holds 32 doubles of shared memory.
-__device__ double block_total_f64(double v, double* part) {
-    v = warp_sum_f64(v);
-    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();  // part may still be read by a previous call
-    if ((threadIdx.x & 31) == 0) part[warp] = v;
-    __syncthreads();
-    double t = 0;
-    for (int i = 0; i < nw; i++) t += part[i];
-    return t;
-}
 
 constexpr int kConvMaxK = 8;   // the longest convolution ShortConv runs
 constexpr int kConvAhead = 8;  // rows whose inputs ShortConv loads at once
@@ -314,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(128)
     const size_t off = size_t(blockIdx.x) * d;
     double ss = 0;
     for (int c = threadIdx.x; c < d; c += blockDim.x) ss += double(x[off + c]) * double(x[off + c]);
-    ss = block_total_f64(ss, part);
+    ss = block_sum_f64(ss, part);
     const double inv = 1.0 / sqrt(ss / double(d) + double(eps));
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
         const double zi = double(z[off + c]);
