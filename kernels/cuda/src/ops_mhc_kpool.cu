@@ -77,57 +77,71 @@ extern "C" __global__ void __launch_bounds__(256)
 // (kernels/ref.HyperCoef, HyperPre): from the token's mix ((2+hc)·hc),
 // pre_j = sigmoid(mix_j·s0 + base_j) + eps, coef = [post | comb] with
 // post_j = 2·sigmoid(mix_{hc+j}·s1 + base_{hc+j}) and comb the Sinkhorn
-// projection of mix_{2hc+·}·s2 + base_{2hc+·} (one thread, float64), then
-// x (hidden) = Σ_i pre_i·X_i in float64. Launch: grid n, 128 threads;
+// projection of mix_{2hc+·}·s2 + base_{2hc+·} (float64, a thread per
+// element), then x (hidden) = Σ_i pre_i·X_i in float64. Launch: grid n, 128 threads;
 // hc ≤ 16.
 extern "C" __global__ void __launch_bounds__(128)
     ferrite_hyper_pre(float* x, float* coef, const float* X, const float* mix, const float* base, int hidden, int hc,
                       int iters, float s0, float s1, float s2, float eps) {
     __shared__ double pre[kHyperMaxStreams];
-    __shared__ double c[kHyperMaxStreams * kHyperMaxStreams];
+    __shared__ double buf[2][kHyperMaxStreams * kHyperMaxStreams];
     const int r = blockIdx.x;
-    const int m = (2 + hc) * hc, cw = hc + hc * hc;
+    const int m = (2 + hc) * hc, cw = hc + hc * hc, nc = hc * hc;
+    const double e = double(eps);
     const float* mx = mix + size_t(r) * m;
     float* cr = coef + size_t(r) * cw;
-    if (threadIdx.x == 0) {
-        const double e = double(eps);
-        for (int j = 0; j < hc; j++) {
-            pre[j] = sigmoid64(double(mx[j]) * double(s0) + double(base[j])) + e;
-            cr[j] = float(2.0 * sigmoid64(double(mx[hc + j]) * double(s1) + double(base[hc + j])));
-        }
-        // Sinkhorn (kernels/ref.Sinkhorn): row softmax + eps, columns, then
-        // iters − 1 rounds of rows and columns, each dividing by sum + eps.
-        for (int i = 0; i < hc; i++) {
-            double rmax = -INFINITY;
-            for (int j = 0; j < hc; j++) {
-                c[i * hc + j] = double(mx[2 * hc + i * hc + j]) * double(s2) + double(base[2 * hc + i * hc + j]);
-                rmax = fmax(rmax, c[i * hc + j]);
-            }
-            double sum = 0;
-            for (int j = 0; j < hc; j++) {
-                c[i * hc + j] = exp(c[i * hc + j] - rmax);
-                sum += c[i * hc + j];
-            }
-            for (int j = 0; j < hc; j++) c[i * hc + j] = c[i * hc + j] / sum + e;
-        }
-        for (int it = 0; it < iters; it++) {
-            if (it > 0) {
-                for (int i = 0; i < hc; i++) {
-                    double sum = 0;
-                    for (int j = 0; j < hc; j++) sum += c[i * hc + j];
-                    sum += e;
-                    for (int j = 0; j < hc; j++) c[i * hc + j] /= sum;
-                }
-            }
-            for (int j = 0; j < hc; j++) {
-                double sum = 0;
-                for (int i = 0; i < hc; i++) sum += c[i * hc + j];
-                sum += e;
-                for (int i = 0; i < hc; i++) c[i * hc + j] /= sum;
-            }
-        }
-        for (int i = 0; i < hc * hc; i++) cr[hc + i] = float(c[i]);
+    for (int j = threadIdx.x; j < hc; j += blockDim.x) {
+        pre[j] = sigmoid64(double(mx[j]) * double(s0) + double(base[j])) + e;
+        cr[j] = float(2.0 * sigmoid64(double(mx[hc + j]) * double(s1) + double(base[hc + j])));
     }
+    // Sinkhorn (kernels/ref.Sinkhorn): a row softmax plus eps, a column
+    // normalisation, then iters − 1 rounds of rows and columns, each dividing
+    // by sum + eps. A thread per element (i, j) = (t / hc, t % hc); every
+    // sum runs over its row or column in the reference's order, so each
+    // element of a row or column sees the same sum; c is read, n written,
+    // then they swap.
+    double *c = buf[0], *nw = buf[1];
+    for (int t = threadIdx.x; t < nc; t += blockDim.x)
+        c[t] = double(mx[2 * hc + t]) * double(s2) + double(base[2 * hc + t]);
+    __syncthreads();
+    for (int t = threadIdx.x; t < nc; t += blockDim.x) {
+        const double* row = c + (t / hc) * hc;
+        double rmax = -INFINITY;
+        for (int j = 0; j < hc; j++) rmax = fmax(rmax, row[j]);
+        nw[t] = exp(c[t] - rmax);
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < nc; t += blockDim.x) {
+        const double* row = nw + (t / hc) * hc;
+        double sum = 0;
+        for (int j = 0; j < hc; j++) sum += row[j];
+        c[t] = nw[t] / sum + e;
+    }
+    __syncthreads();
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {  // rows
+            for (int t = threadIdx.x; t < nc; t += blockDim.x) {
+                const double* row = c + (t / hc) * hc;
+                double sum = 0;
+                for (int j = 0; j < hc; j++) sum += row[j];
+                nw[t] = c[t] / (sum + e);
+            }
+            __syncthreads();
+            double* tmp = c;
+            c = nw;
+            nw = tmp;
+        }
+        for (int t = threadIdx.x; t < nc; t += blockDim.x) {  // columns
+            double sum = 0;
+            for (int i = 0; i < hc; i++) sum += c[i * hc + t % hc];
+            nw[t] = c[t] / (sum + e);
+        }
+        __syncthreads();
+        double* tmp = c;
+        c = nw;
+        nw = tmp;
+    }
+    for (int t = threadIdx.x; t < nc; t += blockDim.x) cr[hc + t] = float(c[t]);
     __syncthreads();
     const float* Xr = X + size_t(r) * hc * hidden;
     for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
