@@ -98,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(128)
     // normalisation, then iters − 1 rounds of rows and columns, each dividing
     // by sum + eps. A thread per element (i, j) = (t / hc, t % hc); every
     // sum runs over its row or column in the reference's order, so each
-    // element of a row or column sees the same sum; c is read, n written,
+    // element of a row or column sees the same sum; c is read, nw written,
     // then they swap.
     double *c = buf[0], *nw = buf[1];
     for (int t = threadIdx.x; t < nc; t += blockDim.x)
