@@ -203,7 +203,8 @@ func BenchmarkGemmBF16(b *testing.B) {
 // KV cache of ctx positions. "linear" runs only the products, "other" only
 // the rest, so the wall times split the step; the steps replay a CUDA graph
 // (graphs/step 1) except in the "eager" variants. ms/step is host wall
-// time from BeginStep to the end of EndStep.
+// time from BeginStep to the end of EndStep, queue-ms/step the part before
+// EndStep (the model's ops queued on the host while the GPU waits).
 func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	needGPU(b)
 	be, err := OpenBackend(0, 2)
@@ -336,7 +337,9 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			x0[i] = float32(i%13)*0.1 - 0.6
 		}
 		var logits kernels.Tensor
+		var queued time.Duration // host time spent queueing the steps' ops (BeginStep to EndStep)
 		step := func() {
+			t0 := time.Now()
 			be.BeginStep()
 			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
 			qkv := be.Scratch(kernels.F32, 1, (heads+2*kvHeads)*hd)
@@ -372,6 +375,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			if c.lin {
 				be.Linear(logits, h, head, kernels.Epilogue{})
 			}
+			queued += time.Since(t0)
 			be.EndStep()
 		}
 		be.dev.do(func() error { be.graphs.enabled = !c.eager; return nil })
@@ -385,6 +389,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			_, replays0, _ := be.GraphStats()
 			b.ResetTimer()
 			start := time.Now()
+			queued = 0
 			for range b.N {
 				step()
 			}
@@ -396,6 +401,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			b.ReportMetric(sec*1e3, "ms/step")
 			b.ReportMetric(1/sec, "tok/s")
 			b.ReportMetric(float64(replays-replays0)/float64(b.N), "graphs/step")
+			b.ReportMetric(queued.Seconds()*1e3/float64(b.N), "queue-ms/step")
 		})
 		if c.ctx != 512 || !c.lin || !c.rest {
 			continue
