@@ -128,7 +128,8 @@ func benchGEMV(b *testing.B, d *Device, name string, rows, cols int, gemv func(y
 // layers × qkv, o, gate_up, down, then the LM head: 15.1 GB of distinct bf16
 // weights) launched eagerly, one op after another: the floor a batch-1 step
 // of this model reaches with these kernels, before attention and the small
-// kernels. tok/s is 1 / step time.
+// kernels. tok/s is 1 / step time. Variants: the GEMV layout (rows=0 four
+// warps a row, 4 or 8 rows a block) and programmatic dependent launch.
 func BenchmarkDecodeStep8B(b *testing.B) {
 	d := needGPU(b)
 	var step []*Weight
@@ -143,9 +144,16 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 	}
 	x, y := benchF32(b, d, 12288), benchF32(b, d, 151936)
 	defer d.SetGEMVRows(gemvRowsDefault())
-	for _, r := range []int{0, 4, 8} { // gemv_split, gemv_rows with 4 and 8 rows a block
-		d.SetGEMVRows(r)
-		b.Run(fmt.Sprintf("rows=%d", r), func(b *testing.B) {
+	defer d.SetPDL(pdlEnabled(d.Major))
+	for _, c := range []struct {
+		rows int // 0: gemv_split; 4, 8: gemv_rows with that many rows a block
+		pdl  bool
+	}{{0, false}, {0, true}, {4, true}, {8, true}, {8, false}} {
+		d.SetGEMVRows(c.rows)
+		if d.SetPDL(c.pdl) != c.pdl {
+			continue // no PDL on this GPU or driver
+		}
+		b.Run(fmt.Sprintf("rows=%d/pdl=%v", c.rows, c.pdl), func(b *testing.B) {
 			el := timeLaunches(b, d, b.N, func(int) error {
 				for _, w := range step {
 					if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
