@@ -16,6 +16,7 @@
 #   bench8b    ferrite bench, Qwen3-8B, concurrency 1/8/32/64, 128+128
 #   prefill    ferrite bench, Qwen3-8B, prompts of 512 and 4,096 tokens
 #   pdl        ferrite bench, Qwen3-8B batch 1 with programmatic dependent launch
+#              OFF (FERRITE_CUDA_PDL=0; bench8b runs with it on, the default)
 #   moe        ferrite bench, Qwen3-30B-A3B, concurrency 1/8
 #   hybrid     ferrite bench, qwen3_next (small) and ferrite-tiny with MTP on/off
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
@@ -100,7 +101,7 @@ bench() { # bench NAME SECONDS ARGS...: ferrite bench into NAME.log and NAME.jso
 }
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1
-want pdl && FERRITE_CUDA_PDL=1 FERRITE_CUDA_GEMV_ROWS="${PDL_GEMV_ROWS:-0}" bench pdl 60 --model "$dev/qwen3-8b" \
+want pdl && FERRITE_CUDA_PDL=0 FERRITE_CUDA_GEMV_ROWS="${PDL_GEMV_ROWS:-0}" bench pdl 60 --model "$dev/qwen3-8b" \
 	--concurrency 1 --prompt-len 128 --gen-len 128
 want moe && bench moe 120 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 64
 if want hybrid; then
