@@ -55,3 +55,13 @@ grep -E '^Benchmark' "$out/cuda-tests.log"
 	--prompt-len 128 --gen-len 128 --bandwidth 4300 --json "$out/bench.json" 2>&1; echo "bench rc=$?") >"$out/bench.log"
 cat "$out/bench.log" | tail -20
 tail -3 "$out/build.log"
+
+# MTP at batch 1 (issue 13 item 5): speculative greedy == plain greedy on the
+# device for ferrite-tiny (builtin/model in the tree) and the MTP fixtures,
+# with tok/s and acceptance per draft length (engine TestMTPOnDevice; ~30 s),
+# then `ferrite bench` on ferrite-tiny with --mtp on,off (random-token
+# prompts: acceptance is low there, the test's chat prompts are the measure).
+(cd "$root/engine" && timeout 150 "$dev/engine.test" -test.v -test.count 1 -test.run 'TestMTPOnDevice' 2>&1; echo "mtp test rc=$?") >"$out/mtp.log"
+(timeout 60 ./ferrite bench --model "$root/builtin/model" --device cuda --concurrency 1 --prompt-len 32 --gen-len 128 \
+	--mtp on,off --draft 3 --bandwidth 4300 --json "$out/mtp-bench.json" 2>&1; echo "mtp bench rc=$?") >>"$out/mtp.log"
+grep -E 'draft [0-9]|^ +1 +32|^(---|ok|FAIL)|rc=' "$out/mtp.log" | cut -c1-240 | head -60
