@@ -27,7 +27,8 @@ package kernels
 // SparseOps (the MLA family: glm4_moe_lite, deepseek_v32, glm_moe_dsa;
 // glm5_next's NoPE MLA), LinearAttentionOps (qwen3_next, glm5_next's KDA),
 // and KPoolOps, HyperOps and ClampOps (glm5_next). The architectures that
-// need them check for them at load.
+// need them check for them at load. SampleOps reduce logit rows for the
+// sampler; a model without them returns the rows.
 
 // Device is a backend that owns tensor memory and runs the op set. It also
 // implements the host-slice Backend (MatMul, Parallel), which load-time work
@@ -92,9 +93,25 @@ type LinearOps interface {
 	// to dst when e.Accumulate. x and dst are F32 and contiguous.
 	Linear(dst, x Tensor, w *Mat, e Epilogue)
 
+	// LinearCat sets dst (N, Σ ws[i].Rows) = x (N, in)·[ws[0]; ws[1]; …]ᵀ
+	// (+ Bias, (1, Σ rows)) or adds it when e.Accumulate: the products of
+	// one input with several weights of one dtype and width (q/k/v), side
+	// by side in each row of dst. A backend may keep the weights stacked as
+	// one matrix (read in one pass), cached per list of weights, so ws are
+	// weights, never Transient. x and dst are F32 and contiguous.
+	LinearCat(dst, x Tensor, ws []*Mat, e Epilogue)
+
 	// SwiGLU sets dst (N, inter) = silu(gate)·up for gate and up (N, inter),
 	// F32. dst may be gate.
 	SwiGLU(dst, gate, up Tensor)
+
+	// SwiGLULinear is a SwiGLU MLP's first half in one op: dst (N, inter) =
+	// silu(min(g, L))·clamp(u, −L, L) for g = x·gateᵀ, u = x·upᵀ (x (N,
+	// hidden); gate and up (inter, hidden) of one dtype), or silu(g)·u when
+	// limit L is 0 (the clamp of kernels.ClampOps.SwiGLUClamp). gate and up
+	// may be kept stacked like LinearCat's weights (never Transient). x and
+	// dst are F32 and contiguous.
+	SwiGLULinear(dst, x Tensor, gate, up *Mat, limit float32)
 
 	// Embed sets dst (N, w.Cols) F32 to the rows of w named by ids (N, 1)
 	// I32: dst[i] = w[ids[i]].
@@ -158,8 +175,25 @@ type AttnShape struct {
 	Scale                   float32 // softmax scale, usually HeadDim^-½
 }
 
+// HeadNorm is a per-head RMSNorm (Qwen3's q_norm and k_norm): weight
+// (1, headDim) F32, as NormOps.RMSNorm applies it to every head.
+type HeadNorm struct {
+	W      Tensor
+	Eps    float32
+	Offset bool
+}
+
 // AttentionOps are paged causal attention over the KV cache.
 type AttentionOps interface {
+	// PrepareQKV is the step between the fused q/k/v projection and
+	// Attention, in one op: for every row of qkv (N, (Heads + 2·KVHeads)·
+	// HeadDim) F32, laid out [q | k | v], it normalises each q head with qn
+	// and each k head with kn (RMSNorm; nil for none), rotates q and k at
+	// p.Pos with r (nil for none), writes q into q (N, Heads·HeadDim) F32
+	// and stores k and v into the cache layer kc, vc at p.Slot exactly as
+	// RMSNorm, RoPE and StoreKV in sequence would. qkv is not modified.
+	PrepareQKV(q, kc, vc, qkv Tensor, qn, kn *HeadNorm, r *Rotary, p *Paged, s AttnShape)
+
 	// StoreKV writes k and v (N, KVHeads·HeadDim) F32 into the cache layer
 	// kc, vc (slots, KVHeads·HeadDim), F32 or BF16 (rounded to nearest
 	// even), at each row's p.Slot.
@@ -547,4 +581,18 @@ type KPoolOps interface {
 	// then −1. q is (N, Heads·Dim) and w (N, Heads) F32; the scores are
 	// float64 sums. The step's rows must be stored first.
 	KPoolSelect(sel, q, w, cache Tensor, p *Paged, kp *KPool)
+}
+
+// SampleOps reduce logit rows on the device, so that a step returns a few
+// candidates per row instead of the vocabulary (engine/runtime samples from
+// them; engine/sample says when they suffice). Discovered by type assertion
+// like MLAOps.
+type SampleOps interface {
+	// TopKRows sets out (R, 2k) F32, 1 ≤ k ≤ V, to the k best entries of
+	// each row of logits (R, V) F32, best first: the larger value first,
+	// ties to the lower column, NaN counted as −∞ and −0 as +0. Row i of
+	// out is [values (k) | columns (k)]: the values as ordered (NaN written
+	// as −∞, −0 as +0), the columns as float32 (exact: V ≤ 2^24). With
+	// k = 1 it is the greedy argmax.
+	TopKRows(out, logits Tensor)
 }

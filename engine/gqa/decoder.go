@@ -163,9 +163,12 @@ func (d *Decoder) CacheLayout() kvcache.Layout { return append(kvcache.Layout(ni
 // Inputs are a step's row maps, kept on the device between steps and grown
 // when a step needs more.
 type Inputs struct {
-	ids, pos, seq, slot, rows, lrows kernels.Tensor // (cap, 1) I32
-	blocks                           kernels.Tensor // (cap, 1) I32, viewed as (seqs, maxBlocks)
-	start, state                     kernels.Tensor // (cap, 1) I32 hybrids: sequence starts, state rows
+	// packed holds a step's ids, positions, sequences, slots, hidden and
+	// logit rows and block table one after another, written with one
+	// WriteI32 (one copy to the device, not seven).
+	packed       kernels.Tensor // (cap, 1) I32
+	start, state kernels.Tensor // (cap, 1) I32 hybrids: sequence starts, state rows
+	hPacked      []int32
 
 	hid kernels.Tensor // (cap, hidden) F32 the MTP layer's input hidden states
 
@@ -279,6 +282,7 @@ func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body
 	if err != nil {
 		return nil, fmt.Errorf("gqa: %w", err)
 	}
+	st.Top = b.Top
 	return body(st)
 }
 
@@ -327,6 +331,11 @@ type Step struct {
 	IDs         kernels.Tensor    // (N, 1) I32 token ids
 	Rows, LRows kernels.Tensor    // (NH, 1), (NL, 1) I32 rows whose hidden states / logits are returned
 	NH, NL      int
+
+	// Top is the batch's model.Batch.Top: Head reduces every logit row to
+	// its Top best entries when the device has kernels.SampleOps.
+	Top int
+	top kernels.Tensor // (NL, 2·Top) F32 Head's reduction; the zero Tensor for none
 }
 
 // Ctx is the step's block context on dev for batch b, with b's recurrent
@@ -342,13 +351,21 @@ func (st *Step) Ctx(dev kernels.Device, b *model.Batch) *Ctx {
 // Head is the output head: h (N, hidden) holds the final norm of every
 // row; it gathers the rows that want logits and runs head over them only,
 // and gathers the rows whose hidden states are returned. Either result is
-// the zero Tensor when no row wants it.
+// the zero Tensor when no row wants it. With st.Top and a device with
+// kernels.SampleOps it also reduces every logit row to its best entries,
+// which Outputs reads instead of the rows.
 func (st *Step) Head(dev kernels.Device, h kernels.Tensor, head *kernels.Mat) (logits, hid kernels.Tensor) {
+	st.top = kernels.Tensor{}
 	if st.NL > 0 {
 		lx := dev.Scratch(kernels.F32, st.NL, h.Cols) // (logit rows, hidden)
 		dev.GatherRows(lx, h, st.LRows)
 		logits = dev.Scratch(kernels.F32, st.NL, head.Rows) // (logit rows, vocab)
 		dev.Linear(logits, lx, head, kernels.Epilogue{})
+		if so, ok := dev.(kernels.SampleOps); ok && st.Top > 0 {
+			k := min(st.Top, head.Rows)
+			st.top = dev.Scratch(kernels.F32, st.NL, 2*k) // (logit rows, [values | ids]) best entries
+			so.TopKRows(st.top, logits)
+		}
 	}
 	if st.NH > 0 {
 		hid = dev.Scratch(kernels.F32, st.NH, h.Cols) // (hidden rows, hidden)
@@ -365,6 +382,7 @@ func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 	for i := range b.Seqs {
 		maxBlocks = max(maxBlocks, len(b.Seqs[i].KV.Blocks()))
 	}
+	maxBlocks = tableWidth(maxBlocks)
 	in.hBlocks = append(in.hBlocks[:0], make([]int32, len(b.Seqs)*maxBlocks)...)
 	row := 0
 	for i := range b.Seqs {
@@ -387,23 +405,43 @@ func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 	}
 	st := &Step{Pos: in.hPos, NH: len(in.hRows), NL: len(in.hLRows)}
 	st.Paged.BlockSize = b.Cache.BlockSize()
-	var err error
-	for _, f := range []struct {
+	parts := []struct {
 		dst  *kernels.Tensor
-		buf  *kernels.Tensor
 		host []int32
 	}{
-		{&st.IDs, &in.ids, in.hIDs}, {&st.Paged.Pos, &in.pos, in.hPos}, {&st.Paged.Seq, &in.seq, in.hSeq},
-		{&st.Paged.Slot, &in.slot, in.hSlot}, {&st.Rows, &in.rows, in.hRows}, {&st.LRows, &in.lrows, in.hLRows},
-		{&st.Paged.Blocks, &in.blocks, in.hBlocks},
-	} {
-		if *f.dst, err = EnsureI32(dev, f.buf, len(f.host)); err != nil {
-			return nil, fmt.Errorf("step inputs: %w", err)
-		}
-		dev.WriteI32(*f.dst, f.host)
+		{&st.IDs, in.hIDs}, {&st.Paged.Pos, in.hPos}, {&st.Paged.Seq, in.hSeq}, {&st.Paged.Slot, in.hSlot},
+		{&st.Rows, in.hRows}, {&st.LRows, in.hLRows}, {&st.Paged.Blocks, in.hBlocks},
+	}
+	in.hPacked = in.hPacked[:0]
+	for _, f := range parts {
+		in.hPacked = append(in.hPacked, f.host...)
+	}
+	all, err := EnsureI32(dev, &in.packed, len(in.hPacked))
+	if err != nil {
+		return nil, fmt.Errorf("step inputs: %w", err)
+	}
+	dev.WriteI32(all, in.hPacked)
+	off := 0
+	for _, f := range parts {
+		*f.dst = all.Slice(off, off+len(f.host))
+		off += len(f.host)
 	}
 	st.Paged.Blocks = st.Paged.Blocks.Reshape(len(b.Seqs), maxBlocks)
 	return st, nil
+}
+
+// tableWidth is the block-table width of a step whose longest sequence
+// holds n blocks: the next power of two (at least 4), so that the width
+// (a launch parameter of attention) changes a few times over a long
+// generation instead of every BlockSize tokens, and a device that replays
+// repeated steps (CUDA graphs) keeps replaying. The extra columns are
+// never read: a row reads only the blocks up to its position.
+func tableWidth(n int) int {
+	w := 4
+	for w < n {
+		w *= 2
+	}
+	return w
 }
 
 // UploadStates resets the state slots of b's sequences at position 0 (no
@@ -432,14 +470,23 @@ func (in *Inputs) UploadStates(dev kernels.Device, b *model.Batch, st *Step) err
 }
 
 // Outputs reads the logit and hidden rows that Head returned back (after
-// the step) and splits them per sequence.
+// the step) and splits them per sequence. When Head reduced the logit rows
+// it reads their best entries, in one copy, and the whole rows of the
+// sequences with model.Seq.Full only; Output.Logits reads the others' on
+// demand until the next step.
 func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) *model.Output {
-	var lg, hs []float32
-	var vocab, hidden int
+	var lg, hs, top []float32
+	var vocab, hidden, k int
 	if logits.Valid() {
-		lg = make([]float32, logits.Elems())
-		dev.ReadF32(lg, logits)
 		vocab = logits.Cols
+		if st.top.Valid() {
+			k = st.top.Cols / 2
+			top = make([]float32, st.top.Elems())
+			dev.ReadF32(top, st.top)
+		} else {
+			lg = make([]float32, logits.Elems())
+			dev.ReadF32(lg, logits)
+		}
 	}
 	if hid.Valid() {
 		hs = make([]float32, hid.Elems())
@@ -447,17 +494,42 @@ func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.
 		hidden = hid.Cols
 	}
 	out := &model.Output{Seqs: make([]model.SeqOutput, len(b.Seqs))}
+	first := make([]int, 0, len(b.Seqs)+1) // (seqs+1) first logit row of each sequence
 	lrow, hrow := 0, 0
 	for i := range b.Seqs {
-		s := &b.Seqs[i]
+		s, o := &b.Seqs[i], &out.Seqs[i]
+		first = append(first, lrow)
 		if nl := s.LogitRows(); nl > 0 {
-			out.Seqs[i].Logits = lg[lrow*vocab : (lrow+nl)*vocab : (lrow+nl)*vocab]
+			switch {
+			case lg != nil:
+				o.Logits = lg[lrow*vocab : (lrow+nl)*vocab : (lrow+nl)*vocab]
+			case s.Full:
+				o.Logits = make([]float32, nl*vocab)
+				dev.ReadF32(o.Logits, logits.Slice(lrow, lrow+nl))
+			default:
+				o.Top, o.TopVals, o.TopIDs = k, make([]float32, nl*k), make([]int32, nl*k)
+				for r := range nl {
+					row := top[(lrow+r)*2*k : (lrow+r+1)*2*k]
+					copy(o.TopVals[r*k:], row[:k])
+					for j, id := range row[k:] {
+						o.TopIDs[r*k+j] = int32(id) // exact: ids below 2^24
+					}
+				}
+			}
 			lrow += nl
 		}
 		if s.Hidden {
 			nh := len(s.Tokens)
 			out.Seqs[i].Hidden = hs[hrow*hidden : (hrow+nh)*hidden : (hrow+nh)*hidden]
 			hrow += nh
+		}
+	}
+	if top != nil {
+		first = append(first, lrow)
+		out.Logits = func(i int) []float32 {
+			rows := make([]float32, (first[i+1]-first[i])*vocab)
+			dev.ReadF32(rows, logits.Slice(first[i], first[i+1]))
+			return rows
 		}
 	}
 	return out

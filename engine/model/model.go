@@ -181,6 +181,10 @@ type Seq struct {
 	// state as it was after position Pos-1 and leaves it as it is after the
 	// last token of this chunk.
 	State *linattn.Slot
+
+	// Full keeps this sequence's logit rows whole when Batch.Top asks for
+	// the best entries only (a sampler that needs the whole row).
+	Full bool
 }
 
 // LogitRows is how many logit rows the sequence's chunk returns.
@@ -199,6 +203,14 @@ type Batch struct {
 	Cache  *kvcache.Cache     // the storage every Seq.KV lives in; its layout must be the model's
 	States *linattn.StatePool // the pool every Seq.State lives in; nil for models without linear layers
 	Seqs   []Seq
+
+	// Top, when positive, asks for each logit row's Top best entries
+	// (SeqOutput.Top), reduced on the model's device, instead of the row,
+	// for every sequence without Seq.Full: a step then sends back a few
+	// values per row rather than the vocabulary. Top is capped at the
+	// vocabulary. A model that cannot reduce returns the rows; callers
+	// look at SeqOutput.Top.
+	Top int
 }
 
 // Tokens is the total number of tokens in the batch.
@@ -214,12 +226,34 @@ func (b *Batch) Tokens() int {
 // slices are freshly allocated and owned by the caller.
 type Output struct {
 	Seqs []SeqOutput
+
+	// Logits, when not nil, reads the whole logit rows of batch sequence i
+	// that Batch.Top reduced, from the device (rows·vocab values, as
+	// SeqOutput.Logits would hold them): a sampler's fallback when the best
+	// entries do not decide. It is valid until the model's next forward
+	// pass.
+	Logits func(i int) []float32
 }
 
 // SeqOutput is one sequence's results.
 type SeqOutput struct {
-	Logits []float32 // (rows, vocab): rows is 0, 1 or len(Tokens) per Seq.Logits
+	Logits []float32 // (rows, vocab): rows is 0, 1 or len(Tokens) per Seq.Logits; nil when Top > 0
 	Hidden []float32 // (len(Tokens), hidden) when Seq.Hidden, else nil
+
+	// Top is the number of best entries per logit row when the model
+	// reduced the rows (Batch.Top), else 0. TopVals and TopIDs (rows,
+	// Top) are each row's best logits and their ids, best first: the
+	// larger value, ties to the lower id, NaN as -Inf
+	// (kernels.SampleOps.TopKRows's order).
+	Top     int
+	TopVals []float32
+	TopIDs  []int32
+}
+
+// TopRow is logit row r's best entries (Top > 0).
+func (o *SeqOutput) TopRow(r int) (vals []float32, ids []int32) {
+	k := o.Top
+	return o.TopVals[r*k : (r+1)*k : (r+1)*k], o.TopIDs[r*k : (r+1)*k : (r+1)*k]
 }
 
 // Validate checks b against a model's vocabulary and cache layout: every
@@ -231,6 +265,9 @@ func (b *Batch) Validate(vocab int, layout kvcache.Layout) error {
 	}
 	if !slices.Equal(b.Cache.Layout(), layout) {
 		return fmt.Errorf("model: cache layout does not match the model's")
+	}
+	if b.Top < 0 {
+		return fmt.Errorf("model: batch Top %d is negative", b.Top)
 	}
 	seen := make(map[*kvcache.Seq]bool, len(b.Seqs))
 	for i := range b.Seqs {

@@ -1,6 +1,7 @@
 package runtime_test
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
+	"github.com/ferrite-llm/ferrite/engine/sample"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
@@ -111,6 +113,99 @@ func BenchmarkChatTurn10(b *testing.B) {
 			b.ReportMetric(float64(ttft.Milliseconds())/float64(n), "ttft-ms")
 			b.ReportMetric(float64(prompt), "prompt-tokens")
 			b.ReportMetric(float64(cached)/float64(n), "cached-tokens")
+		})
+	}
+}
+
+// benchWideVocab is a model whose cost is its vocabulary: Qwen3's 151,936
+// logits per row over a tiny body, to show the host work that grows with
+// the batch (reading logit rows back, sampling them).
+const benchWideVocab = `{
+  "model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
+  "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 64,
+  "vocab_size": 151936, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+  "rope_theta": 10000.0, "tie_word_embeddings": false
+}`
+
+// timedModel adds up the wall time spent in Forward.
+type timedModel struct {
+	model.Model
+	fwd   time.Duration
+	steps int
+}
+
+func (m *timedModel) Unwrap() model.Model { return m.Model }
+
+func (m *timedModel) Forward(b *model.Batch) (*model.Output, error) {
+	t := time.Now()
+	out, err := m.Model.Forward(b)
+	m.fwd += time.Since(t)
+	m.steps++
+	return out, err
+}
+
+// BenchmarkDecodeBatch decodes 8 and 32 sequences at once on the CPU
+// backend, greedy and with top-k sampling (both from the rows' best
+// entries), and splits a decode step's wall time into Forward (the ops,
+// the step inputs, reading the outputs) and the rest (scheduling,
+// sampling, posting tokens). (Top-p alone samples whole rows, and random
+// weights give nearly uniform rows: a nucleus of most of the vocabulary
+// to sort, about 80 ms a row here, which says nothing about real models.)
+// Run with
+//
+//	go test -run '^$' -bench DecodeBatch -benchtime 2x ./engine/runtime
+func BenchmarkDecodeBatch(b *testing.B) {
+	cfg, err := config.Parse("config.json", []byte(benchWideVocab))
+	if err != nil {
+		b.Fatal(err)
+	}
+	be := cpu.New(0)
+	defer be.Close()
+	inner, err := model.New(cfg, randweights.New(13, kernels.F32), be)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const prompt, gen = 8, 48
+	for _, c := range []struct {
+		name string
+		seqs int
+		p    sample.Params
+	}{
+		{"greedy", 8, greedy}, {"greedy", 32, greedy},
+		{"top-k", 32, sample.Params{Temperature: 0.8, TopK: 40, Seed: 1}},
+	} {
+		seqs := c.seqs
+		b.Run(fmt.Sprintf("%s/seqs=%d", c.name, seqs), func(b *testing.B) {
+			m := &timedModel{Model: inner}
+			r, err := runtime.New(m, runtime.Options{KVBudget: int64(seqs*(prompt+gen+32)) * m.Info().KVBytesPerToken, MaxSeqs: seqs})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			rng := rand.New(rand.NewPCG(5, 6))
+			var wall, fwd time.Duration
+			steps := 0
+			for b.Loop() {
+				f0, s0 := m.fwd, m.steps
+				start := time.Now()
+				streams := make([]*runtime.Stream, seqs)
+				for i := range streams {
+					if streams[i], err = r.Generate(b.Context(), runtime.Request{Prompt: randPrompt(rng, prompt, m.Info().Vocab), MaxTokens: gen, Sampling: c.p}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for _, s := range streams {
+					if res := s.Collect(); res.Err != nil {
+						b.Fatal(res.Err)
+					}
+				}
+				wall += time.Since(start)
+				fwd += m.fwd - f0
+				steps += m.steps - s0
+			}
+			b.ReportMetric(wall.Seconds()*1e3/float64(steps), "ms/step")
+			b.ReportMetric(fwd.Seconds()*1e3/float64(steps), "forward-ms/step")
+			b.ReportMetric((wall-fwd).Seconds()*1e3/float64(steps), "host-ms/step")
 		})
 	}
 }

@@ -20,6 +20,8 @@ type scheduler struct {
 	batch    model.Batch // the step being built; batch.Seqs[i] belongs to step[i]
 	step     []*seq      // (len(batch.Seqs)) the sequence of each batch entry
 	cur      *seq        // the sequence being scheduled or sampled, for panic blame
+	drawn    []drawn     // (len(step)) tokens drawn ahead by presample (pick.go)
+	todo     []int       // presample's scratch: the entries it draws
 	preempts int         // preemptions in the step being built
 
 	// The MTP passes of the step (spec.go).
@@ -35,6 +37,7 @@ type scheduler struct {
 	winStart                                         time.Time // start of the steps/s window
 	winSteps                                         int       // steps in the window
 	stepsPerSec                                      float64
+	topRows, topMisses                               uint64     // rows sampled from their best entries; rows those could not decide
 	lastDrafts                                       int        // draft tokens verified in the last step
 	spec                                             specCounts // speculative decoding since New
 	cost                                             draftCost  // cost of drafting vs plain steps (cost.go)
@@ -168,6 +171,7 @@ func (sc *scheduler) runStep() {
 		sc.failStep(fmt.Errorf("runtime: MTP draft: %w", err))
 		return
 	}
+	askTop(&sc.batch, sc.step, func(i int) bool { return sc.step[i].sp != nil && sc.step[i].sp.k > 0 })
 	out, err := sc.r.m.Forward(&sc.batch)
 	if err == nil {
 		err = sc.checkOutput(out)
@@ -181,12 +185,13 @@ func (sc *scheduler) runStep() {
 	}
 	now := time.Now()
 	sc.account(start, now)
+	sc.presample(out)
 	gen, timed, specs := sc.genToks, true, false // timed: a decode step, for the drafting cost
 	for i, s := range sc.step {
 		e, o := &sc.batch.Seqs[i], &out.Seqs[i]
 		specs = specs || s.sp != nil
 		if s.sp != nil && s.sp.k > 0 {
-			sc.verifySafe(s, e, o, now)
+			sc.verifySafe(s, e, out, i, now)
 			continue
 		}
 		n := len(e.Tokens)
@@ -202,7 +207,7 @@ func (sc *scheduler) runStep() {
 			sc.promptDone(s)
 		}
 		if e.Logits == model.LastLogits {
-			sc.advanceSafe(s, o.Logits, now)
+			sc.advanceSafe(s, out, i, now)
 		}
 	}
 	if timed && specs && !sc.mtpPrompt && !sc.r.opts.DraftIgnoreCost {
@@ -224,10 +229,11 @@ func (sc *scheduler) checkOutput(out *model.Output) error {
 	vocab, hidden := sc.r.info.Vocab, sc.r.info.Hidden
 	for i := range sc.batch.Seqs {
 		e, o := &sc.batch.Seqs[i], &out.Seqs[i]
-		rows := e.LogitRows()
-		if len(o.Logits) != rows*vocab || e.Hidden && len(o.Hidden) != len(e.Tokens)*hidden {
-			return fmt.Errorf("sequence %d: %d logits and %d hidden values for %d tokens (vocab %d, hidden %d)",
-				i, len(o.Logits), len(o.Hidden), len(e.Tokens), vocab, hidden)
+		if err := checkLogits(e, o, out, vocab, sc.batch.Top); err != nil {
+			return fmt.Errorf("sequence %d (%d tokens, vocab %d): %w", i, len(e.Tokens), vocab, err)
+		}
+		if e.Hidden && len(o.Hidden) != len(e.Tokens)*hidden {
+			return fmt.Errorf("sequence %d: %d hidden values for %d tokens (hidden %d)", i, len(o.Hidden), len(e.Tokens), hidden)
 		}
 	}
 	return nil
@@ -547,21 +553,26 @@ func (sc *scheduler) preempt(s *seq) {
 
 // ** after the forward pass **
 
-// advanceSafe samples the next token of s, turning a panic (sampler,
-// decoder) into an Error event for s alone.
-func (sc *scheduler) advanceSafe(s *seq, logits []float32, now time.Time) {
+// advanceSafe samples the next token of s from its entry i of out,
+// turning a panic (sampler, decoder) into an Error event for s alone.
+func (sc *scheduler) advanceSafe(s *seq, out *model.Output, i int, now time.Time) {
 	defer func() {
 		if p := recover(); p != nil {
 			sc.finish(s, Event{Type: EventError, Err: &PanicError{Value: p, Stack: debug.Stack()}}, now)
 		}
 	}()
 	sc.cur = s
-	sc.advance(s, logits, now)
-}
-
-// advance samples s's next token from logits (vocab) and emits it.
-func (sc *scheduler) advance(s *seq, logits []float32, now time.Time) {
-	sc.emit(s, s.sampler.Sample(logits, s.tokens), now)
+	tok := int32(0)
+	switch d := &sc.drawn[i]; {
+	case d.panic != nil:
+		sc.finish(s, Event{Type: EventError, Err: &PanicError{Value: d.panic, Stack: d.stack}}, now)
+		return
+	case d.done:
+		tok = d.tok
+	default:
+		tok = sc.pick(s, out, i, 0, s.tokens)
+	}
+	sc.emit(s, tok, now)
 }
 
 // emit appends tok to s's output and posts it, and ends the request when a

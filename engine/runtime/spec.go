@@ -255,6 +255,7 @@ func (sc *scheduler) draft() error {
 		sc.mtpSeqs = append(sc.mtpSeqs, s)
 	}
 	for i := 0; len(b.Seqs) > 0; i++ {
+		askTop(b, sc.mtpSeqs, func(int) bool { return true })
 		out, err := r.mtp.ForwardMTP(b, sc.mtpHidden)
 		if err != nil {
 			return err
@@ -270,7 +271,7 @@ func (sc *scheduler) draft() error {
 				sp.mtpDone += rows
 			}
 			if sp.k > i {
-				sc.pickDraft(s, i, o.Logits)
+				sc.pickDraft(s, i, out, j)
 				if o.Hidden != nil {
 					sp.mtpH = o.Hidden[len(o.Hidden)-w:]
 				}
@@ -307,42 +308,44 @@ func (sc *scheduler) checkMTP(out *model.Output) error {
 	vocab, hidden := sc.r.info.Vocab, sc.r.info.Hidden
 	for i := range b.Seqs {
 		e, o := &b.Seqs[i], &out.Seqs[i]
-		rows := 0
-		if e.Logits == model.LastLogits {
-			rows = 1
+		if e.Logits == model.AllLogits {
+			return fmt.Errorf("ForwardMTP sequence %d: all-rows logits asked of the MTP module", i)
 		}
-		if len(o.Logits) != rows*vocab || e.Hidden && len(o.Hidden) != len(e.Tokens)*hidden {
-			return fmt.Errorf("ForwardMTP sequence %d: %d logits and %d hidden values for %d tokens (vocab %d, hidden %d)",
-				i, len(o.Logits), len(o.Hidden), len(e.Tokens), vocab, hidden)
+		if err := checkLogits(e, o, out, vocab, b.Top); err != nil {
+			return fmt.Errorf("ForwardMTP sequence %d (%d tokens, vocab %d): %w", i, len(e.Tokens), vocab, err)
+		}
+		if e.Hidden && len(o.Hidden) != len(e.Tokens)*hidden {
+			return fmt.Errorf("ForwardMTP sequence %d: %d hidden values for %d tokens (hidden %d)", i, len(o.Hidden), len(e.Tokens), hidden)
 		}
 	}
 	return nil
 }
 
-// pickDraft draws draft i of s from the MTP's logits, with s's own sampler
-// (greedy: its argmax), keeping the distribution for verification.
-func (sc *scheduler) pickDraft(s *seq, i int, logits []float32) {
+// pickDraft draws draft i of s from the MTP's logits (entry j of out),
+// with s's own sampler (greedy: its argmax), keeping the distribution for
+// verification.
+func (sc *scheduler) pickDraft(s *seq, i int, out *model.Output, j int) {
 	sp := s.sp
 	at := sp.pending + i
 	hist := append(s.tokens, sp.buf[sp.pending:at]...) // the history the draft follows
 	if s.sampler.Params().Temperature == 0 {
-		sp.buf[at] = s.sampler.Sample(logits, hist)
+		sp.buf[at] = sc.pick(s, out, j, 0, hist)
 		return
 	}
-	q := s.sampler.Probs(logits, hist)
+	q := s.sampler.Probs(out.Seqs[j].Logits, hist) // a Full entry
 	sp.buf[at] = s.sampler.SampleFrom(q)
 	sp.q = append(sp.q[:i], q)
 }
 
 // verifySafe is verify, turning a panic into an Error event for s alone.
-func (sc *scheduler) verifySafe(s *seq, e *model.Seq, o *model.SeqOutput, now time.Time) {
+func (sc *scheduler) verifySafe(s *seq, e *model.Seq, out *model.Output, i int, now time.Time) {
 	defer func() {
 		if p := recover(); p != nil {
 			sc.finish(s, Event{Type: EventError, Err: &PanicError{Value: p, Stack: debug.Stack()}}, now)
 		}
 	}()
 	sc.cur = s
-	sc.verify(s, e, o, now)
+	sc.verify(s, e, out, i, now)
 }
 
 // verify judges s's drafts against the target's logits, in order: greedy
@@ -353,24 +356,21 @@ func (sc *scheduler) verifySafe(s *seq, e *model.Seq, o *model.SeqOutput, now ti
 // corrected token; if every draft passes, a bonus token is drawn from the
 // last row. Then the cache is cut back to the accepted positions and a
 // hybrid model's recurrent state rolled back (see doc.go).
-func (sc *scheduler) verify(s *seq, e *model.Seq, o *model.SeqOutput, now time.Time) {
-	r, sp := sc.r, s.sp
+func (sc *scheduler) verify(s *seq, e *model.Seq, out *model.Output, i int, now time.Time) {
+	r, sp, o := sc.r, s.sp, &out.Seqs[i]
 	P, k, c, vocab := sp.pending, sp.k, e.Pos, r.info.Vocab
 	sc.promptToks += uint64(P - 1) // a hybrid's recomputation after a rollback
 	greedy := s.sampler.Params().Temperature == 0
 	judged, a, alive := 0, 0, true
 	for j := 0; j <= k && alive; j++ {
-		row := o.Logits[(P-1+j)*vocab : (P+j)*vocab]
 		var tok int32
 		ok := false
 		switch {
-		case j == k: // every draft passed: the bonus token
-			tok = s.sampler.Sample(row, s.tokens)
-		case greedy:
-			tok = s.sampler.Sample(row, s.tokens)
-			ok = tok == sp.buf[P+j]
-		default:
-			tok, ok = sc.judge(s, row, j)
+		case greedy || j == k: // every draft passed: the bonus token
+			tok = sc.pick(s, out, i, P-1+j, s.tokens)
+			ok = greedy && j < k && tok == sp.buf[P+j]
+		default: // a Full entry
+			tok, ok = sc.judge(s, o.Logits[(P-1+j)*vocab:(P+j)*vocab], j)
 		}
 		if j < k {
 			judged++

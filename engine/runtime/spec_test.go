@@ -517,6 +517,7 @@ func (o *oracle) Forward(b *model.Batch) (*model.Output, error) {
 }
 
 func (o *oracle) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
+	b.Top = 0 // the oracle rewrites whole logit rows
 	out, err := o.MTPModel.ForwardMTP(b, hidden)
 	if err != nil {
 		return nil, err

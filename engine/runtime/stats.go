@@ -36,6 +36,12 @@ type Stats struct {
 	Failed          uint64 // requests ended by an Error event since New (panics, Forward errors, Close)
 	MaxSeqLen       int    // see Runtime.MaxSeqLen
 
+	// Sampling from the best entries of logit rows, reduced on the model's
+	// device (model.Batch.Top), since New: rows sampled that way, and rows
+	// whose entries could not decide and were read whole.
+	TopRows   uint64
+	TopMisses uint64
+
 	// Conversation reuse (Options.PrefixCache).
 	PrefixEntries    int    // cached prefixes held
 	PrefixBlocks     int    // distinct KV blocks they reference (in KVBlocksUsed; some may be shared with running sequences)
@@ -122,6 +128,8 @@ func (r *Runtime) publish() {
 		Preemptions:     sc.preemptTotal,
 		Failed:          sc.failed,
 		MaxSeqLen:       r.limit,
+		TopRows:         sc.topRows,
+		TopMisses:       sc.topMisses,
 		LastDraftTokens: sc.lastDrafts,
 		VerifySteps:     sc.spec.steps,
 		DraftTokens:     sc.spec.drafted,

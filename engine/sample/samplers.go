@@ -15,6 +15,12 @@
 // SampleFrom draws from any distribution with the sampler's generator.
 // Sample(logits, history) ≡ SampleFrom(Probs(logits, history)): same token,
 // same generator state afterwards; Sample just never builds the full vector.
+//
+// A row's best entries are often enough: greedy decoding needs the first,
+// top-k sampling (without penalties) a few more than k. Candidates says how
+// many, and SampleTop draws from them exactly what Sample would draw from
+// the row, or reports that they cannot decide; so a GPU can reduce the
+// logits (kernels.SampleOps) and send back a few hundred values per row.
 package sample
 
 import (
@@ -109,7 +115,12 @@ func (s *Sampler) Uniform() float32 { return s.rng.Float32() }
 // the lowest id. If no logit is above -Inf it returns 0. It panics if logits
 // is empty.
 func (s *Sampler) Sample(logits []float32, history []int32) int32 {
-	ts := s.dist(logits, history)
+	return s.draw(s.dist(logits, history))
+}
+
+// draw picks a token from the kept tokens ts (id order), consuming one
+// generator draw unless at most one has a positive probability.
+func (s *Sampler) draw(ts []token) int32 {
 	var total float64
 	positive, last := 0, int32(0)
 	for _, t := range ts {
@@ -132,6 +143,90 @@ func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 		}
 	}
 	return last // rounding left target at the very top
+}
+
+// MaxCandidates bounds Candidates: top-k sampling from a row's best
+// entries works for TopK < MaxCandidates.
+const MaxCandidates = 256
+
+// Candidates is how many of a logit row's best entries SampleTop needs to
+// draw exactly what Sample would draw from the whole row: 1 for greedy
+// decoding, TopK+1 for top-k sampling; 0 when it needs the row (penalties,
+// which change any logit of the history; sampling without top-k, whose
+// softmax sums the whole vocabulary; TopK ≥ MaxCandidates).
+func (s *Sampler) Candidates() int {
+	p := &s.p
+	switch {
+	case p.RepeatPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0:
+		return 0
+	case p.Temperature == 0:
+		return 1
+	case p.TopK > 0 && p.TopK < MaxCandidates:
+		return p.TopK + 1
+	}
+	return 0
+}
+
+// SampleTop is Sample from a row's best entries rather than the row: vals
+// and ids are the len(vals) best logits of a row of vocab and their ids,
+// best first (larger value, ties to the lower id, NaN as -Inf), as
+// kernels.SampleOps.TopKRows returns them, with len(vals) ≥ Candidates()
+// or = vocab. It returns Sample's token, leaving the generator in
+// Sample's state, and true; or false, having consumed nothing, when the
+// entries cannot decide: fewer than Candidates(), or a temperature that
+// may round the worst kept logit and one left out to the same value (a
+// tie the lower id wins, and the entries cannot show every id). Then
+// the caller samples the row. Only long runs of equal or nearly equal
+// logits around the cut do that: give it more entries than it needs.
+func (s *Sampler) SampleTop(vals []float32, ids []int32, vocab int) (int32, bool) {
+	K, need := len(vals), s.Candidates()
+	if need == 0 || K < need && K != vocab || K == 0 || len(ids) != K {
+		return 0, false
+	}
+	negInf := float32(math.Inf(-1))
+	if s.p.Temperature == 0 {
+		if !(vals[0] > negInf) {
+			return 0, true // Sample's answer when no logit is above -Inf
+		}
+		return ids[0], true
+	}
+	ts := s.tokens[:0]
+	for i, v := range vals {
+		if v > negInf {
+			ts = append(ts, token{id: ids[i], v: v})
+		}
+	}
+	s.tokens = ts
+	if len(ts) < K || K == vocab {
+		// Every logit of the row above -Inf is here: the same candidates
+		// as Sample's, once in id order.
+		if len(ts) == 0 {
+			return 0, true
+		}
+		slices.SortFunc(ts, func(a, b token) int { return int(a.id) - int(b.id) })
+		return s.draw(s.truncate(ts)), true
+	}
+	// More than K tokens are above -Inf, so top-k applies (TopK < K). A
+	// token left out has a logit below the K-th's, vK, hence (temper is
+	// monotone) a value at most that of the float just below vK; or vK
+	// itself and a higher id than every entry here with vK (ties went to
+	// the lower id). When both kinds lose to the worst kept token, no
+	// token left out could have been kept.
+	m, vK, maxID := ts[0].v, ts[K-1].v, int32(-1)
+	for _, t := range ts {
+		if t.v == vK {
+			maxID = max(maxID, t.id)
+		}
+	}
+	below := temper(math.Nextafter32(vK, negInf), m, s.p.Temperature)
+	temperature(ts, s.p.Temperature)
+	tK := ts[K-1].v
+	ts = topK(ts, s.p.TopK)
+	last := ts[len(ts)-1]
+	if !(below < last.v && (tK < last.v || tK == last.v && last.id <= maxID)) {
+		return 0, false
+	}
+	return s.draw(s.finish(ts, true)), true
 }
 
 // Probs returns, in a new slice of len(logits), the distribution Sample
@@ -223,12 +318,27 @@ func (s *Sampler) dist(logits []float32, history []int32) []token {
 		return s.tokens
 	}
 
-	temperature(ts, p.Temperature)
+	return s.truncate(ts)
+}
+
+// truncate runs temperature → top-k → softmax → top-p → min-p →
+// renormalise over ts, the logits above -Inf in id order, and returns the
+// kept tokens with their probabilities in id order.
+func (s *Sampler) truncate(ts []token) []token {
+	temperature(ts, s.p.Temperature)
 	sorted := false
-	if p.TopK > 0 && p.TopK < len(ts) {
-		ts = topK(ts, p.TopK)
+	if s.p.TopK > 0 && s.p.TopK < len(ts) {
+		ts = topK(ts, s.p.TopK)
 		sorted = true
 	}
+	return s.finish(ts, sorted)
+}
+
+// finish runs softmax → top-p → min-p → renormalise over ts (tempered
+// logits, in id order or, when sorted, best first) and returns the kept
+// tokens in id order.
+func (s *Sampler) finish(ts []token, sorted bool) []token {
+	p := &s.p
 	softmax(ts)
 	n := len(ts)
 	if p.TopP < 1 {

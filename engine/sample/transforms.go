@@ -71,8 +71,17 @@ func temperature(ts []token, t float32) {
 		return
 	}
 	for i := range ts {
-		ts[i].v = (ts[i].v - m) / t
+		ts[i].v = temper(ts[i].v, m, t)
 	}
+}
+
+// temper is logit v after temperature t when the largest logit is m: what
+// temperature sets it to. It is monotone in v.
+func temper(v, m, t float32) float32 {
+	if math.IsInf(float64(m), 1) {
+		return v
+	}
+	return (v - m) / t
 }
 
 // topK moves the k best tokens (by value, ties to the lower id) to the front

@@ -278,6 +278,7 @@ func (m *Model) Forward(b *model.Batch) (*model.Output, error) {
 	if err != nil {
 		return nil, fmt.Errorf("glm5_next: %w", err)
 	}
+	st.Top = b.Top
 	n, H, hc := b.Tokens(), m.p.hidden, m.p.hc
 	var logits, hid kernels.Tensor
 	gqa.InStep(dev, func() {
