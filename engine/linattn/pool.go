@@ -152,6 +152,13 @@ func (p *StatePool) Row(s *Slot) int {
 	return s.row
 }
 
+// SnapshotRow is snapshot sn's row in the pool's tensors (an op writes it
+// through kernels.Recurrent.Record).
+func (p *StatePool) SnapshotRow(sn *Snapshot) int {
+	p.checkSnap(sn)
+	return sn.row
+}
+
 // grow makes the tensors at least n rows long, copying what they held.
 func (d *devStore) grow(layers []LayerShape, n int) error {
 	if n <= d.rows {
