@@ -176,12 +176,16 @@ func (sc *scheduler) scheduleDrafts(budget int) int {
 		}
 		if s.slot != nil {
 			// One snapshot per row a rejection may roll back to, keeping
-			// the slots that waiting requests could be admitted into.
-			if k = min(k, sc.stateFree()-sc.waitingSlots()); k <= 0 || !sc.stateRoom(k, nil) {
+			// the slots that waiting requests could be admitted into:
+			// from the free rows, or else one draft for which the oldest
+			// cached prefix's checkpoint may go.
+			if free := r.states.Available() - sc.waitingSlots(); free > 0 {
+				k = min(k, free)
+			} else if k = 1; sc.stateFree() <= sc.waitingSlots() || !sc.stateRoom(1, nil) {
 				continue
 			}
 			for range k {
-				snap, err := r.states.NewSnapshot()
+				snap, err := r.states.NewRecord()
 				if err != nil {
 					break
 				}
@@ -381,6 +385,10 @@ func (sc *scheduler) verify(s *seq, e *model.Seq, out *model.Output, i int, now 
 	r, sp, o := sc.r, s.sp, &out.Seqs[i]
 	P, k, c, vocab := sp.pending, sp.k, e.Pos, r.info.Vocab
 	greedy := s.sampler.Params().Temperature == 0
+	// The pending tokens' hidden states stand whatever is accepted: known
+	// before a token is emitted, so that a prefix cached when the request
+	// finishes here (retain, up to them) keeps its MTP rows.
+	sp.addHidden(c, P, o.Hidden, r.info.Hidden)
 	judged, a, alive := 0, 0, true
 	for j := 0; j <= k && alive; j++ {
 		var tok int32
@@ -415,8 +423,9 @@ func (sc *scheduler) verify(s *seq, e *model.Seq, out *model.Output, i int, now 
 	sp.addHidden(c, P+a, o.Hidden, r.info.Hidden)
 	if s.slot != nil && a < k {
 		// The linear layers have run over rejected drafts too: back to the
-		// state the pass recorded after the last accepted position.
-		r.states.Restore(s.slot, sp.recs[a])
+		// state the pass recorded after the last accepted position (the
+		// slot takes the snapshot's row; endDraft frees the old one).
+		r.states.Adopt(s.slot, sp.recs[a])
 	}
 	s.computed = valid
 	r.cache.Truncate(s.kv, valid)
