@@ -15,6 +15,8 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/engine/sample"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -38,6 +40,25 @@ func TestMTPOnDevice(t *testing.T) {
 	if spec == "" {
 		t.Skip("FERRITE_TEST_DEVICE not set")
 	}
+	t.Run("row-variance", func(t *testing.T) {
+		// Where the device's row-wise ops give a row other bits in a call
+		// of several rows (a verification) than alone (plain decoding): the
+		// rounding that can part speculative from plain greedy output at a
+		// near-tie. Reported, not failed: the token checks below decide.
+		be, err := modeltest.Backend()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, ok := be.(kernels.Device)
+		if !ok {
+			t.Skipf("%T is not an op-set device", be)
+		}
+		vs := kerneltest.RowVariances(t, d)
+		for _, v := range vs {
+			t.Log(v)
+		}
+		t.Logf("%d row-variant (op, rows) cases", len(vs))
+	})
 	t.Run("ferrite-tiny", func(t *testing.T) {
 		dir := filepath.Join("..", "builtin", "model") // from engine/, where the test runs
 		if _, err := os.Stat(filepath.Join(dir, "model.gguf")); err != nil {
