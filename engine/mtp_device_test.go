@@ -58,6 +58,16 @@ func TestMTPOnDevice(t *testing.T) {
 			t.Log(v)
 		}
 		t.Logf("%d row-variant (op, rows) cases", len(vs))
+		// Verification steps run in the row-exact mode (gqa.Inputs.Upload),
+		// where none may remain (cuda.test's TestOps/.../RowExact fails then).
+		if kernels.SetRowExact(d, true) {
+			defer kernels.SetRowExact(d, false)
+			vs = kerneltest.RowVariances(t, d)
+			for _, v := range vs {
+				t.Log("row-exact mode:", v)
+			}
+			t.Logf("row-exact mode: %d row-variant cases", len(vs))
+		}
 	})
 	t.Run("ferrite-tiny", func(t *testing.T) {
 		dir := filepath.Join("..", "builtin", "model") // from engine/, where the test runs

@@ -385,6 +385,26 @@ type StateRecorder interface {
 	RecordsStates() bool
 }
 
+// RowExact is implemented by a backend that can give each row of its
+// linear ops (Linear, LinearCat, SwiGLULinear) the bits a call with that
+// row alone gives, whatever the other rows of the call: a speculative
+// verification's rows then reproduce plain decoding's results bit for bit.
+// SetRowExact turns that on or off for the steps that follow (outside a
+// step); it may cost speed on many rows.
+type RowExact interface {
+	SetRowExact(on bool)
+}
+
+// SetRowExact calls be.SetRowExact(on) when be is a RowExact and reports
+// whether it is.
+func SetRowExact(be any, on bool) bool {
+	r, ok := be.(RowExact)
+	if ok {
+		r.SetRowExact(on)
+	}
+	return ok
+}
+
 // RecordsStates reports whether be honours Recurrent.Record.
 func RecordsStates(be any) bool {
 	r, ok := be.(StateRecorder)

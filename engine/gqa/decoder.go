@@ -374,8 +374,21 @@ func (st *Step) Head(dev kernels.Device, h kernels.Tensor, head *kernels.Mat) (l
 	return logits, hid
 }
 
-// Upload writes the batch's ids and row maps to dev (outside a step).
+// exactRows is the most rows of a step that runs with the backend's
+// row-exact linear ops when it verifies drafts: 8 sequences of up to 8
+// tokens (beyond, speculation is off by default: runtime.DraftMaxSeqs).
+const exactRows = 64
+
+// Upload writes the batch's ids and row maps to dev (outside a step). A
+// batch of at most exactRows tokens that verifies drafts (a model.AllLogits
+// entry) runs with the backend's row-exact linear ops (kernels.RowExact),
+// so that its rows get plain decoding's bits.
 func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
+	verify := false
+	for i := range b.Seqs {
+		verify = verify || b.Seqs[i].Logits == model.AllLogits
+	}
+	kernels.SetRowExact(dev, verify && b.Tokens() <= exactRows)
 	in.hIDs, in.hPos, in.hSeq, in.hSlot = in.hIDs[:0], in.hPos[:0], in.hSeq[:0], in.hSlot[:0]
 	in.hRows, in.hLRows = in.hRows[:0], in.hLRows[:0]
 	maxBlocks := 1

@@ -93,3 +93,17 @@ func RowVariances(t *testing.T, d kernels.Device) []RowVariance {
 	}
 	return found
 }
+
+// rowExactTest checks a kernels.RowExact backend with the mode on: the
+// linear ops' cases hold against the references, and no row-wise op of
+// RowVariances gives a row other bits in a call of several rows.
+func rowExactTest(t *testing.T, d kernels.Device) {
+	kernels.SetRowExact(d, true)
+	defer kernels.SetRowExact(d, false)
+	t.Run("Linear", func(t *testing.T) { linearTest(t, d) })
+	t.Run("LinearCat", func(t *testing.T) { linearCatTest(t, d) })
+	t.Run("SwiGLULinear", func(t *testing.T) { swigluLinearTest(t, d) })
+	for _, v := range RowVariances(t, d) {
+		t.Errorf("row-exact mode: %v", v)
+	}
+}
