@@ -111,7 +111,7 @@ if want hybrid; then
 	# tok/s and acceptance per draft length (~30 s).
 	(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda run mtp-test 120 mtp.log "$dev/engine.test" -test.v -test.count 1 \
 		-test.run 'TestMTPOnDevice')
-	grep -hE 'draft [0-9]|^\s*--- (FAIL|PASS)' "$out/mtp.log" | cut -c1-240 | head -50
+	grep -hE 'draft [0-9]|row-|^\s*--- (FAIL|PASS)' "$out/mtp.log" | cut -c1-240 | head -50
 	bench qwen3next 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512 --gen-len 32
 	bench tiny-mtp 60 --model "$root/builtin/model" --concurrency 1 --prompt-len 64 --gen-len 256 --mtp off,on
 fi
