@@ -25,7 +25,8 @@
 // no nvcc. Backend implements the op set (kernels.Device) and the
 // linear-attention, k-pool, mHC and clamp capabilities
 // (kernels.LinearAttentionOps, with kernels.Recurrent.Record for the
-// speculative rollback, KPoolOps, HyperOps, ClampOps) on a Device:
+// speculative rollback, KPoolOps, HyperOps, ClampOps, and kernels.RowExact
+// for verification steps) on a Device:
 // tensors in device memory, a per-step scratch arena, launches queued and
 // handed to the device thread in batches, each weight uploaded once per
 // *kernels.Mat (a kernels.Mat.Random one without Data generated in device
