@@ -25,7 +25,9 @@
 // from; tools/cuda/check_cuda.sh type-checks them with clang where there is
 // no nvcc. Backend implements the op set (kernels.Device) and the
 // linear-attention, k-pool, mHC and clamp capabilities
-// (kernels.LinearAttentionOps, KPoolOps, HyperOps, ClampOps) on a Device:
+// (kernels.LinearAttentionOps, with kernels.Recurrent.Record for the
+// speculative rollback, KPoolOps, HyperOps, ClampOps, and kernels.RowExact
+// for verification steps) on a Device:
 // tensors in device memory, a per-step scratch arena, launches queued and
 // handed to the device thread in batches, each weight uploaded once per
 // *kernels.Mat (a kernels.Mat.Random one without Data generated in device

@@ -135,10 +135,19 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 	b.linearW(dptr(dst), dptr(x), bias, dw, n, e.Accumulate)
 }
 
+// SetRowExact implements kernels.RowExact: while on, Linear, LinearCat and
+// SwiGLULinear sum every row as the n = 1 GEMV sums it alone (gemv.cu's _x
+// kernels: the weight read once per step from memory, at GEMV speed, not
+// cuBLASLt's for many rows). Call it outside a step.
+func (b *Backend) SetRowExact(on bool) { b.rowExact = on }
+
 // linearW queues y (n, w.Rows) = x·wᵀ (+ bias) (+ y when acc): the GEMV
-// for one row (and for weights cuBLASLt does not take), cuBLASLt above.
+// for one row (and for weights cuBLASLt does not take), cuBLASLt above;
+// with SetRowExact, the one-row GEMV's sums for every row.
 func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
+	case b.rowExact && n > 1:
+		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
 	case n == 1 || w.DType != kernels.BF16 || !b.useGemm():
 		b.queue(func(d *Device) error { return d.linearL(y, x, w, n, bias, acc) })
 	case n < gemmRoundRows:
@@ -193,7 +202,7 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 		return
 	}
 	y, xp := dptr(dst), dptr(x)
-	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 {
+	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 { // with SetRowExact, n > 1 gives each row these bits too
 		b.queue(func(d *Device) error {
 			name, grid := k[0], uint32(inter)
 			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block

@@ -21,6 +21,7 @@ import (
 // without, after the attention kernel has completed).
 var pdlKernels = map[string]bool{
 	"ferrite_gemv_f32_1": true, "ferrite_gemv_bf16_1": true, "ferrite_gemv_f16_1": true,
+	"ferrite_gemv_f32_x": true, "ferrite_gemv_bf16_x": true, "ferrite_gemv_f16_x": true,
 	"ferrite_gemv_f32_r4": true, "ferrite_gemv_f32_r8": true, "ferrite_gemv_bf16_r4": true, "ferrite_gemv_bf16_r8": true,
 	"ferrite_gemv_f16_r4": true, "ferrite_gemv_f16_r8": true,
 	"ferrite_gemv_swiglu_f32_r4": true, "ferrite_gemv_swiglu_f32_r8": true, "ferrite_gemv_swiglu_bf16_r4": true,

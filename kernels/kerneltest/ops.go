@@ -70,6 +70,9 @@ func RunOps(t *testing.T, d kernels.Device) {
 	t.Run("LinearCat", func(t *testing.T) { linearCatTest(t, d) })
 	t.Run("SwiGLU", func(t *testing.T) { swigluTest(t, d) })
 	t.Run("SwiGLULinear", func(t *testing.T) { swigluLinearTest(t, d) })
+	if _, ok := d.(kernels.RowExact); ok {
+		t.Run("RowExact", func(t *testing.T) { rowExactTest(t, d) })
+	}
 	t.Run("PrepareQKV", func(t *testing.T) { prepareQKVTest(t, d) })
 	t.Run("Embed", func(t *testing.T) { embedTest(t, d) })
 	t.Run("GatherRows", func(t *testing.T) { gatherTest(t, d) })

@@ -34,10 +34,13 @@ constexpr int kConvAhead = 8;  // rows whose inputs ShortConv loads at once
 // raw inputs, oldest first), which is left holding the last K−1 raw
 // inputs. Sums in float64 in the reference's order; y may be x (a thread
 // reads x[t][ch] before it writes y[t][ch], and no other thread touches
-// them). Launch: grid (seqs, ceil(C/128)), 128 threads; 1 ≤ K ≤ 8.
+// them). rec (n) at rec_stride, or null: a row whose entry is ≥ 0 also
+// leaves the K−1 inputs up to it in that slot (kernels.Recurrent.Record).
+// Launch: grid (seqs, ceil(C/128)), 128 threads; 1 ≤ K ≤ 8.
 extern "C" __global__ void __launch_bounds__(128)
     ferrite_short_conv(float* y, const float* x, const float* w, float* state, int state_stride, const int* start,
-                       int start_stride, const int* slot, int slot_stride, int C, int K) {
+                       int start_stride, const int* slot, int slot_stride, int C, int K, const int* rec,
+                       int rec_stride) {
     const int s = blockIdx.x;
     const int ch = blockIdx.y * blockDim.x + threadIdx.x;
     if (ch >= C) return;
@@ -71,6 +74,13 @@ extern "C" __global__ void __launch_bounds__(128)
             y[size_t(r + u) * C + ch] = float(acc * sigmoid64(acc));
 #pragma unroll
             for (int j = 0; j < kConvMaxK - 1; j++) win[j] = j < K - 2 ? win[j + 1] : (j == K - 2 ? xt : win[j]);
+            const int to = rec != nullptr ? rec[size_t(r + u) * rec_stride] : -1;
+            if (to >= 0) {
+                float* rs = state + size_t(to) * state_stride;
+#pragma unroll
+                for (int j = 0; j < kConvMaxK - 1; j++)
+                    if (j < K - 1) rs[size_t(j) * C + ch] = win[j];
+            }
         }
     }
 #pragma unroll
@@ -149,7 +159,8 @@ struct DeltaArgs {
     float* state;        // (slots, state_stride): head h at h·dk·dv
     const int* start;    // (seqs+1) at start_stride
     const int* slot;     // (seqs) at slot_stride
-    int state_stride, start_stride, slot_stride;
+    const int* rec;      // (n) at rec_stride: the slot receiving the state after each row, or −1; null: none
+    int state_stride, start_stride, slot_stride, rec_stride;
     int hv, hk, dk, dv, per_channel;
 };
 
@@ -257,6 +268,21 @@ __device__ void delta_rule(const DeltaArgs& a) {
             }
             red[kDeltaCols + col] = o;
         }
+        // kernels.Recurrent.Record: the state after row r (rounded: a
+        // recording sequence has at most kDeltaRecurrentMax rows).
+        const int to = a.rec != nullptr ? a.rec[size_t(r) * a.rec_stride] : -1;
+        if (to >= 0) {
+            float* R = a.state + size_t(to) * a.state_stride + size_t(h) * dk * dv;
+#pragma unroll
+            for (int i = 0; i < KPL; i++) {
+                const int c = lane + 32 * i;
+#pragma unroll
+                for (int col = 0; col < kDeltaCols; col++) {
+                    const int j = j0 + col;
+                    if (c < dk && j < dv) R[size_t(c) * dv + j] = float(S[i][col]);
+                }
+            }
+        }
     }
     if (r1 > r0) {
         warp_sum_n<kDeltaCols>(red + kDeltaCols);
@@ -279,9 +305,9 @@ __device__ void delta_rule(const DeltaArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                                  \
         float* out, const float* qk, const float* qkv, const double* dec, const float* beta, float* state,    \
         int state_stride, const int* start, int start_stride, const int* slot, int slot_stride, int hv, int hk, \
-        int dk, int dv, int per_channel) {                                                                    \
-        DeltaArgs a{out, qk, qkv, dec, beta, state, start, slot, state_stride, start_stride, slot_stride,    \
-                    hv, hk, dk, dv, per_channel};                                                             \
+        int dk, int dv, int per_channel, const int* rec, int rec_stride) {                                    \
+        DeltaArgs a{out, qk, qkv, dec, beta, state, start, slot, rec, state_stride, start_stride, slot_stride, \
+                    rec_stride, hv, hk, dk, dv, per_channel};                                                 \
         delta_rule<KPL>(a);                                                                                   \
     }
 
