@@ -52,9 +52,13 @@ const (
 // legitimately differ between two correct float32 implementations.
 const nearTie = 2e-3
 
+// testDevice is the device the tests run the model on: FERRITE_TEST_DEVICE
+// ("cuda" on the GPU machine), the CPU when unset.
+func testDevice() string { return os.Getenv("FERRITE_TEST_DEVICE") }
+
 func open(t testing.TB) (*engine.Loaded, *tokenizer.Tokenizer) {
 	t.Helper()
-	l, tok, err := Open(engine.Options{Threads: 2})
+	l, tok, err := Open(engine.Options{Threads: 2, Device: testDevice()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,13 +266,14 @@ func TestTokenizer(t *testing.T) {
 	}
 }
 
-// TestFixture compares ferrite's CPU logits on the embedded weights with
+// TestFixture compares ferrite's logits (on the CPU, or the device
+// FERRITE_TEST_DEVICE names) on the embedded weights with
 // transformers' float32 references (testdata/models/ferrite-tiny): every
 // prompt position, cached decode steps, 16 greedy tokens and the MTP layer,
 // with a float32 KV cache (TestAnswers runs the default BF16 one).
 func TestFixture(t *testing.T) {
 	fx := fixture(t)
-	l, _, err := Open(engine.Options{Threads: 2, KVFloat32: true})
+	l, _, err := Open(engine.Options{Threads: 2, KVFloat32: true, Device: testDevice()})
 	if err != nil {
 		t.Fatal(err)
 	}

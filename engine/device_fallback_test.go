@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -84,5 +85,28 @@ func TestAutoDeviceFallsBackForMLA(t *testing.T) {
 	defer g.Close()
 	if g.Device != "fake-gpu:0" || g.DeviceNote != "" {
 		t.Errorf("qwen3: device %q, note %q; want the fake GPU", g.Device, g.DeviceNote)
+	}
+}
+
+// TestAutoDeviceKeepsHybrids: on the device FERRITE_TEST_DEVICE names (the
+// GPU machine's cuda), --device auto keeps every op-set architecture with
+// recurrent state or glm5_next's ops on the device: the device has their
+// capabilities, so no fallback note appears.
+func TestAutoDeviceKeepsHybrids(t *testing.T) {
+	if spec := os.Getenv("FERRITE_TEST_DEVICE"); spec == "" || strings.HasPrefix(spec, "cpu") {
+		t.Skip("FERRITE_TEST_DEVICE names no GPU to keep the models on")
+	}
+	for _, name := range []string{"qwen3_next", "glm5_next"} {
+		t.Run(name, func(t *testing.T) {
+			l, err := Load(fixtures.Dir(name), Options{Threads: 1, Device: "auto"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			t.Logf("device %q, note %q", l.Device, l.DeviceNote)
+			if strings.HasPrefix(l.Device, "cpu") || l.DeviceNote != "" {
+				t.Errorf("%s: device %q, note %q; want the GPU and no fallback", name, l.Device, l.DeviceNote)
+			}
+		})
 	}
 }

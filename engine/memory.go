@@ -49,7 +49,7 @@ func (w *weightTally) Float32(name string, shape ...int) ([]float32, error) {
 }
 
 // matBytes is the memory m's values and block scales take.
-func matBytes(m *kernels.Mat) int64 { return int64(len(m.Data)) + 4*int64(len(m.Scale)) }
+func matBytes(m *kernels.Mat) int64 { return m.DataBytes() + 4*int64(len(m.Scale)) }
 
 func (w *weightTally) add(key string, n int64) {
 	w.mu.Lock()

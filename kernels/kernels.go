@@ -119,4 +119,10 @@ type Mat struct {
 	// viewed as a matrix, such as attention's gathered keys): a backend that
 	// keeps device copies of weights must read it afresh on every call.
 	Transient bool
+
+	// Random, when set, says the values are the seeded pseudo-random bytes
+	// it describes (engine/randweights). Data may then be nil until
+	// Materialize: a backend that generates them where it keeps its copy
+	// (kernels.RandomGenerator) never needs them on the host.
+	Random *RandomFill
 }

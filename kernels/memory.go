@@ -38,3 +38,11 @@ func (u MemoryUse) Used() int64 { return u.Weights + u.Tensors + u.Arena }
 type MemoryReporter interface {
 	MemoryUse() MemoryUse
 }
+
+// BatchSizer is an optional capability of a Device: the token budget of
+// one engine step (decode tokens plus prompt chunks) it runs best at. A GPU
+// needs thousands of prompt rows a step to keep its tensor cores busy; a
+// device without it gets the runtime's default.
+type BatchSizer interface {
+	PreferredBatchTokens() int
+}

@@ -93,9 +93,25 @@ type LinearOps interface {
 	// to dst when e.Accumulate. x and dst are F32 and contiguous.
 	Linear(dst, x Tensor, w *Mat, e Epilogue)
 
+	// LinearCat sets dst (N, Σ ws[i].Rows) = x (N, in)·[ws[0]; ws[1]; …]ᵀ
+	// (+ Bias, (1, Σ rows)) or adds it when e.Accumulate: the products of
+	// one input with several weights of one dtype and width (q/k/v), side
+	// by side in each row of dst. A backend may keep the weights stacked as
+	// one matrix (read in one pass), cached per list of weights, so ws are
+	// weights, never Transient. x and dst are F32 and contiguous.
+	LinearCat(dst, x Tensor, ws []*Mat, e Epilogue)
+
 	// SwiGLU sets dst (N, inter) = silu(gate)·up for gate and up (N, inter),
 	// F32. dst may be gate.
 	SwiGLU(dst, gate, up Tensor)
+
+	// SwiGLULinear is a SwiGLU MLP's first half in one op: dst (N, inter) =
+	// silu(min(g, L))·clamp(u, −L, L) for g = x·gateᵀ, u = x·upᵀ (x (N,
+	// hidden); gate and up (inter, hidden) of one dtype), or silu(g)·u when
+	// limit L is 0 (the clamp of kernels.ClampOps.SwiGLUClamp). gate and up
+	// may be kept stacked like LinearCat's weights (never Transient). x and
+	// dst are F32 and contiguous.
+	SwiGLULinear(dst, x Tensor, gate, up *Mat, limit float32)
 
 	// Embed sets dst (N, w.Cols) F32 to the rows of w named by ids (N, 1)
 	// I32: dst[i] = w[ids[i]].
@@ -159,8 +175,25 @@ type AttnShape struct {
 	Scale                   float32 // softmax scale, usually HeadDim^-½
 }
 
+// HeadNorm is a per-head RMSNorm (Qwen3's q_norm and k_norm): weight
+// (1, headDim) F32, as NormOps.RMSNorm applies it to every head.
+type HeadNorm struct {
+	W      Tensor
+	Eps    float32
+	Offset bool
+}
+
 // AttentionOps are paged causal attention over the KV cache.
 type AttentionOps interface {
+	// PrepareQKV is the step between the fused q/k/v projection and
+	// Attention, in one op: for every row of qkv (N, (Heads + 2·KVHeads)·
+	// HeadDim) F32, laid out [q | k | v], it normalises each q head with qn
+	// and each k head with kn (RMSNorm; nil for none), rotates q and k at
+	// p.Pos with r (nil for none), writes q into q (N, Heads·HeadDim) F32
+	// and stores k and v into the cache layer kc, vc at p.Slot exactly as
+	// RMSNorm, RoPE and StoreKV in sequence would. qkv is not modified.
+	PrepareQKV(q, kc, vc, qkv Tensor, qn, kn *HeadNorm, r *Rotary, p *Paged, s AttnShape)
+
 	// StoreKV writes k and v (N, KVHeads·HeadDim) F32 into the cache layer
 	// kc, vc (slots, KVHeads·HeadDim), F32 or BF16 (rounded to nearest
 	// even), at each row's p.Slot.

@@ -67,7 +67,7 @@ const DefaultDraft = 3
 type Options struct {
 	Concurrency []int  // requests in flight at once; each ≥ 1
 	PromptLens  []int  // prompt tokens per request; each ≥ 1
-	GenLens     []int  // generated tokens per request; each ≥ 2
+	GenLens     []int  // generated tokens per request; each ≥ 1 (1: the prompt only, no decode figures)
 	MTP         []bool // speculative decoding off/on; empty means {false}
 	Draft       int    // MTP draft tokens per step (runtime.Options.Draft); 0 means DefaultDraft
 	// DraftMaxSeqs is runtime.Options.DraftMaxSeqs: above this many
@@ -187,7 +187,7 @@ func (o *Options) Validate(info model.Info) error {
 	if err := errors.Join(
 		check("concurrency", o.Concurrency, 1),
 		check("prompt length", o.PromptLens, 1),
-		check("generation length", o.GenLens, 2),
+		check("generation length", o.GenLens, 1),
 	); err != nil {
 		return err
 	}
@@ -230,7 +230,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 		// prefixes would only hold cache blocks (and show in peak KV).
 		ro := runtime.Options{KVBudget: budget, MaxBatchTokens: o.MaxBatchTokens, MaxSeqs: maxSeqs, PrefixCache: -1}
 		if ro.MaxBatchTokens == 0 {
-			ro.MaxBatchTokens = max(runtime.DefaultMaxBatchTokens, maxSeqs)
+			ro.MaxBatchTokens = max(runtime.BatchTokens(m), maxSeqs)
 		}
 		if c.MTP {
 			if _, ok := m.(model.MTPModel); !ok {
@@ -429,7 +429,7 @@ func runCase(ctx context.Context, rt *runtime.Runtime, pm *peakModel, c Case, vo
 	if lastTok.Sub(lastFirst) <= 0 || winToks == 0 {
 		from, toks, acc = firstTok, decodeToks, r.AcceptedTokens // every request finished at its first token's step
 	}
-	if d := lastTok.Sub(from).Seconds(); d > 0 {
+	if d := lastTok.Sub(from).Seconds(); d > 0 && c.GenLen > 1 {
 		r.DecodeWindowSec = d
 		r.DecodeTokPerSec = float64(toks) / d
 		// A step emits one token per sequence plus its accepted drafts.

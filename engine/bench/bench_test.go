@@ -117,10 +117,20 @@ func TestRun(t *testing.T) {
 			t.Errorf("%+v", r)
 		}
 	}
-	// Too long for the context, and gen-len 1, are refused.
+	// Gen-len 1 times the prompt alone: prompt tok/s and TTFT, no decode
+	// figures.
+	res, err = Run(context.Background(), m, Options{Concurrency: []int{1}, PromptLens: []int{9}, GenLens: []int{1}, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res[0]; r.GeneratedTokens != 1 || r.PromptTokens != 9 || r.PromptTokPerSec <= 0 || r.TTFTMeanMs <= 0 ||
+		r.DecodeTokPerSec != 0 || r.DecodeStepsPerSec != 0 {
+		t.Errorf("gen-len 1: %+v", r)
+	}
+	// Too long for the context, and gen-len 0, are refused.
 	for _, o := range []Options{
 		{Concurrency: []int{1}, PromptLens: []int{120}, GenLens: []int{10}},
-		{Concurrency: []int{1}, PromptLens: []int{4}, GenLens: []int{1}},
+		{Concurrency: []int{1}, PromptLens: []int{4}, GenLens: []int{0}},
 		{Concurrency: []int{}, PromptLens: []int{4}, GenLens: []int{2}},
 	} {
 		if _, err := Run(context.Background(), m, o); err == nil {

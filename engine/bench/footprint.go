@@ -67,7 +67,7 @@ func (c *Counter) Float32(name string, shape ...int) ([]float32, error) {
 
 func (c *Counter) recordMat(name string, e int, m *kernels.Mat) {
 	c.record(tensor{name: name, expert: e,
-		bytes:  int64(len(m.Data)) + 4*int64(len(m.Scale)),
+		bytes:  m.DataBytes() + 4*int64(len(m.Scale)),
 		params: int64(m.Rows) * int64(m.Cols)})
 }
 

@@ -163,9 +163,12 @@ func (d *Decoder) CacheLayout() kvcache.Layout { return append(kvcache.Layout(ni
 // Inputs are a step's row maps, kept on the device between steps and grown
 // when a step needs more.
 type Inputs struct {
-	ids, pos, seq, slot, rows, lrows kernels.Tensor // (cap, 1) I32
-	blocks                           kernels.Tensor // (cap, 1) I32, viewed as (seqs, maxBlocks)
-	start, state                     kernels.Tensor // (cap, 1) I32 hybrids: sequence starts, state rows
+	// packed holds a step's ids, positions, sequences, slots, hidden and
+	// logit rows and block table one after another, written with one
+	// WriteI32 (one copy to the device, not seven).
+	packed       kernels.Tensor // (cap, 1) I32
+	start, state kernels.Tensor // (cap, 1) I32 hybrids: sequence starts, state rows
+	hPacked      []int32
 
 	hid kernels.Tensor // (cap, hidden) F32 the MTP layer's input hidden states
 
@@ -379,6 +382,7 @@ func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 	for i := range b.Seqs {
 		maxBlocks = max(maxBlocks, len(b.Seqs[i].KV.Blocks()))
 	}
+	maxBlocks = tableWidth(maxBlocks)
 	in.hBlocks = append(in.hBlocks[:0], make([]int32, len(b.Seqs)*maxBlocks)...)
 	row := 0
 	for i := range b.Seqs {
@@ -401,23 +405,43 @@ func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 	}
 	st := &Step{Pos: in.hPos, NH: len(in.hRows), NL: len(in.hLRows)}
 	st.Paged.BlockSize = b.Cache.BlockSize()
-	var err error
-	for _, f := range []struct {
+	parts := []struct {
 		dst  *kernels.Tensor
-		buf  *kernels.Tensor
 		host []int32
 	}{
-		{&st.IDs, &in.ids, in.hIDs}, {&st.Paged.Pos, &in.pos, in.hPos}, {&st.Paged.Seq, &in.seq, in.hSeq},
-		{&st.Paged.Slot, &in.slot, in.hSlot}, {&st.Rows, &in.rows, in.hRows}, {&st.LRows, &in.lrows, in.hLRows},
-		{&st.Paged.Blocks, &in.blocks, in.hBlocks},
-	} {
-		if *f.dst, err = EnsureI32(dev, f.buf, len(f.host)); err != nil {
-			return nil, fmt.Errorf("step inputs: %w", err)
-		}
-		dev.WriteI32(*f.dst, f.host)
+		{&st.IDs, in.hIDs}, {&st.Paged.Pos, in.hPos}, {&st.Paged.Seq, in.hSeq}, {&st.Paged.Slot, in.hSlot},
+		{&st.Rows, in.hRows}, {&st.LRows, in.hLRows}, {&st.Paged.Blocks, in.hBlocks},
+	}
+	in.hPacked = in.hPacked[:0]
+	for _, f := range parts {
+		in.hPacked = append(in.hPacked, f.host...)
+	}
+	all, err := EnsureI32(dev, &in.packed, len(in.hPacked))
+	if err != nil {
+		return nil, fmt.Errorf("step inputs: %w", err)
+	}
+	dev.WriteI32(all, in.hPacked)
+	off := 0
+	for _, f := range parts {
+		*f.dst = all.Slice(off, off+len(f.host))
+		off += len(f.host)
 	}
 	st.Paged.Blocks = st.Paged.Blocks.Reshape(len(b.Seqs), maxBlocks)
 	return st, nil
+}
+
+// tableWidth is the block-table width of a step whose longest sequence
+// holds n blocks: the next power of two (at least 4), so that the width
+// (a launch parameter of attention) changes a few times over a long
+// generation instead of every BlockSize tokens, and a device that replays
+// repeated steps (CUDA graphs) keeps replaying. The extra columns are
+// never read: a row reads only the blocks up to its position.
+func tableWidth(n int) int {
+	w := 4
+	for w < n {
+		w *= 2
+	}
+	return w
 }
 
 // UploadStates resets the state slots of b's sequences at position 0 (no

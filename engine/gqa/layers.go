@@ -2,6 +2,7 @@ package gqa
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -57,12 +58,17 @@ func (n *Norm) Apply(dev kernels.Device, dst, x kernels.Tensor) {
 	dev.RMSNorm(dst, x, n.W, n.Eps, n.Offset)
 }
 
-// Attention is a GQA self-attention block: q/k/v projections, optional
-// per-head QK norm, RoPE, paged causal attention, an optional output gate
+// Attention is a GQA self-attention block: q/k/v projections (one
+// product over the three weights), optional per-head QK norm, RoPE and the
+// cache store (one op), paged causal attention, an optional output gate
 // and the output projection.
 type Attention struct {
-	Layer        int // cache layer
-	Q, K, V, O   Linear
+	Layer      int // cache layer
+	Q, K, V, O Linear
+	// QKVB is the q, k and v biases side by side, (1, (heads + 2·kvHeads)·
+	// headDim) F32 (Uploader.CatVec); the zero Tensor when there are none.
+	// Q.B, K.B and V.B stay empty.
+	QKVB         kernels.Tensor
 	QNorm, KNorm *Norm // nil when absent
 	Rope         *kernels.Rotary
 	Shape        kernels.AttnShape
@@ -72,34 +78,31 @@ type Attention struct {
 	Gate *Linear
 }
 
+// headNorm is n as the ops take it; nil for nil.
+func (n *Norm) headNorm() *kernels.HeadNorm {
+	if n == nil {
+		return nil
+	}
+	return &kernels.HeadNorm{W: n.W, Eps: n.Eps, Offset: n.Offset}
+}
+
 // Forward sets y (N, hidden) = Attention(h (N, hidden)) and stores the
 // step's keys and values in the cache.
 func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
+	if a.Q.B.Valid() || a.K.B.Valid() || a.V.B.Valid() {
+		panic("gqa: q/k/v biases belong in Attention.QKVB")
+	}
 	dev, n, s := c.Dev, c.N, a.Shape
-	q := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim)   // (N, heads·headDim)
-	k := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
-	v := dev.Scratch(kernels.F32, n, s.KVHeads*s.HeadDim) // (N, kvHeads·headDim)
-	a.Q.Forward(dev, q, h, false)
-	a.K.Forward(dev, k, h, false)
-	a.V.Forward(dev, v, h, false)
-	if a.QNorm != nil {
-		qh := q.Reshape(n*s.Heads, s.HeadDim)
-		dev.RMSNorm(qh, qh, a.QNorm.W, a.QNorm.Eps, a.QNorm.Offset)
-	}
-	if a.KNorm != nil {
-		kh := k.Reshape(n*s.KVHeads, s.HeadDim)
-		dev.RMSNorm(kh, kh, a.KNorm.W, a.KNorm.Eps, a.KNorm.Offset)
-	}
-	if a.Rope != nil {
-		dev.RoPE(q, s.Heads, s.HeadDim, c.Paged.Pos, a.Rope)
-		dev.RoPE(k, s.KVHeads, s.HeadDim, c.Paged.Pos, a.Rope)
-	}
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	qkv := dev.Scratch(kernels.F32, n, qw+2*kw) // (N, (heads + 2·kvHeads)·headDim) [q | k | v]
+	dev.LinearCat(qkv, h, []*kernels.Mat{a.Q.W, a.K.W, a.V.W}, kernels.Epilogue{Bias: a.QKVB})
+	q := dev.Scratch(kernels.F32, n, qw) // (N, heads·headDim) normed and rotated
 	kc, vc := c.Cache(a.Layer)
-	dev.StoreKV(kc, vc, k, v, &c.Paged)
-	o := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim)
+	dev.PrepareQKV(q, kc, vc, qkv, a.QNorm.headNorm(), a.KNorm.headNorm(), a.Rope, &c.Paged, s)
+	o := dev.Scratch(kernels.F32, n, qw) // (N, heads·headDim)
 	dev.Attention(o, q, kc, vc, &c.Paged, s)
 	if a.Gate != nil {
-		g := dev.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim)
+		g := dev.Scratch(kernels.F32, n, qw) // (N, heads·headDim)
 		a.Gate.Forward(dev, g, h, false)
 		c.Lin.SigmoidGate(o, o, g, false)
 	}
@@ -121,16 +124,22 @@ type MLP struct {
 
 // forward sets y (N, hidden) = MLP(h), or adds it to y when acc (shared
 // experts on top of routed ones).
+// Without biases on gate and up their products and the SwiGLU are one op
+// (SwiGLULinear).
 func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool) {
 	inter := m.Gate.W.Rows
 	g := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
-	u := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
-	m.Gate.Forward(c.Dev, g, h, false)
-	m.Up.Forward(c.Dev, u, h, false)
-	if m.Limit != 0 {
-		clampOps(c.Dev).SwiGLUClamp(g, g, u, m.Limit)
+	if !m.Gate.B.Valid() && !m.Up.B.Valid() {
+		c.Dev.SwiGLULinear(g, h, m.Gate.W, m.Up.W, m.Limit)
 	} else {
-		c.Dev.SwiGLU(g, g, u)
+		u := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
+		m.Gate.Forward(c.Dev, g, h, false)
+		m.Up.Forward(c.Dev, u, h, false)
+		if m.Limit != 0 {
+			clampOps(c.Dev).SwiGLUClamp(g, g, u, m.Limit)
+		} else {
+			c.Dev.SwiGLU(g, g, u)
+		}
 	}
 	m.Down.Forward(c.Dev, y, g, acc)
 }
@@ -235,6 +244,23 @@ func (u *Uploader) Tensor(v []float32, rows int) kernels.Tensor {
 	return t
 }
 
+// CatVec uploads vectors of the given widths side by side as one (1, Σ
+// widths) F32 tensor, zeros for nil ones; all nil gives the zero Tensor
+// (stacked biases, Attention.QKVB).
+func (u *Uploader) CatVec(widths []int, vs ...[]float32) kernels.Tensor {
+	if !slices.ContainsFunc(vs, func(v []float32) bool { return v != nil }) {
+		return kernels.Tensor{}
+	}
+	var out []float32
+	for i, v := range vs {
+		if v == nil {
+			v = make([]float32, widths[i])
+		}
+		out = append(out, v...)
+	}
+	return u.Vec(out)
+}
+
 // Norm uploads an RMSNorm's weight; nil gives nil.
 func (u *Uploader) Norm(n *nn.RMSNorm) *Norm {
 	if n == nil {
@@ -300,7 +326,8 @@ func (u *Uploader) Fail(err error) {
 func (u *Uploader) Attention(a *nn.SelfAttention) *Attention {
 	return &Attention{
 		Layer: a.Attn.Layer,
-		Q:     u.Linear(a.Q), K: u.Linear(a.K), V: u.Linear(a.V), O: u.Linear(a.O),
+		Q:     Linear{W: a.Q.W}, K: Linear{W: a.K.W}, V: Linear{W: a.V.W}, O: u.Linear(a.O),
+		QKVB:  u.CatVec([]int{a.Q.W.Rows, a.K.W.Rows, a.V.W.Rows}, a.Q.B, a.K.B, a.V.B),
 		QNorm: u.Norm(a.QNorm), KNorm: u.Norm(a.KNorm),
 		Shape: kernels.AttnShape{Heads: a.Attn.Heads, KVHeads: a.Attn.KVHeads, HeadDim: a.Attn.HeadDim, Scale: a.Attn.Scale},
 		Rope:  u.Rotary(a.Rope),

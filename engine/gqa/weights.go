@@ -7,7 +7,8 @@ import (
 )
 
 // Weight rearrangements done once at load, so that a step's projections
-// land directly in the layout the ops read.
+// land directly in the layout the ops read. They copy host bytes, so they
+// materialize a Random matrix that has none yet (kernels.Mat.Materialize).
 
 // SplitCols copies the left and right column halves of w (rows, 2·k) into
 // two (rows, k) matrices; a block-quantized w splits between its blocks.
@@ -16,6 +17,7 @@ func SplitCols(w *kernels.Mat) (left, right *kernels.Mat, err error) {
 	if w.Cols%2 != 0 || w.DType == kernels.F8E4M3 || k%w.DType.BlockElems() != 0 || w.DType.RowBytes(k) == 0 {
 		return nil, nil, fmt.Errorf("gqa: eh_proj %v (%d, %d) cannot be split into column halves", w.DType, w.Rows, w.Cols)
 	}
+	w.Materialize()
 	rb, hb := w.DType.RowBytes(w.Cols), w.DType.RowBytes(k)
 	left = &kernels.Mat{DType: w.DType, Rows: w.Rows, Cols: k, Data: make([]byte, w.Rows*hb)}
 	right = &kernels.Mat{DType: w.DType, Rows: w.Rows, Cols: k, Data: make([]byte, w.Rows*hb)}
@@ -30,6 +32,7 @@ func SplitCols(w *kernels.Mat) (left, right *kernels.Mat, err error) {
 // row i is w's row idx[i]. An F8E4M3 matrix with block scales can only be
 // rearranged in whole, aligned row blocks, which keep their scales.
 func SelectRows(w *kernels.Mat, idx []int) (*kernels.Mat, error) {
+	w.Materialize()
 	out := &kernels.Mat{DType: w.DType, Rows: len(idx), Cols: w.Cols, BlockRows: w.BlockRows, BlockCols: w.BlockCols}
 	rb := w.DType.RowBytes(w.Cols)
 	if w.DType == kernels.F8E4M3 {
@@ -75,6 +78,7 @@ func StackRows(ms ...*kernels.Mat) (*kernels.Mat, error) {
 			return nil, fmt.Errorf("gqa: cannot stack F8E4M3 rows (%d) that do not fill their scale blocks (%d)", m.Rows, m.BlockRows)
 		}
 		out.Rows += m.Rows
+		m.Materialize()
 		out.Data = append(out.Data, m.Data[:m.DType.RowBytes(m.Cols)*m.Rows]...)
 		out.Scale = append(out.Scale, m.Scale...)
 	}

@@ -83,7 +83,7 @@ type flusher interface {
 type Options struct {
 	KVBudget       int64 // bytes of K/V cache storage (required)
 	BlockSize      int   // cache tokens per block; 0 means kvcache.DefaultBlockSize
-	MaxBatchTokens int   // token budget of one step (decode tokens + prompt chunks); 0 means DefaultMaxBatchTokens
+	MaxBatchTokens int   // token budget of one step (decode tokens + prompt chunks); 0 means BatchTokens(m)
 	MaxSeqs        int   // most sequences running at once; 0 means DefaultMaxSeqs; capped at MaxBatchTokens
 
 	// StateBudget is the bytes of recurrent state (models with
@@ -168,6 +168,18 @@ type Runtime struct {
 	sched scheduler // state owned by the loop goroutine
 }
 
+// BatchTokens is the step token budget for m when Options.MaxBatchTokens
+// is 0: the preferred budget of the device m runs on (kernels.BatchSizer:
+// a GPU's, for long prompt chunks), else DefaultMaxBatchTokens.
+func BatchTokens(m model.Model) int {
+	if dm := model.AsDevice(m); dm != nil {
+		if bs, ok := dm.Device().(kernels.BatchSizer); ok && bs.PreferredBatchTokens() > 0 {
+			return bs.PreferredBatchTokens()
+		}
+	}
+	return DefaultMaxBatchTokens
+}
+
 // New starts a runtime serving m. The runtime owns m until Close: nothing
 // else may call m.Forward.
 func New(m model.Model, opts Options) (*Runtime, error) {
@@ -179,7 +191,7 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 			opts.MaxBatchTokens, opts.MaxSeqs, opts.StateBudget, opts.Draft)
 	}
 	if opts.MaxBatchTokens == 0 {
-		opts.MaxBatchTokens = DefaultMaxBatchTokens
+		opts.MaxBatchTokens = BatchTokens(m)
 	}
 	if opts.MaxSeqs == 0 {
 		opts.MaxSeqs = DefaultMaxSeqs

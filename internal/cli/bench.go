@@ -143,7 +143,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.model, "model", "", "checkpoint directory, GGUF file, ferrite-tiny (the built-in model), or a directory or file with only config.json (random weights at full size)")
 	fs.Var(intList{&f.concurrency}, "concurrency", "requests in flight at once, comma-separated")
 	fs.Var(intList{&f.promptLens}, "prompt-len", "prompt tokens per request, comma-separated")
-	fs.Var(intList{&f.genLens}, "gen-len", "generated tokens per request (EOS ignored), comma-separated, each ≥ 2")
+	fs.Var(intList{&f.genLens}, "gen-len", "generated tokens per request (EOS ignored), comma-separated; 1 times the prompt only (prompt tok/s, TTFT)")
 	fs.Var(onOffList{&f.mtp}, "mtp", "MTP speculative decoding: on, off or both (on,off)")
 	fs.IntVar(&f.draft, "draft", bench.DefaultDraft, "with --mtp on: draft tokens per step")
 	fs.IntVar(&f.draftMaxSeqs, "draft-max-seqs", 0, "with --mtp on: no drafting while more sequences run (0 = the runtime's default, -1 = no limit)")
@@ -198,11 +198,6 @@ func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	case f.bandwidthGBps < 0 || math.IsNaN(f.bandwidthGBps) || math.IsInf(f.bandwidthGBps, 0):
 		return usageErr("--bandwidth %g: want GB/s > 0, or 0 to measure", f.bandwidthGBps)
 	}
-	for _, g := range f.genLens {
-		if g < 2 {
-			return usageErr("--gen-len %d: must be at least 2 (decode speed needs two tokens)", g)
-		}
-	}
 	if f.dtype != "" {
 		if _, err := parseDType(f.dtype); err != nil {
 			return usageErr("%v", err)
@@ -243,6 +238,16 @@ func loadBenchGGUF(file, quant string, be *device.Backend, start time.Time) (_ *
 			g.Close()
 		}
 	}()
+	if g.KeepsCheckpointNames() {
+		// A checkpoint's tensors under their own names, with its
+		// config.json beside the file: the built-in model's layout
+		// (builtin/model/, or what `ferrite export` writes).
+		cfg, err := config.Load(filepath.Dir(file))
+		if err != nil {
+			return nil, err
+		}
+		return buildBenchGGUF(cfg, g, g.CheckpointWeights(), quant, be, start)
+	}
 	cfg, err := g.Config()
 	if err != nil {
 		return nil, err
@@ -383,7 +388,13 @@ func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *device.Backe
 			}
 		}
 		bm.random, bm.dtype = true, strings.ToLower(dt.String())
-		src = randweights.New(seed, dt)
+		rw := randweights.New(seed, dt)
+		// A GPU generates the same values in its own memory: nothing is
+		// made on the host or uploaded (the quantizer reads host bytes).
+		if g, ok := be.Backend.(kernels.RandomGenerator); ok && g.GeneratesRandom() && quant == "" {
+			rw.Deferred = true
+		}
+		src = rw
 	}
 	if src, err = engine.Quantized(src, quant, be); err != nil {
 		if bm.weights != nil {
@@ -684,10 +695,15 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 		} else if r.MTP {
 			note = "no drafts verified (see --draft-max-seqs)"
 		}
-		fmt.Fprintf(tw, "%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.0f%%\t%s\t%s\t\n",
-			r.WallSec, num(r.DecodeTokPerSec), num(r.PerReqDecodeTPS), num(r.PromptTokPerSec),
+		dec, perReq, steps, wgb, roof := num(r.DecodeTokPerSec), num(r.PerReqDecodeTPS), num(r.DecodeStepsPerSec),
+			fmt.Sprintf("%.2f", r.WeightBytesPerSec/1e9), fmt.Sprintf("%.0f%%", 100*r.RooflineFraction)
+		if r.GenLen < 2 { // one token a request: no decode steps
+			dec, perReq, steps, wgb, roof = "-", "-", "-", "-", "-"
+		}
+		fmt.Fprintf(tw, "%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			r.WallSec, dec, perReq, num(r.PromptTokPerSec),
 			num(r.TTFTMeanMs), num(r.TTFTP50Ms), num(r.TTFTMaxMs), size(r.PeakKVBytes),
-			num(r.DecodeStepsPerSec), r.WeightBytesPerSec/1e9, 100*r.RooflineFraction, acc, note)
+			steps, wgb, roof, acc, note)
 	}
 	tw.Flush()
 	for _, r := range rep.Runs {

@@ -265,7 +265,7 @@ func TestBenchErrors(t *testing.T) {
 		{"zero concurrency", []string{"--model", dir, "--concurrency", "1,0"}, 2, `"0" is not a positive integer`},
 		{"not a number", []string{"--model", dir, "--prompt-len", "abc"}, 2, `"abc" is not a positive integer`},
 		{"empty list item", []string{"--model", dir, "--gen-len", "4,"}, 2, `"" is not a positive integer`},
-		{"gen-len 1", []string{"--model", dir, "--gen-len", "1"}, 2, "at least 2"},
+		{"gen-len 0", []string{"--model", dir, "--gen-len", "0"}, 2, `"0" is not a positive integer`},
 		{"bad mtp", []string{"--model", dir, "--mtp", "maybe"}, 2, `"maybe" is not on or off`},
 		{"zero draft", []string{"--model", dir, "--mtp", "on", "--draft", "0"}, 2, "--draft must be at least 1"},
 		{"bad dtype", []string{"--model", dir, "--dtype", "int4"}, 2, "want bf16, f16 or f32"},

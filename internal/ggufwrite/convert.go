@@ -484,7 +484,7 @@ func (cv *converter) add(name string, shape []int, vals []float32) {
 	for i, d := range shape {
 		dims[len(shape)-1-i] = uint64(d)
 	}
-	t := Tensor{Name: name, Type: F32, Dims: dims, Data: EncodeF32(vals)}
+	t := Tensor{Name: name, Type: F32, Dims: dims}
 	// Routers stay F32, as convert_hf_to_gguf keeps them.
 	plain := len(shape) >= 2 && !strings.Contains(name, "ffn_gate_inp") && !strings.Contains(name, "ssm_conv1d")
 	switch {
@@ -495,6 +495,8 @@ func (cv *converter) add(name string, shape []int, vals []float32) {
 	case plain && cv.typ == Q8_0 && shape[len(shape)-1]%32 == 0 && !strings.Contains(name, "attn_k_b") && !strings.Contains(name, "attn_v_b"):
 		// MLA's kv_b halves stay F32, as ferrite's --quant keeps kv_b_proj.
 		t.Type, t.Data = Q8_0, QuantizeQ8_0(vals)
+	default:
+		t.Data = EncodeF32(vals)
 	}
 	cv.w.Tensors = append(cv.w.Tensors, t)
 }

@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math"
 	"os"
 )
@@ -69,6 +70,16 @@ func (w *Writer) Set(key string, v any) {
 // Bytes encodes the file.
 func (w *Writer) Bytes() []byte {
 	var b bytes.Buffer
+	w.WriteTo(&b)
+	return b.Bytes()
+}
+
+// WriteTo encodes the file to out: the header (metadata and tensor
+// infos) from one buffer, then each tensor's data as it is, so that a
+// many-gigabyte file (tools/randgguf's real-size models) is not copied
+// into a second buffer of its size.
+func (w *Writer) WriteTo(out io.Writer) (int64, error) {
+	var b bytes.Buffer
 	le := func(v any) { binary.Write(&b, binary.LittleEndian, v) }
 	str := func(s string) { le(uint64(len(s))); b.WriteString(s) }
 	version := w.Version
@@ -88,30 +99,48 @@ func (w *Writer) Bytes() []byte {
 		writeValue(&b, kv.Value)
 	}
 	offset := uint64(0)
-	offsets := make([]uint64, len(w.Tensors))
-	for i, t := range w.Tensors {
+	for _, t := range w.Tensors {
 		str(t.Name)
 		le(uint32(len(t.Dims)))
 		for _, d := range t.Dims {
 			le(d)
 		}
 		le(t.Type)
-		offsets[i] = offset
 		le(offset)
 		offset += uint64(pad(len(t.Data), align))
 	}
 	b.Write(make([]byte, pad(b.Len(), align)-b.Len()))
+	n, err := out.Write(b.Bytes())
+	total := int64(n)
+	zeros := make([]byte, align)
 	for _, t := range w.Tensors {
-		b.Write(t.Data)
-		b.Write(make([]byte, pad(len(t.Data), align)-len(t.Data)))
+		if err != nil {
+			break
+		}
+		n, err = out.Write(t.Data)
+		total += int64(n)
+		if err == nil {
+			n, err = out.Write(zeros[:pad(len(t.Data), align)-len(t.Data)])
+			total += int64(n)
+		}
 	}
-	return b.Bytes()
+	return total, err
 }
 
 func pad(n, a int) int { return (n + a - 1) / a * a }
 
 // WriteFile writes the file to path.
-func (w *Writer) WriteFile(path string) error { return os.WriteFile(path, w.Bytes(), 0o644) }
+func (w *Writer) WriteFile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	_, err = w.WriteTo(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
 
 // valueType is the GGUF type tag of a Go value.
 func valueType(v any) uint32 {

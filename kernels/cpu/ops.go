@@ -48,6 +48,66 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 	}
 }
 
+// LinearCat implements kernels.LinearOps: each weight's product goes
+// through MatMul into a scratch block and then into its columns of dst.
+func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) {
+	contiguous(dst)
+	contiguous(x)
+	total := 0
+	for _, w := range ws {
+		if w.Cols != x.Cols {
+			panic("cpu: LinearCat weights of another width")
+		}
+		total += w.Rows
+	}
+	if dst.Cols != total || dst.Rows != x.Rows {
+		panic("cpu: LinearCat shapes do not match the weights")
+	}
+	n := x.Rows
+	y, xs := f32(dst), f32(x)
+	var bias []float32
+	if e.Bias.Valid() {
+		bias = f32(e.Bias)[:total]
+	}
+	c0 := 0
+	for _, w := range ws {
+		t := grow(&b.tmp, n*w.Rows)
+		b.MatMul(t, xs, w, n)
+		b.Parallel(n, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				row, tr := y[i*total+c0:i*total+c0+w.Rows], t[i*w.Rows:(i+1)*w.Rows]
+				for j, v := range tr {
+					if bias != nil {
+						v += bias[c0+j]
+					}
+					if e.Accumulate {
+						v += row[j]
+					}
+					row[j] = v
+				}
+			}
+		})
+		c0 += w.Rows
+	}
+}
+
+// SwiGLULinear implements kernels.LinearOps: the two products through
+// MatMul, then SwiGLUClamp.
+func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, limit float32) {
+	contiguous(dst)
+	contiguous(x)
+	if gate.Rows != up.Rows || gate.Cols != x.Cols || up.Cols != x.Cols || dst.Cols != gate.Rows || dst.Rows != x.Rows {
+		panic("cpu: SwiGLULinear shapes do not match the weights")
+	}
+	n, inter := x.Rows, gate.Rows
+	t := grow(&b.tmp, 2*n*inter)
+	g, u := t[:n*inter], t[n*inter:]
+	b.MatMul(g, f32(x), gate, n)
+	b.MatMul(u, f32(x), up, n)
+	y := f32(dst)
+	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLUClamp(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
+}
+
 // SwiGLU implements kernels.LinearOps.
 func (b *Backend) SwiGLU(dst, gate, up kernels.Tensor) { b.SwiGLUClamp(dst, gate, up, 0) }
 
@@ -137,15 +197,70 @@ func (b *Backend) RoPE(x kernels.Tensor, heads, headDim int, pos kernels.Tensor,
 	if x.Cols != heads*headDim || pos.Rows != x.Rows || r.InvFreq.Elems() != half || r.Dim > headDim {
 		panic("cpu: RoPE shapes do not match")
 	}
-	xs, ps := f32(x), i32(pos)
+	b.rotate(f32(x), x.Rows, heads, headDim, pos, r)
+}
+
+// rotate is RoPE over xs (rows, heads·headDim).
+func (b *Backend) rotate(xs []float32, rows, heads, headDim int, pos kernels.Tensor, r *kernels.Rotary) {
+	half := r.Dim / 2
+	ps := i32(pos)
 	tab := b.ropeTable(r, maxPos(pos)+1)
-	w := x.Cols
-	b.Parallel(x.Rows, func(lo, hi int) {
+	w := heads * headDim
+	b.Parallel(rows, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			p := int(ps[i*pos.Stride])
 			ref.Rotate(xs[i*w:(i+1)*w], heads, headDim, tab.cos[p*half:(p+1)*half], tab.sin[p*half:(p+1)*half], r.Interleaved)
 		}
 	})
+}
+
+// PrepareQKV implements kernels.AttentionOps: q is copied out of qkv and
+// normed and rotated in place, k and v go through a scratch row block into
+// the cache, the pieces as RMSNorm, RoPE and StoreKV run them.
+func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	contiguous(q)
+	contiguous(qkv)
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	n := qkv.Rows
+	if qkv.Cols != qw+2*kw || q.Rows != n || q.Cols != qw || kc.Cols != kw || vc.Cols != kw || p.Slot.Rows != n || p.Pos.Rows != n {
+		panic("cpu: PrepareQKV shapes do not match")
+	}
+	if r != nil && (r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim) {
+		panic("cpu: PrepareQKV rotary does not fit the heads")
+	}
+	src, qs := f32(qkv), f32(q)
+	kv := grow(&b.tmp, 2*n*kw)
+	k, v := kv[:n*kw], kv[n*kw:]
+	w := qkv.Cols
+	for i := range n {
+		copy(qs[i*qw:(i+1)*qw], src[i*w:])
+		copy(k[i*kw:(i+1)*kw], src[i*w+qw:])
+		copy(v[i*kw:(i+1)*kw], src[i*w+qw+kw:])
+	}
+	for _, c := range []struct {
+		x     []float32
+		heads int
+		norm  *kernels.HeadNorm
+	}{{qs, s.Heads, qn}, {k, s.KVHeads, kn}} {
+		if c.norm != nil {
+			ws, hd := f32(c.norm.W), s.HeadDim
+			if len(ws) != hd {
+				panic("cpu: PrepareQKV norm width")
+			}
+			b.Parallel(n*c.heads, func(lo, hi int) {
+				ref.RMSNorm(c.x[lo*hd:hi*hd], c.x[lo*hd:hi*hd], ws, c.norm.Eps, c.norm.Offset, hi-lo)
+			})
+		}
+		if r != nil {
+			b.rotate(c.x, n, c.heads, s.HeadDim, p.Pos, r)
+		}
+	}
+	slots := i32(p.Slot)
+	for i := range n {
+		sl := int(slots[i*p.Slot.Stride])
+		putRow(kc, sl, k[i*kw:(i+1)*kw])
+		putRow(vc, sl, v[i*kw:(i+1)*kw])
+	}
 }
 
 // ropeKey identifies a Rotary's frequencies and scale.

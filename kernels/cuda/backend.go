@@ -29,6 +29,7 @@ type Backend struct {
 	mu      sync.Mutex // guards weights, experts, err
 	weights map[*kernels.Mat]*Weight
 	experts map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
+	stacks  map[stackKey]*Weight        // weights stacked by rows (LinearCat, SwiGLULinear)
 	err     error
 
 	arena    arena      // the op set's per-step scratch
@@ -40,8 +41,14 @@ type Backend struct {
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
+	splitKVOnly bool // Attention without the prefill kernel (its tests and benchmarks compare)
+	prefillRows int  // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
+	noMMA       bool // Experts' prefill path keeps off the tensor cores (tests)
+
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
+
+	mlaUK mlaUK // kv_b_proj's W_UK halves transposed (mla.go)
 }
 
 // OpenBackend opens GPU ordinal and returns a Backend that owns it, with
@@ -89,7 +96,7 @@ func (b *Backend) WeightBytes() int64 { return b.mem.weights.Load() }
 // Close frees the cached weights and the device, and stops the CPU pool.
 func (b *Backend) Close() error {
 	b.mu.Lock()
-	b.weights, b.experts = nil, nil
+	b.weights, b.experts, b.stacks = nil, nil, nil
 	b.mu.Unlock()
 	b.mem.weights.Store(0)
 	b.mem.tensors.Store(0)
@@ -142,6 +149,12 @@ func (b *Backend) fail(err error) {
 		b.err = err
 	}
 }
+
+var _ kernels.RandomGenerator = (*Backend)(nil)
+
+// GeneratesRandom implements kernels.RandomGenerator: a Random Mat without
+// Data is generated in device memory when it is first used (UploadMat).
+func (b *Backend) GeneratesRandom() bool { return true }
 
 // weight returns m's device copy, uploading it on first use.
 func (b *Backend) weight(m *kernels.Mat) (*Weight, error) {

@@ -142,19 +142,24 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 		bytes += int64(n) * int64(s.rows) * int64(s.cols) * 2
 	}
 	x, y := benchF32(b, d, 12288), benchF32(b, d, 151936)
-	b.ResetTimer()
-	el := timeLaunches(b, d, b.N, func(int) error {
-		for _, w := range step {
-			if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	sec := el.Seconds() / float64(b.N)
-	b.ReportMetric(sec*1e3, "ms/step")
-	b.ReportMetric(1/sec, "tok/s")
-	b.ReportMetric(float64(bytes)/sec/1e9, "GB/s")
+	defer d.SetGEMVRows(gemvRowsDefault())
+	for _, r := range []int{0, 4, 8} { // gemv_split, gemv_rows with 4 and 8 rows a block
+		d.SetGEMVRows(r)
+		b.Run(fmt.Sprintf("rows=%d", r), func(b *testing.B) {
+			el := timeLaunches(b, d, b.N, func(int) error {
+				for _, w := range step {
+					if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			sec := el.Seconds() / float64(b.N)
+			b.ReportMetric(sec*1e3, "ms/step")
+			b.ReportMetric(1/sec, "tok/s")
+			b.ReportMetric(float64(bytes)/sec/1e9, "GB/s")
+		})
+	}
 }
 
 // BenchmarkGemmBF16 measures cuBLASLt's bf16 GEMM (float32 output) at
@@ -190,14 +195,15 @@ func BenchmarkGemmBF16(b *testing.B) {
 }
 
 // BenchmarkOpsDecodeStep8B times one batch-1 Qwen3-8B decode step through
-// the op set, as engine/gqa issues it (36 layers of norm, q/k/v, QK-norm,
-// RoPE, KV store, paged attention, o, norm, gate, up, SwiGLU, down, then
-// the LM head: 7 Linear and 10 other ops a layer, queued by the Backend and
-// waited for at EndStep), on seeded random bf16 weights made on the device
-// and a bf16 KV cache of ctx positions. "linear" runs only the Linear ops,
-// "other" only the rest, so the wall times split the step; the steps replay
-// a CUDA graph (graphs/step 1) except in the "eager" variants. ms/step is
-// host wall time from BeginStep to the end of EndStep.
+// the op set, as engine/gqa issues it (36 layers of q/k/v as one LinearCat,
+// PrepareQKV (QK-norm, RoPE, KV store), paged attention, o, AddRMSNorm,
+// SwiGLULinear (gate, up, SwiGLU), down, AddRMSNorm, then the LM head: 4
+// products and 4 other ops a layer, queued by the Backend and waited for
+// at EndStep), on seeded random bf16 weights made on the device and a bf16
+// KV cache of ctx positions. "linear" runs only the products, "other" only
+// the rest, so the wall times split the step; the steps replay a CUDA graph
+// (graphs/step 1) except in the "eager" variants. ms/step is host wall
+// time from BeginStep to the end of EndStep.
 func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	needGPU(b)
 	be, err := OpenBackend(0, 2)
@@ -240,11 +246,33 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		be.WriteI32(t, v)
 		return t
 	}
-	type layer struct{ q, k, v, o, gate, up, down *kernels.Mat }
+	// stack makes the device weight of ms stacked (what stacked uploads),
+	// filled on the device; ms themselves have no data.
+	stack := func(ms ...*kernels.Mat) []*kernels.Mat {
+		rows := 0
+		for _, m := range ms {
+			rows += m.Rows
+		}
+		w := mat(rows, ms[0].Cols)
+		var key stackKey
+		copy(key[:], ms)
+		if be.stacks == nil {
+			be.stacks = map[stackKey]*Weight{}
+		}
+		be.stacks[key] = be.weights[w]
+		return ms
+	}
+	part := func(rows, cols int) *kernels.Mat { return &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols} }
+	type layer struct {
+		qkv               []*kernels.Mat
+		o, gate, up, down *kernels.Mat
+	}
 	ls := make([]layer, layers)
 	for i := range ls {
-		ls[i] = layer{mat(heads*hd, hidden), mat(kvHeads*hd, hidden), mat(kvHeads*hd, hidden), mat(hidden, heads*hd),
-			mat(inter, hidden), mat(inter, hidden), mat(hidden, inter)}
+		l := layer{qkv: stack(part(heads*hd, hidden), part(kvHeads*hd, hidden), part(kvHeads*hd, hidden)),
+			o: mat(hidden, heads*hd), gate: part(inter, hidden), up: part(inter, hidden), down: mat(hidden, inter)}
+		stack(l.gate, l.up)
+		ls[i] = l
 	}
 	head := mat(vocab, hidden)
 	norm, qkNorm := vec(hidden, 1), vec(hd, 1)
@@ -256,24 +284,32 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	be.WriteF32(rope.InvFreq, inv)
 	shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
 
+	var logits0 []float32 // the first variant's logits, which the other full steps must match
+	caches := map[int][2][]kernels.Tensor{}
+	defer be.dev.SetGEMVRows(gemvRowsDefault())
 	for _, c := range []struct {
-		name             string
-		ctx              int
-		lin, rest, eager bool
+		name                  string
+		ctx                   int
+		lin, rest, eager, pdl bool
+		rows                  int // the n = 1 GEMV: 0 gemv_split, else gemv_rows with rows a block
 	}{
-		{"all/ctx=512", 512, true, true, false}, {"all/ctx=512/eager", 512, true, true, true},
-		{"linear", 512, true, false, false}, {"linear/eager", 512, true, false, true},
-		{"other/ctx=512", 512, false, true, false}, {"other/ctx=512/eager", 512, false, true, true},
-		{"all/ctx=4096", 4096, true, true, false},
+		{"all/ctx=512", 512, true, true, false, false, 0}, {"all/ctx=512/eager", 512, true, true, true, false, 0},
+		{"all/ctx=512/pdl", 512, true, true, false, true, 0}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0},
+		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8},
+		{"linear", 512, true, false, false, false, 0}, {"linear/eager", 512, true, false, true, false, 0},
+		{"linear/rows=4", 512, true, false, false, false, 4}, {"linear/rows=8", 512, true, false, false, false, 8},
+		{"other/ctx=512", 512, false, true, false, false, 0}, {"other/ctx=512/eager", 512, false, true, true, false, 0},
+		{"all/ctx=4096", 4096, true, true, false, false, 0},
 	} {
+		be.dev.SetGEMVRows(c.rows)
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)
 		for i := range table {
 			table[i] = int32(i)
 		}
-		var kc, vc []kernels.Tensor
-		for range layers {
+		kc, vc := caches[c.ctx][0], caches[c.ctx][1] // shared by the variants of one ctx, so their logits agree
+		for range layers - len(kc) {
 			for _, l := range []*[]kernels.Tensor{&kc, &vc} {
 				t, err := be.Alloc(kernels.BF16, c.ctx, kvHeads*hd)
 				if err == nil {
@@ -287,6 +323,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 				*l = append(*l, t)
 			}
 		}
+		caches[c.ctx] = [2][]kernels.Tensor{kc, vc}
 		p := &kernels.Paged{Pos: ints(int32(c.ctx - 1)), Seq: ints(0), Slot: ints(int32(c.ctx - 1)), BlockSize: bs}
 		bt, err := be.Alloc(kernels.I32, 1, nb)
 		if err != nil {
@@ -298,29 +335,24 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		for i := range x0 {
 			x0[i] = float32(i%13)*0.1 - 0.6
 		}
+		var logits kernels.Tensor
 		step := func() {
 			be.BeginStep()
 			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
-			q, k, v := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd)
-			o, g, u := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, inter), be.Scratch(kernels.F32, 1, inter)
-			logits := be.Scratch(kernels.F32, 1, vocab)
+			qkv := be.Scratch(kernels.F32, 1, (heads+2*kvHeads)*hd)
+			q, o, g := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, inter)
+			logits = be.Scratch(kernels.F32, 1, vocab)
 			be.exec(func(d *Device) error { return d.uploadL(dptr(x), f32Bytes(x0)) })
+			qn := &kernels.HeadNorm{W: qkNorm, Eps: 1e-6}
 			for i, l := range ls {
 				if c.rest && i == 0 {
 					be.RMSNorm(h, x, norm, 1e-6, false)
 				}
 				if c.lin {
-					be.Linear(q, h, l.q, kernels.Epilogue{})
-					be.Linear(k, h, l.k, kernels.Epilogue{})
-					be.Linear(v, h, l.v, kernels.Epilogue{})
+					be.LinearCat(qkv, h, l.qkv, kernels.Epilogue{})
 				}
 				if c.rest {
-					qh, kh := q.Reshape(heads, hd), k.Reshape(kvHeads, hd)
-					be.RMSNorm(qh, qh, qkNorm, 1e-6, false)
-					be.RMSNorm(kh, kh, qkNorm, 1e-6, false)
-					be.RoPE(q, heads, hd, p.Pos, rope)
-					be.RoPE(k, kvHeads, hd, p.Pos, rope)
-					be.StoreKV(kc[i], vc[i], k, v, p)
+					be.PrepareQKV(q, kc[i], vc[i], qkv, qn, qn, rope, p, shape)
 					be.Attention(o, q, kc[i], vc[i], p, shape)
 				}
 				if c.lin {
@@ -330,13 +362,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 					be.AddRMSNorm(h, x, y, norm, 1e-6, false)
 				}
 				if c.lin {
-					be.Linear(g, h, l.gate, kernels.Epilogue{})
-					be.Linear(u, h, l.up, kernels.Epilogue{})
-				}
-				if c.rest {
-					be.SwiGLU(g, g, u)
-				}
-				if c.lin {
+					be.SwiGLULinear(g, h, l.gate, l.up, 0)
 					be.Linear(y, g, l.down, kernels.Epilogue{})
 				}
 				if c.rest {
@@ -349,6 +375,10 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			be.EndStep()
 		}
 		be.dev.do(func() error { be.graphs.enabled = !c.eager; return nil })
+		if be.dev.SetPDL(c.pdl) != c.pdl {
+			b.Logf("%s: no programmatic dependent launch here", c.name)
+			continue
+		}
 		b.Run(c.name, func(b *testing.B) {
 			step() // warm up; with graphs the second step is captured
 			step()
@@ -367,5 +397,29 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			b.ReportMetric(1/sec, "tok/s")
 			b.ReportMetric(float64(replays-replays0)/float64(b.N), "graphs/step")
 		})
+		if c.ctx != 512 || !c.lin || !c.rest {
+			continue
+		}
+		got := make([]float32, vocab)
+		be.ReadF32(got, logits)
+		if logits0 == nil {
+			logits0 = got
+			continue
+		}
+		if c.rows != 0 { // another summation order: report how far the logits moved
+			diff, top := 0.0, 0.0
+			for i, v := range got {
+				diff, top = max(diff, math.Abs(float64(v-logits0[i]))), max(top, math.Abs(float64(logits0[i])))
+			}
+			b.Logf("%s: max |Δlogit| %.3g against gemv_split (max |logit| %.3g)", c.name, diff, top)
+			continue
+		}
+		for i, v := range got {
+			if math.Float32bits(v) != math.Float32bits(logits0[i]) {
+				b.Errorf("%s: logit %d = %g, %g in the first variant", c.name, i, v, logits0[i])
+				break
+			}
+		}
 	}
+	be.dev.SetPDL(false)
 }

@@ -176,6 +176,40 @@ func TestLinearBF16(t *testing.T) {
 	}
 }
 
+// TestGEMVRows checks the n = 1 GEMV of R rows a block (gemv_rows, 4 and
+// 8 rows; vector and scalar paths; a last block of fewer rows) against
+// kernels.MatMulRef as TestLinearBF16 does, with a bias and the residual
+// add.
+func TestGEMVRows(t *testing.T) {
+	d := needGPU(t)
+	defer d.SetGEMVRows(gemvRowsDefault())
+	for _, r := range []int{4, 8} {
+		for _, dt := range []kernels.DType{kernels.BF16, kernels.F32, kernels.F16} {
+			for _, s := range []struct{ rows, cols int }{{1024, 4096}, {333, 2056}, {100, 1001}, {7, 64}, {3, 12288}} {
+				t.Run(fmt.Sprintf("r=%d/%v/%dx%d", r, dt, s.rows, s.cols), func(t *testing.T) {
+					d.SetGEMVRows(r)
+					rng := rand.New(rand.NewPCG(uint64(s.rows), uint64(s.cols)))
+					m := kerneltest.NewMat(rng, dt, s.rows, s.cols, 0, 0)
+					x, bias, y0 := randF32(rng, s.cols), randF32(rng, s.rows), randF32(rng, s.rows)
+					w := uploadMat(t, d, m)
+					xb, bb, yb := upload(t, d, x), upload(t, d, bias), upload(t, d, y0)
+					if err := d.do(func() error { return d.linearL(yb.ptr, xb.ptr, w, 1, bb.ptr, true) }); err != nil {
+						t.Fatal(err)
+					}
+					want := make([]float32, s.rows)
+					kernels.MatMulRef(want, x, m, 1)
+					abs := kerneltest.AbsDot(x, m, 1)
+					for i := range want {
+						want[i] += bias[i] + y0[i]
+						abs[i] += math.Abs(float64(bias[i])) + math.Abs(float64(y0[i]))
+					}
+					compare(t, download(t, yb, len(want)), want, abs, kerneltest.Tol)
+				})
+			}
+		}
+	}
+}
+
 // TestGemmBF16 checks the cuBLASLt path against kernels.MatMulRef on x
 // rounded to bf16 (exactly as ToBF16 rounds it, which is checked bit for
 // bit): tensor cores multiply bf16 exactly and accumulate in float32, so

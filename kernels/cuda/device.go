@@ -48,6 +48,15 @@ type Device struct {
 	lt       *blasLt
 	ltErr    error // why cuBLASLt is unavailable, once tried
 
+	// pdl makes launch3L launch the kernels of pdlKernels with programmatic
+	// dependent launch (pdl.go); set at Open, changed only on the device
+	// thread.
+	pdl bool
+
+	// gemvRows is the n = 1 GEMV variant (ops.go, gemvRowsKernels): 0 for
+	// gemv_split, else rows a block of gemv_rows; set at Open.
+	gemvRows int
+
 	// trace, when set, makes launchL, launch3L and gemmL append what they
 	// would launch (kernel, grid, block, arguments) to it instead of
 	// launching: a step's launch trace, which graph.go compares.
@@ -60,6 +69,8 @@ type Device struct {
 type launchBlock struct {
 	vals [24]uint64
 	ptrs [24]uintptr
+	cfg  launchConfig // cuLaunchKernelEx's configuration (pdl.go)
+	attr launchAttr
 }
 
 // Open starts the device thread for GPU ordinal, makes its primary context
@@ -201,6 +212,8 @@ func (d *Device) setup() error {
 	for i := range d.args.ptrs {
 		d.args.ptrs[i] = uintptr(unsafe.Pointer(&d.args.vals[i]))
 	}
+	d.pdl = pdlEnabled(d.Major)
+	d.gemvRows = gemvRowsDefault()
 	return d.loadModule()
 }
 

@@ -119,8 +119,8 @@ var driver struct {
 	cuGraphDestroy, cuGraphExecDestroy                                            uintptr
 
 	// Optional (0 when the driver lacks them): what the chat reports, never
-	// needed to run.
-	cuMemGetInfo uintptr
+	// needed to run; cuLaunchKernelEx for programmatic dependent launch.
+	cuMemGetInfo, cuLaunchKernelEx uintptr
 }
 
 // errNoDriver wraps every failure to load libcuda.so.1.
@@ -160,7 +160,7 @@ func loadDriver() error {
 		if driver.err != nil {
 			return
 		}
-		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo})
+		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo, "cuLaunchKernelEx": &d.cuLaunchKernelEx})
 		if err := check("cuInit", call(d.cuInit, 0)); err != nil {
 			driver.err = err
 			return

@@ -261,22 +261,27 @@ func (b *Backend) ReadF32(dst []float32, t kernels.Tensor) {
 	if t.DType != kernels.F32 || len(dst) != t.Elems() {
 		panic("cuda: ReadF32 wants an F32 tensor of len(dst) elements")
 	}
-	p, raw := dptr(t), f32Bytes(dst)
-	ok := b.exec(func(d *Device) error {
+	if !b.read(f32Bytes(dst), t) {
+		fillNaN(dst)
+	}
+}
+
+// read copies t's rows, one after another, into raw once the queued work
+// has run, and reports whether it could.
+func (b *Backend) read(raw []byte, t kernels.Tensor) bool {
+	p, esz := dptr(t), int64(t.DType.Size())
+	return b.exec(func(d *Device) error {
 		if t.Contiguous() {
 			return d.downloadL(raw, p)
 		}
-		row := int64(t.Cols) * 4
+		row := int64(t.Cols) * esz
 		for r := range int64(t.Rows) {
-			if err := d.downloadL(raw[r*row:(r+1)*row], p+uint64(r*int64(t.Stride)*4)); err != nil {
+			if err := d.downloadL(raw[r*row:(r+1)*row], p+uint64(r*int64(t.Stride)*esz)); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	if !ok {
-		fillNaN(dst)
-	}
 }
 
 // Copy implements kernels.Memory.

@@ -18,13 +18,28 @@ var fatbin []byte
 var kernelNames = []string{
 	"ferrite_gemv_f32_1", "ferrite_gemv_f32_8", "ferrite_gemv_bf16_1", "ferrite_gemv_bf16_8",
 	"ferrite_gemv_f16_1", "ferrite_gemv_f16_8", "ferrite_gemv_f8e4m3_1", "ferrite_gemv_f8e4m3_8",
+	// The decode step's fused and row-block kernels (src/gemv.cu, src/ops.cu).
+	"ferrite_gemv_f32_r4", "ferrite_gemv_f32_r8", "ferrite_gemv_bf16_r4", "ferrite_gemv_bf16_r8",
+	"ferrite_gemv_f16_r4", "ferrite_gemv_f16_r8",
+	"ferrite_gemv_swiglu_f32", "ferrite_gemv_swiglu_bf16", "ferrite_gemv_swiglu_f16",
+	"ferrite_gemv_swiglu_f32_r4", "ferrite_gemv_swiglu_f32_r8", "ferrite_gemv_swiglu_bf16_r4",
+	"ferrite_gemv_swiglu_bf16_r8", "ferrite_gemv_swiglu_f16_r4", "ferrite_gemv_swiglu_f16_r8",
+	"ferrite_swiglu_cat", "ferrite_prepare_qkv",
 	"ferrite_rmsnorm_f32", "ferrite_f32_to_bf16", "ferrite_fill_bf16",
 	// The op set (src/ops.cu).
 	"ferrite_swiglu", "ferrite_add_bias", "ferrite_f32_to_bf16x2", "ferrite_add_halves", "ferrite_copy_rows", "ferrite_embed", "ferrite_gather_rows",
 	"ferrite_add_rmsnorm", "ferrite_rope", "ferrite_store_kv",
 	"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8",
 	"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8",
-	"ferrite_attn_combine", "ferrite_route", "ferrite_moe_gate_up", "ferrite_moe_down", "ferrite_moe_combine",
+	"ferrite_attn_combine", "ferrite_prefill_attn_f32_64_64", "ferrite_prefill_attn_f32_128_64",
+	"ferrite_prefill_attn_bf16_64_64", "ferrite_prefill_attn_bf16_128_64", "ferrite_prefill_attn_f32_64_128",
+	"ferrite_prefill_attn_f32_128_128", "ferrite_prefill_attn_bf16_64_128", "ferrite_prefill_attn_bf16_128_128",
+	// Mixture of experts (src/ops_moe.cu).
+	"ferrite_route", "ferrite_moe_combine", "ferrite_moe_few_gate_up_1", "ferrite_moe_few_gate_up_8",
+	"ferrite_moe_few_down_1", "ferrite_moe_few_down_8", "ferrite_moe_sort", "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down",
+	"ferrite_moe_mma_gate_up", "ferrite_moe_mma_down",
+	// Random weights (src/randfill.cu).
+	"ferrite_random_fill",
 }
 
 // loadModule loads the fatbin (or the file FERRITE_CUDA_FATBIN names, for
@@ -83,6 +98,9 @@ func (d *Device) launch3L(name string, grid [3]uint32, block, smem uint32, args 
 		return nil
 	}
 	copy(d.args.vals[:], args)
+	if d.pdl && pdlKernels[name] {
+		return d.launchPDL(name, fn, grid, block, smem)
+	}
 	return check("cuLaunchKernel "+name, call(driver.cuLaunchKernel, fn,
 		uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]), uintptr(block), 1, 1, uintptr(smem), d.stream,
 		uintptr(unsafe.Pointer(&d.args.ptrs[0])), 0))

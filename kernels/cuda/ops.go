@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -22,7 +23,8 @@ type Weight struct {
 	BlockRows, BlockCols int
 }
 
-// UploadMat copies m to the device. The caller frees the Weight with Free.
+// UploadMat copies m to the device, or generates there the values of a
+// Random m without Data (FillRandom). The caller frees the Weight with Free.
 func (d *Device) UploadMat(m *kernels.Mat) (*Weight, error) {
 	if m.DType.Quantized() {
 		// No GPU kernels for GGML blocks yet: decode them exactly to
@@ -39,10 +41,68 @@ func (d *Device) UploadMat(m *kernels.Mat) (*Weight, error) {
 	if w.Buf, err = d.Alloc(max(bytes, 1)); err != nil {
 		return nil, err
 	}
-	if err = w.Buf.Upload(0, m.Data[:bytes]); err == nil && m.DType == kernels.F8E4M3 {
+	if m.Data == nil && m.Random != nil {
+		err = d.FillRandom(w.Buf, bytes, m.DType, *m.Random)
+	} else {
+		err = w.Buf.Upload(0, m.Data[:bytes])
+	}
+	if err == nil && m.DType == kernels.F8E4M3 {
 		ns := ceilDiv(m.Rows, m.BlockRows) * ceilDiv(m.Cols, m.BlockCols)
 		if w.Scale, err = d.Alloc(int64(max(ns, 1)) * 4); err == nil {
 			err = w.Scale.UploadF32(0, m.Scale[:ns])
+		}
+	}
+	if err != nil {
+		w.Free()
+		return nil, err
+	}
+	return w, nil
+}
+
+// UploadStack copies ms, weights of one width and dtype, to the device
+// as one matrix of their rows stacked in order. Quantized weights are
+// decoded to float32 (as UploadMat does), and so are F8E4M3 weights whose
+// scale blocks would straddle two of them. The caller frees the Weight.
+func (d *Device) UploadStack(ms []*kernels.Mat) (*Weight, error) {
+	first := ms[0]
+	decode := false
+	rows := 0
+	for i, m := range ms {
+		if m.Cols != first.Cols || m.DType != first.DType || m.BlockRows != first.BlockRows || m.BlockCols != first.BlockCols {
+			return nil, fmt.Errorf("cuda: cannot stack %v (%d, %d) onto %v (%d, %d)", m.DType, m.Rows, m.Cols, first.DType, first.Rows, first.Cols)
+		}
+		decode = decode || m.DType.Quantized() || (m.DType == kernels.F8E4M3 && i < len(ms)-1 && m.Rows%m.BlockRows != 0)
+		rows += m.Rows
+	}
+	dt := first.DType
+	if decode {
+		dt = kernels.F32
+	}
+	size := int64(dt.Size())
+	w := &Weight{DType: dt, Rows: rows, Cols: first.Cols}
+	var err error
+	if w.Buf, err = d.Alloc(max(int64(rows)*int64(first.Cols)*size, 1)); err != nil {
+		return nil, err
+	}
+	var scales []float32
+	off := int64(0)
+	for _, m := range ms {
+		if decode {
+			m = dequantize(m)
+		}
+		bytes := int64(m.Rows) * int64(m.Cols) * size
+		if err = w.Buf.Upload(off, m.Data[:bytes]); err != nil {
+			break
+		}
+		off += bytes
+		if dt == kernels.F8E4M3 {
+			scales = append(scales, m.Scale[:ceilDiv(m.Rows, m.BlockRows)*ceilDiv(m.Cols, m.BlockCols)]...)
+		}
+	}
+	if err == nil && dt == kernels.F8E4M3 {
+		w.BlockRows, w.BlockCols = first.BlockRows, first.BlockCols
+		if w.Scale, err = d.Alloc(int64(max(len(scales), 1)) * 4); err == nil {
+			err = w.Scale.UploadF32(0, scales)
 		}
 	}
 	if err != nil {
@@ -130,11 +190,14 @@ func (d *Device) linearL(y, x uint64, w *Weight, n int, bias uint64, acc bool) e
 	grid := uint32(ceilDiv(w.Rows, gemvBlock/32))
 	switch w.DType {
 	case kernels.F32, kernels.BF16, kernels.F16:
-		if n == 1 { // four warps a row
+		name := gemvKernels[w.DType][nb]
+		switch {
+		case n == 1 && d.gemvRows > 0: // gemvRows rows a block
+			name, grid = gemvRowsKernels[w.DType][d.gemvRows/8], uint32(ceilDiv(w.Rows, d.gemvRows))
+		case n == 1: // four warps a row
 			grid = uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
 		}
-		return d.launchL(gemvKernels[w.DType][nb], grid, gemvBlock, 0,
-			y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc))
+		return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc))
 	case kernels.F8E4M3:
 		if w.BlockRows <= 0 || w.BlockCols <= 0 || w.Scale == nil {
 			return fmt.Errorf("cuda: F8E4M3 weight without block scales")
@@ -152,6 +215,37 @@ var gemvKernels = map[kernels.DType][2]string{
 	kernels.BF16:   {"ferrite_gemv_bf16_8", "ferrite_gemv_bf16_1"},
 	kernels.F16:    {"ferrite_gemv_f16_8", "ferrite_gemv_f16_1"},
 	kernels.F8E4M3: {"ferrite_gemv_f8e4m3_8", "ferrite_gemv_f8e4m3_1"},
+}
+
+// gemvRowsKernels names the n = 1 GEMVs of R rows a block (gemv_rows):
+// [0] for R = 4, [1] for R = 8.
+var gemvRowsKernels = map[kernels.DType][2]string{
+	kernels.F32:  {"ferrite_gemv_f32_r4", "ferrite_gemv_f32_r8"},
+	kernels.BF16: {"ferrite_gemv_bf16_r4", "ferrite_gemv_bf16_r8"},
+	kernels.F16:  {"ferrite_gemv_f16_r4", "ferrite_gemv_f16_r8"},
+}
+
+// gemvRowsDefault is a new Device's GEMV variant at n = 1:
+// FERRITE_CUDA_GEMV_ROWS=4 or 8 picks gemv_rows with that many rows a
+// block; anything else the four-warps-a-row gemv_split.
+func gemvRowsDefault() int {
+	switch os.Getenv("FERRITE_CUDA_GEMV_ROWS") {
+	case "4":
+		return 4
+	case "8":
+		return 8
+	}
+	return 0
+}
+
+// SetGEMVRows picks the n = 1 GEMV for later launches: 4 or 8 rows a
+// block (gemv_rows), 0 for four warps a row (gemv_split). A switch for
+// benchmarks and tests.
+func (d *Device) SetGEMVRows(r int) {
+	if r != 0 && r != 4 && r != 8 {
+		panic("cuda: SetGEMVRows wants 0, 4 or 8")
+	}
+	d.do(func() error { d.gemvRows = r; return nil })
 }
 
 // RMSNorm queues y = w ⊙ x·rsqrt(mean(x²) + eps) (or (1 + w) ⊙ … with
@@ -194,6 +288,23 @@ func (d *Device) ToBF16(dst, src *Buffer, n int) error {
 	}
 	return d.do(func() error {
 		return d.launchL("ferrite_f32_to_bf16", d.elementwiseGrid(int64(n)), 256, 0, dst.ptr, src.ptr, uint64(n))
+	})
+}
+
+// FillRandom queues the first bytes bytes of the kernels.RandomFill f of
+// dtype dt (F32, BF16 or F16) into dst: the bytes f.Fill writes on the
+// host, generated on the device (src/randfill.cu).
+func (d *Device) FillRandom(dst *Buffer, bytes int64, dt kernels.DType, f kernels.RandomFill) error {
+	if dt != kernels.F32 && dt != kernels.BF16 && dt != kernels.F16 {
+		return fmt.Errorf("cuda: no random fill for %v", dt)
+	}
+	if err := dst.span(0, bytes); err != nil {
+		return err
+	}
+	words := ceilDiv(int(bytes), 4)
+	return d.do(func() error {
+		return d.launchL("ferrite_random_fill", d.elementwiseGrid(int64(words)), 256, 0, dst.ptr, uint64(bytes), f.Seed,
+			i32(int(dt)), i32(f.Top))
 	})
 }
 

@@ -97,6 +97,19 @@ func index(op string, t kernels.Tensor, rows, cols int) {
 	}
 }
 
+// biasPtr is the device address of an optional (1, width) F32 bias, 0 for
+// the zero Tensor; it panics on a malformed one.
+func biasPtr(op string, bias kernels.Tensor, width int) uint64 {
+	if !bias.Valid() {
+		return 0
+	}
+	f32Contig(op+" bias", bias)
+	if bias.Elems() != width {
+		panic("cuda: " + op + " bias width")
+	}
+	return dptr(bias)
+}
+
 // useGemm reports whether cuBLASLt is available, trying it once.
 func (b *Backend) useGemm() bool {
 	b.gemmOnce.Do(func() { b.gemmErr = b.dev.HasGemm() })
@@ -109,14 +122,7 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 	if x.Cols != w.Cols || dst.Cols != w.Rows || dst.Rows != x.Rows || w.Cols == 0 {
 		panic("cuda: Linear shapes do not match the weight")
 	}
-	var bias uint64
-	if e.Bias.Valid() {
-		f32Contig("Linear bias", e.Bias)
-		if e.Bias.Elems() != w.Rows {
-			panic("cuda: Linear bias width")
-		}
-		bias = dptr(e.Bias)
-	}
+	bias := biasPtr("Linear", e.Bias, w.Rows)
 	n := x.Rows
 	if n == 0 || w.Rows == 0 {
 		return
@@ -126,15 +132,129 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 		b.fail(err)
 		return
 	}
-	y, xp := dptr(dst), dptr(x)
+	b.linearW(dptr(dst), dptr(x), bias, dw, n, e.Accumulate)
+}
+
+// linearW queues y (n, w.Rows) = x·wᵀ (+ bias) (+ y when acc): the GEMV
+// for one row (and for weights cuBLASLt does not take), cuBLASLt above.
+func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
-	case n == 1 || dw.DType != kernels.BF16 || !b.useGemm():
-		b.queue(func(d *Device) error { return d.linearL(y, xp, dw, n, bias, e.Accumulate) })
+	case n == 1 || w.DType != kernels.BF16 || !b.useGemm():
+		b.queue(func(d *Device) error { return d.linearL(y, x, w, n, bias, acc) })
 	case n < gemmRoundRows:
-		b.linearSplit(y, xp, bias, dw, n, e.Accumulate)
+		b.linearSplit(y, x, bias, w, n, acc)
 	default:
-		b.linearRounded(y, xp, bias, dw, n, e.Accumulate)
+		b.linearRounded(y, x, bias, w, n, acc)
 	}
+}
+
+// LinearCat implements kernels.LinearOps: the weights are stacked once on
+// the device (stacked) and run as one product.
+func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) {
+	f32Contig("LinearCat", dst, x)
+	total := 0
+	for _, w := range ws {
+		if w.Cols != x.Cols || w.Cols == 0 {
+			panic("cuda: LinearCat weights of another width")
+		}
+		total += w.Rows
+	}
+	if dst.Cols != total || dst.Rows != x.Rows {
+		panic("cuda: LinearCat shapes do not match the weights")
+	}
+	bias := biasPtr("LinearCat", e.Bias, total)
+	if x.Rows == 0 || total == 0 {
+		return
+	}
+	dw, err := b.stacked(ws...)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	b.linearW(dptr(dst), dptr(x), bias, dw, x.Rows, e.Accumulate)
+}
+
+// SwiGLULinear implements kernels.LinearOps: gate and up stacked once on
+// the device; one row runs the GEMV with the SwiGLU in its epilogue (a
+// block computes gate row r and up row r), more rows the stacked product
+// into scratch and then ferrite_swiglu_cat.
+func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, limit float32) {
+	f32Contig("SwiGLULinear", dst, x)
+	if gate.Rows != up.Rows || gate.Cols != x.Cols || up.Cols != x.Cols || dst.Cols != gate.Rows || dst.Rows != x.Rows || x.Cols == 0 {
+		panic("cuda: SwiGLULinear shapes do not match the weights")
+	}
+	n, inter := x.Rows, gate.Rows
+	if n == 0 || inter == 0 {
+		return
+	}
+	dw, err := b.stacked(gate, up)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	y, xp := dptr(dst), dptr(x)
+	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 {
+		b.queue(func(d *Device) error {
+			name, grid := k[0], uint32(inter)
+			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
+				name, grid = k[d.gemvRows/4], uint32(ceilDiv(inter, d.gemvRows/2))
+			}
+			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit))
+		})
+		return
+	}
+	t := b.Scratch(kernels.F32, n, 2*inter) // (n, 2·inter) [x·gateᵀ | x·upᵀ]
+	tp := dptr(t)
+	b.linearW(tp, xp, 0, dw, n, false)
+	total := int64(n) * int64(inter)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_swiglu_cat", d.elementwiseGrid(total), 256, 0, y, tp, uint64(total), i32(inter), f32(limit))
+	})
+}
+
+// gemvSwiGLU names the n = 1 GEMVs with the SwiGLU epilogue per dtype:
+// [0] four warps a weight row (gemv_swiglu), [1] and [2] 4 and 8 weight
+// rows a block (gemv_swiglu_rows, Device.gemvRows).
+var gemvSwiGLU = map[kernels.DType][3]string{
+	kernels.F32:  {"ferrite_gemv_swiglu_f32", "ferrite_gemv_swiglu_f32_r4", "ferrite_gemv_swiglu_f32_r8"},
+	kernels.BF16: {"ferrite_gemv_swiglu_bf16", "ferrite_gemv_swiglu_bf16_r4", "ferrite_gemv_swiglu_bf16_r8"},
+	kernels.F16:  {"ferrite_gemv_swiglu_f16", "ferrite_gemv_swiglu_f16_r4", "ferrite_gemv_swiglu_f16_r8"},
+}
+
+// stackKey identifies a stack of up to four weights.
+type stackKey [4]*kernels.Mat
+
+// stacked returns the device copy of ms stacked by rows, uploading it on
+// first use (cached per stack, like weight).
+func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
+	if len(ms) > len(stackKey{}) {
+		panic("cuda: LinearCat of more than four weights")
+	}
+	var key stackKey
+	copy(key[:], ms)
+	for _, m := range ms {
+		if m.Transient {
+			panic("cuda: LinearCat or SwiGLULinear of a Transient matrix")
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.weights == nil {
+		return nil, ErrClosed
+	}
+	if w := b.stacks[key]; w != nil {
+		return w, nil
+	}
+	w, err := b.dev.UploadStack(ms)
+	if err != nil {
+		return nil, err
+	}
+	if b.stacks == nil {
+		b.stacks = map[stackKey]*Weight{}
+	}
+	b.stacks[key] = w
+	b.mem.weights.Add(w.Bytes())
+	return w, nil
 }
 
 // linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo
@@ -251,8 +371,65 @@ func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offs
 	if rows == 0 || dim == 0 {
 		return
 	}
+	block := uint32(256) // threads a row; 1024 when the rows do not fill the GPU
+	if rows < b.dev.SMs {
+		block = 1024
+	}
 	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_add_rmsnorm", uint32(rows), 256, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset))
+		return d.launchL("ferrite_add_rmsnorm", uint32(rows), block, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset))
+	})
+}
+
+// PrepareQKV implements kernels.AttentionOps: one block per (row, head)
+// of [q | k | v] norms, rotates and writes its head (ferrite_prepare_qkv).
+func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	f32Contig("PrepareQKV", q, qkv)
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	n := qkv.Rows
+	switch {
+	case qkv.Cols != qw+2*kw || q.Rows != n || q.Cols != qw || s.HeadDim <= 0 || s.HeadDim > attnMaxHD:
+		panic("cuda: PrepareQKV shapes do not match")
+	case kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16):
+		panic("cuda: KV cache dtype must be F32 or BF16")
+	case !kc.Contiguous() || !vc.Contiguous() || kc.Cols != kw || vc.Cols != kw || kc.Rows != vc.Rows:
+		panic("cuda: PrepareQKV shapes do not match the cache")
+	}
+	index("PrepareQKV", p.Slot, n, 1)
+	index("PrepareQKV", p.Pos, n, 1)
+	var args [6]uint64 // q norm, k norm, inverse frequencies, half, interleaved, scale
+	for i, hn := range []*kernels.HeadNorm{qn, kn} {
+		if hn != nil {
+			f32Contig("PrepareQKV norm", hn.W)
+			if hn.W.Elems() != s.HeadDim {
+				panic("cuda: PrepareQKV norm width")
+			}
+			args[i] = dptr(hn.W)
+		}
+	}
+	if r != nil {
+		f32Contig("PrepareQKV rotary", r.InvFreq)
+		if r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim || r.Dim%2 != 0 {
+			panic("cuda: PrepareQKV rotary does not fit the heads")
+		}
+		args[2], args[3], args[4], args[5] = dptr(r.InvFreq), i32(r.Dim/2), b32(r.Interleaved), f32(r.Scale)
+	}
+	if n == 0 {
+		return
+	}
+	var qe, ke float32
+	var qo, ko bool
+	if qn != nil {
+		qe, qo = qn.Eps, qn.Offset
+	}
+	if kn != nil {
+		ke, ko = kn.Eps, kn.Offset
+	}
+	qp, kcp, vcp, src, pos, slot := dptr(q), dptr(kc), dptr(vc), dptr(qkv), dptr(p.Pos), dptr(p.Slot)
+	b.queue(func(d *Device) error {
+		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(s.Heads + 2*s.KVHeads), 1}, 128, 0,
+			qp, kcp, vcp, src, pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), i32(kc.Rows), b32(kc.DType == kernels.BF16),
+			i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), args[0], f32(qe), b32(qo), args[1], f32(ke), b32(ko),
+			args[2], args[3], args[4], args[5])
 	})
 }
 
@@ -313,11 +490,57 @@ var attnKernels = [2][4]string{
 	{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"},
 }
 
-// Attention implements kernels.AttentionOps: the split-KV kernel, every
-// row over its own keys, the splits merged by ferrite_attn_combine. The
-// split count comes from host values only (the block table's width and the
-// batch), never from the positions on the device: enough splits of
-// attnSplit keys to give the GPU about two blocks per multiprocessor.
+// prefillRows is the prefill kernel's default row tile (src/prefill.cu: 64
+// or 128 rows, a warp per 16); Backend.prefillRows overrides it.
+// prefillKernels[bf16][hd == 128][rows == 128] are its instances, for head
+// dims 64 and 128.
+const prefillRows = 64
+
+var prefillKernels = [2][2][2]string{
+	{{"ferrite_prefill_attn_f32_64_64", "ferrite_prefill_attn_f32_64_128"},
+		{"ferrite_prefill_attn_f32_128_64", "ferrite_prefill_attn_f32_128_128"}},
+	{{"ferrite_prefill_attn_bf16_64_64", "ferrite_prefill_attn_bf16_64_128"},
+		{"ferrite_prefill_attn_bf16_128_64", "ferrite_prefill_attn_bf16_128_128"}},
+}
+
+// prefillTile is the prefill kernel's row tile: 64 or 128.
+func (b *Backend) prefillTile() int {
+	if b.prefillRows == 128 {
+		return 128
+	}
+	return prefillRows
+}
+
+// usePrefill reports whether Attention runs the prefill kernel for a batch
+// of n rows: a head dim it has an instance for and at least one full row
+// tile. The kernel then takes every row tile whose rows are all of one
+// sequence (decided on the device) and the split-KV kernel the rest.
+func (b *Backend) usePrefill(s kernels.AttnShape, n int) bool {
+	return !b.splitKVOnly && n >= b.prefillTile() && (s.HeadDim == 64 || s.HeadDim == 128)
+}
+
+// AttentionRoundsToBF16 reports whether Attention over a batch of n rows
+// rounds queries, probabilities and an F32 cache's keys and values to
+// bfloat16 for its tensor-core products (the prefill kernel; its sums stay
+// float32). kerneltest then holds it to AttentionBF16Tol.
+func (b *Backend) AttentionRoundsToBF16(s kernels.AttnShape, n int) bool { return b.usePrefill(s, n) }
+
+// batchTokens is the step token budget the runtime gets from
+// PreferredBatchTokens: whole 4,096-token prompt chunks, where cuBLASLt's
+// Linear layers and the prefill kernel reach their throughput.
+const batchTokens = 4096
+
+// PreferredBatchTokens implements kernels.BatchSizer.
+func (b *Backend) PreferredBatchTokens() int { return batchTokens }
+
+// Attention implements kernels.AttentionOps. Batches usePrefill accepts
+// first run the prefill kernel (src/prefill.cu: flash attention on tensor
+// cores over row tiles of one sequence). The split-KV
+// kernel then does every other row over its own keys, the splits merged by
+// ferrite_attn_combine. The split count comes from host values only (the
+// block table's width and the batch), never from the positions on the
+// device: enough splits of attnSplit keys to give the GPU about two blocks
+// per multiprocessor.
 func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
 	f32Contig("Attention", out, q)
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
@@ -359,15 +582,27 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	o, qp, kcp, vcp := dptr(out), dptr(q), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
+	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
+	if b.usePrefill(s, n) {
+		ptile = b.prefillTile()
+	}
 	b.queue(func(d *Device) error {
+		if ptile > 0 {
+			err := d.launch3L(prefillKernels[bf][s.HeadDim/128][ptile/128], [3]uint32{uint32(s.Heads), uint32(ceilDiv(n, ptile)), 1},
+				uint32(ptile/16*32), 0, o, qp, kcp, vcp, pos, seq, bt, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads),
+				i32(s.KVHeads), f32(s.Scale))
+			if err != nil {
+				return err
+			}
+		}
 		err := d.launch3L(attnKernels[bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
 			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
-			i32(s.HeadDim), i32(chunks), i32(attnSplit), f32(s.Scale))
+			i32(s.HeadDim), i32(chunks), i32(attnSplit), f32(s.Scale), i32(ptile))
 		if err != nil || splits == 1 {
 			return err
 		}
 		return d.launch3L("ferrite_attn_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, attnThread, 0,
-			o, part, i32(s.Heads), i32(s.HeadDim), i32(splits))
+			o, part, i32(s.Heads), i32(s.HeadDim), i32(splits), seq, i32(n), i32(ptile))
 	})
 }
 
@@ -383,14 +618,7 @@ func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	if groups > 1 && (e%groups != 0 || keep <= 0 || keep > groups) {
 		panic("cuda: Route groups do not divide the experts")
 	}
-	var bias uint64
-	if r.Bias.Valid() {
-		f32Contig("Route bias", r.Bias)
-		if r.Bias.Elems() != e {
-			panic("cuda: Route bias width")
-		}
-		bias = dptr(r.Bias)
-	}
+	bias := biasPtr("Route", r.Bias, e)
 	if n == 0 {
 		return
 	}
@@ -471,13 +699,32 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	return t, nil
 }
 
-// Experts implements kernels.MoEOps: every (token, slot) pair runs its
-// expert's gate/up GEMV with the SwiGLU fused, then its down GEMV, and a
-// last kernel adds each token's slots in increasing expert id.
+// moeFewTokens is the most tokens Experts runs through the grouped GEMV
+// kernels (src/ops_moe.cu's ferrite_moe_few_*: each chosen expert read
+// once, two launches); more are sorted by expert and run as tiled grouped
+// GEMMs of moeTileM slots (and weight rows) a block, for at most
+// moeMaxExperts experts.
+const (
+	moeFewTokens  = 8
+	moeTileM      = 64
+	moeMaxExperts = 1024
+)
+
+// Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
+// grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
+// increasing expert id fused) kernels. More: the slots sorted by expert on
+// the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
+// tensor cores, x split into two bf16 terms, when every weight is bf16),
+// and a last kernel that adds each token's slots in increasing expert id.
 func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert) {
+	b.runExperts(dst, x, ids, w, experts, 0)
+}
+
+// runExperts is Experts with the SwiGLU clamped at limit > 0 (ExpertsClamp).
+func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert, limit float32) {
 	f32Contig("Experts", dst, x, w)
-	if len(experts) == 0 {
-		panic("cuda: Experts without experts")
+	if len(experts) == 0 || len(experts) > moeMaxExperts {
+		panic("cuda: Experts wants 1 to 1024 experts")
 	}
 	n, k := x.Rows, ids.Cols
 	hidden, inter := experts[0].Down.Rows, experts[0].Down.Cols
@@ -488,16 +735,21 @@ func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Exper
 	if dst.Rows != n || dst.Cols != hidden || x.Cols != hidden || w.Rows != n || w.Cols != k || k > 64 {
 		panic("cuda: Experts shapes do not match")
 	}
+	// The tensor-core kernels take bf16 weights and widths of 32s.
+	mma := !b.noMMA && hidden%32 == 0 && inter%32 == 0 && x.Stride%4 == 0
 	for _, ex := range experts {
 		gateRows := 0
 		if ex.GateUp != nil {
 			gateRows = ex.GateUp.Rows / 2
+			mma = mma && ex.GateUp.DType == kernels.BF16
 		} else if ex.Gate != nil && ex.Up != nil && ex.Up.Rows == ex.Gate.Rows {
 			gateRows = ex.Gate.Rows
+			mma = mma && ex.Gate.DType == kernels.BF16 && ex.Up.DType == kernels.BF16
 		}
 		if ex.Down == nil || ex.Down.Rows != hidden || ex.Down.Cols != inter || gateRows != inter {
 			panic("cuda: Experts of different shapes")
 		}
+		mma = mma && ex.Down.DType == kernels.BF16
 	}
 	if n == 0 {
 		return
@@ -507,24 +759,48 @@ func (b *Backend) Experts(dst, x, ids, w kernels.Tensor, experts []kernels.Exper
 		b.fail(err)
 		return
 	}
-	h := dptr(b.Scratch(kernels.F32, n*k, inter))   // (n·k, inter) SwiGLU of each slot
-	ye := dptr(b.Scratch(kernels.F32, n*k, hidden)) // (n·k, hidden) each slot's expert output
+	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
-	chunk := max(1, 65535/k) // tokens per launch: gridDim.y ≤ 65535
+	if n <= moeFewTokens {
+		gateUp, down := "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
+		if n == 1 {
+			gateUp, down = "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
+		}
+		b.queue(func(d *Device) error {
+			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
+				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), f32(limit))
+			if err != nil {
+				return err
+			}
+			return d.launchL(down, uint32(ceilDiv(hidden, 4)), 256, 0, y, i32(dst.Stride), h, ip, wp,
+				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
+		})
+		return
+	}
+	ne := len(experts)
+	ye := dptr(b.Scratch(kernels.F32, n*k, hidden)) // (n·k, hidden) each slot's expert output
+	off := dptr(b.Scratch(kernels.I32, 1, ne+1))    // (experts + 1) where each expert's slots start in perm
+	tiles := dptr(b.Scratch(kernels.I32, 1, ne+1))  // (experts + 1) 64-slot tiles before each expert
+	perm := dptr(b.Scratch(kernels.I32, 1, n*k))    // (n·k) the slots sorted by expert
+	gy := uint32(ceilDiv(n*k, moeTileM) + ne)
+	gateUp, down, threads := "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down", uint32(256)
+	if mma {
+		gateUp, down, threads = "ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", 128
+	}
 	b.queue(func(d *Device) error {
-		for r0 := 0; r0 < n; r0 += chunk {
-			m := min(chunk, n-r0)
-			s0 := uint64(r0 * k)
-			err := d.launch3L("ferrite_moe_gate_up", [3]uint32{uint32(ceilDiv(inter, 8)), uint32(m * k), 1}, 256, 0,
-				h+s0*uint64(inter)*4, xp+uint64(r0*x.Stride)*4, i32(x.Stride), ip+s0*4, table.ptr, i32(len(experts)), i32(k), i32(inter))
-			if err != nil {
-				return err
-			}
-			err = d.launch3L("ferrite_moe_down", [3]uint32{uint32(ceilDiv(hidden, 8)), uint32(m * k), 1}, 256, 0,
-				ye+s0*uint64(hidden)*4, h+s0*uint64(inter)*4, ip+s0*4, table.ptr, i32(len(experts)), i32(inter), i32(hidden))
-			if err != nil {
-				return err
-			}
+		err := d.launchL("ferrite_moe_sort", 1, 1024, 0, off, tiles, perm, ye, ip, i32(n*k), i32(ne), i32(hidden))
+		if err != nil {
+			return err
+		}
+		err = d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, moeTileM)), gy, 1}, threads, 0,
+			h, i32(inter), xp, i32(x.Stride), off, tiles, perm, table.ptr, i32(ne), i32(k), i32(hidden), f32(limit))
+		if err != nil {
+			return err
+		}
+		err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, moeTileM)), gy, 1}, threads, 0,
+			ye, i32(hidden), h, off, tiles, perm, table.ptr, i32(ne), i32(k), i32(inter))
+		if err != nil {
+			return err
 		}
 		return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
 	})

@@ -14,7 +14,7 @@ import (
 
 // openOps returns a Backend on the GPU for an op-set test, closed when the
 // test ends, after checking that no op failed.
-func openOps(t *testing.T) *Backend {
+func openOps(t testing.TB) *Backend {
 	t.Helper()
 	needGPU(t)
 	b, err := OpenBackend(0, 2)
@@ -41,7 +41,7 @@ func TestOps(t *testing.T) {
 func TestFree(t *testing.T) { kerneltest.FreeTest(t, openOps(t)) }
 
 // f32Tensor allocates (rows, cols) F32 holding v.
-func f32Tensor(t *testing.T, b *Backend, rows, cols int, v []float32) kernels.Tensor {
+func f32Tensor(t testing.TB, b *Backend, rows, cols int, v []float32) kernels.Tensor {
 	t.Helper()
 	x, err := b.Alloc(kernels.F32, rows, cols)
 	if err != nil {
@@ -51,7 +51,7 @@ func f32Tensor(t *testing.T, b *Backend, rows, cols int, v []float32) kernels.Te
 	return x
 }
 
-func i32Tensor(t *testing.T, b *Backend, rows, cols int, v []int32) kernels.Tensor {
+func i32Tensor(t testing.TB, b *Backend, rows, cols int, v []int32) kernels.Tensor {
 	t.Helper()
 	x, err := b.Alloc(kernels.I32, rows, cols)
 	if err != nil {
@@ -252,5 +252,104 @@ func TestGraphReplay(t *testing.T) {
 	}
 	if c, r, _ := e.GraphStats(); c != 0 || r != 0 {
 		t.Errorf("the eager backend captured %d graphs", c+r)
+	}
+}
+
+// TestPDLGraphStep runs a chain of dependent one-row ops (the decode
+// kernels: GEMVs, norms, the fused SwiGLU GEMV) for five steps with PDL
+// and graphs on, against a Backend that launches eagerly without PDL: a
+// kernel that started before its input was written would differ.
+func TestPDLGraphStep(t *testing.T) {
+	p, e := openOps(t), openOps(t)
+	if !p.dev.SetPDL(true) {
+		t.Skip("no programmatic dependent launch on this GPU or driver")
+	}
+	e.dev.SetPDL(false)
+	p.graphs.enabled, e.graphs.enabled = true, false
+	rng := rand.New(rand.NewPCG(10, 11))
+	const hidden, inter = 256, 512
+	w1 := kerneltest.NewMat(rng, kernels.BF16, hidden, hidden, 0, 0)
+	gate := kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)
+	up := kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)
+	down := kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
+	nw := randF32(rng, hidden)
+	type model struct {
+		b          *Backend
+		x, norm, y kernels.Tensor
+	}
+	setup := func(b *Backend) *model {
+		return &model{b: b, x: f32Tensor(t, b, 1, hidden, make([]float32, hidden)), norm: f32Tensor(t, b, 1, hidden, nw),
+			y: f32Tensor(t, b, 1, hidden, make([]float32, hidden))}
+	}
+	run := func(m *model, xv []float32) []float32 {
+		b := m.b
+		b.WriteF32(m.x, xv)
+		b.BeginStep()
+		for range 4 { // y feeds the next layer: every kernel reads its predecessor's output
+			h := b.Scratch(kernels.F32, 1, hidden)
+			g := b.Scratch(kernels.F32, 1, inter)
+			b.AddRMSNorm(h, m.x, m.y, m.norm, 1e-6, false)
+			b.Linear(m.y, h, w1, kernels.Epilogue{})
+			b.RMSNorm(h, m.y, m.norm, 1e-6, false)
+			b.SwiGLULinear(g, h, gate, up, 0)
+			b.Linear(m.y, g, down, kernels.Epilogue{Accumulate: true})
+		}
+		b.EndStep()
+		out := make([]float32, hidden)
+		b.ReadF32(out, m.y)
+		return out
+	}
+	mp, me := setup(p), setup(e)
+	for i := range 5 {
+		xv := randF32(rng, hidden)
+		got, want := run(mp, xv), run(me, xv)
+		for j := range want {
+			if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+				t.Fatalf("step %d: y[%d] = %g with PDL and graphs, %g eager", i, j, got[j], want[j])
+			}
+		}
+	}
+	if _, replays, err := p.GraphStats(); err != nil || replays != 4 {
+		t.Errorf("%d graph replays (%v), want 4", replays, err)
+	}
+}
+
+// TestSwiGLULinearRows checks SwiGLULinear's one-row GEMV in every
+// variant (four warps a row, gemv_swiglu_rows with 4 and 8 weight rows a
+// block; vector and scalar paths, a last block of fewer rows, the clamp)
+// against kernels/ref: the products' errors reach y through the SwiGLU,
+// scaled by |u| and silu'(g) ≤ 1.1.
+func TestSwiGLULinearRows(t *testing.T) {
+	b := openOps(t)
+	defer b.dev.SetGEMVRows(gemvRowsDefault())
+	for _, r := range []int{0, 4, 8} {
+		for _, c := range []struct {
+			inter, cols int
+			dt          kernels.DType
+			limit       float32
+		}{{24, 64, kernels.BF16, 0}, {5, 33, kernels.F32, 0}, {37, 4096, kernels.BF16, 0.5}, {9, 1000, kernels.F16, 0}} {
+			b.dev.SetGEMVRows(r)
+			rng := rand.New(rand.NewPCG(uint64(c.inter), uint64(c.cols)))
+			gate, up := kerneltest.NewMat(rng, c.dt, c.inter, c.cols, 0, 0), kerneltest.NewMat(rng, c.dt, c.inter, c.cols, 0, 0)
+			xv := randF32(rng, c.cols)
+			x, y := f32Tensor(t, b, 1, c.cols, xv), f32Tensor(t, b, 1, c.inter, make([]float32, c.inter))
+			b.BeginStep()
+			b.SwiGLULinear(y, x, gate, up, c.limit)
+			b.EndStep()
+			got := make([]float32, c.inter)
+			b.ReadF32(got, y)
+			g, u, want := make([]float32, c.inter), make([]float32, c.inter), make([]float32, c.inter)
+			ref.Linear(g, xv, gate, nil, false, 1)
+			ref.Linear(u, xv, up, nil, false, 1)
+			ref.SwiGLUClamp(want, g, u, c.limit)
+			ga, ua := kerneltest.AbsDot(xv, gate, 1), kerneltest.AbsDot(xv, up, 1)
+			for i := range want {
+				lim := kerneltest.Tol*(1.1*ga[i]*math.Abs(float64(u[i]))+ua[i]*math.Abs(float64(g[i]))+ga[i]*ua[i]) + 1e-6*max(1, math.Abs(float64(want[i])))
+				if d := math.Abs(float64(got[i] - want[i])); !(d <= lim) {
+					t.Errorf("rows=%d %v %dx%d limit %v: y[%d] = %g, want %g ± %.3g", r, c.dt, c.inter, c.cols, c.limit, i, got[i], want[i], lim)
+					break
+				}
+			}
+		}
 	}
 }

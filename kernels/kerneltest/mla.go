@@ -291,92 +291,96 @@ func mlaCaseRun(t *testing.T, d kernels.Device, ops kernels.MLAOps, dt kernels.D
 	compare(t, "out", out.read(t, "out"), wantOut, tol, func(k int) float64 { return scale[k/(c.heads*c.v)] + 1e-30 })
 }
 
+type indexerCase struct {
+	heads, dim, rope, bs, topK int
+	seqs                       []attnSeq
+	inter                      bool
+}
+
 func indexerTest(t *testing.T, d kernels.Device, sp kernels.SparseOps) {
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-		for ci, c := range []struct {
-			heads, dim, rope, bs, topK int
-			seqs                       []attnSeq
-			inter                      bool
-		}{
+		for ci, c := range []indexerCase{
 			{4, 16, 8, 4, 0, []attnSeq{{0, 1}, {7, 1}, {0, 13}}, false},
 			{3, 8, 8, 8, 6, []attnSeq{{3, 1}, {0, 21}, {30, 2}}, true},
 			{8, 32, 4, 16, 10, []attnSeq{{0, 40}, {50, 1}}, false},
 		} {
-			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
-				rng := rand.New(rand.NewPCG(uint64(ci), 37))
-				g := newPaged(t, d, rng, c.seqs, c.bs)
-				keys, err := d.Alloc(dt, g.slots(), c.dim)
-				if err != nil {
-					t.Fatal(err)
-				}
-				inv := invFreq(c.rope)
-				r := &kernels.Rotary{InvFreq: newBuf(t, d, 1, len(inv), inv).t, Dim: c.rope, Interleaved: c.inter, Scale: 1}
-				wv, bv := randn(rng, c.dim), randn(rng, c.dim)
-				w, b := newBuf(t, d, 1, c.dim, wv).t, newBuf(t, d, 1, c.dim, bv).t
-				const eps = 1e-6
-				want := map[int32][]float32{}
-				store := func(pre bool) (seq, pos []int32, p *kernels.Paged, run func()) {
-					seq, pos = g.rows(pre)
-					kv := randn(rng, len(pos)*c.dim)
-					for i := range pos {
-						row := make([]float32, c.dim)
-						cos, sin := hostAngles(inv, int(pos[i]))
-						ref.IndexKeyRow(row, kv[i*c.dim:(i+1)*c.dim], wv, bv, eps, cos, sin, c.inter)
-						roundTo(dt, row)
-						want[g.slot(int(seq[i]), int(pos[i]))] = row
-					}
-					p = g.paged(seq, pos)
-					x := newBuf(t, d, len(pos), c.dim, kv)
-					return seq, pos, p, func() { sp.StoreIndexKey(keys, x.t, w, b, eps, r, p) }
-				}
-				if _, pos, _, run := store(true); len(pos) > 0 {
-					step(d, run)
-				}
-				seq, pos, p, run := store(false)
-				n := len(pos)
-				L := int(slices.Max(pos)) + 4 // columns past every row's length
-				s := kernels.IndexerShape{Heads: c.heads, Dim: c.dim, Scale: float32(1 / math.Sqrt(float64(c.dim*c.heads))), TopK: c.topK}
-				qv, hw := randn(rng, n*c.heads*c.dim), randn(rng, n*c.heads)
-				q, hwt, sc := newBuf(t, d, n, c.heads*c.dim, qv), newBuf(t, d, n, c.heads, hw), newBuf(t, d, n, L, nil)
-				step(d, func() {
-					run()
-					sp.IndexerScores(sc.t, q.t, hwt.t, keys, p, s)
-				})
-				checkCache(t, d, keys, want)
-				got := sc.read(t, "scores")
-				wantS := make([]float32, n*L)
-				scale := make([]float64, n)
-				qr := func(i int) []float32 { return qv[i*c.heads*c.dim : (i+1)*c.heads*c.dim] }
-				for i := range n {
-					ln := int(pos[i]) + 1
-					for tt := range L {
-						switch {
-						case tt >= ln:
-							if !math.IsInf(float64(got[i*L+tt]), -1) {
-								t.Fatalf("row %d column %d past the length: %g, want −∞", i, tt, got[i*L+tt])
-							}
-							got[i*L+tt] = 0 // checked: compared as equal below
-						case ln <= c.topK:
-							wantS[i*L+tt] = 0
-						default:
-							k := want[g.slot(int(seq[i]), tt)]
-							wantS[i*L+tt] = ref.IndexerScore(qr(i), hw[i*c.heads:(i+1)*c.heads], k, s)
-							var bound float64
-							for h := range c.heads {
-								var dd float64
-								for j, x := range qr(i)[h*c.dim : (h+1)*c.dim] {
-									dd += math.Abs(float64(x * k[j]))
-								}
-								bound += math.Abs(float64(hw[i*c.heads+h])) * dd * float64(s.Scale)
-							}
-							scale[i] = max(scale[i], bound)
-						}
-					}
-				}
-				compare(t, "scores", got, wantS, IndexerTol, func(k int) float64 { return scale[k/L] + 1e-30 })
-			})
+			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) { indexerCaseRun(t, d, sp, dt, c, uint64(ci)) })
 		}
 	}
+}
+
+func indexerCaseRun(t *testing.T, d kernels.Device, sp kernels.SparseOps, dt kernels.DType, c indexerCase, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 37))
+	g := newPaged(t, d, rng, c.seqs, c.bs)
+	keys, err := d.Alloc(dt, g.slots(), c.dim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := invFreq(c.rope)
+	r := &kernels.Rotary{InvFreq: newBuf(t, d, 1, len(inv), inv).t, Dim: c.rope, Interleaved: c.inter, Scale: 1}
+	wv, bv := randn(rng, c.dim), randn(rng, c.dim)
+	w, b := newBuf(t, d, 1, c.dim, wv).t, newBuf(t, d, 1, c.dim, bv).t
+	const eps = 1e-6
+	want := map[int32][]float32{}
+	store := func(pre bool) (seq, pos []int32, p *kernels.Paged, run func()) {
+		seq, pos = g.rows(pre)
+		kv := randn(rng, len(pos)*c.dim)
+		for i := range pos {
+			row := make([]float32, c.dim)
+			cos, sin := hostAngles(inv, int(pos[i]))
+			ref.IndexKeyRow(row, kv[i*c.dim:(i+1)*c.dim], wv, bv, eps, cos, sin, c.inter)
+			roundTo(dt, row)
+			want[g.slot(int(seq[i]), int(pos[i]))] = row
+		}
+		p = g.paged(seq, pos)
+		x := newBuf(t, d, len(pos), c.dim, kv)
+		return seq, pos, p, func() { sp.StoreIndexKey(keys, x.t, w, b, eps, r, p) }
+	}
+	if _, pos, _, run := store(true); len(pos) > 0 {
+		step(d, run)
+	}
+	seq, pos, p, run := store(false)
+	n := len(pos)
+	L := int(slices.Max(pos)) + 4 // columns past every row's length
+	s := kernels.IndexerShape{Heads: c.heads, Dim: c.dim, Scale: float32(1 / math.Sqrt(float64(c.dim*c.heads))), TopK: c.topK}
+	qv, hw := randn(rng, n*c.heads*c.dim), randn(rng, n*c.heads)
+	q, hwt, sc := newBuf(t, d, n, c.heads*c.dim, qv), newBuf(t, d, n, c.heads, hw), newBuf(t, d, n, L, nil)
+	step(d, func() {
+		run()
+		sp.IndexerScores(sc.t, q.t, hwt.t, keys, p, s)
+	})
+	checkCache(t, d, keys, want)
+	got := sc.read(t, "scores")
+	wantS := make([]float32, n*L)
+	scale := make([]float64, n)
+	qr := func(i int) []float32 { return qv[i*c.heads*c.dim : (i+1)*c.heads*c.dim] }
+	for i := range n {
+		ln := int(pos[i]) + 1
+		for tt := range L {
+			switch {
+			case tt >= ln:
+				if !math.IsInf(float64(got[i*L+tt]), -1) {
+					t.Fatalf("row %d column %d past the length: %g, want −∞", i, tt, got[i*L+tt])
+				}
+				got[i*L+tt] = 0 // checked: compared as equal below
+			case ln <= c.topK:
+				wantS[i*L+tt] = 0
+			default:
+				k := want[g.slot(int(seq[i]), tt)]
+				wantS[i*L+tt] = ref.IndexerScore(qr(i), hw[i*c.heads:(i+1)*c.heads], k, s)
+				var bound float64
+				for h := range c.heads {
+					var dd float64
+					for j, x := range qr(i)[h*c.dim : (h+1)*c.dim] {
+						dd += math.Abs(float64(x * k[j]))
+					}
+					bound += math.Abs(float64(hw[i*c.heads+h])) * dd * float64(s.Scale)
+				}
+				scale[i] = max(scale[i], bound)
+			}
+		}
+	}
+	compare(t, "scores", got, wantS, IndexerTol, func(k int) float64 { return scale[k/L] + 1e-30 })
 }
 
 func topKTest(t *testing.T, d kernels.Device, sp kernels.SparseOps) {
@@ -400,6 +404,16 @@ func topKTest(t *testing.T, d kernels.Device, sp kernels.SparseOps) {
 	for j := 3; j < L; j++ {
 		sc[6*L+j] = float32(math.Inf(-1))
 	}
+	want := checkTopK(t, d, sp, sc, n, L, k)
+	if !slices.Equal(want[6*k:], []int32{0, 1, 2, -1, -1}) {
+		t.Fatalf("reference: row 6 = %v", want[6*k:])
+	}
+}
+
+// checkTopK runs TopK (k) over the scores sc (n, L) and compares the
+// selection with ref.SelectTopK's, which it returns.
+func checkTopK(t *testing.T, d kernels.Device, sp kernels.SparseOps, sc []float32, n, L, k int) []int32 {
+	t.Helper()
 	s := newBuf(t, d, n, L, sc)
 	sel, err := d.Alloc(kernels.I32, n, k)
 	if err != nil {
@@ -412,10 +426,74 @@ func topKTest(t *testing.T, d kernels.Device, sp kernels.SparseOps) {
 	for i := range n {
 		ref.SelectTopK(want[i*k:(i+1)*k], sc[i*L:(i+1)*L])
 	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("TopK\n got %v\nwant %v", got, want)
+	for i := range n {
+		g, w := got[i*k:(i+1)*k], want[i*k:(i+1)*k]
+		if !slices.Equal(g, w) {
+			j := 0
+			for g[j] == w[j] {
+				j++
+			}
+			t.Fatalf("TopK (k %d of %d) row %d differs from column %d of the selection on:\n got %v\nwant %v", k, L, i, j, g[j:min(k, j+16)], w[j:min(k, j+16)])
+		}
 	}
-	if !slices.Equal(want[6*k:], []int32{0, 1, 2, -1, -1}) {
-		t.Fatalf("reference: row 6 = %v", want[6*k:])
+	return want
+}
+
+// MLAWide runs the AttentionMLA cases at a real model's width
+// (GLM-4.7-Flash: 20 heads of 192 + 64 query dims and 256 value dims over a
+// 512-wide latent) over long contexts, dense and with a 2048-wide
+// selection: the wide-latent, split-context and long-selection paths of a
+// GPU kernel that RunOps' small cases leave out. The float64 reference
+// takes seconds: for devices (kernels/cuda's tests), not for RunOps.
+func MLAWide(t *testing.T, d kernels.Device, ops kernels.MLAOps) {
+	cases := []mlaCase{
+		{20, 192, 64, 256, 512, 16, []attnSeq{{1200, 1}, {0, 3}, {700, 2}}, 0, true, kernels.BF16},
+		{20, 192, 64, 256, 512, 64, []attnSeq{{2200, 1}, {2080, 2}}, 2048, false, kernels.BF16},
 	}
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for ci, c := range cases {
+			for _, form := range []kernels.MLAForm{kernels.MLAAuto, kernels.MLANaive} {
+				t.Run(fmt.Sprintf("%v/%d/form=%d", dt, ci, form), func(t *testing.T) {
+					mlaCaseRun(t, d, ops, dt, c, form, uint64(100+ci))
+				})
+			}
+		}
+	}
+}
+
+// SparseWide runs IndexerScores at DeepSeek-V3.2's indexer width (64 heads
+// of 128 dims) over a long context, and TopK with k = 2048 over rows of
+// thousands of columns full of ties, −∞ tails and a row with fewer finite
+// scores than k: the device paths RunOps' small cases leave out.
+func SparseWide(t *testing.T, d kernels.Device, sp kernels.SparseOps) {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		t.Run(fmt.Sprintf("IndexerScores/%v", dt), func(t *testing.T) {
+			indexerCaseRun(t, d, sp, dt, indexerCase{64, 128, 64, 64, 2048, []attnSeq{{3000, 1}, {0, 2}, {2500, 2}}, true}, 7)
+		})
+	}
+	t.Run("TopK", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(43, 44))
+		const n, L, k = 5, 5000, 2048
+		sc := make([]float32, n*L)
+		for i := range n {
+			row := sc[i*L : (i+1)*L]
+			for j := range row {
+				switch i {
+				case 0, 3: // few distinct values: long runs of ties at the cut
+					row[j] = float32(rng.IntN(7)) - 3
+				case 1: // −0 and +0 tie
+					row[j] = float32(math.Copysign(0, float64(rng.IntN(2))-0.5)) * float32(rng.IntN(2))
+				default:
+					row[j] = float32(rng.NormFloat64())
+				}
+			}
+			for j := L - 700*i; j < L; j++ {
+				row[j] = float32(math.Inf(-1))
+			}
+		}
+		for j := 1000; j < L; j++ { // row 4: fewer finite scores than k
+			sc[4*L+j] = float32(math.Inf(-1))
+		}
+		checkTopK(t, d, sp, sc, n, L, k)
+	})
 }

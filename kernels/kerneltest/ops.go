@@ -28,7 +28,10 @@ const (
 	// AttentionBF16Tol replaces AttentionTol for a backend that rounds x to
 	// bfloat16 for products with BF16 operands (XRounder, asked about a
 	// Transient BF16 matrix): the queries and the probabilities, off by up
-	// to 2⁻⁹ each.
+	// to 2⁻⁹ each. It also holds for an AttnRounder's tensor-core
+	// attention, which rounds an F32 cache's keys and values too (2⁻⁹ of
+	// each value adds at most 2⁻⁹·scale; the score errors are the queries'
+	// and keys' 2⁻⁹ relative of Σ|q·k|·Scale, a few 10⁻³ for random data).
 	AttentionBF16Tol = 1.0 / (1 << 7)
 	// ExpertsTol: scale is max |y| of the call (two chained products and a
 	// SwiGLU per expert).
@@ -64,7 +67,10 @@ type i32Reader interface {
 // written.
 func RunOps(t *testing.T, d kernels.Device) {
 	t.Run("Linear", func(t *testing.T) { linearTest(t, d) })
+	t.Run("LinearCat", func(t *testing.T) { linearCatTest(t, d) })
 	t.Run("SwiGLU", func(t *testing.T) { swigluTest(t, d) })
+	t.Run("SwiGLULinear", func(t *testing.T) { swigluLinearTest(t, d) })
+	t.Run("PrepareQKV", func(t *testing.T) { prepareQKVTest(t, d) })
 	t.Run("Embed", func(t *testing.T) { embedTest(t, d) })
 	t.Run("GatherRows", func(t *testing.T) { gatherTest(t, d) })
 	t.Run("RMSNorm", func(t *testing.T) { normTest(t, d) })
@@ -347,6 +353,17 @@ func ropeTest(t *testing.T, d kernels.Device) {
 // (earlier positions are cached from a previous step).
 type attnSeq struct{ start, rows int }
 
+// AttnRounder is implemented by a backend whose Attention multiplies on
+// tensor cores in bfloat16 for some batches (the CUDA prefill kernel): the
+// queries, the probabilities and an F32 cache's keys and values are
+// rounded to bfloat16, every sum is float32. The attention cases then use
+// AttentionBF16Tol.
+type AttnRounder interface {
+	// AttentionRoundsToBF16 reports whether Attention over a batch of n
+	// rows of shape s may round so.
+	AttentionRoundsToBF16(s kernels.AttnShape, n int) bool
+}
+
 func attentionTest(t *testing.T, d kernels.Device) {
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		for ci, c := range []struct {
@@ -358,6 +375,14 @@ func attentionTest(t *testing.T, d kernels.Device) {
 			{6, 2, 8, 16, []attnSeq{{0, 40}}},                   // one prefill chunk
 			{3, 3, 12, 8, []attnSeq{{5, 1}, {0, 70}, {33, 17}}}, // mixed: decode, chunk, continued chunk
 			{8, 1, 32, 4, []attnSeq{{130, 2}, {0, 20}}},         // MQA, odd-tile remainders
+			// Prefill-sized batches (many rows of one sequence) at the head
+			// dims GPU tensor-core kernels take: a chunk with a partial last
+			// row tile; decode rows around a fresh and a continued chunk,
+			// whose rows start off any 64-row boundary; a continued chunk
+			// over a small block size.
+			{4, 2, 64, 16, []attnSeq{{0, 150}}},
+			{4, 2, 128, 16, []attnSeq{{3, 1}, {0, 200}, {90, 140}, {40, 1}}},
+			{4, 4, 128, 8, []attnSeq{{100, 130}}},
 		} {
 			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
 				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))
@@ -452,6 +477,14 @@ func attentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvHe
 	if r, ok := d.(XRounder); ok && dt == kernels.BF16 && r.RoundsXToBF16(probe, 64) {
 		tol = AttentionBF16Tol
 	}
+	if r, ok := d.(AttnRounder); ok && r.AttentionRoundsToBF16(shape, n) {
+		tol = AttentionBF16Tol
+	}
+	worst := 0.0 // the largest error in units of the row's scale, for tuning tolerances
+	for i := range want {
+		worst = max(worst, math.Abs(float64(got[i])-float64(want[i]))/scale[i/qw])
+	}
+	t.Logf("%d rows, heads %d/%d, head dim %d: max error %.3g·scale (tol %.3g)", n, heads, kvHeads, hd, worst, tol)
 	compare(t, "out", got, want, tol, func(i int) float64 { return scale[i/qw] })
 }
 
@@ -765,4 +798,214 @@ func kpoolCase(t *testing.T, d kernels.Device, k kernels.KPoolOps, rd i32Reader,
 	if dropped == 0 {
 		t.Error("no row drops a pool: the case does not test the selection")
 	}
+}
+
+// linearScale is LinearTol's scale for element (r, j) of x·wᵀ: Σₖ|x·w|
+// (+ extra).
+func linearScale(x []float32, w *kernels.Mat, r, j int, extra float64) float64 {
+	row := make([]float32, w.Cols)
+	w.RowF32(row, j)
+	s := extra
+	for k, v := range row {
+		s += math.Abs(float64(v * x[r*w.Cols+k]))
+	}
+	return s + 1e-30
+}
+
+func linearCatTest(t *testing.T, d kernels.Device) {
+	for _, c := range []struct {
+		n    int
+		rows []int
+		cols int
+		dt   kernels.DType
+		bias bool
+		acc  bool
+	}{
+		{1, []int{16, 8, 8}, 64, kernels.BF16, false, false}, // decode q/k/v
+		{1, []int{7, 3, 3}, 33, kernels.F32, true, false},    // unaligned rows
+		{3, []int{32, 8, 8}, 64, kernels.BF16, true, true},   // rows through the GEMM
+		{20, []int{9, 5}, 40, kernels.F16, false, true},
+	} {
+		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.cols)))
+			var ws []*kernels.Mat
+			total := 0
+			for _, r := range c.rows {
+				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
+				total += r
+			}
+			xv := randn(rng, c.n*c.cols)
+			x := newBuf(t, d, c.n, c.cols, xv)
+			var y0, bv []float32
+			if c.acc {
+				y0 = randn(rng, c.n*total)
+			}
+			y := newBuf(t, d, c.n, total, y0)
+			e := kernels.Epilogue{Accumulate: c.acc}
+			if c.bias {
+				bv = randn(rng, total)
+				e.Bias = newBuf(t, d, 1, total, bv).t
+			}
+			// Twice: the second call finds the stacked weights cached.
+			for range 2 {
+				if c.acc {
+					d.WriteF32(y.t, y0)
+				}
+				step(d, func() { d.LinearCat(y.t, x.t, ws, e) })
+			}
+			got := y.read(t, "y")
+			want := append(make([]float32, 0, c.n*total), y0...)[:c.n*total]
+			xr, _ := RoundX(d, xv, ws[0], c.n)
+			ref.LinearCat(want, xr, ws, bv, c.acc, c.n)
+			compare(t, "y", got, want, LinearTol, func(i int) float64 {
+				r, j := i/total, i%total
+				extra := 0.0
+				if bv != nil {
+					extra += math.Abs(float64(bv[j]))
+				}
+				if y0 != nil {
+					extra += math.Abs(float64(y0[i]))
+				}
+				for _, w := range ws {
+					if j < w.Rows {
+						return linearScale(xv, w, r, j, extra)
+					}
+					j -= w.Rows
+				}
+				return extra
+			})
+		})
+	}
+}
+
+func swigluLinearTest(t *testing.T, d kernels.Device) {
+	for _, c := range []struct {
+		n, inter, cols int
+		dt             kernels.DType
+		limit          float32
+	}{{1, 24, 64, kernels.BF16, 0}, {1, 5, 33, kernels.F32, 0}, {4, 16, 64, kernels.BF16, 0}, {1, 16, 64, kernels.F16, 0.5}, {3, 8, 40, kernels.BF16, 0.5}} {
+		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,limit=%v", c.dt, c.n, c.inter, c.cols, c.limit), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.inter), uint64(c.cols)))
+			gate, up := NewMat(rng, c.dt, c.inter, c.cols, 0, 0), NewMat(rng, c.dt, c.inter, c.cols, 0, 0)
+			xv := randn(rng, c.n*c.cols)
+			x, y := newBuf(t, d, c.n, c.cols, xv), newBuf(t, d, c.n, c.inter, nil)
+			step(d, func() { d.SwiGLULinear(y.t, x.t, gate, up, c.limit) })
+			got := y.read(t, "y")
+			xr, _ := RoundX(d, xv, gate, c.n)
+			g, u := make([]float32, c.n*c.inter), make([]float32, c.n*c.inter)
+			ref.Linear(g, xr, gate, nil, false, c.n)
+			ref.Linear(u, xr, up, nil, false, c.n)
+			want := make([]float32, len(g))
+			ref.SwiGLUClamp(want, g, u, c.limit)
+			// silu'(g) ≤ 1.1 and |silu(g)| ≤ |g|, so the products' errors
+			// reach y scaled by |u| and |g| (+ the SwiGLU's own rounding).
+			compare(t, "y", got, want, LinearTol, func(i int) float64 {
+				r, j := i/c.inter, i%c.inter
+				gs, us := linearScale(xv, gate, r, j, 0), linearScale(xv, up, r, j, 0)
+				return 1.1*gs*math.Abs(float64(u[i])) + us*math.Abs(float64(g[i])) + gs*us + max(1, math.Abs(float64(want[i])))*RowOpTol/LinearTol
+			})
+		})
+	}
+}
+
+func prepareQKVTest(t *testing.T, d kernels.Device) {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for ci, c := range []struct {
+			heads, kvHeads, hd, dim int
+			qn, kn, inter           bool
+		}{
+			{4, 2, 16, 16, true, true, false},
+			{3, 1, 12, 6, true, false, true},  // partial rotation, q norm only
+			{2, 2, 8, 0, false, false, false}, // neither norm nor rotation
+			{8, 2, 128, 128, true, true, false},
+		} {
+			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
+				prepareQKVCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.dim, c.qn, c.kn, c.inter, uint64(ci))
+			})
+		}
+	}
+}
+
+func prepareQKVCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvHeads, hd, dim int, qn, kn, inter bool, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 31))
+	const n, bs, start = 5, 4, 6 // rows at positions start… of one sequence
+	qw, kw := heads*hd, kvHeads*hd
+	maxBlocks := (start + n + bs - 1) / bs
+	nBlocks := maxBlocks + 2
+	perm := rng.Perm(nBlocks)
+	blocks := make([]int32, maxBlocks)
+	for i := range blocks {
+		blocks[i] = int32(perm[i])
+	}
+	pos, seq, slot := make([]int32, n), make([]int32, n), make([]int32, n)
+	for i := range n {
+		p := start + i
+		pos[i], slot[i] = int32(p), blocks[p/bs]*bs+int32(p%bs)
+	}
+	p := &kernels.Paged{Pos: ints(t, d, n, 1, pos), Seq: ints(t, d, n, 1, seq), Slot: ints(t, d, n, 1, slot), Blocks: ints(t, d, 1, maxBlocks, blocks), BlockSize: bs}
+	s := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd)))}
+	norm := func(on bool) (*kernels.HeadNorm, *ref.Norm) {
+		if !on {
+			return nil, nil
+		}
+		w := randn(rng, hd)
+		off := rng.IntN(2) == 1
+		return &kernels.HeadNorm{W: newBuf(t, d, 1, hd, w).t, Eps: 1e-6, Offset: off}, &ref.Norm{W: w, Eps: 1e-6, Offset: off}
+	}
+	qnd, qnr := norm(qn)
+	knd, knr := norm(kn)
+	var r *kernels.Rotary
+	var rr *ref.Rope
+	if dim > 0 {
+		inv := make([]float32, dim/2)
+		for i := range inv {
+			inv[i] = float32(math.Pow(10000, -float64(2*i)/float64(dim)))
+		}
+		r = &kernels.Rotary{InvFreq: newBuf(t, d, 1, len(inv), inv).t, Dim: dim, Interleaved: inter, Scale: 1}
+		rr = &ref.Rope{InvFreq: inv, Interleaved: inter, Scale: 1}
+	}
+	qkvv := randn(rng, n*(qw+2*kw))
+	qkv, q := newBuf(t, d, n, qw+2*kw, qkvv), newBuf(t, d, n, qw, nil)
+	kc, err := d.Alloc(dt, nBlocks*bs, kw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vc, _ := d.Alloc(dt, nBlocks*bs, kw)
+	step(d, func() { d.PrepareQKV(q.t, kc, vc, qkv.t, qnd, knd, r, p, s) })
+	wq, wk, wv := make([]float32, n*qw), make([]float32, n*kw), make([]float32, n*kw)
+	ref.PrepareQKV(wq, wk, wv, qkvv, n, s, qnr, knr, rr, pos)
+	compare(t, "q", q.read(t, "q"), wq, RowOpTol, rowScale(wq))
+	if got := qkv.read(t, "qkv"); !slices.Equal(got, qkvv) {
+		t.Errorf("PrepareQKV modified qkv")
+	}
+	if dt == kernels.F32 {
+		for _, c := range []struct {
+			name  string
+			cache kernels.Tensor
+			want  []float32
+		}{{"k", kc, wk}, {"v", vc, wv}} {
+			all := make([]float32, c.cache.Elems())
+			d.ReadF32(all, c.cache)
+			got := make([]float32, 0, n*kw)
+			for _, sl := range slot {
+				got = append(got, all[int(sl)*kw:int(sl+1)*kw]...)
+			}
+			compare(t, c.name+" cache", got, c.want, RowOpTol, rowScale(c.want))
+		}
+		return
+	}
+	// A BF16 cache cannot be read back through the op set: attention over
+	// it must match attention over a cache StoreKV filled with the
+	// reference keys and values.
+	kc2, _ := d.Alloc(dt, nBlocks*bs, kw)
+	vc2, _ := d.Alloc(dt, nBlocks*bs, kw)
+	k2, v2 := newBuf(t, d, n, kw, wk), newBuf(t, d, n, kw, wv)
+	o1, o2 := newBuf(t, d, n, qw, nil), newBuf(t, d, n, qw, nil)
+	step(d, func() {
+		d.StoreKV(kc2, vc2, k2.t, v2.t, p)
+		d.Attention(o1.t, q.t, kc, vc, p, s)
+		d.Attention(o2.t, q.t, kc2, vc2, p, s)
+	})
+	want := o2.read(t, "attention over the reference cache")
+	compare(t, "attention over the cache", o1.read(t, "attention"), want, AttentionBF16Tol, rowScale(want))
 }

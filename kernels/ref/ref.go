@@ -328,3 +328,81 @@ func ExpertsClamp(y, x []float32, ids []int32, w []float32, n int, experts []ker
 		}
 	}
 }
+
+// LinearCat sets y (n, Σ ws[i].Rows) = x·[ws[0]; ws[1]; …]ᵀ + bias (bias
+// (Σ rows) may be nil), or adds that to y when acc: each weight's Linear
+// written into its columns (kernels.LinearOps.LinearCat).
+func LinearCat(y, x []float32, ws []*kernels.Mat, bias []float32, acc bool, n int) {
+	total := 0
+	for _, w := range ws {
+		total += w.Rows
+	}
+	c0 := 0
+	for _, w := range ws {
+		part := make([]float32, n*w.Rows)
+		var b []float32
+		if bias != nil {
+			b = bias[c0 : c0+w.Rows]
+		}
+		for i := range n {
+			copy(part[i*w.Rows:(i+1)*w.Rows], y[i*total+c0:])
+		}
+		Linear(part, x, w, b, acc, n)
+		for i := range n {
+			copy(y[i*total+c0:i*total+c0+w.Rows], part[i*w.Rows:])
+		}
+		c0 += w.Rows
+	}
+}
+
+// SwiGLULinear sets y (n, gate.Rows) = SwiGLUClamp(x·gateᵀ, x·upᵀ, limit)
+// (kernels.LinearOps.SwiGLULinear).
+func SwiGLULinear(y, x []float32, gate, up *kernels.Mat, limit float32, n int) {
+	g, u := make([]float32, n*gate.Rows), make([]float32, n*up.Rows)
+	Linear(g, x, gate, nil, false, n)
+	Linear(u, x, up, nil, false, n)
+	SwiGLUClamp(y, g, u, limit)
+}
+
+// Norm is an RMSNorm's weights on the host; a nil *Norm is none.
+type Norm struct {
+	W      []float32
+	Eps    float32
+	Offset bool
+}
+
+// Rope is a rotary embedding on the host (kernels.Rotary: Dim is
+// 2·len(InvFreq)); a nil *Rope is none.
+type Rope struct {
+	InvFreq     []float32
+	Interleaved bool
+	Scale       float32
+}
+
+// PrepareQKV splits the rows of qkv (n, (Heads + 2·KVHeads)·HeadDim) into
+// q (n, Heads·HeadDim), k and v (n, KVHeads·HeadDim), normalises every q
+// and k head with qn and kn and rotates them at pos with r: RMSNorm, then
+// RoPE, as kernels.AttentionOps.PrepareQKV computes q and the k and v it
+// stores.
+func PrepareQKV(q, k, v, qkv []float32, n int, s kernels.AttnShape, qn, kn *Norm, r *Rope, pos []int32) {
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	w := qw + 2*kw
+	for i := range n {
+		row := qkv[i*w : (i+1)*w]
+		copy(q[i*qw:(i+1)*qw], row[:qw])
+		copy(k[i*kw:(i+1)*kw], row[qw:qw+kw])
+		copy(v[i*kw:(i+1)*kw], row[qw+kw:])
+	}
+	for _, c := range []struct {
+		x     []float32
+		heads int
+		norm  *Norm
+	}{{q, s.Heads, qn}, {k, s.KVHeads, kn}} {
+		if c.norm != nil {
+			RMSNorm(c.x, c.x, c.norm.W, c.norm.Eps, c.norm.Offset, n*c.heads)
+		}
+		if r != nil {
+			RoPE(c.x, c.heads, s.HeadDim, pos[:n], r.InvFreq, r.Interleaved, r.Scale)
+		}
+	}
+}

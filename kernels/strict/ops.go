@@ -25,6 +25,63 @@ func (d *Device) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilogu
 	d.out(dst, y)
 }
 
+// LinearCat implements kernels.LinearOps.
+func (d *Device) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) {
+	if len(ws) == 0 {
+		panic("strict: LinearCat without weights")
+	}
+	total := 0
+	for _, w := range ws {
+		stackable("LinearCat", w)
+		if w.Cols != ws[0].Cols || w.DType != ws[0].DType {
+			panic("strict: LinearCat weights of different widths or dtypes")
+		}
+		total += w.Rows
+	}
+	contiguous("LinearCat", dst, x)
+	shape("LinearCat", x, -1, ws[0].Cols)
+	shape("LinearCat", dst, x.Rows, total)
+	xs := d.in("LinearCat", x, kernels.F32)
+	y := make([]float32, dst.Elems())
+	if e.Accumulate {
+		y = d.in("LinearCat (accumulate)", dst, kernels.F32)
+	}
+	var bias []float32
+	if e.Bias.Valid() {
+		shape("LinearCat bias", e.Bias, 1, total)
+		bias = d.in("LinearCat", e.Bias, kernels.F32)
+	}
+	ref.LinearCat(y, xs, ws, bias, e.Accumulate, x.Rows)
+	d.out(dst, y)
+}
+
+// stackable panics unless w is a weight a backend may stack and cache: not
+// Transient.
+func stackable(op string, w *kernels.Mat) {
+	weight(op, w)
+	if w.Transient {
+		panic("strict: " + op + ": a Transient matrix (backends cache stacked weights)")
+	}
+}
+
+// SwiGLULinear implements kernels.LinearOps.
+func (d *Device) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, limit float32) {
+	stackable("SwiGLULinear", gate)
+	stackable("SwiGLULinear", up)
+	if gate.Rows != up.Rows || gate.Cols != up.Cols || gate.DType != up.DType {
+		panic("strict: SwiGLULinear gate and up differ")
+	}
+	if limit != 0 {
+		checkLimit("SwiGLULinear", limit)
+	}
+	contiguous("SwiGLULinear", dst, x)
+	shape("SwiGLULinear", x, -1, gate.Cols)
+	shape("SwiGLULinear", dst, x.Rows, gate.Rows)
+	y := make([]float32, dst.Elems())
+	ref.SwiGLULinear(y, d.in("SwiGLULinear", x, kernels.F32), gate, up, limit, x.Rows)
+	d.out(dst, y)
+}
+
 // SwiGLU implements kernels.LinearOps.
 func (d *Device) SwiGLU(dst, gate, up kernels.Tensor) { d.swiglu("SwiGLU", dst, gate, up, 0) }
 
@@ -160,21 +217,57 @@ func (d *Device) StoreKV(kc, vc, k, v kernels.Tensor, p *kernels.Paged) {
 		panic("strict: StoreKV cache layers must be F32 or BF16 and alike")
 	}
 	_, _, slot, _ := d.paged("StoreKV", p, k.Rows, kc.Rows)
-	for _, kv := range [2][2]kernels.Tensor{{kc, k}, {vc, v}} {
-		c, x := kv[0], kv[1]
-		xs := d.in("StoreKV", x, kernels.F32)
-		cv := d.view(c, c.DType)
-		for i, s := range slot {
-			row := xs[i*x.Cols : (i+1)*x.Cols]
-			if c.DType == kernels.BF16 {
-				for j, f := range row {
-					cv.bf16[int(s)*c.Stride+j] = kernels.F32ToBF16(f)
-				}
-			} else {
-				copy(cv.f32[int(s)*c.Stride:], row)
+	d.store(kc, slot, d.in("StoreKV", k, kernels.F32))
+	d.store(vc, slot, d.in("StoreKV", v, kernels.F32))
+}
+
+// store writes the packed rows xs into cache layer c at slot.
+func (d *Device) store(c kernels.Tensor, slot []int32, xs []float32) {
+	cv := d.view(c, c.DType)
+	for i, s := range slot {
+		row := xs[i*c.Cols : (i+1)*c.Cols]
+		if c.DType == kernels.BF16 {
+			for j, f := range row {
+				cv.bf16[int(s)*c.Stride+j] = kernels.F32ToBF16(f)
 			}
+		} else {
+			copy(cv.f32[int(s)*c.Stride:], row)
 		}
 	}
+}
+
+// PrepareQKV implements kernels.AttentionOps.
+func (d *Device) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	shape("PrepareQKV", qkv, -1, qw+2*kw)
+	shape("PrepareQKV", q, qkv.Rows, qw)
+	shape("PrepareQKV cache", kc, -1, kw)
+	shape("PrepareQKV cache", vc, kc.Rows, kw)
+	if kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16) {
+		panic("strict: PrepareQKV cache layers must be F32 or BF16 and alike")
+	}
+	n := qkv.Rows
+	pos, _, slot, _ := d.paged("PrepareQKV", p, n, kc.Rows)
+	norm := func(hn *kernels.HeadNorm) *ref.Norm {
+		if hn == nil {
+			return nil
+		}
+		shape("PrepareQKV norm", hn.W, 1, s.HeadDim)
+		return &ref.Norm{W: d.in("PrepareQKV", hn.W, kernels.F32), Eps: hn.Eps, Offset: hn.Offset}
+	}
+	var rope *ref.Rope
+	if r != nil {
+		shape("PrepareQKV frequencies", r.InvFreq, 1, r.Dim/2)
+		if r.Dim <= 0 || r.Dim%2 != 0 || r.Dim > s.HeadDim {
+			panic("strict: PrepareQKV rotary dim")
+		}
+		rope = &ref.Rope{InvFreq: d.in("PrepareQKV", r.InvFreq, kernels.F32), Interleaved: r.Interleaved, Scale: r.Scale}
+	}
+	qs, ks, vs := make([]float32, n*qw), make([]float32, n*kw), make([]float32, n*kw)
+	ref.PrepareQKV(qs, ks, vs, d.in("PrepareQKV", qkv, kernels.F32), n, s, norm(qn), norm(kn), rope, pos)
+	d.out(q, qs)
+	d.store(kc, slot, ks)
+	d.store(vc, slot, vs)
 }
 
 // Attention implements kernels.AttentionOps.

@@ -42,6 +42,9 @@ func TestStrictness(t *testing.T) {
 	mustPanic(t, "want dtype", func() { d.RMSNorm(x, x, d.Scratch(kernels.I32, 1, 4), 1e-6, false) })
 	other, _ := strict.New().Alloc(kernels.F32, 2, 4)
 	mustPanic(t, "not allocated by this device", func() { d.RMSNorm(x, other, w, 1e-6, false) })
+	tr := &kernels.Mat{DType: kernels.F32, Rows: 2, Cols: 4, Data: make([]byte, 32), Transient: true}
+	mustPanic(t, "Transient", func() { d.LinearCat(x, x, []*kernels.Mat{tr}, kernels.Epilogue{}) })
+	mustPanic(t, "Transient", func() { d.SwiGLULinear(d.Scratch(kernels.F32, 2, 2), x, tr, tr, 0) })
 	d.RMSNorm(x, x, w, 1e-6, false) // zeros are written values
 	d.EndStep()
 	d.ReadF32(make([]float32, 8), x)

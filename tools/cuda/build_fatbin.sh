@@ -28,7 +28,7 @@ trap 'rm -rf "$tmp"' EXIT
 } >"$tmp/ferrite.cu"
 
 "$NVCC" --version | tail -n 2
-"$NVCC" -fatbin -O3 -std=c++17 -Xptxas -v \
+"$NVCC" -fatbin -O3 -std=c++17 -Xptxas -v --threads 0 \
 	-gencode=arch=compute_90a,code=sm_90a \
 	-gencode=arch=compute_80,code=compute_80 \
 	-o "$out/ferrite.fatbin" "$tmp/ferrite.cu"

@@ -1,57 +1,114 @@
 #!/usr/bin/env bash
-# One GPU-machine run for kernels/cuda: build the fatbin, run the kernel
-# tests (the op-set conformance suite included), the GQA-family fixtures
-# and `ferrite bench` on random Qwen3-8B weights, each stage under its own
-# timeout so a hang still returns the fatbin and the logs. Prepared here by
+# One GPU-machine run for kernels/cuda, prepared here by
 # tools/cuda/prepare_device_run.sh into .device-out/ of the checkout that
-# travels; run there from the checkout's root:
+# travels, run there from the checkout's root:
 #
-#	bash .device-out/device_run.sh
+#	STAGES="build tests bench8b" DEADLINE=540 bash .device-out/device_run.sh
 #
-# Writes to $OUT: ferrite.fatbin, fatbin.sha256 and the logs. `ferrite
-# bench` gets what is left until BENCH_END seconds (340) after the start.
+# STAGES names what runs, in this order (default: all of them):
+#   build      the fatbin (nvcc; skipped when the prepared one came along)
+#   llama      llama.cpp's CUDA build and GGUFs in the background (CPU only,
+#              niced), its benchmarks last (tools/cuda/llamacpp_gpu.sh)
+#   tests      kernels/cuda (the op-set conformance suite), kernels/device,
+#              the engine fixtures, qwen3next, glm5next and the mla family
+#   steps      the decode-step, sampling, linear-attention, prefill-attention
+#              and MoE kernel benchmarks
+#   bench8b    ferrite bench, Qwen3-8B, concurrency 1/8/32/64, 128+128
+#   prefill    ferrite bench, Qwen3-8B, prompts of 512 and 4,096 tokens
+#   pdl        ferrite bench, Qwen3-8B batch 1 with programmatic dependent launch
+#   moe        ferrite bench, Qwen3-30B-A3B, concurrency 1/8
+#   hybrid     ferrite bench, qwen3_next (small) and ferrite-tiny with MTP on/off
+# Each stage runs under its own timeout and is skipped once DEADLINE seconds
+# (default 540) have passed, so a hang still returns the fatbin and the logs.
+# Writes to $OUT: ferrite.fatbin, fatbin.sha256, *.log, *.json.
 set -uo pipefail
 root="$PWD"
 dev="$root/.device-out"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
+STAGES=" ${STAGES:-build llama tests steps bench8b prefill pdl moe hybrid} "
+DEADLINE="${DEADLINE:-540}"
+want() { [[ "$STAGES" == *" $1 "* ]]; }
+# run NAME SECONDS LOG CMD...: CMD under a timeout of at most SECONDS, not
+# past the deadline, its output appended to $out/LOG.
+run() {
+	local name=$1 limit=$2 log=$3
+	shift 3
+	local left=$((DEADLINE - SECONDS))
+	if ((left < 15)); then
+		echo "== $name: skipped, deadline" | tee -a "$out/$log"
+		return
+	fi
+	((limit > left)) && limit=$left
+	echo "== $name (limit ${limit}s, at ${SECONDS}s)" >>"$out/$log"
+	timeout "$limit" "$@" >>"$out/$log" 2>&1
+	echo "$name rc=$? (${SECONDS}s)" | tee -a "$out/$log"
+}
 cd "$dev"
 for f in *.xz; do
 	[ -e "$f" ] || continue
 	xz -dkf "$f" 2>/dev/null || python3 -c 'import lzma,sys; open(sys.argv[1][:-3],"wb").write(lzma.open(sys.argv[1]).read())' "$f"
 done
-chmod +x ./*.test ferrite
+chmod +x ./*.test ferrite 2>/dev/null
 
+if want llama && [ -f llama/llamacpp_gpu.sh ]; then
+	OUT="$out" setsid nice -n 19 bash llama/llamacpp_gpu.sh prep >/dev/null 2>&1 &
+fi
 {
 	date -u
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-	if [ -f k/ferrite.fatbin ]; then
-		echo "using the prepared fatbin (sources unchanged since it was built)"
-	else
-		timeout 150 bash tools/cuda/build_fatbin.sh k k
-		echo "build rc=$?"
-	fi
 } >"$out/build.log" 2>&1
+if [ -f k/ferrite.fatbin ] || ! want build; then
+	echo "using the prepared fatbin" >>"$out/build.log"
+else
+	run build 240 build.log bash tools/cuda/build_fatbin.sh k k
+fi
 cp k/ferrite.fatbin k/fatbin.sha256 "$out/" 2>/dev/null
-export FERRITE_CUDA_FATBIN="$dev/k/ferrite.fatbin" FERRITE_TEST_DEVICE=cuda
+export FERRITE_CUDA_FATBIN="$dev/k/ferrite.fatbin"
+# The fixtures are found through the build path of the test binaries.
+if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$root" /work/main; fi
 
-# kernels/cuda from its copy k/ (the manifest test reads src/ there).
-(cd k && timeout 75 ../cuda.test -test.v -test.count 1 2>&1; echo "cuda.test rc=$?") >"$out/cuda-tests.log"
-(timeout 20 ./device.test -test.v 2>&1; echo "device.test rc=$?") >>"$out/cuda-tests.log"
+if want tests; then
+	export FERRITE_TEST_DEVICE=cuda
+	(cd k && run cuda.test 110 cuda-tests.log ../cuda.test -test.v -test.count 1)
+	run device.test 20 cuda-tests.log ./device.test -test.v
+	(cd "$root/engine" && run engine.test 90 fixtures.log "$dev/engine.test" -test.v -test.count 1 \
+		-test.run 'TestFixtures|TestAutoDevice|TestBuiltinOnDevice|TestPrefillOnDevice')
+	for p in qwen3next glm5next; do
+		(cd "$root/engine/models/$p" && run "$p.test" 60 "$p.log" "$dev/$p.test" -test.v -test.count 1 -test.run '/device')
+	done
+	(cd "$root/engine/models/mla" && run mla.test 45 mla.log "$dev/mla.test" -test.v -test.count 1 -test.run 'TestConformance//device')
+	unset FERRITE_TEST_DEVICE
+	grep -hE '^(--- FAIL|FAIL|ok|panic)|rc=' "$out"/cuda-tests.log "$out"/fixtures.log "$out"/qwen3next.log \
+		"$out"/glm5next.log "$out"/mla.log | tail -60
+fi
 
-# The fixtures are found through the build path of the test binary.
-if [ ! -e /work/wt/cudaops ]; then mkdir -p /work/wt && ln -s "$root" /work/wt/cudaops; fi
-(cd "$root/engine" && timeout 75 "$dev/engine.test" -test.v -test.count 1 -test.run 'TestFixtures|TestAutoDevice' 2>&1; echo "engine.test rc=$?") >"$out/fixtures.log"
-grep -E '^(---|ok|FAIL|PASS)|rc=' "$out/cuda-tests.log" "$out/fixtures.log" | grep -v -- '--- PASS' | tail -40
+if want steps; then
+	(cd k && run step-bench 60 steps.log ../cuda.test -test.run XXX -test.bench "${STEP_BENCH:-DecodeStep8B|TopKRows}" \
+		-test.benchtime 20x -test.count "${STEP_COUNT:-1}")
+	(cd k && run linattn-bench 40 steps.log ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x)
+	(cd k && run prefill-bench 60 steps.log ../cuda.test -test.run XXX -test.bench PrefillAttention -test.benchtime 3x)
+	(cd k && run moe-bench 90 steps.log ../cuda.test -test.run XXX -test.bench 'BenchmarkMoE|BenchmarkOpsDecodeStep30BA3B|MLADecode' -test.benchtime 20x)
+	grep -hE '^Benchmark|rc=' "$out/steps.log"
+fi
 
-# The decode-step benchmarks (STEP_BENCH: the bare-GEMV step of BENCHMARKS.md
-# section 9 and the op-set step, split into its Linear ops and the rest,
-# with graphs and eager).
-(cd k && timeout 60 ../cuda.test -test.run XXX -test.bench "${STEP_BENCH:-DecodeStep8B}" -test.benchtime 20x \
-	-test.count "${STEP_COUNT:-2}" 2>&1; echo "bench rc=$?") >>"$out/cuda-tests.log"
-grep -E '^Benchmark' "$out/cuda-tests.log"
-
-(timeout "$(( ${BENCH_END:-340} - SECONDS > 30 ? ${BENCH_END:-340} - SECONDS : 30 ))" ./ferrite bench --model "$dev/qwen3-8b" --device cuda --concurrency 1,8,32,64 \
-	--prompt-len 128 --gen-len 128 --bandwidth 4300 --json "$out/bench.json" 2>&1; echo "bench rc=$?") >"$out/bench.log"
-cat "$out/bench.log" | tail -20
-tail -3 "$out/build.log"
+bench() { # bench NAME SECONDS ARGS...: ferrite bench into NAME.log and NAME.json
+	local name=$1 limit=$2
+	shift 2
+	run "$name" "$limit" "$name.log" ./ferrite bench --device cuda --bandwidth 4300 --json "$out/$name.json" "$@"
+	grep -vE '^\s*$' "$out/$name.log" | tail -12
+}
+want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
+want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1
+want pdl && FERRITE_CUDA_PDL=1 FERRITE_CUDA_GEMV_ROWS="${PDL_GEMV_ROWS:-0}" bench pdl 60 --model "$dev/qwen3-8b" \
+	--concurrency 1 --prompt-len 128 --gen-len 128
+want moe && bench moe 120 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 64
+if want hybrid; then
+	bench qwen3next 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512 --gen-len 32
+	bench tiny-mtp 60 --model "$root/builtin/model" --concurrency 1 --prompt-len 64 --gen-len 256 --mtp off,on
+fi
+if want llama && [ -f llama/llamacpp_gpu.sh ]; then
+	OUT="$out" run llama-bench 240 llama.log bash llama/llamacpp_gpu.sh bench
+	tail -30 "$out/llama/bench-summary.log" 2>/dev/null
+fi
+tail -4 "$out/build.log"

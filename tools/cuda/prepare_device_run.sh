@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares DEST (default .device-out/ of this checkout, git-ignored) for
 # tools/cuda/device_run.sh on the GPU machine: the test binaries of
-# kernels/cuda, kernels/device and engine, a ferrite binary for `ferrite
+# kernels/cuda, kernels/device, engine, engine/models/qwen3next and
+# engine/models/glm5next, a ferrite binary for `ferrite
 # bench`, kernels/cuda's CUDA sources, build_fatbin.sh and the Qwen3-8B
 # config, binaries xz-compressed to fit the 64 MiB the working tree may
 # take. With KEEP_FATBIN=1 the committed fatbin and manifest go along and
@@ -12,14 +13,18 @@
 #	tools/cuda/prepare_device_run.sh [DEST]
 set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
-dest="${1:-$src/.device-out}"
+dest="$(realpath -m "${1:-$src/.device-out}")"
 rm -rf "$dest"
-mkdir -p "$dest/k" "$dest/tools/cuda" "$dest/qwen3-8b"
+mkdir -p "$dest/k" "$dest/tools/cuda" "$dest/qwen3-8b" "$dest/qwen3-30b-a3b"
 cd "$src"
 export CGO_ENABLED=0
+go test -c -ldflags=-s -o "$dest/mla.test" ./engine/models/mla
 go test -c -ldflags=-s -o "$dest/cuda.test" ./kernels/cuda
 go test -c -ldflags=-s -o "$dest/device.test" ./kernels/device
 go test -c -ldflags=-s -o "$dest/engine.test" ./engine
+# The hybrids' own suites (linear attention, mHC, k-pool on the GPU).
+go test -c -ldflags=-s -o "$dest/qwen3next.test" ./engine/models/qwen3next
+go test -c -ldflags=-s -o "$dest/glm5next.test" ./engine/models/glm5next
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp"
@@ -32,5 +37,6 @@ fi
 cp tools/cuda/build_fatbin.sh "$dest/tools/cuda/"
 cp tools/cuda/device_run.sh "$dest/"
 cp engine/testdata/qwen3-8b/config.json "$dest/qwen3-8b/"
+cp engine/testdata/qwen3-30b-a3b/config.json "$dest/qwen3-30b-a3b/"
 xz -T2 -6 "$dest"/*.test "$dest/ferrite"
 du -sh "$dest"

@@ -76,6 +76,16 @@ func run(cfgDir, out, typ string, layers int, seed uint64) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
+	// general.name is the config directory's name, not the temporary one's,
+	// so that the file depends only on the config and the seed.
+	abs, err := filepath.Abs(cfgDir)
+	if err != nil {
+		return err
+	}
+	tmp = filepath.Join(tmp, filepath.Base(abs))
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return err
+	}
 	if raw, err = json.Marshal(m); err != nil {
 		return err
 	}

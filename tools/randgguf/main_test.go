@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -56,5 +58,39 @@ func TestWritesLoadableGGUF(t *testing.T) {
 	}
 	if err := run(fixtures.Dir("qwen3"), out, "q3_k", 0, 1); err == nil {
 		t.Error("an unknown type was accepted")
+	}
+}
+
+// TestSeeded checks that the file depends on the config and the seed only:
+// the same seed writes the same bytes (general.name is the config
+// directory's name, not a temporary one), another seed other weights.
+func TestSeeded(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, seed uint64) []byte {
+		out := filepath.Join(dir, name)
+		if err := run(fixtures.Dir("qwen3"), out, "bf16", 1, seed); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a, b, c := write("a.gguf", 3), write("b.gguf", 3), write("c.gguf", 4)
+	if !bytes.Equal(a, b) {
+		t.Error("two files of seed 3 differ")
+	}
+	if len(a) != len(c) || bytes.Equal(a, c) {
+		t.Errorf("seeds 3 and 4: %d and %d bytes, equal %v; want the same size, other bytes", len(a), len(c), bytes.Equal(a, c))
+	}
+	m, err := gguf.Open(filepath.Join(dir, "a.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	v, _ := m.Meta.Get("general.name")
+	if s, _ := v.Str(); s != filepath.Base(fixtures.Dir("qwen3")) {
+		t.Errorf("general.name %v, want %q", v, filepath.Base(fixtures.Dir("qwen3")))
 	}
 }

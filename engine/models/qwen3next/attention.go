@@ -25,12 +25,15 @@ func (l *loader) attention(prefix string, cacheLayer int, rope *kernels.Rotary) 
 		return idx
 	}
 	q := l.Linear(prefix+"q_proj", 2*qw, p.Hidden, p.attnBias)
+	k := l.Linear(prefix+"k_proj", kvw, p.Hidden, p.attnBias)
+	v := l.Linear(prefix+"v_proj", kvw, p.Hidden, p.attnBias)
 	gate := &gqa.Linear{W: l.selectRows(q.W, half(hd)), B: u.Vec(pick(q.B, half(hd)))}
 	return &gqa.Attention{
 		Layer: cacheLayer,
-		Q:     gqa.Linear{W: l.selectRows(q.W, half(0)), B: u.Vec(pick(q.B, half(0)))},
-		K:     u.Linear(l.Linear(prefix+"k_proj", kvw, p.Hidden, p.attnBias)),
-		V:     u.Linear(l.Linear(prefix+"v_proj", kvw, p.Hidden, p.attnBias)),
+		Q:     gqa.Linear{W: l.selectRows(q.W, half(0))},
+		K:     gqa.Linear{W: k.W},
+		V:     gqa.Linear{W: v.W},
+		QKVB:  u.CatVec([]int{qw, kvw, kvw}, pick(q.B, half(0)), k.B, v.B),
 		O:     u.Linear(l.Linear(prefix+"o_proj", p.Hidden, qw, p.attnBias)),
 		QNorm: u.Norm(l.RMSNorm(prefix+"q_norm", hd, p.Eps, true)),
 		KNorm: u.Norm(l.RMSNorm(prefix+"k_norm", hd, p.Eps, true)),

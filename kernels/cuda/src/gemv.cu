@@ -10,7 +10,10 @@
 // of 8, one warp per row: ceil(rows / 8) blocks. The _1 kernels are the
 // decode path (n = 1): four warps share a row, each summing every fourth
 // 512-byte stretch, so a 4096-wide bf16 row is one round of loads per warp
-// and small matrices still fill the GPU: ceil(rows / 2) blocks.
+// and small matrices still fill the GPU: ceil(rows / 2) blocks. The _r4
+// and _r8 kernels are the other decode layout (gemv_rows): 4 or 8 rows a
+// block, ceil(rows / R) blocks. src/ops.cu builds SwiGLULinear's GEMVs on
+// split_dot and rows_partial.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -138,6 +141,42 @@ __device__ void gemv(float* __restrict__ y, const float* __restrict__ x, const u
 // in shared memory.
 constexpr int kSplit = 4;
 
+// split_dot is warp part p's share of row · x (cols values), summed over
+// the warp (the same in every lane).
+template <class W>
+__device__ float split_dot(const uint8_t* __restrict__ row, const float* __restrict__ x, int cols, int p) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
+#pragma unroll 4
+        for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
+            float wv[W::kE];
+            W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
+            const float4* xp = reinterpret_cast<const float4*>(x + k);
+#pragma unroll
+            for (int q = 0; q < W::kE / 4; q++) {
+                float4 xv = __ldg(xp + q);
+                acc = fmaf(wv[4 * q], xv.x, acc);
+                acc = fmaf(wv[4 * q + 1], xv.y, acc);
+                acc = fmaf(wv[4 * q + 2], xv.z, acc);
+                acc = fmaf(wv[4 * q + 3], xv.w, acc);
+            }
+        }
+    } else {
+        for (int k = p * 32 + lane; k < cols; k += kSplit * 32) acc = fmaf(W::one(row, k), x[k], acc);
+    }
+    return warp_sum(acc);
+}
+
+// split_total adds the kSplit partial sums of the row whose first warp is
+// w0, in a fixed order.
+__device__ inline float split_total(const float* part, int w0) {
+    float s = part[w0];
+#pragma unroll
+    for (int i = 1; i < kSplit; i++) s += part[w0 + i];
+    return s;
+}
+
 template <class W>
 __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
                            int rows, int cols, const float* __restrict__ bias, int acc_y) {
@@ -146,36 +185,97 @@ __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, c
     const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
     const int p = warp % kSplit;
     float acc = 0.f;
-    if (r < rows) {
-        const uint8_t* row = w + size_t(r) * cols * W::kSize;
-        if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
-#pragma unroll 4
-            for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
-                float wv[W::kE];
-                W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
-                const float4* xp = reinterpret_cast<const float4*>(x + k);
-#pragma unroll
-                for (int q = 0; q < W::kE / 4; q++) {
-                    float4 xv = __ldg(xp + q);
-                    acc = fmaf(wv[4 * q], xv.x, acc);
-                    acc = fmaf(wv[4 * q + 1], xv.y, acc);
-                    acc = fmaf(wv[4 * q + 2], xv.z, acc);
-                    acc = fmaf(wv[4 * q + 3], xv.w, acc);
-                }
-            }
-        } else {
-            for (int k = p * 32 + lane; k < cols; k += kSplit * 32) acc = fmaf(W::one(row, k), x[k], acc);
-        }
-    }
-    acc = warp_sum(acc);
+    if (r < rows) acc = split_dot<W>(w + size_t(r) * cols * W::kSize, x, cols, p);
     if (lane == 0) part[warp] = acc;
     __syncthreads();
-    if (p == 0 && lane == 0 && r < rows) {
-        float s = part[warp];
+    if (p == 0 && lane == 0 && r < rows) store(y + r, split_total(part, warp), bias, r, acc_y);
+}
+
+// R rows a block, n = 1, the 8 warps splitting the columns: warp v sums
+// the 16-byte stretches v, v + 8, v + 16, … of every one of the block's
+// rows, so each x stretch is loaded once for R rows (x's L2 traffic is 1/R
+// of a row's instead of as much as the weight's) and a lane has R weight
+// loads in flight per stretch; the warps' partial sums meet in shared
+// memory. An alternative to gemv_split (Device.gemvRows picks it).
+//
+// rows_partial leaves in part[v][j] warp v's share of row j · x, where row
+// j < half is a + j·(row bytes) (if j < na) and row j ≥ half is b + (j −
+// half)·(row bytes) (if j − half < nb); missing rows sum to 0. It ends
+// with __syncthreads.
+template <class W, int R>
+__device__ void rows_partial(float (&part)[kWarpsPerBlock][R], const uint8_t* __restrict__ a,
+                             const uint8_t* __restrict__ b, int half, int na, int nb,
+                             const float* __restrict__ x, int cols) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t rb = size_t(cols) * W::kSize;  // bytes a row
+    const uint8_t* row[R];
+    bool ok[R];
 #pragma unroll
-        for (int i = 1; i < kSplit; i++) s += part[warp + i];
-        store(y + r, s, bias, r, acc_y);
+    for (int j = 0; j < R; j++) {
+        ok[j] = j < half ? j < na : j - half < nb;
+        row[j] = j < half ? a + j * rb : b + (j - half) * rb;
     }
+    float acc[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) acc[j] = 0.f;
+    if (W::kVec && rb % 16 == 0) {
+#pragma unroll 2
+        for (int k = (warp * 32 + lane) * W::kE; k < cols; k += kWarpsPerBlock * 32 * W::kE) {
+            uint4 wv[R];
+#pragma unroll
+            for (int j = 0; j < R; j++)
+                wv[j] = ok[j] ? __ldg(reinterpret_cast<const uint4*>(row[j] + size_t(k) * W::kSize)) : uint4{};
+            float xv[W::kE];
+            const float4* xp = reinterpret_cast<const float4*>(x + k);
+#pragma unroll
+            for (int q = 0; q < W::kE / 4; q++) {
+                const float4 v = __ldg(xp + q);
+                xv[4 * q] = v.x;
+                xv[4 * q + 1] = v.y;
+                xv[4 * q + 2] = v.z;
+                xv[4 * q + 3] = v.w;
+            }
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                float f[W::kE];
+                W::vec(wv[j], f);
+#pragma unroll
+                for (int e = 0; e < W::kE; e++) acc[j] = fmaf(f[e], xv[e], acc[j]);
+            }
+        }
+    } else {
+        for (int k = warp * 32 + lane; k < cols; k += kWarpsPerBlock * 32) {
+            const float xk = x[k];
+#pragma unroll
+            for (int j = 0; j < R; j++)
+                if (ok[j]) acc[j] = fmaf(W::one(row[j], k), xk, acc[j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const float s = warp_sum(acc[j]);
+        if (lane == 0) part[warp][j] = s;
+    }
+    __syncthreads();
+}
+
+// rows_total adds the warps' partial sums of row j in a fixed order.
+template <int R>
+__device__ inline float rows_total(const float (&part)[kWarpsPerBlock][R], int j) {
+    float s = part[0][j];
+#pragma unroll
+    for (int i = 1; i < kWarpsPerBlock; i++) s += part[i][j];
+    return s;
+}
+
+template <class W, int R>
+__device__ void gemv_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                          int rows, int cols, const float* __restrict__ bias, int acc_y) {
+    __shared__ float part[kWarpsPerBlock][R];
+    const int r0 = blockIdx.x * R;
+    const int nr = min(R, rows - r0);
+    rows_partial<W, R>(part, w + size_t(r0) * cols * W::kSize, nullptr, R, nr, 0, x, cols);
+    if (int(threadIdx.x) < nr) store(y + r0 + threadIdx.x, rows_total<R>(part, threadIdx.x), bias, r0 + threadIdx.x, acc_y);
 }
 
 // F8E4M3 with (ceil(rows/br), ceil(cols/bc)) float32 block scales: each
@@ -222,8 +322,24 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
                                                            int n, int rows, int cols, const float* bias, \
                                                            int acc_y) {                                  \
+        FERRITE_PDL_WAIT();                                                                         \
         gemv_split<W>(y, x, w, rows, cols, bias, acc_y);                                            \
     }
+
+#define FERRITE_GEMV_ROWS(name, W, R)                                                               \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int n, int rows, int cols, const float* bias, \
+                                                           int acc_y) {                                  \
+        FERRITE_PDL_WAIT();                                                                         \
+        gemv_rows<W, R>(y, x, w, rows, cols, bias, acc_y);                                          \
+    }
+
+FERRITE_GEMV_ROWS(ferrite_gemv_f32_r4, F32W, 4)
+FERRITE_GEMV_ROWS(ferrite_gemv_f32_r8, F32W, 8)
+FERRITE_GEMV_ROWS(ferrite_gemv_bf16_r4, BF16W, 4)
+FERRITE_GEMV_ROWS(ferrite_gemv_bf16_r8, BF16W, 8)
+FERRITE_GEMV_ROWS(ferrite_gemv_f16_r4, F16W, 4)
+FERRITE_GEMV_ROWS(ferrite_gemv_f16_r8, F16W, 8)
 
 FERRITE_GEMV_SPLIT(ferrite_gemv_f32_1, F32W)
 FERRITE_GEMV(ferrite_gemv_f32_8, F32W, 8)

@@ -1,8 +1,9 @@
-// The op set (kernels/ops.go) on the GPU: the element-wise, per-row,
-// attention and mixture-of-experts kernels that kernels/cuda's Backend
-// launches for kernels.Device. Activations are float32 and every sum is
-// accumulated in float32 (float64 where kernels/ref uses it and the cost is
-// nothing next to the memory traffic: norms, SiLU, sigmoid, RoPE angles).
+// The op set (kernels/ops.go) on the GPU: the element-wise, per-row and
+// attention kernels that kernels/cuda's Backend launches for
+// kernels.Device (the mixture-of-experts ones are in ops_moe.cu).
+// Activations are float32 and every sum is accumulated in float32 (float64
+// where kernels/ref uses it and the cost is nothing next to the memory
+// traffic: norms, SiLU, sigmoid, RoPE angles).
 //
 // The sources compile as one translation unit in name order
 // (tools/cuda/build_fatbin.sh), so this file uses f32_to_bf16 from
@@ -34,6 +35,13 @@ __device__ inline float swiglu1(float g, float u) {
     return __fmul_rn(s, u);
 }
 
+// swiglu1 with GLM-5's activation clamp at limit > 0 (kernels/ref
+// .SwiGLUClamp): silu(min(g, L))·clamp(u, −L, L); limit 0 is no clamp.
+__device__ inline float swiglu_clamp1(float g, float u, float limit) {
+    if (limit > 0.f) return swiglu1(fminf(g, limit), fmaxf(fminf(u, limit), -limit));
+    return swiglu1(g, u);
+}
+
 // elem decodes element k of a weight row of the given dtype; srow is the
 // row's F8E4M3 block scales (bc columns each).
 __device__ inline float elem(const uint8_t* row, int k, int dtype, const float* srow, int bc) {
@@ -56,6 +64,80 @@ extern "C" __global__ void ferrite_swiglu(float* y, const float* g, const float*
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
         y[i] = swiglu1(g[i], u[i]);
 }
+
+// y[i·inter + j] = swiglu(t[i·2·inter + j], t[i·2·inter + inter + j]) for
+// n = rows·inter values of t (rows, 2·inter), the stacked [gate | up]
+// product of SwiGLULinear (clamped with limit ≠ 0).
+extern "C" __global__ void ferrite_swiglu_cat(float* y, const float* t, uint64_t n, int inter, float limit) {
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        const uint64_t r = i / inter, j = i % inter;
+        y[i] = swiglu_clamp1(t[r * 2 * inter + j], t[r * 2 * inter + inter + j], limit);
+    }
+}
+
+// SwiGLULinear's one-row GEMVs (gemv.cu's split_dot and rows_partial with
+// a SwiGLU epilogue).
+namespace {
+
+// The SwiGLU MLP's first half at n = 1, w the stacked [gate; up] (2·inter,
+// cols): block r runs gate row r on warps 0–3 and up row r on warps 4–7
+// (split_dot) and writes y[r] = swiglu(gate, up) (clamped with limit ≠ 0).
+// Launch: inter blocks of 256 threads.
+template <class W>
+__device__ void gemv_swiglu(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                            int inter, int cols, float limit) {
+    __shared__ float part[kWarpsPerBlock];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x;
+    const int half = warp / kSplit;  // 0: gate, 1: up
+    const float acc = split_dot<W>(w + (size_t(half) * inter + r) * cols * W::kSize, x, cols, warp % kSplit);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) y[r] = swiglu_clamp1(split_total(part, 0), split_total(part, kSplit), limit);
+}
+
+// gemv_swiglu with gemv_rows' layout: block b computes the R/2 outputs
+// from row b·R/2 on, reading those gate rows and the matching up rows (R
+// weight rows a block). Launch: ceil(inter / (R/2)) blocks of 256 threads.
+template <class W, int R>
+__device__ void gemv_swiglu_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                                 int inter, int cols, float limit) {
+    constexpr int H = R / 2;
+    __shared__ float part[kWarpsPerBlock][R];
+    const int r0 = blockIdx.x * H;
+    const int nh = min(H, inter - r0);
+    const size_t rb = size_t(cols) * W::kSize;
+    rows_partial<W, R>(part, w + size_t(r0) * rb, w + (size_t(inter) + r0) * rb, H, nh, nh, x, cols);
+    if (int(threadIdx.x) < nh)
+        y[r0 + threadIdx.x] = swiglu_clamp1(rows_total<R>(part, threadIdx.x), rows_total<R>(part, H + threadIdx.x), limit);
+}
+
+}  // namespace
+
+#define FERRITE_GEMV_SWIGLU_ROWS(name, W, R)                                                          \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int inter, int cols, float limit) {          \
+        FERRITE_PDL_WAIT();                                                                           \
+        gemv_swiglu_rows<W, R>(y, x, w, inter, cols, limit);                                          \
+    }
+
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f32_r4, F32W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f32_r8, F32W, 8)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r4, BF16W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r8, BF16W, 8)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r4, F16W, 4)
+FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r8, F16W, 8)
+
+#define FERRITE_GEMV_SWIGLU(name, W)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int inter, int cols, float limit) {          \
+        FERRITE_PDL_WAIT();                                                                           \
+        gemv_swiglu<W>(y, x, w, inter, cols, limit);                                                  \
+    }
+
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f32, F32W)
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_bf16, BF16W)
+FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f16, F16W)
 
 // y[i] += bias[i % cols] for n·cols values (the cuBLASLt path's bias).
 extern "C" __global__ void ferrite_add_bias(float* y, const float* bias, uint64_t n, int cols) {
@@ -109,6 +191,7 @@ extern "C" __global__ void ferrite_copy_rows(uint8_t* dst, int64_t dst_stride, c
 // scales). An id outside the table writes NaN. Launch: one block per row.
 extern "C" __global__ void ferrite_embed(float* y, int y_stride, const uint8_t* w, const float* scale, const int* ids,
                                          int ids_stride, int n, int rows, int cols, int dtype, int br, int bc) {
+    FERRITE_PDL_WAIT();
     const int i = blockIdx.x;
     if (i >= n) return;
     const int id = ids[size_t(i) * ids_stride];
@@ -127,6 +210,7 @@ extern "C" __global__ void ferrite_embed(float* y, int y_stride, const uint8_t* 
 // Launch: one block per output row.
 extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const float* x, int x_stride, const int* rows,
                                                int rows_stride, int m, int cols, int nsrc) {
+    FERRITE_PDL_WAIT();
     const int i = blockIdx.x;
     if (i >= m) return;
     const int r = rows[size_t(i) * rows_stride];
@@ -139,11 +223,14 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
 // y = w ⊙ res·rsqrt(mean(res²) + eps) ((1 + w) with offset), the mean of
 // squares summed in float64 and rounded to float32 before eps, as
 // kernels/ref.RMSNorm. Rows are dim values apart; y may be res (plain
-// RMSNorm in place). Launch: one block of 256 threads per row.
-extern "C" __global__ void __launch_bounds__(256)
+// RMSNorm in place). Launch: one block per row, a multiple of 32 threads
+// up to 1024 (256 for many rows, 1024 for a few: a decode step's single
+// row is latency, not throughput).
+extern "C" __global__ void __launch_bounds__(1024)
     ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
                         int offset) {
-    __shared__ double partial[8];
+    FERRITE_PDL_WAIT();
+    __shared__ double partial[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
     float* xr = res + size_t(r) * dim;
@@ -220,6 +307,76 @@ extern "C" __global__ void ferrite_store_kv(void* kc, void* vc, const float* k, 
     }
 }
 
+// The attention input step (kernels.AttentionOps.PrepareQKV): block (row
+// i, head h) of qkv (n, (heads + 2·kvh)·hd) [q | k | v] takes its head into
+// shared memory; a q or k head is normed (qn/kn set: the float64 mean of
+// squares as ferrite_add_rmsnorm) and rotated (inv set: ferrite_rope's
+// angles and products) and written to q or, for k, to the cache; a v head
+// is stored as it is. Cache rows are float32 or bf16 (round to nearest
+// even); a slot outside [0, slots) is skipped. Launch: grid (n, heads +
+// 2·kvh), 128 threads; hd ≤ 256.
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_prepare_qkv(float* q, void* kc, void* vc, const float* qkv, const int* pos, int pos_stride, const int* slot,
+                        int slot_stride, int slots, int bf16, int heads, int kvh, int hd, const float* qn, float qeps,
+                        int qoff, const float* kn, float keps, int koff, const float* inv, int half, int interleaved,
+                        float scale) {
+    FERRITE_PDL_WAIT();
+    __shared__ float v[256];
+    __shared__ double partial[4];
+    const int i = blockIdx.x, h = blockIdx.y;
+    const int kind = h < heads ? 0 : h < heads + kvh ? 1 : 2;  // q, k, v
+    const float* src = qkv + (size_t(i) * (heads + 2 * kvh) + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) v[d] = src[d];
+    __syncthreads();
+    if (kind < 2) {
+        const float* w = kind == 0 ? qn : kn;
+        if (w) {
+            const float eps = kind == 0 ? qeps : keps;
+            const int off = kind == 0 ? qoff : koff;
+            double ss = 0;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += double(v[d]) * double(v[d]);
+            ss = warp_sum_f64(ss);
+            if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+            __syncthreads();
+            double t = 0;
+            for (int k = 0; k < int(blockDim.x >> 5); k++) t += partial[k];
+            const float ms = float(t / double(hd));
+            const float rs = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                const float s = off ? __fadd_rn(1.0f, w[d]) : w[d];
+                v[d] = __fmul_rn(s, __fmul_rn(v[d], rs));
+            }
+            __syncthreads();
+        }
+        if (inv) {
+            const int p = pos[size_t(i) * pos_stride];
+            for (int k = threadIdx.x; k < half; k += blockDim.x) {
+                const double a = double(__fmul_rn(float(p), inv[k]));
+                const float c = __fmul_rn(float(cos(a)), scale), sn = __fmul_rn(float(sin(a)), scale);
+                const int ia = interleaved ? 2 * k : k, ib = interleaved ? 2 * k + 1 : k + half;
+                const float a0 = v[ia], b0 = v[ib];
+                v[ia] = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, sn));
+                v[ib] = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, sn));
+            }
+            __syncthreads();
+        }
+    }
+    if (kind == 0) {
+        float* dst = q + (size_t(i) * heads + h) * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = v[d];
+        return;
+    }
+    const int s = slot[size_t(i) * slot_stride];
+    if (s < 0 || s >= slots) return;
+    const int kh = kind == 1 ? h - heads : h - heads - kvh;
+    const size_t e = size_t(s) * kvh * hd + size_t(kh) * hd;
+    void* c = kind == 1 ? kc : vc;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        if (bf16) static_cast<uint16_t*>(c)[e + d] = f32_to_bf16(v[d]);
+        else static_cast<float*>(c)[e + d] = v[d];
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Paged causal attention, split-KV. Block (row i, KV head, head chunk,
 // split z) computes, for up to kAttnGroup query heads of the KV head's
@@ -236,6 +393,18 @@ extern "C" __global__ void ferrite_store_kv(void* kc, void* vc, const float* k, 
 namespace {
 
 constexpr int kAttnWarps = 4;
+
+// prefill_owns reports whether prefill.cu's kernel, at row tiles of rows,
+// computes the tile of row i (rows [r0, min(n, r0 + rows)), r0 = i − i %
+// rows): all of its rows are of one sequence. The split-KV kernel,
+// launched after it with ptile = rows, skips those rows. Every lane of the
+// calling warp must take part.
+__device__ inline bool prefill_owns(const int* seq, int n, int i, int rows) {
+    const int r0 = i - i % rows, s = seq[r0];
+    bool same = true;
+    for (int r = r0 + int(threadIdx.x & 31); r < min(n, r0 + rows); r += 32) same = same && seq[r] == s;
+    return __all_sync(0xffffffffu, same);
+}
 constexpr int kAttnGroup = 8;  // query heads a block handles
 constexpr int kAttnMaxHD = 256;
 
@@ -250,6 +419,7 @@ struct AttnArgs {
     float* part;
     int max_blocks, bs, n, heads, kvh, hd, chunks, split;
     float scale;
+    int ptile;  // prefill.cu's row tile when it ran first (prefill_owns), else 0
 };
 
 template <bool BF>
@@ -270,13 +440,17 @@ __device__ inline void kv8(const void* c, size_t e, float* o) {
     }
 }
 
+// attn_block is the attention kernels' whole body (their macro only packs
+// the arguments), so it starts with their programmatic-launch wait.
 template <int DPL, bool BF>
 __device__ void attn_block(const AttnArgs& a) {
+    FERRITE_PDL_WAIT();
     __shared__ float sq[kAttnGroup][kAttnMaxHD];
     __shared__ float wm[kAttnWarps][kAttnGroup], wl[kAttnWarps][kAttnGroup];
     __shared__ float wacc[kAttnWarps][kAttnGroup][kAttnMaxHD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int i = blockIdx.x;
+    if (a.ptile && prefill_owns(a.seq, a.n, i, a.ptile)) return;
     const int kvh = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks;
     const int grp = a.heads / a.kvh;
     const int h0 = kvh * grp + chunk * kAttnGroup;
@@ -313,7 +487,7 @@ __device__ void attn_block(const AttnArgs& a) {
         if (valid) {
             base = (size_t(bt[p / a.bs]) * a.bs + p % a.bs) * kw + off;
             if (hd % 8 == 0) {  // 16-byte loads (bf16) or two (float32)
-#pragma unroll 2
+#pragma unroll 8
                 for (int d = 0; d < hd; d += 8) {
                     float kd[8];
                     kv8<BF>(a.kc, base + d, kd);
@@ -345,7 +519,7 @@ __device__ void attn_block(const AttnArgs& a) {
         }
         // Values, kV keys at a time: their loads are issued before the
         // first is used.
-        constexpr int kV = 4;
+        constexpr int kV = DPL <= 4 ? 8 : 4;  // fewer for wide heads (registers)
         const int nk = min(32, k1 - t0);
         for (int k0v = 0; k0v < nk; k0v += kV) {
             float vv[kV][DPL];
@@ -419,8 +593,8 @@ __device__ void attn_block(const AttnArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
-        int chunks, int split, float scale) {                                                          \
-        AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale}; \
+        int chunks, int split, float scale, int ptile) {                                               \
+        AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile}; \
         attn_block<DPL, BF>(a);                                                                        \
     }
 
@@ -434,9 +608,12 @@ FERRITE_ATTN(ferrite_attn_bf16_4, 4, true)
 FERRITE_ATTN(ferrite_attn_bf16_8, 8, true)
 
 // Merges the splits of ferrite_attn_*: out (n, heads·hd) from part (n,
-// heads, splits, hd + 2). Launch: grid (n, heads), 128 threads.
-extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, int heads, int hd, int splits) {
+// heads, splits, hd + 2), but for the rows of prefill.cu's tiles of ptile
+// rows (none when 0). Launch: grid (n, heads), 128 threads.
+extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, int heads, int hd, int splits,
+                                                const int* seq, int n, int ptile) {
     const int i = blockIdx.x, h = blockIdx.y;
+    if (ptile && prefill_owns(seq, n, i, ptile)) return;
     const float* pp = part + (size_t(i) * heads + h) * splits * (hd + 2);
     float mx = -INFINITY;
     for (int z = 0; z < splits; z++) mx = fmaxf(mx, pp[z * (hd + 2)]);
@@ -450,230 +627,5 @@ extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, i
             A += pp[z * (hd + 2) + 2 + d] * c;
         }
         out[(size_t(i) * heads + h) * hd + d] = A / L;
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Mixture of experts.
-
-// Router, one warp per token: scores (softmax over the experts, or sigmoid
-// plus a selection bias with grouped noaux_tc selection), the top k by
-// repeated arg-max with ties to the lower expert id, and their weights,
-// exactly as kernels/ref.Route. Launch: grid n, 32 threads, dynamic shared
-// memory (2·experts + 128) · 4 bytes; experts ≥ 1, k ≤ 64, groups ≤ 64.
-extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int w_stride, const float* logits,
-                                         int l_stride, const float* bias, int n, int experts, int k, int sigmoid,
-                                         int norm, float rscale, int groups, int keep) {
-    extern __shared__ float sm[];
-    float* sc = sm;               // (experts) scores
-    float* ch = sm + experts;     // (experts) selection values; NaN once taken
-    float* gs = ch + experts;     // (64) group scores
-    int* sel = reinterpret_cast<int*>(gs + 64);  // (64) chosen ids
-    const int lane = threadIdx.x;
-    const int row = blockIdx.x;
-    if (row >= n) return;
-    const float* lg = logits + size_t(row) * l_stride;
-    if (!sigmoid) {
-        float mx = -INFINITY;
-        for (int j = lane; j < experts; j += 32) mx = fmaxf(mx, lg[j]);
-        mx = warp_max(mx);
-        double part = 0;
-        for (int j = lane; j < experts; j += 32) {
-            const double e = exp(double(__fsub_rn(lg[j], mx)));
-            sc[j] = float(e);
-            part += e;
-        }
-        const double inv = 1.0 / warp_sum_f64(part);
-        for (int j = lane; j < experts; j += 32) {
-            sc[j] = float(double(sc[j]) * inv);
-            ch[j] = sc[j];
-        }
-    } else {
-        for (int j = lane; j < experts; j += 32) {
-            sc[j] = float(1.0 / (1.0 + exp(-double(lg[j]))));
-            ch[j] = bias ? __fadd_rn(sc[j], bias[j]) : sc[j];
-        }
-    }
-    __syncwarp();
-    if (sigmoid && groups > 1) {
-        const int per = experts / groups;
-        for (int g = lane; g < groups; g += 32) {
-            float b1 = -INFINITY, b2 = -INFINITY;
-            for (int j = g * per; j < (g + 1) * per; j++) {
-                const float v = ch[j];
-                if (v > b1) {
-                    b2 = b1;
-                    b1 = v;
-                } else if (v > b2) {
-                    b2 = v;
-                }
-            }
-            if (per == 1) b2 = 0.f;
-            gs[g] = __fadd_rn(b1, b2);
-        }
-        __syncwarp();
-        uint64_t kept = 0;
-        if (lane == 0) {
-            for (int r = 0; r < keep; r++) {
-                int best = -1;
-                for (int g = 0; g < groups; g++) {
-                    if ((kept >> g) & 1) continue;
-                    if (best < 0 || gs[g] > gs[best]) best = g;  // ties: the lower g, met first
-                }
-                if (best >= 0) kept |= uint64_t(1) << best;
-            }
-        }
-        kept = __shfl_sync(0xffffffffu, kept, 0);
-        for (int j = lane; j < experts; j += 32)
-            if (!((kept >> (j / per)) & 1)) ch[j] = -INFINITY;
-        __syncwarp();
-    }
-    for (int r = 0; r < k; r++) {
-        float bv = 0.f;
-        int bi = -1;
-        for (int j = lane; j < experts; j += 32) {
-            const float v = ch[j];
-            if (v != v) continue;  // taken
-            if (bi < 0 || v > bv) {
-                bv = v;
-                bi = j;
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        if (lane == 0) {
-            sel[r] = bi;
-            if (bi >= 0) ch[bi] = __int_as_float(0x7fc00000);
-        }
-        __syncwarp();
-    }
-    if (lane == 0) {
-        double sum = 0;
-        for (int r = 0; r < k; r++) sum += double(sc[max(sel[r], 0)]);
-        float den = float(sum);
-        if (sigmoid) den = __fadd_rn(den, 1e-20f);
-        for (int r = 0; r < k; r++) {
-            float v = sc[max(sel[r], 0)];
-            if (norm) v = __fdiv_rn(v, den);
-            if (rscale != 1.0f && rscale != 0.0f) v = __fmul_rn(v, rscale);
-            ids[size_t(row) * ids_stride + r] = sel[r];
-            w[size_t(row) * w_stride + r] = v;
-        }
-    }
-}
-
-namespace {
-
-// MatDesc is one weight matrix of an expert as kernels/cuda's Go side lays
-// it out (expertDesc): data and F8E4M3 block scales, dtype, shape, block
-// shape and the first row the view starts at (the up half of a fused
-// gate_up).
-struct MatDesc {
-    const uint8_t* data;
-    const float* scale;
-    int dtype, rows, cols, br, bc, row0;
-};
-
-// warp_dot is row r (of the view) of m times x (m.cols values), float32 sums,
-// the same in every lane.
-__device__ float warp_dot(const MatDesc& m, int r, const float* __restrict__ x) {
-    const int lane = threadIdx.x & 31;
-    const int rr = r + m.row0, cols = m.cols;
-    float acc = 0.f;
-    if (m.dtype == kF8E4M3) {
-        const uint8_t* row = m.data + size_t(rr) * cols;
-        const float* srow = m.scale + size_t(rr / m.br) * ((cols + m.bc - 1) / m.bc);
-        for (int k = lane; k < cols; k += 32) acc = fmaf(elem(row, k, kF8E4M3, srow, m.bc), x[k], acc);
-        return warp_sum(acc);
-    }
-    const int size = m.dtype == kF32 ? 4 : 2;
-    const uint8_t* row = m.data + size_t(rr) * cols * size;
-    const int per = 16 / size;  // elements in a 16-byte load
-    if ((size_t(cols) * size) % 16 == 0 && (uintptr_t(row) & 15) == 0 && (uintptr_t(x) & 15) == 0) {
-        for (int k = lane * per; k < cols; k += 32 * per) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + size_t(k) * size));
-            float wv[8];
-            if (m.dtype == kF32) F32W::vec(v, wv);
-            else if (m.dtype == kBF16) BF16W::vec(v, wv);
-            else F16W::vec(v, wv);
-            for (int q = 0; q < per; q++) acc = fmaf(wv[q], x[k + q], acc);
-        }
-    } else {
-        for (int k = lane; k < cols; k += 32) acc = fmaf(elem(row, k, m.dtype, nullptr, 1), x[k], acc);
-    }
-    return warp_sum(acc);
-}
-
-}  // namespace
-
-// Expert gate and up with SwiGLU, one (token, slot) pair per blockIdx.y:
-// h[s] (inter) = silu(gate_e·x[s / k])·(up_e·x[s / k]) for e = ids[s], the
-// experts' descriptors at table[3e] (gate) and table[3e + 1] (up). An id
-// outside [0, experts) writes NaN. Launch: grid (ceil(inter / 8), n·k),
-// 256 threads, one output per warp.
-extern "C" __global__ void __launch_bounds__(256)
-    ferrite_moe_gate_up(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts,
-                        int k, int inter) {
-    const int s = blockIdx.y;
-    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (r >= inter) return;
-    const int e = ids[s];
-    float out = __int_as_float(0x7fc00000);
-    if (e >= 0 && e < experts) {
-        const float* xr = x + size_t(s / k) * x_stride;
-        const float g = warp_dot(table[3 * e], r, xr);
-        const float u = warp_dot(table[3 * e + 1], r, xr);
-        out = swiglu1(g, u);
-    }
-    if ((threadIdx.x & 31) == 0) h[size_t(s) * inter + r] = out;
-}
-
-// Expert down: ye[s] (hidden) = down_e·h[s] for e = ids[s] (table[3e + 2]).
-// Launch: grid (ceil(hidden / 8), n·k), 256 threads.
-extern "C" __global__ void __launch_bounds__(256)
-    ferrite_moe_down(float* ye, const float* h, const int* ids, const MatDesc* table, int experts, int inter,
-                     int hidden) {
-    const int s = blockIdx.y;
-    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (r >= hidden) return;
-    const int e = ids[s];
-    float out = __int_as_float(0x7fc00000);
-    if (e >= 0 && e < experts) out = warp_dot(table[3 * e + 2], r, h + size_t(s) * inter);
-    if ((threadIdx.x & 31) == 0) ye[size_t(s) * hidden + r] = out;
-}
-
-// Combine: y[i] = Σ_j w[i, j]·ye[i·k + j], the token's experts added in
-// increasing expert id (float32 products and sums, kernels/ref.Experts).
-// Launch: grid n, 256 threads; k ≤ 64.
-extern "C" __global__ void ferrite_moe_combine(float* y, int y_stride, const float* ye, const int* ids,
-                                               const float* w, int k, int hidden) {
-    __shared__ int order[64];
-    const int i = blockIdx.x;
-    if (threadIdx.x == 0) {
-        // Insertion sort by id, stable.
-        for (int j = 0; j < k; j++) {
-            int t = j;
-            while (t > 0 && ids[size_t(i) * k + order[t - 1]] > ids[size_t(i) * k + j]) {
-                order[t] = order[t - 1];
-                t--;
-            }
-            order[t] = j;
-        }
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
-        float acc = 0.f;
-        for (int t = 0; t < k; t++) {
-            const int j = order[t];
-            acc = __fadd_rn(acc, __fmul_rn(w[size_t(i) * k + j], ye[(size_t(i) * k + j) * hidden + d]));
-        }
-        y[size_t(i) * y_stride + d] = acc;
     }
 }

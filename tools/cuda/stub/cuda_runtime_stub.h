@@ -14,6 +14,7 @@
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
 #define __forceinline__ __inline__ __attribute__((always_inline))
+#define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
 #ifndef INFINITY
 #define INFINITY __builtin_huge_valf()
@@ -22,6 +23,11 @@
 struct __attribute__((aligned(16))) uint4 { unsigned int x, y, z, w; };
 struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
 struct __attribute__((aligned(8))) float2 { float x, y; };
+struct __attribute__((aligned(8))) uint2 { unsigned int x, y; };
+
+__device__ uint4 make_uint4(unsigned, unsigned, unsigned, unsigned);
+__device__ uint2 make_uint2(unsigned, unsigned);
+__device__ float4 make_float4(float, float, float, float);
 
 __device__ void __syncthreads();
 __device__ void __syncwarp(unsigned mask = 0xffffffffu);
@@ -45,6 +51,17 @@ FERRITE_SHFL(unsigned long long)
 FERRITE_SHFL(float)
 FERRITE_SHFL(double)
 #undef FERRITE_SHFL
+// Warp votes, bit counts and shared-memory atomics (ops_mla.cu's top-k).
+__device__ unsigned __ballot_sync(unsigned mask, int pred);
+__device__ int __popc(unsigned);
+__device__ int atomicAdd(int*, int);
+
+__device__ int atomicAdd(int*, int);
+__device__ unsigned __ballot_sync(unsigned mask, int pred);
+__device__ int __any_sync(unsigned mask, int pred);
+__device__ int __popc(unsigned);
+__device__ int __ffs(int);
+__device__ int __ffsll(long long);
 
 __device__ uint4 __ldg(const uint4*);
 __device__ float4 __ldg(const float4*);
@@ -74,3 +91,13 @@ __device__ unsigned min(unsigned, unsigned);
 __device__ unsigned max(unsigned, unsigned);
 __device__ long long min(long long, long long);
 __device__ long long max(long long, long long);
+__device__ double log1p(double);
+__device__ double fmax(double, double);
+__device__ unsigned atomicAdd(unsigned*, unsigned);
+__device__ unsigned __ballot_sync(unsigned mask, int pred);
+__device__ int __popc(unsigned);
+__device__ int __all_sync(unsigned mask, int pred);
+__device__ float exp2f(float);
+__device__ size_t __cvta_generic_to_shared(const void*);
+__device__ uint4 make_uint4(unsigned, unsigned, unsigned, unsigned);
+__device__ float2 make_float2(float, float);

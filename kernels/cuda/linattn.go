@@ -1,0 +1,148 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import "github.com/ferrite-llm/ferrite/kernels"
+
+// The linear-attention ops (kernels.LinearAttentionOps: qwen3_next's Gated
+// DeltaNet, glm5_next's KDA) on the GPU, the kernels of
+// src/ops_linattn.cu. As in opset.go: shapes checked on the host, launches
+// queued, nothing read back; the sequence map and the state slots are
+// device data the kernels read, so a step with recurrent layers is
+// captured in a graph like any other.
+
+var _ kernels.LinearAttentionOps = (*Backend)(nil)
+
+func init() {
+	kernelNames = append(kernelNames, "ferrite_short_conv", "ferrite_delta_prep",
+		"ferrite_delta_rule_1", "ferrite_delta_rule_2", "ferrite_delta_rule_4", "ferrite_delta_rule_8",
+		"ferrite_gated_rmsnorm", "ferrite_sigmoid_gate")
+}
+
+// Limits of the kernels: the convolution's width, the key head size.
+const (
+	convMaxK    = 8
+	deltaMaxDK  = 256
+	deltaBlockV = 8 // state columns per block of ferrite_delta_rule_*
+)
+
+// deltaKernels[i] handles key heads of up to 32·2^i.
+var deltaKernels = [4]string{"ferrite_delta_rule_1", "ferrite_delta_rule_2", "ferrite_delta_rule_4", "ferrite_delta_rule_8"}
+
+// recurrent checks r against a step of n rows and a state tensor (F32,
+// width cols) and returns the sequence count.
+func recurrent(op string, r *kernels.Recurrent, state kernels.Tensor, cols int) int {
+	seqs := r.Slot.Rows
+	index(op, r.Start, seqs+1, 1)
+	index(op, r.Slot, seqs, 1)
+	if state.DType != kernels.F32 || state.Cols != cols {
+		panic("cuda: " + op + " state tensor " + state.String() + " does not match")
+	}
+	return seqs
+}
+
+// ShortConv implements kernels.LinearAttentionOps: a thread per (sequence,
+// channel) runs the sequence's rows in order.
+func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurrent) {
+	f32Contig("ShortConv", dst, x, w)
+	C, K := x.Cols, w.Cols
+	if dst.Rows != x.Rows || dst.Cols != C || w.Rows != C || K < 1 || K > convMaxK {
+		panic("cuda: ShortConv shapes do not match")
+	}
+	seqs := recurrent("ShortConv", r, state, (K-1)*C)
+	if seqs == 0 || C == 0 {
+		return
+	}
+	y, xp, wp, st, start, slot := dptr(dst), dptr(x), dptr(w), dptr(state), dptr(r.Start), dptr(r.Slot)
+	b.queue(func(d *Device) error {
+		return d.launch3L("ferrite_short_conv", [3]uint32{uint32(seqs), uint32(ceilDiv(C, 128)), 1}, 128, 0,
+			y, xp, wp, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride), i32(C), i32(K))
+	})
+}
+
+// DeltaRule implements kernels.LinearAttentionOps: ferrite_delta_prep
+// normalises q and k and forms the gates of every row, then a block per
+// (sequence, value head, 8 state columns) runs the rule over the
+// sequence's rows with its part of the state in registers: token by token
+// with the state rounded after every row for up to 8 rows, in float64
+// across the call beyond (the contract's two forms; see ops_linattn.cu).
+func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Recurrent, n *kernels.DeltaNet) {
+	f32Contig("DeltaRule", out, qkv, a, bt, n.ALog, n.DtBias)
+	H, Hk, dk, dv := n.Heads, n.KeyHeads, n.DK, n.DV
+	if H <= 0 || Hk <= 0 || H%Hk != 0 || dk <= 0 || dv <= 0 {
+		panic("cuda: DeltaRule head shape")
+	}
+	if dk > deltaMaxDK {
+		panic("cuda: DeltaRule key heads above 256")
+	}
+	gw := H
+	if n.PerChannel {
+		gw *= dk
+	}
+	rows, w := qkv.Rows, n.QKVWidth()
+	if qkv.Cols != w || out.Rows != rows || out.Cols != H*dv || a.Rows != rows || a.Cols != gw ||
+		bt.Rows != rows || bt.Cols != H || n.ALog.Elems() != H || n.DtBias.Elems() != gw {
+		panic("cuda: DeltaRule shapes do not match")
+	}
+	seqs := recurrent("DeltaRule", r, state, n.StateWidth())
+	if seqs == 0 || rows == 0 {
+		return
+	}
+	kpl := 0
+	for 32<<kpl < dk {
+		kpl++
+	}
+	qk := dptr(b.Scratch(kernels.F32, rows, 2*Hk*dk)) // (rows, 2·Hk·DK) normalised [q | k]
+	g := dptr(b.Scratch(kernels.F32, rows, gw))       // (rows, gw) log-decays
+	beta := dptr(b.Scratch(kernels.F32, rows, H))     // (rows, H) write strengths
+	o, xp, ap, bp, alog, dtb := dptr(out), dptr(qkv), dptr(a), dptr(bt), dptr(n.ALog), dptr(n.DtBias)
+	st, start, slot := dptr(state), dptr(r.Start), dptr(r.Slot)
+	b.queue(func(d *Device) error {
+		err := d.launchL("ferrite_delta_prep", uint32(rows), 128, 0, qk, g, beta, xp, ap, bp, alog, dtb,
+			i32(w), i32(H), i32(Hk), i32(dk), b32(n.PerChannel), f32(n.LowerBound))
+		if err != nil {
+			return err
+		}
+		return d.launch3L(deltaKernels[kpl], [3]uint32{uint32(seqs), uint32(H), uint32(ceilDiv(dv, deltaBlockV))}, 128, 0,
+			o, qk, xp, g, beta, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride),
+			i32(H), i32(Hk), i32(dk), i32(dv), b32(n.PerChannel))
+	})
+}
+
+// GatedRMSNorm implements kernels.LinearAttentionOps: a block per row.
+func (b *Backend) GatedRMSNorm(dst, x, z, w kernels.Tensor, eps float32, gate kernels.Gate) {
+	f32Contig("GatedRMSNorm", dst, x, z, w)
+	for _, t := range []kernels.Tensor{dst, z} {
+		if t.Rows != x.Rows || t.Cols != x.Cols {
+			panic("cuda: GatedRMSNorm shapes differ")
+		}
+	}
+	if w.Elems() != x.Cols {
+		panic("cuda: GatedRMSNorm weight width")
+	}
+	if x.Rows == 0 || x.Cols == 0 {
+		return
+	}
+	y, xp, zp, wp := dptr(dst), dptr(x), dptr(z), dptr(w)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_gated_rmsnorm", uint32(x.Rows), 128, 0, y, xp, zp, wp, i32(x.Cols), f32(eps), b32(gate == kernels.GateSiLU))
+	})
+}
+
+// SigmoidGate implements kernels.LinearAttentionOps.
+func (b *Backend) SigmoidGate(dst, x, gate kernels.Tensor, accumulate bool) {
+	f32Contig("SigmoidGate", dst, x, gate)
+	c, gc := x.Cols, gate.Cols
+	if dst.Rows != x.Rows || dst.Cols != c || gate.Rows != x.Rows || (gc != c && gc != 1) {
+		panic("cuda: SigmoidGate shapes do not match")
+	}
+	total := int64(x.Rows) * int64(c)
+	if total == 0 {
+		return
+	}
+	y, xp, gp := dptr(dst), dptr(x), dptr(gate)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_sigmoid_gate", d.elementwiseGrid(total), 256, 0, y, xp, gp, uint64(total), i32(c),
+			b32(gc == 1), b32(accumulate))
+	})
+}

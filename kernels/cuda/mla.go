@@ -1,0 +1,366 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"sync"
+	"unsafe"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// Multi-head latent attention and DSA sparse attention on the GPU
+// (kernels.MLAOps, kernels.SparseOps), the kernels of src/ops_mla.cu. Like
+// the rest of the op set, every op checks shapes on the host and queues a
+// closure of launches whose sizes come from host values only (row counts,
+// the block table's width, the selection width), so a step never waits and
+// CUDA graph capture keeps working.
+
+var (
+	_ kernels.MLAOps    = (*Backend)(nil)
+	_ kernels.SparseOps = (*Backend)(nil)
+)
+
+func init() {
+	kernelNames = append(kernelNames,
+		"ferrite_mla_store_latent", "ferrite_dsa_store_key", "ferrite_mla_uk_t", "ferrite_mla_proj", "ferrite_mla_combine",
+		"ferrite_mla_attn_f32_1", "ferrite_mla_attn_f32_2", "ferrite_mla_attn_f32_4",
+		"ferrite_mla_attn_bf16_1", "ferrite_mla_attn_bf16_2", "ferrite_mla_attn_bf16_4",
+		"ferrite_dsa_scores_f32", "ferrite_dsa_scores_bf16", "ferrite_topk")
+}
+
+// Tiling of src/ops_mla.cu.
+const (
+	mlaRows    = 8        // query rows and output rows per projection block
+	mlaGroup   = 16       // query heads per attention block, at most
+	mlaSplit   = 64       // keys per attention split
+	mlaMaxKL   = 1024     // kv_lora_rank the attention kernels take (256·DPT, DPT ≤ 4)
+	mlaSmem    = 44 << 10 // dynamic shared memory an attention block may take
+	topKThread = 512
+)
+
+// mlaAttnKernels[bf16][i] handles kv_lora_rank up to 256·2^i.
+var mlaAttnKernels = [2][3]string{
+	{"ferrite_mla_attn_f32_1", "ferrite_mla_attn_f32_2", "ferrite_mla_attn_f32_4"},
+	{"ferrite_mla_attn_bf16_1", "ferrite_mla_attn_bf16_2", "ferrite_mla_attn_bf16_4"},
+}
+
+// rotArgs are r's kernel arguments: inverse frequencies (0 for nil), pairs,
+// interleaving and scale.
+func rotArgs(op string, r *kernels.Rotary) (inv uint64, half int, inter bool, scale float32) {
+	if r == nil {
+		return 0, 0, false, 1
+	}
+	f32Contig(op+" rotary", r.InvFreq)
+	if r.Dim%2 != 0 || r.InvFreq.Elems() != r.Dim/2 {
+		panic("cuda: " + op + " rotary frequencies do not match its dim")
+	}
+	return dptr(r.InvFreq), r.Dim / 2, r.Interleaved, r.Scale
+}
+
+// cacheDType panics unless c is a contiguous F32 or BF16 cache and reports
+// whether it is BF16.
+func cacheDType(op string, c kernels.Tensor) bool {
+	if (c.DType != kernels.F32 && c.DType != kernels.BF16) || !c.Contiguous() {
+		panic("cuda: " + op + " cache must be contiguous F32 or BF16, got " + c.String())
+	}
+	return c.DType == kernels.BF16
+}
+
+// storeRows checks the row maps of a cache store of n rows.
+func storeRows(op string, x kernels.Tensor, p *kernels.Paged) {
+	if x.DType != kernels.F32 {
+		panic("cuda: " + op + " wants F32 rows, got " + x.String())
+	}
+	index(op, p.Pos, x.Rows, 1)
+	index(op, p.Slot, x.Rows, 1)
+}
+
+// StoreLatent implements kernels.MLAOps.
+func (b *Backend) StoreLatent(cache, kv, norm kernels.Tensor, eps float32, r *kernels.Rotary, p *kernels.Paged) {
+	f32Contig("StoreLatent norm", norm)
+	storeRows("StoreLatent", kv, p)
+	bf := cacheDType("StoreLatent", cache)
+	kl, w := norm.Elems(), kv.Cols
+	inv, half, inter, scale := rotArgs("StoreLatent", r)
+	if cache.Cols != w || w-kl != 2*half || kl <= 0 {
+		panic("cuda: StoreLatent shapes do not match")
+	}
+	n := kv.Rows
+	if n == 0 {
+		return
+	}
+	c, x, np, pos, slot := dptr(cache), dptr(kv), dptr(norm), dptr(p.Pos), dptr(p.Slot)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_mla_store_latent", uint32(n), 256, 0, c, b32(bf), i32(cache.Rows), x, i32(kv.Stride), np,
+			i32(kl), i32(w), f32(eps), pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), inv, i32(half), b32(inter), f32(scale))
+	})
+}
+
+// StoreIndexKey implements kernels.SparseOps.
+func (b *Backend) StoreIndexKey(cache, k, w, bias kernels.Tensor, eps float32, r *kernels.Rotary, p *kernels.Paged) {
+	f32Contig("StoreIndexKey", w, bias)
+	storeRows("StoreIndexKey", k, p)
+	bf := cacheDType("StoreIndexKey", cache)
+	dim := k.Cols
+	inv, half, inter, scale := rotArgs("StoreIndexKey", r)
+	if cache.Cols != dim || w.Elems() != dim || bias.Elems() != dim || 2*half > dim {
+		panic("cuda: StoreIndexKey shapes do not match")
+	}
+	n := k.Rows
+	if n == 0 || dim == 0 {
+		return
+	}
+	c, x, wp, bp, pos, slot := dptr(cache), dptr(k), dptr(w), dptr(bias), dptr(p.Pos), dptr(p.Slot)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_dsa_store_key", uint32(n), 256, 0, c, b32(bf), i32(cache.Rows), x, i32(k.Stride), wp, bp,
+			i32(dim), f32(eps), pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), inv, i32(half), b32(inter), f32(scale))
+	})
+}
+
+// pagedRows checks the row maps an attention-like op reads for n rows and
+// returns them: positions, sequences, block table.
+func pagedRows(op string, p *kernels.Paged, n int) (pos, seq, bt uint64) {
+	index(op, p.Pos, n, 1)
+	index(op, p.Seq, n, 1)
+	if !p.Blocks.Contiguous() || p.Blocks.DType != kernels.I32 || p.BlockSize <= 0 {
+		panic("cuda: " + op + " block table")
+	}
+	if n > 1 && (p.Pos.Stride != 1 || p.Seq.Stride != 1) {
+		panic("cuda: " + op + " wants contiguous positions and sequences")
+	}
+	return dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
+}
+
+// projArgs are the weight arguments of ferrite_mla_proj: data, F8E4M3
+// scales (0 otherwise), dtype, width, block rows and columns (at least 1)
+// and the first row of head 0.
+func projArgs(w *Weight, row0 int) []uint64 {
+	var scale uint64
+	if w.Scale != nil {
+		scale = w.Scale.ptr
+	}
+	return []uint64{w.Buf.ptr, scale, i32(int(w.DType)), i32(w.Cols), i32(max(w.BlockRows, 1)), i32(max(w.BlockCols, 1)), i32(row0)}
+}
+
+// mlaUK holds, per kv_b_proj, its W_UK halves transposed in device memory:
+// (heads·kl, dn), head h's rows h·kl … (h+1)·kl − 1 being W_UK_hᵀ, so that
+// the absorbed query W_UK_hᵀ·q_nope is a per-head matrix-vector product
+// with contiguous rows like the output's W_UV_h·lat. Made on the device
+// from the uploaded weight (ferrite_mla_uk_t), so weights generated in
+// device memory need no host bytes.
+type mlaUK struct {
+	mu sync.Mutex
+	m  map[*kernels.Mat]*Weight
+}
+
+// ukWeight returns kvB's transposed W_UK (dw is kvB on the device), made on
+// first use: F32, BF16 and F16 keep their bits, other dtypes become F32.
+func (b *Backend) ukWeight(kvB *kernels.Mat, dw *Weight, s kernels.MLAShape) (*Weight, error) {
+	u := &b.mlaUK
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if w := u.m[kvB]; w != nil {
+		return w, nil
+	}
+	dt := dw.DType
+	if dt != kernels.F32 && dt != kernels.BF16 && dt != kernels.F16 {
+		dt = kernels.F32
+	}
+	n := s.Heads * s.KVLora * s.Nope
+	buf, err := b.dev.Alloc(int64(max(n*dt.Size(), 4)))
+	if err != nil {
+		return nil, err
+	}
+	var scale uint64
+	if dw.Scale != nil {
+		scale = dw.Scale.ptr
+	}
+	err = b.dev.do(func() error {
+		return b.dev.launchL("ferrite_mla_uk_t", b.dev.elementwiseGrid(int64(n)), 256, 0, buf.ptr, dw.Buf.ptr, scale,
+			i32(int(dw.DType)), i32(s.Heads), i32(s.Nope), i32(s.V), i32(s.KVLora), i32(max(dw.BlockRows, 1)), i32(max(dw.BlockCols, 1)))
+	})
+	if err != nil {
+		buf.Free()
+		return nil, err
+	}
+	w := &Weight{Buf: buf, DType: dt, Rows: s.Heads * s.KVLora, Cols: s.Nope}
+	b.mem.weights.Add(w.Bytes())
+	if u.m == nil {
+		u.m = map[*kernels.Mat]*Weight{}
+	}
+	u.m[kvB] = w
+	return w, nil
+}
+
+// AttentionMLA implements kernels.MLAOps in the absorbed form, whatever
+// s.Form asks (both forms compute the same attention; the form is a choice
+// of cost, and on the GPU the absorbed one wins at every shape: its latent
+// attention reads each latent once for up to 16 heads, while the naive
+// form's expanded keys would be read per head and per row by the untiled
+// attention kernels). The steps: q_pe rotated in place (ferrite_rope on the
+// heads' tails); the absorbed queries W_UK_hᵀ·q_nope (ferrite_mla_proj over
+// the transposed W_UK, ukWeight); the latent attention split over the keys like
+// Attention (ferrite_mla_attn_*, merged by ferrite_mla_combine); then
+// W_UV_h·lat per head (ferrite_mla_proj over kv_b_proj).
+func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r *kernels.Rotary, p *kernels.Paged, s kernels.MLAShape, sel kernels.Tensor) {
+	f32Contig("AttentionMLA", out, q)
+	bf := cacheDType("AttentionMLA", cache)
+	n, hd, kl, kw := q.Rows, s.Nope+s.Rope, s.KVLora, s.KVLora+s.Rope
+	inv, half, inter, rscale := rotArgs("AttentionMLA", r)
+	switch {
+	case s.Heads <= 0 || kl <= 0 || q.Cols != s.Heads*hd || out.Cols != s.Heads*s.V || out.Rows != n || cache.Cols != kw:
+		panic("cuda: AttentionMLA shapes do not match")
+	case kvB.Rows != s.Heads*(s.Nope+s.V) || kvB.Cols != kl || 2*half != s.Rope:
+		panic("cuda: AttentionMLA kv_b_proj or rotary does not match the shape")
+	case kl > mlaMaxKL:
+		panic("cuda: AttentionMLA kv_lora_rank above 1024")
+	}
+	pos, seq, bt := pagedRows("AttentionMLA", p, n)
+	var selp uint64
+	keys := p.Blocks.Cols * p.BlockSize // the most keys a row attends to
+	if sel.Valid() {
+		index("AttentionMLA selection", sel, n, sel.Cols)
+		if !sel.Contiguous() {
+			panic("cuda: AttentionMLA selection must be contiguous")
+		}
+		selp, keys = dptr(sel), sel.Cols
+	}
+	if n == 0 {
+		return
+	}
+	gs := min(mlaGroup, mlaSmem/(kw*4))
+	if gs == 0 {
+		panic("cuda: AttentionMLA latent rows too wide for shared memory")
+	}
+	groups := ceilDiv(s.Heads, gs)
+	gs = ceilDiv(s.Heads, groups) // balance the groups
+	dpt := 0
+	for 256<<dpt < kl {
+		dpt++
+	}
+	splits := max(1, min(ceilDiv(keys, mlaSplit), ceilDiv(2*b.dev.SMs, n*groups)))
+	dw, err := b.weight(kvB)
+	var uk *Weight
+	if err == nil && s.Nope > 0 {
+		uk, err = b.ukWeight(kvB, dw, s)
+	}
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	var qc uint64 // (n, heads, kl) absorbed queries W_UK_hᵀ·q_nope; none without q_nope dims (zero)
+	if uk != nil {
+		qc = dptr(b.Scratch(kernels.F32, n*s.Heads, kl))
+	}
+	lat := dptr(b.Scratch(kernels.F32, n*s.Heads, kl)) // (n, heads, kl) attended latents
+	var part uint64
+	if splits > 1 {
+		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, kl+2)) // (n, heads, splits, max, sum, kl sums)
+	}
+	o, qp := dptr(out), dptr(q)
+	rowBlocks := uint32(ceilDiv(n, mlaRows))
+	b.queue(func(d *Device) error {
+		if half > 0 { // q_pe: the last Rope dims of every head
+			total := int64(n) * int64(s.Heads) * int64(half)
+			err := d.launchL("ferrite_rope", d.elementwiseGrid(total), 256, 0, qp+uint64(4*s.Nope), pos, i32(p.Pos.Stride), inv,
+				i32(n), i32(s.Heads), i32(hd), i32(half), b32(inter), f32(rscale))
+			if err != nil {
+				return err
+			}
+		}
+		if uk != nil {
+			args := append([]uint64{qc, i32(s.Heads * kl), i32(kl), qp, i32(s.Heads * hd), i32(hd), i32(n), i32(kl), i32(kl)}, projArgs(uk, 0)...)
+			if err := d.launch3L("ferrite_mla_proj", [3]uint32{uint32(ceilDiv(kl, mlaRows)), uint32(s.Heads), rowBlocks}, 256, 0, args...); err != nil {
+				return err
+			}
+		}
+		err := d.launch3L(mlaAttnKernels[b2i(bf)][dpt], [3]uint32{uint32(n), uint32(groups), uint32(splits)}, 256, uint32(gs*kw*4),
+			lat, part, qc, qp, dptr(cache), pos, seq, bt, selp, i32(keys), i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads),
+			i32(gs), i32(kl), i32(s.Nope), i32(s.Rope), i32(mlaSplit), f32(s.Scale))
+		if err != nil {
+			return err
+		}
+		if splits > 1 {
+			if err := d.launch3L("ferrite_mla_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, 128, 0,
+				lat, part, i32(s.Heads), i32(kl), i32(splits)); err != nil {
+				return err
+			}
+		}
+		args := append([]uint64{o, i32(s.Heads * s.V), i32(s.V), lat, i32(s.Heads * kl), i32(kl), i32(n), i32(s.V), i32(s.Nope + s.V)},
+			projArgs(dw, s.Nope)...)
+		return d.launch3L("ferrite_mla_proj", [3]uint32{uint32(ceilDiv(s.V, mlaRows)), uint32(s.Heads), rowBlocks}, 256, 0, args...)
+	})
+}
+
+func b2i(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// IndexerScores implements kernels.SparseOps.
+func (b *Backend) IndexerScores(scores, q, w, keys kernels.Tensor, p *kernels.Paged, s kernels.IndexerShape) {
+	f32Contig("IndexerScores", scores, q, w)
+	bf := cacheDType("IndexerScores keys", keys)
+	n, L := q.Rows, scores.Cols
+	if s.Heads <= 0 || q.Cols != s.Heads*s.Dim || w.Cols != s.Heads || w.Rows != n || scores.Rows != n || keys.Cols != s.Dim {
+		panic("cuda: IndexerScores shapes do not match")
+	}
+	pos, seq, bt := pagedRows("IndexerScores", p, n)
+	if n == 0 || L == 0 {
+		return
+	}
+	smem := s.Heads * s.Dim * 4
+	staged := smem <= 48<<10
+	if !staged {
+		smem = 0
+	}
+	name := "ferrite_dsa_scores_f32"
+	if bf {
+		name = "ferrite_dsa_scores_bf16"
+	}
+	sp, qp, wp, kp := dptr(scores), dptr(q), dptr(w), dptr(keys)
+	b.queue(func(d *Device) error {
+		return d.launch3L(name, [3]uint32{uint32(n), uint32(ceilDiv(L, 128)), 1}, 128, uint32(smem), sp, i32(L), qp, wp, kp,
+			pos, seq, bt, i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads), i32(s.Dim), f32(s.Scale), i32(s.TopK), b32(staged))
+	})
+}
+
+// TopK implements kernels.SparseOps: one block per row, a radix select
+// (src/ops_mla.cu, ferrite_topk) with kernels/ref.SelectTopK's order.
+func (b *Backend) TopK(sel, scores kernels.Tensor) {
+	if scores.DType != kernels.F32 {
+		panic("cuda: TopK wants F32 scores, got " + scores.String())
+	}
+	index("TopK", sel, scores.Rows, sel.Cols)
+	if !sel.Contiguous() {
+		panic("cuda: TopK wants a contiguous selection")
+	}
+	n, k := sel.Rows, sel.Cols
+	if n == 0 || k == 0 {
+		return
+	}
+	sp, sc := dptr(sel), dptr(scores)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_topk", uint32(n), topKThread, 0, sp, i32(k), sc, i32(scores.Stride), i32(scores.Cols))
+	})
+}
+
+// ReadI32 implements kernels.SparseOps: it waits for queued work, then
+// copies. After a device failure dst is filled with −1.
+func (b *Backend) ReadI32(dst []int32, t kernels.Tensor) {
+	if t.DType != kernels.I32 || len(dst) != t.Elems() {
+		panic("cuda: ReadI32 wants an I32 tensor of len(dst) elements")
+	}
+	var raw []byte
+	if len(dst) > 0 {
+		raw = unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst))
+	}
+	if !b.read(raw, t) {
+		for i := range dst {
+			dst[i] = -1
+		}
+	}
+}

@@ -1,0 +1,207 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
+)
+
+// TestMLAWide runs the MLA and DSA cases at real model widths
+// (kerneltest.MLAWide and SparseWide, the tolerances written down there):
+// the 512-wide latent (two dims a thread), contexts split over many
+// blocks, 2048-wide selections, the 64×128 indexer query staged in shared
+// memory and the top-k radix select over thousands of tied columns, which
+// TestOps' small cases do not reach.
+func TestMLAWide(t *testing.T) {
+	b := openOps(t)
+	t.Run("Sparse", func(t *testing.T) { kerneltest.SparseWide(t, b, b) })
+	t.Run("MLA", func(t *testing.T) { kerneltest.MLAWide(t, b, b) })
+}
+
+// BenchmarkMLADecode times GLM-4.7-Flash's attention core on the GPU, as
+// engine/models/mla issues it per layer: StoreLatent then AttentionMLA (20
+// heads, 192 + 64 query dims, 256 value dims, a 512-wide latent, bf16
+// kv_b_proj and cache) for 47 layers in one step, rows decode rows at ctx
+// positions each, optionally with a DSA selection of 2048 positions. GB/s
+// counts the latents read once per row plus kv_b_proj once per step.
+func BenchmarkMLADecode(b *testing.B) {
+	needGPU(b)
+	be, err := OpenBackend(0, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	const heads, nope, rope, dv, kl, layers, bs = 20, 192, 64, 256, 512, 47, 64
+	kw := kl + rope
+	s := kernels.MLAShape{Heads: heads, Nope: nope, Rope: rope, V: dv, KVLora: kl, Scale: 1 / float32(math.Sqrt(nope+rope))}
+	seed := uint64(7)
+	fill := func(t kernels.Tensor, scale float32) {
+		tb, _ := t.Buffer()
+		seed++
+		if err := be.dev.FillBF16(tb.(*tensorBuf).buf, int64(t.Elems()), seed, scale); err != nil {
+			b.Fatal(err)
+		}
+	}
+	alloc := func(dt kernels.DType, rows, cols int) kernels.Tensor {
+		t, err := be.Alloc(dt, rows, cols)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return t
+	}
+	kvB := &kernels.Mat{DType: kernels.BF16, Rows: heads * (nope + dv), Cols: kl}
+	w := alloc(kernels.BF16, kvB.Rows, kvB.Cols)
+	fill(w, 1/float32(math.Sqrt(kl)))
+	tb, _ := w.Buffer()
+	be.weights[kvB] = &Weight{Buf: tb.(*tensorBuf).buf, DType: kernels.BF16, Rows: kvB.Rows, Cols: kvB.Cols}
+	inv := make([]float32, rope/2)
+	for i := range inv {
+		inv[i] = float32(math.Pow(1e6, -float64(2*i)/rope))
+	}
+	r := &kernels.Rotary{InvFreq: alloc(kernels.F32, 1, rope/2), Dim: rope, Interleaved: true, Scale: 1}
+	be.WriteF32(r.InvFreq, inv)
+	norm := alloc(kernels.F32, 1, kl)
+	ones := make([]float32, kl)
+	for i := range ones {
+		ones[i] = 1
+	}
+	be.WriteF32(norm, ones)
+
+	for _, c := range []struct {
+		name           string
+		rows, ctx, top int
+	}{
+		{"rows=1/ctx=4096", 1, 4096, 0}, {"rows=8/ctx=4096", 8, 4096, 0}, {"rows=1/ctx=32768", 1, 32768, 0},
+		{"rows=1/ctx=32768/top=2048", 1, 32768, 2048},
+	} {
+		nb := c.ctx / bs
+		caches := make([]kernels.Tensor, layers)
+		for i := range caches {
+			caches[i] = alloc(kernels.BF16, c.rows*c.ctx, kw)
+			fill(caches[i], 1)
+		}
+		table, pos, seq, slot := make([]int32, c.rows*nb), make([]int32, c.rows), make([]int32, c.rows), make([]int32, c.rows)
+		for i := range table {
+			table[i] = int32(i)
+		}
+		for i := range c.rows {
+			pos[i], seq[i], slot[i] = int32(c.ctx-1), int32(i), int32((i+1)*c.ctx-1)
+		}
+		p := &kernels.Paged{Pos: alloc(kernels.I32, c.rows, 1), Seq: alloc(kernels.I32, c.rows, 1), Slot: alloc(kernels.I32, c.rows, 1),
+			Blocks: alloc(kernels.I32, c.rows, nb), BlockSize: bs}
+		be.WriteI32(p.Pos, pos)
+		be.WriteI32(p.Seq, seq)
+		be.WriteI32(p.Slot, slot)
+		be.WriteI32(p.Blocks, table)
+		var sel kernels.Tensor
+		if c.top > 0 {
+			sel = alloc(kernels.I32, c.rows, c.top)
+			idx := make([]int32, c.rows*c.top)
+			for i := range idx {
+				idx[i] = int32((i % c.top) * (c.ctx / c.top))
+			}
+			be.WriteI32(sel, idx)
+		}
+		q0 := make([]float32, c.rows*heads*(nope+rope))
+		for i := range q0 {
+			q0[i] = float32(i%11)*0.05 - 0.25
+		}
+		kv0 := make([]float32, c.rows*kw)
+		for i := range kv0 {
+			kv0[i] = float32(i%5)*0.2 - 0.4
+		}
+		step := func() {
+			be.BeginStep()
+			q, kv := be.Scratch(kernels.F32, c.rows, heads*(nope+rope)), be.Scratch(kernels.F32, c.rows, kw)
+			o := be.Scratch(kernels.F32, c.rows, heads*dv)
+			be.exec(func(d *Device) error {
+				if err := d.uploadL(dptr(q), f32Bytes(q0)); err != nil {
+					return err
+				}
+				return d.uploadL(dptr(kv), f32Bytes(kv0))
+			})
+			for _, kc := range caches {
+				be.StoreLatent(kc, kv, norm, 1e-6, r, p)
+				be.AttentionMLA(o, q, kc, kvB, r, p, s, sel)
+			}
+			be.EndStep()
+		}
+		b.Run(c.name, func(b *testing.B) {
+			step()
+			step()
+			b.ResetTimer()
+			start := time.Now()
+			for range b.N {
+				step()
+			}
+			sec := time.Since(start).Seconds() / float64(b.N)
+			if err := be.Err(); err != nil {
+				b.Fatal(err)
+			}
+			keys := c.ctx
+			if c.top > 0 {
+				keys = c.top
+			}
+			bytes := float64(layers) * (float64(c.rows*keys*kw*2) + float64(kvB.Rows*kvB.Cols*2))
+			b.ReportMetric(sec*1e6/layers, "us/layer")
+			b.ReportMetric(bytes/sec/1e9, "GB/s")
+		})
+		for _, kc := range caches {
+			be.Free(kc)
+		}
+	}
+}
+
+// TestMLAUKTranspose checks the transposed W_UK the absorbed queries
+// multiply by (ukWeight, ferrite_mla_uk_t): row h·kl + c of it is column c
+// of W_UK_h (kv_b_proj's rows h·(dn+dv) … h·(dn+dv)+dn−1), the same bits
+// for BF16 and decoded to F32 with the block scales for F8E4M3.
+func TestMLAUKTranspose(t *testing.T) {
+	b := openOps(t)
+	s := kernels.MLAShape{Heads: 3, Nope: 5, V: 4, KVLora: 24}
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F8E4M3} {
+		rng := rand.New(rand.NewPCG(1, uint64(dt)))
+		kvB := kerneltest.NewMat(rng, dt, s.Heads*(s.Nope+s.V), s.KVLora, 4, 8)
+		dw, err := b.weight(kvB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uk, err := b.ukWeight(kvB, dw, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, _ := b.ukWeight(kvB, dw, s); again != uk {
+			t.Fatalf("%v: not cached", dt)
+		}
+		want := kernels.F32
+		if dt == kernels.BF16 {
+			want = kernels.BF16
+		}
+		if uk.DType != want || uk.Rows != s.Heads*s.KVLora || uk.Cols != s.Nope {
+			t.Fatalf("%v: transposed W_UK is %v (%d, %d)", dt, uk.DType, uk.Rows, uk.Cols)
+		}
+		raw := make([]byte, uk.Rows*uk.Cols*uk.DType.Size())
+		if err := b.dev.do(func() error { return b.dev.downloadL(raw, uk.Buf.ptr) }); err != nil {
+			t.Fatal(err)
+		}
+		got := ref.MatF32(&kernels.Mat{DType: uk.DType, Rows: uk.Rows, Cols: uk.Cols, Data: raw})
+		full := ref.MatF32(kvB)
+		for h := range s.Heads {
+			for c := range s.KVLora {
+				for d := range s.Nope {
+					w := full[(h*(s.Nope+s.V)+d)*s.KVLora+c]
+					if g := got[(h*s.KVLora+c)*s.Nope+d]; g != w {
+						t.Fatalf("%v: head %d W_UKᵀ[%d][%d] = %g, want %g", dt, h, c, d, g, w)
+					}
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,335 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
+)
+
+// TestOpsExpertsPaths checks Experts against kernels/ref.Experts on every
+// path: the grouped GEMV kernels up to moeFewTokens tokens, above them the
+// sorted tiled GEMMs on CUDA cores (experts of mixed dtypes: bf16, f32 and
+// block-scaled F8E4M3, fused and separate) and on tensor cores (all bf16,
+// and again with them turned off), with experts of one and of several
+// 64-slot tiles and tokens that share experts, within
+// kerneltest.ExpertsTol of max |y|.
+func TestOpsExpertsPaths(t *testing.T) {
+	b := openOps(t)
+	const e, hidden, inter = 12, 256, 96
+	rng := rand.New(rand.NewPCG(31, 32))
+	mixed, bf16 := make([]kernels.Expert, e), make([]kernels.Expert, e)
+	for i := range e {
+		switch i % 4 {
+		case 0:
+			mixed[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.BF16, 2*inter, hidden, 0, 0)}
+		case 1:
+			mixed[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
+				Up: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)}
+		case 2:
+			mixed[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
+				Up: kerneltest.NewMat(rng, kernels.F32, inter, hidden, 0, 0)}
+		default:
+			mixed[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.F8E4M3, inter, hidden, 32, 64),
+				Up: kerneltest.NewMat(rng, kernels.F8E4M3, inter, hidden, 32, 64)}
+		}
+		if i%4 == 3 {
+			mixed[i].Down = kerneltest.NewMat(rng, kernels.F8E4M3, hidden, inter, 64, 32)
+		} else {
+			mixed[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
+		}
+		if i%2 == 0 {
+			bf16[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.BF16, 2*inter, hidden, 0, 0)}
+		} else {
+			bf16[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
+				Up: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)}
+		}
+		bf16[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
+	}
+	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, 37, 300} {
+		checkExperts(t, b, fmt.Sprint("mixed/n=", n), mixed, n, 4, rng)
+	}
+	for _, n := range []int{9, 300} {
+		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
+		b.noMMA = true
+		checkExperts(t, b, fmt.Sprint("bf16/fma/n=", n), bf16, n, 4, rng)
+		b.noMMA = false
+	}
+}
+
+// checkExperts runs Experts for n random tokens of k distinct experts each
+// and compares it with kernels/ref.Experts. The last token of a call of
+// several has an expert id out of range: its row must be NaN and the
+// others unaffected.
+func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n, k int, rng *rand.Rand) {
+	t.Helper()
+	hidden := ex[0].Down.Rows
+	good := max(n-1, 1) // tokens with valid ids
+	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
+	ids := make([]int32, n*k)
+	for i := range n {
+		for j, p := range rng.Perm(len(ex))[:k] {
+			ids[i*k+j] = int32(p)
+		}
+	}
+	if n > 1 {
+		ids[(n-1)*k+1] = int32(len(ex) + 3)
+	}
+	x, w := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv)
+	it, y := i32Tensor(t, b, n, k, ids), f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
+	b.BeginStep()
+	b.Experts(y, x, it, w, ex)
+	b.EndStep()
+	got := make([]float32, n*hidden)
+	b.ReadF32(got, y)
+	want := make([]float32, good*hidden)
+	ref.Experts(want, xv[:good*hidden], ids[:good*k], wv[:good*k], good, ex)
+	m := 0.0
+	for _, v := range want {
+		m = max(m, math.Abs(float64(v)))
+	}
+	worst, at := 0.0, 0
+	for i, v := range want {
+		if d := math.Abs(float64(got[i]) - float64(v)); !(d <= worst) {
+			worst, at = d, i
+		}
+	}
+	t.Logf("%s: max |Δ| %.3g (%.3g of max |y| %.3g) at y[%d][%d]", name, worst, worst/m, m, at/hidden, at%hidden)
+	if !(worst <= kerneltest.ExpertsTol*m) {
+		t.Errorf("%s: y[%d][%d] = %g, want %g (tolerance %.3g)", name, at/hidden, at%hidden, got[at], want[at], kerneltest.ExpertsTol*m)
+	}
+	if n > 1 {
+		for d, v := range got[good*hidden:] {
+			if !math.IsNaN(float64(v)) {
+				t.Errorf("%s: the token with a bad expert id has y[%d] = %g, want NaN", name, d, v)
+				break
+			}
+		}
+	}
+}
+
+// BenchmarkMoE times Experts alone on Qwen3-30B-A3B's shape (128 experts
+// of 768, top 8, hidden 2048, bf16) for 48 layers a step, each layer its
+// own experts (58 GB in all, far more than L2 holds) and its own random
+// choice, the step replayed as a CUDA graph: n tokens a step, decode (the
+// grouped GEMV path) up to 8, prefill above. GB/s counts the chosen
+// experts' weight bytes (distinct experts of the step's tokens) over the
+// step's wall time, TFLOP/s the slots' multiply-adds.
+func BenchmarkMoE(b *testing.B) {
+	needGPU(b)
+	be, err := OpenBackend(0, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	const e, k, hidden, inter, layers = 128, 8, 2048, 768, 48
+	mat := deviceMats(b, be)
+	exs := make([][]kernels.Expert, layers)
+	for l := range exs {
+		exs[l] = make([]kernels.Expert, e)
+		for i := range exs[l] {
+			exs[l][i] = kernels.Expert{Gate: mat(inter, hidden), Up: mat(inter, hidden), Down: mat(hidden, inter)}
+		}
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{1, 4, 8, 64, 512} {
+		x := f32Tensor(b, be, n, hidden, randF32(rng, n*hidden))
+		y := f32Tensor(b, be, n, hidden, make([]float32, n*hidden))
+		ids := make([]kernels.Tensor, layers)
+		ws := make([]kernels.Tensor, layers)
+		distinct := 0
+		for l := range layers {
+			v := make([]int32, n*k)
+			used := map[int32]bool{}
+			for i := range n {
+				for j, p := range rng.Perm(e)[:k] {
+					v[i*k+j] = int32(p)
+					used[int32(p)] = true
+				}
+			}
+			distinct += len(used)
+			ids[l] = i32Tensor(b, be, n, k, v)
+			ws[l] = f32Tensor(b, be, n, k, randF32(rng, n*k))
+		}
+		step := func() {
+			be.BeginStep()
+			for l := range layers {
+				be.Experts(y, x, ids[l], ws[l], exs[l])
+			}
+			be.EndStep()
+		}
+		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
+			sec := timeSteps(b, be, step)
+			bytes := float64(distinct) * 3 * hidden * inter * 2
+			b.ReportMetric(sec*1e3, "ms/step")
+			b.ReportMetric(sec*1e6/layers, "µs/layer")
+			b.ReportMetric(bytes/sec/1e9, "GB/s")
+			b.ReportMetric(float64(layers*n*k)*3*2*hidden*inter/sec/1e12, "TFLOP/s")
+		})
+	}
+}
+
+// timeSteps runs step twice (the second is captured as a CUDA graph),
+// then b.N times, and returns the mean host wall time of those.
+func timeSteps(b *testing.B, be *Backend, step func()) float64 {
+	step()
+	step()
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		step()
+	}
+	sec := time.Since(start).Seconds() / float64(b.N)
+	if err := be.Err(); err != nil {
+		b.Fatal(err)
+	}
+	return sec
+}
+
+// deviceMats returns a maker of bf16 weights filled on the device with
+// seeded random values of magnitude 1/√cols, registered as be's copies of
+// their (data-less) Mats.
+func deviceMats(b *testing.B, be *Backend) func(rows, cols int) *kernels.Mat {
+	seed := uint64(100)
+	return func(rows, cols int) *kernels.Mat {
+		m := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols}
+		buf, err := be.dev.Alloc(int64(rows) * int64(cols) * 2)
+		if err == nil {
+			seed++
+			err = be.dev.FillBF16(buf, int64(rows)*int64(cols), seed, 1/float32(math.Sqrt(float64(cols))))
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		be.weights[m] = &Weight{Buf: buf, DType: kernels.BF16, Rows: rows, Cols: cols}
+		return m
+	}
+}
+
+// BenchmarkOpsDecodeStep30BA3B times a whole batch-1 decode step of
+// Qwen3-30B-A3B (hidden 2048, 48 layers, 32/4 heads of 128, 128 experts of
+// 768 with fused gate/up, top 8 renormalised, vocabulary 151936) through
+// the op set, no engine: random bf16 weights made on the device (61 GB),
+// 512 cached positions in a bf16 KV cache, the step replayed as a CUDA
+// graph. "moe" runs only each layer's router, Route and Experts, "attn"
+// everything else. ms/step is host wall time from BeginStep to the end of
+// EndStep; GB/s counts the weight bytes a step reads (the experts its
+// routing chose, distinct per layer).
+func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
+	needGPU(b)
+	be, err := OpenBackend(0, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	const hidden, heads, kvHeads, hd, experts, topK, inter, vocab, layers, ctx = 2048, 32, 4, 128, 128, 8, 768, 151936, 48, 512
+	mat := deviceMats(b, be)
+	type layer struct {
+		q, k, v, o, router *kernels.Mat
+		ex                 []kernels.Expert
+		kc, vc             kernels.Tensor
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	vec := func(n int, v float32) kernels.Tensor {
+		s := make([]float32, n)
+		for i := range s {
+			s[i] = v * (1 + float32(i%7)*0.01)
+		}
+		return f32Tensor(b, be, 1, n, s)
+	}
+	ls := make([]layer, layers)
+	for i := range ls {
+		l := &ls[i]
+		l.q, l.k, l.v, l.o = mat(heads*hd, hidden), mat(kvHeads*hd, hidden), mat(kvHeads*hd, hidden), mat(hidden, heads*hd)
+		l.router = mat(experts, hidden)
+		l.ex = make([]kernels.Expert, experts)
+		for e := range l.ex {
+			l.ex[e] = kernels.Expert{GateUp: mat(2*inter, hidden), Down: mat(hidden, inter)}
+		}
+		for j, t := range []*kernels.Tensor{&l.kc, &l.vc} {
+			if *t, err = be.Alloc(kernels.BF16, ctx, kvHeads*hd); err == nil {
+				tb, _ := t.Buffer()
+				err = be.dev.FillBF16(tb.(*tensorBuf).buf, int64(ctx*kvHeads*hd), uint64(2*i+j), 1)
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	head := mat(vocab, hidden)
+	norm, qkNorm := vec(hidden, 1), vec(hd, 1)
+	inv := make([]float32, hd/2)
+	for i := range inv {
+		inv[i] = float32(math.Pow(1e6, -float64(2*i)/hd))
+	}
+	rope := &kernels.Rotary{InvFreq: f32Tensor(b, be, 1, hd/2, inv), Dim: hd, Scale: 1}
+	shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
+	router := &kernels.Router{Scoring: kernels.SoftmaxScoring, TopK: topK, NormTopK: true, Scale: 1}
+	const bs = 16
+	table := make([]int32, ctx/bs)
+	for i := range table {
+		table[i] = int32(i)
+	}
+	p := &kernels.Paged{Pos: i32Tensor(b, be, 1, 1, []int32{ctx - 1}), Seq: i32Tensor(b, be, 1, 1, []int32{0}),
+		Slot: i32Tensor(b, be, 1, 1, []int32{ctx - 1}), Blocks: i32Tensor(b, be, 1, ctx/bs, table), BlockSize: bs}
+	x0 := randF32(rng, hidden)
+	for _, c := range []struct {
+		name      string
+		attn, moe bool
+	}{{"all", true, true}, {"moe", false, true}, {"attn", true, false}} {
+		step := func() {
+			be.BeginStep()
+			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
+			q, k, v := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd)
+			o, logits := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, vocab)
+			rl := be.Scratch(kernels.F32, 1, experts)
+			ids, w := be.Scratch(kernels.I32, 1, topK), be.Scratch(kernels.F32, 1, topK)
+			be.exec(func(d *Device) error { return d.uploadL(dptr(x), f32Bytes(x0)) })
+			be.RMSNorm(h, x, norm, 1e-6, false)
+			for _, l := range ls {
+				if c.attn {
+					be.Linear(q, h, l.q, kernels.Epilogue{})
+					be.Linear(k, h, l.k, kernels.Epilogue{})
+					be.Linear(v, h, l.v, kernels.Epilogue{})
+					qh, kh := q.Reshape(heads, hd), k.Reshape(kvHeads, hd)
+					be.RMSNorm(qh, qh, qkNorm, 1e-6, false)
+					be.RMSNorm(kh, kh, qkNorm, 1e-6, false)
+					be.RoPE(q, heads, hd, p.Pos, rope)
+					be.RoPE(k, kvHeads, hd, p.Pos, rope)
+					be.StoreKV(l.kc, l.vc, k, v, p)
+					be.Attention(o, q, l.kc, l.vc, p, shape)
+					be.Linear(y, o, l.o, kernels.Epilogue{})
+					be.AddRMSNorm(h, x, y, norm, 1e-6, false)
+				}
+				if c.moe {
+					be.Linear(rl, h, l.router, kernels.Epilogue{})
+					be.Route(ids, w, rl, router)
+					be.Experts(y, h, ids, w, l.ex)
+					be.AddRMSNorm(h, x, y, norm, 1e-6, false)
+				}
+			}
+			be.Linear(logits, h, head, kernels.Epilogue{})
+			be.EndStep()
+		}
+		b.Run(c.name, func(b *testing.B) {
+			sec := timeSteps(b, be, step)
+			bytes := float64(vocab) * hidden * 2
+			if c.attn {
+				bytes += float64(layers) * (2*heads*hd + 2*kvHeads*hd) * hidden * 2
+			}
+			if c.moe {
+				bytes += float64(layers) * (experts*hidden + topK*3*inter*hidden) * 2
+			}
+			b.ReportMetric(sec*1e3, "ms/step")
+			b.ReportMetric(1/sec, "tok/s")
+			b.ReportMetric(bytes/sec/1e9, "GB/s")
+		})
+	}
+}

@@ -1,0 +1,85 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"os"
+	"unsafe"
+)
+
+// Programmatic dependent launch (PDL, compute capability 9.0): a kernel
+// launched with the programmatic stream serialization attribute may have
+// its blocks scheduled while the kernel before it on the stream drains;
+// the kernel itself waits (FERRITE_PDL_WAIT, src/common.cu, its first
+// statement) until that kernel has completed. What it saves is the launch
+// latency and ramp-up between the step's small back-to-back kernels, in
+// eager launches and in captured graphs (programmatic edges) alike.
+
+// pdlKernels are the kernels that start with FERRITE_PDL_WAIT() (checked by
+// TestPDLKernelsWait): only they may get the attribute. They are the
+// kernels of a decode step (ferrite_attn_combine aside: it launches
+// without, after the attention kernel has completed).
+var pdlKernels = map[string]bool{
+	"ferrite_gemv_f32_1": true, "ferrite_gemv_bf16_1": true, "ferrite_gemv_f16_1": true,
+	"ferrite_gemv_f32_r4": true, "ferrite_gemv_f32_r8": true, "ferrite_gemv_bf16_r4": true, "ferrite_gemv_bf16_r8": true,
+	"ferrite_gemv_f16_r4": true, "ferrite_gemv_f16_r8": true,
+	"ferrite_gemv_swiglu_f32_r4": true, "ferrite_gemv_swiglu_f32_r8": true, "ferrite_gemv_swiglu_bf16_r4": true,
+	"ferrite_gemv_swiglu_bf16_r8": true, "ferrite_gemv_swiglu_f16_r4": true, "ferrite_gemv_swiglu_f16_r8": true,
+	"ferrite_gemv_swiglu_f32": true, "ferrite_gemv_swiglu_bf16": true, "ferrite_gemv_swiglu_f16": true,
+	"ferrite_embed": true, "ferrite_gather_rows": true, "ferrite_add_rmsnorm": true, "ferrite_prepare_qkv": true,
+	"ferrite_attn_f32_1": true, "ferrite_attn_f32_2": true, "ferrite_attn_f32_4": true, "ferrite_attn_f32_8": true,
+	"ferrite_attn_bf16_1": true, "ferrite_attn_bf16_2": true, "ferrite_attn_bf16_4": true, "ferrite_attn_bf16_8": true,
+}
+
+// pdlEnabled is whether a new Device of compute capability major uses PDL:
+// on 9.0 and newer with a driver that has cuLaunchKernelEx, when
+// FERRITE_CUDA_PDL=1 (off by default until measured on the H200).
+func pdlEnabled(major int) bool {
+	return major >= 9 && driver.cuLaunchKernelEx != 0 && os.Getenv("FERRITE_CUDA_PDL") == "1"
+}
+
+// SetPDL turns programmatic dependent launch on or off for later launches
+// (where the GPU and driver support it) and reports whether it is on: a
+// switch for benchmarks and tests.
+func (d *Device) SetPDL(on bool) bool {
+	d.do(func() error {
+		d.pdl = on && d.Major >= 9 && driver.cuLaunchKernelEx != 0
+		return nil
+	})
+	return d.pdl
+}
+
+// launchConfig is CUlaunchConfig.
+type launchConfig struct {
+	gridX, gridY, gridZ    uint32
+	blockX, blockY, blockZ uint32
+	smem                   uint32
+	_                      uint32
+	stream                 uintptr
+	attrs                  uintptr // *launchAttr
+	numAttrs               uint32
+	_                      uint32
+}
+
+// launchAttr is CUlaunchAttribute: an id and a 64-byte value union.
+type launchAttr struct {
+	id  uint32
+	_   uint32
+	val [64]byte
+}
+
+// attrProgrammaticSerialization is
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+const attrProgrammaticSerialization = 6
+
+// launchPDL launches fn, its arguments already in d.args, through
+// cuLaunchKernelEx with programmatic stream serialization allowed.
+func (d *Device) launchPDL(name string, fn uintptr, grid [3]uint32, block, smem uint32) error {
+	a := d.args
+	a.attr = launchAttr{id: attrProgrammaticSerialization}
+	a.attr.val[0] = 1 // programmaticStreamSerializationAllowed
+	a.cfg = launchConfig{gridX: grid[0], gridY: grid[1], gridZ: grid[2], blockX: block, blockY: 1, blockZ: 1, smem: smem,
+		stream: d.stream, attrs: uintptr(unsafe.Pointer(&a.attr)), numAttrs: 1}
+	return check("cuLaunchKernelEx "+name, call(driver.cuLaunchKernelEx, uintptr(unsafe.Pointer(&a.cfg)), fn,
+		uintptr(unsafe.Pointer(&a.ptrs[0])), 0))
+}

@@ -1,0 +1,59 @@
+// Helpers several op files share (sorted after ops.cu, before the files that
+// use them, in the one translation unit tools/cuda/build_fatbin.sh builds):
+// the weight descriptor of the MoE and MLA kernels, a warp's dot product over
+// one described row, and one bf16 tensor-core product.
+
+namespace {
+
+// MatDesc is one weight matrix of an expert as kernels/cuda's Go side lays
+// it out (expertDesc): data and F8E4M3 block scales, dtype, shape, block
+// shape and the first row the view starts at (the up half of a fused
+// gate_up).
+struct MatDesc {
+    const uint8_t* data;
+    const float* scale;
+    int dtype, rows, cols, br, bc, row0;
+};
+
+// warp_dot is row r (of the view) of m times x (m.cols values), float32 sums,
+// the same in every lane.
+__device__ float warp_dot(const MatDesc& m, int r, const float* __restrict__ x) {
+    const int lane = threadIdx.x & 31;
+    const int rr = r + m.row0, cols = m.cols;
+    float acc = 0.f;
+    if (m.dtype == kF8E4M3) {
+        const uint8_t* row = m.data + size_t(rr) * cols;
+        const float* srow = m.scale + size_t(rr / m.br) * ((cols + m.bc - 1) / m.bc);
+        for (int k = lane; k < cols; k += 32) acc = fmaf(elem(row, k, kF8E4M3, srow, m.bc), x[k], acc);
+        return warp_sum(acc);
+    }
+    const int size = m.dtype == kF32 ? 4 : 2;
+    const uint8_t* row = m.data + size_t(rr) * cols * size;
+    const int per = 16 / size;  // elements in a 16-byte load
+    if ((size_t(cols) * size) % 16 == 0 && (uintptr_t(row) & 15) == 0 && (uintptr_t(x) & 15) == 0) {
+        for (int k = lane * per; k < cols; k += 32 * per) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + size_t(k) * size));
+            float wv[8];
+            if (m.dtype == kF32) F32W::vec(v, wv);
+            else if (m.dtype == kBF16) BF16W::vec(v, wv);
+            else F16W::vec(v, wv);
+            for (int q = 0; q < per; q++) acc = fmaf(wv[q], x[k + q], acc);
+        }
+    } else {
+        for (int k = lane; k < cols; k += 32) acc = fmaf(elem(row, k, m.dtype, nullptr, 1), x[k], acc);
+    }
+    return warp_sum(acc);
+}
+
+}  // namespace
+
+// mma_bf16 is d += a·b for a 16×16 bf16 tile a (row-major fragment), a
+// 16×8 bf16 tile b (column-major fragment) and float32 d (m16n8k16).
+__device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+

@@ -1,0 +1,770 @@
+// Mixture of experts on the GPU (kernels.MoEOps): the router and the routed
+// experts' SwiGLU FFNs that kernels/cuda's Backend launches. It follows
+// ops.cu in the one translation unit (tools/cuda/build_fatbin.sh compiles
+// the sources in name order) and uses its helpers (elem, swiglu1,
+// warp_max, warp_sum_f64) and gemv.cu's weight decoders.
+//
+// Experts has two paths. A few tokens (decode: at most 8, kernels/cuda's
+// moeFewTokens) run the grouped kernels ferrite_moe_few_*: one launch for
+// gate/up with the SwiGLU fused, one for down with the routing weights and
+// the sum over a token's experts fused, each expert's weights read once per
+// launch whatever the number of tokens that chose it. More tokens
+// (prefill) are sorted by expert on the device (ferrite_moe_sort) and run
+// as tiled grouped GEMMs, 64 slots by 64 weight rows a block
+// (ferrite_moe_tile_*), each expert's weights read once per 64 of its
+// slots, then ferrite_moe_combine adds each token's experts.
+#include <stdint.h>
+
+// Router, one warp per token: scores (softmax over the experts, or sigmoid
+// plus a selection bias with grouped noaux_tc selection), the top k by
+// repeated arg-max with ties to the lower expert id, and their weights,
+// exactly as kernels/ref.Route. Launch: grid n, 32 threads, dynamic shared
+// memory (2·experts + 128) · 4 bytes; experts ≥ 1, k ≤ 64, groups ≤ 64.
+extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int w_stride, const float* logits,
+                                         int l_stride, const float* bias, int n, int experts, int k, int sigmoid,
+                                         int norm, float rscale, int groups, int keep) {
+    extern __shared__ float sm[];
+    float* sc = sm;               // (experts) scores
+    float* ch = sm + experts;     // (experts) selection values; NaN once taken
+    float* gs = ch + experts;     // (64) group scores
+    int* sel = reinterpret_cast<int*>(gs + 64);  // (64) chosen ids
+    const int lane = threadIdx.x;
+    const int row = blockIdx.x;
+    if (row >= n) return;
+    const float* lg = logits + size_t(row) * l_stride;
+    if (!sigmoid) {
+        float mx = -INFINITY;
+        for (int j = lane; j < experts; j += 32) mx = fmaxf(mx, lg[j]);
+        mx = warp_max(mx);
+        double part = 0;
+        for (int j = lane; j < experts; j += 32) {
+            const double e = exp(double(__fsub_rn(lg[j], mx)));
+            sc[j] = float(e);
+            part += e;
+        }
+        const double inv = 1.0 / warp_sum_f64(part);
+        for (int j = lane; j < experts; j += 32) {
+            sc[j] = float(double(sc[j]) * inv);
+            ch[j] = sc[j];
+        }
+    } else {
+        for (int j = lane; j < experts; j += 32) {
+            sc[j] = float(1.0 / (1.0 + exp(-double(lg[j]))));
+            ch[j] = bias ? __fadd_rn(sc[j], bias[j]) : sc[j];
+        }
+    }
+    __syncwarp();
+    if (sigmoid && groups > 1) {
+        const int per = experts / groups;
+        for (int g = lane; g < groups; g += 32) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int j = g * per; j < (g + 1) * per; j++) {
+                const float v = ch[j];
+                if (v > b1) {
+                    b2 = b1;
+                    b1 = v;
+                } else if (v > b2) {
+                    b2 = v;
+                }
+            }
+            if (per == 1) b2 = 0.f;
+            gs[g] = __fadd_rn(b1, b2);
+        }
+        __syncwarp();
+        uint64_t kept = 0;
+        if (lane == 0) {
+            for (int r = 0; r < keep; r++) {
+                int best = -1;
+                for (int g = 0; g < groups; g++) {
+                    if ((kept >> g) & 1) continue;
+                    if (best < 0 || gs[g] > gs[best]) best = g;  // ties: the lower g, met first
+                }
+                if (best >= 0) kept |= uint64_t(1) << best;
+            }
+        }
+        kept = __shfl_sync(0xffffffffu, kept, 0);
+        for (int j = lane; j < experts; j += 32)
+            if (!((kept >> (j / per)) & 1)) ch[j] = -INFINITY;
+        __syncwarp();
+    }
+    for (int r = 0; r < k; r++) {
+        float bv = 0.f;
+        int bi = -1;
+        for (int j = lane; j < experts; j += 32) {
+            const float v = ch[j];
+            if (v != v) continue;  // taken
+            if (bi < 0 || v > bv) {
+                bv = v;
+                bi = j;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            sel[r] = bi;
+            if (bi >= 0) ch[bi] = __int_as_float(0x7fc00000);
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        double sum = 0;
+        for (int r = 0; r < k; r++) sum += double(sc[max(sel[r], 0)]);
+        float den = float(sum);
+        if (sigmoid) den = __fadd_rn(den, 1e-20f);
+        for (int r = 0; r < k; r++) {
+            float v = sc[max(sel[r], 0)];
+            if (norm) v = __fdiv_rn(v, den);
+            if (rscale != 1.0f && rscale != 0.0f) v = __fmul_rn(v, rscale);
+            ids[size_t(row) * ids_stride + r] = sel[r];
+            w[size_t(row) * w_stride + r] = v;
+        }
+    }
+}
+
+// Combine: y[i] = Σ_j w[i, j]·ye[i·k + j], the token's experts added in
+// increasing expert id (float32 products and sums, kernels/ref.Experts).
+// Launch: grid n, 256 threads; k ≤ 64.
+extern "C" __global__ void ferrite_moe_combine(float* y, int y_stride, const float* ye, const int* ids,
+                                               const float* w, int k, int hidden) {
+    __shared__ int order[64];
+    const int i = blockIdx.x;
+    if (threadIdx.x == 0) {
+        // Insertion sort by id, stable.
+        for (int j = 0; j < k; j++) {
+            int t = j;
+            while (t > 0 && ids[size_t(i) * k + order[t - 1]] > ids[size_t(i) * k + j]) {
+                order[t] = order[t - 1];
+                t--;
+            }
+            order[t] = j;
+        }
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
+        float acc = 0.f;
+        for (int t = 0; t < k; t++) {
+            const int j = order[t];
+            acc = __fadd_rn(acc, __fmul_rn(w[size_t(i) * k + j], ye[(size_t(i) * k + j) * hidden + d]));
+        }
+        y[size_t(i) * y_stride + d] = acc;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Grouped experts for a few tokens (decode). Slot s = i·k + j is token i's
+// j-th routed expert, ids[s]; the slots are at most kMoeMaxSlots. In both
+// kernels the work for one expert covers every slot that chose it, up to NB
+// slots per pass over its weight rows (so a decode step reads each chosen
+// expert once), and the result does not depend on which other tokens share
+// the call.
+
+namespace {
+
+constexpr int kMoeMaxSlots = 512;  // kernels/cuda moeFewTokens (8) · k (≤ 64)
+constexpr int kMoeDownRows = 4;    // hidden rows per ferrite_moe_few_down block
+
+// mat_row is row r of the view m and, for F8E4M3, its row of block scales.
+__device__ inline const uint8_t* mat_row(const MatDesc& m, int r, const float** srow) {
+    const int rr = r + m.row0;
+    *srow = nullptr;
+    if (m.dtype == kF8E4M3) {
+        *srow = m.scale + size_t(rr / m.br) * ((m.cols + m.bc - 1) / m.bc);
+        return m.data + size_t(rr) * m.cols;
+    }
+    return m.data + size_t(rr) * m.cols * (m.dtype == kF32 ? 4 : 2);
+}
+
+// rows_dot_vec sets oa[j] = a·xs[j] (and ob[j] = b·xs[j] when TWO) for
+// j < nx: a and b weight rows of cols values of dtype W in 16-byte loads
+// (rows and xs 16-byte aligned, cols·size a multiple of 16), float32 sums,
+// the same in every lane. With TWO both rows' loads are in flight together.
+template <class W, int NB, bool TWO>
+__device__ void rows_dot_vec(const uint8_t* __restrict__ a, const uint8_t* __restrict__ b, int cols,
+                             const float* (&xs)[NB], int nx, float (&oa)[NB], float (&ob)[NB]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < NB; j++) oa[j] = ob[j] = 0.f;
+#pragma unroll 4
+    for (int k = lane * W::kE; k < cols; k += 32 * W::kE) {
+        float wa[W::kE], wb[W::kE];
+        W::vec(__ldg(reinterpret_cast<const uint4*>(a + size_t(k) * W::kSize)), wa);
+        if (TWO) W::vec(__ldg(reinterpret_cast<const uint4*>(b + size_t(k) * W::kSize)), wb);
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            if (j < nx) {
+                const float4* xp = reinterpret_cast<const float4*>(xs[j] + k);
+#pragma unroll
+                for (int q = 0; q < W::kE / 4; q++) {
+                    const float4 xv = __ldg(xp + q);
+                    oa[j] = fmaf(wa[4 * q], xv.x, oa[j]);
+                    oa[j] = fmaf(wa[4 * q + 1], xv.y, oa[j]);
+                    oa[j] = fmaf(wa[4 * q + 2], xv.z, oa[j]);
+                    oa[j] = fmaf(wa[4 * q + 3], xv.w, oa[j]);
+                    if (TWO) {
+                        ob[j] = fmaf(wb[4 * q], xv.x, ob[j]);
+                        ob[j] = fmaf(wb[4 * q + 1], xv.y, ob[j]);
+                        ob[j] = fmaf(wb[4 * q + 2], xv.z, ob[j]);
+                        ob[j] = fmaf(wb[4 * q + 3], xv.w, ob[j]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        oa[j] = warp_sum(oa[j]);
+        if (TWO) ob[j] = warp_sum(ob[j]);
+    }
+}
+
+// row_dot_any is rows_dot_vec for one row of any dtype and alignment, one
+// element a lane at a time (F8E4M3 with its block scales).
+template <int NB>
+__device__ void row_dot_any(const MatDesc& m, const uint8_t* row, const float* srow, const float* (&xs)[NB],
+                            int nx, float (&o)[NB]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < NB; j++) o[j] = 0.f;
+    for (int k = lane; k < m.cols; k += 32) {
+        const float wv = elem(row, k, m.dtype, srow, m.bc);
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+            if (j < nx) o[j] = fmaf(wv, xs[j][k], o[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < NB; j++) o[j] = warp_sum(o[j]);
+}
+
+// vec_ok reports whether row (of m) takes 16-byte loads; xal says the
+// vectors do.
+__device__ inline bool vec_ok(const MatDesc& m, const uint8_t* row, bool xal) {
+    return xal && m.dtype != kF8E4M3 && (uintptr_t(row) & 15) == 0 &&
+           (size_t(m.cols) * (m.dtype == kF32 ? 4 : 2)) % 16 == 0;
+}
+
+template <int NB>
+__device__ void row_dot(const MatDesc& m, const uint8_t* row, const float* srow, bool vec,
+                        const float* (&xs)[NB], int nx, float (&o)[NB]) {
+    float unused[NB];
+    if (!vec) row_dot_any<NB>(m, row, srow, xs, nx, o);
+    else if (m.dtype == kBF16) rows_dot_vec<BF16W, NB, false>(row, row, m.cols, xs, nx, o, unused);
+    else if (m.dtype == kF16) rows_dot_vec<F16W, NB, false>(row, row, m.cols, xs, nx, o, unused);
+    else rows_dot_vec<F32W, NB, false>(row, row, m.cols, xs, nx, o, unused);
+}
+
+// desc_dot sets oa[j] = a_r·xs[j] and, when b is set, ob[j] = b_r·xs[j],
+// for row r of the views a and b (one pass over both when they share a
+// dtype and width); xal says every xs[j] is 16-byte aligned.
+template <int NB>
+__device__ void desc_dot(const MatDesc& a, const MatDesc* b, int r, const float* (&xs)[NB], int nx, bool xal,
+                         float (&oa)[NB], float (&ob)[NB]) {
+    const float *sa, *sb = nullptr;
+    const uint8_t* ra = mat_row(a, r, &sa);
+    const bool va = vec_ok(a, ra, xal);
+    if (!b) {
+        row_dot<NB>(a, ra, sa, va, xs, nx, oa);
+        return;
+    }
+    const uint8_t* rb = mat_row(*b, r, &sb);
+    const bool vb = vec_ok(*b, rb, xal);
+    if (va && vb && a.dtype == b->dtype && a.cols == b->cols) {
+        if (a.dtype == kBF16) rows_dot_vec<BF16W, NB, true>(ra, rb, a.cols, xs, nx, oa, ob);
+        else if (a.dtype == kF16) rows_dot_vec<F16W, NB, true>(ra, rb, a.cols, xs, nx, oa, ob);
+        else rows_dot_vec<F32W, NB, true>(ra, rb, a.cols, xs, nx, oa, ob);
+        return;
+    }
+    row_dot<NB>(a, ra, sa, va, xs, nx, oa);
+    row_dot<NB>(*b, rb, sb, vb, xs, nx, ob);
+}
+
+// moe_few_gate_up: block (x, s) computes rows [8x, 8x + 8) of
+// h[t] (inter) = silu(gate_e·x[t / k])·(up_e·x[t / k]) for every slot t
+// with ids[t] = e = ids[s], when s is the first such slot (the other
+// blocks of that expert return at once). An id outside [0, experts)
+// writes NaN into its own slot's row.
+template <int NB>
+__device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table,
+                                int experts, int k, int slots, int inter, float limit) {
+    const int s = blockIdx.y, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= inter) return;
+    const int e = ids[s];
+    if (e < 0 || e >= experts) {
+        if (lane == 0) h[size_t(s) * inter + r] = __int_as_float(0x7fc00000);
+        return;
+    }
+    for (int t0 = 0; t0 < s; t0 += 32)
+        if (__any_sync(0xffffffffu, t0 + lane < s && ids[t0 + lane] == e)) return;
+    const MatDesc g = table[3 * e], u = table[3 * e + 1];
+    const bool xal = (uintptr_t(x) & 15) == 0 && (x_stride & 3) == 0;
+    int sl[NB];
+    const float* xs[NB];
+    int nx = 0;
+    auto flush = [&]() {
+        float gv[NB], uv[NB];
+        desc_dot<NB>(g, &u, r, xs, nx, xal, gv, uv);
+        if (lane == 0) {
+#pragma unroll
+            for (int q = 0; q < NB; q++)
+                if (q < nx) h[size_t(sl[q]) * inter + r] = swiglu_clamp1(gv[q], uv[q], limit);
+        }
+        nx = 0;
+    };
+    for (int t0 = s; t0 < slots; t0 += 32) {
+        unsigned m = __ballot_sync(0xffffffffu, t0 + lane < slots && ids[t0 + lane] == e);
+        while (m) {
+            const int t = t0 + __ffs(int(m)) - 1;
+            m &= m - 1;
+#pragma unroll
+            for (int q = 0; q < NB; q++) {
+                if (q == nx) {
+                    sl[q] = t;
+                    xs[q] = x + size_t(t / k) * x_stride;
+                }
+            }
+            if (++nx == NB) flush();
+        }
+    }
+    if (nx > 0) flush();
+}
+
+// moe_few_down: block x computes rows [x·R, x·R + R) (R = kMoeDownRows) of
+// y[i] (hidden) = Σ_j w[i, j]·down_{ids[i, j]}·h[i·k + j] for the n
+// tokens: each warp takes (row, expert) tasks, the products of one expert's
+// row with the h of every slot that chose it land in shared memory, then
+// each (row, token) adds its k products in increasing expert id (float32
+// products and sums, kernels/ref.Experts). An id outside [0, experts)
+// makes its token's row NaN.
+template <int NB>
+__device__ void moe_few_down(float* y, int y_stride, const float* h, const int* ids, const float* w,
+                             const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
+    __shared__ float part[kMoeDownRows][kMoeMaxSlots];  // (row, slot) expert products
+    __shared__ int next[kMoeMaxSlots];                  // the next slot of the same expert, or −1
+    __shared__ int first[kMoeMaxSlots];                 // the first slot of each expert (and each bad id)
+    __shared__ int order[kMoeMaxSlots];                 // (token, k) its slots' j by expert id, stable
+    __shared__ int nfirst;
+    const int slots = n * k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * kMoeDownRows;
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+        const int e = ids[s];
+        int nx = -1;
+        if (e >= 0 && e < experts) {
+            for (int t = s + 1; t < slots; t++) {
+                if (ids[t] == e) {
+                    nx = t;
+                    break;
+                }
+            }
+        }
+        next[s] = nx;
+        const int i = s / k, j = s % k;
+        int rank = 0;
+        for (int q = 0; q < k; q++) {
+            const int eq = ids[i * k + q];
+            rank += eq < e || (eq == e && q < j);
+        }
+        order[i * k + rank] = j;
+    }
+    if (warp == 0) {
+        int cnt = 0;
+        for (int t0 = 0; t0 < slots; t0 += 32) {
+            const int s = t0 + lane;
+            bool f = s < slots;
+            if (f) {
+                const int e = ids[s];
+                if (e >= 0 && e < experts) {
+                    for (int t = 0; t < s && f; t++) f = ids[t] != e;
+                }
+            }
+            const unsigned m = __ballot_sync(0xffffffffu, f);
+            if (f) first[cnt + __popc(m & ((1u << lane) - 1))] = s;
+            cnt += __popc(m);
+        }
+        if (lane == 0) nfirst = cnt;
+    }
+    __syncthreads();
+    const bool xal = (uintptr_t(h) & 15) == 0 && (inter & 3) == 0;
+    for (int task = warp; task < kMoeDownRows * nfirst; task += blockDim.x >> 5) {
+        const int rr = task % kMoeDownRows, r = r0 + rr;
+        const int s0 = first[task / kMoeDownRows];
+        if (r >= hidden) continue;
+        const int e = ids[s0];
+        if (e < 0 || e >= experts) {
+            if (lane == 0) part[rr][s0] = __int_as_float(0x7fc00000);
+            continue;
+        }
+        const MatDesc d = table[3 * e + 2];
+        for (int s = s0; s >= 0;) {
+            int sl[NB];
+            const float* xs[NB];
+            int nx = 0;
+#pragma unroll
+            for (int q = 0; q < NB; q++) {
+                if (s >= 0) {
+                    sl[q] = s;
+                    xs[q] = h + size_t(s) * inter;
+                    nx++;
+                    s = next[s];
+                }
+            }
+            float o[NB], unused[NB];
+            desc_dot<NB>(d, nullptr, r, xs, nx, xal, o, unused);
+            if (lane == 0) {
+#pragma unroll
+                for (int q = 0; q < NB; q++)
+                    if (q < nx) part[rr][sl[q]] = o[q];
+            }
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < kMoeDownRows * n; t += blockDim.x) {
+        const int rr = t % kMoeDownRows, i = t / kMoeDownRows, r = r0 + rr;
+        if (r >= hidden) continue;
+        float acc = 0.f;
+        for (int q = 0; q < k; q++) {
+            const int j = order[i * k + q];
+            acc = __fadd_rn(acc, __fmul_rn(w[size_t(i) * k + j], part[rr][i * k + j]));
+        }
+        y[size_t(i) * y_stride + r] = acc;
+    }
+}
+
+}  // namespace
+
+// Launch: grid (ceil(inter / 8), n·k), 256 threads; h (n·k, inter); n·k ≤
+// 512. The _1 kernel is for one token, _8 for up to 8 tokens an expert.
+#define FERRITE_MOE_FEW_GATE_UP(name, NB)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                                       \
+        name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
+             int slots, int inter, float limit) {                                                           \
+        moe_few_gate_up<NB>(h, x, x_stride, ids, table, experts, k, slots, inter, limit);                    \
+    }
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8)
+
+// Launch: grid ceil(hidden / 4), 256 threads; y (n, hidden), w (n, k)
+// contiguous; n·k ≤ 512.
+#define FERRITE_MOE_FEW_DOWN(name, NB)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                       \
+        name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
+             int experts, int n, int k, int inter, int hidden) {                                            \
+        moe_few_down<NB>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                       \
+    }
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8)
+
+// ---------------------------------------------------------------------------
+// Grouped experts for many tokens (prefill): the slots sorted by expert,
+// then tiled GEMMs over each expert's slots. Every output element is one
+// float32 sum over k in increasing order, whatever tile its slot lands in,
+// so the result is deterministic although the order of an expert's slots
+// (atomics) is not.
+
+namespace {
+
+constexpr int kTileM = 64;  // slots a block (kernels/cuda moeTileM)
+constexpr int kTileN = 64;  // weight rows a block
+constexpr int kTileK = 32;  // k per shared-memory stage
+
+// desc_elem is element (r, c) of the view m.
+__device__ inline float desc_elem(const MatDesc& m, int r, int c) {
+    const float* srow;
+    const uint8_t* row = mat_row(m, r, &srow);
+    return elem(row, c, m.dtype, srow, m.bc);
+}
+
+// tile_slots returns the expert of tile g (< tiles[experts]), the e with
+// tiles[e] ≤ g < tiles[e + 1], and threads [0, kTileM) set slot[m] to the
+// tile's m-th slot, perm[off[e] + kTileM·(g − tiles[e]) + m], or −1 past
+// the expert's last, and row_in[m] to the row of the input it reads: the
+// token (GU) or the slot. The caller synchronises before using them.
+template <bool GU>
+__device__ int tile_slots(int* slot, int* row_in, int g, const int* off, const int* tiles, const int* perm,
+                          int experts, int k) {
+    int lo = 0, hi = experts;  // tiles[lo] ≤ g < tiles[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tiles[mid] <= g) lo = mid;
+        else hi = mid;
+    }
+    const int e = lo;
+    const int m0 = (g - tiles[e]) * kTileM, cnt = off[e + 1] - off[e] - m0;
+    if (threadIdx.x < kTileM) {
+        const int m = threadIdx.x;
+        const int s = m < cnt ? perm[off[e] + m0 + m] : -1;
+        slot[m] = s;
+        row_in[m] = s < 0 ? -1 : GU ? s / k : s;
+    }
+    return e;
+}
+
+// moe_tile: block (x, g) takes tile g of the sorted slots — expert e with
+// tiles[e] ≤ g < tiles[e + 1], its slots perm[off[e] + 64·(g − tiles[e]) …]
+// — and weight rows [64x, 64x + 64) of its gate and up (GU: h[s] =
+// silu(gate·x[s / k])·(up·x[s / k]), inter = ncols) or down (ye[s] =
+// down·h[s], hidden = ncols), kdim the inner width. 256 threads, each 4
+// slots × 4 rows.
+template <bool GU>
+__device__ void moe_tile(float* out, int ncols, const float* in, int in_stride, const int* off, const int* tiles,
+                         const int* perm, const MatDesc* table, int experts, int k, int kdim, float limit) {
+    __shared__ __align__(16) float xs[kTileK][kTileM + 4];
+    __shared__ __align__(16) float ws[GU ? 2 : 1][kTileK][kTileN + 4];
+    __shared__ int row_in[kTileM], slot[kTileM];
+    const int g = blockIdx.y;
+    if (g >= tiles[experts]) return;
+    const int e = tile_slots<GU>(slot, row_in, g, off, tiles, perm, experts, k);
+    const int n0 = blockIdx.x * kTileN;
+    const MatDesc wa = table[3 * e + (GU ? 0 : 2)];
+    const MatDesc wb = table[3 * e + 1];
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    float acc[GU ? 2 : 1][4][4];
+#pragma unroll
+    for (int q = 0; q < (GU ? 2 : 1); q++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[q][i][j] = 0.f;
+    __syncthreads();
+    for (int k0 = 0; k0 < kdim; k0 += kTileK) {
+        for (int t = threadIdx.x; t < kTileM * kTileK; t += blockDim.x) {
+            const int kk = t % kTileK, m = t / kTileK, c = k0 + kk, r = row_in[m];
+            xs[kk][m] = (r >= 0 && c < kdim) ? in[size_t(r) * in_stride + c] : 0.f;
+        }
+        for (int t = threadIdx.x; t < kTileN * kTileK; t += blockDim.x) {
+            const int kk = t % kTileK, nn = t / kTileK, c = k0 + kk, r = n0 + nn;
+            const bool ok = r < ncols && c < kdim;
+            ws[0][kk][nn] = ok ? desc_elem(wa, r, c) : 0.f;
+            if (GU) ws[GU ? 1 : 0][kk][nn] = ok ? desc_elem(wb, r, c) : 0.f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < kTileK; kk++) {
+            const float4 a4 = *reinterpret_cast<const float4*>(&xs[kk][ty * 4]);
+            const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+            for (int q = 0; q < (GU ? 2 : 1); q++) {
+                const float4 b4 = *reinterpret_cast<const float4*>(&ws[q][kk][tx * 4]);
+                const float b[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) acc[q][i][j] = fmaf(a[i], b[j], acc[q][i][j]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int s = slot[ty * 4 + i];
+        if (s < 0) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int r = n0 + tx * 4 + j;
+            if (r < ncols) out[size_t(s) * ncols + r] = GU ? swiglu_clamp1(acc[0][i][j], acc[GU ? 1 : 0][i][j], limit) : acc[0][i][j];
+        }
+    }
+}
+
+constexpr int kMmaPad = 40;  // bf16 per shared row of 32: 80 bytes, conflict-free fragment loads
+
+// moe_mma is moe_tile on tensor cores for bf16 weights, kdim a multiple
+// of 32 and in 16-byte aligned rows: x is split into two bf16 terms, hi =
+// bf16(x) and lo = bf16(x − hi) (16 bits of x's mantissa, error ≤ 2⁻¹⁸|x|),
+// both multiplied by the weights with float32 accumulation (mma.sync
+// m16n8k16). 128 threads: warp w computes slots [32·(w/2), +32) by rows
+// [32·(w%2), +32) of the block's 64 × 64.
+template <bool GU>
+__device__ void moe_mma(float* out, int ncols, const float* in, int in_stride, const int* off, const int* tiles,
+                        const int* perm, const MatDesc* table, int experts, int k, int kdim, float limit) {
+    constexpr int NW = GU ? 2 : 1;
+    __shared__ __align__(16) uint16_t xh[kTileM][kMmaPad], xl[kTileM][kMmaPad];
+    __shared__ __align__(16) uint16_t ws[NW][kTileN][kMmaPad];
+    __shared__ int row_in[kTileM], slot[kTileM];
+    const int g = blockIdx.y;
+    if (g >= tiles[experts]) return;
+    const int e = tile_slots<GU>(slot, row_in, g, off, tiles, perm, experts, k);
+    const int n0 = blockIdx.x * kTileN;
+    const uint8_t* wrow[NW];  // the weights' rows of 32 bf16 this thread stages
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    float acc[NW][2][4][4];
+#pragma unroll
+    for (int q = 0; q < NW; q++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[q][i][j][c] = 0.f;
+    // Staging: thread t copies weight row t/2's 16 bf16 at (t%2)·16 of
+    // each 32, and x row t/2's 16 values at (t%2)·16.
+    const int sr = threadIdx.x >> 1, sc = (threadIdx.x & 1) * 16;
+#pragma unroll
+    for (int q = 0; q < NW; q++) {
+        const MatDesc w = table[3 * e + (GU ? q : 2)];
+        const float* unused;
+        wrow[q] = n0 + sr < ncols ? mat_row(w, n0 + sr, &unused) : nullptr;
+    }
+    __syncthreads();
+    const int xr = row_in[sr];
+    for (int k0 = 0; k0 < kdim; k0 += 32) {
+#pragma unroll
+        for (int q = 0; q < NW; q++) {
+            uint4 a = make_uint4(0, 0, 0, 0), b = a;
+            if (wrow[q]) {
+                const uint4* p = reinterpret_cast<const uint4*>(wrow[q] + size_t(k0 + sc) * 2);
+                a = __ldg(p);
+                b = __ldg(p + 1);
+            }
+            *reinterpret_cast<uint4*>(&ws[q][sr][sc]) = a;
+            *reinterpret_cast<uint4*>(&ws[q][sr][sc + 8]) = b;
+        }
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (xr >= 0) f = __ldg(reinterpret_cast<const float4*>(in + size_t(xr) * in_stride + k0 + sc) + v);
+            const float fv[4] = {f.x, f.y, f.z, f.w};
+            uint32_t hi[2], lo[2];
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                const uint16_t h0 = f32_to_bf16(fv[2 * p]), h1 = f32_to_bf16(fv[2 * p + 1]);
+                const uint16_t l0 = f32_to_bf16(__fsub_rn(fv[2 * p], __uint_as_float(uint32_t(h0) << 16)));
+                const uint16_t l1 = f32_to_bf16(__fsub_rn(fv[2 * p + 1], __uint_as_float(uint32_t(h1) << 16)));
+                hi[p] = uint32_t(h0) | uint32_t(h1) << 16;
+                lo[p] = uint32_t(l0) | uint32_t(l1) << 16;
+            }
+            *reinterpret_cast<uint2*>(&xh[sr][sc + 4 * v]) = make_uint2(hi[0], hi[1]);
+            *reinterpret_cast<uint2*>(&xl[sr][sc + 4 * v]) = make_uint2(lo[0], lo[1]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < 32; ks += 16) {
+            uint32_t ah[2][4], al[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int r = wm + 16 * i + gid, c = ks + 2 * tig;
+                ah[i][0] = *reinterpret_cast<const uint32_t*>(&xh[r][c]);
+                ah[i][1] = *reinterpret_cast<const uint32_t*>(&xh[r + 8][c]);
+                ah[i][2] = *reinterpret_cast<const uint32_t*>(&xh[r][c + 8]);
+                ah[i][3] = *reinterpret_cast<const uint32_t*>(&xh[r + 8][c + 8]);
+                al[i][0] = *reinterpret_cast<const uint32_t*>(&xl[r][c]);
+                al[i][1] = *reinterpret_cast<const uint32_t*>(&xl[r + 8][c]);
+                al[i][2] = *reinterpret_cast<const uint32_t*>(&xl[r][c + 8]);
+                al[i][3] = *reinterpret_cast<const uint32_t*>(&xl[r + 8][c + 8]);
+            }
+#pragma unroll
+            for (int q = 0; q < NW; q++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int n = wn + 8 * j + gid, c = ks + 2 * tig;
+                    const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&ws[q][n][c]);
+                    const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&ws[q][n][c + 8]);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        mma_bf16(acc[q][i][j], ah[i], b0, b1);
+                        mma_bf16(acc[q][i][j], al[i], b0, b1);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int s = slot[wm + 16 * i + gid + 8 * half];
+            if (s < 0) continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int n = n0 + wn + 8 * j + 2 * tig + c;
+                    if (n >= ncols) continue;
+                    const float v = acc[0][i][j][2 * half + c];
+                    out[size_t(s) * ncols + n] = GU ? swiglu_clamp1(v, acc[NW - 1][i][j][2 * half + c], limit) : v;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+// Sorts the slots by expert: off[e] (experts + 1) is where expert e's
+// slots start in perm (slots), tiles[e] (experts + 1) how many 64-slot
+// tiles the experts before e take. A slot with an id outside [0, experts)
+// is left out and its row of ye (slots, hidden) set to NaN. Launch: one
+// block of 1024 threads; experts ≤ 1024.
+extern "C" __global__ void __launch_bounds__(1024)
+    ferrite_moe_sort(int* off, int* tiles, int* perm, float* ye, const int* ids, int slots, int experts, int hidden) {
+    __shared__ int cnt[1024];
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+        const int e = ids[s];
+        if (e >= 0 && e < experts) {
+            atomicAdd(&cnt[e], 1);
+        } else {
+            for (int d = 0; d < hidden; d++) ye[size_t(s) * hidden + d] = __int_as_float(0x7fc00000);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int o = 0, tl = 0;
+        for (int e = 0; e < experts; e++) {
+            const int c = cnt[e];
+            off[e] = o;
+            tiles[e] = tl;
+            cnt[e] = o;  // the next free place
+            o += c;
+            tl += (c + kTileM - 1) / kTileM;
+        }
+        off[experts] = o;
+        tiles[experts] = tl;
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+        const int e = ids[s];
+        if (e >= 0 && e < experts) perm[atomicAdd(&cnt[e], 1)] = s;
+    }
+}
+
+// Gate/up tiles: h (slots, inter) from x (n, hidden). Launch: grid
+// (ceil(inter / 64), ceil(slots / 64) + experts), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_tile_gate_up(float* h, int inter, const float* x, int x_stride, const int* off, const int* tiles,
+                             const int* perm, const MatDesc* table, int experts, int k, int hidden, float limit) {
+    moe_tile<true>(h, inter, x, x_stride, off, tiles, perm, table, experts, k, hidden, limit);
+}
+
+// Down tiles: ye (slots, hidden) from h (slots, inter). Launch: grid
+// (ceil(hidden / 64), ceil(slots / 64) + experts), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_tile_down(float* ye, int hidden, const float* h, const int* off, const int* tiles, const int* perm,
+                          const MatDesc* table, int experts, int k, int inter) {
+    moe_tile<false>(ye, hidden, h, inter, off, tiles, perm, table, experts, k, inter, 0.f);
+}
+
+// The same on tensor cores (moe_mma): every gate, up and down weight bf16,
+// hidden and inter multiples of 32, x's stride a multiple of 4. Launch:
+// the grids of ferrite_moe_tile_*, 128 threads.
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_moe_mma_gate_up(float* h, int inter, const float* x, int x_stride, const int* off, const int* tiles,
+                            const int* perm, const MatDesc* table, int experts, int k, int hidden, float limit) {
+    moe_mma<true>(h, inter, x, x_stride, off, tiles, perm, table, experts, k, hidden, limit);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_moe_mma_down(float* ye, int hidden, const float* h, const int* off, const int* tiles, const int* perm,
+                         const MatDesc* table, int experts, int k, int inter) {
+    moe_mma<false>(ye, hidden, h, inter, off, tiles, perm, table, experts, k, inter, 0.f);
+}
