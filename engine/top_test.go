@@ -57,7 +57,10 @@ func TestFixturesTopEntries(t *testing.T) {
 					if err := c.Reserve(s, len(toks[i])); err != nil {
 						t.Fatal(err)
 					}
-					b.Seqs = append(b.Seqs, model.Seq{Tokens: toks[i][pos:], Pos: pos, KV: s, Logits: model.LastLogits})
+					// Every third step the last two sequences want whole rows:
+					// one copy for the run of both.
+					full := step%3 == 1 && i > 0
+					b.Seqs = append(b.Seqs, model.Seq{Tokens: toks[i][pos:], Pos: pos, KV: s, Logits: model.LastLogits, Full: full})
 				}
 				out, err := m.Forward(b)
 				if err != nil {
@@ -68,6 +71,19 @@ func TestFixturesTopEntries(t *testing.T) {
 				}
 				for i := range seqs {
 					o := &out.Seqs[i]
+					if b.Seqs[i].Full {
+						row := out.Logits(i)
+						if o.Top != 0 || len(o.Logits) != vocab {
+							t.Fatalf("step %d seq %d: Top %d, %d logits; want a whole row", step, i, o.Top, len(o.Logits))
+						}
+						for j, v := range o.Logits {
+							if math.Float32bits(v) != math.Float32bits(row[j]) {
+								t.Fatalf("step %d seq %d: logit %d is %g, the row read alone has %g", step, i, j, v, row[j])
+							}
+						}
+						toks[i] = append(toks[i], fixtures.Argmax(row))
+						continue
+					}
 					if o.Top != min(top, vocab) || o.Logits != nil {
 						t.Fatalf("step %d seq %d: Top %d, %d logits; want %d best entries", step, i, o.Top, len(o.Logits), min(top, vocab))
 					}
