@@ -42,7 +42,7 @@ func (d *Device) UploadMat(m *kernels.Mat) (*Weight, error) {
 		return nil, err
 	}
 	if m.Data == nil && m.Random != nil {
-		err = d.FillRandom(w.Buf, bytes, m.DType, *m.Random)
+		err = d.FillRandom(w.Buf, 0, bytes, m.DType, *m.Random)
 	} else {
 		err = w.Buf.Upload(0, m.Data[:bytes])
 	}
@@ -91,7 +91,12 @@ func (d *Device) UploadStack(ms []*kernels.Mat) (*Weight, error) {
 			m = dequantize(m)
 		}
 		bytes := int64(m.Rows) * int64(m.Cols) * size
-		if err = w.Buf.Upload(off, m.Data[:bytes]); err != nil {
+		if m.Data == nil && m.Random != nil {
+			err = d.FillRandom(w.Buf, off, bytes, m.DType, *m.Random)
+		} else {
+			err = w.Buf.Upload(off, m.Data[:bytes])
+		}
+		if err != nil {
 			break
 		}
 		off += bytes
@@ -292,18 +297,18 @@ func (d *Device) ToBF16(dst, src *Buffer, n int) error {
 }
 
 // FillRandom queues the first bytes bytes of the kernels.RandomFill f of
-// dtype dt (F32, BF16 or F16) into dst: the bytes f.Fill writes on the
-// host, generated on the device (src/randfill.cu).
-func (d *Device) FillRandom(dst *Buffer, bytes int64, dt kernels.DType, f kernels.RandomFill) error {
+// dtype dt (F32, BF16 or F16) into dst from byte off on: the bytes f.Fill
+// writes on the host, generated on the device (src/randfill.cu).
+func (d *Device) FillRandom(dst *Buffer, off, bytes int64, dt kernels.DType, f kernels.RandomFill) error {
 	if dt != kernels.F32 && dt != kernels.BF16 && dt != kernels.F16 {
 		return fmt.Errorf("cuda: no random fill for %v", dt)
 	}
-	if err := dst.span(0, bytes); err != nil {
+	if err := dst.span(off, bytes); err != nil {
 		return err
 	}
 	words := ceilDiv(int(bytes), 4)
 	return d.do(func() error {
-		return d.launchL("ferrite_random_fill", d.elementwiseGrid(int64(words)), 256, 0, dst.ptr, uint64(bytes), f.Seed,
+		return d.launchL("ferrite_random_fill", d.elementwiseGrid(int64(words)), 256, 0, dst.ptr+uint64(off), uint64(bytes), f.Seed,
 			i32(int(dt)), i32(f.Top))
 	})
 }

@@ -36,7 +36,7 @@ func TestRandomFill(t *testing.T) {
 			}
 			n := int64(len(want.Data))
 			p := poisoned(t, d, int(n+3)/4)
-			if err := d.FillRandom(p, n, dt, *m.Random); err != nil {
+			if err := d.FillRandom(p, 0, n, dt, *m.Random); err != nil {
 				t.Fatal(err)
 			}
 			got := make([]byte, n)

@@ -112,3 +112,8 @@ if want llama && [ -f llama/llamacpp_gpu.sh ]; then
 	tail -30 "$out/llama/bench-summary.log" 2>/dev/null
 fi
 tail -4 "$out/build.log"
+# The device returns at most 8 files: everything but the fatbin and its
+# manifest goes back as logs.tgz.
+(cd "$out" && tar czf /tmp/logs.tgz --exclude=ferrite.fatbin --exclude=fatbin.sha256 . &&
+	find . -mindepth 1 -maxdepth 1 ! -name ferrite.fatbin ! -name fatbin.sha256 -exec rm -rf {} + &&
+	mv /tmp/logs.tgz .)
