@@ -510,8 +510,8 @@ func (in *Inputs) UploadStates(dev kernels.Device, b *model.Batch, st *Step) err
 // Outputs reads the logit and hidden rows that Head returned back (after
 // the step) and splits them per sequence. When Head reduced the logit rows
 // it reads their best entries, in one copy, and the whole rows of the
-// sequences with model.Seq.Full only; Output.Logits reads the others' on
-// demand until the next step.
+// sequences with model.Seq.Full only (one copy per run of such sequences);
+// Output.Logits reads the others' on demand until the next step.
 func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) *model.Output {
 	var lg, hs, top []float32
 	var vocab, hidden, k int
@@ -531,39 +531,40 @@ func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.
 		dev.ReadF32(hs, hid)
 		hidden = hid.Cols
 	}
-	out := &model.Output{Seqs: make([]model.SeqOutput, len(b.Seqs))}
-	first := make([]int, 0, len(b.Seqs)+1) // (seqs+1) first logit row of each sequence
-	lrow, hrow := 0, 0
+	n := len(b.Seqs)
+	first := make([]int, n+1) // (seqs+1) first logit row of each sequence, then the total
+	for i := range b.Seqs {
+		first[i+1] = first[i] + b.Seqs[i].LogitRows()
+	}
+	out := &model.Output{Seqs: make([]model.SeqOutput, n)}
+	if top != nil {
+		st.fullRows(dev, b, out, logits, first)
+	}
+	hrow := 0
 	for i := range b.Seqs {
 		s, o := &b.Seqs[i], &out.Seqs[i]
-		first = append(first, lrow)
-		if nl := s.LogitRows(); nl > 0 {
-			switch {
-			case lg != nil:
-				o.Logits = lg[lrow*vocab : (lrow+nl)*vocab : (lrow+nl)*vocab]
-			case s.Full:
-				o.Logits = make([]float32, nl*vocab)
-				dev.ReadF32(o.Logits, logits.Slice(lrow, lrow+nl))
-			default:
-				o.Top, o.TopVals, o.TopIDs = k, make([]float32, nl*k), make([]int32, nl*k)
-				for r := range nl {
-					row := top[(lrow+r)*2*k : (lrow+r+1)*2*k]
-					copy(o.TopVals[r*k:], row[:k])
-					for j, id := range row[k:] {
-						o.TopIDs[r*k+j] = int32(id) // exact: ids below 2^24
-					}
+		lo, hi := first[i], first[i+1]
+		switch {
+		case hi == lo || o.Logits != nil: // none, or read by fullRows
+		case lg != nil:
+			o.Logits = lg[lo*vocab : hi*vocab : hi*vocab]
+		default:
+			o.Top, o.TopVals, o.TopIDs = k, make([]float32, (hi-lo)*k), make([]int32, (hi-lo)*k)
+			for r := range hi - lo {
+				row := top[(lo+r)*2*k : (lo+r+1)*2*k]
+				copy(o.TopVals[r*k:], row[:k])
+				for j, id := range row[k:] {
+					o.TopIDs[r*k+j] = int32(id) // exact: ids below 2^24
 				}
 			}
-			lrow += nl
 		}
 		if s.Hidden {
 			nh := len(s.Tokens)
-			out.Seqs[i].Hidden = hs[hrow*hidden : (hrow+nh)*hidden : (hrow+nh)*hidden]
+			o.Hidden = hs[hrow*hidden : (hrow+nh)*hidden : (hrow+nh)*hidden]
 			hrow += nh
 		}
 	}
 	if top != nil {
-		first = append(first, lrow)
 		out.Logits = func(i int) []float32 {
 			rows := make([]float32, (first[i+1]-first[i])*vocab)
 			dev.ReadF32(rows, logits.Slice(first[i], first[i+1]))
@@ -571,4 +572,32 @@ func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.
 		}
 	}
 	return out
+}
+
+// fullRows reads the whole logit rows of b's model.Seq.Full sequences
+// into out when Head reduced the rest: one copy per run of consecutive
+// such sequences (those without logit rows do not break a run). first is
+// each sequence's first logit row, then the total.
+func (st *Step) fullRows(dev kernels.Device, b *model.Batch, out *model.Output, logits kernels.Tensor, first []int) {
+	vocab, n := logits.Cols, len(b.Seqs)
+	full := func(j int) bool { return b.Seqs[j].Full && first[j+1] > first[j] }
+	for i := 0; i < n; {
+		if !full(i) {
+			i++
+			continue
+		}
+		j := i + 1 // the run is [i, j)
+		for j < n && (full(j) || first[j+1] == first[j]) {
+			j++
+		}
+		base := first[i]
+		run := make([]float32, (first[j]-base)*vocab)
+		dev.ReadF32(run, logits.Slice(base, first[j]))
+		for ; i < j; i++ {
+			if full(i) {
+				lo, hi := (first[i]-base)*vocab, (first[i+1]-base)*vocab
+				out.Seqs[i].Logits = run[lo:hi:hi]
+			}
+		}
+	}
 }
