@@ -166,16 +166,16 @@ type Inputs struct {
 	// packed holds a step's ids, positions, sequences, slots, hidden and
 	// logit rows and block table one after another, written with one
 	// WriteI32 (one copy to the device, not seven).
-	packed       kernels.Tensor // (cap, 1) I32
-	start, state kernels.Tensor // (cap, 1) I32 hybrids: sequence starts, state rows
-	hPacked      []int32
+	packed  kernels.Tensor // (cap, 1) I32
+	rec     kernels.Tensor // (cap, 1) I32 hybrids: sequence starts, state rows, record rows (UploadStates)
+	hPacked []int32
 
 	hid kernels.Tensor // (cap, hidden) F32 the MTP layer's input hidden states
 
 	// Host staging.
 	hHid                                            []float32
 	hIDs, hPos, hSeq, hSlot, hRows, hLRows, hBlocks []int32
-	hStart, hState                                  []int32
+	hRec                                            []int32
 }
 
 // EnsureI32 returns an I32 (n, 1) view of *t, reallocating it (larger)
@@ -374,8 +374,21 @@ func (st *Step) Head(dev kernels.Device, h kernels.Tensor, head *kernels.Mat) (l
 	return logits, hid
 }
 
-// Upload writes the batch's ids and row maps to dev (outside a step).
+// exactRows is the most rows of a step that runs with the backend's
+// row-exact linear ops when it verifies drafts: 8 sequences of up to 8
+// tokens (beyond, speculation is off by default: runtime.DraftMaxSeqs).
+const exactRows = 64
+
+// Upload writes the batch's ids and row maps to dev (outside a step). A
+// batch of at most exactRows tokens that verifies drafts (a model.AllLogits
+// entry) runs with the backend's row-exact linear ops (kernels.RowExact),
+// so that its rows get plain decoding's bits.
 func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
+	verify := false
+	for i := range b.Seqs {
+		verify = verify || b.Seqs[i].Logits == model.AllLogits
+	}
+	kernels.SetRowExact(dev, verify && b.Tokens() <= exactRows)
 	in.hIDs, in.hPos, in.hSeq, in.hSlot = in.hIDs[:0], in.hPos[:0], in.hSeq[:0], in.hSlot[:0]
 	in.hRows, in.hLRows = in.hRows[:0], in.hLRows[:0]
 	maxBlocks := 1
@@ -445,35 +458,60 @@ func tableWidth(n int) int {
 }
 
 // UploadStates resets the state slots of b's sequences at position 0 (no
-// history: a zero state) and writes the sequences' starts and state rows
-// into st.Rec: a hybrid's main-model step.
+// history: a zero state) and writes the sequences' starts, state rows and
+// record rows (model.Seq.Record) into st.Rec: a hybrid's main-model step.
 func (in *Inputs) UploadStates(dev kernels.Device, b *model.Batch, st *Step) error {
-	in.hStart, in.hState = append(in.hStart[:0], 0), in.hState[:0]
+	// One write: the starts (seqs+1), the slots' rows (seqs) and, when a
+	// sequence records states (model.Seq.Record), each row's record row
+	// or −1 (N).
+	seqs, n, record := len(b.Seqs), 0, false
+	for i := range b.Seqs {
+		n += len(b.Seqs[i].Tokens)
+		record = record || len(b.Seqs[i].Record) > 0
+	}
+	h := append(in.hRec[:0], 0)
 	for i := range b.Seqs {
 		s := &b.Seqs[i]
 		if s.Pos == 0 {
 			b.States.Reset(s.State)
 		}
-		in.hStart = append(in.hStart, in.hStart[i]+int32(len(s.Tokens)))
-		in.hState = append(in.hState, int32(b.States.Row(s.State)))
+		h = append(h, h[i]+int32(len(s.Tokens)))
 	}
-	var err error
-	if st.Rec.Start, err = EnsureI32(dev, &in.start, len(in.hStart)); err != nil {
+	for i := range b.Seqs {
+		h = append(h, int32(b.States.Row(b.Seqs[i].State)))
+	}
+	for i := 0; record && i < seqs; i++ {
+		s := &b.Seqs[i]
+		for j := range s.Tokens {
+			row := int32(-1)
+			if j < len(s.Record) && s.Record[j] != nil {
+				row = int32(b.States.SnapshotRow(s.Record[j]))
+			}
+			h = append(h, row)
+		}
+	}
+	in.hRec = h
+	if record && !kernels.RecordsStates(dev) {
+		return fmt.Errorf("step inputs: the %T backend does not record recurrent states (model.Seq.Record)", dev)
+	}
+	t, err := EnsureI32(dev, &in.rec, len(h))
+	if err != nil {
 		return fmt.Errorf("step inputs: %w", err)
 	}
-	if st.Rec.Slot, err = EnsureI32(dev, &in.state, len(in.hState)); err != nil {
-		return fmt.Errorf("step inputs: %w", err)
+	dev.WriteI32(t, h)
+	st.Rec.Start, st.Rec.Slot = t.Slice(0, seqs+1), t.Slice(seqs+1, 2*seqs+1)
+	st.Rec.Record = kernels.Tensor{}
+	if record {
+		st.Rec.Record = t.Slice(2*seqs+1, 2*seqs+1+n)
 	}
-	dev.WriteI32(st.Rec.Start, in.hStart)
-	dev.WriteI32(st.Rec.Slot, in.hState)
 	return nil
 }
 
 // Outputs reads the logit and hidden rows that Head returned back (after
 // the step) and splits them per sequence. When Head reduced the logit rows
 // it reads their best entries, in one copy, and the whole rows of the
-// sequences with model.Seq.Full only; Output.Logits reads the others' on
-// demand until the next step.
+// sequences with model.Seq.Full only (one copy per run of such sequences);
+// Output.Logits reads the others' on demand until the next step.
 func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) *model.Output {
 	var lg, hs, top []float32
 	var vocab, hidden, k int
@@ -493,39 +531,40 @@ func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.
 		dev.ReadF32(hs, hid)
 		hidden = hid.Cols
 	}
-	out := &model.Output{Seqs: make([]model.SeqOutput, len(b.Seqs))}
-	first := make([]int, 0, len(b.Seqs)+1) // (seqs+1) first logit row of each sequence
-	lrow, hrow := 0, 0
+	n := len(b.Seqs)
+	first := make([]int, n+1) // (seqs+1) first logit row of each sequence, then the total
+	for i := range b.Seqs {
+		first[i+1] = first[i] + b.Seqs[i].LogitRows()
+	}
+	out := &model.Output{Seqs: make([]model.SeqOutput, n)}
+	if top != nil {
+		st.fullRows(dev, b, out, logits, first)
+	}
+	hrow := 0
 	for i := range b.Seqs {
 		s, o := &b.Seqs[i], &out.Seqs[i]
-		first = append(first, lrow)
-		if nl := s.LogitRows(); nl > 0 {
-			switch {
-			case lg != nil:
-				o.Logits = lg[lrow*vocab : (lrow+nl)*vocab : (lrow+nl)*vocab]
-			case s.Full:
-				o.Logits = make([]float32, nl*vocab)
-				dev.ReadF32(o.Logits, logits.Slice(lrow, lrow+nl))
-			default:
-				o.Top, o.TopVals, o.TopIDs = k, make([]float32, nl*k), make([]int32, nl*k)
-				for r := range nl {
-					row := top[(lrow+r)*2*k : (lrow+r+1)*2*k]
-					copy(o.TopVals[r*k:], row[:k])
-					for j, id := range row[k:] {
-						o.TopIDs[r*k+j] = int32(id) // exact: ids below 2^24
-					}
+		lo, hi := first[i], first[i+1]
+		switch {
+		case hi == lo || o.Logits != nil: // none, or read by fullRows
+		case lg != nil:
+			o.Logits = lg[lo*vocab : hi*vocab : hi*vocab]
+		default:
+			o.Top, o.TopVals, o.TopIDs = k, make([]float32, (hi-lo)*k), make([]int32, (hi-lo)*k)
+			for r := range hi - lo {
+				row := top[(lo+r)*2*k : (lo+r+1)*2*k]
+				copy(o.TopVals[r*k:], row[:k])
+				for j, id := range row[k:] {
+					o.TopIDs[r*k+j] = int32(id) // exact: ids below 2^24
 				}
 			}
-			lrow += nl
 		}
 		if s.Hidden {
 			nh := len(s.Tokens)
-			out.Seqs[i].Hidden = hs[hrow*hidden : (hrow+nh)*hidden : (hrow+nh)*hidden]
+			o.Hidden = hs[hrow*hidden : (hrow+nh)*hidden : (hrow+nh)*hidden]
 			hrow += nh
 		}
 	}
 	if top != nil {
-		first = append(first, lrow)
 		out.Logits = func(i int) []float32 {
 			rows := make([]float32, (first[i+1]-first[i])*vocab)
 			dev.ReadF32(rows, logits.Slice(first[i], first[i+1]))
@@ -533,4 +572,32 @@ func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.
 		}
 	}
 	return out
+}
+
+// fullRows reads the whole logit rows of b's model.Seq.Full sequences
+// into out when Head reduced the rest: one copy per run of consecutive
+// such sequences (those without logit rows do not break a run). first is
+// each sequence's first logit row, then the total.
+func (st *Step) fullRows(dev kernels.Device, b *model.Batch, out *model.Output, logits kernels.Tensor, first []int) {
+	vocab, n := logits.Cols, len(b.Seqs)
+	full := func(j int) bool { return b.Seqs[j].Full && first[j+1] > first[j] }
+	for i := 0; i < n; {
+		if !full(i) {
+			i++
+			continue
+		}
+		j := i + 1 // the run is [i, j)
+		for j < n && (full(j) || first[j+1] == first[j]) {
+			j++
+		}
+		base := first[i]
+		run := make([]float32, (first[j]-base)*vocab)
+		dev.ReadF32(run, logits.Slice(base, first[j]))
+		for ; i < j; i++ {
+			if full(i) {
+				lo, hi := (first[i]-base)*vocab, (first[i+1]-base)*vocab
+				out.Seqs[i].Logits = run[lo:hi:hi]
+			}
+		}
+	}
 }
