@@ -56,6 +56,11 @@ func TestOpsExpertsPaths(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, 37, 300} {
 		checkExperts(t, b, fmt.Sprint("mixed/n=", n), mixed, n, 4, rng)
 	}
+	b.moeOneSlot = true // the one-token kernels, a slot a pass
+	for _, n := range []int{3, 8} {
+		checkExperts(t, b, fmt.Sprint("mixed/one-slot/n=", n), mixed, n, 4, rng)
+	}
+	b.moeOneSlot = false
 	for _, n := range []int{9, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
 		b.noMMA = true
@@ -119,7 +124,8 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // of 768, top 8, hidden 2048, bf16) for 48 layers a step, each layer its
 // own experts (58 GB in all, far more than L2 holds) and its own random
 // choice, the step replayed as a CUDA graph: n tokens a step, decode (the
-// grouped GEMV path) up to 8, prefill above. GB/s counts the chosen
+// grouped GEMV path) up to 8, prefill above; "one-slot" runs the grouped
+// GEMV a slot a pass (the one-token kernels) for several tokens. GB/s counts the chosen
 // experts' weight bytes (distinct experts of the step's tokens) over the
 // step's wall time, TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
@@ -165,14 +171,25 @@ func BenchmarkMoE(b *testing.B) {
 			}
 			be.EndStep()
 		}
-		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
-			sec := timeSteps(b, be, step)
-			bytes := float64(distinct) * 3 * hidden * inter * 2
-			b.ReportMetric(sec*1e3, "ms/step")
-			b.ReportMetric(sec*1e6/layers, "µs/layer")
-			b.ReportMetric(bytes/sec/1e9, "GB/s")
-			b.ReportMetric(float64(layers*n*k)*3*2*hidden*inter/sec/1e12, "TFLOP/s")
-		})
+		for _, one := range []bool{false, true} {
+			if one && (n == 1 || n > moeFewTokens) {
+				continue
+			}
+			name := fmt.Sprint("n=", n)
+			if one {
+				name += "/one-slot"
+			}
+			be.moeOneSlot = one
+			b.Run(name, func(b *testing.B) {
+				sec := timeSteps(b, be, step)
+				bytes := float64(distinct) * 3 * hidden * inter * 2
+				b.ReportMetric(sec*1e3, "ms/step")
+				b.ReportMetric(sec*1e6/layers, "µs/layer")
+				b.ReportMetric(bytes/sec/1e9, "GB/s")
+				b.ReportMetric(float64(layers*n*k)*3*2*hidden*inter/sec/1e12, "TFLOP/s")
+			})
+		}
+		be.moeOneSlot = false
 	}
 }
 
