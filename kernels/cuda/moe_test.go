@@ -15,7 +15,8 @@ import (
 )
 
 // TestOpsExpertsPaths checks Experts against kernels/ref.Experts on every
-// path: the grouped GEMV kernels up to moeFewTokens tokens, above them the
+// path: the grouped GEMV kernels up to moeFewTokens tokens (also a slot a
+// pass, the one-token kernels, for several), above them the
 // sorted tiled GEMMs on CUDA cores (experts of mixed dtypes: bf16, f32 and
 // block-scaled F8E4M3, fused and separate) and on tensor cores (all bf16,
 // and again with them turned off), with experts of one and of several
