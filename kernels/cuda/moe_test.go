@@ -234,7 +234,8 @@ func deviceMats(b *testing.B, be *Backend) func(rows, cols int) *kernels.Mat {
 // BenchmarkOpsDecodeStep30BA3B times a whole batch-1 decode step of
 // Qwen3-30B-A3B (hidden 2048, 48 layers, 32/4 heads of 128, 128 experts of
 // 768 with fused gate/up, top 8 renormalised, vocabulary 151936) through
-// the op set, no engine: random bf16 weights made on the device (61 GB),
+// the op set as engine/gqa issues it (q/k/v as one LinearCat, then
+// PrepareQKV), no engine: random bf16 weights made on the device (61 GB),
 // 512 cached positions in a bf16 KV cache, the step replayed as a CUDA
 // graph. "moe" runs only each layer's router, Route and Experts, "attn"
 // everything else. ms/step is host wall time from BeginStep to the end of
@@ -289,6 +290,7 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 	}
 	rope := &kernels.Rotary{InvFreq: f32Tensor(b, be, 1, hd/2, inv), Dim: hd, Scale: 1}
 	shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
+	hn := &kernels.HeadNorm{W: qkNorm, Eps: 1e-6}
 	router := &kernels.Router{Scoring: kernels.SoftmaxScoring, TopK: topK, NormTopK: true, Scale: 1}
 	const bs = 16
 	table := make([]int32, ctx/bs)
@@ -305,7 +307,7 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 		step := func() {
 			be.BeginStep()
 			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
-			q, k, v := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd)
+			qkv, q := be.Scratch(kernels.F32, 1, (heads+2*kvHeads)*hd), be.Scratch(kernels.F32, 1, heads*hd)
 			o, logits := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, vocab)
 			rl := be.Scratch(kernels.F32, 1, experts)
 			ids, w := be.Scratch(kernels.I32, 1, topK), be.Scratch(kernels.F32, 1, topK)
@@ -313,15 +315,8 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 			be.RMSNorm(h, x, norm, 1e-6, false)
 			for _, l := range ls {
 				if c.attn {
-					be.Linear(q, h, l.q, kernels.Epilogue{})
-					be.Linear(k, h, l.k, kernels.Epilogue{})
-					be.Linear(v, h, l.v, kernels.Epilogue{})
-					qh, kh := q.Reshape(heads, hd), k.Reshape(kvHeads, hd)
-					be.RMSNorm(qh, qh, qkNorm, 1e-6, false)
-					be.RMSNorm(kh, kh, qkNorm, 1e-6, false)
-					be.RoPE(q, heads, hd, p.Pos, rope)
-					be.RoPE(k, kvHeads, hd, p.Pos, rope)
-					be.StoreKV(l.kc, l.vc, k, v, p)
+					be.LinearCat(qkv, h, []*kernels.Mat{l.q, l.k, l.v}, kernels.Epilogue{})
+					be.PrepareQKV(q, l.kc, l.vc, qkv, hn, hn, rope, p, shape)
 					be.Attention(o, q, l.kc, l.vc, p, shape)
 					be.Linear(y, o, l.o, kernels.Epilogue{})
 					be.AddRMSNorm(h, x, y, norm, 1e-6, false)
