@@ -123,10 +123,11 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 
 // BenchmarkMoE times Experts alone on Qwen3-30B-A3B's shape (128 experts
 // of 768, top 8, hidden 2048, bf16) for 48 layers a step, each layer its
-// own experts (58 GB in all, far more than L2 holds) and its own random
-// choice, the step replayed as a CUDA graph: n tokens a step, decode (the
-// grouped GEMV path) up to 8, prefill above; "one-slot" runs the grouped
-// GEMV a slot a pass (the one-token kernels) for several tokens. GB/s counts the chosen
+// own experts (58 GB in all, far more than L2 holds; random, generated on
+// the device by the first step) and its own random choice, the step
+// replayed as a CUDA graph: n tokens a step, decode (the grouped GEMV
+// path) up to 8, prefill above; "one-slot" runs the grouped GEMV a slot a
+// pass (the one-token kernels) for several tokens. GB/s counts the chosen
 // experts' weight bytes (distinct experts of the step's tokens) over the
 // step's wall time, TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
@@ -137,7 +138,7 @@ func BenchmarkMoE(b *testing.B) {
 	}
 	defer be.Close()
 	const e, k, hidden, inter, layers = 128, 8, 2048, 768, 48
-	mat := deviceMats(b, be)
+	mat := randomMats()
 	exs := make([][]kernels.Expert, layers)
 	for l := range exs {
 		exs[l] = make([]kernels.Expert, e)
@@ -211,23 +212,16 @@ func timeSteps(b *testing.B, be *Backend, step func()) float64 {
 	return sec
 }
 
-// deviceMats returns a maker of bf16 weights filled on the device with
-// seeded random values of magnitude 1/√cols, registered as be's copies of
-// their (data-less) Mats.
-func deviceMats(b *testing.B, be *Backend) func(rows, cols int) *kernels.Mat {
+// randomMats returns a maker of random bf16 weights without host data
+// (kernels.Mat.Random, magnitude about 1/√cols as engine/randweights
+// makes them): the backend generates each on the device when a step first
+// uses it, alone or stacked.
+func randomMats() func(rows, cols int) *kernels.Mat {
 	seed := uint64(100)
 	return func(rows, cols int) *kernels.Mat {
-		m := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols}
-		buf, err := be.dev.Alloc(int64(rows) * int64(cols) * 2)
-		if err == nil {
-			seed++
-			err = be.dev.FillBF16(buf, int64(rows)*int64(cols), seed, 1/float32(math.Sqrt(float64(cols))))
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		be.weights[m] = &Weight{Buf: buf, DType: kernels.BF16, Rows: rows, Cols: cols}
-		return m
+		seed++
+		top := int(math.Floor(-0.5*math.Log2(float64(cols)))) + 1
+		return &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols, Random: &kernels.RandomFill{Seed: seed, Top: top}}
 	}
 }
 
@@ -249,7 +243,7 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 	}
 	defer be.Close()
 	const hidden, heads, kvHeads, hd, experts, topK, inter, vocab, layers, ctx = 2048, 32, 4, 128, 128, 8, 768, 151936, 48, 512
-	mat := deviceMats(b, be)
+	mat := randomMats()
 	type layer struct {
 		q, k, v, o, router *kernels.Mat
 		ex                 []kernels.Expert
