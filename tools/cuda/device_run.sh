@@ -54,14 +54,6 @@ for f in *.xz; do
 done
 chmod +x ./*.test ferrite 2>/dev/null
 
-if want steps; then
-	(cd k && run step-bench 60 steps.log ../cuda.test -test.run XXX -test.bench "${STEP_BENCH:-DecodeStep8B|TopKRows}" \
-		-test.benchtime 20x -test.count "${STEP_COUNT:-1}")
-	(cd k && run linattn-bench 40 steps.log ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x)
-	(cd k && run prefill-bench 60 steps.log ../cuda.test -test.run XXX -test.bench PrefillAttention -test.benchtime 3x)
-	(cd k && run moe-bench 90 steps.log ../cuda.test -test.run XXX -test.bench 'BenchmarkMoE|BenchmarkOpsDecodeStep30BA3B|MLADecode' -test.benchtime 20x)
-	grep -hE '^Benchmark|rc=' "$out/steps.log"
-fi
 
 if want llama && [ -f llama/llamacpp_gpu.sh ]; then
 	OUT="$out" setsid nice -n 19 bash llama/llamacpp_gpu.sh prep >/dev/null 2>&1 &
@@ -89,7 +81,7 @@ if want tests; then
 	for p in qwen3next glm5next; do
 		(cd "$root/engine/models/$p" && run "$p.test" 60 "$p.log" "$dev/$p.test" -test.v -test.count 1 -test.run '/device')
 	done
-	(cd "$root/engine/models/mla" && run mla.test 45 mla.log "$dev/mla.test" -test.v -test.count 1 -test.run 'TestConformance//device')
+	(cd "$root/engine/models/mla" && run mla.test 45 mla.log "$dev/mla.test" -test.v -test.count 1 -test.run 'TestConformance')
 	unset FERRITE_TEST_DEVICE
 	grep -hE '^(--- FAIL|FAIL|ok|panic)|rc=' "$out"/cuda-tests.log "$out"/fixtures.log "$out"/qwen3next.log \
 		"$out"/glm5next.log "$out"/mla.log | tail -60
@@ -117,6 +109,14 @@ if want hybrid; then
 		-test.run 'TestMTPOnDevice')
 	grep -hE 'draft [0-9]|row-|^\s*--- (FAIL|PASS)' "$out/mtp.log" | cut -c1-240 | head -50
 	bench qwen3next 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512 --gen-len 32
+fi
+if want steps; then
+	(cd k && run step-bench 60 steps.log ../cuda.test -test.run XXX -test.bench "${STEP_BENCH:-DecodeStep8B|TopKRows}" \
+		-test.benchtime 20x -test.count "${STEP_COUNT:-1}")
+	(cd k && run linattn-bench 40 steps.log ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x)
+	(cd k && run prefill-bench 60 steps.log ../cuda.test -test.run XXX -test.bench PrefillAttention -test.benchtime 3x)
+	(cd k && run moe-bench 90 steps.log ../cuda.test -test.run XXX -test.bench 'BenchmarkMoE|BenchmarkOpsDecodeStep30BA3B|MLADecode' -test.benchtime 20x)
+	grep -hE '^Benchmark|rc=' "$out/steps.log"
 fi
 if want llama && [ -f llama/llamacpp_gpu.sh ]; then
 	OUT="$out" run llama-bench 240 llama.log bash llama/llamacpp_gpu.sh bench
