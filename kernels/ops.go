@@ -360,9 +360,55 @@ type SparseOps interface {
 // order; a state tensor holds one slot per row, and Slot names the row each
 // sequence continues from and leaves its state in. Distinct sequences have
 // distinct slots.
+//
+// Record, when valid, also keeps the state after chosen rows: row i's entry
+// ≥ 0 names a slot that receives the sequence's state as it is after row i
+// (−1: none), so that speculative verification can roll back to any
+// accepted row without running the rows again (engine/runtime). Only a
+// sequence of at most RecordMaxRows rows may record (the token-by-token
+// form, whose state after each row is the one plain decoding reaches);
+// record slots are distinct from each other and from every Slot. A backend
+// whose linear-attention ops honour Record says so with StateRecorder.
 type Recurrent struct {
-	Start Tensor // (seqs+1, 1) I32 first row of each sequence; Start[0] = 0, Start[seqs] = N
-	Slot  Tensor // (seqs, 1) I32 state slot of each sequence
+	Start  Tensor // (seqs+1, 1) I32 first row of each sequence; Start[0] = 0, Start[seqs] = N
+	Slot   Tensor // (seqs, 1) I32 state slot of each sequence
+	Record Tensor // (N, 1) I32 slot receiving the state after each row, or −1; zero Tensor for none
+}
+
+// RecordMaxRows is the most rows a sequence may have when it records
+// states (Recurrent.Record): DeltaRule's token-by-token form.
+const RecordMaxRows = 8
+
+// StateRecorder is implemented by a backend whose LinearAttentionOps honour
+// Recurrent.Record; RecordsStates reports whether they do.
+type StateRecorder interface {
+	RecordsStates() bool
+}
+
+// RowExact is implemented by a backend that can give each row of its
+// linear ops (Linear, LinearCat, SwiGLULinear) the bits a call with that
+// row alone gives, whatever the other rows of the call: a speculative
+// verification's rows then reproduce plain decoding's results bit for bit.
+// SetRowExact turns that on or off for the steps that follow (outside a
+// step); it may cost speed on many rows.
+type RowExact interface {
+	SetRowExact(on bool)
+}
+
+// SetRowExact calls be.SetRowExact(on) when be is a RowExact and reports
+// whether it is.
+func SetRowExact(be any, on bool) bool {
+	r, ok := be.(RowExact)
+	if ok {
+		r.SetRowExact(on)
+	}
+	return ok
+}
+
+// RecordsStates reports whether be honours Recurrent.Record.
+func RecordsStates(be any) bool {
+	r, ok := be.(StateRecorder)
+	return ok && r.RecordsStates()
 }
 
 // DeltaNet is one gated-delta-rule layer as the ops see it: Gated DeltaNet

@@ -166,16 +166,16 @@ type Inputs struct {
 	// packed holds a step's ids, positions, sequences, slots, hidden and
 	// logit rows and block table one after another, written with one
 	// WriteI32 (one copy to the device, not seven).
-	packed       kernels.Tensor // (cap, 1) I32
-	start, state kernels.Tensor // (cap, 1) I32 hybrids: sequence starts, state rows
-	hPacked      []int32
+	packed  kernels.Tensor // (cap, 1) I32
+	rec     kernels.Tensor // (cap, 1) I32 hybrids: sequence starts, state rows, record rows (UploadStates)
+	hPacked []int32
 
 	hid kernels.Tensor // (cap, hidden) F32 the MTP layer's input hidden states
 
 	// Host staging.
 	hHid                                            []float32
 	hIDs, hPos, hSeq, hSlot, hRows, hLRows, hBlocks []int32
-	hStart, hState                                  []int32
+	hRec                                            []int32
 }
 
 // EnsureI32 returns an I32 (n, 1) view of *t, reallocating it (larger)
@@ -374,8 +374,21 @@ func (st *Step) Head(dev kernels.Device, h kernels.Tensor, head *kernels.Mat) (l
 	return logits, hid
 }
 
-// Upload writes the batch's ids and row maps to dev (outside a step).
+// exactRows is the most rows of a step that runs with the backend's
+// row-exact linear ops when it verifies drafts: 8 sequences of up to 8
+// tokens (beyond, speculation is off by default: runtime.DraftMaxSeqs).
+const exactRows = 64
+
+// Upload writes the batch's ids and row maps to dev (outside a step). A
+// batch of at most exactRows tokens that verifies drafts (a model.AllLogits
+// entry) runs with the backend's row-exact linear ops (kernels.RowExact),
+// so that its rows get plain decoding's bits.
 func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
+	verify := false
+	for i := range b.Seqs {
+		verify = verify || b.Seqs[i].Logits == model.AllLogits
+	}
+	kernels.SetRowExact(dev, verify && b.Tokens() <= exactRows)
 	in.hIDs, in.hPos, in.hSeq, in.hSlot = in.hIDs[:0], in.hPos[:0], in.hSeq[:0], in.hSlot[:0]
 	in.hRows, in.hLRows = in.hRows[:0], in.hLRows[:0]
 	maxBlocks := 1
@@ -445,27 +458,52 @@ func tableWidth(n int) int {
 }
 
 // UploadStates resets the state slots of b's sequences at position 0 (no
-// history: a zero state) and writes the sequences' starts and state rows
-// into st.Rec: a hybrid's main-model step.
+// history: a zero state) and writes the sequences' starts, state rows and
+// record rows (model.Seq.Record) into st.Rec: a hybrid's main-model step.
 func (in *Inputs) UploadStates(dev kernels.Device, b *model.Batch, st *Step) error {
-	in.hStart, in.hState = append(in.hStart[:0], 0), in.hState[:0]
+	// One write: the starts (seqs+1), the slots' rows (seqs) and, when a
+	// sequence records states (model.Seq.Record), each row's record row
+	// or −1 (N).
+	seqs, n, record := len(b.Seqs), 0, false
+	for i := range b.Seqs {
+		n += len(b.Seqs[i].Tokens)
+		record = record || len(b.Seqs[i].Record) > 0
+	}
+	h := append(in.hRec[:0], 0)
 	for i := range b.Seqs {
 		s := &b.Seqs[i]
 		if s.Pos == 0 {
 			b.States.Reset(s.State)
 		}
-		in.hStart = append(in.hStart, in.hStart[i]+int32(len(s.Tokens)))
-		in.hState = append(in.hState, int32(b.States.Row(s.State)))
+		h = append(h, h[i]+int32(len(s.Tokens)))
 	}
-	var err error
-	if st.Rec.Start, err = EnsureI32(dev, &in.start, len(in.hStart)); err != nil {
+	for i := range b.Seqs {
+		h = append(h, int32(b.States.Row(b.Seqs[i].State)))
+	}
+	for i := 0; record && i < seqs; i++ {
+		s := &b.Seqs[i]
+		for j := range s.Tokens {
+			row := int32(-1)
+			if j < len(s.Record) && s.Record[j] != nil {
+				row = int32(b.States.SnapshotRow(s.Record[j]))
+			}
+			h = append(h, row)
+		}
+	}
+	in.hRec = h
+	if record && !kernels.RecordsStates(dev) {
+		return fmt.Errorf("step inputs: the %T backend does not record recurrent states (model.Seq.Record)", dev)
+	}
+	t, err := EnsureI32(dev, &in.rec, len(h))
+	if err != nil {
 		return fmt.Errorf("step inputs: %w", err)
 	}
-	if st.Rec.Slot, err = EnsureI32(dev, &in.state, len(in.hState)); err != nil {
-		return fmt.Errorf("step inputs: %w", err)
+	dev.WriteI32(t, h)
+	st.Rec.Start, st.Rec.Slot = t.Slice(0, seqs+1), t.Slice(seqs+1, 2*seqs+1)
+	st.Rec.Record = kernels.Tensor{}
+	if record {
+		st.Rec.Record = t.Slice(2*seqs+1, 2*seqs+1+n)
 	}
-	dev.WriteI32(st.Rec.Start, in.hStart)
-	dev.WriteI32(st.Rec.Slot, in.hState)
 	return nil
 }
 

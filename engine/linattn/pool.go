@@ -152,6 +152,13 @@ func (p *StatePool) Row(s *Slot) int {
 	return s.row
 }
 
+// SnapshotRow is snapshot sn's row in the pool's tensors (an op writes it
+// through kernels.Recurrent.Record).
+func (p *StatePool) SnapshotRow(sn *Snapshot) int {
+	p.checkSnap(sn)
+	return sn.row
+}
+
 // grow makes the tensors at least n rows long, copying what they held.
 func (d *devStore) grow(layers []LayerShape, n int) error {
 	if n <= d.rows {
@@ -211,8 +218,8 @@ func (d *devStore) copyRow(dst, src int) {
 	}
 }
 
-// takeRow returns a zeroed row; p.mu is held.
-func (p *StatePool) takeRow() (int, error) {
+// takeRow returns a row, zeroed when zero is set; p.mu is held.
+func (p *StatePool) takeRow(zero bool) (int, error) {
 	d := &p.dev
 	row := d.nextRow
 	if n := len(d.freeRows); n > 0 {
@@ -223,7 +230,9 @@ func (p *StatePool) takeRow() (int, error) {
 		}
 		d.nextRow++
 	}
-	d.copyRow(row, 0)
+	if zero {
+		d.copyRow(row, 0)
+	}
 	return row, nil
 }
 
@@ -254,14 +263,17 @@ func (p *StatePool) Available() int {
 }
 
 // take reserves one slot's worth of budget and returns a zeroed row.
-func (p *StatePool) take() (int, error) {
+func (p *StatePool) take() (int, error) { return p.takeAs(true) }
+
+// takeAs is take, the row zeroed only when zero is set.
+func (p *StatePool) takeAs(zero bool) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	need := p.BytesPerSeq()
 	if p.used+need > p.budget {
 		return 0, &ExhaustedError{Need: need, Used: p.used, Budget: p.budget}
 	}
-	row, err := p.takeRow()
+	row, err := p.takeRow(zero)
 	if err != nil {
 		return 0, err
 	}
@@ -347,6 +359,27 @@ func (p *StatePool) NewSnapshot() (*Snapshot, error) {
 		return nil, err
 	}
 	return &Snapshot{store{row: row, live: true}}, nil
+}
+
+// NewRecord allocates a snapshot from the budget whose contents are
+// undefined until written: the target of an op's
+// kernels.Recurrent.Record, which writes the whole state (no device copy
+// to zero it first).
+func (p *StatePool) NewRecord() (*Snapshot, error) {
+	row, err := p.takeAs(false)
+	if err != nil {
+		return nil, err
+	}
+	return &Snapshot{store{row: row, live: true}}, nil
+}
+
+// Adopt makes src's state slot dst's, without copying: the two swap
+// rows, so src holds dst's former state afterwards (speculative
+// rollback, whose snapshot is freed next).
+func (p *StatePool) Adopt(dst *Slot, src *Snapshot) {
+	p.check(dst)
+	p.checkSnap(src)
+	dst.row, src.row = src.row, dst.row
 }
 
 // FreeSnapshot returns a snapshot's row to the pool.

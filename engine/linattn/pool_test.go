@@ -208,6 +208,26 @@ func TestDevicePool(t *testing.T) {
 	}
 	p.FreeSnapshot(sn)
 	mustPanicPool(t, func() { p.Restore(s, sn) }) // a freed snapshot
+
+	// A record snapshot: its row as the op writes it (here by hand), and
+	// Adopt hands its state to a slot without a copy.
+	p.Free(s)
+	rec, err := p.NewRecord()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := &Slot{store: store{row: p.SnapshotRow(rec), live: true}} // the record's rows, viewed as a slot
+	fill(rs, 9)
+	before := p.Row(slots[0])
+	p.Adopt(slots[0], rec)
+	if !all(slots[0], 9) || p.Row(slots[0]) == before || p.SnapshotRow(rec) != before {
+		t.Fatal("Adopt: the slot does not hold the record's state, or the rows were not swapped")
+	}
+	p.FreeSnapshot(rec) // frees the slot's former row
+	if _, err := p.Alloc(); err != nil {
+		t.Fatal(err)
+	}
+	mustPanicPool(t, func() { p.Adopt(slots[0], rec) }) // a freed snapshot
 }
 
 func mustPanicPool(t *testing.T, fn func()) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/ferrite-llm/ferrite/engine/linattn"
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // StateModel is implemented by models with linear-attention layers, whose
@@ -73,15 +74,25 @@ func (b *Batch) ValidateStates(layout []linattn.LayerShape) error {
 			b.States.Layers(), b.States.BytesPerSeq(), len(layout), bytes)
 	}
 	seen := make(map[*linattn.Slot]bool, len(b.Seqs))
+	recs := map[*linattn.Snapshot]bool{}
 	for i := range b.Seqs {
-		st := b.Seqs[i].State
+		s := &b.Seqs[i]
+		st := s.State
 		switch {
 		case st == nil:
 			return fmt.Errorf("model: batch sequence %d has no state slot", i)
 		case seen[st]:
 			return fmt.Errorf("model: batch sequence %d repeats a state slot", i)
+		case len(s.Record) > 0 && (len(s.Record) != len(s.Tokens) || len(s.Tokens) > kernels.RecordMaxRows):
+			return fmt.Errorf("model: batch sequence %d records %d states for %d tokens (at most %d)", i, len(s.Record), len(s.Tokens), kernels.RecordMaxRows)
 		}
 		seen[st] = true
+		for _, r := range s.Record {
+			if r != nil && recs[r] {
+				return fmt.Errorf("model: batch sequence %d repeats a record snapshot", i)
+			}
+			recs[r] = true
+		}
 	}
 	return nil
 }

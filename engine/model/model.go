@@ -182,6 +182,14 @@ type Seq struct {
 	// last token of this chunk.
 	State *linattn.Slot
 
+	// Record, for a sequence with State, keeps the recurrent state after
+	// chosen tokens: Record[i], when not nil, receives the state as it is
+	// after Tokens[i] (speculative verification rolls back to the last
+	// accepted token from it, without running the tokens again). Empty, or
+	// one entry per token for a chunk of at most kernels.RecordMaxRows
+	// tokens; the snapshots are distinct.
+	Record []*linattn.Snapshot
+
 	// Full keeps this sequence's logit rows whole when Batch.Top asks for
 	// the best entries only (a sampler that needs the whole row).
 	Full bool

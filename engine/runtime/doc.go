@@ -77,7 +77,7 @@
 // runtime owns a linattn.StatePool (model.NewStatePool: rows of tensors
 // in the model's device memory) of Options.StateBudget bytes (default:
 // MaxSeqs slots, plus the snapshots speculation needs when the model has an
-// MTP module). A sequence gets a zeroed slot when admitted and gives it
+// MTP module: one per draft token of a verifying sequence). A sequence gets a zeroed slot when admitted and gives it
 // back whenever its cache handle goes (finish, cancel, error, preemption):
 // a preempted sequence recomputes its state from position 0 with its K/V.
 // Admission stops while the pool has no free slot, so a budget below
@@ -115,14 +115,15 @@
 //     MaxTokens and the length limit apply to each emitted token.
 //  4. Rollback: the cache (target and MTP layers) is truncated to the
 //     accepted positions. A hybrid model's linear layers have run over the
-//     rejected drafts too: the slot was snapshotted before the pass and is
-//     restored, and the accepted tokens run again in front of the next
-//     step's token (their K/V and hidden states are kept, so computed may
-//     be below the cache length). This costs one snapshot per verifying
-//     sequence (from the state pool; none free: no drafts) and a few
-//     recomputed tokens per rejection, and keeps a hybrid's verification
-//     window at 8 tokens or fewer, where the delta rule runs token by
-//     token exactly as in plain decoding.
+//     rejected drafts too: the pass itself recorded the recurrent state
+//     after the last pending token and after each draft but the last
+//     (model.Seq.Record, kernels.Recurrent.Record: backend copies, nothing
+//     on the host), and the slot is restored from the one after the last
+//     accepted position; nothing runs again. This costs one snapshot per
+//     draft token of each verifying sequence (from the state pool; fewer
+//     free: shorter drafts) and keeps a hybrid's verification window at 8
+//     tokens or fewer, where the delta rule runs token by token exactly as
+//     in plain decoding, so the recorded states are plain decoding's.
 //
 // The draft length adapts per sequence: each draft position keeps an
 // estimate of its acceptance (given the earlier ones passed) and the

@@ -185,6 +185,9 @@ func (f *fakeMTP) forward(b *model.Batch, state bool) (*model.Output, error) {
 			h = fakeMix(h, tok)
 			if state {
 				setState(b.States, s.State, float32(h))
+				if j < len(s.Record) && s.Record[j] != nil {
+					b.States.Snapshot(s.Record[j], s.State)
+				}
 			}
 			if s.Logits == model.AllLogits || s.Logits == model.LastLogits && j == len(s.Tokens)-1 {
 				row := make([]float32, f.vocab)

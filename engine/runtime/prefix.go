@@ -266,6 +266,14 @@ func (sc *scheduler) cachePrompt(s *seq) {
 // due. release frees what retain leaves.
 func (sc *scheduler) retain(s *seq) {
 	n := s.computed
+	sp := s.sp
+	verifying := sc.r.states != nil && sp != nil && sp.k > 0
+	if verifying {
+		// Finished while verifying drafts: the slot has run over them; the
+		// pass recorded the state after the pending tokens, whose K/V it
+		// wrote.
+		n += sp.pending
+	}
 	if !sc.prefix.on() || s.kv == nil || n == 0 {
 		return
 	}
@@ -274,10 +282,8 @@ func (sc *scheduler) retain(s *seq) {
 	}
 	e := sc.newPrefix(s, s.tokens, n)
 	if sc.r.states != nil {
-		if sp := s.sp; sp != nil && sp.k > 0 {
-			// Finished while verifying drafts: the slot has run over
-			// them; the snapshot taken before is the state after n.
-			e.snap, sp.snap = sp.snap, nil
+		if verifying {
+			e.snap, sp.recs[0] = sp.recs[0], nil
 		} else {
 			e.slot, s.slot = s.slot, nil
 		}

@@ -88,9 +88,11 @@ type Options struct {
 
 	// StateBudget is the bytes of recurrent state (models with
 	// linear-attention layers, model.StateModel): one slot per running
-	// sequence plus, for speculative decoding, one snapshot per sequence
-	// verifying drafts. 0 means room for MaxSeqs slots and, when the model
-	// has an MTP module, min(MaxSeqs, draft sequences) snapshots. A budget
+	// sequence plus, for speculative decoding, one snapshot per draft
+	// token of each sequence verifying drafts (the states a rejection
+	// rolls back to). 0 means room for MaxSeqs slots and, when the model
+	// has an MTP module, min(Draft, 7) snapshots for each of
+	// min(MaxSeqs, draft sequences) (fewer leave shorter drafts). A budget
 	// below one slot is refused (ErrStateBudget); a smaller budget than
 	// the default lowers the number of sequences that run at once. Room
 	// that these leave free holds the state checkpoints of cached
@@ -259,10 +261,11 @@ func newStatePool(m model.Model, hasMTP bool, opts *Options) (*linattn.StatePool
 	if opts.StateBudget == 0 {
 		slots := int64(opts.MaxSeqs)
 		if hasMTP {
-			slots += int64(opts.MaxSeqs) // snapshots for verification...
+			verifying := opts.MaxSeqs // snapshots for verification...
 			if opts.DraftMaxSeqs > 0 {
-				slots -= int64(max(opts.MaxSeqs-opts.DraftMaxSeqs, 0)) // ...of at most DraftMaxSeqs sequences
+				verifying = min(verifying, opts.DraftMaxSeqs) // ...of at most DraftMaxSeqs sequences
 			}
+			slots += int64(verifying * min(max(opts.Draft, 1), maxStateVerify-1)) // one per draft token
 		}
 		opts.StateBudget = slots * per
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // Speculative decoding with the model's MTP module (see doc.go).
@@ -16,8 +17,9 @@ import (
 // tokens (kernels.LinearAttentionOps.DeltaRule's contract), and that form
 // rounds the state to float32 after every token, exactly as plain decoding
 // does: a verification window this short gives the linear layers plain
-// decoding's results bit for bit.
-const maxStateVerify = 8
+// decoding's results bit for bit, and may record the state after each
+// token (kernels.Recurrent.Record) for the rollback.
+const maxStateVerify = kernels.RecordMaxRows
 
 // Adaptive draft length.
 const (
@@ -38,12 +40,18 @@ type specSeq struct {
 	hid     []float32 // (hidEnd-mtpDone, hidden) those not yet fed to the MTP module
 
 	// The step being built or run.
-	pending int               // tokens of the batch entry that are not drafts (> 1 after a hybrid's rollback)
-	k       int               // drafts in the batch entry; 0: none this step
-	buf     []int32           // (pending+k) the entry's tokens: tokens[computed:] then the drafts
-	q       [][]float32       // (k) the distribution each draft was sampled from (sampling only)
-	mtpH    []float32         // (hidden) the MTP's output hidden state of the last draft
-	snap    *linattn.Snapshot // hybrid models: the recurrent state before the verification
+	pending int         // tokens of the batch entry that are not drafts (> 1 after a hybrid's rollback)
+	k       int         // drafts in the batch entry; 0: none this step
+	buf     []int32     // (pending+k) the entry's tokens: tokens[computed:] then the drafts
+	q       [][]float32 // (k) the distribution each draft was sampled from (sampling only)
+	mtpH    []float32   // (hidden) the MTP's output hidden state of the last draft
+
+	// Hybrid models: recs[a] receives the recurrent state after the
+	// verification's row pending-1+a (the last pending token, then each
+	// draft but the last), where a rejection after a accepted drafts
+	// rolls back to; record is the batch entry's model.Seq.Record.
+	recs   []*linattn.Snapshot // (k)
+	record []*linattn.Snapshot // (pending+k)
 
 	acc  [MaxDraft]float32 // estimated acceptance of each draft position, given the ones before were accepted
 	rest int               // steps without drafts since the last probe (acc[0] < offBelow)
@@ -167,16 +175,28 @@ func (sc *scheduler) scheduleDrafts(budget int) int {
 			continue
 		}
 		if s.slot != nil {
-			// Keep the slots that waiting requests could be admitted into.
-			if sc.stateFree() <= sc.waitingSlots() || !sc.stateRoom(1, nil) {
+			// One snapshot per row a rejection may roll back to, keeping
+			// the slots that waiting requests could be admitted into:
+			// from the free rows, or else one draft for which the oldest
+			// cached prefix's checkpoint may go.
+			if free := r.states.Available() - sc.waitingSlots(); free > 0 {
+				k = min(k, free)
+			} else if k = 1; sc.stateFree() <= sc.waitingSlots() || !sc.stateRoom(1, nil) {
 				continue
 			}
-			snap, err := r.states.NewSnapshot()
-			if err != nil {
+			for range k {
+				snap, err := r.states.NewRecord()
+				if err != nil {
+					break
+				}
+				sp.recs = append(sp.recs, snap)
+			}
+			if k = len(sp.recs); k == 0 {
 				continue
 			}
-			r.states.Snapshot(snap, s.slot)
-			sp.snap = snap
+			sp.record = append(sp.record[:0], make([]*linattn.Snapshot, n+k)...)
+			copy(sp.record[n-1:], sp.recs)
+			e.Record = sp.record
 		}
 		sc.reserve(s, len(s.tokens)+k)
 		sp.pending, sp.k = n, k
@@ -190,16 +210,20 @@ func (sc *scheduler) scheduleDrafts(budget int) int {
 	return budget
 }
 
-// endDraft drops s's drafts of the step (if any) and their snapshot.
+// endDraft drops s's drafts of the step (if any) and their snapshots.
 func (sc *scheduler) endDraft(s *seq) {
 	sp := s.sp
 	if sp == nil {
 		return
 	}
-	if sp.snap != nil {
-		sc.r.states.FreeSnapshot(sp.snap)
-		sp.snap = nil
+	for _, snap := range sp.recs {
+		if snap != nil { // nil: taken by retain
+			sc.r.states.FreeSnapshot(snap)
+		}
 	}
+	clear(sp.recs)
+	clear(sp.record)
+	sp.recs, sp.record = sp.recs[:0], sp.record[:0]
 	sp.k, sp.pending = 0, 0
 	clear(sp.q)
 	sp.q, sp.mtpH = sp.q[:0], nil
@@ -207,7 +231,7 @@ func (sc *scheduler) endDraft(s *seq) {
 
 // undraft turns s's verification entry e back into a plain one.
 func (sc *scheduler) undraft(s *seq, e *model.Seq) {
-	e.Tokens, e.Logits = e.Tokens[:s.sp.pending], model.LastLogits
+	e.Tokens, e.Logits, e.Record = e.Tokens[:s.sp.pending], model.LastLogits, nil
 	sc.endDraft(s)
 }
 
@@ -355,12 +379,16 @@ func (sc *scheduler) verifySafe(s *seq, e *model.Seq, out *model.Output, i int, 
 // as plain sampling's. The first rejection ends the step with the
 // corrected token; if every draft passes, a bonus token is drawn from the
 // last row. Then the cache is cut back to the accepted positions and a
-// hybrid model's recurrent state rolled back (see doc.go).
+// hybrid model's recurrent state rolled back to the one the pass recorded
+// after the last accepted position (see doc.go).
 func (sc *scheduler) verify(s *seq, e *model.Seq, out *model.Output, i int, now time.Time) {
 	r, sp, o := sc.r, s.sp, &out.Seqs[i]
 	P, k, c, vocab := sp.pending, sp.k, e.Pos, r.info.Vocab
-	sc.promptToks += uint64(P - 1) // a hybrid's recomputation after a rollback
 	greedy := s.sampler.Params().Temperature == 0
+	// The pending tokens' hidden states stand whatever is accepted: known
+	// before a token is emitted, so that a prefix cached when the request
+	// finishes here (retain, up to them) keeps its MTP rows.
+	sp.addHidden(c, P, o.Hidden, r.info.Hidden)
 	judged, a, alive := 0, 0, true
 	for j := 0; j <= k && alive; j++ {
 		var tok int32
@@ -395,12 +423,11 @@ func (sc *scheduler) verify(s *seq, e *model.Seq, out *model.Output, i int, now 
 	sp.addHidden(c, P+a, o.Hidden, r.info.Hidden)
 	if s.slot != nil && a < k {
 		// The linear layers have run over rejected drafts too: back to the
-		// state before the step, and the accepted tokens run again with
-		// the next one (their K/V and hidden states stay as computed).
-		r.states.Restore(s.slot, sp.snap)
-	} else {
-		s.computed = valid
+		// state the pass recorded after the last accepted position (the
+		// slot takes the snapshot's row; endDraft frees the old one).
+		r.states.Adopt(s.slot, sp.recs[a])
 	}
+	s.computed = valid
 	r.cache.Truncate(s.kv, valid)
 	sc.endDraft(s)
 }

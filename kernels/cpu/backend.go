@@ -27,7 +27,15 @@ type Backend struct {
 
 	allocated atomic.Int64 // bytes of the live tensors Alloc returned (MemoryUse)
 	bf16x     bool         // BF16 weights may take x rounded to bfloat16
+	rowExact  bool         // SetRowExact: MatMul runs row by row
 }
+
+// SetRowExact implements kernels.RowExact: while on, MatMul (under every
+// op that multiplies by a matrix: the linear ops, experts, MLA, mHC,
+// attention) runs one row of x at a time, so a row gets the bits a
+// one-row call gives it (the tiled kernels of several rows sum in
+// another order). Call it outside a step.
+func (b *Backend) SetRowExact(on bool) { b.rowExact = on }
 
 var _ kernels.Device = (*Backend)(nil)
 
@@ -129,6 +137,12 @@ func (b *Backend) RoundsXToBF16(w *kernels.Mat, n int) bool {
 func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 	kernels.CheckMatMul(y, x, w, n)
 	if n == 0 || w.Rows == 0 {
+		return
+	}
+	if b.rowExact && n > 1 {
+		for i := range n {
+			b.MatMul(y[i*w.Rows:(i+1)*w.Rows], x[i*w.Cols:(i+1)*w.Cols], w, 1)
+		}
 		return
 	}
 	p := b.pool

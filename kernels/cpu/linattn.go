@@ -81,6 +81,9 @@ func (d *deltaRule) strides(s *deltaSeq) (qs, ks, vs, os int) {
 	return s.QStride, s.KStride, s.VStride, s.OutStride
 }
 
+// RecordsStates implements kernels.StateRecorder.
+func (b *Backend) RecordsStates() bool { return true }
+
 // seqs reads r's sequence starts and slots, checking them against n rows
 // and a state tensor of slots rows.
 func seqs(r *kernels.Recurrent, n, slots int) (start, slot []int32) {
@@ -99,6 +102,39 @@ func seqs(r *kernels.Recurrent, n, slots int) (start, slot []int32) {
 	return start, slot
 }
 
+// records reads r.Record for n rows (nil without it), checking the record
+// slots against a state tensor of slots rows and the sequences that record
+// against kernels.RecordMaxRows.
+func records(r *kernels.Recurrent, n, slots int, start []int32) []int32 {
+	if !r.Record.Valid() {
+		return nil
+	}
+	if r.Record.Rows != n || r.Record.Cols != 1 || r.Record.Stride != 1 {
+		panic("cpu: Recurrent record shape does not match the rows")
+	}
+	rec := i32(r.Record)
+	ss := r.Start.Stride
+	for s := range r.Slot.Rows {
+		r0, r1 := int(start[s*ss]), int(start[(s+1)*ss])
+		for i := r0; i < r1; i++ {
+			if rec[i] >= int32(slots) || rec[i] >= 0 && r1-r0 > kernels.RecordMaxRows {
+				panic("cpu: Recurrent record slot outside the state tensor, or a long sequence records")
+			}
+		}
+	}
+	return rec
+}
+
+// recording reports whether any of rows [r0, r1) records its state.
+func recording(rec []int32, r0, r1 int) bool {
+	for i := r0; rec != nil && i < r1; i++ {
+		if rec[i] >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // ShortConv implements kernels.LinearAttentionOps: (sequence, channel
 // block) work items over the pool.
 func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurrent) {
@@ -110,6 +146,7 @@ func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurren
 		panic("cpu: ShortConv shapes do not match")
 	}
 	start, slot := seqs(r, x.Rows, state.Rows)
+	rec := records(r, x.Rows, state.Rows, start)
 	y, xs, ws, st := f32(dst), f32(x), f32(w), f32(state)
 	nb := (C + convBlock - 1) / convBlock
 	ss, sr := r.Start.Stride, r.Slot.Stride
@@ -119,7 +156,22 @@ func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurren
 			r0, r1 := int(start[s*ss]), int(start[(s+1)*ss])
 			sl := int(slot[s*sr])
 			conv := st[sl*state.Stride : sl*state.Stride+state.Cols]
-			convBlockRows(y[r0*C:r1*C], xs[r0*C:r1*C], ws, conv, r1-r0, C, K, blk*convBlock, min(C, (blk+1)*convBlock))
+			c0, c1 := blk*convBlock, min(C, (blk+1)*convBlock)
+			if !recording(rec, r0, r1) {
+				convBlockRows(y[r0*C:r1*C], xs[r0*C:r1*C], ws, conv, r1-r0, C, K, c0, c1)
+				continue
+			}
+			// One row at a time, this block's channels of the state
+			// copied out after each recording row.
+			for i := r0; i < r1; i++ {
+				convBlockRows(y[i*C:(i+1)*C], xs[i*C:(i+1)*C], ws, conv, 1, C, K, c0, c1)
+				if to := int(rec[i]); to >= 0 {
+					dst := st[to*state.Stride : to*state.Stride+state.Cols]
+					for j := range K - 1 {
+						copy(dst[j*C+c0:j*C+c1], conv[j*C+c0:j*C+c1])
+					}
+				}
+			}
 		}
 	})
 }
@@ -184,6 +236,7 @@ func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Re
 		panic("cpu: DeltaRule shapes do not match")
 	}
 	start, slot := seqs(r, rows, state.Rows)
+	rec := records(r, rows, state.Rows, start)
 	xs, as, bs, aLog, dtBias := f32(qkv), f32(a), f32(bt), f32(n.ALog), f32(n.DtBias)
 	ls := &b.lin
 	qk := grow(&ls.qk, rows*2*kw)
@@ -224,6 +277,23 @@ func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Re
 			}
 			switch {
 			case sq.T == 0:
+			case recording(rec, r0, r1):
+				// One row at a time, head h's part of the state copied
+				// out after each recording row.
+				if rw == nil {
+					rw = recPool.Get().(*recWS)
+					rw.ensure(dk, dv)
+				}
+				hs := sq.State[h*dk*dv : (h+1)*dk*dv]
+				for i := r0; i < r1; i++ {
+					row := *sq
+					row.T, row.Q, row.K, row.V = 1, qk[i*2*kw:], qk[i*2*kw+kw:], xs[i*w+2*kw:]
+					row.Beta, row.G, row.Out = beta[i*H:], g[i*gw:], o[i*H*dv:]
+					rule.recurrentHead(&row, h, rw)
+					if to := int(rec[i]); to >= 0 {
+						copy(st[to*state.Stride+h*dk*dv:], hs)
+					}
+				}
 			case sq.T <= recurrentMaxT:
 				if rw == nil {
 					rw = recPool.Get().(*recWS)

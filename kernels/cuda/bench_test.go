@@ -128,7 +128,8 @@ func benchGEMV(b *testing.B, d *Device, name string, rows, cols int, gemv func(y
 // layers × qkv, o, gate_up, down, then the LM head: 15.1 GB of distinct bf16
 // weights) launched eagerly, one op after another: the floor a batch-1 step
 // of this model reaches with these kernels, before attention and the small
-// kernels. tok/s is 1 / step time.
+// kernels. tok/s is 1 / step time. Variants: the GEMV layout (rows=0 four
+// warps a row, 4 or 8 rows a block) and programmatic dependent launch.
 func BenchmarkDecodeStep8B(b *testing.B) {
 	d := needGPU(b)
 	var step []*Weight
@@ -143,9 +144,16 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 	}
 	x, y := benchF32(b, d, 12288), benchF32(b, d, 151936)
 	defer d.SetGEMVRows(gemvRowsDefault())
-	for _, r := range []int{0, 4, 8} { // gemv_split, gemv_rows with 4 and 8 rows a block
-		d.SetGEMVRows(r)
-		b.Run(fmt.Sprintf("rows=%d", r), func(b *testing.B) {
+	defer d.SetPDL(pdlEnabled(d.Major))
+	for _, c := range []struct {
+		rows int // 0: gemv_split; 4, 8: gemv_rows with that many rows a block
+		pdl  bool
+	}{{0, false}, {0, true}, {4, true}, {8, true}, {8, false}} {
+		d.SetGEMVRows(c.rows)
+		if d.SetPDL(c.pdl) != c.pdl {
+			continue // no PDL on this GPU or driver
+		}
+		b.Run(fmt.Sprintf("rows=%d/pdl=%v", c.rows, c.pdl), func(b *testing.B) {
 			el := timeLaunches(b, d, b.N, func(int) error {
 				for _, w := range step {
 					if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
@@ -203,7 +211,8 @@ func BenchmarkGemmBF16(b *testing.B) {
 // KV cache of ctx positions. "linear" runs only the products, "other" only
 // the rest, so the wall times split the step; the steps replay a CUDA graph
 // (graphs/step 1) except in the "eager" variants. ms/step is host wall
-// time from BeginStep to the end of EndStep.
+// time from BeginStep to the end of EndStep, queue-ms/step the part before
+// EndStep (the model's ops queued on the host while the GPU waits).
 func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	needGPU(b)
 	be, err := OpenBackend(0, 2)
@@ -336,7 +345,9 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			x0[i] = float32(i%13)*0.1 - 0.6
 		}
 		var logits kernels.Tensor
+		var queued time.Duration // host time spent queueing the steps' ops (BeginStep to EndStep)
 		step := func() {
+			t0 := time.Now()
 			be.BeginStep()
 			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
 			qkv := be.Scratch(kernels.F32, 1, (heads+2*kvHeads)*hd)
@@ -372,6 +383,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			if c.lin {
 				be.Linear(logits, h, head, kernels.Epilogue{})
 			}
+			queued += time.Since(t0)
 			be.EndStep()
 		}
 		be.dev.do(func() error { be.graphs.enabled = !c.eager; return nil })
@@ -385,6 +397,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			_, replays0, _ := be.GraphStats()
 			b.ResetTimer()
 			start := time.Now()
+			queued = 0
 			for range b.N {
 				step()
 			}
@@ -396,6 +409,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			b.ReportMetric(sec*1e3, "ms/step")
 			b.ReportMetric(1/sec, "tok/s")
 			b.ReportMetric(float64(replays-replays0)/float64(b.N), "graphs/step")
+			b.ReportMetric(queued.Seconds()*1e3/float64(b.N), "queue-ms/step")
 		})
 		if c.ctx != 512 || !c.lin || !c.rest {
 			continue

@@ -14,9 +14,10 @@
 // A decode step is a few fused kernels a layer: q/k/v and gate/up run as
 // one GEMV each over weights stacked once on the device (LinearCat,
 // SwiGLULinear, the SwiGLU in the GEMV's epilogue), and PrepareQKV norms,
-// rotates and stores q/k/v in one kernel. With FERRITE_CUDA_PDL=1 on sm_90
-// those kernels use programmatic dependent launch (pdl.go), and
-// FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of that many rows a block.
+// rotates and stores q/k/v in one kernel. On sm_90 those kernels use
+// programmatic dependent launch (pdl.go; FERRITE_CUDA_PDL=0 turns it off),
+// and FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of that many rows a
+// block.
 //
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and
@@ -24,7 +25,9 @@
 // from; tools/cuda/check_cuda.sh type-checks them with clang where there is
 // no nvcc. Backend implements the op set (kernels.Device) and the
 // linear-attention, k-pool, mHC and clamp capabilities
-// (kernels.LinearAttentionOps, KPoolOps, HyperOps, ClampOps) on a Device:
+// (kernels.LinearAttentionOps, with kernels.Recurrent.Record for the
+// speculative rollback, KPoolOps, HyperOps, ClampOps, and kernels.RowExact
+// for verification steps) on a Device:
 // tensors in device memory, a per-step scratch arena, launches queued and
 // handed to the device thread in batches, each weight uploaded once per
 // *kernels.Mat (a kernels.Mat.Random one without Data generated in device

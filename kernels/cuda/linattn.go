@@ -41,6 +41,20 @@ func recurrent(op string, r *kernels.Recurrent, state kernels.Tensor, cols int) 
 	return seqs
 }
 
+// RecordsStates implements kernels.StateRecorder: ShortConv and DeltaRule
+// honour Recurrent.Record.
+func (b *Backend) RecordsStates() bool { return true }
+
+// record returns r.Record's device address and row stride for a step of n
+// rows, or zeros without it.
+func record(op string, r *kernels.Recurrent, n int) (uint64, uint64) {
+	if !r.Record.Valid() {
+		return 0, 0
+	}
+	index(op+" record", r.Record, n, 1)
+	return dptr(r.Record), i32(r.Record.Stride)
+}
+
 // ShortConv implements kernels.LinearAttentionOps: a thread per (sequence,
 // channel) runs the sequence's rows in order.
 func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurrent) {
@@ -54,9 +68,11 @@ func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurren
 		return
 	}
 	y, xp, wp, st, start, slot := dptr(dst), dptr(x), dptr(w), dptr(state), dptr(r.Start), dptr(r.Slot)
+	rec, recStride := record("ShortConv", r, x.Rows)
 	b.queue(func(d *Device) error {
 		return d.launch3L("ferrite_short_conv", [3]uint32{uint32(seqs), uint32(ceilDiv(C, 128)), 1}, 128, 0,
-			y, xp, wp, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride), i32(C), i32(K))
+			y, xp, wp, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride), i32(C), i32(K),
+			rec, recStride)
 	})
 }
 
@@ -93,19 +109,20 @@ func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Re
 		kpl++
 	}
 	qk := dptr(b.Scratch(kernels.F32, rows, 2*Hk*dk)) // (rows, 2·Hk·DK) normalised [q | k]
-	g := dptr(b.Scratch(kernels.F32, rows, gw))       // (rows, gw) log-decays
+	dec := dptr(b.Scratch(kernels.F32, rows, 2*gw))   // (rows, gw) float64 decays e^g
 	beta := dptr(b.Scratch(kernels.F32, rows, H))     // (rows, H) write strengths
 	o, xp, ap, bp, alog, dtb := dptr(out), dptr(qkv), dptr(a), dptr(bt), dptr(n.ALog), dptr(n.DtBias)
 	st, start, slot := dptr(state), dptr(r.Start), dptr(r.Slot)
+	rec, recStride := record("DeltaRule", r, rows)
 	b.queue(func(d *Device) error {
-		err := d.launchL("ferrite_delta_prep", uint32(rows), 128, 0, qk, g, beta, xp, ap, bp, alog, dtb,
+		err := d.launchL("ferrite_delta_prep", uint32(rows), 128, 0, qk, dec, beta, xp, ap, bp, alog, dtb,
 			i32(w), i32(H), i32(Hk), i32(dk), b32(n.PerChannel), f32(n.LowerBound))
 		if err != nil {
 			return err
 		}
 		return d.launch3L(deltaKernels[kpl], [3]uint32{uint32(seqs), uint32(H), uint32(ceilDiv(dv, deltaBlockV))}, 128, 0,
-			o, qk, xp, g, beta, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride),
-			i32(H), i32(Hk), i32(dk), i32(dv), b32(n.PerChannel))
+			o, qk, xp, dec, beta, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride),
+			i32(H), i32(Hk), i32(dk), i32(dv), b32(n.PerChannel), rec, recStride)
 	})
 }
 

@@ -18,6 +18,7 @@ var fatbin []byte
 var kernelNames = []string{
 	"ferrite_gemv_f32_1", "ferrite_gemv_f32_8", "ferrite_gemv_bf16_1", "ferrite_gemv_bf16_8",
 	"ferrite_gemv_f16_1", "ferrite_gemv_f16_8", "ferrite_gemv_f8e4m3_1", "ferrite_gemv_f8e4m3_8",
+	"ferrite_gemv_f32_x", "ferrite_gemv_bf16_x", "ferrite_gemv_f16_x",
 	// The decode step's fused and row-block kernels (src/gemv.cu, src/ops.cu).
 	"ferrite_gemv_f32_r4", "ferrite_gemv_f32_r8", "ferrite_gemv_bf16_r4", "ferrite_gemv_bf16_r8",
 	"ferrite_gemv_f16_r4", "ferrite_gemv_f16_r8",

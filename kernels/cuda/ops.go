@@ -213,6 +213,23 @@ func (d *Device) linearL(y, x uint64, w *Weight, n int, bias uint64, acc bool) e
 	return fmt.Errorf("cuda: no GEMV for %v weights", w.DType)
 }
 
+// linearExactL queues y (n, w.Rows) = x·wᵀ (+ bias) (+ y when acc) with
+// every row summed as the n = 1 GEMV (four warps a row) sums it alone
+// (Backend.SetRowExact); F8E4M3 weights' GEMV already is.
+func (d *Device) linearExactL(y, x uint64, w *Weight, n int, bias uint64, acc bool) error {
+	name, ok := gemvExactKernels[w.DType]
+	if !ok || n == 0 || w.Rows == 0 {
+		return d.linearL(y, x, w, n, bias, acc)
+	}
+	grid := uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
+	return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc))
+}
+
+// gemvExactKernels names the GEMVs of linearExactL per dtype.
+var gemvExactKernels = map[kernels.DType]string{
+	kernels.F32: "ferrite_gemv_f32_x", kernels.BF16: "ferrite_gemv_bf16_x", kernels.F16: "ferrite_gemv_f16_x",
+}
+
 // gemvKernels names each dtype's GEMV kernels: [0] for n rows of x in
 // chunks of 8, [1] for n = 1.
 var gemvKernels = map[kernels.DType][2]string{

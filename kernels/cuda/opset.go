@@ -135,10 +135,19 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 	b.linearW(dptr(dst), dptr(x), bias, dw, n, e.Accumulate)
 }
 
+// SetRowExact implements kernels.RowExact: while on, Linear, LinearCat and
+// SwiGLULinear sum every row as the n = 1 GEMV sums it alone (gemv.cu's _x
+// kernels: the weight read once per step from memory, at GEMV speed, not
+// cuBLASLt's for many rows). Call it outside a step.
+func (b *Backend) SetRowExact(on bool) { b.rowExact = on }
+
 // linearW queues y (n, w.Rows) = x·wᵀ (+ bias) (+ y when acc): the GEMV
-// for one row (and for weights cuBLASLt does not take), cuBLASLt above.
+// for one row (and for weights cuBLASLt does not take), cuBLASLt above;
+// with SetRowExact, the one-row GEMV's sums for every row.
 func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
+	case b.rowExact && n > 1:
+		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
 	case n == 1 || w.DType != kernels.BF16 || !b.useGemm():
 		b.queue(func(d *Device) error { return d.linearL(y, x, w, n, bias, acc) })
 	case n < gemmRoundRows:
@@ -193,7 +202,7 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 		return
 	}
 	y, xp := dptr(dst), dptr(x)
-	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 {
+	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 { // with SetRowExact, n > 1 gives each row these bits too
 		b.queue(func(d *Device) error {
 			name, grid := k[0], uint32(inter)
 			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
@@ -475,8 +484,8 @@ func (b *Backend) StoreKV(kc, vc, k, v kernels.Tensor, p *kernels.Paged) {
 	})
 }
 
-// Attention tiling (src/ops.cu): attnSplit keys per split, attnGroup query
-// heads per block, head dims up to attnMaxHD.
+// Attention tiling (src/ops.cu): splits of at least attnSplit keys,
+// attnGroup query heads per block, head dims up to attnMaxHD.
 const (
 	attnSplit  = 128
 	attnGroup  = 8
@@ -540,7 +549,8 @@ func (b *Backend) PreferredBatchTokens() int { return batchTokens }
 // ferrite_attn_combine. The split count comes from host values only (the
 // block table's width and the batch), never from the positions on the
 // device: enough splits of attnSplit keys to give the GPU about two blocks
-// per multiprocessor.
+// per multiprocessor, each split then widened so that together they cover
+// the block table's keys.
 func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
 	f32Contig("Attention", out, q)
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
@@ -575,7 +585,9 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	chunks := ceilDiv(s.Heads/s.KVHeads, attnGroup)
 	blocks := n * s.KVHeads * chunks
-	splits := min(ceilDiv(p.Blocks.Cols*p.BlockSize, attnSplit), max(1, ceilDiv(2*b.dev.SMs, blocks)))
+	maxKeys := p.Blocks.Cols * p.BlockSize
+	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(2*b.dev.SMs, blocks)))
+	split := ceilDiv(ceilDiv(maxKeys, splits), 32) * 32 // keys per split, whole warp tiles
 	var part uint64
 	if splits > 1 {
 		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, s.HeadDim+2)) // (n, heads, splits, max, sum, hd acc)
@@ -597,7 +609,7 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		}
 		err := d.launch3L(attnKernels[bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
 			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
-			i32(s.HeadDim), i32(chunks), i32(attnSplit), f32(s.Scale), i32(ptile))
+			i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile))
 		if err != nil || splits == 1 {
 			return err
 		}

@@ -21,6 +21,7 @@ import (
 // without, after the attention kernel has completed).
 var pdlKernels = map[string]bool{
 	"ferrite_gemv_f32_1": true, "ferrite_gemv_bf16_1": true, "ferrite_gemv_f16_1": true,
+	"ferrite_gemv_f32_x": true, "ferrite_gemv_bf16_x": true, "ferrite_gemv_f16_x": true,
 	"ferrite_gemv_f32_r4": true, "ferrite_gemv_f32_r8": true, "ferrite_gemv_bf16_r4": true, "ferrite_gemv_bf16_r8": true,
 	"ferrite_gemv_f16_r4": true, "ferrite_gemv_f16_r8": true,
 	"ferrite_gemv_swiglu_f32_r4": true, "ferrite_gemv_swiglu_f32_r8": true, "ferrite_gemv_swiglu_bf16_r4": true,
@@ -32,10 +33,10 @@ var pdlKernels = map[string]bool{
 }
 
 // pdlEnabled is whether a new Device of compute capability major uses PDL:
-// on 9.0 and newer with a driver that has cuLaunchKernelEx, when
-// FERRITE_CUDA_PDL=1 (off by default until measured on the H200).
+// on 9.0 and newer with a driver that has cuLaunchKernelEx, unless
+// FERRITE_CUDA_PDL=0 (a switch for comparing).
 func pdlEnabled(major int) bool {
-	return major >= 9 && driver.cuLaunchKernelEx != 0 && os.Getenv("FERRITE_CUDA_PDL") == "1"
+	return major >= 9 && driver.cuLaunchKernelEx != 0 && os.Getenv("FERRITE_CUDA_PDL") != "0"
 }
 
 // SetPDL turns programmatic dependent launch on or off for later launches

@@ -26,6 +26,12 @@ func linearAttentionTests(t *testing.T, d kernels.Device) {
 	t.Run("ShortConv", func(t *testing.T) { shortConvTest(t, d, la) })
 	t.Run("DeltaRule", func(t *testing.T) { deltaRuleTest(t, d, la) })
 	t.Run("DeltaRuleSplit", func(t *testing.T) { deltaSplitTest(t, d, la) })
+	t.Run("Record", func(t *testing.T) {
+		if !kernels.RecordsStates(d) {
+			t.Skip("the backend does not record states (kernels.StateRecorder)")
+		}
+		recordTest(t, d, la)
+	})
 	t.Run("GatedRMSNorm", func(t *testing.T) { gatedNormTest(t, d, la) })
 	t.Run("SigmoidGate", func(t *testing.T) { sigmoidGateTest(t, d, la) })
 }
@@ -275,5 +281,93 @@ func sigmoidGateTest(t *testing.T, d kernels.Device, la kernels.LinearAttentionO
 			ref.SigmoidGate(want, xv, gv, cols, acc)
 			compare(t, fmt.Sprintf("gate cols %d, acc %v", gc, acc), y.read(t, "y"), want, RowOpTol, rowScale(want))
 		}
+	}
+}
+
+// recordTest checks Recurrent.Record on a KDA and a GDN layer and its
+// convolution: a step of three sequences (3, 1 and 4 rows; the first and
+// last record after some rows) leaves in each record slot, bit for bit,
+// the state its sequence has after that row when the rows are fed one call
+// at a time (plain decoding's states), the same outputs and final states
+// as those calls, and every other slot as it was.
+func recordTest(t *testing.T, d kernels.Device, la kernels.LinearAttentionOps) {
+	lens, slots := []int{3, 1, 4}, []int32{0, 1, 2}
+	rec := []int32{3, 4, -1, -1, 5, -1, 6, 7} // (8) record slot of each row, or −1
+	const nSlots = 9                          // 0-2 the sequences', 3-7 records, 8 never written
+	for i, c := range []*deltaCase{deltaCases()[3], deltaCases()[1]} {
+		t.Run(c.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(i), 29))
+			c.setup(t, d, rng)
+			_, a, b := c.inputs(rng, len(rec))
+			K := 4
+			cw, xv := randn(rng, c.qkvW*K), randn(rng, len(rec)*c.qkvW)
+			convW := newBuf(t, d, c.qkvW, K, cw)
+			sw := (K - 1) * c.qkvW
+			init := func(width int) (kernels.Tensor, []float32) {
+				v := randn(rng, nSlots*width)
+				st, err := d.Alloc(kernels.F32, nSlots, width)
+				if err != nil {
+					t.Fatal(err)
+				}
+				d.WriteF32(st, v)
+				return st, v
+			}
+			// The step with records.
+			st, sv := init(c.stW)
+			conv, cv := init(sw)
+			r := recurrentMap(t, d, lens, slots)
+			r.Record = ints(t, d, len(rec), 1, rec)
+			x := newBuf(t, d, len(rec), c.qkvW, xv)
+			y := newBuf(t, d, len(rec), c.qkvW, nil)
+			av, bv := newBuf(t, d, len(rec), c.gateWidth, a), newBuf(t, d, len(rec), c.n.Heads, b)
+			out := newBuf(t, d, len(rec), c.n.Heads*c.n.DV, nil)
+			step(d, func() {
+				la.ShortConv(y.t, x.t, convW.t, conv, r)
+				la.DeltaRule(out.t, y.t, av.t, bv.t, st, r, &c.n)
+			})
+			gotY, gotOut := y.read(t, "conv out"), out.read(t, "out")
+			gotSt, gotConv := make([]float32, nSlots*c.stW), make([]float32, nSlots*sw)
+			d.ReadF32(gotSt, st)
+			d.ReadF32(gotConv, conv)
+
+			// The same rows one call at a time, on fresh copies of the
+			// initial states.
+			st1, _ := init(c.stW)
+			conv1, _ := init(sw)
+			d.WriteF32(st1, sv)
+			d.WriteF32(conv1, cv)
+			wantSt, wantConv := append([]float32(nil), sv...), append([]float32(nil), cv...)
+			wantY, wantOut := make([]float32, len(rec)*c.qkvW), make([]float32, len(rec)*c.n.Heads*c.n.DV)
+			row, ow, gw := 0, c.n.Heads*c.n.DV, c.gateWidth
+			for s, l := range lens {
+				for range l {
+					r1 := recurrentMap(t, d, []int{1}, []int32{slots[s]})
+					x1 := newBuf(t, d, 1, c.qkvW, xv[row*c.qkvW:(row+1)*c.qkvW])
+					y1, o1 := newBuf(t, d, 1, c.qkvW, nil), newBuf(t, d, 1, ow, nil)
+					a1, b1 := newBuf(t, d, 1, gw, a[row*gw:(row+1)*gw]), newBuf(t, d, 1, c.n.Heads, b[row*c.n.Heads:(row+1)*c.n.Heads])
+					step(d, func() {
+						la.ShortConv(y1.t, x1.t, convW.t, conv1, r1)
+						la.DeltaRule(o1.t, y1.t, a1.t, b1.t, st1, r1, &c.n)
+					})
+					copy(wantY[row*c.qkvW:], y1.read(t, "conv out"))
+					copy(wantOut[row*ow:], o1.read(t, "out"))
+					all, allConv := make([]float32, nSlots*c.stW), make([]float32, nSlots*sw)
+					d.ReadF32(all, st1)
+					d.ReadF32(allConv, conv1)
+					sl := int(slots[s])
+					copy(wantSt[sl*c.stW:(sl+1)*c.stW], all[sl*c.stW:])
+					copy(wantConv[sl*sw:(sl+1)*sw], allConv[sl*sw:])
+					if to := int(rec[row]); to >= 0 {
+						copy(wantSt[to*c.stW:(to+1)*c.stW], all[sl*c.stW:])
+						copy(wantConv[to*sw:(to+1)*sw], allConv[sl*sw:])
+					}
+					row++
+				}
+			}
+			compare(t, "conv out", gotY, wantY, 0, rowScale(wantY))
+			compare(t, "out", gotOut, wantOut, 0, rowScale(wantOut))
+			compare(t, "delta-rule states", gotSt, wantSt, 0, rowScale(wantSt))
+			compare(t, "conv states", gotConv, wantConv, 0, rowScale(wantConv))
+		})
 	}
 }

@@ -9,10 +9,15 @@ import (
 
 var _ kernels.LinearAttentionOps = (*Device)(nil)
 
+// RecordsStates implements kernels.StateRecorder.
+func (d *Device) RecordsStates() bool { return true }
+
 // recurrent reads and checks r for n rows and a state tensor of slots
-// rows: sequence boundaries that cover [0, n) in order, and distinct slots
-// inside the tensor.
-func (d *Device) recurrent(op string, r *kernels.Recurrent, n, slots int) (start, slot []int32) {
+// rows: sequence boundaries that cover [0, n) in order, distinct slots
+// inside the tensor and, with r.Record, record slots (nil without) that
+// are distinct from them and each other, in sequences of at most
+// kernels.RecordMaxRows rows.
+func (d *Device) recurrent(op string, r *kernels.Recurrent, n, slots int) (start, slot, record []int32) {
 	shape(op+" sequences", r.Slot, -1, 1)
 	shape(op+" starts", r.Start, r.Slot.Rows+1, 1)
 	start, slot = d.ints(op, r.Start), d.ints(op, r.Slot)
@@ -29,7 +34,47 @@ func (d *Device) recurrent(op string, r *kernels.Recurrent, n, slots int) (start
 		}
 		seen[sl] = true
 	}
-	return start, slot
+	if !r.Record.Valid() {
+		return start, slot, nil
+	}
+	shape(op+" record", r.Record, n, 1)
+	record = d.ints(op, r.Record)
+	for s := range slot {
+		for i := start[s]; i < start[s+1]; i++ {
+			rec := record[i]
+			if rec < 0 {
+				continue
+			}
+			if start[s+1]-start[s] > kernels.RecordMaxRows {
+				panic(fmt.Sprintf("strict: %s: a sequence of %d rows records states", op, start[s+1]-start[s]))
+			}
+			if int(rec) >= slots || seen[rec] {
+				panic(fmt.Sprintf("strict: %s: record slot %d outside [0, %d) or repeated", op, rec, slots))
+			}
+			seen[rec] = true
+		}
+	}
+	return start, slot, record
+}
+
+// recordRows runs one sequence's rows [lo, hi) through run: all at once
+// without records, else one row at a time, copying the state after each
+// recording row into its slot of state (run's rows are then [i, i+1)).
+func (d *Device) recordRows(op string, state kernels.Tensor, sl int32, record []int32, lo, hi int, run func(lo, hi int, st []float32)) {
+	row := state.Slice(int(sl), int(sl)+1)
+	st := d.in(op+" state", row, kernels.F32)
+	if record == nil {
+		run(lo, hi, st)
+		d.out(row, st)
+		return
+	}
+	for i := lo; i < hi; i++ {
+		run(i, i+1, st)
+		if rec := record[i]; rec >= 0 {
+			d.out(state.Slice(int(rec), int(rec)+1), st)
+		}
+	}
+	d.out(row, st)
 }
 
 // ShortConv implements kernels.LinearAttentionOps.
@@ -41,15 +86,13 @@ func (d *Device) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurrent
 	if k < 1 {
 		panic("strict: ShortConv kernel width")
 	}
-	start, slot := d.recurrent("ShortConv", r, x.Rows, state.Rows)
+	start, slot, record := d.recurrent("ShortConv", r, x.Rows, state.Rows)
 	xs, ws := d.in("ShortConv", x, kernels.F32), d.in("ShortConv", w, kernels.F32)
 	y := make([]float32, dst.Elems())
 	for s, sl := range slot {
-		row := state.Slice(int(sl), int(sl)+1)
-		st := d.in("ShortConv state", row, kernels.F32)
-		lo, hi := int(start[s]), int(start[s+1])
-		ref.ShortConv(y[lo*c:hi*c], xs[lo*c:hi*c], ws, st, hi-lo, c, k)
-		d.out(row, st)
+		d.recordRows("ShortConv", state, sl, record, int(start[s]), int(start[s+1]), func(lo, hi int, st []float32) {
+			ref.ShortConv(y[lo*c:hi*c], xs[lo*c:hi*c], ws, st, hi-lo, c, k)
+		})
 	}
 	d.out(dst, y)
 }
@@ -72,18 +115,16 @@ func (d *Device) DeltaRule(out, qkv, a, b, state kernels.Tensor, r *kernels.Recu
 	shape("DeltaRule A_log", n.ALog, 1, n.Heads)
 	shape("DeltaRule dt_bias", n.DtBias, 1, gw)
 	shape("DeltaRule state", state, -1, n.StateWidth())
-	start, slot := d.recurrent("DeltaRule", r, rows, state.Rows)
+	start, slot, record := d.recurrent("DeltaRule", r, rows, state.Rows)
 	xs := d.in("DeltaRule", qkv, kernels.F32)
 	as, bs := d.in("DeltaRule", a, kernels.F32), d.in("DeltaRule", b, kernels.F32)
 	aLog, dtBias := d.in("DeltaRule", n.ALog, kernels.F32), d.in("DeltaRule", n.DtBias, kernels.F32)
 	y := make([]float32, out.Elems())
 	w, ow := n.QKVWidth(), n.Heads*n.DV
 	for s, sl := range slot {
-		row := state.Slice(int(sl), int(sl)+1)
-		st := d.in("DeltaRule state", row, kernels.F32)
-		lo, hi := int(start[s]), int(start[s+1])
-		ref.DeltaRule(y[lo*ow:hi*ow], xs[lo*w:hi*w], as[lo*gw:hi*gw], bs[lo*n.Heads:hi*n.Heads], st, hi-lo, n, aLog, dtBias)
-		d.out(row, st)
+		d.recordRows("DeltaRule", state, sl, record, int(start[s]), int(start[s+1]), func(lo, hi int, st []float32) {
+			ref.DeltaRule(y[lo*ow:hi*ow], xs[lo*w:hi*w], as[lo*gw:hi*gw], bs[lo*n.Heads:hi*n.Heads], st, hi-lo, n, aLog, dtBias)
+		})
 	}
 	d.out(out, y)
 }

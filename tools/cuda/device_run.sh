@@ -16,8 +16,11 @@
 #   bench8b    ferrite bench, Qwen3-8B, concurrency 1/8/32/64, 128+128
 #   prefill    ferrite bench, Qwen3-8B, prompts of 512 and 4,096 tokens
 #   pdl        ferrite bench, Qwen3-8B batch 1 with programmatic dependent launch
+#              OFF (FERRITE_CUDA_PDL=0; bench8b runs with it on, the default)
 #   moe        ferrite bench, Qwen3-30B-A3B, concurrency 1/8
-#   hybrid     ferrite bench, qwen3_next (small) and ferrite-tiny with MTP on/off
+#   hybrid     engine TestMTPOnDevice (speculative == plain on the device, MTP
+#              speed-up per draft length), ferrite bench, qwen3_next (small)
+#              and ferrite-tiny with MTP on/off
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
 # (default 540) have passed, so a hang still returns the fatbin and the logs.
 # Writes to $OUT: ferrite.fatbin, fatbin.sha256, *.log, *.json.
@@ -100,10 +103,16 @@ bench() { # bench NAME SECONDS ARGS...: ferrite bench into NAME.log and NAME.jso
 }
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1
-want pdl && FERRITE_CUDA_PDL=1 FERRITE_CUDA_GEMV_ROWS="${PDL_GEMV_ROWS:-0}" bench pdl 60 --model "$dev/qwen3-8b" \
+want pdl && FERRITE_CUDA_PDL=0 FERRITE_CUDA_GEMV_ROWS="${PDL_GEMV_ROWS:-0}" bench pdl 60 --model "$dev/qwen3-8b" \
 	--concurrency 1 --prompt-len 128 --gen-len 128
 want moe && bench moe 120 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 64
 if want hybrid; then
+	# MTP at batch 1 (issue 13 item 5): speculative greedy == plain greedy on
+	# the device for ferrite-tiny (chat prompts) and the MTP fixtures, with
+	# tok/s and acceptance per draft length (~30 s).
+	(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda run mtp-test 120 mtp.log "$dev/engine.test" -test.v -test.count 1 \
+		-test.run 'TestMTPOnDevice')
+	grep -hE 'draft [0-9]|row-|^\s*--- (FAIL|PASS)' "$out/mtp.log" | cut -c1-240 | head -50
 	bench qwen3next 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512 --gen-len 32
 	bench tiny-mtp 60 --model "$root/builtin/model" --concurrency 1 --prompt-len 64 --gen-len 256 --mtp off,on
 fi

@@ -39,7 +39,12 @@ unxz_to() { # unxz_to FILE.xz DEST: xz, or Python's lzma where xz is missing
 }
 
 build() {
-	local t0=$SECONDS gen=Ninja
+	local t0=$SECONDS gen=Ninja stamp
+	stamp="$(cksum <"$here/llama.cpp.tar.xz") cuda=${CUDA:-ON}"
+	if [ -x "$bin/llama-bench" ] && [ "$(cat "$work/build.stamp" 2>/dev/null)" = "$stamp" ]; then
+		echo "reusing the build in $work (same tarball)"
+		return 0
+	fi
 	command -v ninja >/dev/null || gen="Unix Makefiles"
 	rm -rf "$work/llama.cpp"
 	unxz_to "$here/llama.cpp.tar.xz" "$work/llama.cpp.tar" && tar -C "$work" -xf "$work/llama.cpp.tar" || return 1
@@ -55,11 +60,18 @@ build() {
 	timeout "${BUILD_TIMEOUT:-420}" cmake --build build -j "$jobs" --target llama-bench llama-batched-bench llama-quantize
 	local rc=$?
 	echo "build rc=$rc, $((SECONDS - t0)) s"
+	[ $rc != 0 ] || echo "$stamp" >"$work/build.stamp"
 	return $rc
 }
 
 gguf() {
-	local t0=$SECONDS
+	local t0=$SECONDS stamp
+	stamp="$(cksum <"$here/randgguf.xz") ${CONFIG:-qwen3-8b} ${LAYERS:-0}"
+	if [ -s "$bf16" ] && [ "$(cat "$work/gguf.stamp" 2>/dev/null)" = "$stamp" ]; then
+		echo "reusing $bf16"
+		return 0
+	fi
+	rm -f "$bf16" "$q4k" "$work/gguf.stamp"
 	unxz_to "$here/randgguf.xz" "$work/randgguf" && chmod +x "$work/randgguf" || return 1
 	# The writer holds the whole file (16.4 GB) until it writes it; the
 	# limit keeps the garbage of the per-tensor conversions from doubling it.
@@ -68,11 +80,13 @@ gguf() {
 	local rc=$?
 	ls -l "$bf16"
 	echo "randgguf rc=$rc, $((SECONDS - t0)) s"
+	[ $rc != 0 ] || echo "$stamp" >"$work/gguf.stamp"
 	return $rc
 }
 
 quant() {
 	local t0=$SECONDS
+	[ ! -s "$q4k" ] || { echo "reusing $q4k"; return 0; }
 	timeout 240 "$bin/llama-quantize" "$bf16" "$q4k" Q4_K_M "$jobs" 2>&1 | tail -15
 	local rc=${PIPESTATUS[0]}
 	ls -l "$q4k"
@@ -112,7 +126,7 @@ bench() {
 			-npp 128 -ntg 128 -npl 1,8,32,64 2>&1
 			echo "batched-bench rc=$?") >"$out/batched-bench-$name.log"
 		grep -E '^\|' "$out/llama-bench-$name.log" "$out/batched-bench-$name.log"
-		tail -1 "$out/llama-bench-$name.log" "$out/batched-bench-$name.log"
+		tail -q -n 1 "$out/llama-bench-$name.log" "$out/batched-bench-$name.log"
 	done
 }
 

@@ -433,7 +433,17 @@ func testRandomConfig(t *testing.T, be kernels.Backend, dt kernels.DType) {
 	for i := 4; i < len(prompt); i++ {
 		got = append(got, e.run(inc, prompt[i:i+1], model.LastLogits, false).Logits...)
 	}
-	check(t, "incremental decode", got, full, selfTol)
+	// With bf16 weights a device may compute one-row (decode) and many-row
+	// products differently in their last bits (cuda: a float32 GEMV for one
+	// row, cuBLASLt with x split into two bf16 terms for more), and the BF16
+	// cache can round such a key or value to the neighbouring bf16: the
+	// BF16-cache suites' modeltest.BF16KVTol then (2.3e-4 seen on an H200,
+	// 2.7e-7 with f32 weights).
+	tol := selfTol
+	if dt == kernels.BF16 {
+		tol = modeltest.BF16KVTol
+	}
+	check(t, "incremental decode", got, full, tol)
 	ch := e.newSeq()
 	got = got[:0]
 	at := 0
@@ -441,7 +451,7 @@ func testRandomConfig(t *testing.T, be kernels.Backend, dt kernels.DType) {
 		got = append(got, e.run(ch, prompt[at:at+n], model.AllLogits, false).Logits...)
 		at += n
 	}
-	check(t, "chunked prefill", got, full, selfTol)
+	check(t, "chunked prefill", got, full, tol)
 	if len(full) != len(prompt)*V {
 		t.Fatal("logit rows")
 	}

@@ -12,8 +12,9 @@
 // 512-byte stretch, so a 4096-wide bf16 row is one round of loads per warp
 // and small matrices still fill the GPU: ceil(rows / 2) blocks. The _r4
 // and _r8 kernels are the other decode layout (gemv_rows): 4 or 8 rows a
-// block, ceil(rows / R) blocks. src/ops.cu builds SwiGLULinear's GEMVs on
-// split_dot and rows_partial.
+// block, ceil(rows / R) blocks. The _x kernels run the _1 kernels' sums
+// for any n, row after row (kernels.RowExact). src/ops.cu builds
+// SwiGLULinear's GEMVs on split_dot and rows_partial.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -191,6 +192,29 @@ __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, c
     if (p == 0 && lane == 0 && r < rows) store(y + r, split_total(part, warp), bias, r, acc_y);
 }
 
+// gemv_split over n rows of x, one after another: row j's sum is
+// split_dot and split_total exactly as gemv_split computes it for that row
+// alone, so a row's bits do not depend on the other rows of the call
+// (kernels.RowExact: a speculative verification's rows reproduce plain
+// decoding's). The weight row comes from memory once; the later rows'
+// reads of it hit the cache. Launch as gemv_split: ceil(rows / 2) blocks.
+template <class W>
+__device__ void gemv_split_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                                int n, int rows, int cols, const float* __restrict__ bias, int acc_y) {
+    __shared__ float part[kWarpsPerBlock];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
+    const int p = warp % kSplit;
+    for (int j = 0; j < n; j++) {
+        float acc = 0.f;
+        if (r < rows) acc = split_dot<W>(w + size_t(r) * cols * W::kSize, x + size_t(j) * cols, cols, p);
+        __syncthreads();  // the previous row's partial sums have been read
+        if (lane == 0) part[warp] = acc;
+        __syncthreads();
+        if (p == 0 && lane == 0 && r < rows) store(y + size_t(j) * rows + r, split_total(part, warp), bias, r, acc_y);
+    }
+}
+
 // R rows a block, n = 1, the 8 warps splitting the columns: warp v sums
 // the 16-byte stretches v, v + 8, v + 16, … of every one of the block's
 // rows, so each x stretch is loaded once for R rows (x's L2 traffic is 1/R
@@ -326,6 +350,14 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
         gemv_split<W>(y, x, w, rows, cols, bias, acc_y);                                            \
     }
 
+#define FERRITE_GEMV_EXACT(name, W)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int n, int rows, int cols, const float* bias, \
+                                                           int acc_y) {                                  \
+        FERRITE_PDL_WAIT();                                                                         \
+        gemv_split_rows<W>(y, x, w, n, rows, cols, bias, acc_y);                                    \
+    }
+
 #define FERRITE_GEMV_ROWS(name, W, R)                                                               \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
                                                            int n, int rows, int cols, const float* bias, \
@@ -340,6 +372,10 @@ FERRITE_GEMV_ROWS(ferrite_gemv_bf16_r4, BF16W, 4)
 FERRITE_GEMV_ROWS(ferrite_gemv_bf16_r8, BF16W, 8)
 FERRITE_GEMV_ROWS(ferrite_gemv_f16_r4, F16W, 4)
 FERRITE_GEMV_ROWS(ferrite_gemv_f16_r8, F16W, 8)
+
+FERRITE_GEMV_EXACT(ferrite_gemv_f32_x, F32W)
+FERRITE_GEMV_EXACT(ferrite_gemv_bf16_x, BF16W)
+FERRITE_GEMV_EXACT(ferrite_gemv_f16_x, F16W)
 
 FERRITE_GEMV_SPLIT(ferrite_gemv_f32_1, F32W)
 FERRITE_GEMV(ferrite_gemv_f32_8, F32W, 8)

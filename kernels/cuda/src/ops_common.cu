@@ -1,7 +1,9 @@
 // Helpers several op files share (sorted after ops.cu, before the files that
 // use them, in the one translation unit tools/cuda/build_fatbin.sh builds):
 // the weight descriptor of the MoE and MLA kernels, a warp's dot product over
-// one described row, and one bf16 tensor-core product.
+// one described row, block sums and LayerNorm statistics, cache stores, the
+// order keys and flag scans of the radix selections, and one bf16
+// tensor-core product.
 
 namespace {
 
@@ -43,6 +45,71 @@ __device__ float warp_dot(const MatDesc& m, int r, const float* __restrict__ x) 
         for (int k = lane; k < cols; k += 32) acc = fmaf(elem(row, k, m.dtype, nullptr, 1), x[k], acc);
     }
     return warp_sum(acc);
+}
+
+// block_sum_f64 is the sum of v over the block (a multiple of 32 threads),
+// in every thread, added in a fixed order; partial holds one double of
+// shared memory per warp.
+__device__ inline double block_sum_f64(double v, double* partial) {
+    v = warp_sum_f64(v);
+    __syncthreads();  // partial may still be read by an earlier call
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0;
+    for (int i = 0; i < int(blockDim.x >> 5); i++) t += partial[i];
+    return t;
+}
+
+// layer_norm_stats sets *mean and *rinv = 1/sqrt(var + eps) of x (dim)
+// over the block as kernels/ref.LayerNorm: float64 sums, the mean and the
+// biased variance rounded to float32, eps added in float32.
+__device__ inline void layer_norm_stats(const float* x, int dim, float eps, double* partial, float* mean, float* rinv) {
+    double sum = 0;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) sum += double(x[c]);
+    sum = block_sum_f64(sum, partial);
+    const float m = float(sum / double(dim));
+    double ss = 0;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        const double d = double(__fsub_rn(x[c], m));
+        ss += d * d;
+    }
+    ss = block_sum_f64(ss, partial);
+    *mean = m;
+    *rinv = float(1.0 / sqrt(double(__fadd_rn(float(ss / double(dim)), eps))));
+}
+
+// put stores v at element e of a cache, float32 or bf16 (nearest even).
+__device__ inline void put(void* cache, int bf16, size_t e, float v) {
+    if (bf16) static_cast<uint16_t*>(cache)[e] = f32_to_bf16(v);
+    else static_cast<float*>(cache)[e] = v;
+}
+
+// rank_key maps a score to a 32-bit key whose unsigned order is
+// cmp.Compare's: NaN lowest, −0 = +0.
+__device__ inline uint32_t rank_key(float v) {
+    if (v != v) return 0u;
+    if (v == 0.f) return 0x80000000u;
+    const uint32_t b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// flag_scan returns the number of threads of the block whose f is set and,
+// in *before, how many of them come before this thread. cnt holds one int
+// of shared memory per warp.
+__device__ inline int flag_scan(bool f, int* before, int* cnt) {
+    const unsigned bal = __ballot_sync(0xffffffffu, f);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) cnt[warp] = __popc(bal);
+    __syncthreads();
+    int b = 0, total = 0;
+    for (int v = 0; v < int(blockDim.x >> 5); v++) {
+        const int c = cnt[v];
+        if (v < warp) b += c;
+        total += c;
+    }
+    *before = b + __popc(bal & ((1u << lane) - 1u));
+    __syncthreads();  // cnt is rewritten by the next scan
+    return total;
 }
 
 }  // namespace

@@ -6,9 +6,9 @@
 // rows [start[s], start[s+1]) of the step, continuing from row slot[s] of
 // the state.
 //
-// The file sorts after ops.cu in the one translation unit
+// The file sorts after ops.cu and ops_common.cu in the one translation unit
 // (tools/cuda/build_fatbin.sh), so it uses ops.cu's warp_sum_f64 and
-// swiglu1 and gemv.cu's warp_sum.
+// ops_common.cu's block_sum_f64.
 #include <math.h>
 #include <stdint.h>
 
@@ -24,20 +24,6 @@ __device__ inline double sigmoid64(double x) {
 // softplus64 is torch's softplus (beta 1, threshold 20).
 __device__ inline double softplus64(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
-// block_total_f64 returns the sum of v over the block (a multiple of 32
-// threads, at most 1024) to every thread, added in a fixed order; part
-// holds 32 doubles of shared memory.
-__device__ double block_total_f64(double v, double* part) {
-    v = warp_sum_f64(v);
-    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();  // part may still be read by a previous call
-    if ((threadIdx.x & 31) == 0) part[warp] = v;
-    __syncthreads();
-    double t = 0;
-    for (int i = 0; i < nw; i++) t += part[i];
-    return t;
-}
-
 constexpr int kConvMaxK = 8;   // the longest convolution ShortConv runs
 constexpr int kConvAhead = 8;  // rows whose inputs ShortConv loads at once
 
@@ -48,10 +34,13 @@ constexpr int kConvAhead = 8;  // rows whose inputs ShortConv loads at once
 // raw inputs, oldest first), which is left holding the last K−1 raw
 // inputs. Sums in float64 in the reference's order; y may be x (a thread
 // reads x[t][ch] before it writes y[t][ch], and no other thread touches
-// them). Launch: grid (seqs, ceil(C/128)), 128 threads; 1 ≤ K ≤ 8.
+// them). rec (n) at rec_stride, or null: a row whose entry is ≥ 0 also
+// leaves the K−1 inputs up to it in that slot (kernels.Recurrent.Record).
+// Launch: grid (seqs, ceil(C/128)), 128 threads; 1 ≤ K ≤ 8.
 extern "C" __global__ void __launch_bounds__(128)
     ferrite_short_conv(float* y, const float* x, const float* w, float* state, int state_stride, const int* start,
-                       int start_stride, const int* slot, int slot_stride, int C, int K) {
+                       int start_stride, const int* slot, int slot_stride, int C, int K, const int* rec,
+                       int rec_stride) {
     const int s = blockIdx.x;
     const int ch = blockIdx.y * blockDim.x + threadIdx.x;
     if (ch >= C) return;
@@ -85,6 +74,13 @@ extern "C" __global__ void __launch_bounds__(128)
             y[size_t(r + u) * C + ch] = float(acc * sigmoid64(acc));
 #pragma unroll
             for (int j = 0; j < kConvMaxK - 1; j++) win[j] = j < K - 2 ? win[j + 1] : (j == K - 2 ? xt : win[j]);
+            const int to = rec != nullptr ? rec[size_t(r + u) * rec_stride] : -1;
+            if (to >= 0) {
+                float* rs = state + size_t(to) * state_stride;
+#pragma unroll
+                for (int j = 0; j < kConvMaxK - 1; j++)
+                    if (j < K - 1) rs[size_t(j) * C + ch] = win[j];
+            }
         }
     }
 #pragma unroll
@@ -94,12 +90,13 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // The delta rule's per-row inputs (kernels/ref.prepare): qk (n, 2·hk·dk)
 // = [q | k] with every head L2-normalised (x/sqrt(Σx² + 1e-6), q then
-// times float32(dk^-½)), the log-decays g (n, gw) (gw = hv, or hv·dk
-// per channel) and β (n, hv), from the rows of qkv (n, qkv_w), a (n, gw)
-// and b (n, hv), in float64 rounded once as kernels/ref.DeltaGates.
-// Launch: grid n, 128 threads.
+// times float32(dk^-½)), the decays dec (n, gw) = e^g in float64 of the
+// log-decays g rounded to float32 (gw = hv, or hv·dk per channel) and β
+// (n, hv), from the rows of qkv (n, qkv_w), a (n, gw) and b (n, hv), in
+// float64 rounded once as kernels/ref.DeltaGates. Launch: grid n, 128
+// threads.
 extern "C" __global__ void __launch_bounds__(128)
-    ferrite_delta_prep(float* qk, float* g, float* beta, const float* qkv, const float* a, const float* b,
+    ferrite_delta_prep(float* qk, double* dec, float* beta, const float* qkv, const float* a, const float* b,
                        const float* alog, const float* dtb, int qkv_w, int hv, int hk, int dk, int per_channel,
                        float lower) {
     const int i = blockIdx.x;
@@ -119,7 +116,8 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int c = threadIdx.x; c < gw; c += blockDim.x) {
         const double e = exp(double(alog[c / per]));
         const double xv = double(__fadd_rn(a[size_t(i) * gw + c], dtb[c]));  // float32 sum, as HF
-        g[size_t(i) * gw + c] = lower < 0 ? float(double(lower) * sigmoid64(e * xv)) : float(-e * softplus64(xv));
+        const float g = lower < 0 ? float(double(lower) * sigmoid64(e * xv)) : float(-e * softplus64(xv));
+        dec[size_t(i) * gw + c] = exp(double(g));
     }
     for (int h = threadIdx.x; h < hv; h += blockDim.x)
         beta[size_t(i) * hv + h] = float(sigmoid64(double(b[size_t(i) * hv + h])));
@@ -156,12 +154,13 @@ struct DeltaArgs {
     float* out;          // (n, hv·dv)
     const float* qk;     // (n, 2·hk·dk) ferrite_delta_prep's
     const float* qkv;    // (n, qkv_w): v at column 2·hk·dk + h·dv
-    const float* g;      // (n, gw)
+    const double* dec;   // (n, gw) e^g
     const float* beta;   // (n, hv)
     float* state;        // (slots, state_stride): head h at h·dk·dv
     const int* start;    // (seqs+1) at start_stride
     const int* slot;     // (seqs) at slot_stride
-    int state_stride, start_stride, slot_stride;
+    const int* rec;      // (n) at rec_stride: the slot receiving the state after each row, or −1; null: none
+    int state_stride, start_stride, slot_stride, rec_stride;
     int hv, hk, dk, dv, per_channel;
 };
 
@@ -211,18 +210,19 @@ __device__ void delta_rule(const DeltaArgs& a) {
         }
     }
     // The next row's inputs, loaded while the current row is computed.
-    float nk[KPL], nq[KPL], ng[KPL], nv[kDeltaCols], nb = 0.f;
+    float nk[KPL], nq[KPL], nv[kDeltaCols], nb = 0.f;
+    double nd[KPL];
     auto load = [&](int r) {
         const float* qr = a.qk + size_t(r) * qkw + size_t(kh) * dk;  // (dk) normalised q
         const float* kr = qr + size_t(a.hk) * dk;                    // (dk) normalised k
-        const float* gr = a.g + size_t(r) * gw;
+        const double* dr = a.dec + size_t(r) * gw;
 #pragma unroll
         for (int i = 0; i < KPL; i++) {
             const int c = lane + 32 * i;
             const bool in = c < dk;
             nk[i] = in ? kr[c] : 0.f;
             nq[i] = in ? qr[c] : 0.f;
-            ng[i] = in ? gr[a.per_channel ? h * dk + c : h] : 0.f;
+            nd[i] = in ? dr[a.per_channel ? h * dk + c : h] : 0.0;
         }
         const float* vr = a.qkv + size_t(r) * qkv_w + qkw + size_t(h) * dv;  // (dv)
 #pragma unroll
@@ -242,7 +242,7 @@ __device__ void delta_rule(const DeltaArgs& a) {
         for (int i = 0; i < KPL; i++) {
             kc[i] = double(nk[i]);
             qc[i] = double(nq[i]);
-            dec[i] = lane + 32 * i < dk ? exp(double(ng[i])) : 0.0;
+            dec[i] = nd[i];
         }
 #pragma unroll
         for (int col = 0; col < kDeltaCols; col++) v[col] = double(nv[col]);
@@ -268,6 +268,21 @@ __device__ void delta_rule(const DeltaArgs& a) {
             }
             red[kDeltaCols + col] = o;
         }
+        // kernels.Recurrent.Record: the state after row r (rounded: a
+        // recording sequence has at most kDeltaRecurrentMax rows).
+        const int to = a.rec != nullptr ? a.rec[size_t(r) * a.rec_stride] : -1;
+        if (to >= 0) {
+            float* R = a.state + size_t(to) * a.state_stride + size_t(h) * dk * dv;
+#pragma unroll
+            for (int i = 0; i < KPL; i++) {
+                const int c = lane + 32 * i;
+#pragma unroll
+                for (int col = 0; col < kDeltaCols; col++) {
+                    const int j = j0 + col;
+                    if (c < dk && j < dv) R[size_t(c) * dv + j] = float(S[i][col]);
+                }
+            }
+        }
     }
     if (r1 > r0) {
         warp_sum_n<kDeltaCols>(red + kDeltaCols);
@@ -288,11 +303,11 @@ __device__ void delta_rule(const DeltaArgs& a) {
 
 #define FERRITE_DELTA(name, KPL)                                                                              \
     extern "C" __global__ void __launch_bounds__(128) name(                                                  \
-        float* out, const float* qk, const float* qkv, const float* g, const float* beta, float* state,       \
+        float* out, const float* qk, const float* qkv, const double* dec, const float* beta, float* state,    \
         int state_stride, const int* start, int start_stride, const int* slot, int slot_stride, int hv, int hk, \
-        int dk, int dv, int per_channel) {                                                                    \
-        DeltaArgs a{out, qk, qkv, g, beta, state, start, slot, state_stride, start_stride, slot_stride,      \
-                    hv, hk, dk, dv, per_channel};                                                             \
+        int dk, int dv, int per_channel, const int* rec, int rec_stride) {                                    \
+        DeltaArgs a{out, qk, qkv, dec, beta, state, start, slot, rec, state_stride, start_stride, slot_stride, \
+                    rec_stride, hv, hk, dk, dv, per_channel};                                                 \
         delta_rule<KPL>(a);                                                                                   \
     }
 
@@ -311,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(128)
     const size_t off = size_t(blockIdx.x) * d;
     double ss = 0;
     for (int c = threadIdx.x; c < d; c += blockDim.x) ss += double(x[off + c]) * double(x[off + c]);
-    ss = block_total_f64(ss, part);
+    ss = block_sum_f64(ss, part);
     const double inv = 1.0 / sqrt(ss / double(d) + double(eps));
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
         const double zi = double(z[off + c]);

@@ -3,9 +3,9 @@
 // (kernels.KPoolOps), with the semantics of kernels/ref (hyper.go,
 // kpool.go, mla.go's LayerNorm and SelectTopK).
 //
-// The file sorts after ops.cu and ops_linattn.cu in the one translation
-// unit, so it uses their helpers (swiglu_clamp1, warp_sum_f64, sigmoid64,
-// block_total_f64) and convert.cu's f32_to_bf16.
+// The file sorts after ops.cu, ops_common.cu and ops_linattn.cu in the one
+// translation unit, so it uses their helpers (swiglu_clamp1, elem,
+// block_sum_f64, layer_norm_stats, put, rank_key, flag_scan, sigmoid64).
 #include <math.h>
 #include <stdint.h>
 
@@ -15,13 +15,6 @@ namespace {
 __device__ inline float cache_at(const void* c, size_t e, int bf16) {
     if (bf16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(c)[e]) << 16);
     return static_cast<const float*>(c)[e];
-}
-
-// cache_put writes element e of a cache layer, rounding to bf16 (nearest
-// even) for a bf16 one.
-__device__ inline void cache_put(void* c, size_t e, float v, int bf16) {
-    if (bf16) static_cast<uint16_t*>(c)[e] = f32_to_bf16(v);
-    else static_cast<float*>(c)[e] = v;
 }
 
 constexpr int kHyperMaxStreams = 16;
@@ -48,7 +41,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const size_t off = size_t(blockIdx.x) * w;
     double ss = 0;
     for (int c = threadIdx.x; c < w; c += blockDim.x) ss += double(X[off + c]) * double(X[off + c]);
-    ss = block_total_f64(ss, part);
+    ss = block_sum_f64(ss, part);
     const float inv = float(1.0 / sqrt(double(float(ss / double(w))) + double(eps)));
     for (int c = threadIdx.x; c < w; c += blockDim.x) xn[off + c] = __fmul_rn(X[off + c], inv);
 }
@@ -75,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        const double sum = block_total_f64(acc[q], part);
+        const double sum = block_sum_f64(acc[q], part);
         if (threadIdx.x == 0 && r0 + q < n) mix[size_t(r0 + q) * m + j] = float(sum);
     }
 }
@@ -84,57 +77,71 @@ extern "C" __global__ void __launch_bounds__(256)
 // (kernels/ref.HyperCoef, HyperPre): from the token's mix ((2+hc)·hc),
 // pre_j = sigmoid(mix_j·s0 + base_j) + eps, coef = [post | comb] with
 // post_j = 2·sigmoid(mix_{hc+j}·s1 + base_{hc+j}) and comb the Sinkhorn
-// projection of mix_{2hc+·}·s2 + base_{2hc+·} (one thread, float64), then
-// x (hidden) = Σ_i pre_i·X_i in float64. Launch: grid n, 128 threads;
+// projection of mix_{2hc+·}·s2 + base_{2hc+·} (float64, a thread per
+// element), then x (hidden) = Σ_i pre_i·X_i in float64. Launch: grid n, 128 threads;
 // hc ≤ 16.
 extern "C" __global__ void __launch_bounds__(128)
     ferrite_hyper_pre(float* x, float* coef, const float* X, const float* mix, const float* base, int hidden, int hc,
                       int iters, float s0, float s1, float s2, float eps) {
     __shared__ double pre[kHyperMaxStreams];
-    __shared__ double c[kHyperMaxStreams * kHyperMaxStreams];
+    __shared__ double buf[2][kHyperMaxStreams * kHyperMaxStreams];
     const int r = blockIdx.x;
-    const int m = (2 + hc) * hc, cw = hc + hc * hc;
+    const int m = (2 + hc) * hc, cw = hc + hc * hc, nc = hc * hc;
+    const double e = double(eps);
     const float* mx = mix + size_t(r) * m;
     float* cr = coef + size_t(r) * cw;
-    if (threadIdx.x == 0) {
-        const double e = double(eps);
-        for (int j = 0; j < hc; j++) {
-            pre[j] = sigmoid64(double(mx[j]) * double(s0) + double(base[j])) + e;
-            cr[j] = float(2.0 * sigmoid64(double(mx[hc + j]) * double(s1) + double(base[hc + j])));
-        }
-        // Sinkhorn (kernels/ref.Sinkhorn): row softmax + eps, columns, then
-        // iters − 1 rounds of rows and columns, each dividing by sum + eps.
-        for (int i = 0; i < hc; i++) {
-            double rmax = -INFINITY;
-            for (int j = 0; j < hc; j++) {
-                c[i * hc + j] = double(mx[2 * hc + i * hc + j]) * double(s2) + double(base[2 * hc + i * hc + j]);
-                rmax = fmax(rmax, c[i * hc + j]);
-            }
-            double sum = 0;
-            for (int j = 0; j < hc; j++) {
-                c[i * hc + j] = exp(c[i * hc + j] - rmax);
-                sum += c[i * hc + j];
-            }
-            for (int j = 0; j < hc; j++) c[i * hc + j] = c[i * hc + j] / sum + e;
-        }
-        for (int it = 0; it < iters; it++) {
-            if (it > 0) {
-                for (int i = 0; i < hc; i++) {
-                    double sum = 0;
-                    for (int j = 0; j < hc; j++) sum += c[i * hc + j];
-                    sum += e;
-                    for (int j = 0; j < hc; j++) c[i * hc + j] /= sum;
-                }
-            }
-            for (int j = 0; j < hc; j++) {
-                double sum = 0;
-                for (int i = 0; i < hc; i++) sum += c[i * hc + j];
-                sum += e;
-                for (int i = 0; i < hc; i++) c[i * hc + j] /= sum;
-            }
-        }
-        for (int i = 0; i < hc * hc; i++) cr[hc + i] = float(c[i]);
+    for (int j = threadIdx.x; j < hc; j += blockDim.x) {
+        pre[j] = sigmoid64(double(mx[j]) * double(s0) + double(base[j])) + e;
+        cr[j] = float(2.0 * sigmoid64(double(mx[hc + j]) * double(s1) + double(base[hc + j])));
     }
+    // Sinkhorn (kernels/ref.Sinkhorn): a row softmax plus eps, a column
+    // normalisation, then iters − 1 rounds of rows and columns, each dividing
+    // by sum + eps. A thread per element (i, j) = (t / hc, t % hc); every
+    // sum runs over its row or column in the reference's order, so each
+    // element of a row or column sees the same sum; c is read, nw written,
+    // then they swap.
+    double *c = buf[0], *nw = buf[1];
+    for (int t = threadIdx.x; t < nc; t += blockDim.x)
+        c[t] = double(mx[2 * hc + t]) * double(s2) + double(base[2 * hc + t]);
+    __syncthreads();
+    for (int t = threadIdx.x; t < nc; t += blockDim.x) {
+        const double* row = c + (t / hc) * hc;
+        double rmax = -INFINITY;
+        for (int j = 0; j < hc; j++) rmax = fmax(rmax, row[j]);
+        nw[t] = exp(c[t] - rmax);
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < nc; t += blockDim.x) {
+        const double* row = nw + (t / hc) * hc;
+        double sum = 0;
+        for (int j = 0; j < hc; j++) sum += row[j];
+        c[t] = nw[t] / sum + e;
+    }
+    __syncthreads();
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {  // rows
+            for (int t = threadIdx.x; t < nc; t += blockDim.x) {
+                const double* row = c + (t / hc) * hc;
+                double sum = 0;
+                for (int j = 0; j < hc; j++) sum += row[j];
+                nw[t] = c[t] / (sum + e);
+            }
+            __syncthreads();
+            double* tmp = c;
+            c = nw;
+            nw = tmp;
+        }
+        for (int t = threadIdx.x; t < nc; t += blockDim.x) {  // columns
+            double sum = 0;
+            for (int i = 0; i < hc; i++) sum += c[i * hc + t % hc];
+            nw[t] = c[t] / (sum + e);
+        }
+        __syncthreads();
+        double* tmp = c;
+        c = nw;
+        nw = tmp;
+    }
+    for (int t = threadIdx.x; t < nc; t += blockDim.x) cr[hc + t] = float(c[t]);
     __syncthreads();
     const float* Xr = X + size_t(r) * hc * hidden;
     for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
@@ -194,23 +201,14 @@ extern "C" __global__ void __launch_bounds__(128)
     const int i = blockIdx.x;
     const int sl = slot[i];
     const float* kr = k + size_t(i) * dim;
-    double s = 0;
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) s += double(kr[c]);
-    s = block_total_f64(s, part);
-    const float mean = float(s / double(dim));
-    double ss = 0;
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-        const double v = double(__fsub_rn(kr[c], mean));
-        ss += v * v;
-    }
-    ss = block_total_f64(ss, part);
-    const float inv = float(1.0 / sqrt(double(__fadd_rn(float(ss / double(dim)), eps))));
+    float mean, inv;
+    layer_norm_stats(kr, dim, eps, part, &mean, &inv);
     if (sl < 0 || sl >= slots) return;
     const size_t row = size_t(sl) * 2 * dim;
     for (int c = threadIdx.x; c < dim; c += blockDim.x) {
         const float kn = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(kr[c], mean), inv), nw[c]), nb[c]);
-        cache_put(cache, row + c, kn, bf16);
-        cache_put(cache, row + dim + c, g[size_t(i) * dim + c], bf16);
+        put(cache, bf16, row + c, kn);
+        put(cache, bf16, row + dim + c, g[size_t(i) * dim + c]);
     }
 }
 
@@ -248,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(128)
             const double pr = exp(double(__fadd_rn(cache_at(cache, row + dim + c, bf16), ape[size_t(j) * dim + c])) - mx);
             acc += pr / sum * double(cache_at(cache, row + c, bf16));
         }
-        cache_put(cache, size_t(sl) * 2 * dim + c, float(acc), bf16);
+        put(cache, bf16, size_t(sl) * 2 * dim + c, float(acc));
     }
 }
 
@@ -294,35 +292,6 @@ extern "C" __global__ void __launch_bounds__(128)
     }
 }
 
-namespace {
-
-// order_key maps a float to an unsigned integer of the same order (−0 as
-// +0), so larger scores have larger keys.
-__device__ inline uint32_t order_key(float f) {
-    const uint32_t u = f == 0.f ? 0u : __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// block_count returns, to every thread, the number of threads before it
-// whose flag is set, and the block's total in *total; cnt holds 32 ints of
-// shared memory.
-__device__ int block_count(bool flag, int* cnt, int* total) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    const unsigned bal = __ballot_sync(0xffffffffu, flag);
-    __syncthreads();  // cnt may still be read by a previous call
-    if (lane == 0) cnt[warp] = __popc(bal);
-    __syncthreads();
-    int before = __popc(bal & ((1u << lane) - 1u)), all = 0;
-    for (int v = 0; v < nw; v++) {
-        if (v < warp) before += cnt[v];
-        all += cnt[v];
-    }
-    *total = all;
-    return before;
-}
-
-}  // namespace
-
 // The k-pool selection of row i (kernels/ref.KPoolSelect) from its pool
 // scores (row stride L): the best min(keep, cand) of its cand = (pos+1)/size
 // complete pools, ties to the lower pool, found by a radix select on the
@@ -351,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(256)
             for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
             __syncthreads();
             for (int P = threadIdx.x; P < cand; P += blockDim.x) {
-                const uint32_t u = order_key(sc[P]);
+                const uint32_t u = rank_key(sc[P]);
                 if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
             }
             __syncthreads();
@@ -375,15 +344,14 @@ extern "C" __global__ void __launch_bounds__(256)
     int kept = 0, eqs = 0;
     for (int base = 0; base < cand; base += blockDim.x) {
         const int P = base + threadIdx.x;
-        const uint32_t u = P < cand ? order_key(sc[P]) : 0u;
+        const uint32_t u = P < cand ? rank_key(sc[P]) : 0u;
         const bool eq = P < cand && cand > keep && u == prefix;
-        int eqTotal;
-        const int eqBefore = eqs + block_count(eq, cnt, &eqTotal);
-        const bool keepP = P < cand && (cand <= keep || u > prefix || (eq && eqBefore < need));
-        int keptTotal;
-        const int at = kept + block_count(keepP, cnt, &keptTotal);
+        int eqBefore, at;
+        const int eqTotal = flag_scan(eq, &eqBefore, cnt);
+        const bool keepP = P < cand && (cand <= keep || u > prefix || (eq && eqs + eqBefore < need));
+        const int keptTotal = flag_scan(keepP, &at, cnt);
         if (keepP)
-            for (int j = 0; j < size; j++) out[at * size + j] = P * size + j;
+            for (int j = 0; j < size; j++) out[(kept + at) * size + j] = P * size + j;
         kept += keptTotal;
         eqs += eqTotal;
     }

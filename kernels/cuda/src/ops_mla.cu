@@ -6,30 +6,13 @@
 // device top-k.
 //
 // The sources compile as one translation unit in name order, so this file
-// (after ops.cu and ops_common.cu) uses ops_common.cu's MatDesc and warp_dot, ops.cu's kv_at, kv8, warp_max and
-// warp_sum_f64, gemv.cu's warp_sum and convert.cu's f32_to_bf16.
+// (after ops.cu and ops_common.cu) uses ops_common.cu's MatDesc, warp_dot,
+// block_sum_f64, layer_norm_stats, put, rank_key and flag_scan, ops.cu's
+// kv_at, kv8, warp_max and warp_sum_f64 and gemv.cu's warp_sum.
 #include <math.h>
 #include <stdint.h>
 
 namespace {
-
-// block_sum_f64 is the sum of v over a block of 256 threads, in every
-// thread; partial holds 8 doubles of shared memory.
-__device__ inline double block_sum_f64(double v, double* partial) {
-    v = warp_sum_f64(v);
-    __syncthreads();  // partial may still be read by an earlier call
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double t = 0;
-    for (int i = 0; i < int(blockDim.x >> 5); i++) t += partial[i];
-    return t;
-}
-
-// put stores v at element e of a cache, float32 or bf16 (nearest even).
-__device__ inline void put(void* cache, int bf16, size_t e, float v) {
-    if (bf16) static_cast<uint16_t*>(cache)[e] = f32_to_bf16(v);
-    else static_cast<float*>(cache)[e] = v;
-}
 
 // rotate_into rotates the pairs of x's first 2·half values by the angles of
 // position p (kernels/ref.RopeAngles and Rotate: angle float32(p)·inv[i],
@@ -95,18 +78,8 @@ extern "C" __global__ void __launch_bounds__(256)
     if (s < 0 || s >= slots) return;
     const float* x = k + size_t(r) * k_stride;
     const size_t e = size_t(s) * dim;
-    double sum = 0;
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) sum += double(x[c]);
-    sum = block_sum_f64(sum, partial);
-    const float mean = float(sum / double(dim));
-    double ss = 0;
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-        const double d = double(__fsub_rn(x[c], mean));
-        ss += d * d;
-    }
-    ss = block_sum_f64(ss, partial);
-    const float var = float(ss / double(dim));
-    const float rinv = float(1.0 / sqrt(double(__fadd_rn(var, eps))));
+    float mean, rinv;
+    layer_norm_stats(x, dim, eps, partial, &mean, &rinv);
     auto normed = [=](int j) { return __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[j], mean), rinv), w[j]), b[j]); };
     if (half > 0) rotate_into(cache, bf16, e, normed, pos[size_t(r) * pos_stride], inv, half, interleaved, rscale);
     for (int c = 2 * half + threadIdx.x; c < dim; c += blockDim.x) put(cache, bf16, e + c, normed(c));
@@ -499,35 +472,7 @@ namespace {
 
 constexpr int kTopKThreads = 512;
 
-// rank_key maps a score to a 32-bit key whose unsigned order is
-// cmp.Compare's: NaN lowest, −0 = +0.
-__device__ inline uint32_t rank_key(float v) {
-    if (v != v) return 0u;
-    if (v == 0.f) return 0x80000000u;
-    const uint32_t b = __float_as_uint(v);
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
 constexpr uint32_t kNegInfKey = 0x007fffffu;  // rank_key(−∞)
-
-// flag_scan returns the number of threads of the block whose f is set and,
-// in *before, how many of them come before this thread. cnt holds one int
-// of shared memory per warp.
-__device__ inline int flag_scan(bool f, int* before, int* cnt) {
-    const unsigned bal = __ballot_sync(0xffffffffu, f);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) cnt[warp] = __popc(bal);
-    __syncthreads();
-    int b = 0, total = 0;
-    for (int v = 0; v < int(blockDim.x >> 5); v++) {
-        const int c = cnt[v];
-        if (v < warp) b += c;
-        total += c;
-    }
-    *before = b + __popc(bal & ((1u << lane) - 1u));
-    __syncthreads();  // cnt is rewritten by the next scan
-    return total;
-}
 
 }  // namespace
 
