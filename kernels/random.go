@@ -39,10 +39,10 @@ func (m *Mat) DataBytes() int64 {
 	return int64(m.Rows) * int64(m.DType.RowBytes(m.Cols))
 }
 
-// Materialize fills a Random m's Data on the host if it has none yet. It
-// is not safe for concurrent use on one Mat.
+// Materialize fills a Random m's Data on the host if it has none yet (a
+// nil m is left alone). It is not safe for concurrent use on one Mat.
 func (m *Mat) Materialize() {
-	if m.Data != nil || m.Random == nil {
+	if m == nil || m.Data != nil || m.Random == nil {
 		return
 	}
 	data := make([]byte, m.DataBytes())

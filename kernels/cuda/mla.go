@@ -33,7 +33,8 @@ func init() {
 const (
 	mlaRows    = 8        // query rows and output rows per projection block
 	mlaGroup   = 16       // query heads per attention block, at most
-	mlaSplit   = 64       // keys per attention split
+	mlaSplit   = 64       // keys per attention split, at least
+	mlaTile    = 32       // keys an attention block scores at a time
 	mlaMaxKL   = 1024     // kv_lora_rank the attention kernels take (256·DPT, DPT ≤ 4)
 	mlaSmem    = 44 << 10 // dynamic shared memory an attention block may take
 	topKThread = 512
@@ -239,7 +240,11 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	for 256<<dpt < kl {
 		dpt++
 	}
+	// Enough splits of at least mlaSplit keys for about two blocks per
+	// multiprocessor; every split then takes an equal share of the keys
+	// (whole tiles), so that together they cover all of them.
 	splits := max(1, min(ceilDiv(keys, mlaSplit), ceilDiv(2*b.dev.SMs, n*groups)))
+	split := ceilDiv(ceilDiv(keys, splits), mlaTile) * mlaTile
 	dw, err := b.weight(kvB)
 	var uk *Weight
 	if err == nil && s.Nope > 0 {
@@ -249,11 +254,16 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 		b.fail(err)
 		return
 	}
-	var qc uint64 // (n, heads, kl) absorbed queries W_UK_hᵀ·q_nope; none without q_nope dims (zero)
+	// lat (n, heads, kl), the attended latents, takes the place of the
+	// absorbed queries qc W_UK_hᵀ·q_nope (none without q_nope dims: zero):
+	// an attention block stages its rows' queries before it writes their
+	// latents, and with several splits the merge writes them after every
+	// block has run. A long prefill step keeps one such buffer per layer.
+	lat := dptr(b.Scratch(kernels.F32, n*s.Heads, kl))
+	var qc uint64
 	if uk != nil {
-		qc = dptr(b.Scratch(kernels.F32, n*s.Heads, kl))
+		qc = lat
 	}
-	lat := dptr(b.Scratch(kernels.F32, n*s.Heads, kl)) // (n, heads, kl) attended latents
 	var part uint64
 	if splits > 1 {
 		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, kl+2)) // (n, heads, splits, max, sum, kl sums)
@@ -277,7 +287,7 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 		}
 		err := d.launch3L(mlaAttnKernels[b2i(bf)][dpt], [3]uint32{uint32(n), uint32(groups), uint32(splits)}, 256, uint32(gs*kw*4),
 			lat, part, qc, qp, dptr(cache), pos, seq, bt, selp, i32(keys), i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads),
-			i32(gs), i32(kl), i32(s.Nope), i32(s.Rope), i32(mlaSplit), f32(s.Scale))
+			i32(gs), i32(kl), i32(s.Nope), i32(s.Rope), i32(split), f32(s.Scale))
 		if err != nil {
 			return err
 		}

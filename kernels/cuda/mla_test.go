@@ -29,8 +29,9 @@ func TestMLAWide(t *testing.T) {
 // engine/models/mla issues it per layer: StoreLatent then AttentionMLA (20
 // heads, 192 + 64 query dims, 256 value dims, a 512-wide latent, bf16
 // kv_b_proj and cache) for 47 layers in one step, rows decode rows at ctx
-// positions each, optionally with a DSA selection of 2048 positions. GB/s
-// counts the latents read once per row plus kv_b_proj once per step.
+// positions each, optionally with a DSA selection of 2048 positions, or a
+// 1024-token prompt in one step (prefill). GB/s counts the latents read
+// once per row plus kv_b_proj once per step.
 func BenchmarkMLADecode(b *testing.B) {
 	needGPU(b)
 	be, err := OpenBackend(0, 2)
@@ -77,25 +78,33 @@ func BenchmarkMLADecode(b *testing.B) {
 	for _, c := range []struct {
 		name           string
 		rows, ctx, top int
+		prefill        bool // the rows are one sequence's positions 0 … rows−1 (ctx = rows)
 	}{
-		{"rows=1/ctx=4096", 1, 4096, 0}, {"rows=8/ctx=4096", 8, 4096, 0}, {"rows=1/ctx=32768", 1, 32768, 0},
-		{"rows=1/ctx=32768/top=2048", 1, 32768, 2048},
+		{"rows=1/ctx=4096", 1, 4096, 0, false}, {"rows=8/ctx=4096", 8, 4096, 0, false},
+		{"rows=1/ctx=32768", 1, 32768, 0, false}, {"rows=1/ctx=32768/top=2048", 1, 32768, 2048, false},
+		{"prefill/rows=1024", 1024, 1024, 0, true},
 	} {
-		nb := c.ctx / bs
+		nb, seqs := c.ctx/bs, c.rows
+		if c.prefill {
+			seqs = 1
+		}
 		caches := make([]kernels.Tensor, layers)
 		for i := range caches {
-			caches[i] = alloc(kernels.BF16, c.rows*c.ctx, kw)
+			caches[i] = alloc(kernels.BF16, seqs*c.ctx, kw)
 			fill(caches[i], 1)
 		}
-		table, pos, seq, slot := make([]int32, c.rows*nb), make([]int32, c.rows), make([]int32, c.rows), make([]int32, c.rows)
+		table, pos, seq, slot := make([]int32, seqs*nb), make([]int32, c.rows), make([]int32, c.rows), make([]int32, c.rows)
 		for i := range table {
 			table[i] = int32(i)
 		}
 		for i := range c.rows {
 			pos[i], seq[i], slot[i] = int32(c.ctx-1), int32(i), int32((i+1)*c.ctx-1)
+			if c.prefill {
+				pos[i], seq[i], slot[i] = int32(i), 0, int32(i)
+			}
 		}
 		p := &kernels.Paged{Pos: alloc(kernels.I32, c.rows, 1), Seq: alloc(kernels.I32, c.rows, 1), Slot: alloc(kernels.I32, c.rows, 1),
-			Blocks: alloc(kernels.I32, c.rows, nb), BlockSize: bs}
+			Blocks: alloc(kernels.I32, seqs, nb), BlockSize: bs}
 		be.WriteI32(p.Pos, pos)
 		be.WriteI32(p.Seq, seq)
 		be.WriteI32(p.Slot, slot)
@@ -146,8 +155,11 @@ func BenchmarkMLADecode(b *testing.B) {
 				b.Fatal(err)
 			}
 			keys := c.ctx
-			if c.top > 0 {
+			switch {
+			case c.top > 0:
 				keys = c.top
+			case c.prefill:
+				keys = (c.ctx + 1) / 2 // on average
 			}
 			bytes := float64(layers) * (float64(c.rows*keys*kw*2) + float64(kvB.Rows*kvB.Cols*2))
 			b.ReportMetric(sec*1e6/layers, "us/layer")

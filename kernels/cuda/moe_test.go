@@ -15,7 +15,8 @@ import (
 )
 
 // TestOpsExpertsPaths checks Experts against kernels/ref.Experts on every
-// path: the grouped GEMV kernels up to moeFewTokens tokens, above them the
+// path: the grouped GEMV kernels up to moeFewTokens tokens (also a slot a
+// pass, the one-token kernels, for several), above them the
 // sorted tiled GEMMs on CUDA cores (experts of mixed dtypes: bf16, f32 and
 // block-scaled F8E4M3, fused and separate) and on tensor cores (all bf16,
 // and again with them turned off), with experts of one and of several
@@ -56,6 +57,11 @@ func TestOpsExpertsPaths(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, 37, 300} {
 		checkExperts(t, b, fmt.Sprint("mixed/n=", n), mixed, n, 4, rng)
 	}
+	b.moeOneSlot = true // the one-token kernels, a slot a pass
+	for _, n := range []int{3, 8} {
+		checkExperts(t, b, fmt.Sprint("mixed/one-slot/n=", n), mixed, n, 4, rng)
+	}
+	b.moeOneSlot = false
 	for _, n := range []int{9, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
 		b.noMMA = true
@@ -117,9 +123,11 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 
 // BenchmarkMoE times Experts alone on Qwen3-30B-A3B's shape (128 experts
 // of 768, top 8, hidden 2048, bf16) for 48 layers a step, each layer its
-// own experts (58 GB in all, far more than L2 holds) and its own random
-// choice, the step replayed as a CUDA graph: n tokens a step, decode (the
-// grouped GEMV path) up to 8, prefill above. GB/s counts the chosen
+// own experts (58 GB in all, far more than L2 holds; random, generated on
+// the device by the first step) and its own random choice, the step
+// replayed as a CUDA graph: n tokens a step, decode (the grouped GEMV
+// path) up to 8, prefill above; "one-slot" runs the grouped GEMV a slot a
+// pass (the one-token kernels) for several tokens. GB/s counts the chosen
 // experts' weight bytes (distinct experts of the step's tokens) over the
 // step's wall time, TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
@@ -130,7 +138,7 @@ func BenchmarkMoE(b *testing.B) {
 	}
 	defer be.Close()
 	const e, k, hidden, inter, layers = 128, 8, 2048, 768, 48
-	mat := deviceMats(b, be)
+	mat := randomMats()
 	exs := make([][]kernels.Expert, layers)
 	for l := range exs {
 		exs[l] = make([]kernels.Expert, e)
@@ -165,14 +173,25 @@ func BenchmarkMoE(b *testing.B) {
 			}
 			be.EndStep()
 		}
-		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
-			sec := timeSteps(b, be, step)
-			bytes := float64(distinct) * 3 * hidden * inter * 2
-			b.ReportMetric(sec*1e3, "ms/step")
-			b.ReportMetric(sec*1e6/layers, "µs/layer")
-			b.ReportMetric(bytes/sec/1e9, "GB/s")
-			b.ReportMetric(float64(layers*n*k)*3*2*hidden*inter/sec/1e12, "TFLOP/s")
-		})
+		for _, one := range []bool{false, true} {
+			if one && (n == 1 || n > moeFewTokens) {
+				continue
+			}
+			name := fmt.Sprint("n=", n)
+			if one {
+				name += "/one-slot"
+			}
+			be.moeOneSlot = one
+			b.Run(name, func(b *testing.B) {
+				sec := timeSteps(b, be, step)
+				bytes := float64(distinct) * 3 * hidden * inter * 2
+				b.ReportMetric(sec*1e3, "ms/step")
+				b.ReportMetric(sec*1e6/layers, "µs/layer")
+				b.ReportMetric(bytes/sec/1e9, "GB/s")
+				b.ReportMetric(float64(layers*n*k)*3*2*hidden*inter/sec/1e12, "TFLOP/s")
+			})
+		}
+		be.moeOneSlot = false
 	}
 }
 
@@ -193,30 +212,24 @@ func timeSteps(b *testing.B, be *Backend, step func()) float64 {
 	return sec
 }
 
-// deviceMats returns a maker of bf16 weights filled on the device with
-// seeded random values of magnitude 1/√cols, registered as be's copies of
-// their (data-less) Mats.
-func deviceMats(b *testing.B, be *Backend) func(rows, cols int) *kernels.Mat {
+// randomMats returns a maker of random bf16 weights without host data
+// (kernels.Mat.Random, magnitude about 1/√cols as engine/randweights
+// makes them): the backend generates each on the device when a step first
+// uses it, alone or stacked.
+func randomMats() func(rows, cols int) *kernels.Mat {
 	seed := uint64(100)
 	return func(rows, cols int) *kernels.Mat {
-		m := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols}
-		buf, err := be.dev.Alloc(int64(rows) * int64(cols) * 2)
-		if err == nil {
-			seed++
-			err = be.dev.FillBF16(buf, int64(rows)*int64(cols), seed, 1/float32(math.Sqrt(float64(cols))))
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		be.weights[m] = &Weight{Buf: buf, DType: kernels.BF16, Rows: rows, Cols: cols}
-		return m
+		seed++
+		top := int(math.Floor(-0.5*math.Log2(float64(cols)))) + 1
+		return &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols, Random: &kernels.RandomFill{Seed: seed, Top: top}}
 	}
 }
 
 // BenchmarkOpsDecodeStep30BA3B times a whole batch-1 decode step of
 // Qwen3-30B-A3B (hidden 2048, 48 layers, 32/4 heads of 128, 128 experts of
 // 768 with fused gate/up, top 8 renormalised, vocabulary 151936) through
-// the op set, no engine: random bf16 weights made on the device (61 GB),
+// the op set as engine/gqa issues it (q/k/v as one LinearCat, then
+// PrepareQKV), no engine: random bf16 weights made on the device (61 GB),
 // 512 cached positions in a bf16 KV cache, the step replayed as a CUDA
 // graph. "moe" runs only each layer's router, Route and Experts, "attn"
 // everything else. ms/step is host wall time from BeginStep to the end of
@@ -230,7 +243,7 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 	}
 	defer be.Close()
 	const hidden, heads, kvHeads, hd, experts, topK, inter, vocab, layers, ctx = 2048, 32, 4, 128, 128, 8, 768, 151936, 48, 512
-	mat := deviceMats(b, be)
+	mat := randomMats()
 	type layer struct {
 		q, k, v, o, router *kernels.Mat
 		ex                 []kernels.Expert
@@ -271,6 +284,7 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 	}
 	rope := &kernels.Rotary{InvFreq: f32Tensor(b, be, 1, hd/2, inv), Dim: hd, Scale: 1}
 	shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
+	hn := &kernels.HeadNorm{W: qkNorm, Eps: 1e-6}
 	router := &kernels.Router{Scoring: kernels.SoftmaxScoring, TopK: topK, NormTopK: true, Scale: 1}
 	const bs = 16
 	table := make([]int32, ctx/bs)
@@ -287,7 +301,7 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 		step := func() {
 			be.BeginStep()
 			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
-			q, k, v := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd), be.Scratch(kernels.F32, 1, kvHeads*hd)
+			qkv, q := be.Scratch(kernels.F32, 1, (heads+2*kvHeads)*hd), be.Scratch(kernels.F32, 1, heads*hd)
 			o, logits := be.Scratch(kernels.F32, 1, heads*hd), be.Scratch(kernels.F32, 1, vocab)
 			rl := be.Scratch(kernels.F32, 1, experts)
 			ids, w := be.Scratch(kernels.I32, 1, topK), be.Scratch(kernels.F32, 1, topK)
@@ -295,15 +309,8 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 			be.RMSNorm(h, x, norm, 1e-6, false)
 			for _, l := range ls {
 				if c.attn {
-					be.Linear(q, h, l.q, kernels.Epilogue{})
-					be.Linear(k, h, l.k, kernels.Epilogue{})
-					be.Linear(v, h, l.v, kernels.Epilogue{})
-					qh, kh := q.Reshape(heads, hd), k.Reshape(kvHeads, hd)
-					be.RMSNorm(qh, qh, qkNorm, 1e-6, false)
-					be.RMSNorm(kh, kh, qkNorm, 1e-6, false)
-					be.RoPE(q, heads, hd, p.Pos, rope)
-					be.RoPE(k, kvHeads, hd, p.Pos, rope)
-					be.StoreKV(l.kc, l.vc, k, v, p)
+					be.LinearCat(qkv, h, []*kernels.Mat{l.q, l.k, l.v}, kernels.Epilogue{})
+					be.PrepareQKV(q, l.kc, l.vc, qkv, hn, hn, rope, p, shape)
 					be.Attention(o, q, l.kc, l.vc, p, shape)
 					be.Linear(y, o, l.o, kernels.Epilogue{})
 					be.AddRMSNorm(h, x, y, norm, 1e-6, false)

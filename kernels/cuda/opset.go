@@ -775,7 +775,7 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
 	if n <= moeFewTokens {
 		gateUp, down := "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
-		if n == 1 {
+		if n == 1 || b.moeOneSlot {
 			gateUp, down = "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
 		}
 		b.queue(func(d *Device) error {

@@ -143,6 +143,7 @@ func mlaTest(t *testing.T, d kernels.Device, ops kernels.MLAOps) {
 		{2, 8, 4, 8, 16, 4, []attnSeq{{0, 30}, {25, 2}, {10, 1}}, 6, true, kernels.F8E4M3},
 		{5, 16, 8, 16, 32, 16, []attnSeq{{40, 3}, {0, 20}}, 9, false, kernels.BF16},
 		{2, 8, 0, 8, 16, 4, []attnSeq{{0, 9}, {12, 1}}, 5, false, kernels.BF16}, // NoPE (no rotary)
+		{3, 6, 2, 5, 15, 4, []attnSeq{{0, 5}, {7, 1}}, 0, true, kernels.F32},    // odd widths: no vector loads
 	}
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		for ci, c := range cases {
@@ -442,13 +443,18 @@ func checkTopK(t *testing.T, d kernels.Device, sp kernels.SparseOps, sc []float3
 // MLAWide runs the AttentionMLA cases at a real model's width
 // (GLM-4.7-Flash: 20 heads of 192 + 64 query dims and 256 value dims over a
 // 512-wide latent) over long contexts, dense and with a 2048-wide
-// selection: the wide-latent, split-context and long-selection paths of a
-// GPU kernel that RunOps' small cases leave out. The float64 reference
+// selection, and a 120-row prefill chunk beside a 601-key decode row: the
+// wide-latent, split-context (both many splits and too many rows to split)
+// and long-selection paths of a GPU kernel that RunOps' small cases leave
+// out. The float64 reference
 // takes seconds: for devices (kernels/cuda's tests), not for RunOps.
 func MLAWide(t *testing.T, d kernels.Device, ops kernels.MLAOps) {
 	cases := []mlaCase{
 		{20, 192, 64, 256, 512, 16, []attnSeq{{1200, 1}, {0, 3}, {700, 2}}, 0, true, kernels.BF16},
 		{20, 192, 64, 256, 512, 64, []attnSeq{{2200, 1}, {2080, 2}}, 2048, false, kernels.BF16},
+		// A prefill chunk beside a long decode row: too many blocks to
+		// split the context, so each split must take all of it.
+		{20, 192, 64, 256, 512, 16, []attnSeq{{0, 120}, {600, 1}}, 0, true, kernels.BF16},
 	}
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		for ci, c := range cases {

@@ -330,6 +330,11 @@ func (d *Device) experts(dst, x, ids, w kernels.Tensor, experts []kernels.Expert
 	if len(experts) == 0 {
 		panic("strict: Experts without experts")
 	}
+	for _, e := range experts {
+		for _, m := range []*kernels.Mat{e.GateUp, e.Gate, e.Up, e.Down} {
+			m.Materialize()
+		}
+	}
 	hidden := experts[0].Down.Rows
 	shape("Experts", x, -1, hidden)
 	shape("Experts", dst, x.Rows, hidden)

@@ -10,6 +10,9 @@
 //     a model that reads scratch it never wrote fails at the op at fault;
 //   - Write and Read, the only host ↔ backend copies, panic between
 //     BeginStep and EndStep: no host access to activations inside a step;
+//   - it is a kernels.RandomGenerator: random weights come without their
+//     bytes, which only the op that reads them materializes, so host code
+//     that reads a weight (rather than passing it to an op) fails;
 //   - Free marks a tensor's storage freed: any later use of it or of a view
 //     of it, and a second Free, panic with kernels.ErrFreed, and Free of a
 //     Scratch tensor or inside a step panics too.
@@ -70,8 +73,17 @@ func (d *Device) Name() string { return "strict" }
 // tell that a model went through the op set.
 func (d *Device) Steps() int { return d.steps }
 
+var _ kernels.RandomGenerator = (*Device)(nil)
+
+// GeneratesRandom implements kernels.RandomGenerator, as a GPU does: random
+// weights reach the backend without Data (randweights' Deferred) and get
+// it at the op that reads them, so a model that reads a weight's bytes on
+// the host, outside the backend, fails there.
+func (d *Device) GeneratesRandom() bool { return true }
+
 // MatMul implements kernels.Backend with the float64 reference.
 func (d *Device) MatMul(y, x []float32, w *kernels.Mat, n int) {
+	w.Materialize()
 	kernels.CheckMatMul(y, x, w, n)
 	kernels.MatMulRef(y, x, w, n)
 }
@@ -319,8 +331,10 @@ func contiguous(op string, ts ...kernels.Tensor) {
 	}
 }
 
-// weight panics on an empty or malformed weight.
+// weight panics on an empty or malformed weight. A random weight without
+// Data gets it here, at the op that reads it (GeneratesRandom).
 func weight(op string, w *kernels.Mat) {
+	w.Materialize()
 	if w == nil || w.Rows <= 0 || w.Cols <= 0 || len(w.Data) < w.DType.RowBytes(w.Cols)*w.Rows {
 		panic("strict: " + op + ": missing or short weight")
 	}

@@ -11,13 +11,13 @@
 #              niced), its benchmarks last (tools/cuda/llamacpp_gpu.sh)
 #   tests      kernels/cuda (the op-set conformance suite), kernels/device,
 #              the engine fixtures, qwen3next, glm5next and the mla family
-#   steps      the decode-step, sampling, linear-attention, prefill-attention
+#   steps      (after hybrid) the decode-step, sampling, linear-attention, prefill-attention
 #              and MoE kernel benchmarks
 #   bench8b    ferrite bench, Qwen3-8B, concurrency 1/8/32/64, 128+128
 #   prefill    ferrite bench, Qwen3-8B, prompts of 512 and 4,096 tokens
 #   pdl        ferrite bench, Qwen3-8B batch 1 with programmatic dependent launch
 #              OFF (FERRITE_CUDA_PDL=0; bench8b runs with it on, the default)
-#   moe        ferrite bench, Qwen3-30B-A3B, concurrency 1/8
+#   moe        ferrite bench, Qwen3-30B-A3B (1/8) and GLM-4.7-Flash (1/8/32)
 #   hybrid     engine TestMTPOnDevice (speculative == plain on the device, MTP
 #              speed-up per draft length), ferrite bench, qwen3_next (small)
 #              and ferrite-tiny with MTP on/off
@@ -54,6 +54,7 @@ for f in *.xz; do
 done
 chmod +x ./*.test ferrite 2>/dev/null
 
+
 if want llama && [ -f llama/llamacpp_gpu.sh ]; then
 	OUT="$out" setsid nice -n 19 bash llama/llamacpp_gpu.sh prep >/dev/null 2>&1 &
 fi
@@ -80,19 +81,10 @@ if want tests; then
 	for p in qwen3next glm5next; do
 		(cd "$root/engine/models/$p" && run "$p.test" 60 "$p.log" "$dev/$p.test" -test.v -test.count 1 -test.run '/device')
 	done
-	(cd "$root/engine/models/mla" && run mla.test 45 mla.log "$dev/mla.test" -test.v -test.count 1 -test.run 'TestConformance//device')
+	(cd "$root/engine/models/mla" && run mla.test 45 mla.log "$dev/mla.test" -test.v -test.count 1 -test.run 'TestConformance')
 	unset FERRITE_TEST_DEVICE
 	grep -hE '^(--- FAIL|FAIL|ok|panic)|rc=' "$out"/cuda-tests.log "$out"/fixtures.log "$out"/qwen3next.log \
 		"$out"/glm5next.log "$out"/mla.log | tail -60
-fi
-
-if want steps; then
-	(cd k && run step-bench 60 steps.log ../cuda.test -test.run XXX -test.bench "${STEP_BENCH:-DecodeStep8B|TopKRows}" \
-		-test.benchtime 20x -test.count "${STEP_COUNT:-1}")
-	(cd k && run linattn-bench 40 steps.log ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x)
-	(cd k && run prefill-bench 60 steps.log ../cuda.test -test.run XXX -test.bench PrefillAttention -test.benchtime 3x)
-	(cd k && run moe-bench 90 steps.log ../cuda.test -test.run XXX -test.bench 'BenchmarkMoE|BenchmarkOpsDecodeStep30BA3B|MLADecode' -test.benchtime 20x)
-	grep -hE '^Benchmark|rc=' "$out/steps.log"
 fi
 
 bench() { # bench NAME SECONDS ARGS...: ferrite bench into NAME.log and NAME.json
@@ -105,7 +97,10 @@ want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,6
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1
 want pdl && FERRITE_CUDA_PDL=0 FERRITE_CUDA_GEMV_ROWS="${PDL_GEMV_ROWS:-0}" bench pdl 60 --model "$dev/qwen3-8b" \
 	--concurrency 1 --prompt-len 128 --gen-len 128
-want moe && bench moe 120 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 64
+if want moe; then
+	bench moe 100 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 64
+	bench glmflash 90 --model "$root/engine/testdata/glm4.7-flash" --concurrency 1,8,32 --prompt-len 128 --gen-len 64
+fi
 if want hybrid; then
 	# MTP at batch 1 (issue 13 item 5): speculative greedy == plain greedy on
 	# the device for ferrite-tiny (chat prompts) and the MTP fixtures, with
@@ -114,7 +109,14 @@ if want hybrid; then
 		-test.run 'TestMTPOnDevice')
 	grep -hE 'draft [0-9]|row-|^\s*--- (FAIL|PASS)' "$out/mtp.log" | cut -c1-240 | head -50
 	bench qwen3next 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512 --gen-len 32
-	bench tiny-mtp 60 --model "$root/builtin/model" --concurrency 1 --prompt-len 64 --gen-len 256 --mtp off,on
+fi
+if want steps; then
+	(cd k && run step-bench 60 steps.log ../cuda.test -test.run XXX -test.bench "${STEP_BENCH:-DecodeStep8B|TopKRows}" \
+		-test.benchtime 20x -test.count "${STEP_COUNT:-1}")
+	(cd k && run linattn-bench 40 steps.log ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x)
+	(cd k && run prefill-bench 60 steps.log ../cuda.test -test.run XXX -test.bench PrefillAttention -test.benchtime 3x)
+	(cd k && run moe-bench 90 steps.log ../cuda.test -test.run XXX -test.bench 'BenchmarkMoE|BenchmarkOpsDecodeStep30BA3B|MLADecode' -test.benchtime 20x)
+	grep -hE '^Benchmark|rc=' "$out/steps.log"
 fi
 if want llama && [ -f llama/llamacpp_gpu.sh ]; then
 	OUT="$out" run llama-bench 240 llama.log bash llama/llamacpp_gpu.sh bench

@@ -83,6 +83,11 @@ func TryBuildOn(be kernels.Backend, cfgJSON string, dtype kernels.DType, missing
 	}
 	src := randweights.New(1, dtype)
 	src.Missing = missing
+	// A backend that makes random weights itself (the GPU; strict, to
+	// catch host code that reads a weight) gets them without their bytes.
+	if g, ok := be.(kernels.RandomGenerator); ok && g.GeneratesRandom() {
+		src.Deferred = true
+	}
 	return model.New(cfg, src, be)
 }
 

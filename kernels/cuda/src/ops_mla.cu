@@ -141,6 +141,8 @@ namespace {
 constexpr int kMlaG = 16;     // query heads an attention block handles
 constexpr int kMlaTile = 32;  // keys an attention block scores at a time
 constexpr int kMlaWarps = 8;  // warps of an attention block (256 threads)
+constexpr int kMlaKeys = kMlaTile / kMlaWarps;  // keys a warp scores a tile
+constexpr int kMlaCh = 5;     // 128-dim chunks of a cache row the prefetching score path holds (kl + dr ≤ 640)
 
 // kv4 widens the 4 cache values at element e (a multiple of 4) into o.
 template <bool BF>
@@ -159,7 +161,7 @@ __device__ inline void kv4(const void* c, size_t e, float* o) {
 }
 
 struct MlaArgs {
-    float* lat;          // (n, heads, kl) with one split
+    float* lat;          // (n, heads, kl) with one split; may be qc (the block stages its queries first)
     float* part;         // (n, heads, splits, kl + 2) per split: max, sum, kl unnormalised sums
     const float* qc;     // (n, heads, kl) absorbed queries W_UK_hᵀ·q_nope; null for zeros (dn = 0)
     const float* q;      // (n, heads·(dn + dr)) the rotated queries (their q_pe)
@@ -225,38 +227,65 @@ __device__ void mla_attn_block(const MlaArgs& a) {
             sslot[threadIdx.x] = s;
         }
         __syncthreads();
-        for (int kk = warp; kk < kMlaTile; kk += kMlaWarps) {
-            const int s = sslot[kk];
-            float part[kMlaG];
-#pragma unroll
-            for (int g = 0; g < kMlaG; g++) part[g] = 0.f;
-            if (s >= 0) {
-                const size_t base = size_t(s) * kw;
-                if (kw % 4 == 0) {  // 4 dims a lane: 8-byte (bf16) or 16-byte loads, float4 queries
-                    for (int d = lane * 4; d < kw; d += 128) {
-                        float kd[4];
-                        kv4<BF>(a.cache, base + d, kd);
-#pragma unroll
-                        for (int g = 0; g < kMlaG; g++) {
-                            if (g < a.gs) {
-                                const float4 qv = *reinterpret_cast<const float4*>(sq + g * kw + d);
-                                part[g] = fmaf(qv.x, kd[0], fmaf(qv.y, kd[1], fmaf(qv.z, kd[2], fmaf(qv.w, kd[3], part[g]))));
-                            }
-                        }
-                    }
-                } else {
-                    for (int d = lane; d < kw; d += 32) {
-                        const float kd = kv_at<BF>(a.cache, base + d);
-#pragma unroll
-                        for (int g = 0; g < kMlaG; g++)
-                            if (g < a.gs) part[g] = fmaf(sq[g * kw + d], kd, part[g]);
-                    }
-                }
-            }
+        // Scores: sp[g][kk] = scale·(q̃_g·c_kk + q_pe_g·k_pe_kk), −∞ for no key.
+        auto store = [&](const float (&part)[kMlaG], int kk, int s) {
 #pragma unroll
             for (int g = 0; g < kMlaG; g++) {
                 const float v = warp_sum(part[g]);
                 if (lane == 0) sp[g][kk] = s >= 0 ? v * a.scale : -INFINITY;
+            }
+        };
+        if (kw % 4 == 0 && kw <= 128 * kMlaCh) {
+            // The warp's keys are all loaded before any is scored (one round
+            // of memory latency a tile): 4 dims a lane, 8-byte (bf16) or
+            // 16-byte loads, the queries read as float4.
+            float kd[kMlaKeys][kMlaCh][4];
+#pragma unroll
+            for (int u = 0; u < kMlaKeys; u++) {
+                const int s = sslot[warp + kMlaWarps * u];
+#pragma unroll
+                for (int c = 0; c < kMlaCh; c++) {
+                    const int d = lane * 4 + 128 * c;
+                    if (s >= 0 && d < kw) kv4<BF>(a.cache, size_t(s) * kw + d, kd[u][c]);
+                    else kd[u][c][0] = kd[u][c][1] = kd[u][c][2] = kd[u][c][3] = 0.f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kMlaKeys; u++) {
+                float part[kMlaG];
+#pragma unroll
+                for (int g = 0; g < kMlaG; g++) part[g] = 0.f;
+#pragma unroll
+                for (int c = 0; c < kMlaCh; c++) {
+                    const int d = lane * 4 + 128 * c;
+                    if (d < kw) {
+#pragma unroll
+                        for (int g = 0; g < kMlaG; g++) {
+                            if (g < a.gs) {
+                                const float4 qv = *reinterpret_cast<const float4*>(sq + g * kw + d);
+                                const float* k4 = kd[u][c];
+                                part[g] = fmaf(qv.x, k4[0], fmaf(qv.y, k4[1], fmaf(qv.z, k4[2], fmaf(qv.w, k4[3], part[g]))));
+                            }
+                        }
+                    }
+                }
+                store(part, warp + kMlaWarps * u, sslot[warp + kMlaWarps * u]);
+            }
+        } else {  // other widths: a key at a time, a dim a lane
+            for (int kk = warp; kk < kMlaTile; kk += kMlaWarps) {
+                const int s = sslot[kk];
+                float part[kMlaG];
+#pragma unroll
+                for (int g = 0; g < kMlaG; g++) part[g] = 0.f;
+                if (s >= 0) {
+                    for (int d = lane; d < kw; d += 32) {
+                        const float kv = kv_at<BF>(a.cache, size_t(s) * kw + d);
+#pragma unroll
+                        for (int g = 0; g < kMlaG; g++)
+                            if (g < a.gs) part[g] = fmaf(sq[g * kw + d], kv, part[g]);
+                    }
+                }
+                store(part, kk, s);
             }
         }
         __syncthreads();
@@ -279,15 +308,15 @@ __device__ void mla_attn_block(const MlaArgs& a) {
 #pragma unroll
             for (int j = 0; j < DPT; j++) acc[g][j] *= c;
         }
+        // Values: a key without a slot has probability 0 and adds nothing.
+#pragma unroll 4
         for (int kk = 0; kk < kMlaTile; kk++) {
             const int s = sslot[kk];
-            if (s < 0) continue;
-            const size_t base = size_t(s) * kw;
             float cv[DPT];
 #pragma unroll
             for (int j = 0; j < DPT; j++) {
                 const int d = threadIdx.x + 256 * j;
-                cv[j] = d < kl ? kv_at<BF>(a.cache, base + d) : 0.f;
+                cv[j] = s >= 0 && d < kl ? kv_at<BF>(a.cache, size_t(s) * kw + d) : 0.f;
             }
 #pragma unroll
             for (int g = 0; g < kMlaG; g++) {

@@ -23,7 +23,7 @@ __device__ inline uint32_t rand_half(uint32_t v, int top, int man_bits, int bias
 
 }  // namespace
 
-// Fills dst (bytes bytes, 8-byte aligned) with the kernels.RandomFill
+// Fills dst (bytes bytes, any alignment) with the kernels.RandomFill
 // {seed, top} values of dtype (F32, BF16 or F16 codes): one stream output
 // per 8 bytes of 16-bit values (four of them, little-endian) or per F32, a
 // chunk's tail shorter than that zero. Launch: any 1-D grid; the threads
@@ -42,15 +42,21 @@ extern "C" __global__ void ferrite_random_fill(uint8_t* dst, uint64_t bytes, uin
         }
         const uint64_t n = (o - chunk) / word + 1;  // the output's number in its chunk's stream
         const uint64_t x = mix64((seed ^ (chunk * 0xbf58476d1ce4e5b9ull)) + n * kGolden);
+        uint2 v = make_uint2(0, 0);  // the output's bytes, little-endian (v.y unused for F32)
         if (dtype == kF32) {
             const int off = __ffs(int(uint32_t(x >> 40) | 8u));
             const uint32_t e = uint32_t(max(top - off + 127, 1));
-            *reinterpret_cast<uint32_t*>(dst + o) = (uint32_t(x) & 0x807fffffu) | (e << 23);
+            v.x = (uint32_t(x) & 0x807fffffu) | (e << 23);
         } else {
-            uint2 v;
             v.x = rand_half(uint32_t(x), top, man_bits, bias) | rand_half(uint32_t(x >> 16), top, man_bits, bias) << 16;
             v.y = rand_half(uint32_t(x >> 32), top, man_bits, bias) | rand_half(uint32_t(x >> 48), top, man_bits, bias) << 16;
-            *reinterpret_cast<uint2*>(dst + o) = v;
+        }
+        uint8_t* p = dst + o;
+        if ((uintptr_t(p) & (word - 1)) == 0) {
+            if (dtype == kF32) *reinterpret_cast<uint32_t*>(p) = v.x;
+            else *reinterpret_cast<uint2*>(p) = v;
+        } else {  // a matrix stacked after one of an odd byte count
+            for (int b = 0; b < int(word); b++) p[b] = uint8_t((b < 4 ? v.x >> (8 * b) : v.y >> (8 * (b - 4))) & 0xffu);
         }
     }
 }
