@@ -15,8 +15,8 @@
 #              and MoE kernel benchmarks
 #   bench8b    ferrite bench, Qwen3-8B, concurrency 1/8/32/64, 128+128
 #   prefill    ferrite bench, Qwen3-8B, prompts of 512 and 4,096 tokens
-#   pdl        ferrite bench, Qwen3-8B batch 1 with programmatic dependent launch
-#              OFF (FERRITE_CUDA_PDL=0; bench8b runs with it on, the default)
+#   rows8      ferrite bench, Qwen3-8B batch 1 with the 8-rows-a-block decode
+#              GEMV (FERRITE_CUDA_GEMV_ROWS=8; bench8b runs the default layout)
 #   moe        ferrite bench, Qwen3-30B-A3B (1/8) and GLM-4.7-Flash (1/8/32)
 #   hybrid     engine TestMTPOnDevice (speculative == plain on the device, MTP
 #              speed-up per draft length), ferrite bench, qwen3_next (small)
@@ -29,7 +29,7 @@ root="$PWD"
 dev="$root/.device-out"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
-STAGES=" ${STAGES:-build llama tests steps bench8b prefill pdl moe hybrid} "
+STAGES=" ${STAGES:-build llama tests steps bench8b prefill rows8 moe hybrid} "
 DEADLINE="${DEADLINE:-540}"
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 # run NAME SECONDS LOG CMD...: CMD under a timeout of at most SECONDS, not
@@ -95,7 +95,7 @@ bench() { # bench NAME SECONDS ARGS...: ferrite bench into NAME.log and NAME.jso
 }
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1
-want pdl && FERRITE_CUDA_PDL=0 FERRITE_CUDA_GEMV_ROWS="${PDL_GEMV_ROWS:-0}" bench pdl 60 --model "$dev/qwen3-8b" \
+want rows8 && FERRITE_CUDA_GEMV_ROWS="${ROWS8_GEMV_ROWS:-8}" bench rows8 60 --model "$dev/qwen3-8b" \
 	--concurrency 1 --prompt-len 128 --gen-len 128
 if want moe; then
 	bench moe 100 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 64
