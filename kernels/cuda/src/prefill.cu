@@ -79,18 +79,22 @@ __device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_gen
 
 // load_tile fills dst (kPfKeys rows of HD bf16, stride HD + 8) with the
 // cache rows of keys [k0, k0 + kPfKeys) of the sequence whose block table
-// is bt; keys from kend on are zeros. BF16: cp.async (the caller commits);
-// F32: rounded by the threads.
+// is bt, bs slots a block (2^bsh when bsh ≥ 0: a shift, not a division);
+// keys from kend on are zeros. BF16: cp.async (the caller commits); F32:
+// rounded by the threads.
 template <int HD, bool BF, int WARPS>
-__device__ inline void load_tile(uint16_t* dst, const void* cache, const int* bt, int bs, size_t kw, size_t off,
-                                 int k0, int kend) {
+__device__ inline void load_tile(uint16_t* dst, const void* cache, const int* bt, int bs, int bsh, size_t kw,
+                                 size_t off, int k0, int kend) {
     constexpr int kChunks = HD / 8;  // 16-byte bf16 chunks per row
     for (int c = threadIdx.x; c < kPfKeys * kChunks; c += WARPS * 32) {
         const int key = c / kChunks, part = c % kChunks;
         const int p = k0 + key;
         uint16_t* d = dst + key * (HD + 8) + part * 8;
         size_t e = 0;  // element index of the chunk in the cache
-        if (p < kend) e = (size_t(bt[p / bs]) * bs + p % bs) * kw + off + part * 8;
+        if (p < kend) {
+            const int blk = bsh >= 0 ? p >> bsh : p / bs;
+            e = (size_t(bt[blk]) * bs + (p - blk * bs)) * kw + off + part * 8;
+        }
         if (BF) {
             cp16(smem_addr(d), static_cast<const uint16_t*>(cache) + e, p < kend ? 16 : 0);
         } else {
@@ -178,6 +182,7 @@ __device__ void prefill_block(const AttnArgs& a) {  // ops.cu's arguments; hd = 
     const int kvh = h / (a.heads / a.kvh);
     const size_t kw = size_t(a.kvh) * HD, off = size_t(kvh) * HD;
     const int* bt = a.blocks + size_t(a.seq[r0]) * a.max_blocks;
+    const int bsh = (a.bs & (a.bs - 1)) == 0 ? __ffs(a.bs) - 1 : -1;  // log2 of a power-of-two block size
 
     // The tile's key range: [0, largest position + 1); keys up to its
     // smallest position need no mask. Rows past n have position −1.
@@ -205,9 +210,9 @@ __device__ void prefill_block(const AttnArgs& a) {  // ops.cu's arguments; hd = 
     for (int o = 16; o > 0; o >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
 
     // Prologue: the first key and value tiles start streaming in.
-    load_tile<HD, BF, WARPS>(ks, a.kc, bt, a.bs, kw, off, 0, kend);
+    load_tile<HD, BF, WARPS>(ks, a.kc, bt, a.bs, bsh, kw, off, 0, kend);
     cp_commit();
-    load_tile<HD, BF, WARPS>(vs, a.vc, bt, a.bs, kw, off, 0, kend);
+    load_tile<HD, BF, WARPS>(vs, a.vc, bt, a.bs, bsh, kw, off, 0, kend);
     cp_commit();
 
     // Q as A fragments, rounded to bf16.
@@ -271,7 +276,7 @@ __device__ void prefill_block(const AttnArgs& a) {  // ops.cu's arguments; hd = 
         __syncthreads();  // every warp is done with ks
         const bool more = j + 1 < ntiles;
         if (more) {
-            load_tile<HD, BF, WARPS>(ks, a.kc, bt, a.bs, kw, off, k0 + kPfKeys, kend);
+            load_tile<HD, BF, WARPS>(ks, a.kc, bt, a.bs, bsh, kw, off, k0 + kPfKeys, kend);
             cp_commit();
         }
         if (live) softmax_tile<NK, ND>(s, o, m0, m1, l0, l1, k0, k0 + kPfKeys - 1 > pmin, pos0, pos1, t, sl2);
@@ -297,7 +302,7 @@ __device__ void prefill_block(const AttnArgs& a) {  // ops.cu's arguments; hd = 
         }
         __syncthreads();  // every warp is done with vs
         if (more) {
-            load_tile<HD, BF, WARPS>(vs, a.vc, bt, a.bs, kw, off, k0 + kPfKeys, kend);
+            load_tile<HD, BF, WARPS>(vs, a.vc, bt, a.bs, bsh, kw, off, k0 + kPfKeys, kend);
             cp_commit();
         }
     }
