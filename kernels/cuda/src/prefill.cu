@@ -80,7 +80,7 @@ __device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_gen
 // A thread's share of a key tile: 16-byte chunks c = threadIdx.x +
 // 32·WARPS·i, i < pf_chunks(HD, WARPS), each part c % (HD/8) of the row of
 // key c / (HD/8).
-constexpr int pf_chunks(int hd, int warps) { return kPfKeys * (hd / 8) / (warps * 32); }
+__host__ __device__ constexpr int pf_chunks(int hd, int warps) { return kPfKeys * (hd / 8) / (warps * 32); }
 
 // tile_blocks reads the block-table entries (bt, bs slots a block, 2^bsh
 // when bsh ≥ 0: a shift, not a division) of the thread's keys of the tile
