@@ -126,7 +126,7 @@ var Table = []Setting{
 		Help:  "memory of the KV cache; it also bounds the context when it holds fewer tokens than the model's",
 		field: func(c *Config) any { return &c.Engine.KVBudget }},
 	{Key: "engine.batch_tokens", Kind: Int, Default: 0, Min: 0, Max: 1 << 20, Flag: "batch-tokens",
-		Help:  "tokens one engine step may run; 0 is the runtime's default (512; 4096 on a GPU)",
+		Help:  "tokens one engine step may run; 0 is the runtime's default (512; on a GPU up to 4096 by its memory)",
 		field: func(c *Config) any { return &c.Engine.BatchTokens }},
 	{Key: "engine.max_seqs", Kind: Int, Default: 0, Min: 0, Max: 4096, Flag: "max-seqs",
 		Help:  "replies generated at once; 0 is the runtime's default (16)",

@@ -35,8 +35,8 @@
 // its best k by radix select). Attention runs a flash-attention kernel on
 // tensor cores (src/prefill.cu) for tiles of prompt rows of one sequence and
 // a split-KV kernel for the other rows (decode); PreferredBatchTokens asks
-// the runtime for 4,096-token steps, so prompts are prefilled in large
-// chunks. Steps that repeat replay CUDA graphs, the last eight shapes' kept
+// the runtime for steps of up to 4,096 tokens (by the GPU's memory), so
+// prompts are prefilled in large chunks. Steps that repeat replay CUDA graphs, the last eight shapes' kept
 // (graph.go). It also implements the host-slice kernels.Backend, copying
 // activations for every MatMul, for the architectures not on the op set.
 //

@@ -535,12 +535,24 @@ func (b *Backend) usePrefill(s kernels.AttnShape, n int) bool {
 func (b *Backend) AttentionRoundsToBF16(s kernels.AttnShape, n int) bool { return b.usePrefill(s, n) }
 
 // batchTokens is the step token budget the runtime gets from
-// PreferredBatchTokens: whole 4,096-token prompt chunks, where cuBLASLt's
-// Linear layers and the prefill kernel reach their throughput.
-const batchTokens = 4096
+// PreferredBatchTokens on a GPU of batchMemory or more: whole 4,096-token
+// prompt chunks, where cuBLASLt's Linear layers and the prefill kernel
+// reach their throughput. A step's scratch arena grows with its tokens
+// (Qwen3-8B: 9.2 MB a token, 37.7 GB at 4,096 on the H200), so a smaller
+// GPU gets half the budget per halving of its memory, down to 512.
+const (
+	batchTokens = 4096
+	batchMemory = 64 << 30
+)
 
 // PreferredBatchTokens implements kernels.BatchSizer.
-func (b *Backend) PreferredBatchTokens() int { return batchTokens }
+func (b *Backend) PreferredBatchTokens() int {
+	t := batchTokens
+	for mem := b.dev.TotalMem; t > 512 && mem < batchMemory; mem *= 2 {
+		t /= 2
+	}
+	return t
+}
 
 // Attention implements kernels.AttentionOps. Batches usePrefill accepts
 // first run the prefill kernel (src/prefill.cu: flash attention on tensor

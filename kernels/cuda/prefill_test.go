@@ -186,3 +186,17 @@ func BenchmarkPrefillAttention(b *testing.B) {
 		}
 	}
 }
+
+// TestPreferredBatchTokens checks the step budget's scaling with device
+// memory (no GPU needed).
+func TestPreferredBatchTokens(t *testing.T) {
+	for _, c := range []struct {
+		mem  int64
+		want int
+	}{{141 << 30, 4096}, {80 << 30, 4096}, {48 << 30, 2048}, {24 << 30, 1024}, {16 << 30, 1024}, {8 << 30, 512}, {0, 512}} {
+		b := &Backend{dev: &Device{TotalMem: c.mem}}
+		if got := b.PreferredBatchTokens(); got != c.want {
+			t.Errorf("%d GiB: %d tokens, want %d", c.mem>>30, got, c.want)
+		}
+	}
+}

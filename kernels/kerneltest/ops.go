@@ -387,10 +387,10 @@ func attentionTest(t *testing.T, d kernels.Device) {
 			// dims GPU tensor-core kernels take: a chunk with a partial last
 			// row tile; decode rows around a fresh and a continued chunk,
 			// whose rows start off any 64-row boundary; a continued chunk
-			// over a small block size.
+			// over a small block size that is no power of two.
 			{4, 2, 64, 16, []attnSeq{{0, 150}}},
 			{4, 2, 128, 16, []attnSeq{{3, 1}, {0, 200}, {90, 140}, {40, 1}}},
-			{4, 4, 128, 8, []attnSeq{{100, 130}}},
+			{4, 4, 128, 12, []attnSeq{{100, 130}}},
 		} {
 			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
 				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))
