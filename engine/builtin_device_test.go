@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
@@ -29,8 +30,11 @@ const builtinDeviceTol = 1e-3
 // the strict backend's reference math.
 func TestBuiltinOnDevice(t *testing.T) {
 	spec := os.Getenv("FERRITE_TEST_DEVICE")
-	if spec == "" {
-		t.Skip("FERRITE_TEST_DEVICE not set")
+	if spec == "" || strings.HasPrefix(spec, "cpu") {
+		// The CPU multiplies Q8_0 weights with int8-quantized activations,
+		// far from strict's float64 (builtin's tests hold it to
+		// transformers instead).
+		t.Skip("FERRITE_TEST_DEVICE names no GPU")
 	}
 	dir := filepath.Join("..", "builtin", "model") // from engine/, where the test runs
 	load := func(opts Options) *Loaded {
@@ -74,7 +78,8 @@ func TestBuiltinOnDevice(t *testing.T) {
 		r.logits = e.Step(t, r.s, prompt, model.AllLogits)
 		runs[i] = r
 	}
-	modeltest.Compare(t, "prompt logits", runs[0].logits, runs[1].logits, builtinDeviceTol)
+	rel := modeltest.Compare(t, "prompt logits", runs[0].logits, runs[1].logits, builtinDeviceTol)
+	t.Logf("prompt logits: relative error %.3g", rel)
 	// Greedy decoding from the reference's choices, so one near-tie does
 	// not change every later step: the device's logits at each step and
 	// its own choice.
@@ -83,7 +88,7 @@ func TestBuiltinOnDevice(t *testing.T) {
 	for step := range 8 {
 		d := runs[0].e.Step(t, runs[0].s, []int32{next}, model.LastLogits)
 		r := runs[1].e.Step(t, runs[1].s, []int32{next}, model.LastLogits)
-		modeltest.Compare(t, "decode logits", d, r, builtinDeviceTol)
+		rel = max(rel, modeltest.Compare(t, "decode logits", d, r, builtinDeviceTol))
 		if gd, gr := fixtures.Argmax(d), fixtures.Argmax(r); gd != gr {
 			t.Logf("step %d: greedy %d on the device, %d in the reference (top-2 gap %.3g)", step, gd, gr, fixtures.Top2Gap(r))
 			if fixtures.Top2Gap(r) > 1e-2 {
@@ -92,4 +97,5 @@ func TestBuiltinOnDevice(t *testing.T) {
 		}
 		next = fixtures.Argmax(r)
 	}
+	t.Logf("prompt and decode logits: largest relative error %.3g", rel)
 }

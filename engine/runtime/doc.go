@@ -53,6 +53,18 @@
 // for a newer one, and no sequence may grow past the whole cache (such a
 // sequence finishes with reason length), so every request finishes.
 //
+// Sampling reads as little of the logits as it can: a sequence whose
+// sampler draws exactly the same from a row's best entries (greedy
+// decoding, top-k without penalties: sample.Sampler.Candidates) asks for
+// those (model.Batch.Top: 1 when every such sequence is greedy, else 256),
+// which a device model reduces on its device (kernels.SampleOps), so a
+// step sends back a few values per row rather than the vocabulary; the
+// others get whole rows (model.Seq.Full), sampled on several goroutines
+// before the step's tokens are emitted in order; and a row whose entries
+// cannot decide (sample.Sampler.SampleTop) is read whole from the device
+// (model.Output.Logits). Stats.TopRows and TopMisses count them. Tokens
+// are the same whichever way a row is sampled.
+//
 // A panic anywhere in a step (model, sampler, detokenizer, scheduler) is
 // recovered: the requests in that step get an Error event and their blocks
 // are freed; the runtime keeps serving the others. The event's Err is a

@@ -12,17 +12,17 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/sample"
 )
 
-// Sampling from a forward pass's output. Whole rows that plain decoding
-// samples (a pass over the vocabulary each) are drawn on several
-// goroutines before the tokens are emitted in order (presample); each
-// sampler still draws on one goroutine only, so tokens do not change.
-// A sequence whose sampler can draw
-// from a row's best entries (sample.Sampler.Candidates) asks the model for
-// those only (model.Batch.Top): a device model then reduces its logit rows
-// on the device and sends back a few values per row instead of the
-// vocabulary. The rows come back whole for the others (model.Seq.Full),
+// Sampling from a forward pass's output. A sequence whose sampler can
+// draw from a row's best entries (sample.Sampler.Candidates) asks the
+// model for those only (model.Batch.Top): a device model then reduces its
+// logit rows on the device and sends back a few values per row instead of
+// the vocabulary. The rows come back whole for the others (model.Seq.Full),
 // and on demand (model.Output.Logits) in the rare step where the entries
-// cannot decide (sample.Sampler.SampleTop). Output is the same either way.
+// cannot decide (sample.Sampler.SampleTop). Whole rows that plain decoding
+// samples (a pass over the vocabulary each) are drawn on several
+// goroutines before the step's tokens are emitted in order (presample);
+// each sampler still draws on one goroutine. Tokens are the same either
+// way.
 
 // candidates is how many best entries of a logit row s needs (0: the whole
 // row); spec: for a draft or its verification, where sampling (not

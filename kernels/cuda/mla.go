@@ -33,7 +33,7 @@ func init() {
 const (
 	mlaRows    = 8        // query rows and output rows per projection block
 	mlaGroup   = 16       // query heads per attention block, at most
-	mlaSplit   = 64       // keys per attention split, at least
+	mlaSplit   = 32       // keys per attention split, at least (one tile)
 	mlaTile    = 32       // keys an attention block scores at a time
 	mlaMaxKL   = 1024     // kv_lora_rank the attention kernels take (256·DPT, DPT ≤ 4)
 	mlaSmem    = 44 << 10 // dynamic shared memory an attention block may take

@@ -31,7 +31,8 @@ func TestMLAWide(t *testing.T) {
 // kv_b_proj and cache) for 47 layers in one step, rows decode rows at ctx
 // positions each, optionally with a DSA selection of 2048 positions, or a
 // 1024-token prompt in one step (prefill). GB/s counts the latents read
-// once per row plus kv_b_proj once per step.
+// once per row plus kv_b_proj once per step; graphs/step is 1 when the
+// steps replay a CUDA graph.
 func BenchmarkMLADecode(b *testing.B) {
 	needGPU(b)
 	be, err := OpenBackend(0, 2)
@@ -143,8 +144,9 @@ func BenchmarkMLADecode(b *testing.B) {
 			be.EndStep()
 		}
 		b.Run(c.name, func(b *testing.B) {
+			step() // warm up; with graphs the second step is captured
 			step()
-			step()
+			_, replays0, gerr := be.GraphStats()
 			b.ResetTimer()
 			start := time.Now()
 			for range b.N {
@@ -154,6 +156,11 @@ func BenchmarkMLADecode(b *testing.B) {
 			if err := be.Err(); err != nil {
 				b.Fatal(err)
 			}
+			_, replays, _ := be.GraphStats()
+			if gerr != nil {
+				b.Logf("graphs: %v", gerr)
+			}
+			b.ReportMetric(float64(replays-replays0)/float64(b.N), "graphs/step")
 			keys := c.ctx
 			switch {
 			case c.top > 0:

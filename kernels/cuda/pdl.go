@@ -18,7 +18,8 @@ import (
 // pdlKernels are the kernels that start with FERRITE_PDL_WAIT() (checked by
 // TestPDLKernelsWait): only they may get the attribute. They are the
 // kernels of a decode step (ferrite_attn_combine aside: it launches
-// without, after the attention kernel has completed).
+// without, after the attention kernel has completed), the MoE router and
+// grouped experts included.
 var pdlKernels = map[string]bool{
 	"ferrite_gemv_f32_1": true, "ferrite_gemv_bf16_1": true, "ferrite_gemv_f16_1": true,
 	"ferrite_gemv_f32_x": true, "ferrite_gemv_bf16_x": true, "ferrite_gemv_f16_x": true,
@@ -30,6 +31,8 @@ var pdlKernels = map[string]bool{
 	"ferrite_embed": true, "ferrite_gather_rows": true, "ferrite_add_rmsnorm": true, "ferrite_prepare_qkv": true,
 	"ferrite_attn_f32_1": true, "ferrite_attn_f32_2": true, "ferrite_attn_f32_4": true, "ferrite_attn_f32_8": true,
 	"ferrite_attn_bf16_1": true, "ferrite_attn_bf16_2": true, "ferrite_attn_bf16_4": true, "ferrite_attn_bf16_8": true,
+	"ferrite_route": true, "ferrite_moe_few_gate_up_1": true, "ferrite_moe_few_gate_up_8": true,
+	"ferrite_moe_few_down_1": true, "ferrite_moe_few_down_8": true,
 }
 
 // pdlEnabled is whether a new Device of compute capability major uses PDL:

@@ -231,7 +231,7 @@ __device__ void mla_attn_block(const MlaArgs& a) {
         auto store = [&](const float (&part)[kMlaG], int kk, int s) {
 #pragma unroll
             for (int g = 0; g < kMlaG; g++) {
-                const float v = warp_sum(part[g]);
+                const float v = g < a.gs ? warp_sum(part[g]) : 0.f;  // the group's heads (gs is block-uniform)
                 if (lane == 0) sp[g][kk] = s >= 0 ? v * a.scale : -INFINITY;
             }
         };

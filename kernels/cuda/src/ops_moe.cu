@@ -23,6 +23,7 @@
 extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int w_stride, const float* logits,
                                          int l_stride, const float* bias, int n, int experts, int k, int sigmoid,
                                          int norm, float rscale, int groups, int keep) {
+    FERRITE_PDL_WAIT();
     extern __shared__ float sm[];
     float* sc = sm;               // (experts) scores
     float* ch = sm + experts;     // (experts) selection values; NaN once taken
@@ -452,6 +453,7 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
     extern "C" __global__ void __launch_bounds__(256)                                                       \
         name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
              int slots, int inter, float limit) {                                                           \
+        FERRITE_PDL_WAIT();                                                                                 \
         moe_few_gate_up<NB>(h, x, x_stride, ids, table, experts, k, slots, inter, limit);                    \
     }
 FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1)
@@ -463,6 +465,7 @@ FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8)
     extern "C" __global__ void __launch_bounds__(256)                                                       \
         name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
              int experts, int n, int k, int inter, int hidden) {                                            \
+        FERRITE_PDL_WAIT();                                                                                 \
         moe_few_down<NB>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                       \
     }
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1)
