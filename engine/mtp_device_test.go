@@ -150,6 +150,7 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 		}
 		gen(prompts[0]) // warm-up: graphs, scratch, weights
 		before := rt.Stats()
+		caps0, reps0, _ := graphStats(l.Backend)
 		var tokens int
 		var busy time.Duration
 		var outs [][]int32
@@ -169,6 +170,7 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 			}
 		}
 		st := rt.Stats()
+		caps, reps, gerr := graphStats(l.Backend)
 		rt.Close()
 		rate := float64(tokens) / busy.Seconds()
 		speedup := ""
@@ -178,9 +180,9 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 			speedup = fmt.Sprintf(", %.2fx plain", rate/plainRate)
 		}
 		drafts, accepted := st.DraftTokens-before.DraftTokens, st.AcceptedTokens-before.AcceptedTokens
-		t.Logf("draft %d: %d tokens in %.3f s = %.1f tok/s%s; %d verify steps, %d drafts, %d accepted (%.1f%%)",
-			draft, tokens, busy.Seconds(), rate, speedup, st.VerifySteps-before.VerifySteps, drafts, accepted,
-			100*float64(accepted)/max(1, float64(drafts)))
+		t.Logf("draft %d: %d tokens in %.3f s = %.1f tok/s%s; %d steps, %d verify steps, %d drafts, %d accepted (%.1f%%); graphs: %d captured, %d replayed (%v)",
+			draft, tokens, busy.Seconds(), rate, speedup, st.Steps-before.Steps, st.VerifySteps-before.VerifySteps, drafts, accepted,
+			100*float64(accepted)/max(1, float64(drafts)), caps-caps0, reps-reps0, gerr)
 	}
 }
 
@@ -196,4 +198,13 @@ func plainGap(t *testing.T, m model.Model, prompt, answer []int32) float64 {
 		logits = e.Step(t, s, []int32{tok}, model.LastLogits)
 	}
 	return fixtures.Top2Gap(logits)
+}
+
+// graphStats is the device's step-graph counts (captured, replayed; the
+// CUDA backend), zeros elsewhere.
+func graphStats(be any) (captures, replays int, err error) {
+	if g, ok := be.(interface{ GraphStats() (int, int, error) }); ok {
+		return g.GraphStats()
+	}
+	return 0, 0, nil
 }

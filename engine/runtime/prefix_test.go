@@ -213,10 +213,11 @@ func TestPrefixFakeSpec(t *testing.T) {
 		fakeChats(t, f, runtime.Options{KVBudget: budget(f, 200), MaxBatchTokens: 16, MaxSeqs: 4, Draft: 4, DraftMaxSeqs: -1}, 4, req)
 	})
 	t.Run("hybrid", func(t *testing.T) {
-		// Room for the slots, the snapshots and the checkpoints of two turns.
+		// Room for the slots, the snapshots (one per draft token) and the
+		// checkpoints of two turns.
 		m := fakeHybrid{f}
 		per := m.StateLayout()[0].Bytes()
-		fakeChats(t, m, runtime.Options{KVBudget: budget(m, 200), MaxBatchTokens: 16, MaxSeqs: 4, Draft: 4, DraftMaxSeqs: -1, StateBudget: 20 * per}, 4, req)
+		fakeChats(t, m, runtime.Options{KVBudget: budget(m, 200), MaxBatchTokens: 16, MaxSeqs: 4, Draft: 4, DraftMaxSeqs: -1, StateBudget: 28 * per}, 4, req)
 	})
 	t.Run("hybrid one slot", func(t *testing.T) {
 		m := fakeHybrid{f}

@@ -176,12 +176,10 @@ func (sc *scheduler) scheduleDrafts(budget int) int {
 		}
 		if s.slot != nil {
 			// One snapshot per row a rejection may roll back to, keeping
-			// the slots that waiting requests could be admitted into:
-			// from the free rows, or else one draft for which the oldest
-			// cached prefix's checkpoint may go.
-			if free := r.states.Available() - sc.waitingSlots(); free > 0 {
-				k = min(k, free)
-			} else if k = 1; sc.stateFree() <= sc.waitingSlots() || !sc.stateRoom(1, nil) {
+			// the slots that waiting requests could be admitted into;
+			// the least recently used cached prefixes' checkpoints make
+			// room when the free rows are too few (as for any slot).
+			if k = min(k, sc.stateFree()-sc.waitingSlots()); k <= 0 || !sc.stateRoom(k, nil) {
 				continue
 			}
 			for range k {

@@ -186,6 +186,22 @@ __device__ __forceinline__ void delta_out(const DeltaArgs& a, int r, int h, int 
         if (j0 + col < a.dv) orow[j0 + col] = float(o[col]);
 }
 
+// delta_store writes the warp's part of a head's state S (its lane's
+// rows c = lane + 32·i, columns j0 …) into D (dk, dv) as float32.
+template <int KPL>
+__device__ __forceinline__ void delta_store(float* D, const double (&S)[KPL][kDeltaCols], int lane, int j0, int dk,
+                                            int dv) {
+#pragma unroll
+    for (int i = 0; i < KPL; i++) {
+        const int c = lane + 32 * i;
+#pragma unroll
+        for (int col = 0; col < kDeltaCols; col++) {
+            const int j = j0 + col;
+            if (c < dk && j < dv) D[size_t(c) * dv + j] = float(S[i][col]);
+        }
+    }
+}
+
 template <int KPL>
 __device__ void delta_rule(const DeltaArgs& a) {
     const int s = blockIdx.x, h = blockIdx.y;
@@ -271,32 +287,13 @@ __device__ void delta_rule(const DeltaArgs& a) {
         // kernels.Recurrent.Record: the state after row r (rounded: a
         // recording sequence has at most kDeltaRecurrentMax rows).
         const int to = a.rec != nullptr ? a.rec[size_t(r) * a.rec_stride] : -1;
-        if (to >= 0) {
-            float* R = a.state + size_t(to) * a.state_stride + size_t(h) * dk * dv;
-#pragma unroll
-            for (int i = 0; i < KPL; i++) {
-                const int c = lane + 32 * i;
-#pragma unroll
-                for (int col = 0; col < kDeltaCols; col++) {
-                    const int j = j0 + col;
-                    if (c < dk && j < dv) R[size_t(c) * dv + j] = float(S[i][col]);
-                }
-            }
-        }
+        if (to >= 0) delta_store<KPL>(a.state + size_t(to) * a.state_stride + size_t(h) * dk * dv, S, lane, j0, dk, dv);
     }
     if (r1 > r0) {
         warp_sum_n<kDeltaCols>(red + kDeltaCols);
         delta_out(a, r1 - 1, h, j0, lane, red + kDeltaCols);
     }
-#pragma unroll
-    for (int i = 0; i < KPL; i++) {
-        const int c = lane + 32 * i;
-#pragma unroll
-        for (int col = 0; col < kDeltaCols; col++) {
-            const int j = j0 + col;
-            if (c < dk && j < dv) S0[size_t(c) * dv + j] = float(S[i][col]);
-        }
-    }
+    delta_store<KPL>(S0, S, lane, j0, dk, dv);
 }
 
 }  // namespace
