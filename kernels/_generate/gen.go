@@ -155,6 +155,10 @@ func main() {
 			}
 		}
 	}
+	gemvConsts()
+	for _, k := range gemvKernels {
+		qgemv(k)
+	}
 	q4kConsts512()
 	q8Consts512()
 	q40Consts512()

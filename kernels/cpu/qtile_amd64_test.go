@@ -56,7 +56,7 @@ func TestQTilesMatchGo(t *testing.T) {
 					x[i] = 0
 				}
 				var qx qrows
-				qx.quantize(x, R, k)
+				qx.quantize(x, R, k, xGroup(dt))
 				want := make([]float32, R)
 				for r := range R {
 					genericQTiles[dt].r1(want[r:], 1, qx.q[r*k:], qx.ds[2*r*k/32:], k, w.Data, k)
@@ -110,7 +110,7 @@ func BenchmarkQTile(b *testing.B) {
 				x[i] = float32(rng.NormFloat64())
 			}
 			var qx qrows
-			qx.quantize(x, 1, k)
+			qx.quantize(x, 1, k, xGroup(dt))
 			b.Run(fmt.Sprintf("%s/%v/R1", name, dt), func(b *testing.B) {
 				y := make([]float32, 1)
 				b.SetBytes(int64(len(w.Data)))
@@ -120,11 +120,94 @@ func BenchmarkQTile(b *testing.B) {
 				continue
 			}
 			var qx4 qrows
-			qx4.quantize(append(append(append(slices.Clone(x), x...), x...), x...), 4, k)
+			qx4.quantize(append(append(append(slices.Clone(x), x...), x...), x...), 4, k, xGroup(dt))
 			b.Run(fmt.Sprintf("%s/%v/R4", name, dt), func(b *testing.B) {
 				y := make([]float32, 4)
 				b.SetBytes(int64(4 * len(w.Data))) // as four R1 calls
 				cpuLoop(b, func() { set[dt].r4(y, 1, qx4.q, qx4.ds, k, w.Data, k) })
+			})
+		}
+	}
+}
+
+// TestQGemvMatchGo checks every gemv kernel against the Go tile run row by
+// row: the kernels sum the same integer products with the scales applied
+// in another order (per 256 columns for the K-quants), so they differ by
+// float32 rounding. They must write y[0:rows] and nothing past it.
+func TestQGemvMatchGo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for name, set := range qtileSets() {
+		for _, dt := range quantTypes {
+			if set[dt].gemv == nil {
+				continue
+			}
+			for _, k := range []int{256, 512, 2816} {
+				const rows = 5
+				w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
+				x := make([]float32, k)
+				for i := range x {
+					x[i] = float32(rng.NormFloat64())
+				}
+				for i := 300; i < 340 && i < k; i++ { // a zero block
+					x[i] = 0
+				}
+				x[7] = 40 // an outlier that sets a group's scale
+				var qx qrows
+				qx.quantize(x, 1, k, xGroup(dt))
+				got := make([]float32, rows+1)
+				got[rows] = -1
+				set[dt].gemv(got[:rows], qx.q, qx.ds, qx.bs, w.Data, k, rows, f16Table())
+				row := make([]float32, k)
+				for j := range rows {
+					want := make([]float32, 1)
+					genericQTiles[dt].r1(want, 1, qx.q, qx.ds, k, w.Data[j*dt.RowBytes(k):], k)
+					w.RowF32(row, j)
+					var sum float64 // Σ|xw| bounds the rounding
+					for i, v := range row {
+						sum += math.Abs(float64(v) * float64(x[i]))
+					}
+					if d := math.Abs(float64(got[j] - want[0])); !(d <= 1e-5*sum) {
+						t.Errorf("%s %v k=%d row %d: %g, Go tile %g (Σ|xw| %g)", name, dt, k, j, got[j], want[0], sum)
+					}
+				}
+				if got[rows] != -1 {
+					t.Errorf("%s %v k=%d: wrote y[%d]", name, dt, k, rows)
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkQGemvKernel runs each gemv kernel on one core over 64 rows of
+// k = 1024 in L2: GB/s of weights and the thread's CPU time per call.
+func BenchmarkQGemvKernel(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	const k, rows = 1024, 64
+	for name, set := range qtileSets() {
+		for _, dt := range quantTypes {
+			w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
+			x := make([]float32, k)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			var qx qrows
+			qx.quantize(x, 1, k, xGroup(dt))
+			y := make([]float32, rows)
+			if set[dt].gemv != nil {
+				b.Run(fmt.Sprintf("%s/%v/gemv", name, dt), func(b *testing.B) {
+					b.SetBytes(int64(len(w.Data)))
+					tab := f16Table()
+					cpuLoop(b, func() { set[dt].gemv(y, qx.q, qx.ds, qx.bs, w.Data, k, rows, tab) })
+				})
+			}
+			b.Run(fmt.Sprintf("%s/%v/r1", name, dt), func(b *testing.B) {
+				b.SetBytes(int64(len(w.Data)))
+				rb := dt.RowBytes(k)
+				cpuLoop(b, func() {
+					for j := range rows {
+						set[dt].r1(y[j:], 1, qx.q, qx.ds, k, w.Data[j*rb:], k)
+					}
+				})
 			})
 		}
 	}

@@ -45,11 +45,11 @@ func tilesFor(d kernels.DType) *tileSet {
 // for one row).
 var (
 	avx2QTiles = [...]qtileSet{
-		kernels.Q8_0: {r1: qtileQ8_0R1AVX2, r4: qtileQ8_0R4AVX2},
-		kernels.Q4_0: {r1: qtileQ4_0R1AVX2, r4: qtileQ4_0R4AVX2},
-		kernels.Q4K:  {r1: qtileQ4KR1AVX2, r4: qtileQ4KR4AVX2},
+		kernels.Q8_0: {r1: qtileQ8_0R1AVX2, r4: qtileQ8_0R4AVX2, gemv: qgemvQ8_0AVX2},
+		kernels.Q4_0: {r1: qtileQ4_0R1AVX2, r4: qtileQ4_0R4AVX2, gemv: qgemvQ4_0AVX2},
+		kernels.Q4K:  {r1: qtileQ4KR1AVX2, r4: qtileQ4KR4AVX2, gemv: qgemvQ4KAVX2},
 		kernels.Q5K:  {r1: qtileQ5KR1AVX2, r4: qtileQ5KR4AVX2},
-		kernels.Q6K:  {r1: qtileQ6KR1AVX2},
+		kernels.Q6K:  {r1: qtileQ6KR1AVX2, gemv: qgemvQ6KAVX2},
 	}
 	vnniQTiles = [...]qtileSet{
 		kernels.Q8_0: {r1: qtileQ8_0R1VNNI, r4: qtileQ8_0R4VNNI},

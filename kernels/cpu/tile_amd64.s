@@ -6209,6 +6209,984 @@ qtileQ6KR1VNNI_done:
 	VZEROUPPER
 	RET
 
+DATA q40shiftv<>+0(SB)/4, $0x00000000
+DATA q40shiftv<>+4(SB)/4, $0x00000000
+DATA q40shiftv<>+8(SB)/4, $0x00000000
+DATA q40shiftv<>+12(SB)/4, $0x00000000
+DATA q40shiftv<>+16(SB)/4, $0x00000004
+DATA q40shiftv<>+20(SB)/4, $0x00000004
+DATA q40shiftv<>+24(SB)/4, $0x00000004
+DATA q40shiftv<>+28(SB)/4, $0x00000004
+GLOBL q40shiftv<>(SB), RODATA|NOPTR, $32
+
+DATA k4shuf<>+0(SB)/1, $0x00
+DATA k4shuf<>+1(SB)/1, $0x01
+DATA k4shuf<>+2(SB)/1, $0x00
+DATA k4shuf<>+3(SB)/1, $0x01
+DATA k4shuf<>+4(SB)/1, $0x00
+DATA k4shuf<>+5(SB)/1, $0x01
+DATA k4shuf<>+6(SB)/1, $0x00
+DATA k4shuf<>+7(SB)/1, $0x01
+DATA k4shuf<>+8(SB)/1, $0x00
+DATA k4shuf<>+9(SB)/1, $0x01
+DATA k4shuf<>+10(SB)/1, $0x00
+DATA k4shuf<>+11(SB)/1, $0x01
+DATA k4shuf<>+12(SB)/1, $0x00
+DATA k4shuf<>+13(SB)/1, $0x01
+DATA k4shuf<>+14(SB)/1, $0x00
+DATA k4shuf<>+15(SB)/1, $0x01
+DATA k4shuf<>+16(SB)/1, $0x00
+DATA k4shuf<>+17(SB)/1, $0x01
+DATA k4shuf<>+18(SB)/1, $0x00
+DATA k4shuf<>+19(SB)/1, $0x01
+DATA k4shuf<>+20(SB)/1, $0x00
+DATA k4shuf<>+21(SB)/1, $0x01
+DATA k4shuf<>+22(SB)/1, $0x00
+DATA k4shuf<>+23(SB)/1, $0x01
+DATA k4shuf<>+24(SB)/1, $0x00
+DATA k4shuf<>+25(SB)/1, $0x01
+DATA k4shuf<>+26(SB)/1, $0x00
+DATA k4shuf<>+27(SB)/1, $0x01
+DATA k4shuf<>+28(SB)/1, $0x00
+DATA k4shuf<>+29(SB)/1, $0x01
+DATA k4shuf<>+30(SB)/1, $0x00
+DATA k4shuf<>+31(SB)/1, $0x01
+DATA k4shuf<>+32(SB)/1, $0x02
+DATA k4shuf<>+33(SB)/1, $0x03
+DATA k4shuf<>+34(SB)/1, $0x02
+DATA k4shuf<>+35(SB)/1, $0x03
+DATA k4shuf<>+36(SB)/1, $0x02
+DATA k4shuf<>+37(SB)/1, $0x03
+DATA k4shuf<>+38(SB)/1, $0x02
+DATA k4shuf<>+39(SB)/1, $0x03
+DATA k4shuf<>+40(SB)/1, $0x02
+DATA k4shuf<>+41(SB)/1, $0x03
+DATA k4shuf<>+42(SB)/1, $0x02
+DATA k4shuf<>+43(SB)/1, $0x03
+DATA k4shuf<>+44(SB)/1, $0x02
+DATA k4shuf<>+45(SB)/1, $0x03
+DATA k4shuf<>+46(SB)/1, $0x02
+DATA k4shuf<>+47(SB)/1, $0x03
+DATA k4shuf<>+48(SB)/1, $0x02
+DATA k4shuf<>+49(SB)/1, $0x03
+DATA k4shuf<>+50(SB)/1, $0x02
+DATA k4shuf<>+51(SB)/1, $0x03
+DATA k4shuf<>+52(SB)/1, $0x02
+DATA k4shuf<>+53(SB)/1, $0x03
+DATA k4shuf<>+54(SB)/1, $0x02
+DATA k4shuf<>+55(SB)/1, $0x03
+DATA k4shuf<>+56(SB)/1, $0x02
+DATA k4shuf<>+57(SB)/1, $0x03
+DATA k4shuf<>+58(SB)/1, $0x02
+DATA k4shuf<>+59(SB)/1, $0x03
+DATA k4shuf<>+60(SB)/1, $0x02
+DATA k4shuf<>+61(SB)/1, $0x03
+DATA k4shuf<>+62(SB)/1, $0x02
+DATA k4shuf<>+63(SB)/1, $0x03
+DATA k4shuf<>+64(SB)/1, $0x04
+DATA k4shuf<>+65(SB)/1, $0x05
+DATA k4shuf<>+66(SB)/1, $0x04
+DATA k4shuf<>+67(SB)/1, $0x05
+DATA k4shuf<>+68(SB)/1, $0x04
+DATA k4shuf<>+69(SB)/1, $0x05
+DATA k4shuf<>+70(SB)/1, $0x04
+DATA k4shuf<>+71(SB)/1, $0x05
+DATA k4shuf<>+72(SB)/1, $0x04
+DATA k4shuf<>+73(SB)/1, $0x05
+DATA k4shuf<>+74(SB)/1, $0x04
+DATA k4shuf<>+75(SB)/1, $0x05
+DATA k4shuf<>+76(SB)/1, $0x04
+DATA k4shuf<>+77(SB)/1, $0x05
+DATA k4shuf<>+78(SB)/1, $0x04
+DATA k4shuf<>+79(SB)/1, $0x05
+DATA k4shuf<>+80(SB)/1, $0x04
+DATA k4shuf<>+81(SB)/1, $0x05
+DATA k4shuf<>+82(SB)/1, $0x04
+DATA k4shuf<>+83(SB)/1, $0x05
+DATA k4shuf<>+84(SB)/1, $0x04
+DATA k4shuf<>+85(SB)/1, $0x05
+DATA k4shuf<>+86(SB)/1, $0x04
+DATA k4shuf<>+87(SB)/1, $0x05
+DATA k4shuf<>+88(SB)/1, $0x04
+DATA k4shuf<>+89(SB)/1, $0x05
+DATA k4shuf<>+90(SB)/1, $0x04
+DATA k4shuf<>+91(SB)/1, $0x05
+DATA k4shuf<>+92(SB)/1, $0x04
+DATA k4shuf<>+93(SB)/1, $0x05
+DATA k4shuf<>+94(SB)/1, $0x04
+DATA k4shuf<>+95(SB)/1, $0x05
+DATA k4shuf<>+96(SB)/1, $0x06
+DATA k4shuf<>+97(SB)/1, $0x07
+DATA k4shuf<>+98(SB)/1, $0x06
+DATA k4shuf<>+99(SB)/1, $0x07
+DATA k4shuf<>+100(SB)/1, $0x06
+DATA k4shuf<>+101(SB)/1, $0x07
+DATA k4shuf<>+102(SB)/1, $0x06
+DATA k4shuf<>+103(SB)/1, $0x07
+DATA k4shuf<>+104(SB)/1, $0x06
+DATA k4shuf<>+105(SB)/1, $0x07
+DATA k4shuf<>+106(SB)/1, $0x06
+DATA k4shuf<>+107(SB)/1, $0x07
+DATA k4shuf<>+108(SB)/1, $0x06
+DATA k4shuf<>+109(SB)/1, $0x07
+DATA k4shuf<>+110(SB)/1, $0x06
+DATA k4shuf<>+111(SB)/1, $0x07
+DATA k4shuf<>+112(SB)/1, $0x06
+DATA k4shuf<>+113(SB)/1, $0x07
+DATA k4shuf<>+114(SB)/1, $0x06
+DATA k4shuf<>+115(SB)/1, $0x07
+DATA k4shuf<>+116(SB)/1, $0x06
+DATA k4shuf<>+117(SB)/1, $0x07
+DATA k4shuf<>+118(SB)/1, $0x06
+DATA k4shuf<>+119(SB)/1, $0x07
+DATA k4shuf<>+120(SB)/1, $0x06
+DATA k4shuf<>+121(SB)/1, $0x07
+DATA k4shuf<>+122(SB)/1, $0x06
+DATA k4shuf<>+123(SB)/1, $0x07
+DATA k4shuf<>+124(SB)/1, $0x06
+DATA k4shuf<>+125(SB)/1, $0x07
+DATA k4shuf<>+126(SB)/1, $0x06
+DATA k4shuf<>+127(SB)/1, $0x07
+DATA k4shuf<>+128(SB)/1, $0x08
+DATA k4shuf<>+129(SB)/1, $0x09
+DATA k4shuf<>+130(SB)/1, $0x08
+DATA k4shuf<>+131(SB)/1, $0x09
+DATA k4shuf<>+132(SB)/1, $0x08
+DATA k4shuf<>+133(SB)/1, $0x09
+DATA k4shuf<>+134(SB)/1, $0x08
+DATA k4shuf<>+135(SB)/1, $0x09
+DATA k4shuf<>+136(SB)/1, $0x08
+DATA k4shuf<>+137(SB)/1, $0x09
+DATA k4shuf<>+138(SB)/1, $0x08
+DATA k4shuf<>+139(SB)/1, $0x09
+DATA k4shuf<>+140(SB)/1, $0x08
+DATA k4shuf<>+141(SB)/1, $0x09
+DATA k4shuf<>+142(SB)/1, $0x08
+DATA k4shuf<>+143(SB)/1, $0x09
+DATA k4shuf<>+144(SB)/1, $0x08
+DATA k4shuf<>+145(SB)/1, $0x09
+DATA k4shuf<>+146(SB)/1, $0x08
+DATA k4shuf<>+147(SB)/1, $0x09
+DATA k4shuf<>+148(SB)/1, $0x08
+DATA k4shuf<>+149(SB)/1, $0x09
+DATA k4shuf<>+150(SB)/1, $0x08
+DATA k4shuf<>+151(SB)/1, $0x09
+DATA k4shuf<>+152(SB)/1, $0x08
+DATA k4shuf<>+153(SB)/1, $0x09
+DATA k4shuf<>+154(SB)/1, $0x08
+DATA k4shuf<>+155(SB)/1, $0x09
+DATA k4shuf<>+156(SB)/1, $0x08
+DATA k4shuf<>+157(SB)/1, $0x09
+DATA k4shuf<>+158(SB)/1, $0x08
+DATA k4shuf<>+159(SB)/1, $0x09
+DATA k4shuf<>+160(SB)/1, $0x0a
+DATA k4shuf<>+161(SB)/1, $0x0b
+DATA k4shuf<>+162(SB)/1, $0x0a
+DATA k4shuf<>+163(SB)/1, $0x0b
+DATA k4shuf<>+164(SB)/1, $0x0a
+DATA k4shuf<>+165(SB)/1, $0x0b
+DATA k4shuf<>+166(SB)/1, $0x0a
+DATA k4shuf<>+167(SB)/1, $0x0b
+DATA k4shuf<>+168(SB)/1, $0x0a
+DATA k4shuf<>+169(SB)/1, $0x0b
+DATA k4shuf<>+170(SB)/1, $0x0a
+DATA k4shuf<>+171(SB)/1, $0x0b
+DATA k4shuf<>+172(SB)/1, $0x0a
+DATA k4shuf<>+173(SB)/1, $0x0b
+DATA k4shuf<>+174(SB)/1, $0x0a
+DATA k4shuf<>+175(SB)/1, $0x0b
+DATA k4shuf<>+176(SB)/1, $0x0a
+DATA k4shuf<>+177(SB)/1, $0x0b
+DATA k4shuf<>+178(SB)/1, $0x0a
+DATA k4shuf<>+179(SB)/1, $0x0b
+DATA k4shuf<>+180(SB)/1, $0x0a
+DATA k4shuf<>+181(SB)/1, $0x0b
+DATA k4shuf<>+182(SB)/1, $0x0a
+DATA k4shuf<>+183(SB)/1, $0x0b
+DATA k4shuf<>+184(SB)/1, $0x0a
+DATA k4shuf<>+185(SB)/1, $0x0b
+DATA k4shuf<>+186(SB)/1, $0x0a
+DATA k4shuf<>+187(SB)/1, $0x0b
+DATA k4shuf<>+188(SB)/1, $0x0a
+DATA k4shuf<>+189(SB)/1, $0x0b
+DATA k4shuf<>+190(SB)/1, $0x0a
+DATA k4shuf<>+191(SB)/1, $0x0b
+DATA k4shuf<>+192(SB)/1, $0x0c
+DATA k4shuf<>+193(SB)/1, $0x0d
+DATA k4shuf<>+194(SB)/1, $0x0c
+DATA k4shuf<>+195(SB)/1, $0x0d
+DATA k4shuf<>+196(SB)/1, $0x0c
+DATA k4shuf<>+197(SB)/1, $0x0d
+DATA k4shuf<>+198(SB)/1, $0x0c
+DATA k4shuf<>+199(SB)/1, $0x0d
+DATA k4shuf<>+200(SB)/1, $0x0c
+DATA k4shuf<>+201(SB)/1, $0x0d
+DATA k4shuf<>+202(SB)/1, $0x0c
+DATA k4shuf<>+203(SB)/1, $0x0d
+DATA k4shuf<>+204(SB)/1, $0x0c
+DATA k4shuf<>+205(SB)/1, $0x0d
+DATA k4shuf<>+206(SB)/1, $0x0c
+DATA k4shuf<>+207(SB)/1, $0x0d
+DATA k4shuf<>+208(SB)/1, $0x0c
+DATA k4shuf<>+209(SB)/1, $0x0d
+DATA k4shuf<>+210(SB)/1, $0x0c
+DATA k4shuf<>+211(SB)/1, $0x0d
+DATA k4shuf<>+212(SB)/1, $0x0c
+DATA k4shuf<>+213(SB)/1, $0x0d
+DATA k4shuf<>+214(SB)/1, $0x0c
+DATA k4shuf<>+215(SB)/1, $0x0d
+DATA k4shuf<>+216(SB)/1, $0x0c
+DATA k4shuf<>+217(SB)/1, $0x0d
+DATA k4shuf<>+218(SB)/1, $0x0c
+DATA k4shuf<>+219(SB)/1, $0x0d
+DATA k4shuf<>+220(SB)/1, $0x0c
+DATA k4shuf<>+221(SB)/1, $0x0d
+DATA k4shuf<>+222(SB)/1, $0x0c
+DATA k4shuf<>+223(SB)/1, $0x0d
+DATA k4shuf<>+224(SB)/1, $0x0e
+DATA k4shuf<>+225(SB)/1, $0x0f
+DATA k4shuf<>+226(SB)/1, $0x0e
+DATA k4shuf<>+227(SB)/1, $0x0f
+DATA k4shuf<>+228(SB)/1, $0x0e
+DATA k4shuf<>+229(SB)/1, $0x0f
+DATA k4shuf<>+230(SB)/1, $0x0e
+DATA k4shuf<>+231(SB)/1, $0x0f
+DATA k4shuf<>+232(SB)/1, $0x0e
+DATA k4shuf<>+233(SB)/1, $0x0f
+DATA k4shuf<>+234(SB)/1, $0x0e
+DATA k4shuf<>+235(SB)/1, $0x0f
+DATA k4shuf<>+236(SB)/1, $0x0e
+DATA k4shuf<>+237(SB)/1, $0x0f
+DATA k4shuf<>+238(SB)/1, $0x0e
+DATA k4shuf<>+239(SB)/1, $0x0f
+DATA k4shuf<>+240(SB)/1, $0x0e
+DATA k4shuf<>+241(SB)/1, $0x0f
+DATA k4shuf<>+242(SB)/1, $0x0e
+DATA k4shuf<>+243(SB)/1, $0x0f
+DATA k4shuf<>+244(SB)/1, $0x0e
+DATA k4shuf<>+245(SB)/1, $0x0f
+DATA k4shuf<>+246(SB)/1, $0x0e
+DATA k4shuf<>+247(SB)/1, $0x0f
+DATA k4shuf<>+248(SB)/1, $0x0e
+DATA k4shuf<>+249(SB)/1, $0x0f
+DATA k4shuf<>+250(SB)/1, $0x0e
+DATA k4shuf<>+251(SB)/1, $0x0f
+DATA k4shuf<>+252(SB)/1, $0x0e
+DATA k4shuf<>+253(SB)/1, $0x0f
+DATA k4shuf<>+254(SB)/1, $0x0e
+DATA k4shuf<>+255(SB)/1, $0x0f
+GLOBL k4shuf<>(SB), RODATA|NOPTR, $256
+
+DATA q6shuf<>+0(SB)/1, $0x80
+DATA q6shuf<>+1(SB)/1, $0x00
+DATA q6shuf<>+2(SB)/1, $0x80
+DATA q6shuf<>+3(SB)/1, $0x00
+DATA q6shuf<>+4(SB)/1, $0x80
+DATA q6shuf<>+5(SB)/1, $0x00
+DATA q6shuf<>+6(SB)/1, $0x80
+DATA q6shuf<>+7(SB)/1, $0x00
+DATA q6shuf<>+8(SB)/1, $0x80
+DATA q6shuf<>+9(SB)/1, $0x00
+DATA q6shuf<>+10(SB)/1, $0x80
+DATA q6shuf<>+11(SB)/1, $0x00
+DATA q6shuf<>+12(SB)/1, $0x80
+DATA q6shuf<>+13(SB)/1, $0x00
+DATA q6shuf<>+14(SB)/1, $0x80
+DATA q6shuf<>+15(SB)/1, $0x00
+DATA q6shuf<>+16(SB)/1, $0x80
+DATA q6shuf<>+17(SB)/1, $0x01
+DATA q6shuf<>+18(SB)/1, $0x80
+DATA q6shuf<>+19(SB)/1, $0x01
+DATA q6shuf<>+20(SB)/1, $0x80
+DATA q6shuf<>+21(SB)/1, $0x01
+DATA q6shuf<>+22(SB)/1, $0x80
+DATA q6shuf<>+23(SB)/1, $0x01
+DATA q6shuf<>+24(SB)/1, $0x80
+DATA q6shuf<>+25(SB)/1, $0x01
+DATA q6shuf<>+26(SB)/1, $0x80
+DATA q6shuf<>+27(SB)/1, $0x01
+DATA q6shuf<>+28(SB)/1, $0x80
+DATA q6shuf<>+29(SB)/1, $0x01
+DATA q6shuf<>+30(SB)/1, $0x80
+DATA q6shuf<>+31(SB)/1, $0x01
+DATA q6shuf<>+32(SB)/1, $0x80
+DATA q6shuf<>+33(SB)/1, $0x02
+DATA q6shuf<>+34(SB)/1, $0x80
+DATA q6shuf<>+35(SB)/1, $0x02
+DATA q6shuf<>+36(SB)/1, $0x80
+DATA q6shuf<>+37(SB)/1, $0x02
+DATA q6shuf<>+38(SB)/1, $0x80
+DATA q6shuf<>+39(SB)/1, $0x02
+DATA q6shuf<>+40(SB)/1, $0x80
+DATA q6shuf<>+41(SB)/1, $0x02
+DATA q6shuf<>+42(SB)/1, $0x80
+DATA q6shuf<>+43(SB)/1, $0x02
+DATA q6shuf<>+44(SB)/1, $0x80
+DATA q6shuf<>+45(SB)/1, $0x02
+DATA q6shuf<>+46(SB)/1, $0x80
+DATA q6shuf<>+47(SB)/1, $0x02
+DATA q6shuf<>+48(SB)/1, $0x80
+DATA q6shuf<>+49(SB)/1, $0x03
+DATA q6shuf<>+50(SB)/1, $0x80
+DATA q6shuf<>+51(SB)/1, $0x03
+DATA q6shuf<>+52(SB)/1, $0x80
+DATA q6shuf<>+53(SB)/1, $0x03
+DATA q6shuf<>+54(SB)/1, $0x80
+DATA q6shuf<>+55(SB)/1, $0x03
+DATA q6shuf<>+56(SB)/1, $0x80
+DATA q6shuf<>+57(SB)/1, $0x03
+DATA q6shuf<>+58(SB)/1, $0x80
+DATA q6shuf<>+59(SB)/1, $0x03
+DATA q6shuf<>+60(SB)/1, $0x80
+DATA q6shuf<>+61(SB)/1, $0x03
+DATA q6shuf<>+62(SB)/1, $0x80
+DATA q6shuf<>+63(SB)/1, $0x03
+DATA q6shuf<>+64(SB)/1, $0x80
+DATA q6shuf<>+65(SB)/1, $0x04
+DATA q6shuf<>+66(SB)/1, $0x80
+DATA q6shuf<>+67(SB)/1, $0x04
+DATA q6shuf<>+68(SB)/1, $0x80
+DATA q6shuf<>+69(SB)/1, $0x04
+DATA q6shuf<>+70(SB)/1, $0x80
+DATA q6shuf<>+71(SB)/1, $0x04
+DATA q6shuf<>+72(SB)/1, $0x80
+DATA q6shuf<>+73(SB)/1, $0x04
+DATA q6shuf<>+74(SB)/1, $0x80
+DATA q6shuf<>+75(SB)/1, $0x04
+DATA q6shuf<>+76(SB)/1, $0x80
+DATA q6shuf<>+77(SB)/1, $0x04
+DATA q6shuf<>+78(SB)/1, $0x80
+DATA q6shuf<>+79(SB)/1, $0x04
+DATA q6shuf<>+80(SB)/1, $0x80
+DATA q6shuf<>+81(SB)/1, $0x05
+DATA q6shuf<>+82(SB)/1, $0x80
+DATA q6shuf<>+83(SB)/1, $0x05
+DATA q6shuf<>+84(SB)/1, $0x80
+DATA q6shuf<>+85(SB)/1, $0x05
+DATA q6shuf<>+86(SB)/1, $0x80
+DATA q6shuf<>+87(SB)/1, $0x05
+DATA q6shuf<>+88(SB)/1, $0x80
+DATA q6shuf<>+89(SB)/1, $0x05
+DATA q6shuf<>+90(SB)/1, $0x80
+DATA q6shuf<>+91(SB)/1, $0x05
+DATA q6shuf<>+92(SB)/1, $0x80
+DATA q6shuf<>+93(SB)/1, $0x05
+DATA q6shuf<>+94(SB)/1, $0x80
+DATA q6shuf<>+95(SB)/1, $0x05
+DATA q6shuf<>+96(SB)/1, $0x80
+DATA q6shuf<>+97(SB)/1, $0x06
+DATA q6shuf<>+98(SB)/1, $0x80
+DATA q6shuf<>+99(SB)/1, $0x06
+DATA q6shuf<>+100(SB)/1, $0x80
+DATA q6shuf<>+101(SB)/1, $0x06
+DATA q6shuf<>+102(SB)/1, $0x80
+DATA q6shuf<>+103(SB)/1, $0x06
+DATA q6shuf<>+104(SB)/1, $0x80
+DATA q6shuf<>+105(SB)/1, $0x06
+DATA q6shuf<>+106(SB)/1, $0x80
+DATA q6shuf<>+107(SB)/1, $0x06
+DATA q6shuf<>+108(SB)/1, $0x80
+DATA q6shuf<>+109(SB)/1, $0x06
+DATA q6shuf<>+110(SB)/1, $0x80
+DATA q6shuf<>+111(SB)/1, $0x06
+DATA q6shuf<>+112(SB)/1, $0x80
+DATA q6shuf<>+113(SB)/1, $0x07
+DATA q6shuf<>+114(SB)/1, $0x80
+DATA q6shuf<>+115(SB)/1, $0x07
+DATA q6shuf<>+116(SB)/1, $0x80
+DATA q6shuf<>+117(SB)/1, $0x07
+DATA q6shuf<>+118(SB)/1, $0x80
+DATA q6shuf<>+119(SB)/1, $0x07
+DATA q6shuf<>+120(SB)/1, $0x80
+DATA q6shuf<>+121(SB)/1, $0x07
+DATA q6shuf<>+122(SB)/1, $0x80
+DATA q6shuf<>+123(SB)/1, $0x07
+DATA q6shuf<>+124(SB)/1, $0x80
+DATA q6shuf<>+125(SB)/1, $0x07
+DATA q6shuf<>+126(SB)/1, $0x80
+DATA q6shuf<>+127(SB)/1, $0x07
+DATA q6shuf<>+128(SB)/1, $0x80
+DATA q6shuf<>+129(SB)/1, $0x08
+DATA q6shuf<>+130(SB)/1, $0x80
+DATA q6shuf<>+131(SB)/1, $0x08
+DATA q6shuf<>+132(SB)/1, $0x80
+DATA q6shuf<>+133(SB)/1, $0x08
+DATA q6shuf<>+134(SB)/1, $0x80
+DATA q6shuf<>+135(SB)/1, $0x08
+DATA q6shuf<>+136(SB)/1, $0x80
+DATA q6shuf<>+137(SB)/1, $0x08
+DATA q6shuf<>+138(SB)/1, $0x80
+DATA q6shuf<>+139(SB)/1, $0x08
+DATA q6shuf<>+140(SB)/1, $0x80
+DATA q6shuf<>+141(SB)/1, $0x08
+DATA q6shuf<>+142(SB)/1, $0x80
+DATA q6shuf<>+143(SB)/1, $0x08
+DATA q6shuf<>+144(SB)/1, $0x80
+DATA q6shuf<>+145(SB)/1, $0x09
+DATA q6shuf<>+146(SB)/1, $0x80
+DATA q6shuf<>+147(SB)/1, $0x09
+DATA q6shuf<>+148(SB)/1, $0x80
+DATA q6shuf<>+149(SB)/1, $0x09
+DATA q6shuf<>+150(SB)/1, $0x80
+DATA q6shuf<>+151(SB)/1, $0x09
+DATA q6shuf<>+152(SB)/1, $0x80
+DATA q6shuf<>+153(SB)/1, $0x09
+DATA q6shuf<>+154(SB)/1, $0x80
+DATA q6shuf<>+155(SB)/1, $0x09
+DATA q6shuf<>+156(SB)/1, $0x80
+DATA q6shuf<>+157(SB)/1, $0x09
+DATA q6shuf<>+158(SB)/1, $0x80
+DATA q6shuf<>+159(SB)/1, $0x09
+DATA q6shuf<>+160(SB)/1, $0x80
+DATA q6shuf<>+161(SB)/1, $0x0a
+DATA q6shuf<>+162(SB)/1, $0x80
+DATA q6shuf<>+163(SB)/1, $0x0a
+DATA q6shuf<>+164(SB)/1, $0x80
+DATA q6shuf<>+165(SB)/1, $0x0a
+DATA q6shuf<>+166(SB)/1, $0x80
+DATA q6shuf<>+167(SB)/1, $0x0a
+DATA q6shuf<>+168(SB)/1, $0x80
+DATA q6shuf<>+169(SB)/1, $0x0a
+DATA q6shuf<>+170(SB)/1, $0x80
+DATA q6shuf<>+171(SB)/1, $0x0a
+DATA q6shuf<>+172(SB)/1, $0x80
+DATA q6shuf<>+173(SB)/1, $0x0a
+DATA q6shuf<>+174(SB)/1, $0x80
+DATA q6shuf<>+175(SB)/1, $0x0a
+DATA q6shuf<>+176(SB)/1, $0x80
+DATA q6shuf<>+177(SB)/1, $0x0b
+DATA q6shuf<>+178(SB)/1, $0x80
+DATA q6shuf<>+179(SB)/1, $0x0b
+DATA q6shuf<>+180(SB)/1, $0x80
+DATA q6shuf<>+181(SB)/1, $0x0b
+DATA q6shuf<>+182(SB)/1, $0x80
+DATA q6shuf<>+183(SB)/1, $0x0b
+DATA q6shuf<>+184(SB)/1, $0x80
+DATA q6shuf<>+185(SB)/1, $0x0b
+DATA q6shuf<>+186(SB)/1, $0x80
+DATA q6shuf<>+187(SB)/1, $0x0b
+DATA q6shuf<>+188(SB)/1, $0x80
+DATA q6shuf<>+189(SB)/1, $0x0b
+DATA q6shuf<>+190(SB)/1, $0x80
+DATA q6shuf<>+191(SB)/1, $0x0b
+DATA q6shuf<>+192(SB)/1, $0x80
+DATA q6shuf<>+193(SB)/1, $0x0c
+DATA q6shuf<>+194(SB)/1, $0x80
+DATA q6shuf<>+195(SB)/1, $0x0c
+DATA q6shuf<>+196(SB)/1, $0x80
+DATA q6shuf<>+197(SB)/1, $0x0c
+DATA q6shuf<>+198(SB)/1, $0x80
+DATA q6shuf<>+199(SB)/1, $0x0c
+DATA q6shuf<>+200(SB)/1, $0x80
+DATA q6shuf<>+201(SB)/1, $0x0c
+DATA q6shuf<>+202(SB)/1, $0x80
+DATA q6shuf<>+203(SB)/1, $0x0c
+DATA q6shuf<>+204(SB)/1, $0x80
+DATA q6shuf<>+205(SB)/1, $0x0c
+DATA q6shuf<>+206(SB)/1, $0x80
+DATA q6shuf<>+207(SB)/1, $0x0c
+DATA q6shuf<>+208(SB)/1, $0x80
+DATA q6shuf<>+209(SB)/1, $0x0d
+DATA q6shuf<>+210(SB)/1, $0x80
+DATA q6shuf<>+211(SB)/1, $0x0d
+DATA q6shuf<>+212(SB)/1, $0x80
+DATA q6shuf<>+213(SB)/1, $0x0d
+DATA q6shuf<>+214(SB)/1, $0x80
+DATA q6shuf<>+215(SB)/1, $0x0d
+DATA q6shuf<>+216(SB)/1, $0x80
+DATA q6shuf<>+217(SB)/1, $0x0d
+DATA q6shuf<>+218(SB)/1, $0x80
+DATA q6shuf<>+219(SB)/1, $0x0d
+DATA q6shuf<>+220(SB)/1, $0x80
+DATA q6shuf<>+221(SB)/1, $0x0d
+DATA q6shuf<>+222(SB)/1, $0x80
+DATA q6shuf<>+223(SB)/1, $0x0d
+DATA q6shuf<>+224(SB)/1, $0x80
+DATA q6shuf<>+225(SB)/1, $0x0e
+DATA q6shuf<>+226(SB)/1, $0x80
+DATA q6shuf<>+227(SB)/1, $0x0e
+DATA q6shuf<>+228(SB)/1, $0x80
+DATA q6shuf<>+229(SB)/1, $0x0e
+DATA q6shuf<>+230(SB)/1, $0x80
+DATA q6shuf<>+231(SB)/1, $0x0e
+DATA q6shuf<>+232(SB)/1, $0x80
+DATA q6shuf<>+233(SB)/1, $0x0e
+DATA q6shuf<>+234(SB)/1, $0x80
+DATA q6shuf<>+235(SB)/1, $0x0e
+DATA q6shuf<>+236(SB)/1, $0x80
+DATA q6shuf<>+237(SB)/1, $0x0e
+DATA q6shuf<>+238(SB)/1, $0x80
+DATA q6shuf<>+239(SB)/1, $0x0e
+DATA q6shuf<>+240(SB)/1, $0x80
+DATA q6shuf<>+241(SB)/1, $0x0f
+DATA q6shuf<>+242(SB)/1, $0x80
+DATA q6shuf<>+243(SB)/1, $0x0f
+DATA q6shuf<>+244(SB)/1, $0x80
+DATA q6shuf<>+245(SB)/1, $0x0f
+DATA q6shuf<>+246(SB)/1, $0x80
+DATA q6shuf<>+247(SB)/1, $0x0f
+DATA q6shuf<>+248(SB)/1, $0x80
+DATA q6shuf<>+249(SB)/1, $0x0f
+DATA q6shuf<>+250(SB)/1, $0x80
+DATA q6shuf<>+251(SB)/1, $0x0f
+DATA q6shuf<>+252(SB)/1, $0x80
+DATA q6shuf<>+253(SB)/1, $0x0f
+DATA q6shuf<>+254(SB)/1, $0x80
+DATA q6shuf<>+255(SB)/1, $0x0f
+GLOBL q6shuf<>(SB), RODATA|NOPTR, $256
+
+// func qgemvQ8_0AVX2(y []float32, q []int8, ds []float32, bs []int16, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·qgemvQ8_0AVX2(SB), NOSPLIT, $32-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         w_base+96(FP), CX
+	MOVQ         q_base+24(FP), DX
+	MOVQ         ds_base+48(FP), BX
+	MOVQ         bs_base+72(FP), SI
+	MOVQ         f16+136(FP), DI
+	MOVQ         k+120(FP), R8
+	MOVQ         R8, (SP)
+	SHRQ         $0x02, R8
+	MOVQ         R8, 8(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 16(SP)
+	MOVQ         rows+128(FP), R8
+	MOVQ         R8, 24(SP)
+	MOVL         $0x00010001, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+
+qgemvQ8_0AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ8_0AVX2_done
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	MOVQ   k+120(FP), R8
+	SHRQ   $0x05, R8
+
+qgemvQ8_0AVX2_blk:
+	VMOVDQU      2(CX), Y3
+	VPABSB       Y3, Y4
+	VMOVDQU      (DX), Y5
+	VPSIGNB      Y3, Y5, Y5
+	VPMADDUBSW   Y5, Y4, Y3
+	VPMADDWD     Y0, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	MOVWLZX      (CX), R9
+	VBROADCASTSS (DI)(R9*4), Y4
+	VBROADCASTSS (BX), Y5
+	VMULPS       Y4, Y5, Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VMOVDQU      36(CX), Y3
+	VPABSB       Y3, Y4
+	VMOVDQU      32(DX), Y5
+	VPSIGNB      Y3, Y5, Y5
+	VPMADDUBSW   Y5, Y4, Y3
+	VPMADDWD     Y0, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	MOVWLZX      34(CX), R9
+	VBROADCASTSS (DI)(R9*4), Y4
+	VBROADCASTSS 8(BX), Y5
+	VMULPS       Y4, Y5, Y5
+	VFMADD231PS  Y3, Y5, Y2
+	ADDQ         $0x00000044, CX
+	ADDQ         $0x00000040, DX
+	ADDQ         $0x00000010, BX
+	ADDQ         $0x00000008, SI
+	SUBQ         $0x02, R8
+	JNZ          qgemvQ8_0AVX2_blk
+	VADDPS       Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X2
+	VHADDPS      X2, X2, X2
+	VHADDPS      X2, X2, X2
+	VMOVSS       X2, (AX)
+	ADDQ         $0x04, AX
+	SUBQ         (SP), DX
+	SUBQ         8(SP), BX
+	SUBQ         16(SP), SI
+	DECQ         24(SP)
+	JMP          qgemvQ8_0AVX2_row
+
+qgemvQ8_0AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4_0AVX2(y []float32, q []int8, ds []float32, bs []int16, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·qgemvQ4_0AVX2(SB), NOSPLIT, $32-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         w_base+96(FP), CX
+	MOVQ         q_base+24(FP), DX
+	MOVQ         ds_base+48(FP), BX
+	MOVQ         bs_base+72(FP), SI
+	MOVQ         f16+136(FP), DI
+	MOVQ         k+120(FP), R8
+	MOVQ         R8, (SP)
+	SHRQ         $0x02, R8
+	MOVQ         R8, 8(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 16(SP)
+	MOVQ         rows+128(FP), R8
+	MOVQ         R8, 24(SP)
+	VMOVDQU      q40shiftv<>+0(SB), Y0
+	MOVL         $0x00010001, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X2
+	VPBROADCASTD X2, Y2
+
+qgemvQ4_0AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4_0AVX2_done
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	MOVQ   k+120(FP), R8
+	SHRQ   $0x05, R8
+
+qgemvQ4_0AVX2_blk:
+	VBROADCASTI128 2(CX), Y6
+	VPSRLVD        Y0, Y6, Y6
+	VPAND          Y2, Y6, Y6
+	VPMADDUBSW     (DX), Y6, Y6
+	VPMADDWD       Y1, Y6, Y6
+	VCVTDQ2PS      Y6, Y6
+	MOVWLZX        (CX), R9
+	VBROADCASTSS   (DI)(R9*4), Y7
+	VBROADCASTSS   (BX), Y8
+	VBROADCASTSS   4(BX), Y9
+	VMULPS         Y7, Y8, Y8
+	VFMADD231PS    Y6, Y8, Y3
+	VFMADD231PS    Y9, Y7, Y5
+	VBROADCASTI128 20(CX), Y6
+	VPSRLVD        Y0, Y6, Y6
+	VPAND          Y2, Y6, Y6
+	VPMADDUBSW     32(DX), Y6, Y6
+	VPMADDWD       Y1, Y6, Y6
+	VCVTDQ2PS      Y6, Y6
+	MOVWLZX        18(CX), R9
+	VBROADCASTSS   (DI)(R9*4), Y7
+	VBROADCASTSS   8(BX), Y8
+	VBROADCASTSS   12(BX), Y9
+	VMULPS         Y7, Y8, Y8
+	VFMADD231PS    Y6, Y8, Y4
+	VFMADD231PS    Y9, Y7, Y5
+	ADDQ           $0x00000024, CX
+	ADDQ           $0x00000040, DX
+	ADDQ           $0x00000010, BX
+	ADDQ           $0x00000008, SI
+	SUBQ           $0x02, R8
+	JNZ            qgemvQ4_0AVX2_blk
+	VADDPS         Y4, Y3, Y3
+	VEXTRACTF128   $0x01, Y3, X4
+	VADDPS         X4, X3, X4
+	VEXTRACTF128   $0x01, Y5, X3
+	VADDPS         X3, X5, X3
+	VSUBPS         X3, X4, X4
+	VHADDPS        X4, X4, X4
+	VHADDPS        X4, X4, X4
+	VMOVSS         X4, (AX)
+	ADDQ           $0x04, AX
+	SUBQ           (SP), DX
+	SUBQ           8(SP), BX
+	SUBQ           16(SP), SI
+	DECQ           24(SP)
+	JMP            qgemvQ4_0AVX2_row
+
+qgemvQ4_0AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4KAVX2(y []float32, q []int8, ds []float32, bs []int16, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qgemvQ4KAVX2(SB), NOSPLIT, $32-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         w_base+96(FP), CX
+	MOVQ         q_base+24(FP), DX
+	MOVQ         ds_base+48(FP), BX
+	MOVQ         bs_base+72(FP), SI
+	MOVQ         f16+136(FP), DI
+	MOVQ         k+120(FP), DI
+	MOVQ         DI, (SP)
+	SHRQ         $0x02, DI
+	MOVQ         DI, 8(SP)
+	SHRQ         $0x01, DI
+	MOVQ         DI, 16(SP)
+	MOVQ         rows+128(FP), DI
+	MOVQ         DI, 24(SP)
+	MOVL         $0x0f0f0f0f, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+
+qgemvQ4KAVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4KAVX2_done
+	VXORPS Y1, Y1, Y1
+	MOVQ   k+120(FP), DI
+	SHRQ   $0x08, DI
+
+qgemvQ4KAVX2_blk:
+	MOVLQZX      4(CX), R8
+	MOVLQZX      12(CX), R9
+	MOVQ         R8, R10
+	SHRQ         $0x06, R10
+	ANDQ         $0x03030303, R10
+	SHLQ         $0x04, R10
+	MOVQ         R9, R11
+	ANDQ         $0x0f0f0f0f, R11
+	ORQ          R11, R10
+	SHLQ         $0x20, R10
+	ANDQ         $0x3f3f3f3f, R8
+	ORQ          R8, R10
+	MOVLQZX      8(CX), R8
+	MOVQ         R8, R11
+	SHRQ         $0x06, R11
+	ANDQ         $0x03030303, R11
+	SHLQ         $0x04, R11
+	SHRQ         $0x04, R9
+	ANDQ         $0x0f0f0f0f, R9
+	ORQ          R9, R11
+	SHLQ         $0x20, R11
+	ANDQ         $0x3f3f3f3f, R8
+	ORQ          R11, R8
+	VMOVQ        R10, X2
+	VPMOVZXBW    X2, X2
+	VINSERTI128  $0x01, X2, Y2, Y2
+	VMOVQ        R8, X3
+	VPMOVZXBW    X3, X3
+	VPUNPCKHWD   X3, X3, X4
+	VPUNPCKLWD   X3, X3, X3
+	VINSERTI128  $0x01, X4, Y3, Y3
+	VPMADDWD     (SI), Y3, Y4
+	VMOVDQU      16(CX), Y6
+	VPAND        Y0, Y6, Y5
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VPMADDUBSW   (DX), Y5, Y5
+	VPSHUFB      k4shuf<>+0(SB), Y2, Y7
+	VPMADDWD     Y7, Y5, Y5
+	VPMADDUBSW   32(DX), Y6, Y6
+	VPSHUFB      k4shuf<>+32(SB), Y2, Y7
+	VPMADDWD     Y7, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	VMOVDQU      48(CX), Y6
+	VPAND        Y0, Y6, Y7
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VPMADDUBSW   64(DX), Y7, Y7
+	VPSHUFB      k4shuf<>+64(SB), Y2, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPADDD       Y7, Y5, Y5
+	VPMADDUBSW   96(DX), Y6, Y6
+	VPSHUFB      k4shuf<>+96(SB), Y2, Y7
+	VPMADDWD     Y7, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	VMOVDQU      80(CX), Y6
+	VPAND        Y0, Y6, Y7
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VPMADDUBSW   128(DX), Y7, Y7
+	VPSHUFB      k4shuf<>+128(SB), Y2, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPADDD       Y7, Y5, Y5
+	VPMADDUBSW   160(DX), Y6, Y6
+	VPSHUFB      k4shuf<>+160(SB), Y2, Y7
+	VPMADDWD     Y7, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	VMOVDQU      112(CX), Y6
+	VPAND        Y0, Y6, Y7
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VPMADDUBSW   192(DX), Y7, Y7
+	VPSHUFB      k4shuf<>+192(SB), Y2, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPADDD       Y7, Y5, Y5
+	VPMADDUBSW   224(DX), Y6, Y6
+	VPSHUFB      k4shuf<>+224(SB), Y2, Y7
+	VPMADDWD     Y7, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	VPBROADCASTD (CX), Y6
+	VCVTPH2PS    X6, Y6
+	VBROADCASTSS (BX), Y7
+	VMULPS       Y7, Y6, Y6
+	VPERMILPS    $0x00, Y6, Y7
+	VPERMILPS    $0x55, Y6, Y6
+	VCVTDQ2PS    Y5, Y5
+	VCVTDQ2PS    Y4, Y4
+	VFMADD231PS  Y5, Y7, Y1
+	VFNMADD231PS Y4, Y6, Y1
+	ADDQ         $0x00000090, CX
+	ADDQ         $0x00000100, DX
+	ADDQ         $0x00000040, BX
+	ADDQ         $0x00000020, SI
+	SUBQ         $0x01, DI
+	JNZ          qgemvQ4KAVX2_blk
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X2
+	VHADDPS      X2, X2, X2
+	VHADDPS      X2, X2, X2
+	VMOVSS       X2, (AX)
+	ADDQ         $0x04, AX
+	SUBQ         (SP), DX
+	SUBQ         8(SP), BX
+	SUBQ         16(SP), SI
+	DECQ         24(SP)
+	JMP          qgemvQ4KAVX2_row
+
+qgemvQ4KAVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ6KAVX2(y []float32, q []int8, ds []float32, bs []int16, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qgemvQ6KAVX2(SB), NOSPLIT, $32-144
+	MOVQ         y_base+0(FP), AX
+	MOVQ         w_base+96(FP), CX
+	MOVQ         q_base+24(FP), DX
+	MOVQ         ds_base+48(FP), BX
+	MOVQ         bs_base+72(FP), SI
+	MOVQ         f16+136(FP), DI
+	MOVQ         k+120(FP), DI
+	MOVQ         DI, (SP)
+	SHRQ         $0x02, DI
+	MOVQ         DI, 8(SP)
+	SHRQ         $0x01, DI
+	MOVQ         DI, 16(SP)
+	MOVQ         rows+128(FP), DI
+	MOVQ         DI, 24(SP)
+	MOVL         $0x0f0f0f0f, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x30303030, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+
+qgemvQ6KAVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ6KAVX2_done
+	VXORPS Y2, Y2, Y2
+	MOVQ   k+120(FP), DI
+	SHRQ   $0x08, DI
+
+qgemvQ6KAVX2_blk:
+	VBROADCASTI128 192(CX), Y3
+	VMOVDQU        128(CX), Y5
+	VMOVDQU        (CX), Y4
+	VPAND          Y0, Y4, Y4
+	VPSLLW         $0x04, Y5, Y6
+	VPAND          Y1, Y6, Y6
+	VPOR           Y6, Y4, Y4
+	VPMADDUBSW     (DX), Y4, Y4
+	VPSHUFB        q6shuf<>+0(SB), Y3, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDWD       Y6, Y4, Y4
+	VMOVDQU        32(CX), Y6
+	VPAND          Y0, Y6, Y6
+	VPSLLW         $0x02, Y5, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y6, Y6
+	VPMADDUBSW     32(DX), Y6, Y6
+	VPSHUFB        q6shuf<>+32(SB), Y3, Y7
+	VPSRAW         $0x08, Y7, Y7
+	VPMADDWD       Y7, Y6, Y6
+	VPADDD         Y6, Y4, Y4
+	VMOVDQU        (CX), Y6
+	VPSRLW         $0x04, Y6, Y6
+	VPAND          Y0, Y6, Y6
+	VPAND          Y1, Y5, Y7
+	VPOR           Y7, Y6, Y6
+	VPMADDUBSW     64(DX), Y6, Y6
+	VPSHUFB        q6shuf<>+64(SB), Y3, Y7
+	VPSRAW         $0x08, Y7, Y7
+	VPMADDWD       Y7, Y6, Y6
+	VPADDD         Y6, Y4, Y4
+	VMOVDQU        32(CX), Y6
+	VPSRLW         $0x04, Y6, Y6
+	VPAND          Y0, Y6, Y6
+	VPSRLW         $0x02, Y5, Y5
+	VPAND          Y1, Y5, Y5
+	VPOR           Y5, Y6, Y6
+	VPMADDUBSW     96(DX), Y6, Y5
+	VPSHUFB        q6shuf<>+96(SB), Y3, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDWD       Y6, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        160(CX), Y5
+	VMOVDQU        64(CX), Y6
+	VPAND          Y0, Y6, Y6
+	VPSLLW         $0x04, Y5, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y6, Y6
+	VPMADDUBSW     128(DX), Y6, Y6
+	VPSHUFB        q6shuf<>+128(SB), Y3, Y7
+	VPSRAW         $0x08, Y7, Y7
+	VPMADDWD       Y7, Y6, Y6
+	VPADDD         Y6, Y4, Y4
+	VMOVDQU        96(CX), Y6
+	VPAND          Y0, Y6, Y6
+	VPSLLW         $0x02, Y5, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y6, Y6
+	VPMADDUBSW     160(DX), Y6, Y6
+	VPSHUFB        q6shuf<>+160(SB), Y3, Y7
+	VPSRAW         $0x08, Y7, Y7
+	VPMADDWD       Y7, Y6, Y6
+	VPADDD         Y6, Y4, Y4
+	VMOVDQU        64(CX), Y6
+	VPSRLW         $0x04, Y6, Y6
+	VPAND          Y0, Y6, Y6
+	VPAND          Y1, Y5, Y7
+	VPOR           Y7, Y6, Y6
+	VPMADDUBSW     192(DX), Y6, Y6
+	VPSHUFB        q6shuf<>+192(SB), Y3, Y7
+	VPSRAW         $0x08, Y7, Y7
+	VPMADDWD       Y7, Y6, Y6
+	VPADDD         Y6, Y4, Y4
+	VMOVDQU        96(CX), Y6
+	VPSRLW         $0x04, Y6, Y6
+	VPAND          Y0, Y6, Y6
+	VPSRLW         $0x02, Y5, Y5
+	VPAND          Y1, Y5, Y5
+	VPOR           Y5, Y6, Y6
+	VPMADDUBSW     224(DX), Y6, Y5
+	VPSHUFB        q6shuf<>+224(SB), Y3, Y3
+	VPSRAW         $0x08, Y3, Y3
+	VPMADDWD       Y3, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VPMOVSXBW      192(CX), Y3
+	VPMADDWD       (SI), Y3, Y3
+	VPSLLD         $0x05, Y3, Y3
+	VPSUBD         Y3, Y4, Y4
+	VPBROADCASTW   208(CX), X3
+	VCVTPH2PS      X3, Y3
+	VBROADCASTSS   (BX), Y5
+	VMULPS         Y3, Y5, Y5
+	VCVTDQ2PS      Y4, Y4
+	VFMADD231PS    Y4, Y5, Y2
+	ADDQ           $0x000000d2, CX
+	ADDQ           $0x00000100, DX
+	ADDQ           $0x00000040, BX
+	ADDQ           $0x00000020, SI
+	SUBQ           $0x01, DI
+	JNZ            qgemvQ6KAVX2_blk
+	VEXTRACTF128   $0x01, Y2, X3
+	VADDPS         X3, X2, X3
+	VHADDPS        X3, X3, X3
+	VHADDPS        X3, X3, X3
+	VMOVSS         X3, (AX)
+	ADDQ           $0x04, AX
+	SUBQ           (SP), DX
+	SUBQ           8(SP), BX
+	SUBQ           16(SP), SI
+	DECQ           24(SP)
+	JMP            qgemvQ6KAVX2_row
+
+qgemvQ6KAVX2_done:
+	VZEROUPPER
+	RET
+
 DATA q4kidx<>+0(SB)/4, $0x00000000
 DATA q4kidx<>+4(SB)/4, $0x00000000
 DATA q4kidx<>+8(SB)/4, $0x00000000
