@@ -330,7 +330,7 @@ var (
 
 // tensors converts every tensor of the checkpoint.
 func (cv *converter) tensors() error {
-	experts := map[string]map[int][]float32{} // GGUF stacked name -> expert -> values
+	experts := map[string]map[int][]float32{}  // GGUF stacked name -> expert -> values
 	expertNames := map[string]map[int]string{} // the same -> expert -> source name (lazy)
 	shapes := map[string][]int{}
 	for _, name := range cv.set.Names() {

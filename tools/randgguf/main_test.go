@@ -10,8 +10,8 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/gguf"
-	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
 )
 
 // TestWritesLoadableGGUF writes the qwen3 fixture's shape cut to one layer,
