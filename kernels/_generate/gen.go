@@ -157,7 +157,9 @@ func main() {
 	}
 	gemvConsts()
 	for _, k := range gemvKernels {
-		qgemv(k)
+		for _, r := range []int{1, 4} {
+			qgemv(k, r)
+		}
 	}
 	q4kConsts512()
 	q8Consts512()

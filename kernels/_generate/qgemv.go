@@ -8,8 +8,9 @@ import (
 	. "github.com/mmcloughlin/avo/reg"
 )
 
-// The AVX2 decode kernels ("gemv", qgemv*AVX2) dot a run of weight rows
-// with one x row in one call, the loop over rows in assembly. They cost
+// The AVX2 gemv kernels (qgemv*R1AVX2, qgemv*R4AVX2) dot a run of weight
+// rows with one or four x rows in one call, the loop over rows in
+// assembly, each weight block decoded once for the x rows. They cost
 // fewer vector instructions per weight than the qtile*AVX2 tiles:
 //
 //   - Q4_0 multiplies the unsigned nibbles n directly (VPMADDUBSW of n
@@ -21,35 +22,64 @@ import (
 //     and a super-block takes one conversion and one multiply-add; the
 //     mins (Q4_K) and the −32 offset (Q6_K) come off with one VPMADDWD of
 //     the scales against Σq per 16 columns (bs).
-//   - Q8_0 keeps the sign trick; its block scales go as Q4_0's.
+//   - Q8_0 keeps the sign trick. The Q8_0 and Q4_0 block scales are
+//     widened through the float16 table (two loads, no vector work).
 //
-// Signature: func(y []float32, q []int8, ds []float32, bs []int16, w []byte,
-// k, rows int); y[j] for j < rows is weight row j (k columns, at
-// w[j·rowBytes:]) against x row (q, ds, bs).
+// Signature: func(y []float32, ldy int, q []int8, ds []float32, bs
+// []int16, ldq int, w []byte, k, rows int, f16 *[65536]float32); y[r·ldy +
+// j] for j < rows, r < R is weight row j (k columns, at w[j·rowBytes:])
+// against x row r (q[r·ldq:], ds[2·r·ldq/32:], bs[r·ldq/16:]).
 
-// gemvKernel is one dtype's decode kernel.
+// gemvKernel is one dtype's gemv kernel.
 type gemvKernel struct {
 	name  string
 	elems int // per weight block
 	bytes int // per weight block
-	// unroll is blocks per loop step; blocks % unroll must be 0 for the
-	// k the callers pass (k is a multiple of 256 for every model shape;
-	// the Go side checks).
+	// unroll is blocks per loop step with one x row (k is a multiple of
+	// 256 for the callers, so the block count is a multiple of it).
 	unroll int
 	doc    []string
 	// setup makes the kernel's constants; block emits weight block u of
-	// the step (at wp + u·bytes) against the x blocks at qp, dsp, bsp,
-	// accumulating into acc[u%len(acc)] and sub (nil when unused).
+	// the step (at wp + u·bytes) against the x rows' blocks, accumulating
+	// x row r into acc[r] (and sub[r] where the kernel subtracts one).
 	setup func() []VecVirtual
-	block func(c []VecVirtual, p gemvPtrs, u int, acc []VecVirtual, sub VecVirtual)
-	accs  int  // float accumulators
+	block func(c []VecVirtual, p gemvPtrs, u int, acc, sub []VecVirtual)
 	sub   bool // a second accumulator subtracted at the end
 }
 
-// gemvPtrs are the moving pointers of the inner loop.
+// gemvPtrs address the weight block and the x rows' blocks of the inner
+// loop.
 type gemvPtrs struct {
 	wp, qp, dsp, bsp GPVirtual
 	f16              GPVirtual // the float16 → float32 table
+	rows             int       // x rows
+	ldq, ldq3        GPVirtual // x row strides of q: 1 and 3 rows (R > 1)
+	dsOff, bsOff     Mem       // [3]int64 locals: ds and bs byte offsets of x rows 1-3
+}
+
+// q is x row r's int8 value at byte off (of the current block).
+func (p gemvPtrs) q(r, off int) Mem {
+	switch r {
+	case 0:
+		return Mem{Base: p.qp, Disp: off}
+	case 3:
+		return Mem{Base: p.qp, Index: p.ldq3, Scale: 1, Disp: off}
+	}
+	return Mem{Base: p.qp, Index: p.ldq, Scale: uint8(r), Disp: off}
+}
+
+// ds is x row r's float32 at byte off of the (d, s) pairs; bs its int16
+// sums at byte off. Rows past the first load their offset into a register.
+func (p gemvPtrs) ds(r, off int) Mem { return rowMem(p.dsp, p.dsOff, r, off) }
+func (p gemvPtrs) bs(r, off int) Mem { return rowMem(p.bsp, p.bsOff, r, off) }
+
+func rowMem(base GPVirtual, offs Mem, r, off int) Mem {
+	if r == 0 {
+		return Mem{Base: base, Disp: off}
+	}
+	t := GP64()
+	MOVQ(offs.Offset(8*(r-1)), t)
+	return Mem{Base: base, Index: t, Scale: 1, Disp: off}
 }
 
 // f16Tab returns the float16 at m widened into all eight float32 lanes,
@@ -63,52 +93,59 @@ func (p gemvPtrs) f16Tab(m Mem) VecVirtual {
 
 var gemvKernels = []gemvKernel{
 	{
-		name: "Q8_0", elems: 32, bytes: 34, unroll: 2, accs: 2,
+		name: "Q8_0", elems: 32, bytes: 34, unroll: 2,
 		doc: []string{"per block: dw·d·Σ w·q (sign trick, VPMADDUBSW)."},
 		setup: func() []VecVirtual {
 			return []VecVirtual{bcastD(0x00010001)}
 		},
-		block: func(c []VecVirtual, p gemvPtrs, u int, acc []VecVirtual, _ VecVirtual) {
-			w, aw, x, t := YMM(), YMM(), YMM(), YMM()
+		block: func(c []VecVirtual, p gemvPtrs, u int, acc, _ []VecVirtual) {
+			w, aw := YMM(), YMM()
 			VMOVDQU(Mem{Base: p.wp, Disp: 34*u + 2}, w)
 			VPABSB(w, aw)
-			VMOVDQU(Mem{Base: p.qp, Disp: 32 * u}, x)
-			VPSIGNB(w, x, x)
-			VPMADDUBSW(x, aw, t)
-			VPMADDWD(c[0], t, t)
-			VCVTDQ2PS(t, t)
-			dw, d := p.f16Tab(Mem{Base: p.wp, Disp: 34 * u}), YMM()
-			VBROADCASTSS(Mem{Base: p.dsp, Disp: 8 * u}, d)
-			VMULPS(dw, d, d)
-			VFMADD231PS(t, d, acc[u%len(acc)])
+			dw := p.f16Tab(Mem{Base: p.wp, Disp: 34 * u})
+			for r := range p.rows {
+				x, t, d := YMM(), YMM(), YMM()
+				VMOVDQU(p.q(r, 32*u), x)
+				VPSIGNB(w, x, x)
+				VPMADDUBSW(x, aw, t)
+				VPMADDWD(c[0], t, t)
+				VCVTDQ2PS(t, t)
+				VBROADCASTSS(p.ds(r, 8*u), d)
+				VMULPS(dw, d, d)
+				VFMADD231PS(t, d, acc[r])
+			}
 		},
 	},
 	{
-		name: "Q4_0", elems: 32, bytes: 18, unroll: 2, accs: 2, sub: true,
+		name: "Q4_0", elems: 32, bytes: 18, unroll: 2, sub: true,
 		doc: []string{"per block: dw·(d·Σ n·q − 8·s), n the unsigned nibbles."},
 		setup: func() []VecVirtual {
 			shift := YMM() // VPSRLVD counts: 0 in the low 128 bits, 4 in the high
 			VMOVDQU(q40ShiftData2, shift)
 			return []VecVirtual{bcastD(0x00010001), bcastB(0x0f), shift}
 		},
-		block: func(c []VecVirtual, p gemvPtrs, u int, acc []VecVirtual, sub VecVirtual) {
-			w, t := YMM(), YMM()
+		block: func(c []VecVirtual, p gemvPtrs, u int, acc, sub []VecVirtual) {
+			w := YMM()
 			VBROADCASTI128(Mem{Base: p.wp, Disp: 18*u + 2}, w)
 			VPSRLVD(c[2], w, w)
 			VPAND(c[1], w, w)
-			VPMADDUBSW(Mem{Base: p.qp, Disp: 32 * u}, w, t)
-			VPMADDWD(c[0], t, t)
-			VCVTDQ2PS(t, t)
-			dw, d, s := p.f16Tab(Mem{Base: p.wp, Disp: 18 * u}), YMM(), YMM()
-			VBROADCASTSS(Mem{Base: p.dsp, Disp: 8 * u}, d)
-			VBROADCASTSS(Mem{Base: p.dsp, Disp: 8*u + 4}, s)
-			VMULPS(dw, d, d)
-			VFMADD231PS(t, d, acc[u%len(acc)])
-			VFMADD231PS(s, dw, sub) // all 8 lanes: 8·dw·s once summed
+			dw := p.f16Tab(Mem{Base: p.wp, Disp: 18 * u})
+			for r := range p.rows {
+				t, d, s := YMM(), YMM(), YMM()
+				VPMADDUBSW(p.q(r, 32*u), w, t)
+				VPMADDWD(c[0], t, t)
+				VCVTDQ2PS(t, t)
+				dm := p.ds(r, 8*u)
+				VBROADCASTSS(dm, d)
+				VBROADCASTSS(dm.Offset(4), s)
+				VMULPS(dw, d, d)
+				VFMADD231PS(t, d, acc[r])
+				VFMADD231PS(s, dw, sub[r]) // all 8 lanes: 8·dw·s once summed
+			}
 		},
 	},
 	{
-		name: "Q4K", elems: 256, bytes: 144, unroll: 1, accs: 1,
+		name: "Q4K", elems: 256, bytes: 144, unroll: 1,
 		doc: []string{"per super-block: dw·d·Σⱼ scⱼ·Σ nⱼ·q − dmin·d·Σⱼ mⱼ·Σⱼq (d: x's scale of the 256 columns)."},
 		setup: func() []VecVirtual {
 			return []VecVirtual{bcastB(0x0f)}
@@ -116,7 +153,7 @@ var gemvKernels = []gemvKernel{
 		block: q4kGemvBlock,
 	},
 	{
-		name: "Q6K", elems: 256, bytes: 210, unroll: 1, accs: 1,
+		name: "Q6K", elems: 256, bytes: 210, unroll: 1,
 		doc: []string{"per super-block: dw·d·Σ over sub-blocks of 16: sc·(Σ q6·q − 32·Σq)."},
 		setup: func() []VecVirtual {
 			return []VecVirtual{bcastB(0x0f), bcastB(0x30)}
@@ -187,37 +224,29 @@ func kScaleBytes(w GPVirtual) (sc, mn GPVirtual) {
 }
 
 // superScales returns dw·d and dm·d broadcast, for the float16 pair
-// (dw, dm) at m and x's scale d at dm0.
-func superScales(m, d Mem) (a, b VecVirtual) {
-	v, dv := YMM(), YMM()
-	VPBROADCASTD(m, v)
-	VCVTPH2PS(v.AsX(), v) // dw dm dw dm ...
+// (dw, dm) widened in v (dw dm dw dm ...) and x's scale d at dm.
+func superScales(v VecVirtual, d Mem) (a, b VecVirtual) {
+	dv := YMM()
 	VBROADCASTSS(d, dv)
-	VMULPS(dv, v, v)
+	VMULPS(v, dv, dv)
 	a, b = YMM(), YMM()
-	VPERMILPS(U8(0x00), v, a)
-	VPERMILPS(U8(0x55), v, b)
+	VPERMILPS(U8(0x00), dv, a)
+	VPERMILPS(U8(0x55), dv, b)
 	return a, b
 }
 
 // q4kGemvBlock is one Q4_K super-block against x quantized with one scale
 // per 256 columns: the sub-block scales multiply the integer pair sums.
-func q4kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual, _ VecVirtual) {
+func q4kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc, _ []VecVirtual) {
 	sc8, mn8 := kScaleBytes(p.wp)
-	scv, mnv := YMM(), YMM()
+	scv := YMM()
 	VMOVQ(sc8, scv.AsX())
 	VPMOVZXBW(scv.AsX(), scv.AsX())
 	VINSERTI128(U8(1), scv.AsX(), scv, scv) // sc0..sc7 as int16, in both halves
-	VMOVQ(mn8, mnv.AsX())
-	VPMOVZXBW(mnv.AsX(), mnv.AsX())
-	hi := XMM()
-	VPUNPCKHWD(mnv.AsX(), mnv.AsX(), hi)
-	VPUNPCKLWD(mnv.AsX(), mnv.AsX(), mnv.AsX())
-	VINSERTI128(U8(1), hi, mnv, mnv) // m0 m0 m1 m1 ... m7 m7
-	msum := YMM()
-	VPMADDWD(Mem{Base: p.bsp}, mnv, msum) // mⱼ·Σⱼq in lane j
+	mins := XMM()
+	VMOVQ(mn8, mins)
 
-	isum := YMM()
+	isum := make([]VecVirtual, p.rows)
 	for h := range 4 {
 		raw, lo := YMM(), YMM()
 		VMOVDQU(Mem{Base: p.wp, Disp: 16 + 32*h}, raw)
@@ -226,39 +255,53 @@ func q4kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual, _ VecVirt
 		VPAND(c[0], raw, raw)
 		for k, n := range []VecVirtual{lo, raw} {
 			j := 2*h + k
-			t, s := YMM(), YMM()
-			VPMADDUBSW(Mem{Base: p.qp, Disp: 32 * j}, n, t)
+			s := YMM()
 			VPSHUFB(k4ShufData.Offset(32*j), scv, s)
-			if j == 0 {
-				VPMADDWD(s, t, isum)
-			} else {
-				VPMADDWD(s, t, t)
-				VPADDD(t, isum, isum)
+			for r := range p.rows {
+				t := YMM()
+				VPMADDUBSW(p.q(r, 32*j), n, t)
+				if j == 0 {
+					isum[r] = YMM()
+					VPMADDWD(s, t, isum[r])
+				} else {
+					VPMADDWD(s, t, t)
+					VPADDD(t, isum[r], isum[r])
+				}
 			}
 		}
 	}
-	a, b := superScales(Mem{Base: p.wp}, Mem{Base: p.dsp})
-	VCVTDQ2PS(isum, isum)
-	VCVTDQ2PS(msum, msum)
-	VFMADD231PS(isum, a, acc[0])
-	VFNMADD231PS(msum, b, acc[0])
+	mnv, hi := YMM(), XMM()
+	VPMOVZXBW(mins, mnv.AsX())
+	VPUNPCKHWD(mnv.AsX(), mnv.AsX(), hi)
+	VPUNPCKLWD(mnv.AsX(), mnv.AsX(), mnv.AsX())
+	VINSERTI128(U8(1), hi, mnv, mnv) // m0 m0 m1 m1 ... m7 m7
+	v := YMM()
+	VPBROADCASTD(Mem{Base: p.wp}, v)
+	VCVTPH2PS(v.AsX(), v) // dw dmin dw dmin ...
+	for r := range p.rows {
+		msum := YMM()
+		VPMADDWD(p.bs(r, 0), mnv, msum) // mⱼ·Σⱼq in lane j
+		a, b := superScales(v, p.ds(r, 0))
+		VCVTDQ2PS(isum[r], isum[r])
+		VCVTDQ2PS(msum, msum)
+		VFMADD231PS(isum[r], a, acc[r])
+		VFNMADD231PS(msum, b, acc[r])
+	}
 }
 
 // q6kGemvBlock is one Q6_K super-block against x quantized with one scale
 // per 256 columns: in half h, x block 4h+g takes the low (g < 2) or high
 // nibbles of ql[64h+32(g&1):] and bits 2g, 2g+1 of qh[32h:]; its int16
 // pair sums 0-7 belong to sub-block 2(4h+g), 8-15 to the next.
-func q6kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual, _ VecVirtual) {
+func q6kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc, _ []VecVirtual) {
 	low4, m30 := c[0], c[1]
-	scb := YMM()
-	VBROADCASTI128(Mem{Base: p.wp, Disp: 192}, scb) // 16 int8 scales, both halves
-	isum := YMM()
+	isum := make([]VecVirtual, p.rows)
 	for h := range 2 {
 		qh := YMM()
 		VMOVDQU(Mem{Base: p.wp, Disp: 128 + 32*h}, qh)
 		for g := range 4 {
 			b := 4*h + g
-			u, hb, t, s := YMM(), YMM(), YMM(), YMM()
+			u, hb, s := YMM(), YMM(), YMM()
 			VMOVDQU(Mem{Base: p.wp, Disp: 64*h + 32*(g&1)}, u)
 			if g >= 2 {
 				VPSRLW(U8(4), u, u)
@@ -278,52 +321,63 @@ func q6kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual, _ VecVirt
 				VPAND(m30, hb, hb)
 			}
 			VPOR(hb, u, u)
-			VPMADDUBSW(Mem{Base: p.qp, Disp: 32 * b}, u, t)
-			VPSHUFB(q6ShufData.Offset(32*b), scb, s)
+			VBROADCASTI128(Mem{Base: p.wp, Disp: 192}, s) // 16 int8 scales, both halves
+			VPSHUFB(q6ShufData.Offset(32*b), s, s)
 			VPSRAW(U8(8), s, s) // the int8 scales sign-extended
-			if b == 0 {
-				VPMADDWD(s, t, isum)
-			} else {
-				VPMADDWD(s, t, t)
-				VPADDD(t, isum, isum)
+			for r := range p.rows {
+				t := YMM()
+				VPMADDUBSW(p.q(r, 32*b), u, t)
+				if b == 0 {
+					isum[r] = YMM()
+					VPMADDWD(s, t, isum[r])
+				} else {
+					VPMADDWD(s, t, t)
+					VPADDD(t, isum[r], isum[r])
+				}
 			}
 		}
 	}
 	// − 32·Σ sc·Σq over the 16 sub-blocks of 16 columns.
-	sc16, off := YMM(), YMM()
+	sc16 := YMM()
 	VPMOVSXBW(Mem{Base: p.wp, Disp: 192}, sc16)
-	VPMADDWD(Mem{Base: p.bsp}, sc16, off)
-	VPSLLD(U8(5), off, off)
-	VPSUBD(off, isum, isum)
-	dw, d := f16Bcast(Mem{Base: p.wp, Disp: 208}), YMM()
-	VBROADCASTSS(Mem{Base: p.dsp}, d)
-	VMULPS(dw, d, d)
-	VCVTDQ2PS(isum, isum)
-	VFMADD231PS(isum, d, acc[0])
+	dw := f16Bcast(Mem{Base: p.wp, Disp: 208})
+	for r := range p.rows {
+		off, d := YMM(), YMM()
+		VPMADDWD(p.bs(r, 0), sc16, off)
+		VPSLLD(U8(5), off, off)
+		VPSUBD(off, isum[r], isum[r])
+		VBROADCASTSS(p.ds(r, 0), d)
+		VMULPS(dw, d, d)
+		VCVTDQ2PS(isum[r], isum[r])
+		VFMADD231PS(isum[r], d, acc[r])
+	}
 }
 
-// qgemv writes kernel k's decode function for AVX2.
-func qgemv(k gemvKernel) {
-	name := fmt.Sprintf("qgemv%sAVX2", k.name)
-	TEXT(name, NOSPLIT, "func(y []float32, q []int8, ds []float32, bs []int16, w []byte, k, rows int, f16 *[65536]float32)")
+// qgemv writes kernel k's AVX2 gemv function for R x rows.
+func qgemv(k gemvKernel, R int) {
+	name := fmt.Sprintf("qgemv%sR%dAVX2", k.name, R)
+	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k, rows int, f16 *[65536]float32)")
 	Doc(append([]string{
-		fmt.Sprintf("%s sets y[j] for j < rows to the dot product of row j of the %s", name, k.name),
-		"weight rows w (k columns each, one after the other) with one x row quantized",
-		"to int8 (q; ds, its (d, d·Σq) pairs per 32 columns; bs, Σq per 16 columns);",
+		fmt.Sprintf("%s sets y[r·ldy + j] for j < rows, r < %d to the dot product of row j", name, R),
+		fmt.Sprintf("of the %s weight rows w (k columns each, one after the other) with x", k.name),
+		"row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;",
+		"bs, Σq per 16 columns); f16 is the float16 → float32 table;",
 	}, append(k.doc,
 		"",
 		"k is a multiple of 256. The caller guarantees the bounds; nothing is checked.")...)...)
 	Pragma("noescape")
-	yp := Load(Param("y").Base(), GP64()).(GPVirtual)
 	p := gemvPtrs{
-		wp:  Load(Param("w").Base(), GP64()).(GPVirtual),
-		qp:  Load(Param("q").Base(), GP64()).(GPVirtual),
-		dsp: Load(Param("ds").Base(), GP64()).(GPVirtual),
-		bsp: Load(Param("bs").Base(), GP64()).(GPVirtual),
-		f16: Load(Param("f16"), GP64()).(GPVirtual),
+		wp:   Load(Param("w").Base(), GP64()).(GPVirtual),
+		qp:   Load(Param("q").Base(), GP64()).(GPVirtual),
+		dsp:  Load(Param("ds").Base(), GP64()).(GPVirtual),
+		bsp:  Load(Param("bs").Base(), GP64()).(GPVirtual),
+		rows: R,
 	}
-	// Per x row: q advances k bytes, ds k/4, bs k/8; the loop rewinds them
-	// by these after every weight row.
+	if k.elems == 32 {
+		p.f16 = Load(Param("f16"), GP64()).(GPVirtual)
+	}
+	// Per weight row the x pointers advance k bytes (q), k/4 (ds) and
+	// k/8 (bs); the loop rewinds them by these after every weight row.
 	kq := Load(Param("k"), GP64())
 	back := AllocLocal(24)
 	MOVQ(kq, back)
@@ -334,40 +388,96 @@ func qgemv(k gemvKernel) {
 	rows := AllocLocal(8)
 	r := Load(Param("rows"), GP64())
 	MOVQ(r, rows)
+	yoff, yloc := AllocLocal(8), AllocLocal(8) // ldy in bytes; y's row-0 address
+	{
+		t := Load(Param("y").Base(), GP64())
+		MOVQ(t, yloc)
+	}
+	if R > 1 {
+		p.ldq, p.ldq3 = Load(Param("ldq"), GP64()).(GPVirtual), GP64()
+		LEAQ(Mem{Base: p.ldq, Index: p.ldq, Scale: 2}, p.ldq3)
+		p.dsOff, p.bsOff = AllocLocal(24), AllocLocal(24)
+		t := GP64()
+		for i := range 3 { // ldq·(i+1)/4 and /8
+			switch i {
+			case 0:
+				MOVQ(p.ldq, t)
+			case 1:
+				LEAQ(Mem{Base: p.ldq, Index: p.ldq, Scale: 1}, t)
+			case 2:
+				MOVQ(p.ldq3, t)
+			}
+			SHRQ(U8(2), t)
+			MOVQ(t, p.dsOff.Offset(8*i))
+			SHRQ(U8(1), t)
+			MOVQ(t, p.bsOff.Offset(8*i))
+		}
+		ly := Load(Param("ldy"), GP64())
+		SHLQ(U8(2), ly)
+		MOVQ(ly, yoff)
+	}
 
 	c := k.setup()
-	acc := make([]VecVirtual, k.accs)
-	var sub VecVirtual
-	step := k.unroll
+	unroll := k.unroll
+	if R > 1 {
+		unroll = 1 // R accumulators are in flight already
+	}
 	Label(name + "_row")
 	CMPQ(rows, U8(0))
 	JE(LabelRef(name + "_done"))
-	for i := range acc {
-		acc[i] = YMM()
-		VXORPS(acc[i], acc[i], acc[i])
-	}
+	acc := make([][]VecVirtual, unroll) // [unroll][R]
+	var sub [][]VecVirtual
 	if k.sub {
-		sub = YMM()
-		VXORPS(sub, sub, sub)
+		sub = make([][]VecVirtual, unroll)
+	}
+	for u := range acc {
+		for range R {
+			v := YMM()
+			VXORPS(v, v, v)
+			acc[u] = append(acc[u], v)
+			if k.sub {
+				v := YMM()
+				VXORPS(v, v, v)
+				sub[u] = append(sub[u], v)
+			}
+		}
 	}
 	n := Load(Param("k"), GP64())
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
 	Label(name + "_blk")
-	for u := range step {
-		k.block(c, p, u, acc, sub)
+	for u := range unroll {
+		var su []VecVirtual
+		if k.sub {
+			su = sub[u]
+		}
+		k.block(c, p, u, acc[u], su)
 	}
-	ADDQ(U32(step*k.bytes), p.wp)
-	ADDQ(U32(step*k.elems), p.qp)
-	ADDQ(U32(step*k.elems/32*8), p.dsp)
-	ADDQ(U32(step*k.elems/16*2), p.bsp)
-	SUBQ(U8(step), n)
+	ADDQ(U32(unroll*k.bytes), p.wp)
+	ADDQ(U32(unroll*k.elems), p.qp)
+	ADDQ(U32(unroll*k.elems/32*8), p.dsp)
+	ADDQ(U32(unroll*k.elems/16*2), p.bsp)
+	SUBQ(U8(unroll), n)
 	JNZ(LabelRef(name + "_blk"))
 
-	for i := 1; i < len(acc); i++ {
-		VADDPS(acc[i], acc[0], acc[0])
+	yp := GP64()
+	MOVQ(yloc, yp)
+	for r := range R {
+		for u := 1; u < unroll; u++ {
+			VADDPS(acc[u][r], acc[0][r], acc[0][r])
+			if k.sub {
+				VADDPS(sub[u][r], sub[0][r], sub[0][r])
+			}
+		}
+		var s VecVirtual
+		if k.sub {
+			s = sub[0][r]
+		}
+		if r > 0 {
+			ADDQ(yoff, yp)
+		}
+		hsumStore(acc[0][r], s, Mem{Base: yp})
 	}
-	hsumStore(acc[0], sub, Mem{Base: yp})
-	ADDQ(U8(4), yp)
+	ADDQ(U8(4), yloc)
 	SUBQ(back, p.qp)
 	SUBQ(back.Offset(8), p.dsp)
 	SUBQ(back.Offset(16), p.bsp)

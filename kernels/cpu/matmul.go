@@ -160,9 +160,10 @@ func (m *matmul) block(s0, s1, i0, i1 int, x []float32, ldx int) {
 }
 
 // qtask is task for a quantized w: output rows [r0, r1) for x rows [i0, i1),
-// weight rows blocked in L1 as in task. A lone x row (or the last of a
-// batch not a multiple of 4) takes the gemv kernel over the whole block of
-// rows where the dtype has one (for rows of whole 256-column groups).
+// weight rows blocked in L1 as in task. Where the dtype has gemv kernels
+// (and the rows are whole 256-column groups), each takes the block of
+// weight rows in one call, four x rows at a time, then one; else the
+// tiles go row by row.
 func (m *matmul) qtask(r0, r1, i0, i1 int) {
 	cols, rows := m.w.Cols, m.w.Rows
 	rb := m.w.DType.RowBytes(cols)
@@ -172,25 +173,32 @@ func (m *matmul) qtask(r0, r1, i0, i1 int) {
 	}
 	q, ds, bs, t := m.qx.q, m.qx.ds, m.qx.bs, m.qt
 	nb := cols / qk
+	gemv := t.gemv != nil && cols > 0 && cols%256 == 0
 	for s0 := r0; s0 < r1; s0 += step {
 		s1 := min(r1, s0+step)
+		w := m.w.Data[s0*rb : s1*rb]
 		for i := i0; i < i1; {
+			r := 1
+			if (t.r4 != nil || gemv && t.gemv4 != nil) && i+4 <= i1 {
+				r = 4
+			}
 			switch {
-			case t.r4 != nil && i+4 <= i1:
-				for j := s0; j < s1; j++ {
-					t.r4(m.y[i*rows+j:], rows, q[i*cols:], ds[2*i*nb:], cols, m.w.Data[j*rb:(j+1)*rb], cols)
-				}
-				i += 4
-				continue
-			case t.gemv != nil && cols > 0 && cols%256 == 0:
-				t.gemv(m.y[i*rows+s0:i*rows+s1], q[i*cols:(i+1)*cols], ds[2*i*nb:2*(i+1)*nb], bs[2*i*nb:2*(i+1)*nb],
-					m.w.Data[s0*rb:s1*rb], cols, s1-s0, f16Table())
+			case gemv && r == 4 && t.gemv4 != nil:
+				t.gemv4(m.y[i*rows+s0:(i+3)*rows+s1], rows, q[i*cols:(i+4)*cols], ds[2*i*nb:2*(i+4)*nb], bs[2*i*nb:2*(i+4)*nb],
+					cols, w, cols, s1-s0, f16Table())
+			case gemv && r == 1:
+				t.gemv(m.y[i*rows+s0:i*rows+s1], rows, q[i*cols:(i+1)*cols], ds[2*i*nb:2*(i+1)*nb], bs[2*i*nb:2*(i+1)*nb],
+					cols, w, cols, s1-s0, f16Table())
 			default:
+				tile := t.r1
+				if r == 4 {
+					tile = t.r4
+				}
 				for j := s0; j < s1; j++ {
-					t.r1(m.y[i*rows+j:], rows, q[i*cols:], ds[2*i*nb:], cols, m.w.Data[j*rb:(j+1)*rb], cols)
+					tile(m.y[i*rows+j:], rows, q[i*cols:], ds[2*i*nb:], cols, m.w.Data[j*rb:(j+1)*rb], cols)
 				}
 			}
-			i++
+			i += r
 		}
 	}
 }

@@ -133,45 +133,54 @@ func BenchmarkQTile(b *testing.B) {
 // TestQGemvMatchGo checks every gemv kernel against the Go tile run row by
 // row: the kernels sum the same integer products with the scales applied
 // in another order (per 256 columns for the K-quants), so they differ by
-// float32 rounding. They must write y[0:rows] and nothing past it.
+// float32 rounding. They must write y[r·ldy + j], j < rows, and nothing
+// else.
 func TestQGemvMatchGo(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	for name, set := range qtileSets() {
 		for _, dt := range quantTypes {
-			if set[dt].gemv == nil {
-				continue
-			}
-			for _, k := range []int{256, 512, 2816} {
-				const rows = 5
-				w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
-				x := make([]float32, k)
-				for i := range x {
-					x[i] = float32(rng.NormFloat64())
+			for R, gemv := range map[int]qgemvFunc{1: set[dt].gemv, 4: set[dt].gemv4} {
+				if gemv == nil {
+					continue
 				}
-				for i := 300; i < 340 && i < k; i++ { // a zero block
-					x[i] = 0
-				}
-				x[7] = 40 // an outlier that sets a group's scale
-				var qx qrows
-				qx.quantize(x, 1, k, xGroup(dt))
-				got := make([]float32, rows+1)
-				got[rows] = -1
-				set[dt].gemv(got[:rows], qx.q, qx.ds, qx.bs, w.Data, k, rows, f16Table())
-				row := make([]float32, k)
-				for j := range rows {
-					want := make([]float32, 1)
-					genericQTiles[dt].r1(want, 1, qx.q, qx.ds, k, w.Data[j*dt.RowBytes(k):], k)
-					w.RowF32(row, j)
-					var sum float64 // Σ|xw| bounds the rounding
-					for i, v := range row {
-						sum += math.Abs(float64(v) * float64(x[i]))
+				for _, k := range []int{256, 512, 2816} {
+					const rows, ldy = 5, 7
+					w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
+					x := make([]float32, R*k)
+					for i := range x {
+						x[i] = float32(rng.NormFloat64())
 					}
-					if d := math.Abs(float64(got[j] - want[0])); !(d <= 1e-5*sum) {
-						t.Errorf("%s %v k=%d row %d: %g, Go tile %g (Σ|xw| %g)", name, dt, k, j, got[j], want[0], sum)
+					for i := 300; i < 340 && i < k; i++ { // a zero block
+						x[i] = 0
 					}
-				}
-				if got[rows] != -1 {
-					t.Errorf("%s %v k=%d: wrote y[%d]", name, dt, k, rows)
+					x[7] = 40 // an outlier that sets a group's scale
+					var qx qrows
+					qx.quantize(x, R, k, xGroup(dt))
+					got := make([]float32, R*ldy)
+					for i := range got {
+						got[i] = -1
+					}
+					gemv(got, ldy, qx.q, qx.ds, qx.bs, k, w.Data, k, rows, f16Table())
+					row := make([]float32, k)
+					for r := range R {
+						for j := range rows {
+							want := make([]float32, 1)
+							genericQTiles[dt].r1(want, 1, qx.q[r*k:], qx.ds[2*r*k/32:], k, w.Data[j*dt.RowBytes(k):], k)
+							w.RowF32(row, j)
+							var sum float64 // Σ|xw| bounds the rounding
+							for i, v := range row {
+								sum += math.Abs(float64(v) * float64(x[r*k+i]))
+							}
+							if d := math.Abs(float64(got[r*ldy+j] - want[0])); !(d <= 1e-5*sum) {
+								t.Errorf("%s %v R%d k=%d x row %d row %d: %g, Go tile %g (Σ|xw| %g)", name, dt, R, k, r, j, got[r*ldy+j], want[0], sum)
+							}
+						}
+					}
+					for i, v := range got {
+						if i%ldy >= rows && v != -1 {
+							t.Errorf("%s %v R%d k=%d: wrote y[%d]", name, dt, R, k, i)
+						}
+					}
 				}
 			}
 		}
@@ -179,36 +188,43 @@ func TestQGemvMatchGo(t *testing.T) {
 }
 
 // BenchmarkQGemvKernel runs each gemv kernel on one core over 64 rows of
-// k = 1024 in L2: GB/s of weights and the thread's CPU time per call.
+// k = 1024 in L2, against the tiles row by row: GB/s of weights (counted
+// once per x row) and the thread's CPU time per call.
 func BenchmarkQGemvKernel(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	const k, rows = 1024, 64
 	for name, set := range qtileSets() {
 		for _, dt := range quantTypes {
 			w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
-			x := make([]float32, k)
+			x := make([]float32, 4*k)
 			for i := range x {
 				x[i] = float32(rng.NormFloat64())
 			}
 			var qx qrows
-			qx.quantize(x, 1, k, xGroup(dt))
-			y := make([]float32, rows)
-			if set[dt].gemv != nil {
-				b.Run(fmt.Sprintf("%s/%v/gemv", name, dt), func(b *testing.B) {
-					b.SetBytes(int64(len(w.Data)))
-					tab := f16Table()
-					cpuLoop(b, func() { set[dt].gemv(y, qx.q, qx.ds, qx.bs, w.Data, k, rows, tab) })
+			qx.quantize(x, 4, k, xGroup(dt))
+			y := make([]float32, 4*rows)
+			tab := f16Table()
+			rb := dt.RowBytes(k)
+			for R, gemv := range map[int]qgemvFunc{1: set[dt].gemv, 4: set[dt].gemv4} {
+				if gemv != nil {
+					b.Run(fmt.Sprintf("%s/%v/gemv%d", name, dt, R), func(b *testing.B) {
+						b.SetBytes(int64(R * len(w.Data)))
+						cpuLoop(b, func() { gemv(y, rows, qx.q, qx.ds, qx.bs, k, w.Data, k, rows, tab) })
+					})
+				}
+				tile := map[int]qtileFunc{1: set[dt].r1, 4: set[dt].r4}[R]
+				if tile == nil {
+					continue
+				}
+				b.Run(fmt.Sprintf("%s/%v/r%d", name, dt, R), func(b *testing.B) {
+					b.SetBytes(int64(R * len(w.Data)))
+					cpuLoop(b, func() {
+						for j := range rows {
+							tile(y[j:], rows, qx.q, qx.ds, k, w.Data[j*rb:], k)
+						}
+					})
 				})
 			}
-			b.Run(fmt.Sprintf("%s/%v/r1", name, dt), func(b *testing.B) {
-				b.SetBytes(int64(len(w.Data)))
-				rb := dt.RowBytes(k)
-				cpuLoop(b, func() {
-					for j := range rows {
-						set[dt].r1(y[j:], 1, qx.q, qx.ds, k, w.Data[j*rb:], k)
-					}
-				})
-			})
 		}
 	}
 }

@@ -113,18 +113,20 @@ func quantBlock(q []int8, bs []int16, x []float32, amax float32) (d, s float32) 
 //	}
 type qtileFunc func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
-// A qgemvFunc sets y[j] for j < rows to the dot product of weight row j
-// (k > 0 columns; the rows one after the other in w) with one x row quantized
-// in groups of 256 columns for the K-quants (q; ds, its (d, s) pairs; bs,
-// its sums per 16 columns): a decode task's rows in one call.
-type qgemvFunc func(y []float32, q []int8, ds []float32, bs []int16, w []byte, k, rows int, f16 *[1 << 16]float32)
+// A qgemvFunc sets y[r·ldy + j] for j < rows, r < R x rows to the dot
+// product of weight row j (k > 0 columns; the rows one after the other in
+// w) with x row r quantized in groups of 256 columns for the K-quants
+// (q[r·ldq:]; ds, its (d, s) pairs; bs, its sums per 16 columns): a task's
+// block of weight rows in one call, each weight block decoded once for
+// the R x rows. f16 is f16Table().
+type qgemvFunc func(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k, rows int, f16 *[1 << 16]float32)
 
 // qtileSet holds the kernels of one quantized dtype: tiles of one x row and
-// of four x rows sharing the decoded weight row, and a gemv kernel for one
-// x row against many weight rows (nil where there is none).
+// of four x rows sharing the decoded weight row, and gemv kernels of one
+// and four x rows against a block of weight rows (nil where there is none).
 type qtileSet struct {
-	r1, r4 qtileFunc
-	gemv   qgemvFunc
+	r1, r4      qtileFunc
+	gemv, gemv4 qgemvFunc
 }
 
 // genericQTiles are the pure-Go tiles, indexed by kernels.DType.
@@ -146,10 +148,11 @@ func rowTile(dot qdotFunc) qtileFunc {
 	}
 }
 
-// rowsGemv is the Go twin of the qgemv kernels: dot over each of the rows
-// of dtype dt (whose x scales it reads from ds, like every Go tile).
+// rowsGemv is the Go twin of the one-row qgemv kernels: dot over each of
+// the rows of dtype dt (whose x scales it reads from ds, like every Go
+// tile).
 func rowsGemv(dt kernels.DType, dot qdotFunc) qgemvFunc {
-	return func(y []float32, q []int8, ds []float32, _ []int16, w []byte, k, rows int, _ *[1 << 16]float32) {
+	return func(y []float32, _ int, q []int8, ds []float32, _ []int16, _ int, w []byte, k, rows int, _ *[1 << 16]float32) {
 		rb := dt.RowBytes(k)
 		for j := range rows {
 			y[j] = dot(q, ds, w[j*rb:(j+1)*rb], k)

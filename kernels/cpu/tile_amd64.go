@@ -40,16 +40,17 @@ func tilesFor(d kernels.DType) *tileSet {
 	return &asmTiles[d]
 }
 
-// Quantized tiles, indexed by kernels.DType: the AVX2 ones use VPMADDUBSW,
+// Quantized tiles, indexed by kernels.DType: the AVX2 ones use VPMADDUBSW
+// (the gemv kernels, kernels/_generate/qgemv.go, where the dtype has them),
 // the VNNI ones VPDPBUSD (AVX-512 VNNI, 256-bit). Q6_K has no 4-row tile (in a model it is the output head, which prefill runs
 // for one row).
 var (
 	avx2QTiles = [...]qtileSet{
-		kernels.Q8_0: {r1: qtileQ8_0R1AVX2, r4: qtileQ8_0R4AVX2, gemv: qgemvQ8_0AVX2},
-		kernels.Q4_0: {r1: qtileQ4_0R1AVX2, r4: qtileQ4_0R4AVX2, gemv: qgemvQ4_0AVX2},
-		kernels.Q4K:  {r1: qtileQ4KR1AVX2, r4: qtileQ4KR4AVX2, gemv: qgemvQ4KAVX2},
+		kernels.Q8_0: {r1: qtileQ8_0R1AVX2, r4: qtileQ8_0R4AVX2, gemv: qgemvQ8_0R1AVX2, gemv4: qgemvQ8_0R4AVX2},
+		kernels.Q4_0: {r1: qtileQ4_0R1AVX2, r4: qtileQ4_0R4AVX2, gemv: qgemvQ4_0R1AVX2, gemv4: qgemvQ4_0R4AVX2},
+		kernels.Q4K:  {r1: qtileQ4KR1AVX2, r4: qtileQ4KR4AVX2, gemv: qgemvQ4KR1AVX2, gemv4: qgemvQ4KR4AVX2},
 		kernels.Q5K:  {r1: qtileQ5KR1AVX2, r4: qtileQ5KR4AVX2},
-		kernels.Q6K:  {r1: qtileQ6KR1AVX2, gemv: qgemvQ6KAVX2},
+		kernels.Q6K:  {r1: qtileQ6KR1AVX2, gemv: qgemvQ6KR1AVX2, gemv4: qgemvQ6KR4AVX2},
 	}
 	vnniQTiles = [...]qtileSet{
 		kernels.Q8_0: {r1: qtileQ8_0R1VNNI, r4: qtileQ8_0R4VNNI},

@@ -6735,455 +6735,1334 @@ DATA q6shuf<>+254(SB)/1, $0x80
 DATA q6shuf<>+255(SB)/1, $0x0f
 GLOBL q6shuf<>(SB), RODATA|NOPTR, $256
 
-// func qgemvQ8_0AVX2(y []float32, q []int8, ds []float32, bs []int16, w []byte, k int, rows int, f16 *[65536]float32)
+// func qgemvQ8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
 // Requires: AVX, AVX2, FMA3
-TEXT ·qgemvQ8_0AVX2(SB), NOSPLIT, $32-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         w_base+96(FP), CX
-	MOVQ         q_base+24(FP), DX
-	MOVQ         ds_base+48(FP), BX
-	MOVQ         bs_base+72(FP), SI
-	MOVQ         f16+136(FP), DI
-	MOVQ         k+120(FP), R8
-	MOVQ         R8, (SP)
-	SHRQ         $0x02, R8
-	MOVQ         R8, 8(SP)
-	SHRQ         $0x01, R8
-	MOVQ         R8, 16(SP)
-	MOVQ         rows+128(FP), R8
-	MOVQ         R8, 24(SP)
-	MOVL         $0x00010001, R8
-	VMOVD        R8, X0
+TEXT ·qgemvQ8_0R1AVX2(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         f16+152(FP), SI
+	MOVQ         k+136(FP), DI
+	MOVQ         DI, (SP)
+	SHRQ         $0x02, DI
+	MOVQ         DI, 8(SP)
+	SHRQ         $0x01, DI
+	MOVQ         DI, 16(SP)
+	MOVQ         rows+144(FP), DI
+	MOVQ         DI, 24(SP)
+	MOVQ         y_base+0(FP), DI
+	MOVQ         DI, 40(SP)
+	MOVL         $0x00010001, DI
+	VMOVD        DI, X0
 	VPBROADCASTD X0, Y0
 
-qgemvQ8_0AVX2_row:
+qgemvQ8_0R1AVX2_row:
 	CMPQ   24(SP), $0x00
-	JE     qgemvQ8_0AVX2_done
+	JE     qgemvQ8_0R1AVX2_done
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	MOVQ   k+120(FP), R8
-	SHRQ   $0x05, R8
+	MOVQ   k+136(FP), DI
+	SHRQ   $0x05, DI
 
-qgemvQ8_0AVX2_blk:
-	VMOVDQU      2(CX), Y3
+qgemvQ8_0R1AVX2_blk:
+	VMOVDQU      2(AX), Y3
 	VPABSB       Y3, Y4
-	VMOVDQU      (DX), Y5
-	VPSIGNB      Y3, Y5, Y5
-	VPMADDUBSW   Y5, Y4, Y3
+	MOVWLZX      (AX), R8
+	VBROADCASTSS (SI)(R8*4), Y5
+	VMOVDQU      (CX), Y6
+	VPSIGNB      Y3, Y6, Y6
+	VPMADDUBSW   Y6, Y4, Y3
 	VPMADDWD     Y0, Y3, Y3
 	VCVTDQ2PS    Y3, Y3
-	MOVWLZX      (CX), R9
-	VBROADCASTSS (DI)(R9*4), Y4
-	VBROADCASTSS (BX), Y5
-	VMULPS       Y4, Y5, Y5
-	VFMADD231PS  Y3, Y5, Y1
-	VMOVDQU      36(CX), Y3
+	VBROADCASTSS (DX), Y4
+	VMULPS       Y5, Y4, Y4
+	VFMADD231PS  Y3, Y4, Y1
+	VMOVDQU      36(AX), Y3
 	VPABSB       Y3, Y4
-	VMOVDQU      32(DX), Y5
-	VPSIGNB      Y3, Y5, Y5
-	VPMADDUBSW   Y5, Y4, Y3
+	MOVWLZX      34(AX), R8
+	VBROADCASTSS (SI)(R8*4), Y5
+	VMOVDQU      32(CX), Y6
+	VPSIGNB      Y3, Y6, Y6
+	VPMADDUBSW   Y6, Y4, Y3
 	VPMADDWD     Y0, Y3, Y3
 	VCVTDQ2PS    Y3, Y3
-	MOVWLZX      34(CX), R9
-	VBROADCASTSS (DI)(R9*4), Y4
-	VBROADCASTSS 8(BX), Y5
-	VMULPS       Y4, Y5, Y5
-	VFMADD231PS  Y3, Y5, Y2
-	ADDQ         $0x00000044, CX
-	ADDQ         $0x00000040, DX
-	ADDQ         $0x00000010, BX
-	ADDQ         $0x00000008, SI
-	SUBQ         $0x02, R8
-	JNZ          qgemvQ8_0AVX2_blk
+	VBROADCASTSS 8(DX), Y4
+	VMULPS       Y5, Y4, Y4
+	VFMADD231PS  Y3, Y4, Y2
+	ADDQ         $0x00000044, AX
+	ADDQ         $0x00000040, CX
+	ADDQ         $0x00000010, DX
+	ADDQ         $0x00000008, BX
+	SUBQ         $0x02, DI
+	JNZ          qgemvQ8_0R1AVX2_blk
+	MOVQ         40(SP), DI
 	VADDPS       Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X2
 	VHADDPS      X2, X2, X2
 	VHADDPS      X2, X2, X2
-	VMOVSS       X2, (AX)
-	ADDQ         $0x04, AX
-	SUBQ         (SP), DX
-	SUBQ         8(SP), BX
-	SUBQ         16(SP), SI
+	VMOVSS       X2, (DI)
+	ADDQ         $0x04, 40(SP)
+	SUBQ         (SP), CX
+	SUBQ         8(SP), DX
+	SUBQ         16(SP), BX
 	DECQ         24(SP)
-	JMP          qgemvQ8_0AVX2_row
+	JMP          qgemvQ8_0R1AVX2_row
 
-qgemvQ8_0AVX2_done:
+qgemvQ8_0R1AVX2_done:
 	VZEROUPPER
 	RET
 
-// func qgemvQ4_0AVX2(y []float32, q []int8, ds []float32, bs []int16, w []byte, k int, rows int, f16 *[65536]float32)
+// func qgemvQ8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
 // Requires: AVX, AVX2, FMA3
-TEXT ·qgemvQ4_0AVX2(SB), NOSPLIT, $32-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         w_base+96(FP), CX
-	MOVQ         q_base+24(FP), DX
-	MOVQ         ds_base+48(FP), BX
-	MOVQ         bs_base+72(FP), SI
-	MOVQ         f16+136(FP), DI
-	MOVQ         k+120(FP), R8
-	MOVQ         R8, (SP)
-	SHRQ         $0x02, R8
-	MOVQ         R8, 8(SP)
-	SHRQ         $0x01, R8
-	MOVQ         R8, 16(SP)
-	MOVQ         rows+128(FP), R8
-	MOVQ         R8, 24(SP)
-	VMOVDQU      q40shiftv<>+0(SB), Y0
-	MOVL         $0x00010001, R8
-	VMOVD        R8, X1
-	VPBROADCASTD X1, Y1
-	MOVL         $0x0f0f0f0f, R8
-	VMOVD        R8, X2
-	VPBROADCASTD X2, Y2
-
-qgemvQ4_0AVX2_row:
-	CMPQ   24(SP), $0x00
-	JE     qgemvQ4_0AVX2_done
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	MOVQ   k+120(FP), R8
-	SHRQ   $0x05, R8
-
-qgemvQ4_0AVX2_blk:
-	VBROADCASTI128 2(CX), Y6
-	VPSRLVD        Y0, Y6, Y6
-	VPAND          Y2, Y6, Y6
-	VPMADDUBSW     (DX), Y6, Y6
-	VPMADDWD       Y1, Y6, Y6
-	VCVTDQ2PS      Y6, Y6
-	MOVWLZX        (CX), R9
-	VBROADCASTSS   (DI)(R9*4), Y7
-	VBROADCASTSS   (BX), Y8
-	VBROADCASTSS   4(BX), Y9
-	VMULPS         Y7, Y8, Y8
-	VFMADD231PS    Y6, Y8, Y3
-	VFMADD231PS    Y9, Y7, Y5
-	VBROADCASTI128 20(CX), Y6
-	VPSRLVD        Y0, Y6, Y6
-	VPAND          Y2, Y6, Y6
-	VPMADDUBSW     32(DX), Y6, Y6
-	VPMADDWD       Y1, Y6, Y6
-	VCVTDQ2PS      Y6, Y6
-	MOVWLZX        18(CX), R9
-	VBROADCASTSS   (DI)(R9*4), Y7
-	VBROADCASTSS   8(BX), Y8
-	VBROADCASTSS   12(BX), Y9
-	VMULPS         Y7, Y8, Y8
-	VFMADD231PS    Y6, Y8, Y4
-	VFMADD231PS    Y9, Y7, Y5
-	ADDQ           $0x00000024, CX
-	ADDQ           $0x00000040, DX
-	ADDQ           $0x00000010, BX
-	ADDQ           $0x00000008, SI
-	SUBQ           $0x02, R8
-	JNZ            qgemvQ4_0AVX2_blk
-	VADDPS         Y4, Y3, Y3
-	VEXTRACTF128   $0x01, Y3, X4
-	VADDPS         X4, X3, X4
-	VEXTRACTF128   $0x01, Y5, X3
-	VADDPS         X3, X5, X3
-	VSUBPS         X3, X4, X4
-	VHADDPS        X4, X4, X4
-	VHADDPS        X4, X4, X4
-	VMOVSS         X4, (AX)
-	ADDQ           $0x04, AX
-	SUBQ           (SP), DX
-	SUBQ           8(SP), BX
-	SUBQ           16(SP), SI
-	DECQ           24(SP)
-	JMP            qgemvQ4_0AVX2_row
-
-qgemvQ4_0AVX2_done:
-	VZEROUPPER
-	RET
-
-// func qgemvQ4KAVX2(y []float32, q []int8, ds []float32, bs []int16, w []byte, k int, rows int, f16 *[65536]float32)
-// Requires: AVX, AVX2, F16C, FMA3
-TEXT ·qgemvQ4KAVX2(SB), NOSPLIT, $32-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         w_base+96(FP), CX
-	MOVQ         q_base+24(FP), DX
-	MOVQ         ds_base+48(FP), BX
-	MOVQ         bs_base+72(FP), SI
-	MOVQ         f16+136(FP), DI
-	MOVQ         k+120(FP), DI
+TEXT ·qgemvQ8_0R4AVX2(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         f16+152(FP), SI
+	MOVQ         k+136(FP), DI
 	MOVQ         DI, (SP)
 	SHRQ         $0x02, DI
 	MOVQ         DI, 8(SP)
 	SHRQ         $0x01, DI
 	MOVQ         DI, 16(SP)
-	MOVQ         rows+128(FP), DI
+	MOVQ         rows+144(FP), DI
 	MOVQ         DI, 24(SP)
-	MOVL         $0x0f0f0f0f, DI
-	VMOVD        DI, X0
+	MOVQ         y_base+0(FP), DI
+	MOVQ         DI, 40(SP)
+	MOVQ         ldq+104(FP), DI
+	LEAQ         (DI)(DI*2), R8
+	MOVQ         DI, R9
+	SHRQ         $0x02, R9
+	MOVQ         R9, 48(SP)
+	SHRQ         $0x01, R9
+	MOVQ         R9, 72(SP)
+	LEAQ         (DI)(DI*1), R9
+	SHRQ         $0x02, R9
+	MOVQ         R9, 56(SP)
+	SHRQ         $0x01, R9
+	MOVQ         R9, 80(SP)
+	MOVQ         R8, R9
+	SHRQ         $0x02, R9
+	MOVQ         R9, 64(SP)
+	SHRQ         $0x01, R9
+	MOVQ         R9, 88(SP)
+	MOVQ         ldy+24(FP), R9
+	SHLQ         $0x02, R9
+	MOVQ         R9, 32(SP)
+	MOVL         $0x00010001, R9
+	VMOVD        R9, X0
 	VPBROADCASTD X0, Y0
 
-qgemvQ4KAVX2_row:
+qgemvQ8_0R4AVX2_row:
 	CMPQ   24(SP), $0x00
-	JE     qgemvQ4KAVX2_done
+	JE     qgemvQ8_0R4AVX2_done
 	VXORPS Y1, Y1, Y1
-	MOVQ   k+120(FP), DI
-	SHRQ   $0x08, DI
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	MOVQ   k+136(FP), R9
+	SHRQ   $0x05, R9
 
-qgemvQ4KAVX2_blk:
-	MOVLQZX      4(CX), R8
-	MOVLQZX      12(CX), R9
+qgemvQ8_0R4AVX2_blk:
+	VMOVDQU      2(AX), Y5
+	VPABSB       Y5, Y6
+	MOVWLZX      (AX), R10
+	VBROADCASTSS (SI)(R10*4), Y7
+	VMOVDQU      (CX), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y6, Y8
+	VPMADDWD     Y0, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VBROADCASTSS (DX), Y9
+	VMULPS       Y7, Y9, Y9
+	VFMADD231PS  Y8, Y9, Y1
+	VMOVDQU      (CX)(DI*1), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y6, Y8
+	VPMADDWD     Y0, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	MOVQ         48(SP), R10
+	VBROADCASTSS (DX)(R10*1), Y9
+	VMULPS       Y7, Y9, Y9
+	VFMADD231PS  Y8, Y9, Y2
+	VMOVDQU      (CX)(DI*2), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y6, Y8
+	VPMADDWD     Y0, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	MOVQ         56(SP), R10
+	VBROADCASTSS (DX)(R10*1), Y9
+	VMULPS       Y7, Y9, Y9
+	VFMADD231PS  Y8, Y9, Y3
+	VMOVDQU      (CX)(R8*1), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y6, Y5
+	VPMADDWD     Y0, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	MOVQ         64(SP), R10
+	VBROADCASTSS (DX)(R10*1), Y6
+	VMULPS       Y7, Y6, Y6
+	VFMADD231PS  Y5, Y6, Y4
+	ADDQ         $0x00000022, AX
+	ADDQ         $0x00000020, CX
+	ADDQ         $0x00000008, DX
+	ADDQ         $0x00000004, BX
+	SUBQ         $0x01, R9
+	JNZ          qgemvQ8_0R4AVX2_blk
+	MOVQ         40(SP), R9
+	VEXTRACTF128 $0x01, Y1, X5
+	VADDPS       X5, X1, X5
+	VHADDPS      X5, X5, X5
+	VHADDPS      X5, X5, X5
+	VMOVSS       X5, (R9)
+	ADDQ         32(SP), R9
+	VEXTRACTF128 $0x01, Y2, X1
+	VADDPS       X1, X2, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R9)
+	ADDQ         32(SP), R9
+	VEXTRACTF128 $0x01, Y3, X1
+	VADDPS       X1, X3, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R9)
+	ADDQ         32(SP), R9
+	VEXTRACTF128 $0x01, Y4, X1
+	VADDPS       X1, X4, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R9)
+	ADDQ         $0x04, 40(SP)
+	SUBQ         (SP), CX
+	SUBQ         8(SP), DX
+	SUBQ         16(SP), BX
+	DECQ         24(SP)
+	JMP          qgemvQ8_0R4AVX2_row
+
+qgemvQ8_0R4AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·qgemvQ4_0R1AVX2(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         f16+152(FP), SI
+	MOVQ         k+136(FP), DI
+	MOVQ         DI, (SP)
+	SHRQ         $0x02, DI
+	MOVQ         DI, 8(SP)
+	SHRQ         $0x01, DI
+	MOVQ         DI, 16(SP)
+	MOVQ         rows+144(FP), DI
+	MOVQ         DI, 24(SP)
+	MOVQ         y_base+0(FP), DI
+	MOVQ         DI, 40(SP)
+	VMOVDQU      q40shiftv<>+0(SB), Y0
+	MOVL         $0x00010001, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+	MOVL         $0x0f0f0f0f, DI
+	VMOVD        DI, X2
+	VPBROADCASTD X2, Y2
+
+qgemvQ4_0R1AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4_0R1AVX2_done
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	MOVQ   k+136(FP), DI
+	SHRQ   $0x05, DI
+
+qgemvQ4_0R1AVX2_blk:
+	VBROADCASTI128 2(AX), Y7
+	VPSRLVD        Y0, Y7, Y7
+	VPAND          Y2, Y7, Y7
+	MOVWLZX        (AX), R8
+	VBROADCASTSS   (SI)(R8*4), Y8
+	VPMADDUBSW     (CX), Y7, Y7
+	VPMADDWD       Y1, Y7, Y7
+	VCVTDQ2PS      Y7, Y7
+	VBROADCASTSS   (DX), Y9
+	VBROADCASTSS   4(DX), Y10
+	VMULPS         Y8, Y9, Y9
+	VFMADD231PS    Y7, Y9, Y3
+	VFMADD231PS    Y10, Y8, Y4
+	VBROADCASTI128 20(AX), Y7
+	VPSRLVD        Y0, Y7, Y7
+	VPAND          Y2, Y7, Y7
+	MOVWLZX        18(AX), R8
+	VBROADCASTSS   (SI)(R8*4), Y8
+	VPMADDUBSW     32(CX), Y7, Y7
+	VPMADDWD       Y1, Y7, Y7
+	VCVTDQ2PS      Y7, Y7
+	VBROADCASTSS   8(DX), Y9
+	VBROADCASTSS   12(DX), Y10
+	VMULPS         Y8, Y9, Y9
+	VFMADD231PS    Y7, Y9, Y5
+	VFMADD231PS    Y10, Y8, Y6
+	ADDQ           $0x00000024, AX
+	ADDQ           $0x00000040, CX
+	ADDQ           $0x00000010, DX
+	ADDQ           $0x00000008, BX
+	SUBQ           $0x02, DI
+	JNZ            qgemvQ4_0R1AVX2_blk
+	MOVQ           40(SP), DI
+	VADDPS         Y5, Y3, Y3
+	VADDPS         Y6, Y4, Y4
+	VEXTRACTF128   $0x01, Y3, X5
+	VADDPS         X5, X3, X5
+	VEXTRACTF128   $0x01, Y4, X3
+	VADDPS         X3, X4, X3
+	VSUBPS         X3, X5, X5
+	VHADDPS        X5, X5, X5
+	VHADDPS        X5, X5, X5
+	VMOVSS         X5, (DI)
+	ADDQ           $0x04, 40(SP)
+	SUBQ           (SP), CX
+	SUBQ           8(SP), DX
+	SUBQ           16(SP), BX
+	DECQ           24(SP)
+	JMP            qgemvQ4_0R1AVX2_row
+
+qgemvQ4_0R1AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·qgemvQ4_0R4AVX2(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         f16+152(FP), SI
+	MOVQ         k+136(FP), DI
+	MOVQ         DI, (SP)
+	SHRQ         $0x02, DI
+	MOVQ         DI, 8(SP)
+	SHRQ         $0x01, DI
+	MOVQ         DI, 16(SP)
+	MOVQ         rows+144(FP), DI
+	MOVQ         DI, 24(SP)
+	MOVQ         y_base+0(FP), DI
+	MOVQ         DI, 40(SP)
+	MOVQ         ldq+104(FP), DI
+	LEAQ         (DI)(DI*2), R8
+	MOVQ         DI, R9
+	SHRQ         $0x02, R9
+	MOVQ         R9, 48(SP)
+	SHRQ         $0x01, R9
+	MOVQ         R9, 72(SP)
+	LEAQ         (DI)(DI*1), R9
+	SHRQ         $0x02, R9
+	MOVQ         R9, 56(SP)
+	SHRQ         $0x01, R9
+	MOVQ         R9, 80(SP)
+	MOVQ         R8, R9
+	SHRQ         $0x02, R9
+	MOVQ         R9, 64(SP)
+	SHRQ         $0x01, R9
+	MOVQ         R9, 88(SP)
+	MOVQ         ldy+24(FP), R9
+	SHLQ         $0x02, R9
+	MOVQ         R9, 32(SP)
+	VMOVDQU      q40shiftv<>+0(SB), Y0
+	MOVL         $0x00010001, R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Y1
+	MOVL         $0x0f0f0f0f, R9
+	VMOVD        R9, X2
+	VPBROADCASTD X2, Y2
+
+qgemvQ4_0R4AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4_0R4AVX2_done
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	MOVQ   k+136(FP), R9
+	SHRQ   $0x05, R9
+
+qgemvQ4_0R4AVX2_blk:
+	VBROADCASTI128 2(AX), Y11
+	VPSRLVD        Y0, Y11, Y11
+	VPAND          Y2, Y11, Y11
+	MOVWLZX        (AX), R10
+	VBROADCASTSS   (SI)(R10*4), Y12
+	VPMADDUBSW     (CX), Y11, Y13
+	VPMADDWD       Y1, Y13, Y13
+	VCVTDQ2PS      Y13, Y13
+	VBROADCASTSS   (DX), Y14
+	VBROADCASTSS   4(DX), Y15
+	VMULPS         Y12, Y14, Y14
+	VFMADD231PS    Y13, Y14, Y3
+	VFMADD231PS    Y15, Y12, Y4
+	VPMADDUBSW     (CX)(DI*1), Y11, Y13
+	VPMADDWD       Y1, Y13, Y13
+	VCVTDQ2PS      Y13, Y13
+	MOVQ           48(SP), R10
+	VBROADCASTSS   (DX)(R10*1), Y14
+	VBROADCASTSS   4(DX)(R10*1), Y15
+	VMULPS         Y12, Y14, Y14
+	VFMADD231PS    Y13, Y14, Y5
+	VFMADD231PS    Y15, Y12, Y6
+	VPMADDUBSW     (CX)(DI*2), Y11, Y13
+	VPMADDWD       Y1, Y13, Y13
+	VCVTDQ2PS      Y13, Y13
+	MOVQ           56(SP), R10
+	VBROADCASTSS   (DX)(R10*1), Y14
+	VBROADCASTSS   4(DX)(R10*1), Y15
+	VMULPS         Y12, Y14, Y14
+	VFMADD231PS    Y13, Y14, Y7
+	VFMADD231PS    Y15, Y12, Y8
+	VPMADDUBSW     (CX)(R8*1), Y11, Y11
+	VPMADDWD       Y1, Y11, Y11
+	VCVTDQ2PS      Y11, Y11
+	MOVQ           64(SP), R10
+	VBROADCASTSS   (DX)(R10*1), Y13
+	VBROADCASTSS   4(DX)(R10*1), Y14
+	VMULPS         Y12, Y13, Y13
+	VFMADD231PS    Y11, Y13, Y9
+	VFMADD231PS    Y14, Y12, Y10
+	ADDQ           $0x00000012, AX
+	ADDQ           $0x00000020, CX
+	ADDQ           $0x00000008, DX
+	ADDQ           $0x00000004, BX
+	SUBQ           $0x01, R9
+	JNZ            qgemvQ4_0R4AVX2_blk
+	MOVQ           40(SP), R9
+	VEXTRACTF128   $0x01, Y3, X11
+	VADDPS         X11, X3, X11
+	VEXTRACTF128   $0x01, Y4, X3
+	VADDPS         X3, X4, X3
+	VSUBPS         X3, X11, X11
+	VHADDPS        X11, X11, X11
+	VHADDPS        X11, X11, X11
+	VMOVSS         X11, (R9)
+	ADDQ           32(SP), R9
+	VEXTRACTF128   $0x01, Y5, X3
+	VADDPS         X3, X5, X3
+	VEXTRACTF128   $0x01, Y6, X4
+	VADDPS         X4, X6, X4
+	VSUBPS         X4, X3, X3
+	VHADDPS        X3, X3, X3
+	VHADDPS        X3, X3, X3
+	VMOVSS         X3, (R9)
+	ADDQ           32(SP), R9
+	VEXTRACTF128   $0x01, Y7, X3
+	VADDPS         X3, X7, X3
+	VEXTRACTF128   $0x01, Y8, X4
+	VADDPS         X4, X8, X4
+	VSUBPS         X4, X3, X3
+	VHADDPS        X3, X3, X3
+	VHADDPS        X3, X3, X3
+	VMOVSS         X3, (R9)
+	ADDQ           32(SP), R9
+	VEXTRACTF128   $0x01, Y9, X3
+	VADDPS         X3, X9, X3
+	VEXTRACTF128   $0x01, Y10, X4
+	VADDPS         X4, X10, X4
+	VSUBPS         X4, X3, X3
+	VHADDPS        X3, X3, X3
+	VHADDPS        X3, X3, X3
+	VMOVSS         X3, (R9)
+	ADDQ           $0x04, 40(SP)
+	SUBQ           (SP), CX
+	SUBQ           8(SP), DX
+	SUBQ           16(SP), BX
+	DECQ           24(SP)
+	JMP            qgemvQ4_0R4AVX2_row
+
+qgemvQ4_0R4AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qgemvQ4KR1AVX2(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+
+qgemvQ4KR1AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4KR1AVX2_done
+	VXORPS Y1, Y1, Y1
+	MOVQ   k+136(FP), SI
+	SHRQ   $0x08, SI
+
+qgemvQ4KR1AVX2_blk:
+	MOVLQZX      4(AX), DI
+	MOVLQZX      12(AX), R8
+	MOVQ         DI, R9
+	SHRQ         $0x06, R9
+	ANDQ         $0x03030303, R9
+	SHLQ         $0x04, R9
 	MOVQ         R8, R10
+	ANDQ         $0x0f0f0f0f, R10
+	ORQ          R10, R9
+	SHLQ         $0x20, R9
+	ANDQ         $0x3f3f3f3f, DI
+	ORQ          DI, R9
+	MOVLQZX      8(AX), DI
+	MOVQ         DI, R10
 	SHRQ         $0x06, R10
 	ANDQ         $0x03030303, R10
 	SHLQ         $0x04, R10
-	MOVQ         R9, R11
-	ANDQ         $0x0f0f0f0f, R11
-	ORQ          R11, R10
-	SHLQ         $0x20, R10
-	ANDQ         $0x3f3f3f3f, R8
+	SHRQ         $0x04, R8
+	ANDQ         $0x0f0f0f0f, R8
 	ORQ          R8, R10
-	MOVLQZX      8(CX), R8
-	MOVQ         R8, R11
-	SHRQ         $0x06, R11
-	ANDQ         $0x03030303, R11
-	SHLQ         $0x04, R11
-	SHRQ         $0x04, R9
-	ANDQ         $0x0f0f0f0f, R9
-	ORQ          R9, R11
-	SHLQ         $0x20, R11
-	ANDQ         $0x3f3f3f3f, R8
-	ORQ          R11, R8
-	VMOVQ        R10, X2
+	SHLQ         $0x20, R10
+	ANDQ         $0x3f3f3f3f, DI
+	ORQ          R10, DI
+	VMOVQ        R9, X2
 	VPMOVZXBW    X2, X2
 	VINSERTI128  $0x01, X2, Y2, Y2
-	VMOVQ        R8, X3
+	VMOVQ        DI, X3
+	VMOVDQU      16(AX), Y4
+	VPAND        Y0, Y4, Y5
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPSHUFB      k4shuf<>+0(SB), Y2, Y6
+	VPMADDUBSW   (CX), Y5, Y5
+	VPMADDWD     Y6, Y5, Y5
+	VPSHUFB      k4shuf<>+32(SB), Y2, Y6
+	VPMADDUBSW   32(CX), Y4, Y4
+	VPMADDWD     Y6, Y4, Y4
+	VPADDD       Y4, Y5, Y5
+	VMOVDQU      48(AX), Y4
+	VPAND        Y0, Y4, Y6
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPSHUFB      k4shuf<>+64(SB), Y2, Y7
+	VPMADDUBSW   64(CX), Y6, Y6
+	VPMADDWD     Y7, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	VPSHUFB      k4shuf<>+96(SB), Y2, Y6
+	VPMADDUBSW   96(CX), Y4, Y4
+	VPMADDWD     Y6, Y4, Y4
+	VPADDD       Y4, Y5, Y5
+	VMOVDQU      80(AX), Y4
+	VPAND        Y0, Y4, Y6
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPSHUFB      k4shuf<>+128(SB), Y2, Y7
+	VPMADDUBSW   128(CX), Y6, Y6
+	VPMADDWD     Y7, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	VPSHUFB      k4shuf<>+160(SB), Y2, Y6
+	VPMADDUBSW   160(CX), Y4, Y4
+	VPMADDWD     Y6, Y4, Y4
+	VPADDD       Y4, Y5, Y5
+	VMOVDQU      112(AX), Y4
+	VPAND        Y0, Y4, Y6
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPSHUFB      k4shuf<>+192(SB), Y2, Y7
+	VPMADDUBSW   192(CX), Y6, Y6
+	VPMADDWD     Y7, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	VPSHUFB      k4shuf<>+224(SB), Y2, Y6
+	VPMADDUBSW   224(CX), Y4, Y4
+	VPMADDWD     Y6, Y4, Y4
+	VPADDD       Y4, Y5, Y5
 	VPMOVZXBW    X3, X3
-	VPUNPCKHWD   X3, X3, X4
+	VPUNPCKHWD   X3, X3, X2
 	VPUNPCKLWD   X3, X3, X3
-	VINSERTI128  $0x01, X4, Y3, Y3
-	VPMADDWD     (SI), Y3, Y4
-	VMOVDQU      16(CX), Y6
-	VPAND        Y0, Y6, Y5
-	VPSRLW       $0x04, Y6, Y6
-	VPAND        Y0, Y6, Y6
-	VPMADDUBSW   (DX), Y5, Y5
-	VPSHUFB      k4shuf<>+0(SB), Y2, Y7
-	VPMADDWD     Y7, Y5, Y5
-	VPMADDUBSW   32(DX), Y6, Y6
-	VPSHUFB      k4shuf<>+32(SB), Y2, Y7
-	VPMADDWD     Y7, Y6, Y6
-	VPADDD       Y6, Y5, Y5
-	VMOVDQU      48(CX), Y6
-	VPAND        Y0, Y6, Y7
-	VPSRLW       $0x04, Y6, Y6
-	VPAND        Y0, Y6, Y6
-	VPMADDUBSW   64(DX), Y7, Y7
-	VPSHUFB      k4shuf<>+64(SB), Y2, Y8
-	VPMADDWD     Y8, Y7, Y7
-	VPADDD       Y7, Y5, Y5
-	VPMADDUBSW   96(DX), Y6, Y6
-	VPSHUFB      k4shuf<>+96(SB), Y2, Y7
-	VPMADDWD     Y7, Y6, Y6
-	VPADDD       Y6, Y5, Y5
-	VMOVDQU      80(CX), Y6
-	VPAND        Y0, Y6, Y7
-	VPSRLW       $0x04, Y6, Y6
-	VPAND        Y0, Y6, Y6
-	VPMADDUBSW   128(DX), Y7, Y7
-	VPSHUFB      k4shuf<>+128(SB), Y2, Y8
-	VPMADDWD     Y8, Y7, Y7
-	VPADDD       Y7, Y5, Y5
-	VPMADDUBSW   160(DX), Y6, Y6
-	VPSHUFB      k4shuf<>+160(SB), Y2, Y7
-	VPMADDWD     Y7, Y6, Y6
-	VPADDD       Y6, Y5, Y5
-	VMOVDQU      112(CX), Y6
-	VPAND        Y0, Y6, Y7
-	VPSRLW       $0x04, Y6, Y6
-	VPAND        Y0, Y6, Y6
-	VPMADDUBSW   192(DX), Y7, Y7
-	VPSHUFB      k4shuf<>+192(SB), Y2, Y8
-	VPMADDWD     Y8, Y7, Y7
-	VPADDD       Y7, Y5, Y5
-	VPMADDUBSW   224(DX), Y6, Y6
-	VPSHUFB      k4shuf<>+224(SB), Y2, Y7
-	VPMADDWD     Y7, Y6, Y6
-	VPADDD       Y6, Y5, Y5
-	VPBROADCASTD (CX), Y6
-	VCVTPH2PS    X6, Y6
-	VBROADCASTSS (BX), Y7
-	VMULPS       Y7, Y6, Y6
-	VPERMILPS    $0x00, Y6, Y7
-	VPERMILPS    $0x55, Y6, Y6
+	VINSERTI128  $0x01, X2, Y3, Y3
+	VPBROADCASTD (AX), Y4
+	VCVTPH2PS    X4, Y4
+	VPMADDWD     (BX), Y3, Y6
+	VBROADCASTSS (DX), Y7
+	VMULPS       Y4, Y7, Y7
+	VPERMILPS    $0x00, Y7, Y4
+	VPERMILPS    $0x55, Y7, Y7
 	VCVTDQ2PS    Y5, Y5
-	VCVTDQ2PS    Y4, Y4
-	VFMADD231PS  Y5, Y7, Y1
-	VFNMADD231PS Y4, Y6, Y1
-	ADDQ         $0x00000090, CX
-	ADDQ         $0x00000100, DX
-	ADDQ         $0x00000040, BX
-	ADDQ         $0x00000020, SI
-	SUBQ         $0x01, DI
-	JNZ          qgemvQ4KAVX2_blk
+	VCVTDQ2PS    Y6, Y6
+	VFMADD231PS  Y5, Y4, Y1
+	VFNMADD231PS Y6, Y7, Y1
+	ADDQ         $0x00000090, AX
+	ADDQ         $0x00000100, CX
+	ADDQ         $0x00000040, DX
+	ADDQ         $0x00000020, BX
+	SUBQ         $0x01, SI
+	JNZ          qgemvQ4KR1AVX2_blk
+	MOVQ         40(SP), SI
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X2
 	VHADDPS      X2, X2, X2
 	VHADDPS      X2, X2, X2
-	VMOVSS       X2, (AX)
-	ADDQ         $0x04, AX
-	SUBQ         (SP), DX
-	SUBQ         8(SP), BX
-	SUBQ         16(SP), SI
+	VMOVSS       X2, (SI)
+	ADDQ         $0x04, 40(SP)
+	SUBQ         (SP), CX
+	SUBQ         8(SP), DX
+	SUBQ         16(SP), BX
 	DECQ         24(SP)
-	JMP          qgemvQ4KAVX2_row
+	JMP          qgemvQ4KR1AVX2_row
 
-qgemvQ4KAVX2_done:
+qgemvQ4KR1AVX2_done:
 	VZEROUPPER
 	RET
 
-// func qgemvQ6KAVX2(y []float32, q []int8, ds []float32, bs []int16, w []byte, k int, rows int, f16 *[65536]float32)
+// func qgemvQ4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
 // Requires: AVX, AVX2, F16C, FMA3
-TEXT ·qgemvQ6KAVX2(SB), NOSPLIT, $32-144
-	MOVQ         y_base+0(FP), AX
-	MOVQ         w_base+96(FP), CX
-	MOVQ         q_base+24(FP), DX
-	MOVQ         ds_base+48(FP), BX
-	MOVQ         bs_base+72(FP), SI
-	MOVQ         f16+136(FP), DI
-	MOVQ         k+120(FP), DI
-	MOVQ         DI, (SP)
-	SHRQ         $0x02, DI
-	MOVQ         DI, 8(SP)
-	SHRQ         $0x01, DI
-	MOVQ         DI, 16(SP)
-	MOVQ         rows+128(FP), DI
-	MOVQ         DI, 24(SP)
-	MOVL         $0x0f0f0f0f, DI
-	VMOVD        DI, X0
+TEXT ·qgemvQ4KR4AVX2(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVQ         ldq+104(FP), SI
+	LEAQ         (SI)(SI*2), DI
+	MOVQ         SI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 48(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 72(SP)
+	LEAQ         (SI)(SI*1), R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 56(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 80(SP)
+	MOVQ         DI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 64(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 88(SP)
+	MOVQ         ldy+24(FP), R8
+	SHLQ         $0x02, R8
+	MOVQ         R8, 32(SP)
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X0
 	VPBROADCASTD X0, Y0
-	MOVL         $0x30303030, DI
-	VMOVD        DI, X1
+
+qgemvQ4KR4AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4KR4AVX2_done
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	MOVQ   k+136(FP), R8
+	SHRQ   $0x08, R8
+
+qgemvQ4KR4AVX2_blk:
+	MOVLQZX      4(AX), R9
+	MOVLQZX      12(AX), R10
+	MOVQ         R9, R11
+	SHRQ         $0x06, R11
+	ANDQ         $0x03030303, R11
+	SHLQ         $0x04, R11
+	MOVQ         R10, R12
+	ANDQ         $0x0f0f0f0f, R12
+	ORQ          R12, R11
+	SHLQ         $0x20, R11
+	ANDQ         $0x3f3f3f3f, R9
+	ORQ          R9, R11
+	MOVLQZX      8(AX), R9
+	MOVQ         R9, R12
+	SHRQ         $0x06, R12
+	ANDQ         $0x03030303, R12
+	SHLQ         $0x04, R12
+	SHRQ         $0x04, R10
+	ANDQ         $0x0f0f0f0f, R10
+	ORQ          R10, R12
+	SHLQ         $0x20, R12
+	ANDQ         $0x3f3f3f3f, R9
+	ORQ          R12, R9
+	VMOVQ        R11, X5
+	VPMOVZXBW    X5, X5
+	VINSERTI128  $0x01, X5, Y5, Y5
+	VMOVQ        R9, X6
+	VMOVDQU      16(AX), Y7
+	VPAND        Y0, Y7, Y8
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPSHUFB      k4shuf<>+0(SB), Y5, Y9
+	VPMADDUBSW   (CX), Y8, Y10
+	VPMADDWD     Y9, Y10, Y10
+	VPMADDUBSW   (CX)(SI*1), Y8, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VPMADDUBSW   (CX)(SI*2), Y8, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VPMADDUBSW   (CX)(DI*1), Y8, Y8
+	VPMADDWD     Y9, Y8, Y8
+	VPSHUFB      k4shuf<>+32(SB), Y5, Y9
+	VPMADDUBSW   32(CX), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y10, Y10
+	VPMADDUBSW   32(CX)(SI*1), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y11, Y11
+	VPMADDUBSW   32(CX)(SI*2), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y12, Y12
+	VPMADDUBSW   32(CX)(DI*1), Y7, Y7
+	VPMADDWD     Y9, Y7, Y7
+	VPADDD       Y7, Y8, Y8
+	VMOVDQU      48(AX), Y7
+	VPAND        Y0, Y7, Y9
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPSHUFB      k4shuf<>+64(SB), Y5, Y13
+	VPMADDUBSW   64(CX), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y10, Y10
+	VPMADDUBSW   64(CX)(SI*1), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y11, Y11
+	VPMADDUBSW   64(CX)(SI*2), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y12, Y12
+	VPMADDUBSW   64(CX)(DI*1), Y9, Y9
+	VPMADDWD     Y13, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSHUFB      k4shuf<>+96(SB), Y5, Y9
+	VPMADDUBSW   96(CX), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y10, Y10
+	VPMADDUBSW   96(CX)(SI*1), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y11, Y11
+	VPMADDUBSW   96(CX)(SI*2), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y12, Y12
+	VPMADDUBSW   96(CX)(DI*1), Y7, Y7
+	VPMADDWD     Y9, Y7, Y7
+	VPADDD       Y7, Y8, Y8
+	VMOVDQU      80(AX), Y7
+	VPAND        Y0, Y7, Y9
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPSHUFB      k4shuf<>+128(SB), Y5, Y13
+	VPMADDUBSW   128(CX), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y10, Y10
+	VPMADDUBSW   128(CX)(SI*1), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y11, Y11
+	VPMADDUBSW   128(CX)(SI*2), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y12, Y12
+	VPMADDUBSW   128(CX)(DI*1), Y9, Y9
+	VPMADDWD     Y13, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSHUFB      k4shuf<>+160(SB), Y5, Y9
+	VPMADDUBSW   160(CX), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y10, Y10
+	VPMADDUBSW   160(CX)(SI*1), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y11, Y11
+	VPMADDUBSW   160(CX)(SI*2), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y12, Y12
+	VPMADDUBSW   160(CX)(DI*1), Y7, Y7
+	VPMADDWD     Y9, Y7, Y7
+	VPADDD       Y7, Y8, Y8
+	VMOVDQU      112(AX), Y7
+	VPAND        Y0, Y7, Y9
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPSHUFB      k4shuf<>+192(SB), Y5, Y13
+	VPMADDUBSW   192(CX), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y10, Y10
+	VPMADDUBSW   192(CX)(SI*1), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y11, Y11
+	VPMADDUBSW   192(CX)(SI*2), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y12, Y12
+	VPMADDUBSW   192(CX)(DI*1), Y9, Y9
+	VPMADDWD     Y13, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSHUFB      k4shuf<>+224(SB), Y5, Y9
+	VPMADDUBSW   224(CX), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y10, Y10
+	VPMADDUBSW   224(CX)(SI*1), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y11, Y11
+	VPMADDUBSW   224(CX)(SI*2), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y12, Y12
+	VPMADDUBSW   224(CX)(DI*1), Y7, Y7
+	VPMADDWD     Y9, Y7, Y7
+	VPADDD       Y7, Y8, Y8
+	VPMOVZXBW    X6, X6
+	VPUNPCKHWD   X6, X6, X5
+	VPUNPCKLWD   X6, X6, X6
+	VINSERTI128  $0x01, X5, Y6, Y6
+	VPBROADCASTD (AX), Y7
+	VCVTPH2PS    X7, Y7
+	VPMADDWD     (BX), Y6, Y9
+	VBROADCASTSS (DX), Y13
+	VMULPS       Y7, Y13, Y13
+	VPERMILPS    $0x00, Y13, Y14
+	VPERMILPS    $0x55, Y13, Y13
+	VCVTDQ2PS    Y10, Y10
+	VCVTDQ2PS    Y9, Y9
+	VFMADD231PS  Y10, Y14, Y1
+	VFNMADD231PS Y9, Y13, Y1
+	MOVQ         72(SP), R9
+	VPMADDWD     (BX)(R9*1), Y6, Y9
+	MOVQ         48(SP), R9
+	VBROADCASTSS (DX)(R9*1), Y10
+	VMULPS       Y7, Y10, Y10
+	VPERMILPS    $0x00, Y10, Y13
+	VPERMILPS    $0x55, Y10, Y10
+	VCVTDQ2PS    Y11, Y11
+	VCVTDQ2PS    Y9, Y9
+	VFMADD231PS  Y11, Y13, Y2
+	VFNMADD231PS Y9, Y10, Y2
+	MOVQ         80(SP), R9
+	VPMADDWD     (BX)(R9*1), Y6, Y9
+	MOVQ         56(SP), R9
+	VBROADCASTSS (DX)(R9*1), Y10
+	VMULPS       Y7, Y10, Y10
+	VPERMILPS    $0x00, Y10, Y11
+	VPERMILPS    $0x55, Y10, Y10
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y9, Y9
+	VFMADD231PS  Y12, Y11, Y3
+	VFNMADD231PS Y9, Y10, Y3
+	MOVQ         88(SP), R9
+	VPMADDWD     (BX)(R9*1), Y6, Y9
+	MOVQ         64(SP), R9
+	VBROADCASTSS (DX)(R9*1), Y10
+	VMULPS       Y7, Y10, Y10
+	VPERMILPS    $0x00, Y10, Y7
+	VPERMILPS    $0x55, Y10, Y10
+	VCVTDQ2PS    Y8, Y8
+	VCVTDQ2PS    Y9, Y9
+	VFMADD231PS  Y8, Y7, Y4
+	VFNMADD231PS Y9, Y10, Y4
+	ADDQ         $0x00000090, AX
+	ADDQ         $0x00000100, CX
+	ADDQ         $0x00000040, DX
+	ADDQ         $0x00000020, BX
+	SUBQ         $0x01, R8
+	JNZ          qgemvQ4KR4AVX2_blk
+	MOVQ         40(SP), R8
+	VEXTRACTF128 $0x01, Y1, X5
+	VADDPS       X5, X1, X5
+	VHADDPS      X5, X5, X5
+	VHADDPS      X5, X5, X5
+	VMOVSS       X5, (R8)
+	ADDQ         32(SP), R8
+	VEXTRACTF128 $0x01, Y2, X1
+	VADDPS       X1, X2, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R8)
+	ADDQ         32(SP), R8
+	VEXTRACTF128 $0x01, Y3, X1
+	VADDPS       X1, X3, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R8)
+	ADDQ         32(SP), R8
+	VEXTRACTF128 $0x01, Y4, X1
+	VADDPS       X1, X4, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R8)
+	ADDQ         $0x04, 40(SP)
+	SUBQ         (SP), CX
+	SUBQ         8(SP), DX
+	SUBQ         16(SP), BX
+	DECQ         24(SP)
+	JMP          qgemvQ4KR4AVX2_row
+
+qgemvQ4KR4AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ6KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qgemvQ6KR1AVX2(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x30303030, SI
+	VMOVD        SI, X1
 	VPBROADCASTD X1, Y1
 
-qgemvQ6KAVX2_row:
+qgemvQ6KR1AVX2_row:
 	CMPQ   24(SP), $0x00
-	JE     qgemvQ6KAVX2_done
+	JE     qgemvQ6KR1AVX2_done
 	VXORPS Y2, Y2, Y2
-	MOVQ   k+120(FP), DI
-	SHRQ   $0x08, DI
+	MOVQ   k+136(FP), SI
+	SHRQ   $0x08, SI
 
-qgemvQ6KAVX2_blk:
-	VBROADCASTI128 192(CX), Y3
-	VMOVDQU        128(CX), Y5
-	VMOVDQU        (CX), Y4
+qgemvQ6KR1AVX2_blk:
+	VMOVDQU        128(AX), Y3
+	VMOVDQU        (AX), Y4
 	VPAND          Y0, Y4, Y4
-	VPSLLW         $0x04, Y5, Y6
-	VPAND          Y1, Y6, Y6
-	VPOR           Y6, Y4, Y4
-	VPMADDUBSW     (DX), Y4, Y4
-	VPSHUFB        q6shuf<>+0(SB), Y3, Y6
-	VPSRAW         $0x08, Y6, Y6
-	VPMADDWD       Y6, Y4, Y4
-	VMOVDQU        32(CX), Y6
-	VPAND          Y0, Y6, Y6
-	VPSLLW         $0x02, Y5, Y7
-	VPAND          Y1, Y7, Y7
-	VPOR           Y7, Y6, Y6
-	VPMADDUBSW     32(DX), Y6, Y6
-	VPSHUFB        q6shuf<>+32(SB), Y3, Y7
-	VPSRAW         $0x08, Y7, Y7
-	VPMADDWD       Y7, Y6, Y6
-	VPADDD         Y6, Y4, Y4
-	VMOVDQU        (CX), Y6
-	VPSRLW         $0x04, Y6, Y6
-	VPAND          Y0, Y6, Y6
-	VPAND          Y1, Y5, Y7
-	VPOR           Y7, Y6, Y6
-	VPMADDUBSW     64(DX), Y6, Y6
-	VPSHUFB        q6shuf<>+64(SB), Y3, Y7
-	VPSRAW         $0x08, Y7, Y7
-	VPMADDWD       Y7, Y6, Y6
-	VPADDD         Y6, Y4, Y4
-	VMOVDQU        32(CX), Y6
-	VPSRLW         $0x04, Y6, Y6
-	VPAND          Y0, Y6, Y6
-	VPSRLW         $0x02, Y5, Y5
+	VPSLLW         $0x04, Y3, Y5
 	VPAND          Y1, Y5, Y5
-	VPOR           Y5, Y6, Y6
-	VPMADDUBSW     96(DX), Y6, Y5
-	VPSHUFB        q6shuf<>+96(SB), Y3, Y6
+	VPOR           Y5, Y4, Y4
+	VBROADCASTI128 192(AX), Y5
+	VPSHUFB        q6shuf<>+0(SB), Y5, Y5
+	VPSRAW         $0x08, Y5, Y5
+	VPMADDUBSW     (CX), Y4, Y4
+	VPMADDWD       Y5, Y4, Y4
+	VMOVDQU        32(AX), Y5
+	VPAND          Y0, Y5, Y5
+	VPSLLW         $0x02, Y3, Y6
+	VPAND          Y1, Y6, Y6
+	VPOR           Y6, Y5, Y5
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+32(SB), Y6, Y6
 	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     32(CX), Y5, Y5
 	VPMADDWD       Y6, Y5, Y5
 	VPADDD         Y5, Y4, Y4
-	VMOVDQU        160(CX), Y5
-	VMOVDQU        64(CX), Y6
-	VPAND          Y0, Y6, Y6
-	VPSLLW         $0x04, Y5, Y7
-	VPAND          Y1, Y7, Y7
-	VPOR           Y7, Y6, Y6
-	VPMADDUBSW     128(DX), Y6, Y6
-	VPSHUFB        q6shuf<>+128(SB), Y3, Y7
-	VPSRAW         $0x08, Y7, Y7
-	VPMADDWD       Y7, Y6, Y6
-	VPADDD         Y6, Y4, Y4
-	VMOVDQU        96(CX), Y6
-	VPAND          Y0, Y6, Y6
-	VPSLLW         $0x02, Y5, Y7
-	VPAND          Y1, Y7, Y7
-	VPOR           Y7, Y6, Y6
-	VPMADDUBSW     160(DX), Y6, Y6
-	VPSHUFB        q6shuf<>+160(SB), Y3, Y7
-	VPSRAW         $0x08, Y7, Y7
-	VPMADDWD       Y7, Y6, Y6
-	VPADDD         Y6, Y4, Y4
-	VMOVDQU        64(CX), Y6
-	VPSRLW         $0x04, Y6, Y6
-	VPAND          Y0, Y6, Y6
-	VPAND          Y1, Y5, Y7
-	VPOR           Y7, Y6, Y6
-	VPMADDUBSW     192(DX), Y6, Y6
-	VPSHUFB        q6shuf<>+192(SB), Y3, Y7
-	VPSRAW         $0x08, Y7, Y7
-	VPMADDWD       Y7, Y6, Y6
-	VPADDD         Y6, Y4, Y4
-	VMOVDQU        96(CX), Y6
-	VPSRLW         $0x04, Y6, Y6
-	VPAND          Y0, Y6, Y6
-	VPSRLW         $0x02, Y5, Y5
-	VPAND          Y1, Y5, Y5
-	VPOR           Y5, Y6, Y6
-	VPMADDUBSW     224(DX), Y6, Y5
-	VPSHUFB        q6shuf<>+224(SB), Y3, Y3
+	VMOVDQU        (AX), Y5
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPAND          Y1, Y3, Y6
+	VPOR           Y6, Y5, Y5
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+64(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     64(CX), Y5, Y5
+	VPMADDWD       Y6, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        32(AX), Y5
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPSRLW         $0x02, Y3, Y3
+	VPAND          Y1, Y3, Y3
+	VPOR           Y3, Y5, Y5
+	VBROADCASTI128 192(AX), Y3
+	VPSHUFB        q6shuf<>+96(SB), Y3, Y3
 	VPSRAW         $0x08, Y3, Y3
+	VPMADDUBSW     96(CX), Y5, Y5
 	VPMADDWD       Y3, Y5, Y5
 	VPADDD         Y5, Y4, Y4
-	VPMOVSXBW      192(CX), Y3
-	VPMADDWD       (SI), Y3, Y3
+	VMOVDQU        160(AX), Y3
+	VMOVDQU        64(AX), Y5
+	VPAND          Y0, Y5, Y5
+	VPSLLW         $0x04, Y3, Y6
+	VPAND          Y1, Y6, Y6
+	VPOR           Y6, Y5, Y5
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+128(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     128(CX), Y5, Y5
+	VPMADDWD       Y6, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        96(AX), Y5
+	VPAND          Y0, Y5, Y5
+	VPSLLW         $0x02, Y3, Y6
+	VPAND          Y1, Y6, Y6
+	VPOR           Y6, Y5, Y5
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+160(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     160(CX), Y5, Y5
+	VPMADDWD       Y6, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        64(AX), Y5
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPAND          Y1, Y3, Y6
+	VPOR           Y6, Y5, Y5
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+192(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     192(CX), Y5, Y5
+	VPMADDWD       Y6, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        96(AX), Y5
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPSRLW         $0x02, Y3, Y3
+	VPAND          Y1, Y3, Y3
+	VPOR           Y3, Y5, Y5
+	VBROADCASTI128 192(AX), Y3
+	VPSHUFB        q6shuf<>+224(SB), Y3, Y3
+	VPSRAW         $0x08, Y3, Y3
+	VPMADDUBSW     224(CX), Y5, Y5
+	VPMADDWD       Y3, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VPMOVSXBW      192(AX), Y3
+	VPBROADCASTW   208(AX), X5
+	VCVTPH2PS      X5, Y5
+	VPMADDWD       (BX), Y3, Y3
 	VPSLLD         $0x05, Y3, Y3
 	VPSUBD         Y3, Y4, Y4
-	VPBROADCASTW   208(CX), X3
-	VCVTPH2PS      X3, Y3
-	VBROADCASTSS   (BX), Y5
-	VMULPS         Y3, Y5, Y5
+	VBROADCASTSS   (DX), Y3
+	VMULPS         Y5, Y3, Y3
 	VCVTDQ2PS      Y4, Y4
-	VFMADD231PS    Y4, Y5, Y2
-	ADDQ           $0x000000d2, CX
-	ADDQ           $0x00000100, DX
-	ADDQ           $0x00000040, BX
-	ADDQ           $0x00000020, SI
-	SUBQ           $0x01, DI
-	JNZ            qgemvQ6KAVX2_blk
+	VFMADD231PS    Y4, Y3, Y2
+	ADDQ           $0x000000d2, AX
+	ADDQ           $0x00000100, CX
+	ADDQ           $0x00000040, DX
+	ADDQ           $0x00000020, BX
+	SUBQ           $0x01, SI
+	JNZ            qgemvQ6KR1AVX2_blk
+	MOVQ           40(SP), SI
 	VEXTRACTF128   $0x01, Y2, X3
 	VADDPS         X3, X2, X3
 	VHADDPS        X3, X3, X3
 	VHADDPS        X3, X3, X3
-	VMOVSS         X3, (AX)
-	ADDQ           $0x04, AX
-	SUBQ           (SP), DX
-	SUBQ           8(SP), BX
-	SUBQ           16(SP), SI
+	VMOVSS         X3, (SI)
+	ADDQ           $0x04, 40(SP)
+	SUBQ           (SP), CX
+	SUBQ           8(SP), DX
+	SUBQ           16(SP), BX
 	DECQ           24(SP)
-	JMP            qgemvQ6KAVX2_row
+	JMP            qgemvQ6KR1AVX2_row
 
-qgemvQ6KAVX2_done:
+qgemvQ6KR1AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ6KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qgemvQ6KR4AVX2(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVQ         ldq+104(FP), SI
+	LEAQ         (SI)(SI*2), DI
+	MOVQ         SI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 48(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 72(SP)
+	LEAQ         (SI)(SI*1), R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 56(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 80(SP)
+	MOVQ         DI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 64(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 88(SP)
+	MOVQ         ldy+24(FP), R8
+	SHLQ         $0x02, R8
+	MOVQ         R8, 32(SP)
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x30303030, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+
+qgemvQ6KR4AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ6KR4AVX2_done
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	MOVQ   k+136(FP), R8
+	SHRQ   $0x08, R8
+
+qgemvQ6KR4AVX2_blk:
+	VMOVDQU        128(AX), Y6
+	VMOVDQU        (AX), Y7
+	VPAND          Y0, Y7, Y7
+	VPSLLW         $0x04, Y6, Y8
+	VPAND          Y1, Y8, Y8
+	VPOR           Y8, Y7, Y7
+	VBROADCASTI128 192(AX), Y8
+	VPSHUFB        q6shuf<>+0(SB), Y8, Y8
+	VPSRAW         $0x08, Y8, Y8
+	VPMADDUBSW     (CX), Y7, Y9
+	VPMADDWD       Y8, Y9, Y9
+	VPMADDUBSW     (CX)(SI*1), Y7, Y10
+	VPMADDWD       Y8, Y10, Y10
+	VPMADDUBSW     (CX)(SI*2), Y7, Y11
+	VPMADDWD       Y8, Y11, Y11
+	VPMADDUBSW     (CX)(DI*1), Y7, Y7
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        32(AX), Y8
+	VPAND          Y0, Y8, Y8
+	VPSLLW         $0x02, Y6, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y8, Y8
+	VBROADCASTI128 192(AX), Y12
+	VPSHUFB        q6shuf<>+32(SB), Y12, Y12
+	VPSRAW         $0x08, Y12, Y12
+	VPMADDUBSW     32(CX), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y9, Y9
+	VPMADDUBSW     32(CX)(SI*1), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y10, Y10
+	VPMADDUBSW     32(CX)(SI*2), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y11, Y11
+	VPMADDUBSW     32(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y12, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        (AX), Y8
+	VPSRLW         $0x04, Y8, Y8
+	VPAND          Y0, Y8, Y8
+	VPAND          Y1, Y6, Y12
+	VPOR           Y12, Y8, Y8
+	VBROADCASTI128 192(AX), Y12
+	VPSHUFB        q6shuf<>+64(SB), Y12, Y12
+	VPSRAW         $0x08, Y12, Y12
+	VPMADDUBSW     64(CX), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y9, Y9
+	VPMADDUBSW     64(CX)(SI*1), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y10, Y10
+	VPMADDUBSW     64(CX)(SI*2), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y11, Y11
+	VPMADDUBSW     64(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y12, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        32(AX), Y8
+	VPSRLW         $0x04, Y8, Y8
+	VPAND          Y0, Y8, Y8
+	VPSRLW         $0x02, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPOR           Y6, Y8, Y8
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+96(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     96(CX), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y9, Y9
+	VPMADDUBSW     96(CX)(SI*1), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y10, Y10
+	VPMADDUBSW     96(CX)(SI*2), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y11, Y11
+	VPMADDUBSW     96(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y6, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        160(AX), Y6
+	VMOVDQU        64(AX), Y8
+	VPAND          Y0, Y8, Y8
+	VPSLLW         $0x04, Y6, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y8, Y8
+	VBROADCASTI128 192(AX), Y12
+	VPSHUFB        q6shuf<>+128(SB), Y12, Y12
+	VPSRAW         $0x08, Y12, Y12
+	VPMADDUBSW     128(CX), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y9, Y9
+	VPMADDUBSW     128(CX)(SI*1), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y10, Y10
+	VPMADDUBSW     128(CX)(SI*2), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y11, Y11
+	VPMADDUBSW     128(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y12, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        96(AX), Y8
+	VPAND          Y0, Y8, Y8
+	VPSLLW         $0x02, Y6, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y8, Y8
+	VBROADCASTI128 192(AX), Y12
+	VPSHUFB        q6shuf<>+160(SB), Y12, Y12
+	VPSRAW         $0x08, Y12, Y12
+	VPMADDUBSW     160(CX), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y9, Y9
+	VPMADDUBSW     160(CX)(SI*1), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y10, Y10
+	VPMADDUBSW     160(CX)(SI*2), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y11, Y11
+	VPMADDUBSW     160(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y12, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        64(AX), Y8
+	VPSRLW         $0x04, Y8, Y8
+	VPAND          Y0, Y8, Y8
+	VPAND          Y1, Y6, Y12
+	VPOR           Y12, Y8, Y8
+	VBROADCASTI128 192(AX), Y12
+	VPSHUFB        q6shuf<>+192(SB), Y12, Y12
+	VPSRAW         $0x08, Y12, Y12
+	VPMADDUBSW     192(CX), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y9, Y9
+	VPMADDUBSW     192(CX)(SI*1), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y10, Y10
+	VPMADDUBSW     192(CX)(SI*2), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y11, Y11
+	VPMADDUBSW     192(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y12, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        96(AX), Y8
+	VPSRLW         $0x04, Y8, Y8
+	VPAND          Y0, Y8, Y8
+	VPSRLW         $0x02, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPOR           Y6, Y8, Y8
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+224(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     224(CX), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y9, Y9
+	VPMADDUBSW     224(CX)(SI*1), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y10, Y10
+	VPMADDUBSW     224(CX)(SI*2), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y11, Y11
+	VPMADDUBSW     224(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y6, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPMOVSXBW      192(AX), Y6
+	VPBROADCASTW   208(AX), X8
+	VCVTPH2PS      X8, Y8
+	VPMADDWD       (BX), Y6, Y12
+	VPSLLD         $0x05, Y12, Y12
+	VPSUBD         Y12, Y9, Y9
+	VBROADCASTSS   (DX), Y12
+	VMULPS         Y8, Y12, Y12
+	VCVTDQ2PS      Y9, Y9
+	VFMADD231PS    Y9, Y12, Y2
+	MOVQ           72(SP), R9
+	VPMADDWD       (BX)(R9*1), Y6, Y9
+	VPSLLD         $0x05, Y9, Y9
+	VPSUBD         Y9, Y10, Y10
+	MOVQ           48(SP), R9
+	VBROADCASTSS   (DX)(R9*1), Y9
+	VMULPS         Y8, Y9, Y9
+	VCVTDQ2PS      Y10, Y10
+	VFMADD231PS    Y10, Y9, Y3
+	MOVQ           80(SP), R9
+	VPMADDWD       (BX)(R9*1), Y6, Y9
+	VPSLLD         $0x05, Y9, Y9
+	VPSUBD         Y9, Y11, Y11
+	MOVQ           56(SP), R9
+	VBROADCASTSS   (DX)(R9*1), Y9
+	VMULPS         Y8, Y9, Y9
+	VCVTDQ2PS      Y11, Y11
+	VFMADD231PS    Y11, Y9, Y4
+	MOVQ           88(SP), R9
+	VPMADDWD       (BX)(R9*1), Y6, Y6
+	VPSLLD         $0x05, Y6, Y6
+	VPSUBD         Y6, Y7, Y7
+	MOVQ           64(SP), R9
+	VBROADCASTSS   (DX)(R9*1), Y6
+	VMULPS         Y8, Y6, Y6
+	VCVTDQ2PS      Y7, Y7
+	VFMADD231PS    Y7, Y6, Y5
+	ADDQ           $0x000000d2, AX
+	ADDQ           $0x00000100, CX
+	ADDQ           $0x00000040, DX
+	ADDQ           $0x00000020, BX
+	SUBQ           $0x01, R8
+	JNZ            qgemvQ6KR4AVX2_blk
+	MOVQ           40(SP), R8
+	VEXTRACTF128   $0x01, Y2, X6
+	VADDPS         X6, X2, X6
+	VHADDPS        X6, X6, X6
+	VHADDPS        X6, X6, X6
+	VMOVSS         X6, (R8)
+	ADDQ           32(SP), R8
+	VEXTRACTF128   $0x01, Y3, X2
+	VADDPS         X2, X3, X2
+	VHADDPS        X2, X2, X2
+	VHADDPS        X2, X2, X2
+	VMOVSS         X2, (R8)
+	ADDQ           32(SP), R8
+	VEXTRACTF128   $0x01, Y4, X2
+	VADDPS         X2, X4, X2
+	VHADDPS        X2, X2, X2
+	VHADDPS        X2, X2, X2
+	VMOVSS         X2, (R8)
+	ADDQ           32(SP), R8
+	VEXTRACTF128   $0x01, Y5, X2
+	VADDPS         X2, X5, X2
+	VHADDPS        X2, X2, X2
+	VHADDPS        X2, X2, X2
+	VMOVSS         X2, (R8)
+	ADDQ           $0x04, 40(SP)
+	SUBQ           (SP), CX
+	SUBQ           8(SP), DX
+	SUBQ           16(SP), BX
+	DECQ           24(SP)
+	JMP            qgemvQ6KR4AVX2_row
+
+qgemvQ6KR4AVX2_done:
 	VZEROUPPER
 	RET
 
