@@ -156,6 +156,7 @@ func main() {
 		}
 	}
 	gemvConsts()
+	quantX()
 	for _, k := range gemvKernels {
 		for _, r := range []int{1, 4} {
 			qgemv(k, r)

@@ -488,3 +488,115 @@ func qgemv(k gemvKernel, R int) {
 	VZEROUPPER()
 	RET()
 }
+
+var quantPermData Mem // [8]uint32: VPERMD picks that undo VPACKSS*'s lane interleave
+
+// quantX writes quantXAVX2, kernels/cpu's qrows.quantizeRows on AVX2.
+func quantX() {
+	quantPermData = GLOBL("quantperm", RODATA|NOPTR)
+	for i, v := range []uint32{0, 4, 1, 5, 2, 6, 3, 7} {
+		DATA(4*i, U32(v))
+	}
+	TEXT("quantXAVX2", NOSPLIT, "func(q []int8, ds []float32, bs []int16, x []float32, group int)")
+	Doc("quantXAVX2 quantizes x (len(x) a multiple of group, group a multiple of 32) to",
+		"int8 with one scale per group columns, as qrows.quantizeRows does: per block of",
+		"32, q = round(x·127/amax) half away from zero, ds = (amax/127, d·Σq), bs = Σq",
+		"of each 16. The caller guarantees the bounds; nothing is checked.")
+	Pragma("noescape")
+	qp := Load(Param("q").Base(), GP64())
+	dsp := Load(Param("ds").Base(), GP64())
+	bsp := Load(Param("bs").Base(), GP64())
+	xp := Load(Param("x").Base(), GP64())
+	n := Load(Param("x").Len(), GP64())
+	g := Load(Param("group"), GP64())
+	absMask, half, perm := bcastD(0x7fffffff), bcastD(0x3f000000), YMM()
+	VMOVDQU(quantPermData, perm)
+	c127 := XMM()
+	t32 := GP32()
+	MOVL(U32(0x42fe0000), t32) // 127
+	VMOVD(t32, c127)
+
+	Label("quantX_group")
+	TESTQ(n, n)
+	JZ(LabelRef("quantX_done"))
+	m := YMM()
+	VXORPS(m, m, m)
+	i, p := GP64(), GP64()
+	MOVQ(g, i)
+	MOVQ(xp, p)
+	Label("quantX_max")
+	v := YMM()
+	VANDPS(Mem{Base: p}, absMask, v)
+	VMAXPS(v, m, m)
+	ADDQ(U8(32), p)
+	SUBQ(U8(8), i)
+	JNZ(LabelRef("quantX_max"))
+	h := XMM()
+	VEXTRACTF128(U8(1), m, h)
+	VMAXPS(h, m.AsX(), h)
+	u := XMM()
+	VPERMILPS(U8(0x4e), h, u)
+	VMAXPS(u, h, h)
+	VPERMILPS(U8(0xb1), h, u)
+	VMAXPS(u, h, h) // amax in every lane
+	d, id := XMM(), XMM()
+	VXORPS(d, d, d)
+	VXORPS(id, id, id)
+	VUCOMISS(d, h)
+	JE(LabelRef("quantX_scaled")) // amax == 0: d = id = 0, q = 0
+	VDIVSS(c127, h, d)            // amax/127
+	VDIVSS(h, c127, id)           // 127/amax
+	Label("quantX_scaled")
+	idv := YMM()
+	VBROADCASTSS(id, idv)
+	MOVQ(g, i)
+	Label("quantX_block")
+	iv := make([]VecVirtual, 4)
+	for c := range 4 {
+		t, a, s := YMM(), YMM(), YMM()
+		VMULPS(Mem{Base: xp, Disp: 32 * c}, idv, t)
+		VANDPS(absMask, t, a)
+		VADDPS(half, a, a)
+		VROUNDPS(U8(3), a, a) // truncate
+		VANDNPS(t, absMask, s)
+		VORPS(s, a, a)
+		iv[c] = YMM()
+		VCVTTPS2DQ(a, iv[c])
+	}
+	s01, s23 := YMM(), YMM()
+	VPADDD(iv[0], iv[1], s01)
+	VPADDD(iv[2], iv[3], s23)
+	VPHADDD(s23, s01, s01)
+	VPHADDD(s01, s01, s01)
+	sx := XMM()
+	VEXTRACTI128(U8(1), s01, sx)
+	VPADDD(sx, s01.AsX(), sx) // Σq of columns 0-15, 16-31, (again)
+	w := XMM()
+	VPACKSSDW(sx, sx, w)
+	VMOVD(w, t32)
+	MOVL(t32, Mem{Base: bsp})
+	VPSHUFD(U8(0x55), sx, w)
+	VPADDD(w, sx, sx)
+	VCVTDQ2PS(sx, sx)
+	VMULSS(d, sx, sx)
+	VMOVSS(d, Mem{Base: dsp})
+	VMOVSS(sx, Mem{Base: dsp, Disp: 4})
+	p01, p23 := YMM(), YMM()
+	VPACKSSDW(iv[1], iv[0], p01)
+	VPACKSSDW(iv[3], iv[2], p23)
+	VPACKSSWB(p23, p01, p01)
+	VPERMD(p01, perm, p01)
+	VMOVDQU(p01, Mem{Base: qp})
+	ADDQ(U8(128), xp)
+	ADDQ(U8(32), qp)
+	ADDQ(U8(8), dsp)
+	ADDQ(U8(4), bsp)
+	SUBQ(U8(32), n)
+	SUBQ(U8(32), i)
+	JNZ(LabelRef("quantX_block"))
+	JMP(LabelRef("quantX_group"))
+
+	Label("quantX_done")
+	VZEROUPPER()
+	RET()
+}

@@ -228,3 +228,41 @@ func BenchmarkQGemvKernel(b *testing.B) {
 		}
 	}
 }
+
+// TestQuantizeXMatchesGo checks the assembly x quantizer bit for bit
+// against the Go one, for both group sizes, with zero groups, zero blocks
+// in a group, ties at .5 and values that round to ±127.
+func TestQuantizeXMatchesGo(t *testing.T) {
+	if !cpuinfo.AVX2FMA() {
+		t.Skip("no AVX2")
+	}
+	rng := rand.New(rand.NewPCG(4, 4))
+	for _, group := range []int{32, 256} {
+		const n = 1024
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64()) * float32(1+i%7)
+		}
+		clear(x[256:512])          // a zero group
+		clear(x[544:576])          // a zero block in a group
+		x[600], x[601] = 127, -127 // with amax 127: exact ±127 and ±0.5 ties
+		x[602], x[603] = 0.5, -2.5
+		for i := 604; i < 640; i++ {
+			x[i] = float32(i-620) + 0.5
+		}
+		q, ds, bs := make([]int8, n), make([]float32, 2*n/qk), make([]int16, 2*n/qk)
+		wq, wds, wbs := make([]int8, n), make([]float32, 2*n/qk), make([]int16, 2*n/qk)
+		quantizeX(q, ds, bs, x, group)
+		quantizeXGo(wq, wds, wbs, x, group)
+		for i := range q {
+			if q[i] != wq[i] {
+				t.Fatalf("group %d: q[%d] = %d, Go %d (x %g)", group, i, q[i], wq[i], x[i])
+			}
+		}
+		for i := range ds {
+			if math.Float32bits(ds[i]) != math.Float32bits(wds[i]) || bs[i] != wbs[i] {
+				t.Fatalf("group %d: ds[%d], bs[%d] = %g, %d; Go %g, %d", group, i, i, ds[i], bs[i], wds[i], wbs[i])
+			}
+		}
+	}
+}

@@ -62,14 +62,21 @@ func (r *qrows) resize(n, cols, group int) {
 // quantizeRows quantizes rows [lo, hi) of x (rows of cols) into r, which
 // resize has sized.
 func (r *qrows) quantizeRows(x []float32, cols, lo, hi int) {
-	g := r.group
-	for gb := lo * cols / g; gb < hi*cols/g; gb++ {
+	b0, b1 := lo*cols/qk, hi*cols/qk
+	quantizeX(r.q[b0*qk:b1*qk], r.ds[2*b0:2*b1], r.bs[2*b0:2*b1], x[b0*qk:b1*qk], r.group)
+}
+
+// quantizeXGo quantizes x (len(x) a multiple of group, itself a multiple
+// of qk) to q with one scale per group columns, its (d, d·Σq) pairs per
+// block of qk to ds and Σq per 16 columns to bs.
+func quantizeXGo(q []int8, ds []float32, bs []int16, x []float32, group int) {
+	for gb := range len(x) / group {
 		var amax float32
-		for _, v := range x[gb*g : (gb+1)*g] {
+		for _, v := range x[gb*group : (gb+1)*group] {
 			amax = max(amax, math.Float32frombits(math.Float32bits(v)&^(1<<31)))
 		}
-		for b := gb * g / qk; b < (gb+1)*g/qk; b++ {
-			r.ds[2*b], r.ds[2*b+1] = quantBlock(r.q[b*qk:(b+1)*qk], r.bs[2*b:2*b+2], x[b*qk:(b+1)*qk], amax)
+		for b := gb * group / qk; b < (gb+1)*group/qk; b++ {
+			ds[2*b], ds[2*b+1] = quantBlock(q[b*qk:(b+1)*qk], bs[2*b:2*b+2], x[b*qk:(b+1)*qk], amax)
 		}
 	}
 }

@@ -120,6 +120,16 @@ func roundBF16(dst []uint16, src []float32) {
 	roundBF16Go(dst, src)
 }
 
+// quantizeX is quantizeXGo, on AVX2 where the CPU has it.
+func quantizeX(q []int8, ds []float32, bs []int16, x []float32, group int) {
+	if cpuinfo.AVX2FMA() {
+		n := len(x) / group * group
+		quantXAVX2(q[:n], ds[:2*n/qk], bs[:2*n/qk], x[:n], group) // the slices check what the assembly assumes
+		return
+	}
+	quantizeXGo(q, ds, bs, x, group)
+}
+
 // haveAsm reports whether tilesFor returns assembly for some dtype.
 func haveAsm() bool { return cpuinfo.AVX2FMA() }
 

@@ -6735,6 +6735,127 @@ DATA q6shuf<>+254(SB)/1, $0x80
 DATA q6shuf<>+255(SB)/1, $0x0f
 GLOBL q6shuf<>(SB), RODATA|NOPTR, $256
 
+DATA quantperm<>+0(SB)/4, $0x00000000
+DATA quantperm<>+4(SB)/4, $0x00000004
+DATA quantperm<>+8(SB)/4, $0x00000001
+DATA quantperm<>+12(SB)/4, $0x00000005
+DATA quantperm<>+16(SB)/4, $0x00000002
+DATA quantperm<>+20(SB)/4, $0x00000006
+DATA quantperm<>+24(SB)/4, $0x00000003
+DATA quantperm<>+28(SB)/4, $0x00000007
+GLOBL quantperm<>(SB), RODATA|NOPTR, $32
+
+// func quantXAVX2(q []int8, ds []float32, bs []int16, x []float32, group int)
+// Requires: AVX, AVX2
+TEXT ·quantXAVX2(SB), NOSPLIT, $0-104
+	MOVQ         q_base+0(FP), AX
+	MOVQ         ds_base+24(FP), CX
+	MOVQ         bs_base+48(FP), DX
+	MOVQ         x_base+72(FP), BX
+	MOVQ         x_len+80(FP), SI
+	MOVQ         group+96(FP), DI
+	MOVL         $0x7fffffff, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x3f000000, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+	VMOVDQU      quantperm<>+0(SB), Y2
+	MOVL         $0x42fe0000, R8
+	VMOVD        R8, X3
+
+quantX_group:
+	TESTQ  SI, SI
+	JZ     quantX_done
+	VXORPS Y4, Y4, Y4
+	MOVQ   DI, R9
+	MOVQ   BX, R8
+
+quantX_max:
+	VANDPS       (R8), Y0, Y5
+	VMAXPS       Y5, Y4, Y4
+	ADDQ         $0x20, R8
+	SUBQ         $0x08, R9
+	JNZ          quantX_max
+	VEXTRACTF128 $0x01, Y4, X5
+	VMAXPS       X5, X4, X5
+	VPERMILPS    $0x4e, X5, X4
+	VMAXPS       X4, X5, X5
+	VPERMILPS    $0xb1, X5, X4
+	VMAXPS       X4, X5, X5
+	VXORPS       X4, X4, X4
+	VXORPS       X6, X6, X6
+	VUCOMISS     X4, X5
+	JE           quantX_scaled
+	VDIVSS       X3, X5, X4
+	VDIVSS       X5, X3, X6
+
+quantX_scaled:
+	VBROADCASTSS X6, Y5
+	MOVQ         DI, R9
+
+quantX_block:
+	VMULPS       (BX), Y5, Y6
+	VANDPS       Y0, Y6, Y7
+	VADDPS       Y1, Y7, Y7
+	VROUNDPS     $0x03, Y7, Y7
+	VANDNPS      Y6, Y0, Y6
+	VORPS        Y6, Y7, Y7
+	VCVTTPS2DQ   Y7, Y6
+	VMULPS       32(BX), Y5, Y7
+	VANDPS       Y0, Y7, Y8
+	VADDPS       Y1, Y8, Y8
+	VROUNDPS     $0x03, Y8, Y8
+	VANDNPS      Y7, Y0, Y7
+	VORPS        Y7, Y8, Y8
+	VCVTTPS2DQ   Y8, Y7
+	VMULPS       64(BX), Y5, Y8
+	VANDPS       Y0, Y8, Y9
+	VADDPS       Y1, Y9, Y9
+	VROUNDPS     $0x03, Y9, Y9
+	VANDNPS      Y8, Y0, Y8
+	VORPS        Y8, Y9, Y9
+	VCVTTPS2DQ   Y9, Y8
+	VMULPS       96(BX), Y5, Y9
+	VANDPS       Y0, Y9, Y10
+	VADDPS       Y1, Y10, Y10
+	VROUNDPS     $0x03, Y10, Y10
+	VANDNPS      Y9, Y0, Y9
+	VORPS        Y9, Y10, Y10
+	VCVTTPS2DQ   Y10, Y9
+	VPADDD       Y6, Y7, Y10
+	VPADDD       Y8, Y9, Y11
+	VPHADDD      Y11, Y10, Y10
+	VPHADDD      Y10, Y10, Y10
+	VEXTRACTI128 $0x01, Y10, X11
+	VPADDD       X11, X10, X11
+	VPACKSSDW    X11, X11, X10
+	VMOVD        X10, R8
+	MOVL         R8, (DX)
+	VPSHUFD      $0x55, X11, X10
+	VPADDD       X10, X11, X11
+	VCVTDQ2PS    X11, X11
+	VMULSS       X4, X11, X11
+	VMOVSS       X4, (CX)
+	VMOVSS       X11, 4(CX)
+	VPACKSSDW    Y7, Y6, Y6
+	VPACKSSDW    Y9, Y8, Y7
+	VPACKSSWB    Y7, Y6, Y6
+	VPERMD       Y6, Y2, Y6
+	VMOVDQU      Y6, (AX)
+	ADDQ         $0x80, BX
+	ADDQ         $0x20, AX
+	ADDQ         $0x08, CX
+	ADDQ         $0x04, DX
+	SUBQ         $0x20, SI
+	SUBQ         $0x20, R9
+	JNZ          quantX_block
+	JMP          quantX_group
+
+quantX_done:
+	VZEROUPPER
+	RET
+
 // func qgemvQ8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
 // Requires: AVX, AVX2, FMA3
 TEXT ·qgemvQ8_0R1AVX2(SB), NOSPLIT, $48-160

@@ -724,6 +724,14 @@ func qtileQ5KR4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []b
 //go:noescape
 func qtileQ6KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
+// quantXAVX2 quantizes x (len(x) a multiple of group, group a multiple of 32) to
+// int8 with one scale per group columns, as qrows.quantizeRows does: per block of
+// 32, q = round(x·127/amax) half away from zero, ds = (amax/127, d·Σq), bs = Σq
+// of each 16. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func quantXAVX2(q []int8, ds []float32, bs []int16, x []float32, group int)
+
 // qgemvQ8_0R1AVX2 sets y[r·ldy + j] for j < rows, r < 1 to the dot product of row j
 // of the Q8_0 weight rows w (k columns each, one after the other) with x
 // row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
