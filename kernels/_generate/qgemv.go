@@ -353,6 +353,11 @@ func q6kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc, _ []VecVirtual) {
 	}
 }
 
+// prefetchAhead is how many bytes ahead of the weight block the gemv
+// kernels prefetch: the hardware prefetchers stop at 4 KiB pages, and a
+// decode step streams the weights from memory.
+const prefetchAhead = 4096
+
 // qgemv writes kernel k's AVX2 gemv function for R x rows.
 func qgemv(k gemvKernel, R int) {
 	name := fmt.Sprintf("qgemv%sR%dAVX2", k.name, R)
@@ -445,6 +450,9 @@ func qgemv(k gemvKernel, R int) {
 	n := Load(Param("k"), GP64())
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
 	Label(name + "_blk")
+	for i := range (unroll*k.bytes + 63) / 64 {
+		PREFETCHT0(Mem{Base: p.wp, Disp: prefetchAhead + 64*i})
+	}
 	for u := range unroll {
 		var su []VecVirtual
 		if k.sub {

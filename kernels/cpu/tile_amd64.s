@@ -6857,7 +6857,7 @@ quantX_done:
 	RET
 
 // func qgemvQ8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
-// Requires: AVX, AVX2, FMA3
+// Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·qgemvQ8_0R1AVX2(SB), NOSPLIT, $48-160
 	MOVQ         w_base+112(FP), AX
 	MOVQ         q_base+32(FP), CX
@@ -6887,6 +6887,8 @@ qgemvQ8_0R1AVX2_row:
 	SHRQ   $0x05, DI
 
 qgemvQ8_0R1AVX2_blk:
+	PREFETCHT0   4096(AX)
+	PREFETCHT0   4160(AX)
 	VMOVDQU      2(AX), Y3
 	VPABSB       Y3, Y4
 	MOVWLZX      (AX), R8
@@ -6936,7 +6938,7 @@ qgemvQ8_0R1AVX2_done:
 	RET
 
 // func qgemvQ8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
-// Requires: AVX, AVX2, FMA3
+// Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·qgemvQ8_0R4AVX2(SB), NOSPLIT, $96-160
 	MOVQ         w_base+112(FP), AX
 	MOVQ         q_base+32(FP), CX
@@ -6988,6 +6990,7 @@ qgemvQ8_0R4AVX2_row:
 	SHRQ   $0x05, R9
 
 qgemvQ8_0R4AVX2_blk:
+	PREFETCHT0   4096(AX)
 	VMOVDQU      2(AX), Y5
 	VPABSB       Y5, Y6
 	MOVWLZX      (AX), R10
@@ -7069,7 +7072,7 @@ qgemvQ8_0R4AVX2_done:
 	RET
 
 // func qgemvQ4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
-// Requires: AVX, AVX2, FMA3
+// Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·qgemvQ4_0R1AVX2(SB), NOSPLIT, $48-160
 	MOVQ         w_base+112(FP), AX
 	MOVQ         q_base+32(FP), CX
@@ -7105,6 +7108,7 @@ qgemvQ4_0R1AVX2_row:
 	SHRQ   $0x05, DI
 
 qgemvQ4_0R1AVX2_blk:
+	PREFETCHT0     4096(AX)
 	VBROADCASTI128 2(AX), Y7
 	VPSRLVD        Y0, Y7, Y7
 	VPAND          Y2, Y7, Y7
@@ -7160,7 +7164,7 @@ qgemvQ4_0R1AVX2_done:
 	RET
 
 // func qgemvQ4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
-// Requires: AVX, AVX2, FMA3
+// Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·qgemvQ4_0R4AVX2(SB), NOSPLIT, $96-160
 	MOVQ         w_base+112(FP), AX
 	MOVQ         q_base+32(FP), CX
@@ -7220,6 +7224,7 @@ qgemvQ4_0R4AVX2_row:
 	SHRQ   $0x05, R9
 
 qgemvQ4_0R4AVX2_blk:
+	PREFETCHT0     4096(AX)
 	VBROADCASTI128 2(AX), Y11
 	VPSRLVD        Y0, Y11, Y11
 	VPAND          Y2, Y11, Y11
@@ -7314,7 +7319,7 @@ qgemvQ4_0R4AVX2_done:
 	RET
 
 // func qgemvQ4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
-// Requires: AVX, AVX2, F16C, FMA3
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
 TEXT ·qgemvQ4KR1AVX2(SB), NOSPLIT, $48-160
 	MOVQ         w_base+112(FP), AX
 	MOVQ         q_base+32(FP), CX
@@ -7342,6 +7347,9 @@ qgemvQ4KR1AVX2_row:
 	SHRQ   $0x08, SI
 
 qgemvQ4KR1AVX2_blk:
+	PREFETCHT0   4096(AX)
+	PREFETCHT0   4160(AX)
+	PREFETCHT0   4224(AX)
 	MOVLQZX      4(AX), DI
 	MOVLQZX      12(AX), R8
 	MOVQ         DI, R9
@@ -7455,7 +7463,7 @@ qgemvQ4KR1AVX2_done:
 	RET
 
 // func qgemvQ4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
-// Requires: AVX, AVX2, F16C, FMA3
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
 TEXT ·qgemvQ4KR4AVX2(SB), NOSPLIT, $96-160
 	MOVQ         w_base+112(FP), AX
 	MOVQ         q_base+32(FP), CX
@@ -7506,6 +7514,9 @@ qgemvQ4KR4AVX2_row:
 	SHRQ   $0x08, R8
 
 qgemvQ4KR4AVX2_blk:
+	PREFETCHT0   4096(AX)
+	PREFETCHT0   4160(AX)
+	PREFETCHT0   4224(AX)
 	MOVLQZX      4(AX), R9
 	MOVLQZX      12(AX), R10
 	MOVQ         R9, R11
@@ -7739,7 +7750,7 @@ qgemvQ4KR4AVX2_done:
 	RET
 
 // func qgemvQ6KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
-// Requires: AVX, AVX2, F16C, FMA3
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
 TEXT ·qgemvQ6KR1AVX2(SB), NOSPLIT, $48-160
 	MOVQ         w_base+112(FP), AX
 	MOVQ         q_base+32(FP), CX
@@ -7770,6 +7781,10 @@ qgemvQ6KR1AVX2_row:
 	SHRQ   $0x08, SI
 
 qgemvQ6KR1AVX2_blk:
+	PREFETCHT0     4096(AX)
+	PREFETCHT0     4160(AX)
+	PREFETCHT0     4224(AX)
+	PREFETCHT0     4288(AX)
 	VMOVDQU        128(AX), Y3
 	VMOVDQU        (AX), Y4
 	VPAND          Y0, Y4, Y4
@@ -7895,7 +7910,7 @@ qgemvQ6KR1AVX2_done:
 	RET
 
 // func qgemvQ6KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
-// Requires: AVX, AVX2, F16C, FMA3
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
 TEXT ·qgemvQ6KR4AVX2(SB), NOSPLIT, $96-160
 	MOVQ         w_base+112(FP), AX
 	MOVQ         q_base+32(FP), CX
@@ -7949,6 +7964,10 @@ qgemvQ6KR4AVX2_row:
 	SHRQ   $0x08, R8
 
 qgemvQ6KR4AVX2_blk:
+	PREFETCHT0     4096(AX)
+	PREFETCHT0     4160(AX)
+	PREFETCHT0     4224(AX)
+	PREFETCHT0     4288(AX)
 	VMOVDQU        128(AX), Y6
 	VMOVDQU        (AX), Y7
 	VPAND          Y0, Y7, Y7
