@@ -14,8 +14,9 @@ import (
 // fewer vector instructions per weight than the qtile*AVX2 tiles:
 //
 //   - Q4_0 multiplies the unsigned nibbles n directly (VPMADDUBSW of n
-//     and x), so no sign trick; the −8 offset comes off once per block as
-//     dw·s (s = d·Σq, kept per block with x).
+//     and x), so no sign trick; the −8 offset comes off in the same
+//     multiply-add that applies x's scale: dw·(d·Σn·q − 8·s), s = d·Σq
+//     kept per block with x.
 //   - Q4_K and Q6_K take x quantized with one scale per 256 columns (as
 //     llama.cpp's Q8_K), so their 6- and 8-bit sub-block scales apply in
 //     the integers (VPMADDWD against the scale instead of against ones)
@@ -41,10 +42,9 @@ type gemvKernel struct {
 	doc    []string
 	// setup makes the kernel's constants; block emits weight block u of
 	// the step (at wp + u·bytes) against the x rows' blocks, accumulating
-	// x row r into acc[r] (and sub[r] where the kernel subtracts one).
+	// x row r into acc[r].
 	setup func() []VecVirtual
-	block func(c []VecVirtual, p gemvPtrs, u int, acc, sub []VecVirtual)
-	sub   bool // a second accumulator subtracted at the end
+	block func(c []VecVirtual, p gemvPtrs, u int, acc []VecVirtual)
 }
 
 // gemvPtrs address the weight block and the x rows' blocks of the inner
@@ -55,6 +55,7 @@ type gemvPtrs struct {
 	rows             int       // x rows
 	ldq, ldq3        GPVirtual // x row strides of q: 1 and 3 rows (R > 1)
 	dsOff, bsOff     Mem       // [3]int64 locals: ds and bs byte offsets of x rows 1-3
+	ldds, ldds3      GPVirtual // ds's offsets of x rows 1 and 3 in registers (nil: from dsOff)
 }
 
 // q is x row r's int8 value at byte off (of the current block).
@@ -70,7 +71,16 @@ func (p gemvPtrs) q(r, off int) Mem {
 
 // ds is x row r's float32 at byte off of the (d, s) pairs; bs its int16
 // sums at byte off. Rows past the first load their offset into a register.
-func (p gemvPtrs) ds(r, off int) Mem { return rowMem(p.dsp, p.dsOff, r, off) }
+func (p gemvPtrs) ds(r, off int) Mem {
+	switch {
+	case r == 0 || p.ldds == nil:
+	case r == 3:
+		return Mem{Base: p.dsp, Index: p.ldds3, Scale: 1, Disp: off}
+	default:
+		return Mem{Base: p.dsp, Index: p.ldds, Scale: uint8(r), Disp: off}
+	}
+	return rowMem(p.dsp, p.dsOff, r, off)
+}
 func (p gemvPtrs) bs(r, off int) Mem { return rowMem(p.bsp, p.bsOff, r, off) }
 
 func rowMem(base GPVirtual, offs Mem, r, off int) Mem {
@@ -98,7 +108,7 @@ var gemvKernels = []gemvKernel{
 		setup: func() []VecVirtual {
 			return []VecVirtual{bcastD(0x00010001)}
 		},
-		block: func(c []VecVirtual, p gemvPtrs, u int, acc, _ []VecVirtual) {
+		block: func(c []VecVirtual, p gemvPtrs, u int, acc []VecVirtual) {
 			w, aw := YMM(), YMM()
 			VMOVDQU(Mem{Base: p.wp, Disp: 34*u + 2}, w)
 			VPABSB(w, aw)
@@ -117,14 +127,14 @@ var gemvKernels = []gemvKernel{
 		},
 	},
 	{
-		name: "Q4_0", elems: 32, bytes: 18, unroll: 2, sub: true,
+		name: "Q4_0", elems: 32, bytes: 18, unroll: 2,
 		doc: []string{"per block: dw·(d·Σ n·q − 8·s), n the unsigned nibbles."},
 		setup: func() []VecVirtual {
 			shift := YMM() // VPSRLVD counts: 0 in the low 128 bits, 4 in the high
 			VMOVDQU(q40ShiftData2, shift)
 			return []VecVirtual{bcastD(0x00010001), bcastB(0x0f), shift}
 		},
-		block: func(c []VecVirtual, p gemvPtrs, u int, acc, sub []VecVirtual) {
+		block: func(c []VecVirtual, p gemvPtrs, u int, acc []VecVirtual) {
 			w := YMM()
 			VBROADCASTI128(Mem{Base: p.wp, Disp: 18*u + 2}, w)
 			VPSRLVD(c[2], w, w)
@@ -138,9 +148,8 @@ var gemvKernels = []gemvKernel{
 				dm := p.ds(r, 8*u)
 				VBROADCASTSS(dm, d)
 				VBROADCASTSS(dm.Offset(4), s)
-				VMULPS(dw, d, d)
-				VFMADD231PS(t, d, acc[r])
-				VFMADD231PS(s, dw, sub[r]) // all 8 lanes: 8·dw·s once summed
+				VFMSUB213PS(s, d, t)       // t·d − s in each lane: d·Σn·q − 8·s once summed
+				VFMADD231PS(t, dw, acc[r]) // acc += dw·that
 			}
 		},
 	},
@@ -237,7 +246,7 @@ func superScales(v VecVirtual, d Mem) (a, b VecVirtual) {
 
 // q4kGemvBlock is one Q4_K super-block against x quantized with one scale
 // per 256 columns: the sub-block scales multiply the integer pair sums.
-func q4kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc, _ []VecVirtual) {
+func q4kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 	sc8, mn8 := kScaleBytes(p.wp)
 	scv := YMM()
 	VMOVQ(sc8, scv.AsX())
@@ -293,7 +302,7 @@ func q4kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc, _ []VecVirtual) {
 // per 256 columns: in half h, x block 4h+g takes the low (g < 2) or high
 // nibbles of ql[64h+32(g&1):] and bits 2g, 2g+1 of qh[32h:]; its int16
 // pair sums 0-7 belong to sub-block 2(4h+g), 8-15 to the next.
-func q6kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc, _ []VecVirtual) {
+func q6kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 	low4, m30 := c[0], c[1]
 	isum := make([]VecVirtual, p.rows)
 	for h := range 2 {
@@ -402,6 +411,13 @@ func qgemv(k gemvKernel, R int) {
 		p.ldq, p.ldq3 = Load(Param("ldq"), GP64()).(GPVirtual), GP64()
 		LEAQ(Mem{Base: p.ldq, Index: p.ldq, Scale: 2}, p.ldq3)
 		p.dsOff, p.bsOff = AllocLocal(24), AllocLocal(24)
+		if k.elems == 32 { // the inner loop reads ds for every block: keep its offsets in registers
+			p.ldds, p.ldds3 = GP64(), GP64()
+			MOVQ(p.ldq, p.ldds)
+			SHRQ(U8(2), p.ldds)
+			MOVQ(p.ldq3, p.ldds3)
+			SHRQ(U8(2), p.ldds3)
+		}
 		t := GP64()
 		for i := range 3 { // ldq·(i+1)/4 and /8
 			switch i {
@@ -431,20 +447,11 @@ func qgemv(k gemvKernel, R int) {
 	CMPQ(rows, U8(0))
 	JE(LabelRef(name + "_done"))
 	acc := make([][]VecVirtual, unroll) // [unroll][R]
-	var sub [][]VecVirtual
-	if k.sub {
-		sub = make([][]VecVirtual, unroll)
-	}
 	for u := range acc {
 		for range R {
 			v := YMM()
 			VXORPS(v, v, v)
 			acc[u] = append(acc[u], v)
-			if k.sub {
-				v := YMM()
-				VXORPS(v, v, v)
-				sub[u] = append(sub[u], v)
-			}
 		}
 	}
 	n := Load(Param("k"), GP64())
@@ -454,11 +461,7 @@ func qgemv(k gemvKernel, R int) {
 		PREFETCHT0(Mem{Base: p.wp, Disp: prefetchAhead + 64*i})
 	}
 	for u := range unroll {
-		var su []VecVirtual
-		if k.sub {
-			su = sub[u]
-		}
-		k.block(c, p, u, acc[u], su)
+		k.block(c, p, u, acc[u])
 	}
 	ADDQ(U32(unroll*k.bytes), p.wp)
 	ADDQ(U32(unroll*k.elems), p.qp)
@@ -472,18 +475,11 @@ func qgemv(k gemvKernel, R int) {
 	for r := range R {
 		for u := 1; u < unroll; u++ {
 			VADDPS(acc[u][r], acc[0][r], acc[0][r])
-			if k.sub {
-				VADDPS(sub[u][r], sub[0][r], sub[0][r])
-			}
-		}
-		var s VecVirtual
-		if k.sub {
-			s = sub[0][r]
 		}
 		if r > 0 {
 			ADDQ(yoff, yp)
 		}
-		hsumStore(acc[0][r], s, Mem{Base: yp})
+		hsumStore(acc[0][r], nil, Mem{Base: yp})
 	}
 	ADDQ(U8(4), yloc)
 	SUBQ(back, p.qp)

@@ -6959,24 +6959,28 @@ TEXT ·qgemvQ8_0R4AVX2(SB), NOSPLIT, $96-160
 	LEAQ         (DI)(DI*2), R8
 	MOVQ         DI, R9
 	SHRQ         $0x02, R9
-	MOVQ         R9, 48(SP)
-	SHRQ         $0x01, R9
-	MOVQ         R9, 72(SP)
-	LEAQ         (DI)(DI*1), R9
-	SHRQ         $0x02, R9
-	MOVQ         R9, 56(SP)
-	SHRQ         $0x01, R9
-	MOVQ         R9, 80(SP)
-	MOVQ         R8, R9
-	SHRQ         $0x02, R9
-	MOVQ         R9, 64(SP)
-	SHRQ         $0x01, R9
-	MOVQ         R9, 88(SP)
-	MOVQ         ldy+24(FP), R9
-	SHLQ         $0x02, R9
-	MOVQ         R9, 32(SP)
-	MOVL         $0x00010001, R9
-	VMOVD        R9, X0
+	MOVQ         R8, R10
+	SHRQ         $0x02, R10
+	MOVQ         DI, R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 48(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 72(SP)
+	LEAQ         (DI)(DI*1), R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 56(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 80(SP)
+	MOVQ         R8, R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 64(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 88(SP)
+	MOVQ         ldy+24(FP), R11
+	SHLQ         $0x02, R11
+	MOVQ         R11, 32(SP)
+	MOVL         $0x00010001, R11
+	VMOVD        R11, X0
 	VPBROADCASTD X0, Y0
 
 qgemvQ8_0R4AVX2_row:
@@ -6986,15 +6990,15 @@ qgemvQ8_0R4AVX2_row:
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	MOVQ   k+136(FP), R9
-	SHRQ   $0x05, R9
+	MOVQ   k+136(FP), R11
+	SHRQ   $0x05, R11
 
 qgemvQ8_0R4AVX2_blk:
 	PREFETCHT0   4096(AX)
 	VMOVDQU      2(AX), Y5
 	VPABSB       Y5, Y6
-	MOVWLZX      (AX), R10
-	VBROADCASTSS (SI)(R10*4), Y7
+	MOVWLZX      (AX), R12
+	VBROADCASTSS (SI)(R12*4), Y7
 	VMOVDQU      (CX), Y8
 	VPSIGNB      Y5, Y8, Y8
 	VPMADDUBSW   Y8, Y6, Y8
@@ -7008,8 +7012,7 @@ qgemvQ8_0R4AVX2_blk:
 	VPMADDUBSW   Y8, Y6, Y8
 	VPMADDWD     Y0, Y8, Y8
 	VCVTDQ2PS    Y8, Y8
-	MOVQ         48(SP), R10
-	VBROADCASTSS (DX)(R10*1), Y9
+	VBROADCASTSS (DX)(R9*1), Y9
 	VMULPS       Y7, Y9, Y9
 	VFMADD231PS  Y8, Y9, Y2
 	VMOVDQU      (CX)(DI*2), Y8
@@ -7017,8 +7020,7 @@ qgemvQ8_0R4AVX2_blk:
 	VPMADDUBSW   Y8, Y6, Y8
 	VPMADDWD     Y0, Y8, Y8
 	VCVTDQ2PS    Y8, Y8
-	MOVQ         56(SP), R10
-	VBROADCASTSS (DX)(R10*1), Y9
+	VBROADCASTSS (DX)(R9*2), Y9
 	VMULPS       Y7, Y9, Y9
 	VFMADD231PS  Y8, Y9, Y3
 	VMOVDQU      (CX)(R8*1), Y8
@@ -7026,7 +7028,6 @@ qgemvQ8_0R4AVX2_blk:
 	VPMADDUBSW   Y8, Y6, Y5
 	VPMADDWD     Y0, Y5, Y5
 	VCVTDQ2PS    Y5, Y5
-	MOVQ         64(SP), R10
 	VBROADCASTSS (DX)(R10*1), Y6
 	VMULPS       Y7, Y6, Y6
 	VFMADD231PS  Y5, Y6, Y4
@@ -7034,32 +7035,32 @@ qgemvQ8_0R4AVX2_blk:
 	ADDQ         $0x00000020, CX
 	ADDQ         $0x00000008, DX
 	ADDQ         $0x00000004, BX
-	SUBQ         $0x01, R9
+	SUBQ         $0x01, R11
 	JNZ          qgemvQ8_0R4AVX2_blk
-	MOVQ         40(SP), R9
+	MOVQ         40(SP), R11
 	VEXTRACTF128 $0x01, Y1, X5
 	VADDPS       X5, X1, X5
 	VHADDPS      X5, X5, X5
 	VHADDPS      X5, X5, X5
-	VMOVSS       X5, (R9)
-	ADDQ         32(SP), R9
+	VMOVSS       X5, (R11)
+	ADDQ         32(SP), R11
 	VEXTRACTF128 $0x01, Y2, X1
 	VADDPS       X1, X2, X1
 	VHADDPS      X1, X1, X1
 	VHADDPS      X1, X1, X1
-	VMOVSS       X1, (R9)
-	ADDQ         32(SP), R9
+	VMOVSS       X1, (R11)
+	ADDQ         32(SP), R11
 	VEXTRACTF128 $0x01, Y3, X1
 	VADDPS       X1, X3, X1
 	VHADDPS      X1, X1, X1
 	VHADDPS      X1, X1, X1
-	VMOVSS       X1, (R9)
-	ADDQ         32(SP), R9
+	VMOVSS       X1, (R11)
+	ADDQ         32(SP), R11
 	VEXTRACTF128 $0x01, Y4, X1
 	VADDPS       X1, X4, X1
 	VHADDPS      X1, X1, X1
 	VHADDPS      X1, X1, X1
-	VMOVSS       X1, (R9)
+	VMOVSS       X1, (R11)
 	ADDQ         $0x04, 40(SP)
 	SUBQ         (SP), CX
 	SUBQ         8(SP), DX
@@ -7102,39 +7103,35 @@ qgemvQ4_0R1AVX2_row:
 	JE     qgemvQ4_0R1AVX2_done
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
 	MOVQ   k+136(FP), DI
 	SHRQ   $0x05, DI
 
 qgemvQ4_0R1AVX2_blk:
 	PREFETCHT0     4096(AX)
-	VBROADCASTI128 2(AX), Y7
-	VPSRLVD        Y0, Y7, Y7
-	VPAND          Y2, Y7, Y7
+	VBROADCASTI128 2(AX), Y5
+	VPSRLVD        Y0, Y5, Y5
+	VPAND          Y2, Y5, Y5
 	MOVWLZX        (AX), R8
-	VBROADCASTSS   (SI)(R8*4), Y8
-	VPMADDUBSW     (CX), Y7, Y7
-	VPMADDWD       Y1, Y7, Y7
-	VCVTDQ2PS      Y7, Y7
-	VBROADCASTSS   (DX), Y9
-	VBROADCASTSS   4(DX), Y10
-	VMULPS         Y8, Y9, Y9
-	VFMADD231PS    Y7, Y9, Y3
-	VFMADD231PS    Y10, Y8, Y4
-	VBROADCASTI128 20(AX), Y7
-	VPSRLVD        Y0, Y7, Y7
-	VPAND          Y2, Y7, Y7
+	VBROADCASTSS   (SI)(R8*4), Y6
+	VPMADDUBSW     (CX), Y5, Y5
+	VPMADDWD       Y1, Y5, Y5
+	VCVTDQ2PS      Y5, Y5
+	VBROADCASTSS   (DX), Y7
+	VBROADCASTSS   4(DX), Y8
+	VFMSUB213PS    Y8, Y7, Y5
+	VFMADD231PS    Y5, Y6, Y3
+	VBROADCASTI128 20(AX), Y5
+	VPSRLVD        Y0, Y5, Y5
+	VPAND          Y2, Y5, Y5
 	MOVWLZX        18(AX), R8
-	VBROADCASTSS   (SI)(R8*4), Y8
-	VPMADDUBSW     32(CX), Y7, Y7
-	VPMADDWD       Y1, Y7, Y7
-	VCVTDQ2PS      Y7, Y7
-	VBROADCASTSS   8(DX), Y9
-	VBROADCASTSS   12(DX), Y10
-	VMULPS         Y8, Y9, Y9
-	VFMADD231PS    Y7, Y9, Y5
-	VFMADD231PS    Y10, Y8, Y6
+	VBROADCASTSS   (SI)(R8*4), Y6
+	VPMADDUBSW     32(CX), Y5, Y5
+	VPMADDWD       Y1, Y5, Y5
+	VCVTDQ2PS      Y5, Y5
+	VBROADCASTSS   8(DX), Y7
+	VBROADCASTSS   12(DX), Y8
+	VFMSUB213PS    Y8, Y7, Y5
+	VFMADD231PS    Y5, Y6, Y4
 	ADDQ           $0x00000024, AX
 	ADDQ           $0x00000040, CX
 	ADDQ           $0x00000010, DX
@@ -7142,16 +7139,12 @@ qgemvQ4_0R1AVX2_blk:
 	SUBQ           $0x02, DI
 	JNZ            qgemvQ4_0R1AVX2_blk
 	MOVQ           40(SP), DI
-	VADDPS         Y5, Y3, Y3
-	VADDPS         Y6, Y4, Y4
-	VEXTRACTF128   $0x01, Y3, X5
-	VADDPS         X5, X3, X5
-	VEXTRACTF128   $0x01, Y4, X3
-	VADDPS         X3, X4, X3
-	VSUBPS         X3, X5, X5
-	VHADDPS        X5, X5, X5
-	VHADDPS        X5, X5, X5
-	VMOVSS         X5, (DI)
+	VADDPS         Y4, Y3, Y3
+	VEXTRACTF128   $0x01, Y3, X4
+	VADDPS         X4, X3, X4
+	VHADDPS        X4, X4, X4
+	VHADDPS        X4, X4, X4
+	VMOVSS         X4, (DI)
 	ADDQ           $0x04, 40(SP)
 	SUBQ           (SP), CX
 	SUBQ           8(SP), DX
@@ -7185,28 +7178,32 @@ TEXT ·qgemvQ4_0R4AVX2(SB), NOSPLIT, $96-160
 	LEAQ         (DI)(DI*2), R8
 	MOVQ         DI, R9
 	SHRQ         $0x02, R9
-	MOVQ         R9, 48(SP)
-	SHRQ         $0x01, R9
-	MOVQ         R9, 72(SP)
-	LEAQ         (DI)(DI*1), R9
-	SHRQ         $0x02, R9
-	MOVQ         R9, 56(SP)
-	SHRQ         $0x01, R9
-	MOVQ         R9, 80(SP)
-	MOVQ         R8, R9
-	SHRQ         $0x02, R9
-	MOVQ         R9, 64(SP)
-	SHRQ         $0x01, R9
-	MOVQ         R9, 88(SP)
-	MOVQ         ldy+24(FP), R9
-	SHLQ         $0x02, R9
-	MOVQ         R9, 32(SP)
+	MOVQ         R8, R10
+	SHRQ         $0x02, R10
+	MOVQ         DI, R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 48(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 72(SP)
+	LEAQ         (DI)(DI*1), R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 56(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 80(SP)
+	MOVQ         R8, R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 64(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 88(SP)
+	MOVQ         ldy+24(FP), R11
+	SHLQ         $0x02, R11
+	MOVQ         R11, 32(SP)
 	VMOVDQU      q40shiftv<>+0(SB), Y0
-	MOVL         $0x00010001, R9
-	VMOVD        R9, X1
+	MOVL         $0x00010001, R11
+	VMOVD        R11, X1
 	VPBROADCASTD X1, Y1
-	MOVL         $0x0f0f0f0f, R9
-	VMOVD        R9, X2
+	MOVL         $0x0f0f0f0f, R11
+	VMOVD        R11, X2
 	VPBROADCASTD X2, Y2
 
 qgemvQ4_0R4AVX2_row:
@@ -7216,97 +7213,74 @@ qgemvQ4_0R4AVX2_row:
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	VXORPS Y8, Y8, Y8
-	VXORPS Y9, Y9, Y9
-	VXORPS Y10, Y10, Y10
-	MOVQ   k+136(FP), R9
-	SHRQ   $0x05, R9
+	MOVQ   k+136(FP), R11
+	SHRQ   $0x05, R11
 
 qgemvQ4_0R4AVX2_blk:
 	PREFETCHT0     4096(AX)
-	VBROADCASTI128 2(AX), Y11
-	VPSRLVD        Y0, Y11, Y11
-	VPAND          Y2, Y11, Y11
-	MOVWLZX        (AX), R10
-	VBROADCASTSS   (SI)(R10*4), Y12
-	VPMADDUBSW     (CX), Y11, Y13
-	VPMADDWD       Y1, Y13, Y13
-	VCVTDQ2PS      Y13, Y13
-	VBROADCASTSS   (DX), Y14
-	VBROADCASTSS   4(DX), Y15
-	VMULPS         Y12, Y14, Y14
-	VFMADD231PS    Y13, Y14, Y3
-	VFMADD231PS    Y15, Y12, Y4
-	VPMADDUBSW     (CX)(DI*1), Y11, Y13
-	VPMADDWD       Y1, Y13, Y13
-	VCVTDQ2PS      Y13, Y13
-	MOVQ           48(SP), R10
-	VBROADCASTSS   (DX)(R10*1), Y14
-	VBROADCASTSS   4(DX)(R10*1), Y15
-	VMULPS         Y12, Y14, Y14
-	VFMADD231PS    Y13, Y14, Y5
-	VFMADD231PS    Y15, Y12, Y6
-	VPMADDUBSW     (CX)(DI*2), Y11, Y13
-	VPMADDWD       Y1, Y13, Y13
-	VCVTDQ2PS      Y13, Y13
-	MOVQ           56(SP), R10
-	VBROADCASTSS   (DX)(R10*1), Y14
-	VBROADCASTSS   4(DX)(R10*1), Y15
-	VMULPS         Y12, Y14, Y14
-	VFMADD231PS    Y13, Y14, Y7
-	VFMADD231PS    Y15, Y12, Y8
-	VPMADDUBSW     (CX)(R8*1), Y11, Y11
-	VPMADDWD       Y1, Y11, Y11
-	VCVTDQ2PS      Y11, Y11
-	MOVQ           64(SP), R10
-	VBROADCASTSS   (DX)(R10*1), Y13
-	VBROADCASTSS   4(DX)(R10*1), Y14
-	VMULPS         Y12, Y13, Y13
-	VFMADD231PS    Y11, Y13, Y9
-	VFMADD231PS    Y14, Y12, Y10
+	VBROADCASTI128 2(AX), Y7
+	VPSRLVD        Y0, Y7, Y7
+	VPAND          Y2, Y7, Y7
+	MOVWLZX        (AX), R12
+	VBROADCASTSS   (SI)(R12*4), Y8
+	VPMADDUBSW     (CX), Y7, Y9
+	VPMADDWD       Y1, Y9, Y9
+	VCVTDQ2PS      Y9, Y9
+	VBROADCASTSS   (DX), Y10
+	VBROADCASTSS   4(DX), Y11
+	VFMSUB213PS    Y11, Y10, Y9
+	VFMADD231PS    Y9, Y8, Y3
+	VPMADDUBSW     (CX)(DI*1), Y7, Y9
+	VPMADDWD       Y1, Y9, Y9
+	VCVTDQ2PS      Y9, Y9
+	VBROADCASTSS   (DX)(R9*1), Y10
+	VBROADCASTSS   4(DX)(R9*1), Y11
+	VFMSUB213PS    Y11, Y10, Y9
+	VFMADD231PS    Y9, Y8, Y4
+	VPMADDUBSW     (CX)(DI*2), Y7, Y9
+	VPMADDWD       Y1, Y9, Y9
+	VCVTDQ2PS      Y9, Y9
+	VBROADCASTSS   (DX)(R9*2), Y10
+	VBROADCASTSS   4(DX)(R9*2), Y11
+	VFMSUB213PS    Y11, Y10, Y9
+	VFMADD231PS    Y9, Y8, Y5
+	VPMADDUBSW     (CX)(R8*1), Y7, Y7
+	VPMADDWD       Y1, Y7, Y7
+	VCVTDQ2PS      Y7, Y7
+	VBROADCASTSS   (DX)(R10*1), Y9
+	VBROADCASTSS   4(DX)(R10*1), Y10
+	VFMSUB213PS    Y10, Y9, Y7
+	VFMADD231PS    Y7, Y8, Y6
 	ADDQ           $0x00000012, AX
 	ADDQ           $0x00000020, CX
 	ADDQ           $0x00000008, DX
 	ADDQ           $0x00000004, BX
-	SUBQ           $0x01, R9
+	SUBQ           $0x01, R11
 	JNZ            qgemvQ4_0R4AVX2_blk
-	MOVQ           40(SP), R9
-	VEXTRACTF128   $0x01, Y3, X11
-	VADDPS         X11, X3, X11
+	MOVQ           40(SP), R11
+	VEXTRACTF128   $0x01, Y3, X7
+	VADDPS         X7, X3, X7
+	VHADDPS        X7, X7, X7
+	VHADDPS        X7, X7, X7
+	VMOVSS         X7, (R11)
+	ADDQ           32(SP), R11
 	VEXTRACTF128   $0x01, Y4, X3
 	VADDPS         X3, X4, X3
-	VSUBPS         X3, X11, X11
-	VHADDPS        X11, X11, X11
-	VHADDPS        X11, X11, X11
-	VMOVSS         X11, (R9)
-	ADDQ           32(SP), R9
+	VHADDPS        X3, X3, X3
+	VHADDPS        X3, X3, X3
+	VMOVSS         X3, (R11)
+	ADDQ           32(SP), R11
 	VEXTRACTF128   $0x01, Y5, X3
 	VADDPS         X3, X5, X3
-	VEXTRACTF128   $0x01, Y6, X4
-	VADDPS         X4, X6, X4
-	VSUBPS         X4, X3, X3
 	VHADDPS        X3, X3, X3
 	VHADDPS        X3, X3, X3
-	VMOVSS         X3, (R9)
-	ADDQ           32(SP), R9
-	VEXTRACTF128   $0x01, Y7, X3
-	VADDPS         X3, X7, X3
-	VEXTRACTF128   $0x01, Y8, X4
-	VADDPS         X4, X8, X4
-	VSUBPS         X4, X3, X3
+	VMOVSS         X3, (R11)
+	ADDQ           32(SP), R11
+	VEXTRACTF128   $0x01, Y6, X3
+	VADDPS         X3, X6, X3
 	VHADDPS        X3, X3, X3
 	VHADDPS        X3, X3, X3
-	VMOVSS         X3, (R9)
-	ADDQ           32(SP), R9
-	VEXTRACTF128   $0x01, Y9, X3
-	VADDPS         X3, X9, X3
-	VEXTRACTF128   $0x01, Y10, X4
-	VADDPS         X4, X10, X4
-	VSUBPS         X4, X3, X3
-	VHADDPS        X3, X3, X3
-	VHADDPS        X3, X3, X3
-	VMOVSS         X3, (R9)
+	VMOVSS         X3, (R11)
 	ADDQ           $0x04, 40(SP)
 	SUBQ           (SP), CX
 	SUBQ           8(SP), DX
