@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"slices"
+	"sync/atomic"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/ref"
@@ -208,8 +209,9 @@ type moeScratch struct {
 	tw          []float32
 	xe, gu, h   []float32
 	ye          []float32
-	act         []int   // experts with tokens (side by side only)
-	xb          []xbufs // per active expert: its products' converted x
+	act         []int        // experts with tokens
+	next        atomic.Int64 // side by side: the next of act to run
+	xb          []xbufs      // per active expert: its products' converted x
 	scratch     [][]float32
 }
 
@@ -319,8 +321,11 @@ func (b *Backend) ExpertsClamp(dst, x, ids, w kernels.Tensor, experts []kernels.
 		s.xb = append(s.xb, xbufs{})
 		s.scratch = append(s.scratch, nil)
 	}
-	b.Parallel(len(s.act), func(lo, hi int) {
-		for a := lo; a < hi; a++ {
+	// The workers take experts off a counter: on a busy machine one may
+	// fall behind.
+	s.next.Store(0)
+	b.Parallel(b.pool.workers, func(int, int) {
+		for a := int(s.next.Add(1) - 1); a < len(s.act); a = int(s.next.Add(1) - 1) {
 			run(s.act[a], s.count[s.act[a]], func(y, x []float32, w *kernels.Mat, n int) {
 				b.matMulInline(y, x, w, n, &s.xb[a], &s.scratch[a])
 			})
