@@ -199,9 +199,11 @@ func gemvConsts() {
 	}
 }
 
-// kScaleBytes unpacks a Q4_K block's twelve scale bytes at w+4 (ggml's
-// utmp shuffle) into the eight 6-bit scales (bytes of the returned sc)
-// and the eight 6-bit mins (bytes of mn), both GP64.
+// kScaleBytes unpacks a Q4_K/Q5_K block's twelve scale bytes at w+4
+// (ggml's utmp shuffle) into the eight 6-bit scales (bytes of the returned
+// sc) and the eight 6-bit mins (bytes of mn), both GP64. It goes through
+// general registers, not memory, so no load waits on a store it only
+// partly overlaps; at most five are live.
 func kScaleBytes(w GPVirtual) (sc, mn GPVirtual) {
 	a0, a2 := GP64(), GP64()
 	MOVLQZX(Mem{Base: w, Disp: 4}, a0)

@@ -3618,20 +3618,20 @@ qtileQ4KR1AVX2_loop1:
 	SHLQ         $0x20, R8
 	ANDQ         $0x3f3f3f3f, SI
 	ORQ          SI, R8
-	VMOVQ        R8, X4
-	VPMOVZXBD    X4, Y4
 	MOVLQZX      8(DX), SI
-	MOVQ         SI, R8
-	SHRQ         $0x06, R8
-	ANDQ         $0x03030303, R8
-	SHLQ         $0x04, R8
+	MOVQ         SI, R9
+	SHRQ         $0x06, R9
+	ANDQ         $0x03030303, R9
+	SHLQ         $0x04, R9
 	SHRQ         $0x04, DI
 	ANDQ         $0x0f0f0f0f, DI
-	ORQ          DI, R8
-	SHLQ         $0x20, R8
+	ORQ          DI, R9
+	SHLQ         $0x20, R9
 	ANDQ         $0x3f3f3f3f, SI
-	ORQ          SI, R8
-	VMOVQ        R8, X5
+	ORQ          R9, SI
+	VMOVQ        R8, X4
+	VPMOVZXBD    X4, Y4
+	VMOVQ        SI, X5
 	VPMOVZXBD    X5, Y5
 	VPBROADCASTW (DX), X6
 	VCVTPH2PS    X6, Y6
@@ -3767,20 +3767,20 @@ qtileQ4KR4AVX2_loop1:
 	SHLQ         $0x20, R12
 	ANDQ         $0x3f3f3f3f, R10
 	ORQ          R10, R12
-	VMOVQ        R12, X10
-	VPMOVZXBD    X10, Y10
 	MOVLQZX      8(DX), R10
-	MOVQ         R10, R12
-	SHRQ         $0x06, R12
-	ANDQ         $0x03030303, R12
-	SHLQ         $0x04, R12
+	MOVQ         R10, R13
+	SHRQ         $0x06, R13
+	ANDQ         $0x03030303, R13
+	SHLQ         $0x04, R13
 	SHRQ         $0x04, R11
 	ANDQ         $0x0f0f0f0f, R11
-	ORQ          R11, R12
-	SHLQ         $0x20, R12
+	ORQ          R11, R13
+	SHLQ         $0x20, R13
 	ANDQ         $0x3f3f3f3f, R10
-	ORQ          R10, R12
-	VMOVQ        R12, X11
+	ORQ          R13, R10
+	VMOVQ        R12, X10
+	VPMOVZXBD    X10, Y10
+	VMOVQ        R10, X11
 	VPMOVZXBD    X11, Y11
 	VPBROADCASTW (DX), X12
 	VCVTPH2PS    X12, Y12
@@ -4071,20 +4071,20 @@ qtileQ5KR1AVX2_loop1:
 	SHLQ         $0x20, R8
 	ANDQ         $0x3f3f3f3f, SI
 	ORQ          SI, R8
-	VMOVQ        R8, X4
-	VPMOVZXBD    X4, Y4
 	MOVLQZX      8(DX), SI
-	MOVQ         SI, R8
-	SHRQ         $0x06, R8
-	ANDQ         $0x03030303, R8
-	SHLQ         $0x04, R8
+	MOVQ         SI, R9
+	SHRQ         $0x06, R9
+	ANDQ         $0x03030303, R9
+	SHLQ         $0x04, R9
 	SHRQ         $0x04, DI
 	ANDQ         $0x0f0f0f0f, DI
-	ORQ          DI, R8
-	SHLQ         $0x20, R8
+	ORQ          DI, R9
+	SHLQ         $0x20, R9
 	ANDQ         $0x3f3f3f3f, SI
-	ORQ          SI, R8
-	VMOVQ        R8, X5
+	ORQ          R9, SI
+	VMOVQ        R8, X4
+	VPMOVZXBD    X4, Y4
+	VMOVQ        SI, X5
 	VPMOVZXBD    X5, Y5
 	VPBROADCASTW (DX), X6
 	VCVTPH2PS    X6, Y6
@@ -4256,20 +4256,20 @@ qtileQ5KR4AVX2_loop1:
 	SHLQ         $0x20, R12
 	ANDQ         $0x3f3f3f3f, R10
 	ORQ          R10, R12
-	VMOVQ        R12, X10
-	VPMOVZXBD    X10, Y10
 	MOVLQZX      8(DX), R10
-	MOVQ         R10, R12
-	SHRQ         $0x06, R12
-	ANDQ         $0x03030303, R12
-	SHLQ         $0x04, R12
+	MOVQ         R10, R13
+	SHRQ         $0x06, R13
+	ANDQ         $0x03030303, R13
+	SHLQ         $0x04, R13
 	SHRQ         $0x04, R11
 	ANDQ         $0x0f0f0f0f, R11
-	ORQ          R11, R12
-	SHLQ         $0x20, R12
+	ORQ          R11, R13
+	SHLQ         $0x20, R13
 	ANDQ         $0x3f3f3f3f, R10
-	ORQ          R10, R12
-	VMOVQ        R12, X11
+	ORQ          R13, R10
+	VMOVQ        R12, X10
+	VPMOVZXBD    X10, Y10
+	VMOVQ        R10, X11
 	VPMOVZXBD    X11, Y11
 	VPBROADCASTW (DX), X12
 	VCVTPH2PS    X12, Y12
@@ -5156,20 +5156,20 @@ qtileQ4KR1VNNI_loop1:
 	SHLQ             $0x20, R8
 	ANDQ             $0x3f3f3f3f, SI
 	ORQ              SI, R8
-	VMOVQ            R8, X3
-	VPMOVZXBD        X3, Y3
 	MOVLQZX          8(DX), SI
-	MOVQ             SI, R8
-	SHRQ             $0x06, R8
-	ANDQ             $0x03030303, R8
-	SHLQ             $0x04, R8
+	MOVQ             SI, R9
+	SHRQ             $0x06, R9
+	ANDQ             $0x03030303, R9
+	SHLQ             $0x04, R9
 	SHRQ             $0x04, DI
 	ANDQ             $0x0f0f0f0f, DI
-	ORQ              DI, R8
-	SHLQ             $0x20, R8
+	ORQ              DI, R9
+	SHLQ             $0x20, R9
 	ANDQ             $0x3f3f3f3f, SI
-	ORQ              SI, R8
-	VMOVQ            R8, X4
+	ORQ              R9, SI
+	VMOVQ            R8, X3
+	VPMOVZXBD        X3, Y3
+	VMOVQ            SI, X4
 	VPMOVZXBD        X4, Y4
 	VPBROADCASTW     (DX), X5
 	VCVTPH2PS        X5, Y5
@@ -5294,20 +5294,20 @@ qtileQ4KR4VNNI_loop1:
 	SHLQ             $0x20, R12
 	ANDQ             $0x3f3f3f3f, R10
 	ORQ              R10, R12
-	VMOVQ            R12, X9
-	VPMOVZXBD        X9, Y9
 	MOVLQZX          8(DX), R10
-	MOVQ             R10, R12
-	SHRQ             $0x06, R12
-	ANDQ             $0x03030303, R12
-	SHLQ             $0x04, R12
+	MOVQ             R10, R13
+	SHRQ             $0x06, R13
+	ANDQ             $0x03030303, R13
+	SHLQ             $0x04, R13
 	SHRQ             $0x04, R11
 	ANDQ             $0x0f0f0f0f, R11
-	ORQ              R11, R12
-	SHLQ             $0x20, R12
+	ORQ              R11, R13
+	SHLQ             $0x20, R13
 	ANDQ             $0x3f3f3f3f, R10
-	ORQ              R10, R12
-	VMOVQ            R12, X10
+	ORQ              R13, R10
+	VMOVQ            R12, X9
+	VPMOVZXBD        X9, Y9
+	VMOVQ            R10, X10
 	VPMOVZXBD        X10, Y10
 	VPBROADCASTW     (DX), X11
 	VCVTPH2PS        X11, Y11
@@ -5563,20 +5563,20 @@ qtileQ5KR1VNNI_loop1:
 	SHLQ             $0x20, R8
 	ANDQ             $0x3f3f3f3f, SI
 	ORQ              SI, R8
-	VMOVQ            R8, X3
-	VPMOVZXBD        X3, Y3
 	MOVLQZX          8(DX), SI
-	MOVQ             SI, R8
-	SHRQ             $0x06, R8
-	ANDQ             $0x03030303, R8
-	SHLQ             $0x04, R8
+	MOVQ             SI, R9
+	SHRQ             $0x06, R9
+	ANDQ             $0x03030303, R9
+	SHLQ             $0x04, R9
 	SHRQ             $0x04, DI
 	ANDQ             $0x0f0f0f0f, DI
-	ORQ              DI, R8
-	SHLQ             $0x20, R8
+	ORQ              DI, R9
+	SHLQ             $0x20, R9
 	ANDQ             $0x3f3f3f3f, SI
-	ORQ              SI, R8
-	VMOVQ            R8, X4
+	ORQ              R9, SI
+	VMOVQ            R8, X3
+	VPMOVZXBD        X3, Y3
+	VMOVQ            SI, X4
 	VPMOVZXBD        X4, Y4
 	VPBROADCASTW     (DX), X5
 	VCVTPH2PS        X5, Y5
@@ -5737,20 +5737,20 @@ qtileQ5KR4VNNI_loop1:
 	SHLQ             $0x20, R12
 	ANDQ             $0x3f3f3f3f, R10
 	ORQ              R10, R12
-	VMOVQ            R12, X9
-	VPMOVZXBD        X9, Y9
 	MOVLQZX          8(DX), R10
-	MOVQ             R10, R12
-	SHRQ             $0x06, R12
-	ANDQ             $0x03030303, R12
-	SHLQ             $0x04, R12
+	MOVQ             R10, R13
+	SHRQ             $0x06, R13
+	ANDQ             $0x03030303, R13
+	SHLQ             $0x04, R13
 	SHRQ             $0x04, R11
 	ANDQ             $0x0f0f0f0f, R11
-	ORQ              R11, R12
-	SHLQ             $0x20, R12
+	ORQ              R11, R13
+	SHLQ             $0x20, R13
 	ANDQ             $0x3f3f3f3f, R10
-	ORQ              R10, R12
-	VMOVQ            R12, X10
+	ORQ              R13, R10
+	VMOVQ            R12, X9
+	VPMOVZXBD        X9, Y9
+	VMOVQ            R10, X10
 	VPMOVZXBD        X10, Y10
 	VPBROADCASTW     (DX), X11
 	VCVTPH2PS        X11, Y11
@@ -8901,20 +8901,20 @@ qtileQ4KR1VNNI512_loop:
 	SHLQ            $0x20, DI
 	ANDQ            $0x3f3f3f3f, BX
 	ORQ             BX, DI
-	VMOVQ           DI, X4
-	VPMOVZXBD       X4, Y4
 	MOVLQZX         8(DX), BX
-	MOVQ            BX, DI
-	SHRQ            $0x06, DI
-	ANDQ            $0x03030303, DI
-	SHLQ            $0x04, DI
+	MOVQ            BX, R8
+	SHRQ            $0x06, R8
+	ANDQ            $0x03030303, R8
+	SHLQ            $0x04, R8
 	SHRQ            $0x04, SI
 	ANDQ            $0x0f0f0f0f, SI
-	ORQ             SI, DI
-	SHLQ            $0x20, DI
+	ORQ             SI, R8
+	SHLQ            $0x20, R8
 	ANDQ            $0x3f3f3f3f, BX
-	ORQ             BX, DI
-	VMOVQ           DI, X5
+	ORQ             R8, BX
+	VMOVQ           DI, X4
+	VPMOVZXBD       X4, Y4
+	VMOVQ           BX, X5
 	VPMOVZXBD       X5, Y5
 	VPBROADCASTW    (DX), X6
 	VCVTPH2PS       X6, Y6
@@ -9030,20 +9030,20 @@ qtileQ4KR4VNNI512_loop:
 	SHLQ            $0x20, R11
 	ANDQ            $0x3f3f3f3f, BX
 	ORQ             BX, R11
-	VMOVQ           R11, X10
-	VPMOVZXBD       X10, Y10
 	MOVLQZX         8(DX), BX
-	MOVQ            BX, R11
-	SHRQ            $0x06, R11
-	ANDQ            $0x03030303, R11
-	SHLQ            $0x04, R11
+	MOVQ            BX, R12
+	SHRQ            $0x06, R12
+	ANDQ            $0x03030303, R12
+	SHLQ            $0x04, R12
 	SHRQ            $0x04, R10
 	ANDQ            $0x0f0f0f0f, R10
-	ORQ             R10, R11
-	SHLQ            $0x20, R11
+	ORQ             R10, R12
+	SHLQ            $0x20, R12
 	ANDQ            $0x3f3f3f3f, BX
-	ORQ             BX, R11
-	VMOVQ           R11, X11
+	ORQ             R12, BX
+	VMOVQ           R11, X10
+	VPMOVZXBD       X10, Y10
+	VMOVQ           BX, X11
 	VPMOVZXBD       X11, Y11
 	VPBROADCASTW    (DX), X12
 	VCVTPH2PS       X12, Y12
