@@ -102,6 +102,17 @@ type Source interface {
 // ConvertFrom is Convert with the tensors read from src, and only
 // config.json from dir.
 func ConvertFrom(dir string, src Source, typ uint32) (*Writer, error) {
+	return convertFrom(dir, src, typ, false)
+}
+
+// ConvertLazy is ConvertFrom with each stacked expert tensor read from src
+// and encoded only when the file is written (Tensor.Lazy), one at a time:
+// a real-size MoE model's experts do not fit in memory in float32.
+func ConvertLazy(dir string, src Source, typ uint32) (*Writer, error) {
+	return convertFrom(dir, src, typ, true)
+}
+
+func convertFrom(dir string, src Source, typ uint32, lazy bool) (*Writer, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return nil, err
@@ -221,7 +232,7 @@ func ConvertFrom(dir string, src Source, typ uint32) (*Writer, error) {
 		w.Add(p+"nextn_predict_layers", uint32(c.NextN))
 	}
 
-	cv := converter{w: w, set: src, typ: typ, c: &c, permute: arch == "llama"}
+	cv := converter{w: w, set: src, typ: typ, c: &c, permute: arch == "llama", lazy: lazy}
 	if err := cv.tensors(); err != nil {
 		return nil, err
 	}
@@ -260,6 +271,7 @@ type converter struct {
 	typ     uint32
 	c       *hfConfig
 	permute bool
+	lazy    bool // experts as lazy tensors
 }
 
 // names as in llama.cpp's gguf-py tensor_mapping.py.
@@ -318,7 +330,8 @@ var (
 
 // tensors converts every tensor of the checkpoint.
 func (cv *converter) tensors() error {
-	experts := map[string]map[int][]float32{} // GGUF stacked name -> expert -> values
+	experts := map[string]map[int][]float32{}  // GGUF stacked name -> expert -> values
+	expertNames := map[string]map[int]string{} // the same -> expert -> source name (lazy)
 	shapes := map[string][]int{}
 	for _, name := range cv.set.Names() {
 		t, err := cv.set.Tensor(name)
@@ -327,6 +340,18 @@ func (cv *converter) tensors() error {
 		}
 		if t.DType != kernels.F32 && t.DType != kernels.BF16 {
 			return fmt.Errorf("ggufwrite: %s is %s, want F32 or BF16", name, t.Dtype)
+		}
+		if m := hfLayer.FindStringSubmatch(name); cv.lazy && m != nil {
+			if e := hfExpert.FindStringSubmatch(m[2]); e != nil {
+				g := "blk." + m[1] + ".ffn_" + expertProj[e[3]] + "_exps.weight"
+				x, _ := strconv.Atoi(e[2])
+				if expertNames[g] == nil {
+					expertNames[g] = map[int]string{}
+				}
+				expertNames[g][x] = name
+				shapes[g] = t.Shape
+				continue
+			}
 		}
 		vals, err := cv.set.Float32(name, t.Shape...)
 		if err != nil {
@@ -383,12 +408,19 @@ func (cv *converter) tensors() error {
 		}
 		cv.add(blk+g, t.Shape, vals)
 	}
-	names := make([]string, 0, len(experts))
+	names := make([]string, 0, len(experts)+len(expertNames))
 	for g := range experts {
+		names = append(names, g)
+	}
+	for g := range expertNames {
 		names = append(names, g)
 	}
 	slices.Sort(names)
 	for _, g := range names {
+		if srcs := expertNames[g]; srcs != nil {
+			cv.addLazy(g, shapes[g], srcs)
+			continue
+		}
 		var all []float32
 		for x := range len(experts[g]) {
 			all = append(all, experts[g][x]...)
@@ -396,6 +428,28 @@ func (cv *converter) tensors() error {
 		cv.add(g, append([]int{len(experts[g])}, shapes[g]...), all)
 	}
 	return nil
+}
+
+// addLazy appends the stacked experts srcs[0], srcs[1], ... (each of
+// PyTorch shape one) as a lazy tensor: each expert is read and encoded
+// when the file is written (an expert's rows are whole blocks, so the
+// stacked encoding is the experts' encodings one after the other).
+func (cv *converter) addLazy(name string, one []int, srcs map[int]string) {
+	shape := append([]int{len(srcs)}, one...)
+	typ := cv.typeFor(name, shape)
+	per := encodedSize(typ, one)
+	cv.w.Tensors = append(cv.w.Tensors, Tensor{Name: name, Type: typ, Dims: ggmlDims(shape), Size: len(srcs) * per,
+		Lazy: func() ([]byte, error) {
+			out := make([]byte, 0, len(srcs)*per)
+			for x := range len(srcs) {
+				vals, err := cv.set.Float32(srcs[x], one...)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, encode(typ, one, vals)...)
+			}
+			return out, nil
+		}})
 }
 
 // qwen3Next applies Qwen3NextModel's renames and value changes in place:
@@ -480,25 +534,60 @@ func (cv *converter) splitKVB(blk string, vals []float32) {
 
 // add appends a tensor of PyTorch shape (outermost first).
 func (cv *converter) add(name string, shape []int, vals []float32) {
+	typ := cv.typeFor(name, shape)
+	cv.w.Tensors = append(cv.w.Tensors, Tensor{Name: name, Type: typ, Dims: ggmlDims(shape), Data: encode(typ, shape, vals)})
+}
+
+// ggmlDims is GGML's ne (innermost first) of a PyTorch shape.
+func ggmlDims(shape []int) []uint64 {
 	dims := make([]uint64, len(shape))
 	for i, d := range shape {
 		dims[len(shape)-1-i] = uint64(d)
 	}
-	t := Tensor{Name: name, Type: F32, Dims: dims}
+	return dims
+}
+
+// typeFor is the GGUF type of tensor name of PyTorch shape: cv.typ for the
+// matrices that take it, F32 for the rest.
+func (cv *converter) typeFor(name string, shape []int) uint32 {
 	// Routers stay F32, as convert_hf_to_gguf keeps them.
 	plain := len(shape) >= 2 && !strings.Contains(name, "ffn_gate_inp") && !strings.Contains(name, "ssm_conv1d")
 	switch {
-	case plain && cv.typ == F16:
-		t.Type, t.Data = F16, weights.NewTensor(kernels.F16, shape, vals).Data
-	case plain && cv.typ == BF16:
-		t.Type, t.Data = BF16, weights.NewTensor(kernels.BF16, shape, vals).Data
+	case plain && (cv.typ == F16 || cv.typ == BF16):
+		return cv.typ
 	case plain && cv.typ == Q8_0 && shape[len(shape)-1]%32 == 0 && !strings.Contains(name, "attn_k_b") && !strings.Contains(name, "attn_v_b"):
 		// MLA's kv_b halves stay F32, as ferrite's --quant keeps kv_b_proj.
-		t.Type, t.Data = Q8_0, QuantizeQ8_0(vals)
-	default:
-		t.Data = EncodeF32(vals)
+		return Q8_0
 	}
-	cv.w.Tensors = append(cv.w.Tensors, t)
+	return F32
+}
+
+// encode encodes vals (of PyTorch shape) as typ.
+func encode(typ uint32, shape []int, vals []float32) []byte {
+	switch typ {
+	case F16:
+		return weights.NewTensor(kernels.F16, shape, vals).Data
+	case BF16:
+		return weights.NewTensor(kernels.BF16, shape, vals).Data
+	case Q8_0:
+		return QuantizeQ8_0(vals)
+	}
+	return EncodeF32(vals)
+}
+
+// encodedSize is the length of encode's result.
+func encodedSize(typ uint32, shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	switch typ {
+	case F16, BF16:
+		return 2 * n
+	case Q8_0:
+		return n / 32 * 34
+	}
+	return 4 * n
 }
 
 // QuantizeQ8_0 encodes values (whole blocks of 32) as GGML's Q8_0, the way
@@ -546,7 +635,8 @@ func permute(vals []float32, shape []int, heads int) []float32 {
 
 // FuseGateUpExperts replaces each block's ffn_gate_exps and ffn_up_exps
 // with one ffn_gate_up_exps, each expert's gate rows then its up rows, as
-// convert_hf_to_gguf does with fuse_gate_up_exps.
+// convert_hf_to_gguf does with fuse_gate_up_exps (of a Writer from
+// ConvertFrom: it reads the tensors' Data).
 func (w *Writer) FuseGateUpExperts() {
 	byName := map[string]int{}
 	for i, t := range w.Tensors {

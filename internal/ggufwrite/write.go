@@ -8,6 +8,7 @@
 package ggufwrite
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"fmt"
@@ -37,12 +38,36 @@ type KV struct {
 }
 
 // Tensor is one tensor: Dims are GGML's ne (innermost first), Data the
-// encoded bytes.
+// encoded bytes, or (Data nil) Lazy returns them when the file is written,
+// Size bytes: a converted model's stacked experts, too large to hold all
+// at once.
 type Tensor struct {
 	Name string
 	Type uint32
 	Dims []uint64
 	Data []byte
+	Lazy func() ([]byte, error)
+	Size int
+}
+
+// size is the length of t's encoded bytes.
+func (t *Tensor) size() int {
+	if t.Data == nil && t.Lazy != nil {
+		return t.Size
+	}
+	return len(t.Data)
+}
+
+// Bytes returns t's encoded bytes, calling Lazy for a lazy tensor.
+func (t *Tensor) Bytes() ([]byte, error) {
+	if t.Data != nil || t.Lazy == nil {
+		return t.Data, nil
+	}
+	b, err := t.Lazy()
+	if err == nil && len(b) != t.Size {
+		err = fmt.Errorf("ggufwrite: %s encodes to %d bytes, want %d", t.Name, len(b), t.Size)
+	}
+	return b, err
 }
 
 // Writer collects a file's contents.
@@ -67,17 +92,17 @@ func (w *Writer) Set(key string, v any) {
 	w.Add(key, v)
 }
 
-// Bytes encodes the file.
+// Bytes encodes the file (lazy tensors included). It panics if a lazy
+// tensor fails: use WriteTo for those.
 func (w *Writer) Bytes() []byte {
 	var b bytes.Buffer
-	w.WriteTo(&b)
+	if _, err := w.WriteTo(&b); err != nil {
+		panic(err)
+	}
 	return b.Bytes()
 }
 
-// WriteTo encodes the file to out: the header (metadata and tensor
-// infos) from one buffer, then each tensor's data as it is, so that a
-// many-gigabyte file (tools/randgguf's real-size models) is not copied
-// into a second buffer of its size.
+// WriteTo writes the file to out, encoding one lazy tensor at a time.
 func (w *Writer) WriteTo(out io.Writer) (int64, error) {
 	var b bytes.Buffer
 	le := func(v any) { binary.Write(&b, binary.LittleEndian, v) }
@@ -107,20 +132,23 @@ func (w *Writer) WriteTo(out io.Writer) (int64, error) {
 		}
 		le(t.Type)
 		le(offset)
-		offset += uint64(pad(len(t.Data), align))
+		offset += uint64(pad(t.size(), align))
 	}
 	b.Write(make([]byte, pad(b.Len(), align)-b.Len()))
 	n, err := out.Write(b.Bytes())
 	total := int64(n)
-	zeros := make([]byte, align)
 	for _, t := range w.Tensors {
 		if err != nil {
 			break
 		}
-		n, err = out.Write(t.Data)
+		var data []byte
+		if data, err = t.Bytes(); err != nil {
+			break
+		}
+		n, err = out.Write(data)
 		total += int64(n)
 		if err == nil {
-			n, err = out.Write(zeros[:pad(len(t.Data), align)-len(t.Data)])
+			n, err = out.Write(make([]byte, pad(len(data), align)-len(data)))
 			total += int64(n)
 		}
 	}
@@ -129,13 +157,16 @@ func (w *Writer) WriteTo(out io.Writer) (int64, error) {
 
 func pad(n, a int) int { return (n + a - 1) / a * a }
 
-// WriteFile writes the file to path.
+// WriteFile writes the file to path, encoding one lazy tensor at a time.
 func (w *Writer) WriteFile(path string) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	_, err = w.WriteTo(f)
+	bw := bufio.NewWriterSize(f, 1<<20)
+	if _, err = w.WriteTo(bw); err == nil {
+		err = bw.Flush()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

@@ -155,6 +155,13 @@ func main() {
 			}
 		}
 	}
+	gemvConsts()
+	quantX()
+	for _, k := range gemvKernels {
+		for _, r := range []int{1, 4} {
+			qgemv(k, r)
+		}
+	}
 	q4kConsts512()
 	q8Consts512()
 	q40Consts512()

@@ -197,44 +197,14 @@ func bcastB(c uint8) VecVirtual {
 	return bcastD(uint32(c) * 0x01010101)
 }
 
-// q4kScales unpacks a Q4_K/Q5_K block's twelve scale bytes at w+4 (ggml's
-// utmp shuffle) into the eight 6-bit scales and the eight 6-bit mins, as
-// int32 lanes of sc and mn. It goes through general registers, not memory,
-// so no load waits on a store it only partly overlaps.
+// q4kScales unpacks a Q4_K/Q5_K block's twelve scale bytes at w+4 into
+// the eight 6-bit scales and the eight 6-bit mins, as int32 lanes of sc and
+// mn (kScaleBytes, then widened).
 func q4kScales(w GPVirtual, sc, mn VecVirtual) {
-	a0, a2 := GP64(), GP64()
-	MOVLQZX(Mem{Base: w, Disp: 4}, a0)
-	MOVLQZX(Mem{Base: w, Disp: 12}, a2)
-	// scales 4..7 per byte: (a2 & 0x0f) | ((a0 >> 6) & 3) << 4, above
-	// scales 0..3: a0 & 0x3f.
-	t, u := GP64(), GP64()
-	MOVQ(a0, t)
-	SHRQ(U8(6), t)
-	ANDQ(U32(0x03030303), t)
-	SHLQ(U8(4), t)
-	MOVQ(a2, u)
-	ANDQ(U32(0x0f0f0f0f), u)
-	ORQ(u, t)
-	SHLQ(U8(32), t)
-	ANDQ(U32(0x3f3f3f3f), a0)
-	ORQ(a0, t)
-	VMOVQ(t, sc.AsX())
+	s8, m8 := kScaleBytes(w)
+	VMOVQ(s8, sc.AsX())
 	VPMOVZXBD(sc.AsX(), sc.AsY())
-	a1 := GP64() // loaded late: four general registers at most are live here
-	MOVLQZX(Mem{Base: w, Disp: 8}, a1)
-	// mins 4..7: (a2 >> 4) & 0x0f | ((a1 >> 6) & 3) << 4, above mins 0..3:
-	// a1 & 0x3f.
-	MOVQ(a1, t)
-	SHRQ(U8(6), t)
-	ANDQ(U32(0x03030303), t)
-	SHLQ(U8(4), t)
-	SHRQ(U8(4), a2)
-	ANDQ(U32(0x0f0f0f0f), a2)
-	ORQ(a2, t)
-	SHLQ(U8(32), t)
-	ANDQ(U32(0x3f3f3f3f), a1)
-	ORQ(a1, t)
-	VMOVQ(t, mn.AsX())
+	VMOVQ(m8, mn.AsX())
 	VPMOVZXBD(mn.AsX(), mn.AsY())
 }
 

@@ -57,7 +57,7 @@ func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs,
 		}
 	case w.DType.Quantized():
 		m.qt, m.qx = qtilesFor(w.DType), &xs.q
-		m.qx.resize(n, w.Cols)
+		m.qx.resize(n, w.Cols, xGroup(w.DType))
 	case path == pathBF16:
 		m.bt, m.xb = bf16TilesFor(), &xs.b
 		m.xb.resize(n, w.Cols)
@@ -160,7 +160,10 @@ func (m *matmul) block(s0, s1, i0, i1 int, x []float32, ldx int) {
 }
 
 // qtask is task for a quantized w: output rows [r0, r1) for x rows [i0, i1),
-// weight rows blocked in L1 as in task.
+// weight rows blocked in L1 as in task. Where the dtype has gemv kernels
+// (and the rows are whole 256-column groups), each takes the block of
+// weight rows in one call, four x rows at a time, then one; else the
+// tiles go row by row.
 func (m *matmul) qtask(r0, r1, i0, i1 int) {
 	cols, rows := m.w.Cols, m.w.Rows
 	rb := m.w.DType.RowBytes(cols)
@@ -168,21 +171,32 @@ func (m *matmul) qtask(r0, r1, i0, i1 int) {
 	if i1-i0 > 1 {
 		step = max(1, weightBlock/max(rb, 1))
 	}
-	q, ds, t := m.qx.q, m.qx.ds, m.qt
+	q, ds, bs, t := m.qx.q, m.qx.ds, m.qx.bs, m.qt
 	nb := cols / qk
+	gemv := t.gemv != nil && cols > 0 && cols%256 == 0
 	for s0 := r0; s0 < r1; s0 += step {
 		s1 := min(r1, s0+step)
+		w := m.w.Data[s0*rb : s1*rb]
 		for i := i0; i < i1; {
 			r := 1
-			if t.r4 != nil && i+4 <= i1 {
+			if (t.r4 != nil || gemv && t.gemv4 != nil) && i+4 <= i1 {
 				r = 4
 			}
-			tile := t.r1
-			if r == 4 {
-				tile = t.r4
-			}
-			for j := s0; j < s1; j++ {
-				tile(m.y[i*rows+j:], rows, q[i*cols:], ds[2*i*nb:], cols, m.w.Data[j*rb:(j+1)*rb], cols)
+			switch {
+			case gemv && r == 4 && t.gemv4 != nil:
+				t.gemv4(m.y[i*rows+s0:(i+3)*rows+s1], rows, q[i*cols:(i+4)*cols], ds[2*i*nb:2*(i+4)*nb], bs[2*i*nb:2*(i+4)*nb],
+					cols, w, cols, s1-s0, f16Table())
+			case gemv && r == 1:
+				t.gemv(m.y[i*rows+s0:i*rows+s1], rows, q[i*cols:(i+1)*cols], ds[2*i*nb:2*(i+1)*nb], bs[2*i*nb:2*(i+1)*nb],
+					cols, w, cols, s1-s0, f16Table())
+			default:
+				tile := t.r1
+				if r == 4 {
+					tile = t.r4
+				}
+				for j := s0; j < s1; j++ {
+					tile(m.y[i*rows+j:], rows, q[i*cols:], ds[2*i*nb:], cols, m.w.Data[j*rb:(j+1)*rb], cols)
+				}
 			}
 			i += r
 		}

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"slices"
+	"sync/atomic"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/ref"
@@ -323,7 +324,17 @@ type moeScratch struct {
 	tw          []float32
 	xe, gu, h   []float32
 	ye          []float32
+	act         []int        // experts with tokens
+	next        atomic.Int64 // side by side: the next of act to run
+	xb          []xbufs      // per active expert: its products' converted x
+	scratch     [][]float32
 }
+
+// moeSideBySide is the most tokens an expert may have for the experts to
+// run side by side, each on one worker, instead of one after the other
+// over all workers: with a few rows, an expert's products are too short to
+// be worth splitting (a decode step's experts have one row each).
+const moeSideBySide = 4
 
 // Experts implements kernels.MoEOps: (token, weight) pairs are bucketed by
 // expert so each expert runs once over its tokens; a token's outputs are
@@ -366,36 +377,77 @@ func (b *Backend) ExpertsClamp(dst, x, ids, w kernels.Tensor, experts []kernels.
 		}
 	}
 	clear(y[:n*hidden])
-	xe := grow(&s.xe, n*hidden)
-	gu := grow(&s.gu, n*2*inter)
-	h := grow(&s.h, n*inter)
-	ye := grow(&s.ye, n*hidden)
+	s.act = s.act[:0]
+	most := 0
 	for e := range experts {
+		if rows := s.count[e+1] - s.count[e]; rows > 0 {
+			s.act = append(s.act, e)
+			most = max(most, rows)
+		}
+	}
+	side := b.pool.workers > 1 && len(s.act) > 1 && most <= moeSideBySide
+	bufRows := most // one expert at a time: its rows from 0
+	if side {
+		bufRows = n * k // side by side: expert e's rows from count[e]
+	}
+	xe := grow(&s.xe, bufRows*hidden)
+	gu := grow(&s.gu, bufRows*2*inter)
+	h := grow(&s.h, bufRows*inter)
+	ye := grow(&s.ye, bufRows*hidden)
+	// run runs expert e over its tokens with matMul (MatMul, or inline on
+	// a worker), rows from at in the buffers, into ye.
+	run := func(e, at int, matMul func(y, x []float32, w *kernels.Mat, n int)) {
 		lo, hi := s.count[e], s.count[e+1]
 		rows := hi - lo
-		if rows == 0 {
-			continue
+		for r, t := range s.tok[lo:hi] {
+			copy(xe[(at+r)*hidden:(at+r+1)*hidden], xs[int(t)*hidden:])
 		}
 		ex := &experts[e]
-		for r, t := range s.tok[lo:hi] {
-			copy(xe[r*hidden:(r+1)*hidden], xs[int(t)*hidden:])
-		}
+		xr, hr := xe[at*hidden:(at+rows)*hidden], h[at*inter:(at+rows)*inter]
 		if ex.GateUp != nil {
-			b.MatMul(gu[:rows*2*inter], xe[:rows*hidden], ex.GateUp, rows)
+			g := gu[at*2*inter : (at+rows)*2*inter]
+			matMul(g, xr, ex.GateUp, rows)
 			for r := range rows {
-				row := gu[r*2*inter : (r+1)*2*inter]
-				ref.SwiGLUClamp(h[r*inter:(r+1)*inter], row[:inter], row[inter:], limit)
+				row := g[r*2*inter : (r+1)*2*inter]
+				ref.SwiGLUClamp(hr[r*inter:(r+1)*inter], row[:inter], row[inter:], limit)
 			}
 		} else {
-			g, u := gu[:rows*inter], gu[rows*inter:2*rows*inter]
-			b.MatMul(g, xe[:rows*hidden], ex.Gate, rows)
-			b.MatMul(u, xe[:rows*hidden], ex.Up, rows)
-			ref.SwiGLUClamp(h[:rows*inter], g, u, limit)
+			g, u := gu[2*at*inter:(2*at+rows)*inter], gu[(2*at+rows)*inter:2*(at+rows)*inter]
+			matMul(g, xr, ex.Gate, rows)
+			matMul(u, xr, ex.Up, rows)
+			ref.SwiGLUClamp(hr, g, u, limit)
 		}
-		b.MatMul(ye[:rows*hidden], h[:rows*inter], ex.Down, rows)
+		matMul(ye[at*hidden:(at+rows)*hidden], hr, ex.Down, rows)
+	}
+	add := func(e, at int) { // y += weight·ye, token by token
+		lo, hi := s.count[e], s.count[e+1]
 		for r, t := range s.tok[lo:hi] {
-			axpy(y[int(t)*hidden:(int(t)+1)*hidden], s.tw[lo+r], ye[r*hidden:(r+1)*hidden])
+			axpy(y[int(t)*hidden:(int(t)+1)*hidden], s.tw[lo+r], ye[(at+r)*hidden:(at+r+1)*hidden])
 		}
+	}
+	if !side {
+		for _, e := range s.act {
+			run(e, 0, b.MatMul)
+			add(e, 0)
+		}
+		return
+	}
+	for len(s.xb) < len(s.act) {
+		s.xb = append(s.xb, xbufs{})
+		s.scratch = append(s.scratch, nil)
+	}
+	// The workers take experts off a counter: on a busy machine one may
+	// fall behind.
+	s.next.Store(0)
+	b.Parallel(b.pool.workers, func(int, int) {
+		for a := int(s.next.Add(1) - 1); a < len(s.act); a = int(s.next.Add(1) - 1) {
+			run(s.act[a], s.count[s.act[a]], func(y, x []float32, w *kernels.Mat, n int) {
+				b.matMulInline(y, x, w, n, &s.xb[a], &s.scratch[a])
+			})
+		}
+	})
+	for _, e := range s.act { // in increasing expert id, as documented
+		add(e, s.count[e])
 	}
 }
 

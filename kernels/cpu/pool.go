@@ -24,6 +24,7 @@ type pool struct {
 	workers int                 // helpers + the caller
 	wake    []chan *job         // (workers-1) helper inboxes
 	done    sync.WaitGroup      // counts helpers still running the current call
+	pending atomic.Int32        // the same, dropped after done: what run spins on
 	busy    atomic.Bool         // a call is in flight, or the pool is closed
 	failure atomic.Pointer[any] // first panic value raised on a helper
 	quit    chan struct{}
@@ -105,6 +106,7 @@ func (p *pool) call(id int, j *job) {
 			p.failure.CompareAndSwap(nil, &v)
 		}
 		p.done.Done()
+		p.pending.Add(-1)
 	}()
 	j.do(id, &p.scratch[id])
 }
@@ -119,17 +121,35 @@ func (p *pool) release()      { p.busy.Store(false) }
 func (p *pool) run(nw int) {
 	j := &p.job
 	p.done.Add(nw - 1)
+	p.pending.Store(int32(nw - 1))
 	for w := 1; w < nw; w++ {
 		p.wake[w-1] <- j
 	}
 	func() {
-		defer p.done.Wait() // also when worker 0 panics: helpers must finish first
+		defer p.wait() // also when worker 0 panics: helpers must finish first
 		j.do(0, &p.scratch[0])
 	}()
 	j.fn, j.mm = nil, nil // let the GC have the caller's data
 	if r := p.failure.Swap(nil); r != nil {
 		panic(*r)
 	}
+}
+
+// wait returns when the helpers of the call in flight are done. It polls
+// for up to spinFor before it blocks: the helpers usually finish within
+// microseconds of the caller, and a goroutine parked in WaitGroup.Wait
+// takes tens of µs to wake on a VM, which a decode step (hundreds of
+// parallel ops) would pay every time.
+func (p *pool) wait() {
+	for start := time.Now(); p.pending.Load() != 0 && time.Since(start) < spinFor; {
+		for range 64 {
+			if p.pending.Load() == 0 {
+				break
+			}
+		}
+		runtime.Gosched()
+	}
+	p.done.Wait() // returns at once once pending is 0: Done comes first
 }
 
 // close stops the helpers once no call is in flight. The pool then stays

@@ -18,19 +18,34 @@ import (
 const qk = 32
 
 // qrows is a batch of x rows quantized to int8 in blocks of qk columns.
+// The scale d comes from the largest |x| of each group of group columns:
+// qk, or 256 for the K-quants (Q4_K, Q5_K, Q6_K), as llama.cpp quantizes
+// x to Q8_K for them, so that their sub-block scales can multiply integer
+// sums (the qgemv kernels). Every block of a group then has the same d.
 type qrows struct {
-	q  []int8    // (n, cols): round(x / d)
-	ds []float32 // (n, cols/qk, 2): the block scale d = max|x|/127, and d·Σq (for the weights' mins)
+	q     []int8    // (n, cols): round(x / d)
+	ds    []float32 // (n, cols/qk, 2): the block scale d = max|x|/127, and d·Σq (for the weights' mins)
+	bs    []int16   // (n, cols/16): Σq over each 16 columns
+	group int       // columns per scale d
 }
 
-// quantize fills r with the n rows of x (n, cols), growing its buffers.
-func (r *qrows) quantize(x []float32, n, cols int) {
-	r.resize(n, cols)
+// xGroup is the columns per x scale for weights of dtype dt (see qrows).
+func xGroup(dt kernels.DType) int {
+	if dt.BlockElems() == 256 {
+		return 256
+	}
+	return qk
+}
+
+// quantize fills r with the n rows of x (n, cols), one scale per group
+// columns (qk or 256, dividing cols), growing its buffers.
+func (r *qrows) quantize(x []float32, n, cols, group int) {
+	r.resize(n, cols, group)
 	r.quantizeRows(x, cols, 0, n)
 }
 
 // resize makes r hold n rows of cols columns, growing its buffers.
-func (r *qrows) resize(n, cols int) {
+func (r *qrows) resize(n, cols, group int) {
 	nb := n * cols / qk
 	if cap(r.q) < n*cols {
 		r.q = make([]int8, n*cols)
@@ -38,31 +53,46 @@ func (r *qrows) resize(n, cols int) {
 	if cap(r.ds) < 2*nb {
 		r.ds = make([]float32, 2*nb)
 	}
-	r.q, r.ds = r.q[:n*cols], r.ds[:2*nb]
+	if cap(r.bs) < 2*nb {
+		r.bs = make([]int16, 2*nb)
+	}
+	r.q, r.ds, r.bs, r.group = r.q[:n*cols], r.ds[:2*nb], r.bs[:2*nb], group
 }
 
 // quantizeRows quantizes rows [lo, hi) of x (rows of cols) into r, which
 // resize has sized.
 func (r *qrows) quantizeRows(x []float32, cols, lo, hi int) {
-	for b := lo * cols / qk; b < hi*cols/qk; b++ {
-		r.ds[2*b], r.ds[2*b+1] = quantBlock(r.q[b*qk:(b+1)*qk], x[b*qk:(b+1)*qk])
+	b0, b1 := lo*cols/qk, hi*cols/qk
+	quantizeX(r.q[b0*qk:b1*qk], r.ds[2*b0:2*b1], r.bs[2*b0:2*b1], x[b0*qk:b1*qk], r.group)
+}
+
+// quantizeXGo quantizes x (len(x) a multiple of group, itself a multiple
+// of qk) to q with one scale per group columns, its (d, d·Σq) pairs per
+// block of qk to ds and Σq per 16 columns to bs.
+func quantizeXGo(q []int8, ds []float32, bs []int16, x []float32, group int) {
+	for gb := range len(x) / group {
+		var amax float32
+		for _, v := range x[gb*group : (gb+1)*group] {
+			amax = max(amax, math.Float32frombits(math.Float32bits(v)&^(1<<31)))
+		}
+		for b := gb * group / qk; b < (gb+1)*group/qk; b++ {
+			ds[2*b], ds[2*b+1] = quantBlock(q[b*qk:(b+1)*qk], bs[2*b:2*b+2], x[b*qk:(b+1)*qk], amax)
+		}
 	}
 }
 
-// quantBlock quantizes one block of qk values to q and returns its scale d
-// and d·Σq.
-func quantBlock(q []int8, x []float32) (d, s float32) {
-	var amax float32
-	for _, v := range x[:qk] {
-		amax = max(amax, math.Float32frombits(math.Float32bits(v)&^(1<<31)))
-	}
+// quantBlock quantizes one block of qk values with scale amax/127 (amax ≥
+// max|x|) to q, sets bs to the sums of its two halves' q, and returns the
+// scale d and d·Σq.
+func quantBlock(q []int8, bs []int16, x []float32, amax float32) (d, s float32) {
 	if amax == 0 {
 		clear(q[:qk])
+		bs[0], bs[1] = 0, 0
 		return 0, 0
 	}
 	d = amax / 127
 	id := 127 / amax
-	sum := 0
+	var sum [2]int
 	for i, v := range x[:qk] {
 		// Round half away from zero; |v·id| ≤ 127 (+ rounding), so the
 		// clamp only catches an id that rounded up.
@@ -74,9 +104,10 @@ func quantBlock(q []int8, x []float32) (d, s float32) {
 			qi = max(int32(t-0.5), -127)
 		}
 		q[i] = int8(qi)
-		sum += int(qi)
+		sum[i/16] += int(qi)
 	}
-	return d, d * float32(sum)
+	bs[0], bs[1] = int16(sum[0]), int16(sum[1])
+	return d, d * float32(sum[0]+sum[1])
 }
 
 // A qtileFunc sets y[r·ldy] for r < R x rows against one weight row w (k
@@ -89,19 +120,29 @@ func quantBlock(q []int8, x []float32) (d, s float32) {
 //	}
 type qtileFunc func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
-// qtileSet holds the tiles of one quantized dtype: one x row, and four x
-// rows sharing the decoded weight row (nil where there is none).
+// A qgemvFunc sets y[r·ldy + j] for j < rows, r < R x rows to the dot
+// product of weight row j (k > 0 columns; the rows one after the other in
+// w) with x row r quantized in groups of 256 columns for the K-quants
+// (q[r·ldq:]; ds, its (d, s) pairs; bs, its sums per 16 columns): a task's
+// block of weight rows in one call, each weight block decoded once for
+// the R x rows. f16 is f16Table().
+type qgemvFunc func(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k, rows int, f16 *[1 << 16]float32)
+
+// qtileSet holds the kernels of one quantized dtype: tiles of one x row and
+// of four x rows sharing the decoded weight row, and gemv kernels of one
+// and four x rows against a block of weight rows (nil where there is none).
 type qtileSet struct {
-	r1, r4 qtileFunc
+	r1, r4      qtileFunc
+	gemv, gemv4 qgemvFunc
 }
 
 // genericQTiles are the pure-Go tiles, indexed by kernels.DType.
 var genericQTiles = [...]qtileSet{
-	kernels.Q8_0: {r1: rowTile(dotQ8_0)},
-	kernels.Q4_0: {r1: rowTile(dotQ4_0)},
-	kernels.Q4K:  {r1: rowTile(dotQ4K)},
+	kernels.Q8_0: {r1: rowTile(dotQ8_0), gemv: rowsGemv(kernels.Q8_0, dotQ8_0)},
+	kernels.Q4_0: {r1: rowTile(dotQ4_0), gemv: rowsGemv(kernels.Q4_0, dotQ4_0)},
+	kernels.Q4K:  {r1: rowTile(dotQ4K), gemv: rowsGemv(kernels.Q4K, dotQ4K)},
 	kernels.Q5K:  {r1: rowTile(dotQ5K)},
-	kernels.Q6K:  {r1: rowTile(dotQ6K)},
+	kernels.Q6K:  {r1: rowTile(dotQ6K), gemv: rowsGemv(kernels.Q6K, dotQ6K)},
 }
 
 // A qdotFunc is the dot product of one weight row w (k columns) with one
@@ -111,6 +152,18 @@ type qdotFunc func(q []int8, ds []float32, w []byte, k int) float32
 func rowTile(dot qdotFunc) qtileFunc {
 	return func(y []float32, _ int, q []int8, ds []float32, _ int, w []byte, k int) {
 		y[0] = dot(q, ds, w, k)
+	}
+}
+
+// rowsGemv is the Go twin of the one-row qgemv kernels: dot over each of
+// the rows of dtype dt (whose x scales it reads from ds, like every Go
+// tile).
+func rowsGemv(dt kernels.DType, dot qdotFunc) qgemvFunc {
+	return func(y []float32, _ int, q []int8, ds []float32, _ []int16, _ int, w []byte, k, rows int, _ *[1 << 16]float32) {
+		rb := dt.RowBytes(k)
+		for j := range rows {
+			y[j] = dot(q, ds, w[j*rb:(j+1)*rb], k)
+		}
 	}
 }
 

@@ -40,16 +40,17 @@ func tilesFor(d kernels.DType) *tileSet {
 	return &asmTiles[d]
 }
 
-// Quantized tiles, indexed by kernels.DType: the AVX2 ones use VPMADDUBSW,
+// Quantized tiles, indexed by kernels.DType: the AVX2 ones use VPMADDUBSW
+// (the gemv kernels, kernels/_generate/qgemv.go, where the dtype has them),
 // the VNNI ones VPDPBUSD (AVX-512 VNNI, 256-bit). Q6_K has no 4-row tile (in a model it is the output head, which prefill runs
 // for one row).
 var (
 	avx2QTiles = [...]qtileSet{
-		kernels.Q8_0: {r1: qtileQ8_0R1AVX2, r4: qtileQ8_0R4AVX2},
-		kernels.Q4_0: {r1: qtileQ4_0R1AVX2, r4: qtileQ4_0R4AVX2},
-		kernels.Q4K:  {r1: qtileQ4KR1AVX2, r4: qtileQ4KR4AVX2},
+		kernels.Q8_0: {r1: qtileQ8_0R1AVX2, r4: qtileQ8_0R4AVX2, gemv: qgemvQ8_0R1AVX2, gemv4: qgemvQ8_0R4AVX2},
+		kernels.Q4_0: {r1: qtileQ4_0R1AVX2, r4: qtileQ4_0R4AVX2, gemv: qgemvQ4_0R1AVX2, gemv4: qgemvQ4_0R4AVX2},
+		kernels.Q4K:  {r1: qtileQ4KR1AVX2, r4: qtileQ4KR4AVX2, gemv: qgemvQ4KR1AVX2, gemv4: qgemvQ4KR4AVX2},
 		kernels.Q5K:  {r1: qtileQ5KR1AVX2, r4: qtileQ5KR4AVX2},
-		kernels.Q6K:  {r1: qtileQ6KR1AVX2},
+		kernels.Q6K:  {r1: qtileQ6KR1AVX2, gemv: qgemvQ6KR1AVX2, gemv4: qgemvQ6KR4AVX2},
 	}
 	vnniQTiles = [...]qtileSet{
 		kernels.Q8_0: {r1: qtileQ8_0R1VNNI, r4: qtileQ8_0R4VNNI},
@@ -117,6 +118,16 @@ func roundBF16(dst []uint16, src []float32) {
 		src, dst = src[n:], dst[n:]
 	}
 	roundBF16Go(dst, src)
+}
+
+// quantizeX is quantizeXGo, on AVX2 where the CPU has it.
+func quantizeX(q []int8, ds []float32, bs []int16, x []float32, group int) {
+	if cpuinfo.AVX2FMA() {
+		n := len(x) / group * group
+		quantXAVX2(q[:n], ds[:2*n/qk], bs[:2*n/qk], x[:n], group) // the slices check what the assembly assumes
+		return
+	}
+	quantizeXGo(q, ds, bs, x, group)
 }
 
 // haveAsm reports whether tilesFor returns assembly for some dtype.

@@ -3618,20 +3618,20 @@ qtileQ4KR1AVX2_loop1:
 	SHLQ         $0x20, R8
 	ANDQ         $0x3f3f3f3f, SI
 	ORQ          SI, R8
-	VMOVQ        R8, X4
-	VPMOVZXBD    X4, Y4
 	MOVLQZX      8(DX), SI
-	MOVQ         SI, R8
-	SHRQ         $0x06, R8
-	ANDQ         $0x03030303, R8
-	SHLQ         $0x04, R8
+	MOVQ         SI, R9
+	SHRQ         $0x06, R9
+	ANDQ         $0x03030303, R9
+	SHLQ         $0x04, R9
 	SHRQ         $0x04, DI
 	ANDQ         $0x0f0f0f0f, DI
-	ORQ          DI, R8
-	SHLQ         $0x20, R8
+	ORQ          DI, R9
+	SHLQ         $0x20, R9
 	ANDQ         $0x3f3f3f3f, SI
-	ORQ          SI, R8
-	VMOVQ        R8, X5
+	ORQ          R9, SI
+	VMOVQ        R8, X4
+	VPMOVZXBD    X4, Y4
+	VMOVQ        SI, X5
 	VPMOVZXBD    X5, Y5
 	VPBROADCASTW (DX), X6
 	VCVTPH2PS    X6, Y6
@@ -3767,20 +3767,20 @@ qtileQ4KR4AVX2_loop1:
 	SHLQ         $0x20, R12
 	ANDQ         $0x3f3f3f3f, R10
 	ORQ          R10, R12
-	VMOVQ        R12, X10
-	VPMOVZXBD    X10, Y10
 	MOVLQZX      8(DX), R10
-	MOVQ         R10, R12
-	SHRQ         $0x06, R12
-	ANDQ         $0x03030303, R12
-	SHLQ         $0x04, R12
+	MOVQ         R10, R13
+	SHRQ         $0x06, R13
+	ANDQ         $0x03030303, R13
+	SHLQ         $0x04, R13
 	SHRQ         $0x04, R11
 	ANDQ         $0x0f0f0f0f, R11
-	ORQ          R11, R12
-	SHLQ         $0x20, R12
+	ORQ          R11, R13
+	SHLQ         $0x20, R13
 	ANDQ         $0x3f3f3f3f, R10
-	ORQ          R10, R12
-	VMOVQ        R12, X11
+	ORQ          R13, R10
+	VMOVQ        R12, X10
+	VPMOVZXBD    X10, Y10
+	VMOVQ        R10, X11
 	VPMOVZXBD    X11, Y11
 	VPBROADCASTW (DX), X12
 	VCVTPH2PS    X12, Y12
@@ -4071,20 +4071,20 @@ qtileQ5KR1AVX2_loop1:
 	SHLQ         $0x20, R8
 	ANDQ         $0x3f3f3f3f, SI
 	ORQ          SI, R8
-	VMOVQ        R8, X4
-	VPMOVZXBD    X4, Y4
 	MOVLQZX      8(DX), SI
-	MOVQ         SI, R8
-	SHRQ         $0x06, R8
-	ANDQ         $0x03030303, R8
-	SHLQ         $0x04, R8
+	MOVQ         SI, R9
+	SHRQ         $0x06, R9
+	ANDQ         $0x03030303, R9
+	SHLQ         $0x04, R9
 	SHRQ         $0x04, DI
 	ANDQ         $0x0f0f0f0f, DI
-	ORQ          DI, R8
-	SHLQ         $0x20, R8
+	ORQ          DI, R9
+	SHLQ         $0x20, R9
 	ANDQ         $0x3f3f3f3f, SI
-	ORQ          SI, R8
-	VMOVQ        R8, X5
+	ORQ          R9, SI
+	VMOVQ        R8, X4
+	VPMOVZXBD    X4, Y4
+	VMOVQ        SI, X5
 	VPMOVZXBD    X5, Y5
 	VPBROADCASTW (DX), X6
 	VCVTPH2PS    X6, Y6
@@ -4256,20 +4256,20 @@ qtileQ5KR4AVX2_loop1:
 	SHLQ         $0x20, R12
 	ANDQ         $0x3f3f3f3f, R10
 	ORQ          R10, R12
-	VMOVQ        R12, X10
-	VPMOVZXBD    X10, Y10
 	MOVLQZX      8(DX), R10
-	MOVQ         R10, R12
-	SHRQ         $0x06, R12
-	ANDQ         $0x03030303, R12
-	SHLQ         $0x04, R12
+	MOVQ         R10, R13
+	SHRQ         $0x06, R13
+	ANDQ         $0x03030303, R13
+	SHLQ         $0x04, R13
 	SHRQ         $0x04, R11
 	ANDQ         $0x0f0f0f0f, R11
-	ORQ          R11, R12
-	SHLQ         $0x20, R12
+	ORQ          R11, R13
+	SHLQ         $0x20, R13
 	ANDQ         $0x3f3f3f3f, R10
-	ORQ          R10, R12
-	VMOVQ        R12, X11
+	ORQ          R13, R10
+	VMOVQ        R12, X10
+	VPMOVZXBD    X10, Y10
+	VMOVQ        R10, X11
 	VPMOVZXBD    X11, Y11
 	VPBROADCASTW (DX), X12
 	VCVTPH2PS    X12, Y12
@@ -5156,20 +5156,20 @@ qtileQ4KR1VNNI_loop1:
 	SHLQ             $0x20, R8
 	ANDQ             $0x3f3f3f3f, SI
 	ORQ              SI, R8
-	VMOVQ            R8, X3
-	VPMOVZXBD        X3, Y3
 	MOVLQZX          8(DX), SI
-	MOVQ             SI, R8
-	SHRQ             $0x06, R8
-	ANDQ             $0x03030303, R8
-	SHLQ             $0x04, R8
+	MOVQ             SI, R9
+	SHRQ             $0x06, R9
+	ANDQ             $0x03030303, R9
+	SHLQ             $0x04, R9
 	SHRQ             $0x04, DI
 	ANDQ             $0x0f0f0f0f, DI
-	ORQ              DI, R8
-	SHLQ             $0x20, R8
+	ORQ              DI, R9
+	SHLQ             $0x20, R9
 	ANDQ             $0x3f3f3f3f, SI
-	ORQ              SI, R8
-	VMOVQ            R8, X4
+	ORQ              R9, SI
+	VMOVQ            R8, X3
+	VPMOVZXBD        X3, Y3
+	VMOVQ            SI, X4
 	VPMOVZXBD        X4, Y4
 	VPBROADCASTW     (DX), X5
 	VCVTPH2PS        X5, Y5
@@ -5294,20 +5294,20 @@ qtileQ4KR4VNNI_loop1:
 	SHLQ             $0x20, R12
 	ANDQ             $0x3f3f3f3f, R10
 	ORQ              R10, R12
-	VMOVQ            R12, X9
-	VPMOVZXBD        X9, Y9
 	MOVLQZX          8(DX), R10
-	MOVQ             R10, R12
-	SHRQ             $0x06, R12
-	ANDQ             $0x03030303, R12
-	SHLQ             $0x04, R12
+	MOVQ             R10, R13
+	SHRQ             $0x06, R13
+	ANDQ             $0x03030303, R13
+	SHLQ             $0x04, R13
 	SHRQ             $0x04, R11
 	ANDQ             $0x0f0f0f0f, R11
-	ORQ              R11, R12
-	SHLQ             $0x20, R12
+	ORQ              R11, R13
+	SHLQ             $0x20, R13
 	ANDQ             $0x3f3f3f3f, R10
-	ORQ              R10, R12
-	VMOVQ            R12, X10
+	ORQ              R13, R10
+	VMOVQ            R12, X9
+	VPMOVZXBD        X9, Y9
+	VMOVQ            R10, X10
 	VPMOVZXBD        X10, Y10
 	VPBROADCASTW     (DX), X11
 	VCVTPH2PS        X11, Y11
@@ -5563,20 +5563,20 @@ qtileQ5KR1VNNI_loop1:
 	SHLQ             $0x20, R8
 	ANDQ             $0x3f3f3f3f, SI
 	ORQ              SI, R8
-	VMOVQ            R8, X3
-	VPMOVZXBD        X3, Y3
 	MOVLQZX          8(DX), SI
-	MOVQ             SI, R8
-	SHRQ             $0x06, R8
-	ANDQ             $0x03030303, R8
-	SHLQ             $0x04, R8
+	MOVQ             SI, R9
+	SHRQ             $0x06, R9
+	ANDQ             $0x03030303, R9
+	SHLQ             $0x04, R9
 	SHRQ             $0x04, DI
 	ANDQ             $0x0f0f0f0f, DI
-	ORQ              DI, R8
-	SHLQ             $0x20, R8
+	ORQ              DI, R9
+	SHLQ             $0x20, R9
 	ANDQ             $0x3f3f3f3f, SI
-	ORQ              SI, R8
-	VMOVQ            R8, X4
+	ORQ              R9, SI
+	VMOVQ            R8, X3
+	VPMOVZXBD        X3, Y3
+	VMOVQ            SI, X4
 	VPMOVZXBD        X4, Y4
 	VPBROADCASTW     (DX), X5
 	VCVTPH2PS        X5, Y5
@@ -5737,20 +5737,20 @@ qtileQ5KR4VNNI_loop1:
 	SHLQ             $0x20, R12
 	ANDQ             $0x3f3f3f3f, R10
 	ORQ              R10, R12
-	VMOVQ            R12, X9
-	VPMOVZXBD        X9, Y9
 	MOVLQZX          8(DX), R10
-	MOVQ             R10, R12
-	SHRQ             $0x06, R12
-	ANDQ             $0x03030303, R12
-	SHLQ             $0x04, R12
+	MOVQ             R10, R13
+	SHRQ             $0x06, R13
+	ANDQ             $0x03030303, R13
+	SHLQ             $0x04, R13
 	SHRQ             $0x04, R11
 	ANDQ             $0x0f0f0f0f, R11
-	ORQ              R11, R12
-	SHLQ             $0x20, R12
+	ORQ              R11, R13
+	SHLQ             $0x20, R13
 	ANDQ             $0x3f3f3f3f, R10
-	ORQ              R10, R12
-	VMOVQ            R12, X10
+	ORQ              R13, R10
+	VMOVQ            R12, X9
+	VPMOVZXBD        X9, Y9
+	VMOVQ            R10, X10
 	VPMOVZXBD        X10, Y10
 	VPBROADCASTW     (DX), X11
 	VCVTPH2PS        X11, Y11
@@ -6206,6 +6206,1977 @@ qtileQ6KR1VNNI_done:
 	VHADDPS      X1, X1, X1
 	VHADDPS      X1, X1, X1
 	VMOVSS       X1, (AX)
+	VZEROUPPER
+	RET
+
+DATA q40shiftv<>+0(SB)/4, $0x00000000
+DATA q40shiftv<>+4(SB)/4, $0x00000000
+DATA q40shiftv<>+8(SB)/4, $0x00000000
+DATA q40shiftv<>+12(SB)/4, $0x00000000
+DATA q40shiftv<>+16(SB)/4, $0x00000004
+DATA q40shiftv<>+20(SB)/4, $0x00000004
+DATA q40shiftv<>+24(SB)/4, $0x00000004
+DATA q40shiftv<>+28(SB)/4, $0x00000004
+GLOBL q40shiftv<>(SB), RODATA|NOPTR, $32
+
+DATA k4shuf<>+0(SB)/1, $0x00
+DATA k4shuf<>+1(SB)/1, $0x01
+DATA k4shuf<>+2(SB)/1, $0x00
+DATA k4shuf<>+3(SB)/1, $0x01
+DATA k4shuf<>+4(SB)/1, $0x00
+DATA k4shuf<>+5(SB)/1, $0x01
+DATA k4shuf<>+6(SB)/1, $0x00
+DATA k4shuf<>+7(SB)/1, $0x01
+DATA k4shuf<>+8(SB)/1, $0x00
+DATA k4shuf<>+9(SB)/1, $0x01
+DATA k4shuf<>+10(SB)/1, $0x00
+DATA k4shuf<>+11(SB)/1, $0x01
+DATA k4shuf<>+12(SB)/1, $0x00
+DATA k4shuf<>+13(SB)/1, $0x01
+DATA k4shuf<>+14(SB)/1, $0x00
+DATA k4shuf<>+15(SB)/1, $0x01
+DATA k4shuf<>+16(SB)/1, $0x00
+DATA k4shuf<>+17(SB)/1, $0x01
+DATA k4shuf<>+18(SB)/1, $0x00
+DATA k4shuf<>+19(SB)/1, $0x01
+DATA k4shuf<>+20(SB)/1, $0x00
+DATA k4shuf<>+21(SB)/1, $0x01
+DATA k4shuf<>+22(SB)/1, $0x00
+DATA k4shuf<>+23(SB)/1, $0x01
+DATA k4shuf<>+24(SB)/1, $0x00
+DATA k4shuf<>+25(SB)/1, $0x01
+DATA k4shuf<>+26(SB)/1, $0x00
+DATA k4shuf<>+27(SB)/1, $0x01
+DATA k4shuf<>+28(SB)/1, $0x00
+DATA k4shuf<>+29(SB)/1, $0x01
+DATA k4shuf<>+30(SB)/1, $0x00
+DATA k4shuf<>+31(SB)/1, $0x01
+DATA k4shuf<>+32(SB)/1, $0x02
+DATA k4shuf<>+33(SB)/1, $0x03
+DATA k4shuf<>+34(SB)/1, $0x02
+DATA k4shuf<>+35(SB)/1, $0x03
+DATA k4shuf<>+36(SB)/1, $0x02
+DATA k4shuf<>+37(SB)/1, $0x03
+DATA k4shuf<>+38(SB)/1, $0x02
+DATA k4shuf<>+39(SB)/1, $0x03
+DATA k4shuf<>+40(SB)/1, $0x02
+DATA k4shuf<>+41(SB)/1, $0x03
+DATA k4shuf<>+42(SB)/1, $0x02
+DATA k4shuf<>+43(SB)/1, $0x03
+DATA k4shuf<>+44(SB)/1, $0x02
+DATA k4shuf<>+45(SB)/1, $0x03
+DATA k4shuf<>+46(SB)/1, $0x02
+DATA k4shuf<>+47(SB)/1, $0x03
+DATA k4shuf<>+48(SB)/1, $0x02
+DATA k4shuf<>+49(SB)/1, $0x03
+DATA k4shuf<>+50(SB)/1, $0x02
+DATA k4shuf<>+51(SB)/1, $0x03
+DATA k4shuf<>+52(SB)/1, $0x02
+DATA k4shuf<>+53(SB)/1, $0x03
+DATA k4shuf<>+54(SB)/1, $0x02
+DATA k4shuf<>+55(SB)/1, $0x03
+DATA k4shuf<>+56(SB)/1, $0x02
+DATA k4shuf<>+57(SB)/1, $0x03
+DATA k4shuf<>+58(SB)/1, $0x02
+DATA k4shuf<>+59(SB)/1, $0x03
+DATA k4shuf<>+60(SB)/1, $0x02
+DATA k4shuf<>+61(SB)/1, $0x03
+DATA k4shuf<>+62(SB)/1, $0x02
+DATA k4shuf<>+63(SB)/1, $0x03
+DATA k4shuf<>+64(SB)/1, $0x04
+DATA k4shuf<>+65(SB)/1, $0x05
+DATA k4shuf<>+66(SB)/1, $0x04
+DATA k4shuf<>+67(SB)/1, $0x05
+DATA k4shuf<>+68(SB)/1, $0x04
+DATA k4shuf<>+69(SB)/1, $0x05
+DATA k4shuf<>+70(SB)/1, $0x04
+DATA k4shuf<>+71(SB)/1, $0x05
+DATA k4shuf<>+72(SB)/1, $0x04
+DATA k4shuf<>+73(SB)/1, $0x05
+DATA k4shuf<>+74(SB)/1, $0x04
+DATA k4shuf<>+75(SB)/1, $0x05
+DATA k4shuf<>+76(SB)/1, $0x04
+DATA k4shuf<>+77(SB)/1, $0x05
+DATA k4shuf<>+78(SB)/1, $0x04
+DATA k4shuf<>+79(SB)/1, $0x05
+DATA k4shuf<>+80(SB)/1, $0x04
+DATA k4shuf<>+81(SB)/1, $0x05
+DATA k4shuf<>+82(SB)/1, $0x04
+DATA k4shuf<>+83(SB)/1, $0x05
+DATA k4shuf<>+84(SB)/1, $0x04
+DATA k4shuf<>+85(SB)/1, $0x05
+DATA k4shuf<>+86(SB)/1, $0x04
+DATA k4shuf<>+87(SB)/1, $0x05
+DATA k4shuf<>+88(SB)/1, $0x04
+DATA k4shuf<>+89(SB)/1, $0x05
+DATA k4shuf<>+90(SB)/1, $0x04
+DATA k4shuf<>+91(SB)/1, $0x05
+DATA k4shuf<>+92(SB)/1, $0x04
+DATA k4shuf<>+93(SB)/1, $0x05
+DATA k4shuf<>+94(SB)/1, $0x04
+DATA k4shuf<>+95(SB)/1, $0x05
+DATA k4shuf<>+96(SB)/1, $0x06
+DATA k4shuf<>+97(SB)/1, $0x07
+DATA k4shuf<>+98(SB)/1, $0x06
+DATA k4shuf<>+99(SB)/1, $0x07
+DATA k4shuf<>+100(SB)/1, $0x06
+DATA k4shuf<>+101(SB)/1, $0x07
+DATA k4shuf<>+102(SB)/1, $0x06
+DATA k4shuf<>+103(SB)/1, $0x07
+DATA k4shuf<>+104(SB)/1, $0x06
+DATA k4shuf<>+105(SB)/1, $0x07
+DATA k4shuf<>+106(SB)/1, $0x06
+DATA k4shuf<>+107(SB)/1, $0x07
+DATA k4shuf<>+108(SB)/1, $0x06
+DATA k4shuf<>+109(SB)/1, $0x07
+DATA k4shuf<>+110(SB)/1, $0x06
+DATA k4shuf<>+111(SB)/1, $0x07
+DATA k4shuf<>+112(SB)/1, $0x06
+DATA k4shuf<>+113(SB)/1, $0x07
+DATA k4shuf<>+114(SB)/1, $0x06
+DATA k4shuf<>+115(SB)/1, $0x07
+DATA k4shuf<>+116(SB)/1, $0x06
+DATA k4shuf<>+117(SB)/1, $0x07
+DATA k4shuf<>+118(SB)/1, $0x06
+DATA k4shuf<>+119(SB)/1, $0x07
+DATA k4shuf<>+120(SB)/1, $0x06
+DATA k4shuf<>+121(SB)/1, $0x07
+DATA k4shuf<>+122(SB)/1, $0x06
+DATA k4shuf<>+123(SB)/1, $0x07
+DATA k4shuf<>+124(SB)/1, $0x06
+DATA k4shuf<>+125(SB)/1, $0x07
+DATA k4shuf<>+126(SB)/1, $0x06
+DATA k4shuf<>+127(SB)/1, $0x07
+DATA k4shuf<>+128(SB)/1, $0x08
+DATA k4shuf<>+129(SB)/1, $0x09
+DATA k4shuf<>+130(SB)/1, $0x08
+DATA k4shuf<>+131(SB)/1, $0x09
+DATA k4shuf<>+132(SB)/1, $0x08
+DATA k4shuf<>+133(SB)/1, $0x09
+DATA k4shuf<>+134(SB)/1, $0x08
+DATA k4shuf<>+135(SB)/1, $0x09
+DATA k4shuf<>+136(SB)/1, $0x08
+DATA k4shuf<>+137(SB)/1, $0x09
+DATA k4shuf<>+138(SB)/1, $0x08
+DATA k4shuf<>+139(SB)/1, $0x09
+DATA k4shuf<>+140(SB)/1, $0x08
+DATA k4shuf<>+141(SB)/1, $0x09
+DATA k4shuf<>+142(SB)/1, $0x08
+DATA k4shuf<>+143(SB)/1, $0x09
+DATA k4shuf<>+144(SB)/1, $0x08
+DATA k4shuf<>+145(SB)/1, $0x09
+DATA k4shuf<>+146(SB)/1, $0x08
+DATA k4shuf<>+147(SB)/1, $0x09
+DATA k4shuf<>+148(SB)/1, $0x08
+DATA k4shuf<>+149(SB)/1, $0x09
+DATA k4shuf<>+150(SB)/1, $0x08
+DATA k4shuf<>+151(SB)/1, $0x09
+DATA k4shuf<>+152(SB)/1, $0x08
+DATA k4shuf<>+153(SB)/1, $0x09
+DATA k4shuf<>+154(SB)/1, $0x08
+DATA k4shuf<>+155(SB)/1, $0x09
+DATA k4shuf<>+156(SB)/1, $0x08
+DATA k4shuf<>+157(SB)/1, $0x09
+DATA k4shuf<>+158(SB)/1, $0x08
+DATA k4shuf<>+159(SB)/1, $0x09
+DATA k4shuf<>+160(SB)/1, $0x0a
+DATA k4shuf<>+161(SB)/1, $0x0b
+DATA k4shuf<>+162(SB)/1, $0x0a
+DATA k4shuf<>+163(SB)/1, $0x0b
+DATA k4shuf<>+164(SB)/1, $0x0a
+DATA k4shuf<>+165(SB)/1, $0x0b
+DATA k4shuf<>+166(SB)/1, $0x0a
+DATA k4shuf<>+167(SB)/1, $0x0b
+DATA k4shuf<>+168(SB)/1, $0x0a
+DATA k4shuf<>+169(SB)/1, $0x0b
+DATA k4shuf<>+170(SB)/1, $0x0a
+DATA k4shuf<>+171(SB)/1, $0x0b
+DATA k4shuf<>+172(SB)/1, $0x0a
+DATA k4shuf<>+173(SB)/1, $0x0b
+DATA k4shuf<>+174(SB)/1, $0x0a
+DATA k4shuf<>+175(SB)/1, $0x0b
+DATA k4shuf<>+176(SB)/1, $0x0a
+DATA k4shuf<>+177(SB)/1, $0x0b
+DATA k4shuf<>+178(SB)/1, $0x0a
+DATA k4shuf<>+179(SB)/1, $0x0b
+DATA k4shuf<>+180(SB)/1, $0x0a
+DATA k4shuf<>+181(SB)/1, $0x0b
+DATA k4shuf<>+182(SB)/1, $0x0a
+DATA k4shuf<>+183(SB)/1, $0x0b
+DATA k4shuf<>+184(SB)/1, $0x0a
+DATA k4shuf<>+185(SB)/1, $0x0b
+DATA k4shuf<>+186(SB)/1, $0x0a
+DATA k4shuf<>+187(SB)/1, $0x0b
+DATA k4shuf<>+188(SB)/1, $0x0a
+DATA k4shuf<>+189(SB)/1, $0x0b
+DATA k4shuf<>+190(SB)/1, $0x0a
+DATA k4shuf<>+191(SB)/1, $0x0b
+DATA k4shuf<>+192(SB)/1, $0x0c
+DATA k4shuf<>+193(SB)/1, $0x0d
+DATA k4shuf<>+194(SB)/1, $0x0c
+DATA k4shuf<>+195(SB)/1, $0x0d
+DATA k4shuf<>+196(SB)/1, $0x0c
+DATA k4shuf<>+197(SB)/1, $0x0d
+DATA k4shuf<>+198(SB)/1, $0x0c
+DATA k4shuf<>+199(SB)/1, $0x0d
+DATA k4shuf<>+200(SB)/1, $0x0c
+DATA k4shuf<>+201(SB)/1, $0x0d
+DATA k4shuf<>+202(SB)/1, $0x0c
+DATA k4shuf<>+203(SB)/1, $0x0d
+DATA k4shuf<>+204(SB)/1, $0x0c
+DATA k4shuf<>+205(SB)/1, $0x0d
+DATA k4shuf<>+206(SB)/1, $0x0c
+DATA k4shuf<>+207(SB)/1, $0x0d
+DATA k4shuf<>+208(SB)/1, $0x0c
+DATA k4shuf<>+209(SB)/1, $0x0d
+DATA k4shuf<>+210(SB)/1, $0x0c
+DATA k4shuf<>+211(SB)/1, $0x0d
+DATA k4shuf<>+212(SB)/1, $0x0c
+DATA k4shuf<>+213(SB)/1, $0x0d
+DATA k4shuf<>+214(SB)/1, $0x0c
+DATA k4shuf<>+215(SB)/1, $0x0d
+DATA k4shuf<>+216(SB)/1, $0x0c
+DATA k4shuf<>+217(SB)/1, $0x0d
+DATA k4shuf<>+218(SB)/1, $0x0c
+DATA k4shuf<>+219(SB)/1, $0x0d
+DATA k4shuf<>+220(SB)/1, $0x0c
+DATA k4shuf<>+221(SB)/1, $0x0d
+DATA k4shuf<>+222(SB)/1, $0x0c
+DATA k4shuf<>+223(SB)/1, $0x0d
+DATA k4shuf<>+224(SB)/1, $0x0e
+DATA k4shuf<>+225(SB)/1, $0x0f
+DATA k4shuf<>+226(SB)/1, $0x0e
+DATA k4shuf<>+227(SB)/1, $0x0f
+DATA k4shuf<>+228(SB)/1, $0x0e
+DATA k4shuf<>+229(SB)/1, $0x0f
+DATA k4shuf<>+230(SB)/1, $0x0e
+DATA k4shuf<>+231(SB)/1, $0x0f
+DATA k4shuf<>+232(SB)/1, $0x0e
+DATA k4shuf<>+233(SB)/1, $0x0f
+DATA k4shuf<>+234(SB)/1, $0x0e
+DATA k4shuf<>+235(SB)/1, $0x0f
+DATA k4shuf<>+236(SB)/1, $0x0e
+DATA k4shuf<>+237(SB)/1, $0x0f
+DATA k4shuf<>+238(SB)/1, $0x0e
+DATA k4shuf<>+239(SB)/1, $0x0f
+DATA k4shuf<>+240(SB)/1, $0x0e
+DATA k4shuf<>+241(SB)/1, $0x0f
+DATA k4shuf<>+242(SB)/1, $0x0e
+DATA k4shuf<>+243(SB)/1, $0x0f
+DATA k4shuf<>+244(SB)/1, $0x0e
+DATA k4shuf<>+245(SB)/1, $0x0f
+DATA k4shuf<>+246(SB)/1, $0x0e
+DATA k4shuf<>+247(SB)/1, $0x0f
+DATA k4shuf<>+248(SB)/1, $0x0e
+DATA k4shuf<>+249(SB)/1, $0x0f
+DATA k4shuf<>+250(SB)/1, $0x0e
+DATA k4shuf<>+251(SB)/1, $0x0f
+DATA k4shuf<>+252(SB)/1, $0x0e
+DATA k4shuf<>+253(SB)/1, $0x0f
+DATA k4shuf<>+254(SB)/1, $0x0e
+DATA k4shuf<>+255(SB)/1, $0x0f
+GLOBL k4shuf<>(SB), RODATA|NOPTR, $256
+
+DATA q6shuf<>+0(SB)/1, $0x80
+DATA q6shuf<>+1(SB)/1, $0x00
+DATA q6shuf<>+2(SB)/1, $0x80
+DATA q6shuf<>+3(SB)/1, $0x00
+DATA q6shuf<>+4(SB)/1, $0x80
+DATA q6shuf<>+5(SB)/1, $0x00
+DATA q6shuf<>+6(SB)/1, $0x80
+DATA q6shuf<>+7(SB)/1, $0x00
+DATA q6shuf<>+8(SB)/1, $0x80
+DATA q6shuf<>+9(SB)/1, $0x00
+DATA q6shuf<>+10(SB)/1, $0x80
+DATA q6shuf<>+11(SB)/1, $0x00
+DATA q6shuf<>+12(SB)/1, $0x80
+DATA q6shuf<>+13(SB)/1, $0x00
+DATA q6shuf<>+14(SB)/1, $0x80
+DATA q6shuf<>+15(SB)/1, $0x00
+DATA q6shuf<>+16(SB)/1, $0x80
+DATA q6shuf<>+17(SB)/1, $0x01
+DATA q6shuf<>+18(SB)/1, $0x80
+DATA q6shuf<>+19(SB)/1, $0x01
+DATA q6shuf<>+20(SB)/1, $0x80
+DATA q6shuf<>+21(SB)/1, $0x01
+DATA q6shuf<>+22(SB)/1, $0x80
+DATA q6shuf<>+23(SB)/1, $0x01
+DATA q6shuf<>+24(SB)/1, $0x80
+DATA q6shuf<>+25(SB)/1, $0x01
+DATA q6shuf<>+26(SB)/1, $0x80
+DATA q6shuf<>+27(SB)/1, $0x01
+DATA q6shuf<>+28(SB)/1, $0x80
+DATA q6shuf<>+29(SB)/1, $0x01
+DATA q6shuf<>+30(SB)/1, $0x80
+DATA q6shuf<>+31(SB)/1, $0x01
+DATA q6shuf<>+32(SB)/1, $0x80
+DATA q6shuf<>+33(SB)/1, $0x02
+DATA q6shuf<>+34(SB)/1, $0x80
+DATA q6shuf<>+35(SB)/1, $0x02
+DATA q6shuf<>+36(SB)/1, $0x80
+DATA q6shuf<>+37(SB)/1, $0x02
+DATA q6shuf<>+38(SB)/1, $0x80
+DATA q6shuf<>+39(SB)/1, $0x02
+DATA q6shuf<>+40(SB)/1, $0x80
+DATA q6shuf<>+41(SB)/1, $0x02
+DATA q6shuf<>+42(SB)/1, $0x80
+DATA q6shuf<>+43(SB)/1, $0x02
+DATA q6shuf<>+44(SB)/1, $0x80
+DATA q6shuf<>+45(SB)/1, $0x02
+DATA q6shuf<>+46(SB)/1, $0x80
+DATA q6shuf<>+47(SB)/1, $0x02
+DATA q6shuf<>+48(SB)/1, $0x80
+DATA q6shuf<>+49(SB)/1, $0x03
+DATA q6shuf<>+50(SB)/1, $0x80
+DATA q6shuf<>+51(SB)/1, $0x03
+DATA q6shuf<>+52(SB)/1, $0x80
+DATA q6shuf<>+53(SB)/1, $0x03
+DATA q6shuf<>+54(SB)/1, $0x80
+DATA q6shuf<>+55(SB)/1, $0x03
+DATA q6shuf<>+56(SB)/1, $0x80
+DATA q6shuf<>+57(SB)/1, $0x03
+DATA q6shuf<>+58(SB)/1, $0x80
+DATA q6shuf<>+59(SB)/1, $0x03
+DATA q6shuf<>+60(SB)/1, $0x80
+DATA q6shuf<>+61(SB)/1, $0x03
+DATA q6shuf<>+62(SB)/1, $0x80
+DATA q6shuf<>+63(SB)/1, $0x03
+DATA q6shuf<>+64(SB)/1, $0x80
+DATA q6shuf<>+65(SB)/1, $0x04
+DATA q6shuf<>+66(SB)/1, $0x80
+DATA q6shuf<>+67(SB)/1, $0x04
+DATA q6shuf<>+68(SB)/1, $0x80
+DATA q6shuf<>+69(SB)/1, $0x04
+DATA q6shuf<>+70(SB)/1, $0x80
+DATA q6shuf<>+71(SB)/1, $0x04
+DATA q6shuf<>+72(SB)/1, $0x80
+DATA q6shuf<>+73(SB)/1, $0x04
+DATA q6shuf<>+74(SB)/1, $0x80
+DATA q6shuf<>+75(SB)/1, $0x04
+DATA q6shuf<>+76(SB)/1, $0x80
+DATA q6shuf<>+77(SB)/1, $0x04
+DATA q6shuf<>+78(SB)/1, $0x80
+DATA q6shuf<>+79(SB)/1, $0x04
+DATA q6shuf<>+80(SB)/1, $0x80
+DATA q6shuf<>+81(SB)/1, $0x05
+DATA q6shuf<>+82(SB)/1, $0x80
+DATA q6shuf<>+83(SB)/1, $0x05
+DATA q6shuf<>+84(SB)/1, $0x80
+DATA q6shuf<>+85(SB)/1, $0x05
+DATA q6shuf<>+86(SB)/1, $0x80
+DATA q6shuf<>+87(SB)/1, $0x05
+DATA q6shuf<>+88(SB)/1, $0x80
+DATA q6shuf<>+89(SB)/1, $0x05
+DATA q6shuf<>+90(SB)/1, $0x80
+DATA q6shuf<>+91(SB)/1, $0x05
+DATA q6shuf<>+92(SB)/1, $0x80
+DATA q6shuf<>+93(SB)/1, $0x05
+DATA q6shuf<>+94(SB)/1, $0x80
+DATA q6shuf<>+95(SB)/1, $0x05
+DATA q6shuf<>+96(SB)/1, $0x80
+DATA q6shuf<>+97(SB)/1, $0x06
+DATA q6shuf<>+98(SB)/1, $0x80
+DATA q6shuf<>+99(SB)/1, $0x06
+DATA q6shuf<>+100(SB)/1, $0x80
+DATA q6shuf<>+101(SB)/1, $0x06
+DATA q6shuf<>+102(SB)/1, $0x80
+DATA q6shuf<>+103(SB)/1, $0x06
+DATA q6shuf<>+104(SB)/1, $0x80
+DATA q6shuf<>+105(SB)/1, $0x06
+DATA q6shuf<>+106(SB)/1, $0x80
+DATA q6shuf<>+107(SB)/1, $0x06
+DATA q6shuf<>+108(SB)/1, $0x80
+DATA q6shuf<>+109(SB)/1, $0x06
+DATA q6shuf<>+110(SB)/1, $0x80
+DATA q6shuf<>+111(SB)/1, $0x06
+DATA q6shuf<>+112(SB)/1, $0x80
+DATA q6shuf<>+113(SB)/1, $0x07
+DATA q6shuf<>+114(SB)/1, $0x80
+DATA q6shuf<>+115(SB)/1, $0x07
+DATA q6shuf<>+116(SB)/1, $0x80
+DATA q6shuf<>+117(SB)/1, $0x07
+DATA q6shuf<>+118(SB)/1, $0x80
+DATA q6shuf<>+119(SB)/1, $0x07
+DATA q6shuf<>+120(SB)/1, $0x80
+DATA q6shuf<>+121(SB)/1, $0x07
+DATA q6shuf<>+122(SB)/1, $0x80
+DATA q6shuf<>+123(SB)/1, $0x07
+DATA q6shuf<>+124(SB)/1, $0x80
+DATA q6shuf<>+125(SB)/1, $0x07
+DATA q6shuf<>+126(SB)/1, $0x80
+DATA q6shuf<>+127(SB)/1, $0x07
+DATA q6shuf<>+128(SB)/1, $0x80
+DATA q6shuf<>+129(SB)/1, $0x08
+DATA q6shuf<>+130(SB)/1, $0x80
+DATA q6shuf<>+131(SB)/1, $0x08
+DATA q6shuf<>+132(SB)/1, $0x80
+DATA q6shuf<>+133(SB)/1, $0x08
+DATA q6shuf<>+134(SB)/1, $0x80
+DATA q6shuf<>+135(SB)/1, $0x08
+DATA q6shuf<>+136(SB)/1, $0x80
+DATA q6shuf<>+137(SB)/1, $0x08
+DATA q6shuf<>+138(SB)/1, $0x80
+DATA q6shuf<>+139(SB)/1, $0x08
+DATA q6shuf<>+140(SB)/1, $0x80
+DATA q6shuf<>+141(SB)/1, $0x08
+DATA q6shuf<>+142(SB)/1, $0x80
+DATA q6shuf<>+143(SB)/1, $0x08
+DATA q6shuf<>+144(SB)/1, $0x80
+DATA q6shuf<>+145(SB)/1, $0x09
+DATA q6shuf<>+146(SB)/1, $0x80
+DATA q6shuf<>+147(SB)/1, $0x09
+DATA q6shuf<>+148(SB)/1, $0x80
+DATA q6shuf<>+149(SB)/1, $0x09
+DATA q6shuf<>+150(SB)/1, $0x80
+DATA q6shuf<>+151(SB)/1, $0x09
+DATA q6shuf<>+152(SB)/1, $0x80
+DATA q6shuf<>+153(SB)/1, $0x09
+DATA q6shuf<>+154(SB)/1, $0x80
+DATA q6shuf<>+155(SB)/1, $0x09
+DATA q6shuf<>+156(SB)/1, $0x80
+DATA q6shuf<>+157(SB)/1, $0x09
+DATA q6shuf<>+158(SB)/1, $0x80
+DATA q6shuf<>+159(SB)/1, $0x09
+DATA q6shuf<>+160(SB)/1, $0x80
+DATA q6shuf<>+161(SB)/1, $0x0a
+DATA q6shuf<>+162(SB)/1, $0x80
+DATA q6shuf<>+163(SB)/1, $0x0a
+DATA q6shuf<>+164(SB)/1, $0x80
+DATA q6shuf<>+165(SB)/1, $0x0a
+DATA q6shuf<>+166(SB)/1, $0x80
+DATA q6shuf<>+167(SB)/1, $0x0a
+DATA q6shuf<>+168(SB)/1, $0x80
+DATA q6shuf<>+169(SB)/1, $0x0a
+DATA q6shuf<>+170(SB)/1, $0x80
+DATA q6shuf<>+171(SB)/1, $0x0a
+DATA q6shuf<>+172(SB)/1, $0x80
+DATA q6shuf<>+173(SB)/1, $0x0a
+DATA q6shuf<>+174(SB)/1, $0x80
+DATA q6shuf<>+175(SB)/1, $0x0a
+DATA q6shuf<>+176(SB)/1, $0x80
+DATA q6shuf<>+177(SB)/1, $0x0b
+DATA q6shuf<>+178(SB)/1, $0x80
+DATA q6shuf<>+179(SB)/1, $0x0b
+DATA q6shuf<>+180(SB)/1, $0x80
+DATA q6shuf<>+181(SB)/1, $0x0b
+DATA q6shuf<>+182(SB)/1, $0x80
+DATA q6shuf<>+183(SB)/1, $0x0b
+DATA q6shuf<>+184(SB)/1, $0x80
+DATA q6shuf<>+185(SB)/1, $0x0b
+DATA q6shuf<>+186(SB)/1, $0x80
+DATA q6shuf<>+187(SB)/1, $0x0b
+DATA q6shuf<>+188(SB)/1, $0x80
+DATA q6shuf<>+189(SB)/1, $0x0b
+DATA q6shuf<>+190(SB)/1, $0x80
+DATA q6shuf<>+191(SB)/1, $0x0b
+DATA q6shuf<>+192(SB)/1, $0x80
+DATA q6shuf<>+193(SB)/1, $0x0c
+DATA q6shuf<>+194(SB)/1, $0x80
+DATA q6shuf<>+195(SB)/1, $0x0c
+DATA q6shuf<>+196(SB)/1, $0x80
+DATA q6shuf<>+197(SB)/1, $0x0c
+DATA q6shuf<>+198(SB)/1, $0x80
+DATA q6shuf<>+199(SB)/1, $0x0c
+DATA q6shuf<>+200(SB)/1, $0x80
+DATA q6shuf<>+201(SB)/1, $0x0c
+DATA q6shuf<>+202(SB)/1, $0x80
+DATA q6shuf<>+203(SB)/1, $0x0c
+DATA q6shuf<>+204(SB)/1, $0x80
+DATA q6shuf<>+205(SB)/1, $0x0c
+DATA q6shuf<>+206(SB)/1, $0x80
+DATA q6shuf<>+207(SB)/1, $0x0c
+DATA q6shuf<>+208(SB)/1, $0x80
+DATA q6shuf<>+209(SB)/1, $0x0d
+DATA q6shuf<>+210(SB)/1, $0x80
+DATA q6shuf<>+211(SB)/1, $0x0d
+DATA q6shuf<>+212(SB)/1, $0x80
+DATA q6shuf<>+213(SB)/1, $0x0d
+DATA q6shuf<>+214(SB)/1, $0x80
+DATA q6shuf<>+215(SB)/1, $0x0d
+DATA q6shuf<>+216(SB)/1, $0x80
+DATA q6shuf<>+217(SB)/1, $0x0d
+DATA q6shuf<>+218(SB)/1, $0x80
+DATA q6shuf<>+219(SB)/1, $0x0d
+DATA q6shuf<>+220(SB)/1, $0x80
+DATA q6shuf<>+221(SB)/1, $0x0d
+DATA q6shuf<>+222(SB)/1, $0x80
+DATA q6shuf<>+223(SB)/1, $0x0d
+DATA q6shuf<>+224(SB)/1, $0x80
+DATA q6shuf<>+225(SB)/1, $0x0e
+DATA q6shuf<>+226(SB)/1, $0x80
+DATA q6shuf<>+227(SB)/1, $0x0e
+DATA q6shuf<>+228(SB)/1, $0x80
+DATA q6shuf<>+229(SB)/1, $0x0e
+DATA q6shuf<>+230(SB)/1, $0x80
+DATA q6shuf<>+231(SB)/1, $0x0e
+DATA q6shuf<>+232(SB)/1, $0x80
+DATA q6shuf<>+233(SB)/1, $0x0e
+DATA q6shuf<>+234(SB)/1, $0x80
+DATA q6shuf<>+235(SB)/1, $0x0e
+DATA q6shuf<>+236(SB)/1, $0x80
+DATA q6shuf<>+237(SB)/1, $0x0e
+DATA q6shuf<>+238(SB)/1, $0x80
+DATA q6shuf<>+239(SB)/1, $0x0e
+DATA q6shuf<>+240(SB)/1, $0x80
+DATA q6shuf<>+241(SB)/1, $0x0f
+DATA q6shuf<>+242(SB)/1, $0x80
+DATA q6shuf<>+243(SB)/1, $0x0f
+DATA q6shuf<>+244(SB)/1, $0x80
+DATA q6shuf<>+245(SB)/1, $0x0f
+DATA q6shuf<>+246(SB)/1, $0x80
+DATA q6shuf<>+247(SB)/1, $0x0f
+DATA q6shuf<>+248(SB)/1, $0x80
+DATA q6shuf<>+249(SB)/1, $0x0f
+DATA q6shuf<>+250(SB)/1, $0x80
+DATA q6shuf<>+251(SB)/1, $0x0f
+DATA q6shuf<>+252(SB)/1, $0x80
+DATA q6shuf<>+253(SB)/1, $0x0f
+DATA q6shuf<>+254(SB)/1, $0x80
+DATA q6shuf<>+255(SB)/1, $0x0f
+GLOBL q6shuf<>(SB), RODATA|NOPTR, $256
+
+DATA quantperm<>+0(SB)/4, $0x00000000
+DATA quantperm<>+4(SB)/4, $0x00000004
+DATA quantperm<>+8(SB)/4, $0x00000001
+DATA quantperm<>+12(SB)/4, $0x00000005
+DATA quantperm<>+16(SB)/4, $0x00000002
+DATA quantperm<>+20(SB)/4, $0x00000006
+DATA quantperm<>+24(SB)/4, $0x00000003
+DATA quantperm<>+28(SB)/4, $0x00000007
+GLOBL quantperm<>(SB), RODATA|NOPTR, $32
+
+// func quantXAVX2(q []int8, ds []float32, bs []int16, x []float32, group int)
+// Requires: AVX, AVX2
+TEXT ·quantXAVX2(SB), NOSPLIT, $0-104
+	MOVQ         q_base+0(FP), AX
+	MOVQ         ds_base+24(FP), CX
+	MOVQ         bs_base+48(FP), DX
+	MOVQ         x_base+72(FP), BX
+	MOVQ         x_len+80(FP), SI
+	MOVQ         group+96(FP), DI
+	MOVL         $0x7fffffff, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x3f000000, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+	VMOVDQU      quantperm<>+0(SB), Y2
+	MOVL         $0x42fe0000, R8
+	VMOVD        R8, X3
+
+quantX_group:
+	TESTQ  SI, SI
+	JZ     quantX_done
+	VXORPS Y4, Y4, Y4
+	MOVQ   DI, R9
+	MOVQ   BX, R8
+
+quantX_max:
+	VANDPS       (R8), Y0, Y5
+	VMAXPS       Y5, Y4, Y4
+	ADDQ         $0x20, R8
+	SUBQ         $0x08, R9
+	JNZ          quantX_max
+	VEXTRACTF128 $0x01, Y4, X5
+	VMAXPS       X5, X4, X5
+	VPERMILPS    $0x4e, X5, X4
+	VMAXPS       X4, X5, X5
+	VPERMILPS    $0xb1, X5, X4
+	VMAXPS       X4, X5, X5
+	VXORPS       X4, X4, X4
+	VXORPS       X6, X6, X6
+	VUCOMISS     X4, X5
+	JE           quantX_scaled
+	VDIVSS       X3, X5, X4
+	VDIVSS       X5, X3, X6
+
+quantX_scaled:
+	VBROADCASTSS X6, Y5
+	MOVQ         DI, R9
+
+quantX_block:
+	VMULPS       (BX), Y5, Y6
+	VANDPS       Y0, Y6, Y7
+	VADDPS       Y1, Y7, Y7
+	VROUNDPS     $0x03, Y7, Y7
+	VANDNPS      Y6, Y0, Y6
+	VORPS        Y6, Y7, Y7
+	VCVTTPS2DQ   Y7, Y6
+	VMULPS       32(BX), Y5, Y7
+	VANDPS       Y0, Y7, Y8
+	VADDPS       Y1, Y8, Y8
+	VROUNDPS     $0x03, Y8, Y8
+	VANDNPS      Y7, Y0, Y7
+	VORPS        Y7, Y8, Y8
+	VCVTTPS2DQ   Y8, Y7
+	VMULPS       64(BX), Y5, Y8
+	VANDPS       Y0, Y8, Y9
+	VADDPS       Y1, Y9, Y9
+	VROUNDPS     $0x03, Y9, Y9
+	VANDNPS      Y8, Y0, Y8
+	VORPS        Y8, Y9, Y9
+	VCVTTPS2DQ   Y9, Y8
+	VMULPS       96(BX), Y5, Y9
+	VANDPS       Y0, Y9, Y10
+	VADDPS       Y1, Y10, Y10
+	VROUNDPS     $0x03, Y10, Y10
+	VANDNPS      Y9, Y0, Y9
+	VORPS        Y9, Y10, Y10
+	VCVTTPS2DQ   Y10, Y9
+	VPADDD       Y6, Y7, Y10
+	VPADDD       Y8, Y9, Y11
+	VPHADDD      Y11, Y10, Y10
+	VPHADDD      Y10, Y10, Y10
+	VEXTRACTI128 $0x01, Y10, X11
+	VPADDD       X11, X10, X11
+	VPACKSSDW    X11, X11, X10
+	VMOVD        X10, R8
+	MOVL         R8, (DX)
+	VPSHUFD      $0x55, X11, X10
+	VPADDD       X10, X11, X11
+	VCVTDQ2PS    X11, X11
+	VMULSS       X4, X11, X11
+	VMOVSS       X4, (CX)
+	VMOVSS       X11, 4(CX)
+	VPACKSSDW    Y7, Y6, Y6
+	VPACKSSDW    Y9, Y8, Y7
+	VPACKSSWB    Y7, Y6, Y6
+	VPERMD       Y6, Y2, Y6
+	VMOVDQU      Y6, (AX)
+	ADDQ         $0x80, BX
+	ADDQ         $0x20, AX
+	ADDQ         $0x08, CX
+	ADDQ         $0x04, DX
+	SUBQ         $0x20, SI
+	SUBQ         $0x20, R9
+	JNZ          quantX_block
+	JMP          quantX_group
+
+quantX_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·qgemvQ8_0R1AVX2(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         f16+152(FP), SI
+	MOVQ         k+136(FP), DI
+	MOVQ         DI, (SP)
+	SHRQ         $0x02, DI
+	MOVQ         DI, 8(SP)
+	SHRQ         $0x01, DI
+	MOVQ         DI, 16(SP)
+	MOVQ         rows+144(FP), DI
+	MOVQ         DI, 24(SP)
+	MOVQ         y_base+0(FP), DI
+	MOVQ         DI, 40(SP)
+	MOVL         $0x00010001, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+
+qgemvQ8_0R1AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ8_0R1AVX2_done
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	MOVQ   k+136(FP), DI
+	SHRQ   $0x05, DI
+
+qgemvQ8_0R1AVX2_blk:
+	PREFETCHT0   4096(AX)
+	PREFETCHT0   4160(AX)
+	VMOVDQU      2(AX), Y3
+	VPABSB       Y3, Y4
+	MOVWLZX      (AX), R8
+	VBROADCASTSS (SI)(R8*4), Y5
+	VMOVDQU      (CX), Y6
+	VPSIGNB      Y3, Y6, Y6
+	VPMADDUBSW   Y6, Y4, Y3
+	VPMADDWD     Y0, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (DX), Y4
+	VMULPS       Y5, Y4, Y4
+	VFMADD231PS  Y3, Y4, Y1
+	VMOVDQU      36(AX), Y3
+	VPABSB       Y3, Y4
+	MOVWLZX      34(AX), R8
+	VBROADCASTSS (SI)(R8*4), Y5
+	VMOVDQU      32(CX), Y6
+	VPSIGNB      Y3, Y6, Y6
+	VPMADDUBSW   Y6, Y4, Y3
+	VPMADDWD     Y0, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS 8(DX), Y4
+	VMULPS       Y5, Y4, Y4
+	VFMADD231PS  Y3, Y4, Y2
+	ADDQ         $0x00000044, AX
+	ADDQ         $0x00000040, CX
+	ADDQ         $0x00000010, DX
+	ADDQ         $0x00000008, BX
+	SUBQ         $0x02, DI
+	JNZ          qgemvQ8_0R1AVX2_blk
+	MOVQ         40(SP), DI
+	VADDPS       Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X2
+	VHADDPS      X2, X2, X2
+	VHADDPS      X2, X2, X2
+	VMOVSS       X2, (DI)
+	ADDQ         $0x04, 40(SP)
+	SUBQ         (SP), CX
+	SUBQ         8(SP), DX
+	SUBQ         16(SP), BX
+	DECQ         24(SP)
+	JMP          qgemvQ8_0R1AVX2_row
+
+qgemvQ8_0R1AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·qgemvQ8_0R4AVX2(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         f16+152(FP), SI
+	MOVQ         k+136(FP), DI
+	MOVQ         DI, (SP)
+	SHRQ         $0x02, DI
+	MOVQ         DI, 8(SP)
+	SHRQ         $0x01, DI
+	MOVQ         DI, 16(SP)
+	MOVQ         rows+144(FP), DI
+	MOVQ         DI, 24(SP)
+	MOVQ         y_base+0(FP), DI
+	MOVQ         DI, 40(SP)
+	MOVQ         ldq+104(FP), DI
+	LEAQ         (DI)(DI*2), R8
+	MOVQ         DI, R9
+	SHRQ         $0x02, R9
+	MOVQ         R8, R10
+	SHRQ         $0x02, R10
+	MOVQ         DI, R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 48(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 72(SP)
+	LEAQ         (DI)(DI*1), R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 56(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 80(SP)
+	MOVQ         R8, R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 64(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 88(SP)
+	MOVQ         ldy+24(FP), R11
+	SHLQ         $0x02, R11
+	MOVQ         R11, 32(SP)
+	MOVL         $0x00010001, R11
+	VMOVD        R11, X0
+	VPBROADCASTD X0, Y0
+
+qgemvQ8_0R4AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ8_0R4AVX2_done
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	MOVQ   k+136(FP), R11
+	SHRQ   $0x05, R11
+
+qgemvQ8_0R4AVX2_blk:
+	PREFETCHT0   4096(AX)
+	VMOVDQU      2(AX), Y5
+	VPABSB       Y5, Y6
+	MOVWLZX      (AX), R12
+	VBROADCASTSS (SI)(R12*4), Y7
+	VMOVDQU      (CX), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y6, Y8
+	VPMADDWD     Y0, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VBROADCASTSS (DX), Y9
+	VMULPS       Y7, Y9, Y9
+	VFMADD231PS  Y8, Y9, Y1
+	VMOVDQU      (CX)(DI*1), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y6, Y8
+	VPMADDWD     Y0, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VBROADCASTSS (DX)(R9*1), Y9
+	VMULPS       Y7, Y9, Y9
+	VFMADD231PS  Y8, Y9, Y2
+	VMOVDQU      (CX)(DI*2), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y6, Y8
+	VPMADDWD     Y0, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VBROADCASTSS (DX)(R9*2), Y9
+	VMULPS       Y7, Y9, Y9
+	VFMADD231PS  Y8, Y9, Y3
+	VMOVDQU      (CX)(R8*1), Y8
+	VPSIGNB      Y5, Y8, Y8
+	VPMADDUBSW   Y8, Y6, Y5
+	VPMADDWD     Y0, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (DX)(R10*1), Y6
+	VMULPS       Y7, Y6, Y6
+	VFMADD231PS  Y5, Y6, Y4
+	ADDQ         $0x00000022, AX
+	ADDQ         $0x00000020, CX
+	ADDQ         $0x00000008, DX
+	ADDQ         $0x00000004, BX
+	SUBQ         $0x01, R11
+	JNZ          qgemvQ8_0R4AVX2_blk
+	MOVQ         40(SP), R11
+	VEXTRACTF128 $0x01, Y1, X5
+	VADDPS       X5, X1, X5
+	VHADDPS      X5, X5, X5
+	VHADDPS      X5, X5, X5
+	VMOVSS       X5, (R11)
+	ADDQ         32(SP), R11
+	VEXTRACTF128 $0x01, Y2, X1
+	VADDPS       X1, X2, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R11)
+	ADDQ         32(SP), R11
+	VEXTRACTF128 $0x01, Y3, X1
+	VADDPS       X1, X3, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R11)
+	ADDQ         32(SP), R11
+	VEXTRACTF128 $0x01, Y4, X1
+	VADDPS       X1, X4, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R11)
+	ADDQ         $0x04, 40(SP)
+	SUBQ         (SP), CX
+	SUBQ         8(SP), DX
+	SUBQ         16(SP), BX
+	DECQ         24(SP)
+	JMP          qgemvQ8_0R4AVX2_row
+
+qgemvQ8_0R4AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·qgemvQ4_0R1AVX2(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         f16+152(FP), SI
+	MOVQ         k+136(FP), DI
+	MOVQ         DI, (SP)
+	SHRQ         $0x02, DI
+	MOVQ         DI, 8(SP)
+	SHRQ         $0x01, DI
+	MOVQ         DI, 16(SP)
+	MOVQ         rows+144(FP), DI
+	MOVQ         DI, 24(SP)
+	MOVQ         y_base+0(FP), DI
+	MOVQ         DI, 40(SP)
+	VMOVDQU      q40shiftv<>+0(SB), Y0
+	MOVL         $0x00010001, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+	MOVL         $0x0f0f0f0f, DI
+	VMOVD        DI, X2
+	VPBROADCASTD X2, Y2
+
+qgemvQ4_0R1AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4_0R1AVX2_done
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	MOVQ   k+136(FP), DI
+	SHRQ   $0x05, DI
+
+qgemvQ4_0R1AVX2_blk:
+	PREFETCHT0     4096(AX)
+	VBROADCASTI128 2(AX), Y5
+	VPSRLVD        Y0, Y5, Y5
+	VPAND          Y2, Y5, Y5
+	MOVWLZX        (AX), R8
+	VBROADCASTSS   (SI)(R8*4), Y6
+	VPMADDUBSW     (CX), Y5, Y5
+	VPMADDWD       Y1, Y5, Y5
+	VCVTDQ2PS      Y5, Y5
+	VBROADCASTSS   (DX), Y7
+	VBROADCASTSS   4(DX), Y8
+	VFMSUB213PS    Y8, Y7, Y5
+	VFMADD231PS    Y5, Y6, Y3
+	VBROADCASTI128 20(AX), Y5
+	VPSRLVD        Y0, Y5, Y5
+	VPAND          Y2, Y5, Y5
+	MOVWLZX        18(AX), R8
+	VBROADCASTSS   (SI)(R8*4), Y6
+	VPMADDUBSW     32(CX), Y5, Y5
+	VPMADDWD       Y1, Y5, Y5
+	VCVTDQ2PS      Y5, Y5
+	VBROADCASTSS   8(DX), Y7
+	VBROADCASTSS   12(DX), Y8
+	VFMSUB213PS    Y8, Y7, Y5
+	VFMADD231PS    Y5, Y6, Y4
+	ADDQ           $0x00000024, AX
+	ADDQ           $0x00000040, CX
+	ADDQ           $0x00000010, DX
+	ADDQ           $0x00000008, BX
+	SUBQ           $0x02, DI
+	JNZ            qgemvQ4_0R1AVX2_blk
+	MOVQ           40(SP), DI
+	VADDPS         Y4, Y3, Y3
+	VEXTRACTF128   $0x01, Y3, X4
+	VADDPS         X4, X3, X4
+	VHADDPS        X4, X4, X4
+	VHADDPS        X4, X4, X4
+	VMOVSS         X4, (DI)
+	ADDQ           $0x04, 40(SP)
+	SUBQ           (SP), CX
+	SUBQ           8(SP), DX
+	SUBQ           16(SP), BX
+	DECQ           24(SP)
+	JMP            qgemvQ4_0R1AVX2_row
+
+qgemvQ4_0R1AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·qgemvQ4_0R4AVX2(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         f16+152(FP), SI
+	MOVQ         k+136(FP), DI
+	MOVQ         DI, (SP)
+	SHRQ         $0x02, DI
+	MOVQ         DI, 8(SP)
+	SHRQ         $0x01, DI
+	MOVQ         DI, 16(SP)
+	MOVQ         rows+144(FP), DI
+	MOVQ         DI, 24(SP)
+	MOVQ         y_base+0(FP), DI
+	MOVQ         DI, 40(SP)
+	MOVQ         ldq+104(FP), DI
+	LEAQ         (DI)(DI*2), R8
+	MOVQ         DI, R9
+	SHRQ         $0x02, R9
+	MOVQ         R8, R10
+	SHRQ         $0x02, R10
+	MOVQ         DI, R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 48(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 72(SP)
+	LEAQ         (DI)(DI*1), R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 56(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 80(SP)
+	MOVQ         R8, R11
+	SHRQ         $0x02, R11
+	MOVQ         R11, 64(SP)
+	SHRQ         $0x01, R11
+	MOVQ         R11, 88(SP)
+	MOVQ         ldy+24(FP), R11
+	SHLQ         $0x02, R11
+	MOVQ         R11, 32(SP)
+	VMOVDQU      q40shiftv<>+0(SB), Y0
+	MOVL         $0x00010001, R11
+	VMOVD        R11, X1
+	VPBROADCASTD X1, Y1
+	MOVL         $0x0f0f0f0f, R11
+	VMOVD        R11, X2
+	VPBROADCASTD X2, Y2
+
+qgemvQ4_0R4AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4_0R4AVX2_done
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	MOVQ   k+136(FP), R11
+	SHRQ   $0x05, R11
+
+qgemvQ4_0R4AVX2_blk:
+	PREFETCHT0     4096(AX)
+	VBROADCASTI128 2(AX), Y7
+	VPSRLVD        Y0, Y7, Y7
+	VPAND          Y2, Y7, Y7
+	MOVWLZX        (AX), R12
+	VBROADCASTSS   (SI)(R12*4), Y8
+	VPMADDUBSW     (CX), Y7, Y9
+	VPMADDWD       Y1, Y9, Y9
+	VCVTDQ2PS      Y9, Y9
+	VBROADCASTSS   (DX), Y10
+	VBROADCASTSS   4(DX), Y11
+	VFMSUB213PS    Y11, Y10, Y9
+	VFMADD231PS    Y9, Y8, Y3
+	VPMADDUBSW     (CX)(DI*1), Y7, Y9
+	VPMADDWD       Y1, Y9, Y9
+	VCVTDQ2PS      Y9, Y9
+	VBROADCASTSS   (DX)(R9*1), Y10
+	VBROADCASTSS   4(DX)(R9*1), Y11
+	VFMSUB213PS    Y11, Y10, Y9
+	VFMADD231PS    Y9, Y8, Y4
+	VPMADDUBSW     (CX)(DI*2), Y7, Y9
+	VPMADDWD       Y1, Y9, Y9
+	VCVTDQ2PS      Y9, Y9
+	VBROADCASTSS   (DX)(R9*2), Y10
+	VBROADCASTSS   4(DX)(R9*2), Y11
+	VFMSUB213PS    Y11, Y10, Y9
+	VFMADD231PS    Y9, Y8, Y5
+	VPMADDUBSW     (CX)(R8*1), Y7, Y7
+	VPMADDWD       Y1, Y7, Y7
+	VCVTDQ2PS      Y7, Y7
+	VBROADCASTSS   (DX)(R10*1), Y9
+	VBROADCASTSS   4(DX)(R10*1), Y10
+	VFMSUB213PS    Y10, Y9, Y7
+	VFMADD231PS    Y7, Y8, Y6
+	ADDQ           $0x00000012, AX
+	ADDQ           $0x00000020, CX
+	ADDQ           $0x00000008, DX
+	ADDQ           $0x00000004, BX
+	SUBQ           $0x01, R11
+	JNZ            qgemvQ4_0R4AVX2_blk
+	MOVQ           40(SP), R11
+	VEXTRACTF128   $0x01, Y3, X7
+	VADDPS         X7, X3, X7
+	VHADDPS        X7, X7, X7
+	VHADDPS        X7, X7, X7
+	VMOVSS         X7, (R11)
+	ADDQ           32(SP), R11
+	VEXTRACTF128   $0x01, Y4, X3
+	VADDPS         X3, X4, X3
+	VHADDPS        X3, X3, X3
+	VHADDPS        X3, X3, X3
+	VMOVSS         X3, (R11)
+	ADDQ           32(SP), R11
+	VEXTRACTF128   $0x01, Y5, X3
+	VADDPS         X3, X5, X3
+	VHADDPS        X3, X3, X3
+	VHADDPS        X3, X3, X3
+	VMOVSS         X3, (R11)
+	ADDQ           32(SP), R11
+	VEXTRACTF128   $0x01, Y6, X3
+	VADDPS         X3, X6, X3
+	VHADDPS        X3, X3, X3
+	VHADDPS        X3, X3, X3
+	VMOVSS         X3, (R11)
+	ADDQ           $0x04, 40(SP)
+	SUBQ           (SP), CX
+	SUBQ           8(SP), DX
+	SUBQ           16(SP), BX
+	DECQ           24(SP)
+	JMP            qgemvQ4_0R4AVX2_row
+
+qgemvQ4_0R4AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·qgemvQ4KR1AVX2(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+
+qgemvQ4KR1AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4KR1AVX2_done
+	VXORPS Y1, Y1, Y1
+	MOVQ   k+136(FP), SI
+	SHRQ   $0x08, SI
+
+qgemvQ4KR1AVX2_blk:
+	PREFETCHT0   4096(AX)
+	PREFETCHT0   4160(AX)
+	PREFETCHT0   4224(AX)
+	MOVLQZX      4(AX), DI
+	MOVLQZX      12(AX), R8
+	MOVQ         DI, R9
+	SHRQ         $0x06, R9
+	ANDQ         $0x03030303, R9
+	SHLQ         $0x04, R9
+	MOVQ         R8, R10
+	ANDQ         $0x0f0f0f0f, R10
+	ORQ          R10, R9
+	SHLQ         $0x20, R9
+	ANDQ         $0x3f3f3f3f, DI
+	ORQ          DI, R9
+	MOVLQZX      8(AX), DI
+	MOVQ         DI, R10
+	SHRQ         $0x06, R10
+	ANDQ         $0x03030303, R10
+	SHLQ         $0x04, R10
+	SHRQ         $0x04, R8
+	ANDQ         $0x0f0f0f0f, R8
+	ORQ          R8, R10
+	SHLQ         $0x20, R10
+	ANDQ         $0x3f3f3f3f, DI
+	ORQ          R10, DI
+	VMOVQ        R9, X2
+	VPMOVZXBW    X2, X2
+	VINSERTI128  $0x01, X2, Y2, Y2
+	VMOVQ        DI, X3
+	VMOVDQU      16(AX), Y4
+	VPAND        Y0, Y4, Y5
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPSHUFB      k4shuf<>+0(SB), Y2, Y6
+	VPMADDUBSW   (CX), Y5, Y5
+	VPMADDWD     Y6, Y5, Y5
+	VPSHUFB      k4shuf<>+32(SB), Y2, Y6
+	VPMADDUBSW   32(CX), Y4, Y4
+	VPMADDWD     Y6, Y4, Y4
+	VPADDD       Y4, Y5, Y5
+	VMOVDQU      48(AX), Y4
+	VPAND        Y0, Y4, Y6
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPSHUFB      k4shuf<>+64(SB), Y2, Y7
+	VPMADDUBSW   64(CX), Y6, Y6
+	VPMADDWD     Y7, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	VPSHUFB      k4shuf<>+96(SB), Y2, Y6
+	VPMADDUBSW   96(CX), Y4, Y4
+	VPMADDWD     Y6, Y4, Y4
+	VPADDD       Y4, Y5, Y5
+	VMOVDQU      80(AX), Y4
+	VPAND        Y0, Y4, Y6
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPSHUFB      k4shuf<>+128(SB), Y2, Y7
+	VPMADDUBSW   128(CX), Y6, Y6
+	VPMADDWD     Y7, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	VPSHUFB      k4shuf<>+160(SB), Y2, Y6
+	VPMADDUBSW   160(CX), Y4, Y4
+	VPMADDWD     Y6, Y4, Y4
+	VPADDD       Y4, Y5, Y5
+	VMOVDQU      112(AX), Y4
+	VPAND        Y0, Y4, Y6
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPSHUFB      k4shuf<>+192(SB), Y2, Y7
+	VPMADDUBSW   192(CX), Y6, Y6
+	VPMADDWD     Y7, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	VPSHUFB      k4shuf<>+224(SB), Y2, Y6
+	VPMADDUBSW   224(CX), Y4, Y4
+	VPMADDWD     Y6, Y4, Y4
+	VPADDD       Y4, Y5, Y5
+	VPMOVZXBW    X3, X3
+	VPUNPCKHWD   X3, X3, X2
+	VPUNPCKLWD   X3, X3, X3
+	VINSERTI128  $0x01, X2, Y3, Y3
+	VPBROADCASTD (AX), Y4
+	VCVTPH2PS    X4, Y4
+	VPMADDWD     (BX), Y3, Y6
+	VBROADCASTSS (DX), Y7
+	VMULPS       Y4, Y7, Y7
+	VPERMILPS    $0x00, Y7, Y4
+	VPERMILPS    $0x55, Y7, Y7
+	VCVTDQ2PS    Y5, Y5
+	VCVTDQ2PS    Y6, Y6
+	VFMADD231PS  Y5, Y4, Y1
+	VFNMADD231PS Y6, Y7, Y1
+	ADDQ         $0x00000090, AX
+	ADDQ         $0x00000100, CX
+	ADDQ         $0x00000040, DX
+	ADDQ         $0x00000020, BX
+	SUBQ         $0x01, SI
+	JNZ          qgemvQ4KR1AVX2_blk
+	MOVQ         40(SP), SI
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X2
+	VHADDPS      X2, X2, X2
+	VHADDPS      X2, X2, X2
+	VMOVSS       X2, (SI)
+	ADDQ         $0x04, 40(SP)
+	SUBQ         (SP), CX
+	SUBQ         8(SP), DX
+	SUBQ         16(SP), BX
+	DECQ         24(SP)
+	JMP          qgemvQ4KR1AVX2_row
+
+qgemvQ4KR1AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·qgemvQ4KR4AVX2(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVQ         ldq+104(FP), SI
+	LEAQ         (SI)(SI*2), DI
+	MOVQ         SI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 48(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 72(SP)
+	LEAQ         (SI)(SI*1), R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 56(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 80(SP)
+	MOVQ         DI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 64(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 88(SP)
+	MOVQ         ldy+24(FP), R8
+	SHLQ         $0x02, R8
+	MOVQ         R8, 32(SP)
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+
+qgemvQ4KR4AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4KR4AVX2_done
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	MOVQ   k+136(FP), R8
+	SHRQ   $0x08, R8
+
+qgemvQ4KR4AVX2_blk:
+	PREFETCHT0   4096(AX)
+	PREFETCHT0   4160(AX)
+	PREFETCHT0   4224(AX)
+	MOVLQZX      4(AX), R9
+	MOVLQZX      12(AX), R10
+	MOVQ         R9, R11
+	SHRQ         $0x06, R11
+	ANDQ         $0x03030303, R11
+	SHLQ         $0x04, R11
+	MOVQ         R10, R12
+	ANDQ         $0x0f0f0f0f, R12
+	ORQ          R12, R11
+	SHLQ         $0x20, R11
+	ANDQ         $0x3f3f3f3f, R9
+	ORQ          R9, R11
+	MOVLQZX      8(AX), R9
+	MOVQ         R9, R12
+	SHRQ         $0x06, R12
+	ANDQ         $0x03030303, R12
+	SHLQ         $0x04, R12
+	SHRQ         $0x04, R10
+	ANDQ         $0x0f0f0f0f, R10
+	ORQ          R10, R12
+	SHLQ         $0x20, R12
+	ANDQ         $0x3f3f3f3f, R9
+	ORQ          R12, R9
+	VMOVQ        R11, X5
+	VPMOVZXBW    X5, X5
+	VINSERTI128  $0x01, X5, Y5, Y5
+	VMOVQ        R9, X6
+	VMOVDQU      16(AX), Y7
+	VPAND        Y0, Y7, Y8
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPSHUFB      k4shuf<>+0(SB), Y5, Y9
+	VPMADDUBSW   (CX), Y8, Y10
+	VPMADDWD     Y9, Y10, Y10
+	VPMADDUBSW   (CX)(SI*1), Y8, Y11
+	VPMADDWD     Y9, Y11, Y11
+	VPMADDUBSW   (CX)(SI*2), Y8, Y12
+	VPMADDWD     Y9, Y12, Y12
+	VPMADDUBSW   (CX)(DI*1), Y8, Y8
+	VPMADDWD     Y9, Y8, Y8
+	VPSHUFB      k4shuf<>+32(SB), Y5, Y9
+	VPMADDUBSW   32(CX), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y10, Y10
+	VPMADDUBSW   32(CX)(SI*1), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y11, Y11
+	VPMADDUBSW   32(CX)(SI*2), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y12, Y12
+	VPMADDUBSW   32(CX)(DI*1), Y7, Y7
+	VPMADDWD     Y9, Y7, Y7
+	VPADDD       Y7, Y8, Y8
+	VMOVDQU      48(AX), Y7
+	VPAND        Y0, Y7, Y9
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPSHUFB      k4shuf<>+64(SB), Y5, Y13
+	VPMADDUBSW   64(CX), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y10, Y10
+	VPMADDUBSW   64(CX)(SI*1), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y11, Y11
+	VPMADDUBSW   64(CX)(SI*2), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y12, Y12
+	VPMADDUBSW   64(CX)(DI*1), Y9, Y9
+	VPMADDWD     Y13, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSHUFB      k4shuf<>+96(SB), Y5, Y9
+	VPMADDUBSW   96(CX), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y10, Y10
+	VPMADDUBSW   96(CX)(SI*1), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y11, Y11
+	VPMADDUBSW   96(CX)(SI*2), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y12, Y12
+	VPMADDUBSW   96(CX)(DI*1), Y7, Y7
+	VPMADDWD     Y9, Y7, Y7
+	VPADDD       Y7, Y8, Y8
+	VMOVDQU      80(AX), Y7
+	VPAND        Y0, Y7, Y9
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPSHUFB      k4shuf<>+128(SB), Y5, Y13
+	VPMADDUBSW   128(CX), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y10, Y10
+	VPMADDUBSW   128(CX)(SI*1), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y11, Y11
+	VPMADDUBSW   128(CX)(SI*2), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y12, Y12
+	VPMADDUBSW   128(CX)(DI*1), Y9, Y9
+	VPMADDWD     Y13, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSHUFB      k4shuf<>+160(SB), Y5, Y9
+	VPMADDUBSW   160(CX), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y10, Y10
+	VPMADDUBSW   160(CX)(SI*1), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y11, Y11
+	VPMADDUBSW   160(CX)(SI*2), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y12, Y12
+	VPMADDUBSW   160(CX)(DI*1), Y7, Y7
+	VPMADDWD     Y9, Y7, Y7
+	VPADDD       Y7, Y8, Y8
+	VMOVDQU      112(AX), Y7
+	VPAND        Y0, Y7, Y9
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPSHUFB      k4shuf<>+192(SB), Y5, Y13
+	VPMADDUBSW   192(CX), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y10, Y10
+	VPMADDUBSW   192(CX)(SI*1), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y11, Y11
+	VPMADDUBSW   192(CX)(SI*2), Y9, Y14
+	VPMADDWD     Y13, Y14, Y14
+	VPADDD       Y14, Y12, Y12
+	VPMADDUBSW   192(CX)(DI*1), Y9, Y9
+	VPMADDWD     Y13, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSHUFB      k4shuf<>+224(SB), Y5, Y9
+	VPMADDUBSW   224(CX), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y10, Y10
+	VPMADDUBSW   224(CX)(SI*1), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y11, Y11
+	VPMADDUBSW   224(CX)(SI*2), Y7, Y13
+	VPMADDWD     Y9, Y13, Y13
+	VPADDD       Y13, Y12, Y12
+	VPMADDUBSW   224(CX)(DI*1), Y7, Y7
+	VPMADDWD     Y9, Y7, Y7
+	VPADDD       Y7, Y8, Y8
+	VPMOVZXBW    X6, X6
+	VPUNPCKHWD   X6, X6, X5
+	VPUNPCKLWD   X6, X6, X6
+	VINSERTI128  $0x01, X5, Y6, Y6
+	VPBROADCASTD (AX), Y7
+	VCVTPH2PS    X7, Y7
+	VPMADDWD     (BX), Y6, Y9
+	VBROADCASTSS (DX), Y13
+	VMULPS       Y7, Y13, Y13
+	VPERMILPS    $0x00, Y13, Y14
+	VPERMILPS    $0x55, Y13, Y13
+	VCVTDQ2PS    Y10, Y10
+	VCVTDQ2PS    Y9, Y9
+	VFMADD231PS  Y10, Y14, Y1
+	VFNMADD231PS Y9, Y13, Y1
+	MOVQ         72(SP), R9
+	VPMADDWD     (BX)(R9*1), Y6, Y9
+	MOVQ         48(SP), R9
+	VBROADCASTSS (DX)(R9*1), Y10
+	VMULPS       Y7, Y10, Y10
+	VPERMILPS    $0x00, Y10, Y13
+	VPERMILPS    $0x55, Y10, Y10
+	VCVTDQ2PS    Y11, Y11
+	VCVTDQ2PS    Y9, Y9
+	VFMADD231PS  Y11, Y13, Y2
+	VFNMADD231PS Y9, Y10, Y2
+	MOVQ         80(SP), R9
+	VPMADDWD     (BX)(R9*1), Y6, Y9
+	MOVQ         56(SP), R9
+	VBROADCASTSS (DX)(R9*1), Y10
+	VMULPS       Y7, Y10, Y10
+	VPERMILPS    $0x00, Y10, Y11
+	VPERMILPS    $0x55, Y10, Y10
+	VCVTDQ2PS    Y12, Y12
+	VCVTDQ2PS    Y9, Y9
+	VFMADD231PS  Y12, Y11, Y3
+	VFNMADD231PS Y9, Y10, Y3
+	MOVQ         88(SP), R9
+	VPMADDWD     (BX)(R9*1), Y6, Y9
+	MOVQ         64(SP), R9
+	VBROADCASTSS (DX)(R9*1), Y10
+	VMULPS       Y7, Y10, Y10
+	VPERMILPS    $0x00, Y10, Y7
+	VPERMILPS    $0x55, Y10, Y10
+	VCVTDQ2PS    Y8, Y8
+	VCVTDQ2PS    Y9, Y9
+	VFMADD231PS  Y8, Y7, Y4
+	VFNMADD231PS Y9, Y10, Y4
+	ADDQ         $0x00000090, AX
+	ADDQ         $0x00000100, CX
+	ADDQ         $0x00000040, DX
+	ADDQ         $0x00000020, BX
+	SUBQ         $0x01, R8
+	JNZ          qgemvQ4KR4AVX2_blk
+	MOVQ         40(SP), R8
+	VEXTRACTF128 $0x01, Y1, X5
+	VADDPS       X5, X1, X5
+	VHADDPS      X5, X5, X5
+	VHADDPS      X5, X5, X5
+	VMOVSS       X5, (R8)
+	ADDQ         32(SP), R8
+	VEXTRACTF128 $0x01, Y2, X1
+	VADDPS       X1, X2, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R8)
+	ADDQ         32(SP), R8
+	VEXTRACTF128 $0x01, Y3, X1
+	VADDPS       X1, X3, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R8)
+	ADDQ         32(SP), R8
+	VEXTRACTF128 $0x01, Y4, X1
+	VADDPS       X1, X4, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VMOVSS       X1, (R8)
+	ADDQ         $0x04, 40(SP)
+	SUBQ         (SP), CX
+	SUBQ         8(SP), DX
+	SUBQ         16(SP), BX
+	DECQ         24(SP)
+	JMP          qgemvQ4KR4AVX2_row
+
+qgemvQ4KR4AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ6KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·qgemvQ6KR1AVX2(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x30303030, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+qgemvQ6KR1AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ6KR1AVX2_done
+	VXORPS Y2, Y2, Y2
+	MOVQ   k+136(FP), SI
+	SHRQ   $0x08, SI
+
+qgemvQ6KR1AVX2_blk:
+	PREFETCHT0     4096(AX)
+	PREFETCHT0     4160(AX)
+	PREFETCHT0     4224(AX)
+	PREFETCHT0     4288(AX)
+	VMOVDQU        128(AX), Y3
+	VMOVDQU        (AX), Y4
+	VPAND          Y0, Y4, Y4
+	VPSLLW         $0x04, Y3, Y5
+	VPAND          Y1, Y5, Y5
+	VPOR           Y5, Y4, Y4
+	VBROADCASTI128 192(AX), Y5
+	VPSHUFB        q6shuf<>+0(SB), Y5, Y5
+	VPSRAW         $0x08, Y5, Y5
+	VPMADDUBSW     (CX), Y4, Y4
+	VPMADDWD       Y5, Y4, Y4
+	VMOVDQU        32(AX), Y5
+	VPAND          Y0, Y5, Y5
+	VPSLLW         $0x02, Y3, Y6
+	VPAND          Y1, Y6, Y6
+	VPOR           Y6, Y5, Y5
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+32(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     32(CX), Y5, Y5
+	VPMADDWD       Y6, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        (AX), Y5
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPAND          Y1, Y3, Y6
+	VPOR           Y6, Y5, Y5
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+64(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     64(CX), Y5, Y5
+	VPMADDWD       Y6, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        32(AX), Y5
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPSRLW         $0x02, Y3, Y3
+	VPAND          Y1, Y3, Y3
+	VPOR           Y3, Y5, Y5
+	VBROADCASTI128 192(AX), Y3
+	VPSHUFB        q6shuf<>+96(SB), Y3, Y3
+	VPSRAW         $0x08, Y3, Y3
+	VPMADDUBSW     96(CX), Y5, Y5
+	VPMADDWD       Y3, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        160(AX), Y3
+	VMOVDQU        64(AX), Y5
+	VPAND          Y0, Y5, Y5
+	VPSLLW         $0x04, Y3, Y6
+	VPAND          Y1, Y6, Y6
+	VPOR           Y6, Y5, Y5
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+128(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     128(CX), Y5, Y5
+	VPMADDWD       Y6, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        96(AX), Y5
+	VPAND          Y0, Y5, Y5
+	VPSLLW         $0x02, Y3, Y6
+	VPAND          Y1, Y6, Y6
+	VPOR           Y6, Y5, Y5
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+160(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     160(CX), Y5, Y5
+	VPMADDWD       Y6, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        64(AX), Y5
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPAND          Y1, Y3, Y6
+	VPOR           Y6, Y5, Y5
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+192(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     192(CX), Y5, Y5
+	VPMADDWD       Y6, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        96(AX), Y5
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPSRLW         $0x02, Y3, Y3
+	VPAND          Y1, Y3, Y3
+	VPOR           Y3, Y5, Y5
+	VBROADCASTI128 192(AX), Y3
+	VPSHUFB        q6shuf<>+224(SB), Y3, Y3
+	VPSRAW         $0x08, Y3, Y3
+	VPMADDUBSW     224(CX), Y5, Y5
+	VPMADDWD       Y3, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VPMOVSXBW      192(AX), Y3
+	VPBROADCASTW   208(AX), X5
+	VCVTPH2PS      X5, Y5
+	VPMADDWD       (BX), Y3, Y3
+	VPSLLD         $0x05, Y3, Y3
+	VPSUBD         Y3, Y4, Y4
+	VBROADCASTSS   (DX), Y3
+	VMULPS         Y5, Y3, Y3
+	VCVTDQ2PS      Y4, Y4
+	VFMADD231PS    Y4, Y3, Y2
+	ADDQ           $0x000000d2, AX
+	ADDQ           $0x00000100, CX
+	ADDQ           $0x00000040, DX
+	ADDQ           $0x00000020, BX
+	SUBQ           $0x01, SI
+	JNZ            qgemvQ6KR1AVX2_blk
+	MOVQ           40(SP), SI
+	VEXTRACTF128   $0x01, Y2, X3
+	VADDPS         X3, X2, X3
+	VHADDPS        X3, X3, X3
+	VHADDPS        X3, X3, X3
+	VMOVSS         X3, (SI)
+	ADDQ           $0x04, 40(SP)
+	SUBQ           (SP), CX
+	SUBQ           8(SP), DX
+	SUBQ           16(SP), BX
+	DECQ           24(SP)
+	JMP            qgemvQ6KR1AVX2_row
+
+qgemvQ6KR1AVX2_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ6KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·qgemvQ6KR4AVX2(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVQ         ldq+104(FP), SI
+	LEAQ         (SI)(SI*2), DI
+	MOVQ         SI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 48(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 72(SP)
+	LEAQ         (SI)(SI*1), R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 56(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 80(SP)
+	MOVQ         DI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 64(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 88(SP)
+	MOVQ         ldy+24(FP), R8
+	SHLQ         $0x02, R8
+	MOVQ         R8, 32(SP)
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x30303030, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+
+qgemvQ6KR4AVX2_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ6KR4AVX2_done
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	MOVQ   k+136(FP), R8
+	SHRQ   $0x08, R8
+
+qgemvQ6KR4AVX2_blk:
+	PREFETCHT0     4096(AX)
+	PREFETCHT0     4160(AX)
+	PREFETCHT0     4224(AX)
+	PREFETCHT0     4288(AX)
+	VMOVDQU        128(AX), Y6
+	VMOVDQU        (AX), Y7
+	VPAND          Y0, Y7, Y7
+	VPSLLW         $0x04, Y6, Y8
+	VPAND          Y1, Y8, Y8
+	VPOR           Y8, Y7, Y7
+	VBROADCASTI128 192(AX), Y8
+	VPSHUFB        q6shuf<>+0(SB), Y8, Y8
+	VPSRAW         $0x08, Y8, Y8
+	VPMADDUBSW     (CX), Y7, Y9
+	VPMADDWD       Y8, Y9, Y9
+	VPMADDUBSW     (CX)(SI*1), Y7, Y10
+	VPMADDWD       Y8, Y10, Y10
+	VPMADDUBSW     (CX)(SI*2), Y7, Y11
+	VPMADDWD       Y8, Y11, Y11
+	VPMADDUBSW     (CX)(DI*1), Y7, Y7
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        32(AX), Y8
+	VPAND          Y0, Y8, Y8
+	VPSLLW         $0x02, Y6, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y8, Y8
+	VBROADCASTI128 192(AX), Y12
+	VPSHUFB        q6shuf<>+32(SB), Y12, Y12
+	VPSRAW         $0x08, Y12, Y12
+	VPMADDUBSW     32(CX), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y9, Y9
+	VPMADDUBSW     32(CX)(SI*1), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y10, Y10
+	VPMADDUBSW     32(CX)(SI*2), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y11, Y11
+	VPMADDUBSW     32(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y12, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        (AX), Y8
+	VPSRLW         $0x04, Y8, Y8
+	VPAND          Y0, Y8, Y8
+	VPAND          Y1, Y6, Y12
+	VPOR           Y12, Y8, Y8
+	VBROADCASTI128 192(AX), Y12
+	VPSHUFB        q6shuf<>+64(SB), Y12, Y12
+	VPSRAW         $0x08, Y12, Y12
+	VPMADDUBSW     64(CX), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y9, Y9
+	VPMADDUBSW     64(CX)(SI*1), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y10, Y10
+	VPMADDUBSW     64(CX)(SI*2), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y11, Y11
+	VPMADDUBSW     64(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y12, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        32(AX), Y8
+	VPSRLW         $0x04, Y8, Y8
+	VPAND          Y0, Y8, Y8
+	VPSRLW         $0x02, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPOR           Y6, Y8, Y8
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+96(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     96(CX), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y9, Y9
+	VPMADDUBSW     96(CX)(SI*1), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y10, Y10
+	VPMADDUBSW     96(CX)(SI*2), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y11, Y11
+	VPMADDUBSW     96(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y6, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        160(AX), Y6
+	VMOVDQU        64(AX), Y8
+	VPAND          Y0, Y8, Y8
+	VPSLLW         $0x04, Y6, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y8, Y8
+	VBROADCASTI128 192(AX), Y12
+	VPSHUFB        q6shuf<>+128(SB), Y12, Y12
+	VPSRAW         $0x08, Y12, Y12
+	VPMADDUBSW     128(CX), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y9, Y9
+	VPMADDUBSW     128(CX)(SI*1), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y10, Y10
+	VPMADDUBSW     128(CX)(SI*2), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y11, Y11
+	VPMADDUBSW     128(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y12, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        96(AX), Y8
+	VPAND          Y0, Y8, Y8
+	VPSLLW         $0x02, Y6, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y8, Y8
+	VBROADCASTI128 192(AX), Y12
+	VPSHUFB        q6shuf<>+160(SB), Y12, Y12
+	VPSRAW         $0x08, Y12, Y12
+	VPMADDUBSW     160(CX), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y9, Y9
+	VPMADDUBSW     160(CX)(SI*1), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y10, Y10
+	VPMADDUBSW     160(CX)(SI*2), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y11, Y11
+	VPMADDUBSW     160(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y12, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        64(AX), Y8
+	VPSRLW         $0x04, Y8, Y8
+	VPAND          Y0, Y8, Y8
+	VPAND          Y1, Y6, Y12
+	VPOR           Y12, Y8, Y8
+	VBROADCASTI128 192(AX), Y12
+	VPSHUFB        q6shuf<>+192(SB), Y12, Y12
+	VPSRAW         $0x08, Y12, Y12
+	VPMADDUBSW     192(CX), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y9, Y9
+	VPMADDUBSW     192(CX)(SI*1), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y10, Y10
+	VPMADDUBSW     192(CX)(SI*2), Y8, Y13
+	VPMADDWD       Y12, Y13, Y13
+	VPADDD         Y13, Y11, Y11
+	VPMADDUBSW     192(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y12, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        96(AX), Y8
+	VPSRLW         $0x04, Y8, Y8
+	VPAND          Y0, Y8, Y8
+	VPSRLW         $0x02, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPOR           Y6, Y8, Y8
+	VBROADCASTI128 192(AX), Y6
+	VPSHUFB        q6shuf<>+224(SB), Y6, Y6
+	VPSRAW         $0x08, Y6, Y6
+	VPMADDUBSW     224(CX), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y9, Y9
+	VPMADDUBSW     224(CX)(SI*1), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y10, Y10
+	VPMADDUBSW     224(CX)(SI*2), Y8, Y12
+	VPMADDWD       Y6, Y12, Y12
+	VPADDD         Y12, Y11, Y11
+	VPMADDUBSW     224(CX)(DI*1), Y8, Y8
+	VPMADDWD       Y6, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPMOVSXBW      192(AX), Y6
+	VPBROADCASTW   208(AX), X8
+	VCVTPH2PS      X8, Y8
+	VPMADDWD       (BX), Y6, Y12
+	VPSLLD         $0x05, Y12, Y12
+	VPSUBD         Y12, Y9, Y9
+	VBROADCASTSS   (DX), Y12
+	VMULPS         Y8, Y12, Y12
+	VCVTDQ2PS      Y9, Y9
+	VFMADD231PS    Y9, Y12, Y2
+	MOVQ           72(SP), R9
+	VPMADDWD       (BX)(R9*1), Y6, Y9
+	VPSLLD         $0x05, Y9, Y9
+	VPSUBD         Y9, Y10, Y10
+	MOVQ           48(SP), R9
+	VBROADCASTSS   (DX)(R9*1), Y9
+	VMULPS         Y8, Y9, Y9
+	VCVTDQ2PS      Y10, Y10
+	VFMADD231PS    Y10, Y9, Y3
+	MOVQ           80(SP), R9
+	VPMADDWD       (BX)(R9*1), Y6, Y9
+	VPSLLD         $0x05, Y9, Y9
+	VPSUBD         Y9, Y11, Y11
+	MOVQ           56(SP), R9
+	VBROADCASTSS   (DX)(R9*1), Y9
+	VMULPS         Y8, Y9, Y9
+	VCVTDQ2PS      Y11, Y11
+	VFMADD231PS    Y11, Y9, Y4
+	MOVQ           88(SP), R9
+	VPMADDWD       (BX)(R9*1), Y6, Y6
+	VPSLLD         $0x05, Y6, Y6
+	VPSUBD         Y6, Y7, Y7
+	MOVQ           64(SP), R9
+	VBROADCASTSS   (DX)(R9*1), Y6
+	VMULPS         Y8, Y6, Y6
+	VCVTDQ2PS      Y7, Y7
+	VFMADD231PS    Y7, Y6, Y5
+	ADDQ           $0x000000d2, AX
+	ADDQ           $0x00000100, CX
+	ADDQ           $0x00000040, DX
+	ADDQ           $0x00000020, BX
+	SUBQ           $0x01, R8
+	JNZ            qgemvQ6KR4AVX2_blk
+	MOVQ           40(SP), R8
+	VEXTRACTF128   $0x01, Y2, X6
+	VADDPS         X6, X2, X6
+	VHADDPS        X6, X6, X6
+	VHADDPS        X6, X6, X6
+	VMOVSS         X6, (R8)
+	ADDQ           32(SP), R8
+	VEXTRACTF128   $0x01, Y3, X2
+	VADDPS         X2, X3, X2
+	VHADDPS        X2, X2, X2
+	VHADDPS        X2, X2, X2
+	VMOVSS         X2, (R8)
+	ADDQ           32(SP), R8
+	VEXTRACTF128   $0x01, Y4, X2
+	VADDPS         X2, X4, X2
+	VHADDPS        X2, X2, X2
+	VHADDPS        X2, X2, X2
+	VMOVSS         X2, (R8)
+	ADDQ           32(SP), R8
+	VEXTRACTF128   $0x01, Y5, X2
+	VADDPS         X2, X5, X2
+	VHADDPS        X2, X2, X2
+	VHADDPS        X2, X2, X2
+	VMOVSS         X2, (R8)
+	ADDQ           $0x04, 40(SP)
+	SUBQ           (SP), CX
+	SUBQ           8(SP), DX
+	SUBQ           16(SP), BX
+	DECQ           24(SP)
+	JMP            qgemvQ6KR4AVX2_row
+
+qgemvQ6KR4AVX2_done:
 	VZEROUPPER
 	RET
 
@@ -6930,20 +8901,20 @@ qtileQ4KR1VNNI512_loop:
 	SHLQ            $0x20, DI
 	ANDQ            $0x3f3f3f3f, BX
 	ORQ             BX, DI
-	VMOVQ           DI, X4
-	VPMOVZXBD       X4, Y4
 	MOVLQZX         8(DX), BX
-	MOVQ            BX, DI
-	SHRQ            $0x06, DI
-	ANDQ            $0x03030303, DI
-	SHLQ            $0x04, DI
+	MOVQ            BX, R8
+	SHRQ            $0x06, R8
+	ANDQ            $0x03030303, R8
+	SHLQ            $0x04, R8
 	SHRQ            $0x04, SI
 	ANDQ            $0x0f0f0f0f, SI
-	ORQ             SI, DI
-	SHLQ            $0x20, DI
+	ORQ             SI, R8
+	SHLQ            $0x20, R8
 	ANDQ            $0x3f3f3f3f, BX
-	ORQ             BX, DI
-	VMOVQ           DI, X5
+	ORQ             R8, BX
+	VMOVQ           DI, X4
+	VPMOVZXBD       X4, Y4
+	VMOVQ           BX, X5
 	VPMOVZXBD       X5, Y5
 	VPBROADCASTW    (DX), X6
 	VCVTPH2PS       X6, Y6
@@ -7059,20 +9030,20 @@ qtileQ4KR4VNNI512_loop:
 	SHLQ            $0x20, R11
 	ANDQ            $0x3f3f3f3f, BX
 	ORQ             BX, R11
-	VMOVQ           R11, X10
-	VPMOVZXBD       X10, Y10
 	MOVLQZX         8(DX), BX
-	MOVQ            BX, R11
-	SHRQ            $0x06, R11
-	ANDQ            $0x03030303, R11
-	SHLQ            $0x04, R11
+	MOVQ            BX, R12
+	SHRQ            $0x06, R12
+	ANDQ            $0x03030303, R12
+	SHLQ            $0x04, R12
 	SHRQ            $0x04, R10
 	ANDQ            $0x0f0f0f0f, R10
-	ORQ             R10, R11
-	SHLQ            $0x20, R11
+	ORQ             R10, R12
+	SHLQ            $0x20, R12
 	ANDQ            $0x3f3f3f3f, BX
-	ORQ             BX, R11
-	VMOVQ           R11, X11
+	ORQ             R12, BX
+	VMOVQ           R11, X10
+	VPMOVZXBD       X10, Y10
+	VMOVQ           BX, X11
 	VPMOVZXBD       X11, Y11
 	VPBROADCASTW    (DX), X12
 	VCVTPH2PS       X12, Y12

@@ -19,6 +19,11 @@ func axpyRow(dt kernels.DType, y []float32, a float32, w []byte) { axpyGo(dt, y,
 // qtilesFor returns the pure-Go tiles of quantized dtype d.
 func qtilesFor(d kernels.DType) *qtileSet { return &genericQTiles[d] }
 
+// quantizeX is quantizeXGo: this build has no assembly.
+func quantizeX(q []int8, ds []float32, bs []int16, x []float32, group int) {
+	quantizeXGo(q, ds, bs, x, group)
+}
+
 // asmBF16Tiles returns nil: this build has no VDPBF16PS tiles.
 func asmBF16Tiles() *bf16TileSet { return nil }
 

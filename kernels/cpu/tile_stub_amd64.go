@@ -724,6 +724,102 @@ func qtileQ5KR4VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []b
 //go:noescape
 func qtileQ6KR1VNNI(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int)
 
+// quantXAVX2 quantizes x (len(x) a multiple of group, group a multiple of 32) to
+// int8 with one scale per group columns, as qrows.quantizeRows does: per block of
+// 32, q = round(x·127/amax) half away from zero, ds = (amax/127, d·Σq), bs = Σq
+// of each 16. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func quantXAVX2(q []int8, ds []float32, bs []int16, x []float32, group int)
+
+// qgemvQ8_0R1AVX2 sets y[r·ldy + j] for j < rows, r < 1 to the dot product of row j
+// of the Q8_0 weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per block: dw·d·Σ w·q (sign trick, VPMADDUBSW).
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qgemvQ8_0R4AVX2 sets y[r·ldy + j] for j < rows, r < 4 to the dot product of row j
+// of the Q8_0 weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per block: dw·d·Σ w·q (sign trick, VPMADDUBSW).
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qgemvQ4_0R1AVX2 sets y[r·ldy + j] for j < rows, r < 1 to the dot product of row j
+// of the Q4_0 weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per block: dw·(d·Σ n·q − 8·s), n the unsigned nibbles.
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qgemvQ4_0R4AVX2 sets y[r·ldy + j] for j < rows, r < 4 to the dot product of row j
+// of the Q4_0 weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per block: dw·(d·Σ n·q − 8·s), n the unsigned nibbles.
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qgemvQ4KR1AVX2 sets y[r·ldy + j] for j < rows, r < 1 to the dot product of row j
+// of the Q4K weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per super-block: dw·d·Σⱼ scⱼ·Σ nⱼ·q − dmin·d·Σⱼ mⱼ·Σⱼq (d: x's scale of the 256 columns).
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qgemvQ4KR4AVX2 sets y[r·ldy + j] for j < rows, r < 4 to the dot product of row j
+// of the Q4K weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per super-block: dw·d·Σⱼ scⱼ·Σ nⱼ·q − dmin·d·Σⱼ mⱼ·Σⱼq (d: x's scale of the 256 columns).
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qgemvQ6KR1AVX2 sets y[r·ldy + j] for j < rows, r < 1 to the dot product of row j
+// of the Q6K weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per super-block: dw·d·Σ over sub-blocks of 16: sc·(Σ q6·q − 32·Σq).
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ6KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qgemvQ6KR4AVX2 sets y[r·ldy + j] for j < rows, r < 4 to the dot product of row j
+// of the Q6K weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per super-block: dw·d·Σ over sub-blocks of 16: sc·(Σ q6·q − 32·Σq).
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ6KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
 // qtileQ6KR1VNNI512 sets y[r·ldy] for r < 1 to the dot product of one row of Q6_K blocks
 // w with x row r (see qtileQ6KR1VNNI) on 512-bit registers (AVX-512 VNNI and BW):
 // two x blocks per integer dot product.

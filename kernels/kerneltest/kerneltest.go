@@ -109,9 +109,10 @@ var QuantShapes = []Shape{
 }
 
 // QuantTol is how far a quantized MatMul may stray from the reference beyond
-// Tol: the backend may round each x block of 32 columns to int8 with scale
-// d = max|x|/127, an error uniform in ±d/2 per element, so y[i, j] may be off
-// by QuantSigmas standard deviations of Σₖ w[j,k]·eₖ:
+// Tol: the backend may round each x block of 32 columns (256 for the
+// K-quants Q4_K, Q5_K and Q6_K, as llama.cpp's Q8_K does) to int8 with
+// scale d = max|x|/127, an error uniform in ±d/2 per element, so y[i, j]
+// may be off by QuantSigmas standard deviations of Σₖ w[j,k]·eₖ:
 //
 //	QuantSigmas · √(Σₖ w[j,k]²·d(i,k)²/12)
 //
@@ -478,7 +479,10 @@ func reference(k refKey, x []float32, w *kernels.Mat) (want []float32, abs, qtol
 // QuantTol returns the x-quantization allowance (see QuantSigmas) for every
 // output (i, j) of y = x·wᵀ.
 func QuantTol(x []float32, w *kernels.Mat, n int) []float64 {
-	const qk = 32
+	qk := 32
+	if w.DType.BlockElems() == 256 {
+		qk = 256
+	}
 	d := make([]float64, n*w.Cols/qk) // (n, cols/qk): x's block scales
 	for b := range d {
 		var amax float64

@@ -11,9 +11,12 @@
 //	go run ./tools/randgguf -config engine/testdata/qwen3-0.6b -o qwen3-0.6b-bf16.gguf
 //	llama-quantize qwen3-0.6b-bf16.gguf qwen3-0.6b-q4_0.gguf Q4_0
 //
-// Dense Qwen3 and Llama configs only: the converter holds a MoE model's
-// experts in float32 until it stacks them, more memory than a real-size
-// MoE model leaves.
+// Dense Qwen3 and Llama configs, and Qwen3-MoE: its stacked experts are
+// generated and encoded one tensor at a time while the file is written
+// (ggufwrite.ConvertLazy), so that a real-size MoE model cut to a few
+// layers fits in memory:
+//
+//	go run ./tools/randgguf -config engine/testdata/qwen3-30b-a3b -layers 8 -type q8_0 -o qwen3-30b-a3b-8l-q8_0.gguf
 package main
 
 import (
@@ -23,6 +26,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/weights"
@@ -96,7 +100,7 @@ func run(cfgDir, out, typ string, layers int, seed uint64) error {
 	if err != nil {
 		return err
 	}
-	w, err := ggufwrite.ConvertFrom(tmp, src, t)
+	w, err := ggufwrite.ConvertLazy(tmp, src, t)
 	if err != nil {
 		return err
 	}
@@ -113,6 +117,11 @@ type config struct {
 	KVHeads   int    `json:"num_key_value_heads"`
 	HeadDim   int    `json:"head_dim"`
 	Inter     int    `json:"intermediate_size"`
+	MoEInter  int    `json:"moe_intermediate_size"`
+	Experts   int    `json:"num_experts"`
+	Local     int    `json:"num_local_experts"` // transformers 5's name of num_experts
+	Sparse    int    `json:"decoder_sparse_step"`
+	MLPOnly   []int  `json:"mlp_only_layers"`
 	Vocab     int    `json:"vocab_size"`
 	Tied      bool   `json:"tie_word_embeddings"`
 }
@@ -125,8 +134,18 @@ type source struct {
 }
 
 func newSource(c config, seed uint64) (*source, error) {
-	if c.ModelType != "qwen3" && c.ModelType != "llama" {
-		return nil, fmt.Errorf("model_type %q: only the dense qwen3 and llama layouts are known", c.ModelType)
+	moe := c.ModelType == "qwen3_moe"
+	if c.ModelType != "qwen3" && c.ModelType != "llama" && !moe {
+		return nil, fmt.Errorf("model_type %q: only the qwen3, qwen3_moe and llama layouts are known", c.ModelType)
+	}
+	c.Experts = max(c.Experts, c.Local)
+	if moe && (c.Experts <= 0 || c.MoEInter <= 0) {
+		return nil, fmt.Errorf("qwen3_moe config without num_experts or moe_intermediate_size")
+	}
+	// Qwen3MoeDecoderLayer: experts where (l+1) % decoder_sparse_step == 0,
+	// except the mlp_only_layers.
+	sparse := func(l int) bool {
+		return moe && !slices.Contains(c.MLPOnly, l) && (l+1)%max(c.Sparse, 1) == 0
 	}
 	if c.KVHeads == 0 {
 		c.KVHeads = c.Heads
@@ -149,13 +168,23 @@ func newSource(c config, seed uint64) (*source, error) {
 		add(p+"self_attn.k_proj.weight", kv, h)
 		add(p+"self_attn.v_proj.weight", kv, h)
 		add(p+"self_attn.o_proj.weight", h, q)
-		if c.ModelType == "qwen3" {
+		if c.ModelType != "llama" {
 			add(p+"self_attn.q_norm.weight", c.HeadDim)
 			add(p+"self_attn.k_norm.weight", c.HeadDim)
 		}
-		add(p+"mlp.gate_proj.weight", c.Inter, h)
-		add(p+"mlp.up_proj.weight", c.Inter, h)
-		add(p+"mlp.down_proj.weight", h, c.Inter)
+		if !sparse(l) {
+			add(p+"mlp.gate_proj.weight", c.Inter, h)
+			add(p+"mlp.up_proj.weight", c.Inter, h)
+			add(p+"mlp.down_proj.weight", h, c.Inter)
+			continue
+		}
+		add(p+"mlp.gate.weight", c.Experts, h)
+		for e := range c.Experts {
+			x := fmt.Sprintf("%smlp.experts.%d.", p, e)
+			add(x+"gate_proj.weight", c.MoEInter, h)
+			add(x+"up_proj.weight", c.MoEInter, h)
+			add(x+"down_proj.weight", h, c.MoEInter)
+		}
 	}
 	add("model.norm.weight", h)
 	if !c.Tied {

@@ -2,13 +2,16 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/gguf"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
+	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
 )
 
 // TestWritesLoadableGGUF writes the qwen3 fixture's shape cut to one layer,
@@ -53,8 +56,8 @@ func TestWritesLoadableGGUF(t *testing.T) {
 	if f, ok := v.Float(); !ok || f != 1e6 {
 		t.Errorf("rope.freq_base %v, want 1e6", v)
 	}
-	if err := run(fixtures.Dir("qwen3_moe"), out, "bf16", 0, 1); err == nil {
-		t.Error("a MoE config was accepted")
+	if err := run(fixtures.Dir("glm4_moe"), out, "bf16", 0, 1); err == nil {
+		t.Error("a glm4_moe config was accepted")
 	}
 	if err := run(fixtures.Dir("qwen3"), out, "q3_k", 0, 1); err == nil {
 		t.Error("an unknown type was accepted")
@@ -92,5 +95,61 @@ func TestSeeded(t *testing.T) {
 	v, _ := m.Meta.Get("general.name")
 	if s, _ := v.Str(); s != filepath.Base(fixtures.Dir("qwen3")) {
 		t.Errorf("general.name %v, want %q", v, filepath.Base(fixtures.Dir("qwen3")))
+	}
+}
+
+// TestMoE writes the qwen3_moe fixture's shape (experts in every other
+// layer) in Q8_0 with lazily encoded experts, checks that the file is
+// byte for byte what the eager converter writes, and has ferrite load it.
+func TestMoE(t *testing.T) {
+	dir := fixtures.Dir("qwen3_moe")
+	out := filepath.Join(t.TempDir(), "moe.gguf")
+	if err := run(dir, out, "q8_0", 0, 3); err != nil {
+		t.Fatal(err)
+	}
+	m, err := gguf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := m.TensorNames()
+	m.Close()
+	for _, want := range []string{"blk.1.ffn_gate_exps.weight", "blk.1.ffn_down_exps.weight", "blk.1.ffn_gate_inp.weight", "blk.0.ffn_up.weight"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("no tensor %s in %v", want, names)
+		}
+	}
+	if slices.Contains(names, "blk.0.ffn_gate_exps.weight") {
+		t.Error("experts in layer 0 (decoder_sparse_step 2)")
+	}
+	var c config
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &c); err != nil {
+		t.Fatal(err)
+	}
+	src, err := newSource(c, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eager, err := ggufwrite.ConvertFrom(dir, src, ggufwrite.Q8_0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lazy, err := ggufwrite.ConvertLazy(dir, src, ggufwrite.Q8_0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(eager.Bytes(), lazy.Bytes()) {
+		t.Error("the lazy experts encode differently from the eager ones")
+	}
+	l, err := engine.Load(out, engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if got := l.Config.IntOr("num_hidden_layers", 0); got != 4 {
+		t.Errorf("%d layers, want 4", got)
 	}
 }

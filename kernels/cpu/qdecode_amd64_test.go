@@ -1,0 +1,64 @@
+//go:build !noasm
+
+package cpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+)
+
+// BenchmarkQDecode is one decode MatMul (n x rows against a rows×1024
+// quantized matrix) on one thread, as a worker runs its share: "hot"
+// repeats one matrix (L2), "cold" cycles through 256 MiB of copies, as a
+// decode step over a model larger than the caches does. cpu-ns/op is the
+// thread's CPU time per call.
+func BenchmarkQDecode(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 3))
+	const rows, cols = 512, 1024
+	for _, n := range []int{1, 8} {
+		for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K, kernels.Q6K} {
+			w := kerneltest.NewMat(rng, dt, rows, cols, 0, 0)
+			x := make([]float32, n*cols)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			y := make([]float32, n*rows)
+			for _, cold := range []bool{false, true} {
+				copies := 1
+				if cold {
+					copies = (256 << 20) / len(w.Data)
+				}
+				ws := make([]*kernels.Mat, copies)
+				buf := make([]byte, copies*len(w.Data))
+				for i := range ws {
+					c := *w
+					c.Data = buf[i*len(w.Data) : (i+1)*len(w.Data)]
+					copy(c.Data, w.Data)
+					ws[i] = &c
+				}
+				name := map[bool]string{false: "hot", true: "cold"}[cold]
+				b.Run(fmt.Sprintf("%v/n=%d/%s", dt, n, name), func(b *testing.B) {
+					var m matmul
+					var xs xbufs
+					var scratch []float32
+					b.SetBytes(int64(len(w.Data)))
+					i := 0
+					cpuLoop(b, func() {
+						m.init(y, x, ws[i], n, 1, &xs, false)
+						m.convertX(0, m.convertUnits())
+						for t := range m.tasks {
+							m.task(t, &scratch)
+						}
+						if i++; i == len(ws) {
+							i = 0
+						}
+					})
+				})
+			}
+		}
+	}
+}
