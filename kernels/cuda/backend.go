@@ -45,7 +45,7 @@ type Backend struct {
 	prefillRows int  // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
 	noMMA       bool // Experts' prefill path keeps off the tensor cores (tests)
 	rowExact    bool // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
-	moeOneSlot  bool // Experts' grouped GEMV takes one slot a pass at any token count (benchmarks)
+	moeSlots8   bool // Experts' grouped GEMV takes up to 8 slots of an expert a pass (tests, benchmarks)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand

@@ -15,8 +15,8 @@ import (
 )
 
 // TestOpsExpertsPaths checks Experts against kernels/ref.Experts on every
-// path: the grouped GEMV kernels up to moeFewTokens tokens (also a slot a
-// pass, the one-token kernels, for several), above them the
+// path: the grouped GEMV kernels up to moeFewTokens tokens (a slot a pass,
+// and up to 8 slots of an expert a pass), above them the
 // sorted tiled GEMMs on CUDA cores (experts of mixed dtypes: bf16, f32 and
 // block-scaled F8E4M3, fused and separate) and on tensor cores (all bf16,
 // and again with them turned off), with experts of one and of several
@@ -57,11 +57,11 @@ func TestOpsExpertsPaths(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, 37, 300} {
 		checkExperts(t, b, fmt.Sprint("mixed/n=", n), mixed, n, 4, rng)
 	}
-	b.moeOneSlot = true // the one-token kernels, a slot a pass
+	b.moeSlots8 = true // the kernels that take up to 8 slots of an expert a pass
 	for _, n := range []int{3, 8} {
-		checkExperts(t, b, fmt.Sprint("mixed/one-slot/n=", n), mixed, n, 4, rng)
+		checkExperts(t, b, fmt.Sprint("mixed/8-slot/n=", n), mixed, n, 4, rng)
 	}
-	b.moeOneSlot = false
+	b.moeSlots8 = false
 	for _, n := range []int{9, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
 		b.noMMA = true
@@ -126,8 +126,8 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // own experts (58 GB in all, far more than L2 holds; random, generated on
 // the device by the first step) and its own random choice, the step
 // replayed as a CUDA graph: n tokens a step, decode (the grouped GEMV
-// path) up to 8, prefill above; "one-slot" runs the grouped GEMV a slot a
-// pass (the one-token kernels) for several tokens. GB/s counts the chosen
+// path) up to 8, prefill above; "8-slot" runs the grouped GEMV with up to
+// 8 slots of an expert a pass for several tokens. GB/s counts the chosen
 // experts' weight bytes (distinct experts of the step's tokens) over the
 // step's wall time, TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
@@ -173,15 +173,15 @@ func BenchmarkMoE(b *testing.B) {
 			}
 			be.EndStep()
 		}
-		for _, one := range []bool{false, true} {
-			if one && (n == 1 || n > moeFewTokens) {
+		for _, eight := range []bool{false, true} {
+			if eight && (n == 1 || n > moeFewTokens) {
 				continue
 			}
 			name := fmt.Sprint("n=", n)
-			if one {
-				name += "/one-slot"
+			if eight {
+				name += "/8-slot"
 			}
-			be.moeOneSlot = one
+			be.moeSlots8 = eight
 			b.Run(name, func(b *testing.B) {
 				sec := timeSteps(b, be, step)
 				bytes := float64(distinct) * 3 * hidden * inter * 2
@@ -191,7 +191,7 @@ func BenchmarkMoE(b *testing.B) {
 				b.ReportMetric(float64(layers*n*k)*3*2*hidden*inter/sec/1e12, "TFLOP/s")
 			})
 		}
-		be.moeOneSlot = false
+		be.moeSlots8 = false
 	}
 }
 

@@ -786,9 +786,12 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
 	if n <= moeFewTokens {
-		gateUp, down := "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
-		if n == 1 || b.moeOneSlot {
-			gateUp, down = "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
+		// A slot a pass (the one-token kernels; an expert two tokens share
+		// is read twice, the second time from cache) measured 1.6–1.7× the
+		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
+		gateUp, down := "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
+		if n > 1 && b.moeSlots8 {
+			gateUp, down = "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
 		}
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
