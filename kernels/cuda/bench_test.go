@@ -214,12 +214,7 @@ func BenchmarkGemmBF16(b *testing.B) {
 // time from BeginStep to the end of EndStep, queue-ms/step the part before
 // EndStep (the model's ops queued on the host while the GPU waits).
 func BenchmarkOpsDecodeStep8B(b *testing.B) {
-	needGPU(b)
-	be, err := OpenBackend(0, 2)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer be.Close()
+	be := openOps(b)
 	const hidden, heads, kvHeads, hd, inter, vocab, layers = 4096, 32, 8, 128, 12288, 151936, 36
 	seed := uint64(1)
 	mat := func(rows, cols int) *kernels.Mat {

@@ -357,12 +357,7 @@ func TestHyperShapes(t *testing.T) {
 // token-by-token form) and one long prefill sequence (the float64 form).
 // ms/call is host wall time from BeginStep to the end of EndStep.
 func BenchmarkLinearAttention(b *testing.B) {
-	needGPU(b)
-	be, err := OpenBackend(0, 2)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer be.Close()
+	be := openOps(b)
 	const H, Hk, dk, dv, K = 32, 16, 128, 128, 4
 	n := kernels.DeltaNet{Heads: H, KeyHeads: Hk, DK: dk, DV: dv}
 	C := n.QKVWidth()

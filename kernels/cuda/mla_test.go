@@ -34,12 +34,7 @@ func TestMLAWide(t *testing.T) {
 // once per row plus kv_b_proj once per step; graphs/step is 1 when the
 // steps replay a CUDA graph.
 func BenchmarkMLADecode(b *testing.B) {
-	needGPU(b)
-	be, err := OpenBackend(0, 2)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer be.Close()
+	be := openOps(b)
 	const heads, nope, rope, dv, kl, layers, bs = 20, 192, 64, 256, 512, 47, 64
 	kw := kl + rope
 	s := kernels.MLAShape{Heads: heads, Nope: nope, Rope: rope, V: dv, KVLora: kl, Scale: 1 / float32(math.Sqrt(nope+rope))}

@@ -131,12 +131,7 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // experts' weight bytes (distinct experts of the step's tokens) over the
 // step's wall time, TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
-	needGPU(b)
-	be, err := OpenBackend(0, 2)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer be.Close()
+	be := openOps(b)
 	const e, k, hidden, inter, layers = 128, 8, 2048, 768, 48
 	mat := randomMats()
 	exs := make([][]kernels.Expert, layers)
@@ -236,12 +231,7 @@ func randomMats() func(rows, cols int) *kernels.Mat {
 // EndStep; GB/s counts the weight bytes a step reads (the experts its
 // routing chose, distinct per layer).
 func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
-	needGPU(b)
-	be, err := OpenBackend(0, 2)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer be.Close()
+	be := openOps(b)
 	const hidden, heads, kvHeads, hd, experts, topK, inter, vocab, layers, ctx = 2048, 32, 4, 128, 128, 8, 768, 151936, 48, 512
 	mat := randomMats()
 	type layer struct {
@@ -267,6 +257,7 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 			l.ex[e] = kernels.Expert{GateUp: mat(2*inter, hidden), Down: mat(hidden, inter)}
 		}
 		for j, t := range []*kernels.Tensor{&l.kc, &l.vc} {
+			var err error
 			if *t, err = be.Alloc(kernels.BF16, ctx, kvHeads*hd); err == nil {
 				tb, _ := t.Buffer()
 				err = be.dev.FillBF16(tb.(*tensorBuf).buf, int64(ctx*kvHeads*hd), uint64(2*i+j), 1)

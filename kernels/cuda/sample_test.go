@@ -16,12 +16,7 @@ import (
 // k = N inside a step and reads its (rows, 2N) result back. us/step is host
 // wall time: the kernels, the copy, the waits.
 func BenchmarkTopKRows(b *testing.B) {
-	needGPU(b)
-	be, err := OpenBackend(0, 2)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer be.Close()
+	be := openOps(b)
 	const vocab = 151936
 	for _, rows := range []int{1, 32, 64} {
 		logits, err := be.Alloc(kernels.F32, rows, vocab)
