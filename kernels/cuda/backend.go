@@ -5,6 +5,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"os"
 	"sync"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -46,6 +47,7 @@ type Backend struct {
 	noMMA       bool // Experts' prefill path keeps off the tensor cores (tests)
 	rowExact    bool // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
 	moeSlots8   bool // Experts' grouped GEMV takes up to 8 slots of an expert a pass (tests, benchmarks)
+	noFuse      bool // NormLinearCat and NormSwiGLULinear without the norm-fused GEMVs (FERRITE_CUDA_FUSE=0, SetFuse)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
@@ -62,6 +64,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
 	b.graphs.enabled = graphsEnabled()
+	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") == "0"
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}

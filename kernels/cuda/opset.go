@@ -221,6 +221,117 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	})
 }
 
+// NormLinearCat implements kernels.LinearOps. One row (or any rows with
+// SetRowExact) runs gemv.cu's GEMV with the norm fused (each block sums
+// x² as it reads x and scales its sums once); more rows, or with the
+// fusion off (FERRITE_CUDA_FUSE=0, SetFuse), RMSNorm into scratch and
+// LinearCat.
+func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	f32Contig("NormLinearCat", dst, x)
+	normArgs("NormLinearCat", x, n)
+	total := 0
+	for _, w := range ws {
+		if w.Cols != x.Cols || w.Cols == 0 {
+			panic("cuda: NormLinearCat weights of another width")
+		}
+		total += w.Rows
+	}
+	if dst.Cols != total || dst.Rows != x.Rows {
+		panic("cuda: NormLinearCat shapes do not match the weights")
+	}
+	bias := biasPtr("NormLinearCat", e.Bias, total)
+	if x.Rows == 0 || total == 0 {
+		return
+	}
+	dw, err := b.stacked(ws...)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	rows := x.Rows
+	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
+		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
+		b.queue(func(d *Device) error {
+			return d.launchL(k[0], uint32(ceilDiv(dw.Rows, gemvBlock/32/gemvSplit)), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows),
+				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate))
+		})
+		return
+	}
+	h := b.normed(x, n)
+	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
+}
+
+// NormSwiGLULinear implements kernels.LinearOps as NormLinearCat does:
+// the fused GEMV with the SwiGLU epilogue (ops.cu's gemv_norm_swiglu), or
+// RMSNorm and SwiGLULinear.
+func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, gate, up *kernels.Mat, limit float32) {
+	f32Contig("NormSwiGLULinear", dst, x)
+	normArgs("NormSwiGLULinear", x, n)
+	if gate.Rows != up.Rows || gate.Cols != x.Cols || up.Cols != x.Cols || dst.Cols != gate.Rows || dst.Rows != x.Rows || x.Cols == 0 {
+		panic("cuda: NormSwiGLULinear shapes do not match the weights")
+	}
+	rows, inter := x.Rows, gate.Rows
+	if rows == 0 || inter == 0 {
+		return
+	}
+	dw, err := b.stacked(gate, up)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
+		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
+		b.queue(func(d *Device) error {
+			return d.launchL(k[1], uint32(inter), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows), i32(inter), i32(dw.Cols),
+				nw, f32(n.Eps), b32(n.Offset), f32(limit))
+		})
+		return
+	}
+	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
+}
+
+// normArgs panics unless n is a norm over x's rows: weight (1, x.Cols)
+// F32, contiguous.
+func normArgs(op string, x kernels.Tensor, n *kernels.HeadNorm) {
+	if n == nil {
+		panic("cuda: " + op + " without a norm")
+	}
+	f32Contig(op+" norm", n.W)
+	if n.W.Elems() != x.Cols {
+		panic("cuda: " + op + " norm width")
+	}
+}
+
+// fusesNorm reports whether the norm-fused GEMVs run for x: the fusion
+// on, one row (or row-exact rows: the kernel sums every row as it sums one
+// alone) and x and the norm weight at 16-byte addresses (the kernels'
+// vector loads; rows of a width the loads do not fit take the scalar
+// path).
+func (b *Backend) fusesNorm(x kernels.Tensor, n *kernels.HeadNorm) bool {
+	return !b.noFuse && (x.Rows == 1 || b.rowExact) && (dptr(x)|dptr(n.W))%16 == 0
+}
+
+// normed returns RMSNorm(x, n) in a scratch tensor (the unfused path).
+func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
+	h := b.Scratch(kernels.F32, x.Rows, x.Cols) // (N, in) the normed rows
+	b.norm(dptr(h), dptr(x), 0, dptr(n.W), x.Rows, x.Cols, n.Eps, n.Offset)
+	return h
+}
+
+// SetFuse turns the norm-fused GEMVs of NormLinearCat and
+// NormSwiGLULinear on or off (FERRITE_CUDA_FUSE=0 starts a Backend with
+// them off) for the steps that follow: a switch for benchmarks and tests.
+func (b *Backend) SetFuse(on bool) { b.noFuse = !on }
+
+// gemvNormKernels names the norm-fused GEMVs per dtype: [0] the plain one
+// (gemv.cu's gemv_norm_split), [1] with the SwiGLU epilogue over the
+// stacked [gate; up] (ops.cu's gemv_norm_swiglu).
+var gemvNormKernels = map[kernels.DType][2]string{
+	kernels.F32:  {"ferrite_gemv_norm_f32", "ferrite_gemv_norm_swiglu_f32"},
+	kernels.BF16: {"ferrite_gemv_norm_bf16", "ferrite_gemv_norm_swiglu_bf16"},
+	kernels.F16:  {"ferrite_gemv_norm_f16", "ferrite_gemv_norm_swiglu_f16"},
+}
+
 // gemvSwiGLU names the n = 1 GEMVs with the SwiGLU epilogue per dtype:
 // [0] four warps a weight row (gemv_swiglu), [1] and [2] 4 and 8 weight
 // rows a block (gemv_swiglu_rows, Device.gemvRows).

@@ -22,12 +22,6 @@ __device__ inline float warp_max(float v) {
     return v;
 }
 
-__device__ inline double warp_sum_f64(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // silu(g)·u as kernels/ref computes it: silu in float64, rounded, then a
 // float32 product.
 __device__ inline float swiglu1(float g, float u) {
@@ -96,6 +90,39 @@ __device__ void gemv_swiglu(float* __restrict__ y, const float* __restrict__ x, 
     if (threadIdx.x == 0) y[r] = swiglu_clamp1(split_total(part, 0), split_total(part, kSplit), limit);
 }
 
+// gemv_swiglu with gemv.cu's fused RMSNorm (NormSwiGLULinear), over n
+// rows of x one after another, each as for that row alone: block r's
+// warps 0–3 sum gate row r and warps 4–7 up row r (split_norm_dot), the
+// norm scale is the gate warps' (the up warps sum the same squares to the
+// same bits), and y[j, r] = swiglu(inv·gate, inv·up). Launch: inter blocks
+// of 256 threads.
+template <class W>
+__device__ void gemv_norm_swiglu(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                                 int n, int inter, int cols, const float* __restrict__ nw, float eps, int off,
+                                 float limit) {
+    __shared__ float part[kWarpsPerBlock];
+    __shared__ double sqp[kWarpsPerBlock];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x;
+    const int half = warp / kSplit;  // 0: gate, 1: up
+    const uint8_t* row = w + (size_t(half) * inter + r) * cols * W::kSize;
+    for (int j = 0; j < n; j++) {
+        double sq;
+        const float acc = split_norm_dot<W>(row, x + size_t(j) * cols, nw, off, cols, warp % kSplit, &sq);
+        __syncthreads();  // the previous row's partial sums have been read
+        if (lane == 0) {
+            part[warp] = acc;
+            sqp[warp] = sq;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const float inv = norm_inv(sqp, 0, cols, eps);
+            y[size_t(j) * inter + r] = swiglu_clamp1(__fmul_rn(split_total(part, 0), inv),
+                                                     __fmul_rn(split_total(part, kSplit), inv), limit);
+        }
+    }
+}
+
 // gemv_swiglu with gemv_rows' layout: block b computes the R/2 outputs
 // from row b·R/2 on, reading those gate rows and the matching up rows (R
 // weight rows a block). Launch: ceil(inter / (R/2)) blocks of 256 threads.
@@ -134,6 +161,18 @@ FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r8, F16W, 8)
         FERRITE_PDL_WAIT();                                                                           \
         gemv_swiglu<W>(y, x, w, inter, cols, limit);                                                  \
     }
+
+#define FERRITE_GEMV_NORM_SWIGLU(name, W)                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                                 \
+        name(float* y, const float* x, const uint8_t* w, int n, int inter, int cols, const float* nw, float eps, \
+             int off, float limit) {                                                                  \
+        FERRITE_PDL_WAIT();                                                                           \
+        gemv_norm_swiglu<W>(y, x, w, n, inter, cols, nw, eps, off, limit);                            \
+    }
+
+FERRITE_GEMV_NORM_SWIGLU(ferrite_gemv_norm_swiglu_f32, F32W)
+FERRITE_GEMV_NORM_SWIGLU(ferrite_gemv_norm_swiglu_bf16, BF16W)
+FERRITE_GEMV_NORM_SWIGLU(ferrite_gemv_norm_swiglu_f16, F16W)
 
 FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f32, F32W)
 FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_bf16, BF16W)
