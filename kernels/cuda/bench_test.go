@@ -129,7 +129,8 @@ func benchGEMV(b *testing.B, d *Device, name string, rows, cols int, gemv func(y
 // weights) launched eagerly, one op after another: the floor a batch-1 step
 // of this model reaches with these kernels, before attention and the small
 // kernels. tok/s is 1 / step time. Variants: the GEMV layout (rows=0 four
-// warps a row, 4 or 8 rows a block) and programmatic dependent launch.
+// warps a row, 4 or 8 rows a block), programmatic dependent launch and
+// the split GEMVs' weight prefetch before their PDL wait (pdl.go).
 func BenchmarkDecodeStep8B(b *testing.B) {
 	d := needGPU(b)
 	var step []*Weight
@@ -145,15 +146,17 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 	x, y := benchF32(b, d, 12288), benchF32(b, d, 151936)
 	defer d.SetGEMVRows(gemvRowsDefault())
 	defer d.SetPDL(pdlEnabled(d.Major))
+	defer d.SetPrefetch(true)
 	for _, c := range []struct {
-		rows int // 0: gemv_split; 4, 8: gemv_rows with that many rows a block
-		pdl  bool
-	}{{0, false}, {0, true}, {4, true}, {8, true}, {8, false}} {
+		rows          int // 0: gemv_split; 4, 8: gemv_rows with that many rows a block
+		pdl, prefetch bool
+	}{{0, false, true}, {0, true, true}, {0, true, false}, {4, true, true}, {8, true, true}} {
 		d.SetGEMVRows(c.rows)
+		d.SetPrefetch(c.prefetch)
 		if d.SetPDL(c.pdl) != c.pdl {
 			continue // no PDL on this GPU or driver
 		}
-		b.Run(fmt.Sprintf("rows=%d/pdl=%v", c.rows, c.pdl), func(b *testing.B) {
+		b.Run(fmt.Sprintf("rows=%d/pdl=%v/prefetch=%v", c.rows, c.pdl, c.prefetch), func(b *testing.B) {
 			el := timeLaunches(b, d, b.N, func(int) error {
 				for _, w := range step {
 					if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
@@ -297,28 +300,32 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	var logitsF []float32 // the first fused variant's, which the other fused steps must match
 	caches := map[int][2][]kernels.Tensor{}
 	defer be.dev.SetGEMVRows(gemvRowsDefault())
+	defer be.dev.SetPrefetch(true)
 	for _, c := range []struct {
 		name                  string
 		ctx                   int
 		lin, rest, eager, pdl bool
 		rows                  int  // the n = 1 GEMV: 0 gemv_split, else gemv_rows with rows a block
 		fused                 bool // the step with the norms fused into the products (NormLinearCat, …)
+		noPrefetch            bool // the GEMVs without their weight prefetch (pdl.go)
 	}{
+		{name: "fused/ctx=512/pdl/noprefetch", ctx: 512, lin: true, rest: true, pdl: true, fused: true, noPrefetch: true},
 		{name: "fused/ctx=512/pdl", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/ctx=512/eager/pdl", ctx: 512, lin: true, rest: true, eager: true, pdl: true, fused: true},
 		{name: "fused/linear/pdl", ctx: 512, lin: true, pdl: true, fused: true},
 		{name: "fused/other/ctx=512/pdl", ctx: 512, rest: true, pdl: true, fused: true},
 		{name: "fused/ctx=4096/pdl", ctx: 4096, lin: true, rest: true, pdl: true, fused: true},
-		{"all/ctx=512", 512, true, true, false, false, 0, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false},
-		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false},
-		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false},
-		{"linear/pdl", 512, true, false, false, true, 0, false}, {"other/ctx=512/pdl", 512, false, true, false, true, 0, false},
-		{"linear", 512, true, false, false, false, 0, false}, {"linear/eager", 512, true, false, true, false, 0, false},
-		{"linear/rows=4", 512, true, false, false, false, 4, false}, {"linear/rows=8", 512, true, false, false, false, 8, false},
-		{"other/ctx=512", 512, false, true, false, false, 0, false}, {"other/ctx=512/eager", 512, false, true, true, false, 0, false},
-		{"all/ctx=4096", 4096, true, true, false, false, 0, false},
+		{"all/ctx=512", 512, true, true, false, false, 0, false, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false, false},
+		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false, false},
+		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false, false},
+		{"linear/pdl", 512, true, false, false, true, 0, false, false}, {"other/ctx=512/pdl", 512, false, true, false, true, 0, false, false},
+		{"linear", 512, true, false, false, false, 0, false, false}, {"linear/eager", 512, true, false, true, false, 0, false, false},
+		{"linear/rows=4", 512, true, false, false, false, 4, false, false}, {"linear/rows=8", 512, true, false, false, false, 8, false, false},
+		{"other/ctx=512", 512, false, true, false, false, 0, false, false}, {"other/ctx=512/eager", 512, false, true, true, false, 0, false, false},
+		{"all/ctx=4096", 4096, true, true, false, false, 0, false, false},
 	} {
 		be.dev.SetGEMVRows(c.rows)
+		be.dev.SetPrefetch(!c.noPrefetch)
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)

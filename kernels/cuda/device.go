@@ -5,6 +5,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -56,6 +57,11 @@ type Device struct {
 	// gemvRows is the n = 1 GEMV variant (ops.go, gemvRowsKernels): 0 for
 	// gemv_split, else rows a block of gemv_rows; set at Open.
 	gemvRows int
+
+	// prefetch makes the split GEMVs ask L2 for their weight rows before
+	// they wait for the kernel before them (pdl.go's weightPrefetch); set
+	// at Open, changed only on the device thread.
+	prefetch bool
 
 	// trace, when set, makes launchL, launch3L and gemmL append what they
 	// would launch (kernel, grid, block, arguments) to it instead of
@@ -214,6 +220,7 @@ func (d *Device) setup() error {
 	}
 	d.pdl = pdlEnabled(d.Major)
 	d.gemvRows = gemvRowsDefault()
+	d.prefetch = os.Getenv("FERRITE_CUDA_PREFETCH") != "0"
 	return d.loadModule()
 }
 

@@ -55,6 +55,21 @@ func (d *Device) SetPDL(on bool) bool {
 	return d.pdl
 }
 
+// Weight prefetch: the split GEMVs (gemv.cu's gemv_split, gemv_split_rows,
+// gemv_norm_split, ops.cu's gemv_swiglu and gemv_norm_swiglu) take a last
+// argument pf; with it set, each block first asks L2 for its weight rows
+// (prefetch.global.L2) and only then waits for the kernel before it. A
+// step's kernels never write weights, so under PDL the weight stream of
+// the next product starts while the current kernel drains: the small
+// kernels between products (norms, attention) and the products' tails
+// overlap with it. FERRITE_CUDA_PREFETCH=0 turns it off (SetPrefetch).
+
+// SetPrefetch turns the GEMVs' weight prefetch on or off for later
+// launches: a switch for benchmarks and tests.
+func (d *Device) SetPrefetch(on bool) {
+	d.do(func() error { d.prefetch = on; return nil })
+}
+
 // launchConfig is CUlaunchConfig.
 type launchConfig struct {
 	gridX, gridY, gridZ    uint32

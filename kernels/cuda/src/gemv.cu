@@ -93,6 +93,17 @@ __device__ inline void store(float* y, float s, const float* bias, int r, int ac
     *y = s;
 }
 
+// weight_prefetch, when pf is set, asks L2 for the bytes bytes from p on,
+// the block's threads striding the 128-byte lines. The split GEMVs call it
+// for their weight rows before FERRITE_PDL_WAIT (the weights are never
+// written by a step's kernels), so under PDL the weight stream starts
+// while the kernel before drains (kernels/cuda/pdl.go).
+__device__ inline void weight_prefetch(int pf, const uint8_t* p, size_t bytes) {
+    if (!pf) return;
+    for (size_t o = size_t(threadIdx.x) * 128; o < bytes; o += size_t(blockDim.x) * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+}
+
 template <class W, int NB>
 __device__ void gemv(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
                      int n, int rows, int cols, const float* __restrict__ bias, int acc_y) {
@@ -147,6 +158,15 @@ __device__ void gemv(float* __restrict__ y, const float* __restrict__ x, const u
 // stretches p, p + 4, p + 8, … of 32·E elements; the four partial sums meet
 // in shared memory.
 constexpr int kSplit = 4;
+
+// split_prefetch is weight_prefetch of the kernel's block's rows in the
+// gemv_split layout (kWarpsPerBlock / kSplit rows a block).
+template <class W>
+__device__ inline void split_prefetch(int pf, const uint8_t* w, int rows, int cols) {
+    const int r0 = blockIdx.x * (kWarpsPerBlock / kSplit);
+    const size_t rb = size_t(cols) * W::kSize;
+    if (r0 < rows) weight_prefetch(pf, w + size_t(r0) * rb, size_t(min(kWarpsPerBlock / kSplit, rows - r0)) * rb);
+}
 
 // split_dot is warp part p's share of row · x (cols values), summed over
 // the warp (the same in every lane).
@@ -439,7 +459,8 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
 #define FERRITE_GEMV_SPLIT(name, W)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
                                                            int n, int rows, int cols, const float* bias, \
-                                                           int acc_y) {                                  \
+                                                           int acc_y, int pf) {                          \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                         \
         gemv_split<W>(y, x, w, rows, cols, bias, acc_y);                                            \
     }
@@ -447,7 +468,8 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
 #define FERRITE_GEMV_EXACT(name, W)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
                                                            int n, int rows, int cols, const float* bias, \
-                                                           int acc_y) {                                  \
+                                                           int acc_y, int pf) {                          \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                         \
         gemv_split_rows<W>(y, x, w, n, rows, cols, bias, acc_y);                                    \
     }
@@ -463,7 +485,8 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
 #define FERRITE_GEMV_NORM(name, W)                                                                  \
     extern "C" __global__ void __launch_bounds__(256)                                               \
         name(float* y, const float* x, const uint8_t* w, int n, int rows, int cols, const float* nw, float eps, \
-             int off, const float* bias, int acc_y) {                                               \
+             int off, const float* bias, int acc_y, int pf) {                                       \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                         \
         gemv_norm_split<W>(y, x, w, n, rows, cols, nw, eps, off, bias, acc_y);                      \
     }

@@ -155,9 +155,19 @@ FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r8, BF16W, 8)
 FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r4, F16W, 4)
 FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r8, F16W, 8)
 
+// swiglu_prefetch is weight_prefetch of block r's gate row r and up row r
+// of the stacked [gate; up] (inter, cols) each.
+template <class W>
+__device__ inline void swiglu_prefetch(int pf, const uint8_t* w, int inter, int cols) {
+    const size_t rb = size_t(cols) * W::kSize;
+    weight_prefetch(pf, w + size_t(blockIdx.x) * rb, rb);
+    weight_prefetch(pf, w + (size_t(inter) + blockIdx.x) * rb, rb);
+}
+
 #define FERRITE_GEMV_SWIGLU(name, W)                                                                  \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
-                                                           int inter, int cols, float limit) {          \
+                                                           int inter, int cols, float limit, int pf) {  \
+        swiglu_prefetch<W>(pf, w, inter, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                           \
         gemv_swiglu<W>(y, x, w, inter, cols, limit);                                                  \
     }
@@ -165,7 +175,8 @@ FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r8, F16W, 8)
 #define FERRITE_GEMV_NORM_SWIGLU(name, W)                                                             \
     extern "C" __global__ void __launch_bounds__(256)                                                 \
         name(float* y, const float* x, const uint8_t* w, int n, int inter, int cols, const float* nw, float eps, \
-             int off, float limit) {                                                                  \
+             int off, float limit, int pf) {                                                          \
+        swiglu_prefetch<W>(pf, w, inter, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                           \
         gemv_norm_swiglu<W>(y, x, w, n, inter, cols, nw, eps, off, limit);                            \
     }
