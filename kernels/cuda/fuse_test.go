@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
@@ -22,6 +23,8 @@ import (
 func TestNormFused(t *testing.T) {
 	b := openOps(t)
 	defer b.SetFuse(true)
+	logKernelResources(t, b.dev, "ferrite_gemv_bf16_1", "ferrite_gemv_norm_bf16", "ferrite_gemv_swiglu_bf16",
+		"ferrite_gemv_norm_swiglu_bf16", "ferrite_gemv_bf16_x")
 	for _, c := range []struct {
 		cols, q, kv, inter int
 		offset             bool
@@ -117,5 +120,34 @@ func TestNormFused(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// logKernelResources logs the registers and local (spill) bytes a thread
+// of each named kernel uses, where the driver has cuFuncGetAttribute: what
+// bounds the GEMVs' resident blocks (65,536 registers a multiprocessor).
+func logKernelResources(t *testing.T, d *Device, names ...string) {
+	if driver.cuFuncGetAttribute == 0 {
+		t.Log("no cuFuncGetAttribute: kernel resources not logged")
+		return
+	}
+	const attrLocalBytes, attrRegs = 3, 4 // CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, _NUM_REGS
+	for _, name := range names {
+		var regs, local int32
+		err := d.do(func() error {
+			fn := d.fns[name]
+			if fn == 0 {
+				return fmt.Errorf("no kernel %s", name)
+			}
+			if err := check("cuFuncGetAttribute", call(driver.cuFuncGetAttribute, uintptr(unsafe.Pointer(&regs)), attrRegs, fn)); err != nil {
+				return err
+			}
+			return check("cuFuncGetAttribute", call(driver.cuFuncGetAttribute, uintptr(unsafe.Pointer(&local)), attrLocalBytes, fn))
+		})
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		t.Logf("%s: %d registers a thread (%d blocks of 256 a multiprocessor), %d local bytes", name, regs, 65536/(256*max(int(regs), 1)), local)
 	}
 }
