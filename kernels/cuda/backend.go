@@ -42,12 +42,13 @@ type Backend struct {
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
-	splitKVOnly bool // Attention without the prefill kernel (its tests and benchmarks compare)
-	prefillRows int  // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
-	noMMA       bool // Experts' prefill path keeps off the tensor cores (tests)
-	rowExact    bool // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
-	moeSlots8   bool // Experts' grouped GEMV takes up to 8 slots of an expert a pass (tests, benchmarks)
-	noFuse      bool // NormLinearCat and NormSwiGLULinear without the norm-fused GEMVs (FERRITE_CUDA_FUSE=0, SetFuse)
+	splitKVOnly bool           // Attention without the prefill kernel (its tests and benchmarks compare)
+	prefillRows int            // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
+	noMMA       bool           // Experts' prefill path keeps off the tensor cores (tests)
+	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
+	moeSlots8   bool           // Experts' grouped GEMV takes up to 8 slots of an expert a pass (tests, benchmarks)
+	noFuse      bool           // no norm-fused GEMVs and no split merge in the attention kernel (FERRITE_CUDA_FUSE=0, SetFuse)
+	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand

@@ -319,8 +319,9 @@ func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
 }
 
 // SetFuse turns the norm-fused GEMVs of NormLinearCat and
-// NormSwiGLULinear on or off (FERRITE_CUDA_FUSE=0 starts a Backend with
-// them off) for the steps that follow: a switch for benchmarks and tests.
+// NormSwiGLULinear and Attention's split merge in the attention kernel on
+// or off (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the
+// steps that follow: a switch for benchmarks and tests.
 func (b *Backend) SetFuse(on bool) { b.noFuse = !on }
 
 // gemvNormKernels names the norm-fused GEMVs per dtype: [0] the plain one
@@ -665,6 +666,25 @@ func (b *Backend) PreferredBatchTokens() int {
 	return t
 }
 
+// attnCounters is how many (row, KV head, chunk) blocks of a split-KV
+// attention launch splitCounters covers: splits > 1 only when the blocks
+// number fewer than 2·SMs.
+const attnCounters = 1024
+
+// splitCounters returns the device address of the attention kernel's
+// split counters (attnCounters zeroed int32, allocated on first use; each
+// launch leaves them zeroed).
+func (b *Backend) splitCounters() (uint64, error) {
+	if !b.attnCnt.Valid() {
+		t, err := b.Alloc(kernels.I32, 1, attnCounters)
+		if err != nil {
+			return 0, err
+		}
+		b.attnCnt = t
+	}
+	return dptr(b.attnCnt), nil
+}
+
 // Attention implements kernels.AttentionOps. Batches usePrefill accepts
 // first run the prefill kernel (src/prefill.cu: flash attention on tensor
 // cores over row tiles of one sequence). The split-KV
@@ -673,7 +693,9 @@ func (b *Backend) PreferredBatchTokens() int {
 // block table's width and the batch), never from the positions on the
 // device: enough splits of attnSplit keys to give the GPU about two blocks
 // per multiprocessor, each split then widened so that together they cover
-// the block table's keys.
+// the block table's keys. The last block of a row's splits to finish
+// merges them in the attention kernel (split counters), unless the fusion
+// is off (SetFuse).
 func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
 	f32Contig("Attention", out, q)
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
@@ -711,9 +733,16 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	maxKeys := p.Blocks.Cols * p.BlockSize
 	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(2*b.dev.SMs, blocks)))
 	split := ceilDiv(ceilDiv(maxKeys, splits), 32) * 32 // keys per split, whole warp tiles
-	var part uint64
+	var part, cnt uint64
 	if splits > 1 {
 		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, s.HeadDim+2)) // (n, heads, splits, max, sum, hd acc)
+		if !b.noFuse && blocks <= attnCounters {                           // the last split to finish merges
+			var err error
+			if cnt, err = b.splitCounters(); err != nil {
+				b.fail(err)
+				return
+			}
+		}
 	}
 	o, qp, kcp, vcp := dptr(out), dptr(q), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
@@ -732,8 +761,8 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		}
 		err := d.launch3L(attnKernels[bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
 			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
-			i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile))
-		if err != nil || splits == 1 {
+			i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt)
+		if err != nil || splits == 1 || cnt != 0 {
 			return err
 		}
 		return d.launch3L("ferrite_attn_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, attnThread, 0,

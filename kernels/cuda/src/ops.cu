@@ -435,8 +435,11 @@ extern "C" __global__ void __launch_bounds__(128)
 // online (running max) softmax in float32. Each warp takes tiles of 32 keys,
 // one key per lane for the scores and then the lanes split the head dims to
 // add the tile's values. With one split the block writes out directly;
-// otherwise it writes (max, sum, acc[hd]) per head to part and
-// ferrite_attn_combine merges the splits.
+// otherwise it writes (max, sum, acc[hd]) per head to part, and either
+// ferrite_attn_combine merges the splits (cnt null) or the last block of
+// each (row, KV head, chunk) to finish does, in the same kernel: cnt holds
+// one zeroed counter per (row, blockIdx.y), which that block sets back to
+// 0. Both merge with split_merge, so they give the same bits.
 //
 // Launch: grid (n, kvHeads·chunks, splits), 128 threads; hd ≤ 32·DPL.
 
@@ -470,7 +473,25 @@ struct AttnArgs {
     int max_blocks, bs, n, heads, kvh, hd, chunks, split;
     float scale;
     int ptile;  // prefill.cu's row tile when it ran first (prefill_owns), else 0
+    int* cnt;   // the split counters when the last block merges the splits, else null
 };
+
+// split_merge is element d of a head's output from its splits' partials
+// pp (splits × (hd + 2): max, sum, acc[hd]), read from L2 (other blocks
+// wrote them), merged in split order.
+__device__ inline float split_merge(const float* pp, int splits, int hd, int d) {
+    float mx = -INFINITY;
+    for (int z = 0; z < splits; z++) mx = fmaxf(mx, __ldcg(pp + z * (hd + 2)));
+    float L = 0.f, A = 0.f;
+    for (int z = 0; z < splits; z++) {
+        const float mz = __ldcg(pp + z * (hd + 2));
+        if (mz == -INFINITY) continue;
+        const float c = expf(mz - mx);
+        L += __ldcg(pp + z * (hd + 2) + 1) * c;
+        A += __ldcg(pp + z * (hd + 2) + 2 + d) * c;
+    }
+    return A / L;
+}
 
 template <bool BF>
 __device__ inline float kv_at(const void* c, size_t e) {
@@ -635,6 +656,25 @@ __device__ void attn_block(const AttnArgs& a) {
             pp[2 + d] = A;
         }
     }
+    if (gridDim.z == 1 || !a.cnt) return;
+    // The last of the row's splits to finish merges them: every block makes
+    // its partials visible before it counts itself (threadfence reduction).
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* c = a.cnt + size_t(i) * gridDim.y + blockIdx.y;
+        last = atomicAdd(c, 1) == int(gridDim.z) - 1;
+        if (last) *c = 0;  // every split has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int t = threadIdx.x; t < ng * hd; t += blockDim.x) {
+        const int g = t / hd, d = t % hd;
+        const size_t h = size_t(i) * a.heads + h0 + g;
+        a.out[h * hd + d] = split_merge(a.part + h * gridDim.z * (hd + 2), gridDim.z, hd, d);
+    }
 }
 
 }  // namespace
@@ -643,8 +683,9 @@ __device__ void attn_block(const AttnArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
-        int chunks, int split, float scale, int ptile) {                                               \
-        AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile}; \
+        int chunks, int split, float scale, int ptile, int* cnt) {                                     \
+        AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
+                   cnt};                                                                               \
         attn_block<DPL, BF>(a);                                                                        \
     }
 
@@ -665,17 +706,5 @@ extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, i
     const int i = blockIdx.x, h = blockIdx.y;
     if (ptile && prefill_owns(seq, n, i, ptile)) return;
     const float* pp = part + (size_t(i) * heads + h) * splits * (hd + 2);
-    float mx = -INFINITY;
-    for (int z = 0; z < splits; z++) mx = fmaxf(mx, pp[z * (hd + 2)]);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float L = 0.f, A = 0.f;
-        for (int z = 0; z < splits; z++) {
-            const float mz = pp[z * (hd + 2)];
-            if (mz == -INFINITY) continue;
-            const float c = expf(mz - mx);
-            L += pp[z * (hd + 2) + 1] * c;
-            A += pp[z * (hd + 2) + 2 + d] * c;
-        }
-        out[(size_t(i) * heads + h) * hd + d] = A / L;
-    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) out[(size_t(i) * heads + h) * hd + d] = split_merge(pp, splits, hd, d);
 }
