@@ -94,8 +94,10 @@ type Options struct {
 	// (a long-running server pays them once).
 	NoPrime bool
 
-	// Progress, when set, is called before each case starts.
+	// Progress, when set, is called before each case starts, and Done
+	// with each result as it comes.
 	Progress func(c Case)
+	Done     func(r Result)
 
 	// Profiler, when set and profiling, is reset just before each case's
 	// timed requests and its table written to the case's Profile after
@@ -303,6 +305,9 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 		}
 		if c.MTP {
 			r.Draft = o.draft()
+		}
+		if o.Done != nil {
+			o.Done(r)
 		}
 		out = append(out, r)
 	}

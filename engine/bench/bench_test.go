@@ -204,7 +204,8 @@ func (p *fakeProfiler) WriteProfile(w io.Writer) error {
 }
 
 // TestRunProfiler checks Options.Profiler: reset before each case, its
-// table in the case's Profile; untouched while it is not profiling.
+// table in the case's Profile, handed to Done as each case ends; untouched
+// while it is not profiling.
 func TestRunProfiler(t *testing.T) {
 	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
 		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -220,11 +221,19 @@ func TestRunProfiler(t *testing.T) {
 	}
 	for _, on := range []bool{true, false} {
 		p := &fakeProfiler{on: on}
-		res, err := Run(context.Background(), m, Options{Concurrency: []int{1, 2}, PromptLens: []int{4}, GenLens: []int{2}, Seed: 1, Profiler: p})
+		var done []Result
+		res, err := Run(context.Background(), m, Options{Concurrency: []int{1, 2}, PromptLens: []int{4}, GenLens: []int{2}, Seed: 1,
+			Profiler: p, Done: func(r Result) { done = append(done, r) }})
 		if err != nil {
 			t.Fatal(err)
 		}
+		if len(done) != len(res) {
+			t.Fatalf("Done called %d times for %d cases", len(done), len(res))
+		}
 		for i, r := range res {
+			if done[i].Profile != r.Profile || done[i].Case != r.Case {
+				t.Errorf("Done's result %d differs from Run's", i)
+			}
 			want := fmt.Sprintf("after reset %d", i+1)
 			if !on {
 				want = ""

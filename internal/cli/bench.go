@@ -533,7 +533,13 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		Progress: func(c bench.Case) { fmt.Fprintf(stderr, "running %v...\n", c) },
 	}
 	if p, ok := be.Backend.(kernels.Profiler); ok && p.Profiling() {
+		// Each case's table as soon as it ends (a sweep cut short keeps
+		// the cases done).
 		opts.Profiler = p
+		opts.Done = func(r bench.Result) {
+			fmt.Fprintf(stdout, "GPU profile, %v (FERRITE_CUDA_PROFILE=1: eager launches, CUDA events around each; steps = device steps, prefill included):\n%s\n",
+				r.Case, r.Profile)
+		}
 	}
 	stopProfile := func() {}
 	if f.cpuProfile != "" {
@@ -709,12 +715,6 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 			steps, wgb, roof, acc, note)
 	}
 	tw.Flush()
-	for _, r := range rep.Runs {
-		if r.Profile != "" {
-			fmt.Fprintf(w, "\nGPU profile, %v (FERRITE_CUDA_PROFILE=1: eager launches, CUDA events around each; steps = device steps, prefill included):\n%s",
-				r.Case, r.Profile)
-		}
-	}
 	for _, r := range rep.Runs {
 		if r.RooflineFraction > 1 {
 			fmt.Fprintf(w, "\nwarning: a case ran above 100%% of the roofline: the bandwidth measurement was disturbed (a busy machine?); rerun, or pass --bandwidth\n")
