@@ -26,13 +26,20 @@ var _ kernels.Profiler = (*Backend)(nil)
 // device waits for the stream and adds each pair's elapsed time to a table
 // keyed by kernel name, grid and block (or GEMM shape, or copy size), which
 // also counts steps (runStepL calls). Times are stream times between the
-// two events: when the GPU runs ahead of the host (tiny decode kernels
-// launched eagerly) they include the wait for the host's next launch, so
-// they bound a kernel's time from above; on a busy stream they are its
-// execution time.
+// two events: on a busy stream a kernel's execution time, but when the GPU
+// has run out of work (tiny decode kernels launched eagerly) the start
+// event completes at once and the span also holds the host's launch of the
+// kernel. The gap between a span and the one before tells the two apart: a
+// row's starved% is the share of its calls that followed an idle GPU, and
+// the idle total is how much of a step the host, not the GPU, took.
 
 // profilePairs is the event pairs a profiling Device keeps.
 const profilePairs = 8192
+
+// starvedUs is the gap before a span, in µs, from which the span counts as
+// starved: the GPU had run out of work, so the span's time includes the
+// host's launch of its kernel (a lower gap is event resolution).
+const starvedUs = 1.0
 
 // profileEnabled is whether FERRITE_CUDA_PROFILE=1 asks for profiling.
 func profileEnabled() bool { return os.Getenv("FERRITE_CUDA_PROFILE") == "1" }
@@ -78,9 +85,10 @@ func (k profKey) label() string {
 
 // profRow is one label's count and total GPU time.
 type profRow struct {
-	label string
-	calls int
-	us    float64
+	label   string
+	calls   int
+	us      float64
+	starved int // calls the GPU idled before (see starvedUs)
 }
 
 // profTable accumulates rows by key; it is pure bookkeeping (no CUDA).
@@ -88,6 +96,7 @@ type profTable struct {
 	index map[profKey]int
 	rows  []profRow
 	steps int
+	idle  float64 // µs the GPU idled between spans (measured gaps only)
 }
 
 // row returns the index of k's row, adding it on first use.
@@ -103,27 +112,35 @@ func (t *profTable) row(k profKey) int {
 	return len(t.rows) - 1
 }
 
-// add counts one call of row i that took us microseconds.
-func (t *profTable) add(i int, us float64) {
+// add counts one call of row i that took us microseconds, after a gap of
+// gap µs since the previous span ended (negative: not measured).
+func (t *profTable) add(i int, us, gap float64) {
 	t.rows[i].calls++
 	t.rows[i].us += us
+	if gap >= starvedUs {
+		t.rows[i].starved++
+	}
+	t.idle += max(gap, 0)
 }
 
 // reset forgets every row and step.
 func (t *profTable) reset() { *t = profTable{} }
 
 // write prints the table sorted by total time, largest first: label, calls,
-// calls per step, µs per call, µs per step, share of the total; then the
-// sum. Per-step columns are blank when no step was counted.
+// calls per step, µs per call, µs per step, share of the total, share of
+// calls starved; then the sum and the GPU's idle time between spans.
+// Per-step columns are blank when no step was counted.
 func (t *profTable) write(w io.Writer) error {
 	rows := slices.Clone(t.rows)
 	slices.SortStableFunc(rows, func(a, b profRow) int { return cmp.Compare(b.us, a.us) })
 	var total float64
-	calls := 0
+	calls, starved := 0, 0
 	for _, r := range rows {
 		total += r.us
 		calls += r.calls
+		starved += r.starved
 	}
+	pct := func(n, of int) float64 { return 100 * float64(n) / float64(max(of, 1)) }
 	perStep := func(v float64, prec int) string {
 		if t.steps == 0 {
 			return "-"
@@ -135,18 +152,23 @@ func (t *profTable) write(w io.Writer) error {
 		width = max(width, len(r.label))
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "%-*s\tcalls\tcalls/step\tµs/call\tµs/step\t%%\t\n", width, "kernel")
+	fmt.Fprintf(tw, "%-*s\tcalls\tcalls/step\tµs/call\tµs/step\t%%\tstarved%%\t\n", width, "kernel")
 	for _, r := range rows {
 		share := 0.0
 		if total > 0 {
 			share = 100 * r.us / total
 		}
-		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%.2f\t%s\t%.1f\t\n", width, r.label, r.calls, perStep(float64(r.calls), 1),
-			r.us/float64(max(r.calls, 1)), perStep(r.us, 1), share)
+		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%.2f\t%s\t%.1f\t%.0f\t\n", width, r.label, r.calls, perStep(float64(r.calls), 1),
+			r.us/float64(max(r.calls, 1)), perStep(r.us, 1), share, pct(r.starved, r.calls))
 	}
-	fmt.Fprintf(tw, "%-*s\t%d\t%s\t%.2f\t%s\t100.0\t\n", width, fmt.Sprintf("total (%d steps)", t.steps), calls, perStep(float64(calls), 1),
-		total/float64(max(calls, 1)), perStep(total, 1))
-	return tw.Flush()
+	fmt.Fprintf(tw, "%-*s\t%d\t%s\t%.2f\t%s\t100.0\t%.0f\t\n", width, fmt.Sprintf("total (%d steps)", t.steps), calls, perStep(float64(calls), 1),
+		total/float64(max(calls, 1)), perStep(total, 1), pct(starved, calls))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "GPU idle between spans: %.1f µs, %s µs/step (starved%%: calls the GPU idled ≥ %g µs before, whose time includes their launch)\n",
+		t.idle, perStep(t.idle, 1), starvedUs)
+	return err
 }
 
 // profiler is a Device's event pool and table, owned by the device thread.
@@ -187,12 +209,23 @@ func (p *profiler) harvestL() error {
 	if err := check("cuEventSynchronize", call(driver.cuEventSynchronize, last)); err != nil {
 		return err
 	}
-	for i, r := range p.rows {
+	elapsed := func(from, to uintptr) (float64, error) {
 		var ms float32
-		if err := check("cuEventElapsedTime", call(driver.cuEventTime, uintptr(unsafe.Pointer(&ms)), p.events[2*i], p.events[2*i+1])); err != nil {
+		err := check("cuEventElapsedTime", call(driver.cuEventTime, uintptr(unsafe.Pointer(&ms)), from, to))
+		return 1000 * float64(ms), err
+	}
+	for i, r := range p.rows {
+		us, err := elapsed(p.events[2*i], p.events[2*i+1])
+		if err != nil {
 			return err
 		}
-		p.table.add(r, 1000*float64(ms))
+		gap := -1.0 // the first pair's predecessor was reused
+		if i > 0 {
+			if gap, err = elapsed(p.events[2*i-1], p.events[2*i]); err != nil {
+				return err
+			}
+		}
+		p.table.add(r, us, gap)
 	}
 	p.rows = p.rows[:0]
 	return nil

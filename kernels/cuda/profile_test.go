@@ -14,19 +14,19 @@ import (
 
 // TestProfTable checks the profile table's bookkeeping and text without a
 // GPU: rows keyed by label, counts and sums, sorting by total time, the
-// per-step columns and the total row.
+// per-step columns, the starved share, the total row and the idle time.
 func TestProfTable(t *testing.T) {
 	var tb profTable
 	gemv := profKey{name: "ferrite_gemv_bf16_1", dims: [3]uint32{1024, 1, 1}, block: 256}
 	gemm := profKey{kind: profGemm, dims: [3]uint32{128, 4096, 4096}}
 	up := profKey{kind: profHtoD, size: 4096}
 	for range 4 {
-		tb.add(tb.row(gemv), 10)
+		tb.add(tb.row(gemv), 10, 0.2)
 	}
-	tb.add(tb.row(gemm), 100)
-	tb.add(tb.row(gemm), 60)
-	tb.add(tb.row(up), 2)
-	if tb.row(gemv) != 0 || tb.row(gemm) != 1 || len(tb.rows) != 3 {
+	tb.add(tb.row(gemm), 100, -1)
+	tb.add(tb.row(gemm), 60, 3)
+	tb.add(tb.row(up), 2, 1)
+	if tb.row(gemv) != 0 || tb.row(gemm) != 1 || len(tb.rows) != 3 || tb.rows[1].starved != 1 || tb.rows[2].starved != 1 {
 		t.Fatalf("rows %+v: a key did not keep its row", tb.rows)
 	}
 	if g := tb.rows[0]; g.calls != 4 || g.us != 40 {
@@ -40,20 +40,25 @@ func TestProfTable(t *testing.T) {
 	out := sb.String()
 	t.Log("\n" + out)
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	if len(lines) != 5 {
-		t.Fatalf("%d lines, want header, 3 rows, total", len(lines))
+	if len(lines) != 6 {
+		t.Fatalf("%d lines, want header, 3 rows, total, idle", len(lines))
 	}
+	// Gaps: gemv 4 × 0.2 µs (not starved), gemm unmeasured and 3 µs, the
+	// copy 1 µs (starved from starvedUs on): 4.8 µs idle.
 	want := [][]string{
-		{"kernel", "calls", "calls/step", "µs/call", "µs/step", "%"},
-		{"cublasLt", "m=128", "n=4096", "k=4096", "2", "1.0", "80.00", "80.0", "79.2"},
-		{"gemv_bf16_1", "grid=1024x1x1", "blk=256", "4", "2.0", "10.00", "20.0", "19.8"},
-		{"memcpy", "HtoD", "4096B", "1", "0.5", "2.00", "1.0", "1.0"},
-		{"total", "(2", "steps)", "7", "3.5", "28.86", "101.0", "100.0"},
+		{"kernel", "calls", "calls/step", "µs/call", "µs/step", "%", "starved%"},
+		{"cublasLt", "m=128", "n=4096", "k=4096", "2", "1.0", "80.00", "80.0", "79.2", "50"},
+		{"gemv_bf16_1", "grid=1024x1x1", "blk=256", "4", "2.0", "10.00", "20.0", "19.8", "0"},
+		{"memcpy", "HtoD", "4096B", "1", "0.5", "2.00", "1.0", "1.0", "100"},
+		{"total", "(2", "steps)", "7", "3.5", "28.86", "101.0", "100.0", "29"},
 	}
 	for i, w := range want {
 		if got := strings.Fields(lines[i]); fmt.Sprint(got) != fmt.Sprint(w) {
 			t.Errorf("line %d: %q, want fields %q", i, lines[i], w)
 		}
+	}
+	if !strings.HasPrefix(lines[5], "GPU idle between spans: 4.8 µs, 2.4 µs/step ") {
+		t.Errorf("idle line %q", lines[5])
 	}
 	if l := (profKey{kind: profGemm, dims: [3]uint32{1, 2, 3}, block: 1}).label(); l != "cublasLt m=1 n=2 k=3 +=" {
 		t.Errorf("accumulating GEMM label %q", l)
@@ -64,9 +69,9 @@ func TestProfTable(t *testing.T) {
 	}
 	// No steps: the per-step columns are blank.
 	sb.Reset()
-	tb.add(0, 1)
+	tb.add(0, 1, 0)
 	tb.write(&sb)
-	if l := strings.Split(sb.String(), "\n")[1]; fmt.Sprint(strings.Fields(l)) != "[memcpy HtoD 4096B 1 - 1.00 - 100.0]" {
+	if l := strings.Split(sb.String(), "\n")[1]; fmt.Sprint(strings.Fields(l)) != "[memcpy HtoD 4096B 1 - 1.00 - 100.0 0]" {
 		t.Errorf("without steps:\n%s", sb.String())
 	}
 }
