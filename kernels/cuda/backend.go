@@ -49,6 +49,7 @@ type Backend struct {
 	moeSlots8   bool           // Experts' grouped GEMV takes up to 8 slots of an expert a pass (tests, benchmarks)
 	noFuse      bool           // no norm-fused GEMVs and no split merge in the attention kernel (FERRITE_CUDA_FUSE=0, SetFuse)
 	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
+	attnWide    bool           // Attention always with attnGroup query heads a block (tests compare)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand

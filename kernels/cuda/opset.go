@@ -597,7 +597,8 @@ func (b *Backend) StoreKV(kc, vc, k, v kernels.Tensor, p *kernels.Paged) {
 }
 
 // Attention tiling (src/ops.cu): splits of at least attnSplit keys,
-// attnGroup query heads per block, head dims up to attnMaxHD.
+// attnGroup (or 4: attnG4) query heads per block, head dims up to
+// attnMaxHD.
 const (
 	attnSplit  = 128
 	attnGroup  = 8
@@ -605,10 +606,23 @@ const (
 	attnThread = 128
 )
 
-// attnKernels[bf16][i] handles head dims up to 32·2^i.
-var attnKernels = [2][4]string{
-	{"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8"},
-	{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"},
+// attnKernels[g4][bf16][i] handles head dims up to 32·2^i, attnGroup
+// query heads a block or, with g4, 4.
+var attnKernels = [2][2][4]string{
+	{{"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8"},
+		{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"}},
+	{{"ferrite_attn_f32_1_g4", "ferrite_attn_f32_2_g4", "ferrite_attn_f32_4_g4", "ferrite_attn_f32_8_g4"},
+		{"ferrite_attn_bf16_1_g4", "ferrite_attn_bf16_2_g4", "ferrite_attn_bf16_4_g4", "ferrite_attn_bf16_8_g4"}},
+}
+
+// attnG4 reports whether Attention runs the kernels of 4 query heads a
+// block for n rows: always for groups of up to 4 heads (the wider kernel
+// would compute empty heads), and for wider groups while the blocks (twice
+// as many, each reading the keys) still number at most one a
+// multiprocessor: decode is latency-bound there.
+func (b *Backend) attnG4(s kernels.AttnShape, n int) bool {
+	grp := s.Heads / s.KVHeads
+	return !b.attnWide && (grp <= 4 || n*s.KVHeads*ceilDiv(grp, 4) <= b.dev.SMs)
 }
 
 // prefillRows is the prefill kernel's default row tile (src/prefill.cu: 64
@@ -728,15 +742,21 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	if kc.DType == kernels.BF16 {
 		bf = 1
 	}
-	chunks := ceilDiv(s.Heads/s.KVHeads, attnGroup)
-	blocks := n * s.KVHeads * chunks
+	// The splits are counted for attnGroup heads a block, whatever the
+	// kernel's group: a row's bits then depend on the batch as before.
+	blocks := n * s.KVHeads * ceilDiv(s.Heads/s.KVHeads, attnGroup)
+	g4, group := 0, attnGroup
+	if b.attnG4(s, n) {
+		g4, group = 1, 4
+	}
+	chunks := ceilDiv(s.Heads/s.KVHeads, group)
 	maxKeys := p.Blocks.Cols * p.BlockSize
 	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(2*b.dev.SMs, blocks)))
 	split := ceilDiv(ceilDiv(maxKeys, splits), 32) * 32 // keys per split, whole warp tiles
 	var part, cnt uint64
 	if splits > 1 {
 		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, s.HeadDim+2)) // (n, heads, splits, max, sum, hd acc)
-		if !b.noFuse && blocks <= attnCounters {                           // the last split to finish merges
+		if !b.noFuse && n*s.KVHeads*chunks <= attnCounters {               // the last split to finish merges
 			var err error
 			if cnt, err = b.splitCounters(); err != nil {
 				b.fail(err)
@@ -759,7 +779,7 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 				return err
 			}
 		}
-		err := d.launch3L(attnKernels[bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
+		err := d.launch3L(attnKernels[g4][bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
 			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
 			i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt)
 		if err != nil || splits == 1 || cnt != 0 {

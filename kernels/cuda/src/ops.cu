@@ -429,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // ---------------------------------------------------------------------------
 // Paged causal attention, split-KV. Block (row i, KV head, head chunk,
-// split z) computes, for up to kAttnGroup query heads of the KV head's
+// split z) computes, for up to G (kAttnGroup or 4) query heads of the KV head's
 // group, the softmax-weighted sum of the values over the keys of positions
 // [z·split, min((z+1)·split, pos[i]+1)) of the row's sequence, with an
 // online (running max) softmax in float32. Each warp takes tiles of 32 keys,
@@ -512,20 +512,25 @@ __device__ inline void kv8(const void* c, size_t e, float* o) {
 }
 
 // attn_block is the attention kernels' whole body (their macro only packs
-// the arguments), so it starts with their programmatic-launch wait.
-template <int DPL, bool BF>
+// the arguments), so it starts with their programmatic-launch wait. G is
+// the query heads a block handles (G, or 4 for groups of up to 4
+// heads: no work on empty heads); every head's sums are the same whatever
+// G, so the two give the same bits. The queries and each tile's
+// probabilities are read from shared memory four at a time.
+template <int DPL, bool BF, int G>
 __device__ void attn_block(const AttnArgs& a) {
     FERRITE_PDL_WAIT();
-    __shared__ float sq[kAttnGroup][kAttnMaxHD];
-    __shared__ float wm[kAttnWarps][kAttnGroup], wl[kAttnWarps][kAttnGroup];
-    __shared__ float wacc[kAttnWarps][kAttnGroup][kAttnMaxHD];
+    __shared__ __align__(16) float sq[G][kAttnMaxHD];
+    __shared__ __align__(16) float pw[kAttnWarps][G][32];  // each warp's tile probabilities
+    __shared__ float wm[kAttnWarps][G], wl[kAttnWarps][G];
+    __shared__ float wacc[kAttnWarps][G][kAttnMaxHD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int i = blockIdx.x;
     if (a.ptile && prefill_owns(a.seq, a.n, i, a.ptile)) return;
     const int kvh = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks;
     const int grp = a.heads / a.kvh;
-    const int h0 = kvh * grp + chunk * kAttnGroup;
-    const int ng = min(kAttnGroup, grp - chunk * kAttnGroup);
+    const int h0 = kvh * grp + chunk * G;
+    const int ng = min(G, grp - chunk * G);
     const int hd = a.hd;
     const int len = a.pos[i] + 1;
     const int k0 = blockIdx.z * a.split, k1 = min(len, k0 + a.split);
@@ -533,15 +538,15 @@ __device__ void attn_block(const AttnArgs& a) {
     const size_t kw = size_t(a.kvh) * hd;
     const size_t off = size_t(kvh) * hd;
 
-    for (int t = threadIdx.x; t < kAttnGroup * hd; t += blockDim.x) {
+    for (int t = threadIdx.x; t < G * hd; t += blockDim.x) {
         const int g = t / hd, d = t % hd;
         sq[g][d] = g < ng ? a.q[(size_t(i) * a.heads + h0 + g) * hd + d] : 0.f;
     }
     __syncthreads();
 
-    float m[kAttnGroup], l[kAttnGroup], acc[kAttnGroup][DPL];
+    float m[G], l[G], acc[G][DPL];
 #pragma unroll
-    for (int g = 0; g < kAttnGroup; g++) {
+    for (int g = 0; g < G; g++) {
         m[g] = -INFINITY;
         l[g] = 0.f;
 #pragma unroll
@@ -552,9 +557,9 @@ __device__ void attn_block(const AttnArgs& a) {
         const int p = t0 + lane;
         const bool valid = p < k1;
         size_t base = 0;  // element index of this lane's key row
-        float s[kAttnGroup];
+        float s[G];
 #pragma unroll
-        for (int g = 0; g < kAttnGroup; g++) s[g] = 0.f;
+        for (int g = 0; g < G; g++) s[g] = 0.f;
         if (valid) {
             base = (size_t(bt[p / a.bs]) * a.bs + p % a.bs) * kw + off;
             if (hd % 8 == 0) {  // 16-byte loads (bf16) or two (float32)
@@ -563,22 +568,25 @@ __device__ void attn_block(const AttnArgs& a) {
                     float kd[8];
                     kv8<BF>(a.kc, base + d, kd);
 #pragma unroll
-                    for (int e = 0; e < 8; e++) {
+                    for (int g = 0; g < G; g++) {
+                        const float4 q0 = *reinterpret_cast<const float4*>(&sq[g][d]);
+                        const float4 q1 = *reinterpret_cast<const float4*>(&sq[g][d + 4]);
+                        const float qe[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
-                        for (int g = 0; g < kAttnGroup; g++) s[g] = fmaf(sq[g][d + e], kd[e], s[g]);
+                        for (int e = 0; e < 8; e++) s[g] = fmaf(qe[e], kd[e], s[g]);
                     }
                 }
             } else {
                 for (int d = 0; d < hd; d++) {
                     const float kd = kv_at<BF>(a.kc, base + d);
 #pragma unroll
-                    for (int g = 0; g < kAttnGroup; g++) s[g] = fmaf(sq[g][d], kd, s[g]);
+                    for (int g = 0; g < G; g++) s[g] = fmaf(sq[g][d], kd, s[g]);
                 }
             }
         }
-        float pe[kAttnGroup];
+        float pe[G];
 #pragma unroll
-        for (int g = 0; g < kAttnGroup; g++) {
+        for (int g = 0; g < G; g++) {
             const float sc = valid ? s[g] * a.scale : -INFINITY;
             const float mn = fmaxf(m[g], warp_max(sc));
             const float c = expf(m[g] - mn);  // 0 while m is −∞
@@ -589,7 +597,11 @@ __device__ void attn_block(const AttnArgs& a) {
             m[g] = mn;
         }
         // Values, kV keys at a time: their loads are issued before the
-        // first is used.
+        // first is used. Key kk's probabilities come from pw, four keys a
+        // load.
+#pragma unroll
+        for (int g = 0; g < G; g++) pw[warp][g][lane] = pe[g];
+        __syncwarp();
         constexpr int kV = DPL <= 4 ? 8 : 4;  // fewer for wide heads (registers)
         const int nk = min(32, k1 - t0);
         for (int k0v = 0; k0v < nk; k0v += kV) {
@@ -605,22 +617,29 @@ __device__ void attn_block(const AttnArgs& a) {
                 }
             }
 #pragma unroll
-            for (int u = 0; u < kV; u++) {
-                const int kk = k0v + u;
+            for (int u4 = 0; u4 < kV; u4 += 4) {
+                float4 p4[G];
 #pragma unroll
-                for (int g = 0; g < kAttnGroup; g++) {
-                    float pk = __shfl_sync(0xffffffffu, pe[g], kk & 31);
-                    if (kk >= nk) pk = 0.f;
+                for (int g = 0; g < G; g++) p4[g] = *reinterpret_cast<const float4*>(&pw[warp][g][k0v + u4]);
 #pragma unroll
-                    for (int j = 0; j < DPL; j++) acc[g][j] = fmaf(pk, vv[u][j], acc[g][j]);
+                for (int uu = 0; uu < 4; uu++) {
+                    const int u = u4 + uu, kk = k0v + u;
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        float pk = uu == 0 ? p4[g].x : uu == 1 ? p4[g].y : uu == 2 ? p4[g].z : p4[g].w;
+                        if (kk >= nk) pk = 0.f;
+#pragma unroll
+                        for (int j = 0; j < DPL; j++) acc[g][j] = fmaf(pk, vv[u][j], acc[g][j]);
+                    }
                 }
             }
         }
+        __syncwarp();  // pw is rewritten by the next tile
     }
 
     // Merge the warps' running softmaxes.
 #pragma unroll
-    for (int g = 0; g < kAttnGroup; g++) {
+    for (int g = 0; g < G; g++) {
         if (lane == 0) {
             wm[warp][g] = m[g];
             wl[warp][g] = l[g];
@@ -679,24 +698,32 @@ __device__ void attn_block(const AttnArgs& a) {
 
 }  // namespace
 
-#define FERRITE_ATTN(name, DPL, BF)                                                                     \
+#define FERRITE_ATTN(name, DPL, BF, G)                                                                  \
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
         int chunks, int split, float scale, int ptile, int* cnt) {                                     \
         AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
                    cnt};                                                                               \
-        attn_block<DPL, BF>(a);                                                                        \
+        attn_block<DPL, BF, G>(a);                                                                     \
     }
 
-FERRITE_ATTN(ferrite_attn_f32_1, 1, false)
-FERRITE_ATTN(ferrite_attn_f32_2, 2, false)
-FERRITE_ATTN(ferrite_attn_f32_4, 4, false)
-FERRITE_ATTN(ferrite_attn_f32_8, 8, false)
-FERRITE_ATTN(ferrite_attn_bf16_1, 1, true)
-FERRITE_ATTN(ferrite_attn_bf16_2, 2, true)
-FERRITE_ATTN(ferrite_attn_bf16_4, 4, true)
-FERRITE_ATTN(ferrite_attn_bf16_8, 8, true)
+FERRITE_ATTN(ferrite_attn_f32_1, 1, false, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_f32_2, 2, false, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_f32_4, 4, false, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_f32_8, 8, false, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_bf16_1, 1, true, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_bf16_2, 2, true, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_bf16_4, 4, true, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_bf16_8, 8, true, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_f32_1_g4, 1, false, 4)
+FERRITE_ATTN(ferrite_attn_f32_2_g4, 2, false, 4)
+FERRITE_ATTN(ferrite_attn_f32_4_g4, 4, false, 4)
+FERRITE_ATTN(ferrite_attn_f32_8_g4, 8, false, 4)
+FERRITE_ATTN(ferrite_attn_bf16_1_g4, 1, true, 4)
+FERRITE_ATTN(ferrite_attn_bf16_2_g4, 2, true, 4)
+FERRITE_ATTN(ferrite_attn_bf16_4_g4, 4, true, 4)
+FERRITE_ATTN(ferrite_attn_bf16_8_g4, 8, true, 4)
 
 // Merges the splits of ferrite_attn_*: out (n, heads·hd) from part (n,
 // heads, splits, hd + 2), but for the rows of prefill.cu's tiles of ptile
