@@ -210,6 +210,13 @@ type AttentionOps interface {
 	// RMSNorm, RoPE and StoreKV in sequence would. qkv is not modified.
 	PrepareQKV(q, kc, vc, qkv Tensor, qn, kn *HeadNorm, r *Rotary, p *Paged, s AttnShape)
 
+	// QKVAttention is PrepareQKV then Attention in one op: out (N,
+	// Heads·HeadDim) is what Attention gives for the q PrepareQKV makes of
+	// qkv, after it stored the rows' keys and values into kc, vc, with the
+	// bits of the two ops (a backend fuses them where it can: the batch-1
+	// decode step). qkv is not modified.
+	QKVAttention(out, kc, vc, qkv Tensor, qn, kn *HeadNorm, r *Rotary, p *Paged, s AttnShape)
+
 	// StoreKV writes k and v (N, KVHeads·HeadDim) F32 into the cache layer
 	// kc, vc (slots, KVHeads·HeadDim), F32 or BF16 (rounded to nearest
 	// even), at each row's p.Slot.

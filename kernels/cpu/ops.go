@@ -120,6 +120,14 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
 }
 
+// QKVAttention implements kernels.AttentionOps: PrepareQKV into a
+// scratch q, then Attention.
+func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	q := b.Scratch(kernels.F32, qkv.Rows, s.Heads*s.HeadDim) // (N, heads·headDim)
+	b.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
+	b.Attention(out, q, kc, vc, p, s)
+}
+
 // normed returns RMSNorm(x, n) in a step's scratch tensor.
 func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
 	h := b.Scratch(kernels.F32, x.Rows, x.Cols) // (N, in) the normed rows

@@ -77,6 +77,7 @@ func RunOps(t *testing.T, d kernels.Device) {
 		t.Run("RowExact", func(t *testing.T) { rowExactTest(t, d) })
 	}
 	t.Run("PrepareQKV", func(t *testing.T) { prepareQKVTest(t, d) })
+	t.Run("QKVAttention", func(t *testing.T) { qkvAttentionTest(t, d) })
 	t.Run("Embed", func(t *testing.T) { embedTest(t, d) })
 	t.Run("GatherRows", func(t *testing.T) { gatherTest(t, d) })
 	t.Run("RMSNorm", func(t *testing.T) { normTest(t, d) })
@@ -1152,4 +1153,108 @@ func prepareQKVCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvH
 	})
 	want := o2.read(t, "attention over the reference cache")
 	compare(t, "attention over the cache", o1.read(t, "attention"), want, AttentionBF16Tol, rowScale(want))
+}
+
+// qkvAttentionTest holds QKVAttention to PrepareQKV then Attention on the
+// same backend bit for bit (those two are held to the references), over a
+// cached history long enough to be split, for one row (the decode step a
+// backend fuses) and for three rows of one sequence: the output, and the
+// keys and values it stored, which attention over its cache with the
+// unfused q must find.
+func qkvAttentionTest(t *testing.T, d kernels.Device) {
+	for ci, c := range []struct {
+		heads, kvHeads, hd, dim int
+		qn, kn, inter           bool
+		hist, n                 int
+	}{
+		{8, 2, 128, 128, true, true, false, 300, 1}, // Qwen3-like, splits
+		{8, 2, 128, 128, true, true, false, 300, 3}, // rows of one sequence
+		{16, 2, 64, 32, true, false, true, 40, 1},   // wide group, partial interleaved rotation
+		{4, 4, 96, 0, false, false, false, 700, 1},  // neither norm nor rotation, long history
+		{6, 1, 40, 40, false, true, false, 150, 1},  // head dim not a multiple of 8
+	} {
+		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			t.Run(fmt.Sprintf("%v/%d/n=%d", dt, ci, c.n), func(t *testing.T) {
+				qkvAttentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.dim, c.qn, c.kn, c.inter, c.hist, c.n, uint64(ci))
+			})
+		}
+	}
+}
+
+func qkvAttentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvHeads, hd, dim int, qn, kn, inter bool, hist, n int, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 37))
+	const bs = 16
+	qw, kw := heads*hd, kvHeads*hd
+	total := hist + n
+	maxBlocks := (total + bs - 1) / bs
+	nBlocks := maxBlocks + 2
+	perm := rng.Perm(nBlocks)
+	blocks := make([]int32, maxBlocks)
+	for i := range blocks {
+		blocks[i] = int32(perm[i])
+	}
+	pos, seq, slot := make([]int32, total), make([]int32, total), make([]int32, total)
+	for p := range total {
+		pos[p], slot[p] = int32(p), blocks[p/bs]*bs+int32(p%bs)
+	}
+	bt := ints(t, d, 1, maxBlocks, blocks)
+	all := &kernels.Paged{Pos: ints(t, d, total, 1, pos), Seq: ints(t, d, total, 1, seq), Slot: ints(t, d, total, 1, slot),
+		Blocks: bt, BlockSize: bs}
+	hp := &kernels.Paged{Pos: all.Pos.Slice(0, hist), Seq: all.Seq.Slice(0, hist), Slot: all.Slot.Slice(0, hist), Blocks: bt, BlockSize: bs}
+	p := &kernels.Paged{Pos: all.Pos.Slice(hist, total), Seq: all.Seq.Slice(hist, total), Slot: all.Slot.Slice(hist, total),
+		Blocks: bt, BlockSize: bs}
+	s := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd)))}
+	norm := func(on bool) *kernels.HeadNorm {
+		if !on {
+			return nil
+		}
+		return &kernels.HeadNorm{W: newBuf(t, d, 1, hd, randn(rng, hd)).t, Eps: 1e-6, Offset: rng.IntN(2) == 1}
+	}
+	qnd, knd := norm(qn), norm(kn)
+	var r *kernels.Rotary
+	if dim > 0 {
+		inv := make([]float32, dim/2)
+		for i := range inv {
+			inv[i] = float32(math.Pow(10000, -float64(2*i)/float64(dim)))
+		}
+		r = &kernels.Rotary{InvFreq: newBuf(t, d, 1, len(inv), inv).t, Dim: dim, Interleaved: inter, Scale: 1}
+	}
+	hk, hv := newBuf(t, d, hist, kw, randn(rng, hist*kw)), newBuf(t, d, hist, kw, randn(rng, hist*kw))
+	var caches [2][2]kernels.Tensor // [unfused, fused][k, v]
+	for i := range caches {
+		for j := range caches[i] {
+			c, err := d.Alloc(dt, nBlocks*bs, kw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			caches[i][j] = c
+		}
+	}
+	qkvv := randn(rng, n*(qw+2*kw))
+	qkv, q := newBuf(t, d, n, qw+2*kw, qkvv), newBuf(t, d, n, qw, nil)
+	oA, oB, oC := newBuf(t, d, n, qw, nil), newBuf(t, d, n, qw, nil), newBuf(t, d, n, qw, nil)
+	step(d, func() {
+		for _, c := range caches {
+			d.StoreKV(c[0], c[1], hk.t, hv.t, hp)
+		}
+		d.PrepareQKV(q.t, caches[0][0], caches[0][1], qkv.t, qnd, knd, r, p, s)
+		d.Attention(oA.t, q.t, caches[0][0], caches[0][1], p, s)
+	})
+	step(d, func() { d.QKVAttention(oB.t, caches[1][0], caches[1][1], qkv.t, qnd, knd, r, p, s) })
+	step(d, func() { d.Attention(oC.t, q.t, caches[1][0], caches[1][1], p, s) })
+	want := oA.read(t, "PrepareQKV and Attention")
+	for _, o := range []struct {
+		name string
+		got  []float32
+	}{{"QKVAttention", oB.read(t, "QKVAttention")}, {"Attention over QKVAttention's cache", oC.read(t, "attention")}} {
+		for i, v := range o.got {
+			if math.Float32bits(v) != math.Float32bits(want[i]) {
+				t.Errorf("%s: out[%d] = %g, %g from PrepareQKV and Attention", o.name, i, v, want[i])
+				break
+			}
+		}
+	}
+	if got := qkv.read(t, "qkv"); !slices.Equal(got, qkvv) {
+		t.Errorf("QKVAttention modified qkv")
+	}
 }

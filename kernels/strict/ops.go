@@ -131,6 +131,14 @@ func (d *Device) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, ga
 	d.out(dst, y)
 }
 
+// QKVAttention implements kernels.AttentionOps: PrepareQKV's and
+// Attention's checks and references, q in a scratch tensor.
+func (d *Device) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	q := d.Scratch(kernels.F32, qkv.Rows, s.Heads*s.HeadDim) // (N, heads·headDim)
+	d.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
+	d.Attention(out, q, kc, vc, p, s)
+}
+
 // normed checks a fused norm's operands (x and dst contiguous, the weight
 // (1, x.Cols)) and returns RMSNorm(x, n) on the host.
 func (d *Device) normed(op string, dst, x kernels.Tensor, n *kernels.HeadNorm) []float32 {
