@@ -59,9 +59,9 @@ func (n *Norm) Apply(dev kernels.Device, dst, x kernels.Tensor) {
 }
 
 // Attention is a GQA self-attention block: q/k/v projections (one
-// product over the three weights), optional per-head QK norm, RoPE and the
-// cache store (one op), paged causal attention, an optional output gate
-// and the output projection.
+// product over the three weights), optional per-head QK norm, RoPE, the
+// cache store and paged causal attention (one op, QKVAttention), an
+// optional output gate and the output projection.
 type Attention struct {
 	Layer      int // cache layer
 	Q, K, V, O Linear
@@ -113,11 +113,9 @@ func (a *Attention) run(c *Ctx, dst kernels.Tensor, acc bool, h kernels.Tensor, 
 	} else {
 		dev.NormLinearCat(qkv, dst, n.headNorm(), ws, e)
 	}
-	q := dev.Scratch(kernels.F32, rows, qw) // (N, heads·headDim) normed and rotated
 	kc, vc := c.Cache(a.Layer)
-	dev.PrepareQKV(q, kc, vc, qkv, a.QNorm.headNorm(), a.KNorm.headNorm(), a.Rope, &c.Paged, s)
 	o := dev.Scratch(kernels.F32, rows, qw) // (N, heads·headDim)
-	dev.Attention(o, q, kc, vc, &c.Paged, s)
+	dev.QKVAttention(o, kc, vc, qkv, a.QNorm.headNorm(), a.KNorm.headNorm(), a.Rope, &c.Paged, s)
 	if a.Gate != nil {
 		g := dev.Scratch(kernels.F32, rows, qw) // (N, heads·headDim)
 		a.Gate.Forward(dev, g, h, false)

@@ -209,10 +209,10 @@ func BenchmarkGemmBF16(b *testing.B) {
 // the op set, on seeded random bf16 weights made on the device and a bf16
 // KV cache of ctx positions. The "fused" variants are the step engine/gqa
 // issues now (36 layers of NormLinearCat (the attention norm and q/k/v),
-// PrepareQKV (QK-norm, RoPE, KV store), paged attention, o added to the
-// residual in its epilogue, NormSwiGLULinear (the FFN norm, gate, up,
+// QKVAttention (QK-norm, RoPE, KV store and paged attention), o added to
+// the residual in its epilogue, NormSwiGLULinear (the FFN norm, gate, up,
 // SwiGLU), down added likewise, then the final RMSNorm and the LM head: 4
-// products and 2 other ops a layer); the others the step before the fused
+// products and 1 other op a layer); the others the step before the fused
 // norms (q/k/v as one LinearCat, PrepareQKV, attention, o, AddRMSNorm,
 // SwiGLULinear, down, AddRMSNorm: 4 products and 4 other ops a layer).
 // "linear" runs only the products (in the fused step: with their norms),
@@ -377,8 +377,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 						be.NormLinearCat(qkv, x, xn, l.qkv, kernels.Epilogue{})
 					}
 					if c.rest {
-						be.PrepareQKV(q, kc[i], vc[i], qkv, qn, qn, rope, p, shape)
-						be.Attention(o, q, kc[i], vc[i], p, shape)
+						be.QKVAttention(o, kc[i], vc[i], qkv, qn, qn, rope, p, shape)
 					}
 					if c.lin {
 						be.Linear(x, o, l.o, acc)

@@ -14,9 +14,9 @@
 // A decode step is a few fused kernels a layer: q/k/v and gate/up run as
 // one GEMV each over weights stacked once on the device, with the layer's
 // RMSNorm fused in (NormLinearCat, NormSwiGLULinear; the SwiGLU in the
-// GEMV's epilogue), o and down add to the residual in theirs, PrepareQKV
-// norms, rotates and stores q/k/v in one kernel, and the attention kernel
-// merges its own splits. On sm_90 those kernels use programmatic dependent
+// GEMV's epilogue), o and down add to the residual in theirs, and one
+// attention kernel norms, rotates and stores q/k/v (QKVAttention; the
+// PrepareQKV kernel for more rows), attends and merges its own splits. On sm_90 those kernels use programmatic dependent
 // launch (pdl.go; FERRITE_CUDA_PDL=0 turns it off), the GEMVs prefetching
 // their weights before the wait (FERRITE_CUDA_PREFETCH=0 turns that off);
 // FERRITE_CUDA_FUSE=0 runs the norms and the split merge as kernels of

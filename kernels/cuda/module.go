@@ -36,6 +36,8 @@ var kernelNames = []string{
 	"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8",
 	"ferrite_attn_f32_1_g4", "ferrite_attn_f32_2_g4", "ferrite_attn_f32_4_g4", "ferrite_attn_f32_8_g4",
 	"ferrite_attn_bf16_1_g4", "ferrite_attn_bf16_2_g4", "ferrite_attn_bf16_4_g4", "ferrite_attn_bf16_8_g4",
+	"ferrite_attn_qkv_f32_1", "ferrite_attn_qkv_f32_2", "ferrite_attn_qkv_f32_4", "ferrite_attn_qkv_f32_8",
+	"ferrite_attn_qkv_bf16_1", "ferrite_attn_qkv_bf16_2", "ferrite_attn_qkv_bf16_4", "ferrite_attn_qkv_bf16_8",
 	"ferrite_attn_combine", "ferrite_prefill_attn_f32_64_64", "ferrite_prefill_attn_f32_128_64",
 	"ferrite_prefill_attn_bf16_64_64", "ferrite_prefill_attn_bf16_128_64", "ferrite_prefill_attn_f32_64_128",
 	"ferrite_prefill_attn_f32_128_128", "ferrite_prefill_attn_bf16_64_128", "ferrite_prefill_attn_bf16_128_128",

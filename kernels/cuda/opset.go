@@ -501,60 +501,103 @@ func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offs
 	})
 }
 
-// PrepareQKV implements kernels.AttentionOps: one block per (row, head)
-// of [q | k | v] norms, rotates and writes its head (ferrite_prepare_qkv).
+// PrepareQKV implements kernels.AttentionOps: a warp per (row, head) of
+// [q | k | v] norms, rotates and writes its head (ferrite_prepare_qkv,
+// four heads a block).
 func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
-	f32Contig("PrepareQKV", q, qkv)
-	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	f32Contig("PrepareQKV", q)
+	pa := prepArgs("PrepareQKV", kc, vc, qkv, qn, kn, r, p, s)
 	n := qkv.Rows
-	switch {
-	case qkv.Cols != qw+2*kw || q.Rows != n || q.Cols != qw || s.HeadDim <= 0 || s.HeadDim > attnMaxHD:
+	if q.Rows != n || q.Cols != s.Heads*s.HeadDim {
 		panic("cuda: PrepareQKV shapes do not match")
-	case kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16):
-		panic("cuda: KV cache dtype must be F32 or BF16")
-	case !kc.Contiguous() || !vc.Contiguous() || kc.Cols != kw || vc.Cols != kw || kc.Rows != vc.Rows:
-		panic("cuda: PrepareQKV shapes do not match the cache")
-	}
-	index("PrepareQKV", p.Slot, n, 1)
-	index("PrepareQKV", p.Pos, n, 1)
-	var args [6]uint64 // q norm, k norm, inverse frequencies, half, interleaved, scale
-	for i, hn := range []*kernels.HeadNorm{qn, kn} {
-		if hn != nil {
-			f32Contig("PrepareQKV norm", hn.W)
-			if hn.W.Elems() != s.HeadDim {
-				panic("cuda: PrepareQKV norm width")
-			}
-			args[i] = dptr(hn.W)
-		}
-	}
-	if r != nil {
-		f32Contig("PrepareQKV rotary", r.InvFreq)
-		if r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim || r.Dim%2 != 0 {
-			panic("cuda: PrepareQKV rotary does not fit the heads")
-		}
-		args[2], args[3], args[4], args[5] = dptr(r.InvFreq), i32(r.Dim/2), b32(r.Interleaved), f32(r.Scale)
 	}
 	if n == 0 {
 		return
 	}
-	var qe, ke float32
-	var qo, ko bool
-	if qn != nil {
-		qe, qo = qn.Eps, qn.Offset
-	}
-	if kn != nil {
-		ke, ko = kn.Eps, kn.Offset
-	}
 	qp, kcp, vcp, src, pos, slot := dptr(q), dptr(kc), dptr(vc), dptr(qkv), dptr(p.Pos), dptr(p.Slot)
+	heads := s.Heads + 2*s.KVHeads
 	b.queue(func(d *Device) error {
-		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(s.Heads + 2*s.KVHeads), 1}, 128, 0,
+		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(ceilDiv(heads, prepHeads)), 1}, 128, 0,
 			qp, kcp, vcp, src, pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), i32(kc.Rows), b32(kc.DType == kernels.BF16),
-			i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), args[0], f32(qe), b32(qo), args[1], f32(ke), b32(ko),
-			args[2], args[3], args[4], args[5])
+			i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), pa[0], pa[1], pa[2], pa[3], pa[4], pa[5], pa[6], pa[7])
 	})
 }
 
-// RoPE implements kernels.RopeOps.
+// prepHeads is the heads a ferrite_prepare_qkv block takes, a warp each.
+const prepHeads = 4
+
+// prepArgs checks PrepareQKV's operands but q (for op) and returns
+// src/ops.cu's PrepArgs as kernel arguments: q norm weight, its eps, k
+// norm weight, its eps, inverse frequencies, rotated pairs, cos/sin scale
+// and the flags (bit 0: q norm offset, 1: k norm offset, 2: interleaved).
+func prepArgs(op string, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) [8]uint64 {
+	f32Contig(op, qkv)
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	n := qkv.Rows
+	switch {
+	case s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || qkv.Cols != qw+2*kw || s.HeadDim <= 0 || s.HeadDim > attnMaxHD:
+		panic("cuda: " + op + " shapes do not match")
+	case kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16):
+		panic("cuda: KV cache dtype must be F32 or BF16")
+	case !kc.Contiguous() || !vc.Contiguous() || kc.Cols != kw || vc.Cols != kw || kc.Rows != vc.Rows:
+		panic("cuda: " + op + " shapes do not match the cache")
+	}
+	index(op, p.Slot, n, 1)
+	index(op, p.Pos, n, 1)
+	var a [8]uint64
+	flags := 0
+	for i, hn := range []*kernels.HeadNorm{qn, kn} {
+		if hn != nil {
+			f32Contig(op+" norm", hn.W)
+			if hn.W.Elems() != s.HeadDim {
+				panic("cuda: " + op + " norm width")
+			}
+			a[2*i], a[2*i+1] = dptr(hn.W), f32(hn.Eps)
+			if hn.Offset {
+				flags |= 1 << i
+			}
+		}
+	}
+	if r != nil {
+		f32Contig(op+" rotary", r.InvFreq)
+		if r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim || r.Dim%2 != 0 {
+			panic("cuda: " + op + " rotary does not fit the heads")
+		}
+		a[4], a[5], a[6] = dptr(r.InvFreq), i32(r.Dim/2), f32(r.Scale)
+		if r.Interleaved {
+			flags |= 4
+		}
+	}
+	a[7] = i32(flags)
+	return a
+}
+
+// QKVAttention implements kernels.AttentionOps. One row (a decode step)
+// without the fusion switched off runs the attention kernel's QKV form,
+// which prepares its query heads in the block and, in the split that
+// holds the row's position, stores the row's key and value before reading
+// them (no PrepareQKV kernel); otherwise PrepareQKV into scratch, then
+// Attention. Both give the same bits.
+func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	n := qkv.Rows
+	if b.noFuse || n != 1 || !b.attnG4(s, n) || b.usePrefill(s, n) {
+		q := b.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim) normed and rotated
+		b.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
+		b.Attention(out, q, kc, vc, p, s)
+		return
+	}
+	pa := prepArgs("QKVAttention", kc, vc, qkv, qn, kn, r, p, s)
+	b.attention(out, kernels.Tensor{}, kc, vc, p, s, &qkvForm{qkv: dptr(qkv), slot: dptr(p.Slot), slots: kc.Rows, prep: pa})
+}
+
+// qkvForm is the attention kernel's QKV form's extra arguments.
+type qkvForm struct {
+	qkv, slot uint64
+	slots     int
+	prep      [8]uint64
+}
+
+// RoPE implements kernels.RopeOps.// RoPE implements kernels.RopeOps.
 func (b *Backend) RoPE(x kernels.Tensor, heads, headDim int, pos kernels.Tensor, r *kernels.Rotary) {
 	f32Contig("RoPE", x, r.InvFreq)
 	half := r.Dim / 2
@@ -613,6 +656,13 @@ var attnKernels = [2][2][4]string{
 		{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"}},
 	{{"ferrite_attn_f32_1_g4", "ferrite_attn_f32_2_g4", "ferrite_attn_f32_4_g4", "ferrite_attn_f32_8_g4"},
 		{"ferrite_attn_bf16_1_g4", "ferrite_attn_bf16_2_g4", "ferrite_attn_bf16_4_g4", "ferrite_attn_bf16_8_g4"}},
+}
+
+// attnQKVKernels[bf16][i] are the QKV forms (QKVAttention) of the kernels
+// of 4 query heads a block.
+var attnQKVKernels = [2][4]string{
+	{"ferrite_attn_qkv_f32_1", "ferrite_attn_qkv_f32_2", "ferrite_attn_qkv_f32_4", "ferrite_attn_qkv_f32_8"},
+	{"ferrite_attn_qkv_bf16_1", "ferrite_attn_qkv_bf16_2", "ferrite_attn_qkv_bf16_4", "ferrite_attn_qkv_bf16_8"},
 }
 
 // attnG4 reports whether Attention runs the kernels of 4 query heads a
@@ -711,12 +761,23 @@ func (b *Backend) splitCounters() (uint64, error) {
 // merges them in the attention kernel (split counters), unless the fusion
 // is off (SetFuse).
 func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
-	f32Contig("Attention", out, q)
+	f32Contig("Attention", q)
+	b.attention(out, q, kc, vc, p, s, nil)
+}
+
+// attention is Attention, or with qf the attention kernel's QKV form
+// (QKVAttention: one row, q the zero Tensor).
+func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape, qf *qkvForm) {
+	f32Contig("Attention", out)
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	rows := out.Rows
+	if qf == nil && (q.Cols != qw || q.Rows != rows) {
+		panic("cuda: Attention shapes do not match")
+	}
 	switch {
 	case s.KVHeads <= 0 || s.Heads%s.KVHeads != 0:
 		panic("cuda: Attention head counts")
-	case q.Cols != qw || out.Cols != qw || out.Rows != q.Rows || kc.Cols != kw || vc.Cols != kw || kc.DType != vc.DType:
+	case out.Cols != qw || kc.Cols != kw || vc.Cols != kw || kc.DType != vc.DType:
 		panic("cuda: Attention shapes do not match")
 	case kc.DType != kernels.F32 && kc.DType != kernels.BF16:
 		panic("cuda: KV cache dtype must be F32 or BF16")
@@ -725,7 +786,7 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	case !p.Blocks.Contiguous() || p.Blocks.DType != kernels.I32 || p.BlockSize <= 0:
 		panic("cuda: Attention block table")
 	}
-	n := q.Rows
+	n := rows
 	index("Attention", p.Pos, n, 1)
 	index("Attention", p.Seq, n, 1)
 	if n == 0 {
@@ -764,11 +825,24 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 			}
 		}
 	}
-	o, qp, kcp, vcp := dptr(out), dptr(q), dptr(kc), dptr(vc)
+	var qp uint64 // 0 for the QKV form
+	if qf == nil {
+		qp = dptr(q)
+	}
+	o, kcp, vcp := dptr(out), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
 	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
 	if b.usePrefill(s, n) {
 		ptile = b.prefillTile()
+	}
+	name := attnKernels[g4][bf][dpl]
+	var extra []uint64
+	if qf != nil {
+		if g4 == 0 || ptile > 0 || n != 1 {
+			panic("cuda: the QKV form of attention wants one row and 4 query heads a block")
+		}
+		name = attnQKVKernels[bf][dpl]
+		extra = append([]uint64{qf.qkv, qf.slot, i32(qf.slots)}, qf.prep[:]...)
 	}
 	b.queue(func(d *Device) error {
 		if ptile > 0 {
@@ -779,9 +853,9 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 				return err
 			}
 		}
-		err := d.launch3L(attnKernels[g4][bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
-			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
-			i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt)
+		args := append([]uint64{o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads),
+			i32(s.KVHeads), i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt}, extra...)
+		err := d.launch3L(name, [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0, args...)
 		if err != nil || splits == 1 || cnt != 0 {
 			return err
 		}

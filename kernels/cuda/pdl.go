@@ -35,6 +35,8 @@ var pdlKernels = map[string]bool{
 	"ferrite_attn_bf16_1": true, "ferrite_attn_bf16_2": true, "ferrite_attn_bf16_4": true, "ferrite_attn_bf16_8": true,
 	"ferrite_attn_f32_1_g4": true, "ferrite_attn_f32_2_g4": true, "ferrite_attn_f32_4_g4": true, "ferrite_attn_f32_8_g4": true,
 	"ferrite_attn_bf16_1_g4": true, "ferrite_attn_bf16_2_g4": true, "ferrite_attn_bf16_4_g4": true, "ferrite_attn_bf16_8_g4": true,
+	"ferrite_attn_qkv_f32_1": true, "ferrite_attn_qkv_f32_2": true, "ferrite_attn_qkv_f32_4": true, "ferrite_attn_qkv_f32_8": true,
+	"ferrite_attn_qkv_bf16_1": true, "ferrite_attn_qkv_bf16_2": true, "ferrite_attn_qkv_bf16_4": true, "ferrite_attn_qkv_bf16_8": true,
 	"ferrite_route": true, "ferrite_moe_few_gate_up_1": true, "ferrite_moe_few_gate_up_8": true,
 	"ferrite_moe_few_down_1": true, "ferrite_moe_few_down_8": true,
 }
