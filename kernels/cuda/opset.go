@@ -580,6 +580,9 @@ func prepArgs(op string, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r
 // Attention. Both give the same bits.
 func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
 	n := qkv.Rows
+	if out.Rows != n {
+		panic("cuda: QKVAttention shapes do not match")
+	}
 	if b.noFuse || n != 1 || !b.attnG4(s, n) || b.usePrefill(s, n) {
 		q := b.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim) normed and rotated
 		b.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
