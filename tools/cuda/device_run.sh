@@ -18,6 +18,9 @@
 #   rows8      ferrite bench, Qwen3-8B batch 1 with the 8-rows-a-block decode
 #              GEMV (FERRITE_CUDA_GEMV_ROWS=8; bench8b runs the default layout)
 #   moe        ferrite bench, Qwen3-30B-A3B (1/8) and GLM-4.7-Flash (1/8/32)
+#   glm5       ferrite bench, glm5_next at transformers' default shape cut to
+#              8 of 45 layers (engine/testdata/glm5next-8l, 78 GB of bf16),
+#              concurrency 1/8/32, 128+64 (~45 s)
 #   hybrid     engine TestMTPOnDevice (speculative == plain on the device, MTP
 #              speed-up per draft length), ferrite bench, qwen3_next (small)
 #              and ferrite-tiny with MTP on/off
@@ -34,7 +37,7 @@ root="$PWD"
 dev="$root/.device-out"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
-STAGES=" ${STAGES:-build llama tests steps bench8b prefill rows8 moe hybrid} "
+STAGES=" ${STAGES:-build llama tests steps bench8b prefill rows8 moe glm5 hybrid} "
 DEADLINE="${DEADLINE:-540}"
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 # run NAME SECONDS LOG CMD...: CMD under a timeout of at most SECONDS, not
@@ -106,6 +109,7 @@ if want moe; then
 	bench moe 100 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 64
 	bench glmflash 90 --model "$root/engine/testdata/glm4.7-flash" --concurrency 1,8,32 --prompt-len 128 --gen-len 64
 fi
+want glm5 && bench glm5bench 60 --model "$root/engine/testdata/glm5next-8l" --concurrency 1,8,32 --prompt-len 128 --gen-len 64
 if want prof; then
 	# profbench SECONDS ARGS...: a profiled ferrite bench, appended to prof.log.
 	profbench() {
