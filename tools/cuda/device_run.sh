@@ -27,8 +27,8 @@
 #   prof       (not in the default list) per-kernel GPU time tables
 #              (FERRITE_CUDA_PROFILE=1: eager launches timed by CUDA events)
 #              of ferrite bench cases: Qwen3-8B 1/32/64, Qwen3-30B-A3B 1/8,
-#              GLM-4.7-Flash 1/32 (128+32), ferrite-tiny's shape with MTP
-#              (random weights, 128+64); all into prof.log (~100-150 s)
+#              GLM-4.7-Flash 1/32 (128+32), ferrite-tiny as shipped with MTP
+#              on and off (128+64); all into prof.log (~100-150 s)
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
 # (default 540) have passed, so a hang still returns the fatbin and the logs.
 # Writes to $OUT: ferrite.fatbin, fatbin.sha256, *.log, *.json.
