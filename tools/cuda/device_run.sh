@@ -124,7 +124,7 @@ if want prof; then
 	# so drafts are accepted as in the chat), with MTP on and off;
 	# the graph question is not answered here (eager).
 	profbench 25 --model "$root/builtin/model" --concurrency 1 --prompt-len 128 --gen-len 64 --mtp on,off
-	grep -E '^GPU profile|^total \(' "$out/prof.log" | cut -c1-160
+	grep -E '^GPU profile|^ *total \(' "$out/prof.log" | cut -c1-160
 fi
 if want hybrid; then
 	# MTP at batch 1 (issue 13 item 5): speculative greedy == plain greedy on
