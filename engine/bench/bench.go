@@ -54,6 +54,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/engine/sample"
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // ErrMTPUnavailable is a case's Skipped reason when MTP is asked for but the
@@ -149,6 +150,14 @@ type Result struct {
 	WeightBytesPerStep int64   `json:"weight_bytes_per_step,omitempty"`
 	WeightBytesPerSec  float64 `json:"weight_bytes_per_s,omitempty"`
 	RooflineFraction   float64 `json:"roofline_fraction,omitempty"`
+
+	// Step graphs over the case, on a device that replays repeated steps
+	// (kernels.StepGrapher: CUDA graphs; zero elsewhere): device steps
+	// (forward passes, MTP passes included) replayed as one graph, graphs
+	// captured (each also replayed), steps launched eagerly.
+	GraphReplays  int `json:"graph_replays,omitempty"`
+	GraphCaptures int `json:"graph_captures,omitempty"`
+	GraphEager    int `json:"graph_eager_steps,omitempty"`
 }
 
 // Cases expands the options into the sweep, in the order they run:
@@ -225,6 +234,10 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 	budget := o.kvBudget(info)
 	wm, pm := watch(m)
 	maxSeqs := slices.Max(o.Concurrency)
+	var dev any // the model's device, for its step-graph counts
+	if dm, ok := m.(model.DeviceModel); ok {
+		dev = dm.Device()
+	}
 	newRuntime := func(c Case) (*runtime.Runtime, error) {
 		// Conversation reuse off: the prompts are random, and cached
 		// prefixes would only hold cache blocks (and show in peak KV).
@@ -279,10 +292,15 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 				return out, fmt.Errorf("bench: %v: priming: %w", c, err)
 			}
 		}
+		g0, _ := kernels.StepGraphStats(dev)
 		r, err := runCase(ctx, rt, pm, c, info.Vocab, o.Seed)
 		rt.Close()
 		if err != nil {
 			return out, fmt.Errorf("bench: %v: %w", c, err)
+		}
+		if g, ok := kernels.StepGraphStats(dev); ok {
+			g = g.Sub(g0)
+			r.GraphReplays, r.GraphCaptures, r.GraphEager = g.Replays, g.Captures, g.Eager
 		}
 		if c.MTP {
 			r.Draft = o.draft()

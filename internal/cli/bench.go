@@ -712,9 +712,28 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 			break
 		}
 	}
+	printGraphs(w, rep.Runs)
 	fmt.Fprintf(w, "\ndecode tok/s: tokens generated after every request has its first token ÷ the time from then to the last token;\n"+
 		"steps/s: (those tokens − accepted drafts) ÷ concurrency ÷ that time; accept: accepted ÷ verified draft tokens;\n"+
 		"roofline: steps/s × weight bytes per step ÷ bandwidth (KV-cache reads not counted).\n")
+}
+
+// printGraphs writes how each case's device steps launched, when the
+// device replays repeated steps as graphs (CUDA).
+func printGraphs(w io.Writer, runs []bench.Result) {
+	head := false
+	for _, r := range runs {
+		all := r.GraphReplays + r.GraphEager
+		if all == 0 {
+			continue
+		}
+		if !head {
+			fmt.Fprintf(w, "\nstep graphs (device steps, MTP passes included):\n")
+			head = true
+		}
+		fmt.Fprintf(w, "  %v: %d of %d replayed as one graph (%d captured), %d launched eagerly\n",
+			r.Case, r.GraphReplays, all, r.GraphCaptures, r.GraphEager)
+	}
 }
 
 func gb(b int64) string {
