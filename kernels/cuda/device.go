@@ -41,6 +41,10 @@ type Device struct {
 	fns      map[string]uintptr
 	stageIn  []byte // pinned host memory (cuMemHostAlloc), stagingBytes
 	stageOut []byte
+	// stageInOff is where uploadAsyncL's next copy goes in stageIn: the
+	// bytes before it may still be read by queued copies (0 after every
+	// successful syncL).
+	stageInOff int
 	args     *launchBlock
 	pinner   runtime.Pinner
 	live     map[*Buffer]struct{}
@@ -292,7 +296,11 @@ func (d *Device) Sync() error {
 }
 
 func (d *Device) syncL() error {
-	return check("cuStreamSynchronize", call(driver.cuStreamSynchronize, d.stream))
+	err := check("cuStreamSynchronize", call(driver.cuStreamSynchronize, d.stream))
+	if err == nil {
+		d.stageInOff = 0 // the stream ran every queued upload
+	}
+	return err
 }
 
 // errNoMemInfo is MemInfo's error when the driver lacks cuMemGetInfo_v2.
