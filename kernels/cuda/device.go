@@ -45,12 +45,12 @@ type Device struct {
 	// bytes before it may still be read by queued copies (0 after every
 	// successful syncL).
 	stageInOff int
-	args     *launchBlock
-	pinner   runtime.Pinner
-	live     map[*Buffer]struct{}
-	dead     error // the sticky error that killed the context, if any
-	lt       *blasLt
-	ltErr    error // why cuBLASLt is unavailable, once tried
+	args       *launchBlock
+	pinner     runtime.Pinner
+	live       map[*Buffer]struct{}
+	dead       error // the sticky error that killed the context, if any
+	lt         *blasLt
+	ltErr      error // why cuBLASLt is unavailable, once tried
 
 	// pdl makes launch3L launch the kernels of pdlKernels with programmatic
 	// dependent launch (pdl.go); set at Open, changed only on the device
