@@ -19,8 +19,9 @@
 #              GEMV (FERRITE_CUDA_GEMV_ROWS=8; bench8b runs the default layout)
 #   moe        ferrite bench, Qwen3-30B-A3B (1/8) and GLM-4.7-Flash (1/8/32)
 #   hybrid     engine TestMTPOnDevice (speculative == plain on the device, MTP
-#              speed-up per draft length), ferrite bench, qwen3_next (small)
-#              and ferrite-tiny with MTP on/off
+#              speed-up per draft length; ferrite-tiny again with
+#              FERRITE_CUDA_LAZY_WRITES=0), ferrite bench, qwen3_next (small)
+#              and ferrite-tiny with MTP on/off at draft 1 and 3
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
 # (default 540) have passed, so a hang still returns the fatbin and the logs.
 # Writes to $OUT: ferrite.fatbin, fatbin.sha256, *.log, *.json.
@@ -107,7 +108,18 @@ if want hybrid; then
 	# tok/s and acceptance per draft length (~30 s).
 	(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda run mtp-test 120 mtp.log "$dev/engine.test" -test.v -test.count 1 \
 		-test.run 'TestMTPOnDevice')
-	grep -hE 'draft [0-9]|row-|^\s*--- (FAIL|PASS)' "$out/mtp.log" | cut -c1-240 | head -50
+	grep -hE 'draft [0-9]|row-|^\s*--- (FAIL|PASS)' "$out/mtp.log" | cut -c1-300 | head -50
+	# The same on ferrite-tiny with every upload copied at once (the build
+	# before the queued uploads), for the host-overhead comparison (~10 s).
+	(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda FERRITE_CUDA_LAZY_WRITES=0 run mtp-eager-writes 40 mtp-ab.log \
+		"$dev/engine.test" -test.v -test.count 1 -test.run 'TestMTPOnDevice/ferrite-tiny')
+	grep -hE 'draft [0-9]' "$out/mtp-ab.log" | cut -c1-300
+	# ferrite bench on ferrite-tiny with MTP off/on at draft 1 and 3 (random
+	# prompts, cost-aware drafting as the CLI runs it; step-graph counts per
+	# case), ~15 s each.
+	for k in 1 3; do
+		bench "tiny-mtp$k" 40 --model "$root/builtin/model" --concurrency 1 --prompt-len 32 --gen-len 256 --mtp off,on --draft "$k"
+	done
 	bench qwen3next 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512 --gen-len 32
 fi
 if want steps; then
