@@ -72,6 +72,7 @@ type stepGraphs struct {
 	next    int                   // the ring's next slot
 	cache   []stepGraph           // at most graphCacheSize
 	clock   uint64                // steps looked up, for least-recently-used eviction
+	buf     []uint64              // the trace of the step being launched
 
 	n kernels.StepGraphs // counts; Err is why capturing failed, which turned graphs off
 }
@@ -158,10 +159,11 @@ func (b *Backend) runStepL(ops []func(*Device) error) error {
 		g.n.Eager++
 		return runOps(d, ops)
 	}
-	tr := make([]uint64, 0, 256)
+	tr := g.buf[:0] // reused: only a captured step's trace is kept (cloned)
 	d.trace = &tr
 	err := runOps(d, ops)
 	d.trace = nil
+	g.buf = tr
 	if err != nil {
 		return err
 	}
@@ -175,7 +177,7 @@ func (b *Backend) runStepL(ops []func(*Device) error) error {
 			g.n.Eager++
 			return runOps(d, ops)
 		}
-		if old := g.add(tr, h, exec); old != 0 {
+		if old := g.add(slices.Clone(tr), h, exec); old != 0 {
 			call(driver.cuGraphExecDestroy, old)
 		}
 		g.n.Captures++
