@@ -155,6 +155,9 @@ func runOps(d *Device, ops []func(*Device) error) error {
 // trace's second sighting, eagerly otherwise.
 func (b *Backend) runStepL(ops []func(*Device) error) error {
 	d, g := b.dev, &b.graphs
+	if d.prof != nil && len(ops) > 0 {
+		d.prof.table.steps++
+	}
 	if !g.enabled || len(ops) == 0 {
 		g.n.Eager++
 		return runOps(d, ops)
