@@ -158,8 +158,10 @@ func (d *Device) uploadAsyncL(dst uint64, src []byte) error {
 		off = 0
 	}
 	copy(d.stageIn[off:], src)
-	if err := check("cuMemcpyHtoDAsync", call(driver.cuMemcpyHtoDAsync, uintptr(dst),
-		uintptr(unsafe.Pointer(&d.stageIn[off])), uintptr(n), d.stream)); err != nil {
+	if err := d.profiledL(profKey{kind: profHtoD, size: int64(n)}, func() error {
+		return check("cuMemcpyHtoDAsync", call(driver.cuMemcpyHtoDAsync, uintptr(dst),
+			uintptr(unsafe.Pointer(&d.stageIn[off])), uintptr(n), d.stream))
+	}); err != nil {
 		return err
 	}
 	d.stageInOff = off + n
@@ -188,8 +190,10 @@ func (d *Device) downloadsL(dst [][]byte, src []uint64) error {
 		if len(b) == 0 {
 			continue
 		}
-		if err := check("cuMemcpyDtoHAsync", call(driver.cuMemcpyDtoHAsync,
-			uintptr(unsafe.Pointer(&d.stageOut[off])), uintptr(src[i]), uintptr(len(b)), d.stream)); err != nil {
+		if err := d.profiledL(profKey{kind: profDtoH, size: int64(len(b))}, func() error {
+			return check("cuMemcpyDtoHAsync", call(driver.cuMemcpyDtoHAsync,
+				uintptr(unsafe.Pointer(&d.stageOut[off])), uintptr(src[i]), uintptr(len(b)), d.stream))
+		}); err != nil {
 			return err
 		}
 		off += int(alignUp(int64(len(b)), 256))
