@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/engine/bench"
 	"github.com/ferrite-llm/ferrite/engine/internal/modeltest"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
@@ -19,13 +20,6 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
-
-// mtpQuestions are in-domain chat questions for the built-in model, whose
-// trained MTP layer makes acceptance meaningful (MODEL_CARD.md).
-var mtpQuestions = []string{
-	"What does serendipity mean?", "Who are you?", "Give me a synonym for small.",
-	"Use meticulous in a sentence.", "Tell me a quote about patience.", "What can you help me with?",
-}
 
 // TestMTPOnDevice checks on the device FERRITE_TEST_DEVICE names (no
 // fallback) that speculative greedy decoding emits plain greedy decoding's
@@ -84,7 +78,7 @@ func TestMTPOnDevice(t *testing.T) {
 			t.Fatal(err)
 		}
 		var prompts [][]int32
-		for _, q := range mtpQuestions {
+		for _, q := range bench.ChatQuestions {
 			text, err := tok.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: q}}, tokenizer.TemplateOptions{AddGenerationPrompt: true})
 			if err != nil {
 				t.Fatal(err)

@@ -62,6 +62,14 @@ import (
 // model has no MTP module (model.MTPModel).
 var ErrMTPUnavailable = errors.New("mtp: not available")
 
+// ChatQuestions are in-domain chat questions for the built-in model, whose
+// trained MTP layer makes acceptance meaningful (MODEL_CARD.md): the
+// prompts of `ferrite bench --chat` and of the engine's MTP device test.
+var ChatQuestions = []string{
+	"What does serendipity mean?", "Who are you?", "Give me a synonym for small.",
+	"Use meticulous in a sentence.", "Tell me a quote about patience.", "What can you help me with?",
+}
+
 // DefaultDraft is the draft length of MTP cases when Options.Draft is 0.
 const DefaultDraft = 3
 
@@ -77,6 +85,12 @@ type Options struct {
 	// negative means no limit.
 	DraftMaxSeqs int
 	Seed         uint64 // prompts and sampler seeds
+
+	// Prompts, when not empty, replace the random prompts: request i of a
+	// case sends Prompts[i mod len(Prompts)] (real text, for a model whose
+	// MTP module was trained on it: random tokens are hardly ever
+	// predictable). PromptLens then only labels the cases.
+	Prompts [][]int32
 
 	// KVBudget is the cache size in bytes; 0 sizes it so the largest case
 	// fits without preemption (concurrency × (prompt + gen + a block)).
@@ -212,11 +226,30 @@ func (o *Options) Validate(info model.Info) error {
 	if o.KVBudget < 0 || o.MaxBatchTokens < 0 {
 		return fmt.Errorf("bench: negative KV budget (%d) or max batch tokens (%d)", o.KVBudget, o.MaxBatchTokens)
 	}
-	longest := slices.Max(o.PromptLens) + slices.Max(o.GenLens)
+	for _, p := range o.Prompts {
+		if len(p) == 0 {
+			return fmt.Errorf("bench: an empty prompt")
+		}
+		for _, t := range p {
+			if t < 0 || int(t) >= info.Vocab {
+				return fmt.Errorf("bench: prompt token %d outside the vocabulary", t)
+			}
+		}
+	}
+	longest := o.longestPrompt() + slices.Max(o.GenLens)
 	if info.MaxContext > 0 && longest > info.MaxContext {
 		return fmt.Errorf("bench: prompt + gen = %d tokens exceeds the model's context %d", longest, info.MaxContext)
 	}
 	return nil
+}
+
+// longestPrompt is the most prompt tokens a request of the sweep sends.
+func (o *Options) longestPrompt() int {
+	n := slices.Max(o.PromptLens)
+	for _, p := range o.Prompts {
+		n = max(n, len(p))
+	}
+	return n
 }
 
 // kvBudget is the cache size for a sweep: the given budget, or enough for
@@ -226,7 +259,7 @@ func (o *Options) kvBudget(info model.Info) int64 {
 		return o.KVBudget
 	}
 	const block = 16 // kvcache.DefaultBlockSize, plus per-sequence slack
-	tokens := slices.Max(o.Concurrency) * (slices.Max(o.PromptLens) + slices.Max(o.GenLens) + 2*block)
+	tokens := slices.Max(o.Concurrency) * (o.longestPrompt() + slices.Max(o.GenLens) + 2*block)
 	return max(int64(tokens)*info.KVBytesPerToken, 1<<20)
 }
 
@@ -267,7 +300,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		_, err = runCase(ctx, rt, pm, Case{Concurrency: 1, PromptLen: slices.Max(o.PromptLens), GenLen: 2}, info.Vocab, o.Seed)
+		_, err = runCase(ctx, rt, pm, Case{Concurrency: 1, PromptLen: slices.Max(o.PromptLens), GenLen: 2}, info.Vocab, o.Seed, o.Prompts)
 		rt.Close()
 		if err != nil {
 			return nil, fmt.Errorf("bench: warm-up: %w", err)
@@ -306,7 +339,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 		if prof {
 			o.Profiler.ResetProfile()
 		}
-		r, err := runCase(ctx, rt, pm, c, info.Vocab, o.Seed)
+		r, err := runCase(ctx, rt, pm, c, info.Vocab, o.Seed, o.Prompts)
 		if err == nil && prof {
 			var sb strings.Builder
 			err = o.Profiler.WriteProfile(&sb)
@@ -355,15 +388,20 @@ type progress struct {
 }
 
 // runCase runs one case on rt and measures it.
-func runCase(ctx context.Context, rt *runtime.Runtime, pm *peakModel, c Case, vocab int, seed uint64) (Result, error) {
+func runCase(ctx context.Context, rt *runtime.Runtime, pm *peakModel, c Case, vocab int, seed uint64, prompts [][]int32) (Result, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	reqs := make([]runtime.Request, c.Concurrency)
 	for i := range reqs {
-		rng := rand.New(rand.NewPCG(seed, uint64(i)))
-		p := make([]int32, c.PromptLen)
-		for j := range p {
-			p[j] = int32(rng.IntN(vocab))
+		var p []int32
+		if len(prompts) > 0 {
+			p = prompts[i%len(prompts)]
+		} else {
+			rng := rand.New(rand.NewPCG(seed, uint64(i)))
+			p = make([]int32, c.PromptLen)
+			for j := range p {
+				p[j] = int32(rng.IntN(vocab))
+			}
 		}
 		reqs[i] = runtime.Request{
 			Prompt:    p,

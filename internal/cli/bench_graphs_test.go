@@ -1,6 +1,9 @@
 package cli
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -22,5 +25,41 @@ func TestBenchPrintsGraphs(t *testing.T) {
 	printGraphs(&sb, []bench.Result{{Case: c}})
 	if sb.Len() != 0 {
 		t.Errorf("a host device's report has graph lines: %q", sb.String())
+	}
+}
+
+// TestBenchChat checks --chat: the requests send the chat questions
+// through the built-in model's template, request i question i, whatever
+// --prompt-len says.
+func TestBenchChat(t *testing.T) {
+	want, err := chatPrompts("ferrite-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := filepath.Join(t.TempDir(), "bench.json")
+	code, _, errs := runCLI(t, "", "bench", "--model", "ferrite-tiny", "--chat", "--concurrency", "2", "--prompt-len", "5",
+		"--gen-len", "2", "--threads", "2", "--device", "cpu", "--bandwidth", "10", "--no-warmup", "--json", js)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Runs []bench.Result
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Runs) != 1 {
+		t.Fatalf("%d results, want 1", len(rep.Runs))
+	}
+	r := rep.Runs[0]
+	if got := r.PromptTokens; got != len(want[0])+len(want[1]) {
+		t.Errorf("%d prompt tokens, want %d + %d (the first two chat questions)", got, len(want[0]), len(want[1]))
+	}
+	if r.PromptLen != max(len(want[0]), len(want[1]), len(want[2]), len(want[3]), len(want[4]), len(want[5])) {
+		t.Errorf("case labelled prompt %d, want the longest chat prompt", r.PromptLen)
 	}
 }
