@@ -196,6 +196,11 @@ func (b *Backend) runStepL(ops []func(*Device) error) error {
 // captureL records ops into a graph and returns it instantiated.
 func (b *Backend) captureL(ops []func(*Device) error) (uintptr, error) {
 	d := b.dev
+	// The step's uploads are queued before it (uploadAsyncL): let them run
+	// first, so the capture begins on an idle stream (once per shape).
+	if err := d.syncL(); err != nil {
+		return 0, err
+	}
 	if err := check("cuStreamBeginCapture", call(driver.cuStreamBeginCapture, d.stream, captureRelaxed)); err != nil {
 		return 0, err
 	}
