@@ -5,6 +5,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -89,7 +90,7 @@ func Open(ordinal int) (*Device, error) {
 	if err := loadDriver(); err != nil {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
-	d := &Device{Ordinal: ordinal, calls: make(chan func()), live: map[*Buffer]struct{}{}}
+	d := &Device{Ordinal: ordinal, calls: make(chan func(), 1), live: map[*Buffer]struct{}{}}
 	go d.thread()
 	if err := d.run(d.setup); err != nil {
 		d.run(d.teardown)
@@ -99,21 +100,66 @@ func Open(ordinal int) (*Device, error) {
 	return d, nil
 }
 
+// Hand-overs to the device thread. A goroutine parked on a channel takes
+// tens of microseconds to wake where waking a sleeping core means an
+// inter-processor interrupt (on a virtual machine, a VM exit too), and a
+// decode step hands work over a few times, each within a few hundred
+// microseconds of the last. So after each call the device thread polls
+// for the next one for up to spinIdle, and a caller polls for its result
+// for up to spinWait, before either parks. With fewer than four CPUs, or
+// FERRITE_CUDA_SPIN=0, they park at once.
+var spinOn = runtime.NumCPU() >= 4 && os.Getenv("FERRITE_CUDA_SPIN") != "0"
+
+const (
+	spinIdle = time.Millisecond
+	spinWait = 2 * time.Millisecond
+)
+
 // thread is the device goroutine: it owns one OS thread for the Device's
 // life, then clears the context and hands the thread back to the runtime.
 func (d *Device) thread() {
 	runtime.LockOSThread()
-	for f := range d.calls {
+	for {
+		f, ok := d.next()
+		if !ok {
+			break
+		}
 		f()
 	}
 	call(driver.cuCtxSetCurrent, 0)
 	runtime.UnlockOSThread()
 }
 
-// run executes f on the device thread and returns its error.
+// next waits for the next call; ok is false once calls is closed.
+func (d *Device) next() (f func(), ok bool) {
+	if spinOn {
+		for start := time.Now(); time.Since(start) < spinIdle; {
+			select {
+			case f, ok = <-d.calls:
+				return f, ok
+			default:
+			}
+		}
+	}
+	f, ok = <-d.calls
+	return f, ok
+}
+
+// run executes f on the device thread and returns its error. Callers are
+// serialised (do holds mu; Open and Close run before and after everyone),
+// so the one-slot calls channel never makes a sender wait.
 func (d *Device) run(f func() error) error {
 	done := make(chan error, 1)
 	d.calls <- func() { done <- f() }
+	if spinOn {
+		for start := time.Now(); time.Since(start) < spinWait; {
+			select {
+			case err := <-done:
+				return err
+			default:
+			}
+		}
+	}
 	return <-done
 }
 

@@ -131,10 +131,15 @@ if want hybrid; then
 		-test.run 'TestMTPOnDevice')
 	grep -hE 'draft [0-9]|row-|^\s*--- (FAIL|PASS)' "$out/mtp.log" | cut -c1-300 | head -50
 	# The same on ferrite-tiny with every upload copied at once (the build
-	# before the queued uploads), for the host-overhead comparison (~10 s).
-	(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda FERRITE_CUDA_LAZY_WRITES=0 run mtp-eager-writes 40 mtp-ab.log \
-		"$dev/engine.test" -test.v -test.count 1 -test.run 'TestMTPOnDevice/ferrite-tiny')
-	grep -hE 'draft [0-9]' "$out/mtp-ab.log" | cut -c1-300
+	# before the queued uploads), then with the device thread's hand-overs
+	# parking at once (FERRITE_CUDA_SPIN=0), for the host-overhead
+	# comparison (~10 s each).
+	for ab in FERRITE_CUDA_LAZY_WRITES FERRITE_CUDA_SPIN; do
+		echo "== $ab=0" >>"$out/mtp-ab.log"
+		(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda run "mtp-$ab" 40 mtp-ab.log env "$ab=0" "$dev/engine.test" \
+			-test.v -test.count 1 -test.run 'TestMTPOnDevice/ferrite-tiny')
+	done
+	grep -hE '^== |draft [0-9]' "$out/mtp-ab.log" | cut -c1-300
 	# ferrite bench on ferrite-tiny with MTP off/on at draft 1 and 3 (a chat
 	# question, --chat; cost-aware drafting as the CLI runs it; step-graph
 	# counts per case), ~15 s each; a CPU profile of the host work at draft
