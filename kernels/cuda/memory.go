@@ -335,6 +335,9 @@ func (b *Backend) ReadF32s(dst [][]float32, ts []kernels.Tensor) {
 	if len(dst) != len(ts) {
 		panic("cuda: ReadF32s wants one destination per tensor")
 	}
+	if len(ts) == 0 {
+		return
+	}
 	raw, src := make([][]byte, len(ts)), make([]uint64, len(ts))
 	for i, t := range ts {
 		if t.DType != kernels.F32 || len(dst[i]) != t.Elems() {
