@@ -36,6 +36,7 @@ type Backend struct {
 	mem      memAccount // device memory by kind (MemoryUse)
 	qmu      sync.Mutex
 	pending  []func(*Device) error // op launches not yet handed to the device thread (queue)
+	pre      []func(*Device) error // during a step: what was queued before BeginStep, launched first by EndStep
 	inStep   bool                  // between BeginStep and EndStep: the step's launches wait for EndStep
 	graphs   stepGraphs            // the step graph (graph.go), owned by the device thread
 	gemmOnce sync.Once

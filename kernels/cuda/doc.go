@@ -38,8 +38,11 @@
 // tensor cores (src/prefill.cu) for tiles of prompt rows of one sequence and
 // a split-KV kernel for the other rows (decode); PreferredBatchTokens asks
 // the runtime for steps of up to 4,096 tokens (by the GPU's memory), so
-// prompts are prefilled in large chunks. Steps that repeat replay CUDA graphs, the last eight shapes' kept
-// (graph.go). It also implements the host-slice kernels.Backend, copying
+// prompts are prefilled in large chunks. A step replays a CUDA graph from the second time
+// its launches are seen among the recent steps' (speculation's alternating
+// draft and verification shapes included), the last 32 shapes' graphs kept
+// (graph.go); its small input uploads are queued with its launches and
+// reach the device thread with them, in one hand-over. It also implements the host-slice kernels.Backend, copying
 // activations for every MatMul, for the architectures not on the op set.
 //
 // With kernels.MLAOps and kernels.SparseOps (mla.go, src/ops_mla.cu) the

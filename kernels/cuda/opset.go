@@ -51,6 +51,10 @@ func (b *Backend) queue(f func(d *Device) error) {
 func (b *Backend) exec(f func(d *Device) error) bool {
 	b.qmu.Lock()
 	pending := b.pending
+	if len(b.pre) > 0 { // inside a step (not expected): what came before it goes first
+		pending = append(b.pre, pending...)
+		b.pre = nil
+	}
 	b.pending = nil
 	b.qmu.Unlock()
 	if b.Err() != nil {
