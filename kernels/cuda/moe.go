@@ -1,0 +1,93 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"os"
+	"strconv"
+)
+
+// moeConfig picks Experts' kernels for a few tokens. A new Backend takes
+// it from the environment (moeConfigFromEnv), so one GPU run can compare;
+// tests and benchmarks set it directly.
+type moeConfig struct {
+	v1     bool // FERRITE_MOE_KERNELS=v1: the first grouped GEMV kernels (ferrite_moe_few_*), up to moeFewTokens
+	slots8 bool // with v1: up to 8 slots of an expert a pass
+	few    int  // FERRITE_MOE_FEW: the most tokens the grouped GEMV takes (0: moeGEMVTokens)
+	pass   int  // FERRITE_MOE_PASS: gate/up slots a pass, 2, 4 or 8 (0: by the block's slots)
+	sb     int  // FERRITE_MOE_SB: gate/up slots a block (0: enough blocks for twice the SMs)
+}
+
+// moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
+// ones keep the defaults.
+func moeConfigFromEnv() moeConfig {
+	num := func(name string) int {
+		v, err := strconv.Atoi(os.Getenv(name))
+		if err != nil || v < 0 {
+			return 0
+		}
+		return v
+	}
+	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB")}
+	if p := num("FERRITE_MOE_PASS"); p == 2 || p == 4 || p == 8 {
+		c.pass = p
+	}
+	return c
+}
+
+// The grouped GEMV (src/ops_moe.cu's ferrite_moe_gv_*) takes up to
+// moeGEMVTokens tokens and moeGEMVSlots slots (tokens · top k) a call;
+// its blocks are 256 threads, one weight row a warp.
+const (
+	moeGEMVTokens = 32
+	moeGEMVSlots  = 256
+	moeGEMVRows   = 8
+)
+
+// gemvTokens is the most tokens Experts runs through grouped GEMVs for
+// top-k k: the rest are prefill-sized (sorted tiles).
+func (c moeConfig) gemvTokens(k int) int {
+	if c.v1 {
+		return moeFewTokens
+	}
+	n := moeGEMVTokens
+	if c.few > 0 {
+		n = c.few
+	}
+	return min(n, moeGEMVSlots/k)
+}
+
+// gemvLaunch is the grouped GEMV's plan for n tokens of k experts: the
+// gate/up kernel, the slots a block row of it takes (sb) and its grid's
+// rows, and the down kernel. A block row of gate/up covers every
+// expert row for sb sorted slots; sb halves from all the slots until the
+// grid has twice as many blocks as the GPU has SMs (or 2 slots a block),
+// and a pass takes up to 8, 4 or 2 of them as sb allows (more slots a
+// pass, fewer loads of each in flight: the registers are the same).
+func (c moeConfig) gemvLaunch(n, k, inter, sms int) (gateUp string, sb, gy int, down string) {
+	slots := n * k
+	rows := ceilDiv(inter, moeGEMVRows)
+	sb = slots
+	if c.sb > 0 {
+		sb = min(c.sb, slots)
+	} else {
+		for sb > 2 && rows*ceilDiv(slots, sb) < 2*sms {
+			sb = ceilDiv(sb, 2)
+		}
+	}
+	p := c.pass
+	if p == 0 {
+		p = 2
+		if sb >= 8 {
+			p = 8
+		} else if sb >= 4 {
+			p = 4
+		}
+	}
+	gateUp = map[int]string{8: "ferrite_moe_gv_gate_up_p8_u1", 4: "ferrite_moe_gv_gate_up_p4_u2", 2: "ferrite_moe_gv_gate_up_p2_u4"}[p]
+	down = "ferrite_moe_gv_down_p8_u2"
+	if k <= 4 {
+		down = "ferrite_moe_gv_down_p4_u4"
+	}
+	return gateUp, sb, ceilDiv(slots, sb), down
+}
