@@ -3,8 +3,10 @@
 package cuda
 
 import (
+	"fmt"
 	"os"
 	"strconv"
+	"unsafe"
 )
 
 // moeConfig picks Experts' kernels for a few tokens. A new Backend takes
@@ -90,4 +92,30 @@ func (c moeConfig) gemvLaunch(n, k, inter, sms int) (gateUp string, sb, gy int, 
 		down = "ferrite_moe_gv_down_p4_u4"
 	}
 	return gateUp, sb, ceilDiv(slots, sb), down
+}
+
+// kernelResources returns kernel name's registers a thread and local
+// memory (spills) a thread in bytes (cuFuncGetAttribute), for tests that
+// report what the compiler made of a kernel.
+func (d *Device) kernelResources(name string) (regs, local int, err error) {
+	const attrLocalBytes, attrNumRegs = 3, 4
+	if driver.cuFuncGetAttribute == 0 {
+		return 0, 0, fmt.Errorf("cuda: the driver has no cuFuncGetAttribute")
+	}
+	err = d.do(func() error {
+		f, ok := d.fns[name]
+		if !ok {
+			return fmt.Errorf("cuda: no kernel %s", name)
+		}
+		var r, l int32
+		if err := check("cuFuncGetAttribute", call(driver.cuFuncGetAttribute, uintptr(unsafe.Pointer(&r)), attrNumRegs, f)); err != nil {
+			return err
+		}
+		if err := check("cuFuncGetAttribute", call(driver.cuFuncGetAttribute, uintptr(unsafe.Pointer(&l)), attrLocalBytes, f)); err != nil {
+			return err
+		}
+		regs, local = int(r), int(l)
+		return nil
+	})
+	return regs, local, err
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -430,5 +431,22 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 			b.ReportMetric(1/sec, "tok/s")
 			b.ReportMetric(bytes/sec/1e9, "GB/s")
 		})
+	}
+}
+
+// TestMoEKernelResources logs the registers and spills of the MoE kernels
+// (what limits their blocks an SM; a spill is slow, not wrong).
+func TestMoEKernelResources(t *testing.T) {
+	b := openOps(t)
+	for _, name := range kernelNames {
+		if !strings.HasPrefix(name, "ferrite_moe_") && name != "ferrite_route" {
+			continue
+		}
+		regs, local, err := b.dev.kernelResources(name)
+		if err != nil {
+			t.Skip(err)
+		}
+		t.Logf("%-32s %3d registers, %4d bytes of local memory a thread, %d blocks of 256 an SM by registers",
+			name, regs, local, 65536/max(1, 256*regs))
 	}
 }
