@@ -18,6 +18,7 @@ type moeConfig struct {
 	few    int  // FERRITE_MOE_FEW: the most tokens the grouped GEMV takes (0: moeGEMVTokens)
 	pass   int  // FERRITE_MOE_PASS: gate/up slots a pass, 2, 4 or 8 (0: by the block's slots)
 	sb     int  // FERRITE_MOE_SB: gate/up slots a block (0: enough blocks for twice the SMs)
+	tiles  int  // FERRITE_MOE_TILES: the fewest slots that take the register tiles (0: moeTileSlots)
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -30,7 +31,8 @@ func moeConfigFromEnv() moeConfig {
 		}
 		return v
 	}
-	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB")}
+	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB"),
+		tiles: num("FERRITE_MOE_TILES")}
 	if p := num("FERRITE_MOE_PASS"); p == 2 || p == 4 || p == 8 {
 		c.pass = p
 	}
@@ -39,12 +41,43 @@ func moeConfigFromEnv() moeConfig {
 
 // The grouped GEMV (src/ops_moe.cu's ferrite_moe_gv_*) takes up to
 // moeGEMVTokens tokens and moeGEMVSlots slots (tokens · top k) a call;
-// its blocks are 256 threads, one weight row a warp.
+// its blocks are 256 threads, one weight row a warp. From moeTileSlots
+// slots its register-tile form (ferrite_moe_gt_*) runs instead: 2 gate/up
+// rows or 4 down rows a warp against up to 4 slots of one expert, each
+// weight load serving every slot and each slot's load every row; its down
+// kernel writes each slot's output and ferrite_moe_combine adds them.
 const (
 	moeGEMVTokens = 32
 	moeGEMVSlots  = 256
 	moeGEMVRows   = 8
+	moeTileSlots  = 64
+	moeGTRowsGU   = 2 * moeGEMVRows // gate/up rows a ferrite_moe_gt_gate_up block
+	moeGTRowsDown = 4 * moeGEMVRows // down rows a ferrite_moe_gt_down block
 )
+
+// useTiles reports whether n·k slots take the register tiles.
+func (c moeConfig) useTiles(slots int) bool {
+	t := moeTileSlots
+	if c.tiles > 0 {
+		t = c.tiles
+	}
+	return slots >= t
+}
+
+// blockSlots is the sorted slots a block row of a grouped kernel takes
+// over rows weight rows in blocks of rowsPer: halved from all of them
+// until the grid has twice as many blocks as the GPU has SMs (or floor
+// slots a block), unless the config fixes it.
+func (c moeConfig) blockSlots(slots, rows, rowsPer, floor, sms int) int {
+	if c.sb > 0 {
+		return min(c.sb, slots)
+	}
+	sb, blocks := slots, ceilDiv(rows, rowsPer)
+	for sb > floor && blocks*ceilDiv(slots, sb) < 2*sms {
+		sb = ceilDiv(sb, 2)
+	}
+	return sb
+}
 
 // gemvTokens is the most tokens Experts runs through grouped GEMVs for
 // top-k k: the rest are prefill-sized (sorted tiles).
@@ -68,15 +101,7 @@ func (c moeConfig) gemvTokens(k int) int {
 // pass, fewer loads of each in flight: the registers are the same).
 func (c moeConfig) gemvLaunch(n, k, inter, sms int) (gateUp string, sb, gy int, down string) {
 	slots := n * k
-	rows := ceilDiv(inter, moeGEMVRows)
-	sb = slots
-	if c.sb > 0 {
-		sb = min(c.sb, slots)
-	} else {
-		for sb > 2 && rows*ceilDiv(slots, sb) < 2*sms {
-			sb = ceilDiv(sb, 2)
-		}
-	}
+	sb = c.blockSlots(slots, inter, moeGEMVRows, 2, sms)
 	p := c.pass
 	if p == 0 {
 		p = 2

@@ -17,7 +17,8 @@ import (
 
 // TestOpsExpertsPaths checks Experts against kernels/ref.Experts on every
 // path: the grouped GEMV kernels up to moeGEMVTokens tokens (with 8, 4
-// and 2 slots a pass and blocks of few and of all slots), the first
+// and 2 slots a pass and blocks of few and of all slots, and their
+// register-tile form from moeTileSlots slots or forced), the first
 // grouped GEMV kernels (FERRITE_MOE_KERNELS=v1) up to moeFewTokens (a slot
 // a pass, and up to 8 slots of an expert a pass), above them the sorted
 // tiled GEMMs on CUDA cores (experts of mixed dtypes: bf16, f32 and
@@ -62,7 +63,9 @@ func TestOpsExpertsPaths(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, moeGEMVTokens, moeGEMVTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("mixed/n=", n), mixed, n, 4, rng)
 	}
-	for _, c := range []moeConfig{{pass: 2}, {pass: 4}, {pass: 8, sb: 8}, {pass: 8, sb: 256}, {pass: 2, sb: 3}} {
+	checkExperts(t, b, "bf16/n=16", bf16, 16, 4, rng) // 64 slots: the register tiles
+	for _, c := range []moeConfig{{pass: 2}, {pass: 4}, {pass: 8, sb: 8}, {pass: 8, sb: 256}, {pass: 2, sb: 3},
+		{tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7}, {tiles: 1, sb: 256}} {
 		b.moe = c
 		for _, n := range []int{1, 5, moeGEMVTokens} {
 			checkExperts(t, b, fmt.Sprintf("mixed/pass=%d/sb=%d/n=%d", c.pass, c.sb, n), mixed, n, 4, rng)
@@ -89,8 +92,8 @@ func TestOpsExpertsPaths(t *testing.T) {
 // TestOpsExpertsRowExact checks that the grouped GEMV paths give every
 // token the bits of a call with that token alone (kernels.RowExact: a
 // speculative verification's rows reproduce plain decoding's), for every
-// pass and block size and both kernel generations, on experts of mixed
-// dtypes with tokens that share experts.
+// pass and block size, the register tiles and both kernel generations, on
+// experts of mixed dtypes with tokens that share experts.
 func TestOpsExpertsRowExact(t *testing.T) {
 	b := openOps(t)
 	defer func(c moeConfig) { b.moe = c }(b.moe)
@@ -128,7 +131,8 @@ func TestOpsExpertsRowExact(t *testing.T) {
 	for i := range n {
 		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	for _, c := range []moeConfig{{}, {pass: 2}, {pass: 4, sb: 5}, {pass: 8, sb: 48}, {v1: true}, {v1: true, slots8: true}} {
+	for _, c := range []moeConfig{{}, {pass: 2}, {pass: 4, sb: 5}, {pass: 8, sb: 48}, {tiles: 1}, {tiles: 1, sb: 5},
+		{v1: true}, {v1: true, slots8: true}} {
 		b.moe = c
 		for _, rows := range []int{2, 8, n} {
 			if c.v1 && rows > moeFewTokens {

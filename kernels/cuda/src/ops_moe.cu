@@ -733,6 +733,146 @@ __device__ void moe_gv_down(float* y, int y_stride, const float* h, const int* i
     }
 }
 
+
+// tile_dot sets oa[r][q] = row_r·xs[q] (and ob[r][q] = brow_r·xs[q] when
+// TWO) for r < nr rows a + r·pitch (b + r·pitch) and q < nc vectors: rows
+// of cols values of dtype W in 16-byte loads (rows and xs 16-byte
+// aligned, cols·size a multiple of 16), the same in every lane. Each
+// weight load serves nc vectors and each vector load nr rows (a register
+// tile), every output summed in rows_dot_vec<W, 1>'s order.
+template <class W, int R, int C, bool TWO>
+__device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, size_t pitch, int nr,
+                                         const float* const (&xs)[C], int nc, int cols, float (&oa)[R][C],
+                                         float (&ob)[R][C]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int q = 0; q < C; q++) oa[r][q] = ob[r][q] = 0.f;
+    for (int k = lane * W::kE; k < cols; k += 32 * W::kE) {
+        float wa[R][W::kE], wb[R][W::kE];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (r < nr) {
+                W::vec(__ldg(reinterpret_cast<const uint4*>(a + r * pitch + size_t(k) * W::kSize)), wa[r]);
+                if (TWO) W::vec(__ldg(reinterpret_cast<const uint4*>(b + r * pitch + size_t(k) * W::kSize)), wb[r]);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < C; q++) {
+            if (q < nc) {
+                float xv[W::kE];
+                const float4* xp = reinterpret_cast<const float4*>(xs[q] + k);
+#pragma unroll
+                for (int f = 0; f < W::kE / 4; f++) {
+                    const float4 t = __ldg(xp + f);
+                    xv[4 * f] = t.x;
+                    xv[4 * f + 1] = t.y;
+                    xv[4 * f + 2] = t.z;
+                    xv[4 * f + 3] = t.w;
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (r < nr) {
+#pragma unroll
+                        for (int c = 0; c < W::kE; c++) {
+                            oa[r][q] = fmaf(wa[r][c], xv[c], oa[r][q]);
+                            if (TWO) ob[r][q] = fmaf(wb[r][c], xv[c], ob[r][q]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int q = 0; q < C; q++) {
+            oa[r][q] = warp_sum(oa[r][q]);
+            if (TWO) ob[r][q] = warp_sum(ob[r][q]);
+        }
+    }
+}
+
+// moe_gt: the grouped GEMV as register tiles, for many slots. Block
+// (x, y) takes weight rows [x·8R, x·8R + 8R), R a warp, and the slots at
+// sorted places [y·sb, y·sb + sb); a warp runs its rows of an expert
+// against up to C of that expert's slots at once. GU: the gate and up rows
+// (weights 3e, 3e + 1) against x[t / k], out = h (slots, nrows = inter)
+// the SwiGLU; else the down rows (3e + 2) against in[t], out = ye (slots,
+// nrows = hidden) each slot's expert output, which ferrite_moe_combine
+// adds up. An id outside [0, experts) writes NaN into its slot's row.
+template <int R, int C, bool GU>
+__device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
+                       int experts, int k, int slots, int sb, float limit) {
+    __shared__ int sid[kMoeGvSlots], srt[kMoeGvSlots];
+    int v0, nv;
+    gv_sort(sid, srt, nullptr, ids, slots, experts, k, &v0, &nv);
+    const int lane = threadIdx.x & 31;
+    const int r0 = blockIdx.x * (kMoeGvRows * R) + (threadIdx.x >> 5) * R;
+    if (r0 >= nrows) return;
+    const int nr = min(R, nrows - r0);
+    const int s0 = blockIdx.y * sb, s1 = min(s0 + sb, slots);
+    for (int p = s0 + lane; p < s1; p += 32) {
+        if (p < v0 || p >= v0 + nv) {
+            for (int r = 0; r < nr; r++) out[size_t(srt[p]) * nrows + r0 + r] = __int_as_float(0x7fc00000);
+        }
+    }
+    const bool xal = (uintptr_t(in) & 15) == 0 && (in_stride & 3) == 0;
+    const int p1 = min(s1, v0 + nv);
+    for (int p = max(s0, v0); p < p1;) {
+        const int e = sid[srt[p]];
+        int nc = 1;
+        while (nc < C && p + nc < p1 && sid[srt[p + nc]] == e) nc++;
+        int sl[C];
+        const float* xs[C];
+#pragma unroll
+        for (int q = 0; q < C; q++) {
+            sl[q] = srt[p + min(q, nc - 1)];
+            xs[q] = in + size_t(GU ? sl[q] / k : sl[q]) * in_stride;
+        }
+        const MatDesc ma = table[3 * e + (GU ? 0 : 2)];
+        const MatDesc mb = table[3 * e + 1];
+        const float* unused;
+        const uint8_t* ra = mat_row(ma, r0, &unused);
+        const uint8_t* rb = GU ? mat_row(mb, r0, &unused) : ra;
+        const size_t pitch = size_t(ma.cols) * (ma.dtype == kF32 ? 4 : 2);
+        // The rows of a view are pitch apart unless the weight is F8E4M3
+        // (never vec_ok); the last row is checked for alignment as the first.
+        bool fast = vec_ok(ma, ra, xal) && (!GU || (vec_ok(mb, rb, xal) && mb.dtype == ma.dtype && mb.cols == ma.cols));
+        float oa[R][C], ob[R][C];
+        if (fast && ma.dtype == kBF16) tile_dot<BF16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else if (fast && ma.dtype == kF16) tile_dot<F16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else if (fast && ma.dtype == kF32) tile_dot<F32W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int q = 0; q < C; q++) {
+                    if (r < nr && q < nc) {
+                        const float* x1[1] = {xs[q]};
+                        float a1[1], b1[1];
+                        desc_dot<1>(ma, GU ? &mb : nullptr, r0 + r, x1, 1, xal, a1, b1);
+                        oa[r][q] = a1[0];
+                        ob[r][q] = b1[0];
+                    }
+                }
+            }
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int q = 0; q < C; q++) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (q < nc && r < nr)
+                        out[size_t(sl[q]) * nrows + r0 + r] = GU ? swiglu_clamp1(oa[r][q], ob[r][q], limit) : oa[r][q];
+                }
+            }
+        }
+        p += nc;
+    }
+}
+
 }  // namespace
 
 // Gate/up: h (n·k, inter) from x (n, hidden), sorted slots [y·sb, y·sb +
@@ -761,6 +901,24 @@ FERRITE_MOE_GV_GATE_UP(ferrite_moe_gv_gate_up_p2_u4, 2, 4)
     }
 FERRITE_MOE_GV_DOWN(ferrite_moe_gv_down_p8_u2, 8, 2)
 FERRITE_MOE_GV_DOWN(ferrite_moe_gv_down_p4_u4, 4, 4)
+
+// The register-tile form (moe_gt) for many slots: gate/up into h (n·k,
+// inter) from x (n, hidden), 2 rows a warp; down into ye (n·k, hidden) from
+// h, 4 rows a warp; then ferrite_moe_combine. Launch: grid (ceil(rows /
+// (8·R)), ceil(n·k / sb)), 256 threads; n·k ≤ 256.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_gt_gate_up(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,
+                           int experts, int k, int slots, int sb, float limit) {
+    FERRITE_PDL_WAIT();
+    moe_gt<2, 4, true>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_gt_down(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,
+                        int experts, int k, int slots, int sb) {
+    FERRITE_PDL_WAIT();
+    moe_gt<4, 4, false>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);
+}
 
 // ---------------------------------------------------------------------------
 // Grouped experts for many tokens (prefill): the slots sorted by expert,
