@@ -210,9 +210,9 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // replayed as a CUDA graph: n tokens a step, the grouped GEMV up to
 // moeGEMVTokens, the sorted tiles above. Variants: "v1" the first grouped
 // GEMV kernels (FERRITE_MOE_KERNELS=v1) a slot a pass, "v1-8-slot" up to 8
-// slots of an expert a pass, "sb=all" the grouped GEMV with every slot in
-// each gate/up block (each expert row read once a call), "tiles" the
-// sorted tiles at a grouped-GEMV size. µs/layer is the step over the
+// slots of an expert a pass, "gv" and "gt" the grouped GEMV's row-a-warp
+// and register-tile forms where the other is the default, "tiles" the
+// prefill path's sorted tiles at a grouped-GEMV size. µs/layer is the step over the
 // layers; GB/s counts the chosen experts' weight bytes (distinct experts of
 // the step's tokens) over the step's wall time, TFLOP/s the slots'
 // multiply-adds.
@@ -275,8 +275,12 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 				vs = append(vs, variant{"/v1-8-slot", moeConfig{v1: true, slots8: true}})
 			}
 		}
-		if n > 1 && n <= moeGEMVTokens {
-			vs = append(vs, variant{"/sb=all", moeConfig{sb: n * k}})
+		if n <= moeGEMVTokens && n*k <= moeGEMVSlots {
+			if (moeConfig{}).useTiles(n * k) {
+				vs = append(vs, variant{"/gv", moeConfig{tiles: moeGEMVSlots + 1}})
+			} else {
+				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}})
+			}
 		}
 		if n > moeFewTokens && n <= moeGEMVTokens {
 			vs = append(vs, variant{"/tiles", moeConfig{few: moeFewTokens}})

@@ -749,6 +749,7 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int q = 0; q < C; q++) oa[r][q] = ob[r][q] = 0.f;
+#pragma unroll 2
     for (int k = lane * W::kE; k < cols; k += 32 * W::kE) {
         float wa[R][W::kE], wb[R][W::kE];
 #pragma unroll
