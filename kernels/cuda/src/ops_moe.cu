@@ -4,15 +4,24 @@
 // the sources in name order) and uses its helpers (elem, swiglu1,
 // warp_max, warp_sum_f64) and gemv.cu's weight decoders.
 //
-// Experts has two paths. A few tokens (decode: at most 8, kernels/cuda's
-// moeFewTokens) run the grouped kernels ferrite_moe_few_*: one launch for
-// gate/up with the SwiGLU fused, one for down with the routing weights and
-// the sum over a token's experts fused, each expert's weights read once per
-// launch whatever the number of tokens that chose it. More tokens
+// Experts has three paths. A few tokens (decode and speculative
+// verification: at most 32 tokens and 256 slots, kernels/cuda's
+// moeGEMVTokens) run the grouped GEMV, ferrite_moe_gv_*: every block sorts
+// the slots by expert in shared memory, one launch computes gate/up with
+// the SwiGLU fused and one down with the routing weights and the sum over a
+// token's experts fused, each chosen expert's rows read once whatever the
+// number of tokens that chose it. From 64 slots its register-tile form,
+// ferrite_moe_gt_*, runs instead (several rows a warp against several
+// slots of an expert, so that the activations are not read once per
+// weight row), then ferrite_moe_combine. Both sum every output as the one
+// token kernels do, so a token's bits do not depend on the batch
+// (kernels.RowExact). The first grouped GEMV, ferrite_moe_few_* (up to 8
+// tokens), stays for comparison (FERRITE_MOE_KERNELS=v1). More tokens
 // (prefill) are sorted by expert on the device (ferrite_moe_sort) and run
 // as tiled grouped GEMMs, 64 slots by 64 weight rows a block
-// (ferrite_moe_tile_*), each expert's weights read once per 64 of its
-// slots, then ferrite_moe_combine adds each token's experts.
+// (ferrite_moe_tile_*, or on tensor cores ferrite_moe_mma_*), each
+// expert's weights read once per 64 of its slots, then ferrite_moe_combine
+// adds each token's experts.
 #include <stdint.h>
 
 // Router, one warp per token: scores (softmax over the experts, or sigmoid
