@@ -121,7 +121,6 @@ var driver struct {
 	// Optional (0 when the driver lacks them): what the chat reports, never
 	// needed to run; cuLaunchKernelEx for programmatic dependent launch.
 	cuMemGetInfo, cuLaunchKernelEx uintptr
-	cuFuncGetAttribute             uintptr // kernel registers and local memory (tests)
 }
 
 // errNoDriver wraps every failure to load libcuda.so.1.
@@ -161,8 +160,7 @@ func loadDriver() error {
 		if driver.err != nil {
 			return
 		}
-		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo, "cuLaunchKernelEx": &d.cuLaunchKernelEx,
-			"cuFuncGetAttribute": &d.cuFuncGetAttribute})
+		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo, "cuLaunchKernelEx": &d.cuLaunchKernelEx})
 		if err := check("cuInit", call(d.cuInit, 0)); err != nil {
 			driver.err = err
 			return

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync"
 	"unsafe"
+
+	"github.com/ebitengine/purego"
 )
 
 // moeConfig picks Experts' kernels for a few tokens. A new Backend takes
@@ -119,12 +122,27 @@ func (c moeConfig) gemvLaunch(n, k, inter, sms int) (gateUp string, sb, gy int, 
 	return gateUp, sb, ceilDiv(slots, sb), down
 }
 
+// funcGetAttribute is the driver's cuFuncGetAttribute, looked up on first
+// use (0 when the driver lacks it): only tests ask for kernel resources.
+var funcGetAttribute = sync.OnceValue(func() uintptr {
+	lib, err := dlopen("libcuda.so.1", "libcuda.so")
+	if err != nil {
+		return 0
+	}
+	fn, err := purego.Dlsym(lib, "cuFuncGetAttribute")
+	if err != nil {
+		return 0
+	}
+	return fn
+})
+
 // kernelResources returns kernel name's registers a thread and local
 // memory (spills) a thread in bytes (cuFuncGetAttribute), for tests that
 // report what the compiler made of a kernel.
 func (d *Device) kernelResources(name string) (regs, local int, err error) {
 	const attrLocalBytes, attrNumRegs = 3, 4
-	if driver.cuFuncGetAttribute == 0 {
+	get := funcGetAttribute()
+	if get == 0 {
 		return 0, 0, fmt.Errorf("cuda: the driver has no cuFuncGetAttribute")
 	}
 	err = d.do(func() error {
@@ -133,10 +151,10 @@ func (d *Device) kernelResources(name string) (regs, local int, err error) {
 			return fmt.Errorf("cuda: no kernel %s", name)
 		}
 		var r, l int32
-		if err := check("cuFuncGetAttribute", call(driver.cuFuncGetAttribute, uintptr(unsafe.Pointer(&r)), attrNumRegs, f)); err != nil {
+		if err := check("cuFuncGetAttribute", call(get, uintptr(unsafe.Pointer(&r)), attrNumRegs, f)); err != nil {
 			return err
 		}
-		if err := check("cuFuncGetAttribute", call(driver.cuFuncGetAttribute, uintptr(unsafe.Pointer(&l)), attrLocalBytes, f)); err != nil {
+		if err := check("cuFuncGetAttribute", call(get, uintptr(unsafe.Pointer(&l)), attrLocalBytes, f)); err != nil {
 			return err
 		}
 		regs, local = int(r), int(l)
