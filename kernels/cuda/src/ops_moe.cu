@@ -24,6 +24,14 @@
 // adds each token's experts.
 #include <stdint.h>
 
+// route_key maps a selection value to an unsigned key in the same order
+// (−0 as +0), and NaN (taken) to 0, below every number.
+__device__ inline unsigned route_key(float v) {
+    if (v != v) return 0u;
+    const unsigned u = __float_as_uint(v == 0.f ? 0.f : v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 // Router, one warp per token: scores (softmax over the experts, or sigmoid
 // plus a selection bias with grouped noaux_tc selection), the top k by
 // repeated arg-max with ties to the lower expert id, and their weights,
@@ -97,32 +105,28 @@ extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int
             if (!((kept >> (j / per)) & 1)) ch[j] = -INFINITY;
         __syncwarp();
     }
+    // k rounds of arg-max over the selection values, each a warp max of
+    // order-preserving keys (redux.sync) and the lowest expert id that has
+    // it. Lane l owns the experts l, l + 32, …: only it reads or marks them,
+    // so the rounds need no shared-memory fences. A taken or NaN value
+    // keys 0, below every number (−inf included); with nothing left the
+    // id is −1.
     for (int r = 0; r < k; r++) {
-        float bv = 0.f;
-        int bi = -1;
+        unsigned bk = 0, bi = 0xffffffffu;
         for (int j = lane; j < experts; j += 32) {
-            const float v = ch[j];
-            if (v != v) continue;  // taken
-            if (bi < 0 || v > bv) {
-                bv = v;
+            const unsigned key = route_key(ch[j]);
+            if (key > bk) {
+                bk = key;
                 bi = j;
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        if (lane == 0) {
-            sel[r] = bi;
-            if (bi >= 0) ch[bi] = __int_as_float(0x7fc00000);
-        }
-        __syncwarp();
+        const unsigned mk = __reduce_max_sync(0xffffffffu, bk);
+        const unsigned mi = __reduce_min_sync(0xffffffffu, bk == mk ? bi : 0xffffffffu);
+        const int pick = mk == 0 ? -1 : int(mi);
+        if (lane == 0) sel[r] = pick;
+        if (pick >= 0 && (pick & 31) == lane) ch[pick] = __int_as_float(0x7fc00000);
     }
+    __syncwarp();
     if (lane == 0) {
         double sum = 0;
         for (int r = 0; r < k; r++) sum += double(sc[max(sel[r], 0)]);
