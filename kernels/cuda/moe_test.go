@@ -337,7 +337,7 @@ func randomMats() func(rows, cols int) *kernels.Mat {
 // PrepareQKV), no engine: random bf16 weights made on the device (61 GB),
 // 512 cached positions in a bf16 KV cache, the step replayed as a CUDA
 // graph. "moe" runs only each layer's router, Route and Experts, "attn"
-// everything else. ms/step is host wall time from BeginStep to the end of
+// everything else; "/v1" with the first grouped GEMV kernels. ms/step is host wall time from BeginStep to the end of
 // EndStep; GB/s counts the weight bytes a step reads (the experts its
 // routing chose, distinct per layer).
 func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
@@ -398,7 +398,10 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 	for _, c := range []struct {
 		name      string
 		attn, moe bool
-	}{{"all", true, true}, {"moe", false, true}, {"attn", true, false}} {
+		v1        bool // the first grouped GEMV kernels (FERRITE_MOE_KERNELS=v1)
+	}{{"all", true, true, false}, {"moe", false, true, false}, {"attn", true, false, false},
+		{"all/v1", true, true, true}, {"moe/v1", false, true, true}} {
+		be.moe = moeConfig{v1: c.v1}
 		step := func() {
 			be.BeginStep()
 			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
