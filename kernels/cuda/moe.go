@@ -53,7 +53,7 @@ const (
 	moeGEMVTokens = 32
 	moeGEMVSlots  = 256
 	moeGEMVRows   = 8
-	moeTileSlots  = 64
+	moeTileSlots  = 32
 	moeGTRowsGU   = 2 * moeGEMVRows // gate/up rows a ferrite_moe_gt_gate_up block
 	moeGTRowsDown = 4 * moeGEMVRows // down rows a ferrite_moe_gt_down block
 )

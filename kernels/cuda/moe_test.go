@@ -64,8 +64,11 @@ func TestOpsExpertsPaths(t *testing.T) {
 		checkExperts(t, b, fmt.Sprint("mixed/n=", n), mixed, n, 4, rng)
 	}
 	checkExperts(t, b, "bf16/n=16", bf16, 16, 4, rng) // 64 slots: the register tiles
-	for _, c := range []moeConfig{{pass: 2}, {pass: 4}, {pass: 8, sb: 8}, {pass: 8, sb: 256}, {pass: 2, sb: 3},
-		{tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7}, {tiles: 1, sb: 256}} {
+	checkExperts(t, b, "bf16/n=4", bf16, 4, 4, rng)   // 16: the row-a-warp form
+	const gv = moeGEMVSlots + 1 // never the register tiles
+	for _, c := range []moeConfig{{pass: 2, tiles: gv}, {pass: 4, tiles: gv}, {pass: 8, sb: 8, tiles: gv},
+		{pass: 8, sb: 256, tiles: gv}, {pass: 2, sb: 3, tiles: gv}, {tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7},
+		{tiles: 1, sb: 256}} {
 		b.moe = c
 		for _, n := range []int{1, 5, moeGEMVTokens} {
 			checkExperts(t, b, fmt.Sprintf("mixed/pass=%d/sb=%d/n=%d", c.pass, c.sb, n), mixed, n, 4, rng)
@@ -131,8 +134,9 @@ func TestOpsExpertsRowExact(t *testing.T) {
 	for i := range n {
 		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	for _, c := range []moeConfig{{}, {pass: 2}, {pass: 4, sb: 5}, {pass: 8, sb: 48}, {tiles: 1}, {tiles: 1, sb: 5},
-		{v1: true}, {v1: true, slots8: true}} {
+	const gv = moeGEMVSlots + 1 // never the register tiles
+	for _, c := range []moeConfig{{}, {pass: 2, tiles: gv}, {pass: 4, sb: 5, tiles: gv}, {pass: 8, sb: 48, tiles: gv},
+		{tiles: 1}, {tiles: 1, sb: 5}, {v1: true}, {v1: true, slots8: true}} {
 		b.moe = c
 		for _, rows := range []int{2, 8, n} {
 			if c.v1 && rows > moeFewTokens {

@@ -10,7 +10,7 @@
 // the slots by expert in shared memory, one launch computes gate/up with
 // the SwiGLU fused and one down with the routing weights and the sum over a
 // token's experts fused, each chosen expert's rows read once whatever the
-// number of tokens that chose it. From 64 slots its register-tile form,
+// number of tokens that chose it. From 32 slots its register-tile form,
 // ferrite_moe_gt_*, runs instead (several rows a warp against several
 // slots of an expert, so that the activations are not read once per
 // weight row), then ferrite_moe_combine. Both sum every output as the one
