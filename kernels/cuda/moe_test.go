@@ -65,7 +65,7 @@ func TestOpsExpertsPaths(t *testing.T) {
 	}
 	checkExperts(t, b, "bf16/n=16", bf16, 16, 4, rng) // 64 slots: the register tiles
 	checkExperts(t, b, "bf16/n=4", bf16, 4, 4, rng)   // 16: the row-a-warp form
-	const gv = moeGEMVSlots + 1 // never the register tiles
+	const gv = moeGEMVSlots + 1                       // never the register tiles
 	for _, c := range []moeConfig{{pass: 2, tiles: gv}, {pass: 4, tiles: gv}, {pass: 8, sb: 8, tiles: gv},
 		{pass: 8, sb: 256, tiles: gv}, {pass: 2, sb: 3, tiles: gv}, {tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7},
 		{tiles: 1, sb: 256}} {
