@@ -22,6 +22,7 @@ type moeConfig struct {
 	pass   int  // FERRITE_MOE_PASS: gate/up slots a pass, 2, 4 or 8 (0: by the block's slots)
 	sb     int  // FERRITE_MOE_SB: gate/up slots a block (0: enough blocks for twice the SMs)
 	tiles  int  // FERRITE_MOE_TILES: the fewest slots that take the register tiles (0: moeTileSlots)
+	gt     int  // FERRITE_MOE_GT: the register tiles' rows a warp, −1 half, +1 double the default (0)
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -36,6 +37,12 @@ func moeConfigFromEnv() moeConfig {
 	}
 	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB"),
 		tiles: num("FERRITE_MOE_TILES")}
+	switch os.Getenv("FERRITE_MOE_GT") {
+	case "half":
+		c.gt = -1
+	case "double":
+		c.gt = 1
+	}
 	if p := num("FERRITE_MOE_PASS"); p == 2 || p == 4 || p == 8 {
 		c.pass = p
 	}
@@ -45,18 +52,28 @@ func moeConfigFromEnv() moeConfig {
 // The grouped GEMV (src/ops_moe.cu's ferrite_moe_gv_*) takes up to
 // moeGEMVTokens tokens and moeGEMVSlots slots (tokens · top k) a call;
 // its blocks are 256 threads, one weight row a warp. From moeTileSlots
-// slots its register-tile form (ferrite_moe_gt_*) runs instead: 2 gate/up
-// rows or 4 down rows a warp against up to 4 slots of one expert, each
-// weight load serving every slot and each slot's load every row; its down
-// kernel writes each slot's output and ferrite_moe_combine adds them.
+// slots its register-tile form (ferrite_moe_gt_*) runs instead: several
+// rows a warp (gtLaunch) against up to 4 slots of one expert, each weight
+// load serving every slot and each slot's load every row; its down kernel
+// writes each slot's output and ferrite_moe_combine adds them.
 const (
 	moeGEMVTokens = 32
 	moeGEMVSlots  = 256
 	moeGEMVRows   = 8
 	moeTileSlots  = 32
-	moeGTRowsGU   = 2 * moeGEMVRows // gate/up rows a ferrite_moe_gt_gate_up block
-	moeGTRowsDown = 4 * moeGEMVRows // down rows a ferrite_moe_gt_down block
 )
+
+// gtLaunch names the register tiles' kernels and their weight rows a
+// block (8 warps of R rows): gate/up R = 2, down R = 4 by default.
+func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows int) {
+	switch c.gt {
+	case -1:
+		return "ferrite_moe_gt_gate_up_r1", 1 * moeGEMVRows, "ferrite_moe_gt_down_r2", 2 * moeGEMVRows
+	case 1:
+		return "ferrite_moe_gt_gate_up_r4", 4 * moeGEMVRows, "ferrite_moe_gt_down_r8", 8 * moeGEMVRows
+	}
+	return "ferrite_moe_gt_gate_up_r2", 2 * moeGEMVRows, "ferrite_moe_gt_down_r4", 4 * moeGEMVRows
+}
 
 // useTiles reports whether n·k slots take the register tiles.
 func (c moeConfig) useTiles(slots int) bool {

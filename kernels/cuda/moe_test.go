@@ -68,7 +68,7 @@ func TestOpsExpertsPaths(t *testing.T) {
 	const gv = moeGEMVSlots + 1                       // never the register tiles
 	for _, c := range []moeConfig{{pass: 2, tiles: gv}, {pass: 4, tiles: gv}, {pass: 8, sb: 8, tiles: gv},
 		{pass: 8, sb: 256, tiles: gv}, {pass: 2, sb: 3, tiles: gv}, {tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7},
-		{tiles: 1, sb: 256}} {
+		{tiles: 1, sb: 256}, {tiles: 1, gt: -1}, {tiles: 1, gt: 1, sb: 5}} {
 		b.moe = c
 		for _, n := range []int{1, 5, moeGEMVTokens} {
 			checkExperts(t, b, fmt.Sprintf("mixed/pass=%d/sb=%d/n=%d", c.pass, c.sb, n), mixed, n, 4, rng)
@@ -136,7 +136,7 @@ func TestOpsExpertsRowExact(t *testing.T) {
 	}
 	const gv = moeGEMVSlots + 1 // never the register tiles
 	for _, c := range []moeConfig{{}, {pass: 2, tiles: gv}, {pass: 4, sb: 5, tiles: gv}, {pass: 8, sb: 48, tiles: gv},
-		{tiles: 1}, {tiles: 1, sb: 5}, {v1: true}, {v1: true, slots8: true}} {
+		{tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: -1}, {tiles: 1, gt: 1}, {v1: true}, {v1: true, slots8: true}} {
 		b.moe = c
 		for _, rows := range []int{2, 8, n} {
 			if c.v1 && rows > moeFewTokens {
@@ -215,7 +215,9 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // moeGEMVTokens, the sorted tiles above. Variants: "v1" the first grouped
 // GEMV kernels (FERRITE_MOE_KERNELS=v1) a slot a pass, "v1-8-slot" up to 8
 // slots of an expert a pass, "gv" and "gt" the grouped GEMV's row-a-warp
-// and register-tile forms where the other is the default, "tiles" the
+// and register-tile forms where the other is the default, "gt-half" and
+// "gt-double" the register tiles with half and twice the rows a warp
+// (FERRITE_MOE_GT), "tiles" the
 // prefill path's sorted tiles at a grouped-GEMV size. µs/layer is the step over the
 // layers; GB/s counts the chosen experts' weight bytes (distinct experts of
 // the step's tokens) over the step's wall time, TFLOP/s the slots'
@@ -281,7 +283,8 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 		}
 		if n <= moeGEMVTokens && n*k <= moeGEMVSlots {
 			if (moeConfig{}).useTiles(n * k) {
-				vs = append(vs, variant{"/gv", moeConfig{tiles: moeGEMVSlots + 1}})
+				vs = append(vs, variant{"/gv", moeConfig{tiles: moeGEMVSlots + 1}},
+					variant{"/gt-half", moeConfig{gt: -1}}, variant{"/gt-double", moeConfig{gt: 1}})
 			} else {
 				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}})
 			}

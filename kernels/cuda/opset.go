@@ -790,13 +790,14 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	if n <= b.moe.gemvTokens(k) && !b.moe.v1 && b.moe.useTiles(n*k) {
 		slots, sms := n*k, b.dev.SMs
 		ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
-		sbu := b.moe.blockSlots(slots, inter, moeGTRowsGU, 1, sms)
-		sbd := b.moe.blockSlots(slots, hidden, moeGTRowsDown, 1, sms)
+		gateUp, guRows, down, downRows := b.moe.gtLaunch()
+		sbu := b.moe.blockSlots(slots, inter, guRows, 1, sms)
+		sbd := b.moe.blockSlots(slots, hidden, downRows, 1, sms)
 		b.queue(func(d *Device) error {
-			err := d.launch3L("ferrite_moe_gt_gate_up", [3]uint32{uint32(ceilDiv(inter, moeGTRowsGU)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
+			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
 				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit))
 			if err == nil {
-				err = d.launch3L("ferrite_moe_gt_down", [3]uint32{uint32(ceilDiv(hidden, moeGTRowsDown)), uint32(ceilDiv(slots, sbd)), 1}, 256, 0,
+				err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, downRows)), uint32(ceilDiv(slots, sbd)), 1}, 256, 0,
 					ye, i32(hidden), h, i32(inter), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbd))
 			}
 			if err != nil {

@@ -762,7 +762,9 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int q = 0; q < C; q++) oa[r][q] = ob[r][q] = 0.f;
-#pragma unroll 2
+    // Two strides' loads in flight while the tile's weights fit.
+    constexpr int kUnroll = R * (TWO ? 2 : 1) <= 4 ? 2 : 1;
+#pragma unroll kUnroll
     for (int k = lane * W::kE; k < cols; k += 32 * W::kE) {
         float wa[R][W::kE], wb[R][W::kE];
 #pragma unroll
@@ -916,23 +918,33 @@ FERRITE_MOE_GV_GATE_UP(ferrite_moe_gv_gate_up_p2_u4, 2, 4)
 FERRITE_MOE_GV_DOWN(ferrite_moe_gv_down_p8_u2, 8, 2)
 FERRITE_MOE_GV_DOWN(ferrite_moe_gv_down_p4_u4, 4, 4)
 
-// The register-tile form (moe_gt) for many slots: gate/up into h (n·k,
-// inter) from x (n, hidden), 2 rows a warp; down into ye (n·k, hidden) from
-// h, 4 rows a warp; then ferrite_moe_combine. Launch: grid (ceil(rows /
-// (8·R)), ceil(n·k / sb)), 256 threads; n·k ≤ 256.
-extern "C" __global__ void __launch_bounds__(256)
-    ferrite_moe_gt_gate_up(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,
-                           int experts, int k, int slots, int sb, float limit) {
-    FERRITE_PDL_WAIT();
-    moe_gt<2, 4, true>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);
-}
+// The register-tile form (moe_gt) for many slots, R weight rows a warp
+// against up to 4 slots of an expert: gate/up into h (n·k, inter) from x
+// (n, hidden); down into ye (n·k, hidden) from h, then
+// ferrite_moe_combine. Launch: grid (ceil(rows / (8·R)), ceil(n·k / sb)),
+// 256 threads; n·k ≤ 256. kernels/cuda runs gate/up with R = 2 and down
+// with R = 4 unless FERRITE_MOE_GT picks the halves or the doubles.
+#define FERRITE_MOE_GT_GATE_UP(name, R)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                                    \
+        name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,     \
+             int experts, int k, int slots, int sb, float limit) {                                       \
+        FERRITE_PDL_WAIT();                                                                              \
+        moe_gt<R, 4, true>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);              \
+    }
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4)
 
-extern "C" __global__ void __launch_bounds__(256)
-    ferrite_moe_gt_down(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,
-                        int experts, int k, int slots, int sb) {
-    FERRITE_PDL_WAIT();
-    moe_gt<4, 4, false>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);
-}
+#define FERRITE_MOE_GT_DOWN(name, R)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                    \
+        name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,      \
+             int experts, int k, int slots, int sb) {                                                    \
+        FERRITE_PDL_WAIT();                                                                              \
+        moe_gt<R, 4, false>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);                \
+    }
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8)
 
 // ---------------------------------------------------------------------------
 // Grouped experts for many tokens (prefill): the slots sorted by expert,
