@@ -179,3 +179,9 @@ func (d *Device) kernelResources(name string) (regs, local int, err error) {
 	})
 	return regs, local, err
 }
+
+// FoldsSharedExperts implements kernels.SharedExperts: the grouped GEMV
+// reads a shared expert's rows once for all the tokens, in the same two
+// launches as the routed experts (FERRITE_MOE_FOLD=0 keeps them apart, for
+// comparison; it is read when a model is loaded).
+func (b *Backend) FoldsSharedExperts() bool { return os.Getenv("FERRITE_MOE_FOLD") != "0" }

@@ -634,8 +634,8 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	f32Contig("Route", logits, w)
 	n, e := logits.Rows, logits.Cols
-	index("Route", ids, n, r.TopK)
-	if w.Rows != n || w.Cols != r.TopK || r.TopK <= 0 || r.TopK > 64 || r.TopK > e || r.Groups > 64 {
+	index("Route", ids, n, r.Width())
+	if w.Rows != n || w.Cols != r.Width() || r.TopK <= 0 || r.TopK > 64 || r.TopK > e || r.Groups > 64 || r.Shared < 0 {
 		panic("cuda: Route shapes do not match")
 	}
 	groups, keep := r.Groups, r.TopKGroups
@@ -653,7 +653,8 @@ func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	ip, wp, lp := dptr(ids), dptr(w), dptr(logits)
 	b.queue(func(d *Device) error {
 		return d.launchL("ferrite_route", uint32(n), 32, smem, ip, i32(ids.Stride), wp, i32(w.Stride), lp, i32(logits.Stride), bias,
-			i32(n), i32(e), i32(r.TopK), b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(groups), i32(keep))
+			i32(n), i32(e), i32(r.TopK), b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(groups), i32(keep),
+			i32(r.Shared))
 	})
 }
 

@@ -35,11 +35,13 @@ __device__ inline unsigned route_key(float v) {
 // Router, one warp per token: scores (softmax over the experts, or sigmoid
 // plus a selection bias with grouped noaux_tc selection), the top k by
 // repeated arg-max with ties to the lower expert id, and their weights,
-// exactly as kernels/ref.Route. Launch: grid n, 32 threads, dynamic shared
-// memory (2·experts + 128) · 4 bytes; experts ≥ 1, k ≤ 64, groups ≤ 64.
+// exactly as kernels/ref.Route, then the shared experts' ids experts + q
+// with weight 1 after the k routed ones. Launch: grid n, 32 threads,
+// dynamic shared memory (2·experts + 128) · 4 bytes; experts ≥ 1, k ≤ 64,
+// groups ≤ 64.
 extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int w_stride, const float* logits,
                                          int l_stride, const float* bias, int n, int experts, int k, int sigmoid,
-                                         int norm, float rscale, int groups, int keep) {
+                                         int norm, float rscale, int groups, int keep, int shared) {
     FERRITE_PDL_WAIT();
     extern __shared__ float sm[];
     float* sc = sm;               // (experts) scores
@@ -139,6 +141,10 @@ extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int
             ids[size_t(row) * ids_stride + r] = sel[r];
             w[size_t(row) * w_stride + r] = v;
         }
+    }
+    for (int q = lane; q < shared; q += 32) {
+        ids[size_t(row) * ids_stride + k + q] = experts + q;
+        w[size_t(row) * w_stride + k + q] = 1.f;
     }
 }
 
