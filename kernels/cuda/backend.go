@@ -42,11 +42,11 @@ type Backend struct {
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
-	splitKVOnly bool // Attention without the prefill kernel (its tests and benchmarks compare)
-	prefillRows int  // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
-	noMMA       bool // Experts' prefill path keeps off the tensor cores (tests)
-	rowExact    bool // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
-	moeSlots8   bool // Experts' grouped GEMV takes up to 8 slots of an expert a pass (tests, benchmarks)
+	splitKVOnly bool      // Attention without the prefill kernel (its tests and benchmarks compare)
+	prefillRows int       // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
+	noMMA       bool      // Experts' prefill path keeps off the tensor cores (tests)
+	rowExact    bool      // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
+	moe         moeConfig // Experts' kernels for a few tokens (moe.go)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
@@ -63,6 +63,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
 	b.graphs.enabled = graphsEnabled() && !d.Profiling()
+	b.moe = moeConfigFromEnv()
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}

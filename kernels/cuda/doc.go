@@ -19,7 +19,11 @@
 // and FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of that many rows a
 // block. FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
 // copy and memset with CUDA events into a per-kernel table (profile.go,
-// kernels.Profiler; ferrite bench prints it after each case).
+// kernels.Profiler; ferrite bench prints it after each case). A MoE layer's
+// experts are two grouped-GEMV launches for up to 32 tokens (moe.go,
+// src/ops_moe.cu), an ungated shared expert folded in (kernels.SharedExperts);
+// FERRITE_MOE_KERNELS=v1, FERRITE_MOE_FOLD=0 and the other FERRITE_MOE_*
+// switches of moeConfig pick the earlier or other variants for comparison.
 //
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and

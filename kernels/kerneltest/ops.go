@@ -502,8 +502,10 @@ func routeTest(t *testing.T, d kernels.Device) {
 		{Scoring: kernels.SoftmaxScoring, TopK: 2, NormTopK: true, Scale: 1},
 		{Scoring: kernels.SoftmaxScoring, TopK: 3, Scale: 1},
 		{Scoring: kernels.SigmoidScoring, TopK: 4, NormTopK: true, Scale: 2.5, Groups: 4, TopKGroups: 2},
+		{Scoring: kernels.SigmoidScoring, TopK: 3, NormTopK: true, Scale: 1.8, Shared: 2},
 	} {
 		const n, e = 9, 16
+		k := r.Width()
 		lv := randn(rng, n*e)
 		var bias []float32
 		if r.Scoring == kernels.SigmoidScoring {
@@ -511,26 +513,38 @@ func routeTest(t *testing.T, d kernels.Device) {
 			r.Bias = newBuf(t, d, 1, e, bias).t
 		}
 		lg := newBuf(t, d, n, e, lv)
-		ids, err := d.Alloc(kernels.I32, n, r.TopK)
+		ids, err := d.Alloc(kernels.I32, n, k)
 		if err != nil {
 			t.Fatal(err)
 		}
-		w := newBuf(t, d, n, r.TopK, nil)
+		w := newBuf(t, d, n, k, nil)
 		step(d, func() { d.Route(ids, w.t, lg.t, &r) })
-		wantID := make([]int32, n*r.TopK)
-		wantW := make([]float32, n*r.TopK)
+		wantID := make([]int32, n*k)
+		wantW := make([]float32, n*k)
 		for i := range n {
-			ref.Route(wantID[i*r.TopK:(i+1)*r.TopK], wantW[i*r.TopK:(i+1)*r.TopK], append([]float32(nil), lv[i*e:(i+1)*e]...), &r, bias)
+			ref.Route(wantID[i*k:(i+1)*k], wantW[i*k:(i+1)*k], append([]float32(nil), lv[i*e:(i+1)*e]...), &r, bias)
+			// The shared experts follow the routed ones with weight 1,
+			// which are routed as without them.
+			plainID, plainW := make([]int32, r.TopK), make([]float32, r.TopK)
+			plain := r
+			plain.Shared = 0
+			ref.Route(plainID, plainW, append([]float32(nil), lv[i*e:(i+1)*e]...), &plain, bias)
+			for j := range k {
+				id, wt := wantID[i*k+j], wantW[i*k+j]
+				if j >= r.TopK && (id != int32(e+j-r.TopK) || wt != 1) || j < r.TopK && (id != plainID[j] || wt != plainW[j]) {
+					t.Fatalf("%+v: kernels/ref.Route's row %d column %d is expert %d weight %g", r, i, j, id, wt)
+				}
+			}
 		}
 		compare(t, "weights", w.read(t, "w"), wantW, RowOpTol, rowScale(wantW))
 		// The ids are checked by gathering the rows of an identity table.
-		table := make([]float32, e)
+		table := make([]float32, e+r.Shared)
 		for i := range table {
 			table[i] = float32(i)
 		}
-		tb := newBuf(t, d, e, 1, table)
-		g := newBuf(t, d, n*r.TopK, 1, nil)
-		step(d, func() { d.GatherRows(g.t, tb.t, ids.Reshape(n*r.TopK, 1)) })
+		tb := newBuf(t, d, len(table), 1, table)
+		g := newBuf(t, d, n*k, 1, nil)
+		step(d, func() { d.GatherRows(g.t, tb.t, ids.Reshape(n*k, 1)) })
 		got := g.read(t, "ids")
 		for i, id := range wantID {
 			if got[i] != float32(id) {

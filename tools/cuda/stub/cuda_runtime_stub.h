@@ -30,6 +30,9 @@ __device__ uint2 make_uint2(unsigned, unsigned);
 __device__ float4 make_float4(float, float, float, float);
 
 __device__ void __syncthreads();
+__device__ int __syncthreads_count(int pred);
+__device__ unsigned __reduce_max_sync(unsigned mask, unsigned value);
+__device__ unsigned __reduce_min_sync(unsigned mask, unsigned value);
 __device__ void __syncwarp(unsigned mask = 0xffffffffu);
 // Warp votes, bit counts and shared-memory atomics (src/sample.cu).
 __device__ unsigned __ballot_sync(unsigned mask, int pred);
