@@ -46,6 +46,7 @@ type Backend struct {
 	noMMA       bool // Experts' prefill path keeps off the tensor cores (tests)
 	rowExact    bool // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
 	moeSlots8   bool // Experts' grouped GEMV takes up to 8 slots of an expert a pass (tests, benchmarks)
+	mlaNoTC     bool // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
