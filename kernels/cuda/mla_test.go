@@ -19,8 +19,22 @@ import (
 // blocks, 2048-wide selections, the 64×128 indexer query staged in shared
 // memory and the top-k radix select over thousands of tied columns, which
 // TestOps' small cases do not reach.
+//
+// With a BF16 cache these shapes take the tensor-core latent attention
+// (src/tensor_mla.cu) unless FERRITE_MLA_TC=0; the test fails when that
+// kernel is not planned for GLM-4.7-Flash's shape, so that a GPU with too
+// little shared memory does not pass on the CUDA-core kernels alone
+// unnoticed.
 func TestMLAWide(t *testing.T) {
 	b := openOps(t)
+	glm := kernels.MLAShape{Heads: 20, Nope: 192, Rope: 64, V: 256, KVLora: 512}
+	for _, c := range []struct{ n, keys int }{{1, 4096}, {32, 256}, {121, 1024}} {
+		plan := b.tcPlan(true, glm, c.n, c.keys)
+		t.Logf("tensor-core MLA plan, %d rows, %d keys: %+v (shared memory opt-in %d B)", c.n, c.keys, plan, b.dev.SmemOptIn)
+		if plan.nt == 0 && mlaTCEnabled {
+			t.Errorf("tensor-core MLA not planned for GLM-4.7-Flash's shape at %d rows", c.n)
+		}
+	}
 	t.Run("Sparse", func(t *testing.T) { kerneltest.SparseWide(t, b, b) })
 	t.Run("MLA", func(t *testing.T) { kerneltest.MLAWide(t, b, b) })
 }
@@ -32,7 +46,9 @@ func TestMLAWide(t *testing.T) {
 // positions each, optionally with a DSA selection of 2048 positions, or a
 // 1024-token prompt in one step (prefill). GB/s counts the latents read
 // once per row plus kv_b_proj once per step; graphs/step is 1 when the
-// steps replay a CUDA graph.
+// steps replay a CUDA graph. The cases run the default latent attention
+// (on tensor cores), and those marked cores the CUDA-core kernels too
+// ("/cores", what FERRITE_MLA_TC=0 runs).
 func BenchmarkMLADecode(b *testing.B) {
 	be := openOps(b)
 	const heads, nope, rope, dv, kl, layers, bs = 20, 192, 64, 256, 512, 47, 64
@@ -75,10 +91,12 @@ func BenchmarkMLADecode(b *testing.B) {
 		name           string
 		rows, ctx, top int
 		prefill        bool // the rows are one sequence's positions 0 … rows−1 (ctx = rows)
+		cores          bool // also time the CUDA-core kernels (FERRITE_MLA_TC=0's), "/cores"
 	}{
-		{"rows=1/ctx=4096", 1, 4096, 0, false}, {"rows=8/ctx=4096", 8, 4096, 0, false},
-		{"rows=1/ctx=32768", 1, 32768, 0, false}, {"rows=1/ctx=32768/top=2048", 1, 32768, 2048, false},
-		{"prefill/rows=1024", 1024, 1024, 0, true},
+		{"rows=1/ctx=4096", 1, 4096, 0, false, true}, {"rows=8/ctx=4096", 8, 4096, 0, false, false},
+		{"rows=32/ctx=192", 32, 192, 0, false, true},
+		{"rows=1/ctx=32768", 1, 32768, 0, false, false}, {"rows=1/ctx=32768/top=2048", 1, 32768, 2048, false, false},
+		{"prefill/rows=1024", 1024, 1024, 0, true, false},
 	} {
 		nb, seqs := c.ctx/bs, c.rows
 		if c.prefill {
@@ -138,35 +156,46 @@ func BenchmarkMLADecode(b *testing.B) {
 			}
 			be.EndStep()
 		}
-		b.Run(c.name, func(b *testing.B) {
-			step() // warm up; with graphs the second step is captured
-			step()
-			_, replays0, gerr := be.GraphStats()
-			b.ResetTimer()
-			start := time.Now()
-			for range b.N {
+		for _, cores := range []bool{false, true} {
+			if cores && !c.cores {
+				continue
+			}
+			name := c.name
+			if cores {
+				name += "/cores"
+			}
+			be.mlaNoTC = cores
+			b.Run(name, func(b *testing.B) {
+				step() // warm up; with graphs the second step is captured
 				step()
-			}
-			sec := time.Since(start).Seconds() / float64(b.N)
-			if err := be.Err(); err != nil {
-				b.Fatal(err)
-			}
-			_, replays, _ := be.GraphStats()
-			if gerr != nil {
-				b.Logf("graphs: %v", gerr)
-			}
-			b.ReportMetric(float64(replays-replays0)/float64(b.N), "graphs/step")
-			keys := c.ctx
-			switch {
-			case c.top > 0:
-				keys = c.top
-			case c.prefill:
-				keys = (c.ctx + 1) / 2 // on average
-			}
-			bytes := float64(layers) * (float64(c.rows*keys*kw*2) + float64(kvB.Rows*kvB.Cols*2))
-			b.ReportMetric(sec*1e6/layers, "us/layer")
-			b.ReportMetric(bytes/sec/1e9, "GB/s")
-		})
+				_, replays0, gerr := be.GraphStats()
+				b.ResetTimer()
+				start := time.Now()
+				for range b.N {
+					step()
+				}
+				sec := time.Since(start).Seconds() / float64(b.N)
+				if err := be.Err(); err != nil {
+					b.Fatal(err)
+				}
+				_, replays, _ := be.GraphStats()
+				if gerr != nil {
+					b.Logf("graphs: %v", gerr)
+				}
+				b.ReportMetric(float64(replays-replays0)/float64(b.N), "graphs/step")
+				keys := c.ctx
+				switch {
+				case c.top > 0:
+					keys = c.top
+				case c.prefill:
+					keys = (c.ctx + 1) / 2 // on average
+				}
+				bytes := float64(layers) * (float64(c.rows*keys*kw*2) + float64(kvB.Rows*kvB.Cols*2))
+				b.ReportMetric(sec*1e6/layers, "us/layer")
+				b.ReportMetric(bytes/sec/1e9, "GB/s")
+			})
+		}
+		be.mlaNoTC = false
 		for _, kc := range caches {
 			be.Free(kc)
 		}
