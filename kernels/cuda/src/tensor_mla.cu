@@ -90,18 +90,23 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
     const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
     const int ntiles = k1 > k0 ? (k1 - k0 + kTcKeys - 1) / kTcKeys : 0;
 
-    // load issues the copy of tile j's cache rows into buffer buf: thread
-    // tid copies chunks (tid & 7) + 8c of key tid >> 3; a key without a
-    // slot (past k1, −1 in the selection, past the row's position) is
-    // zeros and marked invalid.
-    auto load = [&](int j, int buf) {
-        const int key = tid >> 3;
-        const int kj = k0 + j * kTcKeys + key;
+    // Thread tid copies chunks (tid & 7) + 8c of key tid >> 3 of a tile.
+    // slot_of is that key's cache slot in tile j, −1 for none (past the
+    // tile count or k1, −1 in the selection, past the row's position): it
+    // is read a tile ahead of issue, so that the copies do not wait on the
+    // block table. issue starts the copy of a tile into buffer buf, zeros
+    // for a key without a slot, and marks the key valid or not.
+    auto slot_of = [&](int j) {
+        const int kj = k0 + j * kTcKeys + (tid >> 3);
         int s = -1;
-        if (kj < k1) {
+        if (j < ntiles && kj < k1) {
             const int p = sel ? sel[kj] : kj;
             if (p >= 0 && p <= p_max) s = bt[p / a.bs] * a.bs + p % a.bs;
         }
+        return s;
+    };
+    auto issue = [&](int s, int buf) {
+        const int key = tid >> 3;
         if ((tid & 7) == 0) sValid[buf * kTcKeys + key] = s >= 0;
         const uint16_t* src = static_cast<const uint16_t*>(a.cache) + size_t(max(s, 0)) * kTcKW;
         uint16_t* dst = sC + (buf * kTcKeys + key) * kTcStride;
@@ -111,14 +116,20 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
             cp16(smem_addr(dst + part * 8), src + part * 8, s >= 0 ? 16 : 0);
         }
     };
-    if (ntiles > 0) load(0, 0);
+    if (ntiles > 0) issue(slot_of(0), 0);
     cp_commit();
+    int s_next = slot_of(1);  // tile 1's slot, in flight while the queries are staged
 
     // The group's queries as B fragments (k = dims, n = heads): register
     // reg of lane ln of (n-tile nt, k-step ks) holds dims 16ks + 2(ln & 3)
     // + 8reg and the next of head 8nt + (ln >> 2), in three bf16 terms.
+    // A constant trip count, unrolled, so that the loads of several
+    // iterations are in flight together.
     constexpr int qn = NT * kTcKS * 32 * 2;  // registers a term
-    for (int e = tid; e < qn; e += blockDim.x) {
+    static_assert(qn % (kTcWarps * 32) == 0, "whole rounds of the query staging");
+#pragma unroll 9
+    for (int it = 0; it < qn / (kTcWarps * 32); it++) {
+        const int e = tid + kTcWarps * 32 * it;
         const int reg = e & 1, ln = (e >> 1) & 31, rest = e >> 6;
         const int ks = rest % kTcKS, nt = rest / kTcKS;
         const int head = nt * 8 + (ln >> 2), d = ks * 16 + 2 * (ln & 3) + 8 * reg;
@@ -144,7 +155,7 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
             x1 -= __uint_as_float(v & 0xffff0000u);
         }
     }
-    for (int e = tid; e < 2 * 2 * NT * 32 * 4; e += blockDim.x) sP[e] = 0;  // heads past ng keep P = 0
+    for (int e = tid; e < 2 * 2 * NT * 32 * 4; e += kTcWarps * 32) sP[e] = 0;  // heads past ng keep P = 0
     if (tid < 32) sCorr[tid] = 1.f;
 
     float o[4][NT][4];  // Oᵀ: dims 64·warp + 16mi + g (+8 for e ≥ 2), heads 8nt + 2t + (e & 1)
@@ -167,8 +178,9 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
         const int buf = j & 1;
         cp_wait<0>();
         __syncthreads();  // tile j is in; every thread is done with tile j − 1 (buffer buf ^ 1, sS, sP)
-        if (j + 1 < ntiles) load(j + 1, buf ^ 1);
+        if (j + 1 < ntiles) issue(s_next, buf ^ 1);
         cp_commit();
+        s_next = slot_of(j + 2);  // read while this tile is scored and summed
         const uint16_t* cb = sC + buf * kTcKeys * kTcStride;
 
         {  // Scores: warp w, keys 16(w & 1) …, k-steps 9(w >> 1) …
