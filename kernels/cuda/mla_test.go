@@ -46,7 +46,9 @@ func TestMLAWide(t *testing.T) {
 // positions each, optionally with a DSA selection of 2048 positions, or a
 // 1024-token prompt in one step (prefill). GB/s counts the latents read
 // once per row plus kv_b_proj once per step; graphs/step is 1 when the
-// steps replay a CUDA graph. The cases run the default latent attention
+// steps replay a CUDA graph. The sublayer cases run the whole attention
+// sublayer of a layer (q_a_proj, its norm, q_b_proj, kv_a_proj_with_mqa,
+// the MLA ops, o_proj; GB/s then counts those weights too). The cases run the default latent attention
 // (on tensor cores), and those marked cores the CUDA-core kernels too
 // ("/cores", what FERRITE_MLA_TC=0 runs).
 func BenchmarkMLADecode(b *testing.B) {
@@ -86,18 +88,39 @@ func BenchmarkMLADecode(b *testing.B) {
 		ones[i] = 1
 	}
 	be.WriteF32(norm, ones)
+	// The sublayer's projections, per layer (made on first use):
+	// q_a_proj, q_b_proj, kv_a_proj_with_mqa, o_proj.
+	const hidden, qLora = 2048, 768
+	var projs [][4]*kernels.Mat
+	qNorm := alloc(kernels.F32, 1, qLora)
+	be.WriteF32(qNorm, ones[:qLora])
+	mat := func(rows, cols int) *kernels.Mat {
+		m := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols}
+		t := alloc(kernels.BF16, rows, cols)
+		fill(t, 1/float32(math.Sqrt(float64(cols))))
+		tb, _ := t.Buffer()
+		be.weights[m] = &Weight{Buf: tb.(*tensorBuf).buf, DType: kernels.BF16, Rows: rows, Cols: cols}
+		return m
+	}
 
 	for _, c := range []struct {
 		name           string
 		rows, ctx, top int
 		prefill        bool // the rows are one sequence's positions 0 … rows−1 (ctx = rows)
 		cores          bool // also time the CUDA-core kernels (FERRITE_MLA_TC=0's), "/cores"
+		sub            bool // the whole attention sublayer: q_a, its norm, q_b, kv_a, the MLA ops, o
 	}{
-		{"rows=1/ctx=4096", 1, 4096, 0, false, true}, {"rows=8/ctx=4096", 8, 4096, 0, false, false},
-		{"rows=32/ctx=192", 32, 192, 0, false, true},
-		{"rows=1/ctx=32768", 1, 32768, 0, false, false}, {"rows=1/ctx=32768/top=2048", 1, 32768, 2048, false, false},
-		{"prefill/rows=1024", 1024, 1024, 0, true, false},
+		{"rows=1/ctx=4096", 1, 4096, 0, false, true, false}, {"rows=8/ctx=4096", 8, 4096, 0, false, false, false},
+		{"rows=32/ctx=192", 32, 192, 0, false, true, false}, {"rows=32/ctx=192/sublayer", 32, 192, 0, false, true, true},
+		{"rows=1/ctx=192/sublayer", 1, 192, 0, false, false, true},
+		{"rows=1/ctx=32768", 1, 32768, 0, false, false, false}, {"rows=1/ctx=32768/top=2048", 1, 32768, 2048, false, false, false},
+		{"prefill/rows=1024", 1024, 1024, 0, true, false, false},
 	} {
+		if c.sub && projs == nil {
+			for range layers {
+				projs = append(projs, [4]*kernels.Mat{mat(qLora, hidden), mat(heads*(nope+rope), qLora), mat(kw, hidden), mat(hidden, heads*dv)})
+			}
+		}
 		nb, seqs := c.ctx/bs, c.rows
 		if c.prefill {
 			seqs = 1
@@ -140,6 +163,10 @@ func BenchmarkMLADecode(b *testing.B) {
 		for i := range kv0 {
 			kv0[i] = float32(i%5)*0.2 - 0.4
 		}
+		x0 := make([]float32, c.rows*hidden)
+		for i := range x0 {
+			x0[i] = float32(i%13)*0.1 - 0.6
+		}
 		step := func() {
 			be.BeginStep()
 			q, kv := be.Scratch(kernels.F32, c.rows, heads*(nope+rope)), be.Scratch(kernels.F32, c.rows, kw)
@@ -150,9 +177,26 @@ func BenchmarkMLADecode(b *testing.B) {
 				}
 				return d.uploadL(dptr(kv), f32Bytes(kv0))
 			})
-			for _, kc := range caches {
+			if !c.sub {
+				for _, kc := range caches {
+					be.StoreLatent(kc, kv, norm, 1e-6, r, p)
+					be.AttentionMLA(o, q, kc, kvB, r, p, s, sel)
+				}
+				be.EndStep()
+				return
+			}
+			x, y := be.Scratch(kernels.F32, c.rows, hidden), be.Scratch(kernels.F32, c.rows, hidden)
+			qr := be.Scratch(kernels.F32, c.rows, qLora)
+			be.exec(func(d *Device) error { return d.uploadL(dptr(x), f32Bytes(x0)) })
+			for li, kc := range caches {
+				w := projs[li]
+				be.Linear(qr, x, w[0], kernels.Epilogue{})
+				be.RMSNorm(qr, qr, qNorm, 1e-6, false)
+				be.Linear(q, qr, w[1], kernels.Epilogue{})
+				be.Linear(kv, x, w[2], kernels.Epilogue{})
 				be.StoreLatent(kc, kv, norm, 1e-6, r, p)
 				be.AttentionMLA(o, q, kc, kvB, r, p, s, sel)
+				be.Linear(y, o, w[3], kernels.Epilogue{})
 			}
 			be.EndStep()
 		}
@@ -191,6 +235,9 @@ func BenchmarkMLADecode(b *testing.B) {
 					keys = (c.ctx + 1) / 2 // on average
 				}
 				bytes := float64(layers) * (float64(c.rows*keys*kw*2) + float64(kvB.Rows*kvB.Cols*2))
+				if c.sub { // the projections' weights too
+					bytes += float64(layers) * 2 * float64(qLora*hidden+heads*(nope+rope)*qLora+kw*hidden+hidden*heads*dv)
+				}
 				b.ReportMetric(sec*1e6/layers, "us/layer")
 				b.ReportMetric(bytes/sec/1e9, "GB/s")
 			})
