@@ -30,6 +30,12 @@ func init() {
 		"ferrite_dsa_scores_f32", "ferrite_dsa_scores_bf16", "ferrite_topk",
 		"ferrite_mla_tc_1", "ferrite_mla_tc_2", "ferrite_mla_tc_3", "ferrite_mla_tc_4", "ferrite_mla_merge")
 	bigSmemKernels = append(bigSmemKernels, mlaTCKernels[:]...)
+	// The decode chain of an MLA layer starts each kernel with
+	// FERRITE_PDL_WAIT() (TestPDLKernelsWait), so each may be launched
+	// while the one before drains.
+	for _, k := range append([]string{"ferrite_mla_store_latent", "ferrite_rope", "ferrite_mla_proj", "ferrite_mla_merge"}, mlaTCKernels[:]...) {
+		pdlKernels[k] = true
+	}
 }
 
 // mlaTCKernels[nt−1] is the tensor-core latent attention (src/tensor_mla.cu)

@@ -330,6 +330,7 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
         float* lat, float* part, float* ml, const float* qc, const float* q, const void* cache, const int* pos,  \
         const int* seq, const int* blocks, const int* sel, int k, int max_blocks, int bs, int heads, int gs,     \
         int dn, int split, float scale) {                                                                       \
+        FERRITE_PDL_WAIT();                                                                                     \
         MlaArgs a{lat, part, qc, q, cache, pos, seq, blocks, sel, k, max_blocks, bs, heads, gs, kTcKL, dn, kTcDR, \
                   split, scale};                                                                                \
         mla_tc_block<NT>(a, ml);                                                                                \
@@ -348,6 +349,7 @@ FERRITE_MLA_TC(ferrite_mla_tc_4, 4)
 // memory splits·4 bytes; kl a multiple of 4.
 extern "C" __global__ void __launch_bounds__(128)
     ferrite_mla_merge(float* lat, const float* part, const float* ml, int heads, int kl, int splits) {
+    FERRITE_PDL_WAIT();
     extern __shared__ float merge_w[];  // (splits)
     __shared__ float red[4];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
