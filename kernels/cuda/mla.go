@@ -28,12 +28,12 @@ func init() {
 		"ferrite_mla_attn_f32_1", "ferrite_mla_attn_f32_2", "ferrite_mla_attn_f32_4",
 		"ferrite_mla_attn_bf16_1", "ferrite_mla_attn_bf16_2", "ferrite_mla_attn_bf16_4",
 		"ferrite_dsa_scores_f32", "ferrite_dsa_scores_bf16", "ferrite_topk",
-		"ferrite_mla_tc_1", "ferrite_mla_tc_2", "ferrite_mla_tc_3", "ferrite_mla_tc_4", "ferrite_mla_merge")
-	bigSmemKernels = append(bigSmemKernels, mlaTCKernels[:]...)
+		"ferrite_mla_tc_1", "ferrite_mla_tc_2", "ferrite_mla_tc_3", "ferrite_mla_tc_4", "ferrite_mla_merge", "ferrite_mla_proj_tc")
+	bigSmemKernels = append(bigSmemKernels, append(mlaTCKernels[:], "ferrite_mla_proj_tc")...)
 	// The decode chain of an MLA layer starts each kernel with
 	// FERRITE_PDL_WAIT() (TestPDLKernelsWait), so each may be launched
 	// while the one before drains.
-	for _, k := range append([]string{"ferrite_mla_store_latent", "ferrite_rope", "ferrite_mla_proj", "ferrite_mla_merge"}, mlaTCKernels[:]...) {
+	for _, k := range append([]string{"ferrite_mla_store_latent", "ferrite_rope", "ferrite_mla_proj", "ferrite_mla_proj_tc", "ferrite_mla_merge"}, mlaTCKernels[:]...) {
 		pdlKernels[k] = true
 	}
 }
@@ -54,6 +54,11 @@ const (
 	mlaTCKeys   = 32
 	mlaTCHeads  = 32
 )
+
+// mlaProjSmem is ferrite_mla_proj_tc's shared memory for a weight k
+// values wide: 32 query rows of k in three bf16 terms, and its halves'
+// partial sums.
+func mlaProjSmem(k int) int { return 3*k*32*2 + 4*4*32*4*4 }
 
 // mlaTCSmem is TcSmem<nt>::bytes of src/tensor_mla.cu: the query's three
 // bf16 terms as B fragments, two key tiles, the partial scores, the
@@ -290,7 +295,19 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	} else {
 		attend = b.mlaAttend(bf, lat, qc, qp, dptr(cache), pos, seq, bt, selp, keys, p, s, n)
 	}
-	rowBlocks := uint32(ceilDiv(n, mlaRows))
+	// proj launches y = W_h·x_h per head (ferrite_mla_proj's arguments):
+	// on tensor cores for a BF16 weight and several rows, except with
+	// SetRowExact, whose rows must get the one-row bits.
+	proj := func(d *Device, y uint64, yRS, yHS int, x uint64, xRS, xHS, rows, wHRows, row0 int, w *Weight) error {
+		if mlaTCEnabled && !b.mlaNoTC && !b.rowExact && n > 1 && w.DType == kernels.BF16 && w.Cols%16 == 0 &&
+			xRS%2 == 0 && xHS%2 == 0 && mlaProjSmem(w.Cols) <= b.dev.SmemOptIn {
+			return d.launch3L("ferrite_mla_proj_tc", [3]uint32{uint32(ceilDiv(rows, 64)), uint32(s.Heads), uint32(ceilDiv(n, 32))},
+				256, uint32(mlaProjSmem(w.Cols)), y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows),
+				w.Buf.ptr, i32(w.Cols), i32(row0))
+		}
+		args := append([]uint64{y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows)}, projArgs(w, row0)...)
+		return d.launch3L("ferrite_mla_proj", [3]uint32{uint32(ceilDiv(rows, mlaRows)), uint32(s.Heads), uint32(ceilDiv(n, mlaRows))}, 256, 0, args...)
+	}
 	b.queue(func(d *Device) error {
 		if half > 0 { // q_pe: the last Rope dims of every head
 			total := int64(n) * int64(s.Heads) * int64(half)
@@ -301,17 +318,14 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 			}
 		}
 		if uk != nil {
-			args := append([]uint64{qc, i32(s.Heads * kl), i32(kl), qp, i32(s.Heads * hd), i32(hd), i32(n), i32(kl), i32(kl)}, projArgs(uk, 0)...)
-			if err := d.launch3L("ferrite_mla_proj", [3]uint32{uint32(ceilDiv(kl, mlaRows)), uint32(s.Heads), rowBlocks}, 256, 0, args...); err != nil {
+			if err := proj(d, qc, s.Heads*kl, kl, qp, s.Heads*hd, hd, kl, kl, 0, uk); err != nil {
 				return err
 			}
 		}
 		if err := attend(d); err != nil {
 			return err
 		}
-		args := append([]uint64{o, i32(s.Heads * s.V), i32(s.V), lat, i32(s.Heads * kl), i32(kl), i32(n), i32(s.V), i32(s.Nope + s.V)},
-			projArgs(dw, s.Nope)...)
-		return d.launch3L("ferrite_mla_proj", [3]uint32{uint32(ceilDiv(s.V, mlaRows)), uint32(s.Heads), rowBlocks}, 256, 0, args...)
+		return proj(d, o, s.Heads*s.V, s.V, lat, s.Heads*kl, kl, s.V, s.Nope+s.V, s.Nope, dw)
 	})
 }
 
