@@ -56,9 +56,9 @@ const (
 )
 
 // mlaProjSmem is ferrite_mla_proj_tc's shared memory for a weight k
-// values wide: 32 query rows of k in three bf16 terms, and its halves'
+// values wide: 32 query rows of k in three bf16 terms, and three k-quarters'
 // partial sums.
-func mlaProjSmem(k int) int { return 3*k*32*2 + 4*4*32*4*4 }
+func mlaProjSmem(k int) int { return 3*k*32*2 + 3*2*4*32*4*4 }
 
 // mlaTCSmem is TcSmem<nt>::bytes of src/tensor_mla.cu: the query's three
 // bf16 terms as B fragments, two key tiles, the partial scores, the
@@ -295,13 +295,13 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	} else {
 		attend = b.mlaAttend(bf, lat, qc, qp, dptr(cache), pos, seq, bt, selp, keys, p, s, n)
 	}
-	// proj launches y = W_h·x_h per head (ferrite_mla_proj's arguments):
-	// on tensor cores for a BF16 weight and several rows, except with
-	// SetRowExact, whose rows must get the one-row bits.
+	// proj launches y = W_h·x_h per head (ferrite_mla_proj's arguments),
+	// on tensor cores for a BF16 weight (every row's sums independent of
+	// the others, as in ferrite_mla_proj).
 	proj := func(d *Device, y uint64, yRS, yHS int, x uint64, xRS, xHS, rows, wHRows, row0 int, w *Weight) error {
-		if mlaTCEnabled && !b.mlaNoTC && !b.rowExact && n > 1 && w.DType == kernels.BF16 && w.Cols%16 == 0 &&
+		if mlaTCEnabled && !b.mlaNoTC && w.DType == kernels.BF16 && w.Cols%16 == 0 &&
 			xRS%2 == 0 && xHS%2 == 0 && mlaProjSmem(w.Cols) <= b.dev.SmemOptIn {
-			return d.launch3L("ferrite_mla_proj_tc", [3]uint32{uint32(ceilDiv(rows, 64)), uint32(s.Heads), uint32(ceilDiv(n, 32))},
+			return d.launch3L("ferrite_mla_proj_tc", [3]uint32{uint32(ceilDiv(rows, 32)), uint32(s.Heads), uint32(ceilDiv(n, 32))},
 				256, uint32(mlaProjSmem(w.Cols)), y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows),
 				w.Buf.ptr, i32(w.Cols), i32(row0))
 		}

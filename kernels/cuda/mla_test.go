@@ -112,7 +112,7 @@ func BenchmarkMLADecode(b *testing.B) {
 	}{
 		{"rows=1/ctx=4096", 1, 4096, 0, false, true, false}, {"rows=8/ctx=4096", 8, 4096, 0, false, false, false},
 		{"rows=32/ctx=192", 32, 192, 0, false, true, false}, {"rows=32/ctx=192/sublayer", 32, 192, 0, false, true, true},
-		{"rows=1/ctx=192/sublayer", 1, 192, 0, false, false, true},
+		{"rows=1/ctx=192/sublayer", 1, 192, 0, false, true, true},
 		{"rows=1/ctx=32768", 1, 32768, 0, false, false, false}, {"rows=1/ctx=32768/top=2048", 1, 32768, 2048, false, false, false},
 		{"prefill/rows=1024", 1024, 1024, 0, true, false, false},
 	} {
