@@ -387,8 +387,13 @@ func (b *Backend) tcPlan(bf bool, s kernels.MLAShape, n, keys int) mlaTCPlan {
 	}
 	// One block a multiprocessor (the shared memory allows no more): as
 	// many splits of whole key tiles as fill them once, at least a tile
-	// each.
+	// each. With SetRowExact the rows are split as a row alone would be,
+	// so that a verification's rows get plain decoding's bits (a block's
+	// and the merge's sums depend on its row and the split only).
 	tiles := max(1, ceilDiv(keys, mlaTCKeys))
+	if b.rowExact {
+		n = 1
+	}
 	t.splits = 1
 	if c := b.dev.SMs / (n * t.groups); c > 1 {
 		t.splits = min(tiles, c)
