@@ -295,3 +295,113 @@ func TestMLAUKTranspose(t *testing.T) {
 		}
 	}
 }
+
+// TestMLARowExact checks AttentionMLA at GLM-4.7-Flash's shape with
+// SetRowExact on: every row of a batch (two decode rows of different
+// sequences and contexts, then a verification of three rows of one
+// sequence) gets the bits it gets alone, through the per-head projections
+// and the split latent attention; and, as a control, that the batch is
+// not bit-identical with SetRowExact off when the split plan depends on
+// the rows (logged only: equal bits there are allowed).
+func TestMLARowExact(t *testing.T) {
+	be := openOps(t)
+	const heads, nope, rope, dv, kl, bs = 20, 192, 64, 256, 512, 16
+	kw, qw := kl+rope, heads*(nope+rope)
+	s := kernels.MLAShape{Heads: heads, Nope: nope, Rope: rope, V: dv, KVLora: kl, Scale: 1 / float32(math.Sqrt(nope+rope))}
+	if be.tcPlan(true, s, 1, 1024).nt == 0 {
+		t.Skip("the tensor-core MLA kernels are off (FERRITE_MLA_TC=0) or do not fit; the CUDA-core ones split by the batch")
+	}
+	alloc := func(dt kernels.DType, rows, cols int) kernels.Tensor {
+		x, err := be.Alloc(dt, rows, cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	fill := func(x kernels.Tensor, seed uint64, scale float32) {
+		tb, _ := x.Buffer()
+		if err := be.dev.FillBF16(tb.(*tensorBuf).buf, int64(x.Elems()), seed, scale); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kvB := &kernels.Mat{DType: kernels.BF16, Rows: heads * (nope + dv), Cols: kl}
+	w := alloc(kernels.BF16, kvB.Rows, kvB.Cols)
+	fill(w, 3, 1/float32(math.Sqrt(kl)))
+	tb, _ := w.Buffer()
+	be.weights[kvB] = &Weight{Buf: tb.(*tensorBuf).buf, DType: kernels.BF16, Rows: kvB.Rows, Cols: kvB.Cols}
+	const nb = 64 // blocks a sequence: 1,024 positions
+	cache := alloc(kernels.BF16, 2*nb*bs, kw)
+	fill(cache, 4, 1)
+	table := make([]int32, 2*nb)
+	for i := range table {
+		table[i] = int32((i * 37) % (2 * nb)) // interleaved blocks
+	}
+	blocks := alloc(kernels.I32, 2, nb)
+	be.WriteI32(blocks, table)
+	inv := make([]float32, rope/2)
+	for i := range inv {
+		inv[i] = float32(math.Pow(1e6, -float64(2*i)/rope))
+	}
+	r := &kernels.Rotary{InvFreq: alloc(kernels.F32, 1, rope/2), Dim: rope, Interleaved: true, Scale: 1}
+	be.WriteF32(r.InvFreq, inv)
+	rng := rand.New(rand.NewPCG(5, 6))
+	q0 := make([]float32, 3*qw)
+	for i := range q0 {
+		q0[i] = float32(rng.NormFloat64())
+	}
+	// run attends rows (sequence, position) with the queries of q0's rows
+	// qrows and returns their outputs.
+	run := func(seq, pos []int32, qrows []int) []float32 {
+		n := len(seq)
+		p := &kernels.Paged{Pos: alloc(kernels.I32, n, 1), Seq: alloc(kernels.I32, n, 1), Blocks: blocks, BlockSize: bs}
+		be.WriteI32(p.Pos, pos)
+		be.WriteI32(p.Seq, seq)
+		q, out := alloc(kernels.F32, n, qw), alloc(kernels.F32, n, heads*dv)
+		qh := make([]float32, 0, n*qw)
+		for _, j := range qrows {
+			qh = append(qh, q0[j*qw:(j+1)*qw]...)
+		}
+		be.WriteF32(q, qh)
+		be.BeginStep()
+		be.AttentionMLA(out, q, cache, kvB, r, p, s, kernels.Tensor{})
+		be.EndStep()
+		got := make([]float32, n*heads*dv)
+		be.ReadF32(got, out)
+		for _, x := range []kernels.Tensor{p.Pos, p.Seq, q, out} {
+			be.Free(x)
+		}
+		return got
+	}
+	for _, c := range []struct {
+		name     string
+		seq, pos []int32
+	}{
+		{"two sequences", []int32{0, 1}, []int32{1000, 230}},
+		{"verification", []int32{1, 1, 1}, []int32{700, 701, 702}},
+	} {
+		qrows := []int{0, 1, 2}[:len(c.seq)]
+		for _, exact := range []bool{true, false} {
+			be.SetRowExact(exact)
+			batch := run(c.seq, c.pos, qrows)
+			diff := 0
+			for i := range c.seq {
+				alone := run(c.seq[i:i+1], c.pos[i:i+1], qrows[i:i+1])
+				for k, x := range alone {
+					if y := batch[i*heads*dv+k]; math.Float32bits(x) != math.Float32bits(y) || math.IsNaN(float64(x)) {
+						if diff == 0 {
+							t.Logf("%s, row exact %v: row %d value %d: batch %g, alone %g", c.name, exact, i, k, y, x)
+						}
+						diff++
+					}
+				}
+			}
+			switch {
+			case exact && diff > 0:
+				t.Errorf("%s: %d values differ between the batch and the rows alone with SetRowExact", c.name, diff)
+			case !exact:
+				t.Logf("%s: %d values differ between the batch and the rows alone without SetRowExact", c.name, diff)
+			}
+		}
+	}
+	be.SetRowExact(false)
+}
