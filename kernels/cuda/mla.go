@@ -65,7 +65,7 @@ func mlaProjSmem(k int) int { return 3*k*32*2 + 3*2*4*32*4*4 }
 // probabilities' two terms, and the per-head scalars.
 func mlaTCSmem(nt int) int {
 	const kw, ks = mlaTCLatent + mlaTCRope, (mlaTCLatent + mlaTCRope) / 16
-	return 3*nt*ks*32*8 + 2*mlaTCKeys*(kw+8)*2 + 4*mlaTCKeys*8*nt*4 + 2*2*nt*32*8 + (3*32+2*mlaTCKeys)*4
+	return 3*nt*ks*32*8 + 2*mlaTCKeys*(kw+8)*2 + 4*mlaTCKeys*(8*nt+1)*4 + 2*2*nt*32*8 + (3*32+2*mlaTCKeys)*4
 }
 
 // Tiling of src/ops_mla.cu.

@@ -51,8 +51,8 @@ template <int NT>
 struct TcSmem {
     static constexpr int q = 0;                                          // uint2 [3 terms][NT][36 k-steps][32 lanes]
     static constexpr int tile = q + 3 * NT * kTcKS * 32 * 8;             // bf16 [2][32 keys][kTcStride]
-    static constexpr int s = tile + 2 * kTcKeys * kTcStride * 2;         // float [4 quarters][32 keys][8·NT heads]
-    static constexpr int p = s + 4 * kTcKeys * 8 * NT * 4;               // uint2 [2 terms][2 k-steps][NT][32 lanes]
+    static constexpr int s = tile + 2 * kTcKeys * kTcStride * 2;         // float [4 quarters][32 keys][8·NT + 1]
+    static constexpr int p = s + 4 * kTcKeys * (8 * NT + 1) * 4;         // uint2 [2 terms][2 k-steps][NT][32 lanes]
     static constexpr int misc = p + 2 * 2 * NT * 32 * 8;                 // float corr, m, l [32]; int valid [2][32]
     static constexpr int bytes = misc + (3 * 32 + 2 * kTcKeys) * 4;
 };
@@ -76,7 +76,7 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
     float* sM = sCorr + 32;
     float* sL = sM + 32;
     int* sValid = reinterpret_cast<int*>(sL + 32);
-    constexpr int HS = 8 * NT;  // padded heads
+    constexpr int HS = 8 * NT + 1;  // sS row stride: the heads (8·NT), one more so a warp's keys hit distinct banks
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
