@@ -47,6 +47,7 @@ type Backend struct {
 	noMMA       bool      // Experts' prefill path keeps off the tensor cores (tests)
 	rowExact    bool      // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
 	moe         moeConfig // Experts' kernels for a few tokens (moe.go)
+	mlaNoTC     bool      // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand

@@ -29,6 +29,10 @@ type Device struct {
 	Major, Minor int    // compute capability
 	SMs          int    // multiprocessors
 	TotalMem     int64  // bytes of device memory
+	// SmemOptIn is the dynamic shared memory a block of a bigSmemKernels
+	// kernel may take (the device's opt-in limit); 0 when the driver
+	// cannot raise it, and those kernels are not used.
+	SmemOptIn int
 
 	mu     sync.Mutex  // serialises callers and guards closed
 	calls  chan func() // run on the device thread
@@ -204,9 +208,10 @@ func (d *Device) attribute(attr int) (int, error) {
 }
 
 const (
-	attrSMs     = 16
-	attrCCMajor = 75
-	attrCCMinor = 76
+	attrSMs       = 16
+	attrCCMajor   = 75
+	attrCCMinor   = 76
+	attrSmemOptIn = 97 // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 )
 
 func (d *Device) setup() error {

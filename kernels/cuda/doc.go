@@ -52,5 +52,10 @@
 // With kernels.MLAOps and kernels.SparseOps (mla.go, src/ops_mla.cu) the
 // MLA family runs on the op set too: latent and index-key stores, the
 // absorbed latent attention with optional DSA selections, the indexer
-// scores and a top-k with the references' tie order.
+// scores and a top-k with the references' tie order. With a BF16 cache of
+// 512 latent and 64 rope dims (DeepSeek-V3, GLM-4.7-Flash, GLM-5) the
+// latent attention runs on tensor cores (src/tensor_mla.cu: every head of
+// a row shares each key tile in shared memory, the query and probabilities
+// split into bf16 terms for float32 accuracy); FERRITE_MLA_TC=0 keeps the
+// CUDA-core kernels.
 package cuda

@@ -73,6 +73,32 @@ func (d *Device) loadModule() error {
 		}
 		d.fns[name] = f
 	}
+	return d.raiseSmem()
+}
+
+// bigSmemKernels are the kernels that may take more than 48 KiB of dynamic
+// shared memory: loadModule raises their limit to the device's opt-in
+// maximum (Device.SmemOptIn).
+var bigSmemKernels []string
+
+// raiseSmem sets SmemOptIn and raises bigSmemKernels' dynamic shared
+// memory limit to it. Without cuFuncSetAttribute, or when the driver
+// refuses, SmemOptIn stays 0 (the ops then take their other kernels).
+func (d *Device) raiseSmem() error {
+	if driver.cuFuncSetAttribute == 0 {
+		return nil
+	}
+	optIn, err := d.attribute(attrSmemOptIn)
+	if err != nil {
+		return err
+	}
+	const maxDynamicSmem = 8 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	for _, name := range bigSmemKernels {
+		if check("cuFuncSetAttribute "+name, call(driver.cuFuncSetAttribute, d.fns[name], maxDynamicSmem, uintptr(optIn))) != nil {
+			return nil
+		}
+	}
+	d.SmemOptIn = optIn
 	return nil
 }
 

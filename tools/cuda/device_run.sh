@@ -17,7 +17,8 @@
 #   prefill    ferrite bench, Qwen3-8B, prompts of 512 and 4,096 tokens
 #   rows8      ferrite bench, Qwen3-8B batch 1 with the 8-rows-a-block decode
 #              GEMV (FERRITE_CUDA_GEMV_ROWS=8; bench8b runs the default layout)
-#   moe        ferrite bench, Qwen3-30B-A3B (1/8) and GLM-4.7-Flash (1/8/32)
+#   moe        ferrite bench, Qwen3-30B-A3B (1/8) and GLM-4.7-Flash (1/8/32;
+#              32 again with FERRITE_MLA_TC=0)
 #   glm5       ferrite bench, glm5_next at transformers' default shape cut to
 #              8 of 45 layers (engine/testdata/glm5next-8l, 78 GB of bf16),
 #              concurrency 1/8/32, 128+64 (~45 s)
@@ -109,6 +110,10 @@ want rows8 && FERRITE_CUDA_GEMV_ROWS="${ROWS8_GEMV_ROWS:-8}" bench rows8 60 --mo
 if want moe; then
 	bench moe 100 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 64
 	bench glmflash 90 --model "$root/engine/testdata/glm4.7-flash" --concurrency 1,8,32 --prompt-len 128 --gen-len 64
+	# The same at 32 with the CUDA-core MLA kernels (src/ops_mla.cu) instead
+	# of the tensor-core ones (src/tensor_mla.cu): the A/B of the model step.
+	FERRITE_MLA_TC=0 bench glmflash-cores 60 --model "$root/engine/testdata/glm4.7-flash" --concurrency 32 \
+		--prompt-len 128 --gen-len 64
 fi
 want glm5 && bench glm5bench 60 --model "$root/engine/testdata/glm5next-8l" --concurrency 1,8,32 --prompt-len 128 --gen-len 64
 if want prof; then
