@@ -47,6 +47,8 @@ type Backend struct {
 	rowExact    bool // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
 	moeSlots8   bool // Experts' grouped GEMV takes up to 8 slots of an expert a pass (tests, benchmarks)
 
+	skinny skinnyState // the skinny GEMM of 2–64 rows (skinny.go)
+
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
 
@@ -62,6 +64,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
 	b.graphs.enabled = graphsEnabled()
+	b.skinny.rows = skinnyRowsDefault()
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}

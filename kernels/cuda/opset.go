@@ -148,6 +148,8 @@ func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
 	case b.rowExact && n > 1:
 		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
+	case b.useSkinny(w, n, x):
+		b.linearSkinny(y, x, bias, w, n, acc, false, 0)
 	case n == 1 || w.DType != kernels.BF16 || !b.useGemm():
 		b.queue(func(d *Device) error { return d.linearL(y, x, w, n, bias, acc) })
 	case n < gemmRoundRows:
@@ -210,6 +212,10 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 			}
 			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit))
 		})
+		return
+	}
+	if !b.rowExact && b.useSkinny(dw, n, xp) { // the SwiGLU in the skinny GEMM's epilogue
+		b.linearSkinny(y, xp, 0, dw, n, false, true, limit)
 		return
 	}
 	t := b.Scratch(kernels.F32, n, 2*inter) // (n, 2·inter) [x·gateᵀ | x·upᵀ]

@@ -101,3 +101,6 @@ __device__ float exp2f(float);
 __device__ size_t __cvta_generic_to_shared(const void*);
 __device__ uint4 make_uint4(unsigned, unsigned, unsigned, unsigned);
 __device__ float2 make_float2(float, float);
+// The skinny GEMM's split-K hand-over (src/skinny.cu).
+__device__ void __threadfence();
+__device__ float __ldcg(const float*);
