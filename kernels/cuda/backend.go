@@ -63,8 +63,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
-	b.graphs.enabled = graphsEnabled()
-	b.skinny.rows = skinnyRowsDefault()
+	b.graphs.enabled = graphsEnabled() && !d.Profiling()
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}
@@ -73,6 +72,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b.cpu = cpu.New(threads)
+	b.skinny.rows = skinnyRowsDefault()
 	return b, nil
 }
 
