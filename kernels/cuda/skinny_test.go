@@ -195,7 +195,8 @@ func skinnyWant(xv, y0, bv []float32, m, up *kernels.Mat, n int, acc, swiglu boo
 // kernel; for gate_up also ferrite_swiglu_cat). gate_up is SwiGLULinear
 // (the stacked 24576 × 4096 weight in, 12288 outputs a row), the others
 // Linear. Weights rotate over ≥ 1 GiB of copies so none is in L2; GB/s
-// counts the weight's bytes once per call.
+// counts the weight's bytes once per call. At 32 and 64 rows the layers but
+// the LM head also run other split counts (skinny/ks=N).
 func BenchmarkSkinny(b *testing.B) {
 	be := openOps(b)
 	d := be.dev
@@ -217,9 +218,14 @@ func BenchmarkSkinny(b *testing.B) {
 		}
 		x, y := benchF32(b, d, maxN*s.cols), benchF32(b, d, maxN*out)
 		gx, chunks := skinnyGrid(ws[0], swiglu)
-		sums := 1 // the largest split sums of the four n
+		sweep := s.name != "lm_head" // other split counts at 32 and 64 rows
+		sums := 1                    // the largest split sums of the four n
 		for tile, n := range []int{8, 16, 32, 64} {
-			if ks := skinnySplits(gx, chunks, d.SMs, n); ks > 1 {
+			ks := skinnySplits(gx, chunks, d.SMs, n)
+			if sweep && n >= 32 {
+				ks = skinnyMaxSplits
+			}
+			if ks > 1 {
 				sums = max(sums, ks*gx*skinnyWarps*skinnyWarpSums<<tile)
 			}
 		}
@@ -241,6 +247,13 @@ func BenchmarkSkinny(b *testing.B) {
 			run("skinny", func(w *Weight) error {
 				return d.skinnyL(y.ptr, x.ptr, 0, w, n, false, swiglu, 0, ks, part.ptr, counters.ptr)
 			})
+			for _, k := range []int{1, 2, 4, 8, 16} {
+				if sweep && n >= 32 && k != ks {
+					run(fmt.Sprintf("skinny/ks=%d", k), func(w *Weight) error {
+						return d.skinnyL(y.ptr, x.ptr, 0, w, n, false, swiglu, 0, k, part.ptr, counters.ptr)
+					})
+				}
+			}
 			run("cublas", func(w *Weight) error {
 				cnt := int64(n) * int64(s.cols)
 				if err := d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb.ptr, x.ptr, uint64(cnt)); err != nil {

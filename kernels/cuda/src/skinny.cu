@@ -12,17 +12,20 @@
 // Layout. A block is 8 warps; warp w owns 32 weight rows, two m16 tiles
 // (the block 256 rows), and all n rows of x. K is read in chunks of 64: a
 // lane (gid = lane/4, tig = lane%4) loads, for each of its four weight rows
-// (gid and gid + 8 of each tile), the 16 values [16·tig, 16·tig + 16) of
-// the chunk as two 16-byte loads, so a row's 128 bytes come from one quad.
-// The MMA's k order is permuted to match: in k-step s (0..3) of the chunk,
-// the fragment slots (2·tig, 2·tig + 1) and (2·tig + 8, 2·tig + 9) hold
-// physical columns 16·tig + 4s + {0, 1} and + {2, 3}, for the weight (A)
-// and for x (B) alike, so every product pairs the same column and the sum
-// is the whole chunk. x's chunk goes through shared memory as its two
-// terms, rows of 72 bf16 (144 bytes: the 16-byte fragment loads of a
-// quarter warp hit distinct banks). The weight chunks stream through a
-// ring of three register buffers (two chunks in flight while one is
-// multiplied), x's a chunk ahead.
+// (gid and gid + 8 of each tile), the values [8·tig, 8·tig + 8) and
+// [32 + 8·tig, 32 + 8·tig + 8) of the chunk, 16 bytes each, so each load
+// instruction reads whole 32-byte sectors (a quad reads 64 contiguous
+// bytes of a row). The MMA's k order is permuted to match: in k-step
+// s = 2v + u (v, u in 0..1) of the chunk, the fragment slots (2·tig,
+// 2·tig + 1) and (2·tig + 8, 2·tig + 9) hold physical columns
+// 32v + 8·tig + 4u + {0, 1} and + {2, 3}, for the weight (A) and for x
+// (B) alike, so every product pairs the same column and the sum is the
+// whole chunk. x's chunk goes through shared memory as its two terms,
+// rows of 64 bf16 whose 16-byte groups are swizzled (group g of row r at
+// g ^ 4·(r % 2)), so the 16-byte fragment loads of a quarter warp (two
+// rows) hit distinct banks. The weight chunks stream through a ring of
+// three register buffers (two chunks in flight while one is multiplied),
+// x's a chunk ahead.
 //
 // Split K. gridDim.y splits the chunks (cps each); with more than one,
 // every block writes its sums to part (gridDim.y · gridDim.x blocks of
@@ -44,7 +47,10 @@ namespace {
 
 constexpr int kSkWarps = 8;   // warps a block
 constexpr int kSkChunk = 64;  // k a pipeline stage
-constexpr int kSkPad = 72;    // bf16 a shared x row
+
+// sk_swz is where column col (a multiple of 4) of row row of a shared x
+// chunk is stored: its 16-byte group g (8 columns) at g ^ 4·(row % 2).
+__device__ inline int sk_swz(int row, int col) { return col ^ ((row & 1) << 5); }
 
 // sk_word is word i (0..3) of v.
 __device__ inline uint32_t sk_word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
@@ -55,7 +61,7 @@ struct Skinny {
     static constexpr int kXVec = (kXRows * kSkChunk / 4 + 255) / 256;  // float4 of x a thread stages a chunk
 
     // The shared x chunk: [buffer][term][row][column].
-    typedef uint16_t XTile[2][2][kXRows][kSkPad];
+    typedef uint16_t XTile[2][2][kXRows][kSkChunk];
 
     const uint16_t* wrow[2][2];  // this lane's weight rows: [tile][gid, gid + 8], null past the end
     int K, n;
@@ -63,7 +69,7 @@ struct Skinny {
 
     // load_w issues the 16-byte loads of chunk c into w: [tile][row][half].
     __device__ void load_w(uint4 (&w)[2][2][2], int c, int tig) const {
-        const int k = c * kSkChunk + 16 * tig;
+        const int k = c * kSkChunk + 8 * tig;
 #pragma unroll
         for (int t = 0; t < 2; t++)
 #pragma unroll
@@ -71,7 +77,7 @@ struct Skinny {
 #pragma unroll
                 for (int v = 0; v < 2; v++) {
                     uint4 q = make_uint4(0, 0, 0, 0);
-                    if (wrow[t][h] && k + 8 * v < K) q = __ldg(reinterpret_cast<const uint4*>(wrow[t][h] + k + 8 * v));
+                    if (wrow[t][h] && k + 32 * v < K) q = __ldg(reinterpret_cast<const uint4*>(wrow[t][h] + k + 32 * v));
                     w[t][h][v] = q;
                 }
     }
@@ -100,8 +106,9 @@ struct Skinny {
                 hi[u] = f32_to_bf16(f[u]);
                 lo[u] = f32_to_bf16(__fsub_rn(f[u], __uint_as_float(hi[u] << 16)));
             }
-            *reinterpret_cast<uint2*>(&xs[b][0][row][col]) = make_uint2(hi[0] | hi[1] << 16, hi[2] | hi[3] << 16);
-            *reinterpret_cast<uint2*>(&xs[b][1][row][col]) = make_uint2(lo[0] | lo[1] << 16, lo[2] | lo[3] << 16);
+            const int at = sk_swz(row, col);
+            *reinterpret_cast<uint2*>(&xs[b][0][row][at]) = make_uint2(hi[0] | hi[1] << 16, hi[2] | hi[3] << 16);
+            *reinterpret_cast<uint2*>(&xs[b][1][row][at]) = make_uint2(lo[0] | lo[1] << 16, lo[2] | lo[3] << 16);
         }
     }
 
@@ -114,7 +121,8 @@ struct Skinny {
             for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
                 for (int term = 0; term < 2; term++) {
-                    const uint4 xb = *reinterpret_cast<const uint4*>(&xs[b][term][8 * nt + gid][16 * tig + 8 * v]);
+                    const int row = 8 * nt + gid;
+                    const uint4 xb = *reinterpret_cast<const uint4*>(&xs[b][term][row][sk_swz(row, 32 * v + 8 * tig)]);
 #pragma unroll
                     for (int u = 0; u < 2; u++) {
 #pragma unroll
