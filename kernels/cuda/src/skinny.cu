@@ -99,16 +99,14 @@ struct Skinny {
         for (int i = 0; i < kXVec; i++) {
             const int e = threadIdx.x + 256 * i, row = e >> 4, col = 4 * (e & 15);
             if (row >= kXRows) continue;
-            const float f[4] = {xr[i].x, xr[i].y, xr[i].z, xr[i].w};
-            uint32_t hi[4], lo[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                hi[u] = f32_to_bf16(f[u]);
-                lo[u] = f32_to_bf16(__fsub_rn(f[u], __uint_as_float(hi[u] << 16)));
-            }
+            const uint32_t h01 = pack_bf16(xr[i].x, xr[i].y), h23 = pack_bf16(xr[i].z, xr[i].w);
+            const uint32_t l01 = pack_bf16(__fsub_rn(xr[i].x, __uint_as_float(h01 << 16)),
+                                           __fsub_rn(xr[i].y, __uint_as_float(h01 & 0xffff0000u)));
+            const uint32_t l23 = pack_bf16(__fsub_rn(xr[i].z, __uint_as_float(h23 << 16)),
+                                           __fsub_rn(xr[i].w, __uint_as_float(h23 & 0xffff0000u)));
             const int at = sk_swz(row, col);
-            *reinterpret_cast<uint2*>(&xs[b][0][row][at]) = make_uint2(hi[0] | hi[1] << 16, hi[2] | hi[3] << 16);
-            *reinterpret_cast<uint2*>(&xs[b][1][row][at]) = make_uint2(lo[0] | lo[1] << 16, lo[2] | lo[3] << 16);
+            *reinterpret_cast<uint2*>(&xs[b][0][row][at]) = make_uint2(h01, h23);
+            *reinterpret_cast<uint2*>(&xs[b][1][row][at]) = make_uint2(l01, l23);
         }
     }
 
