@@ -47,7 +47,8 @@ type Backend struct {
 	rowExact    bool // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
 	moeSlots8   bool // Experts' grouped GEMV takes up to 8 slots of an expert a pass (tests, benchmarks)
 
-	skinny skinnyState // the skinny GEMM of 2–64 rows (skinny.go)
+	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
+	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
@@ -73,6 +74,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	}
 	b.cpu = cpu.New(threads)
 	b.skinny.rows = skinnyRowsDefault()
+	b.rowAttn.rows = rowAttnDefault()
 	return b, nil
 }
 

@@ -593,6 +593,9 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	if p.Pos.Stride != 1 && n > 1 || p.Seq.Stride != 1 && n > 1 {
 		panic("cuda: Attention wants contiguous positions and sequences")
 	}
+	if b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
+		return
+	}
 	dpl := 0
 	for 32<<dpl < s.HeadDim {
 		dpl++

@@ -393,6 +393,13 @@ func attentionTest(t *testing.T, d kernels.Device) {
 			{4, 2, 64, 16, []attnSeq{{0, 150}}},
 			{4, 2, 128, 16, []attnSeq{{3, 1}, {0, 200}, {90, 140}, {40, 1}}},
 			{4, 4, 128, 12, []attnSeq{{100, 130}}},
+			// Decode batches (a row a sequence) at model head dims, over
+			// contexts from 1 to 701 positions: a backend may split the
+			// keys of every row many ways and leave a short row's last
+			// splits empty.
+			{32, 8, 128, 16, []attnSeq{{0, 1}, {5, 1}, {63, 1}, {64, 1}, {100, 1}, {127, 1}, {200, 1}, {255, 1}, {700, 1}}},
+			{8, 8, 64, 16, []attnSeq{{31, 1}, {0, 1}, {300, 1}, {47, 1}, {128, 1}}},
+			{16, 2, 256, 8, []attnSeq{{90, 1}, {3, 1}, {260, 1}}},
 		} {
 			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
 				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))

@@ -104,3 +104,7 @@ __device__ float2 make_float2(float, float);
 // The skinny GEMM's split-K hand-over (src/skinny.cu).
 __device__ void __threadfence();
 __device__ float __ldcg(const float*);
+// The decode-batch attention's narrow cache loads (src/rowattn.cu).
+__device__ unsigned short __ldg(const unsigned short*);
+__device__ unsigned __ldg(const unsigned*);
+__device__ uint2 __ldg(const uint2*);
