@@ -20,7 +20,9 @@
 // block. A decode batch of 2 to 64 rows runs its products as the skinny
 // GEMM (skinny.go: tensor cores, the weight read once, the SwiGLU, bias
 // and residual add in its epilogue; FERRITE_CUDA_SKINNY=0 leaves them on
-// cuBLASLt). FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
+// cuBLASLt), and its attention rowattn (rowattn.go: the lanes across the
+// head dims, the keys split to fill the GPU; FERRITE_CUDA_ROWATTN=0 keeps
+// the split-KV kernel). FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
 // copy and memset with CUDA events into a per-kernel table (profile.go,
 // kernels.Profiler; ferrite bench prints it after each case).
 //
