@@ -29,7 +29,7 @@
 #   batch      (not in the default list) decode batches: BenchmarkSkinny
 #              (the skinny GEMM against cuBLASLt at Qwen3-8B shapes, 8-64
 #              rows) and BenchmarkRowAttention (rowattn against the split-KV
-#              kernel) into batch.log, then ferrite bench, Qwen3-8B 8/32/64
+#              kernel) into batch.log, then ferrite bench, Qwen3-8B 32/64
 #              with both off (FERRITE_CUDA_SKINNY=0 FERRITE_CUDA_ROWATTN=0:
 #              the batches as before; bench8b runs them on) (~60-90 s)
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
@@ -131,7 +131,7 @@ fi
 if want batch; then
 	(cd k && run batch-bench 75 batch.log ../cuda.test -test.run XXX -test.bench 'Skinny|RowAttention' -test.benchtime 100x)
 	grep -hE '^Benchmark|rc=|rowattn' "$out/batch.log" | sed -E 's/ +/ /g'
-	FERRITE_CUDA_SKINNY=0 FERRITE_CUDA_ROWATTN=0 bench batch-off 90 --model "$dev/qwen3-8b" --concurrency 8,32,64 \
+	FERRITE_CUDA_SKINNY=0 FERRITE_CUDA_ROWATTN=0 bench batch-off 75 --model "$dev/qwen3-8b" --concurrency 32,64 \
 		--prompt-len 128 --gen-len 128
 fi
 if want hybrid; then
