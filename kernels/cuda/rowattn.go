@@ -99,9 +99,9 @@ func rowAttnSplits(blocks, maxKeys, sms int) int {
 // rowAttention runs Attention on rowattn when it applies — at least
 // rowAttn.rows rows, no row tile the prefill kernel could take (fewer rows
 // than a tile in the longest sequence the step can hold), a head dim that
-// divides into the lanes, not a row-exact (verification) step, which keeps
-// the kernel plain decoding's steps ran before — and reports whether it
-// did. The shapes are checked by Attention.
+// divides into the lanes, not a row-exact step (a verification keeps the
+// split-KV kernel, which plain decoding of one sequence runs) — and
+// reports whether it did. The shapes are checked by Attention.
 func (b *Backend) rowAttention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) bool {
 	n := q.Rows
 	if b.rowAttn.rows == 0 || n < b.rowAttn.rows || b.rowExact || b.usePrefill(s, n) && n-(p.Blocks.Rows-1) >= b.prefillTile() {
