@@ -49,6 +49,9 @@ type Backend struct {
 	moe         moeConfig // Experts' kernels for a few tokens (moe.go)
 	mlaNoTC     bool      // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
 
+	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
+	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
+
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
 
@@ -73,6 +76,8 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b.cpu = cpu.New(threads)
+	b.skinny.rows = skinnyRowsDefault()
+	b.rowAttn.rows = rowAttnDefault()
 	return b, nil
 }
 

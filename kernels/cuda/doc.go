@@ -17,7 +17,12 @@
 // rotates and stores q/k/v in one kernel. On sm_90 those kernels use
 // programmatic dependent launch (pdl.go; FERRITE_CUDA_PDL=0 turns it off),
 // and FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of that many rows a
-// block. FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
+// block. A decode batch of 2 to 64 rows runs its products as the skinny
+// GEMM (skinny.go: tensor cores, the weight read once, the SwiGLU, bias
+// and residual add in its epilogue; FERRITE_CUDA_SKINNY=0 leaves them on
+// cuBLASLt), and its attention rowattn (rowattn.go: the lanes across the
+// head dims, the keys split to fill the GPU; FERRITE_CUDA_ROWATTN=0 keeps
+// the split-KV kernel). FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
 // copy and memset with CUDA events into a per-kernel table (profile.go,
 // kernels.Profiler; ferrite bench prints it after each case). A MoE layer's
 // experts are two grouped-GEMV launches for up to 32 tokens (moe.go,

@@ -220,7 +220,9 @@ func linearTest(t *testing.T, d kernels.Device) {
 		n, rows, cols int
 		dt            kernels.DType
 		bias, acc     bool
-	}{{1, 7, 33, kernels.F32, false, false}, {3, 16, 64, kernels.BF16, true, false}, {5, 9, 17, kernels.BF16, true, true}, {20, 33, 40, kernels.F32, false, true}} {
+	}{{1, 7, 33, kernels.F32, false, false}, {3, 16, 64, kernels.BF16, true, false}, {5, 9, 17, kernels.BF16, true, true}, {20, 33, 40, kernels.F32, false, true},
+		// decode batches: partial tiles of rows and weight rows, widths mid-chunk
+		{2, 45, 200, kernels.BF16, true, true}, {33, 45, 136, kernels.BF16, false, false}, {64, 130, 72, kernels.BF16, true, false}} {
 		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.rows)))
 			w := NewMat(rng, c.dt, c.rows, c.cols, 0, 0)
@@ -391,6 +393,13 @@ func attentionTest(t *testing.T, d kernels.Device) {
 			{4, 2, 64, 16, []attnSeq{{0, 150}}},
 			{4, 2, 128, 16, []attnSeq{{3, 1}, {0, 200}, {90, 140}, {40, 1}}},
 			{4, 4, 128, 12, []attnSeq{{100, 130}}},
+			// Decode batches (a row a sequence) at model head dims, over
+			// contexts from 1 to 701 positions: a backend may split the
+			// keys of every row many ways and leave a short row's last
+			// splits empty.
+			{32, 8, 128, 16, []attnSeq{{0, 1}, {5, 1}, {63, 1}, {64, 1}, {100, 1}, {127, 1}, {200, 1}, {255, 1}, {700, 1}}},
+			{8, 8, 64, 16, []attnSeq{{31, 1}, {0, 1}, {300, 1}, {47, 1}, {128, 1}}},
+			{16, 2, 256, 8, []attnSeq{{90, 1}, {3, 1}, {260, 1}}},
 		} {
 			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
 				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))
@@ -851,6 +860,7 @@ func linearCatTest(t *testing.T, d kernels.Device) {
 		{1, []int{7, 3, 3}, 33, kernels.F32, true, false},    // unaligned rows
 		{3, []int{32, 8, 8}, 64, kernels.BF16, true, true},   // rows through the GEMM
 		{20, []int{9, 5}, 40, kernels.F16, false, true},
+		{31, []int{40, 24, 24}, 136, kernels.BF16, true, false}, // a decode batch's q/k/v
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.cols)))
@@ -909,7 +919,8 @@ func swigluLinearTest(t *testing.T, d kernels.Device) {
 		n, inter, cols int
 		dt             kernels.DType
 		limit          float32
-	}{{1, 24, 64, kernels.BF16, 0}, {1, 5, 33, kernels.F32, 0}, {4, 16, 64, kernels.BF16, 0}, {1, 16, 64, kernels.F16, 0.5}, {3, 8, 40, kernels.BF16, 0.5}} {
+	}{{1, 24, 64, kernels.BF16, 0}, {1, 5, 33, kernels.F32, 0}, {4, 16, 64, kernels.BF16, 0}, {1, 16, 64, kernels.F16, 0.5}, {3, 8, 40, kernels.BF16, 0.5},
+		{17, 40, 136, kernels.BF16, 0}, {64, 33, 72, kernels.BF16, 0.5}} { // decode batches
 		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,limit=%v", c.dt, c.n, c.inter, c.cols, c.limit), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.inter), uint64(c.cols)))
 			gate, up := NewMat(rng, c.dt, c.inter, c.cols, 0, 0), NewMat(rng, c.dt, c.inter, c.cols, 0, 0)
