@@ -808,7 +808,7 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	if p.Pos.Stride != 1 && n > 1 || p.Seq.Stride != 1 && n > 1 {
 		panic("cuda: Attention wants contiguous positions and sequences")
 	}
-	if b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
+	if qf == nil && b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
 		return
 	}
 	dpl := 0
