@@ -123,6 +123,13 @@ type LinearOps interface {
 	// alias it.
 	NormLinearCat(dst, x Tensor, n *HeadNorm, ws []*Mat, e Epilogue)
 
+	// AddNormLinearCat is a pre-norm block's pending residual add fused
+	// with NormLinearCat: sum = x + delta (N, in; each element one float32
+	// add, as AddRMSNorm adds), then NormLinearCat(dst, sum, n, ws, e).
+	// sum must not alias x, delta or dst: a backend's blocks may all read x
+	// and delta while sum is being written.
+	AddNormLinearCat(dst, sum, x, delta Tensor, n *HeadNorm, ws []*Mat, e Epilogue)
+
 	// NormSwiGLULinear is SwiGLULinear(dst, RMSNorm(x, n), gate, up,
 	// limit) in one op, as NormLinearCat fuses LinearCat's.
 	NormSwiGLULinear(dst, x Tensor, n *HeadNorm, gate, up *Mat, limit float32)
@@ -424,7 +431,8 @@ type StateRecorder interface {
 
 // RowExact is implemented by a backend that can give each row of its
 // linear ops (Linear, LinearCat, SwiGLULinear, NormLinearCat,
-// NormSwiGLULinear) the bits a call with that row alone gives, whatever
+// AddNormLinearCat, NormSwiGLULinear) the bits a call with that row alone
+// gives, whatever
 // the other rows of the call: a speculative verification's rows then
 // reproduce plain decoding's results bit for bit.
 // SetRowExact turns that on or off for the steps that follow (outside a

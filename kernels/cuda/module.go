@@ -26,6 +26,7 @@ var kernelNames = []string{
 	"ferrite_gemv_swiglu_f32_r4", "ferrite_gemv_swiglu_f32_r8", "ferrite_gemv_swiglu_bf16_r4",
 	"ferrite_gemv_swiglu_bf16_r8", "ferrite_gemv_swiglu_f16_r4", "ferrite_gemv_swiglu_f16_r8",
 	"ferrite_gemv_norm_f32", "ferrite_gemv_norm_bf16", "ferrite_gemv_norm_f16",
+	"ferrite_gemv_addnorm_f32", "ferrite_gemv_addnorm_bf16", "ferrite_gemv_addnorm_f16",
 	"ferrite_gemv_norm_swiglu_f32", "ferrite_gemv_norm_swiglu_bf16", "ferrite_gemv_norm_swiglu_f16",
 	"ferrite_swiglu_cat", "ferrite_prepare_qkv",
 	"ferrite_rmsnorm_f32", "ferrite_f32_to_bf16", "ferrite_fill_bf16",

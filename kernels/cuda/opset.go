@@ -271,6 +271,53 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
 }
 
+// AddNormLinearCat implements kernels.LinearOps as NormLinearCat does:
+// the fused GEMV reads x + delta (and its blocks write that sum), or,
+// unfused, sum = x (a row copy), the AddRMSNorm kernel in place and the
+// product.
+func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	f32Contig("AddNormLinearCat", dst, sum, x, delta)
+	normArgs("AddNormLinearCat", x, n)
+	total := 0
+	for _, w := range ws {
+		if w.Cols != x.Cols || w.Cols == 0 {
+			panic("cuda: AddNormLinearCat weights of another width")
+		}
+		total += w.Rows
+	}
+	if dst.Cols != total || dst.Rows != x.Rows || sum.Rows != x.Rows || sum.Cols != x.Cols || delta.Rows != x.Rows || delta.Cols != x.Cols {
+		panic("cuda: AddNormLinearCat shapes do not match the weights")
+	}
+	bias := biasPtr("AddNormLinearCat", e.Bias, total)
+	if x.Rows == 0 || total == 0 {
+		return
+	}
+	dw, err := b.stacked(ws...)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	rows := x.Rows
+	if k, ok := gemvAddNormKernels[dw.DType]; ok && b.fusesNorm(x, n) && dptr(delta)%16 == 0 {
+		y, xp, nw, dp, sp := dptr(dst), dptr(x), dptr(n.W), dptr(delta), dptr(sum)
+		b.queue(func(d *Device) error {
+			return d.launchL(k, uint32(ceilDiv(dw.Rows, gemvBlock/32/gemvSplit)), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows),
+				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate), b32(d.prefetch), dp, sp)
+		})
+		return
+	}
+	b.Copy(sum, x)
+	h := b.Scratch(kernels.F32, rows, x.Cols) // (N, in) the normed rows
+	b.norm(dptr(h), dptr(sum), dptr(delta), dptr(n.W), rows, x.Cols, n.Eps, n.Offset)
+	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
+}
+
+// gemvAddNormKernels names AddNormLinearCat's fused GEMV per dtype
+// (gemv.cu's gemv_norm_split with the add).
+var gemvAddNormKernels = map[kernels.DType]string{
+	kernels.F32: "ferrite_gemv_addnorm_f32", kernels.BF16: "ferrite_gemv_addnorm_bf16", kernels.F16: "ferrite_gemv_addnorm_f16",
+}
+
 // NormSwiGLULinear implements kernels.LinearOps as NormLinearCat does:
 // the fused GEMV with the SwiGLU epilogue (ops.cu's gemv_norm_swiglu), or
 // RMSNorm and SwiGLULinear.

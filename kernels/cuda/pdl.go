@@ -29,6 +29,7 @@ var pdlKernels = map[string]bool{
 	"ferrite_gemv_swiglu_bf16_r8": true, "ferrite_gemv_swiglu_f16_r4": true, "ferrite_gemv_swiglu_f16_r8": true,
 	"ferrite_gemv_swiglu_f32": true, "ferrite_gemv_swiglu_bf16": true, "ferrite_gemv_swiglu_f16": true,
 	"ferrite_gemv_norm_f32": true, "ferrite_gemv_norm_bf16": true, "ferrite_gemv_norm_f16": true,
+	"ferrite_gemv_addnorm_f32": true, "ferrite_gemv_addnorm_bf16": true, "ferrite_gemv_addnorm_f16": true,
 	"ferrite_gemv_norm_swiglu_f32": true, "ferrite_gemv_norm_swiglu_bf16": true, "ferrite_gemv_norm_swiglu_f16": true,
 	"ferrite_embed": true, "ferrite_gather_rows": true, "ferrite_add_rmsnorm": true, "ferrite_prepare_qkv": true,
 	"ferrite_attn_f32_1": true, "ferrite_attn_f32_2": true, "ferrite_attn_f32_4": true, "ferrite_attn_f32_8": true,

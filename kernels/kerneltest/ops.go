@@ -73,6 +73,7 @@ func RunOps(t *testing.T, d kernels.Device) {
 	t.Run("SwiGLULinear", func(t *testing.T) { swigluLinearTest(t, d) })
 	t.Run("NormLinearCat", func(t *testing.T) { normLinearCatTest(t, d) })
 	t.Run("NormSwiGLULinear", func(t *testing.T) { normSwigluLinearTest(t, d) })
+	t.Run("AddNormLinearCat", func(t *testing.T) { addNormLinearCatTest(t, d) })
 	if _, ok := d.(kernels.RowExact); ok {
 		t.Run("RowExact", func(t *testing.T) { rowExactTest(t, d) })
 	}
@@ -1028,6 +1029,80 @@ func normLinearCatTest(t *testing.T, d kernels.Device) {
 				}
 				if y0 != nil {
 					extra += math.Abs(float64(y0[i]))
+				}
+				for _, w := range ws {
+					if j < w.Rows {
+						return linearScale(h, w, r, j, extra)
+					}
+					j -= w.Rows
+				}
+				return extra
+			})
+		})
+	}
+}
+
+// addNormLinearCatTest holds AddNormLinearCat's sum to x + delta bit for
+// bit and its product to LinearCat's reference over the reference's norm
+// of that sum (normLinearCatTest's tolerance).
+func addNormLinearCatTest(t *testing.T, d kernels.Device) {
+	for _, c := range []struct {
+		n      int
+		rows   []int
+		cols   int
+		dt     kernels.DType
+		bias   bool
+		offset bool
+	}{
+		{1, []int{16, 8, 8}, 64, kernels.BF16, false, false},
+		{1, []int{9, 5, 5}, 36, kernels.F32, true, true},
+		{1, []int{7, 3}, 36, kernels.BF16, false, false}, // rows not in 16-byte loads
+		{3, []int{32, 8, 8}, 64, kernels.BF16, true, false},
+	} {
+		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,offset=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.offset), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n)+300, uint64(c.cols)))
+			var ws []*kernels.Mat
+			total := 0
+			for _, r := range c.rows {
+				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
+				total += r
+			}
+			x, xv, hn, _ := normCase(t, d, rng, c.n, c.cols, c.offset)
+			dv := randn(rng, c.n*c.cols)
+			delta, sum := newBuf(t, d, c.n, c.cols, dv), newBuf(t, d, c.n, c.cols, nil)
+			sv := make([]float32, len(xv))
+			for i := range sv {
+				sv[i] = xv[i] + dv[i]
+			}
+			wv := make([]float32, c.cols)
+			d.ReadF32(wv, hn.W)
+			h := make([]float32, len(sv))
+			ref.RMSNorm(h, sv, wv, hn.Eps, c.offset, c.n)
+			var bv []float32
+			var e kernels.Epilogue
+			if c.bias {
+				bv = randn(rng, total)
+				e.Bias = newBuf(t, d, 1, total, bv).t
+			}
+			y := newBuf(t, d, c.n, total, nil)
+			step(d, func() { d.AddNormLinearCat(y.t, sum.t, x.t, delta.t, hn, ws, e) })
+			for i, v := range sum.read(t, "sum") {
+				if math.Float32bits(v) != math.Float32bits(sv[i]) {
+					t.Errorf("sum[%d] = %g, want x + delta = %g", i, v, sv[i])
+					break
+				}
+			}
+			if in := x.read(t, "x"); !slices.Equal(in, xv) {
+				t.Error("AddNormLinearCat modified x")
+			}
+			want := make([]float32, c.n*total)
+			hr, _ := RoundX(d, h, ws[0], c.n)
+			ref.LinearCat(want, hr, ws, bv, false, c.n)
+			compare(t, "y", y.read(t, "y"), want, LinearTol, func(i int) float64 {
+				r, j := i/total, i%total
+				extra := 0.0
+				if bv != nil {
+					extra += math.Abs(float64(bv[j]))
 				}
 				for _, w := range ws {
 					if j < w.Rows {

@@ -113,6 +113,20 @@ func (d *Device) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []
 	d.out(dst, y)
 }
 
+// AddNormLinearCat implements kernels.LinearOps: the add's checks, then
+// NormLinearCat's over sum.
+func (d *Device) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	contiguous("AddNormLinearCat", sum, x, delta)
+	shape("AddNormLinearCat", sum, x.Rows, x.Cols)
+	shape("AddNormLinearCat", delta, x.Rows, x.Cols)
+	xs, dl := d.in("AddNormLinearCat", x, kernels.F32), d.in("AddNormLinearCat", delta, kernels.F32)
+	for i, v := range dl {
+		xs[i] += v
+	}
+	d.out(sum, xs)
+	d.NormLinearCat(dst, sum, n, ws, e)
+}
+
 // NormSwiGLULinear implements kernels.LinearOps.
 func (d *Device) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, gate, up *kernels.Mat, limit float32) {
 	xs := d.normed("NormSwiGLULinear", dst, x, n)

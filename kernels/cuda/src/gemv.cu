@@ -251,10 +251,12 @@ __device__ void gemv_split_rows(float* __restrict__ y, const float* __restrict__
 //
 // split_norm_dot is split_dot of row with s ⊙ x (each product rounded to
 // float32) and, in *sq, warp part p's share of Σx² in float64; both are
-// summed over the warp.
-template <class W>
+// summed over the warp. With ADD, x is x + dl (AddNormLinearCat's pending
+// residual add, one float32 add an element).
+template <class W, bool ADD>
 __device__ float split_norm_dot(const uint8_t* __restrict__ row, const float* __restrict__ x,
-                                const float* __restrict__ nw, int off, int cols, int p, double* sq) {
+                                const float* __restrict__ dl, const float* __restrict__ nw, int off, int cols, int p,
+                                double* sq) {
     const int lane = threadIdx.x & 31;
     float acc = 0.f;
     double ss = 0;
@@ -268,7 +270,15 @@ __device__ float split_norm_dot(const uint8_t* __restrict__ row, const float* __
 #pragma unroll
             for (int q = 0; q < W::kE / 4; q++) {
                 const float4 xv = __ldg(xp + q), sv = __ldg(sp + q);
-                const float xe[4] = {xv.x, xv.y, xv.z, xv.w}, se[4] = {sv.x, sv.y, sv.z, sv.w};
+                float xe[4] = {xv.x, xv.y, xv.z, xv.w};
+                const float se[4] = {sv.x, sv.y, sv.z, sv.w};
+                if (ADD) {
+                    const float4 dv = __ldg(reinterpret_cast<const float4*>(dl + k) + q);
+                    xe[0] = __fadd_rn(xe[0], dv.x);
+                    xe[1] = __fadd_rn(xe[1], dv.y);
+                    xe[2] = __fadd_rn(xe[2], dv.z);
+                    xe[3] = __fadd_rn(xe[3], dv.w);
+                }
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     ss += double(xe[e]) * double(xe[e]);
@@ -279,7 +289,7 @@ __device__ float split_norm_dot(const uint8_t* __restrict__ row, const float* __
         }
     } else {
         for (int k = p * 32 + lane; k < cols; k += kSplit * 32) {
-            const float xk = x[k];
+            const float xk = ADD ? __fadd_rn(x[k], dl[k]) : x[k];
             ss += double(xk) * double(xk);
             const float sc = off ? __fadd_rn(1.f, nw[k]) : nw[k];
             acc = fmaf(W::one(row, k), __fmul_rn(sc, xk), acc);
@@ -301,21 +311,31 @@ __device__ inline float norm_inv(const double* sq, int w0, int cols, float eps) 
 
 // gemv_norm_split is gemv_split_rows with the fused norm: n rows of x one
 // after another, each summed as for that row alone (so the n = 1 decode
-// and a row-exact verification give the same bits). Launch as
-// gemv_split: ceil(rows / 2) blocks of 256 threads.
-template <class W>
-__device__ void gemv_norm_split(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
-                                int n, int rows, int cols, const float* __restrict__ nw, float eps, int off,
-                                const float* __restrict__ bias, int acc_y) {
+// and a row-exact verification give the same bits). With ADD the input is
+// x + dl, which the blocks also write to sum, each a share of the
+// elements (AddNormLinearCat). Launch as gemv_split: ceil(rows / 2)
+// blocks of 256 threads.
+template <class W, bool ADD>
+__device__ void gemv_norm_split(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ dl,
+                                float* __restrict__ sum, const uint8_t* __restrict__ w, int n, int rows, int cols,
+                                const float* __restrict__ nw, float eps, int off, const float* __restrict__ bias,
+                                int acc_y) {
     __shared__ float part[kWarpsPerBlock];
     __shared__ double sqp[kWarpsPerBlock];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
     const int p = warp % kSplit;
+    if (ADD) {
+        const size_t total = size_t(n) * cols;
+        for (size_t k = size_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += size_t(gridDim.x) * blockDim.x)
+            sum[k] = __fadd_rn(x[k], dl[k]);
+    }
     for (int j = 0; j < n; j++) {
         float acc = 0.f;
         double sq = 0;
-        if (r < rows) acc = split_norm_dot<W>(w + size_t(r) * cols * W::kSize, x + size_t(j) * cols, nw, off, cols, p, &sq);
+        if (r < rows)
+            acc = split_norm_dot<W, ADD>(w + size_t(r) * cols * W::kSize, x + size_t(j) * cols, dl + (ADD ? size_t(j) * cols : 0),
+                                         nw, off, cols, p, &sq);
         __syncthreads();  // the previous row's partial sums have been read
         if (lane == 0) {
             part[warp] = acc;
@@ -488,12 +508,26 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
              int off, const float* bias, int acc_y, int pf) {                                       \
         split_prefetch<W>(pf, w, rows, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                         \
-        gemv_norm_split<W>(y, x, w, n, rows, cols, nw, eps, off, bias, acc_y);                      \
+        gemv_norm_split<W, false>(y, x, nullptr, nullptr, w, n, rows, cols, nw, eps, off, bias, acc_y); \
     }
 
 FERRITE_GEMV_NORM(ferrite_gemv_norm_f32, F32W)
 FERRITE_GEMV_NORM(ferrite_gemv_norm_bf16, BF16W)
 FERRITE_GEMV_NORM(ferrite_gemv_norm_f16, F16W)
+
+// AddNormLinearCat's form: the input is x + dl, also written to sum.
+#define FERRITE_GEMV_ADDNORM(name, W)                                                               \
+    extern "C" __global__ void __launch_bounds__(256)                                               \
+        name(float* y, const float* x, const uint8_t* w, int n, int rows, int cols, const float* nw, float eps, \
+             int off, const float* bias, int acc_y, int pf, const float* dl, float* sum) {          \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
+        FERRITE_PDL_WAIT();                                                                         \
+        gemv_norm_split<W, true>(y, x, dl, sum, w, n, rows, cols, nw, eps, off, bias, acc_y);       \
+    }
+
+FERRITE_GEMV_ADDNORM(ferrite_gemv_addnorm_f32, F32W)
+FERRITE_GEMV_ADDNORM(ferrite_gemv_addnorm_bf16, BF16W)
+FERRITE_GEMV_ADDNORM(ferrite_gemv_addnorm_f16, F16W)
 
 FERRITE_GEMV_ROWS(ferrite_gemv_f32_r4, F32W, 4)
 FERRITE_GEMV_ROWS(ferrite_gemv_f32_r8, F32W, 8)

@@ -108,7 +108,7 @@ __device__ void gemv_norm_swiglu(float* __restrict__ y, const float* __restrict_
     const uint8_t* row = w + (size_t(half) * inter + r) * cols * W::kSize;
     for (int j = 0; j < n; j++) {
         double sq;
-        const float acc = split_norm_dot<W>(row, x + size_t(j) * cols, nw, off, cols, warp % kSplit, &sq);
+        const float acc = split_norm_dot<W, false>(row, x + size_t(j) * cols, nullptr, nw, off, cols, warp % kSplit, &sq);
         __syncthreads();  // the previous row's partial sums have been read
         if (lane == 0) {
             part[warp] = acc;
