@@ -49,7 +49,8 @@ type Backend struct {
 	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
 	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
 	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
-	noFuse      bool           // no norm-fused GEMVs and no split merge in the attention kernel (FERRITE_CUDA_FUSE=0, SetFuse)
+	noFuse      bool           // no fused attention (PrepareQKV inside, split merge) (FERRITE_CUDA_FUSE=0, SetFuse)
+	fuseNorm    bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
 	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
 	attnWide    bool           // Attention always with attnGroup query heads a block (tests compare)
 
@@ -73,6 +74,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.graphs.enabled = graphsEnabled() && !d.Profiling()
 	b.moe = moeConfigFromEnv()
 	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") == "0"
+	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}

@@ -16,16 +16,22 @@ import (
 )
 
 // TestNormFused checks the norm-fused GEMVs (NormLinearCat,
-// NormSwiGLULinear, AddNormLinearCat) at model widths, fused and
-// (SetFuse(false)) as RMSNorm then the product: both within LinearTol of
+// NormSwiGLULinear, AddNormLinearCat) at model widths, fused
+// (SetFuseNorm(true)) and as RMSNorm then the product: both within LinearTol of
 // the references over the reference's normed rows, with the worst error logged as a fraction
 // of its tolerance; and, with SetRowExact, every row of a 4-row call equal
 // bit for bit to a call of that row alone (speculative == plain greedy).
 func TestNormFused(t *testing.T) {
+	t.Run("conformance", func(t *testing.T) { // kerneltest's cases of the Norm ops, fused
+		b := openOps(t)
+		b.SetFuseNorm(true)
+		kerneltest.RunNormOps(t, b)
+	})
 	b := openOps(t)
-	defer b.SetFuse(true)
-	logKernelResources(t, b.dev, "ferrite_gemv_bf16_1", "ferrite_gemv_norm_bf16", "ferrite_gemv_swiglu_bf16",
-		"ferrite_gemv_norm_swiglu_bf16", "ferrite_gemv_bf16_x")
+	defer b.SetFuseNorm(false)
+	logKernelResources(t, b.dev, "ferrite_gemv_bf16_1", "ferrite_gemv_norm_bf16", "ferrite_gemv_addnorm_bf16",
+		"ferrite_gemv_swiglu_bf16", "ferrite_gemv_norm_swiglu_bf16", "ferrite_gemv_bf16_x", "ferrite_attn_bf16_4_g4",
+		"ferrite_attn_qkv_bf16_4", "ferrite_attn_bf16_4")
 	for _, c := range []struct {
 		cols, q, kv, inter int
 		offset             bool
@@ -99,7 +105,7 @@ func TestNormFused(t *testing.T) {
 			return lin, sw
 		}
 		for _, fuse := range []bool{true, false} {
-			b.SetFuse(fuse)
+			b.SetFuseNorm(fuse)
 			name := fmt.Sprintf("cols %d offset %v fused %v", c.cols, c.offset, fuse)
 			lin, sw := run(1, 0)
 			worst := 0.0

@@ -231,11 +231,10 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	})
 }
 
-// NormLinearCat implements kernels.LinearOps. One row (or any rows with
-// SetRowExact) runs gemv.cu's GEMV with the norm fused (each block sums
-// x² as it reads x and scales its sums once); more rows, or with the
-// fusion off (FERRITE_CUDA_FUSE=0, SetFuse), RMSNorm into scratch and
-// LinearCat.
+// NormLinearCat implements kernels.LinearOps. With the norm fusion on
+// (SetFuseNorm), one row (or any rows with SetRowExact) runs gemv.cu's
+// GEMV with the norm fused (each block sums x² as it reads x and scales
+// its sums once); otherwise RMSNorm into scratch and LinearCat.
 func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
 	f32Contig("NormLinearCat", dst, x)
 	normArgs("NormLinearCat", x, n)
@@ -273,8 +272,7 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 
 // AddNormLinearCat implements kernels.LinearOps as NormLinearCat does:
 // the fused GEMV reads x + delta (and its blocks write that sum), or,
-// unfused, sum = x (a row copy), the AddRMSNorm kernel in place and the
-// product.
+// unfused, the AddRMSNorm kernel writing the sum to sum, and the product.
 func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
 	f32Contig("AddNormLinearCat", dst, sum, x, delta)
 	normArgs("AddNormLinearCat", x, n)
@@ -306,9 +304,8 @@ func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels
 		})
 		return
 	}
-	b.Copy(sum, x)
 	h := b.Scratch(kernels.F32, rows, x.Cols) // (N, in) the normed rows
-	b.norm(dptr(h), dptr(sum), dptr(delta), dptr(n.W), rows, x.Cols, n.Eps, n.Offset)
+	b.norm(dptr(h), dptr(x), dptr(delta), dptr(n.W), rows, x.Cols, n.Eps, n.Offset, dptr(sum))
 	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
 }
 
@@ -365,21 +362,28 @@ func normArgs(op string, x kernels.Tensor, n *kernels.HeadNorm) {
 // vector loads; rows of a width the loads do not fit take the scalar
 // path).
 func (b *Backend) fusesNorm(x kernels.Tensor, n *kernels.HeadNorm) bool {
-	return !b.noFuse && (x.Rows == 1 || b.rowExact) && (dptr(x)|dptr(n.W))%16 == 0
+	return b.fuseNorm && (x.Rows == 1 || b.rowExact) && (dptr(x)|dptr(n.W))%16 == 0
 }
 
 // normed returns RMSNorm(x, n) in a scratch tensor (the unfused path).
 func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
 	h := b.Scratch(kernels.F32, x.Rows, x.Cols) // (N, in) the normed rows
-	b.norm(dptr(h), dptr(x), 0, dptr(n.W), x.Rows, x.Cols, n.Eps, n.Offset)
+	b.norm(dptr(h), dptr(x), 0, dptr(n.W), x.Rows, x.Cols, n.Eps, n.Offset, 0)
 	return h
 }
 
-// SetFuse turns the norm-fused GEMVs of NormLinearCat and
-// NormSwiGLULinear and Attention's split merge in the attention kernel on
-// or off (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the
-// steps that follow: a switch for benchmarks and tests.
+// SetFuse turns the fused attention — QKVAttention's one kernel and
+// the split merge in the attention kernel — on or off
+// (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the steps that
+// follow: a switch for benchmarks and tests.
 func (b *Backend) SetFuse(on bool) { b.noFuse = !on }
+
+// SetFuseNorm turns the norm-fused GEMVs of NormLinearCat,
+// AddNormLinearCat and NormSwiGLULinear on or off for the steps that
+// follow. They are off by default (FERRITE_CUDA_FUSE_NORM=1 starts a
+// Backend with them on): GPU run 2 measured them slower than the RMSNorm
+// kernel and the plain GEMV together (BENCHMARKS.md, 9).
+func (b *Backend) SetFuseNorm(on bool) { b.fuseNorm = on }
 
 // gemvNormKernels names the norm-fused GEMVs per dtype: [0] the plain one
 // (gemv.cu's gemv_norm_split), [1] with the SwiGLU epilogue over the
@@ -528,7 +532,7 @@ func (b *Backend) RMSNorm(dst, x, w kernels.Tensor, eps float32, offset bool) {
 	if dst.Rows != x.Rows || dst.Cols != x.Cols || w.Elems() != x.Cols {
 		panic("cuda: RMSNorm shapes do not match")
 	}
-	b.norm(dptr(dst), dptr(x), 0, dptr(w), x.Rows, x.Cols, eps, offset)
+	b.norm(dptr(dst), dptr(x), 0, dptr(w), x.Rows, x.Cols, eps, offset, 0)
 }
 
 // AddRMSNorm implements kernels.NormOps.
@@ -542,10 +546,12 @@ func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, off
 	if w.Elems() != res.Cols {
 		panic("cuda: AddRMSNorm weight width")
 	}
-	b.norm(dptr(dst), dptr(res), dptr(delta), dptr(w), res.Rows, res.Cols, eps, offset)
+	b.norm(dptr(dst), dptr(res), dptr(delta), dptr(w), res.Rows, res.Cols, eps, offset, 0)
 }
 
-func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool) {
+// norm queues ferrite_add_rmsnorm: y = RMSNorm(res + delta) (delta 0:
+// none), res + delta written to sum, or to res when sum is 0.
+func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool, sum uint64) {
 	if rows == 0 || dim == 0 {
 		return
 	}
@@ -554,7 +560,7 @@ func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offs
 		block = 1024
 	}
 	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_add_rmsnorm", uint32(rows), block, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset))
+		return d.launchL("ferrite_add_rmsnorm", uint32(rows), block, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset), sum)
 	})
 }
 

@@ -120,6 +120,19 @@ func RunOps(t *testing.T, d kernels.Device) {
 	}
 }
 
+// RunNormOps runs the norm-fused linear ops' cases of RunOps alone
+// (NormLinearCat, AddNormLinearCat, NormSwiGLULinear, and row-exact with
+// the RowVariances check where d is a kernels.RowExact): for a backend
+// switched to another form of them.
+func RunNormOps(t *testing.T, d kernels.Device) {
+	t.Run("NormLinearCat", func(t *testing.T) { normLinearCatTest(t, d) })
+	t.Run("AddNormLinearCat", func(t *testing.T) { addNormLinearCatTest(t, d) })
+	t.Run("NormSwiGLULinear", func(t *testing.T) { normSwigluLinearTest(t, d) })
+	if _, ok := d.(kernels.RowExact); ok {
+		t.Run("RowExact", func(t *testing.T) { rowExactTest(t, d) })
+	}
+}
+
 const guardRows = 2
 
 // buf is a device tensor with guard rows: t is the body view.

@@ -273,21 +273,23 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
 // y = w ⊙ res·rsqrt(mean(res²) + eps) ((1 + w) with offset), the mean of
 // squares summed in float64 and rounded to float32 before eps, as
 // kernels/ref.RMSNorm. Rows are dim values apart; y may be res (plain
-// RMSNorm in place). Launch: one block per row, a multiple of 32 threads
+// RMSNorm in place). With sum set, res + delta goes to sum and res
+// stays (AddNormLinearCat). Launch: one block per row, a multiple of 32 threads
 // up to 1024 (256 for many rows, 1024 for a few: a decode step's single
 // row is latency, not throughput).
 extern "C" __global__ void __launch_bounds__(1024)
     ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
-                        int offset) {
+                        int offset, float* sum) {
     FERRITE_PDL_WAIT();
     __shared__ double partial[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
-    float* xr = res + size_t(r) * dim;
+    const float* in = res + size_t(r) * dim;
+    float* xr = (sum && delta ? sum : res) + size_t(r) * dim;  // where res + delta goes
     float* yr = y + size_t(r) * dim;
     double ss = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = xr[i];
+        float v = in[i];
         if (delta) {
             v = __fadd_rn(v, delta[size_t(r) * dim + i]);
             xr[i] = v;
