@@ -243,23 +243,22 @@ __device__ void gemv_split_rows(float* __restrict__ y, const float* __restrict__
 
 // The GEMVs with a fused RMSNorm (kernels.LinearOps.NormLinearCat):
 // y = inv·(s ⊙ x)·wᵀ for the un-normed x, s the norm weight (1 + w with
-// off) and inv = 1/sqrt(mean(x²) + eps) as kernels/ref.RMSNorm rounds it
-// (float64 sum of squares, the mean rounded to float32, eps added in
-// float32). The four warps of a row read all of x once, so they sum x²
-// on the way at no extra traffic (every row's warps get the same bits);
-// the scale is applied once, after the sums.
+// off) and inv = 1/sqrt(mean(x²) + eps), the mean rounded to float32 and
+// eps added in float32 as kernels/ref.RMSNorm does. The four warps of a
+// block's first row read all of x, so they also sum x² on the way (each
+// lane in float32, the lanes and the four warps in float64: the same bits
+// for every block), and the block's rows scale their sums by inv once.
 //
 // split_norm_dot is split_dot of row with s ⊙ x (each product rounded to
-// float32) and, in *sq, warp part p's share of Σx² in float64; both are
+// float32) and, with want_sq, in *sq warp part p's share of Σx²; both are
 // summed over the warp. With ADD, x is x + dl (AddNormLinearCat's pending
 // residual add, one float32 add an element).
 template <class W, bool ADD>
 __device__ float split_norm_dot(const uint8_t* __restrict__ row, const float* __restrict__ x,
                                 const float* __restrict__ dl, const float* __restrict__ nw, int off, int cols, int p,
-                                double* sq) {
+                                bool want_sq, double* sq) {
     const int lane = threadIdx.x & 31;
-    float acc = 0.f;
-    double ss = 0;
+    float acc = 0.f, ss = 0.f;
     if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
 #pragma unroll 4
         for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
@@ -281,7 +280,7 @@ __device__ float split_norm_dot(const uint8_t* __restrict__ row, const float* __
                 }
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    ss += double(xe[e]) * double(xe[e]);
+                    if (want_sq) ss = fmaf(xe[e], xe[e], ss);
                     const float sc = off ? __fadd_rn(1.f, se[e]) : se[e];
                     acc = fmaf(wv[4 * q + e], __fmul_rn(sc, xe[e]), acc);
                 }
@@ -290,21 +289,21 @@ __device__ float split_norm_dot(const uint8_t* __restrict__ row, const float* __
     } else {
         for (int k = p * 32 + lane; k < cols; k += kSplit * 32) {
             const float xk = ADD ? __fadd_rn(x[k], dl[k]) : x[k];
-            ss += double(xk) * double(xk);
+            if (want_sq) ss = fmaf(xk, xk, ss);
             const float sc = off ? __fadd_rn(1.f, nw[k]) : nw[k];
             acc = fmaf(W::one(row, k), __fmul_rn(sc, xk), acc);
         }
     }
-    *sq = warp_sum_f64(ss);
+    if (want_sq) *sq = warp_sum_f64(double(ss));
     return warp_sum(acc);
 }
 
 // norm_inv is the RMSNorm scale of a row of cols values from the kSplit
-// partial sums of squares from sq[w0] on, added in a fixed order.
-__device__ inline float norm_inv(const double* sq, int w0, int cols, float eps) {
-    double s = sq[w0];
+// partial sums of squares from sq[0] on, added in a fixed order.
+__device__ inline float norm_inv(const double* sq, int cols, float eps) {
+    double s = sq[0];
 #pragma unroll
-    for (int i = 1; i < kSplit; i++) s += sq[w0 + i];
+    for (int i = 1; i < kSplit; i++) s += sq[i];
     const float ms = float(s / double(cols));
     return float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
 }
@@ -321,10 +320,11 @@ __device__ void gemv_norm_split(float* __restrict__ y, const float* __restrict__
                                 const float* __restrict__ nw, float eps, int off, const float* __restrict__ bias,
                                 int acc_y) {
     __shared__ float part[kWarpsPerBlock];
-    __shared__ double sqp[kWarpsPerBlock];
+    __shared__ double sqp[kSplit];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
     const int p = warp % kSplit;
+    const bool first = warp < kSplit;  // the block's first row: it sums x²
     if (ADD) {
         const size_t total = size_t(n) * cols;
         for (size_t k = size_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += size_t(gridDim.x) * blockDim.x)
@@ -335,15 +335,15 @@ __device__ void gemv_norm_split(float* __restrict__ y, const float* __restrict__
         double sq = 0;
         if (r < rows)
             acc = split_norm_dot<W, ADD>(w + size_t(r) * cols * W::kSize, x + size_t(j) * cols, dl + (ADD ? size_t(j) * cols : 0),
-                                         nw, off, cols, p, &sq);
+                                         nw, off, cols, p, first, &sq);
         __syncthreads();  // the previous row's partial sums have been read
         if (lane == 0) {
             part[warp] = acc;
-            sqp[warp] = sq;
+            if (first) sqp[warp] = sq;
         }
         __syncthreads();
         if (p == 0 && lane == 0 && r < rows) {
-            const float inv = norm_inv(sqp, warp, cols, eps);
+            const float inv = norm_inv(sqp, cols, eps);
             store(y + size_t(j) * rows + r, __fmul_rn(split_total(part, warp), inv), bias, r, acc_y);
         }
     }

@@ -93,30 +93,31 @@ __device__ void gemv_swiglu(float* __restrict__ y, const float* __restrict__ x, 
 // gemv_swiglu with gemv.cu's fused RMSNorm (NormSwiGLULinear), over n
 // rows of x one after another, each as for that row alone: block r's
 // warps 0–3 sum gate row r and warps 4–7 up row r (split_norm_dot), the
-// norm scale is the gate warps' (the up warps sum the same squares to the
-// same bits), and y[j, r] = swiglu(inv·gate, inv·up). Launch: inter blocks
+// gate warps also the squares for the norm scale, and y[j, r] =
+// swiglu(inv·gate, inv·up). Launch: inter blocks
 // of 256 threads.
 template <class W>
 __device__ void gemv_norm_swiglu(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
                                  int n, int inter, int cols, const float* __restrict__ nw, float eps, int off,
                                  float limit) {
     __shared__ float part[kWarpsPerBlock];
-    __shared__ double sqp[kWarpsPerBlock];
+    __shared__ double sqp[kSplit];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = blockIdx.x;
     const int half = warp / kSplit;  // 0: gate, 1: up
     const uint8_t* row = w + (size_t(half) * inter + r) * cols * W::kSize;
     for (int j = 0; j < n; j++) {
-        double sq;
-        const float acc = split_norm_dot<W, false>(row, x + size_t(j) * cols, nullptr, nw, off, cols, warp % kSplit, &sq);
+        double sq = 0;
+        const float acc =
+            split_norm_dot<W, false>(row, x + size_t(j) * cols, nullptr, nw, off, cols, warp % kSplit, half == 0, &sq);
         __syncthreads();  // the previous row's partial sums have been read
         if (lane == 0) {
             part[warp] = acc;
-            sqp[warp] = sq;
+            if (half == 0) sqp[warp] = sq;
         }
         __syncthreads();
         if (threadIdx.x == 0) {
-            const float inv = norm_inv(sqp, 0, cols, eps);
+            const float inv = norm_inv(sqp, cols, eps);
             y[size_t(j) * inter + r] = swiglu_clamp1(__fmul_rn(split_total(part, 0), inv),
                                                      __fmul_rn(split_total(part, kSplit), inv), limit);
         }
