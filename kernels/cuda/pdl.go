@@ -64,15 +64,28 @@ func (d *Device) SetPDL(on bool) bool {
 }
 
 // Weight prefetch: the split GEMVs (gemv.cu's gemv_split, gemv_split_rows,
-// gemv_norm_split, ops.cu's gemv_swiglu and gemv_norm_swiglu) take a last
-// argument pf; with it set, each block first asks L2 for its weight rows
-// (prefetch.global.L2) and only then waits for the kernel before it. A
+// gemv_norm_split, ops.cu's gemv_swiglu and gemv_norm_swiglu) take an
+// argument pf; each of the grid's first pf blocks first asks L2 for its
+// weight rows (prefetch.global.L2) and only then waits for the kernel
+// before it. A
 // step's kernels never write weights, so under PDL the weight stream of
 // the next product starts while the current kernel drains: the small
 // kernels between products (norms, attention) and the products' tails
 // overlap with it. It is off by default: GPU run 2 measured the bare
 // GEMV step 0.7 ms slower with it (4.49 against 3.79 ms); FERRITE_CUDA_PREFETCH=1
 // turns it on (SetPrefetch).
+
+// prefetchBlocks is the split GEMVs' prefetch argument pf: with the
+// prefetch on, the blocks of a first wave (8 of 256 threads a
+// multiprocessor), which are the ones that can be resident before the
+// kernel before has finished; the later blocks' own loads follow their
+// prefetch at once, so it would only add requests. 0 with it off.
+func (d *Device) prefetchBlocks() int {
+	if !d.prefetch {
+		return 0
+	}
+	return 8 * d.SMs
+}
 
 // SetPrefetch turns the GEMVs' weight prefetch on or off for later
 // launches: a switch for benchmarks and tests.

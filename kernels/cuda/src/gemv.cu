@@ -93,13 +93,14 @@ __device__ inline void store(float* y, float s, const float* bias, int r, int ac
     *y = s;
 }
 
-// weight_prefetch, when pf is set, asks L2 for the bytes bytes from p on,
-// the block's threads striding the 128-byte lines. The split GEMVs call it
-// for their weight rows before FERRITE_PDL_WAIT (the weights are never
-// written by a step's kernels), so under PDL the weight stream starts
-// while the kernel before drains (kernels/cuda/pdl.go).
+// weight_prefetch, in the first pf blocks of the grid (the ones resident
+// while the kernel before may still run; 0: none), asks L2 for the bytes
+// bytes from p on, the block's threads striding the 128-byte lines. The
+// split GEMVs call it for their weight rows before FERRITE_PDL_WAIT (the
+// weights are never written by a step's kernels), so under PDL the weight
+// stream starts while the kernel before drains (kernels/cuda/pdl.go).
 __device__ inline void weight_prefetch(int pf, const uint8_t* p, size_t bytes) {
-    if (!pf) return;
+    if (int(blockIdx.x) >= pf) return;
     for (size_t o = size_t(threadIdx.x) * 128; o < bytes; o += size_t(blockDim.x) * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
 }
