@@ -636,7 +636,8 @@ func prepArgs(op string, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r
 }
 
 // QKVAttention implements kernels.AttentionOps. One row (a decode step)
-// without the fusion switched off runs the attention kernel's QKV form,
+// without the fusion switched off (SetFuse, FERRITE_CUDA_FUSE_QKV=0 for
+// this one alone) runs the attention kernel's QKV form,
 // which prepares its query heads in the block and, in the split that
 // holds the row's position, stores the row's key and value before reading
 // them (no PrepareQKV kernel); otherwise PrepareQKV into scratch, then
@@ -646,7 +647,7 @@ func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.
 	if out.Rows != n {
 		panic("cuda: QKVAttention shapes do not match")
 	}
-	if b.noFuse || n != 1 || !b.attnG4(s, n) || b.usePrefill(s, n) {
+	if b.noFuse || b.noFuseQKV || n != 1 || !b.attnG4(s, n) || b.usePrefill(s, n) {
 		q := b.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim) normed and rotated
 		b.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
 		b.Attention(out, q, kc, vc, p, s)
