@@ -670,7 +670,9 @@ __device__ void attn_block(const AttnArgs& a) {
 #pragma unroll
         for (int g = 0; g < G; g++) pw[warp][g][lane] = pe[g];
         __syncwarp();
-        constexpr int kV = DPL <= 4 ? 8 : 4;  // fewer for wide heads (registers)
+        // Fewer for wide heads (registers); more with 4 heads a block (the
+        // decode kernel: few blocks, registers to spare).
+        constexpr int kV = DPL > 4 ? 4 : G <= 4 ? 16 : 8;
         const int nk = min(32, k1 - t0);
         for (int k0v = 0; k0v < nk; k0v += kV) {
             float vv[kV][DPL];
