@@ -166,27 +166,37 @@ func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 // LinearCat implements kernels.LinearOps: the weights are stacked once on
 // the device (stacked) and run as one product.
 func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) {
-	f32Contig("LinearCat", dst, x)
+	if dw, bias, ok := b.catArgs("LinearCat", dst, x, ws, e); ok {
+		b.linearW(dptr(dst), dptr(x), bias, dw, x.Rows, e.Accumulate)
+	}
+}
+
+// catArgs checks the operands of op (LinearCat or a Norm form of it) and
+// returns the stacked weights and the bias address; ok is false when there
+// is nothing to run (no rows or no outputs) or the upload failed (kept for
+// Err).
+func (b *Backend) catArgs(op string, dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) (dw *Weight, bias uint64, ok bool) {
+	f32Contig(op, dst, x)
 	total := 0
 	for _, w := range ws {
 		if w.Cols != x.Cols || w.Cols == 0 {
-			panic("cuda: LinearCat weights of another width")
+			panic("cuda: " + op + " weights of another width")
 		}
 		total += w.Rows
 	}
 	if dst.Cols != total || dst.Rows != x.Rows {
-		panic("cuda: LinearCat shapes do not match the weights")
+		panic("cuda: " + op + " shapes do not match the weights")
 	}
-	bias := biasPtr("LinearCat", e.Bias, total)
+	bias = biasPtr(op, e.Bias, total)
 	if x.Rows == 0 || total == 0 {
-		return
+		return nil, 0, false
 	}
 	dw, err := b.stacked(ws...)
 	if err != nil {
 		b.fail(err)
-		return
+		return nil, 0, false
 	}
-	b.linearW(dptr(dst), dptr(x), bias, dw, x.Rows, e.Accumulate)
+	return dw, bias, true
 }
 
 // SwiGLULinear implements kernels.LinearOps: gate and up stacked once on
@@ -236,25 +246,9 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 // GEMV with the norm fused (each block sums x² as it reads x and scales
 // its sums once); otherwise RMSNorm into scratch and LinearCat.
 func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
-	f32Contig("NormLinearCat", dst, x)
 	normArgs("NormLinearCat", x, n)
-	total := 0
-	for _, w := range ws {
-		if w.Cols != x.Cols || w.Cols == 0 {
-			panic("cuda: NormLinearCat weights of another width")
-		}
-		total += w.Rows
-	}
-	if dst.Cols != total || dst.Rows != x.Rows {
-		panic("cuda: NormLinearCat shapes do not match the weights")
-	}
-	bias := biasPtr("NormLinearCat", e.Bias, total)
-	if x.Rows == 0 || total == 0 {
-		return
-	}
-	dw, err := b.stacked(ws...)
-	if err != nil {
-		b.fail(err)
+	dw, bias, ok := b.catArgs("NormLinearCat", dst, x, ws, e)
+	if !ok {
 		return
 	}
 	rows := x.Rows
@@ -274,25 +268,13 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 // the fused GEMV reads x + delta (and its blocks write that sum), or,
 // unfused, the AddRMSNorm kernel writing the sum to sum, and the product.
 func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
-	f32Contig("AddNormLinearCat", dst, sum, x, delta)
+	f32Contig("AddNormLinearCat", sum, delta)
 	normArgs("AddNormLinearCat", x, n)
-	total := 0
-	for _, w := range ws {
-		if w.Cols != x.Cols || w.Cols == 0 {
-			panic("cuda: AddNormLinearCat weights of another width")
-		}
-		total += w.Rows
+	if sum.Rows != x.Rows || sum.Cols != x.Cols || delta.Rows != x.Rows || delta.Cols != x.Cols {
+		panic("cuda: AddNormLinearCat shapes differ")
 	}
-	if dst.Cols != total || dst.Rows != x.Rows || sum.Rows != x.Rows || sum.Cols != x.Cols || delta.Rows != x.Rows || delta.Cols != x.Cols {
-		panic("cuda: AddNormLinearCat shapes do not match the weights")
-	}
-	bias := biasPtr("AddNormLinearCat", e.Bias, total)
-	if x.Rows == 0 || total == 0 {
-		return
-	}
-	dw, err := b.stacked(ws...)
-	if err != nil {
-		b.fail(err)
+	dw, bias, ok := b.catArgs("AddNormLinearCat", dst, x, ws, e)
+	if !ok {
 		return
 	}
 	rows := x.Rows

@@ -864,6 +864,29 @@ func linearScale(x []float32, w *kernels.Mat, r, j int, extra float64) float64 {
 	return s + 1e-30
 }
 
+// catScale is LinearTol's scale for element i of LinearCat's output
+// (total wide) over the input x: Σₖ|x·w| of its weight row, + |bias| and,
+// when accumulating, + |y0[i]| (bv, y0 nil for none).
+func catScale(x []float32, ws []*kernels.Mat, total int, bv, y0 []float32) func(int) float64 {
+	return func(i int) float64 {
+		r, j := i/total, i%total
+		extra := 0.0
+		if bv != nil {
+			extra += math.Abs(float64(bv[j]))
+		}
+		if y0 != nil {
+			extra += math.Abs(float64(y0[i]))
+		}
+		for _, w := range ws {
+			if j < w.Rows {
+				return linearScale(x, w, r, j, extra)
+			}
+			j -= w.Rows
+		}
+		return extra
+	}
+}
+
 func linearCatTest(t *testing.T, d kernels.Device) {
 	for _, c := range []struct {
 		n    int
@@ -910,23 +933,7 @@ func linearCatTest(t *testing.T, d kernels.Device) {
 			want := append(make([]float32, 0, c.n*total), y0...)[:c.n*total]
 			xr, _ := RoundX(d, xv, ws[0], c.n)
 			ref.LinearCat(want, xr, ws, bv, c.acc, c.n)
-			compare(t, "y", got, want, LinearTol, func(i int) float64 {
-				r, j := i/total, i%total
-				extra := 0.0
-				if bv != nil {
-					extra += math.Abs(float64(bv[j]))
-				}
-				if y0 != nil {
-					extra += math.Abs(float64(y0[i]))
-				}
-				for _, w := range ws {
-					if j < w.Rows {
-						return linearScale(xv, w, r, j, extra)
-					}
-					j -= w.Rows
-				}
-				return extra
-			})
+			compare(t, "y", got, want, LinearTol, catScale(xv, ws, total, bv, y0))
 		})
 	}
 }
@@ -1034,23 +1041,7 @@ func normLinearCatTest(t *testing.T, d kernels.Device) {
 			want := append(make([]float32, 0, c.n*total), y0...)[:c.n*total]
 			hr, _ := RoundX(d, h, ws[0], c.n)
 			ref.LinearCat(want, hr, ws, bv, c.acc, c.n)
-			compare(t, "y", got, want, LinearTol, func(i int) float64 {
-				r, j := i/total, i%total
-				extra := 0.0
-				if bv != nil {
-					extra += math.Abs(float64(bv[j]))
-				}
-				if y0 != nil {
-					extra += math.Abs(float64(y0[i]))
-				}
-				for _, w := range ws {
-					if j < w.Rows {
-						return linearScale(h, w, r, j, extra)
-					}
-					j -= w.Rows
-				}
-				return extra
-			})
+			compare(t, "y", got, want, LinearTol, catScale(h, ws, total, bv, y0))
 		})
 	}
 }
@@ -1111,20 +1102,7 @@ func addNormLinearCatTest(t *testing.T, d kernels.Device) {
 			want := make([]float32, c.n*total)
 			hr, _ := RoundX(d, h, ws[0], c.n)
 			ref.LinearCat(want, hr, ws, bv, false, c.n)
-			compare(t, "y", y.read(t, "y"), want, LinearTol, func(i int) float64 {
-				r, j := i/total, i%total
-				extra := 0.0
-				if bv != nil {
-					extra += math.Abs(float64(bv[j]))
-				}
-				for _, w := range ws {
-					if j < w.Rows {
-						return linearScale(h, w, r, j, extra)
-					}
-					j -= w.Rows
-				}
-				return extra
-			})
+			compare(t, "y", y.read(t, "y"), want, LinearTol, catScale(h, ws, total, bv, nil))
 		})
 	}
 }
