@@ -49,7 +49,7 @@ type Backend struct {
 	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
 	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
 	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
-	noFuse      bool           // no fused attention (PrepareQKV inside, split merge) (FERRITE_CUDA_FUSE=0, SetFuse)
+	noFuse      bool           // no fused attention (PrepareQKV inside, split merge): the default; FERRITE_CUDA_FUSE=1, SetFuse
 	fuseNorm    bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
 	noFuseQKV   bool           // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
 	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
@@ -74,7 +74,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
 	b.graphs.enabled = graphsEnabled() && !d.Profiling()
 	b.moe = moeConfigFromEnv()
-	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") == "0"
+	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") != "1"
 	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
 	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
