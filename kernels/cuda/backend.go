@@ -43,17 +43,20 @@ type Backend struct {
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
-	splitKVOnly bool           // Attention without the prefill kernel (its tests and benchmarks compare)
-	prefillRows int            // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
-	noMMA       bool           // Experts' prefill path keeps off the tensor cores (tests)
-	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
-	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
-	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
-	noFuse      bool           // no fused attention (PrepareQKV inside, split merge): the default; FERRITE_CUDA_FUSE=1, SetFuse
-	fuseNorm    bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
-	noFuseQKV   bool           // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
-	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
-	attnWide    bool           // Attention always with attnGroup query heads a block (tests compare)
+	splitKVOnly bool      // Attention without the prefill kernel (its tests and benchmarks compare)
+	prefillRows int       // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
+	noMMA       bool      // Experts' prefill path keeps off the tensor cores (tests)
+	rowExact    bool      // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
+	moe         moeConfig // Experts' kernels for a few tokens (moe.go)
+	mlaNoTC     bool      // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
+	noFuse      bool      // no fused attention (PrepareQKV inside, split merge): the default; FERRITE_CUDA_FUSE=1, SetFuse
+	fuseNorm    bool      // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
+	noFuseQKV   bool      // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
+	// noAttnPrefetch: a one-row Attention's kernel does not ask L2 for its
+	// keys and values before its PDL wait (FERRITE_CUDA_ATTN_PREFETCH=0)
+	noAttnPrefetch bool
+	attnCnt        kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
+	attnWide       bool           // Attention always with attnGroup query heads a block (tests compare)
 
 	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
 	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
@@ -76,6 +79,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.moe = moeConfigFromEnv()
 	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") != "1"
 	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
+	b.noAttnPrefetch = os.Getenv("FERRITE_CUDA_ATTN_PREFETCH") == "0"
 	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)

@@ -507,6 +507,7 @@ struct AttnArgs {
     float scale;
     int ptile;  // prefill.cu's row tile when it ran first (prefill_owns), else 0
     int* cnt;   // the split counters when the last block merges the splits, else null
+    int pf;     // attn_prefetch before the PDL wait
     // The QKV form only (one row): the q/k/v product's row, the row's cache
     // slot, the cache's slots and PrepareQKV's parameters.
     const float* qkv;
@@ -514,6 +515,34 @@ struct AttnArgs {
     int slots;
     PrepArgs prep;
 };
+
+// attn_prefetch, with a.pf set, asks L2 for the keys and values of the
+// block's split before the kernel waits for the one before it: a thread a
+// position. The step's positions, sequences and block table are its
+// inputs, written before its kernels, and past positions' keys and values
+// were stored by earlier steps; the row's own key, which the kernel before
+// may still be storing, is only prefetched (L2 is coherent), never read
+// here.
+template <bool BF>
+__device__ inline void attn_prefetch(const AttnArgs& a) {
+    if (!a.pf || a.ptile) return;
+    const int i = blockIdx.x, kvh = blockIdx.y / a.chunks;
+    const int len = a.pos[i] + 1;
+    const int k0 = blockIdx.z * a.split, k1 = min(len, k0 + a.split);
+    const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
+    const size_t kw = size_t(a.kvh) * a.hd, off = size_t(kvh) * a.hd;
+    constexpr int esz = BF ? 2 : 4;
+    const int rowb = a.hd * esz;
+    for (int p = k0 + int(threadIdx.x); p < k1; p += blockDim.x) {
+        const size_t e = ((size_t(bt[p / a.bs]) * a.bs + p % a.bs) * kw + off) * esz;
+        const char* kp = static_cast<const char*>(a.kc) + e;
+        const char* vp = static_cast<const char*>(a.vc) + e;
+        for (int o = 0; o < rowb; o += 128) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(kp + o));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vp + o));
+        }
+    }
+}
 
 // split_merge is element d of a head's output from its splits' partials
 // pp (splits × (hd + 2): max, sum, acc[hd]), read from L2 (other blocks
@@ -558,13 +587,15 @@ __device__ inline void kv8(const void* c, size_t e, float* o) {
 }
 
 // attn_block is the attention kernels' whole body (their macro only packs
-// the arguments), so it starts with their programmatic-launch wait. G is
+// the arguments), so it starts with their programmatic-launch wait (after
+// attn_prefetch, which reads only the step's inputs and past keys). G is
 // the query heads a block handles (G, or 4 for groups of up to 4
 // heads: no work on empty heads); every head's sums are the same whatever
 // G, so the two give the same bits. The queries and each tile's
 // probabilities are read from shared memory four at a time.
 template <int DPL, bool BF, int G, bool QKV>
 __device__ void attn_block(const AttnArgs& a) {
+    attn_prefetch<BF>(a);
     FERRITE_PDL_WAIT();
     __shared__ __align__(16) float sq[G][kAttnMaxHD];
     __shared__ __align__(16) float pw[kAttnWarps][G][32];  // each warp's tile probabilities
@@ -772,9 +803,9 @@ __device__ void attn_block(const AttnArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
-        int chunks, int split, float scale, int ptile, int* cnt) {                                     \
+        int chunks, int split, float scale, int ptile, int* cnt, int pf) {                             \
         AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
-                   cnt};                                                                               \
+                   cnt, pf};                                                                           \
         attn_block<DPL, BF, G, false>(a);                                                              \
     }
 
@@ -784,11 +815,11 @@ __device__ void attn_block(const AttnArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
-        int chunks, int split, float scale, int ptile, int* cnt, const float* qkv, const int* slot,     \
+        int chunks, int split, float scale, int ptile, int* cnt, int pf, const float* qkv, const int* slot, \
         int slots, const float* qn, float qeps, const float* kn, float keps, const float* inv, int half, \
         float rscale, int flags) {                                                                     \
         AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
-                   cnt, qkv, slot, slots, PrepArgs{qn, kn, inv, qeps, keps, rscale, half, flags}};      \
+                   cnt, pf, qkv, slot, slots, PrepArgs{qn, kn, inv, qeps, keps, rscale, half, flags}};  \
         attn_block<DPL, BF, G, true>(a);                                                               \
     }
 
