@@ -18,8 +18,10 @@
 // programmatic dependent launch (pdl.go; FERRITE_CUDA_PDL=0 turns it off),
 // and FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of that many rows a
 // block. FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
-// copy and memset with CUDA events into a per-kernel table (profile.go,
-// kernels.Profiler; ferrite bench prints it after each case).
+// copy and memset with CUDA events into a per-kernel table;
+// FERRITE_CUDA_PROFILE=graph times the kernels of replayed step graphs
+// through event record nodes instead (profile.go, kernels.Profiler; ferrite
+// bench prints the table after each case).
 //
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and

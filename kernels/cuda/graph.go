@@ -40,6 +40,7 @@ type stepGraph struct {
 	trace []uint64
 	exec  uintptr // CUgraphExec
 	used  uint64  // stepGraphs.clock when last replayed
+	prof  []int   // the profile rows of its timed spans (FERRITE_CUDA_PROFILE=graph)
 }
 
 // stepGraphs is a Backend's graph state, owned by the device thread.
@@ -74,10 +75,11 @@ func (g *stepGraphs) find(tr []uint64, h uint64) *stepGraph {
 	return nil
 }
 
-// add caches the graph exec of trace tr (hash h) and returns the graph it
-// evicts to make room (0 for none), for the caller to destroy.
-func (g *stepGraphs) add(tr []uint64, h uint64, exec uintptr) (evicted uintptr) {
-	c := stepGraph{hash: h, trace: tr, exec: exec, used: g.clock}
+// add caches the graph exec of trace tr (hash h), whose timed spans are
+// counted under the profile rows prof, and returns the graph it evicts to
+// make room (0 for none), for the caller to destroy.
+func (g *stepGraphs) add(tr []uint64, h uint64, exec uintptr, prof []int) (evicted uintptr) {
+	c := stepGraph{hash: h, trace: tr, exec: exec, used: g.clock, prof: prof}
 	if len(g.cache) < graphCacheSize {
 		g.cache = append(g.cache, c)
 		return 0
@@ -111,7 +113,7 @@ func runOps(d *Device, ops []func(*Device) error) error {
 // repeats the previous step, eagerly otherwise.
 func (b *Backend) runStepL(ops []func(*Device) error) error {
 	d, g := b.dev, &b.graphs
-	if d.prof != nil && len(ops) > 0 {
+	if d.prof != nil && !d.prof.graph && len(ops) > 0 {
 		d.prof.table.steps++
 	}
 	if !g.enabled || len(ops) == 0 {
@@ -131,30 +133,36 @@ func (b *Backend) runStepL(ops []func(*Device) error) error {
 	switch {
 	case c != nil:
 	case repeat:
-		exec, err := b.captureL(ops)
+		exec, prof, err := b.captureL(ops)
 		if err != nil {
 			g.enabled, g.err = false, err
 			return runOps(d, ops)
 		}
-		if old := g.add(tr, h, exec); old != 0 {
+		if old := g.add(tr, h, exec, prof); old != 0 {
 			call(driver.cuGraphExecDestroy, old)
 		}
 		g.captures++
-		c = &stepGraph{exec: exec}
+		c = &stepGraph{exec: exec, prof: prof}
 	default:
 		return runOps(d, ops)
 	}
 	g.replays++
+	if d.prof != nil {
+		return d.prof.replayL(d, c)
+	}
 	return check("cuGraphLaunch", call(driver.cuGraphLaunch, c.exec, d.stream))
 }
 
-// captureL records ops into a graph and returns it instantiated.
-func (b *Backend) captureL(ops []func(*Device) error) (uintptr, error) {
+// captureL records ops into a graph and returns it instantiated, with the
+// profile rows of the spans it times (FERRITE_CUDA_PROFILE=graph).
+func (b *Backend) captureL(ops []func(*Device) error) (uintptr, []int, error) {
 	d := b.dev
 	if err := check("cuStreamBeginCapture", call(driver.cuStreamBeginCapture, d.stream, captureRelaxed)); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
+	d.prof.beginCapture()
 	runErr := runOps(d, ops)
+	prof := d.prof.endCapture()
 	var graph, exec uintptr
 	err := check("cuStreamEndCapture", call(driver.cuStreamEndCapture, d.stream, uintptr(unsafe.Pointer(&graph))))
 	if runErr != nil {
@@ -166,7 +174,7 @@ func (b *Backend) captureL(ops []func(*Device) error) (uintptr, error) {
 	if graph != 0 {
 		call(driver.cuGraphDestroy, graph)
 	}
-	return exec, err
+	return exec, prof, err
 }
 
 // dropGraphL destroys every cached graph.

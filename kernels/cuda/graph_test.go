@@ -22,7 +22,7 @@ func TestGraphCache(t *testing.T) {
 			t.Fatalf("trace %d found before it was added", i)
 		}
 		tr := trace(i)
-		if old := g.add(tr, traceHash(tr), uintptr(100+i)); old != 0 {
+		if old := g.add(tr, traceHash(tr), uintptr(100+i), nil); old != 0 {
 			t.Fatalf("adding graph %d of %d evicted %d", i+1, graphCacheSize, old)
 		}
 	}
@@ -37,7 +37,7 @@ func TestGraphCache(t *testing.T) {
 	// Trace 0 is replayed again: trace 1 is now the least recently used.
 	lookup(0)
 	tr := trace(graphCacheSize)
-	if old := g.add(tr, traceHash(tr), 999); old != 101 {
+	if old := g.add(tr, traceHash(tr), 999, nil); old != 101 {
 		t.Fatalf("evicted graph %d, want 101 (trace 1, least recently used)", old)
 	}
 	if lookup(1) != 0 || lookup(0) != 100 || lookup(graphCacheSize) != 999 {

@@ -121,6 +121,9 @@ var driver struct {
 	// Optional (0 when the driver lacks them): what the chat reports, never
 	// needed to run; cuLaunchKernelEx for programmatic dependent launch.
 	cuMemGetInfo, cuLaunchKernelEx uintptr
+	// cuEventRecordWithFlags: event record nodes in captured graphs, for
+	// FERRITE_CUDA_PROFILE=graph.
+	cuEventRecordWithFlags uintptr
 }
 
 // errNoDriver wraps every failure to load libcuda.so.1.
@@ -160,7 +163,8 @@ func loadDriver() error {
 		if driver.err != nil {
 			return
 		}
-		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo, "cuLaunchKernelEx": &d.cuLaunchKernelEx})
+		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo, "cuLaunchKernelEx": &d.cuLaunchKernelEx,
+			"cuEventRecordWithFlags": &d.cuEventRecordWithFlags})
 		if err := check("cuInit", call(d.cuInit, 0)); err != nil {
 			driver.err = err
 			return
