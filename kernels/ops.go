@@ -223,7 +223,9 @@ const (
 // only the TopKGroups groups with the best sum of their two best biased
 // scores stay eligible; the weights are the unbiased s, divided by their sum
 // + 1e-20 when NormTopK. Both then multiply by Scale. Ties go to the lower
-// expert id.
+// expert id. Shared > 0 appends, after a token's TopK routed experts, the
+// experts every token takes: ids experts, experts + 1, … (the expert list
+// given to Experts holds them after the routed ones) with weight 1.
 type Router struct {
 	Bias       Tensor // (1, experts) F32 selection bias; zero Tensor for none
 	Scoring    Scoring
@@ -232,6 +234,18 @@ type Router struct {
 	Scale      float32 // routed_scaling_factor; 1 for none
 	Groups     int     // n_group; ≤ 1 disables grouped selection
 	TopKGroups int     // topk_group
+	Shared     int     // shared experts folded into the routed ones (SharedExperts); 0 for none
+}
+
+// Width is the columns of Route's ids and weights: TopK + Shared.
+func (r *Router) Width() int { return r.TopK + r.Shared }
+
+// SharedExperts is implemented by a backend whose Experts runs an expert
+// that every token of the call takes (Router.Shared) at least as fast as
+// the separate dense SwiGLU MLP: a model then folds its ungated shared
+// experts into the routed ones, one Experts call instead of three ops.
+type SharedExperts interface {
+	FoldsSharedExperts() bool
 }
 
 // Expert is one routed expert's SwiGLU weights, fused (GateUp) or separate.
@@ -244,8 +258,8 @@ type Expert struct {
 
 // MoEOps route tokens to experts and run them.
 type MoEOps interface {
-	// Route sets ids and w (N, TopK), I32 and F32, from the router logits
-	// (N, experts) F32.
+	// Route sets ids and w (N, r.Width()), I32 and F32, from the router
+	// logits (N, experts) F32.
 	Route(ids, w, logits Tensor, r *Router)
 
 	// Experts sets dst (N, hidden) = Σ_k w[i,k]·Expert_{ids[i,k]}(x[i]) for

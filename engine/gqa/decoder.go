@@ -515,22 +515,25 @@ func (in *Inputs) UploadStates(dev kernels.Device, b *model.Batch, st *Step) err
 func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) *model.Output {
 	var lg, hs, top []float32
 	var vocab, hidden, k int
+	var dst [][]float32 // what to read back, in one wait where the device can
+	var src []kernels.Tensor
 	if logits.Valid() {
 		vocab = logits.Cols
 		if st.top.Valid() {
 			k = st.top.Cols / 2
 			top = make([]float32, st.top.Elems())
-			dev.ReadF32(top, st.top)
+			dst, src = append(dst, top), append(src, st.top)
 		} else {
 			lg = make([]float32, logits.Elems())
-			dev.ReadF32(lg, logits)
+			dst, src = append(dst, lg), append(src, logits)
 		}
 	}
 	if hid.Valid() {
 		hs = make([]float32, hid.Elems())
-		dev.ReadF32(hs, hid)
+		dst, src = append(dst, hs), append(src, hid)
 		hidden = hid.Cols
 	}
+	kernels.ReadF32s(dev, dst, src)
 	n := len(b.Seqs)
 	first := make([]int, n+1) // (seqs+1) first logit row of each sequence, then the total
 	for i := range b.Seqs {

@@ -149,14 +149,16 @@ func (m *MLP) Forward(c *Ctx, y, h kernels.Tensor) { m.forward(c, y, h, false) }
 
 // MoE is a routed mixture of SwiGLU experts plus optional shared experts:
 // y = Σ_k w_k·Expert_k(h) + g·Shared(h), g = sigmoid(SharedGate(h)) for
-// Qwen-style gated shared experts and 1 otherwise.
+// Qwen-style gated shared experts and 1 otherwise. On a backend with
+// kernels.SharedExperts an ungated shared expert of the routed experts'
+// shape is folded in (foldShared): the last of Experts, Router.Shared 1.
 type MoE struct {
 	Gate       *kernels.Mat // (experts, hidden) router
 	Router     kernels.Router
-	Experts    []kernels.Expert
-	Limit      float32 // the experts' SwiGLU clamp (kernels.ClampOps), 0 for none; Shared has its own
-	Shared     *MLP    // nil when absent
-	SharedGate *Linear // (1, hidden); nil when ungated
+	Experts    []kernels.Expert // (experts + Router.Shared)
+	Limit      float32          // the experts' SwiGLU clamp (kernels.ClampOps), 0 for none; Shared has its own
+	Shared     *MLP             // nil when absent
+	SharedGate *Linear          // (1, hidden); nil when ungated
 }
 
 // Forward implements FFN.
@@ -164,8 +166,8 @@ func (m *MoE) Forward(c *Ctx, y, h kernels.Tensor) {
 	dev := c.Dev
 	logits := dev.Scratch(kernels.F32, c.N, m.Gate.Rows) // (N, experts)
 	dev.Linear(logits, h, m.Gate, kernels.Epilogue{})
-	ids := dev.Scratch(kernels.I32, c.N, m.Router.TopK) // (N, topK)
-	w := dev.Scratch(kernels.F32, c.N, m.Router.TopK)   // (N, topK)
+	ids := dev.Scratch(kernels.I32, c.N, m.Router.Width()) // (N, topK + folded shared)
+	w := dev.Scratch(kernels.F32, c.N, m.Router.Width())   // (N, topK + folded shared)
 	dev.Route(ids, w, logits, &m.Router)
 	if m.Limit != 0 {
 		clampOps(dev).ExpertsClamp(y, h, ids, w, m.Experts, m.Limit)
@@ -309,10 +311,32 @@ func (u *Uploader) FFN(f nn.FFN) FFN {
 			g := u.Linear(f.SharedGate)
 			m.SharedGate = &g
 		}
+		if fs, ok := u.dev.(kernels.SharedExperts); ok && fs.FoldsSharedExperts() {
+			foldShared(m, f.Shared)
+		}
 		return m
 	}
 	u.Fail(fmt.Errorf("gqa: feed-forward block %T is not on the op set", f))
 	return nil
+}
+
+// foldShared makes m's shared expert sh the last of its experts, chosen by
+// every token with weight 1 (kernels.Router.Shared), when it is ungated,
+// without biases, of the routed experts' shape and clamp: y is then the
+// same sum, the shared expert added after the routed ones as before.
+func foldShared(m *MoE, sh *nn.MLP) {
+	if sh == nil || m.SharedGate != nil || m.Shared == nil || m.Shared.Limit != m.Limit || len(m.Experts) == 0 ||
+		sh.Gate.B != nil || sh.Up.B != nil || sh.Down.B != nil {
+		return
+	}
+	e := m.Experts[0]
+	if sh.Gate.W.Rows != e.Down.Cols || sh.Up.W.Rows != e.Down.Cols || sh.Down.W.Rows != e.Down.Rows ||
+		sh.Gate.W.Cols != e.Down.Rows || sh.Up.W.Cols != e.Down.Rows {
+		return
+	}
+	m.Experts = append(slices.Clip(m.Experts), kernels.Expert{Gate: sh.Gate.W, Up: sh.Up.W, Down: sh.Down.W})
+	m.Router.Shared = 1
+	m.Shared = nil
 }
 
 // Fail records err (the first one is kept).

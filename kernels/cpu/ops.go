@@ -303,7 +303,8 @@ func (b *Backend) ropeTable(r *kernels.Rotary, n int) *ropeTab {
 // Route implements kernels.MoEOps.
 func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	contiguous(logits)
-	if ids.Rows != logits.Rows || w.Rows != logits.Rows || ids.Cols != r.TopK || w.Cols != r.TopK {
+	k := r.Width()
+	if ids.Rows != logits.Rows || w.Rows != logits.Rows || ids.Cols != k || w.Cols != k {
 		panic("cpu: Route shapes do not match")
 	}
 	id, ws, lg, e := i32(ids), f32(w), f32(logits), logits.Cols
@@ -311,7 +312,6 @@ func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	if r.Bias.Valid() {
 		bias = f32(r.Bias)[:e]
 	}
-	k := r.TopK
 	for i := range logits.Rows {
 		ref.Route(id[i*k:(i+1)*k], ws[i*k:(i+1)*k], lg[i*e:(i+1)*e], r, bias)
 	}

@@ -119,8 +119,9 @@ var driver struct {
 	cuGraphDestroy, cuGraphExecDestroy                                            uintptr
 
 	// Optional (0 when the driver lacks them): what the chat reports, never
-	// needed to run; cuLaunchKernelEx for programmatic dependent launch.
-	cuMemGetInfo, cuLaunchKernelEx uintptr
+	// needed to run; cuLaunchKernelEx for programmatic dependent launch;
+	// cuFuncSetAttribute for kernels above 48 KiB of shared memory.
+	cuMemGetInfo, cuLaunchKernelEx, cuFuncSetAttribute uintptr
 	// cuEventRecordWithFlags: event record nodes in captured graphs, for
 	// FERRITE_CUDA_PROFILE=graph.
 	cuEventRecordWithFlags uintptr
@@ -164,7 +165,7 @@ func loadDriver() error {
 			return
 		}
 		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo, "cuLaunchKernelEx": &d.cuLaunchKernelEx,
-			"cuEventRecordWithFlags": &d.cuEventRecordWithFlags})
+			"cuFuncSetAttribute": &d.cuFuncSetAttribute, "cuEventRecordWithFlags": &d.cuEventRecordWithFlags})
 		if err := check("cuInit", call(d.cuInit, 0)); err != nil {
 			driver.err = err
 			return

@@ -38,7 +38,10 @@ var kernelNames = []string{
 	// Mixture of experts (src/ops_moe.cu).
 	"ferrite_route", "ferrite_moe_combine", "ferrite_moe_few_gate_up_1", "ferrite_moe_few_gate_up_8",
 	"ferrite_moe_few_down_1", "ferrite_moe_few_down_8", "ferrite_moe_sort", "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down",
-	"ferrite_moe_mma_gate_up", "ferrite_moe_mma_down",
+	"ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", "ferrite_moe_gv_gate_up_p8_u1", "ferrite_moe_gv_gate_up_p4_u2",
+	"ferrite_moe_gv_gate_up_p2_u4", "ferrite_moe_gv_down_p8_u2", "ferrite_moe_gv_down_p4_u4",
+	"ferrite_moe_gt_gate_up_r1", "ferrite_moe_gt_gate_up_r2", "ferrite_moe_gt_gate_up_r4", "ferrite_moe_gt_down_r2",
+	"ferrite_moe_gt_down_r4", "ferrite_moe_gt_down_r8",
 	// Random weights (src/randfill.cu).
 	"ferrite_random_fill",
 }
@@ -70,6 +73,32 @@ func (d *Device) loadModule() error {
 		}
 		d.fns[name] = f
 	}
+	return d.raiseSmem()
+}
+
+// bigSmemKernels are the kernels that may take more than 48 KiB of dynamic
+// shared memory: loadModule raises their limit to the device's opt-in
+// maximum (Device.SmemOptIn).
+var bigSmemKernels []string
+
+// raiseSmem sets SmemOptIn and raises bigSmemKernels' dynamic shared
+// memory limit to it. Without cuFuncSetAttribute, or when the driver
+// refuses, SmemOptIn stays 0 (the ops then take their other kernels).
+func (d *Device) raiseSmem() error {
+	if driver.cuFuncSetAttribute == 0 {
+		return nil
+	}
+	optIn, err := d.attribute(attrSmemOptIn)
+	if err != nil {
+		return err
+	}
+	const maxDynamicSmem = 8 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	for _, name := range bigSmemKernels {
+		if check("cuFuncSetAttribute "+name, call(driver.cuFuncSetAttribute, d.fns[name], maxDynamicSmem, uintptr(optIn))) != nil {
+			return nil
+		}
+	}
+	d.SmemOptIn = optIn
 	return nil
 }
 

@@ -51,6 +51,10 @@ func (b *Backend) queue(f func(d *Device) error) {
 func (b *Backend) exec(f func(d *Device) error) bool {
 	b.qmu.Lock()
 	pending := b.pending
+	if len(b.pre) > 0 { // inside a step (not expected): what came before it goes first
+		pending = append(b.pre, pending...)
+		b.pre = nil
+	}
 	b.pending = nil
 	b.qmu.Unlock()
 	if b.Err() != nil {
@@ -148,6 +152,8 @@ func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
 	case b.rowExact && n > 1:
 		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
+	case b.useSkinny(w, n, x):
+		b.linearSkinny(y, x, bias, w, n, acc, false, 0)
 	case n == 1 || w.DType != kernels.BF16 || !b.useGemm():
 		b.queue(func(d *Device) error { return d.linearL(y, x, w, n, bias, acc) })
 	case n < gemmRoundRows:
@@ -210,6 +216,10 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 			}
 			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit))
 		})
+		return
+	}
+	if !b.rowExact && b.useSkinny(dw, n, xp) { // the SwiGLU in the skinny GEMM's epilogue
+		b.linearSkinny(y, xp, 0, dw, n, false, true, limit)
 		return
 	}
 	t := b.Scratch(kernels.F32, n, 2*inter) // (n, 2·inter) [x·gateᵀ | x·upᵀ]
@@ -587,6 +597,9 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	if p.Pos.Stride != 1 && n > 1 || p.Seq.Stride != 1 && n > 1 {
 		panic("cuda: Attention wants contiguous positions and sequences")
 	}
+	if b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
+		return
+	}
 	dpl := 0
 	for 32<<dpl < s.HeadDim {
 		dpl++
@@ -634,8 +647,8 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	f32Contig("Route", logits, w)
 	n, e := logits.Rows, logits.Cols
-	index("Route", ids, n, r.TopK)
-	if w.Rows != n || w.Cols != r.TopK || r.TopK <= 0 || r.TopK > 64 || r.TopK > e || r.Groups > 64 {
+	index("Route", ids, n, r.Width())
+	if w.Rows != n || w.Cols != r.Width() || r.TopK <= 0 || r.TopK > 64 || r.TopK > e || r.Groups > 64 || r.Shared < 0 {
 		panic("cuda: Route shapes do not match")
 	}
 	groups, keep := r.Groups, r.TopKGroups
@@ -653,7 +666,8 @@ func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	ip, wp, lp := dptr(ids), dptr(w), dptr(logits)
 	b.queue(func(d *Device) error {
 		return d.launchL("ferrite_route", uint32(n), 32, smem, ip, i32(ids.Stride), wp, i32(w.Stride), lp, i32(logits.Stride), bias,
-			i32(n), i32(e), i32(r.TopK), b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(groups), i32(keep))
+			i32(n), i32(e), i32(r.TopK), b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(groups), i32(keep),
+			i32(r.Shared))
 	})
 }
 
@@ -723,10 +737,11 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	return t, nil
 }
 
-// moeFewTokens is the most tokens Experts runs through the grouped GEMV
-// kernels (src/ops_moe.cu's ferrite_moe_few_*: each chosen expert read
-// once, two launches); more are sorted by expert and run as tiled grouped
-// GEMMs of moeTileM slots (and weight rows) a block, for at most
+// moeFewTokens is the most tokens Experts runs through the first grouped
+// GEMV kernels (src/ops_moe.cu's ferrite_moe_few_*: each chosen expert read
+// once, two launches; FERRITE_MOE_KERNELS=v1, moe.go), the default ones
+// taking up to moeGEMVTokens; more are sorted by expert and run as tiled
+// grouped GEMMs of moeTileM slots (and weight rows) a block, for at most
 // moeMaxExperts experts.
 const (
 	moeFewTokens  = 8
@@ -734,9 +749,10 @@ const (
 	moeMaxExperts = 1024
 )
 
-// Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
-// grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
-// increasing expert id fused) kernels. More: the slots sorted by expert on
+// Experts implements kernels.MoEOps. Up to moeGEMVTokens tokens (moe.go):
+// the grouped gate/up (SwiGLU fused) and down (routing weights and the sum
+// in increasing expert id fused) GEMV kernels, each chosen expert's rows
+// read once for all the tokens that chose it. More: the slots sorted by expert on
 // the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
 // tensor cores, x split into two bf16 terms, when every weight is bf16),
 // and a last kernel that adds each token's slots in increasing expert id.
@@ -785,12 +801,45 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	}
 	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
+	if n <= b.moe.gemvTokens(k) && !b.moe.v1 && b.moe.useTiles(n*k) {
+		slots, sms := n*k, b.dev.SMs
+		ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
+		gateUp, guRows, down, downRows := b.moe.gtLaunch()
+		sbu := b.moe.blockSlots(slots, inter, guRows, 1, sms)
+		sbd := b.moe.blockSlots(slots, hidden, downRows, 1, sms)
+		b.queue(func(d *Device) error {
+			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
+				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit))
+			if err == nil {
+				err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, downRows)), uint32(ceilDiv(slots, sbd)), 1}, 256, 0,
+					ye, i32(hidden), h, i32(inter), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbd))
+			}
+			if err != nil {
+				return err
+			}
+			return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
+		})
+		return
+	}
+	if n <= b.moe.gemvTokens(k) && !b.moe.v1 {
+		gateUp, sb, gy, down := b.moe.gemvLaunch(n, k, inter, b.dev.SMs)
+		b.queue(func(d *Device) error {
+			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, moeGEMVRows)), uint32(gy), 1}, 256, 0,
+				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), i32(sb), f32(limit))
+			if err != nil {
+				return err
+			}
+			return d.launchL(down, uint32(ceilDiv(hidden, moeGEMVRows)), 256, 0, y, i32(dst.Stride), h, ip, wp,
+				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
+		})
+		return
+	}
 	if n <= moeFewTokens {
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
 		gateUp, down := "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
-		if n > 1 && b.moeSlots8 {
+		if n > 1 && b.moe.slots8 {
 			gateUp, down = "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
 		}
 		b.queue(func(d *Device) error {

@@ -260,6 +260,9 @@ type profiler struct {
 	table     profTable
 	graph     bool // FERRITE_CUDA_PROFILE=graph: time replayed step graphs only
 	capturing bool // a step graph is being captured: spans become event record nodes
+	// graphRows are the rows of each step graph's timed spans, by its
+	// CUgraphExec (a later capture given a freed handle overwrites them).
+	graphRows map[uintptr][]int
 }
 
 // newProfilerL makes the event pool for mode (profileEager or
@@ -371,25 +374,29 @@ func (p *profiler) beginCapture() {
 	}
 }
 
-// endCapture ends the capture and returns the rows of the spans it timed,
-// which its graph keeps for its replays.
-func (p *profiler) endCapture() []int {
+// endCapture ends the capture of graph exec (none when err is set) and
+// keeps the rows of the spans it timed for the graph's replays.
+func (p *profiler) endCapture(exec uintptr, err error) {
 	if p == nil || !p.capturing {
-		return nil
+		return
 	}
-	rows := slices.Clone(p.rows)
+	if err == nil {
+		if p.graphRows == nil {
+			p.graphRows = map[uintptr][]int{}
+		}
+		p.graphRows[exec] = slices.Clone(p.rows)
+	}
 	p.rows, p.capturing = p.rows[:0], false
-	return rows
 }
 
-// replayL launches step graph c and, in graph mode, counts the step and
+// replayL launches step graph exec and, in graph mode, counts the step and
 // adds the times of its spans as soon as it finishes.
-func (p *profiler) replayL(d *Device, c *stepGraph) error {
-	if err := check("cuGraphLaunch", call(driver.cuGraphLaunch, c.exec, d.stream)); err != nil || !p.graph {
+func (p *profiler) replayL(d *Device, exec uintptr) error {
+	if err := check("cuGraphLaunch", call(driver.cuGraphLaunch, exec, d.stream)); err != nil || !p.graph {
 		return err
 	}
 	p.table.steps++
-	p.rows = append(p.rows[:0], c.prof...)
+	p.rows = append(p.rows[:0], p.graphRows[exec]...)
 	return p.harvestL()
 }
 

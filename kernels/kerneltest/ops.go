@@ -220,7 +220,9 @@ func linearTest(t *testing.T, d kernels.Device) {
 		n, rows, cols int
 		dt            kernels.DType
 		bias, acc     bool
-	}{{1, 7, 33, kernels.F32, false, false}, {3, 16, 64, kernels.BF16, true, false}, {5, 9, 17, kernels.BF16, true, true}, {20, 33, 40, kernels.F32, false, true}} {
+	}{{1, 7, 33, kernels.F32, false, false}, {3, 16, 64, kernels.BF16, true, false}, {5, 9, 17, kernels.BF16, true, true}, {20, 33, 40, kernels.F32, false, true},
+		// decode batches: partial tiles of rows and weight rows, widths mid-chunk
+		{2, 45, 200, kernels.BF16, true, true}, {33, 45, 136, kernels.BF16, false, false}, {64, 130, 72, kernels.BF16, true, false}} {
 		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.rows)))
 			w := NewMat(rng, c.dt, c.rows, c.cols, 0, 0)
@@ -391,6 +393,13 @@ func attentionTest(t *testing.T, d kernels.Device) {
 			{4, 2, 64, 16, []attnSeq{{0, 150}}},
 			{4, 2, 128, 16, []attnSeq{{3, 1}, {0, 200}, {90, 140}, {40, 1}}},
 			{4, 4, 128, 12, []attnSeq{{100, 130}}},
+			// Decode batches (a row a sequence) at model head dims, over
+			// contexts from 1 to 701 positions: a backend may split the
+			// keys of every row many ways and leave a short row's last
+			// splits empty.
+			{32, 8, 128, 16, []attnSeq{{0, 1}, {5, 1}, {63, 1}, {64, 1}, {100, 1}, {127, 1}, {200, 1}, {255, 1}, {700, 1}}},
+			{8, 8, 64, 16, []attnSeq{{31, 1}, {0, 1}, {300, 1}, {47, 1}, {128, 1}}},
+			{16, 2, 256, 8, []attnSeq{{90, 1}, {3, 1}, {260, 1}}},
 		} {
 			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
 				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))
@@ -502,8 +511,10 @@ func routeTest(t *testing.T, d kernels.Device) {
 		{Scoring: kernels.SoftmaxScoring, TopK: 2, NormTopK: true, Scale: 1},
 		{Scoring: kernels.SoftmaxScoring, TopK: 3, Scale: 1},
 		{Scoring: kernels.SigmoidScoring, TopK: 4, NormTopK: true, Scale: 2.5, Groups: 4, TopKGroups: 2},
+		{Scoring: kernels.SigmoidScoring, TopK: 3, NormTopK: true, Scale: 1.8, Shared: 2},
 	} {
 		const n, e = 9, 16
+		k := r.Width()
 		lv := randn(rng, n*e)
 		var bias []float32
 		if r.Scoring == kernels.SigmoidScoring {
@@ -511,26 +522,38 @@ func routeTest(t *testing.T, d kernels.Device) {
 			r.Bias = newBuf(t, d, 1, e, bias).t
 		}
 		lg := newBuf(t, d, n, e, lv)
-		ids, err := d.Alloc(kernels.I32, n, r.TopK)
+		ids, err := d.Alloc(kernels.I32, n, k)
 		if err != nil {
 			t.Fatal(err)
 		}
-		w := newBuf(t, d, n, r.TopK, nil)
+		w := newBuf(t, d, n, k, nil)
 		step(d, func() { d.Route(ids, w.t, lg.t, &r) })
-		wantID := make([]int32, n*r.TopK)
-		wantW := make([]float32, n*r.TopK)
+		wantID := make([]int32, n*k)
+		wantW := make([]float32, n*k)
 		for i := range n {
-			ref.Route(wantID[i*r.TopK:(i+1)*r.TopK], wantW[i*r.TopK:(i+1)*r.TopK], append([]float32(nil), lv[i*e:(i+1)*e]...), &r, bias)
+			ref.Route(wantID[i*k:(i+1)*k], wantW[i*k:(i+1)*k], append([]float32(nil), lv[i*e:(i+1)*e]...), &r, bias)
+			// The shared experts follow the routed ones with weight 1,
+			// which are routed as without them.
+			plainID, plainW := make([]int32, r.TopK), make([]float32, r.TopK)
+			plain := r
+			plain.Shared = 0
+			ref.Route(plainID, plainW, append([]float32(nil), lv[i*e:(i+1)*e]...), &plain, bias)
+			for j := range k {
+				id, wt := wantID[i*k+j], wantW[i*k+j]
+				if j >= r.TopK && (id != int32(e+j-r.TopK) || wt != 1) || j < r.TopK && (id != plainID[j] || wt != plainW[j]) {
+					t.Fatalf("%+v: kernels/ref.Route's row %d column %d is expert %d weight %g", r, i, j, id, wt)
+				}
+			}
 		}
 		compare(t, "weights", w.read(t, "w"), wantW, RowOpTol, rowScale(wantW))
 		// The ids are checked by gathering the rows of an identity table.
-		table := make([]float32, e)
+		table := make([]float32, e+r.Shared)
 		for i := range table {
 			table[i] = float32(i)
 		}
-		tb := newBuf(t, d, e, 1, table)
-		g := newBuf(t, d, n*r.TopK, 1, nil)
-		step(d, func() { d.GatherRows(g.t, tb.t, ids.Reshape(n*r.TopK, 1)) })
+		tb := newBuf(t, d, len(table), 1, table)
+		g := newBuf(t, d, n*k, 1, nil)
+		step(d, func() { d.GatherRows(g.t, tb.t, ids.Reshape(n*k, 1)) })
 		got := g.read(t, "ids")
 		for i, id := range wantID {
 			if got[i] != float32(id) {
@@ -837,6 +860,7 @@ func linearCatTest(t *testing.T, d kernels.Device) {
 		{1, []int{7, 3, 3}, 33, kernels.F32, true, false},    // unaligned rows
 		{3, []int{32, 8, 8}, 64, kernels.BF16, true, true},   // rows through the GEMM
 		{20, []int{9, 5}, 40, kernels.F16, false, true},
+		{31, []int{40, 24, 24}, 136, kernels.BF16, true, false}, // a decode batch's q/k/v
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.cols)))
@@ -895,7 +919,8 @@ func swigluLinearTest(t *testing.T, d kernels.Device) {
 		n, inter, cols int
 		dt             kernels.DType
 		limit          float32
-	}{{1, 24, 64, kernels.BF16, 0}, {1, 5, 33, kernels.F32, 0}, {4, 16, 64, kernels.BF16, 0}, {1, 16, 64, kernels.F16, 0.5}, {3, 8, 40, kernels.BF16, 0.5}} {
+	}{{1, 24, 64, kernels.BF16, 0}, {1, 5, 33, kernels.F32, 0}, {4, 16, 64, kernels.BF16, 0}, {1, 16, 64, kernels.F16, 0.5}, {3, 8, 40, kernels.BF16, 0.5},
+		{17, 40, 136, kernels.BF16, 0}, {64, 33, 72, kernels.BF16, 0.5}} { // decode batches
 		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,limit=%v", c.dt, c.n, c.inter, c.cols, c.limit), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.inter), uint64(c.cols)))
 			gate, up := NewMat(rng, c.dt, c.inter, c.cols, 0, 0), NewMat(rng, c.dt, c.inter, c.cols, 0, 0)

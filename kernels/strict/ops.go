@@ -295,15 +295,15 @@ func (d *Device) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s ke
 
 // Route implements kernels.MoEOps.
 func (d *Device) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
-	shape("Route", ids, logits.Rows, r.TopK)
-	shape("Route", w, logits.Rows, r.TopK)
+	shape("Route", ids, logits.Rows, r.Width())
+	shape("Route", w, logits.Rows, r.Width())
 	lg := d.in("Route", logits, kernels.F32)
 	var bias []float32
 	if r.Bias.Valid() {
 		shape("Route bias", r.Bias, 1, logits.Cols)
 		bias = d.in("Route", r.Bias, kernels.F32)
 	}
-	e, k := logits.Cols, r.TopK
+	e, k := logits.Cols, r.Width()
 	id, ws := make([]int32, ids.Elems()), make([]float32, w.Elems())
 	for i := range logits.Rows {
 		ref.Route(id[i*k:(i+1)*k], ws[i*k:(i+1)*k], lg[i*e:(i+1)*e], r, bias)

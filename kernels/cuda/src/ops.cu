@@ -267,6 +267,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 // pairs (2i, 2i+1) when interleaved, else (i, i + half).
 extern "C" __global__ void ferrite_rope(float* x, const int* pos, int pos_stride, const float* inv, int n, int heads,
                                         int hd, int half, int interleaved, float scale) {
+    FERRITE_PDL_WAIT();
     const uint64_t total = uint64_t(n) * heads * half;
     for (uint64_t t = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; t < total; t += uint64_t(gridDim.x) * blockDim.x) {
         const int i = int(t % half);
