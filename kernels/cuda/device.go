@@ -66,6 +66,11 @@ type Device struct {
 	// gemv_split, else rows a block of gemv_rows; set at Open.
 	gemvRows int
 
+	// prefetch makes the split GEMVs ask L2 for their weight rows before
+	// they wait for the kernel before them (pdl.go's weightPrefetch); set
+	// at Open, changed only on the device thread.
+	prefetch bool
+
 	// trace, when set, makes launchL, launch3L and gemmL append what they
 	// would launch (kernel, grid, block, arguments) to it instead of
 	// launching: a step's launch trace, which graph.go compares.
@@ -279,6 +284,7 @@ func (d *Device) setup() error {
 	}
 	d.pdl = pdlEnabled(d.Major) && d.prof == nil
 	d.gemvRows = gemvRowsDefault()
+	d.prefetch = os.Getenv("FERRITE_CUDA_PREFETCH") != "0"
 	return d.loadModule()
 }
 
