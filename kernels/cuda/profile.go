@@ -217,7 +217,7 @@ func (t *profTable) write(w io.Writer) error {
 	if err := writeRows(w, rows, t.steps, perStep); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "GPU idle between spans: %.1f µs, %s µs/step (starved%%: calls the GPU idled ≥ %g µs before, whose time includes their launch)\n",
+	_, err := fmt.Fprintf(w, "GPU idle between spans: %.1f µs, %s µs/step (starved%%: calls after the GPU idled ≥ %g µs; eager, their time includes their launch)\n",
 		t.idle, perStep(t.idle), starvedUs)
 	return err
 }
