@@ -35,8 +35,9 @@
 #              launches with CUDA events, graph the replayed step graphs
 #              with event record nodes between kernels)
 #              of ferrite bench cases: Qwen3-8B 1/32/64, Qwen3-30B-A3B 1/8,
-#              GLM-4.7-Flash 1/32 (128+32), ferrite-tiny as shipped with MTP
-#              on and off (128+64); all into prof.log (~100-150 s)
+#              GLM-4.7-Flash 1/32 (128+32), glm5next-8l 1/32 (128+32),
+#              ferrite-tiny as shipped with MTP on and off (128+64); all
+#              into prof.log (~110-190 s)
 #   batch      (not in the default list) decode batches: BenchmarkSkinny
 #              (the skinny GEMM against cuBLASLt at Qwen3-8B shapes, 8-64
 #              rows) and BenchmarkRowAttention (rowattn against the split-KV
@@ -140,6 +141,7 @@ if want prof; then
 	profbench 50 --model "$dev/qwen3-8b" --concurrency 1,32,64 --prompt-len 128 --gen-len 32
 	profbench 45 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 32
 	profbench 40 --model "$root/engine/testdata/glm4.7-flash" --concurrency 1,32 --prompt-len 128 --gen-len 32
+	profbench 35 --model "$root/engine/testdata/glm5next-8l" --concurrency 1,32 --prompt-len 128 --gen-len 32
 	# ferrite-tiny as shipped (the tree's builtin/model: trained weights,
 	# so drafts are accepted as in the chat), with MTP on and off;
 	# with PROF_MODE=graph the replayed graphs are timed instead.
