@@ -39,8 +39,8 @@ var _ kernels.Profiler = (*Backend)(nil)
 // kernel and GEMM, each graph keeps the rows of its spans, and every replay
 // is harvested at once (so graphs can share the pool's events). Only
 // replayed steps are timed and counted: kernels back to back as a graph
-// runs them, without host gaps; the steps that run eagerly (a shape's first
-// two, prefills) are not timed at all.
+// runs them, without host gaps; the steps that run eagerly (a shape's
+// first, most prefills) are not timed at all.
 
 // profilePairs is the event pairs a profiling Device keeps.
 const profilePairs = 8192
@@ -272,7 +272,7 @@ func newProfilerL(mode string) (*profiler, error) {
 	p.graph = mode == profileGraph && driver.cuEventRecordWithFlags != 0
 	switch {
 	case p.graph:
-		p.table.mode = "mode graph: replayed step graphs only, an event record node around each kernel and GEMM (no PDL); eager steps (prefill, a shape's first two) untimed"
+		p.table.mode = "mode graph: replayed step graphs only, an event record node around each kernel and GEMM (no PDL); steps run eagerly (a shape's first, most prefills) untimed"
 	case mode == profileGraph:
 		p.table.mode = "mode eager (graph asked for, but the driver has no cuEventRecordWithFlags): every launch, copy and memset between two events, no graphs, no PDL"
 	default:
