@@ -300,17 +300,11 @@ func (d *Decoder) run(b *model.Batch, st *Step, embed func(c *Ctx, x kernels.Ten
 		c := st.Ctx(dev, b)
 		c.Lin = d.lin
 		embed(c, x)
-		first := blocks[0].AttnNorm
-		dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)
-		for i, blk := range blocks {
-			blk.Forward(c, x, h, y)
-			next := norm
-			if i+1 < len(blocks) {
-				next = blocks[i+1].AttnNorm
-			}
-			dev.AddRMSNorm(h, x, y, next.W, next.Eps, next.Offset)
+		r := &Residual{X: x, H: h, Y: y}
+		for _, blk := range blocks {
+			blk.Forward(c, r)
 		}
-		logits, hid = st.Head(dev, h, head)
+		logits, hid = st.Head(dev, r.Norm(dev, norm), head)
 	})
 	return st.Outputs(dev, b, logits, hid)
 }

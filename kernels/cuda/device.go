@@ -29,6 +29,10 @@ type Device struct {
 	Major, Minor int    // compute capability
 	SMs          int    // multiprocessors
 	TotalMem     int64  // bytes of device memory
+	// SmemOptIn is the dynamic shared memory a block of a bigSmemKernels
+	// kernel may take (the device's opt-in limit); 0 when the driver
+	// cannot raise it, and those kernels are not used.
+	SmemOptIn int
 
 	mu     sync.Mutex  // serialises callers and guards closed
 	calls  chan func() // run on the device thread
@@ -61,6 +65,11 @@ type Device struct {
 	// gemvRows is the n = 1 GEMV variant (ops.go, gemvRowsKernels): 0 for
 	// gemv_split, else rows a block of gemv_rows; set at Open.
 	gemvRows int
+
+	// prefetch makes the split GEMVs ask L2 for their weight rows before
+	// they wait for the kernel before them (pdl.go's weightPrefetch); set
+	// at Open, changed only on the device thread.
+	prefetch bool
 
 	// trace, when set, makes launchL, launch3L and gemmL append what they
 	// would launch (kernel, grid, block, arguments) to it instead of
@@ -204,9 +213,10 @@ func (d *Device) attribute(attr int) (int, error) {
 }
 
 const (
-	attrSMs     = 16
-	attrCCMajor = 75
-	attrCCMinor = 76
+	attrSMs       = 16
+	attrCCMajor   = 75
+	attrCCMinor   = 76
+	attrSmemOptIn = 97 // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 )
 
 func (d *Device) setup() error {
@@ -273,6 +283,7 @@ func (d *Device) setup() error {
 	}
 	d.pdl = pdlEnabled(d.Major) && d.prof == nil
 	d.gemvRows = gemvRowsDefault()
+	d.prefetch = os.Getenv("FERRITE_CUDA_PREFETCH") != "0"
 	return d.loadModule()
 }
 
