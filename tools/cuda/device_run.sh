@@ -24,7 +24,7 @@
 #              concurrency 1/8/32, 128+64 (~45 s)
 #   hybrid     engine TestMTPOnDevice (speculative == plain on the device, MTP
 #              speed-up per draft length; ferrite-tiny again with
-#              FERRITE_CUDA_LAZY_WRITES=0), ferrite bench, qwen3_next (small)
+#              FERRITE_CUDA_FEWROWS=0 and SPIN=0), ferrite bench, qwen3_next (small)
 #              and ferrite-tiny with MTP on/off at draft 1 and 3
 #   fuse0      (not in the default list) ferrite bench, Qwen3-8B batch 1 with
 #              the decode fusions off (FERRITE_CUDA_FUSE=0: norms and the
@@ -157,11 +157,11 @@ if want hybrid; then
 	(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda run mtp-test 120 mtp.log "$dev/engine.test" -test.v -test.count 1 \
 		-test.run 'TestMTPOnDevice')
 	grep -hE 'draft [0-9]|row-|^\s*--- (FAIL|PASS)' "$out/mtp.log" | cut -c1-300 | head -50
-	# The same on ferrite-tiny with every upload copied at once (the build
-	# before the queued uploads), then with the device thread's hand-overs
-	# parking at once (FERRITE_CUDA_SPIN=0), for the host-overhead
+	# The same on ferrite-tiny with 2-4 row products on the 8-row GEMV and
+	# cuBLASLt again (FERRITE_CUDA_FEWROWS=0), then with the device
+	# thread's hand-overs parking at once (FERRITE_CUDA_SPIN=0), for
 	# comparison (~10 s each).
-	for ab in FERRITE_CUDA_LAZY_WRITES FERRITE_CUDA_SPIN; do
+	for ab in FERRITE_CUDA_FEWROWS FERRITE_CUDA_SPIN; do
 		echo "== $ab=0" >>"$out/mtp-ab.log"
 		(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda run "mtp-$ab" 40 mtp-ab.log env "$ab=0" "$dev/engine.test" \
 			-test.v -test.count 1 -test.run 'TestMTPOnDevice/ferrite-tiny')
