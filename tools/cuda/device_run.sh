@@ -170,11 +170,10 @@ if want hybrid; then
 	# ferrite bench on ferrite-tiny with MTP off/on at draft 1 and 3 (a chat
 	# question, --chat; cost-aware drafting as the CLI runs it; step-graph
 	# counts per case), ~15 s each; a CPU profile of the host work at draft
-	# 1; and draft 1 on random prompts, as the bench ran before --chat.
+	# 1.
 	bench tiny-mtp1 40 --model "$root/builtin/model" --chat --concurrency 1 --gen-len 192 --mtp off,on --draft 1 \
 		--cpuprofile "$out/tiny-mtp1.pprof"
 	bench tiny-mtp3 40 --model "$root/builtin/model" --chat --concurrency 1 --gen-len 192 --mtp off,on --draft 3
-	bench tiny-mtp1r 40 --model "$root/builtin/model" --concurrency 1 --prompt-len 32 --gen-len 192 --mtp off,on --draft 1
 	bench qwen3next 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512 --gen-len 32
 fi
 if want steps; then
