@@ -25,7 +25,7 @@
 #   hybrid     engine TestMTPOnDevice (speculative == plain on the device, MTP
 #              speed-up per draft length; ferrite-tiny again with
 #              FERRITE_CUDA_FEWROWS=0 and SPIN=0), ferrite bench, qwen3_next (small)
-#              and ferrite-tiny with MTP on/off at draft 1 and 3
+#              and ferrite-tiny with MTP on/off at draft 1 (cost-aware, forced)
 #   fuse0      (not in the default list) ferrite bench, Qwen3-8B batch 1 with
 #              the decode fusions off (FERRITE_CUDA_FUSE=0: norms and the
 #              split merge as separate kernels; FERRITE_CUDA_PREFETCH=0: no
@@ -167,13 +167,13 @@ if want hybrid; then
 			-test.v -test.count 1 -test.run 'TestMTPOnDevice/ferrite-tiny')
 	done
 	grep -hE '^== |draft [0-9]' "$out/mtp-ab.log" | cut -c1-300
-	# ferrite bench on ferrite-tiny with MTP off/on at draft 1 and 3 (a chat
-	# question, --chat; cost-aware drafting as the CLI runs it; step-graph
-	# counts per case), ~15 s each; a CPU profile of the host work at draft
-	# 1.
+	# ferrite bench on ferrite-tiny with MTP off/on at draft 1 (a chat
+	# question, --chat; cost-aware drafting as the CLI runs it, then
+	# drafting on every step, --draft-always; step-graph counts per case),
+	# ~15 s each; a CPU profile of the host work.
 	bench tiny-mtp1 40 --model "$root/builtin/model" --chat --concurrency 1 --gen-len 192 --mtp off,on --draft 1 \
 		--cpuprofile "$out/tiny-mtp1.pprof"
-	bench tiny-mtp3 40 --model "$root/builtin/model" --chat --concurrency 1 --gen-len 192 --mtp off,on --draft 3
+	bench tiny-mtp1f 40 --model "$root/builtin/model" --chat --concurrency 1 --gen-len 192 --mtp off,on --draft 1 --draft-always
 	bench qwen3next 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512 --gen-len 32
 fi
 if want steps; then
