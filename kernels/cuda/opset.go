@@ -5,6 +5,7 @@ package cuda
 import (
 	"encoding/binary"
 	"math"
+	"os"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -145,12 +146,39 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 // cuBLASLt's for many rows). Call it outside a step.
 func (b *Backend) SetRowExact(on bool) { b.rowExact = on }
 
+// fewRowsMax is the most rows fewRows hands to the one-row GEMV's sums
+// (linearExactL), and fewRowsBF16 the largest bf16 weight it does: for
+// 2 to 4 rows (an MTP draft pass after an accepted draft, a few decoding
+// sequences) the four-warps-a-row GEMV, run once per row with the
+// weight rows still in L1, took 6 µs where the 8-rows-a-block GEMV of
+// f32 weights took 20-47 µs and cuBLASLt's split product 15-30 µs on
+// ferrite-tiny's small weights (GPU run 2's profile). A large bf16 weight
+// keeps cuBLASLt. FERRITE_CUDA_FEWROWS=0 turns it off.
+const (
+	fewRowsMax  = 4
+	fewRowsBF16 = 4 << 20
+)
+
+var fewRowsOn = os.Getenv("FERRITE_CUDA_FEWROWS") != "0"
+
+// fewRows reports whether a product of n rows with w runs as n one-row
+// GEMVs (linearExactL) although the row-exact mode is off.
+func fewRows(w *Weight, n int) bool {
+	if !fewRowsOn || n < 2 || n > fewRowsMax {
+		return false
+	}
+	if _, ok := gemvExactKernels[w.DType]; !ok {
+		return false
+	}
+	return w.DType != kernels.BF16 || w.Bytes() <= fewRowsBF16
+}
+
 // linearW queues y (n, w.Rows) = x·wᵀ (+ bias) (+ y when acc): the GEMV
 // for one row (and for weights cuBLASLt does not take), cuBLASLt above;
 // with SetRowExact, the one-row GEMV's sums for every row.
 func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
-	case b.rowExact && n > 1:
+	case b.rowExact && n > 1, fewRows(w, n):
 		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
 	case b.useSkinny(w, n, x):
 		b.linearSkinny(y, x, bias, w, n, acc, false, 0)

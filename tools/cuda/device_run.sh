@@ -24,8 +24,8 @@
 #              concurrency 1/8/32, 128+64 (~45 s)
 #   hybrid     engine TestMTPOnDevice (speculative == plain on the device, MTP
 #              speed-up per draft length; ferrite-tiny again with
-#              FERRITE_CUDA_LAZY_WRITES=0), ferrite bench, qwen3_next (small)
-#              and ferrite-tiny with MTP on/off at draft 1 and 3
+#              FERRITE_CUDA_FEWROWS=0 and SPIN=0), ferrite bench, qwen3_next (small)
+#              and ferrite-tiny with MTP on/off at draft 1 (cost-aware, forced)
 #   fuse0      (not in the default list) ferrite bench, Qwen3-8B batch 1 with
 #              the decode fusions off (FERRITE_CUDA_FUSE=0: norms and the
 #              split merge as separate kernels; FERRITE_CUDA_PREFETCH=0: no
@@ -161,24 +161,23 @@ if want hybrid; then
 	(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda run mtp-test 120 mtp.log "$dev/engine.test" -test.v -test.count 1 \
 		-test.run 'TestMTPOnDevice')
 	grep -hE 'draft [0-9]|row-|^\s*--- (FAIL|PASS)' "$out/mtp.log" | cut -c1-300 | head -50
-	# The same on ferrite-tiny with every upload copied at once (the build
-	# before the queued uploads), then with the device thread's hand-overs
-	# parking at once (FERRITE_CUDA_SPIN=0), for the host-overhead
+	# The same on ferrite-tiny with 2-4 row products on the 8-row GEMV and
+	# cuBLASLt again (FERRITE_CUDA_FEWROWS=0), then with the device
+	# thread's hand-overs parking at once (FERRITE_CUDA_SPIN=0), for
 	# comparison (~10 s each).
-	for ab in FERRITE_CUDA_LAZY_WRITES FERRITE_CUDA_SPIN; do
+	for ab in FERRITE_CUDA_FEWROWS FERRITE_CUDA_SPIN; do
 		echo "== $ab=0" >>"$out/mtp-ab.log"
 		(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda run "mtp-$ab" 40 mtp-ab.log env "$ab=0" "$dev/engine.test" \
 			-test.v -test.count 1 -test.run 'TestMTPOnDevice/ferrite-tiny')
 	done
 	grep -hE '^== |draft [0-9]' "$out/mtp-ab.log" | cut -c1-300
-	# ferrite bench on ferrite-tiny with MTP off/on at draft 1 and 3 (a chat
-	# question, --chat; cost-aware drafting as the CLI runs it; step-graph
-	# counts per case), ~15 s each; a CPU profile of the host work at draft
-	# 1; and draft 1 on random prompts, as the bench ran before --chat.
+	# ferrite bench on ferrite-tiny with MTP off/on at draft 1 (a chat
+	# question, --chat; cost-aware drafting as the CLI runs it, then
+	# drafting on every step, --draft-always; step-graph counts per case),
+	# ~15 s each; a CPU profile of the host work.
 	bench tiny-mtp1 40 --model "$root/builtin/model" --chat --concurrency 1 --gen-len 192 --mtp off,on --draft 1 \
 		--cpuprofile "$out/tiny-mtp1.pprof"
-	bench tiny-mtp3 40 --model "$root/builtin/model" --chat --concurrency 1 --gen-len 192 --mtp off,on --draft 3
-	bench tiny-mtp1r 40 --model "$root/builtin/model" --concurrency 1 --prompt-len 32 --gen-len 192 --mtp off,on --draft 1
+	bench tiny-mtp1f 40 --model "$root/builtin/model" --chat --concurrency 1 --gen-len 192 --mtp off,on --draft 1 --draft-always
 	bench qwen3next 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512 --gen-len 32
 fi
 if want steps; then
