@@ -217,7 +217,8 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // slots of an expert a pass, "gv" and "gt" the grouped GEMV's row-a-warp
 // and register-tile forms where the other is the default, "gt-half" and
 // "gt-double" the register tiles with half and twice the rows a warp
-// (FERRITE_MOE_GT), "tiles" the
+// (FERRITE_MOE_GT), "sb=1" and "sb=4" the row-a-warp form with that many
+// slots a gate/up block (FERRITE_MOE_SB), "tiles" the
 // prefill path's sorted tiles at a grouped-GEMV size. µs/layer is the step over the
 // layers; GB/s counts the chosen experts' weight bytes (distinct experts of
 // the step's tokens) over the step's wall time, TFLOP/s the slots'
@@ -286,7 +287,8 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 				vs = append(vs, variant{"/gv", moeConfig{tiles: moeGEMVSlots + 1}},
 					variant{"/gt-half", moeConfig{gt: -1}}, variant{"/gt-double", moeConfig{gt: 1}})
 			} else {
-				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}})
+				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}}, variant{"/sb=1", moeConfig{sb: 1}},
+					variant{"/sb=4", moeConfig{sb: 4}})
 			}
 		}
 		if n > moeFewTokens && n <= moeGEMVTokens {
