@@ -524,7 +524,8 @@ __device__ __forceinline__ void pairs_dot(const uint8_t* const (&a)[P], const ui
 #pragma unroll
     for (int q = 0; q < P; q++) {
         oa[q] = ob[q] = 0.f;
-        dup[q] = q > 0 && q < nx && a[q] == a[q - 1] && (!TWO || b[q] == b[q - 1]);
+        const int pq = q > 0 ? q - 1 : 0;
+        dup[q] = q > 0 && q < nx && a[q] == a[pq] && (!TWO || b[q] == b[pq]);
     }
     for (int k0 = lane * W::kE; k0 < cols; k0 += U * 32 * W::kE) {
         uint4 va[P][U], vb[P][U];
