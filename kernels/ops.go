@@ -113,6 +113,20 @@ type LinearOps interface {
 	// dst are F32 and contiguous.
 	SwiGLULinear(dst, x Tensor, gate, up *Mat, limit float32)
 
+	// NormLinearCat is LinearCat(dst, RMSNorm(x, n), ws, e) in one op, x
+	// (N, in) F32 the un-normed rows and n the norm (weight (1, in)): a
+	// pre-norm block's norm fused into the product that reads it, so that
+	// no normed copy of x is written. A backend may apply the norm's scale
+	// after the sums, dst = rsqrt(mean(x²) + eps)·(w ⊙ x)·Wᵀ, which
+	// differs from the two ops by rounding only (kerneltest holds it to
+	// LinearTol over the normed row). x is not modified; dst must not
+	// alias it.
+	NormLinearCat(dst, x Tensor, n *HeadNorm, ws []*Mat, e Epilogue)
+
+	// NormSwiGLULinear is SwiGLULinear(dst, RMSNorm(x, n), gate, up,
+	// limit) in one op, as NormLinearCat fuses LinearCat's.
+	NormSwiGLULinear(dst, x Tensor, n *HeadNorm, gate, up *Mat, limit float32)
+
 	// Embed sets dst (N, w.Cols) F32 to the rows of w named by ids (N, 1)
 	// I32: dst[i] = w[ids[i]].
 	Embed(dst Tensor, w *Mat, ids Tensor)
@@ -175,8 +189,10 @@ type AttnShape struct {
 	Scale                   float32 // softmax scale, usually HeadDim^-½
 }
 
-// HeadNorm is a per-head RMSNorm (Qwen3's q_norm and k_norm): weight
-// (1, headDim) F32, as NormOps.RMSNorm applies it to every head.
+// HeadNorm is an RMSNorm's parameters as an op takes them: a per-head
+// norm (Qwen3's q_norm and k_norm, weight (1, headDim) F32, applied to
+// every head as NormOps.RMSNorm does) or a row's norm fused into a linear
+// op (LinearOps.NormLinearCat: weight (1, in)).
 type HeadNorm struct {
 	W      Tensor
 	Eps    float32
@@ -400,9 +416,10 @@ type StateRecorder interface {
 }
 
 // RowExact is implemented by a backend that can give each row of its
-// linear ops (Linear, LinearCat, SwiGLULinear) the bits a call with that
-// row alone gives, whatever the other rows of the call: a speculative
-// verification's rows then reproduce plain decoding's results bit for bit.
+// linear ops (Linear, LinearCat, SwiGLULinear, NormLinearCat,
+// NormSwiGLULinear) the bits a call with that row alone gives, whatever
+// the other rows of the call: a speculative verification's rows then
+// reproduce plain decoding's results bit for bit.
 // SetRowExact turns that on or off for the steps that follow (outside a
 // step); it may cost speed on many rows.
 type RowExact interface {
