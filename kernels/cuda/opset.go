@@ -925,22 +925,23 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	return t, nil
 }
 
-// moeFewTokens is the most tokens Experts runs through the first grouped
-// GEMV kernels (src/ops_moe.cu's ferrite_moe_few_*: each chosen expert read
-// once, two launches; FERRITE_MOE_KERNELS=v1, moe.go), the default ones
-// taking up to moeGEMVTokens; more are sorted by expert and run as tiled
-// grouped GEMMs of moeTileM slots (and weight rows) a block, for at most
-// moeMaxExperts experts.
+// moeFewTokens is the most tokens Experts runs through the grouped GEMV
+// kernels of a slot a pass (src/ops_moe.cu's ferrite_moe_few_*: each chosen
+// expert read once, two launches); up to moeGTTokens run its register-tile
+// form (moe.go); more are sorted by expert and run as tiled grouped GEMMs
+// of moeTileM slots (and weight rows) a block, for at most moeMaxExperts
+// experts.
 const (
 	moeFewTokens  = 8
 	moeTileM      = 64
 	moeMaxExperts = 1024
 )
 
-// Experts implements kernels.MoEOps. Up to moeGEMVTokens tokens (moe.go):
-// the grouped gate/up (SwiGLU fused) and down (routing weights and the sum
-// in increasing expert id fused) GEMV kernels, each chosen expert's rows
-// read once for all the tokens that chose it. More: the slots sorted by expert on
+// Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
+// grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
+// increasing expert id fused) GEMV kernels; up to moeGTTokens their
+// register-tile form (moe.go), each chosen expert's rows read once for all
+// the tokens that chose it. More: the slots sorted by expert on
 // the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
 // tensor cores, x split into two bf16 terms, when every weight is bf16),
 // and a last kernel that adds each token's slots in increasing expert id.
@@ -989,12 +990,12 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	}
 	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
-	if n <= b.moe.gemvTokens(k) && !b.moe.v1 && b.moe.useTiles(n*k) {
+	if b.moe.useGT(n, k) {
 		slots, sms := n*k, b.dev.SMs
 		ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
 		gateUp, guRows, down, downRows := b.moe.gtLaunch()
-		sbu := b.moe.blockSlots(slots, inter, guRows, 1, sms)
-		sbd := b.moe.blockSlots(slots, hidden, downRows, 1, sms)
+		sbu := b.moe.blockSlots(slots, inter, guRows, sms)
+		sbd := b.moe.blockSlots(slots, hidden, downRows, sms)
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
 				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit))
@@ -1009,34 +1010,18 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		})
 		return
 	}
-	if n <= b.moe.gemvTokens(k) && !b.moe.v1 {
-		gateUp, sb, gy, down := b.moe.gemvLaunch(n, k, inter, b.dev.SMs)
-		b.queue(func(d *Device) error {
-			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, moeGEMVRows)), uint32(gy), 1}, 256, 0,
-				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), i32(sb), f32(limit))
-			if err != nil {
-				return err
-			}
-			return d.launchL(down, uint32(ceilDiv(hidden, moeGEMVRows)), 256, 0, y, i32(dst.Stride), h, ip, wp,
-				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
-		})
-		return
-	}
 	if n <= moeFewTokens {
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
-		gateUp, down := "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
-		if n > 1 && b.moe.slots8 {
-			gateUp, down = "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
-		}
+		gateUp, down, downRows := b.moe.fewLaunch(n)
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
 				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), f32(limit))
 			if err != nil {
 				return err
 			}
-			return d.launchL(down, uint32(ceilDiv(hidden, 4)), 256, 0, y, i32(dst.Stride), h, ip, wp,
+			return d.launchL(down, uint32(ceilDiv(hidden, downRows)), 256, 0, y, i32(dst.Stride), h, ip, wp,
 				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
 		})
 		return

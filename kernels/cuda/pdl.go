@@ -36,10 +36,9 @@ var pdlKernels = map[string]bool{
 	"ferrite_attn_f32_1_g4": true, "ferrite_attn_f32_2_g4": true, "ferrite_attn_f32_4_g4": true, "ferrite_attn_f32_8_g4": true,
 	"ferrite_attn_bf16_1_g4": true, "ferrite_attn_bf16_2_g4": true, "ferrite_attn_bf16_4_g4": true, "ferrite_attn_bf16_8_g4": true,
 	"ferrite_route": true, "ferrite_moe_few_gate_up_1": true, "ferrite_moe_few_gate_up_8": true,
-	"ferrite_moe_few_down_1": true, "ferrite_moe_few_down_8": true, "ferrite_moe_gv_gate_up_p8_u1": true,
-	"ferrite_moe_gv_gate_up_p4_u2": true, "ferrite_moe_gv_gate_up_p2_u4": true, "ferrite_moe_gv_down_p8_u2": true,
-	"ferrite_moe_gv_down_p4_u4": true, "ferrite_moe_gt_gate_up_r1": true, "ferrite_moe_gt_gate_up_r2": true,
+	"ferrite_moe_few_down_1": true, "ferrite_moe_few_down_8": true, "ferrite_moe_gt_gate_up_r1": true, "ferrite_moe_gt_gate_up_r2": true,
 	"ferrite_moe_gt_gate_up_r4": true, "ferrite_moe_gt_down_r2": true, "ferrite_moe_gt_down_r4": true, "ferrite_moe_gt_down_r8": true,
+	"ferrite_moe_few_down_1_r2": true, "ferrite_moe_few_down_1_r1": true,
 }
 
 // pdlEnabled is whether a new Device of compute capability major uses PDL:
