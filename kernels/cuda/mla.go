@@ -239,10 +239,12 @@ func (b *Backend) ukWeight(kvB *kernels.Mat, dw *Weight, s kernels.MLAShape) (*W
 // attention reads each latent once for a group of heads, while the naive
 // form's expanded keys would be read per head and per row). The steps: q_pe
 // rotated in place (ferrite_rope on the heads' tails); the absorbed queries
-// W_UK_hᵀ·q_nope (ferrite_mla_proj over the transposed W_UK, ukWeight); the
-// latent attention split over the keys (mlaTC: on tensor cores, merged by
-// ferrite_mla_merge; else ferrite_mla_attn_*, merged by ferrite_mla_combine);
-// then W_UV_h·lat per head (ferrite_mla_proj over kv_b_proj).
+// W_UK_hᵀ·q_nope (a per-head projection over the transposed W_UK,
+// ukWeight); the latent attention split over the keys (tcPlan: on tensor
+// cores, merged by ferrite_mla_merge; else ferrite_mla_attn_*, merged by
+// ferrite_mla_combine); then W_UV_h·lat per head over kv_b_proj. The
+// projections are ferrite_mla_proj_tc for BF16 weights, else
+// ferrite_mla_proj; FERRITE_MLA_TC=0 keeps every step off the tensor cores.
 func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r *kernels.Rotary, p *kernels.Paged, s kernels.MLAShape, sel kernels.Tensor) {
 	f32Contig("AttentionMLA", out, q)
 	bf := cacheDType("AttentionMLA", cache)
@@ -298,9 +300,9 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	// proj launches y = W_h·x_h per head (ferrite_mla_proj's arguments),
 	// on tensor cores for a BF16 weight (every row's sums independent of
 	// the others, as in ferrite_mla_proj).
+	projTC := mlaTCEnabled && !b.mlaNoTC
 	proj := func(d *Device, y uint64, yRS, yHS int, x uint64, xRS, xHS, rows, wHRows, row0 int, w *Weight) error {
-		if mlaTCEnabled && !b.mlaNoTC && w.DType == kernels.BF16 && w.Cols%16 == 0 &&
-			xRS%2 == 0 && xHS%2 == 0 && mlaProjSmem(w.Cols) <= b.dev.SmemOptIn {
+		if projTC && w.DType == kernels.BF16 && w.Cols%16 == 0 && xRS%2 == 0 && xHS%2 == 0 && mlaProjSmem(w.Cols) <= b.dev.SmemOptIn {
 			return d.launch3L("ferrite_mla_proj_tc", [3]uint32{uint32(ceilDiv(rows, 32)), uint32(s.Heads), uint32(ceilDiv(n, 32))},
 				256, uint32(mlaProjSmem(w.Cols)), y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows),
 				w.Buf.ptr, i32(w.Cols), i32(row0))
