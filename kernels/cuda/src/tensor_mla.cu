@@ -129,6 +129,7 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
     static_assert(qn % (kTcWarps * 32) == 0, "whole rounds of the query staging");
 #pragma unroll 9
     for (int it = 0; it < qn / (kTcWarps * 32); it++) {
+        if (ntiles == 0) break;  // an empty split needs no query (block-uniform)
         const int e = tid + kTcWarps * 32 * it;
         const int reg = e & 1, ln = (e >> 1) & 31, rest = e >> 6;
         const int ks = rest % kTcKS, nt = rest / kTcKS;
