@@ -28,12 +28,12 @@ func init() {
 		"ferrite_mla_attn_f32_1", "ferrite_mla_attn_f32_2", "ferrite_mla_attn_f32_4",
 		"ferrite_mla_attn_bf16_1", "ferrite_mla_attn_bf16_2", "ferrite_mla_attn_bf16_4",
 		"ferrite_dsa_scores_f32", "ferrite_dsa_scores_bf16", "ferrite_topk",
-		"ferrite_mla_tc_1", "ferrite_mla_tc_2", "ferrite_mla_tc_3", "ferrite_mla_tc_4", "ferrite_mla_merge", "ferrite_mla_proj_tc")
-	bigSmemKernels = append(bigSmemKernels, append(mlaTCKernels[:], "ferrite_mla_proj_tc")...)
+		"ferrite_mla_tc_1", "ferrite_mla_tc_2", "ferrite_mla_tc_3", "ferrite_mla_tc_4", "ferrite_mla_merge", "ferrite_mla_proj_tc_8", "ferrite_mla_proj_tc_32")
+	bigSmemKernels = append(bigSmemKernels, append(mlaTCKernels[:], "ferrite_mla_proj_tc_8", "ferrite_mla_proj_tc_32")...)
 	// The decode chain of an MLA layer starts each kernel with
 	// FERRITE_PDL_WAIT() (TestPDLKernelsWait), so each may be launched
 	// while the one before drains.
-	for _, k := range append([]string{"ferrite_mla_store_latent", "ferrite_rope", "ferrite_mla_proj", "ferrite_mla_proj_tc", "ferrite_mla_merge"}, mlaTCKernels[:]...) {
+	for _, k := range append([]string{"ferrite_mla_store_latent", "ferrite_rope", "ferrite_mla_proj", "ferrite_mla_proj_tc_8", "ferrite_mla_proj_tc_32", "ferrite_mla_merge"}, mlaTCKernels[:]...) {
 		pdlKernels[k] = true
 	}
 }
@@ -55,10 +55,10 @@ const (
 	mlaTCHeads  = 32
 )
 
-// mlaProjSmem is ferrite_mla_proj_tc's shared memory for a weight k
-// values wide: 32 query rows of k in three bf16 terms, and three k-quarters'
-// partial sums.
-func mlaProjSmem(k int) int { return 3*k*32*2 + 3*2*4*32*4*4 }
+// mlaProjSmem is ferrite_mla_proj_tc_*'s shared memory for a weight k
+// values wide and 8·nq query rows a block: the rows in three bf16 terms,
+// and three k-quarters' partial sums.
+func mlaProjSmem(k, nq int) int { return 3*k*8*nq*2 + 3*2*nq*32*4*4 }
 
 // mlaTCSmem is TcSmem<nt>::bytes of src/tensor_mla.cu: the query's three
 // bf16 terms as B fragments, two key tiles, the partial scores, the
@@ -297,14 +297,20 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	} else {
 		attend = b.mlaAttend(bf, lat, qc, qp, dptr(cache), pos, seq, bt, selp, keys, p, s, n)
 	}
-	// proj launches y = W_h·x_h per head (ferrite_mla_proj's arguments),
-	// on tensor cores for a BF16 weight (every row's sums independent of
-	// the others, as in ferrite_mla_proj).
-	projTC := mlaTCEnabled && !b.mlaNoTC
+	// proj launches y = W_h·x_h per head (ferrite_mla_proj's arguments):
+	// for several rows and a BF16 weight on tensor cores, 8 or 32 query
+	// rows a block; for one row, and for every row with SetRowExact (so
+	// that each gets the one-row bits), the GEMV, which measured faster
+	// for one row (GPU run 2: 8.8 + 8.1 against 13.3 + 11.1 µs a layer).
+	projTC := mlaTCEnabled && !b.mlaNoTC && !b.rowExact && n > 1
+	nq, projName := 4, "ferrite_mla_proj_tc_32"
+	if n <= 8 {
+		nq, projName = 1, "ferrite_mla_proj_tc_8"
+	}
 	proj := func(d *Device, y uint64, yRS, yHS int, x uint64, xRS, xHS, rows, wHRows, row0 int, w *Weight) error {
-		if projTC && w.DType == kernels.BF16 && w.Cols%16 == 0 && xRS%2 == 0 && xHS%2 == 0 && mlaProjSmem(w.Cols) <= b.dev.SmemOptIn {
-			return d.launch3L("ferrite_mla_proj_tc", [3]uint32{uint32(ceilDiv(rows, 32)), uint32(s.Heads), uint32(ceilDiv(n, 32))},
-				256, uint32(mlaProjSmem(w.Cols)), y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows),
+		if smem := mlaProjSmem(w.Cols, nq); projTC && w.DType == kernels.BF16 && w.Cols%16 == 0 && xRS%2 == 0 && xHS%2 == 0 && smem <= b.dev.SmemOptIn {
+			return d.launch3L(projName, [3]uint32{uint32(ceilDiv(rows, 32)), uint32(s.Heads), uint32(ceilDiv(n, 8*nq))},
+				256, uint32(smem), y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows),
 				w.Buf.ptr, i32(w.Cols), i32(row0))
 		}
 		args := append([]uint64{y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows)}, projArgs(w, row0)...)

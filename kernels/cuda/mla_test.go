@@ -93,7 +93,11 @@ func BenchmarkMLADecode(b *testing.B) {
 	const hidden, qLora = 2048, 768
 	var projs [][4]*kernels.Mat
 	qNorm := alloc(kernels.F32, 1, qLora)
-	be.WriteF32(qNorm, ones[:qLora])
+	qOnes := make([]float32, qLora)
+	for i := range qOnes {
+		qOnes[i] = 1
+	}
+	be.WriteF32(qNorm, qOnes)
 	mat := func(rows, cols int) *kernels.Mat {
 		m := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols}
 		t := alloc(kernels.BF16, rows, cols)
