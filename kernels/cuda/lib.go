@@ -120,8 +120,9 @@ var driver struct {
 
 	// Optional (0 when the driver lacks them): what the chat reports, never
 	// needed to run; cuLaunchKernelEx for programmatic dependent launch;
-	// cuFuncSetAttribute for kernels above 48 KiB of shared memory.
-	cuMemGetInfo, cuLaunchKernelEx, cuFuncSetAttribute uintptr
+	// cuFuncSetAttribute for kernels above 48 KiB of shared memory;
+	// cuFuncGetAttribute for the tests' register counts.
+	cuMemGetInfo, cuLaunchKernelEx, cuFuncSetAttribute, cuFuncGetAttribute uintptr
 }
 
 // errNoDriver wraps every failure to load libcuda.so.1.
@@ -162,7 +163,7 @@ func loadDriver() error {
 			return
 		}
 		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo, "cuLaunchKernelEx": &d.cuLaunchKernelEx,
-			"cuFuncSetAttribute": &d.cuFuncSetAttribute})
+			"cuFuncSetAttribute": &d.cuFuncSetAttribute, "cuFuncGetAttribute": &d.cuFuncGetAttribute})
 		if err := check("cuInit", call(d.cuInit, 0)); err != nil {
 			driver.err = err
 			return
