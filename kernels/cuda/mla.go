@@ -406,6 +406,9 @@ func (b *Backend) tcPlan(bf bool, s kernels.MLAShape, n, keys int) mlaTCPlan {
 	if c := b.dev.SMs / (n * t.groups); c > 1 {
 		t.splits = min(tiles, c)
 	}
+	if b.mlaSplitCap > 0 {
+		t.splits = min(t.splits, b.mlaSplitCap)
+	}
 	t.split = ceilDiv(tiles, t.splits) * mlaTCKeys
 	return t
 }

@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -50,7 +51,8 @@ func TestMLAWide(t *testing.T) {
 // sublayer of a layer (q_a_proj, its norm, q_b_proj, kv_a_proj_with_mqa,
 // the MLA ops, o_proj; GB/s then counts those weights too). The cases run the default latent attention
 // (on tensor cores), and those marked cores the CUDA-core kernels too
-// ("/cores", what FERRITE_MLA_TC=0 runs).
+// ("/cores", what FERRITE_MLA_TC=0 runs); the 32-row core case also with
+// the tensor-core attention's splits capped ("/splits<=2", "/splits<=1").
 func BenchmarkMLADecode(b *testing.B) {
 	be := openOps(b)
 	const heads, nope, rope, dv, kl, layers, bs = 20, 192, 64, 256, 512, 47, 64
@@ -204,15 +206,26 @@ func BenchmarkMLADecode(b *testing.B) {
 			}
 			be.EndStep()
 		}
-		for _, cores := range []bool{false, true} {
-			if cores && !c.cores {
-				continue
-			}
+		type variant struct {
+			cores bool // the CUDA-core kernels
+			cap   int  // at most this many splits (the tensor-core kernels)
+		}
+		vars := []variant{{}}
+		if c.cores {
+			vars = append(vars, variant{cores: true})
+		}
+		if c.rows == 32 && !c.sub {
+			vars = append(vars, variant{cap: 2}, variant{cap: 1})
+		}
+		for _, v := range vars {
 			name := c.name
-			if cores {
+			switch {
+			case v.cores:
 				name += "/cores"
+			case v.cap > 0:
+				name += fmt.Sprintf("/splits<=%d", v.cap)
 			}
-			be.mlaNoTC = cores
+			be.mlaNoTC, be.mlaSplitCap = v.cores, v.cap
 			b.Run(name, func(b *testing.B) {
 				step() // warm up; with graphs the second step is captured
 				step()
@@ -246,7 +259,7 @@ func BenchmarkMLADecode(b *testing.B) {
 				b.ReportMetric(bytes/sec/1e9, "GB/s")
 			})
 		}
-		be.mlaNoTC = false
+		be.mlaNoTC, be.mlaSplitCap = false, 0
 		for _, kc := range caches {
 			be.Free(kc)
 		}
