@@ -380,10 +380,11 @@ type mlaTCPlan struct {
 }
 
 // tcPlan plans the tensor-core latent attention of n rows over up to keys
-// keys; nt = 0 when it does not apply (another shape, an F32 cache,
+// keys; nt = 0 when it does not apply (another shape or an odd
+// qk_nope_head_dim — the kernel reads the query in pairs —, an F32 cache,
 // FERRITE_MLA_TC=0, or too little shared memory).
 func (b *Backend) tcPlan(bf bool, s kernels.MLAShape, n, keys int) mlaTCPlan {
-	if !bf || !mlaTCEnabled || b.mlaNoTC || s.KVLora != mlaTCLatent || s.Rope != mlaTCRope {
+	if !bf || !mlaTCEnabled || b.mlaNoTC || s.KVLora != mlaTCLatent || s.Rope != mlaTCRope || s.Nope%2 != 0 {
 		return mlaTCPlan{}
 	}
 	t := mlaTCPlan{groups: ceilDiv(s.Heads, mlaTCHeads)}

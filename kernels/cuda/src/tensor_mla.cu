@@ -137,15 +137,17 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
         float x0 = 0.f, x1 = 0.f;
         if (head < ng) {
             const size_t hh = size_t(i) * a.heads + h0 + head;
+            // Pairs of adjacent dims, 8-byte aligned: d, dn and kl are even.
+            const float* src = nullptr;
             if (d < kTcKL) {
-                if (a.qc) {
-                    x0 = a.qc[hh * kTcKL + d];
-                    x1 = a.qc[hh * kTcKL + d + 1];
-                }
+                if (a.qc) src = a.qc + hh * kTcKL + d;
             } else {
-                const float* qp = a.q + hh * (a.dn + kTcDR) + a.dn + (d - kTcKL);
-                x0 = qp[0];
-                x1 = qp[1];
+                src = a.q + hh * (a.dn + kTcDR) + a.dn + (d - kTcKL);
+            }
+            if (src) {
+                const float2 v = *reinterpret_cast<const float2*>(src);
+                x0 = v.x;
+                x1 = v.y;
             }
         }
 #pragma unroll
