@@ -387,7 +387,11 @@ func (b *Backend) tcPlan(bf bool, s kernels.MLAShape, n, keys int) mlaTCPlan {
 	if !bf || !mlaTCEnabled || b.mlaNoTC || s.KVLora != mlaTCLatent || s.Rope != mlaTCRope || s.Nope%2 != 0 {
 		return mlaTCPlan{}
 	}
-	t := mlaTCPlan{groups: ceilDiv(s.Heads, mlaTCHeads)}
+	gmax := mlaTCHeads
+	if b.mlaGroupCap > 0 {
+		gmax = min(gmax, b.mlaGroupCap)
+	}
+	t := mlaTCPlan{groups: ceilDiv(s.Heads, gmax)}
 	t.gs = ceilDiv(s.Heads, t.groups)
 	t.nt = ceilDiv(t.gs, 8)
 	t.smem = mlaTCSmem(t.nt)
