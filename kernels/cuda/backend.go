@@ -49,6 +49,8 @@ type Backend struct {
 	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
 	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
 	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
+	mlaSplitCap int            // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
+	mlaGroupCap int            // at most this many heads a tensor-core attention block, 0 for 32 (benchmarks)
 	noFuse      bool           // no norm-fused GEMVs and no split merge in the attention kernel (FERRITE_CUDA_FUSE=0, SetFuse)
 	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
 	attnWide    bool           // Attention always with attnGroup query heads a block (tests compare)

@@ -186,8 +186,8 @@ if want steps; then
 	(cd k && run linattn-bench 40 steps.log ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x)
 	(cd k && run prefill-bench 60 steps.log ../cuda.test -test.run XXX -test.bench PrefillAttention -test.benchtime 3x)
 	(cd k && run moe-bench 75 steps.log ../cuda.test -test.run XXX -test.bench 'BenchmarkMoE$|BenchmarkOpsDecodeStep30BA3B' -test.benchtime 20x)
-	(cd k && run mla-decode-bench 40 steps.log ../cuda.test -test.run XXX -test.bench 'MLADecode' -test.benchtime 20x)
 	(cd k && run moe-glm-bench 60 steps.log ../cuda.test -test.run XXX -test.bench 'BenchmarkMoEGLM' -test.benchtime 20x)
+	(cd k && run mla-bench 45 steps.log ../cuda.test -test.run XXX -test.bench MLADecode -test.benchtime 20x)
 	grep -hE '^Benchmark|rc=' "$out/steps.log"
 fi
 if want llama && [ -f llama/llamacpp_gpu.sh ]; then
