@@ -53,14 +53,14 @@ type skinnyState struct {
 	counters *Buffer // skinnyCounters int32, zero between launches
 }
 
-// skinnyRowsDefault is a new Backend's skinny-GEMM limit: 64 rows, or
-// FERRITE_CUDA_SKINNY=N (0 turns it off and leaves the batches on
-// cuBLASLt, for comparing).
+// skinnyRowsDefault is a new Backend's skinny-GEMM limit: off (GPU run 2
+// measured the first version 1.3–5× slower than cuBLASLt), or
+// FERRITE_CUDA_SKINNY=N for batches of up to N rows (at most 64).
 func skinnyRowsDefault() int {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_SKINNY")); err == nil && n >= 0 {
 		return min(n, skinnyMaxRows)
 	}
-	return skinnyMaxRows
+	return 0
 }
 
 // SetSkinnyRows sets the most rows Linear, LinearCat and SwiGLULinear run

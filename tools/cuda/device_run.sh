@@ -145,6 +145,9 @@ if want prof; then
 	grep -E '^GPU profile|^ *total \(' "$out/prof.log" | cut -c1-160
 fi
 if want batch; then
+	(cd k && FERRITE_TEST_DEVICE=cuda FERRITE_TEST_BATCH=1 run batch-test 40 batch.log ../cuda.test -test.v -test.count 1 \
+		-test.run 'TestSkinny$|TestRowAttention/^Attention$')
+	grep -hE '^(--- FAIL|FAIL|ok|panic)|worst|max error' "$out/batch.log" | sed -E 's/ +/ /g' | head -80
 	(cd k && run batch-bench 75 batch.log ../cuda.test -test.run XXX -test.bench 'Skinny|RowAttention' -test.benchtime 100x)
 	grep -hE '^Benchmark|rc=|rowattn' "$out/batch.log" | sed -E 's/ +/ /g'
 	FERRITE_CUDA_SKINNY=0 FERRITE_CUDA_ROWATTN=0 bench batch-off 75 --model "$dev/qwen3-8b" --concurrency 32,64 \
