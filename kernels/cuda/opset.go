@@ -218,8 +218,13 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 		})
 		return
 	}
-	if !b.rowExact && b.useSkinny(dw, n, xp) { // the SwiGLU in the skinny GEMM's epilogue
+	switch {
+	case b.rowExact: // below
+	case b.useSkinny(dw, n, xp): // the SwiGLU in the skinny GEMM's epilogue
 		b.linearSkinny(y, xp, 0, dw, n, false, true, limit)
+		return
+	case dw.DType == kernels.BF16 && n < gemmRoundRows && b.useGemm(): // linearW's split product
+		b.linearSplitSwiGLU(y, xp, dw, n, limit)
 		return
 	}
 	t := b.Scratch(kernels.F32, n, 2*inter) // (n, 2·inter) [x·gateᵀ | x·upᵀ]
@@ -391,6 +396,27 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 // linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo
 // rows, their products summed in the epilogue kernel.
 func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
+	b.splitGemm(x, w, n, func(d *Device, t uint64) error {
+		out := int64(n) * int64(w.Rows)
+		return d.launchL("ferrite_add_halves", d.elementwiseGrid(out), 256, 0, y, t, bias, uint64(out), i32(w.Rows), b32(acc))
+	})
+}
+
+// linearSplitSwiGLU is SwiGLULinear of n rows on linearSplit's product of
+// the stacked [gate; up] w, its halves added in the SwiGLU kernel
+// (ferrite_add_halves_swiglu: one pass for ferrite_add_halves and
+// ferrite_swiglu_cat, the same sums): y (n, w.Rows/2).
+func (b *Backend) linearSplitSwiGLU(y, x uint64, w *Weight, n int, limit float32) {
+	inter := w.Rows / 2
+	b.splitGemm(x, w, n, func(d *Device, t uint64) error {
+		out := int64(n) * int64(inter)
+		return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(out), 256, 0, y, t, uint64(out), i32(inter), f32(limit))
+	})
+}
+
+// splitGemm queues x (n, w.Cols) split into bf16 hi and lo rows, their
+// cuBLASLt product with w into scratch t (2n, w.Rows), then epi(t).
+func (b *Backend) splitGemm(x uint64, w *Weight, n int, epi func(d *Device, t uint64) error) {
 	xb := dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)) // (2n, cols) x as bf16 hi, then lo
 	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows))   // (2n, rows) the two products
 	b.queue(func(d *Device) error {
@@ -401,8 +427,7 @@ func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
 		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
 			return err
 		}
-		out := int64(n) * int64(w.Rows)
-		return d.launchL("ferrite_add_halves", d.elementwiseGrid(out), 256, 0, y, t, bias, uint64(out), i32(w.Rows), b32(acc))
+		return epi(d, t)
 	})
 }
 

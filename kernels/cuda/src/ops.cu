@@ -63,9 +63,23 @@ extern "C" __global__ void ferrite_swiglu(float* y, const float* g, const float*
 // n = rows·inter values of t (rows, 2·inter), the stacked [gate | up]
 // product of SwiGLULinear (clamped with limit ≠ 0).
 extern "C" __global__ void ferrite_swiglu_cat(float* y, const float* t, uint64_t n, int inter, float limit) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
         const uint64_t r = i / inter, j = i % inter;
         y[i] = swiglu_clamp1(t[r * 2 * inter + j], t[r * 2 * inter + inter + j], limit);
+    }
+}
+
+// ferrite_swiglu_cat over the split GEMM's products (linearSplit): y[i·inter
+// + j] = swiglu(g, u) for n = rows·inter values, g and u the hi + lo sums
+// of t (2·rows, 2·inter) (rows of hi products, then of lo products), as
+// ferrite_add_halves and ferrite_swiglu_cat would give them in two passes.
+extern "C" __global__ void ferrite_add_halves_swiglu(float* y, const float* t, uint64_t n, int inter, float limit) {
+    FERRITE_PDL_WAIT();
+    const uint64_t lo = 2 * n;  // the lo products' offset in t
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        const uint64_t r = i / inter, j = i % inter, g = r * 2 * inter + j, u = g + inter;
+        y[i] = swiglu_clamp1(__fadd_rn(t[g], t[lo + g]), __fadd_rn(t[u], t[lo + u]), limit);
     }
 }
 
@@ -191,6 +205,7 @@ FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f16, F16W)
 
 // y[i] += bias[i % cols] for n·cols values (the cuBLASLt path's bias).
 extern "C" __global__ void ferrite_add_bias(float* y, const float* bias, uint64_t n, int cols) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
         y[i] += bias[i % cols];
 }
@@ -200,6 +215,7 @@ extern "C" __global__ void ferrite_add_bias(float* y, const float* bias, uint64_
 // mantissa: a GEMM over the stacked (2·rows, cols) input is accurate to
 // about 2⁻¹⁷·Σ|x·w| while it still reads the weight once.
 extern "C" __global__ void ferrite_f32_to_bf16x2(uint16_t* dst, const float* src, uint64_t n) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
         const float x = src[i];
         const uint16_t hi = f32_to_bf16(x);
@@ -212,6 +228,7 @@ extern "C" __global__ void ferrite_f32_to_bf16x2(uint16_t* dst, const float* src
 // (+ y[i] when acc) for n = rows·cols values of t (2·rows, cols).
 extern "C" __global__ void ferrite_add_halves(float* y, const float* t, const float* bias, uint64_t n, int cols,
                                               int acc) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
         float v = __fadd_rn(t[i], t[n + i]);
         if (bias) v = __fadd_rn(v, bias[i % cols]);
