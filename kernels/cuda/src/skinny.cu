@@ -168,15 +168,17 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
                 uint32_t a[2][4];
 #pragma unroll
                 for (int t = 0; t < 2; t++) ldsm_x4(a[t], ws + sk_at(trow[t] + 8 * (am & 1) + ar, 2 * s + (am >> 1)));
+                uint32_t b[NT][4];  // per x tile: hi b0, hi b1, lo b0, lo b1
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    uint32_t b[4];  // hi b0, hi b1, lo b0, lo b1
-                    ldsm_x4(b, xs + (am >> 1) * kXTerm + sk_at(8 * nt + ar, 2 * s + (am & 1)));
+                for (int nt = 0; nt < NT; nt++) ldsm_x4(b[nt], xs + (am >> 1) * kXTerm + sk_at(8 * nt + ar, 2 * s + (am & 1)));
+                // Term by term, so that consecutive products go to different
+                // sums (2·NT apart).
 #pragma unroll
-                    for (int t = 0; t < 2; t++) mma_bf16(acc[t][nt], a[t], b[0], b[1]);
+                for (int term = 0; term < 2; term++)
 #pragma unroll
-                    for (int t = 0; t < 2; t++) mma_bf16(acc[t][nt], a[t], b[2], b[3]);
-                }
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int t = 0; t < 2; t++) mma_bf16(acc[t][nt], a[t], b[nt][2 * term], b[nt][2 * term + 1]);
             }
             if (c + 1 < c1) store_x(xr, (c + 1 - c0) & 1);
         }
