@@ -292,16 +292,18 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
 // kernels/ref.RMSNorm. Rows are dim values apart; y may be res (plain
 // RMSNorm in place). Launch: one block per row, a multiple of 32 threads
 // up to 1024 (256 for many rows, 1024 for a few: a decode step's single
-// row is latency, not throughput).
-extern "C" __global__ void __launch_bounds__(1024)
-    ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
-                        int offset) {
-    FERRITE_PDL_WAIT();
+// row is latency, not throughput). add_rmsnorm is its body; with SPLIT it
+// writes each normed value as cuBLASLt's split input instead
+// (ferrite_f32_to_bf16x2 of y): y2 (2·rows, dim) bf16, hi = bf16(v) in row
+// r, lo = bf16(v − hi) in row rows + r.
+template <bool SPLIT>
+__device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* delta, const float* w, int rows, int dim,
+                            float eps, int offset) {
     __shared__ double partial[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
     float* xr = res + size_t(r) * dim;
-    float* yr = y + size_t(r) * dim;
+    float* yr = SPLIT ? nullptr : y + size_t(r) * dim;
     double ss = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xr[i];
@@ -324,8 +326,30 @@ extern "C" __global__ void __launch_bounds__(1024)
     const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         const float s = offset ? __fadd_rn(1.0f, w[i]) : w[i];
-        yr[i] = __fmul_rn(s, __fmul_rn(xr[i], inv));
+        const float v = __fmul_rn(s, __fmul_rn(xr[i], inv));
+        if (SPLIT) {
+            const uint16_t hi = f32_to_bf16(v);
+            y2[size_t(r) * dim + i] = hi;
+            y2[(size_t(rows) + r) * dim + i] = f32_to_bf16(__fsub_rn(v, __uint_as_float(uint32_t(hi) << 16)));
+        } else {
+            yr[i] = v;
+        }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
+                        int offset) {
+    FERRITE_PDL_WAIT();
+    add_rmsnorm<false>(y, nullptr, res, delta, w, rows, dim, eps, offset);
+}
+
+// ferrite_rmsnorm_bf16x2 is ferrite_add_rmsnorm without delta writing y2,
+// the normed rows split for cuBLASLt (NormLinearCat, NormSwiGLULinear).
+extern "C" __global__ void __launch_bounds__(1024)
+    ferrite_rmsnorm_bf16x2(uint16_t* y2, const float* x, const float* w, int rows, int dim, float eps, int offset) {
+    FERRITE_PDL_WAIT();
+    add_rmsnorm<true>(nullptr, y2, const_cast<float*>(x), nullptr, w, rows, dim, eps, offset);
 }
 
 // Rotary embedding in place over x (n, heads·hd): the first 2·half dims of
