@@ -52,10 +52,12 @@ func init() {
 const skinnyStages = 4
 
 // skinnySmem is the dynamic shared memory of the skinny kernel of index
-// tile: the weight stages (256 rows of 128 bytes each) and x's two chunk
-// buffers of two terms (8·2^tile rows of 128 bytes).
+// tile: the weight stages (256 rows of 128 bytes each), x's two chunk
+// buffers of two terms (8·2^tile rows of 128 bytes) and the split
+// hand-over's flag (16 bytes). The kernel has no static shared memory, so
+// that its limit can be raised to the device's whole opt-in.
 func skinnySmem(tile int) int {
-	return skinnyStages*skinnyBlockRows*128 + 2*2*(8<<tile)*128
+	return skinnyStages*skinnyBlockRows*128 + 2*2*(8<<tile)*128 + 16
 }
 
 // skinnyState is a Backend's skinny GEMM setting and split-K counters.

@@ -34,8 +34,9 @@
 // operands of its outputs.
 //
 // Launch: 256 threads, grid (ceil(R / 256), splits) or, SWIGLU,
-// (ceil(R / 128), splits); skinny_smem(NT) bytes of dynamic shared
-// memory; K a multiple of 8, x 16-byte aligned.
+// (ceil(R / 128), splits); kSkStages·32 KiB + 4·8·NT·128 + 16 bytes of
+// dynamic shared memory (skinny.go's skinnySmem); K a multiple of 8, x
+// 16-byte aligned.
 #include <stdint.h>
 
 namespace {
@@ -59,7 +60,10 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
     constexpr uint32_t kStage = kSkRows * kSkRowBytes;       // bytes of a weight stage
     constexpr uint32_t kXTerm = XR * kSkRowBytes;            // bytes of one term of x's chunk
     extern __shared__ __align__(128) uint8_t sk_smem[];
-    __shared__ int last;
+    // No static shared memory: the kernel's dynamic limit is raised to the
+    // device's whole opt-in (module.go's raiseSmem). The split hand-over's
+    // flag follows x's buffers.
+    int& last = *reinterpret_cast<int*>(sk_smem + kSkStages * kStage + 4 * kXTerm);
     const uint32_t wsm = smem_addr(sk_smem), xsm = wsm + kSkStages * kStage;  // [stage] weights; [buffer][term] x
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
