@@ -21,12 +21,13 @@
 // their weights before the wait (FERRITE_CUDA_PREFETCH=0 turns that off);
 // FERRITE_CUDA_FUSE=0 runs the norms and the split merge as kernels of
 // their own, and FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of that many
-// rows a block. A decode batch of 2 to 64 rows runs its products as the
-// skinny GEMM (skinny.go: tensor cores, the weight read once, the SwiGLU,
-// bias and residual add in its epilogue; FERRITE_CUDA_SKINNY=0 leaves them
-// on cuBLASLt), and its attention rowattn (rowattn.go: the lanes across the
-// head dims, the keys split to fill the GPU; FERRITE_CUDA_ROWATTN=0 keeps
-// the split-KV kernel). FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
+// rows a block. Two kernels for decode batches are in and off by default
+// until they beat what runs now: FERRITE_CUDA_SKINNY=N runs the products
+// of 2 to N rows as the skinny GEMM (skinny.go: tensor cores, the weight
+// read once, the SwiGLU, bias and residual add in its epilogue) instead of
+// cuBLASLt, FERRITE_CUDA_ROWATTN=N the attention of N rows or more as
+// rowattn (rowattn.go: the lanes across the head dims, the keys split to
+// fill the GPU) instead of the split-KV kernel. FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
 // copy and memset with CUDA events into a per-kernel table;
 // FERRITE_CUDA_PROFILE=graph times the kernels of replayed step graphs
 // through event record nodes instead (profile.go, kernels.Profiler; ferrite

@@ -246,8 +246,13 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 		})
 		return
 	}
-	if !b.rowExact && b.useSkinny(dw, n, xp) { // the SwiGLU in the skinny GEMM's epilogue
+	switch {
+	case b.rowExact: // below
+	case b.useSkinny(dw, n, xp): // the SwiGLU in the skinny GEMM's epilogue
 		b.linearSkinny(y, xp, 0, dw, n, false, true, limit)
+		return
+	case dw.DType == kernels.BF16 && n < gemmRoundRows && b.useGemm(): // linearW's split product
+		b.linearSplitSwiGLU(y, xp, dw, n, limit)
 		return
 	}
 	t := b.Scratch(kernels.F32, n, 2*inter) // (n, 2·inter) [x·gateᵀ | x·upᵀ]
@@ -295,6 +300,10 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 		})
 		return
 	}
+	if b.splitsNormed(dw, rows) { // the norm writes cuBLASLt's split input
+		b.splitGemm(b.splitNorm(x, n), dw, rows, addHalves(dptr(dst), bias, dw, rows, e.Accumulate))
+		return
+	}
 	h := b.normed(x, n)
 	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
 }
@@ -325,7 +334,33 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 		})
 		return
 	}
+	if b.splitsNormed(dw, rows) {
+		b.splitGemm(b.splitNorm(x, n), dw, rows, swigluHalves(dptr(dst), dw, rows, limit))
+		return
+	}
 	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
+}
+
+// splitsNormed reports whether NormLinearCat or NormSwiGLULinear of rows
+// rows on w takes linearSplit's cuBLASLt product, so that the norm can
+// write its split input (ferrite_rmsnorm_bf16x2) in place of the normed
+// rows and their split.
+func (b *Backend) splitsNormed(w *Weight, rows int) bool {
+	return !b.rowExact && w.DType == kernels.BF16 && rows > 1 && rows < gemmRoundRows && rows > b.skinny.rows && b.useGemm()
+}
+
+// splitNorm is splitGemm's split of RMSNorm(x) with hn, the norm and the
+// split in one kernel (the bits of ferrite_add_rmsnorm and then
+// ferrite_f32_to_bf16x2).
+func (b *Backend) splitNorm(x kernels.Tensor, hn *kernels.HeadNorm) func(d *Device, xb uint64) error {
+	xp, nw, rows, dim := dptr(x), dptr(hn.W), x.Rows, x.Cols
+	block := uint32(256) // as norm
+	if rows < b.dev.SMs {
+		block = 1024
+	}
+	return func(d *Device, xb uint64) error {
+		return d.launchL("ferrite_rmsnorm_bf16x2", uint32(rows), block, 0, xb, xp, nw, i32(rows), i32(dim), f32(hn.Eps), b32(hn.Offset))
+	}
 }
 
 // normArgs panics unless n is a norm over x's rows: weight (1, x.Cols)
@@ -419,19 +454,59 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 // linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo
 // rows, their products summed in the epilogue kernel.
 func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
+	b.splitGemm(splitX(x, n, w.Cols), w, n, addHalves(y, bias, w, n, acc))
+}
+
+// linearSplitSwiGLU is SwiGLULinear of n rows on linearSplit's product of
+// the stacked [gate; up] w: y (n, w.Rows/2).
+func (b *Backend) linearSplitSwiGLU(y, x uint64, w *Weight, n int, limit float32) {
+	b.splitGemm(splitX(x, n, w.Cols), w, n, swigluHalves(y, w, n, limit))
+}
+
+// splitGemm queues split, which writes the bf16 hi and lo rows of the n
+// input rows into scratch xb (2n, w.Cols), their cuBLASLt product with w
+// into scratch t (2n, w.Rows), then epi(t).
+func (b *Backend) splitGemm(split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
 	xb := dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)) // (2n, cols) x as bf16 hi, then lo
 	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows))   // (2n, rows) the two products
 	b.queue(func(d *Device) error {
-		cnt := int64(n) * int64(w.Cols)
-		if err := d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt)); err != nil {
+		if err := split(d, xb); err != nil {
 			return err
 		}
 		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
 			return err
 		}
+		return epi(d, t)
+	})
+}
+
+// splitX is splitGemm's split of float32 rows x (n, cols).
+func splitX(x uint64, n, cols int) func(d *Device, xb uint64) error {
+	return func(d *Device, xb uint64) error {
+		cnt := int64(n) * int64(cols)
+		return d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt))
+	}
+}
+
+// addHalves is linearSplit's epilogue: y (n, w.Rows) = the sum of the two
+// products (+ bias) (+ y when acc).
+func addHalves(y, bias uint64, w *Weight, n int, acc bool) func(d *Device, t uint64) error {
+	return func(d *Device, t uint64) error {
 		out := int64(n) * int64(w.Rows)
 		return d.launchL("ferrite_add_halves", d.elementwiseGrid(out), 256, 0, y, t, bias, uint64(out), i32(w.Rows), b32(acc))
-	})
+	}
+}
+
+// swigluHalves is the split product's epilogue for the stacked [gate; up]
+// w: y (n, w.Rows/2) = the SwiGLU of the two products' sums
+// (ferrite_add_halves_swiglu: one pass for ferrite_add_halves and
+// ferrite_swiglu_cat, the same sums), clamped at limit > 0.
+func swigluHalves(y uint64, w *Weight, n int, limit float32) func(d *Device, t uint64) error {
+	inter := w.Rows / 2
+	return func(d *Device, t uint64) error {
+		out := int64(n) * int64(inter)
+		return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(out), 256, 0, y, t, uint64(out), i32(inter), f32(limit))
+	}
 }
 
 // linearRounded is Linear through cuBLASLt with x rounded to bf16.

@@ -31,6 +31,9 @@ var pdlKernels = map[string]bool{
 	"ferrite_gemv_norm_f32": true, "ferrite_gemv_norm_bf16": true, "ferrite_gemv_norm_f16": true,
 	"ferrite_gemv_norm_swiglu_f32": true, "ferrite_gemv_norm_swiglu_bf16": true, "ferrite_gemv_norm_swiglu_f16": true,
 	"ferrite_embed": true, "ferrite_gather_rows": true, "ferrite_add_rmsnorm": true, "ferrite_prepare_qkv": true,
+	// cuBLASLt's input conversions (they follow the norm or attention
+	// kernels; its epilogues, which follow its GEMMs, launch without)
+	"ferrite_f32_to_bf16x2": true, "ferrite_f32_to_bf16": true, "ferrite_rmsnorm_bf16x2": true,
 	"ferrite_attn_f32_1": true, "ferrite_attn_f32_2": true, "ferrite_attn_f32_4": true, "ferrite_attn_f32_8": true,
 	"ferrite_attn_bf16_1": true, "ferrite_attn_bf16_2": true, "ferrite_attn_bf16_4": true, "ferrite_attn_bf16_8": true,
 	"ferrite_attn_f32_1_g4": true, "ferrite_attn_f32_2_g4": true, "ferrite_attn_f32_4_g4": true, "ferrite_attn_f32_8_g4": true,

@@ -38,12 +38,13 @@
 #              GLM-4.7-Flash 1/32 (128+32), glm5next-8l 1/32 (128+32),
 #              ferrite-tiny as shipped with MTP on and off (128+64); all
 #              into prof.log (~110-190 s)
-#   batch      (not in the default list) decode batches: BenchmarkSkinny
-#              (the skinny GEMM against cuBLASLt at Qwen3-8B shapes, 8-64
-#              rows) and BenchmarkRowAttention (rowattn against the split-KV
-#              kernel) into batch.log, then ferrite bench, Qwen3-8B 32/64
-#              with both off (FERRITE_CUDA_SKINNY=0 FERRITE_CUDA_ROWATTN=0:
-#              the batches as before; bench8b runs them on) (~60-90 s)
+#   batch      (not in the default list) decode batches, off by default:
+#              their tests in a process of their own (FERRITE_TEST_BATCH=1),
+#              BenchmarkSkinny (the skinny GEMM against cuBLASLt at Qwen3-8B
+#              shapes, 8-64 rows) and BenchmarkRowAttention (rowattn against
+#              the split-KV kernel) into batch.log, then ferrite bench,
+#              Qwen3-8B 32/64 with both on (FERRITE_CUDA_SKINNY=64
+#              FERRITE_CUDA_ROWATTN=2; bench8b runs the defaults) (~90 s)
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
 # (default 540) have passed, so a hang still returns the fatbin and the logs.
 # Writes to $OUT: ferrite.fatbin, fatbin.sha256, *.log, *.json.
@@ -149,9 +150,12 @@ if want prof; then
 	grep -E '^GPU profile|^mode|^ *total \(' "$out/prof.log" | cut -c1-160
 fi
 if want batch; then
+	(cd k && FERRITE_TEST_DEVICE=cuda FERRITE_TEST_BATCH=1 run batch-test 40 batch.log ../cuda.test -test.v -test.count 1 \
+		-test.run 'TestSkinny$|TestRowAttention/^Attention$')
+	grep -hE '^(--- FAIL|FAIL|ok|panic)|worst|max error' "$out/batch.log" | sed -E 's/ +/ /g' | head -80
 	(cd k && run batch-bench 75 batch.log ../cuda.test -test.run XXX -test.bench 'Skinny|RowAttention' -test.benchtime 100x)
 	grep -hE '^Benchmark|rc=|rowattn' "$out/batch.log" | sed -E 's/ +/ /g'
-	FERRITE_CUDA_SKINNY=0 FERRITE_CUDA_ROWATTN=0 bench batch-off 75 --model "$dev/qwen3-8b" --concurrency 32,64 \
+	FERRITE_CUDA_SKINNY=64 FERRITE_CUDA_ROWATTN=2 bench batch-on 75 --model "$dev/qwen3-8b" --concurrency 32,64 \
 		--prompt-len 128 --gen-len 128
 fi
 if want hybrid; then
