@@ -194,27 +194,37 @@ func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 // LinearCat implements kernels.LinearOps: the weights are stacked once on
 // the device (stacked) and run as one product.
 func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) {
-	f32Contig("LinearCat", dst, x)
+	if dw, bias, ok := b.catArgs("LinearCat", dst, x, ws, e); ok {
+		b.linearW(dptr(dst), dptr(x), bias, dw, x.Rows, e.Accumulate)
+	}
+}
+
+// catArgs checks the operands of op (LinearCat or a Norm form of it) and
+// returns the stacked weights and the bias address; ok is false when there
+// is nothing to run (no rows or no outputs) or the upload failed (kept for
+// Err).
+func (b *Backend) catArgs(op string, dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) (dw *Weight, bias uint64, ok bool) {
+	f32Contig(op, dst, x)
 	total := 0
 	for _, w := range ws {
 		if w.Cols != x.Cols || w.Cols == 0 {
-			panic("cuda: LinearCat weights of another width")
+			panic("cuda: " + op + " weights of another width")
 		}
 		total += w.Rows
 	}
 	if dst.Cols != total || dst.Rows != x.Rows {
-		panic("cuda: LinearCat shapes do not match the weights")
+		panic("cuda: " + op + " shapes do not match the weights")
 	}
-	bias := biasPtr("LinearCat", e.Bias, total)
+	bias = biasPtr(op, e.Bias, total)
 	if x.Rows == 0 || total == 0 {
-		return
+		return nil, 0, false
 	}
 	dw, err := b.stacked(ws...)
 	if err != nil {
 		b.fail(err)
-		return
+		return nil, 0, false
 	}
-	b.linearW(dptr(dst), dptr(x), bias, dw, x.Rows, e.Accumulate)
+	return dw, bias, true
 }
 
 // SwiGLULinear implements kernels.LinearOps: gate and up stacked once on
@@ -242,7 +252,7 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
 				name, grid = k[d.gemvRows/4], uint32(ceilDiv(inter, d.gemvRows/2))
 			}
-			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit), b32(d.prefetch))
+			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit), i32(d.prefetchBlocks()))
 		})
 		return
 	}
@@ -264,31 +274,14 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	})
 }
 
-// NormLinearCat implements kernels.LinearOps. One row (or any rows with
-// SetRowExact) runs gemv.cu's GEMV with the norm fused (each block sums
-// x² as it reads x and scales its sums once); more rows, or with the
-// fusion off (FERRITE_CUDA_FUSE=0, SetFuse), RMSNorm into scratch and
-// LinearCat.
+// NormLinearCat implements kernels.LinearOps. With the norm fusion on
+// (SetFuseNorm), one row (or any rows with SetRowExact) runs gemv.cu's
+// GEMV with the norm fused (each block sums x² as it reads x and scales
+// its sums once); otherwise RMSNorm into scratch and LinearCat.
 func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
-	f32Contig("NormLinearCat", dst, x)
 	normArgs("NormLinearCat", x, n)
-	total := 0
-	for _, w := range ws {
-		if w.Cols != x.Cols || w.Cols == 0 {
-			panic("cuda: NormLinearCat weights of another width")
-		}
-		total += w.Rows
-	}
-	if dst.Cols != total || dst.Rows != x.Rows {
-		panic("cuda: NormLinearCat shapes do not match the weights")
-	}
-	bias := biasPtr("NormLinearCat", e.Bias, total)
-	if x.Rows == 0 || total == 0 {
-		return
-	}
-	dw, err := b.stacked(ws...)
-	if err != nil {
-		b.fail(err)
+	dw, bias, ok := b.catArgs("NormLinearCat", dst, x, ws, e)
+	if !ok {
 		return
 	}
 	rows := x.Rows
@@ -296,7 +289,7 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
 		b.queue(func(d *Device) error {
 			return d.launchL(k[0], uint32(ceilDiv(dw.Rows, gemvBlock/32/gemvSplit)), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows),
-				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate), b32(d.prefetch))
+				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate), i32(d.prefetchBlocks()))
 		})
 		return
 	}
@@ -306,6 +299,39 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 	}
 	h := b.normed(x, n)
 	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
+}
+
+// AddNormLinearCat implements kernels.LinearOps as NormLinearCat does:
+// the fused GEMV reads x + delta (and its blocks write that sum), or,
+// unfused, the AddRMSNorm kernel writing the sum to sum, and the product.
+func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	f32Contig("AddNormLinearCat", sum, delta)
+	normArgs("AddNormLinearCat", x, n)
+	if sum.Rows != x.Rows || sum.Cols != x.Cols || delta.Rows != x.Rows || delta.Cols != x.Cols {
+		panic("cuda: AddNormLinearCat shapes differ")
+	}
+	dw, bias, ok := b.catArgs("AddNormLinearCat", dst, x, ws, e)
+	if !ok {
+		return
+	}
+	rows := x.Rows
+	if k, ok := gemvAddNormKernels[dw.DType]; ok && b.fusesNorm(x, n) && dptr(delta)%16 == 0 {
+		y, xp, nw, dp, sp := dptr(dst), dptr(x), dptr(n.W), dptr(delta), dptr(sum)
+		b.queue(func(d *Device) error {
+			return d.launchL(k, uint32(ceilDiv(dw.Rows, gemvBlock/32/gemvSplit)), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows),
+				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate), i32(d.prefetchBlocks()), dp, sp)
+		})
+		return
+	}
+	h := b.Scratch(kernels.F32, rows, x.Cols) // (N, in) the normed rows
+	b.norm(dptr(h), dptr(x), dptr(delta), dptr(n.W), rows, x.Cols, n.Eps, n.Offset, dptr(sum))
+	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
+}
+
+// gemvAddNormKernels names AddNormLinearCat's fused GEMV per dtype
+// (gemv.cu's gemv_norm_split with the add).
+var gemvAddNormKernels = map[kernels.DType]string{
+	kernels.F32: "ferrite_gemv_addnorm_f32", kernels.BF16: "ferrite_gemv_addnorm_bf16", kernels.F16: "ferrite_gemv_addnorm_f16",
 }
 
 // NormSwiGLULinear implements kernels.LinearOps as NormLinearCat does:
@@ -330,7 +356,7 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
 		b.queue(func(d *Device) error {
 			return d.launchL(k[1], uint32(inter), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows), i32(inter), i32(dw.Cols),
-				nw, f32(n.Eps), b32(n.Offset), f32(limit), b32(d.prefetch))
+				nw, f32(n.Eps), b32(n.Offset), f32(limit), i32(d.prefetchBlocks()))
 		})
 		return
 	}
@@ -381,21 +407,28 @@ func normArgs(op string, x kernels.Tensor, n *kernels.HeadNorm) {
 // vector loads; rows of a width the loads do not fit take the scalar
 // path).
 func (b *Backend) fusesNorm(x kernels.Tensor, n *kernels.HeadNorm) bool {
-	return !b.noFuse && (x.Rows == 1 || b.rowExact) && (dptr(x)|dptr(n.W))%16 == 0
+	return b.fuseNorm && (x.Rows == 1 || b.rowExact) && (dptr(x)|dptr(n.W))%16 == 0
 }
 
 // normed returns RMSNorm(x, n) in a scratch tensor (the unfused path).
 func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
 	h := b.Scratch(kernels.F32, x.Rows, x.Cols) // (N, in) the normed rows
-	b.norm(dptr(h), dptr(x), 0, dptr(n.W), x.Rows, x.Cols, n.Eps, n.Offset)
+	b.norm(dptr(h), dptr(x), 0, dptr(n.W), x.Rows, x.Cols, n.Eps, n.Offset, 0)
 	return h
 }
 
-// SetFuse turns the norm-fused GEMVs of NormLinearCat and
-// NormSwiGLULinear and Attention's split merge in the attention kernel on
-// or off (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the
-// steps that follow: a switch for benchmarks and tests.
+// SetFuse turns the fused attention — QKVAttention's one kernel and
+// the split merge in the attention kernel — on or off
+// (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the steps that
+// follow: a switch for benchmarks and tests.
 func (b *Backend) SetFuse(on bool) { b.noFuse = !on }
+
+// SetFuseNorm turns the norm-fused GEMVs of NormLinearCat,
+// AddNormLinearCat and NormSwiGLULinear on or off for the steps that
+// follow. They are off by default (FERRITE_CUDA_FUSE_NORM=1 starts a
+// Backend with them on): GPU run 2 measured them slower than the RMSNorm
+// kernel and the plain GEMV together (BENCHMARKS.md, 9).
+func (b *Backend) SetFuseNorm(on bool) { b.fuseNorm = on }
 
 // gemvNormKernels names the norm-fused GEMVs per dtype: [0] the plain one
 // (gemv.cu's gemv_norm_split), [1] with the SwiGLU epilogue over the
@@ -584,7 +617,7 @@ func (b *Backend) RMSNorm(dst, x, w kernels.Tensor, eps float32, offset bool) {
 	if dst.Rows != x.Rows || dst.Cols != x.Cols || w.Elems() != x.Cols {
 		panic("cuda: RMSNorm shapes do not match")
 	}
-	b.norm(dptr(dst), dptr(x), 0, dptr(w), x.Rows, x.Cols, eps, offset)
+	b.norm(dptr(dst), dptr(x), 0, dptr(w), x.Rows, x.Cols, eps, offset, 0)
 }
 
 // AddRMSNorm implements kernels.NormOps.
@@ -598,10 +631,12 @@ func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, off
 	if w.Elems() != res.Cols {
 		panic("cuda: AddRMSNorm weight width")
 	}
-	b.norm(dptr(dst), dptr(res), dptr(delta), dptr(w), res.Rows, res.Cols, eps, offset)
+	b.norm(dptr(dst), dptr(res), dptr(delta), dptr(w), res.Rows, res.Cols, eps, offset, 0)
 }
 
-func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool) {
+// norm queues ferrite_add_rmsnorm: y = RMSNorm(res + delta) (delta 0:
+// none), res + delta written to sum, or to res when sum is 0.
+func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool, sum uint64) {
 	if rows == 0 || dim == 0 {
 		return
 	}
@@ -610,64 +645,111 @@ func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offs
 		block = 1024
 	}
 	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_add_rmsnorm", uint32(rows), block, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset))
+		return d.launchL("ferrite_add_rmsnorm", uint32(rows), block, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset), sum)
 	})
 }
 
-// PrepareQKV implements kernels.AttentionOps: one block per (row, head)
-// of [q | k | v] norms, rotates and writes its head (ferrite_prepare_qkv).
+// PrepareQKV implements kernels.AttentionOps: a warp per (row, head) of
+// [q | k | v] norms, rotates and writes its head (ferrite_prepare_qkv,
+// four heads a block).
 func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
-	f32Contig("PrepareQKV", q, qkv)
-	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	f32Contig("PrepareQKV", q)
+	pa := prepArgs("PrepareQKV", kc, vc, qkv, qn, kn, r, p, s)
 	n := qkv.Rows
-	switch {
-	case qkv.Cols != qw+2*kw || q.Rows != n || q.Cols != qw || s.HeadDim <= 0 || s.HeadDim > attnMaxHD:
+	if q.Rows != n || q.Cols != s.Heads*s.HeadDim {
 		panic("cuda: PrepareQKV shapes do not match")
-	case kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16):
-		panic("cuda: KV cache dtype must be F32 or BF16")
-	case !kc.Contiguous() || !vc.Contiguous() || kc.Cols != kw || vc.Cols != kw || kc.Rows != vc.Rows:
-		panic("cuda: PrepareQKV shapes do not match the cache")
-	}
-	index("PrepareQKV", p.Slot, n, 1)
-	index("PrepareQKV", p.Pos, n, 1)
-	var args [6]uint64 // q norm, k norm, inverse frequencies, half, interleaved, scale
-	for i, hn := range []*kernels.HeadNorm{qn, kn} {
-		if hn != nil {
-			f32Contig("PrepareQKV norm", hn.W)
-			if hn.W.Elems() != s.HeadDim {
-				panic("cuda: PrepareQKV norm width")
-			}
-			args[i] = dptr(hn.W)
-		}
-	}
-	if r != nil {
-		f32Contig("PrepareQKV rotary", r.InvFreq)
-		if r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim || r.Dim%2 != 0 {
-			panic("cuda: PrepareQKV rotary does not fit the heads")
-		}
-		args[2], args[3], args[4], args[5] = dptr(r.InvFreq), i32(r.Dim/2), b32(r.Interleaved), f32(r.Scale)
 	}
 	if n == 0 {
 		return
 	}
-	var qe, ke float32
-	var qo, ko bool
-	if qn != nil {
-		qe, qo = qn.Eps, qn.Offset
-	}
-	if kn != nil {
-		ke, ko = kn.Eps, kn.Offset
-	}
 	qp, kcp, vcp, src, pos, slot := dptr(q), dptr(kc), dptr(vc), dptr(qkv), dptr(p.Pos), dptr(p.Slot)
+	heads := s.Heads + 2*s.KVHeads
 	b.queue(func(d *Device) error {
-		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(s.Heads + 2*s.KVHeads), 1}, 128, 0,
+		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(ceilDiv(heads, prepHeads)), 1}, 128, 0,
 			qp, kcp, vcp, src, pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), i32(kc.Rows), b32(kc.DType == kernels.BF16),
-			i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), args[0], f32(qe), b32(qo), args[1], f32(ke), b32(ko),
-			args[2], args[3], args[4], args[5])
+			i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), pa[0], pa[1], pa[2], pa[3], pa[4], pa[5], pa[6], pa[7])
 	})
 }
 
-// RoPE implements kernels.RopeOps.
+// prepHeads is the heads a ferrite_prepare_qkv block takes, a warp each.
+const prepHeads = 4
+
+// prepArgs checks PrepareQKV's operands but q (for op) and returns
+// src/ops.cu's PrepArgs as kernel arguments: q norm weight, its eps, k
+// norm weight, its eps, inverse frequencies, rotated pairs, cos/sin scale
+// and the flags (bit 0: q norm offset, 1: k norm offset, 2: interleaved).
+func prepArgs(op string, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) [8]uint64 {
+	f32Contig(op, qkv)
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	n := qkv.Rows
+	switch {
+	case s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || qkv.Cols != qw+2*kw || s.HeadDim <= 0 || s.HeadDim > attnMaxHD:
+		panic("cuda: " + op + " shapes do not match")
+	case kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16):
+		panic("cuda: KV cache dtype must be F32 or BF16")
+	case !kc.Contiguous() || !vc.Contiguous() || kc.Cols != kw || vc.Cols != kw || kc.Rows != vc.Rows:
+		panic("cuda: " + op + " shapes do not match the cache")
+	}
+	index(op, p.Slot, n, 1)
+	index(op, p.Pos, n, 1)
+	var a [8]uint64
+	flags := 0
+	for i, hn := range []*kernels.HeadNorm{qn, kn} {
+		if hn != nil {
+			f32Contig(op+" norm", hn.W)
+			if hn.W.Elems() != s.HeadDim {
+				panic("cuda: " + op + " norm width")
+			}
+			a[2*i], a[2*i+1] = dptr(hn.W), f32(hn.Eps)
+			if hn.Offset {
+				flags |= 1 << i
+			}
+		}
+	}
+	if r != nil {
+		f32Contig(op+" rotary", r.InvFreq)
+		if r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim || r.Dim%2 != 0 {
+			panic("cuda: " + op + " rotary does not fit the heads")
+		}
+		a[4], a[5], a[6] = dptr(r.InvFreq), i32(r.Dim/2), f32(r.Scale)
+		if r.Interleaved {
+			flags |= 4
+		}
+	}
+	a[7] = i32(flags)
+	return a
+}
+
+// QKVAttention implements kernels.AttentionOps. One row (a decode step)
+// without the fusion switched off (SetFuse, FERRITE_CUDA_FUSE_QKV=0 for
+// this one alone) runs the attention kernel's QKV form,
+// which prepares its query heads in the block and, in the split that
+// holds the row's position, stores the row's key and value before reading
+// them (no PrepareQKV kernel); otherwise PrepareQKV into scratch, then
+// Attention. Both give the same bits.
+func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	n := qkv.Rows
+	if out.Rows != n {
+		panic("cuda: QKVAttention shapes do not match")
+	}
+	if b.noFuse || b.noFuseQKV || n != 1 || !b.attnG4(s, n) || b.usePrefill(s, n) {
+		q := b.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim) normed and rotated
+		b.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
+		b.Attention(out, q, kc, vc, p, s)
+		return
+	}
+	pa := prepArgs("QKVAttention", kc, vc, qkv, qn, kn, r, p, s)
+	b.attention(out, kernels.Tensor{}, kc, vc, p, s, &qkvForm{qkv: dptr(qkv), slot: dptr(p.Slot), slots: kc.Rows, prep: pa})
+}
+
+// qkvForm is the attention kernel's QKV form's extra arguments.
+type qkvForm struct {
+	qkv, slot uint64
+	slots     int
+	prep      [8]uint64
+}
+
+// RoPE implements kernels.RopeOps.// RoPE implements kernels.RopeOps.
 func (b *Backend) RoPE(x kernels.Tensor, heads, headDim int, pos kernels.Tensor, r *kernels.Rotary) {
 	f32Contig("RoPE", x, r.InvFreq)
 	half := r.Dim / 2
@@ -726,6 +808,13 @@ var attnKernels = [2][2][4]string{
 		{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"}},
 	{{"ferrite_attn_f32_1_g4", "ferrite_attn_f32_2_g4", "ferrite_attn_f32_4_g4", "ferrite_attn_f32_8_g4"},
 		{"ferrite_attn_bf16_1_g4", "ferrite_attn_bf16_2_g4", "ferrite_attn_bf16_4_g4", "ferrite_attn_bf16_8_g4"}},
+}
+
+// attnQKVKernels[bf16][i] are the QKV forms (QKVAttention) of the kernels
+// of 4 query heads a block.
+var attnQKVKernels = [2][4]string{
+	{"ferrite_attn_qkv_f32_1", "ferrite_attn_qkv_f32_2", "ferrite_attn_qkv_f32_4", "ferrite_attn_qkv_f32_8"},
+	{"ferrite_attn_qkv_bf16_1", "ferrite_attn_qkv_bf16_2", "ferrite_attn_qkv_bf16_4", "ferrite_attn_qkv_bf16_8"},
 }
 
 // attnG4 reports whether Attention runs the kernels of 4 query heads a
@@ -824,12 +913,23 @@ func (b *Backend) splitCounters() (uint64, error) {
 // merges them in the attention kernel (split counters), unless the fusion
 // is off (SetFuse).
 func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
-	f32Contig("Attention", out, q)
+	f32Contig("Attention", q)
+	b.attention(out, q, kc, vc, p, s, nil)
+}
+
+// attention is Attention, or with qf the attention kernel's QKV form
+// (QKVAttention: one row, q the zero Tensor).
+func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape, qf *qkvForm) {
+	f32Contig("Attention", out)
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	rows := out.Rows
+	if qf == nil && (q.Cols != qw || q.Rows != rows) {
+		panic("cuda: Attention shapes do not match")
+	}
 	switch {
 	case s.KVHeads <= 0 || s.Heads%s.KVHeads != 0:
 		panic("cuda: Attention head counts")
-	case q.Cols != qw || out.Cols != qw || out.Rows != q.Rows || kc.Cols != kw || vc.Cols != kw || kc.DType != vc.DType:
+	case out.Cols != qw || kc.Cols != kw || vc.Cols != kw || kc.DType != vc.DType:
 		panic("cuda: Attention shapes do not match")
 	case kc.DType != kernels.F32 && kc.DType != kernels.BF16:
 		panic("cuda: KV cache dtype must be F32 or BF16")
@@ -838,7 +938,7 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	case !p.Blocks.Contiguous() || p.Blocks.DType != kernels.I32 || p.BlockSize <= 0:
 		panic("cuda: Attention block table")
 	}
-	n := q.Rows
+	n := rows
 	index("Attention", p.Pos, n, 1)
 	index("Attention", p.Seq, n, 1)
 	if n == 0 {
@@ -847,7 +947,7 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	if p.Pos.Stride != 1 && n > 1 || p.Seq.Stride != 1 && n > 1 {
 		panic("cuda: Attention wants contiguous positions and sequences")
 	}
-	if b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
+	if qf == nil && b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
 		return
 	}
 	dpl := 0
@@ -880,11 +980,24 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 			}
 		}
 	}
-	o, qp, kcp, vcp := dptr(out), dptr(q), dptr(kc), dptr(vc)
+	var qp uint64 // 0 for the QKV form
+	if qf == nil {
+		qp = dptr(q)
+	}
+	o, kcp, vcp := dptr(out), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
 	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
 	if b.usePrefill(s, n) {
 		ptile = b.prefillTile()
+	}
+	name := attnKernels[g4][bf][dpl]
+	var extra []uint64
+	if qf != nil {
+		if g4 == 0 || ptile > 0 || n != 1 {
+			panic("cuda: the QKV form of attention wants one row and 4 query heads a block")
+		}
+		name = attnQKVKernels[bf][dpl]
+		extra = append([]uint64{qf.qkv, qf.slot, i32(qf.slots)}, qf.prep[:]...)
 	}
 	b.queue(func(d *Device) error {
 		if ptile > 0 {
@@ -895,9 +1008,9 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 				return err
 			}
 		}
-		err := d.launch3L(attnKernels[g4][bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
-			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
-			i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt)
+		args := append([]uint64{o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads),
+			i32(s.KVHeads), i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt}, extra...)
+		err := d.launch3L(name, [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0, args...)
 		if err != nil || splits == 1 || cnt != 0 {
 			return err
 		}
