@@ -43,20 +43,22 @@ type Backend struct {
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
-	splitKVOnly bool      // Attention without the prefill kernel (its tests and benchmarks compare)
-	prefillRows int       // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
-	noMMA       bool      // Experts' prefill path keeps off the tensor cores (tests)
-	rowExact    bool      // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
-	moe         moeConfig // Experts' kernels for a few tokens (moe.go)
-	mlaNoTC     bool      // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
-	noFuse      bool      // no fused attention (PrepareQKV inside, split merge): the default; FERRITE_CUDA_FUSE=1, SetFuse
-	fuseNorm    bool      // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
-	noFuseQKV   bool      // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
+	splitKVOnly bool           // Attention without the prefill kernel (its tests and benchmarks compare)
+	prefillRows int            // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
+	noMMA       bool           // Experts' prefill path keeps off the tensor cores (tests)
+	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
+	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
+	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
+	mlaSplitCap int            // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
+	mlaGroupCap int            // at most this many heads a tensor-core attention block, 0 for 32 (benchmarks)
+	noFuse      bool           // no fused attention (PrepareQKV inside, split merge): the default; FERRITE_CUDA_FUSE=1, SetFuse
+	fuseNorm    bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
+	noFuseQKV   bool           // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
+	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
+	attnWide    bool           // Attention always with attnGroup query heads a block (tests compare)
 	// noAttnPrefetch: a one-row Attention's kernel does not ask L2 for its
 	// keys and values before its PDL wait (FERRITE_CUDA_ATTN_PREFETCH=0)
 	noAttnPrefetch bool
-	attnCnt        kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
-	attnWide       bool           // Attention always with attnGroup query heads a block (tests compare)
 
 	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
 	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
@@ -75,7 +77,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
-	b.graphs.enabled = graphsEnabled() && !d.Profiling()
+	b.graphs.enabled = graphsEnabled() && (!d.Profiling() || d.prof.graph)
 	b.moe = moeConfigFromEnv()
 	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") != "1"
 	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"

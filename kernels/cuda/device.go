@@ -76,8 +76,9 @@ type Device struct {
 	// launching: a step's launch trace, which graph.go compares.
 	trace *[]uint64
 
-	// prof, when set (FERRITE_CUDA_PROFILE=1 at Open), times every launch,
-	// GEMM, copy and memset on the stream (profile.go).
+	// prof, when set (FERRITE_CUDA_PROFILE at Open), times every launch,
+	// GEMM, copy and memset on the stream, or every kernel and GEMM of the
+	// replayed step graphs (profile.go).
 	prof *profiler
 }
 
@@ -276,8 +277,8 @@ func (d *Device) setup() error {
 	for i := range d.args.ptrs {
 		d.args.ptrs[i] = uintptr(unsafe.Pointer(&d.args.vals[i]))
 	}
-	if profileEnabled() {
-		if d.prof, err2 = newProfilerL(); err2 != nil {
+	if mode := profileMode(); mode != profileOff {
+		if d.prof, err2 = newProfilerL(mode); err2 != nil {
 			return err2
 		}
 	}

@@ -5,6 +5,7 @@ package cuda
 import (
 	"encoding/binary"
 	"math"
+	"os"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -145,12 +146,39 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 // cuBLASLt's for many rows). Call it outside a step.
 func (b *Backend) SetRowExact(on bool) { b.rowExact = on }
 
+// fewRowsMax is the most rows fewRows hands to the one-row GEMV's sums
+// (linearExactL), and fewRowsBF16 the largest bf16 weight it does: for
+// 2 to 4 rows (an MTP draft pass after an accepted draft, a few decoding
+// sequences) the four-warps-a-row GEMV, run once per row with the
+// weight rows still in L1, took 6 µs where the 8-rows-a-block GEMV of
+// f32 weights took 20-47 µs and cuBLASLt's split product 15-30 µs on
+// ferrite-tiny's small weights (GPU run 2's profile). A large bf16 weight
+// keeps cuBLASLt. FERRITE_CUDA_FEWROWS=0 turns it off.
+const (
+	fewRowsMax  = 4
+	fewRowsBF16 = 4 << 20
+)
+
+var fewRowsOn = os.Getenv("FERRITE_CUDA_FEWROWS") != "0"
+
+// fewRows reports whether a product of n rows with w runs as n one-row
+// GEMVs (linearExactL) although the row-exact mode is off.
+func fewRows(w *Weight, n int) bool {
+	if !fewRowsOn || n < 2 || n > fewRowsMax {
+		return false
+	}
+	if _, ok := gemvExactKernels[w.DType]; !ok {
+		return false
+	}
+	return w.DType != kernels.BF16 || w.Bytes() <= fewRowsBF16
+}
+
 // linearW queues y (n, w.Rows) = x·wᵀ (+ bias) (+ y when acc): the GEMV
 // for one row (and for weights cuBLASLt does not take), cuBLASLt above;
 // with SetRowExact, the one-row GEMV's sums for every row.
 func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
-	case b.rowExact && n > 1:
+	case b.rowExact && n > 1, fewRows(w, n):
 		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
 	case b.useSkinny(w, n, x):
 		b.linearSkinny(y, x, bias, w, n, acc, false, 0)
@@ -228,8 +256,13 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 		})
 		return
 	}
-	if !b.rowExact && b.useSkinny(dw, n, xp) { // the SwiGLU in the skinny GEMM's epilogue
+	switch {
+	case b.rowExact: // below
+	case b.useSkinny(dw, n, xp): // the SwiGLU in the skinny GEMM's epilogue
 		b.linearSkinny(y, xp, 0, dw, n, false, true, limit)
+		return
+	case dw.DType == kernels.BF16 && n < gemmRoundRows && b.useGemm(): // linearW's split product
+		b.linearSplitSwiGLU(y, xp, dw, n, limit)
 		return
 	}
 	t := b.Scratch(kernels.F32, n, 2*inter) // (n, 2·inter) [x·gateᵀ | x·upᵀ]
@@ -258,6 +291,10 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 			return d.launchL(k[0], uint32(ceilDiv(dw.Rows, gemvBlock/32/gemvSplit)), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows),
 				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate), i32(d.prefetchBlocks()))
 		})
+		return
+	}
+	if b.splitsNormed(dw, rows) { // the norm writes cuBLASLt's split input
+		b.splitGemm(b.splitNorm(x, n), dw, rows, addHalves(dptr(dst), bias, dw, rows, e.Accumulate))
 		return
 	}
 	h := b.normed(x, n)
@@ -323,7 +360,33 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 		})
 		return
 	}
+	if b.splitsNormed(dw, rows) {
+		b.splitGemm(b.splitNorm(x, n), dw, rows, swigluHalves(dptr(dst), dw, rows, limit))
+		return
+	}
 	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
+}
+
+// splitsNormed reports whether NormLinearCat or NormSwiGLULinear of rows
+// rows on w takes linearSplit's cuBLASLt product, so that the norm can
+// write its split input (ferrite_rmsnorm_bf16x2) in place of the normed
+// rows and their split.
+func (b *Backend) splitsNormed(w *Weight, rows int) bool {
+	return !b.rowExact && w.DType == kernels.BF16 && rows > 1 && rows < gemmRoundRows && rows > b.skinny.rows && b.useGemm()
+}
+
+// splitNorm is splitGemm's split of RMSNorm(x) with hn, the norm and the
+// split in one kernel (the bits of ferrite_add_rmsnorm and then
+// ferrite_f32_to_bf16x2).
+func (b *Backend) splitNorm(x kernels.Tensor, hn *kernels.HeadNorm) func(d *Device, xb uint64) error {
+	xp, nw, rows, dim := dptr(x), dptr(hn.W), x.Rows, x.Cols
+	block := uint32(256) // as norm
+	if rows < b.dev.SMs {
+		block = 1024
+	}
+	return func(d *Device, xb uint64) error {
+		return d.launchL("ferrite_rmsnorm_bf16x2", uint32(rows), block, 0, xb, xp, nw, i32(rows), i32(dim), f32(hn.Eps), b32(hn.Offset))
+	}
 }
 
 // normArgs panics unless n is a norm over x's rows: weight (1, x.Cols)
@@ -426,19 +489,59 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 // linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo
 // rows, their products summed in the epilogue kernel.
 func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
+	b.splitGemm(splitX(x, n, w.Cols), w, n, addHalves(y, bias, w, n, acc))
+}
+
+// linearSplitSwiGLU is SwiGLULinear of n rows on linearSplit's product of
+// the stacked [gate; up] w: y (n, w.Rows/2).
+func (b *Backend) linearSplitSwiGLU(y, x uint64, w *Weight, n int, limit float32) {
+	b.splitGemm(splitX(x, n, w.Cols), w, n, swigluHalves(y, w, n, limit))
+}
+
+// splitGemm queues split, which writes the bf16 hi and lo rows of the n
+// input rows into scratch xb (2n, w.Cols), their cuBLASLt product with w
+// into scratch t (2n, w.Rows), then epi(t).
+func (b *Backend) splitGemm(split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
 	xb := dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)) // (2n, cols) x as bf16 hi, then lo
 	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows))   // (2n, rows) the two products
 	b.queue(func(d *Device) error {
-		cnt := int64(n) * int64(w.Cols)
-		if err := d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt)); err != nil {
+		if err := split(d, xb); err != nil {
 			return err
 		}
 		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
 			return err
 		}
+		return epi(d, t)
+	})
+}
+
+// splitX is splitGemm's split of float32 rows x (n, cols).
+func splitX(x uint64, n, cols int) func(d *Device, xb uint64) error {
+	return func(d *Device, xb uint64) error {
+		cnt := int64(n) * int64(cols)
+		return d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt))
+	}
+}
+
+// addHalves is linearSplit's epilogue: y (n, w.Rows) = the sum of the two
+// products (+ bias) (+ y when acc).
+func addHalves(y, bias uint64, w *Weight, n int, acc bool) func(d *Device, t uint64) error {
+	return func(d *Device, t uint64) error {
 		out := int64(n) * int64(w.Rows)
 		return d.launchL("ferrite_add_halves", d.elementwiseGrid(out), 256, 0, y, t, bias, uint64(out), i32(w.Rows), b32(acc))
-	})
+	}
+}
+
+// swigluHalves is the split product's epilogue for the stacked [gate; up]
+// w: y (n, w.Rows/2) = the SwiGLU of the two products' sums
+// (ferrite_add_halves_swiglu: one pass for ferrite_add_halves and
+// ferrite_swiglu_cat, the same sums), clamped at limit > 0.
+func swigluHalves(y uint64, w *Weight, n int, limit float32) func(d *Device, t uint64) error {
+	inter := w.Rows / 2
+	return func(d *Device, t uint64) error {
+		out := int64(n) * int64(inter)
+		return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(out), 256, 0, y, t, uint64(out), i32(inter), f32(limit))
+	}
 }
 
 // linearRounded is Linear through cuBLASLt with x rounded to bf16.
@@ -1013,22 +1116,23 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	return t, nil
 }
 
-// moeFewTokens is the most tokens Experts runs through the first grouped
-// GEMV kernels (src/ops_moe.cu's ferrite_moe_few_*: each chosen expert read
-// once, two launches; FERRITE_MOE_KERNELS=v1, moe.go), the default ones
-// taking up to moeGEMVTokens; more are sorted by expert and run as tiled
-// grouped GEMMs of moeTileM slots (and weight rows) a block, for at most
-// moeMaxExperts experts.
+// moeFewTokens is the most tokens Experts runs through the grouped GEMV
+// kernels of a slot a pass (src/ops_moe.cu's ferrite_moe_few_*: each chosen
+// expert read once, two launches); up to moeGTTokens run its register-tile
+// form (moe.go); more are sorted by expert and run as tiled grouped GEMMs
+// of moeTileM slots (and weight rows) a block, for at most moeMaxExperts
+// experts.
 const (
 	moeFewTokens  = 8
 	moeTileM      = 64
 	moeMaxExperts = 1024
 )
 
-// Experts implements kernels.MoEOps. Up to moeGEMVTokens tokens (moe.go):
-// the grouped gate/up (SwiGLU fused) and down (routing weights and the sum
-// in increasing expert id fused) GEMV kernels, each chosen expert's rows
-// read once for all the tokens that chose it. More: the slots sorted by expert on
+// Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
+// grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
+// increasing expert id fused) GEMV kernels; up to moeGTTokens their
+// register-tile form (moe.go), each chosen expert's rows read once for all
+// the tokens that chose it. More: the slots sorted by expert on
 // the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
 // tensor cores, x split into two bf16 terms, when every weight is bf16),
 // and a last kernel that adds each token's slots in increasing expert id.
@@ -1077,12 +1181,12 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	}
 	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
-	if n <= b.moe.gemvTokens(k) && !b.moe.v1 && b.moe.useTiles(n*k) {
+	if b.moe.useGT(n, k) {
 		slots, sms := n*k, b.dev.SMs
 		ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
 		gateUp, guRows, down, downRows := b.moe.gtLaunch()
-		sbu := b.moe.blockSlots(slots, inter, guRows, 1, sms)
-		sbd := b.moe.blockSlots(slots, hidden, downRows, 1, sms)
+		sbu := b.moe.blockSlots(slots, inter, guRows, sms)
+		sbd := b.moe.blockSlots(slots, hidden, downRows, sms)
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
 				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit))
@@ -1097,34 +1201,18 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		})
 		return
 	}
-	if n <= b.moe.gemvTokens(k) && !b.moe.v1 {
-		gateUp, sb, gy, down := b.moe.gemvLaunch(n, k, inter, b.dev.SMs)
-		b.queue(func(d *Device) error {
-			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, moeGEMVRows)), uint32(gy), 1}, 256, 0,
-				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), i32(sb), f32(limit))
-			if err != nil {
-				return err
-			}
-			return d.launchL(down, uint32(ceilDiv(hidden, moeGEMVRows)), 256, 0, y, i32(dst.Stride), h, ip, wp,
-				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
-		})
-		return
-	}
 	if n <= moeFewTokens {
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
-		gateUp, down := "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
-		if n > 1 && b.moe.slots8 {
-			gateUp, down = "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
-		}
+		gateUp, down, downRows := b.moe.fewLaunch(n)
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
 				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), f32(limit))
 			if err != nil {
 				return err
 			}
-			return d.launchL(down, uint32(ceilDiv(hidden, 4)), 256, 0, y, i32(dst.Stride), h, ip, wp,
+			return d.launchL(down, uint32(ceilDiv(hidden, downRows)), 256, 0, y, i32(dst.Stride), h, ip, wp,
 				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
 		})
 		return

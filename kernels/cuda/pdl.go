@@ -32,6 +32,9 @@ var pdlKernels = map[string]bool{
 	"ferrite_gemv_addnorm_f32": true, "ferrite_gemv_addnorm_bf16": true, "ferrite_gemv_addnorm_f16": true,
 	"ferrite_gemv_norm_swiglu_f32": true, "ferrite_gemv_norm_swiglu_bf16": true, "ferrite_gemv_norm_swiglu_f16": true,
 	"ferrite_embed": true, "ferrite_gather_rows": true, "ferrite_add_rmsnorm": true, "ferrite_prepare_qkv": true,
+	// cuBLASLt's input conversions (they follow the norm or attention
+	// kernels; its epilogues, which follow its GEMMs, launch without)
+	"ferrite_f32_to_bf16x2": true, "ferrite_f32_to_bf16": true, "ferrite_rmsnorm_bf16x2": true,
 	"ferrite_attn_f32_1": true, "ferrite_attn_f32_2": true, "ferrite_attn_f32_4": true, "ferrite_attn_f32_8": true,
 	"ferrite_attn_bf16_1": true, "ferrite_attn_bf16_2": true, "ferrite_attn_bf16_4": true, "ferrite_attn_bf16_8": true,
 	"ferrite_attn_f32_1_g4": true, "ferrite_attn_f32_2_g4": true, "ferrite_attn_f32_4_g4": true, "ferrite_attn_f32_8_g4": true,
@@ -39,10 +42,9 @@ var pdlKernels = map[string]bool{
 	"ferrite_attn_qkv_f32_1": true, "ferrite_attn_qkv_f32_2": true, "ferrite_attn_qkv_f32_4": true, "ferrite_attn_qkv_f32_8": true,
 	"ferrite_attn_qkv_bf16_1": true, "ferrite_attn_qkv_bf16_2": true, "ferrite_attn_qkv_bf16_4": true, "ferrite_attn_qkv_bf16_8": true,
 	"ferrite_route": true, "ferrite_moe_few_gate_up_1": true, "ferrite_moe_few_gate_up_8": true,
-	"ferrite_moe_few_down_1": true, "ferrite_moe_few_down_8": true, "ferrite_moe_gv_gate_up_p8_u1": true,
-	"ferrite_moe_gv_gate_up_p4_u2": true, "ferrite_moe_gv_gate_up_p2_u4": true, "ferrite_moe_gv_down_p8_u2": true,
-	"ferrite_moe_gv_down_p4_u4": true, "ferrite_moe_gt_gate_up_r1": true, "ferrite_moe_gt_gate_up_r2": true,
+	"ferrite_moe_few_down_1": true, "ferrite_moe_few_down_8": true, "ferrite_moe_gt_gate_up_r1": true, "ferrite_moe_gt_gate_up_r2": true,
 	"ferrite_moe_gt_gate_up_r4": true, "ferrite_moe_gt_down_r2": true, "ferrite_moe_gt_down_r4": true, "ferrite_moe_gt_down_r8": true,
+	"ferrite_moe_few_down_1_r2": true, "ferrite_moe_few_down_1_r1": true,
 }
 
 // pdlEnabled is whether a new Device of compute capability major uses PDL:

@@ -1017,6 +1017,7 @@ func normLinearCatTest(t *testing.T, d kernels.Device) {
 		{1, []int{7, 3}, 33, kernels.F32, false, false, false},      // x not 16-byte aligned
 		{3, []int{32, 8, 8}, 64, kernels.BF16, true, true, false},   // rows through the GEMM
 		{20, []int{9, 5}, 40, kernels.F16, false, false, true},
+		{5, []int{24, 8, 8}, 72, kernels.BF16, false, true, true}, // a decode batch, zero-centred norm
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v,offset=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc, c.offset), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n)+100, uint64(c.cols)))
@@ -1130,6 +1131,7 @@ func normSwigluLinearTest(t *testing.T, d kernels.Device) {
 		{1, 8, 64, kernels.F32, 0, true},
 		{4, 16, 64, kernels.F16, 0, false},
 		{3, 8, 40, kernels.BF16, 0.5, false},
+		{6, 12, 40, kernels.BF16, 0, true}, // a decode batch, zero-centred norm
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,limit=%v,offset=%v", c.dt, c.n, c.inter, c.cols, c.limit, c.offset), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.inter)+200, uint64(c.cols)))

@@ -63,9 +63,23 @@ extern "C" __global__ void ferrite_swiglu(float* y, const float* g, const float*
 // n = rows·inter values of t (rows, 2·inter), the stacked [gate | up]
 // product of SwiGLULinear (clamped with limit ≠ 0).
 extern "C" __global__ void ferrite_swiglu_cat(float* y, const float* t, uint64_t n, int inter, float limit) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
         const uint64_t r = i / inter, j = i % inter;
         y[i] = swiglu_clamp1(t[r * 2 * inter + j], t[r * 2 * inter + inter + j], limit);
+    }
+}
+
+// ferrite_swiglu_cat over the split GEMM's products (linearSplit): y[i·inter
+// + j] = swiglu(g, u) for n = rows·inter values, g and u the hi + lo sums
+// of t (2·rows, 2·inter) (rows of hi products, then of lo products), as
+// ferrite_add_halves and ferrite_swiglu_cat would give them in two passes.
+extern "C" __global__ void ferrite_add_halves_swiglu(float* y, const float* t, uint64_t n, int inter, float limit) {
+    FERRITE_PDL_WAIT();
+    const uint64_t lo = 2 * n;  // the lo products' offset in t
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        const uint64_t r = i / inter, j = i % inter, g = r * 2 * inter + j, u = g + inter;
+        y[i] = swiglu_clamp1(__fadd_rn(t[g], t[lo + g]), __fadd_rn(t[u], t[lo + u]), limit);
     }
 }
 
@@ -192,6 +206,7 @@ FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f16, F16W)
 
 // y[i] += bias[i % cols] for n·cols values (the cuBLASLt path's bias).
 extern "C" __global__ void ferrite_add_bias(float* y, const float* bias, uint64_t n, int cols) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
         y[i] += bias[i % cols];
 }
@@ -201,6 +216,7 @@ extern "C" __global__ void ferrite_add_bias(float* y, const float* bias, uint64_
 // mantissa: a GEMM over the stacked (2·rows, cols) input is accurate to
 // about 2⁻¹⁷·Σ|x·w| while it still reads the weight once.
 extern "C" __global__ void ferrite_f32_to_bf16x2(uint16_t* dst, const float* src, uint64_t n) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
         const float x = src[i];
         const uint16_t hi = f32_to_bf16(x);
@@ -213,6 +229,7 @@ extern "C" __global__ void ferrite_f32_to_bf16x2(uint16_t* dst, const float* src
 // (+ y[i] when acc) for n = rows·cols values of t (2·rows, cols).
 extern "C" __global__ void ferrite_add_halves(float* y, const float* t, const float* bias, uint64_t n, int cols,
                                               int acc) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
         float v = __fadd_rn(t[i], t[n + i]);
         if (bias) v = __fadd_rn(v, bias[i % cols]);
@@ -277,17 +294,20 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
 // RMSNorm in place). With sum set, res + delta goes to sum and res
 // stays (AddNormLinearCat). Launch: one block per row, a multiple of 32 threads
 // up to 1024 (256 for many rows, 1024 for a few: a decode step's single
-// row is latency, not throughput).
-extern "C" __global__ void __launch_bounds__(1024)
-    ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
-                        int offset, float* sum) {
-    FERRITE_PDL_WAIT();
+// row is latency, not throughput). With sum set, res + delta goes to sum
+// and res stays (AddNormLinearCat). add_rmsnorm is its body; with SPLIT it
+// writes each normed value as cuBLASLt's split input instead
+// (ferrite_f32_to_bf16x2 of y): y2 (2·rows, dim) bf16, hi = bf16(v) in row
+// r, lo = bf16(v − hi) in row rows + r.
+template <bool SPLIT>
+__device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* delta, const float* w, int rows, int dim,
+                            float eps, int offset, float* sum) {
     __shared__ double partial[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
     const float* in = res + size_t(r) * dim;
     float* xr = (sum && delta ? sum : res) + size_t(r) * dim;  // where res + delta goes
-    float* yr = y + size_t(r) * dim;
+    float* yr = SPLIT ? nullptr : y + size_t(r) * dim;
     double ss = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = in[i];
@@ -310,8 +330,30 @@ extern "C" __global__ void __launch_bounds__(1024)
     const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         const float s = offset ? __fadd_rn(1.0f, w[i]) : w[i];
-        yr[i] = __fmul_rn(s, __fmul_rn(xr[i], inv));
+        const float v = __fmul_rn(s, __fmul_rn(xr[i], inv));
+        if (SPLIT) {
+            const uint16_t hi = f32_to_bf16(v);
+            y2[size_t(r) * dim + i] = hi;
+            y2[(size_t(rows) + r) * dim + i] = f32_to_bf16(__fsub_rn(v, __uint_as_float(uint32_t(hi) << 16)));
+        } else {
+            yr[i] = v;
+        }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
+                        int offset, float* sum) {
+    FERRITE_PDL_WAIT();
+    add_rmsnorm<false>(y, nullptr, res, delta, w, rows, dim, eps, offset, sum);
+}
+
+// ferrite_rmsnorm_bf16x2 is ferrite_add_rmsnorm without delta writing y2,
+// the normed rows split for cuBLASLt (NormLinearCat, NormSwiGLULinear).
+extern "C" __global__ void __launch_bounds__(1024)
+    ferrite_rmsnorm_bf16x2(uint16_t* y2, const float* x, const float* w, int rows, int dim, float eps, int offset) {
+    FERRITE_PDL_WAIT();
+    add_rmsnorm<true>(nullptr, y2, const_cast<float*>(x), nullptr, w, rows, dim, eps, offset, nullptr);
 }
 
 // Rotary embedding in place over x (n, heads·hd): the first 2·half dims of
