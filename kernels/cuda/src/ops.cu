@@ -308,8 +308,28 @@ __device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* del
     const float* in = res + size_t(r) * dim;
     float* xr = (sum && delta ? sum : res) + size_t(r) * dim;  // where res + delta goes
     float* yr = SPLIT ? nullptr : y + size_t(r) * dim;
+    // The first kPre values of each thread and their weights stay in
+    // registers for the second pass (the weights load with the values,
+    // off the reduction's path).
+    constexpr int kPre = 4;
+    float xk[kPre], wk[kPre];
     double ss = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+#pragma unroll
+    for (int j = 0; j < kPre; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        xk[j] = wk[j] = 0.f;
+        if (i < dim) {
+            float v = in[i];
+            wk[j] = w[i];
+            if (delta) {
+                v = __fadd_rn(v, delta[size_t(r) * dim + i]);
+                xr[i] = v;
+            }
+            xk[j] = v;
+            ss += double(v) * double(v);
+        }
+    }
+    for (int i = threadIdx.x + kPre * blockDim.x; i < dim; i += blockDim.x) {
         float v = in[i];
         if (delta) {
             v = __fadd_rn(v, delta[size_t(r) * dim + i]);
@@ -328,9 +348,18 @@ __device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* del
     __syncthreads();
     const float ms = float(partial[0] / double(dim));
     const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float s = offset ? __fadd_rn(1.0f, w[i]) : w[i];
-        const float v = __fmul_rn(s, __fmul_rn(xr[i], inv));
+    for (int i = threadIdx.x, j = 0; i < dim; i += blockDim.x, j++) {
+        float wi, xi;
+        if (j < kPre) {  // unrolled below kPre: registers, not a local array
+#pragma unroll
+            for (int q = 0; q < kPre; q++) {
+                if (q == j) wi = wk[q], xi = xk[q];
+            }
+        } else {
+            wi = w[i], xi = xr[i];
+        }
+        const float s = offset ? __fadd_rn(1.0f, wi) : wi;
+        const float v = __fmul_rn(s, __fmul_rn(xi, inv));
         if (SPLIT) {
             const uint16_t hi = f32_to_bf16(v);
             y2[size_t(r) * dim + i] = hi;
