@@ -86,8 +86,8 @@ type Device struct {
 // each argument stored in the low bytes of its 8-byte slot. It is allocated
 // once per Device and pinned for its lifetime.
 type launchBlock struct {
-	vals [24]uint64
-	ptrs [24]uintptr
+	vals [32]uint64
+	ptrs [32]uintptr
 	cfg  launchConfig // cuLaunchKernelEx's configuration (pdl.go)
 	attr launchAttr
 }
@@ -284,7 +284,7 @@ func (d *Device) setup() error {
 	}
 	d.pdl = pdlEnabled(d.Major) && d.prof == nil
 	d.gemvRows = gemvRowsDefault()
-	d.prefetch = os.Getenv("FERRITE_CUDA_PREFETCH") != "0"
+	d.prefetch = os.Getenv("FERRITE_CUDA_PREFETCH") == "1"
 	return d.loadModule()
 }
 
