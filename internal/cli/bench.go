@@ -553,8 +553,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		// the cases done).
 		opts.Profiler = p
 		opts.Done = func(r bench.Result) {
-			fmt.Fprintf(stdout, "GPU profile, %v (FERRITE_CUDA_PROFILE=1: eager launches, CUDA events around each; steps = device steps, prefill included):\n%s\n",
-				r.Case, r.Profile)
+			fmt.Fprintf(stdout, "GPU profile, %v (FERRITE_CUDA_PROFILE=%s):\n%s\n", r.Case, os.Getenv("FERRITE_CUDA_PROFILE"), r.Profile)
 		}
 	}
 	stopProfile := func() {}

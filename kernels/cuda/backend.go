@@ -49,7 +49,11 @@ type Backend struct {
 	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
 	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
 	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
-	noFuse      bool           // no norm-fused GEMVs and no split merge in the attention kernel (FERRITE_CUDA_FUSE=0, SetFuse)
+	mlaSplitCap int            // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
+	mlaGroupCap int            // at most this many heads a tensor-core attention block, 0 for 32 (benchmarks)
+	noFuse      bool           // no fused attention (PrepareQKV inside, split merge) (FERRITE_CUDA_FUSE=0, SetFuse)
+	fuseNorm    bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
+	noFuseQKV   bool           // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
 	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
 	attnWide    bool           // Attention always with attnGroup query heads a block (tests compare)
 
@@ -70,9 +74,11 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
-	b.graphs.enabled = graphsEnabled() && !d.Profiling()
+	b.graphs.enabled = graphsEnabled() && (!d.Profiling() || d.prof.graph)
 	b.moe = moeConfigFromEnv()
 	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") == "0"
+	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
+	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}
