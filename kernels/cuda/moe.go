@@ -22,7 +22,6 @@ type moeConfig struct {
 	tiles  int  // FERRITE_MOE_TILES: the register tiles from this many slots, also at moeFewTokens or fewer tokens (0: above moeFewTokens only)
 	sb     int  // FERRITE_MOE_SB: the slots a register-tile block takes (0: enough blocks for twice the SMs)
 	gt     int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
-	down   int  // FERRITE_MOE_DOWN_ROWS: ferrite_moe_few_down's rows a block, 1, 2 or 4 (0: 4)
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -39,9 +38,6 @@ func moeConfigFromEnv() moeConfig {
 		tiles: num("FERRITE_MOE_TILES")}
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
-	}
-	if r := num("FERRITE_MOE_DOWN_ROWS"); r == 1 || r == 2 || r == 4 {
-		c.down = r
 	}
 	return c
 }
@@ -87,21 +83,6 @@ func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows 
 		return "ferrite_moe_gt_gate_up_r2", 2 * moeGEMVRows, "ferrite_moe_gt_down_r4", 4 * moeGEMVRows
 	}
 	return "ferrite_moe_gt_gate_up_r4", 4 * moeGEMVRows, "ferrite_moe_gt_down_r8", 8 * moeGEMVRows
-}
-
-// fewLaunch names the slot-a-pass kernels for n tokens and the down
-// kernel's rows a block.
-func (c moeConfig) fewLaunch(n int) (gateUp, down string, downRows int) {
-	if n > 1 && c.slots8 {
-		return "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8", 4
-	}
-	switch c.down {
-	case 1:
-		return "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1_r1", 1
-	case 2:
-		return "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1_r2", 2
-	}
-	return "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1", 4
 }
 
 // blockSlots is the sorted slots a block row of a register-tile kernel

@@ -74,12 +74,6 @@ func TestOpsExpertsPaths(t *testing.T) {
 	for _, n := range []int{3, 8} {
 		checkExperts(t, b, fmt.Sprint("mixed/8-slot/n=", n), mixed, n, 4, rng)
 	}
-	for _, r := range []int{1, 2} { // fewer down rows a block
-		b.moe = moeConfig{down: r}
-		for _, n := range []int{1, 3, 8} {
-			checkExperts(t, b, fmt.Sprintf("mixed/down-rows=%d/n=%d", r, n), mixed, n, 4, rng)
-		}
-	}
 	b.moe = moeConfig{v1: true} // the sorted tiles above moeFewTokens
 	checkExperts(t, b, "mixed/v1/n=20", mixed, 20, 4, rng)
 	b.moe = moeConfig{}
@@ -133,8 +127,7 @@ func TestOpsExpertsRowExact(t *testing.T) {
 	for i := range n {
 		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true},
-		{down: 1}, {down: 2}} {
+	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true}} {
 		b.moe = c
 		for _, rows := range []int{2, 8, n} {
 
@@ -209,10 +202,8 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // the device by the first step) and its own random choice, the step
 // replayed as a CUDA graph: n tokens a step, the grouped GEMV up to
 // moeGTTokens (the slot-a-pass kernels up to moeFewTokens, their register
-// tiles above), the sorted tiles above. Variants: "down-rows=2" and
-// "down-rows=1" the slot-a-pass down kernel with 2 and 1 rows a block
-// (FERRITE_MOE_DOWN_ROWS; 4 by default), "8-slot" up to 8 slots of an
-// expert a pass, "gt" the register tiles at moeFewTokens or fewer,
+// tiles above), the sorted tiles above. Variants: "8-slot" up to 8 slots
+// of an expert a pass, "gt" the register tiles at moeFewTokens or fewer,
 // "gt=2" and "gt=1" the tiles with 2 and 1 gate/up rows a warp
 // (FERRITE_MOE_GT; the default is 4), "tiles" the prefill path's sorted
 // tiles at a register-tile size (FERRITE_MOE_KERNELS=v1). µs/layer is the
@@ -272,9 +263,6 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 			c    moeConfig
 		}
 		vs := []variant{{"", moeConfig{}}}
-		if n <= moeFewTokens {
-			vs = append(vs, variant{"/down-rows=2", moeConfig{down: 2}}, variant{"/down-rows=1", moeConfig{down: 1}})
-		}
 		if n > 1 && n <= moeFewTokens {
 			vs = append(vs, variant{"/8-slot", moeConfig{slots8: true}})
 		}
