@@ -16,9 +16,9 @@ import (
 )
 
 // TestOpsExpertsPaths checks Experts against kernels/ref.Experts on every
-// path: the grouped GEMV of a slot a pass up to moeFewTokens tokens (and of
-// up to 8 slots of an expert a pass), its register-tile form above them to
-// moeGTTokens (every tile size, blocks of one, some and all slots, and
+// path: the grouped GEMV of a slot a pass below moeGTFrom tokens (and up to
+// moeFewTokens, and with up to 8 slots of an expert a pass), its
+// register-tile form from moeGTFrom to moeGTTokens (every tile size, blocks of one, some and all slots, and
 // forced at fewer tokens), the sorted tiled GEMMs above that on CUDA cores
 // (experts of mixed dtypes: bf16, f32 and block-scaled F8E4M3, fused and
 // separate) and on tensor cores (all bf16, and again with them turned off),
@@ -70,12 +70,14 @@ func TestOpsExpertsPaths(t *testing.T) {
 			checkExperts(t, b, fmt.Sprintf("bf16/%+v/n=%d", c, n), bf16, n, 4, rng)
 		}
 	}
-	b.moe = moeConfig{slots8: true} // the kernels that take up to 8 slots of an expert a pass
+	b.moe = moeConfig{v1: true, slots8: true} // the kernels that take up to 8 slots of an expert a pass
 	for _, n := range []int{3, 8} {
 		checkExperts(t, b, fmt.Sprint("mixed/8-slot/n=", n), mixed, n, 4, rng)
 	}
-	b.moe = moeConfig{v1: true} // the sorted tiles above moeFewTokens
-	checkExperts(t, b, "mixed/v1/n=20", mixed, 20, 4, rng)
+	b.moe = moeConfig{v1: true} // slot a pass up to moeFewTokens, the sorted tiles above
+	for _, n := range []int{moeFewTokens, 20} {
+		checkExperts(t, b, fmt.Sprint("mixed/v1/n=", n), mixed, n, 4, rng)
+	}
 	b.moe = moeConfig{}
 	for _, n := range []int{moeGTTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
@@ -201,24 +203,24 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // own experts (58 GB in all, far more than L2 holds; random, generated on
 // the device by the first step) and its own random choice, the step
 // replayed as a CUDA graph: n tokens a step, the grouped GEMV up to
-// moeGTTokens (the slot-a-pass kernels up to moeFewTokens, their register
-// tiles above), the sorted tiles above. Variants: "8-slot" up to 8 slots
-// of an expert a pass, "gt" the register tiles at moeFewTokens or fewer,
-// "gt=2" and "gt=1" the tiles with 2 and 1 gate/up rows a warp
-// (FERRITE_MOE_GT; the default is 4), "tiles" the prefill path's sorted
-// tiles at a register-tile size (FERRITE_MOE_KERNELS=v1). µs/layer is the
-// step over the layers; GB/s counts the chosen experts' weight bytes
-// (distinct experts of the step's tokens) over the step's wall time,
+// moeGTTokens (the slot-a-pass kernels below moeGTFrom, their register
+// tiles from there), the sorted tiles above. Variants: "slot" the
+// slot-a-pass kernels where the tiles are the default, "gt" the tiles
+// where they are not, "gt=1" the tiles with one gate/up row a warp
+// (FERRITE_MOE_GT; 4 by default), "tiles" the prefill path's sorted tiles
+// at a register-tile size (FERRITE_MOE_KERNELS=v1). µs/layer is the step
+// over the layers; GB/s counts the chosen experts' weight bytes (distinct
+// experts of the step's tokens) over the step's wall time,
 // TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
-	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 4, 8, 32, 64, 512})
+	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 2, 4, 8, 32, 64, 512})
 }
 
 // BenchmarkMoEGLM is BenchmarkMoE on GLM-4.7-Flash's routed experts (64
 // of 1,536, top 4, hidden 2048, 46 layers, 55 GB), at its bench's batch
 // sizes.
 func BenchmarkMoEGLM(b *testing.B) {
-	benchMoE(b, 64, 4, 2048, 1536, 46, []int{1, 8, 32, 64})
+	benchMoE(b, 64, 4, 2048, 1536, 46, []int{1, 2, 8, 32, 64})
 }
 
 func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
@@ -263,16 +265,19 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 			c    moeConfig
 		}
 		vs := []variant{{"", moeConfig{}}}
-		if n > 1 && n <= moeFewTokens {
-			vs = append(vs, variant{"/8-slot", moeConfig{slots8: true}})
-		}
 		if n*k <= moeGEMVSlots && n <= moeGTTokens {
-			if n <= moeFewTokens {
-				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}})
+			if (moeConfig{}).useGT(n, k) {
+				if n <= moeFewTokens {
+					vs = append(vs, variant{"/slot", moeConfig{v1: true}})
+				} else {
+					vs = append(vs, variant{"/tiles", moeConfig{v1: true}})
+				}
 			} else {
-				vs = append(vs, variant{"/tiles", moeConfig{v1: true}})
+				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}})
 			}
-			vs = append(vs, variant{"/gt=2", moeConfig{tiles: 1, gt: 2}}, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
+		}
+		if n > 1 && n <= moeFewTokens && n*k <= moeGEMVSlots {
+			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
 		}
 		for _, v := range vs {
 			be.moe = v.c

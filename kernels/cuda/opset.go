@@ -1113,23 +1113,23 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	return t, nil
 }
 
-// moeFewTokens is the most tokens Experts runs through the grouped GEMV
+// moeFewTokens is the most tokens Experts may run through the grouped GEMV
 // kernels of a slot a pass (src/ops_moe.cu's ferrite_moe_few_*: each chosen
-// expert read once, two launches); up to moeGTTokens run its register-tile
-// form (moe.go); more are sorted by expert and run as tiled grouped GEMMs
-// of moeTileM slots (and weight rows) a block, for at most moeMaxExperts
-// experts.
+// expert read once, two launches); from moe.go's moeGTFrom to moeGTTokens
+// its register-tile form runs instead; more are sorted by expert and run
+// as tiled grouped GEMMs of moeTileM slots (and weight rows) a block, for
+// at most moeMaxExperts experts.
 const (
 	moeFewTokens  = 8
 	moeTileM      = 64
 	moeMaxExperts = 1024
 )
 
-// Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
-// grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
-// increasing expert id fused) GEMV kernels; up to moeGTTokens their
-// register-tile form (moe.go), each chosen expert's rows read once for all
-// the tokens that chose it. More: the slots sorted by expert on
+// Experts implements kernels.MoEOps. A few tokens: the grouped gate/up
+// (SwiGLU fused) and down (routing weights and the sum in increasing expert
+// id fused) GEMV kernels; up to moeGTTokens their register-tile form
+// (moe.go), each chosen expert's rows read once for all the tokens that
+// chose it. More: the slots sorted by expert on
 // the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
 // tensor cores, x split into two bf16 terms, when every weight is bf16),
 // and a last kernel that adds each token's slots in increasing expert id.

@@ -4,12 +4,12 @@
 // the sources in name order) and uses its helpers (elem, swiglu1,
 // warp_max, warp_sum_f64) and gemv.cu's weight decoders.
 //
-// Experts has three paths. Up to 8 tokens (decode, speculative
-// verification; kernels/cuda's moeFewTokens) run the grouped GEMV
-// ferrite_moe_few_*: one launch for gate/up with the SwiGLU fused, one for
-// down with the routing weights and the sum over a token's experts fused,
-// each chosen expert read once. Up to 32 tokens (moeGTTokens) run its
-// register-tile form ferrite_moe_gt_*: every block sorts the slots by
+// Experts has three paths. Up to 3 tokens (batch-1 decode and short
+// speculative verifications; kernels/cuda's moeGTFrom) run the grouped
+// GEMV ferrite_moe_few_*: one launch for gate/up with the SwiGLU fused, one
+// for down with the routing weights and the sum over a token's experts
+// fused, each chosen expert read once. From 4 up to 32 tokens (moeGTTokens)
+// run its register-tile form ferrite_moe_gt_*: every block sorts the slots by
 // expert in shared memory, a warp runs several weight rows of an expert
 // against up to 4 of its slots (each weight load serving every slot, each
 // activation load every row), then ferrite_moe_combine. Both sum every
@@ -488,7 +488,7 @@ FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1)
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8)
 
 // ---------------------------------------------------------------------------
-// Grouped experts as register tiles (up to 32 tokens). Every block sorts
+// Grouped experts as register tiles (4 to 32 tokens). Every block sorts
 // the call's slots by (expert, slot) in shared memory, so the slots of one
 // expert are neighbours. Each output keeps its own float32 sum in the
 // order rows_dot_vec<W, 1> adds it (lane L: elements E·L + 32·E·m, m = 0,
