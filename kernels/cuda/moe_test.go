@@ -115,14 +115,7 @@ func TestOpsExpertsRowExact(t *testing.T) {
 		}
 	}
 	run := func(rows int, x []float32, id []int32, w []float32) []float32 {
-		xt, wt := f32Tensor(t, b, rows, hidden, x), f32Tensor(t, b, rows, k, w)
-		it, y := i32Tensor(t, b, rows, k, id), f32Tensor(t, b, rows, hidden, make([]float32, rows*hidden))
-		b.BeginStep()
-		b.Experts(y, xt, it, wt, ex)
-		b.EndStep()
-		got := make([]float32, rows*hidden)
-		b.ReadF32(got, y)
-		return got
+		return expertsOnDevice(t, b, ex, rows, k, x, id, w)
 	}
 	b.moe = moeConfig{}
 	alone := make([]float32, n*hidden)
@@ -147,6 +140,21 @@ func TestOpsExpertsRowExact(t *testing.T) {
 	}
 }
 
+// expertsOnDevice runs Experts in one step on n tokens x (n, hidden) of k
+// experts each (ids, w (n, k)) and returns y (n, hidden).
+func expertsOnDevice(t *testing.T, b *Backend, ex []kernels.Expert, n, k int, xv []float32, ids []int32, wv []float32) []float32 {
+	t.Helper()
+	hidden := ex[0].Down.Rows
+	x, w := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv)
+	it, y := i32Tensor(t, b, n, k, ids), f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
+	b.BeginStep()
+	b.Experts(y, x, it, w, ex)
+	b.EndStep()
+	got := make([]float32, n*hidden)
+	b.ReadF32(got, y)
+	return got
+}
+
 // checkExperts runs Experts for n random tokens of k distinct experts each
 // and compares it with kernels/ref.Experts. The last token of a call of
 // several has an expert id out of range: its row must be NaN and the
@@ -165,13 +173,7 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 	if n > 1 {
 		ids[(n-1)*k+1] = int32(len(ex) + 3)
 	}
-	x, w := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv)
-	it, y := i32Tensor(t, b, n, k, ids), f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
-	b.BeginStep()
-	b.Experts(y, x, it, w, ex)
-	b.EndStep()
-	got := make([]float32, n*hidden)
-	b.ReadF32(got, y)
+	got := expertsOnDevice(t, b, ex, n, k, xv, ids, wv)
 	want := make([]float32, good*hidden)
 	ref.Experts(want, xv[:good*hidden], ids[:good*k], wv[:good*k], good, ex)
 	m := 0.0
