@@ -115,9 +115,33 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 	b.LinearCat(dst, b.normed(x, n), ws, e)
 }
 
+// AddNormLinearCat implements kernels.LinearOps: the add, then
+// NormLinearCat over sum.
+func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	for _, t := range []kernels.Tensor{sum, x, delta} {
+		contiguous(t)
+		if t.Rows != x.Rows || t.Cols != x.Cols {
+			panic("cpu: AddNormLinearCat shapes differ")
+		}
+	}
+	y, xs, d := f32(sum), f32(x), f32(delta)
+	for i, v := range xs[:x.Elems()] {
+		y[i] = v + d[i]
+	}
+	b.NormLinearCat(dst, sum, n, ws, e)
+}
+
 // NormSwiGLULinear implements kernels.LinearOps as NormLinearCat does.
 func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, gate, up *kernels.Mat, limit float32) {
 	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
+}
+
+// QKVAttention implements kernels.AttentionOps: PrepareQKV into a
+// scratch q, then Attention.
+func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	q := b.Scratch(kernels.F32, qkv.Rows, s.Heads*s.HeadDim) // (N, heads·headDim)
+	b.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
+	b.Attention(out, q, kc, vc, p, s)
 }
 
 // normed returns RMSNorm(x, n) in a step's scratch tensor.

@@ -52,7 +52,9 @@ type Backend struct {
 	mlaSplitCap   int            // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
 	mlaGroupHeads int            // heads a tensor-core attention block (≤ 32), 0 for tcPlan's choice (benchmarks)
 	mlaMinTiles   int            // key tiles a tensor-core attention split at least, 0 for 1 (benchmarks)
-	noFuse        bool           // no norm-fused GEMVs and no split merge in the attention kernel (FERRITE_CUDA_FUSE=0, SetFuse)
+	noFuse        bool           // no fused attention (PrepareQKV inside, split merge) (FERRITE_CUDA_FUSE=0, SetFuse)
+	fuseNorm      bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
+	noFuseQKV     bool           // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
 	attnCnt       kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
 	attnWide      bool           // Attention always with attnGroup query heads a block (tests compare)
 
@@ -73,9 +75,11 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
-	b.graphs.enabled = graphsEnabled() && !d.Profiling()
+	b.graphs.enabled = graphsEnabled() && (!d.Profiling() || d.prof.graph)
 	b.moe = moeConfigFromEnv()
 	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") == "0"
+	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
+	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}
