@@ -43,20 +43,20 @@ type Backend struct {
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
-	splitKVOnly   bool           // Attention without the prefill kernel (its tests and benchmarks compare)
-	prefillRows   int            // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
-	noMMA         bool           // Experts' prefill path keeps off the tensor cores (tests)
-	rowExact      bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
-	moe           moeConfig      // Experts' kernels for a few tokens (moe.go)
-	mlaNoTC       bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
-	mlaSplitCap   int            // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
-	mlaGroupHeads int            // heads a tensor-core attention block (≤ 32), 0 for tcPlan's choice (benchmarks)
-	mlaMinTiles   int            // key tiles a tensor-core attention split at least, 0 for 1 (benchmarks)
-	noFuse        bool           // no fused attention (PrepareQKV inside, split merge) (FERRITE_CUDA_FUSE=0, SetFuse)
-	fuseNorm      bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
-	noFuseQKV     bool           // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
-	attnCnt       kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
-	attnWide      bool           // Attention always with attnGroup query heads a block (tests compare)
+	splitKVOnly bool           // Attention without the prefill kernel (its tests and benchmarks compare)
+	prefillRows int            // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
+	noMMA       bool           // Experts' prefill path keeps off the tensor cores (tests)
+	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
+	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
+	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
+	mlaSplitCap int            // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
+	mlaHeads    int            // heads a tensor-core attention block (≤ 32), 0 for tcPlan's choice (benchmarks)
+	mlaTiles    int            // key tiles a tensor-core attention split at least, 0 for 1 (benchmarks)
+	noFuse      bool           // no fused attention (PrepareQKV inside, split merge) (FERRITE_CUDA_FUSE=0, SetFuse)
+	fuseNorm    bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
+	noFuseQKV   bool           // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
+	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
+	attnWide    bool           // Attention always with attnGroup query heads a block (tests compare)
 
 	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
 	rowAttn rowAttnState // the decode-batch attention (rowattn.go)

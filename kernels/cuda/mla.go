@@ -400,8 +400,8 @@ func (b *Backend) tcPlan(bf bool, s kernels.MLAShape, n, keys int) mlaTCPlan {
 	if n <= 4 {
 		heads = 8
 	}
-	if b.mlaGroupHeads > 0 {
-		heads = b.mlaGroupHeads
+	if b.mlaHeads > 0 {
+		heads = b.mlaHeads
 	}
 	t := mlaTCPlan{groups: ceilDiv(s.Heads, min(heads, mlaTCHeads))}
 	t.gs = ceilDiv(s.Heads, t.groups)
@@ -412,11 +412,11 @@ func (b *Backend) tcPlan(bf bool, s kernels.MLAShape, n, keys int) mlaTCPlan {
 	}
 	// A block or two a multiprocessor (the shared memory allows no more):
 	// as many splits of whole key tiles as fill them once, at least
-	// mlaMinTiles tiles each.
+	// mlaTiles tiles each.
 	tiles := max(1, ceilDiv(keys, mlaTCKeys))
 	t.splits = 1
 	if c := b.dev.SMs / (n * t.groups); c > 1 {
-		t.splits = min(ceilDiv(tiles, max(1, b.mlaMinTiles)), c)
+		t.splits = min(ceilDiv(tiles, max(1, b.mlaTiles)), c)
 	}
 	if b.mlaSplitCap > 0 {
 		t.splits = min(t.splits, b.mlaSplitCap)

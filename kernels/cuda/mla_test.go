@@ -238,7 +238,7 @@ func BenchmarkMLADecode(b *testing.B) {
 			case v.tiles > 0:
 				name += fmt.Sprintf("/tiles>=%d", v.tiles)
 			}
-			be.mlaNoTC, be.mlaSplitCap, be.mlaGroupHeads, be.mlaMinTiles = v.cores, v.cap, v.heads, v.tiles
+			be.mlaNoTC, be.mlaSplitCap, be.mlaHeads, be.mlaTiles = v.cores, v.cap, v.heads, v.tiles
 			b.Run(name, func(b *testing.B) {
 				step() // warm up; with graphs the second step is captured
 				step()
@@ -272,7 +272,7 @@ func BenchmarkMLADecode(b *testing.B) {
 				b.ReportMetric(bytes/sec/1e9, "GB/s")
 			})
 		}
-		be.mlaNoTC, be.mlaSplitCap, be.mlaGroupHeads, be.mlaMinTiles = false, 0, 0, 0
+		be.mlaNoTC, be.mlaSplitCap, be.mlaHeads, be.mlaTiles = false, 0, 0, 0
 		for _, kc := range caches {
 			be.Free(kc)
 		}
