@@ -236,7 +236,7 @@ func (d *Device) tuneL(b *blasLt, p *gemmPlan, x uint64, w *Weight, n int) {
 	}
 	best, bestMs := -1, float32(0)
 	for i := range cands {
-		if run(&cands[i]) != nil { // warm-up; an algorithm that does not run is skipped
+		if cands[i].state != 0 || run(&cands[i]) != nil { // warm-up; an algorithm that does not run is skipped
 			continue
 		}
 		if check("cuEventRecord", call(driver.cuEventRecord, ev[0], d.stream)) != nil {
