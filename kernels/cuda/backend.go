@@ -61,6 +61,8 @@ type Backend struct {
 	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
 	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
 
+	presplit presplit // the last op's output, also split for cuBLASLt (opset.go's linearSplit)
+
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
 
