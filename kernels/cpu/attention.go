@@ -111,7 +111,9 @@ func (a *attnCall) table(s int32) []int32 {
 	return a.blocks[int(s)*a.maxBlocks : (int(s)+1)*a.maxBlocks]
 }
 
-// rows computes the given rows one (row, KV head) item at a time.
+// rows computes the given rows one (row, KV head) item at a time: scores
+// off the cache with the matmul tiles, softmax, then P·V by pv over the
+// value rows at the row's slots.
 func (a *attnCall) rows(rows []int32) {
 	maxLen := 0
 	for _, i := range rows {
@@ -122,17 +124,23 @@ func (a *attnCall) rows(rows []int32) {
 	kw := a.kvh * a.hd
 	a.b.Parallel(len(rows)*a.kvh, func(lo, hi int) {
 		sc := make([]float32, a.grp*maxLen) // (group, len) scores, then probabilities
+		offs := make([]int, maxLen)         // element offsets of the row's positions in a cache layer
+		last := -1
 		for item := lo; item < hi; item++ {
 			i, kvh := int(rows[item/a.kvh]), item%a.kvh
 			h0 := kvh * a.grp
 			off := kvh * a.hd
 			bt := a.table(a.seq[i])
 			ln := int(a.pos[i]) + 1
+			if i != last {
+				a.offsets(offs[:ln], bt)
+				last = i
+			}
 			qg := a.q[(i*a.heads+h0)*a.hd : (i*a.heads+h0+a.grp)*a.hd] // (group, hd)
 			// Scores, block by block: keys of a block are kw apart.
 			for p0 := 0; p0 < ln; p0 += a.bs {
 				nk := min(a.bs, ln-p0)
-				w := a.kraw[(a.slot(bt, p0)*kw+off)*esz:]
+				w := a.kraw[(offs[p0]+off)*esz:]
 				g := 0
 				for ; g+2 <= a.grp; g += 2 {
 					x, y := qg[g*a.hd:], sc[g*ln+p0:]
@@ -152,32 +160,56 @@ func (a *attnCall) rows(rows []int32) {
 				}
 			}
 			for g := range a.grp {
-				softmax(sc[g*ln:(g+1)*ln], a.scale)
+				softmaxRow(sc[g*ln:(g+1)*ln], a.scale)
 			}
 			o := a.out[(i*a.heads+h0)*a.hd : (i*a.heads+h0+a.grp)*a.hd]
-			clear(o)
-			for p := range ln {
-				v := a.vraw[(a.slot(bt, p)*kw+off)*esz:]
-				for g := range a.grp {
-					axpyRow(a.dt, o[g*a.hd:(g+1)*a.hd], sc[g*ln+p], v)
-				}
+			v := a.vraw[off*esz:]
+			g := 0
+			for ; g+2 <= a.grp; g += 2 {
+				pv(a.dt, o[g*a.hd:], a.hd, sc[g*ln:], ln, v, offs[:ln], a.hd, 2)
+			}
+			if g < a.grp {
+				pv(a.dt, o[g*a.hd:], a.hd, sc[g*ln:], ln, v, offs[:ln], a.hd, 1)
 			}
 		}
 	})
 }
 
-// row returns the hd cache values at element e of layer data as float32:
-// a view for F32, converted into buf for BF16.
-func (a *attnCall) row(data []byte, e int, buf []float32) []float32 {
+// offsets sets offs[p] to the element offset of position p's row in a
+// cache layer (slot·KV width), for the sequence with block table bt.
+func (a *attnCall) offsets(offs []int, bt []int32) {
+	kw := a.kvh * a.hd
+	for p := range offs {
+		offs[p] = a.slot(bt, p) * kw
+	}
+}
+
+// pvGo sets o (rows, ldo) = P (rows, ldp) · V, V's hd-wide rows at element
+// offsets offs of v (F32 or BF16), summing over the keys in order: the
+// pure-Go twin of the attnPV kernels.
+func pvGo(dt kernels.DType, o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd, rows int) {
+	esz := dt.Size()
+	for r := range rows {
+		or := o[r*ldo : r*ldo+hd]
+		clear(or)
+		for i, e := range offs {
+			axpyGo(dt, or, p[r*ldp+i], v[e*esz:])
+		}
+	}
+}
+
+// keyRow sets dst to the len(dst) cache values at element e of layer data,
+// as float32.
+func (a *attnCall) keyRow(dst []float32, data []byte, e int) {
 	if a.dt == kernels.F32 {
 		all := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(data))), len(data)/4)
-		return all[e : e+a.hd]
+		copy(dst, all[e:e+len(dst)])
+		return
 	}
-	src := data[2*e : 2*(e+a.hd)]
-	for j := range buf {
-		buf[j] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*j:])) << 16)
+	src := data[2*e : 2*(e+len(dst))]
+	for j := range dst {
+		dst[j] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*j:])) << 16)
 	}
-	return buf
 }
 
 // chunk computes rows [lo, hi), consecutive tokens of one sequence, with
@@ -214,27 +246,28 @@ func (a *attnCall) chunk(lo, hi int) {
 	})
 }
 
-// tile computes query rows [t0, t1) of one sequence for KV head kvh.
+// tile computes query rows [t0, t1) of one sequence for KV head kvh: S =
+// Q·Kᵀ as a matrix product over the keys gathered to float32, a causal
+// softmax per row, then O = P·V by pv straight off the cache, two rows of a
+// head at a time, into the output.
 func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 	b, hd, grp := a.b, a.hd, a.grp
-	qw, kw := a.heads*hd, a.kvh*hd
+	qw := a.heads * hd
 	bt := a.table(a.seq[t0])
 	nt := t1 - t0
 	tk := int(a.pos[t1-1]) + 1 // keys visible to the tile's last row
 	m := grp * nt              // stacked rows: (g, i) → g·nt + i−t0
 	k := grow(&s.k, tk*hd)     // (tk, hd) this KV head's keys
-	vt := grow(&s.vt, hd*tk)   // (hd, tk) its values, transposed
 	qs := grow(&s.qs, m*hd)    // (m, hd) stacked queries
 	sc := grow(&s.sc, m*tk)    // (m, tk) scores, then probabilities
-	os := grow(&s.os, m*hd)    // (m, hd)
-	vrow := grow(&s.vrow, hd)
+	if cap(s.offs) < tk {
+		s.offs = make([]int, tk)
+	}
+	offs := s.offs[:tk] // element offsets of the key positions in a cache layer
+	a.offsets(offs, bt)
 	off := kvh * hd
-	for p := range tk {
-		e := a.slot(bt, p)*kw + off
-		copy(k[p*hd:(p+1)*hd], a.row(a.kraw, e, vrow))
-		for d, v := range a.row(a.vraw, e, vrow) {
-			vt[d*tk+p] = v
-		}
+	for p, e := range offs {
+		a.keyRow(k[p*hd:(p+1)*hd], a.kraw, e+off)
 	}
 	for g := range grp {
 		h := kvh*grp + g
@@ -243,20 +276,21 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 			copy(qs[r*hd:(r+1)*hd], a.q[i*qw+h*hd:i*qw+(h+1)*hd])
 		}
 	}
-	// Transient: k and vt are refilled for every KV head (see Mat.Transient).
+	// Transient: k is refilled for every KV head (see Mat.Transient).
 	b.MatMul(sc, qs, &kernels.Mat{DType: kernels.F32, Rows: tk, Cols: hd, Data: f32Bytes(k), Transient: true}, m)
 	for r := range m {
 		row := sc[r*tk : (r+1)*tk]
 		ln := int(a.pos[t0+r%nt]) + 1
-		softmax(row[:ln], a.scale)
+		softmaxRow(row[:ln], a.scale)
 		clear(row[ln:])
 	}
-	b.MatMul(os, sc, &kernels.Mat{DType: kernels.F32, Rows: hd, Cols: tk, Data: f32Bytes(vt), Transient: true}, m)
+	v := a.vraw[off*a.dt.Size():]
 	for g := range grp {
 		h := kvh*grp + g
-		for i := t0; i < t1; i++ {
-			r := g*nt + i - t0
-			copy(a.out[i*qw+h*hd:i*qw+(h+1)*hd], os[r*hd:(r+1)*hd])
+		for i := t0; i < t1; i += 2 {
+			rows := min(2, t1-i)
+			n := int(a.pos[i+rows-1]) + 1 // keys the pair's last row sees
+			pv(a.dt, a.out[i*qw+h*hd:], qw, sc[(g*nt+i-t0)*tk:], tk, v, offs[:n], hd, rows)
 		}
 	}
 }
@@ -319,10 +353,11 @@ func (a *attnCall) tileAMX(s *attnScratch, kvh, t0, t1 int) {
 
 // attnScratch is one worker's scratch for prefill tiles.
 type attnScratch struct {
-	k, vt, qs, sc, os, vrow []float32
-	k16, vt16               []uint16  // tileAMX's keys and values
-	xs                      xbufs     // its products' converted x
-	f32                     []float32 // and their task scratch
+	k, vt, qs, sc, os []float32
+	offs              []int     // tile's key offsets
+	k16, vt16         []uint16  // tileAMX's keys and values
+	xs                xbufs     // its products' converted x
+	f32               []float32 // and their task scratch
 }
 
 // growU16 is grow for uint16s.

@@ -106,7 +106,7 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	b.MatMul(g, f32(x), gate, n)
 	b.MatMul(u, f32(x), up, n)
 	y := f32(dst)
-	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLUClamp(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
+	b.Parallel(len(y), func(lo, hi int) { swiglu(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
 // SwiGLU implements kernels.LinearOps.
@@ -121,7 +121,7 @@ func (b *Backend) SwiGLUClamp(dst, gate, up kernels.Tensor, limit float32) {
 		panic("cpu: SwiGLU shapes differ")
 	}
 	y, g, u := f32(dst), f32(gate), f32(up)
-	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLUClamp(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
+	b.Parallel(len(y), func(lo, hi int) { swiglu(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
 // Embed implements kernels.LinearOps.
@@ -409,13 +409,13 @@ func (b *Backend) ExpertsClamp(dst, x, ids, w kernels.Tensor, experts []kernels.
 			matMul(g, xr, ex.GateUp, rows)
 			for r := range rows {
 				row := g[r*2*inter : (r+1)*2*inter]
-				ref.SwiGLUClamp(hr[r*inter:(r+1)*inter], row[:inter], row[inter:], limit)
+				swiglu(hr[r*inter:(r+1)*inter], row[:inter], row[inter:], limit)
 			}
 		} else {
 			g, u := gu[2*at*inter:(2*at+rows)*inter], gu[(2*at+rows)*inter:2*(at+rows)*inter]
 			matMul(g, xr, ex.Gate, rows)
 			matMul(u, xr, ex.Up, rows)
-			ref.SwiGLUClamp(hr, g, u, limit)
+			swiglu(hr, g, u, limit)
 		}
 		matMul(ye[at*hidden:(at+rows)*hidden], hr, ex.Down, rows)
 	}
