@@ -289,12 +289,12 @@ func pvKernel(d dtype, rows int) {
 	W := pvWidth(rows)
 	TEXT(name, NOSPLIT, "func(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)")
 	Doc(
-		fmt.Sprintf("%s sets o = P·V for %d probability rows of P over the value rows", name, rows),
+		fmt.Sprintf("%s adds P·V to o for %d probability rows of P over the value rows", name, rows),
 		"at element offsets offs of v, in "+d.name+":",
 		"",
 		fmt.Sprintf("\tfor r := range %d {", rows),
 		"\t\tfor c := range hd {",
-		"\t\t\tvar sum float32",
+		"\t\t\tsum := o[r*ldo+c]",
 		"\t\t\tfor i, e := range offs {",
 		"\t\t\t\tj := e + c",
 		"\t\t\t\tsum += p[r*ldp+i] * "+strings.ReplaceAll(d.doc, "w[", "v["),
@@ -333,8 +333,8 @@ func pvKernel(d dtype, rows int) {
 	XORQ(c, c)
 	Label(name + "_chunk")
 	for r := range acc {
-		for _, a := range acc[r] {
-			VXORPS(a, a, a)
+		for q, a := range acc[r] {
+			VMOVUPS(Mem{Base: op[r], Index: c, Scale: 4, Disp: 32 * q}, a)
 		}
 	}
 	LEAQ(Mem{Base: vb, Index: c, Scale: uint8(d.size)}, vc)

@@ -111,65 +111,83 @@ func (a *attnCall) table(s int32) []int32 {
 	return a.blocks[int(s)*a.maxBlocks : (int(s)+1)*a.maxBlocks]
 }
 
-// rows computes the given rows one (row, KV head) item at a time: scores
-// off the cache with the matmul tiles, softmax, then P·V by pv over the
-// value rows at the row's slots.
+// rows computes the given rows one (row, part of the KV heads) item at a
+// time: scores off the cache with the matmul tiles, softmax, then P·V by
+// pv over the value rows at the row's slots. An item walks the cache block
+// by block, every KV head of its part within a block, so that it reads each
+// slot's keys and values of those heads as one contiguous run: the
+// hardware prefetchers follow that, where one head at a time would stride
+// through the whole layer once per head. Parts split the heads so that a
+// single row still keeps every worker busy.
 func (a *attnCall) rows(rows []int32) {
 	maxLen := 0
 	for _, i := range rows {
 		maxLen = max(maxLen, int(a.pos[i])+1)
 	}
+	parts := min(a.kvh, max(1, a.b.Threads()/len(rows)))
 	tiles := tilesFor(a.dt)
 	esz := a.dt.Size()
 	kw := a.kvh * a.hd
-	a.b.Parallel(len(rows)*a.kvh, func(lo, hi int) {
-		sc := make([]float32, a.grp*maxLen) // (group, len) scores, then probabilities
-		offs := make([]int, maxLen)         // element offsets of the row's positions in a cache layer
+	hd, grp := a.hd, a.grp
+	a.b.Parallel(len(rows)*parts, func(lo, hi int) {
+		sc := make([]float32, (a.kvh+parts-1)/parts*grp*maxLen) // (heads of the part, len) scores, then probabilities
+		offs := make([]int, maxLen)                             // element offsets of the row's positions in a cache layer
 		last := -1
 		for item := lo; item < hi; item++ {
-			i, kvh := int(rows[item/a.kvh]), item%a.kvh
-			h0 := kvh * a.grp
-			off := kvh * a.hd
+			i, part := int(rows[item/parts]), item%parts
+			k0, k1 := part*a.kvh/parts, (part+1)*a.kvh/parts // KV heads [k0, k1)
 			bt := a.table(a.seq[i])
 			ln := int(a.pos[i]) + 1
 			if i != last {
 				a.offsets(offs[:ln], bt)
 				last = i
 			}
-			qg := a.q[(i*a.heads+h0)*a.hd : (i*a.heads+h0+a.grp)*a.hd] // (group, hd)
-			// Scores, block by block: keys of a block are kw apart.
+			// Scores, block by block: keys of a block are kw apart. The
+			// part's heads stack as (kvh−k0)·grp + g.
 			for p0 := 0; p0 < ln; p0 += a.bs {
 				nk := min(a.bs, ln-p0)
-				w := a.kraw[(offs[p0]+off)*esz:]
-				g := 0
-				for ; g+2 <= a.grp; g += 2 {
-					x, y := qg[g*a.hd:], sc[g*ln+p0:]
-					j := 0
-					for ; j+4 <= nk; j += 4 {
-						tiles.r2c4(y[j:], ln, x, a.hd, w[j*kw*esz:], kw, a.hd)
+				for kvh := k0; kvh < k1; kvh++ {
+					w := a.kraw[(offs[p0]+kvh*hd)*esz:]
+					qg := a.q[(i*a.heads+kvh*grp)*hd : (i*a.heads+(kvh+1)*grp)*hd] // (group, hd)
+					sg := sc[(kvh-k0)*grp*ln:]
+					g := 0
+					for ; g+2 <= grp; g += 2 {
+						x, y := qg[g*hd:], sg[g*ln+p0:]
+						j := 0
+						for ; j+4 <= nk; j += 4 {
+							tiles.r2c4(y[j:], ln, x, hd, w[j*kw*esz:], kw, hd)
+						}
+						for ; j < nk; j++ {
+							tiles.r2c1(y[j:], ln, x, hd, w[j*kw*esz:], kw, hd)
+						}
 					}
-					for ; j < nk; j++ {
-						tiles.r2c1(y[j:], ln, x, a.hd, w[j*kw*esz:], kw, a.hd)
+					for ; g < grp; g++ {
+						x, y := qg[g*hd:], sg[g*ln+p0:]
+						for j := range nk {
+							tiles.r1c1(y[j:], 1, x, hd, w[j*kw*esz:], kw, hd)
+						}
 					}
 				}
-				for ; g < a.grp; g++ {
-					x, y := qg[g*a.hd:], sc[g*ln+p0:]
-					for j := range nk {
-						tiles.r1c1(y[j:], 1, x, a.hd, w[j*kw*esz:], kw, a.hd)
+			}
+			nh := (k1 - k0) * grp
+			for r := range nh {
+				softmaxRow(sc[r*ln:(r+1)*ln], a.scale)
+			}
+			o := a.out[(i*a.heads+k0*grp)*hd : (i*a.heads+k1*grp)*hd] // (heads of the part, hd)
+			clear(o)
+			for p0 := 0; p0 < ln; p0 += a.bs {
+				blk := offs[p0:min(p0+a.bs, ln)]
+				for kvh := k0; kvh < k1; kvh++ {
+					v := a.vraw[kvh*hd*esz:]
+					r0 := (kvh - k0) * grp
+					g := 0
+					for ; g+2 <= grp; g += 2 {
+						pv(a.dt, o[(r0+g)*hd:], hd, sc[(r0+g)*ln+p0:], ln, v, blk, hd, 2)
+					}
+					if g < grp {
+						pv(a.dt, o[(r0+g)*hd:], hd, sc[(r0+g)*ln+p0:], ln, v, blk, hd, 1)
 					}
 				}
-			}
-			for g := range a.grp {
-				softmaxRow(sc[g*ln:(g+1)*ln], a.scale)
-			}
-			o := a.out[(i*a.heads+h0)*a.hd : (i*a.heads+h0+a.grp)*a.hd]
-			v := a.vraw[off*esz:]
-			g := 0
-			for ; g+2 <= a.grp; g += 2 {
-				pv(a.dt, o[g*a.hd:], a.hd, sc[g*ln:], ln, v, offs[:ln], a.hd, 2)
-			}
-			if g < a.grp {
-				pv(a.dt, o[g*a.hd:], a.hd, sc[g*ln:], ln, v, offs[:ln], a.hd, 1)
 			}
 		}
 	})
@@ -179,19 +197,22 @@ func (a *attnCall) rows(rows []int32) {
 // cache layer (slot·KV width), for the sequence with block table bt.
 func (a *attnCall) offsets(offs []int, bt []int32) {
 	kw := a.kvh * a.hd
-	for p := range offs {
-		offs[p] = a.slot(bt, p) * kw
+	for p0 := 0; p0 < len(offs); p0 += a.bs {
+		e := int(bt[p0/a.bs]) * a.bs * kw
+		for p := p0; p < min(p0+a.bs, len(offs)); p++ {
+			offs[p] = e
+			e += kw
+		}
 	}
 }
 
-// pvGo sets o (rows, ldo) = P (rows, ldp) · V, V's hd-wide rows at element
-// offsets offs of v (F32 or BF16), summing over the keys in order: the
-// pure-Go twin of the attnPV kernels.
+// pvGo adds P (rows, ldp) · V to o (rows, ldo), V's hd-wide rows at
+// element offsets offs of v (F32 or BF16), summing over the keys in order:
+// the pure-Go twin of the attnPV kernels.
 func pvGo(dt kernels.DType, o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd, rows int) {
 	esz := dt.Size()
 	for r := range rows {
 		or := o[r*ldo : r*ldo+hd]
-		clear(or)
 		for i, e := range offs {
 			axpyGo(dt, or, p[r*ldp+i], v[e*esz:])
 		}
@@ -290,6 +311,9 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 		for i := t0; i < t1; i += 2 {
 			rows := min(2, t1-i)
 			n := int(a.pos[i+rows-1]) + 1 // keys the pair's last row sees
+			for r := range rows {
+				clear(a.out[(i+r)*qw+h*hd : (i+r)*qw+(h+1)*hd])
+			}
 			pv(a.dt, a.out[i*qw+h*hd:], qw, sc[(g*nt+i-t0)*tk:], tk, v, offs[:n], hd, rows)
 		}
 	}

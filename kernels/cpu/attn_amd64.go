@@ -40,7 +40,7 @@ var pvAsm = [...][2]func(o []float32, ldo int, p []float32, ldp int, v []byte, o
 	kernels.BF16: {attnPVBF16R1, attnPVBF16R2},
 }
 
-// pv sets o (rows, ldo) = P (rows, ldp) · V for rows 1 or 2, V's hd-wide
+// pv adds P (rows, ldp) · V to o (rows, ldo) for rows 1 or 2, V's hd-wide
 // rows at element offsets offs of v (F32 or BF16): the attnPV kernels,
 // or pvGo for a head dim they do not take (they want a multiple of 64 for
 // one row, 32 for two; one row of a multiple of 32 runs as two equal rows).

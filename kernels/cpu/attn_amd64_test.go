@@ -122,10 +122,16 @@ func TestPVMatchesGo(t *testing.T) {
 							p[i] = rng.Float32()
 						}
 						want := make([]float32, (rows-1)*ldo+hd)
+						for i := range want {
+							want[i] = 0.5 // both add to o
+						}
 						pvGo(dt, want, ldo, p, ldp, v, offs, hd, rows)
 						got := make([]float32, len(want)+1)
 						for i := range got {
 							got[i] = -1
+							if i%ldo < hd && i < len(want) {
+								got[i] = 0.5
+							}
 						}
 						pv(dt, got, ldo, p, ldp, v, offs, hd, rows)
 						for r := range rows {

@@ -14,7 +14,7 @@ func softmaxRow(x []float32, scale float32) { softmax(x, scale) }
 // (limit 0: no clamp); y may be g.
 func swiglu(y, g, u []float32, limit float32) { ref.SwiGLUClamp(y, g, u, limit) }
 
-// pv sets o (rows, ldo) = P (rows, ldp) · V, V's hd-wide rows at element
+// pv adds P (rows, ldp) · V to o (rows, ldo), V's hd-wide rows at element
 // offsets offs of v (F32 or BF16).
 func pv(dt kernels.DType, o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd, rows int) {
 	pvGo(dt, o, ldo, p, ldp, v, offs, hd, rows)

@@ -20,12 +20,12 @@ func softmaxF32(x []float32, scale float32)
 //go:noescape
 func swigluF32(y []float32, g []float32, u []float32)
 
-// attnPVF32R1 sets o = P·V for 1 probability rows of P over the value rows
+// attnPVF32R1 adds P·V to o for 1 probability rows of P over the value rows
 // at element offsets offs of v, in F32:
 //
 //	for r := range 1 {
 //		for c := range hd {
-//			var sum float32
+//			sum := o[r*ldo+c]
 //			for i, e := range offs {
 //				j := e + c
 //				sum += p[r*ldp+i] * math.Float32frombits(binary.LittleEndian.Uint32(v[4*j:]))
@@ -39,12 +39,12 @@ func swigluF32(y []float32, g []float32, u []float32)
 //go:noescape
 func attnPVF32R1(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
 
-// attnPVF32R2 sets o = P·V for 2 probability rows of P over the value rows
+// attnPVF32R2 adds P·V to o for 2 probability rows of P over the value rows
 // at element offsets offs of v, in F32:
 //
 //	for r := range 2 {
 //		for c := range hd {
-//			var sum float32
+//			sum := o[r*ldo+c]
 //			for i, e := range offs {
 //				j := e + c
 //				sum += p[r*ldp+i] * math.Float32frombits(binary.LittleEndian.Uint32(v[4*j:]))
@@ -58,12 +58,12 @@ func attnPVF32R1(o []float32, ldo int, p []float32, ldp int, v []byte, offs []in
 //go:noescape
 func attnPVF32R2(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
 
-// attnPVBF16R1 sets o = P·V for 1 probability rows of P over the value rows
+// attnPVBF16R1 adds P·V to o for 1 probability rows of P over the value rows
 // at element offsets offs of v, in BF16:
 //
 //	for r := range 1 {
 //		for c := range hd {
-//			var sum float32
+//			sum := o[r*ldo+c]
 //			for i, e := range offs {
 //				j := e + c
 //				sum += p[r*ldp+i] * kernels.BF16ToF32(binary.LittleEndian.Uint16(v[2*j:]))
@@ -77,12 +77,12 @@ func attnPVF32R2(o []float32, ldo int, p []float32, ldp int, v []byte, offs []in
 //go:noescape
 func attnPVBF16R1(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
 
-// attnPVBF16R2 sets o = P·V for 2 probability rows of P over the value rows
+// attnPVBF16R2 adds P·V to o for 2 probability rows of P over the value rows
 // at element offsets offs of v, in BF16:
 //
 //	for r := range 2 {
 //		for c := range hd {
-//			var sum float32
+//			sum := o[r*ldo+c]
 //			for i, e := range offs {
 //				j := e + c
 //				sum += p[r*ldp+i] * kernels.BF16ToF32(binary.LittleEndian.Uint16(v[2*j:]))
