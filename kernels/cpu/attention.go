@@ -144,8 +144,14 @@ func (a *attnCall) rows(rows []int32) {
 			}
 			// Scores, block by block: keys of a block are kw apart. The
 			// part's heads stack as (kvh−k0)·grp + g.
+			run := (k1 - k0) * hd // elements of a slot the item reads
 			for p0 := 0; p0 < ln; p0 += a.bs {
 				nk := min(a.bs, ln-p0)
+				if next := p0 + a.bs; next < ln { // the next block's keys, else the first values
+					prefetchRows(a.dt, a.kraw[k0*hd*esz:], offs[next:min(next+a.bs, ln)], run)
+				} else {
+					prefetchRows(a.dt, a.vraw[k0*hd*esz:], offs[:min(a.bs, ln)], run)
+				}
 				for kvh := k0; kvh < k1; kvh++ {
 					w := a.kraw[(offs[p0]+kvh*hd)*esz:]
 					qg := a.q[(i*a.heads+kvh*grp)*hd : (i*a.heads+(kvh+1)*grp)*hd] // (group, hd)
@@ -177,6 +183,9 @@ func (a *attnCall) rows(rows []int32) {
 			clear(o)
 			for p0 := 0; p0 < ln; p0 += a.bs {
 				blk := offs[p0:min(p0+a.bs, ln)]
+				if next := p0 + a.bs; next < ln {
+					prefetchRows(a.dt, a.vraw[k0*hd*esz:], offs[next:min(next+a.bs, ln)], run)
+				}
 				for kvh := k0; kvh < k1; kvh++ {
 					v := a.vraw[kvh*hd*esz:]
 					r0 := (kvh - k0) * grp

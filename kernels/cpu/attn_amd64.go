@@ -64,3 +64,13 @@ func pv(dt kernels.DType, o []float32, ldo int, p []float32, ldp int, v []byte, 
 	}
 	pvAsm[dt][rows-1](o, ldo, p, ldp, v, offs, hd)
 }
+
+// prefetchRows asks for the elements [e, e+n) of the F32 or BF16 data b
+// into L1 for every e in offs, reading nothing.
+func prefetchRows(dt kernels.DType, b []byte, offs []int, n int) {
+	if dt == kernels.BF16 {
+		prefetchRowsBF16(b, offs, n)
+	} else {
+		prefetchRowsF32(b, offs, n)
+	}
+}

@@ -486,6 +486,32 @@ attnPVF32R2_store:
 	VZEROUPPER
 	RET
 
+// func prefetchRowsF32(b []byte, offs []int, n int)
+// Requires: MMX+
+TEXT ·prefetchRowsF32(SB), NOSPLIT, $0-56
+	MOVQ b_base+0(FP), AX
+	MOVQ offs_base+24(FP), CX
+	MOVQ offs_len+32(FP), DX
+	MOVQ n+48(FP), BX
+	SHLQ $0x02, BX
+
+prefetchRowsF32_row:
+	SUBQ $0x01, DX
+	JB   prefetchRowsF32_done
+	MOVQ (CX)(DX*8), SI
+	LEAQ (AX)(SI*4), SI
+	XORQ DI, DI
+
+prefetchRowsF32_line:
+	PREFETCHT0 (SI)(DI*1)
+	ADDQ       $0x40, DI
+	CMPQ       DI, BX
+	JB         prefetchRowsF32_line
+	JMP        prefetchRowsF32_row
+
+prefetchRowsF32_done:
+	RET
+
 // func attnPVBF16R1(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
 // Requires: AVX, AVX2, FMA3
 TEXT ·attnPVBF16R1(SB), NOSPLIT, $0-120
@@ -623,4 +649,30 @@ attnPVBF16R2_store:
 	CMPQ    R10, R9
 	JB      attnPVBF16R2_chunk
 	VZEROUPPER
+	RET
+
+// func prefetchRowsBF16(b []byte, offs []int, n int)
+// Requires: MMX+
+TEXT ·prefetchRowsBF16(SB), NOSPLIT, $0-56
+	MOVQ b_base+0(FP), AX
+	MOVQ offs_base+24(FP), CX
+	MOVQ offs_len+32(FP), DX
+	MOVQ n+48(FP), BX
+	SHLQ $0x01, BX
+
+prefetchRowsBF16_row:
+	SUBQ $0x01, DX
+	JB   prefetchRowsBF16_done
+	MOVQ (CX)(DX*8), SI
+	LEAQ (AX)(SI*2), SI
+	XORQ DI, DI
+
+prefetchRowsBF16_line:
+	PREFETCHT0 (SI)(DI*1)
+	ADDQ       $0x40, DI
+	CMPQ       DI, BX
+	JB         prefetchRowsBF16_line
+	JMP        prefetchRowsBF16_row
+
+prefetchRowsBF16_done:
 	RET

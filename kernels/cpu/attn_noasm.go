@@ -19,3 +19,6 @@ func swiglu(y, g, u []float32, limit float32) { ref.SwiGLUClamp(y, g, u, limit) 
 func pv(dt kernels.DType, o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd, rows int) {
 	pvGo(dt, o, ldo, p, ldp, v, offs, hd, rows)
 }
+
+// prefetchRows does nothing: Go has no prefetch.
+func prefetchRows(dt kernels.DType, b []byte, offs []int, n int) {}

@@ -58,6 +58,13 @@ func attnPVF32R1(o []float32, ldo int, p []float32, ldp int, v []byte, offs []in
 //go:noescape
 func attnPVF32R2(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
 
+// prefetchRowsF32 asks for the cache lines of the F32 elements [e, e+n) of b
+// into L1 for every e in offs (PREFETCHT0 every 64 bytes); it reads
+// nothing and cannot fault.
+//
+//go:noescape
+func prefetchRowsF32(b []byte, offs []int, n int)
+
 // attnPVBF16R1 adds P·V to o for 1 probability rows of P over the value rows
 // at element offsets offs of v, in BF16:
 //
@@ -95,3 +102,10 @@ func attnPVBF16R1(o []float32, ldo int, p []float32, ldp int, v []byte, offs []i
 //
 //go:noescape
 func attnPVBF16R2(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+
+// prefetchRowsBF16 asks for the cache lines of the BF16 elements [e, e+n) of b
+// into L1 for every e in offs (PREFETCHT0 every 64 bytes); it reads
+// nothing and cannot fault.
+//
+//go:noescape
+func prefetchRowsBF16(b []byte, offs []int, n int)
