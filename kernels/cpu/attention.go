@@ -276,28 +276,36 @@ func (a *attnCall) chunk(lo, hi int) {
 	})
 }
 
-// tile computes query rows [t0, t1) of one sequence for KV head kvh: S =
-// Q·Kᵀ as a matrix product over the keys gathered to float32, a causal
-// softmax per row, then O = P·V by pv straight off the cache, two rows of a
-// head at a time, into the output.
+// tile computes query rows [t0, t1) of one sequence for KV head kvh: the
+// head's keys and values are copied out of the cache into contiguous rows
+// (the cache's rows of one head are the KV width apart, a stride that maps
+// them onto a few cache sets), S = Q·Kᵀ is a matrix product (keys in the
+// cache's dtype unless that would round the queries to bfloat16, then
+// widened to float32), a causal softmax per row, then O = P·V by pv, two
+// rows of a head at a time, into the output.
 func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 	b, hd, grp := a.b, a.hd, a.grp
 	qw := a.heads * hd
+	esz := a.dt.Size()
 	bt := a.table(a.seq[t0])
 	nt := t1 - t0
 	tk := int(a.pos[t1-1]) + 1 // keys visible to the tile's last row
 	m := grp * nt              // stacked rows: (g, i) → g·nt + i−t0
-	k := grow(&s.k, tk*hd)     // (tk, hd) this KV head's keys
 	qs := grow(&s.qs, m*hd)    // (m, hd) stacked queries
 	sc := grow(&s.sc, m*tk)    // (m, tk) scores, then probabilities
-	if cap(s.offs) < tk {
-		s.offs = make([]int, tk)
+	kr := growBytes(&s.kr, tk*hd*esz)
+	vr := growBytes(&s.vr, tk*hd*esz)
+	if cap(s.offs) < 2*tk {
+		s.offs = make([]int, 2*tk)
 	}
-	offs := s.offs[:tk] // element offsets of the key positions in a cache layer
+	offs, lin := s.offs[:tk], s.offs[tk:2*tk] // key positions in a cache layer, in kr and vr
 	a.offsets(offs, bt)
 	off := kvh * hd
 	for p, e := range offs {
-		a.keyRow(k[p*hd:(p+1)*hd], a.kraw, e+off)
+		e = (e + off) * esz
+		copy(kr[p*hd*esz:(p+1)*hd*esz], a.kraw[e:e+hd*esz])
+		copy(vr[p*hd*esz:(p+1)*hd*esz], a.vraw[e:e+hd*esz])
+		lin[p] = p * hd
 	}
 	for g := range grp {
 		h := kvh*grp + g
@@ -306,15 +314,22 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 			copy(qs[r*hd:(r+1)*hd], a.q[i*qw+h*hd:i*qw+(h+1)*hd])
 		}
 	}
-	// Transient: k is refilled for every KV head (see Mat.Transient).
-	b.MatMul(sc, qs, &kernels.Mat{DType: kernels.F32, Rows: tk, Cols: hd, Data: f32Bytes(k), Transient: true}, m)
+	// Transient: kr is refilled for every KV head (see Mat.Transient).
+	kmat := &kernels.Mat{DType: a.dt, Rows: tk, Cols: hd, Data: kr, Transient: true}
+	if b.RoundsXToBF16(kmat, m) {
+		k := grow(&s.k, tk*hd)
+		for p := range tk {
+			a.keyRow(k[p*hd:(p+1)*hd], kr, p*hd)
+		}
+		kmat = &kernels.Mat{DType: kernels.F32, Rows: tk, Cols: hd, Data: f32Bytes(k), Transient: true}
+	}
+	b.MatMul(sc, qs, kmat, m)
 	for r := range m {
 		row := sc[r*tk : (r+1)*tk]
 		ln := int(a.pos[t0+r%nt]) + 1
 		softmaxRow(row[:ln], a.scale)
 		clear(row[ln:])
 	}
-	v := a.vraw[off*a.dt.Size():]
 	for g := range grp {
 		h := kvh*grp + g
 		for i := t0; i < t1; i += 2 {
@@ -323,9 +338,17 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 			for r := range rows {
 				clear(a.out[(i+r)*qw+h*hd : (i+r)*qw+(h+1)*hd])
 			}
-			pv(a.dt, a.out[i*qw+h*hd:], qw, sc[(g*nt+i-t0)*tk:], tk, v, offs[:n], hd, rows)
+			pv(a.dt, a.out[i*qw+h*hd:], qw, sc[(g*nt+i-t0)*tk:], tk, vr, lin[:n], hd, rows)
 		}
 	}
+}
+
+// growBytes is grow for bytes.
+func growBytes(p *[]byte, n int) []byte {
+	if cap(*p) < n {
+		*p = make([]byte, n)
+	}
+	return (*p)[:n]
 }
 
 // tileAMX is tile for a BF16 cache where bfloat16 activations are allowed
@@ -388,6 +411,7 @@ func (a *attnCall) tileAMX(s *attnScratch, kvh, t0, t1 int) {
 type attnScratch struct {
 	k, vt, qs, sc, os []float32
 	offs              []int     // tile's key offsets
+	kr, vr            []byte    // tile's keys and values, contiguous
 	k16, vt16         []uint16  // tileAMX's keys and values
 	xs                xbufs     // its products' converted x
 	f32               []float32 // and their task scratch
