@@ -401,11 +401,110 @@ func prefetchKernel(d dtype) {
 	RET()
 }
 
+func sumSquaresKernel() {
+	TEXT("sumSquaresF64", NOSPLIT, "func(x []float32) float64")
+	Doc(
+		"sumSquaresF64 returns Σ x[i]² in float64 (each square exact), in some order:",
+		"ref.RMSNorm's sum of squares.",
+	)
+	Pragma("noescape")
+	x := Load(Param("x").Base(), GP64())
+	n := Load(Param("x").Len(), GP64())
+	mask := YMM()
+	loadTailMask(n, mask)
+	n8 := GP64()
+	MOVQ(n, n8)
+	ANDQ(I8(-8), n8)
+	i := GP64()
+	XORQ(i, i)
+	s0, s1 := YMM(), YMM()
+	VXORPD(s0, s0, s0)
+	VXORPD(s1, s1, s1)
+	add := func(v VecVirtual) {
+		d, h := YMM(), XMM()
+		VCVTPS2PD(v.AsX(), d)
+		VFMADD231PD(d, d, s0)
+		VEXTRACTF128(U8(1), v, h)
+		VCVTPS2PD(h, d)
+		VFMADD231PD(d, d, s1)
+	}
+	Label("sumsq_loop")
+	CMPQ(i, n8)
+	JAE(LabelRef("sumsq_tail"))
+	v := YMM()
+	VMOVUPS(Mem{Base: x, Index: i, Scale: 4}, v)
+	add(v)
+	ADDQ(U8(8), i)
+	JMP(LabelRef("sumsq_loop"))
+	Label("sumsq_tail")
+	VMASKMOVPS(Mem{Base: x, Index: i, Scale: 4}, mask, v)
+	add(v)
+	VADDPD(s1, s0, s0)
+	h := XMM()
+	VEXTRACTF128(U8(1), s0, h)
+	VADDPD(h, s0.AsX(), h)
+	VHADDPD(h, h, h)
+	Store(h, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}
+
+func normScaleKernel(offset bool) {
+	name, w := "normScaleF32", "w[i]"
+	if offset {
+		name, w = "normScaleOffsetF32", "(1 + w[i])"
+	}
+	TEXT(name, NOSPLIT, "func(y, x, w []float32, inv float32)")
+	Doc(
+		name+" sets y[i] = "+w+" * (x[i] * inv) for i < len(x): ref.RMSNorm's scaling.",
+		"y may be x. The caller guarantees len(y), len(w) ≥ len(x).",
+	)
+	Pragma("noescape")
+	y := Load(Param("y").Base(), GP64())
+	x := Load(Param("x").Base(), GP64())
+	wb := Load(Param("w").Base(), GP64())
+	n := Load(Param("x").Len(), GP64())
+	ix := Load(Param("inv"), XMM())
+	iv, mask := YMM(), YMM()
+	VBROADCASTSS(ix, iv)
+	loadTailMask(n, mask)
+	n8 := GP64()
+	MOVQ(n, n8)
+	ANDQ(I8(-8), n8)
+	i := GP64()
+	XORQ(i, i)
+	at := func(b Register) Mem { return Mem{Base: b, Index: i, Scale: 4} }
+	body := func(load func(m Mem, v VecVirtual), store func(v VecVirtual, m Mem)) {
+		xv, wv := YMM(), YMM()
+		load(at(x), xv)
+		load(at(wb), wv)
+		if offset {
+			VADDPS(constVec(cOne), wv, wv)
+		}
+		VMULPS(iv, xv, xv)
+		VMULPS(wv, xv, xv)
+		store(xv, at(y))
+	}
+	Label(name + "_loop")
+	CMPQ(i, n8)
+	JAE(LabelRef(name + "_tail"))
+	body(func(m Mem, v VecVirtual) { VMOVUPS(m, v) }, func(v VecVirtual, m Mem) { VMOVUPS(v, m) })
+	ADDQ(U8(8), i)
+	JMP(LabelRef(name + "_loop"))
+	Label(name + "_tail")
+	body(func(m Mem, v VecVirtual) { VMASKMOVPS(m, mask, v) }, func(v VecVirtual, m Mem) { VMASKMOVPS(v, mask, m) })
+	VZEROUPPER()
+	RET()
+}
+
 // attnKernels generates the `-set attn` file.
 func attnKernels() {
 	attnData()
 	softmaxKernel()
 	swigluKernel()
+	sumSquaresKernel()
+	normScaleKernel(false)
+	normScaleKernel(true)
 	for _, d := range dtypes[:2] { // F32 and BF16: the KV cache's dtypes
 		for _, r := range []int{1, 2} {
 			pvKernel(d, r)

@@ -5,6 +5,8 @@
 package cpu
 
 import (
+	"math"
+
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/internal/cpuinfo"
 	"github.com/ferrite-llm/ferrite/kernels/ref"
@@ -72,5 +74,26 @@ func prefetchRows(dt kernels.DType, b []byte, offs []int, n int) {
 		prefetchRowsBF16(b, offs, n)
 	} else {
 		prefetchRowsF32(b, offs, n)
+	}
+}
+
+// rmsNorm is ref.RMSNorm over rows of x with the sum of squares
+// (float64, sumSquaresF64) and the scaling (normScaleF32) in assembly: the
+// same roundings, the sum in another order.
+func rmsNorm(y, x, w []float32, eps float32, offset bool, rows int) {
+	if !cpuinfo.AVX2FMA() {
+		ref.RMSNorm(y, x, w, eps, offset, rows)
+		return
+	}
+	d := len(w)
+	for i := range rows {
+		xr, yr := x[i*d:(i+1)*d], y[i*d:(i+1)*d]
+		ms := float32(sumSquaresF64(xr) / float64(d))
+		inv := float32(1 / math.Sqrt(float64(ms+eps)))
+		if offset {
+			normScaleOffsetF32(yr, xr, w, inv)
+		} else {
+			normScaleF32(yr, xr, w, inv)
+		}
 	}
 }

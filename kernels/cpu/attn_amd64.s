@@ -359,6 +359,124 @@ swiglu_tail:
 	VZEROUPPER
 	RET
 
+// func sumSquaresF64(x []float32) float64
+// Requires: AVX, FMA3, SSE2
+TEXT ·sumSquaresF64(SB), NOSPLIT, $0-32
+	MOVQ    x_base+0(FP), AX
+	MOVQ    x_len+8(FP), CX
+	MOVQ    CX, DX
+	ANDQ    $0x07, DX
+	NEGQ    DX
+	LEAQ    tailmask<>+0(SB), BX
+	VMOVDQU 32(BX)(DX*4), Y0
+	ANDQ    $-8, CX
+	XORQ    DX, DX
+	VXORPD  Y1, Y1, Y1
+	VXORPD  Y2, Y2, Y2
+
+sumsq_loop:
+	CMPQ         DX, CX
+	JAE          sumsq_tail
+	VMOVUPS      (AX)(DX*4), Y3
+	VCVTPS2PD    X3, Y4
+	VFMADD231PD  Y4, Y4, Y1
+	VEXTRACTF128 $0x01, Y3, X3
+	VCVTPS2PD    X3, Y4
+	VFMADD231PD  Y4, Y4, Y2
+	ADDQ         $0x08, DX
+	JMP          sumsq_loop
+
+sumsq_tail:
+	VMASKMOVPS   (AX)(DX*4), Y0, Y3
+	VCVTPS2PD    X3, Y0
+	VFMADD231PD  Y0, Y0, Y1
+	VEXTRACTF128 $0x01, Y3, X0
+	VCVTPS2PD    X0, Y0
+	VFMADD231PD  Y0, Y0, Y2
+	VADDPD       Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPD       X0, X1, X0
+	VHADDPD      X0, X0, X0
+	MOVSD        X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func normScaleF32(y []float32, x []float32, w []float32, inv float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·normScaleF32(SB), NOSPLIT, $0-76
+	MOVQ         y_base+0(FP), AX
+	MOVQ         x_base+24(FP), CX
+	MOVQ         w_base+48(FP), DX
+	MOVQ         x_len+32(FP), BX
+	MOVSS        inv+72(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         BX, SI
+	ANDQ         $0x07, SI
+	NEGQ         SI
+	LEAQ         tailmask<>+0(SB), DI
+	VMOVDQU      32(DI)(SI*4), Y1
+	ANDQ         $-8, BX
+	XORQ         SI, SI
+
+normScaleF32_loop:
+	CMPQ    SI, BX
+	JAE     normScaleF32_tail
+	VMOVUPS (CX)(SI*4), Y2
+	VMOVUPS (DX)(SI*4), Y3
+	VMULPS  Y0, Y2, Y2
+	VMULPS  Y3, Y2, Y2
+	VMOVUPS Y2, (AX)(SI*4)
+	ADDQ    $0x08, SI
+	JMP     normScaleF32_loop
+
+normScaleF32_tail:
+	VMASKMOVPS (CX)(SI*4), Y1, Y2
+	VMASKMOVPS (DX)(SI*4), Y1, Y3
+	VMULPS     Y0, Y2, Y2
+	VMULPS     Y3, Y2, Y2
+	VMASKMOVPS Y2, Y1, (AX)(SI*4)
+	VZEROUPPER
+	RET
+
+// func normScaleOffsetF32(y []float32, x []float32, w []float32, inv float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·normScaleOffsetF32(SB), NOSPLIT, $0-76
+	MOVQ         y_base+0(FP), AX
+	MOVQ         x_base+24(FP), CX
+	MOVQ         w_base+48(FP), DX
+	MOVQ         x_len+32(FP), BX
+	MOVSS        inv+72(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         BX, SI
+	ANDQ         $0x07, SI
+	NEGQ         SI
+	LEAQ         tailmask<>+0(SB), DI
+	VMOVDQU      32(DI)(SI*4), Y1
+	ANDQ         $-8, BX
+	XORQ         SI, SI
+
+normScaleOffsetF32_loop:
+	CMPQ    SI, BX
+	JAE     normScaleOffsetF32_tail
+	VMOVUPS (CX)(SI*4), Y2
+	VMOVUPS (DX)(SI*4), Y3
+	VADDPS  attnconsts<>+288(SB), Y3, Y3
+	VMULPS  Y0, Y2, Y2
+	VMULPS  Y3, Y2, Y2
+	VMOVUPS Y2, (AX)(SI*4)
+	ADDQ    $0x08, SI
+	JMP     normScaleOffsetF32_loop
+
+normScaleOffsetF32_tail:
+	VMASKMOVPS (CX)(SI*4), Y1, Y2
+	VMASKMOVPS (DX)(SI*4), Y1, Y3
+	VADDPS     attnconsts<>+288(SB), Y3, Y3
+	VMULPS     Y0, Y2, Y2
+	VMULPS     Y3, Y2, Y2
+	VMASKMOVPS Y2, Y1, (AX)(SI*4)
+	VZEROUPPER
+	RET
+
 // func attnPVF32R1(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
 // Requires: AVX, FMA3
 TEXT ·attnPVF32R1(SB), NOSPLIT, $0-120

@@ -153,3 +153,38 @@ func TestPVMatchesGo(t *testing.T) {
 		}
 	}
 }
+
+// TestRMSNormMatchesRef checks rmsNorm (sumSquaresF64, normScaleF32)
+// against ref.RMSNorm: the same roundings, the float64 sum in another
+// order, so at most an ulp apart; in place too.
+func TestRMSNormMatchesRef(t *testing.T) {
+	skipNoAVX2(t)
+	rng := rand.New(rand.NewPCG(9, 10))
+	const rows = 3
+	for _, d := range []int{1, 7, 8, 9, 128, 1000} {
+		for _, offset := range []bool{false, true} {
+			x, w := make([]float32, rows*d), make([]float32, d)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64() * 3)
+			}
+			for i := range w {
+				w[i] = float32(rng.NormFloat64())
+			}
+			want := make([]float32, rows*d)
+			ref.RMSNorm(want, x, w, 1e-6, offset, rows)
+			got := make([]float32, rows*d+1)
+			got[rows*d] = -1
+			rmsNorm(got, x, w, 1e-6, offset, rows)
+			rmsNorm(x, x, w, 1e-6, offset, rows) // in place
+			if got[rows*d] != -1 {
+				t.Fatalf("d=%d: wrote past the rows", d)
+			}
+			for i := range want {
+				lim := 2e-7 * math.Abs(float64(want[i]))
+				if math.Abs(float64(got[i]-want[i])) > lim || math.Abs(float64(x[i]-want[i])) > lim {
+					t.Fatalf("d=%d offset %v: y[%d] = %g (in place %g), ref %g", d, offset, i, got[i], x[i], want[i])
+				}
+			}
+		}
+	}
+}

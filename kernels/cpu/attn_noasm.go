@@ -22,3 +22,8 @@ func pv(dt kernels.DType, o []float32, ldo int, p []float32, ldp int, v []byte, 
 
 // prefetchRows does nothing: Go has no prefetch.
 func prefetchRows(dt kernels.DType, b []byte, offs []int, n int) {}
+
+// rmsNorm is ref.RMSNorm.
+func rmsNorm(y, x, w []float32, eps float32, offset bool, rows int) {
+	ref.RMSNorm(y, x, w, eps, offset, rows)
+}

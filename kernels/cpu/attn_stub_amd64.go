@@ -20,6 +20,24 @@ func softmaxF32(x []float32, scale float32)
 //go:noescape
 func swigluF32(y []float32, g []float32, u []float32)
 
+// sumSquaresF64 returns Σ x[i]² in float64 (each square exact), in some order:
+// ref.RMSNorm's sum of squares.
+//
+//go:noescape
+func sumSquaresF64(x []float32) float64
+
+// normScaleF32 sets y[i] = w[i] * (x[i] * inv) for i < len(x): ref.RMSNorm's scaling.
+// y may be x. The caller guarantees len(y), len(w) ≥ len(x).
+//
+//go:noescape
+func normScaleF32(y []float32, x []float32, w []float32, inv float32)
+
+// normScaleOffsetF32 sets y[i] = (1 + w[i]) * (x[i] * inv) for i < len(x): ref.RMSNorm's scaling.
+// y may be x. The caller guarantees len(y), len(w) ≥ len(x).
+//
+//go:noescape
+func normScaleOffsetF32(y []float32, x []float32, w []float32, inv float32)
+
 // attnPVF32R1 adds P·V to o for 1 probability rows of P over the value rows
 // at element offsets offs of v, in F32:
 //

@@ -163,7 +163,7 @@ func (b *Backend) RMSNorm(dst, x, w kernels.Tensor, eps float32, offset bool) {
 	}
 	y, xs, ws, d := f32(dst), f32(x), f32(w), x.Cols
 	b.Parallel(x.Rows, func(lo, hi int) {
-		ref.RMSNorm(y[lo*d:hi*d], xs[lo*d:hi*d], ws, eps, offset, hi-lo)
+		rmsNorm(y[lo*d:hi*d], xs[lo*d:hi*d], ws, eps, offset, hi-lo)
 	})
 }
 
@@ -184,7 +184,7 @@ func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, off
 		for i, v := range dl[lo*d : hi*d] {
 			rr[i] += v
 		}
-		ref.RMSNorm(y[lo*d:hi*d], rr, ws, eps, offset, hi-lo)
+		rmsNorm(y[lo*d:hi*d], rr, ws, eps, offset, hi-lo)
 	})
 }
 
@@ -249,7 +249,7 @@ func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.Head
 				panic("cpu: PrepareQKV norm width")
 			}
 			b.Parallel(n*c.heads, func(lo, hi int) {
-				ref.RMSNorm(c.x[lo*hd:hi*hd], c.x[lo*hd:hi*hd], ws, c.norm.Eps, c.norm.Offset, hi-lo)
+				rmsNorm(c.x[lo*hd:hi*hd], c.x[lo*hd:hi*hd], ws, c.norm.Eps, c.norm.Offset, hi-lo)
 			})
 		}
 		if r != nil {
