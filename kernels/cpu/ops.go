@@ -109,6 +109,48 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	b.Parallel(len(y), func(lo, hi int) { swiglu(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
+// NormLinearCat implements kernels.LinearOps: RMSNorm into a scratch
+// tensor, then LinearCat (the bits of the two ops).
+func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	b.LinearCat(dst, b.normed(x, n), ws, e)
+}
+
+// AddNormLinearCat implements kernels.LinearOps: the add, then
+// NormLinearCat over sum.
+func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	for _, t := range []kernels.Tensor{sum, x, delta} {
+		contiguous(t)
+		if t.Rows != x.Rows || t.Cols != x.Cols {
+			panic("cpu: AddNormLinearCat shapes differ")
+		}
+	}
+	y, xs, d := f32(sum), f32(x), f32(delta)
+	for i, v := range xs[:x.Elems()] {
+		y[i] = v + d[i]
+	}
+	b.NormLinearCat(dst, sum, n, ws, e)
+}
+
+// NormSwiGLULinear implements kernels.LinearOps as NormLinearCat does.
+func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, gate, up *kernels.Mat, limit float32) {
+	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
+}
+
+// QKVAttention implements kernels.AttentionOps: PrepareQKV into a
+// scratch q, then Attention.
+func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	q := b.Scratch(kernels.F32, qkv.Rows, s.Heads*s.HeadDim) // (N, heads·headDim)
+	b.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
+	b.Attention(out, q, kc, vc, p, s)
+}
+
+// normed returns RMSNorm(x, n) in a step's scratch tensor.
+func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
+	h := b.Scratch(kernels.F32, x.Rows, x.Cols) // (N, in) the normed rows
+	b.RMSNorm(h, x, n.W, n.Eps, n.Offset)
+	return h
+}
+
 // SwiGLU implements kernels.LinearOps.
 func (b *Backend) SwiGLU(dst, gate, up kernels.Tensor) { b.SwiGLUClamp(dst, gate, up, 0) }
 
@@ -303,7 +345,8 @@ func (b *Backend) ropeTable(r *kernels.Rotary, n int) *ropeTab {
 // Route implements kernels.MoEOps.
 func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	contiguous(logits)
-	if ids.Rows != logits.Rows || w.Rows != logits.Rows || ids.Cols != r.TopK || w.Cols != r.TopK {
+	k := r.Width()
+	if ids.Rows != logits.Rows || w.Rows != logits.Rows || ids.Cols != k || w.Cols != k {
 		panic("cpu: Route shapes do not match")
 	}
 	id, ws, lg, e := i32(ids), f32(w), f32(logits), logits.Cols
@@ -311,7 +354,6 @@ func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	if r.Bias.Valid() {
 		bias = f32(r.Bias)[:e]
 	}
-	k := r.TopK
 	for i := range logits.Rows {
 		ref.Route(id[i*k:(i+1)*k], ws[i*k:(i+1)*k], lg[i*e:(i+1)*e], r, bias)
 	}

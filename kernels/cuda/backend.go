@@ -5,6 +5,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"os"
 	"sync"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -36,16 +37,28 @@ type Backend struct {
 	mem      memAccount // device memory by kind (MemoryUse)
 	qmu      sync.Mutex
 	pending  []func(*Device) error // op launches not yet handed to the device thread (queue)
+	pre      []func(*Device) error // during a step: what was queued before BeginStep, launched first by EndStep
 	inStep   bool                  // between BeginStep and EndStep: the step's launches wait for EndStep
 	graphs   stepGraphs            // the step graph (graph.go), owned by the device thread
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
-	splitKVOnly bool // Attention without the prefill kernel (its tests and benchmarks compare)
-	prefillRows int  // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
-	noMMA       bool // Experts' prefill path keeps off the tensor cores (tests)
-	rowExact    bool // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
-	moeSlots8   bool // Experts' grouped GEMV takes up to 8 slots of an expert a pass (tests, benchmarks)
+	splitKVOnly bool           // Attention without the prefill kernel (its tests and benchmarks compare)
+	prefillRows int            // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
+	noMMA       bool           // Experts' prefill path keeps off the tensor cores (tests)
+	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
+	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
+	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
+	mlaSplitCap int            // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
+	mlaGroupCap int            // at most this many heads a tensor-core attention block, 0 for 32 (benchmarks)
+	noFuse      bool           // no fused attention (PrepareQKV inside, split merge) (FERRITE_CUDA_FUSE=0, SetFuse)
+	fuseNorm    bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
+	noFuseQKV   bool           // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
+	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
+	attnWide    bool           // Attention always with attnGroup query heads a block (tests compare)
+
+	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
+	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
@@ -61,7 +74,11 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
-	b.graphs.enabled = graphsEnabled() && !d.Profiling()
+	b.graphs.enabled = graphsEnabled() && (!d.Profiling() || d.prof.graph)
+	b.moe = moeConfigFromEnv()
+	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") == "0"
+	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
+	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}
@@ -70,6 +87,8 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b.cpu = cpu.New(threads)
+	b.skinny.rows = skinnyRowsDefault()
+	b.rowAttn.rows = rowAttnDefault()
 	return b, nil
 }
 

@@ -5,6 +5,7 @@ package cuda
 import (
 	"encoding/binary"
 	"math"
+	"os"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -51,6 +52,10 @@ func (b *Backend) queue(f func(d *Device) error) {
 func (b *Backend) exec(f func(d *Device) error) bool {
 	b.qmu.Lock()
 	pending := b.pending
+	if len(b.pre) > 0 { // inside a step (not expected): what came before it goes first
+		pending = append(b.pre, pending...)
+		b.pre = nil
+	}
 	b.pending = nil
 	b.qmu.Unlock()
 	if b.Err() != nil {
@@ -141,13 +146,42 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 // cuBLASLt's for many rows). Call it outside a step.
 func (b *Backend) SetRowExact(on bool) { b.rowExact = on }
 
+// fewRowsMax is the most rows fewRows hands to the one-row GEMV's sums
+// (linearExactL), and fewRowsBF16 the largest bf16 weight it does: for
+// 2 to 4 rows (an MTP draft pass after an accepted draft, a few decoding
+// sequences) the four-warps-a-row GEMV, run once per row with the
+// weight rows still in L1, took 6 µs where the 8-rows-a-block GEMV of
+// f32 weights took 20-47 µs and cuBLASLt's split product 15-30 µs on
+// ferrite-tiny's small weights (GPU run 2's profile). A large bf16 weight
+// keeps cuBLASLt. FERRITE_CUDA_FEWROWS=0 turns it off.
+const (
+	fewRowsMax  = 4
+	fewRowsBF16 = 4 << 20
+)
+
+var fewRowsOn = os.Getenv("FERRITE_CUDA_FEWROWS") != "0"
+
+// fewRows reports whether a product of n rows with w runs as n one-row
+// GEMVs (linearExactL) although the row-exact mode is off.
+func fewRows(w *Weight, n int) bool {
+	if !fewRowsOn || n < 2 || n > fewRowsMax {
+		return false
+	}
+	if _, ok := gemvExactKernels[w.DType]; !ok {
+		return false
+	}
+	return w.DType != kernels.BF16 || w.Bytes() <= fewRowsBF16
+}
+
 // linearW queues y (n, w.Rows) = x·wᵀ (+ bias) (+ y when acc): the GEMV
 // for one row (and for weights cuBLASLt does not take), cuBLASLt above;
 // with SetRowExact, the one-row GEMV's sums for every row.
 func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
-	case b.rowExact && n > 1:
+	case b.rowExact && n > 1, fewRows(w, n):
 		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
+	case b.useSkinny(w, n, x):
+		b.linearSkinny(y, x, bias, w, n, acc, false, 0)
 	case n == 1 || w.DType != kernels.BF16 || !b.useGemm():
 		b.queue(func(d *Device) error { return d.linearL(y, x, w, n, bias, acc) })
 	case n < gemmRoundRows:
@@ -160,27 +194,37 @@ func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 // LinearCat implements kernels.LinearOps: the weights are stacked once on
 // the device (stacked) and run as one product.
 func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) {
-	f32Contig("LinearCat", dst, x)
+	if dw, bias, ok := b.catArgs("LinearCat", dst, x, ws, e); ok {
+		b.linearW(dptr(dst), dptr(x), bias, dw, x.Rows, e.Accumulate)
+	}
+}
+
+// catArgs checks the operands of op (LinearCat or a Norm form of it) and
+// returns the stacked weights and the bias address; ok is false when there
+// is nothing to run (no rows or no outputs) or the upload failed (kept for
+// Err).
+func (b *Backend) catArgs(op string, dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) (dw *Weight, bias uint64, ok bool) {
+	f32Contig(op, dst, x)
 	total := 0
 	for _, w := range ws {
 		if w.Cols != x.Cols || w.Cols == 0 {
-			panic("cuda: LinearCat weights of another width")
+			panic("cuda: " + op + " weights of another width")
 		}
 		total += w.Rows
 	}
 	if dst.Cols != total || dst.Rows != x.Rows {
-		panic("cuda: LinearCat shapes do not match the weights")
+		panic("cuda: " + op + " shapes do not match the weights")
 	}
-	bias := biasPtr("LinearCat", e.Bias, total)
+	bias = biasPtr(op, e.Bias, total)
 	if x.Rows == 0 || total == 0 {
-		return
+		return nil, 0, false
 	}
 	dw, err := b.stacked(ws...)
 	if err != nil {
 		b.fail(err)
-		return
+		return nil, 0, false
 	}
-	b.linearW(dptr(dst), dptr(x), bias, dw, x.Rows, e.Accumulate)
+	return dw, bias, true
 }
 
 // SwiGLULinear implements kernels.LinearOps: gate and up stacked once on
@@ -208,8 +252,17 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
 				name, grid = k[d.gemvRows/4], uint32(ceilDiv(inter, d.gemvRows/2))
 			}
-			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit))
+			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit), i32(d.prefetchBlocks()))
 		})
+		return
+	}
+	switch {
+	case b.rowExact: // below
+	case b.useSkinny(dw, n, xp): // the SwiGLU in the skinny GEMM's epilogue
+		b.linearSkinny(y, xp, 0, dw, n, false, true, limit)
+		return
+	case dw.DType == kernels.BF16 && n < gemmRoundRows && b.useGemm(): // linearW's split product
+		b.linearSplitSwiGLU(y, xp, dw, n, limit)
 		return
 	}
 	t := b.Scratch(kernels.F32, n, 2*inter) // (n, 2·inter) [x·gateᵀ | x·upᵀ]
@@ -219,6 +272,171 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	b.queue(func(d *Device) error {
 		return d.launchL("ferrite_swiglu_cat", d.elementwiseGrid(total), 256, 0, y, tp, uint64(total), i32(inter), f32(limit))
 	})
+}
+
+// NormLinearCat implements kernels.LinearOps. With the norm fusion on
+// (SetFuseNorm), one row (or any rows with SetRowExact) runs gemv.cu's
+// GEMV with the norm fused (each block sums x² as it reads x and scales
+// its sums once); otherwise RMSNorm into scratch and LinearCat.
+func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	normArgs("NormLinearCat", x, n)
+	dw, bias, ok := b.catArgs("NormLinearCat", dst, x, ws, e)
+	if !ok {
+		return
+	}
+	rows := x.Rows
+	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
+		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
+		b.queue(func(d *Device) error {
+			return d.launchL(k[0], uint32(ceilDiv(dw.Rows, gemvBlock/32/gemvSplit)), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows),
+				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate), i32(d.prefetchBlocks()))
+		})
+		return
+	}
+	if b.splitsNormed(dw, rows) { // the norm writes cuBLASLt's split input
+		b.splitGemm(b.splitNorm(x, n), dw, rows, addHalves(dptr(dst), bias, dw, rows, e.Accumulate))
+		return
+	}
+	h := b.normed(x, n)
+	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
+}
+
+// AddNormLinearCat implements kernels.LinearOps as NormLinearCat does:
+// the fused GEMV reads x + delta (and its blocks write that sum), or,
+// unfused, the AddRMSNorm kernel writing the sum to sum, and the product.
+func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	f32Contig("AddNormLinearCat", sum, delta)
+	normArgs("AddNormLinearCat", x, n)
+	if sum.Rows != x.Rows || sum.Cols != x.Cols || delta.Rows != x.Rows || delta.Cols != x.Cols {
+		panic("cuda: AddNormLinearCat shapes differ")
+	}
+	dw, bias, ok := b.catArgs("AddNormLinearCat", dst, x, ws, e)
+	if !ok {
+		return
+	}
+	rows := x.Rows
+	if k, ok := gemvAddNormKernels[dw.DType]; ok && b.fusesNorm(x, n) && dptr(delta)%16 == 0 {
+		y, xp, nw, dp, sp := dptr(dst), dptr(x), dptr(n.W), dptr(delta), dptr(sum)
+		b.queue(func(d *Device) error {
+			return d.launchL(k, uint32(ceilDiv(dw.Rows, gemvBlock/32/gemvSplit)), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows),
+				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate), i32(d.prefetchBlocks()), dp, sp)
+		})
+		return
+	}
+	h := b.Scratch(kernels.F32, rows, x.Cols) // (N, in) the normed rows
+	b.norm(dptr(h), dptr(x), dptr(delta), dptr(n.W), rows, x.Cols, n.Eps, n.Offset, dptr(sum))
+	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
+}
+
+// gemvAddNormKernels names AddNormLinearCat's fused GEMV per dtype
+// (gemv.cu's gemv_norm_split with the add).
+var gemvAddNormKernels = map[kernels.DType]string{
+	kernels.F32: "ferrite_gemv_addnorm_f32", kernels.BF16: "ferrite_gemv_addnorm_bf16", kernels.F16: "ferrite_gemv_addnorm_f16",
+}
+
+// NormSwiGLULinear implements kernels.LinearOps as NormLinearCat does:
+// the fused GEMV with the SwiGLU epilogue (ops.cu's gemv_norm_swiglu), or
+// RMSNorm and SwiGLULinear.
+func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, gate, up *kernels.Mat, limit float32) {
+	f32Contig("NormSwiGLULinear", dst, x)
+	normArgs("NormSwiGLULinear", x, n)
+	if gate.Rows != up.Rows || gate.Cols != x.Cols || up.Cols != x.Cols || dst.Cols != gate.Rows || dst.Rows != x.Rows || x.Cols == 0 {
+		panic("cuda: NormSwiGLULinear shapes do not match the weights")
+	}
+	rows, inter := x.Rows, gate.Rows
+	if rows == 0 || inter == 0 {
+		return
+	}
+	dw, err := b.stacked(gate, up)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
+		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
+		b.queue(func(d *Device) error {
+			return d.launchL(k[1], uint32(inter), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows), i32(inter), i32(dw.Cols),
+				nw, f32(n.Eps), b32(n.Offset), f32(limit), i32(d.prefetchBlocks()))
+		})
+		return
+	}
+	if b.splitsNormed(dw, rows) {
+		b.splitGemm(b.splitNorm(x, n), dw, rows, swigluHalves(dptr(dst), dw, rows, limit))
+		return
+	}
+	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
+}
+
+// splitsNormed reports whether NormLinearCat or NormSwiGLULinear of rows
+// rows on w takes linearSplit's cuBLASLt product, so that the norm can
+// write its split input (ferrite_rmsnorm_bf16x2) in place of the normed
+// rows and their split.
+func (b *Backend) splitsNormed(w *Weight, rows int) bool {
+	return !b.rowExact && w.DType == kernels.BF16 && rows > 1 && rows < gemmRoundRows && rows > b.skinny.rows && b.useGemm()
+}
+
+// splitNorm is splitGemm's split of RMSNorm(x) with hn, the norm and the
+// split in one kernel (the bits of ferrite_add_rmsnorm and then
+// ferrite_f32_to_bf16x2).
+func (b *Backend) splitNorm(x kernels.Tensor, hn *kernels.HeadNorm) func(d *Device, xb uint64) error {
+	xp, nw, rows, dim := dptr(x), dptr(hn.W), x.Rows, x.Cols
+	block := uint32(256) // as norm
+	if rows < b.dev.SMs {
+		block = 1024
+	}
+	return func(d *Device, xb uint64) error {
+		return d.launchL("ferrite_rmsnorm_bf16x2", uint32(rows), block, 0, xb, xp, nw, i32(rows), i32(dim), f32(hn.Eps), b32(hn.Offset))
+	}
+}
+
+// normArgs panics unless n is a norm over x's rows: weight (1, x.Cols)
+// F32, contiguous.
+func normArgs(op string, x kernels.Tensor, n *kernels.HeadNorm) {
+	if n == nil {
+		panic("cuda: " + op + " without a norm")
+	}
+	f32Contig(op+" norm", n.W)
+	if n.W.Elems() != x.Cols {
+		panic("cuda: " + op + " norm width")
+	}
+}
+
+// fusesNorm reports whether the norm-fused GEMVs run for x: the fusion
+// on, one row (or row-exact rows: the kernel sums every row as it sums one
+// alone) and x and the norm weight at 16-byte addresses (the kernels'
+// vector loads; rows of a width the loads do not fit take the scalar
+// path).
+func (b *Backend) fusesNorm(x kernels.Tensor, n *kernels.HeadNorm) bool {
+	return b.fuseNorm && (x.Rows == 1 || b.rowExact) && (dptr(x)|dptr(n.W))%16 == 0
+}
+
+// normed returns RMSNorm(x, n) in a scratch tensor (the unfused path).
+func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
+	h := b.Scratch(kernels.F32, x.Rows, x.Cols) // (N, in) the normed rows
+	b.norm(dptr(h), dptr(x), 0, dptr(n.W), x.Rows, x.Cols, n.Eps, n.Offset, 0)
+	return h
+}
+
+// SetFuse turns the fused attention — QKVAttention's one kernel and
+// the split merge in the attention kernel — on or off
+// (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the steps that
+// follow: a switch for benchmarks and tests.
+func (b *Backend) SetFuse(on bool) { b.noFuse = !on }
+
+// SetFuseNorm turns the norm-fused GEMVs of NormLinearCat,
+// AddNormLinearCat and NormSwiGLULinear on or off for the steps that
+// follow. They are off by default (FERRITE_CUDA_FUSE_NORM=1 starts a
+// Backend with them on): GPU run 2 measured them slower than the RMSNorm
+// kernel and the plain GEMV together (BENCHMARKS.md, 9).
+func (b *Backend) SetFuseNorm(on bool) { b.fuseNorm = on }
+
+// gemvNormKernels names the norm-fused GEMVs per dtype: [0] the plain one
+// (gemv.cu's gemv_norm_split), [1] with the SwiGLU epilogue over the
+// stacked [gate; up] (ops.cu's gemv_norm_swiglu).
+var gemvNormKernels = map[kernels.DType][2]string{
+	kernels.F32:  {"ferrite_gemv_norm_f32", "ferrite_gemv_norm_swiglu_f32"},
+	kernels.BF16: {"ferrite_gemv_norm_bf16", "ferrite_gemv_norm_swiglu_bf16"},
+	kernels.F16:  {"ferrite_gemv_norm_f16", "ferrite_gemv_norm_swiglu_f16"},
 }
 
 // gemvSwiGLU names the n = 1 GEMVs with the SwiGLU epilogue per dtype:
@@ -269,19 +487,59 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 // linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo
 // rows, their products summed in the epilogue kernel.
 func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
+	b.splitGemm(splitX(x, n, w.Cols), w, n, addHalves(y, bias, w, n, acc))
+}
+
+// linearSplitSwiGLU is SwiGLULinear of n rows on linearSplit's product of
+// the stacked [gate; up] w: y (n, w.Rows/2).
+func (b *Backend) linearSplitSwiGLU(y, x uint64, w *Weight, n int, limit float32) {
+	b.splitGemm(splitX(x, n, w.Cols), w, n, swigluHalves(y, w, n, limit))
+}
+
+// splitGemm queues split, which writes the bf16 hi and lo rows of the n
+// input rows into scratch xb (2n, w.Cols), their cuBLASLt product with w
+// into scratch t (2n, w.Rows), then epi(t).
+func (b *Backend) splitGemm(split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
 	xb := dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)) // (2n, cols) x as bf16 hi, then lo
 	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows))   // (2n, rows) the two products
 	b.queue(func(d *Device) error {
-		cnt := int64(n) * int64(w.Cols)
-		if err := d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt)); err != nil {
+		if err := split(d, xb); err != nil {
 			return err
 		}
 		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
 			return err
 		}
+		return epi(d, t)
+	})
+}
+
+// splitX is splitGemm's split of float32 rows x (n, cols).
+func splitX(x uint64, n, cols int) func(d *Device, xb uint64) error {
+	return func(d *Device, xb uint64) error {
+		cnt := int64(n) * int64(cols)
+		return d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt))
+	}
+}
+
+// addHalves is linearSplit's epilogue: y (n, w.Rows) = the sum of the two
+// products (+ bias) (+ y when acc).
+func addHalves(y, bias uint64, w *Weight, n int, acc bool) func(d *Device, t uint64) error {
+	return func(d *Device, t uint64) error {
 		out := int64(n) * int64(w.Rows)
 		return d.launchL("ferrite_add_halves", d.elementwiseGrid(out), 256, 0, y, t, bias, uint64(out), i32(w.Rows), b32(acc))
-	})
+	}
+}
+
+// swigluHalves is the split product's epilogue for the stacked [gate; up]
+// w: y (n, w.Rows/2) = the SwiGLU of the two products' sums
+// (ferrite_add_halves_swiglu: one pass for ferrite_add_halves and
+// ferrite_swiglu_cat, the same sums), clamped at limit > 0.
+func swigluHalves(y uint64, w *Weight, n int, limit float32) func(d *Device, t uint64) error {
+	inter := w.Rows / 2
+	return func(d *Device, t uint64) error {
+		out := int64(n) * int64(inter)
+		return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(out), 256, 0, y, t, uint64(out), i32(inter), f32(limit))
+	}
 }
 
 // linearRounded is Linear through cuBLASLt with x rounded to bf16.
@@ -359,7 +617,7 @@ func (b *Backend) RMSNorm(dst, x, w kernels.Tensor, eps float32, offset bool) {
 	if dst.Rows != x.Rows || dst.Cols != x.Cols || w.Elems() != x.Cols {
 		panic("cuda: RMSNorm shapes do not match")
 	}
-	b.norm(dptr(dst), dptr(x), 0, dptr(w), x.Rows, x.Cols, eps, offset)
+	b.norm(dptr(dst), dptr(x), 0, dptr(w), x.Rows, x.Cols, eps, offset, 0)
 }
 
 // AddRMSNorm implements kernels.NormOps.
@@ -373,10 +631,12 @@ func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, off
 	if w.Elems() != res.Cols {
 		panic("cuda: AddRMSNorm weight width")
 	}
-	b.norm(dptr(dst), dptr(res), dptr(delta), dptr(w), res.Rows, res.Cols, eps, offset)
+	b.norm(dptr(dst), dptr(res), dptr(delta), dptr(w), res.Rows, res.Cols, eps, offset, 0)
 }
 
-func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool) {
+// norm queues ferrite_add_rmsnorm: y = RMSNorm(res + delta) (delta 0:
+// none), res + delta written to sum, or to res when sum is 0.
+func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool, sum uint64) {
 	if rows == 0 || dim == 0 {
 		return
 	}
@@ -385,64 +645,111 @@ func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offs
 		block = 1024
 	}
 	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_add_rmsnorm", uint32(rows), block, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset))
+		return d.launchL("ferrite_add_rmsnorm", uint32(rows), block, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset), sum)
 	})
 }
 
-// PrepareQKV implements kernels.AttentionOps: one block per (row, head)
-// of [q | k | v] norms, rotates and writes its head (ferrite_prepare_qkv).
+// PrepareQKV implements kernels.AttentionOps: a warp per (row, head) of
+// [q | k | v] norms, rotates and writes its head (ferrite_prepare_qkv,
+// four heads a block).
 func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
-	f32Contig("PrepareQKV", q, qkv)
-	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	f32Contig("PrepareQKV", q)
+	pa := prepArgs("PrepareQKV", kc, vc, qkv, qn, kn, r, p, s)
 	n := qkv.Rows
-	switch {
-	case qkv.Cols != qw+2*kw || q.Rows != n || q.Cols != qw || s.HeadDim <= 0 || s.HeadDim > attnMaxHD:
+	if q.Rows != n || q.Cols != s.Heads*s.HeadDim {
 		panic("cuda: PrepareQKV shapes do not match")
-	case kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16):
-		panic("cuda: KV cache dtype must be F32 or BF16")
-	case !kc.Contiguous() || !vc.Contiguous() || kc.Cols != kw || vc.Cols != kw || kc.Rows != vc.Rows:
-		panic("cuda: PrepareQKV shapes do not match the cache")
-	}
-	index("PrepareQKV", p.Slot, n, 1)
-	index("PrepareQKV", p.Pos, n, 1)
-	var args [6]uint64 // q norm, k norm, inverse frequencies, half, interleaved, scale
-	for i, hn := range []*kernels.HeadNorm{qn, kn} {
-		if hn != nil {
-			f32Contig("PrepareQKV norm", hn.W)
-			if hn.W.Elems() != s.HeadDim {
-				panic("cuda: PrepareQKV norm width")
-			}
-			args[i] = dptr(hn.W)
-		}
-	}
-	if r != nil {
-		f32Contig("PrepareQKV rotary", r.InvFreq)
-		if r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim || r.Dim%2 != 0 {
-			panic("cuda: PrepareQKV rotary does not fit the heads")
-		}
-		args[2], args[3], args[4], args[5] = dptr(r.InvFreq), i32(r.Dim/2), b32(r.Interleaved), f32(r.Scale)
 	}
 	if n == 0 {
 		return
 	}
-	var qe, ke float32
-	var qo, ko bool
-	if qn != nil {
-		qe, qo = qn.Eps, qn.Offset
-	}
-	if kn != nil {
-		ke, ko = kn.Eps, kn.Offset
-	}
 	qp, kcp, vcp, src, pos, slot := dptr(q), dptr(kc), dptr(vc), dptr(qkv), dptr(p.Pos), dptr(p.Slot)
+	heads := s.Heads + 2*s.KVHeads
 	b.queue(func(d *Device) error {
-		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(s.Heads + 2*s.KVHeads), 1}, 128, 0,
+		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(ceilDiv(heads, prepHeads)), 1}, 128, 0,
 			qp, kcp, vcp, src, pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), i32(kc.Rows), b32(kc.DType == kernels.BF16),
-			i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), args[0], f32(qe), b32(qo), args[1], f32(ke), b32(ko),
-			args[2], args[3], args[4], args[5])
+			i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), pa[0], pa[1], pa[2], pa[3], pa[4], pa[5], pa[6], pa[7])
 	})
 }
 
-// RoPE implements kernels.RopeOps.
+// prepHeads is the heads a ferrite_prepare_qkv block takes, a warp each.
+const prepHeads = 4
+
+// prepArgs checks PrepareQKV's operands but q (for op) and returns
+// src/ops.cu's PrepArgs as kernel arguments: q norm weight, its eps, k
+// norm weight, its eps, inverse frequencies, rotated pairs, cos/sin scale
+// and the flags (bit 0: q norm offset, 1: k norm offset, 2: interleaved).
+func prepArgs(op string, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) [8]uint64 {
+	f32Contig(op, qkv)
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	n := qkv.Rows
+	switch {
+	case s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || qkv.Cols != qw+2*kw || s.HeadDim <= 0 || s.HeadDim > attnMaxHD:
+		panic("cuda: " + op + " shapes do not match")
+	case kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16):
+		panic("cuda: KV cache dtype must be F32 or BF16")
+	case !kc.Contiguous() || !vc.Contiguous() || kc.Cols != kw || vc.Cols != kw || kc.Rows != vc.Rows:
+		panic("cuda: " + op + " shapes do not match the cache")
+	}
+	index(op, p.Slot, n, 1)
+	index(op, p.Pos, n, 1)
+	var a [8]uint64
+	flags := 0
+	for i, hn := range []*kernels.HeadNorm{qn, kn} {
+		if hn != nil {
+			f32Contig(op+" norm", hn.W)
+			if hn.W.Elems() != s.HeadDim {
+				panic("cuda: " + op + " norm width")
+			}
+			a[2*i], a[2*i+1] = dptr(hn.W), f32(hn.Eps)
+			if hn.Offset {
+				flags |= 1 << i
+			}
+		}
+	}
+	if r != nil {
+		f32Contig(op+" rotary", r.InvFreq)
+		if r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim || r.Dim%2 != 0 {
+			panic("cuda: " + op + " rotary does not fit the heads")
+		}
+		a[4], a[5], a[6] = dptr(r.InvFreq), i32(r.Dim/2), f32(r.Scale)
+		if r.Interleaved {
+			flags |= 4
+		}
+	}
+	a[7] = i32(flags)
+	return a
+}
+
+// QKVAttention implements kernels.AttentionOps. One row (a decode step)
+// without the fusion switched off (SetFuse, FERRITE_CUDA_FUSE_QKV=0 for
+// this one alone) runs the attention kernel's QKV form,
+// which prepares its query heads in the block and, in the split that
+// holds the row's position, stores the row's key and value before reading
+// them (no PrepareQKV kernel); otherwise PrepareQKV into scratch, then
+// Attention. Both give the same bits.
+func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	n := qkv.Rows
+	if out.Rows != n {
+		panic("cuda: QKVAttention shapes do not match")
+	}
+	if b.noFuse || b.noFuseQKV || n != 1 || !b.attnG4(s, n) || b.usePrefill(s, n) {
+		q := b.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim) normed and rotated
+		b.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
+		b.Attention(out, q, kc, vc, p, s)
+		return
+	}
+	pa := prepArgs("QKVAttention", kc, vc, qkv, qn, kn, r, p, s)
+	b.attention(out, kernels.Tensor{}, kc, vc, p, s, &qkvForm{qkv: dptr(qkv), slot: dptr(p.Slot), slots: kc.Rows, prep: pa})
+}
+
+// qkvForm is the attention kernel's QKV form's extra arguments.
+type qkvForm struct {
+	qkv, slot uint64
+	slots     int
+	prep      [8]uint64
+}
+
+// RoPE implements kernels.RopeOps.// RoPE implements kernels.RopeOps.
 func (b *Backend) RoPE(x kernels.Tensor, heads, headDim int, pos kernels.Tensor, r *kernels.Rotary) {
 	f32Contig("RoPE", x, r.InvFreq)
 	half := r.Dim / 2
@@ -485,7 +792,8 @@ func (b *Backend) StoreKV(kc, vc, k, v kernels.Tensor, p *kernels.Paged) {
 }
 
 // Attention tiling (src/ops.cu): splits of at least attnSplit keys,
-// attnGroup query heads per block, head dims up to attnMaxHD.
+// attnGroup (or 4: attnG4) query heads per block, head dims up to
+// attnMaxHD.
 const (
 	attnSplit  = 128
 	attnGroup  = 8
@@ -493,10 +801,30 @@ const (
 	attnThread = 128
 )
 
-// attnKernels[bf16][i] handles head dims up to 32·2^i.
-var attnKernels = [2][4]string{
-	{"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8"},
-	{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"},
+// attnKernels[g4][bf16][i] handles head dims up to 32·2^i, attnGroup
+// query heads a block or, with g4, 4.
+var attnKernels = [2][2][4]string{
+	{{"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8"},
+		{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"}},
+	{{"ferrite_attn_f32_1_g4", "ferrite_attn_f32_2_g4", "ferrite_attn_f32_4_g4", "ferrite_attn_f32_8_g4"},
+		{"ferrite_attn_bf16_1_g4", "ferrite_attn_bf16_2_g4", "ferrite_attn_bf16_4_g4", "ferrite_attn_bf16_8_g4"}},
+}
+
+// attnQKVKernels[bf16][i] are the QKV forms (QKVAttention) of the kernels
+// of 4 query heads a block.
+var attnQKVKernels = [2][4]string{
+	{"ferrite_attn_qkv_f32_1", "ferrite_attn_qkv_f32_2", "ferrite_attn_qkv_f32_4", "ferrite_attn_qkv_f32_8"},
+	{"ferrite_attn_qkv_bf16_1", "ferrite_attn_qkv_bf16_2", "ferrite_attn_qkv_bf16_4", "ferrite_attn_qkv_bf16_8"},
+}
+
+// attnG4 reports whether Attention runs the kernels of 4 query heads a
+// block for n rows: always for groups of up to 4 heads (the wider kernel
+// would compute empty heads), and for wider groups while the blocks (twice
+// as many, each reading the keys) still number at most one a
+// multiprocessor: decode is latency-bound there.
+func (b *Backend) attnG4(s kernels.AttnShape, n int) bool {
+	grp := s.Heads / s.KVHeads
+	return !b.attnWide && (grp <= 4 || n*s.KVHeads*ceilDiv(grp, 4) <= b.dev.SMs)
 }
 
 // prefillRows is the prefill kernel's default row tile (src/prefill.cu: 64
@@ -554,6 +882,25 @@ func (b *Backend) PreferredBatchTokens() int {
 	return t
 }
 
+// attnCounters is how many (row, KV head, chunk) blocks of a split-KV
+// attention launch splitCounters covers: splits > 1 only when the blocks
+// number fewer than 2·SMs.
+const attnCounters = 1024
+
+// splitCounters returns the device address of the attention kernel's
+// split counters (attnCounters zeroed int32, allocated on first use; each
+// launch leaves them zeroed).
+func (b *Backend) splitCounters() (uint64, error) {
+	if !b.attnCnt.Valid() {
+		t, err := b.Alloc(kernels.I32, 1, attnCounters)
+		if err != nil {
+			return 0, err
+		}
+		b.attnCnt = t
+	}
+	return dptr(b.attnCnt), nil
+}
+
 // Attention implements kernels.AttentionOps. Batches usePrefill accepts
 // first run the prefill kernel (src/prefill.cu: flash attention on tensor
 // cores over row tiles of one sequence). The split-KV
@@ -562,14 +909,27 @@ func (b *Backend) PreferredBatchTokens() int {
 // block table's width and the batch), never from the positions on the
 // device: enough splits of attnSplit keys to give the GPU about two blocks
 // per multiprocessor, each split then widened so that together they cover
-// the block table's keys.
+// the block table's keys. The last block of a row's splits to finish
+// merges them in the attention kernel (split counters), unless the fusion
+// is off (SetFuse).
 func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
-	f32Contig("Attention", out, q)
+	f32Contig("Attention", q)
+	b.attention(out, q, kc, vc, p, s, nil)
+}
+
+// attention is Attention, or with qf the attention kernel's QKV form
+// (QKVAttention: one row, q the zero Tensor).
+func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape, qf *qkvForm) {
+	f32Contig("Attention", out)
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	rows := out.Rows
+	if qf == nil && (q.Cols != qw || q.Rows != rows) {
+		panic("cuda: Attention shapes do not match")
+	}
 	switch {
 	case s.KVHeads <= 0 || s.Heads%s.KVHeads != 0:
 		panic("cuda: Attention head counts")
-	case q.Cols != qw || out.Cols != qw || out.Rows != q.Rows || kc.Cols != kw || vc.Cols != kw || kc.DType != vc.DType:
+	case out.Cols != qw || kc.Cols != kw || vc.Cols != kw || kc.DType != vc.DType:
 		panic("cuda: Attention shapes do not match")
 	case kc.DType != kernels.F32 && kc.DType != kernels.BF16:
 		panic("cuda: KV cache dtype must be F32 or BF16")
@@ -578,7 +938,7 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	case !p.Blocks.Contiguous() || p.Blocks.DType != kernels.I32 || p.BlockSize <= 0:
 		panic("cuda: Attention block table")
 	}
-	n := q.Rows
+	n := rows
 	index("Attention", p.Pos, n, 1)
 	index("Attention", p.Seq, n, 1)
 	if n == 0 {
@@ -586,6 +946,9 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	if p.Pos.Stride != 1 && n > 1 || p.Seq.Stride != 1 && n > 1 {
 		panic("cuda: Attention wants contiguous positions and sequences")
+	}
+	if qf == nil && b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
+		return
 	}
 	dpl := 0
 	for 32<<dpl < s.HeadDim {
@@ -595,20 +958,46 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	if kc.DType == kernels.BF16 {
 		bf = 1
 	}
-	chunks := ceilDiv(s.Heads/s.KVHeads, attnGroup)
-	blocks := n * s.KVHeads * chunks
+	// The splits are counted for attnGroup heads a block, whatever the
+	// kernel's group: a row's bits then depend on the batch as before.
+	blocks := n * s.KVHeads * ceilDiv(s.Heads/s.KVHeads, attnGroup)
+	g4, group := 0, attnGroup
+	if b.attnG4(s, n) {
+		g4, group = 1, 4
+	}
+	chunks := ceilDiv(s.Heads/s.KVHeads, group)
 	maxKeys := p.Blocks.Cols * p.BlockSize
 	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(2*b.dev.SMs, blocks)))
 	split := ceilDiv(ceilDiv(maxKeys, splits), 32) * 32 // keys per split, whole warp tiles
-	var part uint64
+	var part, cnt uint64
 	if splits > 1 {
 		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, s.HeadDim+2)) // (n, heads, splits, max, sum, hd acc)
+		if !b.noFuse && n*s.KVHeads*chunks <= attnCounters {               // the last split to finish merges
+			var err error
+			if cnt, err = b.splitCounters(); err != nil {
+				b.fail(err)
+				return
+			}
+		}
 	}
-	o, qp, kcp, vcp := dptr(out), dptr(q), dptr(kc), dptr(vc)
+	var qp uint64 // 0 for the QKV form
+	if qf == nil {
+		qp = dptr(q)
+	}
+	o, kcp, vcp := dptr(out), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
 	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
 	if b.usePrefill(s, n) {
 		ptile = b.prefillTile()
+	}
+	name := attnKernels[g4][bf][dpl]
+	var extra []uint64
+	if qf != nil {
+		if g4 == 0 || ptile > 0 || n != 1 {
+			panic("cuda: the QKV form of attention wants one row and 4 query heads a block")
+		}
+		name = attnQKVKernels[bf][dpl]
+		extra = append([]uint64{qf.qkv, qf.slot, i32(qf.slots)}, qf.prep[:]...)
 	}
 	b.queue(func(d *Device) error {
 		if ptile > 0 {
@@ -619,10 +1008,10 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 				return err
 			}
 		}
-		err := d.launch3L(attnKernels[bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
-			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
-			i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile))
-		if err != nil || splits == 1 {
+		args := append([]uint64{o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads),
+			i32(s.KVHeads), i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt}, extra...)
+		err := d.launch3L(name, [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0, args...)
+		if err != nil || splits == 1 || cnt != 0 {
 			return err
 		}
 		return d.launch3L("ferrite_attn_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, attnThread, 0,
@@ -634,8 +1023,8 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	f32Contig("Route", logits, w)
 	n, e := logits.Rows, logits.Cols
-	index("Route", ids, n, r.TopK)
-	if w.Rows != n || w.Cols != r.TopK || r.TopK <= 0 || r.TopK > 64 || r.TopK > e || r.Groups > 64 {
+	index("Route", ids, n, r.Width())
+	if w.Rows != n || w.Cols != r.Width() || r.TopK <= 0 || r.TopK > 64 || r.TopK > e || r.Groups > 64 || r.Shared < 0 {
 		panic("cuda: Route shapes do not match")
 	}
 	groups, keep := r.Groups, r.TopKGroups
@@ -653,7 +1042,8 @@ func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	ip, wp, lp := dptr(ids), dptr(w), dptr(logits)
 	b.queue(func(d *Device) error {
 		return d.launchL("ferrite_route", uint32(n), 32, smem, ip, i32(ids.Stride), wp, i32(w.Stride), lp, i32(logits.Stride), bias,
-			i32(n), i32(e), i32(r.TopK), b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(groups), i32(keep))
+			i32(n), i32(e), i32(r.TopK), b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(groups), i32(keep),
+			i32(r.Shared))
 	})
 }
 
@@ -724,10 +1114,11 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 }
 
 // moeFewTokens is the most tokens Experts runs through the grouped GEMV
-// kernels (src/ops_moe.cu's ferrite_moe_few_*: each chosen expert read
-// once, two launches); more are sorted by expert and run as tiled grouped
-// GEMMs of moeTileM slots (and weight rows) a block, for at most
-// moeMaxExperts experts.
+// kernels of a slot a pass (src/ops_moe.cu's ferrite_moe_few_*: each chosen
+// expert read once, two launches); up to moeGTTokens run its register-tile
+// form (moe.go); more are sorted by expert and run as tiled grouped GEMMs
+// of moeTileM slots (and weight rows) a block, for at most moeMaxExperts
+// experts.
 const (
 	moeFewTokens  = 8
 	moeTileM      = 64
@@ -736,7 +1127,9 @@ const (
 
 // Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
 // grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
-// increasing expert id fused) kernels. More: the slots sorted by expert on
+// increasing expert id fused) GEMV kernels; up to moeGTTokens their
+// register-tile form (moe.go), each chosen expert's rows read once for all
+// the tokens that chose it. More: the slots sorted by expert on
 // the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
 // tensor cores, x split into two bf16 terms, when every weight is bf16),
 // and a last kernel that adds each token's slots in increasing expert id.
@@ -785,21 +1178,38 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	}
 	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
+	if b.moe.useGT(n, k) {
+		slots, sms := n*k, b.dev.SMs
+		ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
+		gateUp, guRows, down, downRows := b.moe.gtLaunch()
+		sbu := b.moe.blockSlots(slots, inter, guRows, sms)
+		sbd := b.moe.blockSlots(slots, hidden, downRows, sms)
+		b.queue(func(d *Device) error {
+			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
+				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit))
+			if err == nil {
+				err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, downRows)), uint32(ceilDiv(slots, sbd)), 1}, 256, 0,
+					ye, i32(hidden), h, i32(inter), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbd))
+			}
+			if err != nil {
+				return err
+			}
+			return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
+		})
+		return
+	}
 	if n <= moeFewTokens {
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
-		gateUp, down := "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
-		if n > 1 && b.moeSlots8 {
-			gateUp, down = "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
-		}
+		gateUp, down, downRows := b.moe.fewLaunch(n)
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
 				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), f32(limit))
 			if err != nil {
 				return err
 			}
-			return d.launchL(down, uint32(ceilDiv(hidden, 4)), 256, 0, y, i32(dst.Stride), h, ip, wp,
+			return d.launchL(down, uint32(ceilDiv(hidden, downRows)), 256, 0, y, i32(dst.Stride), h, ip, wp,
 				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
 		})
 		return

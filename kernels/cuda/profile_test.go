@@ -18,6 +18,7 @@ import (
 func TestProfTable(t *testing.T) {
 	var tb profTable
 	gemv := profKey{name: "ferrite_gemv_bf16_1", dims: [3]uint32{1024, 1, 1}, block: 256}
+	gemv2 := profKey{name: "ferrite_gemv_bf16_1", dims: [3]uint32{512, 1, 1}, block: 256}
 	gemm := profKey{kind: profGemm, dims: [3]uint32{128, 4096, 4096}}
 	up := profKey{kind: profHtoD, size: 4096}
 	for range 4 {
@@ -26,7 +27,8 @@ func TestProfTable(t *testing.T) {
 	tb.add(tb.row(gemm), 100, -1)
 	tb.add(tb.row(gemm), 60, 3)
 	tb.add(tb.row(up), 2, 1)
-	if tb.row(gemv) != 0 || tb.row(gemm) != 1 || len(tb.rows) != 3 || tb.rows[1].starved != 1 || tb.rows[2].starved != 1 {
+	tb.add(tb.row(gemv2), 30, 0)
+	if tb.row(gemv) != 0 || tb.row(gemm) != 1 || len(tb.rows) != 4 || tb.rows[1].starved != 1 || tb.rows[2].starved != 1 {
 		t.Fatalf("rows %+v: a key did not keep its row", tb.rows)
 	}
 	if g := tb.rows[0]; g.calls != 4 || g.us != 40 {
@@ -40,38 +42,48 @@ func TestProfTable(t *testing.T) {
 	out := sb.String()
 	t.Log("\n" + out)
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	if len(lines) != 6 {
-		t.Fatalf("%d lines, want header, 3 rows, total, idle", len(lines))
-	}
-	// Gaps: gemv 4 × 0.2 µs (not starved), gemm unmeasured and 3 µs, the
-	// copy 1 µs (starved from starvedUs on): 4.8 µs idle.
+	// Gaps: gemv 4 × 0.2 µs and 0 (not starved), gemm unmeasured and 3 µs,
+	// the copy 1 µs (starved from starvedUs on): 4.8 µs idle. Total 232 µs.
+	header := []string{"kernel", "calls", "calls/step", "µs/call", "µs/step", "%", "starved%"}
+	total := []string{"total", "(2", "steps)", "8", "4.0", "29.00", "116.0", "100.0", "25"}
 	want := [][]string{
-		{"kernel", "calls", "calls/step", "µs/call", "µs/step", "%", "starved%"},
-		{"cublasLt", "m=128", "n=4096", "k=4096", "2", "1.0", "80.00", "80.0", "79.2", "50"},
-		{"gemv_bf16_1", "grid=1024x1x1", "blk=256", "4", "2.0", "10.00", "20.0", "19.8", "0"},
-		{"memcpy", "HtoD", "4096B", "1", "0.5", "2.00", "1.0", "1.0", "100"},
-		{"total", "(2", "steps)", "7", "3.5", "28.86", "101.0", "100.0", "29"},
+		{"by", "kernel:"},
+		header,
+		{"cublasLt", "2", "1.0", "80.00", "80.0", "69.0", "50"},
+		{"gemv_bf16_1", "5", "2.5", "14.00", "35.0", "30.2", "0"},
+		{"memcpy", "HtoD", "1", "0.5", "2.00", "1.0", "0.9", "100"},
+		total,
+		{"by", "launch", "shape:"},
+		header,
+		{"cublasLt", "m=128", "n=4096", "k=4096", "2", "1.0", "80.00", "80.0", "69.0", "50"},
+		{"gemv_bf16_1", "grid=1024x1x1", "blk=256", "4", "2.0", "10.00", "20.0", "17.2", "0"},
+		{"gemv_bf16_1", "grid=512x1x1", "blk=256", "1", "0.5", "30.00", "15.0", "12.9", "0"},
+		{"memcpy", "HtoD", "4096B", "1", "0.5", "2.00", "1.0", "0.9", "100"},
+		total,
+	}
+	if len(lines) != len(want)+1 {
+		t.Fatalf("%d lines, want %d", len(lines), len(want)+1)
 	}
 	for i, w := range want {
 		if got := strings.Fields(lines[i]); fmt.Sprint(got) != fmt.Sprint(w) {
 			t.Errorf("line %d: %q, want fields %q", i, lines[i], w)
 		}
 	}
-	if !strings.HasPrefix(lines[5], "GPU idle between spans: 4.8 µs, 2.4 µs/step ") {
-		t.Errorf("idle line %q", lines[5])
+	if l := lines[len(want)]; !strings.HasPrefix(l, "GPU idle between spans: 4.8 µs, 2.4 µs/step ") {
+		t.Errorf("idle line %q", l)
 	}
 	if l := (profKey{kind: profGemm, dims: [3]uint32{1, 2, 3}, block: 1}).label(); l != "cublasLt m=1 n=2 k=3 +=" {
 		t.Errorf("accumulating GEMM label %q", l)
 	}
 	tb.reset()
-	if len(tb.rows) != 0 || tb.steps != 0 || tb.row(up) != 0 {
-		t.Fatal("reset kept rows or steps")
+	if len(tb.rows) != 4 || tb.rows[1].calls != 0 || tb.rows[1].us != 0 || tb.rows[2].starved != 0 || tb.steps != 0 || tb.idle != 0 || tb.row(up) != 2 {
+		t.Fatalf("after reset: rows %+v, %d steps, %g µs idle; want the rows, no counts", tb.rows, tb.steps, tb.idle)
 	}
 	// No steps: the per-step columns are blank.
 	sb.Reset()
-	tb.add(0, 1, 0)
+	tb.add(tb.row(up), 1, 0)
 	tb.write(&sb)
-	if l := strings.Split(sb.String(), "\n")[1]; fmt.Sprint(strings.Fields(l)) != "[memcpy HtoD 4096B 1 - 1.00 - 100.0 0]" {
+	if l := strings.Split(sb.String(), "\n")[6]; fmt.Sprint(strings.Fields(l)) != "[memcpy HtoD 4096B 1 - 1.00 - 100.0 0]" {
 		t.Errorf("without steps:\n%s", sb.String())
 	}
 }
@@ -180,6 +192,67 @@ func TestProfile(t *testing.T) {
 		tb.write(&sb)
 		t.Errorf("3 steps of one Copy: want 3 steps and 3 copy_rows calls, got\n%s", sb.String())
 	}
+}
+
+// TestProfileGraph runs four steps of one Copy on a Backend profiling in
+// graph mode (FERRITE_CUDA_PROFILE=graph): the first runs eagerly untimed,
+// the second is captured with event record nodes and launched, the others
+// replay it; the three graph launches are timed and counted, the copy
+// stays right, and a reset keeps the captured graph's rows valid.
+func TestProfileGraph(t *testing.T) {
+	needGPU(t)
+	t.Setenv("FERRITE_CUDA_PROFILE", "graph")
+	t.Setenv("FERRITE_CUDA_GRAPHS", "1")
+	b, err := OpenBackend(0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if !b.Profiling() || !b.dev.prof.graph || !b.graphs.enabled {
+		t.Skipf("graph profiling unavailable (cuEventRecordWithFlags %#x, graphs %v)", driver.cuEventRecordWithFlags, b.graphs.enabled)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	src, _ := b.Alloc(kernels.F32, 4, 64)
+	dst, _ := b.Alloc(kernels.F32, 4, 64)
+	in := randF32(rng, 4*64)
+	b.WriteF32(src, in)
+	steps := func(n int) {
+		for range n {
+			b.BeginStep()
+			b.Copy(dst, src)
+			b.EndStep()
+		}
+	}
+	b.ResetProfile()
+	steps(4)
+	got := make([]float32, len(in))
+	b.ReadF32(got, dst)
+	for i := range in {
+		if got[i] != in[i] {
+			t.Fatalf("Copy in a profiled graph: element %d = %g, want %g", i, got[i], in[i])
+		}
+	}
+	check := func(what string, wantSteps int) {
+		t.Helper()
+		tb, err := b.dev.profileTable()
+		if err != nil || b.Err() != nil {
+			t.Fatal(err, b.Err())
+		}
+		var sb strings.Builder
+		tb.write(&sb)
+		t.Log("\n" + sb.String())
+		i, ok := rowByLabel(tb, "copy_rows grid=4x1x1 blk=256")
+		if tb.steps != wantSteps || !ok || tb.rows[i].calls != wantSteps || !(tb.rows[i].us > 0) || tb.rows[i].us/float64(wantSteps) > 1e4 {
+			t.Errorf("%s: want %d steps and copy_rows calls, 0 < µs/call < 1e4", what, wantSteps)
+		}
+	}
+	check("4 steps", 3)
+	if c, r, err := b.GraphStats(); c != 1 || r != 3 || err != nil {
+		t.Errorf("graph stats: %d captures, %d replays, %v; want 1, 3, nil", c, r, err)
+	}
+	b.ResetProfile()
+	steps(2)
+	check("2 more replays after a reset", 2)
 }
 
 // rowByLabel finds the row of t labelled l.

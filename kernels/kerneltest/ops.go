@@ -71,10 +71,14 @@ func RunOps(t *testing.T, d kernels.Device) {
 	t.Run("LinearCat", func(t *testing.T) { linearCatTest(t, d) })
 	t.Run("SwiGLU", func(t *testing.T) { swigluTest(t, d) })
 	t.Run("SwiGLULinear", func(t *testing.T) { swigluLinearTest(t, d) })
+	t.Run("NormLinearCat", func(t *testing.T) { normLinearCatTest(t, d) })
+	t.Run("NormSwiGLULinear", func(t *testing.T) { normSwigluLinearTest(t, d) })
+	t.Run("AddNormLinearCat", func(t *testing.T) { addNormLinearCatTest(t, d) })
 	if _, ok := d.(kernels.RowExact); ok {
 		t.Run("RowExact", func(t *testing.T) { rowExactTest(t, d) })
 	}
 	t.Run("PrepareQKV", func(t *testing.T) { prepareQKVTest(t, d) })
+	t.Run("QKVAttention", func(t *testing.T) { qkvAttentionTest(t, d) })
 	t.Run("Embed", func(t *testing.T) { embedTest(t, d) })
 	t.Run("GatherRows", func(t *testing.T) { gatherTest(t, d) })
 	t.Run("RMSNorm", func(t *testing.T) { normTest(t, d) })
@@ -113,6 +117,19 @@ func RunOps(t *testing.T, d kernels.Device) {
 		t.Run("TopKRows", func(t *testing.T) { sampleTest(t, d, so) })
 	} else {
 		t.Log("no SampleOps: on-device sampling not tested")
+	}
+}
+
+// RunNormOps runs the norm-fused linear ops' cases of RunOps alone
+// (NormLinearCat, AddNormLinearCat, NormSwiGLULinear, and row-exact with
+// the RowVariances check where d is a kernels.RowExact): for a backend
+// switched to another form of them.
+func RunNormOps(t *testing.T, d kernels.Device) {
+	t.Run("NormLinearCat", func(t *testing.T) { normLinearCatTest(t, d) })
+	t.Run("AddNormLinearCat", func(t *testing.T) { addNormLinearCatTest(t, d) })
+	t.Run("NormSwiGLULinear", func(t *testing.T) { normSwigluLinearTest(t, d) })
+	if _, ok := d.(kernels.RowExact); ok {
+		t.Run("RowExact", func(t *testing.T) { rowExactTest(t, d) })
 	}
 }
 
@@ -220,7 +237,9 @@ func linearTest(t *testing.T, d kernels.Device) {
 		n, rows, cols int
 		dt            kernels.DType
 		bias, acc     bool
-	}{{1, 7, 33, kernels.F32, false, false}, {3, 16, 64, kernels.BF16, true, false}, {5, 9, 17, kernels.BF16, true, true}, {20, 33, 40, kernels.F32, false, true}} {
+	}{{1, 7, 33, kernels.F32, false, false}, {3, 16, 64, kernels.BF16, true, false}, {5, 9, 17, kernels.BF16, true, true}, {20, 33, 40, kernels.F32, false, true},
+		// decode batches: partial tiles of rows and weight rows, widths mid-chunk
+		{2, 45, 200, kernels.BF16, true, true}, {33, 45, 136, kernels.BF16, false, false}, {64, 130, 72, kernels.BF16, true, false}} {
 		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.rows)))
 			w := NewMat(rng, c.dt, c.rows, c.cols, 0, 0)
@@ -391,6 +410,13 @@ func attentionTest(t *testing.T, d kernels.Device) {
 			{4, 2, 64, 16, []attnSeq{{0, 150}}},
 			{4, 2, 128, 16, []attnSeq{{3, 1}, {0, 200}, {90, 140}, {40, 1}}},
 			{4, 4, 128, 12, []attnSeq{{100, 130}}},
+			// Decode batches (a row a sequence) at model head dims, over
+			// contexts from 1 to 701 positions: a backend may split the
+			// keys of every row many ways and leave a short row's last
+			// splits empty.
+			{32, 8, 128, 16, []attnSeq{{0, 1}, {5, 1}, {63, 1}, {64, 1}, {100, 1}, {127, 1}, {200, 1}, {255, 1}, {700, 1}}},
+			{8, 8, 64, 16, []attnSeq{{31, 1}, {0, 1}, {300, 1}, {47, 1}, {128, 1}}},
+			{16, 2, 256, 8, []attnSeq{{90, 1}, {3, 1}, {260, 1}}},
 		} {
 			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
 				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))
@@ -502,8 +528,10 @@ func routeTest(t *testing.T, d kernels.Device) {
 		{Scoring: kernels.SoftmaxScoring, TopK: 2, NormTopK: true, Scale: 1},
 		{Scoring: kernels.SoftmaxScoring, TopK: 3, Scale: 1},
 		{Scoring: kernels.SigmoidScoring, TopK: 4, NormTopK: true, Scale: 2.5, Groups: 4, TopKGroups: 2},
+		{Scoring: kernels.SigmoidScoring, TopK: 3, NormTopK: true, Scale: 1.8, Shared: 2},
 	} {
 		const n, e = 9, 16
+		k := r.Width()
 		lv := randn(rng, n*e)
 		var bias []float32
 		if r.Scoring == kernels.SigmoidScoring {
@@ -511,26 +539,38 @@ func routeTest(t *testing.T, d kernels.Device) {
 			r.Bias = newBuf(t, d, 1, e, bias).t
 		}
 		lg := newBuf(t, d, n, e, lv)
-		ids, err := d.Alloc(kernels.I32, n, r.TopK)
+		ids, err := d.Alloc(kernels.I32, n, k)
 		if err != nil {
 			t.Fatal(err)
 		}
-		w := newBuf(t, d, n, r.TopK, nil)
+		w := newBuf(t, d, n, k, nil)
 		step(d, func() { d.Route(ids, w.t, lg.t, &r) })
-		wantID := make([]int32, n*r.TopK)
-		wantW := make([]float32, n*r.TopK)
+		wantID := make([]int32, n*k)
+		wantW := make([]float32, n*k)
 		for i := range n {
-			ref.Route(wantID[i*r.TopK:(i+1)*r.TopK], wantW[i*r.TopK:(i+1)*r.TopK], append([]float32(nil), lv[i*e:(i+1)*e]...), &r, bias)
+			ref.Route(wantID[i*k:(i+1)*k], wantW[i*k:(i+1)*k], append([]float32(nil), lv[i*e:(i+1)*e]...), &r, bias)
+			// The shared experts follow the routed ones with weight 1,
+			// which are routed as without them.
+			plainID, plainW := make([]int32, r.TopK), make([]float32, r.TopK)
+			plain := r
+			plain.Shared = 0
+			ref.Route(plainID, plainW, append([]float32(nil), lv[i*e:(i+1)*e]...), &plain, bias)
+			for j := range k {
+				id, wt := wantID[i*k+j], wantW[i*k+j]
+				if j >= r.TopK && (id != int32(e+j-r.TopK) || wt != 1) || j < r.TopK && (id != plainID[j] || wt != plainW[j]) {
+					t.Fatalf("%+v: kernels/ref.Route's row %d column %d is expert %d weight %g", r, i, j, id, wt)
+				}
+			}
 		}
 		compare(t, "weights", w.read(t, "w"), wantW, RowOpTol, rowScale(wantW))
 		// The ids are checked by gathering the rows of an identity table.
-		table := make([]float32, e)
+		table := make([]float32, e+r.Shared)
 		for i := range table {
 			table[i] = float32(i)
 		}
-		tb := newBuf(t, d, e, 1, table)
-		g := newBuf(t, d, n*r.TopK, 1, nil)
-		step(d, func() { d.GatherRows(g.t, tb.t, ids.Reshape(n*r.TopK, 1)) })
+		tb := newBuf(t, d, len(table), 1, table)
+		g := newBuf(t, d, n*k, 1, nil)
+		step(d, func() { d.GatherRows(g.t, tb.t, ids.Reshape(n*k, 1)) })
 		got := g.read(t, "ids")
 		for i, id := range wantID {
 			if got[i] != float32(id) {
@@ -824,6 +864,29 @@ func linearScale(x []float32, w *kernels.Mat, r, j int, extra float64) float64 {
 	return s + 1e-30
 }
 
+// catScale is LinearTol's scale for element i of LinearCat's output
+// (total wide) over the input x: Σₖ|x·w| of its weight row, + |bias| and,
+// when accumulating, + |y0[i]| (bv, y0 nil for none).
+func catScale(x []float32, ws []*kernels.Mat, total int, bv, y0 []float32) func(int) float64 {
+	return func(i int) float64 {
+		r, j := i/total, i%total
+		extra := 0.0
+		if bv != nil {
+			extra += math.Abs(float64(bv[j]))
+		}
+		if y0 != nil {
+			extra += math.Abs(float64(y0[i]))
+		}
+		for _, w := range ws {
+			if j < w.Rows {
+				return linearScale(x, w, r, j, extra)
+			}
+			j -= w.Rows
+		}
+		return extra
+	}
+}
+
 func linearCatTest(t *testing.T, d kernels.Device) {
 	for _, c := range []struct {
 		n    int
@@ -837,6 +900,7 @@ func linearCatTest(t *testing.T, d kernels.Device) {
 		{1, []int{7, 3, 3}, 33, kernels.F32, true, false},    // unaligned rows
 		{3, []int{32, 8, 8}, 64, kernels.BF16, true, true},   // rows through the GEMM
 		{20, []int{9, 5}, 40, kernels.F16, false, true},
+		{31, []int{40, 24, 24}, 136, kernels.BF16, true, false}, // a decode batch's q/k/v
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.cols)))
@@ -869,23 +933,7 @@ func linearCatTest(t *testing.T, d kernels.Device) {
 			want := append(make([]float32, 0, c.n*total), y0...)[:c.n*total]
 			xr, _ := RoundX(d, xv, ws[0], c.n)
 			ref.LinearCat(want, xr, ws, bv, c.acc, c.n)
-			compare(t, "y", got, want, LinearTol, func(i int) float64 {
-				r, j := i/total, i%total
-				extra := 0.0
-				if bv != nil {
-					extra += math.Abs(float64(bv[j]))
-				}
-				if y0 != nil {
-					extra += math.Abs(float64(y0[i]))
-				}
-				for _, w := range ws {
-					if j < w.Rows {
-						return linearScale(xv, w, r, j, extra)
-					}
-					j -= w.Rows
-				}
-				return extra
-			})
+			compare(t, "y", got, want, LinearTol, catScale(xv, ws, total, bv, y0))
 		})
 	}
 }
@@ -895,7 +943,8 @@ func swigluLinearTest(t *testing.T, d kernels.Device) {
 		n, inter, cols int
 		dt             kernels.DType
 		limit          float32
-	}{{1, 24, 64, kernels.BF16, 0}, {1, 5, 33, kernels.F32, 0}, {4, 16, 64, kernels.BF16, 0}, {1, 16, 64, kernels.F16, 0.5}, {3, 8, 40, kernels.BF16, 0.5}} {
+	}{{1, 24, 64, kernels.BF16, 0}, {1, 5, 33, kernels.F32, 0}, {4, 16, 64, kernels.BF16, 0}, {1, 16, 64, kernels.F16, 0.5}, {3, 8, 40, kernels.BF16, 0.5},
+		{17, 40, 136, kernels.BF16, 0}, {64, 33, 72, kernels.BF16, 0.5}} { // decode batches
 		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,limit=%v", c.dt, c.n, c.inter, c.cols, c.limit), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.inter), uint64(c.cols)))
 			gate, up := NewMat(rng, c.dt, c.inter, c.cols, 0, 0), NewMat(rng, c.dt, c.inter, c.cols, 0, 0)
@@ -914,6 +963,183 @@ func swigluLinearTest(t *testing.T, d kernels.Device) {
 			compare(t, "y", got, want, LinearTol, func(i int) float64 {
 				r, j := i/c.inter, i%c.inter
 				gs, us := linearScale(xv, gate, r, j, 0), linearScale(xv, up, r, j, 0)
+				return 1.1*gs*math.Abs(float64(u[i])) + us*math.Abs(float64(g[i])) + gs*us + max(1, math.Abs(float64(want[i])))*RowOpTol/LinearTol
+			})
+		})
+	}
+}
+
+// normCase is a fused norm's input for the Norm* linear ops: x (n, cols),
+// the norm weight (1, cols) (around 1, or around 0 with offset) on the
+// device, and the reference's normed rows.
+func normCase(t *testing.T, d kernels.Device, rng *rand.Rand, n, cols int, offset bool) (x *buf, xv []float32, hn *kernels.HeadNorm, h []float32) {
+	xv = randn(rng, n*cols)
+	for i := range xv {
+		xv[i] *= 3 // a mean square away from 1
+	}
+	wv := randn(rng, cols)
+	for i := range wv {
+		wv[i] *= 0.2
+		if !offset {
+			wv[i]++
+		}
+	}
+	hn = &kernels.HeadNorm{W: newBuf(t, d, 1, cols, wv).t, Eps: 1e-6, Offset: offset}
+	h = make([]float32, n*cols)
+	ref.RMSNorm(h, xv, wv, hn.Eps, offset, n)
+	return newBuf(t, d, n, cols, xv), xv, hn, h
+}
+
+// normLinearCatTest holds NormLinearCat to LinearCat's reference over the
+// reference's normed rows, with LinearTol over those rows' products (a
+// backend that scales after the sums rounds each term a few ulp apart).
+func normLinearCatTest(t *testing.T, d kernels.Device) {
+	for _, c := range []struct {
+		n         int
+		rows      []int
+		cols      int
+		dt        kernels.DType
+		bias, acc bool
+		offset    bool
+	}{
+		{1, []int{16, 8, 8}, 64, kernels.BF16, false, false, false}, // decode q/k/v
+		{1, []int{9, 5, 5}, 36, kernels.BF16, true, false, true},    // rows not in 16-byte loads
+		{1, []int{7, 3, 3}, 36, kernels.F32, false, true, false},    // o-proj-like accumulate
+		{1, []int{7, 3}, 33, kernels.F32, false, false, false},      // x not 16-byte aligned
+		{3, []int{32, 8, 8}, 64, kernels.BF16, true, true, false},   // rows through the GEMM
+		{20, []int{9, 5}, 40, kernels.F16, false, false, true},
+		{5, []int{24, 8, 8}, 72, kernels.BF16, false, true, true}, // a decode batch, zero-centred norm
+	} {
+		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v,offset=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc, c.offset), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n)+100, uint64(c.cols)))
+			var ws []*kernels.Mat
+			total := 0
+			for _, r := range c.rows {
+				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
+				total += r
+			}
+			x, xv, hn, h := normCase(t, d, rng, c.n, c.cols, c.offset)
+			var y0, bv []float32
+			if c.acc {
+				y0 = randn(rng, c.n*total)
+			}
+			y := newBuf(t, d, c.n, total, y0)
+			e := kernels.Epilogue{Accumulate: c.acc}
+			if c.bias {
+				bv = randn(rng, total)
+				e.Bias = newBuf(t, d, 1, total, bv).t
+			}
+			for range 2 { // the second call finds the stacked weights cached
+				if c.acc {
+					d.WriteF32(y.t, y0)
+				}
+				step(d, func() { d.NormLinearCat(y.t, x.t, hn, ws, e) })
+			}
+			got := y.read(t, "y")
+			if in := x.read(t, "x"); !slices.Equal(in, xv) {
+				t.Error("NormLinearCat modified x")
+			}
+			want := append(make([]float32, 0, c.n*total), y0...)[:c.n*total]
+			hr, _ := RoundX(d, h, ws[0], c.n)
+			ref.LinearCat(want, hr, ws, bv, c.acc, c.n)
+			compare(t, "y", got, want, LinearTol, catScale(h, ws, total, bv, y0))
+		})
+	}
+}
+
+// addNormLinearCatTest holds AddNormLinearCat's sum to x + delta bit for
+// bit and its product to LinearCat's reference over the reference's norm
+// of that sum (normLinearCatTest's tolerance).
+func addNormLinearCatTest(t *testing.T, d kernels.Device) {
+	for _, c := range []struct {
+		n      int
+		rows   []int
+		cols   int
+		dt     kernels.DType
+		bias   bool
+		offset bool
+	}{
+		{1, []int{16, 8, 8}, 64, kernels.BF16, false, false},
+		{1, []int{9, 5, 5}, 36, kernels.F32, true, true},
+		{1, []int{7, 3}, 36, kernels.BF16, false, false}, // rows not in 16-byte loads
+		{3, []int{32, 8, 8}, 64, kernels.BF16, true, false},
+	} {
+		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,offset=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.offset), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n)+300, uint64(c.cols)))
+			var ws []*kernels.Mat
+			total := 0
+			for _, r := range c.rows {
+				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
+				total += r
+			}
+			x, xv, hn, _ := normCase(t, d, rng, c.n, c.cols, c.offset)
+			dv := randn(rng, c.n*c.cols)
+			delta, sum := newBuf(t, d, c.n, c.cols, dv), newBuf(t, d, c.n, c.cols, nil)
+			sv := make([]float32, len(xv))
+			for i := range sv {
+				sv[i] = xv[i] + dv[i]
+			}
+			wv := make([]float32, c.cols)
+			d.ReadF32(wv, hn.W)
+			h := make([]float32, len(sv))
+			ref.RMSNorm(h, sv, wv, hn.Eps, c.offset, c.n)
+			var bv []float32
+			var e kernels.Epilogue
+			if c.bias {
+				bv = randn(rng, total)
+				e.Bias = newBuf(t, d, 1, total, bv).t
+			}
+			y := newBuf(t, d, c.n, total, nil)
+			step(d, func() { d.AddNormLinearCat(y.t, sum.t, x.t, delta.t, hn, ws, e) })
+			for i, v := range sum.read(t, "sum") {
+				if math.Float32bits(v) != math.Float32bits(sv[i]) {
+					t.Errorf("sum[%d] = %g, want x + delta = %g", i, v, sv[i])
+					break
+				}
+			}
+			if in := x.read(t, "x"); !slices.Equal(in, xv) {
+				t.Error("AddNormLinearCat modified x")
+			}
+			want := make([]float32, c.n*total)
+			hr, _ := RoundX(d, h, ws[0], c.n)
+			ref.LinearCat(want, hr, ws, bv, false, c.n)
+			compare(t, "y", y.read(t, "y"), want, LinearTol, catScale(h, ws, total, bv, nil))
+		})
+	}
+}
+
+// normSwigluLinearTest holds NormSwiGLULinear to SwiGLULinear's reference
+// over the reference's normed rows, with swigluLinearTest's tolerance.
+func normSwigluLinearTest(t *testing.T, d kernels.Device) {
+	for _, c := range []struct {
+		n, inter, cols int
+		dt             kernels.DType
+		limit          float32
+		offset         bool
+	}{
+		{1, 24, 64, kernels.BF16, 0, false},
+		{1, 5, 36, kernels.BF16, 0.5, true}, // rows not in 16-byte loads
+		{1, 8, 64, kernels.F32, 0, true},
+		{4, 16, 64, kernels.F16, 0, false},
+		{3, 8, 40, kernels.BF16, 0.5, false},
+		{6, 12, 40, kernels.BF16, 0, true}, // a decode batch, zero-centred norm
+	} {
+		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,limit=%v,offset=%v", c.dt, c.n, c.inter, c.cols, c.limit, c.offset), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.inter)+200, uint64(c.cols)))
+			gate, up := NewMat(rng, c.dt, c.inter, c.cols, 0, 0), NewMat(rng, c.dt, c.inter, c.cols, 0, 0)
+			x, _, hn, h := normCase(t, d, rng, c.n, c.cols, c.offset)
+			y := newBuf(t, d, c.n, c.inter, nil)
+			step(d, func() { d.NormSwiGLULinear(y.t, x.t, hn, gate, up, c.limit) })
+			got := y.read(t, "y")
+			hr, _ := RoundX(d, h, gate, c.n)
+			g, u := make([]float32, c.n*c.inter), make([]float32, c.n*c.inter)
+			ref.Linear(g, hr, gate, nil, false, c.n)
+			ref.Linear(u, hr, up, nil, false, c.n)
+			want := make([]float32, len(g))
+			ref.SwiGLUClamp(want, g, u, c.limit)
+			compare(t, "y", got, want, LinearTol, func(i int) float64 {
+				r, j := i/c.inter, i%c.inter
+				gs, us := linearScale(h, gate, r, j, 0), linearScale(h, up, r, j, 0)
 				return 1.1*gs*math.Abs(float64(u[i])) + us*math.Abs(float64(g[i])) + gs*us + max(1, math.Abs(float64(want[i])))*RowOpTol/LinearTol
 			})
 		})
@@ -1020,4 +1246,108 @@ func prepareQKVCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvH
 	})
 	want := o2.read(t, "attention over the reference cache")
 	compare(t, "attention over the cache", o1.read(t, "attention"), want, AttentionBF16Tol, rowScale(want))
+}
+
+// qkvAttentionTest holds QKVAttention to PrepareQKV then Attention on the
+// same backend bit for bit (those two are held to the references), over a
+// cached history long enough to be split, for one row (the decode step a
+// backend fuses) and for three rows of one sequence: the output, and the
+// keys and values it stored, which attention over its cache with the
+// unfused q must find.
+func qkvAttentionTest(t *testing.T, d kernels.Device) {
+	for ci, c := range []struct {
+		heads, kvHeads, hd, dim int
+		qn, kn, inter           bool
+		hist, n                 int
+	}{
+		{8, 2, 128, 128, true, true, false, 300, 1}, // Qwen3-like, splits
+		{8, 2, 128, 128, true, true, false, 300, 3}, // rows of one sequence
+		{16, 2, 64, 32, true, false, true, 40, 1},   // wide group, partial interleaved rotation
+		{4, 4, 96, 0, false, false, false, 700, 1},  // neither norm nor rotation, long history
+		{6, 1, 40, 40, false, true, false, 150, 1},  // head dim not a multiple of 8
+	} {
+		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			t.Run(fmt.Sprintf("%v/%d/n=%d", dt, ci, c.n), func(t *testing.T) {
+				qkvAttentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.dim, c.qn, c.kn, c.inter, c.hist, c.n, uint64(ci))
+			})
+		}
+	}
+}
+
+func qkvAttentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvHeads, hd, dim int, qn, kn, inter bool, hist, n int, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 37))
+	const bs = 16
+	qw, kw := heads*hd, kvHeads*hd
+	total := hist + n
+	maxBlocks := (total + bs - 1) / bs
+	nBlocks := maxBlocks + 2
+	perm := rng.Perm(nBlocks)
+	blocks := make([]int32, maxBlocks)
+	for i := range blocks {
+		blocks[i] = int32(perm[i])
+	}
+	pos, seq, slot := make([]int32, total), make([]int32, total), make([]int32, total)
+	for p := range total {
+		pos[p], slot[p] = int32(p), blocks[p/bs]*bs+int32(p%bs)
+	}
+	bt := ints(t, d, 1, maxBlocks, blocks)
+	all := &kernels.Paged{Pos: ints(t, d, total, 1, pos), Seq: ints(t, d, total, 1, seq), Slot: ints(t, d, total, 1, slot),
+		Blocks: bt, BlockSize: bs}
+	hp := &kernels.Paged{Pos: all.Pos.Slice(0, hist), Seq: all.Seq.Slice(0, hist), Slot: all.Slot.Slice(0, hist), Blocks: bt, BlockSize: bs}
+	p := &kernels.Paged{Pos: all.Pos.Slice(hist, total), Seq: all.Seq.Slice(hist, total), Slot: all.Slot.Slice(hist, total),
+		Blocks: bt, BlockSize: bs}
+	s := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd)))}
+	norm := func(on bool) *kernels.HeadNorm {
+		if !on {
+			return nil
+		}
+		return &kernels.HeadNorm{W: newBuf(t, d, 1, hd, randn(rng, hd)).t, Eps: 1e-6, Offset: rng.IntN(2) == 1}
+	}
+	qnd, knd := norm(qn), norm(kn)
+	var r *kernels.Rotary
+	if dim > 0 {
+		inv := make([]float32, dim/2)
+		for i := range inv {
+			inv[i] = float32(math.Pow(10000, -float64(2*i)/float64(dim)))
+		}
+		r = &kernels.Rotary{InvFreq: newBuf(t, d, 1, len(inv), inv).t, Dim: dim, Interleaved: inter, Scale: 1}
+	}
+	hk, hv := newBuf(t, d, hist, kw, randn(rng, hist*kw)), newBuf(t, d, hist, kw, randn(rng, hist*kw))
+	var caches [2][2]kernels.Tensor // [unfused, fused][k, v]
+	for i := range caches {
+		for j := range caches[i] {
+			c, err := d.Alloc(dt, nBlocks*bs, kw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			caches[i][j] = c
+		}
+	}
+	qkvv := randn(rng, n*(qw+2*kw))
+	qkv, q := newBuf(t, d, n, qw+2*kw, qkvv), newBuf(t, d, n, qw, nil)
+	oA, oB, oC := newBuf(t, d, n, qw, nil), newBuf(t, d, n, qw, nil), newBuf(t, d, n, qw, nil)
+	step(d, func() {
+		for _, c := range caches {
+			d.StoreKV(c[0], c[1], hk.t, hv.t, hp)
+		}
+		d.PrepareQKV(q.t, caches[0][0], caches[0][1], qkv.t, qnd, knd, r, p, s)
+		d.Attention(oA.t, q.t, caches[0][0], caches[0][1], p, s)
+	})
+	step(d, func() { d.QKVAttention(oB.t, caches[1][0], caches[1][1], qkv.t, qnd, knd, r, p, s) })
+	step(d, func() { d.Attention(oC.t, q.t, caches[1][0], caches[1][1], p, s) })
+	want := oA.read(t, "PrepareQKV and Attention")
+	for _, o := range []struct {
+		name string
+		got  []float32
+	}{{"QKVAttention", oB.read(t, "QKVAttention")}, {"Attention over QKVAttention's cache", oC.read(t, "attention")}} {
+		for i, v := range o.got {
+			if math.Float32bits(v) != math.Float32bits(want[i]) {
+				t.Errorf("%s: out[%d] = %g, %g from PrepareQKV and Attention", o.name, i, v, want[i])
+				break
+			}
+		}
+	}
+	if got := qkv.read(t, "qkv"); !slices.Equal(got, qkvv) {
+		t.Errorf("QKVAttention modified qkv")
+	}
 }

@@ -82,6 +82,56 @@ func (d *Device) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, limi
 	d.out(dst, y)
 }
 
+// NormLinearCat implements kernels.LinearOps: the norm's checks and
+// reference into a scratch tensor, then LinearCat's.
+func (d *Device) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	d.LinearCat(dst, d.normed("NormLinearCat", dst, x, n), ws, e)
+}
+
+// AddNormLinearCat implements kernels.LinearOps: the add's checks, then
+// NormLinearCat's over sum.
+func (d *Device) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	contiguous("AddNormLinearCat", sum, x, delta)
+	shape("AddNormLinearCat", sum, x.Rows, x.Cols)
+	shape("AddNormLinearCat", delta, x.Rows, x.Cols)
+	xs, dl := d.in("AddNormLinearCat", x, kernels.F32), d.in("AddNormLinearCat", delta, kernels.F32)
+	for i, v := range dl {
+		xs[i] += v
+	}
+	d.out(sum, xs)
+	d.NormLinearCat(dst, sum, n, ws, e)
+}
+
+// NormSwiGLULinear implements kernels.LinearOps: the norm as
+// NormLinearCat's, then SwiGLULinear's checks and reference.
+func (d *Device) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, gate, up *kernels.Mat, limit float32) {
+	d.SwiGLULinear(dst, d.normed("NormSwiGLULinear", dst, x, n), gate, up, limit)
+}
+
+// QKVAttention implements kernels.AttentionOps: PrepareQKV's and
+// Attention's checks and references, q in a scratch tensor.
+func (d *Device) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	q := d.Scratch(kernels.F32, qkv.Rows, s.Heads*s.HeadDim) // (N, heads·headDim)
+	d.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
+	d.Attention(out, q, kc, vc, p, s)
+}
+
+// normed checks a fused norm's operands (x and dst contiguous, the weight
+// (1, x.Cols)) and returns RMSNorm(x, n) by the reference in a scratch
+// tensor.
+func (d *Device) normed(op string, dst, x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
+	if n == nil {
+		panic("strict: " + op + " without a norm")
+	}
+	contiguous(op, dst, x)
+	shape(op+" norm weight", n.W, 1, x.Cols)
+	xs := d.in(op, x, kernels.F32)
+	ref.RMSNorm(xs, xs, d.in(op, n.W, kernels.F32), n.Eps, n.Offset, x.Rows)
+	h := d.Scratch(kernels.F32, x.Rows, x.Cols) // (N, in) the normed rows
+	d.out(h, xs)
+	return h
+}
+
 // SwiGLU implements kernels.LinearOps.
 func (d *Device) SwiGLU(dst, gate, up kernels.Tensor) { d.swiglu("SwiGLU", dst, gate, up, 0) }
 
@@ -295,15 +345,15 @@ func (d *Device) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s ke
 
 // Route implements kernels.MoEOps.
 func (d *Device) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
-	shape("Route", ids, logits.Rows, r.TopK)
-	shape("Route", w, logits.Rows, r.TopK)
+	shape("Route", ids, logits.Rows, r.Width())
+	shape("Route", w, logits.Rows, r.Width())
 	lg := d.in("Route", logits, kernels.F32)
 	var bias []float32
 	if r.Bias.Valid() {
 		shape("Route bias", r.Bias, 1, logits.Cols)
 		bias = d.in("Route", r.Bias, kernels.F32)
 	}
-	e, k := logits.Cols, r.TopK
+	e, k := logits.Cols, r.Width()
 	id, ws := make([]int32, ids.Elems()), make([]float32, w.Elems())
 	for i := range logits.Rows {
 		ref.Route(id[i*k:(i+1)*k], ws[i*k:(i+1)*k], lg[i*e:(i+1)*e], r, bias)

@@ -79,12 +79,30 @@ __device__ inline float warp_sum(float v) {
     return v;
 }
 
+__device__ inline double warp_sum_f64(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // store writes one output element through the linear epilogue: + bias[r]
 // when bias is set, + the old value when acc_y (a residual add).
 __device__ inline void store(float* y, float s, const float* bias, int r, int acc_y) {
     if (bias) s += bias[r];
     if (acc_y) s += *y;
     *y = s;
+}
+
+// weight_prefetch, in the first pf blocks of the grid (the ones resident
+// while the kernel before may still run; 0: none), asks L2 for the bytes
+// bytes from p on, the block's threads striding the 128-byte lines. The
+// split GEMVs call it for their weight rows before FERRITE_PDL_WAIT (the
+// weights are never written by a step's kernels), so under PDL the weight
+// stream starts while the kernel before drains (kernels/cuda/pdl.go).
+__device__ inline void weight_prefetch(int pf, const uint8_t* p, size_t bytes) {
+    if (int(blockIdx.x) >= pf) return;
+    for (size_t o = size_t(threadIdx.x) * 128; o < bytes; o += size_t(blockDim.x) * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
 }
 
 template <class W, int NB>
@@ -141,6 +159,15 @@ __device__ void gemv(float* __restrict__ y, const float* __restrict__ x, const u
 // stretches p, p + 4, p + 8, … of 32·E elements; the four partial sums meet
 // in shared memory.
 constexpr int kSplit = 4;
+
+// split_prefetch is weight_prefetch of the kernel's block's rows in the
+// gemv_split layout (kWarpsPerBlock / kSplit rows a block).
+template <class W>
+__device__ inline void split_prefetch(int pf, const uint8_t* w, int rows, int cols) {
+    const int r0 = blockIdx.x * (kWarpsPerBlock / kSplit);
+    const size_t rb = size_t(cols) * W::kSize;
+    if (r0 < rows) weight_prefetch(pf, w + size_t(r0) * rb, size_t(min(kWarpsPerBlock / kSplit, rows - r0)) * rb);
+}
 
 // split_dot is warp part p's share of row · x (cols values), summed over
 // the warp (the same in every lane).
@@ -212,6 +239,114 @@ __device__ void gemv_split_rows(float* __restrict__ y, const float* __restrict__
         if (lane == 0) part[warp] = acc;
         __syncthreads();
         if (p == 0 && lane == 0 && r < rows) store(y + size_t(j) * rows + r, split_total(part, warp), bias, r, acc_y);
+    }
+}
+
+// The GEMVs with a fused RMSNorm (kernels.LinearOps.NormLinearCat):
+// y = inv·(s ⊙ x)·wᵀ for the un-normed x, s the norm weight (1 + w with
+// off) and inv = 1/sqrt(mean(x²) + eps), the mean rounded to float32 and
+// eps added in float32 as kernels/ref.RMSNorm does. The four warps of a
+// block's first row read all of x, so they also sum x² on the way (each
+// lane in float32, the lanes and the four warps in float64: the same bits
+// for every block), and the block's rows scale their sums by inv once.
+//
+// split_norm_dot is split_dot of row with s ⊙ x (each product rounded to
+// float32) and, with want_sq, in *sq warp part p's share of Σx²; both are
+// summed over the warp. With ADD, x is x + dl (AddNormLinearCat's pending
+// residual add, one float32 add an element).
+template <class W, bool ADD>
+__device__ float split_norm_dot(const uint8_t* __restrict__ row, const float* __restrict__ x,
+                                const float* __restrict__ dl, const float* __restrict__ nw, int off, int cols, int p,
+                                bool want_sq, double* sq) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f, ss = 0.f;
+    if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
+#pragma unroll 4
+        for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
+            float wv[W::kE];
+            W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
+            const float4* xp = reinterpret_cast<const float4*>(x + k);
+            const float4* sp = reinterpret_cast<const float4*>(nw + k);
+#pragma unroll
+            for (int q = 0; q < W::kE / 4; q++) {
+                const float4 xv = __ldg(xp + q), sv = __ldg(sp + q);
+                float xe[4] = {xv.x, xv.y, xv.z, xv.w};
+                const float se[4] = {sv.x, sv.y, sv.z, sv.w};
+                if (ADD) {
+                    const float4 dv = __ldg(reinterpret_cast<const float4*>(dl + k) + q);
+                    xe[0] = __fadd_rn(xe[0], dv.x);
+                    xe[1] = __fadd_rn(xe[1], dv.y);
+                    xe[2] = __fadd_rn(xe[2], dv.z);
+                    xe[3] = __fadd_rn(xe[3], dv.w);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (want_sq) ss = fmaf(xe[e], xe[e], ss);
+                    const float sc = off ? __fadd_rn(1.f, se[e]) : se[e];
+                    acc = fmaf(wv[4 * q + e], __fmul_rn(sc, xe[e]), acc);
+                }
+            }
+        }
+    } else {
+        for (int k = p * 32 + lane; k < cols; k += kSplit * 32) {
+            const float xk = ADD ? __fadd_rn(x[k], dl[k]) : x[k];
+            if (want_sq) ss = fmaf(xk, xk, ss);
+            const float sc = off ? __fadd_rn(1.f, nw[k]) : nw[k];
+            acc = fmaf(W::one(row, k), __fmul_rn(sc, xk), acc);
+        }
+    }
+    if (want_sq) *sq = warp_sum_f64(double(ss));
+    return warp_sum(acc);
+}
+
+// norm_inv is the RMSNorm scale of a row of cols values from the kSplit
+// partial sums of squares from sq[0] on, added in a fixed order.
+__device__ inline float norm_inv(const double* sq, int cols, float eps) {
+    double s = sq[0];
+#pragma unroll
+    for (int i = 1; i < kSplit; i++) s += sq[i];
+    const float ms = float(s / double(cols));
+    return float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+}
+
+// gemv_norm_split is gemv_split_rows with the fused norm: n rows of x one
+// after another, each summed as for that row alone (so the n = 1 decode
+// and a row-exact verification give the same bits). With ADD the input is
+// x + dl, which the blocks also write to sum, each a share of the
+// elements (AddNormLinearCat). Launch as gemv_split: ceil(rows / 2)
+// blocks of 256 threads.
+template <class W, bool ADD>
+__device__ void gemv_norm_split(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ dl,
+                                float* __restrict__ sum, const uint8_t* __restrict__ w, int n, int rows, int cols,
+                                const float* __restrict__ nw, float eps, int off, const float* __restrict__ bias,
+                                int acc_y) {
+    __shared__ float part[kWarpsPerBlock];
+    __shared__ double sqp[kSplit];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
+    const int p = warp % kSplit;
+    const bool first = warp < kSplit;  // the block's first row: it sums x²
+    if (ADD) {
+        const size_t total = size_t(n) * cols;
+        for (size_t k = size_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += size_t(gridDim.x) * blockDim.x)
+            sum[k] = __fadd_rn(x[k], dl[k]);
+    }
+    for (int j = 0; j < n; j++) {
+        float acc = 0.f;
+        double sq = 0;
+        if (r < rows)
+            acc = split_norm_dot<W, ADD>(w + size_t(r) * cols * W::kSize, x + size_t(j) * cols, dl + (ADD ? size_t(j) * cols : 0),
+                                         nw, off, cols, p, first, &sq);
+        __syncthreads();  // the previous row's partial sums have been read
+        if (lane == 0) {
+            part[warp] = acc;
+            if (first) sqp[warp] = sq;
+        }
+        __syncthreads();
+        if (p == 0 && lane == 0 && r < rows) {
+            const float inv = norm_inv(sqp, cols, eps);
+            store(y + size_t(j) * rows + r, __fmul_rn(split_total(part, warp), inv), bias, r, acc_y);
+        }
     }
 }
 
@@ -345,7 +480,8 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
 #define FERRITE_GEMV_SPLIT(name, W)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
                                                            int n, int rows, int cols, const float* bias, \
-                                                           int acc_y) {                                  \
+                                                           int acc_y, int pf) {                          \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                         \
         gemv_split<W>(y, x, w, rows, cols, bias, acc_y);                                            \
     }
@@ -353,7 +489,8 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
 #define FERRITE_GEMV_EXACT(name, W)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
                                                            int n, int rows, int cols, const float* bias, \
-                                                           int acc_y) {                                  \
+                                                           int acc_y, int pf) {                          \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                         \
         gemv_split_rows<W>(y, x, w, n, rows, cols, bias, acc_y);                                    \
     }
@@ -365,6 +502,33 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
         FERRITE_PDL_WAIT();                                                                         \
         gemv_rows<W, R>(y, x, w, rows, cols, bias, acc_y);                                          \
     }
+
+#define FERRITE_GEMV_NORM(name, W)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256)                                               \
+        name(float* y, const float* x, const uint8_t* w, int n, int rows, int cols, const float* nw, float eps, \
+             int off, const float* bias, int acc_y, int pf) {                                       \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
+        FERRITE_PDL_WAIT();                                                                         \
+        gemv_norm_split<W, false>(y, x, nullptr, nullptr, w, n, rows, cols, nw, eps, off, bias, acc_y); \
+    }
+
+FERRITE_GEMV_NORM(ferrite_gemv_norm_f32, F32W)
+FERRITE_GEMV_NORM(ferrite_gemv_norm_bf16, BF16W)
+FERRITE_GEMV_NORM(ferrite_gemv_norm_f16, F16W)
+
+// AddNormLinearCat's form: the input is x + dl, also written to sum.
+#define FERRITE_GEMV_ADDNORM(name, W)                                                               \
+    extern "C" __global__ void __launch_bounds__(256)                                               \
+        name(float* y, const float* x, const uint8_t* w, int n, int rows, int cols, const float* nw, float eps, \
+             int off, const float* bias, int acc_y, int pf, const float* dl, float* sum) {          \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
+        FERRITE_PDL_WAIT();                                                                         \
+        gemv_norm_split<W, true>(y, x, dl, sum, w, n, rows, cols, nw, eps, off, bias, acc_y);       \
+    }
+
+FERRITE_GEMV_ADDNORM(ferrite_gemv_addnorm_f32, F32W)
+FERRITE_GEMV_ADDNORM(ferrite_gemv_addnorm_bf16, BF16W)
+FERRITE_GEMV_ADDNORM(ferrite_gemv_addnorm_f16, F16W)
 
 FERRITE_GEMV_ROWS(ferrite_gemv_f32_r4, F32W, 4)
 FERRITE_GEMV_ROWS(ferrite_gemv_f32_r8, F32W, 8)

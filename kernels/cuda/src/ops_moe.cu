@@ -4,25 +4,41 @@
 // the sources in name order) and uses its helpers (elem, swiglu1,
 // warp_max, warp_sum_f64) and gemv.cu's weight decoders.
 //
-// Experts has two paths. A few tokens (decode: at most 8, kernels/cuda's
-// moeFewTokens) run the grouped kernels ferrite_moe_few_*: one launch for
-// gate/up with the SwiGLU fused, one for down with the routing weights and
-// the sum over a token's experts fused, each expert's weights read once per
-// launch whatever the number of tokens that chose it. More tokens
-// (prefill) are sorted by expert on the device (ferrite_moe_sort) and run
-// as tiled grouped GEMMs, 64 slots by 64 weight rows a block
-// (ferrite_moe_tile_*), each expert's weights read once per 64 of its
-// slots, then ferrite_moe_combine adds each token's experts.
+// Experts has three paths. Up to 8 tokens (decode, speculative
+// verification; kernels/cuda's moeFewTokens) run the grouped GEMV
+// ferrite_moe_few_*: one launch for gate/up with the SwiGLU fused, one for
+// down with the routing weights and the sum over a token's experts fused,
+// each chosen expert read once. Up to 32 tokens (moeGTTokens) run its
+// register-tile form ferrite_moe_gt_*: every block sorts the slots by
+// expert in shared memory, a warp runs several weight rows of an expert
+// against up to 4 of its slots (each weight load serving every slot, each
+// activation load every row), then ferrite_moe_combine. Both sum every
+// output as the one-token kernels do, so a token's bits do not depend on
+// the batch (kernels.RowExact). More tokens (prefill) are sorted by expert
+// on the device (ferrite_moe_sort) and run as tiled grouped GEMMs, 64
+// slots by 64 weight rows a block (ferrite_moe_tile_*, or on tensor cores
+// ferrite_moe_mma_*), each expert's weights read once per 64 of its slots,
+// then ferrite_moe_combine adds each token's experts.
 #include <stdint.h>
+
+// route_key maps a selection value to an unsigned key in the same order
+// (−0 as +0), and NaN (taken) to 0, below every number.
+__device__ inline unsigned route_key(float v) {
+    if (v != v) return 0u;
+    const unsigned u = __float_as_uint(v == 0.f ? 0.f : v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
 
 // Router, one warp per token: scores (softmax over the experts, or sigmoid
 // plus a selection bias with grouped noaux_tc selection), the top k by
 // repeated arg-max with ties to the lower expert id, and their weights,
-// exactly as kernels/ref.Route. Launch: grid n, 32 threads, dynamic shared
-// memory (2·experts + 128) · 4 bytes; experts ≥ 1, k ≤ 64, groups ≤ 64.
+// exactly as kernels/ref.Route, then the shared experts' ids experts + q
+// with weight 1 after the k routed ones. Launch: grid n, 32 threads,
+// dynamic shared memory (2·experts + 128) · 4 bytes; experts ≥ 1, k ≤ 64,
+// groups ≤ 64.
 extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int w_stride, const float* logits,
                                          int l_stride, const float* bias, int n, int experts, int k, int sigmoid,
-                                         int norm, float rscale, int groups, int keep) {
+                                         int norm, float rscale, int groups, int keep, int shared) {
     FERRITE_PDL_WAIT();
     extern __shared__ float sm[];
     float* sc = sm;               // (experts) scores
@@ -88,32 +104,28 @@ extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int
             if (!((kept >> (j / per)) & 1)) ch[j] = -INFINITY;
         __syncwarp();
     }
+    // k rounds of arg-max over the selection values, each a warp max of
+    // order-preserving keys (redux.sync) and the lowest expert id that has
+    // it. Lane l owns the experts l, l + 32, …: only it reads or marks them,
+    // so the rounds need no shared-memory fences. A taken or NaN value
+    // keys 0, below every number (−inf included); with nothing left the
+    // id is −1.
     for (int r = 0; r < k; r++) {
-        float bv = 0.f;
-        int bi = -1;
+        unsigned bk = 0, bi = 0xffffffffu;
         for (int j = lane; j < experts; j += 32) {
-            const float v = ch[j];
-            if (v != v) continue;  // taken
-            if (bi < 0 || v > bv) {
-                bv = v;
+            const unsigned key = route_key(ch[j]);
+            if (key > bk) {
+                bk = key;
                 bi = j;
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        if (lane == 0) {
-            sel[r] = bi;
-            if (bi >= 0) ch[bi] = __int_as_float(0x7fc00000);
-        }
-        __syncwarp();
+        const unsigned mk = __reduce_max_sync(0xffffffffu, bk);
+        const unsigned mi = __reduce_min_sync(0xffffffffu, bk == mk ? bi : 0xffffffffu);
+        const int pick = mk == 0 ? -1 : int(mi);
+        if (lane == 0) sel[r] = pick;
+        if (pick >= 0 && (pick & 31) == lane) ch[pick] = __int_as_float(0x7fc00000);
     }
+    __syncwarp();
     if (lane == 0) {
         double sum = 0;
         for (int r = 0; r < k; r++) sum += double(sc[max(sel[r], 0)]);
@@ -126,6 +138,10 @@ extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int
             ids[size_t(row) * ids_stride + r] = sel[r];
             w[size_t(row) * w_stride + r] = v;
         }
+    }
+    for (int q = lane; q < shared; q += 32) {
+        ids[size_t(row) * ids_stride + k + q] = experts + q;
+        w[size_t(row) * w_stride + k + q] = 1.f;
     }
 }
 
@@ -169,7 +185,6 @@ extern "C" __global__ void ferrite_moe_combine(float* y, int y_stride, const flo
 namespace {
 
 constexpr int kMoeMaxSlots = 512;  // kernels/cuda moeFewTokens (8) · k (≤ 64)
-constexpr int kMoeDownRows = 4;    // hidden rows per ferrite_moe_few_down block
 
 // mat_row is row r of the view m and, for F8E4M3, its row of block scales.
 __device__ inline const uint8_t* mat_row(const MatDesc& m, int r, const float** srow) {
@@ -344,23 +359,23 @@ __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const in
     if (nx > 0) flush();
 }
 
-// moe_few_down: block x computes rows [x·R, x·R + R) (R = kMoeDownRows) of
-// y[i] (hidden) = Σ_j w[i, j]·down_{ids[i, j]}·h[i·k + j] for the n
-// tokens: each warp takes (row, expert) tasks, the products of one expert's
-// row with the h of every slot that chose it land in shared memory, then
+// moe_few_down: block x computes rows [x·R, x·R + R) of y[i] (hidden) = Σ_j w[i, j]·down_{ids[i, j]}·h[i·k + j] for the n
+// tokens (R = 4, or 2 or 1: FERRITE_MOE_DOWN_ROWS): each warp takes (row,
+// expert) tasks, the products of one expert's row with the h of every slot
+// that chose it land in shared memory, then
 // each (row, token) adds its k products in increasing expert id (float32
 // products and sums, kernels/ref.Experts). An id outside [0, experts)
 // makes its token's row NaN.
-template <int NB>
+template <int NB, int R>
 __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* ids, const float* w,
                              const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
-    __shared__ float part[kMoeDownRows][kMoeMaxSlots];  // (row, slot) expert products
+    __shared__ float part[R][kMoeMaxSlots];  // (row, slot) expert products
     __shared__ int next[kMoeMaxSlots];                  // the next slot of the same expert, or −1
     __shared__ int first[kMoeMaxSlots];                 // the first slot of each expert (and each bad id)
     __shared__ int order[kMoeMaxSlots];                 // (token, k) its slots' j by expert id, stable
     __shared__ int nfirst;
     const int slots = n * k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r0 = blockIdx.x * kMoeDownRows;
+    const int r0 = blockIdx.x * R;
     for (int s = threadIdx.x; s < slots; s += blockDim.x) {
         const int e = ids[s];
         int nx = -1;
@@ -400,9 +415,9 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
     }
     __syncthreads();
     const bool xal = (uintptr_t(h) & 15) == 0 && (inter & 3) == 0;
-    for (int task = warp; task < kMoeDownRows * nfirst; task += blockDim.x >> 5) {
-        const int rr = task % kMoeDownRows, r = r0 + rr;
-        const int s0 = first[task / kMoeDownRows];
+    for (int task = warp; task < R * nfirst; task += blockDim.x >> 5) {
+        const int rr = task % R, r = r0 + rr;
+        const int s0 = first[task / R];
         if (r >= hidden) continue;
         const int e = ids[s0];
         if (e < 0 || e >= experts) {
@@ -433,8 +448,8 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
         }
     }
     __syncthreads();
-    for (int t = threadIdx.x; t < kMoeDownRows * n; t += blockDim.x) {
-        const int rr = t % kMoeDownRows, i = t / kMoeDownRows, r = r0 + rr;
+    for (int t = threadIdx.x; t < R * n; t += blockDim.x) {
+        const int rr = t % R, i = t / R, r = r0 + rr;
         if (r >= hidden) continue;
         float acc = 0.f;
         for (int q = 0; q < k; q++) {
@@ -459,17 +474,229 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
 FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1)
 FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8)
 
-// Launch: grid ceil(hidden / 4), 256 threads; y (n, hidden), w (n, k)
-// contiguous; n·k ≤ 512.
-#define FERRITE_MOE_FEW_DOWN(name, NB)                                                                       \
+// Launch: grid ceil(hidden / R), 256 threads; y (n, hidden), w (n, k)
+// contiguous; n·k ≤ 512. The _r2 and _r1 kernels take 2 and 1 rows a
+// block (more blocks, fewer tasks a warp).
+#define FERRITE_MOE_FEW_DOWN(name, NB, R)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                                       \
         name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
              int experts, int n, int k, int inter, int hidden) {                                            \
         FERRITE_PDL_WAIT();                                                                                 \
-        moe_few_down<NB>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                       \
+        moe_few_down<NB, R>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                    \
     }
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1, 4)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8, 4)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_r2, 1, 2)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_r1, 1, 1)
+
+// ---------------------------------------------------------------------------
+// Grouped experts as register tiles (up to 32 tokens). Every block sorts
+// the call's slots by (expert, slot) in shared memory, so the slots of one
+// expert are neighbours. Each output keeps its own float32 sum in the
+// order rows_dot_vec<W, 1> adds it (lane L: elements E·L + 32·E·m, m = 0,
+// 1, …, then warp_sum), so a token's result has the same bits whatever the
+// other tokens of the call (kernels.RowExact), and the same as the
+// one-token kernels above.
+
+namespace {
+
+constexpr int kMoeGtSlots = 256;  // the most slots a call (kernels/cuda moeGEMVSlots); = block size
+constexpr int kMoeGtWarps = 8;    // warps a block
+
+// gt_sort is every block's prologue: sid[s] = ids[s] and srt the slots
+// sorted by (expert id, slot) for the slots (≤ blockDim.x = kMoeGtSlots);
+// an id below 0 sorts first and one at or past experts last, so the valid
+// slots are srt[*v0, *v0 + *nv).
+__device__ inline void gt_sort(int* sid, int* srt, const int* ids, int slots, int experts, int* v0, int* nv) {
+    const int s = threadIdx.x;
+    const int e = s < slots ? ids[s] : 0;
+    if (s < slots) sid[s] = e;
+    *v0 = __syncthreads_count(s < slots && e < 0);
+    *nv = __syncthreads_count(s < slots && e >= 0 && e < experts);
+    if (s < slots) {
+        int rank = 0;
+        for (int t = 0; t < slots; t++) {
+            const int et = sid[t];
+            rank += et < e || (et == e && t < s);
+        }
+        srt[rank] = s;
+    }
+    __syncthreads();
+}
+
+// tile_dot sets oa[r][q] = row_r·xs[q] (and ob[r][q] = brow_r·xs[q] when
+// TWO) for r < nr rows a + r·pitch (b + r·pitch) and q < nc vectors: rows
+// of cols values of dtype W in 16-byte loads (rows and xs 16-byte
+// aligned, cols·size a multiple of 16), the same in every lane. Each
+// weight load serves nc vectors and each vector load nr rows (a register
+// tile), every output summed in rows_dot_vec<W, 1>'s order. The weights
+// stay packed in registers and are widened where they are used (GPU run
+// 2: widening the tile up front took 230 registers a thread).
+template <class W, int R, int C, bool TWO>
+__device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, size_t pitch, int nr,
+                                         const float* const (&xs)[C], int nc, int cols, float (&oa)[R][C],
+                                         float (&ob)[R][C]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int q = 0; q < C; q++) oa[r][q] = ob[r][q] = 0.f;
+#pragma unroll 1
+    for (int k = lane * W::kE; k < cols; k += 32 * W::kE) {
+        uint4 va[R], vb[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (r < nr) {
+                va[r] = __ldg(reinterpret_cast<const uint4*>(a + r * pitch + size_t(k) * W::kSize));
+                if (TWO) vb[r] = __ldg(reinterpret_cast<const uint4*>(b + r * pitch + size_t(k) * W::kSize));
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < C; q++) {
+            if (q < nc) {
+                float xv[W::kE];
+                const float4* xp = reinterpret_cast<const float4*>(xs[q] + k);
+#pragma unroll
+                for (int f = 0; f < W::kE / 4; f++) {
+                    const float4 t = __ldg(xp + f);
+                    xv[4 * f] = t.x;
+                    xv[4 * f + 1] = t.y;
+                    xv[4 * f + 2] = t.z;
+                    xv[4 * f + 3] = t.w;
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (r < nr) {
+                        float wv[W::kE];
+                        W::vec(va[r], wv);
+#pragma unroll
+                        for (int c = 0; c < W::kE; c++) oa[r][q] = fmaf(wv[c], xv[c], oa[r][q]);
+                        if (TWO) {
+                            W::vec(vb[r], wv);
+#pragma unroll
+                            for (int c = 0; c < W::kE; c++) ob[r][q] = fmaf(wv[c], xv[c], ob[r][q]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int q = 0; q < C; q++) {
+            oa[r][q] = warp_sum(oa[r][q]);
+            if (TWO) ob[r][q] = warp_sum(ob[r][q]);
+        }
+    }
+}
+
+// moe_gt: the grouped GEMV as register tiles, for many slots. Block
+// (x, y) takes weight rows [x·8R, x·8R + 8R), R a warp, and the slots at
+// sorted places [y·sb, y·sb + sb); a warp runs its rows of an expert
+// against up to C of that expert's slots at once. GU: the gate and up rows
+// (weights 3e, 3e + 1) against x[t / k], out = h (slots, nrows = inter)
+// the SwiGLU; else the down rows (3e + 2) against in[t], out = ye (slots,
+// nrows = hidden) each slot's expert output, which ferrite_moe_combine
+// adds up. An id outside [0, experts) writes NaN into its slot's row.
+template <int R, int C, bool GU>
+__device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
+                       int experts, int k, int slots, int sb, float limit) {
+    __shared__ int sid[kMoeGtSlots], srt[kMoeGtSlots];
+    int v0, nv;
+    gt_sort(sid, srt, ids, slots, experts, &v0, &nv);
+    const int lane = threadIdx.x & 31;
+    const int r0 = blockIdx.x * (kMoeGtWarps * R) + (threadIdx.x >> 5) * R;
+    if (r0 >= nrows) return;
+    const int nr = min(R, nrows - r0);
+    const int s0 = blockIdx.y * sb, s1 = min(s0 + sb, slots);
+    for (int p = s0 + lane; p < s1; p += 32) {
+        if (p < v0 || p >= v0 + nv) {
+            for (int r = 0; r < nr; r++) out[size_t(srt[p]) * nrows + r0 + r] = __int_as_float(0x7fc00000);
+        }
+    }
+    const bool xal = (uintptr_t(in) & 15) == 0 && (in_stride & 3) == 0;
+    const int p1 = min(s1, v0 + nv);
+    for (int p = max(s0, v0); p < p1;) {
+        const int e = sid[srt[p]];
+        int nc = 1;
+        while (nc < C && p + nc < p1 && sid[srt[p + nc]] == e) nc++;
+        int sl[C];
+        const float* xs[C];
+#pragma unroll
+        for (int q = 0; q < C; q++) {
+            sl[q] = srt[p + min(q, nc - 1)];
+            xs[q] = in + size_t(GU ? sl[q] / k : sl[q]) * in_stride;
+        }
+        const MatDesc ma = table[3 * e + (GU ? 0 : 2)];
+        const MatDesc mb = table[3 * e + 1];
+        const float* unused;
+        const uint8_t* ra = mat_row(ma, r0, &unused);
+        const uint8_t* rb = GU ? mat_row(mb, r0, &unused) : ra;
+        const size_t pitch = size_t(ma.cols) * (ma.dtype == kF32 ? 4 : 2);
+        // The rows of a view are pitch apart unless the weight is F8E4M3
+        // (never vec_ok); the last row is checked for alignment as the first.
+        bool fast = vec_ok(ma, ra, xal) && (!GU || (vec_ok(mb, rb, xal) && mb.dtype == ma.dtype && mb.cols == ma.cols));
+        if (!fast || (ma.dtype != kBF16 && ma.dtype != kF16 && ma.dtype != kF32)) {
+            // One output at a time, written at once (no register tile).
+#pragma unroll 1
+            for (int t = 0; t < nr * nc; t++) {
+                const int r = t / nc, sq = srt[p + t % nc];
+                const float* x1[1] = {in + size_t(GU ? sq / k : sq) * in_stride};
+                float a1[1], b1[1];
+                desc_dot<1>(ma, GU ? &mb : nullptr, r0 + r, x1, 1, xal, a1, b1);
+                if (lane == 0) out[size_t(sq) * nrows + r0 + r] = GU ? swiglu_clamp1(a1[0], b1[0], limit) : a1[0];
+            }
+            p += nc;
+            continue;
+        }
+        float oa[R][C], ob[R][C];
+        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else tile_dot<F32W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        if (lane == 0) {
+#pragma unroll
+            for (int q = 0; q < C; q++) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (q < nc && r < nr)
+                        out[size_t(sl[q]) * nrows + r0 + r] = GU ? swiglu_clamp1(oa[r][q], ob[r][q], limit) : oa[r][q];
+                }
+            }
+        }
+        p += nc;
+    }
+}
+
+}  // namespace
+
+// The register-tile form (moe_gt) for many slots, R weight rows a warp
+// against up to 4 slots of an expert: gate/up into h (n·k, inter) from x
+// (n, hidden); down into ye (n·k, hidden) from h, then
+// ferrite_moe_combine. Launch: grid (ceil(rows / (8·R)), ceil(n·k / sb)),
+// 256 threads; n·k ≤ 256. kernels/cuda runs gate/up with R = 2 and down
+// with R = 4 unless FERRITE_MOE_GT picks the halves or the doubles.
+#define FERRITE_MOE_GT_GATE_UP(name, R)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                                    \
+        name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,     \
+             int experts, int k, int slots, int sb, float limit) {                                       \
+        FERRITE_PDL_WAIT();                                                                              \
+        moe_gt<R, 4, true>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);              \
+    }
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4)
+
+#define FERRITE_MOE_GT_DOWN(name, R)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                    \
+        name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,      \
+             int experts, int k, int slots, int sb) {                                                    \
+        FERRITE_PDL_WAIT();                                                                              \
+        moe_gt<R, 4, false>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);                \
+    }
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8)
 
 // ---------------------------------------------------------------------------
 // Grouped experts for many tokens (prefill): the slots sorted by expert,
