@@ -94,6 +94,57 @@ func loadTailMask(n Register, mask VecVirtual) {
 	VMOVDQU(Mem{Base: tp, Index: rem, Scale: 4, Disp: 32}, mask)
 }
 
+// lanes walks a kernel's float32 rows of n elements 8 lanes at a time,
+// then once more over the masked tail (VMASKMOVPS with the lanes < n%8; an
+// empty tail reads and writes nothing): i is the element index.
+type lanes struct {
+	i, n8 Register
+	mask  VecVirtual
+	tail  bool // emitting the masked tail
+}
+
+func newLanes(n Register) *lanes {
+	l := &lanes{i: GP64(), n8: GP64(), mask: YMM()}
+	loadTailMask(n, l.mask)
+	MOVQ(n, l.n8)
+	ANDQ(I8(-8), l.n8)
+	return l
+}
+
+// at is element i of the float32 row at b.
+func (l *lanes) at(b Register) Mem { return Mem{Base: b, Index: l.i, Scale: 4} }
+
+func (l *lanes) load(m Mem, v VecVirtual) {
+	if l.tail {
+		VMASKMOVPS(m, l.mask, v)
+	} else {
+		VMOVUPS(m, v)
+	}
+}
+
+func (l *lanes) store(v VecVirtual, m Mem) {
+	if l.tail {
+		VMASKMOVPS(v, l.mask, m)
+	} else {
+		VMOVUPS(v, m)
+	}
+}
+
+// loop emits body for every 8 lanes, then for the tail.
+func (l *lanes) loop(name string, body func()) {
+	XORQ(l.i, l.i)
+	Label(name)
+	CMPQ(l.i, l.n8)
+	JAE(LabelRef(name + "_tail"))
+	body()
+	ADDQ(U8(8), l.i)
+	JMP(LabelRef(name))
+	Label(name + "_tail")
+	l.tail = true
+	body()
+	l.tail = false
+}
+
 // expPS sets e = exp(x) lane by lane (x kept): Cephes expf on x clamped to
 // [−87, 88], x = k·ln2 + r, |r| ≤ ln2/2, a degree-5 polynomial in r, 2^k
 // built in the exponent bits; lanes with x < −87 are 0 when cut.
@@ -157,56 +208,38 @@ func softmaxKernel() {
 	x := Load(Param("x").Base(), GP64())
 	n := Load(Param("x").Len(), GP64())
 	sx := Load(Param("scale"), XMM())
-	sv, mask := YMM(), YMM()
+	sv := YMM()
 	VBROADCASTSS(sx, sv)
-	loadTailMask(n, mask)
-	n8 := GP64()
-	MOVQ(n, n8)
-	ANDQ(I8(-8), n8)
-	i := GP64()
-	at := func() Mem { return Mem{Base: x, Index: i, Scale: 4} }
+	l := newLanes(n)
 
 	Comment("The largest x·scale.")
 	m, t, ninf := YMM(), YMM(), YMM()
 	VMOVUPS(constVec(cNegInf), ninf)
 	VMOVUPS(ninf, m)
-	XORQ(i, i)
-	Label("softmax_max")
-	CMPQ(i, n8)
-	JAE(LabelRef("softmax_maxtail"))
-	VMULPS(at(), sv, t)
-	VMAXPS(t, m, m)
-	ADDQ(U8(8), i)
-	JMP(LabelRef("softmax_max"))
-	Label("softmax_maxtail")
-	VMASKMOVPS(at(), mask, t)
-	VMULPS(t, sv, t)
-	VBLENDVPS(mask, t, ninf, t)
-	VMAXPS(t, m, m)
+	l.loop("softmax_max", func() {
+		l.load(l.at(x), t)
+		VMULPS(t, sv, t)
+		if l.tail {
+			VBLENDVPS(l.mask, t, ninf, t)
+		}
+		VMAXPS(t, m, m)
+	})
 	hmaxPS(m)
 
 	Comment("x = exp(x·scale − max), summed in float64.")
 	s0, s1, e := YMM(), YMM(), YMM()
 	VXORPD(s0, s0, s0)
 	VXORPD(s1, s1, s1)
-	XORQ(i, i)
-	Label("softmax_exp")
-	CMPQ(i, n8)
-	JAE(LabelRef("softmax_exptail"))
-	VMOVUPS(at(), t)
-	VFMSUB213PS(m, sv, t)
-	expPS(t, e, true)
-	VMOVUPS(e, at())
-	addPD(e, s0, s1)
-	ADDQ(U8(8), i)
-	JMP(LabelRef("softmax_exp"))
-	Label("softmax_exptail")
-	VMASKMOVPS(at(), mask, t)
-	VFMSUB213PS(m, sv, t)
-	expPS(t, e, true)
-	VANDPS(mask, e, e)
-	VMASKMOVPS(e, mask, at())
-	addPD(e, s0, s1)
+	l.loop("softmax_exp", func() {
+		l.load(l.at(x), t)
+		VFMSUB213PS(m, sv, t)
+		expPS(t, e, true)
+		if l.tail {
+			VANDPS(l.mask, e, e)
+		}
+		l.store(e, l.at(x))
+		addPD(e, s0, s1)
+	})
 
 	Comment("inv = float32(1/sum); x *= inv.")
 	VADDPD(s1, s0, s0)
@@ -220,18 +253,11 @@ func softmaxKernel() {
 	VCVTSD2SS(h, h, h)
 	inv := YMM()
 	VBROADCASTSS(h, inv)
-	XORQ(i, i)
-	Label("softmax_scale")
-	CMPQ(i, n8)
-	JAE(LabelRef("softmax_scaletail"))
-	VMULPS(at(), inv, t)
-	VMOVUPS(t, at())
-	ADDQ(U8(8), i)
-	JMP(LabelRef("softmax_scale"))
-	Label("softmax_scaletail")
-	VMASKMOVPS(at(), mask, t)
-	VMULPS(t, inv, t)
-	VMASKMOVPS(t, mask, at())
+	l.loop("softmax_scale", func() {
+		l.load(l.at(x), t)
+		VMULPS(t, inv, t)
+		l.store(t, l.at(x))
+	})
 	VZEROUPPER()
 	RET()
 }
@@ -249,33 +275,18 @@ func swigluKernel() {
 	g := Load(Param("g").Base(), GP64())
 	u := Load(Param("u").Base(), GP64())
 	n := Load(Param("g").Len(), GP64())
-	mask := YMM()
-	loadTailMask(n, mask)
-	n8 := GP64()
-	MOVQ(n, n8)
-	ANDQ(I8(-8), n8)
-	i := GP64()
-	XORQ(i, i)
-	at := func(b Register) Mem { return Mem{Base: b, Index: i, Scale: 4} }
-	body := func(load func(m Mem, v VecVirtual), store func(v VecVirtual, m Mem)) {
+	l := newLanes(n)
+	l.loop("swiglu", func() {
 		gv, uv, t, e := YMM(), YMM(), YMM(), YMM()
-		load(at(g), gv)
-		load(at(u), uv)
+		l.load(l.at(g), gv)
+		l.load(l.at(u), uv)
 		VXORPS(constVec(cSign), gv, t) // −g
 		expPS(t, e, false)
 		VADDPS(constVec(cOne), e, e)
 		VMULPS(uv, gv, t)
 		VDIVPS(e, t, t)
-		store(t, at(y))
-	}
-	Label("swiglu_loop")
-	CMPQ(i, n8)
-	JAE(LabelRef("swiglu_tail"))
-	body(func(m Mem, v VecVirtual) { VMOVUPS(m, v) }, func(v VecVirtual, m Mem) { VMOVUPS(v, m) })
-	ADDQ(U8(8), i)
-	JMP(LabelRef("swiglu_loop"))
-	Label("swiglu_tail")
-	body(func(m Mem, v VecVirtual) { VMASKMOVPS(m, mask, v) }, func(v VecVirtual, m Mem) { VMASKMOVPS(v, mask, m) })
+		l.store(t, l.at(y))
+	})
 	VZEROUPPER()
 	RET()
 }
@@ -410,35 +421,19 @@ func sumSquaresKernel() {
 	Pragma("noescape")
 	x := Load(Param("x").Base(), GP64())
 	n := Load(Param("x").Len(), GP64())
-	mask := YMM()
-	loadTailMask(n, mask)
-	n8 := GP64()
-	MOVQ(n, n8)
-	ANDQ(I8(-8), n8)
-	i := GP64()
-	XORQ(i, i)
-	s0, s1 := YMM(), YMM()
+	l := newLanes(n)
+	s0, s1, v := YMM(), YMM(), YMM()
 	VXORPD(s0, s0, s0)
 	VXORPD(s1, s1, s1)
-	add := func(v VecVirtual) {
+	l.loop("sumsq", func() {
+		l.load(l.at(x), v)
 		d, h := YMM(), XMM()
 		VCVTPS2PD(v.AsX(), d)
 		VFMADD231PD(d, d, s0)
 		VEXTRACTF128(U8(1), v, h)
 		VCVTPS2PD(h, d)
 		VFMADD231PD(d, d, s1)
-	}
-	Label("sumsq_loop")
-	CMPQ(i, n8)
-	JAE(LabelRef("sumsq_tail"))
-	v := YMM()
-	VMOVUPS(Mem{Base: x, Index: i, Scale: 4}, v)
-	add(v)
-	ADDQ(U8(8), i)
-	JMP(LabelRef("sumsq_loop"))
-	Label("sumsq_tail")
-	VMASKMOVPS(Mem{Base: x, Index: i, Scale: 4}, mask, v)
-	add(v)
+	})
 	VADDPD(s1, s0, s0)
 	h := XMM()
 	VEXTRACTF128(U8(1), s0, h)
@@ -465,34 +460,20 @@ func normScaleKernel(offset bool) {
 	wb := Load(Param("w").Base(), GP64())
 	n := Load(Param("x").Len(), GP64())
 	ix := Load(Param("inv"), XMM())
-	iv, mask := YMM(), YMM()
+	iv := YMM()
 	VBROADCASTSS(ix, iv)
-	loadTailMask(n, mask)
-	n8 := GP64()
-	MOVQ(n, n8)
-	ANDQ(I8(-8), n8)
-	i := GP64()
-	XORQ(i, i)
-	at := func(b Register) Mem { return Mem{Base: b, Index: i, Scale: 4} }
-	body := func(load func(m Mem, v VecVirtual), store func(v VecVirtual, m Mem)) {
+	l := newLanes(n)
+	l.loop(name+"_loop", func() {
 		xv, wv := YMM(), YMM()
-		load(at(x), xv)
-		load(at(wb), wv)
+		l.load(l.at(x), xv)
+		l.load(l.at(wb), wv)
 		if offset {
 			VADDPS(constVec(cOne), wv, wv)
 		}
 		VMULPS(iv, xv, xv)
 		VMULPS(wv, xv, xv)
-		store(xv, at(y))
-	}
-	Label(name + "_loop")
-	CMPQ(i, n8)
-	JAE(LabelRef(name + "_tail"))
-	body(func(m Mem, v VecVirtual) { VMOVUPS(m, v) }, func(v VecVirtual, m Mem) { VMOVUPS(v, m) })
-	ADDQ(U8(8), i)
-	JMP(LabelRef(name + "_loop"))
-	Label(name + "_tail")
-	body(func(m Mem, v VecVirtual) { VMASKMOVPS(m, mask, v) }, func(v VecVirtual, m Mem) { VMASKMOVPS(v, mask, m) })
+		l.store(xv, l.at(y))
+	})
 	VZEROUPPER()
 	RET()
 }

@@ -156,23 +156,25 @@ TEXT ·softmaxF32(SB), NOSPLIT, $0-28
 	NEGQ         DX
 	LEAQ         tailmask<>+0(SB), BX
 	VMOVDQU      32(BX)(DX*4), Y2
-	ANDQ         $-8, CX
+	MOVQ         CX, DX
+	ANDQ         $-8, DX
 
 	// The largest x·scale.
 	VMOVUPS attnconsts<>+416(SB), Y5
 	VMOVUPS Y5, Y3
-	XORQ    DX, DX
+	XORQ    CX, CX
 
 softmax_max:
-	CMPQ   DX, CX
-	JAE    softmax_maxtail
-	VMULPS (AX)(DX*4), Y0, Y4
-	VMAXPS Y4, Y3, Y3
-	ADDQ   $0x08, DX
-	JMP    softmax_max
+	CMPQ    CX, DX
+	JAE     softmax_max_tail
+	VMOVUPS (AX)(CX*4), Y4
+	VMULPS  Y4, Y0, Y4
+	VMAXPS  Y4, Y3, Y3
+	ADDQ    $0x08, CX
+	JMP     softmax_max
 
-softmax_maxtail:
-	VMASKMOVPS   (AX)(DX*4), Y2, Y4
+softmax_max_tail:
+	VMASKMOVPS   (AX)(CX*4), Y2, Y4
 	VMULPS       Y4, Y0, Y4
 	VBLENDVPS    Y2, Y4, Y5, Y4
 	VMAXPS       Y4, Y3, Y3
@@ -187,12 +189,12 @@ softmax_maxtail:
 	// x = exp(x·scale − max), summed in float64.
 	VXORPD Y5, Y5, Y5
 	VXORPD Y6, Y6, Y6
-	XORQ   DX, DX
+	XORQ   CX, CX
 
 softmax_exp:
-	CMPQ         DX, CX
-	JAE          softmax_exptail
-	VMOVUPS      (AX)(DX*4), Y4
+	CMPQ         CX, DX
+	JAE          softmax_exp_tail
+	VMOVUPS      (AX)(CX*4), Y4
 	VFMSUB213PS  Y3, Y0, Y4
 	VMAXPS       attnconsts<>+320(SB), Y4, Y7
 	VMINPS       attnconsts<>+352(SB), Y7, Y7
@@ -215,17 +217,17 @@ softmax_exp:
 	VMULPS       Y8, Y9, Y7
 	VCMPPS       $0x1d, attnconsts<>+320(SB), Y4, Y4
 	VANDPS       Y4, Y7, Y7
-	VMOVUPS      Y7, (AX)(DX*4)
+	VMOVUPS      Y7, (AX)(CX*4)
 	VCVTPS2PD    X7, Y4
 	VADDPD       Y4, Y5, Y5
 	VEXTRACTF128 $0x01, Y7, X4
 	VCVTPS2PD    X4, Y4
 	VADDPD       Y4, Y6, Y6
-	ADDQ         $0x08, DX
+	ADDQ         $0x08, CX
 	JMP          softmax_exp
 
-softmax_exptail:
-	VMASKMOVPS   (AX)(DX*4), Y2, Y4
+softmax_exp_tail:
+	VMASKMOVPS   (AX)(CX*4), Y2, Y4
 	VFMSUB213PS  Y3, Y0, Y4
 	VMAXPS       attnconsts<>+320(SB), Y4, Y0
 	VMINPS       attnconsts<>+352(SB), Y0, Y0
@@ -249,7 +251,7 @@ softmax_exptail:
 	VCMPPS       $0x1d, attnconsts<>+320(SB), Y4, Y0
 	VANDPS       Y0, Y7, Y7
 	VANDPS       Y2, Y7, Y7
-	VMASKMOVPS   Y7, Y2, (AX)(DX*4)
+	VMASKMOVPS   Y7, Y2, (AX)(CX*4)
 	VCVTPS2PD    X7, Y0
 	VADDPD       Y0, Y5, Y5
 	VEXTRACTF128 $0x01, Y7, X0
@@ -265,20 +267,21 @@ softmax_exptail:
 	VDIVSD       X0, X1, X0
 	VCVTSD2SS    X0, X0, X0
 	VBROADCASTSS X0, Y0
-	XORQ         DX, DX
+	XORQ         CX, CX
 
 softmax_scale:
-	CMPQ    DX, CX
-	JAE     softmax_scaletail
-	VMULPS  (AX)(DX*4), Y0, Y4
-	VMOVUPS Y4, (AX)(DX*4)
-	ADDQ    $0x08, DX
+	CMPQ    CX, DX
+	JAE     softmax_scale_tail
+	VMOVUPS (AX)(CX*4), Y4
+	VMULPS  Y4, Y0, Y4
+	VMOVUPS Y4, (AX)(CX*4)
+	ADDQ    $0x08, CX
 	JMP     softmax_scale
 
-softmax_scaletail:
-	VMASKMOVPS (AX)(DX*4), Y2, Y4
+softmax_scale_tail:
+	VMASKMOVPS (AX)(CX*4), Y2, Y4
 	VMULPS     Y4, Y0, Y4
-	VMASKMOVPS Y4, Y2, (AX)(DX*4)
+	VMASKMOVPS Y4, Y2, (AX)(CX*4)
 	VZEROUPPER
 	RET
 
@@ -294,14 +297,15 @@ TEXT ·swigluF32(SB), NOSPLIT, $0-72
 	NEGQ    SI
 	LEAQ    tailmask<>+0(SB), DI
 	VMOVDQU 32(DI)(SI*4), Y0
-	ANDQ    $-8, BX
-	XORQ    SI, SI
+	MOVQ    BX, SI
+	ANDQ    $-8, SI
+	XORQ    BX, BX
 
-swiglu_loop:
-	CMPQ         SI, BX
+swiglu:
+	CMPQ         BX, SI
 	JAE          swiglu_tail
-	VMOVUPS      (CX)(SI*4), Y1
-	VMOVUPS      (DX)(SI*4), Y2
+	VMOVUPS      (CX)(BX*4), Y1
+	VMOVUPS      (DX)(BX*4), Y2
 	VXORPS       attnconsts<>+448(SB), Y1, Y3
 	VMAXPS       attnconsts<>+320(SB), Y3, Y3
 	VMINPS       attnconsts<>+352(SB), Y3, Y3
@@ -325,13 +329,13 @@ swiglu_loop:
 	VADDPS       attnconsts<>+288(SB), Y4, Y4
 	VMULPS       Y2, Y1, Y3
 	VDIVPS       Y4, Y3, Y3
-	VMOVUPS      Y3, (AX)(SI*4)
-	ADDQ         $0x08, SI
-	JMP          swiglu_loop
+	VMOVUPS      Y3, (AX)(BX*4)
+	ADDQ         $0x08, BX
+	JMP          swiglu
 
 swiglu_tail:
-	VMASKMOVPS   (CX)(SI*4), Y0, Y1
-	VMASKMOVPS   (DX)(SI*4), Y0, Y2
+	VMASKMOVPS   (CX)(BX*4), Y0, Y1
+	VMASKMOVPS   (DX)(BX*4), Y0, Y2
 	VXORPS       attnconsts<>+448(SB), Y1, Y3
 	VMAXPS       attnconsts<>+320(SB), Y3, Y3
 	VMINPS       attnconsts<>+352(SB), Y3, Y3
@@ -355,7 +359,7 @@ swiglu_tail:
 	VADDPS       attnconsts<>+288(SB), Y4, Y4
 	VMULPS       Y2, Y1, Y3
 	VDIVPS       Y4, Y3, Y3
-	VMASKMOVPS   Y3, Y0, (AX)(SI*4)
+	VMASKMOVPS   Y3, Y0, (AX)(BX*4)
 	VZEROUPPER
 	RET
 
@@ -369,25 +373,26 @@ TEXT ·sumSquaresF64(SB), NOSPLIT, $0-32
 	NEGQ    DX
 	LEAQ    tailmask<>+0(SB), BX
 	VMOVDQU 32(BX)(DX*4), Y0
-	ANDQ    $-8, CX
-	XORQ    DX, DX
+	MOVQ    CX, DX
+	ANDQ    $-8, DX
 	VXORPD  Y1, Y1, Y1
 	VXORPD  Y2, Y2, Y2
+	XORQ    CX, CX
 
-sumsq_loop:
-	CMPQ         DX, CX
+sumsq:
+	CMPQ         CX, DX
 	JAE          sumsq_tail
-	VMOVUPS      (AX)(DX*4), Y3
+	VMOVUPS      (AX)(CX*4), Y3
 	VCVTPS2PD    X3, Y4
 	VFMADD231PD  Y4, Y4, Y1
 	VEXTRACTF128 $0x01, Y3, X3
 	VCVTPS2PD    X3, Y4
 	VFMADD231PD  Y4, Y4, Y2
-	ADDQ         $0x08, DX
-	JMP          sumsq_loop
+	ADDQ         $0x08, CX
+	JMP          sumsq
 
 sumsq_tail:
-	VMASKMOVPS   (AX)(DX*4), Y0, Y3
+	VMASKMOVPS   (AX)(CX*4), Y0, Y3
 	VCVTPS2PD    X3, Y0
 	VFMADD231PD  Y0, Y0, Y1
 	VEXTRACTF128 $0x01, Y3, X0
@@ -415,26 +420,27 @@ TEXT ·normScaleF32(SB), NOSPLIT, $0-76
 	NEGQ         SI
 	LEAQ         tailmask<>+0(SB), DI
 	VMOVDQU      32(DI)(SI*4), Y1
-	ANDQ         $-8, BX
-	XORQ         SI, SI
+	MOVQ         BX, SI
+	ANDQ         $-8, SI
+	XORQ         BX, BX
 
 normScaleF32_loop:
-	CMPQ    SI, BX
-	JAE     normScaleF32_tail
-	VMOVUPS (CX)(SI*4), Y2
-	VMOVUPS (DX)(SI*4), Y3
+	CMPQ    BX, SI
+	JAE     normScaleF32_loop_tail
+	VMOVUPS (CX)(BX*4), Y2
+	VMOVUPS (DX)(BX*4), Y3
 	VMULPS  Y0, Y2, Y2
 	VMULPS  Y3, Y2, Y2
-	VMOVUPS Y2, (AX)(SI*4)
-	ADDQ    $0x08, SI
+	VMOVUPS Y2, (AX)(BX*4)
+	ADDQ    $0x08, BX
 	JMP     normScaleF32_loop
 
-normScaleF32_tail:
-	VMASKMOVPS (CX)(SI*4), Y1, Y2
-	VMASKMOVPS (DX)(SI*4), Y1, Y3
+normScaleF32_loop_tail:
+	VMASKMOVPS (CX)(BX*4), Y1, Y2
+	VMASKMOVPS (DX)(BX*4), Y1, Y3
 	VMULPS     Y0, Y2, Y2
 	VMULPS     Y3, Y2, Y2
-	VMASKMOVPS Y2, Y1, (AX)(SI*4)
+	VMASKMOVPS Y2, Y1, (AX)(BX*4)
 	VZEROUPPER
 	RET
 
@@ -452,28 +458,29 @@ TEXT ·normScaleOffsetF32(SB), NOSPLIT, $0-76
 	NEGQ         SI
 	LEAQ         tailmask<>+0(SB), DI
 	VMOVDQU      32(DI)(SI*4), Y1
-	ANDQ         $-8, BX
-	XORQ         SI, SI
+	MOVQ         BX, SI
+	ANDQ         $-8, SI
+	XORQ         BX, BX
 
 normScaleOffsetF32_loop:
-	CMPQ    SI, BX
-	JAE     normScaleOffsetF32_tail
-	VMOVUPS (CX)(SI*4), Y2
-	VMOVUPS (DX)(SI*4), Y3
+	CMPQ    BX, SI
+	JAE     normScaleOffsetF32_loop_tail
+	VMOVUPS (CX)(BX*4), Y2
+	VMOVUPS (DX)(BX*4), Y3
 	VADDPS  attnconsts<>+288(SB), Y3, Y3
 	VMULPS  Y0, Y2, Y2
 	VMULPS  Y3, Y2, Y2
-	VMOVUPS Y2, (AX)(SI*4)
-	ADDQ    $0x08, SI
+	VMOVUPS Y2, (AX)(BX*4)
+	ADDQ    $0x08, BX
 	JMP     normScaleOffsetF32_loop
 
-normScaleOffsetF32_tail:
-	VMASKMOVPS (CX)(SI*4), Y1, Y2
-	VMASKMOVPS (DX)(SI*4), Y1, Y3
+normScaleOffsetF32_loop_tail:
+	VMASKMOVPS (CX)(BX*4), Y1, Y2
+	VMASKMOVPS (DX)(BX*4), Y1, Y3
 	VADDPS     attnconsts<>+288(SB), Y3, Y3
 	VMULPS     Y0, Y2, Y2
 	VMULPS     Y3, Y2, Y2
-	VMASKMOVPS Y2, Y1, (AX)(SI*4)
+	VMASKMOVPS Y2, Y1, (AX)(BX*4)
 	VZEROUPPER
 	RET
 
