@@ -33,10 +33,11 @@
 // FERRITE_CUDA_PROFILE=graph times the kernels of replayed step graphs
 // through event record nodes instead (profile.go, kernels.Profiler; ferrite
 // bench prints the table after each case). A MoE layer's
-// experts are two grouped-GEMV launches for up to 32 tokens (moe.go,
-// src/ops_moe.cu), an ungated shared expert folded in (kernels.SharedExperts);
-// FERRITE_MOE_KERNELS=v1, FERRITE_MOE_FOLD=0 and the other FERRITE_MOE_*
-// switches of moeConfig pick the earlier or other variants for comparison.
+// experts are grouped GEMVs for up to 32 tokens (moe.go, src/ops_moe.cu: a
+// slot a pass below 4 tokens, register tiles from 4), an ungated shared
+// expert folded in (kernels.SharedExperts); FERRITE_MOE_KERNELS=v1,
+// FERRITE_MOE_FOLD=0 and the other FERRITE_MOE_* switches of moeConfig
+// pick the earlier or other variants for comparison.
 //
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and
