@@ -162,6 +162,12 @@ func main() {
 			qgemv(k, r)
 		}
 	}
+	x8Consts8()
+	for _, k := range x8Kernels {
+		for _, r := range []int{1, 4} {
+			qx8(k, r)
+		}
+	}
 	q4kConsts512()
 	q8Consts512()
 	q40Consts512()

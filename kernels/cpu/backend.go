@@ -22,6 +22,7 @@ type Backend struct {
 	lin   linScratch           // the delta rule's normalised q/k and gates
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 	mla   mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
+	x8    x8Cache              // Q4_0 weights repacked for the x8 kernels, per weight
 
 	mlaTile int // keys the naive MLA form expands at a time; 0 picks one (tests set it)
 
@@ -107,11 +108,17 @@ func (b *Backend) convertX(m *matmul) {
 // inside a Parallel callback runs.
 func (b *Backend) matMulInline(y, x []float32, w *kernels.Mat, n int, xs *xbufs, scratch *[]float32) {
 	var m matmul
-	m.init(y, x, w, n, 1, xs, b.bf16x)
+	m.init(y, x, w, n, 1, xs, b.bf16x, b.x8Packed(w))
 	m.convertX(0, m.convertUnits())
 	for t := range m.tasks {
 		m.task(t, scratch)
 	}
+}
+
+// x8Packed returns w kept packed for the x8 kernels (x8Cache.packed),
+// packing it over the workers on first use, or nil.
+func (b *Backend) x8Packed(w *kernels.Mat) []byte {
+	return b.x8.packed(w, b.Parallel)
 }
 
 // SetBF16Activations lets MatMul round x to bfloat16 (off by default), where
@@ -145,6 +152,7 @@ func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 		}
 		return
 	}
+	pk := b.x8Packed(w)
 	p := b.pool
 	if !p.acquire() {
 		var scratch []float32
@@ -153,7 +161,7 @@ func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 	}
 	defer p.release()
 	m := &p.mm
-	m.init(y, x, w, n, p.workers, &p.xs, b.bf16x)
+	m.init(y, x, w, n, p.workers, &p.xs, b.bf16x, pk)
 	defer func() { m.y, m.x, m.w = nil, nil, nil }()
 	if m.convertUnits() > 0 {
 		b.convertX(m)

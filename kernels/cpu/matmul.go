@@ -24,6 +24,8 @@ type matmul struct {
 	esz    int          // bytes per weight element
 	qt     *qtileSet    // quantized w only: its tiles,
 	qx     *qrows       // and x quantized to int8
+	x8     *x8Set       // Q8_0 and Q4_0 on the x8 path (x8.go): its kernels,
+	pk     []byte       // and the persistently packed weights (nil: packed per task)
 	bt     *bf16TileSet // the bf16 path only (bf16.go): its tiles,
 	xb     *bf16Rows    // and x rounded to bfloat16
 	ak     *amxKernels  // the AMX path only (amx.go): its kernels,
@@ -42,8 +44,9 @@ type xbufs struct {
 
 // init plans y = x·wᵀ for n rows on workers workers; for a quantized w, or
 // on the bf16 paths (allowed with bf16), xs is sized to receive x converted
-// (which the caller does before the tasks run, with m.convertX).
-func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs, bf16 bool) {
+// (which the caller does before the tasks run, with m.convertX). pk is w
+// kept packed for the x8 kernels (x8Cache), or nil.
+func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs, bf16 bool, pk []byte) {
 	*m = matmul{y: y, x: x, w: w, n: n}
 	gran := 4 // output rows per row chunk: a multiple of the tiles' rows
 	m.bc = min(n, batchChunk)
@@ -58,6 +61,11 @@ func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs,
 	case w.DType.Quantized():
 		m.qt, m.qx = qtilesFor(w.DType), &xs.q
 		m.qx.resize(n, w.Cols, xGroup(w.DType))
+		if x8 := x8For(w.DType); x8 != nil && w.Cols%32 == 0 && w.Rows >= 8 && (pk != nil || n >= x8MinRows) {
+			// Every task takes all x rows past each block of its
+			// weight rows (packed once, if not kept packed).
+			m.x8, m.pk, m.bc, gran = x8, pk, n, 8
+		}
 	case path == pathBF16:
 		m.bt, m.xb = bf16TilesFor(), &xs.b
 		m.xb.resize(n, w.Cols)
@@ -84,6 +92,10 @@ func (m *matmul) task(t int, scratch *[]float32) {
 	r1 := min(m.w.Rows, r0+m.rc)
 	i1 := min(m.n, i0+m.bc)
 
+	if m.x8 != nil {
+		m.x8task(r0, r1, i0, i1, scratch)
+		return
+	}
 	if m.qt != nil {
 		m.qtask(r0, r1, i0, i1)
 		return

@@ -45,10 +45,12 @@ func BenchmarkQDecode(b *testing.B) {
 					var m matmul
 					var xs xbufs
 					var scratch []float32
+					var x8 x8Cache // Q4_0 packed once per copy, on its first call
+					serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
 					b.SetBytes(int64(len(w.Data)))
 					i := 0
 					cpuLoop(b, func() {
-						m.init(y, x, ws[i], n, 1, &xs, false)
+						m.init(y, x, ws[i], n, 1, &xs, false, x8.packed(ws[i], serial))
 						m.convertX(0, m.convertUnits())
 						for t := range m.tasks {
 							m.task(t, &scratch)

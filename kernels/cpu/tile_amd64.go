@@ -75,6 +75,22 @@ var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
 	return t
 }()
 
+// avx2X8 are the x8 kernels (kernels/_generate/qx8.go), indexed by
+// kernels.DType.
+var avx2X8 = [...]x8Set{
+	kernels.Q8_0: {r1: qx8Q8_0R1AVX2, r4: qx8Q8_0R4AVX2},
+	kernels.Q4_0: {r1: qx8Q4_0R1AVX2, r4: qx8Q4_0R4AVX2},
+}
+
+// asmX8 returns the x8 kernels of dtype d (Q8_0 or Q4_0) on AVX2 with
+// F16C, nil with VNNI (whose tiles qtilesFor picks) or without AVX2.
+func asmX8(d kernels.DType) *x8Set {
+	if !cpuinfo.AVX2FMA() || !cpuinfo.F16C() || cpuinfo.VNNI() {
+		return nil
+	}
+	return &avx2X8[d]
+}
+
 // qtilesFor returns the fastest tiles this CPU can run for quantized dtype
 // d (the tiles need F16C for the block scales).
 func qtilesFor(d kernels.DType) *qtileSet {

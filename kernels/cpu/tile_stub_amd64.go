@@ -820,6 +820,42 @@ func qgemvQ6KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ld
 //go:noescape
 func qgemvQ6KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
 
+// qx8Q8_0R1AVX2 sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q8_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns). k is a multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int, groups int)
+
+// qx8Q8_0R4AVX2 sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q8_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns). k is a multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int, groups int)
+
+// qx8Q4_0R1AVX2 sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q4_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns). k is a multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int, groups int)
+
+// qx8Q4_0R4AVX2 sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q4_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns). k is a multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int, groups int)
+
 // qtileQ6KR1VNNI512 sets y[r·ldy] for r < 1 to the dot product of one row of Q6_K blocks
 // w with x row r (see qtileQ6KR1VNNI) on 512-bit registers (AVX-512 VNNI and BW):
 // two x blocks per integer dot product.

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// The x8 kernels (qx8*R1AVX2, qx8*R4AVX2) multiply Q8_0 or Q4_0 weights
+// repacked into groups of eight rows (kernels/cpu/x8.go): per group and
+// 32-column block, the eight float16 scales (16 bytes), then the quants
+// with row r's four bytes of each 4-column chunk in dword lane r (Q8_0:
+// eight chunks of 32 bytes; Q4_0: four of the packed nibble bytes, whose
+// low nibbles are columns 4c..4c+3 and high nibbles 16+4c..16+4c+3). So
+// a VPMADDUBSW of one such vector against x's four bytes broadcast to all
+// lanes, then a VPMADDWD against ones, leaves the dot of each of the eight
+// rows with those four columns in its own int32 lane: no horizontal sums,
+// one conversion and one multiply-add per block for eight rows, the eight
+// results of a group stored with one VMOVUPS. Each weight vector is loaded
+// (and, Q8_0, made absolute) once for the R x rows.
+//
+//   - Q8_0 takes the sign trick (|w| against x with w's sign).
+//   - Q4_0 multiplies the unsigned nibbles and sums the eight int16 pair
+//     sums of a block in int16 (each ≤ 2·15·127, eight ≤ 30480), one
+//     VPMADDWD a block; the −8 comes off as dw·(d·Σn·q − 8·s), s = d·Σq.
+//
+// Per (weight row, x row) the R = 1 and R = 4 kernels do the same
+// operations in the same order, so they give the same bits.
+//
+// Signature: func(y []float32, ldy int, q []int8, ds []float32, ldq int,
+// w []byte, k, groups int); y[r·ldy + 8g + l] for r < R, g < groups, l < 8
+// is row 8g + l of the packed w (k columns) against x row r (q[r·ldq:],
+// its (d, d·Σq) pairs at ds[2·r·ldq/32:]).
+
+// x8Kernel is one dtype's x8 kernel.
+type x8Kernel struct {
+	name  string
+	bytes int // per group and block: 16 bytes of scales and 8 rows' quants
+	block func(c x8Consts, p x8Ptrs, acc []VecVirtual)
+}
+
+// x8Consts are the broadcast constants: int16 ones, bytes 0x0f.
+type x8Consts struct{ ones, low4 VecVirtual }
+
+// x8Ptrs address the current block: weights, and the x rows' quants and
+// (d, s) pairs.
+type x8Ptrs struct {
+	wp, qp, dsp GPVirtual
+	ldq, ldq3   GPVirtual // x row strides of q (R > 1): 1 and 3 rows
+	ldd, ldd3   GPVirtual // of ds
+	rows        int
+}
+
+func (p x8Ptrs) rowMem(base, ld, ld3 GPVirtual, r, off int) Mem {
+	switch r {
+	case 0:
+		return Mem{Base: base, Disp: off}
+	case 3:
+		return Mem{Base: base, Index: ld3, Scale: 1, Disp: off}
+	}
+	return Mem{Base: base, Index: ld, Scale: uint8(r), Disp: off}
+}
+
+func (p x8Ptrs) q(r, off int) Mem  { return p.rowMem(p.qp, p.ldq, p.ldq3, r, off) }
+func (p x8Ptrs) ds(r, off int) Mem { return p.rowMem(p.dsp, p.ldd, p.ldd3, r, off) }
+
+var x8Kernels = []x8Kernel{
+	{name: "Q8_0", bytes: 16 + 256, block: x8BlockQ8_0},
+	{name: "Q4_0", bytes: 16 + 128, block: x8BlockQ4_0},
+}
+
+// x8Four8 is eight float32 8s: Q4_0's offset times s.
+var x8Four8 Mem
+
+// x8BlockQ8_0: per chunk c, |w| against x's bytes 4c..4c+3 with w's sign.
+func x8BlockQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
+	isum := make([]VecVirtual, p.rows)
+	for ch := range 8 {
+		w, aw := YMM(), YMM()
+		VMOVDQU(Mem{Base: p.wp, Disp: 16 + 32*ch}, w)
+		VPABSB(w, aw)
+		for r := range p.rows {
+			x := YMM()
+			VPBROADCASTD(p.q(r, 4*ch), x)
+			VPSIGNB(w, x, x)
+			VPMADDUBSW(x, aw, x)
+			if ch == 0 {
+				isum[r] = YMM()
+				VPMADDWD(c.ones, x, isum[r])
+			} else {
+				VPMADDWD(c.ones, x, x)
+				VPADDD(x, isum[r], isum[r])
+			}
+		}
+	}
+	dw := YMM()
+	VCVTPH2PS(Mem{Base: p.wp}, dw)
+	for r := range p.rows {
+		d := YMM()
+		VBROADCASTSS(p.ds(r, 0), d)
+		VMULPS(dw, d, d)
+		VCVTDQ2PS(isum[r], isum[r])
+		VFMADD231PS(isum[r], d, acc[r])
+	}
+}
+
+// x8BlockQ4_0: per vector v of nibbles, the low ones against x's bytes
+// 4v..4v+3, the high ones against 16+4v..16+4v+3, summed in int16.
+func x8BlockQ4_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
+	s16 := make([]VecVirtual, p.rows)
+	for v := range 4 {
+		lo, hi := YMM(), YMM()
+		VMOVDQU(Mem{Base: p.wp, Disp: 16 + 32*v}, lo)
+		VPSRLW(U8(4), lo, hi)
+		VPAND(c.low4, lo, lo)
+		VPAND(c.low4, hi, hi)
+		for r := range p.rows {
+			x, t := YMM(), YMM()
+			VPBROADCASTD(p.q(r, 4*v), x)
+			if v == 0 {
+				s16[r] = YMM()
+				VPMADDUBSW(x, lo, s16[r])
+			} else {
+				VPMADDUBSW(x, lo, x)
+				VPADDW(x, s16[r], s16[r])
+			}
+			VPBROADCASTD(p.q(r, 16+4*v), t)
+			VPMADDUBSW(t, hi, t)
+			VPADDW(t, s16[r], s16[r])
+		}
+	}
+	dw := YMM()
+	VCVTPH2PS(Mem{Base: p.wp}, dw)
+	for r := range p.rows {
+		i, d, s := YMM(), YMM(), YMM()
+		VPMADDWD(c.ones, s16[r], i)
+		VCVTDQ2PS(i, i)
+		VBROADCASTSS(p.ds(r, 0), d)
+		VBROADCASTSS(p.ds(r, 4), s)
+		VMULPS(x8Four8, s, s)
+		VFMSUB213PS(s, d, i)       // d·Σn·q − 8·s in each row's lane
+		VFMADD231PS(i, dw, acc[r]) // acc += dw·that
+	}
+}
+
+// x8PrefetchAhead is how far ahead of the block the R = 1 kernels
+// prefetch the packed weights (a decode step streams them from memory).
+const x8PrefetchAhead = 4096
+
+func x8Consts8() {
+	x8Four8 = GLOBL("x8eight", RODATA|NOPTR)
+	for l := range 8 {
+		DATA(4*l, U32(0x41000000)) // 8.0
+	}
+}
+
+// qx8 writes kernel k's AVX2 x8 function for R x rows.
+func qx8(k x8Kernel, R int) {
+	name := fmt.Sprintf("qx8%sR%dAVX2", k.name, R)
+	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k, groups int)")
+	Doc(
+		fmt.Sprintf("%s sets y[r·ldy + 8g + l] for r < %d, g < groups, l < 8 to the dot", name, R),
+		fmt.Sprintf("product of row 8g + l of the %s weights w repacked in groups of eight", k.name),
+		"rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];",
+		"ds, its (d, d·Σq) pairs per 32 columns). k is a multiple of 32 and groups > 0.",
+		"The caller guarantees the bounds; nothing is checked.")
+	Pragma("noescape")
+	p := x8Ptrs{
+		wp:   Load(Param("w").Base(), GP64()).(GPVirtual),
+		qp:   Load(Param("q").Base(), GP64()).(GPVirtual),
+		dsp:  Load(Param("ds").Base(), GP64()).(GPVirtual),
+		rows: R,
+	}
+	yp := Load(Param("y").Base(), GP64())
+	ldy := AllocLocal(8) // bytes
+	{
+		t := Load(Param("ldy"), GP64())
+		SHLQ(U8(2), t)
+		MOVQ(t, ldy)
+	}
+	if R > 1 {
+		p.ldq, p.ldq3 = Load(Param("ldq"), GP64()).(GPVirtual), GP64()
+		LEAQ(Mem{Base: p.ldq, Index: p.ldq, Scale: 2}, p.ldq3)
+		p.ldd, p.ldd3 = GP64(), GP64() // ds row stride in bytes: ldq/32 pairs of 8 bytes
+		MOVQ(p.ldq, p.ldd)
+		SHRQ(U8(2), p.ldd)
+		MOVQ(p.ldq3, p.ldd3)
+		SHRQ(U8(2), p.ldd3)
+	}
+	// After a group the x pointers go back k bytes (q) and k/4 (ds).
+	back := AllocLocal(16)
+	{
+		t := Load(Param("k"), GP64())
+		MOVQ(t, back)
+		SHRQ(U8(2), t)
+		MOVQ(t, back.Offset(8))
+	}
+	groups := AllocLocal(8)
+	{
+		t := Load(Param("groups"), GP64())
+		MOVQ(t, groups)
+	}
+	c := x8Consts{ones: bcastD(0x00010001), low4: bcastB(0x0f)}
+
+	Label(name + "_group")
+	acc := make([]VecVirtual, R)
+	for r := range acc {
+		acc[r] = YMM()
+		VXORPS(acc[r], acc[r], acc[r])
+	}
+	n := Load(Param("k"), GP64())
+	SHRQ(U8(5), n) // blocks
+	Label(name + "_blk")
+	if R == 1 {
+		for i := range (k.bytes + 63) / 64 {
+			PREFETCHT0(Mem{Base: p.wp, Disp: x8PrefetchAhead + 64*i})
+		}
+	}
+	k.block(c, p, acc)
+	ADDQ(U32(k.bytes), p.wp)
+	ADDQ(U8(32), p.qp)
+	ADDQ(U8(8), p.dsp)
+	DECQ(n)
+	JNZ(LabelRef(name + "_blk"))
+
+	t := GP64()
+	MOVQ(yp, t)
+	for r := range R {
+		if r > 0 {
+			ADDQ(ldy, t)
+		}
+		VMOVUPS(acc[r], Mem{Base: t})
+	}
+	ADDQ(U8(32), yp)
+	SUBQ(back, p.qp)
+	SUBQ(back.Offset(8), p.dsp)
+	DECQ(groups)
+	JNZ(LabelRef(name + "_group"))
+	VZEROUPPER()
+	RET()
+}

@@ -1,0 +1,174 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+)
+
+// TestX8MatchesRowTiles checks the x8 kernels (the Go twins, and the
+// assembly where this CPU runs it) on packed weights against the Go tile
+// run row by row on the stored ones: the same integer sums, the scales
+// applied in another order, so they differ by float32 rounding. They must
+// write y[r·ldy + 8g + l] and nothing else, and one x row must get the
+// same bits from the one- and four-row kernels.
+func TestX8MatchesRowTiles(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0} {
+		sets := map[string]*x8Set{"go": &genericX8[dt]}
+		if a := asmX8(dt); a != nil {
+			sets["asm"] = a
+		}
+		for _, k := range []int{32, 96, 256, 1024} {
+			const groups, R = 3, 4
+			ldy := 8*groups + 5
+			w := kerneltest.NewMat(rng, dt, 8*groups, k, 0, 0)
+			if dt == kernels.Q8_0 { // the extreme quants: −128 (a stored block may hold it) and 127
+				w.Data[2], w.Data[3], w.Data[4*34+5] = 0x80, 0x7f, 0x80
+			}
+			x := make([]float32, R*k)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			for i := 0; i < 32; i++ { // a zero block in x row 1
+				x[k+i] = 0
+			}
+			x[5] = 30 // an outlier that sets a block's scale
+			var qx qrows
+			qx.quantize(x, R, k, xGroup(dt))
+			packed := make([]byte, groups*k/32*x8GroupBytes(dt))
+			packX8(packed, w.Data, dt, k, groups)
+			if len(packed) != len(w.Data) {
+				t.Fatalf("%v k=%d: packed %d bytes, stored %d", dt, k, len(packed), len(w.Data))
+			}
+			want := make([]float32, R*8*groups)
+			sums := make([]float64, R*8*groups) // Σ|xw| bounds the rounding
+			row := make([]float32, k)
+			for j := range 8 * groups {
+				w.RowF32(row, j)
+				for r := range R {
+					genericQTiles[dt].r1(want[r*8*groups+j:], 1, qx.q[r*k:], qx.ds[2*r*k/32:], k, w.Data[j*dt.RowBytes(k):], k)
+					for i, v := range row {
+						sums[r*8*groups+j] += math.Abs(float64(v) * float64(x[r*k+i]))
+					}
+				}
+			}
+			for name, set := range sets {
+				var one []float32 // x rows one at a time
+				for _, rr := range []int{1, R} {
+					got := make([]float32, R*ldy)
+					for i := range got {
+						got[i] = -1
+					}
+					for r := 0; r < R; r += rr {
+						f := set.r1
+						if rr == 4 {
+							f = set.r4
+						}
+						f(got[r*ldy:], ldy, qx.q[r*k:], qx.ds[2*r*k/32:], k, packed, k, groups)
+					}
+					what := fmt.Sprintf("%s %v k=%d R%d", name, dt, k, rr)
+					for i, v := range got {
+						r, c := i/ldy, i%ldy
+						if c >= 8*groups {
+							if v != -1 {
+								t.Errorf("%s: wrote y[%d, %d] past the rows", what, r, c)
+							}
+							continue
+						}
+						wv, s := want[r*8*groups+c], sums[r*8*groups+c]
+						if d := math.Abs(float64(v - wv)); !(d <= 1e-5*s) {
+							t.Errorf("%s: y[%d, %d] = %g, Go tile %g (Σ|xw| %g)", what, r, c, v, wv, s)
+						}
+					}
+					if one == nil {
+						one = got
+						continue
+					}
+					for i, v := range got {
+						if math.Float32bits(v) != math.Float32bits(one[i]) {
+							t.Errorf("%s: y[%d] = %g, one row at a time %g", what, i, v, one[i])
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkX8Kernel runs the x8 kernels on one core over 64 rows of
+// k = 1024 in L2, as BenchmarkQGemvKernel does the gemv kernels: GB/s of
+// weights (counted once per x row) and the thread's CPU time per call.
+func BenchmarkX8Kernel(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	const k, rows = 1024, 64
+	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0} {
+		sets := map[string]*x8Set{"go": &genericX8[dt]}
+		if a := asmX8(dt); a != nil {
+			sets["asm"] = a
+		}
+		w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
+		packed := make([]byte, len(w.Data))
+		packX8(packed, w.Data, dt, k, rows/8)
+		x := make([]float32, 4*k)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		var qx qrows
+		qx.quantize(x, 4, k, xGroup(dt))
+		y := make([]float32, 4*rows)
+		for name, set := range sets {
+			for R, f := range map[int]x8Func{1: set.r1, 4: set.r4} {
+				b.Run(fmt.Sprintf("%s/%v/R%d", name, dt, R), func(b *testing.B) {
+					b.SetBytes(int64(R * len(w.Data)))
+					cpuLoop(b, func() { f(y, rows, qx.q, qx.ds, k, packed, k, rows/8) })
+				})
+			}
+		}
+		b.Run(fmt.Sprintf("pack/%v", dt), func(b *testing.B) {
+			b.SetBytes(int64(len(w.Data)))
+			cpuLoop(b, func() { packX8(packed, w.Data, dt, k, rows/8) })
+		})
+	}
+}
+
+// BenchmarkQPrefill runs one prefill-shaped MatMul (n = 512, Qwen3-0.6B's
+// widest products) on one thread, all its tasks in turn, on the x8 path
+// and off it: the thread's CPU time per call, which a busy machine
+// disturbs less than the wall time.
+func BenchmarkQPrefill(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 4))
+	const n = 512
+	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0} {
+		for _, s := range [][2]int{{3072, 1024}, {1024, 3072}} {
+			w := kerneltest.NewMat(rng, dt, s[0], s[1], 0, 0)
+			x := make([]float32, n*s[1])
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			y := make([]float32, n*s[0])
+			for _, on := range []bool{false, true} {
+				b.Run(fmt.Sprintf("%v/%dx%d/x8=%v", dt, s[0], s[1], on), func(b *testing.B) {
+					defer x8Off.Store(x8Off.Load())
+					x8Off.Store(!on)
+					var m matmul
+					var xs xbufs
+					var scratch []float32
+					var x8 x8Cache
+					serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
+					cpuLoop(b, func() {
+						m.init(y, x, w, n, 1, &xs, false, x8.packed(w, serial))
+						m.convertX(0, m.convertUnits())
+						for t := range m.tasks {
+							m.task(t, &scratch)
+						}
+					})
+				})
+			}
+		}
+	}
+}
