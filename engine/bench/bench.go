@@ -46,6 +46,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/engine/sample"
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // ErrMTPUnavailable is a case's Skipped reason when MTP is asked for but the
@@ -92,8 +94,15 @@ type Options struct {
 	// (a long-running server pays them once).
 	NoPrime bool
 
-	// Progress, when set, is called before each case starts.
+	// Progress, when set, is called before each case starts, and Done
+	// with each result as it comes.
 	Progress func(c Case)
+	Done     func(r Result)
+
+	// Profiler, when set and profiling, is reset just before each case's
+	// timed requests and its table written to the case's Profile after
+	// them (the CUDA backend under FERRITE_CUDA_PROFILE=1).
+	Profiler kernels.Profiler
 }
 
 // Case is one point of the sweep.
@@ -117,6 +126,7 @@ func (c Case) String() string {
 type Result struct {
 	Case
 	Skipped string `json:"skipped,omitempty"`
+	Profile string `json:"profile,omitempty"` // Options.Profiler's table for the case
 
 	WallSec         float64 `json:"wall_s"`                       // first Generate to last final event
 	DecodeTokPerSec float64 `json:"decode_tok_per_s"`             // aggregate, see the package doc
@@ -279,13 +289,25 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 				return out, fmt.Errorf("bench: %v: priming: %w", c, err)
 			}
 		}
+		prof := o.Profiler != nil && o.Profiler.Profiling()
+		if prof {
+			o.Profiler.ResetProfile()
+		}
 		r, err := runCase(ctx, rt, pm, c, info.Vocab, o.Seed)
+		if err == nil && prof {
+			var sb strings.Builder
+			err = o.Profiler.WriteProfile(&sb)
+			r.Profile = sb.String()
+		}
 		rt.Close()
 		if err != nil {
 			return out, fmt.Errorf("bench: %v: %w", c, err)
 		}
 		if c.MTP {
 			r.Draft = o.draft()
+		}
+		if o.Done != nil {
+			o.Done(r)
 		}
 		out = append(out, r)
 	}

@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"math"
 	"strings"
 	"testing"
@@ -184,5 +186,64 @@ func TestRunReleasesMemory(t *testing.T) {
 	}
 	if again := sweep(); again != after {
 		t.Errorf("after a second sweep: Tensors %d, want %d as after the first", again, after)
+	}
+}
+
+// fakeProfiler counts resets and writes how many it has had.
+type fakeProfiler struct {
+	on             bool
+	resets, writes int
+}
+
+func (p *fakeProfiler) Profiling() bool { return p.on }
+func (p *fakeProfiler) ResetProfile()   { p.resets++ }
+func (p *fakeProfiler) WriteProfile(w io.Writer) error {
+	p.writes++
+	_, err := fmt.Fprintf(w, "after reset %d", p.resets)
+	return err
+}
+
+// TestRunProfiler checks Options.Profiler: reset before each case, its
+// table in the case's Profile, handed to Done as each case ends; untouched
+// while it is not profiling.
+func TestRunProfiler(t *testing.T) {
+	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
+		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(1)
+	defer be.Close()
+	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, on := range []bool{true, false} {
+		p := &fakeProfiler{on: on}
+		var done []Result
+		res, err := Run(context.Background(), m, Options{Concurrency: []int{1, 2}, PromptLens: []int{4}, GenLens: []int{2}, Seed: 1,
+			Profiler: p, Done: func(r Result) { done = append(done, r) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(done) != len(res) {
+			t.Fatalf("Done called %d times for %d cases", len(done), len(res))
+		}
+		for i, r := range res {
+			if done[i].Profile != r.Profile || done[i].Case != r.Case {
+				t.Errorf("Done's result %d differs from Run's", i)
+			}
+			want := fmt.Sprintf("after reset %d", i+1)
+			if !on {
+				want = ""
+			}
+			if r.Profile != want {
+				t.Errorf("profiling %v, case %d: Profile %q, want %q", on, i, r.Profile, want)
+			}
+		}
+		if n := map[bool]int{true: 2, false: 0}[on]; p.resets != n || p.writes != n {
+			t.Errorf("profiling %v: %d resets, %d writes; want %d each", on, p.resets, p.writes, n)
+		}
 	}
 }

@@ -532,6 +532,15 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		Seed: f.seed, KVBudget: f.kvBudget, MaxBatchTokens: f.maxBatchTokens, Warmup: !f.noWarmup,
 		Progress: func(c bench.Case) { fmt.Fprintf(stderr, "running %v...\n", c) },
 	}
+	if p, ok := be.Backend.(kernels.Profiler); ok && p.Profiling() {
+		// Each case's table as soon as it ends (a sweep cut short keeps
+		// the cases done).
+		opts.Profiler = p
+		opts.Done = func(r bench.Result) {
+			fmt.Fprintf(stdout, "GPU profile, %v (FERRITE_CUDA_PROFILE=1: eager launches, CUDA events around each; steps = device steps, prefill included):\n%s\n",
+				r.Case, r.Profile)
+		}
+	}
 	stopProfile := func() {}
 	if f.cpuProfile != "" {
 		pf, err := os.Create(f.cpuProfile)

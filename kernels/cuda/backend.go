@@ -61,7 +61,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
-	b.graphs.enabled = graphsEnabled()
+	b.graphs.enabled = graphsEnabled() && !d.Profiling()
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}

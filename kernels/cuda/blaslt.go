@@ -217,10 +217,13 @@ func (d *Device) gemmL(y, x uint64, w *Weight, n int, acc bool) error {
 	if acc {
 		beta = 1
 	}
-	return checkLt("cublasLtMatmul", call(lt.matmul, b.handle, p.desc,
-		uintptr(unsafe.Pointer(&alpha)), uintptr(w.Buf.ptr), p.a, uintptr(x), p.b,
-		uintptr(unsafe.Pointer(&beta)), uintptr(y), p.c, uintptr(y), p.c,
-		uintptr(unsafe.Pointer(&p.algo.algo)), uintptr(b.workspace.ptr), gemmWorkspaceSize, d.stream))
+	k := profKey{kind: profGemm, dims: [3]uint32{uint32(n), uint32(w.Rows), uint32(w.Cols)}, block: uint32(b32(acc))}
+	return d.profiledL(k, func() error {
+		return checkLt("cublasLtMatmul", call(lt.matmul, b.handle, p.desc,
+			uintptr(unsafe.Pointer(&alpha)), uintptr(w.Buf.ptr), p.a, uintptr(x), p.b,
+			uintptr(unsafe.Pointer(&beta)), uintptr(y), p.c, uintptr(y), p.c,
+			uintptr(unsafe.Pointer(&p.algo.algo)), uintptr(b.workspace.ptr), gemmWorkspaceSize, d.stream))
+	})
 }
 
 // HasGemm reports whether cuBLASLt loaded (GemmBF16 works), or why not.

@@ -115,8 +115,10 @@ func f32Bytes(s []float32) []byte {
 func (d *Device) uploadL(dst uint64, src []byte) error {
 	for len(src) > 0 {
 		n := copy(d.stageIn, src)
-		if err := check("cuMemcpyHtoDAsync", call(driver.cuMemcpyHtoDAsync, uintptr(dst),
-			uintptr(unsafe.Pointer(&d.stageIn[0])), uintptr(n), d.stream)); err != nil {
+		if err := d.profiledL(profKey{kind: profHtoD, size: int64(n)}, func() error {
+			return check("cuMemcpyHtoDAsync", call(driver.cuMemcpyHtoDAsync, uintptr(dst),
+				uintptr(unsafe.Pointer(&d.stageIn[0])), uintptr(n), d.stream))
+		}); err != nil {
 			return err
 		}
 		if err := d.syncL(); err != nil {
@@ -132,8 +134,10 @@ func (d *Device) uploadL(dst uint64, src []byte) error {
 func (d *Device) downloadL(dst []byte, src uint64) error {
 	for len(dst) > 0 {
 		n := min(len(dst), len(d.stageOut))
-		if err := check("cuMemcpyDtoHAsync", call(driver.cuMemcpyDtoHAsync,
-			uintptr(unsafe.Pointer(&d.stageOut[0])), uintptr(src), uintptr(n), d.stream)); err != nil {
+		if err := d.profiledL(profKey{kind: profDtoH, size: int64(n)}, func() error {
+			return check("cuMemcpyDtoHAsync", call(driver.cuMemcpyDtoHAsync,
+				uintptr(unsafe.Pointer(&d.stageOut[0])), uintptr(src), uintptr(n), d.stream))
+		}); err != nil {
 			return err
 		}
 		if err := d.syncL(); err != nil {
@@ -152,6 +156,8 @@ func (b *Buffer) Fill32(off, n int, v uint32) error {
 		return err
 	}
 	return b.dev.do(func() error {
-		return check("cuMemsetD32Async", call(driver.cuMemsetD32Async, uintptr(b.ptr+uint64(off)*4), uintptr(v), uintptr(n), b.dev.stream))
+		return b.dev.profiledL(profKey{kind: profMemset, size: int64(4 * n)}, func() error {
+			return check("cuMemsetD32Async", call(driver.cuMemsetD32Async, uintptr(b.ptr+uint64(off)*4), uintptr(v), uintptr(n), b.dev.stream))
+		})
 	})
 }

@@ -61,6 +61,10 @@ type Device struct {
 	// would launch (kernel, grid, block, arguments) to it instead of
 	// launching: a step's launch trace, which graph.go compares.
 	trace *[]uint64
+
+	// prof, when set (FERRITE_CUDA_PROFILE=1 at Open), times every launch,
+	// GEMM, copy and memset on the stream (profile.go).
+	prof *profiler
 }
 
 // launchBlock is cuLaunchKernel's parameter array: ptrs[i] points at vals[i],
@@ -212,7 +216,12 @@ func (d *Device) setup() error {
 	for i := range d.args.ptrs {
 		d.args.ptrs[i] = uintptr(unsafe.Pointer(&d.args.vals[i]))
 	}
-	d.pdl = pdlEnabled(d.Major)
+	if profileEnabled() {
+		if d.prof, err2 = newProfilerL(); err2 != nil {
+			return err2
+		}
+	}
+	d.pdl = pdlEnabled(d.Major) && d.prof == nil
 	d.gemvRows = gemvRowsDefault()
 	return d.loadModule()
 }
@@ -240,6 +249,10 @@ func (d *Device) teardown() error {
 	}
 	for b := range d.live {
 		keep(b.free())
+	}
+	if d.prof != nil {
+		d.prof.closeL()
+		d.prof = nil
 	}
 	if d.lt != nil {
 		keep(d.lt.close())

@@ -17,7 +17,9 @@
 // rotates and stores q/k/v in one kernel. On sm_90 those kernels use
 // programmatic dependent launch (pdl.go; FERRITE_CUDA_PDL=0 turns it off),
 // and FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of that many rows a
-// block.
+// block. FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
+// copy and memset with CUDA events into a per-kernel table (profile.go,
+// kernels.Profiler; ferrite bench prints it after each case).
 //
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and

@@ -111,6 +111,9 @@ func runOps(d *Device, ops []func(*Device) error) error {
 // repeats the previous step, eagerly otherwise.
 func (b *Backend) runStepL(ops []func(*Device) error) error {
 	d, g := b.dev, &b.graphs
+	if d.prof != nil && len(ops) > 0 {
+		d.prof.table.steps++
+	}
 	if !g.enabled || len(ops) == 0 {
 		return runOps(d, ops)
 	}

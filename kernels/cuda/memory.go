@@ -141,7 +141,9 @@ func (b *Backend) Alloc(dt kernels.DType, rows, cols int) (kernels.Tensor, error
 		if buf, err = b.dev.allocL(bytes); err != nil {
 			return err
 		}
-		return check("cuMemsetD32Async", call(driver.cuMemsetD32Async, uintptr(buf.ptr), 0, uintptr(bytes/4), b.dev.stream))
+		return b.dev.profiledL(profKey{kind: profMemset, size: int64(bytes)}, func() error {
+			return check("cuMemsetD32Async", call(driver.cuMemsetD32Async, uintptr(buf.ptr), 0, uintptr(bytes/4), b.dev.stream))
+		})
 	})
 	if err != nil {
 		return kernels.Tensor{}, err

@@ -99,6 +99,16 @@ func (d *Device) launch3L(name string, grid [3]uint32, block, smem uint32, args 
 		return nil
 	}
 	copy(d.args.vals[:], args)
+	if d.prof != nil {
+		return d.prof.spanL(d, profKey{name: name, dims: grid, block: block}, func() error {
+			return d.launchNowL(name, fn, grid, block, smem)
+		})
+	}
+	return d.launchNowL(name, fn, grid, block, smem)
+}
+
+// launchNowL launches kernel fn (name) with the arguments in d.args.
+func (d *Device) launchNowL(name string, fn uintptr, grid [3]uint32, block, smem uint32) error {
 	if d.pdl && pdlKernels[name] {
 		return d.launchPDL(name, fn, grid, block, smem)
 	}

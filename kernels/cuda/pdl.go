@@ -47,7 +47,7 @@ func pdlEnabled(major int) bool {
 // switch for benchmarks and tests.
 func (d *Device) SetPDL(on bool) bool {
 	d.do(func() error {
-		d.pdl = on && d.Major >= 9 && driver.cuLaunchKernelEx != 0
+		d.pdl = on && d.prof == nil && d.Major >= 9 && driver.cuLaunchKernelEx != 0
 		return nil
 	})
 	return d.pdl

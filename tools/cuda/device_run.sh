@@ -21,6 +21,11 @@
 #   hybrid     engine TestMTPOnDevice (speculative == plain on the device, MTP
 #              speed-up per draft length), ferrite bench, qwen3_next (small)
 #              and ferrite-tiny with MTP on/off
+#   prof       (not in the default list) per-kernel GPU time tables
+#              (FERRITE_CUDA_PROFILE=1: eager launches timed by CUDA events)
+#              of ferrite bench cases: Qwen3-8B 1/32/64, Qwen3-30B-A3B 1/8,
+#              GLM-4.7-Flash 1/32 (128+32), ferrite-tiny's shape with MTP
+#              (random weights, 128+64); all into prof.log (~100-150 s)
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
 # (default 540) have passed, so a hang still returns the fatbin and the logs.
 # Writes to $OUT: ferrite.fatbin, fatbin.sha256, *.log, *.json.
@@ -100,6 +105,22 @@ want rows8 && FERRITE_CUDA_GEMV_ROWS="${ROWS8_GEMV_ROWS:-8}" bench rows8 60 --mo
 if want moe; then
 	bench moe 100 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 64
 	bench glmflash 90 --model "$root/engine/testdata/glm4.7-flash" --concurrency 1,8,32 --prompt-len 128 --gen-len 64
+fi
+if want prof; then
+	# profbench SECONDS ARGS...: a profiled ferrite bench, appended to prof.log.
+	profbench() {
+		local limit=$1
+		shift
+		FERRITE_CUDA_PROFILE=1 run "prof ${2##*/}" "$limit" prof.log ./ferrite bench --device cuda --bandwidth 4300 "$@"
+	}
+	profbench 50 --model "$dev/qwen3-8b" --concurrency 1,32,64 --prompt-len 128 --gen-len 32
+	profbench 45 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 32
+	profbench 40 --model "$root/engine/testdata/glm4.7-flash" --concurrency 1,32 --prompt-len 128 --gen-len 32
+	# ferrite-tiny as shipped (the tree's builtin/model: trained weights,
+	# so drafts are accepted as in the chat), with MTP on and off;
+	# the graph question is not answered here (eager).
+	profbench 25 --model "$root/builtin/model" --concurrency 1 --prompt-len 128 --gen-len 64 --mtp on,off
+	grep -E '^GPU profile|^total \(' "$out/prof.log" | cut -c1-160
 fi
 if want hybrid; then
 	# MTP at batch 1 (issue 13 item 5): speculative greedy == plain greedy on

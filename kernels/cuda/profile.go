@@ -1,0 +1,313 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"unsafe"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+var _ kernels.Profiler = (*Backend)(nil)
+
+// Per-kernel GPU profiling, on when FERRITE_CUDA_PROFILE=1 at Open. The
+// device then runs eagerly (no step graphs, no programmatic dependent
+// launch) and brackets every kernel launch, cuBLASLt matmul, host↔device
+// copy and memset on its stream with a pair of CUDA events from a pool
+// made at Open. When the pool is used up, or a report is asked for, the
+// device waits for the stream and adds each pair's elapsed time to a table
+// keyed by kernel name, grid and block (or GEMM shape, or copy size), which
+// also counts steps (runStepL calls). Times are stream times between the
+// two events: on a busy stream a kernel's execution time, but when the GPU
+// has run out of work (tiny decode kernels launched eagerly) the start
+// event completes at once and the span also holds the host's launch of the
+// kernel. The gap between a span and the one before tells the two apart: a
+// row's starved% is the share of its calls that followed an idle GPU, and
+// the idle total is how much of a step the host, not the GPU, took.
+
+// profilePairs is the event pairs a profiling Device keeps.
+const profilePairs = 8192
+
+// starvedUs is the gap before a span, in µs, from which the span counts as
+// starved: the GPU had run out of work, so the span's time includes the
+// host's launch of its kernel (a lower gap is event resolution).
+const starvedUs = 1.0
+
+// profileEnabled is whether FERRITE_CUDA_PROFILE=1 asks for profiling.
+func profileEnabled() bool { return os.Getenv("FERRITE_CUDA_PROFILE") == "1" }
+
+// profKind is what a profiled span is.
+type profKind uint8
+
+const (
+	profKernel profKind = iota // name, grid, block
+	profGemm                   // dims: m (rows of x), n (rows of W), k (cols), acc
+	profHtoD                   // size
+	profDtoH                   // size
+	profMemset                 // size
+)
+
+// profKey identifies one row of the table.
+type profKey struct {
+	kind  profKind
+	name  string
+	dims  [3]uint32
+	block uint32
+	size  int64 // bytes copied or set
+}
+
+// label is the row's text: "ferrite_gemv_bf16_1 grid=1024x1x1 blk=256".
+func (k profKey) label() string {
+	switch k.kind {
+	case profGemm:
+		acc := ""
+		if k.block != 0 {
+			acc = " +=" // β = 1
+		}
+		return fmt.Sprintf("cublasLt m=%d n=%d k=%d%s", k.dims[0], k.dims[1], k.dims[2], acc)
+	case profHtoD:
+		return fmt.Sprintf("memcpy HtoD %dB", k.size)
+	case profDtoH:
+		return fmt.Sprintf("memcpy DtoH %dB", k.size)
+	case profMemset:
+		return fmt.Sprintf("memset %dB", k.size)
+	}
+	return fmt.Sprintf("%s grid=%dx%dx%d blk=%d", strings.TrimPrefix(k.name, "ferrite_"), k.dims[0], k.dims[1], k.dims[2], k.block)
+}
+
+// profRow is one label's count and total GPU time.
+type profRow struct {
+	label   string
+	calls   int
+	us      float64
+	starved int // calls the GPU idled before (see starvedUs)
+}
+
+// profTable accumulates rows by key; it is pure bookkeeping (no CUDA).
+type profTable struct {
+	index map[profKey]int
+	rows  []profRow
+	steps int
+	idle  float64 // µs the GPU idled between spans (measured gaps only)
+}
+
+// row returns the index of k's row, adding it on first use.
+func (t *profTable) row(k profKey) int {
+	if i, ok := t.index[k]; ok {
+		return i
+	}
+	if t.index == nil {
+		t.index = map[profKey]int{}
+	}
+	t.index[k] = len(t.rows)
+	t.rows = append(t.rows, profRow{label: k.label()})
+	return len(t.rows) - 1
+}
+
+// add counts one call of row i that took us microseconds, after a gap of
+// gap µs since the previous span ended (negative: not measured).
+func (t *profTable) add(i int, us, gap float64) {
+	t.rows[i].calls++
+	t.rows[i].us += us
+	if gap >= starvedUs {
+		t.rows[i].starved++
+	}
+	t.idle += max(gap, 0)
+}
+
+// reset forgets every row and step.
+func (t *profTable) reset() { *t = profTable{} }
+
+// write prints the table sorted by total time, largest first: label, calls,
+// calls per step, µs per call, µs per step, share of the total, share of
+// calls starved; then the sum and the GPU's idle time between spans.
+// Per-step columns are blank when no step was counted.
+func (t *profTable) write(w io.Writer) error {
+	rows := slices.Clone(t.rows)
+	slices.SortStableFunc(rows, func(a, b profRow) int { return cmp.Compare(b.us, a.us) })
+	var total float64
+	calls, starved := 0, 0
+	for _, r := range rows {
+		total += r.us
+		calls += r.calls
+		starved += r.starved
+	}
+	pct := func(n, of int) float64 { return 100 * float64(n) / float64(max(of, 1)) }
+	perStep := func(v float64, prec int) string {
+		if t.steps == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.*f", prec, v/float64(t.steps))
+	}
+	width := len("kernel")
+	for _, r := range rows {
+		width = max(width, len(r.label))
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%-*s\tcalls\tcalls/step\tµs/call\tµs/step\t%%\tstarved%%\t\n", width, "kernel")
+	for _, r := range rows {
+		share := 0.0
+		if total > 0 {
+			share = 100 * r.us / total
+		}
+		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%.2f\t%s\t%.1f\t%.0f\t\n", width, r.label, r.calls, perStep(float64(r.calls), 1),
+			r.us/float64(max(r.calls, 1)), perStep(r.us, 1), share, pct(r.starved, r.calls))
+	}
+	fmt.Fprintf(tw, "%-*s\t%d\t%s\t%.2f\t%s\t100.0\t%.0f\t\n", width, fmt.Sprintf("total (%d steps)", t.steps), calls, perStep(float64(calls), 1),
+		total/float64(max(calls, 1)), perStep(total, 1), pct(starved, calls))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "GPU idle between spans: %.1f µs, %s µs/step (starved%%: calls the GPU idled ≥ %g µs before, whose time includes their launch)\n",
+		t.idle, perStep(t.idle, 1), starvedUs)
+	return err
+}
+
+// profiler is a Device's event pool and table, owned by the device thread.
+type profiler struct {
+	events []uintptr // 2 × profilePairs: start, stop of pair i at 2i, 2i+1
+	rows   []int     // the table row of each pair in use
+	table  profTable
+}
+
+// newProfilerL makes the event pool.
+func newProfilerL() (*profiler, error) {
+	p := &profiler{events: make([]uintptr, 0, 2*profilePairs), rows: make([]int, 0, profilePairs)}
+	for range 2 * profilePairs {
+		var e uintptr
+		if err := check("cuEventCreate", call(driver.cuEventCreate, uintptr(unsafe.Pointer(&e)), 0)); err != nil {
+			p.closeL()
+			return nil, err
+		}
+		p.events = append(p.events, e)
+	}
+	return p, nil
+}
+
+// closeL destroys the events.
+func (p *profiler) closeL() {
+	for _, e := range p.events {
+		call(driver.cuEventDestroy, e)
+	}
+	p.events = nil
+}
+
+// harvestL waits for the pairs in use and adds their times to the table.
+func (p *profiler) harvestL() error {
+	if len(p.rows) == 0 {
+		return nil
+	}
+	last := p.events[2*len(p.rows)-1]
+	if err := check("cuEventSynchronize", call(driver.cuEventSynchronize, last)); err != nil {
+		return err
+	}
+	elapsed := func(from, to uintptr) (float64, error) {
+		var ms float32
+		err := check("cuEventElapsedTime", call(driver.cuEventTime, uintptr(unsafe.Pointer(&ms)), from, to))
+		return 1000 * float64(ms), err
+	}
+	for i, r := range p.rows {
+		us, err := elapsed(p.events[2*i], p.events[2*i+1])
+		if err != nil {
+			return err
+		}
+		gap := -1.0 // the first pair's predecessor was reused
+		if i > 0 {
+			if gap, err = elapsed(p.events[2*i-1], p.events[2*i]); err != nil {
+				return err
+			}
+		}
+		p.table.add(r, us, gap)
+	}
+	p.rows = p.rows[:0]
+	return nil
+}
+
+// spanL runs f, which queues one piece of work on d's stream, between the
+// next pair of events, counted under k.
+func (p *profiler) spanL(d *Device, k profKey, f func() error) error {
+	if len(p.rows) == profilePairs {
+		if err := p.harvestL(); err != nil {
+			return err
+		}
+	}
+	i := len(p.rows)
+	if err := check("cuEventRecord", call(driver.cuEventRecord, p.events[2*i], d.stream)); err != nil {
+		return err
+	}
+	if err := f(); err != nil {
+		return err
+	}
+	if err := check("cuEventRecord", call(driver.cuEventRecord, p.events[2*i+1], d.stream)); err != nil {
+		return err
+	}
+	p.rows = append(p.rows, p.table.row(k))
+	return nil
+}
+
+// profiledL runs f under d's profiler when it has one, else just runs it.
+func (d *Device) profiledL(k profKey, f func() error) error {
+	if d.prof == nil {
+		return f()
+	}
+	return d.prof.spanL(d, k, f)
+}
+
+// Profiling reports whether the device times its work (FERRITE_CUDA_PROFILE=1).
+func (d *Device) Profiling() bool { return d.prof != nil }
+
+// ResetProfile forgets the times and steps counted so far (work still in
+// flight is dropped too).
+func (d *Device) ResetProfile() {
+	d.do(func() error {
+		if d.prof != nil {
+			err := d.prof.harvestL()
+			d.prof.table.reset()
+			return err
+		}
+		return nil
+	})
+}
+
+// WriteProfile waits for queued work and writes the profile table (see
+// profTable.write) to w; it writes nothing when the device is not profiling.
+func (d *Device) WriteProfile(w io.Writer) error {
+	t, err := d.profileTable()
+	if err != nil || t.rows == nil && t.steps == 0 {
+		return err
+	}
+	return t.write(w)
+}
+
+// profileTable waits for queued work and returns a copy of the table.
+func (d *Device) profileTable() (profTable, error) {
+	var t profTable
+	err := d.do(func() error {
+		if d.prof == nil {
+			return nil
+		}
+		err := d.prof.harvestL()
+		t = d.prof.table
+		t.rows = slices.Clone(t.rows)
+		t.index = maps.Clone(t.index)
+		return err
+	})
+	return t, err
+}
+
+// Profiling implements kernels.Profiler.
+func (b *Backend) Profiling() bool { return b.dev.Profiling() }
+
+// ResetProfile implements kernels.Profiler.
+func (b *Backend) ResetProfile() { b.dev.ResetProfile() }
+
+// WriteProfile implements kernels.Profiler.
+func (b *Backend) WriteProfile(w io.Writer) error { return b.dev.WriteProfile(w) }

@@ -1,0 +1,193 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+)
+
+// TestProfTable checks the profile table's bookkeeping and text without a
+// GPU: rows keyed by label, counts and sums, sorting by total time, the
+// per-step columns, the starved share, the total row and the idle time.
+func TestProfTable(t *testing.T) {
+	var tb profTable
+	gemv := profKey{name: "ferrite_gemv_bf16_1", dims: [3]uint32{1024, 1, 1}, block: 256}
+	gemm := profKey{kind: profGemm, dims: [3]uint32{128, 4096, 4096}}
+	up := profKey{kind: profHtoD, size: 4096}
+	for range 4 {
+		tb.add(tb.row(gemv), 10, 0.2)
+	}
+	tb.add(tb.row(gemm), 100, -1)
+	tb.add(tb.row(gemm), 60, 3)
+	tb.add(tb.row(up), 2, 1)
+	if tb.row(gemv) != 0 || tb.row(gemm) != 1 || len(tb.rows) != 3 || tb.rows[1].starved != 1 || tb.rows[2].starved != 1 {
+		t.Fatalf("rows %+v: a key did not keep its row", tb.rows)
+	}
+	if g := tb.rows[0]; g.calls != 4 || g.us != 40 {
+		t.Fatalf("gemv row %+v, want 4 calls, 40 µs", g)
+	}
+	tb.steps = 2
+	var sb strings.Builder
+	if err := tb.write(&sb); err != nil {
+		t.Fatal(err)
+	}
+	out := sb.String()
+	t.Log("\n" + out)
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(lines) != 6 {
+		t.Fatalf("%d lines, want header, 3 rows, total, idle", len(lines))
+	}
+	// Gaps: gemv 4 × 0.2 µs (not starved), gemm unmeasured and 3 µs, the
+	// copy 1 µs (starved from starvedUs on): 4.8 µs idle.
+	want := [][]string{
+		{"kernel", "calls", "calls/step", "µs/call", "µs/step", "%", "starved%"},
+		{"cublasLt", "m=128", "n=4096", "k=4096", "2", "1.0", "80.00", "80.0", "79.2", "50"},
+		{"gemv_bf16_1", "grid=1024x1x1", "blk=256", "4", "2.0", "10.00", "20.0", "19.8", "0"},
+		{"memcpy", "HtoD", "4096B", "1", "0.5", "2.00", "1.0", "1.0", "100"},
+		{"total", "(2", "steps)", "7", "3.5", "28.86", "101.0", "100.0", "29"},
+	}
+	for i, w := range want {
+		if got := strings.Fields(lines[i]); fmt.Sprint(got) != fmt.Sprint(w) {
+			t.Errorf("line %d: %q, want fields %q", i, lines[i], w)
+		}
+	}
+	if !strings.HasPrefix(lines[5], "GPU idle between spans: 4.8 µs, 2.4 µs/step ") {
+		t.Errorf("idle line %q", lines[5])
+	}
+	if l := (profKey{kind: profGemm, dims: [3]uint32{1, 2, 3}, block: 1}).label(); l != "cublasLt m=1 n=2 k=3 +=" {
+		t.Errorf("accumulating GEMM label %q", l)
+	}
+	tb.reset()
+	if len(tb.rows) != 0 || tb.steps != 0 || tb.row(up) != 0 {
+		t.Fatal("reset kept rows or steps")
+	}
+	// No steps: the per-step columns are blank.
+	sb.Reset()
+	tb.add(0, 1, 0)
+	tb.write(&sb)
+	if l := strings.Split(sb.String(), "\n")[1]; fmt.Sprint(strings.Fields(l)) != "[memcpy HtoD 4096B 1 - 1.00 - 100.0 0]" {
+		t.Errorf("without steps:\n%s", sb.String())
+	}
+}
+
+// TestProfile runs kernels, GEMMs and copies on a profiling Device
+// (FERRITE_CUDA_PROFILE=1) and checks every one is counted under its label
+// with a positive time, across a refill of the event pool; then that a
+// profiling Backend runs eagerly and counts its steps.
+func TestProfile(t *testing.T) {
+	needGPU(t)
+	t.Setenv("FERRITE_CUDA_PROFILE", "1")
+	d, err := Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if !d.Profiling() || d.pdl {
+		t.Fatalf("profiling %v, PDL %v: want profiling without PDL", d.Profiling(), d.pdl)
+	}
+	const rows, dim = 5, 100
+	rng := rand.New(rand.NewPCG(1, 2))
+	x, w, y := upload(t, d, randF32(rng, rows*dim)), upload(t, d, randF32(rng, dim)), poisoned(t, d, rows*dim)
+	d.ResetProfile()
+	n := profilePairs + 100 // one harvest of a full pool on the way
+	for range n {
+		if err := d.RMSNorm(y, x, w, rows, dim, 1e-6, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gemms := 0
+	if d.HasGemm() == nil {
+		xh, err := d.Alloc(4 * 128 * 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer xh.Free()
+		m := uploadMat(t, d, kerneltest.NewMat(rng, kernels.BF16, 64, 128, 0, 0))
+		if err := d.ToBF16(xh, upload(t, d, randF32(rng, 4*128)), 4*128); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := d.GemmBF16(y, xh, m, 4); err != nil {
+				t.Fatal(err)
+			}
+		}
+		gemms = 2
+	}
+	download(t, y, rows*dim)
+	tb, err := d.profileTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb strings.Builder
+	tb.write(&sb)
+	t.Log("\n" + sb.String())
+	want := map[string]int{"rmsnorm_f32 grid=5x1x1 blk=256": n, fmt.Sprintf("memcpy DtoH %dB", 4*rows*dim): 1}
+	if gemms > 0 {
+		want["cublasLt m=4 n=64 k=128"] = gemms
+		want["f32_to_bf16 grid=2x1x1 blk=256"] = 1
+	}
+	for k, calls := range want {
+		i, ok := rowByLabel(tb, k)
+		if !ok {
+			t.Errorf("no row %q", k)
+			continue
+		}
+		if r := tb.rows[i]; r.calls != calls || !(r.us > 0) || r.us/float64(r.calls) > 1e5 {
+			t.Errorf("row %q: %d calls, %.1f µs; want %d calls, 0 < µs/call < 1e5", k, r.calls, r.us, calls)
+		}
+	}
+	if tb.steps != 0 {
+		t.Errorf("%d steps counted outside any step", tb.steps)
+	}
+
+	b, err := OpenBackend(0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if b.graphs.enabled || !b.Profiling() {
+		t.Fatalf("profiling Backend: graphs %v, profiling %v; want eager and profiling", b.graphs.enabled, b.Profiling())
+	}
+	src, _ := b.Alloc(kernels.F32, 4, 64)
+	dst, _ := b.Alloc(kernels.F32, 4, 64)
+	in := randF32(rng, 4*64)
+	b.WriteF32(src, in)
+	b.ResetProfile()
+	for range 3 {
+		b.BeginStep()
+		b.Copy(dst, src)
+		b.EndStep()
+	}
+	got := make([]float32, len(in))
+	b.ReadF32(got, dst)
+	for i := range in {
+		if got[i] != in[i] {
+			t.Fatalf("Copy under profiling: element %d = %g, want %g", i, got[i], in[i])
+		}
+	}
+	tb, err = b.dev.profileTable()
+	if err != nil || b.Err() != nil {
+		t.Fatal(err, b.Err())
+	}
+	if i, ok := rowByLabel(tb, "copy_rows grid=4x1x1 blk=256"); tb.steps != 3 || !ok || tb.rows[i].calls != 3 {
+		sb.Reset()
+		tb.write(&sb)
+		t.Errorf("3 steps of one Copy: want 3 steps and 3 copy_rows calls, got\n%s", sb.String())
+	}
+}
+
+// rowByLabel finds the row of t labelled l.
+func rowByLabel(t profTable, l string) (int, bool) {
+	for i, r := range t.rows {
+		if r.label == l {
+			return i, true
+		}
+	}
+	return 0, false
+}
