@@ -167,6 +167,7 @@ func main() {
 		for _, r := range []int{1, 4} {
 			qx8(k, r)
 		}
+		packX8(k)
 	}
 	q4kConsts512()
 	q8Consts512()

@@ -241,3 +241,119 @@ func qx8(k x8Kernel, R int) {
 	VZEROUPPER()
 	RET()
 }
+
+// packX8 writes packX8<dtype>AVX2, kernels/cpu's packX8 for Q8_0 or
+// Q4_0: per group block, the eight rows' scales with scalar moves and
+// their quants transposed as dwords (8×8 for Q8_0's 32 bytes a row, 8×4
+// for Q4_0's 16) with unpacks.
+func packX8(k x8Kernel) {
+	q8 := k.name == "Q8_0"
+	sb := 34 // stored bytes per block
+	if !q8 {
+		sb = 18
+	}
+	name := fmt.Sprintf("packX8%sAVX2", k.name)
+	TEXT(name, NOSPLIT, "func(dst, w []byte, k, groups int)")
+	Doc(fmt.Sprintf("%s writes groups groups of eight rows of the %s weights w (k columns,", name, k.name),
+		"a multiple of 32, and groups > 0) to dst in the x8 layout (kernels/cpu/x8.go).",
+		"The caller guarantees the bounds; nothing is checked.")
+	Pragma("noescape")
+	dp := Load(Param("dst").Base(), GP64())
+	gp := Load(Param("w").Base(), GP64()) // the group's first row
+	nbk := Load(Param("k"), GP64())
+	SHRQ(U8(5), nbk) // blocks per row
+	rb := GP64()     // bytes per row: blocks·sb
+	IMUL3Q(U32(sb), nbk, rb)
+	rb3, rb5, rb7 := GP64(), GP64(), GP64()
+	LEAQ(Mem{Base: rb, Index: rb, Scale: 2}, rb3)
+	LEAQ(Mem{Base: rb, Index: rb, Scale: 4}, rb5)
+	LEAQ(Mem{Base: rb3, Index: rb, Scale: 4}, rb7)
+	groups := Load(Param("groups"), GP64())
+	row := func(s GPVirtual, r, off int) Mem {
+		switch r {
+		case 0:
+			return Mem{Base: s, Disp: off}
+		case 1, 2, 4:
+			return Mem{Base: s, Index: rb, Scale: uint8(r), Disp: off}
+		case 3:
+			return Mem{Base: s, Index: rb3, Scale: 1, Disp: off}
+		case 5:
+			return Mem{Base: s, Index: rb5, Scale: 1, Disp: off}
+		case 6:
+			return Mem{Base: s, Index: rb3, Scale: 2, Disp: off}
+		}
+		return Mem{Base: s, Index: rb7, Scale: 1, Disp: off}
+	}
+
+	Label(name + "_group")
+	s, n := GP64(), GP64()
+	MOVQ(gp, s)
+	MOVQ(nbk, n)
+	Label(name + "_blk")
+	for r := range 8 {
+		t := GP32()
+		MOVWLZX(row(s, r, 0), t)
+		MOVW(t.As16(), Mem{Base: dp, Disp: 2 * r})
+	}
+	if q8 {
+		R := make([]VecVirtual, 8)
+		for r := range R {
+			R[r] = YMM()
+			VMOVDQU(row(s, r, 2), R[r])
+		}
+		t := make([]VecVirtual, 8)
+		for i := range 4 {
+			t[2*i], t[2*i+1] = YMM(), YMM()
+			VPUNPCKLDQ(R[2*i+1], R[2*i], t[2*i])
+			VPUNPCKHDQ(R[2*i+1], R[2*i], t[2*i+1])
+		}
+		u := make([]VecVirtual, 8) // u[c], c < 4: chunks c and c+4 of rows 0-3; u[4+c] of rows 4-7
+		for h := range 2 {
+			a, b, c, d := t[4*h], t[4*h+1], t[4*h+2], t[4*h+3]
+			u[4*h], u[4*h+1], u[4*h+2], u[4*h+3] = YMM(), YMM(), YMM(), YMM()
+			VPUNPCKLQDQ(c, a, u[4*h])
+			VPUNPCKHQDQ(c, a, u[4*h+1])
+			VPUNPCKLQDQ(d, b, u[4*h+2])
+			VPUNPCKHQDQ(d, b, u[4*h+3])
+		}
+		for c := range 4 {
+			lo, hi := YMM(), YMM()
+			VPERM2I128(U8(0x20), u[4+c], u[c], lo)
+			VPERM2I128(U8(0x31), u[4+c], u[c], hi)
+			VMOVDQU(lo, Mem{Base: dp, Disp: 16 + 32*c})
+			VMOVDQU(hi, Mem{Base: dp, Disp: 16 + 32*(c+4)})
+		}
+	} else {
+		Y := make([]VecVirtual, 4) // rows r and r+4
+		for r := range Y {
+			Y[r] = YMM()
+			VMOVDQU(row(s, r, 2), Y[r].AsX())
+			VINSERTI128(U8(1), row(s, r+4, 2), Y[r], Y[r])
+		}
+		t := make([]VecVirtual, 4)
+		for i := range 2 {
+			t[2*i], t[2*i+1] = YMM(), YMM()
+			VPUNPCKLDQ(Y[2*i+1], Y[2*i], t[2*i])
+			VPUNPCKHDQ(Y[2*i+1], Y[2*i], t[2*i+1])
+		}
+		for v := range 4 {
+			o := YMM()
+			a, c := t[v/2], t[2+v/2]
+			if v%2 == 0 {
+				VPUNPCKLQDQ(c, a, o)
+			} else {
+				VPUNPCKHQDQ(c, a, o)
+			}
+			VMOVDQU(o, Mem{Base: dp, Disp: 16 + 32*v})
+		}
+	}
+	ADDQ(U8(sb), s)
+	ADDQ(U32(k.bytes), dp)
+	DECQ(n)
+	JNZ(LabelRef(name + "_blk"))
+	LEAQ(Mem{Base: gp, Index: rb, Scale: 8}, gp)
+	DECQ(groups)
+	JNZ(LabelRef(name + "_group"))
+	VZEROUPPER()
+	RET()
+}

@@ -91,6 +91,22 @@ func asmX8(d kernels.DType) *x8Set {
 	return &avx2X8[d]
 }
 
+// packX8Asm is packX8 with the AVX2 packers, for groups > 0 and k > 0;
+// false (nothing done) without AVX2.
+func packX8Asm(dst, w []byte, d kernels.DType, k, groups int) bool {
+	if !cpuinfo.AVX2FMA() {
+		return false
+	}
+	// The slices check what the assembly assumes.
+	dst, w = dst[:groups*k/32*x8GroupBytes(d)], w[:8*groups*d.RowBytes(k)]
+	if d == kernels.Q8_0 {
+		packX8Q8_0AVX2(dst, w, k, groups)
+	} else {
+		packX8Q4_0AVX2(dst, w, k, groups)
+	}
+	return true
+}
+
 // qtilesFor returns the fastest tiles this CPU can run for quantized dtype
 // d (the tiles need F16C for the block scales).
 func qtilesFor(d kernels.DType) *qtileSet {

@@ -8547,6 +8547,90 @@ qx8Q8_0R4AVX2_blk:
 	VZEROUPPER
 	RET
 
+// func packX8Q8_0AVX2(dst []byte, w []byte, k int, groups int)
+// Requires: AVX, AVX2
+TEXT ·packX8Q8_0AVX2(SB), NOSPLIT, $0-64
+	MOVQ   dst_base+0(FP), AX
+	MOVQ   w_base+24(FP), CX
+	MOVQ   k+48(FP), DX
+	SHRQ   $0x05, DX
+	IMUL3Q $0x00000022, DX, BX
+	LEAQ   (BX)(BX*2), SI
+	LEAQ   (BX)(BX*4), DI
+	LEAQ   (SI)(BX*4), R8
+	MOVQ   groups+56(FP), R9
+
+packX8Q8_0AVX2_group:
+	MOVQ CX, R10
+	MOVQ DX, R11
+
+packX8Q8_0AVX2_blk:
+	MOVWLZX     (R10), R12
+	MOVW        R12, (AX)
+	MOVWLZX     (R10)(BX*1), R12
+	MOVW        R12, 2(AX)
+	MOVWLZX     (R10)(BX*2), R12
+	MOVW        R12, 4(AX)
+	MOVWLZX     (R10)(SI*1), R12
+	MOVW        R12, 6(AX)
+	MOVWLZX     (R10)(BX*4), R12
+	MOVW        R12, 8(AX)
+	MOVWLZX     (R10)(DI*1), R12
+	MOVW        R12, 10(AX)
+	MOVWLZX     (R10)(SI*2), R12
+	MOVW        R12, 12(AX)
+	MOVWLZX     (R10)(R8*1), R12
+	MOVW        R12, 14(AX)
+	VMOVDQU     2(R10), Y0
+	VMOVDQU     2(R10)(BX*1), Y1
+	VMOVDQU     2(R10)(BX*2), Y2
+	VMOVDQU     2(R10)(SI*1), Y3
+	VMOVDQU     2(R10)(BX*4), Y4
+	VMOVDQU     2(R10)(DI*1), Y5
+	VMOVDQU     2(R10)(SI*2), Y6
+	VMOVDQU     2(R10)(R8*1), Y7
+	VPUNPCKLDQ  Y1, Y0, Y8
+	VPUNPCKHDQ  Y1, Y0, Y0
+	VPUNPCKLDQ  Y3, Y2, Y1
+	VPUNPCKHDQ  Y3, Y2, Y2
+	VPUNPCKLDQ  Y5, Y4, Y3
+	VPUNPCKHDQ  Y5, Y4, Y4
+	VPUNPCKLDQ  Y7, Y6, Y5
+	VPUNPCKHDQ  Y7, Y6, Y6
+	VPUNPCKLQDQ Y1, Y8, Y7
+	VPUNPCKHQDQ Y1, Y8, Y1
+	VPUNPCKLQDQ Y2, Y0, Y8
+	VPUNPCKHQDQ Y2, Y0, Y0
+	VPUNPCKLQDQ Y5, Y3, Y2
+	VPUNPCKHQDQ Y5, Y3, Y3
+	VPUNPCKLQDQ Y6, Y4, Y5
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPERM2I128  $0x20, Y2, Y7, Y6
+	VPERM2I128  $0x31, Y2, Y7, Y2
+	VMOVDQU     Y6, 16(AX)
+	VMOVDQU     Y2, 144(AX)
+	VPERM2I128  $0x20, Y3, Y1, Y2
+	VPERM2I128  $0x31, Y3, Y1, Y1
+	VMOVDQU     Y2, 48(AX)
+	VMOVDQU     Y1, 176(AX)
+	VPERM2I128  $0x20, Y5, Y8, Y1
+	VPERM2I128  $0x31, Y5, Y8, Y2
+	VMOVDQU     Y1, 80(AX)
+	VMOVDQU     Y2, 208(AX)
+	VPERM2I128  $0x20, Y4, Y0, Y1
+	VPERM2I128  $0x31, Y4, Y0, Y0
+	VMOVDQU     Y1, 112(AX)
+	VMOVDQU     Y0, 240(AX)
+	ADDQ        $0x22, R10
+	ADDQ        $0x00000110, AX
+	DECQ        R11
+	JNZ         packX8Q8_0AVX2_blk
+	LEAQ        (CX)(BX*8), CX
+	DECQ        R9
+	JNZ         packX8Q8_0AVX2_group
+	VZEROUPPER
+	RET
+
 // func qx8Q4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k int, groups int)
 // Requires: AVX, AVX2, F16C, FMA3, MMX+
 TEXT ·qx8Q4_0R1AVX2(SB), NOSPLIT, $32-128
@@ -8834,6 +8918,70 @@ qx8Q4_0R4AVX2_blk:
 	SUBQ         16(SP), DX
 	DECQ         24(SP)
 	JNZ          qx8Q4_0R4AVX2_group
+	VZEROUPPER
+	RET
+
+// func packX8Q4_0AVX2(dst []byte, w []byte, k int, groups int)
+// Requires: AVX, AVX2
+TEXT ·packX8Q4_0AVX2(SB), NOSPLIT, $0-64
+	MOVQ   dst_base+0(FP), AX
+	MOVQ   w_base+24(FP), CX
+	MOVQ   k+48(FP), DX
+	SHRQ   $0x05, DX
+	IMUL3Q $0x00000012, DX, BX
+	LEAQ   (BX)(BX*2), SI
+	LEAQ   (BX)(BX*4), DI
+	LEAQ   (SI)(BX*4), R8
+	MOVQ   groups+56(FP), R9
+
+packX8Q4_0AVX2_group:
+	MOVQ CX, R10
+	MOVQ DX, R11
+
+packX8Q4_0AVX2_blk:
+	MOVWLZX     (R10), R12
+	MOVW        R12, (AX)
+	MOVWLZX     (R10)(BX*1), R12
+	MOVW        R12, 2(AX)
+	MOVWLZX     (R10)(BX*2), R12
+	MOVW        R12, 4(AX)
+	MOVWLZX     (R10)(SI*1), R12
+	MOVW        R12, 6(AX)
+	MOVWLZX     (R10)(BX*4), R12
+	MOVW        R12, 8(AX)
+	MOVWLZX     (R10)(DI*1), R12
+	MOVW        R12, 10(AX)
+	MOVWLZX     (R10)(SI*2), R12
+	MOVW        R12, 12(AX)
+	MOVWLZX     (R10)(R8*1), R12
+	MOVW        R12, 14(AX)
+	VMOVDQU     2(R10), X0
+	VINSERTI128 $0x01, 2(R10)(BX*4), Y0, Y0
+	VMOVDQU     2(R10)(BX*1), X1
+	VINSERTI128 $0x01, 2(R10)(DI*1), Y1, Y1
+	VMOVDQU     2(R10)(BX*2), X2
+	VINSERTI128 $0x01, 2(R10)(SI*2), Y2, Y2
+	VMOVDQU     2(R10)(SI*1), X3
+	VINSERTI128 $0x01, 2(R10)(R8*1), Y3, Y3
+	VPUNPCKLDQ  Y1, Y0, Y4
+	VPUNPCKHDQ  Y1, Y0, Y5
+	VPUNPCKLDQ  Y3, Y2, Y6
+	VPUNPCKHDQ  Y3, Y2, Y7
+	VPUNPCKLQDQ Y6, Y4, Y8
+	VMOVDQU     Y8, 16(AX)
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VMOVDQU     Y4, 48(AX)
+	VPUNPCKLQDQ Y7, Y5, Y4
+	VMOVDQU     Y4, 80(AX)
+	VPUNPCKHQDQ Y7, Y5, Y4
+	VMOVDQU     Y4, 112(AX)
+	ADDQ        $0x12, R10
+	ADDQ        $0x00000090, AX
+	DECQ        R11
+	JNZ         packX8Q4_0AVX2_blk
+	LEAQ        (CX)(BX*8), CX
+	DECQ        R9
+	JNZ         packX8Q4_0AVX2_group
 	VZEROUPPER
 	RET
 

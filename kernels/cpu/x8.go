@@ -84,8 +84,17 @@ func x8For(d kernels.DType) *x8Set {
 func x8GroupBytes(d kernels.DType) int { return 8 * d.RowBytes(32) }
 
 // packX8 writes groups groups of eight rows of w (rows of k columns of
-// dtype d, from w's first byte) to dst in the x8 layout.
+// dtype d, from w's first byte) to dst in the x8 layout: with the AVX2
+// packer (kernels/_generate/qx8.go) where the CPU has it, else packX8Go.
 func packX8(dst, w []byte, d kernels.DType, k, groups int) {
+	if groups > 0 && k > 0 && packX8Asm(dst, w, d, k, groups) {
+		return
+	}
+	packX8Go(dst, w, d, k, groups)
+}
+
+// packX8Go is packX8 in Go.
+func packX8Go(dst, w []byte, d kernels.DType, k, groups int) {
 	rb, nb, gb := d.RowBytes(k), k/32, x8GroupBytes(d)
 	sb := d.RowBytes(32) // stored bytes per block: 34 (Q8_0), 18 (Q4_0)
 	chunks := (sb - 2) / 4

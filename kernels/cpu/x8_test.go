@@ -41,9 +41,15 @@ func TestX8MatchesRowTiles(t *testing.T) {
 			var qx qrows
 			qx.quantize(x, R, k, xGroup(dt))
 			packed := make([]byte, groups*k/32*x8GroupBytes(dt))
-			packX8(packed, w.Data, dt, k, groups)
+			packX8Go(packed, w.Data, dt, k, groups)
 			if len(packed) != len(w.Data) {
 				t.Fatalf("%v k=%d: packed %d bytes, stored %d", dt, k, len(packed), len(w.Data))
+			}
+			fast := make([]byte, len(packed)+1) // a guard byte
+			fast[len(packed)] = 0xa5
+			packX8(fast[:len(packed)], w.Data, dt, k, groups)
+			if string(fast[:len(packed)]) != string(packed) || fast[len(packed)] != 0xa5 {
+				t.Fatalf("%v k=%d: packX8 differs from packX8Go", dt, k)
 			}
 			want := make([]float32, R*8*groups)
 			sums := make([]float64, R*8*groups) // Σ|xw| bounds the rounding
@@ -132,6 +138,10 @@ func BenchmarkX8Kernel(b *testing.B) {
 		b.Run(fmt.Sprintf("pack/%v", dt), func(b *testing.B) {
 			b.SetBytes(int64(len(w.Data)))
 			cpuLoop(b, func() { packX8(packed, w.Data, dt, k, rows/8) })
+		})
+		b.Run(fmt.Sprintf("packGo/%v", dt), func(b *testing.B) {
+			b.SetBytes(int64(len(w.Data)))
+			cpuLoop(b, func() { packX8Go(packed, w.Data, dt, k, rows/8) })
 		})
 	}
 }
