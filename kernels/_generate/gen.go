@@ -148,6 +148,9 @@ func main() {
 			}
 		}
 	}
+	for _, d := range dtypes[:3] { // F8's constants leave no register free
+		tile(isas[0], d, shape{R: 4, C: 3, U: 1})
+	}
 	for _, a := range qisas {
 		for _, k := range qkernels {
 			for _, r := range k.rows {
@@ -373,12 +376,16 @@ func tile(a isa, d dtype, s shape) {
 			VMOVUPS(t, Mem{Base: yr})
 			continue
 		}
-		v := sums[r][0]
-		VEXTRACTF128(U8(1), v.AsY(), t)
-		VADDPS(t, v.AsX(), t)
-		VHADDPS(t, t, t)
-		VHADDPS(t, t, t)
-		VMOVSS(t, Mem{Base: yr})
+		for c, v := range sums[r] {
+			if c > 0 {
+				t = XMM()
+			}
+			VEXTRACTF128(U8(1), v.AsY(), t)
+			VADDPS(t, v.AsX(), t)
+			VHADDPS(t, t, t)
+			VHADDPS(t, t, t)
+			VMOVSS(t, Mem{Base: yr, Disp: 4 * c})
+		}
 	}
 	VZEROUPPER()
 	RET()

@@ -145,6 +145,15 @@ func (m *matmul) block(s0, s1, i0, i1 int, x []float32, ldx int) {
 		yi := m.y[i*rows:]
 		j := s0
 		switch {
+		case t.r4c3 != nil && i+4 <= i1:
+			for ; j+3 <= s1; j += 3 {
+				t.r4c3(yi[j:], rows, xi, ldx, data[j*cols*esz:], cols, cols)
+			}
+			for ; j < s1; j++ {
+				t.r2c1(yi[j:], rows, xi, ldx, data[j*cols*esz:], cols, cols)
+				t.r2c1(yi[2*rows+j:], rows, xi[2*ldx:], ldx, data[j*cols*esz:], cols, cols)
+			}
+			i += 4
 		case t.r4c4 != nil && i+4 <= i1:
 			for ; j+4 <= s1; j += 4 {
 				t.r4c4(yi[j:], rows, xi, ldx, data[j*cols*esz:], cols, cols)
