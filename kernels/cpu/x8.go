@@ -217,7 +217,7 @@ func (c *x8Cache) packed(w *kernels.Mat, pack func(groups int, fn func(lo, hi in
 // qtask's kernels.
 func (m *matmul) x8task(r0, r1, i0, i1 int, scratch *[]float32) {
 	w := m.w
-	cols, rows := w.Cols, w.Rows
+	cols, ldy := w.Cols, m.ldy
 	g1 := r0 + (r1-r0)&^7
 	rb, nb := w.DType.RowBytes(cols), cols/32
 	gsz := nb * x8GroupBytes(w.DType)
@@ -235,11 +235,11 @@ func (m *matmul) x8task(r0, r1, i0, i1 int, scratch *[]float32) {
 		}
 		for i := i0; i < i1; {
 			if i+4 <= i1 {
-				x8.r4(m.y[i*rows+s0:(i+3)*rows+s1], rows, q[i*cols:(i+4)*cols], ds[2*i*nb:2*(i+4)*nb], cols, panel, cols, groups)
+				x8.r4(m.y[i*ldy+s0:(i+3)*ldy+s1], ldy, q[i*cols:(i+4)*cols], ds[2*i*nb:2*(i+4)*nb], cols, panel, cols, groups)
 				i += 4
 				continue
 			}
-			x8.r1(m.y[i*rows+s0:i*rows+s1], rows, q[i*cols:(i+1)*cols], ds[2*i*nb:2*(i+1)*nb], cols, panel, cols, groups)
+			x8.r1(m.y[i*ldy+s0:i*ldy+s1], ldy, q[i*cols:(i+1)*cols], ds[2*i*nb:2*(i+1)*nb], cols, panel, cols, groups)
 			i++
 		}
 	}
