@@ -29,15 +29,20 @@ import (
 // Per (weight row, x row) the R = 1 and R = 4 kernels do the same
 // operations in the same order, so they give the same bits.
 //
-// Signature: func(y []float32, ldy int, q []int8, ds []float32, ldq int,
-// w []byte, k, groups int); y[r·ldy + 8g + l] for r < R, g < groups, l < 8
-// is row 8g + l of the packed w (k columns) against x row r (q[r·ldq:],
-// its (d, d·Σq) pairs at ds[2·r·ldq/32:]).
+//   - Q4_K (x8BlockQ4K) sums each sub-block's nibble products in int16
+//     the same way and applies its 6-bit scale with one VPMADDWD.
+//
+// Signature: func(y []float32, ldy int, q []int8, ds []float32, bs
+// []int16, ldq int, w []byte, k, groups int); y[r·ldy + 8g + l] for r < R,
+// g < groups, l < 8 is row 8g + l of the packed w (k columns) against x
+// row r (q[r·ldq:], its (d, d·Σq) pairs at ds[2·r·ldq/32:], its Σq per 16
+// columns at bs[r·ldq/16:], read by Q4_K only).
 
 // x8Kernel is one dtype's x8 kernel.
 type x8Kernel struct {
 	name  string
-	bytes int // per group and block: 16 bytes of scales and 8 rows' quants
+	elems int // columns per block: 32, or 256 (Q4_K)
+	bytes int // per group and block: the 8 rows' scales and quants
 	block func(c x8Consts, p x8Ptrs, acc []VecVirtual)
 }
 
@@ -48,6 +53,8 @@ type x8Consts struct{ ones, low4 VecVirtual }
 // (d, s) pairs.
 type x8Ptrs struct {
 	wp, qp, dsp GPVirtual
+	bsp         GPVirtual // Q4_K: x's Σq per 16 columns
+	ldb, ldb3   GPVirtual // bs row strides (R > 1)
 	ldq, ldq3   GPVirtual // x row strides of q (R > 1): 1 and 3 rows
 	ldd, ldd3   GPVirtual // of ds
 	rows        int
@@ -65,10 +72,12 @@ func (p x8Ptrs) rowMem(base, ld, ld3 GPVirtual, r, off int) Mem {
 
 func (p x8Ptrs) q(r, off int) Mem  { return p.rowMem(p.qp, p.ldq, p.ldq3, r, off) }
 func (p x8Ptrs) ds(r, off int) Mem { return p.rowMem(p.dsp, p.ldd, p.ldd3, r, off) }
+func (p x8Ptrs) bs(r, off int) Mem { return p.rowMem(p.bsp, p.ldb, p.ldb3, r, off) }
 
 var x8Kernels = []x8Kernel{
-	{name: "Q8_0", bytes: 16 + 256, block: x8BlockQ8_0},
-	{name: "Q4_0", bytes: 16 + 128, block: x8BlockQ4_0},
+	{name: "Q8_0", elems: 32, bytes: 16 + 256, block: x8BlockQ8_0},
+	{name: "Q4_0", elems: 32, bytes: 16 + 128, block: x8BlockQ4_0},
+	{name: "Q4K", elems: 256, bytes: 32 + 256 + 256 + 1024, block: x8BlockQ4K},
 }
 
 // x8Four8 is eight float32 8s: Q4_0's offset times s.
@@ -145,6 +154,76 @@ func x8BlockQ4_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 	}
 }
 
+// x8BlockQ4K is one Q4_K super-block of eight rows, packed as d and
+// dmin (8 float16 each), the sub-block scales and mins widened to int16
+// (per sub-block j, each row's value twice: a VPMADDWD multiplies a row's
+// two int16 lanes by it), then the nibbles (per pair p of sub-blocks, 8
+// vectors v: row r's qs[32p+4v ..] in lane r; low nibbles sub-block 2p,
+// high 2p+1), against x quantized with one scale per 256 columns: per
+// sub-block, the eight int16 pair sums (each ≤ 2·15·127) summed in int16
+// (≤ 30480), times the scales into int32; the mins times x's Σq per 16
+// columns (bs) likewise; then one conversion and multiply-add each.
+func x8BlockQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
+	isum := make([]VecVirtual, p.rows)
+	for j := range 8 {
+		s16 := make([]VecVirtual, p.rows)
+		for v := range 8 {
+			w := YMM()
+			VMOVDQU(Mem{Base: p.wp, Disp: 544 + 256*(j/2) + 32*v}, w)
+			if j%2 == 1 {
+				VPSRLW(U8(4), w, w)
+			}
+			VPAND(c.low4, w, w)
+			for r := range p.rows {
+				x := YMM()
+				VPBROADCASTD(p.q(r, 32*j+4*v), x)
+				if v == 0 {
+					s16[r] = YMM()
+					VPMADDUBSW(x, w, s16[r])
+				} else {
+					VPMADDUBSW(x, w, x)
+					VPADDW(x, s16[r], s16[r])
+				}
+			}
+		}
+		for r := range p.rows {
+			if j == 0 {
+				isum[r] = YMM()
+				VPMADDWD(Mem{Base: p.wp, Disp: 32 + 32*j}, s16[r], isum[r])
+			} else {
+				VPMADDWD(Mem{Base: p.wp, Disp: 32 + 32*j}, s16[r], s16[r])
+				VPADDD(s16[r], isum[r], isum[r])
+			}
+		}
+	}
+	msum := make([]VecVirtual, p.rows)
+	for j := range 8 {
+		for r := range p.rows {
+			b := YMM()
+			VPBROADCASTD(p.bs(r, 4*j), b) // Σq of the sub-block's two halves
+			if j == 0 {
+				msum[r] = YMM()
+				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, msum[r])
+			} else {
+				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, b)
+				VPADDD(b, msum[r], msum[r])
+			}
+		}
+	}
+	for r := range p.rows { // the scales widened per x row: no register is free for them
+		d, e := YMM(), YMM()
+		VBROADCASTSS(p.ds(r, 0), d)
+		VCVTPH2PS(Mem{Base: p.wp}, e)
+		VMULPS(d, e, e)
+		VCVTDQ2PS(isum[r], isum[r])
+		VFMADD231PS(isum[r], e, acc[r])
+		VCVTPH2PS(Mem{Base: p.wp, Disp: 16}, e)
+		VMULPS(d, e, e)
+		VCVTDQ2PS(msum[r], msum[r])
+		VFNMADD231PS(msum[r], e, acc[r])
+	}
+}
+
 // x8PrefetchAhead is how far ahead of the block the R = 1 kernels
 // prefetch the packed weights (a decode step streams them from memory).
 const x8PrefetchAhead = 4096
@@ -159,12 +238,13 @@ func x8Consts8() {
 // qx8 writes kernel k's AVX2 x8 function for R x rows.
 func qx8(k x8Kernel, R int) {
 	name := fmt.Sprintf("qx8%sR%dAVX2", k.name, R)
-	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k, groups int)")
+	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k, groups int)")
 	Doc(
 		fmt.Sprintf("%s sets y[r·ldy + 8g + l] for r < %d, g < groups, l < 8 to the dot", name, R),
 		fmt.Sprintf("product of row 8g + l of the %s weights w repacked in groups of eight", k.name),
 		"rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];",
-		"ds, its (d, d·Σq) pairs per 32 columns). k is a multiple of 32 and groups > 0.",
+		"ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a",
+		fmt.Sprintf("multiple of %d and groups > 0.", k.elems),
 		"The caller guarantees the bounds; nothing is checked.")
 	Pragma("noescape")
 	p := x8Ptrs{
@@ -172,6 +252,9 @@ func qx8(k x8Kernel, R int) {
 		qp:   Load(Param("q").Base(), GP64()).(GPVirtual),
 		dsp:  Load(Param("ds").Base(), GP64()).(GPVirtual),
 		rows: R,
+	}
+	if k.elems == 256 {
+		p.bsp = Load(Param("bs").Base(), GP64()).(GPVirtual)
 	}
 	yp := Load(Param("y").Base(), GP64())
 	ldy := AllocLocal(8) // bytes
@@ -188,14 +271,24 @@ func qx8(k x8Kernel, R int) {
 		SHRQ(U8(2), p.ldd)
 		MOVQ(p.ldq3, p.ldd3)
 		SHRQ(U8(2), p.ldd3)
+		if k.elems == 256 { // bs row stride in bytes: ldq/16 int16s
+			p.ldb, p.ldb3 = GP64(), GP64()
+			MOVQ(p.ldd, p.ldb)
+			SHRQ(U8(1), p.ldb)
+			MOVQ(p.ldd3, p.ldb3)
+			SHRQ(U8(1), p.ldb3)
+		}
 	}
-	// After a group the x pointers go back k bytes (q) and k/4 (ds).
-	back := AllocLocal(16)
+	// After a group the x pointers go back k bytes (q), k/4 (ds) and k/8
+	// (bs).
+	back := AllocLocal(24)
 	{
 		t := Load(Param("k"), GP64())
 		MOVQ(t, back)
 		SHRQ(U8(2), t)
 		MOVQ(t, back.Offset(8))
+		SHRQ(U8(1), t)
+		MOVQ(t, back.Offset(16))
 	}
 	groups := AllocLocal(8)
 	{
@@ -211,7 +304,7 @@ func qx8(k x8Kernel, R int) {
 		VXORPS(acc[r], acc[r], acc[r])
 	}
 	n := Load(Param("k"), GP64())
-	SHRQ(U8(5), n) // blocks
+	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
 	Label(name + "_blk")
 	if R == 1 {
 		for i := range (k.bytes + 63) / 64 {
@@ -220,8 +313,11 @@ func qx8(k x8Kernel, R int) {
 	}
 	k.block(c, p, acc)
 	ADDQ(U32(k.bytes), p.wp)
-	ADDQ(U8(32), p.qp)
-	ADDQ(U8(8), p.dsp)
+	ADDQ(U32(k.elems), p.qp)
+	ADDQ(U32(k.elems/4), p.dsp)
+	if k.elems == 256 {
+		ADDQ(U32(k.elems/8), p.bsp)
+	}
 	DECQ(n)
 	JNZ(LabelRef(name + "_blk"))
 
@@ -236,10 +332,40 @@ func qx8(k x8Kernel, R int) {
 	ADDQ(U8(32), yp)
 	SUBQ(back, p.qp)
 	SUBQ(back.Offset(8), p.dsp)
+	if k.elems == 256 {
+		SUBQ(back.Offset(16), p.bsp)
+	}
 	DECQ(groups)
 	JNZ(LabelRef(name + "_group"))
 	VZEROUPPER()
 	RET()
+}
+
+// transpose8x8 returns the dword transpose of the eight vectors R (row r
+// in R[r]): out[c] holds dword c of every row, row r in lane r.
+func transpose8x8(R []VecVirtual) []VecVirtual {
+	t := make([]VecVirtual, 8)
+	for i := range 4 {
+		t[2*i], t[2*i+1] = YMM(), YMM()
+		VPUNPCKLDQ(R[2*i+1], R[2*i], t[2*i])
+		VPUNPCKHDQ(R[2*i+1], R[2*i], t[2*i+1])
+	}
+	u := make([]VecVirtual, 8) // u[c], c < 4: dwords c and c+4 of rows 0-3; u[4+c] of rows 4-7
+	for h := range 2 {
+		a, b, c, d := t[4*h], t[4*h+1], t[4*h+2], t[4*h+3]
+		u[4*h], u[4*h+1], u[4*h+2], u[4*h+3] = YMM(), YMM(), YMM(), YMM()
+		VPUNPCKLQDQ(c, a, u[4*h])
+		VPUNPCKHQDQ(c, a, u[4*h+1])
+		VPUNPCKLQDQ(d, b, u[4*h+2])
+		VPUNPCKHQDQ(d, b, u[4*h+3])
+	}
+	out := make([]VecVirtual, 8)
+	for c := range 4 {
+		out[c], out[c+4] = YMM(), YMM()
+		VPERM2I128(U8(0x20), u[4+c], u[c], out[c])
+		VPERM2I128(U8(0x31), u[4+c], u[c], out[c+4])
+	}
+	return out
 }
 
 // packX8 writes packX8<dtype>AVX2, kernels/cpu's packX8 for Q8_0 or
@@ -247,11 +373,8 @@ func qx8(k x8Kernel, R int) {
 // their quants transposed as dwords (8×8 for Q8_0's 32 bytes a row, 8×4
 // for Q4_0's 16) with unpacks.
 func packX8(k x8Kernel) {
-	q8 := k.name == "Q8_0"
-	sb := 34 // stored bytes per block
-	if !q8 {
-		sb = 18
-	}
+	q8, q4k := k.name == "Q8_0", k.name == "Q4K"
+	sb := map[string]int{"Q8_0": 34, "Q4_0": 18, "Q4K": 144}[k.name] // stored bytes per block
 	name := fmt.Sprintf("packX8%sAVX2", k.name)
 	TEXT(name, NOSPLIT, "func(dst, w []byte, k, groups int)")
 	Doc(fmt.Sprintf("%s writes groups groups of eight rows of the %s weights w (k columns,", name, k.name),
@@ -261,8 +384,8 @@ func packX8(k x8Kernel) {
 	dp := Load(Param("dst").Base(), GP64())
 	gp := Load(Param("w").Base(), GP64()) // the group's first row
 	nbk := Load(Param("k"), GP64())
-	SHRQ(U8(5), nbk) // blocks per row
-	rb := GP64()     // bytes per row: blocks·sb
+	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), nbk) // blocks per row
+	rb := GP64()                                         // bytes per row: blocks·sb
 	IMUL3Q(U32(sb), nbk, rb)
 	rb3, rb5, rb7 := GP64(), GP64(), GP64()
 	LEAQ(Mem{Base: rb, Index: rb, Scale: 2}, rb3)
@@ -294,36 +417,53 @@ func packX8(k x8Kernel) {
 		t := GP32()
 		MOVWLZX(row(s, r, 0), t)
 		MOVW(t.As16(), Mem{Base: dp, Disp: 2 * r})
+		if q4k {
+			MOVWLZX(row(s, r, 2), t)
+			MOVW(t.As16(), Mem{Base: dp, Disp: 16 + 2*r})
+		}
 	}
-	if q8 {
+	switch {
+	case q4k:
+		// Scales and mins: per row the eight 6-bit values (kScaleBytes)
+		// widened to dwords holding each twice as int16, transposed.
+		for i := range 2 { // scales, then mins (unpacked again: 16 vectors do not fit)
+			var R []VecVirtual
+			for r := range 8 {
+				b := GP64()
+				LEAQ(row(s, r, 0), b)
+				sc, mn := kScaleBytes(b)
+				g := []GPVirtual{sc, mn}[i]
+				v, t := YMM(), YMM()
+				VMOVQ(g, v.AsX())
+				VPMOVZXBD(v.AsX(), v)
+				VPSLLD(U8(16), v, t)
+				VPOR(t, v, v)
+				R = append(R, v)
+			}
+			for j, v := range transpose8x8(R) {
+				VMOVDQU(v, Mem{Base: dp, Disp: 32 + 256*i + 32*j})
+			}
+		}
+		for p := range 4 {
+			R := make([]VecVirtual, 8)
+			for r := range R {
+				R[r] = YMM()
+				VMOVDQU(row(s, r, 16+32*p), R[r])
+			}
+			for c, v := range transpose8x8(R) {
+				VMOVDQU(v, Mem{Base: dp, Disp: 544 + 256*p + 32*c})
+			}
+		}
+	case q8:
 		R := make([]VecVirtual, 8)
 		for r := range R {
 			R[r] = YMM()
 			VMOVDQU(row(s, r, 2), R[r])
 		}
-		t := make([]VecVirtual, 8)
-		for i := range 4 {
-			t[2*i], t[2*i+1] = YMM(), YMM()
-			VPUNPCKLDQ(R[2*i+1], R[2*i], t[2*i])
-			VPUNPCKHDQ(R[2*i+1], R[2*i], t[2*i+1])
+		for c, v := range transpose8x8(R) {
+			VMOVDQU(v, Mem{Base: dp, Disp: 16 + 32*c})
 		}
-		u := make([]VecVirtual, 8) // u[c], c < 4: chunks c and c+4 of rows 0-3; u[4+c] of rows 4-7
-		for h := range 2 {
-			a, b, c, d := t[4*h], t[4*h+1], t[4*h+2], t[4*h+3]
-			u[4*h], u[4*h+1], u[4*h+2], u[4*h+3] = YMM(), YMM(), YMM(), YMM()
-			VPUNPCKLQDQ(c, a, u[4*h])
-			VPUNPCKHQDQ(c, a, u[4*h+1])
-			VPUNPCKLQDQ(d, b, u[4*h+2])
-			VPUNPCKHQDQ(d, b, u[4*h+3])
-		}
-		for c := range 4 {
-			lo, hi := YMM(), YMM()
-			VPERM2I128(U8(0x20), u[4+c], u[c], lo)
-			VPERM2I128(U8(0x31), u[4+c], u[c], hi)
-			VMOVDQU(lo, Mem{Base: dp, Disp: 16 + 32*c})
-			VMOVDQU(hi, Mem{Base: dp, Disp: 16 + 32*(c+4)})
-		}
-	} else {
+	default:
 		Y := make([]VecVirtual, 4) // rows r and r+4
 		for r := range Y {
 			Y[r] = YMM()
@@ -347,7 +487,7 @@ func packX8(k x8Kernel) {
 			VMOVDQU(o, Mem{Base: dp, Disp: 16 + 32*v})
 		}
 	}
-	ADDQ(U8(sb), s)
+	ADDQ(U32(sb), s)
 	ADDQ(U32(k.bytes), dp)
 	DECQ(n)
 	JNZ(LabelRef(name + "_blk"))

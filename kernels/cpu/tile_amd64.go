@@ -80,9 +80,10 @@ var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
 var avx2X8 = [...]x8Set{
 	kernels.Q8_0: {r1: qx8Q8_0R1AVX2, r4: qx8Q8_0R4AVX2},
 	kernels.Q4_0: {r1: qx8Q4_0R1AVX2, r4: qx8Q4_0R4AVX2},
+	kernels.Q4K:  {r1: qx8Q4KR1AVX2, r4: qx8Q4KR4AVX2},
 }
 
-// asmX8 returns the x8 kernels of dtype d (Q8_0 or Q4_0) on AVX2 with
+// asmX8 returns the x8 kernels of dtype d (Q8_0, Q4_0 or Q4_K) on AVX2 with
 // F16C, nil with VNNI (whose tiles qtilesFor picks) or without AVX2.
 func asmX8(d kernels.DType) *x8Set {
 	if !cpuinfo.AVX2FMA() || !cpuinfo.F16C() || cpuinfo.VNNI() {
@@ -98,11 +99,14 @@ func packX8Asm(dst, w []byte, d kernels.DType, k, groups int) bool {
 		return false
 	}
 	// The slices check what the assembly assumes.
-	dst, w = dst[:groups*k/32*x8GroupBytes(d)], w[:8*groups*d.RowBytes(k)]
-	if d == kernels.Q8_0 {
+	dst, w = dst[:groups*x8RowBytes(d, k)], w[:8*groups*d.RowBytes(k)]
+	switch d {
+	case kernels.Q8_0:
 		packX8Q8_0AVX2(dst, w, k, groups)
-	} else {
+	case kernels.Q4_0:
 		packX8Q4_0AVX2(dst, w, k, groups)
+	default:
+		packX8Q4KAVX2(dst, w, k, groups)
 	}
 	return true
 }

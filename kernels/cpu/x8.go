@@ -45,8 +45,9 @@ const x8Block = 128 << 10
 // An x8Func sets y[r·ldy + 8g + l] for r < R x rows, g < groups, l < 8 to
 // the dot product of row 8g + l of the packed weights w (k columns, a
 // multiple of 32) with x row r quantized in blocks of 32 (q[r·ldq:], its
-// (d, s) pairs at ds[2·r·ldq/32:]).
-type x8Func func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k, groups int)
+// (d, s) pairs at ds[2·r·ldq/32:]; its Σq per 16 columns at bs[r·ldq/16:],
+// for Q4_K).
+type x8Func func(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k, groups int)
 
 // x8Set is one dtype's x8 kernels: one and four x rows.
 type x8Set struct{ r1, r4 x8Func }
@@ -55,6 +56,7 @@ type x8Set struct{ r1, r4 x8Func }
 var genericX8 = [...]x8Set{
 	kernels.Q8_0: {r1: x8Go(kernels.Q8_0, 1), r4: x8Go(kernels.Q8_0, 4)},
 	kernels.Q4_0: {r1: x8Go(kernels.Q4_0, 1), r4: x8Go(kernels.Q4_0, 4)},
+	kernels.Q4K:  {r1: x8Go(kernels.Q4K, 1), r4: x8Go(kernels.Q4K, 4)},
 }
 
 // x8Off turns the x8 path off (FERRITE_CPU_X8=0 in the environment, or
@@ -71,7 +73,7 @@ var forceGenericX8 atomic.Bool
 // are none: only Q8_0 and Q4_0 have them, and only on AVX2 without VNNI
 // (where the VPDPBUSD tiles run instead), unless forced.
 func x8For(d kernels.DType) *x8Set {
-	if d != kernels.Q8_0 && d != kernels.Q4_0 || x8Off.Load() {
+	if d != kernels.Q8_0 && d != kernels.Q4_0 && d != kernels.Q4K || x8Off.Load() {
 		return nil
 	}
 	if forceGenericX8.Load() {
@@ -80,8 +82,21 @@ func x8For(d kernels.DType) *x8Set {
 	return asmX8(d)
 }
 
-// x8GroupBytes is the bytes of one group block (eight rows, 32 columns).
-func x8GroupBytes(d kernels.DType) int { return 8 * d.RowBytes(32) }
+// x8GroupBytes is the bytes of one group block (eight rows, one block of
+// d's columns: 32, or 256 for Q4_K, whose scales are widened).
+func x8GroupBytes(d kernels.DType) int {
+	if d == kernels.Q4K {
+		return x8Q4KBytes
+	}
+	return 8 * d.RowBytes(32)
+}
+
+// x8Q4KBytes is a packed Q4_K group block: d and dmin (2·16 bytes), the
+// scales and the mins as int16 pairs (2·256), the nibbles (1024).
+const x8Q4KBytes = 32 + 256 + 256 + 1024
+
+// x8RowBytes is the packed bytes of a group of eight rows of k columns.
+func x8RowBytes(d kernels.DType, k int) int { return k / d.BlockElems() * x8GroupBytes(d) }
 
 // packX8 writes groups groups of eight rows of w (rows of k columns of
 // dtype d, from w's first byte) to dst in the x8 layout: with the AVX2
@@ -95,8 +110,9 @@ func packX8(dst, w []byte, d kernels.DType, k, groups int) {
 
 // packX8Go is packX8 in Go.
 func packX8Go(dst, w []byte, d kernels.DType, k, groups int) {
-	rb, nb, gb := d.RowBytes(k), k/32, x8GroupBytes(d)
-	sb := d.RowBytes(32) // stored bytes per block: 34 (Q8_0), 18 (Q4_0)
+	be := d.BlockElems()
+	rb, nb, gb := d.RowBytes(k), k/be, x8GroupBytes(d)
+	sb := d.RowBytes(be) // stored bytes per block: 34 (Q8_0), 18 (Q4_0), 144 (Q4_K)
 	chunks := (sb - 2) / 4
 	dst = dst[:groups*nb*gb]
 	le := binary.LittleEndian
@@ -107,53 +123,91 @@ func packX8Go(dst, w []byte, d kernels.DType, k, groups int) {
 			for r := range 8 {
 				src := gw[r*rb+b*sb : r*rb+(b+1)*sb]
 				le.PutUint16(out[2*r:], le.Uint16(src))
-				if chunks == 8 { // Q8_0
-					for c := range 8 {
+				switch d {
+				case kernels.Q4K:
+					le.PutUint16(out[16+2*r:], le.Uint16(src[2:]))
+					sc, mn := scaleMinK4x8(src[4:16])
+					for j := range 8 {
+						le.PutUint32(out[32+32*j+4*r:], uint32(sc>>(8*j)&0xff)*0x10001)
+						le.PutUint32(out[288+32*j+4*r:], uint32(mn>>(8*j)&0xff)*0x10001)
+					}
+					for c := range 32 { // pair c/8 of sub-blocks, vector c%8
+						le.PutUint32(out[544+32*c+4*r:], le.Uint32(src[16+4*c:]))
+					}
+				default:
+					for c := range chunks {
 						le.PutUint32(out[16+32*c+4*r:], le.Uint32(src[2+4*c:]))
 					}
-					continue
-				}
-				for c := range 4 {
-					le.PutUint32(out[16+32*c+4*r:], le.Uint32(src[2+4*c:]))
 				}
 			}
 		}
 	}
 }
 
+// scaleMinK4x8 returns a Q4_K block's eight 6-bit scales and mins
+// (kernels.ScaleMinK4 of j in byte j) from its twelve scale bytes.
+func scaleMinK4x8(s []byte) (sc, mn uint64) {
+	le := binary.LittleEndian
+	a0, a1, a2 := le.Uint32(s), le.Uint32(s[4:]), le.Uint32(s[8:])
+	sc = uint64(a0&0x3f3f3f3f) | uint64(a2&0x0f0f0f0f|(a0>>6&0x03030303)<<4)<<32
+	mn = uint64(a1&0x3f3f3f3f) | uint64(a2>>4&0x0f0f0f0f|(a1>>6&0x03030303)<<4)<<32
+	return sc, mn
+}
+
 // x8Go is the Go twin of the x8 kernel of dtype d for R x rows: the same
-// integer sums, and per block acc += float32(Σ)·(dw·d) (Q8_0) or
-// acc += dw·(float32(Σ)·d − 8·s) (Q4_0) in float32.
+// integer sums, and per block, in float32, acc += float32(Σ)·(dw·d)
+// (Q8_0), acc += dw·(float32(Σ)·d − 8·s) (Q4_0), or acc +=
+// float32(Σⱼ scⱼ·Σ)·(dw·d) − float32(Σⱼ mⱼ·Σq)·(dmin·d) (Q4_K).
 func x8Go(d kernels.DType, R int) x8Func {
-	gb := x8GroupBytes(d)
-	return func(y []float32, ldy int, q []int8, ds []float32, ldq int, w []byte, k, groups int) {
-		nb := k / 32
+	gb, be := x8GroupBytes(d), d.BlockElems()
+	return func(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k, groups int) {
+		nb := k / be
 		for g := range groups {
 			for r := range R {
 				xq, xd := q[r*ldq:], ds[2*r*ldq/32:]
 				var acc [8]float32
 				for b := range nb {
 					blk := w[(g*nb+b)*gb : (g*nb+b+1)*gb]
-					xb := xq[32*b : 32*b+32]
+					xb := xq[be*b : be*(b+1)]
+					dx := xd[2*b*be/32]
 					for l := range 8 {
 						dw := f16(blk[2*l:])
 						var sum int32
-						if d == kernels.Q8_0 {
+						switch d {
+						case kernels.Q8_0:
 							for c := range 8 {
 								for i := range 4 {
 									sum += int32(int8(blk[16+32*c+4*l+i])) * int32(xb[4*c+i])
 								}
 							}
-							acc[l] += float32(sum) * (dw * xd[2*b])
-							continue
-						}
-						for v := range 4 {
-							for i := range 4 {
-								n := blk[16+32*v+4*l+i]
-								sum += int32(n&0xf)*int32(xb[4*v+i]) + int32(n>>4)*int32(xb[16+4*v+i])
+							acc[l] += float32(sum) * (dw * dx)
+						case kernels.Q4_0:
+							for v := range 4 {
+								for i := range 4 {
+									n := blk[16+32*v+4*l+i]
+									sum += int32(n&0xf)*int32(xb[4*v+i]) + int32(n>>4)*int32(xb[16+4*v+i])
+								}
 							}
+							acc[l] += dw * (float32(sum)*dx - 8*xd[2*b+1])
+						case kernels.Q4K:
+							xs := bs[r*ldq/16+16*b:]
+							var msum int32
+							for j := range 8 {
+								sc := int32(blk[32+32*j+4*l])
+								m := int32(blk[288+32*j+4*l])
+								var sj int32
+								for v := range 8 {
+									for i := range 4 {
+										n := blk[544+256*(j/2)+32*v+4*l+i] >> (4 * uint(j%2)) & 0xf
+										sj += int32(n) * int32(xb[32*j+4*v+i])
+									}
+								}
+								sum += sc * sj
+								msum += m * (int32(xs[2*j]) + int32(xs[2*j+1]))
+							}
+							acc[l] += float32(sum) * (dw * dx)
+							acc[l] -= float32(msum) * (f16(blk[16+2*l:]) * dx)
 						}
-						acc[l] += dw * (float32(sum)*xd[2*b] - 8*xd[2*b+1])
 					}
 				}
 				copy(y[r*ldy+8*g:r*ldy+8*g+8], acc[:])
@@ -201,7 +255,7 @@ func (c *x8Cache) packed(w *kernels.Mat, pack func(groups int, fn func(lo, hi in
 	c.mu.Unlock()
 	e.once.Do(func() {
 		groups, rb := w.Rows/8, w.DType.RowBytes(w.Cols)
-		gsz := w.Cols / 32 * x8GroupBytes(w.DType)
+		gsz := x8RowBytes(w.DType, w.Cols)
 		e.data = make([]byte, groups*gsz)
 		pack(groups, func(lo, hi int) {
 			packX8(e.data[lo*gsz:hi*gsz], w.Data[8*lo*rb:8*hi*rb], w.DType, w.Cols, hi-lo)
@@ -220,9 +274,9 @@ func (m *matmul) x8task(r0, r1, i0, i1 int, scratch *[]float32) {
 	cols, ldy := w.Cols, m.ldy
 	g1 := r0 + (r1-r0)&^7
 	rb, nb := w.DType.RowBytes(cols), cols/32
-	gsz := nb * x8GroupBytes(w.DType)
+	gsz := x8RowBytes(w.DType, cols)
 	step := max(8, x8Block/max(rb, 1)&^7)
-	q, ds, x8 := m.qx.q, m.qx.ds, m.x8
+	q, ds, bs, x8 := m.qx.q, m.qx.ds, m.qx.bs, m.x8
 	for s0 := r0; s0 < g1; s0 += step {
 		s1 := min(g1, s0+step)
 		groups := (s1 - s0) / 8
@@ -235,11 +289,11 @@ func (m *matmul) x8task(r0, r1, i0, i1 int, scratch *[]float32) {
 		}
 		for i := i0; i < i1; {
 			if i+4 <= i1 {
-				x8.r4(m.y[i*ldy+s0:(i+3)*ldy+s1], ldy, q[i*cols:(i+4)*cols], ds[2*i*nb:2*(i+4)*nb], cols, panel, cols, groups)
+				x8.r4(m.y[i*ldy+s0:(i+3)*ldy+s1], ldy, q[i*cols:(i+4)*cols], ds[2*i*nb:2*(i+4)*nb], bs[2*i*nb:2*(i+4)*nb], cols, panel, cols, groups)
 				i += 4
 				continue
 			}
-			x8.r1(m.y[i*ldy+s0:i*ldy+s1], ldy, q[i*cols:(i+1)*cols], ds[2*i*nb:2*(i+1)*nb], cols, panel, cols, groups)
+			x8.r1(m.y[i*ldy+s0:i*ldy+s1], ldy, q[i*cols:(i+1)*cols], ds[2*i*nb:2*(i+1)*nb], bs[2*i*nb:2*(i+1)*nb], cols, panel, cols, groups)
 			i++
 		}
 	}

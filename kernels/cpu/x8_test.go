@@ -18,12 +18,16 @@ import (
 // same bits from the one- and four-row kernels.
 func TestX8MatchesRowTiles(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 8))
-	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0} {
+	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K} {
 		sets := map[string]*x8Set{"go": &genericX8[dt]}
 		if a := asmX8(dt); a != nil {
 			sets["asm"] = a
 		}
-		for _, k := range []int{32, 96, 256, 1024} {
+		ks := []int{32, 96, 256, 1024}
+		if dt == kernels.Q4K {
+			ks = []int{256, 512, 1024}
+		}
+		for _, k := range ks {
 			const groups, R = 3, 4
 			ldy := 8*groups + 5
 			w := kerneltest.NewMat(rng, dt, 8*groups, k, 0, 0)
@@ -40,9 +44,9 @@ func TestX8MatchesRowTiles(t *testing.T) {
 			x[5] = 30 // an outlier that sets a block's scale
 			var qx qrows
 			qx.quantize(x, R, k, xGroup(dt))
-			packed := make([]byte, groups*k/32*x8GroupBytes(dt))
+			packed := make([]byte, groups*x8RowBytes(dt, k))
 			packX8Go(packed, w.Data, dt, k, groups)
-			if len(packed) != len(w.Data) {
+			if dt != kernels.Q4K && len(packed) != len(w.Data) {
 				t.Fatalf("%v k=%d: packed %d bytes, stored %d", dt, k, len(packed), len(w.Data))
 			}
 			fast := make([]byte, len(packed)+1) // a guard byte
@@ -75,7 +79,7 @@ func TestX8MatchesRowTiles(t *testing.T) {
 						if rr == 4 {
 							f = set.r4
 						}
-						f(got[r*ldy:], ldy, qx.q[r*k:], qx.ds[2*r*k/32:], k, packed, k, groups)
+						f(got[r*ldy:], ldy, qx.q[r*k:], qx.ds[2*r*k/32:], qx.bs[r*k/16:], k, packed, k, groups)
 					}
 					what := fmt.Sprintf("%s %v k=%d R%d", name, dt, k, rr)
 					for i, v := range got {
@@ -112,13 +116,13 @@ func TestX8MatchesRowTiles(t *testing.T) {
 func BenchmarkX8Kernel(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	const k, rows = 1024, 64
-	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0} {
+	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K} {
 		sets := map[string]*x8Set{"go": &genericX8[dt]}
 		if a := asmX8(dt); a != nil {
 			sets["asm"] = a
 		}
 		w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
-		packed := make([]byte, len(w.Data))
+		packed := make([]byte, rows/8*x8RowBytes(dt, k))
 		packX8(packed, w.Data, dt, k, rows/8)
 		x := make([]float32, 4*k)
 		for i := range x {
@@ -131,7 +135,7 @@ func BenchmarkX8Kernel(b *testing.B) {
 			for R, f := range map[int]x8Func{1: set.r1, 4: set.r4} {
 				b.Run(fmt.Sprintf("%s/%v/R%d", name, dt, R), func(b *testing.B) {
 					b.SetBytes(int64(R * len(w.Data)))
-					cpuLoop(b, func() { f(y, rows, qx.q, qx.ds, k, packed, k, rows/8) })
+					cpuLoop(b, func() { f(y, rows, qx.q, qx.ds, qx.bs, k, packed, k, rows/8) })
 				})
 			}
 		}
@@ -153,7 +157,7 @@ func BenchmarkX8Kernel(b *testing.B) {
 func BenchmarkQPrefill(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 4))
 	const n = 512
-	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0} {
+	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K} {
 		for _, s := range [][2]int{{3072, 1024}, {1024, 3072}} {
 			w := kerneltest.NewMat(rng, dt, s[0], s[1], 0, 0)
 			x := make([]float32, n*s[1])
@@ -234,6 +238,25 @@ func TestLinearCatWritesInPlace(t *testing.T) {
 					}
 				}
 				c0 += w.Rows
+			}
+		}
+	}
+}
+
+// TestScaleMinK4x8 checks the packer's scale unpacking against
+// kernels.ScaleMinK4 on every byte value in every position.
+func TestScaleMinK4x8(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2, 2))
+	s := make([]byte, 12)
+	for range 2000 {
+		for i := range s {
+			s[i] = byte(rng.Uint32())
+		}
+		sc, mn := scaleMinK4x8(s)
+		for j := range 8 {
+			ws, wm := kernels.ScaleMinK4(j, s)
+			if byte(sc>>(8*j)) != ws || byte(mn>>(8*j)) != wm {
+				t.Fatalf("scales % x, j %d: %d, %d; ScaleMinK4 %d, %d", s, j, byte(sc>>(8*j)), byte(mn>>(8*j)), ws, wm)
 			}
 		}
 	}
