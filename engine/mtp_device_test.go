@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/engine/bench"
 	"github.com/ferrite-llm/ferrite/engine/internal/modeltest"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
@@ -19,13 +20,6 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
-
-// mtpQuestions are in-domain chat questions for the built-in model, whose
-// trained MTP layer makes acceptance meaningful (MODEL_CARD.md).
-var mtpQuestions = []string{
-	"What does serendipity mean?", "Who are you?", "Give me a synonym for small.",
-	"Use meticulous in a sentence.", "Tell me a quote about patience.", "What can you help me with?",
-}
 
 // TestMTPOnDevice checks on the device FERRITE_TEST_DEVICE names (no
 // fallback) that speculative greedy decoding emits plain greedy decoding's
@@ -84,7 +78,7 @@ func TestMTPOnDevice(t *testing.T) {
 			t.Fatal(err)
 		}
 		var prompts [][]int32
-		for _, q := range mtpQuestions {
+		for _, q := range bench.ChatQuestions {
 			text, err := tok.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: q}}, tokenizer.TemplateOptions{AddGenerationPrompt: true})
 			if err != nil {
 				t.Fatal(err)
@@ -150,7 +144,7 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 		}
 		gen(prompts[0]) // warm-up: graphs, scratch, weights
 		before := rt.Stats()
-		caps0, reps0, _ := graphStats(l.Backend)
+		graphs0, _ := kernels.StepGraphStats(l.Backend)
 		var tokens int
 		var busy time.Duration
 		var outs [][]int32
@@ -170,7 +164,8 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 			}
 		}
 		st := rt.Stats()
-		caps, reps, gerr := graphStats(l.Backend)
+		graphs, _ := kernels.StepGraphStats(l.Backend)
+		graphs = graphs.Sub(graphs0)
 		rt.Close()
 		rate := float64(tokens) / busy.Seconds()
 		speedup := ""
@@ -180,9 +175,9 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 			speedup = fmt.Sprintf(", %.2fx plain", rate/plainRate)
 		}
 		drafts, accepted := st.DraftTokens-before.DraftTokens, st.AcceptedTokens-before.AcceptedTokens
-		t.Logf("draft %d: %d tokens in %.3f s = %.1f tok/s%s; %d steps, %d verify steps, %d drafts, %d accepted (%.1f%%); graphs: %d captured, %d replayed (%v)",
+		t.Logf("draft %d: %d tokens in %.3f s = %.1f tok/s%s; %d steps, %d verify steps, %d drafts, %d accepted (%.1f%%); device steps: %d replayed as graphs (%d captured), %d eager, %d graphs evicted, %d cached (%v)",
 			draft, tokens, busy.Seconds(), rate, speedup, st.Steps-before.Steps, st.VerifySteps-before.VerifySteps, drafts, accepted,
-			100*float64(accepted)/max(1, float64(drafts)), caps-caps0, reps-reps0, gerr)
+			100*float64(accepted)/max(1, float64(drafts)), graphs.Replays, graphs.Captures, graphs.Eager, graphs.Evictions, graphs.Cached, graphs.Err)
 	}
 }
 
@@ -198,13 +193,4 @@ func plainGap(t *testing.T, m model.Model, prompt, answer []int32) float64 {
 		logits = e.Step(t, s, []int32{tok}, model.LastLogits)
 	}
 	return fixtures.Top2Gap(logits)
-}
-
-// graphStats is the device's step-graph counts (captured, replayed; the
-// CUDA backend), zeros elsewhere.
-func graphStats(be any) (captures, replays int, err error) {
-	if g, ok := be.(interface{ GraphStats() (int, int, error) }); ok {
-		return g.GraphStats()
-	}
-	return 0, 0, nil
 }

@@ -46,3 +46,22 @@ type MemoryReporter interface {
 type BatchSizer interface {
 	PreferredBatchTokens() int
 }
+
+// BatchReader is an optional capability of a Memory whose reads each wait
+// for the device (a GPU's): ReadF32s reads several F32 tensors after one
+// wait, dst[i] getting ts[i] as ReadF32 would give it.
+type BatchReader interface {
+	ReadF32s(dst [][]float32, ts []Tensor)
+}
+
+// ReadF32s reads each ts[i] into dst[i] on m: in one wait when m is a
+// BatchReader, one ReadF32 at a time otherwise.
+func ReadF32s(m Memory, dst [][]float32, ts []Tensor) {
+	if br, ok := m.(BatchReader); ok {
+		br.ReadF32s(dst, ts)
+		return
+	}
+	for i, t := range ts {
+		m.ReadF32(dst[i], t)
+	}
+}

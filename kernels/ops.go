@@ -113,6 +113,20 @@ type LinearOps interface {
 	// dst are F32 and contiguous.
 	SwiGLULinear(dst, x Tensor, gate, up *Mat, limit float32)
 
+	// NormLinearCat is LinearCat(dst, RMSNorm(x, n), ws, e) in one op, x
+	// (N, in) F32 the un-normed rows and n the norm (weight (1, in)): a
+	// pre-norm block's norm fused into the product that reads it, so that
+	// no normed copy of x is written. A backend may apply the norm's scale
+	// after the sums, dst = rsqrt(mean(x²) + eps)·(w ⊙ x)·Wᵀ, which
+	// differs from the two ops by rounding only (kerneltest holds it to
+	// LinearTol over the normed row). x is not modified; dst must not
+	// alias it.
+	NormLinearCat(dst, x Tensor, n *HeadNorm, ws []*Mat, e Epilogue)
+
+	// NormSwiGLULinear is SwiGLULinear(dst, RMSNorm(x, n), gate, up,
+	// limit) in one op, as NormLinearCat fuses LinearCat's.
+	NormSwiGLULinear(dst, x Tensor, n *HeadNorm, gate, up *Mat, limit float32)
+
 	// Embed sets dst (N, w.Cols) F32 to the rows of w named by ids (N, 1)
 	// I32: dst[i] = w[ids[i]].
 	Embed(dst Tensor, w *Mat, ids Tensor)
@@ -175,8 +189,10 @@ type AttnShape struct {
 	Scale                   float32 // softmax scale, usually HeadDim^-½
 }
 
-// HeadNorm is a per-head RMSNorm (Qwen3's q_norm and k_norm): weight
-// (1, headDim) F32, as NormOps.RMSNorm applies it to every head.
+// HeadNorm is an RMSNorm's parameters as an op takes them: a per-head
+// norm (Qwen3's q_norm and k_norm, weight (1, headDim) F32, applied to
+// every head as NormOps.RMSNorm does) or a row's norm fused into a linear
+// op (LinearOps.NormLinearCat: weight (1, in)).
 type HeadNorm struct {
 	W      Tensor
 	Eps    float32
@@ -223,7 +239,9 @@ const (
 // only the TopKGroups groups with the best sum of their two best biased
 // scores stay eligible; the weights are the unbiased s, divided by their sum
 // + 1e-20 when NormTopK. Both then multiply by Scale. Ties go to the lower
-// expert id.
+// expert id. Shared > 0 appends, after a token's TopK routed experts, the
+// experts every token takes: ids experts, experts + 1, … (the expert list
+// given to Experts holds them after the routed ones) with weight 1.
 type Router struct {
 	Bias       Tensor // (1, experts) F32 selection bias; zero Tensor for none
 	Scoring    Scoring
@@ -232,6 +250,18 @@ type Router struct {
 	Scale      float32 // routed_scaling_factor; 1 for none
 	Groups     int     // n_group; ≤ 1 disables grouped selection
 	TopKGroups int     // topk_group
+	Shared     int     // shared experts folded into the routed ones (SharedExperts); 0 for none
+}
+
+// Width is the columns of Route's ids and weights: TopK + Shared.
+func (r *Router) Width() int { return r.TopK + r.Shared }
+
+// SharedExperts is implemented by a backend whose Experts runs an expert
+// that every token of the call takes (Router.Shared) at least as fast as
+// the separate dense SwiGLU MLP: a model then folds its ungated shared
+// experts into the routed ones, one Experts call instead of three ops.
+type SharedExperts interface {
+	FoldsSharedExperts() bool
 }
 
 // Expert is one routed expert's SwiGLU weights, fused (GateUp) or separate.
@@ -244,8 +274,8 @@ type Expert struct {
 
 // MoEOps route tokens to experts and run them.
 type MoEOps interface {
-	// Route sets ids and w (N, TopK), I32 and F32, from the router logits
-	// (N, experts) F32.
+	// Route sets ids and w (N, r.Width()), I32 and F32, from the router
+	// logits (N, experts) F32.
 	Route(ids, w, logits Tensor, r *Router)
 
 	// Experts sets dst (N, hidden) = Σ_k w[i,k]·Expert_{ids[i,k]}(x[i]) for
@@ -386,9 +416,10 @@ type StateRecorder interface {
 }
 
 // RowExact is implemented by a backend that can give each row of its
-// linear ops (Linear, LinearCat, SwiGLULinear) the bits a call with that
-// row alone gives, whatever the other rows of the call: a speculative
-// verification's rows then reproduce plain decoding's results bit for bit.
+// linear ops (Linear, LinearCat, SwiGLULinear, NormLinearCat,
+// NormSwiGLULinear) the bits a call with that row alone gives, whatever
+// the other rows of the call: a speculative verification's rows then
+// reproduce plain decoding's results bit for bit.
 // SetRowExact turns that on or off for the steps that follow (outside a
 // step); it may cost speed on many rows.
 type RowExact interface {

@@ -62,6 +62,14 @@ import (
 // model has no MTP module (model.MTPModel).
 var ErrMTPUnavailable = errors.New("mtp: not available")
 
+// ChatQuestions are in-domain chat questions for the built-in model, whose
+// trained MTP layer makes acceptance meaningful (MODEL_CARD.md): the
+// prompts of `ferrite bench --chat` and of the engine's MTP device test.
+var ChatQuestions = []string{
+	"What does serendipity mean?", "Who are you?", "Give me a synonym for small.",
+	"Use meticulous in a sentence.", "Tell me a quote about patience.", "What can you help me with?",
+}
+
 // DefaultDraft is the draft length of MTP cases when Options.Draft is 0.
 const DefaultDraft = 3
 
@@ -77,6 +85,12 @@ type Options struct {
 	// negative means no limit.
 	DraftMaxSeqs int
 	Seed         uint64 // prompts and sampler seeds
+
+	// Prompts, when not empty, replace the random prompts: request i of a
+	// case sends Prompts[i mod len(Prompts)] (real text, for a model whose
+	// MTP module was trained on it: random tokens are hardly ever
+	// predictable). PromptLens then only labels the cases.
+	Prompts [][]int32
 
 	// KVBudget is the cache size in bytes; 0 sizes it so the largest case
 	// fits without preemption (concurrency × (prompt + gen + a block)).
@@ -159,6 +173,14 @@ type Result struct {
 	WeightBytesPerStep int64   `json:"weight_bytes_per_step,omitempty"`
 	WeightBytesPerSec  float64 `json:"weight_bytes_per_s,omitempty"`
 	RooflineFraction   float64 `json:"roofline_fraction,omitempty"`
+
+	// Step graphs over the case, on a device that replays repeated steps
+	// (kernels.StepGrapher: CUDA graphs; zero elsewhere): device steps
+	// (forward passes, MTP passes included) replayed as one graph, graphs
+	// captured (each also replayed), steps launched eagerly.
+	GraphReplays  int `json:"graph_replays,omitempty"`
+	GraphCaptures int `json:"graph_captures,omitempty"`
+	GraphEager    int `json:"graph_eager_steps,omitempty"`
 }
 
 // Cases expands the options into the sweep, in the order they run:
@@ -204,11 +226,30 @@ func (o *Options) Validate(info model.Info) error {
 	if o.KVBudget < 0 || o.MaxBatchTokens < 0 {
 		return fmt.Errorf("bench: negative KV budget (%d) or max batch tokens (%d)", o.KVBudget, o.MaxBatchTokens)
 	}
-	longest := slices.Max(o.PromptLens) + slices.Max(o.GenLens)
+	for _, p := range o.Prompts {
+		if len(p) == 0 {
+			return fmt.Errorf("bench: an empty prompt")
+		}
+		for _, t := range p {
+			if t < 0 || int(t) >= info.Vocab {
+				return fmt.Errorf("bench: prompt token %d outside the vocabulary", t)
+			}
+		}
+	}
+	longest := o.longestPrompt() + slices.Max(o.GenLens)
 	if info.MaxContext > 0 && longest > info.MaxContext {
 		return fmt.Errorf("bench: prompt + gen = %d tokens exceeds the model's context %d", longest, info.MaxContext)
 	}
 	return nil
+}
+
+// longestPrompt is the most prompt tokens a request of the sweep sends.
+func (o *Options) longestPrompt() int {
+	n := slices.Max(o.PromptLens)
+	for _, p := range o.Prompts {
+		n = max(n, len(p))
+	}
+	return n
 }
 
 // kvBudget is the cache size for a sweep: the given budget, or enough for
@@ -218,7 +259,7 @@ func (o *Options) kvBudget(info model.Info) int64 {
 		return o.KVBudget
 	}
 	const block = 16 // kvcache.DefaultBlockSize, plus per-sequence slack
-	tokens := slices.Max(o.Concurrency) * (slices.Max(o.PromptLens) + slices.Max(o.GenLens) + 2*block)
+	tokens := slices.Max(o.Concurrency) * (o.longestPrompt() + slices.Max(o.GenLens) + 2*block)
 	return max(int64(tokens)*info.KVBytesPerToken, 1<<20)
 }
 
@@ -235,6 +276,10 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 	budget := o.kvBudget(info)
 	wm, pm := watch(m)
 	maxSeqs := slices.Max(o.Concurrency)
+	var dev any // the model's device, for its step-graph counts
+	if dm, ok := m.(model.DeviceModel); ok {
+		dev = dm.Device()
+	}
 	newRuntime := func(c Case) (*runtime.Runtime, error) {
 		// Conversation reuse off: the prompts are random, and cached
 		// prefixes would only hold cache blocks (and show in peak KV).
@@ -255,7 +300,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		_, err = runCase(ctx, rt, pm, Case{Concurrency: 1, PromptLen: slices.Max(o.PromptLens), GenLen: 2}, info.Vocab, o.Seed)
+		_, err = runCase(ctx, rt, pm, Case{Concurrency: 1, PromptLen: slices.Max(o.PromptLens), GenLen: 2}, info.Vocab, o.Seed, o.Prompts)
 		rt.Close()
 		if err != nil {
 			return nil, fmt.Errorf("bench: warm-up: %w", err)
@@ -289,11 +334,12 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 				return out, fmt.Errorf("bench: %v: priming: %w", c, err)
 			}
 		}
+		g0, _ := kernels.StepGraphStats(dev)
 		prof := o.Profiler != nil && o.Profiler.Profiling()
 		if prof {
 			o.Profiler.ResetProfile()
 		}
-		r, err := runCase(ctx, rt, pm, c, info.Vocab, o.Seed)
+		r, err := runCase(ctx, rt, pm, c, info.Vocab, o.Seed, o.Prompts)
 		if err == nil && prof {
 			var sb strings.Builder
 			err = o.Profiler.WriteProfile(&sb)
@@ -302,6 +348,10 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 		rt.Close()
 		if err != nil {
 			return out, fmt.Errorf("bench: %v: %w", c, err)
+		}
+		if g, ok := kernels.StepGraphStats(dev); ok {
+			g = g.Sub(g0)
+			r.GraphReplays, r.GraphCaptures, r.GraphEager = g.Replays, g.Captures, g.Eager
 		}
 		if c.MTP {
 			r.Draft = o.draft()
@@ -338,15 +388,20 @@ type progress struct {
 }
 
 // runCase runs one case on rt and measures it.
-func runCase(ctx context.Context, rt *runtime.Runtime, pm *peakModel, c Case, vocab int, seed uint64) (Result, error) {
+func runCase(ctx context.Context, rt *runtime.Runtime, pm *peakModel, c Case, vocab int, seed uint64, prompts [][]int32) (Result, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	reqs := make([]runtime.Request, c.Concurrency)
 	for i := range reqs {
-		rng := rand.New(rand.NewPCG(seed, uint64(i)))
-		p := make([]int32, c.PromptLen)
-		for j := range p {
-			p[j] = int32(rng.IntN(vocab))
+		var p []int32
+		if len(prompts) > 0 {
+			p = prompts[i%len(prompts)]
+		} else {
+			rng := rand.New(rand.NewPCG(seed, uint64(i)))
+			p = make([]int32, c.PromptLen)
+			for j := range p {
+				p[j] = int32(rng.IntN(vocab))
+			}
 		}
 		reqs[i] = runtime.Request{
 			Prompt:    p,

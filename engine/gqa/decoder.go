@@ -300,17 +300,11 @@ func (d *Decoder) run(b *model.Batch, st *Step, embed func(c *Ctx, x kernels.Ten
 		c := st.Ctx(dev, b)
 		c.Lin = d.lin
 		embed(c, x)
-		first := blocks[0].AttnNorm
-		dev.RMSNorm(h, x, first.W, first.Eps, first.Offset)
-		for i, blk := range blocks {
-			blk.Forward(c, x, h, y)
-			next := norm
-			if i+1 < len(blocks) {
-				next = blocks[i+1].AttnNorm
-			}
-			dev.AddRMSNorm(h, x, y, next.W, next.Eps, next.Offset)
+		r := &Residual{X: x, H: h, Y: y}
+		for _, blk := range blocks {
+			blk.Forward(c, r)
 		}
-		logits, hid = st.Head(dev, h, head)
+		logits, hid = st.Head(dev, r.Norm(dev, norm), head)
 	})
 	return st.Outputs(dev, b, logits, hid)
 }
@@ -515,22 +509,25 @@ func (in *Inputs) UploadStates(dev kernels.Device, b *model.Batch, st *Step) err
 func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) *model.Output {
 	var lg, hs, top []float32
 	var vocab, hidden, k int
+	var dst [][]float32 // what to read back, in one wait where the device can
+	var src []kernels.Tensor
 	if logits.Valid() {
 		vocab = logits.Cols
 		if st.top.Valid() {
 			k = st.top.Cols / 2
 			top = make([]float32, st.top.Elems())
-			dev.ReadF32(top, st.top)
+			dst, src = append(dst, top), append(src, st.top)
 		} else {
 			lg = make([]float32, logits.Elems())
-			dev.ReadF32(lg, logits)
+			dst, src = append(dst, lg), append(src, logits)
 		}
 	}
 	if hid.Valid() {
 		hs = make([]float32, hid.Elems())
-		dev.ReadF32(hs, hid)
+		dst, src = append(dst, hs), append(src, hid)
 		hidden = hid.Cols
 	}
+	kernels.ReadF32s(dev, dst, src)
 	n := len(b.Seqs)
 	first := make([]int, n+1) // (seqs+1) first logit row of each sequence, then the total
 	for i := range b.Seqs {

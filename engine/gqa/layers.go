@@ -88,25 +88,42 @@ func (n *Norm) headNorm() *kernels.HeadNorm {
 
 // Forward sets y (N, hidden) = Attention(h (N, hidden)) and stores the
 // step's keys and values in the cache.
-func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) {
+func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) { a.run(c, y, false, h, nil) }
+
+// addsToStream implements streamAdder: without the output gate, which
+// reads the normed input too.
+func (a *Attention) addsToStream() bool { return a.Gate == nil }
+
+// addForward implements streamAdder.
+func (a *Attention) addForward(c *Ctx, x, h kernels.Tensor, n *Norm) { a.run(c, x, true, h, n) }
+
+// run sets dst (N, hidden) = Attention(h), or adds it to dst when acc.
+// When h is the zero Tensor the input is n(dst), the norm fused into the
+// q/k/v product (NormLinearCat).
+func (a *Attention) run(c *Ctx, dst kernels.Tensor, acc bool, h kernels.Tensor, n *Norm) {
 	if a.Q.B.Valid() || a.K.B.Valid() || a.V.B.Valid() {
 		panic("gqa: q/k/v biases belong in Attention.QKVB")
 	}
-	dev, n, s := c.Dev, c.N, a.Shape
+	dev, rows, s := c.Dev, c.N, a.Shape
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
-	qkv := dev.Scratch(kernels.F32, n, qw+2*kw) // (N, (heads + 2·kvHeads)·headDim) [q | k | v]
-	dev.LinearCat(qkv, h, []*kernels.Mat{a.Q.W, a.K.W, a.V.W}, kernels.Epilogue{Bias: a.QKVB})
-	q := dev.Scratch(kernels.F32, n, qw) // (N, heads·headDim) normed and rotated
+	qkv := dev.Scratch(kernels.F32, rows, qw+2*kw) // (N, (heads + 2·kvHeads)·headDim) [q | k | v]
+	ws, e := []*kernels.Mat{a.Q.W, a.K.W, a.V.W}, kernels.Epilogue{Bias: a.QKVB}
+	if h.Valid() {
+		dev.LinearCat(qkv, h, ws, e)
+	} else {
+		dev.NormLinearCat(qkv, dst, n.headNorm(), ws, e)
+	}
+	q := dev.Scratch(kernels.F32, rows, qw) // (N, heads·headDim) normed and rotated
 	kc, vc := c.Cache(a.Layer)
 	dev.PrepareQKV(q, kc, vc, qkv, a.QNorm.headNorm(), a.KNorm.headNorm(), a.Rope, &c.Paged, s)
-	o := dev.Scratch(kernels.F32, n, qw) // (N, heads·headDim)
+	o := dev.Scratch(kernels.F32, rows, qw) // (N, heads·headDim)
 	dev.Attention(o, q, kc, vc, &c.Paged, s)
 	if a.Gate != nil {
-		g := dev.Scratch(kernels.F32, n, qw) // (N, heads·headDim)
+		g := dev.Scratch(kernels.F32, rows, qw) // (N, heads·headDim)
 		a.Gate.Forward(dev, g, h, false)
 		c.Lin.SigmoidGate(o, o, g, false)
 	}
-	a.O.Forward(dev, y, o, false)
+	a.O.Forward(dev, dst, o, acc)
 }
 
 // FFN is a feed-forward block on the op set.
@@ -125,13 +142,17 @@ type MLP struct {
 // forward sets y (N, hidden) = MLP(h), or adds it to y when acc (shared
 // experts on top of routed ones).
 // Without biases on gate and up their products and the SwiGLU are one op
-// (SwiGLULinear).
-func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool) {
+// (SwiGLULinear), and with h the zero Tensor the input is n(y), the norm
+// fused into that op too (NormSwiGLULinear).
+func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool, n *Norm) {
 	inter := m.Gate.W.Rows
 	g := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
-	if !m.Gate.B.Valid() && !m.Up.B.Valid() {
+	switch {
+	case !h.Valid():
+		c.Dev.NormSwiGLULinear(g, y, n.headNorm(), m.Gate.W, m.Up.W, m.Limit)
+	case m.addsToStream():
 		c.Dev.SwiGLULinear(g, h, m.Gate.W, m.Up.W, m.Limit)
-	} else {
+	default:
 		u := c.Dev.Scratch(kernels.F32, c.N, inter) // (N, inter)
 		m.Gate.Forward(c.Dev, g, h, false)
 		m.Up.Forward(c.Dev, u, h, false)
@@ -145,18 +166,26 @@ func (m *MLP) forward(c *Ctx, y, h kernels.Tensor, acc bool) {
 }
 
 // Forward implements FFN.
-func (m *MLP) Forward(c *Ctx, y, h kernels.Tensor) { m.forward(c, y, h, false) }
+func (m *MLP) Forward(c *Ctx, y, h kernels.Tensor) { m.forward(c, y, h, false, nil) }
+
+// addsToStream implements streamAdder: without biases on gate and up.
+func (m *MLP) addsToStream() bool { return !m.Gate.B.Valid() && !m.Up.B.Valid() }
+
+// addForward implements streamAdder.
+func (m *MLP) addForward(c *Ctx, x, h kernels.Tensor, n *Norm) { m.forward(c, x, h, true, n) }
 
 // MoE is a routed mixture of SwiGLU experts plus optional shared experts:
 // y = Σ_k w_k·Expert_k(h) + g·Shared(h), g = sigmoid(SharedGate(h)) for
-// Qwen-style gated shared experts and 1 otherwise.
+// Qwen-style gated shared experts and 1 otherwise. On a backend with
+// kernels.SharedExperts an ungated shared expert of the routed experts'
+// shape is folded in (foldShared): the last of Experts, Router.Shared 1.
 type MoE struct {
 	Gate       *kernels.Mat // (experts, hidden) router
 	Router     kernels.Router
-	Experts    []kernels.Expert
-	Limit      float32 // the experts' SwiGLU clamp (kernels.ClampOps), 0 for none; Shared has its own
-	Shared     *MLP    // nil when absent
-	SharedGate *Linear // (1, hidden); nil when ungated
+	Experts    []kernels.Expert // (experts + Router.Shared)
+	Limit      float32          // the experts' SwiGLU clamp (kernels.ClampOps), 0 for none; Shared has its own
+	Shared     *MLP             // nil when absent
+	SharedGate *Linear          // (1, hidden); nil when ungated
 }
 
 // Forward implements FFN.
@@ -164,8 +193,8 @@ func (m *MoE) Forward(c *Ctx, y, h kernels.Tensor) {
 	dev := c.Dev
 	logits := dev.Scratch(kernels.F32, c.N, m.Gate.Rows) // (N, experts)
 	dev.Linear(logits, h, m.Gate, kernels.Epilogue{})
-	ids := dev.Scratch(kernels.I32, c.N, m.Router.TopK) // (N, topK)
-	w := dev.Scratch(kernels.F32, c.N, m.Router.TopK)   // (N, topK)
+	ids := dev.Scratch(kernels.I32, c.N, m.Router.Width()) // (N, topK + folded shared)
+	w := dev.Scratch(kernels.F32, c.N, m.Router.Width())   // (N, topK + folded shared)
 	dev.Route(ids, w, logits, &m.Router)
 	if m.Limit != 0 {
 		clampOps(dev).ExpertsClamp(y, h, ids, w, m.Experts, m.Limit)
@@ -175,12 +204,12 @@ func (m *MoE) Forward(c *Ctx, y, h kernels.Tensor) {
 	switch {
 	case m.SharedGate != nil:
 		sh := dev.Scratch(kernels.F32, c.N, h.Cols) // (N, hidden)
-		m.Shared.forward(c, sh, h, false)
+		m.Shared.forward(c, sh, h, false, nil)
 		g := dev.Scratch(kernels.F32, c.N, 1) // (N, 1)
 		m.SharedGate.Forward(dev, g, h, false)
 		c.Lin.SigmoidGate(y, sh, g, true)
 	case m.Shared != nil:
-		m.Shared.forward(c, y, h, true)
+		m.Shared.forward(c, y, h, true, nil)
 	}
 }
 
@@ -195,7 +224,7 @@ func clampOps(dev kernels.Device) kernels.ClampOps {
 }
 
 // Block is a pre-norm decoder layer, x += Mixer(AttnNorm(x)); x += FFN(FFNNorm(x)),
-// run with the residual adds fused into the next norm (see Forward).
+// run on a Residual (see Forward).
 type Block struct {
 	AttnNorm *Norm // input_layernorm
 	Mixer    Mixer
@@ -203,13 +232,65 @@ type Block struct {
 	FFN      FFN
 }
 
-// Forward runs the block on the residual stream x (N, hidden). On entry h
-// holds AttnNorm(x); on return x holds x + Attn, and y the FFN output still
-// to be added to x, which the caller fuses with the next norm (AddRMSNorm).
-func (b *Block) Forward(c *Ctx, x, h, y kernels.Tensor) {
-	b.Mixer.Forward(c, y, h)
-	c.Dev.AddRMSNorm(h, x, y, b.FFNNorm.W, b.FFNNorm.Eps, b.FFNNorm.Offset)
-	b.FFN.Forward(c, y, h)
+// Forward runs the block's two sublayers on the residual stream r.
+func (b *Block) Forward(c *Ctx, r *Residual) {
+	r.Run(c, b.AttnNorm, b.Mixer)
+	r.Run(c, b.FFNNorm, b.FFN)
+}
+
+// Residual is a step's pre-norm residual stream X (N, hidden) with the
+// scratch its sublayers need: H for a sublayer's normed input and Y for
+// its output. While Pending, Y holds a sublayer output still to be added
+// to X, which the next norm does (AddRMSNorm).
+type Residual struct {
+	X, H, Y kernels.Tensor
+	Pending bool
+}
+
+// Sublayer is a block's Mixer or FFN: Forward sets y (N, hidden) from the
+// normed input h (N, hidden).
+type Sublayer interface {
+	Forward(c *Ctx, y, h kernels.Tensor)
+}
+
+// streamAdder is a Sublayer that can add its output to the stream itself
+// (the residual add in its last linear op's epilogue) and, given the
+// un-normed stream, fuse the norm into its first linear op (NormLinearCat,
+// NormSwiGLULinear): a decode step then runs no norm or add kernels.
+type streamAdder interface {
+	// addsToStream reports whether addForward applies to this sublayer.
+	addsToStream() bool
+	// addForward sets x (N, hidden) += S(h), or S(n(x)) with the norm
+	// fused when h is the zero Tensor.
+	addForward(c *Ctx, x, h kernels.Tensor, n *Norm)
+}
+
+// Run sets X += s(n(X)): a streamAdder adds its output itself (fusing the
+// norm unless a pending output must be added first); any other sublayer
+// gets H = n(X) and leaves its output in Y, pending.
+func (r *Residual) Run(c *Ctx, n *Norm, s Sublayer) {
+	if a, ok := s.(streamAdder); ok && a.addsToStream() {
+		var h kernels.Tensor
+		if r.Pending {
+			h = r.Norm(c.Dev, n)
+		}
+		a.addForward(c, r.X, h, n)
+		return
+	}
+	s.Forward(c, r.Y, r.Norm(c.Dev, n))
+	r.Pending = true
+}
+
+// Norm sets H = n(X), first adding a pending Y to X (one AddRMSNorm), and
+// returns H.
+func (r *Residual) Norm(dev kernels.Device, n *Norm) kernels.Tensor {
+	if r.Pending {
+		dev.AddRMSNorm(r.H, r.X, r.Y, n.W, n.Eps, n.Offset)
+		r.Pending = false
+	} else {
+		n.Apply(dev, r.H, r.X)
+	}
+	return r.H
 }
 
 // Uploader moves a host-loaded model's small weights (norms, biases,
@@ -309,10 +390,32 @@ func (u *Uploader) FFN(f nn.FFN) FFN {
 			g := u.Linear(f.SharedGate)
 			m.SharedGate = &g
 		}
+		if fs, ok := u.dev.(kernels.SharedExperts); ok && fs.FoldsSharedExperts() {
+			foldShared(m, f.Shared)
+		}
 		return m
 	}
 	u.Fail(fmt.Errorf("gqa: feed-forward block %T is not on the op set", f))
 	return nil
+}
+
+// foldShared makes m's shared expert sh the last of its experts, chosen by
+// every token with weight 1 (kernels.Router.Shared), when it is ungated,
+// without biases, of the routed experts' shape and clamp: y is then the
+// same sum, the shared expert added after the routed ones as before.
+func foldShared(m *MoE, sh *nn.MLP) {
+	if sh == nil || m.SharedGate != nil || m.Shared == nil || m.Shared.Limit != m.Limit || len(m.Experts) == 0 ||
+		sh.Gate.B != nil || sh.Up.B != nil || sh.Down.B != nil {
+		return
+	}
+	e := m.Experts[0]
+	if sh.Gate.W.Rows != e.Down.Cols || sh.Up.W.Rows != e.Down.Cols || sh.Down.W.Rows != e.Down.Rows ||
+		sh.Gate.W.Cols != e.Down.Rows || sh.Up.W.Cols != e.Down.Rows {
+		return
+	}
+	m.Experts = append(slices.Clip(m.Experts), kernels.Expert{Gate: sh.Gate.W, Up: sh.Up.W, Down: sh.Down.W})
+	m.Router.Shared = 1
+	m.Shared = nil
 }
 
 // Fail records err (the first one is kept).

@@ -127,6 +127,15 @@ type Options struct {
 	// those need the room.
 	PrefixCache int
 
+	// PadBatch pads every forward pass whose entries are all one token
+	// (decode steps, MTP draft passes) with inert entries up to a batch
+	// bucket (1, 2, 4, 8, 16, 32, 48, 64, then multiples of 32), so that a
+	// device that replays repeated steps as graphs (kernels.StepGrapher:
+	// CUDA) replays them across batch sizes (see pad.go): 0 means on for
+	// such a device, positive on, negative off. Models with recurrent
+	// state are never padded.
+	PadBatch int
+
 	// NewDecoder makes each request's detokenizer; nil means events carry
 	// token ids only.
 	NewDecoder func() TextDecoder
@@ -215,6 +224,7 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
+	padOn(m, &opts, states != nil)
 	cache, err := model.NewCache(m, kvcache.Options{BlockSize: opts.BlockSize, Budget: opts.KVBudget})
 	if err != nil {
 		return nil, fmt.Errorf("runtime: %w", err)

@@ -30,6 +30,8 @@ type scheduler struct {
 	mtpSeqs   []*seq      // (len(mtpBatch.Seqs)) the sequence of each entry
 	mtpPrompt bool        // the step's MTP passes fed the module prompt rows
 
+	pads padder // pad entries of a pass (pad.go)
+
 	// Engine-wide counters, published in Stats.
 	steps, promptToks, genToks, preemptTotal, failed uint64
 	lastSeqs, lastToks                               int
@@ -148,6 +150,7 @@ func (sc *scheduler) failAll(err error) {
 func (sc *scheduler) runStep() {
 	start := time.Now()
 	defer func() {
+		sc.unpad(&sc.batch, nil, nil, len(sc.step)) // after a panic in a padded pass
 		for _, s := range sc.step {
 			s.inStep = false
 			sc.endDraft(s)
@@ -172,7 +175,9 @@ func (sc *scheduler) runStep() {
 		return
 	}
 	askTop(&sc.batch, sc.step, func(i int) bool { return sc.step[i].sp != nil && sc.step[i].sp.k > 0 })
+	entries := sc.pad(&sc.batch, nil)
 	out, err := sc.r.m.Forward(&sc.batch)
+	sc.unpad(&sc.batch, nil, out, entries)
 	if err == nil {
 		err = sc.checkOutput(out)
 	}

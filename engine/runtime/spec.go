@@ -278,7 +278,9 @@ func (sc *scheduler) draft() error {
 	}
 	for i := 0; len(b.Seqs) > 0; i++ {
 		askTop(b, sc.mtpSeqs, func(int) bool { return true })
+		entries := sc.pad(b, &sc.mtpHidden)
 		out, err := r.mtp.ForwardMTP(b, sc.mtpHidden)
+		sc.unpad(b, &sc.mtpHidden, out, entries)
 		if err != nil {
 			return err
 		}

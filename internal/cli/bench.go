@@ -30,6 +30,7 @@ import (
 	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/device"
+	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
 // benchFlags are the options of `ferrite bench`.
@@ -52,6 +53,7 @@ type benchFlags struct {
 	streamMiB      int
 	bandwidthGBps  float64
 	noWarmup       bool
+	chat           bool
 	cpuProfile     string
 }
 
@@ -158,6 +160,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streamMiB, "stream-mib", 1024, "buffer size in MiB of the memory-bandwidth measurement")
 	fs.Float64Var(&f.bandwidthGBps, "bandwidth", 0, "memory bandwidth in GB/s for the roofline, instead of measuring it (0 = measure)")
 	fs.BoolVar(&f.noWarmup, "no-warmup", false, "skip the warm-up request")
+	fs.BoolVar(&f.chat, "chat", false, "prompts: chat questions through the model's chat template (needs its tokenizer), request i asking question i, instead of random tokens; --prompt-len is ignored (MTP acceptance on text the model knows)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the sweep (not the loading) to this file")
 }
 
@@ -526,7 +529,18 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 	topK := bm.cfg.IntOr("num_experts_per_tok", 0)
 	fp := bm.counter.Footprint(info.Layers, topK)
 
+	var prompts [][]int32 // --chat's; nil: random tokens
+	if f.chat {
+		if prompts, err = chatPrompts(f.model); err != nil {
+			return fmt.Errorf("--chat: %w", err)
+		}
+		f.promptLens = []int{0}
+		for _, p := range prompts {
+			f.promptLens[0] = max(f.promptLens[0], len(p)) // the cases' label: the longest
+		}
+	}
 	opts := bench.Options{
+		Prompts:     prompts,
 		Concurrency: f.concurrency, PromptLens: f.promptLens, GenLens: f.genLens, MTP: f.mtp,
 		Draft: f.draft, DraftMaxSeqs: f.draftMaxSeqs,
 		Seed: f.seed, KVBudget: f.kvBudget, MaxBatchTokens: f.maxBatchTokens, Warmup: !f.noWarmup,
@@ -721,9 +735,28 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 			break
 		}
 	}
+	printGraphs(w, rep.Runs)
 	fmt.Fprintf(w, "\ndecode tok/s: tokens generated after every request has its first token ÷ the time from then to the last token;\n"+
 		"steps/s: (those tokens − accepted drafts) ÷ concurrency ÷ that time; accept: accepted ÷ verified draft tokens;\n"+
 		"roofline: steps/s × weight bytes per step ÷ bandwidth (KV-cache reads not counted).\n")
+}
+
+// printGraphs writes how each case's device steps launched, when the
+// device replays repeated steps as graphs (CUDA).
+func printGraphs(w io.Writer, runs []bench.Result) {
+	head := false
+	for _, r := range runs {
+		all := r.GraphReplays + r.GraphEager
+		if all == 0 {
+			continue
+		}
+		if !head {
+			fmt.Fprintf(w, "\nstep graphs (device steps, MTP passes included):\n")
+			head = true
+		}
+		fmt.Fprintf(w, "  %v: %d of %d replayed as one graph (%d captured), %d launched eagerly\n",
+			r.Case, r.GraphReplays, all, r.GraphCaptures, r.GraphEager)
+	}
 }
 
 func gb(b int64) string {
@@ -781,6 +814,31 @@ func cpuModel() string {
 		}
 	}
 	return goruntime.GOARCH
+}
+
+// chatPrompts are bench.ChatQuestions through the chat template of the
+// model at path (the built-in model's, a checkpoint directory's, a GGUF
+// file's), each ready for the assistant's answer.
+func chatPrompts(path string) ([][]int32, error) {
+	var tok *tokenizer.Tokenizer
+	var err error
+	if builtin.IsName(path) {
+		tok, err = builtin.Tokenizer()
+	} else {
+		tok, err = engine.LoadTokenizer(path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out [][]int32
+	for _, q := range bench.ChatQuestions {
+		text, err := tok.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: q}}, tokenizer.TemplateOptions{AddGenerationPrompt: true})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, tok.Encode(text, false))
+	}
+	return out, nil
 }
 
 // validDevice reports whether s is a --device spec kernels/device reads.

@@ -125,6 +125,24 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLUClamp(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
+// NormLinearCat implements kernels.LinearOps: RMSNorm into a scratch
+// tensor, then LinearCat (the bits of the two ops).
+func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	b.LinearCat(dst, b.normed(x, n), ws, e)
+}
+
+// NormSwiGLULinear implements kernels.LinearOps as NormLinearCat does.
+func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, gate, up *kernels.Mat, limit float32) {
+	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
+}
+
+// normed returns RMSNorm(x, n) in a step's scratch tensor.
+func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
+	h := b.Scratch(kernels.F32, x.Rows, x.Cols) // (N, in) the normed rows
+	b.RMSNorm(h, x, n.W, n.Eps, n.Offset)
+	return h
+}
+
 // SwiGLU implements kernels.LinearOps.
 func (b *Backend) SwiGLU(dst, gate, up kernels.Tensor) { b.SwiGLUClamp(dst, gate, up, 0) }
 
@@ -319,7 +337,8 @@ func (b *Backend) ropeTable(r *kernels.Rotary, n int) *ropeTab {
 // Route implements kernels.MoEOps.
 func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	contiguous(logits)
-	if ids.Rows != logits.Rows || w.Rows != logits.Rows || ids.Cols != r.TopK || w.Cols != r.TopK {
+	k := r.Width()
+	if ids.Rows != logits.Rows || w.Rows != logits.Rows || ids.Cols != k || w.Cols != k {
 		panic("cpu: Route shapes do not match")
 	}
 	id, ws, lg, e := i32(ids), f32(w), f32(logits), logits.Cols
@@ -327,7 +346,6 @@ func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	if r.Bias.Valid() {
 		bias = f32(r.Bias)[:e]
 	}
-	k := r.TopK
 	for i := range logits.Rows {
 		ref.Route(id[i*k:(i+1)*k], ws[i*k:(i+1)*k], lg[i*e:(i+1)*e], r, bias)
 	}

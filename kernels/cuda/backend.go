@@ -5,6 +5,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"os"
 	"sync"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -36,16 +37,24 @@ type Backend struct {
 	mem      memAccount // device memory by kind (MemoryUse)
 	qmu      sync.Mutex
 	pending  []func(*Device) error // op launches not yet handed to the device thread (queue)
+	pre      []func(*Device) error // during a step: what was queued before BeginStep, launched first by EndStep
 	inStep   bool                  // between BeginStep and EndStep: the step's launches wait for EndStep
 	graphs   stepGraphs            // the step graph (graph.go), owned by the device thread
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
-	splitKVOnly bool // Attention without the prefill kernel (its tests and benchmarks compare)
-	prefillRows int  // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
-	noMMA       bool // Experts' prefill path keeps off the tensor cores (tests)
-	rowExact    bool // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
-	moeSlots8   bool // Experts' grouped GEMV takes up to 8 slots of an expert a pass (tests, benchmarks)
+	splitKVOnly bool           // Attention without the prefill kernel (its tests and benchmarks compare)
+	prefillRows int            // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
+	noMMA       bool           // Experts' prefill path keeps off the tensor cores (tests)
+	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
+	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
+	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
+	noFuse      bool           // no norm-fused GEMVs and no split merge in the attention kernel (FERRITE_CUDA_FUSE=0, SetFuse)
+	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
+	attnWide    bool           // Attention always with attnGroup query heads a block (tests compare)
+
+	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
+	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
@@ -62,6 +71,8 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	}
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
 	b.graphs.enabled = graphsEnabled() && !d.Profiling()
+	b.moe = moeConfigFromEnv()
+	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") == "0"
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}
@@ -70,6 +81,8 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b.cpu = cpu.New(threads)
+	b.skinny.rows = skinnyRowsDefault()
+	b.rowAttn.rows = rowAttnDefault()
 	return b, nil
 }
 

@@ -129,7 +129,8 @@ func benchGEMV(b *testing.B, d *Device, name string, rows, cols int, gemv func(y
 // weights) launched eagerly, one op after another: the floor a batch-1 step
 // of this model reaches with these kernels, before attention and the small
 // kernels. tok/s is 1 / step time. Variants: the GEMV layout (rows=0 four
-// warps a row, 4 or 8 rows a block) and programmatic dependent launch.
+// warps a row, 4 or 8 rows a block), programmatic dependent launch and
+// the split GEMVs' weight prefetch before their PDL wait (pdl.go).
 func BenchmarkDecodeStep8B(b *testing.B) {
 	d := needGPU(b)
 	var step []*Weight
@@ -145,15 +146,17 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 	x, y := benchF32(b, d, 12288), benchF32(b, d, 151936)
 	defer d.SetGEMVRows(gemvRowsDefault())
 	defer d.SetPDL(pdlEnabled(d.Major))
+	defer d.SetPrefetch(true)
 	for _, c := range []struct {
-		rows int // 0: gemv_split; 4, 8: gemv_rows with that many rows a block
-		pdl  bool
-	}{{0, false}, {0, true}, {4, true}, {8, true}, {8, false}} {
+		rows          int // 0: gemv_split; 4, 8: gemv_rows with that many rows a block
+		pdl, prefetch bool
+	}{{0, false, true}, {0, true, true}, {0, true, false}, {4, true, true}, {8, true, true}} {
 		d.SetGEMVRows(c.rows)
+		d.SetPrefetch(c.prefetch)
 		if d.SetPDL(c.pdl) != c.pdl {
 			continue // no PDL on this GPU or driver
 		}
-		b.Run(fmt.Sprintf("rows=%d/pdl=%v", c.rows, c.pdl), func(b *testing.B) {
+		b.Run(fmt.Sprintf("rows=%d/pdl=%v/prefetch=%v", c.rows, c.pdl, c.prefetch), func(b *testing.B) {
 			el := timeLaunches(b, d, b.N, func(int) error {
 				for _, w := range step {
 					if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
@@ -203,16 +206,21 @@ func BenchmarkGemmBF16(b *testing.B) {
 }
 
 // BenchmarkOpsDecodeStep8B times one batch-1 Qwen3-8B decode step through
-// the op set, as engine/gqa issues it (36 layers of q/k/v as one LinearCat,
-// PrepareQKV (QK-norm, RoPE, KV store), paged attention, o, AddRMSNorm,
-// SwiGLULinear (gate, up, SwiGLU), down, AddRMSNorm, then the LM head: 4
-// products and 4 other ops a layer, queued by the Backend and waited for
-// at EndStep), on seeded random bf16 weights made on the device and a bf16
-// KV cache of ctx positions. "linear" runs only the products, "other" only
-// the rest, so the wall times split the step; the steps replay a CUDA graph
-// (graphs/step 1) except in the "eager" variants. ms/step is host wall
-// time from BeginStep to the end of EndStep, queue-ms/step the part before
-// EndStep (the model's ops queued on the host while the GPU waits).
+// the op set, on seeded random bf16 weights made on the device and a bf16
+// KV cache of ctx positions. The "fused" variants are the step engine/gqa
+// issues now (36 layers of NormLinearCat (the attention norm and q/k/v),
+// PrepareQKV (QK-norm, RoPE, KV store), paged attention, o added to the
+// residual in its epilogue, NormSwiGLULinear (the FFN norm, gate, up,
+// SwiGLU), down added likewise, then the final RMSNorm and the LM head: 4
+// products and 2 other ops a layer); the others the step before the fused
+// norms (q/k/v as one LinearCat, PrepareQKV, attention, o, AddRMSNorm,
+// SwiGLULinear, down, AddRMSNorm: 4 products and 4 other ops a layer).
+// "linear" runs only the products (in the fused step: with their norms),
+// "other" only the rest, so the wall times split the step; the steps
+// replay a CUDA graph (graphs/step 1) except in the "eager" variants.
+// ms/step is host wall time from BeginStep to the end of EndStep,
+// queue-ms/step the part before EndStep (the model's ops queued on the
+// host while the GPU waits).
 func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	be := openOps(b)
 	const hidden, heads, kvHeads, hd, inter, vocab, layers = 4096, 32, 8, 128, 12288, 151936, 36
@@ -288,24 +296,36 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	be.WriteF32(rope.InvFreq, inv)
 	shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
 
-	var logits0 []float32 // the first variant's logits, which the other full steps must match
+	var logits0 []float32 // the first variant's logits, which the other full unfused steps must match
+	var logitsF []float32 // the first fused variant's, which the other fused steps must match
 	caches := map[int][2][]kernels.Tensor{}
 	defer be.dev.SetGEMVRows(gemvRowsDefault())
+	defer be.dev.SetPrefetch(true)
 	for _, c := range []struct {
 		name                  string
 		ctx                   int
 		lin, rest, eager, pdl bool
-		rows                  int // the n = 1 GEMV: 0 gemv_split, else gemv_rows with rows a block
+		rows                  int  // the n = 1 GEMV: 0 gemv_split, else gemv_rows with rows a block
+		fused                 bool // the step with the norms fused into the products (NormLinearCat, …)
+		noPrefetch            bool // the GEMVs without their weight prefetch (pdl.go)
 	}{
-		{"all/ctx=512", 512, true, true, false, false, 0}, {"all/ctx=512/eager", 512, true, true, true, false, 0},
-		{"all/ctx=512/pdl", 512, true, true, false, true, 0}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0},
-		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8},
-		{"linear", 512, true, false, false, false, 0}, {"linear/eager", 512, true, false, true, false, 0},
-		{"linear/rows=4", 512, true, false, false, false, 4}, {"linear/rows=8", 512, true, false, false, false, 8},
-		{"other/ctx=512", 512, false, true, false, false, 0}, {"other/ctx=512/eager", 512, false, true, true, false, 0},
-		{"all/ctx=4096", 4096, true, true, false, false, 0},
+		{name: "fused/ctx=512/pdl/noprefetch", ctx: 512, lin: true, rest: true, pdl: true, fused: true, noPrefetch: true},
+		{name: "fused/ctx=512/pdl", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=512/eager/pdl", ctx: 512, lin: true, rest: true, eager: true, pdl: true, fused: true},
+		{name: "fused/linear/pdl", ctx: 512, lin: true, pdl: true, fused: true},
+		{name: "fused/other/ctx=512/pdl", ctx: 512, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=4096/pdl", ctx: 4096, lin: true, rest: true, pdl: true, fused: true},
+		{"all/ctx=512", 512, true, true, false, false, 0, false, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false, false},
+		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false, false},
+		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false, false},
+		{"linear/pdl", 512, true, false, false, true, 0, false, false}, {"other/ctx=512/pdl", 512, false, true, false, true, 0, false, false},
+		{"linear", 512, true, false, false, false, 0, false, false}, {"linear/eager", 512, true, false, true, false, 0, false, false},
+		{"linear/rows=4", 512, true, false, false, false, 4, false, false}, {"linear/rows=8", 512, true, false, false, false, 8, false, false},
+		{"other/ctx=512", 512, false, true, false, false, 0, false, false}, {"other/ctx=512/eager", 512, false, true, true, false, 0, false, false},
+		{"all/ctx=4096", 4096, true, true, false, false, 0, false, false},
 	} {
 		be.dev.SetGEMVRows(c.rows)
+		be.dev.SetPrefetch(!c.noPrefetch)
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)
@@ -350,6 +370,32 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			logits = be.Scratch(kernels.F32, 1, vocab)
 			be.exec(func(d *Device) error { return d.uploadL(dptr(x), f32Bytes(x0)) })
 			qn := &kernels.HeadNorm{W: qkNorm, Eps: 1e-6}
+			if c.fused {
+				xn, acc := &kernels.HeadNorm{W: norm, Eps: 1e-6}, kernels.Epilogue{Accumulate: true}
+				for i, l := range ls {
+					if c.lin {
+						be.NormLinearCat(qkv, x, xn, l.qkv, kernels.Epilogue{})
+					}
+					if c.rest {
+						be.PrepareQKV(q, kc[i], vc[i], qkv, qn, qn, rope, p, shape)
+						be.Attention(o, q, kc[i], vc[i], p, shape)
+					}
+					if c.lin {
+						be.Linear(x, o, l.o, acc)
+						be.NormSwiGLULinear(g, x, xn, l.gate, l.up, 0)
+						be.Linear(x, g, l.down, acc)
+					}
+				}
+				if c.rest {
+					be.RMSNorm(h, x, norm, 1e-6, false)
+				}
+				if c.lin {
+					be.Linear(logits, h, head, kernels.Epilogue{})
+				}
+				queued += time.Since(t0)
+				be.EndStep()
+				return
+			}
 			for i, l := range ls {
 				if c.rest && i == 0 {
 					be.RMSNorm(h, x, norm, 1e-6, false)
@@ -411,6 +457,19 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		}
 		got := make([]float32, vocab)
 		be.ReadF32(got, logits)
+		if c.fused {
+			if logitsF == nil {
+				logitsF = got
+				continue
+			}
+			for i, v := range got {
+				if math.Float32bits(v) != math.Float32bits(logitsF[i]) {
+					b.Errorf("%s: logit %d = %g, %g in the first fused variant", c.name, i, v, logitsF[i])
+					break
+				}
+			}
+			continue
+		}
 		if logits0 == nil {
 			logits0 = got
 			continue
@@ -428,6 +487,16 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 				b.Errorf("%s: logit %d = %g, %g in the first variant", c.name, i, v, logits0[i])
 				break
 			}
+		}
+	}
+	if logits0 != nil && logitsF != nil { // the fused norms round otherwise: how far the logits moved
+		diff, top := 0.0, 0.0
+		for i, v := range logitsF {
+			diff, top = max(diff, math.Abs(float64(v-logits0[i]))), max(top, math.Abs(float64(logits0[i])))
+		}
+		b.Logf("fused step: max |Δlogit| %.3g against the unfused step (max |logit| %.3g)", diff, top)
+		if !(diff <= 0.01*top) {
+			b.Errorf("fused step: the logits moved by %.3g (max |logit| %.3g)", diff, top)
 		}
 	}
 	be.dev.SetPDL(false)

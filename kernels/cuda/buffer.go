@@ -111,8 +111,15 @@ func f32Bytes(s []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 4*len(s))
 }
 
-// uploadL copies src to device address dst in staging-sized chunks.
+// uploadL copies src to device address dst in staging-sized chunks and
+// returns when the copies are done.
 func (d *Device) uploadL(dst uint64, src []byte) error {
+	if d.stageInOff > 0 {
+		// Queued uploadAsyncL copies may still read the staging buffer.
+		if err := d.syncL(); err != nil {
+			return err
+		}
+	}
 	for len(src) > 0 {
 		n := copy(d.stageIn, src)
 		if err := d.profiledL(profKey{kind: profHtoD, size: int64(n)}, func() error {
@@ -125,6 +132,79 @@ func (d *Device) uploadL(dst uint64, src []byte) error {
 			return err
 		}
 		src, dst = src[n:], dst+uint64(n)
+	}
+	return nil
+}
+
+// uploadAsyncL queues a copy of src (at most stagingBytes) to device
+// address dst on the stream and returns without waiting: src goes into the
+// next free bytes of the pinned staging buffer, which the copy reads when
+// the stream reaches it. Every successful syncL frees the whole buffer
+// again (the stream has run the copies); when src does not fit in what is
+// left, uploadAsyncL waits for the stream first.
+func (d *Device) uploadAsyncL(dst uint64, src []byte) error {
+	n := len(src)
+	if n == 0 {
+		return nil
+	}
+	if n > len(d.stageIn) {
+		return d.uploadL(dst, src)
+	}
+	off := int(alignUp(int64(d.stageInOff), 256))
+	if off+n > len(d.stageIn) {
+		if err := d.syncL(); err != nil {
+			return err
+		}
+		off = 0
+	}
+	copy(d.stageIn[off:], src)
+	if err := d.profiledL(profKey{kind: profHtoD, size: int64(n)}, func() error {
+		return check("cuMemcpyHtoDAsync", call(driver.cuMemcpyHtoDAsync, uintptr(dst),
+			uintptr(unsafe.Pointer(&d.stageIn[off])), uintptr(n), d.stream))
+	}); err != nil {
+		return err
+	}
+	d.stageInOff = off + n
+	return nil
+}
+
+// downloadsL copies from device addresses src[i] into dst[i], waiting for
+// queued work once: when they fit in the staging buffer together, every
+// copy is queued and the stream synchronised once; otherwise one by one
+// (downloadL).
+func (d *Device) downloadsL(dst [][]byte, src []uint64) error {
+	total := 0
+	for _, b := range dst {
+		total += int(alignUp(int64(len(b)), 256))
+	}
+	if total > len(d.stageOut) {
+		for i := range dst {
+			if err := d.downloadL(dst[i], src[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	off := 0
+	for i, b := range dst {
+		if len(b) == 0 {
+			continue
+		}
+		if err := d.profiledL(profKey{kind: profDtoH, size: int64(len(b))}, func() error {
+			return check("cuMemcpyDtoHAsync", call(driver.cuMemcpyDtoHAsync,
+				uintptr(unsafe.Pointer(&d.stageOut[off])), uintptr(src[i]), uintptr(len(b)), d.stream))
+		}); err != nil {
+			return err
+		}
+		off += int(alignUp(int64(len(b)), 256))
+	}
+	if err := d.syncL(); err != nil {
+		return err
+	}
+	off = 0
+	for _, b := range dst {
+		copy(b, d.stageOut[off:])
+		off += int(alignUp(int64(len(b)), 256))
 	}
 	return nil
 }

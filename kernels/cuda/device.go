@@ -5,6 +5,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -28,6 +29,10 @@ type Device struct {
 	Major, Minor int    // compute capability
 	SMs          int    // multiprocessors
 	TotalMem     int64  // bytes of device memory
+	// SmemOptIn is the dynamic shared memory a block of a bigSmemKernels
+	// kernel may take (the device's opt-in limit); 0 when the driver
+	// cannot raise it, and those kernels are not used.
+	SmemOptIn int
 
 	mu     sync.Mutex  // serialises callers and guards closed
 	calls  chan func() // run on the device thread
@@ -41,12 +46,16 @@ type Device struct {
 	fns      map[string]uintptr
 	stageIn  []byte // pinned host memory (cuMemHostAlloc), stagingBytes
 	stageOut []byte
-	args     *launchBlock
-	pinner   runtime.Pinner
-	live     map[*Buffer]struct{}
-	dead     error // the sticky error that killed the context, if any
-	lt       *blasLt
-	ltErr    error // why cuBLASLt is unavailable, once tried
+	// stageInOff is where uploadAsyncL's next copy goes in stageIn: the
+	// bytes before it may still be read by queued copies (0 after every
+	// successful syncL).
+	stageInOff int
+	args       *launchBlock
+	pinner     runtime.Pinner
+	live       map[*Buffer]struct{}
+	dead       error // the sticky error that killed the context, if any
+	lt         *blasLt
+	ltErr      error // why cuBLASLt is unavailable, once tried
 
 	// pdl makes launch3L launch the kernels of pdlKernels with programmatic
 	// dependent launch (pdl.go); set at Open, changed only on the device
@@ -56,6 +65,11 @@ type Device struct {
 	// gemvRows is the n = 1 GEMV variant (ops.go, gemvRowsKernels): 0 for
 	// gemv_split, else rows a block of gemv_rows; set at Open.
 	gemvRows int
+
+	// prefetch makes the split GEMVs ask L2 for their weight rows before
+	// they wait for the kernel before them (pdl.go's weightPrefetch); set
+	// at Open, changed only on the device thread.
+	prefetch bool
 
 	// trace, when set, makes launchL, launch3L and gemmL append what they
 	// would launch (kernel, grid, block, arguments) to it instead of
@@ -85,7 +99,7 @@ func Open(ordinal int) (*Device, error) {
 	if err := loadDriver(); err != nil {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
-	d := &Device{Ordinal: ordinal, calls: make(chan func()), live: map[*Buffer]struct{}{}}
+	d := &Device{Ordinal: ordinal, calls: make(chan func(), 1), live: map[*Buffer]struct{}{}}
 	go d.thread()
 	if err := d.run(d.setup); err != nil {
 		d.run(d.teardown)
@@ -95,21 +109,66 @@ func Open(ordinal int) (*Device, error) {
 	return d, nil
 }
 
+// Hand-overs to the device thread. A goroutine parked on a channel takes
+// tens of microseconds to wake where waking a sleeping core means an
+// inter-processor interrupt (on a virtual machine, a VM exit too), and a
+// decode step hands work over a few times, each within a few hundred
+// microseconds of the last. So after each call the device thread polls
+// for the next one for up to spinIdle, and a caller polls for its result
+// for up to spinWait, before either parks. With fewer than four CPUs, or
+// FERRITE_CUDA_SPIN=0, they park at once.
+var spinOn = runtime.NumCPU() >= 4 && os.Getenv("FERRITE_CUDA_SPIN") != "0"
+
+const (
+	spinIdle = time.Millisecond
+	spinWait = 2 * time.Millisecond
+)
+
 // thread is the device goroutine: it owns one OS thread for the Device's
 // life, then clears the context and hands the thread back to the runtime.
 func (d *Device) thread() {
 	runtime.LockOSThread()
-	for f := range d.calls {
+	for {
+		f, ok := d.next()
+		if !ok {
+			break
+		}
 		f()
 	}
 	call(driver.cuCtxSetCurrent, 0)
 	runtime.UnlockOSThread()
 }
 
-// run executes f on the device thread and returns its error.
+// next waits for the next call; ok is false once calls is closed.
+func (d *Device) next() (f func(), ok bool) {
+	if spinOn {
+		for start := time.Now(); time.Since(start) < spinIdle; {
+			select {
+			case f, ok = <-d.calls:
+				return f, ok
+			default:
+			}
+		}
+	}
+	f, ok = <-d.calls
+	return f, ok
+}
+
+// run executes f on the device thread and returns its error. Callers are
+// serialised (do holds mu; Open and Close run before and after everyone),
+// so the one-slot calls channel never makes a sender wait.
 func (d *Device) run(f func() error) error {
 	done := make(chan error, 1)
 	d.calls <- func() { done <- f() }
+	if spinOn {
+		for start := time.Now(); time.Since(start) < spinWait; {
+			select {
+			case err := <-done:
+				return err
+			default:
+			}
+		}
+	}
 	return <-done
 }
 
@@ -154,9 +213,10 @@ func (d *Device) attribute(attr int) (int, error) {
 }
 
 const (
-	attrSMs     = 16
-	attrCCMajor = 75
-	attrCCMinor = 76
+	attrSMs       = 16
+	attrCCMajor   = 75
+	attrCCMinor   = 76
+	attrSmemOptIn = 97 // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 )
 
 func (d *Device) setup() error {
@@ -223,6 +283,7 @@ func (d *Device) setup() error {
 	}
 	d.pdl = pdlEnabled(d.Major) && d.prof == nil
 	d.gemvRows = gemvRowsDefault()
+	d.prefetch = os.Getenv("FERRITE_CUDA_PREFETCH") != "0"
 	return d.loadModule()
 }
 
@@ -305,7 +366,11 @@ func (d *Device) Sync() error {
 }
 
 func (d *Device) syncL() error {
-	return check("cuStreamSynchronize", call(driver.cuStreamSynchronize, d.stream))
+	err := check("cuStreamSynchronize", call(driver.cuStreamSynchronize, d.stream))
+	if err == nil {
+		d.stageInOff = 0 // the stream ran every queued upload
+	}
+	return err
 }
 
 // errNoMemInfo is MemInfo's error when the driver lacks cuMemGetInfo_v2.

@@ -12,14 +12,27 @@
 // Device dead, and every later call returns that error instead of crashing.
 //
 // A decode step is a few fused kernels a layer: q/k/v and gate/up run as
-// one GEMV each over weights stacked once on the device (LinearCat,
-// SwiGLULinear, the SwiGLU in the GEMV's epilogue), and PrepareQKV norms,
-// rotates and stores q/k/v in one kernel. On sm_90 those kernels use
-// programmatic dependent launch (pdl.go; FERRITE_CUDA_PDL=0 turns it off),
-// and FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of that many rows a
-// block. FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
+// one GEMV each over weights stacked once on the device, with the layer's
+// RMSNorm fused in (NormLinearCat, NormSwiGLULinear; the SwiGLU in the
+// GEMV's epilogue), o and down add to the residual in theirs, PrepareQKV
+// norms, rotates and stores q/k/v in one kernel, and the attention kernel
+// merges its own splits. On sm_90 those kernels use programmatic dependent
+// launch (pdl.go; FERRITE_CUDA_PDL=0 turns it off), the GEMVs prefetching
+// their weights before the wait (FERRITE_CUDA_PREFETCH=0 turns that off);
+// FERRITE_CUDA_FUSE=0 runs the norms and the split merge as kernels of
+// their own, and FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of that many
+// rows a block. A decode batch of 2 to 64 rows runs its products as the
+// skinny GEMM (skinny.go: tensor cores, the weight read once, the SwiGLU,
+// bias and residual add in its epilogue; FERRITE_CUDA_SKINNY=0 leaves them
+// on cuBLASLt), and its attention rowattn (rowattn.go: the lanes across the
+// head dims, the keys split to fill the GPU; FERRITE_CUDA_ROWATTN=0 keeps
+// the split-KV kernel). FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
 // copy and memset with CUDA events into a per-kernel table (profile.go,
-// kernels.Profiler; ferrite bench prints it after each case).
+// kernels.Profiler; ferrite bench prints it after each case). A MoE layer's
+// experts are two grouped-GEMV launches for up to 32 tokens (moe.go,
+// src/ops_moe.cu), an ungated shared expert folded in (kernels.SharedExperts);
+// FERRITE_MOE_KERNELS=v1, FERRITE_MOE_FOLD=0 and the other FERRITE_MOE_*
+// switches of moeConfig pick the earlier or other variants for comparison.
 //
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and
@@ -38,12 +51,20 @@
 // tensor cores (src/prefill.cu) for tiles of prompt rows of one sequence and
 // a split-KV kernel for the other rows (decode); PreferredBatchTokens asks
 // the runtime for steps of up to 4,096 tokens (by the GPU's memory), so
-// prompts are prefilled in large chunks. Steps that repeat replay CUDA graphs, the last eight shapes' kept
-// (graph.go). It also implements the host-slice kernels.Backend, copying
+// prompts are prefilled in large chunks. A step replays a CUDA graph from the second time
+// its launches are seen among the recent steps' (speculation's alternating
+// draft and verification shapes included), the last 32 shapes' graphs kept
+// (graph.go); its small input uploads are queued with its launches and
+// reach the device thread with them, in one hand-over. It also implements the host-slice kernels.Backend, copying
 // activations for every MatMul, for the architectures not on the op set.
 //
 // With kernels.MLAOps and kernels.SparseOps (mla.go, src/ops_mla.cu) the
 // MLA family runs on the op set too: latent and index-key stores, the
 // absorbed latent attention with optional DSA selections, the indexer
-// scores and a top-k with the references' tie order.
+// scores and a top-k with the references' tie order. With a BF16 cache of
+// 512 latent and 64 rope dims (DeepSeek-V3, GLM-4.7-Flash, GLM-5) the
+// latent attention runs on tensor cores (src/tensor_mla.cu: every head of
+// a row shares each key tile in shared memory, the query and probabilities
+// split into bf16 terms for float32 accuracy); FERRITE_MLA_TC=0 keeps the
+// CUDA-core kernels.
 package cuda

@@ -51,3 +51,54 @@ func TestGraphCache(t *testing.T) {
 		t.Fatal("a hash collision replayed another step's graph")
 	}
 }
+
+// TestGraphSecondSighting checks when a step is captured, without a GPU:
+// on a trace's second sighting among the remembered ones, whatever ran in
+// between (speculation alternates draft and verification shapes), never on
+// its first, and not once the first sighting was forgotten.
+func TestGraphSecondSighting(t *testing.T) {
+	var g stepGraphs
+	trace := func(i int) []uint64 { return []uint64{42, uint64(i), 7} }
+	exec := uintptr(0)
+	// step looks trace i up as runStepL does and says what it did.
+	step := func(i int) string {
+		tr := trace(i)
+		c, capture, h := g.lookup(tr)
+		switch {
+		case c != nil:
+			return "replay"
+		case capture:
+			exec++
+			g.add(tr, h, exec)
+			return "capture"
+		}
+		return "eager"
+	}
+	want := []struct {
+		trace int
+		did   string
+	}{
+		{0, "eager"}, {1, "eager"}, {0, "capture"}, {1, "capture"}, {0, "replay"}, {1, "replay"},
+		{2, "eager"}, {0, "replay"}, {3, "eager"}, {2, "capture"}, {3, "capture"}, {2, "replay"},
+	}
+	for i, w := range want {
+		if did := step(w.trace); did != w.did {
+			t.Fatalf("step %d (trace %d): %s, want %s", i, w.trace, did, w.did)
+		}
+	}
+	// A trace whose first sighting scrolled out of the remembered ones
+	// starts over.
+	step(100)
+	for i := range graphSeenSize {
+		step(1000 + i)
+	}
+	if did := step(100); did != "eager" {
+		t.Fatalf("a trace seen %d traces ago: %s, want eager", graphSeenSize+1, did)
+	}
+	if did := step(100); did != "capture" {
+		t.Fatalf("its next sighting: %s, want capture", did)
+	}
+	if traceHash(nil) == 0 || traceHash([]uint64{0}) == 0 {
+		t.Fatal("a trace hashed to 0, the empty mark of the remembered traces")
+	}
+}

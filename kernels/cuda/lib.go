@@ -119,8 +119,10 @@ var driver struct {
 	cuGraphDestroy, cuGraphExecDestroy                                            uintptr
 
 	// Optional (0 when the driver lacks them): what the chat reports, never
-	// needed to run; cuLaunchKernelEx for programmatic dependent launch.
-	cuMemGetInfo, cuLaunchKernelEx uintptr
+	// needed to run; cuLaunchKernelEx for programmatic dependent launch;
+	// cuFuncSetAttribute for kernels above 48 KiB of shared memory;
+	// cuFuncGetAttribute for the tests' register counts.
+	cuMemGetInfo, cuLaunchKernelEx, cuFuncSetAttribute, cuFuncGetAttribute uintptr
 }
 
 // errNoDriver wraps every failure to load libcuda.so.1.
@@ -160,7 +162,8 @@ func loadDriver() error {
 		if driver.err != nil {
 			return
 		}
-		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo, "cuLaunchKernelEx": &d.cuLaunchKernelEx})
+		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo, "cuLaunchKernelEx": &d.cuLaunchKernelEx,
+			"cuFuncSetAttribute": &d.cuFuncSetAttribute, "cuFuncGetAttribute": &d.cuFuncGetAttribute})
 		if err := check("cuInit", call(d.cuInit, 0)); err != nil {
 			driver.err = err
 			return

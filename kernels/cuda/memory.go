@@ -3,6 +3,8 @@
 package cuda
 
 import (
+	"os"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -97,6 +99,14 @@ func (a *arena) get(d *Device, size int64) (uint64, error) {
 	return c.ptr, nil
 }
 
+// consolidates reports whether reset will replace the chunks (the last
+// step needed more than one).
+func (a *arena) consolidates() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.chunks) > 1
+}
+
 // reset starts a step. When the last step needed more than one chunk it
 // waits for the device, frees them and allocates one chunk of the peak.
 func (a *arena) reset(d *Device) error {
@@ -188,28 +198,38 @@ func (b *Backend) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
 }
 
 // BeginStep implements kernels.Memory: it releases every Scratch tensor.
-// The step's launches then wait for EndStep.
+// The step's launches then wait for EndStep. What was queued before (the
+// step's input uploads, copies) goes first in EndStep's hand-over to the
+// device thread, unless the arena is about to free chunks those launches
+// may use: then it is launched now.
 func (b *Backend) BeginStep() {
-	b.exec(nil) // launches queued outside a step (Copy) use the arena's old chunks
+	if b.arena.consolidates() || !lazyWrites {
+		b.exec(nil)
+	}
 	if err := b.arena.reset(b.dev); err != nil {
 		b.fail(err)
 	}
 	b.qmu.Lock()
+	b.pre, b.pending = append(b.pre, b.pending...), nil
 	b.inStep = true
 	b.qmu.Unlock()
 }
 
-// EndStep implements kernels.Memory: it launches the step, through a CUDA
-// graph when the step repeats (graph.go), and waits for it.
+// EndStep implements kernels.Memory: it launches what was queued before
+// the step, then the step, through a CUDA graph when the step repeats
+// (graph.go), and waits for it.
 func (b *Backend) EndStep() {
 	b.qmu.Lock()
-	ops := b.pending
-	b.pending, b.inStep = nil, false
+	ops, pre := b.pending, b.pre
+	b.pending, b.pre, b.inStep = nil, nil, false
 	b.qmu.Unlock()
 	if b.Err() != nil {
 		return
 	}
 	err := b.dev.do(func() error {
+		if err := runOps(b.dev, pre); err != nil {
+			return err
+		}
 		if err := b.runStepL(ops); err != nil {
 			return err
 		}
@@ -240,9 +260,29 @@ func (b *Backend) WriteI32(t kernels.Tensor, src []int32) {
 	b.write(t, raw)
 }
 
-// write copies src, t's rows one after another, into t.
+// lazyWrites queues small writes with the launches (FERRITE_CUDA_LAZY_WRITES=0
+// makes every write copy at once, as before, for comparison).
+var lazyWrites = os.Getenv("FERRITE_CUDA_LAZY_WRITES") != "0"
+
+// lazyWriteMax is the largest write queued rather than copied at once: a
+// step's inputs (ids, positions, slots, block tables, hidden rows).
+const lazyWriteMax = 1 << 20
+
+// write copies src, t's rows one after another, into t. Outside a step, a
+// small write to a contiguous tensor is queued with the launches (a copy of
+// src, put on the stream without waiting when the queue runs), so a step's
+// input uploads and its launches reach the device thread in one hand-over;
+// anything that reads or waits runs the queue first.
 func (b *Backend) write(t kernels.Tensor, src []byte) {
 	p, esz := dptr(t), int64(t.DType.Size())
+	b.qmu.Lock()
+	lazy := lazyWrites && !b.inStep && len(src) <= lazyWriteMax && t.Contiguous()
+	b.qmu.Unlock()
+	if lazy {
+		buf := slices.Clone(src)
+		b.queue(func(d *Device) error { return d.uploadAsyncL(p, buf) })
+		return
+	}
 	b.exec(func(d *Device) error {
 		if t.Contiguous() {
 			return d.uploadL(p, src)
@@ -284,6 +324,38 @@ func (b *Backend) read(raw []byte, t kernels.Tensor) bool {
 		}
 		return nil
 	})
+}
+
+var _ kernels.BatchReader = (*Backend)(nil)
+
+// ReadF32s implements kernels.BatchReader: the copies wait for queued work
+// once, in one hand-over to the device thread. After a device failure
+// every dst is filled with NaN.
+func (b *Backend) ReadF32s(dst [][]float32, ts []kernels.Tensor) {
+	if len(dst) != len(ts) {
+		panic("cuda: ReadF32s wants one destination per tensor")
+	}
+	if len(ts) == 0 {
+		return
+	}
+	raw, src := make([][]byte, len(ts)), make([]uint64, len(ts))
+	for i, t := range ts {
+		if t.DType != kernels.F32 || len(dst[i]) != t.Elems() {
+			panic("cuda: ReadF32s wants F32 tensors of len(dst[i]) elements")
+		}
+		if !t.Contiguous() {
+			for i, t := range ts {
+				b.ReadF32(dst[i], t)
+			}
+			return
+		}
+		raw[i], src[i] = f32Bytes(dst[i]), dptr(t)
+	}
+	if !b.exec(func(d *Device) error { return d.downloadsL(raw, src) }) {
+		for _, v := range dst {
+			fillNaN(v)
+		}
+	}
 }
 
 // Copy implements kernels.Memory.

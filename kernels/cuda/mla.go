@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"os"
 	"sync"
 	"unsafe"
 
@@ -26,7 +27,45 @@ func init() {
 		"ferrite_mla_store_latent", "ferrite_dsa_store_key", "ferrite_mla_uk_t", "ferrite_mla_proj", "ferrite_mla_combine",
 		"ferrite_mla_attn_f32_1", "ferrite_mla_attn_f32_2", "ferrite_mla_attn_f32_4",
 		"ferrite_mla_attn_bf16_1", "ferrite_mla_attn_bf16_2", "ferrite_mla_attn_bf16_4",
-		"ferrite_dsa_scores_f32", "ferrite_dsa_scores_bf16", "ferrite_topk")
+		"ferrite_dsa_scores_f32", "ferrite_dsa_scores_bf16", "ferrite_topk",
+		"ferrite_mla_tc_1", "ferrite_mla_tc_2", "ferrite_mla_tc_3", "ferrite_mla_tc_4", "ferrite_mla_merge", "ferrite_mla_proj_tc")
+	bigSmemKernels = append(bigSmemKernels, append(mlaTCKernels[:], "ferrite_mla_proj_tc")...)
+	// The decode chain of an MLA layer starts each kernel with
+	// FERRITE_PDL_WAIT() (TestPDLKernelsWait), so each may be launched
+	// while the one before drains.
+	for _, k := range append([]string{"ferrite_mla_store_latent", "ferrite_rope", "ferrite_mla_proj", "ferrite_mla_proj_tc", "ferrite_mla_merge"}, mlaTCKernels[:]...) {
+		pdlKernels[k] = true
+	}
+}
+
+// mlaTCKernels[nt−1] is the tensor-core latent attention (src/tensor_mla.cu)
+// for groups of up to 8·nt heads.
+var mlaTCKernels = [4]string{"ferrite_mla_tc_1", "ferrite_mla_tc_2", "ferrite_mla_tc_3", "ferrite_mla_tc_4"}
+
+// mlaTCEnabled is false when FERRITE_MLA_TC=0: AttentionMLA then keeps to
+// the CUDA-core kernels (ferrite_mla_attn_*), for A/B comparisons.
+var mlaTCEnabled = os.Getenv("FERRITE_MLA_TC") != "0"
+
+// The shape src/tensor_mla.cu takes: a BF16 cache of 512 latent and 64
+// rope dims, key tiles of 32, up to 32 heads a block.
+const (
+	mlaTCLatent = 512
+	mlaTCRope   = 64
+	mlaTCKeys   = 32
+	mlaTCHeads  = 32
+)
+
+// mlaProjSmem is ferrite_mla_proj_tc's shared memory for a weight k
+// values wide: 32 query rows of k in three bf16 terms, and three k-quarters'
+// partial sums.
+func mlaProjSmem(k int) int { return 3*k*32*2 + 3*2*4*32*4*4 }
+
+// mlaTCSmem is TcSmem<nt>::bytes of src/tensor_mla.cu: the query's three
+// bf16 terms as B fragments, two key tiles, the partial scores, the
+// probabilities' two terms, and the per-head scalars.
+func mlaTCSmem(nt int) int {
+	const kw, ks = mlaTCLatent + mlaTCRope, (mlaTCLatent + mlaTCRope) / 16
+	return 3*nt*ks*32*8 + 2*mlaTCKeys*(kw+8)*2 + 4*mlaTCKeys*(8*nt+1)*4 + 2*2*nt*32*8 + (3*32+2*mlaTCKeys)*4
 }
 
 // Tiling of src/ops_mla.cu.
@@ -197,13 +236,13 @@ func (b *Backend) ukWeight(kvB *kernels.Mat, dw *Weight, s kernels.MLAShape) (*W
 // AttentionMLA implements kernels.MLAOps in the absorbed form, whatever
 // s.Form asks (both forms compute the same attention; the form is a choice
 // of cost, and on the GPU the absorbed one wins at every shape: its latent
-// attention reads each latent once for up to 16 heads, while the naive
-// form's expanded keys would be read per head and per row by the untiled
-// attention kernels). The steps: q_pe rotated in place (ferrite_rope on the
-// heads' tails); the absorbed queries W_UK_hᵀ·q_nope (ferrite_mla_proj over
-// the transposed W_UK, ukWeight); the latent attention split over the keys like
-// Attention (ferrite_mla_attn_*, merged by ferrite_mla_combine); then
-// W_UV_h·lat per head (ferrite_mla_proj over kv_b_proj).
+// attention reads each latent once for a group of heads, while the naive
+// form's expanded keys would be read per head and per row). The steps: q_pe
+// rotated in place (ferrite_rope on the heads' tails); the absorbed queries
+// W_UK_hᵀ·q_nope (ferrite_mla_proj over the transposed W_UK, ukWeight); the
+// latent attention split over the keys (mlaTC: on tensor cores, merged by
+// ferrite_mla_merge; else ferrite_mla_attn_*, merged by ferrite_mla_combine);
+// then W_UV_h·lat per head (ferrite_mla_proj over kv_b_proj).
 func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r *kernels.Rotary, p *kernels.Paged, s kernels.MLAShape, sel kernels.Tensor) {
 	f32Contig("AttentionMLA", out, q)
 	bf := cacheDType("AttentionMLA", cache)
@@ -230,21 +269,6 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	if n == 0 {
 		return
 	}
-	gs := min(mlaGroup, mlaSmem/(kw*4))
-	if gs == 0 {
-		panic("cuda: AttentionMLA latent rows too wide for shared memory")
-	}
-	groups := ceilDiv(s.Heads, gs)
-	gs = ceilDiv(s.Heads, groups) // balance the groups
-	dpt := 0
-	for 256<<dpt < kl {
-		dpt++
-	}
-	// Enough splits of at least mlaSplit keys for about two blocks per
-	// multiprocessor; every split then takes an equal share of the keys
-	// (whole tiles), so that together they cover all of them.
-	splits := max(1, min(ceilDiv(keys, mlaSplit), ceilDiv(2*b.dev.SMs, n*groups)))
-	split := ceilDiv(ceilDiv(keys, splits), mlaTile) * mlaTile
 	dw, err := b.weight(kvB)
 	var uk *Weight
 	if err == nil && s.Nope > 0 {
@@ -264,12 +288,26 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	if uk != nil {
 		qc = lat
 	}
-	var part uint64
-	if splits > 1 {
-		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, kl+2)) // (n, heads, splits, max, sum, kl sums)
-	}
 	o, qp := dptr(out), dptr(q)
-	rowBlocks := uint32(ceilDiv(n, mlaRows))
+	var attend func(d *Device) error
+	if tc := b.tcPlan(bf, s, n, keys); tc.nt > 0 {
+		attend = b.mlaTCAttend(tc, lat, qc, qp, dptr(cache), pos, seq, bt, selp, keys, p, s, n)
+	} else {
+		attend = b.mlaAttend(bf, lat, qc, qp, dptr(cache), pos, seq, bt, selp, keys, p, s, n)
+	}
+	// proj launches y = W_h·x_h per head (ferrite_mla_proj's arguments),
+	// on tensor cores for a BF16 weight (every row's sums independent of
+	// the others, as in ferrite_mla_proj).
+	proj := func(d *Device, y uint64, yRS, yHS int, x uint64, xRS, xHS, rows, wHRows, row0 int, w *Weight) error {
+		if mlaTCEnabled && !b.mlaNoTC && w.DType == kernels.BF16 && w.Cols%16 == 0 &&
+			xRS%2 == 0 && xHS%2 == 0 && mlaProjSmem(w.Cols) <= b.dev.SmemOptIn {
+			return d.launch3L("ferrite_mla_proj_tc", [3]uint32{uint32(ceilDiv(rows, 32)), uint32(s.Heads), uint32(ceilDiv(n, 32))},
+				256, uint32(mlaProjSmem(w.Cols)), y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows),
+				w.Buf.ptr, i32(w.Cols), i32(row0))
+		}
+		args := append([]uint64{y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows)}, projArgs(w, row0)...)
+		return d.launch3L("ferrite_mla_proj", [3]uint32{uint32(ceilDiv(rows, mlaRows)), uint32(s.Heads), uint32(ceilDiv(n, mlaRows))}, 256, 0, args...)
+	}
 	b.queue(func(d *Device) error {
 		if half > 0 { // q_pe: the last Rope dims of every head
 			total := int64(n) * int64(s.Heads) * int64(half)
@@ -280,27 +318,109 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 			}
 		}
 		if uk != nil {
-			args := append([]uint64{qc, i32(s.Heads * kl), i32(kl), qp, i32(s.Heads * hd), i32(hd), i32(n), i32(kl), i32(kl)}, projArgs(uk, 0)...)
-			if err := d.launch3L("ferrite_mla_proj", [3]uint32{uint32(ceilDiv(kl, mlaRows)), uint32(s.Heads), rowBlocks}, 256, 0, args...); err != nil {
+			if err := proj(d, qc, s.Heads*kl, kl, qp, s.Heads*hd, hd, kl, kl, 0, uk); err != nil {
 				return err
 			}
 		}
-		err := d.launch3L(mlaAttnKernels[b2i(bf)][dpt], [3]uint32{uint32(n), uint32(groups), uint32(splits)}, 256, uint32(gs*kw*4),
-			lat, part, qc, qp, dptr(cache), pos, seq, bt, selp, i32(keys), i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads),
-			i32(gs), i32(kl), i32(s.Nope), i32(s.Rope), i32(split), f32(s.Scale))
-		if err != nil {
+		if err := attend(d); err != nil {
 			return err
 		}
-		if splits > 1 {
-			if err := d.launch3L("ferrite_mla_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, 128, 0,
-				lat, part, i32(s.Heads), i32(kl), i32(splits)); err != nil {
-				return err
-			}
-		}
-		args := append([]uint64{o, i32(s.Heads * s.V), i32(s.V), lat, i32(s.Heads * kl), i32(kl), i32(n), i32(s.V), i32(s.Nope + s.V)},
-			projArgs(dw, s.Nope)...)
-		return d.launch3L("ferrite_mla_proj", [3]uint32{uint32(ceilDiv(s.V, mlaRows)), uint32(s.Heads), rowBlocks}, 256, 0, args...)
+		return proj(d, o, s.Heads*s.V, s.V, lat, s.Heads*kl, kl, s.V, s.Nope+s.V, s.Nope, dw)
 	})
+}
+
+// mlaAttend returns the launches of the CUDA-core latent attention
+// (ferrite_mla_attn_*, ferrite_mla_combine) into lat.
+func (b *Backend) mlaAttend(bf bool, lat, qc, qp, cache, pos, seq, bt, selp uint64, keys int, p *kernels.Paged, s kernels.MLAShape, n int) func(d *Device) error {
+	kl, kw := s.KVLora, s.KVLora+s.Rope
+	gs := min(mlaGroup, mlaSmem/(kw*4))
+	if gs == 0 {
+		panic("cuda: AttentionMLA latent rows too wide for shared memory")
+	}
+	groups := ceilDiv(s.Heads, gs)
+	gs = ceilDiv(s.Heads, groups) // balance the groups
+	dpt := 0
+	for 256<<dpt < kl {
+		dpt++
+	}
+	// Enough splits of at least mlaSplit keys for about two blocks per
+	// multiprocessor; every split then takes an equal share of the keys
+	// (whole tiles), so that together they cover all of them.
+	splits := max(1, min(ceilDiv(keys, mlaSplit), ceilDiv(2*b.dev.SMs, n*groups)))
+	split := ceilDiv(ceilDiv(keys, splits), mlaTile) * mlaTile
+	var part uint64
+	if splits > 1 {
+		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, kl+2)) // (n, heads, splits, max, sum, kl sums)
+	}
+	return func(d *Device) error {
+		err := d.launch3L(mlaAttnKernels[b2i(bf)][dpt], [3]uint32{uint32(n), uint32(groups), uint32(splits)}, 256, uint32(gs*kw*4),
+			lat, part, qc, qp, cache, pos, seq, bt, selp, i32(keys), i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads),
+			i32(gs), i32(kl), i32(s.Nope), i32(s.Rope), i32(split), f32(s.Scale))
+		if err != nil || splits == 1 {
+			return err
+		}
+		return d.launch3L("ferrite_mla_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, 128, 0,
+			lat, part, i32(s.Heads), i32(kl), i32(splits))
+	}
+}
+
+// mlaTCPlan is the launch shape of the tensor-core latent attention: head
+// groups of gs ≤ 8·nt, splits of split keys, smem bytes of shared memory a
+// block.
+type mlaTCPlan struct {
+	nt, gs, groups, splits, split, smem int
+}
+
+// tcPlan plans the tensor-core latent attention of n rows over up to keys
+// keys; nt = 0 when it does not apply (another shape, an F32 cache,
+// FERRITE_MLA_TC=0, or too little shared memory).
+func (b *Backend) tcPlan(bf bool, s kernels.MLAShape, n, keys int) mlaTCPlan {
+	if !bf || !mlaTCEnabled || b.mlaNoTC || s.KVLora != mlaTCLatent || s.Rope != mlaTCRope {
+		return mlaTCPlan{}
+	}
+	t := mlaTCPlan{groups: ceilDiv(s.Heads, mlaTCHeads)}
+	t.gs = ceilDiv(s.Heads, t.groups)
+	t.nt = ceilDiv(t.gs, 8)
+	t.smem = mlaTCSmem(t.nt)
+	if t.smem > b.dev.SmemOptIn {
+		return mlaTCPlan{}
+	}
+	// One block a multiprocessor (the shared memory allows no more): as
+	// many splits of whole key tiles as fill them once, at least a tile
+	// each. With SetRowExact the rows are split as a row alone would be,
+	// so that a verification's rows get plain decoding's bits (a block's
+	// and the merge's sums depend on its row and the split only).
+	tiles := max(1, ceilDiv(keys, mlaTCKeys))
+	if b.rowExact {
+		n = 1
+	}
+	t.splits = 1
+	if c := b.dev.SMs / (n * t.groups); c > 1 {
+		t.splits = min(tiles, c)
+	}
+	t.split = ceilDiv(tiles, t.splits) * mlaTCKeys
+	return t
+}
+
+// mlaTCAttend returns the launches of the tensor-core latent attention
+// (ferrite_mla_tc_*, ferrite_mla_merge) into lat.
+func (b *Backend) mlaTCAttend(t mlaTCPlan, lat, qc, qp, cache, pos, seq, bt, selp uint64, keys int, p *kernels.Paged, s kernels.MLAShape, n int) func(d *Device) error {
+	var part, ml uint64
+	if t.splits > 1 {
+		part = dptr(b.Scratch(kernels.F32, n*s.Heads*t.splits, mlaTCLatent)) // (n, heads, splits, 512) unnormalised sums
+		ml = dptr(b.Scratch(kernels.F32, n*s.Heads*t.splits, 2))             // (n, heads, splits, 2) max and sum
+	}
+	name := mlaTCKernels[t.nt-1]
+	return func(d *Device) error {
+		err := d.launch3L(name, [3]uint32{uint32(n), uint32(t.groups), uint32(t.splits)}, 256, uint32(t.smem),
+			lat, part, ml, qc, qp, cache, pos, seq, bt, selp, i32(keys), i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads),
+			i32(t.gs), i32(s.Nope), i32(t.split), f32(s.Scale))
+		if err != nil || t.splits == 1 {
+			return err
+		}
+		return d.launch3L("ferrite_mla_merge", [3]uint32{uint32(n), uint32(s.Heads), 1}, 128, uint32(4*t.splits),
+			lat, part, ml, i32(s.Heads), i32(mlaTCLatent), i32(t.splits))
+	}
 }
 
 func b2i(v bool) int {

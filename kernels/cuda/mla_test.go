@@ -19,8 +19,22 @@ import (
 // blocks, 2048-wide selections, the 64×128 indexer query staged in shared
 // memory and the top-k radix select over thousands of tied columns, which
 // TestOps' small cases do not reach.
+//
+// With a BF16 cache these shapes take the tensor-core latent attention
+// (src/tensor_mla.cu) unless FERRITE_MLA_TC=0; the test fails when that
+// kernel is not planned for GLM-4.7-Flash's shape, so that a GPU with too
+// little shared memory does not pass on the CUDA-core kernels alone
+// unnoticed.
 func TestMLAWide(t *testing.T) {
 	b := openOps(t)
+	glm := kernels.MLAShape{Heads: 20, Nope: 192, Rope: 64, V: 256, KVLora: 512}
+	for _, c := range []struct{ n, keys int }{{1, 4096}, {32, 256}, {121, 1024}} {
+		plan := b.tcPlan(true, glm, c.n, c.keys)
+		t.Logf("tensor-core MLA plan, %d rows, %d keys: %+v (shared memory opt-in %d B)", c.n, c.keys, plan, b.dev.SmemOptIn)
+		if plan.nt == 0 && mlaTCEnabled {
+			t.Errorf("tensor-core MLA not planned for GLM-4.7-Flash's shape at %d rows", c.n)
+		}
+	}
 	t.Run("Sparse", func(t *testing.T) { kerneltest.SparseWide(t, b, b) })
 	t.Run("MLA", func(t *testing.T) { kerneltest.MLAWide(t, b, b) })
 }
@@ -32,7 +46,11 @@ func TestMLAWide(t *testing.T) {
 // positions each, optionally with a DSA selection of 2048 positions, or a
 // 1024-token prompt in one step (prefill). GB/s counts the latents read
 // once per row plus kv_b_proj once per step; graphs/step is 1 when the
-// steps replay a CUDA graph.
+// steps replay a CUDA graph. The sublayer cases run the whole attention
+// sublayer of a layer (q_a_proj, its norm, q_b_proj, kv_a_proj_with_mqa,
+// the MLA ops, o_proj; GB/s then counts those weights too). The cases run the default latent attention
+// (on tensor cores), and those marked cores the CUDA-core kernels too
+// ("/cores", what FERRITE_MLA_TC=0 runs).
 func BenchmarkMLADecode(b *testing.B) {
 	be := openOps(b)
 	const heads, nope, rope, dv, kl, layers, bs = 20, 192, 64, 256, 512, 47, 64
@@ -70,16 +88,39 @@ func BenchmarkMLADecode(b *testing.B) {
 		ones[i] = 1
 	}
 	be.WriteF32(norm, ones)
+	// The sublayer's projections, per layer (made on first use):
+	// q_a_proj, q_b_proj, kv_a_proj_with_mqa, o_proj.
+	const hidden, qLora = 2048, 768
+	var projs [][4]*kernels.Mat
+	qNorm := alloc(kernels.F32, 1, qLora)
+	be.WriteF32(qNorm, ones[:qLora])
+	mat := func(rows, cols int) *kernels.Mat {
+		m := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols}
+		t := alloc(kernels.BF16, rows, cols)
+		fill(t, 1/float32(math.Sqrt(float64(cols))))
+		tb, _ := t.Buffer()
+		be.weights[m] = &Weight{Buf: tb.(*tensorBuf).buf, DType: kernels.BF16, Rows: rows, Cols: cols}
+		return m
+	}
 
 	for _, c := range []struct {
 		name           string
 		rows, ctx, top int
 		prefill        bool // the rows are one sequence's positions 0 … rows−1 (ctx = rows)
+		cores          bool // also time the CUDA-core kernels (FERRITE_MLA_TC=0's), "/cores"
+		sub            bool // the whole attention sublayer: q_a, its norm, q_b, kv_a, the MLA ops, o
 	}{
-		{"rows=1/ctx=4096", 1, 4096, 0, false}, {"rows=8/ctx=4096", 8, 4096, 0, false},
-		{"rows=1/ctx=32768", 1, 32768, 0, false}, {"rows=1/ctx=32768/top=2048", 1, 32768, 2048, false},
-		{"prefill/rows=1024", 1024, 1024, 0, true},
+		{"rows=1/ctx=4096", 1, 4096, 0, false, true, false}, {"rows=8/ctx=4096", 8, 4096, 0, false, false, false},
+		{"rows=32/ctx=192", 32, 192, 0, false, true, false}, {"rows=32/ctx=192/sublayer", 32, 192, 0, false, true, true},
+		{"rows=1/ctx=192/sublayer", 1, 192, 0, false, true, true},
+		{"rows=1/ctx=32768", 1, 32768, 0, false, false, false}, {"rows=1/ctx=32768/top=2048", 1, 32768, 2048, false, false, false},
+		{"prefill/rows=1024", 1024, 1024, 0, true, false, false},
 	} {
+		if c.sub && projs == nil {
+			for range layers {
+				projs = append(projs, [4]*kernels.Mat{mat(qLora, hidden), mat(heads*(nope+rope), qLora), mat(kw, hidden), mat(hidden, heads*dv)})
+			}
+		}
 		nb, seqs := c.ctx/bs, c.rows
 		if c.prefill {
 			seqs = 1
@@ -122,6 +163,10 @@ func BenchmarkMLADecode(b *testing.B) {
 		for i := range kv0 {
 			kv0[i] = float32(i%5)*0.2 - 0.4
 		}
+		x0 := make([]float32, c.rows*hidden)
+		for i := range x0 {
+			x0[i] = float32(i%13)*0.1 - 0.6
+		}
 		step := func() {
 			be.BeginStep()
 			q, kv := be.Scratch(kernels.F32, c.rows, heads*(nope+rope)), be.Scratch(kernels.F32, c.rows, kw)
@@ -132,41 +177,72 @@ func BenchmarkMLADecode(b *testing.B) {
 				}
 				return d.uploadL(dptr(kv), f32Bytes(kv0))
 			})
-			for _, kc := range caches {
+			if !c.sub {
+				for _, kc := range caches {
+					be.StoreLatent(kc, kv, norm, 1e-6, r, p)
+					be.AttentionMLA(o, q, kc, kvB, r, p, s, sel)
+				}
+				be.EndStep()
+				return
+			}
+			x, y := be.Scratch(kernels.F32, c.rows, hidden), be.Scratch(kernels.F32, c.rows, hidden)
+			qr := be.Scratch(kernels.F32, c.rows, qLora)
+			be.exec(func(d *Device) error { return d.uploadL(dptr(x), f32Bytes(x0)) })
+			for li, kc := range caches {
+				w := projs[li]
+				be.Linear(qr, x, w[0], kernels.Epilogue{})
+				be.RMSNorm(qr, qr, qNorm, 1e-6, false)
+				be.Linear(q, qr, w[1], kernels.Epilogue{})
+				be.Linear(kv, x, w[2], kernels.Epilogue{})
 				be.StoreLatent(kc, kv, norm, 1e-6, r, p)
 				be.AttentionMLA(o, q, kc, kvB, r, p, s, sel)
+				be.Linear(y, o, w[3], kernels.Epilogue{})
 			}
 			be.EndStep()
 		}
-		b.Run(c.name, func(b *testing.B) {
-			step() // warm up; with graphs the second step is captured
-			step()
-			_, replays0, gerr := be.GraphStats()
-			b.ResetTimer()
-			start := time.Now()
-			for range b.N {
+		for _, cores := range []bool{false, true} {
+			if cores && !c.cores {
+				continue
+			}
+			name := c.name
+			if cores {
+				name += "/cores"
+			}
+			be.mlaNoTC = cores
+			b.Run(name, func(b *testing.B) {
+				step() // warm up; with graphs the second step is captured
 				step()
-			}
-			sec := time.Since(start).Seconds() / float64(b.N)
-			if err := be.Err(); err != nil {
-				b.Fatal(err)
-			}
-			_, replays, _ := be.GraphStats()
-			if gerr != nil {
-				b.Logf("graphs: %v", gerr)
-			}
-			b.ReportMetric(float64(replays-replays0)/float64(b.N), "graphs/step")
-			keys := c.ctx
-			switch {
-			case c.top > 0:
-				keys = c.top
-			case c.prefill:
-				keys = (c.ctx + 1) / 2 // on average
-			}
-			bytes := float64(layers) * (float64(c.rows*keys*kw*2) + float64(kvB.Rows*kvB.Cols*2))
-			b.ReportMetric(sec*1e6/layers, "us/layer")
-			b.ReportMetric(bytes/sec/1e9, "GB/s")
-		})
+				_, replays0, gerr := be.GraphStats()
+				b.ResetTimer()
+				start := time.Now()
+				for range b.N {
+					step()
+				}
+				sec := time.Since(start).Seconds() / float64(b.N)
+				if err := be.Err(); err != nil {
+					b.Fatal(err)
+				}
+				_, replays, _ := be.GraphStats()
+				if gerr != nil {
+					b.Logf("graphs: %v", gerr)
+				}
+				b.ReportMetric(float64(replays-replays0)/float64(b.N), "graphs/step")
+				keys := c.ctx
+				switch {
+				case c.top > 0:
+					keys = c.top
+				case c.prefill:
+					keys = (c.ctx + 1) / 2 // on average
+				}
+				bytes := float64(layers) * (float64(c.rows*keys*kw*2) + float64(kvB.Rows*kvB.Cols*2))
+				if c.sub { // the projections' weights too
+					bytes += float64(layers) * 2 * float64(qLora*hidden+heads*(nope+rope)*qLora+kw*hidden+hidden*heads*dv)
+				}
+				b.ReportMetric(sec*1e6/layers, "us/layer")
+				b.ReportMetric(bytes/sec/1e9, "GB/s")
+			})
+		}
+		be.mlaNoTC = false
 		for _, kc := range caches {
 			be.Free(kc)
 		}
@@ -218,4 +294,114 @@ func TestMLAUKTranspose(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestMLARowExact checks AttentionMLA at GLM-4.7-Flash's shape with
+// SetRowExact on: every row of a batch (two decode rows of different
+// sequences and contexts, then a verification of three rows of one
+// sequence) gets the bits it gets alone, through the per-head projections
+// and the split latent attention; and, as a control, that the batch is
+// not bit-identical with SetRowExact off when the split plan depends on
+// the rows (logged only: equal bits there are allowed).
+func TestMLARowExact(t *testing.T) {
+	be := openOps(t)
+	const heads, nope, rope, dv, kl, bs = 20, 192, 64, 256, 512, 16
+	kw, qw := kl+rope, heads*(nope+rope)
+	s := kernels.MLAShape{Heads: heads, Nope: nope, Rope: rope, V: dv, KVLora: kl, Scale: 1 / float32(math.Sqrt(nope+rope))}
+	if be.tcPlan(true, s, 1, 1024).nt == 0 {
+		t.Skip("the tensor-core MLA kernels are off (FERRITE_MLA_TC=0) or do not fit; the CUDA-core ones split by the batch")
+	}
+	alloc := func(dt kernels.DType, rows, cols int) kernels.Tensor {
+		x, err := be.Alloc(dt, rows, cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	fill := func(x kernels.Tensor, seed uint64, scale float32) {
+		tb, _ := x.Buffer()
+		if err := be.dev.FillBF16(tb.(*tensorBuf).buf, int64(x.Elems()), seed, scale); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kvB := &kernels.Mat{DType: kernels.BF16, Rows: heads * (nope + dv), Cols: kl}
+	w := alloc(kernels.BF16, kvB.Rows, kvB.Cols)
+	fill(w, 3, 1/float32(math.Sqrt(kl)))
+	tb, _ := w.Buffer()
+	be.weights[kvB] = &Weight{Buf: tb.(*tensorBuf).buf, DType: kernels.BF16, Rows: kvB.Rows, Cols: kvB.Cols}
+	const nb = 64 // blocks a sequence: 1,024 positions
+	cache := alloc(kernels.BF16, 2*nb*bs, kw)
+	fill(cache, 4, 1)
+	table := make([]int32, 2*nb)
+	for i := range table {
+		table[i] = int32((i * 37) % (2 * nb)) // interleaved blocks
+	}
+	blocks := alloc(kernels.I32, 2, nb)
+	be.WriteI32(blocks, table)
+	inv := make([]float32, rope/2)
+	for i := range inv {
+		inv[i] = float32(math.Pow(1e6, -float64(2*i)/rope))
+	}
+	r := &kernels.Rotary{InvFreq: alloc(kernels.F32, 1, rope/2), Dim: rope, Interleaved: true, Scale: 1}
+	be.WriteF32(r.InvFreq, inv)
+	rng := rand.New(rand.NewPCG(5, 6))
+	q0 := make([]float32, 3*qw)
+	for i := range q0 {
+		q0[i] = float32(rng.NormFloat64())
+	}
+	// run attends rows (sequence, position) with the queries of q0's rows
+	// qrows and returns their outputs.
+	run := func(seq, pos []int32, qrows []int) []float32 {
+		n := len(seq)
+		p := &kernels.Paged{Pos: alloc(kernels.I32, n, 1), Seq: alloc(kernels.I32, n, 1), Blocks: blocks, BlockSize: bs}
+		be.WriteI32(p.Pos, pos)
+		be.WriteI32(p.Seq, seq)
+		q, out := alloc(kernels.F32, n, qw), alloc(kernels.F32, n, heads*dv)
+		qh := make([]float32, 0, n*qw)
+		for _, j := range qrows {
+			qh = append(qh, q0[j*qw:(j+1)*qw]...)
+		}
+		be.WriteF32(q, qh)
+		be.BeginStep()
+		be.AttentionMLA(out, q, cache, kvB, r, p, s, kernels.Tensor{})
+		be.EndStep()
+		got := make([]float32, n*heads*dv)
+		be.ReadF32(got, out)
+		for _, x := range []kernels.Tensor{p.Pos, p.Seq, q, out} {
+			be.Free(x)
+		}
+		return got
+	}
+	for _, c := range []struct {
+		name     string
+		seq, pos []int32
+	}{
+		{"two sequences", []int32{0, 1}, []int32{1000, 230}},
+		{"verification", []int32{1, 1, 1}, []int32{700, 701, 702}},
+	} {
+		qrows := []int{0, 1, 2}[:len(c.seq)]
+		for _, exact := range []bool{true, false} {
+			be.SetRowExact(exact)
+			batch := run(c.seq, c.pos, qrows)
+			diff := 0
+			for i := range c.seq {
+				alone := run(c.seq[i:i+1], c.pos[i:i+1], qrows[i:i+1])
+				for k, x := range alone {
+					if y := batch[i*heads*dv+k]; math.Float32bits(x) != math.Float32bits(y) || math.IsNaN(float64(x)) {
+						if diff == 0 {
+							t.Logf("%s, row exact %v: row %d value %d: batch %g, alone %g", c.name, exact, i, k, y, x)
+						}
+						diff++
+					}
+				}
+			}
+			switch {
+			case exact && diff > 0:
+				t.Errorf("%s: %d values differ between the batch and the rows alone with SetRowExact", c.name, diff)
+			case !exact:
+				t.Logf("%s: %d values differ between the batch and the rows alone without SetRowExact", c.name, diff)
+			}
+		}
+	}
+	be.SetRowExact(false)
 }

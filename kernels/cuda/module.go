@@ -25,6 +25,8 @@ var kernelNames = []string{
 	"ferrite_gemv_swiglu_f32", "ferrite_gemv_swiglu_bf16", "ferrite_gemv_swiglu_f16",
 	"ferrite_gemv_swiglu_f32_r4", "ferrite_gemv_swiglu_f32_r8", "ferrite_gemv_swiglu_bf16_r4",
 	"ferrite_gemv_swiglu_bf16_r8", "ferrite_gemv_swiglu_f16_r4", "ferrite_gemv_swiglu_f16_r8",
+	"ferrite_gemv_norm_f32", "ferrite_gemv_norm_bf16", "ferrite_gemv_norm_f16",
+	"ferrite_gemv_norm_swiglu_f32", "ferrite_gemv_norm_swiglu_bf16", "ferrite_gemv_norm_swiglu_f16",
 	"ferrite_swiglu_cat", "ferrite_prepare_qkv",
 	"ferrite_rmsnorm_f32", "ferrite_f32_to_bf16", "ferrite_fill_bf16",
 	// The op set (src/ops.cu).
@@ -32,13 +34,18 @@ var kernelNames = []string{
 	"ferrite_add_rmsnorm", "ferrite_rope", "ferrite_store_kv",
 	"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8",
 	"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8",
+	"ferrite_attn_f32_1_g4", "ferrite_attn_f32_2_g4", "ferrite_attn_f32_4_g4", "ferrite_attn_f32_8_g4",
+	"ferrite_attn_bf16_1_g4", "ferrite_attn_bf16_2_g4", "ferrite_attn_bf16_4_g4", "ferrite_attn_bf16_8_g4",
 	"ferrite_attn_combine", "ferrite_prefill_attn_f32_64_64", "ferrite_prefill_attn_f32_128_64",
 	"ferrite_prefill_attn_bf16_64_64", "ferrite_prefill_attn_bf16_128_64", "ferrite_prefill_attn_f32_64_128",
 	"ferrite_prefill_attn_f32_128_128", "ferrite_prefill_attn_bf16_64_128", "ferrite_prefill_attn_bf16_128_128",
 	// Mixture of experts (src/ops_moe.cu).
 	"ferrite_route", "ferrite_moe_combine", "ferrite_moe_few_gate_up_1", "ferrite_moe_few_gate_up_8",
 	"ferrite_moe_few_down_1", "ferrite_moe_few_down_8", "ferrite_moe_sort", "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down",
-	"ferrite_moe_mma_gate_up", "ferrite_moe_mma_down",
+	"ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", "ferrite_moe_gv_gate_up_p8_u1", "ferrite_moe_gv_gate_up_p4_u2",
+	"ferrite_moe_gv_gate_up_p2_u4", "ferrite_moe_gv_down_p8_u2", "ferrite_moe_gv_down_p4_u4",
+	"ferrite_moe_gt_gate_up_r1", "ferrite_moe_gt_gate_up_r2", "ferrite_moe_gt_gate_up_r4", "ferrite_moe_gt_down_r2",
+	"ferrite_moe_gt_down_r4", "ferrite_moe_gt_down_r8",
 	// Random weights (src/randfill.cu).
 	"ferrite_random_fill",
 }
@@ -70,6 +77,32 @@ func (d *Device) loadModule() error {
 		}
 		d.fns[name] = f
 	}
+	return d.raiseSmem()
+}
+
+// bigSmemKernels are the kernels that may take more than 48 KiB of dynamic
+// shared memory: loadModule raises their limit to the device's opt-in
+// maximum (Device.SmemOptIn).
+var bigSmemKernels []string
+
+// raiseSmem sets SmemOptIn and raises bigSmemKernels' dynamic shared
+// memory limit to it. Without cuFuncSetAttribute, or when the driver
+// refuses, SmemOptIn stays 0 (the ops then take their other kernels).
+func (d *Device) raiseSmem() error {
+	if driver.cuFuncSetAttribute == 0 {
+		return nil
+	}
+	optIn, err := d.attribute(attrSmemOptIn)
+	if err != nil {
+		return err
+	}
+	const maxDynamicSmem = 8 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	for _, name := range bigSmemKernels {
+		if check("cuFuncSetAttribute "+name, call(driver.cuFuncSetAttribute, d.fns[name], maxDynamicSmem, uintptr(optIn))) != nil {
+			return nil
+		}
+	}
+	d.SmemOptIn = optIn
 	return nil
 }
 

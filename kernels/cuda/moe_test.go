@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,15 +16,20 @@ import (
 )
 
 // TestOpsExpertsPaths checks Experts against kernels/ref.Experts on every
-// path: the grouped GEMV kernels up to moeFewTokens tokens (a slot a pass,
-// and up to 8 slots of an expert a pass), above them the
-// sorted tiled GEMMs on CUDA cores (experts of mixed dtypes: bf16, f32 and
+// path: the grouped GEMV kernels up to moeGEMVTokens tokens (with 8, 4
+// and 2 slots a pass and blocks of few and of all slots, and their
+// register-tile form from moeTileSlots slots or forced), the first
+// grouped GEMV kernels (FERRITE_MOE_KERNELS=v1) up to moeFewTokens (a slot
+// a pass, and up to 8 slots of an expert a pass), above them the sorted
+// tiled GEMMs on CUDA cores (experts of mixed dtypes: bf16, f32 and
 // block-scaled F8E4M3, fused and separate) and on tensor cores (all bf16,
 // and again with them turned off), with experts of one and of several
 // 64-slot tiles and tokens that share experts, within
 // kerneltest.ExpertsTol of max |y|.
 func TestOpsExpertsPaths(t *testing.T) {
 	b := openOps(t)
+	defer func(c moeConfig) { b.moe = c }(b.moe)
+	b.moe = moeConfig{}
 	const e, hidden, inter = 12, 256, 96
 	rng := rand.New(rand.NewPCG(31, 32))
 	mixed, bf16 := make([]kernels.Expert, e), make([]kernels.Expert, e)
@@ -54,19 +60,99 @@ func TestOpsExpertsPaths(t *testing.T) {
 		}
 		bf16[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
 	}
-	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, 37, 300} {
+	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, moeGEMVTokens, moeGEMVTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("mixed/n=", n), mixed, n, 4, rng)
 	}
-	b.moeSlots8 = true // the kernels that take up to 8 slots of an expert a pass
-	for _, n := range []int{3, 8} {
-		checkExperts(t, b, fmt.Sprint("mixed/8-slot/n=", n), mixed, n, 4, rng)
+	checkExperts(t, b, "bf16/n=16", bf16, 16, 4, rng) // 64 slots: the register tiles
+	checkExperts(t, b, "bf16/n=4", bf16, 4, 4, rng)   // 16: the row-a-warp form
+	const gv = moeGEMVSlots + 1                       // never the register tiles
+	for _, c := range []moeConfig{{pass: 2, tiles: gv}, {pass: 4, tiles: gv}, {pass: 8, sb: 8, tiles: gv},
+		{pass: 8, sb: 256, tiles: gv}, {pass: 2, sb: 3, tiles: gv}, {tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7},
+		{tiles: 1, sb: 256}, {tiles: 1, gt: -1}, {tiles: 1, gt: 1, sb: 5}} {
+		b.moe = c
+		for _, n := range []int{1, 5, moeGEMVTokens} {
+			checkExperts(t, b, fmt.Sprintf("mixed/pass=%d/sb=%d/n=%d", c.pass, c.sb, n), mixed, n, 4, rng)
+			checkExperts(t, b, fmt.Sprintf("bf16/pass=%d/sb=%d/n=%d", c.pass, c.sb, n), bf16, n, 4, rng)
+		}
 	}
-	b.moeSlots8 = false
-	for _, n := range []int{9, 300} {
+	b.moe = moeConfig{v1: true}
+	for _, n := range []int{1, 3, 8} {
+		checkExperts(t, b, fmt.Sprint("mixed/v1/n=", n), mixed, n, 4, rng)
+	}
+	b.moe.slots8 = true // the kernels that take up to 8 slots of an expert a pass
+	for _, n := range []int{3, 8} {
+		checkExperts(t, b, fmt.Sprint("mixed/v1-8-slot/n=", n), mixed, n, 4, rng)
+	}
+	b.moe = moeConfig{}
+	for _, n := range []int{moeGEMVTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
 		b.noMMA = true
 		checkExperts(t, b, fmt.Sprint("bf16/fma/n=", n), bf16, n, 4, rng)
 		b.noMMA = false
+	}
+}
+
+// TestOpsExpertsRowExact checks that the grouped GEMV paths give every
+// token the bits of a call with that token alone (kernels.RowExact: a
+// speculative verification's rows reproduce plain decoding's), for every
+// pass and block size, the register tiles and both kernel generations, on
+// experts of mixed dtypes with tokens that share experts.
+func TestOpsExpertsRowExact(t *testing.T) {
+	b := openOps(t)
+	defer func(c moeConfig) { b.moe = c }(b.moe)
+	const e, k, hidden, inter, n = 6, 4, 128, 64, 12
+	rng := rand.New(rand.NewPCG(41, 42))
+	ex := make([]kernels.Expert, e)
+	for i := range ex {
+		if i%3 == 2 {
+			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.F8E4M3, inter, hidden, 32, 64),
+				Up: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)}
+		} else {
+			ex[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.BF16, 2*inter, hidden, 0, 0)}
+		}
+		ex[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
+	}
+	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
+	ids := make([]int32, n*k)
+	for i := range n {
+		for j, p := range rng.Perm(e)[:k] {
+			ids[i*k+j] = int32(p)
+		}
+	}
+	run := func(rows int, x []float32, id []int32, w []float32) []float32 {
+		xt, wt := f32Tensor(t, b, rows, hidden, x), f32Tensor(t, b, rows, k, w)
+		it, y := i32Tensor(t, b, rows, k, id), f32Tensor(t, b, rows, hidden, make([]float32, rows*hidden))
+		b.BeginStep()
+		b.Experts(y, xt, it, wt, ex)
+		b.EndStep()
+		got := make([]float32, rows*hidden)
+		b.ReadF32(got, y)
+		return got
+	}
+	b.moe = moeConfig{}
+	alone := make([]float32, n*hidden)
+	for i := range n {
+		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
+	}
+	const gv = moeGEMVSlots + 1 // never the register tiles
+	for _, c := range []moeConfig{{}, {pass: 2, tiles: gv}, {pass: 4, sb: 5, tiles: gv}, {pass: 8, sb: 48, tiles: gv},
+		{tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: -1}, {tiles: 1, gt: 1}, {v1: true}, {v1: true, slots8: true}} {
+		b.moe = c
+		for _, rows := range []int{2, 8, n} {
+			if c.v1 && rows > moeFewTokens {
+				continue
+			}
+			got := run(rows, xv[:rows*hidden], ids[:rows*k], wv[:rows*k])
+			differ := 0
+			for i, v := range got {
+				if math.Float32bits(v) != math.Float32bits(alone[i]) {
+					differ++
+				}
+			}
+			if differ > 0 {
+				t.Errorf("%+v, %d tokens: %d of %d outputs differ from the tokens' calls alone", c, rows, differ, len(got))
+			}
+		}
 	}
 }
 
@@ -125,14 +211,30 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // of 768, top 8, hidden 2048, bf16) for 48 layers a step, each layer its
 // own experts (58 GB in all, far more than L2 holds; random, generated on
 // the device by the first step) and its own random choice, the step
-// replayed as a CUDA graph: n tokens a step, decode (the grouped GEMV
-// path) up to 8, prefill above; "8-slot" runs the grouped GEMV with up to
-// 8 slots of an expert a pass for several tokens. GB/s counts the chosen
-// experts' weight bytes (distinct experts of the step's tokens) over the
-// step's wall time, TFLOP/s the slots' multiply-adds.
+// replayed as a CUDA graph: n tokens a step, the grouped GEMV up to
+// moeGEMVTokens, the sorted tiles above. Variants: "v1" the first grouped
+// GEMV kernels (FERRITE_MOE_KERNELS=v1) a slot a pass, "v1-8-slot" up to 8
+// slots of an expert a pass, "gv" and "gt" the grouped GEMV's row-a-warp
+// and register-tile forms where the other is the default, "gt-half" and
+// "gt-double" the register tiles with half and twice the rows a warp
+// (FERRITE_MOE_GT), "tiles" the
+// prefill path's sorted tiles at a grouped-GEMV size. µs/layer is the step over the
+// layers; GB/s counts the chosen experts' weight bytes (distinct experts of
+// the step's tokens) over the step's wall time, TFLOP/s the slots'
+// multiply-adds.
 func BenchmarkMoE(b *testing.B) {
+	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 4, 8, 32, 64, 512})
+}
+
+// BenchmarkMoEGLM is BenchmarkMoE on GLM-4.7-Flash's routed experts (64
+// of 1,536, top 4, hidden 2048, 46 layers, 55 GB), at its bench's batch
+// sizes.
+func BenchmarkMoEGLM(b *testing.B) {
+	benchMoE(b, 64, 4, 2048, 1536, 46, []int{1, 8, 32, 64})
+}
+
+func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 	be := openOps(b)
-	const e, k, hidden, inter, layers = 128, 8, 2048, 768, 48
 	mat := randomMats()
 	exs := make([][]kernels.Expert, layers)
 	for l := range exs {
@@ -142,7 +244,7 @@ func BenchmarkMoE(b *testing.B) {
 		}
 	}
 	rng := rand.New(rand.NewPCG(5, 6))
-	for _, n := range []int{1, 4, 8, 64, 512} {
+	for _, n := range sizes {
 		x := f32Tensor(b, be, n, hidden, randF32(rng, n*hidden))
 		y := f32Tensor(b, be, n, hidden, make([]float32, n*hidden))
 		ids := make([]kernels.Tensor, layers)
@@ -168,25 +270,40 @@ func BenchmarkMoE(b *testing.B) {
 			}
 			be.EndStep()
 		}
-		for _, eight := range []bool{false, true} {
-			if eight && (n == 1 || n > moeFewTokens) {
-				continue
+		type variant struct {
+			name string
+			c    moeConfig
+		}
+		vs := []variant{{"", moeConfig{}}}
+		if n <= moeFewTokens {
+			vs = append(vs, variant{"/v1", moeConfig{v1: true}})
+			if n > 1 {
+				vs = append(vs, variant{"/v1-8-slot", moeConfig{v1: true, slots8: true}})
 			}
-			name := fmt.Sprint("n=", n)
-			if eight {
-				name += "/8-slot"
+		}
+		if n <= moeGEMVTokens && n*k <= moeGEMVSlots {
+			if (moeConfig{}).useTiles(n * k) {
+				vs = append(vs, variant{"/gv", moeConfig{tiles: moeGEMVSlots + 1}},
+					variant{"/gt-half", moeConfig{gt: -1}}, variant{"/gt-double", moeConfig{gt: 1}})
+			} else {
+				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}})
 			}
-			be.moeSlots8 = eight
-			b.Run(name, func(b *testing.B) {
+		}
+		if n > moeFewTokens && n <= moeGEMVTokens {
+			vs = append(vs, variant{"/tiles", moeConfig{few: moeFewTokens}})
+		}
+		for _, v := range vs {
+			be.moe = v.c
+			b.Run(fmt.Sprint("n=", n, v.name), func(b *testing.B) {
 				sec := timeSteps(b, be, step)
-				bytes := float64(distinct) * 3 * hidden * inter * 2
+				bytes := float64(distinct) * 3 * float64(hidden*inter) * 2
 				b.ReportMetric(sec*1e3, "ms/step")
-				b.ReportMetric(sec*1e6/layers, "µs/layer")
+				b.ReportMetric(sec*1e6/float64(layers), "µs/layer")
 				b.ReportMetric(bytes/sec/1e9, "GB/s")
-				b.ReportMetric(float64(layers*n*k)*3*2*hidden*inter/sec/1e12, "TFLOP/s")
+				b.ReportMetric(float64(layers*n*k)*3*2*float64(hidden*inter)/sec/1e12, "TFLOP/s")
 			})
 		}
-		be.moeSlots8 = false
+		be.moe = moeConfig{}
 	}
 }
 
@@ -227,7 +344,7 @@ func randomMats() func(rows, cols int) *kernels.Mat {
 // PrepareQKV), no engine: random bf16 weights made on the device (61 GB),
 // 512 cached positions in a bf16 KV cache, the step replayed as a CUDA
 // graph. "moe" runs only each layer's router, Route and Experts, "attn"
-// everything else. ms/step is host wall time from BeginStep to the end of
+// everything else; "/v1" with the first grouped GEMV kernels. ms/step is host wall time from BeginStep to the end of
 // EndStep; GB/s counts the weight bytes a step reads (the experts its
 // routing chose, distinct per layer).
 func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
@@ -288,7 +405,10 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 	for _, c := range []struct {
 		name      string
 		attn, moe bool
-	}{{"all", true, true}, {"moe", false, true}, {"attn", true, false}} {
+		v1        bool // the first grouped GEMV kernels (FERRITE_MOE_KERNELS=v1)
+	}{{"all", true, true, false}, {"moe", false, true, false}, {"attn", true, false, false},
+		{"all/v1", true, true, true}, {"moe/v1", false, true, true}} {
+		be.moe = moeConfig{v1: c.v1}
 		step := func() {
 			be.BeginStep()
 			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)
@@ -329,5 +449,22 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 			b.ReportMetric(1/sec, "tok/s")
 			b.ReportMetric(bytes/sec/1e9, "GB/s")
 		})
+	}
+}
+
+// TestMoEKernelResources logs the registers and spills of the MoE kernels
+// (what limits their blocks an SM; a spill is slow, not wrong).
+func TestMoEKernelResources(t *testing.T) {
+	b := openOps(t)
+	for _, name := range kernelNames {
+		if !strings.HasPrefix(name, "ferrite_moe_") && name != "ferrite_route" {
+			continue
+		}
+		regs, local, err := b.dev.kernelResources(name)
+		if err != nil {
+			t.Skip(err)
+		}
+		t.Logf("%-32s %3d registers, %4d bytes of local memory a thread, %d blocks of 256 an SM by registers",
+			name, regs, local, 65536/max(1, 256*regs))
 	}
 }

@@ -202,7 +202,8 @@ func (d *Device) linearL(y, x uint64, w *Weight, n int, bias uint64, acc bool) e
 		case n == 1: // four warps a row
 			grid = uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
 		}
-		return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc))
+		// The last argument, the weight prefetch, only the split kernels read (pdl.go).
+		return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc), b32(d.prefetch))
 	case kernels.F8E4M3:
 		if w.BlockRows <= 0 || w.BlockCols <= 0 || w.Scale == nil {
 			return fmt.Errorf("cuda: F8E4M3 weight without block scales")
@@ -222,7 +223,7 @@ func (d *Device) linearExactL(y, x uint64, w *Weight, n int, bias uint64, acc bo
 		return d.linearL(y, x, w, n, bias, acc)
 	}
 	grid := uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
-	return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc))
+	return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc), b32(d.prefetch))
 }
 
 // gemvExactKernels names the GEMVs of linearExactL per dtype.

@@ -51,6 +51,10 @@ func (b *Backend) queue(f func(d *Device) error) {
 func (b *Backend) exec(f func(d *Device) error) bool {
 	b.qmu.Lock()
 	pending := b.pending
+	if len(b.pre) > 0 { // inside a step (not expected): what came before it goes first
+		pending = append(b.pre, pending...)
+		b.pre = nil
+	}
 	b.pending = nil
 	b.qmu.Unlock()
 	if b.Err() != nil {
@@ -148,6 +152,8 @@ func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
 	case b.rowExact && n > 1:
 		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
+	case b.useSkinny(w, n, x):
+		b.linearSkinny(y, x, bias, w, n, acc, false, 0)
 	case n == 1 || w.DType != kernels.BF16 || !b.useGemm():
 		b.queue(func(d *Device) error { return d.linearL(y, x, w, n, bias, acc) })
 	case n < gemmRoundRows:
@@ -208,8 +214,12 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
 				name, grid = k[d.gemvRows/4], uint32(ceilDiv(inter, d.gemvRows/2))
 			}
-			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit))
+			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit), b32(d.prefetch))
 		})
+		return
+	}
+	if !b.rowExact && b.useSkinny(dw, n, xp) { // the SwiGLU in the skinny GEMM's epilogue
+		b.linearSkinny(y, xp, 0, dw, n, false, true, limit)
 		return
 	}
 	t := b.Scratch(kernels.F32, n, 2*inter) // (n, 2·inter) [x·gateᵀ | x·upᵀ]
@@ -219,6 +229,118 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	b.queue(func(d *Device) error {
 		return d.launchL("ferrite_swiglu_cat", d.elementwiseGrid(total), 256, 0, y, tp, uint64(total), i32(inter), f32(limit))
 	})
+}
+
+// NormLinearCat implements kernels.LinearOps. One row (or any rows with
+// SetRowExact) runs gemv.cu's GEMV with the norm fused (each block sums
+// x² as it reads x and scales its sums once); more rows, or with the
+// fusion off (FERRITE_CUDA_FUSE=0, SetFuse), RMSNorm into scratch and
+// LinearCat.
+func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	f32Contig("NormLinearCat", dst, x)
+	normArgs("NormLinearCat", x, n)
+	total := 0
+	for _, w := range ws {
+		if w.Cols != x.Cols || w.Cols == 0 {
+			panic("cuda: NormLinearCat weights of another width")
+		}
+		total += w.Rows
+	}
+	if dst.Cols != total || dst.Rows != x.Rows {
+		panic("cuda: NormLinearCat shapes do not match the weights")
+	}
+	bias := biasPtr("NormLinearCat", e.Bias, total)
+	if x.Rows == 0 || total == 0 {
+		return
+	}
+	dw, err := b.stacked(ws...)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	rows := x.Rows
+	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
+		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
+		b.queue(func(d *Device) error {
+			return d.launchL(k[0], uint32(ceilDiv(dw.Rows, gemvBlock/32/gemvSplit)), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows),
+				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate), b32(d.prefetch))
+		})
+		return
+	}
+	h := b.normed(x, n)
+	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
+}
+
+// NormSwiGLULinear implements kernels.LinearOps as NormLinearCat does:
+// the fused GEMV with the SwiGLU epilogue (ops.cu's gemv_norm_swiglu), or
+// RMSNorm and SwiGLULinear.
+func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, gate, up *kernels.Mat, limit float32) {
+	f32Contig("NormSwiGLULinear", dst, x)
+	normArgs("NormSwiGLULinear", x, n)
+	if gate.Rows != up.Rows || gate.Cols != x.Cols || up.Cols != x.Cols || dst.Cols != gate.Rows || dst.Rows != x.Rows || x.Cols == 0 {
+		panic("cuda: NormSwiGLULinear shapes do not match the weights")
+	}
+	rows, inter := x.Rows, gate.Rows
+	if rows == 0 || inter == 0 {
+		return
+	}
+	dw, err := b.stacked(gate, up)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
+		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
+		b.queue(func(d *Device) error {
+			return d.launchL(k[1], uint32(inter), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows), i32(inter), i32(dw.Cols),
+				nw, f32(n.Eps), b32(n.Offset), f32(limit), b32(d.prefetch))
+		})
+		return
+	}
+	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
+}
+
+// normArgs panics unless n is a norm over x's rows: weight (1, x.Cols)
+// F32, contiguous.
+func normArgs(op string, x kernels.Tensor, n *kernels.HeadNorm) {
+	if n == nil {
+		panic("cuda: " + op + " without a norm")
+	}
+	f32Contig(op+" norm", n.W)
+	if n.W.Elems() != x.Cols {
+		panic("cuda: " + op + " norm width")
+	}
+}
+
+// fusesNorm reports whether the norm-fused GEMVs run for x: the fusion
+// on, one row (or row-exact rows: the kernel sums every row as it sums one
+// alone) and x and the norm weight at 16-byte addresses (the kernels'
+// vector loads; rows of a width the loads do not fit take the scalar
+// path).
+func (b *Backend) fusesNorm(x kernels.Tensor, n *kernels.HeadNorm) bool {
+	return !b.noFuse && (x.Rows == 1 || b.rowExact) && (dptr(x)|dptr(n.W))%16 == 0
+}
+
+// normed returns RMSNorm(x, n) in a scratch tensor (the unfused path).
+func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
+	h := b.Scratch(kernels.F32, x.Rows, x.Cols) // (N, in) the normed rows
+	b.norm(dptr(h), dptr(x), 0, dptr(n.W), x.Rows, x.Cols, n.Eps, n.Offset)
+	return h
+}
+
+// SetFuse turns the norm-fused GEMVs of NormLinearCat and
+// NormSwiGLULinear and Attention's split merge in the attention kernel on
+// or off (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the
+// steps that follow: a switch for benchmarks and tests.
+func (b *Backend) SetFuse(on bool) { b.noFuse = !on }
+
+// gemvNormKernels names the norm-fused GEMVs per dtype: [0] the plain one
+// (gemv.cu's gemv_norm_split), [1] with the SwiGLU epilogue over the
+// stacked [gate; up] (ops.cu's gemv_norm_swiglu).
+var gemvNormKernels = map[kernels.DType][2]string{
+	kernels.F32:  {"ferrite_gemv_norm_f32", "ferrite_gemv_norm_swiglu_f32"},
+	kernels.BF16: {"ferrite_gemv_norm_bf16", "ferrite_gemv_norm_swiglu_bf16"},
+	kernels.F16:  {"ferrite_gemv_norm_f16", "ferrite_gemv_norm_swiglu_f16"},
 }
 
 // gemvSwiGLU names the n = 1 GEMVs with the SwiGLU epilogue per dtype:
@@ -485,7 +607,8 @@ func (b *Backend) StoreKV(kc, vc, k, v kernels.Tensor, p *kernels.Paged) {
 }
 
 // Attention tiling (src/ops.cu): splits of at least attnSplit keys,
-// attnGroup query heads per block, head dims up to attnMaxHD.
+// attnGroup (or 4: attnG4) query heads per block, head dims up to
+// attnMaxHD.
 const (
 	attnSplit  = 128
 	attnGroup  = 8
@@ -493,10 +616,23 @@ const (
 	attnThread = 128
 )
 
-// attnKernels[bf16][i] handles head dims up to 32·2^i.
-var attnKernels = [2][4]string{
-	{"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8"},
-	{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"},
+// attnKernels[g4][bf16][i] handles head dims up to 32·2^i, attnGroup
+// query heads a block or, with g4, 4.
+var attnKernels = [2][2][4]string{
+	{{"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8"},
+		{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"}},
+	{{"ferrite_attn_f32_1_g4", "ferrite_attn_f32_2_g4", "ferrite_attn_f32_4_g4", "ferrite_attn_f32_8_g4"},
+		{"ferrite_attn_bf16_1_g4", "ferrite_attn_bf16_2_g4", "ferrite_attn_bf16_4_g4", "ferrite_attn_bf16_8_g4"}},
+}
+
+// attnG4 reports whether Attention runs the kernels of 4 query heads a
+// block for n rows: always for groups of up to 4 heads (the wider kernel
+// would compute empty heads), and for wider groups while the blocks (twice
+// as many, each reading the keys) still number at most one a
+// multiprocessor: decode is latency-bound there.
+func (b *Backend) attnG4(s kernels.AttnShape, n int) bool {
+	grp := s.Heads / s.KVHeads
+	return !b.attnWide && (grp <= 4 || n*s.KVHeads*ceilDiv(grp, 4) <= b.dev.SMs)
 }
 
 // prefillRows is the prefill kernel's default row tile (src/prefill.cu: 64
@@ -554,6 +690,25 @@ func (b *Backend) PreferredBatchTokens() int {
 	return t
 }
 
+// attnCounters is how many (row, KV head, chunk) blocks of a split-KV
+// attention launch splitCounters covers: splits > 1 only when the blocks
+// number fewer than 2·SMs.
+const attnCounters = 1024
+
+// splitCounters returns the device address of the attention kernel's
+// split counters (attnCounters zeroed int32, allocated on first use; each
+// launch leaves them zeroed).
+func (b *Backend) splitCounters() (uint64, error) {
+	if !b.attnCnt.Valid() {
+		t, err := b.Alloc(kernels.I32, 1, attnCounters)
+		if err != nil {
+			return 0, err
+		}
+		b.attnCnt = t
+	}
+	return dptr(b.attnCnt), nil
+}
+
 // Attention implements kernels.AttentionOps. Batches usePrefill accepts
 // first run the prefill kernel (src/prefill.cu: flash attention on tensor
 // cores over row tiles of one sequence). The split-KV
@@ -562,7 +717,9 @@ func (b *Backend) PreferredBatchTokens() int {
 // block table's width and the batch), never from the positions on the
 // device: enough splits of attnSplit keys to give the GPU about two blocks
 // per multiprocessor, each split then widened so that together they cover
-// the block table's keys.
+// the block table's keys. The last block of a row's splits to finish
+// merges them in the attention kernel (split counters), unless the fusion
+// is off (SetFuse).
 func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
 	f32Contig("Attention", out, q)
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
@@ -587,6 +744,9 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	if p.Pos.Stride != 1 && n > 1 || p.Seq.Stride != 1 && n > 1 {
 		panic("cuda: Attention wants contiguous positions and sequences")
 	}
+	if b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
+		return
+	}
 	dpl := 0
 	for 32<<dpl < s.HeadDim {
 		dpl++
@@ -595,14 +755,27 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	if kc.DType == kernels.BF16 {
 		bf = 1
 	}
-	chunks := ceilDiv(s.Heads/s.KVHeads, attnGroup)
-	blocks := n * s.KVHeads * chunks
+	// The splits are counted for attnGroup heads a block, whatever the
+	// kernel's group: a row's bits then depend on the batch as before.
+	blocks := n * s.KVHeads * ceilDiv(s.Heads/s.KVHeads, attnGroup)
+	g4, group := 0, attnGroup
+	if b.attnG4(s, n) {
+		g4, group = 1, 4
+	}
+	chunks := ceilDiv(s.Heads/s.KVHeads, group)
 	maxKeys := p.Blocks.Cols * p.BlockSize
 	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(2*b.dev.SMs, blocks)))
 	split := ceilDiv(ceilDiv(maxKeys, splits), 32) * 32 // keys per split, whole warp tiles
-	var part uint64
+	var part, cnt uint64
 	if splits > 1 {
 		part = dptr(b.Scratch(kernels.F32, n*s.Heads*splits, s.HeadDim+2)) // (n, heads, splits, max, sum, hd acc)
+		if !b.noFuse && n*s.KVHeads*chunks <= attnCounters {               // the last split to finish merges
+			var err error
+			if cnt, err = b.splitCounters(); err != nil {
+				b.fail(err)
+				return
+			}
+		}
 	}
 	o, qp, kcp, vcp := dptr(out), dptr(q), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
@@ -619,10 +792,10 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 				return err
 			}
 		}
-		err := d.launch3L(attnKernels[bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
+		err := d.launch3L(attnKernels[g4][bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
 			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
-			i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile))
-		if err != nil || splits == 1 {
+			i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt)
+		if err != nil || splits == 1 || cnt != 0 {
 			return err
 		}
 		return d.launch3L("ferrite_attn_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, attnThread, 0,
@@ -634,8 +807,8 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	f32Contig("Route", logits, w)
 	n, e := logits.Rows, logits.Cols
-	index("Route", ids, n, r.TopK)
-	if w.Rows != n || w.Cols != r.TopK || r.TopK <= 0 || r.TopK > 64 || r.TopK > e || r.Groups > 64 {
+	index("Route", ids, n, r.Width())
+	if w.Rows != n || w.Cols != r.Width() || r.TopK <= 0 || r.TopK > 64 || r.TopK > e || r.Groups > 64 || r.Shared < 0 {
 		panic("cuda: Route shapes do not match")
 	}
 	groups, keep := r.Groups, r.TopKGroups
@@ -653,7 +826,8 @@ func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 	ip, wp, lp := dptr(ids), dptr(w), dptr(logits)
 	b.queue(func(d *Device) error {
 		return d.launchL("ferrite_route", uint32(n), 32, smem, ip, i32(ids.Stride), wp, i32(w.Stride), lp, i32(logits.Stride), bias,
-			i32(n), i32(e), i32(r.TopK), b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(groups), i32(keep))
+			i32(n), i32(e), i32(r.TopK), b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(groups), i32(keep),
+			i32(r.Shared))
 	})
 }
 
@@ -723,10 +897,11 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	return t, nil
 }
 
-// moeFewTokens is the most tokens Experts runs through the grouped GEMV
-// kernels (src/ops_moe.cu's ferrite_moe_few_*: each chosen expert read
-// once, two launches); more are sorted by expert and run as tiled grouped
-// GEMMs of moeTileM slots (and weight rows) a block, for at most
+// moeFewTokens is the most tokens Experts runs through the first grouped
+// GEMV kernels (src/ops_moe.cu's ferrite_moe_few_*: each chosen expert read
+// once, two launches; FERRITE_MOE_KERNELS=v1, moe.go), the default ones
+// taking up to moeGEMVTokens; more are sorted by expert and run as tiled
+// grouped GEMMs of moeTileM slots (and weight rows) a block, for at most
 // moeMaxExperts experts.
 const (
 	moeFewTokens  = 8
@@ -734,9 +909,10 @@ const (
 	moeMaxExperts = 1024
 )
 
-// Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
-// grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
-// increasing expert id fused) kernels. More: the slots sorted by expert on
+// Experts implements kernels.MoEOps. Up to moeGEMVTokens tokens (moe.go):
+// the grouped gate/up (SwiGLU fused) and down (routing weights and the sum
+// in increasing expert id fused) GEMV kernels, each chosen expert's rows
+// read once for all the tokens that chose it. More: the slots sorted by expert on
 // the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
 // tensor cores, x split into two bf16 terms, when every weight is bf16),
 // and a last kernel that adds each token's slots in increasing expert id.
@@ -785,12 +961,45 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	}
 	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
+	if n <= b.moe.gemvTokens(k) && !b.moe.v1 && b.moe.useTiles(n*k) {
+		slots, sms := n*k, b.dev.SMs
+		ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
+		gateUp, guRows, down, downRows := b.moe.gtLaunch()
+		sbu := b.moe.blockSlots(slots, inter, guRows, 1, sms)
+		sbd := b.moe.blockSlots(slots, hidden, downRows, 1, sms)
+		b.queue(func(d *Device) error {
+			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
+				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit))
+			if err == nil {
+				err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, downRows)), uint32(ceilDiv(slots, sbd)), 1}, 256, 0,
+					ye, i32(hidden), h, i32(inter), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbd))
+			}
+			if err != nil {
+				return err
+			}
+			return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
+		})
+		return
+	}
+	if n <= b.moe.gemvTokens(k) && !b.moe.v1 {
+		gateUp, sb, gy, down := b.moe.gemvLaunch(n, k, inter, b.dev.SMs)
+		b.queue(func(d *Device) error {
+			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, moeGEMVRows)), uint32(gy), 1}, 256, 0,
+				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), i32(sb), f32(limit))
+			if err != nil {
+				return err
+			}
+			return d.launchL(down, uint32(ceilDiv(hidden, moeGEMVRows)), 256, 0, y, i32(dst.Stride), h, ip, wp,
+				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
+		})
+		return
+	}
 	if n <= moeFewTokens {
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
 		gateUp, down := "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
-		if n > 1 && b.moeSlots8 {
+		if n > 1 && b.moe.slots8 {
 			gateUp, down = "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
 		}
 		b.queue(func(d *Device) error {

@@ -73,6 +73,7 @@ func TestOpsLinearGemm(t *testing.T) {
 	if !b.useGemm() {
 		t.Skipf("no cuBLASLt: %v", b.gemmErr)
 	}
+	b.SetSkinnyRows(0) // 2 to 64 rows would take the skinny GEMM (TestSkinny)
 	for _, n := range []int{2, 9, 40, 165, gemmRoundRows + 44} {
 		rng := rand.New(rand.NewPCG(uint64(n), 4))
 		const rows, cols = 96, 256
@@ -112,9 +113,14 @@ func TestOpsLinearGemm(t *testing.T) {
 
 // TestOpsAttentionSplits checks the split-KV path at decode shapes the
 // conformance cases do not reach: long contexts split many ways, and a
-// query group wider than one block's heads (MQA with 16 heads).
+// query group wider than one block's heads (MQA with 16 heads). The splits
+// merged in the attention kernel (the default) and by
+// ferrite_attn_combine (SetFuse(false)), and the kernels of 4 and of 8
+// query heads a block, must agree bit for bit.
 func TestOpsAttentionSplits(t *testing.T) {
 	b := openOps(t)
+	defer b.SetFuse(true)
+	defer func() { b.attnWide = false }()
 	for _, c := range []struct{ heads, kvHeads, hd, ctx int }{{32, 8, 128, 1500}, {16, 1, 64, 700}, {4, 4, 256, 300}} {
 		rng := rand.New(rand.NewPCG(uint64(c.ctx), 5))
 		const bs = 16
@@ -146,12 +152,36 @@ func TestOpsAttentionSplits(t *testing.T) {
 		last := &kernels.Paged{Pos: all.Pos.Slice(c.ctx-1, c.ctx), Seq: all.Seq.Slice(0, 1), Slot: all.Slot.Slice(c.ctx-1, c.ctx),
 			Blocks: all.Blocks, BlockSize: bs}
 		shape := kernels.AttnShape{Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.hd, Scale: float32(1 / math.Sqrt(float64(c.hd)))}
+		out2, out3 := f32Tensor(t, b, 1, qw, make([]float32, qw)), f32Tensor(t, b, 1, qw, make([]float32, qw))
 		b.BeginStep()
 		b.StoreKV(kc, vc, k, v, all)
 		b.Attention(out, q, kc, vc, last, shape)
 		b.EndStep()
-		got := make([]float32, qw)
+		b.SetFuse(false)
+		b.BeginStep()
+		b.Attention(out2, q, kc, vc, last, shape)
+		b.EndStep()
+		b.SetFuse(true)
+		b.attnWide = true
+		b.BeginStep()
+		b.Attention(out3, q, kc, vc, last, shape)
+		b.EndStep()
+		b.attnWide = false
+		got, sep, wide := make([]float32, qw), make([]float32, qw), make([]float32, qw)
 		b.ReadF32(got, out)
+		b.ReadF32(sep, out2)
+		b.ReadF32(wide, out3)
+		for _, o := range []struct {
+			name string
+			v    []float32
+		}{{"merged by ferrite_attn_combine", sep}, {"with 8 query heads a block", wide}} {
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(o.v[i]) {
+					t.Errorf("%+v (4 heads a block: %v): out[%d] = %g, %g %s", c, b.attnG4(shape, 1), i, got[i], o.v[i], o.name)
+					break
+				}
+			}
+		}
 		for i := range kv {
 			kv[i] = kernels.BF16ToF32(kernels.F32ToBF16(kv[i]))
 			vv[i] = kernels.BF16ToF32(kernels.F32ToBF16(vv[i]))

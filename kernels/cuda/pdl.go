@@ -28,11 +28,18 @@ var pdlKernels = map[string]bool{
 	"ferrite_gemv_swiglu_f32_r4": true, "ferrite_gemv_swiglu_f32_r8": true, "ferrite_gemv_swiglu_bf16_r4": true,
 	"ferrite_gemv_swiglu_bf16_r8": true, "ferrite_gemv_swiglu_f16_r4": true, "ferrite_gemv_swiglu_f16_r8": true,
 	"ferrite_gemv_swiglu_f32": true, "ferrite_gemv_swiglu_bf16": true, "ferrite_gemv_swiglu_f16": true,
+	"ferrite_gemv_norm_f32": true, "ferrite_gemv_norm_bf16": true, "ferrite_gemv_norm_f16": true,
+	"ferrite_gemv_norm_swiglu_f32": true, "ferrite_gemv_norm_swiglu_bf16": true, "ferrite_gemv_norm_swiglu_f16": true,
 	"ferrite_embed": true, "ferrite_gather_rows": true, "ferrite_add_rmsnorm": true, "ferrite_prepare_qkv": true,
 	"ferrite_attn_f32_1": true, "ferrite_attn_f32_2": true, "ferrite_attn_f32_4": true, "ferrite_attn_f32_8": true,
 	"ferrite_attn_bf16_1": true, "ferrite_attn_bf16_2": true, "ferrite_attn_bf16_4": true, "ferrite_attn_bf16_8": true,
+	"ferrite_attn_f32_1_g4": true, "ferrite_attn_f32_2_g4": true, "ferrite_attn_f32_4_g4": true, "ferrite_attn_f32_8_g4": true,
+	"ferrite_attn_bf16_1_g4": true, "ferrite_attn_bf16_2_g4": true, "ferrite_attn_bf16_4_g4": true, "ferrite_attn_bf16_8_g4": true,
 	"ferrite_route": true, "ferrite_moe_few_gate_up_1": true, "ferrite_moe_few_gate_up_8": true,
-	"ferrite_moe_few_down_1": true, "ferrite_moe_few_down_8": true,
+	"ferrite_moe_few_down_1": true, "ferrite_moe_few_down_8": true, "ferrite_moe_gv_gate_up_p8_u1": true,
+	"ferrite_moe_gv_gate_up_p4_u2": true, "ferrite_moe_gv_gate_up_p2_u4": true, "ferrite_moe_gv_down_p8_u2": true,
+	"ferrite_moe_gv_down_p4_u4": true, "ferrite_moe_gt_gate_up_r1": true, "ferrite_moe_gt_gate_up_r2": true,
+	"ferrite_moe_gt_gate_up_r4": true, "ferrite_moe_gt_down_r2": true, "ferrite_moe_gt_down_r4": true, "ferrite_moe_gt_down_r8": true,
 }
 
 // pdlEnabled is whether a new Device of compute capability major uses PDL:
@@ -51,6 +58,21 @@ func (d *Device) SetPDL(on bool) bool {
 		return nil
 	})
 	return d.pdl
+}
+
+// Weight prefetch: the split GEMVs (gemv.cu's gemv_split, gemv_split_rows,
+// gemv_norm_split, ops.cu's gemv_swiglu and gemv_norm_swiglu) take a last
+// argument pf; with it set, each block first asks L2 for its weight rows
+// (prefetch.global.L2) and only then waits for the kernel before it. A
+// step's kernels never write weights, so under PDL the weight stream of
+// the next product starts while the current kernel drains: the small
+// kernels between products (norms, attention) and the products' tails
+// overlap with it. FERRITE_CUDA_PREFETCH=0 turns it off (SetPrefetch).
+
+// SetPrefetch turns the GEMVs' weight prefetch on or off for later
+// launches: a switch for benchmarks and tests.
+func (d *Device) SetPrefetch(on bool) {
+	d.do(func() error { d.prefetch = on; return nil })
 }
 
 // launchConfig is CUlaunchConfig.

@@ -64,6 +64,22 @@ type profKey struct {
 	size  int64 // bytes copied or set
 }
 
+// group is the row's kernel without the launch shape: "gemv_bf16_1",
+// "cublasLt", "memcpy HtoD", "memset".
+func (k profKey) group() string {
+	switch k.kind {
+	case profGemm:
+		return "cublasLt"
+	case profHtoD:
+		return "memcpy HtoD"
+	case profDtoH:
+		return "memcpy DtoH"
+	case profMemset:
+		return "memset"
+	}
+	return strings.TrimPrefix(k.name, "ferrite_")
+}
+
 // label is the row's text: "ferrite_gemv_bf16_1 grid=1024x1x1 blk=256".
 func (k profKey) label() string {
 	switch k.kind {
@@ -86,6 +102,7 @@ func (k profKey) label() string {
 // profRow is one label's count and total GPU time.
 type profRow struct {
 	label   string
+	group   string // the kernel (or cublasLt, memcpy HtoD, ...) without its launch shape
 	calls   int
 	us      float64
 	starved int // calls the GPU idled before (see starvedUs)
@@ -108,7 +125,7 @@ func (t *profTable) row(k profKey) int {
 		t.index = map[profKey]int{}
 	}
 	t.index[k] = len(t.rows)
-	t.rows = append(t.rows, profRow{label: k.label()})
+	t.rows = append(t.rows, profRow{label: k.label(), group: k.group()})
 	return len(t.rows) - 1
 }
 
@@ -126,31 +143,58 @@ func (t *profTable) add(i int, us, gap float64) {
 // reset forgets every row and step.
 func (t *profTable) reset() { *t = profTable{} }
 
-// write prints the table sorted by total time, largest first: label, calls,
-// calls per step, µs per call, µs per step, share of the total, share of
-// calls starved; then the sum and the GPU's idle time between spans.
-// Per-step columns are blank when no step was counted.
+// write prints two tables sorted by total time, largest first, each with
+// its sum: by kernel (launch shapes together), then by launch shape. Their
+// columns: label, calls, calls per step, µs per call, µs per step, share of
+// the total, share of calls starved. Then the GPU's idle time between
+// spans. Per-step columns are blank when no step was counted.
 func (t *profTable) write(w io.Writer) error {
-	rows := slices.Clone(t.rows)
+	var groups []profRow
+	at := map[string]int{}
+	for _, r := range t.rows {
+		i, ok := at[r.group]
+		if !ok {
+			i, at[r.group] = len(groups), len(groups)
+			groups = append(groups, profRow{label: r.group})
+		}
+		g := &groups[i]
+		g.calls, g.us, g.starved = g.calls+r.calls, g.us+r.us, g.starved+r.starved
+	}
+	perStep := func(v float64) string {
+		if t.steps == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", v/float64(t.steps))
+	}
+	fmt.Fprintln(w, "by kernel:")
+	if err := writeRows(w, groups, t.steps, perStep); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "by launch shape:")
+	if err := writeRows(w, t.rows, t.steps, perStep); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "GPU idle between spans: %.1f µs, %s µs/step (starved%%: calls the GPU idled ≥ %g µs before, whose time includes their launch)\n",
+		t.idle, perStep(t.idle), starvedUs)
+	return err
+}
+
+// writeRows prints rows sorted by total time and their sum (see write).
+func writeRows(w io.Writer, rows []profRow, steps int, perStep func(float64) string) error {
+	rows = slices.Clone(rows)
 	slices.SortStableFunc(rows, func(a, b profRow) int { return cmp.Compare(b.us, a.us) })
 	var total float64
 	calls, starved := 0, 0
+	width := len("kernel")
 	for _, r := range rows {
 		total += r.us
 		calls += r.calls
 		starved += r.starved
-	}
-	pct := func(n, of int) float64 { return 100 * float64(n) / float64(max(of, 1)) }
-	perStep := func(v float64, prec int) string {
-		if t.steps == 0 {
-			return "-"
-		}
-		return fmt.Sprintf("%.*f", prec, v/float64(t.steps))
-	}
-	width := len("kernel")
-	for _, r := range rows {
 		width = max(width, len(r.label))
 	}
+	totalLabel := fmt.Sprintf("total (%d steps)", steps)
+	width = max(width, len(totalLabel))
+	pct := func(n, of int) float64 { return 100 * float64(n) / float64(max(of, 1)) }
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "%-*s\tcalls\tcalls/step\tµs/call\tµs/step\t%%\tstarved%%\t\n", width, "kernel")
 	for _, r := range rows {
@@ -158,17 +202,12 @@ func (t *profTable) write(w io.Writer) error {
 		if total > 0 {
 			share = 100 * r.us / total
 		}
-		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%.2f\t%s\t%.1f\t%.0f\t\n", width, r.label, r.calls, perStep(float64(r.calls), 1),
-			r.us/float64(max(r.calls, 1)), perStep(r.us, 1), share, pct(r.starved, r.calls))
+		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%.2f\t%s\t%.1f\t%.0f\t\n", width, r.label, r.calls, perStep(float64(r.calls)),
+			r.us/float64(max(r.calls, 1)), perStep(r.us), share, pct(r.starved, r.calls))
 	}
-	fmt.Fprintf(tw, "%-*s\t%d\t%s\t%.2f\t%s\t100.0\t%.0f\t\n", width, fmt.Sprintf("total (%d steps)", t.steps), calls, perStep(float64(calls), 1),
-		total/float64(max(calls, 1)), perStep(total, 1), pct(starved, calls))
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	_, err := fmt.Fprintf(w, "GPU idle between spans: %.1f µs, %s µs/step (starved%%: calls the GPU idled ≥ %g µs before, whose time includes their launch)\n",
-		t.idle, perStep(t.idle, 1), starvedUs)
-	return err
+	fmt.Fprintf(tw, "%-*s\t%d\t%s\t%.2f\t%s\t100.0\t%.0f\t\n", width, totalLabel, calls, perStep(float64(calls)),
+		total/float64(max(calls, 1)), perStep(total), pct(starved, calls))
+	return tw.Flush()
 }
 
 // profiler is a Device's event pool and table, owned by the device thread.

@@ -18,6 +18,7 @@ import (
 func TestProfTable(t *testing.T) {
 	var tb profTable
 	gemv := profKey{name: "ferrite_gemv_bf16_1", dims: [3]uint32{1024, 1, 1}, block: 256}
+	gemv2 := profKey{name: "ferrite_gemv_bf16_1", dims: [3]uint32{512, 1, 1}, block: 256}
 	gemm := profKey{kind: profGemm, dims: [3]uint32{128, 4096, 4096}}
 	up := profKey{kind: profHtoD, size: 4096}
 	for range 4 {
@@ -26,7 +27,8 @@ func TestProfTable(t *testing.T) {
 	tb.add(tb.row(gemm), 100, -1)
 	tb.add(tb.row(gemm), 60, 3)
 	tb.add(tb.row(up), 2, 1)
-	if tb.row(gemv) != 0 || tb.row(gemm) != 1 || len(tb.rows) != 3 || tb.rows[1].starved != 1 || tb.rows[2].starved != 1 {
+	tb.add(tb.row(gemv2), 30, 0)
+	if tb.row(gemv) != 0 || tb.row(gemm) != 1 || len(tb.rows) != 4 || tb.rows[1].starved != 1 || tb.rows[2].starved != 1 {
 		t.Fatalf("rows %+v: a key did not keep its row", tb.rows)
 	}
 	if g := tb.rows[0]; g.calls != 4 || g.us != 40 {
@@ -40,25 +42,35 @@ func TestProfTable(t *testing.T) {
 	out := sb.String()
 	t.Log("\n" + out)
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	if len(lines) != 6 {
-		t.Fatalf("%d lines, want header, 3 rows, total, idle", len(lines))
-	}
-	// Gaps: gemv 4 × 0.2 µs (not starved), gemm unmeasured and 3 µs, the
-	// copy 1 µs (starved from starvedUs on): 4.8 µs idle.
+	// Gaps: gemv 4 × 0.2 µs and 0 (not starved), gemm unmeasured and 3 µs,
+	// the copy 1 µs (starved from starvedUs on): 4.8 µs idle. Total 232 µs.
+	header := []string{"kernel", "calls", "calls/step", "µs/call", "µs/step", "%", "starved%"}
+	total := []string{"total", "(2", "steps)", "8", "4.0", "29.00", "116.0", "100.0", "25"}
 	want := [][]string{
-		{"kernel", "calls", "calls/step", "µs/call", "µs/step", "%", "starved%"},
-		{"cublasLt", "m=128", "n=4096", "k=4096", "2", "1.0", "80.00", "80.0", "79.2", "50"},
-		{"gemv_bf16_1", "grid=1024x1x1", "blk=256", "4", "2.0", "10.00", "20.0", "19.8", "0"},
-		{"memcpy", "HtoD", "4096B", "1", "0.5", "2.00", "1.0", "1.0", "100"},
-		{"total", "(2", "steps)", "7", "3.5", "28.86", "101.0", "100.0", "29"},
+		{"by", "kernel:"},
+		header,
+		{"cublasLt", "2", "1.0", "80.00", "80.0", "69.0", "50"},
+		{"gemv_bf16_1", "5", "2.5", "14.00", "35.0", "30.2", "0"},
+		{"memcpy", "HtoD", "1", "0.5", "2.00", "1.0", "0.9", "100"},
+		total,
+		{"by", "launch", "shape:"},
+		header,
+		{"cublasLt", "m=128", "n=4096", "k=4096", "2", "1.0", "80.00", "80.0", "69.0", "50"},
+		{"gemv_bf16_1", "grid=1024x1x1", "blk=256", "4", "2.0", "10.00", "20.0", "17.2", "0"},
+		{"gemv_bf16_1", "grid=512x1x1", "blk=256", "1", "0.5", "30.00", "15.0", "12.9", "0"},
+		{"memcpy", "HtoD", "4096B", "1", "0.5", "2.00", "1.0", "0.9", "100"},
+		total,
+	}
+	if len(lines) != len(want)+1 {
+		t.Fatalf("%d lines, want %d", len(lines), len(want)+1)
 	}
 	for i, w := range want {
 		if got := strings.Fields(lines[i]); fmt.Sprint(got) != fmt.Sprint(w) {
 			t.Errorf("line %d: %q, want fields %q", i, lines[i], w)
 		}
 	}
-	if !strings.HasPrefix(lines[5], "GPU idle between spans: 4.8 µs, 2.4 µs/step ") {
-		t.Errorf("idle line %q", lines[5])
+	if l := lines[len(want)]; !strings.HasPrefix(l, "GPU idle between spans: 4.8 µs, 2.4 µs/step ") {
+		t.Errorf("idle line %q", l)
 	}
 	if l := (profKey{kind: profGemm, dims: [3]uint32{1, 2, 3}, block: 1}).label(); l != "cublasLt m=1 n=2 k=3 +=" {
 		t.Errorf("accumulating GEMM label %q", l)
@@ -71,7 +83,7 @@ func TestProfTable(t *testing.T) {
 	sb.Reset()
 	tb.add(0, 1, 0)
 	tb.write(&sb)
-	if l := strings.Split(sb.String(), "\n")[1]; fmt.Sprint(strings.Fields(l)) != "[memcpy HtoD 4096B 1 - 1.00 - 100.0 0]" {
+	if l := strings.Split(sb.String(), "\n")[6]; fmt.Sprint(strings.Fields(l)) != "[memcpy HtoD 4096B 1 - 1.00 - 100.0 0]" {
 		t.Errorf("without steps:\n%s", sb.String())
 	}
 }

@@ -446,7 +446,10 @@ func checkTopK(t *testing.T, d kernels.Device, sp kernels.SparseOps, sc []float3
 // selection, and a 120-row prefill chunk beside a 601-key decode row: the
 // wide-latent, split-context (both many splits and too many rows to split)
 // and long-selection paths of a GPU kernel that RunOps' small cases leave
-// out. The float64 reference
+// out; then the same latent under other head counts (DeepSeek-V3's 128
+// heads of 128 + 64, 8 heads with a 37-wide selection, a 12-head prefill
+// chunk whose early rows leave splits empty), for kernels that tile the
+// heads. The float64 reference
 // takes seconds: for devices (kernels/cuda's tests), not for RunOps.
 func MLAWide(t *testing.T, d kernels.Device, ops kernels.MLAOps) {
 	cases := []mlaCase{
@@ -455,6 +458,9 @@ func MLAWide(t *testing.T, d kernels.Device, ops kernels.MLAOps) {
 		// A prefill chunk beside a long decode row: too many blocks to
 		// split the context, so each split must take all of it.
 		{20, 192, 64, 256, 512, 16, []attnSeq{{0, 120}, {600, 1}}, 0, true, kernels.BF16},
+		{128, 128, 64, 128, 512, 16, []attnSeq{{300, 1}, {0, 2}, {77, 1}}, 0, false, kernels.BF16},
+		{8, 64, 64, 64, 512, 16, []attnSeq{{150, 1}, {31, 3}}, 37, true, kernels.BF16},
+		{12, 32, 64, 32, 512, 16, []attnSeq{{0, 40}}, 0, true, kernels.BF16},
 	}
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		for ci, c := range cases {

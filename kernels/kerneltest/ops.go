@@ -71,6 +71,8 @@ func RunOps(t *testing.T, d kernels.Device) {
 	t.Run("LinearCat", func(t *testing.T) { linearCatTest(t, d) })
 	t.Run("SwiGLU", func(t *testing.T) { swigluTest(t, d) })
 	t.Run("SwiGLULinear", func(t *testing.T) { swigluLinearTest(t, d) })
+	t.Run("NormLinearCat", func(t *testing.T) { normLinearCatTest(t, d) })
+	t.Run("NormSwiGLULinear", func(t *testing.T) { normSwigluLinearTest(t, d) })
 	if _, ok := d.(kernels.RowExact); ok {
 		t.Run("RowExact", func(t *testing.T) { rowExactTest(t, d) })
 	}
@@ -220,7 +222,9 @@ func linearTest(t *testing.T, d kernels.Device) {
 		n, rows, cols int
 		dt            kernels.DType
 		bias, acc     bool
-	}{{1, 7, 33, kernels.F32, false, false}, {3, 16, 64, kernels.BF16, true, false}, {5, 9, 17, kernels.BF16, true, true}, {20, 33, 40, kernels.F32, false, true}} {
+	}{{1, 7, 33, kernels.F32, false, false}, {3, 16, 64, kernels.BF16, true, false}, {5, 9, 17, kernels.BF16, true, true}, {20, 33, 40, kernels.F32, false, true},
+		// decode batches: partial tiles of rows and weight rows, widths mid-chunk
+		{2, 45, 200, kernels.BF16, true, true}, {33, 45, 136, kernels.BF16, false, false}, {64, 130, 72, kernels.BF16, true, false}} {
 		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.rows)))
 			w := NewMat(rng, c.dt, c.rows, c.cols, 0, 0)
@@ -391,6 +395,13 @@ func attentionTest(t *testing.T, d kernels.Device) {
 			{4, 2, 64, 16, []attnSeq{{0, 150}}},
 			{4, 2, 128, 16, []attnSeq{{3, 1}, {0, 200}, {90, 140}, {40, 1}}},
 			{4, 4, 128, 12, []attnSeq{{100, 130}}},
+			// Decode batches (a row a sequence) at model head dims, over
+			// contexts from 1 to 701 positions: a backend may split the
+			// keys of every row many ways and leave a short row's last
+			// splits empty.
+			{32, 8, 128, 16, []attnSeq{{0, 1}, {5, 1}, {63, 1}, {64, 1}, {100, 1}, {127, 1}, {200, 1}, {255, 1}, {700, 1}}},
+			{8, 8, 64, 16, []attnSeq{{31, 1}, {0, 1}, {300, 1}, {47, 1}, {128, 1}}},
+			{16, 2, 256, 8, []attnSeq{{90, 1}, {3, 1}, {260, 1}}},
 		} {
 			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
 				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))
@@ -502,8 +513,10 @@ func routeTest(t *testing.T, d kernels.Device) {
 		{Scoring: kernels.SoftmaxScoring, TopK: 2, NormTopK: true, Scale: 1},
 		{Scoring: kernels.SoftmaxScoring, TopK: 3, Scale: 1},
 		{Scoring: kernels.SigmoidScoring, TopK: 4, NormTopK: true, Scale: 2.5, Groups: 4, TopKGroups: 2},
+		{Scoring: kernels.SigmoidScoring, TopK: 3, NormTopK: true, Scale: 1.8, Shared: 2},
 	} {
 		const n, e = 9, 16
+		k := r.Width()
 		lv := randn(rng, n*e)
 		var bias []float32
 		if r.Scoring == kernels.SigmoidScoring {
@@ -511,26 +524,38 @@ func routeTest(t *testing.T, d kernels.Device) {
 			r.Bias = newBuf(t, d, 1, e, bias).t
 		}
 		lg := newBuf(t, d, n, e, lv)
-		ids, err := d.Alloc(kernels.I32, n, r.TopK)
+		ids, err := d.Alloc(kernels.I32, n, k)
 		if err != nil {
 			t.Fatal(err)
 		}
-		w := newBuf(t, d, n, r.TopK, nil)
+		w := newBuf(t, d, n, k, nil)
 		step(d, func() { d.Route(ids, w.t, lg.t, &r) })
-		wantID := make([]int32, n*r.TopK)
-		wantW := make([]float32, n*r.TopK)
+		wantID := make([]int32, n*k)
+		wantW := make([]float32, n*k)
 		for i := range n {
-			ref.Route(wantID[i*r.TopK:(i+1)*r.TopK], wantW[i*r.TopK:(i+1)*r.TopK], append([]float32(nil), lv[i*e:(i+1)*e]...), &r, bias)
+			ref.Route(wantID[i*k:(i+1)*k], wantW[i*k:(i+1)*k], append([]float32(nil), lv[i*e:(i+1)*e]...), &r, bias)
+			// The shared experts follow the routed ones with weight 1,
+			// which are routed as without them.
+			plainID, plainW := make([]int32, r.TopK), make([]float32, r.TopK)
+			plain := r
+			plain.Shared = 0
+			ref.Route(plainID, plainW, append([]float32(nil), lv[i*e:(i+1)*e]...), &plain, bias)
+			for j := range k {
+				id, wt := wantID[i*k+j], wantW[i*k+j]
+				if j >= r.TopK && (id != int32(e+j-r.TopK) || wt != 1) || j < r.TopK && (id != plainID[j] || wt != plainW[j]) {
+					t.Fatalf("%+v: kernels/ref.Route's row %d column %d is expert %d weight %g", r, i, j, id, wt)
+				}
+			}
 		}
 		compare(t, "weights", w.read(t, "w"), wantW, RowOpTol, rowScale(wantW))
 		// The ids are checked by gathering the rows of an identity table.
-		table := make([]float32, e)
+		table := make([]float32, e+r.Shared)
 		for i := range table {
 			table[i] = float32(i)
 		}
-		tb := newBuf(t, d, e, 1, table)
-		g := newBuf(t, d, n*r.TopK, 1, nil)
-		step(d, func() { d.GatherRows(g.t, tb.t, ids.Reshape(n*r.TopK, 1)) })
+		tb := newBuf(t, d, len(table), 1, table)
+		g := newBuf(t, d, n*k, 1, nil)
+		step(d, func() { d.GatherRows(g.t, tb.t, ids.Reshape(n*k, 1)) })
 		got := g.read(t, "ids")
 		for i, id := range wantID {
 			if got[i] != float32(id) {
@@ -837,6 +862,7 @@ func linearCatTest(t *testing.T, d kernels.Device) {
 		{1, []int{7, 3, 3}, 33, kernels.F32, true, false},    // unaligned rows
 		{3, []int{32, 8, 8}, 64, kernels.BF16, true, true},   // rows through the GEMM
 		{20, []int{9, 5}, 40, kernels.F16, false, true},
+		{31, []int{40, 24, 24}, 136, kernels.BF16, true, false}, // a decode batch's q/k/v
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.cols)))
@@ -895,7 +921,8 @@ func swigluLinearTest(t *testing.T, d kernels.Device) {
 		n, inter, cols int
 		dt             kernels.DType
 		limit          float32
-	}{{1, 24, 64, kernels.BF16, 0}, {1, 5, 33, kernels.F32, 0}, {4, 16, 64, kernels.BF16, 0}, {1, 16, 64, kernels.F16, 0.5}, {3, 8, 40, kernels.BF16, 0.5}} {
+	}{{1, 24, 64, kernels.BF16, 0}, {1, 5, 33, kernels.F32, 0}, {4, 16, 64, kernels.BF16, 0}, {1, 16, 64, kernels.F16, 0.5}, {3, 8, 40, kernels.BF16, 0.5},
+		{17, 40, 136, kernels.BF16, 0}, {64, 33, 72, kernels.BF16, 0.5}} { // decode batches
 		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,limit=%v", c.dt, c.n, c.inter, c.cols, c.limit), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.inter), uint64(c.cols)))
 			gate, up := NewMat(rng, c.dt, c.inter, c.cols, 0, 0), NewMat(rng, c.dt, c.inter, c.cols, 0, 0)
@@ -914,6 +941,136 @@ func swigluLinearTest(t *testing.T, d kernels.Device) {
 			compare(t, "y", got, want, LinearTol, func(i int) float64 {
 				r, j := i/c.inter, i%c.inter
 				gs, us := linearScale(xv, gate, r, j, 0), linearScale(xv, up, r, j, 0)
+				return 1.1*gs*math.Abs(float64(u[i])) + us*math.Abs(float64(g[i])) + gs*us + max(1, math.Abs(float64(want[i])))*RowOpTol/LinearTol
+			})
+		})
+	}
+}
+
+// normCase is a fused norm's input for the Norm* linear ops: x (n, cols),
+// the norm weight (1, cols) (around 1, or around 0 with offset) on the
+// device, and the reference's normed rows.
+func normCase(t *testing.T, d kernels.Device, rng *rand.Rand, n, cols int, offset bool) (x *buf, xv []float32, hn *kernels.HeadNorm, h []float32) {
+	xv = randn(rng, n*cols)
+	for i := range xv {
+		xv[i] *= 3 // a mean square away from 1
+	}
+	wv := randn(rng, cols)
+	for i := range wv {
+		wv[i] *= 0.2
+		if !offset {
+			wv[i]++
+		}
+	}
+	hn = &kernels.HeadNorm{W: newBuf(t, d, 1, cols, wv).t, Eps: 1e-6, Offset: offset}
+	h = make([]float32, n*cols)
+	ref.RMSNorm(h, xv, wv, hn.Eps, offset, n)
+	return newBuf(t, d, n, cols, xv), xv, hn, h
+}
+
+// normLinearCatTest holds NormLinearCat to LinearCat's reference over the
+// reference's normed rows, with LinearTol over those rows' products (a
+// backend that scales after the sums rounds each term a few ulp apart).
+func normLinearCatTest(t *testing.T, d kernels.Device) {
+	for _, c := range []struct {
+		n         int
+		rows      []int
+		cols      int
+		dt        kernels.DType
+		bias, acc bool
+		offset    bool
+	}{
+		{1, []int{16, 8, 8}, 64, kernels.BF16, false, false, false}, // decode q/k/v
+		{1, []int{9, 5, 5}, 36, kernels.BF16, true, false, true},    // rows not in 16-byte loads
+		{1, []int{7, 3, 3}, 36, kernels.F32, false, true, false},    // o-proj-like accumulate
+		{1, []int{7, 3}, 33, kernels.F32, false, false, false},      // x not 16-byte aligned
+		{3, []int{32, 8, 8}, 64, kernels.BF16, true, true, false},   // rows through the GEMM
+		{20, []int{9, 5}, 40, kernels.F16, false, false, true},
+	} {
+		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v,offset=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc, c.offset), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n)+100, uint64(c.cols)))
+			var ws []*kernels.Mat
+			total := 0
+			for _, r := range c.rows {
+				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
+				total += r
+			}
+			x, xv, hn, h := normCase(t, d, rng, c.n, c.cols, c.offset)
+			var y0, bv []float32
+			if c.acc {
+				y0 = randn(rng, c.n*total)
+			}
+			y := newBuf(t, d, c.n, total, y0)
+			e := kernels.Epilogue{Accumulate: c.acc}
+			if c.bias {
+				bv = randn(rng, total)
+				e.Bias = newBuf(t, d, 1, total, bv).t
+			}
+			for range 2 { // the second call finds the stacked weights cached
+				if c.acc {
+					d.WriteF32(y.t, y0)
+				}
+				step(d, func() { d.NormLinearCat(y.t, x.t, hn, ws, e) })
+			}
+			got := y.read(t, "y")
+			if in := x.read(t, "x"); !slices.Equal(in, xv) {
+				t.Error("NormLinearCat modified x")
+			}
+			want := append(make([]float32, 0, c.n*total), y0...)[:c.n*total]
+			hr, _ := RoundX(d, h, ws[0], c.n)
+			ref.LinearCat(want, hr, ws, bv, c.acc, c.n)
+			compare(t, "y", got, want, LinearTol, func(i int) float64 {
+				r, j := i/total, i%total
+				extra := 0.0
+				if bv != nil {
+					extra += math.Abs(float64(bv[j]))
+				}
+				if y0 != nil {
+					extra += math.Abs(float64(y0[i]))
+				}
+				for _, w := range ws {
+					if j < w.Rows {
+						return linearScale(h, w, r, j, extra)
+					}
+					j -= w.Rows
+				}
+				return extra
+			})
+		})
+	}
+}
+
+// normSwigluLinearTest holds NormSwiGLULinear to SwiGLULinear's reference
+// over the reference's normed rows, with swigluLinearTest's tolerance.
+func normSwigluLinearTest(t *testing.T, d kernels.Device) {
+	for _, c := range []struct {
+		n, inter, cols int
+		dt             kernels.DType
+		limit          float32
+		offset         bool
+	}{
+		{1, 24, 64, kernels.BF16, 0, false},
+		{1, 5, 36, kernels.BF16, 0.5, true}, // rows not in 16-byte loads
+		{1, 8, 64, kernels.F32, 0, true},
+		{4, 16, 64, kernels.F16, 0, false},
+		{3, 8, 40, kernels.BF16, 0.5, false},
+	} {
+		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,limit=%v,offset=%v", c.dt, c.n, c.inter, c.cols, c.limit, c.offset), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.inter)+200, uint64(c.cols)))
+			gate, up := NewMat(rng, c.dt, c.inter, c.cols, 0, 0), NewMat(rng, c.dt, c.inter, c.cols, 0, 0)
+			x, _, hn, h := normCase(t, d, rng, c.n, c.cols, c.offset)
+			y := newBuf(t, d, c.n, c.inter, nil)
+			step(d, func() { d.NormSwiGLULinear(y.t, x.t, hn, gate, up, c.limit) })
+			got := y.read(t, "y")
+			hr, _ := RoundX(d, h, gate, c.n)
+			g, u := make([]float32, c.n*c.inter), make([]float32, c.n*c.inter)
+			ref.Linear(g, hr, gate, nil, false, c.n)
+			ref.Linear(u, hr, up, nil, false, c.n)
+			want := make([]float32, len(g))
+			ref.SwiGLUClamp(want, g, u, c.limit)
+			compare(t, "y", got, want, LinearTol, func(i int) float64 {
+				r, j := i/c.inter, i%c.inter
+				gs, us := linearScale(h, gate, r, j, 0), linearScale(h, up, r, j, 0)
 				return 1.1*gs*math.Abs(float64(u[i])) + us*math.Abs(float64(g[i])) + gs*us + max(1, math.Abs(float64(want[i])))*RowOpTol/LinearTol
 			})
 		})

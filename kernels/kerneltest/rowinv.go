@@ -24,7 +24,8 @@ func (v RowVariance) String() string {
 }
 
 // RowVariances runs the row-wise ops of a decode step (Linear on F32, BF16
-// and Q8_0 weights, LinearCat, SwiGLULinear, RMSNorm, AddRMSNorm) on d over
+// and Q8_0 weights, LinearCat, SwiGLULinear, their Norm twins, RMSNorm,
+// AddRMSNorm) on d over
 // n = 2..kernels.RecordMaxRows rows and over each row alone, and returns where a row's bits
 // depend on the other rows of the call. Speculative verification runs the
 // drafts as extra rows: greedy output equals plain decoding's bit for bit
@@ -79,6 +80,18 @@ func RowVariances(t *testing.T, d kernels.Device) []RowVariance {
 			step(d, func() { d.SwiGLULinear(y.t, xb.t, gate, up, 0) })
 			return y.read(t, "y")
 		})
+		check("NormLinearCat BF16", n, 2*out, func(x []float32, rows int) []float32 {
+			xb, y := newBuf(t, d, rows, in, x), newBuf(t, d, rows, 2*out, nil)
+			hn := &kernels.HeadNorm{W: wn.t, Eps: 1e-6}
+			step(d, func() { d.NormLinearCat(y.t, xb.t, hn, []*kernels.Mat{gate, up}, kernels.Epilogue{}) })
+			return y.read(t, "y")
+		})
+		check("NormSwiGLULinear BF16", n, out, func(x []float32, rows int) []float32 {
+			xb, y := newBuf(t, d, rows, in, x), newBuf(t, d, rows, out, nil)
+			hn := &kernels.HeadNorm{W: wn.t, Eps: 1e-6, Offset: true}
+			step(d, func() { d.NormSwiGLULinear(y.t, xb.t, hn, gate, up, 0) })
+			return y.read(t, "y")
+		})
 		check("RMSNorm", n, in, func(x []float32, rows int) []float32 {
 			xb, y := newBuf(t, d, rows, in, x), newBuf(t, d, rows, in, nil)
 			step(d, func() { d.RMSNorm(y.t, xb.t, wn.t, 1e-6, false) })
@@ -103,6 +116,8 @@ func rowExactTest(t *testing.T, d kernels.Device) {
 	t.Run("Linear", func(t *testing.T) { linearTest(t, d) })
 	t.Run("LinearCat", func(t *testing.T) { linearCatTest(t, d) })
 	t.Run("SwiGLULinear", func(t *testing.T) { swigluLinearTest(t, d) })
+	t.Run("NormLinearCat", func(t *testing.T) { normLinearCatTest(t, d) })
+	t.Run("NormSwiGLULinear", func(t *testing.T) { normSwigluLinearTest(t, d) })
 	for _, v := range RowVariances(t, d) {
 		t.Errorf("row-exact mode: %v", v)
 	}

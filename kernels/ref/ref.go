@@ -191,10 +191,15 @@ func Attention(out, q []float32, n int, k, v func(p int) []float32, s kernels.At
 }
 
 // Route picks the experts of one token from its router logits (experts)
-// into ids and w (TopK each), as kernels.Router describes. bias is the
+// into ids and w (r.Width() each: the TopK routed, then the Shared ones),
+// as kernels.Router describes. bias is the
 // selection bias (nil for none). logits is overwritten with the scores.
 func Route(ids []int32, w, logits []float32, r *kernels.Router, bias []float32) {
 	e := len(logits)
+	for s := range r.Shared { // the shared experts after the routed ones, weight 1
+		ids[r.TopK+s], w[r.TopK+s] = int32(e+s), 1
+	}
+	ids, w = ids[:r.TopK], w[:r.TopK]
 	choice := make([]float32, e)
 	switch r.Scoring {
 	case kernels.SoftmaxScoring:

@@ -82,6 +82,68 @@ func (d *Device) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, limi
 	d.out(dst, y)
 }
 
+// NormLinearCat implements kernels.LinearOps: the norm's checks and
+// reference, then LinearCat's on the normed rows (held in host memory
+// only).
+func (d *Device) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	xs := d.normed("NormLinearCat", dst, x, n)
+	if len(ws) == 0 {
+		panic("strict: NormLinearCat without weights")
+	}
+	total := 0
+	for _, w := range ws {
+		stackable("NormLinearCat", w)
+		if w.Cols != ws[0].Cols || w.DType != ws[0].DType {
+			panic("strict: NormLinearCat weights of different widths or dtypes")
+		}
+		total += w.Rows
+	}
+	shape("NormLinearCat", x, -1, ws[0].Cols)
+	shape("NormLinearCat", dst, x.Rows, total)
+	y := make([]float32, dst.Elems())
+	if e.Accumulate {
+		y = d.in("NormLinearCat (accumulate)", dst, kernels.F32)
+	}
+	var bias []float32
+	if e.Bias.Valid() {
+		shape("NormLinearCat bias", e.Bias, 1, total)
+		bias = d.in("NormLinearCat", e.Bias, kernels.F32)
+	}
+	ref.LinearCat(y, xs, ws, bias, e.Accumulate, x.Rows)
+	d.out(dst, y)
+}
+
+// NormSwiGLULinear implements kernels.LinearOps.
+func (d *Device) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, gate, up *kernels.Mat, limit float32) {
+	xs := d.normed("NormSwiGLULinear", dst, x, n)
+	stackable("NormSwiGLULinear", gate)
+	stackable("NormSwiGLULinear", up)
+	if gate.Rows != up.Rows || gate.Cols != up.Cols || gate.DType != up.DType {
+		panic("strict: NormSwiGLULinear gate and up differ")
+	}
+	if limit != 0 {
+		checkLimit("NormSwiGLULinear", limit)
+	}
+	shape("NormSwiGLULinear", x, -1, gate.Cols)
+	shape("NormSwiGLULinear", dst, x.Rows, gate.Rows)
+	y := make([]float32, dst.Elems())
+	ref.SwiGLULinear(y, xs, gate, up, limit, x.Rows)
+	d.out(dst, y)
+}
+
+// normed checks a fused norm's operands (x and dst contiguous, the weight
+// (1, x.Cols)) and returns RMSNorm(x, n) on the host.
+func (d *Device) normed(op string, dst, x kernels.Tensor, n *kernels.HeadNorm) []float32 {
+	if n == nil {
+		panic("strict: " + op + " without a norm")
+	}
+	contiguous(op, dst, x)
+	shape(op+" norm weight", n.W, 1, x.Cols)
+	xs := d.in(op, x, kernels.F32)
+	ref.RMSNorm(xs, xs, d.in(op, n.W, kernels.F32), n.Eps, n.Offset, x.Rows)
+	return xs
+}
+
 // SwiGLU implements kernels.LinearOps.
 func (d *Device) SwiGLU(dst, gate, up kernels.Tensor) { d.swiglu("SwiGLU", dst, gate, up, 0) }
 
@@ -295,15 +357,15 @@ func (d *Device) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s ke
 
 // Route implements kernels.MoEOps.
 func (d *Device) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
-	shape("Route", ids, logits.Rows, r.TopK)
-	shape("Route", w, logits.Rows, r.TopK)
+	shape("Route", ids, logits.Rows, r.Width())
+	shape("Route", w, logits.Rows, r.Width())
 	lg := d.in("Route", logits, kernels.F32)
 	var bias []float32
 	if r.Bias.Valid() {
 		shape("Route bias", r.Bias, 1, logits.Cols)
 		bias = d.in("Route", r.Bias, kernels.F32)
 	}
-	e, k := logits.Cols, r.TopK
+	e, k := logits.Cols, r.Width()
 	id, ws := make([]int32, ids.Elems()), make([]float32, w.Elems())
 	for i := range logits.Rows {
 		ref.Route(id[i*k:(i+1)*k], ws[i*k:(i+1)*k], lg[i*e:(i+1)*e], r, bias)

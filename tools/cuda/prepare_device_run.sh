@@ -3,8 +3,8 @@
 # tools/cuda/device_run.sh on the GPU machine: the test binaries of
 # kernels/cuda, kernels/device, engine, engine/models/qwen3next and
 # engine/models/glm5next, a ferrite binary for `ferrite
-# bench`, kernels/cuda's CUDA sources, build_fatbin.sh and the Qwen3-8B,
-# Qwen3-30B-A3B and ferrite-tiny configs, binaries xz-compressed to fit the 64 MiB the working tree may
+# bench`, kernels/cuda's CUDA sources, build_fatbin.sh and the Qwen3-8B
+# config, binaries xz-compressed to fit the 64 MiB the working tree may
 # take. With KEEP_FATBIN=1 the committed fatbin and manifest go along and
 # device_run.sh uses them instead of building (for runs that change no
 # CUDA source). The ferrite binary is built from a copy of the checkout whose
@@ -15,7 +15,7 @@ set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 dest="$(realpath -m "${1:-$src/.device-out}")"
 rm -rf "$dest"
-mkdir -p "$dest/k" "$dest/tools/cuda" "$dest/qwen3-8b" "$dest/qwen3-30b-a3b" "$dest/ferrite-tiny"
+mkdir -p "$dest/k" "$dest/tools/cuda" "$dest/qwen3-8b" "$dest/qwen3-30b-a3b"
 cd "$src"
 export CGO_ENABLED=0
 go test -c -ldflags=-s -o "$dest/mla.test" ./engine/models/mla
@@ -38,7 +38,5 @@ cp tools/cuda/build_fatbin.sh "$dest/tools/cuda/"
 cp tools/cuda/device_run.sh "$dest/"
 cp engine/testdata/qwen3-8b/config.json "$dest/qwen3-8b/"
 cp engine/testdata/qwen3-30b-a3b/config.json "$dest/qwen3-30b-a3b/"
-# ferrite-tiny's shape for random-weight benches (the binary has no weights).
-cp builtin/model/config.json "$dest/ferrite-tiny/"
 xz -T2 -6 "$dest"/*.test "$dest/ferrite"
 du -sh "$dest"

@@ -79,12 +79,29 @@ __device__ inline float warp_sum(float v) {
     return v;
 }
 
+__device__ inline double warp_sum_f64(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // store writes one output element through the linear epilogue: + bias[r]
 // when bias is set, + the old value when acc_y (a residual add).
 __device__ inline void store(float* y, float s, const float* bias, int r, int acc_y) {
     if (bias) s += bias[r];
     if (acc_y) s += *y;
     *y = s;
+}
+
+// weight_prefetch, when pf is set, asks L2 for the bytes bytes from p on,
+// the block's threads striding the 128-byte lines. The split GEMVs call it
+// for their weight rows before FERRITE_PDL_WAIT (the weights are never
+// written by a step's kernels), so under PDL the weight stream starts
+// while the kernel before drains (kernels/cuda/pdl.go).
+__device__ inline void weight_prefetch(int pf, const uint8_t* p, size_t bytes) {
+    if (!pf) return;
+    for (size_t o = size_t(threadIdx.x) * 128; o < bytes; o += size_t(blockDim.x) * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
 }
 
 template <class W, int NB>
@@ -141,6 +158,15 @@ __device__ void gemv(float* __restrict__ y, const float* __restrict__ x, const u
 // stretches p, p + 4, p + 8, … of 32·E elements; the four partial sums meet
 // in shared memory.
 constexpr int kSplit = 4;
+
+// split_prefetch is weight_prefetch of the kernel's block's rows in the
+// gemv_split layout (kWarpsPerBlock / kSplit rows a block).
+template <class W>
+__device__ inline void split_prefetch(int pf, const uint8_t* w, int rows, int cols) {
+    const int r0 = blockIdx.x * (kWarpsPerBlock / kSplit);
+    const size_t rb = size_t(cols) * W::kSize;
+    if (r0 < rows) weight_prefetch(pf, w + size_t(r0) * rb, size_t(min(kWarpsPerBlock / kSplit, rows - r0)) * rb);
+}
 
 // split_dot is warp part p's share of row · x (cols values), summed over
 // the warp (the same in every lane).
@@ -212,6 +238,94 @@ __device__ void gemv_split_rows(float* __restrict__ y, const float* __restrict__
         if (lane == 0) part[warp] = acc;
         __syncthreads();
         if (p == 0 && lane == 0 && r < rows) store(y + size_t(j) * rows + r, split_total(part, warp), bias, r, acc_y);
+    }
+}
+
+// The GEMVs with a fused RMSNorm (kernels.LinearOps.NormLinearCat):
+// y = inv·(s ⊙ x)·wᵀ for the un-normed x, s the norm weight (1 + w with
+// off) and inv = 1/sqrt(mean(x²) + eps) as kernels/ref.RMSNorm rounds it
+// (float64 sum of squares, the mean rounded to float32, eps added in
+// float32). The four warps of a row read all of x once, so they sum x²
+// on the way at no extra traffic (every row's warps get the same bits);
+// the scale is applied once, after the sums.
+//
+// split_norm_dot is split_dot of row with s ⊙ x (each product rounded to
+// float32) and, in *sq, warp part p's share of Σx² in float64; both are
+// summed over the warp.
+template <class W>
+__device__ float split_norm_dot(const uint8_t* __restrict__ row, const float* __restrict__ x,
+                                const float* __restrict__ nw, int off, int cols, int p, double* sq) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    double ss = 0;
+    if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
+#pragma unroll 4
+        for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
+            float wv[W::kE];
+            W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
+            const float4* xp = reinterpret_cast<const float4*>(x + k);
+            const float4* sp = reinterpret_cast<const float4*>(nw + k);
+#pragma unroll
+            for (int q = 0; q < W::kE / 4; q++) {
+                const float4 xv = __ldg(xp + q), sv = __ldg(sp + q);
+                const float xe[4] = {xv.x, xv.y, xv.z, xv.w}, se[4] = {sv.x, sv.y, sv.z, sv.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    ss += double(xe[e]) * double(xe[e]);
+                    const float sc = off ? __fadd_rn(1.f, se[e]) : se[e];
+                    acc = fmaf(wv[4 * q + e], __fmul_rn(sc, xe[e]), acc);
+                }
+            }
+        }
+    } else {
+        for (int k = p * 32 + lane; k < cols; k += kSplit * 32) {
+            const float xk = x[k];
+            ss += double(xk) * double(xk);
+            const float sc = off ? __fadd_rn(1.f, nw[k]) : nw[k];
+            acc = fmaf(W::one(row, k), __fmul_rn(sc, xk), acc);
+        }
+    }
+    *sq = warp_sum_f64(ss);
+    return warp_sum(acc);
+}
+
+// norm_inv is the RMSNorm scale of a row of cols values from the kSplit
+// partial sums of squares from sq[w0] on, added in a fixed order.
+__device__ inline float norm_inv(const double* sq, int w0, int cols, float eps) {
+    double s = sq[w0];
+#pragma unroll
+    for (int i = 1; i < kSplit; i++) s += sq[w0 + i];
+    const float ms = float(s / double(cols));
+    return float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+}
+
+// gemv_norm_split is gemv_split_rows with the fused norm: n rows of x one
+// after another, each summed as for that row alone (so the n = 1 decode
+// and a row-exact verification give the same bits). Launch as
+// gemv_split: ceil(rows / 2) blocks of 256 threads.
+template <class W>
+__device__ void gemv_norm_split(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                                int n, int rows, int cols, const float* __restrict__ nw, float eps, int off,
+                                const float* __restrict__ bias, int acc_y) {
+    __shared__ float part[kWarpsPerBlock];
+    __shared__ double sqp[kWarpsPerBlock];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
+    const int p = warp % kSplit;
+    for (int j = 0; j < n; j++) {
+        float acc = 0.f;
+        double sq = 0;
+        if (r < rows) acc = split_norm_dot<W>(w + size_t(r) * cols * W::kSize, x + size_t(j) * cols, nw, off, cols, p, &sq);
+        __syncthreads();  // the previous row's partial sums have been read
+        if (lane == 0) {
+            part[warp] = acc;
+            sqp[warp] = sq;
+        }
+        __syncthreads();
+        if (p == 0 && lane == 0 && r < rows) {
+            const float inv = norm_inv(sqp, warp, cols, eps);
+            store(y + size_t(j) * rows + r, __fmul_rn(split_total(part, warp), inv), bias, r, acc_y);
+        }
     }
 }
 
@@ -345,7 +459,8 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
 #define FERRITE_GEMV_SPLIT(name, W)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
                                                            int n, int rows, int cols, const float* bias, \
-                                                           int acc_y) {                                  \
+                                                           int acc_y, int pf) {                          \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                         \
         gemv_split<W>(y, x, w, rows, cols, bias, acc_y);                                            \
     }
@@ -353,7 +468,8 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
 #define FERRITE_GEMV_EXACT(name, W)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
                                                            int n, int rows, int cols, const float* bias, \
-                                                           int acc_y) {                                  \
+                                                           int acc_y, int pf) {                          \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                         \
         gemv_split_rows<W>(y, x, w, n, rows, cols, bias, acc_y);                                    \
     }
@@ -365,6 +481,19 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
         FERRITE_PDL_WAIT();                                                                         \
         gemv_rows<W, R>(y, x, w, rows, cols, bias, acc_y);                                          \
     }
+
+#define FERRITE_GEMV_NORM(name, W)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256)                                               \
+        name(float* y, const float* x, const uint8_t* w, int n, int rows, int cols, const float* nw, float eps, \
+             int off, const float* bias, int acc_y, int pf) {                                       \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
+        FERRITE_PDL_WAIT();                                                                         \
+        gemv_norm_split<W>(y, x, w, n, rows, cols, nw, eps, off, bias, acc_y);                      \
+    }
+
+FERRITE_GEMV_NORM(ferrite_gemv_norm_f32, F32W)
+FERRITE_GEMV_NORM(ferrite_gemv_norm_bf16, BF16W)
+FERRITE_GEMV_NORM(ferrite_gemv_norm_f16, F16W)
 
 FERRITE_GEMV_ROWS(ferrite_gemv_f32_r4, F32W, 4)
 FERRITE_GEMV_ROWS(ferrite_gemv_f32_r8, F32W, 8)

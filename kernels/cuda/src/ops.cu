@@ -22,12 +22,6 @@ __device__ inline float warp_max(float v) {
     return v;
 }
 
-__device__ inline double warp_sum_f64(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // silu(g)·u as kernels/ref computes it: silu in float64, rounded, then a
 // float32 product.
 __device__ inline float swiglu1(float g, float u) {
@@ -96,6 +90,39 @@ __device__ void gemv_swiglu(float* __restrict__ y, const float* __restrict__ x, 
     if (threadIdx.x == 0) y[r] = swiglu_clamp1(split_total(part, 0), split_total(part, kSplit), limit);
 }
 
+// gemv_swiglu with gemv.cu's fused RMSNorm (NormSwiGLULinear), over n
+// rows of x one after another, each as for that row alone: block r's
+// warps 0–3 sum gate row r and warps 4–7 up row r (split_norm_dot), the
+// norm scale is the gate warps' (the up warps sum the same squares to the
+// same bits), and y[j, r] = swiglu(inv·gate, inv·up). Launch: inter blocks
+// of 256 threads.
+template <class W>
+__device__ void gemv_norm_swiglu(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                                 int n, int inter, int cols, const float* __restrict__ nw, float eps, int off,
+                                 float limit) {
+    __shared__ float part[kWarpsPerBlock];
+    __shared__ double sqp[kWarpsPerBlock];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x;
+    const int half = warp / kSplit;  // 0: gate, 1: up
+    const uint8_t* row = w + (size_t(half) * inter + r) * cols * W::kSize;
+    for (int j = 0; j < n; j++) {
+        double sq;
+        const float acc = split_norm_dot<W>(row, x + size_t(j) * cols, nw, off, cols, warp % kSplit, &sq);
+        __syncthreads();  // the previous row's partial sums have been read
+        if (lane == 0) {
+            part[warp] = acc;
+            sqp[warp] = sq;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const float inv = norm_inv(sqp, 0, cols, eps);
+            y[size_t(j) * inter + r] = swiglu_clamp1(__fmul_rn(split_total(part, 0), inv),
+                                                     __fmul_rn(split_total(part, kSplit), inv), limit);
+        }
+    }
+}
+
 // gemv_swiglu with gemv_rows' layout: block b computes the R/2 outputs
 // from row b·R/2 on, reading those gate rows and the matching up rows (R
 // weight rows a block). Launch: ceil(inter / (R/2)) blocks of 256 threads.
@@ -128,12 +155,35 @@ FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_bf16_r8, BF16W, 8)
 FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r4, F16W, 4)
 FERRITE_GEMV_SWIGLU_ROWS(ferrite_gemv_swiglu_f16_r8, F16W, 8)
 
+// swiglu_prefetch is weight_prefetch of block r's gate row r and up row r
+// of the stacked [gate; up] (inter, cols) each.
+template <class W>
+__device__ inline void swiglu_prefetch(int pf, const uint8_t* w, int inter, int cols) {
+    const size_t rb = size_t(cols) * W::kSize;
+    weight_prefetch(pf, w + size_t(blockIdx.x) * rb, rb);
+    weight_prefetch(pf, w + (size_t(inter) + blockIdx.x) * rb, rb);
+}
+
 #define FERRITE_GEMV_SWIGLU(name, W)                                                                  \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
-                                                           int inter, int cols, float limit) {          \
+                                                           int inter, int cols, float limit, int pf) {  \
+        swiglu_prefetch<W>(pf, w, inter, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                           \
         gemv_swiglu<W>(y, x, w, inter, cols, limit);                                                  \
     }
+
+#define FERRITE_GEMV_NORM_SWIGLU(name, W)                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                                 \
+        name(float* y, const float* x, const uint8_t* w, int n, int inter, int cols, const float* nw, float eps, \
+             int off, float limit, int pf) {                                                          \
+        swiglu_prefetch<W>(pf, w, inter, cols);                                                       \
+        FERRITE_PDL_WAIT();                                                                           \
+        gemv_norm_swiglu<W>(y, x, w, n, inter, cols, nw, eps, off, limit);                            \
+    }
+
+FERRITE_GEMV_NORM_SWIGLU(ferrite_gemv_norm_swiglu_f32, F32W)
+FERRITE_GEMV_NORM_SWIGLU(ferrite_gemv_norm_swiglu_bf16, BF16W)
+FERRITE_GEMV_NORM_SWIGLU(ferrite_gemv_norm_swiglu_f16, F16W)
 
 FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f32, F32W)
 FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_bf16, BF16W)
@@ -267,6 +317,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 // pairs (2i, 2i+1) when interleaved, else (i, i + half).
 extern "C" __global__ void ferrite_rope(float* x, const int* pos, int pos_stride, const float* inv, int n, int heads,
                                         int hd, int half, int interleaved, float scale) {
+    FERRITE_PDL_WAIT();
     const uint64_t total = uint64_t(n) * heads * half;
     for (uint64_t t = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; t < total; t += uint64_t(gridDim.x) * blockDim.x) {
         const int i = int(t % half);
@@ -379,14 +430,17 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // ---------------------------------------------------------------------------
 // Paged causal attention, split-KV. Block (row i, KV head, head chunk,
-// split z) computes, for up to kAttnGroup query heads of the KV head's
+// split z) computes, for up to G (kAttnGroup or 4) query heads of the KV head's
 // group, the softmax-weighted sum of the values over the keys of positions
 // [z·split, min((z+1)·split, pos[i]+1)) of the row's sequence, with an
 // online (running max) softmax in float32. Each warp takes tiles of 32 keys,
 // one key per lane for the scores and then the lanes split the head dims to
 // add the tile's values. With one split the block writes out directly;
-// otherwise it writes (max, sum, acc[hd]) per head to part and
-// ferrite_attn_combine merges the splits.
+// otherwise it writes (max, sum, acc[hd]) per head to part, and either
+// ferrite_attn_combine merges the splits (cnt null) or the last block of
+// each (row, KV head, chunk) to finish does, in the same kernel: cnt holds
+// one zeroed counter per (row, blockIdx.y), which that block sets back to
+// 0. Both merge with split_merge, so they give the same bits.
 //
 // Launch: grid (n, kvHeads·chunks, splits), 128 threads; hd ≤ 32·DPL.
 
@@ -420,7 +474,25 @@ struct AttnArgs {
     int max_blocks, bs, n, heads, kvh, hd, chunks, split;
     float scale;
     int ptile;  // prefill.cu's row tile when it ran first (prefill_owns), else 0
+    int* cnt;   // the split counters when the last block merges the splits, else null
 };
+
+// split_merge is element d of a head's output from its splits' partials
+// pp (splits × (hd + 2): max, sum, acc[hd]), read from L2 (other blocks
+// wrote them), merged in split order.
+__device__ inline float split_merge(const float* pp, int splits, int hd, int d) {
+    float mx = -INFINITY;
+    for (int z = 0; z < splits; z++) mx = fmaxf(mx, __ldcg(pp + z * (hd + 2)));
+    float L = 0.f, A = 0.f;
+    for (int z = 0; z < splits; z++) {
+        const float mz = __ldcg(pp + z * (hd + 2));
+        if (mz == -INFINITY) continue;
+        const float c = expf(mz - mx);
+        L += __ldcg(pp + z * (hd + 2) + 1) * c;
+        A += __ldcg(pp + z * (hd + 2) + 2 + d) * c;
+    }
+    return A / L;
+}
 
 template <bool BF>
 __device__ inline float kv_at(const void* c, size_t e) {
@@ -441,20 +513,25 @@ __device__ inline void kv8(const void* c, size_t e, float* o) {
 }
 
 // attn_block is the attention kernels' whole body (their macro only packs
-// the arguments), so it starts with their programmatic-launch wait.
-template <int DPL, bool BF>
+// the arguments), so it starts with their programmatic-launch wait. G is
+// the query heads a block handles (G, or 4 for groups of up to 4
+// heads: no work on empty heads); every head's sums are the same whatever
+// G, so the two give the same bits. The queries and each tile's
+// probabilities are read from shared memory four at a time.
+template <int DPL, bool BF, int G>
 __device__ void attn_block(const AttnArgs& a) {
     FERRITE_PDL_WAIT();
-    __shared__ float sq[kAttnGroup][kAttnMaxHD];
-    __shared__ float wm[kAttnWarps][kAttnGroup], wl[kAttnWarps][kAttnGroup];
-    __shared__ float wacc[kAttnWarps][kAttnGroup][kAttnMaxHD];
+    __shared__ __align__(16) float sq[G][kAttnMaxHD];
+    __shared__ __align__(16) float pw[kAttnWarps][G][32];  // each warp's tile probabilities
+    __shared__ float wm[kAttnWarps][G], wl[kAttnWarps][G];
+    __shared__ float wacc[kAttnWarps][G][kAttnMaxHD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int i = blockIdx.x;
     if (a.ptile && prefill_owns(a.seq, a.n, i, a.ptile)) return;
     const int kvh = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks;
     const int grp = a.heads / a.kvh;
-    const int h0 = kvh * grp + chunk * kAttnGroup;
-    const int ng = min(kAttnGroup, grp - chunk * kAttnGroup);
+    const int h0 = kvh * grp + chunk * G;
+    const int ng = min(G, grp - chunk * G);
     const int hd = a.hd;
     const int len = a.pos[i] + 1;
     const int k0 = blockIdx.z * a.split, k1 = min(len, k0 + a.split);
@@ -462,15 +539,15 @@ __device__ void attn_block(const AttnArgs& a) {
     const size_t kw = size_t(a.kvh) * hd;
     const size_t off = size_t(kvh) * hd;
 
-    for (int t = threadIdx.x; t < kAttnGroup * hd; t += blockDim.x) {
+    for (int t = threadIdx.x; t < G * hd; t += blockDim.x) {
         const int g = t / hd, d = t % hd;
         sq[g][d] = g < ng ? a.q[(size_t(i) * a.heads + h0 + g) * hd + d] : 0.f;
     }
     __syncthreads();
 
-    float m[kAttnGroup], l[kAttnGroup], acc[kAttnGroup][DPL];
+    float m[G], l[G], acc[G][DPL];
 #pragma unroll
-    for (int g = 0; g < kAttnGroup; g++) {
+    for (int g = 0; g < G; g++) {
         m[g] = -INFINITY;
         l[g] = 0.f;
 #pragma unroll
@@ -481,9 +558,9 @@ __device__ void attn_block(const AttnArgs& a) {
         const int p = t0 + lane;
         const bool valid = p < k1;
         size_t base = 0;  // element index of this lane's key row
-        float s[kAttnGroup];
+        float s[G];
 #pragma unroll
-        for (int g = 0; g < kAttnGroup; g++) s[g] = 0.f;
+        for (int g = 0; g < G; g++) s[g] = 0.f;
         if (valid) {
             base = (size_t(bt[p / a.bs]) * a.bs + p % a.bs) * kw + off;
             if (hd % 8 == 0) {  // 16-byte loads (bf16) or two (float32)
@@ -492,22 +569,25 @@ __device__ void attn_block(const AttnArgs& a) {
                     float kd[8];
                     kv8<BF>(a.kc, base + d, kd);
 #pragma unroll
-                    for (int e = 0; e < 8; e++) {
+                    for (int g = 0; g < G; g++) {
+                        const float4 q0 = *reinterpret_cast<const float4*>(&sq[g][d]);
+                        const float4 q1 = *reinterpret_cast<const float4*>(&sq[g][d + 4]);
+                        const float qe[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
-                        for (int g = 0; g < kAttnGroup; g++) s[g] = fmaf(sq[g][d + e], kd[e], s[g]);
+                        for (int e = 0; e < 8; e++) s[g] = fmaf(qe[e], kd[e], s[g]);
                     }
                 }
             } else {
                 for (int d = 0; d < hd; d++) {
                     const float kd = kv_at<BF>(a.kc, base + d);
 #pragma unroll
-                    for (int g = 0; g < kAttnGroup; g++) s[g] = fmaf(sq[g][d], kd, s[g]);
+                    for (int g = 0; g < G; g++) s[g] = fmaf(sq[g][d], kd, s[g]);
                 }
             }
         }
-        float pe[kAttnGroup];
+        float pe[G];
 #pragma unroll
-        for (int g = 0; g < kAttnGroup; g++) {
+        for (int g = 0; g < G; g++) {
             const float sc = valid ? s[g] * a.scale : -INFINITY;
             const float mn = fmaxf(m[g], warp_max(sc));
             const float c = expf(m[g] - mn);  // 0 while m is −∞
@@ -518,7 +598,11 @@ __device__ void attn_block(const AttnArgs& a) {
             m[g] = mn;
         }
         // Values, kV keys at a time: their loads are issued before the
-        // first is used.
+        // first is used. Key kk's probabilities come from pw, four keys a
+        // load.
+#pragma unroll
+        for (int g = 0; g < G; g++) pw[warp][g][lane] = pe[g];
+        __syncwarp();
         constexpr int kV = DPL <= 4 ? 8 : 4;  // fewer for wide heads (registers)
         const int nk = min(32, k1 - t0);
         for (int k0v = 0; k0v < nk; k0v += kV) {
@@ -534,22 +618,29 @@ __device__ void attn_block(const AttnArgs& a) {
                 }
             }
 #pragma unroll
-            for (int u = 0; u < kV; u++) {
-                const int kk = k0v + u;
+            for (int u4 = 0; u4 < kV; u4 += 4) {
+                float4 p4[G];
 #pragma unroll
-                for (int g = 0; g < kAttnGroup; g++) {
-                    float pk = __shfl_sync(0xffffffffu, pe[g], kk & 31);
-                    if (kk >= nk) pk = 0.f;
+                for (int g = 0; g < G; g++) p4[g] = *reinterpret_cast<const float4*>(&pw[warp][g][k0v + u4]);
 #pragma unroll
-                    for (int j = 0; j < DPL; j++) acc[g][j] = fmaf(pk, vv[u][j], acc[g][j]);
+                for (int uu = 0; uu < 4; uu++) {
+                    const int u = u4 + uu, kk = k0v + u;
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        float pk = uu == 0 ? p4[g].x : uu == 1 ? p4[g].y : uu == 2 ? p4[g].z : p4[g].w;
+                        if (kk >= nk) pk = 0.f;
+#pragma unroll
+                        for (int j = 0; j < DPL; j++) acc[g][j] = fmaf(pk, vv[u][j], acc[g][j]);
+                    }
                 }
             }
         }
+        __syncwarp();  // pw is rewritten by the next tile
     }
 
     // Merge the warps' running softmaxes.
 #pragma unroll
-    for (int g = 0; g < kAttnGroup; g++) {
+    for (int g = 0; g < G; g++) {
         if (lane == 0) {
             wm[warp][g] = m[g];
             wl[warp][g] = l[g];
@@ -585,27 +676,55 @@ __device__ void attn_block(const AttnArgs& a) {
             pp[2 + d] = A;
         }
     }
+    if (gridDim.z == 1 || !a.cnt) return;
+    // The last of the row's splits to finish merges them: every block makes
+    // its partials visible before it counts itself (threadfence reduction).
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* c = a.cnt + size_t(i) * gridDim.y + blockIdx.y;
+        last = atomicAdd(c, 1) == int(gridDim.z) - 1;
+        if (last) *c = 0;  // every split has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int t = threadIdx.x; t < ng * hd; t += blockDim.x) {
+        const int g = t / hd, d = t % hd;
+        const size_t h = size_t(i) * a.heads + h0 + g;
+        a.out[h * hd + d] = split_merge(a.part + h * gridDim.z * (hd + 2), gridDim.z, hd, d);
+    }
 }
 
 }  // namespace
 
-#define FERRITE_ATTN(name, DPL, BF)                                                                     \
+#define FERRITE_ATTN(name, DPL, BF, G)                                                                  \
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
-        int chunks, int split, float scale, int ptile) {                                               \
-        AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile}; \
-        attn_block<DPL, BF>(a);                                                                        \
+        int chunks, int split, float scale, int ptile, int* cnt) {                                     \
+        AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
+                   cnt};                                                                               \
+        attn_block<DPL, BF, G>(a);                                                                     \
     }
 
-FERRITE_ATTN(ferrite_attn_f32_1, 1, false)
-FERRITE_ATTN(ferrite_attn_f32_2, 2, false)
-FERRITE_ATTN(ferrite_attn_f32_4, 4, false)
-FERRITE_ATTN(ferrite_attn_f32_8, 8, false)
-FERRITE_ATTN(ferrite_attn_bf16_1, 1, true)
-FERRITE_ATTN(ferrite_attn_bf16_2, 2, true)
-FERRITE_ATTN(ferrite_attn_bf16_4, 4, true)
-FERRITE_ATTN(ferrite_attn_bf16_8, 8, true)
+FERRITE_ATTN(ferrite_attn_f32_1, 1, false, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_f32_2, 2, false, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_f32_4, 4, false, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_f32_8, 8, false, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_bf16_1, 1, true, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_bf16_2, 2, true, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_bf16_4, 4, true, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_bf16_8, 8, true, kAttnGroup)
+FERRITE_ATTN(ferrite_attn_f32_1_g4, 1, false, 4)
+FERRITE_ATTN(ferrite_attn_f32_2_g4, 2, false, 4)
+FERRITE_ATTN(ferrite_attn_f32_4_g4, 4, false, 4)
+FERRITE_ATTN(ferrite_attn_f32_8_g4, 8, false, 4)
+FERRITE_ATTN(ferrite_attn_bf16_1_g4, 1, true, 4)
+FERRITE_ATTN(ferrite_attn_bf16_2_g4, 2, true, 4)
+FERRITE_ATTN(ferrite_attn_bf16_4_g4, 4, true, 4)
+FERRITE_ATTN(ferrite_attn_bf16_8_g4, 8, true, 4)
 
 // Merges the splits of ferrite_attn_*: out (n, heads·hd) from part (n,
 // heads, splits, hd + 2), but for the rows of prefill.cu's tiles of ptile
@@ -615,17 +734,5 @@ extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, i
     const int i = blockIdx.x, h = blockIdx.y;
     if (ptile && prefill_owns(seq, n, i, ptile)) return;
     const float* pp = part + (size_t(i) * heads + h) * splits * (hd + 2);
-    float mx = -INFINITY;
-    for (int z = 0; z < splits; z++) mx = fmaxf(mx, pp[z * (hd + 2)]);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float L = 0.f, A = 0.f;
-        for (int z = 0; z < splits; z++) {
-            const float mz = pp[z * (hd + 2)];
-            if (mz == -INFINITY) continue;
-            const float c = expf(mz - mx);
-            L += pp[z * (hd + 2) + 1] * c;
-            A += pp[z * (hd + 2) + 2 + d] * c;
-        }
-        out[(size_t(i) * heads + h) * hd + d] = A / L;
-    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) out[(size_t(i) * heads + h) * hd + d] = split_merge(pp, splits, hd, d);
 }

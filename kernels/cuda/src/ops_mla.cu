@@ -46,6 +46,7 @@ extern "C" __global__ void __launch_bounds__(256)
     ferrite_mla_store_latent(void* cache, int bf16, int slots, const float* kv, int kv_stride, const float* norm,
                              int kl, int width, float eps, const int* pos, int pos_stride, const int* slot,
                              int slot_stride, const float* inv, int half, int interleaved, float rscale) {
+    FERRITE_PDL_WAIT();
     __shared__ double partial[8];
     const int r = blockIdx.x;
     const int s = slot[size_t(r) * slot_stride];
@@ -104,6 +105,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     ferrite_mla_proj(float* y, int y_rs, int y_hs, const float* x, int x_rs, int x_hs, int n, int rows, int w_hrows,
                      const uint8_t* wdata, const float* wscale, int wdtype, int wcols, int br, int bc, int row0) {
+    FERRITE_PDL_WAIT();
     const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
     const int h = blockIdx.y;
     if (r >= rows) return;

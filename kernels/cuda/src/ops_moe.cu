@@ -4,25 +4,44 @@
 // the sources in name order) and uses its helpers (elem, swiglu1,
 // warp_max, warp_sum_f64) and gemv.cu's weight decoders.
 //
-// Experts has two paths. A few tokens (decode: at most 8, kernels/cuda's
-// moeFewTokens) run the grouped kernels ferrite_moe_few_*: one launch for
-// gate/up with the SwiGLU fused, one for down with the routing weights and
-// the sum over a token's experts fused, each expert's weights read once per
-// launch whatever the number of tokens that chose it. More tokens
+// Experts has three paths. A few tokens (decode and speculative
+// verification: at most 32 tokens and 256 slots, kernels/cuda's
+// moeGEMVTokens) run the grouped GEMV, ferrite_moe_gv_*: every block sorts
+// the slots by expert in shared memory, one launch computes gate/up with
+// the SwiGLU fused and one down with the routing weights and the sum over a
+// token's experts fused, each chosen expert's rows read once whatever the
+// number of tokens that chose it. From 32 slots its register-tile form,
+// ferrite_moe_gt_*, runs instead (several rows a warp against several
+// slots of an expert, so that the activations are not read once per
+// weight row), then ferrite_moe_combine. Both sum every output as the one
+// token kernels do, so a token's bits do not depend on the batch
+// (kernels.RowExact). The first grouped GEMV, ferrite_moe_few_* (up to 8
+// tokens), stays for comparison (FERRITE_MOE_KERNELS=v1). More tokens
 // (prefill) are sorted by expert on the device (ferrite_moe_sort) and run
 // as tiled grouped GEMMs, 64 slots by 64 weight rows a block
-// (ferrite_moe_tile_*), each expert's weights read once per 64 of its
-// slots, then ferrite_moe_combine adds each token's experts.
+// (ferrite_moe_tile_*, or on tensor cores ferrite_moe_mma_*), each
+// expert's weights read once per 64 of its slots, then ferrite_moe_combine
+// adds each token's experts.
 #include <stdint.h>
+
+// route_key maps a selection value to an unsigned key in the same order
+// (−0 as +0), and NaN (taken) to 0, below every number.
+__device__ inline unsigned route_key(float v) {
+    if (v != v) return 0u;
+    const unsigned u = __float_as_uint(v == 0.f ? 0.f : v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
 
 // Router, one warp per token: scores (softmax over the experts, or sigmoid
 // plus a selection bias with grouped noaux_tc selection), the top k by
 // repeated arg-max with ties to the lower expert id, and their weights,
-// exactly as kernels/ref.Route. Launch: grid n, 32 threads, dynamic shared
-// memory (2·experts + 128) · 4 bytes; experts ≥ 1, k ≤ 64, groups ≤ 64.
+// exactly as kernels/ref.Route, then the shared experts' ids experts + q
+// with weight 1 after the k routed ones. Launch: grid n, 32 threads,
+// dynamic shared memory (2·experts + 128) · 4 bytes; experts ≥ 1, k ≤ 64,
+// groups ≤ 64.
 extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int w_stride, const float* logits,
                                          int l_stride, const float* bias, int n, int experts, int k, int sigmoid,
-                                         int norm, float rscale, int groups, int keep) {
+                                         int norm, float rscale, int groups, int keep, int shared) {
     FERRITE_PDL_WAIT();
     extern __shared__ float sm[];
     float* sc = sm;               // (experts) scores
@@ -88,32 +107,28 @@ extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int
             if (!((kept >> (j / per)) & 1)) ch[j] = -INFINITY;
         __syncwarp();
     }
+    // k rounds of arg-max over the selection values, each a warp max of
+    // order-preserving keys (redux.sync) and the lowest expert id that has
+    // it. Lane l owns the experts l, l + 32, …: only it reads or marks them,
+    // so the rounds need no shared-memory fences. A taken or NaN value
+    // keys 0, below every number (−inf included); with nothing left the
+    // id is −1.
     for (int r = 0; r < k; r++) {
-        float bv = 0.f;
-        int bi = -1;
+        unsigned bk = 0, bi = 0xffffffffu;
         for (int j = lane; j < experts; j += 32) {
-            const float v = ch[j];
-            if (v != v) continue;  // taken
-            if (bi < 0 || v > bv) {
-                bv = v;
+            const unsigned key = route_key(ch[j]);
+            if (key > bk) {
+                bk = key;
                 bi = j;
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        if (lane == 0) {
-            sel[r] = bi;
-            if (bi >= 0) ch[bi] = __int_as_float(0x7fc00000);
-        }
-        __syncwarp();
+        const unsigned mk = __reduce_max_sync(0xffffffffu, bk);
+        const unsigned mi = __reduce_min_sync(0xffffffffu, bk == mk ? bi : 0xffffffffu);
+        const int pick = mk == 0 ? -1 : int(mi);
+        if (lane == 0) sel[r] = pick;
+        if (pick >= 0 && (pick & 31) == lane) ch[pick] = __int_as_float(0x7fc00000);
     }
+    __syncwarp();
     if (lane == 0) {
         double sum = 0;
         for (int r = 0; r < k; r++) sum += double(sc[max(sel[r], 0)]);
@@ -126,6 +141,10 @@ extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int
             ids[size_t(row) * ids_stride + r] = sel[r];
             w[size_t(row) * w_stride + r] = v;
         }
+    }
+    for (int q = lane; q < shared; q += 32) {
+        ids[size_t(row) * ids_stride + k + q] = experts + q;
+        w[size_t(row) * w_stride + k + q] = 1.f;
     }
 }
 
@@ -470,6 +489,468 @@ FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8)
     }
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1)
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8)
+
+// ---------------------------------------------------------------------------
+// Grouped experts for a few tokens, second form (kernels/cuda's
+// moeGEMV, the default; FERRITE_MOE_KERNELS=v1 picks the kernels above).
+// Every block sorts the call's slots by (expert, slot) in shared memory, so
+// the slots of one expert are neighbours; a warp takes one weight row and
+// runs it against the slots in that order, up to P slots a pass with the
+// loads of U strides of all P rows issued before any product, and a slot
+// whose expert is its predecessor's reuses the predecessor's loads: an
+// expert's row comes from memory once however many tokens chose it.
+// Each slot keeps its own float32 sums in the order rows_dot_vec<W, 1>
+// adds them (lane L: elements E·L + 32·E·m, m = 0, 1, …, then warp_sum),
+// so a token's result has the same bits whatever the other tokens of the
+// call (kernels.RowExact) and the same as the kernels above.
+
+namespace {
+
+constexpr int kMoeGvSlots = 256;  // the most slots a call (kernels/cuda moeGEMVSlots); = block size
+constexpr int kMoeGvRows = 8;     // weight rows a block: one a warp
+constexpr int kMoePartPad = 257;  // moe_gv_down's shared row of slot products
+
+// pairs_dot sets oa[q] = a[q]·xs[q] (and ob[q] = b[q]·xs[q] when TWO) for
+// q < nx: rows of cols values of dtype W in 16-byte loads (rows and xs
+// 16-byte aligned, cols·size a multiple of 16), the same in every lane. The
+// loads of U strides of every row are in flight together; a pair whose
+// rows are the previous pair's (same expert) takes that pair's loads.
+template <class W, int P, int U, bool TWO>
+__device__ __forceinline__ void pairs_dot(const uint8_t* const (&a)[P], const uint8_t* const (&b)[P],
+                                          const float* const (&xs)[P], int nx, int cols, float (&oa)[P],
+                                          float (&ob)[P]) {
+    const int lane = threadIdx.x & 31;
+    bool dup[P];
+#pragma unroll
+    for (int q = 0; q < P; q++) {
+        oa[q] = ob[q] = 0.f;
+        dup[q] = q > 0 && q < nx && a[q] == a[q - 1] && (!TWO || b[q] == b[q - 1]);
+    }
+    for (int k0 = lane * W::kE; k0 < cols; k0 += U * 32 * W::kE) {
+        uint4 va[P][U], vb[P][U];
+#pragma unroll
+        for (int q = 0; q < P; q++) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int k = k0 + u * 32 * W::kE;
+                if (q < nx && k < cols) {
+                    if (q > 0 && dup[q]) {
+                        va[q][u] = va[q > 0 ? q - 1 : 0][u];
+                        if (TWO) vb[q][u] = vb[q > 0 ? q - 1 : 0][u];
+                    } else {
+                        va[q][u] = __ldg(reinterpret_cast<const uint4*>(a[q] + size_t(k) * W::kSize));
+                        if (TWO) vb[q][u] = __ldg(reinterpret_cast<const uint4*>(b[q] + size_t(k) * W::kSize));
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < P; q++) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int k = k0 + u * 32 * W::kE;
+                if (q < nx && k < cols) {
+                    float wa[W::kE], wb[W::kE];
+                    W::vec(va[q][u], wa);
+                    if (TWO) W::vec(vb[q][u], wb);
+                    const float4* xp = reinterpret_cast<const float4*>(xs[q] + k);
+#pragma unroll
+                    for (int f = 0; f < W::kE / 4; f++) {
+                        const float4 xv = __ldg(xp + f);
+                        oa[q] = fmaf(wa[4 * f], xv.x, oa[q]);
+                        oa[q] = fmaf(wa[4 * f + 1], xv.y, oa[q]);
+                        oa[q] = fmaf(wa[4 * f + 2], xv.z, oa[q]);
+                        oa[q] = fmaf(wa[4 * f + 3], xv.w, oa[q]);
+                        if (TWO) {
+                            ob[q] = fmaf(wb[4 * f], xv.x, ob[q]);
+                            ob[q] = fmaf(wb[4 * f + 1], xv.y, ob[q]);
+                            ob[q] = fmaf(wb[4 * f + 2], xv.z, ob[q]);
+                            ob[q] = fmaf(wb[4 * f + 3], xv.w, ob[q]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < P; q++) {
+        oa[q] = warp_sum(oa[q]);
+        if (TWO) ob[q] = warp_sum(ob[q]);
+    }
+}
+
+// gv_sort is every block's prologue: sid[s] = ids[s] and srt the slots
+// sorted by (expert id, slot) for the slots (≤ blockDim.x = kMoeGvSlots);
+// an id below 0 sorts first and one at or past experts last, so the valid
+// slots are srt[*v0, *v0 + *nv). When ord is set, ord[i·k + r] is the j of
+// token i's r-th slot in increasing expert id (ties: the lower j).
+__device__ inline void gv_sort(int* sid, int* srt, int* ord, const int* ids, int slots, int experts, int k, int* v0,
+                               int* nv) {
+    const int s = threadIdx.x;
+    const int e = s < slots ? ids[s] : 0;
+    if (s < slots) sid[s] = e;
+    *v0 = __syncthreads_count(s < slots && e < 0);
+    *nv = __syncthreads_count(s < slots && e >= 0 && e < experts);
+    if (s < slots) {
+        int rank = 0;
+        for (int t = 0; t < slots; t++) {
+            const int et = sid[t];
+            rank += et < e || (et == e && t < s);
+        }
+        srt[rank] = s;
+        if (ord) {
+            const int i = s / k, j = s % k;
+            int rk = 0;
+            for (int q = 0; q < k; q++) {
+                const int eq = sid[i * k + q];
+                rk += eq < e || (eq == e && q < j);
+            }
+            ord[i * k + rk] = j;
+        }
+    }
+    __syncthreads();
+}
+
+// gv_fast reports whether every row of the pass takes pairs_dot of one
+// dtype: all 16-byte loads (vec_ok) of the same dtype and width.
+__device__ inline bool gv_same(const MatDesc& m, const uint8_t* row, bool xal, int dtype, int cols) {
+    return vec_ok(m, row, xal) && m.dtype == dtype && m.cols == cols;
+}
+
+// moe_gv_gate_up: block (x, y) computes rows [8x, 8x + 8) (a row a warp)
+// of h[t] (inter) = silu(gate_e·x[t / k])·(up_e·x[t / k]), e = ids[t], for
+// the slots t at sorted places [y·sb, y·sb + sb). An id outside
+// [0, experts) writes NaN into its slot's row.
+template <int P, int U>
+__device__ void moe_gv_gate_up(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table,
+                               int experts, int k, int slots, int inter, int sb, float limit) {
+    __shared__ int sid[kMoeGvSlots], srt[kMoeGvSlots];
+    int v0, nv;
+    gv_sort(sid, srt, nullptr, ids, slots, experts, k, &v0, &nv);
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * kMoeGvRows + (threadIdx.x >> 5);
+    if (r >= inter) return;
+    const int s0 = blockIdx.y * sb, s1 = min(s0 + sb, slots);
+    for (int p = s0 + lane; p < s1; p += 32)
+        if (p < v0 || p >= v0 + nv) h[size_t(srt[p]) * inter + r] = __int_as_float(0x7fc00000);
+    const bool xal = (uintptr_t(x) & 15) == 0 && (x_stride & 3) == 0;
+    const int c1 = min(s1, v0 + nv);
+    for (int c = max(s0, v0); c < c1; c += P) {
+        const int nx = min(P, c1 - c);
+        int sl[P];
+        const uint8_t *ra[P], *rb[P];
+        const float* xs[P];
+        const MatDesc g0 = table[3 * sid[srt[c]]];
+        bool fast = true;
+#pragma unroll
+        for (int q = 0; q < P; q++) {
+            sl[q] = srt[c + min(q, nx - 1)];
+            const int e = sid[sl[q]];
+            const MatDesc g = table[3 * e], u = table[3 * e + 1];
+            const float* unused;
+            ra[q] = mat_row(g, r, &unused);
+            rb[q] = mat_row(u, r, &unused);
+            xs[q] = x + size_t(sl[q] / k) * x_stride;
+            if (q < nx) fast = fast && gv_same(g, ra[q], xal, g0.dtype, g0.cols) && gv_same(u, rb[q], xal, g0.dtype, g0.cols);
+        }
+        float og[P], ou[P];
+        if (fast && g0.dtype == kBF16) pairs_dot<BF16W, P, U, true>(ra, rb, xs, nx, g0.cols, og, ou);
+        else if (fast && g0.dtype == kF16) pairs_dot<F16W, P, U, true>(ra, rb, xs, nx, g0.cols, og, ou);
+        else if (fast && g0.dtype == kF32) pairs_dot<F32W, P, U, true>(ra, rb, xs, nx, g0.cols, og, ou);
+        else {
+#pragma unroll
+            for (int q = 0; q < P; q++) {
+                if (q < nx) {
+                    const int e = sid[sl[q]];
+                    const MatDesc g = table[3 * e], u = table[3 * e + 1];
+                    const float* x1[1] = {xs[q]};
+                    float a1[1], b1[1];
+                    desc_dot<1>(g, &u, r, x1, 1, xal, a1, b1);
+                    og[q] = a1[0];
+                    ou[q] = b1[0];
+                }
+            }
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int q = 0; q < P; q++)
+                if (q < nx) h[size_t(sl[q]) * inter + r] = swiglu_clamp1(og[q], ou[q], limit);
+        }
+    }
+}
+
+// moe_gv_down: block x computes rows [8x, 8x + 8) (a row a warp) of
+// y[i] (hidden) = Σ_j w[i, j]·down_{ids[i, j]}·h[i·k + j] for the n
+// tokens: each warp runs its row against every slot in sorted order, the
+// products land in shared memory, then each (row, token) adds its k
+// products in increasing expert id (float32 products and sums,
+// kernels/ref.Experts). An id outside [0, experts) makes its token's row
+// NaN.
+template <int P, int U>
+__device__ void moe_gv_down(float* y, int y_stride, const float* h, const int* ids, const float* w,
+                            const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
+    __shared__ int sid[kMoeGvSlots], srt[kMoeGvSlots], ord[kMoeGvSlots];
+    __shared__ float part[kMoeGvRows][kMoePartPad];  // (row, slot) expert products
+    const int slots = n * k;
+    int v0, nv;
+    gv_sort(sid, srt, ord, ids, slots, experts, k, &v0, &nv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * kMoeGvRows, r = r0 + warp;
+    if (r < hidden) {
+        for (int p = lane; p < slots; p += 32)
+            if (p < v0 || p >= v0 + nv) part[warp][srt[p]] = __int_as_float(0x7fc00000);
+        const bool xal = (uintptr_t(h) & 15) == 0 && (inter & 3) == 0;
+        for (int c = v0; c < v0 + nv; c += P) {
+            const int nx = min(P, v0 + nv - c);
+            int sl[P];
+            const uint8_t* rd[P];
+            const float* xs[P];
+            const MatDesc d0 = table[3 * sid[srt[c]] + 2];
+            bool fast = true;
+#pragma unroll
+            for (int q = 0; q < P; q++) {
+                sl[q] = srt[c + min(q, nx - 1)];
+                const MatDesc d = table[3 * sid[sl[q]] + 2];
+                const float* unused;
+                rd[q] = mat_row(d, r, &unused);
+                xs[q] = h + size_t(sl[q]) * inter;
+                if (q < nx) fast = fast && gv_same(d, rd[q], xal, d0.dtype, d0.cols);
+            }
+            float o[P], unused[P];
+            if (fast && d0.dtype == kBF16) pairs_dot<BF16W, P, U, false>(rd, rd, xs, nx, d0.cols, o, unused);
+            else if (fast && d0.dtype == kF16) pairs_dot<F16W, P, U, false>(rd, rd, xs, nx, d0.cols, o, unused);
+            else if (fast && d0.dtype == kF32) pairs_dot<F32W, P, U, false>(rd, rd, xs, nx, d0.cols, o, unused);
+            else {
+#pragma unroll
+                for (int q = 0; q < P; q++) {
+                    if (q < nx) {
+                        const MatDesc d = table[3 * sid[sl[q]] + 2];
+                        const float* x1[1] = {xs[q]};
+                        float a1[1], b1[1];
+                        desc_dot<1>(d, nullptr, r, x1, 1, xal, a1, b1);
+                        o[q] = a1[0];
+                    }
+                }
+            }
+            if (lane == 0) {
+#pragma unroll
+                for (int q = 0; q < P; q++)
+                    if (q < nx) part[warp][sl[q]] = o[q];
+            }
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < kMoeGvRows * n; t += blockDim.x) {
+        const int rr = t % kMoeGvRows, i = t / kMoeGvRows;
+        if (r0 + rr >= hidden) continue;
+        float acc = 0.f;
+        for (int q = 0; q < k; q++) {
+            const int j = ord[i * k + q];
+            acc = __fadd_rn(acc, __fmul_rn(w[size_t(i) * k + j], part[rr][i * k + j]));
+        }
+        y[size_t(i) * y_stride + r0 + rr] = acc;
+    }
+}
+
+
+// tile_dot sets oa[r][q] = row_r·xs[q] (and ob[r][q] = brow_r·xs[q] when
+// TWO) for r < nr rows a + r·pitch (b + r·pitch) and q < nc vectors: rows
+// of cols values of dtype W in 16-byte loads (rows and xs 16-byte
+// aligned, cols·size a multiple of 16), the same in every lane. Each
+// weight load serves nc vectors and each vector load nr rows (a register
+// tile), every output summed in rows_dot_vec<W, 1>'s order.
+template <class W, int R, int C, bool TWO>
+__device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, size_t pitch, int nr,
+                                         const float* const (&xs)[C], int nc, int cols, float (&oa)[R][C],
+                                         float (&ob)[R][C]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int q = 0; q < C; q++) oa[r][q] = ob[r][q] = 0.f;
+    // Two strides' loads in flight while the tile's weights fit.
+    constexpr int kUnroll = R * (TWO ? 2 : 1) <= 4 ? 2 : 1;
+#pragma unroll kUnroll
+    for (int k = lane * W::kE; k < cols; k += 32 * W::kE) {
+        float wa[R][W::kE], wb[R][W::kE];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (r < nr) {
+                W::vec(__ldg(reinterpret_cast<const uint4*>(a + r * pitch + size_t(k) * W::kSize)), wa[r]);
+                if (TWO) W::vec(__ldg(reinterpret_cast<const uint4*>(b + r * pitch + size_t(k) * W::kSize)), wb[r]);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < C; q++) {
+            if (q < nc) {
+                float xv[W::kE];
+                const float4* xp = reinterpret_cast<const float4*>(xs[q] + k);
+#pragma unroll
+                for (int f = 0; f < W::kE / 4; f++) {
+                    const float4 t = __ldg(xp + f);
+                    xv[4 * f] = t.x;
+                    xv[4 * f + 1] = t.y;
+                    xv[4 * f + 2] = t.z;
+                    xv[4 * f + 3] = t.w;
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (r < nr) {
+#pragma unroll
+                        for (int c = 0; c < W::kE; c++) {
+                            oa[r][q] = fmaf(wa[r][c], xv[c], oa[r][q]);
+                            if (TWO) ob[r][q] = fmaf(wb[r][c], xv[c], ob[r][q]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int q = 0; q < C; q++) {
+            oa[r][q] = warp_sum(oa[r][q]);
+            if (TWO) ob[r][q] = warp_sum(ob[r][q]);
+        }
+    }
+}
+
+// moe_gt: the grouped GEMV as register tiles, for many slots. Block
+// (x, y) takes weight rows [x·8R, x·8R + 8R), R a warp, and the slots at
+// sorted places [y·sb, y·sb + sb); a warp runs its rows of an expert
+// against up to C of that expert's slots at once. GU: the gate and up rows
+// (weights 3e, 3e + 1) against x[t / k], out = h (slots, nrows = inter)
+// the SwiGLU; else the down rows (3e + 2) against in[t], out = ye (slots,
+// nrows = hidden) each slot's expert output, which ferrite_moe_combine
+// adds up. An id outside [0, experts) writes NaN into its slot's row.
+template <int R, int C, bool GU>
+__device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
+                       int experts, int k, int slots, int sb, float limit) {
+    __shared__ int sid[kMoeGvSlots], srt[kMoeGvSlots];
+    int v0, nv;
+    gv_sort(sid, srt, nullptr, ids, slots, experts, k, &v0, &nv);
+    const int lane = threadIdx.x & 31;
+    const int r0 = blockIdx.x * (kMoeGvRows * R) + (threadIdx.x >> 5) * R;
+    if (r0 >= nrows) return;
+    const int nr = min(R, nrows - r0);
+    const int s0 = blockIdx.y * sb, s1 = min(s0 + sb, slots);
+    for (int p = s0 + lane; p < s1; p += 32) {
+        if (p < v0 || p >= v0 + nv) {
+            for (int r = 0; r < nr; r++) out[size_t(srt[p]) * nrows + r0 + r] = __int_as_float(0x7fc00000);
+        }
+    }
+    const bool xal = (uintptr_t(in) & 15) == 0 && (in_stride & 3) == 0;
+    const int p1 = min(s1, v0 + nv);
+    for (int p = max(s0, v0); p < p1;) {
+        const int e = sid[srt[p]];
+        int nc = 1;
+        while (nc < C && p + nc < p1 && sid[srt[p + nc]] == e) nc++;
+        int sl[C];
+        const float* xs[C];
+#pragma unroll
+        for (int q = 0; q < C; q++) {
+            sl[q] = srt[p + min(q, nc - 1)];
+            xs[q] = in + size_t(GU ? sl[q] / k : sl[q]) * in_stride;
+        }
+        const MatDesc ma = table[3 * e + (GU ? 0 : 2)];
+        const MatDesc mb = table[3 * e + 1];
+        const float* unused;
+        const uint8_t* ra = mat_row(ma, r0, &unused);
+        const uint8_t* rb = GU ? mat_row(mb, r0, &unused) : ra;
+        const size_t pitch = size_t(ma.cols) * (ma.dtype == kF32 ? 4 : 2);
+        // The rows of a view are pitch apart unless the weight is F8E4M3
+        // (never vec_ok); the last row is checked for alignment as the first.
+        bool fast = vec_ok(ma, ra, xal) && (!GU || (vec_ok(mb, rb, xal) && mb.dtype == ma.dtype && mb.cols == ma.cols));
+        float oa[R][C], ob[R][C];
+        if (fast && ma.dtype == kBF16) tile_dot<BF16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else if (fast && ma.dtype == kF16) tile_dot<F16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else if (fast && ma.dtype == kF32) tile_dot<F32W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int q = 0; q < C; q++) {
+                    if (r < nr && q < nc) {
+                        const float* x1[1] = {xs[q]};
+                        float a1[1], b1[1];
+                        desc_dot<1>(ma, GU ? &mb : nullptr, r0 + r, x1, 1, xal, a1, b1);
+                        oa[r][q] = a1[0];
+                        ob[r][q] = b1[0];
+                    }
+                }
+            }
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int q = 0; q < C; q++) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (q < nc && r < nr)
+                        out[size_t(sl[q]) * nrows + r0 + r] = GU ? swiglu_clamp1(oa[r][q], ob[r][q], limit) : oa[r][q];
+                }
+            }
+        }
+        p += nc;
+    }
+}
+
+}  // namespace
+
+// Gate/up: h (n·k, inter) from x (n, hidden), sorted slots [y·sb, y·sb +
+// sb) a block row. Launch: grid (ceil(inter / 8), ceil(n·k / sb)), 256
+// threads; n·k ≤ 256. _pP_uU: P slots a pass, loads of U strides each.
+#define FERRITE_MOE_GV_GATE_UP(name, P, U)                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                                    \
+        name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
+             int slots, int inter, int sb, float limit) {                                                \
+        FERRITE_PDL_WAIT();                                                                              \
+        moe_gv_gate_up<P, U>(h, x, x_stride, ids, table, experts, k, slots, inter, sb, limit);            \
+    }
+FERRITE_MOE_GV_GATE_UP(ferrite_moe_gv_gate_up_p8_u1, 8, 1)
+FERRITE_MOE_GV_GATE_UP(ferrite_moe_gv_gate_up_p4_u2, 4, 2)
+FERRITE_MOE_GV_GATE_UP(ferrite_moe_gv_gate_up_p2_u4, 2, 4)
+
+// Down with the routing weights and each token's sum: y (n, hidden) from h
+// (n·k, inter). Launch: grid ceil(hidden / 8), 256 threads; w (n, k)
+// contiguous; n·k ≤ 256.
+#define FERRITE_MOE_GV_DOWN(name, P, U)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256)                                                    \
+        name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,  \
+             int experts, int n, int k, int inter, int hidden) {                                         \
+        FERRITE_PDL_WAIT();                                                                              \
+        moe_gv_down<P, U>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                   \
+    }
+FERRITE_MOE_GV_DOWN(ferrite_moe_gv_down_p8_u2, 8, 2)
+FERRITE_MOE_GV_DOWN(ferrite_moe_gv_down_p4_u4, 4, 4)
+
+// The register-tile form (moe_gt) for many slots, R weight rows a warp
+// against up to 4 slots of an expert: gate/up into h (n·k, inter) from x
+// (n, hidden); down into ye (n·k, hidden) from h, then
+// ferrite_moe_combine. Launch: grid (ceil(rows / (8·R)), ceil(n·k / sb)),
+// 256 threads; n·k ≤ 256. kernels/cuda runs gate/up with R = 2 and down
+// with R = 4 unless FERRITE_MOE_GT picks the halves or the doubles.
+#define FERRITE_MOE_GT_GATE_UP(name, R)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                                    \
+        name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,     \
+             int experts, int k, int slots, int sb, float limit) {                                       \
+        FERRITE_PDL_WAIT();                                                                              \
+        moe_gt<R, 4, true>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);              \
+    }
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4)
+
+#define FERRITE_MOE_GT_DOWN(name, R)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                    \
+        name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,      \
+             int experts, int k, int slots, int sb) {                                                    \
+        FERRITE_PDL_WAIT();                                                                              \
+        moe_gt<R, 4, false>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);                \
+    }
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8)
 
 // ---------------------------------------------------------------------------
 // Grouped experts for many tokens (prefill): the slots sorted by expert,

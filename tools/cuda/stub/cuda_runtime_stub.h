@@ -30,6 +30,10 @@ __device__ uint2 make_uint2(unsigned, unsigned);
 __device__ float4 make_float4(float, float, float, float);
 
 __device__ void __syncthreads();
+__device__ int __syncthreads_count(int pred);
+__device__ unsigned __reduce_max_sync(unsigned mask, unsigned value);
+__device__ unsigned __reduce_min_sync(unsigned mask, unsigned value);
+__device__ void __threadfence();
 __device__ void __syncwarp(unsigned mask = 0xffffffffu);
 // Warp votes, bit counts and shared-memory atomics (src/sample.cu).
 __device__ unsigned __ballot_sync(unsigned mask, int pred);
@@ -66,6 +70,7 @@ __device__ int __ffsll(long long);
 __device__ uint4 __ldg(const uint4*);
 __device__ float4 __ldg(const float4*);
 __device__ float __ldg(const float*);
+__device__ float __ldcg(const float*);
 __device__ unsigned __float_as_uint(float);
 __device__ float __uint_as_float(unsigned);
 __device__ float __int_as_float(int);
@@ -101,3 +106,10 @@ __device__ float exp2f(float);
 __device__ size_t __cvta_generic_to_shared(const void*);
 __device__ uint4 make_uint4(unsigned, unsigned, unsigned, unsigned);
 __device__ float2 make_float2(float, float);
+// The skinny GEMM's split-K hand-over (src/skinny.cu).
+__device__ void __threadfence();
+__device__ float __ldcg(const float*);
+// The decode-batch attention's narrow cache loads (src/rowattn.cu).
+__device__ unsigned short __ldg(const unsigned short*);
+__device__ unsigned __ldg(const unsigned*);
+__device__ uint2 __ldg(const uint2*);
