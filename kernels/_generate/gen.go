@@ -149,7 +149,11 @@ func main() {
 		}
 	}
 	for _, d := range dtypes[:3] { // F8's constants leave no register free
+		// The 4×3 tile and, for the weight rows it leaves over, a 4×1 one
+		// that sums each element in the same order (U = 1), so a row's
+		// result does not depend on which of the two took it.
 		tile(isas[0], d, shape{R: 4, C: 3, U: 1})
+		tile(isas[0], d, shape{R: 4, C: 1, U: 1})
 	}
 	for _, a := range qisas {
 		for _, k := range qkernels {

@@ -151,8 +151,7 @@ func (m *matmul) block(s0, s1, i0, i1 int, x []float32, ldx int) {
 				t.r4c3(yi[j:], ldy, xi, ldx, data[j*cols*esz:], cols, cols)
 			}
 			for ; j < s1; j++ {
-				t.r2c1(yi[j:], ldy, xi, ldx, data[j*cols*esz:], cols, cols)
-				t.r2c1(yi[2*ldy+j:], ldy, xi[2*ldx:], ldx, data[j*cols*esz:], cols, cols)
+				t.r4c1(yi[j:], ldy, xi, ldx, data[j*cols*esz:], cols, cols)
 			}
 			i += 4
 		case t.r4c4 != nil && i+4 <= i1:

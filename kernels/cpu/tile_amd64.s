@@ -3358,6 +3358,86 @@ tileF32R4C3_reduce:
 	VZEROUPPER
 	RET
 
+// func tileF32R4C1(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+// Requires: AVX, FMA3
+TEXT ·tileF32R4C1(SB), NOSPLIT, $0-104
+	MOVQ   y_base+0(FP), AX
+	MOVQ   ldy+24(FP), CX
+	MOVQ   x_base+32(FP), DX
+	MOVQ   ldx+56(FP), BX
+	MOVQ   w_base+64(FP), SI
+	MOVQ   ldw+88(FP), DI
+	MOVQ   k+96(FP), DI
+	LEAQ   (DX)(BX*4), R8
+	LEAQ   (R8)(BX*4), R9
+	LEAQ   (R9)(BX*4), BX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+	// Scalar columns k&^7 .. k-1 first, into the low lanes.
+	MOVQ DI, R10
+	ANDQ $-8, R10
+	MOVQ R10, R11
+
+tileF32R4C1_tail:
+	CMPQ        R11, DI
+	JAE         tileF32R4C1_main
+	VMOVSS      (SI)(R11*4), X4
+	VMOVSS      (DX)(R11*4), X5
+	VFMADD231SS X4, X5, X0
+	VMOVSS      (R8)(R11*4), X5
+	VFMADD231SS X4, X5, X1
+	VMOVSS      (R9)(R11*4), X5
+	VFMADD231SS X4, X5, X2
+	VMOVSS      (BX)(R11*4), X5
+	VFMADD231SS X4, X5, X3
+	INCQ        R11
+	JMP         tileF32R4C1_tail
+
+tileF32R4C1_main:
+	XORQ R11, R11
+
+	// 8 columns a step.
+tileF32R4C1_loop1:
+	CMPQ        R11, R10
+	JAE         tileF32R4C1_reduce
+	VMOVUPS     (SI)(R11*4), Y4
+	VFMADD231PS (DX)(R11*4), Y4, Y0
+	VFMADD231PS (R8)(R11*4), Y4, Y1
+	VFMADD231PS (R9)(R11*4), Y4, Y2
+	VFMADD231PS (BX)(R11*4), Y4, Y3
+	ADDQ        $0x08, R11
+	JMP         tileF32R4C1_loop1
+
+tileF32R4C1_reduce:
+	VEXTRACTF128 $0x01, Y0, X4
+	VADDPS       X4, X0, X4
+	VHADDPS      X4, X4, X4
+	VHADDPS      X4, X4, X4
+	VMOVSS       X4, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	VZEROUPPER
+	RET
+
 // func tileBF16R4C3(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
 // Requires: AVX, AVX2, FMA3
 TEXT ·tileBF16R4C3(SB), NOSPLIT, $0-104
@@ -3521,6 +3601,89 @@ tileBF16R4C3_reduce:
 	VZEROUPPER
 	RET
 
+// func tileBF16R4C1(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·tileBF16R4C1(SB), NOSPLIT, $0-104
+	MOVQ   y_base+0(FP), AX
+	MOVQ   ldy+24(FP), CX
+	MOVQ   x_base+32(FP), DX
+	MOVQ   ldx+56(FP), BX
+	MOVQ   w_base+64(FP), SI
+	MOVQ   ldw+88(FP), DI
+	MOVQ   k+96(FP), DI
+	LEAQ   (DX)(BX*4), R8
+	LEAQ   (R8)(BX*4), R9
+	LEAQ   (R9)(BX*4), BX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+	// Scalar columns k&^7 .. k-1 first, into the low lanes.
+	MOVQ DI, R10
+	ANDQ $-8, R10
+	MOVQ R10, R11
+
+tileBF16R4C1_tail:
+	CMPQ        R11, DI
+	JAE         tileBF16R4C1_main
+	MOVWLZX     (SI)(R11*2), R12
+	SHLL        $0x10, R12
+	VMOVD       R12, X4
+	VMOVSS      (DX)(R11*4), X5
+	VFMADD231SS X4, X5, X0
+	VMOVSS      (R8)(R11*4), X5
+	VFMADD231SS X4, X5, X1
+	VMOVSS      (R9)(R11*4), X5
+	VFMADD231SS X4, X5, X2
+	VMOVSS      (BX)(R11*4), X5
+	VFMADD231SS X4, X5, X3
+	INCQ        R11
+	JMP         tileBF16R4C1_tail
+
+tileBF16R4C1_main:
+	XORQ R11, R11
+
+	// 8 columns a step.
+tileBF16R4C1_loop1:
+	CMPQ        R11, R10
+	JAE         tileBF16R4C1_reduce
+	VPMOVZXWD   (SI)(R11*2), Y4
+	VPSLLD      $0x10, Y4, Y4
+	VFMADD231PS (DX)(R11*4), Y4, Y0
+	VFMADD231PS (R8)(R11*4), Y4, Y1
+	VFMADD231PS (R9)(R11*4), Y4, Y2
+	VFMADD231PS (BX)(R11*4), Y4, Y3
+	ADDQ        $0x08, R11
+	JMP         tileBF16R4C1_loop1
+
+tileBF16R4C1_reduce:
+	VEXTRACTF128 $0x01, Y0, X4
+	VADDPS       X4, X0, X4
+	VHADDPS      X4, X4, X4
+	VHADDPS      X4, X4, X4
+	VMOVSS       X4, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	VZEROUPPER
+	RET
+
 // func tileF16R4C3(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
 // Requires: AVX, F16C, FMA3
 TEXT ·tileF16R4C3(SB), NOSPLIT, $0-104
@@ -3678,6 +3841,88 @@ tileF16R4C3_reduce:
 	VHADDPS      X0, X0, X0
 	VHADDPS      X0, X0, X0
 	VMOVSS       X0, 8(AX)
+	VZEROUPPER
+	RET
+
+// func tileF16R4C1(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+// Requires: AVX, F16C, FMA3
+TEXT ·tileF16R4C1(SB), NOSPLIT, $0-104
+	MOVQ   y_base+0(FP), AX
+	MOVQ   ldy+24(FP), CX
+	MOVQ   x_base+32(FP), DX
+	MOVQ   ldx+56(FP), BX
+	MOVQ   w_base+64(FP), SI
+	MOVQ   ldw+88(FP), DI
+	MOVQ   k+96(FP), DI
+	LEAQ   (DX)(BX*4), R8
+	LEAQ   (R8)(BX*4), R9
+	LEAQ   (R9)(BX*4), BX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+	// Scalar columns k&^7 .. k-1 first, into the low lanes.
+	MOVQ DI, R10
+	ANDQ $-8, R10
+	MOVQ R10, R11
+
+tileF16R4C1_tail:
+	CMPQ        R11, DI
+	JAE         tileF16R4C1_main
+	MOVWLZX     (SI)(R11*2), R12
+	VMOVD       R12, X4
+	VCVTPH2PS   X4, X4
+	VMOVSS      (DX)(R11*4), X5
+	VFMADD231SS X4, X5, X0
+	VMOVSS      (R8)(R11*4), X5
+	VFMADD231SS X4, X5, X1
+	VMOVSS      (R9)(R11*4), X5
+	VFMADD231SS X4, X5, X2
+	VMOVSS      (BX)(R11*4), X5
+	VFMADD231SS X4, X5, X3
+	INCQ        R11
+	JMP         tileF16R4C1_tail
+
+tileF16R4C1_main:
+	XORQ R11, R11
+
+	// 8 columns a step.
+tileF16R4C1_loop1:
+	CMPQ        R11, R10
+	JAE         tileF16R4C1_reduce
+	VCVTPH2PS   (SI)(R11*2), Y4
+	VFMADD231PS (DX)(R11*4), Y4, Y0
+	VFMADD231PS (R8)(R11*4), Y4, Y1
+	VFMADD231PS (R9)(R11*4), Y4, Y2
+	VFMADD231PS (BX)(R11*4), Y4, Y3
+	ADDQ        $0x08, R11
+	JMP         tileF16R4C1_loop1
+
+tileF16R4C1_reduce:
+	VEXTRACTF128 $0x01, Y0, X4
+	VADDPS       X4, X0, X4
+	VHADDPS      X4, X4, X4
+	VHADDPS      X4, X4, X4
+	VMOVSS       X4, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
+	LEAQ         (AX)(CX*4), AX
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VMOVSS       X0, (AX)
 	VZEROUPPER
 	RET
 

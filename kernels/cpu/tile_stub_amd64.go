@@ -526,6 +526,24 @@ func tileF8R4C4AVX512(y []float32, ldy int, x []float32, ldx int, w []byte, ldw 
 //go:noescape
 func tileF32R4C3(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
 
+// tileF32R4C1 sets an (4, 1) tile of y = x·wᵀ, w in F32:
+//
+//	for r := range 4 {
+//		for c := range 1 {
+//			var sum float32
+//			for i := range k {
+//				j := c*ldw + i
+//				sum += x[r*ldx+i] * math.Float32frombits(binary.LittleEndian.Uint32(w[4*j:]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func tileF32R4C1(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+
 // tileBF16R4C3 sets an (4, 3) tile of y = x·wᵀ, w in BF16:
 //
 //	for r := range 4 {
@@ -544,6 +562,24 @@ func tileF32R4C3(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, 
 //go:noescape
 func tileBF16R4C3(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
 
+// tileBF16R4C1 sets an (4, 1) tile of y = x·wᵀ, w in BF16:
+//
+//	for r := range 4 {
+//		for c := range 1 {
+//			var sum float32
+//			for i := range k {
+//				j := c*ldw + i
+//				sum += x[r*ldx+i] * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*j:]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func tileBF16R4C1(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+
 // tileF16R4C3 sets an (4, 3) tile of y = x·wᵀ, w in F16:
 //
 //	for r := range 4 {
@@ -561,6 +597,24 @@ func tileBF16R4C3(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int,
 //
 //go:noescape
 func tileF16R4C3(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+
+// tileF16R4C1 sets an (4, 1) tile of y = x·wᵀ, w in F16:
+//
+//	for r := range 4 {
+//		for c := range 1 {
+//			var sum float32
+//			for i := range k {
+//				j := c*ldw + i
+//				sum += x[r*ldx+i] * kernels.F16ToF32(binary.LittleEndian.Uint16(w[2*j:]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func tileF16R4C1(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
 
 // qtileQ8_0R1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q8_0
 // blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)

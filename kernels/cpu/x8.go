@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -267,16 +268,17 @@ func (c *x8Cache) packed(w *kernels.Mat, pack func(groups int, fn func(lo, hi in
 // x8task is qtask on the x8 path: output rows [r0, r1) (r0 a multiple of
 // 8) for x rows [i0, i1). Whole groups of eight rows run through the x8
 // kernels, from the persistently packed weights or packed here a block at
-// a time into scratch; the last rows of the matrix, fewer than eight, take
-// qtask's kernels.
+// a time into scratch; the matrix's last rows, fewer than eight, are
+// packed as a group padded with zero rows into scratch, their results
+// going through scratch too. So every row takes the same kernel, and its
+// result does not depend on how the rows are grouped.
 func (m *matmul) x8task(r0, r1, i0, i1 int, scratch *[]float32) {
 	w := m.w
 	cols, ldy := w.Cols, m.ldy
 	g1 := r0 + (r1-r0)&^7
-	rb, nb := w.DType.RowBytes(cols), cols/32
+	rb := w.DType.RowBytes(cols)
 	gsz := x8RowBytes(w.DType, cols)
 	step := max(8, x8Block/max(rb, 1)&^7)
-	q, ds, bs, x8 := m.qx.q, m.qx.ds, m.qx.bs, m.x8
 	for s0 := r0; s0 < g1; s0 += step {
 		s1 := min(g1, s0+step)
 		groups := (s1 - s0) / 8
@@ -287,18 +289,39 @@ func (m *matmul) x8task(r0, r1, i0, i1 int, scratch *[]float32) {
 			panel = scratchBytes(scratch, groups*gsz)
 			packX8(panel, w.Data[s0*rb:s1*rb], w.DType, cols, groups)
 		}
-		for i := i0; i < i1; {
-			if i+4 <= i1 {
-				x8.r4(m.y[i*ldy+s0:(i+3)*ldy+s1], ldy, q[i*cols:(i+4)*cols], ds[2*i*nb:2*(i+4)*nb], bs[2*i*nb:2*(i+4)*nb], cols, panel, cols, groups)
-				i += 4
-				continue
-			}
-			x8.r1(m.y[i*ldy+s0:i*ldy+s1], ldy, q[i*cols:(i+1)*cols], ds[2*i*nb:2*(i+1)*nb], bs[2*i*nb:2*(i+1)*nb], cols, panel, cols, groups)
-			i++
-		}
+		m.x8rows(m.y[s0:], ldy, panel, groups, i0, i1, 0)
 	}
-	if g1 < r1 {
-		m.qtask(g1, r1, i0, i1)
+	if g1 == r1 {
+		return
+	}
+	nx := i1 - i0
+	buf := scratchBytes(scratch, 4*8*nx+8*rb+gsz)
+	yt := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(buf))), 8*nx)
+	rowsT, panel := buf[4*8*nx:4*8*nx+8*rb], buf[4*8*nx+8*rb:]
+	clear(rowsT[copy(rowsT, w.Data[g1*rb:r1*rb]):])
+	packX8(panel, rowsT, w.DType, cols, 1)
+	m.x8rows(yt, 8, panel, 1, i0, i1, i0)
+	for i := range nx {
+		copy(m.y[(i0+i)*ldy+g1:(i0+i)*ldy+r1], yt[8*i:8*i+r1-g1])
+	}
+}
+
+// x8rows runs the x8 kernels over groups packed groups of rows (panel)
+// for x rows [i0, i1), four at a time, then one: x row i's results go to
+// y[(i − y0)·ldy:].
+func (m *matmul) x8rows(y []float32, ldy int, panel []byte, groups, i0, i1, y0 int) {
+	cols := m.w.Cols
+	nb, span := cols/32, 8*groups
+	q, ds, bs, x8 := m.qx.q, m.qx.ds, m.qx.bs, m.x8
+	for i := i0; i < i1; {
+		yi := (i - y0) * ldy
+		if i+4 <= i1 {
+			x8.r4(y[yi:yi+3*ldy+span], ldy, q[i*cols:(i+4)*cols], ds[2*i*nb:2*(i+4)*nb], bs[2*i*nb:2*(i+4)*nb], cols, panel, cols, groups)
+			i += 4
+			continue
+		}
+		x8.r1(y[yi:yi+span], ldy, q[i*cols:(i+1)*cols], ds[2*i*nb:2*(i+1)*nb], bs[2*i*nb:2*(i+1)*nb], cols, panel, cols, groups)
+		i++
 	}
 }
 

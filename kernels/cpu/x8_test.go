@@ -261,3 +261,41 @@ func TestScaleMinK4x8(t *testing.T) {
 		}
 	}
 }
+
+// TestRowsIndependentOfGrouping checks that a weight row's products do not
+// depend on the rows around it: two weights multiplied one by one give the
+// bits of the same weights stacked into one matrix (as a fused gate/up or
+// q/k/v weight is), although the tiles and x8 groups then split the rows
+// differently (13 and 11 rows against 24).
+func TestRowsIndependentOfGrouping(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 1))
+	b := New(2)
+	defer b.Close()
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16, kernels.Q8_0, kernels.Q4_0, kernels.Q4K, kernels.Q6K} {
+		const cols = 512
+		w1, w2 := kerneltest.NewMat(rng, dt, 13, cols, 0, 0), kerneltest.NewMat(rng, dt, 11, cols, 0, 0)
+		st := &kernels.Mat{DType: dt, Rows: 24, Cols: cols, Data: append(append([]byte(nil), w1.Data...), w2.Data...)}
+		for _, n := range []int{1, 5, 8, 37} {
+			x := make([]float32, n*cols)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			y1, y2, ys := make([]float32, n*13), make([]float32, n*11), make([]float32, n*24)
+			b.MatMul(y1, x, w1, n)
+			b.MatMul(y2, x, w2, n)
+			b.MatMul(ys, x, st, n)
+			for i := range n {
+				for j := range 24 {
+					want := ys[i*24+j]
+					got := y1[i*13+min(j, 12)]
+					if j >= 13 {
+						got = y2[i*11+j-13]
+					}
+					if math.Float32bits(got) != math.Float32bits(want) {
+						t.Fatalf("%v n=%d: y[%d, %d] = %g alone, %g stacked", dt, n, i, j, got, want)
+					}
+				}
+			}
+		}
+	}
+}
