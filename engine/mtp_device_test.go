@@ -117,19 +117,20 @@ func TestMTPOnDevice(t *testing.T) {
 
 // specEqualsPlain generates greedy answers to prompts one at a time with
 // draft lengths 0 (plain), 1, 2 and 3, fails t where a speculative answer
-// differs from the plain one, and logs each length's decode speed (after a
-// warm-up answer) and acceptance.
+// differs from the plain one, and logs each length's speed (after a
+// warm-up answer; whole answers, and decoding alone: from each answer's
+// first token on, without the prompt's prefill) and acceptance.
 func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, maxTokens int) {
 	t.Helper()
 	t.Logf("device %s", l.Device)
 	var plain [][]int32
-	var plainRate float64
+	var plainRate, plainDecode float64
 	for _, draft := range []int{0, 1, 2, 3} {
 		rt, err := runtime.New(l.Model, runtime.Options{KVBudget: 16 << 20, MaxSeqs: 1, Draft: draft, DraftIgnoreCost: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		gen := func(p []int32) []int32 {
+		gen := func(p []int32) runtime.Result {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			st, err := rt.Generate(ctx, runtime.Request{Prompt: p, MaxTokens: maxTokens, Sampling: sample.Params{}, Stop: stop})
@@ -140,19 +141,22 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 			if r.Err != nil {
 				t.Fatalf("draft %d: %v", draft, r.Err)
 			}
-			return r.Tokens
+			return r
 		}
 		gen(prompts[0]) // warm-up: graphs, scratch, weights
 		before := rt.Stats()
 		graphs0, _ := kernels.StepGraphStats(l.Backend)
-		var tokens int
-		var busy time.Duration
+		var tokens, decoded int
+		var busy, decoding time.Duration // all of each answer; from its first token on
 		var outs [][]int32
 		for i, p := range prompts {
 			t0 := time.Now()
-			out := gen(p)
+			r := gen(p)
 			busy += time.Since(t0)
+			out := r.Tokens
 			tokens += len(out)
+			decoded += max(len(out)-1, 0)
+			decoding += r.Usage.Total - r.Usage.TimeToFirstToken
 			outs = append(outs, out)
 			if draft > 0 && !slices.Equal(out, plain[i]) {
 				at := 0
@@ -167,16 +171,16 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 		graphs, _ := kernels.StepGraphStats(l.Backend)
 		graphs = graphs.Sub(graphs0)
 		rt.Close()
-		rate := float64(tokens) / busy.Seconds()
+		rate, decode := float64(tokens)/busy.Seconds(), float64(decoded)/decoding.Seconds()
 		speedup := ""
 		if draft == 0 {
-			plain, plainRate = outs, rate
+			plain, plainRate, plainDecode = outs, rate, decode
 		} else {
-			speedup = fmt.Sprintf(", %.2fx plain", rate/plainRate)
+			speedup = fmt.Sprintf(", %.2fx plain (decode alone %.2fx)", rate/plainRate, decode/plainDecode)
 		}
 		drafts, accepted := st.DraftTokens-before.DraftTokens, st.AcceptedTokens-before.AcceptedTokens
-		t.Logf("draft %d: %d tokens in %.3f s = %.1f tok/s%s; %d steps, %d verify steps, %d drafts, %d accepted (%.1f%%); device steps: %d replayed as graphs (%d captured), %d eager, %d graphs evicted, %d cached (%v)",
-			draft, tokens, busy.Seconds(), rate, speedup, st.Steps-before.Steps, st.VerifySteps-before.VerifySteps, drafts, accepted,
+		t.Logf("draft %d: %d tokens in %.3f s = %.1f tok/s, decode alone %.1f tok/s%s; %d steps, %d verify steps, %d drafts, %d accepted (%.1f%%); device steps: %d replayed as graphs (%d captured), %d eager, %d graphs evicted, %d cached (%v)",
+			draft, tokens, busy.Seconds(), rate, decode, speedup, st.Steps-before.Steps, st.VerifySteps-before.VerifySteps, drafts, accepted,
 			100*float64(accepted)/max(1, float64(drafts)), graphs.Replays, graphs.Captures, graphs.Eager, graphs.Evictions, graphs.Cached, graphs.Err)
 	}
 }

@@ -123,6 +123,13 @@ type LinearOps interface {
 	// alias it.
 	NormLinearCat(dst, x Tensor, n *HeadNorm, ws []*Mat, e Epilogue)
 
+	// AddNormLinearCat is a pre-norm block's pending residual add fused
+	// with NormLinearCat: sum = x + delta (N, in; each element one float32
+	// add, as AddRMSNorm adds), then NormLinearCat(dst, sum, n, ws, e).
+	// sum must not alias x, delta or dst: a backend's blocks may all read x
+	// and delta while sum is being written.
+	AddNormLinearCat(dst, sum, x, delta Tensor, n *HeadNorm, ws []*Mat, e Epilogue)
+
 	// NormSwiGLULinear is SwiGLULinear(dst, RMSNorm(x, n), gate, up,
 	// limit) in one op, as NormLinearCat fuses LinearCat's.
 	NormSwiGLULinear(dst, x Tensor, n *HeadNorm, gate, up *Mat, limit float32)
@@ -209,6 +216,13 @@ type AttentionOps interface {
 	// and stores k and v into the cache layer kc, vc at p.Slot exactly as
 	// RMSNorm, RoPE and StoreKV in sequence would. qkv is not modified.
 	PrepareQKV(q, kc, vc, qkv Tensor, qn, kn *HeadNorm, r *Rotary, p *Paged, s AttnShape)
+
+	// QKVAttention is PrepareQKV then Attention in one op: out (N,
+	// Heads·HeadDim) is what Attention gives for the q PrepareQKV makes of
+	// qkv, after it stored the rows' keys and values into kc, vc, with the
+	// bits of the two ops (a backend fuses them where it can: the batch-1
+	// decode step). qkv is not modified.
+	QKVAttention(out, kc, vc, qkv Tensor, qn, kn *HeadNorm, r *Rotary, p *Paged, s AttnShape)
 
 	// StoreKV writes k and v (N, KVHeads·HeadDim) F32 into the cache layer
 	// kc, vc (slots, KVHeads·HeadDim), F32 or BF16 (rounded to nearest
@@ -331,14 +345,15 @@ type MLAOps interface {
 
 	// AttentionMLA sets out (N, Heads·V) to each row's attention over its
 	// sequence's cached positions [0, Pos[i]] — or, when sel is valid, only
-	// over the positions in its row of sel (N, k) I32 (ascending, −1 for
-	// none; the DSA selection) — with softmax(Scale·(q_nope·W_UK·c +
-	// q_pe·k_pe)) weights on the values W_UV·c. q is (N, Heads·(Nope+Rope))
-	// F32; the last Rope dims of every head are first rotated in place at
-	// p.Pos by r (so q is also written; r is nil when Rope is 0). kvB is
-	// kv_b_proj. The step's own latents must be stored first. A selection
-	// need not contain the row's own position; a row that attends to
-	// nothing gets zeros.
+	// over the positions in its row of sel (N, k) I32 (distinct and
+	// ascending, then −1 for none: the DSA and k-pool selections; the GPU
+	// reads no further than Pos[i]+1 entries) — with
+	// softmax(Scale·(q_nope·W_UK·c + q_pe·k_pe)) weights on the values
+	// W_UV·c. q is (N, Heads·(Nope+Rope)) F32; the last Rope dims of every
+	// head are first rotated in place at p.Pos by r (so q is also written;
+	// r is nil when Rope is 0). kvB is kv_b_proj. The step's own latents
+	// must be stored first. A selection need not contain the row's own
+	// position; a row that attends to nothing gets zeros.
 	AttentionMLA(out, q, cache Tensor, kvB *Mat, r *Rotary, p *Paged, s MLAShape, sel Tensor)
 }
 
@@ -417,7 +432,8 @@ type StateRecorder interface {
 
 // RowExact is implemented by a backend that can give each row of its
 // linear ops (Linear, LinearCat, SwiGLULinear, NormLinearCat,
-// NormSwiGLULinear) the bits a call with that row alone gives, whatever
+// AddNormLinearCat, NormSwiGLULinear) the bits a call with that row alone
+// gives, whatever
 // the other rows of the call: a speculative verification's rows then
 // reproduce plain decoding's results bit for bit.
 // SetRowExact turns that on or off for the steps that follow (outside a

@@ -84,7 +84,11 @@ type Options struct {
 	// running sequences the runtime stops drafting; 0 means its default,
 	// negative means no limit.
 	DraftMaxSeqs int
-	Seed         uint64 // prompts and sampler seeds
+	// DraftAlways drafts on every step however it pays
+	// (runtime.Options.DraftIgnoreCost): the speed-up speculation gives at
+	// its acceptance, rather than the runtime's cost-aware choice.
+	DraftAlways bool
+	Seed        uint64 // prompts and sampler seeds
 
 	// Prompts, when not empty, replace the random prompts: request i of a
 	// case sends Prompts[i mod len(Prompts)] (real text, for a model whose
@@ -291,7 +295,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 			if _, ok := m.(model.MTPModel); !ok {
 				return nil, fmt.Errorf("%w (%s has no MTP module)", ErrMTPUnavailable, info.Arch)
 			}
-			ro.Draft, ro.DraftMaxSeqs = o.draft(), o.DraftMaxSeqs
+			ro.Draft, ro.DraftMaxSeqs, ro.DraftIgnoreCost = o.draft(), o.DraftMaxSeqs, o.DraftAlways
 		}
 		return runtime.New(wm, ro)
 	}

@@ -300,7 +300,8 @@ func (d *Decoder) run(b *model.Batch, st *Step, embed func(c *Ctx, x kernels.Ten
 		c := st.Ctx(dev, b)
 		c.Lin = d.lin
 		embed(c, x)
-		r := &Residual{X: x, H: h, Y: y}
+		alt := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) the stream's other storage (Residual.Alt)
+		r := &Residual{X: x, H: h, Y: y, Alt: alt}
 		for _, blk := range blocks {
 			blk.Forward(c, r)
 		}

@@ -59,9 +59,9 @@ func (n *Norm) Apply(dev kernels.Device, dst, x kernels.Tensor) {
 }
 
 // Attention is a GQA self-attention block: q/k/v projections (one
-// product over the three weights), optional per-head QK norm, RoPE and the
-// cache store (one op), paged causal attention, an optional output gate
-// and the output projection.
+// product over the three weights), optional per-head QK norm, RoPE, the
+// cache store and paged causal attention (one op, QKVAttention), an
+// optional output gate and the output projection.
 type Attention struct {
 	Layer      int // cache layer
 	Q, K, V, O Linear
@@ -88,19 +88,22 @@ func (n *Norm) headNorm() *kernels.HeadNorm {
 
 // Forward sets y (N, hidden) = Attention(h (N, hidden)) and stores the
 // step's keys and values in the cache.
-func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) { a.run(c, y, false, h, nil) }
+func (a *Attention) Forward(c *Ctx, y, h kernels.Tensor) { a.run(c, streamIn{H: h}, y, false) }
 
 // addsToStream implements streamAdder: without the output gate, which
 // reads the normed input too.
 func (a *Attention) addsToStream() bool { return a.Gate == nil }
 
-// addForward implements streamAdder.
-func (a *Attention) addForward(c *Ctx, x, h kernels.Tensor, n *Norm) { a.run(c, x, true, h, n) }
+// addsPending implements streamAdder (AddNormLinearCat).
+func (a *Attention) addsPending() bool { return true }
 
-// run sets dst (N, hidden) = Attention(h), or adds it to dst when acc.
-// When h is the zero Tensor the input is n(dst), the norm fused into the
-// q/k/v product (NormLinearCat).
-func (a *Attention) run(c *Ctx, dst kernels.Tensor, acc bool, h kernels.Tensor, n *Norm) {
+// addForward implements streamAdder.
+func (a *Attention) addForward(c *Ctx, in streamIn) { a.run(c, in, in.stream(), true) }
+
+// run sets dst (N, hidden) = Attention of in (streamIn), or adds it to
+// dst when acc; the norm and a pending add fuse into the q/k/v product
+// (NormLinearCat, AddNormLinearCat).
+func (a *Attention) run(c *Ctx, in streamIn, dst kernels.Tensor, acc bool) {
 	if a.Q.B.Valid() || a.K.B.Valid() || a.V.B.Valid() {
 		panic("gqa: q/k/v biases belong in Attention.QKVB")
 	}
@@ -108,16 +111,18 @@ func (a *Attention) run(c *Ctx, dst kernels.Tensor, acc bool, h kernels.Tensor, 
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
 	qkv := dev.Scratch(kernels.F32, rows, qw+2*kw) // (N, (heads + 2·kvHeads)·headDim) [q | k | v]
 	ws, e := []*kernels.Mat{a.Q.W, a.K.W, a.V.W}, kernels.Epilogue{Bias: a.QKVB}
-	if h.Valid() {
+	h := in.H
+	switch {
+	case h.Valid():
 		dev.LinearCat(qkv, h, ws, e)
-	} else {
-		dev.NormLinearCat(qkv, dst, n.headNorm(), ws, e)
+	case in.Delta.Valid():
+		dev.AddNormLinearCat(qkv, in.Sum, in.X, in.Delta, in.N.headNorm(), ws, e)
+	default:
+		dev.NormLinearCat(qkv, in.X, in.N.headNorm(), ws, e)
 	}
-	q := dev.Scratch(kernels.F32, rows, qw) // (N, heads·headDim) normed and rotated
 	kc, vc := c.Cache(a.Layer)
-	dev.PrepareQKV(q, kc, vc, qkv, a.QNorm.headNorm(), a.KNorm.headNorm(), a.Rope, &c.Paged, s)
 	o := dev.Scratch(kernels.F32, rows, qw) // (N, heads·headDim)
-	dev.Attention(o, q, kc, vc, &c.Paged, s)
+	dev.QKVAttention(o, kc, vc, qkv, a.QNorm.headNorm(), a.KNorm.headNorm(), a.Rope, &c.Paged, s)
 	if a.Gate != nil {
 		g := dev.Scratch(kernels.F32, rows, qw) // (N, heads·headDim)
 		a.Gate.Forward(dev, g, h, false)
@@ -171,8 +176,12 @@ func (m *MLP) Forward(c *Ctx, y, h kernels.Tensor) { m.forward(c, y, h, false, n
 // addsToStream implements streamAdder: without biases on gate and up.
 func (m *MLP) addsToStream() bool { return !m.Gate.B.Valid() && !m.Up.B.Valid() }
 
+// addsPending implements streamAdder: a pending add goes through the norm
+// (AddRMSNorm) first.
+func (m *MLP) addsPending() bool { return false }
+
 // addForward implements streamAdder.
-func (m *MLP) addForward(c *Ctx, x, h kernels.Tensor, n *Norm) { m.forward(c, x, h, true, n) }
+func (m *MLP) addForward(c *Ctx, in streamIn) { m.forward(c, in.X, in.H, true, in.N) }
 
 // MoE is a routed mixture of SwiGLU experts plus optional shared experts:
 // y = Σ_k w_k·Expert_k(h) + g·Shared(h), g = sigmoid(SharedGate(h)) for
@@ -241,10 +250,12 @@ func (b *Block) Forward(c *Ctx, r *Residual) {
 // Residual is a step's pre-norm residual stream X (N, hidden) with the
 // scratch its sublayers need: H for a sublayer's normed input and Y for
 // its output. While Pending, Y holds a sublayer output still to be added
-// to X, which the next norm does (AddRMSNorm).
+// to X, which the next norm does (AddRMSNorm) or, with Alt (N, hidden)
+// set, the next attention's q/k/v product (AddNormLinearCat, writing X +
+// Y to Alt, which becomes X).
 type Residual struct {
-	X, H, Y kernels.Tensor
-	Pending bool
+	X, H, Y, Alt kernels.Tensor
+	Pending      bool
 }
 
 // Sublayer is a block's Mixer or FFN: Forward sets y (N, hidden) from the
@@ -260,21 +271,43 @@ type Sublayer interface {
 type streamAdder interface {
 	// addsToStream reports whether addForward applies to this sublayer.
 	addsToStream() bool
-	// addForward sets x (N, hidden) += S(h), or S(n(x)) with the norm
-	// fused when h is the zero Tensor.
-	addForward(c *Ctx, x, h kernels.Tensor, n *Norm)
+	// addsPending reports whether it also takes a pending add (Delta).
+	addsPending() bool
+	// addForward adds the sublayer's output of in to in.stream().
+	addForward(c *Ctx, in streamIn)
+}
+
+// streamIn is a streamAdder's input: S(H) when H is valid (normed
+// already); else S(N(X)), or with Delta valid S(N(X + Delta)), X + Delta
+// written to Sum. The output goes to the stream, X or (with Delta) Sum.
+type streamIn struct {
+	H, X, Delta, Sum kernels.Tensor
+	N                *Norm
+}
+
+// stream is where the sublayer's output is added.
+func (in streamIn) stream() kernels.Tensor {
+	if in.Delta.Valid() {
+		return in.Sum
+	}
+	return in.X
 }
 
 // Run sets X += s(n(X)): a streamAdder adds its output itself (fusing the
-// norm unless a pending output must be added first); any other sublayer
-// gets H = n(X) and leaves its output in Y, pending.
+// norm, and a pending output if it takes one, else adding that through
+// the norm first); any other sublayer gets H = n(X) and leaves its output
+// in Y, pending.
 func (r *Residual) Run(c *Ctx, n *Norm, s Sublayer) {
 	if a, ok := s.(streamAdder); ok && a.addsToStream() {
-		var h kernels.Tensor
-		if r.Pending {
-			h = r.Norm(c.Dev, n)
+		in := streamIn{X: r.X, N: n}
+		switch {
+		case r.Pending && a.addsPending() && r.Alt.Valid():
+			in.Delta, in.Sum = r.Y, r.Alt
+			r.X, r.Alt, r.Pending = r.Alt, r.X, false
+		case r.Pending:
+			in.H = r.Norm(c.Dev, n)
 		}
-		a.addForward(c, r.X, h, n)
+		a.addForward(c, in)
 		return
 	}
 	s.Forward(c, r.Y, r.Norm(c.Dev, n))

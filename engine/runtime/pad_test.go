@@ -69,22 +69,6 @@ func TestPaddedBatchesEqualAlone(t *testing.T) {
 	}
 }
 
-// mtpSizes wraps the fake MTP model, recording its one-token passes.
-type mtpSizes struct {
-	*fakeMTP
-	fwd, mtp passSizes
-}
-
-func (m *mtpSizes) Forward(b *model.Batch) (*model.Output, error) {
-	m.fwd.see(b)
-	return m.fakeMTP.Forward(b)
-}
-
-func (m *mtpSizes) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
-	m.mtp.see(b)
-	return m.fakeMTP.ForwardMTP(b, hidden)
-}
-
 // Speculative greedy decoding with padded passes (the MTP draft passes
 // too, each pad entry with a zero hidden state) emits plain greedy
 // decoding's tokens; the fake checks the MTP cache rows of every sequence
@@ -92,12 +76,12 @@ func (m *mtpSizes) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output
 // rows fails loudly. (The cache is large enough never to be full: a full
 // cache has no room for the scratch block, and the pass runs unpadded.)
 func TestPaddedSpecGreedy(t *testing.T) {
-	m := &mtpSizes{fakeMTP: &fakeMTP{vocab: 24, noise: 0.6, scale: 4}}
+	m := &mtpWatch{MTPModel: &fakeMTP{vocab: 24, noise: 0.6, scale: 4}}
 	r := start(t, m, runtime.Options{
 		KVBudget: budget(m, 200), MaxBatchTokens: 32, MaxSeqs: 6, Draft: 3, DraftMaxSeqs: 3, PadBatch: 1,
 	})
 	reqs := specReqs(rand.New(rand.NewPCG(43, 44)), 16, 12, 30, m.Info().Vocab)
-	checkAgainstReference(t, m, r, reqs)
+	checkAgainstReference(t, m.MTPModel, r, reqs)
 	st := waitIdle(t, r)
 	if st.VerifySteps == 0 {
 		t.Errorf("stats %+v: no verification steps", st)
@@ -120,4 +104,51 @@ func TestPadOffOnHostBackends(t *testing.T) {
 	if sizes.sizes[6] == 0 {
 		t.Errorf("no decode pass of 6 entries (%v): padded by default on a host backend", sizes.sizes)
 	}
+}
+
+// A real MTP model's padded passes (gqa's NextN layer fed zero hidden
+// rows for the pad entries) leave speculative greedy decoding equal to
+// plain greedy decoding: the first MTP fixture without recurrent state, on
+// the strict backend.
+func TestPaddedSpecFixture(t *testing.T) {
+	var name string
+	var fm model.Model
+	for _, n := range mtpFixtures(t) {
+		fm = loadFixture(t, n)
+		if sm, ok := fm.(model.StateModel); !ok || len(sm.StateLayout()) == 0 {
+			name = n
+			break
+		}
+	}
+	if name == "" {
+		t.Skip("no MTP fixture without recurrent state")
+	}
+	m := &mtpWatch{MTPModel: fm.(model.MTPModel)}
+	r := start(t, m, runtime.Options{KVBudget: budget(m, 200), MaxBatchTokens: 16, MaxSeqs: 3, Draft: 2, DraftMaxSeqs: 3, PadBatch: 1})
+	reqs := specReqs(rand.New(rand.NewPCG(45, 46)), 5, 8, 10, m.Info().Vocab)
+	checkAgainstReference(t, m.MTPModel, r, reqs)
+	st := waitIdle(t, r)
+	if st.VerifySteps == 0 {
+		t.Errorf("%s: no verification steps (%+v)", name, st)
+	}
+	m.mtp.check(t, name+" MTP", 3) // its forward passes verify drafts: not one-token passes
+}
+
+// mtpWatch wraps an MTP model, recording its one-token passes.
+type mtpWatch struct {
+	model.MTPModel
+	fwd, mtp passSizes
+}
+
+// Unwrap returns the wrapped model (model.NewCache finds its device).
+func (m *mtpWatch) Unwrap() model.Model { return m.MTPModel }
+
+func (m *mtpWatch) Forward(b *model.Batch) (*model.Output, error) {
+	m.fwd.see(b)
+	return m.MTPModel.Forward(b)
+}
+
+func (m *mtpWatch) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error) {
+	m.mtp.see(b)
+	return m.MTPModel.ForwardMTP(b, hidden)
 }

@@ -42,6 +42,7 @@ type benchFlags struct {
 	mtp            []bool
 	draft          int
 	draftMaxSeqs   int
+	draftAlways    bool
 	dtype          string
 	quant          string
 	threads        int
@@ -149,6 +150,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.Var(onOffList{&f.mtp}, "mtp", "MTP speculative decoding: on, off or both (on,off)")
 	fs.IntVar(&f.draft, "draft", bench.DefaultDraft, "with --mtp on: draft tokens per step")
 	fs.IntVar(&f.draftMaxSeqs, "draft-max-seqs", 0, "with --mtp on: no drafting while more sequences run (0 = the runtime's default, -1 = no limit)")
+	fs.BoolVar(&f.draftAlways, "draft-always", false, "with --mtp on: draft on every step, even where the runtime measures that drafting does not pay")
 	fs.StringVar(&f.dtype, "dtype", "", "random weights' dtype: bf16, f16 or f32 (default: the config's torch_dtype/dtype, else bf16)")
 	fs.StringVar(&f.quant, "quant", "", "quantize the weights in memory at load: q8_0 or q4_k (default: as stored)")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads (0 = all cores)")
@@ -542,7 +544,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 	opts := bench.Options{
 		Prompts:     prompts,
 		Concurrency: f.concurrency, PromptLens: f.promptLens, GenLens: f.genLens, MTP: f.mtp,
-		Draft: f.draft, DraftMaxSeqs: f.draftMaxSeqs,
+		Draft: f.draft, DraftMaxSeqs: f.draftMaxSeqs, DraftAlways: f.draftAlways,
 		Seed: f.seed, KVBudget: f.kvBudget, MaxBatchTokens: f.maxBatchTokens, Warmup: !f.noWarmup,
 		Progress: func(c bench.Case) { fmt.Fprintf(stderr, "running %v...\n", c) },
 	}
@@ -551,8 +553,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		// the cases done).
 		opts.Profiler = p
 		opts.Done = func(r bench.Result) {
-			fmt.Fprintf(stdout, "GPU profile, %v (FERRITE_CUDA_PROFILE=1: eager launches, CUDA events around each; steps = device steps, prefill included):\n%s\n",
-				r.Case, r.Profile)
+			fmt.Fprintf(stdout, "GPU profile, %v (FERRITE_CUDA_PROFILE=%s):\n%s\n", r.Case, os.Getenv("FERRITE_CUDA_PROFILE"), r.Profile)
 		}
 	}
 	stopProfile := func() {}

@@ -30,7 +30,7 @@ func TestBenchPrintsGraphs(t *testing.T) {
 
 // TestBenchChat checks --chat: the requests send the chat questions
 // through the built-in model's template, request i question i, whatever
-// --prompt-len says.
+// --prompt-len says; and --draft-always.
 func TestBenchChat(t *testing.T) {
 	want, err := chatPrompts("ferrite-tiny")
 	if err != nil {
@@ -38,7 +38,8 @@ func TestBenchChat(t *testing.T) {
 	}
 	js := filepath.Join(t.TempDir(), "bench.json")
 	code, _, errs := runCLI(t, "", "bench", "--model", "ferrite-tiny", "--chat", "--concurrency", "2", "--prompt-len", "5",
-		"--gen-len", "2", "--threads", "2", "--device", "cpu", "--bandwidth", "10", "--no-warmup", "--json", js)
+		"--gen-len", "8", "--mtp", "on", "--draft", "1", "--draft-always", "--threads", "2", "--device", "cpu", "--bandwidth", "10",
+		"--no-warmup", "--json", js)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -58,6 +59,12 @@ func TestBenchChat(t *testing.T) {
 	r := rep.Runs[0]
 	if got := r.PromptTokens; got != len(want[0])+len(want[1]) {
 		t.Errorf("%d prompt tokens, want %d + %d (the first two chat questions)", got, len(want[0]), len(want[1]))
+	}
+	// --draft-always: the runtime drafts on every decode step, on the CPU
+	// too, where it does not pay: at least 3 drafts for each sequence's 8
+	// tokens (every draft accepted: steps at tokens 1, 3 and 5).
+	if r.DraftTokens < 6 {
+		t.Errorf("%d drafts with --draft-always, want at least 6 (%+v)", r.DraftTokens, r)
 	}
 	if r.PromptLen != max(len(want[0]), len(want[1]), len(want[2]), len(want[3]), len(want[4]), len(want[5])) {
 		t.Errorf("case labelled prompt %d, want the longest chat prompt", r.PromptLen)

@@ -122,7 +122,7 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	b.MatMul(g, f32(x), gate, n)
 	b.MatMul(u, f32(x), up, n)
 	y := f32(dst)
-	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLUClamp(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
+	b.Parallel(len(y), func(lo, hi int) { swiglu(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
 // NormLinearCat implements kernels.LinearOps: RMSNorm into a scratch
@@ -131,9 +131,33 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 	b.LinearCat(dst, b.normed(x, n), ws, e)
 }
 
+// AddNormLinearCat implements kernels.LinearOps: the add, then
+// NormLinearCat over sum.
+func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	for _, t := range []kernels.Tensor{sum, x, delta} {
+		contiguous(t)
+		if t.Rows != x.Rows || t.Cols != x.Cols {
+			panic("cpu: AddNormLinearCat shapes differ")
+		}
+	}
+	y, xs, d := f32(sum), f32(x), f32(delta)
+	for i, v := range xs[:x.Elems()] {
+		y[i] = v + d[i]
+	}
+	b.NormLinearCat(dst, sum, n, ws, e)
+}
+
 // NormSwiGLULinear implements kernels.LinearOps as NormLinearCat does.
 func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, gate, up *kernels.Mat, limit float32) {
 	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
+}
+
+// QKVAttention implements kernels.AttentionOps: PrepareQKV into a
+// scratch q, then Attention.
+func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	q := b.Scratch(kernels.F32, qkv.Rows, s.Heads*s.HeadDim) // (N, heads·headDim)
+	b.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
+	b.Attention(out, q, kc, vc, p, s)
 }
 
 // normed returns RMSNorm(x, n) in a step's scratch tensor.
@@ -155,7 +179,7 @@ func (b *Backend) SwiGLUClamp(dst, gate, up kernels.Tensor, limit float32) {
 		panic("cpu: SwiGLU shapes differ")
 	}
 	y, g, u := f32(dst), f32(gate), f32(up)
-	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLUClamp(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
+	b.Parallel(len(y), func(lo, hi int) { swiglu(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
 // Embed implements kernels.LinearOps.
@@ -197,7 +221,7 @@ func (b *Backend) RMSNorm(dst, x, w kernels.Tensor, eps float32, offset bool) {
 	}
 	y, xs, ws, d := f32(dst), f32(x), f32(w), x.Cols
 	b.Parallel(x.Rows, func(lo, hi int) {
-		ref.RMSNorm(y[lo*d:hi*d], xs[lo*d:hi*d], ws, eps, offset, hi-lo)
+		rmsNorm(y[lo*d:hi*d], xs[lo*d:hi*d], ws, eps, offset, hi-lo)
 	})
 }
 
@@ -218,7 +242,7 @@ func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, off
 		for i, v := range dl[lo*d : hi*d] {
 			rr[i] += v
 		}
-		ref.RMSNorm(y[lo*d:hi*d], rr, ws, eps, offset, hi-lo)
+		rmsNorm(y[lo*d:hi*d], rr, ws, eps, offset, hi-lo)
 	})
 }
 
@@ -283,7 +307,7 @@ func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.Head
 				panic("cpu: PrepareQKV norm width")
 			}
 			b.Parallel(n*c.heads, func(lo, hi int) {
-				ref.RMSNorm(c.x[lo*hd:hi*hd], c.x[lo*hd:hi*hd], ws, c.norm.Eps, c.norm.Offset, hi-lo)
+				rmsNorm(c.x[lo*hd:hi*hd], c.x[lo*hd:hi*hd], ws, c.norm.Eps, c.norm.Offset, hi-lo)
 			})
 		}
 		if r != nil {
@@ -443,13 +467,13 @@ func (b *Backend) ExpertsClamp(dst, x, ids, w kernels.Tensor, experts []kernels.
 			matMul(g, xr, ex.GateUp, rows)
 			for r := range rows {
 				row := g[r*2*inter : (r+1)*2*inter]
-				ref.SwiGLUClamp(hr[r*inter:(r+1)*inter], row[:inter], row[inter:], limit)
+				swiglu(hr[r*inter:(r+1)*inter], row[:inter], row[inter:], limit)
 			}
 		} else {
 			g, u := gu[2*at*inter:(2*at+rows)*inter], gu[(2*at+rows)*inter:2*(at+rows)*inter]
 			matMul(g, xr, ex.Gate, rows)
 			matMul(u, xr, ex.Up, rows)
-			ref.SwiGLUClamp(hr, g, u, limit)
+			swiglu(hr, g, u, limit)
 		}
 		matMul(ye[at*hidden:(at+rows)*hidden], hr, ex.Down, rows)
 	}

@@ -146,7 +146,7 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 	x, y := benchF32(b, d, 12288), benchF32(b, d, 151936)
 	defer d.SetGEMVRows(gemvRowsDefault())
 	defer d.SetPDL(pdlEnabled(d.Major))
-	defer d.SetPrefetch(true)
+	defer d.SetPrefetch(false)
 	for _, c := range []struct {
 		rows          int // 0: gemv_split; 4, 8: gemv_rows with that many rows a block
 		pdl, prefetch bool
@@ -207,12 +207,13 @@ func BenchmarkGemmBF16(b *testing.B) {
 
 // BenchmarkOpsDecodeStep8B times one batch-1 Qwen3-8B decode step through
 // the op set, on seeded random bf16 weights made on the device and a bf16
-// KV cache of ctx positions. The "fused" variants are the step engine/gqa
+// KV cache of ctx positions (the norm-fused GEMVs and the weight prefetch
+// off unless a variant says so). The "fused" variants are the step engine/gqa
 // issues now (36 layers of NormLinearCat (the attention norm and q/k/v),
-// PrepareQKV (QK-norm, RoPE, KV store), paged attention, o added to the
-// residual in its epilogue, NormSwiGLULinear (the FFN norm, gate, up,
+// QKVAttention (QK-norm, RoPE, KV store and paged attention), o added to
+// the residual in its epilogue, NormSwiGLULinear (the FFN norm, gate, up,
 // SwiGLU), down added likewise, then the final RMSNorm and the LM head: 4
-// products and 2 other ops a layer); the others the step before the fused
+// products and 1 other op a layer); the others the step before the fused
 // norms (q/k/v as one LinearCat, PrepareQKV, attention, o, AddRMSNorm,
 // SwiGLULinear, down, AddRMSNorm: 4 products and 4 other ops a layer).
 // "linear" runs only the products (in the fused step: with their norms),
@@ -300,32 +301,36 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	var logitsF []float32 // the first fused variant's, which the other fused steps must match
 	caches := map[int][2][]kernels.Tensor{}
 	defer be.dev.SetGEMVRows(gemvRowsDefault())
-	defer be.dev.SetPrefetch(true)
+	defer be.dev.SetPrefetch(false)
+	defer be.SetFuseNorm(false)
 	for _, c := range []struct {
 		name                  string
 		ctx                   int
 		lin, rest, eager, pdl bool
 		rows                  int  // the n = 1 GEMV: 0 gemv_split, else gemv_rows with rows a block
-		fused                 bool // the step with the norms fused into the products (NormLinearCat, …)
-		noPrefetch            bool // the GEMVs without their weight prefetch (pdl.go)
+		fused                 bool // the step engine/gqa issues now (NormLinearCat, QKVAttention, …)
+		fuseNorm, prefetch    bool // with the norm-fused GEMVs (SetFuseNorm), with the weight prefetch (pdl.go)
 	}{
-		{name: "fused/ctx=512/pdl/noprefetch", ctx: 512, lin: true, rest: true, pdl: true, fused: true, noPrefetch: true},
 		{name: "fused/ctx=512/pdl", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/ctx=512/eager/pdl", ctx: 512, lin: true, rest: true, eager: true, pdl: true, fused: true},
 		{name: "fused/linear/pdl", ctx: 512, lin: true, pdl: true, fused: true},
 		{name: "fused/other/ctx=512/pdl", ctx: 512, rest: true, pdl: true, fused: true},
 		{name: "fused/ctx=4096/pdl", ctx: 4096, lin: true, rest: true, pdl: true, fused: true},
-		{"all/ctx=512", 512, true, true, false, false, 0, false, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false, false},
-		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false, false},
-		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false, false},
-		{"linear/pdl", 512, true, false, false, true, 0, false, false}, {"other/ctx=512/pdl", 512, false, true, false, true, 0, false, false},
-		{"linear", 512, true, false, false, false, 0, false, false}, {"linear/eager", 512, true, false, true, false, 0, false, false},
-		{"linear/rows=4", 512, true, false, false, false, 4, false, false}, {"linear/rows=8", 512, true, false, false, false, 8, false, false},
-		{"other/ctx=512", 512, false, true, false, false, 0, false, false}, {"other/ctx=512/eager", 512, false, true, true, false, 0, false, false},
-		{"all/ctx=4096", 4096, true, true, false, false, 0, false, false},
+		{name: "fused/ctx=512/pdl/fusenorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true, fuseNorm: true},
+		{name: "fused/linear/pdl/fusenorm", ctx: 512, lin: true, pdl: true, fused: true, fuseNorm: true},
+		{name: "fused/ctx=512/pdl/prefetch", ctx: 512, lin: true, rest: true, pdl: true, fused: true, prefetch: true},
+		{"all/ctx=512", 512, true, true, false, false, 0, false, false, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false, false, false},
+		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false, false, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false, false, false},
+		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false, false, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false, false, false},
+		{"linear/pdl", 512, true, false, false, true, 0, false, false, false}, {"other/ctx=512/pdl", 512, false, true, false, true, 0, false, false, false},
+		{"linear", 512, true, false, false, false, 0, false, false, false}, {"linear/eager", 512, true, false, true, false, 0, false, false, false},
+		{"linear/rows=4", 512, true, false, false, false, 4, false, false, false}, {"linear/rows=8", 512, true, false, false, false, 8, false, false, false},
+		{"other/ctx=512", 512, false, true, false, false, 0, false, false, false}, {"other/ctx=512/eager", 512, false, true, true, false, 0, false, false, false},
+		{"all/ctx=4096", 4096, true, true, false, false, 0, false, false, false},
 	} {
 		be.dev.SetGEMVRows(c.rows)
-		be.dev.SetPrefetch(!c.noPrefetch)
+		be.dev.SetPrefetch(c.prefetch)
+		be.SetFuseNorm(c.fuseNorm)
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)
@@ -377,8 +382,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 						be.NormLinearCat(qkv, x, xn, l.qkv, kernels.Epilogue{})
 					}
 					if c.rest {
-						be.PrepareQKV(q, kc[i], vc[i], qkv, qn, qn, rope, p, shape)
-						be.Attention(o, q, kc[i], vc[i], p, shape)
+						be.QKVAttention(o, kc[i], vc[i], qkv, qn, qn, rope, p, shape)
 					}
 					if c.lin {
 						be.Linear(x, o, l.o, acc)
@@ -457,6 +461,17 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		}
 		got := make([]float32, vocab)
 		be.ReadF32(got, logits)
+		if c.fused && c.fuseNorm { // other bits: how far the logits moved
+			diff, top := 0.0, 0.0
+			for i, v := range got {
+				diff, top = max(diff, math.Abs(float64(v-logitsF[i]))), max(top, math.Abs(float64(logitsF[i])))
+			}
+			b.Logf("%s: max |Δlogit| %.3g against the step without fused norms (max |logit| %.3g)", c.name, diff, top)
+			if !(diff <= 0.01*top) {
+				b.Errorf("%s: the logits moved by %.3g (max |logit| %.3g)", c.name, diff, top)
+			}
+			continue
+		}
 		if c.fused {
 			if logitsF == nil {
 				logitsF = got
@@ -489,12 +504,12 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			}
 		}
 	}
-	if logits0 != nil && logitsF != nil { // the fused norms round otherwise: how far the logits moved
+	if logits0 != nil && logitsF != nil { // another PrepareQKV and summation order: how far the logits moved
 		diff, top := 0.0, 0.0
 		for i, v := range logitsF {
 			diff, top = max(diff, math.Abs(float64(v-logits0[i]))), max(top, math.Abs(float64(logits0[i])))
 		}
-		b.Logf("fused step: max |Δlogit| %.3g against the unfused step (max |logit| %.3g)", diff, top)
+		b.Logf("fused step: max |Δlogit| %.3g against the old step (max |logit| %.3g)", diff, top)
 		if !(diff <= 0.01*top) {
 			b.Errorf("fused step: the logits moved by %.3g (max |logit| %.3g)", diff, top)
 		}

@@ -76,8 +76,9 @@ type Device struct {
 	// launching: a step's launch trace, which graph.go compares.
 	trace *[]uint64
 
-	// prof, when set (FERRITE_CUDA_PROFILE=1 at Open), times every launch,
-	// GEMM, copy and memset on the stream (profile.go).
+	// prof, when set (FERRITE_CUDA_PROFILE at Open), times every launch,
+	// GEMM, copy and memset on the stream, or every kernel and GEMM of the
+	// replayed step graphs (profile.go).
 	prof *profiler
 }
 
@@ -85,8 +86,8 @@ type Device struct {
 // each argument stored in the low bytes of its 8-byte slot. It is allocated
 // once per Device and pinned for its lifetime.
 type launchBlock struct {
-	vals [24]uint64
-	ptrs [24]uintptr
+	vals [32]uint64
+	ptrs [32]uintptr
 	cfg  launchConfig // cuLaunchKernelEx's configuration (pdl.go)
 	attr launchAttr
 }
@@ -276,14 +277,14 @@ func (d *Device) setup() error {
 	for i := range d.args.ptrs {
 		d.args.ptrs[i] = uintptr(unsafe.Pointer(&d.args.vals[i]))
 	}
-	if profileEnabled() {
-		if d.prof, err2 = newProfilerL(); err2 != nil {
+	if mode := profileMode(); mode != profileOff {
+		if d.prof, err2 = newProfilerL(mode); err2 != nil {
 			return err2
 		}
 	}
 	d.pdl = pdlEnabled(d.Major) && d.prof == nil
 	d.gemvRows = gemvRowsDefault()
-	d.prefetch = os.Getenv("FERRITE_CUDA_PREFETCH") != "0"
+	d.prefetch = os.Getenv("FERRITE_CUDA_PREFETCH") == "1"
 	return d.loadModule()
 }
 

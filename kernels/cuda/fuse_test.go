@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -15,16 +16,22 @@ import (
 )
 
 // TestNormFused checks the norm-fused GEMVs (NormLinearCat,
-// NormSwiGLULinear) at model widths, fused and (SetFuse(false)) as
-// RMSNorm then the product: both within LinearTol of the references over
-// the reference's normed rows, with the worst error logged as a fraction
+// NormSwiGLULinear, AddNormLinearCat) at model widths, fused
+// (SetFuseNorm(true)) and as RMSNorm then the product: both within LinearTol of
+// the references over the reference's normed rows, with the worst error logged as a fraction
 // of its tolerance; and, with SetRowExact, every row of a 4-row call equal
 // bit for bit to a call of that row alone (speculative == plain greedy).
 func TestNormFused(t *testing.T) {
+	t.Run("conformance", func(t *testing.T) { // kerneltest's cases of the Norm ops, fused
+		b := openOps(t)
+		b.SetFuseNorm(true)
+		kerneltest.RunNormOps(t, b)
+	})
 	b := openOps(t)
-	defer b.SetFuse(true)
-	logKernelResources(t, b.dev, "ferrite_gemv_bf16_1", "ferrite_gemv_norm_bf16", "ferrite_gemv_swiglu_bf16",
-		"ferrite_gemv_norm_swiglu_bf16", "ferrite_gemv_bf16_x")
+	defer b.SetFuseNorm(false)
+	logKernelResources(t, b.dev, "ferrite_gemv_bf16_1", "ferrite_gemv_norm_bf16", "ferrite_gemv_addnorm_bf16",
+		"ferrite_gemv_swiglu_bf16", "ferrite_gemv_norm_swiglu_bf16", "ferrite_gemv_bf16_x", "ferrite_attn_bf16_4_g4",
+		"ferrite_attn_qkv_bf16_4", "ferrite_attn_bf16_4")
 	for _, c := range []struct {
 		cols, q, kv, inter int
 		offset             bool
@@ -59,24 +66,46 @@ func TestNormFused(t *testing.T) {
 		ref.Linear(u, h, up, nil, false, rows)
 		ref.SwiGLUClamp(wantS, g, u, 0)
 		ga, ua := kerneltest.AbsDot(h, gate, rows), kerneltest.AbsDot(h, up, rows)
-		// run returns both ops' outputs for rows [r0, r0+n) of x.
+		// run returns both ops' outputs for rows [r0, r0+n) of x. It also
+		// runs AddNormLinearCat on halves of x, which add up to x exactly,
+		// and checks that it gives NormLinearCat's bits and the sum x.
 		run := func(n, r0 int) (lin, sw []float32) {
-			x := f32Tensor(t, b, n, c.cols, xv[r0*c.cols:(r0+n)*c.cols])
+			xs := xv[r0*c.cols : (r0+n)*c.cols]
+			half := make([]float32, len(xs))
+			for i, v := range xs {
+				half[i] = 0.5 * v
+			}
+			x, xa, xd := f32Tensor(t, b, n, c.cols, xs), f32Tensor(t, b, n, c.cols, half), f32Tensor(t, b, n, c.cols, half)
+			sm := f32Tensor(t, b, n, c.cols, make([]float32, len(xs)))
 			yl, ys := f32Tensor(t, b, n, total, make([]float32, n*total)), f32Tensor(t, b, n, c.inter, make([]float32, n*c.inter))
+			ya := f32Tensor(t, b, n, total, make([]float32, n*total))
 			b.BeginStep()
 			b.NormLinearCat(yl, x, hn, ws, kernels.Epilogue{})
 			b.NormSwiGLULinear(ys, x, hn, gate, up, 0)
+			b.AddNormLinearCat(ya, sm, xa, xd, hn, ws, kernels.Epilogue{})
 			b.EndStep()
 			lin, sw = make([]float32, n*total), make([]float32, n*c.inter)
+			la, sa := make([]float32, n*total), make([]float32, len(xs))
 			b.ReadF32(lin, yl)
 			b.ReadF32(sw, ys)
-			for _, tt := range []kernels.Tensor{x, yl, ys} {
+			b.ReadF32(la, ya)
+			b.ReadF32(sa, sm)
+			if !slices.Equal(sa, xs) {
+				t.Errorf("cols %d, %d rows: AddNormLinearCat's sum is not x", c.cols, n)
+			}
+			for i, v := range la {
+				if math.Float32bits(v) != math.Float32bits(lin[i]) {
+					t.Errorf("cols %d, %d rows: AddNormLinearCat y[%d] = %g, NormLinearCat %g", c.cols, n, i, v, lin[i])
+					break
+				}
+			}
+			for _, tt := range []kernels.Tensor{x, xa, xd, sm, yl, ys, ya} {
 				b.Free(tt)
 			}
 			return lin, sw
 		}
 		for _, fuse := range []bool{true, false} {
-			b.SetFuse(fuse)
+			b.SetFuseNorm(fuse)
 			name := fmt.Sprintf("cols %d offset %v fused %v", c.cols, c.offset, fuse)
 			lin, sw := run(1, 0)
 			worst := 0.0

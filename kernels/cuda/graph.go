@@ -155,7 +155,7 @@ func runOps(d *Device, ops []func(*Device) error) error {
 // trace's second sighting, eagerly otherwise.
 func (b *Backend) runStepL(ops []func(*Device) error) error {
 	d, g := b.dev, &b.graphs
-	if d.prof != nil && len(ops) > 0 {
+	if d.prof != nil && !d.prof.graph && len(ops) > 0 {
 		d.prof.table.steps++
 	}
 	if !g.enabled || len(ops) == 0 {
@@ -190,6 +190,9 @@ func (b *Backend) runStepL(ops []func(*Device) error) error {
 		return runOps(d, ops)
 	}
 	g.n.Replays++
+	if d.prof != nil {
+		return d.prof.replayL(d, c.exec)
+	}
 	return check("cuGraphLaunch", call(driver.cuGraphLaunch, c.exec, d.stream))
 }
 
@@ -204,6 +207,7 @@ func (b *Backend) captureL(ops []func(*Device) error) (uintptr, error) {
 	if err := check("cuStreamBeginCapture", call(driver.cuStreamBeginCapture, d.stream, captureRelaxed)); err != nil {
 		return 0, err
 	}
+	d.prof.beginCapture()
 	runErr := runOps(d, ops)
 	var graph, exec uintptr
 	err := check("cuStreamEndCapture", call(driver.cuStreamEndCapture, d.stream, uintptr(unsafe.Pointer(&graph))))
@@ -216,6 +220,7 @@ func (b *Backend) captureL(ops []func(*Device) error) (uintptr, error) {
 	if graph != 0 {
 		call(driver.cuGraphDestroy, graph)
 	}
+	d.prof.endCapture(exec, err)
 	return exec, err
 }
 

@@ -123,6 +123,9 @@ var driver struct {
 	// cuFuncSetAttribute for kernels above 48 KiB of shared memory;
 	// cuFuncGetAttribute for the tests' register counts.
 	cuMemGetInfo, cuLaunchKernelEx, cuFuncSetAttribute, cuFuncGetAttribute uintptr
+	// cuEventRecordWithFlags: event record nodes in captured graphs, for
+	// FERRITE_CUDA_PROFILE=graph.
+	cuEventRecordWithFlags uintptr
 }
 
 // errNoDriver wraps every failure to load libcuda.so.1.
@@ -163,7 +166,8 @@ func loadDriver() error {
 			return
 		}
 		optionalSymbols(lib, map[string]*uintptr{"cuMemGetInfo_v2": &d.cuMemGetInfo, "cuLaunchKernelEx": &d.cuLaunchKernelEx,
-			"cuFuncSetAttribute": &d.cuFuncSetAttribute, "cuFuncGetAttribute": &d.cuFuncGetAttribute})
+			"cuFuncSetAttribute": &d.cuFuncSetAttribute, "cuFuncGetAttribute": &d.cuFuncGetAttribute,
+			"cuEventRecordWithFlags": &d.cuEventRecordWithFlags})
 		if err := check("cuInit", call(d.cuInit, 0)); err != nil {
 			driver.err = err
 			return

@@ -28,12 +28,12 @@ func init() {
 		"ferrite_mla_attn_f32_1", "ferrite_mla_attn_f32_2", "ferrite_mla_attn_f32_4",
 		"ferrite_mla_attn_bf16_1", "ferrite_mla_attn_bf16_2", "ferrite_mla_attn_bf16_4",
 		"ferrite_dsa_scores_f32", "ferrite_dsa_scores_bf16", "ferrite_topk",
-		"ferrite_mla_tc_1", "ferrite_mla_tc_2", "ferrite_mla_tc_3", "ferrite_mla_tc_4", "ferrite_mla_merge", "ferrite_mla_proj_tc")
-	bigSmemKernels = append(bigSmemKernels, append(mlaTCKernels[:], "ferrite_mla_proj_tc")...)
+		"ferrite_mla_tc_1", "ferrite_mla_tc_2", "ferrite_mla_tc_3", "ferrite_mla_tc_4", "ferrite_mla_merge", "ferrite_mla_proj_tc_8", "ferrite_mla_proj_tc_32")
+	bigSmemKernels = append(bigSmemKernels, append(mlaTCKernels[:], "ferrite_mla_proj_tc_8", "ferrite_mla_proj_tc_32")...)
 	// The decode chain of an MLA layer starts each kernel with
 	// FERRITE_PDL_WAIT() (TestPDLKernelsWait), so each may be launched
 	// while the one before drains.
-	for _, k := range append([]string{"ferrite_mla_store_latent", "ferrite_rope", "ferrite_mla_proj", "ferrite_mla_proj_tc", "ferrite_mla_merge"}, mlaTCKernels[:]...) {
+	for _, k := range append([]string{"ferrite_mla_store_latent", "ferrite_rope", "ferrite_mla_proj", "ferrite_mla_proj_tc_8", "ferrite_mla_proj_tc_32", "ferrite_mla_merge"}, mlaTCKernels[:]...) {
 		pdlKernels[k] = true
 	}
 }
@@ -55,10 +55,10 @@ const (
 	mlaTCHeads  = 32
 )
 
-// mlaProjSmem is ferrite_mla_proj_tc's shared memory for a weight k
-// values wide: 32 query rows of k in three bf16 terms, and three k-quarters'
-// partial sums.
-func mlaProjSmem(k int) int { return 3*k*32*2 + 3*2*4*32*4*4 }
+// mlaProjSmem is ferrite_mla_proj_tc_*'s shared memory for a weight k
+// values wide and 8·nq query rows a block: the rows in three bf16 terms,
+// and three k-quarters' partial sums.
+func mlaProjSmem(k, nq int) int { return 3*k*8*nq*2 + 3*2*nq*32*4*4 }
 
 // mlaTCSmem is TcSmem<nt>::bytes of src/tensor_mla.cu: the query's three
 // bf16 terms as B fragments, two key tiles, the partial scores, the
@@ -239,10 +239,12 @@ func (b *Backend) ukWeight(kvB *kernels.Mat, dw *Weight, s kernels.MLAShape) (*W
 // attention reads each latent once for a group of heads, while the naive
 // form's expanded keys would be read per head and per row). The steps: q_pe
 // rotated in place (ferrite_rope on the heads' tails); the absorbed queries
-// W_UK_hᵀ·q_nope (ferrite_mla_proj over the transposed W_UK, ukWeight); the
-// latent attention split over the keys (mlaTC: on tensor cores, merged by
-// ferrite_mla_merge; else ferrite_mla_attn_*, merged by ferrite_mla_combine);
-// then W_UV_h·lat per head (ferrite_mla_proj over kv_b_proj).
+// W_UK_hᵀ·q_nope (a per-head projection over the transposed W_UK,
+// ukWeight); the latent attention split over the keys (tcPlan: on tensor
+// cores, merged by ferrite_mla_merge; else ferrite_mla_attn_*, merged by
+// ferrite_mla_combine); then W_UV_h·lat per head over kv_b_proj. The
+// projections are ferrite_mla_proj_tc for BF16 weights, else
+// ferrite_mla_proj; FERRITE_MLA_TC=0 keeps every step off the tensor cores.
 func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r *kernels.Rotary, p *kernels.Paged, s kernels.MLAShape, sel kernels.Tensor) {
 	f32Contig("AttentionMLA", out, q)
 	bf := cacheDType("AttentionMLA", cache)
@@ -295,14 +297,20 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	} else {
 		attend = b.mlaAttend(bf, lat, qc, qp, dptr(cache), pos, seq, bt, selp, keys, p, s, n)
 	}
-	// proj launches y = W_h·x_h per head (ferrite_mla_proj's arguments),
-	// on tensor cores for a BF16 weight (every row's sums independent of
-	// the others, as in ferrite_mla_proj).
+	// proj launches y = W_h·x_h per head (ferrite_mla_proj's arguments):
+	// for several rows and a BF16 weight on tensor cores, 8 or 32 query
+	// rows a block; for one row, and for every row with SetRowExact (so
+	// that each gets the one-row bits), the GEMV, which measured faster
+	// for one row (GPU run 2: 8.8 + 8.1 against 13.3 + 11.1 µs a layer).
+	projTC := mlaTCEnabled && !b.mlaNoTC && !b.rowExact && n > 1
+	nq, projName := 4, "ferrite_mla_proj_tc_32"
+	if n <= 8 {
+		nq, projName = 1, "ferrite_mla_proj_tc_8"
+	}
 	proj := func(d *Device, y uint64, yRS, yHS int, x uint64, xRS, xHS, rows, wHRows, row0 int, w *Weight) error {
-		if mlaTCEnabled && !b.mlaNoTC && w.DType == kernels.BF16 && w.Cols%16 == 0 &&
-			xRS%2 == 0 && xHS%2 == 0 && mlaProjSmem(w.Cols) <= b.dev.SmemOptIn {
-			return d.launch3L("ferrite_mla_proj_tc", [3]uint32{uint32(ceilDiv(rows, 32)), uint32(s.Heads), uint32(ceilDiv(n, 32))},
-				256, uint32(mlaProjSmem(w.Cols)), y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows),
+		if smem := mlaProjSmem(w.Cols, nq); projTC && w.DType == kernels.BF16 && w.Cols%16 == 0 && xRS%2 == 0 && xHS%2 == 0 && smem <= b.dev.SmemOptIn {
+			return d.launch3L(projName, [3]uint32{uint32(ceilDiv(rows, 32)), uint32(s.Heads), uint32(ceilDiv(n, 8*nq))},
+				256, uint32(smem), y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows),
 				w.Buf.ptr, i32(w.Cols), i32(row0))
 		}
 		args := append([]uint64{y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows)}, projArgs(w, row0)...)
@@ -372,31 +380,46 @@ type mlaTCPlan struct {
 }
 
 // tcPlan plans the tensor-core latent attention of n rows over up to keys
-// keys; nt = 0 when it does not apply (another shape, an F32 cache,
+// keys; nt = 0 when it does not apply (another shape or an odd
+// qk_nope_head_dim — the kernel reads the query in pairs —, an F32 cache,
 // FERRITE_MLA_TC=0, or too little shared memory).
 func (b *Backend) tcPlan(bf bool, s kernels.MLAShape, n, keys int) mlaTCPlan {
-	if !bf || !mlaTCEnabled || b.mlaNoTC || s.KVLora != mlaTCLatent || s.Rope != mlaTCRope {
+	if !bf || !mlaTCEnabled || b.mlaNoTC || s.KVLora != mlaTCLatent || s.Rope != mlaTCRope || s.Nope%2 != 0 {
 		return mlaTCPlan{}
 	}
-	t := mlaTCPlan{groups: ceilDiv(s.Heads, mlaTCHeads)}
+	// With SetRowExact the rows are planned as a row alone would be, so
+	// that a verification's rows get plain decoding's bits (a head's sums
+	// depend on its row and the splits only, not on its group).
+	if b.rowExact {
+		n = 1
+	}
+	// Up to 32 heads a block; 8 for a few rows, whose blocks are then
+	// more and lighter (GPU run 3, BenchmarkMLADecode, 1 row at context
+	// 192: 30.8 against 34.5 µs a layer).
+	heads := mlaTCHeads
+	if n <= 4 {
+		heads = 8
+	}
+	if b.mlaHeads > 0 {
+		heads = b.mlaHeads
+	}
+	t := mlaTCPlan{groups: ceilDiv(s.Heads, min(heads, mlaTCHeads))}
 	t.gs = ceilDiv(s.Heads, t.groups)
 	t.nt = ceilDiv(t.gs, 8)
 	t.smem = mlaTCSmem(t.nt)
 	if t.smem > b.dev.SmemOptIn {
 		return mlaTCPlan{}
 	}
-	// One block a multiprocessor (the shared memory allows no more): as
-	// many splits of whole key tiles as fill them once, at least a tile
-	// each. With SetRowExact the rows are split as a row alone would be,
-	// so that a verification's rows get plain decoding's bits (a block's
-	// and the merge's sums depend on its row and the split only).
+	// A block or two a multiprocessor (the shared memory allows no more):
+	// as many splits of whole key tiles as fill them once, at least
+	// mlaTiles tiles each.
 	tiles := max(1, ceilDiv(keys, mlaTCKeys))
-	if b.rowExact {
-		n = 1
-	}
 	t.splits = 1
 	if c := b.dev.SMs / (n * t.groups); c > 1 {
-		t.splits = min(tiles, c)
+		t.splits = min(ceilDiv(tiles, max(1, b.mlaTiles)), c)
+	}
+	if b.mlaSplitCap > 0 {
+		t.splits = min(t.splits, b.mlaSplitCap)
 	}
 	t.split = ceilDiv(tiles, t.splits) * mlaTCKeys
 	return t

@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -50,7 +51,11 @@ func TestMLAWide(t *testing.T) {
 // sublayer of a layer (q_a_proj, its norm, q_b_proj, kv_a_proj_with_mqa,
 // the MLA ops, o_proj; GB/s then counts those weights too). The cases run the default latent attention
 // (on tensor cores), and those marked cores the CUDA-core kernels too
-// ("/cores", what FERRITE_MLA_TC=0 runs).
+// ("/cores", what FERRITE_MLA_TC=0 runs); the 1-row cases at contexts of
+// 4,096 and 192 and the 32-row one also with the tensor-core attention's
+// plan changed, to tune it: splits capped ("/splits<=2", "/splits<=1"),
+// heads a block ("/heads=32", 16, 8), key tiles a split at least
+// ("/tiles>=2", 4).
 func BenchmarkMLADecode(b *testing.B) {
 	be := openOps(b)
 	const heads, nope, rope, dv, kl, layers, bs = 20, 192, 64, 256, 512, 47, 64
@@ -93,7 +98,11 @@ func BenchmarkMLADecode(b *testing.B) {
 	const hidden, qLora = 2048, 768
 	var projs [][4]*kernels.Mat
 	qNorm := alloc(kernels.F32, 1, qLora)
-	be.WriteF32(qNorm, ones[:qLora])
+	qOnes := make([]float32, qLora)
+	for i := range qOnes {
+		qOnes[i] = 1
+	}
+	be.WriteF32(qNorm, qOnes)
 	mat := func(rows, cols int) *kernels.Mat {
 		m := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols}
 		t := alloc(kernels.BF16, rows, cols)
@@ -109,12 +118,15 @@ func BenchmarkMLADecode(b *testing.B) {
 		prefill        bool // the rows are one sequence's positions 0 … rows−1 (ctx = rows)
 		cores          bool // also time the CUDA-core kernels (FERRITE_MLA_TC=0's), "/cores"
 		sub            bool // the whole attention sublayer: q_a, its norm, q_b, kv_a, the MLA ops, o
+		tune           bool // also the tensor-core attention with its splits or heads a block capped
 	}{
-		{"rows=1/ctx=4096", 1, 4096, 0, false, true, false}, {"rows=8/ctx=4096", 8, 4096, 0, false, false, false},
-		{"rows=32/ctx=192", 32, 192, 0, false, true, false}, {"rows=32/ctx=192/sublayer", 32, 192, 0, false, true, true},
-		{"rows=1/ctx=192/sublayer", 1, 192, 0, false, true, true},
-		{"rows=1/ctx=32768", 1, 32768, 0, false, false, false}, {"rows=1/ctx=32768/top=2048", 1, 32768, 2048, false, false, false},
-		{"prefill/rows=1024", 1024, 1024, 0, true, false, false},
+		{"rows=1/ctx=4096", 1, 4096, 0, false, true, false, true}, {"rows=8/ctx=4096", 8, 4096, 0, false, false, false, false},
+		{"rows=1/ctx=192", 1, 192, 0, false, true, false, true},
+		{"rows=32/ctx=192", 32, 192, 0, false, true, false, true}, {"rows=32/ctx=192/sublayer", 32, 192, 0, false, true, true, false},
+		{"rows=1/ctx=192/sublayer", 1, 192, 0, false, true, true, false},
+		{"rows=1/ctx=32768", 1, 32768, 0, false, false, false, false},
+		{"rows=1/ctx=32768/top=2048", 1, 32768, 2048, false, false, false, false},
+		{"prefill/rows=1024", 1024, 1024, 0, true, false, false, false},
 	} {
 		if c.sub && projs == nil {
 			for range layers {
@@ -200,15 +212,33 @@ func BenchmarkMLADecode(b *testing.B) {
 			}
 			be.EndStep()
 		}
-		for _, cores := range []bool{false, true} {
-			if cores && !c.cores {
-				continue
-			}
+		type variant struct {
+			cores bool // the CUDA-core kernels
+			cap   int  // at most this many splits (the tensor-core kernels)
+			heads int  // heads a block (the tensor-core kernels)
+			tiles int  // key tiles a split at least (the tensor-core kernels)
+		}
+		vars := []variant{{}}
+		if c.cores {
+			vars = append(vars, variant{cores: true})
+		}
+		if c.tune {
+			vars = append(vars, variant{cap: 2}, variant{cap: 1}, variant{heads: 32}, variant{heads: 16}, variant{heads: 8},
+				variant{tiles: 2}, variant{tiles: 4})
+		}
+		for _, v := range vars {
 			name := c.name
-			if cores {
+			switch {
+			case v.cores:
 				name += "/cores"
+			case v.cap > 0:
+				name += fmt.Sprintf("/splits<=%d", v.cap)
+			case v.heads > 0:
+				name += fmt.Sprintf("/heads=%d", v.heads)
+			case v.tiles > 0:
+				name += fmt.Sprintf("/tiles>=%d", v.tiles)
 			}
-			be.mlaNoTC = cores
+			be.mlaNoTC, be.mlaSplitCap, be.mlaHeads, be.mlaTiles = v.cores, v.cap, v.heads, v.tiles
 			b.Run(name, func(b *testing.B) {
 				step() // warm up; with graphs the second step is captured
 				step()
@@ -242,7 +272,7 @@ func BenchmarkMLADecode(b *testing.B) {
 				b.ReportMetric(bytes/sec/1e9, "GB/s")
 			})
 		}
-		be.mlaNoTC = false
+		be.mlaNoTC, be.mlaSplitCap, be.mlaHeads, be.mlaTiles = false, 0, 0, 0
 		for _, kc := range caches {
 			be.Free(kc)
 		}

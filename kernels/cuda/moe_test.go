@@ -16,16 +16,14 @@ import (
 )
 
 // TestOpsExpertsPaths checks Experts against kernels/ref.Experts on every
-// path: the grouped GEMV kernels up to moeGEMVTokens tokens (with 8, 4
-// and 2 slots a pass and blocks of few and of all slots, and their
-// register-tile form from moeTileSlots slots or forced), the first
-// grouped GEMV kernels (FERRITE_MOE_KERNELS=v1) up to moeFewTokens (a slot
-// a pass, and up to 8 slots of an expert a pass), above them the sorted
-// tiled GEMMs on CUDA cores (experts of mixed dtypes: bf16, f32 and
-// block-scaled F8E4M3, fused and separate) and on tensor cores (all bf16,
-// and again with them turned off), with experts of one and of several
-// 64-slot tiles and tokens that share experts, within
-// kerneltest.ExpertsTol of max |y|.
+// path: the grouped GEMV of a slot a pass below moeGTFrom tokens (and up to
+// moeFewTokens, and with up to 8 slots of an expert a pass), its
+// register-tile form from moeGTFrom to moeGTTokens (every tile size, blocks of one, some and all slots, and
+// forced at fewer tokens), the sorted tiled GEMMs above that on CUDA cores
+// (experts of mixed dtypes: bf16, f32 and block-scaled F8E4M3, fused and
+// separate) and on tensor cores (all bf16, and again with them turned off),
+// with experts of one and of several 64-slot tiles and tokens that share
+// experts, within kerneltest.ExpertsTol of max |y|.
 func TestOpsExpertsPaths(t *testing.T) {
 	b := openOps(t)
 	defer func(c moeConfig) { b.moe = c }(b.moe)
@@ -60,31 +58,28 @@ func TestOpsExpertsPaths(t *testing.T) {
 		}
 		bf16[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
 	}
-	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, moeGEMVTokens, moeGEMVTokens + 1, 300} {
+	for _, n := range []int{1, 2, 3, 8, moeFewTokens + 1, moeGTTokens, moeGTTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("mixed/n=", n), mixed, n, 4, rng)
 	}
-	checkExperts(t, b, "bf16/n=16", bf16, 16, 4, rng) // 64 slots: the register tiles
-	checkExperts(t, b, "bf16/n=4", bf16, 4, 4, rng)   // 16: the row-a-warp form
-	const gv = moeGEMVSlots + 1                       // never the register tiles
-	for _, c := range []moeConfig{{pass: 2, tiles: gv}, {pass: 4, tiles: gv}, {pass: 8, sb: 8, tiles: gv},
-		{pass: 8, sb: 256, tiles: gv}, {pass: 2, sb: 3, tiles: gv}, {tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7},
-		{tiles: 1, sb: 256}, {tiles: 1, gt: -1}, {tiles: 1, gt: 1, sb: 5}} {
+	checkExperts(t, b, "bf16/n=16", bf16, 16, 4, rng) // the register tiles
+	for _, c := range []moeConfig{{tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7}, {tiles: 1, sb: 256}, {tiles: 1, gt: 1},
+		{tiles: 1, gt: 2, sb: 5}, {gt: 2}, {gt: 1, sb: 3}} {
 		b.moe = c
-		for _, n := range []int{1, 5, moeGEMVTokens} {
-			checkExperts(t, b, fmt.Sprintf("mixed/pass=%d/sb=%d/n=%d", c.pass, c.sb, n), mixed, n, 4, rng)
-			checkExperts(t, b, fmt.Sprintf("bf16/pass=%d/sb=%d/n=%d", c.pass, c.sb, n), bf16, n, 4, rng)
+		for _, n := range []int{1, 5, moeFewTokens + 3, moeGTTokens} {
+			checkExperts(t, b, fmt.Sprintf("mixed/%+v/n=%d", c, n), mixed, n, 4, rng)
+			checkExperts(t, b, fmt.Sprintf("bf16/%+v/n=%d", c, n), bf16, n, 4, rng)
 		}
 	}
-	b.moe = moeConfig{v1: true}
-	for _, n := range []int{1, 3, 8} {
+	b.moe = moeConfig{v1: true, slots8: true} // the kernels that take up to 8 slots of an expert a pass
+	for _, n := range []int{3, 8} {
+		checkExperts(t, b, fmt.Sprint("mixed/8-slot/n=", n), mixed, n, 4, rng)
+	}
+	b.moe = moeConfig{v1: true} // slot a pass up to moeFewTokens, the sorted tiles above
+	for _, n := range []int{moeFewTokens, 20} {
 		checkExperts(t, b, fmt.Sprint("mixed/v1/n=", n), mixed, n, 4, rng)
 	}
-	b.moe.slots8 = true // the kernels that take up to 8 slots of an expert a pass
-	for _, n := range []int{3, 8} {
-		checkExperts(t, b, fmt.Sprint("mixed/v1-8-slot/n=", n), mixed, n, 4, rng)
-	}
 	b.moe = moeConfig{}
-	for _, n := range []int{moeGEMVTokens + 1, 300} {
+	for _, n := range []int{moeGTTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
 		b.noMMA = true
 		checkExperts(t, b, fmt.Sprint("bf16/fma/n=", n), bf16, n, 4, rng)
@@ -94,9 +89,9 @@ func TestOpsExpertsPaths(t *testing.T) {
 
 // TestOpsExpertsRowExact checks that the grouped GEMV paths give every
 // token the bits of a call with that token alone (kernels.RowExact: a
-// speculative verification's rows reproduce plain decoding's), for every
-// pass and block size, the register tiles and both kernel generations, on
-// experts of mixed dtypes with tokens that share experts.
+// speculative verification's rows reproduce plain decoding's): the
+// register tiles (every size, at 2 to 12 tokens) and the slot-a-pass
+// kernels, on experts of mixed dtypes with tokens that share experts.
 func TestOpsExpertsRowExact(t *testing.T) {
 	b := openOps(t)
 	defer func(c moeConfig) { b.moe = c }(b.moe)
@@ -120,28 +115,17 @@ func TestOpsExpertsRowExact(t *testing.T) {
 		}
 	}
 	run := func(rows int, x []float32, id []int32, w []float32) []float32 {
-		xt, wt := f32Tensor(t, b, rows, hidden, x), f32Tensor(t, b, rows, k, w)
-		it, y := i32Tensor(t, b, rows, k, id), f32Tensor(t, b, rows, hidden, make([]float32, rows*hidden))
-		b.BeginStep()
-		b.Experts(y, xt, it, wt, ex)
-		b.EndStep()
-		got := make([]float32, rows*hidden)
-		b.ReadF32(got, y)
-		return got
+		return expertsOnDevice(t, b, ex, rows, k, x, id, w)
 	}
 	b.moe = moeConfig{}
 	alone := make([]float32, n*hidden)
 	for i := range n {
 		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	const gv = moeGEMVSlots + 1 // never the register tiles
-	for _, c := range []moeConfig{{}, {pass: 2, tiles: gv}, {pass: 4, sb: 5, tiles: gv}, {pass: 8, sb: 48, tiles: gv},
-		{tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: -1}, {tiles: 1, gt: 1}, {v1: true}, {v1: true, slots8: true}} {
+	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true}} {
 		b.moe = c
 		for _, rows := range []int{2, 8, n} {
-			if c.v1 && rows > moeFewTokens {
-				continue
-			}
+
 			got := run(rows, xv[:rows*hidden], ids[:rows*k], wv[:rows*k])
 			differ := 0
 			for i, v := range got {
@@ -154,6 +138,21 @@ func TestOpsExpertsRowExact(t *testing.T) {
 			}
 		}
 	}
+}
+
+// expertsOnDevice runs Experts in one step on n tokens x (n, hidden) of k
+// experts each (ids, w (n, k)) and returns y (n, hidden).
+func expertsOnDevice(t *testing.T, b *Backend, ex []kernels.Expert, n, k int, xv []float32, ids []int32, wv []float32) []float32 {
+	t.Helper()
+	hidden := ex[0].Down.Rows
+	x, w := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv)
+	it, y := i32Tensor(t, b, n, k, ids), f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
+	b.BeginStep()
+	b.Experts(y, x, it, w, ex)
+	b.EndStep()
+	got := make([]float32, n*hidden)
+	b.ReadF32(got, y)
+	return got
 }
 
 // checkExperts runs Experts for n random tokens of k distinct experts each
@@ -174,13 +173,7 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 	if n > 1 {
 		ids[(n-1)*k+1] = int32(len(ex) + 3)
 	}
-	x, w := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv)
-	it, y := i32Tensor(t, b, n, k, ids), f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
-	b.BeginStep()
-	b.Experts(y, x, it, w, ex)
-	b.EndStep()
-	got := make([]float32, n*hidden)
-	b.ReadF32(got, y)
+	got := expertsOnDevice(t, b, ex, n, k, xv, ids, wv)
 	want := make([]float32, good*hidden)
 	ref.Experts(want, xv[:good*hidden], ids[:good*k], wv[:good*k], good, ex)
 	m := 0.0
@@ -212,25 +205,24 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // own experts (58 GB in all, far more than L2 holds; random, generated on
 // the device by the first step) and its own random choice, the step
 // replayed as a CUDA graph: n tokens a step, the grouped GEMV up to
-// moeGEMVTokens, the sorted tiles above. Variants: "v1" the first grouped
-// GEMV kernels (FERRITE_MOE_KERNELS=v1) a slot a pass, "v1-8-slot" up to 8
-// slots of an expert a pass, "gv" and "gt" the grouped GEMV's row-a-warp
-// and register-tile forms where the other is the default, "gt-half" and
-// "gt-double" the register tiles with half and twice the rows a warp
-// (FERRITE_MOE_GT), "tiles" the
-// prefill path's sorted tiles at a grouped-GEMV size. µs/layer is the step over the
-// layers; GB/s counts the chosen experts' weight bytes (distinct experts of
-// the step's tokens) over the step's wall time, TFLOP/s the slots'
-// multiply-adds.
+// moeGTTokens (the slot-a-pass kernels below moeGTFrom, their register
+// tiles from there), the sorted tiles above. Variants: "slot" the
+// slot-a-pass kernels where the tiles are the default, "gt" the tiles
+// where they are not, "gt=1" the tiles with one gate/up row a warp
+// (FERRITE_MOE_GT; 4 by default), "tiles" the prefill path's sorted tiles
+// at a register-tile size (FERRITE_MOE_KERNELS=v1). µs/layer is the step
+// over the layers; GB/s counts the chosen experts' weight bytes (distinct
+// experts of the step's tokens) over the step's wall time,
+// TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
-	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 4, 8, 32, 64, 512})
+	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 2, 4, 8, 32, 64, 512})
 }
 
 // BenchmarkMoEGLM is BenchmarkMoE on GLM-4.7-Flash's routed experts (64
 // of 1,536, top 4, hidden 2048, 46 layers, 55 GB), at its bench's batch
 // sizes.
 func BenchmarkMoEGLM(b *testing.B) {
-	benchMoE(b, 64, 4, 2048, 1536, 46, []int{1, 8, 32, 64})
+	benchMoE(b, 64, 4, 2048, 1536, 46, []int{1, 2, 8, 32, 64})
 }
 
 func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
@@ -275,22 +267,19 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 			c    moeConfig
 		}
 		vs := []variant{{"", moeConfig{}}}
-		if n <= moeFewTokens {
-			vs = append(vs, variant{"/v1", moeConfig{v1: true}})
-			if n > 1 {
-				vs = append(vs, variant{"/v1-8-slot", moeConfig{v1: true, slots8: true}})
-			}
-		}
-		if n <= moeGEMVTokens && n*k <= moeGEMVSlots {
-			if (moeConfig{}).useTiles(n * k) {
-				vs = append(vs, variant{"/gv", moeConfig{tiles: moeGEMVSlots + 1}},
-					variant{"/gt-half", moeConfig{gt: -1}}, variant{"/gt-double", moeConfig{gt: 1}})
+		if n*k <= moeGEMVSlots && n <= moeGTTokens {
+			if (moeConfig{}).useGT(n, k) {
+				if n <= moeFewTokens {
+					vs = append(vs, variant{"/slot", moeConfig{v1: true}})
+				} else {
+					vs = append(vs, variant{"/tiles", moeConfig{v1: true}})
+				}
 			} else {
 				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}})
 			}
 		}
-		if n > moeFewTokens && n <= moeGEMVTokens {
-			vs = append(vs, variant{"/tiles", moeConfig{few: moeFewTokens}})
+		if n > 1 && n <= moeFewTokens && n*k <= moeGEMVSlots {
+			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
 		}
 		for _, v := range vs {
 			be.moe = v.c
@@ -344,7 +333,7 @@ func randomMats() func(rows, cols int) *kernels.Mat {
 // PrepareQKV), no engine: random bf16 weights made on the device (61 GB),
 // 512 cached positions in a bf16 KV cache, the step replayed as a CUDA
 // graph. "moe" runs only each layer's router, Route and Experts, "attn"
-// everything else; "/v1" with the first grouped GEMV kernels. ms/step is host wall time from BeginStep to the end of
+// everything else. ms/step is host wall time from BeginStep to the end of
 // EndStep; GB/s counts the weight bytes a step reads (the experts its
 // routing chose, distinct per layer).
 func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
@@ -405,10 +394,7 @@ func BenchmarkOpsDecodeStep30BA3B(b *testing.B) {
 	for _, c := range []struct {
 		name      string
 		attn, moe bool
-		v1        bool // the first grouped GEMV kernels (FERRITE_MOE_KERNELS=v1)
-	}{{"all", true, true, false}, {"moe", false, true, false}, {"attn", true, false, false},
-		{"all/v1", true, true, true}, {"moe/v1", false, true, true}} {
-		be.moe = moeConfig{v1: c.v1}
+	}{{"all", true, true}, {"moe", false, true}, {"attn", true, false}} {
 		step := func() {
 			be.BeginStep()
 			x, h, y := be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden), be.Scratch(kernels.F32, 1, hidden)

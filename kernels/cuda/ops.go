@@ -203,7 +203,7 @@ func (d *Device) linearL(y, x uint64, w *Weight, n int, bias uint64, acc bool) e
 			grid = uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
 		}
 		// The last argument, the weight prefetch, only the split kernels read (pdl.go).
-		return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc), b32(d.prefetch))
+		return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc), i32(d.prefetchBlocks()))
 	case kernels.F8E4M3:
 		if w.BlockRows <= 0 || w.BlockCols <= 0 || w.Scale == nil {
 			return fmt.Errorf("cuda: F8E4M3 weight without block scales")
@@ -223,7 +223,7 @@ func (d *Device) linearExactL(y, x uint64, w *Weight, n int, bias uint64, acc bo
 		return d.linearL(y, x, w, n, bias, acc)
 	}
 	grid := uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
-	return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc), b32(d.prefetch))
+	return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc), i32(d.prefetchBlocks()))
 }
 
 // gemvExactKernels names the GEMVs of linearExactL per dtype.

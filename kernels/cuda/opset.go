@@ -5,6 +5,7 @@ package cuda
 import (
 	"encoding/binary"
 	"math"
+	"os"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -36,6 +37,7 @@ const flushAt = 32
 // the step as a whole (graph.go); outside one they go in batches. Anything
 // that reads, writes or waits (exec) issues the waiting launches first.
 func (b *Backend) queue(f func(d *Device) error) {
+	b.presplit = presplit{} // whatever was split may change now (linearSplitSwiGLU)
 	b.qmu.Lock()
 	b.pending = append(b.pending, f)
 	full := !b.inStep && len(b.pending) >= flushAt
@@ -145,12 +147,39 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 // cuBLASLt's for many rows). Call it outside a step.
 func (b *Backend) SetRowExact(on bool) { b.rowExact = on }
 
+// fewRowsMax is the most rows fewRows hands to the one-row GEMV's sums
+// (linearExactL), and fewRowsBF16 the largest bf16 weight it does: for
+// 2 to 4 rows (an MTP draft pass after an accepted draft, a few decoding
+// sequences) the four-warps-a-row GEMV, run once per row with the
+// weight rows still in L1, took 6 µs where the 8-rows-a-block GEMV of
+// f32 weights took 20-47 µs and cuBLASLt's split product 15-30 µs on
+// ferrite-tiny's small weights (GPU run 2's profile). A large bf16 weight
+// keeps cuBLASLt. FERRITE_CUDA_FEWROWS=0 turns it off.
+const (
+	fewRowsMax  = 4
+	fewRowsBF16 = 4 << 20
+)
+
+var fewRowsOn = os.Getenv("FERRITE_CUDA_FEWROWS") != "0"
+
+// fewRows reports whether a product of n rows with w runs as n one-row
+// GEMVs (linearExactL) although the row-exact mode is off.
+func fewRows(w *Weight, n int) bool {
+	if !fewRowsOn || n < 2 || n > fewRowsMax {
+		return false
+	}
+	if _, ok := gemvExactKernels[w.DType]; !ok {
+		return false
+	}
+	return w.DType != kernels.BF16 || w.Bytes() <= fewRowsBF16
+}
+
 // linearW queues y (n, w.Rows) = x·wᵀ (+ bias) (+ y when acc): the GEMV
 // for one row (and for weights cuBLASLt does not take), cuBLASLt above;
 // with SetRowExact, the one-row GEMV's sums for every row.
 func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
-	case b.rowExact && n > 1:
+	case b.rowExact && n > 1, fewRows(w, n):
 		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
 	case b.useSkinny(w, n, x):
 		b.linearSkinny(y, x, bias, w, n, acc, false, 0)
@@ -166,27 +195,37 @@ func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 // LinearCat implements kernels.LinearOps: the weights are stacked once on
 // the device (stacked) and run as one product.
 func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) {
-	f32Contig("LinearCat", dst, x)
+	if dw, bias, ok := b.catArgs("LinearCat", dst, x, ws, e); ok {
+		b.linearW(dptr(dst), dptr(x), bias, dw, x.Rows, e.Accumulate)
+	}
+}
+
+// catArgs checks the operands of op (LinearCat or a Norm form of it) and
+// returns the stacked weights and the bias address; ok is false when there
+// is nothing to run (no rows or no outputs) or the upload failed (kept for
+// Err).
+func (b *Backend) catArgs(op string, dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) (dw *Weight, bias uint64, ok bool) {
+	f32Contig(op, dst, x)
 	total := 0
 	for _, w := range ws {
 		if w.Cols != x.Cols || w.Cols == 0 {
-			panic("cuda: LinearCat weights of another width")
+			panic("cuda: " + op + " weights of another width")
 		}
 		total += w.Rows
 	}
 	if dst.Cols != total || dst.Rows != x.Rows {
-		panic("cuda: LinearCat shapes do not match the weights")
+		panic("cuda: " + op + " shapes do not match the weights")
 	}
-	bias := biasPtr("LinearCat", e.Bias, total)
+	bias = biasPtr(op, e.Bias, total)
 	if x.Rows == 0 || total == 0 {
-		return
+		return nil, 0, false
 	}
 	dw, err := b.stacked(ws...)
 	if err != nil {
 		b.fail(err)
-		return
+		return nil, 0, false
 	}
-	b.linearW(dptr(dst), dptr(x), bias, dw, x.Rows, e.Accumulate)
+	return dw, bias, true
 }
 
 // SwiGLULinear implements kernels.LinearOps: gate and up stacked once on
@@ -214,12 +253,17 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
 				name, grid = k[d.gemvRows/4], uint32(ceilDiv(inter, d.gemvRows/2))
 			}
-			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit), b32(d.prefetch))
+			return d.launchL(name, grid, gemvBlock, 0, y, xp, dw.Buf.ptr, i32(inter), i32(dw.Cols), f32(limit), i32(d.prefetchBlocks()))
 		})
 		return
 	}
-	if !b.rowExact && b.useSkinny(dw, n, xp) { // the SwiGLU in the skinny GEMM's epilogue
+	switch {
+	case b.rowExact: // below
+	case b.useSkinny(dw, n, xp): // the SwiGLU in the skinny GEMM's epilogue
 		b.linearSkinny(y, xp, 0, dw, n, false, true, limit)
+		return
+	case dw.DType == kernels.BF16 && n < gemmRoundRows && b.useGemm(): // linearW's split product
+		b.linearSplitSwiGLU(y, xp, dw, n, limit)
 		return
 	}
 	t := b.Scratch(kernels.F32, n, 2*inter) // (n, 2·inter) [x·gateᵀ | x·upᵀ]
@@ -231,31 +275,14 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	})
 }
 
-// NormLinearCat implements kernels.LinearOps. One row (or any rows with
-// SetRowExact) runs gemv.cu's GEMV with the norm fused (each block sums
-// x² as it reads x and scales its sums once); more rows, or with the
-// fusion off (FERRITE_CUDA_FUSE=0, SetFuse), RMSNorm into scratch and
-// LinearCat.
+// NormLinearCat implements kernels.LinearOps. With the norm fusion on
+// (SetFuseNorm), one row (or any rows with SetRowExact) runs gemv.cu's
+// GEMV with the norm fused (each block sums x² as it reads x and scales
+// its sums once); otherwise RMSNorm into scratch and LinearCat.
 func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
-	f32Contig("NormLinearCat", dst, x)
 	normArgs("NormLinearCat", x, n)
-	total := 0
-	for _, w := range ws {
-		if w.Cols != x.Cols || w.Cols == 0 {
-			panic("cuda: NormLinearCat weights of another width")
-		}
-		total += w.Rows
-	}
-	if dst.Cols != total || dst.Rows != x.Rows {
-		panic("cuda: NormLinearCat shapes do not match the weights")
-	}
-	bias := biasPtr("NormLinearCat", e.Bias, total)
-	if x.Rows == 0 || total == 0 {
-		return
-	}
-	dw, err := b.stacked(ws...)
-	if err != nil {
-		b.fail(err)
+	dw, bias, ok := b.catArgs("NormLinearCat", dst, x, ws, e)
+	if !ok {
 		return
 	}
 	rows := x.Rows
@@ -263,12 +290,49 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
 		b.queue(func(d *Device) error {
 			return d.launchL(k[0], uint32(ceilDiv(dw.Rows, gemvBlock/32/gemvSplit)), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows),
-				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate), b32(d.prefetch))
+				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate), i32(d.prefetchBlocks()))
 		})
+		return
+	}
+	if b.splitsNormed(dw, rows) { // the norm writes cuBLASLt's split input
+		b.splitGemm(b.splitNorm(x, n), dw, rows, addHalves(dptr(dst), bias, dw, rows, e.Accumulate))
 		return
 	}
 	h := b.normed(x, n)
 	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
+}
+
+// AddNormLinearCat implements kernels.LinearOps as NormLinearCat does:
+// the fused GEMV reads x + delta (and its blocks write that sum), or,
+// unfused, the AddRMSNorm kernel writing the sum to sum, and the product.
+func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	f32Contig("AddNormLinearCat", sum, delta)
+	normArgs("AddNormLinearCat", x, n)
+	if sum.Rows != x.Rows || sum.Cols != x.Cols || delta.Rows != x.Rows || delta.Cols != x.Cols {
+		panic("cuda: AddNormLinearCat shapes differ")
+	}
+	dw, bias, ok := b.catArgs("AddNormLinearCat", dst, x, ws, e)
+	if !ok {
+		return
+	}
+	rows := x.Rows
+	if k, ok := gemvAddNormKernels[dw.DType]; ok && b.fusesNorm(x, n) && dptr(delta)%16 == 0 {
+		y, xp, nw, dp, sp := dptr(dst), dptr(x), dptr(n.W), dptr(delta), dptr(sum)
+		b.queue(func(d *Device) error {
+			return d.launchL(k, uint32(ceilDiv(dw.Rows, gemvBlock/32/gemvSplit)), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows),
+				i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(e.Accumulate), i32(d.prefetchBlocks()), dp, sp)
+		})
+		return
+	}
+	h := b.Scratch(kernels.F32, rows, x.Cols) // (N, in) the normed rows
+	b.norm(dptr(h), dptr(x), dptr(delta), dptr(n.W), rows, x.Cols, n.Eps, n.Offset, dptr(sum))
+	b.linearW(dptr(dst), dptr(h), bias, dw, rows, e.Accumulate)
+}
+
+// gemvAddNormKernels names AddNormLinearCat's fused GEMV per dtype
+// (gemv.cu's gemv_norm_split with the add).
+var gemvAddNormKernels = map[kernels.DType]string{
+	kernels.F32: "ferrite_gemv_addnorm_f32", kernels.BF16: "ferrite_gemv_addnorm_bf16", kernels.F16: "ferrite_gemv_addnorm_f16",
 }
 
 // NormSwiGLULinear implements kernels.LinearOps as NormLinearCat does:
@@ -293,11 +357,37 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
 		b.queue(func(d *Device) error {
 			return d.launchL(k[1], uint32(inter), gemvBlock, 0, y, xp, dw.Buf.ptr, i32(rows), i32(inter), i32(dw.Cols),
-				nw, f32(n.Eps), b32(n.Offset), f32(limit), b32(d.prefetch))
+				nw, f32(n.Eps), b32(n.Offset), f32(limit), i32(d.prefetchBlocks()))
 		})
 		return
 	}
+	if b.splitsNormed(dw, rows) {
+		b.splitSwiGLU(dptr(dst), b.splitNorm(x, n), dw, rows, limit)
+		return
+	}
 	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
+}
+
+// splitsNormed reports whether NormLinearCat or NormSwiGLULinear of rows
+// rows on w takes linearSplit's cuBLASLt product, so that the norm can
+// write its split input (ferrite_rmsnorm_bf16x2) in place of the normed
+// rows and their split.
+func (b *Backend) splitsNormed(w *Weight, rows int) bool {
+	return !b.rowExact && w.DType == kernels.BF16 && rows > 1 && rows < gemmRoundRows && rows > b.skinny.rows && b.useGemm()
+}
+
+// splitNorm is splitGemm's split of RMSNorm(x) with hn, the norm and the
+// split in one kernel (the bits of ferrite_add_rmsnorm and then
+// ferrite_f32_to_bf16x2).
+func (b *Backend) splitNorm(x kernels.Tensor, hn *kernels.HeadNorm) func(d *Device, xb uint64) error {
+	xp, nw, rows, dim := dptr(x), dptr(hn.W), x.Rows, x.Cols
+	block := uint32(256) // as norm
+	if rows < b.dev.SMs {
+		block = 1024
+	}
+	return func(d *Device, xb uint64) error {
+		return d.launchL("ferrite_rmsnorm_bf16x2", uint32(rows), block, 0, xb, xp, nw, i32(rows), i32(dim), f32(hn.Eps), b32(hn.Offset))
+	}
 }
 
 // normArgs panics unless n is a norm over x's rows: weight (1, x.Cols)
@@ -318,21 +408,28 @@ func normArgs(op string, x kernels.Tensor, n *kernels.HeadNorm) {
 // vector loads; rows of a width the loads do not fit take the scalar
 // path).
 func (b *Backend) fusesNorm(x kernels.Tensor, n *kernels.HeadNorm) bool {
-	return !b.noFuse && (x.Rows == 1 || b.rowExact) && (dptr(x)|dptr(n.W))%16 == 0
+	return b.fuseNorm && (x.Rows == 1 || b.rowExact) && (dptr(x)|dptr(n.W))%16 == 0
 }
 
 // normed returns RMSNorm(x, n) in a scratch tensor (the unfused path).
 func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
 	h := b.Scratch(kernels.F32, x.Rows, x.Cols) // (N, in) the normed rows
-	b.norm(dptr(h), dptr(x), 0, dptr(n.W), x.Rows, x.Cols, n.Eps, n.Offset)
+	b.norm(dptr(h), dptr(x), 0, dptr(n.W), x.Rows, x.Cols, n.Eps, n.Offset, 0)
 	return h
 }
 
-// SetFuse turns the norm-fused GEMVs of NormLinearCat and
-// NormSwiGLULinear and Attention's split merge in the attention kernel on
-// or off (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the
-// steps that follow: a switch for benchmarks and tests.
+// SetFuse turns the fused attention — QKVAttention's one kernel and
+// the split merge in the attention kernel — on or off
+// (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the steps that
+// follow: a switch for benchmarks and tests.
 func (b *Backend) SetFuse(on bool) { b.noFuse = !on }
+
+// SetFuseNorm turns the norm-fused GEMVs of NormLinearCat,
+// AddNormLinearCat and NormSwiGLULinear on or off for the steps that
+// follow. They are off by default (FERRITE_CUDA_FUSE_NORM=1 starts a
+// Backend with them on): GPU run 2 measured them slower than the RMSNorm
+// kernel and the plain GEMV together (BENCHMARKS.md, 9).
+func (b *Backend) SetFuseNorm(on bool) { b.fuseNorm = on }
 
 // gemvNormKernels names the norm-fused GEMVs per dtype: [0] the plain one
 // (gemv.cu's gemv_norm_split), [1] with the SwiGLU epilogue over the
@@ -389,21 +486,93 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 }
 
 // linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo
-// rows, their products summed in the epilogue kernel.
+// rows, their products summed in the epilogue kernel. When x is the output
+// of the op just queued and that op also wrote it split (presplit), the
+// split is not done again.
 func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
-	xb := dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)) // (2n, cols) x as bf16 hi, then lo
-	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows))   // (2n, rows) the two products
+	if p := b.presplit; p.x == x && p.n == n && p.cols == w.Cols && x != 0 {
+		b.splitGemmXB(p.xb, nil, w, n, addHalves(y, bias, w, n, acc))
+		return
+	}
+	b.splitGemm(splitX(x, n, w.Cols), w, n, addHalves(y, bias, w, n, acc))
+}
+
+// presplit is the float32 rows x (n, cols) that the op queued last also
+// wrote split into bf16 hi and lo rows at xb (2n, cols), for the product
+// that follows (a SwiGLU MLP's down projection); queue clears it.
+type presplit struct {
+	x, xb   uint64
+	n, cols int
+}
+
+// linearSplitSwiGLU is SwiGLULinear of n rows on linearSplit's product of
+// the stacked [gate; up] w: y (n, w.Rows/2), written split as well for the
+// down projection that usually follows (presplit).
+func (b *Backend) linearSplitSwiGLU(y, x uint64, w *Weight, n int, limit float32) {
+	b.splitSwiGLU(y, splitX(x, n, w.Cols), w, n, limit)
+}
+
+// splitSwiGLU is splitGemm of the stacked [gate; up] w with the SwiGLU
+// epilogue into y (n, w.Rows/2), which it also leaves split (presplit).
+func (b *Backend) splitSwiGLU(y uint64, split func(d *Device, xb uint64) error, w *Weight, n int, limit float32) {
+	inter := w.Rows / 2
+	y2 := dptr(b.Scratch(kernels.BF16, 2*n, inter)) // (2n, inter) y as bf16 hi, then lo
+	b.splitGemm(split, w, n, swigluHalves(y, y2, w, n, limit))
+	b.presplit = presplit{x: y, xb: y2, n: n, cols: inter}
+}
+
+// splitGemm queues split, which writes the bf16 hi and lo rows of the n
+// input rows into scratch xb (2n, w.Cols), their cuBLASLt product with w
+// into scratch t (2n, w.Rows), then epi(t).
+func (b *Backend) splitGemm(split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
+	b.splitGemmXB(dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)), split, w, n, epi) // (2n, cols) x as bf16 hi, then lo
+}
+
+// splitGemmXB is splitGemm into the split input xb; with split nil, xb
+// already holds it.
+func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
+	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows)) // (2n, rows) the two products
 	b.queue(func(d *Device) error {
-		cnt := int64(n) * int64(w.Cols)
-		if err := d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt)); err != nil {
-			return err
+		if split != nil {
+			if err := split(d, xb); err != nil {
+				return err
+			}
 		}
 		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
 			return err
 		}
+		return epi(d, t)
+	})
+}
+
+// splitX is splitGemm's split of float32 rows x (n, cols).
+func splitX(x uint64, n, cols int) func(d *Device, xb uint64) error {
+	return func(d *Device, xb uint64) error {
+		cnt := int64(n) * int64(cols)
+		return d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb, x, uint64(cnt))
+	}
+}
+
+// addHalves is linearSplit's epilogue: y (n, w.Rows) = the sum of the two
+// products (+ bias) (+ y when acc).
+func addHalves(y, bias uint64, w *Weight, n int, acc bool) func(d *Device, t uint64) error {
+	return func(d *Device, t uint64) error {
 		out := int64(n) * int64(w.Rows)
 		return d.launchL("ferrite_add_halves", d.elementwiseGrid(out), 256, 0, y, t, bias, uint64(out), i32(w.Rows), b32(acc))
-	})
+	}
+}
+
+// swigluHalves is the split product's epilogue for the stacked [gate; up]
+// w: y (n, w.Rows/2) = the SwiGLU of the two products' sums
+// (ferrite_add_halves_swiglu: one pass for ferrite_add_halves and
+// ferrite_swiglu_cat, the same sums), clamped at limit > 0, and, at y2
+// when not 0, y split into bf16 hi and lo rows (2n, w.Rows/2).
+func swigluHalves(y, y2 uint64, w *Weight, n int, limit float32) func(d *Device, t uint64) error {
+	inter := w.Rows / 2
+	return func(d *Device, t uint64) error {
+		out := int64(n) * int64(inter)
+		return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(out), 256, 0, y, t, uint64(out), i32(inter), f32(limit), y2)
+	}
 }
 
 // linearRounded is Linear through cuBLASLt with x rounded to bf16.
@@ -481,7 +650,7 @@ func (b *Backend) RMSNorm(dst, x, w kernels.Tensor, eps float32, offset bool) {
 	if dst.Rows != x.Rows || dst.Cols != x.Cols || w.Elems() != x.Cols {
 		panic("cuda: RMSNorm shapes do not match")
 	}
-	b.norm(dptr(dst), dptr(x), 0, dptr(w), x.Rows, x.Cols, eps, offset)
+	b.norm(dptr(dst), dptr(x), 0, dptr(w), x.Rows, x.Cols, eps, offset, 0)
 }
 
 // AddRMSNorm implements kernels.NormOps.
@@ -495,10 +664,12 @@ func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, off
 	if w.Elems() != res.Cols {
 		panic("cuda: AddRMSNorm weight width")
 	}
-	b.norm(dptr(dst), dptr(res), dptr(delta), dptr(w), res.Rows, res.Cols, eps, offset)
+	b.norm(dptr(dst), dptr(res), dptr(delta), dptr(w), res.Rows, res.Cols, eps, offset, 0)
 }
 
-func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool) {
+// norm queues ferrite_add_rmsnorm: y = RMSNorm(res + delta) (delta 0:
+// none), res + delta written to sum, or to res when sum is 0.
+func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool, sum uint64) {
 	if rows == 0 || dim == 0 {
 		return
 	}
@@ -507,64 +678,111 @@ func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offs
 		block = 1024
 	}
 	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_add_rmsnorm", uint32(rows), block, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset))
+		return d.launchL("ferrite_add_rmsnorm", uint32(rows), block, 0, y, res, delta, w, i32(rows), i32(dim), f32(eps), b32(offset), sum)
 	})
 }
 
-// PrepareQKV implements kernels.AttentionOps: one block per (row, head)
-// of [q | k | v] norms, rotates and writes its head (ferrite_prepare_qkv).
+// PrepareQKV implements kernels.AttentionOps: a warp per (row, head) of
+// [q | k | v] norms, rotates and writes its head (ferrite_prepare_qkv,
+// four heads a block).
 func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
-	f32Contig("PrepareQKV", q, qkv)
-	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	f32Contig("PrepareQKV", q)
+	pa := prepArgs("PrepareQKV", kc, vc, qkv, qn, kn, r, p, s)
 	n := qkv.Rows
-	switch {
-	case qkv.Cols != qw+2*kw || q.Rows != n || q.Cols != qw || s.HeadDim <= 0 || s.HeadDim > attnMaxHD:
+	if q.Rows != n || q.Cols != s.Heads*s.HeadDim {
 		panic("cuda: PrepareQKV shapes do not match")
-	case kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16):
-		panic("cuda: KV cache dtype must be F32 or BF16")
-	case !kc.Contiguous() || !vc.Contiguous() || kc.Cols != kw || vc.Cols != kw || kc.Rows != vc.Rows:
-		panic("cuda: PrepareQKV shapes do not match the cache")
-	}
-	index("PrepareQKV", p.Slot, n, 1)
-	index("PrepareQKV", p.Pos, n, 1)
-	var args [6]uint64 // q norm, k norm, inverse frequencies, half, interleaved, scale
-	for i, hn := range []*kernels.HeadNorm{qn, kn} {
-		if hn != nil {
-			f32Contig("PrepareQKV norm", hn.W)
-			if hn.W.Elems() != s.HeadDim {
-				panic("cuda: PrepareQKV norm width")
-			}
-			args[i] = dptr(hn.W)
-		}
-	}
-	if r != nil {
-		f32Contig("PrepareQKV rotary", r.InvFreq)
-		if r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim || r.Dim%2 != 0 {
-			panic("cuda: PrepareQKV rotary does not fit the heads")
-		}
-		args[2], args[3], args[4], args[5] = dptr(r.InvFreq), i32(r.Dim/2), b32(r.Interleaved), f32(r.Scale)
 	}
 	if n == 0 {
 		return
 	}
-	var qe, ke float32
-	var qo, ko bool
-	if qn != nil {
-		qe, qo = qn.Eps, qn.Offset
-	}
-	if kn != nil {
-		ke, ko = kn.Eps, kn.Offset
-	}
 	qp, kcp, vcp, src, pos, slot := dptr(q), dptr(kc), dptr(vc), dptr(qkv), dptr(p.Pos), dptr(p.Slot)
+	heads := s.Heads + 2*s.KVHeads
 	b.queue(func(d *Device) error {
-		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(s.Heads + 2*s.KVHeads), 1}, 128, 0,
+		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(ceilDiv(heads, prepHeads)), 1}, 128, 0,
 			qp, kcp, vcp, src, pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), i32(kc.Rows), b32(kc.DType == kernels.BF16),
-			i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), args[0], f32(qe), b32(qo), args[1], f32(ke), b32(ko),
-			args[2], args[3], args[4], args[5])
+			i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), pa[0], pa[1], pa[2], pa[3], pa[4], pa[5], pa[6], pa[7])
 	})
 }
 
-// RoPE implements kernels.RopeOps.
+// prepHeads is the heads a ferrite_prepare_qkv block takes, a warp each.
+const prepHeads = 4
+
+// prepArgs checks PrepareQKV's operands but q (for op) and returns
+// src/ops.cu's PrepArgs as kernel arguments: q norm weight, its eps, k
+// norm weight, its eps, inverse frequencies, rotated pairs, cos/sin scale
+// and the flags (bit 0: q norm offset, 1: k norm offset, 2: interleaved).
+func prepArgs(op string, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) [8]uint64 {
+	f32Contig(op, qkv)
+	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	n := qkv.Rows
+	switch {
+	case s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || qkv.Cols != qw+2*kw || s.HeadDim <= 0 || s.HeadDim > attnMaxHD:
+		panic("cuda: " + op + " shapes do not match")
+	case kc.DType != vc.DType || (kc.DType != kernels.F32 && kc.DType != kernels.BF16):
+		panic("cuda: KV cache dtype must be F32 or BF16")
+	case !kc.Contiguous() || !vc.Contiguous() || kc.Cols != kw || vc.Cols != kw || kc.Rows != vc.Rows:
+		panic("cuda: " + op + " shapes do not match the cache")
+	}
+	index(op, p.Slot, n, 1)
+	index(op, p.Pos, n, 1)
+	var a [8]uint64
+	flags := 0
+	for i, hn := range []*kernels.HeadNorm{qn, kn} {
+		if hn != nil {
+			f32Contig(op+" norm", hn.W)
+			if hn.W.Elems() != s.HeadDim {
+				panic("cuda: " + op + " norm width")
+			}
+			a[2*i], a[2*i+1] = dptr(hn.W), f32(hn.Eps)
+			if hn.Offset {
+				flags |= 1 << i
+			}
+		}
+	}
+	if r != nil {
+		f32Contig(op+" rotary", r.InvFreq)
+		if r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim || r.Dim%2 != 0 {
+			panic("cuda: " + op + " rotary does not fit the heads")
+		}
+		a[4], a[5], a[6] = dptr(r.InvFreq), i32(r.Dim/2), f32(r.Scale)
+		if r.Interleaved {
+			flags |= 4
+		}
+	}
+	a[7] = i32(flags)
+	return a
+}
+
+// QKVAttention implements kernels.AttentionOps. One row (a decode step)
+// without the fusion switched off (SetFuse, FERRITE_CUDA_FUSE_QKV=0 for
+// this one alone) runs the attention kernel's QKV form,
+// which prepares its query heads in the block and, in the split that
+// holds the row's position, stores the row's key and value before reading
+// them (no PrepareQKV kernel); otherwise PrepareQKV into scratch, then
+// Attention. Both give the same bits.
+func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	n := qkv.Rows
+	if out.Rows != n {
+		panic("cuda: QKVAttention shapes do not match")
+	}
+	if b.noFuse || b.noFuseQKV || n != 1 || !b.attnG4(s, n) || b.usePrefill(s, n) {
+		q := b.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim) normed and rotated
+		b.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
+		b.Attention(out, q, kc, vc, p, s)
+		return
+	}
+	pa := prepArgs("QKVAttention", kc, vc, qkv, qn, kn, r, p, s)
+	b.attention(out, kernels.Tensor{}, kc, vc, p, s, &qkvForm{qkv: dptr(qkv), slot: dptr(p.Slot), slots: kc.Rows, prep: pa})
+}
+
+// qkvForm is the attention kernel's QKV form's extra arguments.
+type qkvForm struct {
+	qkv, slot uint64
+	slots     int
+	prep      [8]uint64
+}
+
+// RoPE implements kernels.RopeOps.// RoPE implements kernels.RopeOps.
 func (b *Backend) RoPE(x kernels.Tensor, heads, headDim int, pos kernels.Tensor, r *kernels.Rotary) {
 	f32Contig("RoPE", x, r.InvFreq)
 	half := r.Dim / 2
@@ -623,6 +841,13 @@ var attnKernels = [2][2][4]string{
 		{"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8"}},
 	{{"ferrite_attn_f32_1_g4", "ferrite_attn_f32_2_g4", "ferrite_attn_f32_4_g4", "ferrite_attn_f32_8_g4"},
 		{"ferrite_attn_bf16_1_g4", "ferrite_attn_bf16_2_g4", "ferrite_attn_bf16_4_g4", "ferrite_attn_bf16_8_g4"}},
+}
+
+// attnQKVKernels[bf16][i] are the QKV forms (QKVAttention) of the kernels
+// of 4 query heads a block.
+var attnQKVKernels = [2][4]string{
+	{"ferrite_attn_qkv_f32_1", "ferrite_attn_qkv_f32_2", "ferrite_attn_qkv_f32_4", "ferrite_attn_qkv_f32_8"},
+	{"ferrite_attn_qkv_bf16_1", "ferrite_attn_qkv_bf16_2", "ferrite_attn_qkv_bf16_4", "ferrite_attn_qkv_bf16_8"},
 }
 
 // attnG4 reports whether Attention runs the kernels of 4 query heads a
@@ -721,12 +946,23 @@ func (b *Backend) splitCounters() (uint64, error) {
 // merges them in the attention kernel (split counters), unless the fusion
 // is off (SetFuse).
 func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) {
-	f32Contig("Attention", out, q)
+	f32Contig("Attention", q)
+	b.attention(out, q, kc, vc, p, s, nil)
+}
+
+// attention is Attention, or with qf the attention kernel's QKV form
+// (QKVAttention: one row, q the zero Tensor).
+func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape, qf *qkvForm) {
+	f32Contig("Attention", out)
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	rows := out.Rows
+	if qf == nil && (q.Cols != qw || q.Rows != rows) {
+		panic("cuda: Attention shapes do not match")
+	}
 	switch {
 	case s.KVHeads <= 0 || s.Heads%s.KVHeads != 0:
 		panic("cuda: Attention head counts")
-	case q.Cols != qw || out.Cols != qw || out.Rows != q.Rows || kc.Cols != kw || vc.Cols != kw || kc.DType != vc.DType:
+	case out.Cols != qw || kc.Cols != kw || vc.Cols != kw || kc.DType != vc.DType:
 		panic("cuda: Attention shapes do not match")
 	case kc.DType != kernels.F32 && kc.DType != kernels.BF16:
 		panic("cuda: KV cache dtype must be F32 or BF16")
@@ -735,7 +971,7 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	case !p.Blocks.Contiguous() || p.Blocks.DType != kernels.I32 || p.BlockSize <= 0:
 		panic("cuda: Attention block table")
 	}
-	n := q.Rows
+	n := rows
 	index("Attention", p.Pos, n, 1)
 	index("Attention", p.Seq, n, 1)
 	if n == 0 {
@@ -744,7 +980,7 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	if p.Pos.Stride != 1 && n > 1 || p.Seq.Stride != 1 && n > 1 {
 		panic("cuda: Attention wants contiguous positions and sequences")
 	}
-	if b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
+	if qf == nil && b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
 		return
 	}
 	dpl := 0
@@ -777,11 +1013,24 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 			}
 		}
 	}
-	o, qp, kcp, vcp := dptr(out), dptr(q), dptr(kc), dptr(vc)
+	var qp uint64 // 0 for the QKV form
+	if qf == nil {
+		qp = dptr(q)
+	}
+	o, kcp, vcp := dptr(out), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
 	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
 	if b.usePrefill(s, n) {
 		ptile = b.prefillTile()
+	}
+	name := attnKernels[g4][bf][dpl]
+	var extra []uint64
+	if qf != nil {
+		if g4 == 0 || ptile > 0 || n != 1 {
+			panic("cuda: the QKV form of attention wants one row and 4 query heads a block")
+		}
+		name = attnQKVKernels[bf][dpl]
+		extra = append([]uint64{qf.qkv, qf.slot, i32(qf.slots)}, qf.prep[:]...)
 	}
 	b.queue(func(d *Device) error {
 		if ptile > 0 {
@@ -792,9 +1041,9 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 				return err
 			}
 		}
-		err := d.launch3L(attnKernels[g4][bf][dpl], [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0,
-			o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads), i32(s.KVHeads),
-			i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt)
+		args := append([]uint64{o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads),
+			i32(s.KVHeads), i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt}, extra...)
+		err := d.launch3L(name, [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0, args...)
 		if err != nil || splits == 1 || cnt != 0 {
 			return err
 		}
@@ -897,22 +1146,23 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	return t, nil
 }
 
-// moeFewTokens is the most tokens Experts runs through the first grouped
-// GEMV kernels (src/ops_moe.cu's ferrite_moe_few_*: each chosen expert read
-// once, two launches; FERRITE_MOE_KERNELS=v1, moe.go), the default ones
-// taking up to moeGEMVTokens; more are sorted by expert and run as tiled
-// grouped GEMMs of moeTileM slots (and weight rows) a block, for at most
-// moeMaxExperts experts.
+// moeFewTokens is the most tokens Experts may run through the grouped GEMV
+// kernels of a slot a pass (src/ops_moe.cu's ferrite_moe_few_*: each chosen
+// expert read once, two launches); from moe.go's moeGTFrom to moeGTTokens
+// its register-tile form runs instead; more are sorted by expert and run
+// as tiled grouped GEMMs of moeTileM slots (and weight rows) a block, for
+// at most moeMaxExperts experts.
 const (
 	moeFewTokens  = 8
 	moeTileM      = 64
 	moeMaxExperts = 1024
 )
 
-// Experts implements kernels.MoEOps. Up to moeGEMVTokens tokens (moe.go):
-// the grouped gate/up (SwiGLU fused) and down (routing weights and the sum
-// in increasing expert id fused) GEMV kernels, each chosen expert's rows
-// read once for all the tokens that chose it. More: the slots sorted by expert on
+// Experts implements kernels.MoEOps. A few tokens: the grouped gate/up
+// (SwiGLU fused) and down (routing weights and the sum in increasing expert
+// id fused) GEMV kernels; up to moeGTTokens their register-tile form
+// (moe.go), each chosen expert's rows read once for all the tokens that
+// chose it. More: the slots sorted by expert on
 // the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
 // tensor cores, x split into two bf16 terms, when every weight is bf16),
 // and a last kernel that adds each token's slots in increasing expert id.
@@ -961,12 +1211,12 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	}
 	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
-	if n <= b.moe.gemvTokens(k) && !b.moe.v1 && b.moe.useTiles(n*k) {
+	if b.moe.useGT(n, k) {
 		slots, sms := n*k, b.dev.SMs
 		ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
 		gateUp, guRows, down, downRows := b.moe.gtLaunch()
-		sbu := b.moe.blockSlots(slots, inter, guRows, 1, sms)
-		sbd := b.moe.blockSlots(slots, hidden, downRows, 1, sms)
+		sbu := b.moe.blockSlots(slots, inter, guRows, sms)
+		sbd := b.moe.blockSlots(slots, hidden, downRows, sms)
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
 				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit))
@@ -978,19 +1228,6 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 				return err
 			}
 			return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
-		})
-		return
-	}
-	if n <= b.moe.gemvTokens(k) && !b.moe.v1 {
-		gateUp, sb, gy, down := b.moe.gemvLaunch(n, k, inter, b.dev.SMs)
-		b.queue(func(d *Device) error {
-			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, moeGEMVRows)), uint32(gy), 1}, 256, 0,
-				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), i32(sb), f32(limit))
-			if err != nil {
-				return err
-			}
-			return d.launchL(down, uint32(ceilDiv(hidden, moeGEMVRows)), 256, 0, y, i32(dst.Stride), h, ip, wp,
-				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
 		})
 		return
 	}

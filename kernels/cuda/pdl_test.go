@@ -48,7 +48,7 @@ func TestPDLKernelsWait(t *testing.T) {
 		}
 		// The attention kernels: their macro packs AttnArgs and calls
 		// attn_block, which starts with the wait.
-		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{[\s\\]*AttnArgs a\{[^}]*\};[\s\\]*attn_block<`).MatchString(src) &&
+		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{[\s\\]*AttnArgs a\{[^;]*\};[\s\\]*attn_block<`).MatchString(src) &&
 			regexp.MustCompile(`__device__ void attn_block\(const AttnArgs& a\)\s*\{`+wait).MatchString(src) {
 			continue
 		}

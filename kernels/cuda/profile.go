@@ -18,11 +18,12 @@ import (
 
 var _ kernels.Profiler = (*Backend)(nil)
 
-// Per-kernel GPU profiling, on when FERRITE_CUDA_PROFILE=1 at Open. The
-// device then runs eagerly (no step graphs, no programmatic dependent
-// launch) and brackets every kernel launch, cuBLASLt matmul, host↔device
-// copy and memset on its stream with a pair of CUDA events from a pool
-// made at Open. When the pool is used up, or a report is asked for, the
+// Per-kernel GPU profiling, on when FERRITE_CUDA_PROFILE is 1 (or eager)
+// or graph at Open; programmatic dependent launch is off in both modes.
+//
+// Eager (1): the device runs without step graphs and brackets every kernel
+// launch, cuBLASLt matmul, host↔device copy and memset on its stream with a
+// pair of CUDA events from a pool made at Open. When the pool is used up, or a report is asked for, the
 // device waits for the stream and adds each pair's elapsed time to a table
 // keyed by kernel name, grid and block (or GEMM shape, or copy size), which
 // also counts steps (runStepL calls). Times are stream times between the
@@ -32,6 +33,14 @@ var _ kernels.Profiler = (*Backend)(nil)
 // kernel. The gap between a span and the one before tells the two apart: a
 // row's starved% is the share of its calls that followed an idle GPU, and
 // the idle total is how much of a step the host, not the GPU, took.
+//
+// Graph: step graphs stay on; a step's capture puts an event record node
+// (cuEventRecordWithFlags, CU_EVENT_RECORD_EXTERNAL) before and after every
+// kernel and GEMM, each graph keeps the rows of its spans, and every replay
+// is harvested at once (so graphs can share the pool's events). Only
+// replayed steps are timed and counted: kernels back to back as a graph
+// runs them, without host gaps; the steps that run eagerly (a shape's
+// first, most prefills) are not timed at all.
 
 // profilePairs is the event pairs a profiling Device keeps.
 const profilePairs = 8192
@@ -41,8 +50,28 @@ const profilePairs = 8192
 // host's launch of its kernel (a lower gap is event resolution).
 const starvedUs = 1.0
 
-// profileEnabled is whether FERRITE_CUDA_PROFILE=1 asks for profiling.
-func profileEnabled() bool { return os.Getenv("FERRITE_CUDA_PROFILE") == "1" }
+// Profiling modes (FERRITE_CUDA_PROFILE).
+const (
+	profileOff   = ""
+	profileEager = "eager" // FERRITE_CUDA_PROFILE=1 or eager
+	profileGraph = "graph"
+)
+
+// profileMode is the mode FERRITE_CUDA_PROFILE asks for: 1 or eager, graph;
+// anything else (unset, 0) is off.
+func profileMode() string {
+	switch os.Getenv("FERRITE_CUDA_PROFILE") {
+	case "1", "eager":
+		return profileEager
+	case "graph":
+		return profileGraph
+	}
+	return profileOff
+}
+
+// recordExternal is CU_EVENT_RECORD_EXTERNAL: during stream capture, an
+// event record node instead of a capture dependency.
+const recordExternal = 1
 
 // profKind is what a profiled span is.
 type profKind uint8
@@ -110,6 +139,7 @@ type profRow struct {
 
 // profTable accumulates rows by key; it is pure bookkeeping (no CUDA).
 type profTable struct {
+	mode  string // what was timed, the first line of the report
 	index map[profKey]int
 	rows  []profRow
 	steps int
@@ -140,8 +170,14 @@ func (t *profTable) add(i int, us, gap float64) {
 	t.idle += max(gap, 0)
 }
 
-// reset forgets every row and step.
-func (t *profTable) reset() { *t = profTable{} }
+// reset zeroes every count, keeping the rows themselves: cached step
+// graphs hold row indices.
+func (t *profTable) reset() {
+	for i := range t.rows {
+		t.rows[i] = profRow{label: t.rows[i].label, group: t.rows[i].group}
+	}
+	t.steps, t.idle = 0, 0
+}
 
 // write prints two tables sorted by total time, largest first, each with
 // its sum: by kernel (launch shapes together), then by launch shape. Their
@@ -149,9 +185,15 @@ func (t *profTable) reset() { *t = profTable{} }
 // the total, share of calls starved. Then the GPU's idle time between
 // spans. Per-step columns are blank when no step was counted.
 func (t *profTable) write(w io.Writer) error {
-	var groups []profRow
+	var rows, groups []profRow
 	at := map[string]int{}
+	calls := 0
 	for _, r := range t.rows {
+		if r.calls == 0 {
+			continue // counted before a reset
+		}
+		rows = append(rows, r)
+		calls += r.calls
 		i, ok := at[r.group]
 		if !ok {
 			i, at[r.group] = len(groups), len(groups)
@@ -166,16 +208,19 @@ func (t *profTable) write(w io.Writer) error {
 		}
 		return fmt.Sprintf("%.1f", v/float64(t.steps))
 	}
+	if t.mode != "" {
+		fmt.Fprintln(w, t.mode)
+	}
 	fmt.Fprintln(w, "by kernel:")
 	if err := writeRows(w, groups, t.steps, perStep); err != nil {
 		return err
 	}
 	fmt.Fprintln(w, "by launch shape:")
-	if err := writeRows(w, t.rows, t.steps, perStep); err != nil {
+	if err := writeRows(w, rows, t.steps, perStep); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "GPU idle between spans: %.1f µs, %s µs/step (starved%%: calls the GPU idled ≥ %g µs before, whose time includes their launch)\n",
-		t.idle, perStep(t.idle), starvedUs)
+	_, err := fmt.Fprintf(w, "GPU idle between spans: %.1f µs, %s µs/step, %.2f µs a call (starved%%: calls after the GPU idled ≥ %g µs; "+
+		"eager, their time includes their launch; in graphs, the gap is the event nodes' own)\n", t.idle, perStep(t.idle), t.idle/float64(max(calls, 1)), starvedUs)
 	return err
 }
 
@@ -212,14 +257,29 @@ func writeRows(w io.Writer, rows []profRow, steps int, perStep func(float64) str
 
 // profiler is a Device's event pool and table, owned by the device thread.
 type profiler struct {
-	events []uintptr // 2 × profilePairs: start, stop of pair i at 2i, 2i+1
-	rows   []int     // the table row of each pair in use
-	table  profTable
+	events    []uintptr // 2 × profilePairs: start, stop of pair i at 2i, 2i+1
+	rows      []int     // the table row of each pair in use
+	table     profTable
+	graph     bool // FERRITE_CUDA_PROFILE=graph: time replayed step graphs only
+	capturing bool // a step graph is being captured: spans become event record nodes
+	// graphRows are the rows of each step graph's timed spans, by its
+	// CUgraphExec (a later capture given a freed handle overwrites them).
+	graphRows map[uintptr][]int
 }
 
-// newProfilerL makes the event pool.
-func newProfilerL() (*profiler, error) {
+// newProfilerL makes the event pool for mode (profileEager or
+// profileGraph; graph falls back to eager without cuEventRecordWithFlags).
+func newProfilerL(mode string) (*profiler, error) {
 	p := &profiler{events: make([]uintptr, 0, 2*profilePairs), rows: make([]int, 0, profilePairs)}
+	p.graph = mode == profileGraph && driver.cuEventRecordWithFlags != 0
+	switch {
+	case p.graph:
+		p.table.mode = "mode graph: replayed step graphs only, an event record node around each kernel and GEMM (no PDL); steps run eagerly (a shape's first, most prefills) untimed"
+	case mode == profileGraph:
+		p.table.mode = "mode eager (graph asked for, but the driver has no cuEventRecordWithFlags): every launch, copy and memset between two events, no graphs, no PDL"
+	default:
+		p.table.mode = "mode eager: every launch, copy and memset between two events, no graphs, no PDL"
+	}
 	for range 2 * profilePairs {
 		var e uintptr
 		if err := check("cuEventCreate", call(driver.cuEventCreate, uintptr(unsafe.Pointer(&e)), 0)); err != nil {
@@ -271,25 +331,75 @@ func (p *profiler) harvestL() error {
 }
 
 // spanL runs f, which queues one piece of work on d's stream, between the
-// next pair of events, counted under k.
+// next pair of events, counted under k. In graph mode only work captured
+// into a step graph is timed.
 func (p *profiler) spanL(d *Device, k profKey, f func() error) error {
+	if p.graph && !p.capturing {
+		return f()
+	}
 	if len(p.rows) == profilePairs {
+		if p.capturing {
+			return fmt.Errorf("cuda: profile: a step of more than %d timed spans cannot be captured", profilePairs)
+		}
 		if err := p.harvestL(); err != nil {
 			return err
 		}
 	}
 	i := len(p.rows)
-	if err := check("cuEventRecord", call(driver.cuEventRecord, p.events[2*i], d.stream)); err != nil {
+	if err := p.recordL(d, p.events[2*i]); err != nil {
 		return err
 	}
 	if err := f(); err != nil {
 		return err
 	}
-	if err := check("cuEventRecord", call(driver.cuEventRecord, p.events[2*i+1], d.stream)); err != nil {
+	if err := p.recordL(d, p.events[2*i+1]); err != nil {
 		return err
 	}
 	p.rows = append(p.rows, p.table.row(k))
 	return nil
+}
+
+// recordL records event e on d's stream: an event record node while a
+// graph is being captured.
+func (p *profiler) recordL(d *Device, e uintptr) error {
+	if p.capturing {
+		return check("cuEventRecordWithFlags", call(driver.cuEventRecordWithFlags, e, d.stream, recordExternal))
+	}
+	return check("cuEventRecord", call(driver.cuEventRecord, e, d.stream))
+}
+
+// beginCapture arms graph mode's spans for a step graph's capture (a no-op
+// on a nil or eager profiler: eager mode captures nothing).
+func (p *profiler) beginCapture() {
+	if p != nil && p.graph {
+		p.rows, p.capturing = p.rows[:0], true
+	}
+}
+
+// endCapture ends the capture of graph exec (none when err is set) and
+// keeps the rows of the spans it timed for the graph's replays.
+func (p *profiler) endCapture(exec uintptr, err error) {
+	if p == nil || !p.capturing {
+		return
+	}
+	if err == nil {
+		if p.graphRows == nil {
+			p.graphRows = map[uintptr][]int{}
+		}
+		p.graphRows[exec] = slices.Clone(p.rows)
+	}
+	p.rows, p.capturing = p.rows[:0], false
+}
+
+// replayL launches step graph exec and, in graph mode, counts the step and
+// adds the times of its spans as soon as it finishes.
+func (p *profiler) replayL(d *Device, exec uintptr) error {
+	if err := check("cuGraphLaunch", call(driver.cuGraphLaunch, exec, d.stream)); err != nil || !p.graph {
+		return err
+	}
+	p.table.steps++
+	p.rows = append(p.rows[:0], p.graphRows[exec]...)
+	return p.harvestL()
 }
 
 // profiledL runs f under d's profiler when it has one, else just runs it.
@@ -320,7 +430,7 @@ func (d *Device) ResetProfile() {
 // profTable.write) to w; it writes nothing when the device is not profiling.
 func (d *Device) WriteProfile(w io.Writer) error {
 	t, err := d.profileTable()
-	if err != nil || t.rows == nil && t.steps == 0 {
+	if err != nil || t.mode == "" { // not profiling
 		return err
 	}
 	return t.write(w)

@@ -69,19 +69,19 @@ func TestProfTable(t *testing.T) {
 			t.Errorf("line %d: %q, want fields %q", i, lines[i], w)
 		}
 	}
-	if l := lines[len(want)]; !strings.HasPrefix(l, "GPU idle between spans: 4.8 µs, 2.4 µs/step ") {
+	if l := lines[len(want)]; !strings.HasPrefix(l, "GPU idle between spans: 4.8 µs, 2.4 µs/step, 0.60 µs a call ") {
 		t.Errorf("idle line %q", l)
 	}
 	if l := (profKey{kind: profGemm, dims: [3]uint32{1, 2, 3}, block: 1}).label(); l != "cublasLt m=1 n=2 k=3 +=" {
 		t.Errorf("accumulating GEMM label %q", l)
 	}
 	tb.reset()
-	if len(tb.rows) != 0 || tb.steps != 0 || tb.row(up) != 0 {
-		t.Fatal("reset kept rows or steps")
+	if len(tb.rows) != 4 || tb.rows[1].calls != 0 || tb.rows[1].us != 0 || tb.rows[2].starved != 0 || tb.steps != 0 || tb.idle != 0 || tb.row(up) != 2 {
+		t.Fatalf("after reset: rows %+v, %d steps, %g µs idle; want the rows, no counts", tb.rows, tb.steps, tb.idle)
 	}
 	// No steps: the per-step columns are blank.
 	sb.Reset()
-	tb.add(0, 1, 0)
+	tb.add(tb.row(up), 1, 0)
 	tb.write(&sb)
 	if l := strings.Split(sb.String(), "\n")[6]; fmt.Sprint(strings.Fields(l)) != "[memcpy HtoD 4096B 1 - 1.00 - 100.0 0]" {
 		t.Errorf("without steps:\n%s", sb.String())
@@ -192,6 +192,67 @@ func TestProfile(t *testing.T) {
 		tb.write(&sb)
 		t.Errorf("3 steps of one Copy: want 3 steps and 3 copy_rows calls, got\n%s", sb.String())
 	}
+}
+
+// TestProfileGraph runs four steps of one Copy on a Backend profiling in
+// graph mode (FERRITE_CUDA_PROFILE=graph): the first runs eagerly untimed,
+// the second is captured with event record nodes and launched, the others
+// replay it; the three graph launches are timed and counted, the copy
+// stays right, and a reset keeps the captured graph's rows valid.
+func TestProfileGraph(t *testing.T) {
+	needGPU(t)
+	t.Setenv("FERRITE_CUDA_PROFILE", "graph")
+	t.Setenv("FERRITE_CUDA_GRAPHS", "1")
+	b, err := OpenBackend(0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if !b.Profiling() || !b.dev.prof.graph || !b.graphs.enabled {
+		t.Skipf("graph profiling unavailable (cuEventRecordWithFlags %#x, graphs %v)", driver.cuEventRecordWithFlags, b.graphs.enabled)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	src, _ := b.Alloc(kernels.F32, 4, 64)
+	dst, _ := b.Alloc(kernels.F32, 4, 64)
+	in := randF32(rng, 4*64)
+	b.WriteF32(src, in)
+	steps := func(n int) {
+		for range n {
+			b.BeginStep()
+			b.Copy(dst, src)
+			b.EndStep()
+		}
+	}
+	b.ResetProfile()
+	steps(4)
+	got := make([]float32, len(in))
+	b.ReadF32(got, dst)
+	for i := range in {
+		if got[i] != in[i] {
+			t.Fatalf("Copy in a profiled graph: element %d = %g, want %g", i, got[i], in[i])
+		}
+	}
+	check := func(what string, wantSteps int) {
+		t.Helper()
+		tb, err := b.dev.profileTable()
+		if err != nil || b.Err() != nil {
+			t.Fatal(err, b.Err())
+		}
+		var sb strings.Builder
+		tb.write(&sb)
+		t.Log("\n" + sb.String())
+		i, ok := rowByLabel(tb, "copy_rows grid=4x1x1 blk=256")
+		if tb.steps != wantSteps || !ok || tb.rows[i].calls != wantSteps || !(tb.rows[i].us > 0) || tb.rows[i].us/float64(wantSteps) > 1e4 {
+			t.Errorf("%s: want %d steps and copy_rows calls, 0 < µs/call < 1e4", what, wantSteps)
+		}
+	}
+	check("4 steps", 3)
+	if c, r, err := b.GraphStats(); c != 1 || r != 3 || err != nil {
+		t.Errorf("graph stats: %d captures, %d replays, %v; want 1, 3, nil", c, r, err)
+	}
+	b.ResetProfile()
+	steps(2)
+	check("2 more replays after a reset", 2)
 }
 
 // rowByLabel finds the row of t labelled l.

@@ -52,13 +52,14 @@ type rowAttnState struct {
 	counters *Buffer // rowAttnCounters int32, zero between launches
 }
 
-// rowAttnDefault is a new Backend's rowattn threshold: 2 rows, or
-// FERRITE_CUDA_ROWATTN=N (0 turns it off: the split-KV kernel for all).
+// rowAttnDefault is a new Backend's rowattn threshold: off (GPU run 2
+// measured the first version 1.2–2.5× slower than the split-KV kernel),
+// or FERRITE_CUDA_ROWATTN=N for batches of N rows or more.
 func rowAttnDefault() int {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_ROWATTN")); err == nil && n >= 0 {
 		return n
 	}
-	return 2
+	return 0
 }
 
 // SetRowAttention sets the fewest rows Attention runs the decode-batch

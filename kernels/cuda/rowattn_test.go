@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
 )
 
 // TestRowAttnSplits checks rowattn's split choice: at least one, never a
@@ -32,6 +33,16 @@ func TestRowAttnSplits(t *testing.T) {
 			t.Errorf("Qwen3-8B, %d rows over %d keys: %d splits, want %d", c.n, c.keys, s, c.want)
 		}
 	}
+}
+
+// TestRowAttention runs the op-set conformance suite with rowattn on from
+// 2 rows (the device stage batch runs its Attention cases:
+// -test.run 'TestRowAttention/^Attention$').
+func TestRowAttention(t *testing.T) {
+	batchTest(t)
+	b := openOps(t)
+	b.SetRowAttention(2)
+	kerneltest.RunOps(t, b)
 }
 
 // BenchmarkRowAttention times Attention of a Qwen3-8B decode batch (32/8

@@ -12,8 +12,8 @@ import (
 
 // The skinny GEMM (src/skinny.cu): Linear, LinearCat and SwiGLULinear of
 // 2 to 64 rows on a bf16 weight, the decode batches, in one kernel on the
-// tensor cores. The weight streams from memory once, straight into
-// registers; x is split into two bf16 terms in shared memory inside the
+// tensor cores. The weight streams from memory once, through a cp.async
+// ring of shared-memory stages; x is split into two bf16 terms in shared memory inside the
 // kernel (the accuracy of the cuBLASLt path, linearSplit, whose split and
 // epilogue kernels it saves, and SwiGLULinear's fourth); the SwiGLU, bias
 // and residual add are its epilogue. Layers with few row blocks (Qwen3-8B's
@@ -36,14 +36,28 @@ var skinnyKernels = [2][4]string{
 	{"ferrite_skinny_swiglu_bf16_1", "ferrite_skinny_swiglu_bf16_2", "ferrite_skinny_swiglu_bf16_4", "ferrite_skinny_swiglu_bf16_8"},
 }
 
-// The skinny kernels load with the module and start with FERRITE_PDL_WAIT.
+// The skinny kernels load with the module, start with FERRITE_PDL_WAIT and
+// take more than 48 KiB of dynamic shared memory.
 func init() {
 	for _, ks := range skinnyKernels {
 		for _, k := range ks {
 			kernelNames = append(kernelNames, k)
+			bigSmemKernels = append(bigSmemKernels, k)
 			pdlKernels[k] = true
 		}
 	}
+}
+
+// skinnyStages is src/skinny.cu's weight stages in shared memory.
+const skinnyStages = 4
+
+// skinnySmem is the dynamic shared memory of the skinny kernel of index
+// tile: the weight stages (256 rows of 128 bytes each), x's two chunk
+// buffers of two terms (8·2^tile rows of 128 bytes) and the split
+// hand-over's flag (16 bytes). The kernel has no static shared memory, so
+// that its limit can be raised to the device's whole opt-in.
+func skinnySmem(tile int) int {
+	return skinnyStages*skinnyBlockRows*128 + 2*2*(8<<tile)*128 + 16
 }
 
 // skinnyState is a Backend's skinny GEMM setting and split-K counters.
@@ -53,14 +67,14 @@ type skinnyState struct {
 	counters *Buffer // skinnyCounters int32, zero between launches
 }
 
-// skinnyRowsDefault is a new Backend's skinny-GEMM limit: 64 rows, or
-// FERRITE_CUDA_SKINNY=N (0 turns it off and leaves the batches on
-// cuBLASLt, for comparing).
+// skinnyRowsDefault is a new Backend's skinny-GEMM limit: off (GPU run 2
+// measured the first version 1.3–5× slower than cuBLASLt), or
+// FERRITE_CUDA_SKINNY=N for batches of up to N rows (at most 64).
 func skinnyRowsDefault() int {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_SKINNY")); err == nil && n >= 0 {
 		return min(n, skinnyMaxRows)
 	}
-	return skinnyMaxRows
+	return 0
 }
 
 // SetSkinnyRows sets the most rows Linear, LinearCat and SwiGLULinear run
@@ -76,7 +90,8 @@ func (b *Backend) SetSkinnyRows(n int) int {
 // by w runs the skinny GEMM: a bf16 weight of a width of 8s, aligned
 // operands, counters allocated.
 func (b *Backend) useSkinny(w *Weight, n int, x uint64) bool {
-	if n < 2 || n > b.skinny.rows || w.DType != kernels.BF16 || w.Cols%8 != 0 || x%16 != 0 || w.Buf.ptr%16 != 0 {
+	if n < 2 || n > b.skinny.rows || w.DType != kernels.BF16 || w.Cols%8 != 0 || x%16 != 0 || w.Buf.ptr%16 != 0 ||
+		b.dev.SmemOptIn < skinnySmem(skinnyTile(n)) {
 		return false
 	}
 	return b.skinnyCounters() != nil
@@ -176,6 +191,7 @@ func (d *Device) skinnyL(y, x, bias uint64, w *Weight, n int, acc, swiglu bool, 
 	if gx > skinnyCounters {
 		ks = 1
 	}
-	return d.launch3L(skinnyKernels[sw][skinnyTile(n)], [3]uint32{uint32(gx), uint32(ks), 1}, skinnyWarps*32, 0,
+	tile := skinnyTile(n)
+	return d.launch3L(skinnyKernels[sw][tile], [3]uint32{uint32(gx), uint32(ks), 1}, skinnyWarps*32, uint32(skinnySmem(tile)),
 		y, x, w.Buf.ptr, i32(n), i32(rows), i32(w.Cols), bias, b32(acc), f32(limit), part, counters, i32(ceilDiv(chunks, ks)))
 }

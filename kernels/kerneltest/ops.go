@@ -73,10 +73,12 @@ func RunOps(t *testing.T, d kernels.Device) {
 	t.Run("SwiGLULinear", func(t *testing.T) { swigluLinearTest(t, d) })
 	t.Run("NormLinearCat", func(t *testing.T) { normLinearCatTest(t, d) })
 	t.Run("NormSwiGLULinear", func(t *testing.T) { normSwigluLinearTest(t, d) })
+	t.Run("AddNormLinearCat", func(t *testing.T) { addNormLinearCatTest(t, d) })
 	if _, ok := d.(kernels.RowExact); ok {
 		t.Run("RowExact", func(t *testing.T) { rowExactTest(t, d) })
 	}
 	t.Run("PrepareQKV", func(t *testing.T) { prepareQKVTest(t, d) })
+	t.Run("QKVAttention", func(t *testing.T) { qkvAttentionTest(t, d) })
 	t.Run("Embed", func(t *testing.T) { embedTest(t, d) })
 	t.Run("GatherRows", func(t *testing.T) { gatherTest(t, d) })
 	t.Run("RMSNorm", func(t *testing.T) { normTest(t, d) })
@@ -115,6 +117,19 @@ func RunOps(t *testing.T, d kernels.Device) {
 		t.Run("TopKRows", func(t *testing.T) { sampleTest(t, d, so) })
 	} else {
 		t.Log("no SampleOps: on-device sampling not tested")
+	}
+}
+
+// RunNormOps runs the norm-fused linear ops' cases of RunOps alone
+// (NormLinearCat, AddNormLinearCat, NormSwiGLULinear, and row-exact with
+// the RowVariances check where d is a kernels.RowExact): for a backend
+// switched to another form of them.
+func RunNormOps(t *testing.T, d kernels.Device) {
+	t.Run("NormLinearCat", func(t *testing.T) { normLinearCatTest(t, d) })
+	t.Run("AddNormLinearCat", func(t *testing.T) { addNormLinearCatTest(t, d) })
+	t.Run("NormSwiGLULinear", func(t *testing.T) { normSwigluLinearTest(t, d) })
+	if _, ok := d.(kernels.RowExact); ok {
+		t.Run("RowExact", func(t *testing.T) { rowExactTest(t, d) })
 	}
 }
 
@@ -849,6 +864,29 @@ func linearScale(x []float32, w *kernels.Mat, r, j int, extra float64) float64 {
 	return s + 1e-30
 }
 
+// catScale is LinearTol's scale for element i of LinearCat's output
+// (total wide) over the input x: Σₖ|x·w| of its weight row, + |bias| and,
+// when accumulating, + |y0[i]| (bv, y0 nil for none).
+func catScale(x []float32, ws []*kernels.Mat, total int, bv, y0 []float32) func(int) float64 {
+	return func(i int) float64 {
+		r, j := i/total, i%total
+		extra := 0.0
+		if bv != nil {
+			extra += math.Abs(float64(bv[j]))
+		}
+		if y0 != nil {
+			extra += math.Abs(float64(y0[i]))
+		}
+		for _, w := range ws {
+			if j < w.Rows {
+				return linearScale(x, w, r, j, extra)
+			}
+			j -= w.Rows
+		}
+		return extra
+	}
+}
+
 func linearCatTest(t *testing.T, d kernels.Device) {
 	for _, c := range []struct {
 		n    int
@@ -895,23 +933,7 @@ func linearCatTest(t *testing.T, d kernels.Device) {
 			want := append(make([]float32, 0, c.n*total), y0...)[:c.n*total]
 			xr, _ := RoundX(d, xv, ws[0], c.n)
 			ref.LinearCat(want, xr, ws, bv, c.acc, c.n)
-			compare(t, "y", got, want, LinearTol, func(i int) float64 {
-				r, j := i/total, i%total
-				extra := 0.0
-				if bv != nil {
-					extra += math.Abs(float64(bv[j]))
-				}
-				if y0 != nil {
-					extra += math.Abs(float64(y0[i]))
-				}
-				for _, w := range ws {
-					if j < w.Rows {
-						return linearScale(xv, w, r, j, extra)
-					}
-					j -= w.Rows
-				}
-				return extra
-			})
+			compare(t, "y", got, want, LinearTol, catScale(xv, ws, total, bv, y0))
 		})
 	}
 }
@@ -986,6 +1008,7 @@ func normLinearCatTest(t *testing.T, d kernels.Device) {
 		{1, []int{7, 3}, 33, kernels.F32, false, false, false},      // x not 16-byte aligned
 		{3, []int{32, 8, 8}, 64, kernels.BF16, true, true, false},   // rows through the GEMM
 		{20, []int{9, 5}, 40, kernels.F16, false, false, true},
+		{5, []int{24, 8, 8}, 72, kernels.BF16, false, true, true}, // a decode batch, zero-centred norm
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v,offset=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc, c.offset), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n)+100, uint64(c.cols)))
@@ -1019,23 +1042,68 @@ func normLinearCatTest(t *testing.T, d kernels.Device) {
 			want := append(make([]float32, 0, c.n*total), y0...)[:c.n*total]
 			hr, _ := RoundX(d, h, ws[0], c.n)
 			ref.LinearCat(want, hr, ws, bv, c.acc, c.n)
-			compare(t, "y", got, want, LinearTol, func(i int) float64 {
-				r, j := i/total, i%total
-				extra := 0.0
-				if bv != nil {
-					extra += math.Abs(float64(bv[j]))
+			compare(t, "y", got, want, LinearTol, catScale(h, ws, total, bv, y0))
+		})
+	}
+}
+
+// addNormLinearCatTest holds AddNormLinearCat's sum to x + delta bit for
+// bit and its product to LinearCat's reference over the reference's norm
+// of that sum (normLinearCatTest's tolerance).
+func addNormLinearCatTest(t *testing.T, d kernels.Device) {
+	for _, c := range []struct {
+		n      int
+		rows   []int
+		cols   int
+		dt     kernels.DType
+		bias   bool
+		offset bool
+	}{
+		{1, []int{16, 8, 8}, 64, kernels.BF16, false, false},
+		{1, []int{9, 5, 5}, 36, kernels.F32, true, true},
+		{1, []int{7, 3}, 36, kernels.BF16, false, false}, // rows not in 16-byte loads
+		{3, []int{32, 8, 8}, 64, kernels.BF16, true, false},
+	} {
+		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,offset=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.offset), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n)+300, uint64(c.cols)))
+			var ws []*kernels.Mat
+			total := 0
+			for _, r := range c.rows {
+				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
+				total += r
+			}
+			x, xv, hn, _ := normCase(t, d, rng, c.n, c.cols, c.offset)
+			dv := randn(rng, c.n*c.cols)
+			delta, sum := newBuf(t, d, c.n, c.cols, dv), newBuf(t, d, c.n, c.cols, nil)
+			sv := make([]float32, len(xv))
+			for i := range sv {
+				sv[i] = xv[i] + dv[i]
+			}
+			wv := make([]float32, c.cols)
+			d.ReadF32(wv, hn.W)
+			h := make([]float32, len(sv))
+			ref.RMSNorm(h, sv, wv, hn.Eps, c.offset, c.n)
+			var bv []float32
+			var e kernels.Epilogue
+			if c.bias {
+				bv = randn(rng, total)
+				e.Bias = newBuf(t, d, 1, total, bv).t
+			}
+			y := newBuf(t, d, c.n, total, nil)
+			step(d, func() { d.AddNormLinearCat(y.t, sum.t, x.t, delta.t, hn, ws, e) })
+			for i, v := range sum.read(t, "sum") {
+				if math.Float32bits(v) != math.Float32bits(sv[i]) {
+					t.Errorf("sum[%d] = %g, want x + delta = %g", i, v, sv[i])
+					break
 				}
-				if y0 != nil {
-					extra += math.Abs(float64(y0[i]))
-				}
-				for _, w := range ws {
-					if j < w.Rows {
-						return linearScale(h, w, r, j, extra)
-					}
-					j -= w.Rows
-				}
-				return extra
-			})
+			}
+			if in := x.read(t, "x"); !slices.Equal(in, xv) {
+				t.Error("AddNormLinearCat modified x")
+			}
+			want := make([]float32, c.n*total)
+			hr, _ := RoundX(d, h, ws[0], c.n)
+			ref.LinearCat(want, hr, ws, bv, false, c.n)
+			compare(t, "y", y.read(t, "y"), want, LinearTol, catScale(h, ws, total, bv, nil))
 		})
 	}
 }
@@ -1054,6 +1122,7 @@ func normSwigluLinearTest(t *testing.T, d kernels.Device) {
 		{1, 8, 64, kernels.F32, 0, true},
 		{4, 16, 64, kernels.F16, 0, false},
 		{3, 8, 40, kernels.BF16, 0.5, false},
+		{6, 12, 40, kernels.BF16, 0, true}, // a decode batch, zero-centred norm
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%dx%d,limit=%v,offset=%v", c.dt, c.n, c.inter, c.cols, c.limit, c.offset), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.inter)+200, uint64(c.cols)))
@@ -1177,4 +1246,108 @@ func prepareQKVCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvH
 	})
 	want := o2.read(t, "attention over the reference cache")
 	compare(t, "attention over the cache", o1.read(t, "attention"), want, AttentionBF16Tol, rowScale(want))
+}
+
+// qkvAttentionTest holds QKVAttention to PrepareQKV then Attention on the
+// same backend bit for bit (those two are held to the references), over a
+// cached history long enough to be split, for one row (the decode step a
+// backend fuses) and for three rows of one sequence: the output, and the
+// keys and values it stored, which attention over its cache with the
+// unfused q must find.
+func qkvAttentionTest(t *testing.T, d kernels.Device) {
+	for ci, c := range []struct {
+		heads, kvHeads, hd, dim int
+		qn, kn, inter           bool
+		hist, n                 int
+	}{
+		{8, 2, 128, 128, true, true, false, 300, 1}, // Qwen3-like, splits
+		{8, 2, 128, 128, true, true, false, 300, 3}, // rows of one sequence
+		{16, 2, 64, 32, true, false, true, 40, 1},   // wide group, partial interleaved rotation
+		{4, 4, 96, 0, false, false, false, 700, 1},  // neither norm nor rotation, long history
+		{6, 1, 40, 40, false, true, false, 150, 1},  // head dim not a multiple of 8
+	} {
+		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			t.Run(fmt.Sprintf("%v/%d/n=%d", dt, ci, c.n), func(t *testing.T) {
+				qkvAttentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.dim, c.qn, c.kn, c.inter, c.hist, c.n, uint64(ci))
+			})
+		}
+	}
+}
+
+func qkvAttentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvHeads, hd, dim int, qn, kn, inter bool, hist, n int, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 37))
+	const bs = 16
+	qw, kw := heads*hd, kvHeads*hd
+	total := hist + n
+	maxBlocks := (total + bs - 1) / bs
+	nBlocks := maxBlocks + 2
+	perm := rng.Perm(nBlocks)
+	blocks := make([]int32, maxBlocks)
+	for i := range blocks {
+		blocks[i] = int32(perm[i])
+	}
+	pos, seq, slot := make([]int32, total), make([]int32, total), make([]int32, total)
+	for p := range total {
+		pos[p], slot[p] = int32(p), blocks[p/bs]*bs+int32(p%bs)
+	}
+	bt := ints(t, d, 1, maxBlocks, blocks)
+	all := &kernels.Paged{Pos: ints(t, d, total, 1, pos), Seq: ints(t, d, total, 1, seq), Slot: ints(t, d, total, 1, slot),
+		Blocks: bt, BlockSize: bs}
+	hp := &kernels.Paged{Pos: all.Pos.Slice(0, hist), Seq: all.Seq.Slice(0, hist), Slot: all.Slot.Slice(0, hist), Blocks: bt, BlockSize: bs}
+	p := &kernels.Paged{Pos: all.Pos.Slice(hist, total), Seq: all.Seq.Slice(hist, total), Slot: all.Slot.Slice(hist, total),
+		Blocks: bt, BlockSize: bs}
+	s := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd)))}
+	norm := func(on bool) *kernels.HeadNorm {
+		if !on {
+			return nil
+		}
+		return &kernels.HeadNorm{W: newBuf(t, d, 1, hd, randn(rng, hd)).t, Eps: 1e-6, Offset: rng.IntN(2) == 1}
+	}
+	qnd, knd := norm(qn), norm(kn)
+	var r *kernels.Rotary
+	if dim > 0 {
+		inv := make([]float32, dim/2)
+		for i := range inv {
+			inv[i] = float32(math.Pow(10000, -float64(2*i)/float64(dim)))
+		}
+		r = &kernels.Rotary{InvFreq: newBuf(t, d, 1, len(inv), inv).t, Dim: dim, Interleaved: inter, Scale: 1}
+	}
+	hk, hv := newBuf(t, d, hist, kw, randn(rng, hist*kw)), newBuf(t, d, hist, kw, randn(rng, hist*kw))
+	var caches [2][2]kernels.Tensor // [unfused, fused][k, v]
+	for i := range caches {
+		for j := range caches[i] {
+			c, err := d.Alloc(dt, nBlocks*bs, kw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			caches[i][j] = c
+		}
+	}
+	qkvv := randn(rng, n*(qw+2*kw))
+	qkv, q := newBuf(t, d, n, qw+2*kw, qkvv), newBuf(t, d, n, qw, nil)
+	oA, oB, oC := newBuf(t, d, n, qw, nil), newBuf(t, d, n, qw, nil), newBuf(t, d, n, qw, nil)
+	step(d, func() {
+		for _, c := range caches {
+			d.StoreKV(c[0], c[1], hk.t, hv.t, hp)
+		}
+		d.PrepareQKV(q.t, caches[0][0], caches[0][1], qkv.t, qnd, knd, r, p, s)
+		d.Attention(oA.t, q.t, caches[0][0], caches[0][1], p, s)
+	})
+	step(d, func() { d.QKVAttention(oB.t, caches[1][0], caches[1][1], qkv.t, qnd, knd, r, p, s) })
+	step(d, func() { d.Attention(oC.t, q.t, caches[1][0], caches[1][1], p, s) })
+	want := oA.read(t, "PrepareQKV and Attention")
+	for _, o := range []struct {
+		name string
+		got  []float32
+	}{{"QKVAttention", oB.read(t, "QKVAttention")}, {"Attention over QKVAttention's cache", oC.read(t, "attention")}} {
+		for i, v := range o.got {
+			if math.Float32bits(v) != math.Float32bits(want[i]) {
+				t.Errorf("%s: out[%d] = %g, %g from PrepareQKV and Attention", o.name, i, v, want[i])
+				break
+			}
+		}
+	}
+	if got := qkv.read(t, "qkv"); !slices.Equal(got, qkvv) {
+		t.Errorf("QKVAttention modified qkv")
+	}
 }

@@ -86,6 +86,15 @@ func RowVariances(t *testing.T, d kernels.Device) []RowVariance {
 			step(d, func() { d.NormLinearCat(y.t, xb.t, hn, []*kernels.Mat{gate, up}, kernels.Epilogue{}) })
 			return y.read(t, "y")
 		})
+		check("AddNormLinearCat BF16", n, 2*out, func(x []float32, rows int) []float32 {
+			xb, y := newBuf(t, d, rows, in, x), newBuf(t, d, rows, 2*out, nil)
+			delta, sum := newBuf(t, d, rows, in, x), newBuf(t, d, rows, in, nil)
+			hn := &kernels.HeadNorm{W: wn.t, Eps: 1e-6}
+			step(d, func() {
+				d.AddNormLinearCat(y.t, sum.t, xb.t, delta.t, hn, []*kernels.Mat{gate, up}, kernels.Epilogue{})
+			})
+			return y.read(t, "y")
+		})
 		check("NormSwiGLULinear BF16", n, out, func(x []float32, rows int) []float32 {
 			xb, y := newBuf(t, d, rows, in, x), newBuf(t, d, rows, out, nil)
 			hn := &kernels.HeadNorm{W: wn.t, Eps: 1e-6, Offset: true}
@@ -118,6 +127,7 @@ func rowExactTest(t *testing.T, d kernels.Device) {
 	t.Run("SwiGLULinear", func(t *testing.T) { swigluLinearTest(t, d) })
 	t.Run("NormLinearCat", func(t *testing.T) { normLinearCatTest(t, d) })
 	t.Run("NormSwiGLULinear", func(t *testing.T) { normSwigluLinearTest(t, d) })
+	t.Run("AddNormLinearCat", func(t *testing.T) { addNormLinearCatTest(t, d) })
 	for _, v := range RowVariances(t, d) {
 		t.Errorf("row-exact mode: %v", v)
 	}

@@ -83,57 +83,43 @@ func (d *Device) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, limi
 }
 
 // NormLinearCat implements kernels.LinearOps: the norm's checks and
-// reference, then LinearCat's on the normed rows (held in host memory
-// only).
+// reference into a scratch tensor, then LinearCat's.
 func (d *Device) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
-	xs := d.normed("NormLinearCat", dst, x, n)
-	if len(ws) == 0 {
-		panic("strict: NormLinearCat without weights")
-	}
-	total := 0
-	for _, w := range ws {
-		stackable("NormLinearCat", w)
-		if w.Cols != ws[0].Cols || w.DType != ws[0].DType {
-			panic("strict: NormLinearCat weights of different widths or dtypes")
-		}
-		total += w.Rows
-	}
-	shape("NormLinearCat", x, -1, ws[0].Cols)
-	shape("NormLinearCat", dst, x.Rows, total)
-	y := make([]float32, dst.Elems())
-	if e.Accumulate {
-		y = d.in("NormLinearCat (accumulate)", dst, kernels.F32)
-	}
-	var bias []float32
-	if e.Bias.Valid() {
-		shape("NormLinearCat bias", e.Bias, 1, total)
-		bias = d.in("NormLinearCat", e.Bias, kernels.F32)
-	}
-	ref.LinearCat(y, xs, ws, bias, e.Accumulate, x.Rows)
-	d.out(dst, y)
+	d.LinearCat(dst, d.normed("NormLinearCat", dst, x, n), ws, e)
 }
 
-// NormSwiGLULinear implements kernels.LinearOps.
+// AddNormLinearCat implements kernels.LinearOps: the add's checks, then
+// NormLinearCat's over sum.
+func (d *Device) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, ws []*kernels.Mat, e kernels.Epilogue) {
+	contiguous("AddNormLinearCat", sum, x, delta)
+	shape("AddNormLinearCat", sum, x.Rows, x.Cols)
+	shape("AddNormLinearCat", delta, x.Rows, x.Cols)
+	xs, dl := d.in("AddNormLinearCat", x, kernels.F32), d.in("AddNormLinearCat", delta, kernels.F32)
+	for i, v := range dl {
+		xs[i] += v
+	}
+	d.out(sum, xs)
+	d.NormLinearCat(dst, sum, n, ws, e)
+}
+
+// NormSwiGLULinear implements kernels.LinearOps: the norm as
+// NormLinearCat's, then SwiGLULinear's checks and reference.
 func (d *Device) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, gate, up *kernels.Mat, limit float32) {
-	xs := d.normed("NormSwiGLULinear", dst, x, n)
-	stackable("NormSwiGLULinear", gate)
-	stackable("NormSwiGLULinear", up)
-	if gate.Rows != up.Rows || gate.Cols != up.Cols || gate.DType != up.DType {
-		panic("strict: NormSwiGLULinear gate and up differ")
-	}
-	if limit != 0 {
-		checkLimit("NormSwiGLULinear", limit)
-	}
-	shape("NormSwiGLULinear", x, -1, gate.Cols)
-	shape("NormSwiGLULinear", dst, x.Rows, gate.Rows)
-	y := make([]float32, dst.Elems())
-	ref.SwiGLULinear(y, xs, gate, up, limit, x.Rows)
-	d.out(dst, y)
+	d.SwiGLULinear(dst, d.normed("NormSwiGLULinear", dst, x, n), gate, up, limit)
+}
+
+// QKVAttention implements kernels.AttentionOps: PrepareQKV's and
+// Attention's checks and references, q in a scratch tensor.
+func (d *Device) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.HeadNorm, r *kernels.Rotary, p *kernels.Paged, s kernels.AttnShape) {
+	q := d.Scratch(kernels.F32, qkv.Rows, s.Heads*s.HeadDim) // (N, heads·headDim)
+	d.PrepareQKV(q, kc, vc, qkv, qn, kn, r, p, s)
+	d.Attention(out, q, kc, vc, p, s)
 }
 
 // normed checks a fused norm's operands (x and dst contiguous, the weight
-// (1, x.Cols)) and returns RMSNorm(x, n) on the host.
-func (d *Device) normed(op string, dst, x kernels.Tensor, n *kernels.HeadNorm) []float32 {
+// (1, x.Cols)) and returns RMSNorm(x, n) by the reference in a scratch
+// tensor.
+func (d *Device) normed(op string, dst, x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
 	if n == nil {
 		panic("strict: " + op + " without a norm")
 	}
@@ -141,7 +127,9 @@ func (d *Device) normed(op string, dst, x kernels.Tensor, n *kernels.HeadNorm) [
 	shape(op+" norm weight", n.W, 1, x.Cols)
 	xs := d.in(op, x, kernels.F32)
 	ref.RMSNorm(xs, xs, d.in(op, n.W, kernels.F32), n.Eps, n.Offset, x.Rows)
-	return xs
+	h := d.Scratch(kernels.F32, x.Rows, x.Cols) // (N, in) the normed rows
+	d.out(h, xs)
+	return h
 }
 
 // SwiGLU implements kernels.LinearOps.

@@ -24,23 +24,29 @@
 #              concurrency 1/8/32, 128+64 (~45 s)
 #   hybrid     engine TestMTPOnDevice (speculative == plain on the device, MTP
 #              speed-up per draft length; ferrite-tiny again with
-#              FERRITE_CUDA_LAZY_WRITES=0), ferrite bench, qwen3_next (small)
-#              and ferrite-tiny with MTP on/off at draft 1 and 3
+#              FERRITE_CUDA_FEWROWS=0 and SPIN=0), ferrite bench, qwen3_next (small)
+#              and ferrite-tiny with MTP on/off at draft 1 (cost-aware, forced)
 #   fuse0      (not in the default list) ferrite bench, Qwen3-8B batch 1 with
-#              the decode fusions off (FERRITE_CUDA_FUSE=0: norms and the
-#              split merge as separate kernels; FERRITE_CUDA_PREFETCH=0: no
-#              GEMV weight prefetch) for an A/B against bench8b (~40 s)
+#              the fused attention off (FERRITE_CUDA_FUSE=0: PrepareQKV and
+#              the split merge as kernels of their own) for an A/B against
+#              bench8b (~40 s)
+#   fusenorm   (not in the default list) the same with the norm-fused GEMVs
+#              on (FERRITE_CUDA_FUSE_NORM=1; off by default) (~40 s)
 #   prof       (not in the default list) per-kernel GPU time tables
-#              (FERRITE_CUDA_PROFILE=1: eager launches timed by CUDA events)
+#              (FERRITE_CUDA_PROFILE=$PROF_MODE: 1 (default) times eager
+#              launches with CUDA events, graph the replayed step graphs
+#              with event record nodes between kernels)
 #              of ferrite bench cases: Qwen3-8B 1/32/64, Qwen3-30B-A3B 1/8,
-#              GLM-4.7-Flash 1/32 (128+32), ferrite-tiny as shipped with MTP
-#              on and off (128+64); all into prof.log (~100-150 s)
-#   batch      (not in the default list) decode batches: BenchmarkSkinny
-#              (the skinny GEMM against cuBLASLt at Qwen3-8B shapes, 8-64
-#              rows) and BenchmarkRowAttention (rowattn against the split-KV
-#              kernel) into batch.log, then ferrite bench, Qwen3-8B 32/64
-#              with both off (FERRITE_CUDA_SKINNY=0 FERRITE_CUDA_ROWATTN=0:
-#              the batches as before; bench8b runs them on) (~60-90 s)
+#              GLM-4.7-Flash 1/32 (128+32), glm5next-8l 1/32 (128+32),
+#              ferrite-tiny as shipped with MTP on and off (128+64); all
+#              into prof.log (~110-190 s)
+#   batch      (not in the default list) decode batches, off by default:
+#              their tests in a process of their own (FERRITE_TEST_BATCH=1),
+#              BenchmarkSkinny (the skinny GEMM against cuBLASLt at Qwen3-8B
+#              shapes, 8-64 rows) and BenchmarkRowAttention (rowattn against
+#              the split-KV kernel) into batch.log, then ferrite bench,
+#              Qwen3-8B 32/64 with both on (FERRITE_CUDA_SKINNY=64
+#              FERRITE_CUDA_ROWATTN=2; bench8b runs the defaults) (~90 s)
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
 # (default 540) have passed, so a hang still returns the fatbin and the logs.
 # Writes to $OUT: ferrite.fatbin, fatbin.sha256, *.log, *.json.
@@ -115,8 +121,9 @@ bench() { # bench NAME SECONDS ARGS...: ferrite bench into NAME.log and NAME.jso
 }
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1
-want fuse0 && FERRITE_CUDA_FUSE=0 FERRITE_CUDA_PREFETCH=0 bench fuse0 60 --model "$dev/qwen3-8b" \
-	--concurrency 1 --prompt-len 128 --gen-len 128
+want fuse0 && FERRITE_CUDA_FUSE=0 bench fuse0 60 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 128 --gen-len 128
+want fusenorm && FERRITE_CUDA_FUSE_NORM=1 bench fusenorm 60 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 128 \
+	--gen-len 128
 want rows8 && FERRITE_CUDA_GEMV_ROWS="${ROWS8_GEMV_ROWS:-8}" bench rows8 60 --model "$dev/qwen3-8b" \
 	--concurrency 1 --prompt-len 128 --gen-len 128
 if want moe; then
@@ -133,21 +140,25 @@ if want prof; then
 	profbench() {
 		local limit=$1
 		shift
-		FERRITE_CUDA_PROFILE=1 run "prof ${2##*/}" "$limit" prof.log ./ferrite bench --device cuda --bandwidth 4300 "$@"
+		FERRITE_CUDA_PROFILE="${PROF_MODE:-1}" run "prof ${2##*/}" "$limit" prof.log ./ferrite bench --device cuda --bandwidth 4300 "$@"
 	}
 	profbench 50 --model "$dev/qwen3-8b" --concurrency 1,32,64 --prompt-len 128 --gen-len 32
 	profbench 45 --model "$dev/qwen3-30b-a3b" --concurrency 1,8 --prompt-len 128 --gen-len 32
 	profbench 40 --model "$root/engine/testdata/glm4.7-flash" --concurrency 1,32 --prompt-len 128 --gen-len 32
+	profbench 35 --model "$root/engine/testdata/glm5next-8l" --concurrency 1,32 --prompt-len 128 --gen-len 32
 	# ferrite-tiny as shipped (the tree's builtin/model: trained weights,
 	# so drafts are accepted as in the chat), with MTP on and off;
-	# the graph question is not answered here (eager).
+	# with PROF_MODE=graph the replayed graphs are timed instead.
 	profbench 25 --model "$root/builtin/model" --concurrency 1 --prompt-len 128 --gen-len 64 --mtp on,off
-	grep -E '^GPU profile|^ *total \(' "$out/prof.log" | cut -c1-160
+	grep -E '^GPU profile|^mode|^ *total \(' "$out/prof.log" | cut -c1-160
 fi
 if want batch; then
+	(cd k && FERRITE_TEST_DEVICE=cuda FERRITE_TEST_BATCH=1 run batch-test 40 batch.log ../cuda.test -test.v -test.count 1 \
+		-test.run 'TestSkinny$|TestRowAttention/^Attention$')
+	grep -hE '^(--- FAIL|FAIL|ok|panic)|worst|max error' "$out/batch.log" | sed -E 's/ +/ /g' | head -80
 	(cd k && run batch-bench 75 batch.log ../cuda.test -test.run XXX -test.bench 'Skinny|RowAttention' -test.benchtime 100x)
 	grep -hE '^Benchmark|rc=|rowattn' "$out/batch.log" | sed -E 's/ +/ /g'
-	FERRITE_CUDA_SKINNY=0 FERRITE_CUDA_ROWATTN=0 bench batch-off 75 --model "$dev/qwen3-8b" --concurrency 32,64 \
+	FERRITE_CUDA_SKINNY=64 FERRITE_CUDA_ROWATTN=2 bench batch-on 75 --model "$dev/qwen3-8b" --concurrency 32,64 \
 		--prompt-len 128 --gen-len 128
 fi
 if want hybrid; then
@@ -157,24 +168,23 @@ if want hybrid; then
 	(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda run mtp-test 120 mtp.log "$dev/engine.test" -test.v -test.count 1 \
 		-test.run 'TestMTPOnDevice')
 	grep -hE 'draft [0-9]|row-|^\s*--- (FAIL|PASS)' "$out/mtp.log" | cut -c1-300 | head -50
-	# The same on ferrite-tiny with every upload copied at once (the build
-	# before the queued uploads), then with the device thread's hand-overs
-	# parking at once (FERRITE_CUDA_SPIN=0), for the host-overhead
+	# The same on ferrite-tiny with 2-4 row products on the 8-row GEMV and
+	# cuBLASLt again (FERRITE_CUDA_FEWROWS=0), then with the device
+	# thread's hand-overs parking at once (FERRITE_CUDA_SPIN=0), for
 	# comparison (~10 s each).
-	for ab in FERRITE_CUDA_LAZY_WRITES FERRITE_CUDA_SPIN; do
+	for ab in FERRITE_CUDA_FEWROWS FERRITE_CUDA_SPIN; do
 		echo "== $ab=0" >>"$out/mtp-ab.log"
 		(cd "$root/engine" && FERRITE_TEST_DEVICE=cuda run "mtp-$ab" 40 mtp-ab.log env "$ab=0" "$dev/engine.test" \
 			-test.v -test.count 1 -test.run 'TestMTPOnDevice/ferrite-tiny')
 	done
 	grep -hE '^== |draft [0-9]' "$out/mtp-ab.log" | cut -c1-300
-	# ferrite bench on ferrite-tiny with MTP off/on at draft 1 and 3 (a chat
-	# question, --chat; cost-aware drafting as the CLI runs it; step-graph
-	# counts per case), ~15 s each; a CPU profile of the host work at draft
-	# 1; and draft 1 on random prompts, as the bench ran before --chat.
+	# ferrite bench on ferrite-tiny with MTP off/on at draft 1 (a chat
+	# question, --chat; cost-aware drafting as the CLI runs it, then
+	# drafting on every step, --draft-always; step-graph counts per case),
+	# ~15 s each; a CPU profile of the host work.
 	bench tiny-mtp1 40 --model "$root/builtin/model" --chat --concurrency 1 --gen-len 192 --mtp off,on --draft 1 \
 		--cpuprofile "$out/tiny-mtp1.pprof"
-	bench tiny-mtp3 40 --model "$root/builtin/model" --chat --concurrency 1 --gen-len 192 --mtp off,on --draft 3
-	bench tiny-mtp1r 40 --model "$root/builtin/model" --concurrency 1 --prompt-len 32 --gen-len 192 --mtp off,on --draft 1
+	bench tiny-mtp1f 40 --model "$root/builtin/model" --chat --concurrency 1 --gen-len 192 --mtp off,on --draft 1 --draft-always
 	bench qwen3next 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512 --gen-len 32
 fi
 if want steps; then
@@ -182,8 +192,9 @@ if want steps; then
 		-test.benchtime 20x -test.count "${STEP_COUNT:-1}")
 	(cd k && run linattn-bench 40 steps.log ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x)
 	(cd k && run prefill-bench 60 steps.log ../cuda.test -test.run XXX -test.bench PrefillAttention -test.benchtime 3x)
-	(cd k && run moe-bench 90 steps.log ../cuda.test -test.run XXX -test.bench 'BenchmarkMoE$|BenchmarkOpsDecodeStep30BA3B|MLADecode' -test.benchtime 20x)
+	(cd k && run moe-bench 75 steps.log ../cuda.test -test.run XXX -test.bench 'BenchmarkMoE$|BenchmarkOpsDecodeStep30BA3B' -test.benchtime 20x)
 	(cd k && run moe-glm-bench 60 steps.log ../cuda.test -test.run XXX -test.bench 'BenchmarkMoEGLM' -test.benchtime 20x)
+	(cd k && run mla-bench 45 steps.log ../cuda.test -test.run XXX -test.bench MLADecode -test.benchtime 20x)
 	grep -hE '^Benchmark|rc=' "$out/steps.log"
 fi
 if want llama && [ -f llama/llamacpp_gpu.sh ]; then

@@ -30,6 +30,13 @@ const keyEps = 1e-6
 // a longer step scores its rows in chunks (a variable for tests).
 var scoreBudget = 1 << 22
 
+// scoreWidthStep rounds up the scores' width, max(Pos)+1: the width is a
+// launch parameter, and one that changed every token would make every
+// decode step's launches new, so a device that replays repeated steps as
+// graphs (CUDA) never could. The extra columns score −∞ (IndexerScores'
+// contract), so no selection changes.
+const scoreWidthStep = 64
+
 // Forward stores the step's index keys in keys (the layer's V cache) and
 // returns every row's selection (N, TopK) I32, or the zero Tensor when no
 // row of the step sees more than TopK positions (they all attend densely).
@@ -53,8 +60,9 @@ func (ix *Indexer) Forward(c *gqa.Ctx, keys, h, qr kernels.Tensor) kernels.Tenso
 	ix.W.Forward(dev, w, h, false)
 	sel := dev.Scratch(kernels.I32, n, s.TopK) // (N, TopK)
 	// Rows in chunks of at most scoreBudget scores, into one buffer.
-	per := max(1, min(n, scoreBudget/maxLen))
-	scores := dev.Scratch(kernels.F32, per, maxLen) // (rows of a chunk, maxLen)
+	width := (maxLen + scoreWidthStep - 1) / scoreWidthStep * scoreWidthStep
+	per := max(1, min(n, scoreBudget/width))
+	scores := dev.Scratch(kernels.F32, per, width) // (rows of a chunk, width ≥ maxLen)
 	for r0 := 0; r0 < n; r0 += per {
 		r1 := min(n, r0+per)
 		p := c.Paged
@@ -70,7 +78,8 @@ func (ix *Indexer) Forward(c *gqa.Ctx, keys, h, qr kernels.Tensor) kernels.Tenso
 }
 
 // Scores reads back the last forward pass's indexer scores (N rows of
-// max(Pos)+1; a row's columns past its Pos are unspecified), or nil when
+// max(Pos)+1 rounded up to scoreWidthStep; a row's columns past its Pos
+// are unspecified), or nil when
 // that pass attended densely or scored its rows in chunks. Outside a step
 // only; for tests and inspection.
 func (ix *Indexer) Scores() [][]float32 {

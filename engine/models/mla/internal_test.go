@@ -43,7 +43,7 @@ func TestIndexerChunks(t *testing.T) {
 	}
 	var sels [2][][]int32
 	defer func(b int) { scoreBudget = b }(scoreBudget)
-	for k, budget := range []int{1 << 22, 100} { // 100: chunks of 2 rows
+	for k, budget := range []int{1 << 22, 2 * scoreWidthStep} { // chunks of 2 rows
 		scoreBudget = budget
 		s := c.NewSeq()
 		if err := c.Reserve(s, len(toks)); err != nil {

@@ -13,6 +13,7 @@ __device__ inline uint16_t f32_to_bf16(float f) {
 }
 
 extern "C" __global__ void ferrite_f32_to_bf16(uint16_t* dst, const float* src, uint64_t n) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
         dst[i] = f32_to_bf16(src[i]);
 }

@@ -93,13 +93,14 @@ __device__ inline void store(float* y, float s, const float* bias, int r, int ac
     *y = s;
 }
 
-// weight_prefetch, when pf is set, asks L2 for the bytes bytes from p on,
-// the block's threads striding the 128-byte lines. The split GEMVs call it
-// for their weight rows before FERRITE_PDL_WAIT (the weights are never
-// written by a step's kernels), so under PDL the weight stream starts
-// while the kernel before drains (kernels/cuda/pdl.go).
+// weight_prefetch, in the first pf blocks of the grid (the ones resident
+// while the kernel before may still run; 0: none), asks L2 for the bytes
+// bytes from p on, the block's threads striding the 128-byte lines. The
+// split GEMVs call it for their weight rows before FERRITE_PDL_WAIT (the
+// weights are never written by a step's kernels), so under PDL the weight
+// stream starts while the kernel before drains (kernels/cuda/pdl.go).
 __device__ inline void weight_prefetch(int pf, const uint8_t* p, size_t bytes) {
-    if (!pf) return;
+    if (int(blockIdx.x) >= pf) return;
     for (size_t o = size_t(threadIdx.x) * 128; o < bytes; o += size_t(blockDim.x) * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
 }
@@ -195,6 +196,53 @@ __device__ float split_dot(const uint8_t* __restrict__ row, const float* __restr
     return warp_sum(acc);
 }
 
+// kSplitRows is how many rows of x split_dot_rows takes at once.
+constexpr int kSplitRows = 4;
+
+// split_dot_rows is split_dot for nr ≤ kSplitRows rows of x (row j at x +
+// j·cols) at once, into acc[j]: each weight element is read once for all
+// of them, and row j's sum is made of exactly split_dot's products and
+// additions in split_dot's order, so its bits are split_dot's.
+template <class W>
+__device__ void split_dot_rows(const uint8_t* __restrict__ row, const float* __restrict__ x, int cols, int p, int nr,
+                               float* acc) {
+    const int lane = threadIdx.x & 31;
+    float a[kSplitRows];
+#pragma unroll
+    for (int j = 0; j < kSplitRows; j++) a[j] = 0.f;
+    if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
+#pragma unroll 2
+        for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
+            float wv[W::kE];
+            W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
+#pragma unroll
+            for (int j = 0; j < kSplitRows; j++) {
+                if (j < nr) {
+                    const float4* xp = reinterpret_cast<const float4*>(x + size_t(j) * cols + k);
+#pragma unroll
+                    for (int q = 0; q < W::kE / 4; q++) {
+                        float4 xv = __ldg(xp + q);
+                        a[j] = fmaf(wv[4 * q], xv.x, a[j]);
+                        a[j] = fmaf(wv[4 * q + 1], xv.y, a[j]);
+                        a[j] = fmaf(wv[4 * q + 2], xv.z, a[j]);
+                        a[j] = fmaf(wv[4 * q + 3], xv.w, a[j]);
+                    }
+                }
+            }
+        }
+    } else {
+        for (int k = p * 32 + lane; k < cols; k += kSplit * 32) {
+            const float wk = W::one(row, k);
+#pragma unroll
+            for (int j = 0; j < kSplitRows; j++) {
+                if (j < nr) a[j] = fmaf(wk, x[size_t(j) * cols + k], a[j]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < kSplitRows; j++) acc[j] = warp_sum(a[j]);
+}
+
 // split_total adds the kSplit partial sums of the row whose first warp is
 // w0, in a fixed order.
 __device__ inline float split_total(const float* part, int w0) {
@@ -218,46 +266,56 @@ __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, c
     if (p == 0 && lane == 0 && r < rows) store(y + r, split_total(part, warp), bias, r, acc_y);
 }
 
-// gemv_split over n rows of x, one after another: row j's sum is
-// split_dot and split_total exactly as gemv_split computes it for that row
-// alone, so a row's bits do not depend on the other rows of the call
-// (kernels.RowExact: a speculative verification's rows reproduce plain
-// decoding's). The weight row comes from memory once; the later rows'
-// reads of it hit the cache. Launch as gemv_split: ceil(rows / 2) blocks.
+// gemv_split over n rows of x, kSplitRows at a time (split_dot_rows): row
+// j's sum is split_dot and split_total exactly as gemv_split computes it
+// for that row alone, so a row's bits do not depend on the other rows of
+// the call (kernels.RowExact: a speculative verification's rows reproduce
+// plain decoding's). Each weight element is read once for kSplitRows rows,
+// so a call of up to four rows takes about a one-row call's time. Launch
+// as gemv_split: ceil(rows / 2) blocks.
 template <class W>
 __device__ void gemv_split_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
                                 int n, int rows, int cols, const float* __restrict__ bias, int acc_y) {
-    __shared__ float part[kWarpsPerBlock];
+    __shared__ float part[kSplitRows][kWarpsPerBlock];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
     const int p = warp % kSplit;
-    for (int j = 0; j < n; j++) {
-        float acc = 0.f;
-        if (r < rows) acc = split_dot<W>(w + size_t(r) * cols * W::kSize, x + size_t(j) * cols, cols, p);
-        __syncthreads();  // the previous row's partial sums have been read
-        if (lane == 0) part[warp] = acc;
+    for (int j0 = 0; j0 < n; j0 += kSplitRows) {
+        const int nr = min(kSplitRows, n - j0);
+        float acc[kSplitRows];
+#pragma unroll
+        for (int j = 0; j < kSplitRows; j++) acc[j] = 0.f;
+        if (r < rows) split_dot_rows<W>(w + size_t(r) * cols * W::kSize, x + size_t(j0) * cols, cols, p, nr, acc);
+        __syncthreads();  // the previous rows' partial sums have been read
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < kSplitRows; j++) part[j][warp] = acc[j];
+        }
         __syncthreads();
-        if (p == 0 && lane == 0 && r < rows) store(y + size_t(j) * rows + r, split_total(part, warp), bias, r, acc_y);
+        if (p == 0 && lane == 0 && r < rows) {
+            for (int j = 0; j < nr; j++) store(y + size_t(j0 + j) * rows + r, split_total(part[j], warp), bias, r, acc_y);
+        }
     }
 }
 
 // The GEMVs with a fused RMSNorm (kernels.LinearOps.NormLinearCat):
 // y = inv·(s ⊙ x)·wᵀ for the un-normed x, s the norm weight (1 + w with
-// off) and inv = 1/sqrt(mean(x²) + eps) as kernels/ref.RMSNorm rounds it
-// (float64 sum of squares, the mean rounded to float32, eps added in
-// float32). The four warps of a row read all of x once, so they sum x²
-// on the way at no extra traffic (every row's warps get the same bits);
-// the scale is applied once, after the sums.
+// off) and inv = 1/sqrt(mean(x²) + eps), the mean rounded to float32 and
+// eps added in float32 as kernels/ref.RMSNorm does. The four warps of a
+// block's first row read all of x, so they also sum x² on the way (each
+// lane in float32, the lanes and the four warps in float64: the same bits
+// for every block), and the block's rows scale their sums by inv once.
 //
 // split_norm_dot is split_dot of row with s ⊙ x (each product rounded to
-// float32) and, in *sq, warp part p's share of Σx² in float64; both are
-// summed over the warp.
-template <class W>
+// float32) and, with want_sq, in *sq warp part p's share of Σx²; both are
+// summed over the warp. With ADD, x is x + dl (AddNormLinearCat's pending
+// residual add, one float32 add an element).
+template <class W, bool ADD>
 __device__ float split_norm_dot(const uint8_t* __restrict__ row, const float* __restrict__ x,
-                                const float* __restrict__ nw, int off, int cols, int p, double* sq) {
+                                const float* __restrict__ dl, const float* __restrict__ nw, int off, int cols, int p,
+                                bool want_sq, double* sq) {
     const int lane = threadIdx.x & 31;
-    float acc = 0.f;
-    double ss = 0;
+    float acc = 0.f, ss = 0.f;
     if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
 #pragma unroll 4
         for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
@@ -268,10 +326,18 @@ __device__ float split_norm_dot(const uint8_t* __restrict__ row, const float* __
 #pragma unroll
             for (int q = 0; q < W::kE / 4; q++) {
                 const float4 xv = __ldg(xp + q), sv = __ldg(sp + q);
-                const float xe[4] = {xv.x, xv.y, xv.z, xv.w}, se[4] = {sv.x, sv.y, sv.z, sv.w};
+                float xe[4] = {xv.x, xv.y, xv.z, xv.w};
+                const float se[4] = {sv.x, sv.y, sv.z, sv.w};
+                if (ADD) {
+                    const float4 dv = __ldg(reinterpret_cast<const float4*>(dl + k) + q);
+                    xe[0] = __fadd_rn(xe[0], dv.x);
+                    xe[1] = __fadd_rn(xe[1], dv.y);
+                    xe[2] = __fadd_rn(xe[2], dv.z);
+                    xe[3] = __fadd_rn(xe[3], dv.w);
+                }
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    ss += double(xe[e]) * double(xe[e]);
+                    if (want_sq) ss = fmaf(xe[e], xe[e], ss);
                     const float sc = off ? __fadd_rn(1.f, se[e]) : se[e];
                     acc = fmaf(wv[4 * q + e], __fmul_rn(sc, xe[e]), acc);
                 }
@@ -279,51 +345,62 @@ __device__ float split_norm_dot(const uint8_t* __restrict__ row, const float* __
         }
     } else {
         for (int k = p * 32 + lane; k < cols; k += kSplit * 32) {
-            const float xk = x[k];
-            ss += double(xk) * double(xk);
+            const float xk = ADD ? __fadd_rn(x[k], dl[k]) : x[k];
+            if (want_sq) ss = fmaf(xk, xk, ss);
             const float sc = off ? __fadd_rn(1.f, nw[k]) : nw[k];
             acc = fmaf(W::one(row, k), __fmul_rn(sc, xk), acc);
         }
     }
-    *sq = warp_sum_f64(ss);
+    if (want_sq) *sq = warp_sum_f64(double(ss));
     return warp_sum(acc);
 }
 
 // norm_inv is the RMSNorm scale of a row of cols values from the kSplit
-// partial sums of squares from sq[w0] on, added in a fixed order.
-__device__ inline float norm_inv(const double* sq, int w0, int cols, float eps) {
-    double s = sq[w0];
+// partial sums of squares from sq[0] on, added in a fixed order.
+__device__ inline float norm_inv(const double* sq, int cols, float eps) {
+    double s = sq[0];
 #pragma unroll
-    for (int i = 1; i < kSplit; i++) s += sq[w0 + i];
+    for (int i = 1; i < kSplit; i++) s += sq[i];
     const float ms = float(s / double(cols));
     return float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
 }
 
 // gemv_norm_split is gemv_split_rows with the fused norm: n rows of x one
 // after another, each summed as for that row alone (so the n = 1 decode
-// and a row-exact verification give the same bits). Launch as
-// gemv_split: ceil(rows / 2) blocks of 256 threads.
-template <class W>
-__device__ void gemv_norm_split(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
-                                int n, int rows, int cols, const float* __restrict__ nw, float eps, int off,
-                                const float* __restrict__ bias, int acc_y) {
+// and a row-exact verification give the same bits). With ADD the input is
+// x + dl, which the blocks also write to sum, each a share of the
+// elements (AddNormLinearCat). Launch as gemv_split: ceil(rows / 2)
+// blocks of 256 threads.
+template <class W, bool ADD>
+__device__ void gemv_norm_split(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ dl,
+                                float* __restrict__ sum, const uint8_t* __restrict__ w, int n, int rows, int cols,
+                                const float* __restrict__ nw, float eps, int off, const float* __restrict__ bias,
+                                int acc_y) {
     __shared__ float part[kWarpsPerBlock];
-    __shared__ double sqp[kWarpsPerBlock];
+    __shared__ double sqp[kSplit];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
     const int p = warp % kSplit;
+    const bool first = warp < kSplit;  // the block's first row: it sums x²
+    if (ADD) {
+        const size_t total = size_t(n) * cols;
+        for (size_t k = size_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += size_t(gridDim.x) * blockDim.x)
+            sum[k] = __fadd_rn(x[k], dl[k]);
+    }
     for (int j = 0; j < n; j++) {
         float acc = 0.f;
         double sq = 0;
-        if (r < rows) acc = split_norm_dot<W>(w + size_t(r) * cols * W::kSize, x + size_t(j) * cols, nw, off, cols, p, &sq);
+        if (r < rows)
+            acc = split_norm_dot<W, ADD>(w + size_t(r) * cols * W::kSize, x + size_t(j) * cols, dl + (ADD ? size_t(j) * cols : 0),
+                                         nw, off, cols, p, first, &sq);
         __syncthreads();  // the previous row's partial sums have been read
         if (lane == 0) {
             part[warp] = acc;
-            sqp[warp] = sq;
+            if (first) sqp[warp] = sq;
         }
         __syncthreads();
         if (p == 0 && lane == 0 && r < rows) {
-            const float inv = norm_inv(sqp, warp, cols, eps);
+            const float inv = norm_inv(sqp, cols, eps);
             store(y + size_t(j) * rows + r, __fmul_rn(split_total(part, warp), inv), bias, r, acc_y);
         }
     }
@@ -488,12 +565,26 @@ __device__ void gemv_f8(float* __restrict__ y, const float* __restrict__ x, cons
              int off, const float* bias, int acc_y, int pf) {                                       \
         split_prefetch<W>(pf, w, rows, cols);                                                       \
         FERRITE_PDL_WAIT();                                                                         \
-        gemv_norm_split<W>(y, x, w, n, rows, cols, nw, eps, off, bias, acc_y);                      \
+        gemv_norm_split<W, false>(y, x, nullptr, nullptr, w, n, rows, cols, nw, eps, off, bias, acc_y); \
     }
 
 FERRITE_GEMV_NORM(ferrite_gemv_norm_f32, F32W)
 FERRITE_GEMV_NORM(ferrite_gemv_norm_bf16, BF16W)
 FERRITE_GEMV_NORM(ferrite_gemv_norm_f16, F16W)
+
+// AddNormLinearCat's form: the input is x + dl, also written to sum.
+#define FERRITE_GEMV_ADDNORM(name, W)                                                               \
+    extern "C" __global__ void __launch_bounds__(256)                                               \
+        name(float* y, const float* x, const uint8_t* w, int n, int rows, int cols, const float* nw, float eps, \
+             int off, const float* bias, int acc_y, int pf, const float* dl, float* sum) {          \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
+        FERRITE_PDL_WAIT();                                                                         \
+        gemv_norm_split<W, true>(y, x, dl, sum, w, n, rows, cols, nw, eps, off, bias, acc_y);       \
+    }
+
+FERRITE_GEMV_ADDNORM(ferrite_gemv_addnorm_f32, F32W)
+FERRITE_GEMV_ADDNORM(ferrite_gemv_addnorm_bf16, BF16W)
+FERRITE_GEMV_ADDNORM(ferrite_gemv_addnorm_f16, F16W)
 
 FERRITE_GEMV_ROWS(ferrite_gemv_f32_r4, F32W, 4)
 FERRITE_GEMV_ROWS(ferrite_gemv_f32_r8, F32W, 8)

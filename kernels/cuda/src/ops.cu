@@ -63,9 +63,32 @@ extern "C" __global__ void ferrite_swiglu(float* y, const float* g, const float*
 // n = rows·inter values of t (rows, 2·inter), the stacked [gate | up]
 // product of SwiGLULinear (clamped with limit ≠ 0).
 extern "C" __global__ void ferrite_swiglu_cat(float* y, const float* t, uint64_t n, int inter, float limit) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
         const uint64_t r = i / inter, j = i % inter;
         y[i] = swiglu_clamp1(t[r * 2 * inter + j], t[r * 2 * inter + inter + j], limit);
+    }
+}
+
+// ferrite_swiglu_cat over the split GEMM's products (linearSplit): y[i·inter
+// + j] = swiglu(g, u) for n = rows·inter values, g and u the hi + lo sums
+// of t (2·rows, 2·inter) (rows of hi products, then of lo products), as
+// ferrite_add_halves and ferrite_swiglu_cat would give them in two passes.
+// With y2 set it also writes y split for the next product's cuBLASLt input,
+// as ferrite_f32_to_bf16x2 of y would: y2 (2·rows, inter) bf16.
+extern "C" __global__ void ferrite_add_halves_swiglu(float* y, const float* t, uint64_t n, int inter, float limit,
+                                                     uint16_t* y2) {
+    FERRITE_PDL_WAIT();
+    const uint64_t lo = 2 * n;  // the lo products' offset in t
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        const uint64_t r = i / inter, j = i % inter, g = r * 2 * inter + j, u = g + inter;
+        const float v = swiglu_clamp1(__fadd_rn(t[g], t[lo + g]), __fadd_rn(t[u], t[lo + u]), limit);
+        y[i] = v;
+        if (y2) {
+            const uint16_t hi = f32_to_bf16(v);
+            y2[i] = hi;
+            y2[n + i] = f32_to_bf16(__fsub_rn(v, __uint_as_float(uint32_t(hi) << 16)));
+        }
     }
 }
 
@@ -93,30 +116,31 @@ __device__ void gemv_swiglu(float* __restrict__ y, const float* __restrict__ x, 
 // gemv_swiglu with gemv.cu's fused RMSNorm (NormSwiGLULinear), over n
 // rows of x one after another, each as for that row alone: block r's
 // warps 0–3 sum gate row r and warps 4–7 up row r (split_norm_dot), the
-// norm scale is the gate warps' (the up warps sum the same squares to the
-// same bits), and y[j, r] = swiglu(inv·gate, inv·up). Launch: inter blocks
+// gate warps also the squares for the norm scale, and y[j, r] =
+// swiglu(inv·gate, inv·up). Launch: inter blocks
 // of 256 threads.
 template <class W>
 __device__ void gemv_norm_swiglu(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
                                  int n, int inter, int cols, const float* __restrict__ nw, float eps, int off,
                                  float limit) {
     __shared__ float part[kWarpsPerBlock];
-    __shared__ double sqp[kWarpsPerBlock];
+    __shared__ double sqp[kSplit];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = blockIdx.x;
     const int half = warp / kSplit;  // 0: gate, 1: up
     const uint8_t* row = w + (size_t(half) * inter + r) * cols * W::kSize;
     for (int j = 0; j < n; j++) {
-        double sq;
-        const float acc = split_norm_dot<W>(row, x + size_t(j) * cols, nw, off, cols, warp % kSplit, &sq);
+        double sq = 0;
+        const float acc =
+            split_norm_dot<W, false>(row, x + size_t(j) * cols, nullptr, nw, off, cols, warp % kSplit, half == 0, &sq);
         __syncthreads();  // the previous row's partial sums have been read
         if (lane == 0) {
             part[warp] = acc;
-            sqp[warp] = sq;
+            if (half == 0) sqp[warp] = sq;
         }
         __syncthreads();
         if (threadIdx.x == 0) {
-            const float inv = norm_inv(sqp, 0, cols, eps);
+            const float inv = norm_inv(sqp, cols, eps);
             y[size_t(j) * inter + r] = swiglu_clamp1(__fmul_rn(split_total(part, 0), inv),
                                                      __fmul_rn(split_total(part, kSplit), inv), limit);
         }
@@ -191,6 +215,7 @@ FERRITE_GEMV_SWIGLU(ferrite_gemv_swiglu_f16, F16W)
 
 // y[i] += bias[i % cols] for n·cols values (the cuBLASLt path's bias).
 extern "C" __global__ void ferrite_add_bias(float* y, const float* bias, uint64_t n, int cols) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
         y[i] += bias[i % cols];
 }
@@ -200,6 +225,7 @@ extern "C" __global__ void ferrite_add_bias(float* y, const float* bias, uint64_
 // mantissa: a GEMM over the stacked (2·rows, cols) input is accurate to
 // about 2⁻¹⁷·Σ|x·w| while it still reads the weight once.
 extern "C" __global__ void ferrite_f32_to_bf16x2(uint16_t* dst, const float* src, uint64_t n) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
         const float x = src[i];
         const uint16_t hi = f32_to_bf16(x);
@@ -212,6 +238,7 @@ extern "C" __global__ void ferrite_f32_to_bf16x2(uint16_t* dst, const float* src
 // (+ y[i] when acc) for n = rows·cols values of t (2·rows, cols).
 extern "C" __global__ void ferrite_add_halves(float* y, const float* t, const float* bias, uint64_t n, int cols,
                                               int acc) {
+    FERRITE_PDL_WAIT();
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
         float v = __fadd_rn(t[i], t[n + i]);
         if (bias) v = __fadd_rn(v, bias[i % cols]);
@@ -273,21 +300,26 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
 // y = w ⊙ res·rsqrt(mean(res²) + eps) ((1 + w) with offset), the mean of
 // squares summed in float64 and rounded to float32 before eps, as
 // kernels/ref.RMSNorm. Rows are dim values apart; y may be res (plain
-// RMSNorm in place). Launch: one block per row, a multiple of 32 threads
+// RMSNorm in place). With sum set, res + delta goes to sum and res
+// stays (AddNormLinearCat). Launch: one block per row, a multiple of 32 threads
 // up to 1024 (256 for many rows, 1024 for a few: a decode step's single
-// row is latency, not throughput).
-extern "C" __global__ void __launch_bounds__(1024)
-    ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
-                        int offset) {
-    FERRITE_PDL_WAIT();
+// row is latency, not throughput). With sum set, res + delta goes to sum
+// and res stays (AddNormLinearCat). add_rmsnorm is its body; with SPLIT it
+// writes each normed value as cuBLASLt's split input instead
+// (ferrite_f32_to_bf16x2 of y): y2 (2·rows, dim) bf16, hi = bf16(v) in row
+// r, lo = bf16(v − hi) in row rows + r.
+template <bool SPLIT>
+__device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* delta, const float* w, int rows, int dim,
+                            float eps, int offset, float* sum) {
     __shared__ double partial[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
-    float* xr = res + size_t(r) * dim;
-    float* yr = y + size_t(r) * dim;
+    const float* in = res + size_t(r) * dim;
+    float* xr = (sum && delta ? sum : res) + size_t(r) * dim;  // where res + delta goes
+    float* yr = SPLIT ? nullptr : y + size_t(r) * dim;
     double ss = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = xr[i];
+        float v = in[i];
         if (delta) {
             v = __fadd_rn(v, delta[size_t(r) * dim + i]);
             xr[i] = v;
@@ -307,8 +339,30 @@ extern "C" __global__ void __launch_bounds__(1024)
     const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         const float s = offset ? __fadd_rn(1.0f, w[i]) : w[i];
-        yr[i] = __fmul_rn(s, __fmul_rn(xr[i], inv));
+        const float v = __fmul_rn(s, __fmul_rn(xr[i], inv));
+        if (SPLIT) {
+            const uint16_t hi = f32_to_bf16(v);
+            y2[size_t(r) * dim + i] = hi;
+            y2[(size_t(rows) + r) * dim + i] = f32_to_bf16(__fsub_rn(v, __uint_as_float(uint32_t(hi) << 16)));
+        } else {
+            yr[i] = v;
+        }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    ferrite_add_rmsnorm(float* y, float* res, const float* delta, const float* w, int rows, int dim, float eps,
+                        int offset, float* sum) {
+    FERRITE_PDL_WAIT();
+    add_rmsnorm<false>(y, nullptr, res, delta, w, rows, dim, eps, offset, sum);
+}
+
+// ferrite_rmsnorm_bf16x2 is ferrite_add_rmsnorm without delta writing y2,
+// the normed rows split for cuBLASLt (NormLinearCat, NormSwiGLULinear).
+extern "C" __global__ void __launch_bounds__(1024)
+    ferrite_rmsnorm_bf16x2(uint16_t* y2, const float* x, const float* w, int rows, int dim, float eps, int offset) {
+    FERRITE_PDL_WAIT();
+    add_rmsnorm<true>(nullptr, y2, const_cast<float*>(x), nullptr, w, rows, dim, eps, offset, nullptr);
 }
 
 // Rotary embedding in place over x (n, heads·hd): the first 2·half dims of
@@ -358,74 +412,103 @@ extern "C" __global__ void ferrite_store_kv(void* kc, void* vc, const float* k, 
     }
 }
 
-// The attention input step (kernels.AttentionOps.PrepareQKV): block (row
-// i, head h) of qkv (n, (heads + 2·kvh)·hd) [q | k | v] takes its head into
-// shared memory; a q or k head is normed (qn/kn set: the float64 mean of
-// squares as ferrite_add_rmsnorm) and rotated (inv set: ferrite_rope's
-// angles and products) and written to q or, for k, to the cache; a v head
-// is stored as it is. Cache rows are float32 or bf16 (round to nearest
-// even); a slot outside [0, slots) is skipped. Launch: grid (n, heads +
-// 2·kvh), 128 threads; hd ≤ 256.
+// The attention input step (kernels.AttentionOps.PrepareQKV), one warp a
+// head, shared by ferrite_prepare_qkv and the attention kernels' QKV form
+// (QKVAttention), so both give the same bits.
+namespace {
+
+constexpr int kPrepWarps = 4;  // heads a ferrite_prepare_qkv block takes
+
+// PrepArgs are PrepareQKV's parameters besides the rows: the q and k norm
+// weights (null: none) with their eps, the flags (bit 0: q norm offset,
+// bit 1: k norm offset, bit 2: interleaved rotation) and the rotation
+// (inv null: none; half pairs, cos/sin scaled by scale).
+struct PrepArgs {
+    const float* qn;
+    const float* kn;
+    const float* inv;
+    float qeps, keps, scale;
+    int half, flags;
+};
+
+// prep_head is one warp's PrepareQKV of the head of hd values at src into
+// vw (shared memory): a q (kind 0) or k (kind 1) head is normed (with its
+// weight: the float64 sum of squares, lane by lane over elements lane,
+// lane + 32, … and then across the warp, the mean rounded to float32 as
+// kernels/ref.RMSNorm) and rotated at position pos (ferrite_rope's angles
+// and products); a v head (kind 2) is copied. Every lane of the warp calls
+// it.
+__device__ void prep_head(float* vw, const float* src, int hd, int kind, const PrepArgs& a, int pos) {
+    const int lane = threadIdx.x & 31;
+    for (int d = lane; d < hd; d += 32) vw[d] = src[d];
+    __syncwarp();
+    if (kind == 2) return;
+    const float* w = kind == 0 ? a.qn : a.kn;
+    if (w) {
+        const float eps = kind == 0 ? a.qeps : a.keps;
+        const bool off = (a.flags >> kind) & 1;
+        double ss = 0;
+        for (int d = lane; d < hd; d += 32) ss += double(vw[d]) * double(vw[d]);
+        ss = warp_sum_f64(ss);
+        const float ms = float(ss / double(hd));
+        const float rs = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+        for (int d = lane; d < hd; d += 32) {
+            const float sc = off ? __fadd_rn(1.0f, w[d]) : w[d];
+            vw[d] = __fmul_rn(sc, __fmul_rn(vw[d], rs));
+        }
+        __syncwarp();
+    }
+    if (a.inv) {
+        const bool il = (a.flags >> 2) & 1;
+        for (int k = lane; k < a.half; k += 32) {
+            const double ang = double(__fmul_rn(float(pos), a.inv[k]));
+            const float c = __fmul_rn(float(cos(ang)), a.scale), sn = __fmul_rn(float(sin(ang)), a.scale);
+            const int ia = il ? 2 * k : k, ib = il ? 2 * k + 1 : k + a.half;
+            const float a0 = vw[ia], b0 = vw[ib];
+            vw[ia] = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, sn));
+            vw[ib] = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, sn));
+        }
+        __syncwarp();
+    }
+}
+
+// head_put is a warp's store of the hd values of vw at element e of a
+// cache, float32 or bf16 (round to nearest even).
+__device__ inline void head_put(void* c, bool bf16, size_t e, const float* vw, int hd) {
+    for (int d = threadIdx.x & 31; d < hd; d += 32) {
+        if (bf16) static_cast<uint16_t*>(c)[e + d] = f32_to_bf16(vw[d]);
+        else static_cast<float*>(c)[e + d] = vw[d];
+    }
+}
+
+}  // namespace
+
+// ferrite_prepare_qkv: warp w of block (row i, y) takes head h = 4y + w of
+// qkv (n, (heads + 2·kvh)·hd) [q | k | v] (prep_head) and writes a q head
+// to q, a k or v head to the cache (float32 or bf16) at the row's slot; a
+// slot outside [0, slots) is skipped. flags as PrepArgs. Launch: grid (n,
+// ceil((heads + 2·kvh) / 4)), 128 threads; hd ≤ 256.
 extern "C" __global__ void __launch_bounds__(128)
     ferrite_prepare_qkv(float* q, void* kc, void* vc, const float* qkv, const int* pos, int pos_stride, const int* slot,
                         int slot_stride, int slots, int bf16, int heads, int kvh, int hd, const float* qn, float qeps,
-                        int qoff, const float* kn, float keps, int koff, const float* inv, int half, int interleaved,
-                        float scale) {
+                        const float* kn, float keps, const float* inv, int half, float scale, int flags) {
     FERRITE_PDL_WAIT();
-    __shared__ float v[256];
-    __shared__ double partial[4];
-    const int i = blockIdx.x, h = blockIdx.y;
+    __shared__ float v[kPrepWarps][256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = blockIdx.x, h = blockIdx.y * kPrepWarps + warp;
+    if (h >= heads + 2 * kvh) return;
     const int kind = h < heads ? 0 : h < heads + kvh ? 1 : 2;  // q, k, v
-    const float* src = qkv + (size_t(i) * (heads + 2 * kvh) + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) v[d] = src[d];
-    __syncthreads();
-    if (kind < 2) {
-        const float* w = kind == 0 ? qn : kn;
-        if (w) {
-            const float eps = kind == 0 ? qeps : keps;
-            const int off = kind == 0 ? qoff : koff;
-            double ss = 0;
-            for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += double(v[d]) * double(v[d]);
-            ss = warp_sum_f64(ss);
-            if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-            __syncthreads();
-            double t = 0;
-            for (int k = 0; k < int(blockDim.x >> 5); k++) t += partial[k];
-            const float ms = float(t / double(hd));
-            const float rs = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
-            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-                const float s = off ? __fadd_rn(1.0f, w[d]) : w[d];
-                v[d] = __fmul_rn(s, __fmul_rn(v[d], rs));
-            }
-            __syncthreads();
-        }
-        if (inv) {
-            const int p = pos[size_t(i) * pos_stride];
-            for (int k = threadIdx.x; k < half; k += blockDim.x) {
-                const double a = double(__fmul_rn(float(p), inv[k]));
-                const float c = __fmul_rn(float(cos(a)), scale), sn = __fmul_rn(float(sin(a)), scale);
-                const int ia = interleaved ? 2 * k : k, ib = interleaved ? 2 * k + 1 : k + half;
-                const float a0 = v[ia], b0 = v[ib];
-                v[ia] = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, sn));
-                v[ib] = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, sn));
-            }
-            __syncthreads();
-        }
-    }
+    const PrepArgs a{qn, kn, inv, qeps, keps, scale, half, flags};
+    prep_head(v[warp], qkv + (size_t(i) * (heads + 2 * kvh) + h) * hd, hd, kind, a, pos[size_t(i) * pos_stride]);
     if (kind == 0) {
         float* dst = q + (size_t(i) * heads + h) * hd;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = v[d];
+        for (int d = lane; d < hd; d += 32) dst[d] = v[warp][d];
         return;
     }
     const int s = slot[size_t(i) * slot_stride];
     if (s < 0 || s >= slots) return;
     const int kh = kind == 1 ? h - heads : h - heads - kvh;
-    const size_t e = size_t(s) * kvh * hd + size_t(kh) * hd;
-    void* c = kind == 1 ? kc : vc;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        if (bf16) static_cast<uint16_t*>(c)[e + d] = f32_to_bf16(v[d]);
-        else static_cast<float*>(c)[e + d] = v[d];
-    }
+    head_put(kind == 1 ? kc : vc, bf16, size_t(s) * kvh * hd + size_t(kh) * hd, v[warp], hd);
 }
 
 // ---------------------------------------------------------------------------
@@ -475,6 +558,12 @@ struct AttnArgs {
     float scale;
     int ptile;  // prefill.cu's row tile when it ran first (prefill_owns), else 0
     int* cnt;   // the split counters when the last block merges the splits, else null
+    // The QKV form only (one row): the q/k/v product's row, the row's cache
+    // slot, the cache's slots and PrepareQKV's parameters.
+    const float* qkv;
+    const int* slot;
+    int slots;
+    PrepArgs prep;
 };
 
 // split_merge is element d of a head's output from its splits' partials
@@ -494,21 +583,28 @@ __device__ inline float split_merge(const float* pp, int splits, int hd, int d) 
     return A / L;
 }
 
-template <bool BF>
+// kv_at reads cache element e; with CG from L2 (ld.global.cg: the QKV
+// attention form reads the key and value its own block stored).
+template <bool BF, bool CG = false>
 __device__ inline float kv_at(const void* c, size_t e) {
-    if (BF) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(c)[e]) << 16);
-    return static_cast<const float*>(c)[e];
+    if (BF) {
+        const uint16_t* p = static_cast<const uint16_t*>(c) + e;
+        return __uint_as_float(uint32_t(CG ? __ldcg(p) : *p) << 16);
+    }
+    const float* p = static_cast<const float*>(c) + e;
+    return CG ? __ldcg(p) : *p;
 }
 
 // kv8 widens 8 consecutive cache values at element e (a multiple of 8) into o.
-template <bool BF>
+template <bool BF, bool CG = false>
 __device__ inline void kv8(const void* c, size_t e, float* o) {
     if (BF) {
-        BF16W::vec(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(c) + e)), o);
+        const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(c) + e);
+        BF16W::vec(CG ? __ldcg(p) : __ldg(p), o);
     } else {
-        const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(c) + e);
-        F32W::vec(*reinterpret_cast<const uint4*>(p), o);
-        F32W::vec(*reinterpret_cast<const uint4*>(p + 1), o + 4);
+        const uint4* p = reinterpret_cast<const uint4*>(static_cast<const float*>(c) + e);
+        F32W::vec(CG ? __ldcg(p) : *p, o);
+        F32W::vec(CG ? __ldcg(p + 1) : *(p + 1), o + 4);
     }
 }
 
@@ -518,7 +614,7 @@ __device__ inline void kv8(const void* c, size_t e, float* o) {
 // heads: no work on empty heads); every head's sums are the same whatever
 // G, so the two give the same bits. The queries and each tile's
 // probabilities are read from shared memory four at a time.
-template <int DPL, bool BF, int G>
+template <int DPL, bool BF, int G, bool QKV>
 __device__ void attn_block(const AttnArgs& a) {
     FERRITE_PDL_WAIT();
     __shared__ __align__(16) float sq[G][kAttnMaxHD];
@@ -539,9 +635,31 @@ __device__ void attn_block(const AttnArgs& a) {
     const size_t kw = size_t(a.kvh) * hd;
     const size_t off = size_t(kvh) * hd;
 
-    for (int t = threadIdx.x; t < G * hd; t += blockDim.x) {
-        const int g = t / hd, d = t % hd;
-        sq[g][d] = g < ng ? a.q[(size_t(i) * a.heads + h0 + g) * hd + d] : 0.f;
+    if (QKV) {
+        // PrepareQKV in the block (one row): the warps prepare the block's
+        // query heads into sq, and the split holding the row's own position
+        // (every head chunk of it: the same bits) stores its key and value
+        // before reading them back, from L2 (CG loads).
+        const float* row = a.qkv + size_t(i) * (a.heads + 2 * a.kvh) * hd;
+        const int self = len - 1;
+        for (int g = warp; g < G; g += kAttnWarps) {
+            if (g < ng) {
+                prep_head(sq[g], row + size_t(h0 + g) * hd, hd, 0, a.prep, self);
+            } else {
+                for (int d = lane; d < hd; d += 32) sq[g][d] = 0.f;
+            }
+        }
+        if (int(blockIdx.z) == min(self / a.split, int(gridDim.z) - 1) && warp < 2) {
+            float* vw = wacc[warp][0];  // free until the warps' merge
+            prep_head(vw, row + size_t(a.heads + warp * a.kvh + kvh) * hd, hd, 1 + warp, a.prep, self);
+            const int sl = a.slot[i];
+            if (sl >= 0 && sl < a.slots) head_put(const_cast<void*>(warp == 0 ? a.kc : a.vc), BF, size_t(sl) * kw + off, vw, hd);
+        }
+    } else {
+        for (int t = threadIdx.x; t < G * hd; t += blockDim.x) {
+            const int g = t / hd, d = t % hd;
+            sq[g][d] = g < ng ? a.q[(size_t(i) * a.heads + h0 + g) * hd + d] : 0.f;
+        }
     }
     __syncthreads();
 
@@ -567,7 +685,7 @@ __device__ void attn_block(const AttnArgs& a) {
 #pragma unroll 8
                 for (int d = 0; d < hd; d += 8) {
                     float kd[8];
-                    kv8<BF>(a.kc, base + d, kd);
+                    kv8<BF, QKV>(a.kc, base + d, kd);
 #pragma unroll
                     for (int g = 0; g < G; g++) {
                         const float4 q0 = *reinterpret_cast<const float4*>(&sq[g][d]);
@@ -579,7 +697,7 @@ __device__ void attn_block(const AttnArgs& a) {
                 }
             } else {
                 for (int d = 0; d < hd; d++) {
-                    const float kd = kv_at<BF>(a.kc, base + d);
+                    const float kd = kv_at<BF, QKV>(a.kc, base + d);
 #pragma unroll
                     for (int g = 0; g < G; g++) s[g] = fmaf(sq[g][d], kd, s[g]);
                 }
@@ -603,7 +721,9 @@ __device__ void attn_block(const AttnArgs& a) {
 #pragma unroll
         for (int g = 0; g < G; g++) pw[warp][g][lane] = pe[g];
         __syncwarp();
-        constexpr int kV = DPL <= 4 ? 8 : 4;  // fewer for wide heads (registers)
+        // Fewer for wide heads (registers); more with 4 heads a block (the
+        // decode kernel: few blocks, registers to spare).
+        constexpr int kV = DPL > 4 ? 4 : G <= 4 ? 16 : 8;
         const int nk = min(32, k1 - t0);
         for (int k0v = 0; k0v < nk; k0v += kV) {
             float vv[kV][DPL];
@@ -614,7 +734,7 @@ __device__ void attn_block(const AttnArgs& a) {
 #pragma unroll
                 for (int j = 0; j < DPL; j++) {
                     const int d = lane + 32 * j;
-                    vv[u][j] = d < hd ? kv_at<BF>(a.vc, vb + d) : 0.f;
+                    vv[u][j] = d < hd ? kv_at<BF, QKV>(a.vc, vb + d) : 0.f;
                 }
             }
 #pragma unroll
@@ -706,8 +826,31 @@ __device__ void attn_block(const AttnArgs& a) {
         int chunks, int split, float scale, int ptile, int* cnt) {                                     \
         AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
                    cnt};                                                                               \
-        attn_block<DPL, BF, G>(a);                                                                     \
+        attn_block<DPL, BF, G, false>(a);                                                              \
     }
+
+// The QKV form (QKVAttention, one row): q is unused, the row's q/k/v come
+// from qkv as PrepareQKV takes them (flags as PrepArgs).
+#define FERRITE_ATTN_QKV(name, DPL, BF, G)                                                              \
+    extern "C" __global__ void __launch_bounds__(128) name(                                           \
+        float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
+        const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
+        int chunks, int split, float scale, int ptile, int* cnt, const float* qkv, const int* slot,     \
+        int slots, const float* qn, float qeps, const float* kn, float keps, const float* inv, int half, \
+        float rscale, int flags) {                                                                     \
+        AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
+                   cnt, qkv, slot, slots, PrepArgs{qn, kn, inv, qeps, keps, rscale, half, flags}};      \
+        attn_block<DPL, BF, G, true>(a);                                                               \
+    }
+
+FERRITE_ATTN_QKV(ferrite_attn_qkv_f32_1, 1, false, 4)
+FERRITE_ATTN_QKV(ferrite_attn_qkv_f32_2, 2, false, 4)
+FERRITE_ATTN_QKV(ferrite_attn_qkv_f32_4, 4, false, 4)
+FERRITE_ATTN_QKV(ferrite_attn_qkv_f32_8, 8, false, 4)
+FERRITE_ATTN_QKV(ferrite_attn_qkv_bf16_1, 1, true, 4)
+FERRITE_ATTN_QKV(ferrite_attn_qkv_bf16_2, 2, true, 4)
+FERRITE_ATTN_QKV(ferrite_attn_qkv_bf16_4, 4, true, 4)
+FERRITE_ATTN_QKV(ferrite_attn_qkv_bf16_8, 8, true, 4)
 
 FERRITE_ATTN(ferrite_attn_f32_1, 1, false, kAttnGroup)
 FERRITE_ATTN(ferrite_attn_f32_2, 2, false, kAttnGroup)

@@ -4,24 +4,21 @@
 // the sources in name order) and uses its helpers (elem, swiglu1,
 // warp_max, warp_sum_f64) and gemv.cu's weight decoders.
 //
-// Experts has three paths. A few tokens (decode and speculative
-// verification: at most 32 tokens and 256 slots, kernels/cuda's
-// moeGEMVTokens) run the grouped GEMV, ferrite_moe_gv_*: every block sorts
-// the slots by expert in shared memory, one launch computes gate/up with
-// the SwiGLU fused and one down with the routing weights and the sum over a
-// token's experts fused, each chosen expert's rows read once whatever the
-// number of tokens that chose it. From 32 slots its register-tile form,
-// ferrite_moe_gt_*, runs instead (several rows a warp against several
-// slots of an expert, so that the activations are not read once per
-// weight row), then ferrite_moe_combine. Both sum every output as the one
-// token kernels do, so a token's bits do not depend on the batch
-// (kernels.RowExact). The first grouped GEMV, ferrite_moe_few_* (up to 8
-// tokens), stays for comparison (FERRITE_MOE_KERNELS=v1). More tokens
-// (prefill) are sorted by expert on the device (ferrite_moe_sort) and run
-// as tiled grouped GEMMs, 64 slots by 64 weight rows a block
-// (ferrite_moe_tile_*, or on tensor cores ferrite_moe_mma_*), each
-// expert's weights read once per 64 of its slots, then ferrite_moe_combine
-// adds each token's experts.
+// Experts has three paths. Up to 3 tokens (batch-1 decode and short
+// speculative verifications; kernels/cuda's moeGTFrom) run the grouped
+// GEMV ferrite_moe_few_*: one launch for gate/up with the SwiGLU fused, one
+// for down with the routing weights and the sum over a token's experts
+// fused, each chosen expert read once. From 4 up to 32 tokens (moeGTTokens)
+// run its register-tile form ferrite_moe_gt_*: every block sorts the slots by
+// expert in shared memory, a warp runs several weight rows of an expert
+// against up to 4 of its slots (each weight load serving every slot, each
+// activation load every row), then ferrite_moe_combine. Both sum every
+// output as the one-token kernels do, so a token's bits do not depend on
+// the batch (kernels.RowExact). More tokens (prefill) are sorted by expert
+// on the device (ferrite_moe_sort) and run as tiled grouped GEMMs, 64
+// slots by 64 weight rows a block (ferrite_moe_tile_*, or on tensor cores
+// ferrite_moe_mma_*), each expert's weights read once per 64 of its slots,
+// then ferrite_moe_combine adds each token's experts.
 #include <stdint.h>
 
 // route_key maps a selection value to an unsigned key in the same order
@@ -491,101 +488,24 @@ FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1)
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8)
 
 // ---------------------------------------------------------------------------
-// Grouped experts for a few tokens, second form (kernels/cuda's
-// moeGEMV, the default; FERRITE_MOE_KERNELS=v1 picks the kernels above).
-// Every block sorts the call's slots by (expert, slot) in shared memory, so
-// the slots of one expert are neighbours; a warp takes one weight row and
-// runs it against the slots in that order, up to P slots a pass with the
-// loads of U strides of all P rows issued before any product, and a slot
-// whose expert is its predecessor's reuses the predecessor's loads: an
-// expert's row comes from memory once however many tokens chose it.
-// Each slot keeps its own float32 sums in the order rows_dot_vec<W, 1>
-// adds them (lane L: elements E·L + 32·E·m, m = 0, 1, …, then warp_sum),
-// so a token's result has the same bits whatever the other tokens of the
-// call (kernels.RowExact) and the same as the kernels above.
+// Grouped experts as register tiles (4 to 32 tokens). Every block sorts
+// the call's slots by (expert, slot) in shared memory, so the slots of one
+// expert are neighbours. Each output keeps its own float32 sum in the
+// order rows_dot_vec<W, 1> adds it (lane L: elements E·L + 32·E·m, m = 0,
+// 1, …, then warp_sum), so a token's result has the same bits whatever the
+// other tokens of the call (kernels.RowExact), and the same as the
+// one-token kernels above.
 
 namespace {
 
-constexpr int kMoeGvSlots = 256;  // the most slots a call (kernels/cuda moeGEMVSlots); = block size
-constexpr int kMoeGvRows = 8;     // weight rows a block: one a warp
-constexpr int kMoePartPad = 257;  // moe_gv_down's shared row of slot products
+constexpr int kMoeGtSlots = 256;  // the most slots a call (kernels/cuda moeGEMVSlots); = block size
+constexpr int kMoeGtWarps = 8;    // warps a block
 
-// pairs_dot sets oa[q] = a[q]·xs[q] (and ob[q] = b[q]·xs[q] when TWO) for
-// q < nx: rows of cols values of dtype W in 16-byte loads (rows and xs
-// 16-byte aligned, cols·size a multiple of 16), the same in every lane. The
-// loads of U strides of every row are in flight together; a pair whose
-// rows are the previous pair's (same expert) takes that pair's loads.
-template <class W, int P, int U, bool TWO>
-__device__ __forceinline__ void pairs_dot(const uint8_t* const (&a)[P], const uint8_t* const (&b)[P],
-                                          const float* const (&xs)[P], int nx, int cols, float (&oa)[P],
-                                          float (&ob)[P]) {
-    const int lane = threadIdx.x & 31;
-    bool dup[P];
-#pragma unroll
-    for (int q = 0; q < P; q++) {
-        oa[q] = ob[q] = 0.f;
-        dup[q] = q > 0 && q < nx && a[q] == a[q - 1] && (!TWO || b[q] == b[q - 1]);
-    }
-    for (int k0 = lane * W::kE; k0 < cols; k0 += U * 32 * W::kE) {
-        uint4 va[P][U], vb[P][U];
-#pragma unroll
-        for (int q = 0; q < P; q++) {
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int k = k0 + u * 32 * W::kE;
-                if (q < nx && k < cols) {
-                    if (q > 0 && dup[q]) {
-                        va[q][u] = va[q > 0 ? q - 1 : 0][u];
-                        if (TWO) vb[q][u] = vb[q > 0 ? q - 1 : 0][u];
-                    } else {
-                        va[q][u] = __ldg(reinterpret_cast<const uint4*>(a[q] + size_t(k) * W::kSize));
-                        if (TWO) vb[q][u] = __ldg(reinterpret_cast<const uint4*>(b[q] + size_t(k) * W::kSize));
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < P; q++) {
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int k = k0 + u * 32 * W::kE;
-                if (q < nx && k < cols) {
-                    float wa[W::kE], wb[W::kE];
-                    W::vec(va[q][u], wa);
-                    if (TWO) W::vec(vb[q][u], wb);
-                    const float4* xp = reinterpret_cast<const float4*>(xs[q] + k);
-#pragma unroll
-                    for (int f = 0; f < W::kE / 4; f++) {
-                        const float4 xv = __ldg(xp + f);
-                        oa[q] = fmaf(wa[4 * f], xv.x, oa[q]);
-                        oa[q] = fmaf(wa[4 * f + 1], xv.y, oa[q]);
-                        oa[q] = fmaf(wa[4 * f + 2], xv.z, oa[q]);
-                        oa[q] = fmaf(wa[4 * f + 3], xv.w, oa[q]);
-                        if (TWO) {
-                            ob[q] = fmaf(wb[4 * f], xv.x, ob[q]);
-                            ob[q] = fmaf(wb[4 * f + 1], xv.y, ob[q]);
-                            ob[q] = fmaf(wb[4 * f + 2], xv.z, ob[q]);
-                            ob[q] = fmaf(wb[4 * f + 3], xv.w, ob[q]);
-                        }
-                    }
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int q = 0; q < P; q++) {
-        oa[q] = warp_sum(oa[q]);
-        if (TWO) ob[q] = warp_sum(ob[q]);
-    }
-}
-
-// gv_sort is every block's prologue: sid[s] = ids[s] and srt the slots
-// sorted by (expert id, slot) for the slots (≤ blockDim.x = kMoeGvSlots);
+// gt_sort is every block's prologue: sid[s] = ids[s] and srt the slots
+// sorted by (expert id, slot) for the slots (≤ blockDim.x = kMoeGtSlots);
 // an id below 0 sorts first and one at or past experts last, so the valid
-// slots are srt[*v0, *v0 + *nv). When ord is set, ord[i·k + r] is the j of
-// token i's r-th slot in increasing expert id (ties: the lower j).
-__device__ inline void gv_sort(int* sid, int* srt, int* ord, const int* ids, int slots, int experts, int k, int* v0,
-                               int* nv) {
+// slots are srt[*v0, *v0 + *nv).
+__device__ inline void gt_sort(int* sid, int* srt, const int* ids, int slots, int experts, int* v0, int* nv) {
     const int s = threadIdx.x;
     const int e = s < slots ? ids[s] : 0;
     if (s < slots) sid[s] = e;
@@ -598,167 +518,18 @@ __device__ inline void gv_sort(int* sid, int* srt, int* ord, const int* ids, int
             rank += et < e || (et == e && t < s);
         }
         srt[rank] = s;
-        if (ord) {
-            const int i = s / k, j = s % k;
-            int rk = 0;
-            for (int q = 0; q < k; q++) {
-                const int eq = sid[i * k + q];
-                rk += eq < e || (eq == e && q < j);
-            }
-            ord[i * k + rk] = j;
-        }
     }
     __syncthreads();
 }
-
-// gv_fast reports whether every row of the pass takes pairs_dot of one
-// dtype: all 16-byte loads (vec_ok) of the same dtype and width.
-__device__ inline bool gv_same(const MatDesc& m, const uint8_t* row, bool xal, int dtype, int cols) {
-    return vec_ok(m, row, xal) && m.dtype == dtype && m.cols == cols;
-}
-
-// moe_gv_gate_up: block (x, y) computes rows [8x, 8x + 8) (a row a warp)
-// of h[t] (inter) = silu(gate_e·x[t / k])·(up_e·x[t / k]), e = ids[t], for
-// the slots t at sorted places [y·sb, y·sb + sb). An id outside
-// [0, experts) writes NaN into its slot's row.
-template <int P, int U>
-__device__ void moe_gv_gate_up(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table,
-                               int experts, int k, int slots, int inter, int sb, float limit) {
-    __shared__ int sid[kMoeGvSlots], srt[kMoeGvSlots];
-    int v0, nv;
-    gv_sort(sid, srt, nullptr, ids, slots, experts, k, &v0, &nv);
-    const int lane = threadIdx.x & 31;
-    const int r = blockIdx.x * kMoeGvRows + (threadIdx.x >> 5);
-    if (r >= inter) return;
-    const int s0 = blockIdx.y * sb, s1 = min(s0 + sb, slots);
-    for (int p = s0 + lane; p < s1; p += 32)
-        if (p < v0 || p >= v0 + nv) h[size_t(srt[p]) * inter + r] = __int_as_float(0x7fc00000);
-    const bool xal = (uintptr_t(x) & 15) == 0 && (x_stride & 3) == 0;
-    const int c1 = min(s1, v0 + nv);
-    for (int c = max(s0, v0); c < c1; c += P) {
-        const int nx = min(P, c1 - c);
-        int sl[P];
-        const uint8_t *ra[P], *rb[P];
-        const float* xs[P];
-        const MatDesc g0 = table[3 * sid[srt[c]]];
-        bool fast = true;
-#pragma unroll
-        for (int q = 0; q < P; q++) {
-            sl[q] = srt[c + min(q, nx - 1)];
-            const int e = sid[sl[q]];
-            const MatDesc g = table[3 * e], u = table[3 * e + 1];
-            const float* unused;
-            ra[q] = mat_row(g, r, &unused);
-            rb[q] = mat_row(u, r, &unused);
-            xs[q] = x + size_t(sl[q] / k) * x_stride;
-            if (q < nx) fast = fast && gv_same(g, ra[q], xal, g0.dtype, g0.cols) && gv_same(u, rb[q], xal, g0.dtype, g0.cols);
-        }
-        float og[P], ou[P];
-        if (fast && g0.dtype == kBF16) pairs_dot<BF16W, P, U, true>(ra, rb, xs, nx, g0.cols, og, ou);
-        else if (fast && g0.dtype == kF16) pairs_dot<F16W, P, U, true>(ra, rb, xs, nx, g0.cols, og, ou);
-        else if (fast && g0.dtype == kF32) pairs_dot<F32W, P, U, true>(ra, rb, xs, nx, g0.cols, og, ou);
-        else {
-#pragma unroll
-            for (int q = 0; q < P; q++) {
-                if (q < nx) {
-                    const int e = sid[sl[q]];
-                    const MatDesc g = table[3 * e], u = table[3 * e + 1];
-                    const float* x1[1] = {xs[q]};
-                    float a1[1], b1[1];
-                    desc_dot<1>(g, &u, r, x1, 1, xal, a1, b1);
-                    og[q] = a1[0];
-                    ou[q] = b1[0];
-                }
-            }
-        }
-        if (lane == 0) {
-#pragma unroll
-            for (int q = 0; q < P; q++)
-                if (q < nx) h[size_t(sl[q]) * inter + r] = swiglu_clamp1(og[q], ou[q], limit);
-        }
-    }
-}
-
-// moe_gv_down: block x computes rows [8x, 8x + 8) (a row a warp) of
-// y[i] (hidden) = Σ_j w[i, j]·down_{ids[i, j]}·h[i·k + j] for the n
-// tokens: each warp runs its row against every slot in sorted order, the
-// products land in shared memory, then each (row, token) adds its k
-// products in increasing expert id (float32 products and sums,
-// kernels/ref.Experts). An id outside [0, experts) makes its token's row
-// NaN.
-template <int P, int U>
-__device__ void moe_gv_down(float* y, int y_stride, const float* h, const int* ids, const float* w,
-                            const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
-    __shared__ int sid[kMoeGvSlots], srt[kMoeGvSlots], ord[kMoeGvSlots];
-    __shared__ float part[kMoeGvRows][kMoePartPad];  // (row, slot) expert products
-    const int slots = n * k;
-    int v0, nv;
-    gv_sort(sid, srt, ord, ids, slots, experts, k, &v0, &nv);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r0 = blockIdx.x * kMoeGvRows, r = r0 + warp;
-    if (r < hidden) {
-        for (int p = lane; p < slots; p += 32)
-            if (p < v0 || p >= v0 + nv) part[warp][srt[p]] = __int_as_float(0x7fc00000);
-        const bool xal = (uintptr_t(h) & 15) == 0 && (inter & 3) == 0;
-        for (int c = v0; c < v0 + nv; c += P) {
-            const int nx = min(P, v0 + nv - c);
-            int sl[P];
-            const uint8_t* rd[P];
-            const float* xs[P];
-            const MatDesc d0 = table[3 * sid[srt[c]] + 2];
-            bool fast = true;
-#pragma unroll
-            for (int q = 0; q < P; q++) {
-                sl[q] = srt[c + min(q, nx - 1)];
-                const MatDesc d = table[3 * sid[sl[q]] + 2];
-                const float* unused;
-                rd[q] = mat_row(d, r, &unused);
-                xs[q] = h + size_t(sl[q]) * inter;
-                if (q < nx) fast = fast && gv_same(d, rd[q], xal, d0.dtype, d0.cols);
-            }
-            float o[P], unused[P];
-            if (fast && d0.dtype == kBF16) pairs_dot<BF16W, P, U, false>(rd, rd, xs, nx, d0.cols, o, unused);
-            else if (fast && d0.dtype == kF16) pairs_dot<F16W, P, U, false>(rd, rd, xs, nx, d0.cols, o, unused);
-            else if (fast && d0.dtype == kF32) pairs_dot<F32W, P, U, false>(rd, rd, xs, nx, d0.cols, o, unused);
-            else {
-#pragma unroll
-                for (int q = 0; q < P; q++) {
-                    if (q < nx) {
-                        const MatDesc d = table[3 * sid[sl[q]] + 2];
-                        const float* x1[1] = {xs[q]};
-                        float a1[1], b1[1];
-                        desc_dot<1>(d, nullptr, r, x1, 1, xal, a1, b1);
-                        o[q] = a1[0];
-                    }
-                }
-            }
-            if (lane == 0) {
-#pragma unroll
-                for (int q = 0; q < P; q++)
-                    if (q < nx) part[warp][sl[q]] = o[q];
-            }
-        }
-    }
-    __syncthreads();
-    for (int t = threadIdx.x; t < kMoeGvRows * n; t += blockDim.x) {
-        const int rr = t % kMoeGvRows, i = t / kMoeGvRows;
-        if (r0 + rr >= hidden) continue;
-        float acc = 0.f;
-        for (int q = 0; q < k; q++) {
-            const int j = ord[i * k + q];
-            acc = __fadd_rn(acc, __fmul_rn(w[size_t(i) * k + j], part[rr][i * k + j]));
-        }
-        y[size_t(i) * y_stride + r0 + rr] = acc;
-    }
-}
-
 
 // tile_dot sets oa[r][q] = row_r·xs[q] (and ob[r][q] = brow_r·xs[q] when
 // TWO) for r < nr rows a + r·pitch (b + r·pitch) and q < nc vectors: rows
 // of cols values of dtype W in 16-byte loads (rows and xs 16-byte
 // aligned, cols·size a multiple of 16), the same in every lane. Each
 // weight load serves nc vectors and each vector load nr rows (a register
-// tile), every output summed in rows_dot_vec<W, 1>'s order.
+// tile), every output summed in rows_dot_vec<W, 1>'s order. The weights
+// stay packed in registers and are widened where they are used (GPU run
+// 2: widening the tile up front took 230 registers a thread).
 template <class W, int R, int C, bool TWO>
 __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, size_t pitch, int nr,
                                          const float* const (&xs)[C], int nc, int cols, float (&oa)[R][C],
@@ -768,16 +539,14 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int q = 0; q < C; q++) oa[r][q] = ob[r][q] = 0.f;
-    // Two strides' loads in flight while the tile's weights fit.
-    constexpr int kUnroll = R * (TWO ? 2 : 1) <= 4 ? 2 : 1;
-#pragma unroll kUnroll
+#pragma unroll 1
     for (int k = lane * W::kE; k < cols; k += 32 * W::kE) {
-        float wa[R][W::kE], wb[R][W::kE];
+        uint4 va[R], vb[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (r < nr) {
-                W::vec(__ldg(reinterpret_cast<const uint4*>(a + r * pitch + size_t(k) * W::kSize)), wa[r]);
-                if (TWO) W::vec(__ldg(reinterpret_cast<const uint4*>(b + r * pitch + size_t(k) * W::kSize)), wb[r]);
+                va[r] = __ldg(reinterpret_cast<const uint4*>(a + r * pitch + size_t(k) * W::kSize));
+                if (TWO) vb[r] = __ldg(reinterpret_cast<const uint4*>(b + r * pitch + size_t(k) * W::kSize));
             }
         }
 #pragma unroll
@@ -796,10 +565,14 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     if (r < nr) {
+                        float wv[W::kE];
+                        W::vec(va[r], wv);
 #pragma unroll
-                        for (int c = 0; c < W::kE; c++) {
-                            oa[r][q] = fmaf(wa[r][c], xv[c], oa[r][q]);
-                            if (TWO) ob[r][q] = fmaf(wb[r][c], xv[c], ob[r][q]);
+                        for (int c = 0; c < W::kE; c++) oa[r][q] = fmaf(wv[c], xv[c], oa[r][q]);
+                        if (TWO) {
+                            W::vec(vb[r], wv);
+#pragma unroll
+                            for (int c = 0; c < W::kE; c++) ob[r][q] = fmaf(wv[c], xv[c], ob[r][q]);
                         }
                     }
                 }
@@ -827,11 +600,11 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
 template <int R, int C, bool GU>
 __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
                        int experts, int k, int slots, int sb, float limit) {
-    __shared__ int sid[kMoeGvSlots], srt[kMoeGvSlots];
+    __shared__ int sid[kMoeGtSlots], srt[kMoeGtSlots];
     int v0, nv;
-    gv_sort(sid, srt, nullptr, ids, slots, experts, k, &v0, &nv);
+    gt_sort(sid, srt, ids, slots, experts, &v0, &nv);
     const int lane = threadIdx.x & 31;
-    const int r0 = blockIdx.x * (kMoeGvRows * R) + (threadIdx.x >> 5) * R;
+    const int r0 = blockIdx.x * (kMoeGtWarps * R) + (threadIdx.x >> 5) * R;
     if (r0 >= nrows) return;
     const int nr = min(R, nrows - r0);
     const int s0 = blockIdx.y * sb, s1 = min(s0 + sb, slots);
@@ -862,25 +635,23 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
         // The rows of a view are pitch apart unless the weight is F8E4M3
         // (never vec_ok); the last row is checked for alignment as the first.
         bool fast = vec_ok(ma, ra, xal) && (!GU || (vec_ok(mb, rb, xal) && mb.dtype == ma.dtype && mb.cols == ma.cols));
-        float oa[R][C], ob[R][C];
-        if (fast && ma.dtype == kBF16) tile_dot<BF16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
-        else if (fast && ma.dtype == kF16) tile_dot<F16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
-        else if (fast && ma.dtype == kF32) tile_dot<F32W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
-        else {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-#pragma unroll
-                for (int q = 0; q < C; q++) {
-                    if (r < nr && q < nc) {
-                        const float* x1[1] = {xs[q]};
-                        float a1[1], b1[1];
-                        desc_dot<1>(ma, GU ? &mb : nullptr, r0 + r, x1, 1, xal, a1, b1);
-                        oa[r][q] = a1[0];
-                        ob[r][q] = b1[0];
-                    }
-                }
+        if (!fast || (ma.dtype != kBF16 && ma.dtype != kF16 && ma.dtype != kF32)) {
+            // One output at a time, written at once (no register tile).
+#pragma unroll 1
+            for (int t = 0; t < nr * nc; t++) {
+                const int r = t / nc, sq = srt[p + t % nc];
+                const float* x1[1] = {in + size_t(GU ? sq / k : sq) * in_stride};
+                float a1[1], b1[1];
+                desc_dot<1>(ma, GU ? &mb : nullptr, r0 + r, x1, 1, xal, a1, b1);
+                if (lane == 0) out[size_t(sq) * nrows + r0 + r] = GU ? swiglu_clamp1(a1[0], b1[0], limit) : a1[0];
             }
+            p += nc;
+            continue;
         }
+        float oa[R][C], ob[R][C];
+        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else tile_dot<F32W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
         if (lane == 0) {
 #pragma unroll
             for (int q = 0; q < C; q++) {
@@ -896,33 +667,6 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
 }
 
 }  // namespace
-
-// Gate/up: h (n·k, inter) from x (n, hidden), sorted slots [y·sb, y·sb +
-// sb) a block row. Launch: grid (ceil(inter / 8), ceil(n·k / sb)), 256
-// threads; n·k ≤ 256. _pP_uU: P slots a pass, loads of U strides each.
-#define FERRITE_MOE_GV_GATE_UP(name, P, U)                                                                \
-    extern "C" __global__ void __launch_bounds__(256)                                                    \
-        name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
-             int slots, int inter, int sb, float limit) {                                                \
-        FERRITE_PDL_WAIT();                                                                              \
-        moe_gv_gate_up<P, U>(h, x, x_stride, ids, table, experts, k, slots, inter, sb, limit);            \
-    }
-FERRITE_MOE_GV_GATE_UP(ferrite_moe_gv_gate_up_p8_u1, 8, 1)
-FERRITE_MOE_GV_GATE_UP(ferrite_moe_gv_gate_up_p4_u2, 4, 2)
-FERRITE_MOE_GV_GATE_UP(ferrite_moe_gv_gate_up_p2_u4, 2, 4)
-
-// Down with the routing weights and each token's sum: y (n, hidden) from h
-// (n·k, inter). Launch: grid ceil(hidden / 8), 256 threads; w (n, k)
-// contiguous; n·k ≤ 256.
-#define FERRITE_MOE_GV_DOWN(name, P, U)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256)                                                    \
-        name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,  \
-             int experts, int n, int k, int inter, int hidden) {                                         \
-        FERRITE_PDL_WAIT();                                                                              \
-        moe_gv_down<P, U>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                   \
-    }
-FERRITE_MOE_GV_DOWN(ferrite_moe_gv_down_p8_u2, 8, 2)
-FERRITE_MOE_GV_DOWN(ferrite_moe_gv_down_p4_u4, 4, 4)
 
 // The register-tile form (moe_gt) for many slots, R weight rows a warp
 // against up to 4 slots of an expert: gate/up into h (n·k, inter) from x

@@ -96,19 +96,27 @@ struct RowKV<DPL, false> {
     }
 };
 
-// reduce_scatter32 sums v over the warp so that lane l ends with the total
-// of element l in v[0] (the other elements are left partial).
-__device__ inline void reduce_scatter32(float (&v)[32]) {
-    const int lane = threadIdx.x & 31;
+// rs_stage is one halving of reduce_scatter32: lanes with bit O keep
+// elements [O, 2·O), the others [0, O), each adding its partner's.
+template <int O>
+__device__ __forceinline__ void rs_stage(float (&v)[32], bool up) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const bool up = lane & o;
-#pragma unroll
-        for (int j = 0; j < o; j++) {
-            const float send = up ? v[j] : v[j + o], keep = up ? v[j + o] : v[j];
-            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-        }
+    for (int j = 0; j < O; j++) {
+        const float a = v[j], b = v[j + O];
+        v[j] = (up ? b : a) + __shfl_xor_sync(0xffffffffu, up ? a : b, O);
     }
+}
+
+// reduce_scatter32 sums v over the warp so that lane l ends with the total
+// of element l in v[0] (the other elements are left partial). Every index
+// is a constant, so v stays in registers.
+__device__ __forceinline__ void reduce_scatter32(float (&v)[32]) {
+    const int lane = threadIdx.x & 31;
+    rs_stage<16>(v, lane & 16);
+    rs_stage<8>(v, lane & 8);
+    rs_stage<4>(v, lane & 4);
+    rs_stage<2>(v, lane & 2);
+    rs_stage<1>(v, lane & 1);
 }
 
 // row_slot is the cache element of position p's row, KV head offset off.

@@ -1,31 +1,24 @@
 // The skinny GEMM of decode batches: y (n, R) = x (n, K) · Wᵀ for 2 ≤ n ≤ 64
 // rows of float32 x and a bf16 weight W (R, K), on tensor cores
 // (mma.sync m16n8k16, float32 accumulation) with the weight streamed from
-// memory once, straight into registers. The weight is the MMA's A side (16
-// weight rows a tile) and x its B side (8 rows of x a tile, NT tiles: n ≤
-// 8·NT). x is split into two bf16 terms, hi = bf16(x) and lo = bf16(x − hi)
-// (the difference exact in float32), both multiplied into the same float32
-// sums: about 2⁻¹⁷·Σ|x·w| from the float32 product, as the cuBLASLt path it
-// replaces (opset.go's linearSplit), in one kernel instead of a split
-// kernel, the GEMM and an epilogue kernel (and, for SwiGLULinear, a fourth).
+// memory once. The weight is the MMA's A side (16 weight rows a tile) and
+// x its B side (8 rows of x a tile, NT tiles: n ≤ 8·NT). x is split into
+// two bf16 terms, hi = bf16(x) and lo = bf16(x − hi) (the difference exact
+// in float32), both multiplied into the same float32 sums: about
+// 2⁻¹⁷·Σ|x·w| from the float32 product, as the cuBLASLt path (opset.go's
+// linearSplit), in one kernel instead of a split kernel, the GEMM and an
+// epilogue kernel (and, for SwiGLULinear, a fourth).
 //
-// Layout. A block is 8 warps; warp w owns 32 weight rows, two m16 tiles
-// (the block 256 rows), and all n rows of x. K is read in chunks of 64: a
-// lane (gid = lane/4, tig = lane%4) loads, for each of its four weight rows
-// (gid and gid + 8 of each tile), the values [8·tig, 8·tig + 8) and
-// [32 + 8·tig, 32 + 8·tig + 8) of the chunk, 16 bytes each, so each load
-// instruction reads whole 32-byte sectors (a quad reads 64 contiguous
-// bytes of a row). The MMA's k order is permuted to match: in k-step
-// s = 2v + u (v, u in 0..1) of the chunk, the fragment slots (2·tig,
-// 2·tig + 1) and (2·tig + 8, 2·tig + 9) hold physical columns
-// 32v + 8·tig + 4u + {0, 1} and + {2, 3}, for the weight (A) and for x
-// (B) alike, so every product pairs the same column and the sum is the
-// whole chunk. x's chunk goes through shared memory as its two terms,
-// rows of 64 bf16 whose 16-byte groups are swizzled (group g of row r at
-// g ^ 4·(r % 2)), so the 16-byte fragment loads of a quarter warp (two
-// rows) hit distinct banks. The weight chunks stream through a ring of
-// three register buffers (two chunks in flight while one is multiplied),
-// x's a chunk ahead.
+// Layout. A block is 8 warps and 256 weight rows (warp w: two m16 tiles).
+// K is read in chunks of 64 columns: the block's 256 × 64 weight tile
+// streams into a ring of kSkStages shared-memory stages with cp.async
+// (each thread copies 16 bytes of 8 rows, a row's 128 bytes from 8
+// consecutive threads), kSkStages − 1 chunks in flight while one is
+// multiplied; a row's eight 16-byte groups are stored swizzled (group g
+// of row r at g ^ r % 8), so ldmatrix reads the A fragments without bank
+// conflicts. x's chunk goes through shared memory as its two terms (64
+// bf16 a row, swizzled alike), split once per block and read as B
+// fragments with ldmatrix; it is loaded a chunk ahead.
 //
 // Split K. gridDim.y splits the chunks (cps each); with more than one,
 // every block writes its sums to part (gridDim.y · gridDim.x blocks of
@@ -37,153 +30,108 @@
 // Epilogue: y = sum (+ bias[r]) (+ y when acc), or with SWIGLU (the weight
 // is [gate; up], (2·R, K), R = inter) y[j, r] = swiglu(gate row r, up row
 // r): warp w's tiles are then gate rows [128·b + 16·w, +16) and the same
-// up rows, so each lane holds both operands of its outputs.
+// up rows (tile rows 16·w and 128 + 16·w), so each lane holds both
+// operands of its outputs.
 //
 // Launch: 256 threads, grid (ceil(R / 256), splits) or, SWIGLU,
-// (ceil(R / 128), splits); K a multiple of 8, x 16-byte aligned.
+// (ceil(R / 128), splits); kSkStages·32 KiB + 4·8·NT·128 + 16 bytes of
+// dynamic shared memory (skinny.go's skinnySmem); K a multiple of 8, x
+// 16-byte aligned.
 #include <stdint.h>
 
 namespace {
 
-constexpr int kSkWarps = 8;   // warps a block
-constexpr int kSkChunk = 64;  // k a pipeline stage
+constexpr int kSkWarps = 8;     // warps a block
+constexpr int kSkChunk = 64;    // k a pipeline stage
+constexpr int kSkRows = 256;    // weight rows a block
+constexpr int kSkStages = 4;    // weight stages in shared memory
+constexpr int kSkRowBytes = 128;  // a shared row: 64 bf16
 
-// sk_swz is where column col (a multiple of 4) of row row of a shared x
-// chunk is stored: its 16-byte group g (8 columns) at g ^ 4·(row % 2).
-__device__ inline int sk_swz(int row, int col) { return col ^ ((row & 1) << 5); }
-
-// sk_word is word i (0..3) of v.
-__device__ inline uint32_t sk_word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-template <int NT, bool SWIGLU>
-struct Skinny {
-    static constexpr int kXRows = 8 * NT;                              // rows of x a block stages
-    static constexpr int kXVec = (kXRows * kSkChunk / 4 + 255) / 256;  // float4 of x a thread stages a chunk
-
-    // The shared x chunk: [buffer][term][row][column].
-    typedef uint16_t XTile[2][2][kXRows][kSkChunk];
-
-    const uint16_t* wrow[2][2];  // this lane's weight rows: [tile][gid, gid + 8], null past the end
-    int K, n;
-    const float* x;
-
-    // load_w issues the 16-byte loads of chunk c into w: [tile][row][half].
-    __device__ void load_w(uint4 (&w)[2][2][2], int c, int tig) const {
-        const int k = c * kSkChunk + 8 * tig;
-#pragma unroll
-        for (int t = 0; t < 2; t++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int v = 0; v < 2; v++) {
-                    uint4 q = make_uint4(0, 0, 0, 0);
-                    if (wrow[t][h] && k + 32 * v < K) q = __ldg(reinterpret_cast<const uint4*>(wrow[t][h] + k + 32 * v));
-                    w[t][h][v] = q;
-                }
-    }
-
-    // load_x issues the float4 loads of x's chunk c (zeros past n or K).
-    __device__ void load_x(float4 (&xr)[kXVec], int c) const {
-#pragma unroll
-        for (int i = 0; i < kXVec; i++) {
-            const int e = threadIdx.x + 256 * i, row = e >> 4, k = c * kSkChunk + 4 * (e & 15);
-            float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (row < n && k < K) f = __ldg(reinterpret_cast<const float4*>(x + size_t(row) * K + k));
-            xr[i] = f;
-        }
-    }
-
-    // store_x writes the loaded chunk's two bf16 terms into buffer b.
-    __device__ static void store_x(XTile& xs, int b, const float4 (&xr)[kXVec]) {
-#pragma unroll
-        for (int i = 0; i < kXVec; i++) {
-            const int e = threadIdx.x + 256 * i, row = e >> 4, col = 4 * (e & 15);
-            if (row >= kXRows) continue;
-            const uint32_t h01 = pack_bf16(xr[i].x, xr[i].y), h23 = pack_bf16(xr[i].z, xr[i].w);
-            const uint32_t l01 = pack_bf16(__fsub_rn(xr[i].x, __uint_as_float(h01 << 16)),
-                                           __fsub_rn(xr[i].y, __uint_as_float(h01 & 0xffff0000u)));
-            const uint32_t l23 = pack_bf16(__fsub_rn(xr[i].z, __uint_as_float(h23 << 16)),
-                                           __fsub_rn(xr[i].w, __uint_as_float(h23 & 0xffff0000u)));
-            const int at = sk_swz(row, col);
-            *reinterpret_cast<uint2*>(&xs[b][0][row][at]) = make_uint2(h01, h23);
-            *reinterpret_cast<uint2*>(&xs[b][1][row][at]) = make_uint2(l01, l23);
-        }
-    }
-
-    // mul adds chunk w times x's chunk in buffer b to acc ([tile][x tile][4]).
-    __device__ static void mul(float (&acc)[2][NT][4], const uint4 (&w)[2][2][2], const XTile& xs, int b, int gid,
-                               int tig) {
-#pragma unroll
-        for (int v = 0; v < 2; v++) {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-                for (int term = 0; term < 2; term++) {
-                    const int row = 8 * nt + gid;
-                    const uint4 xb = *reinterpret_cast<const uint4*>(&xs[b][term][row][sk_swz(row, 32 * v + 8 * tig)]);
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-#pragma unroll
-                        for (int t = 0; t < 2; t++) {
-                            const uint32_t a[4] = {sk_word(w[t][0][v], 2 * u), sk_word(w[t][1][v], 2 * u),
-                                                   sk_word(w[t][0][v], 2 * u + 1), sk_word(w[t][1][v], 2 * u + 1)};
-                            mma_bf16(acc[t][nt], a, sk_word(xb, 2 * u), sk_word(xb, 2 * u + 1));
-                        }
-                    }
-                }
-            }
-        }
-    }
-};
-
-// sk_stage is one pipeline stage of skinny: it issues the loads of chunk
-// c + 2 into wn (and of x's chunk c + 1), multiplies chunk c (in wc and
-// shared buffer (c − c0) % 2), stores x's next chunk and waits for the
-// block. It reports whether chunk c + 1 exists.
-template <int NT, bool SWIGLU>
-__device__ __forceinline__ bool sk_stage(const Skinny<NT, SWIGLU>& s, float (&acc)[2][NT][4], uint4 (&wc)[2][2][2],
-                                         uint4 (&wn)[2][2][2], typename Skinny<NT, SWIGLU>::XTile& xs, int c, int c0,
-                                         int c1, int gid, int tig) {
-    typedef Skinny<NT, SWIGLU> S;
-    float4 xr[S::kXVec];
-    if (c + 2 < c1) s.load_w(wn, c + 2, tig);
-    if (c + 1 < c1) s.load_x(xr, c + 1);
-    S::mul(acc, wc, xs, (c - c0) & 1, gid, tig);
-    if (c + 1 < c1) S::store_x(xs, (c + 1 - c0) & 1, xr);
-    __syncthreads();
-    return c + 1 < c1;
-}
+// sk_at is the byte offset of 16-byte group g of shared row r (rows of 128
+// bytes, groups swizzled by r % 8).
+__device__ inline uint32_t sk_at(int r, int g) { return uint32_t(r * kSkRowBytes + ((g ^ (r & 7)) << 4)); }
 
 template <int NT, bool SWIGLU>
 __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w, int n,
                        int rows, int K, const float* __restrict__ bias, int acc_y, float limit, float* part,
                        int* counters, int cps) {
-    typedef Skinny<NT, SWIGLU> S;
-    __shared__ __align__(16) typename S::XTile xs;
-    __shared__ int last;
+    constexpr int XR = 8 * NT;                               // rows of x a block stages
+    constexpr int XV = (XR * kSkChunk / 4 + 255) / 256;      // float4 of x a thread stages a chunk
+    constexpr uint32_t kStage = kSkRows * kSkRowBytes;       // bytes of a weight stage
+    constexpr uint32_t kXTerm = XR * kSkRowBytes;            // bytes of one term of x's chunk
+    extern __shared__ __align__(128) uint8_t sk_smem[];
+    // No static shared memory: the kernel's dynamic limit is raised to the
+    // device's whole opt-in (module.go's raiseSmem). The split hand-over's
+    // flag follows x's buffers.
+    int& last = *reinterpret_cast<int*>(sk_smem + kSkStages * kStage + 4 * kXTerm);
+    const uint32_t wsm = smem_addr(sk_smem), xsm = wsm + kSkStages * kStage;  // [stage] weights; [buffer][term] x
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
-    S s;
-    s.K = K;
-    s.n = n;
-    s.x = x;
-    // The first weight row of each tile and whether row i of it exists.
+
+    // The weight rows this thread copies: tile rows threadIdx.x / 8 + 32·j,
+    // 16-byte group threadIdx.x % 8 of each chunk.
+    const int cg = threadIdx.x & 7;
+    const uint16_t* src[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int i = (threadIdx.x >> 3) + 32 * j;  // tile row
+        int r = blockIdx.x * kSkRows + i, stored = r;
+        if (SWIGLU) {
+            r = blockIdx.x * (kSkRows / 2) + (i & (kSkRows / 2 - 1));  // the row within gate or up
+            stored = i < kSkRows / 2 ? r : rows + r;
+        }
+        src[j] = r < rows ? w + size_t(stored) * K + 8 * cg : nullptr;
+    }
+    // issue_w copies chunk c of the weight tile into stage st (zeros past
+    // the rows or K).
+    auto issue_w = [&](int c, int st) {
+        const int k = c * kSkChunk;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int i = (threadIdx.x >> 3) + 32 * j;
+            const bool ok = src[j] && k + 8 * cg < K;
+            cp16(wsm + st * kStage + sk_at(i, cg), ok ? src[j] + k : w, ok ? 16 : 0);
+        }
+    };
+    // load_x and store_x stage x's chunk c (zeros past n or K) as its two
+    // bf16 terms into buffer b.
+    auto load_x = [&](float4 (&xr)[XV], int c) {
+#pragma unroll
+        for (int v = 0; v < XV; v++) {
+            const int e = threadIdx.x + 256 * v, row = e >> 4, k = c * kSkChunk + 4 * (e & 15);
+            float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (row < n && k < K) f = __ldg(reinterpret_cast<const float4*>(x + size_t(row) * K + k));
+            xr[v] = f;
+        }
+    };
+    auto store_x = [&](const float4 (&xr)[XV], int b) {
+#pragma unroll
+        for (int v = 0; v < XV; v++) {
+            const int e = threadIdx.x + 256 * v, row = e >> 4, q = e & 15;
+            if (row >= XR) continue;
+            const uint32_t h01 = pack_bf16(xr[v].x, xr[v].y), h23 = pack_bf16(xr[v].z, xr[v].w);
+            const uint32_t l01 = pack_bf16(__fsub_rn(xr[v].x, __uint_as_float(h01 << 16)),
+                                           __fsub_rn(xr[v].y, __uint_as_float(h01 & 0xffff0000u)));
+            const uint32_t l23 = pack_bf16(__fsub_rn(xr[v].z, __uint_as_float(h23 << 16)),
+                                           __fsub_rn(xr[v].w, __uint_as_float(h23 & 0xffff0000u)));
+            const uint32_t at = sk_at(row, q >> 1) + 8 * (q & 1);  // columns 4q … 4q + 3
+            uint8_t* hi = sk_smem + kSkStages * kStage + b * 2 * kXTerm;
+            *reinterpret_cast<uint2*>(hi + at) = make_uint2(h01, h23);
+            *reinterpret_cast<uint2*>(hi + kXTerm + at) = make_uint2(l01, l23);
+        }
+    };
+
+    // The first tile row of each of this warp's m16 tiles.
+    const int trow[2] = {SWIGLU ? 16 * warp : 32 * warp, SWIGLU ? kSkRows / 2 + 16 * warp : 32 * warp + 16};
+    // Weight row of tile row trow[t] + i: base[t] + i (within gate or up).
     int base[2];
     if (SWIGLU) {
-        base[0] = blockIdx.x * 128 + 16 * warp;
+        base[0] = blockIdx.x * (kSkRows / 2) + 16 * warp;
         base[1] = base[0];
     } else {
-        base[0] = blockIdx.x * 256 + 32 * warp;
+        base[0] = blockIdx.x * kSkRows + 32 * warp;
         base[1] = base[0] + 16;
     }
-#pragma unroll
-    for (int t = 0; t < 2; t++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = base[t] + gid + 8 * h;  // SWIGLU: the row within gate or up
-            const int stored = SWIGLU && t == 1 ? rows + r : r;
-            s.wrow[t][h] = r < rows ? w + size_t(stored) * K : nullptr;
-        }
     float acc[2][NT][4];
 #pragma unroll
     for (int t = 0; t < 2; t++)
@@ -195,20 +143,48 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
     const int chunks = (K + kSkChunk - 1) / kSkChunk;
     const int c0 = min(chunks, int(blockIdx.y) * cps), c1 = min(chunks, c0 + cps);
     if (c0 < c1) {
-        uint4 w0[2][2][2], w1[2][2][2], w2[2][2][2];
-        s.load_w(w0, c0, tig);
-        if (c0 + 1 < c1) s.load_w(w1, c0 + 1, tig);
-        {
-            float4 xr[S::kXVec];
-            s.load_x(xr, c0);
-            S::store_x(xs, 0, xr);
+#pragma unroll
+        for (int st = 0; st < kSkStages - 1; st++) {
+            if (c0 + st < c1) issue_w(c0 + st, st);
+            cp_commit();
         }
-        __syncthreads();
-        // The ring: chunk c is in w0, w1, w2 for c − c0 ≡ 0, 1, 2 (mod 3).
-        for (int c = c0;; c += 3) {
-            if (!sk_stage<NT, SWIGLU>(s, acc, w0, w2, xs, c, c0, c1, gid, tig)) break;
-            if (!sk_stage<NT, SWIGLU>(s, acc, w1, w0, xs, c + 1, c0, c1, gid, tig)) break;
-            if (!sk_stage<NT, SWIGLU>(s, acc, w2, w1, xs, c + 2, c0, c1, gid, tig)) break;
+        {
+            float4 xr[XV];
+            load_x(xr, c0);
+            store_x(xr, 0);
+        }
+        // ldmatrix lane addresses: A (matrix lane/8: rows +8 for odd, the
+        // upper 8 columns of the k-step from 2), B (both terms, matrix
+        // lane/8: the upper 8 columns for odd, the lo term from 2).
+        const int am = lane >> 3, ar = lane & 7;
+        for (int c = c0; c < c1; c++) {
+            cp_wait<kSkStages - 2>();
+            __syncthreads();
+            const int cn = c + kSkStages - 1;
+            if (cn < c1) issue_w(cn, (cn - c0) % kSkStages);
+            cp_commit();
+            float4 xr[XV];
+            if (c + 1 < c1) load_x(xr, c + 1);
+            const uint32_t ws = wsm + ((c - c0) % kSkStages) * kStage;
+            const uint32_t xs = xsm + ((c - c0) & 1) * 2 * kXTerm;
+#pragma unroll
+            for (int s = 0; s < kSkChunk / 16; s++) {
+                uint32_t a[2][4];
+#pragma unroll
+                for (int t = 0; t < 2; t++) ldsm_x4(a[t], ws + sk_at(trow[t] + 8 * (am & 1) + ar, 2 * s + (am >> 1)));
+                uint32_t b[NT][4];  // per x tile: hi b0, hi b1, lo b0, lo b1
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) ldsm_x4(b[nt], xs + (am >> 1) * kXTerm + sk_at(8 * nt + ar, 2 * s + (am & 1)));
+                // Term by term, so that consecutive products go to different
+                // sums (2·NT apart).
+#pragma unroll
+                for (int term = 0; term < 2; term++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int t = 0; t < 2; t++) mma_bf16(acc[t][nt], a[t], b[nt][2 * term], b[nt][2 * term + 1]);
+            }
+            if (c + 1 < c1) store_x(xr, (c + 1 - c0) & 1);
         }
     }
 

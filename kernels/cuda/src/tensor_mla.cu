@@ -85,7 +85,7 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
     const int ng = min(a.gs, a.heads - h0);
     const int p_max = a.pos[i];
     const int* sel = a.sel ? a.sel + size_t(i) * a.k : nullptr;
-    const int end = sel ? a.k : p_max + 1;
+    const int end = sel ? min(a.k, p_max + 1) : p_max + 1;  // the selection's valid prefix (mla_attn_block)
     const int k0 = blockIdx.z * a.split, k1 = min(end, k0 + a.split);
     const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
     const int ntiles = k1 > k0 ? (k1 - k0 + kTcKeys - 1) / kTcKeys : 0;
@@ -129,6 +129,7 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
     static_assert(qn % (kTcWarps * 32) == 0, "whole rounds of the query staging");
 #pragma unroll 9
     for (int it = 0; it < qn / (kTcWarps * 32); it++) {
+        if (ntiles == 0) break;  // an empty split needs no query (block-uniform)
         const int e = tid + kTcWarps * 32 * it;
         const int reg = e & 1, ln = (e >> 1) & 31, rest = e >> 6;
         const int ks = rest % kTcKS, nt = rest / kTcKS;
@@ -136,15 +137,17 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
         float x0 = 0.f, x1 = 0.f;
         if (head < ng) {
             const size_t hh = size_t(i) * a.heads + h0 + head;
+            // Pairs of adjacent dims, 8-byte aligned: d, dn and kl are even.
+            const float* src = nullptr;
             if (d < kTcKL) {
-                if (a.qc) {
-                    x0 = a.qc[hh * kTcKL + d];
-                    x1 = a.qc[hh * kTcKL + d + 1];
-                }
+                if (a.qc) src = a.qc + hh * kTcKL + d;
             } else {
-                const float* qp = a.q + hh * (a.dn + kTcDR) + a.dn + (d - kTcKL);
-                x0 = qp[0];
-                x1 = qp[1];
+                src = a.q + hh * (a.dn + kTcDR) + a.dn + (d - kTcKL);
+            }
+            if (src) {
+                const float2 v = *reinterpret_cast<const float2*>(src);
+                x0 = v.x;
+                x1 = v.y;
             }
         }
 #pragma unroll
@@ -396,32 +399,31 @@ extern "C" __global__ void __launch_bounds__(128)
 // Per-head projection on tensor cores, ops_mla.cu's ferrite_mla_proj for a
 // BF16 weight: y[i·y_rs + h·y_hs + r] = W[h·w_hrows + row0 + r]·x[i·x_rs +
 // h·x_hs] (K values) for r < rows, i < n. Block (32 weight rows, head h,
-// 32 query rows), 8 warps: the block's query rows are staged once as B
+// 8·NQ query rows), 8 warps: the block's query rows are staged once as B
 // fragments (k = K, n = query rows) in three bf16 terms (float32's
 // product, as in ferrite_mla_tc_*); warp w takes the m-tile of 16 weight
 // rows w & 1 over k-quarter w >> 1, its A fragments read from the weight's
 // rows in global memory (a 32-byte sector a row and k-step), and the
 // quarters are added through shared memory in order. A row's sums do not
 // depend on the other rows of the call. Launch: grid (ceil(rows / 32),
-// heads, ceil(n / 32)), 256 threads, dynamic shared memory 192·K + 12,288
-// bytes; K a multiple of 16, x_rs and x_hs even.
-extern "C" __global__ void __launch_bounds__(256)
-    ferrite_mla_proj_tc(float* y, int y_rs, int y_hs, const float* x, int x_rs, int x_hs, int n, int rows, int w_hrows,
-                        const uint16_t* w, int K, int row0) {
-    FERRITE_PDL_WAIT();
+// heads, ceil(n / (8·NQ))), 256 threads, dynamic shared memory
+// NQ·(48·K + 3,072) bytes; K a multiple of 16, x_rs and x_hs even.
+template <int NQ>
+__device__ void mla_proj_tc(float* y, int y_rs, int y_hs, const float* x, int x_rs, int x_hs, int n, int rows, int w_hrows,
+                            const uint16_t* w, int K, int row0) {
     extern __shared__ __align__(16) uint8_t pj_smem[];
     const int KS = K / 16;
-    const int qn = KS * 4 * 32 * 2;                                     // registers a term
-    uint32_t* sB = reinterpret_cast<uint32_t*>(pj_smem);                 // [3 terms][KS][4 n-tiles][32 lanes][2]
-    float* sR = reinterpret_cast<float*>(pj_smem + size_t(3) * qn * 4);  // [3 quarters][2 m-tiles][4 n-tiles][32 lanes][4]
+    const int qn = KS * NQ * 32 * 2;                                    // registers a term
+    uint32_t* sB = reinterpret_cast<uint32_t*>(pj_smem);                 // [3 terms][KS][NQ n-tiles][32 lanes][2]
+    float* sR = reinterpret_cast<float*>(pj_smem + size_t(3) * qn * 4);  // [3 quarters][2 m-tiles][NQ][32 lanes][4]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int h = blockIdx.y, r0 = blockIdx.x * 32, m0 = blockIdx.z * 32;
+    const int h = blockIdx.y, r0 = blockIdx.x * 32, m0 = blockIdx.z * 8 * NQ;
 
     // Register reg of lane ln of (k-step ks, n-tile nt) holds k = 16ks +
     // 2(ln & 3) + 8reg and k + 1 of query row m0 + 8nt + (ln >> 2).
 #pragma unroll 8
     for (int e = tid; e < qn; e += 256) {
-        const int reg = e & 1, ln = (e >> 1) & 31, nt = (e >> 6) & 3, ks = e >> 8;
+        const int reg = e & 1, ln = (e >> 1) & 31, nt = (e >> 6) % NQ, ks = (e >> 6) / NQ;
         const int q = m0 + nt * 8 + (ln >> 2), k = ks * 16 + 2 * (ln & 3) + 8 * reg;
         float x0 = 0.f, x1 = 0.f;
         if (q < n) {
@@ -443,9 +445,9 @@ extern "C" __global__ void __launch_bounds__(256)
     const int ra = r0 + mt * 16 + g, rb = ra + 8;  // the lane's two weight rows
     const uint32_t* wa = ra < rows ? reinterpret_cast<const uint32_t*>(w + (size_t(h) * w_hrows + row0 + ra) * K) : nullptr;
     const uint32_t* wb = rb < rows ? reinterpret_cast<const uint32_t*>(w + (size_t(h) * w_hrows + row0 + rb) * K) : nullptr;
-    float acc[4][4];
+    float acc[NQ][4];
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    for (int nt = 0; nt < NQ; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     __syncthreads();  // the query terms are staged
     const uint2* b2 = reinterpret_cast<const uint2*>(sB);
 #pragma unroll 4
@@ -459,31 +461,42 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int term = 0; term < 3; term++) {
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const uint2 b = b2[((term * KS + ks) * 4 + nt) * 32 + lane];
+            for (int nt = 0; nt < NQ; nt++) {
+                const uint2 b = b2[((term * KS + ks) * NQ + nt) * 32 + lane];
                 mma_bf16(acc[nt], af, b.x, b.y);
             }
         }
     }
     if (kq > 0) {
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
+        for (int nt = 0; nt < NQ; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) sR[((((kq - 1) * 2 + mt) * 4 + nt) * 32 + lane) * 4 + e] = acc[nt][e];
+            for (int e = 0; e < 4; e++) sR[((((kq - 1) * 2 + mt) * NQ + nt) * 32 + lane) * 4 + e] = acc[nt][e];
         }
     }
     __syncthreads();
     if (kq == 0) {
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
+        for (int nt = 0; nt < NQ; nt++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = r0 + mt * 16 + g + (e >> 1) * 8, q = m0 + nt * 8 + 2 * t + (e & 1);
                 float v = acc[nt][e];
 #pragma unroll
-                for (int j = 0; j < 3; j++) v += sR[(((j * 2 + mt) * 4 + nt) * 32 + lane) * 4 + e];
+                for (int j = 0; j < 3; j++) v += sR[(((j * 2 + mt) * NQ + nt) * 32 + lane) * 4 + e];
                 if (r < rows && q < n) y[size_t(q) * y_rs + size_t(h) * y_hs + r] = v;
             }
         }
     }
 }
+
+#define FERRITE_MLA_PROJ_TC(name, NQ)                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, int y_rs, int y_hs, const float* x, int x_rs, \
+                                                           int x_hs, int n, int rows, int w_hrows, const uint16_t* w, \
+                                                           int K, int row0) {                                    \
+        FERRITE_PDL_WAIT();                                                                                      \
+        mla_proj_tc<NQ>(y, y_rs, y_hs, x, x_rs, x_hs, n, rows, w_hrows, w, K, row0);                              \
+    }
+
+FERRITE_MLA_PROJ_TC(ferrite_mla_proj_tc_8, 1)
+FERRITE_MLA_PROJ_TC(ferrite_mla_proj_tc_32, 4)

@@ -71,6 +71,8 @@ __device__ uint4 __ldg(const uint4*);
 __device__ float4 __ldg(const float4*);
 __device__ float __ldg(const float*);
 __device__ float __ldcg(const float*);
+__device__ uint4 __ldcg(const uint4*);
+__device__ unsigned short __ldcg(const unsigned short*);
 __device__ unsigned __float_as_uint(float);
 __device__ float __uint_as_float(unsigned);
 __device__ float __int_as_float(int);
