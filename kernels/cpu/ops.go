@@ -50,7 +50,8 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 }
 
 // LinearCat implements kernels.LinearOps: each weight's product goes
-// through MatMul into a scratch block and then into its columns of dst.
+// through MatMul straight into its columns of dst, the bias added after;
+// with Accumulate, into a scratch block first and then added to them.
 func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) {
 	contiguous(dst)
 	contiguous(x)
@@ -70,6 +71,24 @@ func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.
 	if e.Bias.Valid() {
 		bias = f32(e.Bias)[:total]
 	}
+	if !e.Accumulate {
+		c0 := 0
+		for _, w := range ws {
+			b.matMulTo(y[c0:], total, xs, w, n)
+			c0 += w.Rows
+		}
+		if bias != nil {
+			b.Parallel(n, func(lo, hi int) {
+				for i := lo; i < hi; i++ {
+					row := y[i*total : (i+1)*total]
+					for j, v := range bias {
+						row[j] += v
+					}
+				}
+			})
+		}
+		return
+	}
 	c0 := 0
 	for _, w := range ws {
 		t := grow(&b.tmp, n*w.Rows)
@@ -81,10 +100,7 @@ func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.
 					if bias != nil {
 						v += bias[c0+j]
 					}
-					if e.Accumulate {
-						v += row[j]
-					}
-					row[j] = v
+					row[j] += v
 				}
 			}
 		})
