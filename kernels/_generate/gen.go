@@ -14,6 +14,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 
 	. "github.com/mmcloughlin/avo/build"
@@ -133,8 +134,18 @@ var shapes = []shape{
 	{R: 2, C: 4, U: 1},
 }
 
+// set picks the file to generate: tiles (tile_amd64.s) or attn
+// (attn_amd64.s, attn.go).
+var set = flag.String("set", "tiles", "kernel set: tiles or attn")
+
 func main() {
 	ConstraintExpr("!noasm")
+	flag.Parse()
+	if *set == "attn" {
+		attnKernels()
+		Generate()
+		return
+	}
 
 	f8maskData = GLOBL("f8mask", RODATA|NOPTR)
 	DATA(0, U32(0x87f00000))

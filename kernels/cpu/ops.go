@@ -106,7 +106,7 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	b.MatMul(g, f32(x), gate, n)
 	b.MatMul(u, f32(x), up, n)
 	y := f32(dst)
-	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLUClamp(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
+	b.Parallel(len(y), func(lo, hi int) { swiglu(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
 // NormLinearCat implements kernels.LinearOps: RMSNorm into a scratch
@@ -163,7 +163,7 @@ func (b *Backend) SwiGLUClamp(dst, gate, up kernels.Tensor, limit float32) {
 		panic("cpu: SwiGLU shapes differ")
 	}
 	y, g, u := f32(dst), f32(gate), f32(up)
-	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLUClamp(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
+	b.Parallel(len(y), func(lo, hi int) { swiglu(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
 // Embed implements kernels.LinearOps.
@@ -205,7 +205,7 @@ func (b *Backend) RMSNorm(dst, x, w kernels.Tensor, eps float32, offset bool) {
 	}
 	y, xs, ws, d := f32(dst), f32(x), f32(w), x.Cols
 	b.Parallel(x.Rows, func(lo, hi int) {
-		ref.RMSNorm(y[lo*d:hi*d], xs[lo*d:hi*d], ws, eps, offset, hi-lo)
+		rmsNorm(y[lo*d:hi*d], xs[lo*d:hi*d], ws, eps, offset, hi-lo)
 	})
 }
 
@@ -226,7 +226,7 @@ func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, off
 		for i, v := range dl[lo*d : hi*d] {
 			rr[i] += v
 		}
-		ref.RMSNorm(y[lo*d:hi*d], rr, ws, eps, offset, hi-lo)
+		rmsNorm(y[lo*d:hi*d], rr, ws, eps, offset, hi-lo)
 	})
 }
 
@@ -291,7 +291,7 @@ func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.Head
 				panic("cpu: PrepareQKV norm width")
 			}
 			b.Parallel(n*c.heads, func(lo, hi int) {
-				ref.RMSNorm(c.x[lo*hd:hi*hd], c.x[lo*hd:hi*hd], ws, c.norm.Eps, c.norm.Offset, hi-lo)
+				rmsNorm(c.x[lo*hd:hi*hd], c.x[lo*hd:hi*hd], ws, c.norm.Eps, c.norm.Offset, hi-lo)
 			})
 		}
 		if r != nil {
@@ -451,13 +451,13 @@ func (b *Backend) ExpertsClamp(dst, x, ids, w kernels.Tensor, experts []kernels.
 			matMul(g, xr, ex.GateUp, rows)
 			for r := range rows {
 				row := g[r*2*inter : (r+1)*2*inter]
-				ref.SwiGLUClamp(hr[r*inter:(r+1)*inter], row[:inter], row[inter:], limit)
+				swiglu(hr[r*inter:(r+1)*inter], row[:inter], row[inter:], limit)
 			}
 		} else {
 			g, u := gu[2*at*inter:(2*at+rows)*inter], gu[(2*at+rows)*inter:2*(at+rows)*inter]
 			matMul(g, xr, ex.Gate, rows)
 			matMul(u, xr, ex.Up, rows)
-			ref.SwiGLUClamp(hr, g, u, limit)
+			swiglu(hr, g, u, limit)
 		}
 		matMul(ye[at*hidden:(at+rows)*hidden], hr, ex.Down, rows)
 	}
