@@ -37,6 +37,7 @@ const flushAt = 32
 // the step as a whole (graph.go); outside one they go in batches. Anything
 // that reads, writes or waits (exec) issues the waiting launches first.
 func (b *Backend) queue(f func(d *Device) error) {
+	b.presplit = presplit{} // whatever was split may change now (linearSplitSwiGLU)
 	b.qmu.Lock()
 	b.pending = append(b.pending, f)
 	full := !b.inStep && len(b.pending) >= flushAt
@@ -361,7 +362,7 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 		return
 	}
 	if b.splitsNormed(dw, rows) {
-		b.splitGemm(b.splitNorm(x, n), dw, rows, swigluHalves(dptr(dst), dw, rows, limit))
+		b.splitSwiGLU(dptr(dst), b.splitNorm(x, n), dw, rows, limit)
 		return
 	}
 	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
@@ -418,9 +419,11 @@ func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
 }
 
 // SetFuse turns the fused attention — QKVAttention's one kernel and
-// the split merge in the attention kernel — on or off
-// (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the steps that
-// follow: a switch for benchmarks and tests.
+// the split merge in the attention kernel — on or off for the steps that
+// follow: a switch for benchmarks and tests. It is off by default
+// (FERRITE_CUDA_FUSE=1 starts a Backend with it on): GPU run 3 measured
+// the fused kernel slower at one row (27 µs a layer at context 150)
+// than PrepareQKV, the split-KV kernel and the merge kernel together.
 func (b *Backend) SetFuse(on bool) { b.noFuse = !on }
 
 // SetFuseNorm turns the norm-fused GEMVs of NormLinearCat,
@@ -485,26 +488,57 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 }
 
 // linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo
-// rows, their products summed in the epilogue kernel.
+// rows, their products summed in the epilogue kernel. When x is the output
+// of the op just queued and that op also wrote it split (presplit), the
+// split is not done again.
 func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
+	if p := b.presplit; p.x == x && p.n == n && p.cols == w.Cols && x != 0 {
+		b.splitGemmXB(p.xb, nil, w, n, addHalves(y, bias, w, n, acc))
+		return
+	}
 	b.splitGemm(splitX(x, n, w.Cols), w, n, addHalves(y, bias, w, n, acc))
 }
 
+// presplit is the float32 rows x (n, cols) that the op queued last also
+// wrote split into bf16 hi and lo rows at xb (2n, cols), for the product
+// that follows (a SwiGLU MLP's down projection); queue clears it.
+type presplit struct {
+	x, xb   uint64
+	n, cols int
+}
+
 // linearSplitSwiGLU is SwiGLULinear of n rows on linearSplit's product of
-// the stacked [gate; up] w: y (n, w.Rows/2).
+// the stacked [gate; up] w: y (n, w.Rows/2), written split as well for the
+// down projection that usually follows (presplit).
 func (b *Backend) linearSplitSwiGLU(y, x uint64, w *Weight, n int, limit float32) {
-	b.splitGemm(splitX(x, n, w.Cols), w, n, swigluHalves(y, w, n, limit))
+	b.splitSwiGLU(y, splitX(x, n, w.Cols), w, n, limit)
+}
+
+// splitSwiGLU is splitGemm of the stacked [gate; up] w with the SwiGLU
+// epilogue into y (n, w.Rows/2), which it also leaves split (presplit).
+func (b *Backend) splitSwiGLU(y uint64, split func(d *Device, xb uint64) error, w *Weight, n int, limit float32) {
+	inter := w.Rows / 2
+	y2 := dptr(b.Scratch(kernels.BF16, 2*n, inter)) // (2n, inter) y as bf16 hi, then lo
+	b.splitGemm(split, w, n, swigluHalves(y, y2, w, n, limit))
+	b.presplit = presplit{x: y, xb: y2, n: n, cols: inter}
 }
 
 // splitGemm queues split, which writes the bf16 hi and lo rows of the n
 // input rows into scratch xb (2n, w.Cols), their cuBLASLt product with w
 // into scratch t (2n, w.Rows), then epi(t).
 func (b *Backend) splitGemm(split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
-	xb := dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)) // (2n, cols) x as bf16 hi, then lo
-	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows))   // (2n, rows) the two products
+	b.splitGemmXB(dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)), split, w, n, epi) // (2n, cols) x as bf16 hi, then lo
+}
+
+// splitGemmXB is splitGemm into the split input xb; with split nil, xb
+// already holds it.
+func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
+	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows)) // (2n, rows) the two products
 	b.queue(func(d *Device) error {
-		if err := split(d, xb); err != nil {
-			return err
+		if split != nil {
+			if err := split(d, xb); err != nil {
+				return err
+			}
 		}
 		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
 			return err
@@ -533,12 +567,13 @@ func addHalves(y, bias uint64, w *Weight, n int, acc bool) func(d *Device, t uin
 // swigluHalves is the split product's epilogue for the stacked [gate; up]
 // w: y (n, w.Rows/2) = the SwiGLU of the two products' sums
 // (ferrite_add_halves_swiglu: one pass for ferrite_add_halves and
-// ferrite_swiglu_cat, the same sums), clamped at limit > 0.
-func swigluHalves(y uint64, w *Weight, n int, limit float32) func(d *Device, t uint64) error {
+// ferrite_swiglu_cat, the same sums), clamped at limit > 0, and, at y2
+// when not 0, y split into bf16 hi and lo rows (2n, w.Rows/2).
+func swigluHalves(y, y2 uint64, w *Weight, n int, limit float32) func(d *Device, t uint64) error {
 	inter := w.Rows / 2
 	return func(d *Device, t uint64) error {
 		out := int64(n) * int64(inter)
-		return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(out), 256, 0, y, t, uint64(out), i32(inter), f32(limit))
+		return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(out), 256, 0, y, t, uint64(out), i32(inter), f32(limit), y2)
 	}
 }
 
@@ -991,6 +1026,7 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		ptile = b.prefillTile()
 	}
 	name := attnKernels[g4][bf][dpl]
+	pf := n == 1 && !b.noAttnPrefetch // a decode row: its few blocks are latency-bound
 	var extra []uint64
 	if qf != nil {
 		if g4 == 0 || ptile > 0 || n != 1 {
@@ -1009,7 +1045,7 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 			}
 		}
 		args := append([]uint64{o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads),
-			i32(s.KVHeads), i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt}, extra...)
+			i32(s.KVHeads), i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt, b32(pf)}, extra...)
 		err := d.launch3L(name, [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0, args...)
 		if err != nil || splits == 1 || cnt != 0 {
 			return err
@@ -1113,23 +1149,23 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	return t, nil
 }
 
-// moeFewTokens is the most tokens Experts runs through the grouped GEMV
+// moeFewTokens is the most tokens Experts may run through the grouped GEMV
 // kernels of a slot a pass (src/ops_moe.cu's ferrite_moe_few_*: each chosen
-// expert read once, two launches); up to moeGTTokens run its register-tile
-// form (moe.go); more are sorted by expert and run as tiled grouped GEMMs
-// of moeTileM slots (and weight rows) a block, for at most moeMaxExperts
-// experts.
+// expert read once, two launches); from moe.go's moeGTFrom to moeGTTokens
+// its register-tile form runs instead; more are sorted by expert and run
+// as tiled grouped GEMMs of moeTileM slots (and weight rows) a block, for
+// at most moeMaxExperts experts.
 const (
 	moeFewTokens  = 8
 	moeTileM      = 64
 	moeMaxExperts = 1024
 )
 
-// Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
-// grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
-// increasing expert id fused) GEMV kernels; up to moeGTTokens their
-// register-tile form (moe.go), each chosen expert's rows read once for all
-// the tokens that chose it. More: the slots sorted by expert on
+// Experts implements kernels.MoEOps. A few tokens: the grouped gate/up
+// (SwiGLU fused) and down (routing weights and the sum in increasing expert
+// id fused) GEMV kernels; up to moeGTTokens their register-tile form
+// (moe.go), each chosen expert's rows read once for all the tokens that
+// chose it. More: the slots sorted by expert on
 // the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
 // tensor cores, x split into two bf16 terms, when every weight is bf16),
 // and a last kernel that adds each token's slots in increasing expert id.
@@ -1202,14 +1238,17 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
-		gateUp, down, downRows := b.moe.fewLaunch(n)
+		gateUp, down := "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
+		if n > 1 && b.moe.slots8 {
+			gateUp, down = "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
+		}
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
 				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), f32(limit))
 			if err != nil {
 				return err
 			}
-			return d.launchL(down, uint32(ceilDiv(hidden, downRows)), 256, 0, y, i32(dst.Stride), h, ip, wp,
+			return d.launchL(down, uint32(ceilDiv(hidden, 4)), 256, 0, y, i32(dst.Stride), h, ip, wp,
 				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
 		})
 		return
