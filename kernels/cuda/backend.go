@@ -50,7 +50,8 @@ type Backend struct {
 	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
 	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
 	mlaSplitCap int            // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
-	mlaGroupCap int            // at most this many heads a tensor-core attention block, 0 for 32 (benchmarks)
+	mlaHeads    int            // heads a tensor-core attention block (≤ 32), 0 for tcPlan's choice (benchmarks)
+	mlaTiles    int            // key tiles a tensor-core attention split at least, 0 for 1 (benchmarks)
 	noFuse      bool           // no fused attention (PrepareQKV inside, split merge) (FERRITE_CUDA_FUSE=0, SetFuse)
 	fuseNorm    bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
 	noFuseQKV   bool           // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
@@ -59,6 +60,8 @@ type Backend struct {
 
 	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
 	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
+
+	presplit presplit // the last op's output, also split for cuBLASLt (opset.go's linearSplit)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand

@@ -4,6 +4,8 @@ package cuda
 
 import (
 	"fmt"
+	"os"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -91,6 +93,7 @@ type blasLt struct {
 type gemmPlan struct {
 	desc, a, b, c uintptr
 	algo          heuristicResult
+	cands         []heuristicResult // the heuristic's other candidates, until tuneL has timed them
 }
 
 // blasLtL returns the device's cuBLASLt state, creating it on first use.
@@ -171,15 +174,96 @@ func (b *blasLt) plan(n, rows, cols int) (*gemmPlan, error) {
 		return fail(err)
 	}
 	var found int32
-	if err := checkLt("cublasLtMatmulAlgoGetHeuristic", call(lt.heuristic, b.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1,
-		uintptr(unsafe.Pointer(&p.algo)), uintptr(unsafe.Pointer(&found)))); err != nil {
+	var res [gemmTuneAlgos]heuristicResult
+	want := 1
+	if gemmTunes(n) {
+		want = gemmTuneAlgos
+	}
+	if err := checkLt("cublasLtMatmulAlgoGetHeuristic", call(lt.heuristic, b.handle, p.desc, p.a, p.b, p.c, p.c, pref, uintptr(want),
+		uintptr(unsafe.Pointer(&res[0])), uintptr(unsafe.Pointer(&found)))); err != nil {
 		return fail(err)
 	}
 	if found == 0 {
 		return fail(fmt.Errorf("cuda: cuBLASLt has no bf16 algorithm for %d×%d×%d", n, rows, cols))
 	}
+	p.algo = res[0]
+	if found > 1 {
+		p.cands = slices.Clone(res[:found])
+	}
 	b.plans[key] = p
 	return p, nil
+}
+
+// The skinny products of decode batches (the split input's 2·rows up to
+// gemmTuneRows) take the fastest of the heuristic's first gemmTuneAlgos
+// algorithms, timed once per shape on its first call (tuneL), which runs
+// eagerly: a step is captured as a graph only on its trace's second
+// sighting. FERRITE_CUDA_GEMM_TUNE=0 keeps the heuristic's first choice.
+const (
+	gemmTuneAlgos = 8
+	gemmTuneRows  = 512
+	gemmTuneReps  = 3
+)
+
+// gemmTunes reports whether a product of n rows of x is tuned.
+func gemmTunes(n int) bool { return n <= gemmTuneRows && os.Getenv("FERRITE_CUDA_GEMM_TUNE") != "0" }
+
+// tuneL times each of p's candidates on this product (x, w, n rows), its
+// output into scratch memory, and keeps the fastest as p.algo; a
+// candidate that fails or a timing that cannot be taken leaves the
+// heuristic's choice. Candidates are tried once: p.cands is cleared.
+func (d *Device) tuneL(b *blasLt, p *gemmPlan, x uint64, w *Weight, n int) {
+	cands := p.cands
+	p.cands = nil
+	out, err := d.allocL(int64(n) * int64(w.Rows) * 4)
+	if err != nil {
+		return
+	}
+	defer out.free()
+	var ev [2]uintptr
+	for i := range ev {
+		if check("cuEventCreate", call(driver.cuEventCreate, uintptr(unsafe.Pointer(&ev[i])), 0)) != nil {
+			return
+		}
+		defer call(driver.cuEventDestroy, ev[i])
+	}
+	alpha, beta := float32(1), float32(0)
+	run := func(a *heuristicResult) error {
+		return checkLt("cublasLtMatmul", call(lt.matmul, b.handle, p.desc,
+			uintptr(unsafe.Pointer(&alpha)), uintptr(w.Buf.ptr), p.a, uintptr(x), p.b,
+			uintptr(unsafe.Pointer(&beta)), uintptr(out.ptr), p.c, uintptr(out.ptr), p.c,
+			uintptr(unsafe.Pointer(&a.algo)), uintptr(b.workspace.ptr), gemmWorkspaceSize, d.stream))
+	}
+	best, bestMs := -1, float32(0)
+	for i := range cands {
+		if cands[i].state != 0 || run(&cands[i]) != nil { // warm-up; an algorithm that does not run is skipped
+			continue
+		}
+		if check("cuEventRecord", call(driver.cuEventRecord, ev[0], d.stream)) != nil {
+			return
+		}
+		var err error
+		for range gemmTuneReps {
+			if err = run(&cands[i]); err != nil {
+				break
+			}
+		}
+		if err != nil {
+			continue
+		}
+		var ms float32
+		if check("cuEventRecord", call(driver.cuEventRecord, ev[1], d.stream)) != nil ||
+			check("cuEventSynchronize", call(driver.cuEventSynchronize, ev[1])) != nil ||
+			check("cuEventElapsedTime", call(driver.cuEventTime, uintptr(unsafe.Pointer(&ms)), ev[0], ev[1])) != nil {
+			return
+		}
+		if best < 0 || ms < bestMs {
+			best, bestMs = i, ms
+		}
+	}
+	if best >= 0 {
+		p.algo = cands[best]
+	}
 }
 
 // GemmBF16 queues y (n, w.Rows) float32 = x (n, w.Cols) bf16 · wᵀ with a
@@ -212,6 +296,9 @@ func (d *Device) gemmL(y, x uint64, w *Weight, n int, acc bool) error {
 	p, err := b.plan(n, w.Rows, w.Cols)
 	if err != nil {
 		return err
+	}
+	if p.cands != nil && d.prof == nil {
+		d.tuneL(b, p, x, w, n)
 	}
 	alpha, beta := float32(1), float32(0)
 	if acc {

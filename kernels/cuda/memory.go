@@ -203,6 +203,7 @@ func (b *Backend) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
 // device thread, unless the arena is about to free chunks those launches
 // may use: then it is launched now.
 func (b *Backend) BeginStep() {
+	b.presplit = presplit{} // a split is used within its step only
 	if b.arena.consolidates() || !lazyWrites {
 		b.exec(nil)
 	}

@@ -37,6 +37,7 @@ const flushAt = 32
 // the step as a whole (graph.go); outside one they go in batches. Anything
 // that reads, writes or waits (exec) issues the waiting launches first.
 func (b *Backend) queue(f func(d *Device) error) {
+	b.presplit = presplit{} // whatever was split may change now (linearSplitSwiGLU)
 	b.qmu.Lock()
 	b.pending = append(b.pending, f)
 	full := !b.inStep && len(b.pending) >= flushAt
@@ -361,7 +362,7 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 		return
 	}
 	if b.splitsNormed(dw, rows) {
-		b.splitGemm(b.splitNorm(x, n), dw, rows, swigluHalves(dptr(dst), dw, rows, limit))
+		b.splitSwiGLU(dptr(dst), b.splitNorm(x, n), dw, rows, limit)
 		return
 	}
 	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
@@ -485,26 +486,57 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 }
 
 // linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo
-// rows, their products summed in the epilogue kernel.
+// rows, their products summed in the epilogue kernel. When x is the output
+// of the op just queued and that op also wrote it split (presplit), the
+// split is not done again.
 func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
+	if p := b.presplit; p.x == x && p.n == n && p.cols == w.Cols && x != 0 {
+		b.splitGemmXB(p.xb, nil, w, n, addHalves(y, bias, w, n, acc))
+		return
+	}
 	b.splitGemm(splitX(x, n, w.Cols), w, n, addHalves(y, bias, w, n, acc))
 }
 
+// presplit is the float32 rows x (n, cols) that the op queued last also
+// wrote split into bf16 hi and lo rows at xb (2n, cols), for the product
+// that follows (a SwiGLU MLP's down projection); queue clears it.
+type presplit struct {
+	x, xb   uint64
+	n, cols int
+}
+
 // linearSplitSwiGLU is SwiGLULinear of n rows on linearSplit's product of
-// the stacked [gate; up] w: y (n, w.Rows/2).
+// the stacked [gate; up] w: y (n, w.Rows/2), written split as well for the
+// down projection that usually follows (presplit).
 func (b *Backend) linearSplitSwiGLU(y, x uint64, w *Weight, n int, limit float32) {
-	b.splitGemm(splitX(x, n, w.Cols), w, n, swigluHalves(y, w, n, limit))
+	b.splitSwiGLU(y, splitX(x, n, w.Cols), w, n, limit)
+}
+
+// splitSwiGLU is splitGemm of the stacked [gate; up] w with the SwiGLU
+// epilogue into y (n, w.Rows/2), which it also leaves split (presplit).
+func (b *Backend) splitSwiGLU(y uint64, split func(d *Device, xb uint64) error, w *Weight, n int, limit float32) {
+	inter := w.Rows / 2
+	y2 := dptr(b.Scratch(kernels.BF16, 2*n, inter)) // (2n, inter) y as bf16 hi, then lo
+	b.splitGemm(split, w, n, swigluHalves(y, y2, w, n, limit))
+	b.presplit = presplit{x: y, xb: y2, n: n, cols: inter}
 }
 
 // splitGemm queues split, which writes the bf16 hi and lo rows of the n
 // input rows into scratch xb (2n, w.Cols), their cuBLASLt product with w
 // into scratch t (2n, w.Rows), then epi(t).
 func (b *Backend) splitGemm(split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
-	xb := dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)) // (2n, cols) x as bf16 hi, then lo
-	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows))   // (2n, rows) the two products
+	b.splitGemmXB(dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)), split, w, n, epi) // (2n, cols) x as bf16 hi, then lo
+}
+
+// splitGemmXB is splitGemm into the split input xb; with split nil, xb
+// already holds it.
+func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
+	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows)) // (2n, rows) the two products
 	b.queue(func(d *Device) error {
-		if err := split(d, xb); err != nil {
-			return err
+		if split != nil {
+			if err := split(d, xb); err != nil {
+				return err
+			}
 		}
 		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
 			return err
@@ -533,12 +565,13 @@ func addHalves(y, bias uint64, w *Weight, n int, acc bool) func(d *Device, t uin
 // swigluHalves is the split product's epilogue for the stacked [gate; up]
 // w: y (n, w.Rows/2) = the SwiGLU of the two products' sums
 // (ferrite_add_halves_swiglu: one pass for ferrite_add_halves and
-// ferrite_swiglu_cat, the same sums), clamped at limit > 0.
-func swigluHalves(y uint64, w *Weight, n int, limit float32) func(d *Device, t uint64) error {
+// ferrite_swiglu_cat, the same sums), clamped at limit > 0, and, at y2
+// when not 0, y split into bf16 hi and lo rows (2n, w.Rows/2).
+func swigluHalves(y, y2 uint64, w *Weight, n int, limit float32) func(d *Device, t uint64) error {
 	inter := w.Rows / 2
 	return func(d *Device, t uint64) error {
 		out := int64(n) * int64(inter)
-		return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(out), 256, 0, y, t, uint64(out), i32(inter), f32(limit))
+		return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(out), 256, 0, y, t, uint64(out), i32(inter), f32(limit), y2)
 	}
 }
 

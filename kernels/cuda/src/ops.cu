@@ -74,12 +74,21 @@ extern "C" __global__ void ferrite_swiglu_cat(float* y, const float* t, uint64_t
 // + j] = swiglu(g, u) for n = rows·inter values, g and u the hi + lo sums
 // of t (2·rows, 2·inter) (rows of hi products, then of lo products), as
 // ferrite_add_halves and ferrite_swiglu_cat would give them in two passes.
-extern "C" __global__ void ferrite_add_halves_swiglu(float* y, const float* t, uint64_t n, int inter, float limit) {
+// With y2 set it also writes y split for the next product's cuBLASLt input,
+// as ferrite_f32_to_bf16x2 of y would: y2 (2·rows, inter) bf16.
+extern "C" __global__ void ferrite_add_halves_swiglu(float* y, const float* t, uint64_t n, int inter, float limit,
+                                                     uint16_t* y2) {
     FERRITE_PDL_WAIT();
     const uint64_t lo = 2 * n;  // the lo products' offset in t
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
         const uint64_t r = i / inter, j = i % inter, g = r * 2 * inter + j, u = g + inter;
-        y[i] = swiglu_clamp1(__fadd_rn(t[g], t[lo + g]), __fadd_rn(t[u], t[lo + u]), limit);
+        const float v = swiglu_clamp1(__fadd_rn(t[g], t[lo + g]), __fadd_rn(t[u], t[lo + u]), limit);
+        y[i] = v;
+        if (y2) {
+            const uint16_t hi = f32_to_bf16(v);
+            y2[i] = hi;
+            y2[n + i] = f32_to_bf16(__fsub_rn(v, __uint_as_float(uint32_t(hi) << 16)));
+        }
     }
 }
 
