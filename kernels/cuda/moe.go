@@ -22,7 +22,6 @@ type moeConfig struct {
 	tiles  int  // FERRITE_MOE_TILES: the register tiles from this many slots, also below moeGTFrom tokens (0: from moeGTFrom tokens only)
 	sb     int  // FERRITE_MOE_SB: the slots a register-tile block takes (0: enough blocks for twice the SMs)
 	gt     int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
-	pf     bool // FERRITE_MOE_PREFETCH=1: the _pf kernels, which ask L2 for a warp's weight rows before reading them
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -40,7 +39,6 @@ func moeConfigFromEnv() moeConfig {
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
 	}
-	c.pf = os.Getenv("FERRITE_MOE_PREFETCH") == "1"
 	return c
 }
 
@@ -80,7 +78,7 @@ func (c moeConfig) useGT(n, k int) bool {
 }
 
 // gtLaunch names the register tiles' kernels and their weight rows a
-// block (8 warps of R rows); the prefetching ones have the default R only.
+// block (8 warps of R rows).
 func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows int) {
 	switch c.gt {
 	case 1:
@@ -88,21 +86,7 @@ func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows 
 	case 2:
 		return "ferrite_moe_gt_gate_up_r2", 2 * moeGEMVRows, "ferrite_moe_gt_down_r4", 4 * moeGEMVRows
 	}
-	if c.pf {
-		return "ferrite_moe_gt_gate_up_r4_pf", 4 * moeGEMVRows, "ferrite_moe_gt_down_r8_pf", 8 * moeGEMVRows
-	}
 	return "ferrite_moe_gt_gate_up_r4", 4 * moeGEMVRows, "ferrite_moe_gt_down_r8", 8 * moeGEMVRows
-}
-
-// fewLaunch names the slot-a-pass kernels for n tokens.
-func (c moeConfig) fewLaunch(n int) (gateUp, down string) {
-	switch {
-	case n > 1 && c.slots8:
-		return "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
-	case c.pf:
-		return "ferrite_moe_few_gate_up_1_pf", "ferrite_moe_few_down_1_pf"
-	}
-	return "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
 }
 
 // blockSlots is the sorted slots a block row of a register-tile kernel

@@ -18,8 +18,7 @@ import (
 // TestOpsExpertsPaths checks Experts against kernels/ref.Experts on every
 // path: the grouped GEMV of a slot a pass below moeGTFrom tokens (and up to
 // moeFewTokens, and with up to 8 slots of an expert a pass), its
-// register-tile form from moeGTFrom to moeGTTokens (and both with the
-// L2 prefetch) (every tile size, blocks of one, some and all slots, and
+// register-tile form from moeGTFrom to moeGTTokens (every tile size, blocks of one, some and all slots, and
 // forced at fewer tokens), the sorted tiled GEMMs above that on CUDA cores
 // (experts of mixed dtypes: bf16, f32 and block-scaled F8E4M3, fused and
 // separate) and on tensor cores (all bf16, and again with them turned off),
@@ -64,7 +63,7 @@ func TestOpsExpertsPaths(t *testing.T) {
 	}
 	checkExperts(t, b, "bf16/n=16", bf16, 16, 4, rng) // the register tiles
 	for _, c := range []moeConfig{{tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7}, {tiles: 1, sb: 256}, {tiles: 1, gt: 1},
-		{tiles: 1, gt: 2, sb: 5}, {gt: 2}, {gt: 1, sb: 3}, {pf: true}, {pf: true, tiles: 1, sb: 3}} {
+		{tiles: 1, gt: 2, sb: 5}, {gt: 2}, {gt: 1, sb: 3}} {
 		b.moe = c
 		for _, n := range []int{1, 5, moeFewTokens + 3, moeGTTokens} {
 			checkExperts(t, b, fmt.Sprintf("mixed/%+v/n=%d", c, n), mixed, n, 4, rng)
@@ -123,8 +122,7 @@ func TestOpsExpertsRowExact(t *testing.T) {
 	for i := range n {
 		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true},
-		{pf: true}, {pf: true, tiles: 1}} {
+	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true}} {
 		b.moe = c
 		for _, rows := range []int{2, 8, n} {
 
@@ -211,8 +209,7 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // tiles from there), the sorted tiles above. Variants: "slot" the
 // slot-a-pass kernels where the tiles are the default, "gt" the tiles
 // where they are not, "gt=1" the tiles with one gate/up row a warp
-// (FERRITE_MOE_GT; 4 by default), "pf" the default kernels' prefetching
-// twins (FERRITE_MOE_PREFETCH=1), "tiles" the prefill path's sorted tiles
+// (FERRITE_MOE_GT; 4 by default), "tiles" the prefill path's sorted tiles
 // at a register-tile size (FERRITE_MOE_KERNELS=v1). µs/layer is the step
 // over the layers; GB/s counts the chosen experts' weight bytes (distinct
 // experts of the step's tokens) over the step's wall time,
@@ -283,9 +280,6 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 		}
 		if n > 1 && n <= moeFewTokens && n*k <= moeGEMVSlots {
 			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
-		}
-		if n <= moeGTTokens && n*k <= moeGEMVSlots {
-			vs = append(vs, variant{"/pf", moeConfig{pf: true}})
 		}
 		for _, v := range vs {
 			be.moe = v.c

@@ -1235,7 +1235,10 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
-		gateUp, down := b.moe.fewLaunch(n)
+		gateUp, down := "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
+		if n > 1 && b.moe.slots8 {
+			gateUp, down = "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
+		}
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
 				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), f32(limit))

@@ -198,18 +198,6 @@ __device__ inline const uint8_t* mat_row(const MatDesc& m, int r, const float** 
     return m.data + size_t(rr) * m.cols * (m.dtype == kF32 ? 4 : 2);
 }
 
-// row_prefetch asks L2 for row r of the view m, the warp's lanes striding
-// its 128-byte lines: a warp's later loads of the row then find it on the
-// way (FERRITE_MOE_PREFETCH, the _pf kernels), so a whole row is in flight
-// however few loads a lane keeps in registers.
-__device__ inline void row_prefetch(const MatDesc& m, int r) {
-    const float* unused;
-    const uint8_t* p = mat_row(m, r, &unused);
-    const size_t bytes = size_t(m.cols) * (m.dtype == kF32 ? 4 : m.dtype == kF8E4M3 ? 1 : 2);
-    for (size_t o = size_t(threadIdx.x & 31) * 128; o < bytes; o += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
-}
-
 // rows_dot_vec sets oa[j] = a·xs[j] (and ob[j] = b·xs[j] when TWO) for
 // j < nx: a and b weight rows of cols values of dtype W in 16-byte loads
 // (rows and xs 16-byte aligned, cols·size a multiple of 16), float32 sums,
@@ -326,7 +314,7 @@ __device__ void desc_dot(const MatDesc& a, const MatDesc* b, int r, const float*
 // with ids[t] = e = ids[s], when s is the first such slot (the other
 // blocks of that expert return at once). An id outside [0, experts)
 // writes NaN into its own slot's row.
-template <int NB, bool PF>
+template <int NB>
 __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table,
                                 int experts, int k, int slots, int inter, float limit) {
     const int s = blockIdx.y, lane = threadIdx.x & 31;
@@ -340,10 +328,6 @@ __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const in
     for (int t0 = 0; t0 < s; t0 += 32)
         if (__any_sync(0xffffffffu, t0 + lane < s && ids[t0 + lane] == e)) return;
     const MatDesc g = table[3 * e], u = table[3 * e + 1];
-    if (PF) {
-        row_prefetch(g, r);
-        row_prefetch(u, r);
-    }
     const bool xal = (uintptr_t(x) & 15) == 0 && (x_stride & 3) == 0;
     int sl[NB];
     const float* xs[NB];
@@ -383,7 +367,7 @@ __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const in
 // each (row, token) adds its k products in increasing expert id (float32
 // products and sums, kernels/ref.Experts). An id outside [0, experts)
 // makes its token's row NaN.
-template <int NB, bool PF>
+template <int NB>
 __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* ids, const float* w,
                              const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
     __shared__ float part[kMoeDownRows][kMoeMaxSlots];  // (row, slot) expert products
@@ -431,12 +415,6 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
         if (lane == 0) nfirst = cnt;
     }
     __syncthreads();
-    if (PF) {  // every row the warp's tasks read, all in flight at once
-        for (int task = warp; task < kMoeDownRows * nfirst; task += blockDim.x >> 5) {
-            const int r = r0 + task % kMoeDownRows, e = ids[first[task / kMoeDownRows]];
-            if (r < hidden && e >= 0 && e < experts) row_prefetch(table[3 * e + 2], r);
-        }
-    }
     const bool xal = (uintptr_t(h) & 15) == 0 && (inter & 3) == 0;
     for (int task = warp; task < kMoeDownRows * nfirst; task += blockDim.x >> 5) {
         const int rr = task % kMoeDownRows, r = r0 + rr;
@@ -486,32 +464,28 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
 }  // namespace
 
 // Launch: grid (ceil(inter / 8), n·k), 256 threads; h (n·k, inter); n·k ≤
-// 512. The _1 kernel is for one token, _8 for up to 8 tokens an expert;
-// _1_pf prefetches the warp's gate and up rows into L2 first.
-#define FERRITE_MOE_FEW_GATE_UP(name, NB, PF)                                                                \
+// 512. The _1 kernel is for one token, _8 for up to 8 tokens an expert.
+#define FERRITE_MOE_FEW_GATE_UP(name, NB)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                                       \
         name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
              int slots, int inter, float limit) {                                                           \
         FERRITE_PDL_WAIT();                                                                                 \
-        moe_few_gate_up<NB, PF>(h, x, x_stride, ids, table, experts, k, slots, inter, limit);                \
+        moe_few_gate_up<NB>(h, x, x_stride, ids, table, experts, k, slots, inter, limit);                    \
     }
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1, false)
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8, false)
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1_pf, 1, true)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8)
 
 // Launch: grid ceil(hidden / 4), 256 threads; y (n, hidden), w (n, k)
-// contiguous; n·k ≤ 512. _1_pf prefetches every row of the warp's tasks
-// into L2 before the first.
-#define FERRITE_MOE_FEW_DOWN(name, NB, PF)                                                                   \
+// contiguous; n·k ≤ 512.
+#define FERRITE_MOE_FEW_DOWN(name, NB)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                                       \
         name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
              int experts, int n, int k, int inter, int hidden) {                                            \
         FERRITE_PDL_WAIT();                                                                                 \
-        moe_few_down<NB, PF>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                   \
+        moe_few_down<NB>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                       \
     }
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1, false)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8, false)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_pf, 1, true)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8)
 
 // ---------------------------------------------------------------------------
 // Grouped experts as register tiles (4 to 32 tokens). Every block sorts
@@ -623,7 +597,7 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
 // the SwiGLU; else the down rows (3e + 2) against in[t], out = ye (slots,
 // nrows = hidden) each slot's expert output, which ferrite_moe_combine
 // adds up. An id outside [0, experts) writes NaN into its slot's row.
-template <int R, int C, bool GU, bool PF>
+template <int R, int C, bool GU>
 __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
                        int experts, int k, int slots, int sb, float limit) {
     __shared__ int sid[kMoeGtSlots], srt[kMoeGtSlots];
@@ -658,12 +632,6 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
         const uint8_t* ra = mat_row(ma, r0, &unused);
         const uint8_t* rb = GU ? mat_row(mb, r0, &unused) : ra;
         const size_t pitch = size_t(ma.cols) * (ma.dtype == kF32 ? 4 : 2);
-        if (PF) {  // the group's rows all in flight at once
-            for (int r = 0; r < nr; r++) {
-                row_prefetch(ma, r0 + r);
-                if (GU) row_prefetch(mb, r0 + r);
-            }
-        }
         // The rows of a view are pitch apart unless the weight is F8E4M3
         // (never vec_ok); the last row is checked for alignment as the first.
         bool fast = vec_ok(ma, ra, xal) && (!GU || (vec_ok(mb, rb, xal) && mb.dtype == ma.dtype && mb.cols == ma.cols));
@@ -704,32 +672,29 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
 // against up to 4 slots of an expert: gate/up into h (n·k, inter) from x
 // (n, hidden); down into ye (n·k, hidden) from h, then
 // ferrite_moe_combine. Launch: grid (ceil(rows / (8·R)), ceil(n·k / sb)),
-// 256 threads; n·k ≤ 256. kernels/cuda runs gate/up with R = 4 and down
-// with R = 8 unless FERRITE_MOE_GT picks 1 or 2; the _pf kernels prefetch
-// each group's rows into L2 first (FERRITE_MOE_PREFETCH=1).
-#define FERRITE_MOE_GT_GATE_UP(name, R, PF)                                                                \
+// 256 threads; n·k ≤ 256. kernels/cuda runs gate/up with R = 2 and down
+// with R = 4 unless FERRITE_MOE_GT picks the halves or the doubles.
+#define FERRITE_MOE_GT_GATE_UP(name, R)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,     \
              int experts, int k, int slots, int sb, float limit) {                                       \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, true, PF>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);          \
+        moe_gt<R, 4, true>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);              \
     }
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1, false)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2, false)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4, false)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_pf, 4, true)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4)
 
-#define FERRITE_MOE_GT_DOWN(name, R, PF)                                                                   \
+#define FERRITE_MOE_GT_DOWN(name, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,      \
              int experts, int k, int slots, int sb) {                                                    \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, false, PF>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);            \
+        moe_gt<R, 4, false>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);                \
     }
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2, false)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4, false)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8, false)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_pf, 8, true)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8)
 
 // ---------------------------------------------------------------------------
 // Grouped experts for many tokens (prefill): the slots sorted by expert,
