@@ -419,9 +419,11 @@ func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
 }
 
 // SetFuse turns the fused attention — QKVAttention's one kernel and
-// the split merge in the attention kernel — on or off
-// (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the steps that
-// follow: a switch for benchmarks and tests.
+// the split merge in the attention kernel — on or off for the steps that
+// follow: a switch for benchmarks and tests. It is off by default
+// (FERRITE_CUDA_FUSE=1 starts a Backend with it on): GPU run 3 measured
+// the fused kernel slower at one row (27 µs a layer at context 150)
+// than PrepareQKV, the split-KV kernel and the merge kernel together.
 func (b *Backend) SetFuse(on bool) { b.noFuse = !on }
 
 // SetFuseNorm turns the norm-fused GEMVs of NormLinearCat,
@@ -1024,6 +1026,7 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		ptile = b.prefillTile()
 	}
 	name := attnKernels[g4][bf][dpl]
+	pf := n == 1 && !b.noAttnPrefetch // a decode row: its few blocks are latency-bound
 	var extra []uint64
 	if qf != nil {
 		if g4 == 0 || ptile > 0 || n != 1 {
@@ -1042,7 +1045,7 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 			}
 		}
 		args := append([]uint64{o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads),
-			i32(s.KVHeads), i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt}, extra...)
+			i32(s.KVHeads), i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt, b32(pf)}, extra...)
 		err := d.launch3L(name, [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0, args...)
 		if err != nil || splits == 1 || cnt != 0 {
 			return err
