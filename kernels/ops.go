@@ -345,14 +345,15 @@ type MLAOps interface {
 
 	// AttentionMLA sets out (N, Heads·V) to each row's attention over its
 	// sequence's cached positions [0, Pos[i]] — or, when sel is valid, only
-	// over the positions in its row of sel (N, k) I32 (ascending, −1 for
-	// none; the DSA selection) — with softmax(Scale·(q_nope·W_UK·c +
-	// q_pe·k_pe)) weights on the values W_UV·c. q is (N, Heads·(Nope+Rope))
-	// F32; the last Rope dims of every head are first rotated in place at
-	// p.Pos by r (so q is also written; r is nil when Rope is 0). kvB is
-	// kv_b_proj. The step's own latents must be stored first. A selection
-	// need not contain the row's own position; a row that attends to
-	// nothing gets zeros.
+	// over the positions in its row of sel (N, k) I32 (distinct and
+	// ascending, then −1 for none: the DSA and k-pool selections; the GPU
+	// reads no further than Pos[i]+1 entries) — with
+	// softmax(Scale·(q_nope·W_UK·c + q_pe·k_pe)) weights on the values
+	// W_UV·c. q is (N, Heads·(Nope+Rope)) F32; the last Rope dims of every
+	// head are first rotated in place at p.Pos by r (so q is also written;
+	// r is nil when Rope is 0). kvB is kv_b_proj. The step's own latents
+	// must be stored first. A selection need not contain the row's own
+	// position; a row that attends to nothing gets zeros.
 	AttentionMLA(out, q, cache Tensor, kvB *Mat, r *Rotary, p *Paged, s MLAShape, sel Tensor)
 }
 

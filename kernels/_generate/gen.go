@@ -14,6 +14,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 
 	. "github.com/mmcloughlin/avo/build"
@@ -133,8 +134,18 @@ var shapes = []shape{
 	{R: 2, C: 4, U: 1},
 }
 
+// set picks the file to generate: tiles (tile_amd64.s) or attn
+// (attn_amd64.s, attn.go).
+var set = flag.String("set", "tiles", "kernel set: tiles or attn")
+
 func main() {
 	ConstraintExpr("!noasm")
+	flag.Parse()
+	if *set == "attn" {
+		attnKernels()
+		Generate()
+		return
+	}
 
 	f8maskData = GLOBL("f8mask", RODATA|NOPTR)
 	DATA(0, U32(0x87f00000))
@@ -147,6 +158,13 @@ func main() {
 				tile(a, d, s)
 			}
 		}
+	}
+	for _, d := range dtypes[:3] { // F8's constants leave no register free
+		// The 4×3 tile and, for the weight rows it leaves over, a 4×1 one
+		// that sums each element in the same order (U = 1), so a row's
+		// result does not depend on which of the two took it.
+		tile(isas[0], d, shape{R: 4, C: 3, U: 1})
+		tile(isas[0], d, shape{R: 4, C: 1, U: 1})
 	}
 	for _, a := range qisas {
 		for _, k := range qkernels {
@@ -161,6 +179,13 @@ func main() {
 		for _, r := range []int{1, 4} {
 			qgemv(k, r)
 		}
+	}
+	x8Consts8()
+	for _, k := range x8Kernels {
+		for _, r := range []int{1, 4} {
+			qx8(k, r)
+		}
+		packX8(k)
 	}
 	q4kConsts512()
 	q8Consts512()
@@ -366,12 +391,16 @@ func tile(a isa, d dtype, s shape) {
 			VMOVUPS(t, Mem{Base: yr})
 			continue
 		}
-		v := sums[r][0]
-		VEXTRACTF128(U8(1), v.AsY(), t)
-		VADDPS(t, v.AsX(), t)
-		VHADDPS(t, t, t)
-		VHADDPS(t, t, t)
-		VMOVSS(t, Mem{Base: yr})
+		for c, v := range sums[r] {
+			if c > 0 {
+				t = XMM()
+			}
+			VEXTRACTF128(U8(1), v.AsY(), t)
+			VADDPS(t, v.AsX(), t)
+			VHADDPS(t, t, t)
+			VHADDPS(t, t, t)
+			VMOVSS(t, Mem{Base: yr, Disp: 4 * c})
+		}
 	}
 	VZEROUPPER()
 	RET()

@@ -170,7 +170,7 @@ func (m *matmul) dequantBlock(buf []float32, j, wr int) []byte {
 // storeBlocks writes the results of amxBF16 in c (nb blocks of 32 x rows
 // from i0, against weight rows [j, j+wr)) into y, transposed.
 func (m *matmul) storeBlocks(k *amxKernels, c []float32, j, wr, i0, i1 int) {
-	rows := m.w.Rows
+	ldy := m.ldy
 	y := unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(m.y))), len(m.y))
 	cu := unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(c))), len(c))
 	for b := 0; i0+32*b < i1; b++ {
@@ -184,14 +184,14 @@ func (m *matmul) storeBlocks(k *amxKernels, c []float32, j, wr, i0, i1 int) {
 					break
 				}
 				tile := cu[b*1024+(2*h+g)*256:]
-				dst := y[i*rows+j+16*h:]
+				dst := y[i*ldy+j+16*h:]
 				if wr-16*h >= 16 {
-					k.transpose(dst, rows, tile, 16, min(16, i1-i))
+					k.transpose(dst, ldy, tile, 16, min(16, i1-i))
 					continue
 				}
 				for xr := range min(16, i1-i) { // a partial tile: the Go twin's rows only
 					for wr2 := range wr - 16*h {
-						dst[xr*rows+wr2] = tile[wr2*16+xr]
+						dst[xr*ldy+wr2] = tile[wr2*16+xr]
 					}
 				}
 			}

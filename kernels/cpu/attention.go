@@ -111,73 +111,135 @@ func (a *attnCall) table(s int32) []int32 {
 	return a.blocks[int(s)*a.maxBlocks : (int(s)+1)*a.maxBlocks]
 }
 
-// rows computes the given rows one (row, KV head) item at a time.
+// rows computes the given rows one (row, part of the KV heads) item at a
+// time: scores off the cache with the matmul tiles, softmax, then P·V by
+// pv over the value rows at the row's slots. An item walks the cache block
+// by block, every KV head of its part within a block, so that it reads each
+// slot's keys and values of those heads as one contiguous run: the
+// hardware prefetchers follow that, where one head at a time would stride
+// through the whole layer once per head. Parts split the heads so that a
+// single row still keeps every worker busy.
 func (a *attnCall) rows(rows []int32) {
 	maxLen := 0
 	for _, i := range rows {
 		maxLen = max(maxLen, int(a.pos[i])+1)
 	}
+	parts := min(a.kvh, max(1, a.b.Threads()/len(rows)))
 	tiles := tilesFor(a.dt)
 	esz := a.dt.Size()
 	kw := a.kvh * a.hd
-	a.b.Parallel(len(rows)*a.kvh, func(lo, hi int) {
-		sc := make([]float32, a.grp*maxLen) // (group, len) scores, then probabilities
+	hd, grp := a.hd, a.grp
+	a.b.Parallel(len(rows)*parts, func(lo, hi int) {
+		sc := make([]float32, (a.kvh+parts-1)/parts*grp*maxLen) // (heads of the part, len) scores, then probabilities
+		offs := make([]int, maxLen)                             // element offsets of the row's positions in a cache layer
+		last := -1
 		for item := lo; item < hi; item++ {
-			i, kvh := int(rows[item/a.kvh]), item%a.kvh
-			h0 := kvh * a.grp
-			off := kvh * a.hd
+			i, part := int(rows[item/parts]), item%parts
+			k0, k1 := part*a.kvh/parts, (part+1)*a.kvh/parts // KV heads [k0, k1)
 			bt := a.table(a.seq[i])
 			ln := int(a.pos[i]) + 1
-			qg := a.q[(i*a.heads+h0)*a.hd : (i*a.heads+h0+a.grp)*a.hd] // (group, hd)
-			// Scores, block by block: keys of a block are kw apart.
+			if i != last {
+				a.offsets(offs[:ln], bt)
+				last = i
+			}
+			// Scores, block by block: keys of a block are kw apart. The
+			// part's heads stack as (kvh−k0)·grp + g.
+			run := (k1 - k0) * hd // elements of a slot the item reads
 			for p0 := 0; p0 < ln; p0 += a.bs {
 				nk := min(a.bs, ln-p0)
-				w := a.kraw[(a.slot(bt, p0)*kw+off)*esz:]
-				g := 0
-				for ; g+2 <= a.grp; g += 2 {
-					x, y := qg[g*a.hd:], sc[g*ln+p0:]
-					j := 0
-					for ; j+4 <= nk; j += 4 {
-						tiles.r2c4(y[j:], ln, x, a.hd, w[j*kw*esz:], kw, a.hd)
-					}
-					for ; j < nk; j++ {
-						tiles.r2c1(y[j:], ln, x, a.hd, w[j*kw*esz:], kw, a.hd)
-					}
+				if next := p0 + a.bs; next < ln { // the next block's keys, else the first values
+					prefetchRows(a.dt, a.kraw[k0*hd*esz:], offs[next:min(next+a.bs, ln)], run)
+				} else {
+					prefetchRows(a.dt, a.vraw[k0*hd*esz:], offs[:min(a.bs, ln)], run)
 				}
-				for ; g < a.grp; g++ {
-					x, y := qg[g*a.hd:], sc[g*ln+p0:]
-					for j := range nk {
-						tiles.r1c1(y[j:], 1, x, a.hd, w[j*kw*esz:], kw, a.hd)
+				for kvh := k0; kvh < k1; kvh++ {
+					w := a.kraw[(offs[p0]+kvh*hd)*esz:]
+					qg := a.q[(i*a.heads+kvh*grp)*hd : (i*a.heads+(kvh+1)*grp)*hd] // (group, hd)
+					sg := sc[(kvh-k0)*grp*ln:]
+					g := 0
+					for ; g+2 <= grp; g += 2 {
+						x, y := qg[g*hd:], sg[g*ln+p0:]
+						j := 0
+						for ; j+4 <= nk; j += 4 {
+							tiles.r2c4(y[j:], ln, x, hd, w[j*kw*esz:], kw, hd)
+						}
+						for ; j < nk; j++ {
+							tiles.r2c1(y[j:], ln, x, hd, w[j*kw*esz:], kw, hd)
+						}
+					}
+					for ; g < grp; g++ {
+						x, y := qg[g*hd:], sg[g*ln+p0:]
+						for j := range nk {
+							tiles.r1c1(y[j:], 1, x, hd, w[j*kw*esz:], kw, hd)
+						}
 					}
 				}
 			}
-			for g := range a.grp {
-				softmax(sc[g*ln:(g+1)*ln], a.scale)
+			nh := (k1 - k0) * grp
+			for r := range nh {
+				softmaxRow(sc[r*ln:(r+1)*ln], a.scale)
 			}
-			o := a.out[(i*a.heads+h0)*a.hd : (i*a.heads+h0+a.grp)*a.hd]
+			o := a.out[(i*a.heads+k0*grp)*hd : (i*a.heads+k1*grp)*hd] // (heads of the part, hd)
 			clear(o)
-			for p := range ln {
-				v := a.vraw[(a.slot(bt, p)*kw+off)*esz:]
-				for g := range a.grp {
-					axpyRow(a.dt, o[g*a.hd:(g+1)*a.hd], sc[g*ln+p], v)
+			for p0 := 0; p0 < ln; p0 += a.bs {
+				blk := offs[p0:min(p0+a.bs, ln)]
+				if next := p0 + a.bs; next < ln {
+					prefetchRows(a.dt, a.vraw[k0*hd*esz:], offs[next:min(next+a.bs, ln)], run)
+				}
+				for kvh := k0; kvh < k1; kvh++ {
+					v := a.vraw[kvh*hd*esz:]
+					r0 := (kvh - k0) * grp
+					g := 0
+					for ; g+2 <= grp; g += 2 {
+						pv(a.dt, o[(r0+g)*hd:], hd, sc[(r0+g)*ln+p0:], ln, v, blk, hd, 2)
+					}
+					if g < grp {
+						pv(a.dt, o[(r0+g)*hd:], hd, sc[(r0+g)*ln+p0:], ln, v, blk, hd, 1)
+					}
 				}
 			}
 		}
 	})
 }
 
-// row returns the hd cache values at element e of layer data as float32:
-// a view for F32, converted into buf for BF16.
-func (a *attnCall) row(data []byte, e int, buf []float32) []float32 {
+// offsets sets offs[p] to the element offset of position p's row in a
+// cache layer (slot·KV width), for the sequence with block table bt.
+func (a *attnCall) offsets(offs []int, bt []int32) {
+	kw := a.kvh * a.hd
+	for p0 := 0; p0 < len(offs); p0 += a.bs {
+		e := int(bt[p0/a.bs]) * a.bs * kw
+		for p := p0; p < min(p0+a.bs, len(offs)); p++ {
+			offs[p] = e
+			e += kw
+		}
+	}
+}
+
+// pvGo adds P (rows, ldp) · V to o (rows, ldo), V's hd-wide rows at
+// element offsets offs of v (F32 or BF16), summing over the keys in order:
+// the pure-Go twin of the attnPV kernels.
+func pvGo(dt kernels.DType, o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd, rows int) {
+	esz := dt.Size()
+	for r := range rows {
+		or := o[r*ldo : r*ldo+hd]
+		for i, e := range offs {
+			axpyGo(dt, or, p[r*ldp+i], v[e*esz:])
+		}
+	}
+}
+
+// keyRow sets dst to the len(dst) cache values at element e of layer data,
+// as float32.
+func (a *attnCall) keyRow(dst []float32, data []byte, e int) {
 	if a.dt == kernels.F32 {
 		all := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(data))), len(data)/4)
-		return all[e : e+a.hd]
+		copy(dst, all[e:e+len(dst)])
+		return
 	}
-	src := data[2*e : 2*(e+a.hd)]
-	for j := range buf {
-		buf[j] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*j:])) << 16)
+	src := data[2*e : 2*(e+len(dst))]
+	for j := range dst {
+		dst[j] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*j:])) << 16)
 	}
-	return buf
 }
 
 // chunk computes rows [lo, hi), consecutive tokens of one sequence, with
@@ -214,27 +276,36 @@ func (a *attnCall) chunk(lo, hi int) {
 	})
 }
 
-// tile computes query rows [t0, t1) of one sequence for KV head kvh.
+// tile computes query rows [t0, t1) of one sequence for KV head kvh: the
+// head's keys and values are copied out of the cache into contiguous rows
+// (the cache's rows of one head are the KV width apart, a stride that maps
+// them onto a few cache sets), S = Q·Kᵀ is a matrix product (keys in the
+// cache's dtype unless that would round the queries to bfloat16, then
+// widened to float32), a causal softmax per row, then O = P·V by pv, two
+// rows of a head at a time, into the output.
 func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 	b, hd, grp := a.b, a.hd, a.grp
-	qw, kw := a.heads*hd, a.kvh*hd
+	qw := a.heads * hd
+	esz := a.dt.Size()
 	bt := a.table(a.seq[t0])
 	nt := t1 - t0
 	tk := int(a.pos[t1-1]) + 1 // keys visible to the tile's last row
 	m := grp * nt              // stacked rows: (g, i) → g·nt + i−t0
-	k := grow(&s.k, tk*hd)     // (tk, hd) this KV head's keys
-	vt := grow(&s.vt, hd*tk)   // (hd, tk) its values, transposed
 	qs := grow(&s.qs, m*hd)    // (m, hd) stacked queries
 	sc := grow(&s.sc, m*tk)    // (m, tk) scores, then probabilities
-	os := grow(&s.os, m*hd)    // (m, hd)
-	vrow := grow(&s.vrow, hd)
+	kr := growBytes(&s.kr, tk*hd*esz)
+	vr := growBytes(&s.vr, tk*hd*esz)
+	if cap(s.offs) < 2*tk {
+		s.offs = make([]int, 2*tk)
+	}
+	offs, lin := s.offs[:tk], s.offs[tk:2*tk] // key positions in a cache layer, in kr and vr
+	a.offsets(offs, bt)
 	off := kvh * hd
-	for p := range tk {
-		e := a.slot(bt, p)*kw + off
-		copy(k[p*hd:(p+1)*hd], a.row(a.kraw, e, vrow))
-		for d, v := range a.row(a.vraw, e, vrow) {
-			vt[d*tk+p] = v
-		}
+	for p, e := range offs {
+		e = (e + off) * esz
+		copy(kr[p*hd*esz:(p+1)*hd*esz], a.kraw[e:e+hd*esz])
+		copy(vr[p*hd*esz:(p+1)*hd*esz], a.vraw[e:e+hd*esz])
+		lin[p] = p * hd
 	}
 	for g := range grp {
 		h := kvh*grp + g
@@ -243,22 +314,41 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 			copy(qs[r*hd:(r+1)*hd], a.q[i*qw+h*hd:i*qw+(h+1)*hd])
 		}
 	}
-	// Transient: k and vt are refilled for every KV head (see Mat.Transient).
-	b.MatMul(sc, qs, &kernels.Mat{DType: kernels.F32, Rows: tk, Cols: hd, Data: f32Bytes(k), Transient: true}, m)
+	// Transient: kr is refilled for every KV head (see Mat.Transient).
+	kmat := &kernels.Mat{DType: a.dt, Rows: tk, Cols: hd, Data: kr, Transient: true}
+	if b.RoundsXToBF16(kmat, m) {
+		k := grow(&s.k, tk*hd)
+		for p := range tk {
+			a.keyRow(k[p*hd:(p+1)*hd], kr, p*hd)
+		}
+		kmat = &kernels.Mat{DType: kernels.F32, Rows: tk, Cols: hd, Data: f32Bytes(k), Transient: true}
+	}
+	b.MatMul(sc, qs, kmat, m)
 	for r := range m {
 		row := sc[r*tk : (r+1)*tk]
 		ln := int(a.pos[t0+r%nt]) + 1
-		softmax(row[:ln], a.scale)
+		softmaxRow(row[:ln], a.scale)
 		clear(row[ln:])
 	}
-	b.MatMul(os, sc, &kernels.Mat{DType: kernels.F32, Rows: hd, Cols: tk, Data: f32Bytes(vt), Transient: true}, m)
 	for g := range grp {
 		h := kvh*grp + g
-		for i := t0; i < t1; i++ {
-			r := g*nt + i - t0
-			copy(a.out[i*qw+h*hd:i*qw+(h+1)*hd], os[r*hd:(r+1)*hd])
+		for i := t0; i < t1; i += 2 {
+			rows := min(2, t1-i)
+			n := int(a.pos[i+rows-1]) + 1 // keys the pair's last row sees
+			for r := range rows {
+				clear(a.out[(i+r)*qw+h*hd : (i+r)*qw+(h+1)*hd])
+			}
+			pv(a.dt, a.out[i*qw+h*hd:], qw, sc[(g*nt+i-t0)*tk:], tk, vr, lin[:n], hd, rows)
 		}
 	}
+}
+
+// growBytes is grow for bytes.
+func growBytes(p *[]byte, n int) []byte {
+	if cap(*p) < n {
+		*p = make([]byte, n)
+	}
+	return (*p)[:n]
 }
 
 // tileAMX is tile for a BF16 cache where bfloat16 activations are allowed
@@ -319,10 +409,12 @@ func (a *attnCall) tileAMX(s *attnScratch, kvh, t0, t1 int) {
 
 // attnScratch is one worker's scratch for prefill tiles.
 type attnScratch struct {
-	k, vt, qs, sc, os, vrow []float32
-	k16, vt16               []uint16  // tileAMX's keys and values
-	xs                      xbufs     // its products' converted x
-	f32                     []float32 // and their task scratch
+	k, vt, qs, sc, os []float32
+	offs              []int     // tile's key offsets
+	kr, vr            []byte    // tile's keys and values, contiguous
+	k16, vt16         []uint16  // tileAMX's keys and values
+	xs                xbufs     // its products' converted x
+	f32               []float32 // and their task scratch
 }
 
 // growU16 is grow for uint16s.

@@ -22,6 +22,7 @@ type Backend struct {
 	lin   linScratch           // the delta rule's normalised q/k and gates
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 	mla   mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
+	x8    x8Cache              // Q4_0 weights repacked for the x8 kernels, per weight
 
 	mlaTile int // keys the naive MLA form expands at a time; 0 picks one (tests set it)
 
@@ -106,12 +107,24 @@ func (b *Backend) convertX(m *matmul) {
 // buffers for the converted x and the tasks' scratch: what a MatMul issued
 // inside a Parallel callback runs.
 func (b *Backend) matMulInline(y, x []float32, w *kernels.Mat, n int, xs *xbufs, scratch *[]float32) {
+	b.matMulInlineTo(y, w.Rows, x, w, n, xs, scratch)
+}
+
+// matMulInlineTo is matMulInline with y's rows ldy apart.
+func (b *Backend) matMulInlineTo(y []float32, ldy int, x []float32, w *kernels.Mat, n int, xs *xbufs, scratch *[]float32) {
 	var m matmul
-	m.init(y, x, w, n, 1, xs, b.bf16x)
+	m.init(y, x, w, n, 1, xs, b.bf16x, b.x8Packed(w))
+	m.ldy = ldy
 	m.convertX(0, m.convertUnits())
 	for t := range m.tasks {
 		m.task(t, scratch)
 	}
+}
+
+// x8Packed returns w kept packed for the x8 kernels (x8Cache.packed),
+// packing it over the workers on first use, or nil.
+func (b *Backend) x8Packed(w *kernels.Mat) []byte {
+	return b.x8.packed(w, b.Parallel)
 }
 
 // SetBF16Activations lets MatMul round x to bfloat16 (off by default), where
@@ -136,24 +149,34 @@ func (b *Backend) RoundsXToBF16(w *kernels.Mat, n int) bool {
 // n > 64, of x rows; the workers take tasks off a shared counter.
 func (b *Backend) MatMul(y, x []float32, w *kernels.Mat, n int) {
 	kernels.CheckMatMul(y, x, w, n)
+	b.matMulTo(y, w.Rows, x, w, n)
+}
+
+// matMulTo is MatMul (its arguments checked) with y's rows ldy ≥ w.Rows
+// apart: y (n, ldy) gets x·wᵀ in its first w.Rows columns, the others
+// untouched (LinearCat writes each weight's columns of its output so).
+func (b *Backend) matMulTo(y []float32, ldy int, x []float32, w *kernels.Mat, n int) {
 	if n == 0 || w.Rows == 0 {
 		return
 	}
+	y = y[:(n-1)*ldy+w.Rows]
 	if b.rowExact && n > 1 {
 		for i := range n {
-			b.MatMul(y[i*w.Rows:(i+1)*w.Rows], x[i*w.Cols:(i+1)*w.Cols], w, 1)
+			b.matMulTo(y[i*ldy:i*ldy+w.Rows], w.Rows, x[i*w.Cols:(i+1)*w.Cols], w, 1)
 		}
 		return
 	}
+	pk := b.x8Packed(w)
 	p := b.pool
 	if !p.acquire() {
 		var scratch []float32
-		b.matMulInline(y, x, w, n, new(xbufs), &scratch)
+		b.matMulInlineTo(y, ldy, x, w, n, new(xbufs), &scratch)
 		return
 	}
 	defer p.release()
 	m := &p.mm
-	m.init(y, x, w, n, p.workers, &p.xs, b.bf16x)
+	m.init(y, x, w, n, p.workers, &p.xs, b.bf16x, pk)
+	m.ldy = ldy
 	defer func() { m.y, m.x, m.w = nil, nil, nil }()
 	if m.convertUnits() > 0 {
 		b.convertX(m)

@@ -78,6 +78,14 @@ func TestConformanceFallbacks(t *testing.T) {
 			kerneltest.MatMulTest(t, b)
 		}
 	})
+	t.Run("goX8", func(t *testing.T) { // the x8 path's driver with the Go twins
+		defer cpu.ForceGenericX8()()
+		for _, threads := range []int{1, 2} {
+			b := cpu.New(threads)
+			defer b.Close()
+			kerneltest.MatMulTest(t, b)
+		}
+	})
 	t.Run("noF16C", func(t *testing.T) {
 		defer cpuinfo.DisableF16C()()
 		b := cpu.New(2)

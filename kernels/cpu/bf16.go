@@ -149,7 +149,7 @@ func bf16Path(w *kernels.Mat, n int, on bool) int {
 // btask is task for the bf16 path: output rows [r0, r1) for x rows
 // [i0, i1), weight rows blocked in L1 as in task.
 func (m *matmul) btask(r0, r1, i0, i1 int) {
-	cols, rows := m.w.Cols, m.w.Rows
+	cols, ldy := m.w.Cols, m.ldy
 	step := r1 - r0
 	if i1-i0 > 1 {
 		step = max(4, weightBlock/max(2*cols, 1)&^3)
@@ -158,15 +158,15 @@ func (m *matmul) btask(r0, r1, i0, i1 int) {
 	for s0 := r0; s0 < r1; s0 += step {
 		s1 := min(r1, s0+step)
 		for i := i0; i < i1; {
-			xi, yi := x[i*ld:], m.y[i*rows:]
+			xi, yi := x[i*ld:], m.y[i*ldy:]
 			j := s0
 			if i+4 <= i1 {
 				for ; j+4 <= s1; j += 4 {
-					t.r4c4(yi[j:], rows, xi, ld, data[2*j*cols:], cols, cols)
+					t.r4c4(yi[j:], ldy, xi, ld, data[2*j*cols:], cols, cols)
 				}
 				for r := range 4 {
 					for c := j; c < s1; c++ {
-						t.r1c1(yi[r*rows+c:], rows, xi[r*ld:], ld, data[2*c*cols:], cols, cols)
+						t.r1c1(yi[r*ldy+c:], ldy, xi[r*ld:], ld, data[2*c*cols:], cols, cols)
 					}
 				}
 				i += 4
@@ -174,11 +174,11 @@ func (m *matmul) btask(r0, r1, i0, i1 int) {
 			}
 			if i1-i0 > 1 { // prefill's last rows; decode streams row by row
 				for ; j+4 <= s1; j += 4 {
-					t.r1c4(yi[j:], rows, xi, ld, data[2*j*cols:], cols, cols)
+					t.r1c4(yi[j:], ldy, xi, ld, data[2*j*cols:], cols, cols)
 				}
 			}
 			for ; j < s1; j++ {
-				t.r1c1(yi[j:], rows, xi, ld, data[2*j*cols:], cols, cols)
+				t.r1c1(yi[j:], ldy, xi, ld, data[2*j*cols:], cols, cols)
 			}
 			i++
 		}

@@ -17,13 +17,16 @@ const (
 // matmul is one MatMul call cut into tasks: a grid of nr row chunks of rc
 // output rows times nb batch chunks of bc x rows.
 type matmul struct {
-	y, x   []float32 // (n, w.Rows), (n, w.Cols)
+	y, x   []float32 // (n, w.Rows) with row stride ldy, (n, w.Cols)
+	ldy    int
 	w      *kernels.Mat
 	n      int
 	tiles  *tileSet
 	esz    int          // bytes per weight element
 	qt     *qtileSet    // quantized w only: its tiles,
 	qx     *qrows       // and x quantized to int8
+	x8     *x8Set       // Q8_0 and Q4_0 on the x8 path (x8.go): its kernels,
+	pk     []byte       // and the persistently packed weights (nil: packed per task)
 	bt     *bf16TileSet // the bf16 path only (bf16.go): its tiles,
 	xb     *bf16Rows    // and x rounded to bfloat16
 	ak     *amxKernels  // the AMX path only (amx.go): its kernels,
@@ -42,9 +45,10 @@ type xbufs struct {
 
 // init plans y = x·wᵀ for n rows on workers workers; for a quantized w, or
 // on the bf16 paths (allowed with bf16), xs is sized to receive x converted
-// (which the caller does before the tasks run, with m.convertX).
-func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs, bf16 bool) {
-	*m = matmul{y: y, x: x, w: w, n: n}
+// (which the caller does before the tasks run, with m.convertX). pk is w
+// kept packed for the x8 kernels (x8Cache), or nil.
+func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs, bf16 bool, pk []byte) {
+	*m = matmul{y: y, x: x, w: w, n: n, ldy: w.Rows}
 	gran := 4 // output rows per row chunk: a multiple of the tiles' rows
 	m.bc = min(n, batchChunk)
 	switch path := bf16Path(w, n, bf16); {
@@ -58,6 +62,11 @@ func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs,
 	case w.DType.Quantized():
 		m.qt, m.qx = qtilesFor(w.DType), &xs.q
 		m.qx.resize(n, w.Cols, xGroup(w.DType))
+		if x8 := x8For(w.DType); x8 != nil && w.Cols%32 == 0 && w.Rows >= 8 && (pk != nil || n >= x8MinRows) {
+			// Every task takes all x rows past each block of its
+			// weight rows (packed once, if not kept packed).
+			m.x8, m.pk, m.bc, gran = x8, pk, n, 8
+		}
 	case path == pathBF16:
 		m.bt, m.xb = bf16TilesFor(), &xs.b
 		m.xb.resize(n, w.Cols)
@@ -84,6 +93,10 @@ func (m *matmul) task(t int, scratch *[]float32) {
 	r1 := min(m.w.Rows, r0+m.rc)
 	i1 := min(m.n, i0+m.bc)
 
+	if m.x8 != nil {
+		m.x8task(r0, r1, i0, i1, scratch)
+		return
+	}
 	if m.qt != nil {
 		m.qtask(r0, r1, i0, i1)
 		return
@@ -126,33 +139,41 @@ func (m *matmul) task(t int, scratch *[]float32) {
 // from i0 on with stride ldx. x rows go four at a time where the CPU has a
 // 4-row tile, then two, then one.
 func (m *matmul) block(s0, s1, i0, i1 int, x []float32, ldx int) {
-	rows, cols, esz, t := m.w.Rows, m.w.Cols, m.esz, m.tiles
+	ldy, cols, esz, t := m.ldy, m.w.Cols, m.esz, m.tiles
 	data := m.w.Data
 	for i := i0; i < i1; {
 		xi := x[(i-i0)*ldx:]
-		yi := m.y[i*rows:]
+		yi := m.y[i*ldy:]
 		j := s0
 		switch {
-		case t.r4c4 != nil && i+4 <= i1:
-			for ; j+4 <= s1; j += 4 {
-				t.r4c4(yi[j:], rows, xi, ldx, data[j*cols*esz:], cols, cols)
+		case t.r4c3 != nil && i+4 <= i1:
+			for ; j+3 <= s1; j += 3 {
+				t.r4c3(yi[j:], ldy, xi, ldx, data[j*cols*esz:], cols, cols)
 			}
 			for ; j < s1; j++ {
-				t.r2c1(yi[j:], rows, xi, ldx, data[j*cols*esz:], cols, cols)
-				t.r2c1(yi[2*rows+j:], rows, xi[2*ldx:], ldx, data[j*cols*esz:], cols, cols)
+				t.r4c1(yi[j:], ldy, xi, ldx, data[j*cols*esz:], cols, cols)
+			}
+			i += 4
+		case t.r4c4 != nil && i+4 <= i1:
+			for ; j+4 <= s1; j += 4 {
+				t.r4c4(yi[j:], ldy, xi, ldx, data[j*cols*esz:], cols, cols)
+			}
+			for ; j < s1; j++ {
+				t.r2c1(yi[j:], ldy, xi, ldx, data[j*cols*esz:], cols, cols)
+				t.r2c1(yi[2*ldy+j:], ldy, xi[2*ldx:], ldx, data[j*cols*esz:], cols, cols)
 			}
 			i += 4
 		case i+2 <= i1:
 			for ; j+4 <= s1; j += 4 {
-				t.r2c4(yi[j:], rows, xi, ldx, data[j*cols*esz:], cols, cols)
+				t.r2c4(yi[j:], ldy, xi, ldx, data[j*cols*esz:], cols, cols)
 			}
 			for ; j < s1; j++ {
-				t.r2c1(yi[j:], rows, xi, ldx, data[j*cols*esz:], cols, cols)
+				t.r2c1(yi[j:], ldy, xi, ldx, data[j*cols*esz:], cols, cols)
 			}
 			i += 2
 		default:
 			for ; j < s1; j++ {
-				t.r1c1(yi[j:], rows, xi, ldx, data[j*cols*esz:], cols, cols)
+				t.r1c1(yi[j:], ldy, xi, ldx, data[j*cols*esz:], cols, cols)
 			}
 			i++
 		}
@@ -165,7 +186,7 @@ func (m *matmul) block(s0, s1, i0, i1 int, x []float32, ldx int) {
 // weight rows in one call, four x rows at a time, then one; else the
 // tiles go row by row.
 func (m *matmul) qtask(r0, r1, i0, i1 int) {
-	cols, rows := m.w.Cols, m.w.Rows
+	cols, ldy := m.w.Cols, m.ldy
 	rb := m.w.DType.RowBytes(cols)
 	step := r1 - r0
 	if i1-i0 > 1 {
@@ -184,10 +205,10 @@ func (m *matmul) qtask(r0, r1, i0, i1 int) {
 			}
 			switch {
 			case gemv && r == 4 && t.gemv4 != nil:
-				t.gemv4(m.y[i*rows+s0:(i+3)*rows+s1], rows, q[i*cols:(i+4)*cols], ds[2*i*nb:2*(i+4)*nb], bs[2*i*nb:2*(i+4)*nb],
+				t.gemv4(m.y[i*ldy+s0:(i+3)*ldy+s1], ldy, q[i*cols:(i+4)*cols], ds[2*i*nb:2*(i+4)*nb], bs[2*i*nb:2*(i+4)*nb],
 					cols, w, cols, s1-s0, f16Table())
 			case gemv && r == 1:
-				t.gemv(m.y[i*rows+s0:i*rows+s1], rows, q[i*cols:(i+1)*cols], ds[2*i*nb:2*(i+1)*nb], bs[2*i*nb:2*(i+1)*nb],
+				t.gemv(m.y[i*ldy+s0:i*ldy+s1], ldy, q[i*cols:(i+1)*cols], ds[2*i*nb:2*(i+1)*nb], bs[2*i*nb:2*(i+1)*nb],
 					cols, w, cols, s1-s0, f16Table())
 			default:
 				tile := t.r1
@@ -195,7 +216,7 @@ func (m *matmul) qtask(r0, r1, i0, i1 int) {
 					tile = t.r4
 				}
 				for j := s0; j < s1; j++ {
-					tile(m.y[i*rows+j:], rows, q[i*cols:], ds[2*i*nb:], cols, m.w.Data[j*rb:(j+1)*rb], cols)
+					tile(m.y[i*ldy+j:], ldy, q[i*cols:], ds[2*i*nb:], cols, m.w.Data[j*rb:(j+1)*rb], cols)
 				}
 			}
 			i += r

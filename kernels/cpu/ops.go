@@ -50,7 +50,8 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 }
 
 // LinearCat implements kernels.LinearOps: each weight's product goes
-// through MatMul into a scratch block and then into its columns of dst.
+// through MatMul straight into its columns of dst, the bias added after;
+// with Accumulate, into a scratch block first and then added to them.
 func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.Epilogue) {
 	contiguous(dst)
 	contiguous(x)
@@ -70,6 +71,24 @@ func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.
 	if e.Bias.Valid() {
 		bias = f32(e.Bias)[:total]
 	}
+	if !e.Accumulate {
+		c0 := 0
+		for _, w := range ws {
+			b.matMulTo(y[c0:], total, xs, w, n)
+			c0 += w.Rows
+		}
+		if bias != nil {
+			b.Parallel(n, func(lo, hi int) {
+				for i := lo; i < hi; i++ {
+					row := y[i*total : (i+1)*total]
+					for j, v := range bias {
+						row[j] += v
+					}
+				}
+			})
+		}
+		return
+	}
 	c0 := 0
 	for _, w := range ws {
 		t := grow(&b.tmp, n*w.Rows)
@@ -81,10 +100,7 @@ func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.
 					if bias != nil {
 						v += bias[c0+j]
 					}
-					if e.Accumulate {
-						v += row[j]
-					}
-					row[j] = v
+					row[j] += v
 				}
 			}
 		})
@@ -106,7 +122,7 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	b.MatMul(g, f32(x), gate, n)
 	b.MatMul(u, f32(x), up, n)
 	y := f32(dst)
-	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLUClamp(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
+	b.Parallel(len(y), func(lo, hi int) { swiglu(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
 // NormLinearCat implements kernels.LinearOps: RMSNorm into a scratch
@@ -163,7 +179,7 @@ func (b *Backend) SwiGLUClamp(dst, gate, up kernels.Tensor, limit float32) {
 		panic("cpu: SwiGLU shapes differ")
 	}
 	y, g, u := f32(dst), f32(gate), f32(up)
-	b.Parallel(len(y), func(lo, hi int) { ref.SwiGLUClamp(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
+	b.Parallel(len(y), func(lo, hi int) { swiglu(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
 // Embed implements kernels.LinearOps.
@@ -205,7 +221,7 @@ func (b *Backend) RMSNorm(dst, x, w kernels.Tensor, eps float32, offset bool) {
 	}
 	y, xs, ws, d := f32(dst), f32(x), f32(w), x.Cols
 	b.Parallel(x.Rows, func(lo, hi int) {
-		ref.RMSNorm(y[lo*d:hi*d], xs[lo*d:hi*d], ws, eps, offset, hi-lo)
+		rmsNorm(y[lo*d:hi*d], xs[lo*d:hi*d], ws, eps, offset, hi-lo)
 	})
 }
 
@@ -226,7 +242,7 @@ func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, off
 		for i, v := range dl[lo*d : hi*d] {
 			rr[i] += v
 		}
-		ref.RMSNorm(y[lo*d:hi*d], rr, ws, eps, offset, hi-lo)
+		rmsNorm(y[lo*d:hi*d], rr, ws, eps, offset, hi-lo)
 	})
 }
 
@@ -291,7 +307,7 @@ func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.Head
 				panic("cpu: PrepareQKV norm width")
 			}
 			b.Parallel(n*c.heads, func(lo, hi int) {
-				ref.RMSNorm(c.x[lo*hd:hi*hd], c.x[lo*hd:hi*hd], ws, c.norm.Eps, c.norm.Offset, hi-lo)
+				rmsNorm(c.x[lo*hd:hi*hd], c.x[lo*hd:hi*hd], ws, c.norm.Eps, c.norm.Offset, hi-lo)
 			})
 		}
 		if r != nil {
@@ -451,13 +467,13 @@ func (b *Backend) ExpertsClamp(dst, x, ids, w kernels.Tensor, experts []kernels.
 			matMul(g, xr, ex.GateUp, rows)
 			for r := range rows {
 				row := g[r*2*inter : (r+1)*2*inter]
-				ref.SwiGLUClamp(hr[r*inter:(r+1)*inter], row[:inter], row[inter:], limit)
+				swiglu(hr[r*inter:(r+1)*inter], row[:inter], row[inter:], limit)
 			}
 		} else {
 			g, u := gu[2*at*inter:(2*at+rows)*inter], gu[(2*at+rows)*inter:2*(at+rows)*inter]
 			matMul(g, xr, ex.Gate, rows)
 			matMul(u, xr, ex.Up, rows)
-			ref.SwiGLUClamp(hr, g, u, limit)
+			swiglu(hr, g, u, limit)
 		}
 		matMul(ye[at*hidden:(at+rows)*hidden], hr, ex.Down, rows)
 	}

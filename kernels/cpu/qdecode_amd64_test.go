@@ -45,10 +45,15 @@ func BenchmarkQDecode(b *testing.B) {
 					var m matmul
 					var xs xbufs
 					var scratch []float32
+					var x8 x8Cache // Q4_0 packed once per copy, before the timing
+					serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
+					for _, w := range ws {
+						x8.packed(w, serial)
+					}
 					b.SetBytes(int64(len(w.Data)))
 					i := 0
 					cpuLoop(b, func() {
-						m.init(y, x, ws[i], n, 1, &xs, false)
+						m.init(y, x, ws[i], n, 1, &xs, false, x8.packed(ws[i], serial))
 						m.convertX(0, m.convertUnits())
 						for t := range m.tasks {
 							m.task(t, &scratch)

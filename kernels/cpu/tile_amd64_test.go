@@ -31,7 +31,7 @@ func BenchmarkTile(b *testing.B) {
 			for _, sh := range []struct {
 				r, c int
 				f    tileFunc
-			}{{1, 1, ts.r1c1}, {2, 4, ts.r2c4}, {4, 4, ts.r4c4}} {
+			}{{1, 1, ts.r1c1}, {2, 4, ts.r2c4}, {4, 4, ts.r4c4}, {4, 3, ts.r4c3}} {
 				if sh.f == nil {
 					continue
 				}

@@ -28,9 +28,16 @@ type tileFunc func(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int
 
 // tileSet holds the tile shapes of one dtype, R rows of x times C rows of w.
 // A single x row always walks w one row at a time (see kernels/_generate).
-// r4c4 is nil where there are not enough registers for it (AVX2, Go).
+// r4c4 is nil where there are not enough registers for it (AVX2, Go);
+// AVX2 has r4c3 instead (12 accumulators, three weight vectors and one of
+// x fill its 16 registers; not for F8, whose constants need two more), so
+// each decoded weight vector feeds four FMAs and each x load three, and
+// r4c1 for the weight rows left over, which sums every element in the
+// order r4c3 does: a row's result does not depend on how the rows were
+// grouped (a fused gate/up weight gives the bits of the two separate).
 type tileSet struct {
 	r1c1, r2c1, r2c4, r4c4 tileFunc
+	r4c3, r4c1             tileFunc
 }
 
 // genericTiles are the pure-Go tiles, indexed by kernels.DType. They are the

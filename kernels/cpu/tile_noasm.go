@@ -32,3 +32,9 @@ func roundBF16(dst []uint16, src []float32) { roundBF16Go(dst, src) }
 
 // asmAMX returns nil: this build has no AMX kernels.
 func asmAMX() *amxKernels { return nil }
+
+// asmX8 returns nil: this build has no x8 kernels.
+func asmX8(kernels.DType) *x8Set { return nil }
+
+// packX8Asm returns false: this build has no assembly packers.
+func packX8Asm(dst, w []byte, d kernels.DType, k, groups int) bool { return false }

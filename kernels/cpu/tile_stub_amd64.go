@@ -508,6 +508,114 @@ func tileF8R2C4AVX512(y []float32, ldy int, x []float32, ldx int, w []byte, ldw 
 //go:noescape
 func tileF8R4C4AVX512(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
 
+// tileF32R4C3 sets an (4, 3) tile of y = x·wᵀ, w in F32:
+//
+//	for r := range 4 {
+//		for c := range 3 {
+//			var sum float32
+//			for i := range k {
+//				j := c*ldw + i
+//				sum += x[r*ldx+i] * math.Float32frombits(binary.LittleEndian.Uint32(w[4*j:]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func tileF32R4C3(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+
+// tileF32R4C1 sets an (4, 1) tile of y = x·wᵀ, w in F32:
+//
+//	for r := range 4 {
+//		for c := range 1 {
+//			var sum float32
+//			for i := range k {
+//				j := c*ldw + i
+//				sum += x[r*ldx+i] * math.Float32frombits(binary.LittleEndian.Uint32(w[4*j:]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func tileF32R4C1(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+
+// tileBF16R4C3 sets an (4, 3) tile of y = x·wᵀ, w in BF16:
+//
+//	for r := range 4 {
+//		for c := range 3 {
+//			var sum float32
+//			for i := range k {
+//				j := c*ldw + i
+//				sum += x[r*ldx+i] * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*j:]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func tileBF16R4C3(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+
+// tileBF16R4C1 sets an (4, 1) tile of y = x·wᵀ, w in BF16:
+//
+//	for r := range 4 {
+//		for c := range 1 {
+//			var sum float32
+//			for i := range k {
+//				j := c*ldw + i
+//				sum += x[r*ldx+i] * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*j:]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func tileBF16R4C1(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+
+// tileF16R4C3 sets an (4, 3) tile of y = x·wᵀ, w in F16:
+//
+//	for r := range 4 {
+//		for c := range 3 {
+//			var sum float32
+//			for i := range k {
+//				j := c*ldw + i
+//				sum += x[r*ldx+i] * kernels.F16ToF32(binary.LittleEndian.Uint16(w[2*j:]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func tileF16R4C3(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+
+// tileF16R4C1 sets an (4, 1) tile of y = x·wᵀ, w in F16:
+//
+//	for r := range 4 {
+//		for c := range 1 {
+//			var sum float32
+//			for i := range k {
+//				j := c*ldw + i
+//				sum += x[r*ldx+i] * kernels.F16ToF32(binary.LittleEndian.Uint16(w[2*j:]))
+//			}
+//			y[r*ldy+c] = sum
+//		}
+//	}
+//
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func tileF16R4C1(y []float32, ldy int, x []float32, ldx int, w []byte, ldw int, k int)
+
 // qtileQ8_0R1AVX2 sets y[r·ldy] for r < 1 to the dot product of one row of Q8_0
 // blocks w with x row r, quantized to int8 in blocks of 32 (q[r·ldq:], and (d, d·Σq)
 // pairs in ds[2·r·ldq/32:]); per block b:
@@ -819,6 +927,87 @@ func qgemvQ6KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ld
 //
 //go:noescape
 func qgemvQ6KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qx8Q8_0R1AVX2 sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q8_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
+// qx8Q8_0R4AVX2 sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q8_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
+// packX8Q8_0AVX2 writes groups groups of eight rows of the Q8_0 weights w (k columns,
+// a multiple of 32, and groups > 0) to dst in the x8 layout (kernels/cpu/x8.go).
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func packX8Q8_0AVX2(dst []byte, w []byte, k int, groups int)
+
+// qx8Q4_0R1AVX2 sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q4_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
+// qx8Q4_0R4AVX2 sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q4_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
+// packX8Q4_0AVX2 writes groups groups of eight rows of the Q4_0 weights w (k columns,
+// a multiple of 32, and groups > 0) to dst in the x8 layout (kernels/cpu/x8.go).
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func packX8Q4_0AVX2(dst []byte, w []byte, k int, groups int)
+
+// qx8Q4KR1AVX2 sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q4K weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 256 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
+// qx8Q4KR4AVX2 sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q4K weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 256 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
+// packX8Q4KAVX2 writes groups groups of eight rows of the Q4K weights w (k columns,
+// a multiple of 32, and groups > 0) to dst in the x8 layout (kernels/cpu/x8.go).
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func packX8Q4KAVX2(dst []byte, w []byte, k int, groups int)
 
 // qtileQ6KR1VNNI512 sets y[r·ldy] for r < 1 to the dot product of one row of Q6_K blocks
 // w with x row r (see qtileQ6KR1VNNI) on 512-bit registers (AVX-512 VNNI and BW):

@@ -50,12 +50,16 @@ type Backend struct {
 	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
 	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
 	mlaSplitCap int            // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
-	mlaGroupCap int            // at most this many heads a tensor-core attention block, 0 for 32 (benchmarks)
-	noFuse      bool           // no fused attention (PrepareQKV inside, split merge) (FERRITE_CUDA_FUSE=0, SetFuse)
+	mlaHeads    int            // heads a tensor-core attention block (≤ 32), 0 for tcPlan's choice (benchmarks)
+	mlaTiles    int            // key tiles a tensor-core attention split at least, 0 for 1 (benchmarks)
+	noFuse      bool           // no fused attention (PrepareQKV inside, split merge): the default; FERRITE_CUDA_FUSE=1, SetFuse
 	fuseNorm    bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
 	noFuseQKV   bool           // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
 	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
 	attnWide    bool           // Attention always with attnGroup query heads a block (tests compare)
+	// noAttnPrefetch: a one-row Attention's kernel does not ask L2 for its
+	// keys and values before its PDL wait (FERRITE_CUDA_ATTN_PREFETCH=0)
+	noAttnPrefetch bool
 
 	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
 	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
@@ -78,8 +82,9 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b := &Backend{dev: d, weights: map[*kernels.Mat]*Weight{}}
 	b.graphs.enabled = graphsEnabled() && (!d.Profiling() || d.prof.graph)
 	b.moe = moeConfigFromEnv()
-	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") == "0"
+	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") != "1"
 	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
+	b.noAttnPrefetch = os.Getenv("FERRITE_CUDA_ATTN_PREFETCH") == "0"
 	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)

@@ -303,6 +303,8 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	defer be.dev.SetGEMVRows(gemvRowsDefault())
 	defer be.dev.SetPrefetch(false)
 	defer be.SetFuseNorm(false)
+	defer be.SetFuse(false)
+	defer func() { be.noAttnPrefetch = false }()
 	for _, c := range []struct {
 		name                  string
 		ctx                   int
@@ -310,7 +312,12 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		rows                  int  // the n = 1 GEMV: 0 gemv_split, else gemv_rows with rows a block
 		fused                 bool // the step engine/gqa issues now (NormLinearCat, QKVAttention, …)
 		fuseNorm, prefetch    bool // with the norm-fused GEMVs (SetFuseNorm), with the weight prefetch (pdl.go)
+		fuseAttn, noAttnPf    bool // with the fused attention (SetFuse), without the attention's key prefetch
 	}{
+		{name: "fused/ctx=512/pdl/fuseattn", ctx: 512, lin: true, rest: true, pdl: true, fused: true, fuseAttn: true},
+		{name: "fused/other/ctx=512/pdl/fuseattn", ctx: 512, rest: true, pdl: true, fused: true, fuseAttn: true},
+		{name: "fused/ctx=512/pdl/noattnprefetch", ctx: 512, lin: true, rest: true, pdl: true, fused: true, noAttnPf: true},
+		{name: "fused/other/ctx=512/pdl/noattnprefetch", ctx: 512, rest: true, pdl: true, fused: true, noAttnPf: true},
 		{name: "fused/ctx=512/pdl", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/ctx=512/eager/pdl", ctx: 512, lin: true, rest: true, eager: true, pdl: true, fused: true},
 		{name: "fused/linear/pdl", ctx: 512, lin: true, pdl: true, fused: true},
@@ -319,18 +326,20 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		{name: "fused/ctx=512/pdl/fusenorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true, fuseNorm: true},
 		{name: "fused/linear/pdl/fusenorm", ctx: 512, lin: true, pdl: true, fused: true, fuseNorm: true},
 		{name: "fused/ctx=512/pdl/prefetch", ctx: 512, lin: true, rest: true, pdl: true, fused: true, prefetch: true},
-		{"all/ctx=512", 512, true, true, false, false, 0, false, false, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false, false, false},
-		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false, false, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false, false, false},
-		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false, false, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false, false, false},
-		{"linear/pdl", 512, true, false, false, true, 0, false, false, false}, {"other/ctx=512/pdl", 512, false, true, false, true, 0, false, false, false},
-		{"linear", 512, true, false, false, false, 0, false, false, false}, {"linear/eager", 512, true, false, true, false, 0, false, false, false},
-		{"linear/rows=4", 512, true, false, false, false, 4, false, false, false}, {"linear/rows=8", 512, true, false, false, false, 8, false, false, false},
-		{"other/ctx=512", 512, false, true, false, false, 0, false, false, false}, {"other/ctx=512/eager", 512, false, true, true, false, 0, false, false, false},
-		{"all/ctx=4096", 4096, true, true, false, false, 0, false, false, false},
+		{"all/ctx=512", 512, true, true, false, false, 0, false, false, false, false, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false, false, false, false, false},
+		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false, false, false, false, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false, false, false, false, false},
+		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false, false, false, false, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false, false, false, false, false},
+		{"linear/pdl", 512, true, false, false, true, 0, false, false, false, false, false}, {"other/ctx=512/pdl", 512, false, true, false, true, 0, false, false, false, false, false},
+		{"linear", 512, true, false, false, false, 0, false, false, false, false, false}, {"linear/eager", 512, true, false, true, false, 0, false, false, false, false, false},
+		{"linear/rows=4", 512, true, false, false, false, 4, false, false, false, false, false}, {"linear/rows=8", 512, true, false, false, false, 8, false, false, false, false, false},
+		{"other/ctx=512", 512, false, true, false, false, 0, false, false, false, false, false}, {"other/ctx=512/eager", 512, false, true, true, false, 0, false, false, false, false, false},
+		{"all/ctx=4096", 4096, true, true, false, false, 0, false, false, false, false, false},
 	} {
 		be.dev.SetGEMVRows(c.rows)
 		be.dev.SetPrefetch(c.prefetch)
 		be.SetFuseNorm(c.fuseNorm)
+		be.SetFuse(c.fuseAttn)
+		be.noAttnPrefetch = c.noAttnPf
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)

@@ -13,15 +13,17 @@
 //
 // A decode step is a few fused kernels a layer: q/k/v and gate/up run as
 // one GEMV each over weights stacked once on the device (the SwiGLU in the
-// GEMV's epilogue), o and down add to the residual in theirs, and one
-// attention kernel norms, rotates and stores q/k/v (QKVAttention; the
-// PrepareQKV kernel for more rows), attends and merges its own splits. On
-// sm_90 those kernels use programmatic dependent launch (pdl.go;
-// FERRITE_CUDA_PDL=0 turns it off). FERRITE_CUDA_FUSE=0 runs PrepareQKV
-// and the split merge as kernels of their own, FERRITE_CUDA_FUSE_NORM=1
-// fuses the layer norms into the GEMVs, FERRITE_CUDA_PREFETCH=1 makes the
-// GEMVs prefetch their weights before the PDL wait (both off by default:
-// slower in GPU run 2), and FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of
+// GEMV's epilogue), o and down add to the residual in theirs, PrepareQKV
+// norms, rotates and stores q/k/v in one kernel, and the split-KV
+// attention kernel asks L2 for a decode row's keys and values before its
+// PDL wait (FERRITE_CUDA_ATTN_PREFETCH=0 turns that off). On sm_90 those
+// kernels use programmatic dependent launch (pdl.go; FERRITE_CUDA_PDL=0
+// turns it off). Off by default, as GPU runs 2 and 3 measured them
+// slower: FERRITE_CUDA_FUSE=1 runs a decode row's PrepareQKV inside the
+// attention kernel and merges the splits there (QKVAttention),
+// FERRITE_CUDA_FUSE_NORM=1 fuses the layer norms into the GEMVs,
+// FERRITE_CUDA_PREFETCH=1 makes the GEMVs prefetch their weights before
+// the PDL wait. FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of
 // that many rows a block. Two kernels for decode batches are in and off by default
 // until they beat what runs now: FERRITE_CUDA_SKINNY=N runs the products
 // of 2 to N rows as the skinny GEMM (skinny.go: tensor cores, the weight
@@ -33,10 +35,11 @@
 // FERRITE_CUDA_PROFILE=graph times the kernels of replayed step graphs
 // through event record nodes instead (profile.go, kernels.Profiler; ferrite
 // bench prints the table after each case). A MoE layer's
-// experts are two grouped-GEMV launches for up to 32 tokens (moe.go,
-// src/ops_moe.cu), an ungated shared expert folded in (kernels.SharedExperts);
-// FERRITE_MOE_KERNELS=v1, FERRITE_MOE_FOLD=0 and the other FERRITE_MOE_*
-// switches of moeConfig pick the earlier or other variants for comparison.
+// experts are grouped GEMVs for up to 32 tokens (moe.go, src/ops_moe.cu: a
+// slot a pass below 4 tokens, register tiles from 4), an ungated shared
+// expert folded in (kernels.SharedExperts); FERRITE_MOE_KERNELS=v1,
+// FERRITE_MOE_FOLD=0 and the other FERRITE_MOE_* switches of moeConfig
+// pick the earlier or other variants for comparison.
 //
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and

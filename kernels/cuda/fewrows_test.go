@@ -14,7 +14,9 @@ import (
 // TestFewRows checks fewRows' path: a product of 2 to 4 rows with an f32,
 // f16 or small bf16 weight runs the one-row GEMV's sums for every row
 // outside the row-exact mode too, so each row's bits equal those of the
-// row alone (and the ops' conformance tolerances hold a fortiori).
+// row alone (and the ops' conformance tolerances hold a fortiori); and
+// the row-exact GEMV over 5 and 9 rows (gemv_split_rows' groups of four
+// rows and a rest) does the same.
 func TestFewRows(t *testing.T) {
 	if !fewRowsOn {
 		t.Skip("FERRITE_CUDA_FEWROWS=0")
@@ -23,13 +25,15 @@ func TestFewRows(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 32))
 	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
 		w := kerneltest.NewMat(rng, dt, 96, 320, 0, 0)
-		for n := 2; n <= fewRowsMax; n++ {
+		for _, n := range []int{2, 3, 4, 5, 9} { // 5 and 9 in the row-exact mode: groups of 4 rows and a rest
+			kernels.SetRowExact(b, n > fewRowsMax)
 			xv := randF32(rng, n*320)
 			x := f32Tensor(t, b, n, 320, xv)
 			y := f32Tensor(t, b, n, 96, make([]float32, n*96))
 			b.BeginStep()
 			b.Linear(y, x, w, kernels.Epilogue{})
 			b.EndStep()
+			kernels.SetRowExact(b, false)
 			got := make([]float32, n*96)
 			b.ReadF32(got, y)
 			for r := range n {

@@ -180,3 +180,12 @@ func logKernelResources(t *testing.T, d *Device, names ...string) {
 		t.Logf("%s: %d registers a thread (%d blocks of 256 a multiprocessor), %d local bytes", name, regs, 65536/(256*max(int(regs), 1)), local)
 	}
 }
+
+// TestOpsFusedAttention runs kerneltest's attention cases with the fused
+// attention on (SetFuse: QKVAttention's one kernel, the split merge in the
+// attention kernel), which is off by default.
+func TestOpsFusedAttention(t *testing.T) {
+	b := openOps(t)
+	b.SetFuse(true)
+	kerneltest.RunAttentionOps(t, b)
+}

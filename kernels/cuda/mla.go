@@ -387,29 +387,36 @@ func (b *Backend) tcPlan(bf bool, s kernels.MLAShape, n, keys int) mlaTCPlan {
 	if !bf || !mlaTCEnabled || b.mlaNoTC || s.KVLora != mlaTCLatent || s.Rope != mlaTCRope || s.Nope%2 != 0 {
 		return mlaTCPlan{}
 	}
-	gmax := mlaTCHeads
-	if b.mlaGroupCap > 0 {
-		gmax = min(gmax, b.mlaGroupCap)
+	// With SetRowExact the rows are planned as a row alone would be, so
+	// that a verification's rows get plain decoding's bits (a head's sums
+	// depend on its row and the splits only, not on its group).
+	if b.rowExact {
+		n = 1
 	}
-	t := mlaTCPlan{groups: ceilDiv(s.Heads, gmax)}
+	// Up to 32 heads a block; 8 for a few rows, whose blocks are then
+	// more and lighter (GPU run 3, BenchmarkMLADecode, 1 row at context
+	// 192: 30.8 against 34.5 µs a layer).
+	heads := mlaTCHeads
+	if n <= 4 {
+		heads = 8
+	}
+	if b.mlaHeads > 0 {
+		heads = b.mlaHeads
+	}
+	t := mlaTCPlan{groups: ceilDiv(s.Heads, min(heads, mlaTCHeads))}
 	t.gs = ceilDiv(s.Heads, t.groups)
 	t.nt = ceilDiv(t.gs, 8)
 	t.smem = mlaTCSmem(t.nt)
 	if t.smem > b.dev.SmemOptIn {
 		return mlaTCPlan{}
 	}
-	// One block a multiprocessor (the shared memory allows no more): as
-	// many splits of whole key tiles as fill them once, at least a tile
-	// each. With SetRowExact the rows are split as a row alone would be,
-	// so that a verification's rows get plain decoding's bits (a block's
-	// and the merge's sums depend on its row and the split only).
+	// A block or two a multiprocessor (the shared memory allows no more):
+	// as many splits of whole key tiles as fill them once, at least
+	// mlaTiles tiles each.
 	tiles := max(1, ceilDiv(keys, mlaTCKeys))
-	if b.rowExact {
-		n = 1
-	}
 	t.splits = 1
 	if c := b.dev.SMs / (n * t.groups); c > 1 {
-		t.splits = min(tiles, c)
+		t.splits = min(ceilDiv(tiles, max(1, b.mlaTiles)), c)
 	}
 	if b.mlaSplitCap > 0 {
 		t.splits = min(t.splits, b.mlaSplitCap)

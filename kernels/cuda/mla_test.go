@@ -51,10 +51,11 @@ func TestMLAWide(t *testing.T) {
 // sublayer of a layer (q_a_proj, its norm, q_b_proj, kv_a_proj_with_mqa,
 // the MLA ops, o_proj; GB/s then counts those weights too). The cases run the default latent attention
 // (on tensor cores), and those marked cores the CUDA-core kernels too
-// ("/cores", what FERRITE_MLA_TC=0 runs); the 1- and 32-row cases at a
-// context of 192 also with the tensor-core attention's splits capped
-// ("/splits<=2", "/splits<=1") or fewer heads a block ("/heads<=16",
-// "/heads<=8"), to tune its plan.
+// ("/cores", what FERRITE_MLA_TC=0 runs); the 1-row cases at contexts of
+// 4,096 and 192 and the 32-row one also with the tensor-core attention's
+// plan changed, to tune it: splits capped ("/splits<=2", "/splits<=1"),
+// heads a block ("/heads=32", 16, 8), key tiles a split at least
+// ("/tiles>=2", 4).
 func BenchmarkMLADecode(b *testing.B) {
 	be := openOps(b)
 	const heads, nope, rope, dv, kl, layers, bs = 20, 192, 64, 256, 512, 47, 64
@@ -119,7 +120,7 @@ func BenchmarkMLADecode(b *testing.B) {
 		sub            bool // the whole attention sublayer: q_a, its norm, q_b, kv_a, the MLA ops, o
 		tune           bool // also the tensor-core attention with its splits or heads a block capped
 	}{
-		{"rows=1/ctx=4096", 1, 4096, 0, false, true, false, false}, {"rows=8/ctx=4096", 8, 4096, 0, false, false, false, false},
+		{"rows=1/ctx=4096", 1, 4096, 0, false, true, false, true}, {"rows=8/ctx=4096", 8, 4096, 0, false, false, false, false},
 		{"rows=1/ctx=192", 1, 192, 0, false, true, false, true},
 		{"rows=32/ctx=192", 32, 192, 0, false, true, false, true}, {"rows=32/ctx=192/sublayer", 32, 192, 0, false, true, true, false},
 		{"rows=1/ctx=192/sublayer", 1, 192, 0, false, true, true, false},
@@ -214,14 +215,16 @@ func BenchmarkMLADecode(b *testing.B) {
 		type variant struct {
 			cores bool // the CUDA-core kernels
 			cap   int  // at most this many splits (the tensor-core kernels)
-			heads int  // at most this many heads a block (the tensor-core kernels)
+			heads int  // heads a block (the tensor-core kernels)
+			tiles int  // key tiles a split at least (the tensor-core kernels)
 		}
 		vars := []variant{{}}
 		if c.cores {
 			vars = append(vars, variant{cores: true})
 		}
 		if c.tune {
-			vars = append(vars, variant{cap: 2}, variant{cap: 1}, variant{heads: 16}, variant{heads: 8})
+			vars = append(vars, variant{cap: 2}, variant{cap: 1}, variant{heads: 32}, variant{heads: 16}, variant{heads: 8},
+				variant{tiles: 2}, variant{tiles: 4})
 		}
 		for _, v := range vars {
 			name := c.name
@@ -231,9 +234,11 @@ func BenchmarkMLADecode(b *testing.B) {
 			case v.cap > 0:
 				name += fmt.Sprintf("/splits<=%d", v.cap)
 			case v.heads > 0:
-				name += fmt.Sprintf("/heads<=%d", v.heads)
+				name += fmt.Sprintf("/heads=%d", v.heads)
+			case v.tiles > 0:
+				name += fmt.Sprintf("/tiles>=%d", v.tiles)
 			}
-			be.mlaNoTC, be.mlaSplitCap, be.mlaGroupCap = v.cores, v.cap, v.heads
+			be.mlaNoTC, be.mlaSplitCap, be.mlaHeads, be.mlaTiles = v.cores, v.cap, v.heads, v.tiles
 			b.Run(name, func(b *testing.B) {
 				step() // warm up; with graphs the second step is captured
 				step()
@@ -267,7 +272,7 @@ func BenchmarkMLADecode(b *testing.B) {
 				b.ReportMetric(bytes/sec/1e9, "GB/s")
 			})
 		}
-		be.mlaNoTC, be.mlaSplitCap, be.mlaGroupCap = false, 0, 0
+		be.mlaNoTC, be.mlaSplitCap, be.mlaHeads, be.mlaTiles = false, 0, 0, 0
 		for _, kc := range caches {
 			be.Free(kc)
 		}

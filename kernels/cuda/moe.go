@@ -16,13 +16,12 @@ import (
 // it from the environment (moeConfigFromEnv), so one GPU run can compare;
 // tests and benchmarks set it directly.
 type moeConfig struct {
-	v1     bool // FERRITE_MOE_KERNELS=v1: no register tiles, the sorted tiles above moeFewTokens (as before them)
+	v1     bool // FERRITE_MOE_KERNELS=v1: no register tiles, slot a pass up to moeFewTokens, sorted tiles above (as before them)
 	slots8 bool // up to 8 slots of an expert a pass in ferrite_moe_few_* (tests, benchmarks)
 	few    int  // FERRITE_MOE_FEW: the most tokens the register tiles take (0: moeGTTokens)
-	tiles  int  // FERRITE_MOE_TILES: the register tiles from this many slots, also at moeFewTokens or fewer tokens (0: above moeFewTokens only)
+	tiles  int  // FERRITE_MOE_TILES: the register tiles from this many slots, also below moeGTFrom tokens (0: from moeGTFrom tokens only)
 	sb     int  // FERRITE_MOE_SB: the slots a register-tile block takes (0: enough blocks for twice the SMs)
 	gt     int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
-	down   int  // FERRITE_MOE_DOWN_ROWS: ferrite_moe_few_down's rows a block, 1, 2 or 4 (0: 4)
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -40,22 +39,23 @@ func moeConfigFromEnv() moeConfig {
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
 	}
-	if r := num("FERRITE_MOE_DOWN_ROWS"); r == 1 || r == 2 || r == 4 {
-		c.down = r
-	}
 	return c
 }
 
-// Up to moeFewTokens tokens Experts runs the grouped GEMV of a slot a pass
-// (ferrite_moe_few_*); up to moeGTTokens tokens and moeGEMVSlots slots
-// (tokens · top k) its register-tile form (ferrite_moe_gt_*): gate/up
-// moeGTRows rows a warp (down twice as many) against up to 4 slots of one
-// expert, each weight load serving every slot and each slot's load every
-// row, 256 threads a block; its down kernel writes each slot's output and
-// ferrite_moe_combine adds them. GPU run 2 (BenchmarkMoEGLM): at 32
-// tokens 745 µs a layer against 965 for the sorted tiles; at 8 tokens and
-// fewer the slot-a-pass kernels were the fastest (183 µs at 8, 33 at 1).
+// Experts runs the grouped GEMV of a slot a pass (ferrite_moe_few_*) for
+// fewer than moeGTFrom tokens, its register-tile form (ferrite_moe_gt_*)
+// from moeGTFrom up to moeGTTokens tokens and moeGEMVSlots slots (tokens ·
+// top k): gate/up moeGTRows rows a warp (down twice as many) against up to
+// 4 slots of one expert, each weight load serving every slot and each
+// slot's load every row, 256 threads a block; its down kernel writes each
+// slot's output and ferrite_moe_combine adds them. GPU run 3
+// (BenchmarkMoE, BenchmarkMoEGLM, µs a layer): at 1 token 36.9 (slot a
+// pass) against 39.8 (tiles) for Qwen3-30B-A3B, 32.5 against 37.1 for
+// GLM-4.7-Flash; at 4 tokens 117.6 against 109.4; at 8 210.8 against
+// 178.4 and 183.1 against 164.0; at 32 the sorted tiles took 952.5 and
+// 964.2, the register tiles 433.7 and 409.5.
 const (
+	moeGTFrom    = 4
 	moeGTTokens  = 32
 	moeGEMVSlots = 256
 	moeGEMVRows  = 8 // warps a block
@@ -74,7 +74,7 @@ func (c moeConfig) useGT(n, k int) bool {
 	if c.tiles > 0 && n*k >= c.tiles && n <= most {
 		return true
 	}
-	return n > moeFewTokens && n <= most
+	return n >= moeGTFrom && n <= most
 }
 
 // gtLaunch names the register tiles' kernels and their weight rows a
@@ -87,21 +87,6 @@ func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows 
 		return "ferrite_moe_gt_gate_up_r2", 2 * moeGEMVRows, "ferrite_moe_gt_down_r4", 4 * moeGEMVRows
 	}
 	return "ferrite_moe_gt_gate_up_r4", 4 * moeGEMVRows, "ferrite_moe_gt_down_r8", 8 * moeGEMVRows
-}
-
-// fewLaunch names the slot-a-pass kernels for n tokens and the down
-// kernel's rows a block.
-func (c moeConfig) fewLaunch(n int) (gateUp, down string, downRows int) {
-	if n > 1 && c.slots8 {
-		return "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8", 4
-	}
-	switch c.down {
-	case 1:
-		return "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1_r1", 1
-	case 2:
-		return "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1_r2", 2
-	}
-	return "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1", 4
 }
 
 // blockSlots is the sorted slots a block row of a register-tile kernel

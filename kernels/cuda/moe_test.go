@@ -16,9 +16,9 @@ import (
 )
 
 // TestOpsExpertsPaths checks Experts against kernels/ref.Experts on every
-// path: the grouped GEMV of a slot a pass up to moeFewTokens tokens (and of
-// up to 8 slots of an expert a pass), its register-tile form above them to
-// moeGTTokens (every tile size, blocks of one, some and all slots, and
+// path: the grouped GEMV of a slot a pass below moeGTFrom tokens (and up to
+// moeFewTokens, and with up to 8 slots of an expert a pass), its
+// register-tile form from moeGTFrom to moeGTTokens (every tile size, blocks of one, some and all slots, and
 // forced at fewer tokens), the sorted tiled GEMMs above that on CUDA cores
 // (experts of mixed dtypes: bf16, f32 and block-scaled F8E4M3, fused and
 // separate) and on tensor cores (all bf16, and again with them turned off),
@@ -70,18 +70,14 @@ func TestOpsExpertsPaths(t *testing.T) {
 			checkExperts(t, b, fmt.Sprintf("bf16/%+v/n=%d", c, n), bf16, n, 4, rng)
 		}
 	}
-	b.moe = moeConfig{slots8: true} // the kernels that take up to 8 slots of an expert a pass
+	b.moe = moeConfig{v1: true, slots8: true} // the kernels that take up to 8 slots of an expert a pass
 	for _, n := range []int{3, 8} {
 		checkExperts(t, b, fmt.Sprint("mixed/8-slot/n=", n), mixed, n, 4, rng)
 	}
-	for _, r := range []int{1, 2} { // fewer down rows a block
-		b.moe = moeConfig{down: r}
-		for _, n := range []int{1, 3, 8} {
-			checkExperts(t, b, fmt.Sprintf("mixed/down-rows=%d/n=%d", r, n), mixed, n, 4, rng)
-		}
+	b.moe = moeConfig{v1: true} // slot a pass up to moeFewTokens, the sorted tiles above
+	for _, n := range []int{moeFewTokens, 20} {
+		checkExperts(t, b, fmt.Sprint("mixed/v1/n=", n), mixed, n, 4, rng)
 	}
-	b.moe = moeConfig{v1: true} // the sorted tiles above moeFewTokens
-	checkExperts(t, b, "mixed/v1/n=20", mixed, 20, 4, rng)
 	b.moe = moeConfig{}
 	for _, n := range []int{moeGTTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
@@ -119,22 +115,14 @@ func TestOpsExpertsRowExact(t *testing.T) {
 		}
 	}
 	run := func(rows int, x []float32, id []int32, w []float32) []float32 {
-		xt, wt := f32Tensor(t, b, rows, hidden, x), f32Tensor(t, b, rows, k, w)
-		it, y := i32Tensor(t, b, rows, k, id), f32Tensor(t, b, rows, hidden, make([]float32, rows*hidden))
-		b.BeginStep()
-		b.Experts(y, xt, it, wt, ex)
-		b.EndStep()
-		got := make([]float32, rows*hidden)
-		b.ReadF32(got, y)
-		return got
+		return expertsOnDevice(t, b, ex, rows, k, x, id, w)
 	}
 	b.moe = moeConfig{}
 	alone := make([]float32, n*hidden)
 	for i := range n {
 		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true},
-		{down: 1}, {down: 2}} {
+	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true}} {
 		b.moe = c
 		for _, rows := range []int{2, 8, n} {
 
@@ -150,6 +138,21 @@ func TestOpsExpertsRowExact(t *testing.T) {
 			}
 		}
 	}
+}
+
+// expertsOnDevice runs Experts in one step on n tokens x (n, hidden) of k
+// experts each (ids, w (n, k)) and returns y (n, hidden).
+func expertsOnDevice(t *testing.T, b *Backend, ex []kernels.Expert, n, k int, xv []float32, ids []int32, wv []float32) []float32 {
+	t.Helper()
+	hidden := ex[0].Down.Rows
+	x, w := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv)
+	it, y := i32Tensor(t, b, n, k, ids), f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
+	b.BeginStep()
+	b.Experts(y, x, it, w, ex)
+	b.EndStep()
+	got := make([]float32, n*hidden)
+	b.ReadF32(got, y)
+	return got
 }
 
 // checkExperts runs Experts for n random tokens of k distinct experts each
@@ -170,13 +173,7 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 	if n > 1 {
 		ids[(n-1)*k+1] = int32(len(ex) + 3)
 	}
-	x, w := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv)
-	it, y := i32Tensor(t, b, n, k, ids), f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
-	b.BeginStep()
-	b.Experts(y, x, it, w, ex)
-	b.EndStep()
-	got := make([]float32, n*hidden)
-	b.ReadF32(got, y)
+	got := expertsOnDevice(t, b, ex, n, k, xv, ids, wv)
 	want := make([]float32, good*hidden)
 	ref.Experts(want, xv[:good*hidden], ids[:good*k], wv[:good*k], good, ex)
 	m := 0.0
@@ -208,26 +205,24 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // own experts (58 GB in all, far more than L2 holds; random, generated on
 // the device by the first step) and its own random choice, the step
 // replayed as a CUDA graph: n tokens a step, the grouped GEMV up to
-// moeGTTokens (the slot-a-pass kernels up to moeFewTokens, their register
-// tiles above), the sorted tiles above. Variants: "down-rows=2" and
-// "down-rows=1" the slot-a-pass down kernel with 2 and 1 rows a block
-// (FERRITE_MOE_DOWN_ROWS; 4 by default), "8-slot" up to 8 slots of an
-// expert a pass, "gt" the register tiles at moeFewTokens or fewer,
-// "gt=2" and "gt=1" the tiles with 2 and 1 gate/up rows a warp
-// (FERRITE_MOE_GT; the default is 4), "tiles" the prefill path's sorted
-// tiles at a register-tile size (FERRITE_MOE_KERNELS=v1). µs/layer is the
-// step over the layers; GB/s counts the chosen experts' weight bytes
-// (distinct experts of the step's tokens) over the step's wall time,
+// moeGTTokens (the slot-a-pass kernels below moeGTFrom, their register
+// tiles from there), the sorted tiles above. Variants: "slot" the
+// slot-a-pass kernels where the tiles are the default, "gt" the tiles
+// where they are not, "gt=1" the tiles with one gate/up row a warp
+// (FERRITE_MOE_GT; 4 by default), "tiles" the prefill path's sorted tiles
+// at a register-tile size (FERRITE_MOE_KERNELS=v1). µs/layer is the step
+// over the layers; GB/s counts the chosen experts' weight bytes (distinct
+// experts of the step's tokens) over the step's wall time,
 // TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
-	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 4, 8, 32, 64, 512})
+	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 2, 4, 8, 32, 64, 512})
 }
 
 // BenchmarkMoEGLM is BenchmarkMoE on GLM-4.7-Flash's routed experts (64
 // of 1,536, top 4, hidden 2048, 46 layers, 55 GB), at its bench's batch
 // sizes.
 func BenchmarkMoEGLM(b *testing.B) {
-	benchMoE(b, 64, 4, 2048, 1536, 46, []int{1, 8, 32, 64})
+	benchMoE(b, 64, 4, 2048, 1536, 46, []int{1, 2, 8, 32, 64})
 }
 
 func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
@@ -272,19 +267,19 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 			c    moeConfig
 		}
 		vs := []variant{{"", moeConfig{}}}
-		if n <= moeFewTokens {
-			vs = append(vs, variant{"/down-rows=2", moeConfig{down: 2}}, variant{"/down-rows=1", moeConfig{down: 1}})
-		}
-		if n > 1 && n <= moeFewTokens {
-			vs = append(vs, variant{"/8-slot", moeConfig{slots8: true}})
-		}
 		if n*k <= moeGEMVSlots && n <= moeGTTokens {
-			if n <= moeFewTokens {
-				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}})
+			if (moeConfig{}).useGT(n, k) {
+				if n <= moeFewTokens {
+					vs = append(vs, variant{"/slot", moeConfig{v1: true}})
+				} else {
+					vs = append(vs, variant{"/tiles", moeConfig{v1: true}})
+				}
 			} else {
-				vs = append(vs, variant{"/tiles", moeConfig{v1: true}})
+				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}})
 			}
-			vs = append(vs, variant{"/gt=2", moeConfig{tiles: 1, gt: 2}}, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
+		}
+		if n > 1 && n <= moeFewTokens && n*k <= moeGEMVSlots {
+			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
 		}
 		for _, v := range vs {
 			be.moe = v.c

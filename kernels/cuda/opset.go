@@ -419,9 +419,11 @@ func (b *Backend) normed(x kernels.Tensor, n *kernels.HeadNorm) kernels.Tensor {
 }
 
 // SetFuse turns the fused attention — QKVAttention's one kernel and
-// the split merge in the attention kernel — on or off
-// (FERRITE_CUDA_FUSE=0 starts a Backend with them off) for the steps that
-// follow: a switch for benchmarks and tests.
+// the split merge in the attention kernel — on or off for the steps that
+// follow: a switch for benchmarks and tests. It is off by default
+// (FERRITE_CUDA_FUSE=1 starts a Backend with it on): GPU run 3 measured
+// the fused kernel slower at one row (27 µs a layer at context 150)
+// than PrepareQKV, the split-KV kernel and the merge kernel together.
 func (b *Backend) SetFuse(on bool) { b.noFuse = !on }
 
 // SetFuseNorm turns the norm-fused GEMVs of NormLinearCat,
@@ -1024,6 +1026,7 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		ptile = b.prefillTile()
 	}
 	name := attnKernels[g4][bf][dpl]
+	pf := n == 1 && !b.noAttnPrefetch // a decode row: its few blocks are latency-bound
 	var extra []uint64
 	if qf != nil {
 		if g4 == 0 || ptile > 0 || n != 1 {
@@ -1042,7 +1045,7 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 			}
 		}
 		args := append([]uint64{o, qp, kcp, vcp, pos, seq, bt, part, i32(p.Blocks.Cols), i32(p.BlockSize), i32(n), i32(s.Heads),
-			i32(s.KVHeads), i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt}, extra...)
+			i32(s.KVHeads), i32(s.HeadDim), i32(chunks), i32(split), f32(s.Scale), i32(ptile), cnt, b32(pf)}, extra...)
 		err := d.launch3L(name, [3]uint32{uint32(n), uint32(s.KVHeads * chunks), uint32(splits)}, attnThread, 0, args...)
 		if err != nil || splits == 1 || cnt != 0 {
 			return err
@@ -1146,23 +1149,23 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	return t, nil
 }
 
-// moeFewTokens is the most tokens Experts runs through the grouped GEMV
+// moeFewTokens is the most tokens Experts may run through the grouped GEMV
 // kernels of a slot a pass (src/ops_moe.cu's ferrite_moe_few_*: each chosen
-// expert read once, two launches); up to moeGTTokens run its register-tile
-// form (moe.go); more are sorted by expert and run as tiled grouped GEMMs
-// of moeTileM slots (and weight rows) a block, for at most moeMaxExperts
-// experts.
+// expert read once, two launches); from moe.go's moeGTFrom to moeGTTokens
+// its register-tile form runs instead; more are sorted by expert and run
+// as tiled grouped GEMMs of moeTileM slots (and weight rows) a block, for
+// at most moeMaxExperts experts.
 const (
 	moeFewTokens  = 8
 	moeTileM      = 64
 	moeMaxExperts = 1024
 )
 
-// Experts implements kernels.MoEOps. Up to moeFewTokens tokens: the
-// grouped gate/up (SwiGLU fused) and down (routing weights and the sum in
-// increasing expert id fused) GEMV kernels; up to moeGTTokens their
-// register-tile form (moe.go), each chosen expert's rows read once for all
-// the tokens that chose it. More: the slots sorted by expert on
+// Experts implements kernels.MoEOps. A few tokens: the grouped gate/up
+// (SwiGLU fused) and down (routing weights and the sum in increasing expert
+// id fused) GEMV kernels; up to moeGTTokens their register-tile form
+// (moe.go), each chosen expert's rows read once for all the tokens that
+// chose it. More: the slots sorted by expert on
 // the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
 // tensor cores, x split into two bf16 terms, when every weight is bf16),
 // and a last kernel that adds each token's slots in increasing expert id.
@@ -1235,14 +1238,17 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
-		gateUp, down, downRows := b.moe.fewLaunch(n)
+		gateUp, down := "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
+		if n > 1 && b.moe.slots8 {
+			gateUp, down = "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
+		}
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
 				h, xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(n*k), i32(inter), f32(limit))
 			if err != nil {
 				return err
 			}
-			return d.launchL(down, uint32(ceilDiv(hidden, downRows)), 256, 0, y, i32(dst.Stride), h, ip, wp,
+			return d.launchL(down, uint32(ceilDiv(hidden, 4)), 256, 0, y, i32(dst.Stride), h, ip, wp,
 				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
 		})
 		return

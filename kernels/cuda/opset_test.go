@@ -115,11 +115,11 @@ func TestOpsLinearGemm(t *testing.T) {
 // conformance cases do not reach: long contexts split many ways, and a
 // query group wider than one block's heads (MQA with 16 heads). The splits
 // merged in the attention kernel (the default) and by
-// ferrite_attn_combine (SetFuse(false)), and the kernels of 4 and of 8
+// ferrite_attn_combine, and the kernels of 4 and of 8
 // query heads a block, must agree bit for bit.
 func TestOpsAttentionSplits(t *testing.T) {
 	b := openOps(t)
-	defer b.SetFuse(true)
+	defer b.SetFuse(false)
 	defer func() { b.attnWide = false }()
 	for _, c := range []struct{ heads, kvHeads, hd, ctx int }{{32, 8, 128, 1500}, {16, 1, 64, 700}, {4, 4, 256, 300}} {
 		rng := rand.New(rand.NewPCG(uint64(c.ctx), 5))
@@ -153,6 +153,7 @@ func TestOpsAttentionSplits(t *testing.T) {
 			Blocks: all.Blocks, BlockSize: bs}
 		shape := kernels.AttnShape{Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.hd, Scale: float32(1 / math.Sqrt(float64(c.hd)))}
 		out2, out3 := f32Tensor(t, b, 1, qw, make([]float32, qw)), f32Tensor(t, b, 1, qw, make([]float32, qw))
+		b.SetFuse(true)
 		b.BeginStep()
 		b.StoreKV(kc, vc, k, v, all)
 		b.Attention(out, q, kc, vc, last, shape)

@@ -36,7 +36,7 @@ func cudaSources(t *testing.T) string {
 // finished.
 func TestPDLKernelsWait(t *testing.T) {
 	src := cudaSources(t)
-	const wait = `(?:[\s\\]*(?:split|swiglu)_prefetch<W>\(pf, w, [^;]*\);)?[\s\\]*FERRITE_PDL_WAIT\(\);`
+	const wait = `(?:[\s\\]*(?:(?:split|swiglu)_prefetch<W>\(pf, w, [^;]*\)|attn_prefetch<BF>\(a\));)?[\s\\]*FERRITE_PDL_WAIT\(\);`
 	for name := range pdlKernels {
 		q := regexp.QuoteMeta(name)
 		if regexp.MustCompile(`__global__[^{;]*?\b` + q + `\([^)]*\)\s*\{` + wait).MatchString(src) {

@@ -187,11 +187,13 @@ func (t *profTable) reset() {
 func (t *profTable) write(w io.Writer) error {
 	var rows, groups []profRow
 	at := map[string]int{}
+	calls := 0
 	for _, r := range t.rows {
 		if r.calls == 0 {
 			continue // counted before a reset
 		}
 		rows = append(rows, r)
+		calls += r.calls
 		i, ok := at[r.group]
 		if !ok {
 			i, at[r.group] = len(groups), len(groups)
@@ -217,8 +219,8 @@ func (t *profTable) write(w io.Writer) error {
 	if err := writeRows(w, rows, t.steps, perStep); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "GPU idle between spans: %.1f µs, %s µs/step (starved%%: calls after the GPU idled ≥ %g µs; eager, their time includes their launch)\n",
-		t.idle, perStep(t.idle), starvedUs)
+	_, err := fmt.Fprintf(w, "GPU idle between spans: %.1f µs, %s µs/step, %.2f µs a call (starved%%: calls after the GPU idled ≥ %g µs; "+
+		"eager, their time includes their launch; in graphs, the gap is the event nodes' own)\n", t.idle, perStep(t.idle), t.idle/float64(max(calls, 1)), starvedUs)
 	return err
 }
 

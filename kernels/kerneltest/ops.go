@@ -133,6 +133,15 @@ func RunNormOps(t *testing.T, d kernels.Device) {
 	}
 }
 
+// RunAttentionOps runs RunOps' attention cases alone (Attention,
+// PrepareQKV, QKVAttention): for a backend switched to another form of
+// them.
+func RunAttentionOps(t *testing.T, d kernels.Device) {
+	t.Run("Attention", func(t *testing.T) { attentionTest(t, d) })
+	t.Run("PrepareQKV", func(t *testing.T) { prepareQKVTest(t, d) })
+	t.Run("QKVAttention", func(t *testing.T) { qkvAttentionTest(t, d) })
+}
+
 const guardRows = 2
 
 // buf is a device tensor with guard rows: t is the body view.

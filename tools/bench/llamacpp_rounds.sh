@@ -65,7 +65,7 @@ for r in $(seq 1 "$rounds"); do
 				-npp 1 -ntg 128 -npl 8
 		fi
 		l1=$(load)
-		agg=$(awk -F'|' '$4 + 0 == 8 && $2 + 0 == 1 { gsub(/ /, "", $9); print $9 }' "$p-batched.txt" 2>/dev/null | tail -1)
+		agg=$(awk -F'|' '$4 + 0 == 8 && $2 + 0 == 1 { gsub(/ /, "", $9); print $9 }' "$p-batched.txt" 2>/dev/null | tail -1 || true) # no file with BATCHED=0
 		for m in pp512 tg128 tg128@d512 agg8; do
 			case $m in
 			pp512) a=$(lla "$p-llama.json" 512 0 0) ;;

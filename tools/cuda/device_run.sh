@@ -26,10 +26,12 @@
 #              speed-up per draft length; ferrite-tiny again with
 #              FERRITE_CUDA_FEWROWS=0 and SPIN=0), ferrite bench, qwen3_next (small)
 #              and ferrite-tiny with MTP on/off at draft 1 (cost-aware, forced)
-#   fuse0      (not in the default list) ferrite bench, Qwen3-8B batch 1 with
-#              the fused attention off (FERRITE_CUDA_FUSE=0: PrepareQKV and
-#              the split merge as kernels of their own) for an A/B against
-#              bench8b (~40 s)
+#   fuseattn   (not in the default list) ferrite bench, Qwen3-8B batch 1 with
+#              the fused attention on (FERRITE_CUDA_FUSE=1: PrepareQKV and
+#              the split merge in the attention kernel; off by default) for
+#              an A/B against bench8b (~40 s)
+#   attnpf0    (not in the default list) the same without the attention's
+#              key/value prefetch (FERRITE_CUDA_ATTN_PREFETCH=0) (~40 s)
 #   fusenorm   (not in the default list) the same with the norm-fused GEMVs
 #              on (FERRITE_CUDA_FUSE_NORM=1; off by default) (~40 s)
 #   prof       (not in the default list) per-kernel GPU time tables
@@ -121,7 +123,10 @@ bench() { # bench NAME SECONDS ARGS...: ferrite bench into NAME.log and NAME.jso
 }
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1
-want fuse0 && FERRITE_CUDA_FUSE=0 bench fuse0 60 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 128 --gen-len 128
+want fuseattn && FERRITE_CUDA_FUSE=1 bench fuseattn 60 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 128 \
+	--gen-len 128
+want attnpf0 && FERRITE_CUDA_ATTN_PREFETCH=0 bench attnpf0 60 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 128 \
+	--gen-len 128
 want fusenorm && FERRITE_CUDA_FUSE_NORM=1 bench fusenorm 60 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 128 \
 	--gen-len 128
 want rows8 && FERRITE_CUDA_GEMV_ROWS="${ROWS8_GEMV_ROWS:-8}" bench rows8 60 --model "$dev/qwen3-8b" \

@@ -196,6 +196,53 @@ __device__ float split_dot(const uint8_t* __restrict__ row, const float* __restr
     return warp_sum(acc);
 }
 
+// kSplitRows is how many rows of x split_dot_rows takes at once.
+constexpr int kSplitRows = 4;
+
+// split_dot_rows is split_dot for nr ≤ kSplitRows rows of x (row j at x +
+// j·cols) at once, into acc[j]: each weight element is read once for all
+// of them, and row j's sum is made of exactly split_dot's products and
+// additions in split_dot's order, so its bits are split_dot's.
+template <class W>
+__device__ void split_dot_rows(const uint8_t* __restrict__ row, const float* __restrict__ x, int cols, int p, int nr,
+                               float* acc) {
+    const int lane = threadIdx.x & 31;
+    float a[kSplitRows];
+#pragma unroll
+    for (int j = 0; j < kSplitRows; j++) a[j] = 0.f;
+    if (W::kVec && (size_t(cols) * W::kSize) % 16 == 0) {
+#pragma unroll 2
+        for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
+            float wv[W::kE];
+            W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
+#pragma unroll
+            for (int j = 0; j < kSplitRows; j++) {
+                if (j < nr) {
+                    const float4* xp = reinterpret_cast<const float4*>(x + size_t(j) * cols + k);
+#pragma unroll
+                    for (int q = 0; q < W::kE / 4; q++) {
+                        float4 xv = __ldg(xp + q);
+                        a[j] = fmaf(wv[4 * q], xv.x, a[j]);
+                        a[j] = fmaf(wv[4 * q + 1], xv.y, a[j]);
+                        a[j] = fmaf(wv[4 * q + 2], xv.z, a[j]);
+                        a[j] = fmaf(wv[4 * q + 3], xv.w, a[j]);
+                    }
+                }
+            }
+        }
+    } else {
+        for (int k = p * 32 + lane; k < cols; k += kSplit * 32) {
+            const float wk = W::one(row, k);
+#pragma unroll
+            for (int j = 0; j < kSplitRows; j++) {
+                if (j < nr) a[j] = fmaf(wk, x[size_t(j) * cols + k], a[j]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < kSplitRows; j++) acc[j] = warp_sum(a[j]);
+}
+
 // split_total adds the kSplit partial sums of the row whose first warp is
 // w0, in a fixed order.
 __device__ inline float split_total(const float* part, int w0) {
@@ -219,26 +266,35 @@ __device__ void gemv_split(float* __restrict__ y, const float* __restrict__ x, c
     if (p == 0 && lane == 0 && r < rows) store(y + r, split_total(part, warp), bias, r, acc_y);
 }
 
-// gemv_split over n rows of x, one after another: row j's sum is
-// split_dot and split_total exactly as gemv_split computes it for that row
-// alone, so a row's bits do not depend on the other rows of the call
-// (kernels.RowExact: a speculative verification's rows reproduce plain
-// decoding's). The weight row comes from memory once; the later rows'
-// reads of it hit the cache. Launch as gemv_split: ceil(rows / 2) blocks.
+// gemv_split over n rows of x, kSplitRows at a time (split_dot_rows): row
+// j's sum is split_dot and split_total exactly as gemv_split computes it
+// for that row alone, so a row's bits do not depend on the other rows of
+// the call (kernels.RowExact: a speculative verification's rows reproduce
+// plain decoding's). Each weight element is read once for kSplitRows rows,
+// so a call of up to four rows takes about a one-row call's time. Launch
+// as gemv_split: ceil(rows / 2) blocks.
 template <class W>
 __device__ void gemv_split_rows(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
                                 int n, int rows, int cols, const float* __restrict__ bias, int acc_y) {
-    __shared__ float part[kWarpsPerBlock];
+    __shared__ float part[kSplitRows][kWarpsPerBlock];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = blockIdx.x * (kWarpsPerBlock / kSplit) + warp / kSplit;
     const int p = warp % kSplit;
-    for (int j = 0; j < n; j++) {
-        float acc = 0.f;
-        if (r < rows) acc = split_dot<W>(w + size_t(r) * cols * W::kSize, x + size_t(j) * cols, cols, p);
-        __syncthreads();  // the previous row's partial sums have been read
-        if (lane == 0) part[warp] = acc;
+    for (int j0 = 0; j0 < n; j0 += kSplitRows) {
+        const int nr = min(kSplitRows, n - j0);
+        float acc[kSplitRows];
+#pragma unroll
+        for (int j = 0; j < kSplitRows; j++) acc[j] = 0.f;
+        if (r < rows) split_dot_rows<W>(w + size_t(r) * cols * W::kSize, x + size_t(j0) * cols, cols, p, nr, acc);
+        __syncthreads();  // the previous rows' partial sums have been read
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < kSplitRows; j++) part[j][warp] = acc[j];
+        }
         __syncthreads();
-        if (p == 0 && lane == 0 && r < rows) store(y + size_t(j) * rows + r, split_total(part, warp), bias, r, acc_y);
+        if (p == 0 && lane == 0 && r < rows) {
+            for (int j = 0; j < nr; j++) store(y + size_t(j0 + j) * rows + r, split_total(part[j], warp), bias, r, acc_y);
+        }
     }
 }
 

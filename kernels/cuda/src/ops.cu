@@ -317,8 +317,28 @@ __device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* del
     const float* in = res + size_t(r) * dim;
     float* xr = (sum && delta ? sum : res) + size_t(r) * dim;  // where res + delta goes
     float* yr = SPLIT ? nullptr : y + size_t(r) * dim;
+    // The first kPre values of each thread and their weights stay in
+    // registers for the second pass (the weights load with the values,
+    // off the reduction's path).
+    constexpr int kPre = 4;
+    float xk[kPre], wk[kPre];
     double ss = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+#pragma unroll
+    for (int j = 0; j < kPre; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        xk[j] = wk[j] = 0.f;
+        if (i < dim) {
+            float v = in[i];
+            wk[j] = w[i];
+            if (delta) {
+                v = __fadd_rn(v, delta[size_t(r) * dim + i]);
+                xr[i] = v;
+            }
+            xk[j] = v;
+            ss += double(v) * double(v);
+        }
+    }
+    for (int i = threadIdx.x + kPre * blockDim.x; i < dim; i += blockDim.x) {
         float v = in[i];
         if (delta) {
             v = __fadd_rn(v, delta[size_t(r) * dim + i]);
@@ -337,9 +357,18 @@ __device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* del
     __syncthreads();
     const float ms = float(partial[0] / double(dim));
     const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float s = offset ? __fadd_rn(1.0f, w[i]) : w[i];
-        const float v = __fmul_rn(s, __fmul_rn(xr[i], inv));
+    for (int i = threadIdx.x, j = 0; i < dim; i += blockDim.x, j++) {
+        float wi, xi;
+        if (j < kPre) {  // unrolled below kPre: registers, not a local array
+#pragma unroll
+            for (int q = 0; q < kPre; q++) {
+                if (q == j) wi = wk[q], xi = xk[q];
+            }
+        } else {
+            wi = w[i], xi = xr[i];
+        }
+        const float s = offset ? __fadd_rn(1.0f, wi) : wi;
+        const float v = __fmul_rn(s, __fmul_rn(xi, inv));
         if (SPLIT) {
             const uint16_t hi = f32_to_bf16(v);
             y2[size_t(r) * dim + i] = hi;
@@ -558,6 +587,7 @@ struct AttnArgs {
     float scale;
     int ptile;  // prefill.cu's row tile when it ran first (prefill_owns), else 0
     int* cnt;   // the split counters when the last block merges the splits, else null
+    int pf;     // attn_prefetch before the PDL wait
     // The QKV form only (one row): the q/k/v product's row, the row's cache
     // slot, the cache's slots and PrepareQKV's parameters.
     const float* qkv;
@@ -565,6 +595,34 @@ struct AttnArgs {
     int slots;
     PrepArgs prep;
 };
+
+// attn_prefetch, with a.pf set, asks L2 for the keys and values of the
+// block's split before the kernel waits for the one before it: a thread a
+// position. The step's positions, sequences and block table are its
+// inputs, written before its kernels, and past positions' keys and values
+// were stored by earlier steps; the row's own key, which the kernel before
+// may still be storing, is only prefetched (L2 is coherent), never read
+// here.
+template <bool BF>
+__device__ inline void attn_prefetch(const AttnArgs& a) {
+    if (!a.pf || a.ptile) return;
+    const int i = blockIdx.x, kvh = blockIdx.y / a.chunks;
+    const int len = a.pos[i] + 1;
+    const int k0 = blockIdx.z * a.split, k1 = min(len, k0 + a.split);
+    const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
+    const size_t kw = size_t(a.kvh) * a.hd, off = size_t(kvh) * a.hd;
+    constexpr int esz = BF ? 2 : 4;
+    const int rowb = a.hd * esz;
+    for (int p = k0 + int(threadIdx.x); p < k1; p += blockDim.x) {
+        const size_t e = ((size_t(bt[p / a.bs]) * a.bs + p % a.bs) * kw + off) * esz;
+        const char* kp = static_cast<const char*>(a.kc) + e;
+        const char* vp = static_cast<const char*>(a.vc) + e;
+        for (int o = 0; o < rowb; o += 128) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(kp + o));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vp + o));
+        }
+    }
+}
 
 // split_merge is element d of a head's output from its splits' partials
 // pp (splits × (hd + 2): max, sum, acc[hd]), read from L2 (other blocks
@@ -608,14 +666,56 @@ __device__ inline void kv8(const void* c, size_t e, float* o) {
     }
 }
 
+// kv_run widens the N consecutive cache values at element e (N a power of
+// two ≤ 8, e a multiple of N) into o with one load (two for 8 float32);
+// with CG from L2 as kv_at.
+template <bool BF, bool CG, int N>
+__device__ inline void kv_run(const void* c, size_t e, float* o) {
+    if constexpr (BF) {
+        const uint16_t* p = static_cast<const uint16_t*>(c) + e;
+        if constexpr (N == 8) {
+            const uint4* q = reinterpret_cast<const uint4*>(p);
+            BF16W::vec(CG ? __ldcg(q) : *q, o);
+        } else if constexpr (N == 4) {
+            const uint2* q = reinterpret_cast<const uint2*>(p);
+            const uint2 v = CG ? __ldcg(q) : *q;
+            BF16W::pair(v.x, o);
+            BF16W::pair(v.y, o + 2);
+        } else if constexpr (N == 2) {
+            const unsigned* q = reinterpret_cast<const unsigned*>(p);
+            BF16W::pair(CG ? __ldcg(q) : *q, o);
+        } else {
+            o[0] = kv_at<BF, CG>(c, e);
+        }
+    } else {
+        const float* p = static_cast<const float*>(c) + e;
+        if constexpr (N >= 4) {
+#pragma unroll
+            for (int k = 0; k < N / 4; k++) {
+                const float4* q = reinterpret_cast<const float4*>(p) + k;
+                const float4 v = CG ? __ldcg(q) : *q;
+                o[4 * k] = v.x, o[4 * k + 1] = v.y, o[4 * k + 2] = v.z, o[4 * k + 3] = v.w;
+            }
+        } else if constexpr (N == 2) {
+            const float2* q = reinterpret_cast<const float2*>(p);
+            const float2 v = CG ? __ldcg(q) : *q;
+            o[0] = v.x, o[1] = v.y;
+        } else {
+            o[0] = kv_at<BF, CG>(c, e);
+        }
+    }
+}
+
 // attn_block is the attention kernels' whole body (their macro only packs
-// the arguments), so it starts with their programmatic-launch wait. G is
+// the arguments), so it starts with their programmatic-launch wait (after
+// attn_prefetch, which reads only the step's inputs and past keys). G is
 // the query heads a block handles (G, or 4 for groups of up to 4
 // heads: no work on empty heads); every head's sums are the same whatever
 // G, so the two give the same bits. The queries and each tile's
 // probabilities are read from shared memory four at a time.
 template <int DPL, bool BF, int G, bool QKV>
 __device__ void attn_block(const AttnArgs& a) {
+    attn_prefetch<BF>(a);
     FERRITE_PDL_WAIT();
     __shared__ __align__(16) float sq[G][kAttnMaxHD];
     __shared__ __align__(16) float pw[kAttnWarps][G][32];  // each warp's tile probabilities
@@ -629,6 +729,10 @@ __device__ void attn_block(const AttnArgs& a) {
     const int h0 = kvh * grp + chunk * G;
     const int ng = min(G, grp - chunk * G);
     const int hd = a.hd;
+    // A lane's DPL value dims are consecutive (one load a key) when the
+    // head fills the lanes exactly, else lane, lane + 32, … (the sums per
+    // dim are the same either way).
+    const bool cont = hd == 32 * DPL;
     const int len = a.pos[i] + 1;
     const int k0 = blockIdx.z * a.split, k1 = min(len, k0 + a.split);
     const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
@@ -731,10 +835,14 @@ __device__ void attn_block(const AttnArgs& a) {
             for (int u = 0; u < kV; u++) {
                 const int kk = min(k0v + u, nk - 1);
                 const size_t vb = __shfl_sync(0xffffffffu, base, kk);
+                if (cont) {  // the lane's DPL dims in one load
+                    kv_run<BF, QKV, DPL>(a.vc, vb + size_t(DPL) * lane, vv[u]);
+                } else {
 #pragma unroll
-                for (int j = 0; j < DPL; j++) {
-                    const int d = lane + 32 * j;
-                    vv[u][j] = d < hd ? kv_at<BF, QKV>(a.vc, vb + d) : 0.f;
+                    for (int j = 0; j < DPL; j++) {
+                        const int d = lane + 32 * j;
+                        vv[u][j] = d < hd ? kv_at<BF, QKV>(a.vc, vb + d) : 0.f;
+                    }
                 }
             }
 #pragma unroll
@@ -767,7 +875,7 @@ __device__ void attn_block(const AttnArgs& a) {
         }
 #pragma unroll
         for (int j = 0; j < DPL; j++) {
-            const int d = lane + 32 * j;
+            const int d = cont ? DPL * lane + j : lane + 32 * j;
             if (d < hd) wacc[warp][g][d] = acc[g][j];
         }
     }
@@ -823,9 +931,9 @@ __device__ void attn_block(const AttnArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
-        int chunks, int split, float scale, int ptile, int* cnt) {                                     \
+        int chunks, int split, float scale, int ptile, int* cnt, int pf) {                             \
         AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
-                   cnt};                                                                               \
+                   cnt, pf};                                                                           \
         attn_block<DPL, BF, G, false>(a);                                                              \
     }
 
@@ -835,11 +943,11 @@ __device__ void attn_block(const AttnArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
-        int chunks, int split, float scale, int ptile, int* cnt, const float* qkv, const int* slot,     \
+        int chunks, int split, float scale, int ptile, int* cnt, int pf, const float* qkv, const int* slot, \
         int slots, const float* qn, float qeps, const float* kn, float keps, const float* inv, int half, \
         float rscale, int flags) {                                                                     \
         AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
-                   cnt, qkv, slot, slots, PrepArgs{qn, kn, inv, qeps, keps, rscale, half, flags}};      \
+                   cnt, pf, qkv, slot, slots, PrepArgs{qn, kn, inv, qeps, keps, rscale, half, flags}};  \
         attn_block<DPL, BF, G, true>(a);                                                               \
     }
 

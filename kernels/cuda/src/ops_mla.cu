@@ -197,7 +197,10 @@ __device__ void mla_attn_block(const MlaArgs& a) {
     const int kl = a.kl, kw = a.kl + a.dr;
     const int p_max = a.pos[i];
     const int* sel = a.sel ? a.sel + size_t(i) * a.k : nullptr;
-    const int end = sel ? a.k : p_max + 1;
+    // A selection lists distinct positions ≤ p_max first, −1 after them
+    // (kernels/ref SelectTopK, KPoolTokens): its first p_max + 1 entries
+    // hold them all, so a short context skips the width's −1 tail.
+    const int end = sel ? min(a.k, p_max + 1) : p_max + 1;
     const int k0 = blockIdx.z * a.split, k1 = min(end, k0 + a.split);
     const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
 

@@ -4,12 +4,12 @@
 // the sources in name order) and uses its helpers (elem, swiglu1,
 // warp_max, warp_sum_f64) and gemv.cu's weight decoders.
 //
-// Experts has three paths. Up to 8 tokens (decode, speculative
-// verification; kernels/cuda's moeFewTokens) run the grouped GEMV
-// ferrite_moe_few_*: one launch for gate/up with the SwiGLU fused, one for
-// down with the routing weights and the sum over a token's experts fused,
-// each chosen expert read once. Up to 32 tokens (moeGTTokens) run its
-// register-tile form ferrite_moe_gt_*: every block sorts the slots by
+// Experts has three paths. Up to 3 tokens (batch-1 decode and short
+// speculative verifications; kernels/cuda's moeGTFrom) run the grouped
+// GEMV ferrite_moe_few_*: one launch for gate/up with the SwiGLU fused, one
+// for down with the routing weights and the sum over a token's experts
+// fused, each chosen expert read once. From 4 up to 32 tokens (moeGTTokens)
+// run its register-tile form ferrite_moe_gt_*: every block sorts the slots by
 // expert in shared memory, a warp runs several weight rows of an expert
 // against up to 4 of its slots (each weight load serving every slot, each
 // activation load every row), then ferrite_moe_combine. Both sum every
@@ -185,6 +185,7 @@ extern "C" __global__ void ferrite_moe_combine(float* y, int y_stride, const flo
 namespace {
 
 constexpr int kMoeMaxSlots = 512;  // kernels/cuda moeFewTokens (8) · k (≤ 64)
+constexpr int kMoeDownRows = 4;    // hidden rows per ferrite_moe_few_down block
 
 // mat_row is row r of the view m and, for F8E4M3, its row of block scales.
 __device__ inline const uint8_t* mat_row(const MatDesc& m, int r, const float** srow) {
@@ -359,23 +360,23 @@ __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const in
     if (nx > 0) flush();
 }
 
-// moe_few_down: block x computes rows [x·R, x·R + R) of y[i] (hidden) = Σ_j w[i, j]·down_{ids[i, j]}·h[i·k + j] for the n
-// tokens (R = 4, or 2 or 1: FERRITE_MOE_DOWN_ROWS): each warp takes (row,
-// expert) tasks, the products of one expert's row with the h of every slot
-// that chose it land in shared memory, then
+// moe_few_down: block x computes rows [x·R, x·R + R) (R = kMoeDownRows) of
+// y[i] (hidden) = Σ_j w[i, j]·down_{ids[i, j]}·h[i·k + j] for the n
+// tokens: each warp takes (row, expert) tasks, the products of one expert's
+// row with the h of every slot that chose it land in shared memory, then
 // each (row, token) adds its k products in increasing expert id (float32
 // products and sums, kernels/ref.Experts). An id outside [0, experts)
 // makes its token's row NaN.
-template <int NB, int R>
+template <int NB>
 __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* ids, const float* w,
                              const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
-    __shared__ float part[R][kMoeMaxSlots];  // (row, slot) expert products
+    __shared__ float part[kMoeDownRows][kMoeMaxSlots];  // (row, slot) expert products
     __shared__ int next[kMoeMaxSlots];                  // the next slot of the same expert, or −1
     __shared__ int first[kMoeMaxSlots];                 // the first slot of each expert (and each bad id)
     __shared__ int order[kMoeMaxSlots];                 // (token, k) its slots' j by expert id, stable
     __shared__ int nfirst;
     const int slots = n * k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r0 = blockIdx.x * R;
+    const int r0 = blockIdx.x * kMoeDownRows;
     for (int s = threadIdx.x; s < slots; s += blockDim.x) {
         const int e = ids[s];
         int nx = -1;
@@ -415,9 +416,9 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
     }
     __syncthreads();
     const bool xal = (uintptr_t(h) & 15) == 0 && (inter & 3) == 0;
-    for (int task = warp; task < R * nfirst; task += blockDim.x >> 5) {
-        const int rr = task % R, r = r0 + rr;
-        const int s0 = first[task / R];
+    for (int task = warp; task < kMoeDownRows * nfirst; task += blockDim.x >> 5) {
+        const int rr = task % kMoeDownRows, r = r0 + rr;
+        const int s0 = first[task / kMoeDownRows];
         if (r >= hidden) continue;
         const int e = ids[s0];
         if (e < 0 || e >= experts) {
@@ -448,8 +449,8 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
         }
     }
     __syncthreads();
-    for (int t = threadIdx.x; t < R * n; t += blockDim.x) {
-        const int rr = t % R, i = t / R, r = r0 + rr;
+    for (int t = threadIdx.x; t < kMoeDownRows * n; t += blockDim.x) {
+        const int rr = t % kMoeDownRows, i = t / kMoeDownRows, r = r0 + rr;
         if (r >= hidden) continue;
         float acc = 0.f;
         for (int q = 0; q < k; q++) {
@@ -474,23 +475,20 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
 FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1)
 FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8)
 
-// Launch: grid ceil(hidden / R), 256 threads; y (n, hidden), w (n, k)
-// contiguous; n·k ≤ 512. The _r2 and _r1 kernels take 2 and 1 rows a
-// block (more blocks, fewer tasks a warp).
-#define FERRITE_MOE_FEW_DOWN(name, NB, R)                                                                    \
+// Launch: grid ceil(hidden / 4), 256 threads; y (n, hidden), w (n, k)
+// contiguous; n·k ≤ 512.
+#define FERRITE_MOE_FEW_DOWN(name, NB)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                                       \
         name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
              int experts, int n, int k, int inter, int hidden) {                                            \
         FERRITE_PDL_WAIT();                                                                                 \
-        moe_few_down<NB, R>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                    \
+        moe_few_down<NB>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                       \
     }
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1, 4)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8, 4)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_r2, 1, 2)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_r1, 1, 1)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8)
 
 // ---------------------------------------------------------------------------
-// Grouped experts as register tiles (up to 32 tokens). Every block sorts
+// Grouped experts as register tiles (4 to 32 tokens). Every block sorts
 // the call's slots by (expert, slot) in shared memory, so the slots of one
 // expert are neighbours. Each output keeps its own float32 sum in the
 // order rows_dot_vec<W, 1> adds it (lane L: elements E·L + 32·E·m, m = 0,

@@ -85,7 +85,7 @@ __device__ void mla_tc_block(const MlaArgs& a, float* ml) {
     const int ng = min(a.gs, a.heads - h0);
     const int p_max = a.pos[i];
     const int* sel = a.sel ? a.sel + size_t(i) * a.k : nullptr;
-    const int end = sel ? a.k : p_max + 1;
+    const int end = sel ? min(a.k, p_max + 1) : p_max + 1;  // the selection's valid prefix (mla_attn_block)
     const int k0 = blockIdx.z * a.split, k1 = min(end, k0 + a.split);
     const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
     const int ntiles = k1 > k0 ? (k1 - k0 + kTcKeys - 1) / kTcKeys : 0;
