@@ -873,6 +873,17 @@ func linearScale(x []float32, w *kernels.Mat, r, j int, extra float64) float64 {
 	return s + 1e-30
 }
 
+// compareCat holds got, LinearCat's output (n, total) over the input x
+// (n rows), to the reference of x rounded as d rounds it, with bias bv and,
+// when acc, y0 accumulated (bv, y0 nil for none), at LinearTol.
+func compareCat(t *testing.T, d kernels.Device, got, x []float32, ws []*kernels.Mat, bv, y0 []float32, acc bool, n, total int) {
+	t.Helper()
+	want := append(make([]float32, 0, n*total), y0...)[:n*total]
+	xr, _ := RoundX(d, x, ws[0], n)
+	ref.LinearCat(want, xr, ws, bv, acc, n)
+	compare(t, "y", got, want, LinearTol, catScale(x, ws, total, bv, y0))
+}
+
 // catScale is LinearTol's scale for element i of LinearCat's output
 // (total wide) over the input x: Σₖ|x·w| of its weight row, + |bias| and,
 // when accumulating, + |y0[i]| (bv, y0 nil for none).
@@ -939,10 +950,7 @@ func linearCatTest(t *testing.T, d kernels.Device) {
 				step(d, func() { d.LinearCat(y.t, x.t, ws, e) })
 			}
 			got := y.read(t, "y")
-			want := append(make([]float32, 0, c.n*total), y0...)[:c.n*total]
-			xr, _ := RoundX(d, xv, ws[0], c.n)
-			ref.LinearCat(want, xr, ws, bv, c.acc, c.n)
-			compare(t, "y", got, want, LinearTol, catScale(xv, ws, total, bv, y0))
+			compareCat(t, d, got, xv, ws, bv, y0, c.acc, c.n, total)
 		})
 	}
 }
@@ -1048,10 +1056,7 @@ func normLinearCatTest(t *testing.T, d kernels.Device) {
 			if in := x.read(t, "x"); !slices.Equal(in, xv) {
 				t.Error("NormLinearCat modified x")
 			}
-			want := append(make([]float32, 0, c.n*total), y0...)[:c.n*total]
-			hr, _ := RoundX(d, h, ws[0], c.n)
-			ref.LinearCat(want, hr, ws, bv, c.acc, c.n)
-			compare(t, "y", got, want, LinearTol, catScale(h, ws, total, bv, y0))
+			compareCat(t, d, got, h, ws, bv, y0, c.acc, c.n, total)
 		})
 	}
 }
@@ -1109,10 +1114,7 @@ func addNormLinearCatTest(t *testing.T, d kernels.Device) {
 			if in := x.read(t, "x"); !slices.Equal(in, xv) {
 				t.Error("AddNormLinearCat modified x")
 			}
-			want := make([]float32, c.n*total)
-			hr, _ := RoundX(d, h, ws[0], c.n)
-			ref.LinearCat(want, hr, ws, bv, false, c.n)
-			compare(t, "y", y.read(t, "y"), want, LinearTol, catScale(h, ws, total, bv, nil))
+			compareCat(t, d, y.read(t, "y"), h, ws, bv, nil, false, c.n, total)
 		})
 	}
 }
