@@ -61,6 +61,7 @@ type Backend struct {
 	// keys and values before its PDL wait (FERRITE_CUDA_ATTN_PREFETCH=0)
 	noAttnPrefetch bool
 
+	dec     decState     // the one-row decode kernels (decode.go)
 	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
 	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
 
@@ -86,6 +87,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
 	b.noAttnPrefetch = os.Getenv("FERRITE_CUDA_ATTN_PREFETCH") == "0"
 	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
+	b.dec = decConfigFromEnv()
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}

@@ -5,6 +5,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -305,6 +306,8 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	defer be.SetFuseNorm(false)
 	defer be.SetFuse(false)
 	defer func() { be.noAttnPrefetch = false }()
+	defer be.SetDecodeAttention(decAttnOff, 0, 0)
+	defer be.SetDecodeNorm(false)
 	for _, c := range []struct {
 		name                  string
 		ctx                   int
@@ -326,6 +329,14 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		{name: "fused/ctx=512/pdl/fusenorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true, fuseNorm: true},
 		{name: "fused/linear/pdl/fusenorm", ctx: 512, lin: true, pdl: true, fused: true, fuseNorm: true},
 		{name: "fused/ctx=512/pdl/prefetch", ctx: 512, lin: true, rest: true, pdl: true, fused: true, prefetch: true},
+		// The one-row decode kernels (decode.go), by name.
+		{name: "fused/ctx=512/pdl/dattn", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=512/pdl/dattnqkv", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=512/pdl/dnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=512/pdl/dattnqkv/dnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/other/ctx=512/pdl/dattnqkv", ctx: 512, rest: true, pdl: true, fused: true},
+		{name: "fused/other/ctx=512/pdl/dattnqkv/dnorm", ctx: 512, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=4096/pdl/dattnqkv/dnorm", ctx: 4096, lin: true, rest: true, pdl: true, fused: true},
 		{"all/ctx=512", 512, true, true, false, false, 0, false, false, false, false, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false, false, false, false, false},
 		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false, false, false, false, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false, false, false, false, false},
 		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false, false, false, false, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false, false, false, false, false},
@@ -340,6 +351,16 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		be.SetFuseNorm(c.fuseNorm)
 		be.SetFuse(c.fuseAttn)
 		be.noAttnPrefetch = c.noAttnPf
+		dmode := decAttnOff
+		switch {
+		case strings.Contains(c.name, "/dattnqkv"):
+			dmode = decAttnQKV
+		case strings.Contains(c.name, "/dattn"):
+			dmode = decAttnPlain
+		}
+		dnorm := strings.Contains(c.name, "/dnorm")
+		be.SetDecodeAttention(dmode, 0, 0)
+		be.SetDecodeNorm(dnorm)
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)
@@ -470,7 +491,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		}
 		got := make([]float32, vocab)
 		be.ReadF32(got, logits)
-		if c.fused && c.fuseNorm { // other bits: how far the logits moved
+		if c.fused && (c.fuseNorm || dmode != decAttnOff || dnorm) { // other bits: how far the logits moved
 			diff, top := 0.0, 0.0
 			for i, v := range got {
 				diff, top = max(diff, math.Abs(float64(v-logitsF[i]))), max(top, math.Abs(float64(logitsF[i])))

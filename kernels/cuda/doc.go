@@ -23,7 +23,13 @@
 // attention kernel and merges the splits there (QKVAttention),
 // FERRITE_CUDA_FUSE_NORM=1 fuses the layer norms into the GEMVs,
 // FERRITE_CUDA_PREFETCH=1 makes the GEMVs prefetch their weights before
-// the PDL wait. FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of
+// the PDL wait. One-row decode kernels (decode.go, src/ops_decode.cu),
+// off until measured: FERRITE_CUDA_DATTN=1 runs a decode row's Attention
+// as ferrite_dattn (many small key splits, every query head of a KV group
+// a block, the first tile of past keys and values copied into shared
+// memory before the PDL wait, the last split merging), =qkv also its
+// QKVAttention with PrepareQKV inside; FERRITE_CUDA_DNORM=1 runs one-row
+// norms as ferrite_rmsnorm_row. FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of
 // that many rows a block. Two kernels for decode batches are in and off by default
 // until they beat what runs now: FERRITE_CUDA_SKINNY=N runs the products
 // of 2 to N rows as the skinny GEMM (skinny.go: tensor cores, the weight

@@ -672,7 +672,7 @@ func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, off
 // norm queues ferrite_add_rmsnorm: y = RMSNorm(res + delta) (delta 0:
 // none), res + delta written to sum, or to res when sum is 0.
 func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool, sum uint64) {
-	if rows == 0 || dim == 0 {
+	if rows == 0 || dim == 0 || b.decNorm(y, res, delta, w, rows, dim, eps, offset, sum) {
 		return
 	}
 	block := uint32(256) // threads a row; 1024 when the rows do not fill the GPU
@@ -766,6 +766,16 @@ func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.
 	n := qkv.Rows
 	if out.Rows != n {
 		panic("cuda: QKVAttention shapes do not match")
+	}
+	if b.dec.attn == decAttnQKV && b.decAttnFits(out, kernels.Tensor{}, kc, vc, p, s) { // one row (decode.go)
+		pa := prepArgs("QKVAttention", kc, vc, qkv, qn, kn, r, p, s)
+		f32Contig("QKVAttention", out)
+		index("QKVAttention", p.Seq, n, 1)
+		if out.Cols != s.Heads*s.HeadDim || !p.Blocks.Contiguous() || p.Blocks.DType != kernels.I32 {
+			panic("cuda: QKVAttention shapes do not match")
+		}
+		b.decAttention(out, kernels.Tensor{}, kc, vc, p, s, &qkvForm{qkv: dptr(qkv), slot: dptr(p.Slot), slots: kc.Rows, prep: pa})
+		return
 	}
 	if b.noFuse || b.noFuseQKV || n != 1 || !b.attnG4(s, n) || b.usePrefill(s, n) {
 		q := b.Scratch(kernels.F32, n, s.Heads*s.HeadDim) // (N, heads·headDim) normed and rotated
@@ -981,6 +991,10 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	if p.Pos.Stride != 1 && n > 1 || p.Seq.Stride != 1 && n > 1 {
 		panic("cuda: Attention wants contiguous positions and sequences")
+	}
+	if qf == nil && b.decAttnFits(out, q, kc, vc, p, s) { // one row (decode.go)
+		b.decAttention(out, q, kc, vc, p, s, nil)
+		return
 	}
 	if qf == nil && b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
 		return

@@ -426,6 +426,12 @@ func attentionTest(t *testing.T, d kernels.Device) {
 			{32, 8, 128, 16, []attnSeq{{0, 1}, {5, 1}, {63, 1}, {64, 1}, {100, 1}, {127, 1}, {200, 1}, {255, 1}, {700, 1}}},
 			{8, 8, 64, 16, []attnSeq{{31, 1}, {0, 1}, {300, 1}, {47, 1}, {128, 1}}},
 			{16, 2, 256, 8, []attnSeq{{90, 1}, {3, 1}, {260, 1}}},
+			// A single decode row at model shapes (a batch-1 step, which a
+			// backend may split into many small key chunks): Qwen3-8B's
+			// group of 4 and Qwen3-30B-A3B's of 8.
+			{32, 8, 128, 16, []attnSeq{{200, 1}}},
+			{32, 4, 128, 16, []attnSeq{{700, 1}}},
+			{16, 2, 64, 16, []attnSeq{{40, 1}}},
 		} {
 			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
 				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))

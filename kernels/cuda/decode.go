@@ -1,0 +1,235 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"os"
+	"strconv"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// One-row decode kernels (src/ops_decode.cu) for a batch-1 decode step,
+// where every kernel is latency: the attention of a single query row over
+// many small key splits and the one-row RMSNorm.
+//
+// The split-KV attention kernel of ops.cu gives a decode row of Qwen3-8B
+// 16 blocks at ~150 keys (20–27 µs a layer in GPU run 3's graph profile:
+// positions, block table, keys, values and the merge as a chain of
+// dependent loads). ferrite_dattn_* instead splits the keys into chunks
+// of decMinKeys or more so that the blocks number about decBlocks (two a
+// multiprocessor), a block taking every query head of its KV head's group
+// (up to 8); before its PDL wait it reads the step's inputs and copies its
+// first tile of past keys and values into shared memory, so only the
+// queries, the row's own key and value, the arithmetic and the merge of
+// the splits (the last split to finish, by a counter) follow the kernel
+// before. In its QKV form (QKVAttention) it also prepares the queries and
+// the row's key and value from the q/k/v product (PrepareQKV's bits) and
+// stores them, with the rotation's cos and sin computed before the wait.
+//
+// Switches (off by default until GPU runs measure them):
+// FERRITE_CUDA_DATTN=1 runs ferrite_dattn for one-row Attention (after
+// PrepareQKV), FERRITE_CUDA_DATTN=qkv also for one-row QKVAttention (no
+// PrepareQKV kernel); FERRITE_CUDA_DATTN_KEYS and FERRITE_CUDA_DATTN_BLOCKS
+// set decMinKeys and decBlocks. FERRITE_CUDA_DNORM=1 runs one-row
+// RMSNorm and AddRMSNorm as ferrite_rmsnorm_row.
+
+func init() {
+	for _, n := range decAttnKernels {
+		for _, m := range n {
+			for _, k := range m {
+				for _, name := range k {
+					kernelNames = append(kernelNames, name)
+					pdlKernels[name] = true
+				}
+			}
+		}
+	}
+	kernelNames = append(kernelNames, "ferrite_rmsnorm_row")
+	pdlKernels["ferrite_rmsnorm_row"] = true
+}
+
+// decAttnKernels[qkv][bf16][hd == 128][g == 8] are ferrite_dattn's
+// instances: the QKV form or not, the cache's dtype, head dim 64 or 128,
+// 4 or 8 query heads a block.
+var decAttnKernels = [2][2][2][2]string{
+	{{{"ferrite_dattn_f32_64_g4", "ferrite_dattn_f32_64_g8"}, {"ferrite_dattn_f32_128_g4", "ferrite_dattn_f32_128_g8"}},
+		{{"ferrite_dattn_bf16_64_g4", "ferrite_dattn_bf16_64_g8"}, {"ferrite_dattn_bf16_128_g4", "ferrite_dattn_bf16_128_g8"}}},
+	{{{"ferrite_dattn_qkv_f32_64_g4", "ferrite_dattn_qkv_f32_64_g8"}, {"ferrite_dattn_qkv_f32_128_g4", "ferrite_dattn_qkv_f32_128_g8"}},
+		{{"ferrite_dattn_qkv_bf16_64_g4", "ferrite_dattn_qkv_bf16_64_g8"}, {"ferrite_dattn_qkv_bf16_128_g4", "ferrite_dattn_qkv_bf16_128_g8"}}},
+}
+
+// Limits and defaults of ferrite_dattn: splits a merge takes
+// (kDecMaxSplits), threads a block, keys a split at least by default.
+const (
+	decMaxSplits  = 64
+	decThreads    = 128
+	decMinKeysDef = 16
+)
+
+// Decode attention modes (decState.attn).
+const (
+	decAttnOff   = 0
+	decAttnPlain = 1 // ferrite_dattn for one-row Attention
+	decAttnQKV   = 2 // and its QKV form for one-row QKVAttention
+)
+
+// decState is the one-row decode kernels' configuration.
+type decState struct {
+	attn    int  // decAttnOff, decAttnPlain or decAttnQKV
+	minKeys int  // keys a split at least (decMinKeys); 0: decMinKeysDef
+	blocks  int  // blocks the splits aim at; 0: two a multiprocessor
+	norm    bool // one-row norms as ferrite_rmsnorm_row
+}
+
+// decConfigFromEnv reads the FERRITE_CUDA_DATTN* and FERRITE_CUDA_DNORM
+// switches.
+func decConfigFromEnv() decState {
+	var c decState
+	switch os.Getenv("FERRITE_CUDA_DATTN") {
+	case "1":
+		c.attn = decAttnPlain
+	case "qkv", "2":
+		c.attn = decAttnQKV
+	}
+	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_KEYS")); err == nil && n > 0 {
+		c.minKeys = n
+	}
+	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_BLOCKS")); err == nil && n > 0 {
+		c.blocks = n
+	}
+	c.norm = os.Getenv("FERRITE_CUDA_DNORM") == "1"
+	return c
+}
+
+// SetDecodeAttention sets the one-row attention mode (decAttnOff,
+// decAttnPlain, decAttnQKV) and the split tuning (minKeys, blocks; 0 for
+// the defaults) for the steps that follow and returns the previous
+// configuration's mode: a switch for tests and benchmarks.
+func (b *Backend) SetDecodeAttention(mode, minKeys, blocks int) int {
+	prev := b.dec.attn
+	b.dec.attn, b.dec.minKeys, b.dec.blocks = mode, minKeys, blocks
+	return prev
+}
+
+// SetDecodeNorm turns ferrite_rmsnorm_row for one-row norms on or off for
+// the steps that follow and returns the previous setting.
+func (b *Backend) SetDecodeNorm(on bool) bool {
+	prev := b.dec.norm
+	b.dec.norm = on
+	return prev
+}
+
+// decSplits is ferrite_dattn's split of maxKeys keys for cols block
+// columns (KV heads × head chunks) on sms multiprocessors: about target
+// blocks (0: 2·sms), no split under minKeys keys unless the keys are
+// fewer, at most decMaxSplits splits, each a multiple of 8 keys. It
+// returns the split count and the keys a split.
+func decSplits(cols, maxKeys, sms, target, minKeys int) (splits, split int) {
+	if target <= 0 {
+		target = 2 * sms
+	}
+	if minKeys <= 0 {
+		minKeys = decMinKeysDef
+	}
+	s := min(ceilDiv(target, cols), ceilDiv(maxKeys, minKeys))
+	s = max(1, min(s, decMaxSplits))
+	split = ceilDiv(ceilDiv(maxKeys, s), 8) * 8
+	return ceilDiv(maxKeys, split), split
+}
+
+// decGroup is ferrite_dattn's query heads a block (4 or 8) and head chunks
+// a KV head for a group of grp query heads.
+func decGroup(grp int) (g, chunks int) {
+	g = 4
+	if grp > 4 {
+		g = 8
+	}
+	return g, ceilDiv(grp, g)
+}
+
+// decAttnFits reports whether ferrite_dattn takes a one-row attention of
+// shape s over the caches kc, vc into out (q the queries, or the zero
+// Tensor for the QKV form): the mode on, one row, no row-exact
+// verification, head dim 64 or 128, caches at 16-byte addresses (cp.async),
+// and few enough block columns for the split counters.
+func (b *Backend) decAttnFits(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) bool {
+	if b.dec.attn == decAttnOff || out.Rows != 1 || b.rowExact || (s.HeadDim != 64 && s.HeadDim != 128) {
+		return false
+	}
+	if s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || (kc.DType != kernels.F32 && kc.DType != kernels.BF16) || kc.DType != vc.DType {
+		return false
+	}
+	_, chunks := decGroup(s.Heads / s.KVHeads)
+	if s.KVHeads*chunks > attnCounters || !p.Blocks.Valid() || p.BlockSize <= 0 {
+		return false
+	}
+	align := dptr(kc) | dptr(vc)
+	if q.Valid() {
+		align |= dptr(q)
+	}
+	return align%16 == 0
+}
+
+// decAttention queues ferrite_dattn for one row (decAttnFits): with qf the
+// QKV form (q the zero Tensor), which prepares and stores the row's q, k
+// and v itself.
+func (b *Backend) decAttention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape, qf *qkvForm) {
+	g, chunks := decGroup(s.Heads / s.KVHeads)
+	cols := s.KVHeads * chunks
+	splits, split := decSplits(cols, p.Blocks.Cols*p.BlockSize, b.dev.SMs, b.dec.blocks, b.dec.minKeys)
+	var part, cnt uint64
+	if splits > 1 {
+		part = dptr(b.Scratch(kernels.F32, splits*s.Heads, s.HeadDim+2)) // (splits, heads, hd) sums, then (splits, heads, 2) max and sum
+		var err error
+		if cnt, err = b.splitCounters(); err != nil {
+			b.fail(err)
+			return
+		}
+	}
+	form, bf, wide, g8 := 0, 0, 0, 0
+	if qf != nil {
+		form = 1
+	}
+	if kc.DType == kernels.BF16 {
+		bf = 1
+	}
+	if s.HeadDim == 128 {
+		wide = 1
+	}
+	if g == 8 {
+		g8 = 1
+	}
+	name := decAttnKernels[form][bf][wide][g8]
+	var qp uint64
+	var extra [11]uint64 // the QKV form's qkv, slot, slots and PrepArgs; zeros otherwise
+	if qf != nil {
+		extra[0], extra[1], extra[2] = qf.qkv, qf.slot, i32(qf.slots)
+		copy(extra[3:], qf.prep[:])
+	} else {
+		qp = dptr(q)
+	}
+	args := append([]uint64{dptr(out), qp, dptr(kc), dptr(vc), dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks), part, cnt,
+		i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads), i32(s.KVHeads), i32(chunks), i32(split), f32(s.Scale)}, extra[:]...)
+	b.queue(func(d *Device) error {
+		return d.launch3L(name, [3]uint32{uint32(cols), uint32(splits), 1}, decThreads, 0, args...)
+	})
+}
+
+// decNorm queues ferrite_rmsnorm_row for a one-row norm when the switch is
+// on and the row fits it (norm's arguments; dim a multiple of 4 up to
+// 16,384, every pointer at a 16-byte address) and reports whether it did.
+func (b *Backend) decNorm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool, sum uint64) bool {
+	if !b.dec.norm || rows != 1 || dim%4 != 0 || (y|res|delta|w|sum)%16 != 0 {
+		return false
+	}
+	n4 := dim / 4
+	threads := min(1024, 32*ceilDiv(n4, 32))
+	if n4 > 4*threads {
+		return false
+	}
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_rmsnorm_row", 1, uint32(threads), 0, y, res, delta, w, i32(dim), f32(eps), b32(offset), sum)
+	})
+	return true
+}

@@ -1,0 +1,488 @@
+// One-row decode kernels, for a batch-1 decode step where every kernel is
+// latency, not throughput: the attention of a single query row over many
+// small key splits (ferrite_dattn_*, kernels/cuda/decode.go), with or
+// without PrepareQKV inside, and the one-row RMSNorm (ferrite_rmsnorm_row).
+//
+// The sources compile as one translation unit in name order
+// (tools/cuda/build_fatbin.sh): this file uses ops.cu's PrepArgs, head_put
+// and warp_max, gemv.cu's warp_sum, warp_sum_f64 and weight decoders, and
+// convert.cu's f32_to_bf16.
+#include <stdint.h>
+
+namespace {
+
+constexpr int kDecThreads = 128;
+constexpr int kDecWarps = kDecThreads / 32;
+constexpr int kDecMaxSplits = 64;  // splits a merge takes (decode.go's decSplits keeps to it)
+
+// DecTile is a key/value tile in shared memory: up to kKeys positions of
+// one KV head, the rows as the cache stores them (HD values of kEsz
+// bytes). Key rows are kPitch bytes apart, 16 more than a row, so that the
+// eight lanes of a 16-byte shared load phase read eight rows in distinct
+// banks (the score loop gives each lane a key).
+template <int HD, bool BF>
+struct DecTile {
+    static constexpr int kEsz = BF ? 2 : 4;
+    static constexpr int kRowB = HD * kEsz;
+    static constexpr int kPitch = kRowB + 16;
+    static constexpr int kKeys = 16384 / kRowB < 64 ? 16384 / kRowB : 64;
+    static constexpr int kSeg = kRowB / 16;  // 16-byte pieces a row
+};
+
+// dec_cp16 copies 16 bytes from global src to shared dst asynchronously
+// (cp.async, through L2 only: it may read what the kernel before wrote).
+__device__ inline void dec_cp16(void* dst, const void* src) {
+    const uint32_t s = uint32_t(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+
+__device__ inline void dec_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+__device__ inline void dec_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// DecArgs are a ferrite_dattn launch's arguments. Block (x, z): KV head
+// x / chunks, its query heads from (x % chunks)·G on, keys [z·split,
+// min((z+1)·split, pos + 1)) of row 0's sequence.
+struct DecArgs {
+    float* out;        // (1, heads·HD)
+    const float* q;    // (1, heads·HD), the plain form only
+    void* kc;          // (slots, kvh·HD) F32 or BF16
+    void* vc;          // (slots, kvh·HD)
+    const int* pos;    // row 0's position
+    const int* seq;    // row 0's sequence (its block table row)
+    const int* blocks; // (sequences, max_blocks) block table
+    float* part;       // (splits, heads, HD) sums, then (splits, heads, 2) max and sum
+    int* cnt;          // a zeroed counter per block column (x); the merging block zeroes it again
+    int max_blocks, bs, heads, kvh, chunks, split;
+    float scale;
+    // The QKV form (QKVAttention): the q/k/v product's row, row 0's cache
+    // slot, the cache's slots and PrepareQKV's parameters.
+    const float* qkv;
+    const int* slot;
+    int slots;
+    PrepArgs prep;
+};
+
+// dec_load issues the copies of the keys and values of positions [t0, t1)
+// but skip into tile rows 0, 1, … (cp.async, not committed).
+template <int HD, bool BF>
+__device__ inline void dec_load(const DecArgs& a, uint8_t* sk, uint8_t* sv, const int* bt, int t0, int t1, int skip,
+                                size_t kvw, size_t off) {
+    using T = DecTile<HD, BF>;
+    const int n = (t1 - t0) * T::kSeg;
+    for (int c = threadIdx.x; c < n; c += kDecThreads) {
+        const int j = c / T::kSeg, s = c % T::kSeg, p = t0 + j;
+        if (p == skip) continue;
+        const size_t e = ((size_t(bt[p / a.bs]) * a.bs + p % a.bs) * kvw + off) * T::kEsz + size_t(s) * 16;
+        dec_cp16(sk + j * T::kPitch + s * 16, static_cast<const uint8_t*>(a.kc) + e);
+        dec_cp16(sv + j * T::kRowB + s * 16, static_cast<const uint8_t*>(a.vc) + e);
+    }
+}
+
+// dec_prep is ops.cu's prep_head (one warp's PrepareQKV of a head into vw)
+// with the rotation's cos and sin read from cs and sn, which the block
+// computed before its PDL wait as prep_head computes them: the same bits.
+__device__ void dec_prep(float* vw, const float* src, int hd, int kind, const PrepArgs& a, const float* cs,
+                         const float* sn) {
+    const int lane = threadIdx.x & 31;
+    for (int d = lane; d < hd; d += 32) vw[d] = src[d];
+    __syncwarp();
+    if (kind == 2) return;
+    const float* w = kind == 0 ? a.qn : a.kn;
+    if (w) {
+        const float eps = kind == 0 ? a.qeps : a.keps;
+        const bool off = (a.flags >> kind) & 1;
+        double ss = 0;
+        for (int d = lane; d < hd; d += 32) ss += double(vw[d]) * double(vw[d]);
+        ss = warp_sum_f64(ss);
+        const float ms = float(ss / double(hd));
+        const float rs = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+        for (int d = lane; d < hd; d += 32) {
+            const float sc = off ? __fadd_rn(1.0f, w[d]) : w[d];
+            vw[d] = __fmul_rn(sc, __fmul_rn(vw[d], rs));
+        }
+        __syncwarp();
+    }
+    if (a.inv) {
+        const bool il = (a.flags >> 2) & 1;
+        for (int k = lane; k < a.half; k += 32) {
+            const float c = cs[k], s = sn[k];
+            const int ia = il ? 2 * k : k, ib = il ? 2 * k + 1 : k + a.half;
+            const float a0 = vw[ia], b0 = vw[ib];
+            vw[ia] = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, s));
+            vw[ib] = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, s));
+        }
+        __syncwarp();
+    }
+}
+
+// dec_block is the whole of a ferrite_dattn kernel: one query row's
+// attention for G query heads of a KV head over one split of its keys.
+//
+// Before its PDL wait it reads the step's inputs (position, sequence,
+// block table) and starts copying its first tile of past keys and values
+// into shared memory (earlier steps stored them; the row's own position,
+// which the kernel before may still be writing, is left out), and in the
+// QKV form computes the rotation's cos and sin. After the wait: the
+// queries (from q, or prepared from the qkv row, whose split holding the
+// row's position also prepares and stores its key and value), then per
+// tile the scores (a lane a key, a warp a head), the tile's online
+// softmax, and the values (a thread a dim). A split writes its running
+// max, sum and unnormalised output to part; the last split to finish
+// (a counter per block column) merges them, in split order. With one split
+// the block writes out itself. Launch: grid (kvh·chunks, splits), 128
+// threads; G ∈ {4, 8}, HD ∈ {64, 128}.
+template <int HD, bool BF, int G, bool QKV>
+__device__ void dec_block(const DecArgs& a) {
+    using T = DecTile<HD, BF>;
+    constexpr int kR = T::kKeys / 32;     // keys a lane scores a tile
+    constexpr int kNH = G / kDecWarps;    // heads a warp scores (1 or 2)
+    constexpr int kHS = kDecThreads / HD; // head sets of the value loop (a thread a dim)
+    constexpr int kGT = G / kHS;          // heads a thread sums values for
+    __shared__ __align__(16) uint8_t sk[T::kKeys * T::kPitch];
+    __shared__ __align__(16) uint8_t sv[T::kKeys * T::kRowB];
+    __shared__ __align__(16) float sq[G][HD];
+    __shared__ __align__(16) float sp[G][T::kKeys];  // the tile's probabilities
+    __shared__ __align__(16) float skv[2][HD];       // the QKV form: the row's key and value
+    __shared__ float cs[HD / 2], sn[HD / 2];          // the QKV form: cos and sin at the row's position
+    __shared__ float sc[G], sm[G], sl[G];
+    __shared__ bool last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kvh = blockIdx.x / a.chunks, chunk = blockIdx.x % a.chunks;
+    const int grp = a.heads / a.kvh, h0 = kvh * grp + chunk * G, ng = min(G, grp - chunk * G);
+    const int self = a.pos[0], len = self + 1;
+    const int k0 = blockIdx.y * a.split;
+    if (k0 >= len) return;  // an empty split: the merge counts only the others
+    const int k1 = min(len, k0 + a.split);
+    const int* bt = a.blocks + size_t(a.seq[0]) * a.max_blocks;
+    const size_t kvw = size_t(a.kvh) * HD, off = size_t(kvh) * HD;
+    dec_load<HD, BF>(a, sk, sv, bt, k0, min(k1, k0 + T::kKeys), self, kvw, off);
+    dec_cp_commit();
+    if (QKV && a.prep.inv) {
+        for (int k = threadIdx.x; k < a.prep.half; k += kDecThreads) {
+            const double ang = double(__fmul_rn(float(self), a.prep.inv[k]));
+            cs[k] = __fmul_rn(float(cos(ang)), a.prep.scale);
+            sn[k] = __fmul_rn(float(sin(ang)), a.prep.scale);
+        }
+    }
+    FERRITE_PDL_WAIT();
+
+    const bool has_self = self < k1;  // self ≥ k0: k0 < len
+    if (QKV) {
+        __syncthreads();  // cs, sn
+        const float* row = a.qkv;
+        for (int t = warp; t < G + 2; t += kDecWarps) {
+            if (t < G) {
+                if (t < ng) {
+                    dec_prep(sq[t], row + size_t(h0 + t) * HD, HD, 0, a.prep, cs, sn);
+                } else {
+                    for (int d = lane; d < HD; d += 32) sq[t][d] = 0.f;
+                }
+            } else if (has_self) {
+                const int kind = t - G + 1;  // 1: key, 2: value
+                dec_prep(skv[kind - 1], row + size_t(a.heads + (kind - 1) * a.kvh + kvh) * HD, HD, kind, a.prep, cs, sn);
+                const int sl = a.slot[0];
+                if (chunk == 0 && sl >= 0 && sl < a.slots)
+                    head_put(kind == 1 ? a.kc : a.vc, BF, size_t(sl) * kvw + off, skv[kind - 1], HD);
+            }
+        }
+    } else {
+        for (int t = threadIdx.x; t < G * HD / 4; t += kDecThreads) {
+            const int g = t / (HD / 4), d = (t % (HD / 4)) * 4;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (g < ng) v = *reinterpret_cast<const float4*>(a.q + size_t(h0 + g) * HD + d);
+            *reinterpret_cast<float4*>(&sq[g][d]) = v;
+        }
+    }
+    __syncthreads();  // sq (and skv)
+
+    float mr[kNH], lr[kNH];  // the running max and sum of heads warp + kDecWarps·i
+#pragma unroll
+    for (int i = 0; i < kNH; i++) mr[i] = -INFINITY, lr[i] = 0.f;
+    float acc[kGT];  // dim threadIdx.x % HD of heads threadIdx.x / HD + kHS·i
+#pragma unroll
+    for (int i = 0; i < kGT; i++) acc[i] = 0.f;
+    const int d = threadIdx.x % HD, hs = threadIdx.x / HD;
+
+    for (int t0 = k0; t0 < k1; t0 += T::kKeys) {
+        const int t1 = min(k1, t0 + T::kKeys), tn = t1 - t0;
+        if (t0 != k0) {  // a later tile (a split of more than kKeys keys)
+            __syncthreads();  // the last tile's rows have been read
+            dec_load<HD, BF>(a, sk, sv, bt, t0, t1, self, kvw, off);
+            dec_cp_commit();
+        }
+        if (self >= t0 && self < t1) {  // the row's own key and value
+            const int j = self - t0;
+            if (QKV) {
+                for (int e = threadIdx.x; e < HD; e += kDecThreads) {
+                    if (BF) {
+                        reinterpret_cast<uint16_t*>(sk + j * T::kPitch)[e] = f32_to_bf16(skv[0][e]);
+                        reinterpret_cast<uint16_t*>(sv + j * T::kRowB)[e] = f32_to_bf16(skv[1][e]);
+                    } else {
+                        reinterpret_cast<float*>(sk + j * T::kPitch)[e] = skv[0][e];
+                        reinterpret_cast<float*>(sv + j * T::kRowB)[e] = skv[1][e];
+                    }
+                }
+            } else {
+                const size_t e = ((size_t(bt[self / a.bs]) * a.bs + self % a.bs) * kvw + off) * T::kEsz;
+                for (int s = threadIdx.x; s < T::kSeg; s += kDecThreads) {
+                    dec_cp16(sk + j * T::kPitch + s * 16, static_cast<const uint8_t*>(a.kc) + e + size_t(s) * 16);
+                    dec_cp16(sv + j * T::kRowB + s * 16, static_cast<const uint8_t*>(a.vc) + e + size_t(s) * 16);
+                }
+                dec_cp_commit();
+            }
+        }
+        dec_cp_wait();
+        __syncthreads();
+
+        // Scores, a lane a key (rows lane, lane + 32, …), the warp's heads
+        // at once, each head's dot product summed over d in order.
+        float s[kNH][kR];
+#pragma unroll
+        for (int r = 0; r < kR; r++) {
+            const int j = min(lane + 32 * r, tn - 1);
+            const uint8_t* kr = sk + j * T::kPitch;
+            float sum[kNH];
+#pragma unroll
+            for (int i = 0; i < kNH; i++) sum[i] = 0.f;
+#pragma unroll 4
+            for (int e = 0; e < HD; e += 8) {
+                float kd[8];
+                if (BF) {
+                    BF16W::vec(*reinterpret_cast<const uint4*>(kr + e * 2), kd);
+                } else {
+                    F32W::vec(*reinterpret_cast<const uint4*>(kr + e * 4), kd);
+                    F32W::vec(*reinterpret_cast<const uint4*>(kr + e * 4 + 16), kd + 4);
+                }
+#pragma unroll
+                for (int i = 0; i < kNH; i++) {
+                    const float* qg = sq[warp + kDecWarps * i];
+                    const float4 q0 = *reinterpret_cast<const float4*>(qg + e);
+                    const float4 q1 = *reinterpret_cast<const float4*>(qg + e + 4);
+                    const float qe[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+                    for (int u = 0; u < 8; u++) sum[i] = fmaf(qe[u], kd[u], sum[i]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kNH; i++) s[i][r] = lane + 32 * r < tn ? sum[i] * a.scale : -INFINITY;
+        }
+        // The tile's online softmax per head; probabilities of rows past
+        // the tile are 0.
+#pragma unroll
+        for (int i = 0; i < kNH; i++) {
+            const int g = warp + kDecWarps * i;
+            float mt = s[i][0];
+#pragma unroll
+            for (int r = 1; r < kR; r++) mt = fmaxf(mt, s[i][r]);
+            const float mn = fmaxf(mr[i], warp_max(mt));  // finite: the tile has a key
+            const float c = expf(mr[i] - mn);              // 0 on the first tile
+            float ps = 0.f;
+#pragma unroll
+            for (int r = 0; r < kR; r++) {
+                const float p = expf(s[i][r] - mn);  // 0 for −∞
+                sp[g][lane + 32 * r] = p;
+                ps += p;
+            }
+            lr[i] = lr[i] * c + warp_sum(ps);
+            mr[i] = mn;
+            if (lane == 0) sc[g] = c;
+        }
+        __syncthreads();
+
+        // Values: a thread a dim, for its heads; four keys a step.
+#pragma unroll
+        for (int i = 0; i < kGT; i++) acc[i] *= sc[hs + kHS * i];
+        for (int j = 0; j < tn; j += 4) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int jj = min(j + u, tn - 1);  // a real row: its probability is 0 past tn
+                if (BF) {
+                    v[u] = __uint_as_float(uint32_t(reinterpret_cast<const uint16_t*>(sv + jj * T::kRowB)[d]) << 16);
+                } else {
+                    v[u] = reinterpret_cast<const float*>(sv + jj * T::kRowB)[d];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kGT; i++) {
+                const float4 p = *reinterpret_cast<const float4*>(&sp[hs + kHS * i][j]);
+                acc[i] = fmaf(p.x, v[0], acc[i]);
+                acc[i] = fmaf(p.y, v[1], acc[i]);
+                acc[i] = fmaf(p.z, v[2], acc[i]);
+                acc[i] = fmaf(p.w, v[3], acc[i]);
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < kNH; i++) sm[warp + kDecWarps * i] = mr[i], sl[warp + kDecWarps * i] = lr[i];
+    }
+    __syncthreads();
+
+    const int splits = gridDim.y;
+    if (splits == 1) {
+#pragma unroll
+        for (int i = 0; i < kGT; i++) {
+            const int g = hs + kHS * i;
+            if (g < ng) a.out[size_t(h0 + g) * HD + d] = acc[i] / sl[g];
+        }
+        return;
+    }
+    float* pml = a.part + size_t(splits) * a.heads * HD;  // (splits, heads, 2)
+#pragma unroll
+    for (int i = 0; i < kGT; i++) {
+        const int g = hs + kHS * i;
+        if (g < ng) a.part[(size_t(blockIdx.y) * a.heads + h0 + g) * HD + d] = acc[i];
+    }
+    if (threadIdx.x < ng) {
+        pml[(size_t(blockIdx.y) * a.heads + h0 + threadIdx.x) * 2] = sm[threadIdx.x];
+        pml[(size_t(blockIdx.y) * a.heads + h0 + threadIdx.x) * 2 + 1] = sl[threadIdx.x];
+    }
+    // The last of the filled splits to finish merges them (threadfence
+    // reduction; it sets the counter back to 0 for the next launch).
+    const int nz = (len + a.split - 1) / a.split;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* c = a.cnt + blockIdx.x;
+        last = atomicAdd(c, 1) == nz - 1;
+        if (last) *c = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float* zw = reinterpret_cast<float*>(sk);  // (G, kDecMaxSplits) the splits' weights exp(m_z − M)
+    for (int g = warp; g < ng; g += kDecWarps) {
+        float mz[kDecMaxSplits / 32], lz[kDecMaxSplits / 32];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int r = 0; r < kDecMaxSplits / 32; r++) {
+            const int z = lane + 32 * r;
+            mz[r] = -INFINITY, lz[r] = 0.f;
+            if (z < nz) {
+                mz[r] = __ldcg(pml + (size_t(z) * a.heads + h0 + g) * 2);
+                lz[r] = __ldcg(pml + (size_t(z) * a.heads + h0 + g) * 2 + 1);
+            }
+            mx = fmaxf(mx, mz[r]);
+        }
+        mx = warp_max(mx);
+        float L = 0.f;
+#pragma unroll
+        for (int r = 0; r < kDecMaxSplits / 32; r++) {
+            const float e = lane + 32 * r < nz ? expf(mz[r] - mx) : 0.f;
+            zw[g * kDecMaxSplits + lane + 32 * r] = e;
+            L += lz[r] * e;
+        }
+        L = warp_sum(L);
+        if (lane == 0) sl[g] = L;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kGT; i++) {
+        const int g = hs + kHS * i;
+        if (g >= ng) continue;
+        const float* pa = a.part + size_t(h0 + g) * HD + d;
+        const float* w = zw + g * kDecMaxSplits;
+        float A = 0.f;
+#pragma unroll 8
+        for (int z = 0; z < nz; z++) A = fmaf(__ldcg(pa + size_t(z) * a.heads * HD), w[z], A);
+        a.out[size_t(h0 + g) * HD + d] = A / sl[g];
+    }
+}
+
+}  // namespace
+
+#define FERRITE_DATTN(name, HD, BF, G, QKV)                                                                  \
+    extern "C" __global__ void __launch_bounds__(kDecThreads) name(                                          \
+        float* out, const float* q, void* kc, void* vc, const int* pos, const int* seq, const int* blocks,   \
+        float* part, int* cnt, int max_blocks, int bs, int heads, int kvh, int chunks, int split, float scale, \
+        const float* qkv, const int* slot, int slots, const float* qn, float qeps, const float* kn, float keps, \
+        const float* inv, int half, float rscale, int flags) {                                               \
+        DecArgs a{out, q, kc, vc, pos, seq, blocks, part, cnt, max_blocks, bs, heads, kvh, chunks, split, scale, \
+                  qkv, slot, slots, PrepArgs{qn, kn, inv, qeps, keps, rscale, half, flags}};                 \
+        dec_block<HD, BF, G, QKV>(a);                                                                        \
+    }
+
+FERRITE_DATTN(ferrite_dattn_f32_64_g4, 64, false, 4, false)
+FERRITE_DATTN(ferrite_dattn_f32_64_g8, 64, false, 8, false)
+FERRITE_DATTN(ferrite_dattn_f32_128_g4, 128, false, 4, false)
+FERRITE_DATTN(ferrite_dattn_f32_128_g8, 128, false, 8, false)
+FERRITE_DATTN(ferrite_dattn_bf16_64_g4, 64, true, 4, false)
+FERRITE_DATTN(ferrite_dattn_bf16_64_g8, 64, true, 8, false)
+FERRITE_DATTN(ferrite_dattn_bf16_128_g4, 128, true, 4, false)
+FERRITE_DATTN(ferrite_dattn_bf16_128_g8, 128, true, 8, false)
+FERRITE_DATTN(ferrite_dattn_qkv_f32_64_g4, 64, false, 4, true)
+FERRITE_DATTN(ferrite_dattn_qkv_f32_64_g8, 64, false, 8, true)
+FERRITE_DATTN(ferrite_dattn_qkv_f32_128_g4, 128, false, 4, true)
+FERRITE_DATTN(ferrite_dattn_qkv_f32_128_g8, 128, false, 8, true)
+FERRITE_DATTN(ferrite_dattn_qkv_bf16_64_g4, 64, true, 4, true)
+FERRITE_DATTN(ferrite_dattn_qkv_bf16_64_g8, 64, true, 8, true)
+FERRITE_DATTN(ferrite_dattn_qkv_bf16_128_g4, 128, true, 4, true)
+FERRITE_DATTN(ferrite_dattn_qkv_bf16_128_g8, 128, true, 8, true)
+
+// ferrite_rmsnorm_row is ferrite_add_rmsnorm for a single row (rows = 1)
+// of dim values, dim a multiple of 4 up to 16·blockDim.x, every pointer at
+// a 16-byte address: a thread's up to 4 float4 of the row and of the
+// weight stay in registers, the weight loaded before the PDL wait (no
+// kernel of a step writes it), and every warp reduces the warps' partial
+// sums itself (one barrier). The mean of squares is summed in float64 and
+// rounded to float32 before eps as kernels/ref.RMSNorm. Launch: one block
+// of 32·ceil(dim / 128) threads, at most 1024.
+extern "C" __global__ void __launch_bounds__(1024)
+    ferrite_rmsnorm_row(float* y, float* res, const float* delta, const float* w, int dim, float eps, int offset,
+                        float* sum) {
+    constexpr int kV = 4;
+    const int n4 = dim >> 2;
+    float4 wv[kV];
+#pragma unroll
+    for (int j = 0; j < kV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        wv[j] = i < n4 ? __ldg(reinterpret_cast<const float4*>(w) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    FERRITE_PDL_WAIT();
+    __shared__ double part[32];
+    float* xr = sum && delta ? sum : res;  // where res + delta goes
+    float4 xv[kV];
+    double ss = 0;
+#pragma unroll
+    for (int j = 0; j < kV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        xv[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < n4) {
+            float4 v = reinterpret_cast<const float4*>(res)[i];
+            if (delta) {
+                const float4 dv = reinterpret_cast<const float4*>(delta)[i];
+                v.x = __fadd_rn(v.x, dv.x), v.y = __fadd_rn(v.y, dv.y);
+                v.z = __fadd_rn(v.z, dv.z), v.w = __fadd_rn(v.w, dv.w);
+                reinterpret_cast<float4*>(xr)[i] = v;
+            }
+            xv[j] = v;
+            ss += double(v.x) * double(v.x);
+            ss += double(v.y) * double(v.y);
+            ss += double(v.z) * double(v.z);
+            ss += double(v.w) * double(v.w);
+        }
+    }
+    ss = warp_sum_f64(ss);
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    const double t = warp_sum_f64(lane < int(blockDim.x >> 5) ? part[lane] : 0.0);
+    const float ms = float(t / double(dim));
+    const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+#pragma unroll
+    for (int j = 0; j < kV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i >= n4) continue;
+        const float4 s = offset ? make_float4(__fadd_rn(1.0f, wv[j].x), __fadd_rn(1.0f, wv[j].y), __fadd_rn(1.0f, wv[j].z),
+                                              __fadd_rn(1.0f, wv[j].w))
+                                : wv[j];
+        float4 o;
+        o.x = __fmul_rn(s.x, __fmul_rn(xv[j].x, inv));
+        o.y = __fmul_rn(s.y, __fmul_rn(xv[j].y, inv));
+        o.z = __fmul_rn(s.z, __fmul_rn(xv[j].z, inv));
+        o.w = __fmul_rn(s.w, __fmul_rn(xv[j].w, inv));
+        reinterpret_cast<float4*>(y)[i] = o;
+    }
+}
