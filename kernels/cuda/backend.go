@@ -48,6 +48,7 @@ type Backend struct {
 	noMMA       bool           // Experts' prefill path keeps off the tensor cores (tests)
 	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
 	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
+	moeBar      kernels.Tensor // ferrite_moe_b1's grid barrier (moeB1Bar); the zero Tensor until first used
 	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
 	mlaSplitCap int            // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
 	mlaHeads    int            // heads a tensor-core attention block (≤ 32), 0 for tcPlan's choice (benchmarks)

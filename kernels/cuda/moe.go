@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/ferrite-llm/ferrite/kernels"
 )
 
 // moeConfig picks Experts' kernels for a few tokens. A new Backend takes
@@ -22,6 +24,7 @@ type moeConfig struct {
 	tiles  int  // FERRITE_MOE_TILES: the register tiles from this many slots, also below moeGTFrom tokens (0: from moeGTFrom tokens only)
 	sb     int  // FERRITE_MOE_SB: the slots a register-tile block takes (0: enough blocks for twice the SMs)
 	gt     int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
+	b1     int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -38,6 +41,9 @@ func moeConfigFromEnv() moeConfig {
 		tiles: num("FERRITE_MOE_TILES")}
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
+	}
+	if v := num("FERRITE_MOE_B1"); v == moeB1Fused || v == moeB1Two {
+		c.b1 = v
 	}
 	return c
 }
@@ -150,3 +156,96 @@ func (d *Device) kernelResources(name string) (regs, local int, err error) {
 // launches as the routed experts (FERRITE_MOE_FOLD=0 keeps them apart, for
 // comparison; it is read when a model is loaded).
 func (b *Backend) FoldsSharedExperts() bool { return os.Getenv("FERRITE_MOE_FOLD") != "0" }
+
+// The persistent grouped GEMV for 1 to moeB1Tokens tokens
+// (src/ops_moe_b1.cu): one block of moeB1Threads threads a multiprocessor,
+// every chosen expert's gate/up and down rows spread over all of them.
+// moeB1Fused runs gate/up and down in one launch with a grid barrier
+// between (each warp's first down weights asked for before it),
+// moeB1Two as two launches, the down one asking for its first weights
+// before its PDL wait. The bits are the slot-a-pass kernels' (and so the
+// register tiles').
+const (
+	moeB1Fused   = 1
+	moeB1Two     = 2
+	moeB1Tokens  = 3
+	moeB1Slots   = 192 // n·k
+	moeB1Threads = 512
+	moeB1Smem    = 160 << 10 // the most dynamic shared memory (h of every slot) a block takes
+	// the kernel's modes (src/ops_moe_b1.cu kB1*)
+	moeB1ModeGateUp, moeB1ModeDown, moeB1ModeBoth = 1, 2, 3
+)
+
+func init() {
+	bigSmemKernels = append(bigSmemKernels, "ferrite_moe_b1_1", "ferrite_moe_b1_3")
+}
+
+// moeB1Bar returns the device address of ferrite_moe_b1's grid barrier
+// (two zeroed words, allocated on first use; each launch leaves them ready
+// for the next).
+func (b *Backend) moeB1Bar() (uint64, error) {
+	if !b.moeBar.Valid() {
+		t, err := b.Alloc(kernels.I32, 1, 2)
+		if err != nil {
+			return 0, err
+		}
+		b.moeBar = t
+	}
+	return dptr(b.moeBar), nil
+}
+
+// b1Fits reports whether ferrite_moe_b1 takes Experts of x (n, hidden)
+// and k slots a token: 1 to moeB1Tokens tokens, bf16 experts, rows of
+// 16-byte loads, h (n·k, inter) in shared memory.
+func (b *Backend) b1Fits(x kernels.Tensor, n, k int, experts []kernels.Expert) bool {
+	hidden, inter := experts[0].Down.Rows, experts[0].Down.Cols
+	smem := n * k * inter * 4
+	if n < 1 || n > moeB1Tokens || n*k > moeB1Slots || hidden%8 != 0 || inter%8 != 0 || x.Stride%4 != 0 || dptr(x)%16 != 0 ||
+		smem > moeB1Smem || (smem > 48<<10 && smem > b.dev.SmemOptIn-32<<10) {
+		return false
+	}
+	for _, ex := range experts {
+		if ex.Down.DType != kernels.BF16 || (ex.GateUp != nil && ex.GateUp.DType != kernels.BF16) ||
+			(ex.GateUp == nil && (ex.Gate.DType != kernels.BF16 || ex.Up.DType != kernels.BF16)) {
+			return false
+		}
+	}
+	return true
+}
+
+// expertsB1 queues Experts (dst, x, ids, w as runExperts has them, h the
+// (n·k, inter) scratch) as ferrite_moe_b1_* when b.moe.b1 asks for it and
+// b1Fits, and reports whether it did.
+func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Expert, table *Buffer, h uint64, limit float32) bool {
+	n, k := x.Rows, ids.Cols
+	if b.moe.b1 == 0 || !b.b1Fits(x, n, k, experts) {
+		return false
+	}
+	hidden, inter := experts[0].Down.Rows, experts[0].Down.Cols
+	smem, xp := n*k*inter*4, dptr(x)
+	bar, err := b.moeB1Bar()
+	if err != nil {
+		b.fail(err)
+		return true
+	}
+	name := "ferrite_moe_b1_1"
+	if n > 1 {
+		name = "ferrite_moe_b1_3"
+	}
+	grid, y, ip, wp := uint32(b.dev.SMs), dptr(dst), dptr(ids), dptr(w)
+	args := func(mode int) []uint64 {
+		return []uint64{i32(mode), y, i32(dst.Stride), h, xp, i32(x.Stride), ip, wp, table.ptr, i32(len(experts)),
+			i32(n), i32(k), i32(inter), i32(hidden), f32(limit), bar}
+	}
+	fused := b.moe.b1 == moeB1Fused
+	b.queue(func(d *Device) error {
+		if fused {
+			return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeBoth)...)
+		}
+		if err := d.launchL(name, grid, moeB1Threads, 0, args(moeB1ModeGateUp)...); err != nil {
+			return err
+		}
+		return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeDown)...)
+	})
+	return true
+}

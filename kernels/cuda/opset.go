@@ -1227,6 +1227,9 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		return
 	}
 	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
+	if b.expertsB1(dst, x, ids, w, experts, table, h, limit) {
+		return
+	}
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
 	if b.moe.useGT(n, k) {
 		slots, sms := n*k, b.dev.SMs
