@@ -210,19 +210,20 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // slot-a-pass kernels where the tiles are the default, "gt" the tiles
 // where they are not, "gt=1" the tiles with one gate/up row a warp
 // (FERRITE_MOE_GT; 4 by default), "tiles" the prefill path's sorted tiles
-// at a register-tile size (FERRITE_MOE_KERNELS=v1). µs/layer is the step
+// at a register-tile size (FERRITE_MOE_KERNELS=v1), "pipe" the streamed
+// kernels (FERRITE_MOE_KERNELS=pipe, moe_pipe.go) from moeGTFrom tokens. µs/layer is the step
 // over the layers; GB/s counts the chosen experts' weight bytes (distinct
 // experts of the step's tokens) over the step's wall time,
 // TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
-	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 2, 4, 8, 32, 64, 512})
+	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 2, 4, 8, 16, 32, 64, 512})
 }
 
 // BenchmarkMoEGLM is BenchmarkMoE on GLM-4.7-Flash's routed experts (64
 // of 1,536, top 4, hidden 2048, 46 layers, 55 GB), at its bench's batch
 // sizes.
 func BenchmarkMoEGLM(b *testing.B) {
-	benchMoE(b, 64, 4, 2048, 1536, 46, []int{1, 2, 8, 32, 64})
+	benchMoE(b, 64, 4, 2048, 1536, 46, []int{1, 2, 4, 8, 16, 32, 64})
 }
 
 func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
@@ -280,6 +281,9 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 		}
 		if n > 1 && n <= moeFewTokens && n*k <= moeGEMVSlots {
 			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
+		}
+		if n >= moeGTFrom && n*k <= moePipeSlots {
+			vs = append(vs, variant{"/pipe", moeConfig{pipe: true}})
 		}
 		for _, v := range vs {
 			be.moe = v.c

@@ -1231,6 +1231,10 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		return
 	}
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
+	if b.usePipe(n, k) && pipeFits(experts, hidden, inter, x.Stride) {
+		b.expertsPipe(dst, x, ip, wp, h, table, len(experts), n, k, hidden, inter, limit)
+		return
+	}
 	if b.moe.useGT(n, k) {
 		slots, sms := n*k, b.dev.SMs
 		ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output

@@ -1,0 +1,81 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import "github.com/ferrite-llm/ferrite/kernels"
+
+// The streamed grouped experts (src/ops_moe_pipe.cu): for decode batches
+// from moeGTFrom tokens up to moePipeSlots slots, every block resident for
+// the call and the experts' bf16 weights copied through a ring of
+// shared-memory stages with cp.async, so far more bytes are in flight than
+// the register tiles (ferrite_moe_gt_*) hold. Every output is summed as
+// the one-token kernels sum it (kernels.RowExact holds as for the register
+// tiles). FERRITE_MOE_KERNELS=pipe turns it on.
+const (
+	moePipeSlots = 512                        // the most slots (tokens · k) a call
+	moePipeSmem  = 4*40960 + (1024+4*512+4)*4 // dynamic shared memory a block: kPipeStages · PipeShape::kStage + kPipeSmemSort (none static)
+)
+
+func init() {
+	names := []string{"ferrite_moe_pipe_gate_up", "ferrite_moe_pipe_down"}
+	kernelNames = append(kernelNames, names...)
+	bigSmemKernels = append(bigSmemKernels, names...)
+	for _, n := range names {
+		pdlKernels[n] = true
+	}
+}
+
+// usePipe reports whether n tokens of k slots each take the streamed
+// kernels: with c.pipe, from moeGTFrom tokens (c.tiles slots when set) up
+// to moePipeSlots slots, on a device whose blocks may take moePipeSmem.
+func (b *Backend) usePipe(n, k int) bool {
+	c := b.moe
+	if !c.pipe || n*k > moePipeSlots || b.dev.SmemOptIn < moePipeSmem {
+		return false
+	}
+	if c.tiles > 0 && n*k >= c.tiles {
+		return true
+	}
+	return n >= moeGTFrom
+}
+
+// pipeFits reports whether experts suit the streamed kernels: every
+// weight bf16, widths of 8s (16-byte rows) and x's stride a multiple of 4.
+func pipeFits(experts []kernels.Expert, hidden, inter, xStride int) bool {
+	if hidden%8 != 0 || inter%8 != 0 || xStride%4 != 0 {
+		return false
+	}
+	for _, ex := range experts {
+		if ex.GateUp != nil {
+			if ex.GateUp.DType != kernels.BF16 {
+				return false
+			}
+		} else if ex.Gate.DType != kernels.BF16 || ex.Up.DType != kernels.BF16 {
+			return false
+		}
+		if ex.Down.DType != kernels.BF16 {
+			return false
+		}
+	}
+	return true
+}
+
+// expertsPipe queues the streamed kernels and ferrite_moe_combine for
+// runExperts: h (n·k, inter) its scratch, table the experts' descriptors.
+func (b *Backend) expertsPipe(dst, x kernels.Tensor, ip, wp, h uint64, table *Buffer, ne, n, k, hidden, inter int, limit float32) {
+	slots, sms := n*k, uint32(b.dev.SMs)
+	ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
+	y, xp := dptr(dst), dptr(x)
+	b.queue(func(d *Device) error {
+		err := d.launchL("ferrite_moe_pipe_gate_up", sms, 256, moePipeSmem,
+			h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(ne), i32(k), i32(slots), i32(hidden), f32(limit))
+		if err == nil {
+			err = d.launchL("ferrite_moe_pipe_down", sms, 256, moePipeSmem,
+				ye, i32(hidden), h, ip, table.ptr, i32(ne), i32(k), i32(slots), i32(inter))
+		}
+		if err != nil {
+			return err
+		}
+		return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
+	})
+}

@@ -1,0 +1,145 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
+)
+
+// pipeExperts returns e random bf16 experts of hidden and inter, the even
+// ones with gate and up fused.
+func pipeExperts(rng *rand.Rand, e, hidden, inter int) []kernels.Expert {
+	ex := make([]kernels.Expert, e)
+	for i := range ex {
+		if i%2 == 0 {
+			ex[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.BF16, 2*inter, hidden, 0, 0)}
+		} else {
+			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
+				Up: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)}
+		}
+		ex[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
+	}
+	return ex
+}
+
+// TestOpsExpertsPipe checks the streamed kernels (FERRITE_MOE_KERNELS=pipe)
+// against kernels/ref.Experts within kerneltest.ExpertsTol of max |y|:
+// widths that fill whole chunks and row blocks and widths that do not
+// (hidden 264 = 256 + 8 columns, inter 72 = 2·32 + 8 rows), experts with
+// one slot and with more than a group of 8 (several groups), from
+// moeGTFrom tokens up to 512 slots, a token with a bad id (NaN, the others
+// unaffected), and forced below moeGTFrom (tiles: 1).
+func TestOpsExpertsPipe(t *testing.T) {
+	b := openOps(t)
+	defer func(c moeConfig) { b.moe = c }(b.moe)
+	if b.dev.SmemOptIn < moePipeSmem {
+		t.Skipf("the device's blocks take %d bytes of shared memory, the streamed kernels %d", b.dev.SmemOptIn, moePipeSmem)
+	}
+	rng := rand.New(rand.NewPCG(51, 52))
+	for _, s := range []struct{ e, k, hidden, inter int }{{12, 4, 256, 96}, {7, 3, 264, 72}, {40, 8, 512, 256}} {
+		ex := pipeExperts(rng, s.e, s.hidden, s.inter)
+		b.moe = moeConfig{pipe: true}
+		for _, n := range []int{moeGTFrom, 5, 16, 33, moePipeSlots / s.k} {
+			if !b.usePipe(n, s.k) {
+				t.Fatalf("n=%d, k=%d: the streamed kernels are not used", n, s.k)
+			}
+			checkExperts(t, b, fmt.Sprintf("pipe/%+v/n=%d", s, n), ex, n, s.k, rng)
+		}
+		b.moe = moeConfig{pipe: true, tiles: 1}
+		for _, n := range []int{1, 2} {
+			checkExperts(t, b, fmt.Sprintf("pipe/%+v/tiles/n=%d", s, n), ex, n, s.k, rng)
+		}
+	}
+}
+
+// TestOpsExpertsPipeRowExact checks that the streamed kernels give every
+// token the bits of a call with that token alone (the one-token kernels),
+// and so the register tiles' bits too, with tokens that share experts (up
+// to 24 slots of one expert: three groups).
+func TestOpsExpertsPipeRowExact(t *testing.T) {
+	b := openOps(t)
+	defer func(c moeConfig) { b.moe = c }(b.moe)
+	if b.dev.SmemOptIn < moePipeSmem {
+		t.Skip("the device's blocks lack the shared memory")
+	}
+	const e, k, hidden, inter, n = 6, 4, 264, 72, 24
+	rng := rand.New(rand.NewPCG(61, 62))
+	ex := pipeExperts(rng, e, hidden, inter)
+	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
+	ids := make([]int32, n*k)
+	for i := range n {
+		for j, p := range rng.Perm(e)[:k] {
+			ids[i*k+j] = int32(p)
+		}
+	}
+	b.moe = moeConfig{}
+	alone := make([]float32, n*hidden)
+	for i := range n {
+		copy(alone[i*hidden:], expertsOnDevice(t, b, ex, 1, k, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
+	}
+	for _, c := range []moeConfig{{pipe: true}, {pipe: true, tiles: 1}} {
+		b.moe = c
+		for _, rows := range []int{2, moeGTFrom, 9, n} {
+			got := expertsOnDevice(t, b, ex, rows, k, xv[:rows*hidden], ids[:rows*k], wv[:rows*k])
+			differ := 0
+			for i, v := range got {
+				if math.Float32bits(v) != math.Float32bits(alone[i]) {
+					differ++
+				}
+			}
+			if differ > 0 {
+				t.Errorf("%+v, %d tokens: %d of %d outputs differ from the tokens' calls alone", c, rows, differ, len(got))
+			}
+		}
+	}
+}
+
+// TestExpertsClampPipe checks ExpertsClamp on the streamed kernels against
+// kernels/ref.ExpertsClamp (the limit must change the result).
+func TestExpertsClampPipe(t *testing.T) {
+	b := openOps(t)
+	defer func(c moeConfig) { b.moe = c }(b.moe)
+	b.moe = moeConfig{pipe: true}
+	const e, k, hidden, inter, n, limit = 6, 2, 128, 64, 9, 0.5
+	rng := rand.New(rand.NewPCG(71, 72))
+	ex := pipeExperts(rng, e, hidden, inter)
+	if !b.usePipe(n, k) {
+		t.Skip("the streamed kernels do not run here")
+	}
+	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
+	ids := make([]int32, n*k)
+	for i := range n {
+		a := rng.IntN(e)
+		ids[i*k], ids[i*k+1] = int32(a), int32((a+1+rng.IntN(e-1))%e)
+	}
+	x, w, it := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv), i32Tensor(t, b, n, k, ids)
+	y := f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
+	b.BeginStep()
+	b.ExpertsClamp(y, x, it, w, ex, limit)
+	b.EndStep()
+	got := make([]float32, n*hidden)
+	b.ReadF32(got, y)
+	want, plain := make([]float32, n*hidden), make([]float32, n*hidden)
+	ref.ExpertsClamp(want, xv, ids, wv, n, ex, limit)
+	ref.Experts(plain, xv, ids, wv, n, ex)
+	m, d, p := 0.0, 0.0, 0.0
+	for i := range want {
+		m = max(m, math.Abs(float64(want[i])))
+		d = max(d, math.Abs(float64(got[i])-float64(want[i])))
+		p = max(p, math.Abs(float64(plain[i])-float64(want[i])))
+	}
+	t.Logf("max |y| %.3g, max error %.3g (%.3g of it), the clamp moves y by %.3g", m, d, d/m, p)
+	if !(d <= kerneltest.ExpertsTol*m) {
+		t.Errorf("max error %.3g > %.3g", d, kerneltest.ExpertsTol*m)
+	}
+	if p < 1e-2*m {
+		t.Errorf("the clamp at %g moves y by only %.3g: the case does not test it", limit, p)
+	}
+}
