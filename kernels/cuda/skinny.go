@@ -14,7 +14,7 @@ import (
 // SwiGLULinear of 2 to 64 rows on a bf16 weight, the decode batches, in
 // one kernel on the tensor cores, built to stream the weight at the full
 // bandwidth. The weight streams from memory once, through a cp.async ring
-// of shared-memory stages, 64–112 KiB of it in flight a multiprocessor;
+// of shared-memory stages, 80–144 KiB of it in flight a multiprocessor;
 // x's chunks ride in the same stages as float32 and are split into two
 // bf16 terms as the fragments are loaded (the accuracy of the cuBLASLt
 // path, linearSplit, whose split and epilogue kernels it saves, and
@@ -56,11 +56,11 @@ func init() {
 func skinnyStages(tile int) int {
 	switch {
 	case tile >= 3:
-		return 5
-	case tile == 2:
 		return 6
+	case tile == 2:
+		return 8
 	}
-	return 8
+	return 10
 }
 
 // skinnySmem is the dynamic shared memory of the skinny kernel of index
@@ -76,6 +76,7 @@ func skinnySmem(tile int) int {
 // skinnyState is a Backend's skinny GEMM setting and split counters.
 type skinnyState struct {
 	rows     int // Linear of 2 to rows rows runs the skinny GEMM; 0: never
+	l2       int // the kernel's L2 hints for the weights (skinnyL2Default)
 	once     sync.Once
 	counters *Buffer // skinnyCounters int32, zero between launches
 }
@@ -86,6 +87,16 @@ type skinnyState struct {
 func skinnyRowsDefault() int {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_SKINNY")); err == nil && n >= 0 {
 		return min(n, skinnyMaxRows)
+	}
+	return 0
+}
+
+// skinnyL2Default is a new Backend's L2 hints for the skinny GEMM's weight
+// loads, FERRITE_CUDA_SKINNY_L2 (0 by default): bit 1 evict the weights
+// first, bit 2 fetch 256 bytes into L2 a request.
+func skinnyL2Default() int {
+	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_SKINNY_L2")); err == nil && n >= 0 && n <= 3 {
+		return n
 	}
 	return 0
 }
@@ -172,18 +183,19 @@ func (b *Backend) skinnyG(y, x, bias uint64, w *Weight, n int, acc, swiglu bool,
 	g = skinnyBlocks(gx, chunks, g, b.dev.SMs)
 	// (2·g, 128·xr) each block's first and last pieces' sums
 	part := dptr(b.Scratch(kernels.F32, 2*g, skinnyBlockRows*8<<skinnyTile(n)))
-	counters := b.skinny.counters.ptr
-	b.queue(func(d *Device) error { return d.skinnyL(y, x, bias, w, n, acc, swiglu, limit, g, part, counters) })
+	counters, l2 := b.skinny.counters.ptr, b.skinny.l2
+	b.queue(func(d *Device) error { return d.skinnyL(y, x, bias, w, n, acc, swiglu, limit, g, part, counters, l2) })
 }
 
-// skinnyL launches the skinny GEMM on g blocks (skinnyBlocks): part holds
-// 2·g·128·8·2^skinnyTile(n) float32, counters skinnyCounters zeros.
-func (d *Device) skinnyL(y, x, bias uint64, w *Weight, n int, acc, swiglu bool, limit float32, g int, part, counters uint64) error {
+// skinnyL launches the skinny GEMM on g blocks (skinnyBlocks) with the L2
+// hints l2 (skinnyL2Default): part holds 2·g·128·8·2^skinnyTile(n)
+// float32, counters skinnyCounters zeros.
+func (d *Device) skinnyL(y, x, bias uint64, w *Weight, n int, acc, swiglu bool, limit float32, g int, part, counters uint64, l2 int) error {
 	rows, sw := w.Rows, 0
 	if swiglu {
 		rows, sw = w.Rows/2, 1
 	}
 	tile := skinnyTile(n)
 	return d.launchL(skinnyKernels[sw][tile], uint32(g), skinnyWarps*32, uint32(skinnySmem(tile)),
-		y, x, w.Buf.ptr, i32(n), i32(rows), i32(w.Cols), bias, b32(acc), f32(limit), part, counters)
+		y, x, w.Buf.ptr, i32(n), i32(rows), i32(w.Cols), bias, b32(acc), f32(limit), part, counters, i32(l2))
 }

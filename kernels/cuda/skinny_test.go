@@ -18,7 +18,8 @@ import (
 // emulation of it: over g blocks every unit is taken once, a block holds
 // at most two pieces (its first and last segment) and never two in one
 // slot, and the blocks the kernel counts for a split row block (from the
-// owners of its first and last chunk) are exactly those holding a piece.
+// owners of its first and last chunk) are exactly those holding a piece;
+// and every kernel's shared memory fits an H200 block.
 // It also logs the Qwen3-8B layers' chunks a block on 132 multiprocessors.
 func TestSkinnyUnits(t *testing.T) {
 	for _, gx := range []int{1, 2, 3, 7, 16, 32, 48, 192, 1187} {
@@ -74,6 +75,11 @@ func TestSkinnyUnits(t *testing.T) {
 			}
 		}
 	}
+	for tile := range 4 { // an H100/H200 block may opt in to 227 KiB
+		if sm := skinnySmem(tile); sm > 227<<10 {
+			t.Errorf("tile %d: %d bytes of shared memory", tile, sm)
+		}
+	}
 	for _, c := range qwen3_8B {
 		gx, chunks := ceilDiv(c.rows, skinnyBlockRows), ceilDiv(c.cols, skinnyChunk)
 		if c.name == "gate_up" {
@@ -100,8 +106,8 @@ func batchTest(t *testing.T) {
 // scale as kerneltest states it): rows of x from 1 to 64 (each kernel
 // size, partial tiles), weight heights that end mid-tile and mid-block,
 // widths that end mid-chunk, the units dealt over 1, 3, 7 blocks, one a
-// multiprocessor or one a unit, bias, residual add, the SwiGLU with and
-// without its clamp. A guard row after y must keep its poison, and the
+// multiprocessor or one a unit (each with another of the L2 hints), bias,
+// residual add, the SwiGLU with and without its clamp. A guard row after y must keep its poison, and the
 // split counters must be back at zero. It logs each case's worst error as
 // a fraction of its allowance. TestSkinnyShapes runs the Qwen3-8B shapes.
 func TestSkinny(t *testing.T) {
@@ -123,7 +129,8 @@ func TestSkinny(t *testing.T) {
 		{57, 384, 1216, false, 0, true, true}, {24, 640, 776, true, 0, false, false},
 	}
 	for _, c := range cases {
-		for _, g := range []int{0, 1, 3, 7, 1 << 20} {
+		for gi, g := range []int{0, 1, 3, 7, 1 << 20} {
+			b.skinny.l2 = gi % 4 // the L2 hints do not change a bit
 			name := fmt.Sprintf("n=%d,%dx%d,swiglu=%v,limit=%v,bias=%v,acc=%v,g=%d", c.n, c.rows, c.cols, c.swiglu, c.limit, c.bias, c.acc, g)
 			t.Run(name, func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(c.n*1000+c.rows), uint64(c.cols)))
@@ -356,7 +363,8 @@ func TestSkinnyShapes(t *testing.T) {
 // epilogue kernel; for gate_up also ferrite_swiglu_cat). gate_up is
 // SwiGLULinear (the stacked 24576 × 4096 weight in, 12288 outputs a row),
 // the others Linear. Weights rotate over ≥ 1 GiB of copies so none is in
-// L2; GB/s counts the weight's bytes once per call.
+// L2; GB/s counts the weight's bytes once per call. At 32 and 64 rows the
+// skinny GEMM also runs with each of its L2 hints (skinny/l2=N).
 func BenchmarkSkinny(b *testing.B) {
 	be := openOps(b)
 	d := be.dev
@@ -393,9 +401,18 @@ func BenchmarkSkinny(b *testing.B) {
 					b.ReportMetric(el.Seconds()*1e6/float64(b.N), "us/call")
 				})
 			}
-			run("skinny", func(w *Weight) error {
-				return d.skinnyL(y.ptr, x.ptr, 0, w, n, false, swiglu, 0, g, part.ptr, counters.ptr)
-			})
+			for l2 := range 4 { // the L2 hints, all at 32 and 64 rows
+				if l2 > 0 && n < 32 {
+					break
+				}
+				name := "skinny"
+				if l2 > 0 {
+					name = fmt.Sprintf("skinny/l2=%d", l2)
+				}
+				run(name, func(w *Weight) error {
+					return d.skinnyL(y.ptr, x.ptr, 0, w, n, false, swiglu, 0, g, part.ptr, counters.ptr, l2)
+				})
+			}
 			run("cublas", func(w *Weight) error {
 				cnt := int64(n) * int64(s.cols)
 				if err := d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb.ptr, x.ptr, uint64(cnt)); err != nil {

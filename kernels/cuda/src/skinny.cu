@@ -29,7 +29,7 @@
 // element is read from shared memory once. A chunk's weight tile (128 × 64
 // bf16, 16 KiB) and x (8·NT × 64 float32) stream into a ring of STAGES
 // shared-memory stages with cp.async, STAGES − 1 chunks in flight while
-// one is multiplied (64–112 KiB of weight a multiprocessor). The weight
+// one is multiplied (80–144 KiB of weight a multiprocessor). The weight
 // rows' eight 16-byte groups are stored swizzled (group g of row r at
 // g ^ r % 8) so that ldmatrix reads the A fragments without bank
 // conflicts; x's sixteen 16-byte groups a row at g ^ 2·(r % 4), so that the
@@ -72,9 +72,10 @@ __device__ inline void sk_terms(float2 v, uint32_t& hi, uint32_t& lo) {
     lo = pack_bf16(__fsub_rn(v.x, __uint_as_float(hi << 16)), __fsub_rn(v.y, __uint_as_float(hi & 0xffff0000u)));
 }
 
-// skinnyStages is the ring's depth for NT tiles of x rows (skinny.go's
-// skinnyStages): about 160 KiB of stages, one block a multiprocessor.
-__host__ __device__ constexpr int sk_stages(int nt) { return nt >= 8 ? 5 : nt >= 4 ? 6 : 8; }
+// sk_stages is the ring's depth for NT tiles of x rows (skinny.go's
+// skinnyStages): as many as fit next to the sums tile in the 227 KiB a
+// block may take, one block a multiprocessor.
+__host__ __device__ constexpr int sk_stages(int nt) { return nt >= 8 ? 6 : nt >= 4 ? 8 : 10; }
 
 // sk_units sets the units of this block, [u0, u1), and the chunks of K.
 template <bool SWIGLU>
@@ -86,11 +87,40 @@ __device__ inline void sk_units(int rows, int K, int& chunks, int& u0, int& u1) 
     u1 = int((int64_t(blockIdx.x) + 1) * U / G);
 }
 
+// sk_cp16 is cp16 with L2 hints by the bits of flags: 1 the weights are
+// evicted first (policy pol, from sk_policy), 2 L2 fetches 256 bytes (the
+// row's next chunk with this one).
+__device__ inline void sk_cp16(uint32_t dst, const void* src, int bytes, int flags, uint64_t pol) {
+    switch (flags & 3) {
+    case 1:
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src), "r"(bytes), "l"(pol)
+                     : "memory");
+        break;
+    case 2:
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+        break;
+    case 3:
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src), "r"(bytes),
+                     "l"(pol)
+                     : "memory");
+        break;
+    default:
+        cp16(dst, src, bytes);
+    }
+}
+
+// sk_policy is an L2 policy that evicts what it reads first.
+__device__ inline uint64_t sk_policy() {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+
 // sk_issue_w copies the weight tile of (row block rb, chunk c) to shared
 // address dst (zeros past the rows or K): thread t copies group t % 8 of
 // tile rows t / 8 + 32·j.
 template <bool SWIGLU>
-__device__ inline void sk_issue_w(uint32_t dst, const uint16_t* w, int rows, int K, int rb, int c) {
+__device__ inline void sk_issue_w(uint32_t dst, const uint16_t* w, int rows, int K, int rb, int c, int flags, uint64_t pol) {
     const int tid = threadIdx.x, k = c * kSkChunk + 8 * (tid & 7);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -101,7 +131,7 @@ __device__ inline void sk_issue_w(uint32_t dst, const uint16_t* w, int rows, int
             stored = i < kSkRows / 2 ? r : rows + r;
         }
         const bool ok = r < rows && k < K;
-        cp16(dst + sk_at(i, tid & 7), ok ? w + size_t(stored) * K + k : w, ok ? 16 : 0);
+        sk_cp16(dst + sk_at(i, tid & 7), ok ? w + size_t(stored) * K + k : w, ok ? 16 : 0, flags, pol);
     }
 }
 
@@ -110,16 +140,17 @@ __device__ inline void sk_issue_w(uint32_t dst, const uint16_t* w, int rows, int
 // (committed with the first x copies) and zeros the rows of x past n in
 // every stage, which stay so.
 template <int NT, bool SWIGLU>
-__device__ void skinny_prefetch(const uint16_t* w, int n, int rows, int K) {
+__device__ void skinny_prefetch(const uint16_t* w, int n, int rows, int K, int flags) {
     constexpr int XR = 8 * NT, S = sk_stages(NT);
     constexpr uint32_t kStage = kSkWBytes + XR * 256;
     extern __shared__ __align__(128) uint8_t sk_smem[];
     int chunks, u0, u1;
     sk_units<SWIGLU>(rows, K, chunks, u0, u1);
     int rb = u0 / chunks, c = u0 - rb * chunks;
+    const uint64_t pol = sk_policy();
 #pragma unroll
     for (int st = 0; st < S - 1; st++) {
-        if (u0 + st < u1) sk_issue_w<SWIGLU>(smem_addr(sk_smem) + st * kStage, w, rows, K, rb, c);
+        if (u0 + st < u1) sk_issue_w<SWIGLU>(smem_addr(sk_smem) + st * kStage, w, rows, K, rb, c, flags, pol);
         if (++c == chunks) {
             c = 0;
             rb++;
@@ -134,7 +165,7 @@ __device__ void skinny_prefetch(const uint16_t* w, int n, int rows, int K) {
 template <int NT, bool SWIGLU>
 __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w, int n,
                        int rows, int K, const float* __restrict__ bias, int acc_y, float limit, float* part,
-                       int* counters) {
+                       int* counters, int flags) {
     constexpr int XR = 8 * NT;                    // rows of x a stage holds
     constexpr int S = sk_stages(NT);              // stages
     constexpr uint32_t kStage = kSkWBytes + XR * 256;  // bytes of a stage
@@ -154,6 +185,7 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
     int chunks, u0, u1;
     sk_units<SWIGLU>(rows, K, chunks, u0, u1);
     const int U = (rows + outs - 1) / outs * chunks, G = gridDim.x;
+    const uint64_t pol = sk_policy();
 
     // issue_x copies chunk c of x (rows below n) into stage st.
     auto issue_x = [&](int c, int st) {
@@ -203,7 +235,7 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
         cp_wait<S - 2>();
         __syncthreads();
         if (u + S - 1 < u1) {
-            sk_issue_w<SWIGLU>(sm + ist * kStage, w, rows, K, irb, ic);
+            sk_issue_w<SWIGLU>(sm + ist * kStage, w, rows, K, irb, ic, flags, pol);
             issue_x(ic, ist);
         }
         cp_commit();
@@ -316,14 +348,15 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
 
 // ferrite_skinny_bf16_NT: y (n, rows) = x (n, cols) · wᵀ (+ bias) (+ y);
 // ferrite_skinny_swiglu_bf16_NT: y (n, rows) = swiglu of the stacked [gate;
-// up] (2·rows, cols) weight's products (clamped at limit > 0). n ≤ 8·NT.
+// up] (2·rows, cols) weight's products (clamped at limit > 0). n ≤ 8·NT;
+// flags: sk_cp16's L2 hints for the weights.
 #define FERRITE_SKINNY(NAME, NT, SWIGLU)                                                                    \
     extern "C" __global__ void __launch_bounds__(256, 1)                                                     \
         NAME(float* y, const float* x, const uint16_t* w, int n, int rows, int cols, const float* bias,      \
-             int acc_y, float limit, float* part, int* counters) {                                           \
-        skinny_prefetch<NT, SWIGLU>(w, n, rows, cols);                                                       \
+             int acc_y, float limit, float* part, int* counters, int flags) {                                \
+        skinny_prefetch<NT, SWIGLU>(w, n, rows, cols, flags);                                                \
         FERRITE_PDL_WAIT();                                                                                  \
-        skinny<NT, SWIGLU>(y, x, w, n, rows, cols, bias, acc_y, limit, part, counters);                      \
+        skinny<NT, SWIGLU>(y, x, w, n, rows, cols, bias, acc_y, limit, part, counters, flags);                      \
     }
 
 FERRITE_SKINNY(ferrite_skinny_bf16_1, 1, false)
