@@ -193,6 +193,16 @@ func TestSkinny(t *testing.T) {
 	}
 }
 
+// TestSkinnyOps runs the op-set conformance suite (kerneltest.RunOps) with
+// the skinny GEMM taking the products of 2 to 64 rows: Linear, LinearCat,
+// SwiGLULinear and their norm forms at the suite's tolerances.
+func TestSkinnyOps(t *testing.T) {
+	batchTest(t)
+	b := openOps(t)
+	b.SetSkinnyRows(skinnyMaxRows)
+	kerneltest.RunOps(t, b)
+}
+
 // skinnyWant is the reference of a TestSkinny case and the scale its
 // tolerance multiplies: y = x·mᵀ (+ bias) (+ y0), or the SwiGLU of x·mᵀ
 // (gate) and x·upᵀ.
