@@ -97,7 +97,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b.cpu = cpu.New(threads)
-	b.skinny.rows = skinnyRowsDefault()
+	b.skinny.rows, b.skinny.l2 = skinnyRowsDefault(), skinnyL2Default()
 	b.rowAttn.rows = rowAttnDefault()
 	return b, nil
 }

@@ -33,8 +33,9 @@
 // that many rows a block. Two kernels for decode batches are in and off by default
 // until they beat what runs now: FERRITE_CUDA_SKINNY=N runs the products
 // of 2 to N rows as the skinny GEMM (skinny.go: tensor cores, the weight
-// read once, the SwiGLU, bias and residual add in its epilogue) instead of
-// cuBLASLt, FERRITE_CUDA_ROWATTN=N the attention of N rows or more as
+// read once, stream-K over one block a multiprocessor, the SwiGLU, bias
+// and residual add in its epilogue; FERRITE_CUDA_SKINNY_L2=1–3 adds L2
+// hints to its weight loads) instead of cuBLASLt, FERRITE_CUDA_ROWATTN=N the attention of N rows or more as
 // rowattn (rowattn.go: the lanes across the head dims, the keys split to
 // fill the GPU) instead of the split-KV kernel. FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
 // copy and memset with CUDA events into a per-kernel table;

@@ -10,24 +10,26 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels"
 )
 
-// The skinny GEMM (src/skinny.cu): Linear, LinearCat and SwiGLULinear of
-// 2 to 64 rows on a bf16 weight, the decode batches, in one kernel on the
-// tensor cores. The weight streams from memory once, through a cp.async
-// ring of shared-memory stages; x is split into two bf16 terms in shared memory inside the
-// kernel (the accuracy of the cuBLASLt path, linearSplit, whose split and
-// epilogue kernels it saves, and SwiGLULinear's fourth); the SwiGLU, bias
-// and residual add are its epilogue. Layers with few row blocks (Qwen3-8B's
-// q/k/v, o and down) split K over the blocks, and the last block of a row
-// block to finish adds the splits in a fixed order.
+// The skinny GEMM (src/skinny.cu, version 3): Linear, LinearCat and
+// SwiGLULinear of 2 to 64 rows on a bf16 weight, the decode batches, in
+// one kernel on the tensor cores, built to stream the weight at the full
+// bandwidth. The weight streams from memory once, through a cp.async ring
+// of shared-memory stages, 80–144 KiB of it in flight a multiprocessor;
+// x's chunks ride in the same stages as float32 and are split into two
+// bf16 terms as the fragments are loaded (the accuracy of the cuBLASLt
+// path, linearSplit, whose split and epilogue kernels it saves, and
+// SwiGLULinear's fourth); the SwiGLU, bias and residual add are its
+// epilogue. One block a multiprocessor: the (row block, K chunk) units
+// are dealt out evenly over the blocks (stream-K), so that a 4096-row
+// layer fills the GPU as well as the LM head does, and the last block of a
+// row block split between blocks adds the pieces in a fixed order.
 
 const (
 	skinnyMaxRows   = 64   // the most rows of x: eight MMA tiles of 8
-	skinnyBlockRows = 256  // weight rows a block (128 gate and 128 up rows with SwiGLU)
-	skinnyChunk     = 64   // columns a pipeline stage
-	skinnyWarpSums  = 256  // float32 sums a warp per MMA tile of x rows (2·4·32)
+	skinnyBlockRows = 128  // weight rows a row block (64 gate and 64 up rows with SwiGLU)
+	skinnyChunk     = 64   // columns a unit
 	skinnyWarps     = 8    // warps a block
-	skinnyMaxSplits = 16   // the most K splits
-	skinnyCounters  = 4096 // row blocks the split-K counters cover
+	skinnyCounters  = 4096 // row blocks the split counters cover
 )
 
 // skinnyKernels[swiglu][i] is the kernel for up to 8·2^i rows of x.
@@ -36,8 +38,9 @@ var skinnyKernels = [2][4]string{
 	{"ferrite_skinny_swiglu_bf16_1", "ferrite_skinny_swiglu_bf16_2", "ferrite_skinny_swiglu_bf16_4", "ferrite_skinny_swiglu_bf16_8"},
 }
 
-// The skinny kernels load with the module, start with FERRITE_PDL_WAIT and
-// take more than 48 KiB of dynamic shared memory.
+// The skinny kernels load with the module, start with FERRITE_PDL_WAIT
+// (after their first weight copies) and take more than 48 KiB of dynamic
+// shared memory.
 func init() {
 	for _, ks := range skinnyKernels {
 		for _, k := range ks {
@@ -48,31 +51,52 @@ func init() {
 	}
 }
 
-// skinnyStages is src/skinny.cu's weight stages in shared memory.
-const skinnyStages = 4
-
-// skinnySmem is the dynamic shared memory of the skinny kernel of index
-// tile: the weight stages (256 rows of 128 bytes each), x's two chunk
-// buffers of two terms (8·2^tile rows of 128 bytes) and the split
-// hand-over's flag (16 bytes). The kernel has no static shared memory, so
-// that its limit can be raised to the device's whole opt-in.
-func skinnySmem(tile int) int {
-	return skinnyStages*skinnyBlockRows*128 + 2*2*(8<<tile)*128 + 16
+// skinnyStages is src/skinny.cu's sk_stages: the ring's depth for the
+// kernel of index tile (8·2^tile rows of x).
+func skinnyStages(tile int) int {
+	switch {
+	case tile >= 3:
+		return 6
+	case tile == 2:
+		return 8
+	}
+	return 10
 }
 
-// skinnyState is a Backend's skinny GEMM setting and split-K counters.
+// skinnySmem is the dynamic shared memory of the skinny kernel of index
+// tile: the stages (a 128 × 64 bf16 weight tile and 8·2^tile rows of 64
+// float32 of x each), the sums tile (8·2^tile rows of 132 float32) and the
+// split hand-over's flag (16 bytes). The kernel has no static shared
+// memory, so that its limit can be raised to the device's whole opt-in.
+func skinnySmem(tile int) int {
+	xr := 8 << tile
+	return skinnyStages(tile)*(skinnyBlockRows*128+xr*256) + xr*(skinnyBlockRows+4)*4 + 16
+}
+
+// skinnyState is a Backend's skinny GEMM setting and split counters.
 type skinnyState struct {
 	rows     int // Linear of 2 to rows rows runs the skinny GEMM; 0: never
+	l2       int // the kernel's L2 hints for the weights (skinnyL2Default)
 	once     sync.Once
 	counters *Buffer // skinnyCounters int32, zero between launches
 }
 
-// skinnyRowsDefault is a new Backend's skinny-GEMM limit: off (GPU run 2
-// measured the first version 1.3–5× slower than cuBLASLt), or
-// FERRITE_CUDA_SKINNY=N for batches of up to N rows (at most 64).
+// skinnyRowsDefault is a new Backend's skinny-GEMM limit: off (the first
+// two versions measured slower than cuBLASLt; version 3 is not measured
+// yet), or FERRITE_CUDA_SKINNY=N for batches of up to N rows (at most 64).
 func skinnyRowsDefault() int {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_SKINNY")); err == nil && n >= 0 {
 		return min(n, skinnyMaxRows)
+	}
+	return 0
+}
+
+// skinnyL2Default is a new Backend's L2 hints for the skinny GEMM's weight
+// loads, FERRITE_CUDA_SKINNY_L2 (0 by default): bit 1 evict the weights
+// first, bit 2 fetch 256 bytes into L2 a request.
+func skinnyL2Default() int {
+	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_SKINNY_L2")); err == nil && n >= 0 && n <= 3 {
+		return n
 	}
 	return 0
 }
@@ -97,7 +121,7 @@ func (b *Backend) useSkinny(w *Weight, n int, x uint64) bool {
 	return b.skinnyCounters() != nil
 }
 
-// skinnyCounters returns the split-K counters, allocating and zeroing them
+// skinnyCounters returns the split counters, allocating and zeroing them
 // on first use (nil if that failed: the products then take cuBLASLt).
 func (b *Backend) skinnyCounters() *Buffer {
 	b.skinny.once.Do(func() {
@@ -123,53 +147,6 @@ func skinnyTile(n int) int {
 	return i
 }
 
-// skinnySplits picks how many K splits a product of gx row blocks and
-// chunks K-chunks takes on sms multiprocessors (one block each, the
-// kernel's register use): the fewest block-chunks the slowest
-// multiprocessor streams, counting two for each block's start-up and the
-// split sums' traffic (each split writes and the last block reads n·256
-// float32 a row block) in block-chunks (32 KiB of weight). Every split gets
-// at least one chunk.
-func skinnySplits(gx, chunks, sms, n int) int {
-	if gx > skinnyCounters {
-		return 1
-	}
-	best, bestCost := 1, 0.0
-	for ks := 1; ks <= min(skinnyMaxSplits, chunks); ks++ {
-		cps := ceilDiv(chunks, ks)
-		if ceilDiv(chunks, cps) != ks {
-			continue // an empty split: the same work as fewer splits
-		}
-		cost := float64(ceilDiv(gx*ks, sms) * (cps + 2))
-		if ks > 1 {
-			cost += float64(ks*n*gx*skinnyBlockRows*8) / float64(sms*skinnyBlockRows*skinnyChunk*2)
-		}
-		if ks == 1 || cost < bestCost {
-			best, bestCost = ks, cost
-		}
-	}
-	return best
-}
-
-// linearSkinny queues y (n, w.Rows) = x·wᵀ (+ bias) (+ y when acc) on the
-// skinny GEMM, or with swiglu (w the stacked [gate; up]) y (n, w.Rows/2)
-// = the SwiGLU of the two products, clamped at limit > 0.
-func (b *Backend) linearSkinny(y, x, bias uint64, w *Weight, n int, acc, swiglu bool, limit float32) {
-	gx, chunks := skinnyGrid(w, swiglu)
-	b.skinnyKS(y, x, bias, w, n, acc, swiglu, limit, skinnySplits(gx, chunks, b.dev.SMs, n))
-}
-
-// skinnyKS is linearSkinny with ks K splits (tests force them).
-func (b *Backend) skinnyKS(y, x, bias uint64, w *Weight, n int, acc, swiglu bool, limit float32, ks int) {
-	gx, _ := skinnyGrid(w, swiglu)
-	var part uint64
-	if ks > 1 { // (splits·row blocks, warps·sums) each block's sums, in fragment order
-		part = dptr(b.Scratch(kernels.F32, ks*gx, skinnyWarps*skinnyWarpSums<<skinnyTile(n)))
-	}
-	counters := b.skinny.counters.ptr
-	b.queue(func(d *Device) error { return d.skinnyL(y, x, bias, w, n, acc, swiglu, limit, ks, part, counters) })
-}
-
 // skinnyGrid is the skinny GEMM's row blocks and K chunks for w.
 func skinnyGrid(w *Weight, swiglu bool) (gx, chunks int) {
 	if swiglu {
@@ -178,20 +155,47 @@ func skinnyGrid(w *Weight, swiglu bool) (gx, chunks int) {
 	return ceilDiv(w.Rows, skinnyBlockRows), ceilDiv(w.Cols, skinnyChunk)
 }
 
-// skinnyL launches the skinny GEMM with ks K splits (1 when the row blocks
-// outnumber the counters): part holds ks·gx·skinnyWarps·skinnyWarpSums<<
-// skinnyTile(n) float32 when ks > 1, counters skinnyCounters zeros.
-func (d *Device) skinnyL(y, x, bias uint64, w *Weight, n int, acc, swiglu bool, limit float32, ks int, part, counters uint64) error {
+// skinnyBlocks is the grid of a product of gx row blocks and chunks K
+// chunks asked to run on g blocks (g ≤ 0: one a multiprocessor of sms):
+// at most one block a unit, and one a row block, none split, when the row
+// blocks outnumber the counters.
+func skinnyBlocks(gx, chunks, g, sms int) int {
+	if gx > skinnyCounters {
+		return gx
+	}
+	if g <= 0 {
+		g = sms
+	}
+	return max(1, min(g, gx*chunks))
+}
+
+// linearSkinny queues y (n, w.Rows) = x·wᵀ (+ bias) (+ y when acc) on the
+// skinny GEMM, or with swiglu (w the stacked [gate; up]) y (n, w.Rows/2)
+// = the SwiGLU of the two products, clamped at limit > 0.
+func (b *Backend) linearSkinny(y, x, bias uint64, w *Weight, n int, acc, swiglu bool, limit float32) {
+	b.skinnyG(y, x, bias, w, n, acc, swiglu, limit, 0)
+}
+
+// skinnyG is linearSkinny on g blocks (0: one a multiprocessor; tests
+// force others).
+func (b *Backend) skinnyG(y, x, bias uint64, w *Weight, n int, acc, swiglu bool, limit float32, g int) {
 	gx, chunks := skinnyGrid(w, swiglu)
+	g = skinnyBlocks(gx, chunks, g, b.dev.SMs)
+	// (2·g, 128·xr) each block's first and last pieces' sums
+	part := dptr(b.Scratch(kernels.F32, 2*g, skinnyBlockRows*8<<skinnyTile(n)))
+	counters, l2 := b.skinny.counters.ptr, b.skinny.l2
+	b.queue(func(d *Device) error { return d.skinnyL(y, x, bias, w, n, acc, swiglu, limit, g, part, counters, l2) })
+}
+
+// skinnyL launches the skinny GEMM on g blocks (skinnyBlocks) with the L2
+// hints l2 (skinnyL2Default): part holds 2·g·128·8·2^skinnyTile(n)
+// float32, counters skinnyCounters zeros.
+func (d *Device) skinnyL(y, x, bias uint64, w *Weight, n int, acc, swiglu bool, limit float32, g int, part, counters uint64, l2 int) error {
 	rows, sw := w.Rows, 0
 	if swiglu {
 		rows, sw = w.Rows/2, 1
 	}
-	ks = max(1, min(ks, chunks))
-	if gx > skinnyCounters {
-		ks = 1
-	}
 	tile := skinnyTile(n)
-	return d.launch3L(skinnyKernels[sw][tile], [3]uint32{uint32(gx), uint32(ks), 1}, skinnyWarps*32, uint32(skinnySmem(tile)),
-		y, x, w.Buf.ptr, i32(n), i32(rows), i32(w.Cols), bias, b32(acc), f32(limit), part, counters, i32(ceilDiv(chunks, ks)))
+	return d.launchL(skinnyKernels[sw][tile], uint32(g), skinnyWarps*32, uint32(skinnySmem(tile)),
+		y, x, w.Buf.ptr, i32(n), i32(rows), i32(w.Cols), bias, b32(acc), f32(limit), part, counters, i32(l2))
 }
