@@ -486,3 +486,105 @@ extern "C" __global__ void __launch_bounds__(1024)
         reinterpret_cast<float4*>(y)[i] = o;
     }
 }
+
+// The one-row GEMV that also norms its product (FERRITE_CUDA_DNORM=gemv,
+// decode.go's pendNorm): a product whose output is the residual stream (o
+// and down, adding into it) and whose next op is that stream's RMSNorm.
+// ferrite_gemv_*_1n is ferrite_gemv_*_1 (four warps a row) and then h =
+// RMSNorm(y) (rows values, the weight nw, 1 + nw with off) as
+// ferrite_rmsnorm_row computes it, in the grid's last block: every other
+// block, once its rows are stored, counts itself (a release add by thread
+// 0 after the block's barrier, not waited for); the last block, after its
+// own rows, waits until the others have counted (acquire loads; it is
+// scheduled last, so the blocks it waits for are running or done), norms
+// y into h and sets the counter back to 0. That saves the norm kernel and
+// its kernel boundary. rows a multiple of 4 up to 4,096, y, h and nw at
+// 16-byte addresses.
+namespace {
+
+__device__ inline void dec_arrive(int* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(p) : "memory");
+#else
+    __threadfence();
+    atomicAdd(p, 1);
+#endif
+}
+
+__device__ inline int dec_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <class W>
+__device__ void gemv_split_norm(float* y, const float* x, const uint8_t* w, int rows, int cols, const float* bias,
+                                int acc_y, float* h, const float* nw, float eps, int off, int* cnt) {
+    constexpr int kV = 4;  // float4 a thread: rows ≤ 4·4·256
+    gemv_split<W>(y, x, w, rows, cols, bias, acc_y);
+    __syncthreads();  // the block's rows are stored before thread 0 counts
+    if (blockIdx.x != gridDim.x - 1) {
+        if (threadIdx.x == 0) dec_arrive(cnt);
+        return;
+    }
+    const int n4 = rows >> 2, lane = threadIdx.x & 31;
+    float4 wv[kV];
+#pragma unroll
+    for (int j = 0; j < kV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        wv[j] = i < n4 ? __ldg(reinterpret_cast<const float4*>(nw) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (threadIdx.x == 0) {
+        while (dec_acquire(cnt) < int(gridDim.x) - 1) {
+        }
+        *cnt = 0;  // every other block has counted: ready for the next launch
+    }
+    __syncthreads();
+    __shared__ double part[8];
+    float4 xv[kV];
+    double ss = 0;
+#pragma unroll
+    for (int j = 0; j < kV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        xv[j] = i < n4 ? __ldcg(reinterpret_cast<const float4*>(y) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss += double(xv[j].x) * double(xv[j].x);
+        ss += double(xv[j].y) * double(xv[j].y);
+        ss += double(xv[j].z) * double(xv[j].z);
+        ss += double(xv[j].w) * double(xv[j].w);
+    }
+    ss = warp_sum_f64(ss);
+    if (lane == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    const double t = warp_sum_f64(lane < int(blockDim.x >> 5) ? part[lane] : 0.0);
+    const float ms = float(t / double(rows));
+    const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+#pragma unroll
+    for (int j = 0; j < kV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i >= n4) continue;
+        const float4 s = off ? make_float4(__fadd_rn(1.0f, wv[j].x), __fadd_rn(1.0f, wv[j].y), __fadd_rn(1.0f, wv[j].z),
+                                           __fadd_rn(1.0f, wv[j].w))
+                             : wv[j];
+        float4 o;
+        o.x = __fmul_rn(s.x, __fmul_rn(xv[j].x, inv));
+        o.y = __fmul_rn(s.y, __fmul_rn(xv[j].y, inv));
+        o.z = __fmul_rn(s.z, __fmul_rn(xv[j].z, inv));
+        o.w = __fmul_rn(s.w, __fmul_rn(xv[j].w, inv));
+        reinterpret_cast<float4*>(h)[i] = o;
+    }
+}
+
+}  // namespace
+
+#define FERRITE_GEMV_1N(name, W)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int n, int rows, int cols, const float* bias, \
+                                                           int acc_y, int pf, float* h, const float* nw, \
+                                                           float eps, int off, int* cnt) {             \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
+        FERRITE_PDL_WAIT();                                                                         \
+        gemv_split_norm<W>(y, x, w, rows, cols, bias, acc_y, h, nw, eps, off, cnt);                 \
+    }
+
+FERRITE_GEMV_1N(ferrite_gemv_f32_1n, F32W)
+FERRITE_GEMV_1N(ferrite_gemv_bf16_1n, BF16W)
