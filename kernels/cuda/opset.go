@@ -772,7 +772,7 @@ func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.
 	if out.Rows != n {
 		panic("cuda: QKVAttention shapes do not match")
 	}
-	if b.dec.attn == decAttnQKV && b.decAttnFits(out, kernels.Tensor{}, kc, vc, p, s) { // one row (decode.go)
+	if b.dec.attn == decAttnQKV && n == 1 && dptr(qkv)%16 == 0 && b.decAttnFits(out, kernels.Tensor{}, kc, vc, p, s) { // one row (decode.go)
 		pa := prepArgs("QKVAttention", kc, vc, qkv, qn, kn, r, p, s)
 		f32Contig("QKVAttention", out)
 		index("QKVAttention", p.Seq, n, 1)

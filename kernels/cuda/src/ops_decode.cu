@@ -145,6 +145,7 @@ __device__ void dec_block(const DecArgs& a) {
     __shared__ __align__(16) float sp[G][T::kKeys];  // the tile's probabilities
     __shared__ __align__(16) float skv[2][HD];       // the QKV form: the row's key and value
     __shared__ float cs[HD / 2], sn[HD / 2];          // the QKV form: cos and sin at the row's position
+    __shared__ float wn[2][HD];                       // the QKV form: the q and k norm weights
     __shared__ float sc[G], sm[G], sl[G];
     __shared__ bool last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -158,29 +159,48 @@ __device__ void dec_block(const DecArgs& a) {
     const size_t kvw = size_t(a.kvh) * HD, off = size_t(kvh) * HD;
     dec_load<HD, BF>(a, sk, sv, bt, k0, min(k1, k0 + T::kKeys), self, kvw, off);
     dec_cp_commit();
-    if (QKV && a.prep.inv) {
-        for (int k = threadIdx.x; k < a.prep.half; k += kDecThreads) {
-            const double ang = double(__fmul_rn(float(self), a.prep.inv[k]));
-            cs[k] = __fmul_rn(float(cos(ang)), a.prep.scale);
-            sn[k] = __fmul_rn(float(sin(ang)), a.prep.scale);
+    PrepArgs pa = a.prep;  // the QKV form: with the norm weights in shared memory
+    if (QKV) {
+        for (int k = threadIdx.x; k < HD; k += kDecThreads) {
+            if (a.prep.qn) wn[0][k] = a.prep.qn[k];
+            if (a.prep.kn) wn[1][k] = a.prep.kn[k];
         }
+        if (a.prep.inv) {
+            for (int k = threadIdx.x; k < a.prep.half; k += kDecThreads) {
+                const double ang = double(__fmul_rn(float(self), a.prep.inv[k]));
+                cs[k] = __fmul_rn(float(cos(ang)), a.prep.scale);
+                sn[k] = __fmul_rn(float(sin(ang)), a.prep.scale);
+            }
+        }
+        if (pa.qn) pa.qn = wn[0];
+        if (pa.kn) pa.kn = wn[1];
     }
     FERRITE_PDL_WAIT();
 
     const bool has_self = self < k1;  // self ≥ k0: k0 < len
     if (QKV) {
-        __syncthreads();  // cs, sn
+        // The row's q heads (and with the row's position its k and v
+        // heads) in one round of loads, then prepared in place.
         const float* row = a.qkv;
+        for (int t = threadIdx.x; t < (G + 2) * HD / 4; t += kDecThreads) {
+            const int g = t / (HD / 4), e = (t % (HD / 4)) * 4;
+            if (g < G) {
+                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (g < ng) v = *reinterpret_cast<const float4*>(row + size_t(h0 + g) * HD + e);
+                *reinterpret_cast<float4*>(&sq[g][e]) = v;
+            } else if (has_self) {
+                const int kind = g - G + 1;  // 1: key, 2: value
+                *reinterpret_cast<float4*>(&skv[kind - 1][e]) =
+                    *reinterpret_cast<const float4*>(row + size_t(a.heads + (kind - 1) * a.kvh + kvh) * HD + e);
+            }
+        }
+        __syncthreads();  // the heads, cs, sn, wn
         for (int t = warp; t < G + 2; t += kDecWarps) {
             if (t < G) {
-                if (t < ng) {
-                    dec_prep(sq[t], row + size_t(h0 + t) * HD, HD, 0, a.prep, cs, sn);
-                } else {
-                    for (int d = lane; d < HD; d += 32) sq[t][d] = 0.f;
-                }
+                if (t < ng) dec_prep(sq[t], sq[t], HD, 0, pa, cs, sn);
             } else if (has_self) {
-                const int kind = t - G + 1;  // 1: key, 2: value
-                dec_prep(skv[kind - 1], row + size_t(a.heads + (kind - 1) * a.kvh + kvh) * HD, HD, kind, a.prep, cs, sn);
+                const int kind = t - G + 1;
+                dec_prep(skv[kind - 1], skv[kind - 1], HD, kind, pa, cs, sn);
                 const int sl = a.slot[0];
                 if (chunk == 0 && sl >= 0 && sl < a.slots)
                     head_put(kind == 1 ? a.kc : a.vc, BF, size_t(sl) * kvw + off, skv[kind - 1], HD);
@@ -240,6 +260,11 @@ __device__ void dec_block(const DecArgs& a) {
         float s[kNH][kR];
 #pragma unroll
         for (int r = 0; r < kR; r++) {
+            if (r > 0 && 32 * r >= tn) {  // no keys for this round (the warp alike)
+#pragma unroll
+                for (int i = 0; i < kNH; i++) s[i][r] = -INFINITY;
+                continue;
+            }
             const int j = min(lane + 32 * r, tn - 1);
             const uint8_t* kr = sk + j * T::kPitch;
             float sum[kNH];
