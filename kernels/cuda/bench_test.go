@@ -308,6 +308,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	defer func() { be.noAttnPrefetch = false }()
 	defer be.SetDecodeAttention(decAttnOff, 0, 0)
 	defer be.SetDecodeNorm(false)
+	defer be.SetGemvNorm(false)
 	for _, c := range []struct {
 		name                  string
 		ctx                   int
@@ -337,6 +338,9 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		{name: "fused/other/ctx=512/pdl/dattnqkv", ctx: 512, rest: true, pdl: true, fused: true},
 		{name: "fused/other/ctx=512/pdl/dattnqkv/dnorm", ctx: 512, rest: true, pdl: true, fused: true},
 		{name: "fused/ctx=4096/pdl/dattnqkv/dnorm", ctx: 4096, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=512/pdl/gnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=512/pdl/dattnqkv/gnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/linear/pdl/gnorm", ctx: 512, lin: true, pdl: true, fused: true},
 		{"all/ctx=512", 512, true, true, false, false, 0, false, false, false, false, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false, false, false, false, false},
 		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false, false, false, false, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false, false, false, false, false},
 		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false, false, false, false, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false, false, false, false, false},
@@ -358,9 +362,11 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		case strings.Contains(c.name, "/dattn"):
 			dmode = decAttnPlain
 		}
-		dnorm := strings.Contains(c.name, "/dnorm")
+		gnorm := strings.Contains(c.name, "/gnorm")
+		dnorm := strings.Contains(c.name, "/dnorm") || gnorm
 		be.SetDecodeAttention(dmode, 0, 0)
 		be.SetDecodeNorm(dnorm)
+		be.SetGemvNorm(gnorm)
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)

@@ -32,7 +32,12 @@ import (
 // PrepareQKV), FERRITE_CUDA_DATTN=qkv also for one-row QKVAttention (no
 // PrepareQKV kernel); FERRITE_CUDA_DATTN_KEYS and FERRITE_CUDA_DATTN_BLOCKS
 // set decMinKeys and decBlocks. FERRITE_CUDA_DNORM=1 runs one-row
-// RMSNorm and AddRMSNorm as ferrite_rmsnorm_row.
+// RMSNorm and AddRMSNorm as ferrite_rmsnorm_row; FERRITE_CUDA_DNORM=gemv
+// also joins the RMSNorm of a one-row Linear's output (the o and down
+// products adding into the residual stream, then its norm) to that
+// product: ferrite_gemv_*_1n, whose last block norms the row (decLinear,
+// decFuseNorm): no norm kernel and no kernel boundary for 72 of Qwen3-8B's
+// norms.
 
 func init() {
 	for _, n := range decAttnKernels {
@@ -45,9 +50,19 @@ func init() {
 			}
 		}
 	}
-	kernelNames = append(kernelNames, "ferrite_rmsnorm_row")
-	pdlKernels["ferrite_rmsnorm_row"] = true
+	for _, name := range []string{"ferrite_rmsnorm_row", "ferrite_gemv_f32_1n", "ferrite_gemv_bf16_1n"} {
+		kernelNames = append(kernelNames, name)
+		pdlKernels[name] = true
+	}
 }
+
+// gemvNormKernels1n names the one-row GEMV that also norms its product
+// (ferrite_gemv_*_1n) per weight dtype.
+var gemvNormKernels1n = map[kernels.DType]string{kernels.F32: "ferrite_gemv_f32_1n", kernels.BF16: "ferrite_gemv_bf16_1n"}
+
+// decGemvNormRows is the most rows ferrite_gemv_*_1n norms (4 float4 a
+// thread of its last block).
+const decGemvNormRows = 4096
 
 // decAttnKernels[qkv][bf16][hd == 128][g == 8] are ferrite_dattn's
 // instances: the QKV form or not, the cache's dtype, head dim 64 or 128,
@@ -80,6 +95,29 @@ type decState struct {
 	minKeys int  // keys a split at least (decMinKeys); 0: decMinKeysDef
 	blocks  int  // blocks the splits aim at; 0: two a multiprocessor
 	norm    bool // one-row norms as ferrite_rmsnorm_row
+	// gemvNorm: a one-row Linear adding into its output, followed by an
+	// RMSNorm of that output, runs as ferrite_gemv_*_1n (the norm in the
+	// product's last block; decLinear, decFuseNorm)
+	gemvNorm bool
+	pend     decPend        // the Linear just queued whose norm may still join it
+	cnt      kernels.Tensor // ferrite_gemv_*_1n's counter (one zeroed int32); the zero Tensor until first used
+}
+
+// decPend is the last queued one-row Linear that can norm its product y
+// (dim values): the norm that follows fills fix before the step's launches
+// run (EndStep), instead of queueing a kernel. queue clears it.
+type decPend struct {
+	y   uint64
+	dim int
+	fix *decFix
+}
+
+// decFix is ferrite_gemv_*_1n's norm: output h (0: no norm joined, the
+// plain GEMV runs), weight w, eps, offset, counter.
+type decFix struct {
+	h, w, cnt uint64
+	eps       float32
+	off       bool
 }
 
 // decConfigFromEnv reads the FERRITE_CUDA_DATTN* and FERRITE_CUDA_DNORM
@@ -98,7 +136,12 @@ func decConfigFromEnv() decState {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_BLOCKS")); err == nil && n > 0 {
 		c.blocks = n
 	}
-	c.norm = os.Getenv("FERRITE_CUDA_DNORM") == "1"
+	switch os.Getenv("FERRITE_CUDA_DNORM") {
+	case "1":
+		c.norm = true
+	case "gemv":
+		c.norm, c.gemvNorm = true, true
+	}
 	return c
 }
 
@@ -118,6 +161,66 @@ func (b *Backend) SetDecodeNorm(on bool) bool {
 	prev := b.dec.norm
 	b.dec.norm = on
 	return prev
+}
+
+// SetGemvNorm turns the norm in the one-row GEMV before it
+// (ferrite_gemv_*_1n) on or off for the steps that follow and returns the
+// previous setting.
+func (b *Backend) SetGemvNorm(on bool) bool {
+	prev := b.dec.gemvNorm
+	b.dec.gemvNorm = on
+	return prev
+}
+
+// decLinear queues a one-row Linear y (1, w.Rows) += x·wᵀ as
+// ferrite_gemv_*_1n's candidate when the GEMV-norm fusion is on, inside a
+// step, not row-exact, no bias, adding into y, and w of a dtype, height and
+// y of an address the kernel takes; it reports whether it did. Until the
+// step's launches run, the next op may join its RMSNorm of y (decFuseNorm);
+// otherwise the plain GEMV runs.
+func (b *Backend) decLinear(y, x uint64, w *Weight, n int, bias uint64, acc bool) bool {
+	name, ok := gemvNormKernels1n[w.DType]
+	if !b.dec.gemvNorm || !ok || n != 1 || !acc || bias != 0 || !b.inStep || b.rowExact || w.Rows%4 != 0 ||
+		w.Rows > decGemvNormRows || y%16 != 0 {
+		return false
+	}
+	fix := &decFix{}
+	b.queue(func(d *Device) error {
+		switch {
+		case fix.h == 0:
+			return d.linearL(y, x, w, 1, 0, true)
+		case d.gemvRows > 0: // another GEMV layout: the norm as its own kernel
+			if err := d.linearL(y, x, w, 1, 0, true); err != nil {
+				return err
+			}
+			return d.launchL("ferrite_add_rmsnorm", 1, 1024, 0, fix.h, y, 0, fix.w, i32(1), i32(w.Rows), f32(fix.eps), b32(fix.off), 0)
+		}
+		grid := uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
+		return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(1), i32(w.Rows), i32(w.Cols), 0, b32(true),
+			i32(d.prefetchBlocks()), fix.h, fix.w, f32(fix.eps), b32(fix.off), fix.cnt)
+	})
+	b.dec.pend = decPend{y: y, dim: w.Rows, fix: fix}
+	return true
+}
+
+// decFuseNorm joins the RMSNorm y = norm(res) (norm's arguments) to the
+// Linear queued just before it when that Linear wrote res (decLinear), and
+// reports whether it did.
+func (b *Backend) decFuseNorm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool, sum uint64) bool {
+	p := b.dec.pend
+	if p.fix == nil || !b.inStep || p.y != res || delta != 0 || sum != 0 || rows != 1 || dim != p.dim || y == res || (y|w)%16 != 0 {
+		return false
+	}
+	if !b.dec.cnt.Valid() {
+		t, err := b.Alloc(kernels.I32, 1, 1)
+		if err != nil {
+			return false
+		}
+		b.dec.cnt = t
+	}
+	*p.fix = decFix{h: y, w: w, cnt: dptr(b.dec.cnt), eps: eps, off: offset}
+	b.dec.pend = decPend{}
+	return true
 }
 
 // decSplits is ferrite_dattn's split of maxKeys keys for cols block

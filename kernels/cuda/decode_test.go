@@ -185,6 +185,89 @@ func TestDecodeNorm(t *testing.T) {
 	}
 }
 
+// TestGemvNorm checks ferrite_gemv_*_1n (SetGemvNorm): a one-row Linear
+// adding into x followed by RMSNorm(x) (and by NormSwiGLULinear, which
+// norms x first) gives x bit for bit as without the fusion and the norm
+// within kerneltest.RowOpTol of kernels/ref.RMSNorm over that x, for F32
+// and BF16 weights at Qwen3-8B's and Qwen3-30B-A3B's widths, over three
+// steps (the second captured as a graph, the third replayed: the counter
+// must be back at 0); and that an op in between keeps the norm apart.
+func TestGemvNorm(t *testing.T) {
+	b := openOps(t)
+	defer b.SetGemvNorm(b.SetGemvNorm(false))
+	rng := rand.New(rand.NewPCG(8, 9))
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F32} {
+		for _, dim := range []int{4096, 2048} {
+			for _, between := range []bool{false, true} {
+				w := kerneltest.NewMat(rng, dt, dim, dim, 0, 0)
+				nwv, x0 := randF32(rng, dim), randF32(rng, dim)
+				nw := f32Tensor(t, b, 1, dim, nwv)
+				in := f32Tensor(t, b, 1, dim, randF32(rng, dim))
+				var xs, hs [2][]float32
+				for v, on := range []bool{false, true} {
+					b.SetGemvNorm(on)
+					x := f32Tensor(t, b, 1, dim, x0)
+					h, other := f32Tensor(t, b, 1, dim, make([]float32, dim)), f32Tensor(t, b, 1, dim, make([]float32, dim))
+					for range 3 {
+						b.WriteF32(x, x0)
+						b.BeginStep()
+						b.Linear(x, in, w, kernels.Epilogue{Accumulate: true})
+						if between {
+							b.RMSNorm(other, in, nw, 1e-6, false)
+						}
+						b.RMSNorm(h, x, nw, 1e-6, true)
+						b.EndStep()
+					}
+					xs[v], hs[v] = make([]float32, dim), make([]float32, dim)
+					b.ReadF32(xs[v], x)
+					b.ReadF32(hs[v], h)
+				}
+				name := fmt.Sprintf("%v/%d/between=%v", dt, dim, between)
+				for i := range xs[0] {
+					if math.Float32bits(xs[0][i]) != math.Float32bits(xs[1][i]) {
+						t.Errorf("%s: x[%d] = %g fused, %g not", name, i, xs[1][i], xs[0][i])
+						break
+					}
+				}
+				want := make([]float32, dim)
+				ref.RMSNorm(want, xs[0], nwv, 1e-6, true, 1)
+				for v := range hs {
+					for i := range want {
+						if d := math.Abs(float64(hs[v][i]) - float64(want[i])); !(d <= kerneltest.RowOpTol*max(1, math.Abs(float64(want[i])))) {
+							t.Errorf("%s fused=%v: h[%d] = %g, want %g", name, v == 1, i, hs[v][i], want[i])
+							break
+						}
+					}
+				}
+			}
+		}
+	}
+	// The model's order: Linear into x, then NormSwiGLULinear of x.
+	b.SetGemvNorm(true)
+	const dim, inter = 4096, 256
+	w := kerneltest.NewMat(rng, kernels.BF16, dim, dim, 0, 0)
+	gate, up := kerneltest.NewMat(rng, kernels.BF16, inter, dim, 0, 0), kerneltest.NewMat(rng, kernels.BF16, inter, dim, 0, 0)
+	nwv, x0, inv := randF32(rng, dim), randF32(rng, dim), randF32(rng, dim)
+	nw, in := f32Tensor(t, b, 1, dim, nwv), f32Tensor(t, b, 1, dim, inv)
+	var gs [2][]float32
+	for v, on := range []bool{false, true} {
+		b.SetGemvNorm(on)
+		x, g := f32Tensor(t, b, 1, dim, x0), f32Tensor(t, b, 1, inter, make([]float32, inter))
+		b.BeginStep()
+		b.Linear(x, in, w, kernels.Epilogue{Accumulate: true})
+		b.NormSwiGLULinear(g, x, &kernels.HeadNorm{W: nw, Eps: 1e-6}, gate, up, 0)
+		b.EndStep()
+		gs[v] = make([]float32, inter)
+		b.ReadF32(gs[v], g)
+	}
+	for i := range gs[0] {
+		if d := math.Abs(float64(gs[0][i] - gs[1][i])); !(d <= 1e-4*max(1, math.Abs(float64(gs[0][i])))) {
+			t.Errorf("NormSwiGLULinear after the fused Linear: g[%d] = %g, %g without the fusion", i, gs[1][i], gs[0][i])
+			break
+		}
+	}
+}
+
 // decCompare fails t where got (read back) is off want by more than
 // tol·max(1, |want|).
 func decCompare(t *testing.T, what string, b *Backend, got kernels.Tensor, want []float32, tol float64) {
@@ -313,12 +396,14 @@ func BenchmarkDecodeAttention(b *testing.B) {
 // BenchmarkDecodeNorm times 72 one-row RMSNorms of 4,096 a step (a
 // Qwen3-8B step's count), alternating with a 4,096 × 4,096 bf16 GEMV so
 // that each norm follows a kernel as in the step, graph + PDL: "old"
-// ferrite_add_rmsnorm, "row" ferrite_rmsnorm_row, "none" the GEMVs alone
-// (the difference is the norms' cost). µs/norm is the step over 72.
+// ferrite_add_rmsnorm, "row" ferrite_rmsnorm_row, "gemv" the norm in the
+// GEMV's last block (ferrite_gemv_bf16_1n), "none" the GEMVs alone (the
+// difference is the norms' cost). µs/norm is the step over 72.
 func BenchmarkDecodeNorm(b *testing.B) {
 	be := openOps(b)
 	const dim, norms = 4096, 72
 	defer be.SetDecodeNorm(be.SetDecodeNorm(false))
+	defer be.SetGemvNorm(be.SetGemvNorm(false))
 	w := &kernels.Mat{DType: kernels.BF16, Rows: dim, Cols: dim}
 	buf, err := be.dev.Alloc(int64(dim) * dim * 2)
 	if err == nil {
@@ -334,8 +419,10 @@ func BenchmarkDecodeNorm(b *testing.B) {
 	for _, v := range []struct {
 		name      string
 		norm, row bool
-	}{{"none", false, false}, {"old", true, false}, {"row", true, true}} {
+		gemv      bool
+	}{{"none", false, false, false}, {"old", true, false, false}, {"row", true, true, false}, {"gemv", true, true, true}} {
 		be.SetDecodeNorm(v.row)
+		be.SetGemvNorm(v.gemv)
 		step := func() {
 			be.BeginStep()
 			x, h := be.Scratch(kernels.F32, 1, dim), be.Scratch(kernels.F32, 1, dim)

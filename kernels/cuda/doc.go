@@ -29,7 +29,9 @@
 // a block, the first tile of past keys and values copied into shared
 // memory before the PDL wait, the last split merging), =qkv also its
 // QKVAttention with PrepareQKV inside; FERRITE_CUDA_DNORM=1 runs one-row
-// norms as ferrite_rmsnorm_row. FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of
+// norms as ferrite_rmsnorm_row, =gemv also the norm after a one-row product
+// adding into its output in that GEMV's last block (ferrite_gemv_*_1n).
+// FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of
 // that many rows a block. Two kernels for decode batches are in and off by default
 // until they beat what runs now: FERRITE_CUDA_SKINNY=N runs the products
 // of 2 to N rows as the skinny GEMM (skinny.go: tensor cores, the weight

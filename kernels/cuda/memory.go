@@ -204,6 +204,7 @@ func (b *Backend) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
 // may use: then it is launched now.
 func (b *Backend) BeginStep() {
 	b.presplit = presplit{} // a split is used within its step only
+	b.dec.pend = decPend{}  // so is a Linear a norm may join (decode.go)
 	if b.arena.consolidates() || !lazyWrites {
 		b.exec(nil)
 	}

@@ -38,6 +38,7 @@ const flushAt = 32
 // that reads, writes or waits (exec) issues the waiting launches first.
 func (b *Backend) queue(f func(d *Device) error) {
 	b.presplit = presplit{} // whatever was split may change now (linearSplitSwiGLU)
+	b.dec.pend = decPend{}  // a norm joins only the op just before it (decFuseNorm)
 	b.qmu.Lock()
 	b.pending = append(b.pending, f)
 	full := !b.inStep && len(b.pending) >= flushAt
@@ -136,6 +137,9 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 	dw, err := b.weight(w)
 	if err != nil {
 		b.fail(err)
+		return
+	}
+	if b.decLinear(dptr(dst), dptr(x), dw, n, bias, e.Accumulate) { // the next op may norm dst in it (decode.go)
 		return
 	}
 	b.linearW(dptr(dst), dptr(x), bias, dw, n, e.Accumulate)
@@ -672,7 +676,8 @@ func (b *Backend) AddRMSNorm(dst, res, delta, w kernels.Tensor, eps float32, off
 // norm queues ferrite_add_rmsnorm: y = RMSNorm(res + delta) (delta 0:
 // none), res + delta written to sum, or to res when sum is 0.
 func (b *Backend) norm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool, sum uint64) {
-	if rows == 0 || dim == 0 || b.decNorm(y, res, delta, w, rows, dim, eps, offset, sum) {
+	if rows == 0 || dim == 0 || b.decFuseNorm(y, res, delta, w, rows, dim, eps, offset, sum) ||
+		b.decNorm(y, res, delta, w, rows, dim, eps, offset, sum) {
 		return
 	}
 	block := uint32(256) // threads a row; 1024 when the rows do not fill the GPU
@@ -767,7 +772,7 @@ func (b *Backend) QKVAttention(out, kc, vc, qkv kernels.Tensor, qn, kn *kernels.
 	if out.Rows != n {
 		panic("cuda: QKVAttention shapes do not match")
 	}
-	if b.dec.attn == decAttnQKV && b.decAttnFits(out, kernels.Tensor{}, kc, vc, p, s) { // one row (decode.go)
+	if b.dec.attn == decAttnQKV && n == 1 && dptr(qkv)%16 == 0 && b.decAttnFits(out, kernels.Tensor{}, kc, vc, p, s) { // one row (decode.go)
 		pa := prepArgs("QKVAttention", kc, vc, qkv, qn, kn, r, p, s)
 		f32Contig("QKVAttention", out)
 		index("QKVAttention", p.Seq, n, 1)

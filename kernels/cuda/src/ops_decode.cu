@@ -145,6 +145,7 @@ __device__ void dec_block(const DecArgs& a) {
     __shared__ __align__(16) float sp[G][T::kKeys];  // the tile's probabilities
     __shared__ __align__(16) float skv[2][HD];       // the QKV form: the row's key and value
     __shared__ float cs[HD / 2], sn[HD / 2];          // the QKV form: cos and sin at the row's position
+    __shared__ float wn[2][HD];                       // the QKV form: the q and k norm weights
     __shared__ float sc[G], sm[G], sl[G];
     __shared__ bool last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -158,29 +159,48 @@ __device__ void dec_block(const DecArgs& a) {
     const size_t kvw = size_t(a.kvh) * HD, off = size_t(kvh) * HD;
     dec_load<HD, BF>(a, sk, sv, bt, k0, min(k1, k0 + T::kKeys), self, kvw, off);
     dec_cp_commit();
-    if (QKV && a.prep.inv) {
-        for (int k = threadIdx.x; k < a.prep.half; k += kDecThreads) {
-            const double ang = double(__fmul_rn(float(self), a.prep.inv[k]));
-            cs[k] = __fmul_rn(float(cos(ang)), a.prep.scale);
-            sn[k] = __fmul_rn(float(sin(ang)), a.prep.scale);
+    PrepArgs pa = a.prep;  // the QKV form: with the norm weights in shared memory
+    if (QKV) {
+        for (int k = threadIdx.x; k < HD; k += kDecThreads) {
+            if (a.prep.qn) wn[0][k] = a.prep.qn[k];
+            if (a.prep.kn) wn[1][k] = a.prep.kn[k];
         }
+        if (a.prep.inv) {
+            for (int k = threadIdx.x; k < a.prep.half; k += kDecThreads) {
+                const double ang = double(__fmul_rn(float(self), a.prep.inv[k]));
+                cs[k] = __fmul_rn(float(cos(ang)), a.prep.scale);
+                sn[k] = __fmul_rn(float(sin(ang)), a.prep.scale);
+            }
+        }
+        if (pa.qn) pa.qn = wn[0];
+        if (pa.kn) pa.kn = wn[1];
     }
     FERRITE_PDL_WAIT();
 
     const bool has_self = self < k1;  // self ≥ k0: k0 < len
     if (QKV) {
-        __syncthreads();  // cs, sn
+        // The row's q heads (and with the row's position its k and v
+        // heads) in one round of loads, then prepared in place.
         const float* row = a.qkv;
+        for (int t = threadIdx.x; t < (G + 2) * HD / 4; t += kDecThreads) {
+            const int g = t / (HD / 4), e = (t % (HD / 4)) * 4;
+            if (g < G) {
+                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (g < ng) v = *reinterpret_cast<const float4*>(row + size_t(h0 + g) * HD + e);
+                *reinterpret_cast<float4*>(&sq[g][e]) = v;
+            } else if (has_self) {
+                const int kind = g - G + 1;  // 1: key, 2: value
+                *reinterpret_cast<float4*>(&skv[kind - 1][e]) =
+                    *reinterpret_cast<const float4*>(row + size_t(a.heads + (kind - 1) * a.kvh + kvh) * HD + e);
+            }
+        }
+        __syncthreads();  // the heads, cs, sn, wn
         for (int t = warp; t < G + 2; t += kDecWarps) {
             if (t < G) {
-                if (t < ng) {
-                    dec_prep(sq[t], row + size_t(h0 + t) * HD, HD, 0, a.prep, cs, sn);
-                } else {
-                    for (int d = lane; d < HD; d += 32) sq[t][d] = 0.f;
-                }
+                if (t < ng) dec_prep(sq[t], sq[t], HD, 0, pa, cs, sn);
             } else if (has_self) {
-                const int kind = t - G + 1;  // 1: key, 2: value
-                dec_prep(skv[kind - 1], row + size_t(a.heads + (kind - 1) * a.kvh + kvh) * HD, HD, kind, a.prep, cs, sn);
+                const int kind = t - G + 1;
+                dec_prep(skv[kind - 1], skv[kind - 1], HD, kind, pa, cs, sn);
                 const int sl = a.slot[0];
                 if (chunk == 0 && sl >= 0 && sl < a.slots)
                     head_put(kind == 1 ? a.kc : a.vc, BF, size_t(sl) * kvw + off, skv[kind - 1], HD);
@@ -240,6 +260,11 @@ __device__ void dec_block(const DecArgs& a) {
         float s[kNH][kR];
 #pragma unroll
         for (int r = 0; r < kR; r++) {
+            if (r > 0 && 32 * r >= tn) {  // no keys for this round (the warp alike)
+#pragma unroll
+                for (int i = 0; i < kNH; i++) s[i][r] = -INFINITY;
+                continue;
+            }
             const int j = min(lane + 32 * r, tn - 1);
             const uint8_t* kr = sk + j * T::kPitch;
             float sum[kNH];
@@ -486,3 +511,105 @@ extern "C" __global__ void __launch_bounds__(1024)
         reinterpret_cast<float4*>(y)[i] = o;
     }
 }
+
+// The one-row GEMV that also norms its product (FERRITE_CUDA_DNORM=gemv,
+// decode.go's pendNorm): a product whose output is the residual stream (o
+// and down, adding into it) and whose next op is that stream's RMSNorm.
+// ferrite_gemv_*_1n is ferrite_gemv_*_1 (four warps a row) and then h =
+// RMSNorm(y) (rows values, the weight nw, 1 + nw with off) as
+// ferrite_rmsnorm_row computes it, in the grid's last block: every other
+// block, once its rows are stored, counts itself (a release add by thread
+// 0 after the block's barrier, not waited for); the last block, after its
+// own rows, waits until the others have counted (acquire loads; it is
+// scheduled last, so the blocks it waits for are running or done), norms
+// y into h and sets the counter back to 0. That saves the norm kernel and
+// its kernel boundary. rows a multiple of 4 up to 4,096, y, h and nw at
+// 16-byte addresses.
+namespace {
+
+__device__ inline void dec_arrive(int* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(p) : "memory");
+#else
+    __threadfence();
+    atomicAdd(p, 1);
+#endif
+}
+
+__device__ inline int dec_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <class W>
+__device__ void gemv_split_norm(float* y, const float* x, const uint8_t* w, int rows, int cols, const float* bias,
+                                int acc_y, float* h, const float* nw, float eps, int off, int* cnt) {
+    constexpr int kV = 4;  // float4 a thread: rows ≤ 4·4·256
+    gemv_split<W>(y, x, w, rows, cols, bias, acc_y);
+    __syncthreads();  // the block's rows are stored before thread 0 counts
+    if (blockIdx.x != gridDim.x - 1) {
+        if (threadIdx.x == 0) dec_arrive(cnt);
+        return;
+    }
+    const int n4 = rows >> 2, lane = threadIdx.x & 31;
+    float4 wv[kV];
+#pragma unroll
+    for (int j = 0; j < kV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        wv[j] = i < n4 ? __ldg(reinterpret_cast<const float4*>(nw) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (threadIdx.x == 0) {
+        while (dec_acquire(cnt) < int(gridDim.x) - 1) {
+        }
+        *cnt = 0;  // every other block has counted: ready for the next launch
+    }
+    __syncthreads();
+    __shared__ double part[8];
+    float4 xv[kV];
+    double ss = 0;
+#pragma unroll
+    for (int j = 0; j < kV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        xv[j] = i < n4 ? __ldcg(reinterpret_cast<const float4*>(y) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss += double(xv[j].x) * double(xv[j].x);
+        ss += double(xv[j].y) * double(xv[j].y);
+        ss += double(xv[j].z) * double(xv[j].z);
+        ss += double(xv[j].w) * double(xv[j].w);
+    }
+    ss = warp_sum_f64(ss);
+    if (lane == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    const double t = warp_sum_f64(lane < int(blockDim.x >> 5) ? part[lane] : 0.0);
+    const float ms = float(t / double(rows));
+    const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+#pragma unroll
+    for (int j = 0; j < kV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i >= n4) continue;
+        const float4 s = off ? make_float4(__fadd_rn(1.0f, wv[j].x), __fadd_rn(1.0f, wv[j].y), __fadd_rn(1.0f, wv[j].z),
+                                           __fadd_rn(1.0f, wv[j].w))
+                             : wv[j];
+        float4 o;
+        o.x = __fmul_rn(s.x, __fmul_rn(xv[j].x, inv));
+        o.y = __fmul_rn(s.y, __fmul_rn(xv[j].y, inv));
+        o.z = __fmul_rn(s.z, __fmul_rn(xv[j].z, inv));
+        o.w = __fmul_rn(s.w, __fmul_rn(xv[j].w, inv));
+        reinterpret_cast<float4*>(h)[i] = o;
+    }
+}
+
+}  // namespace
+
+#define FERRITE_GEMV_1N(name, W)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
+                                                           int n, int rows, int cols, const float* bias, \
+                                                           int acc_y, int pf, float* h, const float* nw, \
+                                                           float eps, int off, int* cnt) {             \
+        split_prefetch<W>(pf, w, rows, cols);                                                       \
+        FERRITE_PDL_WAIT();                                                                         \
+        gemv_split_norm<W>(y, x, w, rows, cols, bias, acc_y, h, nw, eps, off, cnt);                 \
+    }
+
+FERRITE_GEMV_1N(ferrite_gemv_f32_1n, F32W)
+FERRITE_GEMV_1N(ferrite_gemv_bf16_1n, BF16W)
