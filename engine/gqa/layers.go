@@ -200,7 +200,7 @@ type MoE struct {
 // Forward implements FFN.
 func (m *MoE) Forward(c *Ctx, y, h kernels.Tensor) {
 	dev := c.Dev
-	logits := dev.Scratch(kernels.F32, c.N, m.Gate.Rows) // (N, experts)
+	logits := dev.Scratch(kernels.F32, c.N, m.Gate.Rows)   // (N, experts)
 	ids := dev.Scratch(kernels.I32, c.N, m.Router.Width()) // (N, topK + folded shared)
 	w := dev.Scratch(kernels.F32, c.N, m.Router.Width())   // (N, topK + folded shared)
 	if ro, ok := dev.(kernels.RouterOps); ok {
