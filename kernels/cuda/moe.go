@@ -256,11 +256,12 @@ func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Exp
 // routeFits reports whether ferrite_route_gemv takes the router product
 // of x with gate into logits: 1 to moeB1Tokens tokens (2 or 3 only where
 // Linear sums each row as one row alone: SetRowExact or fewRows), a bf16
-// gate of 16-byte rows, x 16-byte aligned.
+// gate of 16-byte rows, x 16-byte aligned, and the one-row GEMV the split
+// one (no FERRITE_CUDA_GEMV_ROWS).
 func (b *Backend) routeFits(x, logits kernels.Tensor, gate *kernels.Mat) bool {
 	n, e := x.Rows, gate.Rows
 	if n < 1 || n > moeB1Tokens || gate.DType != kernels.BF16 || gate.Cols%8 != 0 || x.Cols != gate.Cols ||
-		logits.Rows != n || logits.Cols != e || dptr(x)%16 != 0 || n*(3*e+128)*4 > 48<<10 {
+		logits.Rows != n || logits.Cols != e || dptr(x)%16 != 0 || n*(3*e+128)*4 > 48<<10 || b.dev.gemvRows > 0 {
 		return false
 	}
 	return n == 1 || b.rowExact || (fewRowsOn && gate.Rows*gate.Cols*2 <= fewRowsBF16)
