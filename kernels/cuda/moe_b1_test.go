@@ -217,3 +217,124 @@ func benchMoEB1(b *testing.B, e, k, shared, hidden, inter, layers int) {
 		be.moe = moeConfig{}
 	}
 }
+
+// TestOpsRouteLinearFused checks ferrite_route_gemv (FERRITE_MOE_ROUTE=1)
+// against Linear and Route on Qwen3-30B-A3B's router (128 experts, hidden
+// 2048, softmax top 8) and GLM-4.7-Flash's (64, sigmoid with a selection
+// bias, top 4 scaled by 1.8, one folded shared expert) at 1 to 3 tokens,
+// bit for bit: logits, ids and weights.
+func TestOpsRouteLinearFused(t *testing.T) {
+	b := openOps(t)
+	defer func(c moeConfig) { b.moe = c }(b.moe)
+	rng := rand.New(rand.NewPCG(71, 72))
+	for _, c := range []struct {
+		e, hidden int
+		r         kernels.Router
+	}{
+		{128, 2048, kernels.Router{Scoring: kernels.SoftmaxScoring, TopK: 8, NormTopK: true, Scale: 1}},
+		{64, 2048, kernels.Router{Scoring: kernels.SigmoidScoring, TopK: 4, NormTopK: true, Scale: 1.8, Shared: 1}},
+		{64, 264, kernels.Router{Scoring: kernels.SigmoidScoring, TopK: 6, NormTopK: true, Scale: 2.5, Groups: 8, TopKGroups: 3}},
+	} {
+		gate := kerneltest.NewMat(rng, kernels.BF16, c.e, c.hidden, 0, 0)
+		r := c.r
+		if r.Scoring == kernels.SigmoidScoring {
+			r.Bias = f32Tensor(t, b, 1, c.e, randF32(rng, c.e))
+		}
+		k := r.Width()
+		for n := 1; n <= moeB1Tokens; n++ {
+			x := f32Tensor(t, b, n, c.hidden, randF32(rng, n*c.hidden))
+			var lg [2]kernels.Tensor
+			var ids, ws [2]kernels.Tensor
+			for v := range 2 {
+				lg[v] = f32Tensor(t, b, n, c.e, make([]float32, n*c.e))
+				ws[v] = f32Tensor(t, b, n, k, make([]float32, n*k))
+				ids[v] = i32Tensor(t, b, n, k, make([]int32, n*k))
+			}
+			if !b.routeFits(x, lg[0], gate) {
+				t.Fatalf("e=%d, %d tokens: ferrite_route_gemv does not take the call", c.e, n)
+			}
+			b.moe = moeConfig{route: true}
+			b.BeginStep()
+			b.RouteLinear(ids[0], ws[0], lg[0], x, gate, &r)
+			b.EndStep()
+			b.moe = moeConfig{}
+			b.BeginStep()
+			b.RouteLinear(ids[1], ws[1], lg[1], x, gate, &r)
+			b.EndStep()
+			var fl, fw [2][]float32
+			var fi [2][]int32
+			for v := range 2 {
+				fl[v], fw[v], fi[v] = make([]float32, n*c.e), make([]float32, n*k), make([]int32, n*k)
+				b.ReadF32(fl[v], lg[v])
+				b.ReadF32(fw[v], ws[v])
+				b.ReadI32(fi[v], ids[v])
+			}
+			for i := range fl[0] {
+				if math.Float32bits(fl[0][i]) != math.Float32bits(fl[1][i]) {
+					t.Fatalf("e=%d, %d tokens: logit %d = %g, Linear's %g", c.e, n, i, fl[0][i], fl[1][i])
+				}
+			}
+			for i := range fw[0] {
+				if fi[0][i] != fi[1][i] || math.Float32bits(fw[0][i]) != math.Float32bits(fw[1][i]) {
+					t.Fatalf("e=%d, %d tokens: slot %d is expert %d weight %g, Route's %d %g", c.e, n, i, fi[0][i], fw[0][i], fi[1][i], fw[1][i])
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkRouteB1 times a MoE layer's router product and Route at 1 to 3
+// tokens: "split" Linear and Route (two launches), "fused"
+// ferrite_route_gemv (FERRITE_MOE_ROUTE=1), on Qwen3-30B-A3B's router (128
+// experts of hidden 2048, softmax top 8) and GLM-4.7-Flash's (64, sigmoid
+// top 4 and a shared expert), 256 routers a step (128 and 64 MB, more than
+// L2 holds), the step a CUDA graph. µs/layer is the step over the routers.
+func BenchmarkRouteB1(b *testing.B) {
+	for _, m := range []struct {
+		name string
+		e    int
+		r    kernels.Router
+	}{
+		{"qwen3-30b-a3b", 128, kernels.Router{Scoring: kernels.SoftmaxScoring, TopK: 8, NormTopK: true, Scale: 1}},
+		{"glm-4.7-flash", 64, kernels.Router{Scoring: kernels.SigmoidScoring, TopK: 4, NormTopK: true, Scale: 1.8, Shared: 1}},
+	} {
+		b.Run(m.name, func(b *testing.B) {
+			const hidden, layers = 2048, 256
+			be := openOps(b)
+			mat := randomMats()
+			rng := rand.New(rand.NewPCG(9, 10))
+			r := m.r
+			if r.Scoring == kernels.SigmoidScoring {
+				r.Bias = f32Tensor(b, be, 1, m.e, randF32(rng, m.e))
+			}
+			gates := make([]*kernels.Mat, layers)
+			for l := range gates {
+				gates[l] = mat(m.e, hidden)
+			}
+			k := r.Width()
+			for n := 1; n <= moeB1Tokens; n++ {
+				x := f32Tensor(b, be, n, hidden, randF32(rng, n*hidden))
+				step := func() {
+					be.BeginStep()
+					for l := range layers {
+						lg := be.Scratch(kernels.F32, n, m.e)
+						ids, w := be.Scratch(kernels.I32, n, k), be.Scratch(kernels.F32, n, k)
+						be.RouteLinear(ids, w, lg, x, gates[l], &r)
+					}
+					be.EndStep()
+				}
+				for _, v := range []struct {
+					name  string
+					fused bool
+				}{{"split", false}, {"fused", true}} {
+					be.moe = moeConfig{route: v.fused}
+					b.Run(fmt.Sprint("n=", n, "/", v.name), func(b *testing.B) {
+						sec := timeSteps(b, be, step)
+						b.ReportMetric(sec*1e6/layers, "µs/layer")
+					})
+				}
+				be.moe = moeConfig{}
+			}
+		})
+	}
+}
