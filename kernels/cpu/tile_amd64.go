@@ -91,12 +91,23 @@ var avx2X8 = [...]x8Set{
 	kernels.Q4K:  {r1: qx8Q4KR1AVX2, r4: qx8Q4KR4AVX2},
 }
 
+// vnniX8 are the x8 kernels with VPDPBUSD: the same bits as avx2X8.
+var vnniX8 = [...]x8Set{
+	kernels.Q8_0: {r1: qx8Q8_0R1VNNI, r4: qx8Q8_0R4VNNI},
+	kernels.Q4_0: {r1: qx8Q4_0R1VNNI, r4: qx8Q4_0R4VNNI},
+	kernels.Q4K:  {r1: qx8Q4KR1VNNI, r4: qx8Q4KR4VNNI},
+}
+
 // asmX8 returns the x8 kernels of dtype d (Q8_0, Q4_0 or Q4_K) on AVX2 with
-// F16C, nil without. They run with VNNI too: on a Zen 5 they were 1.4-2.3×
-// faster than the VNNI row tiles at 8 and 512 x rows (BenchmarkQPaths).
+// F16C (the VNNI ones where the CPU has AVX-512 VNNI), nil without. On a
+// Zen 5 even the AVX2 ones were 1.4-2.3× faster than the VNNI row tiles
+// at 8 and 512 x rows (BenchmarkQPaths).
 func asmX8(d kernels.DType) *x8Set {
-	if !cpuinfo.AVX2FMA() || !cpuinfo.F16C() {
+	switch {
+	case !cpuinfo.AVX2FMA() || !cpuinfo.F16C():
 		return nil
+	case cpuinfo.VNNI():
+		return &vnniX8[d]
 	}
 	return &avx2X8[d]
 }
