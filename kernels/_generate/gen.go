@@ -183,7 +183,8 @@ func main() {
 	x8Consts8()
 	for _, k := range x8Kernels {
 		for _, r := range []int{1, 4} {
-			qx8(k, r)
+			qx8(k, r, false)
+			qx8(k, r, true)
 		}
 		packX8(k)
 	}

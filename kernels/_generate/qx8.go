@@ -44,10 +44,12 @@ type x8Kernel struct {
 	elems int // columns per block: 32, or 256 (Q4_K)
 	bytes int // per group and block: the 8 rows' scales and quants
 	block func(c x8Consts, p x8Ptrs, acc []VecVirtual)
+	vnni  func(c x8Consts, p x8Ptrs, acc []VecVirtual) // the same with VPDPBUSD (AVX-512 VNNI, ymm)
 }
 
-// x8Consts are the broadcast constants: int16 ones, bytes 0x0f.
-type x8Consts struct{ ones, low4 VecVirtual }
+// x8Consts are the broadcast constants: int16 ones, bytes 0x0f; for the
+// VNNI kernels bytes 0x80 and, in ones, int16 −128s (Q8_0).
+type x8Consts struct{ ones, low4, x80 VecVirtual }
 
 // x8Ptrs address the current block: weights, and the x rows' quants and
 // (d, s) pairs.
@@ -75,9 +77,9 @@ func (p x8Ptrs) ds(r, off int) Mem { return p.rowMem(p.dsp, p.ldd, p.ldd3, r, of
 func (p x8Ptrs) bs(r, off int) Mem { return p.rowMem(p.bsp, p.ldb, p.ldb3, r, off) }
 
 var x8Kernels = []x8Kernel{
-	{name: "Q8_0", elems: 32, bytes: 16 + 256, block: x8BlockQ8_0},
-	{name: "Q4_0", elems: 32, bytes: 16 + 128, block: x8BlockQ4_0},
-	{name: "Q4K", elems: 256, bytes: 32 + 256 + 256 + 1024, block: x8BlockQ4K},
+	{name: "Q8_0", elems: 32, bytes: 16 + 256, block: x8BlockQ8_0, vnni: x8VNNIQ8_0},
+	{name: "Q4_0", elems: 32, bytes: 16 + 128, block: x8BlockQ4_0, vnni: x8VNNIQ4_0},
+	{name: "Q4K", elems: 256, bytes: 32 + 256 + 256 + 1024, block: x8BlockQ4K, vnni: x8VNNIQ4K},
 }
 
 // x8Four8 is eight float32 8s: Q4_0's offset times s.
@@ -224,6 +226,156 @@ func x8BlockQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 	}
 }
 
+// The VNNI x8 kernels (qx8*R1VNNI, qx8*R4VNNI) read the same layout and
+// compute the same integer sums as the AVX2 ones, with VPDPBUSD (u8 × s8,
+// four products summed into each int32 lane) in place of VPMADDUBSW and
+// VPMADDWD, then the same float operations in the same order: they give
+// the AVX2 kernels' bits. The registers are ymm, the instructions all
+// with EVEX forms (the allocator may take Y16–Y31), x's four bytes
+// broadcast by VPDPBUSD itself ({1to8}). Each x row sums into two
+// registers, even and odd vectors, added at the end of the (sub-)block:
+// one chain of VPDPBUSD per row would wait on its latency.
+//
+//   - Q8_0 makes the weights unsigned, w + 128 (w XOR 0x80, once per vector
+//     for the R x rows), and starts each block's sum at −128·Σq (x's Σq
+//     per 16 columns, bs, times −128 pairs with one VPMADDWD).
+//   - Q4_0 multiplies the nibbles directly, summed in int32.
+//   - Q4_K sums each sub-block in int32 (up to 32·15·127, past int16) and
+//     applies its scale with VPMULLD (the packed (sc, sc) int16 pair
+//     shifted to the int32 sc).
+
+// x8VNNIQ8_0 is x8BlockQ8_0 with VPDPBUSD.
+func x8VNNIQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
+	isum, odd := make([]VecVirtual, p.rows), make([]VecVirtual, p.rows)
+	for r := range p.rows {
+		b := YMM()
+		VPBROADCASTD(p.bs(r, 0), b)
+		isum[r], odd[r] = YMM(), YMM()
+		VPMADDWD(c.ones, b, isum[r]) // −128·Σq
+		VPSUBD(odd[r], odd[r], odd[r])
+	}
+	for ch := range 8 {
+		w := YMM()
+		VPXORD(Mem{Base: p.wp, Disp: 16 + 32*ch}, c.x80, w)
+		for r := range p.rows {
+			VPDPBUSD_BCST(p.q(r, 4*ch), w, []VecVirtual{isum[r], odd[r]}[ch%2])
+		}
+	}
+	for r := range p.rows {
+		VPADDD(odd[r], isum[r], isum[r])
+	}
+	dw := YMM()
+	VCVTPH2PS(Mem{Base: p.wp}, dw)
+	for r := range p.rows {
+		d := YMM()
+		VBROADCASTSS(p.ds(r, 0), d)
+		VMULPS(dw, d, d)
+		VCVTDQ2PS(isum[r], isum[r])
+		VFMADD231PS(isum[r], d, acc[r])
+	}
+}
+
+// x8VNNIQ4_0 is x8BlockQ4_0 with VPDPBUSD.
+func x8VNNIQ4_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
+	isum, odd := make([]VecVirtual, p.rows), make([]VecVirtual, p.rows)
+	for r := range p.rows {
+		isum[r], odd[r] = YMM(), YMM()
+		VPSUBD(isum[r], isum[r], isum[r])
+		VPSUBD(odd[r], odd[r], odd[r])
+	}
+	for v := range 4 {
+		lo, hi := YMM(), YMM()
+		VMOVDQU32(Mem{Base: p.wp, Disp: 16 + 32*v}, lo)
+		VPSRLW(U8(4), lo, hi)
+		VPANDD(c.low4, lo, lo)
+		VPANDD(c.low4, hi, hi)
+		for r := range p.rows {
+			VPDPBUSD_BCST(p.q(r, 4*v), lo, isum[r])
+			VPDPBUSD_BCST(p.q(r, 16+4*v), hi, odd[r])
+		}
+	}
+	for r := range p.rows {
+		VPADDD(odd[r], isum[r], isum[r])
+	}
+	dw := YMM()
+	VCVTPH2PS(Mem{Base: p.wp}, dw)
+	for r := range p.rows {
+		i, d, s := isum[r], YMM(), YMM()
+		VCVTDQ2PS(i, i)
+		VBROADCASTSS(p.ds(r, 0), d)
+		VBROADCASTSS(p.ds(r, 4), s)
+		VMULPS(x8Four8, s, s)
+		VFMSUB213PS(s, d, i)       // d·Σn·q − 8·s in each row's lane
+		VFMADD231PS(i, dw, acc[r]) // acc += dw·that
+	}
+}
+
+// x8VNNIQ4K is x8BlockQ4K with VPDPBUSD.
+func x8VNNIQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
+	isum := make([]VecVirtual, p.rows)
+	for j := range 8 {
+		sj, odd := make([]VecVirtual, p.rows), make([]VecVirtual, p.rows)
+		for r := range p.rows {
+			sj[r], odd[r] = YMM(), YMM()
+			VPSUBD(sj[r], sj[r], sj[r])
+			VPSUBD(odd[r], odd[r], odd[r])
+		}
+		for v := range 8 {
+			w := YMM()
+			m := Mem{Base: p.wp, Disp: 544 + 256*(j/2) + 32*v}
+			if j%2 == 1 {
+				VPSRLW(U8(4), m, w)
+				VPANDD(c.low4, w, w)
+			} else {
+				VPANDD(m, c.low4, w)
+			}
+			for r := range p.rows {
+				VPDPBUSD_BCST(p.q(r, 32*j+4*v), w, []VecVirtual{sj[r], odd[r]}[v%2])
+			}
+		}
+		for r := range p.rows {
+			VPADDD(odd[r], sj[r], sj[r])
+		}
+		sc := YMM()
+		VPSRLD(U8(16), Mem{Base: p.wp, Disp: 32 + 32*j}, sc) // (sc, sc) → sc
+		for r := range p.rows {
+			if j == 0 {
+				isum[r] = YMM()
+				VPMULLD(sc, sj[r], isum[r])
+			} else {
+				VPMULLD(sc, sj[r], sj[r])
+				VPADDD(sj[r], isum[r], isum[r])
+			}
+		}
+	}
+	msum := make([]VecVirtual, p.rows)
+	for j := range 8 {
+		for r := range p.rows {
+			b := YMM()
+			VPBROADCASTD(p.bs(r, 4*j), b) // Σq of the sub-block's two halves
+			if j == 0 {
+				msum[r] = YMM()
+				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, msum[r])
+			} else {
+				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, b)
+				VPADDD(b, msum[r], msum[r])
+			}
+		}
+	}
+	for r := range p.rows {
+		d, e := YMM(), YMM()
+		VBROADCASTSS(p.ds(r, 0), d)
+		VCVTPH2PS(Mem{Base: p.wp}, e)
+		VMULPS(d, e, e)
+		VCVTDQ2PS(isum[r], isum[r])
+		VFMADD231PS(isum[r], e, acc[r])
+		VCVTPH2PS(Mem{Base: p.wp, Disp: 16}, e)
+		VMULPS(d, e, e)
+		VCVTDQ2PS(msum[r], msum[r])
+		VFNMADD231PS(msum[r], e, acc[r])
+	}
+}
+
 // x8PrefetchAhead is how far ahead of the block the R = 1 kernels
 // prefetch the packed weights (a decode step streams them from memory).
 const x8PrefetchAhead = 4096
@@ -235,9 +387,14 @@ func x8Consts8() {
 	}
 }
 
-// qx8 writes kernel k's AVX2 x8 function for R x rows.
-func qx8(k x8Kernel, R int) {
-	name := fmt.Sprintf("qx8%sR%dAVX2", k.name, R)
+// qx8 writes kernel k's AVX2 x8 function for R x rows, or with vnni its
+// VNNI one.
+func qx8(k x8Kernel, R int, vnni bool) {
+	isa, block := "AVX2", k.block
+	if vnni {
+		isa, block = "VNNI", k.vnni
+	}
+	name := fmt.Sprintf("qx8%sR%d%s", k.name, R, isa)
 	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k, groups int)")
 	Doc(
 		fmt.Sprintf("%s sets y[r·ldy + 8g + l] for r < %d, g < groups, l < 8 to the dot", name, R),
@@ -253,7 +410,8 @@ func qx8(k x8Kernel, R int) {
 		dsp:  Load(Param("ds").Base(), GP64()).(GPVirtual),
 		rows: R,
 	}
-	if k.elems == 256 {
+	useBs := k.elems == 256 || vnni && k.name == "Q8_0"
+	if useBs {
 		p.bsp = Load(Param("bs").Base(), GP64()).(GPVirtual)
 	}
 	yp := Load(Param("y").Base(), GP64())
@@ -271,7 +429,7 @@ func qx8(k x8Kernel, R int) {
 		SHRQ(U8(2), p.ldd)
 		MOVQ(p.ldq3, p.ldd3)
 		SHRQ(U8(2), p.ldd3)
-		if k.elems == 256 { // bs row stride in bytes: ldq/16 int16s
+		if useBs { // bs row stride in bytes: ldq/16 int16s
 			p.ldb, p.ldb3 = GP64(), GP64()
 			MOVQ(p.ldd, p.ldb)
 			SHRQ(U8(1), p.ldb)
@@ -295,13 +453,25 @@ func qx8(k x8Kernel, R int) {
 		t := Load(Param("groups"), GP64())
 		MOVQ(t, groups)
 	}
-	c := x8Consts{ones: bcastD(0x00010001), low4: bcastB(0x0f)}
+	var c x8Consts
+	switch {
+	case !vnni:
+		c = x8Consts{ones: bcastD(0x00010001), low4: bcastB(0x0f)}
+	case k.name == "Q8_0":
+		c = x8Consts{ones: bcastD(0xff80ff80), x80: bcastB(0x80)}
+	default:
+		c = x8Consts{low4: bcastB(0x0f)}
+	}
 
 	Label(name + "_group")
 	acc := make([]VecVirtual, R)
 	for r := range acc {
 		acc[r] = YMM()
-		VXORPS(acc[r], acc[r], acc[r])
+		if vnni {
+			VPSUBD(acc[r], acc[r], acc[r]) // a zero idiom avo knows, with an EVEX form
+		} else {
+			VXORPS(acc[r], acc[r], acc[r])
+		}
 	}
 	n := Load(Param("k"), GP64())
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
@@ -311,11 +481,11 @@ func qx8(k x8Kernel, R int) {
 			PREFETCHT0(Mem{Base: p.wp, Disp: x8PrefetchAhead + 64*i})
 		}
 	}
-	k.block(c, p, acc)
+	block(c, p, acc)
 	ADDQ(U32(k.bytes), p.wp)
 	ADDQ(U32(k.elems), p.qp)
 	ADDQ(U32(k.elems/4), p.dsp)
-	if k.elems == 256 {
+	if useBs {
 		ADDQ(U32(k.elems/8), p.bsp)
 	}
 	DECQ(n)
@@ -332,7 +502,7 @@ func qx8(k x8Kernel, R int) {
 	ADDQ(U8(32), yp)
 	SUBQ(back, p.qp)
 	SUBQ(back.Offset(8), p.dsp)
-	if k.elems == 256 {
+	if useBs {
 		SUBQ(back.Offset(16), p.bsp)
 	}
 	DECQ(groups)

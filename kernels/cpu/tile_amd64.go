@@ -64,14 +64,22 @@ var (
 // vnni512QTiles are vnniQTiles with the tiles that run faster on zmm
 // registers (two 32-column blocks per instruction) swapped in: the 4-row
 // Q8_0, Q4_0 and Q4_K tiles, the 1-row Q4_K and Q6_K ones (BenchmarkQTile's
-// CPU time), and a 4-row Q6_K tile the ymm set lacks. This package uses them; vnniQTiles stay for comparison in the
-// tests and benchmarks.
+// CPU time on an Intel), and a 4-row Q6_K tile the ymm set lacks; plus the
+// AVX2 gemv kernels, which take a block of weight rows per call: on a Zen 5
+// (BenchmarkQPaths, one x row) 1.2-1.6× faster than these 1-row tiles, and
+// Q6_K's 4-row one 1.1× faster than its 4-row tile, while the 4-row Q8_0
+// and Q4_K tiles beat their gemv (1.1-1.15×). This package uses them;
+// vnniQTiles stay for comparison in the tests and benchmarks.
 var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
 	t = vnniQTiles
 	t[kernels.Q8_0].r4 = qtileQ8_0R4VNNI512
 	t[kernels.Q4_0].r4 = qtileQ4_0R4VNNI512
 	t[kernels.Q4K] = qtileSet{r1: qtileQ4KR1VNNI512, r4: qtileQ4KR4VNNI512}
 	t[kernels.Q6K] = qtileSet{r1: qtileQ6KR1VNNI512, r4: qtileQ6KR4VNNI512}
+	for d := range t {
+		t[d].gemv = avx2QTiles[d].gemv
+	}
+	t[kernels.Q6K].gemv4 = avx2QTiles[kernels.Q6K].gemv4
 	return t
 }()
 
@@ -83,11 +91,23 @@ var avx2X8 = [...]x8Set{
 	kernels.Q4K:  {r1: qx8Q4KR1AVX2, r4: qx8Q4KR4AVX2},
 }
 
+// vnniX8 are the x8 kernels with VPDPBUSD: the same bits as avx2X8.
+var vnniX8 = [...]x8Set{
+	kernels.Q8_0: {r1: qx8Q8_0R1VNNI, r4: qx8Q8_0R4VNNI},
+	kernels.Q4_0: {r1: qx8Q4_0R1VNNI, r4: qx8Q4_0R4VNNI},
+	kernels.Q4K:  {r1: qx8Q4KR1VNNI, r4: qx8Q4KR4VNNI},
+}
+
 // asmX8 returns the x8 kernels of dtype d (Q8_0, Q4_0 or Q4_K) on AVX2 with
-// F16C, nil with VNNI (whose tiles qtilesFor picks) or without AVX2.
+// F16C (the VNNI ones where the CPU has AVX-512 VNNI), nil without. On a
+// Zen 5 even the AVX2 ones were 1.4-2.3× faster than the VNNI row tiles
+// at 8 and 512 x rows (BenchmarkQPaths).
 func asmX8(d kernels.DType) *x8Set {
-	if !cpuinfo.AVX2FMA() || !cpuinfo.F16C() || cpuinfo.VNNI() {
+	switch {
+	case !cpuinfo.AVX2FMA() || !cpuinfo.F16C():
 		return nil
+	case cpuinfo.VNNI():
+		return &vnniX8[d]
 	}
 	return &avx2X8[d]
 }

@@ -938,6 +938,16 @@ func qgemvQ6KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ld
 //go:noescape
 func qx8Q8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
+// qx8Q8_0R1VNNI sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q8_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q8_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
 // qx8Q8_0R4AVX2 sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
 // product of row 8g + l of the Q8_0 weights w repacked in groups of eight
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
@@ -947,6 +957,16 @@ func qx8Q8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq
 //
 //go:noescape
 func qx8Q8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
+// qx8Q8_0R4VNNI sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q8_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q8_0R4VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
 // packX8Q8_0AVX2 writes groups groups of eight rows of the Q8_0 weights w (k columns,
 // a multiple of 32, and groups > 0) to dst in the x8 layout (kernels/cpu/x8.go).
@@ -965,6 +985,16 @@ func packX8Q8_0AVX2(dst []byte, w []byte, k int, groups int)
 //go:noescape
 func qx8Q4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
+// qx8Q4_0R1VNNI sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q4_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q4_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
 // qx8Q4_0R4AVX2 sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
 // product of row 8g + l of the Q4_0 weights w repacked in groups of eight
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
@@ -974,6 +1004,16 @@ func qx8Q4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq
 //
 //go:noescape
 func qx8Q4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
+// qx8Q4_0R4VNNI sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q4_0 weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q4_0R4VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
 // packX8Q4_0AVX2 writes groups groups of eight rows of the Q4_0 weights w (k columns,
 // a multiple of 32, and groups > 0) to dst in the x8 layout (kernels/cpu/x8.go).
@@ -992,6 +1032,16 @@ func packX8Q4_0AVX2(dst []byte, w []byte, k int, groups int)
 //go:noescape
 func qx8Q4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
+// qx8Q4KR1VNNI sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q4K weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 256 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q4KR1VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
 // qx8Q4KR4AVX2 sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
 // product of row 8g + l of the Q4K weights w repacked in groups of eight
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
@@ -1001,6 +1051,16 @@ func qx8Q4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq 
 //
 //go:noescape
 func qx8Q4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
+// qx8Q4KR4VNNI sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
+// product of row 8g + l of the Q4K weights w repacked in groups of eight
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 256 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx8Q4KR4VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
 // packX8Q4KAVX2 writes groups groups of eight rows of the Q4K weights w (k columns,
 // a multiple of 32, and groups > 0) to dst in the x8 layout (kernels/cpu/x8.go).

@@ -71,8 +71,8 @@ func init() { x8Off.Store(os.Getenv("FERRITE_CPU_X8") == "0") }
 var forceGenericX8 atomic.Bool
 
 // x8For returns the x8 kernels for quantized dtype d, or nil where there
-// are none: only Q8_0 and Q4_0 have them, and only on AVX2 without VNNI
-// (where the VPDPBUSD tiles run instead), unless forced.
+// are none: only Q8_0, Q4_0 and Q4_K have them, and only on AVX2 (with or
+// without VNNI), unless forced.
 func x8For(d kernels.DType) *x8Set {
 	if d != kernels.Q8_0 && d != kernels.Q4_0 && d != kernels.Q4K || x8Off.Load() {
 		return nil

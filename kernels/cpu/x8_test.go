@@ -11,17 +11,21 @@ import (
 )
 
 // TestX8MatchesRowTiles checks the x8 kernels (the Go twins, and the
-// assembly where this CPU runs it) on packed weights against the Go tile
-// run row by row on the stored ones: the same integer sums, the scales
-// applied in another order, so they differ by float32 rounding. They must
-// write y[r·ldy + 8g + l] and nothing else, and one x row must get the
-// same bits from the one- and four-row kernels.
+// assembly where this CPU runs it: AVX2, and VNNI) on packed weights
+// against the Go tile run row by row on the stored ones: the same integer
+// sums, the scales applied in another order, so they differ by float32
+// rounding. They must write y[r·ldy + 8g + l] and nothing else, one x row
+// must get the same bits from the one- and four-row kernels, and the VNNI
+// kernels the bits of the AVX2 ones.
 func TestX8MatchesRowTiles(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 8))
 	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K} {
 		sets := map[string]*x8Set{"go": &genericX8[dt]}
 		if a := asmX8(dt); a != nil {
 			sets["asm"] = a
+		}
+		if a := asmX8(dt); a == &vnniX8[dt] {
+			sets["avx2"] = &avx2X8[dt]
 		}
 		ks := []int{32, 96, 256, 1024}
 		if dt == kernels.Q4K {
@@ -67,6 +71,7 @@ func TestX8MatchesRowTiles(t *testing.T) {
 					}
 				}
 			}
+			bits := map[string][]float32{} // per set, x rows four at a time
 			for name, set := range sets {
 				var one []float32 // x rows one at a time
 				for _, rr := range []int{1, R} {
@@ -104,6 +109,14 @@ func TestX8MatchesRowTiles(t *testing.T) {
 							t.Errorf("%s: y[%d] = %g, one row at a time %g", what, i, v, one[i])
 						}
 					}
+					bits[name] = got
+				}
+			}
+			if v, a := bits["asm"], bits["avx2"]; a != nil {
+				for i := range v {
+					if math.Float32bits(v[i]) != math.Float32bits(a[i]) {
+						t.Errorf("%v k=%d: VNNI y[%d] = %g, AVX2 %g", dt, k, i, v[i], a[i])
+					}
 				}
 			}
 		}
@@ -120,6 +133,9 @@ func BenchmarkX8Kernel(b *testing.B) {
 		sets := map[string]*x8Set{"go": &genericX8[dt]}
 		if a := asmX8(dt); a != nil {
 			sets["asm"] = a
+		}
+		if a := asmX8(dt); a == &vnniX8[dt] {
+			sets["avx2"] = &avx2X8[dt]
 		}
 		w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
 		packed := make([]byte, rows/8*x8RowBytes(dt, k))
