@@ -276,18 +276,22 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
 // half as many a warp), dynamic shared memory kPipeStages ·
 // PipeShape::kStage + kPipeSmemSort (163,840 + 12,304 bytes for all;
 // kernels/cuda moePipeSmem); n·k ≤ 512, experts ≤ 1024.
-#define FERRITE_MOE_PIPE(gu, down, W)                                                                          \
+#define FERRITE_MOE_PIPE_GATE_UP(name, W)                                                                      \
     extern "C" __global__ void __launch_bounds__(32 * W, 1)                                                   \
-        gu(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, \
-           int k, int slots, int hidden, float limit) {                                                        \
+        name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,          \
+             int experts, int k, int slots, int hidden, float limit) {                                         \
         FERRITE_PDL_WAIT();                                                                                    \
         moe_pipe<true, W>(h, inter, x, x_stride, ids, table, experts, k, slots, hidden, limit);                \
-    }                                                                                                          \
+    }
+FERRITE_MOE_PIPE_GATE_UP(ferrite_moe_pipe_gate_up, 8)
+FERRITE_MOE_PIPE_GATE_UP(ferrite_moe_pipe_gate_up_w16, 16)
+
+#define FERRITE_MOE_PIPE_DOWN(name, W)                                                                         \
     extern "C" __global__ void __launch_bounds__(32 * W, 1)                                                   \
-        down(float* ye, int hidden, const float* h, const int* ids, const MatDesc* table, int experts, int k,    \
+        name(float* ye, int hidden, const float* h, const int* ids, const MatDesc* table, int experts, int k,    \
              int slots, int inter) {                                                                           \
         FERRITE_PDL_WAIT();                                                                                    \
         moe_pipe<false, W>(ye, hidden, h, inter, ids, table, experts, k, slots, inter, 0.f);                   \
     }
-FERRITE_MOE_PIPE(ferrite_moe_pipe_gate_up, ferrite_moe_pipe_down, 8)
-FERRITE_MOE_PIPE(ferrite_moe_pipe_gate_up_w16, ferrite_moe_pipe_down_w16, 16)
+FERRITE_MOE_PIPE_DOWN(ferrite_moe_pipe_down, 8)
+FERRITE_MOE_PIPE_DOWN(ferrite_moe_pipe_down_w16, 16)
