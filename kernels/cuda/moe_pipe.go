@@ -10,14 +10,14 @@ import "github.com/ferrite-llm/ferrite/kernels"
 // shared-memory stages with cp.async, so far more bytes are in flight than
 // the register tiles (ferrite_moe_gt_*) hold. Every output is summed as
 // the one-token kernels sum it (kernels.RowExact holds as for the register
-// tiles). FERRITE_MOE_KERNELS=pipe turns it on.
+// tiles). FERRITE_MOE_KERNELS=pipe or pipe16 turns it on.
 const (
 	moePipeSlots = 512                        // the most slots (tokens · k) a call
 	moePipeSmem  = 4*40960 + (1024+4*512+4)*4 // dynamic shared memory a block: kPipeStages · PipeShape::kStage + kPipeSmemSort (none static)
 )
 
 func init() {
-	names := []string{"ferrite_moe_pipe_gate_up", "ferrite_moe_pipe_down"}
+	names := []string{"ferrite_moe_pipe_gate_up", "ferrite_moe_pipe_down", "ferrite_moe_pipe_gate_up_w16", "ferrite_moe_pipe_down_w16"}
 	kernelNames = append(kernelNames, names...)
 	bigSmemKernels = append(bigSmemKernels, names...)
 	for _, n := range names {
@@ -25,12 +25,25 @@ func init() {
 	}
 }
 
+// pipeWarps reads FERRITE_MOE_KERNELS for the streamed kernels: "pipe"
+// 8 warps a block, "pipe16" 16 (the same rows an item, half as many a
+// warp), else 0 (off).
+func pipeWarps(v string) int {
+	switch v {
+	case "pipe":
+		return 8
+	case "pipe16":
+		return 16
+	}
+	return 0
+}
+
 // usePipe reports whether n tokens of k slots each take the streamed
 // kernels: with c.pipe, from moeGTFrom tokens (c.tiles slots when set) up
 // to moePipeSlots slots, on a device whose blocks may take moePipeSmem.
 func (b *Backend) usePipe(n, k int) bool {
 	c := b.moe
-	if !c.pipe || n*k > moePipeSlots || b.dev.SmemOptIn < moePipeSmem {
+	if c.pipe == 0 || n*k > moePipeSlots || b.dev.SmemOptIn < moePipeSmem {
 		return false
 	}
 	if c.tiles > 0 && n*k >= c.tiles {
@@ -66,11 +79,15 @@ func (b *Backend) expertsPipe(dst, x kernels.Tensor, ip, wp, h uint64, table *Bu
 	slots, sms := n*k, uint32(b.dev.SMs)
 	ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
 	y, xp := dptr(dst), dptr(x)
+	gateUp, down, threads := "ferrite_moe_pipe_gate_up", "ferrite_moe_pipe_down", uint32(256)
+	if b.moe.pipe == 16 {
+		gateUp, down, threads = "ferrite_moe_pipe_gate_up_w16", "ferrite_moe_pipe_down_w16", 512
+	}
 	b.queue(func(d *Device) error {
-		err := d.launchL("ferrite_moe_pipe_gate_up", sms, 256, moePipeSmem,
+		err := d.launchL(gateUp, sms, threads, moePipeSmem,
 			h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(ne), i32(k), i32(slots), i32(hidden), f32(limit))
 		if err == nil {
-			err = d.launchL("ferrite_moe_pipe_down", sms, 256, moePipeSmem,
+			err = d.launchL(down, sms, threads, moePipeSmem,
 				ye, i32(hidden), h, ip, table.ptr, i32(ne), i32(k), i32(slots), i32(inter))
 		}
 		if err != nil {

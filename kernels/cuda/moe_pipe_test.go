@@ -29,7 +29,8 @@ func pipeExperts(rng *rand.Rand, e, hidden, inter int) []kernels.Expert {
 	return ex
 }
 
-// TestOpsExpertsPipe checks the streamed kernels (FERRITE_MOE_KERNELS=pipe)
+// TestOpsExpertsPipe checks the streamed kernels (FERRITE_MOE_KERNELS=pipe
+// and pipe16)
 // against kernels/ref.Experts within kerneltest.ExpertsTol of max |y|:
 // widths that fill whole chunks and row blocks and widths that do not
 // (hidden 264 = 256 + 8 columns, inter 72 = 2·32 + 8 rows), experts with
@@ -45,16 +46,18 @@ func TestOpsExpertsPipe(t *testing.T) {
 	rng := rand.New(rand.NewPCG(51, 52))
 	for _, s := range []struct{ e, k, hidden, inter int }{{12, 4, 256, 96}, {7, 3, 264, 72}, {40, 8, 512, 256}} {
 		ex := pipeExperts(rng, s.e, s.hidden, s.inter)
-		b.moe = moeConfig{pipe: true}
-		for _, n := range []int{moeGTFrom, 5, 16, 33, moePipeSlots / s.k} {
-			if !b.usePipe(n, s.k) {
-				t.Fatalf("n=%d, k=%d: the streamed kernels are not used", n, s.k)
+		for _, w := range []int{8, 16} {
+			b.moe = moeConfig{pipe: w}
+			for _, n := range []int{moeGTFrom, 5, 16, 33, moePipeSlots / s.k} {
+				if !b.usePipe(n, s.k) {
+					t.Fatalf("n=%d, k=%d: the streamed kernels are not used", n, s.k)
+				}
+				checkExperts(t, b, fmt.Sprintf("pipe%d/%+v/n=%d", w, s, n), ex, n, s.k, rng)
 			}
-			checkExperts(t, b, fmt.Sprintf("pipe/%+v/n=%d", s, n), ex, n, s.k, rng)
-		}
-		b.moe = moeConfig{pipe: true, tiles: 1}
-		for _, n := range []int{1, 2} {
-			checkExperts(t, b, fmt.Sprintf("pipe/%+v/tiles/n=%d", s, n), ex, n, s.k, rng)
+			b.moe = moeConfig{pipe: w, tiles: 1}
+			for _, n := range []int{1, 2} {
+				checkExperts(t, b, fmt.Sprintf("pipe%d/%+v/tiles/n=%d", w, s, n), ex, n, s.k, rng)
+			}
 		}
 	}
 }
@@ -84,7 +87,7 @@ func TestOpsExpertsPipeRowExact(t *testing.T) {
 	for i := range n {
 		copy(alone[i*hidden:], expertsOnDevice(t, b, ex, 1, k, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	for _, c := range []moeConfig{{pipe: true}, {pipe: true, tiles: 1}} {
+	for _, c := range []moeConfig{{pipe: 8}, {pipe: 8, tiles: 1}, {pipe: 16}, {pipe: 16, tiles: 1}} {
 		b.moe = c
 		for _, rows := range []int{2, moeGTFrom, 9, n} {
 			got := expertsOnDevice(t, b, ex, rows, k, xv[:rows*hidden], ids[:rows*k], wv[:rows*k])
@@ -106,7 +109,7 @@ func TestOpsExpertsPipeRowExact(t *testing.T) {
 func TestExpertsClampPipe(t *testing.T) {
 	b := openOps(t)
 	defer func(c moeConfig) { b.moe = c }(b.moe)
-	b.moe = moeConfig{pipe: true}
+	b.moe = moeConfig{pipe: 8}
 	const e, k, hidden, inter, n, limit = 6, 2, 128, 64, 9, 0.5
 	rng := rand.New(rand.NewPCG(71, 72))
 	ex := pipeExperts(rng, e, hidden, inter)

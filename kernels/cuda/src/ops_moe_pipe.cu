@@ -37,16 +37,17 @@ constexpr int kPipeExperts = 1024;  // the most experts (kernels/cuda moeMaxExpe
 constexpr int kPipeC = 8;           // slots a group
 constexpr int kPipeStages = 4;      // shared-memory stages
 constexpr int kPipeK = 256;         // columns a chunk: 16 bytes of bf16 a lane
-constexpr int kPipeThreads = 256;   // 8 warps
 
-// PipeShape: NM weight matrices an item (gate and up, or down), R rows of
-// each a warp, RB rows an item; a stage holds NM·RB rows of 512 bytes,
-// then kPipeC inputs of 256 float32 (1 KiB each).
-template <bool GU>
+// PipeShape: NM weight matrices an item (gate and up, or down), RB rows
+// of each an item, WARPS warps a block and R rows of each a warp; a stage
+// holds NM·RB rows of 512 bytes, then kPipeC inputs of 256 float32 (1 KiB
+// each).
+template <bool GU, int WARPS>
 struct PipeShape {
     static constexpr int NM = GU ? 2 : 1;
-    static constexpr int R = GU ? 4 : 8;
-    static constexpr int RB = 8 * R;
+    static constexpr int RB = GU ? 32 : 64;
+    static constexpr int R = RB / WARPS;
+    static constexpr int kThreads = 32 * WARPS;
     static constexpr int kW = NM * RB * kPipeK * 2;  // weight bytes a stage
     static constexpr int kStage = kW + kPipeC * kPipeK * 4;
 };
@@ -90,12 +91,12 @@ __device__ inline void pipe_wait() {
 // in[s] = h[s] into ye (slots, nrows = hidden); kdim the inner width (a
 // multiple of 8), every weight bf16. An id outside [0, experts) makes its
 // slot's row of out NaN. Dynamic shared memory: kPipeStages ·
-// PipeShape<GU>::kStage + kPipeSmemSort bytes.
-template <bool GU>
+// PipeShape::kStage + kPipeSmemSort bytes.
+template <bool GU, int WARPS>
 __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, const int* ids,
                          const MatDesc* table, int experts, int k, int slots, int kdim, float limit) {
-    using S = PipeShape<GU>;
-    constexpr int NM = S::NM, R = S::R, RB = S::RB;
+    using S = PipeShape<GU, WARPS>;
+    constexpr int NM = S::NM, R = S::R, RB = S::RB, kPipeThreads = S::kThreads;
     // All of it dynamic (a static part would lower the dynamic limit that
     // kernels/cuda raises every big-shared-memory kernel's to): the stages,
     // then the sort.
@@ -176,8 +177,8 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
 #pragma unroll
             for (int m = 0; m < NM; m++) base[m] = mat_row(table[3 * e + (GU ? m : 2)], 0, &unused) + size_t(col) * 2;
 #pragma unroll
-            for (int j = 0; j < NM * RB / 8; j++) {
-                const int row = warp + 8 * j, m = row / RB, r = r0 + row % RB;
+            for (int j = 0; j < NM * RB / WARPS; j++) {
+                const int row = warp + WARPS * j, m = row / RB, r = r0 + row % RB;
                 if (r < nrows) pipe_cp16<true>(st + row * (kPipeK * 2) + lane * 16, base[m] + r * pitch);
             }
         }
@@ -271,19 +272,26 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
 // inter multiples of 8: gate/up into h (n·k, inter) from x (n, hidden),
 // x_stride a multiple of 4; down into ye (n·k, hidden) from h, then
 // ferrite_moe_combine. Launch: grid = the SMs (at most one block of each
-// fits an SM), 256 threads, dynamic shared memory kPipeStages ·
-// PipeShape::kStage + kPipeSmemSort (163,840 + 12,304 bytes either way;
+// fits an SM), 256 threads (the _w16 kernels 512: the same rows an item,
+// half as many a warp), dynamic shared memory kPipeStages ·
+// PipeShape::kStage + kPipeSmemSort (163,840 + 12,304 bytes for all;
 // kernels/cuda moePipeSmem); n·k ≤ 512, experts ≤ 1024.
-extern "C" __global__ void __launch_bounds__(kPipeThreads, 1)
-    ferrite_moe_pipe_gate_up(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,
-                             int experts, int k, int slots, int hidden, float limit) {
-    FERRITE_PDL_WAIT();
-    moe_pipe<true>(h, inter, x, x_stride, ids, table, experts, k, slots, hidden, limit);
-}
+#define FERRITE_MOE_PIPE_GATE_UP(name, W)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * W, 1)                                                   \
+        name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,          \
+             int experts, int k, int slots, int hidden, float limit) {                                         \
+        FERRITE_PDL_WAIT();                                                                                    \
+        moe_pipe<true, W>(h, inter, x, x_stride, ids, table, experts, k, slots, hidden, limit);                \
+    }
+FERRITE_MOE_PIPE_GATE_UP(ferrite_moe_pipe_gate_up, 8)
+FERRITE_MOE_PIPE_GATE_UP(ferrite_moe_pipe_gate_up_w16, 16)
 
-extern "C" __global__ void __launch_bounds__(kPipeThreads, 1)
-    ferrite_moe_pipe_down(float* ye, int hidden, const float* h, const int* ids, const MatDesc* table, int experts,
-                          int k, int slots, int inter) {
-    FERRITE_PDL_WAIT();
-    moe_pipe<false>(ye, hidden, h, inter, ids, table, experts, k, slots, inter, 0.f);
-}
+#define FERRITE_MOE_PIPE_DOWN(name, W)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * W, 1)                                                   \
+        name(float* ye, int hidden, const float* h, const int* ids, const MatDesc* table, int experts, int k,    \
+             int slots, int inter) {                                                                           \
+        FERRITE_PDL_WAIT();                                                                                    \
+        moe_pipe<false, W>(ye, hidden, h, inter, ids, table, experts, k, slots, inter, 0.f);                   \
+    }
+FERRITE_MOE_PIPE_DOWN(ferrite_moe_pipe_down, 8)
+FERRITE_MOE_PIPE_DOWN(ferrite_moe_pipe_down_w16, 16)
