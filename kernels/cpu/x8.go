@@ -223,8 +223,9 @@ func x8Go(d kernels.DType, R int) x8Func {
 
 // x8Cache holds the persistently packed weights (Q4_0), per matrix.
 type x8Cache struct {
-	mu sync.Mutex
-	m  map[*kernels.Mat]*x8Packed
+	mu    sync.Mutex
+	m     map[*kernels.Mat]*x8Packed
+	bytes atomic.Int64 // the packed bytes held, for MemoryUse from any goroutine
 }
 
 // x8Packed is one matrix's packed whole groups, made once.
@@ -262,6 +263,7 @@ func (c *x8Cache) packed(w *kernels.Mat, pack func(groups int, fn func(lo, hi in
 		groups, rb := w.Rows/8, w.DType.RowBytes(w.Cols)
 		gsz := x8RowBytes(w.DType, w.Cols)
 		e.data = make([]byte, groups*gsz)
+		c.bytes.Add(int64(len(e.data)))
 		pack(groups, func(lo, hi int) {
 			packX8(e.data[lo*gsz:hi*gsz], w.Data[8*lo*rb:8*hi*rb], w.DType, w.Cols, hi-lo)
 		})
