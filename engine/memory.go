@@ -71,15 +71,16 @@ func (w *weightTally) total() int64 {
 
 // Memory reports what the model holds in its backend's memory
 // (kernels.MemoryReporter; zero for a backend without it). On the host the
-// backend reports no weights, so Weights is the model's weights as loaded:
-// mapped from the file or converted in RAM. Cheap enough for every step.
+// backend reports only its copies of the weights (repacked for its
+// kernels), so Weights adds the model's weights as loaded: mapped from the
+// file or converted in RAM. Cheap enough for every step.
 func (l *Loaded) Memory() kernels.MemoryUse {
 	var u kernels.MemoryUse
 	if r, ok := l.Backend.(kernels.MemoryReporter); ok {
 		u = r.MemoryUse()
 	}
 	if !u.OnDevice {
-		u.Weights = l.tally.total()
+		u.Weights += l.tally.total()
 	}
 	return u
 }

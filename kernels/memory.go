@@ -17,7 +17,8 @@ type MemoryUse struct {
 	OnDevice bool
 	// Weights is the weights held in the backend's memory: a GPU's
 	// uploaded copies. A host backend uses the model's weights where they
-	// are (mapped or converted in RAM) and reports 0.
+	// are (mapped or converted in RAM) and reports only the copies it made
+	// of them (the CPU's repacked Q4_0/Q8_0 weights).
 	Weights int64
 	// Tensors is the persistent tensors from Alloc: the KV cache, the
 	// recurrent state, and the model's small buffers (indices, norms).

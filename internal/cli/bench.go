@@ -615,7 +615,8 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 }
 
 // benchMemoryOf is what be holds (nil when it does not say); on the host
-// the weights are the model's as loaded, weightBytes.
+// the weights are the model's as loaded, weightBytes, plus the backend's
+// copies of them.
 func benchMemoryOf(be kernels.Backend, weightBytes int64) *benchMemory {
 	r, ok := be.(kernels.MemoryReporter)
 	if !ok {
@@ -623,7 +624,7 @@ func benchMemoryOf(be kernels.Backend, weightBytes int64) *benchMemory {
 	}
 	u := r.MemoryUse()
 	if !u.OnDevice {
-		u.Weights = weightBytes
+		u.Weights += weightBytes
 	}
 	return &benchMemory{OnDevice: u.OnDevice, WeightBytes: u.Weights, TensorBytes: u.Tensors, ArenaBytes: u.Arena,
 		UsedBytes: u.Used(), DeviceTotal: u.Total, DeviceFree: u.Free}

@@ -246,23 +246,32 @@ func x8BlockQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 
 // x8VNNIQ8_0 is x8BlockQ8_0 with VPDPBUSD.
 func x8VNNIQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
-	isum, odd := make([]VecVirtual, p.rows), make([]VecVirtual, p.rows)
+	const chains = x8Chains
+	isum := make([][]VecVirtual, p.rows)
 	for r := range p.rows {
 		b := YMM()
 		VPBROADCASTD(p.bs(r, 0), b)
-		isum[r], odd[r] = YMM(), YMM()
-		VPMADDWD(c.ones, b, isum[r]) // −128·Σq
-		VPSUBD(odd[r], odd[r], odd[r])
+		isum[r] = make([]VecVirtual, chains)
+		for i := range chains {
+			isum[r][i] = YMM()
+			if i == 0 {
+				VPMADDWD(c.ones, b, isum[r][0]) // −128·Σq
+			} else {
+				VPSUBD(isum[r][i], isum[r][i], isum[r][i])
+			}
+		}
 	}
 	for ch := range 8 {
 		w := YMM()
 		VPXORD(Mem{Base: p.wp, Disp: 16 + 32*ch}, c.x80, w)
 		for r := range p.rows {
-			VPDPBUSD_BCST(p.q(r, 4*ch), w, []VecVirtual{isum[r], odd[r]}[ch%2])
+			VPDPBUSD_BCST(p.q(r, 4*ch), w, isum[r][ch%chains])
 		}
 	}
 	for r := range p.rows {
-		VPADDD(odd[r], isum[r], isum[r])
+		for i := 1; i < chains; i++ {
+			VPADDD(isum[r][i], isum[r][0], isum[r][0])
+		}
 	}
 	dw := YMM()
 	VCVTPH2PS(Mem{Base: p.wp}, dw)
@@ -270,10 +279,13 @@ func x8VNNIQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 		d := YMM()
 		VBROADCASTSS(p.ds(r, 0), d)
 		VMULPS(dw, d, d)
-		VCVTDQ2PS(isum[r], isum[r])
-		VFMADD231PS(isum[r], d, acc[r])
+		VCVTDQ2PS(isum[r][0], isum[r][0])
+		VFMADD231PS(isum[r][0], d, acc[r])
 	}
 }
+
+// x8Chains is how many registers each x row's Q8_0 VPDPBUSD sums go to.
+const x8Chains = 4
 
 // x8VNNIQ4_0 is x8BlockQ4_0 with VPDPBUSD.
 func x8VNNIQ4_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {

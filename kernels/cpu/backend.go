@@ -22,7 +22,10 @@ type Backend struct {
 	lin   linScratch           // the delta rule's normalised q/k and gates
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 	mla   mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
-	x8    x8Cache              // Q4_0 weights repacked for the x8 kernels, per weight
+	x8    x8Cache              // Q4_0 and Q8_0 weights repacked for the x8 kernels, per weight
+	// experts is set while Experts runs: its MatMuls are routed experts'
+	// (x8Persistent keeps no Q8_0 expert packed).
+	experts bool
 
 	mlaTile int // keys the naive MLA form expands at a time; 0 picks one (tests set it)
 
@@ -124,7 +127,7 @@ func (b *Backend) matMulInlineTo(y []float32, ldy int, x []float32, w *kernels.M
 // x8Packed returns w kept packed for the x8 kernels (x8Cache.packed),
 // packing it over the workers on first use, or nil.
 func (b *Backend) x8Packed(w *kernels.Mat) []byte {
-	return b.x8.packed(w, b.Parallel)
+	return b.x8.packed(w, b.Parallel, b.experts)
 }
 
 // SetBF16Activations lets MatMul round x to bfloat16 (off by default), where

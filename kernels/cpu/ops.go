@@ -425,6 +425,8 @@ func (b *Backend) ExpertsClamp(dst, x, ids, w kernels.Tensor, experts []kernels.
 		panic("cpu: Experts shapes do not match")
 	}
 	y, xs, id, ws := f32(dst), f32(x), i32(ids), f32(w)
+	b.experts = true
+	defer func() { b.experts = false }()
 	s := &b.moe
 	s.count = slices.Grow(s.count[:0], len(experts)+1)[:len(experts)+1]
 	clear(s.count)

@@ -49,12 +49,12 @@ func BenchmarkQDecode(b *testing.B) {
 					var x8 x8Cache // Q4_0 packed once per copy, before the timing
 					serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
 					for _, w := range ws {
-						x8.packed(w, serial)
+						x8.packed(w, serial, false)
 					}
 					b.SetBytes(int64(len(w.Data)))
 					i := 0
 					cpuLoop(b, func() {
-						m.init(y, x, ws[i], n, 1, &xs, false, x8.packed(ws[i], serial))
+						m.init(y, x, ws[i], n, 1, &xs, false, x8.packed(ws[i], serial, false))
 						m.convertX(0, m.convertUnits())
 						for t := range m.tasks {
 							m.task(t, &scratch)
@@ -109,7 +109,7 @@ func BenchmarkQPaths(b *testing.B) {
 					serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
 					b.SetBytes(int64(len(w.Data)))
 					cpuLoop(b, func() {
-						m.init(y, x, w, n, 1, &xs, false, x8.packed(w, serial))
+						m.init(y, x, w, n, 1, &xs, false, x8.packed(w, serial, false))
 						m.convertX(0, m.convertUnits())
 						for t := range m.tasks {
 							m.task(t, &scratch)

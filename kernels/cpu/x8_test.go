@@ -191,7 +191,7 @@ func BenchmarkQPrefill(b *testing.B) {
 					var x8 x8Cache
 					serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
 					cpuLoop(b, func() {
-						m.init(y, x, w, n, 1, &xs, false, x8.packed(w, serial))
+						m.init(y, x, w, n, 1, &xs, false, x8.packed(w, serial, false))
 						m.convertX(0, m.convertUnits())
 						for t := range m.tasks {
 							m.task(t, &scratch)
@@ -206,7 +206,7 @@ func BenchmarkQPrefill(b *testing.B) {
 // TestLinearCatWritesInPlace checks that LinearCat, which has each
 // weight's MatMul write straight into its columns of dst (row stride the
 // total width), gives the bits of separate MatMuls plus the bias, on the
-// x8 path (Q8_0 packed per task, Q4_0 kept packed) and off it, for a
+// x8 path (Q8_0 and Q4_0 kept packed, Q4_K packed per task) and off it, for a
 // decode row and a prefill batch, leaving nothing unwritten.
 func TestLinearCatWritesInPlace(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 9))
