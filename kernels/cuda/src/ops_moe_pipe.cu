@@ -164,33 +164,49 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
     const int total = mine * nk;
     const size_t pitch = size_t(kdim) * 2;  // bytes between weight rows of a view
 
-    // issue queues chunk i's copies into stage i % kPipeStages.
+    // issue queues chunk i's copies into stage i % kPipeStages; it runs
+    // over i = 0, 1, … in order, so at an item's first chunk it finds the
+    // sources of the thread's weight rows (nullptr past nrows) and x pieces
+    // (nullptr past the group's slots), which its other chunks step along.
+    constexpr int WJ = NM * RB / WARPS;                                           // weight rows a thread copies
+    constexpr int XJ = (kPipeC * kPipeK / 4 + kPipeThreads - 1) / kPipeThreads;  // x pieces a thread copies
+    const uint8_t* wsrc[WJ] = {};
+    const float* xsrc[XJ] = {};
     auto issue = [&](int i) {
         const int t = i / nk, kc = i - t * nk;
-        const int it = blockIdx.x + t * gridDim.x, g = it / nrb, r0 = (it - g * nrb) * RB;
-        const int e = gexp[g], nc = gcount[g], p0 = gstart[g];
-        uint8_t* st = pipe_smem + (i % kPipeStages) * S::kStage;
-        const int col = kc * kPipeK + 8 * lane;
-        if (col < kdim) {
+        if (kc == 0) {
+            const int it = blockIdx.x + t * gridDim.x, g = it / nrb, r0 = (it - g * nrb) * RB;
+            const int e = gexp[g], nc = gcount[g], p0 = gstart[g];
             const float* unused;
             const uint8_t* base[NM];
 #pragma unroll
-            for (int m = 0; m < NM; m++) base[m] = mat_row(table[3 * e + (GU ? m : 2)], 0, &unused) + size_t(col) * 2;
+            for (int m = 0; m < NM; m++) base[m] = mat_row(table[3 * e + (GU ? m : 2)], 0, &unused) + lane * 16;
 #pragma unroll
-            for (int j = 0; j < NM * RB / WARPS; j++) {
-                const int row = warp + WARPS * j, m = row / RB, r = r0 + row % RB;
-                if (r < nrows) pipe_cp16<true>(st + row * (kPipeK * 2) + lane * 16, base[m] + r * pitch);
+            for (int j = 0; j < WJ; j++) {
+                const int row = warp + WARPS * j, r = r0 + row % RB;
+                wsrc[j] = r < nrows ? base[row / RB] + r * pitch : nullptr;
+            }
+#pragma unroll
+            for (int j = 0; j < XJ; j++) {
+                const int p = tid + kPipeThreads * j, q = p / (kPipeK / 4);
+                const int s = q < nc ? perm[p0 + q] : 0;
+                xsrc[j] = q < nc ? in + size_t(GU ? s / k : s) * in_stride + 4 * (p % (kPipeK / 4)) : nullptr;
             }
         }
+        uint8_t* st = pipe_smem + (i % kPipeStages) * S::kStage;
+        if (kc * kPipeK + 8 * lane < kdim) {
+#pragma unroll
+            for (int j = 0; j < WJ; j++)
+                if (wsrc[j]) pipe_cp16<true>(st + (warp + WARPS * j) * (kPipeK * 2) + lane * 16, wsrc[j] + kc * (kPipeK * 2));
+        }
         float* xs = reinterpret_cast<float*>(st + S::kW);
-        for (int p = tid; p < nc * (kPipeK / 4); p += kPipeThreads) {
-            const int q = p / (kPipeK / 4), f = p % (kPipeK / 4), c = kc * kPipeK + 4 * f;
-            if (c >= kdim) continue;
-            const int s = perm[p0 + q];
+#pragma unroll
+        for (int j = 0; j < XJ; j++) {
+            const int p = tid + kPipeThreads * j, q = p / (kPipeK / 4), f = p % (kPipeK / 4);
             // Lane L's elements 8L … 8L + 7 land at float4 L and 32 + L:
             // two conflict-free 16-byte reads.
-            pipe_cp16<false>(xs + q * kPipeK + 4 * ((f & 1) * 32 + (f >> 1)),
-                             in + size_t(GU ? s / k : s) * in_stride + c);
+            if (xsrc[j] && kc * kPipeK + 4 * f < kdim)
+                pipe_cp16<false>(xs + q * kPipeK + 4 * ((f & 1) * 32 + (f >> 1)), xsrc[j] + kc * kPipeK);
         }
     };
 
