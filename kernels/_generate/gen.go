@@ -183,10 +183,16 @@ func main() {
 	x8Consts8()
 	for _, k := range x8Kernels {
 		for _, r := range []int{1, 4} {
-			qx8(k, r, false)
-			qx8(k, r, true)
+			qx8(k, r, false, false)
+			qx8(k, r, true, false)
+			if k.name != "Q4K" {
+				qx8(k, r, true, true)
+			}
 		}
-		packX8(k)
+		packX8(k, 8)
+		if k.name != "Q4K" {
+			packX8(k, 16)
+		}
 	}
 	q4kConsts512()
 	q8Consts512()

@@ -9106,6 +9106,91 @@ qx8Q8_0R1VNNI_blk:
 	VZEROUPPER
 	RET
 
+// func qx16Q8_0R1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VNNI, MMX+
+TEXT ·qx16Q8_0R1VNNI512(SB), NOSPLIT, $40-152
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         y_base+0(FP), SI
+	MOVQ         ldy+24(FP), DI
+	SHLQ         $0x02, DI
+	MOVQ         DI, (SP)
+	MOVQ         k+136(FP), DI
+	MOVQ         DI, 8(SP)
+	SHRQ         $0x02, DI
+	MOVQ         DI, 16(SP)
+	SHRQ         $0x01, DI
+	MOVQ         DI, 24(SP)
+	MOVQ         groups+144(FP), DI
+	MOVQ         DI, 32(SP)
+	MOVL         $0xff80ff80, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x80808080, DI
+	VPBROADCASTD DI, Z1
+
+qx16Q8_0R1VNNI512_group:
+	VPSUBD Z2, Z2, Z2
+	MOVQ   k+136(FP), DI
+	SHRQ   $0x05, DI
+
+qx16Q8_0R1VNNI512_blk:
+	PREFETCHT0    4096(AX)
+	PREFETCHT0    4160(AX)
+	PREFETCHT0    4224(AX)
+	PREFETCHT0    4288(AX)
+	PREFETCHT0    4352(AX)
+	PREFETCHT0    4416(AX)
+	PREFETCHT0    4480(AX)
+	PREFETCHT0    4544(AX)
+	PREFETCHT0    4608(AX)
+	VPBROADCASTD  (BX), Z3
+	VPMADDWD      Z0, Z3, Z3
+	VPSUBD        Z4, Z4, Z4
+	VPSUBD        Z5, Z5, Z5
+	VPSUBD        Z6, Z6, Z6
+	VPXORD        32(AX), Z1, Z7
+	VPDPBUSD.BCST (CX), Z7, Z3
+	VPXORD        96(AX), Z1, Z7
+	VPDPBUSD.BCST 4(CX), Z7, Z4
+	VPXORD        160(AX), Z1, Z7
+	VPDPBUSD.BCST 8(CX), Z7, Z5
+	VPXORD        224(AX), Z1, Z7
+	VPDPBUSD.BCST 12(CX), Z7, Z6
+	VPXORD        288(AX), Z1, Z7
+	VPDPBUSD.BCST 16(CX), Z7, Z3
+	VPXORD        352(AX), Z1, Z7
+	VPDPBUSD.BCST 20(CX), Z7, Z4
+	VPXORD        416(AX), Z1, Z7
+	VPDPBUSD.BCST 24(CX), Z7, Z5
+	VPXORD        480(AX), Z1, Z7
+	VPDPBUSD.BCST 28(CX), Z7, Z6
+	VPADDD        Z4, Z3, Z3
+	VPADDD        Z5, Z3, Z3
+	VPADDD        Z6, Z3, Z3
+	VCVTPH2PS     (AX), Z4
+	VBROADCASTSS  (DX), Z5
+	VMULPS        Z4, Z5, Z5
+	VCVTDQ2PS     Z3, Z3
+	VFMADD231PS   Z3, Z5, Z2
+	ADDQ          $0x00000220, AX
+	ADDQ          $0x00000020, CX
+	ADDQ          $0x00000008, DX
+	ADDQ          $0x00000004, BX
+	DECQ          DI
+	JNZ           qx16Q8_0R1VNNI512_blk
+	MOVQ          SI, DI
+	VMOVUPS       Z2, (DI)
+	ADDQ          $0x40, SI
+	SUBQ          8(SP), CX
+	SUBQ          16(SP), DX
+	SUBQ          24(SP), BX
+	DECQ          32(SP)
+	JNZ           qx16Q8_0R1VNNI512_group
+	VZEROUPPER
+	RET
+
 // func qx8Q8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 // Requires: AVX, AVX2, F16C, FMA3
 TEXT ·qx8Q8_0R4AVX2(SB), NOSPLIT, $40-152
@@ -9513,6 +9598,161 @@ qx8Q8_0R4VNNI_blk:
 	VZEROUPPER
 	RET
 
+// func qx16Q8_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VNNI
+TEXT ·qx16Q8_0R4VNNI512(SB), NOSPLIT, $40-152
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         y_base+0(FP), SI
+	MOVQ         ldy+24(FP), DI
+	SHLQ         $0x02, DI
+	MOVQ         DI, (SP)
+	MOVQ         ldq+104(FP), DI
+	LEAQ         (DI)(DI*2), R8
+	MOVQ         DI, R9
+	SHRQ         $0x02, R9
+	MOVQ         R8, R10
+	SHRQ         $0x02, R10
+	MOVQ         R9, R11
+	SHRQ         $0x01, R11
+	MOVQ         R10, R12
+	SHRQ         $0x01, R12
+	MOVQ         k+136(FP), R13
+	MOVQ         R13, 8(SP)
+	SHRQ         $0x02, R13
+	MOVQ         R13, 16(SP)
+	SHRQ         $0x01, R13
+	MOVQ         R13, 24(SP)
+	MOVQ         groups+144(FP), R13
+	MOVQ         R13, 32(SP)
+	MOVL         $0xff80ff80, R13
+	VPBROADCASTD R13, Z0
+	MOVL         $0x80808080, R13
+	VPBROADCASTD R13, Z1
+
+qx16Q8_0R4VNNI512_group:
+	VPSUBD Z2, Z2, Z2
+	VPSUBD Z3, Z3, Z3
+	VPSUBD Z4, Z4, Z4
+	VPSUBD Z5, Z5, Z5
+	MOVQ   k+136(FP), R13
+	SHRQ   $0x05, R13
+
+qx16Q8_0R4VNNI512_blk:
+	VPBROADCASTD  (BX), Z6
+	VPMADDWD      Z0, Z6, Z6
+	VPSUBD        Z7, Z7, Z7
+	VPSUBD        Z8, Z8, Z8
+	VPSUBD        Z9, Z9, Z9
+	VPBROADCASTD  (BX)(R11*1), Z10
+	VPMADDWD      Z0, Z10, Z10
+	VPSUBD        Z11, Z11, Z11
+	VPSUBD        Z12, Z12, Z12
+	VPSUBD        Z13, Z13, Z13
+	VPBROADCASTD  (BX)(R11*2), Z14
+	VPMADDWD      Z0, Z14, Z14
+	VPSUBD        Z15, Z15, Z15
+	VPSUBD        Z16, Z16, Z16
+	VPSUBD        Z17, Z17, Z17
+	VPBROADCASTD  (BX)(R12*1), Z18
+	VPMADDWD      Z0, Z18, Z18
+	VPSUBD        Z19, Z19, Z19
+	VPSUBD        Z20, Z20, Z20
+	VPSUBD        Z21, Z21, Z21
+	VPXORD        32(AX), Z1, Z22
+	VPDPBUSD.BCST (CX), Z22, Z6
+	VPDPBUSD.BCST (CX)(DI*1), Z22, Z10
+	VPDPBUSD.BCST (CX)(DI*2), Z22, Z14
+	VPDPBUSD.BCST (CX)(R8*1), Z22, Z18
+	VPXORD        96(AX), Z1, Z22
+	VPDPBUSD.BCST 4(CX), Z22, Z7
+	VPDPBUSD.BCST 4(CX)(DI*1), Z22, Z11
+	VPDPBUSD.BCST 4(CX)(DI*2), Z22, Z15
+	VPDPBUSD.BCST 4(CX)(R8*1), Z22, Z19
+	VPXORD        160(AX), Z1, Z22
+	VPDPBUSD.BCST 8(CX), Z22, Z8
+	VPDPBUSD.BCST 8(CX)(DI*1), Z22, Z12
+	VPDPBUSD.BCST 8(CX)(DI*2), Z22, Z16
+	VPDPBUSD.BCST 8(CX)(R8*1), Z22, Z20
+	VPXORD        224(AX), Z1, Z22
+	VPDPBUSD.BCST 12(CX), Z22, Z9
+	VPDPBUSD.BCST 12(CX)(DI*1), Z22, Z13
+	VPDPBUSD.BCST 12(CX)(DI*2), Z22, Z17
+	VPDPBUSD.BCST 12(CX)(R8*1), Z22, Z21
+	VPXORD        288(AX), Z1, Z22
+	VPDPBUSD.BCST 16(CX), Z22, Z6
+	VPDPBUSD.BCST 16(CX)(DI*1), Z22, Z10
+	VPDPBUSD.BCST 16(CX)(DI*2), Z22, Z14
+	VPDPBUSD.BCST 16(CX)(R8*1), Z22, Z18
+	VPXORD        352(AX), Z1, Z22
+	VPDPBUSD.BCST 20(CX), Z22, Z7
+	VPDPBUSD.BCST 20(CX)(DI*1), Z22, Z11
+	VPDPBUSD.BCST 20(CX)(DI*2), Z22, Z15
+	VPDPBUSD.BCST 20(CX)(R8*1), Z22, Z19
+	VPXORD        416(AX), Z1, Z22
+	VPDPBUSD.BCST 24(CX), Z22, Z8
+	VPDPBUSD.BCST 24(CX)(DI*1), Z22, Z12
+	VPDPBUSD.BCST 24(CX)(DI*2), Z22, Z16
+	VPDPBUSD.BCST 24(CX)(R8*1), Z22, Z20
+	VPXORD        480(AX), Z1, Z22
+	VPDPBUSD.BCST 28(CX), Z22, Z9
+	VPDPBUSD.BCST 28(CX)(DI*1), Z22, Z13
+	VPDPBUSD.BCST 28(CX)(DI*2), Z22, Z17
+	VPDPBUSD.BCST 28(CX)(R8*1), Z22, Z21
+	VPADDD        Z7, Z6, Z6
+	VPADDD        Z8, Z6, Z6
+	VPADDD        Z9, Z6, Z6
+	VPADDD        Z11, Z10, Z10
+	VPADDD        Z12, Z10, Z10
+	VPADDD        Z13, Z10, Z10
+	VPADDD        Z15, Z14, Z14
+	VPADDD        Z16, Z14, Z14
+	VPADDD        Z17, Z14, Z14
+	VPADDD        Z19, Z18, Z18
+	VPADDD        Z20, Z18, Z18
+	VPADDD        Z21, Z18, Z18
+	VCVTPH2PS     (AX), Z7
+	VBROADCASTSS  (DX), Z8
+	VMULPS        Z7, Z8, Z8
+	VCVTDQ2PS     Z6, Z6
+	VFMADD231PS   Z6, Z8, Z2
+	VBROADCASTSS  (DX)(R9*1), Z6
+	VMULPS        Z7, Z6, Z6
+	VCVTDQ2PS     Z10, Z10
+	VFMADD231PS   Z10, Z6, Z3
+	VBROADCASTSS  (DX)(R9*2), Z6
+	VMULPS        Z7, Z6, Z6
+	VCVTDQ2PS     Z14, Z14
+	VFMADD231PS   Z14, Z6, Z4
+	VBROADCASTSS  (DX)(R10*1), Z6
+	VMULPS        Z7, Z6, Z6
+	VCVTDQ2PS     Z18, Z18
+	VFMADD231PS   Z18, Z6, Z5
+	ADDQ          $0x00000220, AX
+	ADDQ          $0x00000020, CX
+	ADDQ          $0x00000008, DX
+	ADDQ          $0x00000004, BX
+	DECQ          R13
+	JNZ           qx16Q8_0R4VNNI512_blk
+	MOVQ          SI, R13
+	VMOVUPS       Z2, (R13)
+	ADDQ          (SP), R13
+	VMOVUPS       Z3, (R13)
+	ADDQ          (SP), R13
+	VMOVUPS       Z4, (R13)
+	ADDQ          (SP), R13
+	VMOVUPS       Z5, (R13)
+	ADDQ          $0x40, SI
+	SUBQ          8(SP), CX
+	SUBQ          16(SP), DX
+	SUBQ          24(SP), BX
+	DECQ          32(SP)
+	JNZ           qx16Q8_0R4VNNI512_group
+	VZEROUPPER
+	RET
+
 // func packX8Q8_0AVX2(dst []byte, w []byte, k int, groups int)
 // Requires: AVX, AVX2
 TEXT ·packX8Q8_0AVX2(SB), NOSPLIT, $0-64
@@ -9594,6 +9834,151 @@ packX8Q8_0AVX2_blk:
 	LEAQ        (CX)(BX*8), CX
 	DECQ        R9
 	JNZ         packX8Q8_0AVX2_group
+	VZEROUPPER
+	RET
+
+// func packX16Q8_0AVX2(dst []byte, w []byte, k int, groups int)
+// Requires: AVX, AVX2
+TEXT ·packX16Q8_0AVX2(SB), NOSPLIT, $0-64
+	MOVQ   dst_base+0(FP), AX
+	MOVQ   w_base+24(FP), CX
+	MOVQ   k+48(FP), DX
+	SHRQ   $0x05, DX
+	IMUL3Q $0x00000022, DX, BX
+	LEAQ   (BX)(BX*2), SI
+	LEAQ   (BX)(BX*4), DI
+	LEAQ   (SI)(BX*4), R8
+	MOVQ   groups+56(FP), R9
+
+packX16Q8_0AVX2_group:
+	MOVQ CX, R10
+	MOVQ DX, R11
+
+packX16Q8_0AVX2_blk:
+	MOVWLZX     (R10), R12
+	MOVW        R12, (AX)
+	MOVWLZX     (R10)(BX*1), R12
+	MOVW        R12, 2(AX)
+	MOVWLZX     (R10)(BX*2), R12
+	MOVW        R12, 4(AX)
+	MOVWLZX     (R10)(SI*1), R12
+	MOVW        R12, 6(AX)
+	MOVWLZX     (R10)(BX*4), R12
+	MOVW        R12, 8(AX)
+	MOVWLZX     (R10)(DI*1), R12
+	MOVW        R12, 10(AX)
+	MOVWLZX     (R10)(SI*2), R12
+	MOVW        R12, 12(AX)
+	MOVWLZX     (R10)(R8*1), R12
+	MOVW        R12, 14(AX)
+	VMOVDQU     2(R10), Y0
+	VMOVDQU     2(R10)(BX*1), Y1
+	VMOVDQU     2(R10)(BX*2), Y2
+	VMOVDQU     2(R10)(SI*1), Y3
+	VMOVDQU     2(R10)(BX*4), Y4
+	VMOVDQU     2(R10)(DI*1), Y5
+	VMOVDQU     2(R10)(SI*2), Y6
+	VMOVDQU     2(R10)(R8*1), Y7
+	VPUNPCKLDQ  Y1, Y0, Y8
+	VPUNPCKHDQ  Y1, Y0, Y0
+	VPUNPCKLDQ  Y3, Y2, Y1
+	VPUNPCKHDQ  Y3, Y2, Y2
+	VPUNPCKLDQ  Y5, Y4, Y3
+	VPUNPCKHDQ  Y5, Y4, Y4
+	VPUNPCKLDQ  Y7, Y6, Y5
+	VPUNPCKHDQ  Y7, Y6, Y6
+	VPUNPCKLQDQ Y1, Y8, Y7
+	VPUNPCKHQDQ Y1, Y8, Y1
+	VPUNPCKLQDQ Y2, Y0, Y8
+	VPUNPCKHQDQ Y2, Y0, Y0
+	VPUNPCKLQDQ Y5, Y3, Y2
+	VPUNPCKHQDQ Y5, Y3, Y3
+	VPUNPCKLQDQ Y6, Y4, Y5
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPERM2I128  $0x20, Y2, Y7, Y6
+	VPERM2I128  $0x31, Y2, Y7, Y2
+	VPERM2I128  $0x20, Y3, Y1, Y7
+	VPERM2I128  $0x31, Y3, Y1, Y1
+	VPERM2I128  $0x20, Y5, Y8, Y3
+	VPERM2I128  $0x31, Y5, Y8, Y5
+	VPERM2I128  $0x20, Y4, Y0, Y8
+	VPERM2I128  $0x31, Y4, Y0, Y0
+	VMOVDQU     Y6, 32(AX)
+	VMOVDQU     Y7, 96(AX)
+	VMOVDQU     Y3, 160(AX)
+	VMOVDQU     Y8, 224(AX)
+	VMOVDQU     Y2, 288(AX)
+	VMOVDQU     Y1, 352(AX)
+	VMOVDQU     Y5, 416(AX)
+	VMOVDQU     Y0, 480(AX)
+	LEAQ        (R10)(BX*8), R10
+	MOVWLZX     (R10), R12
+	MOVW        R12, 16(AX)
+	MOVWLZX     (R10)(BX*1), R12
+	MOVW        R12, 18(AX)
+	MOVWLZX     (R10)(BX*2), R12
+	MOVW        R12, 20(AX)
+	MOVWLZX     (R10)(SI*1), R12
+	MOVW        R12, 22(AX)
+	MOVWLZX     (R10)(BX*4), R12
+	MOVW        R12, 24(AX)
+	MOVWLZX     (R10)(DI*1), R12
+	MOVW        R12, 26(AX)
+	MOVWLZX     (R10)(SI*2), R12
+	MOVW        R12, 28(AX)
+	MOVWLZX     (R10)(R8*1), R12
+	MOVW        R12, 30(AX)
+	VMOVDQU     2(R10), Y0
+	VMOVDQU     2(R10)(BX*1), Y1
+	VMOVDQU     2(R10)(BX*2), Y2
+	VMOVDQU     2(R10)(SI*1), Y3
+	VMOVDQU     2(R10)(BX*4), Y4
+	VMOVDQU     2(R10)(DI*1), Y5
+	VMOVDQU     2(R10)(SI*2), Y6
+	VMOVDQU     2(R10)(R8*1), Y7
+	VPUNPCKLDQ  Y1, Y0, Y8
+	VPUNPCKHDQ  Y1, Y0, Y0
+	VPUNPCKLDQ  Y3, Y2, Y1
+	VPUNPCKHDQ  Y3, Y2, Y2
+	VPUNPCKLDQ  Y5, Y4, Y3
+	VPUNPCKHDQ  Y5, Y4, Y4
+	VPUNPCKLDQ  Y7, Y6, Y5
+	VPUNPCKHDQ  Y7, Y6, Y6
+	VPUNPCKLQDQ Y1, Y8, Y7
+	VPUNPCKHQDQ Y1, Y8, Y1
+	VPUNPCKLQDQ Y2, Y0, Y8
+	VPUNPCKHQDQ Y2, Y0, Y0
+	VPUNPCKLQDQ Y5, Y3, Y2
+	VPUNPCKHQDQ Y5, Y3, Y3
+	VPUNPCKLQDQ Y6, Y4, Y5
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPERM2I128  $0x20, Y2, Y7, Y6
+	VPERM2I128  $0x31, Y2, Y7, Y2
+	VPERM2I128  $0x20, Y3, Y1, Y7
+	VPERM2I128  $0x31, Y3, Y1, Y1
+	VPERM2I128  $0x20, Y5, Y8, Y3
+	VPERM2I128  $0x31, Y5, Y8, Y5
+	VPERM2I128  $0x20, Y4, Y0, Y8
+	VPERM2I128  $0x31, Y4, Y0, Y0
+	VMOVDQU     Y6, 64(AX)
+	VMOVDQU     Y7, 128(AX)
+	VMOVDQU     Y3, 192(AX)
+	VMOVDQU     Y8, 256(AX)
+	VMOVDQU     Y2, 320(AX)
+	VMOVDQU     Y1, 384(AX)
+	VMOVDQU     Y5, 448(AX)
+	VMOVDQU     Y0, 512(AX)
+	MOVQ        BX, R12
+	SHLQ        $0x03, R12
+	SUBQ        R12, R10
+	ADDQ        $0x00000022, R10
+	ADDQ        $0x00000220, AX
+	DECQ        R11
+	JNZ         packX16Q8_0AVX2_blk
+	LEAQ        (CX)(BX*8), CX
+	LEAQ        (CX)(BX*8), CX
+	DECQ        R9
+	JNZ         packX16Q8_0AVX2_group
 	VZEROUPPER
 	RET
 
@@ -9770,6 +10155,87 @@ qx8Q4_0R1VNNI_blk:
 	SUBQ          16(SP), DX
 	DECQ          32(SP)
 	JNZ           qx8Q4_0R1VNNI_group
+	VZEROUPPER
+	RET
+
+// func qx16Q4_0R1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VNNI, MMX+
+TEXT ·qx16Q4_0R1VNNI512(SB), NOSPLIT, $40-152
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         y_base+0(FP), BX
+	MOVQ         ldy+24(FP), SI
+	SHLQ         $0x02, SI
+	MOVQ         SI, (SP)
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 16(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 24(SP)
+	MOVQ         groups+144(FP), SI
+	MOVQ         SI, 32(SP)
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+
+qx16Q4_0R1VNNI512_group:
+	VPSUBD Z1, Z1, Z1
+	MOVQ   k+136(FP), SI
+	SHRQ   $0x05, SI
+
+qx16Q4_0R1VNNI512_blk:
+	PREFETCHT0    4096(AX)
+	PREFETCHT0    4160(AX)
+	PREFETCHT0    4224(AX)
+	PREFETCHT0    4288(AX)
+	PREFETCHT0    4352(AX)
+	VPSUBD        Z2, Z2, Z2
+	VPSUBD        Z3, Z3, Z3
+	VMOVDQU32     32(AX), Z4
+	VPSRLW        $0x04, Z4, Z5
+	VPANDD        Z0, Z4, Z4
+	VPANDD        Z0, Z5, Z5
+	VPDPBUSD.BCST (CX), Z4, Z2
+	VPDPBUSD.BCST 16(CX), Z5, Z3
+	VMOVDQU32     96(AX), Z4
+	VPSRLW        $0x04, Z4, Z5
+	VPANDD        Z0, Z4, Z4
+	VPANDD        Z0, Z5, Z5
+	VPDPBUSD.BCST 4(CX), Z4, Z2
+	VPDPBUSD.BCST 20(CX), Z5, Z3
+	VMOVDQU32     160(AX), Z4
+	VPSRLW        $0x04, Z4, Z5
+	VPANDD        Z0, Z4, Z4
+	VPANDD        Z0, Z5, Z5
+	VPDPBUSD.BCST 8(CX), Z4, Z2
+	VPDPBUSD.BCST 24(CX), Z5, Z3
+	VMOVDQU32     224(AX), Z4
+	VPSRLW        $0x04, Z4, Z5
+	VPANDD        Z0, Z4, Z4
+	VPANDD        Z0, Z5, Z5
+	VPDPBUSD.BCST 12(CX), Z4, Z2
+	VPDPBUSD.BCST 28(CX), Z5, Z3
+	VPADDD        Z3, Z2, Z2
+	VCVTPH2PS     (AX), Z3
+	VCVTDQ2PS     Z2, Z2
+	VBROADCASTSS  (DX), Z4
+	VBROADCASTSS  4(DX), Z5
+	VMULPS.BCST   x8eight<>+0(SB), Z5, Z5
+	VFMSUB213PS   Z5, Z4, Z2
+	VFMADD231PS   Z2, Z3, Z1
+	ADDQ          $0x00000120, AX
+	ADDQ          $0x00000020, CX
+	ADDQ          $0x00000008, DX
+	DECQ          SI
+	JNZ           qx16Q4_0R1VNNI512_blk
+	MOVQ          BX, SI
+	VMOVUPS       Z1, (SI)
+	ADDQ          $0x40, BX
+	SUBQ          8(SP), CX
+	SUBQ          16(SP), DX
+	DECQ          32(SP)
+	JNZ           qx16Q4_0R1VNNI512_group
 	VZEROUPPER
 	RET
 
@@ -10114,6 +10580,148 @@ qx8Q4_0R4VNNI_blk:
 	VZEROUPPER
 	RET
 
+// func qx16Q4_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VNNI
+TEXT ·qx16Q4_0R4VNNI512(SB), NOSPLIT, $40-152
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         y_base+0(FP), BX
+	MOVQ         ldy+24(FP), SI
+	SHLQ         $0x02, SI
+	MOVQ         SI, (SP)
+	MOVQ         ldq+104(FP), SI
+	LEAQ         (SI)(SI*2), DI
+	MOVQ         SI, R8
+	SHRQ         $0x02, R8
+	MOVQ         DI, R9
+	SHRQ         $0x02, R9
+	MOVQ         k+136(FP), R10
+	MOVQ         R10, 8(SP)
+	SHRQ         $0x02, R10
+	MOVQ         R10, 16(SP)
+	SHRQ         $0x01, R10
+	MOVQ         R10, 24(SP)
+	MOVQ         groups+144(FP), R10
+	MOVQ         R10, 32(SP)
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+
+qx16Q4_0R4VNNI512_group:
+	VPSUBD Z1, Z1, Z1
+	VPSUBD Z2, Z2, Z2
+	VPSUBD Z3, Z3, Z3
+	VPSUBD Z4, Z4, Z4
+	MOVQ   k+136(FP), R10
+	SHRQ   $0x05, R10
+
+qx16Q4_0R4VNNI512_blk:
+	VPSUBD        Z5, Z5, Z5
+	VPSUBD        Z6, Z6, Z6
+	VPSUBD        Z7, Z7, Z7
+	VPSUBD        Z8, Z8, Z8
+	VPSUBD        Z9, Z9, Z9
+	VPSUBD        Z10, Z10, Z10
+	VPSUBD        Z11, Z11, Z11
+	VPSUBD        Z12, Z12, Z12
+	VMOVDQU32     32(AX), Z13
+	VPSRLW        $0x04, Z13, Z14
+	VPANDD        Z0, Z13, Z13
+	VPANDD        Z0, Z14, Z14
+	VPDPBUSD.BCST (CX), Z13, Z5
+	VPDPBUSD.BCST 16(CX), Z14, Z6
+	VPDPBUSD.BCST (CX)(SI*1), Z13, Z7
+	VPDPBUSD.BCST 16(CX)(SI*1), Z14, Z8
+	VPDPBUSD.BCST (CX)(SI*2), Z13, Z9
+	VPDPBUSD.BCST 16(CX)(SI*2), Z14, Z10
+	VPDPBUSD.BCST (CX)(DI*1), Z13, Z11
+	VPDPBUSD.BCST 16(CX)(DI*1), Z14, Z12
+	VMOVDQU32     96(AX), Z13
+	VPSRLW        $0x04, Z13, Z14
+	VPANDD        Z0, Z13, Z13
+	VPANDD        Z0, Z14, Z14
+	VPDPBUSD.BCST 4(CX), Z13, Z5
+	VPDPBUSD.BCST 20(CX), Z14, Z6
+	VPDPBUSD.BCST 4(CX)(SI*1), Z13, Z7
+	VPDPBUSD.BCST 20(CX)(SI*1), Z14, Z8
+	VPDPBUSD.BCST 4(CX)(SI*2), Z13, Z9
+	VPDPBUSD.BCST 20(CX)(SI*2), Z14, Z10
+	VPDPBUSD.BCST 4(CX)(DI*1), Z13, Z11
+	VPDPBUSD.BCST 20(CX)(DI*1), Z14, Z12
+	VMOVDQU32     160(AX), Z13
+	VPSRLW        $0x04, Z13, Z14
+	VPANDD        Z0, Z13, Z13
+	VPANDD        Z0, Z14, Z14
+	VPDPBUSD.BCST 8(CX), Z13, Z5
+	VPDPBUSD.BCST 24(CX), Z14, Z6
+	VPDPBUSD.BCST 8(CX)(SI*1), Z13, Z7
+	VPDPBUSD.BCST 24(CX)(SI*1), Z14, Z8
+	VPDPBUSD.BCST 8(CX)(SI*2), Z13, Z9
+	VPDPBUSD.BCST 24(CX)(SI*2), Z14, Z10
+	VPDPBUSD.BCST 8(CX)(DI*1), Z13, Z11
+	VPDPBUSD.BCST 24(CX)(DI*1), Z14, Z12
+	VMOVDQU32     224(AX), Z13
+	VPSRLW        $0x04, Z13, Z14
+	VPANDD        Z0, Z13, Z13
+	VPANDD        Z0, Z14, Z14
+	VPDPBUSD.BCST 12(CX), Z13, Z5
+	VPDPBUSD.BCST 28(CX), Z14, Z6
+	VPDPBUSD.BCST 12(CX)(SI*1), Z13, Z7
+	VPDPBUSD.BCST 28(CX)(SI*1), Z14, Z8
+	VPDPBUSD.BCST 12(CX)(SI*2), Z13, Z9
+	VPDPBUSD.BCST 28(CX)(SI*2), Z14, Z10
+	VPDPBUSD.BCST 12(CX)(DI*1), Z13, Z11
+	VPDPBUSD.BCST 28(CX)(DI*1), Z14, Z12
+	VPADDD        Z6, Z5, Z5
+	VPADDD        Z8, Z7, Z7
+	VPADDD        Z10, Z9, Z9
+	VPADDD        Z12, Z11, Z11
+	VCVTPH2PS     (AX), Z6
+	VCVTDQ2PS     Z5, Z5
+	VBROADCASTSS  (DX), Z8
+	VBROADCASTSS  4(DX), Z10
+	VMULPS.BCST   x8eight<>+0(SB), Z10, Z10
+	VFMSUB213PS   Z10, Z8, Z5
+	VFMADD231PS   Z5, Z6, Z1
+	VCVTDQ2PS     Z7, Z7
+	VBROADCASTSS  (DX)(R8*1), Z5
+	VBROADCASTSS  4(DX)(R8*1), Z8
+	VMULPS.BCST   x8eight<>+0(SB), Z8, Z8
+	VFMSUB213PS   Z8, Z5, Z7
+	VFMADD231PS   Z7, Z6, Z2
+	VCVTDQ2PS     Z9, Z9
+	VBROADCASTSS  (DX)(R8*2), Z5
+	VBROADCASTSS  4(DX)(R8*2), Z7
+	VMULPS.BCST   x8eight<>+0(SB), Z7, Z7
+	VFMSUB213PS   Z7, Z5, Z9
+	VFMADD231PS   Z9, Z6, Z3
+	VCVTDQ2PS     Z11, Z11
+	VBROADCASTSS  (DX)(R9*1), Z5
+	VBROADCASTSS  4(DX)(R9*1), Z7
+	VMULPS.BCST   x8eight<>+0(SB), Z7, Z7
+	VFMSUB213PS   Z7, Z5, Z11
+	VFMADD231PS   Z11, Z6, Z4
+	ADDQ          $0x00000120, AX
+	ADDQ          $0x00000020, CX
+	ADDQ          $0x00000008, DX
+	DECQ          R10
+	JNZ           qx16Q4_0R4VNNI512_blk
+	MOVQ          BX, R10
+	VMOVUPS       Z1, (R10)
+	ADDQ          (SP), R10
+	VMOVUPS       Z2, (R10)
+	ADDQ          (SP), R10
+	VMOVUPS       Z3, (R10)
+	ADDQ          (SP), R10
+	VMOVUPS       Z4, (R10)
+	ADDQ          $0x40, BX
+	SUBQ          8(SP), CX
+	SUBQ          16(SP), DX
+	DECQ          32(SP)
+	JNZ           qx16Q4_0R4VNNI512_group
+	VZEROUPPER
+	RET
+
 // func packX8Q4_0AVX2(dst []byte, w []byte, k int, groups int)
 // Requires: AVX, AVX2
 TEXT ·packX8Q4_0AVX2(SB), NOSPLIT, $0-64
@@ -10175,6 +10783,111 @@ packX8Q4_0AVX2_blk:
 	LEAQ        (CX)(BX*8), CX
 	DECQ        R9
 	JNZ         packX8Q4_0AVX2_group
+	VZEROUPPER
+	RET
+
+// func packX16Q4_0AVX2(dst []byte, w []byte, k int, groups int)
+// Requires: AVX, AVX2
+TEXT ·packX16Q4_0AVX2(SB), NOSPLIT, $0-64
+	MOVQ   dst_base+0(FP), AX
+	MOVQ   w_base+24(FP), CX
+	MOVQ   k+48(FP), DX
+	SHRQ   $0x05, DX
+	IMUL3Q $0x00000012, DX, BX
+	LEAQ   (BX)(BX*2), SI
+	LEAQ   (BX)(BX*4), DI
+	LEAQ   (SI)(BX*4), R8
+	MOVQ   groups+56(FP), R9
+
+packX16Q4_0AVX2_group:
+	MOVQ CX, R10
+	MOVQ DX, R11
+
+packX16Q4_0AVX2_blk:
+	MOVWLZX     (R10), R12
+	MOVW        R12, (AX)
+	MOVWLZX     (R10)(BX*1), R12
+	MOVW        R12, 2(AX)
+	MOVWLZX     (R10)(BX*2), R12
+	MOVW        R12, 4(AX)
+	MOVWLZX     (R10)(SI*1), R12
+	MOVW        R12, 6(AX)
+	MOVWLZX     (R10)(BX*4), R12
+	MOVW        R12, 8(AX)
+	MOVWLZX     (R10)(DI*1), R12
+	MOVW        R12, 10(AX)
+	MOVWLZX     (R10)(SI*2), R12
+	MOVW        R12, 12(AX)
+	MOVWLZX     (R10)(R8*1), R12
+	MOVW        R12, 14(AX)
+	VMOVDQU     2(R10), X0
+	VINSERTI128 $0x01, 2(R10)(BX*4), Y0, Y0
+	VMOVDQU     2(R10)(BX*1), X1
+	VINSERTI128 $0x01, 2(R10)(DI*1), Y1, Y1
+	VMOVDQU     2(R10)(BX*2), X2
+	VINSERTI128 $0x01, 2(R10)(SI*2), Y2, Y2
+	VMOVDQU     2(R10)(SI*1), X3
+	VINSERTI128 $0x01, 2(R10)(R8*1), Y3, Y3
+	VPUNPCKLDQ  Y1, Y0, Y4
+	VPUNPCKHDQ  Y1, Y0, Y5
+	VPUNPCKLDQ  Y3, Y2, Y6
+	VPUNPCKHDQ  Y3, Y2, Y7
+	VPUNPCKLQDQ Y6, Y4, Y8
+	VMOVDQU     Y8, 32(AX)
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VMOVDQU     Y4, 96(AX)
+	VPUNPCKLQDQ Y7, Y5, Y4
+	VMOVDQU     Y4, 160(AX)
+	VPUNPCKHQDQ Y7, Y5, Y4
+	VMOVDQU     Y4, 224(AX)
+	LEAQ        (R10)(BX*8), R10
+	MOVWLZX     (R10), R12
+	MOVW        R12, 16(AX)
+	MOVWLZX     (R10)(BX*1), R12
+	MOVW        R12, 18(AX)
+	MOVWLZX     (R10)(BX*2), R12
+	MOVW        R12, 20(AX)
+	MOVWLZX     (R10)(SI*1), R12
+	MOVW        R12, 22(AX)
+	MOVWLZX     (R10)(BX*4), R12
+	MOVW        R12, 24(AX)
+	MOVWLZX     (R10)(DI*1), R12
+	MOVW        R12, 26(AX)
+	MOVWLZX     (R10)(SI*2), R12
+	MOVW        R12, 28(AX)
+	MOVWLZX     (R10)(R8*1), R12
+	MOVW        R12, 30(AX)
+	VMOVDQU     2(R10), X9
+	VINSERTI128 $0x01, 2(R10)(BX*4), Y9, Y9
+	VMOVDQU     2(R10)(BX*1), X10
+	VINSERTI128 $0x01, 2(R10)(DI*1), Y10, Y10
+	VMOVDQU     2(R10)(BX*2), X11
+	VINSERTI128 $0x01, 2(R10)(SI*2), Y11, Y11
+	VMOVDQU     2(R10)(SI*1), X12
+	VINSERTI128 $0x01, 2(R10)(R8*1), Y12, Y12
+	VPUNPCKLDQ  Y10, Y9, Y4
+	VPUNPCKHDQ  Y10, Y9, Y5
+	VPUNPCKLDQ  Y12, Y11, Y6
+	VPUNPCKHDQ  Y12, Y11, Y7
+	VPUNPCKLQDQ Y6, Y4, Y8
+	VMOVDQU     Y8, 64(AX)
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VMOVDQU     Y4, 128(AX)
+	VPUNPCKLQDQ Y7, Y5, Y4
+	VMOVDQU     Y4, 192(AX)
+	VPUNPCKHQDQ Y7, Y5, Y4
+	VMOVDQU     Y4, 256(AX)
+	MOVQ        BX, R12
+	SHLQ        $0x03, R12
+	SUBQ        R12, R10
+	ADDQ        $0x00000012, R10
+	ADDQ        $0x00000120, AX
+	DECQ        R11
+	JNZ         packX16Q4_0AVX2_blk
+	LEAQ        (CX)(BX*8), CX
+	LEAQ        (CX)(BX*8), CX
+	DECQ        R9
+	JNZ         packX16Q4_0AVX2_group
 	VZEROUPPER
 	RET
 
