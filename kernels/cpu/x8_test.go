@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/kernels"
-	"github.com/ferrite-llm/ferrite/kernels/internal/cpuinfo"
 	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
 )
 
@@ -29,8 +28,8 @@ func TestX8MatchesRowTiles(t *testing.T) {
 		if a := asmX8(dt); a != nil {
 			sets["asm"] = a
 		}
-		if cpuinfo.VNNI() && asmX8(dt) != nil {
-			sets["avx2"], sets["vnni8"] = &avx2X8[dt], &vnniX8[dt]
+		for name, set := range moreX8Sets(dt) {
+			sets[name] = set
 		}
 		ks := []int{32, 96, 256, 1024}
 		if dt == kernels.Q4K {
@@ -148,8 +147,8 @@ func BenchmarkX8Kernel(b *testing.B) {
 		if a := asmX8(dt); a != nil {
 			sets["asm"] = a
 		}
-		if cpuinfo.VNNI() && asmX8(dt) != nil {
-			sets["avx2"], sets["vnni8"] = &avx2X8[dt], &vnniX8[dt]
+		for name, set := range moreX8Sets(dt) {
+			sets[name] = set
 		}
 		w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
 		x := make([]float32, 4*k)
