@@ -180,6 +180,10 @@ func main() {
 			qgemv(k, r)
 		}
 	}
+	q6kConsts512Gemv()
+	for _, r := range []int{1, 4} {
+		qgemv(q6kGemv512, r)
+	}
 	x8Consts8()
 	for _, k := range x8Kernels {
 		for _, r := range []int{1, 4} {

@@ -66,10 +66,11 @@ var (
 // Q8_0, Q4_0 and Q4_K tiles, the 1-row Q4_K and Q6_K ones (BenchmarkQTile's
 // CPU time on an Intel), and a 4-row Q6_K tile the ymm set lacks; plus the
 // AVX2 gemv kernels, which take a block of weight rows per call: on a Zen 5
-// (BenchmarkQPaths, one x row) 1.2-1.6× faster than these 1-row tiles, and
-// Q6_K's 4-row one 1.1× faster than its 4-row tile, while the 4-row Q8_0
-// and Q4_K tiles beat their gemv (1.1-1.15×). This package uses them;
-// vnniQTiles stay for comparison in the tests and benchmarks.
+// (BenchmarkQPaths, one x row) 1.2-1.6× faster than these 1-row tiles,
+// while the 4-row Q8_0 and Q4_K tiles beat their gemv (1.1-1.15×); and for
+// Q6_K (a Q4_K_M or Q4_0 file's output head) gemv kernels on zmm. This
+// package uses them; vnniQTiles stay for comparison in the tests and
+// benchmarks.
 var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
 	t = vnniQTiles
 	t[kernels.Q8_0].r4 = qtileQ8_0R4VNNI512
@@ -79,7 +80,7 @@ var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
 	for d := range t {
 		t[d].gemv = avx2QTiles[d].gemv
 	}
-	t[kernels.Q6K].gemv4 = avx2QTiles[kernels.Q6K].gemv4
+	t[kernels.Q6K].gemv, t[kernels.Q6K].gemv4 = qgemvQ6KR1VNNI512, qgemvQ6KR4VNNI512
 	return t
 }()
 

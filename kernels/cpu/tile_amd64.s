@@ -8902,6 +8902,523 @@ qgemvQ6KR4AVX2_done:
 	VZEROUPPER
 	RET
 
+DATA q6shiftv<>+0(SB)/2, $0x0004
+DATA q6shiftv<>+2(SB)/2, $0x0004
+DATA q6shiftv<>+4(SB)/2, $0x0004
+DATA q6shiftv<>+6(SB)/2, $0x0004
+DATA q6shiftv<>+8(SB)/2, $0x0004
+DATA q6shiftv<>+10(SB)/2, $0x0004
+DATA q6shiftv<>+12(SB)/2, $0x0004
+DATA q6shiftv<>+14(SB)/2, $0x0004
+DATA q6shiftv<>+16(SB)/2, $0x0004
+DATA q6shiftv<>+18(SB)/2, $0x0004
+DATA q6shiftv<>+20(SB)/2, $0x0004
+DATA q6shiftv<>+22(SB)/2, $0x0004
+DATA q6shiftv<>+24(SB)/2, $0x0004
+DATA q6shiftv<>+26(SB)/2, $0x0004
+DATA q6shiftv<>+28(SB)/2, $0x0004
+DATA q6shiftv<>+30(SB)/2, $0x0004
+DATA q6shiftv<>+32(SB)/2, $0x0002
+DATA q6shiftv<>+34(SB)/2, $0x0002
+DATA q6shiftv<>+36(SB)/2, $0x0002
+DATA q6shiftv<>+38(SB)/2, $0x0002
+DATA q6shiftv<>+40(SB)/2, $0x0002
+DATA q6shiftv<>+42(SB)/2, $0x0002
+DATA q6shiftv<>+44(SB)/2, $0x0002
+DATA q6shiftv<>+46(SB)/2, $0x0002
+DATA q6shiftv<>+48(SB)/2, $0x0002
+DATA q6shiftv<>+50(SB)/2, $0x0002
+DATA q6shiftv<>+52(SB)/2, $0x0002
+DATA q6shiftv<>+54(SB)/2, $0x0002
+DATA q6shiftv<>+56(SB)/2, $0x0002
+DATA q6shiftv<>+58(SB)/2, $0x0002
+DATA q6shiftv<>+60(SB)/2, $0x0002
+DATA q6shiftv<>+62(SB)/2, $0x0002
+DATA q6shiftv<>+64(SB)/2, $0x0000
+DATA q6shiftv<>+66(SB)/2, $0x0000
+DATA q6shiftv<>+68(SB)/2, $0x0000
+DATA q6shiftv<>+70(SB)/2, $0x0000
+DATA q6shiftv<>+72(SB)/2, $0x0000
+DATA q6shiftv<>+74(SB)/2, $0x0000
+DATA q6shiftv<>+76(SB)/2, $0x0000
+DATA q6shiftv<>+78(SB)/2, $0x0000
+DATA q6shiftv<>+80(SB)/2, $0x0000
+DATA q6shiftv<>+82(SB)/2, $0x0000
+DATA q6shiftv<>+84(SB)/2, $0x0000
+DATA q6shiftv<>+86(SB)/2, $0x0000
+DATA q6shiftv<>+88(SB)/2, $0x0000
+DATA q6shiftv<>+90(SB)/2, $0x0000
+DATA q6shiftv<>+92(SB)/2, $0x0000
+DATA q6shiftv<>+94(SB)/2, $0x0000
+DATA q6shiftv<>+96(SB)/2, $0x0002
+DATA q6shiftv<>+98(SB)/2, $0x0002
+DATA q6shiftv<>+100(SB)/2, $0x0002
+DATA q6shiftv<>+102(SB)/2, $0x0002
+DATA q6shiftv<>+104(SB)/2, $0x0002
+DATA q6shiftv<>+106(SB)/2, $0x0002
+DATA q6shiftv<>+108(SB)/2, $0x0002
+DATA q6shiftv<>+110(SB)/2, $0x0002
+DATA q6shiftv<>+112(SB)/2, $0x0002
+DATA q6shiftv<>+114(SB)/2, $0x0002
+DATA q6shiftv<>+116(SB)/2, $0x0002
+DATA q6shiftv<>+118(SB)/2, $0x0002
+DATA q6shiftv<>+120(SB)/2, $0x0002
+DATA q6shiftv<>+122(SB)/2, $0x0002
+DATA q6shiftv<>+124(SB)/2, $0x0002
+DATA q6shiftv<>+126(SB)/2, $0x0002
+GLOBL q6shiftv<>(SB), RODATA|NOPTR, $128
+
+DATA q6permw<>+0(SB)/2, $0x0000
+DATA q6permw<>+2(SB)/2, $0x0000
+DATA q6permw<>+4(SB)/2, $0x0000
+DATA q6permw<>+6(SB)/2, $0x0000
+DATA q6permw<>+8(SB)/2, $0x0000
+DATA q6permw<>+10(SB)/2, $0x0000
+DATA q6permw<>+12(SB)/2, $0x0000
+DATA q6permw<>+14(SB)/2, $0x0000
+DATA q6permw<>+16(SB)/2, $0x0001
+DATA q6permw<>+18(SB)/2, $0x0001
+DATA q6permw<>+20(SB)/2, $0x0001
+DATA q6permw<>+22(SB)/2, $0x0001
+DATA q6permw<>+24(SB)/2, $0x0001
+DATA q6permw<>+26(SB)/2, $0x0001
+DATA q6permw<>+28(SB)/2, $0x0001
+DATA q6permw<>+30(SB)/2, $0x0001
+DATA q6permw<>+32(SB)/2, $0x0002
+DATA q6permw<>+34(SB)/2, $0x0002
+DATA q6permw<>+36(SB)/2, $0x0002
+DATA q6permw<>+38(SB)/2, $0x0002
+DATA q6permw<>+40(SB)/2, $0x0002
+DATA q6permw<>+42(SB)/2, $0x0002
+DATA q6permw<>+44(SB)/2, $0x0002
+DATA q6permw<>+46(SB)/2, $0x0002
+DATA q6permw<>+48(SB)/2, $0x0003
+DATA q6permw<>+50(SB)/2, $0x0003
+DATA q6permw<>+52(SB)/2, $0x0003
+DATA q6permw<>+54(SB)/2, $0x0003
+DATA q6permw<>+56(SB)/2, $0x0003
+DATA q6permw<>+58(SB)/2, $0x0003
+DATA q6permw<>+60(SB)/2, $0x0003
+DATA q6permw<>+62(SB)/2, $0x0003
+DATA q6permw<>+64(SB)/2, $0x0004
+DATA q6permw<>+66(SB)/2, $0x0004
+DATA q6permw<>+68(SB)/2, $0x0004
+DATA q6permw<>+70(SB)/2, $0x0004
+DATA q6permw<>+72(SB)/2, $0x0004
+DATA q6permw<>+74(SB)/2, $0x0004
+DATA q6permw<>+76(SB)/2, $0x0004
+DATA q6permw<>+78(SB)/2, $0x0004
+DATA q6permw<>+80(SB)/2, $0x0005
+DATA q6permw<>+82(SB)/2, $0x0005
+DATA q6permw<>+84(SB)/2, $0x0005
+DATA q6permw<>+86(SB)/2, $0x0005
+DATA q6permw<>+88(SB)/2, $0x0005
+DATA q6permw<>+90(SB)/2, $0x0005
+DATA q6permw<>+92(SB)/2, $0x0005
+DATA q6permw<>+94(SB)/2, $0x0005
+DATA q6permw<>+96(SB)/2, $0x0006
+DATA q6permw<>+98(SB)/2, $0x0006
+DATA q6permw<>+100(SB)/2, $0x0006
+DATA q6permw<>+102(SB)/2, $0x0006
+DATA q6permw<>+104(SB)/2, $0x0006
+DATA q6permw<>+106(SB)/2, $0x0006
+DATA q6permw<>+108(SB)/2, $0x0006
+DATA q6permw<>+110(SB)/2, $0x0006
+DATA q6permw<>+112(SB)/2, $0x0007
+DATA q6permw<>+114(SB)/2, $0x0007
+DATA q6permw<>+116(SB)/2, $0x0007
+DATA q6permw<>+118(SB)/2, $0x0007
+DATA q6permw<>+120(SB)/2, $0x0007
+DATA q6permw<>+122(SB)/2, $0x0007
+DATA q6permw<>+124(SB)/2, $0x0007
+DATA q6permw<>+126(SB)/2, $0x0007
+DATA q6permw<>+128(SB)/2, $0x0008
+DATA q6permw<>+130(SB)/2, $0x0008
+DATA q6permw<>+132(SB)/2, $0x0008
+DATA q6permw<>+134(SB)/2, $0x0008
+DATA q6permw<>+136(SB)/2, $0x0008
+DATA q6permw<>+138(SB)/2, $0x0008
+DATA q6permw<>+140(SB)/2, $0x0008
+DATA q6permw<>+142(SB)/2, $0x0008
+DATA q6permw<>+144(SB)/2, $0x0009
+DATA q6permw<>+146(SB)/2, $0x0009
+DATA q6permw<>+148(SB)/2, $0x0009
+DATA q6permw<>+150(SB)/2, $0x0009
+DATA q6permw<>+152(SB)/2, $0x0009
+DATA q6permw<>+154(SB)/2, $0x0009
+DATA q6permw<>+156(SB)/2, $0x0009
+DATA q6permw<>+158(SB)/2, $0x0009
+DATA q6permw<>+160(SB)/2, $0x000a
+DATA q6permw<>+162(SB)/2, $0x000a
+DATA q6permw<>+164(SB)/2, $0x000a
+DATA q6permw<>+166(SB)/2, $0x000a
+DATA q6permw<>+168(SB)/2, $0x000a
+DATA q6permw<>+170(SB)/2, $0x000a
+DATA q6permw<>+172(SB)/2, $0x000a
+DATA q6permw<>+174(SB)/2, $0x000a
+DATA q6permw<>+176(SB)/2, $0x000b
+DATA q6permw<>+178(SB)/2, $0x000b
+DATA q6permw<>+180(SB)/2, $0x000b
+DATA q6permw<>+182(SB)/2, $0x000b
+DATA q6permw<>+184(SB)/2, $0x000b
+DATA q6permw<>+186(SB)/2, $0x000b
+DATA q6permw<>+188(SB)/2, $0x000b
+DATA q6permw<>+190(SB)/2, $0x000b
+DATA q6permw<>+192(SB)/2, $0x000c
+DATA q6permw<>+194(SB)/2, $0x000c
+DATA q6permw<>+196(SB)/2, $0x000c
+DATA q6permw<>+198(SB)/2, $0x000c
+DATA q6permw<>+200(SB)/2, $0x000c
+DATA q6permw<>+202(SB)/2, $0x000c
+DATA q6permw<>+204(SB)/2, $0x000c
+DATA q6permw<>+206(SB)/2, $0x000c
+DATA q6permw<>+208(SB)/2, $0x000d
+DATA q6permw<>+210(SB)/2, $0x000d
+DATA q6permw<>+212(SB)/2, $0x000d
+DATA q6permw<>+214(SB)/2, $0x000d
+DATA q6permw<>+216(SB)/2, $0x000d
+DATA q6permw<>+218(SB)/2, $0x000d
+DATA q6permw<>+220(SB)/2, $0x000d
+DATA q6permw<>+222(SB)/2, $0x000d
+DATA q6permw<>+224(SB)/2, $0x000e
+DATA q6permw<>+226(SB)/2, $0x000e
+DATA q6permw<>+228(SB)/2, $0x000e
+DATA q6permw<>+230(SB)/2, $0x000e
+DATA q6permw<>+232(SB)/2, $0x000e
+DATA q6permw<>+234(SB)/2, $0x000e
+DATA q6permw<>+236(SB)/2, $0x000e
+DATA q6permw<>+238(SB)/2, $0x000e
+DATA q6permw<>+240(SB)/2, $0x000f
+DATA q6permw<>+242(SB)/2, $0x000f
+DATA q6permw<>+244(SB)/2, $0x000f
+DATA q6permw<>+246(SB)/2, $0x000f
+DATA q6permw<>+248(SB)/2, $0x000f
+DATA q6permw<>+250(SB)/2, $0x000f
+DATA q6permw<>+252(SB)/2, $0x000f
+DATA q6permw<>+254(SB)/2, $0x000f
+GLOBL q6permw<>(SB), RODATA|NOPTR, $256
+
+// func qgemvQ6KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VNNI, F16C, FMA3, MMX+
+TEXT ·qgemvQ6KR1VNNI512(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	MOVL         $0x30303030, SI
+	VPBROADCASTD SI, Z1
+	VMOVDQU64    q6shiftv<>+0(SB), Z2
+	VMOVDQU64    q6shiftv<>+64(SB), Z3
+
+qgemvQ6KR1VNNI512_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ6KR1VNNI512_done
+	VXORPS Y4, Y4, Y4
+	MOVQ   k+136(FP), SI
+	SHRQ   $0x08, SI
+
+qgemvQ6KR1VNNI512_blk:
+	PREFETCHT0      4096(AX)
+	PREFETCHT0      4160(AX)
+	PREFETCHT0      4224(AX)
+	PREFETCHT0      4288(AX)
+	VPMOVSXBW       192(AX), Y5
+	VPSUBD          Z6, Z6, Z6
+	VMOVDQU64       (AX), Z7
+	VBROADCASTI64X4 128(AX), Z8
+	VPANDD          Z0, Z7, Z9
+	VPSLLVW         Z2, Z8, Z10
+	VPANDD          Z1, Z10, Z10
+	VPORD           Z10, Z9, Z9
+	VMOVDQU64       q6permw<>+0(SB), Z10
+	VPERMW          Z5, Z10, Z10
+	VPMADDUBSW      (CX), Z9, Z9
+	VPDPWSSD        Z10, Z9, Z6
+	VPSRLW          $0x04, Z7, Z7
+	VPANDD          Z0, Z7, Z7
+	VPSRLVW         Z3, Z8, Z8
+	VPANDD          Z1, Z8, Z8
+	VPORD           Z8, Z7, Z7
+	VMOVDQU64       q6permw<>+64(SB), Z8
+	VPERMW          Z5, Z8, Z8
+	VPMADDUBSW      64(CX), Z7, Z7
+	VPDPWSSD        Z8, Z7, Z6
+	VMOVDQU64       64(AX), Z7
+	VBROADCASTI64X4 160(AX), Z8
+	VPANDD          Z0, Z7, Z9
+	VPSLLVW         Z2, Z8, Z10
+	VPANDD          Z1, Z10, Z10
+	VPORD           Z10, Z9, Z9
+	VMOVDQU64       q6permw<>+128(SB), Z10
+	VPERMW          Z5, Z10, Z10
+	VPMADDUBSW      128(CX), Z9, Z9
+	VPDPWSSD        Z10, Z9, Z6
+	VPSRLW          $0x04, Z7, Z7
+	VPANDD          Z0, Z7, Z7
+	VPSRLVW         Z3, Z8, Z8
+	VPANDD          Z1, Z8, Z8
+	VPORD           Z8, Z7, Z7
+	VMOVDQU64       q6permw<>+192(SB), Z8
+	VPERMW          Z5, Z8, Z8
+	VPMADDUBSW      192(CX), Z7, Z7
+	VPDPWSSD        Z8, Z7, Z6
+	VPBROADCASTW    208(AX), X7
+	VCVTPH2PS       X7, Y7
+	VEXTRACTI64X4   $0x01, Z6, Y8
+	VPADDD          Y6, Y8, Y8
+	VPMADDWD        (BX), Y5, Y5
+	VPSLLD          $0x05, Y5, Y5
+	VPSUBD          Y5, Y8, Y8
+	VBROADCASTSS    (DX), Y5
+	VMULPS          Y7, Y5, Y5
+	VCVTDQ2PS       Y8, Y8
+	VFMADD231PS     Y8, Y5, Y4
+	ADDQ            $0x000000d2, AX
+	ADDQ            $0x00000100, CX
+	ADDQ            $0x00000040, DX
+	ADDQ            $0x00000020, BX
+	SUBQ            $0x01, SI
+	JNZ             qgemvQ6KR1VNNI512_blk
+	MOVQ            40(SP), SI
+	VEXTRACTF128    $0x01, Y4, X5
+	VADDPS          X5, X4, X5
+	VHADDPS         X5, X5, X5
+	VHADDPS         X5, X5, X5
+	VMOVSS          X5, (SI)
+	ADDQ            $0x04, 40(SP)
+	SUBQ            (SP), CX
+	SUBQ            8(SP), DX
+	SUBQ            16(SP), BX
+	DECQ            24(SP)
+	JMP             qgemvQ6KR1VNNI512_row
+
+qgemvQ6KR1VNNI512_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ6KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VNNI, F16C, FMA3, MMX+
+TEXT ·qgemvQ6KR4VNNI512(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVQ         ldq+104(FP), SI
+	LEAQ         (SI)(SI*2), DI
+	MOVQ         SI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 48(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 72(SP)
+	LEAQ         (SI)(SI*1), R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 56(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 80(SP)
+	MOVQ         DI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 64(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 88(SP)
+	MOVQ         ldy+24(FP), R8
+	SHLQ         $0x02, R8
+	MOVQ         R8, 32(SP)
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x30303030, R8
+	VPBROADCASTD R8, Z1
+	VMOVDQU64    q6shiftv<>+0(SB), Z2
+	VMOVDQU64    q6shiftv<>+64(SB), Z3
+
+qgemvQ6KR4VNNI512_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ6KR4VNNI512_done
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	MOVQ   k+136(FP), R8
+	SHRQ   $0x08, R8
+
+qgemvQ6KR4VNNI512_blk:
+	PREFETCHT0      4096(AX)
+	PREFETCHT0      4160(AX)
+	PREFETCHT0      4224(AX)
+	PREFETCHT0      4288(AX)
+	VPMOVSXBW       192(AX), Y8
+	VPSUBD          Z9, Z9, Z9
+	VPSUBD          Z10, Z10, Z10
+	VPSUBD          Z11, Z11, Z11
+	VPSUBD          Z12, Z12, Z12
+	VMOVDQU64       (AX), Z13
+	VBROADCASTI64X4 128(AX), Z14
+	VPANDD          Z0, Z13, Z15
+	VPSLLVW         Z2, Z14, Z16
+	VPANDD          Z1, Z16, Z16
+	VPORD           Z16, Z15, Z15
+	VMOVDQU64       q6permw<>+0(SB), Z16
+	VPERMW          Z8, Z16, Z16
+	VPMADDUBSW      (CX), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z9
+	VPMADDUBSW      (CX)(SI*1), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z10
+	VPMADDUBSW      (CX)(SI*2), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z11
+	VPMADDUBSW      (CX)(DI*1), Z15, Z15
+	VPDPWSSD        Z16, Z15, Z12
+	VPSRLW          $0x04, Z13, Z13
+	VPANDD          Z0, Z13, Z13
+	VPSRLVW         Z3, Z14, Z14
+	VPANDD          Z1, Z14, Z14
+	VPORD           Z14, Z13, Z13
+	VMOVDQU64       q6permw<>+64(SB), Z14
+	VPERMW          Z8, Z14, Z14
+	VPMADDUBSW      64(CX), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z9
+	VPMADDUBSW      64(CX)(SI*1), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z10
+	VPMADDUBSW      64(CX)(SI*2), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z11
+	VPMADDUBSW      64(CX)(DI*1), Z13, Z13
+	VPDPWSSD        Z14, Z13, Z12
+	VMOVDQU64       64(AX), Z13
+	VBROADCASTI64X4 160(AX), Z14
+	VPANDD          Z0, Z13, Z15
+	VPSLLVW         Z2, Z14, Z16
+	VPANDD          Z1, Z16, Z16
+	VPORD           Z16, Z15, Z15
+	VMOVDQU64       q6permw<>+128(SB), Z16
+	VPERMW          Z8, Z16, Z16
+	VPMADDUBSW      128(CX), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z9
+	VPMADDUBSW      128(CX)(SI*1), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z10
+	VPMADDUBSW      128(CX)(SI*2), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z11
+	VPMADDUBSW      128(CX)(DI*1), Z15, Z15
+	VPDPWSSD        Z16, Z15, Z12
+	VPSRLW          $0x04, Z13, Z13
+	VPANDD          Z0, Z13, Z13
+	VPSRLVW         Z3, Z14, Z14
+	VPANDD          Z1, Z14, Z14
+	VPORD           Z14, Z13, Z13
+	VMOVDQU64       q6permw<>+192(SB), Z14
+	VPERMW          Z8, Z14, Z14
+	VPMADDUBSW      192(CX), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z9
+	VPMADDUBSW      192(CX)(SI*1), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z10
+	VPMADDUBSW      192(CX)(SI*2), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z11
+	VPMADDUBSW      192(CX)(DI*1), Z13, Z13
+	VPDPWSSD        Z14, Z13, Z12
+	VPBROADCASTW    208(AX), X13
+	VCVTPH2PS       X13, Y13
+	VEXTRACTI64X4   $0x01, Z9, Y14
+	VPADDD          Y9, Y14, Y14
+	VPMADDWD        (BX), Y8, Y9
+	VPSLLD          $0x05, Y9, Y9
+	VPSUBD          Y9, Y14, Y14
+	VBROADCASTSS    (DX), Y9
+	VMULPS          Y13, Y9, Y9
+	VCVTDQ2PS       Y14, Y14
+	VFMADD231PS     Y14, Y9, Y4
+	VEXTRACTI64X4   $0x01, Z10, Y9
+	VPADDD          Y10, Y9, Y9
+	MOVQ            72(SP), R9
+	VPMADDWD        (BX)(R9*1), Y8, Y10
+	VPSLLD          $0x05, Y10, Y10
+	VPSUBD          Y10, Y9, Y9
+	MOVQ            48(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y10
+	VMULPS          Y13, Y10, Y10
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y9, Y10, Y5
+	VEXTRACTI64X4   $0x01, Z11, Y9
+	VPADDD          Y11, Y9, Y9
+	MOVQ            80(SP), R9
+	VPMADDWD        (BX)(R9*1), Y8, Y10
+	VPSLLD          $0x05, Y10, Y10
+	VPSUBD          Y10, Y9, Y9
+	MOVQ            56(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y10
+	VMULPS          Y13, Y10, Y10
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y9, Y10, Y6
+	VEXTRACTI64X4   $0x01, Z12, Y9
+	VPADDD          Y12, Y9, Y9
+	MOVQ            88(SP), R9
+	VPMADDWD        (BX)(R9*1), Y8, Y8
+	VPSLLD          $0x05, Y8, Y8
+	VPSUBD          Y8, Y9, Y9
+	MOVQ            64(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y8
+	VMULPS          Y13, Y8, Y8
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y9, Y8, Y7
+	ADDQ            $0x000000d2, AX
+	ADDQ            $0x00000100, CX
+	ADDQ            $0x00000040, DX
+	ADDQ            $0x00000020, BX
+	SUBQ            $0x01, R8
+	JNZ             qgemvQ6KR4VNNI512_blk
+	MOVQ            40(SP), R8
+	VEXTRACTF128    $0x01, Y4, X8
+	VADDPS          X8, X4, X8
+	VHADDPS         X8, X8, X8
+	VHADDPS         X8, X8, X8
+	VMOVSS          X8, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y5, X4
+	VADDPS          X4, X5, X4
+	VHADDPS         X4, X4, X4
+	VHADDPS         X4, X4, X4
+	VMOVSS          X4, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y6, X4
+	VADDPS          X4, X6, X4
+	VHADDPS         X4, X4, X4
+	VHADDPS         X4, X4, X4
+	VMOVSS          X4, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y7, X4
+	VADDPS          X4, X7, X4
+	VHADDPS         X4, X4, X4
+	VHADDPS         X4, X4, X4
+	VMOVSS          X4, (R8)
+	ADDQ            $0x04, 40(SP)
+	SUBQ            (SP), CX
+	SUBQ            8(SP), DX
+	SUBQ            16(SP), BX
+	DECQ            24(SP)
+	JMP             qgemvQ6KR4VNNI512_row
+
+qgemvQ6KR4VNNI512_done:
+	VZEROUPPER
+	RET
+
 DATA x8eight<>+0(SB)/4, $0x41000000
 DATA x8eight<>+4(SB)/4, $0x41000000
 DATA x8eight<>+8(SB)/4, $0x41000000
