@@ -181,8 +181,10 @@ func main() {
 		}
 	}
 	q6kConsts512Gemv()
+	q4kConsts512Gemv()
 	for _, r := range []int{1, 4} {
 		qgemv(q6kGemv512, r)
+		qgemv(q4kGemv512, r)
 	}
 	x8Consts8()
 	for _, k := range x8Kernels {

@@ -702,3 +702,87 @@ func q6kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 		VFMADD231PS(lo, d, acc[r])
 	}
 }
+
+// q4kGemv512 is the Q4_K gemv on zmm registers (AVX-512 BW and VNNI): each
+// 32 bytes of nibbles broadcast to both 256-bit halves, the low nibbles
+// kept in the low half and the high ones shifted down in the high
+// (VPSRLVW), so one vector holds sub-blocks 2h and 2h+1 against x's 64
+// contiguous bytes; VPMADDUBSW, then VPDPWSSD against the two sub-block
+// scales spread by VPERMW. The int32 sums are folded to eight lanes per
+// super-block and finished as q4kGemvBlock does.
+var q4kGemv512 = gemvKernel{
+	name: "Q4K", isa: "VNNI512", elems: 256, bytes: 144, unroll: 1,
+	doc: []string{"per super-block: dw·d·Σⱼ scⱼ·Σ nⱼ·q − dmin·d·Σⱼ mⱼ·Σⱼq (d: x's scale of the 256 columns), on zmm registers."},
+	setup: func() []VecVirtual {
+		low4, sh := bcastZ(0x0f0f0f0f), ZMM()
+		VMOVDQU64(k4ShiftData, sh)
+		return []VecVirtual{low4, sh}
+	},
+	block: q4kGemvBlock512,
+}
+
+var (
+	k4ShiftData Mem // [32]uint16: VPSRLVW counts 0 (low half), 4 (high half)
+	k4PermData  Mem // [4][32]uint16: VPERMW picks of scale 2h + i/16
+)
+
+func q4kConsts512Gemv() {
+	k4ShiftData = GLOBL("k4shiftv", RODATA|NOPTR)
+	for i := range 32 {
+		DATA(2*i, U16(4*(i/16)))
+	}
+	k4PermData = GLOBL("k4permw", RODATA|NOPTR)
+	for h := range 4 {
+		for i := range 32 {
+			DATA(64*h+2*i, U16(2*h+i/16))
+		}
+	}
+}
+
+// q4kGemvBlock512 is q4kGemv512's super-block.
+func q4kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
+	low4, sh := c[0], c[1]
+	sc8, mn8 := kScaleBytes(p.wp)
+	scv := XMM() // sc0..sc7 as int16
+	VMOVQ(sc8, scv)
+	VPMOVZXBW(scv, scv)
+	mins := XMM()
+	VMOVQ(mn8, mins)
+	isum := make([]VecVirtual, p.rows)
+	for r := range p.rows {
+		isum[r] = ZMM()
+		VPSUBD(isum[r], isum[r], isum[r])
+	}
+	for h := range 4 {
+		u, scl, idx := ZMM(), ZMM(), ZMM()
+		VBROADCASTI64X4(Mem{Base: p.wp, Disp: 16 + 32*h}, u)
+		VPSRLVW(sh, u, u)
+		VPANDD(low4, u, u)
+		VMOVDQU64(k4PermData.Offset(64*h), idx)
+		VPERMW(scv.AsZ(), idx, scl)
+		for r := range p.rows {
+			t := ZMM()
+			VPMADDUBSW(p.q(r, 64*h), u, t)
+			VPDPWSSD(scl, t, isum[r])
+		}
+	}
+	mnv, hi := YMM(), XMM()
+	VPMOVZXBW(mins, mnv.AsX())
+	VPUNPCKHWD(mnv.AsX(), mnv.AsX(), hi)
+	VPUNPCKLWD(mnv.AsX(), mnv.AsX(), mnv.AsX())
+	VINSERTI128(U8(1), hi, mnv, mnv) // m0 m0 m1 m1 ... m7 m7
+	v := YMM()
+	VPBROADCASTD(Mem{Base: p.wp}, v)
+	VCVTPH2PS(v.AsX(), v) // dw dmin dw dmin ...
+	for r := range p.rows {
+		lo, msum := YMM(), YMM()
+		VEXTRACTI64X4(U8(1), isum[r], lo)
+		VPADDD(isum[r].AsY(), lo, lo)
+		VPMADDWD(p.bs(r, 0), mnv, msum) // mⱼ·Σⱼq in lane j
+		a, b := superScales(v, p.ds(r, 0))
+		VCVTDQ2PS(lo, lo)
+		VCVTDQ2PS(msum, msum)
+		VFMADD231PS(lo, a, acc[r])
+		VFNMADD231PS(msum, b, acc[r])
+	}
+}

@@ -67,10 +67,11 @@ var (
 // CPU time on an Intel), and a 4-row Q6_K tile the ymm set lacks; plus the
 // AVX2 gemv kernels, which take a block of weight rows per call: on a Zen 5
 // (BenchmarkQPaths, one x row) 1.2-1.6× faster than these 1-row tiles,
-// while the 4-row Q8_0 and Q4_K tiles beat their gemv (1.1-1.15×); and for
-// Q6_K (a Q4_K_M or Q4_0 file's output head) gemv kernels on zmm. This
-// package uses them; vnniQTiles stay for comparison in the tests and
-// benchmarks.
+// while the 4-row Q8_0 tile beats its gemv (1.1×); and for Q4_K and Q6_K
+// (a Q4_K_M or Q4_0 file's output head) gemv kernels on zmm, in
+// BenchmarkQGemvKernel 1.1-1.2× (Q4_K) and 1.5-1.6× (Q6_K) faster than
+// the AVX2 ones and the row tiles. This package uses them; vnniQTiles stay
+// for comparison in the tests and benchmarks.
 var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
 	t = vnniQTiles
 	t[kernels.Q8_0].r4 = qtileQ8_0R4VNNI512
@@ -81,6 +82,7 @@ var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
 		t[d].gemv = avx2QTiles[d].gemv
 	}
 	t[kernels.Q6K].gemv, t[kernels.Q6K].gemv4 = qgemvQ6KR1VNNI512, qgemvQ6KR4VNNI512
+	t[kernels.Q4K].gemv, t[kernels.Q4K].gemv4 = qgemvQ4KR1VNNI512, qgemvQ4KR4VNNI512
 	return t
 }()
 

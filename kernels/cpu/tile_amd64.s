@@ -9098,6 +9098,170 @@ DATA q6permw<>+252(SB)/2, $0x000f
 DATA q6permw<>+254(SB)/2, $0x000f
 GLOBL q6permw<>(SB), RODATA|NOPTR, $256
 
+DATA k4shiftv<>+0(SB)/2, $0x0000
+DATA k4shiftv<>+2(SB)/2, $0x0000
+DATA k4shiftv<>+4(SB)/2, $0x0000
+DATA k4shiftv<>+6(SB)/2, $0x0000
+DATA k4shiftv<>+8(SB)/2, $0x0000
+DATA k4shiftv<>+10(SB)/2, $0x0000
+DATA k4shiftv<>+12(SB)/2, $0x0000
+DATA k4shiftv<>+14(SB)/2, $0x0000
+DATA k4shiftv<>+16(SB)/2, $0x0000
+DATA k4shiftv<>+18(SB)/2, $0x0000
+DATA k4shiftv<>+20(SB)/2, $0x0000
+DATA k4shiftv<>+22(SB)/2, $0x0000
+DATA k4shiftv<>+24(SB)/2, $0x0000
+DATA k4shiftv<>+26(SB)/2, $0x0000
+DATA k4shiftv<>+28(SB)/2, $0x0000
+DATA k4shiftv<>+30(SB)/2, $0x0000
+DATA k4shiftv<>+32(SB)/2, $0x0004
+DATA k4shiftv<>+34(SB)/2, $0x0004
+DATA k4shiftv<>+36(SB)/2, $0x0004
+DATA k4shiftv<>+38(SB)/2, $0x0004
+DATA k4shiftv<>+40(SB)/2, $0x0004
+DATA k4shiftv<>+42(SB)/2, $0x0004
+DATA k4shiftv<>+44(SB)/2, $0x0004
+DATA k4shiftv<>+46(SB)/2, $0x0004
+DATA k4shiftv<>+48(SB)/2, $0x0004
+DATA k4shiftv<>+50(SB)/2, $0x0004
+DATA k4shiftv<>+52(SB)/2, $0x0004
+DATA k4shiftv<>+54(SB)/2, $0x0004
+DATA k4shiftv<>+56(SB)/2, $0x0004
+DATA k4shiftv<>+58(SB)/2, $0x0004
+DATA k4shiftv<>+60(SB)/2, $0x0004
+DATA k4shiftv<>+62(SB)/2, $0x0004
+GLOBL k4shiftv<>(SB), RODATA|NOPTR, $64
+
+DATA k4permw<>+0(SB)/2, $0x0000
+DATA k4permw<>+2(SB)/2, $0x0000
+DATA k4permw<>+4(SB)/2, $0x0000
+DATA k4permw<>+6(SB)/2, $0x0000
+DATA k4permw<>+8(SB)/2, $0x0000
+DATA k4permw<>+10(SB)/2, $0x0000
+DATA k4permw<>+12(SB)/2, $0x0000
+DATA k4permw<>+14(SB)/2, $0x0000
+DATA k4permw<>+16(SB)/2, $0x0000
+DATA k4permw<>+18(SB)/2, $0x0000
+DATA k4permw<>+20(SB)/2, $0x0000
+DATA k4permw<>+22(SB)/2, $0x0000
+DATA k4permw<>+24(SB)/2, $0x0000
+DATA k4permw<>+26(SB)/2, $0x0000
+DATA k4permw<>+28(SB)/2, $0x0000
+DATA k4permw<>+30(SB)/2, $0x0000
+DATA k4permw<>+32(SB)/2, $0x0001
+DATA k4permw<>+34(SB)/2, $0x0001
+DATA k4permw<>+36(SB)/2, $0x0001
+DATA k4permw<>+38(SB)/2, $0x0001
+DATA k4permw<>+40(SB)/2, $0x0001
+DATA k4permw<>+42(SB)/2, $0x0001
+DATA k4permw<>+44(SB)/2, $0x0001
+DATA k4permw<>+46(SB)/2, $0x0001
+DATA k4permw<>+48(SB)/2, $0x0001
+DATA k4permw<>+50(SB)/2, $0x0001
+DATA k4permw<>+52(SB)/2, $0x0001
+DATA k4permw<>+54(SB)/2, $0x0001
+DATA k4permw<>+56(SB)/2, $0x0001
+DATA k4permw<>+58(SB)/2, $0x0001
+DATA k4permw<>+60(SB)/2, $0x0001
+DATA k4permw<>+62(SB)/2, $0x0001
+DATA k4permw<>+64(SB)/2, $0x0002
+DATA k4permw<>+66(SB)/2, $0x0002
+DATA k4permw<>+68(SB)/2, $0x0002
+DATA k4permw<>+70(SB)/2, $0x0002
+DATA k4permw<>+72(SB)/2, $0x0002
+DATA k4permw<>+74(SB)/2, $0x0002
+DATA k4permw<>+76(SB)/2, $0x0002
+DATA k4permw<>+78(SB)/2, $0x0002
+DATA k4permw<>+80(SB)/2, $0x0002
+DATA k4permw<>+82(SB)/2, $0x0002
+DATA k4permw<>+84(SB)/2, $0x0002
+DATA k4permw<>+86(SB)/2, $0x0002
+DATA k4permw<>+88(SB)/2, $0x0002
+DATA k4permw<>+90(SB)/2, $0x0002
+DATA k4permw<>+92(SB)/2, $0x0002
+DATA k4permw<>+94(SB)/2, $0x0002
+DATA k4permw<>+96(SB)/2, $0x0003
+DATA k4permw<>+98(SB)/2, $0x0003
+DATA k4permw<>+100(SB)/2, $0x0003
+DATA k4permw<>+102(SB)/2, $0x0003
+DATA k4permw<>+104(SB)/2, $0x0003
+DATA k4permw<>+106(SB)/2, $0x0003
+DATA k4permw<>+108(SB)/2, $0x0003
+DATA k4permw<>+110(SB)/2, $0x0003
+DATA k4permw<>+112(SB)/2, $0x0003
+DATA k4permw<>+114(SB)/2, $0x0003
+DATA k4permw<>+116(SB)/2, $0x0003
+DATA k4permw<>+118(SB)/2, $0x0003
+DATA k4permw<>+120(SB)/2, $0x0003
+DATA k4permw<>+122(SB)/2, $0x0003
+DATA k4permw<>+124(SB)/2, $0x0003
+DATA k4permw<>+126(SB)/2, $0x0003
+DATA k4permw<>+128(SB)/2, $0x0004
+DATA k4permw<>+130(SB)/2, $0x0004
+DATA k4permw<>+132(SB)/2, $0x0004
+DATA k4permw<>+134(SB)/2, $0x0004
+DATA k4permw<>+136(SB)/2, $0x0004
+DATA k4permw<>+138(SB)/2, $0x0004
+DATA k4permw<>+140(SB)/2, $0x0004
+DATA k4permw<>+142(SB)/2, $0x0004
+DATA k4permw<>+144(SB)/2, $0x0004
+DATA k4permw<>+146(SB)/2, $0x0004
+DATA k4permw<>+148(SB)/2, $0x0004
+DATA k4permw<>+150(SB)/2, $0x0004
+DATA k4permw<>+152(SB)/2, $0x0004
+DATA k4permw<>+154(SB)/2, $0x0004
+DATA k4permw<>+156(SB)/2, $0x0004
+DATA k4permw<>+158(SB)/2, $0x0004
+DATA k4permw<>+160(SB)/2, $0x0005
+DATA k4permw<>+162(SB)/2, $0x0005
+DATA k4permw<>+164(SB)/2, $0x0005
+DATA k4permw<>+166(SB)/2, $0x0005
+DATA k4permw<>+168(SB)/2, $0x0005
+DATA k4permw<>+170(SB)/2, $0x0005
+DATA k4permw<>+172(SB)/2, $0x0005
+DATA k4permw<>+174(SB)/2, $0x0005
+DATA k4permw<>+176(SB)/2, $0x0005
+DATA k4permw<>+178(SB)/2, $0x0005
+DATA k4permw<>+180(SB)/2, $0x0005
+DATA k4permw<>+182(SB)/2, $0x0005
+DATA k4permw<>+184(SB)/2, $0x0005
+DATA k4permw<>+186(SB)/2, $0x0005
+DATA k4permw<>+188(SB)/2, $0x0005
+DATA k4permw<>+190(SB)/2, $0x0005
+DATA k4permw<>+192(SB)/2, $0x0006
+DATA k4permw<>+194(SB)/2, $0x0006
+DATA k4permw<>+196(SB)/2, $0x0006
+DATA k4permw<>+198(SB)/2, $0x0006
+DATA k4permw<>+200(SB)/2, $0x0006
+DATA k4permw<>+202(SB)/2, $0x0006
+DATA k4permw<>+204(SB)/2, $0x0006
+DATA k4permw<>+206(SB)/2, $0x0006
+DATA k4permw<>+208(SB)/2, $0x0006
+DATA k4permw<>+210(SB)/2, $0x0006
+DATA k4permw<>+212(SB)/2, $0x0006
+DATA k4permw<>+214(SB)/2, $0x0006
+DATA k4permw<>+216(SB)/2, $0x0006
+DATA k4permw<>+218(SB)/2, $0x0006
+DATA k4permw<>+220(SB)/2, $0x0006
+DATA k4permw<>+222(SB)/2, $0x0006
+DATA k4permw<>+224(SB)/2, $0x0007
+DATA k4permw<>+226(SB)/2, $0x0007
+DATA k4permw<>+228(SB)/2, $0x0007
+DATA k4permw<>+230(SB)/2, $0x0007
+DATA k4permw<>+232(SB)/2, $0x0007
+DATA k4permw<>+234(SB)/2, $0x0007
+DATA k4permw<>+236(SB)/2, $0x0007
+DATA k4permw<>+238(SB)/2, $0x0007
+DATA k4permw<>+240(SB)/2, $0x0007
+DATA k4permw<>+242(SB)/2, $0x0007
+DATA k4permw<>+244(SB)/2, $0x0007
+DATA k4permw<>+246(SB)/2, $0x0007
+DATA k4permw<>+248(SB)/2, $0x0007
+DATA k4permw<>+250(SB)/2, $0x0007
+DATA k4permw<>+252(SB)/2, $0x0007
+DATA k4permw<>+254(SB)/2, $0x0007
+GLOBL k4permw<>(SB), RODATA|NOPTR, $256
+
 // func qgemvQ6KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
 // Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VNNI, F16C, FMA3, MMX+
 TEXT ·qgemvQ6KR1VNNI512(SB), NOSPLIT, $48-160
@@ -9205,6 +9369,133 @@ qgemvQ6KR1VNNI512_blk:
 	JMP             qgemvQ6KR1VNNI512_row
 
 qgemvQ6KR1VNNI512_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VNNI, F16C, FMA3, MMX+
+TEXT ·qgemvQ4KR1VNNI512(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	VMOVDQU64    k4shiftv<>+0(SB), Z1
+
+qgemvQ4KR1VNNI512_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4KR1VNNI512_done
+	VXORPS Y2, Y2, Y2
+	MOVQ   k+136(FP), SI
+	SHRQ   $0x08, SI
+
+qgemvQ4KR1VNNI512_blk:
+	PREFETCHT0      4096(AX)
+	PREFETCHT0      4160(AX)
+	PREFETCHT0      4224(AX)
+	MOVLQZX         4(AX), DI
+	MOVLQZX         12(AX), R8
+	MOVQ            DI, R9
+	SHRQ            $0x06, R9
+	ANDQ            $0x03030303, R9
+	SHLQ            $0x04, R9
+	MOVQ            R8, R10
+	ANDQ            $0x0f0f0f0f, R10
+	ORQ             R10, R9
+	SHLQ            $0x20, R9
+	ANDQ            $0x3f3f3f3f, DI
+	ORQ             DI, R9
+	MOVLQZX         8(AX), DI
+	MOVQ            DI, R10
+	SHRQ            $0x06, R10
+	ANDQ            $0x03030303, R10
+	SHLQ            $0x04, R10
+	SHRQ            $0x04, R8
+	ANDQ            $0x0f0f0f0f, R8
+	ORQ             R8, R10
+	SHLQ            $0x20, R10
+	ANDQ            $0x3f3f3f3f, DI
+	ORQ             R10, DI
+	VMOVQ           R9, X3
+	VPMOVZXBW       X3, X3
+	VMOVQ           DI, X4
+	VPSUBD          Z5, Z5, Z5
+	VBROADCASTI64X4 16(AX), Z6
+	VPSRLVW         Z1, Z6, Z6
+	VPANDD          Z0, Z6, Z6
+	VMOVDQU64       k4permw<>+0(SB), Z7
+	VPERMW          Z3, Z7, Z7
+	VPMADDUBSW      (CX), Z6, Z6
+	VPDPWSSD        Z7, Z6, Z5
+	VBROADCASTI64X4 48(AX), Z6
+	VPSRLVW         Z1, Z6, Z6
+	VPANDD          Z0, Z6, Z6
+	VMOVDQU64       k4permw<>+64(SB), Z7
+	VPERMW          Z3, Z7, Z7
+	VPMADDUBSW      64(CX), Z6, Z6
+	VPDPWSSD        Z7, Z6, Z5
+	VBROADCASTI64X4 80(AX), Z6
+	VPSRLVW         Z1, Z6, Z6
+	VPANDD          Z0, Z6, Z6
+	VMOVDQU64       k4permw<>+128(SB), Z7
+	VPERMW          Z3, Z7, Z7
+	VPMADDUBSW      128(CX), Z6, Z6
+	VPDPWSSD        Z7, Z6, Z5
+	VBROADCASTI64X4 112(AX), Z6
+	VPSRLVW         Z1, Z6, Z6
+	VPANDD          Z0, Z6, Z6
+	VMOVDQU64       k4permw<>+192(SB), Z7
+	VPERMW          Z3, Z7, Z7
+	VPMADDUBSW      192(CX), Z6, Z6
+	VPDPWSSD        Z7, Z6, Z5
+	VPMOVZXBW       X4, X4
+	VPUNPCKHWD      X4, X4, X3
+	VPUNPCKLWD      X4, X4, X4
+	VINSERTI128     $0x01, X3, Y4, Y4
+	VPBROADCASTD    (AX), Y6
+	VCVTPH2PS       X6, Y6
+	VEXTRACTI64X4   $0x01, Z5, Y7
+	VPADDD          Y5, Y7, Y7
+	VPMADDWD        (BX), Y4, Y5
+	VBROADCASTSS    (DX), Y8
+	VMULPS          Y6, Y8, Y8
+	VPERMILPS       $0x00, Y8, Y6
+	VPERMILPS       $0x55, Y8, Y8
+	VCVTDQ2PS       Y7, Y7
+	VCVTDQ2PS       Y5, Y5
+	VFMADD231PS     Y7, Y6, Y2
+	VFNMADD231PS    Y5, Y8, Y2
+	ADDQ            $0x00000090, AX
+	ADDQ            $0x00000100, CX
+	ADDQ            $0x00000040, DX
+	ADDQ            $0x00000020, BX
+	SUBQ            $0x01, SI
+	JNZ             qgemvQ4KR1VNNI512_blk
+	MOVQ            40(SP), SI
+	VEXTRACTF128    $0x01, Y2, X3
+	VADDPS          X3, X2, X3
+	VHADDPS         X3, X3, X3
+	VHADDPS         X3, X3, X3
+	VMOVSS          X3, (SI)
+	ADDQ            $0x04, 40(SP)
+	SUBQ            (SP), CX
+	SUBQ            8(SP), DX
+	SUBQ            16(SP), BX
+	DECQ            24(SP)
+	JMP             qgemvQ4KR1VNNI512_row
+
+qgemvQ4KR1VNNI512_done:
 	VZEROUPPER
 	RET
 
@@ -9416,6 +9707,240 @@ qgemvQ6KR4VNNI512_blk:
 	JMP             qgemvQ6KR4VNNI512_row
 
 qgemvQ6KR4VNNI512_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VNNI, F16C, FMA3, MMX+
+TEXT ·qgemvQ4KR4VNNI512(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVQ         ldq+104(FP), SI
+	LEAQ         (SI)(SI*2), DI
+	MOVQ         SI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 48(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 72(SP)
+	LEAQ         (SI)(SI*1), R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 56(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 80(SP)
+	MOVQ         DI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 64(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 88(SP)
+	MOVQ         ldy+24(FP), R8
+	SHLQ         $0x02, R8
+	MOVQ         R8, 32(SP)
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	VMOVDQU64    k4shiftv<>+0(SB), Z1
+
+qgemvQ4KR4VNNI512_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4KR4VNNI512_done
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	MOVQ   k+136(FP), R8
+	SHRQ   $0x08, R8
+
+qgemvQ4KR4VNNI512_blk:
+	PREFETCHT0      4096(AX)
+	PREFETCHT0      4160(AX)
+	PREFETCHT0      4224(AX)
+	MOVLQZX         4(AX), R9
+	MOVLQZX         12(AX), R10
+	MOVQ            R9, R11
+	SHRQ            $0x06, R11
+	ANDQ            $0x03030303, R11
+	SHLQ            $0x04, R11
+	MOVQ            R10, R12
+	ANDQ            $0x0f0f0f0f, R12
+	ORQ             R12, R11
+	SHLQ            $0x20, R11
+	ANDQ            $0x3f3f3f3f, R9
+	ORQ             R9, R11
+	MOVLQZX         8(AX), R9
+	MOVQ            R9, R12
+	SHRQ            $0x06, R12
+	ANDQ            $0x03030303, R12
+	SHLQ            $0x04, R12
+	SHRQ            $0x04, R10
+	ANDQ            $0x0f0f0f0f, R10
+	ORQ             R10, R12
+	SHLQ            $0x20, R12
+	ANDQ            $0x3f3f3f3f, R9
+	ORQ             R12, R9
+	VMOVQ           R11, X6
+	VPMOVZXBW       X6, X6
+	VMOVQ           R9, X7
+	VPSUBD          Z8, Z8, Z8
+	VPSUBD          Z9, Z9, Z9
+	VPSUBD          Z10, Z10, Z10
+	VPSUBD          Z11, Z11, Z11
+	VBROADCASTI64X4 16(AX), Z12
+	VPSRLVW         Z1, Z12, Z12
+	VPANDD          Z0, Z12, Z12
+	VMOVDQU64       k4permw<>+0(SB), Z13
+	VPERMW          Z6, Z13, Z13
+	VPMADDUBSW      (CX), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z8
+	VPMADDUBSW      (CX)(SI*1), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z9
+	VPMADDUBSW      (CX)(SI*2), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z10
+	VPMADDUBSW      (CX)(DI*1), Z12, Z12
+	VPDPWSSD        Z13, Z12, Z11
+	VBROADCASTI64X4 48(AX), Z12
+	VPSRLVW         Z1, Z12, Z12
+	VPANDD          Z0, Z12, Z12
+	VMOVDQU64       k4permw<>+64(SB), Z13
+	VPERMW          Z6, Z13, Z13
+	VPMADDUBSW      64(CX), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z8
+	VPMADDUBSW      64(CX)(SI*1), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z9
+	VPMADDUBSW      64(CX)(SI*2), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z10
+	VPMADDUBSW      64(CX)(DI*1), Z12, Z12
+	VPDPWSSD        Z13, Z12, Z11
+	VBROADCASTI64X4 80(AX), Z12
+	VPSRLVW         Z1, Z12, Z12
+	VPANDD          Z0, Z12, Z12
+	VMOVDQU64       k4permw<>+128(SB), Z13
+	VPERMW          Z6, Z13, Z13
+	VPMADDUBSW      128(CX), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z8
+	VPMADDUBSW      128(CX)(SI*1), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z9
+	VPMADDUBSW      128(CX)(SI*2), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z10
+	VPMADDUBSW      128(CX)(DI*1), Z12, Z12
+	VPDPWSSD        Z13, Z12, Z11
+	VBROADCASTI64X4 112(AX), Z12
+	VPSRLVW         Z1, Z12, Z12
+	VPANDD          Z0, Z12, Z12
+	VMOVDQU64       k4permw<>+192(SB), Z13
+	VPERMW          Z6, Z13, Z13
+	VPMADDUBSW      192(CX), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z8
+	VPMADDUBSW      192(CX)(SI*1), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z9
+	VPMADDUBSW      192(CX)(SI*2), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z10
+	VPMADDUBSW      192(CX)(DI*1), Z12, Z12
+	VPDPWSSD        Z13, Z12, Z11
+	VPMOVZXBW       X7, X7
+	VPUNPCKHWD      X7, X7, X6
+	VPUNPCKLWD      X7, X7, X7
+	VINSERTI128     $0x01, X6, Y7, Y7
+	VPBROADCASTD    (AX), Y12
+	VCVTPH2PS       X12, Y12
+	VEXTRACTI64X4   $0x01, Z8, Y13
+	VPADDD          Y8, Y13, Y13
+	VPMADDWD        (BX), Y7, Y8
+	VBROADCASTSS    (DX), Y14
+	VMULPS          Y12, Y14, Y14
+	VPERMILPS       $0x00, Y14, Y15
+	VPERMILPS       $0x55, Y14, Y14
+	VCVTDQ2PS       Y13, Y13
+	VCVTDQ2PS       Y8, Y8
+	VFMADD231PS     Y13, Y15, Y2
+	VFNMADD231PS    Y8, Y14, Y2
+	VEXTRACTI64X4   $0x01, Z9, Y8
+	VPADDD          Y9, Y8, Y8
+	MOVQ            72(SP), R9
+	VPMADDWD        (BX)(R9*1), Y7, Y9
+	MOVQ            48(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y13
+	VMULPS          Y12, Y13, Y13
+	VPERMILPS       $0x00, Y13, Y14
+	VPERMILPS       $0x55, Y13, Y13
+	VCVTDQ2PS       Y8, Y8
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y8, Y14, Y3
+	VFNMADD231PS    Y9, Y13, Y3
+	VEXTRACTI64X4   $0x01, Z10, Y8
+	VPADDD          Y10, Y8, Y8
+	MOVQ            80(SP), R9
+	VPMADDWD        (BX)(R9*1), Y7, Y9
+	MOVQ            56(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y10
+	VMULPS          Y12, Y10, Y10
+	VPERMILPS       $0x00, Y10, Y13
+	VPERMILPS       $0x55, Y10, Y10
+	VCVTDQ2PS       Y8, Y8
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y8, Y13, Y4
+	VFNMADD231PS    Y9, Y10, Y4
+	VEXTRACTI64X4   $0x01, Z11, Y8
+	VPADDD          Y11, Y8, Y8
+	MOVQ            88(SP), R9
+	VPMADDWD        (BX)(R9*1), Y7, Y9
+	MOVQ            64(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y10
+	VMULPS          Y12, Y10, Y10
+	VPERMILPS       $0x00, Y10, Y11
+	VPERMILPS       $0x55, Y10, Y10
+	VCVTDQ2PS       Y8, Y8
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y8, Y11, Y5
+	VFNMADD231PS    Y9, Y10, Y5
+	ADDQ            $0x00000090, AX
+	ADDQ            $0x00000100, CX
+	ADDQ            $0x00000040, DX
+	ADDQ            $0x00000020, BX
+	SUBQ            $0x01, R8
+	JNZ             qgemvQ4KR4VNNI512_blk
+	MOVQ            40(SP), R8
+	VEXTRACTF128    $0x01, Y2, X6
+	VADDPS          X6, X2, X6
+	VHADDPS         X6, X6, X6
+	VHADDPS         X6, X6, X6
+	VMOVSS          X6, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y3, X2
+	VADDPS          X2, X3, X2
+	VHADDPS         X2, X2, X2
+	VHADDPS         X2, X2, X2
+	VMOVSS          X2, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y4, X2
+	VADDPS          X2, X4, X2
+	VHADDPS         X2, X2, X2
+	VHADDPS         X2, X2, X2
+	VMOVSS          X2, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y5, X2
+	VADDPS          X2, X5, X2
+	VHADDPS         X2, X2, X2
+	VHADDPS         X2, X2, X2
+	VMOVSS          X2, (R8)
+	ADDQ            $0x04, 40(SP)
+	SUBQ            (SP), CX
+	SUBQ            8(SP), DX
+	SUBQ            16(SP), BX
+	DECQ            24(SP)
+	JMP             qgemvQ4KR4VNNI512_row
+
+qgemvQ4KR4VNNI512_done:
 	VZEROUPPER
 	RET
 

@@ -939,6 +939,17 @@ func qgemvQ6KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ld
 //go:noescape
 func qgemvQ6KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
 
+// qgemvQ4KR1VNNI512 sets y[r·ldy + j] for j < rows, r < 1 to the dot product of row j
+// of the Q4K weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per super-block: dw·d·Σⱼ scⱼ·Σ nⱼ·q − dmin·d·Σⱼ mⱼ·Σⱼq (d: x's scale of the 256 columns), on zmm registers.
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ4KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
 // qgemvQ6KR4VNNI512 sets y[r·ldy + j] for j < rows, r < 4 to the dot product of row j
 // of the Q6K weight rows w (k columns each, one after the other) with x
 // row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
@@ -949,6 +960,17 @@ func qgemvQ6KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16,
 //
 //go:noescape
 func qgemvQ6KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qgemvQ4KR4VNNI512 sets y[r·ldy + j] for j < rows, r < 4 to the dot product of row j
+// of the Q4K weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per super-block: dw·d·Σⱼ scⱼ·Σ nⱼ·q − dmin·d·Σⱼ mⱼ·Σⱼq (d: x's scale of the 256 columns), on zmm registers.
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ4KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
 
 // qx8Q8_0R1AVX2 sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
 // product of row 8g + l of the Q8_0 weights w repacked in groups of 8
