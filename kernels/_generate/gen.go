@@ -180,13 +180,25 @@ func main() {
 			qgemv(k, r)
 		}
 	}
+	q6kConsts512Gemv()
+	q4kConsts512Gemv()
+	for _, r := range []int{1, 4} {
+		qgemv(q6kGemv512, r)
+		qgemv(q4kGemv512, r)
+	}
 	x8Consts8()
 	for _, k := range x8Kernels {
 		for _, r := range []int{1, 4} {
-			qx8(k, r, false)
-			qx8(k, r, true)
+			qx8(k, r, false, false)
+			qx8(k, r, true, false)
+			if k.name != "Q4K" {
+				qx8(k, r, true, true)
+			}
 		}
-		packX8(k)
+		packX8(k, 8)
+		if k.name != "Q4K" {
+			packX8(k, 16)
+		}
 	}
 	q4kConsts512()
 	q8Consts512()

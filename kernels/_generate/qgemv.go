@@ -34,8 +34,9 @@ import (
 // gemvKernel is one dtype's gemv kernel.
 type gemvKernel struct {
 	name  string
-	elems int // per weight block
-	bytes int // per weight block
+	isa   string // the name's suffix: "" for AVX2
+	elems int    // per weight block
+	bytes int    // per weight block
 	// unroll is blocks per loop step with one x row (k is a multiple of
 	// 256 for the callers, so the block count is a multiple of it).
 	unroll int
@@ -371,7 +372,11 @@ const prefetchAhead = 4096
 
 // qgemv writes kernel k's AVX2 gemv function for R x rows.
 func qgemv(k gemvKernel, R int) {
-	name := fmt.Sprintf("qgemv%sR%dAVX2", k.name, R)
+	isa := k.isa
+	if isa == "" {
+		isa = "AVX2"
+	}
+	name := fmt.Sprintf("qgemv%sR%d%s", k.name, R, isa)
 	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k, rows int, f16 *[65536]float32)")
 	Doc(append([]string{
 		fmt.Sprintf("%s sets y[r·ldy + j] for j < rows, r < %d to the dot product of row j", name, R),
@@ -605,4 +610,179 @@ func quantX() {
 	Label("quantX_done")
 	VZEROUPPER()
 	RET()
+}
+
+// q6kGemv512 is the Q6_K gemv on zmm registers (AVX-512 BW and VNNI): per
+// half of a super-block, the 64 bytes of ql give two zmm vectors of 6-bit
+// values (low nibbles: x blocks 4h, 4h+1; high: 4h+2, 4h+3), their high
+// bits from qh broadcast to both 256-bit halves and shifted per half
+// (VPSLLVW/VPSRLVW); x's 64 bytes against each, VPMADDUBSW (≤ 2·63·127 a
+// pair), then VPDPWSSD against the sub-block scales spread by VPERMW. The
+// int32 sums are folded to eight lanes per super-block and finished as
+// q6kGemvBlock does (the −32 offset through bs, one conversion and
+// multiply-add): half the vector instructions of the ymm kernel.
+var q6kGemv512 = gemvKernel{
+	name: "Q6K", isa: "VNNI512", elems: 256, bytes: 210, unroll: 1,
+	doc: []string{"per super-block: dw·d·Σ over sub-blocks of 16: sc·(Σ q6·q − 32·Σq), on zmm registers."},
+	setup: func() []VecVirtual {
+		low4, m30 := bcastZ(0x0f0f0f0f), bcastZ(0x30303030)
+		lsh, rsh := ZMM(), ZMM() // word shift counts: (4, 2) and (0, 2) for the two 256-bit halves
+		VMOVDQU64(q6ShiftData, lsh)
+		VMOVDQU64(q6ShiftData.Offset(64), rsh)
+		return []VecVirtual{low4, m30, lsh, rsh}
+	},
+	block: q6kGemvBlock512,
+}
+
+var (
+	q6ShiftData Mem // [2][32]uint16: VPSLLVW counts 4 (low half), 2 (high); VPSRLVW counts 0, 2
+	q6PermData  Mem // [4][32]uint16: VPERMW picks of scale 2b + i/8 for b = 0, 2, 4, 6
+)
+
+func q6kConsts512Gemv() {
+	q6ShiftData = GLOBL("q6shiftv", RODATA|NOPTR)
+	for i := range 64 { // in increasing offsets, as the assembler wants them
+		DATA(2*i, U16([]int{4, 2, 0, 2}[i/16]))
+	}
+	q6PermData = GLOBL("q6permw", RODATA|NOPTR)
+	for b := range 4 {
+		for i := range 32 {
+			DATA(64*b+2*i, U16(4*b+i/8))
+		}
+	}
+}
+
+// q6kGemvBlock512 is q6kGemv512's super-block.
+func q6kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
+	low4, m30, lsh, rsh := c[0], c[1], c[2], c[3]
+	sc16 := YMM()
+	VPMOVSXBW(Mem{Base: p.wp, Disp: 192}, sc16)
+	isum := make([]VecVirtual, p.rows)
+	for r := range p.rows {
+		isum[r] = ZMM()
+		VPSUBD(isum[r], isum[r], isum[r])
+	}
+	for h := range 2 {
+		ql, qh := ZMM(), ZMM()
+		VMOVDQU64(Mem{Base: p.wp, Disp: 64 * h}, ql)
+		VBROADCASTI64X4(Mem{Base: p.wp, Disp: 128 + 32*h}, qh)
+		for g2 := range 2 { // x blocks 4h + 2·g2 and the next
+			u, hb, scl, idx := ZMM(), ZMM(), ZMM(), ZMM()
+			if g2 == 0 {
+				VPANDD(low4, ql, u)
+				VPSLLVW(lsh, qh, hb)
+			} else {
+				VPSRLW(U8(4), ql, u)
+				VPANDD(low4, u, u)
+				VPSRLVW(rsh, qh, hb)
+			}
+			VPANDD(m30, hb, hb)
+			VPORD(hb, u, u)
+			b := 4*h + 2*g2 // first x block
+			VMOVDQU64(q6PermData.Offset(64*(b/2)), idx)
+			VPERMW(sc16.AsZ(), idx, scl)
+			for r := range p.rows {
+				t := ZMM()
+				VPMADDUBSW(p.q(r, 32*b), u, t)
+				VPDPWSSD(scl, t, isum[r])
+			}
+		}
+	}
+	dw := f16Bcast(Mem{Base: p.wp, Disp: 208})
+	for r := range p.rows {
+		lo, off, d := YMM(), YMM(), YMM()
+		VEXTRACTI64X4(U8(1), isum[r], lo)
+		VPADDD(isum[r].AsY(), lo, lo)
+		VPMADDWD(p.bs(r, 0), sc16, off)
+		VPSLLD(U8(5), off, off)
+		VPSUBD(off, lo, lo)
+		VBROADCASTSS(p.ds(r, 0), d)
+		VMULPS(dw, d, d)
+		VCVTDQ2PS(lo, lo)
+		VFMADD231PS(lo, d, acc[r])
+	}
+}
+
+// q4kGemv512 is the Q4_K gemv on zmm registers (AVX-512 BW and VNNI): each
+// 32 bytes of nibbles broadcast to both 256-bit halves, the low nibbles
+// kept in the low half and the high ones shifted down in the high
+// (VPSRLVW), so one vector holds sub-blocks 2h and 2h+1 against x's 64
+// contiguous bytes; VPMADDUBSW, then VPDPWSSD against the two sub-block
+// scales spread by VPERMW. The int32 sums are folded to eight lanes per
+// super-block and finished as q4kGemvBlock does.
+var q4kGemv512 = gemvKernel{
+	name: "Q4K", isa: "VNNI512", elems: 256, bytes: 144, unroll: 1,
+	doc: []string{"per super-block: dw·d·Σⱼ scⱼ·Σ nⱼ·q − dmin·d·Σⱼ mⱼ·Σⱼq (d: x's scale of the 256 columns), on zmm registers."},
+	setup: func() []VecVirtual {
+		low4, sh := bcastZ(0x0f0f0f0f), ZMM()
+		VMOVDQU64(k4ShiftData, sh)
+		return []VecVirtual{low4, sh}
+	},
+	block: q4kGemvBlock512,
+}
+
+var (
+	k4ShiftData Mem // [32]uint16: VPSRLVW counts 0 (low half), 4 (high half)
+	k4PermData  Mem // [4][32]uint16: VPERMW picks of scale 2h + i/16
+)
+
+func q4kConsts512Gemv() {
+	k4ShiftData = GLOBL("k4shiftv", RODATA|NOPTR)
+	for i := range 32 {
+		DATA(2*i, U16(4*(i/16)))
+	}
+	k4PermData = GLOBL("k4permw", RODATA|NOPTR)
+	for h := range 4 {
+		for i := range 32 {
+			DATA(64*h+2*i, U16(2*h+i/16))
+		}
+	}
+}
+
+// q4kGemvBlock512 is q4kGemv512's super-block.
+func q4kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
+	low4, sh := c[0], c[1]
+	sc8, mn8 := kScaleBytes(p.wp)
+	scv := XMM() // sc0..sc7 as int16
+	VMOVQ(sc8, scv)
+	VPMOVZXBW(scv, scv)
+	mins := XMM()
+	VMOVQ(mn8, mins)
+	isum := make([]VecVirtual, p.rows)
+	for r := range p.rows {
+		isum[r] = ZMM()
+		VPSUBD(isum[r], isum[r], isum[r])
+	}
+	for h := range 4 {
+		u, scl, idx := ZMM(), ZMM(), ZMM()
+		VBROADCASTI64X4(Mem{Base: p.wp, Disp: 16 + 32*h}, u)
+		VPSRLVW(sh, u, u)
+		VPANDD(low4, u, u)
+		VMOVDQU64(k4PermData.Offset(64*h), idx)
+		VPERMW(scv.AsZ(), idx, scl)
+		for r := range p.rows {
+			t := ZMM()
+			VPMADDUBSW(p.q(r, 64*h), u, t)
+			VPDPWSSD(scl, t, isum[r])
+		}
+	}
+	mnv, hi := YMM(), XMM()
+	VPMOVZXBW(mins, mnv.AsX())
+	VPUNPCKHWD(mnv.AsX(), mnv.AsX(), hi)
+	VPUNPCKLWD(mnv.AsX(), mnv.AsX(), mnv.AsX())
+	VINSERTI128(U8(1), hi, mnv, mnv) // m0 m0 m1 m1 ... m7 m7
+	v := YMM()
+	VPBROADCASTD(Mem{Base: p.wp}, v)
+	VCVTPH2PS(v.AsX(), v) // dw dmin dw dmin ...
+	for r := range p.rows {
+		lo, msum := YMM(), YMM()
+		VEXTRACTI64X4(U8(1), isum[r], lo)
+		VPADDD(isum[r].AsY(), lo, lo)
+		VPMADDWD(p.bs(r, 0), mnv, msum) // mⱼ·Σⱼq in lane j
+		a, b := superScales(v, p.ds(r, 0))
+		VCVTDQ2PS(lo, lo)
+		VCVTDQ2PS(msum, msum)
+		VFMADD231PS(lo, a, acc[r])
+		VFNMADD231PS(msum, b, acc[r])
+	}
 }

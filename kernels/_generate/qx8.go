@@ -60,7 +60,16 @@ type x8Ptrs struct {
 	ldq, ldq3   GPVirtual // x row strides of q (R > 1): 1 and 3 rows
 	ldd, ldd3   GPVirtual // of ds
 	rows        int
+	// g is the rows per group: 8 (ymm), or 16 for the x16 kernels (zmm,
+	// VNNI only), whose group block is two x8 group blocks interleaved
+	// (kernels/cpu/x8.go); vec makes a register of that width.
+	g   int
+	vec func() VecVirtual
 }
+
+// chunk is the byte offset of 4-column chunk (Q8_0) or nibble vector
+// (Q4_0) c in a group block: after the g float16 scales, g·4 bytes each.
+func (p x8Ptrs) chunk(c int) int { return 2*p.g + 4*p.g*c }
 
 func (p x8Ptrs) rowMem(base, ld, ld3 GPVirtual, r, off int) Mem {
 	switch r {
@@ -249,11 +258,11 @@ func x8VNNIQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 	const chains = x8Chains
 	isum := make([][]VecVirtual, p.rows)
 	for r := range p.rows {
-		b := YMM()
+		b := p.vec()
 		VPBROADCASTD(p.bs(r, 0), b)
 		isum[r] = make([]VecVirtual, chains)
 		for i := range chains {
-			isum[r][i] = YMM()
+			isum[r][i] = p.vec()
 			if i == 0 {
 				VPMADDWD(c.ones, b, isum[r][0]) // −128·Σq
 			} else {
@@ -262,8 +271,8 @@ func x8VNNIQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 		}
 	}
 	for ch := range 8 {
-		w := YMM()
-		VPXORD(Mem{Base: p.wp, Disp: 16 + 32*ch}, c.x80, w)
+		w := p.vec()
+		VPXORD(Mem{Base: p.wp, Disp: p.chunk(ch)}, c.x80, w)
 		for r := range p.rows {
 			VPDPBUSD_BCST(p.q(r, 4*ch), w, isum[r][ch%chains])
 		}
@@ -273,10 +282,10 @@ func x8VNNIQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			VPADDD(isum[r][i], isum[r][0], isum[r][0])
 		}
 	}
-	dw := YMM()
+	dw := p.vec()
 	VCVTPH2PS(Mem{Base: p.wp}, dw)
 	for r := range p.rows {
-		d := YMM()
+		d := p.vec()
 		VBROADCASTSS(p.ds(r, 0), d)
 		VMULPS(dw, d, d)
 		VCVTDQ2PS(isum[r][0], isum[r][0])
@@ -291,13 +300,13 @@ const x8Chains = 4
 func x8VNNIQ4_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 	isum, odd := make([]VecVirtual, p.rows), make([]VecVirtual, p.rows)
 	for r := range p.rows {
-		isum[r], odd[r] = YMM(), YMM()
+		isum[r], odd[r] = p.vec(), p.vec()
 		VPSUBD(isum[r], isum[r], isum[r])
 		VPSUBD(odd[r], odd[r], odd[r])
 	}
 	for v := range 4 {
-		lo, hi := YMM(), YMM()
-		VMOVDQU32(Mem{Base: p.wp, Disp: 16 + 32*v}, lo)
+		lo, hi := p.vec(), p.vec()
+		VMOVDQU32(Mem{Base: p.wp, Disp: p.chunk(v)}, lo)
 		VPSRLW(U8(4), lo, hi)
 		VPANDD(c.low4, lo, lo)
 		VPANDD(c.low4, hi, hi)
@@ -309,14 +318,18 @@ func x8VNNIQ4_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 	for r := range p.rows {
 		VPADDD(odd[r], isum[r], isum[r])
 	}
-	dw := YMM()
+	dw := p.vec()
 	VCVTPH2PS(Mem{Base: p.wp}, dw)
 	for r := range p.rows {
-		i, d, s := isum[r], YMM(), YMM()
+		i, d, s := isum[r], p.vec(), p.vec()
 		VCVTDQ2PS(i, i)
 		VBROADCASTSS(p.ds(r, 0), d)
 		VBROADCASTSS(p.ds(r, 4), s)
-		VMULPS(x8Four8, s, s)
+		if p.g == 16 {
+			VMULPS_BCST(x8Four8, s, s)
+		} else {
+			VMULPS(x8Four8, s, s)
+		}
 		VFMSUB213PS(s, d, i)       // d·Σn·q − 8·s in each row's lane
 		VFMADD231PS(i, dw, acc[r]) // acc += dw·that
 	}
@@ -400,17 +413,23 @@ func x8Consts8() {
 }
 
 // qx8 writes kernel k's AVX2 x8 function for R x rows, or with vnni its
-// VNNI one.
-func qx8(k x8Kernel, R int, vnni bool) {
+// VNNI one; with wide (VNNI, Q8_0 and Q4_0) the x16 one: sixteen rows a
+// group on zmm registers (AVX-512 VNNI and BW).
+func qx8(k x8Kernel, R int, vnni, wide bool) {
 	isa, block := "AVX2", k.block
 	if vnni {
 		isa, block = "VNNI", k.vnni
 	}
-	name := fmt.Sprintf("qx8%sR%d%s", k.name, R, isa)
+	G, vec, fam := 8, YMM, "x8"
+	if wide {
+		G, vec, fam, isa = 16, ZMM, "x16", "VNNI512"
+	}
+	bytes := k.bytes * G / 8
+	name := fmt.Sprintf("q%s%sR%d%s", fam, k.name, R, isa)
 	TEXT(name, NOSPLIT, "func(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k, groups int)")
 	Doc(
-		fmt.Sprintf("%s sets y[r·ldy + 8g + l] for r < %d, g < groups, l < 8 to the dot", name, R),
-		fmt.Sprintf("product of row 8g + l of the %s weights w repacked in groups of eight", k.name),
+		fmt.Sprintf("%s sets y[r·ldy + %dg + l] for r < %d, g < groups, l < %d to the dot", name, G, R, G),
+		fmt.Sprintf("product of row %dg + l of the %s weights w repacked in groups of %d", G, k.name, G),
 		"rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];",
 		"ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a",
 		fmt.Sprintf("multiple of %d and groups > 0.", k.elems),
@@ -421,6 +440,8 @@ func qx8(k x8Kernel, R int, vnni bool) {
 		qp:   Load(Param("q").Base(), GP64()).(GPVirtual),
 		dsp:  Load(Param("ds").Base(), GP64()).(GPVirtual),
 		rows: R,
+		g:    G,
+		vec:  vec,
 	}
 	useBs := k.elems == 256 || vnni && k.name == "Q8_0"
 	if useBs {
@@ -466,19 +487,23 @@ func qx8(k x8Kernel, R int, vnni bool) {
 		MOVQ(t, groups)
 	}
 	var c x8Consts
+	bc := bcastD
+	if wide {
+		bc = bcastZ
+	}
 	switch {
 	case !vnni:
 		c = x8Consts{ones: bcastD(0x00010001), low4: bcastB(0x0f)}
 	case k.name == "Q8_0":
-		c = x8Consts{ones: bcastD(0xff80ff80), x80: bcastB(0x80)}
+		c = x8Consts{ones: bc(0xff80ff80), x80: bc(0x80808080)}
 	default:
-		c = x8Consts{low4: bcastB(0x0f)}
+		c = x8Consts{low4: bc(0x0f0f0f0f)}
 	}
 
 	Label(name + "_group")
 	acc := make([]VecVirtual, R)
 	for r := range acc {
-		acc[r] = YMM()
+		acc[r] = vec()
 		if vnni {
 			VPSUBD(acc[r], acc[r], acc[r]) // a zero idiom avo knows, with an EVEX form
 		} else {
@@ -489,12 +514,12 @@ func qx8(k x8Kernel, R int, vnni bool) {
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
 	Label(name + "_blk")
 	if R == 1 {
-		for i := range (k.bytes + 63) / 64 {
+		for i := range (bytes + 63) / 64 {
 			PREFETCHT0(Mem{Base: p.wp, Disp: x8PrefetchAhead + 64*i})
 		}
 	}
 	block(c, p, acc)
-	ADDQ(U32(k.bytes), p.wp)
+	ADDQ(U32(bytes), p.wp)
 	ADDQ(U32(k.elems), p.qp)
 	ADDQ(U32(k.elems/4), p.dsp)
 	if useBs {
@@ -511,7 +536,7 @@ func qx8(k x8Kernel, R int, vnni bool) {
 		}
 		VMOVUPS(acc[r], Mem{Base: t})
 	}
-	ADDQ(U8(32), yp)
+	ADDQ(U8(4*G), yp)
 	SUBQ(back, p.qp)
 	SUBQ(back.Offset(8), p.dsp)
 	if useBs {
@@ -554,13 +579,18 @@ func transpose8x8(R []VecVirtual) []VecVirtual {
 // Q4_0: per group block, the eight rows' scales with scalar moves and
 // their quants transposed as dwords (8×8 for Q8_0's 32 bytes a row, 8×4
 // for Q4_0's 16) with unpacks.
-func packX8(k x8Kernel) {
+//
+// With G = 16 (Q8_0 and Q4_0) it writes packX16<dtype>AVX2, the x16
+// layout: rows 0-7 and 8-15 of a group packed the same way, their scales
+// at 0 and 16 and their 32-byte vectors interleaved (at 32 + 64v and
+// 64 + 64v).
+func packX8(k x8Kernel, G int) {
 	q8, q4k := k.name == "Q8_0", k.name == "Q4K"
 	sb := map[string]int{"Q8_0": 34, "Q4_0": 18, "Q4K": 144}[k.name] // stored bytes per block
-	name := fmt.Sprintf("packX8%sAVX2", k.name)
+	name := fmt.Sprintf("packX%d%sAVX2", G, k.name)
 	TEXT(name, NOSPLIT, "func(dst, w []byte, k, groups int)")
-	Doc(fmt.Sprintf("%s writes groups groups of eight rows of the %s weights w (k columns,", name, k.name),
-		"a multiple of 32, and groups > 0) to dst in the x8 layout (kernels/cpu/x8.go).",
+	Doc(fmt.Sprintf("%s writes groups groups of %d rows of the %s weights w (k columns,", name, G, k.name),
+		fmt.Sprintf("a multiple of 32, and groups > 0) to dst in the x%d layout (kernels/cpu/x8.go).", G),
 		"The caller guarantees the bounds; nothing is checked.")
 	Pragma("noescape")
 	dp := Load(Param("dst").Base(), GP64())
@@ -595,10 +625,46 @@ func packX8(k x8Kernel) {
 	MOVQ(gp, s)
 	MOVQ(nbk, n)
 	Label(name + "_blk")
+	// vec is where 32-byte vector v of the half h (rows 8h..8h+7) goes.
+	vec := func(h, v int) Mem {
+		if G == 8 {
+			return Mem{Base: dp, Disp: 16 + 32*v}
+		}
+		return Mem{Base: dp, Disp: 32 + 64*v + 32*h}
+	}
+	for h := range G / 8 {
+		if h == 1 {
+			LEAQ(Mem{Base: s, Index: rb, Scale: 8}, s) // rows 8-15
+		}
+		packX8Half(k, q8, q4k, h, s, dp.(GPVirtual), row, vec)
+		if h == 1 {
+			t := GP64()
+			MOVQ(rb, t)
+			SHLQ(U8(3), t)
+			SUBQ(t, s)
+		}
+	}
+	ADDQ(U32(sb), s)
+	ADDQ(U32(k.bytes*G/8), dp)
+	DECQ(n)
+	JNZ(LabelRef(name + "_blk"))
+	LEAQ(Mem{Base: gp, Index: rb, Scale: 8}, gp)
+	if G == 16 {
+		LEAQ(Mem{Base: gp, Index: rb, Scale: 8}, gp)
+	}
+	DECQ(groups)
+	JNZ(LabelRef(name + "_group"))
+	VZEROUPPER()
+	RET()
+}
+
+// packX8Half packs one block of the eight rows at s (row(s, r, off)) of
+// group half h: their scales at dp + 16h + 2r, their vectors at vec(h, v).
+func packX8Half(k x8Kernel, q8, q4k bool, h int, s, dp GPVirtual, row func(GPVirtual, int, int) Mem, vec func(h, v int) Mem) {
 	for r := range 8 {
 		t := GP32()
 		MOVWLZX(row(s, r, 0), t)
-		MOVW(t.As16(), Mem{Base: dp, Disp: 2 * r})
+		MOVW(t.As16(), Mem{Base: dp, Disp: 16*h + 2*r})
 		if q4k {
 			MOVWLZX(row(s, r, 2), t)
 			MOVW(t.As16(), Mem{Base: dp, Disp: 16 + 2*r})
@@ -643,7 +709,7 @@ func packX8(k x8Kernel) {
 			VMOVDQU(row(s, r, 2), R[r])
 		}
 		for c, v := range transpose8x8(R) {
-			VMOVDQU(v, Mem{Base: dp, Disp: 16 + 32*c})
+			VMOVDQU(v, vec(h, c))
 		}
 	default:
 		Y := make([]VecVirtual, 4) // rows r and r+4
@@ -666,16 +732,7 @@ func packX8(k x8Kernel) {
 			} else {
 				VPUNPCKHQDQ(c, a, o)
 			}
-			VMOVDQU(o, Mem{Base: dp, Disp: 16 + 32*v})
+			VMOVDQU(o, vec(h, v))
 		}
 	}
-	ADDQ(U32(sb), s)
-	ADDQ(U32(k.bytes), dp)
-	DECQ(n)
-	JNZ(LabelRef(name + "_blk"))
-	LEAQ(Mem{Base: gp, Index: rb, Scale: 8}, gp)
-	DECQ(groups)
-	JNZ(LabelRef(name + "_group"))
-	VZEROUPPER()
-	RET()
 }

@@ -65,7 +65,7 @@ func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs,
 		if x8 := x8For(w.DType); x8 != nil && w.Cols%32 == 0 && w.Rows >= 8 && (pk != nil || n >= x8MinRows) {
 			// Every task takes all x rows past each block of its
 			// weight rows (packed once, if not kept packed).
-			m.x8, m.pk, m.bc, gran = x8, pk, n, 8
+			m.x8, m.pk, m.bc, gran = x8, pk, n, x8.rows
 		}
 	case path == pathBF16:
 		m.bt, m.xb = bf16TilesFor(), &xs.b

@@ -66,10 +66,12 @@ var (
 // Q8_0, Q4_0 and Q4_K tiles, the 1-row Q4_K and Q6_K ones (BenchmarkQTile's
 // CPU time on an Intel), and a 4-row Q6_K tile the ymm set lacks; plus the
 // AVX2 gemv kernels, which take a block of weight rows per call: on a Zen 5
-// (BenchmarkQPaths, one x row) 1.2-1.6× faster than these 1-row tiles, and
-// Q6_K's 4-row one 1.1× faster than its 4-row tile, while the 4-row Q8_0
-// and Q4_K tiles beat their gemv (1.1-1.15×). This package uses them;
-// vnniQTiles stay for comparison in the tests and benchmarks.
+// (BenchmarkQPaths, one x row) 1.2-1.6× faster than these 1-row tiles,
+// while the 4-row Q8_0 tile beats its gemv (1.1×); and for Q4_K and Q6_K
+// (a Q4_K_M or Q4_0 file's output head) gemv kernels on zmm, in
+// BenchmarkQGemvKernel 1.1-1.2× (Q4_K) and 1.5-1.6× (Q6_K) faster than
+// the AVX2 ones and the row tiles. This package uses them; vnniQTiles stay
+// for comparison in the tests and benchmarks.
 var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
 	t = vnniQTiles
 	t[kernels.Q8_0].r4 = qtileQ8_0R4VNNI512
@@ -79,51 +81,65 @@ var vnni512QTiles = func() (t [len(vnniQTiles)]qtileSet) {
 	for d := range t {
 		t[d].gemv = avx2QTiles[d].gemv
 	}
-	t[kernels.Q6K].gemv4 = avx2QTiles[kernels.Q6K].gemv4
+	t[kernels.Q6K].gemv, t[kernels.Q6K].gemv4 = qgemvQ6KR1VNNI512, qgemvQ6KR4VNNI512
+	t[kernels.Q4K].gemv, t[kernels.Q4K].gemv4 = qgemvQ4KR1VNNI512, qgemvQ4KR4VNNI512
 	return t
 }()
 
 // avx2X8 are the x8 kernels (kernels/_generate/qx8.go), indexed by
 // kernels.DType.
 var avx2X8 = [...]x8Set{
-	kernels.Q8_0: {r1: qx8Q8_0R1AVX2, r4: qx8Q8_0R4AVX2},
-	kernels.Q4_0: {r1: qx8Q4_0R1AVX2, r4: qx8Q4_0R4AVX2},
-	kernels.Q4K:  {r1: qx8Q4KR1AVX2, r4: qx8Q4KR4AVX2},
+	kernels.Q8_0: {r1: qx8Q8_0R1AVX2, r4: qx8Q8_0R4AVX2, rows: 8},
+	kernels.Q4_0: {r1: qx8Q4_0R1AVX2, r4: qx8Q4_0R4AVX2, rows: 8},
+	kernels.Q4K:  {r1: qx8Q4KR1AVX2, r4: qx8Q4KR4AVX2, rows: 8},
 }
 
 // vnniX8 are the x8 kernels with VPDPBUSD: the same bits as avx2X8.
 var vnniX8 = [...]x8Set{
-	kernels.Q8_0: {r1: qx8Q8_0R1VNNI, r4: qx8Q8_0R4VNNI},
-	kernels.Q4_0: {r1: qx8Q4_0R1VNNI, r4: qx8Q4_0R4VNNI},
-	kernels.Q4K:  {r1: qx8Q4KR1VNNI, r4: qx8Q4KR4VNNI},
+	kernels.Q8_0: {r1: qx8Q8_0R1VNNI, r4: qx8Q8_0R4VNNI, rows: 8},
+	kernels.Q4_0: {r1: qx8Q4_0R1VNNI, r4: qx8Q4_0R4VNNI, rows: 8},
+	kernels.Q4K:  {r1: qx8Q4KR1VNNI, r4: qx8Q4KR4VNNI, rows: 8},
+}
+
+// vnniX16 are the x16 kernels: vnniX8's on zmm registers, sixteen rows a
+// group (Q8_0 and Q4_0; Q4_K keeps vnniX8), each row's lane computed as
+// in vnniX8, so the same bits again.
+var vnniX16 = [...]x8Set{
+	kernels.Q8_0: {r1: qx16Q8_0R1VNNI512, r4: qx16Q8_0R4VNNI512, rows: 16},
+	kernels.Q4_0: {r1: qx16Q4_0R1VNNI512, r4: qx16Q4_0R4VNNI512, rows: 16},
+	kernels.Q4K:  vnniX8[kernels.Q4K],
 }
 
 // asmX8 returns the x8 kernels of dtype d (Q8_0, Q4_0 or Q4_K) on AVX2 with
-// F16C (the VNNI ones where the CPU has AVX-512 VNNI), nil without. On a
-// Zen 5 even the AVX2 ones were 1.4-2.3× faster than the VNNI row tiles
-// at 8 and 512 x rows (BenchmarkQPaths).
+// F16C (where the CPU has AVX-512 VNNI, the VNNI ones: x16 for Q8_0 and
+// Q4_0), nil without. On a Zen 5 even the AVX2 ones were 1.4-2.3× faster
+// than the VNNI row tiles at 8 and 512 x rows (BenchmarkQPaths).
 func asmX8(d kernels.DType) *x8Set {
 	switch {
 	case !cpuinfo.AVX2FMA() || !cpuinfo.F16C():
 		return nil
 	case cpuinfo.VNNI():
-		return &vnniX8[d]
+		return &vnniX16[d]
 	}
 	return &avx2X8[d]
 }
 
 // packX8Asm is packX8 with the AVX2 packers, for groups > 0 and k > 0;
 // false (nothing done) without AVX2.
-func packX8Asm(dst, w []byte, d kernels.DType, k, groups int) bool {
-	if !cpuinfo.AVX2FMA() {
+func packX8Asm(dst, w []byte, d kernels.DType, k, groups, G int) bool {
+	if !cpuinfo.AVX2FMA() || G == 16 && d == kernels.Q4K {
 		return false
 	}
 	// The slices check what the assembly assumes.
-	dst, w = dst[:groups*x8RowBytes(d, k)], w[:8*groups*d.RowBytes(k)]
-	switch d {
-	case kernels.Q8_0:
+	dst, w = dst[:groups*x8RowBytes(d, k, G)], w[:G*groups*d.RowBytes(k)]
+	switch {
+	case d == kernels.Q8_0 && G == 16:
+		packX16Q8_0AVX2(dst, w, k, groups)
+	case d == kernels.Q4_0 && G == 16:
+		packX16Q4_0AVX2(dst, w, k, groups)
+	case d == kernels.Q8_0:
 		packX8Q8_0AVX2(dst, w, k, groups)
-	case kernels.Q4_0:
+	case d == kernels.Q4_0:
 		packX8Q4_0AVX2(dst, w, k, groups)
 	default:
 		packX8Q4KAVX2(dst, w, k, groups)

@@ -8902,6 +8902,1048 @@ qgemvQ6KR4AVX2_done:
 	VZEROUPPER
 	RET
 
+DATA q6shiftv<>+0(SB)/2, $0x0004
+DATA q6shiftv<>+2(SB)/2, $0x0004
+DATA q6shiftv<>+4(SB)/2, $0x0004
+DATA q6shiftv<>+6(SB)/2, $0x0004
+DATA q6shiftv<>+8(SB)/2, $0x0004
+DATA q6shiftv<>+10(SB)/2, $0x0004
+DATA q6shiftv<>+12(SB)/2, $0x0004
+DATA q6shiftv<>+14(SB)/2, $0x0004
+DATA q6shiftv<>+16(SB)/2, $0x0004
+DATA q6shiftv<>+18(SB)/2, $0x0004
+DATA q6shiftv<>+20(SB)/2, $0x0004
+DATA q6shiftv<>+22(SB)/2, $0x0004
+DATA q6shiftv<>+24(SB)/2, $0x0004
+DATA q6shiftv<>+26(SB)/2, $0x0004
+DATA q6shiftv<>+28(SB)/2, $0x0004
+DATA q6shiftv<>+30(SB)/2, $0x0004
+DATA q6shiftv<>+32(SB)/2, $0x0002
+DATA q6shiftv<>+34(SB)/2, $0x0002
+DATA q6shiftv<>+36(SB)/2, $0x0002
+DATA q6shiftv<>+38(SB)/2, $0x0002
+DATA q6shiftv<>+40(SB)/2, $0x0002
+DATA q6shiftv<>+42(SB)/2, $0x0002
+DATA q6shiftv<>+44(SB)/2, $0x0002
+DATA q6shiftv<>+46(SB)/2, $0x0002
+DATA q6shiftv<>+48(SB)/2, $0x0002
+DATA q6shiftv<>+50(SB)/2, $0x0002
+DATA q6shiftv<>+52(SB)/2, $0x0002
+DATA q6shiftv<>+54(SB)/2, $0x0002
+DATA q6shiftv<>+56(SB)/2, $0x0002
+DATA q6shiftv<>+58(SB)/2, $0x0002
+DATA q6shiftv<>+60(SB)/2, $0x0002
+DATA q6shiftv<>+62(SB)/2, $0x0002
+DATA q6shiftv<>+64(SB)/2, $0x0000
+DATA q6shiftv<>+66(SB)/2, $0x0000
+DATA q6shiftv<>+68(SB)/2, $0x0000
+DATA q6shiftv<>+70(SB)/2, $0x0000
+DATA q6shiftv<>+72(SB)/2, $0x0000
+DATA q6shiftv<>+74(SB)/2, $0x0000
+DATA q6shiftv<>+76(SB)/2, $0x0000
+DATA q6shiftv<>+78(SB)/2, $0x0000
+DATA q6shiftv<>+80(SB)/2, $0x0000
+DATA q6shiftv<>+82(SB)/2, $0x0000
+DATA q6shiftv<>+84(SB)/2, $0x0000
+DATA q6shiftv<>+86(SB)/2, $0x0000
+DATA q6shiftv<>+88(SB)/2, $0x0000
+DATA q6shiftv<>+90(SB)/2, $0x0000
+DATA q6shiftv<>+92(SB)/2, $0x0000
+DATA q6shiftv<>+94(SB)/2, $0x0000
+DATA q6shiftv<>+96(SB)/2, $0x0002
+DATA q6shiftv<>+98(SB)/2, $0x0002
+DATA q6shiftv<>+100(SB)/2, $0x0002
+DATA q6shiftv<>+102(SB)/2, $0x0002
+DATA q6shiftv<>+104(SB)/2, $0x0002
+DATA q6shiftv<>+106(SB)/2, $0x0002
+DATA q6shiftv<>+108(SB)/2, $0x0002
+DATA q6shiftv<>+110(SB)/2, $0x0002
+DATA q6shiftv<>+112(SB)/2, $0x0002
+DATA q6shiftv<>+114(SB)/2, $0x0002
+DATA q6shiftv<>+116(SB)/2, $0x0002
+DATA q6shiftv<>+118(SB)/2, $0x0002
+DATA q6shiftv<>+120(SB)/2, $0x0002
+DATA q6shiftv<>+122(SB)/2, $0x0002
+DATA q6shiftv<>+124(SB)/2, $0x0002
+DATA q6shiftv<>+126(SB)/2, $0x0002
+GLOBL q6shiftv<>(SB), RODATA|NOPTR, $128
+
+DATA q6permw<>+0(SB)/2, $0x0000
+DATA q6permw<>+2(SB)/2, $0x0000
+DATA q6permw<>+4(SB)/2, $0x0000
+DATA q6permw<>+6(SB)/2, $0x0000
+DATA q6permw<>+8(SB)/2, $0x0000
+DATA q6permw<>+10(SB)/2, $0x0000
+DATA q6permw<>+12(SB)/2, $0x0000
+DATA q6permw<>+14(SB)/2, $0x0000
+DATA q6permw<>+16(SB)/2, $0x0001
+DATA q6permw<>+18(SB)/2, $0x0001
+DATA q6permw<>+20(SB)/2, $0x0001
+DATA q6permw<>+22(SB)/2, $0x0001
+DATA q6permw<>+24(SB)/2, $0x0001
+DATA q6permw<>+26(SB)/2, $0x0001
+DATA q6permw<>+28(SB)/2, $0x0001
+DATA q6permw<>+30(SB)/2, $0x0001
+DATA q6permw<>+32(SB)/2, $0x0002
+DATA q6permw<>+34(SB)/2, $0x0002
+DATA q6permw<>+36(SB)/2, $0x0002
+DATA q6permw<>+38(SB)/2, $0x0002
+DATA q6permw<>+40(SB)/2, $0x0002
+DATA q6permw<>+42(SB)/2, $0x0002
+DATA q6permw<>+44(SB)/2, $0x0002
+DATA q6permw<>+46(SB)/2, $0x0002
+DATA q6permw<>+48(SB)/2, $0x0003
+DATA q6permw<>+50(SB)/2, $0x0003
+DATA q6permw<>+52(SB)/2, $0x0003
+DATA q6permw<>+54(SB)/2, $0x0003
+DATA q6permw<>+56(SB)/2, $0x0003
+DATA q6permw<>+58(SB)/2, $0x0003
+DATA q6permw<>+60(SB)/2, $0x0003
+DATA q6permw<>+62(SB)/2, $0x0003
+DATA q6permw<>+64(SB)/2, $0x0004
+DATA q6permw<>+66(SB)/2, $0x0004
+DATA q6permw<>+68(SB)/2, $0x0004
+DATA q6permw<>+70(SB)/2, $0x0004
+DATA q6permw<>+72(SB)/2, $0x0004
+DATA q6permw<>+74(SB)/2, $0x0004
+DATA q6permw<>+76(SB)/2, $0x0004
+DATA q6permw<>+78(SB)/2, $0x0004
+DATA q6permw<>+80(SB)/2, $0x0005
+DATA q6permw<>+82(SB)/2, $0x0005
+DATA q6permw<>+84(SB)/2, $0x0005
+DATA q6permw<>+86(SB)/2, $0x0005
+DATA q6permw<>+88(SB)/2, $0x0005
+DATA q6permw<>+90(SB)/2, $0x0005
+DATA q6permw<>+92(SB)/2, $0x0005
+DATA q6permw<>+94(SB)/2, $0x0005
+DATA q6permw<>+96(SB)/2, $0x0006
+DATA q6permw<>+98(SB)/2, $0x0006
+DATA q6permw<>+100(SB)/2, $0x0006
+DATA q6permw<>+102(SB)/2, $0x0006
+DATA q6permw<>+104(SB)/2, $0x0006
+DATA q6permw<>+106(SB)/2, $0x0006
+DATA q6permw<>+108(SB)/2, $0x0006
+DATA q6permw<>+110(SB)/2, $0x0006
+DATA q6permw<>+112(SB)/2, $0x0007
+DATA q6permw<>+114(SB)/2, $0x0007
+DATA q6permw<>+116(SB)/2, $0x0007
+DATA q6permw<>+118(SB)/2, $0x0007
+DATA q6permw<>+120(SB)/2, $0x0007
+DATA q6permw<>+122(SB)/2, $0x0007
+DATA q6permw<>+124(SB)/2, $0x0007
+DATA q6permw<>+126(SB)/2, $0x0007
+DATA q6permw<>+128(SB)/2, $0x0008
+DATA q6permw<>+130(SB)/2, $0x0008
+DATA q6permw<>+132(SB)/2, $0x0008
+DATA q6permw<>+134(SB)/2, $0x0008
+DATA q6permw<>+136(SB)/2, $0x0008
+DATA q6permw<>+138(SB)/2, $0x0008
+DATA q6permw<>+140(SB)/2, $0x0008
+DATA q6permw<>+142(SB)/2, $0x0008
+DATA q6permw<>+144(SB)/2, $0x0009
+DATA q6permw<>+146(SB)/2, $0x0009
+DATA q6permw<>+148(SB)/2, $0x0009
+DATA q6permw<>+150(SB)/2, $0x0009
+DATA q6permw<>+152(SB)/2, $0x0009
+DATA q6permw<>+154(SB)/2, $0x0009
+DATA q6permw<>+156(SB)/2, $0x0009
+DATA q6permw<>+158(SB)/2, $0x0009
+DATA q6permw<>+160(SB)/2, $0x000a
+DATA q6permw<>+162(SB)/2, $0x000a
+DATA q6permw<>+164(SB)/2, $0x000a
+DATA q6permw<>+166(SB)/2, $0x000a
+DATA q6permw<>+168(SB)/2, $0x000a
+DATA q6permw<>+170(SB)/2, $0x000a
+DATA q6permw<>+172(SB)/2, $0x000a
+DATA q6permw<>+174(SB)/2, $0x000a
+DATA q6permw<>+176(SB)/2, $0x000b
+DATA q6permw<>+178(SB)/2, $0x000b
+DATA q6permw<>+180(SB)/2, $0x000b
+DATA q6permw<>+182(SB)/2, $0x000b
+DATA q6permw<>+184(SB)/2, $0x000b
+DATA q6permw<>+186(SB)/2, $0x000b
+DATA q6permw<>+188(SB)/2, $0x000b
+DATA q6permw<>+190(SB)/2, $0x000b
+DATA q6permw<>+192(SB)/2, $0x000c
+DATA q6permw<>+194(SB)/2, $0x000c
+DATA q6permw<>+196(SB)/2, $0x000c
+DATA q6permw<>+198(SB)/2, $0x000c
+DATA q6permw<>+200(SB)/2, $0x000c
+DATA q6permw<>+202(SB)/2, $0x000c
+DATA q6permw<>+204(SB)/2, $0x000c
+DATA q6permw<>+206(SB)/2, $0x000c
+DATA q6permw<>+208(SB)/2, $0x000d
+DATA q6permw<>+210(SB)/2, $0x000d
+DATA q6permw<>+212(SB)/2, $0x000d
+DATA q6permw<>+214(SB)/2, $0x000d
+DATA q6permw<>+216(SB)/2, $0x000d
+DATA q6permw<>+218(SB)/2, $0x000d
+DATA q6permw<>+220(SB)/2, $0x000d
+DATA q6permw<>+222(SB)/2, $0x000d
+DATA q6permw<>+224(SB)/2, $0x000e
+DATA q6permw<>+226(SB)/2, $0x000e
+DATA q6permw<>+228(SB)/2, $0x000e
+DATA q6permw<>+230(SB)/2, $0x000e
+DATA q6permw<>+232(SB)/2, $0x000e
+DATA q6permw<>+234(SB)/2, $0x000e
+DATA q6permw<>+236(SB)/2, $0x000e
+DATA q6permw<>+238(SB)/2, $0x000e
+DATA q6permw<>+240(SB)/2, $0x000f
+DATA q6permw<>+242(SB)/2, $0x000f
+DATA q6permw<>+244(SB)/2, $0x000f
+DATA q6permw<>+246(SB)/2, $0x000f
+DATA q6permw<>+248(SB)/2, $0x000f
+DATA q6permw<>+250(SB)/2, $0x000f
+DATA q6permw<>+252(SB)/2, $0x000f
+DATA q6permw<>+254(SB)/2, $0x000f
+GLOBL q6permw<>(SB), RODATA|NOPTR, $256
+
+DATA k4shiftv<>+0(SB)/2, $0x0000
+DATA k4shiftv<>+2(SB)/2, $0x0000
+DATA k4shiftv<>+4(SB)/2, $0x0000
+DATA k4shiftv<>+6(SB)/2, $0x0000
+DATA k4shiftv<>+8(SB)/2, $0x0000
+DATA k4shiftv<>+10(SB)/2, $0x0000
+DATA k4shiftv<>+12(SB)/2, $0x0000
+DATA k4shiftv<>+14(SB)/2, $0x0000
+DATA k4shiftv<>+16(SB)/2, $0x0000
+DATA k4shiftv<>+18(SB)/2, $0x0000
+DATA k4shiftv<>+20(SB)/2, $0x0000
+DATA k4shiftv<>+22(SB)/2, $0x0000
+DATA k4shiftv<>+24(SB)/2, $0x0000
+DATA k4shiftv<>+26(SB)/2, $0x0000
+DATA k4shiftv<>+28(SB)/2, $0x0000
+DATA k4shiftv<>+30(SB)/2, $0x0000
+DATA k4shiftv<>+32(SB)/2, $0x0004
+DATA k4shiftv<>+34(SB)/2, $0x0004
+DATA k4shiftv<>+36(SB)/2, $0x0004
+DATA k4shiftv<>+38(SB)/2, $0x0004
+DATA k4shiftv<>+40(SB)/2, $0x0004
+DATA k4shiftv<>+42(SB)/2, $0x0004
+DATA k4shiftv<>+44(SB)/2, $0x0004
+DATA k4shiftv<>+46(SB)/2, $0x0004
+DATA k4shiftv<>+48(SB)/2, $0x0004
+DATA k4shiftv<>+50(SB)/2, $0x0004
+DATA k4shiftv<>+52(SB)/2, $0x0004
+DATA k4shiftv<>+54(SB)/2, $0x0004
+DATA k4shiftv<>+56(SB)/2, $0x0004
+DATA k4shiftv<>+58(SB)/2, $0x0004
+DATA k4shiftv<>+60(SB)/2, $0x0004
+DATA k4shiftv<>+62(SB)/2, $0x0004
+GLOBL k4shiftv<>(SB), RODATA|NOPTR, $64
+
+DATA k4permw<>+0(SB)/2, $0x0000
+DATA k4permw<>+2(SB)/2, $0x0000
+DATA k4permw<>+4(SB)/2, $0x0000
+DATA k4permw<>+6(SB)/2, $0x0000
+DATA k4permw<>+8(SB)/2, $0x0000
+DATA k4permw<>+10(SB)/2, $0x0000
+DATA k4permw<>+12(SB)/2, $0x0000
+DATA k4permw<>+14(SB)/2, $0x0000
+DATA k4permw<>+16(SB)/2, $0x0000
+DATA k4permw<>+18(SB)/2, $0x0000
+DATA k4permw<>+20(SB)/2, $0x0000
+DATA k4permw<>+22(SB)/2, $0x0000
+DATA k4permw<>+24(SB)/2, $0x0000
+DATA k4permw<>+26(SB)/2, $0x0000
+DATA k4permw<>+28(SB)/2, $0x0000
+DATA k4permw<>+30(SB)/2, $0x0000
+DATA k4permw<>+32(SB)/2, $0x0001
+DATA k4permw<>+34(SB)/2, $0x0001
+DATA k4permw<>+36(SB)/2, $0x0001
+DATA k4permw<>+38(SB)/2, $0x0001
+DATA k4permw<>+40(SB)/2, $0x0001
+DATA k4permw<>+42(SB)/2, $0x0001
+DATA k4permw<>+44(SB)/2, $0x0001
+DATA k4permw<>+46(SB)/2, $0x0001
+DATA k4permw<>+48(SB)/2, $0x0001
+DATA k4permw<>+50(SB)/2, $0x0001
+DATA k4permw<>+52(SB)/2, $0x0001
+DATA k4permw<>+54(SB)/2, $0x0001
+DATA k4permw<>+56(SB)/2, $0x0001
+DATA k4permw<>+58(SB)/2, $0x0001
+DATA k4permw<>+60(SB)/2, $0x0001
+DATA k4permw<>+62(SB)/2, $0x0001
+DATA k4permw<>+64(SB)/2, $0x0002
+DATA k4permw<>+66(SB)/2, $0x0002
+DATA k4permw<>+68(SB)/2, $0x0002
+DATA k4permw<>+70(SB)/2, $0x0002
+DATA k4permw<>+72(SB)/2, $0x0002
+DATA k4permw<>+74(SB)/2, $0x0002
+DATA k4permw<>+76(SB)/2, $0x0002
+DATA k4permw<>+78(SB)/2, $0x0002
+DATA k4permw<>+80(SB)/2, $0x0002
+DATA k4permw<>+82(SB)/2, $0x0002
+DATA k4permw<>+84(SB)/2, $0x0002
+DATA k4permw<>+86(SB)/2, $0x0002
+DATA k4permw<>+88(SB)/2, $0x0002
+DATA k4permw<>+90(SB)/2, $0x0002
+DATA k4permw<>+92(SB)/2, $0x0002
+DATA k4permw<>+94(SB)/2, $0x0002
+DATA k4permw<>+96(SB)/2, $0x0003
+DATA k4permw<>+98(SB)/2, $0x0003
+DATA k4permw<>+100(SB)/2, $0x0003
+DATA k4permw<>+102(SB)/2, $0x0003
+DATA k4permw<>+104(SB)/2, $0x0003
+DATA k4permw<>+106(SB)/2, $0x0003
+DATA k4permw<>+108(SB)/2, $0x0003
+DATA k4permw<>+110(SB)/2, $0x0003
+DATA k4permw<>+112(SB)/2, $0x0003
+DATA k4permw<>+114(SB)/2, $0x0003
+DATA k4permw<>+116(SB)/2, $0x0003
+DATA k4permw<>+118(SB)/2, $0x0003
+DATA k4permw<>+120(SB)/2, $0x0003
+DATA k4permw<>+122(SB)/2, $0x0003
+DATA k4permw<>+124(SB)/2, $0x0003
+DATA k4permw<>+126(SB)/2, $0x0003
+DATA k4permw<>+128(SB)/2, $0x0004
+DATA k4permw<>+130(SB)/2, $0x0004
+DATA k4permw<>+132(SB)/2, $0x0004
+DATA k4permw<>+134(SB)/2, $0x0004
+DATA k4permw<>+136(SB)/2, $0x0004
+DATA k4permw<>+138(SB)/2, $0x0004
+DATA k4permw<>+140(SB)/2, $0x0004
+DATA k4permw<>+142(SB)/2, $0x0004
+DATA k4permw<>+144(SB)/2, $0x0004
+DATA k4permw<>+146(SB)/2, $0x0004
+DATA k4permw<>+148(SB)/2, $0x0004
+DATA k4permw<>+150(SB)/2, $0x0004
+DATA k4permw<>+152(SB)/2, $0x0004
+DATA k4permw<>+154(SB)/2, $0x0004
+DATA k4permw<>+156(SB)/2, $0x0004
+DATA k4permw<>+158(SB)/2, $0x0004
+DATA k4permw<>+160(SB)/2, $0x0005
+DATA k4permw<>+162(SB)/2, $0x0005
+DATA k4permw<>+164(SB)/2, $0x0005
+DATA k4permw<>+166(SB)/2, $0x0005
+DATA k4permw<>+168(SB)/2, $0x0005
+DATA k4permw<>+170(SB)/2, $0x0005
+DATA k4permw<>+172(SB)/2, $0x0005
+DATA k4permw<>+174(SB)/2, $0x0005
+DATA k4permw<>+176(SB)/2, $0x0005
+DATA k4permw<>+178(SB)/2, $0x0005
+DATA k4permw<>+180(SB)/2, $0x0005
+DATA k4permw<>+182(SB)/2, $0x0005
+DATA k4permw<>+184(SB)/2, $0x0005
+DATA k4permw<>+186(SB)/2, $0x0005
+DATA k4permw<>+188(SB)/2, $0x0005
+DATA k4permw<>+190(SB)/2, $0x0005
+DATA k4permw<>+192(SB)/2, $0x0006
+DATA k4permw<>+194(SB)/2, $0x0006
+DATA k4permw<>+196(SB)/2, $0x0006
+DATA k4permw<>+198(SB)/2, $0x0006
+DATA k4permw<>+200(SB)/2, $0x0006
+DATA k4permw<>+202(SB)/2, $0x0006
+DATA k4permw<>+204(SB)/2, $0x0006
+DATA k4permw<>+206(SB)/2, $0x0006
+DATA k4permw<>+208(SB)/2, $0x0006
+DATA k4permw<>+210(SB)/2, $0x0006
+DATA k4permw<>+212(SB)/2, $0x0006
+DATA k4permw<>+214(SB)/2, $0x0006
+DATA k4permw<>+216(SB)/2, $0x0006
+DATA k4permw<>+218(SB)/2, $0x0006
+DATA k4permw<>+220(SB)/2, $0x0006
+DATA k4permw<>+222(SB)/2, $0x0006
+DATA k4permw<>+224(SB)/2, $0x0007
+DATA k4permw<>+226(SB)/2, $0x0007
+DATA k4permw<>+228(SB)/2, $0x0007
+DATA k4permw<>+230(SB)/2, $0x0007
+DATA k4permw<>+232(SB)/2, $0x0007
+DATA k4permw<>+234(SB)/2, $0x0007
+DATA k4permw<>+236(SB)/2, $0x0007
+DATA k4permw<>+238(SB)/2, $0x0007
+DATA k4permw<>+240(SB)/2, $0x0007
+DATA k4permw<>+242(SB)/2, $0x0007
+DATA k4permw<>+244(SB)/2, $0x0007
+DATA k4permw<>+246(SB)/2, $0x0007
+DATA k4permw<>+248(SB)/2, $0x0007
+DATA k4permw<>+250(SB)/2, $0x0007
+DATA k4permw<>+252(SB)/2, $0x0007
+DATA k4permw<>+254(SB)/2, $0x0007
+GLOBL k4permw<>(SB), RODATA|NOPTR, $256
+
+// func qgemvQ6KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VNNI, F16C, FMA3, MMX+
+TEXT ·qgemvQ6KR1VNNI512(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	MOVL         $0x30303030, SI
+	VPBROADCASTD SI, Z1
+	VMOVDQU64    q6shiftv<>+0(SB), Z2
+	VMOVDQU64    q6shiftv<>+64(SB), Z3
+
+qgemvQ6KR1VNNI512_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ6KR1VNNI512_done
+	VXORPS Y4, Y4, Y4
+	MOVQ   k+136(FP), SI
+	SHRQ   $0x08, SI
+
+qgemvQ6KR1VNNI512_blk:
+	PREFETCHT0      4096(AX)
+	PREFETCHT0      4160(AX)
+	PREFETCHT0      4224(AX)
+	PREFETCHT0      4288(AX)
+	VPMOVSXBW       192(AX), Y5
+	VPSUBD          Z6, Z6, Z6
+	VMOVDQU64       (AX), Z7
+	VBROADCASTI64X4 128(AX), Z8
+	VPANDD          Z0, Z7, Z9
+	VPSLLVW         Z2, Z8, Z10
+	VPANDD          Z1, Z10, Z10
+	VPORD           Z10, Z9, Z9
+	VMOVDQU64       q6permw<>+0(SB), Z10
+	VPERMW          Z5, Z10, Z10
+	VPMADDUBSW      (CX), Z9, Z9
+	VPDPWSSD        Z10, Z9, Z6
+	VPSRLW          $0x04, Z7, Z7
+	VPANDD          Z0, Z7, Z7
+	VPSRLVW         Z3, Z8, Z8
+	VPANDD          Z1, Z8, Z8
+	VPORD           Z8, Z7, Z7
+	VMOVDQU64       q6permw<>+64(SB), Z8
+	VPERMW          Z5, Z8, Z8
+	VPMADDUBSW      64(CX), Z7, Z7
+	VPDPWSSD        Z8, Z7, Z6
+	VMOVDQU64       64(AX), Z7
+	VBROADCASTI64X4 160(AX), Z8
+	VPANDD          Z0, Z7, Z9
+	VPSLLVW         Z2, Z8, Z10
+	VPANDD          Z1, Z10, Z10
+	VPORD           Z10, Z9, Z9
+	VMOVDQU64       q6permw<>+128(SB), Z10
+	VPERMW          Z5, Z10, Z10
+	VPMADDUBSW      128(CX), Z9, Z9
+	VPDPWSSD        Z10, Z9, Z6
+	VPSRLW          $0x04, Z7, Z7
+	VPANDD          Z0, Z7, Z7
+	VPSRLVW         Z3, Z8, Z8
+	VPANDD          Z1, Z8, Z8
+	VPORD           Z8, Z7, Z7
+	VMOVDQU64       q6permw<>+192(SB), Z8
+	VPERMW          Z5, Z8, Z8
+	VPMADDUBSW      192(CX), Z7, Z7
+	VPDPWSSD        Z8, Z7, Z6
+	VPBROADCASTW    208(AX), X7
+	VCVTPH2PS       X7, Y7
+	VEXTRACTI64X4   $0x01, Z6, Y8
+	VPADDD          Y6, Y8, Y8
+	VPMADDWD        (BX), Y5, Y5
+	VPSLLD          $0x05, Y5, Y5
+	VPSUBD          Y5, Y8, Y8
+	VBROADCASTSS    (DX), Y5
+	VMULPS          Y7, Y5, Y5
+	VCVTDQ2PS       Y8, Y8
+	VFMADD231PS     Y8, Y5, Y4
+	ADDQ            $0x000000d2, AX
+	ADDQ            $0x00000100, CX
+	ADDQ            $0x00000040, DX
+	ADDQ            $0x00000020, BX
+	SUBQ            $0x01, SI
+	JNZ             qgemvQ6KR1VNNI512_blk
+	MOVQ            40(SP), SI
+	VEXTRACTF128    $0x01, Y4, X5
+	VADDPS          X5, X4, X5
+	VHADDPS         X5, X5, X5
+	VHADDPS         X5, X5, X5
+	VMOVSS          X5, (SI)
+	ADDQ            $0x04, 40(SP)
+	SUBQ            (SP), CX
+	SUBQ            8(SP), DX
+	SUBQ            16(SP), BX
+	DECQ            24(SP)
+	JMP             qgemvQ6KR1VNNI512_row
+
+qgemvQ6KR1VNNI512_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VNNI, F16C, FMA3, MMX+
+TEXT ·qgemvQ4KR1VNNI512(SB), NOSPLIT, $48-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	VMOVDQU64    k4shiftv<>+0(SB), Z1
+
+qgemvQ4KR1VNNI512_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4KR1VNNI512_done
+	VXORPS Y2, Y2, Y2
+	MOVQ   k+136(FP), SI
+	SHRQ   $0x08, SI
+
+qgemvQ4KR1VNNI512_blk:
+	PREFETCHT0      4096(AX)
+	PREFETCHT0      4160(AX)
+	PREFETCHT0      4224(AX)
+	MOVLQZX         4(AX), DI
+	MOVLQZX         12(AX), R8
+	MOVQ            DI, R9
+	SHRQ            $0x06, R9
+	ANDQ            $0x03030303, R9
+	SHLQ            $0x04, R9
+	MOVQ            R8, R10
+	ANDQ            $0x0f0f0f0f, R10
+	ORQ             R10, R9
+	SHLQ            $0x20, R9
+	ANDQ            $0x3f3f3f3f, DI
+	ORQ             DI, R9
+	MOVLQZX         8(AX), DI
+	MOVQ            DI, R10
+	SHRQ            $0x06, R10
+	ANDQ            $0x03030303, R10
+	SHLQ            $0x04, R10
+	SHRQ            $0x04, R8
+	ANDQ            $0x0f0f0f0f, R8
+	ORQ             R8, R10
+	SHLQ            $0x20, R10
+	ANDQ            $0x3f3f3f3f, DI
+	ORQ             R10, DI
+	VMOVQ           R9, X3
+	VPMOVZXBW       X3, X3
+	VMOVQ           DI, X4
+	VPSUBD          Z5, Z5, Z5
+	VBROADCASTI64X4 16(AX), Z6
+	VPSRLVW         Z1, Z6, Z6
+	VPANDD          Z0, Z6, Z6
+	VMOVDQU64       k4permw<>+0(SB), Z7
+	VPERMW          Z3, Z7, Z7
+	VPMADDUBSW      (CX), Z6, Z6
+	VPDPWSSD        Z7, Z6, Z5
+	VBROADCASTI64X4 48(AX), Z6
+	VPSRLVW         Z1, Z6, Z6
+	VPANDD          Z0, Z6, Z6
+	VMOVDQU64       k4permw<>+64(SB), Z7
+	VPERMW          Z3, Z7, Z7
+	VPMADDUBSW      64(CX), Z6, Z6
+	VPDPWSSD        Z7, Z6, Z5
+	VBROADCASTI64X4 80(AX), Z6
+	VPSRLVW         Z1, Z6, Z6
+	VPANDD          Z0, Z6, Z6
+	VMOVDQU64       k4permw<>+128(SB), Z7
+	VPERMW          Z3, Z7, Z7
+	VPMADDUBSW      128(CX), Z6, Z6
+	VPDPWSSD        Z7, Z6, Z5
+	VBROADCASTI64X4 112(AX), Z6
+	VPSRLVW         Z1, Z6, Z6
+	VPANDD          Z0, Z6, Z6
+	VMOVDQU64       k4permw<>+192(SB), Z7
+	VPERMW          Z3, Z7, Z7
+	VPMADDUBSW      192(CX), Z6, Z6
+	VPDPWSSD        Z7, Z6, Z5
+	VPMOVZXBW       X4, X4
+	VPUNPCKHWD      X4, X4, X3
+	VPUNPCKLWD      X4, X4, X4
+	VINSERTI128     $0x01, X3, Y4, Y4
+	VPBROADCASTD    (AX), Y6
+	VCVTPH2PS       X6, Y6
+	VEXTRACTI64X4   $0x01, Z5, Y7
+	VPADDD          Y5, Y7, Y7
+	VPMADDWD        (BX), Y4, Y5
+	VBROADCASTSS    (DX), Y8
+	VMULPS          Y6, Y8, Y8
+	VPERMILPS       $0x00, Y8, Y6
+	VPERMILPS       $0x55, Y8, Y8
+	VCVTDQ2PS       Y7, Y7
+	VCVTDQ2PS       Y5, Y5
+	VFMADD231PS     Y7, Y6, Y2
+	VFNMADD231PS    Y5, Y8, Y2
+	ADDQ            $0x00000090, AX
+	ADDQ            $0x00000100, CX
+	ADDQ            $0x00000040, DX
+	ADDQ            $0x00000020, BX
+	SUBQ            $0x01, SI
+	JNZ             qgemvQ4KR1VNNI512_blk
+	MOVQ            40(SP), SI
+	VEXTRACTF128    $0x01, Y2, X3
+	VADDPS          X3, X2, X3
+	VHADDPS         X3, X3, X3
+	VHADDPS         X3, X3, X3
+	VMOVSS          X3, (SI)
+	ADDQ            $0x04, 40(SP)
+	SUBQ            (SP), CX
+	SUBQ            8(SP), DX
+	SUBQ            16(SP), BX
+	DECQ            24(SP)
+	JMP             qgemvQ4KR1VNNI512_row
+
+qgemvQ4KR1VNNI512_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ6KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VNNI, F16C, FMA3, MMX+
+TEXT ·qgemvQ6KR4VNNI512(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVQ         ldq+104(FP), SI
+	LEAQ         (SI)(SI*2), DI
+	MOVQ         SI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 48(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 72(SP)
+	LEAQ         (SI)(SI*1), R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 56(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 80(SP)
+	MOVQ         DI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 64(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 88(SP)
+	MOVQ         ldy+24(FP), R8
+	SHLQ         $0x02, R8
+	MOVQ         R8, 32(SP)
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x30303030, R8
+	VPBROADCASTD R8, Z1
+	VMOVDQU64    q6shiftv<>+0(SB), Z2
+	VMOVDQU64    q6shiftv<>+64(SB), Z3
+
+qgemvQ6KR4VNNI512_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ6KR4VNNI512_done
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	MOVQ   k+136(FP), R8
+	SHRQ   $0x08, R8
+
+qgemvQ6KR4VNNI512_blk:
+	PREFETCHT0      4096(AX)
+	PREFETCHT0      4160(AX)
+	PREFETCHT0      4224(AX)
+	PREFETCHT0      4288(AX)
+	VPMOVSXBW       192(AX), Y8
+	VPSUBD          Z9, Z9, Z9
+	VPSUBD          Z10, Z10, Z10
+	VPSUBD          Z11, Z11, Z11
+	VPSUBD          Z12, Z12, Z12
+	VMOVDQU64       (AX), Z13
+	VBROADCASTI64X4 128(AX), Z14
+	VPANDD          Z0, Z13, Z15
+	VPSLLVW         Z2, Z14, Z16
+	VPANDD          Z1, Z16, Z16
+	VPORD           Z16, Z15, Z15
+	VMOVDQU64       q6permw<>+0(SB), Z16
+	VPERMW          Z8, Z16, Z16
+	VPMADDUBSW      (CX), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z9
+	VPMADDUBSW      (CX)(SI*1), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z10
+	VPMADDUBSW      (CX)(SI*2), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z11
+	VPMADDUBSW      (CX)(DI*1), Z15, Z15
+	VPDPWSSD        Z16, Z15, Z12
+	VPSRLW          $0x04, Z13, Z13
+	VPANDD          Z0, Z13, Z13
+	VPSRLVW         Z3, Z14, Z14
+	VPANDD          Z1, Z14, Z14
+	VPORD           Z14, Z13, Z13
+	VMOVDQU64       q6permw<>+64(SB), Z14
+	VPERMW          Z8, Z14, Z14
+	VPMADDUBSW      64(CX), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z9
+	VPMADDUBSW      64(CX)(SI*1), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z10
+	VPMADDUBSW      64(CX)(SI*2), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z11
+	VPMADDUBSW      64(CX)(DI*1), Z13, Z13
+	VPDPWSSD        Z14, Z13, Z12
+	VMOVDQU64       64(AX), Z13
+	VBROADCASTI64X4 160(AX), Z14
+	VPANDD          Z0, Z13, Z15
+	VPSLLVW         Z2, Z14, Z16
+	VPANDD          Z1, Z16, Z16
+	VPORD           Z16, Z15, Z15
+	VMOVDQU64       q6permw<>+128(SB), Z16
+	VPERMW          Z8, Z16, Z16
+	VPMADDUBSW      128(CX), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z9
+	VPMADDUBSW      128(CX)(SI*1), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z10
+	VPMADDUBSW      128(CX)(SI*2), Z15, Z17
+	VPDPWSSD        Z16, Z17, Z11
+	VPMADDUBSW      128(CX)(DI*1), Z15, Z15
+	VPDPWSSD        Z16, Z15, Z12
+	VPSRLW          $0x04, Z13, Z13
+	VPANDD          Z0, Z13, Z13
+	VPSRLVW         Z3, Z14, Z14
+	VPANDD          Z1, Z14, Z14
+	VPORD           Z14, Z13, Z13
+	VMOVDQU64       q6permw<>+192(SB), Z14
+	VPERMW          Z8, Z14, Z14
+	VPMADDUBSW      192(CX), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z9
+	VPMADDUBSW      192(CX)(SI*1), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z10
+	VPMADDUBSW      192(CX)(SI*2), Z13, Z15
+	VPDPWSSD        Z14, Z15, Z11
+	VPMADDUBSW      192(CX)(DI*1), Z13, Z13
+	VPDPWSSD        Z14, Z13, Z12
+	VPBROADCASTW    208(AX), X13
+	VCVTPH2PS       X13, Y13
+	VEXTRACTI64X4   $0x01, Z9, Y14
+	VPADDD          Y9, Y14, Y14
+	VPMADDWD        (BX), Y8, Y9
+	VPSLLD          $0x05, Y9, Y9
+	VPSUBD          Y9, Y14, Y14
+	VBROADCASTSS    (DX), Y9
+	VMULPS          Y13, Y9, Y9
+	VCVTDQ2PS       Y14, Y14
+	VFMADD231PS     Y14, Y9, Y4
+	VEXTRACTI64X4   $0x01, Z10, Y9
+	VPADDD          Y10, Y9, Y9
+	MOVQ            72(SP), R9
+	VPMADDWD        (BX)(R9*1), Y8, Y10
+	VPSLLD          $0x05, Y10, Y10
+	VPSUBD          Y10, Y9, Y9
+	MOVQ            48(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y10
+	VMULPS          Y13, Y10, Y10
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y9, Y10, Y5
+	VEXTRACTI64X4   $0x01, Z11, Y9
+	VPADDD          Y11, Y9, Y9
+	MOVQ            80(SP), R9
+	VPMADDWD        (BX)(R9*1), Y8, Y10
+	VPSLLD          $0x05, Y10, Y10
+	VPSUBD          Y10, Y9, Y9
+	MOVQ            56(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y10
+	VMULPS          Y13, Y10, Y10
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y9, Y10, Y6
+	VEXTRACTI64X4   $0x01, Z12, Y9
+	VPADDD          Y12, Y9, Y9
+	MOVQ            88(SP), R9
+	VPMADDWD        (BX)(R9*1), Y8, Y8
+	VPSLLD          $0x05, Y8, Y8
+	VPSUBD          Y8, Y9, Y9
+	MOVQ            64(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y8
+	VMULPS          Y13, Y8, Y8
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y9, Y8, Y7
+	ADDQ            $0x000000d2, AX
+	ADDQ            $0x00000100, CX
+	ADDQ            $0x00000040, DX
+	ADDQ            $0x00000020, BX
+	SUBQ            $0x01, R8
+	JNZ             qgemvQ6KR4VNNI512_blk
+	MOVQ            40(SP), R8
+	VEXTRACTF128    $0x01, Y4, X8
+	VADDPS          X8, X4, X8
+	VHADDPS         X8, X8, X8
+	VHADDPS         X8, X8, X8
+	VMOVSS          X8, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y5, X4
+	VADDPS          X4, X5, X4
+	VHADDPS         X4, X4, X4
+	VHADDPS         X4, X4, X4
+	VMOVSS          X4, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y6, X4
+	VADDPS          X4, X6, X4
+	VHADDPS         X4, X4, X4
+	VHADDPS         X4, X4, X4
+	VMOVSS          X4, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y7, X4
+	VADDPS          X4, X7, X4
+	VHADDPS         X4, X4, X4
+	VHADDPS         X4, X4, X4
+	VMOVSS          X4, (R8)
+	ADDQ            $0x04, 40(SP)
+	SUBQ            (SP), CX
+	SUBQ            8(SP), DX
+	SUBQ            16(SP), BX
+	DECQ            24(SP)
+	JMP             qgemvQ6KR4VNNI512_row
+
+qgemvQ6KR4VNNI512_done:
+	VZEROUPPER
+	RET
+
+// func qgemvQ4KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VNNI, F16C, FMA3, MMX+
+TEXT ·qgemvQ4KR4VNNI512(SB), NOSPLIT, $96-160
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, (SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 16(SP)
+	MOVQ         rows+144(FP), SI
+	MOVQ         SI, 24(SP)
+	MOVQ         y_base+0(FP), SI
+	MOVQ         SI, 40(SP)
+	MOVQ         ldq+104(FP), SI
+	LEAQ         (SI)(SI*2), DI
+	MOVQ         SI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 48(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 72(SP)
+	LEAQ         (SI)(SI*1), R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 56(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 80(SP)
+	MOVQ         DI, R8
+	SHRQ         $0x02, R8
+	MOVQ         R8, 64(SP)
+	SHRQ         $0x01, R8
+	MOVQ         R8, 88(SP)
+	MOVQ         ldy+24(FP), R8
+	SHLQ         $0x02, R8
+	MOVQ         R8, 32(SP)
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	VMOVDQU64    k4shiftv<>+0(SB), Z1
+
+qgemvQ4KR4VNNI512_row:
+	CMPQ   24(SP), $0x00
+	JE     qgemvQ4KR4VNNI512_done
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	MOVQ   k+136(FP), R8
+	SHRQ   $0x08, R8
+
+qgemvQ4KR4VNNI512_blk:
+	PREFETCHT0      4096(AX)
+	PREFETCHT0      4160(AX)
+	PREFETCHT0      4224(AX)
+	MOVLQZX         4(AX), R9
+	MOVLQZX         12(AX), R10
+	MOVQ            R9, R11
+	SHRQ            $0x06, R11
+	ANDQ            $0x03030303, R11
+	SHLQ            $0x04, R11
+	MOVQ            R10, R12
+	ANDQ            $0x0f0f0f0f, R12
+	ORQ             R12, R11
+	SHLQ            $0x20, R11
+	ANDQ            $0x3f3f3f3f, R9
+	ORQ             R9, R11
+	MOVLQZX         8(AX), R9
+	MOVQ            R9, R12
+	SHRQ            $0x06, R12
+	ANDQ            $0x03030303, R12
+	SHLQ            $0x04, R12
+	SHRQ            $0x04, R10
+	ANDQ            $0x0f0f0f0f, R10
+	ORQ             R10, R12
+	SHLQ            $0x20, R12
+	ANDQ            $0x3f3f3f3f, R9
+	ORQ             R12, R9
+	VMOVQ           R11, X6
+	VPMOVZXBW       X6, X6
+	VMOVQ           R9, X7
+	VPSUBD          Z8, Z8, Z8
+	VPSUBD          Z9, Z9, Z9
+	VPSUBD          Z10, Z10, Z10
+	VPSUBD          Z11, Z11, Z11
+	VBROADCASTI64X4 16(AX), Z12
+	VPSRLVW         Z1, Z12, Z12
+	VPANDD          Z0, Z12, Z12
+	VMOVDQU64       k4permw<>+0(SB), Z13
+	VPERMW          Z6, Z13, Z13
+	VPMADDUBSW      (CX), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z8
+	VPMADDUBSW      (CX)(SI*1), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z9
+	VPMADDUBSW      (CX)(SI*2), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z10
+	VPMADDUBSW      (CX)(DI*1), Z12, Z12
+	VPDPWSSD        Z13, Z12, Z11
+	VBROADCASTI64X4 48(AX), Z12
+	VPSRLVW         Z1, Z12, Z12
+	VPANDD          Z0, Z12, Z12
+	VMOVDQU64       k4permw<>+64(SB), Z13
+	VPERMW          Z6, Z13, Z13
+	VPMADDUBSW      64(CX), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z8
+	VPMADDUBSW      64(CX)(SI*1), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z9
+	VPMADDUBSW      64(CX)(SI*2), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z10
+	VPMADDUBSW      64(CX)(DI*1), Z12, Z12
+	VPDPWSSD        Z13, Z12, Z11
+	VBROADCASTI64X4 80(AX), Z12
+	VPSRLVW         Z1, Z12, Z12
+	VPANDD          Z0, Z12, Z12
+	VMOVDQU64       k4permw<>+128(SB), Z13
+	VPERMW          Z6, Z13, Z13
+	VPMADDUBSW      128(CX), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z8
+	VPMADDUBSW      128(CX)(SI*1), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z9
+	VPMADDUBSW      128(CX)(SI*2), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z10
+	VPMADDUBSW      128(CX)(DI*1), Z12, Z12
+	VPDPWSSD        Z13, Z12, Z11
+	VBROADCASTI64X4 112(AX), Z12
+	VPSRLVW         Z1, Z12, Z12
+	VPANDD          Z0, Z12, Z12
+	VMOVDQU64       k4permw<>+192(SB), Z13
+	VPERMW          Z6, Z13, Z13
+	VPMADDUBSW      192(CX), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z8
+	VPMADDUBSW      192(CX)(SI*1), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z9
+	VPMADDUBSW      192(CX)(SI*2), Z12, Z14
+	VPDPWSSD        Z13, Z14, Z10
+	VPMADDUBSW      192(CX)(DI*1), Z12, Z12
+	VPDPWSSD        Z13, Z12, Z11
+	VPMOVZXBW       X7, X7
+	VPUNPCKHWD      X7, X7, X6
+	VPUNPCKLWD      X7, X7, X7
+	VINSERTI128     $0x01, X6, Y7, Y7
+	VPBROADCASTD    (AX), Y12
+	VCVTPH2PS       X12, Y12
+	VEXTRACTI64X4   $0x01, Z8, Y13
+	VPADDD          Y8, Y13, Y13
+	VPMADDWD        (BX), Y7, Y8
+	VBROADCASTSS    (DX), Y14
+	VMULPS          Y12, Y14, Y14
+	VPERMILPS       $0x00, Y14, Y15
+	VPERMILPS       $0x55, Y14, Y14
+	VCVTDQ2PS       Y13, Y13
+	VCVTDQ2PS       Y8, Y8
+	VFMADD231PS     Y13, Y15, Y2
+	VFNMADD231PS    Y8, Y14, Y2
+	VEXTRACTI64X4   $0x01, Z9, Y8
+	VPADDD          Y9, Y8, Y8
+	MOVQ            72(SP), R9
+	VPMADDWD        (BX)(R9*1), Y7, Y9
+	MOVQ            48(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y13
+	VMULPS          Y12, Y13, Y13
+	VPERMILPS       $0x00, Y13, Y14
+	VPERMILPS       $0x55, Y13, Y13
+	VCVTDQ2PS       Y8, Y8
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y8, Y14, Y3
+	VFNMADD231PS    Y9, Y13, Y3
+	VEXTRACTI64X4   $0x01, Z10, Y8
+	VPADDD          Y10, Y8, Y8
+	MOVQ            80(SP), R9
+	VPMADDWD        (BX)(R9*1), Y7, Y9
+	MOVQ            56(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y10
+	VMULPS          Y12, Y10, Y10
+	VPERMILPS       $0x00, Y10, Y13
+	VPERMILPS       $0x55, Y10, Y10
+	VCVTDQ2PS       Y8, Y8
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y8, Y13, Y4
+	VFNMADD231PS    Y9, Y10, Y4
+	VEXTRACTI64X4   $0x01, Z11, Y8
+	VPADDD          Y11, Y8, Y8
+	MOVQ            88(SP), R9
+	VPMADDWD        (BX)(R9*1), Y7, Y9
+	MOVQ            64(SP), R9
+	VBROADCASTSS    (DX)(R9*1), Y10
+	VMULPS          Y12, Y10, Y10
+	VPERMILPS       $0x00, Y10, Y11
+	VPERMILPS       $0x55, Y10, Y10
+	VCVTDQ2PS       Y8, Y8
+	VCVTDQ2PS       Y9, Y9
+	VFMADD231PS     Y8, Y11, Y5
+	VFNMADD231PS    Y9, Y10, Y5
+	ADDQ            $0x00000090, AX
+	ADDQ            $0x00000100, CX
+	ADDQ            $0x00000040, DX
+	ADDQ            $0x00000020, BX
+	SUBQ            $0x01, R8
+	JNZ             qgemvQ4KR4VNNI512_blk
+	MOVQ            40(SP), R8
+	VEXTRACTF128    $0x01, Y2, X6
+	VADDPS          X6, X2, X6
+	VHADDPS         X6, X6, X6
+	VHADDPS         X6, X6, X6
+	VMOVSS          X6, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y3, X2
+	VADDPS          X2, X3, X2
+	VHADDPS         X2, X2, X2
+	VHADDPS         X2, X2, X2
+	VMOVSS          X2, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y4, X2
+	VADDPS          X2, X4, X2
+	VHADDPS         X2, X2, X2
+	VHADDPS         X2, X2, X2
+	VMOVSS          X2, (R8)
+	ADDQ            32(SP), R8
+	VEXTRACTF128    $0x01, Y5, X2
+	VADDPS          X2, X5, X2
+	VHADDPS         X2, X2, X2
+	VHADDPS         X2, X2, X2
+	VMOVSS          X2, (R8)
+	ADDQ            $0x04, 40(SP)
+	SUBQ            (SP), CX
+	SUBQ            8(SP), DX
+	SUBQ            16(SP), BX
+	DECQ            24(SP)
+	JMP             qgemvQ4KR4VNNI512_row
+
+qgemvQ4KR4VNNI512_done:
+	VZEROUPPER
+	RET
+
 DATA x8eight<>+0(SB)/4, $0x41000000
 DATA x8eight<>+4(SB)/4, $0x41000000
 DATA x8eight<>+8(SB)/4, $0x41000000
@@ -9103,6 +10145,91 @@ qx8Q8_0R1VNNI_blk:
 	SUBQ          24(SP), BX
 	DECQ          32(SP)
 	JNZ           qx8Q8_0R1VNNI_group
+	VZEROUPPER
+	RET
+
+// func qx16Q8_0R1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VNNI, MMX+
+TEXT ·qx16Q8_0R1VNNI512(SB), NOSPLIT, $40-152
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         y_base+0(FP), SI
+	MOVQ         ldy+24(FP), DI
+	SHLQ         $0x02, DI
+	MOVQ         DI, (SP)
+	MOVQ         k+136(FP), DI
+	MOVQ         DI, 8(SP)
+	SHRQ         $0x02, DI
+	MOVQ         DI, 16(SP)
+	SHRQ         $0x01, DI
+	MOVQ         DI, 24(SP)
+	MOVQ         groups+144(FP), DI
+	MOVQ         DI, 32(SP)
+	MOVL         $0xff80ff80, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x80808080, DI
+	VPBROADCASTD DI, Z1
+
+qx16Q8_0R1VNNI512_group:
+	VPSUBD Z2, Z2, Z2
+	MOVQ   k+136(FP), DI
+	SHRQ   $0x05, DI
+
+qx16Q8_0R1VNNI512_blk:
+	PREFETCHT0    4096(AX)
+	PREFETCHT0    4160(AX)
+	PREFETCHT0    4224(AX)
+	PREFETCHT0    4288(AX)
+	PREFETCHT0    4352(AX)
+	PREFETCHT0    4416(AX)
+	PREFETCHT0    4480(AX)
+	PREFETCHT0    4544(AX)
+	PREFETCHT0    4608(AX)
+	VPBROADCASTD  (BX), Z3
+	VPMADDWD      Z0, Z3, Z3
+	VPSUBD        Z4, Z4, Z4
+	VPSUBD        Z5, Z5, Z5
+	VPSUBD        Z6, Z6, Z6
+	VPXORD        32(AX), Z1, Z7
+	VPDPBUSD.BCST (CX), Z7, Z3
+	VPXORD        96(AX), Z1, Z7
+	VPDPBUSD.BCST 4(CX), Z7, Z4
+	VPXORD        160(AX), Z1, Z7
+	VPDPBUSD.BCST 8(CX), Z7, Z5
+	VPXORD        224(AX), Z1, Z7
+	VPDPBUSD.BCST 12(CX), Z7, Z6
+	VPXORD        288(AX), Z1, Z7
+	VPDPBUSD.BCST 16(CX), Z7, Z3
+	VPXORD        352(AX), Z1, Z7
+	VPDPBUSD.BCST 20(CX), Z7, Z4
+	VPXORD        416(AX), Z1, Z7
+	VPDPBUSD.BCST 24(CX), Z7, Z5
+	VPXORD        480(AX), Z1, Z7
+	VPDPBUSD.BCST 28(CX), Z7, Z6
+	VPADDD        Z4, Z3, Z3
+	VPADDD        Z5, Z3, Z3
+	VPADDD        Z6, Z3, Z3
+	VCVTPH2PS     (AX), Z4
+	VBROADCASTSS  (DX), Z5
+	VMULPS        Z4, Z5, Z5
+	VCVTDQ2PS     Z3, Z3
+	VFMADD231PS   Z3, Z5, Z2
+	ADDQ          $0x00000220, AX
+	ADDQ          $0x00000020, CX
+	ADDQ          $0x00000008, DX
+	ADDQ          $0x00000004, BX
+	DECQ          DI
+	JNZ           qx16Q8_0R1VNNI512_blk
+	MOVQ          SI, DI
+	VMOVUPS       Z2, (DI)
+	ADDQ          $0x40, SI
+	SUBQ          8(SP), CX
+	SUBQ          16(SP), DX
+	SUBQ          24(SP), BX
+	DECQ          32(SP)
+	JNZ           qx16Q8_0R1VNNI512_group
 	VZEROUPPER
 	RET
 
@@ -9513,6 +10640,161 @@ qx8Q8_0R4VNNI_blk:
 	VZEROUPPER
 	RET
 
+// func qx16Q8_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VNNI
+TEXT ·qx16Q8_0R4VNNI512(SB), NOSPLIT, $40-152
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         bs_base+80(FP), BX
+	MOVQ         y_base+0(FP), SI
+	MOVQ         ldy+24(FP), DI
+	SHLQ         $0x02, DI
+	MOVQ         DI, (SP)
+	MOVQ         ldq+104(FP), DI
+	LEAQ         (DI)(DI*2), R8
+	MOVQ         DI, R9
+	SHRQ         $0x02, R9
+	MOVQ         R8, R10
+	SHRQ         $0x02, R10
+	MOVQ         R9, R11
+	SHRQ         $0x01, R11
+	MOVQ         R10, R12
+	SHRQ         $0x01, R12
+	MOVQ         k+136(FP), R13
+	MOVQ         R13, 8(SP)
+	SHRQ         $0x02, R13
+	MOVQ         R13, 16(SP)
+	SHRQ         $0x01, R13
+	MOVQ         R13, 24(SP)
+	MOVQ         groups+144(FP), R13
+	MOVQ         R13, 32(SP)
+	MOVL         $0xff80ff80, R13
+	VPBROADCASTD R13, Z0
+	MOVL         $0x80808080, R13
+	VPBROADCASTD R13, Z1
+
+qx16Q8_0R4VNNI512_group:
+	VPSUBD Z2, Z2, Z2
+	VPSUBD Z3, Z3, Z3
+	VPSUBD Z4, Z4, Z4
+	VPSUBD Z5, Z5, Z5
+	MOVQ   k+136(FP), R13
+	SHRQ   $0x05, R13
+
+qx16Q8_0R4VNNI512_blk:
+	VPBROADCASTD  (BX), Z6
+	VPMADDWD      Z0, Z6, Z6
+	VPSUBD        Z7, Z7, Z7
+	VPSUBD        Z8, Z8, Z8
+	VPSUBD        Z9, Z9, Z9
+	VPBROADCASTD  (BX)(R11*1), Z10
+	VPMADDWD      Z0, Z10, Z10
+	VPSUBD        Z11, Z11, Z11
+	VPSUBD        Z12, Z12, Z12
+	VPSUBD        Z13, Z13, Z13
+	VPBROADCASTD  (BX)(R11*2), Z14
+	VPMADDWD      Z0, Z14, Z14
+	VPSUBD        Z15, Z15, Z15
+	VPSUBD        Z16, Z16, Z16
+	VPSUBD        Z17, Z17, Z17
+	VPBROADCASTD  (BX)(R12*1), Z18
+	VPMADDWD      Z0, Z18, Z18
+	VPSUBD        Z19, Z19, Z19
+	VPSUBD        Z20, Z20, Z20
+	VPSUBD        Z21, Z21, Z21
+	VPXORD        32(AX), Z1, Z22
+	VPDPBUSD.BCST (CX), Z22, Z6
+	VPDPBUSD.BCST (CX)(DI*1), Z22, Z10
+	VPDPBUSD.BCST (CX)(DI*2), Z22, Z14
+	VPDPBUSD.BCST (CX)(R8*1), Z22, Z18
+	VPXORD        96(AX), Z1, Z22
+	VPDPBUSD.BCST 4(CX), Z22, Z7
+	VPDPBUSD.BCST 4(CX)(DI*1), Z22, Z11
+	VPDPBUSD.BCST 4(CX)(DI*2), Z22, Z15
+	VPDPBUSD.BCST 4(CX)(R8*1), Z22, Z19
+	VPXORD        160(AX), Z1, Z22
+	VPDPBUSD.BCST 8(CX), Z22, Z8
+	VPDPBUSD.BCST 8(CX)(DI*1), Z22, Z12
+	VPDPBUSD.BCST 8(CX)(DI*2), Z22, Z16
+	VPDPBUSD.BCST 8(CX)(R8*1), Z22, Z20
+	VPXORD        224(AX), Z1, Z22
+	VPDPBUSD.BCST 12(CX), Z22, Z9
+	VPDPBUSD.BCST 12(CX)(DI*1), Z22, Z13
+	VPDPBUSD.BCST 12(CX)(DI*2), Z22, Z17
+	VPDPBUSD.BCST 12(CX)(R8*1), Z22, Z21
+	VPXORD        288(AX), Z1, Z22
+	VPDPBUSD.BCST 16(CX), Z22, Z6
+	VPDPBUSD.BCST 16(CX)(DI*1), Z22, Z10
+	VPDPBUSD.BCST 16(CX)(DI*2), Z22, Z14
+	VPDPBUSD.BCST 16(CX)(R8*1), Z22, Z18
+	VPXORD        352(AX), Z1, Z22
+	VPDPBUSD.BCST 20(CX), Z22, Z7
+	VPDPBUSD.BCST 20(CX)(DI*1), Z22, Z11
+	VPDPBUSD.BCST 20(CX)(DI*2), Z22, Z15
+	VPDPBUSD.BCST 20(CX)(R8*1), Z22, Z19
+	VPXORD        416(AX), Z1, Z22
+	VPDPBUSD.BCST 24(CX), Z22, Z8
+	VPDPBUSD.BCST 24(CX)(DI*1), Z22, Z12
+	VPDPBUSD.BCST 24(CX)(DI*2), Z22, Z16
+	VPDPBUSD.BCST 24(CX)(R8*1), Z22, Z20
+	VPXORD        480(AX), Z1, Z22
+	VPDPBUSD.BCST 28(CX), Z22, Z9
+	VPDPBUSD.BCST 28(CX)(DI*1), Z22, Z13
+	VPDPBUSD.BCST 28(CX)(DI*2), Z22, Z17
+	VPDPBUSD.BCST 28(CX)(R8*1), Z22, Z21
+	VPADDD        Z7, Z6, Z6
+	VPADDD        Z8, Z6, Z6
+	VPADDD        Z9, Z6, Z6
+	VPADDD        Z11, Z10, Z10
+	VPADDD        Z12, Z10, Z10
+	VPADDD        Z13, Z10, Z10
+	VPADDD        Z15, Z14, Z14
+	VPADDD        Z16, Z14, Z14
+	VPADDD        Z17, Z14, Z14
+	VPADDD        Z19, Z18, Z18
+	VPADDD        Z20, Z18, Z18
+	VPADDD        Z21, Z18, Z18
+	VCVTPH2PS     (AX), Z7
+	VBROADCASTSS  (DX), Z8
+	VMULPS        Z7, Z8, Z8
+	VCVTDQ2PS     Z6, Z6
+	VFMADD231PS   Z6, Z8, Z2
+	VBROADCASTSS  (DX)(R9*1), Z6
+	VMULPS        Z7, Z6, Z6
+	VCVTDQ2PS     Z10, Z10
+	VFMADD231PS   Z10, Z6, Z3
+	VBROADCASTSS  (DX)(R9*2), Z6
+	VMULPS        Z7, Z6, Z6
+	VCVTDQ2PS     Z14, Z14
+	VFMADD231PS   Z14, Z6, Z4
+	VBROADCASTSS  (DX)(R10*1), Z6
+	VMULPS        Z7, Z6, Z6
+	VCVTDQ2PS     Z18, Z18
+	VFMADD231PS   Z18, Z6, Z5
+	ADDQ          $0x00000220, AX
+	ADDQ          $0x00000020, CX
+	ADDQ          $0x00000008, DX
+	ADDQ          $0x00000004, BX
+	DECQ          R13
+	JNZ           qx16Q8_0R4VNNI512_blk
+	MOVQ          SI, R13
+	VMOVUPS       Z2, (R13)
+	ADDQ          (SP), R13
+	VMOVUPS       Z3, (R13)
+	ADDQ          (SP), R13
+	VMOVUPS       Z4, (R13)
+	ADDQ          (SP), R13
+	VMOVUPS       Z5, (R13)
+	ADDQ          $0x40, SI
+	SUBQ          8(SP), CX
+	SUBQ          16(SP), DX
+	SUBQ          24(SP), BX
+	DECQ          32(SP)
+	JNZ           qx16Q8_0R4VNNI512_group
+	VZEROUPPER
+	RET
+
 // func packX8Q8_0AVX2(dst []byte, w []byte, k int, groups int)
 // Requires: AVX, AVX2
 TEXT ·packX8Q8_0AVX2(SB), NOSPLIT, $0-64
@@ -9594,6 +10876,151 @@ packX8Q8_0AVX2_blk:
 	LEAQ        (CX)(BX*8), CX
 	DECQ        R9
 	JNZ         packX8Q8_0AVX2_group
+	VZEROUPPER
+	RET
+
+// func packX16Q8_0AVX2(dst []byte, w []byte, k int, groups int)
+// Requires: AVX, AVX2
+TEXT ·packX16Q8_0AVX2(SB), NOSPLIT, $0-64
+	MOVQ   dst_base+0(FP), AX
+	MOVQ   w_base+24(FP), CX
+	MOVQ   k+48(FP), DX
+	SHRQ   $0x05, DX
+	IMUL3Q $0x00000022, DX, BX
+	LEAQ   (BX)(BX*2), SI
+	LEAQ   (BX)(BX*4), DI
+	LEAQ   (SI)(BX*4), R8
+	MOVQ   groups+56(FP), R9
+
+packX16Q8_0AVX2_group:
+	MOVQ CX, R10
+	MOVQ DX, R11
+
+packX16Q8_0AVX2_blk:
+	MOVWLZX     (R10), R12
+	MOVW        R12, (AX)
+	MOVWLZX     (R10)(BX*1), R12
+	MOVW        R12, 2(AX)
+	MOVWLZX     (R10)(BX*2), R12
+	MOVW        R12, 4(AX)
+	MOVWLZX     (R10)(SI*1), R12
+	MOVW        R12, 6(AX)
+	MOVWLZX     (R10)(BX*4), R12
+	MOVW        R12, 8(AX)
+	MOVWLZX     (R10)(DI*1), R12
+	MOVW        R12, 10(AX)
+	MOVWLZX     (R10)(SI*2), R12
+	MOVW        R12, 12(AX)
+	MOVWLZX     (R10)(R8*1), R12
+	MOVW        R12, 14(AX)
+	VMOVDQU     2(R10), Y0
+	VMOVDQU     2(R10)(BX*1), Y1
+	VMOVDQU     2(R10)(BX*2), Y2
+	VMOVDQU     2(R10)(SI*1), Y3
+	VMOVDQU     2(R10)(BX*4), Y4
+	VMOVDQU     2(R10)(DI*1), Y5
+	VMOVDQU     2(R10)(SI*2), Y6
+	VMOVDQU     2(R10)(R8*1), Y7
+	VPUNPCKLDQ  Y1, Y0, Y8
+	VPUNPCKHDQ  Y1, Y0, Y0
+	VPUNPCKLDQ  Y3, Y2, Y1
+	VPUNPCKHDQ  Y3, Y2, Y2
+	VPUNPCKLDQ  Y5, Y4, Y3
+	VPUNPCKHDQ  Y5, Y4, Y4
+	VPUNPCKLDQ  Y7, Y6, Y5
+	VPUNPCKHDQ  Y7, Y6, Y6
+	VPUNPCKLQDQ Y1, Y8, Y7
+	VPUNPCKHQDQ Y1, Y8, Y1
+	VPUNPCKLQDQ Y2, Y0, Y8
+	VPUNPCKHQDQ Y2, Y0, Y0
+	VPUNPCKLQDQ Y5, Y3, Y2
+	VPUNPCKHQDQ Y5, Y3, Y3
+	VPUNPCKLQDQ Y6, Y4, Y5
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPERM2I128  $0x20, Y2, Y7, Y6
+	VPERM2I128  $0x31, Y2, Y7, Y2
+	VPERM2I128  $0x20, Y3, Y1, Y7
+	VPERM2I128  $0x31, Y3, Y1, Y1
+	VPERM2I128  $0x20, Y5, Y8, Y3
+	VPERM2I128  $0x31, Y5, Y8, Y5
+	VPERM2I128  $0x20, Y4, Y0, Y8
+	VPERM2I128  $0x31, Y4, Y0, Y0
+	VMOVDQU     Y6, 32(AX)
+	VMOVDQU     Y7, 96(AX)
+	VMOVDQU     Y3, 160(AX)
+	VMOVDQU     Y8, 224(AX)
+	VMOVDQU     Y2, 288(AX)
+	VMOVDQU     Y1, 352(AX)
+	VMOVDQU     Y5, 416(AX)
+	VMOVDQU     Y0, 480(AX)
+	LEAQ        (R10)(BX*8), R10
+	MOVWLZX     (R10), R12
+	MOVW        R12, 16(AX)
+	MOVWLZX     (R10)(BX*1), R12
+	MOVW        R12, 18(AX)
+	MOVWLZX     (R10)(BX*2), R12
+	MOVW        R12, 20(AX)
+	MOVWLZX     (R10)(SI*1), R12
+	MOVW        R12, 22(AX)
+	MOVWLZX     (R10)(BX*4), R12
+	MOVW        R12, 24(AX)
+	MOVWLZX     (R10)(DI*1), R12
+	MOVW        R12, 26(AX)
+	MOVWLZX     (R10)(SI*2), R12
+	MOVW        R12, 28(AX)
+	MOVWLZX     (R10)(R8*1), R12
+	MOVW        R12, 30(AX)
+	VMOVDQU     2(R10), Y0
+	VMOVDQU     2(R10)(BX*1), Y1
+	VMOVDQU     2(R10)(BX*2), Y2
+	VMOVDQU     2(R10)(SI*1), Y3
+	VMOVDQU     2(R10)(BX*4), Y4
+	VMOVDQU     2(R10)(DI*1), Y5
+	VMOVDQU     2(R10)(SI*2), Y6
+	VMOVDQU     2(R10)(R8*1), Y7
+	VPUNPCKLDQ  Y1, Y0, Y8
+	VPUNPCKHDQ  Y1, Y0, Y0
+	VPUNPCKLDQ  Y3, Y2, Y1
+	VPUNPCKHDQ  Y3, Y2, Y2
+	VPUNPCKLDQ  Y5, Y4, Y3
+	VPUNPCKHDQ  Y5, Y4, Y4
+	VPUNPCKLDQ  Y7, Y6, Y5
+	VPUNPCKHDQ  Y7, Y6, Y6
+	VPUNPCKLQDQ Y1, Y8, Y7
+	VPUNPCKHQDQ Y1, Y8, Y1
+	VPUNPCKLQDQ Y2, Y0, Y8
+	VPUNPCKHQDQ Y2, Y0, Y0
+	VPUNPCKLQDQ Y5, Y3, Y2
+	VPUNPCKHQDQ Y5, Y3, Y3
+	VPUNPCKLQDQ Y6, Y4, Y5
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPERM2I128  $0x20, Y2, Y7, Y6
+	VPERM2I128  $0x31, Y2, Y7, Y2
+	VPERM2I128  $0x20, Y3, Y1, Y7
+	VPERM2I128  $0x31, Y3, Y1, Y1
+	VPERM2I128  $0x20, Y5, Y8, Y3
+	VPERM2I128  $0x31, Y5, Y8, Y5
+	VPERM2I128  $0x20, Y4, Y0, Y8
+	VPERM2I128  $0x31, Y4, Y0, Y0
+	VMOVDQU     Y6, 64(AX)
+	VMOVDQU     Y7, 128(AX)
+	VMOVDQU     Y3, 192(AX)
+	VMOVDQU     Y8, 256(AX)
+	VMOVDQU     Y2, 320(AX)
+	VMOVDQU     Y1, 384(AX)
+	VMOVDQU     Y5, 448(AX)
+	VMOVDQU     Y0, 512(AX)
+	MOVQ        BX, R12
+	SHLQ        $0x03, R12
+	SUBQ        R12, R10
+	ADDQ        $0x00000022, R10
+	ADDQ        $0x00000220, AX
+	DECQ        R11
+	JNZ         packX16Q8_0AVX2_blk
+	LEAQ        (CX)(BX*8), CX
+	LEAQ        (CX)(BX*8), CX
+	DECQ        R9
+	JNZ         packX16Q8_0AVX2_group
 	VZEROUPPER
 	RET
 
@@ -9770,6 +11197,87 @@ qx8Q4_0R1VNNI_blk:
 	SUBQ          16(SP), DX
 	DECQ          32(SP)
 	JNZ           qx8Q4_0R1VNNI_group
+	VZEROUPPER
+	RET
+
+// func qx16Q4_0R1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VNNI, MMX+
+TEXT ·qx16Q4_0R1VNNI512(SB), NOSPLIT, $40-152
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         y_base+0(FP), BX
+	MOVQ         ldy+24(FP), SI
+	SHLQ         $0x02, SI
+	MOVQ         SI, (SP)
+	MOVQ         k+136(FP), SI
+	MOVQ         SI, 8(SP)
+	SHRQ         $0x02, SI
+	MOVQ         SI, 16(SP)
+	SHRQ         $0x01, SI
+	MOVQ         SI, 24(SP)
+	MOVQ         groups+144(FP), SI
+	MOVQ         SI, 32(SP)
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+
+qx16Q4_0R1VNNI512_group:
+	VPSUBD Z1, Z1, Z1
+	MOVQ   k+136(FP), SI
+	SHRQ   $0x05, SI
+
+qx16Q4_0R1VNNI512_blk:
+	PREFETCHT0    4096(AX)
+	PREFETCHT0    4160(AX)
+	PREFETCHT0    4224(AX)
+	PREFETCHT0    4288(AX)
+	PREFETCHT0    4352(AX)
+	VPSUBD        Z2, Z2, Z2
+	VPSUBD        Z3, Z3, Z3
+	VMOVDQU32     32(AX), Z4
+	VPSRLW        $0x04, Z4, Z5
+	VPANDD        Z0, Z4, Z4
+	VPANDD        Z0, Z5, Z5
+	VPDPBUSD.BCST (CX), Z4, Z2
+	VPDPBUSD.BCST 16(CX), Z5, Z3
+	VMOVDQU32     96(AX), Z4
+	VPSRLW        $0x04, Z4, Z5
+	VPANDD        Z0, Z4, Z4
+	VPANDD        Z0, Z5, Z5
+	VPDPBUSD.BCST 4(CX), Z4, Z2
+	VPDPBUSD.BCST 20(CX), Z5, Z3
+	VMOVDQU32     160(AX), Z4
+	VPSRLW        $0x04, Z4, Z5
+	VPANDD        Z0, Z4, Z4
+	VPANDD        Z0, Z5, Z5
+	VPDPBUSD.BCST 8(CX), Z4, Z2
+	VPDPBUSD.BCST 24(CX), Z5, Z3
+	VMOVDQU32     224(AX), Z4
+	VPSRLW        $0x04, Z4, Z5
+	VPANDD        Z0, Z4, Z4
+	VPANDD        Z0, Z5, Z5
+	VPDPBUSD.BCST 12(CX), Z4, Z2
+	VPDPBUSD.BCST 28(CX), Z5, Z3
+	VPADDD        Z3, Z2, Z2
+	VCVTPH2PS     (AX), Z3
+	VCVTDQ2PS     Z2, Z2
+	VBROADCASTSS  (DX), Z4
+	VBROADCASTSS  4(DX), Z5
+	VMULPS.BCST   x8eight<>+0(SB), Z5, Z5
+	VFMSUB213PS   Z5, Z4, Z2
+	VFMADD231PS   Z2, Z3, Z1
+	ADDQ          $0x00000120, AX
+	ADDQ          $0x00000020, CX
+	ADDQ          $0x00000008, DX
+	DECQ          SI
+	JNZ           qx16Q4_0R1VNNI512_blk
+	MOVQ          BX, SI
+	VMOVUPS       Z1, (SI)
+	ADDQ          $0x40, BX
+	SUBQ          8(SP), CX
+	SUBQ          16(SP), DX
+	DECQ          32(SP)
+	JNZ           qx16Q4_0R1VNNI512_group
 	VZEROUPPER
 	RET
 
@@ -10114,6 +11622,148 @@ qx8Q4_0R4VNNI_blk:
 	VZEROUPPER
 	RET
 
+// func qx16Q4_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VNNI
+TEXT ·qx16Q4_0R4VNNI512(SB), NOSPLIT, $40-152
+	MOVQ         w_base+112(FP), AX
+	MOVQ         q_base+32(FP), CX
+	MOVQ         ds_base+56(FP), DX
+	MOVQ         y_base+0(FP), BX
+	MOVQ         ldy+24(FP), SI
+	SHLQ         $0x02, SI
+	MOVQ         SI, (SP)
+	MOVQ         ldq+104(FP), SI
+	LEAQ         (SI)(SI*2), DI
+	MOVQ         SI, R8
+	SHRQ         $0x02, R8
+	MOVQ         DI, R9
+	SHRQ         $0x02, R9
+	MOVQ         k+136(FP), R10
+	MOVQ         R10, 8(SP)
+	SHRQ         $0x02, R10
+	MOVQ         R10, 16(SP)
+	SHRQ         $0x01, R10
+	MOVQ         R10, 24(SP)
+	MOVQ         groups+144(FP), R10
+	MOVQ         R10, 32(SP)
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+
+qx16Q4_0R4VNNI512_group:
+	VPSUBD Z1, Z1, Z1
+	VPSUBD Z2, Z2, Z2
+	VPSUBD Z3, Z3, Z3
+	VPSUBD Z4, Z4, Z4
+	MOVQ   k+136(FP), R10
+	SHRQ   $0x05, R10
+
+qx16Q4_0R4VNNI512_blk:
+	VPSUBD        Z5, Z5, Z5
+	VPSUBD        Z6, Z6, Z6
+	VPSUBD        Z7, Z7, Z7
+	VPSUBD        Z8, Z8, Z8
+	VPSUBD        Z9, Z9, Z9
+	VPSUBD        Z10, Z10, Z10
+	VPSUBD        Z11, Z11, Z11
+	VPSUBD        Z12, Z12, Z12
+	VMOVDQU32     32(AX), Z13
+	VPSRLW        $0x04, Z13, Z14
+	VPANDD        Z0, Z13, Z13
+	VPANDD        Z0, Z14, Z14
+	VPDPBUSD.BCST (CX), Z13, Z5
+	VPDPBUSD.BCST 16(CX), Z14, Z6
+	VPDPBUSD.BCST (CX)(SI*1), Z13, Z7
+	VPDPBUSD.BCST 16(CX)(SI*1), Z14, Z8
+	VPDPBUSD.BCST (CX)(SI*2), Z13, Z9
+	VPDPBUSD.BCST 16(CX)(SI*2), Z14, Z10
+	VPDPBUSD.BCST (CX)(DI*1), Z13, Z11
+	VPDPBUSD.BCST 16(CX)(DI*1), Z14, Z12
+	VMOVDQU32     96(AX), Z13
+	VPSRLW        $0x04, Z13, Z14
+	VPANDD        Z0, Z13, Z13
+	VPANDD        Z0, Z14, Z14
+	VPDPBUSD.BCST 4(CX), Z13, Z5
+	VPDPBUSD.BCST 20(CX), Z14, Z6
+	VPDPBUSD.BCST 4(CX)(SI*1), Z13, Z7
+	VPDPBUSD.BCST 20(CX)(SI*1), Z14, Z8
+	VPDPBUSD.BCST 4(CX)(SI*2), Z13, Z9
+	VPDPBUSD.BCST 20(CX)(SI*2), Z14, Z10
+	VPDPBUSD.BCST 4(CX)(DI*1), Z13, Z11
+	VPDPBUSD.BCST 20(CX)(DI*1), Z14, Z12
+	VMOVDQU32     160(AX), Z13
+	VPSRLW        $0x04, Z13, Z14
+	VPANDD        Z0, Z13, Z13
+	VPANDD        Z0, Z14, Z14
+	VPDPBUSD.BCST 8(CX), Z13, Z5
+	VPDPBUSD.BCST 24(CX), Z14, Z6
+	VPDPBUSD.BCST 8(CX)(SI*1), Z13, Z7
+	VPDPBUSD.BCST 24(CX)(SI*1), Z14, Z8
+	VPDPBUSD.BCST 8(CX)(SI*2), Z13, Z9
+	VPDPBUSD.BCST 24(CX)(SI*2), Z14, Z10
+	VPDPBUSD.BCST 8(CX)(DI*1), Z13, Z11
+	VPDPBUSD.BCST 24(CX)(DI*1), Z14, Z12
+	VMOVDQU32     224(AX), Z13
+	VPSRLW        $0x04, Z13, Z14
+	VPANDD        Z0, Z13, Z13
+	VPANDD        Z0, Z14, Z14
+	VPDPBUSD.BCST 12(CX), Z13, Z5
+	VPDPBUSD.BCST 28(CX), Z14, Z6
+	VPDPBUSD.BCST 12(CX)(SI*1), Z13, Z7
+	VPDPBUSD.BCST 28(CX)(SI*1), Z14, Z8
+	VPDPBUSD.BCST 12(CX)(SI*2), Z13, Z9
+	VPDPBUSD.BCST 28(CX)(SI*2), Z14, Z10
+	VPDPBUSD.BCST 12(CX)(DI*1), Z13, Z11
+	VPDPBUSD.BCST 28(CX)(DI*1), Z14, Z12
+	VPADDD        Z6, Z5, Z5
+	VPADDD        Z8, Z7, Z7
+	VPADDD        Z10, Z9, Z9
+	VPADDD        Z12, Z11, Z11
+	VCVTPH2PS     (AX), Z6
+	VCVTDQ2PS     Z5, Z5
+	VBROADCASTSS  (DX), Z8
+	VBROADCASTSS  4(DX), Z10
+	VMULPS.BCST   x8eight<>+0(SB), Z10, Z10
+	VFMSUB213PS   Z10, Z8, Z5
+	VFMADD231PS   Z5, Z6, Z1
+	VCVTDQ2PS     Z7, Z7
+	VBROADCASTSS  (DX)(R8*1), Z5
+	VBROADCASTSS  4(DX)(R8*1), Z8
+	VMULPS.BCST   x8eight<>+0(SB), Z8, Z8
+	VFMSUB213PS   Z8, Z5, Z7
+	VFMADD231PS   Z7, Z6, Z2
+	VCVTDQ2PS     Z9, Z9
+	VBROADCASTSS  (DX)(R8*2), Z5
+	VBROADCASTSS  4(DX)(R8*2), Z7
+	VMULPS.BCST   x8eight<>+0(SB), Z7, Z7
+	VFMSUB213PS   Z7, Z5, Z9
+	VFMADD231PS   Z9, Z6, Z3
+	VCVTDQ2PS     Z11, Z11
+	VBROADCASTSS  (DX)(R9*1), Z5
+	VBROADCASTSS  4(DX)(R9*1), Z7
+	VMULPS.BCST   x8eight<>+0(SB), Z7, Z7
+	VFMSUB213PS   Z7, Z5, Z11
+	VFMADD231PS   Z11, Z6, Z4
+	ADDQ          $0x00000120, AX
+	ADDQ          $0x00000020, CX
+	ADDQ          $0x00000008, DX
+	DECQ          R10
+	JNZ           qx16Q4_0R4VNNI512_blk
+	MOVQ          BX, R10
+	VMOVUPS       Z1, (R10)
+	ADDQ          (SP), R10
+	VMOVUPS       Z2, (R10)
+	ADDQ          (SP), R10
+	VMOVUPS       Z3, (R10)
+	ADDQ          (SP), R10
+	VMOVUPS       Z4, (R10)
+	ADDQ          $0x40, BX
+	SUBQ          8(SP), CX
+	SUBQ          16(SP), DX
+	DECQ          32(SP)
+	JNZ           qx16Q4_0R4VNNI512_group
+	VZEROUPPER
+	RET
+
 // func packX8Q4_0AVX2(dst []byte, w []byte, k int, groups int)
 // Requires: AVX, AVX2
 TEXT ·packX8Q4_0AVX2(SB), NOSPLIT, $0-64
@@ -10175,6 +11825,111 @@ packX8Q4_0AVX2_blk:
 	LEAQ        (CX)(BX*8), CX
 	DECQ        R9
 	JNZ         packX8Q4_0AVX2_group
+	VZEROUPPER
+	RET
+
+// func packX16Q4_0AVX2(dst []byte, w []byte, k int, groups int)
+// Requires: AVX, AVX2
+TEXT ·packX16Q4_0AVX2(SB), NOSPLIT, $0-64
+	MOVQ   dst_base+0(FP), AX
+	MOVQ   w_base+24(FP), CX
+	MOVQ   k+48(FP), DX
+	SHRQ   $0x05, DX
+	IMUL3Q $0x00000012, DX, BX
+	LEAQ   (BX)(BX*2), SI
+	LEAQ   (BX)(BX*4), DI
+	LEAQ   (SI)(BX*4), R8
+	MOVQ   groups+56(FP), R9
+
+packX16Q4_0AVX2_group:
+	MOVQ CX, R10
+	MOVQ DX, R11
+
+packX16Q4_0AVX2_blk:
+	MOVWLZX     (R10), R12
+	MOVW        R12, (AX)
+	MOVWLZX     (R10)(BX*1), R12
+	MOVW        R12, 2(AX)
+	MOVWLZX     (R10)(BX*2), R12
+	MOVW        R12, 4(AX)
+	MOVWLZX     (R10)(SI*1), R12
+	MOVW        R12, 6(AX)
+	MOVWLZX     (R10)(BX*4), R12
+	MOVW        R12, 8(AX)
+	MOVWLZX     (R10)(DI*1), R12
+	MOVW        R12, 10(AX)
+	MOVWLZX     (R10)(SI*2), R12
+	MOVW        R12, 12(AX)
+	MOVWLZX     (R10)(R8*1), R12
+	MOVW        R12, 14(AX)
+	VMOVDQU     2(R10), X0
+	VINSERTI128 $0x01, 2(R10)(BX*4), Y0, Y0
+	VMOVDQU     2(R10)(BX*1), X1
+	VINSERTI128 $0x01, 2(R10)(DI*1), Y1, Y1
+	VMOVDQU     2(R10)(BX*2), X2
+	VINSERTI128 $0x01, 2(R10)(SI*2), Y2, Y2
+	VMOVDQU     2(R10)(SI*1), X3
+	VINSERTI128 $0x01, 2(R10)(R8*1), Y3, Y3
+	VPUNPCKLDQ  Y1, Y0, Y4
+	VPUNPCKHDQ  Y1, Y0, Y5
+	VPUNPCKLDQ  Y3, Y2, Y6
+	VPUNPCKHDQ  Y3, Y2, Y7
+	VPUNPCKLQDQ Y6, Y4, Y8
+	VMOVDQU     Y8, 32(AX)
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VMOVDQU     Y4, 96(AX)
+	VPUNPCKLQDQ Y7, Y5, Y4
+	VMOVDQU     Y4, 160(AX)
+	VPUNPCKHQDQ Y7, Y5, Y4
+	VMOVDQU     Y4, 224(AX)
+	LEAQ        (R10)(BX*8), R10
+	MOVWLZX     (R10), R12
+	MOVW        R12, 16(AX)
+	MOVWLZX     (R10)(BX*1), R12
+	MOVW        R12, 18(AX)
+	MOVWLZX     (R10)(BX*2), R12
+	MOVW        R12, 20(AX)
+	MOVWLZX     (R10)(SI*1), R12
+	MOVW        R12, 22(AX)
+	MOVWLZX     (R10)(BX*4), R12
+	MOVW        R12, 24(AX)
+	MOVWLZX     (R10)(DI*1), R12
+	MOVW        R12, 26(AX)
+	MOVWLZX     (R10)(SI*2), R12
+	MOVW        R12, 28(AX)
+	MOVWLZX     (R10)(R8*1), R12
+	MOVW        R12, 30(AX)
+	VMOVDQU     2(R10), X9
+	VINSERTI128 $0x01, 2(R10)(BX*4), Y9, Y9
+	VMOVDQU     2(R10)(BX*1), X10
+	VINSERTI128 $0x01, 2(R10)(DI*1), Y10, Y10
+	VMOVDQU     2(R10)(BX*2), X11
+	VINSERTI128 $0x01, 2(R10)(SI*2), Y11, Y11
+	VMOVDQU     2(R10)(SI*1), X12
+	VINSERTI128 $0x01, 2(R10)(R8*1), Y12, Y12
+	VPUNPCKLDQ  Y10, Y9, Y4
+	VPUNPCKHDQ  Y10, Y9, Y5
+	VPUNPCKLDQ  Y12, Y11, Y6
+	VPUNPCKHDQ  Y12, Y11, Y7
+	VPUNPCKLQDQ Y6, Y4, Y8
+	VMOVDQU     Y8, 64(AX)
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VMOVDQU     Y4, 128(AX)
+	VPUNPCKLQDQ Y7, Y5, Y4
+	VMOVDQU     Y4, 192(AX)
+	VPUNPCKHQDQ Y7, Y5, Y4
+	VMOVDQU     Y4, 256(AX)
+	MOVQ        BX, R12
+	SHLQ        $0x03, R12
+	SUBQ        R12, R10
+	ADDQ        $0x00000012, R10
+	ADDQ        $0x00000120, AX
+	DECQ        R11
+	JNZ         packX16Q4_0AVX2_blk
+	LEAQ        (CX)(BX*8), CX
+	LEAQ        (CX)(BX*8), CX
+	DECQ        R9
+	JNZ         packX16Q4_0AVX2_group
 	VZEROUPPER
 	RET
 

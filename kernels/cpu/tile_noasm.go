@@ -37,4 +37,4 @@ func asmAMX() *amxKernels { return nil }
 func asmX8(kernels.DType) *x8Set { return nil }
 
 // packX8Asm returns false: this build has no assembly packers.
-func packX8Asm(dst, w []byte, d kernels.DType, k, groups int) bool { return false }
+func packX8Asm(dst, w []byte, d kernels.DType, k, groups, G int) bool { return false }

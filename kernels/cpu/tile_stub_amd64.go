@@ -928,8 +928,52 @@ func qgemvQ6KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ld
 //go:noescape
 func qgemvQ6KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
 
+// qgemvQ6KR1VNNI512 sets y[r·ldy + j] for j < rows, r < 1 to the dot product of row j
+// of the Q6K weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per super-block: dw·d·Σ over sub-blocks of 16: sc·(Σ q6·q − 32·Σq), on zmm registers.
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ6KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qgemvQ4KR1VNNI512 sets y[r·ldy + j] for j < rows, r < 1 to the dot product of row j
+// of the Q4K weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per super-block: dw·d·Σⱼ scⱼ·Σ nⱼ·q − dmin·d·Σⱼ mⱼ·Σⱼq (d: x's scale of the 256 columns), on zmm registers.
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ4KR1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qgemvQ6KR4VNNI512 sets y[r·ldy + j] for j < rows, r < 4 to the dot product of row j
+// of the Q6K weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per super-block: dw·d·Σ over sub-blocks of 16: sc·(Σ q6·q − 32·Σq), on zmm registers.
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ6KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
+// qgemvQ4KR4VNNI512 sets y[r·ldy + j] for j < rows, r < 4 to the dot product of row j
+// of the Q4K weight rows w (k columns each, one after the other) with x
+// row r quantized to int8 (q[r·ldq:]; ds, its (d, d·Σq) pairs per 32 columns;
+// bs, Σq per 16 columns); f16 is the float16 → float32 table;
+// per super-block: dw·d·Σⱼ scⱼ·Σ nⱼ·q − dmin·d·Σⱼ mⱼ·Σⱼq (d: x's scale of the 256 columns), on zmm registers.
+//
+// k is a multiple of 256. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qgemvQ4KR4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, rows int, f16 *[65536]float32)
+
 // qx8Q8_0R1AVX2 sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q8_0 weights w repacked in groups of eight
+// product of row 8g + l of the Q8_0 weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 32 and groups > 0.
@@ -939,7 +983,7 @@ func qgemvQ6KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ld
 func qx8Q8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
 // qx8Q8_0R1VNNI sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q8_0 weights w repacked in groups of eight
+// product of row 8g + l of the Q8_0 weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 32 and groups > 0.
@@ -948,8 +992,18 @@ func qx8Q8_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq
 //go:noescape
 func qx8Q8_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
+// qx16Q8_0R1VNNI512 sets y[r·ldy + 16g + l] for r < 1, g < groups, l < 16 to the dot
+// product of row 16g + l of the Q8_0 weights w repacked in groups of 16
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx16Q8_0R1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
 // qx8Q8_0R4AVX2 sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q8_0 weights w repacked in groups of eight
+// product of row 8g + l of the Q8_0 weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 32 and groups > 0.
@@ -959,7 +1013,7 @@ func qx8Q8_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq
 func qx8Q8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
 // qx8Q8_0R4VNNI sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q8_0 weights w repacked in groups of eight
+// product of row 8g + l of the Q8_0 weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 32 and groups > 0.
@@ -968,15 +1022,32 @@ func qx8Q8_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq
 //go:noescape
 func qx8Q8_0R4VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
-// packX8Q8_0AVX2 writes groups groups of eight rows of the Q8_0 weights w (k columns,
+// qx16Q8_0R4VNNI512 sets y[r·ldy + 16g + l] for r < 4, g < groups, l < 16 to the dot
+// product of row 16g + l of the Q8_0 weights w repacked in groups of 16
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx16Q8_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
+// packX8Q8_0AVX2 writes groups groups of 8 rows of the Q8_0 weights w (k columns,
 // a multiple of 32, and groups > 0) to dst in the x8 layout (kernels/cpu/x8.go).
 // The caller guarantees the bounds; nothing is checked.
 //
 //go:noescape
 func packX8Q8_0AVX2(dst []byte, w []byte, k int, groups int)
 
+// packX16Q8_0AVX2 writes groups groups of 16 rows of the Q8_0 weights w (k columns,
+// a multiple of 32, and groups > 0) to dst in the x16 layout (kernels/cpu/x8.go).
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func packX16Q8_0AVX2(dst []byte, w []byte, k int, groups int)
+
 // qx8Q4_0R1AVX2 sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q4_0 weights w repacked in groups of eight
+// product of row 8g + l of the Q4_0 weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 32 and groups > 0.
@@ -986,7 +1057,7 @@ func packX8Q8_0AVX2(dst []byte, w []byte, k int, groups int)
 func qx8Q4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
 // qx8Q4_0R1VNNI sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q4_0 weights w repacked in groups of eight
+// product of row 8g + l of the Q4_0 weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 32 and groups > 0.
@@ -995,8 +1066,18 @@ func qx8Q4_0R1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq
 //go:noescape
 func qx8Q4_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
+// qx16Q4_0R1VNNI512 sets y[r·ldy + 16g + l] for r < 1, g < groups, l < 16 to the dot
+// product of row 16g + l of the Q4_0 weights w repacked in groups of 16
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx16Q4_0R1VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
 // qx8Q4_0R4AVX2 sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q4_0 weights w repacked in groups of eight
+// product of row 8g + l of the Q4_0 weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 32 and groups > 0.
@@ -1006,7 +1087,7 @@ func qx8Q4_0R1VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq
 func qx8Q4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
 // qx8Q4_0R4VNNI sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q4_0 weights w repacked in groups of eight
+// product of row 8g + l of the Q4_0 weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 32 and groups > 0.
@@ -1015,15 +1096,32 @@ func qx8Q4_0R4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq
 //go:noescape
 func qx8Q4_0R4VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
-// packX8Q4_0AVX2 writes groups groups of eight rows of the Q4_0 weights w (k columns,
+// qx16Q4_0R4VNNI512 sets y[r·ldy + 16g + l] for r < 4, g < groups, l < 16 to the dot
+// product of row 16g + l of the Q4_0 weights w repacked in groups of 16
+// rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
+// ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
+// multiple of 32 and groups > 0.
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func qx16Q4_0R4VNNI512(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
+
+// packX8Q4_0AVX2 writes groups groups of 8 rows of the Q4_0 weights w (k columns,
 // a multiple of 32, and groups > 0) to dst in the x8 layout (kernels/cpu/x8.go).
 // The caller guarantees the bounds; nothing is checked.
 //
 //go:noescape
 func packX8Q4_0AVX2(dst []byte, w []byte, k int, groups int)
 
+// packX16Q4_0AVX2 writes groups groups of 16 rows of the Q4_0 weights w (k columns,
+// a multiple of 32, and groups > 0) to dst in the x16 layout (kernels/cpu/x8.go).
+// The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func packX16Q4_0AVX2(dst []byte, w []byte, k int, groups int)
+
 // qx8Q4KR1AVX2 sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q4K weights w repacked in groups of eight
+// product of row 8g + l of the Q4K weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 256 and groups > 0.
@@ -1033,7 +1131,7 @@ func packX8Q4_0AVX2(dst []byte, w []byte, k int, groups int)
 func qx8Q4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
 // qx8Q4KR1VNNI sets y[r·ldy + 8g + l] for r < 1, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q4K weights w repacked in groups of eight
+// product of row 8g + l of the Q4K weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 256 and groups > 0.
@@ -1043,7 +1141,7 @@ func qx8Q4KR1AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq 
 func qx8Q4KR1VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
 // qx8Q4KR4AVX2 sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q4K weights w repacked in groups of eight
+// product of row 8g + l of the Q4K weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 256 and groups > 0.
@@ -1053,7 +1151,7 @@ func qx8Q4KR1VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq 
 func qx8Q4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
 // qx8Q4KR4VNNI sets y[r·ldy + 8g + l] for r < 4, g < groups, l < 8 to the dot
-// product of row 8g + l of the Q4K weights w repacked in groups of eight
+// product of row 8g + l of the Q4K weights w repacked in groups of 8
 // rows (kernels/cpu/x8.go; k columns) with x row r quantized to int8 (q[r·ldq:];
 // ds, its (d, d·Σq) pairs per 32 columns; bs, its Σq per 16 columns). k is a
 // multiple of 256 and groups > 0.
@@ -1062,7 +1160,7 @@ func qx8Q4KR4AVX2(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq 
 //go:noescape
 func qx8Q4KR4VNNI(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k int, groups int)
 
-// packX8Q4KAVX2 writes groups groups of eight rows of the Q4K weights w (k columns,
+// packX8Q4KAVX2 writes groups groups of 8 rows of the Q4K weights w (k columns,
 // a multiple of 32, and groups > 0) to dst in the x8 layout (kernels/cpu/x8.go).
 // The caller guarantees the bounds; nothing is checked.
 //

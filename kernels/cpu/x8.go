@@ -54,14 +54,24 @@ const x8Block = 128 << 10
 // for Q4_K).
 type x8Func func(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k, groups int)
 
-// x8Set is one dtype's x8 kernels: one and four x rows.
-type x8Set struct{ r1, r4 x8Func }
+// x8Set is one dtype's x8 kernels: one and four x rows, over groups of
+// rows rows (8; 16 for the x16 kernels).
+type x8Set struct {
+	r1, r4 x8Func
+	rows   int
+}
 
 // genericX8 are the Go twins of the x8 kernels, indexed by kernels.DType.
 var genericX8 = [...]x8Set{
-	kernels.Q8_0: {r1: x8Go(kernels.Q8_0, 1), r4: x8Go(kernels.Q8_0, 4)},
-	kernels.Q4_0: {r1: x8Go(kernels.Q4_0, 1), r4: x8Go(kernels.Q4_0, 4)},
-	kernels.Q4K:  {r1: x8Go(kernels.Q4K, 1), r4: x8Go(kernels.Q4K, 4)},
+	kernels.Q8_0: {r1: x8Go(kernels.Q8_0, 1, 8), r4: x8Go(kernels.Q8_0, 4, 8), rows: 8},
+	kernels.Q4_0: {r1: x8Go(kernels.Q4_0, 1, 8), r4: x8Go(kernels.Q4_0, 4, 8), rows: 8},
+	kernels.Q4K:  {r1: x8Go(kernels.Q4K, 1, 8), r4: x8Go(kernels.Q4K, 4, 8), rows: 8},
+}
+
+// genericX16 are the Go twins of the x16 kernels (Q8_0 and Q4_0).
+var genericX16 = [...]x8Set{
+	kernels.Q8_0: {r1: x8Go(kernels.Q8_0, 1, 16), r4: x8Go(kernels.Q8_0, 4, 16), rows: 16},
+	kernels.Q4_0: {r1: x8Go(kernels.Q4_0, 1, 16), r4: x8Go(kernels.Q4_0, 4, 16), rows: 16},
 }
 
 // x8Off turns the x8 path off (FERRITE_CPU_X8=0 in the environment, or
@@ -87,45 +97,49 @@ func x8For(d kernels.DType) *x8Set {
 	return asmX8(d)
 }
 
-// x8GroupBytes is the bytes of one group block (eight rows, one block of
-// d's columns: 32, or 256 for Q4_K, whose scales are widened).
-func x8GroupBytes(d kernels.DType) int {
+// x8GroupBytes is the bytes of one group block (G rows, one block of d's
+// columns: 32, or 256 for Q4_K, whose scales are widened).
+func x8GroupBytes(d kernels.DType, G int) int {
 	if d == kernels.Q4K {
 		return x8Q4KBytes
 	}
-	return 8 * d.RowBytes(32)
+	return G * d.RowBytes(32)
 }
 
 // x8Q4KBytes is a packed Q4_K group block: d and dmin (2·16 bytes), the
 // scales and the mins as int16 pairs (2·256), the nibbles (1024).
 const x8Q4KBytes = 32 + 256 + 256 + 1024
 
-// x8RowBytes is the packed bytes of a group of eight rows of k columns.
-func x8RowBytes(d kernels.DType, k int) int { return k / d.BlockElems() * x8GroupBytes(d) }
+// x8RowBytes is the packed bytes of a group of G rows of k columns.
+func x8RowBytes(d kernels.DType, k, G int) int { return k / d.BlockElems() * x8GroupBytes(d, G) }
 
-// packX8 writes groups groups of eight rows of w (rows of k columns of
-// dtype d, from w's first byte) to dst in the x8 layout: with the AVX2
-// packer (kernels/_generate/qx8.go) where the CPU has it, else packX8Go.
-func packX8(dst, w []byte, d kernels.DType, k, groups int) {
-	if groups > 0 && k > 0 && packX8Asm(dst, w, d, k, groups) {
+// packX8 writes groups groups of G rows (8, or 16: Q8_0 and Q4_0) of w
+// (rows of k columns of dtype d, from w's first byte) to dst in the x8
+// (x16) layout: with the AVX2 packer (kernels/_generate/qx8.go) where the
+// CPU has it, else packX8Go. An x16 group block is the two x8 group blocks
+// of its rows 0-7 and 8-15 interleaved: their scales (16 bytes each), then
+// their 32-byte vectors in turn, so that a zmm register holds a vector of
+// all sixteen rows, row l in dword lane l.
+func packX8(dst, w []byte, d kernels.DType, k, groups, G int) {
+	if groups > 0 && k > 0 && packX8Asm(dst, w, d, k, groups, G) {
 		return
 	}
-	packX8Go(dst, w, d, k, groups)
+	packX8Go(dst, w, d, k, groups, G)
 }
 
 // packX8Go is packX8 in Go.
-func packX8Go(dst, w []byte, d kernels.DType, k, groups int) {
+func packX8Go(dst, w []byte, d kernels.DType, k, groups, G int) {
 	be := d.BlockElems()
-	rb, nb, gb := d.RowBytes(k), k/be, x8GroupBytes(d)
+	rb, nb, gb := d.RowBytes(k), k/be, x8GroupBytes(d, G)
 	sb := d.RowBytes(be) // stored bytes per block: 34 (Q8_0), 18 (Q4_0), 144 (Q4_K)
 	chunks := (sb - 2) / 4
 	dst = dst[:groups*nb*gb]
 	le := binary.LittleEndian
 	for g := range groups {
-		gw := w[8*g*rb : 8*(g+1)*rb]
+		gw := w[G*g*rb : G*(g+1)*rb]
 		for b := range nb {
 			out := dst[(g*nb+b)*gb : (g*nb+b+1)*gb]
-			for r := range 8 {
+			for r := range G {
 				src := gw[r*rb+b*sb : r*rb+(b+1)*sb]
 				le.PutUint16(out[2*r:], le.Uint16(src))
 				switch d {
@@ -141,7 +155,7 @@ func packX8Go(dst, w []byte, d kernels.DType, k, groups int) {
 					}
 				default:
 					for c := range chunks {
-						le.PutUint32(out[16+32*c+4*r:], le.Uint32(src[2+4*c:]))
+						le.PutUint32(out[2*G+4*G*c+4*r:], le.Uint32(src[2+4*c:]))
 					}
 				}
 			}
@@ -159,37 +173,38 @@ func scaleMinK4x8(s []byte) (sc, mn uint64) {
 	return sc, mn
 }
 
-// x8Go is the Go twin of the x8 kernel of dtype d for R x rows: the same
-// integer sums, and per block, in float32, acc += float32(Σ)·(dw·d)
-// (Q8_0), acc += dw·(float32(Σ)·d − 8·s) (Q4_0), or acc +=
-// float32(Σⱼ scⱼ·Σ)·(dw·d) − float32(Σⱼ mⱼ·Σq)·(dmin·d) (Q4_K).
-func x8Go(d kernels.DType, R int) x8Func {
-	gb, be := x8GroupBytes(d), d.BlockElems()
+// x8Go is the Go twin of the x8 (G = 8) or x16 (G = 16, Q8_0 and Q4_0)
+// kernel of dtype d for R x rows: the same integer sums, and per block, in
+// float32, acc += float32(Σ)·(dw·d) (Q8_0), acc += dw·(float32(Σ)·d − 8·s)
+// (Q4_0), or acc += float32(Σⱼ scⱼ·Σ)·(dw·d) − float32(Σⱼ mⱼ·Σq)·(dmin·d)
+// (Q4_K).
+func x8Go(d kernels.DType, R, G int) x8Func {
+	gb, be := x8GroupBytes(d, G), d.BlockElems()
 	return func(y []float32, ldy int, q []int8, ds []float32, bs []int16, ldq int, w []byte, k, groups int) {
 		nb := k / be
 		for g := range groups {
 			for r := range R {
 				xq, xd := q[r*ldq:], ds[2*r*ldq/32:]
-				var acc [8]float32
+				var acc [16]float32
 				for b := range nb {
 					blk := w[(g*nb+b)*gb : (g*nb+b+1)*gb]
 					xb := xq[be*b : be*(b+1)]
 					dx := xd[2*b*be/32]
-					for l := range 8 {
+					for l := range G {
 						dw := f16(blk[2*l:])
 						var sum int32
 						switch d {
 						case kernels.Q8_0:
 							for c := range 8 {
 								for i := range 4 {
-									sum += int32(int8(blk[16+32*c+4*l+i])) * int32(xb[4*c+i])
+									sum += int32(int8(blk[2*G+4*G*c+4*l+i])) * int32(xb[4*c+i])
 								}
 							}
 							acc[l] += float32(sum) * (dw * dx)
 						case kernels.Q4_0:
 							for v := range 4 {
 								for i := range 4 {
-									n := blk[16+32*v+4*l+i]
+									n := blk[2*G+4*G*v+4*l+i]
 									sum += int32(n&0xf)*int32(xb[4*v+i]) + int32(n>>4)*int32(xb[16+4*v+i])
 								}
 							}
@@ -215,7 +230,7 @@ func x8Go(d kernels.DType, R int) x8Func {
 						}
 					}
 				}
-				copy(y[r*ldy+8*g:r*ldy+8*g+8], acc[:])
+				copy(y[r*ldy+G*g:r*ldy+G*g+G], acc[:G])
 			}
 		}
 	}
@@ -232,14 +247,21 @@ type x8Cache struct {
 type x8Packed struct {
 	once sync.Once
 	data []byte
+	rows int // rows per group of data's layout
 }
 
 // x8Persistent reports whether MatMul keeps w repacked: Q4_0 weights, and
 // Q8_0 ones that are not an expert's, not Transient, with x8 kernels on
-// this CPU, whole 32-column blocks and at least one group of rows.
+// this CPU, whole 32-column blocks and at least eight rows.
 func x8Persistent(w *kernels.Mat, expert bool) bool {
-	return (w.DType == kernels.Q4_0 || w.DType == kernels.Q8_0 && !expert) && !w.Transient &&
-		w.Cols > 0 && w.Cols%32 == 0 && w.Rows >= 8 && x8For(w.DType) != nil
+	if !(w.DType == kernels.Q4_0 || w.DType == kernels.Q8_0 && !expert) || w.Transient || w.Cols <= 0 || w.Cols%32 != 0 {
+		return false
+	}
+	// At least eight rows, not a whole group of sixteen: the x16 kernels
+	// take 8-15 rows as a padded group, as the x8 kernels take the rows
+	// past the last whole group, so that a row's bits do not depend on the
+	// rows stacked with it in one matrix.
+	return x8For(w.DType) != nil && w.Rows >= 8
 }
 
 // packed returns w's whole groups of eight rows in the x8 layout, packing
@@ -260,40 +282,46 @@ func (c *x8Cache) packed(w *kernels.Mat, pack func(groups int, fn func(lo, hi in
 	}
 	c.mu.Unlock()
 	e.once.Do(func() {
-		groups, rb := w.Rows/8, w.DType.RowBytes(w.Cols)
-		gsz := x8RowBytes(w.DType, w.Cols)
+		G := x8For(w.DType).rows
+		groups, rb := w.Rows/G, w.DType.RowBytes(w.Cols)
+		gsz := x8RowBytes(w.DType, w.Cols, G)
 		e.data = make([]byte, groups*gsz)
+		e.rows = G
 		c.bytes.Add(int64(len(e.data)))
 		pack(groups, func(lo, hi int) {
-			packX8(e.data[lo*gsz:hi*gsz], w.Data[8*lo*rb:8*hi*rb], w.DType, w.Cols, hi-lo)
+			packX8(e.data[lo*gsz:hi*gsz], w.Data[G*lo*rb:G*hi*rb], w.DType, w.Cols, hi-lo, G)
 		})
 	})
+	if x8For(w.DType).rows != e.rows { // the kernels changed (tests switching CPU features)
+		return nil
+	}
 	return e.data
 }
 
 // x8task is qtask on the x8 path: output rows [r0, r1) (r0 a multiple of
-// 8) for x rows [i0, i1). Whole groups of eight rows run through the x8
-// kernels, from the persistently packed weights or packed here a block at
-// a time into scratch; the matrix's last rows, fewer than eight, are
-// packed as a group padded with zero rows into scratch, their results
-// going through scratch too. So every row takes the same kernel, and its
-// result does not depend on how the rows are grouped.
+// G, the kernels' rows per group: 8, or 16) for x rows [i0, i1). Whole
+// groups of G rows run through the x8 kernels, from the persistently
+// packed weights or packed here a block at a time into scratch; the
+// matrix's last rows, fewer than G, are packed as a group padded with zero
+// rows into scratch, their results going through scratch too. So every
+// row takes the same kernel, and its result does not depend on how the
+// rows are grouped.
 func (m *matmul) x8task(r0, r1, i0, i1 int, scratch *[]float32) {
-	w := m.w
+	w, G := m.w, m.x8.rows
 	cols, ldy := w.Cols, m.ldy
-	g1 := r0 + (r1-r0)&^7
+	g1 := r0 + (r1-r0)/G*G
 	rb := w.DType.RowBytes(cols)
-	gsz := x8RowBytes(w.DType, cols)
-	step := max(8, x8Block/max(rb, 1)&^7)
+	gsz := x8RowBytes(w.DType, cols, G)
+	step := max(G, x8Block/max(rb, 1)/G*G)
 	for s0 := r0; s0 < g1; s0 += step {
 		s1 := min(g1, s0+step)
-		groups := (s1 - s0) / 8
+		groups := (s1 - s0) / G
 		var panel []byte
 		if m.pk != nil {
-			panel = m.pk[s0/8*gsz : s1/8*gsz]
+			panel = m.pk[s0/G*gsz : s1/G*gsz]
 		} else {
 			panel = scratchBytes(scratch, groups*gsz)
-			packX8(panel, w.Data[s0*rb:s1*rb], w.DType, cols, groups)
+			packX8(panel, w.Data[s0*rb:s1*rb], w.DType, cols, groups, G)
 		}
 		m.x8rows(m.y[s0:], ldy, panel, groups, i0, i1, 0)
 	}
@@ -301,14 +329,14 @@ func (m *matmul) x8task(r0, r1, i0, i1 int, scratch *[]float32) {
 		return
 	}
 	nx := i1 - i0
-	buf := scratchBytes(scratch, 4*8*nx+8*rb+gsz)
-	yt := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(buf))), 8*nx)
-	rowsT, panel := buf[4*8*nx:4*8*nx+8*rb], buf[4*8*nx+8*rb:]
+	buf := scratchBytes(scratch, 4*G*nx+G*rb+gsz)
+	yt := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(buf))), G*nx)
+	rowsT, panel := buf[4*G*nx:4*G*nx+G*rb], buf[4*G*nx+G*rb:]
 	clear(rowsT[copy(rowsT, w.Data[g1*rb:r1*rb]):])
-	packX8(panel, rowsT, w.DType, cols, 1)
-	m.x8rows(yt, 8, panel, 1, i0, i1, i0)
+	packX8(panel, rowsT, w.DType, cols, 1, G)
+	m.x8rows(yt, G, panel, 1, i0, i1, i0)
 	for i := range nx {
-		copy(m.y[(i0+i)*ldy+g1:(i0+i)*ldy+r1], yt[8*i:8*i+r1-g1])
+		copy(m.y[(i0+i)*ldy+g1:(i0+i)*ldy+r1], yt[G*i:G*i+r1-g1])
 	}
 }
 
@@ -317,7 +345,7 @@ func (m *matmul) x8task(r0, r1, i0, i1 int, scratch *[]float32) {
 // y[(i − y0)·ldy:].
 func (m *matmul) x8rows(y []float32, ldy int, panel []byte, groups, i0, i1, y0 int) {
 	cols := m.w.Cols
-	nb, span := cols/32, 8*groups
+	nb, span := cols/32, m.x8.rows*groups
 	q, ds, bs, x8 := m.qx.q, m.qx.ds, m.qx.bs, m.x8
 	for i := i0; i < i1; {
 		yi := (i - y0) * ldy

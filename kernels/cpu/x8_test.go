@@ -10,31 +10,34 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
 )
 
-// TestX8MatchesRowTiles checks the x8 kernels (the Go twins, and the
-// assembly where this CPU runs it: AVX2, and VNNI) on packed weights
-// against the Go tile run row by row on the stored ones: the same integer
-// sums, the scales applied in another order, so they differ by float32
-// rounding. They must write y[r·ldy + 8g + l] and nothing else, one x row
-// must get the same bits from the one- and four-row kernels, and the VNNI
-// kernels the bits of the AVX2 ones.
+// TestX8MatchesRowTiles checks the x8 and x16 kernels (the Go twins, and
+// the assembly where this CPU runs it: AVX2, VNNI, VNNI on zmm) on packed
+// weights against the Go tile run row by row on the stored ones: the same
+// integer sums, the scales applied in another order, so they differ by
+// float32 rounding. They must write y[r·ldy + Gg + l] and nothing else,
+// one x row must get the same bits from the one- and four-row kernels, and
+// the VNNI kernels (x8 and x16) the bits of the AVX2 ones. The assembly
+// packers must write packX8Go's bytes.
 func TestX8MatchesRowTiles(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 8))
 	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K} {
 		sets := map[string]*x8Set{"go": &genericX8[dt]}
+		if dt != kernels.Q4K {
+			sets["go16"] = &genericX16[dt]
+		}
 		if a := asmX8(dt); a != nil {
 			sets["asm"] = a
 		}
-		if a := asmX8(dt); a == &vnniX8[dt] {
-			sets["avx2"] = &avx2X8[dt]
+		for name, set := range moreX8Sets(dt) {
+			sets[name] = set
 		}
 		ks := []int{32, 96, 256, 1024}
 		if dt == kernels.Q4K {
 			ks = []int{256, 512, 1024}
 		}
 		for _, k := range ks {
-			const groups, R = 3, 4
-			ldy := 8*groups + 5
-			w := kerneltest.NewMat(rng, dt, 8*groups, k, 0, 0)
+			const rows, R = 48, 4 // three groups of 16, six of 8
+			w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
 			if dt == kernels.Q8_0 { // the extreme quants: −128 (a stored block may hold it) and 127
 				w.Data[2], w.Data[3], w.Data[4*34+5] = 0x80, 0x7f, 0x80
 			}
@@ -48,26 +51,34 @@ func TestX8MatchesRowTiles(t *testing.T) {
 			x[5] = 30 // an outlier that sets a block's scale
 			var qx qrows
 			qx.quantize(x, R, k, xGroup(dt))
-			packed := make([]byte, groups*x8RowBytes(dt, k))
-			packX8Go(packed, w.Data, dt, k, groups)
-			if dt != kernels.Q4K && len(packed) != len(w.Data) {
-				t.Fatalf("%v k=%d: packed %d bytes, stored %d", dt, k, len(packed), len(w.Data))
+			packs := map[int][]byte{}
+			for _, G := range []int{8, 16} {
+				if G == 16 && dt == kernels.Q4K {
+					continue
+				}
+				packed := make([]byte, rows/G*x8RowBytes(dt, k, G))
+				packX8Go(packed, w.Data, dt, k, rows/G, G)
+				if dt != kernels.Q4K && len(packed) != len(w.Data) {
+					t.Fatalf("%v k=%d G=%d: packed %d bytes, stored %d", dt, k, G, len(packed), len(w.Data))
+				}
+				fast := make([]byte, len(packed)+1) // a guard byte
+				fast[len(packed)] = 0xa5
+				packX8(fast[:len(packed)], w.Data, dt, k, rows/G, G)
+				if string(fast[:len(packed)]) != string(packed) || fast[len(packed)] != 0xa5 {
+					t.Fatalf("%v k=%d G=%d: packX8 differs from packX8Go", dt, k, G)
+				}
+				packs[G] = packed
 			}
-			fast := make([]byte, len(packed)+1) // a guard byte
-			fast[len(packed)] = 0xa5
-			packX8(fast[:len(packed)], w.Data, dt, k, groups)
-			if string(fast[:len(packed)]) != string(packed) || fast[len(packed)] != 0xa5 {
-				t.Fatalf("%v k=%d: packX8 differs from packX8Go", dt, k)
-			}
-			want := make([]float32, R*8*groups)
-			sums := make([]float64, R*8*groups) // Σ|xw| bounds the rounding
+			ldy := rows + 5
+			want := make([]float32, R*rows)
+			sums := make([]float64, R*rows) // Σ|xw| bounds the rounding
 			row := make([]float32, k)
-			for j := range 8 * groups {
+			for j := range rows {
 				w.RowF32(row, j)
 				for r := range R {
-					genericQTiles[dt].r1(want[r*8*groups+j:], 1, qx.q[r*k:], qx.ds[2*r*k/32:], k, w.Data[j*dt.RowBytes(k):], k)
+					genericQTiles[dt].r1(want[r*rows+j:], 1, qx.q[r*k:], qx.ds[2*r*k/32:], k, w.Data[j*dt.RowBytes(k):], k)
 					for i, v := range row {
-						sums[r*8*groups+j] += math.Abs(float64(v) * float64(x[r*k+i]))
+						sums[r*rows+j] += math.Abs(float64(v) * float64(x[r*k+i]))
 					}
 				}
 			}
@@ -84,18 +95,18 @@ func TestX8MatchesRowTiles(t *testing.T) {
 						if rr == 4 {
 							f = set.r4
 						}
-						f(got[r*ldy:], ldy, qx.q[r*k:], qx.ds[2*r*k/32:], qx.bs[r*k/16:], k, packed, k, groups)
+						f(got[r*ldy:], ldy, qx.q[r*k:], qx.ds[2*r*k/32:], qx.bs[r*k/16:], k, packs[set.rows], k, rows/set.rows)
 					}
 					what := fmt.Sprintf("%s %v k=%d R%d", name, dt, k, rr)
 					for i, v := range got {
 						r, c := i/ldy, i%ldy
-						if c >= 8*groups {
+						if c >= rows {
 							if v != -1 {
 								t.Errorf("%s: wrote y[%d, %d] past the rows", what, r, c)
 							}
 							continue
 						}
-						wv, s := want[r*8*groups+c], sums[r*8*groups+c]
+						wv, s := want[r*rows+c], sums[r*rows+c]
 						if d := math.Abs(float64(v - wv)); !(d <= 1e-5*s) {
 							t.Errorf("%s: y[%d, %d] = %g, Go tile %g (Σ|xw| %g)", what, r, c, v, wv, s)
 						}
@@ -112,10 +123,12 @@ func TestX8MatchesRowTiles(t *testing.T) {
 					bits[name] = got
 				}
 			}
-			if v, a := bits["asm"], bits["avx2"]; a != nil {
-				for i := range v {
-					if math.Float32bits(v[i]) != math.Float32bits(a[i]) {
-						t.Errorf("%v k=%d: VNNI y[%d] = %g, AVX2 %g", dt, k, i, v[i], a[i])
+			for _, name := range []string{"asm", "vnni8"} {
+				if v, a := bits[name], bits["avx2"]; v != nil && a != nil {
+					for i := range v {
+						if math.Float32bits(v[i]) != math.Float32bits(a[i]) {
+							t.Errorf("%v k=%d: %s y[%d] = %g, AVX2 %g", dt, k, name, i, v[i], a[i])
+						}
 					}
 				}
 			}
@@ -134,12 +147,10 @@ func BenchmarkX8Kernel(b *testing.B) {
 		if a := asmX8(dt); a != nil {
 			sets["asm"] = a
 		}
-		if a := asmX8(dt); a == &vnniX8[dt] {
-			sets["avx2"] = &avx2X8[dt]
+		for name, set := range moreX8Sets(dt) {
+			sets[name] = set
 		}
 		w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
-		packed := make([]byte, rows/8*x8RowBytes(dt, k))
-		packX8(packed, w.Data, dt, k, rows/8)
 		x := make([]float32, 4*k)
 		for i := range x {
 			x[i] = float32(rng.NormFloat64())
@@ -148,21 +159,27 @@ func BenchmarkX8Kernel(b *testing.B) {
 		qx.quantize(x, 4, k, xGroup(dt))
 		y := make([]float32, 4*rows)
 		for name, set := range sets {
+			G := set.rows
+			packed := make([]byte, rows/G*x8RowBytes(dt, k, G))
+			packX8(packed, w.Data, dt, k, rows/G, G)
 			for R, f := range map[int]x8Func{1: set.r1, 4: set.r4} {
 				b.Run(fmt.Sprintf("%s/%v/R%d", name, dt, R), func(b *testing.B) {
 					b.SetBytes(int64(R * len(w.Data)))
-					cpuLoop(b, func() { f(y, rows, qx.q, qx.ds, qx.bs, k, packed, k, rows/8) })
+					cpuLoop(b, func() { f(y, rows, qx.q, qx.ds, qx.bs, k, packed, k, rows/G) })
 				})
 			}
+			if name != "go" && name != "asm" {
+				continue
+			}
+			b.Run(fmt.Sprintf("pack%s/%v/G%d", map[string]string{"go": "Go", "asm": ""}[name], dt, G), func(b *testing.B) {
+				b.SetBytes(int64(len(w.Data)))
+				pack := packX8
+				if name == "go" {
+					pack = packX8Go
+				}
+				cpuLoop(b, func() { pack(packed, w.Data, dt, k, rows/G, G) })
+			})
 		}
-		b.Run(fmt.Sprintf("pack/%v", dt), func(b *testing.B) {
-			b.SetBytes(int64(len(w.Data)))
-			cpuLoop(b, func() { packX8(packed, w.Data, dt, k, rows/8) })
-		})
-		b.Run(fmt.Sprintf("packGo/%v", dt), func(b *testing.B) {
-			b.SetBytes(int64(len(w.Data)))
-			cpuLoop(b, func() { packX8Go(packed, w.Data, dt, k, rows/8) })
-		})
 	}
 }
 
