@@ -14,7 +14,7 @@ import (
 // SwiGLULinear of 2 to 64 rows on a bf16 weight, the decode batches, in
 // one kernel on the tensor cores, built to stream the weight at the full
 // bandwidth. The weight streams from memory once, through a cp.async ring
-// of shared-memory stages, 80–144 KiB of it in flight a multiprocessor;
+// of shared-memory stages, 96–176 KiB of it in flight a multiprocessor;
 // x's chunks ride in the same stages as float32 and are split into two
 // bf16 terms as the fragments are loaded (the accuracy of the cuBLASLt
 // path, linearSplit, whose split and epilogue kernels it saves, and
@@ -56,21 +56,23 @@ func init() {
 func skinnyStages(tile int) int {
 	switch {
 	case tile >= 3:
-		return 6
+		return 7
 	case tile == 2:
-		return 8
+		return 9
+	case tile == 1:
+		return 11
 	}
-	return 10
+	return 12
 }
 
 // skinnySmem is the dynamic shared memory of the skinny kernel of index
 // tile: the stages (a 128 × 64 bf16 weight tile and 8·2^tile rows of 64
-// float32 of x each), the sums tile (8·2^tile rows of 132 float32) and the
-// split hand-over's flag (16 bytes). The kernel has no static shared
-// memory, so that its limit can be raised to the device's whole opt-in.
+// float32 of x each; a segment's sums tile takes the stage just
+// multiplied) and the split hand-over's flag (16 bytes). The kernel has no
+// static shared memory, so that its limit can be raised to the device's
+// whole opt-in.
 func skinnySmem(tile int) int {
-	xr := 8 << tile
-	return skinnyStages(tile)*(skinnyBlockRows*128+xr*256) + xr*(skinnyBlockRows+4)*4 + 16
+	return skinnyStages(tile)*(skinnyBlockRows*128+(8<<tile)*256) + 16
 }
 
 // skinnyState is a Backend's skinny GEMM setting and split counters.

@@ -29,14 +29,15 @@
 // element is read from shared memory once. A chunk's weight tile (128 × 64
 // bf16, 16 KiB) and x (8·NT × 64 float32) stream into a ring of STAGES
 // shared-memory stages with cp.async, STAGES − 1 chunks in flight while
-// one is multiplied (80–144 KiB of weight a multiprocessor). The weight
+// one is multiplied (96–176 KiB of weight a multiprocessor). The weight
 // rows' eight 16-byte groups are stored swizzled (group g of row r at
 // g ^ r % 8) so that ldmatrix reads the A fragments without bank
 // conflicts; x's sixteen 16-byte groups a row at g ^ 2·(r % 4), so that the
 // B fragments' 8-byte loads do not conflict either. At a segment's end the
-// four warps of a row group add their sums into a (8·NT, 128) tile in
-// shared memory in warp order, and the whole block runs the split
-// hand-over and the epilogue from it, with coalesced stores.
+// four warps of a row group add their sums into a (8·NT, 128) float32
+// tile in warp order, in the stage just multiplied (free until the next
+// unit's copies: 512·NT·8 bytes fit in a stage), and the whole block runs
+// the split hand-over and the epilogue from it, with coalesced stores.
 //
 // Epilogue: y = sum (+ bias[r]) (+ y when acc), or with SWIGLU (the weight
 // is [gate; up], (2·R, K), R = inter) y[j, r] = swiglu(gate row r, up row r).
@@ -55,7 +56,6 @@ constexpr int kSkWarps = 8;           // warps a block
 constexpr int kSkChunk = 64;          // k a unit
 constexpr int kSkRows = 128;          // weight rows a row block
 constexpr int kSkWBytes = kSkRows * 128;  // bytes of a stage's weight tile
-constexpr int kSkTS = kSkRows + 4;    // floats a row of the sums tile (padded)
 
 // sk_at is the byte offset of 16-byte group g of weight row r (rows of 128
 // bytes, groups swizzled by r % 8).
@@ -65,6 +65,11 @@ __device__ inline uint32_t sk_at(int r, int g) { return uint32_t(r * 128 + ((g ^
 // 256 bytes, groups swizzled by 2·(r % 4)).
 __device__ inline uint32_t sk_xat(int r, int g) { return uint32_t(r * 256 + ((g ^ ((r & 3) << 1)) << 4)); }
 
+// sk_tat is the index of (x row j, tile row i) in the sums tile (8·NT rows
+// of 128 float32, the tile rows swizzled by 8·(j / 2 % 4) so that the MMA
+// fragments' stores do not conflict).
+__device__ inline int sk_tat(int j, int i) { return j * kSkRows + (i ^ (((j >> 1) & 3) << 3)); }
+
 // sk_terms splits x[k], x[k+1] into their bf16 terms: hi and lo, each
 // packed with x[k] in the low half.
 __device__ inline void sk_terms(float2 v, uint32_t& hi, uint32_t& lo) {
@@ -73,9 +78,9 @@ __device__ inline void sk_terms(float2 v, uint32_t& hi, uint32_t& lo) {
 }
 
 // sk_stages is the ring's depth for NT tiles of x rows (skinny.go's
-// skinnyStages): as many as fit next to the sums tile in the 227 KiB a
-// block may take, one block a multiprocessor.
-__host__ __device__ constexpr int sk_stages(int nt) { return nt >= 8 ? 6 : nt >= 4 ? 8 : 10; }
+// skinnyStages): as many as fit in the 227 KiB a block may take, one block
+// a multiprocessor.
+__host__ __device__ constexpr int sk_stages(int nt) { return nt >= 8 ? 7 : nt >= 4 ? 9 : nt >= 2 ? 11 : 12; }
 
 // sk_units sets the units of this block, [u0, u1), and the chunks of K.
 template <bool SWIGLU>
@@ -137,10 +142,9 @@ __device__ inline void sk_issue_w(uint32_t dst, const uint16_t* w, int rows, int
 
 // skinny_prefetch runs before the PDL wait (the weights do not depend on
 // the kernels before): it issues the first STAGES − 1 units' weight copies
-// (committed with the first x copies) and zeros the rows of x past n in
-// every stage, which stay so.
+// (committed with the first x copies).
 template <int NT, bool SWIGLU>
-__device__ void skinny_prefetch(const uint16_t* w, int n, int rows, int K, int flags) {
+__device__ void skinny_prefetch(const uint16_t* w, int rows, int K, int flags) {
     constexpr int XR = 8 * NT, S = sk_stages(NT);
     constexpr uint32_t kStage = kSkWBytes + XR * 256;
     extern __shared__ __align__(128) uint8_t sk_smem[];
@@ -156,10 +160,6 @@ __device__ void skinny_prefetch(const uint16_t* w, int n, int rows, int K, int f
             rb++;
         }
     }
-    for (int e = threadIdx.x; e < S * XR * 16; e += 256) {
-        const int st = e / (XR * 16), r = (e >> 4) % XR;
-        if (r >= n) *reinterpret_cast<uint4*>(sk_smem + st * kStage + kSkWBytes + r * 256 + (e & 15) * 16) = make_uint4(0, 0, 0, 0);
-    }
 }
 
 template <int NT, bool SWIGLU>
@@ -172,10 +172,9 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
     constexpr int XC = (XR * 16 + 255) / 256;     // x groups a thread copies a unit (at most)
     extern __shared__ __align__(128) uint8_t sk_smem[];
     // No static shared memory: the kernel's dynamic limit is raised to the
-    // device's whole opt-in (module.go's raiseSmem). The sums tile and the
-    // split hand-over's flag follow the stages.
-    float* tile = reinterpret_cast<float*>(sk_smem + S * kStage);  // (XR, kSkTS)
-    int& last = *reinterpret_cast<int*>(sk_smem + S * kStage + XR * kSkTS * 4);
+    // device's whole opt-in (module.go's raiseSmem). The split hand-over's
+    // flag follows the stages.
+    int& last = *reinterpret_cast<int*>(sk_smem + S * kStage);
     const uint32_t sm = smem_addr(sk_smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int grp = warp >> 2, sl = warp & 3;  // row group, k16 slice of the chunk
@@ -187,13 +186,13 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
     const int U = (rows + outs - 1) / outs * chunks, G = gridDim.x;
     const uint64_t pol = sk_policy();
 
-    // issue_x copies chunk c of x (rows below n) into stage st.
+    // issue_x copies chunk c of x into stage st (zeros past n or K).
     auto issue_x = [&](int c, int st) {
 #pragma unroll
         for (int v = 0; v < XC; v++) {
             const int e = tid + 256 * v, r = e >> 4, g = e & 15, k = c * kSkChunk + 4 * g;
-            if (r < n) {
-                const bool ok = k < K;
+            if (r < XR) {
+                const bool ok = r < n && k < K;
                 cp16(sm + st * kStage + kSkWBytes + sk_xat(r, g), ok ? x + size_t(r) * K + k : x, ok ? 16 : 0);
             }
         }
@@ -243,6 +242,9 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
         ist = ist + 1 == S ? 0 : ist + 1;
         const uint32_t ws = sm + uint32_t(cst) * kStage;
         const uint8_t* xs = sk_smem + cst * kStage + kSkWBytes;
+        // The sums tile of a segment ending here: this unit's stage, free
+        // until the next iteration's copies.
+        float* tile = reinterpret_cast<float*>(sk_smem + cst * kStage);
         cst = cst + 1 == S ? 0 : cst + 1;
         uint32_t a[4][4];
 #pragma unroll
@@ -276,6 +278,7 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
         // The segment ends: the row group's warps add their sums into the
         // tile in slice order. acc[t][nt][e] is tile row 64·grp + 16·t +
         // gid + 8·(e / 2) times x row 8·nt + 2·tig + e % 2.
+        __syncthreads();  // every warp is done with the stage
         for (int s = 0; s < 4; s++) {
             if (sl == s) {
 #pragma unroll
@@ -284,7 +287,7 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
-                            float* p = tile + (8 * nt + 2 * tig + (e & 1)) * kSkTS + 64 * grp + 16 * t + gid + 8 * (e >> 1);
+                            float* p = tile + sk_tat(8 * nt + 2 * tig + (e & 1), 64 * grp + 16 * t + gid + 8 * (e >> 1));
                             *p = s == 0 ? acc[t][nt][e] : __fadd_rn(*p, acc[t][nt][e]);
                             acc[t][nt][e] = 0.f;
                         }
@@ -303,7 +306,7 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
                 return part + (size_t(b) * 2 + (srb == first ? 0 : 1)) * (kSkRows * XR);
             };
             float* mine = slot(blockIdx.x);
-            for (int e = tid; e < n * kSkRows; e += 256) mine[e] = tile[(e / kSkRows) * kSkTS + e % kSkRows];
+            for (int e = tid; e < n * kSkRows; e += 256) mine[e] = tile[sk_tat(e / kSkRows, e % kSkRows)];
             __threadfence();
             __syncthreads();
             // The blocks whose units hold the row block's first and last chunk.
@@ -316,7 +319,7 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
             for (int64_t b = bf; b <= bl2; b++) {  // in block order: the bits do not depend on who came last
                 const float* p = slot(b);
                 for (int e = tid; e < n * kSkRows; e += 256) {
-                    float& v = tile[(e / kSkRows) * kSkTS + e % kSkRows];
+                    float& v = tile[sk_tat(e / kSkRows, e % kSkRows)];
                     v = b == bf ? __ldcg(p + e) : __fadd_rn(v, __ldcg(p + e));
                 }
             }
@@ -328,12 +331,11 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
         for (int e = tid; e < n * outs; e += 256) {
             const int j = e / outs, i = e % outs, r = srb * outs + i;
             if (r >= rows) continue;
-            const float* tr = tile + j * kSkTS;
             if (SWIGLU) {
-                y[size_t(j) * rows + r] = swiglu_clamp1(tr[i], tr[kSkRows / 2 + i], limit);
+                y[size_t(j) * rows + r] = swiglu_clamp1(tile[sk_tat(j, i)], tile[sk_tat(j, kSkRows / 2 + i)], limit);
                 continue;
             }
-            float v = tr[i];
+            float v = tile[sk_tat(j, i)];
             if (bias) v = __fadd_rn(v, bias[r]);
             float* o = y + size_t(j) * rows + r;
             if (acc_y) v = __fadd_rn(v, *o);
@@ -354,7 +356,7 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
     extern "C" __global__ void __launch_bounds__(256, 1)                                                     \
         NAME(float* y, const float* x, const uint16_t* w, int n, int rows, int cols, const float* bias,      \
              int acc_y, float limit, float* part, int* counters, int flags) {                                \
-        skinny_prefetch<NT, SWIGLU>(w, n, rows, cols, flags);                                                \
+        skinny_prefetch<NT, SWIGLU>(w, rows, cols, flags);                                                   \
         FERRITE_PDL_WAIT();                                                                                  \
         skinny<NT, SWIGLU>(y, x, w, n, rows, cols, bias, acc_y, limit, part, counters, flags);                      \
     }
