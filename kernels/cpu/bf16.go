@@ -100,12 +100,16 @@ func dotBF16xBF16(x []uint16, w []byte) float32 {
 	return s0 + s1
 }
 
-// bf16MaxRows is the most x rows a MatMul may have to take the bf16 path.
-// VDPBF16PS runs at about half the rate of two float32 FMAs on this CPU
-// (BenchmarkBF16Tile: the 4×4 tile takes 308 ns of CPU per call at
-// k = 1024, the float32 one 254), so it gains only where the float32
-// tiles spend their time widening weights: one x row (28 against 40 ns for
-// 1×1), and two or three (about equal). Prefill keeps the float32 tiles.
+// bf16MaxRows is the most x rows a MatMul may have to take the bf16 path
+// on a CPU with AMX. There (a Sapphire Rapids Xeon) VDPBF16PS runs at
+// about half the rate of two float32 FMAs (BenchmarkBF16Tile: the 4×4 tile
+// takes 308 ns of CPU per call at k = 1024, the float32 one 254), so it
+// gains only where the float32 tiles spend their time widening weights:
+// one x row (28 against 40 ns for 1×1), and two or three (about equal);
+// AMX takes 8 rows and more. Without AMX (AMD Zen 4 and 5) VDPBF16PS does
+// twice the multiply-adds of an FMA per cycle (Zen 5: the 4×4 tile 84
+// against 175 ns of CPU for the float32 one; BenchmarkBF16GEMM at n = 512
+// 2.0-2.3× the float32 tiles), so every row count takes the bf16 path.
 const bf16MaxRows = 3
 
 // forceGenericBF16 makes bf16TilesFor return the pure-Go twin, so the bf16
@@ -140,7 +144,7 @@ func bf16Path(w *kernels.Mat, n int, on bool) int {
 		return pathAMX
 	case w.DType != kernels.BF16:
 		return pathF32
-	case n <= bf16MaxRows && bf16TilesFor() != nil:
+	case (n <= bf16MaxRows || amxKernelsFor() == nil) && bf16TilesFor() != nil:
 		return pathBF16
 	}
 	return pathF32
