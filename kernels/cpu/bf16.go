@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"os"
 	"sync/atomic"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -60,14 +61,61 @@ type bf16TileFunc func(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw 
 
 // bf16TileSet holds the tile shapes of the bf16 path: one x row against one
 // weight row (decode streams the weights row by row), one against four
-// (the x rows prefill leaves over), four against four (prefill).
+// (the x rows prefill leaves over), four against four (prefill); and, where
+// VDPBF16PS runs at full rate, the gemm tiles, which then take every call
+// of two or more x rows (btask).
 type bf16TileSet struct {
 	r1c1, r1c4, r4c4 bf16TileFunc
+	gemm             *gemmTileSet
 }
+
+// A gemmTileFunc is a bf16TileFunc that adds its sums to y when acc ≠ 0
+// (see gemmBF16R4C6), so a caller can cut k into chunks.
+type gemmTileFunc func(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, k int, acc int)
+
+// gemmTileSet is the (r, c) tiles for every r ≤ R x rows and c ≤ C weight
+// rows: t[r-1][c-1]. Each (x row, weight row) sum runs the same
+// instructions in the same order whatever tile holds it, so a row's result
+// does not depend on how rows are grouped (fused weights give the bits of
+// separate ones).
+type gemmTileSet struct {
+	R, C int
+	t    [][]gemmTileFunc
+}
+
+// gemmKC is the most columns one pass of the gemm tiles takes: a block of
+// weight rows (weightBlock bytes) and the tile's x rows stay in L1 for
+// that many columns, and each pass adds its sums to y.
+const gemmKC = 1024
+
+// genericGemmTiles is the pure-Go twin of the gemm tiles (4×6, the shape
+// kernels/_generate/bf16gemm.go generates), summing in another order.
+var genericGemmTiles = func() *gemmTileSet {
+	g := &gemmTileSet{R: 4, C: 6}
+	for r := 1; r <= g.R; r++ {
+		var row []gemmTileFunc
+		for c := 1; c <= g.C; c++ {
+			row = append(row, func(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, k int, acc int) {
+				for i := range r {
+					for j := range c {
+						s := dotBF16xBF16(x[i*ldx:i*ldx+k], w[2*j*ldw:])
+						if acc != 0 {
+							s += y[i*ldy+j]
+						}
+						y[i*ldy+j] = s
+					}
+				}
+			})
+		}
+		g.t = append(g.t, row)
+	}
+	return g
+}()
 
 // genericBF16Tiles are the pure-Go twin of the VDPBF16PS tiles: the same
 // products (exact in float32), summed in another order.
 var genericBF16Tiles = bf16TileSet{
+	gemm: genericGemmTiles,
 	r1c1: func(y []float32, _ int, x []uint16, _ int, w []byte, _ int, k int) {
 		y[0] = dotBF16xBF16(x[:k], w)
 	},
@@ -112,6 +160,17 @@ func dotBF16xBF16(x []uint16, w []byte) float32 {
 // 2.0-2.3× the float32 tiles), so every row count takes the bf16 path.
 const bf16MaxRows = 3
 
+// bf16GemmOff keeps BF16 weights on the float32 tiles from four x rows on
+// also where VDPBF16PS runs at full rate (FERRITE_CPU_BF16GEMM=0 in the
+// environment: the rule of a CPU with AMX), so one build can run both.
+var bf16GemmOff atomic.Bool
+
+// gemmTilesOff makes btask run the 4×4 tile instead of the gemm tiles (the
+// benchmarks that compare them).
+var gemmTilesOff atomic.Bool
+
+func init() { bf16GemmOff.Store(os.Getenv("FERRITE_CPU_BF16GEMM") == "0") }
+
 // forceGenericBF16 makes bf16TilesFor return the pure-Go twin, so the bf16
 // path's driver can be tested without the instruction (ForceGenericBF16).
 var forceGenericBF16 atomic.Bool
@@ -144,7 +203,7 @@ func bf16Path(w *kernels.Mat, n int, on bool) int {
 		return pathAMX
 	case w.DType != kernels.BF16:
 		return pathF32
-	case (n <= bf16MaxRows || amxKernelsFor() == nil) && bf16TilesFor() != nil:
+	case (n <= bf16MaxRows || amxKernelsFor() == nil && !bf16GemmOff.Load()) && bf16TilesFor() != nil:
 		return pathBF16
 	}
 	return pathF32
@@ -159,6 +218,10 @@ func (m *matmul) btask(r0, r1, i0, i1 int) {
 		step = max(4, weightBlock/max(2*cols, 1)&^3)
 	}
 	t, x, ld, data := m.bt, m.xb.x, m.xb.ld, m.w.Data
+	if t.gemm != nil && i1-i0 > 1 && !gemmTilesOff.Load() {
+		m.gemmTask(r0, r1, i0, i1)
+		return
+	}
 	for s0 := r0; s0 < r1; s0 += step {
 		s1 := min(r1, s0+step)
 		for i := i0; i < i1; {
@@ -185,6 +248,34 @@ func (m *matmul) btask(r0, r1, i0, i1 int) {
 				t.r1c1(yi[j:], ldy, xi, ld, data[2*j*cols:], cols, cols)
 			}
 			i++
+		}
+	}
+}
+
+// gemmTask is btask on the gemm tiles: for each block of weight rows
+// (weightBlock bytes of gemmKC columns) and each chunk of gemmKC columns,
+// every x row of the task goes past the block, R rows by C weight rows a
+// tile, the rows left over in smaller tiles; the chunks after the first
+// add to y.
+func (m *matmul) gemmTask(r0, r1, i0, i1 int) {
+	cols, ldy, g := m.w.Cols, m.ldy, m.bt.gemm
+	kc := max(32, min(cols, gemmKC))
+	step := max(g.C, weightBlock/(2*kc)/g.C*g.C)
+	x, ld, data := m.xb.x, m.xb.ld, m.w.Data
+	for s0 := r0; s0 < r1; s0 += step {
+		s1 := min(r1, s0+step)
+		for k0 := 0; k0 == 0 || k0 < cols; k0 += kc { // once for cols = 0: y = 0
+			kn, acc := min(kc, cols-k0), 0
+			if k0 > 0 {
+				acc = 1
+			}
+			for i := i0; i < i1; i += g.R {
+				r := min(g.R, i1-i)
+				xi, yi := x[i*ld+k0:], m.y[i*ldy:]
+				for j := s0; j < s1; j += g.C {
+					g.t[r-1][min(g.C, s1-j)-1](yi[j:], ldy, xi, ld, data[2*(j*cols+k0):], cols, kn, acc)
+				}
+			}
 		}
 	}
 }

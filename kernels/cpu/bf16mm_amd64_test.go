@@ -21,11 +21,13 @@ func BenchmarkBF16GEMM(b *testing.B) {
 		{512, 2048, 1024}, {512, 1024, 1024}, {512, 1024, 2048}, {512, 3072, 1024}, {512, 1024, 3072},
 		{8, 3072, 1024}, {8, 1024, 3072},
 	} {
-		for _, on := range []bool{false, true} {
-			b.Run(fmt.Sprintf("bf16x=%v/n=%d/%dx%d", on, s.n, s.rows, s.cols), func(b *testing.B) {
+		for _, path := range []string{"f32", "vdp4x4", "gemm"} {
+			b.Run(fmt.Sprintf("%s/n=%d/%dx%d", path, s.n, s.rows, s.cols), func(b *testing.B) {
 				be := New(1)
 				defer be.Close()
-				be.SetBF16Activations(on)
+				be.SetBF16Activations(path != "f32")
+				gemmTilesOff.Store(path == "vdp4x4")
+				defer gemmTilesOff.Store(false)
 				rng := rand.New(rand.NewPCG(1, 2))
 				w := kerneltest.NewMat(rng, kernels.BF16, s.rows, s.cols, 128, 128)
 				x := make([]float32, s.n*s.cols)
@@ -33,11 +35,22 @@ func BenchmarkBF16GEMM(b *testing.B) {
 					x[i] = float32(rng.NormFloat64())
 				}
 				y := make([]float32, s.n*s.rows)
+				t0 := threadCPU()
 				cpuLoop(b, func() { be.MatMul(y, x, w, s.n) })
-				b.ReportMetric(float64(s.n*s.rows*s.cols)*float64(b.N)/float64(b.Elapsed().Nanoseconds()), "GMAC/s")
+				b.ReportMetric(float64(s.n*s.rows*s.cols)*float64(b.N)/float64(threadCPU()-t0), "GMAC/cpu-s")
 			})
 		}
 	}
 }
 
 type benchShape struct{ n, rows, cols int }
+
+func BenchmarkSwiGLUTmp(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	n := 64 * 3072
+	g, u, y := make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range g {
+		g[i], u[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+	}
+	cpuLoop(b, func() { swiglu(y, g, u, 0) })
+}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/ref"
@@ -73,9 +74,7 @@ func putRow(c kernels.Tensor, s int, row []float32) {
 		copy(f32(c)[s*w:(s+1)*w], row)
 	case kernels.BF16:
 		dst := raw(c)[2*s*w : 2*(s+1)*w]
-		for j, f := range row[:w] {
-			binary.LittleEndian.PutUint16(dst[2*j:], kernels.F32ToBF16(f))
-		}
+		roundBF16(unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(dst))), w), row[:w])
 	default:
 		panic("cpu: cache dtype must be F32 or BF16")
 	}
