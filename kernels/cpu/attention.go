@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -294,17 +295,23 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 	qs := grow(&s.qs, m*hd)    // (m, hd) stacked queries
 	sc := grow(&s.sc, m*tk)    // (m, tk) scores, then probabilities
 	kr := growBytes(&s.kr, tk*hd*esz)
-	vr := growBytes(&s.vr, tk*hd*esz)
 	if cap(s.offs) < 2*tk {
 		s.offs = make([]int, 2*tk)
 	}
 	offs, lin := s.offs[:tk], s.offs[tk:2*tk] // key positions in a cache layer, in kr and vr
 	a.offsets(offs, bt)
 	off := kvh * hd
+	vdp := a.gemmScores() && hd%64 == 0 // P·V by pvVDP
+	var vr []byte
+	if !vdp {
+		vr = growBytes(&s.vr, tk*hd*esz)
+	}
 	for p, e := range offs {
 		e = (e + off) * esz
 		copy(kr[p*hd*esz:(p+1)*hd*esz], a.kraw[e:e+hd*esz])
-		copy(vr[p*hd*esz:(p+1)*hd*esz], a.vraw[e:e+hd*esz])
+		if !vdp {
+			copy(vr[p*hd*esz:(p+1)*hd*esz], a.vraw[e:e+hd*esz])
+		}
 		lin[p] = p * hd
 	}
 	for g := range grp {
@@ -316,7 +323,7 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 	}
 	// Transient: kr is refilled for every KV head (see Mat.Transient).
 	kmat := &kernels.Mat{DType: a.dt, Rows: tk, Cols: hd, Data: kr, Transient: true}
-	if b.RoundsXToBF16(kmat, m) {
+	if b.RoundsXToBF16(kmat, m) && !a.gemmScores() {
 		k := grow(&s.k, tk*hd)
 		for p := range tk {
 			a.keyRow(k[p*hd:(p+1)*hd], kr, p*hd)
@@ -330,6 +337,10 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 		softmaxRow(row[:ln], a.scale)
 		clear(row[ln:])
 	}
+	if vdp {
+		a.pvVDP(s, kvh, t0, t1, offs)
+		return
+	}
 	for g := range grp {
 		h := kvh*grp + g
 		for i := t0; i < t1; i += 2 {
@@ -342,6 +353,68 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 		}
 	}
 }
+
+// pvVDP is tile's O = P·V on VDPBF16PS, as outer products (see pvPairsR4):
+// the probabilities in s.sc (the tile's stacked rows, causal zeros
+// included) rounded to bfloat16, the head's value rows interleaved in
+// pairs of keys straight from the cache (offs: the keys' element offsets
+// in a cache layer), then four query rows at a time over the pairs their
+// last row sees, 64 columns a call.
+func (a *attnCall) pvVDP(s *attnScratch, kvh, t0, t1 int, offs []int) {
+	t := bf16TilesFor()
+	hd, grp, qw := a.hd, a.grp, a.heads*a.hd
+	nt, tk := t1-t0, len(offs)
+	m := grp * nt
+	np := (tk + 1) / 2
+	tkp := 2 * np
+	vp := growU16(&s.vt16, np*2*hd) // (np, hd) pairs of value rows
+	if cap(s.zero) < 2*hd {
+		s.zero = make([]byte, 2*hd)
+	}
+	off := 2 * kvh * hd
+	for j := range np {
+		b := s.zero[:2*hd]
+		if 2*j+1 < tk {
+			b = a.vraw[2*offs[2*j+1]+off:]
+		}
+		t.pair(vp[j*2*hd:(j+1)*2*hd], a.vraw[2*offs[2*j]+off:], b, hd)
+	}
+	ps := growU16(&s.k16, m*tkp) // (m, tkp) probabilities
+	for r := range m {
+		roundBF16(ps[r*tkp:r*tkp+tk], s.sc[r*tk:(r+1)*tk])
+		if tkp > tk {
+			ps[r*tkp+tk] = 0
+		}
+	}
+	for g := range grp {
+		h := kvh*grp + g
+		for i := t0; i < t1; i += 4 {
+			rows := min(4, t1-i)
+			pairs := (int(a.pos[i+rows-1]) + 2) / 2 // the key pairs the last row sees
+			o := a.out[i*qw+h*hd:]
+			for r := range rows {
+				clear(o[r*qw : r*qw+hd])
+			}
+			p := ps[(g*nt+i-t0)*tkp:]
+			for d0 := 0; d0 < hd; d0 += 64 {
+				t.pv[rows-1](o[d0:], qw, p, tkp, vp[2*d0:], 2*hd, pairs)
+			}
+		}
+	}
+}
+
+// gemmScores reports whether tile's Q·Kᵀ runs on the gemm tiles over the
+// BF16 keys as cached, the queries rounded to bfloat16 (the precision
+// tileAMX has): where bfloat16 activations are allowed and VDPBF16PS runs at
+// full rate. Elsewhere a rounding path gets the keys widened to float32, so
+// that the queries stay float32.
+func (a *attnCall) gemmScores() bool {
+	t := bf16TilesFor()
+	return a.dt == kernels.BF16 && a.b.bf16x && t != nil && t.gemm != nil && !attnGemmOff.Load()
+}
+
+// attnGemmOff turns gemmScores off (the benchmarks that compare).
+var attnGemmOff atomic.Bool
 
 // growBytes is grow for bytes.
 func growBytes(p *[]byte, n int) []byte {
@@ -412,7 +485,8 @@ type attnScratch struct {
 	k, vt, qs, sc, os []float32
 	offs              []int     // tile's key offsets
 	kr, vr            []byte    // tile's keys and values, contiguous
-	k16, vt16         []uint16  // tileAMX's keys and values
+	k16, vt16         []uint16  // tileAMX's keys and values; pvVDP's probabilities and value pairs
+	zero              []byte    // pvVDP's zero value row
 	xs                xbufs     // its products' converted x
 	f32               []float32 // and their task scratch
 }

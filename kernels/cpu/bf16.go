@@ -67,6 +67,52 @@ type bf16TileFunc func(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw 
 type bf16TileSet struct {
 	r1c1, r1c4, r4c4 bf16TileFunc
 	gemm             *gemmTileSet
+	gemv             gemvFunc // one x row against a block of weight rows, or nil
+
+	// Prefill attention's P·V as outer products (attention.go, pvVDP),
+	// with the gemm tiles: two value rows interleaved, and 1 to 4
+	// probability rows against the pairs.
+	pair func(dst []uint16, a, b []byte, n int)
+	pv   [4]pvPairsFunc
+}
+
+// A pvPairsFunc adds rows (its index + 1) bfloat16 probability rows times
+// the paired value rows to 64 columns of o (see pvPairsR4).
+type pvPairsFunc func(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+
+// pairGo is the pure-Go twin of pairBF16: dst[2i], dst[2i+1] = a[i], b[i]
+// for i < n, a and b little-endian bfloat16 bytes.
+func pairGo(dst []uint16, a, b []byte, n int) {
+	for i := range n {
+		dst[2*i] = uint16(a[2*i]) | uint16(a[2*i+1])<<8
+		dst[2*i+1] = uint16(b[2*i]) | uint16(b[2*i+1])<<8
+	}
+}
+
+// pvPairsGo returns the pure-Go twin of the pvPairs kernel of rows rows.
+func pvPairsGo(rows int) pvPairsFunc {
+	return func(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int) {
+		for r := range rows {
+			for d := range 64 {
+				var s float32
+				for j := range npairs {
+					s += kernels.BF16ToF32(p[r*ldp+2*j])*kernels.BF16ToF32(vp[j*ldv+2*d]) +
+						kernels.BF16ToF32(p[r*ldp+2*j+1])*kernels.BF16ToF32(vp[j*ldv+2*d+1])
+				}
+				o[r*ldo+d] += s
+			}
+		}
+	}
+}
+
+// A gemvFunc sets y[j] = Σᵢ<k x[i]·w[j*ldw+i] for j < rows (see gemvBF16).
+type gemvFunc func(y []float32, x []uint16, w []byte, ldw, k, rows int)
+
+// gemvGo is the pure-Go twin of the gemv kernels.
+func gemvGo(y []float32, x []uint16, w []byte, ldw, k, rows int) {
+	for j := range rows {
+		y[j] = dotBF16xBF16(x[:k], w[2*j*ldw:])
+	}
 }
 
 // A gemmTileFunc is a bf16TileFunc that adds its sums to y when acc ≠ 0
@@ -116,6 +162,9 @@ var genericGemmTiles = func() *gemmTileSet {
 // products (exact in float32), summed in another order.
 var genericBF16Tiles = bf16TileSet{
 	gemm: genericGemmTiles,
+	gemv: gemvGo,
+	pair: pairGo,
+	pv:   [4]pvPairsFunc{pvPairsGo(1), pvPairsGo(2), pvPairsGo(3), pvPairsGo(4)},
 	r1c1: func(y []float32, _ int, x []uint16, _ int, w []byte, _ int, k int) {
 		y[0] = dotBF16xBF16(x[:k], w)
 	},
@@ -220,6 +269,10 @@ func (m *matmul) btask(r0, r1, i0, i1 int) {
 	t, x, ld, data := m.bt, m.xb.x, m.xb.ld, m.w.Data
 	if t.gemm != nil && i1-i0 > 1 && !gemmTilesOff.Load() {
 		m.gemmTask(r0, r1, i0, i1)
+		return
+	}
+	if t.gemv != nil && i1-i0 == 1 {
+		t.gemv(m.y[i0*ldy+r0:i0*ldy+r1], x[i0*ld:(i0+1)*ld], data[2*r0*cols:2*r1*cols], cols, cols, r1-r0)
 		return
 	}
 	for s0 := r0; s0 < r1; s0 += step {

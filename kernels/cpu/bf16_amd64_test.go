@@ -314,3 +314,154 @@ func TestGemmRowsIndependentOfGrouping(t *testing.T) {
 		}
 	}
 }
+
+// TestGemvMatchesGo checks the gemv kernels against their Go twin for
+// every column count mod 32 and a few row counts, NaN right after each
+// weight row's k columns and past y's rows.
+func TestGemvMatchesGo(t *testing.T) {
+	if !cpuinfo.BF16() {
+		t.Skip("no AVX-512 BF16")
+	}
+	rng := rand.New(rand.NewPCG(11, 12))
+	for name, f := range map[string]gemvFunc{"P0": gemvBF16, "P1024": gemvBF16P1024, "P2048": gemvBF16P2048, "P4096": gemvBF16P4096} {
+		for _, k := range []int{0, 1, 31, 32, 33, 127, 128, 129, 255, 256, 1024, 1055} {
+			for _, rows := range []int{0, 1, 3, 17} {
+				ld := (k + 31) &^ 31
+				var xr bf16Rows
+				xr.resize(1, k)
+				x := make([]float32, k)
+				for i := range x {
+					x[i] = float32(rng.NormFloat64())
+				}
+				xr.roundRows(x, k, 0, 1)
+				ldw := k + 3
+				w := make([]byte, 2*rows*ldw)
+				for i := range rows * ldw {
+					v := uint16(0x7fc1) // NaN
+					if i%ldw < k {
+						v = kernels.F32ToBF16(float32(0.1 * rng.NormFloat64()))
+					}
+					w[2*i], w[2*i+1] = byte(v), byte(v>>8)
+				}
+				got, want := make([]float32, rows+1), make([]float32, rows)
+				got[rows] = float32(math.NaN())
+				f(got, xr.x[:ld], w, ldw, k, rows)
+				gemvGo(want, xr.x[:ld], w, ldw, k, rows)
+				if !math.IsNaN(float64(got[rows])) {
+					t.Fatalf("%s k=%d rows=%d: y[rows] written", name, k, rows)
+				}
+				for j := range rows {
+					var abs float64
+					for i := range k {
+						abs += math.Abs(float64(kernels.BF16ToF32(xr.x[i]) * bf16At(w[2*j*ldw:], i)))
+					}
+					if d := math.Abs(float64(got[j] - want[j])); !(d <= abs/(1<<18)) {
+						t.Fatalf("%s k=%d rows=%d: y[%d] = %g, Go twin %g (|Σ| %g)", name, k, rows, j, got[j], want[j], abs)
+					}
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkGemvCold streams 1 GiB of BF16 weight matrices (decode: 4096
+// rows of 1024 columns each) through MatMul on two workers with each gemv
+// kernel: the memory rate of a decode step's products.
+func BenchmarkGemvCold(b *testing.B) {
+	if !cpuinfo.BF16() || cpuinfo.AMX() {
+		b.Skip("no gemv path on this CPU")
+	}
+	const rows, cols = 4096, 1024
+	per := rows * cols * 2
+	buf := make([]byte, 1<<30)
+	for i := 0; i < len(buf); i += 2 { // normal numbers, ±(1..2)·2⁻⁴
+		v := kernels.F32ToBF16(float32(int(i%509)-254) / 4096)
+		buf[i], buf[i+1] = byte(v), byte(v>>8)
+	}
+	ws := make([]*kernels.Mat, len(buf)/per)
+	for i := range ws {
+		ws[i] = &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols, Data: buf[i*per : (i+1)*per]}
+	}
+	x, y := make([]float32, cols), make([]float32, rows)
+	old := vdpbf16GemmTiles.gemv
+	defer func() { vdpbf16GemmTiles.gemv = old }()
+	for _, v := range []struct {
+		name string
+		f    gemvFunc
+	}{{"r1c1", nil}, {"P0", gemvBF16}, {"P1024", gemvBF16P1024}, {"P2048", gemvBF16P2048}, {"P4096", gemvBF16P4096}} {
+		b.Run(v.name, func(b *testing.B) {
+			vdpbf16GemmTiles.gemv = v.f
+			be := New(2)
+			defer be.Close()
+			be.SetBF16Activations(true)
+			b.SetBytes(int64(per))
+			i := 0
+			for b.Loop() {
+				be.MatMul(y, x, ws[i], 1)
+				i = (i + 1) % len(ws)
+			}
+		})
+	}
+}
+
+// TestPVPairsMatchGo checks pairBF16 (bit-exact) and the pvPairs kernels
+// (the float32 sums in another order) against their Go twins, with NaN in
+// o past the 64 columns and rows (they must not be written).
+func TestPVPairsMatchGo(t *testing.T) {
+	if !cpuinfo.BF16() {
+		t.Skip("no AVX-512 BF16")
+	}
+	rng := rand.New(rand.NewPCG(13, 14))
+	rnd := func(n int, s float64) []uint16 {
+		v := make([]uint16, n)
+		for i := range v {
+			v[i] = kernels.F32ToBF16(float32(s * rng.NormFloat64()))
+		}
+		return v
+	}
+	for _, n := range []int{0, 32, 128, 256} {
+		a, b := u16Bytes(rnd(n, 1)), u16Bytes(rnd(n, 1))
+		got, want := make([]uint16, 2*n+1), make([]uint16, 2*n+1)
+		pairBF16(got, a, b, n)
+		pairGo(want, a, b, n)
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("pairBF16 n=%d: dst[%d] = %#x, want %#x", n, i, got[i], want[i])
+			}
+		}
+	}
+	const ldo, ldp, ldv = 70, 41, 130
+	for rows := 1; rows <= 4; rows++ {
+		for _, np := range []int{0, 1, 7, 20} {
+			p, vp := rnd(rows*ldp, 0.3), rnd(np*ldv, 1)
+			got := make([]float32, rows*ldo)
+			for i := range got {
+				got[i] = float32(math.NaN())
+				if i%ldo < 64 {
+					got[i] = float32(rng.NormFloat64())
+				}
+			}
+			want := append([]float32(nil), got...)
+			vdpbf16GemmTiles.pv[rows-1](got, ldo, p, ldp, vp, ldv, np)
+			pvPairsGo(rows)(want, ldo, p, ldp, vp, ldv, np)
+			for r := range rows {
+				for d := range ldo {
+					g, w := got[r*ldo+d], want[r*ldo+d]
+					if d >= 64 {
+						if !math.IsNaN(float64(g)) {
+							t.Fatalf("R%d np=%d: o[%d, %d] written", rows, np, r, d)
+						}
+						continue
+					}
+					abs := math.Abs(float64(w))
+					for j := range 2 * np {
+						abs += math.Abs(float64(kernels.BF16ToF32(p[r*ldp+j]) * kernels.BF16ToF32(vp[j/2*ldv+2*d+j%2])))
+					}
+					if diff := math.Abs(float64(g - w)); !(diff <= abs/(1<<18)) {
+						t.Fatalf("R%d np=%d: o[%d, %d] = %g, Go twin %g", rows, np, r, d, g, w)
+					}
+				}
+			}
+		}
+	}
+}

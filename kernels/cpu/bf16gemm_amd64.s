@@ -7289,3 +7289,1201 @@ gemmBF16R4C6_add:
 gemmBF16R4C6_done:
 	VZEROUPPER
 	RET
+
+// func gemvBF16(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VL, BMI2
+TEXT ·gemvBF16(SB), NOSPLIT, $0-96
+	MOVQ  y_base+0(FP), AX
+	MOVQ  x_base+24(FP), CX
+	MOVQ  w_base+48(FP), DX
+	MOVQ  ldw+72(FP), BX
+	SHLQ  $0x01, BX
+	MOVQ  k+80(FP), SI
+	MOVQ  rows+88(FP), DI
+	TESTQ DI, DI
+	JZ    gemvBF16_done
+	MOVQ  SI, R8
+	ANDQ  $0x1f, R8
+	MOVL  $0xffffffff, R9
+	BZHIL R8, R9, R9
+	KMOVD R9, K1
+	MOVQ  SI, R9
+	SHRQ  $0x07, R9
+	SHLQ  $0x08, R9
+	SHRQ  $0x05, SI
+	SHLQ  $0x06, SI
+
+gemvBF16_row:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	XORQ   R10, R10
+
+gemvBF16_loop4:
+	CMPQ      R10, R9
+	JAE       gemvBF16_loop1
+	VMOVDQU16 (DX)(R10*1), Z8
+	VMOVDQU16 (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z0
+	BYTE      $0x62
+	BYTE      $0xd2
+	BYTE      $0x3e
+	BYTE      $0x48
+	BYTE      $0x52
+	BYTE      $0xc4
+	VMOVDQU16 64(DX)(R10*1), Z9
+	VMOVDQU16 64(CX)(R10*1), Z13
+
+	// VDPBF16PS Z13, Z9, Z1
+	BYTE      $0x62
+	BYTE      $0xd2
+	BYTE      $0x36
+	BYTE      $0x48
+	BYTE      $0x52
+	BYTE      $0xcd
+	VMOVDQU16 128(DX)(R10*1), Z10
+	VMOVDQU16 128(CX)(R10*1), Z14
+
+	// VDPBF16PS Z14, Z10, Z2
+	BYTE      $0x62
+	BYTE      $0xd2
+	BYTE      $0x2e
+	BYTE      $0x48
+	BYTE      $0x52
+	BYTE      $0xd6
+	VMOVDQU16 192(DX)(R10*1), Z11
+	VMOVDQU16 192(CX)(R10*1), Z15
+
+	// VDPBF16PS Z15, Z11, Z3
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x26
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xdf
+	ADDQ $0x00000100, R10
+	JMP  gemvBF16_loop4
+
+gemvBF16_loop1:
+	CMPQ      R10, SI
+	JAE       gemvBF16_tail
+	VMOVDQU16 (DX)(R10*1), Z8
+	VMOVDQU16 (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z0
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc4
+	ADDQ $0x40, R10
+	JMP  gemvBF16_loop1
+
+gemvBF16_tail:
+	TESTQ       R8, R8
+	JZ          gemvBF16_reduce
+	VMOVDQU16.Z (DX)(R10*1), K1, Z8
+	VMOVDQU16   (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z1
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcc
+
+gemvBF16_reduce:
+	VADDPS        Z1, Z0, Z0
+	VADDPS        Z3, Z2, Z2
+	VADDPS        Z2, Z0, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y1
+	VADDPS        Y1, Y0, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X0
+	VPERMILPD     $0x01, X0, X1
+	VADDPS        X1, X0, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X0
+	VMOVSS        X0, (AX)
+	ADDQ          $0x04, AX
+	ADDQ          BX, DX
+	DECQ          DI
+	JNZ           gemvBF16_row
+
+gemvBF16_done:
+	VZEROUPPER
+	RET
+
+// func gemvBF16P1024(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemvBF16P1024(SB), NOSPLIT, $0-96
+	MOVQ  y_base+0(FP), AX
+	MOVQ  x_base+24(FP), CX
+	MOVQ  w_base+48(FP), DX
+	MOVQ  ldw+72(FP), BX
+	SHLQ  $0x01, BX
+	MOVQ  k+80(FP), SI
+	MOVQ  rows+88(FP), DI
+	TESTQ DI, DI
+	JZ    gemvBF16P1024_done
+	MOVQ  SI, R8
+	ANDQ  $0x1f, R8
+	MOVL  $0xffffffff, R9
+	BZHIL R8, R9, R9
+	KMOVD R9, K1
+	MOVQ  SI, R9
+	SHRQ  $0x07, R9
+	SHLQ  $0x08, R9
+	SHRQ  $0x05, SI
+	SHLQ  $0x06, SI
+
+gemvBF16P1024_row:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	XORQ   R10, R10
+
+gemvBF16P1024_loop4:
+	CMPQ       R10, R9
+	JAE        gemvBF16P1024_loop1
+	PREFETCHT0 1024(DX)(R10*1)
+	VMOVDQU16  (DX)(R10*1), Z8
+	VMOVDQU16  (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z0
+	BYTE       $0x62
+	BYTE       $0xd2
+	BYTE       $0x3e
+	BYTE       $0x48
+	BYTE       $0x52
+	BYTE       $0xc4
+	PREFETCHT0 1088(DX)(R10*1)
+	VMOVDQU16  64(DX)(R10*1), Z9
+	VMOVDQU16  64(CX)(R10*1), Z13
+
+	// VDPBF16PS Z13, Z9, Z1
+	BYTE       $0x62
+	BYTE       $0xd2
+	BYTE       $0x36
+	BYTE       $0x48
+	BYTE       $0x52
+	BYTE       $0xcd
+	PREFETCHT0 1152(DX)(R10*1)
+	VMOVDQU16  128(DX)(R10*1), Z10
+	VMOVDQU16  128(CX)(R10*1), Z14
+
+	// VDPBF16PS Z14, Z10, Z2
+	BYTE       $0x62
+	BYTE       $0xd2
+	BYTE       $0x2e
+	BYTE       $0x48
+	BYTE       $0x52
+	BYTE       $0xd6
+	PREFETCHT0 1216(DX)(R10*1)
+	VMOVDQU16  192(DX)(R10*1), Z11
+	VMOVDQU16  192(CX)(R10*1), Z15
+
+	// VDPBF16PS Z15, Z11, Z3
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x26
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xdf
+	ADDQ $0x00000100, R10
+	JMP  gemvBF16P1024_loop4
+
+gemvBF16P1024_loop1:
+	CMPQ      R10, SI
+	JAE       gemvBF16P1024_tail
+	VMOVDQU16 (DX)(R10*1), Z8
+	VMOVDQU16 (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z0
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc4
+	ADDQ $0x40, R10
+	JMP  gemvBF16P1024_loop1
+
+gemvBF16P1024_tail:
+	TESTQ       R8, R8
+	JZ          gemvBF16P1024_reduce
+	VMOVDQU16.Z (DX)(R10*1), K1, Z8
+	VMOVDQU16   (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z1
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcc
+
+gemvBF16P1024_reduce:
+	VADDPS        Z1, Z0, Z0
+	VADDPS        Z3, Z2, Z2
+	VADDPS        Z2, Z0, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y1
+	VADDPS        Y1, Y0, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X0
+	VPERMILPD     $0x01, X0, X1
+	VADDPS        X1, X0, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X0
+	VMOVSS        X0, (AX)
+	ADDQ          $0x04, AX
+	ADDQ          BX, DX
+	DECQ          DI
+	JNZ           gemvBF16P1024_row
+
+gemvBF16P1024_done:
+	VZEROUPPER
+	RET
+
+// func gemvBF16P2048(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemvBF16P2048(SB), NOSPLIT, $0-96
+	MOVQ  y_base+0(FP), AX
+	MOVQ  x_base+24(FP), CX
+	MOVQ  w_base+48(FP), DX
+	MOVQ  ldw+72(FP), BX
+	SHLQ  $0x01, BX
+	MOVQ  k+80(FP), SI
+	MOVQ  rows+88(FP), DI
+	TESTQ DI, DI
+	JZ    gemvBF16P2048_done
+	MOVQ  SI, R8
+	ANDQ  $0x1f, R8
+	MOVL  $0xffffffff, R9
+	BZHIL R8, R9, R9
+	KMOVD R9, K1
+	MOVQ  SI, R9
+	SHRQ  $0x07, R9
+	SHLQ  $0x08, R9
+	SHRQ  $0x05, SI
+	SHLQ  $0x06, SI
+
+gemvBF16P2048_row:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	XORQ   R10, R10
+
+gemvBF16P2048_loop4:
+	CMPQ       R10, R9
+	JAE        gemvBF16P2048_loop1
+	PREFETCHT0 2048(DX)(R10*1)
+	VMOVDQU16  (DX)(R10*1), Z8
+	VMOVDQU16  (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z0
+	BYTE       $0x62
+	BYTE       $0xd2
+	BYTE       $0x3e
+	BYTE       $0x48
+	BYTE       $0x52
+	BYTE       $0xc4
+	PREFETCHT0 2112(DX)(R10*1)
+	VMOVDQU16  64(DX)(R10*1), Z9
+	VMOVDQU16  64(CX)(R10*1), Z13
+
+	// VDPBF16PS Z13, Z9, Z1
+	BYTE       $0x62
+	BYTE       $0xd2
+	BYTE       $0x36
+	BYTE       $0x48
+	BYTE       $0x52
+	BYTE       $0xcd
+	PREFETCHT0 2176(DX)(R10*1)
+	VMOVDQU16  128(DX)(R10*1), Z10
+	VMOVDQU16  128(CX)(R10*1), Z14
+
+	// VDPBF16PS Z14, Z10, Z2
+	BYTE       $0x62
+	BYTE       $0xd2
+	BYTE       $0x2e
+	BYTE       $0x48
+	BYTE       $0x52
+	BYTE       $0xd6
+	PREFETCHT0 2240(DX)(R10*1)
+	VMOVDQU16  192(DX)(R10*1), Z11
+	VMOVDQU16  192(CX)(R10*1), Z15
+
+	// VDPBF16PS Z15, Z11, Z3
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x26
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xdf
+	ADDQ $0x00000100, R10
+	JMP  gemvBF16P2048_loop4
+
+gemvBF16P2048_loop1:
+	CMPQ      R10, SI
+	JAE       gemvBF16P2048_tail
+	VMOVDQU16 (DX)(R10*1), Z8
+	VMOVDQU16 (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z0
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc4
+	ADDQ $0x40, R10
+	JMP  gemvBF16P2048_loop1
+
+gemvBF16P2048_tail:
+	TESTQ       R8, R8
+	JZ          gemvBF16P2048_reduce
+	VMOVDQU16.Z (DX)(R10*1), K1, Z8
+	VMOVDQU16   (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z1
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcc
+
+gemvBF16P2048_reduce:
+	VADDPS        Z1, Z0, Z0
+	VADDPS        Z3, Z2, Z2
+	VADDPS        Z2, Z0, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y1
+	VADDPS        Y1, Y0, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X0
+	VPERMILPD     $0x01, X0, X1
+	VADDPS        X1, X0, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X0
+	VMOVSS        X0, (AX)
+	ADDQ          $0x04, AX
+	ADDQ          BX, DX
+	DECQ          DI
+	JNZ           gemvBF16P2048_row
+
+gemvBF16P2048_done:
+	VZEROUPPER
+	RET
+
+// func gemvBF16P4096(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemvBF16P4096(SB), NOSPLIT, $0-96
+	MOVQ  y_base+0(FP), AX
+	MOVQ  x_base+24(FP), CX
+	MOVQ  w_base+48(FP), DX
+	MOVQ  ldw+72(FP), BX
+	SHLQ  $0x01, BX
+	MOVQ  k+80(FP), SI
+	MOVQ  rows+88(FP), DI
+	TESTQ DI, DI
+	JZ    gemvBF16P4096_done
+	MOVQ  SI, R8
+	ANDQ  $0x1f, R8
+	MOVL  $0xffffffff, R9
+	BZHIL R8, R9, R9
+	KMOVD R9, K1
+	MOVQ  SI, R9
+	SHRQ  $0x07, R9
+	SHLQ  $0x08, R9
+	SHRQ  $0x05, SI
+	SHLQ  $0x06, SI
+
+gemvBF16P4096_row:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	XORQ   R10, R10
+
+gemvBF16P4096_loop4:
+	CMPQ       R10, R9
+	JAE        gemvBF16P4096_loop1
+	PREFETCHT0 4096(DX)(R10*1)
+	VMOVDQU16  (DX)(R10*1), Z8
+	VMOVDQU16  (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z0
+	BYTE       $0x62
+	BYTE       $0xd2
+	BYTE       $0x3e
+	BYTE       $0x48
+	BYTE       $0x52
+	BYTE       $0xc4
+	PREFETCHT0 4160(DX)(R10*1)
+	VMOVDQU16  64(DX)(R10*1), Z9
+	VMOVDQU16  64(CX)(R10*1), Z13
+
+	// VDPBF16PS Z13, Z9, Z1
+	BYTE       $0x62
+	BYTE       $0xd2
+	BYTE       $0x36
+	BYTE       $0x48
+	BYTE       $0x52
+	BYTE       $0xcd
+	PREFETCHT0 4224(DX)(R10*1)
+	VMOVDQU16  128(DX)(R10*1), Z10
+	VMOVDQU16  128(CX)(R10*1), Z14
+
+	// VDPBF16PS Z14, Z10, Z2
+	BYTE       $0x62
+	BYTE       $0xd2
+	BYTE       $0x2e
+	BYTE       $0x48
+	BYTE       $0x52
+	BYTE       $0xd6
+	PREFETCHT0 4288(DX)(R10*1)
+	VMOVDQU16  192(DX)(R10*1), Z11
+	VMOVDQU16  192(CX)(R10*1), Z15
+
+	// VDPBF16PS Z15, Z11, Z3
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x26
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xdf
+	ADDQ $0x00000100, R10
+	JMP  gemvBF16P4096_loop4
+
+gemvBF16P4096_loop1:
+	CMPQ      R10, SI
+	JAE       gemvBF16P4096_tail
+	VMOVDQU16 (DX)(R10*1), Z8
+	VMOVDQU16 (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z0
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc4
+	ADDQ $0x40, R10
+	JMP  gemvBF16P4096_loop1
+
+gemvBF16P4096_tail:
+	TESTQ       R8, R8
+	JZ          gemvBF16P4096_reduce
+	VMOVDQU16.Z (DX)(R10*1), K1, Z8
+	VMOVDQU16   (CX)(R10*1), Z12
+
+	// VDPBF16PS Z12, Z8, Z1
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcc
+
+gemvBF16P4096_reduce:
+	VADDPS        Z1, Z0, Z0
+	VADDPS        Z3, Z2, Z2
+	VADDPS        Z2, Z0, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y1
+	VADDPS        Y1, Y0, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X0
+	VPERMILPD     $0x01, X0, X1
+	VADDPS        X1, X0, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X0
+	VMOVSS        X0, (AX)
+	ADDQ          $0x04, AX
+	ADDQ          BX, DX
+	DECQ          DI
+	JNZ           gemvBF16P4096_row
+
+gemvBF16P4096_done:
+	VZEROUPPER
+	RET
+
+DATA pairidx<>+0(SB)/2, $0x0000
+DATA pairidx<>+2(SB)/2, $0x0020
+DATA pairidx<>+4(SB)/2, $0x0001
+DATA pairidx<>+6(SB)/2, $0x0021
+DATA pairidx<>+8(SB)/2, $0x0002
+DATA pairidx<>+10(SB)/2, $0x0022
+DATA pairidx<>+12(SB)/2, $0x0003
+DATA pairidx<>+14(SB)/2, $0x0023
+DATA pairidx<>+16(SB)/2, $0x0004
+DATA pairidx<>+18(SB)/2, $0x0024
+DATA pairidx<>+20(SB)/2, $0x0005
+DATA pairidx<>+22(SB)/2, $0x0025
+DATA pairidx<>+24(SB)/2, $0x0006
+DATA pairidx<>+26(SB)/2, $0x0026
+DATA pairidx<>+28(SB)/2, $0x0007
+DATA pairidx<>+30(SB)/2, $0x0027
+DATA pairidx<>+32(SB)/2, $0x0008
+DATA pairidx<>+34(SB)/2, $0x0028
+DATA pairidx<>+36(SB)/2, $0x0009
+DATA pairidx<>+38(SB)/2, $0x0029
+DATA pairidx<>+40(SB)/2, $0x000a
+DATA pairidx<>+42(SB)/2, $0x002a
+DATA pairidx<>+44(SB)/2, $0x000b
+DATA pairidx<>+46(SB)/2, $0x002b
+DATA pairidx<>+48(SB)/2, $0x000c
+DATA pairidx<>+50(SB)/2, $0x002c
+DATA pairidx<>+52(SB)/2, $0x000d
+DATA pairidx<>+54(SB)/2, $0x002d
+DATA pairidx<>+56(SB)/2, $0x000e
+DATA pairidx<>+58(SB)/2, $0x002e
+DATA pairidx<>+60(SB)/2, $0x000f
+DATA pairidx<>+62(SB)/2, $0x002f
+DATA pairidx<>+64(SB)/2, $0x0010
+DATA pairidx<>+66(SB)/2, $0x0030
+DATA pairidx<>+68(SB)/2, $0x0011
+DATA pairidx<>+70(SB)/2, $0x0031
+DATA pairidx<>+72(SB)/2, $0x0012
+DATA pairidx<>+74(SB)/2, $0x0032
+DATA pairidx<>+76(SB)/2, $0x0013
+DATA pairidx<>+78(SB)/2, $0x0033
+DATA pairidx<>+80(SB)/2, $0x0014
+DATA pairidx<>+82(SB)/2, $0x0034
+DATA pairidx<>+84(SB)/2, $0x0015
+DATA pairidx<>+86(SB)/2, $0x0035
+DATA pairidx<>+88(SB)/2, $0x0016
+DATA pairidx<>+90(SB)/2, $0x0036
+DATA pairidx<>+92(SB)/2, $0x0017
+DATA pairidx<>+94(SB)/2, $0x0037
+DATA pairidx<>+96(SB)/2, $0x0018
+DATA pairidx<>+98(SB)/2, $0x0038
+DATA pairidx<>+100(SB)/2, $0x0019
+DATA pairidx<>+102(SB)/2, $0x0039
+DATA pairidx<>+104(SB)/2, $0x001a
+DATA pairidx<>+106(SB)/2, $0x003a
+DATA pairidx<>+108(SB)/2, $0x001b
+DATA pairidx<>+110(SB)/2, $0x003b
+DATA pairidx<>+112(SB)/2, $0x001c
+DATA pairidx<>+114(SB)/2, $0x003c
+DATA pairidx<>+116(SB)/2, $0x001d
+DATA pairidx<>+118(SB)/2, $0x003d
+DATA pairidx<>+120(SB)/2, $0x001e
+DATA pairidx<>+122(SB)/2, $0x003e
+DATA pairidx<>+124(SB)/2, $0x001f
+DATA pairidx<>+126(SB)/2, $0x003f
+GLOBL pairidx<>(SB), RODATA|NOPTR, $128
+
+// func pairBF16(dst []uint16, a []byte, b []byte, n int)
+// Requires: AVX, AVX512BW
+TEXT ·pairBF16(SB), NOSPLIT, $0-80
+	MOVQ      dst_base+0(FP), AX
+	MOVQ      a_base+24(FP), CX
+	MOVQ      b_base+48(FP), DX
+	MOVQ      n+72(FP), BX
+	SHRQ      $0x05, BX
+	JZ        pairBF16_done
+	VMOVDQU16 pairidx<>+0(SB), Z0
+	VMOVDQU16 pairidx<>+64(SB), Z1
+
+pairBF16_loop:
+	VMOVDQU16 (CX), Z2
+	VMOVDQU16 (CX), Z3
+	VPERMT2W  (DX), Z0, Z2
+	VPERMT2W  (DX), Z1, Z3
+	VMOVDQU16 Z2, (AX)
+	VMOVDQU16 Z3, 64(AX)
+	ADDQ      $0x40, CX
+	ADDQ      $0x40, DX
+	ADDQ      $0x00000080, AX
+	DECQ      BX
+	JNZ       pairBF16_loop
+
+pairBF16_done:
+	VZEROUPPER
+	RET
+
+// func pvPairsR1(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+// Requires: AVX, AVX512BW, AVX512F
+TEXT ·pvPairsR1(SB), NOSPLIT, $0-104
+	MOVQ   ldp+56(FP), AX
+	SHLQ   $0x01, AX
+	MOVQ   p_base+32(FP), AX
+	MOVQ   vp_base+64(FP), CX
+	MOVQ   ldv+88(FP), DX
+	SHLQ   $0x01, DX
+	MOVQ   npairs+96(FP), BX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	TESTQ  BX, BX
+	JZ     pvPairsR1_store
+
+pvPairsR1_loop:
+	VMOVDQU16    (CX), Z16
+	VMOVDQU16    64(CX), Z17
+	VMOVDQU16    128(CX), Z18
+	VMOVDQU16    192(CX), Z19
+	VPBROADCASTD (AX), Z20
+
+	// VDPBF16PS Z20, Z16, Z0
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z20, Z17, Z1
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z20, Z18, Z2
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xdc
+	ADDQ $0x04, AX
+	ADDQ DX, CX
+	DECQ BX
+	JNZ  pvPairsR1_loop
+
+pvPairsR1_store:
+	MOVQ    o_base+0(FP), AX
+	MOVQ    ldo+24(FP), CX
+	SHLQ    $0x02, CX
+	VADDPS  (AX), Z0, Z0
+	VMOVUPS Z0, (AX)
+	VADDPS  64(AX), Z1, Z1
+	VMOVUPS Z1, 64(AX)
+	VADDPS  128(AX), Z2, Z2
+	VMOVUPS Z2, 128(AX)
+	VADDPS  192(AX), Z3, Z3
+	VMOVUPS Z3, 192(AX)
+	VZEROUPPER
+	RET
+
+// func pvPairsR2(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+// Requires: AVX, AVX512BW, AVX512F
+TEXT ·pvPairsR2(SB), NOSPLIT, $0-104
+	MOVQ   ldp+56(FP), AX
+	SHLQ   $0x01, AX
+	MOVQ   p_base+32(FP), CX
+	MOVQ   vp_base+64(FP), DX
+	MOVQ   ldv+88(FP), BX
+	SHLQ   $0x01, BX
+	MOVQ   npairs+96(FP), SI
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	TESTQ  SI, SI
+	JZ     pvPairsR2_store
+
+pvPairsR2_loop:
+	VMOVDQU16    (DX), Z16
+	VMOVDQU16    64(DX), Z17
+	VMOVDQU16    128(DX), Z18
+	VMOVDQU16    192(DX), Z19
+	VPBROADCASTD (CX), Z20
+
+	// VDPBF16PS Z20, Z16, Z0
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z20, Z17, Z1
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z20, Z18, Z2
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (CX)(AX*1), Z21
+
+	// VDPBF16PS Z21, Z16, Z4
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z21, Z17, Z5
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z21, Z18, Z6
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z21, Z19, Z7
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xfd
+	ADDQ $0x04, CX
+	ADDQ BX, DX
+	DECQ SI
+	JNZ  pvPairsR2_loop
+
+pvPairsR2_store:
+	MOVQ    o_base+0(FP), AX
+	MOVQ    ldo+24(FP), CX
+	SHLQ    $0x02, CX
+	VADDPS  (AX), Z0, Z0
+	VMOVUPS Z0, (AX)
+	VADDPS  64(AX), Z1, Z1
+	VMOVUPS Z1, 64(AX)
+	VADDPS  128(AX), Z2, Z2
+	VMOVUPS Z2, 128(AX)
+	VADDPS  192(AX), Z3, Z3
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VADDPS  (AX), Z4, Z4
+	VMOVUPS Z4, (AX)
+	VADDPS  64(AX), Z5, Z5
+	VMOVUPS Z5, 64(AX)
+	VADDPS  128(AX), Z6, Z6
+	VMOVUPS Z6, 128(AX)
+	VADDPS  192(AX), Z7, Z7
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func pvPairsR3(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+// Requires: AVX, AVX512BW, AVX512F
+TEXT ·pvPairsR3(SB), NOSPLIT, $0-104
+	MOVQ   ldp+56(FP), AX
+	SHLQ   $0x01, AX
+	MOVQ   p_base+32(FP), CX
+	MOVQ   vp_base+64(FP), DX
+	MOVQ   ldv+88(FP), BX
+	SHLQ   $0x01, BX
+	MOVQ   npairs+96(FP), SI
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	TESTQ  SI, SI
+	JZ     pvPairsR3_store
+
+pvPairsR3_loop:
+	VMOVDQU16    (DX), Z16
+	VMOVDQU16    64(DX), Z17
+	VMOVDQU16    128(DX), Z18
+	VMOVDQU16    192(DX), Z19
+	VPBROADCASTD (CX), Z20
+
+	// VDPBF16PS Z20, Z16, Z0
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z20, Z17, Z1
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z20, Z18, Z2
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (CX)(AX*1), Z21
+
+	// VDPBF16PS Z21, Z16, Z4
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z21, Z17, Z5
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z21, Z18, Z6
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z21, Z19, Z7
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfd
+	VPBROADCASTD (CX)(AX*2), Z22
+
+	// VDPBF16PS Z22, Z16, Z8
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc6
+
+	// VDPBF16PS Z22, Z17, Z9
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xce
+
+	// VDPBF16PS Z22, Z18, Z10
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd6
+
+	// VDPBF16PS Z22, Z19, Z11
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xde
+	ADDQ $0x04, CX
+	ADDQ BX, DX
+	DECQ SI
+	JNZ  pvPairsR3_loop
+
+pvPairsR3_store:
+	MOVQ    o_base+0(FP), AX
+	MOVQ    ldo+24(FP), CX
+	SHLQ    $0x02, CX
+	VADDPS  (AX), Z0, Z0
+	VMOVUPS Z0, (AX)
+	VADDPS  64(AX), Z1, Z1
+	VMOVUPS Z1, 64(AX)
+	VADDPS  128(AX), Z2, Z2
+	VMOVUPS Z2, 128(AX)
+	VADDPS  192(AX), Z3, Z3
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VADDPS  (AX), Z4, Z4
+	VMOVUPS Z4, (AX)
+	VADDPS  64(AX), Z5, Z5
+	VMOVUPS Z5, 64(AX)
+	VADDPS  128(AX), Z6, Z6
+	VMOVUPS Z6, 128(AX)
+	VADDPS  192(AX), Z7, Z7
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VADDPS  (AX), Z8, Z8
+	VMOVUPS Z8, (AX)
+	VADDPS  64(AX), Z9, Z9
+	VMOVUPS Z9, 64(AX)
+	VADDPS  128(AX), Z10, Z10
+	VMOVUPS Z10, 128(AX)
+	VADDPS  192(AX), Z11, Z11
+	VMOVUPS Z11, 192(AX)
+	VZEROUPPER
+	RET
+
+// func pvPairsR4(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+// Requires: AVX, AVX512BW, AVX512F
+TEXT ·pvPairsR4(SB), NOSPLIT, $0-104
+	MOVQ   ldp+56(FP), AX
+	SHLQ   $0x01, AX
+	MOVQ   p_base+32(FP), CX
+	LEAQ   (CX)(AX*2), DX
+	ADDQ   AX, DX
+	MOVQ   vp_base+64(FP), BX
+	MOVQ   ldv+88(FP), SI
+	SHLQ   $0x01, SI
+	MOVQ   npairs+96(FP), DI
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+	VPXORD Z15, Z15, Z15
+	TESTQ  DI, DI
+	JZ     pvPairsR4_store
+
+pvPairsR4_loop:
+	VMOVDQU16    (BX), Z16
+	VMOVDQU16    64(BX), Z17
+	VMOVDQU16    128(BX), Z18
+	VMOVDQU16    192(BX), Z19
+	VPBROADCASTD (CX), Z20
+
+	// VDPBF16PS Z20, Z16, Z0
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z20, Z17, Z1
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z20, Z18, Z2
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (CX)(AX*1), Z21
+
+	// VDPBF16PS Z21, Z16, Z4
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z21, Z17, Z5
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z21, Z18, Z6
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z21, Z19, Z7
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfd
+	VPBROADCASTD (CX)(AX*2), Z22
+
+	// VDPBF16PS Z22, Z16, Z8
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc6
+
+	// VDPBF16PS Z22, Z17, Z9
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xce
+
+	// VDPBF16PS Z22, Z18, Z10
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd6
+
+	// VDPBF16PS Z22, Z19, Z11
+	BYTE         $0x62
+	BYTE         $0x32
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xde
+	VPBROADCASTD (DX), Z23
+
+	// VDPBF16PS Z23, Z16, Z12
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe7
+
+	// VDPBF16PS Z23, Z17, Z13
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xef
+
+	// VDPBF16PS Z23, Z18, Z14
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf7
+
+	// VDPBF16PS Z23, Z19, Z15
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xff
+	ADDQ $0x04, CX
+	ADDQ $0x04, DX
+	ADDQ SI, BX
+	DECQ DI
+	JNZ  pvPairsR4_loop
+
+pvPairsR4_store:
+	MOVQ    o_base+0(FP), AX
+	MOVQ    ldo+24(FP), CX
+	SHLQ    $0x02, CX
+	VADDPS  (AX), Z0, Z0
+	VMOVUPS Z0, (AX)
+	VADDPS  64(AX), Z1, Z1
+	VMOVUPS Z1, 64(AX)
+	VADDPS  128(AX), Z2, Z2
+	VMOVUPS Z2, 128(AX)
+	VADDPS  192(AX), Z3, Z3
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VADDPS  (AX), Z4, Z4
+	VMOVUPS Z4, (AX)
+	VADDPS  64(AX), Z5, Z5
+	VMOVUPS Z5, 64(AX)
+	VADDPS  128(AX), Z6, Z6
+	VMOVUPS Z6, 128(AX)
+	VADDPS  192(AX), Z7, Z7
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VADDPS  (AX), Z8, Z8
+	VMOVUPS Z8, (AX)
+	VADDPS  64(AX), Z9, Z9
+	VMOVUPS Z9, 64(AX)
+	VADDPS  128(AX), Z10, Z10
+	VMOVUPS Z10, 128(AX)
+	VADDPS  192(AX), Z11, Z11
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VADDPS  (AX), Z12, Z12
+	VMOVUPS Z12, (AX)
+	VADDPS  64(AX), Z13, Z13
+	VMOVUPS Z13, 64(AX)
+	VADDPS  128(AX), Z14, Z14
+	VMOVUPS Z14, 128(AX)
+	VADDPS  192(AX), Z15, Z15
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET

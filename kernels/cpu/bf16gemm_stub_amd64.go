@@ -507,3 +507,150 @@ func gemmBF16R4C5(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, 
 //
 //go:noescape
 func gemmBF16R4C6(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, k int, acc int)
+
+// gemvBF16 sets y[j] = Σᵢ<k x[i]·w[j*ldw+i] for j < rows, x and w in BF16
+// (AVX-512 BF16):
+//
+//	for j := range rows {
+//		var sum float32
+//		for i := range k {
+//			sum += kernels.BF16ToF32(x[i]) * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*(j*ldw+i):]))
+//		}
+//		y[j] = sum
+//	}
+//
+// x is read in whole 32-column chunks (the caller pads it with zeros),
+// weight rows to k exactly. The caller guarantees the bounds; nothing
+// is checked. Denormal products and sums flush to zero.
+//
+//go:noescape
+func gemvBF16(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
+
+// gemvBF16P1024 sets y[j] = Σᵢ<k x[i]·w[j*ldw+i] for j < rows, x and w in BF16
+// (AVX-512 BF16):
+//
+//	for j := range rows {
+//		var sum float32
+//		for i := range k {
+//			sum += kernels.BF16ToF32(x[i]) * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*(j*ldw+i):]))
+//		}
+//		y[j] = sum
+//	}
+//
+// x is read in whole 32-column chunks (the caller pads it with zeros),
+// weight rows to k exactly. The caller guarantees the bounds; nothing
+// is checked. Denormal products and sums flush to zero.
+//
+//go:noescape
+func gemvBF16P1024(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
+
+// gemvBF16P2048 sets y[j] = Σᵢ<k x[i]·w[j*ldw+i] for j < rows, x and w in BF16
+// (AVX-512 BF16):
+//
+//	for j := range rows {
+//		var sum float32
+//		for i := range k {
+//			sum += kernels.BF16ToF32(x[i]) * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*(j*ldw+i):]))
+//		}
+//		y[j] = sum
+//	}
+//
+// x is read in whole 32-column chunks (the caller pads it with zeros),
+// weight rows to k exactly. The caller guarantees the bounds; nothing
+// is checked. Denormal products and sums flush to zero.
+//
+//go:noescape
+func gemvBF16P2048(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
+
+// gemvBF16P4096 sets y[j] = Σᵢ<k x[i]·w[j*ldw+i] for j < rows, x and w in BF16
+// (AVX-512 BF16):
+//
+//	for j := range rows {
+//		var sum float32
+//		for i := range k {
+//			sum += kernels.BF16ToF32(x[i]) * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*(j*ldw+i):]))
+//		}
+//		y[j] = sum
+//	}
+//
+// x is read in whole 32-column chunks (the caller pads it with zeros),
+// weight rows to k exactly. The caller guarantees the bounds; nothing
+// is checked. Denormal products and sums flush to zero.
+//
+//go:noescape
+func gemvBF16P4096(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
+
+// pairBF16 interleaves n bfloat16 values of rows a and b (AVX-512 BW):
+// dst[2i], dst[2i+1] = a[i], b[i] (little-endian bytes) for i < n, n a
+// multiple of 32. The caller guarantees the bounds; nothing is checked.
+//
+//go:noescape
+func pairBF16(dst []uint16, a []byte, b []byte, n int)
+
+// pvPairsR1 adds to 64 columns of 1 rows of o (AVX-512 BF16):
+//
+//	for r := range 1 {
+//		for d := range 64 {
+//			for j := range npairs {
+//				o[r*ldo+d] += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//			}
+//		}
+//	}
+//
+// each pair's two products summed exactly and added to a float32 lane sum.
+// The caller guarantees the bounds; nothing is checked. Denormal
+// products and sums flush to zero.
+//
+//go:noescape
+func pvPairsR1(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+
+// pvPairsR2 adds to 64 columns of 2 rows of o (AVX-512 BF16):
+//
+//	for r := range 2 {
+//		for d := range 64 {
+//			for j := range npairs {
+//				o[r*ldo+d] += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//			}
+//		}
+//	}
+//
+// each pair's two products summed exactly and added to a float32 lane sum.
+// The caller guarantees the bounds; nothing is checked. Denormal
+// products and sums flush to zero.
+//
+//go:noescape
+func pvPairsR2(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+
+// pvPairsR3 adds to 64 columns of 3 rows of o (AVX-512 BF16):
+//
+//	for r := range 3 {
+//		for d := range 64 {
+//			for j := range npairs {
+//				o[r*ldo+d] += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//			}
+//		}
+//	}
+//
+// each pair's two products summed exactly and added to a float32 lane sum.
+// The caller guarantees the bounds; nothing is checked. Denormal
+// products and sums flush to zero.
+//
+//go:noescape
+func pvPairsR3(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+
+// pvPairsR4 adds to 64 columns of 4 rows of o (AVX-512 BF16):
+//
+//	for r := range 4 {
+//		for d := range 64 {
+//			for j := range npairs {
+//				o[r*ldo+d] += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//			}
+//		}
+//	}
+//
+// each pair's two products summed exactly and added to a float32 lane sum.
+// The caller guarantees the bounds; nothing is checked. Denormal
+// products and sums flush to zero.
+//
+//go:noescape
+func pvPairsR4(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)

@@ -54,3 +54,71 @@ func BenchmarkSwiGLUTmp(b *testing.B) {
 	}
 	cpuLoop(b, func() { swiglu(y, g, u, 0) })
 }
+
+func BenchmarkLMHeadTmp(b *testing.B) {
+	rows, cols := 151936, 1024
+	w := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols, Data: make([]byte, rows*cols*2)}
+	for i := 0; i < len(w.Data); i += 2 {
+		v := kernels.F32ToBF16(float32(int(i%509)-254) / 4096)
+		w.Data[i], w.Data[i+1] = byte(v), byte(v>>8)
+	}
+	x, y := make([]float32, cols), make([]float32, rows)
+	be := New(2)
+	defer be.Close()
+	be.SetBF16Activations(true)
+	b.SetBytes(int64(len(w.Data)))
+	t0 := threadCPU()
+	for b.Loop() {
+		be.MatMul(y, x, w, 1)
+	}
+	b.ReportMetric(float64(threadCPU()-t0)/float64(b.N), "cpu-ns/op")
+}
+
+// BenchmarkAttnPrefill is one layer's prefill attention (512 rows of one
+// sequence, Qwen3-0.6B heads) over a BF16 cache with bfloat16 activations,
+// one worker, thread CPU time: scores on the float tiles over widened keys
+// against the gemm tiles over the cached keys.
+func BenchmarkAttnPrefill(b *testing.B) {
+	const heads, kvHeads, hd, bs, ctx = 16, 8, 128, 16, 512
+	for _, v := range []string{"f32keys", "gemm"} {
+		b.Run(v, func(b *testing.B) {
+			attnGemmOff.Store(v == "f32keys")
+			defer attnGemmOff.Store(false)
+			be := New(1)
+			defer be.Close()
+			be.SetBF16Activations(true)
+			rng := rand.New(rand.NewPCG(1, 2))
+			kw := kvHeads * hd
+			nb := (ctx + bs - 1) / bs
+			kc, _ := be.Alloc(kernels.BF16, nb*bs, kw)
+			vc, _ := be.Alloc(kernels.BF16, nb*bs, kw)
+			pos, seq, blocks := make([]int32, ctx), make([]int32, ctx), make([]int32, nb)
+			for i := range blocks {
+				blocks[i] = int32(i)
+			}
+			for p := range ctx {
+				pos[p] = int32(p)
+			}
+			ints := func(v []int32, r, cols int) kernels.Tensor {
+				t, _ := be.Alloc(kernels.I32, r, cols)
+				be.WriteI32(t, v)
+				return t
+			}
+			f32t := func(r, cols int) kernels.Tensor {
+				v := make([]float32, r*cols)
+				for i := range v {
+					v[i] = float32(rng.NormFloat64())
+				}
+				t, _ := be.Alloc(kernels.F32, r, cols)
+				be.WriteF32(t, v)
+				return t
+			}
+			p := &kernels.Paged{Pos: ints(pos, ctx, 1), Seq: ints(seq, ctx, 1), Slot: ints(pos, ctx, 1), Blocks: ints(blocks, 1, nb), BlockSize: bs}
+			be.StoreKV(kc, vc, f32t(ctx, kw), f32t(ctx, kw), p)
+			q := f32t(ctx, heads*hd)
+			out, _ := be.Alloc(kernels.F32, ctx, heads*hd)
+			shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 0.088}
+			cpuLoop(b, func() { be.Attention(out, q, kc, vc, p, shape) })
+		})
+	}
+}

@@ -130,15 +130,16 @@ var vdpbf16Tiles = bf16TileSet{r1c1: tileBF16xR1C1, r1c4: tileBF16xR1C4, r4c4: t
 // vdpbf16GemmTiles are vdpbf16Tiles with the gemm tiles
 // (kernels/_generate/bf16gemm.go), for CPUs where VDPBF16PS runs at full
 // rate (no AMX: see bf16MaxRows).
-var vdpbf16GemmTiles = bf16TileSet{r1c1: tileBF16xR1C1, r1c4: tileBF16xR1C4, r4c4: tileBF16xR4C4, gemm: &gemmTileSet{
-	R: 4, C: 6,
-	t: [][]gemmTileFunc{
-		{gemmBF16R1C1, gemmBF16R1C2, gemmBF16R1C3, gemmBF16R1C4, gemmBF16R1C5, gemmBF16R1C6},
-		{gemmBF16R2C1, gemmBF16R2C2, gemmBF16R2C3, gemmBF16R2C4, gemmBF16R2C5, gemmBF16R2C6},
-		{gemmBF16R3C1, gemmBF16R3C2, gemmBF16R3C3, gemmBF16R3C4, gemmBF16R3C5, gemmBF16R3C6},
-		{gemmBF16R4C1, gemmBF16R4C2, gemmBF16R4C3, gemmBF16R4C4, gemmBF16R4C5, gemmBF16R4C6},
-	},
-}}
+var vdpbf16GemmTiles = bf16TileSet{r1c1: tileBF16xR1C1, r1c4: tileBF16xR1C4, r4c4: tileBF16xR4C4, gemv: gemvBF16P2048,
+	pair: pairBF16, pv: [4]pvPairsFunc{pvPairsR1, pvPairsR2, pvPairsR3, pvPairsR4}, gemm: &gemmTileSet{
+		R: 4, C: 6,
+		t: [][]gemmTileFunc{
+			{gemmBF16R1C1, gemmBF16R1C2, gemmBF16R1C3, gemmBF16R1C4, gemmBF16R1C5, gemmBF16R1C6},
+			{gemmBF16R2C1, gemmBF16R2C2, gemmBF16R2C3, gemmBF16R2C4, gemmBF16R2C5, gemmBF16R2C6},
+			{gemmBF16R3C1, gemmBF16R3C2, gemmBF16R3C3, gemmBF16R3C4, gemmBF16R3C5, gemmBF16R3C6},
+			{gemmBF16R4C1, gemmBF16R4C2, gemmBF16R4C3, gemmBF16R4C4, gemmBF16R4C5, gemmBF16R4C6},
+		},
+	}}
 
 // asmBF16Tiles returns the VDPBF16PS tiles if this CPU has AVX-512 BF16,
 // with the gemm tiles where it has no AMX.
