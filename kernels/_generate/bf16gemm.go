@@ -228,8 +228,10 @@ func gemmKernels() {
 	}
 	pairConsts()
 	pairBF16()
-	for r := 1; r <= 4; r++ {
-		pvPairs(r)
+	for _, add := range []bool{true, false} {
+		for r := 1; r <= 4; r++ {
+			pvPairs(r, add)
+		}
 	}
 }
 
@@ -398,19 +400,26 @@ func pairBF16() {
 	RET()
 }
 
-// pvPairs adds R probability rows (bfloat16, pairs of keys) times the
-// paired value rows to 64 columns of o.
-func pvPairs(R int) {
-	name := fmt.Sprintf("pvPairsR%d", R)
+// pvPairs adds (add) or writes R probability rows (bfloat16, pairs of
+// keys) times the paired value rows to 64 columns of o. The writing ones
+// (qkPairs) are the scores' product: query rows, pairs of head dims, and
+// keys transposed as dwords (each pair of dims of 64 keys in a row).
+func pvPairs(R int, add bool) {
+	name, sym := fmt.Sprintf("pvPairsR%d", R), "+="
+	if !add {
+		name, sym = fmt.Sprintf("qkPairsR%d", R), "="
+	}
 	TEXT(name, NOSPLIT, "func(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)")
 	Doc(
-		fmt.Sprintf("%s adds to 64 columns of %d rows of o (AVX-512 BF16):", name, R),
+		fmt.Sprintf("%s sets 64 columns of %d rows of o (AVX-512 BF16):", name, R),
 		"",
 		fmt.Sprintf("\tfor r := range %d {", R),
 		"\t\tfor d := range 64 {",
+		"\t\t\tvar s float32",
 		"\t\t\tfor j := range npairs {",
-		"\t\t\t\to[r*ldo+d] += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])",
+		"\t\t\t\ts += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])",
 		"\t\t\t}",
+		"\t\t\to[r*ldo+d] "+sym+" s",
 		"\t\t}",
 		"\t}",
 		"",
@@ -459,7 +468,9 @@ func pvPairs(R int) {
 		}
 		for b := range 4 {
 			m := Mem{Base: op, Disp: 64 * b}
-			VADDPS(m, acc(r, b), acc(r, b))
+			if add {
+				VADDPS(m, acc(r, b), acc(r, b))
+			}
 			VMOVUPS(acc(r, b), m)
 		}
 	}

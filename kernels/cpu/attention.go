@@ -266,10 +266,13 @@ func (a *attnCall) chunk(lo, hi int) {
 		s := scratchPool.Get().(*attnScratch)
 		defer scratchPool.Put(s)
 		amx := a.dt == kernels.BF16 && a.b.bf16x && a.hd%32 == 0 && amxKernelsFor() != nil
+		vdp := a.vdpAttention()
 		for item := i0; item < i1; item++ {
 			t0 := lo + order[item/a.kvh]*queryTile
 			if amx {
 				a.tileAMX(s, item%a.kvh, t0, min(hi, t0+queryTile))
+			} else if vdp {
+				a.tileVDP(s, item%a.kvh, t0, min(hi, t0+queryTile))
 			} else {
 				a.tile(s, item%a.kvh, t0, min(hi, t0+queryTile))
 			}
@@ -301,17 +304,11 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 	offs, lin := s.offs[:tk], s.offs[tk:2*tk] // key positions in a cache layer, in kr and vr
 	a.offsets(offs, bt)
 	off := kvh * hd
-	vdp := a.gemmScores() && hd%64 == 0 // P·V by pvVDP
-	var vr []byte
-	if !vdp {
-		vr = growBytes(&s.vr, tk*hd*esz)
-	}
+	vr := growBytes(&s.vr, tk*hd*esz)
 	for p, e := range offs {
 		e = (e + off) * esz
 		copy(kr[p*hd*esz:(p+1)*hd*esz], a.kraw[e:e+hd*esz])
-		if !vdp {
-			copy(vr[p*hd*esz:(p+1)*hd*esz], a.vraw[e:e+hd*esz])
-		}
+		copy(vr[p*hd*esz:(p+1)*hd*esz], a.vraw[e:e+hd*esz])
 		lin[p] = p * hd
 	}
 	for g := range grp {
@@ -337,10 +334,6 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 		softmaxRow(row[:ln], a.scale)
 		clear(row[ln:])
 	}
-	if vdp {
-		a.pvVDP(s, kvh, t0, t1, offs)
-		return
-	}
 	for g := range grp {
 		h := kvh*grp + g
 		for i := t0; i < t1; i += 2 {
@@ -354,13 +347,88 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 	}
 }
 
-// pvVDP is tile's O = P·V on VDPBF16PS, as outer products (see pvPairsR4):
-// the probabilities in s.sc (the tile's stacked rows, causal zeros
+// tileVDP is tile on VDPBF16PS, for a BF16 cache where bfloat16
+// activations are allowed and VDPBF16PS runs at full rate (vdpAttention),
+// both products as outer products with no horizontal sums (see
+// qkPairsR4): S = Q·Kᵀ with the queries rounded to bfloat16 and the head's
+// keys transposed as dwords (a row per pair of head dims, 64 keys a call),
+// four query rows at a time over the key blocks their last row sees; the
+// causal softmax; then O = P·V by pvVDP.
+func (a *attnCall) tileVDP(s *attnScratch, kvh, t0, t1 int) {
+	t := bf16TilesFor()
+	hd, grp, qw := a.hd, a.grp, a.heads*a.hd
+	nt := t1 - t0
+	tk := int(a.pos[t1-1]) + 1 // keys visible to the tile's last row
+	ld := roundUp(tk, 64)      // keys padded to whole blocks: the score rows' stride
+	m := grp * nt              // stacked rows: (g, i) → g·nt + i−t0
+	if cap(s.offs) < tk {
+		s.offs = make([]int, tk)
+	}
+	offs := s.offs[:tk]
+	a.offsets(offs, a.table(a.seq[t0]))
+	k := growU16(&s.vk, ld*hd) // (ld, hd) keys, zero rows past tk
+	for p, e := range offs {
+		e = 2 * (e + kvh*hd)
+		copy(u16Bytes(k[p*hd:(p+1)*hd]), a.kraw[e:e+2*hd])
+	}
+	clear(k[tk*hd:])
+	hp := hd / 2 // dwords (pairs of head dims) a key
+	kt := growU32(&s.vkt, hp*ld)
+	k32 := unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(k))), ld*hp)
+	for kb := 0; kb < ld; kb += 16 {
+		for pb := 0; pb < hp; pb += 16 {
+			t.transpose(kt[pb*ld+kb:], ld, k32[kb*hp+pb:], hp, 16)
+		}
+	}
+	kt16 := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(kt))), 2*hp*ld)
+	q := growU16(&s.vq, m*hd) // (m, hd) stacked queries, rounded
+	for g := range grp {
+		h := kvh*grp + g
+		for i := t0; i < t1; i++ {
+			r := g*nt + i - t0
+			roundBF16(q[r*hd:(r+1)*hd], a.q[i*qw+h*hd:i*qw+(h+1)*hd])
+		}
+	}
+	sc := grow(&s.sc, m*ld) // (m, ld) scores, then probabilities
+	for g := range grp {
+		for i := t0; i < t1; i += 4 {
+			rows := min(4, t1-i)
+			n := int(a.pos[i+rows-1]) + 1 // keys the group's last row sees
+			r := g*nt + i - t0
+			for c0 := 0; c0 < n; c0 += 64 {
+				t.qk[rows-1](sc[r*ld+c0:], ld, q[r*hd:], hd, kt16[2*c0:], 2*ld, hp)
+			}
+		}
+	}
+	for r := range m {
+		row := sc[r*ld : (r+1)*ld]
+		ln := int(a.pos[t0+r%nt]) + 1
+		softmaxRow(row[:ln], a.scale)
+		clear(row[ln:])
+	}
+	a.pvVDP(s, kvh, t0, t1, offs, ld)
+}
+
+// vdpAttention reports whether prefill attention runs as tileVDP: a BF16
+// cache, bfloat16 activations allowed, the gemm tiles (VDPBF16PS at full
+// rate), and a head dim of whole 64-column blocks.
+func (a *attnCall) vdpAttention() bool { return a.gemmScores() && a.hd%64 == 0 }
+
+// growU32 is grow for uint32s.
+func growU32(p *[]uint32, n int) []uint32 {
+	if cap(*p) < n {
+		*p = make([]uint32, n)
+	}
+	return (*p)[:n]
+}
+
+// pvVDP is tileVDP's O = P·V, as outer products (see pvPairsR4): the
+// probabilities in s.sc (the tile's stacked rows ld apart, causal zeros
 // included) rounded to bfloat16, the head's value rows interleaved in
 // pairs of keys straight from the cache (offs: the keys' element offsets
 // in a cache layer), then four query rows at a time over the pairs their
 // last row sees, 64 columns a call.
-func (a *attnCall) pvVDP(s *attnScratch, kvh, t0, t1 int, offs []int) {
+func (a *attnCall) pvVDP(s *attnScratch, kvh, t0, t1 int, offs []int, ld int) {
 	t := bf16TilesFor()
 	hd, grp, qw := a.hd, a.grp, a.heads*a.hd
 	nt, tk := t1-t0, len(offs)
@@ -381,7 +449,7 @@ func (a *attnCall) pvVDP(s *attnScratch, kvh, t0, t1 int, offs []int) {
 	}
 	ps := growU16(&s.k16, m*tkp) // (m, tkp) probabilities
 	for r := range m {
-		roundBF16(ps[r*tkp:r*tkp+tk], s.sc[r*tk:(r+1)*tk])
+		roundBF16(ps[r*tkp:r*tkp+tk], s.sc[r*ld:r*ld+tk])
 		if tkp > tk {
 			ps[r*tkp+tk] = 0
 		}
@@ -487,6 +555,8 @@ type attnScratch struct {
 	kr, vr            []byte    // tile's keys and values, contiguous
 	k16, vt16         []uint16  // tileAMX's keys and values; pvVDP's probabilities and value pairs
 	zero              []byte    // pvVDP's zero value row
+	vk, vq            []uint16  // tileVDP's keys and rounded queries
+	vkt               []uint32  // and its keys transposed
 	xs                xbufs     // its products' converted x
 	f32               []float32 // and their task scratch
 }

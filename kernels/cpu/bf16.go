@@ -74,6 +74,10 @@ type bf16TileSet struct {
 	// probability rows against the pairs.
 	pair func(dst []uint16, a, b []byte, n int)
 	pv   [4]pvPairsFunc
+	// Its scores Q·Kᵀ the same way: the keys transposed as dwords (pairs
+	// of head dims), the products written.
+	transpose func(dst []uint32, ldd int, src []uint32, lds int, n int)
+	qk        [4]pvPairsFunc
 }
 
 // A pvPairsFunc adds rows (its index + 1) bfloat16 probability rows times
@@ -89,8 +93,9 @@ func pairGo(dst []uint16, a, b []byte, n int) {
 	}
 }
 
-// pvPairsGo returns the pure-Go twin of the pvPairs kernel of rows rows.
-func pvPairsGo(rows int) pvPairsFunc {
+// pvPairsGo returns the pure-Go twin of the pvPairs kernel of rows rows
+// (add), or of the qkPairs one (!add: o written).
+func pvPairsGo(rows int, add bool) pvPairsFunc {
 	return func(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int) {
 		for r := range rows {
 			for d := range 64 {
@@ -99,7 +104,10 @@ func pvPairsGo(rows int) pvPairsFunc {
 					s += kernels.BF16ToF32(p[r*ldp+2*j])*kernels.BF16ToF32(vp[j*ldv+2*d]) +
 						kernels.BF16ToF32(p[r*ldp+2*j+1])*kernels.BF16ToF32(vp[j*ldv+2*d+1])
 				}
-				o[r*ldo+d] += s
+				if add {
+					s += o[r*ldo+d]
+				}
+				o[r*ldo+d] = s
 			}
 		}
 	}
@@ -161,10 +169,12 @@ var genericGemmTiles = func() *gemmTileSet {
 // genericBF16Tiles are the pure-Go twin of the VDPBF16PS tiles: the same
 // products (exact in float32), summed in another order.
 var genericBF16Tiles = bf16TileSet{
-	gemm: genericGemmTiles,
-	gemv: gemvGo,
-	pair: pairGo,
-	pv:   [4]pvPairsFunc{pvPairsGo(1), pvPairsGo(2), pvPairsGo(3), pvPairsGo(4)},
+	gemm:      genericGemmTiles,
+	gemv:      gemvGo,
+	pair:      pairGo,
+	pv:        [4]pvPairsFunc{pvPairsGo(1, true), pvPairsGo(2, true), pvPairsGo(3, true), pvPairsGo(4, true)},
+	transpose: transpose16Go,
+	qk:        [4]pvPairsFunc{pvPairsGo(1, false), pvPairsGo(2, false), pvPairsGo(3, false), pvPairsGo(4, false)},
 	r1c1: func(y []float32, _ int, x []uint16, _ int, w []byte, _ int, k int) {
 		y[0] = dotBF16xBF16(x[:k], w)
 	},

@@ -404,9 +404,10 @@ func BenchmarkGemvCold(b *testing.B) {
 	}
 }
 
-// TestPVPairsMatchGo checks pairBF16 (bit-exact) and the pvPairs kernels
-// (the float32 sums in another order) against their Go twins, with NaN in
-// o past the 64 columns and rows (they must not be written).
+// TestPVPairsMatchGo checks pairBF16 (bit-exact) and the pvPairs and
+// qkPairs kernels (the float32 sums in another order) against their Go
+// twins, with NaN in o past the 64 columns and rows (they must not be
+// written).
 func TestPVPairsMatchGo(t *testing.T) {
 	if !cpuinfo.BF16() {
 		t.Skip("no AVX-512 BF16")
@@ -430,9 +431,9 @@ func TestPVPairsMatchGo(t *testing.T) {
 			}
 		}
 	}
-	const ldo, ldp, ldv = 70, 41, 130
+	const ldo, ldp, ldv = 70, 45, 130
 	for rows := 1; rows <= 4; rows++ {
-		for _, np := range []int{0, 1, 7, 20} {
+		for _, np := range []int{0, 1, 2, 7, 20, 21} {
 			p, vp := rnd(rows*ldp, 0.3), rnd(np*ldv, 1)
 			got := make([]float32, rows*ldo)
 			for i := range got {
@@ -442,8 +443,13 @@ func TestPVPairsMatchGo(t *testing.T) {
 				}
 			}
 			want := append([]float32(nil), got...)
-			vdpbf16GemmTiles.pv[rows-1](got, ldo, p, ldp, vp, ldv, np)
-			pvPairsGo(rows)(want, ldo, p, ldp, vp, ldv, np)
+			add := np%2 == 0 // the pvPairs kernels for even np, the qkPairs ones for odd
+			f := vdpbf16GemmTiles.pv[rows-1]
+			if !add {
+				f = vdpbf16GemmTiles.qk[rows-1]
+			}
+			f(got, ldo, p, ldp, vp, ldv, np)
+			pvPairsGo(rows, add)(want, ldo, p, ldp, vp, ldv, np)
 			for r := range rows {
 				for d := range ldo {
 					g, w := got[r*ldo+d], want[r*ldo+d]

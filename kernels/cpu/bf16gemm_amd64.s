@@ -8487,3 +8487,542 @@ pvPairsR4_store:
 	VMOVUPS Z15, 192(AX)
 	VZEROUPPER
 	RET
+
+// func qkPairsR1(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+// Requires: AVX, AVX512BW, AVX512F
+TEXT ·qkPairsR1(SB), NOSPLIT, $0-104
+	MOVQ   ldp+56(FP), AX
+	SHLQ   $0x01, AX
+	MOVQ   p_base+32(FP), AX
+	MOVQ   vp_base+64(FP), CX
+	MOVQ   ldv+88(FP), DX
+	SHLQ   $0x01, DX
+	MOVQ   npairs+96(FP), BX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	TESTQ  BX, BX
+	JZ     qkPairsR1_store
+
+qkPairsR1_loop:
+	VMOVDQU16    (CX), Z16
+	VMOVDQU16    64(CX), Z17
+	VMOVDQU16    128(CX), Z18
+	VMOVDQU16    192(CX), Z19
+	VPBROADCASTD (AX), Z20
+
+	// VDPBF16PS Z20, Z16, Z0
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z20, Z17, Z1
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z20, Z18, Z2
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xdc
+	ADDQ $0x04, AX
+	ADDQ DX, CX
+	DECQ BX
+	JNZ  qkPairsR1_loop
+
+qkPairsR1_store:
+	MOVQ    o_base+0(FP), AX
+	MOVQ    ldo+24(FP), CX
+	SHLQ    $0x02, CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VZEROUPPER
+	RET
+
+// func qkPairsR2(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+// Requires: AVX, AVX512BW, AVX512F
+TEXT ·qkPairsR2(SB), NOSPLIT, $0-104
+	MOVQ   ldp+56(FP), AX
+	SHLQ   $0x01, AX
+	MOVQ   p_base+32(FP), CX
+	MOVQ   vp_base+64(FP), DX
+	MOVQ   ldv+88(FP), BX
+	SHLQ   $0x01, BX
+	MOVQ   npairs+96(FP), SI
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	TESTQ  SI, SI
+	JZ     qkPairsR2_store
+
+qkPairsR2_loop:
+	VMOVDQU16    (DX), Z16
+	VMOVDQU16    64(DX), Z17
+	VMOVDQU16    128(DX), Z18
+	VMOVDQU16    192(DX), Z19
+	VPBROADCASTD (CX), Z20
+
+	// VDPBF16PS Z20, Z16, Z0
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z20, Z17, Z1
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z20, Z18, Z2
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (CX)(AX*1), Z21
+
+	// VDPBF16PS Z21, Z16, Z4
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z21, Z17, Z5
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z21, Z18, Z6
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z21, Z19, Z7
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xfd
+	ADDQ $0x04, CX
+	ADDQ BX, DX
+	DECQ SI
+	JNZ  qkPairsR2_loop
+
+qkPairsR2_store:
+	MOVQ    o_base+0(FP), AX
+	MOVQ    ldo+24(FP), CX
+	SHLQ    $0x02, CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func qkPairsR3(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+// Requires: AVX, AVX512BW, AVX512F
+TEXT ·qkPairsR3(SB), NOSPLIT, $0-104
+	MOVQ   ldp+56(FP), AX
+	SHLQ   $0x01, AX
+	MOVQ   p_base+32(FP), CX
+	MOVQ   vp_base+64(FP), DX
+	MOVQ   ldv+88(FP), BX
+	SHLQ   $0x01, BX
+	MOVQ   npairs+96(FP), SI
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	TESTQ  SI, SI
+	JZ     qkPairsR3_store
+
+qkPairsR3_loop:
+	VMOVDQU16    (DX), Z16
+	VMOVDQU16    64(DX), Z17
+	VMOVDQU16    128(DX), Z18
+	VMOVDQU16    192(DX), Z19
+	VPBROADCASTD (CX), Z20
+
+	// VDPBF16PS Z20, Z16, Z0
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z20, Z17, Z1
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z20, Z18, Z2
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (CX)(AX*1), Z21
+
+	// VDPBF16PS Z21, Z16, Z4
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z21, Z17, Z5
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z21, Z18, Z6
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z21, Z19, Z7
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfd
+	VPBROADCASTD (CX)(AX*2), Z22
+
+	// VDPBF16PS Z22, Z16, Z8
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc6
+
+	// VDPBF16PS Z22, Z17, Z9
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xce
+
+	// VDPBF16PS Z22, Z18, Z10
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd6
+
+	// VDPBF16PS Z22, Z19, Z11
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xde
+	ADDQ $0x04, CX
+	ADDQ BX, DX
+	DECQ SI
+	JNZ  qkPairsR3_loop
+
+qkPairsR3_store:
+	MOVQ    o_base+0(FP), AX
+	MOVQ    ldo+24(FP), CX
+	SHLQ    $0x02, CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	VZEROUPPER
+	RET
+
+// func qkPairsR4(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+// Requires: AVX, AVX512BW, AVX512F
+TEXT ·qkPairsR4(SB), NOSPLIT, $0-104
+	MOVQ   ldp+56(FP), AX
+	SHLQ   $0x01, AX
+	MOVQ   p_base+32(FP), CX
+	LEAQ   (CX)(AX*2), DX
+	ADDQ   AX, DX
+	MOVQ   vp_base+64(FP), BX
+	MOVQ   ldv+88(FP), SI
+	SHLQ   $0x01, SI
+	MOVQ   npairs+96(FP), DI
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+	VPXORD Z15, Z15, Z15
+	TESTQ  DI, DI
+	JZ     qkPairsR4_store
+
+qkPairsR4_loop:
+	VMOVDQU16    (BX), Z16
+	VMOVDQU16    64(BX), Z17
+	VMOVDQU16    128(BX), Z18
+	VMOVDQU16    192(BX), Z19
+	VPBROADCASTD (CX), Z20
+
+	// VDPBF16PS Z20, Z16, Z0
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z20, Z17, Z1
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z20, Z18, Z2
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (CX)(AX*1), Z21
+
+	// VDPBF16PS Z21, Z16, Z4
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z21, Z17, Z5
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z21, Z18, Z6
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z21, Z19, Z7
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfd
+	VPBROADCASTD (CX)(AX*2), Z22
+
+	// VDPBF16PS Z22, Z16, Z8
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc6
+
+	// VDPBF16PS Z22, Z17, Z9
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xce
+
+	// VDPBF16PS Z22, Z18, Z10
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd6
+
+	// VDPBF16PS Z22, Z19, Z11
+	BYTE         $0x62
+	BYTE         $0x32
+	BYTE         $0x66
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xde
+	VPBROADCASTD (DX), Z23
+
+	// VDPBF16PS Z23, Z16, Z12
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe7
+
+	// VDPBF16PS Z23, Z17, Z13
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x76
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xef
+
+	// VDPBF16PS Z23, Z18, Z14
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf7
+
+	// VDPBF16PS Z23, Z19, Z15
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x66
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xff
+	ADDQ $0x04, CX
+	ADDQ $0x04, DX
+	ADDQ SI, BX
+	DECQ DI
+	JNZ  qkPairsR4_loop
+
+qkPairsR4_store:
+	MOVQ    o_base+0(FP), AX
+	MOVQ    ldo+24(FP), CX
+	SHLQ    $0x02, CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET

@@ -587,13 +587,15 @@ func gemvBF16P4096(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
 //go:noescape
 func pairBF16(dst []uint16, a []byte, b []byte, n int)
 
-// pvPairsR1 adds to 64 columns of 1 rows of o (AVX-512 BF16):
+// pvPairsR1 sets 64 columns of 1 rows of o (AVX-512 BF16):
 //
 //	for r := range 1 {
 //		for d := range 64 {
+//			var s float32
 //			for j := range npairs {
-//				o[r*ldo+d] += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//				s += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
 //			}
+//			o[r*ldo+d] += s
 //		}
 //	}
 //
@@ -604,13 +606,15 @@ func pairBF16(dst []uint16, a []byte, b []byte, n int)
 //go:noescape
 func pvPairsR1(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
 
-// pvPairsR2 adds to 64 columns of 2 rows of o (AVX-512 BF16):
+// pvPairsR2 sets 64 columns of 2 rows of o (AVX-512 BF16):
 //
 //	for r := range 2 {
 //		for d := range 64 {
+//			var s float32
 //			for j := range npairs {
-//				o[r*ldo+d] += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//				s += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
 //			}
+//			o[r*ldo+d] += s
 //		}
 //	}
 //
@@ -621,13 +625,15 @@ func pvPairsR1(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, 
 //go:noescape
 func pvPairsR2(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
 
-// pvPairsR3 adds to 64 columns of 3 rows of o (AVX-512 BF16):
+// pvPairsR3 sets 64 columns of 3 rows of o (AVX-512 BF16):
 //
 //	for r := range 3 {
 //		for d := range 64 {
+//			var s float32
 //			for j := range npairs {
-//				o[r*ldo+d] += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//				s += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
 //			}
+//			o[r*ldo+d] += s
 //		}
 //	}
 //
@@ -638,13 +644,15 @@ func pvPairsR2(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, 
 //go:noescape
 func pvPairsR3(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
 
-// pvPairsR4 adds to 64 columns of 4 rows of o (AVX-512 BF16):
+// pvPairsR4 sets 64 columns of 4 rows of o (AVX-512 BF16):
 //
 //	for r := range 4 {
 //		for d := range 64 {
+//			var s float32
 //			for j := range npairs {
-//				o[r*ldo+d] += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//				s += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
 //			}
+//			o[r*ldo+d] += s
 //		}
 //	}
 //
@@ -654,3 +662,79 @@ func pvPairsR3(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, 
 //
 //go:noescape
 func pvPairsR4(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+
+// qkPairsR1 sets 64 columns of 1 rows of o (AVX-512 BF16):
+//
+//	for r := range 1 {
+//		for d := range 64 {
+//			var s float32
+//			for j := range npairs {
+//				s += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//			}
+//			o[r*ldo+d] = s
+//		}
+//	}
+//
+// each pair's two products summed exactly and added to a float32 lane sum.
+// The caller guarantees the bounds; nothing is checked. Denormal
+// products and sums flush to zero.
+//
+//go:noescape
+func qkPairsR1(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+
+// qkPairsR2 sets 64 columns of 2 rows of o (AVX-512 BF16):
+//
+//	for r := range 2 {
+//		for d := range 64 {
+//			var s float32
+//			for j := range npairs {
+//				s += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//			}
+//			o[r*ldo+d] = s
+//		}
+//	}
+//
+// each pair's two products summed exactly and added to a float32 lane sum.
+// The caller guarantees the bounds; nothing is checked. Denormal
+// products and sums flush to zero.
+//
+//go:noescape
+func qkPairsR2(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+
+// qkPairsR3 sets 64 columns of 3 rows of o (AVX-512 BF16):
+//
+//	for r := range 3 {
+//		for d := range 64 {
+//			var s float32
+//			for j := range npairs {
+//				s += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//			}
+//			o[r*ldo+d] = s
+//		}
+//	}
+//
+// each pair's two products summed exactly and added to a float32 lane sum.
+// The caller guarantees the bounds; nothing is checked. Denormal
+// products and sums flush to zero.
+//
+//go:noescape
+func qkPairsR3(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)
+
+// qkPairsR4 sets 64 columns of 4 rows of o (AVX-512 BF16):
+//
+//	for r := range 4 {
+//		for d := range 64 {
+//			var s float32
+//			for j := range npairs {
+//				s += BF16(p[r*ldp+2*j])·BF16(vp[j*ldv+2*d]) + BF16(p[r*ldp+2*j+1])·BF16(vp[j*ldv+2*d+1])
+//			}
+//			o[r*ldo+d] = s
+//		}
+//	}
+//
+// each pair's two products summed exactly and added to a float32 lane sum.
+// The caller guarantees the bounds; nothing is checked. Denormal
+// products and sums flush to zero.
+//
+//go:noescape
+func qkPairsR4(o []float32, ldo int, p []uint16, ldp int, vp []uint16, ldv int, npairs int)

@@ -131,7 +131,8 @@ var vdpbf16Tiles = bf16TileSet{r1c1: tileBF16xR1C1, r1c4: tileBF16xR1C4, r4c4: t
 // (kernels/_generate/bf16gemm.go), for CPUs where VDPBF16PS runs at full
 // rate (no AMX: see bf16MaxRows).
 var vdpbf16GemmTiles = bf16TileSet{r1c1: tileBF16xR1C1, r1c4: tileBF16xR1C4, r4c4: tileBF16xR4C4, gemv: gemvBF16P2048,
-	pair: pairBF16, pv: [4]pvPairsFunc{pvPairsR1, pvPairsR2, pvPairsR3, pvPairsR4}, gemm: &gemmTileSet{
+	pair: pairBF16, pv: [4]pvPairsFunc{pvPairsR1, pvPairsR2, pvPairsR3, pvPairsR4},
+	transpose: transpose16, qk: [4]pvPairsFunc{qkPairsR1, qkPairsR2, qkPairsR3, qkPairsR4}, gemm: &gemmTileSet{
 		R: 4, C: 6,
 		t: [][]gemmTileFunc{
 			{gemmBF16R1C1, gemmBF16R1C2, gemmBF16R1C3, gemmBF16R1C4, gemmBF16R1C5, gemmBF16R1C6},
