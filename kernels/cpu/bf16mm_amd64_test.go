@@ -21,22 +21,41 @@ func BenchmarkBF16GEMM(b *testing.B) {
 		{512, 2048, 1024}, {512, 1024, 1024}, {512, 1024, 2048}, {512, 3072, 1024}, {512, 1024, 3072},
 		{8, 3072, 1024}, {8, 1024, 3072},
 	} {
-		for _, path := range []string{"f32", "vdp4x4", "gemm"} {
+		for _, path := range []string{"f32", "vdp4x4", "gemm", "gemmKC4096", "gemmKC1024"} {
 			b.Run(fmt.Sprintf("%s/n=%d/%dx%d", path, s.n, s.rows, s.cols), func(b *testing.B) {
 				be := New(1)
 				defer be.Close()
 				be.SetBF16Activations(path != "f32")
 				gemmTilesOff.Store(path == "vdp4x4")
+				switch path {
+				case "gemmKC4096":
+					gemmKC = 4096
+				case "gemmKC1024":
+					gemmKC = 1024
+				}
+				defer func(kc int) { gemmKC = kc }(gemmKC)
 				defer gemmTilesOff.Store(false)
 				rng := rand.New(rand.NewPCG(1, 2))
-				w := kerneltest.NewMat(rng, kernels.BF16, s.rows, s.cols, 128, 128)
+				w0 := kerneltest.NewMat(rng, kernels.BF16, s.rows, s.cols, 128, 128)
+				// Copies filling 128 MiB, cycled through: each call's weights
+				// come from memory, as in a model's forward pass.
+				ws := make([]*kernels.Mat, max(1, 128<<20/len(w0.Data)))
+				for i := range ws {
+					c := *w0
+					c.Data = append([]byte(nil), w0.Data...)
+					ws[i] = &c
+				}
+				wi := 0
 				x := make([]float32, s.n*s.cols)
 				for i := range x {
 					x[i] = float32(rng.NormFloat64())
 				}
 				y := make([]float32, s.n*s.rows)
 				t0 := threadCPU()
-				cpuLoop(b, func() { be.MatMul(y, x, w, s.n) })
+				cpuLoop(b, func() {
+					be.MatMul(y, x, ws[wi], s.n)
+					wi = (wi + 1) % len(ws)
+				})
 				b.ReportMetric(float64(s.n*s.rows*s.cols)*float64(b.N)/float64(threadCPU()-t0), "GMAC/cpu-s")
 			})
 		}
