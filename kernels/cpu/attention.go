@@ -130,9 +130,14 @@ func (a *attnCall) rows(rows []int32) {
 	esz := a.dt.Size()
 	kw := a.kvh * a.hd
 	hd, grp := a.hd, a.grp
+	vdp := a.gemmScores() && hd%32 == 0 // scores on the gemm tiles, the queries rounded
 	a.b.Parallel(len(rows)*parts, func(lo, hi int) {
 		sc := make([]float32, (a.kvh+parts-1)/parts*grp*maxLen) // (heads of the part, len) scores, then probabilities
 		offs := make([]int, maxLen)                             // element offsets of the row's positions in a cache layer
+		var qb []uint16                                         // (heads of the part, hd) queries rounded, for vdp
+		if vdp {
+			qb = make([]uint16, (a.kvh+parts-1)/parts*grp*hd)
+		}
 		last := -1
 		for item := lo; item < hi; item++ {
 			i, part := int(rows[item/parts]), item%parts
@@ -146,6 +151,10 @@ func (a *attnCall) rows(rows []int32) {
 			// Scores, block by block: keys of a block are kw apart. The
 			// part's heads stack as (kvh−k0)·grp + g.
 			run := (k1 - k0) * hd // elements of a slot the item reads
+			if vdp {
+				q := a.q[(i*a.heads+k0*grp)*hd : (i*a.heads+k1*grp)*hd]
+				roundBF16(qb[:len(q)], q)
+			}
 			for p0 := 0; p0 < ln; p0 += a.bs {
 				nk := min(a.bs, ln-p0)
 				if next := p0 + a.bs; next < ln { // the next block's keys, else the first values
@@ -157,6 +166,10 @@ func (a *attnCall) rows(rows []int32) {
 					w := a.kraw[(offs[p0]+kvh*hd)*esz:]
 					qg := a.q[(i*a.heads+kvh*grp)*hd : (i*a.heads+(kvh+1)*grp)*hd] // (group, hd)
 					sg := sc[(kvh-k0)*grp*ln:]
+					if vdp {
+						a.scoresVDP(sg[p0:], ln, qb[(kvh-k0)*grp*hd:], w, nk)
+						continue
+					}
 					g := 0
 					for ; g+2 <= grp; g += 2 {
 						x, y := qg[g*hd:], sg[g*ln+p0:]
@@ -201,6 +214,20 @@ func (a *attnCall) rows(rows []int32) {
 			}
 		}
 	})
+}
+
+// scoresVDP is rows' scores of one KV head's query group over nk keys of
+// a block on the gemm tiles: y (grp, ldy) = q (grp, hd) bfloat16 · the keys
+// at w, kw elements apart, up to 4 heads by 6 keys a tile.
+func (a *attnCall) scoresVDP(y []float32, ldy int, q []uint16, w []byte, nk int) {
+	g := bf16TilesFor().gemm
+	hd, kw := a.hd, a.kvh*a.hd
+	for r0 := 0; r0 < a.grp; r0 += g.R {
+		r := min(g.R, a.grp-r0)
+		for j := 0; j < nk; j += g.C {
+			g.t[r-1][min(g.C, nk-j)-1](y[r0*ldy+j:], ldy, q[r0*hd:], hd, w[2*j*kw:], kw, hd, 0)
+		}
+	}
 }
 
 // offsets sets offs[p] to the element offset of position p's row in a

@@ -97,7 +97,13 @@ func BenchmarkLMHeadTmp(b *testing.B) {
 // sequence, Qwen3-0.6B heads) over a BF16 cache with bfloat16 activations,
 // one worker, thread CPU time: scores on the float tiles over widened keys
 // against the gemm tiles over the cached keys.
-func BenchmarkAttnPrefill(b *testing.B) {
+func BenchmarkAttnPrefill(b *testing.B) { benchAttn(b, 512) }
+
+// BenchmarkAttnDecode is BenchmarkAttnPrefill for one row at position 511
+// (decode at context 512): scores on the float tiles against the gemm tiles.
+func BenchmarkAttnDecode(b *testing.B) { benchAttn(b, 1) }
+
+func benchAttn(b *testing.B, rows int) {
 	const heads, kvHeads, hd, bs, ctx = 16, 8, 128, 16, 512
 	for _, v := range []string{"f32keys", "gemm"} {
 		b.Run(v, func(b *testing.B) {
@@ -134,9 +140,10 @@ func BenchmarkAttnPrefill(b *testing.B) {
 			}
 			p := &kernels.Paged{Pos: ints(pos, ctx, 1), Seq: ints(seq, ctx, 1), Slot: ints(pos, ctx, 1), Blocks: ints(blocks, 1, nb), BlockSize: bs}
 			be.StoreKV(kc, vc, f32t(ctx, kw), f32t(ctx, kw), p)
-			q := f32t(ctx, heads*hd)
-			out, _ := be.Alloc(kernels.F32, ctx, heads*hd)
+			q := f32t(rows, heads*hd)
+			out, _ := be.Alloc(kernels.F32, rows, heads*hd)
 			shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 0.088}
+			p = &kernels.Paged{Pos: p.Pos.Slice(ctx-rows, ctx), Seq: p.Seq.Slice(ctx-rows, ctx), Slot: p.Slot.Slice(ctx-rows, ctx), Blocks: p.Blocks, BlockSize: bs}
 			cpuLoop(b, func() { be.Attention(out, q, kc, vc, p, shape) })
 		})
 	}
