@@ -223,7 +223,7 @@ func gemmKernels() {
 			gemmTile(r, c)
 		}
 	}
-	for _, d := range []int{0, 1024, 2048, 4096} {
+	for _, d := range []int{0, 4096} {
 		gemvBF16(d)
 	}
 	pairConsts()

@@ -323,7 +323,7 @@ func TestGemvMatchesGo(t *testing.T) {
 		t.Skip("no AVX-512 BF16")
 	}
 	rng := rand.New(rand.NewPCG(11, 12))
-	for name, f := range map[string]gemvFunc{"P0": gemvBF16, "P1024": gemvBF16P1024, "P2048": gemvBF16P2048, "P4096": gemvBF16P4096} {
+	for name, f := range map[string]gemvFunc{"P0": gemvBF16, "P4096": gemvBF16P4096} {
 		for _, k := range []int{0, 1, 31, 32, 33, 127, 128, 129, 255, 256, 1024, 1055} {
 			for _, rows := range []int{0, 1, 3, 17} {
 				ld := (k + 31) &^ 31
@@ -388,7 +388,7 @@ func BenchmarkGemvCold(b *testing.B) {
 	for _, v := range []struct {
 		name string
 		f    gemvFunc
-	}{{"r1c1", nil}, {"P0", gemvBF16}, {"P1024", gemvBF16P1024}, {"P2048", gemvBF16P2048}, {"P4096", gemvBF16P4096}} {
+	}{{"r1c1", nil}, {"P0", gemvBF16}, {"P4096", gemvBF16P4096}} {
 		b.Run(v.name, func(b *testing.B) {
 			vdpbf16GemmTiles.gemv = v.f
 			be := New(2)

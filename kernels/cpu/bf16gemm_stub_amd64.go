@@ -526,42 +526,6 @@ func gemmBF16R4C6(y []float32, ldy int, x []uint16, ldx int, w []byte, ldw int, 
 //go:noescape
 func gemvBF16(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
 
-// gemvBF16P1024 sets y[j] = Σᵢ<k x[i]·w[j*ldw+i] for j < rows, x and w in BF16
-// (AVX-512 BF16):
-//
-//	for j := range rows {
-//		var sum float32
-//		for i := range k {
-//			sum += kernels.BF16ToF32(x[i]) * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*(j*ldw+i):]))
-//		}
-//		y[j] = sum
-//	}
-//
-// x is read in whole 32-column chunks (the caller pads it with zeros),
-// weight rows to k exactly. The caller guarantees the bounds; nothing
-// is checked. Denormal products and sums flush to zero.
-//
-//go:noescape
-func gemvBF16P1024(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
-
-// gemvBF16P2048 sets y[j] = Σᵢ<k x[i]·w[j*ldw+i] for j < rows, x and w in BF16
-// (AVX-512 BF16):
-//
-//	for j := range rows {
-//		var sum float32
-//		for i := range k {
-//			sum += kernels.BF16ToF32(x[i]) * kernels.BF16ToF32(binary.LittleEndian.Uint16(w[2*(j*ldw+i):]))
-//		}
-//		y[j] = sum
-//	}
-//
-// x is read in whole 32-column chunks (the caller pads it with zeros),
-// weight rows to k exactly. The caller guarantees the bounds; nothing
-// is checked. Denormal products and sums flush to zero.
-//
-//go:noescape
-func gemvBF16P2048(y []float32, x []uint16, w []byte, ldw int, k int, rows int)
-
 // gemvBF16P4096 sets y[j] = Σᵢ<k x[i]·w[j*ldw+i] for j < rows, x and w in BF16
 // (AVX-512 BF16):
 //

@@ -64,35 +64,6 @@ func BenchmarkBF16GEMM(b *testing.B) {
 
 type benchShape struct{ n, rows, cols int }
 
-func BenchmarkSwiGLUTmp(b *testing.B) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	n := 64 * 3072
-	g, u, y := make([]float32, n), make([]float32, n), make([]float32, n)
-	for i := range g {
-		g[i], u[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
-	}
-	cpuLoop(b, func() { swiglu(y, g, u, 0) })
-}
-
-func BenchmarkLMHeadTmp(b *testing.B) {
-	rows, cols := 151936, 1024
-	w := &kernels.Mat{DType: kernels.BF16, Rows: rows, Cols: cols, Data: make([]byte, rows*cols*2)}
-	for i := 0; i < len(w.Data); i += 2 {
-		v := kernels.F32ToBF16(float32(int(i%509)-254) / 4096)
-		w.Data[i], w.Data[i+1] = byte(v), byte(v>>8)
-	}
-	x, y := make([]float32, cols), make([]float32, rows)
-	be := New(2)
-	defer be.Close()
-	be.SetBF16Activations(true)
-	b.SetBytes(int64(len(w.Data)))
-	t0 := threadCPU()
-	for b.Loop() {
-		be.MatMul(y, x, w, 1)
-	}
-	b.ReportMetric(float64(threadCPU()-t0)/float64(b.N), "cpu-ns/op")
-}
-
 // BenchmarkAttnPrefill is one layer's prefill attention (512 rows of one
 // sequence, Qwen3-0.6B heads) over a BF16 cache with bfloat16 activations,
 // one worker, thread CPU time: scores on the float tiles over widened keys
