@@ -134,15 +134,20 @@ var shapes = []shape{
 	{R: 2, C: 4, U: 1},
 }
 
-// set picks the file to generate: tiles (tile_amd64.s) or attn
-// (attn_amd64.s, attn.go).
-var set = flag.String("set", "tiles", "kernel set: tiles or attn")
+// set picks the file to generate: tiles (tile_amd64.s), attn
+// (attn_amd64.s, attn.go) or bf16 (bf16gemm_amd64.s, bf16gemm.go).
+var set = flag.String("set", "tiles", "kernel set: tiles, attn or bf16")
 
 func main() {
 	ConstraintExpr("!noasm")
 	flag.Parse()
 	if *set == "attn" {
 		attnKernels()
+		Generate()
+		return
+	}
+	if *set == "bf16" {
+		gemmKernels()
 		Generate()
 		return
 	}

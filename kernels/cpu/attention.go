@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -129,9 +130,14 @@ func (a *attnCall) rows(rows []int32) {
 	esz := a.dt.Size()
 	kw := a.kvh * a.hd
 	hd, grp := a.hd, a.grp
+	vdp := a.gemmScores() && hd%32 == 0 // scores on the gemm tiles, the queries rounded
 	a.b.Parallel(len(rows)*parts, func(lo, hi int) {
 		sc := make([]float32, (a.kvh+parts-1)/parts*grp*maxLen) // (heads of the part, len) scores, then probabilities
 		offs := make([]int, maxLen)                             // element offsets of the row's positions in a cache layer
+		var qb []uint16                                         // (heads of the part, hd) queries rounded, for vdp
+		if vdp {
+			qb = make([]uint16, (a.kvh+parts-1)/parts*grp*hd)
+		}
 		last := -1
 		for item := lo; item < hi; item++ {
 			i, part := int(rows[item/parts]), item%parts
@@ -145,6 +151,10 @@ func (a *attnCall) rows(rows []int32) {
 			// Scores, block by block: keys of a block are kw apart. The
 			// part's heads stack as (kvh−k0)·grp + g.
 			run := (k1 - k0) * hd // elements of a slot the item reads
+			if vdp {
+				q := a.q[(i*a.heads+k0*grp)*hd : (i*a.heads+k1*grp)*hd]
+				roundBF16(qb[:len(q)], q)
+			}
 			for p0 := 0; p0 < ln; p0 += a.bs {
 				nk := min(a.bs, ln-p0)
 				if next := p0 + a.bs; next < ln { // the next block's keys, else the first values
@@ -156,6 +166,10 @@ func (a *attnCall) rows(rows []int32) {
 					w := a.kraw[(offs[p0]+kvh*hd)*esz:]
 					qg := a.q[(i*a.heads+kvh*grp)*hd : (i*a.heads+(kvh+1)*grp)*hd] // (group, hd)
 					sg := sc[(kvh-k0)*grp*ln:]
+					if vdp {
+						a.scoresVDP(sg[p0:], ln, qb[(kvh-k0)*grp*hd:], w, nk)
+						continue
+					}
 					g := 0
 					for ; g+2 <= grp; g += 2 {
 						x, y := qg[g*hd:], sg[g*ln+p0:]
@@ -200,6 +214,20 @@ func (a *attnCall) rows(rows []int32) {
 			}
 		}
 	})
+}
+
+// scoresVDP is rows' scores of one KV head's query group over nk keys of
+// a block on the gemm tiles: y (grp, ldy) = q (grp, hd) bfloat16 · the keys
+// at w, kw elements apart, up to 4 heads by 6 keys a tile.
+func (a *attnCall) scoresVDP(y []float32, ldy int, q []uint16, w []byte, nk int) {
+	g := bf16TilesFor().gemm
+	hd, kw := a.hd, a.kvh*a.hd
+	for r0 := 0; r0 < a.grp; r0 += g.R {
+		r := min(g.R, a.grp-r0)
+		for j := 0; j < nk; j += g.C {
+			g.t[r-1][min(g.C, nk-j)-1](y[r0*ldy+j:], ldy, q[r0*hd:], hd, w[2*j*kw:], kw, hd, 0)
+		}
+	}
 }
 
 // offsets sets offs[p] to the element offset of position p's row in a
@@ -265,10 +293,13 @@ func (a *attnCall) chunk(lo, hi int) {
 		s := scratchPool.Get().(*attnScratch)
 		defer scratchPool.Put(s)
 		amx := a.dt == kernels.BF16 && a.b.bf16x && a.hd%32 == 0 && amxKernelsFor() != nil
+		vdp := a.vdpAttention()
 		for item := i0; item < i1; item++ {
 			t0 := lo + order[item/a.kvh]*queryTile
 			if amx {
 				a.tileAMX(s, item%a.kvh, t0, min(hi, t0+queryTile))
+			} else if vdp {
+				a.tileVDP(s, item%a.kvh, t0, min(hi, t0+queryTile))
 			} else {
 				a.tile(s, item%a.kvh, t0, min(hi, t0+queryTile))
 			}
@@ -294,13 +325,13 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 	qs := grow(&s.qs, m*hd)    // (m, hd) stacked queries
 	sc := grow(&s.sc, m*tk)    // (m, tk) scores, then probabilities
 	kr := growBytes(&s.kr, tk*hd*esz)
-	vr := growBytes(&s.vr, tk*hd*esz)
 	if cap(s.offs) < 2*tk {
 		s.offs = make([]int, 2*tk)
 	}
 	offs, lin := s.offs[:tk], s.offs[tk:2*tk] // key positions in a cache layer, in kr and vr
 	a.offsets(offs, bt)
 	off := kvh * hd
+	vr := growBytes(&s.vr, tk*hd*esz)
 	for p, e := range offs {
 		e = (e + off) * esz
 		copy(kr[p*hd*esz:(p+1)*hd*esz], a.kraw[e:e+hd*esz])
@@ -316,7 +347,7 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 	}
 	// Transient: kr is refilled for every KV head (see Mat.Transient).
 	kmat := &kernels.Mat{DType: a.dt, Rows: tk, Cols: hd, Data: kr, Transient: true}
-	if b.RoundsXToBF16(kmat, m) {
+	if b.RoundsXToBF16(kmat, m) && !a.gemmScores() {
 		k := grow(&s.k, tk*hd)
 		for p := range tk {
 			a.keyRow(k[p*hd:(p+1)*hd], kr, p*hd)
@@ -342,6 +373,143 @@ func (a *attnCall) tile(s *attnScratch, kvh, t0, t1 int) {
 		}
 	}
 }
+
+// tileVDP is tile on VDPBF16PS, for a BF16 cache where bfloat16
+// activations are allowed and VDPBF16PS runs at full rate (vdpAttention),
+// both products as outer products with no horizontal sums (see
+// qkPairsR4): S = Q·Kᵀ with the queries rounded to bfloat16 and the head's
+// keys transposed as dwords (a row per pair of head dims, 64 keys a call),
+// four query rows at a time over the key blocks their last row sees; the
+// causal softmax; then O = P·V by pvVDP.
+func (a *attnCall) tileVDP(s *attnScratch, kvh, t0, t1 int) {
+	t := bf16TilesFor()
+	hd, grp, qw := a.hd, a.grp, a.heads*a.hd
+	nt := t1 - t0
+	tk := int(a.pos[t1-1]) + 1 // keys visible to the tile's last row
+	ld := roundUp(tk, 64)      // keys padded to whole blocks: the score rows' stride
+	m := grp * nt              // stacked rows: (g, i) → g·nt + i−t0
+	if cap(s.offs) < tk {
+		s.offs = make([]int, tk)
+	}
+	offs := s.offs[:tk]
+	a.offsets(offs, a.table(a.seq[t0]))
+	k := growU16(&s.vk, ld*hd) // (ld, hd) keys, zero rows past tk
+	for p, e := range offs {
+		e = 2 * (e + kvh*hd)
+		copy(u16Bytes(k[p*hd:(p+1)*hd]), a.kraw[e:e+2*hd])
+	}
+	clear(k[tk*hd:])
+	hp := hd / 2 // dwords (pairs of head dims) a key
+	kt := growU32(&s.vkt, hp*ld)
+	k32 := unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(k))), ld*hp)
+	for kb := 0; kb < ld; kb += 16 {
+		for pb := 0; pb < hp; pb += 16 {
+			t.transpose(kt[pb*ld+kb:], ld, k32[kb*hp+pb:], hp, 16)
+		}
+	}
+	kt16 := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(kt))), 2*hp*ld)
+	q := growU16(&s.vq, m*hd) // (m, hd) stacked queries, rounded
+	for g := range grp {
+		h := kvh*grp + g
+		for i := t0; i < t1; i++ {
+			r := g*nt + i - t0
+			roundBF16(q[r*hd:(r+1)*hd], a.q[i*qw+h*hd:i*qw+(h+1)*hd])
+		}
+	}
+	sc := grow(&s.sc, m*ld) // (m, ld) scores, then probabilities
+	for g := range grp {
+		for i := t0; i < t1; i += 4 {
+			rows := min(4, t1-i)
+			n := int(a.pos[i+rows-1]) + 1 // keys the group's last row sees
+			r := g*nt + i - t0
+			for c0 := 0; c0 < n; c0 += 64 {
+				t.qk[rows-1](sc[r*ld+c0:], ld, q[r*hd:], hd, kt16[2*c0:], 2*ld, hp)
+			}
+		}
+	}
+	for r := range m {
+		row := sc[r*ld : (r+1)*ld]
+		ln := int(a.pos[t0+r%nt]) + 1
+		softmaxRow(row[:ln], a.scale)
+		clear(row[ln:])
+	}
+	a.pvVDP(s, kvh, t0, t1, offs, ld)
+}
+
+// vdpAttention reports whether prefill attention runs as tileVDP: a BF16
+// cache, bfloat16 activations allowed, the gemm tiles (VDPBF16PS at full
+// rate), and a head dim of whole 64-column blocks.
+func (a *attnCall) vdpAttention() bool { return a.gemmScores() && a.hd%64 == 0 }
+
+// growU32 is grow for uint32s.
+func growU32(p *[]uint32, n int) []uint32 {
+	if cap(*p) < n {
+		*p = make([]uint32, n)
+	}
+	return (*p)[:n]
+}
+
+// pvVDP is tileVDP's O = P·V, as outer products (see pvPairsR4): the
+// probabilities in s.sc (the tile's stacked rows ld apart, causal zeros
+// included) rounded to bfloat16, the head's value rows interleaved in
+// pairs of keys straight from the cache (offs: the keys' element offsets
+// in a cache layer), then four query rows at a time over the pairs their
+// last row sees, 64 columns a call.
+func (a *attnCall) pvVDP(s *attnScratch, kvh, t0, t1 int, offs []int, ld int) {
+	t := bf16TilesFor()
+	hd, grp, qw := a.hd, a.grp, a.heads*a.hd
+	nt, tk := t1-t0, len(offs)
+	m := grp * nt
+	np := (tk + 1) / 2
+	tkp := 2 * np
+	vp := growU16(&s.vt16, np*2*hd) // (np, hd) pairs of value rows
+	if cap(s.zero) < 2*hd {
+		s.zero = make([]byte, 2*hd)
+	}
+	off := 2 * kvh * hd
+	for j := range np {
+		b := s.zero[:2*hd]
+		if 2*j+1 < tk {
+			b = a.vraw[2*offs[2*j+1]+off:]
+		}
+		t.pair(vp[j*2*hd:(j+1)*2*hd], a.vraw[2*offs[2*j]+off:], b, hd)
+	}
+	ps := growU16(&s.k16, m*tkp) // (m, tkp) probabilities
+	for r := range m {
+		roundBF16(ps[r*tkp:r*tkp+tk], s.sc[r*ld:r*ld+tk])
+		if tkp > tk {
+			ps[r*tkp+tk] = 0
+		}
+	}
+	for g := range grp {
+		h := kvh*grp + g
+		for i := t0; i < t1; i += 4 {
+			rows := min(4, t1-i)
+			pairs := (int(a.pos[i+rows-1]) + 2) / 2 // the key pairs the last row sees
+			o := a.out[i*qw+h*hd:]
+			for r := range rows {
+				clear(o[r*qw : r*qw+hd])
+			}
+			p := ps[(g*nt+i-t0)*tkp:]
+			for d0 := 0; d0 < hd; d0 += 64 {
+				t.pv[rows-1](o[d0:], qw, p, tkp, vp[2*d0:], 2*hd, pairs)
+			}
+		}
+	}
+}
+
+// gemmScores reports whether tile's Q·Kᵀ runs on the gemm tiles over the
+// BF16 keys as cached, the queries rounded to bfloat16 (the precision
+// tileAMX has): where bfloat16 activations are allowed and VDPBF16PS runs at
+// full rate. Elsewhere a rounding path gets the keys widened to float32, so
+// that the queries stay float32.
+func (a *attnCall) gemmScores() bool {
+	t := bf16TilesFor()
+	return a.dt == kernels.BF16 && a.b.bf16x && t != nil && t.gemm != nil && !attnGemmOff.Load()
+}
+
+// attnGemmOff turns gemmScores off (the benchmarks that compare).
+var attnGemmOff atomic.Bool
 
 // growBytes is grow for bytes.
 func growBytes(p *[]byte, n int) []byte {
@@ -412,7 +580,10 @@ type attnScratch struct {
 	k, vt, qs, sc, os []float32
 	offs              []int     // tile's key offsets
 	kr, vr            []byte    // tile's keys and values, contiguous
-	k16, vt16         []uint16  // tileAMX's keys and values
+	k16, vt16         []uint16  // tileAMX's keys and values; pvVDP's probabilities and value pairs
+	zero              []byte    // pvVDP's zero value row
+	vk, vq            []uint16  // tileVDP's keys and rounded queries
+	vkt               []uint32  // and its keys transposed
 	xs                xbufs     // its products' converted x
 	f32               []float32 // and their task scratch
 }

@@ -132,8 +132,9 @@ func (b *Backend) x8Packed(w *kernels.Mat) []byte {
 
 // SetBF16Activations lets MatMul round x to bfloat16 (off by default), where
 // the CPU has the units that make it faster: BF16 weights then run one to
-// three x rows on VDPBF16PS tiles and eight or more on AMX, quantized
-// weights 128 or more x rows on AMX (dequantized to bfloat16). Results then
+// three x rows on VDPBF16PS tiles and eight or more on AMX (every row count
+// on VDPBF16PS where there is no AMX), quantized weights 128 or more x rows
+// on AMX (dequantized to bfloat16). Results then
 // differ from the float32 product by up to 2⁻⁸·Σ|x·w| (see bf16.go): the
 // precision of a model that keeps its KV cache in bfloat16 anyway. Call it
 // between MatMuls only.

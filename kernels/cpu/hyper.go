@@ -45,7 +45,13 @@ func (b *Backend) HyperPre(x, coef, streams kernels.Tensor, h *kernels.Hyper) {
 			ref.HyperNorm(xn[i*w:(i+1)*w], X[i*w:(i+1)*w], h.NormEps)
 		}
 	})
+	// The mix product feeds exponentials and the Sinkhorn iterations, and
+	// it is small ((2+hc)·hc outputs a row): x stays float32 whatever
+	// SetBF16Activations allows.
+	on := b.bf16x
+	b.bf16x = false
 	b.MatMul(mix, xn, h.Fn, n)
+	b.bf16x = on
 	b.Parallel(n, func(lo, hi int) {
 		pre, work := make([]float64, hc), make([]float64, hc*hc)
 		for i := lo; i < hi; i++ {

@@ -287,51 +287,47 @@ func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.Head
 	if r != nil && (r.InvFreq.Elems() != r.Dim/2 || r.Dim > s.HeadDim) {
 		panic("cpu: PrepareQKV rotary does not fit the heads")
 	}
-	src, qs := f32(qkv), f32(q)
-	kv := grow(&b.tmp, 2*n*kw)
-	k, v := kv[:n*kw], kv[n*kw:]
-	w := qkv.Cols
-	// rows runs fn over the rows, on the workers when there are enough
-	// (a prefill's copies and cache stores were ~5 % of its CPU time on
-	// one thread while the other waited).
-	rows := func(fn func(lo, hi int)) {
-		if n*w < minConvertSplit {
-			fn(0, n)
-			return
-		}
-		b.Parallel(n, fn)
+	hd := s.HeadDim
+	var wq, wk []float32
+	if qn != nil {
+		wq = f32(qn.W)
 	}
-	rows(func(lo, hi int) {
+	if kn != nil {
+		wk = f32(kn.W)
+	}
+	if qn != nil && len(wq) != hd || kn != nil && len(wk) != hd {
+		panic("cpu: PrepareQKV norm width")
+	}
+	var tab *ropeTab
+	if r != nil {
+		tab = b.ropeTable(r, maxPos(p.Pos)+1)
+	}
+	src, qs, w := f32(qkv), f32(q), qkv.Cols
+	pos, slots := i32(p.Pos), i32(p.Slot)
+	// One pass per row over the workers: q out of qkv, normed and rotated
+	// in place; k through a row of scratch into the cache; v straight in.
+	b.Parallel(n, func(lo, hi int) {
+		k := make([]float32, kw) // (kw) the row's keys
 		for i := lo; i < hi; i++ {
-			copy(qs[i*qw:(i+1)*qw], src[i*w:])
-			copy(k[i*kw:(i+1)*kw], src[i*w+qw:])
-			copy(v[i*kw:(i+1)*kw], src[i*w+qw+kw:])
-		}
-	})
-	for _, c := range []struct {
-		x     []float32
-		heads int
-		norm  *kernels.HeadNorm
-	}{{qs, s.Heads, qn}, {k, s.KVHeads, kn}} {
-		if c.norm != nil {
-			ws, hd := f32(c.norm.W), s.HeadDim
-			if len(ws) != hd {
-				panic("cpu: PrepareQKV norm width")
+			qi := qs[i*qw : (i+1)*qw]
+			copy(qi, src[i*w:])
+			copy(k, src[i*w+qw:])
+			if qn != nil {
+				rmsNorm(qi, qi, wq, qn.Eps, qn.Offset, s.Heads)
 			}
-			b.Parallel(n*c.heads, func(lo, hi int) {
-				rmsNorm(c.x[lo*hd:hi*hd], c.x[lo*hd:hi*hd], ws, c.norm.Eps, c.norm.Offset, hi-lo)
-			})
-		}
-		if r != nil {
-			b.rotate(c.x, n, c.heads, s.HeadDim, p.Pos, r)
-		}
-	}
-	slots := i32(p.Slot)
-	rows(func(lo, hi int) { // each row to its own slot
-		for i := lo; i < hi; i++ {
+			if kn != nil {
+				rmsNorm(k, k, wk, kn.Eps, kn.Offset, s.KVHeads)
+			}
+			if r != nil {
+				half := r.Dim / 2
+				ps := int(pos[i*p.Pos.Stride])
+				cos, sin := tab.cos[ps*half:(ps+1)*half], tab.sin[ps*half:(ps+1)*half]
+				ref.Rotate(qi, s.Heads, hd, cos, sin, r.Interleaved)
+				ref.Rotate(k, s.KVHeads, hd, cos, sin, r.Interleaved)
+			}
 			sl := int(slots[i*p.Slot.Stride])
-			putRow(kc, sl, k[i*kw:(i+1)*kw])
-			putRow(vc, sl, v[i*kw:(i+1)*kw])
+			putRow(kc, sl, k)
+			putRow(vc, sl, src[i*w+qw+kw:i*w+qw+2*kw])
 		}
 	})
 }
