@@ -66,6 +66,8 @@ type Backend struct {
 	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
 	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
 
+	moePipeCnt kernels.Tensor // the streamed experts' item counters (moe_pipe.go); the zero Tensor until first used
+
 	presplit presplit // the last op's output, also split for cuBLASLt (opset.go's linearSplit)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y

@@ -10,14 +10,21 @@ import "github.com/ferrite-llm/ferrite/kernels"
 // shared-memory stages with cp.async, so far more bytes are in flight than
 // the register tiles (ferrite_moe_gt_*) hold. Every output is summed as
 // the one-token kernels sum it (kernels.RowExact holds as for the register
-// tiles). FERRITE_MOE_KERNELS=pipe or pipe16 turns it on.
+// tiles). FERRITE_MOE_KERNELS=pipe, pipe16, piped or pipe16d turns it on
+// (pipeMode).
 const (
-	moePipeSlots = 512                        // the most slots (tokens · k) a call
-	moePipeSmem  = 4*40960 + (1024+4*512+4)*4 // dynamic shared memory a block: kPipeStages · PipeShape::kStage + kPipeSmemSort (none static)
+	moePipeSlots = 512                         // the most slots (tokens · k) a call
+	moePipeSmem  = 4*40960 + (1024+4*512+12)*4 // dynamic shared memory a block: kPipeStages · PipeShape::kStage + kPipeSmemSort (none static)
+	moePipeDyn   = 1                           // moeConfig.pipe's bit for the kernels that take items dynamically
 )
 
 func init() {
-	names := []string{"ferrite_moe_pipe_gate_up", "ferrite_moe_pipe_down", "ferrite_moe_pipe_gate_up_w16", "ferrite_moe_pipe_down_w16"}
+	var names []string
+	for _, w := range []string{"", "_w16"} {
+		for _, d := range []string{"", "_dyn"} {
+			names = append(names, "ferrite_moe_pipe_gate_up"+w+d, "ferrite_moe_pipe_down"+w+d)
+		}
+	}
 	kernelNames = append(kernelNames, names...)
 	bigSmemKernels = append(bigSmemKernels, names...)
 	for _, n := range names {
@@ -25,15 +32,20 @@ func init() {
 	}
 }
 
-// pipeWarps reads FERRITE_MOE_KERNELS for the streamed kernels: "pipe"
-// 8 warps a block, "pipe16" 16 (the same rows an item, half as many a
-// warp), else 0 (off).
-func pipeWarps(v string) int {
+// pipeMode reads FERRITE_MOE_KERNELS for the streamed kernels: "pipe" 8
+// warps a block, "pipe16" 16 (the same rows an item, half as many a warp),
+// "piped" and "pipe16d" the same with the items taken dynamically (plus
+// moePipeDyn), else 0 (off).
+func pipeMode(v string) int {
 	switch v {
 	case "pipe":
 		return 8
 	case "pipe16":
 		return 16
+	case "piped":
+		return 8 | moePipeDyn
+	case "pipe16d":
+		return 16 | moePipeDyn
 	}
 	return 0
 }
@@ -79,16 +91,29 @@ func (b *Backend) expertsPipe(dst, x kernels.Tensor, ip, wp, h uint64, table *Bu
 	slots, sms := n*k, uint32(b.dev.SMs)
 	ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
 	y, xp := dptr(dst), dptr(x)
-	gateUp, down, threads := "ferrite_moe_pipe_gate_up", "ferrite_moe_pipe_down", uint32(256)
-	if b.moe.pipe == 16 {
-		gateUp, down, threads = "ferrite_moe_pipe_gate_up_w16", "ferrite_moe_pipe_down_w16", 512
+	suffix, threads := "", uint32(256)
+	if b.moe.pipe&^moePipeDyn == 16 {
+		suffix, threads = "_w16", 512
+	}
+	var ctr uint64 // (4) the dynamic kernels' item counters: gate/up's, down's
+	if b.moe.pipe&moePipeDyn != 0 {
+		suffix += "_dyn"
+		if !b.moePipeCnt.Valid() {
+			t, err := b.Alloc(kernels.I32, 1, 4)
+			if err != nil {
+				b.fail(err)
+				return
+			}
+			b.moePipeCnt = t
+		}
+		ctr = dptr(b.moePipeCnt)
 	}
 	b.queue(func(d *Device) error {
-		err := d.launchL(gateUp, sms, threads, moePipeSmem,
-			h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(ne), i32(k), i32(slots), i32(hidden), f32(limit))
+		err := d.launchL("ferrite_moe_pipe_gate_up"+suffix, sms, threads, moePipeSmem,
+			h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(ne), i32(k), i32(slots), i32(hidden), f32(limit), ctr)
 		if err == nil {
-			err = d.launchL(down, sms, threads, moePipeSmem,
-				ye, i32(hidden), h, ip, table.ptr, i32(ne), i32(k), i32(slots), i32(inter))
+			err = d.launchL("ferrite_moe_pipe_down"+suffix, sms, threads, moePipeSmem,
+				ye, i32(hidden), h, ip, table.ptr, i32(ne), i32(k), i32(slots), i32(inter), ctr+8)
 		}
 		if err != nil {
 			return err

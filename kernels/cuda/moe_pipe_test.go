@@ -29,8 +29,9 @@ func pipeExperts(rng *rand.Rand, e, hidden, inter int) []kernels.Expert {
 	return ex
 }
 
-// TestOpsExpertsPipe checks the streamed kernels (FERRITE_MOE_KERNELS=pipe
-// and pipe16)
+// TestOpsExpertsPipe checks the streamed kernels (FERRITE_MOE_KERNELS=pipe,
+// pipe16, piped and pipe16d: the dynamic ones' counters must be back at 0
+// after every call)
 // against kernels/ref.Experts within kerneltest.ExpertsTol of max |y|:
 // widths that fill whole chunks and row blocks and widths that do not
 // (hidden 264 = 256 + 8 columns, inter 72 = 2·32 + 8 rows), experts with
@@ -46,7 +47,7 @@ func TestOpsExpertsPipe(t *testing.T) {
 	rng := rand.New(rand.NewPCG(51, 52))
 	for _, s := range []struct{ e, k, hidden, inter int }{{12, 4, 256, 96}, {7, 3, 264, 72}, {40, 8, 512, 256}} {
 		ex := pipeExperts(rng, s.e, s.hidden, s.inter)
-		for _, w := range []int{8, 16} {
+		for _, w := range []int{8, 16, 8 | moePipeDyn, 16 | moePipeDyn} {
 			b.moe = moeConfig{pipe: w}
 			for _, n := range []int{moeGTFrom, 5, 16, 33, moePipeSlots / s.k} {
 				if !b.usePipe(n, s.k) {
@@ -87,7 +88,8 @@ func TestOpsExpertsPipeRowExact(t *testing.T) {
 	for i := range n {
 		copy(alone[i*hidden:], expertsOnDevice(t, b, ex, 1, k, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	for _, c := range []moeConfig{{pipe: 8}, {pipe: 8, tiles: 1}, {pipe: 16}, {pipe: 16, tiles: 1}} {
+	for _, c := range []moeConfig{{pipe: 8}, {pipe: 8, tiles: 1}, {pipe: 16}, {pipe: 16, tiles: 1},
+		{pipe: 8 | moePipeDyn}, {pipe: 16 | moePipeDyn, tiles: 1}} {
 		b.moe = c
 		for _, rows := range []int{2, moeGTFrom, 9, n} {
 			got := expertsOnDevice(t, b, ex, rows, k, xv[:rows*hidden], ids[:rows*k], wv[:rows*k])

@@ -210,9 +210,9 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // slot-a-pass kernels where the tiles are the default, "gt" the tiles
 // where they are not, "gt=1" the tiles with one gate/up row a warp
 // (FERRITE_MOE_GT; 4 by default), "tiles" the prefill path's sorted tiles
-// at a register-tile size (FERRITE_MOE_KERNELS=v1), "pipe" and "pipe16"
-// the streamed kernels (FERRITE_MOE_KERNELS=pipe, pipe16: moe_pipe.go) from
-// moeGTFrom tokens. µs/layer is the step
+// at a register-tile size (FERRITE_MOE_KERNELS=v1), "pipe", "pipe16",
+// "piped", "pipe16d" the streamed kernels (FERRITE_MOE_KERNELS of the same
+// name: moe_pipe.go) from moeGTFrom tokens. µs/layer is the step
 // over the layers; GB/s counts the chosen experts' weight bytes (distinct
 // experts of the step's tokens) over the step's wall time,
 // TFLOP/s the slots' multiply-adds.
@@ -284,7 +284,8 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
 		}
 		if n >= moeGTFrom && n*k <= moePipeSlots {
-			vs = append(vs, variant{"/pipe", moeConfig{pipe: 8}}, variant{"/pipe16", moeConfig{pipe: 16}})
+			vs = append(vs, variant{"/pipe", moeConfig{pipe: 8}}, variant{"/pipe16", moeConfig{pipe: 16}},
+				variant{"/piped", moeConfig{pipe: 8 | moePipeDyn}}, variant{"/pipe16d", moeConfig{pipe: 16 | moePipeDyn}})
 		}
 		for _, v := range vs {
 			be.moe = v.c

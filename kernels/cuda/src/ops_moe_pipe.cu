@@ -52,8 +52,9 @@ struct PipeShape {
     static constexpr int kStage = kW + kPipeC * kPipeK * 4;
 };
 
-// kPipeSmemSort is the shared memory of the sort after the stages.
-constexpr int kPipeSmemSort = (kPipeExperts + 4 * kPipeSlots + 4) * 4;
+// kPipeSmemSort is the shared memory of the sort (and the ring of
+// dynamically taken items) after the stages.
+constexpr int kPipeSmemSort = (kPipeExperts + 4 * kPipeSlots + 4 + 8) * 4;
 
 // pipe_cp16 copies 16 bytes from global src to shared dst asynchronously,
 // or at once with ordinary loads when src is not 16-byte aligned (a view
@@ -92,9 +93,15 @@ __device__ inline void pipe_wait() {
 // multiple of 8), every weight bf16. An id outside [0, experts) makes its
 // slot's row of out NaN. Dynamic shared memory: kPipeStages ·
 // PipeShape::kStage + kPipeSmemSort bytes.
-template <bool GU, int WARPS>
+//
+// Static (DYN false): block b takes items b, b + grid, …. Dynamic: every
+// block takes its next item from the counter ctr[0] (thread 0, an item
+// ahead, into a ring of 8 in shared memory), so blocks that run ahead take
+// more; the last block to finish (ctr[1]) sets both back to 0 for the next
+// launch. Which block takes an item does not change its bits.
+template <bool GU, int WARPS, bool DYN>
 __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, const int* ids,
-                         const MatDesc* table, int experts, int k, int slots, int kdim, float limit) {
+                         const MatDesc* table, int experts, int k, int slots, int kdim, float limit, int* ctr) {
     using S = PipeShape<GU, WARPS>;
     constexpr int NM = S::NM, R = S::R, RB = S::RB, kPipeThreads = S::kThreads;
     // All of it dynamic (a static part would lower the dynamic limit that
@@ -107,6 +114,7 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
     int* gcount = gstart + kPipeSlots;   // (kPipeSlots) its slots
     int* gexp = gcount + kPipeSlots;     // (kPipeSlots) its expert
     int& ngroups = gexp[kPipeSlots];     // how many groups
+    int* ring = gexp + kPipeSlots + 4;   // (8) DYN: the items of the block's ordinals t, t + 1, … at t % 8
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     // Counting sort of the valid slots by expert, and the groups.
@@ -160,8 +168,9 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
 
     const int nrb = (nrows + RB - 1) / RB, nk = (kdim + kPipeK - 1) / kPipeK;
     const int nitems = ngroups * nrb;
-    const int mine = blockIdx.x < nitems ? (nitems - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-    const int total = mine * nk;
+    // item_of is the item of the block's ordinal t (≥ nitems: none; then
+    // none after it either).
+    auto item_of = [&](int t) { return DYN ? ring[t & 7] : int(blockIdx.x) + t * int(gridDim.x); };
     const size_t pitch = size_t(kdim) * 2;  // bytes between weight rows of a view
 
     // issue queues chunk i's copies into stage i % kPipeStages; it runs
@@ -174,8 +183,11 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
     const float* xsrc[XJ] = {};
     auto issue = [&](int i) {
         const int t = i / nk, kc = i - t * nk;
+        const int it = item_of(t);
+        if (DYN && kc == 0 && tid == 0) ring[(t + 1) & 7] = it < nitems ? atomicAdd(ctr, 1) : nitems;
+        if (it >= nitems) return;
         if (kc == 0) {
-            const int it = blockIdx.x + t * gridDim.x, g = it / nrb, r0 = (it - g * nrb) * RB;
+            const int g = it / nrb, r0 = (it - g * nrb) * RB;
             const int e = gexp[g], nc = gcount[g], p0 = gstart[g];
             const float* unused;
             const uint8_t* base[NM];
@@ -210,19 +222,28 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
         }
     };
 
+    if (DYN) {
+        if (tid == 0) ring[0] = atomicAdd(ctr, 1);
+        __syncthreads();
+    }
     for (int i = 0; i < kPipeStages - 1; i++) {
-        if (i < total) issue(i);
+        issue(i);
         pipe_commit();
+        if (DYN) __syncthreads();  // the ring entry issue(i) wrote, for issue(i + 1)
     }
     float acc[NM][R][kPipeC] = {};
     int kc = 0, t = 0;
-    for (int i = 0; i < total; i++) {
+    for (int i = 0;; i++) {
         pipe_wait<kPipeStages - 2>();
         __syncthreads();
-        if (i + kPipeStages - 1 < total) issue(i + kPipeStages - 1);
+        // Ring entries are written at the first chunk of the ordinal before
+        // (at least one barrier back) and read at most 4 ordinals later.
+        const int it = item_of(t);
+        if (it >= nitems) break;
+        issue(i + kPipeStages - 1);
         pipe_commit();
 
-        const int it = blockIdx.x + t * gridDim.x, g = it / nrb, r0 = (it - g * nrb) * RB + warp * R;
+        const int g = it / nrb, r0 = (it - g * nrb) * RB + warp * R;
         const int nc = gcount[g];
         if (kc == 0) {
 #pragma unroll
@@ -280,6 +301,17 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
         }
     }
     pipe_wait<0>();
+    if (DYN) {
+        __syncthreads();
+        if (tid == 0) {
+            __threadfence();
+            if (atomicAdd(ctr + 1, 1) == int(gridDim.x) - 1) {
+                ctr[0] = 0;
+                ctr[1] = 0;
+                __threadfence();
+            }
+        }
+    }
 }
 
 }  // namespace
@@ -289,25 +321,30 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
 // x_stride a multiple of 4; down into ye (n·k, hidden) from h, then
 // ferrite_moe_combine. Launch: grid = the SMs (at most one block of each
 // fits an SM), 256 threads (the _w16 kernels 512: the same rows an item,
-// half as many a warp), dynamic shared memory kPipeStages ·
-// PipeShape::kStage + kPipeSmemSort (163,840 + 12,304 bytes for all;
-// kernels/cuda moePipeSmem); n·k ≤ 512, experts ≤ 1024.
-#define FERRITE_MOE_PIPE_GATE_UP(name, W)                                                                      \
+// half as many a warp; _dyn: items taken from ctr, 2 ints, zero before
+// the first launch, gate/up and down each their own), dynamic shared memory
+// kPipeStages · PipeShape::kStage + kPipeSmemSort (163,840 + 12,336 bytes
+// for all; kernels/cuda moePipeSmem); n·k ≤ 512, experts ≤ 1024.
+#define FERRITE_MOE_PIPE_GATE_UP(name, W, DYN)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * W, 1)                                                   \
         name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,          \
-             int experts, int k, int slots, int hidden, float limit) {                                         \
+             int experts, int k, int slots, int hidden, float limit, int* ctr) {                               \
         FERRITE_PDL_WAIT();                                                                                    \
-        moe_pipe<true, W>(h, inter, x, x_stride, ids, table, experts, k, slots, hidden, limit);                \
+        moe_pipe<true, W, DYN>(h, inter, x, x_stride, ids, table, experts, k, slots, hidden, limit, ctr);      \
     }
-FERRITE_MOE_PIPE_GATE_UP(ferrite_moe_pipe_gate_up, 8)
-FERRITE_MOE_PIPE_GATE_UP(ferrite_moe_pipe_gate_up_w16, 16)
+FERRITE_MOE_PIPE_GATE_UP(ferrite_moe_pipe_gate_up, 8, false)
+FERRITE_MOE_PIPE_GATE_UP(ferrite_moe_pipe_gate_up_w16, 16, false)
+FERRITE_MOE_PIPE_GATE_UP(ferrite_moe_pipe_gate_up_dyn, 8, true)
+FERRITE_MOE_PIPE_GATE_UP(ferrite_moe_pipe_gate_up_w16_dyn, 16, true)
 
-#define FERRITE_MOE_PIPE_DOWN(name, W)                                                                         \
+#define FERRITE_MOE_PIPE_DOWN(name, W, DYN)                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * W, 1)                                                   \
         name(float* ye, int hidden, const float* h, const int* ids, const MatDesc* table, int experts, int k,    \
-             int slots, int inter) {                                                                           \
+             int slots, int inter, int* ctr) {                                                                 \
         FERRITE_PDL_WAIT();                                                                                    \
-        moe_pipe<false, W>(ye, hidden, h, inter, ids, table, experts, k, slots, inter, 0.f);                   \
+        moe_pipe<false, W, DYN>(ye, hidden, h, inter, ids, table, experts, k, slots, inter, 0.f, ctr);         \
     }
-FERRITE_MOE_PIPE_DOWN(ferrite_moe_pipe_down, 8)
-FERRITE_MOE_PIPE_DOWN(ferrite_moe_pipe_down_w16, 16)
+FERRITE_MOE_PIPE_DOWN(ferrite_moe_pipe_down, 8, false)
+FERRITE_MOE_PIPE_DOWN(ferrite_moe_pipe_down_w16, 16, false)
+FERRITE_MOE_PIPE_DOWN(ferrite_moe_pipe_down_dyn, 8, true)
+FERRITE_MOE_PIPE_DOWN(ferrite_moe_pipe_down_w16_dyn, 16, true)
