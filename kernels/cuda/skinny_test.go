@@ -370,7 +370,8 @@ func TestSkinnyShapes(t *testing.T) {
 // 8 to 64 rows of float32 x: the skinny GEMM (one kernel, one block a
 // multiprocessor) against what Linear runs without it, cuBLASLt with x
 // split into two bf16 terms (the split kernel, the GEMM over 2n rows, the
-// epilogue kernel; for gate_up also ferrite_swiglu_cat). gate_up is
+// epilogue kernel: ferrite_add_halves, for gate_up
+// ferrite_add_halves_swiglu). gate_up is
 // SwiGLULinear (the stacked 24576 × 4096 weight in, 12288 outputs a row),
 // the others Linear. Weights rotate over ≥ 1 GiB of copies so none is in
 // L2; GB/s counts the weight's bytes once per call. At 32 and 64 rows the
@@ -435,11 +436,8 @@ func BenchmarkSkinny(b *testing.B) {
 				if !swiglu {
 					return d.launchL("ferrite_add_halves", d.elementwiseGrid(total), 256, 0, y.ptr, tb.ptr, uint64(0), uint64(total), i32(s.rows), b32(false))
 				}
-				if err := d.launchL("ferrite_add_halves", d.elementwiseGrid(total), 256, 0, tb.ptr, tb.ptr, uint64(0), uint64(total), i32(s.rows), b32(false)); err != nil {
-					return err
-				}
 				half := int64(n) * int64(out)
-				return d.launchL("ferrite_swiglu_cat", d.elementwiseGrid(half), 256, 0, y.ptr, tb.ptr, uint64(half), i32(out), f32(0))
+				return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(half), 256, 0, y.ptr, tb.ptr, uint64(half), i32(out), f32(0), uint64(0))
 			})
 		}
 	}
