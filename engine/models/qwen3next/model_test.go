@@ -550,7 +550,14 @@ func randomConfig(t *testing.T, m model.Model, kv kernels.DType) {
 	e.free(ref)
 	for _, sizes := range [][]int{{70, 70}, {1, 63, 1, 64, 11}, {100, 1, 1, 1, 37}} {
 		s := e.newSeq()
-		check(t, fmt.Sprint("chunks ", sizes), e.prefill(s, prompt, sizes...), full, tol)
+		// A chunk of one token runs the delta rule's token-by-token form,
+		// which sums in another order than the chunked one (2.2e-5 relative
+		// on an AVX-512 CPU), so those splits get the incremental bound.
+		ctol := tol
+		if slices.Contains(sizes, 1) {
+			ctol = max(tol, incTol)
+		}
+		check(t, fmt.Sprint("chunks ", sizes), e.prefill(s, prompt, sizes...), full, ctol)
 		e.free(s)
 	}
 	s := e.newSeq()
