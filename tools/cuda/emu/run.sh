@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Runs kernels/cuda/src/ops_decode.cu's kernels on the host (emu.h: a
-# block's threads as std::threads) against double-precision references,
-# without a GPU: nice -n 19 tools/cuda/emu/run.sh [-quick] (one thread:
-# the blocks run one after another, a block's threads as fibers). Checks
-# logic (indices, splits,
-# tiles, the merge, the counters), not speed or the GPU's exact bits.
+# Runs kernels/cuda/src/ops_decode.cu's kernels on the host against
+# double-precision references, without a GPU (emu.h: one OS thread, the
+# blocks one after another, a block's threads as fibers):
+#
+#	nice -n 19 tools/cuda/emu/run.sh [-quick]
+#
+# Checks logic (indices, splits, tiles, the merge, the counters), not speed
+# or the GPU's exact bits.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 src="$here/../../../kernels/cuda/src"
