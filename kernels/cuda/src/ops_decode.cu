@@ -381,6 +381,16 @@ __device__ void dec_block(const DecArgs& a) {
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // Up to kDecPre splits' sums load at once with the maxima and sums
+    // below: one round of loads for a short context's merge.
+    constexpr int kDecPre = 8;
+    float av[kGT][kDecPre];
+#pragma unroll
+    for (int i = 0; i < kGT; i++) {
+        const float* pa = a.part + size_t(h0 + hs + kHS * i) * HD + d;
+#pragma unroll
+        for (int z = 0; z < kDecPre; z++) av[i][z] = z < nz && hs + kHS * i < ng ? __ldcg(pa + size_t(z) * a.heads * HD) : 0.f;
+    }
     float* zw = reinterpret_cast<float*>(sk);  // (G, kDecMaxSplits) the splits' weights exp(m_z − M)
     for (int g = warp; g < ng; g += kDecWarps) {
         float mz[kDecMaxSplits / 32], lz[kDecMaxSplits / 32];
@@ -414,8 +424,10 @@ __device__ void dec_block(const DecArgs& a) {
         const float* pa = a.part + size_t(h0 + g) * HD + d;
         const float* w = zw + g * kDecMaxSplits;
         float A = 0.f;
+#pragma unroll
+        for (int z = 0; z < kDecPre; z++) A = z < nz ? fmaf(av[i][z], w[z], A) : A;
 #pragma unroll 8
-        for (int z = 0; z < nz; z++) A = fmaf(__ldcg(pa + size_t(z) * a.heads * HD), w[z], A);
+        for (int z = kDecPre; z < nz; z++) A = fmaf(__ldcg(pa + size_t(z) * a.heads * HD), w[z], A);
         a.out[size_t(h0 + g) * HD + d] = A / sl[g];
     }
 }

@@ -23,7 +23,7 @@ static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 // dec_splits is decode.go's decSplits.
 static void dec_splits(int cols, int max_keys, int sms, int target, int min_keys, int* splits, int* split) {
     if (target <= 0) target = 2 * sms;
-    if (min_keys <= 0) min_keys = 16;
+    if (min_keys <= 0) min_keys = 32;
     int s = std::min(ceil_div(target, cols), ceil_div(max_keys, min_keys));
     s = std::max(1, std::min(s, 64));
     *split = ceil_div(ceil_div(max_keys, s), 8) * 8;
