@@ -95,6 +95,7 @@ type decState struct {
 	minKeys int  // keys a split at least (decMinKeys); 0: decMinKeysDef
 	blocks  int  // blocks the splits aim at; 0: two a multiprocessor
 	splits  int  // splits at most (FERRITE_CUDA_DATTN_SPLITS); 0: decMaxSplits
+	g4      bool // 4 query heads a block whatever the group (FERRITE_CUDA_DATTN_G4=1): wider groups in chunks
 	norm    bool // one-row norms as ferrite_rmsnorm_row
 	// gemvNorm: a one-row Linear adding into its output, followed by an
 	// RMSNorm of that output, runs as ferrite_gemv_*_1n (the norm in the
@@ -140,6 +141,7 @@ func decConfigFromEnv() decState {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_SPLITS")); err == nil && n > 0 {
 		c.splits = min(n, decMaxSplits)
 	}
+	c.g4 = os.Getenv("FERRITE_CUDA_DATTN_G4") == "1"
 	switch os.Getenv("FERRITE_CUDA_DNORM") {
 	case "1":
 		c.norm = true
@@ -251,11 +253,11 @@ func decSplits(cols, maxKeys, sms, target, minKeys, maxSplits int) (splits, spli
 	return ceilDiv(maxKeys, split), split
 }
 
-// decGroup is ferrite_dattn's query heads a block (4 or 8) and head chunks
-// a KV head for a group of grp query heads.
-func decGroup(grp int) (g, chunks int) {
+// decGroup is ferrite_dattn's query heads a block (4 or 8; 4 with
+// only4) and head chunks a KV head for a group of grp query heads.
+func decGroup(grp int, only4 bool) (g, chunks int) {
 	g = 4
-	if grp > 4 {
+	if grp > 4 && !only4 {
 		g = 8
 	}
 	return g, ceilDiv(grp, g)
@@ -273,7 +275,7 @@ func (b *Backend) decAttnFits(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s
 	if s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || (kc.DType != kernels.F32 && kc.DType != kernels.BF16) || kc.DType != vc.DType {
 		return false
 	}
-	_, chunks := decGroup(s.Heads / s.KVHeads)
+	_, chunks := decGroup(s.Heads/s.KVHeads, b.dec.g4)
 	if s.KVHeads*chunks > attnCounters || !p.Blocks.Valid() || p.BlockSize <= 0 {
 		return false
 	}
@@ -288,7 +290,7 @@ func (b *Backend) decAttnFits(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s
 // QKV form (q the zero Tensor), which prepares and stores the row's q, k
 // and v itself.
 func (b *Backend) decAttention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape, qf *qkvForm) {
-	g, chunks := decGroup(s.Heads / s.KVHeads)
+	g, chunks := decGroup(s.Heads/s.KVHeads, b.dec.g4)
 	cols := s.KVHeads * chunks
 	splits, split := decSplits(cols, p.Blocks.Cols*p.BlockSize, b.dev.SMs, b.dec.blocks, b.dec.minKeys, b.dec.splits)
 	var part, cnt uint64
