@@ -79,7 +79,7 @@ var decAttnKernels = [2][2][2][2]string{
 const (
 	decMaxSplits  = 64
 	decThreads    = 128
-	decMinKeysDef = 16
+	decMinKeysDef = 32
 )
 
 // Decode attention modes (decState.attn).
@@ -94,6 +94,8 @@ type decState struct {
 	attn    int  // decAttnOff, decAttnPlain or decAttnQKV
 	minKeys int  // keys a split at least (decMinKeys); 0: decMinKeysDef
 	blocks  int  // blocks the splits aim at; 0: two a multiprocessor
+	splits  int  // splits at most (FERRITE_CUDA_DATTN_SPLITS); 0: decMaxSplits
+	g4      bool // 4 query heads a block whatever the group (FERRITE_CUDA_DATTN_G4=1): wider groups in chunks
 	norm    bool // one-row norms as ferrite_rmsnorm_row
 	// gemvNorm: a one-row Linear adding into its output, followed by an
 	// RMSNorm of that output, runs as ferrite_gemv_*_1n (the norm in the
@@ -136,6 +138,10 @@ func decConfigFromEnv() decState {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_BLOCKS")); err == nil && n > 0 {
 		c.blocks = n
 	}
+	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_SPLITS")); err == nil && n > 0 {
+		c.splits = min(n, decMaxSplits)
+	}
+	c.g4 = os.Getenv("FERRITE_CUDA_DATTN_G4") == "1"
 	switch os.Getenv("FERRITE_CUDA_DNORM") {
 	case "1":
 		c.norm = true
@@ -226,26 +232,32 @@ func (b *Backend) decFuseNorm(y, res, delta, w uint64, rows, dim int, eps float3
 // decSplits is ferrite_dattn's split of maxKeys keys for cols block
 // columns (KV heads × head chunks) on sms multiprocessors: about target
 // blocks (0: 2·sms), no split under minKeys keys unless the keys are
-// fewer, at most decMaxSplits splits, each a multiple of 8 keys. It
-// returns the split count and the keys a split.
-func decSplits(cols, maxKeys, sms, target, minKeys int) (splits, split int) {
+// fewer, at most maxSplits splits (0: decMaxSplits), each a multiple of 8
+// keys. It returns the split count and the keys a split. GPU run 1 of
+// session 14 measured fewer, longer splits faster (Qwen3-8B at 256 keys:
+// 8 splits of 32 keys 8.3 µs a layer, 16 of 16 9.7; every split adds
+// ~0.2 µs to the merge), hence decMinKeysDef.
+func decSplits(cols, maxKeys, sms, target, minKeys, maxSplits int) (splits, split int) {
 	if target <= 0 {
 		target = 2 * sms
 	}
 	if minKeys <= 0 {
 		minKeys = decMinKeysDef
 	}
+	if maxSplits <= 0 || maxSplits > decMaxSplits {
+		maxSplits = decMaxSplits
+	}
 	s := min(ceilDiv(target, cols), ceilDiv(maxKeys, minKeys))
-	s = max(1, min(s, decMaxSplits))
+	s = max(1, min(s, maxSplits))
 	split = ceilDiv(ceilDiv(maxKeys, s), 8) * 8
 	return ceilDiv(maxKeys, split), split
 }
 
-// decGroup is ferrite_dattn's query heads a block (4 or 8) and head chunks
-// a KV head for a group of grp query heads.
-func decGroup(grp int) (g, chunks int) {
+// decGroup is ferrite_dattn's query heads a block (4 or 8; 4 with
+// only4) and head chunks a KV head for a group of grp query heads.
+func decGroup(grp int, only4 bool) (g, chunks int) {
 	g = 4
-	if grp > 4 {
+	if grp > 4 && !only4 {
 		g = 8
 	}
 	return g, ceilDiv(grp, g)
@@ -263,7 +275,7 @@ func (b *Backend) decAttnFits(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s
 	if s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || (kc.DType != kernels.F32 && kc.DType != kernels.BF16) || kc.DType != vc.DType {
 		return false
 	}
-	_, chunks := decGroup(s.Heads / s.KVHeads)
+	_, chunks := decGroup(s.Heads/s.KVHeads, b.dec.g4)
 	if s.KVHeads*chunks > attnCounters || !p.Blocks.Valid() || p.BlockSize <= 0 {
 		return false
 	}
@@ -278,9 +290,9 @@ func (b *Backend) decAttnFits(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s
 // QKV form (q the zero Tensor), which prepares and stores the row's q, k
 // and v itself.
 func (b *Backend) decAttention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape, qf *qkvForm) {
-	g, chunks := decGroup(s.Heads / s.KVHeads)
+	g, chunks := decGroup(s.Heads/s.KVHeads, b.dec.g4)
 	cols := s.KVHeads * chunks
-	splits, split := decSplits(cols, p.Blocks.Cols*p.BlockSize, b.dev.SMs, b.dec.blocks, b.dec.minKeys)
+	splits, split := decSplits(cols, p.Blocks.Cols*p.BlockSize, b.dev.SMs, b.dec.blocks, b.dec.minKeys, b.dec.splits)
 	var part, cnt uint64
 	if splits > 1 {
 		part = dptr(b.Scratch(kernels.F32, splits*s.Heads, s.HeadDim+2)) // (splits, heads, hd) sums, then (splits, heads, 2) max and sum

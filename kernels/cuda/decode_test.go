@@ -21,7 +21,7 @@ func TestDecSplits(t *testing.T) {
 	for _, cols := range []int{1, 4, 8, 16, 64, 1024} {
 		for _, keys := range []int{1, 16, 128, 256, 1024, 4096, 65536} {
 			for _, minKeys := range []int{0, 8, 64} {
-				s, split := decSplits(cols, keys, 132, 0, minKeys)
+				s, split := decSplits(cols, keys, 132, 0, minKeys, 0)
 				mk := minKeys
 				if mk == 0 {
 					mk = decMinKeysDef
@@ -37,8 +37,11 @@ func TestDecSplits(t *testing.T) {
 			}
 		}
 	}
-	if s, split := decSplits(8, 256, 132, 0, 0); s != 16 || split != 16 {
-		t.Errorf("Qwen3-8B at 256 keys: %d splits of %d, want 16 of 16", s, split)
+	if s, split := decSplits(8, 256, 132, 0, 0, 0); s != 8 || split != 32 {
+		t.Errorf("Qwen3-8B at 256 keys: %d splits of %d, want 8 of 32", s, split)
+	}
+	if s, split := decSplits(4, 4096, 132, 0, 64, 16); s != 16 || split != 256 {
+		t.Errorf("Qwen3-30B-A3B at 4,096 keys, at most 16 splits: %d splits of %d, want 16 of 256", s, split)
 	}
 }
 
@@ -56,6 +59,15 @@ func TestDecodeAttention(t *testing.T) {
 		b.SetDecodeAttention(mode, 0, 0)
 		t.Run(fmt.Sprintf("ops/mode=%d", mode), func(t *testing.T) { kerneltest.RunAttentionOps(t, b) })
 	}
+	b.dec.g4 = true // a group of 8 in two chunks of 4 (FERRITE_CUDA_DATTN_G4)
+	for _, mode := range []int{decAttnPlain, decAttnQKV} {
+		b.SetDecodeAttention(mode, 0, 0)
+		t.Run(fmt.Sprintf("ops/g4/mode=%d", mode), func(t *testing.T) { kerneltest.RunAttentionOps(t, b) })
+	}
+	for _, ctx := range []int{17, 700} {
+		t.Run(fmt.Sprintf("g4/ctx=%d", ctx), func(t *testing.T) { decodeAttnCase(t, b, kernels.BF16, 32, 4, 128, ctx, 7) })
+	}
+	b.dec.g4 = false
 	b.SetDecodeAttention(decAttnPlain, 0, 0)
 	for _, c := range []struct{ heads, kvh, hd int }{{32, 8, 128}, {32, 4, 128}, {8, 8, 128}, {40, 8, 128}, {64, 4, 128}, {16, 2, 64}, {8, 4, 64}} {
 		for _, dt := range []kernels.DType{kernels.BF16, kernels.F32} {
@@ -294,11 +306,13 @@ func decCompare(t *testing.T, what string, b *Backend, got kernels.Tensor, want 
 // split-KV kernel with its merge kernel (the default now), "fuse" the old
 // QKV form (FERRITE_CUDA_FUSE=1), "dattn" PrepareQKV and ferrite_dattn,
 // "dattnqkv" ferrite_dattn's QKV form, "…/kN" with N keys a split at
-// least. The outputs of the new variants are checked against "old".
+// least, "…/sN" with N splits at most, "…/g4" 4 query heads a block for
+// the 30B's group of 8 (two chunks). The outputs of the new variants are checked against "old".
 func BenchmarkDecodeAttention(b *testing.B) {
 	be := openOps(b)
 	const hd, bs, layers = 128, 16, 36
 	defer be.SetDecodeAttention(decAttnOff, 0, 0)
+	defer func() { be.dec.splits, be.dec.g4 = 0, false }()
 	defer be.SetFuse(false)
 	for _, sh := range []struct {
 		name       string
@@ -353,13 +367,17 @@ func BenchmarkDecodeAttention(b *testing.B) {
 			shape := kernels.AttnShape{Heads: sh.heads, KVHeads: sh.kvh, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
 			var ref0 []float32
 			for _, v := range []struct {
-				name      string
-				fuse      bool
-				mode, min int
-			}{{"old", false, decAttnOff, 0}, {"fuse", true, decAttnOff, 0}, {"dattn", false, decAttnPlain, 0},
-				{"dattnqkv", false, decAttnQKV, 0}, {"dattnqkv/k8", false, decAttnQKV, 8}, {"dattnqkv/k32", false, decAttnQKV, 32}} {
+				name              string
+				fuse              bool
+				mode, min, splits int
+			}{{"old", false, decAttnOff, 0, 0}, {"fuse", true, decAttnOff, 0, 0}, {"dattn", false, decAttnPlain, 0, 0},
+				{"dattnqkv", false, decAttnQKV, 0, 0}, {"dattnqkv/k16", false, decAttnQKV, 16, 0},
+				{"dattnqkv/k64", false, decAttnQKV, 64, 0}, {"dattnqkv/k128", false, decAttnQKV, 128, 0},
+				{"dattnqkv/k64/s16", false, decAttnQKV, 64, 16}, {"dattnqkv/k64/s8", false, decAttnQKV, 64, 8},
+				{"dattnqkv/g4", false, decAttnQKV, 0, -1}, {"dattnqkv/k64/g4", false, decAttnQKV, 64, -1}} {
 				be.SetFuse(v.fuse)
 				be.SetDecodeAttention(v.mode, v.min, 0)
+				be.dec.splits, be.dec.g4 = max(v.splits, 0), v.splits < 0
 				var out kernels.Tensor
 				step := func() {
 					be.BeginStep()

@@ -29,6 +29,9 @@ struct DecTile {
     static constexpr int kSeg = kRowB / 16;  // 16-byte pieces a row
 };
 
+// The asynchronous copies and the counter's memory-model operations (a
+// host emulation, tools/cuda/emu, supplies its own with FERRITE_HOST_EMU).
+#ifndef FERRITE_HOST_EMU
 // dec_cp16 copies 16 bytes from global src to shared dst asynchronously
 // (cp.async, through L2 only: it may read what the kernel before wrote).
 __device__ inline void dec_cp16(void* dst, const void* src) {
@@ -39,6 +42,7 @@ __device__ inline void dec_cp16(void* dst, const void* src) {
 __device__ inline void dec_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 __device__ inline void dec_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#endif
 
 // DecArgs are a ferrite_dattn launch's arguments. Block (x, z): KV head
 // x / chunks, its query heads from (x % chunks)·G on, keys [z·split,
@@ -377,6 +381,16 @@ __device__ void dec_block(const DecArgs& a) {
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // Up to kDecPre splits' sums load at once with the maxima and sums
+    // below: one round of loads for a short context's merge.
+    constexpr int kDecPre = 8;
+    float av[kGT][kDecPre];
+#pragma unroll
+    for (int i = 0; i < kGT; i++) {
+        const float* pa = a.part + size_t(h0 + hs + kHS * i) * HD + d;
+#pragma unroll
+        for (int z = 0; z < kDecPre; z++) av[i][z] = z < nz && hs + kHS * i < ng ? __ldcg(pa + size_t(z) * a.heads * HD) : 0.f;
+    }
     float* zw = reinterpret_cast<float*>(sk);  // (G, kDecMaxSplits) the splits' weights exp(m_z − M)
     for (int g = warp; g < ng; g += kDecWarps) {
         float mz[kDecMaxSplits / 32], lz[kDecMaxSplits / 32];
@@ -410,8 +424,10 @@ __device__ void dec_block(const DecArgs& a) {
         const float* pa = a.part + size_t(h0 + g) * HD + d;
         const float* w = zw + g * kDecMaxSplits;
         float A = 0.f;
+#pragma unroll
+        for (int z = 0; z < kDecPre; z++) A = z < nz ? fmaf(av[i][z], w[z], A) : A;
 #pragma unroll 8
-        for (int z = 0; z < nz; z++) A = fmaf(__ldcg(pa + size_t(z) * a.heads * HD), w[z], A);
+        for (int z = kDecPre; z < nz; z++) A = fmaf(__ldcg(pa + size_t(z) * a.heads * HD), w[z], A);
         a.out[size_t(h0 + g) * HD + d] = A / sl[g];
     }
 }
@@ -527,6 +543,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 // 16-byte addresses.
 namespace {
 
+#ifndef FERRITE_HOST_EMU
 __device__ inline void dec_arrive(int* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(p) : "memory");
@@ -541,6 +558,7 @@ __device__ inline int dec_acquire(const int* p) {
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+#endif
 
 template <class W>
 __device__ void gemv_split_norm(float* y, const float* x, const uint8_t* w, int rows, int cols, const float* bias,

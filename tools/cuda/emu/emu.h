@@ -1,0 +1,187 @@
+// A host emulation of the CUDA features kernels/cuda/src/ops_decode.cu
+// uses, for checking its kernels' logic on a machine without a GPU
+// (tools/cuda/emu/run.sh): a block's threads are fibers (ucontext) on one
+// OS thread, switched at __syncthreads and __syncwarp (a barrier releases
+// once every live thread of the block, or of the warp, waits at it);
+// shared memory is a function's static storage (blocks run one after
+// another); warp shuffles go through an exchange array between two warp
+// barriers. Arithmetic is the host's float/double (build with
+// -ffp-contract=off), expf and cos/sin the C library's, so results match
+// the GPU's to rounding, not bit for bit.
+#pragma once
+#include <ucontext.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(8) float2 { float x, y; };
+struct dim3u { unsigned x = 0, y = 0, z = 0; };
+
+inline dim3u threadIdx, blockIdx;
+inline dim3u blockDim, gridDim;
+
+#define __device__
+#define __global__
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define FERRITE_PDL_WAIT() \
+    do {                   \
+    } while (0)
+
+namespace emu {
+enum State { kRun, kWarp, kBlock, kDone };
+struct Fiber {
+    ucontext_t ctx;
+    std::vector<char> stack;
+    State st = kRun;
+};
+inline std::vector<Fiber> fibers;
+inline ucontext_t sched;
+inline int cur = -1;
+inline const std::function<void()>* body;
+inline uint64_t xchg[1024];
+
+inline void wait(State s) {
+    fibers[cur].st = s;
+    swapcontext(&fibers[cur].ctx, &sched);
+}
+
+inline void entry() {
+    (*body)();
+    fibers[cur].st = kDone;
+    swapcontext(&fibers[cur].ctx, &sched);
+}
+
+// run_block runs the block's n threads to the end; a barrier some live
+// thread never reaches aborts the program.
+inline void run_block(unsigned n, const std::function<void()>& fn) {
+    body = &fn;
+    fibers.assign(n, Fiber{});
+    for (unsigned t = 0; t < n; t++) {
+        Fiber& f = fibers[t];
+        f.stack.resize(256 << 10);
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack.data();
+        f.ctx.uc_stack.ss_size = f.stack.size();
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, entry, 0);
+    }
+    for (;;) {
+        bool ran = false;
+        for (unsigned t = 0; t < n; t++) {
+            if (fibers[t].st != kRun) continue;
+            cur = int(t);
+            threadIdx = dim3u{t, 0, 0};
+            swapcontext(&sched, &fibers[t].ctx);
+            ran = true;
+        }
+        bool live = false, released = false;
+        for (unsigned w = 0; w * 32 < n; w++) {
+            bool all = true, any = false;
+            for (unsigned t = w * 32; t < std::min(n, w * 32 + 32); t++) {
+                if (fibers[t].st == kDone) continue;
+                any = true;
+                all = all && fibers[t].st == kWarp;
+            }
+            if (any && all) {
+                for (unsigned t = w * 32; t < std::min(n, w * 32 + 32); t++)
+                    if (fibers[t].st == kWarp) fibers[t].st = kRun;
+                released = true;
+            }
+        }
+        bool all = true;
+        for (auto& f : fibers) {
+            if (f.st == kDone) continue;
+            live = true;
+            all = all && f.st == kBlock;
+        }
+        if (!live) return;
+        if (all) {
+            for (auto& f : fibers) f.st = kRun;
+            released = true;
+        }
+        if (!ran && !released) {
+            std::fprintf(stderr, "emu: block (%u, %u): threads wait at barriers that cannot complete\n", blockIdx.x,
+                         blockIdx.y);
+            std::abort();
+        }
+    }
+}
+}  // namespace emu
+
+inline void __syncthreads() { emu::wait(emu::kBlock); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::wait(emu::kWarp); }
+
+template <class T>
+T emu_shfl(T v, int src) {
+    static_assert(sizeof(T) <= 8);
+    const int t = threadIdx.x;
+    uint64_t u = 0;
+    std::memcpy(&u, &v, sizeof(T));
+    emu::xchg[t] = u;
+    __syncwarp();
+    const uint64_t r = emu::xchg[(t & ~31) | (src & 31)];
+    __syncwarp();
+    T out;
+    std::memcpy(&out, &r, sizeof(T));
+    return out;
+}
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int o) { return emu_shfl(v, int(threadIdx.x & 31) ^ o); }
+template <class T>
+T __shfl_sync(unsigned, T v, int lane) { return emu_shfl(v, lane); }
+
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float expf(float x) { return std::exp(x); }
+inline float fmaxf(float a, float b) { return std::fmax(a, b); }
+inline float fmaf(float a, float b, float c) { return std::fma(a, b, c); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+template <class T>
+T __ldg(const T* p) { return *p; }
+template <class T>
+T __ldcg(const T* p) { return *p; }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+// The asynchronous copies and counter operations of ops_decode.cu.
+inline void dec_cp16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+inline void dec_cp_commit() {}
+inline void dec_cp_wait() {}
+inline void dec_arrive(int* p) { __atomic_fetch_add(p, 1, __ATOMIC_RELEASE); }
+inline int dec_acquire(const int* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+// launch runs fn for every block of grid (one after another, the last
+// block last).
+inline void launch(dim3u grid, unsigned threads, const std::function<void()>& fn) {
+    gridDim = grid;
+    blockDim = dim3u{threads, 1, 1};
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx = dim3u{x, y, z};
+                emu::run_block(threads, fn);
+            }
+}
+
+// gemv.cu's L2 prefetch: nothing to do here.
+inline void weight_prefetch(int, const uint8_t*, size_t) {}

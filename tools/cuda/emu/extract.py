@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""Prints the definitions tools/cuda/emu's harness needs from kernels/cuda/src
+(the helpers ops_decode.cu uses from the files sorted before it), by their
+first line: a definition runs to the next line that is "}" or "};", a
+one-line one ends at its ";". A "template <...>" line just before is kept."""
+import sys
+
+src = sys.argv[1]
+want = {
+    "convert.cu": ["__device__ inline uint16_t f32_to_bf16("],
+    "gemv.cu": ["constexpr int kWarpsPerBlock", "struct F32W {", "struct BF16W {", "__device__ inline float warp_sum(",
+                "__device__ inline double warp_sum_f64(", "__device__ inline void store(",
+                "constexpr int kSplit =", "__device__ inline void split_prefetch(",
+                "__device__ float split_dot(", "__device__ inline float split_total(", "__device__ void gemv_split("],
+    "ops.cu": ["__device__ inline float warp_max(", "struct PrepArgs {", "__device__ inline void head_put("],
+}
+out = []
+for f, starts in want.items():
+    lines = open(f"{src}/{f}").read().split("\n")
+    for st in starts:
+        idx = [i for i, l in enumerate(lines) if l.startswith(st)]
+        if len(idx) != 1:
+            sys.exit(f"extract: {f}: {st!r} found {len(idx)} times")
+        i = idx[0]
+        if i > 0 and lines[i - 1].startswith("template <"):
+            i -= 1
+        j = idx[0]
+        if not lines[j].rstrip().endswith(";"):
+            while lines[j] not in ("}", "};"):
+                j += 1
+        out += lines[i:j + 1] + [""]
+print("namespace {\n" + "\n".join(out) + "}  // namespace")
