@@ -235,20 +235,28 @@ func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Exp
 	if n > 1 {
 		name = "ferrite_moe_b1_3"
 	}
+	// The expert table goes to shared memory before the PDL wait where it
+	// fits in h's room, or in moeB1Smem.
+	tbytes, tcopy := 3*len(experts)*expertDescBytes, 0
+	if tbytes <= moeB1Smem && moeB1Fixed+tbytes <= max(48<<10, b.dev.SmemOptIn) {
+		tcopy = 1
+		smem = max(smem, moeB1Fixed+tbytes)
+	}
 	grid, y, ip, wp := uint32(b.dev.SMs), dptr(dst), dptr(ids), dptr(w)
-	args := func(mode int) []uint64 {
+	args := func(mode, tc int) []uint64 {
 		return []uint64{i32(mode), y, i32(dst.Stride), h, xp, i32(x.Stride), ip, wp, table.ptr, i32(len(experts)),
-			i32(n), i32(k), i32(inter), i32(hidden), f32(limit), bar}
+			i32(n), i32(k), i32(inter), i32(hidden), f32(limit), bar, i32(tc)}
 	}
 	fused := b.moe.b1 == moeB1Fused
+	guSmem := uint32(moeB1Fixed + tcopy*tbytes)
 	b.queue(func(d *Device) error {
 		if fused {
-			return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeBoth)...)
+			return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeBoth, tcopy)...)
 		}
-		if err := d.launchL(name, grid, moeB1Threads, moeB1Fixed, args(moeB1ModeGateUp)...); err != nil {
+		if err := d.launchL(name, grid, moeB1Threads, guSmem, args(moeB1ModeGateUp, tcopy)...); err != nil {
 			return err
 		}
-		return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeDown)...)
+		return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeDown, 0)...)
 	})
 	return true
 }

@@ -317,10 +317,22 @@ __device__ void b1_grid_sync(unsigned* bar) {
     __syncthreads();
 }
 
+// b1_table returns the expert table to plan from: with tcopy a copy in
+// shared memory at room (made before the PDL wait: a step never writes
+// the table), so that the plan's reads of it after the wait are not L2 or
+// DRAM round trips; else the table itself.
+__device__ __forceinline__ const MatDesc* b1_table(const MatDesc* table, int experts, int tcopy, float4* room) {
+    if (!tcopy) return table;
+    const unsigned* src = reinterpret_cast<const unsigned*>(table);
+    unsigned* dst = reinterpret_cast<unsigned*>(room);
+    for (int i = threadIdx.x; i < 3 * experts * int(sizeof(MatDesc) / 4); i += kB1Threads) dst[i] = __ldg(src + i);
+    return reinterpret_cast<const MatDesc*>(dst);
+}
+
 template <int C>
 __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* x, int x_stride, const int* ids,
                        const float* w, const MatDesc* table, int experts, int n, int k, int inter, int hidden,
-                       float limit, unsigned* bar) {
+                       float limit, unsigned* bar, int tcopy) {
     // Dynamic shared memory only (the whole of it opted in: no static
     // shared memory may add to it): the plan, each warp's row of part,
     // then h (n·k, inter) for down.
@@ -340,8 +352,9 @@ __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* 
         pre = b1_first_load(P, wv, gw, hidden, s2, inter);
         FERRITE_PDL_WAIT();
     } else {
+        const MatDesc* tb = b1_table(table, experts, tcopy, b1_sm + kB1Fixed / 16);
         FERRITE_PDL_WAIT();
-        b1_plan<C>(P, ids, w, table, experts, n, k);
+        b1_plan<C>(P, ids, w, tb, experts, n, k);
         b1_gate_up<C>(P, h, x, x_stride, k, inter, hidden, limit, gw, GW);
         if (mode == kB1GateUp) return;
         pre = b1_first_load(P, wv, gw, hidden, s2, inter);
@@ -364,13 +377,16 @@ __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* 
 // dynamic shared memory 24 KiB + n·k·inter·4 bytes (24 KiB for
 // kB1GateUp); y (n, hidden), h (n·k, inter) scratch, ids and w (n, k)
 // contiguous, n·k ≤ 192, bar two zeroed words (kB1Both; each launch leaves
-// them for the next). _1 for one token, _3 for up to three.
+// them for the next); tcopy: the dynamic shared memory also holds the
+// expert table (3·experts·40 bytes after the first 24 KiB), copied before
+// the PDL wait (not for kB1Down). _1 for one token, _3 for up to three.
 #define FERRITE_MOE_B1(name, C)                                                                                \
     extern "C" __global__ void __launch_bounds__(kB1Threads, 1)                                                \
         name(int mode, float* y, int y_stride, float* h, const float* x, int x_stride, const int* ids,          \
              const float* w, const MatDesc* table, int experts, int n, int k, int inter, int hidden, float limit, \
-             unsigned* bar) {                                                                                  \
-        moe_b1<C>(mode, y, y_stride, h, x, x_stride, ids, w, table, experts, n, k, inter, hidden, limit, bar);  \
+             unsigned* bar, int tcopy) {                                                                       \
+        moe_b1<C>(mode, y, y_stride, h, x, x_stride, ids, w, table, experts, n, k, inter, hidden, limit, bar,   \
+                  tcopy);                                                                                      \
     }
 FERRITE_MOE_B1(ferrite_moe_b1_1, 1)
 FERRITE_MOE_B1(ferrite_moe_b1_3, 3)
