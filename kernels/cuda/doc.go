@@ -42,9 +42,8 @@
 // pick the earlier or other variants for comparison. For 1 to 3 tokens,
 // FERRITE_MOE_B1=1 runs the experts as one persistent kernel of a block
 // an SM (src/ops_moe_b1.cu: every chosen expert's rows over all of them, a
-// grid barrier between gate/up and down; =2 as two launches), and
-// FERRITE_MOE_ROUTE=1 the router product and Route as one kernel
-// (kernels.RouterOps), both with the bits of the kernels they replace.
+// grid barrier between gate/up and down; =2 as two launches), with the
+// bits of the kernels it replaces.
 //
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and
