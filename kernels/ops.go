@@ -278,14 +278,6 @@ type SharedExperts interface {
 	FoldsSharedExperts() bool
 }
 
-// RouterOps is implemented by a backend that runs a MoE layer's router
-// product and Route as one op: RouteLinear sets logits (N, experts) =
-// x·gateᵀ with the bits Linear gives them and ids, w from them as Route
-// does.
-type RouterOps interface {
-	RouteLinear(ids, w, logits, x Tensor, gate *Mat, r *Router)
-}
-
 // Expert is one routed expert's SwiGLU weights, fused (GateUp) or separate.
 type Expert struct {
 	GateUp *Mat // (2·inter, hidden): rows [0, inter) gate, [inter, 2·inter) up; nil if separate

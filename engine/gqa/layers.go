@@ -200,15 +200,11 @@ type MoE struct {
 // Forward implements FFN.
 func (m *MoE) Forward(c *Ctx, y, h kernels.Tensor) {
 	dev := c.Dev
-	logits := dev.Scratch(kernels.F32, c.N, m.Gate.Rows)   // (N, experts)
+	logits := dev.Scratch(kernels.F32, c.N, m.Gate.Rows) // (N, experts)
+	dev.Linear(logits, h, m.Gate, kernels.Epilogue{})
 	ids := dev.Scratch(kernels.I32, c.N, m.Router.Width()) // (N, topK + folded shared)
 	w := dev.Scratch(kernels.F32, c.N, m.Router.Width())   // (N, topK + folded shared)
-	if ro, ok := dev.(kernels.RouterOps); ok {
-		ro.RouteLinear(ids, w, logits, h, m.Gate, &m.Router)
-	} else {
-		dev.Linear(logits, h, m.Gate, kernels.Epilogue{})
-		dev.Route(ids, w, logits, &m.Router)
-	}
+	dev.Route(ids, w, logits, &m.Router)
 	if m.Limit != 0 {
 		clampOps(dev).ExpertsClamp(y, h, ids, w, m.Experts, m.Limit)
 	} else {

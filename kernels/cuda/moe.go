@@ -26,7 +26,6 @@ type moeConfig struct {
 	sb     int  // FERRITE_MOE_SB: the slots a register-tile block takes (0: enough blocks for twice the SMs)
 	gt     int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
 	b1     int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
-	route  bool // FERRITE_MOE_ROUTE=1: RouteLinear of 1 to 3 tokens as ferrite_route_gemv
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -47,7 +46,6 @@ func moeConfigFromEnv() moeConfig {
 	if v := num("FERRITE_MOE_B1"); v == moeB1Fused || v == moeB1Two {
 		c.b1 = v
 	}
-	c.route = os.Getenv("FERRITE_MOE_ROUTE") == "1"
 	return c
 }
 
@@ -185,11 +183,11 @@ func init() {
 }
 
 // moeB1Bar returns the device address of ferrite_moe_b1's grid barrier
-// (two zeroed words) and after it ferrite_route_gemv's counter (one),
-// allocated on first use; each launch leaves them ready for the next.
+// (two zeroed words, allocated on first use; each launch leaves them ready
+// for the next).
 func (b *Backend) moeB1Bar() (uint64, error) {
 	if !b.moeBar.Valid() {
-		t, err := b.Alloc(kernels.I32, 1, 4)
+		t, err := b.Alloc(kernels.I32, 1, 2)
 		if err != nil {
 			return 0, err
 		}
@@ -236,76 +234,28 @@ func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Exp
 	if n > 1 {
 		name = "ferrite_moe_b1_3"
 	}
+	// The expert table goes to shared memory before the PDL wait where it
+	// fits in h's room, or in moeB1Smem.
+	tbytes, tcopy := 3*len(experts)*expertDescBytes, 0
+	if tbytes <= moeB1Smem && moeB1Fixed+tbytes <= max(48<<10, b.dev.SmemOptIn) {
+		tcopy = 1
+		smem = max(smem, moeB1Fixed+tbytes)
+	}
 	grid, y, ip, wp := uint32(b.dev.SMs), dptr(dst), dptr(ids), dptr(w)
-	args := func(mode int) []uint64 {
+	args := func(mode, tc int) []uint64 {
 		return []uint64{i32(mode), y, i32(dst.Stride), h, xp, i32(x.Stride), ip, wp, table.ptr, i32(len(experts)),
-			i32(n), i32(k), i32(inter), i32(hidden), f32(limit), bar}
+			i32(n), i32(k), i32(inter), i32(hidden), f32(limit), bar, i32(tc)}
 	}
 	fused := b.moe.b1 == moeB1Fused
+	guSmem := uint32(moeB1Fixed + tcopy*tbytes)
 	b.queue(func(d *Device) error {
 		if fused {
-			return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeBoth)...)
+			return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeBoth, tcopy)...)
 		}
-		if err := d.launchL(name, grid, moeB1Threads, moeB1Fixed, args(moeB1ModeGateUp)...); err != nil {
+		if err := d.launchL(name, grid, moeB1Threads, guSmem, args(moeB1ModeGateUp, tcopy)...); err != nil {
 			return err
 		}
-		return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeDown)...)
+		return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeDown, 0)...)
 	})
 	return true
-}
-
-// routeFits reports whether ferrite_route_gemv takes the router product
-// of x with gate into logits: 1 to moeB1Tokens tokens (2 or 3 only where
-// Linear sums each row as one row alone: SetRowExact or fewRows), a bf16
-// gate of 16-byte rows, x 16-byte aligned, and the one-row GEMV the split
-// one (no FERRITE_CUDA_GEMV_ROWS).
-func (b *Backend) routeFits(x, logits kernels.Tensor, gate *kernels.Mat) bool {
-	n, e := x.Rows, gate.Rows
-	if n < 1 || n > moeB1Tokens || gate.DType != kernels.BF16 || gate.Cols%8 != 0 || x.Cols != gate.Cols ||
-		logits.Rows != n || logits.Cols != e || dptr(x)%16 != 0 || n*(3*e+128)*4 > 48<<10 || b.dev.gemvRows > 0 {
-		return false
-	}
-	return n == 1 || b.rowExact || (fewRowsOn && gate.Rows*gate.Cols*2 <= fewRowsBF16)
-}
-
-// RouteLinear implements kernels.RouterOps: with FERRITE_MOE_ROUTE=1, 1 to
-// moeB1Tokens tokens and a bf16 gate of 16-byte rows, one kernel
-// (ferrite_route_gemv: the product summed as the one-row GEMV sums it, the
-// last block routing); otherwise Linear and Route.
-func (b *Backend) RouteLinear(ids, w, logits, x kernels.Tensor, gate *kernels.Mat, r *kernels.Router) {
-	n, e := x.Rows, gate.Rows
-	f32Contig("RouteLinear", x)
-	fits := b.moe.route && b.routeFits(x, logits, gate)
-	var gw *Weight
-	if fits {
-		var err error
-		if gw, err = b.weight(gate); err != nil {
-			b.fail(err)
-			return
-		}
-		fits = gw.DType == kernels.BF16
-	}
-	if !fits {
-		b.Linear(logits, x, gate, kernels.Epilogue{})
-		b.Route(ids, w, logits, r)
-		return
-	}
-	_, bias, ok := routeArgs("RouteLinear", ids, w, logits, r)
-	if !ok {
-		return
-	}
-	cnt, err := b.moeB1Bar()
-	if err != nil {
-		b.fail(err)
-		return
-	}
-	cnt += 8 // after the grid barrier's two words
-	ip, wp, lp, xp := dptr(ids), dptr(w), dptr(logits), dptr(x)
-	smem := uint32(n * (3*e + 128) * 4)
-	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_route_gemv", uint32(ceilDiv(e, 4)), 128, smem, ip, i32(ids.Stride), wp, i32(w.Stride), lp,
-			i32(logits.Stride), xp, i32(x.Stride), gw.Buf.ptr, i32(gate.Cols), i32(n), bias, i32(e), i32(r.TopK),
-			b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(r.Groups), i32(r.TopKGroups),
-			i32(r.Shared), cnt)
-	})
 }

@@ -1076,42 +1076,30 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 
 // Route implements kernels.MoEOps.
 func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
-	smem, bias, ok := routeArgs("Route", ids, w, logits, r)
-	if !ok {
-		return
-	}
+	f32Contig("Route", logits, w)
 	n, e := logits.Rows, logits.Cols
-	ip, wp, lp := dptr(ids), dptr(w), dptr(logits)
-	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_route", uint32(n), 32, smem, ip, i32(ids.Stride), wp, i32(w.Stride), lp, i32(logits.Stride), bias,
-			i32(n), i32(e), i32(r.TopK), b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(r.Groups),
-			i32(r.TopKGroups), i32(r.Shared))
-	})
-}
-
-// routeArgs checks Route's operands (op names the caller) and returns a
-// routing warp's shared memory and the bias address; ok is false when
-// there are no tokens.
-func routeArgs(op string, ids, w, logits kernels.Tensor, r *kernels.Router) (smem uint32, bias uint64, ok bool) {
-	f32Contig(op, logits, w)
-	n, e := logits.Rows, logits.Cols
-	index(op, ids, n, r.Width())
+	index("Route", ids, n, r.Width())
 	if w.Rows != n || w.Cols != r.Width() || r.TopK <= 0 || r.TopK > 64 || r.TopK > e || r.Groups > 64 || r.Shared < 0 {
-		panic("cuda: " + op + " shapes do not match")
+		panic("cuda: Route shapes do not match")
 	}
 	groups, keep := r.Groups, r.TopKGroups
 	if groups > 1 && (e%groups != 0 || keep <= 0 || keep > groups) {
-		panic("cuda: " + op + " groups do not divide the experts")
+		panic("cuda: Route groups do not divide the experts")
 	}
-	bias = biasPtr(op, r.Bias, e)
+	bias := biasPtr("Route", r.Bias, e)
 	if n == 0 {
-		return 0, 0, false
+		return
 	}
-	smem = uint32((2*e + 128) * 4)
+	smem := uint32((2*e + 128) * 4)
 	if smem > 48<<10 {
-		panic("cuda: " + op + " over more experts than shared memory holds")
+		panic("cuda: Route over more experts than shared memory holds")
 	}
-	return smem, bias, true
+	ip, wp, lp := dptr(ids), dptr(w), dptr(logits)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_route", uint32(n), 32, smem, ip, i32(ids.Stride), wp, i32(w.Stride), lp, i32(logits.Stride), bias,
+			i32(n), i32(e), i32(r.TopK), b32(r.Scoring == kernels.SigmoidScoring), b32(r.NormTopK), f32(r.Scale), i32(groups), i32(keep),
+			i32(r.Shared))
+	})
 }
 
 // expertDescBytes is the size of src/ops.cu's MatDesc: two pointers and six

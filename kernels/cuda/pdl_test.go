@@ -67,11 +67,7 @@ func TestPDLKernelsWait(t *testing.T) {
 		// before its wait (ids from two launches back, weights never
 		// written); every other mode waits first.
 		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{[\s\\]*moe_b1<C>\(`).MatchString(src) &&
-			regexp.MustCompile(`__device__ void moe_b1\([^)]*\)\s*\{[^}]*if \(mode == kB1Down\) \{[^}]*FERRITE_PDL_WAIT\(\);\s*\} else \{`+wait).MatchString(src) {
-			continue
-		}
-		// ferrite_route_gemv asks for its weight rows first.
-		if name == "ferrite_route_gemv" && regexp.MustCompile(`__global__[^{;]*?\bferrite_route_gemv\([^)]*\)\s*\{(?:\s*const [^;]*;)*\s*uint4 wv\[kRgBatch\];\s*rg_load\(wv, row, cols, 0\);`+wait).MatchString(src) {
+			regexp.MustCompile(`__device__ void moe_b1\([^)]*\)\s*\{[^}]*if \(mode == kB1Down\) \{[^}]*FERRITE_PDL_WAIT\(\);\s*\} else \{\s*const MatDesc\* tb = b1_table\([^;]*\);`+wait).MatchString(src) {
 			continue
 		}
 		t.Errorf("%s is launched with PDL but does not start with FERRITE_PDL_WAIT()", name)

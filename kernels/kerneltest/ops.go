@@ -85,9 +85,6 @@ func RunOps(t *testing.T, d kernels.Device) {
 	t.Run("RoPE", func(t *testing.T) { ropeTest(t, d) })
 	t.Run("Attention", func(t *testing.T) { attentionTest(t, d) })
 	t.Run("Route", func(t *testing.T) { routeTest(t, d) })
-	if ro, ok := d.(kernels.RouterOps); ok {
-		t.Run("RouteLinear", func(t *testing.T) { routeLinearTest(t, d, ro) })
-	}
 	t.Run("Experts", func(t *testing.T) { expertsTest(t, d, d.Experts, 0) })
 	if c, ok := d.(kernels.ClampOps); ok {
 		t.Run("SwiGLUClamp", func(t *testing.T) { swigluClampTest(t, d, c) })
@@ -593,70 +590,6 @@ func routeTest(t *testing.T, d kernels.Device) {
 		for i, id := range wantID {
 			if got[i] != float32(id) {
 				t.Fatalf("%+v: id %d = %g, want %d", r, i, got[i], id)
-			}
-		}
-	}
-}
-
-// routeLinearTest checks a kernels.RouterOps backend's RouteLinear against
-// its own Linear and Route on the same operands, bit for bit (logits, ids
-// and weights), at 1 to 3 tokens (where a backend may fuse them) and 5,
-// and the logits against kernels/ref.Linear.
-func routeLinearTest(t *testing.T, d kernels.Device, ro kernels.RouterOps) {
-	rng := rand.New(rand.NewPCG(23, 24))
-	const e, hidden = 32, 264
-	gate := NewMat(rng, kernels.BF16, e, hidden, 0, 0)
-	for _, r := range []kernels.Router{
-		{Scoring: kernels.SoftmaxScoring, TopK: 4, NormTopK: true, Scale: 1},
-		{Scoring: kernels.SigmoidScoring, TopK: 4, NormTopK: true, Scale: 2.5, Groups: 4, TopKGroups: 2},
-		{Scoring: kernels.SigmoidScoring, TopK: 3, NormTopK: true, Scale: 1.8, Shared: 1},
-	} {
-		if r.Scoring == kernels.SigmoidScoring {
-			r.Bias = newBuf(t, d, 1, e, randn(rng, e)).t
-		}
-		k := r.Width()
-		for _, n := range []int{1, 2, 3, 5} {
-			xv := randn(rng, n*hidden)
-			x := newBuf(t, d, n, hidden, xv)
-			lg, lg2 := newBuf(t, d, n, e, nil), newBuf(t, d, n, e, nil)
-			w, w2 := newBuf(t, d, n, k, nil), newBuf(t, d, n, k, nil)
-			ids, err := d.Alloc(kernels.I32, n, k)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids2, err := d.Alloc(kernels.I32, n, k)
-			if err != nil {
-				t.Fatal(err)
-			}
-			step(d, func() { ro.RouteLinear(ids, w.t, lg.t, x.t, gate, &r) })
-			step(d, func() {
-				d.Linear(lg2.t, x.t, gate, kernels.Epilogue{})
-				d.Route(ids2, w2.t, lg2.t, &r)
-			})
-			got := lg.read(t, "logits")
-			want := make([]float32, n*e)
-			ref.Linear(want, xv, gate, nil, false, n)
-			compare(t, "logits", got, want, LinearTol, func(i int) float64 { return linearScale(xv, gate, i/e, i%e, 0) })
-			// The ids are compared by gathering the rows of an identity table.
-			table := make([]float32, e+r.Shared)
-			for i := range table {
-				table[i] = float32(i)
-			}
-			tb := newBuf(t, d, len(table), 1, table)
-			g, g2 := newBuf(t, d, n*k, 1, nil), newBuf(t, d, n*k, 1, nil)
-			step(d, func() {
-				d.GatherRows(g.t, tb.t, ids.Reshape(n*k, 1))
-				d.GatherRows(g2.t, tb.t, ids2.Reshape(n*k, 1))
-			})
-			for _, c := range []struct {
-				what      string
-				got, want []float32
-			}{{"logits", got, lg2.read(t, "logits")}, {"weights", w.read(t, "w"), w2.read(t, "w")}, {"ids", g.read(t, "ids"), g2.read(t, "ids")}} {
-				for i, v := range c.got {
-					if math.Float32bits(v) != math.Float32bits(c.want[i]) {
-						t.Fatalf("%+v, %d tokens: RouteLinear's %s[%d] = %g, Linear and Route's %g", r, n, c.what, i, v, c.want[i])
-					}
-				}
 			}
 		}
 	}

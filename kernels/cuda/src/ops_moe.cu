@@ -29,21 +29,26 @@ __device__ inline unsigned route_key(float v) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// route_row routes token row, one warp: scores (softmax over the experts,
-// or sigmoid plus a selection bias with grouped noaux_tc selection), the
-// top k by repeated arg-max with ties to the lower expert id, and their
-// weights, exactly as kernels/ref.Route, then the shared experts' ids
-// experts + q with weight 1 after the k routed ones. lg is the token's
-// logits, sm (2·experts + 128) floats of the warp's shared memory; experts
-// ≥ 1, k ≤ 64, groups ≤ 64.
-__device__ void route_row(int* ids, int ids_stride, float* w, int w_stride, const float* lg, const float* bias,
-                          int row, int experts, int k, int sigmoid, int norm, float rscale, int groups, int keep,
-                          int shared, float* sm) {
+// Router, one warp per token: scores (softmax over the experts, or sigmoid
+// plus a selection bias with grouped noaux_tc selection), the top k by
+// repeated arg-max with ties to the lower expert id, and their weights,
+// exactly as kernels/ref.Route, then the shared experts' ids experts + q
+// with weight 1 after the k routed ones. Launch: grid n, 32 threads,
+// dynamic shared memory (2·experts + 128) · 4 bytes; experts ≥ 1, k ≤ 64,
+// groups ≤ 64.
+extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int w_stride, const float* logits,
+                                         int l_stride, const float* bias, int n, int experts, int k, int sigmoid,
+                                         int norm, float rscale, int groups, int keep, int shared) {
+    FERRITE_PDL_WAIT();
+    extern __shared__ float sm[];
     float* sc = sm;               // (experts) scores
     float* ch = sm + experts;     // (experts) selection values; NaN once taken
     float* gs = ch + experts;     // (64) group scores
     int* sel = reinterpret_cast<int*>(gs + 64);  // (64) chosen ids
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x;
+    const int row = blockIdx.x;
+    if (row >= n) return;
+    const float* lg = logits + size_t(row) * l_stride;
     if (!sigmoid) {
         float mx = -INFINITY;
         for (int j = lane; j < experts; j += 32) mx = fmaxf(mx, lg[j]);
@@ -138,19 +143,6 @@ __device__ void route_row(int* ids, int ids_stride, float* w, int w_stride, cons
         ids[size_t(row) * ids_stride + k + q] = experts + q;
         w[size_t(row) * w_stride + k + q] = 1.f;
     }
-}
-
-// Router, one warp per token (route_row). Launch: grid n, 32 threads,
-// dynamic shared memory (2·experts + 128) · 4 bytes.
-extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int w_stride, const float* logits,
-                                         int l_stride, const float* bias, int n, int experts, int k, int sigmoid,
-                                         int norm, float rscale, int groups, int keep, int shared) {
-    FERRITE_PDL_WAIT();
-    extern __shared__ float sm[];
-    const int row = blockIdx.x;
-    if (row >= n) return;
-    route_row(ids, ids_stride, w, w_stride, logits + size_t(row) * l_stride, bias, row, experts, k, sigmoid, norm,
-              rscale, groups, keep, shared, sm);
 }
 
 // Combine: y[i] = Σ_j w[i, j]·ye[i·k + j], the token's experts added in

@@ -317,10 +317,22 @@ __device__ void b1_grid_sync(unsigned* bar) {
     __syncthreads();
 }
 
+// b1_table returns the expert table to plan from: with tcopy a copy in
+// shared memory at room (made before the PDL wait: a step never writes
+// the table), so that the plan's reads of it after the wait are not L2 or
+// DRAM round trips; else the table itself.
+__device__ __forceinline__ const MatDesc* b1_table(const MatDesc* table, int experts, int tcopy, float4* room) {
+    if (!tcopy) return table;
+    const unsigned* src = reinterpret_cast<const unsigned*>(table);
+    unsigned* dst = reinterpret_cast<unsigned*>(room);
+    for (int i = threadIdx.x; i < 3 * experts * int(sizeof(MatDesc) / 4); i += kB1Threads) dst[i] = __ldg(src + i);
+    return reinterpret_cast<const MatDesc*>(dst);
+}
+
 template <int C>
 __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* x, int x_stride, const int* ids,
                        const float* w, const MatDesc* table, int experts, int n, int k, int inter, int hidden,
-                       float limit, unsigned* bar) {
+                       float limit, unsigned* bar, int tcopy) {
     // Dynamic shared memory only (the whole of it opted in: no static
     // shared memory may add to it): the plan, each warp's row of part,
     // then h (n·k, inter) for down.
@@ -340,8 +352,9 @@ __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* 
         pre = b1_first_load(P, wv, gw, hidden, s2, inter);
         FERRITE_PDL_WAIT();
     } else {
+        const MatDesc* tb = b1_table(table, experts, tcopy, b1_sm + kB1Fixed / 16);
         FERRITE_PDL_WAIT();
-        b1_plan<C>(P, ids, w, table, experts, n, k);
+        b1_plan<C>(P, ids, w, tb, experts, n, k);
         b1_gate_up<C>(P, h, x, x_stride, k, inter, hidden, limit, gw, GW);
         if (mode == kB1GateUp) return;
         pre = b1_first_load(P, wv, gw, hidden, s2, inter);
@@ -364,112 +377,16 @@ __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* 
 // dynamic shared memory 24 KiB + n·k·inter·4 bytes (24 KiB for
 // kB1GateUp); y (n, hidden), h (n·k, inter) scratch, ids and w (n, k)
 // contiguous, n·k ≤ 192, bar two zeroed words (kB1Both; each launch leaves
-// them for the next). _1 for one token, _3 for up to three.
+// them for the next); tcopy: the dynamic shared memory also holds the
+// expert table (3·experts·40 bytes after the first 24 KiB), copied before
+// the PDL wait (not for kB1Down). _1 for one token, _3 for up to three.
 #define FERRITE_MOE_B1(name, C)                                                                                \
     extern "C" __global__ void __launch_bounds__(kB1Threads, 1)                                                \
         name(int mode, float* y, int y_stride, float* h, const float* x, int x_stride, const int* ids,          \
              const float* w, const MatDesc* table, int experts, int n, int k, int inter, int hidden, float limit, \
-             unsigned* bar) {                                                                                  \
-        moe_b1<C>(mode, y, y_stride, h, x, x_stride, ids, w, table, experts, n, k, inter, hidden, limit, bar);  \
+             unsigned* bar, int tcopy) {                                                                       \
+        moe_b1<C>(mode, y, y_stride, h, x, x_stride, ids, w, table, experts, n, k, inter, hidden, limit, bar,   \
+                  tcopy);                                                                                      \
     }
 FERRITE_MOE_B1(ferrite_moe_b1_1, 1)
 FERRITE_MOE_B1(ferrite_moe_b1_3, 3)
-
-// ---------------------------------------------------------------------------
-// The router product and Route of 1 to 3 tokens in one launch
-// (kernels.RouterOps, FERRITE_MOE_ROUTE): warp r computes logits[i][r] =
-// gate_r·x[i] for the tokens, summed as the one-row split GEMV sums it
-// (gemv.cu's gemv_split: the four parts p of 32·8 columns, p + 4, …, each
-// a warp_sum, then added in order; the _x kernels give every row of a
-// larger call those bits), so the logits are Linear's; the last block to
-// finish (a counter it resets) routes each token with route_row, a warp a
-// token. The weight rows are asked for before the PDL wait (a step never
-// writes weights).
-
-namespace {
-
-constexpr int kRgWarps = 4;   // rows a block
-constexpr int kRgBatch = 8;   // 16-byte loads a lane a batch: 2,048 columns
-
-// rg_load asks for lane's batch of row (cols bf16) from chunk f0 on: the
-// 16 bytes at column 256·f + 8·lane for f in [f0, f0 + kRgBatch).
-__device__ __forceinline__ void rg_load(uint4 (&wv)[kRgBatch], const uint8_t* row, int cols, int f0) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int j = 0; j < kRgBatch; j++) {
-        const int kk = 256 * (f0 + j) + 8 * lane;
-        if (row && kk < cols) wv[j] = __ldg(reinterpret_cast<const uint4*>(row + size_t(kk) * 2));
-    }
-}
-
-}  // namespace
-
-// Launch: grid ceil(experts / 4), 128 threads, dynamic shared memory n ·
-// (3·experts + 128) · 4 bytes; n ≤ 3, x rows and the gate 16-byte
-// aligned, cols a multiple of 8; cnt one zeroed int (each launch leaves it
-// zeroed); the other arguments as ferrite_route's.
-extern "C" __global__ void __launch_bounds__(kRgWarps * 32)
-    ferrite_route_gemv(int* ids, int ids_stride, float* w, int w_stride, float* logits, int l_stride, const float* x,
-                       int x_stride, const uint8_t* gate, int cols, int n, const float* bias, int experts, int k,
-                       int sigmoid, int norm, float rscale, int groups, int keep, int shared, int* cnt) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int r = blockIdx.x * kRgWarps + warp;
-    const uint8_t* row = r < experts ? gate + size_t(r) * cols * 2 : nullptr;
-    uint4 wv[kRgBatch];
-    rg_load(wv, row, cols, 0);
-    FERRITE_PDL_WAIT();
-    float acc[3][4];
-#pragma unroll
-    for (int i = 0; i < 3; i++)
-#pragma unroll
-        for (int p = 0; p < 4; p++) acc[i][p] = 0.f;
-    const int chunks = (cols + 255) / 256;
-    for (int f0 = 0; f0 < chunks; f0 += kRgBatch) {
-        if (f0 > 0) rg_load(wv, row, cols, f0);
-#pragma unroll
-        for (int j = 0; j < kRgBatch; j++) {
-            const int kk = 256 * (f0 + j) + 8 * lane;
-            if (row && kk < cols) {
-                float a[8];
-                BF16W::vec(wv[j], a);
-#pragma unroll
-                for (int i = 0; i < 3; i++) {
-                    if (i < n) {
-                        const float4* xp = reinterpret_cast<const float4*>(x + size_t(i) * x_stride + kk);
-                        const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-                        const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-                        for (int q = 0; q < 8; q++) acc[i][j & 3] = fmaf(a[q], xv[q], acc[i][j & 3]);
-                    }
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 3; i++) {
-        if (i < n) {
-            float s = warp_sum(acc[i][0]);
-#pragma unroll
-            for (int p = 1; p < 4; p++) s += warp_sum(acc[i][p]);
-            if (lane == 0 && row) logits[size_t(i) * l_stride + r] = s;
-        }
-    }
-    // The last block to finish routes: every block makes its logits
-    // visible before it counts itself.
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(cnt, 1) == int(gridDim.x) - 1;
-        if (last) *cnt = 0;
-    }
-    __syncthreads();
-    if (!last || warp >= n) return;
-    __threadfence();
-    extern __shared__ float rg_sm[];
-    float* sm = rg_sm + warp * (3 * experts + 128);
-    float* lg = sm + 2 * experts + 128;
-    for (int j = lane; j < experts; j += 32) lg[j] = __ldcg(logits + size_t(warp) * l_stride + j);
-    __syncwarp();
-    route_row(ids, ids_stride, w, w_stride, lg, bias, warp, experts, k, sigmoid, norm, rscale, groups, keep, shared, sm);
-}
