@@ -83,9 +83,11 @@ type skinnyState struct {
 	counters *Buffer // skinnyCounters int32, zero between launches
 }
 
-// skinnyRowsDefault is a new Backend's skinny-GEMM limit: off (the first
-// two versions measured slower than cuBLASLt; version 3 is not measured
-// yet), or FERRITE_CUDA_SKINNY=N for batches of up to N rows (at most 64).
+// skinnyRowsDefault is a new Backend's skinny-GEMM limit: off (all three
+// versions measured slower than cuBLASLt; version 3's mma.sync products of
+// the hi and lo terms are bound by the legacy MMA rate on Hopper from 16
+// rows up, BENCHMARKS.md §9), or FERRITE_CUDA_SKINNY=N for batches of up
+// to N rows (at most 64).
 func skinnyRowsDefault() int {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_SKINNY")); err == nil && n >= 0 {
 		return min(n, skinnyMaxRows)

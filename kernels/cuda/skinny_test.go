@@ -375,7 +375,9 @@ func TestSkinnyShapes(t *testing.T) {
 // SwiGLULinear (the stacked 24576 × 4096 weight in, 12288 outputs a row),
 // the others Linear. Weights rotate over ≥ 1 GiB of copies so none is in
 // L2; GB/s counts the weight's bytes once per call. At 32 and 64 rows the
-// skinny GEMM also runs with each of its L2 hints (skinny/l2=N).
+// skinny GEMM also runs with each of its L2 hints (skinny/l2=N); at every
+// n without its lo-term MMAs (skinny/flags=4) and without any MMA
+// (skinny/flags=8), wrong sums, to show what each part costs.
 func BenchmarkSkinny(b *testing.B) {
 	be := openOps(b)
 	d := be.dev
@@ -422,6 +424,12 @@ func BenchmarkSkinny(b *testing.B) {
 				}
 				run(name, func(w *Weight) error {
 					return d.skinnyL(y.ptr, x.ptr, 0, w, n, false, swiglu, 0, g, part.ptr, counters.ptr, l2)
+				})
+			}
+			// The cost breakdown (wrong sums): without the lo-term MMAs, without any MMA.
+			for _, f := range []int{4, 8} {
+				run(fmt.Sprintf("skinny/flags=%d", f), func(w *Weight) error {
+					return d.skinnyL(y.ptr, x.ptr, 0, w, n, false, swiglu, 0, g, part.ptr, counters.ptr, f)
 				})
 			}
 			run("cublas", func(w *Weight) error {

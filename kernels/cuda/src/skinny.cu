@@ -257,17 +257,27 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
             sk_terms(*reinterpret_cast<const float2*>(xs + sk_xat(r, g) + off), bh[nt][0], bl[nt][0]);
             sk_terms(*reinterpret_cast<const float2*>(xs + sk_xat(r, g + 2) + off), bh[nt][1], bl[nt][1]);
         }
+        // flags 8 (benchmarks only, wrong sums): no MMA, the hi/lo terms
+        // folded into one bit; flags 4: no lo-term MMA.
+        if (flags & 8) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            if (nt >= ntu) continue;
+            for (int nt = 0; nt < NT; nt++)
+                if (nt < ntu) acc[0][nt][0] += __uint_as_float((bh[nt][0] ^ bh[nt][1] ^ bl[nt][0] ^ bl[nt][1] ^ a[nt & 3][nt & 3]) & 1u);
+        } else {
 #pragma unroll
-            for (int t = 0; t < 4; t++) mma_bf16(acc[t][nt], a[t], bh[nt][0], bh[nt][1]);
-        }
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt >= ntu) continue;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            if (nt >= ntu) continue;
+                for (int t = 0; t < 4; t++) mma_bf16(acc[t][nt], a[t], bh[nt][0], bh[nt][1]);
+            }
+            if (!(flags & 4)) {
 #pragma unroll
-            for (int t = 0; t < 4; t++) mma_bf16(acc[t][nt], a[t], bl[nt][0], bl[nt][1]);
+                for (int nt = 0; nt < NT; nt++) {
+                    if (nt >= ntu) continue;
+#pragma unroll
+                    for (int t = 0; t < 4; t++) mma_bf16(acc[t][nt], a[t], bl[nt][0], bl[nt][1]);
+                }
+            }
         }
 
         if (c + 1 < chunks && u + 1 < u1) {  // the segment goes on
@@ -351,7 +361,9 @@ __device__ void skinny(float* __restrict__ y, const float* __restrict__ x, const
 // ferrite_skinny_bf16_NT: y (n, rows) = x (n, cols) · wᵀ (+ bias) (+ y);
 // ferrite_skinny_swiglu_bf16_NT: y (n, rows) = swiglu of the stacked [gate;
 // up] (2·rows, cols) weight's products (clamped at limit > 0). n ≤ 8·NT;
-// flags: sk_cp16's L2 hints for the weights.
+// flags: sk_cp16's L2 hints for the weights (bits 1, 2); bits 4 and 8 drop
+// the lo-term MMAs or all MMAs (wrong sums: BenchmarkSkinny's cost
+// breakdown only).
 #define FERRITE_SKINNY(NAME, NT, SWIGLU)                                                                    \
     extern "C" __global__ void __launch_bounds__(256, 1)                                                     \
         NAME(float* y, const float* x, const uint16_t* w, int n, int rows, int cols, const float* bias,      \
