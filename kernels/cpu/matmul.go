@@ -12,6 +12,9 @@ const (
 	weightBlock = 32 << 10
 	// minTaskMACs keeps tasks big enough to be worth a wake-up.
 	minTaskMACs = 1 << 15
+	// maxTaskBytes caps the weights one task of a single batch chunk
+	// streams (about 0.15 ms at a core's 25-30 GB/s).
+	maxTaskBytes = 4 << 20
 )
 
 // matmul is one MatMul call cut into tasks: a grid of nr row chunks of rc
@@ -77,6 +80,13 @@ func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs,
 	// Aim for 4 tasks per worker so uneven cores even out, but no smaller
 	// than minTaskMACs.
 	rowTasks := max(1, ceilDiv(4*workers, nb))
+	if nb == 1 {
+		// A large matrix (a decode step's LM head: 311 MB in BF16 for
+		// Qwen3-0.6B) in tasks of at most maxTaskBytes of weights: the
+		// last task of a call leaves the other workers waiting, and an
+		// eighth of such a matrix streams for milliseconds.
+		rowTasks = max(rowTasks, ceilDiv(w.Rows*w.DType.RowBytes(w.Cols), maxTaskBytes))
+	}
 	if workers == 1 {
 		rowTasks = 1
 	}
