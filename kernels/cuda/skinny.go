@@ -84,10 +84,10 @@ type skinnyState struct {
 }
 
 // skinnyRowsDefault is a new Backend's skinny-GEMM limit: off (all three
-// versions measured slower than cuBLASLt; version 3's mma.sync products of
-// the hi and lo terms are bound by the legacy MMA rate on Hopper from 16
-// rows up, BENCHMARKS.md §9), or FERRITE_CUDA_SKINNY=N for batches of up
-// to N rows (at most 64).
+// versions measured slower than cuBLASLt; version 3 re-reads x for every
+// 128 weight rows, which costs more than its MMAs from 16 rows up,
+// BENCHMARKS.md §9), or FERRITE_CUDA_SKINNY=N for batches of up to N rows
+// (at most 64).
 func skinnyRowsDefault() int {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_SKINNY")); err == nil && n >= 0 {
 		return min(n, skinnyMaxRows)
