@@ -223,7 +223,8 @@ func dotBF16xBF16(x []uint16, w []byte) float32 {
 const bf16MaxRows = 3
 
 // bf16GemmOff keeps BF16 weights on the float32 tiles from four x rows on
-// also where VDPBF16PS runs at full rate (FERRITE_CPU_BF16GEMM=0 in the
+// also where VDPBF16PS runs at full rate, without the gemm tiles, the gemv
+// kernel and the VDPBF16PS attention (FERRITE_CPU_BF16GEMM=0 in the
 // environment: the rule of a CPU with AMX), so one build can run both.
 var bf16GemmOff atomic.Bool
 

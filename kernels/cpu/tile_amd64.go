@@ -181,12 +181,12 @@ var vdpbf16GemmTiles = bf16TileSet{r1c1: tileBF16xR1C1, r1c4: tileBF16xR1C4, r4c
 	}}
 
 // asmBF16Tiles returns the VDPBF16PS tiles if this CPU has AVX-512 BF16,
-// with the gemm tiles where it has no AMX.
+// with the gemm tiles where it has no AMX (unless FERRITE_CPU_BF16GEMM=0).
 func asmBF16Tiles() *bf16TileSet {
 	switch {
 	case !cpuinfo.BF16():
 		return nil
-	case cpuinfo.AMX():
+	case cpuinfo.AMX() || bf16GemmOff.Load():
 		return &vdpbf16Tiles
 	}
 	return &vdpbf16GemmTiles
