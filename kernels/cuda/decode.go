@@ -28,9 +28,9 @@ import (
 // stores them, with the rotation's cos and sin computed before the wait.
 //
 // Switches (off by default until GPU runs measure them):
-// FERRITE_CUDA_DATTN=1 runs ferrite_dattn for Attention of 1 to 8 rows
-// (one row after PrepareQKV; a verification's rows with the bits of each
-// row alone), FERRITE_CUDA_DATTN=qkv also for one-row QKVAttention (no
+// FERRITE_CUDA_DATTN=1 runs ferrite_dattn for one-row Attention (after
+// PrepareQKV) and for a row-exact verification's rows (each with the bits
+// of the row alone), FERRITE_CUDA_DATTN=qkv also for one-row QKVAttention (no
 // PrepareQKV kernel). FERRITE_CUDA_DATTN_KEYS, FERRITE_CUDA_DATTN_BLOCKS
 // and FERRITE_CUDA_DATTN_SPLITS set the keys a split at least (default
 // 32), the blocks the splits aim at (2·SMs) and the splits at most (64);
@@ -84,7 +84,7 @@ const (
 	decMaxSplits  = 64
 	decThreads    = 128
 	decMinKeysDef = 32
-	decMaxRows    = 8 // rows ferrite_dattn takes (a verification's, a few sequences')
+	decMaxRows    = 64 // rows ferrite_dattn takes in a row-exact step (a speculative verification's)
 )
 
 // Decode attention modes (decState.attn).
@@ -270,13 +270,16 @@ func decGroup(grp int, only4 bool) (g, chunks int) {
 
 // decAttnFits reports whether ferrite_dattn takes an attention of shape s
 // over the caches kc, vc into out (q the queries, or the zero Tensor for
-// the QKV form): the mode on, 1 to decMaxRows rows (each row's sums are
-// those of the row alone, so a speculative verification's rows get plain
-// decoding's bits), head dim 64 or 128, caches at 16-byte addresses
-// (cp.async), and few enough blocks for the split counters.
+// the QKV form): the mode on, one row, or up to decMaxRows rows of a
+// row-exact step (kernels.RowExact: each row's sums are those of the row
+// alone, so a speculative verification's rows get plain decoding's bits;
+// other decode batches keep the split-KV kernel), head dim 64 or 128,
+// caches at 16-byte addresses (cp.async), and few enough blocks for the
+// split counters.
 func (b *Backend) decAttnFits(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) bool {
 	n := out.Rows
-	if b.dec.attn == decAttnOff || n < 1 || n > decMaxRows || (s.HeadDim != 64 && s.HeadDim != 128) || b.usePrefill(s, n) {
+	if b.dec.attn == decAttnOff || n < 1 || n > 1 && (!b.rowExact || n > decMaxRows) || (s.HeadDim != 64 && s.HeadDim != 128) ||
+		b.usePrefill(s, n) {
 		return false
 	}
 	if s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || (kc.DType != kernels.F32 && kc.DType != kernels.BF16) || kc.DType != vc.DType {
