@@ -27,7 +27,9 @@ import (
 // the row's key and value from the q/k/v product (PrepareQKV's bits) and
 // stores them, with the rotation's cos and sin computed before the wait.
 //
-// Switches (off by default until GPU runs measure them):
+// Switches (GPU run 2 of session 14 measured the first three on, the
+// default; FERRITE_CUDA_DATTN=0, FERRITE_CUDA_DATTN_G4=0 and
+// FERRITE_CUDA_DNORM=0 turn them off):
 // FERRITE_CUDA_DATTN=1 runs ferrite_dattn for one-row Attention (after
 // PrepareQKV) and for a row-exact verification's rows (each with the bits
 // of the row alone), FERRITE_CUDA_DATTN=qkv also for one-row QKVAttention (no
@@ -128,14 +130,17 @@ type decFix struct {
 }
 
 // decConfigFromEnv reads the FERRITE_CUDA_DATTN* and FERRITE_CUDA_DNORM
-// switches.
+// switches. The defaults (GPU run 2 of session 14: Qwen3-8B batch 1 188 →
+// 205 tok/s, Qwen3-30B-A3B 208–213 → 238–241): the QKV form, 4 query heads
+// a block, the one-row norm kernel; FERRITE_CUDA_DATTN=0, =1,
+// FERRITE_CUDA_DATTN_G4=0 and FERRITE_CUDA_DNORM=0 switch back.
 func decConfigFromEnv() decState {
-	var c decState
+	c := decState{attn: decAttnQKV, norm: true, g4: os.Getenv("FERRITE_CUDA_DATTN_G4") != "0"}
 	switch os.Getenv("FERRITE_CUDA_DATTN") {
+	case "0":
+		c.attn = decAttnOff
 	case "1":
 		c.attn = decAttnPlain
-	case "qkv", "2":
-		c.attn = decAttnQKV
 	}
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_KEYS")); err == nil && n > 0 {
 		c.minKeys = n
@@ -146,12 +151,11 @@ func decConfigFromEnv() decState {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_SPLITS")); err == nil && n > 0 {
 		c.splits = min(n, decMaxSplits)
 	}
-	c.g4 = os.Getenv("FERRITE_CUDA_DATTN_G4") == "1"
 	switch os.Getenv("FERRITE_CUDA_DNORM") {
-	case "1":
-		c.norm = true
+	case "0":
+		c.norm = false
 	case "gemv":
-		c.norm, c.gemvNorm = true, true
+		c.gemvNorm = true
 	}
 	return c
 }
@@ -341,11 +345,13 @@ func (b *Backend) decAttention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, 
 	})
 }
 
-// decNorm queues ferrite_rmsnorm_row for a one-row norm when the switch is
-// on and the row fits it (norm's arguments; dim a multiple of 4 up to
-// 16,384, every pointer at a 16-byte address) and reports whether it did.
+// decNorm queues ferrite_rmsnorm_row for a one-row norm, or the rows of a
+// row-exact step (up to decMaxRows: each row's bits as alone), when the
+// switch is on and the rows fit it (norm's arguments; dim a multiple of 4
+// up to 16,384, every pointer at a 16-byte address) and reports whether it
+// did.
 func (b *Backend) decNorm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool, sum uint64) bool {
-	if !b.dec.norm || rows != 1 || dim%4 != 0 || (y|res|delta|w|sum)%16 != 0 {
+	if !b.dec.norm || rows < 1 || rows > 1 && (!b.rowExact || rows > decMaxRows) || dim%4 != 0 || (y|res|delta|w|sum)%16 != 0 {
 		return false
 	}
 	n4 := dim / 4
@@ -354,7 +360,7 @@ func (b *Backend) decNorm(y, res, delta, w uint64, rows, dim int, eps float32, o
 		return false
 	}
 	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_rmsnorm_row", 1, uint32(threads), 0, y, res, delta, w, i32(dim), f32(eps), b32(offset), sum)
+		return d.launchL("ferrite_rmsnorm_row", uint32(rows), uint32(threads), 0, y, res, delta, w, i32(dim), f32(eps), b32(offset), sum)
 	})
 	return true
 }

@@ -355,6 +355,42 @@ func TestGemvNorm(t *testing.T) {
 	}
 }
 
+// TestDecodeNormRowExact checks that in a row-exact step
+// (kernels.RowExact) ferrite_rmsnorm_row gives each of 4 rows the bits of
+// a one-row call.
+func TestDecodeNormRowExact(t *testing.T) {
+	b := openOps(t)
+	defer b.SetDecodeNorm(b.SetDecodeNorm(true))
+	rng := rand.New(rand.NewPCG(6, 7))
+	const rows, dim = 4, 4096
+	xv, dv, wv := randF32(rng, rows*dim), randF32(rng, rows*dim), randF32(rng, dim)
+	w := f32Tensor(t, b, 1, dim, wv)
+	var ys [2][]float32
+	for v := range ys {
+		x, d, y := f32Tensor(t, b, rows, dim, xv), f32Tensor(t, b, rows, dim, dv), f32Tensor(t, b, rows, dim, make([]float32, rows*dim))
+		if v == 0 {
+			b.SetRowExact(true)
+			b.BeginStep()
+			b.AddRMSNorm(y, x, d, w, 1e-6, false)
+			b.EndStep()
+			b.SetRowExact(false)
+		} else {
+			for i := range rows {
+				b.BeginStep()
+				b.AddRMSNorm(y.Slice(i, i+1), x.Slice(i, i+1), d.Slice(i, i+1), w, 1e-6, false)
+				b.EndStep()
+			}
+		}
+		ys[v] = make([]float32, rows*dim)
+		b.ReadF32(ys[v], y)
+	}
+	for i := range ys[0] {
+		if math.Float32bits(ys[0][i]) != math.Float32bits(ys[1][i]) {
+			t.Fatalf("row %d: y[%d] = %g row-exact, %g alone", i/dim, i%dim, ys[0][i], ys[1][i])
+		}
+	}
+}
+
 // decCompare fails t where got (read back) is off want by more than
 // tol·max(1, |want|).
 func decCompare(t *testing.T, what string, b *Backend, got kernels.Tensor, want []float32, tol float64) {

@@ -477,19 +477,24 @@ FERRITE_DATTN(ferrite_dattn_qkv_bf16_64_g8, 64, true, 8, true)
 FERRITE_DATTN(ferrite_dattn_qkv_bf16_128_g4, 128, true, 4, true)
 FERRITE_DATTN(ferrite_dattn_qkv_bf16_128_g8, 128, true, 8, true)
 
-// ferrite_rmsnorm_row is ferrite_add_rmsnorm for a single row (rows = 1)
-// of dim values, dim a multiple of 4 up to 16·blockDim.x, every pointer at
+// ferrite_rmsnorm_row is ferrite_add_rmsnorm for rows of dim values, one
+// block a row, each row summed as alone (a row-exact step's rows get the
+// bits of one-row steps), dim a multiple of 4 up to 16·blockDim.x, every pointer at
 // a 16-byte address: a thread's up to 4 float4 of the row and of the
 // weight stay in registers, the weight loaded before the PDL wait (no
 // kernel of a step writes it), and every warp reduces the warps' partial
 // sums itself (one barrier). The mean of squares is summed in float64 and
-// rounded to float32 before eps as kernels/ref.RMSNorm. Launch: one block
-// of 32·ceil(dim / 128) threads, at most 1024.
+// rounded to float32 before eps as kernels/ref.RMSNorm. Launch: a block a
+// row of 32·ceil(dim / 128) threads, at most 1024.
 extern "C" __global__ void __launch_bounds__(1024)
     ferrite_rmsnorm_row(float* y, float* res, const float* delta, const float* w, int dim, float eps, int offset,
                         float* sum) {
     constexpr int kV = 4;
     const int n4 = dim >> 2;
+    const size_t ro = size_t(blockIdx.x) * dim;  // the block's row
+    y += ro, res += ro;
+    if (delta) delta += ro;
+    if (sum) sum += ro;
     float4 wv[kV];
 #pragma unroll
     for (int j = 0; j < kV; j++) {
