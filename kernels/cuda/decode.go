@@ -17,8 +17,8 @@ import (
 // 16 blocks at ~150 keys (20–27 µs a layer in GPU run 3's graph profile:
 // positions, block table, keys, values and the merge as a chain of
 // dependent loads). ferrite_dattn_* instead splits the keys into chunks
-// of decMinKeys or more so that the blocks number about decBlocks (two a
-// multiprocessor), a block taking every query head of its KV head's group
+// of 32 keys or more so that the blocks number up to two a
+// multiprocessor, a block taking every query head of its KV head's group
 // (up to 8); before its PDL wait it reads the step's inputs and copies its
 // first tile of past keys and values into shared memory, so only the
 // queries, the row's own key and value, the arithmetic and the merge of
@@ -27,17 +27,23 @@ import (
 // the row's key and value from the q/k/v product (PrepareQKV's bits) and
 // stores them, with the rotation's cos and sin computed before the wait.
 //
-// Switches (off by default until GPU runs measure them):
+// Switches (GPU run 2 of session 14 measured the first three on, the
+// default; FERRITE_CUDA_DATTN=0, FERRITE_CUDA_DATTN_G4=0 and
+// FERRITE_CUDA_DNORM=0 turn them off):
 // FERRITE_CUDA_DATTN=1 runs ferrite_dattn for one-row Attention (after
-// PrepareQKV), FERRITE_CUDA_DATTN=qkv also for one-row QKVAttention (no
-// PrepareQKV kernel); FERRITE_CUDA_DATTN_KEYS and FERRITE_CUDA_DATTN_BLOCKS
-// set decMinKeys and decBlocks. FERRITE_CUDA_DNORM=1 runs one-row
-// RMSNorm and AddRMSNorm as ferrite_rmsnorm_row; FERRITE_CUDA_DNORM=gemv
-// also joins the RMSNorm of a one-row Linear's output (the o and down
-// products adding into the residual stream, then its norm) to that
-// product: ferrite_gemv_*_1n, whose last block norms the row (decLinear,
-// decFuseNorm): no norm kernel and no kernel boundary for 72 of Qwen3-8B's
-// norms.
+// PrepareQKV) and for a row-exact verification's rows (each with the bits
+// of the row alone), FERRITE_CUDA_DATTN=qkv also for one-row QKVAttention (no
+// PrepareQKV kernel). FERRITE_CUDA_DATTN_KEYS, FERRITE_CUDA_DATTN_BLOCKS
+// and FERRITE_CUDA_DATTN_SPLITS set the keys a split at least (default
+// 32), the blocks the splits aim at (2·SMs) and the splits at most (64);
+// FERRITE_CUDA_DATTN_G4=1 gives a block 4 query heads for any group (a
+// group of 8 in two chunks, each reading the keys). FERRITE_CUDA_DNORM=1
+// runs one-row RMSNorm and AddRMSNorm as ferrite_rmsnorm_row;
+// FERRITE_CUDA_DNORM=gemv also joins the RMSNorm of a one-row Linear's
+// output (the o and down products adding into the residual stream, then
+// its norm) to that product: ferrite_gemv_*_1n, whose last block norms the
+// row (decLinear, decFuseNorm). GPU run 1 measured it slower than the norm
+// kernel (every block's release add); it stays off.
 
 func init() {
 	for _, n := range decAttnKernels {
@@ -80,6 +86,7 @@ const (
 	decMaxSplits  = 64
 	decThreads    = 128
 	decMinKeysDef = 32
+	decMaxRows    = 64 // rows ferrite_dattn takes in a row-exact step (a speculative verification's)
 )
 
 // Decode attention modes (decState.attn).
@@ -123,14 +130,17 @@ type decFix struct {
 }
 
 // decConfigFromEnv reads the FERRITE_CUDA_DATTN* and FERRITE_CUDA_DNORM
-// switches.
+// switches. The defaults (GPU run 2 of session 14: Qwen3-8B batch 1 188 →
+// 205 tok/s, Qwen3-30B-A3B 208–213 → 238–241): the QKV form, 4 query heads
+// a block, the one-row norm kernel; FERRITE_CUDA_DATTN=0, =1,
+// FERRITE_CUDA_DATTN_G4=0 and FERRITE_CUDA_DNORM=0 switch back.
 func decConfigFromEnv() decState {
-	var c decState
+	c := decState{attn: decAttnQKV, norm: true, g4: os.Getenv("FERRITE_CUDA_DATTN_G4") != "0"}
 	switch os.Getenv("FERRITE_CUDA_DATTN") {
+	case "0":
+		c.attn = decAttnOff
 	case "1":
 		c.attn = decAttnPlain
-	case "qkv", "2":
-		c.attn = decAttnQKV
 	}
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_KEYS")); err == nil && n > 0 {
 		c.minKeys = n
@@ -141,12 +151,11 @@ func decConfigFromEnv() decState {
 	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_SPLITS")); err == nil && n > 0 {
 		c.splits = min(n, decMaxSplits)
 	}
-	c.g4 = os.Getenv("FERRITE_CUDA_DATTN_G4") == "1"
 	switch os.Getenv("FERRITE_CUDA_DNORM") {
-	case "1":
-		c.norm = true
+	case "0":
+		c.norm = false
 	case "gemv":
-		c.norm, c.gemvNorm = true, true
+		c.gemvNorm = true
 	}
 	return c
 }
@@ -263,20 +272,25 @@ func decGroup(grp int, only4 bool) (g, chunks int) {
 	return g, ceilDiv(grp, g)
 }
 
-// decAttnFits reports whether ferrite_dattn takes a one-row attention of
-// shape s over the caches kc, vc into out (q the queries, or the zero
-// Tensor for the QKV form): the mode on, one row, no row-exact
-// verification, head dim 64 or 128, caches at 16-byte addresses (cp.async),
-// and few enough block columns for the split counters.
+// decAttnFits reports whether ferrite_dattn takes an attention of shape s
+// over the caches kc, vc into out (q the queries, or the zero Tensor for
+// the QKV form): the mode on, one row, or up to decMaxRows rows of a
+// row-exact step (kernels.RowExact: each row's sums are those of the row
+// alone, so a speculative verification's rows get plain decoding's bits;
+// other decode batches keep the split-KV kernel), head dim 64 or 128,
+// caches at 16-byte addresses (cp.async), and few enough blocks for the
+// split counters.
 func (b *Backend) decAttnFits(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) bool {
-	if b.dec.attn == decAttnOff || out.Rows != 1 || b.rowExact || (s.HeadDim != 64 && s.HeadDim != 128) {
+	n := out.Rows
+	if b.dec.attn == decAttnOff || n < 1 || n > 1 && (!b.rowExact || n > decMaxRows) || (s.HeadDim != 64 && s.HeadDim != 128) ||
+		b.usePrefill(s, n) {
 		return false
 	}
 	if s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || (kc.DType != kernels.F32 && kc.DType != kernels.BF16) || kc.DType != vc.DType {
 		return false
 	}
 	_, chunks := decGroup(s.Heads/s.KVHeads, b.dec.g4)
-	if s.KVHeads*chunks > attnCounters || !p.Blocks.Valid() || p.BlockSize <= 0 {
+	if n*s.KVHeads*chunks > attnCounters || !p.Blocks.Valid() || p.BlockSize <= 0 {
 		return false
 	}
 	align := dptr(kc) | dptr(vc)
@@ -286,16 +300,16 @@ func (b *Backend) decAttnFits(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s
 	return align%16 == 0
 }
 
-// decAttention queues ferrite_dattn for one row (decAttnFits): with qf the
-// QKV form (q the zero Tensor), which prepares and stores the row's q, k
+// decAttention queues ferrite_dattn (decAttnFits): with qf the QKV form of
+// one row (q the zero Tensor), which prepares and stores the row's q, k
 // and v itself.
 func (b *Backend) decAttention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape, qf *qkvForm) {
 	g, chunks := decGroup(s.Heads/s.KVHeads, b.dec.g4)
-	cols := s.KVHeads * chunks
+	cols, n := s.KVHeads*chunks, out.Rows
 	splits, split := decSplits(cols, p.Blocks.Cols*p.BlockSize, b.dev.SMs, b.dec.blocks, b.dec.minKeys, b.dec.splits)
 	var part, cnt uint64
 	if splits > 1 {
-		part = dptr(b.Scratch(kernels.F32, splits*s.Heads, s.HeadDim+2)) // (splits, heads, hd) sums, then (splits, heads, 2) max and sum
+		part = dptr(b.Scratch(kernels.F32, n*splits*s.Heads, s.HeadDim+2)) // per row (splits, heads, hd) sums, then (splits, heads, 2) max and sum
 		var err error
 		if cnt, err = b.splitCounters(); err != nil {
 			b.fail(err)
@@ -327,15 +341,17 @@ func (b *Backend) decAttention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, 
 	args := append([]uint64{dptr(out), qp, dptr(kc), dptr(vc), dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks), part, cnt,
 		i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads), i32(s.KVHeads), i32(chunks), i32(split), f32(s.Scale)}, extra[:]...)
 	b.queue(func(d *Device) error {
-		return d.launch3L(name, [3]uint32{uint32(cols), uint32(splits), 1}, decThreads, 0, args...)
+		return d.launch3L(name, [3]uint32{uint32(cols), uint32(splits), uint32(n)}, decThreads, 0, args...)
 	})
 }
 
-// decNorm queues ferrite_rmsnorm_row for a one-row norm when the switch is
-// on and the row fits it (norm's arguments; dim a multiple of 4 up to
-// 16,384, every pointer at a 16-byte address) and reports whether it did.
+// decNorm queues ferrite_rmsnorm_row for a one-row norm, or the rows of a
+// row-exact step (up to decMaxRows: each row's bits as alone), when the
+// switch is on and the rows fit it (norm's arguments; dim a multiple of 4
+// up to 16,384, every pointer at a 16-byte address) and reports whether it
+// did.
 func (b *Backend) decNorm(y, res, delta, w uint64, rows, dim int, eps float32, offset bool, sum uint64) bool {
-	if !b.dec.norm || rows != 1 || dim%4 != 0 || (y|res|delta|w|sum)%16 != 0 {
+	if !b.dec.norm || rows < 1 || rows > 1 && (!b.rowExact || rows > decMaxRows) || dim%4 != 0 || (y|res|delta|w|sum)%16 != 0 {
 		return false
 	}
 	n4 := dim / 4
@@ -344,7 +360,7 @@ func (b *Backend) decNorm(y, res, delta, w uint64, rows, dim int, eps float32, o
 		return false
 	}
 	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_rmsnorm_row", 1, uint32(threads), 0, y, res, delta, w, i32(dim), f32(eps), b32(offset), sum)
+		return d.launchL("ferrite_rmsnorm_row", uint32(rows), uint32(threads), 0, y, res, delta, w, i32(dim), f32(eps), b32(offset), sum)
 	})
 	return true
 }

@@ -59,6 +59,15 @@ func TestDecodeAttention(t *testing.T) {
 		b.SetDecodeAttention(mode, 0, 0)
 		t.Run(fmt.Sprintf("ops/mode=%d", mode), func(t *testing.T) { kerneltest.RunAttentionOps(t, b) })
 	}
+	// Row-exact steps: ferrite_dattn takes every row (up to decMaxRows),
+	// each with the bits of the row alone.
+	b.SetRowExact(true)
+	for _, mode := range []int{decAttnPlain, decAttnQKV} {
+		b.SetDecodeAttention(mode, 0, 0)
+		t.Run(fmt.Sprintf("ops/rowexact/mode=%d", mode), func(t *testing.T) { kerneltest.RunAttentionOps(t, b) })
+	}
+	t.Run("rowexact/bits", func(t *testing.T) { decodeRowsExact(t, b) })
+	b.SetRowExact(false)
 	b.dec.g4 = true // a group of 8 in two chunks of 4 (FERRITE_CUDA_DATTN_G4)
 	for _, mode := range []int{decAttnPlain, decAttnQKV} {
 		b.SetDecodeAttention(mode, 0, 0)
@@ -150,6 +159,72 @@ func decodeAttnCase(t *testing.T, b *Backend, dt kernels.DType, heads, kvh, hd, 
 			if bad++; bad <= 3 {
 				t.Errorf("out[%d] = %g, want %g", i, got[i], want[i])
 			}
+		}
+	}
+}
+
+// decodeRowsExact checks that ferrite_dattn gives each of 5 rows of one
+// sequence (a verification's, positions 300–304, the step storing their
+// keys) the bits QKVAttention gives that row alone after the rows before
+// it were stored.
+func decodeRowsExact(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	const heads, kvh, hd, bs, hist, n = 32, 8, 128, 16, 300, 5
+	qw, kw := heads*hd, kvh*hd
+	width := 32 // block table (power of two ≥ 305/16)
+	table := make([]int32, width)
+	for i := range table {
+		table[i] = int32(width - 1 - i)
+	}
+	total := hist + n
+	pos, seq, slot := make([]int32, total), make([]int32, total), make([]int32, total)
+	for p := range total {
+		pos[p], slot[p] = int32(p), table[p/bs]*bs+int32(p%bs)
+	}
+	bt := i32Tensor(t, b, 1, width, table)
+	all := &kernels.Paged{Pos: i32Tensor(t, b, total, 1, pos), Seq: i32Tensor(t, b, total, 1, seq), Slot: i32Tensor(t, b, total, 1, slot),
+		Blocks: bt, BlockSize: bs}
+	sub := func(lo, hi int) *kernels.Paged {
+		return &kernels.Paged{Pos: all.Pos.Slice(lo, hi), Seq: all.Seq.Slice(lo, hi), Slot: all.Slot.Slice(lo, hi), Blocks: bt, BlockSize: bs}
+	}
+	s := kernels.AttnShape{Heads: heads, KVHeads: kvh, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
+	hn := &kernels.HeadNorm{W: f32Tensor(t, b, 1, hd, randF32(rng, hd)), Eps: 1e-6}
+	inv := make([]float32, hd/2)
+	for i := range inv {
+		inv[i] = float32(math.Pow(1e6, -float64(2*i)/hd))
+	}
+	r := &kernels.Rotary{InvFreq: f32Tensor(t, b, 1, hd/2, inv), Dim: hd, Scale: 1}
+	hk, hv := f32Tensor(t, b, hist, kw, randF32(rng, hist*kw)), f32Tensor(t, b, hist, kw, randF32(rng, hist*kw))
+	qkvv := randF32(rng, n*(qw+2*kw))
+	var outs [2][]float32
+	for v := range outs {
+		kc, _ := b.Alloc(kernels.BF16, width*bs, kw)
+		vc, _ := b.Alloc(kernels.BF16, width*bs, kw)
+		b.BeginStep()
+		b.StoreKV(kc, vc, hk, hv, sub(0, hist))
+		b.EndStep()
+		qkv := f32Tensor(t, b, n, qw+2*kw, qkvv)
+		out := f32Tensor(t, b, n, qw, make([]float32, n*qw))
+		if v == 0 { // all rows at once, row-exact
+			b.BeginStep()
+			b.QKVAttention(out, kc, vc, qkv, hn, hn, r, sub(hist, total), s)
+			b.EndStep()
+		} else { // row by row, as plain decoding
+			b.SetRowExact(false)
+			for i := range n {
+				b.BeginStep()
+				b.QKVAttention(out.Slice(i, i+1), kc, vc, qkv.Slice(i, i+1), hn, hn, r, sub(hist+i, hist+i+1), s)
+				b.EndStep()
+			}
+			b.SetRowExact(true)
+		}
+		outs[v] = make([]float32, n*qw)
+		b.ReadF32(outs[v], out)
+	}
+	for i := range outs[0] {
+		if math.Float32bits(outs[0][i]) != math.Float32bits(outs[1][i]) {
+			t.Errorf("row %d: out[%d] = %g in the row-exact step, %g alone", i/qw, i%qw, outs[0][i], outs[1][i])
+			return
 		}
 	}
 }
@@ -276,6 +351,42 @@ func TestGemvNorm(t *testing.T) {
 		if d := math.Abs(float64(gs[0][i] - gs[1][i])); !(d <= 1e-4*max(1, math.Abs(float64(gs[0][i])))) {
 			t.Errorf("NormSwiGLULinear after the fused Linear: g[%d] = %g, %g without the fusion", i, gs[1][i], gs[0][i])
 			break
+		}
+	}
+}
+
+// TestDecodeNormRowExact checks that in a row-exact step
+// (kernels.RowExact) ferrite_rmsnorm_row gives each of 4 rows the bits of
+// a one-row call.
+func TestDecodeNormRowExact(t *testing.T) {
+	b := openOps(t)
+	defer b.SetDecodeNorm(b.SetDecodeNorm(true))
+	rng := rand.New(rand.NewPCG(6, 7))
+	const rows, dim = 4, 4096
+	xv, dv, wv := randF32(rng, rows*dim), randF32(rng, rows*dim), randF32(rng, dim)
+	w := f32Tensor(t, b, 1, dim, wv)
+	var ys [2][]float32
+	for v := range ys {
+		x, d, y := f32Tensor(t, b, rows, dim, xv), f32Tensor(t, b, rows, dim, dv), f32Tensor(t, b, rows, dim, make([]float32, rows*dim))
+		if v == 0 {
+			b.SetRowExact(true)
+			b.BeginStep()
+			b.AddRMSNorm(y, x, d, w, 1e-6, false)
+			b.EndStep()
+			b.SetRowExact(false)
+		} else {
+			for i := range rows {
+				b.BeginStep()
+				b.AddRMSNorm(y.Slice(i, i+1), x.Slice(i, i+1), d.Slice(i, i+1), w, 1e-6, false)
+				b.EndStep()
+			}
+		}
+		ys[v] = make([]float32, rows*dim)
+		b.ReadF32(ys[v], y)
+	}
+	for i := range ys[0] {
+		if math.Float32bits(ys[0][i]) != math.Float32bits(ys[1][i]) {
+			t.Fatalf("row %d: y[%d] = %g row-exact, %g alone", i/dim, i%dim, ys[0][i], ys[1][i])
 		}
 	}
 }

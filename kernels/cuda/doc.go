@@ -23,14 +23,16 @@
 // attention kernel and merges the splits there (QKVAttention),
 // FERRITE_CUDA_FUSE_NORM=1 fuses the layer norms into the GEMVs,
 // FERRITE_CUDA_PREFETCH=1 makes the GEMVs prefetch their weights before
-// the PDL wait. One-row decode kernels (decode.go, src/ops_decode.cu),
-// off until measured: FERRITE_CUDA_DATTN=1 runs a decode row's Attention
-// as ferrite_dattn (many small key splits, every query head of a KV group
-// a block, the first tile of past keys and values copied into shared
-// memory before the PDL wait, the last split merging), =qkv also its
-// QKVAttention with PrepareQKV inside; FERRITE_CUDA_DNORM=1 runs one-row
-// norms as ferrite_rmsnorm_row, =gemv also the norm after a one-row product
-// adding into its output in that GEMV's last block (ferrite_gemv_*_1n).
+// the PDL wait. One-row decode kernels (decode.go, src/ops_decode.cu), on
+// by default since GPU run 2 of session 14: a decode row's QKVAttention
+// runs as ferrite_dattn (the keys in splits of 32 or more, 4 query heads
+// of a KV group a block, the first tile of past keys and values copied
+// into shared memory before the PDL wait, PrepareQKV inside, the last
+// split merging; a row-exact verification's rows get the same bits), and
+// one-row norms as ferrite_rmsnorm_row (FERRITE_CUDA_DATTN=0 or =1 (after
+// PrepareQKV), FERRITE_CUDA_DATTN_G4=0, FERRITE_CUDA_DNORM=0 switch back);
+// FERRITE_CUDA_DNORM=gemv also norms a one-row product's output in that
+// GEMV's last block (ferrite_gemv_*_1n; measured slower, off).
 // FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of
 // that many rows a block. Two kernels for decode batches are in and off by default
 // until they beat what runs now: FERRITE_CUDA_SKINNY=N runs the products

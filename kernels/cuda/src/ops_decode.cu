@@ -44,19 +44,19 @@ __device__ inline void dec_cp_commit() { asm volatile("cp.async.commit_group;" :
 __device__ inline void dec_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 #endif
 
-// DecArgs are a ferrite_dattn launch's arguments. Block (x, z): KV head
-// x / chunks, its query heads from (x % chunks)·G on, keys [z·split,
-// min((z+1)·split, pos + 1)) of row 0's sequence.
+// DecArgs are a ferrite_dattn launch's arguments. Block (x, y, z): KV
+// head x / chunks, its query heads from (x % chunks)·G on, keys [y·split,
+// min((y+1)·split, pos + 1)) of row z's sequence.
 struct DecArgs {
-    float* out;        // (1, heads·HD)
-    const float* q;    // (1, heads·HD), the plain form only
+    float* out;        // (rows, heads·HD)
+    const float* q;    // (rows, heads·HD), the plain form only
     void* kc;          // (slots, kvh·HD) F32 or BF16
     void* vc;          // (slots, kvh·HD)
-    const int* pos;    // row 0's position
-    const int* seq;    // row 0's sequence (its block table row)
+    const int* pos;    // the rows' positions
+    const int* seq;    // the rows' sequences (their block table rows)
     const int* blocks; // (sequences, max_blocks) block table
-    float* part;       // (splits, heads, HD) sums, then (splits, heads, 2) max and sum
-    int* cnt;          // a zeroed counter per block column (x); the merging block zeroes it again
+    float* part;       // per row: (splits, heads, HD) sums, then (splits, heads, 2) max and sum
+    int* cnt;          // a zeroed counter per (row, block column); the merging block zeroes it again
     int max_blocks, bs, heads, kvh, chunks, split;
     float scale;
     // The QKV form (QKVAttention): the q/k/v product's row, row 0's cache
@@ -134,8 +134,11 @@ __device__ void dec_prep(float* vw, const float* src, int hd, int kind, const Pr
 // softmax, and the values (a thread a dim). A split writes its running
 // max, sum and unnormalised output to part; the last split to finish
 // (a counter per block column) merges them, in split order. With one split
-// the block writes out itself. Launch: grid (kvh·chunks, splits), 128
-// threads; G ∈ {4, 8}, HD ∈ {64, 128}.
+// the block writes out itself. Launch: grid (kvh·chunks, splits, rows),
+// 128 threads; G ∈ {4, 8}, HD ∈ {64, 128}; the QKV form one row. Every
+// row's sums are those of a call with that row alone (a verification's
+// rows get plain decoding's bits); with more than one row the first tile
+// is copied after the wait.
 template <int HD, bool BF, int G, bool QKV>
 __device__ void dec_block(const DecArgs& a) {
     using T = DecTile<HD, BF>;
@@ -155,14 +158,21 @@ __device__ void dec_block(const DecArgs& a) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kvh = blockIdx.x / a.chunks, chunk = blockIdx.x % a.chunks;
     const int grp = a.heads / a.kvh, h0 = kvh * grp + chunk * G, ng = min(G, grp - chunk * G);
-    const int self = a.pos[0], len = self + 1;
+    const int row = blockIdx.z;  // the step's row (a verification's rows, a few decoding sequences)
+    const int self = a.pos[row], len = self + 1;
     const int k0 = blockIdx.y * a.split;
     if (k0 >= len) return;  // an empty split: the merge counts only the others
     const int k1 = min(len, k0 + a.split);
-    const int* bt = a.blocks + size_t(a.seq[0]) * a.max_blocks;
+    const int* bt = a.blocks + size_t(a.seq[row]) * a.max_blocks;
     const size_t kvw = size_t(a.kvh) * HD, off = size_t(kvh) * HD;
-    dec_load<HD, BF>(a, sk, sv, bt, k0, min(k1, k0 + T::kKeys), self, kvw, off);
-    dec_cp_commit();
+    // One row: no other row of the step stores keys its split reads, so
+    // the first tile is copied before the wait. More rows (of one sequence,
+    // maybe) copy after it.
+    const bool early = gridDim.z == 1;
+    if (early) {
+        dec_load<HD, BF>(a, sk, sv, bt, k0, min(k1, k0 + T::kKeys), self, kvw, off);
+        dec_cp_commit();
+    }
     PrepArgs pa = a.prep;  // the QKV form: with the norm weights in shared memory
     if (QKV) {
         for (int k = threadIdx.x; k < HD; k += kDecThreads) {
@@ -180,6 +190,10 @@ __device__ void dec_block(const DecArgs& a) {
         if (pa.kn) pa.kn = wn[1];
     }
     FERRITE_PDL_WAIT();
+    if (!early) {
+        dec_load<HD, BF>(a, sk, sv, bt, k0, min(k1, k0 + T::kKeys), self, kvw, off);
+        dec_cp_commit();
+    }
 
     const bool has_self = self < k1;  // self ≥ k0: k0 < len
     if (QKV) {
@@ -214,7 +228,7 @@ __device__ void dec_block(const DecArgs& a) {
         for (int t = threadIdx.x; t < G * HD / 4; t += kDecThreads) {
             const int g = t / (HD / 4), d = (t % (HD / 4)) * 4;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (g < ng) v = *reinterpret_cast<const float4*>(a.q + size_t(h0 + g) * HD + d);
+            if (g < ng) v = *reinterpret_cast<const float4*>(a.q + (size_t(row) * a.heads + h0 + g) * HD + d);
             *reinterpret_cast<float4*>(&sq[g][d]) = v;
         }
     }
@@ -354,15 +368,16 @@ __device__ void dec_block(const DecArgs& a) {
 #pragma unroll
         for (int i = 0; i < kGT; i++) {
             const int g = hs + kHS * i;
-            if (g < ng) a.out[size_t(h0 + g) * HD + d] = acc[i] / sl[g];
+            if (g < ng) a.out[(size_t(row) * a.heads + h0 + g) * HD + d] = acc[i] / sl[g];
         }
         return;
     }
-    float* pml = a.part + size_t(splits) * a.heads * HD;  // (splits, heads, 2)
+    float* part = a.part + size_t(row) * splits * a.heads * (HD + 2);  // the row's (splits, heads, HD) sums
+    float* pml = part + size_t(splits) * a.heads * HD;                   // then (splits, heads, 2)
 #pragma unroll
     for (int i = 0; i < kGT; i++) {
         const int g = hs + kHS * i;
-        if (g < ng) a.part[(size_t(blockIdx.y) * a.heads + h0 + g) * HD + d] = acc[i];
+        if (g < ng) part[(size_t(blockIdx.y) * a.heads + h0 + g) * HD + d] = acc[i];
     }
     if (threadIdx.x < ng) {
         pml[(size_t(blockIdx.y) * a.heads + h0 + threadIdx.x) * 2] = sm[threadIdx.x];
@@ -374,7 +389,7 @@ __device__ void dec_block(const DecArgs& a) {
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        int* c = a.cnt + blockIdx.x;
+        int* c = a.cnt + size_t(row) * gridDim.x + blockIdx.x;
         last = atomicAdd(c, 1) == nz - 1;
         if (last) *c = 0;
     }
@@ -387,7 +402,7 @@ __device__ void dec_block(const DecArgs& a) {
     float av[kGT][kDecPre];
 #pragma unroll
     for (int i = 0; i < kGT; i++) {
-        const float* pa = a.part + size_t(h0 + hs + kHS * i) * HD + d;
+        const float* pa = part + size_t(h0 + hs + kHS * i) * HD + d;
 #pragma unroll
         for (int z = 0; z < kDecPre; z++) av[i][z] = z < nz && hs + kHS * i < ng ? __ldcg(pa + size_t(z) * a.heads * HD) : 0.f;
     }
@@ -421,14 +436,14 @@ __device__ void dec_block(const DecArgs& a) {
     for (int i = 0; i < kGT; i++) {
         const int g = hs + kHS * i;
         if (g >= ng) continue;
-        const float* pa = a.part + size_t(h0 + g) * HD + d;
+        const float* pa = part + size_t(h0 + g) * HD + d;
         const float* w = zw + g * kDecMaxSplits;
         float A = 0.f;
 #pragma unroll
         for (int z = 0; z < kDecPre; z++) A = z < nz ? fmaf(av[i][z], w[z], A) : A;
 #pragma unroll 8
         for (int z = kDecPre; z < nz; z++) A = fmaf(__ldcg(pa + size_t(z) * a.heads * HD), w[z], A);
-        a.out[size_t(h0 + g) * HD + d] = A / sl[g];
+        a.out[(size_t(row) * a.heads + h0 + g) * HD + d] = A / sl[g];
     }
 }
 
@@ -462,19 +477,24 @@ FERRITE_DATTN(ferrite_dattn_qkv_bf16_64_g8, 64, true, 8, true)
 FERRITE_DATTN(ferrite_dattn_qkv_bf16_128_g4, 128, true, 4, true)
 FERRITE_DATTN(ferrite_dattn_qkv_bf16_128_g8, 128, true, 8, true)
 
-// ferrite_rmsnorm_row is ferrite_add_rmsnorm for a single row (rows = 1)
-// of dim values, dim a multiple of 4 up to 16·blockDim.x, every pointer at
+// ferrite_rmsnorm_row is ferrite_add_rmsnorm for rows of dim values, one
+// block a row, each row summed as alone (a row-exact step's rows get the
+// bits of one-row steps), dim a multiple of 4 up to 16·blockDim.x, every pointer at
 // a 16-byte address: a thread's up to 4 float4 of the row and of the
 // weight stay in registers, the weight loaded before the PDL wait (no
 // kernel of a step writes it), and every warp reduces the warps' partial
 // sums itself (one barrier). The mean of squares is summed in float64 and
-// rounded to float32 before eps as kernels/ref.RMSNorm. Launch: one block
-// of 32·ceil(dim / 128) threads, at most 1024.
+// rounded to float32 before eps as kernels/ref.RMSNorm. Launch: a block a
+// row of 32·ceil(dim / 128) threads, at most 1024.
 extern "C" __global__ void __launch_bounds__(1024)
     ferrite_rmsnorm_row(float* y, float* res, const float* delta, const float* w, int dim, float eps, int offset,
                         float* sum) {
     constexpr int kV = 4;
     const int n4 = dim >> 2;
+    const size_t ro = size_t(blockIdx.x) * dim;  // the block's row
+    y += ro, res += ro;
+    if (delta) delta += ro;
+    if (sum) sum += ro;
     float4 wv[kV];
 #pragma unroll
     for (int j = 0; j < kV; j++) {
