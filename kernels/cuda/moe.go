@@ -25,6 +25,7 @@ type moeConfig struct {
 	sb     int  // FERRITE_MOE_SB: the slots a register-tile block takes (0: enough blocks for twice the SMs)
 	gt     int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
 	b1     int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; the Wide ones ferrite_moe_b1w_*; 0: off)
+	b1Most int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -42,14 +43,25 @@ func moeConfigFromEnv() moeConfig {
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
 	}
-	if v := num("FERRITE_MOE_B1"); v >= moeB1Fused && v <= moeB1WideTwo {
-		c.b1 = v
+	// By default one token runs ferrite_moe_b1 in two launches: GPU run 2
+	// measured Qwen3-30B-A3B at batch 1 at 223 tok/s against 208–213
+	// (BenchmarkMoEB1: 35.3 against 37.3 µs a layer), while 2 and 3 tokens
+	// are faster through the slot-a-pass kernels. FERRITE_MOE_B1=N picks a
+	// form for 1 to 3 tokens, 0 none.
+	c.b1, c.b1Most = moeB1Two, 1
+	if v, ok := os.LookupEnv("FERRITE_MOE_B1"); ok {
+		if m, err := strconv.Atoi(v); err == nil && m == 0 {
+			c.b1 = 0
+		} else if err == nil && m >= moeB1Fused && m <= moeB1WideTwo {
+			c.b1, c.b1Most = m, moeB1Tokens
+		}
 	}
 	return c
 }
 
-// Experts runs the grouped GEMV of a slot a pass (ferrite_moe_few_*) for
-// fewer than moeGTFrom tokens, its register-tile form (ferrite_moe_gt_*)
+// Experts runs one token through ferrite_moe_b1 (expertsB1, below), the
+// grouped GEMV of a slot a pass (ferrite_moe_few_*) for 2 to moeGTFrom − 1
+// tokens, its register-tile form (ferrite_moe_gt_*)
 // from moeGTFrom up to moeGTTokens tokens and moeGEMVSlots slots (tokens ·
 // top k): gate/up moeGTRows rows a warp (down twice as many) against up to
 // 4 slots of one expert, each weight load serving every slot and each
@@ -220,7 +232,7 @@ func (b *Backend) b1Fits(x kernels.Tensor, n, k int, experts []kernels.Expert) b
 // b1Fits, and reports whether it did.
 func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Expert, table *Buffer, h uint64, limit float32) bool {
 	n, k := x.Rows, ids.Cols
-	if b.moe.b1 == 0 || !b.b1Fits(x, n, k, experts) {
+	if b.moe.b1 == 0 || (b.moe.b1Most > 0 && n > b.moe.b1Most) || !b.b1Fits(x, n, k, experts) {
 		return false
 	}
 	hidden, inter := experts[0].Down.Rows, experts[0].Down.Cols

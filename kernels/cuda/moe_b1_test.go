@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -216,5 +217,28 @@ func benchMoEB1(b *testing.B, e, k, shared, hidden, inter, layers int) {
 			})
 		}
 		be.moe = moeConfig{}
+	}
+}
+
+// TestMoEB1Config checks FERRITE_MOE_B1's reading: unset, ferrite_moe_b1
+// in two launches for one token only; 0 off; 1 to 4 that form for 1 to 3
+// tokens; anything else the default.
+func TestMoEB1Config(t *testing.T) {
+	for _, c := range []struct {
+		env        string
+		set        bool
+		b1, b1Most int
+	}{{"", false, moeB1Two, 1}, {"0", true, 0, 1}, {"1", true, moeB1Fused, moeB1Tokens},
+		{"4", true, moeB1WideTwo, moeB1Tokens}, {"9", true, moeB1Two, 1}, {"x", true, moeB1Two, 1}} {
+		if c.set {
+			t.Setenv("FERRITE_MOE_B1", c.env)
+		} else {
+			t.Setenv("FERRITE_MOE_B1", "")
+			os.Unsetenv("FERRITE_MOE_B1")
+		}
+		got := moeConfigFromEnv()
+		if got.b1 != c.b1 || got.b1Most != c.b1Most {
+			t.Errorf("FERRITE_MOE_B1=%q (set %v): b1 %d for up to %d tokens, want %d for up to %d", c.env, c.set, got.b1, got.b1Most, c.b1, c.b1Most)
+		}
 	}
 }
