@@ -218,13 +218,27 @@ func (b *Backend) b1Fits(x kernels.Tensor, n, k int, experts []kernels.Expert) b
 		smem > moeB1Smem || moeB1Fixed+smem > max(48<<10, b.dev.SmemOptIn) {
 		return false
 	}
-	for _, ex := range experts {
-		if ex.Down.DType != kernels.BF16 || (ex.GateUp != nil && ex.GateUp.DType != kernels.BF16) ||
-			(ex.GateUp == nil && (ex.Gate.DType != kernels.BF16 || ex.Up.DType != kernels.BF16)) {
-			return false
+	key := &experts[0]
+	b.mu.Lock()
+	ok, seen := b.b1BF16[key]
+	b.mu.Unlock()
+	if !seen { // once per expert list: every weight bf16
+		ok = true
+		for _, ex := range experts {
+			if ex.Down.DType != kernels.BF16 || (ex.GateUp != nil && ex.GateUp.DType != kernels.BF16) ||
+				(ex.GateUp == nil && (ex.Gate.DType != kernels.BF16 || ex.Up.DType != kernels.BF16)) {
+				ok = false
+				break
+			}
 		}
+		b.mu.Lock()
+		if b.b1BF16 == nil {
+			b.b1BF16 = map[*kernels.Expert]bool{}
+		}
+		b.b1BF16[key] = ok
+		b.mu.Unlock()
 	}
-	return true
+	return ok
 }
 
 // expertsB1 queues Experts (dst, x, ids, w as runExperts has them, h the
