@@ -27,7 +27,7 @@ type Backend struct {
 	dev *Device
 	cpu *cpu.Backend
 
-	mu      sync.Mutex // guards weights, experts, err
+	mu      sync.Mutex // guards weights, experts, b1BF16, err
 	weights map[*kernels.Mat]*Weight
 	experts map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
 	stacks  map[stackKey]*Weight        // weights stacked by rows (LinearCat, SwiGLULinear)
@@ -43,21 +43,22 @@ type Backend struct {
 	gemmOnce sync.Once
 	gemmErr  error // why cuBLASLt is not used, once tried
 
-	splitKVOnly bool           // Attention without the prefill kernel (its tests and benchmarks compare)
-	prefillRows int            // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
-	noMMA       bool           // Experts' prefill path keeps off the tensor cores (tests)
-	rowExact    bool           // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
-	moe         moeConfig      // Experts' kernels for a few tokens (moe.go)
-	moeBar      kernels.Tensor // ferrite_moe_b1's grid barrier (moeB1Bar); the zero Tensor until first used
-	mlaNoTC     bool           // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
-	mlaSplitCap int            // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
-	mlaHeads    int            // heads a tensor-core attention block (≤ 32), 0 for tcPlan's choice (benchmarks)
-	mlaTiles    int            // key tiles a tensor-core attention split at least, 0 for 1 (benchmarks)
-	noFuse      bool           // no fused attention (PrepareQKV inside, split merge): the default; FERRITE_CUDA_FUSE=1, SetFuse
-	fuseNorm    bool           // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
-	noFuseQKV   bool           // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
-	attnCnt     kernels.Tensor // Attention's split counters (splitCounters); the zero Tensor until first used
-	attnWide    bool           // Attention always with attnGroup query heads a block (tests compare)
+	splitKVOnly bool                     // Attention without the prefill kernel (its tests and benchmarks compare)
+	prefillRows int                      // the prefill kernel's row tile, 64 or 128; 0 means the default (prefillTile)
+	noMMA       bool                     // Experts' prefill path keeps off the tensor cores (tests)
+	rowExact    bool                     // SetRowExact: the linear ops sum each row as the n = 1 GEMV does
+	moe         moeConfig                // Experts' kernels for a few tokens (moe.go)
+	moeBar      kernels.Tensor           // ferrite_moe_b1's grid barrier (moeB1Bar); the zero Tensor until first used
+	b1BF16      map[*kernels.Expert]bool // b1Fits: whether an expert list (by its first) is all bf16; guarded by mu
+	mlaNoTC     bool                     // AttentionMLA keeps to the CUDA-core latent attention (tests, benchmarks compare)
+	mlaSplitCap int                      // at most this many splits of the tensor-core latent attention, 0 for no cap (benchmarks)
+	mlaHeads    int                      // heads a tensor-core attention block (≤ 32), 0 for tcPlan's choice (benchmarks)
+	mlaTiles    int                      // key tiles a tensor-core attention split at least, 0 for 1 (benchmarks)
+	noFuse      bool                     // no fused attention (PrepareQKV inside, split merge): the default; FERRITE_CUDA_FUSE=1, SetFuse
+	fuseNorm    bool                     // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
+	noFuseQKV   bool                     // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
+	attnCnt     kernels.Tensor           // Attention's split counters (splitCounters); the zero Tensor until first used
+	attnWide    bool                     // Attention always with attnGroup query heads a block (tests compare)
 	// noAttnPrefetch: a one-row Attention's kernel does not ask L2 for its
 	// keys and values before its PDL wait (FERRITE_CUDA_ATTN_PREFETCH=0)
 	noAttnPrefetch bool

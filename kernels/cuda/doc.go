@@ -50,11 +50,13 @@
 // slot a pass below 4 tokens, register tiles from 4), an ungated shared
 // expert folded in (kernels.SharedExperts); FERRITE_MOE_KERNELS=v1,
 // FERRITE_MOE_FOLD=0 and the other FERRITE_MOE_* switches of moeConfig
-// pick the earlier or other variants for comparison. For 1 to 3 tokens,
-// FERRITE_MOE_B1=1 runs the experts as one persistent kernel of a block
-// an SM (src/ops_moe_b1.cu: every chosen expert's rows over all of them, a
-// grid barrier between gate/up and down; =2 as two launches), with the
-// bits of the kernels it replaces.
+// pick the earlier or other variants for comparison. One token runs
+// persistent kernels of a block an SM instead (src/ops_moe_b1.cu: every
+// chosen expert's gate/up rows over all of them, then the down rows, two
+// launches, the second planning and loading before its PDL wait), with
+// the bits of the kernels it replaces; FERRITE_MOE_B1=1 runs them as one
+// launch with a grid barrier, =3 and =4 in blocks of 1,024 threads, each
+// for 1 to 3 tokens, and =0 not at all.
 //
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and

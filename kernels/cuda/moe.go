@@ -25,7 +25,8 @@ type moeConfig struct {
 	tiles  int  // FERRITE_MOE_TILES: the register tiles from this many slots, also below moeGTFrom tokens (0: from moeGTFrom tokens only)
 	sb     int  // FERRITE_MOE_SB: the slots a register-tile block takes (0: enough blocks for twice the SMs)
 	gt     int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
-	b1     int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
+	b1     int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; the Wide ones ferrite_moe_b1w_*; 0: off)
+	b1Most int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -43,14 +44,25 @@ func moeConfigFromEnv() moeConfig {
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
 	}
-	if v := num("FERRITE_MOE_B1"); v == moeB1Fused || v == moeB1Two {
-		c.b1 = v
+	// By default one token runs ferrite_moe_b1 in two launches: GPU run 2
+	// measured Qwen3-30B-A3B at batch 1 at 223 tok/s against 208–213
+	// (BenchmarkMoEB1: 35.3 against 37.3 µs a layer), while 2 and 3 tokens
+	// are faster through the slot-a-pass kernels. FERRITE_MOE_B1=N picks a
+	// form for 1 to 3 tokens, 0 none.
+	c.b1, c.b1Most = moeB1Two, 1
+	if v, ok := os.LookupEnv("FERRITE_MOE_B1"); ok {
+		if m, err := strconv.Atoi(v); err == nil && m == 0 {
+			c.b1 = 0
+		} else if err == nil && m >= moeB1Fused && m <= moeB1WideTwo {
+			c.b1, c.b1Most = m, moeB1Tokens
+		}
 	}
 	return c
 }
 
-// Experts runs the grouped GEMV of a slot a pass (ferrite_moe_few_*) for
-// fewer than moeGTFrom tokens, its register-tile form (ferrite_moe_gt_*)
+// Experts runs one token through ferrite_moe_b1 (expertsB1, below), the
+// grouped GEMV of a slot a pass (ferrite_moe_few_*) for 2 to moeGTFrom − 1
+// tokens, its register-tile form (ferrite_moe_gt_*)
 // from moeGTFrom up to moeGTTokens tokens and moeGEMVSlots slots (tokens ·
 // top k): gate/up moeGTRows rows a warp (down twice as many) against up to
 // 4 slots of one expert, each weight load serving every slot and each
@@ -159,7 +171,7 @@ func (d *Device) kernelResources(name string) (regs, local int, err error) {
 func (b *Backend) FoldsSharedExperts() bool { return os.Getenv("FERRITE_MOE_FOLD") != "0" }
 
 // The persistent grouped GEMV for 1 to moeB1Tokens tokens
-// (src/ops_moe_b1.cu): one block of moeB1Threads threads a multiprocessor,
+// (src/ops_moe_b1.cu): one block of 512 (or 1,024) threads a multiprocessor,
 // every chosen expert's gate/up and down rows spread over all of them.
 // moeB1Fused runs gate/up and down in one launch with a grid barrier
 // between (each warp's first down weights asked for before it),
@@ -167,19 +179,20 @@ func (b *Backend) FoldsSharedExperts() bool { return os.Getenv("FERRITE_MOE_FOLD
 // before its PDL wait. The bits are the slot-a-pass kernels' (and so the
 // register tiles').
 const (
-	moeB1Fused   = 1
-	moeB1Two     = 2
-	moeB1Tokens  = 3
-	moeB1Slots   = 192 // n·k
-	moeB1Threads = 512
-	moeB1Smem    = 160 << 10 // the most shared memory for h (every slot's) a block takes
-	moeB1Fixed   = 24 << 10  // the shared memory before h: the plan and each warp's products (src kB1Fixed)
+	moeB1Fused     = 1
+	moeB1Two       = 2
+	moeB1WideFused = 3 // ferrite_moe_b1w_*: blocks of 1,024 threads, 64 registers each
+	moeB1WideTwo   = 4
+	moeB1Tokens    = 3
+	moeB1Slots     = 192       // n·k
+	moeB1Smem      = 160 << 10 // the most shared memory for h (every slot's) a block takes
+	moeB1Fixed     = 40 << 10  // the most shared memory before h: the plan and each warp's products (src B1::kFixed)
 	// the kernel's modes (src/ops_moe_b1.cu kB1*)
 	moeB1ModeGateUp, moeB1ModeDown, moeB1ModeBoth = 1, 2, 3
 )
 
 func init() {
-	bigSmemKernels = append(bigSmemKernels, "ferrite_moe_b1_1", "ferrite_moe_b1_3")
+	bigSmemKernels = append(bigSmemKernels, "ferrite_moe_b1_1", "ferrite_moe_b1_3", "ferrite_moe_b1w_1", "ferrite_moe_b1w_3")
 }
 
 // moeB1Bar returns the device address of ferrite_moe_b1's grid barrier
@@ -206,13 +219,27 @@ func (b *Backend) b1Fits(x kernels.Tensor, n, k int, experts []kernels.Expert) b
 		smem > moeB1Smem || moeB1Fixed+smem > max(48<<10, b.dev.SmemOptIn) {
 		return false
 	}
-	for _, ex := range experts {
-		if ex.Down.DType != kernels.BF16 || (ex.GateUp != nil && ex.GateUp.DType != kernels.BF16) ||
-			(ex.GateUp == nil && (ex.Gate.DType != kernels.BF16 || ex.Up.DType != kernels.BF16)) {
-			return false
+	key := &experts[0]
+	b.mu.Lock()
+	ok, seen := b.b1BF16[key]
+	b.mu.Unlock()
+	if !seen { // once per expert list: every weight bf16
+		ok = true
+		for _, ex := range experts {
+			if ex.Down.DType != kernels.BF16 || (ex.GateUp != nil && ex.GateUp.DType != kernels.BF16) ||
+				(ex.GateUp == nil && (ex.Gate.DType != kernels.BF16 || ex.Up.DType != kernels.BF16)) {
+				ok = false
+				break
+			}
 		}
+		b.mu.Lock()
+		if b.b1BF16 == nil {
+			b.b1BF16 = map[*kernels.Expert]bool{}
+		}
+		b.b1BF16[key] = ok
+		b.mu.Unlock()
 	}
-	return true
+	return ok
 }
 
 // expertsB1 queues Experts (dst, x, ids, w as runExperts has them, h the
@@ -220,42 +247,45 @@ func (b *Backend) b1Fits(x kernels.Tensor, n, k int, experts []kernels.Expert) b
 // b1Fits, and reports whether it did.
 func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Expert, table *Buffer, h uint64, limit float32) bool {
 	n, k := x.Rows, ids.Cols
-	if b.moe.b1 == 0 || !b.b1Fits(x, n, k, experts) {
+	if b.moe.b1 == 0 || (b.moe.b1Most > 0 && n > b.moe.b1Most) || !b.b1Fits(x, n, k, experts) {
 		return false
 	}
 	hidden, inter := experts[0].Down.Rows, experts[0].Down.Cols
-	smem, xp := moeB1Fixed+n*k*inter*4, dptr(x)
+	name, threads, fixed := "ferrite_moe_b1_1", 512, 24<<10
+	if b.moe.b1 >= moeB1WideFused {
+		name, threads, fixed = "ferrite_moe_b1w_1", 1024, 40<<10
+	}
+	if n > 1 {
+		name = name[:len(name)-1] + "3"
+	}
+	smem, xp := fixed+n*k*inter*4, dptr(x)
 	bar, err := b.moeB1Bar()
 	if err != nil {
 		b.fail(err)
 		return true
 	}
-	name := "ferrite_moe_b1_1"
-	if n > 1 {
-		name = "ferrite_moe_b1_3"
-	}
 	// The expert table goes to shared memory before the PDL wait where it
 	// fits in h's room, or in moeB1Smem.
 	tbytes, tcopy := 3*len(experts)*expertDescBytes, 0
-	if tbytes <= moeB1Smem && moeB1Fixed+tbytes <= max(48<<10, b.dev.SmemOptIn) {
+	if tbytes <= moeB1Smem && fixed+tbytes <= max(48<<10, b.dev.SmemOptIn) {
 		tcopy = 1
-		smem = max(smem, moeB1Fixed+tbytes)
+		smem = max(smem, fixed+tbytes)
 	}
 	grid, y, ip, wp := uint32(b.dev.SMs), dptr(dst), dptr(ids), dptr(w)
 	args := func(mode, tc int) []uint64 {
 		return []uint64{i32(mode), y, i32(dst.Stride), h, xp, i32(x.Stride), ip, wp, table.ptr, i32(len(experts)),
 			i32(n), i32(k), i32(inter), i32(hidden), f32(limit), bar, i32(tc)}
 	}
-	fused := b.moe.b1 == moeB1Fused
-	guSmem := uint32(moeB1Fixed + tcopy*tbytes)
+	fused := b.moe.b1 == moeB1Fused || b.moe.b1 == moeB1WideFused
+	guSmem, block := uint32(fixed+tcopy*tbytes), uint32(threads)
 	b.queue(func(d *Device) error {
 		if fused {
-			return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeBoth, tcopy)...)
+			return d.launchL(name, grid, block, uint32(smem), args(moeB1ModeBoth, tcopy)...)
 		}
-		if err := d.launchL(name, grid, moeB1Threads, guSmem, args(moeB1ModeGateUp, tcopy)...); err != nil {
+		if err := d.launchL(name, grid, block, guSmem, args(moeB1ModeGateUp, tcopy)...); err != nil {
 			return err
 		}
-		return d.launchL(name, grid, moeB1Threads, uint32(smem), args(moeB1ModeDown, 0)...)
+		return d.launchL(name, grid, block, uint32(smem), args(moeB1ModeDown, 0)...)
 	})
 	return true
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -29,7 +30,7 @@ func b1Experts(rng *rand.Rand, e, hidden, inter int) []kernels.Expert {
 	return ex
 }
 
-// TestOpsExpertsB1 checks ferrite_moe_b1 (FERRITE_MOE_B1, both modes)
+// TestOpsExpertsB1 checks ferrite_moe_b1 and b1w (FERRITE_MOE_B1, every mode)
 // against kernels/ref.Experts and ExpertsClamp at 1 to 3 tokens: widths of
 // whole and partial 256-column strides, hidden wider than one load batch,
 // tokens that share experts, a token with an id out of range (its row NaN,
@@ -42,7 +43,7 @@ func TestOpsExpertsB1(t *testing.T) {
 		{12, 4, 256, 96}, {8, 3, 264, 512}, {6, 4, 2304, 264}, {5, 5, 512, 768},
 	} {
 		ex := b1Experts(rng, sh.e, sh.hidden, sh.inter)
-		for _, mode := range []int{moeB1Fused, moeB1Two} {
+		for _, mode := range []int{moeB1Fused, moeB1Two, moeB1WideFused, moeB1WideTwo} {
 			b.moe = moeConfig{b1: mode}
 			for n := 1; n <= moeB1Tokens; n++ {
 				name := fmt.Sprintf("b1=%d/e=%d/k=%d/%dx%d/n=%d", mode, sh.e, sh.k, sh.inter, sh.hidden, n)
@@ -91,7 +92,7 @@ func checkExpertsClamp(t *testing.T, b *Backend, name string, ex []kernels.Exper
 
 // TestOpsExpertsB1Exact checks that ferrite_moe_b1 gives the bits of the
 // kernels it stands beside (kernels.RowExact): at 1 to 3 tokens (tokens
-// sharing experts) the slot-a-pass kernels' bits, in both modes, with and
+// sharing experts) the slot-a-pass kernels' bits, in every mode, with and
 // without a clamp; and each token alone through it the bits of its row in
 // calls of 2 to 12 tokens through the register tiles and the slot-a-pass
 // kernels (what a speculative verification's rows run).
@@ -127,7 +128,7 @@ func TestOpsExpertsB1Exact(t *testing.T) {
 	for rows := 1; rows <= moeB1Tokens; rows++ {
 		x, id, w := xv[:rows*hidden], ids[:rows*k], wv[:rows*k]
 		want := run(moeConfig{}, rows, x, id, w)
-		for _, mode := range []int{moeB1Fused, moeB1Two} {
+		for _, mode := range []int{moeB1Fused, moeB1Two, moeB1WideFused, moeB1WideTwo} {
 			same(fmt.Sprintf("b1=%d, %d tokens, against the slot-a-pass kernels", mode, rows), run(moeConfig{b1: mode}, rows, x, id, w), want)
 		}
 	}
@@ -149,7 +150,7 @@ func TestOpsExpertsB1Exact(t *testing.T) {
 // own random bf16 experts and random routing; a step's chosen experts,
 // 1.2 GB, far more than L2), the step a CUDA graph: "slot" the slot-a-pass
 // kernels (the default), "b1" ferrite_moe_b1 in one launch, "b1two" in
-// two. µs/layer is the step over the layers; GB/s counts the distinct
+// two, "b1w" and "b1wtwo" the same with blocks of 1,024 threads. µs/layer is the step over the layers; GB/s counts the distinct
 // chosen experts' weight bytes.
 func BenchmarkMoEB1(b *testing.B) {
 	for _, m := range []struct {
@@ -205,7 +206,8 @@ func benchMoEB1(b *testing.B, e, k, shared, hidden, inter, layers int) {
 		for _, v := range []struct {
 			name string
 			c    moeConfig
-		}{{"slot", moeConfig{}}, {"b1", moeConfig{b1: moeB1Fused}}, {"b1two", moeConfig{b1: moeB1Two}}} {
+		}{{"slot", moeConfig{}}, {"b1", moeConfig{b1: moeB1Fused}}, {"b1two", moeConfig{b1: moeB1Two}},
+			{"b1w", moeConfig{b1: moeB1WideFused}}, {"b1wtwo", moeConfig{b1: moeB1WideTwo}}} {
 			be.moe = v.c
 			b.Run(fmt.Sprint("n=", n, "/", v.name), func(b *testing.B) {
 				sec := timeSteps(b, be, step)
@@ -215,5 +217,28 @@ func benchMoEB1(b *testing.B, e, k, shared, hidden, inter, layers int) {
 			})
 		}
 		be.moe = moeConfig{}
+	}
+}
+
+// TestMoEB1Config checks FERRITE_MOE_B1's reading: unset, ferrite_moe_b1
+// in two launches for one token only; 0 off; 1 to 4 that form for 1 to 3
+// tokens; anything else the default.
+func TestMoEB1Config(t *testing.T) {
+	for _, c := range []struct {
+		env        string
+		set        bool
+		b1, b1Most int
+	}{{"", false, moeB1Two, 1}, {"0", true, 0, 1}, {"1", true, moeB1Fused, moeB1Tokens},
+		{"4", true, moeB1WideTwo, moeB1Tokens}, {"9", true, moeB1Two, 1}, {"x", true, moeB1Two, 1}} {
+		if c.set {
+			t.Setenv("FERRITE_MOE_B1", c.env)
+		} else {
+			t.Setenv("FERRITE_MOE_B1", "")
+			os.Unsetenv("FERRITE_MOE_B1")
+		}
+		got := moeConfigFromEnv()
+		if got.b1 != c.b1 || got.b1Most != c.b1Most {
+			t.Errorf("FERRITE_MOE_B1=%q (set %v): b1 %d for up to %d tokens, want %d for up to %d", c.env, c.set, got.b1, got.b1Most, c.b1, c.b1Most)
+		}
 	}
 }

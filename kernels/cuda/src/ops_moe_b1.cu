@@ -5,7 +5,8 @@
 // swiglu_clamp1, BF16W).
 //
 // One block of 512 threads per multiprocessor (the grid is the GPU's SMs,
-// all resident at once: 128 registers a thread at most). Every block first
+// all resident at once: 128 registers a thread at most; the b1w kernels
+// 1,024 threads of 64 registers, half the loads a lane in flight). Every block first
 // plans the call in shared memory: the slots (token i's j-th expert, s =
 // i·k + j) sorted by expert, cut into units of one expert and at most C
 // slots (C = 1 for one token, 3 for up to three), each unit's gate, up and
@@ -41,11 +42,19 @@
 
 namespace {
 
-constexpr int kB1Threads = 512;
-constexpr int kB1Warps = kB1Threads / 32;
+// B1<NT> is the shape of a block of NT threads (512, or 1,024 for the
+// wide kernels): its warps, gate/up strides and down loads a lane a batch
+// (so that a thread's registers hold them: 128 or 64), and the shared
+// memory before h (the plan and a row of part a warp; kernels/cuda
+// moeB1Fixed).
+template <int NT>
+struct B1 {
+    static constexpr int kWarps = NT / 32;
+    static constexpr int kGB = NT == 512 ? 8 : 4;
+    static constexpr int kDB = NT == 512 ? 16 : 8;
+    static constexpr int kFixed = NT == 512 ? 24 << 10 : 40 << 10;
+};
 constexpr int kB1MaxSlots = 192;  // n·k (kernels/cuda moeB1Slots)
-constexpr int kB1GB = 8;          // gate/up strides of 256 columns a batch: 16 loads a lane
-constexpr int kB1DB = 16;         // down (unit, stride) loads a lane a batch
 constexpr int kB1GateUp = 1, kB1Down = 2, kB1Both = 3;
 
 // B1Plan is a block's plan of the call (b1_plan).
@@ -59,13 +68,13 @@ struct B1Plan {
     const uint8_t* pg[kB1MaxSlots];  // unit u's gate, up and down row 0
     const uint8_t* pu[kB1MaxSlots];
     const uint8_t* pd[kB1MaxSlots];
-    unsigned bal[kB1Warps];  // unit starts, a ballot a warp
+    unsigned bal[32];        // unit starts, a ballot a warp
     int nu;                  // units
 };
 
 constexpr int kB1PlanBytes = (sizeof(B1Plan) + 15) / 16 * 16;
-constexpr int kB1Fixed = 24 << 10;  // the plan and part, before h (kernels/cuda moeB1Fixed)
-static_assert(kB1PlanBytes + kB1Warps * kB1MaxSlots * 4 <= kB1Fixed, "ferrite_moe_b1's plan outgrows kB1Fixed");
+static_assert(kB1PlanBytes + B1<512>::kWarps * kB1MaxSlots * 4 <= B1<512>::kFixed, "ferrite_moe_b1's plan outgrows kFixed");
+static_assert(kB1PlanBytes + B1<1024>::kWarps * kB1MaxSlots * 4 <= B1<1024>::kFixed, "ferrite_moe_b1's plan outgrows kFixed");
 
 // b1_plan fills P for n tokens of k slots each (n·k ≤ kB1MaxSlots). ids
 // and w are read through L2 (another grid wrote them).
@@ -125,7 +134,7 @@ __device__ void b1_plan(B1Plan& P, const int* ids, const float* w, const MatDesc
     }
     if (t == 0) {
         int nu = 0;
-        for (int q = 0; q < kB1Warps; q++) nu += __popc(P.bal[q]);
+        for (int q = 0; q < int(blockDim.x >> 5); q++) nu += __popc(P.bal[q]);
         P.nu = nu;
     }
     __syncthreads();
@@ -133,7 +142,7 @@ __device__ void b1_plan(B1Plan& P, const int* ids, const float* w, const MatDesc
 
 // b1_gate_up runs the grid's gate/up tasks (unit u, row r) of warp gw of
 // GW: h[s][r] = swiglu(gate_r·x[s / k], up_r·x[s / k]) for the unit's slots.
-template <int C>
+template <int C, int NT>
 __device__ void b1_gate_up(const B1Plan& P, float* h, const float* x, int x_stride, int k, int inter, int hidden,
                            float limit, int gw, int GW) {
     const int lane = threadIdx.x & 31;
@@ -154,10 +163,11 @@ __device__ void b1_gate_up(const B1Plan& P, float* h, const float* x, int x_stri
         float g[C], v[C];
 #pragma unroll
         for (int c = 0; c < C; c++) g[c] = v[c] = 0.f;
-        for (int k0 = 0; k0 < hidden; k0 += 256 * kB1GB) {
-            uint4 wg[kB1GB], wu[kB1GB];
+        constexpr int GB = B1<NT>::kGB;
+        for (int k0 = 0; k0 < hidden; k0 += 256 * GB) {
+            uint4 wg[GB], wu[GB];
 #pragma unroll
-            for (int j = 0; j < kB1GB; j++) {
+            for (int j = 0; j < GB; j++) {
                 const int kk = k0 + 256 * j + lane * 8;
                 if (kk < hidden) {
                     wg[j] = __ldg(reinterpret_cast<const uint4*>(ga + size_t(kk) * 2));
@@ -165,7 +175,7 @@ __device__ void b1_gate_up(const B1Plan& P, float* h, const float* x, int x_stri
                 }
             }
 #pragma unroll
-            for (int j = 0; j < kB1GB; j++) {
+            for (int j = 0; j < GB; j++) {
                 const int kk = k0 + 256 * j + lane * 8;
                 if (kk < hidden) {
                     float a[8], bv[8];
@@ -199,12 +209,13 @@ __device__ void b1_gate_up(const B1Plan& P, float* h, const float* x, int x_stri
 // b1_down_load asks for the down weights of hidden row r from (unit u,
 // stride m) on: kB1DB (unit, stride) pairs, s2 strides of 256 columns a
 // unit.
-__device__ __forceinline__ void b1_down_load(const B1Plan& P, uint4 (&wv)[kB1DB], int r, int u, int m, int s2,
+template <int DB>
+__device__ __forceinline__ void b1_down_load(const B1Plan& P, uint4 (&wv)[DB], int r, int u, int m, int s2,
                                              int inter) {
     const int lane = threadIdx.x & 31, nu = P.nu;
     const size_t pitch = size_t(inter) * 2;
 #pragma unroll
-    for (int j = 0; j < kB1DB; j++) {
+    for (int j = 0; j < DB; j++) {
         if (u < nu) {
             const int kk = 256 * m + lane * 8;
             if (kk < inter) wv[j] = __ldg(reinterpret_cast<const uint4*>(P.pd[u] + r * pitch + size_t(kk) * 2));
@@ -218,7 +229,8 @@ __device__ __forceinline__ void b1_down_load(const B1Plan& P, uint4 (&wv)[kB1DB]
 
 // b1_first_load asks for the first batch of warp gw's first down row, r
 // = gw, and reports whether there is one.
-__device__ __forceinline__ bool b1_first_load(const B1Plan& P, uint4 (&wv)[kB1DB], int gw, int hidden, int s2,
+template <int DB>
+__device__ __forceinline__ bool b1_first_load(const B1Plan& P, uint4 (&wv)[DB], int gw, int hidden, int s2,
                                               int inter) {
     if (gw >= hidden) return false;
     b1_down_load(P, wv, gw, 0, 0, s2, inter);
@@ -228,9 +240,9 @@ __device__ __forceinline__ bool b1_first_load(const B1Plan& P, uint4 (&wv)[kB1DB
 // b1_down_row computes hidden row r of y for the n tokens: part[s] (this
 // warp's) = down_row·h[s] for every valid slot, then each token's sum.
 // With pre, wv already holds the first batch (b1_down_load from (0, 0)).
-template <int C>
+template <int C, int DB>
 __device__ __forceinline__ void b1_down_row(const B1Plan& P, float* part, const float* hs, float* y, int y_stride, int n, int k,
-                            int inter, int r, uint4 (&wv)[kB1DB], bool pre) {
+                            int inter, int r, uint4 (&wv)[DB], bool pre) {
     const int lane = threadIdx.x & 31, nu = P.nu;
     const int s2 = (inter + 255) / 256;
     float acc[C];
@@ -242,7 +254,7 @@ __device__ __forceinline__ void b1_down_row(const B1Plan& P, float* part, const 
         pre = false;
         int u = fu, m = fm;
 #pragma unroll
-        for (int j = 0; j < kB1DB; j++) {
+        for (int j = 0; j < DB; j++) {
             if (u < nu) {
                 const int nc = P.un[u], p0 = P.u0[u];
                 const int kk = 256 * m + lane * 8;
@@ -325,11 +337,11 @@ __device__ __forceinline__ const MatDesc* b1_table(const MatDesc* table, int exp
     if (!tcopy) return table;
     const unsigned* src = reinterpret_cast<const unsigned*>(table);
     unsigned* dst = reinterpret_cast<unsigned*>(room);
-    for (int i = threadIdx.x; i < 3 * experts * int(sizeof(MatDesc) / 4); i += kB1Threads) dst[i] = __ldg(src + i);
+    for (int i = threadIdx.x; i < 3 * experts * int(sizeof(MatDesc) / 4); i += blockDim.x) dst[i] = __ldg(src + i);
     return reinterpret_cast<const MatDesc*>(dst);
 }
 
-template <int C>
+template <int C, int NT>
 __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* x, int x_stride, const int* ids,
                        const float* w, const MatDesc* table, int experts, int n, int k, int inter, int hidden,
                        float limit, unsigned* bar, int tcopy) {
@@ -339,6 +351,7 @@ __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* 
     extern __shared__ float4 b1_sm[];
     B1Plan& P = *reinterpret_cast<B1Plan*>(b1_sm);
     float (*part)[kB1MaxSlots] = reinterpret_cast<float (*)[kB1MaxSlots]>(reinterpret_cast<char*>(b1_sm) + kB1PlanBytes);
+    constexpr int kB1Warps = B1<NT>::kWarps, kB1Fixed = B1<NT>::kFixed, kB1DB = B1<NT>::kDB;
     float4* b1_hs = b1_sm + kB1Fixed / 16;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gw = blockIdx.x * kB1Warps + warp, GW = gridDim.x * kB1Warps;
@@ -355,38 +368,40 @@ __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* 
         const MatDesc* tb = b1_table(table, experts, tcopy, b1_sm + kB1Fixed / 16);
         FERRITE_PDL_WAIT();
         b1_plan<C>(P, ids, w, tb, experts, n, k);
-        b1_gate_up<C>(P, h, x, x_stride, k, inter, hidden, limit, gw, GW);
+        b1_gate_up<C, NT>(P, h, x, x_stride, k, inter, hidden, limit, gw, GW);
         if (mode == kB1GateUp) return;
         pre = b1_first_load(P, wv, gw, hidden, s2, inter);
         b1_grid_sync(bar);
     }
     const int S = n * k;
     float* hs = reinterpret_cast<float*>(b1_hs);
-    for (int i = threadIdx.x; i < S * inter / 4; i += kB1Threads) b1_hs[i] = __ldcg(reinterpret_cast<const float4*>(h) + i);
+    for (int i = threadIdx.x; i < S * inter / 4; i += NT) b1_hs[i] = __ldcg(reinterpret_cast<const float4*>(h) + i);
     for (int s = lane; s < S; s += 32) part[warp][s] = __int_as_float(0x7fc00000);  // a slot of a bad id
     __syncthreads();
     for (int r = gw; r < hidden; r += GW) {
-        b1_down_row<C>(P, part[warp], hs, y, y_stride, n, k, inter, r, wv, pre);
+        b1_down_row<C, kB1DB>(P, part[warp], hs, y, y_stride, n, k, inter, r, wv, pre);
         pre = false;
     }
 }
 
 }  // namespace
 
-// Launch: grid the multiprocessors (every block resident), 512 threads,
-// dynamic shared memory 24 KiB + n·k·inter·4 bytes (24 KiB for
-// kB1GateUp); y (n, hidden), h (n·k, inter) scratch, ids and w (n, k)
+// Launch: grid the multiprocessors (every block resident), NT threads
+// (512; 1,024 for the b1w kernels), dynamic shared memory kFixed (24 KiB;
+// 40 KiB for b1w) + n·k·inter·4 bytes (kFixed for kB1GateUp); y (n, hidden), h (n·k, inter) scratch, ids and w (n, k)
 // contiguous, n·k ≤ 192, bar two zeroed words (kB1Both; each launch leaves
 // them for the next); tcopy: the dynamic shared memory also holds the
-// expert table (3·experts·40 bytes after the first 24 KiB), copied before
+// expert table (3·experts·40 bytes after the first kFixed), copied before
 // the PDL wait (not for kB1Down). _1 for one token, _3 for up to three.
-#define FERRITE_MOE_B1(name, C)                                                                                \
-    extern "C" __global__ void __launch_bounds__(kB1Threads, 1)                                                \
+#define FERRITE_MOE_B1(name, C, NT)                                                                            \
+    extern "C" __global__ void __launch_bounds__(NT, 1)                                                        \
         name(int mode, float* y, int y_stride, float* h, const float* x, int x_stride, const int* ids,          \
              const float* w, const MatDesc* table, int experts, int n, int k, int inter, int hidden, float limit, \
              unsigned* bar, int tcopy) {                                                                       \
-        moe_b1<C>(mode, y, y_stride, h, x, x_stride, ids, w, table, experts, n, k, inter, hidden, limit, bar,   \
+        moe_b1<C, NT>(mode, y, y_stride, h, x, x_stride, ids, w, table, experts, n, k, inter, hidden, limit, bar,   \
                   tcopy);                                                                                      \
     }
-FERRITE_MOE_B1(ferrite_moe_b1_1, 1)
-FERRITE_MOE_B1(ferrite_moe_b1_3, 3)
+FERRITE_MOE_B1(ferrite_moe_b1_1, 1, 512)
+FERRITE_MOE_B1(ferrite_moe_b1_3, 3, 512)
+FERRITE_MOE_B1(ferrite_moe_b1w_1, 1, 1024)
+FERRITE_MOE_B1(ferrite_moe_b1w_3, 3, 1024)
