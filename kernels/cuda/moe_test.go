@@ -283,9 +283,6 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 		if n > 1 && n <= moeFewTokens && n*k <= moeGEMVSlots {
 			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
 		}
-		if n > moeGTTokens && n*k <= moePipeSlots {
-			vs = append(vs, variant{"/tiles", moeConfig{pipe: -1}})
-		}
 		if n >= moeGTFrom && n*k <= moePipeSlots {
 			vs = append(vs, variant{"/pipe", moeConfig{pipe: 8}}, variant{"/pipe16", moeConfig{pipe: 16}},
 				variant{"/piped", moeConfig{pipe: 8 | moePipeDyn}}, variant{"/pipe16d", moeConfig{pipe: 16 | moePipeDyn}})
