@@ -14,7 +14,7 @@ import "github.com/ferrite-llm/ferrite/kernels"
 // (pipeMode).
 const (
 	moePipeSlots = 512                         // the most slots (tokens · k) a call
-	moePipeSmem  = 4*40960 + (1024+4*512+12)*4 // dynamic shared memory a block: kPipeStages · PipeShape::kStage + kPipeSmemSort (none static)
+	moePipeSmem  = 4*40960 + (1024+5*512+12)*4 // dynamic shared memory a block: kPipeStages · PipeShape::kStage + kPipeSmemSort (none static)
 	moePipeDyn   = 1                           // moeConfig.pipe's bit for the kernels that take items dynamically
 )
 

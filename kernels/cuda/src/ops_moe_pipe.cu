@@ -54,7 +54,7 @@ struct PipeShape {
 
 // kPipeSmemSort is the shared memory of the sort (and the ring of
 // dynamically taken items) after the stages.
-constexpr int kPipeSmemSort = (kPipeExperts + 4 * kPipeSlots + 4 + 8) * 4;
+constexpr int kPipeSmemSort = (kPipeExperts + 5 * kPipeSlots + 4 + 8) * 4;
 
 // pipe_cp16 copies 16 bytes from global src to shared dst asynchronously,
 // or at once with ordinary loads when src is not 16-byte aligned (a view
@@ -115,13 +115,17 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
     int* gexp = gcount + kPipeSlots;     // (kPipeSlots) its expert
     int& ngroups = gexp[kPipeSlots];     // how many groups
     int* ring = gexp + kPipeSlots + 4;   // (8) DYN: the items of the block's ordinals t, t + 1, … at t % 8
+    int* sid = ring + 8;                 // (kPipeSlots) ids
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    // Counting sort of the valid slots by expert, and the groups.
+    // Counting sort of the valid slots by expert, stable (each block
+    // must find the same groups: an expert's slots past kPipeC go to its
+    // next group), and the groups.
     for (int e = tid; e < experts; e += kPipeThreads) cnt[e] = 0;
+    for (int s = tid; s < slots; s += kPipeThreads) sid[s] = ids[s];
     __syncthreads();
     for (int s = tid; s < slots; s += kPipeThreads) {
-        const int e = ids[s];
+        const int e = sid[s];
         if (e >= 0 && e < experts) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
@@ -157,9 +161,11 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
     }
     __syncthreads();
     for (int s = tid; s < slots; s += kPipeThreads) {
-        const int e = ids[s];
+        const int e = sid[s];
         if (e >= 0 && e < experts) {
-            perm[atomicAdd(&cnt[e], 1)] = s;
+            int rank = 0;  // the expert's slots before s
+            for (int t = 0; t < s; t++) rank += sid[t] == e;
+            perm[cnt[e] + rank] = s;
         } else {
             for (int r = blockIdx.x; r < nrows; r += gridDim.x) out[size_t(s) * nrows + r] = __int_as_float(0x7fc00000);
         }
@@ -323,7 +329,7 @@ __device__ void moe_pipe(float* out, int nrows, const float* in, int in_stride, 
 // fits an SM), 256 threads (the _w16 kernels 512: the same rows an item,
 // half as many a warp; _dyn: items taken from ctr, 2 ints, zero before
 // the first launch, gate/up and down each their own), dynamic shared memory
-// kPipeStages · PipeShape::kStage + kPipeSmemSort (163,840 + 12,336 bytes
+// kPipeStages · PipeShape::kStage + kPipeSmemSort (163,840 + 14,384 bytes
 // for all; kernels/cuda moePipeSmem); n·k ≤ 512, experts ≤ 1024.
 #define FERRITE_MOE_PIPE_GATE_UP(name, W, DYN)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * W, 1)                                                   \
