@@ -440,6 +440,55 @@ func TestExpertsClampPaths(t *testing.T) {
 	b := openOps(t)
 	const e, k, hidden, inter, limit = 6, 2, 128, 64, 0.5
 	rng := rand.New(rand.NewPCG(41, 42))
+	ex := randExperts(rng, e, hidden, inter)
+	for _, n := range []int{1, 3, 9, 70} {
+		t.Run(fmt.Sprint("n=", n), func(t *testing.T) {
+			checkClampMoves(t, b, rng, ex, n, k, hidden, limit)
+		})
+	}
+}
+
+// checkClampMoves runs ExpertsClamp on n random tokens of k experts each
+// (two distinct ids a token, k = 2) and checks it against
+// kernels/ref.ExpertsClamp within kerneltest.ExpertsTol of max |y|; the
+// clamp must move the result by at least 1 % of max |y|.
+func checkClampMoves(t *testing.T, b *Backend, rng *rand.Rand, ex []kernels.Expert, n, k, hidden int, limit float32) {
+	t.Helper()
+	e := len(ex)
+	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k) // gate and up ~ N(0, 1.1): many beyond the limit
+	ids := make([]int32, n*k)
+	for i := range n {
+		a := rng.IntN(e)
+		ids[i*k], ids[i*k+1] = int32(a), int32((a+1+rng.IntN(e-1))%e)
+	}
+	x, w, it := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv), i32Tensor(t, b, n, k, ids)
+	y := f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
+	b.BeginStep()
+	b.ExpertsClamp(y, x, it, w, ex, limit)
+	b.EndStep()
+	got := make([]float32, n*hidden)
+	b.ReadF32(got, y)
+	want, plain := make([]float32, n*hidden), make([]float32, n*hidden)
+	ref.ExpertsClamp(want, xv, ids, wv, n, ex, limit)
+	ref.Experts(plain, xv, ids, wv, n, ex)
+	m, d, p := 0.0, 0.0, 0.0
+	for i := range want {
+		m = max(m, math.Abs(float64(want[i])))
+		d = max(d, math.Abs(float64(got[i])-float64(want[i])))
+		p = max(p, math.Abs(float64(plain[i])-float64(want[i])))
+	}
+	t.Logf("max |y| %.3g, max error %.3g (%.3g of it), the clamp moves y by %.3g", m, d, d/m, p)
+	if !(d <= kerneltest.ExpertsTol*m) {
+		t.Errorf("max error %.3g > %.3g", d, kerneltest.ExpertsTol*m)
+	}
+	if p < 1e-2*m {
+		t.Errorf("the clamp at %g moves y by only %.3g: the case does not test it", limit, p)
+	}
+}
+
+// randExperts returns e random bf16 experts of (inter, hidden), fused
+// gate/up for the even ones, separate for the odd.
+func randExperts(rng *rand.Rand, e, hidden, inter int) []kernels.Expert {
 	ex := make([]kernels.Expert, e)
 	for i := range ex {
 		if i%2 == 0 {
@@ -450,37 +499,5 @@ func TestExpertsClampPaths(t *testing.T) {
 		}
 		ex[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
 	}
-	for _, n := range []int{1, 3, 9, 70} {
-		t.Run(fmt.Sprint("n=", n), func(t *testing.T) {
-			xv, wv := randF32(rng, n*hidden), randF32(rng, n*k) // gate and up ~ N(0, 1.1): many beyond the limit
-			ids := make([]int32, n*k)
-			for i := range n {
-				a := rng.IntN(e)
-				ids[i*k], ids[i*k+1] = int32(a), int32((a+1+rng.IntN(e-1))%e)
-			}
-			x, w, it := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv), i32Tensor(t, b, n, k, ids)
-			y := f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
-			b.BeginStep()
-			b.ExpertsClamp(y, x, it, w, ex, limit)
-			b.EndStep()
-			got := make([]float32, n*hidden)
-			b.ReadF32(got, y)
-			want, plain := make([]float32, n*hidden), make([]float32, n*hidden)
-			ref.ExpertsClamp(want, xv, ids, wv, n, ex, limit)
-			ref.Experts(plain, xv, ids, wv, n, ex)
-			m, d, p := 0.0, 0.0, 0.0
-			for i := range want {
-				m = max(m, math.Abs(float64(want[i])))
-				d = max(d, math.Abs(float64(got[i])-float64(want[i])))
-				p = max(p, math.Abs(float64(plain[i])-float64(want[i])))
-			}
-			t.Logf("max |y| %.3g, max error %.3g (%.3g of it), the clamp moves y by %.3g", m, d, d/m, p)
-			if !(d <= kerneltest.ExpertsTol*m) {
-				t.Errorf("max error %.3g > %.3g", d, kerneltest.ExpertsTol*m)
-			}
-			if p < 1e-2*m {
-				t.Errorf("the clamp at %g moves y by only %.3g: the case does not test it", limit, p)
-			}
-		})
-	}
+	return ex
 }

@@ -14,22 +14,6 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
-// b1Experts returns e random bf16 experts of (inter, hidden), fused
-// gate/up for the even ones, separate for the odd.
-func b1Experts(rng *rand.Rand, e, hidden, inter int) []kernels.Expert {
-	ex := make([]kernels.Expert, e)
-	for i := range ex {
-		if i%2 == 0 {
-			ex[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.BF16, 2*inter, hidden, 0, 0)}
-		} else {
-			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
-				Up: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)}
-		}
-		ex[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
-	}
-	return ex
-}
-
 // TestOpsExpertsB1 checks ferrite_moe_b1 and b1w (FERRITE_MOE_B1, every mode)
 // against kernels/ref.Experts and ExpertsClamp at 1 to 3 tokens: widths of
 // whole and partial 256-column strides, hidden wider than one load batch,
@@ -42,7 +26,7 @@ func TestOpsExpertsB1(t *testing.T) {
 	for _, sh := range []struct{ e, k, hidden, inter int }{
 		{12, 4, 256, 96}, {8, 3, 264, 512}, {6, 4, 2304, 264}, {5, 5, 512, 768},
 	} {
-		ex := b1Experts(rng, sh.e, sh.hidden, sh.inter)
+		ex := randExperts(rng, sh.e, sh.hidden, sh.inter)
 		for _, mode := range []int{moeB1Fused, moeB1Two, moeB1WideFused, moeB1WideTwo} {
 			b.moe = moeConfig{b1: mode}
 			for n := 1; n <= moeB1Tokens; n++ {
@@ -101,7 +85,7 @@ func TestOpsExpertsB1Exact(t *testing.T) {
 	defer func(c moeConfig) { b.moe = c }(b.moe)
 	const e, k, hidden, inter, n = 6, 4, 512, 768, 12
 	rng := rand.New(rand.NewPCG(61, 62))
-	ex := b1Experts(rng, e, hidden, inter)
+	ex := randExperts(rng, e, hidden, inter)
 	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
 	ids := make([]int32, n*k)
 	for i := range n {

@@ -7,27 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
-
-	"github.com/ferrite-llm/ferrite/kernels"
-	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
-	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
-
-// pipeExperts returns e random bf16 experts of hidden and inter, the even
-// ones with gate and up fused.
-func pipeExperts(rng *rand.Rand, e, hidden, inter int) []kernels.Expert {
-	ex := make([]kernels.Expert, e)
-	for i := range ex {
-		if i%2 == 0 {
-			ex[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.BF16, 2*inter, hidden, 0, 0)}
-		} else {
-			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0),
-				Up: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)}
-		}
-		ex[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
-	}
-	return ex
-}
 
 // TestOpsExpertsPipe checks the streamed kernels (FERRITE_MOE_KERNELS=pipe,
 // pipe16, piped and pipe16d: the dynamic ones' counters must be back at 0
@@ -46,7 +26,7 @@ func TestOpsExpertsPipe(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(51, 52))
 	for _, s := range []struct{ e, k, hidden, inter int }{{12, 4, 256, 96}, {7, 3, 264, 72}, {40, 8, 512, 256}} {
-		ex := pipeExperts(rng, s.e, s.hidden, s.inter)
+		ex := randExperts(rng, s.e, s.hidden, s.inter)
 		for _, w := range []int{8, 16, 8 | moePipeDyn, 16 | moePipeDyn} {
 			b.moe = moeConfig{pipe: w}
 			for _, n := range []int{moeGTFrom, 5, 16, 33, moePipeSlots / s.k} {
@@ -75,7 +55,7 @@ func TestOpsExpertsPipeRowExact(t *testing.T) {
 	}
 	const e, k, hidden, inter, n = 6, 4, 264, 72, 24
 	rng := rand.New(rand.NewPCG(61, 62))
-	ex := pipeExperts(rng, e, hidden, inter)
+	ex := randExperts(rng, e, hidden, inter)
 	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
 	ids := make([]int32, n*k)
 	for i := range n {
@@ -114,37 +94,9 @@ func TestExpertsClampPipe(t *testing.T) {
 	b.moe = moeConfig{pipe: 8}
 	const e, k, hidden, inter, n, limit = 6, 2, 128, 64, 9, 0.5
 	rng := rand.New(rand.NewPCG(71, 72))
-	ex := pipeExperts(rng, e, hidden, inter)
+	ex := randExperts(rng, e, hidden, inter)
 	if !b.usePipe(n, k) {
 		t.Skip("the streamed kernels do not run here")
 	}
-	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
-	ids := make([]int32, n*k)
-	for i := range n {
-		a := rng.IntN(e)
-		ids[i*k], ids[i*k+1] = int32(a), int32((a+1+rng.IntN(e-1))%e)
-	}
-	x, w, it := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, k, wv), i32Tensor(t, b, n, k, ids)
-	y := f32Tensor(t, b, n, hidden, make([]float32, n*hidden))
-	b.BeginStep()
-	b.ExpertsClamp(y, x, it, w, ex, limit)
-	b.EndStep()
-	got := make([]float32, n*hidden)
-	b.ReadF32(got, y)
-	want, plain := make([]float32, n*hidden), make([]float32, n*hidden)
-	ref.ExpertsClamp(want, xv, ids, wv, n, ex, limit)
-	ref.Experts(plain, xv, ids, wv, n, ex)
-	m, d, p := 0.0, 0.0, 0.0
-	for i := range want {
-		m = max(m, math.Abs(float64(want[i])))
-		d = max(d, math.Abs(float64(got[i])-float64(want[i])))
-		p = max(p, math.Abs(float64(plain[i])-float64(want[i])))
-	}
-	t.Logf("max |y| %.3g, max error %.3g (%.3g of it), the clamp moves y by %.3g", m, d, d/m, p)
-	if !(d <= kerneltest.ExpertsTol*m) {
-		t.Errorf("max error %.3g > %.3g", d, kerneltest.ExpertsTol*m)
-	}
-	if p < 1e-2*m {
-		t.Errorf("the clamp at %g moves y by only %.3g: the case does not test it", limit, p)
-	}
+	checkClampMoves(t, b, rng, ex, n, k, hidden, limit)
 }
