@@ -311,6 +311,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	defer be.dev.SetGEMVRows(gemvRowsDefault())
 	defer be.dev.SetPrefetch(false)
 	defer be.dev.SetGEMV2(gemv2Default())
+	defer be.SetGEMV2Norm(false)
 	defer be.SetFuseNorm(false)
 	defer be.SetFuse(false)
 	defer func() { be.noAttnPrefetch = false }()
@@ -349,8 +350,10 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		{name: "fused/ctx=512/pdl/gnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/ctx=512/pdl/dattnqkv/gnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/linear/pdl/gnorm", ctx: 512, lin: true, pdl: true, fused: true},
-		// The version-2 GEMV (gemv2.go), by name: /v2s1, /v2, /v2s4.
+		// The version-2 GEMV (gemv2.go), by name: /v2s1, /v2, /v2s4, /v2n (v2 with the norms fused).
 		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v2", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v2n", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/linear/pdl/v2n", ctx: 512, lin: true, pdl: true, fused: true},
 		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v2s1", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v2s4", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/linear/pdl/v2", ctx: 512, lin: true, pdl: true, fused: true},
@@ -387,12 +390,13 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 			v2 = 1
 		case strings.HasSuffix(c.name, "/v2s4"):
 			v2 = 4
-		case strings.HasSuffix(c.name, "/v2"):
+		case strings.HasSuffix(c.name, "/v2"), strings.HasSuffix(c.name, "/v2n"):
 			v2 = 2
 		}
 		if err := be.dev.SetGEMV2(v2); err != nil {
 			b.Fatal(err)
 		}
+		be.SetGEMV2Norm(strings.HasSuffix(c.name, "/v2n"))
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)

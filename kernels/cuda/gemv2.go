@@ -15,6 +15,9 @@ import (
 // Linear, the row-exact Linear and SwiGLULinear's one-row GEMV:
 //
 //	v2    S = 2, U = 8 (every float dtype)
+//	v2n   v2, and NormLinearCat and NormSwiGLULinear of one row (or
+//	      row-exact rows) as one kernel each: the row normed into shared
+//	      memory by every block, then v2's product over it
 //	v2s1  S = 1, U = 16 (bf16; other dtypes v2)
 //	v2s4  S = 4, U = 4 (bf16; other dtypes v2): gemv_split's layout
 //
@@ -34,8 +37,20 @@ var gemv2Kernels = map[int]map[kernels.DType][2]string{
 	4: {kernels.BF16: {"ferrite_gemv2_bf16_s4", "ferrite_gemv2_swiglu_bf16_s4"}},
 }
 
+// gemv2NormKernels names the norm-fused version-2 GEMVs (S = 2) per dtype:
+// [0] NormLinearCat's, [1] NormSwiGLULinear's.
+var gemv2NormKernels = map[kernels.DType][2]string{
+	kernels.F32:  {"ferrite_gemv2n_f32_s2", "ferrite_gemv2n_swiglu_f32_s2"},
+	kernels.BF16: {"ferrite_gemv2n_bf16_s2", "ferrite_gemv2n_swiglu_bf16_s2"},
+	kernels.F16:  {"ferrite_gemv2n_f16_s2", "ferrite_gemv2n_swiglu_f16_s2"},
+}
+
 func init() {
+	ks := []map[kernels.DType][2]string{gemv2NormKernels}
 	for _, m := range gemv2Kernels {
+		ks = append(ks, m)
+	}
+	for _, m := range ks {
 		for _, k := range m {
 			for _, name := range k {
 				kernelNames = append(kernelNames, name)
@@ -49,7 +64,7 @@ func init() {
 // FERRITE_CUDA_GEMV: the warps a row (1, 2 or 4), 0 for off.
 func gemv2Default() int {
 	switch os.Getenv("FERRITE_CUDA_GEMV") {
-	case "v2":
+	case "v2", "v2n":
 		return 2
 	case "v2s1":
 		return 1
@@ -109,4 +124,69 @@ func (d *Device) swiglu2L(y, x uint64, dw *Weight, n, inter int, limit float32) 
 		return false, nil
 	}
 	return true, d.launchL(name, uint32(ceilDiv(inter, per)), gemvBlock, 0, y, x, dw.Buf.ptr, i32(n), i32(inter), i32(dw.Cols), f32(limit))
+}
+
+// gemv2NormSmem is the most shared memory (the normed row, cols float32)
+// the norm-fused version-2 GEMVs take: the static limit.
+const gemv2NormSmem = 48 << 10
+
+// SetGEMV2Norm turns the norm-fused version-2 GEMVs on or off for the ops
+// that follow and returns the previous setting (benchmarks and tests).
+func (b *Backend) SetGEMV2Norm(on bool) bool {
+	prev := b.norm2
+	b.norm2 = on
+	return prev
+}
+
+// norm2Kernel returns the norm-fused version-2 GEMV (swiglu: its SwiGLU
+// form) for the product of x, normed with n, and dw, or ok false when it
+// does not run: the switch off, more than one row outside a row-exact
+// step, another dtype, rows not whole 16-byte loads, a row too wide for
+// its shared memory, or x, the norm weight or dw not at 16-byte addresses.
+func (b *Backend) norm2Kernel(x kernels.Tensor, n *kernels.HeadNorm, dw *Weight, swiglu bool) (string, bool) {
+	k, ok := gemv2NormKernels[dw.DType]
+	cols := dw.Cols
+	if !b.norm2 || !ok || (x.Rows != 1 && !b.rowExact) || int64(cols)*int64(dw.DType.Size())%16 != 0 || cols%4 != 0 ||
+		cols*4 > gemv2NormSmem || (dptr(x)|dptr(n.W)|dw.Buf.ptr)%16 != 0 {
+		return "", false
+	}
+	if swiglu {
+		return k[1], true
+	}
+	return k[0], true
+}
+
+// normLinear2 queues NormLinearCat as the norm-fused version-2 GEMV, or
+// with delta valid AddNormLinearCat (x + delta normed, written to sum),
+// and reports whether it did.
+func (b *Backend) normLinear2(dst, sum, x, delta kernels.Tensor, n *kernels.HeadNorm, dw *Weight, bias uint64, acc bool) bool {
+	name, ok := b.norm2Kernel(x, n, dw, false)
+	var dl, sp uint64
+	if delta.Valid() {
+		dl, sp = dptr(delta), dptr(sum)
+	}
+	if !ok || (dl|sp)%16 != 0 {
+		return false
+	}
+	y, xp, nw, rows := dptr(dst), dptr(x), dptr(n.W), x.Rows
+	b.queue(func(d *Device) error {
+		return d.launchL(name, uint32(ceilDiv(dw.Rows, gemvBlock/32/2)), gemvBlock, uint32(dw.Cols*4), y, xp, dw.Buf.ptr,
+			i32(rows), i32(dw.Rows), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), bias, b32(acc), dl, sp)
+	})
+	return true
+}
+
+// normSwiGLU2 queues NormSwiGLULinear over the stacked [gate; up] dw as
+// the norm-fused version-2 GEMV and reports whether it did.
+func (b *Backend) normSwiGLU2(dst, x kernels.Tensor, n *kernels.HeadNorm, dw *Weight, limit float32) bool {
+	name, ok := b.norm2Kernel(x, n, dw, true)
+	if !ok {
+		return false
+	}
+	y, xp, nw, rows, inter := dptr(dst), dptr(x), dptr(n.W), x.Rows, dw.Rows/2
+	b.queue(func(d *Device) error {
+		return d.launchL(name, uint32(ceilDiv(inter, gemvBlock/32/2/2)), gemvBlock, uint32(dw.Cols*4), y, xp, dw.Buf.ptr,
+			i32(rows), i32(inter), i32(dw.Cols), nw, f32(n.Eps), b32(n.Offset), f32(limit))
+	})
+	return true
 }

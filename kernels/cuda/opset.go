@@ -293,6 +293,9 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 		return
 	}
 	rows := x.Rows
+	if b.normLinear2(dst, kernels.Tensor{}, x, kernels.Tensor{}, n, dw, bias, e.Accumulate) {
+		return
+	}
 	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
 		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
 		b.queue(func(d *Device) error {
@@ -323,6 +326,9 @@ func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels
 		return
 	}
 	rows := x.Rows
+	if b.normLinear2(dst, sum, x, delta, n, dw, bias, e.Accumulate) {
+		return
+	}
 	if k, ok := gemvAddNormKernels[dw.DType]; ok && b.fusesNorm(x, n) && dptr(delta)%16 == 0 {
 		y, xp, nw, dp, sp := dptr(dst), dptr(x), dptr(n.W), dptr(delta), dptr(sum)
 		b.queue(func(d *Device) error {
@@ -358,6 +364,9 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 	dw, err := b.stacked(gate, up)
 	if err != nil {
 		b.fail(err)
+		return
+	}
+	if b.normSwiGLU2(dst, x, n, dw, limit) {
 		return
 	}
 	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {

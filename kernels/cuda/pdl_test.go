@@ -62,7 +62,7 @@ func TestPDLKernelsWait(t *testing.T) {
 		}
 		// The version-2 GEMVs (ops_gemv2.cu): before the wait gemv2_part
 		// loads only its first chunk of weights, never written by a step.
-		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{[\s\\]*gemv2(?:_swiglu)?<W, S, U>\(`).MatchString(src) &&
+		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{(?:[\s\\]*(?:extern __shared__ float4 gemv2_h\[\];|float\* h = reinterpret_cast<float\*>\(gemv2_h\);))*[\s\\]*gemv2(?:_swiglu|_norm)?<W, S, U[^>]*>\(`).MatchString(src) &&
 			regexp.MustCompile(`if \(row && p < chunks\) gemv2_load<U>\(v, r16, n16, p\);\s*FERRITE_PDL_WAIT\(\);`).MatchString(src) {
 			continue
 		}

@@ -86,13 +86,14 @@ __device__ inline double warp_sum_f64(double v) {
 }
 
 // dot_x adds wv[e]·x[e] for the W::kE weights of one 16-byte load to acc,
-// in element order; x is 16-byte aligned.
-template <class W>
+// in element order; x is 16-byte aligned, in global memory read through
+// the non-coherent cache (NC) or anywhere (shared memory) with plain loads.
+template <class W, bool NC = true>
 __device__ inline float dot_x(const float* wv, const float* __restrict__ x, float acc) {
     const float4* xp = reinterpret_cast<const float4*>(x);
 #pragma unroll
     for (int q = 0; q < W::kE / 4; q++) {
-        const float4 xv = __ldg(xp + q);
+        const float4 xv = NC ? __ldg(xp + q) : xp[q];
         acc = fmaf(wv[4 * q], xv.x, acc);
         acc = fmaf(wv[4 * q + 1], xv.y, acc);
         acc = fmaf(wv[4 * q + 2], xv.z, acc);

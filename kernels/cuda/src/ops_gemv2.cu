@@ -49,9 +49,9 @@ __device__ inline void gemv2_load(uint4 (&v)[U], const uint4* row, int n16, int 
 }
 
 // gemv2_dot adds chunk c (in v) times the nr ≤ kGemv2Rows rows of x (row j
-// at x + j·cols) into acc[j], a lane's share, in the same order for every
-// nr.
-template <class W, int U>
+// at x + j·cols; NC: global, else shared memory) into acc[j], a lane's
+// share, in the same order for every nr.
+template <class W, int U, bool NC>
 __device__ inline void gemv2_dot(const uint4 (&v)[U], const float* __restrict__ x, int cols, int n16, int c, int nr,
                                  float (&acc)[kGemv2Rows]) {
     const int lane = threadIdx.x & 31;
@@ -64,18 +64,20 @@ __device__ inline void gemv2_dot(const uint4 (&v)[U], const float* __restrict__ 
         const int k = i * W::kE;
 #pragma unroll
         for (int j = 0; j < kGemv2Rows; j++)
-            if (j < nr) acc[j] = dot_x<W>(wv, x + size_t(j) * cols + k, acc[j]);
+            if (j < nr) acc[j] = dot_x<W, NC>(wv, x + size_t(j) * cols + k, acc[j]);
     }
 }
 
-// gemv2_part is the body both forms share: the warp's weight row is row
-// (null: none), the warp is part p of S; for each kGemv2Rows rows of x from
-// j0 on, part[j][warp] gets the warp's share of row j0 + j, and done(j0,
-// nr) runs after a barrier (part readable) for the epilogue. The first
-// chunk is loaded before FERRITE_PDL_WAIT.
-template <class W, int S, int U, class Done>
-__device__ inline void gemv2_part(float (&part)[kGemv2Rows][kWarpsPerBlock], const uint8_t* __restrict__ row,
-                                  const float* __restrict__ x, int n, int cols, Done done) {
+// gemv2_part is the body every form shares: the warp's weight row is row
+// (null: none), the warp is part p of S; for each NR ≤ kGemv2Rows rows of
+// x from j0 on, xs(j0, nr) gives where they are (NC: global memory, else
+// shared; it may fill shared memory, ending with a barrier), part[j][warp]
+// gets the warp's share of row j0 + j, and done(j0, nr) runs after a
+// barrier (part readable) for the epilogue. The first chunk is loaded
+// before FERRITE_PDL_WAIT.
+template <class W, int S, int U, int NR, bool NC, class Xs, class Done>
+__device__ inline void gemv2_part(float (&part)[kGemv2Rows][kWarpsPerBlock], const uint8_t* __restrict__ row, int n,
+                                  int cols, Xs xs, Done done) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, p = warp % S;
     const int n16 = cols * W::kSize / 16;
     const int chunks = (n16 + 32 * U - 1) / (32 * U);
@@ -83,15 +85,16 @@ __device__ inline void gemv2_part(float (&part)[kGemv2Rows][kWarpsPerBlock], con
     uint4 v[U];
     if (row && p < chunks) gemv2_load<U>(v, r16, n16, p);
     FERRITE_PDL_WAIT();
-    for (int j0 = 0; j0 < n; j0 += kGemv2Rows) {
-        const int nr = min(kGemv2Rows, n - j0);
+    for (int j0 = 0; j0 < n; j0 += NR) {
+        const int nr = min(NR, n - j0);
+        const float* x = xs(j0, nr);
         float acc[kGemv2Rows];
 #pragma unroll
         for (int j = 0; j < kGemv2Rows; j++) acc[j] = 0.f;
         if (row) {
             for (int c = p; c < chunks; c += S) {
                 if (j0 > 0 || c != p) gemv2_load<U>(v, r16, n16, c);
-                gemv2_dot<W, U>(v, x + size_t(j0) * cols, cols, n16, c, nr, acc);
+                gemv2_dot<W, U, NC>(v, x, cols, n16, c, nr, acc);
             }
         }
 #pragma unroll
@@ -122,7 +125,7 @@ __device__ void gemv2(float* __restrict__ y, const float* __restrict__ x, const 
     const int warp = threadIdx.x >> 5;
     const int r = blockIdx.x * (kWarpsPerBlock / S) + warp / S;
     const uint8_t* row = r < rows ? w + size_t(r) * cols * W::kSize : nullptr;
-    gemv2_part<W, S, U>(part, row, x, n, cols, [&](int j0, int nr) {
+    gemv2_part<W, S, U, kGemv2Rows, true>(part, row, n, cols, [&](int j0, int) { return x + size_t(j0) * cols; }, [&](int j0, int nr) {
         if (warp % S == 0 && (threadIdx.x & 31) == 0 && r < rows) {
             for (int j = 0; j < nr; j++) store(y + size_t(j0 + j) * rows + r, gemv2_total<S>(part[j], warp), bias, r, acc_y);
         }
@@ -132,16 +135,16 @@ __device__ void gemv2(float* __restrict__ y, const float* __restrict__ x, const 
 // gemv2_swiglu: block b holds H = 4/S outputs (S = 4: one, its 8 warps a
 // gate and an up row); its first H row slots are gate rows b·H + i, the
 // next H the up rows inter + b·H + i, and output i is y[b·H + i] =
-// swiglu(gate, up) (clamped with limit ≠ 0).
-template <class W, int S, int U>
-__device__ void gemv2_swiglu(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w, int n,
-                             int inter, int cols, float limit) {
+// swiglu(gate, up) (clamped with limit ≠ 0). NR, NC and xs as gemv2_part.
+template <class W, int S, int U, int NR, bool NC, class Xs>
+__device__ void gemv2_swiglu(float* __restrict__ y, const uint8_t* __restrict__ w, int n, int inter, int cols,
+                             float limit, Xs xs) {
     constexpr int H = kWarpsPerBlock / S / 2;
     __shared__ float part[kGemv2Rows][kWarpsPerBlock];
     const int slot = (threadIdx.x >> 5) / S;
     const int o = blockIdx.x * H + slot % H;
     const uint8_t* row = o < inter ? w + (size_t(slot / H) * inter + o) * cols * W::kSize : nullptr;
-    gemv2_part<W, S, U>(part, row, x, n, cols, [&](int j0, int nr) {
+    gemv2_part<W, S, U, NR, NC>(part, row, n, cols, xs, [&](int j0, int nr) {
         const int t = threadIdx.x, ot = blockIdx.x * H + t;
         if (t < H && ot < inter) {
             for (int j = 0; j < nr; j++)
@@ -151,7 +154,74 @@ __device__ void gemv2_swiglu(float* __restrict__ y, const float* __restrict__ x,
     });
 }
 
-}  // namespace
+// The norm-fused forms (NormLinearCat, AddNormLinearCat, NormSwiGLULinear):
+// each row of x is
+// first normed into shared memory, h = s ⊙ (x·inv) with s the norm weight
+// (1 + s with off) and inv = 1/sqrt(mean(x²) + eps), every value rounded
+// as kernels/ref.RMSNorm rounds it (Σx² in float64 over the block in a
+// fixed order, the mean rounded to float32, eps added in float32), and the
+// product reads h there: one kernel instead of the norm and the GEMV, and
+// the weights' first loads are in flight while the block norms. One row
+// of x a pass; cols·4 bytes of dynamic shared memory, cols a multiple of 4.
+//
+// gemv2_norm_row fills h with row x (cols values) normed and returns h
+// after a barrier. With dl (AddNormLinearCat's pending add) the row is x +
+// dl (one float32 add an element), which block 0 also writes to sum.
+__device__ inline const float* gemv2_norm_row(float* h, const float* __restrict__ x, const float* __restrict__ dl,
+                                              float* __restrict__ sum, const float* __restrict__ nw, int cols,
+                                              float eps, int off) {
+    __shared__ double partial[kWarpsPerBlock];
+    double ss = 0;
+    for (int k = threadIdx.x * 4; k < cols; k += blockDim.x * 4) {
+        float4 v = *reinterpret_cast<const float4*>(x + k);
+        if (dl) {
+            const float4 d = *reinterpret_cast<const float4*>(dl + k);
+            v = make_float4(__fadd_rn(v.x, d.x), __fadd_rn(v.y, d.y), __fadd_rn(v.z, d.z), __fadd_rn(v.w, d.w));
+            if (blockIdx.x == 0) *reinterpret_cast<float4*>(sum + k) = v;
+        }
+        ss += double(v.x) * double(v.x) + double(v.y) * double(v.y) + double(v.z) * double(v.z) +
+              double(v.w) * double(v.w);
+        *reinterpret_cast<float4*>(h + k) = v;
+    }
+    ss = block_sum_f64(ss, partial);
+    const float inv = float(1.0 / sqrt(double(__fadd_rn(float(ss / double(cols)), eps))));
+    for (int k = threadIdx.x * 4; k < cols; k += blockDim.x * 4) {
+        float4 v = *reinterpret_cast<const float4*>(h + k);
+        const float4 s = __ldg(reinterpret_cast<const float4*>(nw + k));
+        v.x = __fmul_rn(off ? __fadd_rn(1.f, s.x) : s.x, __fmul_rn(v.x, inv));
+        v.y = __fmul_rn(off ? __fadd_rn(1.f, s.y) : s.y, __fmul_rn(v.y, inv));
+        v.z = __fmul_rn(off ? __fadd_rn(1.f, s.z) : s.z, __fmul_rn(v.z, inv));
+        v.w = __fmul_rn(off ? __fadd_rn(1.f, s.w) : s.w, __fmul_rn(v.w, inv));
+        *reinterpret_cast<float4*>(h + k) = v;
+    }
+    __syncthreads();
+    return h;
+}
+
+template <class W, int S, int U>
+__device__ void gemv2_norm(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w, int n,
+                           int rows, int cols, const float* __restrict__ nw, float eps, int off,
+                           const float* __restrict__ bias, int acc_y, const float* __restrict__ dl,
+                           float* __restrict__ sum) {
+    extern __shared__ float4 gemv2_h[];
+    __shared__ float part[kGemv2Rows][kWarpsPerBlock];
+    const int warp = threadIdx.x >> 5;
+    const int r = blockIdx.x * (kWarpsPerBlock / S) + warp / S;
+    const uint8_t* row = r < rows ? w + size_t(r) * cols * W::kSize : nullptr;
+    float* h = reinterpret_cast<float*>(gemv2_h);
+    gemv2_part<W, S, U, 1, false>(
+        part, row, n, cols,
+        [&](int j0, int) {
+            const size_t o = size_t(j0) * cols;
+            return gemv2_norm_row(h, x + o, dl ? dl + o : nullptr, dl ? sum + o : nullptr, nw, cols, eps, off);
+        },
+        [&](int j0, int) {
+            if (warp % S == 0 && (threadIdx.x & 31) == 0 && r < rows)
+                store(y + size_t(j0) * rows + r, gemv2_total<S>(part[0], warp), bias, r, acc_y);
+        });
+}
+
+}  // namespace}  // namespace
 
 #define FERRITE_GEMV2(name, W, S, U)                                                                \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
@@ -163,7 +233,26 @@ __device__ void gemv2_swiglu(float* __restrict__ y, const float* __restrict__ x,
 #define FERRITE_GEMV2_SWIGLU(name, W, S, U)                                                         \
     extern "C" __global__ void __launch_bounds__(256) name(float* y, const float* x, const uint8_t* w, \
                                                            int n, int inter, int cols, float limit) {   \
-        gemv2_swiglu<W, S, U>(y, x, w, n, inter, cols, limit);                                      \
+        gemv2_swiglu<W, S, U, kGemv2Rows, true>(y, w, n, inter, cols, limit,                        \
+                                                [&](int j0, int) { return x + size_t(j0) * cols; }); \
+    }
+
+#define FERRITE_GEMV2_NORM(name, W, S, U)                                                           \
+    extern "C" __global__ void __launch_bounds__(256)                                               \
+        name(float* y, const float* x, const uint8_t* w, int n, int rows, int cols, const float* nw, float eps, \
+             int off, const float* bias, int acc_y, const float* dl, float* sum) {                  \
+        gemv2_norm<W, S, U>(y, x, w, n, rows, cols, nw, eps, off, bias, acc_y, dl, sum);            \
+    }
+
+#define FERRITE_GEMV2_NORM_SWIGLU(name, W, S, U)                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                               \
+        name(float* y, const float* x, const uint8_t* w, int n, int inter, int cols, const float* nw, float eps, \
+             int off, float limit) {                                                                \
+        extern __shared__ float4 gemv2_h[];                                                         \
+        float* h = reinterpret_cast<float*>(gemv2_h);                                               \
+        gemv2_swiglu<W, S, U, 1, false>(y, w, n, inter, cols, limit, [&](int j0, int) {             \
+            return gemv2_norm_row(h, x + size_t(j0) * cols, nullptr, nullptr, nw, cols, eps, off);  \
+        });                                                                                         \
     }
 
 FERRITE_GEMV2(ferrite_gemv2_f32_s2, F32W, 2, 8)
@@ -177,3 +266,11 @@ FERRITE_GEMV2_SWIGLU(ferrite_gemv2_swiglu_bf16_s2, BF16W, 2, 8)
 FERRITE_GEMV2_SWIGLU(ferrite_gemv2_swiglu_f16_s2, F16W, 2, 8)
 FERRITE_GEMV2_SWIGLU(ferrite_gemv2_swiglu_bf16_s1, BF16W, 1, 16)
 FERRITE_GEMV2_SWIGLU(ferrite_gemv2_swiglu_bf16_s4, BF16W, 4, 4)
+
+FERRITE_GEMV2_NORM(ferrite_gemv2n_f32_s2, F32W, 2, 8)
+FERRITE_GEMV2_NORM(ferrite_gemv2n_bf16_s2, BF16W, 2, 8)
+FERRITE_GEMV2_NORM(ferrite_gemv2n_f16_s2, F16W, 2, 8)
+
+FERRITE_GEMV2_NORM_SWIGLU(ferrite_gemv2n_swiglu_f32_s2, F32W, 2, 8)
+FERRITE_GEMV2_NORM_SWIGLU(ferrite_gemv2n_swiglu_bf16_s2, BF16W, 2, 8)
+FERRITE_GEMV2_NORM_SWIGLU(ferrite_gemv2n_swiglu_f16_s2, F16W, 2, 8)
