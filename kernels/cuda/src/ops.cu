@@ -460,18 +460,17 @@ struct PrepArgs {
     int half, flags;
 };
 
-// prep_head is one warp's PrepareQKV of the head of hd values at src into
-// vw (shared memory): a q (kind 0) or k (kind 1) head is normed (with its
-// weight: the float64 sum of squares, lane by lane over elements lane,
+// prep_norm copies the head of hd values at src into vw (shared memory) for
+// one warp and, for a q (kind 0) or k (kind 1) head with a norm weight,
+// norms it (the float64 sum of squares, lane by lane over elements lane,
 // lane + 32, … and then across the warp, the mean rounded to float32 as
-// kernels/ref.RMSNorm) and rotated at position pos (ferrite_rope's angles
-// and products); a v head (kind 2) is copied. Every lane of the warp calls
-// it.
-__device__ void prep_head(float* vw, const float* src, int hd, int kind, const PrepArgs& a, int pos) {
+// kernels/ref.RMSNorm). It reports whether the head is rotated next (not
+// a v head, kind 2, which is only copied). Every lane of the warp calls it.
+__device__ bool prep_norm(float* vw, const float* src, int hd, int kind, const PrepArgs& a) {
     const int lane = threadIdx.x & 31;
     for (int d = lane; d < hd; d += 32) vw[d] = src[d];
     __syncwarp();
-    if (kind == 2) return;
+    if (kind == 2) return false;
     const float* w = kind == 0 ? a.qn : a.kn;
     if (w) {
         const float eps = kind == 0 ? a.qeps : a.keps;
@@ -487,18 +486,30 @@ __device__ void prep_head(float* vw, const float* src, int hd, int kind, const P
         }
         __syncwarp();
     }
-    if (a.inv) {
-        const bool il = (a.flags >> 2) & 1;
-        for (int k = lane; k < a.half; k += 32) {
-            const double ang = double(__fmul_rn(float(pos), a.inv[k]));
-            const float c = __fmul_rn(float(cos(ang)), a.scale), sn = __fmul_rn(float(sin(ang)), a.scale);
-            const int ia = il ? 2 * k : k, ib = il ? 2 * k + 1 : k + a.half;
-            const float a0 = vw[ia], b0 = vw[ib];
-            vw[ia] = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, sn));
-            vw[ib] = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, sn));
-        }
-        __syncwarp();
+    return a.inv != nullptr;
+}
+
+// prep_rotate rotates pair k of the head in vw by the angle of cosine c and
+// sine sn (ferrite_rope's products; interleaved pairs with flags bit 2).
+__device__ inline void prep_rotate(float* vw, int k, float c, float sn, const PrepArgs& a) {
+    const bool il = (a.flags >> 2) & 1;
+    const int ia = il ? 2 * k : k, ib = il ? 2 * k + 1 : k + a.half;
+    const float a0 = vw[ia], b0 = vw[ib];
+    vw[ia] = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, sn));
+    vw[ib] = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, sn));
+}
+
+// prep_head is one warp's PrepareQKV of the head of hd values at src into
+// vw (shared memory): a q or k head is normed (prep_norm) and rotated at
+// position pos (ferrite_rope's angles), a v head copied. Every lane of the
+// warp calls it.
+__device__ void prep_head(float* vw, const float* src, int hd, int kind, const PrepArgs& a, int pos) {
+    if (!prep_norm(vw, src, hd, kind, a)) return;
+    for (int k = threadIdx.x & 31; k < a.half; k += 32) {
+        const double ang = double(__fmul_rn(float(pos), a.inv[k]));
+        prep_rotate(vw, k, __fmul_rn(float(cos(ang)), a.scale), __fmul_rn(float(sin(ang)), a.scale), a);
     }
+    __syncwarp();
 }
 
 // head_put is a warp's store of the hd values of vw at element e of a
