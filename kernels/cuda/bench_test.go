@@ -92,21 +92,20 @@ func timeLaunches(b *testing.B, d *Device, reps int, launch func(i int) error) t
 // rotating over enough weight copies (≥ 1 GiB) that none is in L2 when it
 // is read again. GB/s counts the weight, x and y bytes once per call.
 // split is the decode kernel Linear runs by default (four warps a row);
-// v2s1, v2 and v2s4 the version-2 GEMV (gemv2.go) with 1, 2 and 4 warps a
-// row. Launches are back to back, with PDL where the GPU has it.
+// v3/bps=N the version-3 GEMV (gemv3.go) at N blocks a multiprocessor.
+// Launches are back to back, with PDL where the GPU has it.
 func BenchmarkGEMV(b *testing.B) {
 	d := needGPU(b)
-	defer d.SetGEMV2(gemv2Default())
+	defer d.SetGEMV3(gemv3Default())
 	for _, s := range qwen3_8B {
-		for _, v := range []struct {
-			name string
-			s2   int
-		}{{"split", 0}, {"v2s1", 1}, {"v2", 2}, {"v2s4", 4}} {
-			if err := d.SetGEMV2(v.s2); err != nil {
-				b.Fatal(err)
+		for _, bps := range []int{0, 1, 2, 3} {
+			d.SetGEMV3(bps)
+			name := "split"
+			if bps > 0 {
+				name = fmt.Sprintf("v3/bps=%d", bps)
 			}
 			gemv := func(y, x uint64, w *Weight) error { return d.linearL(y, x, w, 1, 0, false) }
-			benchGEMV(b, d, fmt.Sprintf("%s_%dx%d/%s", s.name, s.rows, s.cols, v.name), s.rows, s.cols, gemv)
+			benchGEMV(b, d, fmt.Sprintf("%s_%dx%d/%s", s.name, s.rows, s.cols, name), s.rows, s.cols, gemv)
 		}
 	}
 }
@@ -130,8 +129,8 @@ func benchGEMV(b *testing.B, d *Device, name string, rows, cols int, gemv func(y
 // weights) launched eagerly, one op after another: the floor a batch-1 step
 // of this model reaches with these kernels, before attention and the small
 // kernels. tok/s is 1 / step time. Variants: the GEMV layout (rows=0 four
-// warps a row, 4 or 8 rows a block; v2 the version-2 GEMV of gemv2.go
-// with that many warps a row), programmatic dependent launch and the
+// warps a row, 4 or 8 rows a block; v3 the version-3 GEMV of gemv3.go
+// at that many blocks a multiprocessor), programmatic dependent launch and the
 // split GEMVs' weight prefetch before their PDL wait (pdl.go).
 func BenchmarkDecodeStep8B(b *testing.B) {
 	d := needGPU(b)
@@ -149,22 +148,20 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 	defer d.SetGEMVRows(gemvRowsDefault())
 	defer d.SetPDL(pdlEnabled(d.Major))
 	defer d.SetPrefetch(false)
-	defer d.SetGEMV2(gemv2Default())
+	defer d.SetGEMV3(gemv3Default())
 	for _, c := range []struct {
 		rows          int // 0: gemv_split; 4, 8: gemv_rows with that many rows a block
-		v2            int // the version-2 GEMV with v2 warps a row (gemv2.go), 0 for none
+		v3            int // the version-3 GEMV at v3 blocks a multiprocessor (gemv3.go), 0 for none
 		pdl, prefetch bool
-	}{{0, 0, false, false}, {0, 0, true, false}, {0, 1, true, false}, {0, 2, true, false}, {0, 4, true, false},
+	}{{0, 0, false, false}, {0, 0, true, false}, {0, 1, true, false}, {0, 2, true, false}, {0, 3, true, false},
 		{0, 2, false, false}, {4, 0, true, false}} {
 		d.SetGEMVRows(c.rows)
 		d.SetPrefetch(c.prefetch)
-		if err := d.SetGEMV2(c.v2); err != nil {
-			b.Fatal(err)
-		}
+		d.SetGEMV3(c.v3)
 		if d.SetPDL(c.pdl) != c.pdl {
 			continue // no PDL on this GPU or driver
 		}
-		b.Run(fmt.Sprintf("rows=%d/v2=%d/pdl=%v/prefetch=%v", c.rows, c.v2, c.pdl, c.prefetch), func(b *testing.B) {
+		b.Run(fmt.Sprintf("rows=%d/v3=%d/pdl=%v/prefetch=%v", c.rows, c.v3, c.pdl, c.prefetch), func(b *testing.B) {
 			el := timeLaunches(b, d, b.N, func(int) error {
 				for _, w := range step {
 					if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
@@ -310,8 +307,8 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	caches := map[int][2][]kernels.Tensor{}
 	defer be.dev.SetGEMVRows(gemvRowsDefault())
 	defer be.dev.SetPrefetch(false)
-	defer be.dev.SetGEMV2(gemv2Default())
-	defer be.SetGEMV2Norm(false)
+	defer be.dev.SetGEMV3(gemv3Default())
+	defer be.SetGEMV3Norm(false)
 	defer be.SetFuseNorm(false)
 	defer be.SetFuse(false)
 	defer func() { be.noAttnPrefetch = false }()
@@ -350,14 +347,11 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		{name: "fused/ctx=512/pdl/gnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/ctx=512/pdl/dattnqkv/gnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/linear/pdl/gnorm", ctx: 512, lin: true, pdl: true, fused: true},
-		// The version-2 GEMV (gemv2.go), by name: /v2s1, /v2, /v2s4, /v2n (v2 with the norms fused).
-		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v2", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
-		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v2n", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
-		{name: "fused/linear/pdl/v2n", ctx: 512, lin: true, pdl: true, fused: true},
-		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v2s1", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
-		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v2s4", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
-		{name: "fused/linear/pdl/v2", ctx: 512, lin: true, pdl: true, fused: true},
-		{name: "fused/linear/pdl/v2s1", ctx: 512, lin: true, pdl: true, fused: true},
+		// The version-3 GEMV (gemv3.go), by name: /v3 (2 blocks a multiprocessor), /v3n (with the norms fused).
+		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v3", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v3n", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/linear/pdl/v3", ctx: 512, lin: true, pdl: true, fused: true},
+		{name: "fused/linear/pdl/v3n", ctx: 512, lin: true, pdl: true, fused: true},
 		{"all/ctx=512", 512, true, true, false, false, 0, false, false, false, false, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false, false, false, false, false},
 		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false, false, false, false, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false, false, false, false, false},
 		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false, false, false, false, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false, false, false, false, false},
@@ -384,19 +378,13 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		be.SetDecodeAttention(dmode, 0, 0)
 		be.SetDecodeNorm(dnorm)
 		be.SetGemvNorm(gnorm)
-		v2 := 0
-		switch {
-		case strings.HasSuffix(c.name, "/v2s1"):
-			v2 = 1
-		case strings.HasSuffix(c.name, "/v2s4"):
-			v2 = 4
-		case strings.HasSuffix(c.name, "/v2"), strings.HasSuffix(c.name, "/v2n"):
-			v2 = 2
+		v3 := strings.HasSuffix(c.name, "/v3") || strings.HasSuffix(c.name, "/v3n")
+		bps := 0
+		if v3 {
+			bps = 2
 		}
-		if err := be.dev.SetGEMV2(v2); err != nil {
-			b.Fatal(err)
-		}
-		be.SetGEMV2Norm(strings.HasSuffix(c.name, "/v2n"))
+		be.dev.SetGEMV3(bps)
+		be.SetGEMV3Norm(strings.HasSuffix(c.name, "/v3n"))
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)
@@ -527,7 +515,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		}
 		got := make([]float32, vocab)
 		be.ReadF32(got, logits)
-		if c.fused && (c.fuseNorm || dmode != decAttnOff || dnorm || v2 != 0) { // other bits: how far the logits moved
+		if c.fused && (c.fuseNorm || dmode != decAttnOff || dnorm || v3) { // other bits: how far the logits moved
 			diff, top := 0.0, 0.0
 			for i, v := range got {
 				diff, top = max(diff, math.Abs(float64(v-logitsF[i]))), max(top, math.Abs(float64(logitsF[i])))

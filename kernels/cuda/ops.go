@@ -189,7 +189,7 @@ func (d *Device) linearL(y, x uint64, w *Weight, n int, bias uint64, acc bool) e
 		return nil
 	}
 	if n == 1 {
-		if ok, err := d.linear2L(y, x, w, n, bias, acc); ok {
+		if ok, err := d.linear3L(y, x, w, n, bias, acc); ok {
 			return err
 		}
 	}
@@ -227,7 +227,7 @@ func (d *Device) linearExactL(y, x uint64, w *Weight, n int, bias uint64, acc bo
 	if !ok || n == 0 || w.Rows == 0 {
 		return d.linearL(y, x, w, n, bias, acc)
 	}
-	if ok, err := d.linear2L(y, x, w, n, bias, acc); ok { // the version-2 GEMV's sums, row by row
+	if ok, err := d.linear3L(y, x, w, n, bias, acc); ok { // the version-3 GEMV's sums, row by row
 		return err
 	}
 	grid := uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))

@@ -253,7 +253,7 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	y, xp := dptr(dst), dptr(x)
 	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 { // with SetRowExact, n > 1 gives each row these bits too
 		b.queue(func(d *Device) error {
-			if ok, err := d.swiglu2L(y, xp, dw, 1, inter, limit); ok {
+			if ok, err := d.swiglu3L(y, xp, dw, 1, inter, limit); ok {
 				return err
 			}
 			name, grid := k[0], uint32(inter)
@@ -293,7 +293,7 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 		return
 	}
 	rows := x.Rows
-	if b.normLinear2(dst, kernels.Tensor{}, x, kernels.Tensor{}, n, dw, bias, e.Accumulate) {
+	if b.normLinear3(dst, kernels.Tensor{}, x, kernels.Tensor{}, n, dw, bias, e.Accumulate) {
 		return
 	}
 	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
@@ -326,7 +326,7 @@ func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels
 		return
 	}
 	rows := x.Rows
-	if b.normLinear2(dst, sum, x, delta, n, dw, bias, e.Accumulate) {
+	if b.normLinear3(dst, sum, x, delta, n, dw, bias, e.Accumulate) {
 		return
 	}
 	if k, ok := gemvAddNormKernels[dw.DType]; ok && b.fusesNorm(x, n) && dptr(delta)%16 == 0 {
@@ -366,7 +366,7 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 		b.fail(err)
 		return
 	}
-	if b.normSwiGLU2(dst, x, n, dw, limit) {
+	if b.normSwiGLU3(dst, x, n, dw, limit) {
 		return
 	}
 	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {

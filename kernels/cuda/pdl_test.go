@@ -60,10 +60,10 @@ func TestPDLKernelsWait(t *testing.T) {
 			decPreWaitOK(src) {
 			continue
 		}
-		// The version-2 GEMVs (ops_gemv2.cu): before the wait gemv2_part
-		// loads only its first chunk of weights, never written by a step.
-		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{(?:[\s\\]*(?:extern __shared__ float4 gemv2_h\[\];|float\* h = reinterpret_cast<float\*>\(gemv2_h\);))*[\s\\]*gemv2(?:_swiglu|_norm)?<W, S, U[^>]*>\(`).MatchString(src) &&
-			regexp.MustCompile(`if \(row && p < chunks\) gemv2_load<U>\(v, r16, n16, p\);\s*FERRITE_PDL_WAIT\(\);`).MatchString(src) {
+		// The version-3 GEMVs (ops_gemv3.cu): before the wait gemv3 copies
+		// only its first weight tiles into its ring.
+		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{[\s\\]*gemv3_(?:linear|swiglu)<W, NORM>\(`).MatchString(src) &&
+			regexp.MustCompile(`for \(int t = 0; t < kGemv3Stages - 1; t\+\+\) gemv3_issue\(ring, st, t\);\s*FERRITE_PDL_WAIT\(\);`).MatchString(src) {
 			continue
 		}
 		if name == "ferrite_rmsnorm_row" && regexp.MustCompile(`ferrite_rmsnorm_row\([^)]*\)\s*\{[^}]*\}\s*FERRITE_PDL_WAIT\(\);`).MatchString(src) {

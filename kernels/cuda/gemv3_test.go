@@ -12,36 +12,39 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
 )
 
-// TestGEMV2 checks the version-2 GEMV (gemv2.go) in each variant against
-// kernels.MatMulRef with a bias and the residual add, for 1, 3 and 6 rows
-// of x (one and two passes over the weights; rows past a block's last,
-// chunks past a row's end, the 12,288-wide down product), that every row
-// of a several-row call has the bits of that row alone (kernels.RowExact),
+// TestGEMV3 checks the version-3 GEMV (gemv3.go) at 1, 2 and 3 blocks a
+// multiprocessor against kernels.MatMulRef with a bias and the residual
+// add, for 1, 3 and 6 rows of x (one and two launches), that every row of
+// a several-row call has the bits of that row alone (kernels.RowExact),
 // and that its SwiGLU form equals the plain form's gate and up sums put
-// through ferrite_swiglu_cat, bit for bit.
-func TestGEMV2(t *testing.T) {
+// through ferrite_swiglu_cat, bit for bit: blocks of several rows and of
+// one, rows of one slice and of several tiles, the last tile part full.
+func TestGEMV3(t *testing.T) {
 	d := needGPU(t)
-	defer d.SetGEMV2(gemv2Default())
-	for _, s2 := range []int{1, 2, 4} {
+	defer d.SetGEMV3(gemv3Default())
+	for _, bps := range []int{1, 2, 3} {
 		for _, dt := range []kernels.DType{kernels.BF16, kernels.F32, kernels.F16} {
-			for _, s := range []struct{ rows, cols int }{{1024, 4096}, {333, 2056}, {100, 1000}, {7, 64}, {3, 12288}, {5, 4104}} {
-				t.Run(fmt.Sprintf("s=%d/%v/%dx%d", s2, dt, s.rows, s.cols), func(t *testing.T) {
-					if err := d.SetGEMV2(s2); err != nil {
-						t.Fatal(err)
-					}
-					gemv2Case(t, d, dt, s.rows, s.cols)
+			for _, s := range []struct{ rows, cols int }{{1024, 4096}, {334, 2048}, {7, 1024}, {3, 12288}, {5000, 4096}, {2, 7168}} {
+				t.Run(fmt.Sprintf("bps=%d/%v/%dx%d", bps, dt, s.rows, s.cols), func(t *testing.T) {
+					d.SetGEMV3(bps)
+					w := func(w *Weight) bool { _, _, ok := d.gemv3Takes(w, 0, 0); return ok }
+					gemvCase(t, d, dt, s.rows, s.cols, w, d.swiglu3L)
 				})
 			}
 		}
 	}
 }
 
-func gemv2Case(t *testing.T, d *Device, dt kernels.DType, rows, cols int) {
+// gemvCase is TestGEMV3's check of one weight: takes
+// reports whether the variant runs it (it must), swiglu launches its
+// SwiGLU form.
+func gemvCase(t *testing.T, d *Device, dt kernels.DType, rows, cols int, takes func(*Weight) bool,
+	swiglu func(y, x uint64, dw *Weight, n, inter int, limit float32) (bool, error)) {
 	rng := rand.New(rand.NewPCG(uint64(rows), uint64(cols)))
 	m := kerneltest.NewMat(rng, dt, rows, cols, 0, 0)
 	w := uploadMat(t, d, m)
-	if _, _, ok := d.gemv2Kernel(w, false); !ok {
-		t.Fatalf("no version-2 kernel for %v (%d, %d)", dt, rows, cols)
+	if !takes(w) {
+		t.Fatalf("the variant does not take %v (%d, %d)", dt, rows, cols)
 	}
 	const n = 6
 	x, bias, y0 := randF32(rng, n*cols), randF32(rng, rows), randF32(rng, n*rows)
@@ -99,7 +102,7 @@ func gemv2Case(t *testing.T, d *Device, dt kernels.DType, rows, cols int) {
 				if err := d.launchL("ferrite_swiglu_cat", d.elementwiseGrid(total), 256, 0, want.ptr, tb.ptr, uint64(total), i32(inter), f32(limit)); err != nil {
 					return err
 				}
-				ok, err := d.swiglu2L(got.ptr, xb.ptr, w, nr, inter, limit)
+				ok, err := swiglu(got.ptr, xb.ptr, w, nr, inter, limit)
 				if !ok && err == nil {
 					err = fmt.Errorf("no SwiGLU kernel")
 				}
@@ -117,12 +120,12 @@ func gemv2Case(t *testing.T, d *Device, dt kernels.DType, rows, cols int) {
 	}
 }
 
-// TestGEMV2Ops runs the op-set conformance suite (kerneltest.RunOps) with
-// the version-2 GEMV (S = 2) taking the one-row and row-exact products.
-func TestGEMV2Ops(t *testing.T) {
+// TestGEMV3Ops runs the op-set conformance suite (kerneltest.RunOps) with
+// the version-3 GEMV taking the one-row and row-exact products and the
+// norm-fused one the norm ops.
+func TestGEMV3Ops(t *testing.T) {
 	b := openOps(t)
-	if err := b.dev.SetGEMV2(2); err != nil {
-		t.Fatal(err)
-	}
+	b.dev.SetGEMV3(2)
+	b.SetGEMV3Norm(true)
 	kerneltest.RunOps(t, b)
 }
