@@ -91,22 +91,22 @@ func timeLaunches(b *testing.B, d *Device, reps int, launch func(i int) error) t
 // BenchmarkGEMV measures the batch-1 bf16 GEMV at each Qwen3-8B shape,
 // rotating over enough weight copies (≥ 1 GiB) that none is in L2 when it
 // is read again. GB/s counts the weight, x and y bytes once per call.
-// split is the decode kernel Linear runs (four warps a row); warp is the
-// one-warp-a-row kernel of n > 1 run at n = 1, for comparison.
+// split is the decode kernel Linear runs by default (four warps a row);
+// v2s1, v2 and v2s4 the version-2 GEMV (gemv2.go) with 1, 2 and 4 warps a
+// row. Launches are back to back, with PDL where the GPU has it.
 func BenchmarkGEMV(b *testing.B) {
 	d := needGPU(b)
+	defer d.SetGEMV2(gemv2Default())
 	for _, s := range qwen3_8B {
-		for _, split := range []bool{true, false} {
-			name := fmt.Sprintf("%s_%dx%d/split", s.name, s.rows, s.cols)
-			gemv := func(y, x uint64, w *Weight) error { return d.linearL(y, x, w, 1, 0, false) }
-			if !split {
-				name = fmt.Sprintf("%s_%dx%d/warp", s.name, s.rows, s.cols)
-				gemv = func(y, x uint64, w *Weight) error {
-					return d.launchL(gemvKernels[kernels.BF16][0], uint32(ceilDiv(w.Rows, gemvBlock/32)), gemvBlock, 0,
-						y, x, w.Buf.ptr, i32(1), i32(w.Rows), i32(w.Cols))
-				}
+		for _, v := range []struct {
+			name string
+			s2   int
+		}{{"split", 0}, {"v2s1", 1}, {"v2", 2}, {"v2s4", 4}} {
+			if err := d.SetGEMV2(v.s2); err != nil {
+				b.Fatal(err)
 			}
-			benchGEMV(b, d, name, s.rows, s.cols, gemv)
+			gemv := func(y, x uint64, w *Weight) error { return d.linearL(y, x, w, 1, 0, false) }
+			benchGEMV(b, d, fmt.Sprintf("%s_%dx%d/%s", s.name, s.rows, s.cols, v.name), s.rows, s.cols, gemv)
 		}
 	}
 }
@@ -130,8 +130,9 @@ func benchGEMV(b *testing.B, d *Device, name string, rows, cols int, gemv func(y
 // weights) launched eagerly, one op after another: the floor a batch-1 step
 // of this model reaches with these kernels, before attention and the small
 // kernels. tok/s is 1 / step time. Variants: the GEMV layout (rows=0 four
-// warps a row, 4 or 8 rows a block), programmatic dependent launch and
-// the split GEMVs' weight prefetch before their PDL wait (pdl.go).
+// warps a row, 4 or 8 rows a block; v2 the version-2 GEMV of gemv2.go
+// with that many warps a row), programmatic dependent launch and the
+// split GEMVs' weight prefetch before their PDL wait (pdl.go).
 func BenchmarkDecodeStep8B(b *testing.B) {
 	d := needGPU(b)
 	var step []*Weight
@@ -148,16 +149,22 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 	defer d.SetGEMVRows(gemvRowsDefault())
 	defer d.SetPDL(pdlEnabled(d.Major))
 	defer d.SetPrefetch(false)
+	defer d.SetGEMV2(gemv2Default())
 	for _, c := range []struct {
 		rows          int // 0: gemv_split; 4, 8: gemv_rows with that many rows a block
+		v2            int // the version-2 GEMV with v2 warps a row (gemv2.go), 0 for none
 		pdl, prefetch bool
-	}{{0, false, true}, {0, true, true}, {0, true, false}, {4, true, true}, {8, true, true}} {
+	}{{0, 0, false, false}, {0, 0, true, false}, {0, 1, true, false}, {0, 2, true, false}, {0, 4, true, false},
+		{0, 2, false, false}, {4, 0, true, false}} {
 		d.SetGEMVRows(c.rows)
 		d.SetPrefetch(c.prefetch)
+		if err := d.SetGEMV2(c.v2); err != nil {
+			b.Fatal(err)
+		}
 		if d.SetPDL(c.pdl) != c.pdl {
 			continue // no PDL on this GPU or driver
 		}
-		b.Run(fmt.Sprintf("rows=%d/pdl=%v/prefetch=%v", c.rows, c.pdl, c.prefetch), func(b *testing.B) {
+		b.Run(fmt.Sprintf("rows=%d/v2=%d/pdl=%v/prefetch=%v", c.rows, c.v2, c.pdl, c.prefetch), func(b *testing.B) {
 			el := timeLaunches(b, d, b.N, func(int) error {
 				for _, w := range step {
 					if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
@@ -303,6 +310,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	caches := map[int][2][]kernels.Tensor{}
 	defer be.dev.SetGEMVRows(gemvRowsDefault())
 	defer be.dev.SetPrefetch(false)
+	defer be.dev.SetGEMV2(gemv2Default())
 	defer be.SetFuseNorm(false)
 	defer be.SetFuse(false)
 	defer func() { be.noAttnPrefetch = false }()
@@ -341,6 +349,12 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		{name: "fused/ctx=512/pdl/gnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/ctx=512/pdl/dattnqkv/gnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/linear/pdl/gnorm", ctx: 512, lin: true, pdl: true, fused: true},
+		// The version-2 GEMV (gemv2.go), by name: /v2s1, /v2, /v2s4.
+		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v2", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v2s1", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v2s4", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
+		{name: "fused/linear/pdl/v2", ctx: 512, lin: true, pdl: true, fused: true},
+		{name: "fused/linear/pdl/v2s1", ctx: 512, lin: true, pdl: true, fused: true},
 		{"all/ctx=512", 512, true, true, false, false, 0, false, false, false, false, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false, false, false, false, false},
 		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false, false, false, false, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false, false, false, false, false},
 		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false, false, false, false, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false, false, false, false, false},
@@ -367,6 +381,18 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		be.SetDecodeAttention(dmode, 0, 0)
 		be.SetDecodeNorm(dnorm)
 		be.SetGemvNorm(gnorm)
+		v2 := 0
+		switch {
+		case strings.HasSuffix(c.name, "/v2s1"):
+			v2 = 1
+		case strings.HasSuffix(c.name, "/v2s4"):
+			v2 = 4
+		case strings.HasSuffix(c.name, "/v2"):
+			v2 = 2
+		}
+		if err := be.dev.SetGEMV2(v2); err != nil {
+			b.Fatal(err)
+		}
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)
@@ -497,7 +523,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		}
 		got := make([]float32, vocab)
 		be.ReadF32(got, logits)
-		if c.fused && (c.fuseNorm || dmode != decAttnOff || dnorm) { // other bits: how far the logits moved
+		if c.fused && (c.fuseNorm || dmode != decAttnOff || dnorm || v2 != 0) { // other bits: how far the logits moved
 			diff, top := 0.0, 0.0
 			for i, v := range got {
 				diff, top = max(diff, math.Abs(float64(v-logitsF[i]))), max(top, math.Abs(float64(logitsF[i])))

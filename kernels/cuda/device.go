@@ -66,6 +66,10 @@ type Device struct {
 	// gemv_split, else rows a block of gemv_rows; set at Open.
 	gemvRows int
 
+	// gemv2 is the version-2 GEMV variant (gemv2.go): the warps a row, 0
+	// for off; set at Open from FERRITE_CUDA_GEMV, ahead of gemvRows.
+	gemv2 int
+
 	// prefetch makes the split GEMVs ask L2 for their weight rows before
 	// they wait for the kernel before them (pdl.go's weightPrefetch); set
 	// at Open, changed only on the device thread.
@@ -284,6 +288,7 @@ func (d *Device) setup() error {
 	}
 	d.pdl = pdlEnabled(d.Major) && d.prof == nil
 	d.gemvRows = gemvRowsDefault()
+	d.gemv2 = gemv2Default()
 	d.prefetch = os.Getenv("FERRITE_CUDA_PREFETCH") == "1"
 	return d.loadModule()
 }

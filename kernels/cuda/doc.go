@@ -34,7 +34,11 @@
 // FERRITE_CUDA_DNORM=gemv also norms a one-row product's output in that
 // GEMV's last block (ferrite_gemv_*_1n; measured slower, off).
 // FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of
-// that many rows a block. Two kernels for decode batches are in and off by default
+// that many rows a block. FERRITE_CUDA_GEMV=v2 (v2s1, v2s4) runs the
+// one-row and row-exact products and the one-row SwiGLU GEMV as the
+// version-2 GEMV (gemv2.go, src/ops_gemv2.cu: 2 (1, 4) warps a weight
+// row, 8 (16, 4) 16-byte loads in flight a lane, the first of them
+// issued before the PDL wait), off until a GPU run measures it faster. Two kernels for decode batches are in and off by default
 // until they beat what runs now: FERRITE_CUDA_SKINNY=N runs the products
 // of 2 to N rows as the skinny GEMM (skinny.go: tensor cores, the weight
 // read once, stream-K over one block a multiprocessor, the SwiGLU, bias

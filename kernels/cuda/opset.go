@@ -253,6 +253,9 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	y, xp := dptr(dst), dptr(x)
 	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 { // with SetRowExact, n > 1 gives each row these bits too
 		b.queue(func(d *Device) error {
+			if ok, err := d.swiglu2L(y, xp, dw, 1, inter, limit); ok {
+				return err
+			}
 			name, grid := k[0], uint32(inter)
 			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
 				name, grid = k[d.gemvRows/4], uint32(ceilDiv(inter, d.gemvRows/2))
