@@ -75,6 +75,8 @@ type Backend struct {
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
 
 	mlaUK mlaUK // kv_b_proj's W_UK halves transposed (mla.go)
+
+	stepTime *stepTimer // host and GPU time of each step (FERRITE_CUDA_STEPTIME=1, steptime.go); nil when off
 }
 
 // OpenBackend opens GPU ordinal and returns a Backend that owns it, with
@@ -102,6 +104,16 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.cpu = cpu.New(threads)
 	b.skinny.rows, b.skinny.l2 = skinnyRowsDefault(), skinnyL2Default()
 	b.rowAttn.rows = rowAttnDefault()
+	if stepTimeEnabled() {
+		if err = d.do(func() error {
+			var err error
+			b.stepTime, err = newStepTimerL()
+			return err
+		}); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
 	return b, nil
 }
 
@@ -134,7 +146,13 @@ func (b *Backend) Close() error {
 	b.mu.Unlock()
 	b.mem.weights.Store(0)
 	b.mem.tensors.Store(0)
-	b.dev.do(func() error { b.dropGraphL(); return nil })
+	b.dev.do(func() error {
+		b.dropGraphL()
+		if b.stepTime != nil {
+			b.stepTime.closeL()
+		}
+		return nil
+	})
 	b.cpu.Close()
 	return b.dev.Close() // frees every Buffer still allocated
 }
