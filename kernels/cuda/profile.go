@@ -475,7 +475,14 @@ func (b *Backend) WriteProfile(w io.Writer) error {
 		}
 	}
 	if b.stepTime != nil {
-		return b.stepTime.write(w)
+		if err := b.stepTime.write(w); err != nil {
+			return err
+		}
+	}
+	for _, n := range b.dev.SplitKNotes() {
+		if _, err := fmt.Fprintln(w, n); err != nil {
+			return err
+		}
 	}
 	return nil
 }
