@@ -32,7 +32,7 @@ var kernelNames = []string{
 	"ferrite_rmsnorm_f32", "ferrite_f32_to_bf16", "ferrite_fill_bf16",
 	// The op set (src/ops.cu).
 	"ferrite_swiglu", "ferrite_add_bias", "ferrite_f32_to_bf16x2", "ferrite_add_halves", "ferrite_copy_rows", "ferrite_embed", "ferrite_gather_rows",
-	"ferrite_add_rmsnorm", "ferrite_rmsnorm_bf16x2", "ferrite_rope", "ferrite_store_kv",
+	"ferrite_add_rmsnorm", "ferrite_rmsnorm_bf16x2", "ferrite_halves_rmsnorm_bf16x2", "ferrite_rope", "ferrite_store_kv",
 	"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8",
 	"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8",
 	"ferrite_attn_f32_1_g4", "ferrite_attn_f32_2_g4", "ferrite_attn_f32_4_g4", "ferrite_attn_f32_8_g4",

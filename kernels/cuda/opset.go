@@ -38,6 +38,7 @@ const flushAt = 32
 // that reads, writes or waits (exec) issues the waiting launches first.
 func (b *Backend) queue(f func(d *Device) error) {
 	b.presplit = presplit{} // whatever was split may change now (linearSplitSwiGLU)
+	b.halves = halvesPend{} // a norm joins only the product just before it (normSplit)
 	b.dec.pend = decPend{}  // a norm joins only the op just before it (decFuseNorm)
 	b.qmu.Lock()
 	b.pending = append(b.pending, f)
@@ -302,7 +303,8 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 		return
 	}
 	if b.splitsNormed(dw, rows) { // the norm writes cuBLASLt's split input
-		b.splitGemm(b.splitNorm(x, n), dw, rows, addHalves(dptr(dst), bias, dw, rows, e.Accumulate))
+		xb, split := b.normSplit(x, n)
+		b.splitGemmXB(xb, split, dw, rows, addHalves(dptr(dst), bias, dw, rows, e.Accumulate))
 		return
 	}
 	h := b.normed(x, n)
@@ -369,7 +371,8 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 		return
 	}
 	if b.splitsNormed(dw, rows) {
-		b.splitSwiGLU(dptr(dst), b.splitNorm(x, n), dw, rows, limit)
+		xb, split := b.normSplit(x, n)
+		b.splitSwiGLU(dptr(dst), xb, split, dw, rows, limit)
 		return
 	}
 	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
@@ -388,10 +391,7 @@ func (b *Backend) splitsNormed(w *Weight, rows int) bool {
 // ferrite_f32_to_bf16x2).
 func (b *Backend) splitNorm(x kernels.Tensor, hn *kernels.HeadNorm) func(d *Device, xb uint64) error {
 	xp, nw, rows, dim := dptr(x), dptr(hn.W), x.Rows, x.Cols
-	block := uint32(256) // as norm
-	if rows < b.dev.SMs {
-		block = 1024
-	}
+	block := b.normBlock(rows)
 	return func(d *Device, xb uint64) error {
 		return d.launchL("ferrite_rmsnorm_bf16x2", uint32(rows), block, 0, xb, xp, nw, i32(rows), i32(dim), f32(hn.Eps), b32(hn.Offset))
 	}
@@ -499,11 +499,19 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 // of the op just queued and that op also wrote it split (presplit), the
 // split is not done again.
 func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
-	if p := b.presplit; p.x == x && p.n == n && p.cols == w.Cols && x != 0 {
-		b.splitGemmXB(p.xb, nil, w, n, addHalves(y, bias, w, n, acc))
-		return
+	epi, fix := addHalves(y, bias, w, n, acc), (*halvesFix)(nil)
+	if acc && b.fuseHalves && b.inStep {
+		fix = &halvesFix{}
+		epi = halvesOrNorm(y, bias, w, n, fix, epi)
 	}
-	b.splitGemm(splitX(x, n, w.Cols), w, n, addHalves(y, bias, w, n, acc))
+	if p := b.presplit; p.x == x && p.n == n && p.cols == w.Cols && x != 0 {
+		b.splitGemmXB(p.xb, nil, w, n, epi)
+	} else {
+		b.splitGemm(splitX(x, n, w.Cols), w, n, epi)
+	}
+	if fix != nil {
+		b.halves = halvesPend{y: y, n: n, dim: w.Rows, fix: fix}
+	}
 }
 
 // presplit is the float32 rows x (n, cols) that the op queued last also
@@ -518,15 +526,15 @@ type presplit struct {
 // the stacked [gate; up] w: y (n, w.Rows/2), written split as well for the
 // down projection that usually follows (presplit).
 func (b *Backend) linearSplitSwiGLU(y, x uint64, w *Weight, n int, limit float32) {
-	b.splitSwiGLU(y, splitX(x, n, w.Cols), w, n, limit)
+	b.splitSwiGLU(y, dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)), splitX(x, n, w.Cols), w, n, limit) // (2n, cols) x split
 }
 
-// splitSwiGLU is splitGemm of the stacked [gate; up] w with the SwiGLU
+// splitSwiGLU is splitGemmXB of the stacked [gate; up] w with the SwiGLU
 // epilogue into y (n, w.Rows/2), which it also leaves split (presplit).
-func (b *Backend) splitSwiGLU(y uint64, split func(d *Device, xb uint64) error, w *Weight, n int, limit float32) {
+func (b *Backend) splitSwiGLU(y, xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, limit float32) {
 	inter := w.Rows / 2
 	y2 := dptr(b.Scratch(kernels.BF16, 2*n, inter)) // (2n, inter) y as bf16 hi, then lo
-	b.splitGemm(split, w, n, swigluHalves(y, y2, w, n, limit))
+	b.splitGemmXB(xb, split, w, n, swigluHalves(y, y2, w, n, limit))
 	b.presplit = presplit{x: y, xb: y2, n: n, cols: inter}
 }
 

@@ -296,6 +296,17 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
         yr[c] = (r >= 0 && r < nsrc) ? x[size_t(r) * x_stride + c] : __int_as_float(0x7fc00000);
 }
 
+// rms_delta is add_rmsnorm's delta at (row r, column i): delta's value, or
+// with HALVES the sum of the split product's halves in delta (+ bias), as
+// ferrite_add_halves adds them.
+template <bool HALVES>
+__device__ inline float rms_delta(const float* delta, const float* bias, int rows, int dim, int r, int i) {
+    if (!HALVES) return delta[size_t(r) * dim + i];
+    float v = __fadd_rn(delta[size_t(r) * dim + i], delta[(size_t(rows) + r) * dim + i]);
+    if (bias) v = __fadd_rn(v, bias[i]);
+    return v;
+}
+
 // Fused residual add and RMSNorm: with delta set, res += delta first; then
 // y = w ⊙ res·rsqrt(mean(res²) + eps) ((1 + w) with offset), the mean of
 // squares summed in float64 and rounded to float32 before eps, as
@@ -308,9 +319,14 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
 // writes each normed value as cuBLASLt's split input instead
 // (ferrite_f32_to_bf16x2 of y): y2 (2·rows, dim) bf16, hi = bf16(v) in row
 // r, lo = bf16(v − hi) in row rows + r.
-template <bool SPLIT>
+//
+// With HALVES, delta is a split product's two halves t (2·rows, dim) (the
+// hi rows, then the lo rows) and the value added is ferrite_add_halves':
+// t[r] + t[rows + r] (+ hbias): ferrite_add_halves with acc into res and
+// then this norm, in one pass and with the same bits.
+template <bool SPLIT, bool HALVES = false>
 __device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* delta, const float* w, int rows, int dim,
-                            float eps, int offset, float* sum) {
+                            float eps, int offset, float* sum, const float* hbias = nullptr) {
     __shared__ double partial[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
@@ -331,7 +347,7 @@ __device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* del
             float v = in[i];
             wk[j] = w[i];
             if (delta) {
-                v = __fadd_rn(v, delta[size_t(r) * dim + i]);
+                v = __fadd_rn(v, rms_delta<HALVES>(delta, hbias, rows, dim, r, i));
                 xr[i] = v;
             }
             xk[j] = v;
@@ -341,7 +357,7 @@ __device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* del
     for (int i = threadIdx.x + kPre * blockDim.x; i < dim; i += blockDim.x) {
         float v = in[i];
         if (delta) {
-            v = __fadd_rn(v, delta[size_t(r) * dim + i]);
+            v = __fadd_rn(v, rms_delta<HALVES>(delta, hbias, rows, dim, r, i));
             xr[i] = v;
         }
         ss += double(v) * double(v);
@@ -392,6 +408,18 @@ extern "C" __global__ void __launch_bounds__(1024)
     ferrite_rmsnorm_bf16x2(uint16_t* y2, const float* x, const float* w, int rows, int dim, float eps, int offset) {
     FERRITE_PDL_WAIT();
     add_rmsnorm<true>(nullptr, y2, const_cast<float*>(x), nullptr, w, rows, dim, eps, offset, nullptr);
+}
+
+// ferrite_halves_rmsnorm_bf16x2 is ferrite_add_halves of a split product
+// t (2·rows, dim) with its bias (or none) into res (acc), then
+// ferrite_rmsnorm_bf16x2 of res into y2: one launch for two, the same bits
+// (a decode batch's o or down projection and the next sublayer's norm;
+// opset.go's halvesFix).
+extern "C" __global__ void __launch_bounds__(1024)
+    ferrite_halves_rmsnorm_bf16x2(uint16_t* y2, float* res, const float* t, const float* bias, const float* w, int rows,
+                                  int dim, float eps, int offset) {
+    FERRITE_PDL_WAIT();
+    add_rmsnorm<true, true>(nullptr, y2, res, t, w, rows, dim, eps, offset, nullptr, bias);
 }
 
 // Rotary embedding in place over x (n, heads·hd): the first 2·half dims of

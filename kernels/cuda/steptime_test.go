@@ -1,0 +1,71 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestStepTimerBook checks the step timer's bookkeeping without a GPU:
+// parts add up per kind, a replayed step's period runs from its begin to
+// the next begin, and the table names every kind that ran.
+func TestStepTimerBook(t *testing.T) {
+	st := &stepTimer{}
+	st.reset()
+	step := func(kind int, hold time.Duration) {
+		st.beginStep()
+		st.enter = time.Now()
+		st.start, st.uploaded, st.launched = st.enter, st.enter, st.enter
+		time.Sleep(hold)
+		st.synced = time.Now()
+		st.endStep(kind)
+	}
+	step(stepEager, time.Millisecond)
+	step(stepCaptured, time.Millisecond)
+	for range 3 {
+		step(stepReplayed, 2*time.Millisecond)
+		time.Sleep(time.Millisecond) // host work between steps
+	}
+	step(stepEager, 0)
+	if st.counts != [stepKinds]int{3, 1, 2} {
+		t.Fatalf("counts %v, want [3 1 2]", st.counts)
+	}
+	if len(st.wall) != 3 || len(st.period) != 3 {
+		t.Fatalf("%d walls, %d periods, want 3 and 3", len(st.wall), len(st.period))
+	}
+	for i, p := range st.period {
+		if p < 3000 || st.sums[stepReplayed][partWait] < 6*time.Millisecond {
+			t.Errorf("period %d = %.0f µs (wait sum %v), want ≥ 3,000 µs (2 ms step + 1 ms gap)", i, p, st.sums[stepReplayed][partWait])
+		}
+	}
+	var sb strings.Builder
+	if err := st.write(&sb); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + sb.String())
+	for _, want := range []string{"replayed", "captured", "eager", "period", "GC cycles"} {
+		if !strings.Contains(sb.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, sb.String())
+		}
+	}
+	st.reset()
+	if st.counts != [stepKinds]int{} || len(st.period) != 0 || !st.lastEnd.IsZero() {
+		t.Errorf("reset left counts %v, %d periods", st.counts, len(st.period))
+	}
+}
+
+// TestGemmSplitKEnv checks FERRITE_CUDA_GEMM_SPLITK's parsing: off unless
+// a part count of 2–64, with an optional weight-row limit.
+func TestGemmSplitKEnv(t *testing.T) {
+	for _, c := range []struct {
+		v             string
+		parts, maxRow int
+	}{{"", 0, 0}, {"0", 0, 0}, {"1", 0, 0}, {"4", 4, 0}, {"3:8192", 3, 8192}, {"x", 0, 0}, {"2:y", 0, 0}, {"65", 0, 0}} {
+		t.Setenv("FERRITE_CUDA_GEMM_SPLITK", c.v)
+		if p, r := gemmSplitK(); p != c.parts || r != c.maxRow {
+			t.Errorf("%q: %d parts, %d rows; want %d, %d", c.v, p, r, c.parts, c.maxRow)
+		}
+	}
+}
