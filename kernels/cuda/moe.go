@@ -19,7 +19,7 @@ import (
 // tests and benchmarks set it directly.
 type moeConfig struct {
 	v1     bool // FERRITE_MOE_KERNELS=v1: no register tiles, slot a pass up to moeFewTokens, sorted tiles above (as before them)
-	pipe   int  // FERRITE_MOE_KERNELS=pipe, pipe16, piped, pipe16d: the streamed kernels (moe_pipe.go's pipeMode: warps a block | moePipeDyn) where they apply, from moeGTFrom tokens (or tiles slots)
+	pipe   int  // FERRITE_MOE_KERNELS=pipe, pipe16, piped, pipe16d: the streamed kernels (moe_pipe.go's pipeMode: warps a block | moePipeDyn) where they apply, from moeGTFrom tokens (or tiles slots); 0: above moeGTTokens only (pipeFor), nopipe (−1): never
 	slots8 bool // up to 8 slots of an expert a pass in ferrite_moe_few_* (tests, benchmarks)
 	few    int  // FERRITE_MOE_FEW: the most tokens the register tiles take (0: moeGTTokens)
 	tiles  int  // FERRITE_MOE_TILES: the register tiles from this many slots, also below moeGTFrom tokens (0: from moeGTFrom tokens only)

@@ -79,7 +79,8 @@ func TestOpsExpertsPaths(t *testing.T) {
 	for _, n := range []int{moeFewTokens, 20} {
 		checkExperts(t, b, fmt.Sprint("mixed/v1/n=", n), mixed, n, 4, rng)
 	}
-	b.moe = moeConfig{}
+	checkExperts(t, b, fmt.Sprint("bf16/n=", moeGTTokens+1), bf16, moeGTTokens+1, 4, rng) // the streamed kernels (moePipeAuto)
+	b.moe = moeConfig{pipe: -1} // the sorted tiles where the streamed kernels would run
 	for _, n := range []int{moeGTTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
 		b.noMMA = true
@@ -291,6 +292,9 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 		if (moeConfig{}).useGT(n, k) {
 			vs = append(vs, variant{"/pf1", moeConfig{pf: pfFlags(1)}}, variant{"/pf2", moeConfig{pf: pfFlags(2)}},
 				variant{"/pf3", moeConfig{pf: pfFlags(3)}})
+		}
+		if n > moeGTTokens && n*k <= moePipeSlots {
+			vs = append(vs, variant{"/tiles", moeConfig{pipe: -1}})
 		}
 		if n >= moeGTFrom && n*k <= moePipeSlots {
 			vs = append(vs, variant{"/pipe", moeConfig{pipe: 8}}, variant{"/pipe16", moeConfig{pipe: 16}},
