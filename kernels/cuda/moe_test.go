@@ -79,8 +79,10 @@ func TestOpsExpertsPaths(t *testing.T) {
 	for _, n := range []int{moeFewTokens, 20} {
 		checkExperts(t, b, fmt.Sprint("mixed/v1/n=", n), mixed, n, 4, rng)
 	}
-	checkExperts(t, b, fmt.Sprint("bf16/n=", moeGTTokens+1), bf16, moeGTTokens+1, 4, rng) // the streamed kernels (moePipeAuto)
-	b.moe = moeConfig{pipe: -1} // the sorted tiles where the streamed kernels would run
+	// Above moeGTTokens the streamed kernels (moePipeAuto); then the sorted
+	// tiles they replace there, with FERRITE_MOE_KERNELS=nopipe.
+	checkExperts(t, b, fmt.Sprint("bf16/n=", moeGTTokens+1), bf16, moeGTTokens+1, 4, rng)
+	b.moe = moeConfig{pipe: -1}
 	for _, n := range []int{moeGTTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
 		b.noMMA = true
