@@ -63,7 +63,8 @@ func TestOpsExpertsPaths(t *testing.T) {
 	}
 	checkExperts(t, b, "bf16/n=16", bf16, 16, 4, rng) // the register tiles
 	for _, c := range []moeConfig{{tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7}, {tiles: 1, sb: 256}, {tiles: 1, gt: 1},
-		{tiles: 1, gt: 2, sb: 5}, {gt: 2}, {gt: 1, sb: 3}} {
+		{tiles: 1, gt: 2, sb: 5}, {gt: 2}, {gt: 1, sb: 3}, {tiles: 1, pf: moePFTile | moePFNext},
+		{tiles: 1, sb: 7, pf: moePFNext}, {gt: 2, sb: 3, pf: moePFTile}} {
 		b.moe = c
 		for _, n := range []int{1, 5, moeFewTokens + 3, moeGTTokens} {
 			checkExperts(t, b, fmt.Sprintf("mixed/%+v/n=%d", c, n), mixed, n, 4, rng)
@@ -78,7 +79,10 @@ func TestOpsExpertsPaths(t *testing.T) {
 	for _, n := range []int{moeFewTokens, 20} {
 		checkExperts(t, b, fmt.Sprint("mixed/v1/n=", n), mixed, n, 4, rng)
 	}
-	b.moe = moeConfig{}
+	// Above moeGTTokens the streamed kernels (moePipeAuto); then the sorted
+	// tiles they replace there, with FERRITE_MOE_KERNELS=nopipe.
+	checkExperts(t, b, fmt.Sprint("bf16/n=", moeGTTokens+1), bf16, moeGTTokens+1, 4, rng)
+	b.moe = moeConfig{pipe: -1}
 	for _, n := range []int{moeGTTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
 		b.noMMA = true
@@ -90,7 +94,8 @@ func TestOpsExpertsPaths(t *testing.T) {
 // TestOpsExpertsRowExact checks that the grouped GEMV paths give every
 // token the bits of a call with that token alone (kernels.RowExact: a
 // speculative verification's rows reproduce plain decoding's): the
-// register tiles (every size, at 2 to 12 tokens) and the slot-a-pass
+// register tiles (every size, with and without the L2 prefetches, at 2 to
+// 12 tokens) and the slot-a-pass
 // kernels, on experts of mixed dtypes with tokens that share experts.
 func TestOpsExpertsRowExact(t *testing.T) {
 	b := openOps(t)
@@ -122,7 +127,8 @@ func TestOpsExpertsRowExact(t *testing.T) {
 	for i := range n {
 		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true}} {
+	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true},
+		{tiles: 1, pf: moePFTile}, {tiles: 1, sb: 5, pf: moePFTile | moePFNext}, {tiles: 1, gt: 2, pf: moePFNext}} {
 		b.moe = c
 		for _, rows := range []int{2, 8, n} {
 
@@ -212,7 +218,9 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // (FERRITE_MOE_GT; 4 by default), "tiles" the prefill path's sorted tiles
 // at a register-tile size (FERRITE_MOE_KERNELS=v1), "pipe", "pipe16",
 // "piped", "pipe16d" the streamed kernels (FERRITE_MOE_KERNELS of the same
-// name: moe_pipe.go) from moeGTFrom tokens. µs/layer is the step
+// name: moe_pipe.go) from moeGTFrom tokens, "pf1", "pf2", "pf3" the
+// register tiles with FERRITE_MOE_PF's L2 prefetches (1: a warp's whole
+// tile before its loads, 2: the next expert's tile, 3: both). µs/layer is the step
 // over the layers; GB/s counts the chosen experts' weight bytes (distinct
 // experts of the step's tokens) over the step's wall time,
 // TFLOP/s the slots' multiply-adds.
@@ -282,6 +290,13 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 		}
 		if n > 1 && n <= moeFewTokens && n*k <= moeGEMVSlots {
 			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
+		}
+		if (moeConfig{}).useGT(n, k) {
+			vs = append(vs, variant{"/pf1", moeConfig{pf: pfFlags(1)}}, variant{"/pf2", moeConfig{pf: pfFlags(2)}},
+				variant{"/pf3", moeConfig{pf: pfFlags(3)}})
+		}
+		if n > moeGTTokens && n*k <= moePipeSlots {
+			vs = append(vs, variant{"/tiles", moeConfig{pipe: -1}})
 		}
 		if n >= moeGTFrom && n*k <= moePipeSlots {
 			vs = append(vs, variant{"/pipe", moeConfig{pipe: 8}}, variant{"/pipe16", moeConfig{pipe: 16}},

@@ -21,6 +21,25 @@
 // then ferrite_moe_combine adds each token's experts.
 #include <stdint.h>
 
+// L2 prefetch switches of the grouped GEMVs (kernels/cuda FERRITE_MOE_PF):
+// kPFTile asks L2 for a task's whole weight rows before its loads (the
+// register tiles: the warp's current tile; ferrite_moe_b1: the warp's later
+// gate/up tasks), kPFNext for the weights that come next (the register
+// tiles: the next expert's tile of the block; ferrite_moe_b1: the warp's
+// down rows after its gate/up tasks). Prefetches hold no registers and
+// change no result: the loads that follow meet L2 instead of waiting a DRAM
+// round trip each.
+constexpr int kPFTile = 2, kPFNext = 4, kPFMask = kPFTile | kPFNext;
+
+// l2_prefetch_warp asks L2 for the global bytes [p, p + n), a 128-byte
+// line a lane at a time over the warp (prefetch.global.L2: nothing waits
+// on it). Every line asked for holds some of those bytes.
+__device__ __forceinline__ void l2_prefetch_warp(const void* p, size_t n) {
+    const uintptr_t a = uintptr_t(p), first = a & ~uintptr_t(127), end = a + n;
+    for (uintptr_t l = first + uintptr_t(threadIdx.x & 31) * 128; l < end; l += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(l));
+}
+
 // route_key maps a selection value to an unsigned key in the same order
 // (−0 as +0), and NaN (taken) to 0, below every number.
 __device__ inline unsigned route_key(float v) {
@@ -589,6 +608,31 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
     }
 }
 
+// gt_prefetch asks L2 (pf: kPFTile, kPFNext) for this warp's tile of the
+// current expert, nr rows ra (and rb with GU) pitch apart, of ma's row
+// bytes, and for its tile of the next expert of the block's sorted slots
+// (at place pn, when before p1).
+template <bool GU>
+__device__ __forceinline__ void gt_prefetch(int pf, const uint8_t* ra, const uint8_t* rb, size_t pitch, int nr,
+                                            const MatDesc& ma, const MatDesc* table, const int* sid, const int* srt,
+                                            int pn, int p1, int r0) {
+    const size_t bytes = size_t(ma.cols) * (ma.dtype == kF32 ? 4 : 2);
+    if (pf & kPFTile) {
+        l2_prefetch_warp(ra, (nr - 1) * pitch + bytes);
+        if (GU) l2_prefetch_warp(rb, (nr - 1) * pitch + bytes);
+    }
+    if ((pf & kPFNext) && pn < p1) {
+        // Only a view of the same dtype and width: its rows lie as these.
+        const int e = sid[srt[pn]];
+        const MatDesc na = table[3 * e + (GU ? 0 : 2)], nb = table[3 * e + 1];
+        const float* unused;
+        if (na.dtype == ma.dtype && na.cols == ma.cols)
+            l2_prefetch_warp(mat_row(na, r0, &unused), (nr - 1) * pitch + bytes);
+        if (GU && nb.dtype == ma.dtype && nb.cols == ma.cols)
+            l2_prefetch_warp(mat_row(nb, r0, &unused), (nr - 1) * pitch + bytes);
+    }
+}
+
 // moe_gt: the grouped GEMV as register tiles, for many slots. Block
 // (x, y) takes weight rows [x·8R, x·8R + 8R), R a warp, and the slots at
 // sorted places [y·sb, y·sb + sb); a warp runs its rows of an expert
@@ -596,10 +640,11 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
 // (weights 3e, 3e + 1) against x[t / k], out = h (slots, nrows = inter)
 // the SwiGLU; else the down rows (3e + 2) against in[t], out = ye (slots,
 // nrows = hidden) each slot's expert output, which ferrite_moe_combine
-// adds up. An id outside [0, experts) writes NaN into its slot's row.
+// adds up. An id outside [0, experts) writes NaN into its slot's row. pf:
+// gt_prefetch's L2 prefetches.
 template <int R, int C, bool GU>
 __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
-                       int experts, int k, int slots, int sb, float limit) {
+                       int experts, int k, int slots, int sb, float limit, int pf) {
     __shared__ int sid[kMoeGtSlots], srt[kMoeGtSlots];
     int v0, nv;
     gt_sort(sid, srt, ids, slots, experts, &v0, &nv);
@@ -648,6 +693,7 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
             p += nc;
             continue;
         }
+        if (pf & kPFMask) gt_prefetch<GU>(pf, ra, rb, pitch, nr, ma, table, sid, srt, p + nc, p1, r0);
         float oa[R][C], ob[R][C];
         if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
         else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
@@ -672,14 +718,15 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
 // against up to 4 slots of an expert: gate/up into h (n·k, inter) from x
 // (n, hidden); down into ye (n·k, hidden) from h, then
 // ferrite_moe_combine. Launch: grid (ceil(rows / (8·R)), ceil(n·k / sb)),
-// 256 threads; n·k ≤ 256. kernels/cuda runs gate/up with R = 2 and down
-// with R = 4 unless FERRITE_MOE_GT picks the halves or the doubles.
+// 256 threads; n·k ≤ 256; pf the L2 prefetch switches (kPFTile, kPFNext).
+// kernels/cuda runs gate/up with R = 2 and down with R = 4 unless
+// FERRITE_MOE_GT picks the halves or the doubles.
 #define FERRITE_MOE_GT_GATE_UP(name, R)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,     \
-             int experts, int k, int slots, int sb, float limit) {                                       \
+             int experts, int k, int slots, int sb, float limit, int pf) {                               \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, true>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);              \
+        moe_gt<R, 4, true>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit, pf);          \
     }
 FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1)
 FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2)
@@ -688,9 +735,9 @@ FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4)
 #define FERRITE_MOE_GT_DOWN(name, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,      \
-             int experts, int k, int slots, int sb) {                                                    \
+             int experts, int k, int slots, int sb, int pf) {                                            \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, false>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);                \
+        moe_gt<R, 4, false>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f, pf);            \
     }
 FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2)
 FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4)
