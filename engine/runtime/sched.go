@@ -36,6 +36,7 @@ type scheduler struct {
 	steps, promptToks, genToks, preemptTotal, failed uint64
 	lastSeqs, lastToks                               int
 	lastStep                                         time.Duration
+	passes                                           PassTimes // Stats.Passes
 	winStart                                         time.Time // start of the steps/s window
 	winSteps                                         int       // steps in the window
 	stepsPerSec                                      float64
@@ -176,7 +177,9 @@ func (sc *scheduler) runStep() {
 	}
 	askTop(&sc.batch, sc.step, func(i int) bool { return sc.step[i].sp != nil && sc.step[i].sp.k > 0 })
 	entries := sc.pad(&sc.batch, nil)
+	t0 := time.Now()
 	out, err := sc.r.m.Forward(&sc.batch)
+	sc.timePass(time.Since(t0))
 	sc.unpad(&sc.batch, nil, out, entries)
 	if err == nil {
 		err = sc.checkOutput(out)
@@ -223,6 +226,29 @@ func (sc *scheduler) runStep() {
 		if s.promptDue && s.state == seqRunning && (s.sp == nil || s.sp.mtpDone >= s.nPrompt) {
 			sc.cachePrompt(s)
 		}
+	}
+}
+
+// timePass adds the main model's pass of the step, d long, to
+// Stats.Passes: a verification when a sequence has drafts in it, a decode
+// pass when every entry is one token past its prompt, else nothing.
+func (sc *scheduler) timePass(d time.Duration) {
+	verify := false
+	for i, s := range sc.step {
+		e := &sc.batch.Seqs[i]
+		switch {
+		case s.sp != nil && s.sp.k > 0:
+			verify = true
+		case len(e.Tokens) != 1 || e.Pos < s.nPrompt:
+			return
+		}
+	}
+	if verify {
+		sc.passes.Verify++
+		sc.passes.VerifyT += d
+	} else {
+		sc.passes.Decode++
+		sc.passes.DecodeT += d
 	}
 }
 

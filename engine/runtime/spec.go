@@ -279,7 +279,12 @@ func (sc *scheduler) draft() error {
 	for i := 0; len(b.Seqs) > 0; i++ {
 		askTop(b, sc.mtpSeqs, func(int) bool { return true })
 		entries := sc.pad(b, &sc.mtpHidden)
+		t0 := time.Now()
 		out, err := r.mtp.ForwardMTP(b, sc.mtpHidden)
+		if !sc.mtpPrompt {
+			sc.passes.MTP++
+			sc.passes.MTPT += time.Since(t0)
+		}
 		sc.unpad(b, &sc.mtpHidden, out, entries)
 		if err != nil {
 			return err
