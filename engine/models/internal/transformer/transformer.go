@@ -157,9 +157,29 @@ func NewModel(l *nn.Loader, p Params, arch string, blocks []*nn.Block, be kernel
 	return gqa.New(dev, arch, embed, blocks, norm, head, p.Layout(), p.MaxContext)
 }
 
-// FFNLoader loads layer i's FFN with l (under model.layers.{i}.mlp, or
-// where the checkpoint names it).
+// FFNLoader loads layer i's FFN with l (under FFNPrefix(i), or where the
+// checkpoint names it).
 type FFNLoader func(l *nn.Loader, i int) nn.FFN
+
+// FFNPrefix is where layer i's FFN is: "model.layers.{i}.mlp".
+func FFNPrefix(i int) string { return fmt.Sprintf("model.layers.%d.mlp", i) }
+
+// DenseMLP loads every layer's FFN as a SwiGLU MLP of p.Inter under
+// FFNPrefix(i), with biases when bias (Llama's mlp_bias).
+func DenseMLP(p Params, bias bool) FFNLoader {
+	return func(l *nn.Loader, i int) nn.FFN {
+		return l.MLP(FFNPrefix(i), nn.HFNames, p.Hidden, p.Inter, bias)
+	}
+}
+
+// RequireInter records intermediate_size as missing in cfg when Read found
+// none (Read leaves Inter 0 then), for the architectures whose every layer
+// needs it.
+func RequireInter(cfg *config.Config, p Params) {
+	if p.Inter <= 0 {
+		cfg.Int("intermediate_size")
+	}
+}
 
 // Blocks returns a loader over w and block, which loads model.layers.{i}:
 // the attention with o, ffn's FFN and the block's two norms. An MTP layer
