@@ -308,6 +308,14 @@ type ops struct {
 	sp  kernels.SparseOps
 }
 
+// Register registers spec's architecture under its model_type (spec.Arch):
+// an MLA architecture's package is its Spec and an init calling Register.
+func Register(spec Spec) {
+	model.Register(spec.Arch, func(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Model, error) {
+		return New(cfg, w, be, spec)
+	})
+}
+
 // New builds an MLA model from cfg as spec describes it, on be, which must
 // implement the op set with kernels.MLAOps and kernels.SparseOps.
 func New(cfg *config.Config, w model.WeightSource, be kernels.Backend, spec Spec) (model.Model, error) {
