@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/internal/hub/hubtest"
 )
 
@@ -16,7 +17,7 @@ import (
 // byte tokenizer) as acme/tiny-qwen3.
 func hubWithModel(t *testing.T) *hubtest.Hub {
 	t.Helper()
-	dir := modelDir(t, "qwen3")
+	dir := fixtures.ChatModel(t, "qwen3")
 	files := map[string]string{}
 	ents, err := os.ReadDir(dir)
 	if err != nil {

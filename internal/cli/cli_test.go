@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -33,72 +32,12 @@ func TestMain(m *testing.M) {
 	m.Run()
 }
 
-// byteTokenizer writes a byte-level BPE tokenizer.json with no merges (the
-// 256 byte symbols, then three ChatML specials) and a ChatML template into
-// dir: small enough for the fixtures' 512-token vocabulary.
+// byteTokenizer writes fixtures.WriteByteTokenizer's tokenizer into dir.
 func byteTokenizer(t *testing.T, dir string) {
 	t.Helper()
-	// The GPT-2 byte-to-unicode table: printable bytes map to themselves,
-	// the rest to U+0100 onwards.
-	vocab := map[string]int{}
-	next := 0
-	for b := range 256 {
-		printable := (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff)
-		r := rune(b)
-		if !printable {
-			r = rune(256 + next)
-			next++
-		}
-		vocab[string(r)] = b
+	if err := fixtures.WriteByteTokenizer(dir); err != nil {
+		t.Fatal(err)
 	}
-	specials := []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
-	var added []map[string]any
-	for i, s := range specials {
-		added = append(added, map[string]any{"id": 256 + i, "content": s, "special": true,
-			"single_word": false, "lstrip": false, "rstrip": false, "normalized": false})
-	}
-	tj := map[string]any{
-		"version":        "1.0",
-		"added_tokens":   added,
-		"normalizer":     nil,
-		"pre_tokenizer":  map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-		"post_processor": nil,
-		"decoder":        map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-		"model":          map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{}, "dropout": nil, "unk_token": nil, "fuse_unk": false, "byte_fallback": false},
-	}
-	tc := map[string]any{
-		"eos_token": "<|im_end|>",
-		"pad_token": "<|endoftext|>",
-		"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" +
-			"{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
-	}
-	for name, v := range map[string]any{"tokenizer.json": tj, "tokenizer_config.json": tc} {
-		b, err := json.Marshal(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// fixtureModel copies a reference fixture's config and weights into a temp
-// dir and adds the byte tokenizer.
-func fixtureModel(t *testing.T, name string) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, f := range []string{"config.json", "model.safetensors"} {
-		b, err := os.ReadFile(filepath.Join(fixtures.Dir(name), f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	byteTokenizer(t, dir)
-	return dir
 }
 
 func runCLI(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {
@@ -126,7 +65,7 @@ func TestTokenize(t *testing.T) {
 }
 
 func TestRunGreedyIsDeterministic(t *testing.T) {
-	dir := fixtureModel(t, "qwen3")
+	dir := fixtures.ChatModel(t, "qwen3")
 	args := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "12", "--system", "be brief", "hello there"}
 	code, out1, errs := runCLI(t, "", args...)
 	if code != 0 {
@@ -205,7 +144,7 @@ func TestUnknownCommandFails(t *testing.T) {
 // TestPipedPromptLosesItsFinalNewline: `echo TEXT | ferrite run` is
 // `ferrite run TEXT`; inner line breaks stay.
 func TestPipedPromptLosesItsFinalNewline(t *testing.T) {
-	dir := fixtureModel(t, "llama")
+	dir := fixtures.ChatModel(t, "llama")
 	args := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "6"}
 	_, byArg, _ := runCLI(t, "", append(args, "hello there")...)
 	code, piped, errs := runCLI(t, "hello there\n", args...)
@@ -226,7 +165,7 @@ func TestPipedPromptLosesItsFinalNewline(t *testing.T) {
 // context before --max-tokens says so and exits 1; one that reaches
 // --max-tokens, or the context with --max-tokens 0, exits 0.
 func TestRunSaysWhyTheReplyStopped(t *testing.T) {
-	dir := fixtureModel(t, "llama")
+	dir := fixtures.ChatModel(t, "llama")
 	base := []string{"run", "--model", dir, "--temperature", "0", "--raw"}
 	for _, c := range []struct {
 		args []string
@@ -263,7 +202,7 @@ func TestTokenizeDefaultsToTheBuiltinModel(t *testing.T) {
 }
 
 func TestRunPromptFromStdin(t *testing.T) {
-	dir := fixtureModel(t, "llama")
+	dir := fixtures.ChatModel(t, "llama")
 	code, out, errs := runCLI(t, "from stdin", "run", "--model", dir, "--temperature", "0", "--max-tokens", "4", "--raw")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
@@ -277,7 +216,7 @@ func TestRunPromptFromStdin(t *testing.T) {
 }
 
 func TestRunMTPGreedyEqualsPlain(t *testing.T) {
-	dir := fixtureModel(t, "qwen3_next")
+	dir := fixtures.ChatModel(t, "qwen3_next")
 	base := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "10"}
 	code, plain, errs := runCLI(t, "", append(base, "--mtp", "off", "tell me")...)
 	if code != 0 {
@@ -296,7 +235,7 @@ func TestRunMTPGreedyEqualsPlain(t *testing.T) {
 }
 
 func TestRunMTPFlagErrors(t *testing.T) {
-	dir := fixtureModel(t, "llama")
+	dir := fixtures.ChatModel(t, "llama")
 	for _, c := range []struct {
 		args []string
 		want string
@@ -338,7 +277,7 @@ func TestRunDefaultsToBuiltinModel(t *testing.T) {
 }
 
 func TestRunMTPOffByDefault(t *testing.T) {
-	dir := fixtureModel(t, "qwen3_next")
+	dir := fixtures.ChatModel(t, "qwen3_next")
 	code, _, errs := runCLI(t, "", "run", "--model", dir, "--temperature", "0", "--max-tokens", "6", "hi")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
@@ -351,7 +290,7 @@ func TestRunMTPOffByDefault(t *testing.T) {
 // TestRunDevice checks --device: cpu runs, a malformed spec is refused, and
 // cuda on a machine without a usable GPU fails with one line that says why.
 func TestRunDevice(t *testing.T) {
-	dir := fixtureModel(t, "qwen3")
+	dir := fixtures.ChatModel(t, "qwen3")
 	args := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "2", "hi"}
 	if code, out, errs := runCLI(t, "", append([]string{args[0], "--device", "cpu"}, args[1:]...)...); code != 0 || out == "" {
 		t.Fatalf("--device cpu: exit %d, stderr %q", code, errs)
