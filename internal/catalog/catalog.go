@@ -135,52 +135,29 @@ func Discover(opts Options) ([]Entry, []error) {
 		}
 		add(e)
 	}
+	// scanned adds a place's entries and records its error.
+	scanned := func(es []Entry, err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, e := range es {
+			add(e)
+		}
+	}
+	// place scans dir, or def's folder when dir is unset.
+	place := func(dir string, def func() string, scan func(string) ([]Entry, error)) {
+		if dir == "" {
+			dir = def()
+		}
+		scanned(scan(dir))
+	}
 	for _, d := range opts.Dirs {
-		es, err := scanFolder(expandHome(d), SourceConfig, true)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, e := range es {
-			add(e)
-		}
+		scanned(scanFolder(expandHome(d), SourceConfig, true))
 	}
-	hub := opts.HubDir
-	if hub == "" {
-		hub = HubCacheDir()
-	}
-	es, err := scanHub(hub)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, e := range es {
-		add(e)
-	}
-	fd := opts.FerriteDir
-	if fd == "" {
-		fd = ModelsDir()
-	}
-	es, err = scanFolder(fd, SourceFerrite, false)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, e := range es {
-		add(e)
-	}
-	for _, place := range []struct {
-		dir, def string
-		scan     func(string) ([]Entry, error)
-	}{{opts.OllamaDir, OllamaModelsDir(), scanOllama}, {opts.LMStudioDir, LMStudioModelsDir(), scanLMStudio}} {
-		if place.dir == "" {
-			place.dir = place.def
-		}
-		es, err := place.scan(place.dir)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, e := range es {
-			add(e)
-		}
-	}
+	place(opts.HubDir, HubCacheDir, scanHub)
+	place(opts.FerriteDir, ModelsDir, func(dir string) ([]Entry, error) { return scanFolder(dir, SourceFerrite, false) })
+	place(opts.OllamaDir, OllamaModelsDir, scanOllama)
+	place(opts.LMStudioDir, LMStudioModelsDir, scanLMStudio)
 	return out, errs
 }
 
