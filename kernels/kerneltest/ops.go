@@ -974,22 +974,30 @@ func swigluLinearTest(t *testing.T, d kernels.Device) {
 			xv := randn(rng, c.n*c.cols)
 			x, y := newBuf(t, d, c.n, c.cols, xv), newBuf(t, d, c.n, c.inter, nil)
 			step(d, func() { d.SwiGLULinear(y.t, x.t, gate, up, c.limit) })
-			got := y.read(t, "y")
-			xr, _ := RoundX(d, xv, gate, c.n)
-			g, u := make([]float32, c.n*c.inter), make([]float32, c.n*c.inter)
-			ref.Linear(g, xr, gate, nil, false, c.n)
-			ref.Linear(u, xr, up, nil, false, c.n)
-			want := make([]float32, len(g))
-			ref.SwiGLUClamp(want, g, u, c.limit)
-			// silu'(g) ≤ 1.1 and |silu(g)| ≤ |g|, so the products' errors
-			// reach y scaled by |u| and |g| (+ the SwiGLU's own rounding).
-			compare(t, "y", got, want, LinearTol, func(i int) float64 {
-				r, j := i/c.inter, i%c.inter
-				gs, us := linearScale(xv, gate, r, j, 0), linearScale(xv, up, r, j, 0)
-				return 1.1*gs*math.Abs(float64(u[i])) + us*math.Abs(float64(g[i])) + gs*us + max(1, math.Abs(float64(want[i])))*RowOpTol/LinearTol
-			})
+			checkSwiGLULinear(t, d, y.read(t, "y"), xv, gate, up, c.n, c.limit)
 		})
 	}
+}
+
+// checkSwiGLULinear compares got (n, inter) with the reference
+// SwiGLUClamp(x·gateᵀ, x·upᵀ, limit) of the n rows x, rounded as d rounds
+// them.
+func checkSwiGLULinear(t *testing.T, d kernels.Device, got, x []float32, gate, up *kernels.Mat, n int, limit float32) {
+	t.Helper()
+	inter := gate.Rows
+	xr, _ := RoundX(d, x, gate, n)
+	g, u := make([]float32, n*inter), make([]float32, n*inter)
+	ref.Linear(g, xr, gate, nil, false, n)
+	ref.Linear(u, xr, up, nil, false, n)
+	want := make([]float32, len(g))
+	ref.SwiGLUClamp(want, g, u, limit)
+	// silu'(g) ≤ 1.1 and |silu(g)| ≤ |g|, so the products' errors reach y
+	// scaled by |u| and |g| (+ the SwiGLU's own rounding).
+	compare(t, "y", got, want, LinearTol, func(i int) float64 {
+		r, j := i/inter, i%inter
+		gs, us := linearScale(x, gate, r, j, 0), linearScale(x, up, r, j, 0)
+		return 1.1*gs*math.Abs(float64(u[i])) + us*math.Abs(float64(g[i])) + gs*us + max(1, math.Abs(float64(want[i])))*RowOpTol/LinearTol
+	})
 }
 
 // normCase is a fused norm's input for the Norm* linear ops: x (n, cols),
@@ -1147,18 +1155,7 @@ func normSwigluLinearTest(t *testing.T, d kernels.Device) {
 			x, _, hn, h := normCase(t, d, rng, c.n, c.cols, c.offset)
 			y := newBuf(t, d, c.n, c.inter, nil)
 			step(d, func() { d.NormSwiGLULinear(y.t, x.t, hn, gate, up, c.limit) })
-			got := y.read(t, "y")
-			hr, _ := RoundX(d, h, gate, c.n)
-			g, u := make([]float32, c.n*c.inter), make([]float32, c.n*c.inter)
-			ref.Linear(g, hr, gate, nil, false, c.n)
-			ref.Linear(u, hr, up, nil, false, c.n)
-			want := make([]float32, len(g))
-			ref.SwiGLUClamp(want, g, u, c.limit)
-			compare(t, "y", got, want, LinearTol, func(i int) float64 {
-				r, j := i/c.inter, i%c.inter
-				gs, us := linearScale(h, gate, r, j, 0), linearScale(h, up, r, j, 0)
-				return 1.1*gs*math.Abs(float64(u[i])) + us*math.Abs(float64(g[i])) + gs*us + max(1, math.Abs(float64(want[i])))*RowOpTol/LinearTol
-			})
+			checkSwiGLULinear(t, d, y.read(t, "y"), h, gate, up, c.n, c.limit)
 		})
 	}
 }
