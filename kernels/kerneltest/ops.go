@@ -930,24 +930,10 @@ func linearCatTest(t *testing.T, d kernels.Device) {
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.cols)))
-			var ws []*kernels.Mat
-			total := 0
-			for _, r := range c.rows {
-				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
-				total += r
-			}
+			ws, total := catWeights(rng, c.dt, c.rows, c.cols)
 			xv := randn(rng, c.n*c.cols)
 			x := newBuf(t, d, c.n, c.cols, xv)
-			var y0, bv []float32
-			if c.acc {
-				y0 = randn(rng, c.n*total)
-			}
-			y := newBuf(t, d, c.n, total, y0)
-			e := kernels.Epilogue{Accumulate: c.acc}
-			if c.bias {
-				bv = randn(rng, total)
-				e.Bias = newBuf(t, d, 1, total, bv).t
-			}
+			y, y0, bv, e := catOutput(t, d, rng, c.n, total, c.acc, c.bias)
 			// Twice: the second call finds the stacked weights cached.
 			for range 2 {
 				if c.acc {
@@ -1000,6 +986,32 @@ func checkSwiGLULinear(t *testing.T, d kernels.Device, got, x []float32, gate, u
 	})
 }
 
+// catWeights returns random weights of dtype dt for the *LinearCat ops,
+// (rows[i], cols) each, and their rows in all.
+func catWeights(rng *rand.Rand, dt kernels.DType, rows []int, cols int) (ws []*kernels.Mat, total int) {
+	for _, r := range rows {
+		ws = append(ws, NewMat(rng, dt, r, cols, 0, 0))
+		total += r
+	}
+	return ws, total
+}
+
+// catOutput is a *LinearCat op's destination y (n, total), holding random
+// y0 when acc, and its epilogue: accumulating when acc, with a random bias
+// bv (1, total) when bias.
+func catOutput(t *testing.T, d kernels.Device, rng *rand.Rand, n, total int, acc, bias bool) (y *buf, y0, bv []float32, e kernels.Epilogue) {
+	if acc {
+		y0 = randn(rng, n*total)
+	}
+	y = newBuf(t, d, n, total, y0)
+	e.Accumulate = acc
+	if bias {
+		bv = randn(rng, total)
+		e.Bias = newBuf(t, d, 1, total, bv).t
+	}
+	return y, y0, bv, e
+}
+
 // normCase is a fused norm's input for the Norm* linear ops: x (n, cols),
 // the norm weight (1, cols) (around 1, or around 0 with offset) on the
 // device, and the reference's normed rows.
@@ -1043,23 +1055,9 @@ func normLinearCatTest(t *testing.T, d kernels.Device) {
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v,offset=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc, c.offset), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n)+100, uint64(c.cols)))
-			var ws []*kernels.Mat
-			total := 0
-			for _, r := range c.rows {
-				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
-				total += r
-			}
+			ws, total := catWeights(rng, c.dt, c.rows, c.cols)
 			x, xv, hn, h := normCase(t, d, rng, c.n, c.cols, c.offset)
-			var y0, bv []float32
-			if c.acc {
-				y0 = randn(rng, c.n*total)
-			}
-			y := newBuf(t, d, c.n, total, y0)
-			e := kernels.Epilogue{Accumulate: c.acc}
-			if c.bias {
-				bv = randn(rng, total)
-				e.Bias = newBuf(t, d, 1, total, bv).t
-			}
+			y, y0, bv, e := catOutput(t, d, rng, c.n, total, c.acc, c.bias)
 			for range 2 { // the second call finds the stacked weights cached
 				if c.acc {
 					d.WriteF32(y.t, y0)
@@ -1094,12 +1092,7 @@ func addNormLinearCatTest(t *testing.T, d kernels.Device) {
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,offset=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.offset), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n)+300, uint64(c.cols)))
-			var ws []*kernels.Mat
-			total := 0
-			for _, r := range c.rows {
-				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
-				total += r
-			}
+			ws, total := catWeights(rng, c.dt, c.rows, c.cols)
 			x, xv, hn, _ := normCase(t, d, rng, c.n, c.cols, c.offset)
 			dv := randn(rng, c.n*c.cols)
 			delta, sum := newBuf(t, d, c.n, c.cols, dv), newBuf(t, d, c.n, c.cols, nil)
@@ -1111,13 +1104,7 @@ func addNormLinearCatTest(t *testing.T, d kernels.Device) {
 			d.ReadF32(wv, hn.W)
 			h := make([]float32, len(sv))
 			ref.RMSNorm(h, sv, wv, hn.Eps, c.offset, c.n)
-			var bv []float32
-			var e kernels.Epilogue
-			if c.bias {
-				bv = randn(rng, total)
-				e.Bias = newBuf(t, d, 1, total, bv).t
-			}
-			y := newBuf(t, d, c.n, total, nil)
+			y, _, bv, e := catOutput(t, d, rng, c.n, total, false, c.bias)
 			step(d, func() { d.AddNormLinearCat(y.t, sum.t, x.t, delta.t, hn, ws, e) })
 			for i, v := range sum.read(t, "sum") {
 				if math.Float32bits(v) != math.Float32bits(sv[i]) {
