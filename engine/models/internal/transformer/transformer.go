@@ -1,10 +1,11 @@
 // Package transformer holds the loading code shared by the decoder-only
 // GQA architectures (llama, qwen3, qwen3_moe, mixtral, glm4_moe): reading
 // the common hyperparameters from config.json (the rotary embedding also
-// for engine/models/mla), loading an attention block,
-// and wrapping blocks with the embedding, final norm and LM head into a
-// gqa.Decoder on the op set (NewModel). Each architecture package keeps
-// what differs: its FFN, its optional tensors and its config quirks.
+// for engine/models/mla), loading an attention block and dense MLPs
+// (DenseMLP), and wrapping blocks with the embedding, final norm and LM
+// head into a gqa.Decoder on the op set (NewModel). Each architecture
+// package keeps what differs: its MoE FFN (through nn.Loader's MoE
+// loaders), its optional tensors and its config quirks.
 package transformer
 
 import (
