@@ -210,12 +210,19 @@ func (m *model) startLoad(e ModelEntry) tea.Cmd {
 // waitProgress reads the next stage; it ends (a nil message) once the
 // load is over.
 func waitProgress(id int, ch <-chan string) tea.Cmd {
+	return receive(ch, func(s string) tea.Msg { return loadProgressMsg{id: id, stage: s} })
+}
+
+// receive is a command that waits for ch's next value and returns msg of
+// it, or nil once ch is closed: the self-re-issuing pull of a progress
+// channel (the message's handler issues it again).
+func receive[T any](ch <-chan T, msg func(T) tea.Msg) tea.Cmd {
 	return func() tea.Msg {
-		s, ok := <-ch
+		v, ok := <-ch
 		if !ok {
 			return nil
 		}
-		return loadProgressMsg{id: id, stage: s}
+		return msg(v)
 	}
 }
 
