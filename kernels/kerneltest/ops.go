@@ -440,6 +440,17 @@ func attentionTest(t *testing.T, d kernels.Device) {
 	}
 }
 
+// scatteredBlocks is a block table of n distinct blocks of a cache of
+// pool blocks, in random order (rng.Perm(pool)'s first n).
+func scatteredBlocks(rng *rand.Rand, n, pool int) []int32 {
+	perm := rng.Perm(pool)
+	blocks := make([]int32, n)
+	for i := range blocks {
+		blocks[i] = int32(perm[i])
+	}
+	return blocks
+}
+
 func attentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvHeads, hd, bs int, seqs []attnSeq, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 15))
 	qw, kw := heads*hd, kvHeads*hd
@@ -449,11 +460,7 @@ func attentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvHe
 	}
 	nBlocks := len(seqs)*maxBlocks + 3
 	// Block tables: a random permutation, so sequences interleave.
-	perm := rng.Perm(nBlocks)
-	blocks := make([]int32, len(seqs)*maxBlocks)
-	for i := range blocks {
-		blocks[i] = int32(perm[i])
-	}
+	blocks := scatteredBlocks(rng, len(seqs)*maxBlocks, nBlocks)
 	kc, err := d.Alloc(dt, nBlocks*bs, kw)
 	if err != nil {
 		t.Fatal(err)
@@ -1171,11 +1178,7 @@ func prepareQKVCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvH
 	qw, kw := heads*hd, kvHeads*hd
 	maxBlocks := (start + n + bs - 1) / bs
 	nBlocks := maxBlocks + 2
-	perm := rng.Perm(nBlocks)
-	blocks := make([]int32, maxBlocks)
-	for i := range blocks {
-		blocks[i] = int32(perm[i])
-	}
+	blocks := scatteredBlocks(rng, maxBlocks, nBlocks)
 	pos, seq, slot := make([]int32, n), make([]int32, n), make([]int32, n)
 	for i := range n {
 		p := start + i
@@ -1282,11 +1285,7 @@ func qkvAttentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, k
 	total := hist + n
 	maxBlocks := (total + bs - 1) / bs
 	nBlocks := maxBlocks + 2
-	perm := rng.Perm(nBlocks)
-	blocks := make([]int32, maxBlocks)
-	for i := range blocks {
-		blocks[i] = int32(perm[i])
-	}
+	blocks := scatteredBlocks(rng, maxBlocks, nBlocks)
 	pos, seq, slot := make([]int32, total), make([]int32, total), make([]int32, total)
 	for p := range total {
 		pos[p], slot[p] = int32(p), blocks[p/bs]*bs+int32(p%bs)
