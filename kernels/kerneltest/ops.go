@@ -205,7 +205,11 @@ func ints(t *testing.T, d kernels.Device, rows, cols int, v []int32) kernels.Ten
 	return x
 }
 
-func randn(rng *rand.Rand, n int) []float32 {
+func randn(rng *rand.Rand, n int) []float32 { return RandN(rng, n) }
+
+// RandN returns n standard normal values drawn from rng: the inputs of
+// most cases, here and in the backends' own tests.
+func RandN(rng *rand.Rand, n int) []float32 {
 	v := make([]float32, n)
 	for i := range v {
 		v[i] = float32(rng.NormFloat64())
