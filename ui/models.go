@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 
 	tea "github.com/charmbracelet/bubbletea"
+
+	"github.com/ferrite-llm/ferrite/internal/units"
 )
 
 // Switching models. /model NAME asks Models.Find in a command, then loads
@@ -145,7 +145,7 @@ func (m *model) onModelsListed(msg modelsListedMsg) {
 			b.WriteString(" · " + e.Quant)
 		}
 		if e.Path != "" && e.Source != "hf-cache" {
-			b.WriteString("  " + shortPath(e.Path))
+			b.WriteString("  " + units.ShortPath(e.Path))
 		}
 		if e.Problem != "" {
 			b.WriteString("  ⚠ " + e.Problem)
@@ -160,16 +160,6 @@ func sameModel(a, b ModelEntry) bool {
 		return a.Path == b.Path
 	}
 	return a.Name == b.Name
-}
-
-// shortPath writes the home directory as ~.
-func shortPath(p string) string {
-	if home, err := os.UserHomeDir(); err == nil && home != "" {
-		if rest, ok := strings.CutPrefix(p, home+string(filepath.Separator)); ok {
-			return "~/" + rest
-		}
-	}
-	return p
 }
 
 func (m *model) onModelFound(msg modelFoundMsg) tea.Cmd {

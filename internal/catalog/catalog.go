@@ -47,6 +47,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/gguf"
+	"github.com/ferrite-llm/ferrite/internal/units"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -95,10 +96,10 @@ type Options struct {
 // $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub.
 func HubCacheDir() string {
 	if d := os.Getenv("HF_HUB_CACHE"); d != "" {
-		return expandHome(d)
+		return units.ExpandHome(d)
 	}
 	if d := os.Getenv("HF_HOME"); d != "" {
-		return filepath.Join(expandHome(d), "hub")
+		return filepath.Join(units.ExpandHome(d), "hub")
 	}
 	return filepath.Join(xdg.CacheHome, "huggingface", "hub")
 }
@@ -152,7 +153,7 @@ func Discover(opts Options) ([]Entry, []error) {
 		scanned(scan(dir))
 	}
 	for _, d := range opts.Dirs {
-		scanned(scanFolder(expandHome(d), SourceConfig, true))
+		scanned(scanFolder(units.ExpandHome(d), SourceConfig, true))
 	}
 	place(opts.HubDir, HubCacheDir, scanHub)
 	place(opts.FerriteDir, ModelsDir, func(dir string) ([]Entry, error) { return scanFolder(dir, SourceFerrite, false) })
@@ -165,7 +166,7 @@ func Discover(opts Options) ([]Entry, []error) {
 // SourcePath). It fails when dir is neither a directory with a config.json
 // nor a GGUF file or a directory holding one GGUF model.
 func Probe(dir string) (Entry, error) {
-	dir = expandHome(dir)
+	dir = units.ExpandHome(dir)
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
@@ -469,15 +470,6 @@ func Load(e Entry, opts engine.Options) (*engine.Loaded, *tokenizer.Tokenizer, e
 func LooksLikePath(s string) bool {
 	return s == "." || s == ".." || filepath.IsAbs(s) ||
 		strings.HasPrefix(s, "./") || strings.HasPrefix(s, "../") || strings.HasPrefix(s, "~/")
-}
-
-func expandHome(p string) string {
-	if rest, ok := strings.CutPrefix(p, "~/"); ok {
-		if home, err := os.UserHomeDir(); err == nil {
-			return filepath.Join(home, rest)
-		}
-	}
-	return p
 }
 
 func exists(p string) bool {
