@@ -58,60 +58,31 @@ type benchFlags struct {
 	cpuProfile     string
 }
 
-// listFlag is a comma-separated list of values, each read by parse (which
-// gets the text between commas as it is) and written by format.
-type listFlag[T any] struct {
-	v      *[]T
-	parse  func(string) (T, error)
-	format func(T) string
-}
+// intList is a comma-separated list of positive integers.
+type intList struct{ v *[]int }
 
-func (l listFlag[T]) String() string {
+func (l intList) String() string {
 	if l.v == nil {
 		return ""
 	}
 	s := make([]string, len(*l.v))
 	for i, x := range *l.v {
-		s[i] = l.format(x)
+		s[i] = strconv.Itoa(x)
 	}
 	return strings.Join(s, ",")
 }
 
-func (l listFlag[T]) Set(s string) error {
-	var out []T
+func (l intList) Set(s string) error {
+	var out []int
 	for _, f := range strings.Split(s, ",") {
-		x, err := l.parse(f)
-		if err != nil {
-			return err
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("%q is not a positive integer", f)
 		}
-		out = append(out, x)
+		out = append(out, n)
 	}
 	*l.v = out
 	return nil
-}
-
-// intList is a comma-separated list of positive integers.
-func intList(v *[]int) listFlag[int] {
-	return listFlag[int]{v: v, format: strconv.Itoa, parse: func(f string) (int, error) {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return 0, fmt.Errorf("%q is not a positive integer", f)
-		}
-		return n, nil
-	}}
-}
-
-// onOffList is a comma-separated list of on/off.
-func onOffList(v *[]bool) listFlag[bool] {
-	return listFlag[bool]{v: v, format: onOff, parse: func(f string) (bool, error) {
-		switch strings.TrimSpace(f) {
-		case "on":
-			return true, nil
-		case "off":
-			return false, nil
-		}
-		return false, fmt.Errorf("%q is not on or off", f)
-	}}
 }
 
 // sizeFlag is a number of bytes, read like config.toml's sizes ("1GiB").
@@ -133,6 +104,36 @@ func (s sizeFlag) Set(text string) error {
 	return nil
 }
 
+// onOffList is a comma-separated list of on/off.
+type onOffList struct{ v *[]bool }
+
+func (l onOffList) String() string {
+	if l.v == nil {
+		return ""
+	}
+	s := make([]string, len(*l.v))
+	for i, b := range *l.v {
+		s[i] = onOff(b)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l onOffList) Set(s string) error {
+	var out []bool
+	for _, f := range strings.Split(s, ",") {
+		switch strings.TrimSpace(f) {
+		case "on":
+			out = append(out, true)
+		case "off":
+			out = append(out, false)
+		default:
+			return fmt.Errorf("%q is not on or off", f)
+		}
+	}
+	*l.v = out
+	return nil
+}
+
 func onOff(b bool) string {
 	if b {
 		return "on"
@@ -143,10 +144,10 @@ func onOff(b bool) string {
 func (f *benchFlags) register(fs *flag.FlagSet) {
 	f.concurrency, f.promptLens, f.genLens, f.mtp = []int{1, 8, 32}, []int{128}, []int{64}, []bool{false}
 	fs.StringVar(&f.model, "model", "", "checkpoint directory, GGUF file, ferrite-tiny (the built-in model), or a directory or file with only config.json (random weights at full size)")
-	fs.Var(intList(&f.concurrency), "concurrency", "requests in flight at once, comma-separated")
-	fs.Var(intList(&f.promptLens), "prompt-len", "prompt tokens per request, comma-separated")
-	fs.Var(intList(&f.genLens), "gen-len", "generated tokens per request (EOS ignored), comma-separated; 1 times the prompt only (prompt tok/s, TTFT)")
-	fs.Var(onOffList(&f.mtp), "mtp", "MTP speculative decoding: on, off or both (on,off)")
+	fs.Var(intList{&f.concurrency}, "concurrency", "requests in flight at once, comma-separated")
+	fs.Var(intList{&f.promptLens}, "prompt-len", "prompt tokens per request, comma-separated")
+	fs.Var(intList{&f.genLens}, "gen-len", "generated tokens per request (EOS ignored), comma-separated; 1 times the prompt only (prompt tok/s, TTFT)")
+	fs.Var(onOffList{&f.mtp}, "mtp", "MTP speculative decoding: on, off or both (on,off)")
 	fs.IntVar(&f.draft, "draft", bench.DefaultDraft, "with --mtp on: draft tokens per step")
 	fs.IntVar(&f.draftMaxSeqs, "draft-max-seqs", 0, "with --mtp on: no drafting while more sequences run (0 = the runtime's default, -1 = no limit)")
 	fs.BoolVar(&f.draftAlways, "draft-always", false, "with --mtp on: draft on every step, even where the runtime measures that drafting does not pay")
