@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/ferrite-llm/ferrite/internal/fixtures"
 )
 
 // tinyLlama writes a config.json alone (no weights: bench makes random
@@ -202,7 +200,7 @@ func TestBench(t *testing.T) {
 // TestBenchCheckpoint runs a real (fixture) checkpoint: weights are read,
 // not made, and --dtype is refused.
 func TestBenchCheckpoint(t *testing.T) {
-	dir := fixtures.ChatModel(t, "qwen3")
+	dir := fixtureModel(t, "qwen3")
 	code, out, errs := runCLI(t, "", "bench", "--model", dir, "--concurrency", "2", "--prompt-len", "4",
 		"--gen-len", "2", "--bandwidth", "12.5")
 	if code != 0 {
@@ -216,7 +214,7 @@ func TestBenchCheckpoint(t *testing.T) {
 		t.Errorf("stdout:\n%s", out)
 	}
 	// An MTP checkpoint drafts with --mtp on and reports the acceptance.
-	mtpDir := fixtures.ChatModel(t, "glm4_moe")
+	mtpDir := fixtureModel(t, "glm4_moe")
 	js := filepath.Join(t.TempDir(), "mtp.json")
 	code, out, errs = runCLI(t, "", "bench", "--model", mtpDir, "--concurrency", "2", "--prompt-len", "4",
 		"--gen-len", "6", "--mtp", "on", "--draft", "2", "--stream-mib", "4", "--json", js)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/internal/catalog"
-	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 	"github.com/ferrite-llm/ferrite/ui"
@@ -140,7 +139,7 @@ func TestFlagsAgreeWithTheTable(t *testing.T) {
 }
 
 func TestPipedChatUsesTheConfig(t *testing.T) {
-	dir := fixtures.ChatModel(t, "llama")
+	dir := fixtureModel(t, "llama")
 	cfgPath := filepath.Join(t.TempDir(), "config.toml")
 	if err := os.WriteFile(cfgPath, []byte("default_model = \""+dir+"\"\n[sampling]\ntemperature = 0\nmax_tokens = 3\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -198,7 +197,7 @@ func TestQuantReachesTheEngine(t *testing.T) {
 	cfg := settings.Default()
 	cfg.Engine.Quant = "int4" // the flags and the file reject it: only the engine can have said so
 	c := &chatModels{cfg: cfg}
-	for _, e := range []catalog.Entry{builtinEntry(), {Name: "qwen3", Dir: fixtures.ChatModel(t, "qwen3")}} {
+	for _, e := range []catalog.Entry{builtinEntry(), {Name: "qwen3", Dir: fixtureModel(t, "qwen3")}} {
 		if _, err := c.openSession(context.Background(), e, true, func(string) {}); err == nil || !strings.Contains(err.Error(), `unknown quantization "int4"`) {
 			t.Errorf("%s with quant int4: %v, want the engine's error", e.Name, err)
 		}
@@ -212,7 +211,7 @@ func TestChatModelsListsAndLoads(t *testing.T) {
 	t.Setenv("HOME", t.TempDir()) // no LM Studio folder
 	root := t.TempDir()
 	for _, name := range []string{"qwen3", "qwen3_next"} {
-		if err := os.Rename(fixtures.ChatModel(t, name), filepath.Join(root, name)); err != nil {
+		if err := os.Rename(fixtureModel(t, name), filepath.Join(root, name)); err != nil {
 			t.Fatal(err)
 		}
 	}

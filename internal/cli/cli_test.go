@@ -32,6 +32,10 @@ func TestMain(m *testing.M) {
 	m.Run()
 }
 
+// fixtureModel is fixtures.ChatModel: a fixture's config and weights with
+// the byte tokenizer, in a temporary directory.
+func fixtureModel(t *testing.T, name string) string { return fixtures.ChatModel(t, name) }
+
 // byteTokenizer writes fixtures.WriteByteTokenizer's tokenizer into dir.
 func byteTokenizer(t *testing.T, dir string) {
 	t.Helper()
@@ -65,7 +69,7 @@ func TestTokenize(t *testing.T) {
 }
 
 func TestRunGreedyIsDeterministic(t *testing.T) {
-	dir := fixtures.ChatModel(t, "qwen3")
+	dir := fixtureModel(t, "qwen3")
 	args := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "12", "--system", "be brief", "hello there"}
 	code, out1, errs := runCLI(t, "", args...)
 	if code != 0 {
@@ -144,7 +148,7 @@ func TestUnknownCommandFails(t *testing.T) {
 // TestPipedPromptLosesItsFinalNewline: `echo TEXT | ferrite run` is
 // `ferrite run TEXT`; inner line breaks stay.
 func TestPipedPromptLosesItsFinalNewline(t *testing.T) {
-	dir := fixtures.ChatModel(t, "llama")
+	dir := fixtureModel(t, "llama")
 	args := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "6"}
 	_, byArg, _ := runCLI(t, "", append(args, "hello there")...)
 	code, piped, errs := runCLI(t, "hello there\n", args...)
@@ -165,7 +169,7 @@ func TestPipedPromptLosesItsFinalNewline(t *testing.T) {
 // context before --max-tokens says so and exits 1; one that reaches
 // --max-tokens, or the context with --max-tokens 0, exits 0.
 func TestRunSaysWhyTheReplyStopped(t *testing.T) {
-	dir := fixtures.ChatModel(t, "llama")
+	dir := fixtureModel(t, "llama")
 	base := []string{"run", "--model", dir, "--temperature", "0", "--raw"}
 	for _, c := range []struct {
 		args []string
@@ -202,7 +206,7 @@ func TestTokenizeDefaultsToTheBuiltinModel(t *testing.T) {
 }
 
 func TestRunPromptFromStdin(t *testing.T) {
-	dir := fixtures.ChatModel(t, "llama")
+	dir := fixtureModel(t, "llama")
 	code, out, errs := runCLI(t, "from stdin", "run", "--model", dir, "--temperature", "0", "--max-tokens", "4", "--raw")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
@@ -216,7 +220,7 @@ func TestRunPromptFromStdin(t *testing.T) {
 }
 
 func TestRunMTPGreedyEqualsPlain(t *testing.T) {
-	dir := fixtures.ChatModel(t, "qwen3_next")
+	dir := fixtureModel(t, "qwen3_next")
 	base := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "10"}
 	code, plain, errs := runCLI(t, "", append(base, "--mtp", "off", "tell me")...)
 	if code != 0 {
@@ -235,7 +239,7 @@ func TestRunMTPGreedyEqualsPlain(t *testing.T) {
 }
 
 func TestRunMTPFlagErrors(t *testing.T) {
-	dir := fixtures.ChatModel(t, "llama")
+	dir := fixtureModel(t, "llama")
 	for _, c := range []struct {
 		args []string
 		want string
@@ -277,7 +281,7 @@ func TestRunDefaultsToBuiltinModel(t *testing.T) {
 }
 
 func TestRunMTPOffByDefault(t *testing.T) {
-	dir := fixtures.ChatModel(t, "qwen3_next")
+	dir := fixtureModel(t, "qwen3_next")
 	code, _, errs := runCLI(t, "", "run", "--model", dir, "--temperature", "0", "--max-tokens", "6", "hi")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
@@ -290,7 +294,7 @@ func TestRunMTPOffByDefault(t *testing.T) {
 // TestRunDevice checks --device: cpu runs, a malformed spec is refused, and
 // cuda on a machine without a usable GPU fails with one line that says why.
 func TestRunDevice(t *testing.T) {
-	dir := fixtures.ChatModel(t, "qwen3")
+	dir := fixtureModel(t, "qwen3")
 	args := []string{"run", "--model", dir, "--temperature", "0", "--max-tokens", "2", "hi"}
 	if code, out, errs := runCLI(t, "", append([]string{args[0], "--device", "cpu"}, args[1:]...)...); code != 0 || out == "" {
 		t.Fatalf("--device cpu: exit %d, stderr %q", code, errs)

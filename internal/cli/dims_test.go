@@ -5,15 +5,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/ferrite-llm/ferrite/internal/fixtures"
 )
 
 // A config.json dimension far beyond the checkpoint's tensors fails `run`
 // and `bench` with an error naming the key, before anything is allocated
 // by it (10^12 floats would end the process).
 func TestAbsurdDimension(t *testing.T) {
-	dir := fixtures.ChatModel(t, "qwen3")
+	dir := fixtureModel(t, "qwen3")
 	path := filepath.Join(dir, "config.json")
 	cfg, err := os.ReadFile(path)
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/internal/catalog"
-	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/internal/settings"
 )
 
@@ -33,7 +32,7 @@ func TestEnginePanicStackReachesTheLog(t *testing.T) {
 	cfg := settings.Default()
 	cfg.Sampling.MaxTokens = 4
 	c := &chatModels{cfg: cfg, log: log}
-	e, err := catalog.Probe(fixtures.ChatModel(t, "llama"))
+	e, err := catalog.Probe(fixtureModel(t, "llama"))
 	if err != nil {
 		t.Fatal(err)
 	}
