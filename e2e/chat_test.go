@@ -26,6 +26,16 @@ func build(t *testing.T) string {
 	return bin
 }
 
+// terminalBinary is build for a test that drives the binary in tmux,
+// which -short skips.
+func terminalBinary(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the binary and drives it in tmux")
+	}
+	return build(t)
+}
+
 // term is one tmux session running a command, on a tmux server of its
 // own: sessions that share a server race with its exit when the last one
 // ends ("server exited unexpectedly").
@@ -134,10 +144,7 @@ func writeConfig(t *testing.T, data, text string) {
 }
 
 func TestChatInTerminal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
+	bin := terminalBinary(t)
 	folder := models(t)
 	model := filepath.Join(folder, "tiny-qwen3")
 	data := t.TempDir()
@@ -229,10 +236,7 @@ func TestChatInTerminal(t *testing.T) {
 }
 
 func TestBadConfigIsReported(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
+	bin := terminalBinary(t)
 	model := fixtures.ChatModel(t, "qwen3")
 	data := t.TempDir()
 	writeConfig(t, data, "[sampling]\ntemperature = \"hot\"\n")
@@ -264,10 +268,7 @@ func TestPipedBehavesLikeRun(t *testing.T) {
 // TestBuiltinModelAnswers is the README's main command: plain `ferrite`
 // opens the chat on the built-in model, which answers an in-domain question.
 func TestBuiltinModelAnswers(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
+	bin := terminalBinary(t)
 	data := t.TempDir()
 	tm := newTerm(t, []string{"XDG_DATA_HOME=" + data, "XDG_CONFIG_HOME=" + data, "NO_COLOR=1"},
 		bin, "--temperature", "0")
@@ -286,10 +287,7 @@ func TestBuiltinModelAnswers(t *testing.T) {
 // TestNoLoadingLineAfterQuit: the "loading …" line printed before the chat
 // opens is gone from the terminal once the chat has ended.
 func TestNoLoadingLineAfterQuit(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
+	bin := terminalBinary(t)
 	model := fixtures.ChatModel(t, "qwen3")
 	data := t.TempDir()
 	// A shell keeps the pane open after ferrite exits, to see what it left.
@@ -306,10 +304,7 @@ func TestNoLoadingLineAfterQuit(t *testing.T) {
 // (typed, with the completion popup open) loads entry N of /models, not a
 // model whose name holds the digit.
 func TestModelNumberInTerminal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
+	bin := terminalBinary(t)
 	folder := t.TempDir()
 	for _, name := range []string{"glm5_next", "llama", "mixtral", "qwen3"} {
 		if err := os.Rename(fixtures.ChatModel(t, name), filepath.Join(folder, name)); err != nil {
@@ -351,10 +346,7 @@ func TestModelNumberInTerminal(t *testing.T) {
 // names the KV budget and stops at its limit, and a message that does not
 // fit goes back to the input, where a command typed next replaces it.
 func TestKVBudgetInTerminal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
+	bin := terminalBinary(t)
 	model := fixtures.ChatModel(t, "qwen3")
 	data := t.TempDir()
 	// 4 blocks of 16 tokens (3 layers · K and V · 2 heads · 32 dims · 2 bytes:
