@@ -85,32 +85,20 @@ func TestFootprint(t *testing.T) {
 	}
 }
 
-// tinyLlama is the config of a one-layer llama that a sweep runs in
-// milliseconds.
-const tinyLlama = `{"model_type": "llama", "hidden_size": 32,
-	"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-	"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`
-
-// randomModel builds cfgJSON's model with random F32 weights on a
-// one-worker CPU backend, closed when the test ends.
-func randomModel(t *testing.T, cfgJSON string) (model.Model, *cpu.Backend) {
-	t.Helper()
-	cfg, err := config.Parse("config.json", []byte(cfgJSON))
+// TestRun sweeps a tiny random llama and checks the measurements add up.
+func TestRun(t *testing.T) {
+	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
+		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	be := cpu.New(1)
-	t.Cleanup(be.Close)
+	defer be.Close()
 	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m, be
-}
-
-// TestRun sweeps a tiny random llama and checks the measurements add up.
-func TestRun(t *testing.T) {
-	m, _ := randomModel(t, tinyLlama)
 	opts := Options{Concurrency: []int{1, 3}, PromptLens: []int{4}, GenLens: []int{3}, MTP: []bool{true, false}, Seed: 1, Warmup: true}
 	res, err := Run(context.Background(), m, opts)
 	if err != nil {
@@ -167,9 +155,18 @@ func TestMeasureBandwidth(t *testing.T) {
 // backend's tensors at the model's own plus its step inputs, the same after
 // a second sweep: no cache outlives its case.
 func TestRunReleasesMemory(t *testing.T) {
-	m, be := randomModel(t, `{"model_type": "qwen3", "hidden_size": 32, "head_dim": 16,
+	cfg, err := config.Parse("config.json", []byte(`{"model_type": "qwen3", "hidden_size": 32, "head_dim": 16,
 		"intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`)
+		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(1)
+	defer be.Close()
+	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
+	if err != nil {
+		t.Fatal(err)
+	}
 	loaded := be.MemoryUse().Tensors
 	opts := Options{Concurrency: []int{1, 2, 4}, PromptLens: []int{4, 9}, GenLens: []int{3}, Seed: 1, Warmup: true}
 	sweep := func() int64 {
@@ -210,7 +207,18 @@ func (p *fakeProfiler) WriteProfile(w io.Writer) error {
 // table in the case's Profile, handed to Done as each case ends; untouched
 // while it is not profiling.
 func TestRunProfiler(t *testing.T) {
-	m, _ := randomModel(t, tinyLlama)
+	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
+		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(1)
+	defer be.Close()
+	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, on := range []bool{true, false} {
 		p := &fakeProfiler{on: on}
 		var done []Result
