@@ -19,12 +19,7 @@ import (
 // norm — and the fusion does happen (the product's fix is filled). Rows on
 // both sides of the norm's block-size switch (the SM count).
 func TestFuseHalves(t *testing.T) {
-	b := openOps(t)
-	if !b.useGemm() {
-		t.Skipf("no cuBLASLt: %v", b.gemmErr)
-	}
-	b.SetSkinnyRows(0)
-	defer b.SetFuseHalves(b.SetFuseHalves(false))
+	b := halvesBackend(t)
 	const hidden, in, qkv, inter = 256, 192, 320, 200
 	rng := rand.New(rand.NewPCG(13, 1))
 	o := kerneltest.NewMat(rng, kernels.BF16, hidden, in, 0, 0)
@@ -86,4 +81,120 @@ func TestFuseHalves(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestFuseHalvesPrep checks ferrite_prepare_qkv_halves: the q/k/v product
+// (NormLinearCat, with and without a bias) and PrepareQKV (q/k norms,
+// rotation, a float32 and a bf16 cache) give, fused, the bits of the two
+// kernels — the queries, both caches and the q/k/v sums — and the fusion
+// does happen.
+func TestFuseHalvesPrep(t *testing.T) {
+	b := halvesBackend(t)
+	const hidden, heads, kvh, hd = 256, 4, 2, 64
+	const width = (heads + 2*kvh) * hd
+	rng := rand.New(rand.NewPCG(13, 2))
+	cat := kerneltest.NewMat(rng, kernels.BF16, width, hidden, 0, 0)
+	hn := &kernels.HeadNorm{W: f32Tensor(t, b, 1, hidden, randF32(rng, hidden)), Eps: 1e-6}
+	qn := &kernels.HeadNorm{W: f32Tensor(t, b, 1, hd, randF32(rng, hd)), Eps: 1e-6}
+	kn := &kernels.HeadNorm{W: f32Tensor(t, b, 1, hd, randF32(rng, hd)), Eps: 1e-6, Offset: true}
+	inv := make([]float32, hd/4)
+	for i := range inv {
+		inv[i] = float32(math.Pow(10000, -float64(2*i)/float64(hd/2)))
+	}
+	rope := &kernels.Rotary{InvFreq: f32Tensor(t, b, 1, len(inv), inv), Dim: hd / 2, Scale: 1}
+	bias := f32Tensor(t, b, 1, width, randF32(rng, width))
+	shape := kernels.AttnShape{Heads: heads, KVHeads: kvh, HeadDim: hd, Scale: 0.125}
+	for _, n := range []int{2, 37} {
+		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			for _, withBias := range []bool{false, true} {
+				t.Run(fmt.Sprintf("n=%d/%v/bias=%v", n, dt, withBias), func(t *testing.T) {
+					xv := randF32(rng, n*hidden)
+					pos, slot := make([]int32, n), make([]int32, n)
+					for i := range pos {
+						pos[i], slot[i] = int32(3*i+1), int32(n-1-i)
+					}
+					slot[0] = int32(n + 5) // outside the cache: skipped
+					p := &kernels.Paged{Pos: i32Tensor(t, b, n, 1, pos), Slot: i32Tensor(t, b, n, 1, slot), BlockSize: 16}
+					var epi kernels.Epilogue
+					if withBias {
+						epi.Bias = bias
+					}
+					var outs [2][4][]float32
+					for i, fuse := range []bool{false, true} {
+						b.SetFuseHalves(fuse)
+						x := f32Tensor(t, b, n, hidden, xv)
+						qkv := f32Tensor(t, b, n, width, make([]float32, n*width))
+						q := f32Tensor(t, b, n, heads*hd, make([]float32, n*heads*hd))
+						kc, err := b.Alloc(dt, n+2, kvh*hd)
+						if err != nil {
+							t.Fatal(err)
+						}
+						vc, err := b.Alloc(dt, n+2, kvh*hd)
+						if err != nil {
+							t.Fatal(err)
+						}
+						for _, c := range []kernels.Tensor{kc, vc} { // the rows no slot writes stay 0 on both sides
+							tb, _ := c.Buffer()
+							if err := tb.(*tensorBuf).buf.Upload(0, make([]byte, c.Elems()*dt.Size())); err != nil {
+								t.Fatal(err)
+							}
+						}
+						b.BeginStep()
+						b.NormLinearCat(qkv, x, hn, []*kernels.Mat{cat}, epi)
+						fix := b.halves.fix
+						b.PrepareQKV(q, kc, vc, qkv, qn, kn, rope, p, shape)
+						if fuse != (fix != nil && fix.prep) {
+							t.Fatalf("fusion %v, fix %+v", fuse, fix)
+						}
+						b.EndStep()
+						outs[i] = [4][]float32{make([]float32, n*width), make([]float32, n*heads*hd), cacheF32(t, b, kc), cacheF32(t, b, vc)}
+						b.ReadF32(outs[i][0], qkv)
+						b.ReadF32(outs[i][1], q)
+						if err := b.Err(); err != nil {
+							t.Fatal(err)
+						}
+					}
+					for k, name := range []string{"qkv", "q", "k cache", "v cache"} {
+						for j, v := range outs[0][k] {
+							if math.Float32bits(v) != math.Float32bits(outs[1][k][j]) {
+								t.Fatalf("%s[%d] = %g fused, %g as two kernels", name, j, outs[1][k][j], v)
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// halvesBackend is the fusion tests' backend: cuBLASLt's split products
+// (no skinny GEMM), the fusion switched per case and restored at the end.
+func halvesBackend(t *testing.T) *Backend {
+	b := openOps(t)
+	if !b.useGemm() {
+		t.Skipf("no cuBLASLt: %v", b.gemmErr)
+	}
+	b.SetSkinnyRows(0)
+	prev := b.SetFuseHalves(false)
+	t.Cleanup(func() { b.SetFuseHalves(prev) })
+	return b
+}
+
+// cacheF32 reads a float32 or bf16 cache tensor as float32.
+func cacheF32(t *testing.T, b *Backend, c kernels.Tensor) []float32 {
+	t.Helper()
+	out := make([]float32, c.Elems())
+	if c.DType == kernels.F32 {
+		b.ReadF32(out, c)
+		return out
+	}
+	raw := make([]byte, 2*c.Elems())
+	tb, _ := c.Buffer()
+	if err := tb.(*tensorBuf).buf.Download(raw, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range out {
+		out[i] = math.Float32frombits(uint32(raw[2*i])<<16 | uint32(raw[2*i+1])<<24)
+	}
+	return out
 }

@@ -301,7 +301,16 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 	}
 	if b.splitsNormed(dw, rows) { // the norm writes cuBLASLt's split input
 		xb, split := b.normSplit(x, n)
-		b.splitGemmXB(xb, split, dw, rows, addHalves(dptr(dst), bias, dw, rows, e.Accumulate))
+		y, epi := dptr(dst), addHalves(dptr(dst), bias, dw, rows, e.Accumulate)
+		var fix *halvesFix
+		if !e.Accumulate && b.fuseHalves && b.inStep { // PrepareQKV may add the halves (halves.go)
+			fix = &halvesFix{}
+			epi = halvesOrPrep(fix, epi)
+		}
+		t := b.splitGemmXB(xb, split, dw, rows, epi)
+		if fix != nil {
+			b.halves = halvesPend{y: y, n: rows, dim: dw.Rows, fix: fix, t: t, bias: bias}
+		}
 		return
 	}
 	h := b.normed(x, n)
@@ -383,7 +392,7 @@ func (b *Backend) splitsNormed(w *Weight, rows int) bool {
 	return !b.rowExact && w.DType == kernels.BF16 && rows > 1 && rows < gemmRoundRows && rows > b.skinny.rows && b.useGemm()
 }
 
-// splitNorm is splitGemm's split of RMSNorm(x) with hn, the norm and the
+// splitNorm is splitGemmXB's split of RMSNorm(x) with hn, the norm and the
 // split in one kernel (the bits of ferrite_add_rmsnorm and then
 // ferrite_f32_to_bf16x2).
 func (b *Backend) splitNorm(x kernels.Tensor, hn *kernels.HeadNorm) func(d *Device, xb uint64) error {
@@ -501,13 +510,14 @@ func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
 		fix = &halvesFix{}
 		epi = halvesOrNorm(y, bias, w, n, fix, epi)
 	}
+	var t uint64
 	if p := b.presplit; p.x == x && p.n == n && p.cols == w.Cols && x != 0 {
-		b.splitGemmXB(p.xb, nil, w, n, epi)
+		t = b.splitGemmXB(p.xb, nil, w, n, epi)
 	} else {
-		b.splitGemm(splitX(x, n, w.Cols), w, n, epi)
+		t = b.splitGemmXB(dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)), splitX(x, n, w.Cols), w, n, epi) // (2n, cols) x split
 	}
 	if fix != nil {
-		b.halves = halvesPend{y: y, n: n, dim: w.Rows, fix: fix}
+		b.halves = halvesPend{y: y, n: n, dim: w.Rows, fix: fix, t: t, bias: bias, acc: true}
 	}
 }
 
@@ -535,16 +545,11 @@ func (b *Backend) splitSwiGLU(y, xb uint64, split func(d *Device, xb uint64) err
 	b.presplit = presplit{x: y, xb: y2, n: n, cols: inter}
 }
 
-// splitGemm queues split, which writes the bf16 hi and lo rows of the n
-// input rows into scratch xb (2n, w.Cols), their cuBLASLt product with w
-// into scratch t (2n, w.Rows), then epi(t).
-func (b *Backend) splitGemm(split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
-	b.splitGemmXB(dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)), split, w, n, epi) // (2n, cols) x as bf16 hi, then lo
-}
-
-// splitGemmXB is splitGemm into the split input xb; with split nil, xb
-// already holds it.
-func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
+// splitGemmXB queues split, which writes the bf16 hi and lo rows of the n
+// input rows into xb (2n, w.Cols) (with split nil, xb already holds
+// them), their cuBLASLt product with w into scratch t (2n, w.Rows), then
+// epi(t); it returns t.
+func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) uint64 {
 	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows)) // (2n, rows) the two products
 	b.queue(func(d *Device) error {
 		if split != nil {
@@ -557,9 +562,10 @@ func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error,
 		}
 		return epi(d, t)
 	})
+	return t
 }
 
-// splitX is splitGemm's split of float32 rows x (n, cols).
+// splitX is splitGemmXB's split of float32 rows x (n, cols).
 func splitX(x uint64, n, cols int) func(d *Device, xb uint64) error {
 	return func(d *Device, xb uint64) error {
 		cnt := int64(n) * int64(cols)
@@ -712,6 +718,15 @@ func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.Head
 	}
 	qp, kcp, vcp, src, pos, slot := dptr(q), dptr(kc), dptr(vc), dptr(qkv), dptr(p.Pos), dptr(p.Slot)
 	heads := s.Heads + 2*s.KVHeads
+	if h := b.halves; h.fix != nil && !h.fix.ran && !h.acc && h.y == src && h.n == n && h.dim == qkv.Cols && b.inStep {
+		h.fix.prep = true // the product's epilogue is this launch (halves.go)
+		b.queue(func(d *Device) error {
+			return d.launch3L("ferrite_prepare_qkv_halves", [3]uint32{uint32(n), uint32(ceilDiv(heads, prepHeads)), 1}, 128, 0,
+				qp, kcp, vcp, h.t, pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), i32(kc.Rows), b32(kc.DType == kernels.BF16),
+				i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), pa[0], pa[1], pa[2], pa[3], pa[4], pa[5], pa[6], pa[7], h.bias, src)
+		})
+		return
+	}
 	b.queue(func(d *Device) error {
 		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(ceilDiv(heads, prepHeads)), 1}, 128, 0,
 			qp, kcp, vcp, src, pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), i32(kc.Rows), b32(kc.DType == kernels.BF16),

@@ -494,10 +494,22 @@ struct PrepArgs {
 // lane + 32, … and then across the warp, the mean rounded to float32 as
 // kernels/ref.RMSNorm) and rotated at position pos (ferrite_rope's angles
 // and products); a v head (kind 2) is copied. Every lane of the warp calls
-// it.
-__device__ void prep_head(float* vw, const float* src, int hd, int kind, const PrepArgs& a, int pos) {
+// it. With lo set, src and lo are the head in a split product's two halves
+// and the head is their sum (+ bias, the head's bias values), as
+// ferrite_add_halves sums them, also written to sum.
+__device__ void prep_head(float* vw, const float* src, int hd, int kind, const PrepArgs& a, int pos,
+                          const float* lo = nullptr, const float* bias = nullptr, float* sum = nullptr) {
     const int lane = threadIdx.x & 31;
-    for (int d = lane; d < hd; d += 32) vw[d] = src[d];
+    if (lo) {
+        for (int d = lane; d < hd; d += 32) {
+            float v = __fadd_rn(src[d], lo[d]);
+            if (bias) v = __fadd_rn(v, bias[d]);
+            vw[d] = v;
+            sum[d] = v;
+        }
+    } else {
+        for (int d = lane; d < hd; d += 32) vw[d] = src[d];
+    }
     __syncwarp();
     if (kind == 2) return;
     const float* w = kind == 0 ? a.qn : a.kn;
@@ -540,6 +552,35 @@ __device__ inline void head_put(void* c, bool bf16, size_t e, const float* vw, i
 
 }  // namespace
 
+namespace {
+
+// prepare_qkv is ferrite_prepare_qkv's body; with lo set (an element
+// offset into qkv), qkv holds a split product's halves (prep_head), bias
+// (or null) its bias, and their sums go to sum (n, (heads + 2·kvh)·hd).
+__device__ void prepare_qkv(float* q, void* kc, void* vc, const float* qkv, const int* pos, int pos_stride, const int* slot,
+                            int slot_stride, int slots, int bf16, int heads, int kvh, int hd, const PrepArgs& a, size_t lo,
+                            const float* bias, float* sum) {
+    __shared__ float v[kPrepWarps][256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = blockIdx.x, h = blockIdx.y * kPrepWarps + warp;
+    if (h >= heads + 2 * kvh) return;
+    const int kind = h < heads ? 0 : h < heads + kvh ? 1 : 2;  // q, k, v
+    const size_t at = (size_t(i) * (heads + 2 * kvh) + h) * hd;
+    prep_head(v[warp], qkv + at, hd, kind, a, pos[size_t(i) * pos_stride], lo ? qkv + at + lo : nullptr,
+              bias ? bias + size_t(h) * hd : nullptr, lo ? sum + at : nullptr);
+    if (kind == 0) {
+        float* dst = q + (size_t(i) * heads + h) * hd;
+        for (int d = lane; d < hd; d += 32) dst[d] = v[warp][d];
+        return;
+    }
+    const int s = slot[size_t(i) * slot_stride];
+    if (s < 0 || s >= slots) return;
+    const int kh = kind == 1 ? h - heads : h - heads - kvh;
+    head_put(kind == 1 ? kc : vc, bf16, size_t(s) * kvh * hd + size_t(kh) * hd, v[warp], hd);
+}
+
+}  // namespace
+
 // ferrite_prepare_qkv: warp w of block (row i, y) takes head h = 4y + w of
 // qkv (n, (heads + 2·kvh)·hd) [q | k | v] (prep_head) and writes a q head
 // to q, a k or v head to the cache (float32 or bf16) at the row's slot; a
@@ -550,22 +591,24 @@ extern "C" __global__ void __launch_bounds__(128)
                         int slot_stride, int slots, int bf16, int heads, int kvh, int hd, const float* qn, float qeps,
                         const float* kn, float keps, const float* inv, int half, float scale, int flags) {
     FERRITE_PDL_WAIT();
-    __shared__ float v[kPrepWarps][256];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int i = blockIdx.x, h = blockIdx.y * kPrepWarps + warp;
-    if (h >= heads + 2 * kvh) return;
-    const int kind = h < heads ? 0 : h < heads + kvh ? 1 : 2;  // q, k, v
     const PrepArgs a{qn, kn, inv, qeps, keps, scale, half, flags};
-    prep_head(v[warp], qkv + (size_t(i) * (heads + 2 * kvh) + h) * hd, hd, kind, a, pos[size_t(i) * pos_stride]);
-    if (kind == 0) {
-        float* dst = q + (size_t(i) * heads + h) * hd;
-        for (int d = lane; d < hd; d += 32) dst[d] = v[warp][d];
-        return;
-    }
-    const int s = slot[size_t(i) * slot_stride];
-    if (s < 0 || s >= slots) return;
-    const int kh = kind == 1 ? h - heads : h - heads - kvh;
-    head_put(kind == 1 ? kc : vc, bf16, size_t(s) * kvh * hd + size_t(kh) * hd, v[warp], hd);
+    prepare_qkv(q, kc, vc, qkv, pos, pos_stride, slot, slot_stride, slots, bf16, heads, kvh, hd, a, 0, nullptr, nullptr);
+}
+
+// ferrite_prepare_qkv_halves is ferrite_prepare_qkv of the sum of a split
+// product's two halves t (2·n, (heads + 2·kvh)·hd) (+ bias), which it also
+// writes to qkv (n, (heads + 2·kvh)·hd) as ferrite_add_halves would: the
+// q/k/v product's epilogue and PrepareQKV in one launch, the same bits
+// (halves.go). Launch as ferrite_prepare_qkv.
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_prepare_qkv_halves(float* q, void* kc, void* vc, const float* t, const int* pos, int pos_stride, const int* slot,
+                               int slot_stride, int slots, int bf16, int heads, int kvh, int hd, const float* qn, float qeps,
+                               const float* kn, float keps, const float* inv, int half, float scale, int flags,
+                               const float* bias, float* qkv) {
+    FERRITE_PDL_WAIT();
+    const PrepArgs a{qn, kn, inv, qeps, keps, scale, half, flags};
+    const size_t lo = size_t(gridDim.x) * (heads + 2 * kvh) * hd;  // n rows of hi products first
+    prepare_qkv(q, kc, vc, t, pos, pos_stride, slot, slot_stride, slots, bf16, heads, kvh, hd, a, lo, bias, qkv);
 }
 
 // ---------------------------------------------------------------------------
