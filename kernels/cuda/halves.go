@@ -23,6 +23,10 @@ import (
 // the epilogue launches nothing and PrepareQKV's kernel adds the halves
 // (writing the sums to q/k/v too, as the epilogue would). Anything else
 // queued in between (queue clears halvesPend) leaves the plain epilogue.
+// The same switch has a decode batch's split-KV attention (and its
+// ferrite_attn_combine) write its output split as well, for the o
+// projection that follows (presplit), in place of ferrite_f32_to_bf16x2:
+// three launches a layer fewer in all.
 
 // halvesFix is what the fused epilogue needs from the norm that joins it:
 // the split input it writes, the norm's weight, epsilon, offset and block

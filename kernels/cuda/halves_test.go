@@ -83,17 +83,20 @@ func TestFuseHalves(t *testing.T) {
 	}
 }
 
-// TestFuseHalvesPrep checks ferrite_prepare_qkv_halves: the q/k/v product
-// (NormLinearCat, with and without a bias) and PrepareQKV (q/k norms,
-// rotation, a float32 and a bf16 cache) give, fused, the bits of the two
-// kernels — the queries, both caches and the q/k/v sums — and the fusion
-// does happen.
+// TestFuseHalvesPrep checks ferrite_prepare_qkv_halves and the attention
+// kernel's split output: the q/k/v product (NormLinearCat, with and
+// without a bias), PrepareQKV (q/k norms, rotation, a float32 and a bf16
+// cache), Attention and the o projection (Linear with acc, which takes the
+// attention's split output) give, fused, the bits of the separate kernels
+// — the q/k/v sums, the queries, both caches, the attention's output and
+// the stream — and both fusions do happen.
 func TestFuseHalvesPrep(t *testing.T) {
 	b := halvesBackend(t)
-	const hidden, heads, kvh, hd = 256, 4, 2, 64
+	const hidden, heads, kvh, hd, bs = 256, 4, 2, 64, 16
 	const width = (heads + 2*kvh) * hd
 	rng := rand.New(rand.NewPCG(13, 2))
 	cat := kerneltest.NewMat(rng, kernels.BF16, width, hidden, 0, 0)
+	o := kerneltest.NewMat(rng, kernels.BF16, hidden, heads*hd, 0, 0)
 	hn := &kernels.HeadNorm{W: f32Tensor(t, b, 1, hidden, randF32(rng, hidden)), Eps: 1e-6}
 	qn := &kernels.HeadNorm{W: f32Tensor(t, b, 1, hd, randF32(rng, hd)), Eps: 1e-6}
 	kn := &kernels.HeadNorm{W: f32Tensor(t, b, 1, hd, randF32(rng, hd)), Eps: 1e-6, Offset: true}
@@ -105,31 +108,45 @@ func TestFuseHalvesPrep(t *testing.T) {
 	bias := f32Tensor(t, b, 1, width, randF32(rng, width))
 	shape := kernels.AttnShape{Heads: heads, KVHeads: kvh, HeadDim: hd, Scale: 0.125}
 	for _, n := range []int{2, 37} {
+		nb := 16 // blocks a sequence: 256 keys, two splits merged in the kernel; 1 block (one split) at n = 2
+		if n == 2 {
+			nb = 1
+		}
 		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-			for _, withBias := range []bool{false, true} {
-				t.Run(fmt.Sprintf("n=%d/%v/bias=%v", n, dt, withBias), func(t *testing.T) {
-					xv := randF32(rng, n*hidden)
-					pos, slot := make([]int32, n), make([]int32, n)
-					for i := range pos {
-						pos[i], slot[i] = int32(3*i+1), int32(n-1-i)
+			for _, c := range []struct{ bias, merged bool }{{false, false}, {true, false}, {false, true}} {
+				withBias := c.bias
+				t.Run(fmt.Sprintf("n=%d/%v/bias=%v/merged=%v", n, dt, c.bias, c.merged), func(t *testing.T) {
+					b.SetFuse(c.merged) // the attention kernel merges its splits, or ferrite_attn_combine does
+					defer b.SetFuse(false)
+					xv, yv := randF32(rng, n*hidden), randF32(rng, n*hidden)
+					keys := nb * bs
+					pos, slot, seq, table := make([]int32, n), make([]int32, n), make([]int32, n), make([]int32, n*nb)
+					for i := range pos { // row i: sequence i, blocks i·nb …, at a position below keys
+						pos[i], seq[i] = int32((37*i+5)%keys), int32(i)
+						slot[i] = int32(i*keys) + pos[i]
+						for j := range nb {
+							table[i*nb+j] = int32(i*nb + j)
+						}
 					}
-					slot[0] = int32(n + 5) // outside the cache: skipped
-					p := &kernels.Paged{Pos: i32Tensor(t, b, n, 1, pos), Slot: i32Tensor(t, b, n, 1, slot), BlockSize: 16}
+					slot[0] = int32(n*keys + 5) // outside the cache: skipped
+					p := &kernels.Paged{Pos: i32Tensor(t, b, n, 1, pos), Slot: i32Tensor(t, b, n, 1, slot), Seq: i32Tensor(t, b, n, 1, seq),
+						Blocks: i32Tensor(t, b, n, nb, table), BlockSize: bs}
 					var epi kernels.Epilogue
 					if withBias {
 						epi.Bias = bias
 					}
-					var outs [2][4][]float32
+					var outs [2][6][]float32
 					for i, fuse := range []bool{false, true} {
 						b.SetFuseHalves(fuse)
-						x := f32Tensor(t, b, n, hidden, xv)
+						x, y := f32Tensor(t, b, n, hidden, xv), f32Tensor(t, b, n, hidden, yv)
 						qkv := f32Tensor(t, b, n, width, make([]float32, n*width))
 						q := f32Tensor(t, b, n, heads*hd, make([]float32, n*heads*hd))
-						kc, err := b.Alloc(dt, n+2, kvh*hd)
+						att := f32Tensor(t, b, n, heads*hd, make([]float32, n*heads*hd))
+						kc, err := b.Alloc(dt, n*keys, kvh*hd)
 						if err != nil {
 							t.Fatal(err)
 						}
-						vc, err := b.Alloc(dt, n+2, kvh*hd)
+						vc, err := b.Alloc(dt, n*keys, kvh*hd)
 						if err != nil {
 							t.Fatal(err)
 						}
@@ -146,15 +163,22 @@ func TestFuseHalvesPrep(t *testing.T) {
 						if fuse != (fix != nil && fix.prep) {
 							t.Fatalf("fusion %v, fix %+v", fuse, fix)
 						}
+						b.Attention(att, q, kc, vc, p, shape)
+						if fuse != (b.presplit.x == dptr(att)) {
+							t.Fatalf("fusion %v, the attention's split output %v", fuse, b.presplit.x == dptr(att))
+						}
+						b.Linear(y, att, o, kernels.Epilogue{Accumulate: true})
 						b.EndStep()
-						outs[i] = [4][]float32{make([]float32, n*width), make([]float32, n*heads*hd), cacheF32(t, b, kc), cacheF32(t, b, vc)}
-						b.ReadF32(outs[i][0], qkv)
-						b.ReadF32(outs[i][1], q)
+						outs[i] = [6][]float32{make([]float32, n*width), make([]float32, n*heads*hd), cacheF32(t, b, kc), cacheF32(t, b, vc),
+							make([]float32, n*heads*hd), make([]float32, n*hidden)}
+						for k, tt := range map[int]kernels.Tensor{0: qkv, 1: q, 4: att, 5: y} {
+							b.ReadF32(outs[i][k], tt)
+						}
 						if err := b.Err(); err != nil {
 							t.Fatal(err)
 						}
 					}
-					for k, name := range []string{"qkv", "q", "k cache", "v cache"} {
+					for k, name := range []string{"qkv", "q", "k cache", "v cache", "attention", "stream"} {
 						for j, v := range outs[0][k] {
 							if math.Float32bits(v) != math.Float32bits(outs[1][k][j]) {
 								t.Fatalf("%s[%d] = %g fused, %g as two kernels", name, j, outs[1][k][j], v)

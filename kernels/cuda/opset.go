@@ -1070,12 +1070,18 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	name := attnKernels[g4][bf][dpl]
 	pf := n == 1 && !b.noAttnPrefetch // a decode row: its few blocks are latency-bound
 	var extra []uint64
+	var out2 uint64 // the output also split for the o projection (halves.go); 0: not
 	if qf != nil {
 		if g4 == 0 || ptile > 0 || n != 1 {
 			panic("cuda: the QKV form of attention wants one row and 4 query heads a block")
 		}
 		name = attnQKVKernels[bf][dpl]
 		extra = append([]uint64{qf.qkv, qf.slot, i32(qf.slots)}, qf.prep[:]...)
+	} else {
+		if b.fuseHalves && b.inStep && ptile == 0 && n > 1 {
+			out2 = dptr(b.Scratch(kernels.BF16, 2*n, qw)) // (2n, heads·hd) out as bf16 hi, then lo
+		}
+		extra = []uint64{out2}
 	}
 	b.queue(func(d *Device) error {
 		if ptile > 0 {
@@ -1093,8 +1099,11 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 			return err
 		}
 		return d.launch3L("ferrite_attn_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, attnThread, 0,
-			o, part, i32(s.Heads), i32(s.HeadDim), i32(splits), seq, i32(n), i32(ptile))
+			o, part, i32(s.Heads), i32(s.HeadDim), i32(splits), seq, i32(n), i32(ptile), out2)
 	})
+	if out2 != 0 {
+		b.presplit = presplit{x: o, xb: out2, n: n, cols: qw}
+	}
 }
 
 // Route implements kernels.MoEOps.

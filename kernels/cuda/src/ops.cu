@@ -665,7 +665,27 @@ struct AttnArgs {
     const int* slot;
     int slots;
     PrepArgs prep;
+    // With out2 set, out is also written split into bf16 hi and lo rows
+    // (2·n, heads·hd), the o projection's cuBLASLt input (halves.go).
+    uint16_t* out2;
 };
+
+// attn_out stores element e of the attention's output v: to out, and with
+// out2 split into its bf16 terms, lo elements after hi
+// (ferrite_f32_to_bf16x2's bits).
+__device__ inline void attn_out(float* out, uint16_t* out2, size_t lo, size_t e, float v) {
+    out[e] = v;
+    if (out2) {
+        const uint16_t hi = f32_to_bf16(v);
+        out2[e] = hi;
+        out2[lo + e] = f32_to_bf16(__fsub_rn(v, __uint_as_float(uint32_t(hi) << 16)));
+    }
+}
+
+// attn_put is attn_out of the kernel's arguments.
+__device__ inline void attn_put(const AttnArgs& a, size_t e, float v) {
+    attn_out(a.out, a.out2, size_t(a.n) * a.heads * a.hd, e, v);
+}
 
 // attn_prefetch, with a.pf set, asks L2 for the keys and values of the
 // block's split before the kernel waits for the one before it: a thread a
@@ -965,7 +985,7 @@ __device__ void attn_block(const AttnArgs& a) {
         }
         const int h = h0 + g;
         if (gridDim.z == 1) {
-            a.out[(size_t(i) * a.heads + h) * hd + d] = A / L;
+            attn_put(a, (size_t(i) * a.heads + h) * hd + d, A / L);
         } else {
             float* pp = a.part + ((size_t(i) * a.heads + h) * gridDim.z + blockIdx.z) * (hd + 2);
             if (d == 0) {
@@ -992,7 +1012,7 @@ __device__ void attn_block(const AttnArgs& a) {
     for (int t = threadIdx.x; t < ng * hd; t += blockDim.x) {
         const int g = t / hd, d = t % hd;
         const size_t h = size_t(i) * a.heads + h0 + g;
-        a.out[h * hd + d] = split_merge(a.part + h * gridDim.z * (hd + 2), gridDim.z, hd, d);
+        attn_put(a, h * hd + d, split_merge(a.part + h * gridDim.z * (hd + 2), gridDim.z, hd, d));
     }
 }
 
@@ -1002,9 +1022,9 @@ __device__ void attn_block(const AttnArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
-        int chunks, int split, float scale, int ptile, int* cnt, int pf) {                             \
+        int chunks, int split, float scale, int ptile, int* cnt, int pf, uint16_t* out2) {             \
         AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
-                   cnt, pf};                                                                           \
+                   cnt, pf, nullptr, nullptr, 0, PrepArgs{}, out2};                                    \
         attn_block<DPL, BF, G, false>(a);                                                              \
     }
 
@@ -1050,11 +1070,13 @@ FERRITE_ATTN(ferrite_attn_bf16_8_g4, 8, true, 4)
 
 // Merges the splits of ferrite_attn_*: out (n, heads·hd) from part (n,
 // heads, splits, hd + 2), but for the rows of prefill.cu's tiles of ptile
-// rows (none when 0). Launch: grid (n, heads), 128 threads.
+// rows (none when 0); with out2 set, out also split as the attention
+// kernel's out2. Launch: grid (n, heads), 128 threads.
 extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, int heads, int hd, int splits,
-                                                const int* seq, int n, int ptile) {
+                                                const int* seq, int n, int ptile, uint16_t* out2) {
     const int i = blockIdx.x, h = blockIdx.y;
     if (ptile && prefill_owns(seq, n, i, ptile)) return;
     const float* pp = part + (size_t(i) * heads + h) * splits * (hd + 2);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) out[(size_t(i) * heads + h) * hd + d] = split_merge(pp, splits, hd, d);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x)
+        attn_out(out, out2, size_t(n) * heads * hd, (size_t(i) * heads + h) * hd + d, split_merge(pp, splits, hd, d));
 }
