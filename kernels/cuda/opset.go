@@ -1044,7 +1044,11 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	chunks := ceilDiv(s.Heads/s.KVHeads, group)
 	maxKeys := p.Blocks.Cols * p.BlockSize
-	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(2*b.dev.SMs, blocks)))
+	target, lensplit := 2*b.dev.SMs, 0
+	if b.attnLenSplit > 0 && n > 1 && qf == nil && !b.usePrefill(s, n) { // the rows' own keys dealt over the splits
+		target, lensplit = b.attnLenSplit*b.dev.SMs, 1
+	}
+	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(target, blocks)))
 	split := ceilDiv(ceilDiv(maxKeys, splits), 32) * 32 // keys per split, whole warp tiles
 	var part, cnt uint64
 	if splits > 1 {
@@ -1081,7 +1085,7 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		if b.fuseHalves && b.inStep && ptile == 0 && n > 1 {
 			out2 = dptr(b.Scratch(kernels.BF16, 2*n, qw)) // (2n, heads·hd) out as bf16 hi, then lo
 		}
-		extra = []uint64{out2}
+		extra = []uint64{out2, i32(lensplit)}
 	}
 	b.queue(func(d *Device) error {
 		if ptile > 0 {
