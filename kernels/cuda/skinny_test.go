@@ -449,7 +449,4 @@ func BenchmarkSkinny(b *testing.B) {
 			})
 		}
 	}
-	for _, n := range d.SplitKNotes() { // FERRITE_CUDA_GEMM_SPLITK
-		b.Log(n)
-	}
 }

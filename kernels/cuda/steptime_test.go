@@ -55,17 +55,3 @@ func TestStepTimerBook(t *testing.T) {
 		t.Errorf("reset left counts %v, %d periods", st.counts, len(st.period))
 	}
 }
-
-// TestGemmSplitKEnv checks FERRITE_CUDA_GEMM_SPLITK's parsing: off unless
-// a part count of 2–64, with an optional weight-row limit.
-func TestGemmSplitKEnv(t *testing.T) {
-	for _, c := range []struct {
-		v             string
-		parts, maxRow int
-	}{{"", 0, 0}, {"0", 0, 0}, {"1", 0, 0}, {"4", 4, 0}, {"3:8192", 3, 8192}, {"x", 0, 0}, {"2:y", 0, 0}, {"65", 0, 0}} {
-		t.Setenv("FERRITE_CUDA_GEMM_SPLITK", c.v)
-		if p, r := gemmSplitK(); p != c.parts || r != c.maxRow {
-			t.Errorf("%q: %d parts, %d rows; want %d, %d", c.v, p, r, c.parts, c.maxRow)
-		}
-	}
-}
