@@ -28,7 +28,7 @@ func TestFuseHalves(t *testing.T) {
 	nw := f32Tensor(t, b, 1, hidden, randF32(rng, hidden))
 	hn := &kernels.HeadNorm{W: nw, Eps: 1e-6, Offset: true}
 	bias := f32Tensor(t, b, 1, hidden, randF32(rng, hidden))
-	for _, n := range []int{3, 40, b.dev.SMs + 7} {
+	for _, n := range []int{fewRowsMax + 1, 40, b.dev.SMs + 7} { // up to fewRowsMax rows run as GEMVs (fewRows)
 		for _, swiglu := range []bool{false, true} {
 			for _, withBias := range []bool{false, true} {
 				t.Run(fmt.Sprintf("n=%d/swiglu=%v/bias=%v", n, swiglu, withBias), func(t *testing.T) {
@@ -107,9 +107,9 @@ func TestFuseHalvesPrep(t *testing.T) {
 	rope := &kernels.Rotary{InvFreq: f32Tensor(t, b, 1, len(inv), inv), Dim: hd / 2, Scale: 1}
 	bias := f32Tensor(t, b, 1, width, randF32(rng, width))
 	shape := kernels.AttnShape{Heads: heads, KVHeads: kvh, HeadDim: hd, Scale: 0.125}
-	for _, n := range []int{2, 37} {
-		nb := 16 // blocks a sequence: 256 keys, two splits merged in the kernel; 1 block (one split) at n = 2
-		if n == 2 {
+	for _, n := range []int{fewRowsMax + 1, 37} { // up to fewRowsMax rows run as GEMVs (fewRows)
+		nb := 16 // blocks a sequence: 256 keys, two splits; 1 block (one split) for the fewer rows
+		if n < 37 {
 			nb = 1
 		}
 		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {

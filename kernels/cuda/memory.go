@@ -237,7 +237,7 @@ func (b *Backend) EndStep() {
 	if st != nil {
 		st.enter, n0 = time.Now(), b.graphs.n
 	}
-	err := b.dev.do(func() error {
+	err := b.dev.doSpin(func() error {
 		if st != nil {
 			st.start = time.Now()
 		}
@@ -259,7 +259,7 @@ func (b *Backend) EndStep() {
 			st.harvestL()
 		}
 		return err
-	})
+	}, stepSpin)
 	if err != nil {
 		b.fail(err)
 	}

@@ -1044,8 +1044,12 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	chunks := ceilDiv(s.Heads/s.KVHeads, group)
 	maxKeys := p.Blocks.Cols * p.BlockSize
+	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
+	if b.usePrefill(s, n) && !b.lenSplitDecode(n, p) {
+		ptile = b.prefillTile()
+	}
 	target, lensplit := 2*b.dev.SMs, 0
-	if b.attnLenSplit > 0 && n > 1 && qf == nil && !b.usePrefill(s, n) { // the rows' own keys dealt over the splits
+	if b.attnLenSplit > 0 && n > 1 && qf == nil && ptile == 0 { // the rows' own keys dealt over the splits
 		target, lensplit = b.attnLenSplit*b.dev.SMs, 1
 	}
 	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(target, blocks)))
@@ -1067,10 +1071,6 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	o, kcp, vcp := dptr(out), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
-	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
-	if b.usePrefill(s, n) {
-		ptile = b.prefillTile()
-	}
 	name := attnKernels[g4][bf][dpl]
 	pf := n == 1 && !b.noAttnPrefetch // a decode row: its few blocks are latency-bound
 	var extra []uint64

@@ -55,3 +55,17 @@ func TestStepTimerBook(t *testing.T) {
 		t.Errorf("reset left counts %v, %d periods", st.counts, len(st.period))
 	}
 }
+
+// TestStepSpin checks FERRITE_CUDA_STEPSPIN's setting: the long poll only
+// with the switch at 1 and polling on at all.
+func TestStepSpin(t *testing.T) {
+	for _, c := range []struct {
+		spin bool
+		env  string
+		want time.Duration
+	}{{true, "1", stepSpinLong}, {true, "", spinWait}, {true, "0", spinWait}, {false, "1", spinWait}} {
+		if got := stepSpinFor(c.spin, c.env); got != c.want {
+			t.Errorf("spin %v, %q: %v, want %v", c.spin, c.env, got, c.want)
+		}
+	}
+}
