@@ -114,6 +114,9 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		if err = d.do(func() error {
 			var err error
 			b.stepTime, err = newStepTimerL()
+			if err == nil && stepTimeOps() {
+				b.stepTime.ops = map[string]*opTime{}
+			}
 			return err
 		}); err != nil {
 			d.Close()

@@ -236,6 +236,9 @@ func (b *Backend) EndStep() {
 	var n0 kernels.StepGraphs
 	if st != nil {
 		st.enter, n0 = time.Now(), b.graphs.n
+		if st.ops != nil {
+			st.charge("(after the last op)", st.enter.Sub(st.lastOp))
+		}
 	}
 	err := b.dev.doSpin(func() error {
 		if st != nil {

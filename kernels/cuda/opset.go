@@ -43,7 +43,11 @@ func (b *Backend) queue(f func(d *Device) error) {
 	b.qmu.Lock()
 	b.pending = append(b.pending, f)
 	full := !b.inStep && len(b.pending) >= flushAt
+	timed := b.inStep && b.stepTime != nil && b.stepTime.ops != nil
 	b.qmu.Unlock()
+	if timed {
+		b.stepTime.queued()
+	}
 	if full {
 		b.exec(nil)
 	}

@@ -54,6 +54,26 @@ func TestStepTimerBook(t *testing.T) {
 	if st.counts != [stepKinds]int{} || len(st.period) != 0 || !st.lastEnd.IsZero() {
 		t.Errorf("reset left counts %v, %d periods", st.counts, len(st.period))
 	}
+	// FERRITE_CUDA_STEPTIME=ops: the time between ops charged to each.
+	st.ops = map[string]*opTime{}
+	st.reset()
+	for range 2 {
+		st.beginStep()
+		time.Sleep(time.Millisecond)
+		st.queued() // not from a Backend method: "?"
+		st.queued()
+	}
+	o := st.ops["?"]
+	if o == nil || o.n != 4 || o.d < 2*time.Millisecond || st.opSteps != 2 {
+		t.Fatalf("ops %v (steps %d), want 4 calls of \"?\" charged ≥ 2 ms", o, st.opSteps)
+	}
+	sb.Reset()
+	if err := st.write(&sb); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(sb.String(), "build by op") {
+		t.Errorf("table lacks the ops:\n%s", sb.String())
+	}
 }
 
 // TestStepSpin checks FERRITE_CUDA_STEPSPIN's setting: the long poll only
