@@ -73,6 +73,7 @@ type Backend struct {
 
 	fuseHalves   bool       // a split product's residual add and the next norm as one kernel (halves.go)
 	attnLenSplit int        // decode batches' attention splits each row's own keys, about this many blocks an SM (FERRITE_CUDA_ATTN_LENSPLIT; 0: off)
+	kSplit       bool       // decode batches' 4,096–8,192-row split products as two K halves (ksplit.go)
 	halves       halvesPend // the product just queued whose epilogue a norm may join
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
@@ -100,6 +101,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.dec = decConfigFromEnv()
 	b.fuseHalves = fuseHalvesDefault()
 	b.attnLenSplit = attnLenSplitDefault()
+	b.kSplit = kSplitDefault()
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}

@@ -554,14 +554,23 @@ func (b *Backend) splitSwiGLU(y, xb uint64, split func(d *Device, xb uint64) err
 // them), their cuBLASLt product with w into scratch t (2n, w.Rows), then
 // epi(t); it returns t.
 func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) uint64 {
-	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows)) // (2n, rows) the two products
+	ks := b.kSplits(w, n)
+	rows := 2 * n
+	if ks {
+		rows *= kSplitParts // the second K half's products follow (ksplit.go)
+	}
+	t := dptr(b.Scratch(kernels.F32, rows, w.Rows)) // (2n, rows) the two products
 	b.queue(func(d *Device) error {
 		if split != nil {
 			if err := split(d, xb); err != nil {
 				return err
 			}
 		}
-		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
+		gemm := d.gemmL
+		if ks {
+			gemm = func(t, xb uint64, w *Weight, n int, _ bool) error { return d.gemmKSplitL(t, xb, w, n) }
+		}
+		if err := gemm(t, xb, w, 2*n, false); err != nil {
 			return err
 		}
 		return epi(d, t)
