@@ -73,7 +73,7 @@ type Backend struct {
 
 	fuseHalves   bool       // a split product's residual add and the next norm as one kernel (halves.go)
 	attnLenSplit int        // decode batches' attention splits each row's own keys, about this many blocks an SM (FERRITE_CUDA_ATTN_LENSPLIT; 0: off)
-	kSplit       bool       // decode batches' 4,096–8,192-row split products as two K halves (ksplit.go)
+	kSplit       int        // decode batches' 4,096–8,192-row split products in this many K parts (ksplit.go; 0: off)
 	halves       halvesPend // the product just queued whose epilogue a norm may join
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y

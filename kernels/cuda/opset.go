@@ -556,8 +556,8 @@ func (b *Backend) splitSwiGLU(y, xb uint64, split func(d *Device, xb uint64) err
 func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) uint64 {
 	ks := b.kSplits(w, n)
 	rows := 2 * n
-	if ks {
-		rows *= kSplitParts // the second K half's products follow (ksplit.go)
+	if ks > 0 {
+		rows *= ks // the other K parts' products follow (ksplit.go)
 	}
 	t := dptr(b.Scratch(kernels.F32, rows, w.Rows)) // (2n, rows) the two products
 	b.queue(func(d *Device) error {
@@ -566,11 +566,13 @@ func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error,
 				return err
 			}
 		}
-		gemm := d.gemmL
-		if ks {
-			gemm = func(t, xb uint64, w *Weight, n int, _ bool) error { return d.gemmKSplitL(t, xb, w, n) }
+		var err error
+		if ks > 0 {
+			err = d.gemmKSplitL(t, xb, w, 2*n, ks)
+		} else {
+			err = d.gemmL(t, xb, w, 2*n, false)
 		}
-		if err := gemm(t, xb, w, 2*n, false); err != nil {
+		if err != nil {
 			return err
 		}
 		return epi(d, t)

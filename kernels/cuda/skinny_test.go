@@ -404,8 +404,8 @@ func BenchmarkSkinny(b *testing.B) {
 		gx, chunks := skinnyGrid(ws[0], swiglu)
 		g := skinnyBlocks(gx, chunks, 0, d.SMs)
 		part := benchF32(b, d, 2*g*skinnyBlockRows*maxN)
-		xb := benchF32(b, d, maxN*s.cols)               // the split x (2n, cols) bf16
-		tb := benchF32(b, d, 2*kSplitParts*maxN*s.rows) // the GEMM's (2n, rows) products, a K split's parts
+		xb := benchF32(b, d, maxN*s.cols)                  // the split x (2n, cols) bf16
+		tb := benchF32(b, d, 2*kSplitMaxParts*maxN*s.rows) // the GEMM's (2n, rows) products, a K split's parts
 		for _, n := range []int{8, 16, 32, 64} {
 			run := func(name string, launch func(w *Weight) error) {
 				b.Run(fmt.Sprintf("%s_%dx%d/n=%d/%s", s.name, s.rows, s.cols, n, name), func(b *testing.B) {
@@ -432,13 +432,13 @@ func BenchmarkSkinny(b *testing.B) {
 					return d.skinnyL(y.ptr, x.ptr, 0, w, n, false, swiglu, 0, g, part.ptr, counters.ptr, f)
 				})
 			}
-			for _, ks := range []bool{false, true} { // cuBLASLt as the split path runs it, and K-split (ksplit.go)
-				if ks && (lt.layoutSetAttr == 0 || s.rows > kSplitMaxRows) {
+			for _, ks := range []int{0, 2, 3, 4} { // cuBLASLt as the split path runs it, and K-split in ks parts (ksplit.go)
+				if ks > 0 && (lt.layoutSetAttr == 0 || s.rows > kSplitMaxRows || s.cols%(8*ks) != 0) {
 					continue
 				}
 				name := "cublas"
-				if ks {
-					name = "cublas/ksplit"
+				if ks > 0 {
+					name = fmt.Sprintf("cublas/ksplit=%d", ks)
 				}
 				run(name, func(w *Weight) error {
 					cnt := int64(n) * int64(s.cols)
@@ -446,8 +446,8 @@ func BenchmarkSkinny(b *testing.B) {
 						return err
 					}
 					var err error
-					if ks {
-						err = d.gemmKSplitL(tb.ptr, xb.ptr, w, 2*n)
+					if ks > 0 {
+						err = d.gemmKSplitL(tb.ptr, xb.ptr, w, 2*n, ks)
 					} else {
 						err = d.gemmL(tb.ptr, xb.ptr, w, 2*n, false)
 					}
