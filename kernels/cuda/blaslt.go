@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -23,7 +21,7 @@ var lt struct {
 	descCreate, descDestroy, descSetAttr                             uintptr
 	layoutCreate, layoutDestroy                                      uintptr
 	prefCreate, prefDestroy, prefSetAttr, heuristic, matmul, version uintptr
-	algoConfigSet, algoCheck                                         uintptr // optional: FERRITE_CUDA_GEMM_SPLITK only
+	layoutSetAttr                                                    uintptr // optional: the K-split products (ksplit.go)
 }
 
 func loadBlasLt() error {
@@ -43,9 +41,8 @@ func loadBlasLt() error {
 			"cublasLtMatmulAlgoGetHeuristic":       &lt.heuristic, "cublasLtMatmul": &lt.matmul,
 			"cublasLtGetVersion": &lt.version,
 		})
-		if lt.err == nil { // optional: a library without them leaves FERRITE_CUDA_GEMM_SPLITK without effect
-			optionalSymbols(lib, map[string]*uintptr{"cublasLtMatmulAlgoConfigSetAttribute": &lt.algoConfigSet,
-				"cublasLtMatmulAlgoCheck": &lt.algoCheck})
+		if lt.err == nil {
+			optionalSymbols(lib, map[string]*uintptr{"cublasLtMatrixLayoutSetAttribute": &lt.layoutSetAttr})
 		}
 	})
 	return lt.err
@@ -91,7 +88,7 @@ type heuristicResult struct {
 type blasLt struct {
 	handle    uintptr
 	workspace *Buffer
-	plans     map[[3]int]*gemmPlan
+	plans     map[[4]int]*gemmPlan // by (n, rows, cols, K parts)
 }
 
 // gemmPlan is a matmul descriptor, its layouts and the algorithm chosen
@@ -101,7 +98,6 @@ type gemmPlan struct {
 	desc, a, b, c uintptr
 	algo          heuristicResult
 	cands         []heuristicResult // the heuristic's other candidates, until tuneL has timed them
-	splitK        string            // what FERRITE_CUDA_GEMM_SPLITK did to algo ("" when off)
 }
 
 // blasLtL returns the device's cuBLASLt state, creating it on first use.
@@ -112,7 +108,7 @@ func (d *Device) blasLtL() (*blasLt, error) {
 	if d.ltErr = loadBlasLt(); d.ltErr != nil {
 		return nil, d.ltErr
 	}
-	b := &blasLt{plans: map[[3]int]*gemmPlan{}}
+	b := &blasLt{plans: map[[4]int]*gemmPlan{}}
 	if d.ltErr = checkLt("cublasLtCreate", call(lt.create, uintptr(unsafe.Pointer(&b.handle)))); d.ltErr != nil {
 		return nil, d.ltErr
 	}
@@ -149,8 +145,13 @@ func (p *gemmPlan) destroy() {
 // plan returns the plan for y (n, rows) f32 = x (n, cols) bf16 · w (rows,
 // cols) bf16ᵀ. In cuBLASLt's column-major terms y is (rows × n, ld rows) =
 // op_T(W: cols × rows, ld cols) · (X: cols × n, ld cols).
-func (b *blasLt) plan(n, rows, cols int) (*gemmPlan, error) {
-	key := [3]int{n, rows, cols}
+func (b *blasLt) plan(n, rows, cols int) (*gemmPlan, error) { return b.planParts(n, rows, cols, 1) }
+
+// planParts is plan for a product whose K is cut into parts equal parts,
+// run as one strided batch of parts products (ksplit.go): part p is x's
+// and w's columns [p·cols/parts, (p+1)·cols/parts) into y + p·n·rows.
+func (b *blasLt) planParts(n, rows, cols, parts int) (*gemmPlan, error) {
+	key := [4]int{n, rows, cols, parts}
 	if p := b.plans[key]; p != nil {
 		return p, nil
 	}
@@ -167,9 +168,16 @@ func (b *blasLt) plan(n, rows, cols int) (*gemmPlan, error) {
 		out      *uintptr
 		dtype    uintptr
 		r, c, ld int
-	}{{&p.a, cudaR16BF, cols, rows, cols}, {&p.b, cudaR16BF, cols, n, cols}, {&p.c, cudaR32F, rows, n, rows}} {
+		stride   int64 // elements between the batch's parts
+	}{{&p.a, cudaR16BF, cols / parts, rows, cols, int64(cols / parts)}, {&p.b, cudaR16BF, cols / parts, n, cols, int64(cols / parts)},
+		{&p.c, cudaR32F, rows, n, rows, int64(rows) * int64(n)}} {
 		if err := checkLt("cublasLtMatrixLayoutCreate", call(lt.layoutCreate, uintptr(unsafe.Pointer(l.out)), l.dtype, uintptr(l.r), uintptr(l.c), uintptr(l.ld))); err != nil {
 			return fail(err)
+		}
+		if parts > 1 {
+			if err := batchLayout(*l.out, parts, l.stride); err != nil {
+				return fail(err)
+			}
 		}
 	}
 	var pref uintptr
@@ -184,7 +192,7 @@ func (b *blasLt) plan(n, rows, cols int) (*gemmPlan, error) {
 	var found int32
 	var res [gemmTuneAlgos]heuristicResult
 	want := 1
-	if gemmTunes(n) {
+	if gemmTunes(n) && parts == 1 {
 		want = gemmTuneAlgos
 	}
 	if err := checkLt("cublasLtMatmulAlgoGetHeuristic", call(lt.heuristic, b.handle, p.desc, p.a, p.b, p.c, p.c, pref, uintptr(want),
@@ -195,99 +203,11 @@ func (b *blasLt) plan(n, rows, cols int) (*gemmPlan, error) {
 		return fail(fmt.Errorf("cuda: cuBLASLt has no bf16 algorithm for %d×%d×%d", n, rows, cols))
 	}
 	p.algo = res[0]
-	p.splitK = b.splitKL(p, n, rows)
 	if found > 1 {
 		p.cands = slices.Clone(res[:found])
 	}
 	b.plans[key] = p
 	return p, nil
-}
-
-// FERRITE_CUDA_GEMM_SPLITK=S or S:R (an experiment, off by default) cuts
-// the K of every product of at most gemmTuneRows rows of x, and (with R)
-// at most R weight rows, into S parts run in parallel: the heuristic's
-// algorithm with CUBLASLT_ALGO_CONFIG_SPLITK_NUM = S and the partial sums
-// added in float32 in the workspace (reduction scheme COMPUTE_TYPE, a fixed
-// order), if cublasLtMatmulAlgoCheck accepts it within the workspace. The
-// decode layers of 4,096–6,144 weight rows fill a third of the H200's
-// multiprocessors with the heuristic's tiles (GPU profiles: 1.6–2.6 TB/s at
-// 32 sequences); S parts give S times the blocks.
-const (
-	algoConfigSplitK    = 2 // CUBLASLT_ALGO_CONFIG_SPLITK_NUM, uint32
-	algoConfigReduction = 3 // CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, uint32
-	reductionCompute    = 2 // CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
-)
-
-// gemmSplitK parses FERRITE_CUDA_GEMM_SPLITK: the parts (0 when off) and
-// the most weight rows it applies to (0: any).
-func gemmSplitK() (parts, maxRows int) {
-	v := os.Getenv("FERRITE_CUDA_GEMM_SPLITK")
-	if v == "" || v == "0" {
-		return 0, 0
-	}
-	ps, rs, _ := strings.Cut(v, ":")
-	parts, err := strconv.Atoi(ps)
-	if err != nil || parts < 2 || parts > 64 {
-		return 0, 0
-	}
-	if rs != "" {
-		if maxRows, err = strconv.Atoi(rs); err != nil || maxRows < 0 {
-			return 0, 0
-		}
-	}
-	return parts, maxRows
-}
-
-// splitKL applies FERRITE_CUDA_GEMM_SPLITK to p's algorithm for a product
-// of n rows of x and rows weight rows, and says what it did ("" when it
-// does not apply).
-func (b *blasLt) splitKL(p *gemmPlan, n, rows int) string {
-	parts, maxRows := gemmSplitK()
-	if parts == 0 || n > gemmTuneRows || (maxRows > 0 && rows > maxRows) {
-		return ""
-	}
-	if lt.algoConfigSet == 0 || lt.algoCheck == 0 {
-		return "split-K: cuBLASLt lacks cublasLtMatmulAlgoConfigSetAttribute/AlgoCheck"
-	}
-	a := p.algo
-	sk, red := uint32(parts), uint32(reductionCompute)
-	if err := checkLt("cublasLtMatmulAlgoConfigSetAttribute", call(lt.algoConfigSet, uintptr(unsafe.Pointer(&a.algo)), algoConfigSplitK,
-		uintptr(unsafe.Pointer(&sk)), 4)); err != nil {
-		return "split-K: " + err.Error()
-	}
-	if err := checkLt("cublasLtMatmulAlgoConfigSetAttribute", call(lt.algoConfigSet, uintptr(unsafe.Pointer(&a.algo)), algoConfigReduction,
-		uintptr(unsafe.Pointer(&red)), 4)); err != nil {
-		return "split-K: " + err.Error()
-	}
-	var res heuristicResult
-	if err := checkLt("cublasLtMatmulAlgoCheck", call(lt.algoCheck, b.handle, p.desc, p.a, p.b, p.c, p.c,
-		uintptr(unsafe.Pointer(&a.algo)), uintptr(unsafe.Pointer(&res)))); err != nil {
-		return "split-K: " + err.Error()
-	}
-	if res.workspaceSize > gemmWorkspaceSize {
-		return fmt.Sprintf("split-K: needs %d bytes of workspace", res.workspaceSize)
-	}
-	p.algo.algo = a.algo
-	return fmt.Sprintf("split-K %d (workspace %d bytes, %.2f waves)", parts, res.workspaceSize, res.wavesCount)
-}
-
-// SplitKNotes lists, per cuBLASLt plan that FERRITE_CUDA_GEMM_SPLITK
-// applied to, the product's shape and what it did; empty when off.
-func (d *Device) SplitKNotes() []string {
-	var out []string
-	d.do(func() error {
-		if d.lt == nil {
-			return nil
-		}
-		for k, p := range d.lt.plans {
-			if p.splitK != "" {
-				out = append(out, fmt.Sprintf("cublasLt m=%d n=%d k=%d: %s", k[0], k[1], k[2], p.splitK))
-			}
-		}
-		return nil
-	})
-	slices.Sort(out)
-	return out
 }
 
 // The skinny products of decode batches (the split input's 2·rows up to
@@ -399,6 +319,11 @@ func (d *Device) gemmL(y, x uint64, w *Weight, n int, acc bool) error {
 	if p.cands != nil && d.prof == nil {
 		d.tuneL(b, p, x, w, n)
 	}
+	return d.matmulL(b, p, y, x, w, n, acc)
+}
+
+// matmulL runs plan p: y (n, w.Rows) (+)= x · wᵀ, or its K parts.
+func (d *Device) matmulL(b *blasLt, p *gemmPlan, y, x uint64, w *Weight, n int, acc bool) error {
 	alpha, beta := float32(1), float32(0)
 	if acc {
 		beta = 1

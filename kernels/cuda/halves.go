@@ -11,14 +11,22 @@ import (
 // A decode batch's o and down projections add their split product's two
 // halves into the residual stream (ferrite_add_halves with acc), and the
 // next sublayer's norm reads the stream back to write its split input
-// (ferrite_rmsnorm_bf16x2). With FERRITE_CUDA_FUSE_HALVES=1 (off by
-// default until measured) the two run as one kernel,
-// ferrite_halves_rmsnorm_bf16x2, with the same bits: the product's
-// epilogue waits, as a halvesFix, for the op that follows; when that op is
-// NormLinearCat or NormSwiGLULinear of the rows just written (normSplit),
-// it fills the fix and the epilogue launches the fused kernel in its place
-// and the norm's own launch is dropped. Anything else queued in between
-// (queue clears halvesPend) leaves the plain epilogue.
+// (ferrite_rmsnorm_bf16x2); the q/k/v product's halves are added
+// (ferrite_add_halves) and read back by PrepareQKV. With
+// FERRITE_CUDA_FUSE_HALVES=1 (off by default until measured) each pair runs
+// as one kernel with the same bits, ferrite_halves_rmsnorm_bf16x2 and
+// ferrite_prepare_qkv_halves: the product's epilogue waits, as a
+// halvesFix, for the op that follows. When that op is NormLinearCat or
+// NormSwiGLULinear of the stream just written (normSplit), it fills the
+// fix and the epilogue launches the fused kernel in its place, the norm's
+// own launch dropped; when it is PrepareQKV of the q/k/v just computed,
+// the epilogue launches nothing and PrepareQKV's kernel adds the halves
+// (writing the sums to q/k/v too, as the epilogue would). Anything else
+// queued in between (queue clears halvesPend) leaves the plain epilogue.
+// The same switch has a decode batch's split-KV attention (and its
+// ferrite_attn_combine) write its output split as well, for the o
+// projection that follows (presplit), in place of ferrite_f32_to_bf16x2:
+// three launches a layer fewer in all.
 
 // halvesFix is what the fused epilogue needs from the norm that joins it:
 // the split input it writes, the norm's weight, epsilon, offset and block
@@ -28,15 +36,18 @@ type halvesFix struct {
 	eps    float32
 	off    bool
 	block  uint32
-	ran    bool // the epilogue ran without the norm (the queue was run early): too late to join
+	prep   bool // PrepareQKV adds the halves: the epilogue launches nothing
+	ran    bool // the epilogue ran as it was (the queue was run early): too late to join
 }
 
-// halvesPend is the product just queued whose epilogue a norm may join:
-// its output y (n, dim).
+// halvesPend is the product just queued whose epilogue a norm (acc: the
+// stream's add) or PrepareQKV (not acc) may join: its output y (n, dim),
+// its products t (2n, dim) and bias (0: none).
 type halvesPend struct {
-	y      uint64
-	n, dim int
-	fix    *halvesFix
+	y, t, bias uint64
+	n, dim     int
+	acc        bool
+	fix        *halvesFix
 }
 
 // fuseHalvesDefault is FERRITE_CUDA_FUSE_HALVES=1.
@@ -63,6 +74,18 @@ func halvesOrNorm(y, bias uint64, w *Weight, n int, fix *halvesFix, plain func(d
 	}
 }
 
+// halvesOrPrep is the q/k/v product's epilogue (plain: addHalves) that
+// PrepareQKV may take over through fix.
+func halvesOrPrep(fix *halvesFix, plain func(d *Device, t uint64) error) func(d *Device, t uint64) error {
+	return func(d *Device, t uint64) error {
+		if fix.prep {
+			return nil
+		}
+		fix.ran = true
+		return plain(d, t)
+	}
+}
+
 // normBlock is the norm kernels' block size for rows rows: 256, or 1,024
 // for fewer rows than multiprocessors (a few rows are latency).
 func (b *Backend) normBlock(rows int) uint32 {
@@ -78,7 +101,7 @@ func (b *Backend) normBlock(rows int) uint32 {
 // for a norm (halvesPend), a nil launch: that product's epilogue writes it.
 func (b *Backend) normSplit(x kernels.Tensor, hn *kernels.HeadNorm) (uint64, func(d *Device, xb uint64) error) {
 	xb := dptr(b.Scratch(kernels.BF16, 2*x.Rows, x.Cols)) // (2·rows, cols) the normed rows as bf16 hi, then lo
-	if p := b.halves; p.fix != nil && !p.fix.ran && p.y == dptr(x) && p.n == x.Rows && p.dim == x.Cols && b.inStep {
+	if p := b.halves; p.fix != nil && !p.fix.ran && p.acc && p.y == dptr(x) && p.n == x.Rows && p.dim == x.Cols && b.inStep {
 		*p.fix = halvesFix{y2: xb, nw: dptr(hn.W), eps: hn.Eps, off: hn.Offset, block: b.normBlock(x.Rows)}
 		b.halves = halvesPend{}
 		return xb, nil

@@ -236,8 +236,11 @@ func (b *Backend) EndStep() {
 	var n0 kernels.StepGraphs
 	if st != nil {
 		st.enter, n0 = time.Now(), b.graphs.n
+		if st.ops != nil {
+			st.charge("(after the last op)", st.enter.Sub(st.lastOp))
+		}
 	}
-	err := b.dev.do(func() error {
+	err := b.dev.doSpin(func() error {
 		if st != nil {
 			st.start = time.Now()
 		}
@@ -259,7 +262,7 @@ func (b *Backend) EndStep() {
 			st.harvestL()
 		}
 		return err
-	})
+	}, stepSpin)
 	if err != nil {
 		b.fail(err)
 	}

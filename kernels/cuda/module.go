@@ -28,7 +28,7 @@ var kernelNames = []string{
 	"ferrite_gemv_norm_f32", "ferrite_gemv_norm_bf16", "ferrite_gemv_norm_f16",
 	"ferrite_gemv_addnorm_f32", "ferrite_gemv_addnorm_bf16", "ferrite_gemv_addnorm_f16",
 	"ferrite_gemv_norm_swiglu_f32", "ferrite_gemv_norm_swiglu_bf16", "ferrite_gemv_norm_swiglu_f16",
-	"ferrite_swiglu_cat", "ferrite_add_halves_swiglu", "ferrite_prepare_qkv",
+	"ferrite_swiglu_cat", "ferrite_add_halves_swiglu", "ferrite_prepare_qkv", "ferrite_prepare_qkv_halves",
 	"ferrite_rmsnorm_f32", "ferrite_f32_to_bf16", "ferrite_fill_bf16",
 	// The op set (src/ops.cu).
 	"ferrite_swiglu", "ferrite_add_bias", "ferrite_f32_to_bf16x2", "ferrite_add_halves", "ferrite_copy_rows", "ferrite_embed", "ferrite_gather_rows",

@@ -475,14 +475,7 @@ func (b *Backend) WriteProfile(w io.Writer) error {
 		}
 	}
 	if b.stepTime != nil {
-		if err := b.stepTime.write(w); err != nil {
-			return err
-		}
-	}
-	for _, n := range b.dev.SplitKNotes() {
-		if _, err := fmt.Fprintln(w, n); err != nil {
-			return err
-		}
+		return b.stepTime.write(w)
 	}
 	return nil
 }

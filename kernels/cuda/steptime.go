@@ -3,11 +3,15 @@
 package cuda
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"runtime"
 	"runtime/metrics"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 	"unsafe"
@@ -27,7 +31,10 @@ import (
 // which ferrite bench prints after each case) has, per kind of step
 // (replayed, captured, eager), the mean of each part, and for replayed
 // steps the spread of their period (begin to next begin) and GPU time, and
-// the Go garbage collections run meanwhile.
+// the Go garbage collections run meanwhile. FERRITE_CUDA_STEPTIME=ops also
+// splits the build by op: each op queued inside a step is charged the host
+// time since the op before it was queued (the engine's code between them
+// and the op's own), keyed by the Backend method that queued it.
 
 // stepPart is one measured part of a step, in the order of the table.
 type stepPart int
@@ -81,10 +88,66 @@ type stepTimer struct {
 	prevEnd  uintptr    // the last harvested replay's end event; 0 for none
 
 	gc0 uint64 // GC cycles at reset
+
+	// ops (FERRITE_CUDA_STEPTIME=ops): host time charged to each op,
+	// by the Backend method that queued it, and the time of the last queue.
+	ops     map[string]*opTime
+	lastOp  time.Time
+	opSteps int // steps whose ops were timed
 }
 
-// stepTimeEnabled reports FERRITE_CUDA_STEPTIME=1.
-func stepTimeEnabled() bool { return os.Getenv("FERRITE_CUDA_STEPTIME") == "1" }
+// opTime is one op's charged time and count.
+type opTime struct {
+	d time.Duration
+	n int
+}
+
+// stepTimeEnabled reports FERRITE_CUDA_STEPTIME=1 or ops.
+func stepTimeEnabled() bool {
+	v := os.Getenv("FERRITE_CUDA_STEPTIME")
+	return v == "1" || v == "ops"
+}
+
+// stepTimeOps reports FERRITE_CUDA_STEPTIME=ops.
+func stepTimeOps() bool { return os.Getenv("FERRITE_CUDA_STEPTIME") == "ops" }
+
+// queued charges the time since the step's last op (or its BeginStep) to
+// the Backend method that called queue.
+func (t *stepTimer) queued() {
+	now := time.Now()
+	d := now.Sub(t.lastOp)
+	name := "?"
+	pcs := make([]uintptr, 8)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
+	for {
+		f, more := frames.Next()
+		// The first Backend method that is not a helper of another.
+		if i := strings.Index(f.Function, "(*Backend)."); i >= 0 {
+			m := f.Function[i+len("(*Backend)."):]
+			if m != "" && m[0] >= 'A' && m[0] <= 'Z' {
+				name = m
+				break
+			}
+			name = m
+		}
+		if !more {
+			break
+		}
+	}
+	t.charge(name, d)
+	t.lastOp = time.Now() // the lookup's own time is not charged
+}
+
+// charge adds d to op name's time and one call.
+func (t *stepTimer) charge(name string, d time.Duration) {
+	o := t.ops[name]
+	if o == nil {
+		o = &opTime{}
+		t.ops[name] = o
+	}
+	o.d += d
+	o.n++
+}
 
 // newStepTimerL makes the timer's events (device thread).
 func newStepTimerL() (*stepTimer, error) {
@@ -125,11 +188,18 @@ func (t *stepTimer) reset() {
 	t.period, t.wall, t.gpu, t.idle = t.period[:0], t.wall[:0], t.gpu[:0], t.idle[:0]
 	t.lastEnd, t.lastReplay, t.recorded, t.prevEnd = time.Time{}, false, false, 0
 	t.gc0 = gcCycles()
+	if t.ops != nil {
+		t.ops, t.opSteps = map[string]*opTime{}, 0
+	}
 }
 
 // beginStep notes BeginStep.
 func (t *stepTimer) beginStep() {
 	t.begin = time.Now()
+	t.lastOp = t.begin
+	if t.ops != nil {
+		t.opSteps++
+	}
 	t.gap = 0
 	if !t.lastEnd.IsZero() {
 		t.gap = t.begin.Sub(t.lastEnd)
@@ -239,5 +309,13 @@ func (t *stepTimer) write(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", s.name, len(v), v[0], pct(v, 10), pct(v, 50), pct(v, 90), v[len(v)-1], sum/float64(len(v)))
 	}
 	fmt.Fprintf(tw, "Go GC cycles meanwhile\t%d\t\n", gcCycles()-t.gc0)
+	if t.ops != nil && t.opSteps > 0 {
+		names := slices.SortedFunc(maps.Keys(t.ops), func(a, b string) int { return cmp.Compare(t.ops[b].d, t.ops[a].d) })
+		fmt.Fprintf(tw, "build by op (time since the op before), %d steps\tcalls/step\tµs/step\tµs/call\t\n", t.opSteps)
+		for _, n := range names {
+			o := t.ops[n]
+			fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.2f\t\n", n, float64(o.n)/float64(t.opSteps), us(o.d)/float64(t.opSteps), us(o.d)/float64(o.n))
+		}
+	}
 	return tw.Flush()
 }

@@ -54,18 +54,38 @@ func TestStepTimerBook(t *testing.T) {
 	if st.counts != [stepKinds]int{} || len(st.period) != 0 || !st.lastEnd.IsZero() {
 		t.Errorf("reset left counts %v, %d periods", st.counts, len(st.period))
 	}
+	// FERRITE_CUDA_STEPTIME=ops: the time between ops charged to each.
+	st.ops = map[string]*opTime{}
+	st.reset()
+	for range 2 {
+		st.beginStep()
+		time.Sleep(time.Millisecond)
+		st.queued() // not from a Backend method: "?"
+		st.queued()
+	}
+	o := st.ops["?"]
+	if o == nil || o.n != 4 || o.d < 2*time.Millisecond || st.opSteps != 2 {
+		t.Fatalf("ops %v (steps %d), want 4 calls of \"?\" charged ≥ 2 ms", o, st.opSteps)
+	}
+	sb.Reset()
+	if err := st.write(&sb); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(sb.String(), "build by op") {
+		t.Errorf("table lacks the ops:\n%s", sb.String())
+	}
 }
 
-// TestGemmSplitKEnv checks FERRITE_CUDA_GEMM_SPLITK's parsing: off unless
-// a part count of 2–64, with an optional weight-row limit.
-func TestGemmSplitKEnv(t *testing.T) {
+// TestStepSpin checks FERRITE_CUDA_STEPSPIN's setting: the long poll only
+// with the switch at 1 and polling on at all.
+func TestStepSpin(t *testing.T) {
 	for _, c := range []struct {
-		v             string
-		parts, maxRow int
-	}{{"", 0, 0}, {"0", 0, 0}, {"1", 0, 0}, {"4", 4, 0}, {"3:8192", 3, 8192}, {"x", 0, 0}, {"2:y", 0, 0}, {"65", 0, 0}} {
-		t.Setenv("FERRITE_CUDA_GEMM_SPLITK", c.v)
-		if p, r := gemmSplitK(); p != c.parts || r != c.maxRow {
-			t.Errorf("%q: %d parts, %d rows; want %d, %d", c.v, p, r, c.parts, c.maxRow)
+		spin bool
+		env  string
+		want time.Duration
+	}{{true, "1", stepSpinLong}, {true, "", spinWait}, {true, "0", spinWait}, {false, "1", spinWait}} {
+		if got := stepSpinFor(c.spin, c.env); got != c.want {
+			t.Errorf("spin %v, %q: %v, want %v", c.spin, c.env, got, c.want)
 		}
 	}
 }
