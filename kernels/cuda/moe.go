@@ -27,7 +27,7 @@ type moeConfig struct {
 	gt     int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
 	b1     int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
 	b1Most int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
-	pf     int  // FERRITE_MOE_PF: the L2 prefetches of the register tiles and ferrite_moe_b1, moePFTile | moePFNext (0: none)
+	pf     int  // FERRITE_MOE_PF, FERRITE_MOE_PFD: the L2 prefetches of the register tiles and ferrite_moe_b1, moePFTile | moePFNext | distance<<moePFDistShift (0: none)
 }
 
 // The L2 prefetch switches (src/ops_moe.cu kPFTile, kPFNext): moePFTile
@@ -35,14 +35,19 @@ type moeConfig struct {
 // tiles' current tile; ferrite_moe_b1's later gate/up tasks), moePFNext
 // for the weights that come next (the register tiles' next expert;
 // ferrite_moe_b1's down rows). FERRITE_MOE_PF=1 is moePFTile, 2 moePFNext,
-// 3 both. They change no bits, only when weights arrive.
+// 3 both. FERRITE_MOE_PFD=D (1 to 7) streams instead: the register tiles
+// ask, each pass over their rows (512 bytes a row), for the lines D passes
+// on, on into the next expert's tile; ferrite_moe_b1 for the gate/up task D
+// on. They change no bits, only when weights arrive.
 const (
-	moePFTile = 2
-	moePFNext = 4
+	moePFTile      = 2
+	moePFNext      = 4
+	moePFDistShift = 3
 )
 
-// pfFlags maps FERRITE_MOE_PF's value (1 to 3) to the kernels' bits.
-func pfFlags(v int) int {
+// pfFlags maps FERRITE_MOE_PF's value (1 to 3) and FERRITE_MOE_PFD's (0
+// to 7) to the kernels' bits.
+func pfFlags(v, dist int) int {
 	f := 0
 	if v&1 != 0 {
 		f |= moePFTile
@@ -50,7 +55,7 @@ func pfFlags(v int) int {
 	if v&2 != 0 {
 		f |= moePFNext
 	}
-	return f
+	return f | min(dist, 7)<<moePFDistShift
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -64,7 +69,7 @@ func moeConfigFromEnv() moeConfig {
 		return v
 	}
 	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", pipe: pipeMode(os.Getenv("FERRITE_MOE_KERNELS")), few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB"),
-		tiles: num("FERRITE_MOE_TILES"), pf: pfFlags(num("FERRITE_MOE_PF"))}
+		tiles: num("FERRITE_MOE_TILES"), pf: pfFlags(num("FERRITE_MOE_PF"), num("FERRITE_MOE_PFD"))}
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
 	}

@@ -29,7 +29,11 @@
 // down rows after its gate/up tasks). Prefetches hold no registers and
 // change no result: the loads that follow meet L2 instead of waiting a DRAM
 // round trip each.
-constexpr int kPFTile = 2, kPFNext = 4, kPFMask = kPFTile | kPFNext;
+// Bits 3–5 (kPFDistShift) give a distance D: the register tiles ask L2,
+// each pass over their rows, for the lines D passes on (tile_stream), on
+// into the next expert's tile; ferrite_moe_b1 for its gate/up task D tasks
+// on (kPFTile: every later task at once).
+constexpr int kPFTile = 2, kPFNext = 4, kPFMask = kPFTile | kPFNext, kPFDistShift = 3;
 
 // l2_prefetch_warp asks L2 for the global bytes [p, p + n), a 128-byte
 // line a lane at a time over the warp (prefetch.global.L2: nothing waits
@@ -541,6 +545,28 @@ __device__ inline void gt_sort(int* sid, int* srt, const int* ids, int slots, in
     __syncthreads();
 }
 
+// tile_stream asks L2 for the weights tile_dot loads pfd passes after pass
+// j (pass j: bytes [512j, 512j + 512) of each row): one 128-byte line a
+// lane, lane L line L % 4 of row L / 4 (rows a, then b with TWO), past the
+// rows' end from the next tile's (na, nb) when there is one.
+template <int R, bool TWO>
+__device__ __forceinline__ void tile_stream(const uint8_t* a, const uint8_t* b, const uint8_t* na, const uint8_t* nb,
+                                            size_t pitch, int nr, int bytes, int j, int pfd) {
+    const int lane = threadIdx.x & 31, q = lane >> 2;
+    if (q >= (TWO ? 2 : 1) * nr) return;
+    const bool second = TWO && q >= nr;
+    const int r = second ? q - nr : q;
+    int off = (j + pfd) * 512 + (lane & 3) * 128;
+    const uint8_t* base = second ? b : a;
+    if (off >= bytes) {
+        const int passes = (bytes + 511) / 512;
+        base = second ? nb : na;
+        off = (j + pfd - passes) * 512 + (lane & 3) * 128;
+        if (!base || off >= bytes) return;
+    }
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + r * pitch + off));
+}
+
 // tile_dot sets oa[r][q] = row_r·xs[q] (and ob[r][q] = brow_r·xs[q] when
 // TWO) for r < nr rows a + r·pitch (b + r·pitch) and q < nc vectors: rows
 // of cols values of dtype W in 16-byte loads (rows and xs 16-byte
@@ -548,18 +574,24 @@ __device__ inline void gt_sort(int* sid, int* srt, const int* ids, int slots, in
 // weight load serves nc vectors and each vector load nr rows (a register
 // tile), every output summed in rows_dot_vec<W, 1>'s order. The weights
 // stay packed in registers and are widened where they are used (GPU run
-// 2: widening the tile up front took 230 registers a thread).
+// 2: widening the tile up front took 230 registers a thread). With pfd > 0
+// each pass first asks L2 for the weights pfd passes on (tile_stream),
+// from the next tile's rows na, nb past these.
 template <class W, int R, int C, bool TWO>
 __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, size_t pitch, int nr,
                                          const float* const (&xs)[C], int nc, int cols, float (&oa)[R][C],
-                                         float (&ob)[R][C]) {
+                                         float (&ob)[R][C], const uint8_t* na, const uint8_t* nb, int pfd) {
     const int lane = threadIdx.x & 31;
+    const int bytes = cols * W::kSize;
+    for (int j = 1; j < pfd; j++) tile_stream<R, TWO>(a, b, na, nb, pitch, nr, bytes, 0, j);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int q = 0; q < C; q++) oa[r][q] = ob[r][q] = 0.f;
+    int pass = 0;
 #pragma unroll 1
-    for (int k = lane * W::kE; k < cols; k += 32 * W::kE) {
+    for (int k = lane * W::kE; k < cols; k += 32 * W::kE, pass++) {
+        if (pfd) tile_stream<R, TWO>(a, b, na, nb, pitch, nr, bytes, pass, pfd);
         uint4 va[R], vb[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -608,28 +640,35 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
     }
 }
 
-// gt_prefetch asks L2 (pf: kPFTile, kPFNext) for this warp's tile of the
-// current expert, nr rows ra (and rb with GU) pitch apart, of ma's row
-// bytes, and for its tile of the next expert of the block's sorted slots
-// (at place pn, when before p1).
+// gt_next returns this warp's rows of the next expert of the block's
+// sorted slots (at place pn, when before p1) in *na (and *nb with GU),
+// or nullptr: only a view of ma's dtype and width, whose rows lie as these.
 template <bool GU>
-__device__ __forceinline__ void gt_prefetch(int pf, const uint8_t* ra, const uint8_t* rb, size_t pitch, int nr,
-                                            const MatDesc& ma, const MatDesc* table, const int* sid, const int* srt,
-                                            int pn, int p1, int r0) {
-    const size_t bytes = size_t(ma.cols) * (ma.dtype == kF32 ? 4 : 2);
+__device__ __forceinline__ void gt_next(const MatDesc& ma, const MatDesc* table, const int* sid, const int* srt, int pn,
+                                        int p1, int r0, const uint8_t** na, const uint8_t** nb) {
+    *na = *nb = nullptr;
+    if (pn >= p1) return;
+    const int e = sid[srt[pn]];
+    const MatDesc ta = table[3 * e + (GU ? 0 : 2)], tb = table[3 * e + 1];
+    const float* unused;
+    if (ta.dtype == ma.dtype && ta.cols == ma.cols) *na = mat_row(ta, r0, &unused);
+    if (GU && tb.dtype == ma.dtype && tb.cols == ma.cols) *nb = mat_row(tb, r0, &unused);
+}
+
+// gt_prefetch asks L2 (pf: kPFTile, kPFNext) for this warp's whole tile of
+// the current expert, nr rows ra (and rb with GU) pitch apart of bytes
+// each, and for its tile of the next expert (na, nb where not nullptr).
+template <bool GU>
+__device__ __forceinline__ void gt_prefetch(int pf, const uint8_t* ra, const uint8_t* rb, const uint8_t* na,
+                                            const uint8_t* nb, size_t pitch, int nr, size_t bytes) {
+    const size_t span = (nr - 1) * pitch + bytes;
     if (pf & kPFTile) {
-        l2_prefetch_warp(ra, (nr - 1) * pitch + bytes);
-        if (GU) l2_prefetch_warp(rb, (nr - 1) * pitch + bytes);
+        l2_prefetch_warp(ra, span);
+        if (GU) l2_prefetch_warp(rb, span);
     }
-    if ((pf & kPFNext) && pn < p1) {
-        // Only a view of the same dtype and width: its rows lie as these.
-        const int e = sid[srt[pn]];
-        const MatDesc na = table[3 * e + (GU ? 0 : 2)], nb = table[3 * e + 1];
-        const float* unused;
-        if (na.dtype == ma.dtype && na.cols == ma.cols)
-            l2_prefetch_warp(mat_row(na, r0, &unused), (nr - 1) * pitch + bytes);
-        if (GU && nb.dtype == ma.dtype && nb.cols == ma.cols)
-            l2_prefetch_warp(mat_row(nb, r0, &unused), (nr - 1) * pitch + bytes);
+    if (pf & kPFNext) {
+        if (na) l2_prefetch_warp(na, span);
+        if (GU && nb) l2_prefetch_warp(nb, span);
     }
 }
 
@@ -693,11 +732,14 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
             p += nc;
             continue;
         }
-        if (pf & kPFMask) gt_prefetch<GU>(pf, ra, rb, pitch, nr, ma, table, sid, srt, p + nc, p1, r0);
+        const uint8_t *na = nullptr, *nb = nullptr;
+        if (pf) gt_next<GU>(ma, table, sid, srt, p + nc, p1, r0, &na, &nb);
+        if (pf & kPFMask) gt_prefetch<GU>(pf, ra, rb, na, nb, pitch, nr, size_t(ma.cols) * (ma.dtype == kF32 ? 4 : 2));
+        const int pfd = (pf >> kPFDistShift) & 7;
         float oa[R][C], ob[R][C];
-        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
-        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
-        else tile_dot<F32W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
+        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
+        else tile_dot<F32W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
         if (lane == 0) {
 #pragma unroll
             for (int q = 0; q < C; q++) {
