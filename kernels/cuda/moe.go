@@ -126,8 +126,16 @@ func (c moeConfig) useGT(n, k int) bool {
 }
 
 // gtLaunch names the register tiles' kernels and their weight rows a
-// block (8 warps of R rows).
+// block (8 warps of R rows): with c.pf their _pf twins, which read it.
 func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows int) {
+	gateUp, guRows, down, downRows = c.gtKernels()
+	if c.pf != 0 {
+		gateUp, down = gateUp+"_pf", down+"_pf"
+	}
+	return
+}
+
+func (c moeConfig) gtKernels() (gateUp string, guRows int, down string, downRows int) {
 	switch c.gt {
 	case 1:
 		return "ferrite_moe_gt_gate_up_r1", 1 * moeGEMVRows, "ferrite_moe_gt_down_r2", 2 * moeGEMVRows
@@ -219,7 +227,7 @@ const (
 )
 
 func init() {
-	bigSmemKernels = append(bigSmemKernels, "ferrite_moe_b1_1", "ferrite_moe_b1_3")
+	bigSmemKernels = append(bigSmemKernels, "ferrite_moe_b1_1", "ferrite_moe_b1_3", "ferrite_moe_b1_1_pf", "ferrite_moe_b1_3_pf")
 }
 
 // moeB1Bar returns the device address of ferrite_moe_b1's grid barrier
@@ -281,6 +289,9 @@ func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Exp
 	name, threads, fixed := "ferrite_moe_b1_1", 512, moeB1Fixed
 	if n > 1 {
 		name = "ferrite_moe_b1_3"
+	}
+	if b.moe.pf != 0 {
+		name += "_pf" // the same kernel with the prefetches (the plain one has none of their code)
 	}
 	smem, xp := fixed+n*k*inter*4, dptr(x)
 	bar, err := b.moeB1Bar()

@@ -680,10 +680,11 @@ __device__ __forceinline__ void gt_prefetch(int pf, const uint8_t* ra, const uin
 // the SwiGLU; else the down rows (3e + 2) against in[t], out = ye (slots,
 // nrows = hidden) each slot's expert output, which ferrite_moe_combine
 // adds up. An id outside [0, experts) writes NaN into its slot's row. pf:
-// gt_prefetch's L2 prefetches.
-template <int R, int C, bool GU>
+// the L2 prefetches (gt_prefetch, tile_stream), only with PF.
+template <int R, int C, bool GU, bool PF>
 __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
                        int experts, int k, int slots, int sb, float limit, int pf) {
+    if (!PF) pf = 0;  // the kernels without _pf: no prefetch code at all
     __shared__ int sid[kMoeGtSlots], srt[kMoeGtSlots];
     int v0, nv;
     gt_sort(sid, srt, ids, slots, experts, &v0, &nv);
@@ -760,30 +761,37 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
 // against up to 4 slots of an expert: gate/up into h (n·k, inter) from x
 // (n, hidden); down into ye (n·k, hidden) from h, then
 // ferrite_moe_combine. Launch: grid (ceil(rows / (8·R)), ceil(n·k / sb)),
-// 256 threads; n·k ≤ 256; pf the L2 prefetch switches (kPFTile, kPFNext).
+// 256 threads; n·k ≤ 256; pf the L2 prefetch switches (kPFTile, kPFNext,
+// the distance), read only by the _pf kernels (the others ignore it).
 // kernels/cuda runs gate/up with R = 2 and down with R = 4 unless
 // FERRITE_MOE_GT picks the halves or the doubles.
-#define FERRITE_MOE_GT_GATE_UP(name, R)                                                                    \
+#define FERRITE_MOE_GT_GATE_UP(name, R, PF)                                                                \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,     \
              int experts, int k, int slots, int sb, float limit, int pf) {                               \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, true>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit, pf);          \
+        moe_gt<R, 4, true, PF>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit, pf);      \
     }
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1, false)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2, false)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4, false)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1_pf, 1, true)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2_pf, 2, true)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_pf, 4, true)
 
-#define FERRITE_MOE_GT_DOWN(name, R)                                                                       \
+#define FERRITE_MOE_GT_DOWN(name, R, PF)                                                                   \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,      \
              int experts, int k, int slots, int sb, int pf) {                                            \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, false>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f, pf);            \
+        moe_gt<R, 4, false, PF>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f, pf);        \
     }
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2, false)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4, false)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8, false)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2_pf, 2, true)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4_pf, 4, true)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_pf, 8, true)
 
 // ---------------------------------------------------------------------------
 // Grouped experts for many tokens (prefill): the slots sorted by expert,

@@ -357,10 +357,11 @@ __device__ __forceinline__ const MatDesc* b1_table(const MatDesc* table, int exp
     return reinterpret_cast<const MatDesc*>(dst);
 }
 
-template <int C, int NT>
+template <int C, int NT, bool PF>
 __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* x, int x_stride, const int* ids,
                        const float* w, const MatDesc* table, int experts, int n, int k, int inter, int hidden,
                        float limit, unsigned* bar, int flags) {
+    if (!PF) flags &= 1;  // the kernels without _pf: no prefetch code at all
     // Dynamic shared memory only (the whole of it opted in: no static
     // shared memory may add to it): the plan, each warp's row of part,
     // then h (n·k, inter) for down.
@@ -417,15 +418,17 @@ __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* 
 // holds the expert table (3·experts·40 bytes after the first kFixed),
 // copied before the PDL wait (not for kB1Down), kPFTile, kPFNext and the
 // distance from kPFDistShift (ops_moe.cu) the L2 prefetches of b1_gate_up
-// and of each warp's down rows after it (kernels/cuda FERRITE_MOE_PF). _1
-// for one token, _3 for up to three.
-#define FERRITE_MOE_B1(name, C, NT)                                                                            \
+// and of each warp's down rows after it (kernels/cuda FERRITE_MOE_PF), only
+// in the _pf kernels. _1 for one token, _3 for up to three.
+#define FERRITE_MOE_B1(name, C, NT, PF)                                                                        \
     extern "C" __global__ void __launch_bounds__(NT, 1)                                                        \
         name(int mode, float* y, int y_stride, float* h, const float* x, int x_stride, const int* ids,          \
              const float* w, const MatDesc* table, int experts, int n, int k, int inter, int hidden, float limit, \
              unsigned* bar, int flags) {                                                                       \
-        moe_b1<C, NT>(mode, y, y_stride, h, x, x_stride, ids, w, table, experts, n, k, inter, hidden, limit, bar,   \
+        moe_b1<C, NT, PF>(mode, y, y_stride, h, x, x_stride, ids, w, table, experts, n, k, inter, hidden, limit, bar,   \
                   flags);                                                                                      \
     }
-FERRITE_MOE_B1(ferrite_moe_b1_1, 1, 512)
-FERRITE_MOE_B1(ferrite_moe_b1_3, 3, 512)
+FERRITE_MOE_B1(ferrite_moe_b1_1, 1, 512, false)
+FERRITE_MOE_B1(ferrite_moe_b1_3, 3, 512, false)
+FERRITE_MOE_B1(ferrite_moe_b1_1_pf, 1, 512, true)
+FERRITE_MOE_B1(ferrite_moe_b1_3_pf, 3, 512, true)
