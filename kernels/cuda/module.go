@@ -50,6 +50,8 @@ var kernelNames = []string{
 	// The same with FERRITE_MOE_PF's L2 prefetches.
 	"ferrite_moe_b1_1_pf", "ferrite_moe_b1_3_pf", "ferrite_moe_gt_gate_up_r1_pf", "ferrite_moe_gt_gate_up_r2_pf",
 	"ferrite_moe_gt_gate_up_r4_pf", "ferrite_moe_gt_down_r2_pf", "ferrite_moe_gt_down_r4_pf", "ferrite_moe_gt_down_r8_pf",
+	"ferrite_moe_gt_gate_up_r1_db", "ferrite_moe_gt_gate_up_r2_db", "ferrite_moe_gt_gate_up_r4_db", "ferrite_moe_gt_down_r2_db",
+	"ferrite_moe_gt_down_r4_db", "ferrite_moe_gt_down_r8_db",
 	// Random weights (src/randfill.cu).
 	"ferrite_random_fill",
 }

@@ -27,33 +27,36 @@ type moeConfig struct {
 	gt     int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
 	b1     int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
 	b1Most int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
-	pf     int  // FERRITE_MOE_PF, FERRITE_MOE_PFD: the L2 prefetches of the register tiles and ferrite_moe_b1, moePFTile | moePFNext | distance<<moePFDistShift (0: none)
+	pf     int  // FERRITE_MOE_PF, FERRITE_MOE_PFD: the L2 prefetches of the register tiles and ferrite_moe_b1, moePFNext | moePFDouble | distance<<moePFDistShift (0: none)
 }
 
-// The L2 prefetch switches (src/ops_moe.cu kPFTile, kPFNext): moePFTile
-// asks L2 for a task's whole weight rows before its loads (the register
-// tiles' current tile; ferrite_moe_b1's later gate/up tasks), moePFNext
-// for the weights that come next (the register tiles' next expert;
-// ferrite_moe_b1's down rows). FERRITE_MOE_PF=1 is moePFTile, 2 moePFNext,
-// 3 both. FERRITE_MOE_PFD=D (1 to 7) streams instead: the register tiles
-// ask, each pass over their rows (512 bytes a row), for the lines D passes
-// on, on into the next expert's tile; ferrite_moe_b1 for the gate/up task D
-// on. They change no bits, only when weights arrive.
+// The L2 prefetch switches (src/ops_moe.cu kPFNext, kPFDistShift), which
+// pick the _pf twins of the register tiles and ferrite_moe_b1 (the default
+// kernels have none of their code). FERRITE_MOE_PFD=D (1 to 7): the
+// register tiles ask L2, each pass over their rows (512 bytes a row), for
+// the lines D passes on, on into the next expert's tile; ferrite_moe_b1
+// for the gate/up task D on. FERRITE_MOE_PF=2 (moePFNext): ferrite_moe_b1's
+// warps ask for their down rows after their gate/up tasks; 4
+// (moePFDouble): the register tiles' _db twins, which also ask for each
+// pass's weights (into registers) before the pass before multiplies; 6
+// both. They change no bits, only when weights arrive. (Asking for a
+// whole tile, or every later task, at once measured slower in GPU run 1
+// and is gone.)
 const (
-	moePFTile      = 2
 	moePFNext      = 4
 	moePFDistShift = 3
+	moePFDouble    = 1 << 6 // Go's: picks the _db kernels
 )
 
-// pfFlags maps FERRITE_MOE_PF's value (1 to 3) and FERRITE_MOE_PFD's (0
-// to 7) to the kernels' bits.
+// pfFlags maps FERRITE_MOE_PF's value (its bits 2 and 4) and
+// FERRITE_MOE_PFD's (0 to 7) to moeConfig.pf.
 func pfFlags(v, dist int) int {
 	f := 0
-	if v&1 != 0 {
-		f |= moePFTile
-	}
 	if v&2 != 0 {
 		f |= moePFNext
+	}
+	if v&4 != 0 {
+		f |= moePFDouble
 	}
 	return f | min(dist, 7)<<moePFDistShift
 }
@@ -126,10 +129,13 @@ func (c moeConfig) useGT(n, k int) bool {
 }
 
 // gtLaunch names the register tiles' kernels and their weight rows a
-// block (8 warps of R rows): with c.pf their _pf twins, which read it.
+// block (8 warps of R rows): with c.pf their _pf twins (_db with
+// moePFDouble), which read it.
 func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows int) {
 	gateUp, guRows, down, downRows = c.gtKernels()
-	if c.pf != 0 {
+	if c.pf&moePFDouble != 0 {
+		gateUp, down = gateUp+"_db", down+"_db"
+	} else if c.pf != 0 {
 		gateUp, down = gateUp+"_pf", down+"_pf"
 	}
 	return
@@ -290,7 +296,8 @@ func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Exp
 	if n > 1 {
 		name = "ferrite_moe_b1_3"
 	}
-	if b.moe.pf != 0 {
+	pf := b.moe.pf &^ moePFDouble // the kernel's bits (moePFDouble is the register tiles')
+	if pf != 0 {
 		name += "_pf" // the same kernel with the prefetches (the plain one has none of their code)
 	}
 	smem, xp := fixed+n*k*inter*4, dptr(x)
@@ -315,9 +322,9 @@ func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Exp
 	guSmem, block := uint32(fixed+tcopy*tbytes), uint32(threads)
 	b.queue(func(d *Device) error {
 		if fused {
-			return d.launchL(name, grid, block, uint32(smem), args(moeB1ModeBoth, tcopy|b.moe.pf)...)
+			return d.launchL(name, grid, block, uint32(smem), args(moeB1ModeBoth, tcopy|pf)...)
 		}
-		if err := d.launchL(name, grid, block, guSmem, args(moeB1ModeGateUp, tcopy|b.moe.pf)...); err != nil {
+		if err := d.launchL(name, grid, block, guSmem, args(moeB1ModeGateUp, tcopy|pf)...); err != nil {
 			return err
 		}
 		return d.launchL(name, grid, block, uint32(smem), args(moeB1ModeDown, 0)...)

@@ -47,6 +47,8 @@ var pdlKernels = map[string]bool{
 	"ferrite_moe_b1_1": true, "ferrite_moe_b1_3": true, "ferrite_moe_b1_1_pf": true, "ferrite_moe_b1_3_pf": true,
 	"ferrite_moe_gt_gate_up_r1_pf": true, "ferrite_moe_gt_gate_up_r2_pf": true, "ferrite_moe_gt_gate_up_r4_pf": true, "ferrite_moe_gt_down_r2_pf": true,
 	"ferrite_moe_gt_down_r4_pf": true, "ferrite_moe_gt_down_r8_pf": true,
+	"ferrite_moe_gt_gate_up_r1_db": true, "ferrite_moe_gt_gate_up_r2_db": true, "ferrite_moe_gt_gate_up_r4_db": true, "ferrite_moe_gt_down_r2_db": true,
+	"ferrite_moe_gt_down_r4_db": true, "ferrite_moe_gt_down_r8_db": true,
 }
 
 // pdlEnabled is whether a new Device of compute capability major uses PDL:

@@ -21,19 +21,17 @@
 // then ferrite_moe_combine adds each token's experts.
 #include <stdint.h>
 
-// L2 prefetch switches of the grouped GEMVs (kernels/cuda FERRITE_MOE_PF):
-// kPFTile asks L2 for a task's whole weight rows before its loads (the
-// register tiles: the warp's current tile; ferrite_moe_b1: the warp's later
-// gate/up tasks), kPFNext for the weights that come next (the register
-// tiles: the next expert's tile of the block; ferrite_moe_b1: the warp's
-// down rows after its gate/up tasks). Prefetches hold no registers and
-// change no result: the loads that follow meet L2 instead of waiting a DRAM
-// round trip each.
-// Bits 3–5 (kPFDistShift) give a distance D: the register tiles ask L2,
-// each pass over their rows, for the lines D passes on (tile_stream), on
-// into the next expert's tile; ferrite_moe_b1 for its gate/up task D tasks
-// on (kPFTile: every later task at once).
-constexpr int kPFTile = 2, kPFNext = 4, kPFMask = kPFTile | kPFNext, kPFDistShift = 3;
+// L2 prefetch switches of the grouped GEMVs (kernels/cuda FERRITE_MOE_PF,
+// FERRITE_MOE_PFD), read by their _pf / _db twins only. kPFNext:
+// ferrite_moe_b1's warps ask L2 for their down rows after their gate/up
+// tasks. Bits 3–5 (kPFDistShift) give a distance D: the register tiles ask
+// L2, each pass over their rows, for the lines D passes on (tile_stream),
+// on into the next expert's tile; ferrite_moe_b1 for its gate/up task D
+// on. Prefetches hold no registers and change no result. (Asking for a
+// whole tile, or every later task, at once measured slower in session 15's
+// GPU run 1: 483 against 414 µs a layer for GLM-4.7-Flash's experts at 32
+// tokens, more than L2 holds in flight.)
+constexpr int kPFNext = 4, kPFDistShift = 3;
 
 // l2_prefetch_warp asks L2 for the global bytes [p, p + n), a 128-byte
 // line a lane at a time over the warp (prefetch.global.L2: nothing waits
@@ -567,6 +565,20 @@ __device__ __forceinline__ void tile_stream(const uint8_t* a, const uint8_t* b, 
     asm volatile("prefetch.global.L2 [%0];" ::"l"(base + r * pitch + off));
 }
 
+// tile_load loads a lane's 16 bytes at column k of the nr rows a + r·pitch
+// (and b + r·pitch with TWO).
+template <class W, int R, bool TWO>
+__device__ __forceinline__ void tile_load(uint4 (&va)[R], uint4 (&vb)[R], const uint8_t* a, const uint8_t* b, size_t pitch,
+                                          int nr, int k) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (r < nr) {
+            va[r] = __ldg(reinterpret_cast<const uint4*>(a + r * pitch + size_t(k) * W::kSize));
+            if (TWO) vb[r] = __ldg(reinterpret_cast<const uint4*>(b + r * pitch + size_t(k) * W::kSize));
+        }
+    }
+}
+
 // tile_dot sets oa[r][q] = row_r·xs[q] (and ob[r][q] = brow_r·xs[q] when
 // TWO) for r < nr rows a + r·pitch (b + r·pitch) and q < nc vectors: rows
 // of cols values of dtype W in 16-byte loads (rows and xs 16-byte
@@ -576,8 +588,9 @@ __device__ __forceinline__ void tile_stream(const uint8_t* a, const uint8_t* b, 
 // stay packed in registers and are widened where they are used (GPU run
 // 2: widening the tile up front took 230 registers a thread). With pfd > 0
 // each pass first asks L2 for the weights pfd passes on (tile_stream),
-// from the next tile's rows na, nb past these.
-template <class W, int R, int C, bool TWO>
+// from the next tile's rows na, nb past these; with DB each pass asks for
+// the next pass's weights (registers) before its products.
+template <class W, int R, int C, bool TWO, bool DB>
 __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, size_t pitch, int nr,
                                          const float* const (&xs)[C], int nc, int cols, float (&oa)[R][C],
                                          float (&ob)[R][C], const uint8_t* na, const uint8_t* nb, int pfd) {
@@ -589,16 +602,21 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
 #pragma unroll
         for (int q = 0; q < C; q++) oa[r][q] = ob[r][q] = 0.f;
     int pass = 0;
+    uint4 pa[R], pb[R];  // DB: the next pass's weights, asked for before this pass's products
+    if (DB && lane * W::kE < cols) tile_load<W, R, TWO>(pa, pb, a, b, pitch, nr, lane * W::kE);
 #pragma unroll 1
     for (int k = lane * W::kE; k < cols; k += 32 * W::kE, pass++) {
         if (pfd) tile_stream<R, TWO>(a, b, na, nb, pitch, nr, bytes, pass, pfd);
         uint4 va[R], vb[R];
+        if (DB) {
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            if (r < nr) {
-                va[r] = __ldg(reinterpret_cast<const uint4*>(a + r * pitch + size_t(k) * W::kSize));
-                if (TWO) vb[r] = __ldg(reinterpret_cast<const uint4*>(b + r * pitch + size_t(k) * W::kSize));
+            for (int r = 0; r < R; r++) {
+                va[r] = pa[r];
+                if (TWO) vb[r] = pb[r];
             }
+            if (k + 32 * W::kE < cols) tile_load<W, R, TWO>(pa, pb, a, b, pitch, nr, k + 32 * W::kE);
+        } else {
+            tile_load<W, R, TWO>(va, vb, a, b, pitch, nr, k);
         }
 #pragma unroll
         for (int q = 0; q < C; q++) {
@@ -655,23 +673,6 @@ __device__ __forceinline__ void gt_next(const MatDesc& ma, const MatDesc* table,
     if (GU && tb.dtype == ma.dtype && tb.cols == ma.cols) *nb = mat_row(tb, r0, &unused);
 }
 
-// gt_prefetch asks L2 (pf: kPFTile, kPFNext) for this warp's whole tile of
-// the current expert, nr rows ra (and rb with GU) pitch apart of bytes
-// each, and for its tile of the next expert (na, nb where not nullptr).
-template <bool GU>
-__device__ __forceinline__ void gt_prefetch(int pf, const uint8_t* ra, const uint8_t* rb, const uint8_t* na,
-                                            const uint8_t* nb, size_t pitch, int nr, size_t bytes) {
-    const size_t span = (nr - 1) * pitch + bytes;
-    if (pf & kPFTile) {
-        l2_prefetch_warp(ra, span);
-        if (GU) l2_prefetch_warp(rb, span);
-    }
-    if (pf & kPFNext) {
-        if (na) l2_prefetch_warp(na, span);
-        if (GU && nb) l2_prefetch_warp(nb, span);
-    }
-}
-
 // moe_gt: the grouped GEMV as register tiles, for many slots. Block
 // (x, y) takes weight rows [x·8R, x·8R + 8R), R a warp, and the slots at
 // sorted places [y·sb, y·sb + sb); a warp runs its rows of an expert
@@ -680,11 +681,13 @@ __device__ __forceinline__ void gt_prefetch(int pf, const uint8_t* ra, const uin
 // the SwiGLU; else the down rows (3e + 2) against in[t], out = ye (slots,
 // nrows = hidden) each slot's expert output, which ferrite_moe_combine
 // adds up. An id outside [0, experts) writes NaN into its slot's row. pf:
-// the L2 prefetches (gt_prefetch, tile_stream), only with PF.
-template <int R, int C, bool GU, bool PF>
+// the L2 prefetches (tile_stream), only with PF (1: _pf;
+// 2: _db, which also double-buffers each pass's weights in registers).
+template <int R, int C, bool GU, int PF>
 __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
                        int experts, int k, int slots, int sb, float limit, int pf) {
-    if (!PF) pf = 0;  // the kernels without _pf: no prefetch code at all
+    if (!PF) pf = 0;  // the kernels without _pf / _db: no prefetch code at all
+    constexpr bool DB = PF == 2;
     __shared__ int sid[kMoeGtSlots], srt[kMoeGtSlots];
     int v0, nv;
     gt_sort(sid, srt, ids, slots, experts, &v0, &nv);
@@ -734,13 +737,12 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
             continue;
         }
         const uint8_t *na = nullptr, *nb = nullptr;
-        if (pf) gt_next<GU>(ma, table, sid, srt, p + nc, p1, r0, &na, &nb);
-        if (pf & kPFMask) gt_prefetch<GU>(pf, ra, rb, na, nb, pitch, nr, size_t(ma.cols) * (ma.dtype == kF32 ? 4 : 2));
         const int pfd = (pf >> kPFDistShift) & 7;
+        if (pfd) gt_next<GU>(ma, table, sid, srt, p + nc, p1, r0, &na, &nb);
         float oa[R][C], ob[R][C];
-        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
-        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
-        else tile_dot<F32W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
+        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU, DB>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
+        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU, DB>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
+        else tile_dot<F32W, R, C, GU, DB>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
         if (lane == 0) {
 #pragma unroll
             for (int q = 0; q < C; q++) {
@@ -761,10 +763,10 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
 // against up to 4 slots of an expert: gate/up into h (n·k, inter) from x
 // (n, hidden); down into ye (n·k, hidden) from h, then
 // ferrite_moe_combine. Launch: grid (ceil(rows / (8·R)), ceil(n·k / sb)),
-// 256 threads; n·k ≤ 256; pf the L2 prefetch switches (kPFTile, kPFNext,
-// the distance), read only by the _pf kernels (the others ignore it).
-// kernels/cuda runs gate/up with R = 2 and down with R = 4 unless
-// FERRITE_MOE_GT picks the halves or the doubles.
+// 256 threads; n·k ≤ 256; pf the L2 prefetch distance (kPFDistShift),
+// read only by the _pf and _db kernels (the others ignore it); the _db
+// kernels also hold the next pass's weights in registers. kernels/cuda runs
+// gate/up with R = 4 and down with R = 8 unless FERRITE_MOE_GT picks others.
 #define FERRITE_MOE_GT_GATE_UP(name, R, PF)                                                                \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,     \
@@ -772,12 +774,15 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
         FERRITE_PDL_WAIT();                                                                              \
         moe_gt<R, 4, true, PF>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit, pf);      \
     }
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1, false)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2, false)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4, false)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1_pf, 1, true)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2_pf, 2, true)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_pf, 4, true)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1, 0)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2, 0)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4, 0)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1_pf, 1, 1)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2_pf, 2, 1)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_pf, 4, 1)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1_db, 1, 2)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2_db, 2, 2)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_db, 4, 2)
 
 #define FERRITE_MOE_GT_DOWN(name, R, PF)                                                                   \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
@@ -786,12 +791,15 @@ FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_pf, 4, true)
         FERRITE_PDL_WAIT();                                                                              \
         moe_gt<R, 4, false, PF>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f, pf);        \
     }
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2, false)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4, false)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8, false)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2_pf, 2, true)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4_pf, 4, true)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_pf, 8, true)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2, 0)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4, 0)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8, 0)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2_pf, 2, 1)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4_pf, 4, 1)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_pf, 8, 1)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2_db, 2, 2)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4_db, 4, 2)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_db, 8, 2)
 
 // ---------------------------------------------------------------------------
 // Grouped experts for many tokens (prefill): the slots sorted by expert,

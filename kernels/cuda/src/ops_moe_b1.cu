@@ -149,20 +149,18 @@ __device__ __forceinline__ void b1_prefetch_task(const B1Plan& P, int task, int 
 
 // b1_gate_up runs the grid's gate/up tasks (unit u, row r) of warp gw of
 // GW: h[s][r] = swiglu(gate_r·x[s / k], up_r·x[s / k]) for the unit's slots.
-// With kPFTile in pf the warp first asks L2 for every later task's rows;
-// with a distance D (pf's bits from kPFDistShift) for the tasks up to D on,
-// then at each task for the task D on.
+// With a distance D (pf's bits from kPFDistShift) the warp first asks L2
+// for its tasks up to D on, then at each task for the task D on.
 template <int C, int NT>
 __device__ void b1_gate_up(const B1Plan& P, float* h, const float* x, int x_stride, int k, int inter, int hidden,
                            float limit, int gw, int GW, int pf) {
     const int lane = threadIdx.x & 31;
     const int total = P.nu * inter;
     const size_t pitch = size_t(hidden) * 2;
-    // Ask L2 for this warp's later tasks' rows ahead (all now, or pfd
-    // tasks on): their loads below then meet L2, not a DRAM round trip each.
+    // Ask L2 for this warp's later tasks' rows pfd tasks ahead: their loads
+    // below then meet L2, not a DRAM round trip each.
     const int pfd = (pf >> kPFDistShift) & 7;
-    const int ahead = pfd ? pfd - 1 : ((pf & kPFTile) ? total : 0);
-    for (int task = gw + GW, d = 0; task < total && d < ahead; task += GW, d++) b1_prefetch_task(P, task, inter, pitch);
+    for (int task = gw + GW, d = 1; task < total && d < pfd; task += GW, d++) b1_prefetch_task(P, task, inter, pitch);
     for (int task = gw; task < total; task += GW) {
         if (pfd && task + pfd * GW < total) b1_prefetch_task(P, task + pfd * GW, inter, pitch);
         const int u = task / inter, r = task - u * inter;
@@ -385,7 +383,7 @@ __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* 
         const MatDesc* tb = b1_table(table, experts, flags & 1, b1_sm + kB1Fixed / 16);
         FERRITE_PDL_WAIT();
         b1_plan<C>(P, ids, w, tb, experts, n, k);
-        b1_gate_up<C, NT>(P, h, x, x_stride, k, inter, hidden, limit, gw, GW, flags & ~1);
+        b1_gate_up<C, NT>(P, h, x, x_stride, k, inter, hidden, limit, gw, GW, flags);
         if (flags & kPFNext) {
             // The down rows this warp takes (the same rows in the down
             // launch, whose grid is this one's shape), asked of L2 while
@@ -416,8 +414,8 @@ __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* 
 // contiguous, n·k ≤ 192, bar two zeroed words (kB1Both; each launch leaves
 // them for the next); flags: bit 0 (tcopy) the dynamic shared memory also
 // holds the expert table (3·experts·40 bytes after the first kFixed),
-// copied before the PDL wait (not for kB1Down), kPFTile, kPFNext and the
-// distance from kPFDistShift (ops_moe.cu) the L2 prefetches of b1_gate_up
+// copied before the PDL wait (not for kB1Down), kPFNext and the distance
+// from kPFDistShift (ops_moe.cu) the L2 prefetches of b1_gate_up
 // and of each warp's down rows after it (kernels/cuda FERRITE_MOE_PF), only
 // in the _pf kernels. _1 for one token, _3 for up to three.
 #define FERRITE_MOE_B1(name, C, NT, PF)                                                                        \
