@@ -18,16 +18,17 @@ import (
 // it from the environment (moeConfigFromEnv), so one GPU run can compare;
 // tests and benchmarks set it directly.
 type moeConfig struct {
-	v1     bool // FERRITE_MOE_KERNELS=v1: no register tiles, slot a pass up to moeFewTokens, sorted tiles above (as before them)
-	pipe   int  // FERRITE_MOE_KERNELS=pipe, pipe16, piped, pipe16d: the streamed kernels (moe_pipe.go's pipeMode: warps a block | moePipeDyn) where they apply, from moeGTFrom tokens (or tiles slots); 0: above moeGTTokens only (pipeFor), nopipe (−1): never
-	slots8 bool // up to 8 slots of an expert a pass in ferrite_moe_few_* (tests, benchmarks)
-	few    int  // FERRITE_MOE_FEW: the most tokens the register tiles take (0: moeGTTokens)
-	tiles  int  // FERRITE_MOE_TILES: the register tiles from this many slots, also below moeGTFrom tokens (0: from moeGTFrom tokens only)
-	sb     int  // FERRITE_MOE_SB: the slots a register-tile block takes (0: enough blocks for twice the SMs)
-	gt     int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
-	b1     int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
-	b1Most int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
-	pf     int  // FERRITE_MOE_PF, FERRITE_MOE_PFD: the L2 prefetches of the register tiles and ferrite_moe_b1, moePFNext | moePFDouble | distance<<moePFDistShift (0: none)
+	v1       bool // FERRITE_MOE_KERNELS=v1: no register tiles, slot a pass up to moeFewTokens, sorted tiles above (as before them)
+	pipe     int  // FERRITE_MOE_KERNELS=pipe, pipe16, piped, pipe16d: the streamed kernels (moe_pipe.go's pipeMode: warps a block | moePipeDyn) where they apply, from moeGTFrom tokens (or tiles slots); 0: above moeGTTokens only (pipeFor), nopipe (−1): never
+	slots8   bool // up to 8 slots of an expert a pass in ferrite_moe_few_* (tests, benchmarks)
+	few      int  // FERRITE_MOE_FEW: the most tokens the register tiles take (0: moeGTTokens)
+	tiles    int  // FERRITE_MOE_TILES: the register tiles from this many slots, also below moeGTFrom tokens (0: from moeGTFrom tokens only)
+	sb       int  // FERRITE_MOE_SB: the slots a register-tile block takes (0: enough blocks for twice the SMs)
+	gt       int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
+	b1       int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
+	b1Most   int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
+	combine1 bool // FERRITE_MOE_COMBINE=1: ferrite_moe_combine one block a token (combineParts)
+	pf       int  // FERRITE_MOE_PF, FERRITE_MOE_PFD: the L2 prefetches of the register tiles and ferrite_moe_b1, moePFNext | moePFDouble | distance<<moePFDistShift (0: none)
 }
 
 // The L2 prefetch switches (src/ops_moe.cu kPFNext, kPFDistShift), which
@@ -72,7 +73,8 @@ func moeConfigFromEnv() moeConfig {
 		return v
 	}
 	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", pipe: pipeMode(os.Getenv("FERRITE_MOE_KERNELS")), few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB"),
-		tiles: num("FERRITE_MOE_TILES"), pf: pfFlags(num("FERRITE_MOE_PF"), num("FERRITE_MOE_PFD"))}
+		tiles: num("FERRITE_MOE_TILES"), pf: pfFlags(num("FERRITE_MOE_PF"), num("FERRITE_MOE_PFD")),
+		combine1: os.Getenv("FERRITE_MOE_COMBINE") == "1"}
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
 	}
@@ -164,6 +166,25 @@ func (c moeConfig) blockSlots(slots, rows, rowsPer, sms int) int {
 		sb = ceilDiv(sb, 2)
 	}
 	return sb
+}
+
+// combineParts is the blocks ferrite_moe_combine splits a token's columns
+// over for n tokens of hidden columns: enough to give every SM two (each
+// block sums whole columns as before, so the bits do not change), or one
+// with FERRITE_MOE_COMBINE=1 (as before session 15).
+func (b *Backend) combineParts(n, hidden int) int {
+	if b.moe.combine1 {
+		return 1
+	}
+	return max(1, min(ceilDiv(hidden, 256), ceilDiv(2*b.dev.SMs, n)))
+}
+
+// moeCombine launches ferrite_moe_combine for y (n, hidden) of row stride
+// yStride from ye (n·k, hidden) with ids and w (n, k), a token's columns
+// over parts blocks (combineParts).
+func (d *Device) moeCombine(y uint64, yStride int, ye, ids, w uint64, n, k, hidden, parts int) error {
+	return d.launch3L("ferrite_moe_combine", [3]uint32{uint32(n), uint32(parts), 1}, 256, 0, y, i32(yStride), ye, ids, w,
+		i32(k), i32(hidden))
 }
 
 // funcGetAttribute is the driver's cuFuncGetAttribute, looked up on first

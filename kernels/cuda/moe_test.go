@@ -82,7 +82,17 @@ func TestOpsExpertsPaths(t *testing.T) {
 	}
 	// Above moeGTTokens the streamed kernels (moePipeAuto); then the sorted
 	// tiles they replace there, with FERRITE_MOE_KERNELS=nopipe.
+	b.moe = moeConfig{}
 	checkExperts(t, b, fmt.Sprint("bf16/n=", moeGTTokens+1), bf16, moeGTTokens+1, 4, rng)
+	// hidden 1,040: ferrite_moe_combine splits a token's columns over up to
+	// 5 blocks (combineParts), or one (FERRITE_MOE_COMBINE=1).
+	wide := randExperts(rng, 8, 1040, 64)
+	for _, c := range []moeConfig{{}, {combine1: true}} {
+		b.moe = c
+		for _, n := range []int{8, moeGTTokens + 1} {
+			checkExperts(t, b, fmt.Sprintf("wide/%+v/n=%d", c, n), wide, n, 4, rng)
+		}
+	}
 	b.moe = moeConfig{pipe: -1}
 	for _, n := range []int{moeGTTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
@@ -224,7 +234,8 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // tiles with FERRITE_MOE_PFD's L2 prefetches (the lines 2 or 4 passes on),
 // "db" the _db kernels (FERRITE_MOE_PF=4: the next pass's weights asked for
 // before a pass multiplies), "+pfd2" with both, "gt=2" two gate/up rows a
-// warp (FERRITE_MOE_GT=2). µs/layer is the step over the layers; GB/s counts the chosen experts' weight bytes
+// warp (FERRITE_MOE_GT=2), "combine1" ferrite_moe_combine one block a
+// token (FERRITE_MOE_COMBINE=1). µs/layer is the step over the layers; GB/s counts the chosen experts' weight bytes
 // (distinct experts of the step's tokens) over the step's wall time,
 // TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
@@ -297,7 +308,8 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 		if (moeConfig{}).useGT(n, k) {
 			vs = append(vs, variant{"/pfd2", moeConfig{pf: pfFlags(0, 2)}}, variant{"/pfd4", moeConfig{pf: pfFlags(0, 4)}},
 				variant{"/db", moeConfig{pf: pfFlags(4, 0)}}, variant{"/db+pfd2", moeConfig{pf: pfFlags(4, 2)}},
-				variant{"/gt=2+db", moeConfig{gt: 2, pf: pfFlags(4, 0)}}, variant{"/gt=2+db+pfd2", moeConfig{gt: 2, pf: pfFlags(4, 2)}})
+				variant{"/gt=2+db", moeConfig{gt: 2, pf: pfFlags(4, 0)}}, variant{"/gt=2+db+pfd2", moeConfig{gt: 2, pf: pfFlags(4, 2)}},
+				variant{"/combine1", moeConfig{combine1: true}})
 		}
 		if n > moeGTTokens && n*k <= moePipeSlots {
 			vs = append(vs, variant{"/tiles", moeConfig{pipe: -1}})

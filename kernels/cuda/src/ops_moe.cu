@@ -168,9 +168,11 @@ extern "C" __global__ void ferrite_route(int* ids, int ids_stride, float* w, int
 
 // Combine: y[i] = Σ_j w[i, j]·ye[i·k + j], the token's experts added in
 // increasing expert id (float32 products and sums, kernels/ref.Experts).
-// Launch: grid n, 256 threads; k ≤ 64.
+// Launch: grid (n, parts), 256 threads, block (i, p) the columns p·256 +
+// parts·256·m of token i; k ≤ 64.
 extern "C" __global__ void ferrite_moe_combine(float* y, int y_stride, const float* ye, const int* ids,
                                                const float* w, int k, int hidden) {
+    FERRITE_PDL_WAIT();
     __shared__ int order[64];
     const int i = blockIdx.x;
     if (threadIdx.x == 0) {
@@ -185,7 +187,7 @@ extern "C" __global__ void ferrite_moe_combine(float* y, int y_stride, const flo
         }
     }
     __syncthreads();
-    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
+    for (int d = blockIdx.y * blockDim.x + threadIdx.x; d < hidden; d += gridDim.y * blockDim.x) {
         float acc = 0.f;
         for (int t = 0; t < k; t++) {
             const int j = order[t];
