@@ -21,8 +21,8 @@ import (
 // tokens that share experts, a token with an id out of range (its row NaN,
 // the others unaffected); and that the calls took the kernel.
 // b1Forms are the ferrite_moe_b1 configurations the tests run.
-var b1Forms = []moeConfig{{b1: moeB1Fused}, {b1: moeB1Two}, {b1: moeB1Fused, pf: moePFTile | moePFNext},
-	{b1: moeB1Two, pf: moePFTile}, {b1: moeB1Two, pf: moePFNext}}
+var b1Forms = []moeConfig{{b1: moeB1Fused}, {b1: moeB1Two}, {b1: moeB1Fused, pf: pfFlags(2, 1)},
+	{b1: moeB1Two, pf: pfFlags(2, 0)}, {b1: moeB1Two, pf: pfFlags(0, 3)}, {b1: moeB1Two, pf: pfFlags(6, 1)}}
 
 func TestOpsExpertsB1(t *testing.T) {
 	b := openOps(t)
@@ -139,8 +139,9 @@ func TestOpsExpertsB1Exact(t *testing.T) {
 // own random bf16 experts and random routing; a step's chosen experts,
 // 1.2 GB, far more than L2), the step a CUDA graph: "slot" the slot-a-pass
 // kernels (the default), "b1" ferrite_moe_b1 in one launch, "b1two" in
-// two, "+pf1", "+pf2", "+pf3" with FERRITE_MOE_PF's L2 prefetches (1: a
-// warp's later gate/up rows, 2: its down rows after gate/up, 3: both).
+// two, "+pf2" with FERRITE_MOE_PF=2's L2 prefetches (a warp's down rows
+// after its gate/up tasks), "+pfd1" FERRITE_MOE_PFD=1 (the next gate/up
+// task), "+pf2d1", "+pf2d2" both (the task 1 or 2 on).
 // µs/layer is the step over the layers; GB/s counts the distinct chosen
 // experts' weight bytes.
 func BenchmarkMoEB1(b *testing.B) {
@@ -198,8 +199,8 @@ func benchMoEB1(b *testing.B, e, k, shared, hidden, inter, layers int) {
 			name string
 			c    moeConfig
 		}{{"slot", moeConfig{}}, {"b1", moeConfig{b1: moeB1Fused}}, {"b1two", moeConfig{b1: moeB1Two}},
-			{"b1two+pf1", moeConfig{b1: moeB1Two, pf: pfFlags(1)}}, {"b1two+pf2", moeConfig{b1: moeB1Two, pf: pfFlags(2)}},
-			{"b1two+pf3", moeConfig{b1: moeB1Two, pf: pfFlags(3)}}, {"b1+pf3", moeConfig{b1: moeB1Fused, pf: pfFlags(3)}}} {
+			{"b1two+pf2", moeConfig{b1: moeB1Two, pf: pfFlags(2, 0)}}, {"b1two+pfd1", moeConfig{b1: moeB1Two, pf: pfFlags(0, 1)}},
+			{"b1two+pf2d1", moeConfig{b1: moeB1Two, pf: pfFlags(2, 1)}}, {"b1two+pf2d2", moeConfig{b1: moeB1Two, pf: pfFlags(2, 2)}}} {
 			be.moe = v.c
 			b.Run(fmt.Sprint("n=", n, "/", v.name), func(b *testing.B) {
 				sec := timeSteps(b, be, step)
@@ -233,10 +234,15 @@ func TestMoEB1Config(t *testing.T) {
 			t.Errorf("FERRITE_MOE_B1=%q (set %v): b1 %d for up to %d tokens, want %d for up to %d", c.env, c.set, got.b1, got.b1Most, c.b1, c.b1Most)
 		}
 	}
-	for env, want := range map[string]int{"": 0, "0": 0, "1": moePFTile, "2": moePFNext, "3": moePFTile | moePFNext, "x": 0, "-1": 0} {
-		t.Setenv("FERRITE_MOE_PF", env)
-		if got := moeConfigFromEnv().pf; got != want {
-			t.Errorf("FERRITE_MOE_PF=%q: pf %d, want %d", env, got, want)
+	for _, c := range []struct {
+		pf, pfd string
+		want    int
+	}{{"", "", 0}, {"0", "0", 0}, {"1", "", 0}, {"2", "", moePFNext}, {"4", "", moePFDouble}, {"x", "-1", 0},
+		{"", "2", 2 << moePFDistShift}, {"2", "9", moePFNext | 7<<moePFDistShift}, {"6", "1", moePFNext | moePFDouble | 1<<moePFDistShift}} {
+		t.Setenv("FERRITE_MOE_PF", c.pf)
+		t.Setenv("FERRITE_MOE_PFD", c.pfd)
+		if got := moeConfigFromEnv().pf; got != c.want {
+			t.Errorf("FERRITE_MOE_PF=%q FERRITE_MOE_PFD=%q: pf %d, want %d", c.pf, c.pfd, got, c.want)
 		}
 	}
 }

@@ -128,6 +128,7 @@ func (b *Backend) expertsPipe(dst, x kernels.Tensor, ip, wp, h uint64, table *Bu
 		}
 		ctr = dptr(b.moePipeCnt)
 	}
+	parts := b.combineParts(n, hidden)
 	b.queue(func(d *Device) error {
 		err := d.launchL("ferrite_moe_pipe_gate_up"+suffix, sms, threads, moePipeSmem,
 			h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(ne), i32(k), i32(slots), i32(hidden), f32(limit), ctr)
@@ -138,6 +139,6 @@ func (b *Backend) expertsPipe(dst, x kernels.Tensor, ip, wp, h uint64, table *Bu
 		if err != nil {
 			return err
 		}
-		return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
+		return d.moeCombine(y, dst.Stride, ye, ip, wp, n, k, hidden, parts)
 	})
 }

@@ -1300,7 +1300,8 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		gateUp, guRows, down, downRows := b.moe.gtLaunch()
 		sbu := b.moe.blockSlots(slots, inter, guRows, sms)
 		sbd := b.moe.blockSlots(slots, hidden, downRows, sms)
-		pf := b.moe.pf
+		pf := b.moe.pf &^ moePFDouble // the kernels' bits (gtLaunch picks _db)
+		parts := b.combineParts(n, hidden)
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
 				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit), i32(pf))
@@ -1311,7 +1312,7 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 			if err != nil {
 				return err
 			}
-			return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
+			return d.moeCombine(y, dst.Stride, ye, ip, wp, n, k, hidden, parts)
 		})
 		return
 	}
@@ -1344,6 +1345,7 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	if mma {
 		gateUp, down, threads = "ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", 128
 	}
+	parts := b.combineParts(n, hidden)
 	b.queue(func(d *Device) error {
 		err := d.launchL("ferrite_moe_sort", 1, 1024, 0, off, tiles, perm, ye, ip, i32(n*k), i32(ne), i32(hidden))
 		if err != nil {
@@ -1359,6 +1361,6 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		if err != nil {
 			return err
 		}
-		return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
+		return d.moeCombine(y, dst.Stride, ye, ip, wp, n, k, hidden, parts)
 	})
 }
