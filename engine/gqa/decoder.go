@@ -290,24 +290,28 @@ func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body
 // x (N, hidden): the output head norms every row with norm and runs head
 // over the rows that want logits.
 func (d *Decoder) run(b *model.Batch, st *Step, embed func(c *Ctx, x kernels.Tensor), blocks []*Block, norm *Norm, head *kernels.Mat) *model.Output {
+	var logits, hid kernels.Tensor
+	InStep(d.Dev, func() { logits, hid = d.launch(b, st, embed, blocks, norm, head) })
+	return st.Outputs(d.Dev, b, logits, hid)
+}
+
+// launch queues run's pass inside a step and returns its logits and hidden
+// rows (Head's), for Outputs after the step.
+func (d *Decoder) launch(b *model.Batch, st *Step, embed func(c *Ctx, x kernels.Tensor), blocks []*Block, norm *Norm, head *kernels.Mat) (logits, hid kernels.Tensor) {
 	dev := d.Dev
 	hidden, n := d.Embed.Cols, b.Tokens()
-	var logits, hid kernels.Tensor
-	InStep(dev, func() {
-		x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
-		h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
-		y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
-		c := st.Ctx(dev, b)
-		c.Lin = d.lin
-		embed(c, x)
-		alt := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) the stream's other storage (Residual.Alt)
-		r := &Residual{X: x, H: h, Y: y, Alt: alt}
-		for _, blk := range blocks {
-			blk.Forward(c, r)
-		}
-		logits, hid = st.Head(dev, r.Norm(dev, norm), head)
-	})
-	return st.Outputs(dev, b, logits, hid)
+	x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
+	h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
+	y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
+	c := st.Ctx(dev, b)
+	c.Lin = d.lin
+	embed(c, x)
+	alt := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) the stream's other storage (Residual.Alt)
+	r := &Residual{X: x, H: h, Y: y, Alt: alt}
+	for _, blk := range blocks {
+		blk.Forward(c, r)
+	}
+	return st.Head(dev, r.Norm(dev, norm), head)
 }
 
 // InStep runs fn between dev.BeginStep and dev.EndStep; a panic in fn
@@ -331,6 +335,11 @@ type Step struct {
 	// its Top best entries when the device has kernels.SampleOps.
 	Top int
 	top kernels.Tensor // (NL, 2·Top) F32 Head's reduction; the zero Tensor for none
+
+	// Exact is whether Upload put the backend in its row-exact mode (a
+	// verification); a step of several passes sets it again before each
+	// (kernels.SetRowExact).
+	Exact bool
 }
 
 // Ctx is the step's block context on dev for batch b, with b's recurrent
@@ -383,7 +392,8 @@ func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 	for i := range b.Seqs {
 		verify = verify || b.Seqs[i].Logits == model.AllLogits
 	}
-	kernels.SetRowExact(dev, verify && b.Tokens() <= exactRows)
+	exact := verify && b.Tokens() <= exactRows
+	kernels.SetRowExact(dev, exact)
 	in.hIDs, in.hPos, in.hSeq, in.hSlot = in.hIDs[:0], in.hPos[:0], in.hSeq[:0], in.hSlot[:0]
 	in.hRows, in.hLRows = in.hRows[:0], in.hLRows[:0]
 	maxBlocks := 1
@@ -411,7 +421,7 @@ func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 			row++
 		}
 	}
-	st := &Step{Pos: in.hPos, NH: len(in.hRows), NL: len(in.hLRows)}
+	st := &Step{Pos: in.hPos, NH: len(in.hRows), NL: len(in.hLRows), Exact: exact}
 	st.Paged.BlockSize = b.Cache.BlockSize()
 	parts := []struct {
 		dst  *kernels.Tensor
