@@ -240,10 +240,10 @@ func (sc *scheduler) undraft(s *seq, e *model.Seq) {
 // draft step 0 (the hidden state before the last token, with the last
 // token) and gives the first draft. Each further pass is one draft step:
 // the previous draft with the MTP's own output hidden state.
-func (sc *scheduler) draft() error {
+func (sc *scheduler) draft() (*model.Output, error) {
 	r := sc.r
 	if r.mtp == nil {
-		return nil
+		return nil, nil
 	}
 	w := r.info.Hidden
 	b := &sc.mtpBatch
@@ -276,6 +276,9 @@ func (sc *scheduler) draft() error {
 		sc.mtpHidden = append(sc.mtpHidden, sp.hid[:(end-sp.mtpDone)*w])
 		sc.mtpSeqs = append(sc.mtpSeqs, s)
 	}
+	if sc.oneStepOK() {
+		return sc.draftVerify()
+	}
 	for i := 0; len(b.Seqs) > 0; i++ {
 		askTop(b, sc.mtpSeqs, func(int) bool { return true })
 		entries := sc.pad(b, &sc.mtpHidden)
@@ -287,10 +290,10 @@ func (sc *scheduler) draft() error {
 		}
 		sc.unpad(b, &sc.mtpHidden, out, entries)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := sc.checkMTP(out); err != nil {
-			return err
+		if err := sc.checkMTP(b, out); err != nil {
+			return nil, err
 		}
 		for j, s := range sc.mtpSeqs {
 			sp, o := s.sp, &out.Seqs[j]
@@ -325,12 +328,11 @@ func (sc *scheduler) draft() error {
 			sc.mtpSeqs = append(sc.mtpSeqs, s)
 		}
 	}
-	return nil
+	return nil, nil
 }
 
-// checkMTP checks that an MTP pass returned what sc.mtpBatch asked for.
-func (sc *scheduler) checkMTP(out *model.Output) error {
-	b := &sc.mtpBatch
+// checkMTP checks that an MTP pass returned what b asked for.
+func (sc *scheduler) checkMTP(b *model.Batch, out *model.Output) error {
 	if len(out.Seqs) != len(b.Seqs) {
 		return fmt.Errorf("ForwardMTP returned %d outputs for %d sequences", len(out.Seqs), len(b.Seqs))
 	}
