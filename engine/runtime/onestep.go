@@ -93,15 +93,8 @@ func (sc *scheduler) draftVerify() (*model.Output, error) {
 			if sp == nil || sp.k <= p {
 				continue
 			}
-			d := sp.pending + p - 1 // the draft this pass continues
 			o.at[i] = len(b.Seqs)
-			b.Seqs = append(b.Seqs, model.Seq{
-				Tokens: sp.buf[d : d+1],
-				Pos:    len(s.tokens) - 2 + p, // the draft's position minus one
-				KV:     s.kv,
-				Logits: model.LastLogits,
-				Hidden: sp.k > p+1,
-			})
+			b.Seqs = append(b.Seqs, chainEntry(s, p))
 			chain = append(chain, o.prev[i])
 			st.Feed[i] = append(st.Feed[i], o.at[i])
 		}

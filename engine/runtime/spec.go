@@ -316,19 +316,28 @@ func (sc *scheduler) draft() (*model.Output, error) {
 			if sp == nil || sp.k <= i+1 {
 				continue
 			}
-			d := sp.pending + i // index of the draft just made
-			b.Seqs = append(b.Seqs, model.Seq{
-				Tokens: sp.buf[d : d+1],
-				Pos:    len(s.tokens) - 1 + i, // the draft's position minus one
-				KV:     s.kv,
-				Logits: model.LastLogits,
-				Hidden: sp.k > i+2,
-			})
+			b.Seqs = append(b.Seqs, chainEntry(s, i+1))
 			sc.mtpHidden = append(sc.mtpHidden, sp.mtpH)
 			sc.mtpSeqs = append(sc.mtpSeqs, s)
 		}
 	}
 	return nil, nil
+}
+
+// chainEntry is s's entry in draft pass p ≥ 1: the draft of pass p−1
+// (its token in s's buffer) at its position minus one, with the MTP's own
+// hidden state as the caller feeds it; it asks for its logits, and for its
+// hidden state when a pass follows.
+func chainEntry(s *seq, p int) model.Seq {
+	sp := s.sp
+	d := sp.pending + p - 1 // the draft pass p−1 made
+	return model.Seq{
+		Tokens: sp.buf[d : d+1],
+		Pos:    len(s.tokens) - 2 + p,
+		KV:     s.kv,
+		Logits: model.LastLogits,
+		Hidden: sp.k > p+1,
+	}
 }
 
 // checkMTP checks that an MTP pass returned what b asked for.
