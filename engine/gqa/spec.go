@@ -31,10 +31,11 @@ type specInputs struct {
 type SpecDrafts struct {
 	m     *MTPDecoder
 	s     *model.SpecStep
-	hid0  kernels.Tensor   // (N0, hidden) pass 0's hidden rows
-	chain []kernels.Tensor // [i ≥ 1] (N_i, 1) I32 rows of pass i−1's hidden output that pass i continues
-	idx   []kernels.Tensor // [i ≥ 1] (N_i, 1) I32 flat indices into pass i−1's Head reduction
-	vidx  [][]kernels.Tensor
+	hid0  kernels.Tensor     // (N0, hidden) pass 0's hidden rows
+	chain []kernels.Tensor   // [i ≥ 1] (N_i, 1) I32 rows of pass i−1's hidden output that pass i continues
+	idx   []kernels.Tensor   // [i ≥ 1] (N_i, 1) I32 flat indices into pass i−1's Head reduction
+	vidx  [][]kernels.Tensor // [r][i] (verify tokens·reps[r], 1) I32 flat indices into pass i's Head reduction
+	fed   []bool             // [i]: pass i feeds the verification
 	reps  []int
 }
 
@@ -108,6 +109,7 @@ func (m *MTPDecoder) PrepareDrafts(s *model.SpecStep, reps ...int) (*SpecDrafts,
 			aux = append(aux, top[i-1][src])
 		}
 	}
+	fed := make([]bool, len(s.Drafts))
 	for _, rep := range reps {
 		for i := range s.Drafts {
 			for e := range s.Verify.Seqs {
@@ -122,7 +124,7 @@ func (m *MTPDecoder) PrepareDrafts(s *model.SpecStep, reps ...int) (*SpecDrafts,
 						if src < 0 || src >= len(top[i]) || top[i][src] < 0 {
 							return nil, fmt.Errorf("gqa: speculative step: verify entry %d takes a draft from pass %d entry %d, which has no logits", e, i, src)
 						}
-						v = top[i][src]
+						v, fed[i] = top[i][src], true
 					}
 					for range rep {
 						aux = append(aux, v)
@@ -146,7 +148,7 @@ func (m *MTPDecoder) PrepareDrafts(s *model.SpecStep, reps ...int) (*SpecDrafts,
 	if len(aux) > 0 {
 		d.Dev.WriteI32(all.Slice(0, len(aux)), aux)
 	}
-	sd := &SpecDrafts{m: m, s: s, reps: reps}
+	sd := &SpecDrafts{m: m, s: s, reps: reps, fed: fed}
 	off := 0
 	take := func(n int) kernels.Tensor {
 		t := all.Slice(off, off+n)
@@ -212,7 +214,9 @@ func (sd *SpecDrafts) Launch() {
 func (sd *SpecDrafts) FeedVerify(dst kernels.Tensor, r int) {
 	do := sd.m.Dev.(kernels.DraftOps)
 	for i, idx := range sd.vidx[r] {
-		do.FeedIDs(dst, sd.m.spec.tops[i], idx)
+		if sd.fed[i] {
+			do.FeedIDs(dst, sd.m.spec.tops[i], idx)
+		}
 	}
 }
 

@@ -24,30 +24,27 @@ type oneStepPasses struct {
 	prev  []int         // the same for the pass before it
 }
 
-// oneStepOK reports whether the step's drafts can run with its
-// verification as one device step: the model can, a sequence drafts, and
-// every drafting sequence takes the plain argmax (greedy, no penalties),
-// which is what the device feeds.
+// oneStepOK reports whether the step's MTP passes can run with its main
+// pass as one device step: the model can, the MTP module has rows to take
+// (drafts, or hidden states to catch up on), and every drafting sequence
+// takes the plain argmax (greedy, no penalties), which is what the device
+// feeds.
 func (sc *scheduler) oneStepOK() bool {
-	if sc.r.spec == nil {
+	if sc.r.spec == nil || len(sc.mtpBatch.Seqs) == 0 {
 		return false
 	}
-	any := false
 	for _, s := range sc.step {
-		if s.sp != nil && s.sp.k > 0 {
-			if s.candidates(true) != 1 {
-				return false
-			}
-			any = true
+		if s.sp != nil && s.sp.k > 0 && s.candidates(true) != 1 {
+			return false
 		}
 	}
-	return any
+	return true
 }
 
 // draftVerify runs the step's draft passes (pass 0 as draft built it in
-// mtpBatch) and its verification (batch) as one device step and returns
-// the verification's output, with every drafting sequence's drafts in its
-// buffer.
+// mtpBatch) and its main pass (batch: a verification where a sequence
+// drafts) as one device step and returns the main pass's output, with
+// every drafting sequence's drafts in its buffer.
 func (sc *scheduler) draftVerify() (*model.Output, error) {
 	r, o := sc.r, &sc.one
 	b0 := &sc.mtpBatch
@@ -105,9 +102,13 @@ func (sc *scheduler) draftVerify() (*model.Output, error) {
 	st.Verify = &sc.batch
 	t0 := time.Now()
 	drafts, out, err := r.spec.ForwardSpec(st)
-	if !sc.mtpPrompt {
+	switch d := time.Since(t0); {
+	case sc.mtpPrompt:
+	case kMax > 0:
 		sc.passes.OneStep++
-		sc.passes.OneStepT += time.Since(t0)
+		sc.passes.OneStepT += d
+	default: // a decode step that feeds the MTP module without drafting
+		sc.timePass(d)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("one-step speculation: %w", err)
