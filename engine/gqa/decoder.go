@@ -518,27 +518,48 @@ func (in *Inputs) UploadStates(dev kernels.Device, b *model.Batch, st *Step) err
 // sequences with model.Seq.Full only (one copy per run of such sequences);
 // Output.Logits reads the others' on demand until the next step.
 func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) *model.Output {
+	var r Reads
+	finish := st.OutputReads(&r, dev, b, logits, hid)
+	r.Read(dev)
+	return finish()
+}
+
+// Reads are the read-backs of one or more passes of a step, made in one
+// wait where the device can (kernels.ReadF32s).
+type Reads struct {
+	dst [][]float32
+	src []kernels.Tensor
+}
+
+// Read reads everything r holds.
+func (r *Reads) Read(dev kernels.Device) { kernels.ReadF32s(dev, r.dst, r.src) }
+
+// OutputReads is Outputs in two parts: it adds the reads of the pass to r
+// and returns what builds its output once r was read.
+func (st *Step) OutputReads(r *Reads, dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) (finish func() *model.Output) {
 	var lg, hs, top []float32
 	var vocab, hidden, k int
-	var dst [][]float32 // what to read back, in one wait where the device can
-	var src []kernels.Tensor
 	if logits.Valid() {
 		vocab = logits.Cols
 		if st.top.Valid() {
 			k = st.top.Cols / 2
 			top = make([]float32, st.top.Elems())
-			dst, src = append(dst, top), append(src, st.top)
+			r.dst, r.src = append(r.dst, top), append(r.src, st.top)
 		} else {
 			lg = make([]float32, logits.Elems())
-			dst, src = append(dst, lg), append(src, logits)
+			r.dst, r.src = append(r.dst, lg), append(r.src, logits)
 		}
 	}
 	if hid.Valid() {
 		hs = make([]float32, hid.Elems())
-		dst, src = append(dst, hs), append(src, hid)
+		r.dst, r.src = append(r.dst, hs), append(r.src, hid)
 		hidden = hid.Cols
 	}
-	kernels.ReadF32s(dev, dst, src)
+	return func() *model.Output { return st.split(dev, b, logits, lg, hs, top, vocab, hidden, k) }
+}
+
+// split builds a pass's output from what OutputReads read.
+func (st *Step) split(dev kernels.Device, b *model.Batch, logits kernels.Tensor, lg, hs, top []float32, vocab, hidden, k int) *model.Output {
 	n := len(b.Seqs)
 	first := make([]int, n+1) // (seqs+1) first logit row of each sequence, then the total
 	for i := range b.Seqs {

@@ -27,7 +27,7 @@ type specInputs struct {
 }
 
 // SpecDrafts is a speculative step's draft passes ready to launch; the
-// MTPDecoder's mutex is held from PrepareDrafts to Outputs.
+// MTPDecoder's mutex is held from PrepareDrafts to Release.
 type SpecDrafts struct {
 	m     *MTPDecoder
 	s     *model.SpecStep
@@ -68,7 +68,7 @@ func specMaps(s *model.SpecStep, vocab int) (top, hid [][]int32) {
 // PrepareDrafts checks s's draft passes and uploads their inputs and the
 // maps that feed them into each other and into the verification (s.Verify,
 // whose token ids the caller's model keeps once per entry of reps: 1 for
-// plain ids, h for ids repeated h times). It locks m until Outputs.
+// plain ids, h for ids repeated h times). It locks m until Release.
 func (m *MTPDecoder) PrepareDrafts(s *model.SpecStep, reps ...int) (*SpecDrafts, error) {
 	d, hs, vocab := m.Decoder, m.Embed.Cols, m.MTP.Head.Rows
 	if len(s.Drafts) == 0 || len(s.Chain) != len(s.Drafts) || len(s.Feed) != len(s.Verify.Seqs) {
@@ -220,20 +220,26 @@ func (sd *SpecDrafts) FeedVerify(dst kernels.Tensor, r int) {
 	}
 }
 
-// Outputs reads the draft passes' outputs after the step and unlocks the
-// decoder.
-func (sd *SpecDrafts) Outputs() []*model.Output {
+// OutputReads adds the draft passes' read-backs to r and returns what
+// builds their outputs once r was read (after the step, before Release).
+func (sd *SpecDrafts) OutputReads(r *Reads) (finish func() []*model.Output) {
 	m := sd.m
-	defer m.mu.Unlock()
 	sp := &m.spec
-	outs := make([]*model.Output, len(sd.s.Drafts))
+	fs := make([]func() *model.Output, len(sd.s.Drafts))
 	for i := range sd.s.Drafts {
-		outs[i] = sp.st[i].Outputs(m.Dev, &sd.s.Drafts[i], sp.logits[i], sp.hout[i])
+		fs[i] = sp.st[i].OutputReads(r, m.Dev, &sd.s.Drafts[i], sp.logits[i], sp.hout[i])
 	}
-	return outs
+	return func() []*model.Output {
+		outs := make([]*model.Output, len(fs))
+		for i, f := range fs {
+			outs[i] = f()
+		}
+		return outs
+	}
 }
 
-// Release unlocks the decoder when the step failed before Outputs.
+// Release unlocks the decoder: after the outputs were read, or when the
+// step failed.
 func (sd *SpecDrafts) Release() { sd.m.mu.Unlock() }
 
 // SpecReady reports whether dev can run speculative steps in one device
@@ -267,12 +273,7 @@ func (m *MTPDecoder) ForwardSpec(s *model.SpecStep) ([]*model.Output, *model.Out
 	if err != nil {
 		return nil, nil, err
 	}
-	read := false // sd.Outputs unlocks
-	defer func() {
-		if !read {
-			sd.Release()
-		}
-	}()
+	defer sd.Release()
 	st, err := d.in.Upload(d.Dev, b)
 	if err == nil && len(d.States) > 0 {
 		err = d.in.UploadStates(d.Dev, b, st)
@@ -289,7 +290,9 @@ func (m *MTPDecoder) ForwardSpec(s *model.SpecStep) ([]*model.Output, *model.Out
 		embed := func(c *Ctx, x kernels.Tensor) { c.Dev.Embed(x, d.Embed, st.IDs) }
 		logits, hid = d.launch(b, st, embed, d.Blocks, d.Norm, d.LMHead)
 	})
-	read = true
-	drafts := sd.Outputs()
-	return drafts, st.Outputs(d.Dev, b, logits, hid), nil
+	var r Reads // everything in one wait
+	drafts := sd.OutputReads(&r)
+	out := st.OutputReads(&r, d.Dev, b, logits, hid)
+	r.Read(d.Dev)
+	return drafts(), out(), nil
 }

@@ -336,12 +336,7 @@ func (w withMTP) ForwardSpec(s *model.SpecStep) ([]*model.Output, *model.Output,
 	if err != nil {
 		return nil, nil, fmt.Errorf("glm5_next: %w", err)
 	}
-	read := false // sd.Outputs unlocks the MTP layer
-	defer func() {
-		if !read {
-			sd.Release()
-		}
-	}()
+	defer sd.Release()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	st, streamIDs, err := m.upload(b)
@@ -355,9 +350,11 @@ func (w withMTP) ForwardSpec(s *model.SpecStep) ([]*model.Output, *model.Output,
 		kernels.SetRowExact(m.dev, st.Exact)
 		logits, hid = m.launch(b, st, streamIDs)
 	})
-	read = true
-	drafts := sd.Outputs()
-	return drafts, st.Outputs(m.dev, b, logits, hid), nil
+	var r gqa.Reads // everything in one wait
+	drafts := sd.OutputReads(&r)
+	out := st.OutputReads(&r, m.dev, b, logits, hid)
+	r.Read(m.dev)
+	return drafts(), out(), nil
 }
 
 // layerForward runs decoder layer l (index i) on the streams X (N,
