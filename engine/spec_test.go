@@ -56,13 +56,19 @@ func TestForwardSpec(t *testing.T) {
 	}
 }
 
-// specPrefill runs prompt on a fresh sequence and returns the env, the
-// sequence, the prompt's hidden states and its greedy next token.
-func specPrefill(t *testing.T, m model.Model, prompt []int32) (*modeltest.Env, *modeltest.Seq, []float32, int32) {
+// specPrefill runs prompt on a fresh sequence, reserves room for the
+// verification of the next token and two drafts, and returns the env, the
+// sequence, the prompt's hidden states, its greedy next token and the MTP
+// pass 0's tokens (the prompt's but the first, then the next token).
+func specPrefill(t *testing.T, m model.Model, prompt []int32) (*modeltest.Env, *modeltest.Seq, []float32, int32, []int32) {
 	e := modeltest.NewEnv(t, m, 4, 64, 2)
 	s := e.NewSeq(t)
 	out := e.Run(t, modeltest.Entry{S: s, Tokens: prompt, Logits: model.LastLogits, Hidden: true})[0]
-	return e, s, out.Hidden, int32(argmax(out.Logits))
+	if err := e.Cache.Reserve(s.KV, len(prompt)+3); err != nil {
+		t.Fatal(err)
+	}
+	next := int32(argmax(out.Logits))
+	return e, s, out.Hidden, next, append(slices.Clone(prompt[1:]), next)
 }
 
 func argmax(v []float32) int {
@@ -78,12 +84,8 @@ func argmax(v []float32) int {
 // specTwoStep drafts two tokens with ForwardMTP (the host picking each
 // argmax) and verifies them with Forward.
 func specTwoStep(t *testing.T, m model.SpecModel, prompt []int32) ([]int32, model.SeqOutput) {
-	e, s, hid, next := specPrefill(t, m, prompt)
+	e, s, hid, next, toks := specPrefill(t, m, prompt)
 	n := len(prompt)
-	if err := e.Cache.Reserve(s.KV, n+3); err != nil {
-		t.Fatal(err)
-	}
-	toks := append(slices.Clone(prompt[1:]), next)
 	b := &model.Batch{Cache: e.Cache, Seqs: []model.Seq{{Tokens: toks, Pos: 0, KV: s.KV, Logits: model.LastLogits, Hidden: true}}}
 	o0, err := m.ForwardMTP(b, [][]float32{hid})
 	if err != nil {
@@ -108,12 +110,8 @@ func specTwoStep(t *testing.T, m model.SpecModel, prompt []int32) ([]int32, mode
 // specOneStep is specTwoStep as one ForwardSpec step, the drafts fed on
 // the device.
 func specOneStep(t *testing.T, m model.SpecModel, prompt []int32) ([]int32, model.SeqOutput) {
-	e, s, hid, next := specPrefill(t, m, prompt)
+	e, s, hid, next, toks := specPrefill(t, m, prompt)
 	n := len(prompt)
-	if err := e.Cache.Reserve(s.KV, n+3); err != nil {
-		t.Fatal(err)
-	}
-	toks := append(slices.Clone(prompt[1:]), next)
 	st := &model.SpecStep{
 		Drafts: []model.Batch{
 			{Cache: e.Cache, Top: 1, Seqs: []model.Seq{{Tokens: toks, Pos: 0, KV: s.KV, Logits: model.LastLogits, Hidden: true}}},
