@@ -71,6 +71,9 @@ func specMaps(s *model.SpecStep, vocab int) (top, hid [][]int32) {
 // plain ids, h for ids repeated h times). It locks m until Release.
 func (m *MTPDecoder) PrepareDrafts(s *model.SpecStep, reps ...int) (*SpecDrafts, error) {
 	d, hs, vocab := m.Decoder, m.Embed.Cols, m.MTP.Head.Rows
+	if s.Verify == nil {
+		return nil, fmt.Errorf("gqa: speculative step without a verification batch")
+	}
 	if len(s.Drafts) == 0 || len(s.Chain) != len(s.Drafts) || len(s.Feed) != len(s.Verify.Seqs) {
 		return nil, fmt.Errorf("gqa: speculative step: %d draft passes, %d chains, %d feeds for %d verify entries",
 			len(s.Drafts), len(s.Chain), len(s.Feed), len(s.Verify.Seqs))
@@ -260,6 +263,9 @@ func (m *MTPDecoder) SpecReady() bool { return SpecReady(m.Dev) }
 // and the decoder's verification pass in one device step.
 func (m *MTPDecoder) ForwardSpec(s *model.SpecStep) ([]*model.Output, *model.Output, error) {
 	d, b := m.Decoder, s.Verify
+	if b == nil {
+		return nil, nil, fmt.Errorf("gqa: speculative step without a verification batch")
+	}
 	if !m.SpecReady() {
 		return nil, nil, fmt.Errorf("gqa: the %T backend cannot feed drafts on the device", d.Dev)
 	}

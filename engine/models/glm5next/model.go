@@ -329,6 +329,9 @@ func (w withMTP) ForwardSpec(s *model.SpecStep) ([]*model.Output, *model.Output,
 		return nil, nil, fmt.Errorf("glm5_next: the %T backend cannot feed drafts on the device", m.dev)
 	}
 	b := s.Verify
+	if b == nil {
+		return nil, nil, fmt.Errorf("glm5_next: speculative step without a verification batch")
+	}
 	if err := m.validate(b); err != nil {
 		return nil, nil, err
 	}
