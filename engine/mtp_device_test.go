@@ -126,8 +126,14 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 	var plain [][]int32
 	var plainRate, plainDecode float64
 	var plainPass time.Duration // mean time of a plain decode pass
-	for _, draft := range []int{0, 1, 2, 3} {
-		rt, err := runtime.New(l.Model, runtime.Options{KVBudget: 16 << 20, MaxSeqs: 1, Draft: draft, DraftIgnoreCost: true})
+	type run struct{ draft, oneStep int }
+	runs := []run{{0, -1}, {1, -1}, {2, -1}, {3, -1}}
+	if sm, ok := l.Model.(model.SpecModel); ok && sm.SpecReady() {
+		runs = append(runs, run{1, 1}, run{2, 1}, run{3, 1}) // drafts and verification in one device step
+	}
+	for _, c := range runs {
+		draft := c.draft
+		rt, err := runtime.New(l.Model, runtime.Options{KVBudget: 16 << 20, MaxSeqs: 1, Draft: draft, DraftIgnoreCost: true, OneStepDrafts: c.oneStep})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,8 +170,8 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 				for at < min(len(out), len(plain[i])) && out[at] == plain[i][at] {
 					at++
 				}
-				t.Errorf("draft %d, prompt %d: tokens differ from plain decoding's from token %d of %d/%d (plain top-2 gap there %.3g)\n got %v\nwant %v",
-					draft, i, at, len(out), len(plain[i]), plainGap(t, l.Model, p, plain[i][:at]), out, plain[i])
+				t.Errorf("draft %d (one-step %d), prompt %d: tokens differ from plain decoding's from token %d of %d/%d (plain top-2 gap there %.3g)\n got %v\nwant %v",
+					draft, c.oneStep, i, at, len(out), len(plain[i]), plainGap(t, l.Model, p, plain[i][:at]), out, plain[i])
 			}
 		}
 		st := rt.Stats()
@@ -182,8 +188,8 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 		}
 		drafts, accepted := st.DraftTokens-before.DraftTokens, st.AcceptedTokens-before.AcceptedTokens
 		logPasses(t, draft, st.Passes.Sub(before.Passes), plainPass, accepted)
-		t.Logf("draft %d: %d tokens in %.3f s = %.1f tok/s, decode alone %.1f tok/s%s; %d steps, %d verify steps, %d drafts, %d accepted (%.1f%%); device steps: %d replayed as graphs (%d captured), %d eager, %d graphs evicted, %d cached (%v)",
-			draft, tokens, busy.Seconds(), rate, decode, speedup, st.Steps-before.Steps, st.VerifySteps-before.VerifySteps, drafts, accepted,
+		t.Logf("draft %d%s: %d tokens in %.3f s = %.1f tok/s, decode alone %.1f tok/s%s; %d steps, %d verify steps, %d drafts, %d accepted (%.1f%%); device steps: %d replayed as graphs (%d captured), %d eager, %d graphs evicted, %d cached (%v)",
+			draft, map[bool]string{true: " one-step"}[c.oneStep > 0], tokens, busy.Seconds(), rate, decode, speedup, st.Steps-before.Steps, st.VerifySteps-before.VerifySteps, drafts, accepted,
 			100*float64(accepted)/max(1, float64(drafts)), graphs.Replays, graphs.Captures, graphs.Eager, graphs.Evictions, graphs.Cached, graphs.Err)
 	}
 }
@@ -195,6 +201,16 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 // plus its share of MTP passes).
 func logPasses(t *testing.T, draft int, p runtime.PassTimes, plain time.Duration, accepted uint64) {
 	dec, ver, mtp := p.Mean()
+	if p.OneStep > 0 && plain > 0 {
+		// Drafts and verification in one device step: a cycle is that step
+		// (and any MTP pass run alone, to feed the module without drafts).
+		one := p.OneStepT / time.Duration(p.OneStep)
+		cycle := float64(one) + float64(p.MTP)/float64(p.OneStep)*float64(mtp)
+		tokens := 1 + float64(accepted)/float64(p.OneStep)
+		t.Logf("draft %d one-step: %d steps of %.1f µs (%.2f plain passes), %d MTP passes alone of %.1f µs, %d plain passes of %.1f µs among them: a cycle costs %.2f plain passes for %.2f tokens, modelled speed-up %.2fx",
+			draft, p.OneStep, us(one), float64(one)/float64(plain), p.MTP, us(mtp), p.Decode, us(dec), cycle/float64(plain), tokens, tokens*float64(plain)/cycle)
+		return
+	}
 	if draft == 0 || p.Verify == 0 || plain == 0 {
 		t.Logf("draft %d: %d decode passes, %.1f µs each", draft, p.Decode, us(dec))
 		return

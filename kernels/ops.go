@@ -671,3 +671,18 @@ type SampleOps interface {
 	// k = 1 it is the greedy argmax.
 	TopKRows(out, logits Tensor)
 }
+
+// DraftOps let one pass of a step feed its greedy choices into the token
+// ids of a later pass of the same step, on the device: speculative
+// decoding's MTP draft passes and their verification then run as one step,
+// without a round trip to the host between them. Discovered by type
+// assertion like SampleOps.
+type DraftOps interface {
+	// FeedIDs sets dst[i] to the integer value of element idx[i] of src
+	// for every i with idx[i] ≥ 0 and leaves dst[i] alone where idx[i] < 0:
+	// dst (M, 1) I32; idx (M, 1) I32, each a flat index r·Cols + c into
+	// src (R, Cols) F32, contiguous, whose elements there are exact
+	// integers (the columns of TopKRows's output). An index at or past
+	// R·Cols leaves dst[i] alone too.
+	FeedIDs(dst, src, idx Tensor)
+}

@@ -80,6 +80,9 @@ type Options struct {
 	GenLens     []int  // generated tokens per request; each ≥ 1 (1: the prompt only, no decode figures)
 	MTP         []bool // speculative decoding off/on; empty means {false}
 	Draft       int    // MTP draft tokens per step (runtime.Options.Draft); 0 means DefaultDraft
+	// Drafts, when set, are several draft lengths: every MTP case runs
+	// once with each (Draft is then unused).
+	Drafts []int
 	// DraftMaxSeqs is runtime.Options.DraftMaxSeqs: above this many
 	// running sequences the runtime stops drafting; 0 means its default,
 	// negative means no limit.
@@ -141,12 +144,13 @@ type Case struct {
 	PromptLen   int  `json:"prompt_len"`
 	GenLen      int  `json:"gen_len"`
 	MTP         bool `json:"mtp"`
+	Draft       int  `json:"mtp_draft,omitempty"` // MTP on: the draft length asked for
 }
 
 func (c Case) String() string {
 	mtp := "off"
 	if c.MTP {
-		mtp = "on"
+		mtp = fmt.Sprintf("on, draft %d", c.Draft)
 	}
 	return fmt.Sprintf("concurrency %d, prompt %d, gen %d, mtp %s", c.Concurrency, c.PromptLen, c.GenLen, mtp)
 }
@@ -180,7 +184,6 @@ type Result struct {
 	MTPAcceptance  *float64 `json:"mtp_acceptance,omitempty"`
 	DraftTokens    int      `json:"mtp_draft_tokens,omitempty"`
 	AcceptedTokens int      `json:"mtp_accepted_tokens,omitempty"`
-	Draft          int      `json:"mtp_draft,omitempty"` // the draft length asked for
 
 	// Roofline (filled by Roofline.Apply): decode steps per second, the
 	// weight bytes one step over this batch reads, the weight bytes per
@@ -200,7 +203,8 @@ type Result struct {
 }
 
 // Cases expands the options into the sweep, in the order they run:
-// concurrency outermost, then prompt length, generation length, MTP.
+// concurrency outermost, then prompt length, generation length, MTP (on:
+// each draft length).
 func (o *Options) Cases() []Case {
 	mtp := o.MTP
 	if len(mtp) == 0 {
@@ -211,7 +215,13 @@ func (o *Options) Cases() []Case {
 		for _, p := range o.PromptLens {
 			for _, g := range o.GenLens {
 				for _, m := range mtp {
-					cs = append(cs, Case{Concurrency: c, PromptLen: p, GenLen: g, MTP: m})
+					if !m {
+						cs = append(cs, Case{Concurrency: c, PromptLen: p, GenLen: g})
+						continue
+					}
+					for _, d := range o.drafts() {
+						cs = append(cs, Case{Concurrency: c, PromptLen: p, GenLen: g, MTP: true, Draft: d})
+					}
 				}
 			}
 		}
@@ -236,6 +246,7 @@ func (o *Options) Validate(info model.Info) error {
 		check("concurrency", o.Concurrency, 1),
 		check("prompt length", o.PromptLens, 1),
 		check("generation length", o.GenLens, 1),
+		check("draft length", o.drafts(), 1),
 	); err != nil {
 		return err
 	}
@@ -307,7 +318,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 			if _, ok := m.(model.MTPModel); !ok {
 				return nil, fmt.Errorf("%w (%s has no MTP module)", ErrMTPUnavailable, info.Arch)
 			}
-			ro.Draft, ro.DraftMaxSeqs, ro.DraftIgnoreCost = o.draft(), o.DraftMaxSeqs, o.DraftAlways
+			ro.Draft, ro.DraftMaxSeqs, ro.DraftIgnoreCost = c.Draft, o.DraftMaxSeqs, o.DraftAlways
 		}
 		return runtime.New(wm, ro)
 	}
@@ -376,9 +387,6 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 			g = g.Sub(g0)
 			r.GraphReplays, r.GraphCaptures, r.GraphEager = g.Replays, g.Captures, g.Eager
 		}
-		if c.MTP {
-			r.Draft = o.draft()
-		}
 		if o.Done != nil {
 			o.Done(r)
 		}
@@ -387,11 +395,15 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 	return out, nil
 }
 
-func (o *Options) draft() int {
-	if o.Draft > 0 {
-		return o.Draft
+// drafts are the draft lengths of the MTP cases.
+func (o *Options) drafts() []int {
+	switch {
+	case len(o.Drafts) > 0:
+		return o.Drafts
+	case o.Draft > 0:
+		return []int{o.Draft}
 	}
-	return DefaultDraft
+	return []int{DefaultDraft}
 }
 
 // reqTiming is what one request's consumer records.

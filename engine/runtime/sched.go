@@ -27,9 +27,10 @@ type scheduler struct {
 
 	// The MTP passes of the step (spec.go).
 	mtpBatch  model.Batch
-	mtpHidden [][]float32 // (len(mtpBatch.Seqs)) the hidden-state input of each entry
-	mtpSeqs   []*seq      // (len(mtpBatch.Seqs)) the sequence of each entry
-	mtpPrompt bool        // the step's MTP passes fed the module prompt rows
+	mtpHidden [][]float32   // (len(mtpBatch.Seqs)) the hidden-state input of each entry
+	mtpSeqs   []*seq        // (len(mtpBatch.Seqs)) the sequence of each entry
+	mtpPrompt bool          // the step's MTP passes fed the module prompt rows
+	one       oneStepPasses // a speculative step run as one device step (onestep.go)
 
 	pads padder // pad entries of a pass (pad.go)
 
@@ -172,16 +173,19 @@ func (sc *scheduler) runStep() {
 	if len(sc.step) == 0 {
 		return
 	}
-	if err := sc.draft(); err != nil {
+	out, err := sc.draft() // out: the verification too, in one device step
+	if err != nil {
 		sc.failStep(fmt.Errorf("runtime: MTP draft: %w", err))
 		return
 	}
-	askTop(&sc.batch, sc.step, func(i int) bool { return sc.step[i].sp != nil && sc.step[i].sp.k > 0 })
-	entries := sc.pad(&sc.batch, nil)
-	t0 := time.Now()
-	out, err := sc.r.m.Forward(&sc.batch)
-	sc.timePass(time.Since(t0))
-	sc.unpad(&sc.batch, nil, out, entries)
+	if out == nil {
+		askTop(&sc.batch, sc.step, func(i int) bool { return sc.step[i].sp != nil && sc.step[i].sp.k > 0 })
+		entries := sc.pad(&sc.batch, nil)
+		t0 := time.Now()
+		out, err = sc.r.m.Forward(&sc.batch)
+		sc.timePass(time.Since(t0))
+		sc.unpad(&sc.batch, nil, out, entries)
+	}
 	if err == nil {
 		err = sc.checkOutput(out)
 	}

@@ -62,7 +62,9 @@ type Stats struct {
 	// runtime's goroutine, each from the call to its outputs on the host):
 	// the main model's passes of steps that only decode (one token per
 	// sequence, no drafts), those of steps that verify drafts, and the MTP
-	// passes (ForwardMTP calls) of steps that draft.
+	// passes (ForwardMTP calls) of steps that draft; and the steps that ran
+	// their drafts and verification as one device step
+	// (Options.OneStepDrafts).
 	Passes PassTimes
 
 	// Cost-aware drafting (Options.DraftIgnoreCost false): the estimated
@@ -81,8 +83,8 @@ type Stats struct {
 
 // PassTimes are counts and total wall times of forward passes by kind.
 type PassTimes struct {
-	Decode, Verify, MTP    uint64        // passes
-	DecodeT, VerifyT, MTPT time.Duration // their total time
+	Decode, Verify, MTP, OneStep     uint64        // passes
+	DecodeT, VerifyT, MTPT, OneStepT time.Duration // their total time
 }
 
 // Mean returns the mean time of a decode pass, a verification pass and an
@@ -99,7 +101,8 @@ func (p PassTimes) Mean() (decode, verify, mtp time.Duration) {
 
 // Sub returns p − q (counters since a snapshot q).
 func (p PassTimes) Sub(q PassTimes) PassTimes {
-	return PassTimes{p.Decode - q.Decode, p.Verify - q.Verify, p.MTP - q.MTP, p.DecodeT - q.DecodeT, p.VerifyT - q.VerifyT, p.MTPT - q.MTPT}
+	return PassTimes{p.Decode - q.Decode, p.Verify - q.Verify, p.MTP - q.MTP, p.OneStep - q.OneStep,
+		p.DecodeT - q.DecodeT, p.VerifyT - q.VerifyT, p.MTPT - q.MTPT, p.OneStepT - q.OneStepT}
 }
 
 // specCounts are speculative-decoding counters, per request or engine-wide.

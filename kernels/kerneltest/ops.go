@@ -118,6 +118,11 @@ func RunOps(t *testing.T, d kernels.Device) {
 	} else {
 		t.Log("no SampleOps: on-device sampling not tested")
 	}
+	if do, ok := d.(kernels.DraftOps); ok {
+		t.Run("FeedIDs", func(t *testing.T) { feedTest(t, d, do) })
+	} else {
+		t.Log("no DraftOps: on-device draft feeding not tested")
+	}
 }
 
 // RunNormOps runs the norm-fused linear ops' cases of RunOps alone
