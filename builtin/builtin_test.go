@@ -394,12 +394,17 @@ func answers(t testing.TB) []answer {
 // tokenizer, chat template and runtime, and checks them against
 // transformers' greedy answers: the same tokens (up to a near-tie), the
 // gold words, and that speculative decoding with the MTP layer gives the
-// same tokens.
+// same tokens: drafting as the runtime decides, and on every step with the
+// drafts and their verification in one device step (OneStepDrafts).
 func TestAnswers(t *testing.T) {
 	l, tok := open(t)
 	stop := tok.EOS()
-	for _, draft := range []int{0, 3} {
-		rt, err := runtime.New(l.Model, runtime.Options{KVBudget: 8 << 20, Draft: draft})
+	for _, c := range []struct {
+		draft, oneStep int
+		always         bool
+	}{{0, -1, false}, {3, -1, false}, {2, 1, true}} {
+		draft := c.draft
+		rt, err := runtime.New(l.Model, runtime.Options{KVBudget: 8 << 20, Draft: draft, OneStepDrafts: c.oneStep, DraftIgnoreCost: c.always})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -443,6 +448,9 @@ func TestAnswers(t *testing.T) {
 			t.Logf("speculative decoding: %d drafts, %d accepted (%.2f)", st.DraftTokens, st.AcceptedTokens, st.AcceptRate)
 			if st.DraftTokens == 0 {
 				t.Error("no draft tokens verified")
+			}
+			if c.oneStep > 0 && st.Passes.OneStep == 0 {
+				t.Error("no speculative step ran as one device step")
 			}
 		}
 		rt.Close()

@@ -125,8 +125,15 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 	t.Logf("device %s", l.Device)
 	var plain [][]int32
 	var plainRate, plainDecode float64
-	for _, draft := range []int{0, 1, 2, 3} {
-		rt, err := runtime.New(l.Model, runtime.Options{KVBudget: 16 << 20, MaxSeqs: 1, Draft: draft, DraftIgnoreCost: true})
+	var plainPass time.Duration // mean time of a plain decode pass
+	type run struct{ draft, oneStep int }
+	runs := []run{{0, -1}, {1, -1}, {2, -1}, {3, -1}}
+	if sm, ok := l.Model.(model.SpecModel); ok && sm.SpecReady() {
+		runs = append(runs, run{1, 1}, run{2, 1}, run{3, 1}) // drafts and verification in one device step
+	}
+	for _, c := range runs {
+		draft := c.draft
+		rt, err := runtime.New(l.Model, runtime.Options{KVBudget: 16 << 20, MaxSeqs: 1, Draft: draft, DraftIgnoreCost: true, OneStepDrafts: c.oneStep})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -163,8 +170,8 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 				for at < min(len(out), len(plain[i])) && out[at] == plain[i][at] {
 					at++
 				}
-				t.Errorf("draft %d, prompt %d: tokens differ from plain decoding's from token %d of %d/%d (plain top-2 gap there %.3g)\n got %v\nwant %v",
-					draft, i, at, len(out), len(plain[i]), plainGap(t, l.Model, p, plain[i][:at]), out, plain[i])
+				t.Errorf("draft %d (one-step %d), prompt %d: tokens differ from plain decoding's from token %d of %d/%d (plain top-2 gap there %.3g)\n got %v\nwant %v",
+					draft, c.oneStep, i, at, len(out), len(plain[i]), plainGap(t, l.Model, p, plain[i][:at]), out, plain[i])
 			}
 		}
 		st := rt.Stats()
@@ -175,15 +182,48 @@ func specEqualsPlain(t *testing.T, l *Loaded, prompts [][]int32, stop []int32, m
 		speedup := ""
 		if draft == 0 {
 			plain, plainRate, plainDecode = outs, rate, decode
+			plainPass, _, _ = st.Passes.Sub(before.Passes).Mean()
 		} else {
 			speedup = fmt.Sprintf(", %.2fx plain (decode alone %.2fx)", rate/plainRate, decode/plainDecode)
 		}
 		drafts, accepted := st.DraftTokens-before.DraftTokens, st.AcceptedTokens-before.AcceptedTokens
-		t.Logf("draft %d: %d tokens in %.3f s = %.1f tok/s, decode alone %.1f tok/s%s; %d steps, %d verify steps, %d drafts, %d accepted (%.1f%%); device steps: %d replayed as graphs (%d captured), %d eager, %d graphs evicted, %d cached (%v)",
-			draft, tokens, busy.Seconds(), rate, decode, speedup, st.Steps-before.Steps, st.VerifySteps-before.VerifySteps, drafts, accepted,
+		logPasses(t, draft, st.Passes.Sub(before.Passes), plainPass, accepted)
+		t.Logf("draft %d%s: %d tokens in %.3f s = %.1f tok/s, decode alone %.1f tok/s%s; %d steps, %d verify steps, %d drafts, %d accepted (%.1f%%); device steps: %d replayed as graphs (%d captured), %d eager, %d graphs evicted, %d cached (%v)",
+			draft, map[bool]string{true: " one-step"}[c.oneStep > 0], tokens, busy.Seconds(), rate, decode, speedup, st.Steps-before.Steps, st.VerifySteps-before.VerifySteps, drafts, accepted,
 			100*float64(accepted)/max(1, float64(drafts)), graphs.Replays, graphs.Captures, graphs.Eager, graphs.Evictions, graphs.Cached, graphs.Err)
 	}
 }
+
+// logPasses logs where a speculative cycle's time goes (runtime.Stats.Passes
+// over the answers, against plain decoding's mean pass plain) and the
+// speed-up it models: tokens per verification (1 + accepted drafts per
+// verification) over the cycle's cost in plain passes (a verification
+// plus its share of MTP passes).
+func logPasses(t *testing.T, draft int, p runtime.PassTimes, plain time.Duration, accepted uint64) {
+	dec, ver, mtp := p.Mean()
+	if p.OneStep > 0 && plain > 0 {
+		// Drafts and verification in one device step: a cycle is that step
+		// (and any MTP pass run alone, to feed the module without drafts).
+		one := p.OneStepT / time.Duration(p.OneStep)
+		cycle := float64(one) + float64(p.MTP)/float64(p.OneStep)*float64(mtp)
+		tokens := 1 + float64(accepted)/float64(p.OneStep)
+		t.Logf("draft %d one-step: %d steps of %.1f µs (%.2f plain passes), %d MTP passes alone of %.1f µs, %d plain passes of %.1f µs among them: a cycle costs %.2f plain passes for %.2f tokens, modelled speed-up %.2fx",
+			draft, p.OneStep, us(one), float64(one)/float64(plain), p.MTP, us(mtp), p.Decode, us(dec), cycle/float64(plain), tokens, tokens*float64(plain)/cycle)
+		return
+	}
+	if draft == 0 || p.Verify == 0 || plain == 0 {
+		t.Logf("draft %d: %d decode passes, %.1f µs each", draft, p.Decode, us(dec))
+		return
+	}
+	perCycle := float64(p.MTP) / float64(p.Verify) // MTP passes per verification
+	cycle := float64(ver) + perCycle*float64(mtp)
+	tokens := 1 + float64(accepted)/float64(p.Verify)
+	t.Logf("draft %d: %d verify passes of %.1f µs, %d MTP passes of %.1f µs (%.2f a cycle), %d plain passes of %.1f µs among them: a cycle costs %.2f plain passes (verify %.2f + MTP %.2f) for %.2f tokens, modelled speed-up %.2fx",
+		draft, p.Verify, us(ver), p.MTP, us(mtp), perCycle, p.Decode, us(dec), cycle/float64(plain), float64(ver)/float64(plain),
+		perCycle*float64(mtp)/float64(plain), tokens, tokens*float64(plain)/cycle)
+}
+
+func us(d time.Duration) float64 { return float64(d) / 1e3 }
 
 // plainGap decodes prompt then answer token by token on m (plain greedy
 // decoding's steps) and returns the top-2 logit gap of the step after:

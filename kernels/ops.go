@@ -170,6 +170,14 @@ type Rotary struct {
 	Scale       float32 // multiplies cos and sin (YaRN attention factor; 1 otherwise)
 }
 
+// RotatedDims is r.Dim, or 0 for a nil r (no rotation).
+func (r *Rotary) RotatedDims() int {
+	if r == nil {
+		return 0
+	}
+	return r.Dim
+}
+
 // RopeOps rotate query and key heads.
 type RopeOps interface {
 	// RoPE rotates, in place, every head of x (N, heads·headDim) F32 at
@@ -662,4 +670,19 @@ type SampleOps interface {
 	// as −∞, −0 as +0), the columns as float32 (exact: V ≤ 2^24). With
 	// k = 1 it is the greedy argmax.
 	TopKRows(out, logits Tensor)
+}
+
+// DraftOps let one pass of a step feed its greedy choices into the token
+// ids of a later pass of the same step, on the device: speculative
+// decoding's MTP draft passes and their verification then run as one step,
+// without a round trip to the host between them. Discovered by type
+// assertion like SampleOps.
+type DraftOps interface {
+	// FeedIDs sets dst[i] to the integer value of element idx[i] of src
+	// for every i with idx[i] ≥ 0 and leaves dst[i] alone where idx[i] < 0:
+	// dst (M, 1) I32; idx (M, 1) I32, each a flat index r·Cols + c into
+	// src (R, Cols) F32, contiguous, whose elements there are exact
+	// integers (the columns of TopKRows's output). An index at or past
+	// R·Cols leaves dst[i] alone too.
+	FeedIDs(dst, src, idx Tensor)
 }

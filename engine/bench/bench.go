@@ -80,6 +80,9 @@ type Options struct {
 	GenLens     []int  // generated tokens per request; each ≥ 1 (1: the prompt only, no decode figures)
 	MTP         []bool // speculative decoding off/on; empty means {false}
 	Draft       int    // MTP draft tokens per step (runtime.Options.Draft); 0 means DefaultDraft
+	// Drafts, when set, are several draft lengths: every MTP case runs
+	// once with each (Draft is then unused).
+	Drafts []int
 	// DraftMaxSeqs is runtime.Options.DraftMaxSeqs: above this many
 	// running sequences the runtime stops drafting; 0 means its default,
 	// negative means no limit.
@@ -106,6 +109,13 @@ type Options struct {
 	// the activation buffers a prompt that long needs, worker start-up),
 	// as llama-bench warms up with a run of the measured size.
 	Warmup bool
+	// WarmupCase runs each case's own requests once more before the timed
+	// ones, untimed and for warmupCaseGen tokens, on the case's runtime:
+	// the one-time costs of the case's batch shape (a GPU backend's GEMM
+	// plans, the eager first decode step and the graph capture of the
+	// second) then fall before the measurement, as a long-running server
+	// pays them once, and the decode window holds only the steady state.
+	WarmupCase bool
 	// NoPrime skips each case's untimed one-token request, which also
 	// writes to every page of the new runtime's KV cache so that the
 	// timed requests do not pay the kernel's first-touch page faults
@@ -123,18 +133,24 @@ type Options struct {
 	Profiler kernels.Profiler
 }
 
+// warmupCaseGen is the tokens a request of WarmupCase generates: two
+// decode steps, the second sighting of a step being what a GPU backend
+// captures as a graph.
+const warmupCaseGen = 3
+
 // Case is one point of the sweep.
 type Case struct {
 	Concurrency int  `json:"concurrency"`
 	PromptLen   int  `json:"prompt_len"`
 	GenLen      int  `json:"gen_len"`
 	MTP         bool `json:"mtp"`
+	Draft       int  `json:"mtp_draft,omitempty"` // MTP on: the draft length asked for
 }
 
 func (c Case) String() string {
 	mtp := "off"
 	if c.MTP {
-		mtp = "on"
+		mtp = fmt.Sprintf("on, draft %d", c.Draft)
 	}
 	return fmt.Sprintf("concurrency %d, prompt %d, gen %d, mtp %s", c.Concurrency, c.PromptLen, c.GenLen, mtp)
 }
@@ -168,7 +184,6 @@ type Result struct {
 	MTPAcceptance  *float64 `json:"mtp_acceptance,omitempty"`
 	DraftTokens    int      `json:"mtp_draft_tokens,omitempty"`
 	AcceptedTokens int      `json:"mtp_accepted_tokens,omitempty"`
-	Draft          int      `json:"mtp_draft,omitempty"` // the draft length asked for
 
 	// Roofline (filled by Roofline.Apply): decode steps per second, the
 	// weight bytes one step over this batch reads, the weight bytes per
@@ -188,7 +203,8 @@ type Result struct {
 }
 
 // Cases expands the options into the sweep, in the order they run:
-// concurrency outermost, then prompt length, generation length, MTP.
+// concurrency outermost, then prompt length, generation length, MTP (on:
+// each draft length).
 func (o *Options) Cases() []Case {
 	mtp := o.MTP
 	if len(mtp) == 0 {
@@ -199,7 +215,13 @@ func (o *Options) Cases() []Case {
 		for _, p := range o.PromptLens {
 			for _, g := range o.GenLens {
 				for _, m := range mtp {
-					cs = append(cs, Case{Concurrency: c, PromptLen: p, GenLen: g, MTP: m})
+					if !m {
+						cs = append(cs, Case{Concurrency: c, PromptLen: p, GenLen: g})
+						continue
+					}
+					for _, d := range o.drafts() {
+						cs = append(cs, Case{Concurrency: c, PromptLen: p, GenLen: g, MTP: true, Draft: d})
+					}
 				}
 			}
 		}
@@ -224,6 +246,7 @@ func (o *Options) Validate(info model.Info) error {
 		check("concurrency", o.Concurrency, 1),
 		check("prompt length", o.PromptLens, 1),
 		check("generation length", o.GenLens, 1),
+		check("draft length", o.drafts(), 1),
 	); err != nil {
 		return err
 	}
@@ -295,7 +318,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 			if _, ok := m.(model.MTPModel); !ok {
 				return nil, fmt.Errorf("%w (%s has no MTP module)", ErrMTPUnavailable, info.Arch)
 			}
-			ro.Draft, ro.DraftMaxSeqs, ro.DraftIgnoreCost = o.draft(), o.DraftMaxSeqs, o.DraftAlways
+			ro.Draft, ro.DraftMaxSeqs, ro.DraftIgnoreCost = c.Draft, o.DraftMaxSeqs, o.DraftAlways
 		}
 		return runtime.New(wm, ro)
 	}
@@ -338,6 +361,13 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 				return out, fmt.Errorf("bench: %v: priming: %w", c, err)
 			}
 		}
+		if o.WarmupCase {
+			w := Case{Concurrency: c.Concurrency, PromptLen: c.PromptLen, GenLen: min(c.GenLen, warmupCaseGen), MTP: c.MTP}
+			if _, err := runCase(ctx, rt, pm, w, info.Vocab, o.Seed, o.Prompts); err != nil {
+				rt.Close()
+				return out, fmt.Errorf("bench: %v: warm-up: %w", c, err)
+			}
+		}
 		g0, _ := kernels.StepGraphStats(dev)
 		prof := o.Profiler != nil && o.Profiler.Profiling()
 		if prof {
@@ -357,9 +387,6 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 			g = g.Sub(g0)
 			r.GraphReplays, r.GraphCaptures, r.GraphEager = g.Replays, g.Captures, g.Eager
 		}
-		if c.MTP {
-			r.Draft = o.draft()
-		}
 		if o.Done != nil {
 			o.Done(r)
 		}
@@ -368,11 +395,15 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 	return out, nil
 }
 
-func (o *Options) draft() int {
-	if o.Draft > 0 {
-		return o.Draft
+// drafts are the draft lengths of the MTP cases.
+func (o *Options) drafts() []int {
+	switch {
+	case len(o.Drafts) > 0:
+		return o.Drafts
+	case o.Draft > 0:
+		return []int{o.Draft}
 	}
-	return DefaultDraft
+	return []int{DefaultDraft}
 }
 
 // reqTiming is what one request's consumer records.

@@ -178,6 +178,33 @@ type Inputs struct {
 	hRec                                            []int32
 }
 
+// Reserve sizes the step inputs for steps of at most tokens tokens over at
+// most seqs sequences of at most blocks cache blocks each (see
+// model.StepReserver); hybrid also sizes the recurrent-state rows. Outside
+// a step only.
+func (in *Inputs) Reserve(dev kernels.Device, tokens, seqs, blocks int, hybrid bool) error {
+	// ids, positions, sequences, slots, hidden rows, logit rows: one each
+	// per token; the block table: seqs rows of tableWidth(blocks).
+	if err := ensure(dev, &in.packed, kernels.I32, 6*tokens+seqs*tableWidth(blocks), 1, 64); err != nil {
+		return fmt.Errorf("step inputs: %w", err)
+	}
+	if !hybrid {
+		return nil
+	}
+	// starts (seqs+1), state rows (seqs), record rows (tokens).
+	if err := ensure(dev, &in.rec, kernels.I32, 2*seqs+1+tokens, 1, 64); err != nil {
+		return fmt.Errorf("step inputs: %w", err)
+	}
+	return nil
+}
+
+// ReserveSteps implements model.StepReserver.
+func (d *Decoder) ReserveSteps(tokens, seqs, blocks int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.in.Reserve(d.Dev, tokens, seqs, blocks, len(d.States) > 0)
+}
+
 // EnsureI32 returns an I32 (n, 1) view of *t, reallocating it (larger)
 // when too small: a step input kept on the device between steps.
 func EnsureI32(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, error) {
@@ -290,24 +317,28 @@ func (d *Decoder) forward(b *model.Batch, vocab int, validate func() error, body
 // x (N, hidden): the output head norms every row with norm and runs head
 // over the rows that want logits.
 func (d *Decoder) run(b *model.Batch, st *Step, embed func(c *Ctx, x kernels.Tensor), blocks []*Block, norm *Norm, head *kernels.Mat) *model.Output {
+	var logits, hid kernels.Tensor
+	InStep(d.Dev, func() { logits, hid = d.launch(b, st, embed, blocks, norm, head) })
+	return st.Outputs(d.Dev, b, logits, hid)
+}
+
+// launch queues run's pass inside a step and returns its logits and hidden
+// rows (Head's), for Outputs after the step.
+func (d *Decoder) launch(b *model.Batch, st *Step, embed func(c *Ctx, x kernels.Tensor), blocks []*Block, norm *Norm, head *kernels.Mat) (logits, hid kernels.Tensor) {
 	dev := d.Dev
 	hidden, n := d.Embed.Cols, b.Tokens()
-	var logits, hid kernels.Tensor
-	InStep(dev, func() {
-		x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
-		h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
-		y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
-		c := st.Ctx(dev, b)
-		c.Lin = d.lin
-		embed(c, x)
-		alt := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) the stream's other storage (Residual.Alt)
-		r := &Residual{X: x, H: h, Y: y, Alt: alt}
-		for _, blk := range blocks {
-			blk.Forward(c, r)
-		}
-		logits, hid = st.Head(dev, r.Norm(dev, norm), head)
-	})
-	return st.Outputs(dev, b, logits, hid)
+	x := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) residual stream
+	h := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) normed input of a sublayer
+	y := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) sublayer output
+	c := st.Ctx(dev, b)
+	c.Lin = d.lin
+	embed(c, x)
+	alt := dev.Scratch(kernels.F32, n, hidden) // (N, hidden) the stream's other storage (Residual.Alt)
+	r := &Residual{X: x, H: h, Y: y, Alt: alt}
+	for _, blk := range blocks {
+		blk.Forward(c, r)
+	}
+	return st.Head(dev, r.Norm(dev, norm), head)
 }
 
 // InStep runs fn between dev.BeginStep and dev.EndStep; a panic in fn
@@ -331,6 +362,11 @@ type Step struct {
 	// its Top best entries when the device has kernels.SampleOps.
 	Top int
 	top kernels.Tensor // (NL, 2·Top) F32 Head's reduction; the zero Tensor for none
+
+	// Exact is whether Upload put the backend in its row-exact mode (a
+	// verification); a step of several passes sets it again before each
+	// (kernels.SetRowExact).
+	Exact bool
 }
 
 // Ctx is the step's block context on dev for batch b, with b's recurrent
@@ -383,7 +419,8 @@ func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 	for i := range b.Seqs {
 		verify = verify || b.Seqs[i].Logits == model.AllLogits
 	}
-	kernels.SetRowExact(dev, verify && b.Tokens() <= exactRows)
+	exact := verify && b.Tokens() <= exactRows
+	kernels.SetRowExact(dev, exact)
 	in.hIDs, in.hPos, in.hSeq, in.hSlot = in.hIDs[:0], in.hPos[:0], in.hSeq[:0], in.hSlot[:0]
 	in.hRows, in.hLRows = in.hRows[:0], in.hLRows[:0]
 	maxBlocks := 1
@@ -411,7 +448,7 @@ func (in *Inputs) Upload(dev kernels.Device, b *model.Batch) (*Step, error) {
 			row++
 		}
 	}
-	st := &Step{Pos: in.hPos, NH: len(in.hRows), NL: len(in.hLRows)}
+	st := &Step{Pos: in.hPos, NH: len(in.hRows), NL: len(in.hLRows), Exact: exact}
 	st.Paged.BlockSize = b.Cache.BlockSize()
 	parts := []struct {
 		dst  *kernels.Tensor
@@ -508,27 +545,48 @@ func (in *Inputs) UploadStates(dev kernels.Device, b *model.Batch, st *Step) err
 // sequences with model.Seq.Full only (one copy per run of such sequences);
 // Output.Logits reads the others' on demand until the next step.
 func (st *Step) Outputs(dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) *model.Output {
+	var r Reads
+	finish := st.OutputReads(&r, dev, b, logits, hid)
+	r.Read(dev)
+	return finish()
+}
+
+// Reads are the read-backs of one or more passes of a step, made in one
+// wait where the device can (kernels.ReadF32s).
+type Reads struct {
+	dst [][]float32
+	src []kernels.Tensor
+}
+
+// Read reads everything r holds.
+func (r *Reads) Read(dev kernels.Device) { kernels.ReadF32s(dev, r.dst, r.src) }
+
+// OutputReads is Outputs in two parts: it adds the reads of the pass to r
+// and returns what builds its output once r was read.
+func (st *Step) OutputReads(r *Reads, dev kernels.Device, b *model.Batch, logits, hid kernels.Tensor) (finish func() *model.Output) {
 	var lg, hs, top []float32
 	var vocab, hidden, k int
-	var dst [][]float32 // what to read back, in one wait where the device can
-	var src []kernels.Tensor
 	if logits.Valid() {
 		vocab = logits.Cols
 		if st.top.Valid() {
 			k = st.top.Cols / 2
 			top = make([]float32, st.top.Elems())
-			dst, src = append(dst, top), append(src, st.top)
+			r.dst, r.src = append(r.dst, top), append(r.src, st.top)
 		} else {
 			lg = make([]float32, logits.Elems())
-			dst, src = append(dst, lg), append(src, logits)
+			r.dst, r.src = append(r.dst, lg), append(r.src, logits)
 		}
 	}
 	if hid.Valid() {
 		hs = make([]float32, hid.Elems())
-		dst, src = append(dst, hs), append(src, hid)
+		r.dst, r.src = append(r.dst, hs), append(r.src, hid)
 		hidden = hid.Cols
 	}
-	kernels.ReadF32s(dev, dst, src)
+	return func() *model.Output { return st.split(dev, b, logits, lg, hs, top, vocab, hidden, k) }
+}
+
+// split builds a pass's output from what OutputReads read.
+func (st *Step) split(dev kernels.Device, b *model.Batch, logits kernels.Tensor, lg, hs, top []float32, vocab, hidden, k int) *model.Output {
 	n := len(b.Seqs)
 	first := make([]int, n+1) // (seqs+1) first logit row of each sequence, then the total
 	for i := range b.Seqs {

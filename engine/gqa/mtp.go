@@ -30,6 +30,23 @@ type NextN struct {
 type MTPDecoder struct {
 	*Decoder
 	MTP *NextN
+
+	spec specInputs // SpecDrafts' device inputs
+}
+
+// ReserveSteps implements model.StepReserver: the decoder's step inputs
+// and the NextN layer's (tokens, hidden) input hidden states.
+func (m *MTPDecoder) ReserveSteps(tokens, seqs, blocks int) error {
+	if err := m.Decoder.ReserveSteps(tokens, seqs, blocks); err != nil {
+		return err
+	}
+	d := m.Decoder
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := ensure(d.Dev, &d.in.hid, kernels.F32, tokens, m.Embed.Cols, 16); err != nil {
+		return fmt.Errorf("mtp: step inputs: %w", err)
+	}
+	return nil
 }
 
 // HasNextN reports whether the config declares a NextN layer
@@ -95,18 +112,36 @@ func (m *MTPDecoder) ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Outp
 // mtp runs the NextN layer; d.mu is held. hidden is host memory only up to
 // its upload with the step inputs, before the step begins.
 func (m *MTPDecoder) mtp(b *model.Batch, st *Step, hidden [][]float32) (*model.Output, error) {
-	d, hs := m.Decoder, m.Embed.Cols
-	var err error
-	n := b.Tokens()
-	if err = ensure(d.Dev, &d.in.hid, kernels.F32, n, hs, 16); err != nil {
+	d := m.Decoder
+	hid, err := d.in.uploadHidden(d.Dev, hidden, b.Tokens(), m.Embed.Cols)
+	if err != nil {
 		return nil, fmt.Errorf("mtp: step inputs: %w", err)
 	}
-	hid := d.in.hid.Slice(0, n) // (N, hidden) the main model's hidden states
-	d.in.hHid = d.in.hHid[:0]
-	for _, h := range hidden {
-		d.in.hHid = append(d.in.hHid, h...)
+	var logits, hout kernels.Tensor
+	InStep(d.Dev, func() { logits, hout = m.launchMTP(b, st, hid) })
+	return st.Outputs(d.Dev, b, logits, hout), nil
+}
+
+// uploadHidden writes the MTP layer's input hidden states (n rows of
+// width w) into in's buffer and returns them (n, w).
+func (in *Inputs) uploadHidden(dev kernels.Device, hidden [][]float32, n, w int) (kernels.Tensor, error) {
+	if err := ensure(dev, &in.hid, kernels.F32, n, w, 16); err != nil {
+		return kernels.Tensor{}, err
 	}
-	d.Dev.WriteF32(hid, d.in.hHid)
+	hid := in.hid.Slice(0, n) // (N, hidden) the main model's hidden states
+	in.hHid = in.hHid[:0]
+	for _, h := range hidden {
+		in.hHid = append(in.hHid, h...)
+	}
+	dev.WriteF32(hid, in.hHid)
+	return hid, nil
+}
+
+// launchMTP queues the NextN layer's pass inside a step over the ids of st
+// and the hidden states hid (N, hidden), and returns Head's logits and
+// hidden rows.
+func (m *MTPDecoder) launchMTP(b *model.Batch, st *Step, hid kernels.Tensor) (logits, hout kernels.Tensor) {
+	d, hs, n := m.Decoder, m.Embed.Cols, b.Tokens()
 	nx := m.MTP
 	prologue := func(c *Ctx, x kernels.Tensor) {
 		dev := c.Dev
@@ -122,5 +157,5 @@ func (m *MTPDecoder) mtp(b *model.Batch, st *Step, hidden [][]float32) (*model.O
 		nx.EH.Forward(dev, x, e, false)
 		nx.HH.Forward(dev, x, hn, true)
 	}
-	return d.run(b, st, prologue, []*Block{nx.Block}, nx.Norm, nx.Head), nil
+	return d.launch(b, st, prologue, []*Block{nx.Block}, nx.Norm, nx.Head)
 }

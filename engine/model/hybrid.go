@@ -41,6 +41,42 @@ type MTPModel interface {
 	ForwardMTP(b *Batch, hidden [][]float32) (*Output, error)
 }
 
+// SpecModel is an MTPModel that runs a greedy speculative step as one step
+// of its device: the MTP draft passes and the main model's verification
+// pass after them, with each pass's drafts (argmaxes) fed into the passes
+// after it on the device, so that the step has one hand-over to the device
+// and one wait for it instead of one per pass. Discovered by type
+// assertion; SpecReady says whether the model can run it at all.
+type SpecModel interface {
+	MTPModel
+	// SpecReady reports whether ForwardSpec can run on the model's
+	// backend (it needs kernels.DraftOps and kernels.SampleOps).
+	SpecReady() bool
+	// ForwardSpec runs s's draft passes in order, then s.Verify, and
+	// returns their outputs as ForwardMTP and Forward would. Every entry
+	// that feeds a later pass asks for its last row's logits, with
+	// Batch.Top ≥ 1 (the fed token is the row's best entry, as
+	// SeqOutput.TopIDs reports it), and, when it feeds a draft pass, its
+	// hidden states. The tokens fed hold placeholders (any valid id).
+	ForwardSpec(s *SpecStep) (drafts []*Output, verify *Output, err error)
+}
+
+// SpecStep is a speculative step for SpecModel.ForwardSpec.
+type SpecStep struct {
+	// Drafts are the MTP draft passes. Pass 0 is a ForwardMTP batch over
+	// Hidden; entry j of a pass i ≥ 1 is one token whose id and hidden
+	// state are draft pass i−1's entry Chain[i][j]'s: the best entry of its
+	// last logit row and its last hidden row (the MTP's own output).
+	Drafts []Batch
+	Hidden [][]float32 // Drafts[0]'s hidden rows, as ForwardMTP's
+	Chain  [][]int     // (len(Drafts)) Chain[0] is unused
+	// Verify is the main model's pass. Entry e's last len(Feed[e]) tokens
+	// are drafts: its token len(Tokens)−len(Feed[e])+i is the best entry of
+	// the last logit row of Drafts[i]'s entry Feed[e][i].
+	Verify *Batch
+	Feed   [][]int // (len(Verify.Seqs))
+}
+
 // ValidateHidden checks ForwardMTP's hidden states against b: one slice
 // per sequence of len(Tokens)·width values.
 func (b *Batch) ValidateHidden(hidden [][]float32, width int) error {

@@ -149,6 +149,18 @@
 // cost less than plain ones. Greedy output does not depend on any of this;
 // sampled output is distributed the same either way.
 //
+// One device step (Options.OneStepDrafts, FERRITE_MTP_ONESTEP=1): with a
+// model.SpecModel whose backend feeds drafts on the device
+// (kernels.DraftOps), a step whose drafting sequences are all greedy runs
+// its MTP passes and its main pass as one step of the device (one CUDA
+// graph, one wait): each pass's argmax goes into the token ids of the
+// passes after it on the device (the chained drafts, then the
+// verification), and the drafts the host verifies are read back from the
+// passes with everything else. A step that only feeds the MTP module
+// (drafting off for its sequences) merges that pass the same way. Nothing
+// else changes: the tokens, the rollback and the acceptance are those of
+// the two-step path. Stats.Passes times each kind of pass.
+//
 // Usage reports per request the verification steps, drafts, accepted drafts
 // (per step, and the acceptance rate of each draft position); Stats the
 // same engine-wide.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -119,6 +120,13 @@ type Options struct {
 	// on a compute-bound backend verifying k+1 tokens costs nearly k+1
 	// plain steps, and speculation loses whatever the acceptance.
 	DraftIgnoreCost bool
+	// OneStepDrafts runs a step's MTP draft passes and its verification as
+	// one step of the model's device when every drafting sequence is
+	// greedy and the model can (model.SpecModel): each draft reaches the
+	// passes after it on the device, without a round trip to the host in
+	// between. 0 means the FERRITE_MTP_ONESTEP environment variable's
+	// choice (1 on, else off), positive on, negative off.
+	OneStepDrafts int
 
 	// PrefixCache is the most cached prefixes kept for conversation reuse
 	// (see doc.go): 0 means DefaultPrefixCache, negative turns reuse off.
@@ -161,6 +169,7 @@ type Runtime struct {
 	cache  *kvcache.Cache     // owned by the loop goroutine
 	states *linattn.StatePool // recurrent-state slots; nil unless m is a model.StateModel with linear layers
 	mtp    model.MTPModel     // m's MTP module; nil without one
+	spec   model.SpecModel    // m as a SpecModel when OneStepDrafts is on and it can; else nil
 	limit  int                // most tokens one sequence may hold in the cache: min(MaxContext, whole cache)
 
 	mu       sync.Mutex      // guards incoming, drops, closed and nextID
@@ -235,6 +244,14 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 	if info.MaxContext > 0 {
 		limit = min(limit, info.MaxContext)
 	}
+	// Step inputs sized by the limits, not by the steps timing happens to form.
+	if err := model.ReserveSteps(m, opts.MaxBatchTokens, opts.MaxSeqs, (limit+cs.BlockSize-1)/cs.BlockSize); err != nil {
+		cache.Release()
+		if states != nil {
+			states.Release()
+		}
+		return nil, fmt.Errorf("runtime: %w", err)
+	}
 	r := &Runtime{
 		m:        m,
 		info:     info,
@@ -247,10 +264,21 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 		quit:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 	}
+	if sm, ok := m.(model.SpecModel); ok && oneStep(opts.OneStepDrafts) && sm.SpecReady() {
+		r.spec = sm
+	}
 	r.sched.init(r)
 	r.publish()
 	go r.loop()
 	return r, nil
+}
+
+// oneStep resolves Options.OneStepDrafts.
+func oneStep(o int) bool {
+	if o == 0 {
+		return os.Getenv("FERRITE_MTP_ONESTEP") == "1"
+	}
+	return o > 0
 }
 
 // newStatePool makes the recurrent-state pool of a model.StateModel (nil

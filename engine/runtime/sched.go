@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -26,9 +27,10 @@ type scheduler struct {
 
 	// The MTP passes of the step (spec.go).
 	mtpBatch  model.Batch
-	mtpHidden [][]float32 // (len(mtpBatch.Seqs)) the hidden-state input of each entry
-	mtpSeqs   []*seq      // (len(mtpBatch.Seqs)) the sequence of each entry
-	mtpPrompt bool        // the step's MTP passes fed the module prompt rows
+	mtpHidden [][]float32   // (len(mtpBatch.Seqs)) the hidden-state input of each entry
+	mtpSeqs   []*seq        // (len(mtpBatch.Seqs)) the sequence of each entry
+	mtpPrompt bool          // the step's MTP passes fed the module prompt rows
+	one       oneStepPasses // a speculative step run as one device step (onestep.go)
 
 	pads padder // pad entries of a pass (pad.go)
 
@@ -36,6 +38,7 @@ type scheduler struct {
 	steps, promptToks, genToks, preemptTotal, failed uint64
 	lastSeqs, lastToks                               int
 	lastStep                                         time.Duration
+	passes                                           PassTimes // Stats.Passes
 	winStart                                         time.Time // start of the steps/s window
 	winSteps                                         int       // steps in the window
 	stepsPerSec                                      float64
@@ -170,14 +173,19 @@ func (sc *scheduler) runStep() {
 	if len(sc.step) == 0 {
 		return
 	}
-	if err := sc.draft(); err != nil {
+	out, err := sc.draft() // out: the verification too, in one device step
+	if err != nil {
 		sc.failStep(fmt.Errorf("runtime: MTP draft: %w", err))
 		return
 	}
-	askTop(&sc.batch, sc.step, func(i int) bool { return sc.step[i].sp != nil && sc.step[i].sp.k > 0 })
-	entries := sc.pad(&sc.batch, nil)
-	out, err := sc.r.m.Forward(&sc.batch)
-	sc.unpad(&sc.batch, nil, out, entries)
+	if out == nil {
+		askTop(&sc.batch, sc.step, func(i int) bool { return sc.step[i].sp != nil && sc.step[i].sp.k > 0 })
+		entries := sc.pad(&sc.batch, nil)
+		t0 := time.Now()
+		out, err = sc.r.m.Forward(&sc.batch)
+		sc.timePass(time.Since(t0))
+		sc.unpad(&sc.batch, nil, out, entries)
+	}
 	if err == nil {
 		err = sc.checkOutput(out)
 	}
@@ -223,6 +231,29 @@ func (sc *scheduler) runStep() {
 		if s.promptDue && s.state == seqRunning && (s.sp == nil || s.sp.mtpDone >= s.nPrompt) {
 			sc.cachePrompt(s)
 		}
+	}
+}
+
+// timePass adds the main model's pass of the step, d long, to
+// Stats.Passes: a verification when a sequence has drafts in it, a decode
+// pass when every entry is one token past its prompt, else nothing.
+func (sc *scheduler) timePass(d time.Duration) {
+	verify := false
+	for i, s := range sc.step {
+		e := &sc.batch.Seqs[i]
+		switch {
+		case s.sp != nil && s.sp.k > 0:
+			verify = true
+		case len(e.Tokens) != 1 || e.Pos < s.nPrompt:
+			return
+		}
+	}
+	if verify {
+		sc.passes.Verify++
+		sc.passes.VerifyT += d
+	} else {
+		sc.passes.Decode++
+		sc.passes.DecodeT += d
 	}
 }
 
@@ -660,25 +691,15 @@ func (sc *scheduler) flushText(s *seq, now time.Time) {
 // wait puts s in the waiting queue at its arrival position.
 func (sc *scheduler) wait(s *seq) {
 	s.state = seqWaiting
-	i, _ := slices.BinarySearchFunc(sc.waiting, s.id, func(e *seq, id uint64) int { return cmpID(e.id, id) })
+	i, _ := slices.BinarySearchFunc(sc.waiting, s.id, func(e *seq, id uint64) int { return cmp.Compare(e.id, id) })
 	sc.waiting = slices.Insert(sc.waiting, i, s)
 }
 
 // insertRunning puts s in the running set at its arrival position.
 func (sc *scheduler) insertRunning(s *seq) {
 	s.state = seqRunning
-	i, _ := slices.BinarySearchFunc(sc.running, s.id, func(e *seq, id uint64) int { return cmpID(e.id, id) })
+	i, _ := slices.BinarySearchFunc(sc.running, s.id, func(e *seq, id uint64) int { return cmp.Compare(e.id, id) })
 	sc.running = slices.Insert(sc.running, i, s)
-}
-
-func cmpID(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // remove deletes s from list, keeping the order.

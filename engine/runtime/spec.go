@@ -240,10 +240,10 @@ func (sc *scheduler) undraft(s *seq, e *model.Seq) {
 // draft step 0 (the hidden state before the last token, with the last
 // token) and gives the first draft. Each further pass is one draft step:
 // the previous draft with the MTP's own output hidden state.
-func (sc *scheduler) draft() error {
+func (sc *scheduler) draft() (*model.Output, error) {
 	r := sc.r
 	if r.mtp == nil {
-		return nil
+		return nil, nil
 	}
 	w := r.info.Hidden
 	b := &sc.mtpBatch
@@ -276,16 +276,24 @@ func (sc *scheduler) draft() error {
 		sc.mtpHidden = append(sc.mtpHidden, sp.hid[:(end-sp.mtpDone)*w])
 		sc.mtpSeqs = append(sc.mtpSeqs, s)
 	}
+	if sc.oneStepOK() {
+		return sc.draftVerify()
+	}
 	for i := 0; len(b.Seqs) > 0; i++ {
 		askTop(b, sc.mtpSeqs, func(int) bool { return true })
 		entries := sc.pad(b, &sc.mtpHidden)
+		t0 := time.Now()
 		out, err := r.mtp.ForwardMTP(b, sc.mtpHidden)
+		if !sc.mtpPrompt {
+			sc.passes.MTP++
+			sc.passes.MTPT += time.Since(t0)
+		}
 		sc.unpad(b, &sc.mtpHidden, out, entries)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := sc.checkMTP(out); err != nil {
-			return err
+		if err := sc.checkMTP(b, out); err != nil {
+			return nil, err
 		}
 		for j, s := range sc.mtpSeqs {
 			sp, o := s.sp, &out.Seqs[j]
@@ -308,24 +316,32 @@ func (sc *scheduler) draft() error {
 			if sp == nil || sp.k <= i+1 {
 				continue
 			}
-			d := sp.pending + i // index of the draft just made
-			b.Seqs = append(b.Seqs, model.Seq{
-				Tokens: sp.buf[d : d+1],
-				Pos:    len(s.tokens) - 1 + i, // the draft's position minus one
-				KV:     s.kv,
-				Logits: model.LastLogits,
-				Hidden: sp.k > i+2,
-			})
+			b.Seqs = append(b.Seqs, chainEntry(s, i+1))
 			sc.mtpHidden = append(sc.mtpHidden, sp.mtpH)
 			sc.mtpSeqs = append(sc.mtpSeqs, s)
 		}
 	}
-	return nil
+	return nil, nil
 }
 
-// checkMTP checks that an MTP pass returned what sc.mtpBatch asked for.
-func (sc *scheduler) checkMTP(out *model.Output) error {
-	b := &sc.mtpBatch
+// chainEntry is s's entry in draft pass p ≥ 1: the draft of pass p−1
+// (its token in s's buffer) at its position minus one, with the MTP's own
+// hidden state as the caller feeds it; it asks for its logits, and for its
+// hidden state when a pass follows.
+func chainEntry(s *seq, p int) model.Seq {
+	sp := s.sp
+	d := sp.pending + p - 1 // the draft pass p−1 made
+	return model.Seq{
+		Tokens: sp.buf[d : d+1],
+		Pos:    len(s.tokens) - 2 + p,
+		KV:     s.kv,
+		Logits: model.LastLogits,
+		Hidden: sp.k > p+1,
+	}
+}
+
+// checkMTP checks that an MTP pass returned what b asked for.
+func (sc *scheduler) checkMTP(b *model.Batch, out *model.Output) error {
 	if len(out.Seqs) != len(b.Seqs) {
 		return fmt.Errorf("ForwardMTP returned %d outputs for %d sequences", len(out.Seqs), len(b.Seqs))
 	}

@@ -58,6 +58,15 @@ type Stats struct {
 	AcceptedPerStep float64   // AcceptedTokens / VerifySteps (each also emits one target token)
 	AcceptRateByPos []float64 // [i]: share of the drafts at position i (0 first) that were accepted
 
+	// Where a decode step's time goes, since New (wall time on the
+	// runtime's goroutine, each from the call to its outputs on the host):
+	// the main model's passes of steps that only decode (one token per
+	// sequence, no drafts), those of steps that verify drafts, and the MTP
+	// passes (ForwardMTP calls) of steps that draft; and the steps that ran
+	// their drafts and verification as one device step
+	// (Options.OneStepDrafts).
+	Passes PassTimes
+
 	// Cost-aware drafting (Options.DraftIgnoreCost false): the estimated
 	// wall time per emitted token of decode steps with and without drafts
 	// (0 until measured; MTP passes included), and whether drafting is
@@ -70,6 +79,30 @@ type Stats struct {
 	// (Options.DeviceMemory; zero without it). The KV cache (KVBytesTotal)
 	// and recurrent state are part of its Tensors on a device backend.
 	Memory kernels.MemoryUse
+}
+
+// PassTimes are counts and total wall times of forward passes by kind.
+type PassTimes struct {
+	Decode, Verify, MTP, OneStep     uint64        // passes
+	DecodeT, VerifyT, MTPT, OneStepT time.Duration // their total time
+}
+
+// Mean returns the mean time of a decode pass, a verification pass and an
+// MTP pass (0 where none ran).
+func (p PassTimes) Mean() (decode, verify, mtp time.Duration) {
+	mean := func(t time.Duration, n uint64) time.Duration {
+		if n == 0 {
+			return 0
+		}
+		return t / time.Duration(n)
+	}
+	return mean(p.DecodeT, p.Decode), mean(p.VerifyT, p.Verify), mean(p.MTPT, p.MTP)
+}
+
+// Sub returns p − q (counters since a snapshot q).
+func (p PassTimes) Sub(q PassTimes) PassTimes {
+	return PassTimes{p.Decode - q.Decode, p.Verify - q.Verify, p.MTP - q.MTP, p.OneStep - q.OneStep,
+		p.DecodeT - q.DecodeT, p.VerifyT - q.VerifyT, p.MTPT - q.MTPT, p.OneStepT - q.OneStepT}
 }
 
 // specCounts are speculative-decoding counters, per request or engine-wide.
@@ -134,6 +167,7 @@ func (r *Runtime) publish() {
 		VerifySteps:     sc.spec.steps,
 		DraftTokens:     sc.spec.drafted,
 		AcceptedTokens:  sc.spec.accepted,
+		Passes:          sc.passes,
 
 		DraftSecPerToken: sc.cost.spec,
 		PlainSecPerToken: sc.cost.plain,

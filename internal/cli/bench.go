@@ -40,7 +40,7 @@ type benchFlags struct {
 	promptLens     []int
 	genLens        []int
 	mtp            []bool
-	draft          int
+	drafts         []int
 	draftMaxSeqs   int
 	draftAlways    bool
 	dtype          string
@@ -54,6 +54,7 @@ type benchFlags struct {
 	streamMiB      int
 	bandwidthGBps  float64
 	noWarmup       bool
+	warmupCase     bool
 	chat           bool
 	cpuProfile     string
 }
@@ -148,7 +149,8 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.Var(intList{&f.promptLens}, "prompt-len", "prompt tokens per request, comma-separated")
 	fs.Var(intList{&f.genLens}, "gen-len", "generated tokens per request (EOS ignored), comma-separated; 1 times the prompt only (prompt tok/s, TTFT)")
 	fs.Var(onOffList{&f.mtp}, "mtp", "MTP speculative decoding: on, off or both (on,off)")
-	fs.IntVar(&f.draft, "draft", bench.DefaultDraft, "with --mtp on: draft tokens per step")
+	f.drafts = []int{bench.DefaultDraft}
+	fs.Var(intList{&f.drafts}, "draft", "with --mtp on: draft tokens per step, comma-separated (one MTP case each)")
 	fs.IntVar(&f.draftMaxSeqs, "draft-max-seqs", 0, "with --mtp on: no drafting while more sequences run (0 = the runtime's default, -1 = no limit)")
 	fs.BoolVar(&f.draftAlways, "draft-always", false, "with --mtp on: draft on every step, even where the runtime measures that drafting does not pay")
 	fs.StringVar(&f.dtype, "dtype", "", "random weights' dtype: bf16, f16 or f32 (default: the config's torch_dtype/dtype, else bf16)")
@@ -162,6 +164,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streamMiB, "stream-mib", 1024, "buffer size in MiB of the memory-bandwidth measurement")
 	fs.Float64Var(&f.bandwidthGBps, "bandwidth", 0, "memory bandwidth in GB/s for the roofline, instead of measuring it (0 = measure)")
 	fs.BoolVar(&f.noWarmup, "no-warmup", false, "skip the warm-up request")
+	fs.BoolVar(&f.warmupCase, "warmup-case", false, "before each case, run its requests once untimed for 3 tokens (its batch shape's one-time costs out of the measurement)")
 	fs.BoolVar(&f.chat, "chat", false, "prompts: chat questions through the model's chat template (needs its tokenizer), request i asking question i, instead of random tokens; --prompt-len is ignored (MTP acceptance on text the model knows)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the sweep (not the loading) to this file")
 }
@@ -196,8 +199,6 @@ func cmdBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return usageErr("--device %q: want auto, cpu, cuda or cuda:N", f.device)
 	case f.maxBatchTokens < 0:
 		return usageErr("--max-batch-tokens %d is negative", f.maxBatchTokens)
-	case f.draft < 1:
-		return usageErr("--draft must be at least 1")
 	case f.streamMiB < 1:
 		return usageErr("--stream-mib must be at least 1")
 	case f.bandwidthGBps < 0 || math.IsNaN(f.bandwidthGBps) || math.IsInf(f.bandwidthGBps, 0):
@@ -544,8 +545,8 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 	opts := bench.Options{
 		Prompts:     prompts,
 		Concurrency: f.concurrency, PromptLens: f.promptLens, GenLens: f.genLens, MTP: f.mtp,
-		Draft: f.draft, DraftMaxSeqs: f.draftMaxSeqs, DraftAlways: f.draftAlways,
-		Seed: f.seed, KVBudget: f.kvBudget, MaxBatchTokens: f.maxBatchTokens, Warmup: !f.noWarmup,
+		Drafts: f.drafts, DraftMaxSeqs: f.draftMaxSeqs, DraftAlways: f.draftAlways,
+		Seed: f.seed, KVBudget: f.kvBudget, MaxBatchTokens: f.maxBatchTokens, Warmup: !f.noWarmup, WarmupCase: f.warmupCase,
 		Progress: func(c bench.Case) { fmt.Fprintf(stderr, "running %v...\n", c) },
 	}
 	if p, ok := be.Backend.(kernels.Profiler); ok && p.Profiling() {
@@ -709,7 +710,11 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "conc\tprompt\tgen\tmtp\twall s\tdecode tok/s\tper-req tok/s\tprompt tok/s\tTTFT mean ms\tp50 ms\tmax ms\tpeak KV\tsteps/s\tweight GB/s\troofline\taccept\tnote\t")
 	for _, r := range rep.Runs {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t", r.Concurrency, r.PromptLen, r.GenLen, onOff(r.MTP))
+		mtp := onOff(r.MTP)
+		if r.MTP {
+			mtp = fmt.Sprintf("on:%d", r.Draft)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t", r.Concurrency, r.PromptLen, r.GenLen, mtp)
 		if r.Skipped != "" {
 			fmt.Fprintf(tw, "%s%s\t\n", strings.Repeat("-\t", 12), r.Skipped)
 			continue

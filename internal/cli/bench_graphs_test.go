@@ -14,10 +14,10 @@ import (
 // that replays steps as graphs) are printed, and that a host device's
 // report has no such section.
 func TestBenchPrintsGraphs(t *testing.T) {
-	c := bench.Case{Concurrency: 1, PromptLen: 16, GenLen: 64, MTP: true}
+	c := bench.Case{Concurrency: 1, PromptLen: 16, GenLen: 64, MTP: true, Draft: 2}
 	var sb strings.Builder
 	printGraphs(&sb, []bench.Result{{Case: c, GraphReplays: 120, GraphCaptures: 3, GraphEager: 5}})
-	want := "concurrency 1, prompt 16, gen 64, mtp on: 120 of 125 replayed as one graph (3 captured), 5 launched eagerly"
+	want := "concurrency 1, prompt 16, gen 64, mtp on, draft 2: 120 of 125 replayed as one graph (3 captured), 5 launched eagerly"
 	if !strings.Contains(sb.String(), want) {
 		t.Errorf("got %q, want a line %q", sb.String(), want)
 	}

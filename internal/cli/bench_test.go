@@ -213,11 +213,12 @@ func TestBenchCheckpoint(t *testing.T) {
 	if !strings.Contains(out, "checkpoint") || !strings.Contains(out, "input embedding") {
 		t.Errorf("stdout:\n%s", out)
 	}
-	// An MTP checkpoint drafts with --mtp on and reports the acceptance.
+	// An MTP checkpoint drafts with --mtp on and reports the acceptance,
+	// one case per draft length.
 	mtpDir := fixtureModel(t, "glm4_moe")
 	js := filepath.Join(t.TempDir(), "mtp.json")
 	code, out, errs = runCLI(t, "", "bench", "--model", mtpDir, "--concurrency", "2", "--prompt-len", "4",
-		"--gen-len", "6", "--mtp", "on", "--draft", "2", "--stream-mib", "4", "--json", js)
+		"--gen-len", "6", "--mtp", "on", "--draft", "2,1", "--stream-mib", "4", "--json", js)
 	if code != 0 {
 		t.Fatalf("mtp: exit %d: %s", code, errs)
 	}
@@ -239,11 +240,16 @@ func TestBenchCheckpoint(t *testing.T) {
 	} else if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if rep.Model.MTPBytes <= 0 || len(rep.Runs) != 1 {
+	if rep.Model.MTPBytes <= 0 || len(rep.Runs) != 2 {
 		t.Fatalf("mtp report: %+v", rep)
 	}
-	if r := rep.Runs[0]; !r.MTP || r.Skipped != "" || r.Acceptance == nil || r.Drafted <= 0 || r.Draft != 2 || r.Generated != 12 {
-		t.Errorf("mtp run: %+v\n%s", r, out)
+	for i, r := range rep.Runs {
+		if !r.MTP || r.Skipped != "" || r.Acceptance == nil || r.Drafted <= 0 || r.Draft != 2-i || r.Generated != 12 {
+			t.Errorf("mtp run %d: %+v\n%s", i, r, out)
+		}
+	}
+	if !strings.Contains(out, " on:2 ") || !strings.Contains(out, " on:1 ") {
+		t.Errorf("mtp table without its draft lengths:\n%s", out)
 	}
 
 	code, _, errs = runCLI(t, "", "bench", "--model", dir, "--dtype", "f32", "--concurrency", "1",
@@ -267,7 +273,7 @@ func TestBenchErrors(t *testing.T) {
 		{"empty list item", []string{"--model", dir, "--gen-len", "4,"}, 2, `"" is not a positive integer`},
 		{"gen-len 0", []string{"--model", dir, "--gen-len", "0"}, 2, `"0" is not a positive integer`},
 		{"bad mtp", []string{"--model", dir, "--mtp", "maybe"}, 2, `"maybe" is not on or off`},
-		{"zero draft", []string{"--model", dir, "--mtp", "on", "--draft", "0"}, 2, "--draft must be at least 1"},
+		{"zero draft", []string{"--model", dir, "--mtp", "on", "--draft", "1,0"}, 2, `"0" is not a positive integer`},
 		{"bad dtype", []string{"--model", dir, "--dtype", "int4"}, 2, "want bf16, f16 or f32"},
 		{"bad quant", []string{"--model", dir, "--quant", "int4"}, 2, `--quant "int4": want q8_0 or q4_k`},
 		{"bad device", []string{"--model", dir, "--device", "gpu:1"}, 2, `--device "gpu:1": want auto, cpu, cuda or cuda:N`},

@@ -96,3 +96,18 @@ func siftDown(h []cand, i int) {
 		i = m
 	}
 }
+
+var _ kernels.DraftOps = (*Backend)(nil)
+
+// FeedIDs implements kernels.DraftOps.
+func (b *Backend) FeedIDs(dst, src, idx kernels.Tensor) {
+	if dst.Cols != 1 || idx.Cols != 1 || idx.Rows != dst.Rows || !src.Contiguous() {
+		panic("cpu: FeedIDs wants dst, idx (M, 1) and a contiguous src")
+	}
+	d, x, ix := i32(dst), f32(src), i32(idx)
+	for i := range dst.Rows {
+		if j := ix[i*idx.Stride]; j >= 0 && int(j) < src.Elems() {
+			d[i*dst.Stride] = int32(x[j])
+		}
+	}
+}

@@ -15,7 +15,7 @@ const (
 )
 
 func init() {
-	kernelNames = append(kernelNames, "ferrite_argmax_rows", "ferrite_topk_rows")
+	kernelNames = append(kernelNames, "ferrite_argmax_rows", "ferrite_topk_rows", "ferrite_feed_ids")
 }
 
 // TopKRows implements kernels.SampleOps for k ≤ 1024 (a larger k panics).
@@ -40,5 +40,25 @@ func (b *Backend) TopKRows(out, logits kernels.Tensor) {
 			return d.launchL("ferrite_argmax_rows", uint32(rows), sampleThreads, 0, op, os, lp, ls, i32(v))
 		}
 		return d.launchL("ferrite_topk_rows", uint32(rows), sampleThreads, 0, op, os, lp, ls, i32(v), i32(k))
+	})
+}
+
+var _ kernels.DraftOps = (*Backend)(nil)
+
+// FeedIDs implements kernels.DraftOps (src/sample.cu's ferrite_feed_ids).
+func (b *Backend) FeedIDs(dst, src, idx kernels.Tensor) {
+	if dst.DType != kernels.I32 || idx.DType != kernels.I32 || src.DType != kernels.F32 {
+		panic("cuda: FeedIDs wants I32 dst and idx, F32 src")
+	}
+	if dst.Cols != 1 || idx.Cols != 1 || idx.Rows != dst.Rows || !src.Contiguous() {
+		panic("cuda: FeedIDs wants dst, idx (M, 1) and a contiguous src")
+	}
+	m := dst.Rows
+	if m == 0 {
+		return
+	}
+	dp, ds, sp, n, ip, is := dptr(dst), i32(dst.Stride), dptr(src), uint64(src.Elems()), dptr(idx), i32(idx.Stride)
+	b.queue(func(d *Device) error {
+		return d.launchL("ferrite_feed_ids", uint32((m+255)/256), 256, 0, dp, ds, sp, n, ip, is, i32(m))
 	})
 }

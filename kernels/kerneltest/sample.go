@@ -96,3 +96,46 @@ func sampleTest(t *testing.T, d kernels.Device, so kernels.SampleOps) {
 		})
 	}
 }
+
+// feedTest checks FeedIDs against a plain loop: the columns of a TopKRows
+// output fed into a strided I32 destination, entries with a negative or
+// out-of-range index left alone.
+func feedTest(t *testing.T, d kernels.Device, do kernels.DraftOps) {
+	rd, ok := d.(i32Reader)
+	if !ok {
+		t.Skip("the backend cannot read I32 tensors back")
+	}
+	rng := rand.New(rand.NewPCG(63, 64))
+	for _, c := range []struct{ R, K, M int }{{1, 1, 1}, {3, 1, 5}, {4, 256, 7}, {2, 1, 300}} {
+		t.Run(fmt.Sprintf("R%d_k%d_M%d", c.R, c.K, c.M), func(t *testing.T) {
+			src := make([]float32, c.R*2*c.K)
+			for i := range src {
+				src[i] = float32(rng.IntN(1 << 24)) // exact integers up to 2^24, as TopKRows's columns
+			}
+			idx, before := make([]int32, c.M), make([]int32, 2*c.M)
+			for i := range idx {
+				idx[i] = int32(rng.IntN(len(src)+2) - 1) // −1 and len(src): left alone
+			}
+			for i := range before {
+				before[i] = int32(rng.Uint32())
+			}
+			s := newBuf(t, d, c.R, 2*c.K, src)
+			all := ints(t, d, c.M, 2, before) // dst is column 1: a stride of 2
+			buf, off := all.Buffer()
+			view := kernels.NewTensor(buf, kernels.I32, c.M, 1, 2, off+1) // (M, 1) column 1 of all
+			ix := ints(t, d, c.M, 1, idx)
+			step(d, func() { do.FeedIDs(view, s.t, ix) })
+			got := make([]int32, 2*c.M)
+			rd.ReadI32(got, all)
+			for i := range c.M {
+				want := [2]int32{before[2*i], before[2*i+1]}
+				if j := idx[i]; j >= 0 && int(j) < len(src) {
+					want[1] = int32(src[j])
+				}
+				if got[2*i] != want[0] || got[2*i+1] != want[1] {
+					t.Errorf("row %d (index %d): got %d %d, want %d %d", i, idx[i], got[2*i], got[2*i+1], want[0], want[1])
+				}
+			}
+		})
+	}
+}

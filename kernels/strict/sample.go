@@ -26,3 +26,24 @@ func (d *Device) TopKRows(out, logits kernels.Tensor) {
 	}
 	d.out(out, y)
 }
+
+var _ kernels.DraftOps = (*Device)(nil)
+
+// FeedIDs implements kernels.DraftOps.
+func (d *Device) FeedIDs(dst, src, idx kernels.Tensor) {
+	shape("FeedIDs", dst, -1, 1)
+	shape("FeedIDs idx", idx, dst.Rows, 1)
+	contiguous("FeedIDs", src)
+	ix := d.ints("FeedIDs", idx)
+	x := d.in("FeedIDs", src, kernels.F32)
+	v := d.view(dst, kernels.I32)
+	for i, j := range ix {
+		if j >= 0 && int(j) < len(x) {
+			f := x[j]
+			if f != float32(int32(f)) {
+				panic("strict: FeedIDs: source element is not an integer")
+			}
+			v.i32[i*dst.Stride] = int32(f)
+		}
+	}
+}

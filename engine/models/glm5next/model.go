@@ -63,8 +63,11 @@ type Model struct {
 	streams streamInputs // the step's token ids, once per stream
 }
 
-// withMTP is a Model with its NextN layer: the model.MTPModel implementation.
+// withMTP is a Model with its NextN layer: the model.MTPModel and
+// model.SpecModel implementation.
 type withMTP struct{ *Model }
+
+var _ model.SpecModel = withMTP{}
 
 // layer is one decoder layer: two hyper-connection sites around the token
 // mixer (KDA or DSA) and the FFN.
@@ -266,6 +269,18 @@ func (m *Model) Forward(b *model.Batch) (*model.Output, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	st, streamIDs, err := m.upload(b)
+	if err != nil {
+		return nil, err
+	}
+	var logits, hid kernels.Tensor
+	gqa.InStep(m.dev, func() { logits, hid = m.launch(b, st, streamIDs) })
+	return st.Outputs(m.dev, b, logits, hid), nil
+}
+
+// upload writes b's step inputs (m.mu held) and returns them with the
+// token ids once per stream (N·hc, 1).
+func (m *Model) upload(b *model.Batch) (*gqa.Step, kernels.Tensor, error) {
 	dev := m.dev
 	st, err := m.in.Upload(dev, b)
 	if err == nil && len(m.states) > 0 {
@@ -276,28 +291,73 @@ func (m *Model) Forward(b *model.Batch) (*model.Output, error) {
 		streamIDs, err = m.streams.upload(dev, b, m.p.hc)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("glm5_next: %w", err)
+		return nil, streamIDs, fmt.Errorf("glm5_next: %w", err)
 	}
 	st.Top = b.Top
+	return st, streamIDs, nil
+}
+
+// launch queues the main model's pass inside a step and returns Head's
+// logits and hidden rows.
+func (m *Model) launch(b *model.Batch, st *gqa.Step, streamIDs kernels.Tensor) (logits, hid kernels.Tensor) {
+	dev := m.dev
 	n, H, hc := b.Tokens(), m.p.hidden, m.p.hc
+	c := st.Ctx(dev, b)
+	c.Lin = dev
+	X := dev.Scratch(kernels.F32, n, hc*H) // (N, hc·hidden) residual streams
+	// Every stream starts as the token's embedding.
+	dev.Embed(X.Reshape(n*hc, H), m.embed, streamIDs)
+	y := dev.Scratch(kernels.F32, n, H)           // (N, hidden) sublayer input
+	o := dev.Scratch(kernels.F32, n, H)           // (N, hidden) sublayer output
+	coef := dev.Scratch(kernels.F32, n, hc+hc*hc) // (N, hc+hc²) [post | comb]
+	for i, l := range m.layers {
+		m.layerForward(c, l, i, X, y, o, coef)
+	}
+	dev.HyperMerge(y, X)
+	dev.RMSNorm(y, y, m.norm.W, m.norm.Eps, m.norm.Offset)
+	return st.Head(dev, y, m.lmHead)
+}
+
+// SpecReady implements model.SpecModel.
+func (w withMTP) SpecReady() bool { return gqa.SpecReady(w.dev) }
+
+// ForwardSpec implements model.SpecModel: the NextN layer's draft passes
+// and the main model's verification in one device step.
+func (w withMTP) ForwardSpec(s *model.SpecStep) ([]*model.Output, *model.Output, error) {
+	m := w.Model
+	if !w.SpecReady() {
+		return nil, nil, fmt.Errorf("glm5_next: the %T backend cannot feed drafts on the device", m.dev)
+	}
+	b := s.Verify
+	if b == nil {
+		return nil, nil, fmt.Errorf("glm5_next: speculative step without a verification batch")
+	}
+	if err := m.validate(b); err != nil {
+		return nil, nil, err
+	}
+	sd, err := m.mtp.PrepareDrafts(s, m.p.hc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("glm5_next: %w", err)
+	}
+	defer sd.Release()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st, streamIDs, err := m.upload(b)
+	if err != nil {
+		return nil, nil, err
+	}
 	var logits, hid kernels.Tensor
-	gqa.InStep(dev, func() {
-		c := st.Ctx(dev, b)
-		c.Lin = dev
-		X := dev.Scratch(kernels.F32, n, hc*H) // (N, hc·hidden) residual streams
-		// Every stream starts as the token's embedding.
-		dev.Embed(X.Reshape(n*hc, H), m.embed, streamIDs)
-		y := dev.Scratch(kernels.F32, n, H)           // (N, hidden) sublayer input
-		o := dev.Scratch(kernels.F32, n, H)           // (N, hidden) sublayer output
-		coef := dev.Scratch(kernels.F32, n, hc+hc*hc) // (N, hc+hc²) [post | comb]
-		for i, l := range m.layers {
-			m.layerForward(c, l, i, X, y, o, coef)
-		}
-		dev.HyperMerge(y, X)
-		dev.RMSNorm(y, y, m.norm.W, m.norm.Eps, m.norm.Offset)
-		logits, hid = st.Head(dev, y, m.lmHead)
+	gqa.InStep(m.dev, func() {
+		sd.Launch()
+		sd.FeedVerify(streamIDs, 0)
+		kernels.SetRowExact(m.dev, st.Exact)
+		logits, hid = m.launch(b, st, streamIDs)
 	})
-	return st.Outputs(dev, b, logits, hid), nil
+	var r gqa.Reads // everything in one wait
+	drafts := sd.OutputReads(&r)
+	out := st.OutputReads(&r, m.dev, b, logits, hid)
+	r.Read(m.dev)
+	return drafts(), out(), nil
 }
 
 // layerForward runs decoder layer l (index i) on the streams X (N,
@@ -324,6 +384,21 @@ func (m *Model) layerForward(c *gqa.Ctx, l *layer, i int, X, y, o, coef kernels.
 	if m.trace != nil {
 		m.trace(i, X)
 	}
+}
+
+// ReserveSteps implements model.StepReserver: the step's row maps and
+// state slots, the ids once per stream, and the NextN layer's inputs.
+func (m *Model) ReserveSteps(tokens, seqs, blocks int) error {
+	m.mu.Lock()
+	err := m.in.Reserve(m.dev, tokens, seqs, blocks, true)
+	if err == nil {
+		_, err = gqa.EnsureI32(m.dev, &m.streams.ids, tokens*m.p.hc)
+	}
+	m.mu.Unlock()
+	if err != nil || m.mtp == nil {
+		return err
+	}
+	return m.mtp.ReserveSteps(tokens, seqs, blocks)
 }
 
 // streamInputs are the step's token ids repeated once per stream, kept on

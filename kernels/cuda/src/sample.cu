@@ -226,3 +226,15 @@ extern "C" __global__ void __launch_bounds__(kSampleThreads)
         o[k + tid] = float(scol[tid]);
     }
 }
+
+// dst[i] = (int) src[idx[i]] for the m entries with 0 ≤ idx[i] < n; the
+// others are left alone (kernels.DraftOps.FeedIDs): an MTP draft pass's
+// argmax columns become a later pass's token ids inside one step.
+// Launch: grid ceil(m / 256), 256 threads.
+extern "C" __global__ void ferrite_feed_ids(int* dst, int dst_stride, const float* src, int64_t n, const int* idx,
+                                            int idx_stride, int m) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= m) return;
+    const int j = idx[int64_t(i) * idx_stride];
+    if (j >= 0 && j < n) dst[int64_t(i) * dst_stride] = int(src[j]);
+}
