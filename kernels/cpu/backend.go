@@ -23,6 +23,7 @@ type Backend struct {
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 	mla   mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
 	x8    x8Cache              // Q4_0 and Q8_0 weights repacked for the x8 kernels, per weight
+	res   *residentCache       // BF16 weights copied into huge pages, per weight
 	// experts is set while Experts runs: its MatMuls are routed experts'
 	// (x8Persistent keeps no Q8_0 expert packed).
 	experts bool
@@ -50,8 +51,9 @@ func New(threads int) *Backend {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	b := &Backend{pool: newPool(threads)}
+	b := &Backend{pool: newPool(threads), res: new(residentCache)}
 	runtime.AddCleanup(b, func(p *pool) { p.close() }, b.pool)
+	runtime.AddCleanup(b, func(c *residentCache) { c.free() }, b.res)
 	return b
 }
 
@@ -118,9 +120,29 @@ func (b *Backend) matMulInlineTo(y []float32, ldy int, x []float32, w *kernels.M
 	var m matmul
 	m.init(y, x, w, n, 1, xs, b.bf16x, b.x8Packed(w))
 	m.ldy = ldy
+	m.useResident(b.resident(w, n))
 	m.convertX(0, m.convertUnits())
 	for t := range m.tasks {
 		m.task(t, scratch)
+	}
+}
+
+// resident returns the resident copy of w (residentCache) for a MatMul of
+// n rows, made on first use over the workers (call it without holding the
+// pool), or nil.
+func (b *Backend) resident(w *kernels.Mat, n int) []byte {
+	return b.res.data(w, bf16Path(w, n, b.bf16x), b.experts, b.Parallel)
+}
+
+// useResident points m's tasks at d, the resident copy of its weight, if
+// not nil.
+func (m *matmul) useResident(d []byte) {
+	if d == nil || m.bt == nil {
+		return
+	}
+	m.wd = d
+	if m.bt.gemvHuge != nil {
+		m.gemv = m.bt.gemvHuge
 	}
 }
 
@@ -170,7 +192,7 @@ func (b *Backend) matMulTo(y []float32, ldy int, x []float32, w *kernels.Mat, n 
 		}
 		return
 	}
-	pk := b.x8Packed(w)
+	pk, res := b.x8Packed(w), b.resident(w, n)
 	p := b.pool
 	if !p.acquire() {
 		var scratch []float32
@@ -181,7 +203,8 @@ func (b *Backend) matMulTo(y []float32, ldy int, x []float32, w *kernels.Mat, n 
 	m := &p.mm
 	m.init(y, x, w, n, p.workers, &p.xs, b.bf16x, pk)
 	m.ldy = ldy
-	defer func() { m.y, m.x, m.w = nil, nil, nil }()
+	defer func() { m.y, m.x, m.w, m.wd = nil, nil, nil, nil }()
+	m.useResident(res)
 	if m.convertUnits() > 0 {
 		b.convertX(m)
 	}
