@@ -17,10 +17,12 @@ import (
 // (residentCache; as much memory again as those weights, which then are no
 // longer read by MatMul), as it keeps Q4_0 and Q8_0 weights repacked
 // (x8Cache). One Zen 5 core streams the gemv kernel over 1 GiB of weights
-// at 39.6 GB/s of CPU time from huge pages against 29.7 from a file
-// mapping (medians of 7, TestExpPlacement in session 15's notes;
-// BenchmarkGemvPlacement). A routed expert's weights are not copied, to
-// bound the memory, nor any once residentBudget bytes are held.
+// at 39.6 GB/s of its CPU time from huge pages against 29.7 from the file's
+// mapping with the prefetching kernel decode used (medians of 7 passes,
+// interleaved; BenchmarkGemvPlacement compares heap and huge pages), and
+// without software prefetch (gemvHuge) rather than with. A routed expert's
+// weights are not copied, to bound the memory, nor any once residentBudget
+// bytes are held.
 
 // residentOff turns resident copies off (FERRITE_CPU_RESIDENT=0 in the
 // environment), so one build can run both.
