@@ -23,7 +23,7 @@ type Backend struct {
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 	mla   mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
 	x8    x8Cache              // Q4_0 and Q8_0 weights repacked for the x8 kernels, per weight
-	res   *residentCache       // BF16 weights copied into huge pages, per weight
+	res   residentCache        // BF16 weights copied into huge pages, per weight
 	// experts is set while Experts runs: its MatMuls are routed experts'
 	// (x8Persistent keeps no Q8_0 expert packed).
 	experts bool
@@ -51,9 +51,8 @@ func New(threads int) *Backend {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	b := &Backend{pool: newPool(threads), res: new(residentCache)}
+	b := &Backend{pool: newPool(threads)}
 	runtime.AddCleanup(b, func(p *pool) { p.close() }, b.pool)
-	runtime.AddCleanup(b, func(c *residentCache) { c.free() }, b.res)
 	return b
 }
 

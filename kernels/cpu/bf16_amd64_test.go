@@ -474,7 +474,7 @@ func TestPVPairsMatchGo(t *testing.T) {
 
 // BenchmarkGemvPlacement streams 512 MiB of BF16 weights (rows of 1024
 // columns) through each gemv kernel on one thread, from Go heap memory (4
-// KiB pages) and from allocHuge's (transparent huge pages): the choice of
+// KiB pages) and from hugeBytes (transparent huge pages): the choice of
 // residentCache and of vdpbf16GemmTiles.gemvHuge. cpu-ns/op is the
 // thread's CPU time (on a shared machine the wall time includes others').
 func BenchmarkGemvPlacement(b *testing.B) {
@@ -482,12 +482,7 @@ func BenchmarkGemvPlacement(b *testing.B) {
 		b.Skip("no AVX-512 BF16")
 	}
 	const size, cols, task = 512 << 20, 1024, 256 // bytes, columns, rows a call
-	heap := make([]byte, size)
-	huge, mapping := allocHuge(size)
-	if huge == nil {
-		b.Skip("no anonymous mapping")
-	}
-	defer freeHuge(mapping)
+	heap, huge := make([]byte, size), hugeBytes(size)
 	for i := 0; i < size; i += 2 {
 		v := kernels.F32ToBF16(float32(int(i%509)-254) / 4096)
 		heap[i], heap[i+1] = byte(v), byte(v>>8)

@@ -11,31 +11,30 @@ import (
 	"unsafe"
 )
 
-// madvHugepage is MADV_HUGEPAGE (the syscall package does not name it).
+// madvHugepage is MADV_HUGEPAGE, which the syscall package does not name:
+// back the range with transparent huge pages when first touched.
 const madvHugepage = 14
 
-// allocHuge returns n zeroed bytes of anonymous memory that the kernel is
-// asked to back with transparent huge pages (2 MiB on x86-64), or nil if
-// the mapping fails, and the whole mapping, which freeHuge releases.
-func allocHuge(n int) (d, mapping []byte) {
-	const huge = 2 << 20
-	// Map a huge page more than asked and use the aligned part, so every
-	// 2 MiB of the data can be one huge page.
-	m, err := syscall.Mmap(-1, 0, n+huge, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
-	if err != nil {
-		return nil, nil
-	}
-	off := 0
-	if a := uintptr(unsafe.Pointer(unsafe.SliceData(m))) % huge; a != 0 {
-		off = int(huge - a)
-	}
-	d = m[off : off+n : off+n]
-	_ = syscall.Madvise(d, madvHugepage) // a hint: without THP the copy still works
-	return d, m
-}
+// hugePage is the size of an x86-64 transparent huge page.
+const hugePage = 2 << 20
 
-// freeHuge unmaps a mapping from allocHuge.
-func freeHuge(mapping []byte) { _ = syscall.Munmap(mapping) }
+// hugeBytes returns n zeroed bytes of Go memory that start at a 2 MiB
+// boundary and that the kernel is asked to back with transparent huge
+// pages (at most 2 MiB more is allocated, to align). The advice takes
+// effect where the pages are first touched after it, as they are in memory
+// fresh from the system (where Go reuses memory it already touched, or THP
+// is off, the bytes are ordinary). The garbage collector owns the memory
+// like any slice's.
+func hugeBytes(n int) []byte {
+	b := make([]byte, n+hugePage)
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	off := int((hugePage - p%hugePage) % hugePage)
+	d := b[off : off+n : off+n]
+	if end := min(len(b), off+(n+hugePage-1)/hugePage*hugePage); end > off {
+		_ = syscall.Madvise(b[off:end], madvHugepage) // a hint: nothing to do if refused
+	}
+	return d
+}
 
 // totalMemory is the machine's memory in bytes (MemTotal), or 0.
 func totalMemory() int64 {

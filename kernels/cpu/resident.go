@@ -45,13 +45,10 @@ type residentCache struct {
 	mu    sync.Mutex
 	m     map[*kernels.Mat]*residentCopy
 	bytes atomic.Int64 // the copies' bytes, for MemoryUse from any goroutine
-	// regions are the huge-page allocations, freed when the backend is
-	// collected (freeHuge).
-	regions [][]byte
 }
 
 // residentCopy is one matrix's copy, made once; data is nil where none was
-// made (out of budget, or no huge-page memory).
+// made (out of budget).
 type residentCopy struct {
 	once sync.Once
 	data []byte
@@ -86,30 +83,13 @@ func (c *residentCache) data(w *kernels.Mat, path int, expert bool, copyFn func(
 		if c.bytes.Load()+int64(n) > residentBudget {
 			return
 		}
-		d, mapping := allocHuge(n)
-		if d == nil {
-			return
-		}
+		d := hugeBytes(n)
 		const chunk = 1 << 20
 		copyFn((n+chunk-1)/chunk, func(lo, hi int) {
 			copy(d[lo*chunk:min(n, hi*chunk)], w.Data[lo*chunk:min(n, hi*chunk)])
 		})
 		c.bytes.Add(int64(n))
-		c.mu.Lock()
-		c.regions = append(c.regions, mapping)
-		c.mu.Unlock()
 		e.data = d
 	})
 	return e.data
-}
-
-// free releases the copies (the backend is unreachable).
-func (c *residentCache) free() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, m := range c.regions {
-		freeHuge(m)
-	}
-	c.regions, c.m = nil, nil
-	c.bytes.Store(0)
 }
