@@ -20,20 +20,7 @@ func BenchmarkAttnDecodeCold(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	kw := kvHeads * hd
 	nb := (ctx + bs - 1) / bs
-	ints := func(v []int32, r, cols int) kernels.Tensor {
-		t, _ := be.Alloc(kernels.I32, r, cols)
-		be.WriteI32(t, v)
-		return t
-	}
-	f32t := func(r, cols int) kernels.Tensor {
-		v := make([]float32, r*cols)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64())
-		}
-		t, _ := be.Alloc(kernels.F32, r, cols)
-		be.WriteF32(t, v)
-		return t
-	}
+	ints, f32t := tensorMakers(be, rng)
 	pos, seq, blocks := make([]int32, ctx), make([]int32, ctx), make([]int32, nb)
 	for i := range blocks {
 		blocks[i] = int32(i)
@@ -60,4 +47,25 @@ func BenchmarkAttnDecodeCold(b *testing.B) {
 		be.Attention(out, q, kcs[l], vcs[l], p, shape)
 		l = (l + 1) % layers
 	})
+}
+
+// tensorMakers returns makers of be's tensors for the attention
+// benchmarks: an I32 tensor (r, cols) holding v, and an F32 one of
+// normal random values.
+func tensorMakers(be *Backend, rng *rand.Rand) (ints func(v []int32, r, cols int) kernels.Tensor, f32t func(r, cols int) kernels.Tensor) {
+	ints = func(v []int32, r, cols int) kernels.Tensor {
+		t, _ := be.Alloc(kernels.I32, r, cols)
+		be.WriteI32(t, v)
+		return t
+	}
+	f32t = func(r, cols int) kernels.Tensor {
+		v := make([]float32, r*cols)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		t, _ := be.Alloc(kernels.F32, r, cols)
+		be.WriteF32(t, v)
+		return t
+	}
+	return ints, f32t
 }

@@ -95,20 +95,7 @@ func benchAttn(b *testing.B, rows int) {
 			for p := range ctx {
 				pos[p] = int32(p)
 			}
-			ints := func(v []int32, r, cols int) kernels.Tensor {
-				t, _ := be.Alloc(kernels.I32, r, cols)
-				be.WriteI32(t, v)
-				return t
-			}
-			f32t := func(r, cols int) kernels.Tensor {
-				v := make([]float32, r*cols)
-				for i := range v {
-					v[i] = float32(rng.NormFloat64())
-				}
-				t, _ := be.Alloc(kernels.F32, r, cols)
-				be.WriteF32(t, v)
-				return t
-			}
+			ints, f32t := tensorMakers(be, rng)
 			p := &kernels.Paged{Pos: ints(pos, ctx, 1), Seq: ints(seq, ctx, 1), Slot: ints(pos, ctx, 1), Blocks: ints(blocks, 1, nb), BlockSize: bs}
 			be.StoreKV(kc, vc, f32t(ctx, kw), f32t(ctx, kw), p)
 			q := f32t(rows, heads*hd)
