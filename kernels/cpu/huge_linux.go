@@ -15,6 +15,10 @@ import (
 // back the range with transparent huge pages when first touched.
 const madvHugepage = 14
 
+// hugeOff makes hugeBytes return ordinary memory (FERRITE_CPU_HUGEPAGES=0
+// in the environment), so one build can run both.
+var hugeOff = os.Getenv("FERRITE_CPU_HUGEPAGES") == "0"
+
 // hugePage is the size of an x86-64 transparent huge page.
 const hugePage = 2 << 20
 
@@ -26,6 +30,9 @@ const hugePage = 2 << 20
 // is off, the bytes are ordinary). The garbage collector owns the memory
 // like any slice's.
 func hugeBytes(n int) []byte {
+	if hugeOff {
+		return make([]byte, n)
+	}
 	b := make([]byte, n+hugePage)
 	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 	off := int((hugePage - p%hugePage) % hugePage)

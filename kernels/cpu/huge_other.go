@@ -7,3 +7,6 @@ func hugeBytes(n int) []byte { return make([]byte, n) }
 
 // totalMemory is 0: unknown here.
 func totalMemory() int64 { return 0 }
+
+// hugeOff is true: hugeBytes asks for no huge pages here.
+const hugeOff = true

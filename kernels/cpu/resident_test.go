@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -88,5 +90,45 @@ func TestResidentCopy(t *testing.T) {
 				t.Errorf("%d bytes copied of a Transient weight and an expert's", c)
 			}
 		})
+	}
+}
+
+// TestHugeTensor checks that a tensor of hugeTensor bytes or more is
+// zeroed, sized and counted like a small one, and on Linux starts at a 2
+// MiB boundary (hugeBytes), with its bytes of its own (a second one does
+// not overlap it).
+func TestHugeTensor(t *testing.T) {
+	b := New(1)
+	defer b.Close()
+	var ts []kernels.Tensor
+	for _, n := range []int{hugeTensor / 2, hugeTensor/2 + 1, 3 * hugeTensor} { // BF16 elements
+		before := b.allocated.Load()
+		x, err := b.Alloc(kernels.BF16, 1, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := raw(x)
+		if len(d) != 2*n || b.allocated.Load()-before != int64(2*n) {
+			t.Fatalf("n=%d: %d bytes, %d counted", n, len(d), b.allocated.Load()-before)
+		}
+		for i, v := range d {
+			if v != 0 {
+				t.Fatalf("n=%d: byte %d = %d, not zeroed", n, i, v)
+			}
+		}
+		if p := uintptr(unsafe.Pointer(unsafe.SliceData(d))); runtime.GOOS == "linux" && !hugeOff && p%(2<<20) != 0 {
+			t.Errorf("n=%d: data at %#x, not on a 2 MiB boundary", n, p)
+		}
+		for i := range d {
+			d[i] = 0xff
+		}
+		ts = append(ts, x)
+	}
+	for i, x := range ts { // no tensor was overwritten by a later one
+		for j, v := range raw(x) {
+			if v != 0xff {
+				t.Fatalf("tensor %d: byte %d = %d", i, j, v)
+			}
+		}
 	}
 }
