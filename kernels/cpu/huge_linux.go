@@ -43,8 +43,9 @@ func hugeBytes(n int) []byte {
 	return d
 }
 
-// totalMemory is the machine's memory in bytes (MemTotal), or 0.
-func totalMemory() int64 {
+// meminfo is the value of key ("MemTotal", "MemAvailable") in
+// /proc/meminfo in bytes, or 0 where it cannot be read.
+func meminfo(key string) int64 {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
 		return 0
@@ -52,7 +53,7 @@ func totalMemory() int64 {
 	defer f.Close()
 	s := bufio.NewScanner(f)
 	for s.Scan() {
-		if rest, ok := strings.CutPrefix(s.Text(), "MemTotal:"); ok {
+		if rest, ok := strings.CutPrefix(s.Text(), key+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
 			if err != nil {
 				return 0

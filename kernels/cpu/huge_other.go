@@ -5,8 +5,8 @@ package cpu
 // hugeBytes returns n zeroed bytes: huge pages are asked for on Linux only.
 func hugeBytes(n int) []byte { return make([]byte, n) }
 
-// totalMemory is 0: unknown here.
-func totalMemory() int64 { return 0 }
+// meminfo is 0: unknown here.
+func meminfo(key string) int64 { return 0 }
 
 // hugeOff is true: hugeBytes asks for no huge pages here.
 const hugeOff = true

@@ -15,7 +15,7 @@ import (
 // (residentCache) gives the bits of the same MatMul reading the weight where
 // it lies, for one and several x rows, on this CPU's bf16 path and on the
 // Go twin; that the copy is counted in MemoryUse; and that Transient
-// weights and routed experts are not copied.
+// weights, routed experts and copies over the budget are not made.
 func TestResidentCopy(t *testing.T) {
 	const rows, cols = 600, 1024 // 1.2 MiB: above the copy's floor
 	rng := rand.New(rand.NewPCG(21, 22))
@@ -80,6 +80,14 @@ func TestResidentCopy(t *testing.T) {
 			b := New(2)
 			defer b.Close()
 			b.SetBF16Activations(true)
+			budget := residentBudget
+			residentBudget = int64(len(data)) - 1
+			y1 := make([]float32, rows)
+			b.MatMul(y1, x, w, 1)
+			residentBudget = budget
+			if c := b.res.bytes.Load(); c != 0 {
+				t.Errorf("%d bytes copied over a budget of %d", c, len(data)-1)
+			}
 			tw := *w
 			tw.Transient = true
 			y := make([]float32, rows)
