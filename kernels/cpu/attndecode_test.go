@@ -14,21 +14,11 @@ import (
 // one call).
 func BenchmarkAttnDecodeCold(b *testing.B) {
 	const heads, kvHeads, hd, bs, ctx, layers = 16, 8, 128, 16, 640, 28
-	be := New(1)
+	be, ints, f32t := attnBackend()
 	defer be.Close()
-	be.SetBF16Activations(true)
-	rng := rand.New(rand.NewPCG(1, 2))
 	kw := kvHeads * hd
 	nb := (ctx + bs - 1) / bs
-	ints, f32t := tensorMakers(be, rng)
-	pos, seq, blocks := make([]int32, ctx), make([]int32, ctx), make([]int32, nb)
-	for i := range blocks {
-		blocks[i] = int32(i)
-	}
-	for p := range ctx {
-		pos[p] = int32(p)
-	}
-	all := &kernels.Paged{Pos: ints(pos, ctx, 1), Seq: ints(seq, ctx, 1), Slot: ints(pos, ctx, 1), Blocks: ints(blocks, 1, nb), BlockSize: bs}
+	all := onePaged(ints, ctx, bs)
 	kv := f32t(ctx, kw)
 	var kcs, vcs []kernels.Tensor
 	for range layers {
@@ -49,10 +39,13 @@ func BenchmarkAttnDecodeCold(b *testing.B) {
 	})
 }
 
-// tensorMakers returns makers of be's tensors for the attention
-// benchmarks: an I32 tensor (r, cols) holding v, and an F32 one of
-// normal random values.
-func tensorMakers(be *Backend, rng *rand.Rand) (ints func(v []int32, r, cols int) kernels.Tensor, f32t func(r, cols int) kernels.Tensor) {
+// attnBackend returns the attention benchmarks' backend (one worker,
+// bfloat16 activations) and makers of its tensors: an I32 tensor (r, cols)
+// holding v, and an F32 one of normal random values.
+func attnBackend() (be *Backend, ints func(v []int32, r, cols int) kernels.Tensor, f32t func(r, cols int) kernels.Tensor) {
+	be = New(1)
+	be.SetBF16Activations(true)
+	rng := rand.New(rand.NewPCG(1, 2))
 	ints = func(v []int32, r, cols int) kernels.Tensor {
 		t, _ := be.Alloc(kernels.I32, r, cols)
 		be.WriteI32(t, v)
@@ -67,5 +60,19 @@ func tensorMakers(be *Backend, rng *rand.Rand) (ints func(v []int32, r, cols int
 		be.WriteF32(t, v)
 		return t
 	}
-	return ints, f32t
+	return be, ints, f32t
+}
+
+// onePaged is the paging of one sequence at positions [0, ctx) in cache
+// slots [0, ctx), blocks of bs slots in order.
+func onePaged(ints func(v []int32, r, cols int) kernels.Tensor, ctx, bs int) *kernels.Paged {
+	nb := (ctx + bs - 1) / bs
+	pos, seq, blocks := make([]int32, ctx), make([]int32, ctx), make([]int32, nb)
+	for i := range blocks {
+		blocks[i] = int32(i)
+	}
+	for p := range ctx {
+		pos[p] = int32(p)
+	}
+	return &kernels.Paged{Pos: ints(pos, ctx, 1), Seq: ints(seq, ctx, 1), Slot: ints(pos, ctx, 1), Blocks: ints(blocks, 1, nb), BlockSize: bs}
 }
