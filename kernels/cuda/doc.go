@@ -54,10 +54,10 @@
 // times each step's host parts and its graph's GPU time without changing
 // how it runs (steptime.go). Decode batches, off by default until measured:
 // FERRITE_CUDA_FUSE_HALVES=1 joins the split products' epilogues to the op
-// after them (halves.go), FERRITE_CUDA_ATTN_LENSPLIT=k deals each row's
-// own keys over the attention splits (attnsplit.go), FERRITE_CUDA_GEMM_KSPLIT=1
-// runs the smaller split products as a batch of two K halves (ksplit.go),
-// and FERRITE_CUDA_STEPSPIN=1 polls for a step's end instead of parking. A MoE layer's
+// after them (halves.go), and FERRITE_CUDA_STEPSPIN=1 polls for a step's
+// end instead of parking; a batch of one row a sequence skips the prefill
+// attention kernel, which would own no tile (attnsplit.go;
+// FERRITE_CUDA_DECODE_PREFILL=1 runs it as before). A MoE layer's
 // experts are grouped GEMVs for up to 32 tokens (moe.go, src/ops_moe.cu: a
 // slot a pass below 4 tokens, register tiles from 4), an ungated shared
 // expert folded in (kernels.SharedExperts); FERRITE_MOE_KERNELS=v1,
