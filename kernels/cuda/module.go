@@ -92,8 +92,11 @@ func (d *Device) loadModule() error {
 var bigSmemKernels []string
 
 // raiseSmem sets SmemOptIn and raises bigSmemKernels' dynamic shared
-// memory limit to it. Without cuFuncSetAttribute, or when the driver
-// refuses, SmemOptIn stays 0 (the ops then take their other kernels).
+// memory limit to it, less the kernel's static shared memory (the driver
+// refuses a limit whose sum with it passes the opt-in maximum; a kernel
+// with static shared memory then takes up to SmemOptIn less that).
+// Without cuFuncSetAttribute, or when the driver refuses, SmemOptIn stays
+// 0 (the ops then take their other kernels).
 func (d *Device) raiseSmem() error {
 	if driver.cuFuncSetAttribute == 0 {
 		return nil
@@ -102,9 +105,17 @@ func (d *Device) raiseSmem() error {
 	if err != nil {
 		return err
 	}
-	const maxDynamicSmem = 8 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	const (
+		staticSmem     = 1 // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+		maxDynamicSmem = 8 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	)
 	for _, name := range bigSmemKernels {
-		if check("cuFuncSetAttribute "+name, call(driver.cuFuncSetAttribute, d.fns[name], maxDynamicSmem, uintptr(optIn))) != nil {
+		var static int32
+		if driver.cuFuncGetAttribute != 0 &&
+			check("cuFuncGetAttribute "+name, call(driver.cuFuncGetAttribute, uintptr(unsafe.Pointer(&static)), staticSmem, d.fns[name])) != nil {
+			return nil
+		}
+		if check("cuFuncSetAttribute "+name, call(driver.cuFuncSetAttribute, d.fns[name], maxDynamicSmem, uintptr(optIn-int(static)))) != nil {
 			return nil
 		}
 	}
