@@ -52,6 +52,9 @@ var kernelNames = []string{
 	"ferrite_moe_gt_gate_up_r4_pf", "ferrite_moe_gt_down_r2_pf", "ferrite_moe_gt_down_r4_pf", "ferrite_moe_gt_down_r8_pf",
 	"ferrite_moe_gt_gate_up_r1_db", "ferrite_moe_gt_gate_up_r2_db", "ferrite_moe_gt_gate_up_r4_db", "ferrite_moe_gt_down_r2_db",
 	"ferrite_moe_gt_down_r4_db", "ferrite_moe_gt_down_r8_db",
+	"ferrite_moe_gt_gate_up_r1_cv", "ferrite_moe_gt_gate_up_r1_cvdb", "ferrite_moe_gt_gate_up_r2_cv", "ferrite_moe_gt_gate_up_r2_cvdb",
+	"ferrite_moe_gt_gate_up_r4_cv", "ferrite_moe_gt_gate_up_r4_cvdb", "ferrite_moe_gt_down_r2_cv", "ferrite_moe_gt_down_r2_cvdb",
+	"ferrite_moe_gt_down_r4_cv", "ferrite_moe_gt_down_r4_cvdb", "ferrite_moe_gt_down_r8_cv", "ferrite_moe_gt_down_r8_cvdb",
 	// Random weights (src/randfill.cu).
 	"ferrite_random_fill",
 }

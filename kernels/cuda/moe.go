@@ -40,16 +40,20 @@ type moeConfig struct {
 // warps ask for their down rows after their gate/up tasks; 4
 // (moePFDouble): the register tiles' _db twins, which also ask for each
 // pass's weights (into registers) before the pass before multiplies; 6
-// both. They change no bits, only when weights arrive. (Asking for a
+// both; 8 (moePFConvert): the register tiles' _cv twins, which widen each
+// bf16 weight once for all of a tile's slots instead of once a slot (12:
+// _cvdb, both). They change no bits, only when weights arrive or how often
+// a weight is widened. (Asking for a
 // whole tile, or every later task, at once measured slower in GPU run 1
 // and is gone.)
 const (
 	moePFNext      = 4
 	moePFDistShift = 3
 	moePFDouble    = 1 << 6 // Go's: picks the _db kernels
+	moePFConvert   = 1 << 7 // Go's: picks the _cv kernels (_cvdb with moePFDouble)
 )
 
-// pfFlags maps FERRITE_MOE_PF's value (its bits 2 and 4) and
+// pfFlags maps FERRITE_MOE_PF's value (its bits 2, 4 and 8) and
 // FERRITE_MOE_PFD's (0 to 7) to moeConfig.pf.
 func pfFlags(v, dist int) int {
 	f := 0
@@ -58,6 +62,9 @@ func pfFlags(v, dist int) int {
 	}
 	if v&4 != 0 {
 		f |= moePFDouble
+	}
+	if v&8 != 0 {
+		f |= moePFConvert
 	}
 	return f | min(dist, 7)<<moePFDistShift
 }
@@ -131,16 +138,24 @@ func (c moeConfig) useGT(n, k int) bool {
 }
 
 // gtLaunch names the register tiles' kernels and their weight rows a
-// block (8 warps of R rows): with c.pf their _pf twins (_db with
-// moePFDouble), which read it.
+// block (8 warps of R rows): with c.pf their _pf twins (_db, _cv, _cvdb
+// with moePFDouble, moePFConvert), which read it.
 func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows int) {
 	gateUp, guRows, down, downRows = c.gtKernels()
-	if c.pf&moePFDouble != 0 {
-		gateUp, down = gateUp+"_db", down+"_db"
-	} else if c.pf != 0 {
-		gateUp, down = gateUp+"_pf", down+"_pf"
+	suffix := ""
+	switch c.pf & (moePFDouble | moePFConvert) {
+	case moePFDouble:
+		suffix = "_db"
+	case moePFConvert:
+		suffix = "_cv"
+	case moePFDouble | moePFConvert:
+		suffix = "_cvdb"
+	default:
+		if c.pf != 0 {
+			suffix = "_pf"
+		}
 	}
-	return
+	return gateUp + suffix, guRows, down + suffix, downRows
 }
 
 func (c moeConfig) gtKernels() (gateUp string, guRows int, down string, downRows int) {
@@ -317,7 +332,7 @@ func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Exp
 	if n > 1 {
 		name = "ferrite_moe_b1_3"
 	}
-	pf := b.moe.pf &^ moePFDouble // the kernel's bits (moePFDouble is the register tiles')
+	pf := b.moe.pf &^ (moePFDouble | moePFConvert) // the kernel's bits (the others are the register tiles')
 	if pf != 0 {
 		name += "_pf" // the same kernel with the prefetches (the plain one has none of their code)
 	}

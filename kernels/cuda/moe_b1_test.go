@@ -238,7 +238,8 @@ func TestMoEB1Config(t *testing.T) {
 		pf, pfd string
 		want    int
 	}{{"", "", 0}, {"0", "0", 0}, {"1", "", 0}, {"2", "", moePFNext}, {"4", "", moePFDouble}, {"x", "-1", 0},
-		{"", "2", 2 << moePFDistShift}, {"2", "9", moePFNext | 7<<moePFDistShift}, {"6", "1", moePFNext | moePFDouble | 1<<moePFDistShift}} {
+		{"", "2", 2 << moePFDistShift}, {"2", "9", moePFNext | 7<<moePFDistShift}, {"6", "1", moePFNext | moePFDouble | 1<<moePFDistShift},
+		{"12", "", moePFDouble | moePFConvert}} {
 		t.Setenv("FERRITE_MOE_PF", c.pf)
 		t.Setenv("FERRITE_MOE_PFD", c.pfd)
 		if got := moeConfigFromEnv().pf; got != c.want {

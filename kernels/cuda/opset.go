@@ -1246,7 +1246,7 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		gateUp, guRows, down, downRows := b.moe.gtLaunch()
 		sbu := b.moe.blockSlots(slots, inter, guRows, sms)
 		sbd := b.moe.blockSlots(slots, hidden, downRows, sms)
-		pf := b.moe.pf &^ moePFDouble // the kernels' bits (gtLaunch picks _db)
+		pf := b.moe.pf &^ (moePFDouble | moePFConvert) // the kernels' bits (gtLaunch picks the twin)
 		parts := b.combineParts(n, hidden)
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,

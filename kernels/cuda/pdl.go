@@ -49,6 +49,9 @@ var pdlKernels = map[string]bool{
 	"ferrite_moe_gt_down_r4_pf": true, "ferrite_moe_gt_down_r8_pf": true,
 	"ferrite_moe_gt_gate_up_r1_db": true, "ferrite_moe_gt_gate_up_r2_db": true, "ferrite_moe_gt_gate_up_r4_db": true, "ferrite_moe_gt_down_r2_db": true,
 	"ferrite_moe_gt_down_r4_db": true, "ferrite_moe_gt_down_r8_db": true,
+	"ferrite_moe_gt_gate_up_r1_cv": true, "ferrite_moe_gt_gate_up_r1_cvdb": true, "ferrite_moe_gt_gate_up_r2_cv": true, "ferrite_moe_gt_gate_up_r2_cvdb": true,
+	"ferrite_moe_gt_gate_up_r4_cv": true, "ferrite_moe_gt_gate_up_r4_cvdb": true, "ferrite_moe_gt_down_r2_cv": true, "ferrite_moe_gt_down_r2_cvdb": true,
+	"ferrite_moe_gt_down_r4_cv": true, "ferrite_moe_gt_down_r4_cvdb": true, "ferrite_moe_gt_down_r8_cv": true, "ferrite_moe_gt_down_r8_cvdb": true,
 }
 
 // pdlEnabled is whether a new Device of compute capability major uses PDL:

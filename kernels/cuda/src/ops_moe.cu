@@ -591,8 +591,10 @@ __device__ __forceinline__ void tile_load(uint4 (&va)[R], uint4 (&vb)[R], const 
 // 2: widening the tile up front took 230 registers a thread). With pfd > 0
 // each pass first asks L2 for the weights pfd passes on (tile_stream),
 // from the next tile's rows na, nb past these; with DB each pass asks for
-// the next pass's weights (registers) before its products.
-template <class W, int R, int C, bool TWO, bool DB>
+// the next pass's weights (registers) before its products; with CV each
+// weight is widened once for all nc vectors (their values held at once)
+// instead of once a vector.
+template <class W, int R, int C, bool TWO, bool DB, bool CV>
 __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, size_t pitch, int nr,
                                          const float* const (&xs)[C], int nc, int cols, float (&oa)[R][C],
                                          float (&ob)[R][C], const uint8_t* na, const uint8_t* nb, int pfd) {
@@ -619,6 +621,46 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
             if (k + 32 * W::kE < cols) tile_load<W, R, TWO>(pa, pb, a, b, pitch, nr, k + 32 * W::kE);
         } else {
             tile_load<W, R, TWO>(va, vb, a, b, pitch, nr, k);
+        }
+        if (CV) {
+            // Every slot's inputs first, then each weight widened once for
+            // all of them (the same products in the same order).
+            float xq[C][W::kE];
+#pragma unroll
+            for (int q = 0; q < C; q++) {
+                if (q < nc) {
+                    const float4* xp = reinterpret_cast<const float4*>(xs[q] + k);
+#pragma unroll
+                    for (int f = 0; f < W::kE / 4; f++) {
+                        const float4 t = __ldg(xp + f);
+                        xq[q][4 * f] = t.x;
+                        xq[q][4 * f + 1] = t.y;
+                        xq[q][4 * f + 2] = t.z;
+                        xq[q][4 * f + 3] = t.w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r < nr) {
+                    float wv[W::kE];
+                    W::vec(va[r], wv);
+#pragma unroll
+                    for (int q = 0; q < C; q++)
+                        if (q < nc)
+#pragma unroll
+                            for (int c = 0; c < W::kE; c++) oa[r][q] = fmaf(wv[c], xq[q][c], oa[r][q]);
+                    if (TWO) {
+                        W::vec(vb[r], wv);
+#pragma unroll
+                        for (int q = 0; q < C; q++)
+                            if (q < nc)
+#pragma unroll
+                                for (int c = 0; c < W::kE; c++) ob[r][q] = fmaf(wv[c], xq[q][c], ob[r][q]);
+                    }
+                }
+            }
+            continue;
         }
 #pragma unroll
         for (int q = 0; q < C; q++) {
@@ -683,13 +725,14 @@ __device__ __forceinline__ void gt_next(const MatDesc& ma, const MatDesc* table,
 // the SwiGLU; else the down rows (3e + 2) against in[t], out = ye (slots,
 // nrows = hidden) each slot's expert output, which ferrite_moe_combine
 // adds up. An id outside [0, experts) writes NaN into its slot's row. pf:
-// the L2 prefetches (tile_stream), only with PF (1: _pf;
-// 2: _db, which also double-buffers each pass's weights in registers).
+// the L2 prefetches (tile_stream), only with PF: 1 _pf; 2 _db, which also
+// double-buffers each pass's weights in registers; 3 _cv, which widens each
+// weight once for all the tile's slots; 4 _cvdb both.
 template <int R, int C, bool GU, int PF>
 __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
                        int experts, int k, int slots, int sb, float limit, int pf) {
-    if (!PF) pf = 0;  // the kernels without _pf / _db: no prefetch code at all
-    constexpr bool DB = PF == 2;
+    if (!PF) pf = 0;  // the plain kernels: no prefetch code at all
+    constexpr bool DB = PF == 2 || PF == 4, CV = PF >= 3;
     __shared__ int sid[kMoeGtSlots], srt[kMoeGtSlots];
     int v0, nv;
     gt_sort(sid, srt, ids, slots, experts, &v0, &nv);
@@ -742,9 +785,9 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
         const int pfd = (pf >> kPFDistShift) & 7;
         if (pfd) gt_next<GU>(ma, table, sid, srt, p + nc, p1, r0, &na, &nb);
         float oa[R][C], ob[R][C];
-        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU, DB>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
-        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU, DB>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
-        else tile_dot<F32W, R, C, GU, DB>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
+        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU, DB, CV>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
+        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU, DB, CV>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
+        else tile_dot<F32W, R, C, GU, DB, CV>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
         if (lane == 0) {
 #pragma unroll
             for (int q = 0; q < C; q++) {
@@ -766,8 +809,9 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
 // (n, hidden); down into ye (n·k, hidden) from h, then
 // ferrite_moe_combine. Launch: grid (ceil(rows / (8·R)), ceil(n·k / sb)),
 // 256 threads; n·k ≤ 256; pf the L2 prefetch distance (kPFDistShift),
-// read only by the _pf and _db kernels (the others ignore it); the _db
-// kernels also hold the next pass's weights in registers. kernels/cuda runs
+// read only by the _pf, _db, _cv and _cvdb kernels (the others ignore
+// it); _db also hold the next pass's weights in registers, _cv widen each
+// weight once for all the tile's slots. kernels/cuda runs
 // gate/up with R = 4 and down with R = 8 unless FERRITE_MOE_GT picks others.
 #define FERRITE_MOE_GT_GATE_UP(name, R, PF)                                                                \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
@@ -785,6 +829,12 @@ FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_pf, 4, 1)
 FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1_db, 1, 2)
 FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2_db, 2, 2)
 FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_db, 4, 2)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1_cv, 1, 3)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2_cv, 2, 3)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_cv, 4, 3)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1_cvdb, 1, 4)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2_cvdb, 2, 4)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_cvdb, 4, 4)
 
 #define FERRITE_MOE_GT_DOWN(name, R, PF)                                                                   \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
@@ -802,6 +852,12 @@ FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_pf, 8, 1)
 FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2_db, 2, 2)
 FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4_db, 4, 2)
 FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_db, 8, 2)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2_cv, 2, 3)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4_cv, 4, 3)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_cv, 8, 3)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2_cvdb, 2, 4)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4_cvdb, 4, 4)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_cvdb, 8, 4)
 
 // ---------------------------------------------------------------------------
 // Grouped experts for many tokens (prefill): the slots sorted by expert,
