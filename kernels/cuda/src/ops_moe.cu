@@ -581,6 +581,20 @@ __device__ __forceinline__ void tile_load(uint4 (&va)[R], uint4 (&vb)[R], const 
     }
 }
 
+// tile_x loads a lane's W::kE input values at x (16-byte aligned).
+template <class W>
+__device__ __forceinline__ void tile_x(const float* x, float (&xv)[W::kE]) {
+    const float4* xp = reinterpret_cast<const float4*>(x);
+#pragma unroll
+    for (int f = 0; f < W::kE / 4; f++) {
+        const float4 t = __ldg(xp + f);
+        xv[4 * f] = t.x;
+        xv[4 * f + 1] = t.y;
+        xv[4 * f + 2] = t.z;
+        xv[4 * f + 3] = t.w;
+    }
+}
+
 // tile_dot sets oa[r][q] = row_r·xs[q] (and ob[r][q] = brow_r·xs[q] when
 // TWO) for r < nr rows a + r·pitch (b + r·pitch) and q < nc vectors: rows
 // of cols values of dtype W in 16-byte loads (rows and xs 16-byte
@@ -628,17 +642,7 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
             float xq[C][W::kE];
 #pragma unroll
             for (int q = 0; q < C; q++) {
-                if (q < nc) {
-                    const float4* xp = reinterpret_cast<const float4*>(xs[q] + k);
-#pragma unroll
-                    for (int f = 0; f < W::kE / 4; f++) {
-                        const float4 t = __ldg(xp + f);
-                        xq[q][4 * f] = t.x;
-                        xq[q][4 * f + 1] = t.y;
-                        xq[q][4 * f + 2] = t.z;
-                        xq[q][4 * f + 3] = t.w;
-                    }
-                }
+                if (q < nc) tile_x<W>(xs[q] + k, xq[q]);
             }
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -666,15 +670,7 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
         for (int q = 0; q < C; q++) {
             if (q < nc) {
                 float xv[W::kE];
-                const float4* xp = reinterpret_cast<const float4*>(xs[q] + k);
-#pragma unroll
-                for (int f = 0; f < W::kE / 4; f++) {
-                    const float4 t = __ldg(xp + f);
-                    xv[4 * f] = t.x;
-                    xv[4 * f + 1] = t.y;
-                    xv[4 * f + 2] = t.z;
-                    xv[4 * f + 3] = t.w;
-                }
+                tile_x<W>(xs[q] + k, xv);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     if (r < nr) {
