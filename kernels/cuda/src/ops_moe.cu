@@ -595,6 +595,19 @@ __device__ __forceinline__ void tile_x(const float* x, float (&xv)[W::kE]) {
     }
 }
 
+// tile_fma widens a lane's packed weights v once and adds them times each
+// of the nc vectors' values xq[q] to acc[q], in element order.
+template <class W, int C>
+__device__ __forceinline__ void tile_fma(const uint4& v, const float (&xq)[C][W::kE], int nc, float (&acc)[C]) {
+    float wv[W::kE];
+    W::vec(v, wv);
+#pragma unroll
+    for (int q = 0; q < C; q++)
+        if (q < nc)
+#pragma unroll
+            for (int c = 0; c < W::kE; c++) acc[q] = fmaf(wv[c], xq[q][c], acc[q]);
+}
+
 // tile_dot sets oa[r][q] = row_r·xs[q] (and ob[r][q] = brow_r·xs[q] when
 // TWO) for r < nr rows a + r·pitch (b + r·pitch) and q < nc vectors: rows
 // of cols values of dtype W in 16-byte loads (rows and xs 16-byte
@@ -647,21 +660,8 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r < nr) {
-                    float wv[W::kE];
-                    W::vec(va[r], wv);
-#pragma unroll
-                    for (int q = 0; q < C; q++)
-                        if (q < nc)
-#pragma unroll
-                            for (int c = 0; c < W::kE; c++) oa[r][q] = fmaf(wv[c], xq[q][c], oa[r][q]);
-                    if (TWO) {
-                        W::vec(vb[r], wv);
-#pragma unroll
-                        for (int q = 0; q < C; q++)
-                            if (q < nc)
-#pragma unroll
-                                for (int c = 0; c < W::kE; c++) ob[r][q] = fmaf(wv[c], xq[q][c], ob[r][q]);
-                    }
+                    tile_fma<W, C>(va[r], xq, nc, oa[r]);
+                    if (TWO) tile_fma<W, C>(vb[r], xq, nc, ob[r]);
                 }
             }
             continue;
