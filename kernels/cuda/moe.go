@@ -109,6 +109,7 @@ func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows 
 	return
 }
 
+// gtKernels names the plain register-tile kernels for c.gt (gtLaunch).
 func (c moeConfig) gtKernels() (gateUp string, guRows int, down string, downRows int) {
 	switch c.gt {
 	case 1:
