@@ -59,7 +59,8 @@
 // attention kernel, which would own no tile (attnsplit.go;
 // FERRITE_CUDA_DECODE_PREFILL=1 runs it as before). A MoE layer's
 // experts are grouped GEMVs for up to 32 tokens (moe.go, src/ops_moe.cu: a
-// slot a pass below 4 tokens, register tiles from 4), an ungated shared
+// slot a pass below 4 tokens, register tiles from 4), streamed through
+// shared memory from 33 tokens up to 512 slots (moe_pipe.go), an ungated shared
 // expert folded in (kernels.SharedExperts); FERRITE_MOE_KERNELS=v1,
 // FERRITE_MOE_FOLD=0 and the other FERRITE_MOE_* switches of moeConfig
 // pick the earlier or other variants for comparison. One token runs
@@ -67,8 +68,8 @@
 // chosen expert's gate/up rows over all of them, then the down rows, two
 // launches, the second planning and loading before its PDL wait), with
 // the bits of the kernels it replaces; FERRITE_MOE_B1=1 runs them as one
-// launch with a grid barrier, =3 and =4 in blocks of 1,024 threads, each
-// for 1 to 3 tokens, and =0 not at all.
+// launch with a grid barrier, =2 as two for 1 to 3 tokens, and =0 not at
+// all.
 //
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and

@@ -1294,14 +1294,13 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		gateUp, guRows, down, downRows := b.moe.gtLaunch()
 		sbu := b.moe.blockSlots(slots, inter, guRows, sms)
 		sbd := b.moe.blockSlots(slots, hidden, downRows, sms)
-		pf := b.moe.pf &^ moePFDouble // the kernels' bits (gtLaunch picks _db)
 		parts := b.combineParts(n, hidden)
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
-				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit), i32(pf))
+				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit))
 			if err == nil {
 				err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, downRows)), uint32(ceilDiv(slots, sbd)), 1}, 256, 0,
-					ye, i32(hidden), h, i32(inter), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbd), i32(pf))
+					ye, i32(hidden), h, i32(inter), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbd))
 			}
 			if err != nil {
 				return err
