@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	_ "github.com/ferrite-llm/ferrite/engine/models/all"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
@@ -245,5 +247,49 @@ func TestRunProfiler(t *testing.T) {
 		if n := map[bool]int{true: 2, false: 0}[on]; p.resets != n || p.writes != n {
 			t.Errorf("profiling %v: %d resets, %d writes; want %d each", on, p.resets, p.writes, n)
 		}
+	}
+}
+
+// TestWatchKeepsInterfaces checks that the bench's model wrapper keeps the
+// optional interfaces the runtime looks for: a speculating glm5_next stays
+// a model.SpecModel (one-step speculation), model.MTPModel and
+// model.StateModel; a llama is none of them.
+func TestWatchKeepsInterfaces(t *testing.T) {
+	dir := fixtures.Dir("glm5_next")
+	if _, err := os.Stat(dir); err != nil {
+		t.Skip("fixture glm5_next not present")
+	}
+	cfg, err := config.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(1)
+	defer be.Close()
+	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := watch(m)
+	_, spec := w.(model.SpecModel)
+	_, mtp := w.(model.MTPModel)
+	_, state := w.(model.StateModel)
+	if !spec || !mtp || !state {
+		t.Errorf("glm5_next behind watch: SpecModel %v, MTPModel %v, StateModel %v", spec, mtp, state)
+	}
+	cfg, err = config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
+		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err = model.New(cfg, randweights.New(1, kernels.F32), be); err != nil {
+		t.Fatal(err)
+	}
+	w, _ = watch(m)
+	if _, ok := w.(model.MTPModel); ok {
+		t.Error("llama behind watch is an MTPModel")
+	}
+	if _, ok := w.(model.SpecModel); ok {
+		t.Error("llama behind watch is a SpecModel")
 	}
 }
