@@ -89,18 +89,9 @@ func TestFootprint(t *testing.T) {
 
 // TestRun sweeps a tiny random llama and checks the measurements add up.
 func TestRun(t *testing.T) {
-	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
-		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
 	be := cpu.New(1)
 	defer be.Close()
-	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := tinyLlama(t, be)
 	opts := Options{Concurrency: []int{1, 3}, PromptLens: []int{4}, GenLens: []int{3}, MTP: []bool{true, false}, Seed: 1, Warmup: true}
 	res, err := Run(context.Background(), m, opts)
 	if err != nil {
@@ -165,10 +156,7 @@ func TestRunReleasesMemory(t *testing.T) {
 	}
 	be := cpu.New(1)
 	defer be.Close()
-	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := randomModel(t, be, cfg)
 	loaded := be.MemoryUse().Tensors
 	opts := Options{Concurrency: []int{1, 2, 4}, PromptLens: []int{4, 9}, GenLens: []int{3}, Seed: 1, Warmup: true}
 	sweep := func() int64 {
@@ -209,18 +197,9 @@ func (p *fakeProfiler) WriteProfile(w io.Writer) error {
 // table in the case's Profile, handed to Done as each case ends; untouched
 // while it is not profiling.
 func TestRunProfiler(t *testing.T) {
-	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
-		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
 	be := cpu.New(1)
 	defer be.Close()
-	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := tinyLlama(t, be)
 	for _, on := range []bool{true, false} {
 		p := &fakeProfiler{on: on}
 		var done []Result
@@ -265,10 +244,7 @@ func TestWatchKeepsInterfaces(t *testing.T) {
 	}
 	be := cpu.New(1)
 	defer be.Close()
-	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := randomModel(t, be, cfg)
 	w, _ := watch(m)
 	_, spec := w.(model.SpecModel)
 	_, mtp := w.(model.MTPModel)
@@ -276,20 +252,33 @@ func TestWatchKeepsInterfaces(t *testing.T) {
 	if !spec || !mtp || !state {
 		t.Errorf("glm5_next behind watch: SpecModel %v, MTPModel %v, StateModel %v", spec, mtp, state)
 	}
-	cfg, err = config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
-		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m, err = model.New(cfg, randweights.New(1, kernels.F32), be); err != nil {
-		t.Fatal(err)
-	}
-	w, _ = watch(m)
+	w, _ = watch(tinyLlama(t, be))
 	if _, ok := w.(model.MTPModel); ok {
 		t.Error("llama behind watch is an MTPModel")
 	}
 	if _, ok := w.(model.SpecModel); ok {
 		t.Error("llama behind watch is a SpecModel")
 	}
+}
+
+// tinyLlama is a one-layer llama of width 32 with random weights on be.
+func tinyLlama(t *testing.T, be kernels.Backend) model.Model {
+	t.Helper()
+	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
+		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return randomModel(t, be, cfg)
+}
+
+// randomModel is cfg's model with random float32 weights on be.
+func randomModel(t *testing.T, be kernels.Backend, cfg *config.Config) model.Model {
+	t.Helper()
+	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
