@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -27,57 +26,14 @@ func build(t *testing.T) string {
 	return bin
 }
 
-// modelDir copies a reference fixture and gives it a byte-level tokenizer
-// (the fixtures' vocabulary is 512 ids: 256 bytes and ChatML specials fit).
-func modelDir(t *testing.T, name string) string {
+// terminalBinary is build for a test that drives the binary in tmux,
+// which -short skips.
+func terminalBinary(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	for _, f := range []string{"config.json", "model.safetensors"} {
-		b, err := os.ReadFile(filepath.Join(fixtures.Dir(name), f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
+	if testing.Short() {
+		t.Skip("builds the binary and drives it in tmux")
 	}
-	vocab := map[string]int{}
-	next := 0
-	for b := range 256 {
-		printable := (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff)
-		r := rune(b)
-		if !printable {
-			r = rune(256 + next)
-			next++
-		}
-		vocab[string(r)] = b
-	}
-	var added []map[string]any
-	for i, s := range []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"} {
-		added = append(added, map[string]any{"id": 256 + i, "content": s, "special": true})
-	}
-	write := func(name string, v any) {
-		b, err := json.Marshal(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("tokenizer.json", map[string]any{
-		"version":       "1.0",
-		"added_tokens":  added,
-		"pre_tokenizer": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
-		"decoder":       map[string]any{"type": "ByteLevel"},
-		"model":         map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{}},
-	})
-	write("tokenizer_config.json", map[string]any{
-		"eos_token": "<|im_end|>",
-		"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" +
-			"{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
-	})
-	return dir
+	return build(t)
 }
 
 // term is one tmux session running a command, on a tmux server of its
@@ -163,7 +119,7 @@ func models(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
 	for name, fixture := range map[string]string{"tiny-qwen3": "qwen3", "tiny-llama": "llama"} {
-		if err := os.Rename(modelDir(t, fixture), filepath.Join(dir, name)); err != nil {
+		if err := os.Rename(fixtures.ChatModel(t, fixture), filepath.Join(dir, name)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -188,10 +144,7 @@ func writeConfig(t *testing.T, data, text string) {
 }
 
 func TestChatInTerminal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
+	bin := terminalBinary(t)
 	folder := models(t)
 	model := filepath.Join(folder, "tiny-qwen3")
 	data := t.TempDir()
@@ -283,11 +236,8 @@ func TestChatInTerminal(t *testing.T) {
 }
 
 func TestBadConfigIsReported(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
-	model := modelDir(t, "qwen3")
+	bin := terminalBinary(t)
+	model := fixtures.ChatModel(t, "qwen3")
 	data := t.TempDir()
 	writeConfig(t, data, "[sampling]\ntemperature = \"hot\"\n")
 	tm := newTerm(t, env(data), bin, "--model", model)
@@ -301,7 +251,7 @@ func TestBadConfigIsReported(t *testing.T) {
 
 func TestPipedBehavesLikeRun(t *testing.T) {
 	bin := build(t)
-	model := modelDir(t, "llama")
+	model := fixtures.ChatModel(t, "llama")
 	cmd := exec.Command(bin, "--model", model, "--max-tokens", "5", "--temperature", "0")
 	cmd.Stdin = strings.NewReader("hi\n")
 	var stderr strings.Builder
@@ -318,10 +268,7 @@ func TestPipedBehavesLikeRun(t *testing.T) {
 // TestBuiltinModelAnswers is the README's main command: plain `ferrite`
 // opens the chat on the built-in model, which answers an in-domain question.
 func TestBuiltinModelAnswers(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
+	bin := terminalBinary(t)
 	data := t.TempDir()
 	tm := newTerm(t, []string{"XDG_DATA_HOME=" + data, "XDG_CONFIG_HOME=" + data, "NO_COLOR=1"},
 		bin, "--temperature", "0")
@@ -340,11 +287,8 @@ func TestBuiltinModelAnswers(t *testing.T) {
 // TestNoLoadingLineAfterQuit: the "loading …" line printed before the chat
 // opens is gone from the terminal once the chat has ended.
 func TestNoLoadingLineAfterQuit(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
-	model := modelDir(t, "qwen3")
+	bin := terminalBinary(t)
+	model := fixtures.ChatModel(t, "qwen3")
 	data := t.TempDir()
 	// A shell keeps the pane open after ferrite exits, to see what it left.
 	tm := newTerm(t, env(data), "sh", "-c", bin+" --model "+model+"; echo ferrite-exited; sleep 60")
@@ -360,13 +304,10 @@ func TestNoLoadingLineAfterQuit(t *testing.T) {
 // (typed, with the completion popup open) loads entry N of /models, not a
 // model whose name holds the digit.
 func TestModelNumberInTerminal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
+	bin := terminalBinary(t)
 	folder := t.TempDir()
 	for _, name := range []string{"glm5_next", "llama", "mixtral", "qwen3"} {
-		if err := os.Rename(modelDir(t, name), filepath.Join(folder, name)); err != nil {
+		if err := os.Rename(fixtures.ChatModel(t, name), filepath.Join(folder, name)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -405,11 +346,8 @@ func TestModelNumberInTerminal(t *testing.T) {
 // names the KV budget and stops at its limit, and a message that does not
 // fit goes back to the input, where a command typed next replaces it.
 func TestKVBudgetInTerminal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
-	model := modelDir(t, "qwen3")
+	bin := terminalBinary(t)
+	model := fixtures.ChatModel(t, "qwen3")
 	data := t.TempDir()
 	// 4 blocks of 16 tokens (3 layers · K and V · 2 heads · 32 dims · 2 bytes:
 	// qwen3 keeps a BF16 cache).

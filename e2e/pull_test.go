@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/internal/hub/hubtest"
 )
 
@@ -16,7 +17,7 @@ import (
 // byte tokenizer) as acme/tiny-qwen3.
 func hubWithModel(t *testing.T) *hubtest.Hub {
 	t.Helper()
-	dir := modelDir(t, "qwen3")
+	dir := fixtures.ChatModel(t, "qwen3")
 	files := map[string]string{}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -37,10 +38,7 @@ func hubWithModel(t *testing.T) *hubtest.Hub {
 // TestPullInTerminal: ferrite pull shows its progress bar on a terminal
 // and leaves a model the chat opens by its Hub name.
 func TestPullInTerminal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
+	bin := terminalBinary(t)
 	h := hubWithModel(t)
 	h.Throttle(400 << 10) // the weights take about 2 s: the bar is seen
 	data := t.TempDir()
@@ -67,10 +65,7 @@ func TestPullInTerminal(t *testing.T) {
 // endpoint's model, streams its reply, pulls a model in the background
 // and switches to it.
 func TestRemoteEndpointAndPullInTheChat(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and drives it in tmux")
-	}
-	bin := build(t)
+	bin := terminalBinary(t)
 	h := hubWithModel(t)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/models" {

@@ -170,6 +170,14 @@ type Rotary struct {
 	Scale       float32 // multiplies cos and sin (YaRN attention factor; 1 otherwise)
 }
 
+// RotatedDims is r.Dim, or 0 for a nil r (no rotation).
+func (r *Rotary) RotatedDims() int {
+	if r == nil {
+		return 0
+	}
+	return r.Dim
+}
+
 // RopeOps rotate query and key heads.
 type RopeOps interface {
 	// RoPE rotates, in place, every head of x (N, heads·headDim) F32 at

@@ -211,17 +211,7 @@ func parseDecoder(raw json.RawMessage) (decoder, error) {
 	}
 	switch c.Type {
 	case "Sequence":
-		var seq decSeq
-		for i, r := range c.Decoders {
-			d, err := parseDecoder(r)
-			if err != nil {
-				return nil, fmt.Errorf("decoders[%d]: %w", i, err)
-			}
-			if d != nil {
-				seq = append(seq, d)
-			}
-		}
-		return seq, nil
+		return parseSeq[decSeq]("decoders", c.Decoders, parseDecoder)
 	case "ByteLevel":
 		return decByteLevel{}, nil
 	case "ByteFallback":

@@ -168,17 +168,7 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 	}
 	switch c.Type {
 	case "Sequence":
-		var seq normSeq
-		for i, r := range c.Normalizers {
-			n, err := parseNormalizer(r)
-			if err != nil {
-				return nil, fmt.Errorf("normalizers[%d]: %w", i, err)
-			}
-			if n != nil {
-				seq = append(seq, n)
-			}
-		}
-		return seq, nil
+		return parseSeq[normSeq]("normalizers", c.Normalizers, parseNormalizer)
 	case "NFC":
 		return normForm{norm.NFC}, nil
 	case "NFD":

@@ -189,17 +189,7 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 	}
 	switch c.Type {
 	case "Sequence":
-		var seq ptSeq
-		for i, r := range c.Pretokenizers {
-			p, err := parsePreTokenizer(r)
-			if err != nil {
-				return nil, fmt.Errorf("pretokenizers[%d]: %w", i, err)
-			}
-			if p != nil {
-				seq = append(seq, p)
-			}
-		}
-		return seq, nil
+		return parseSeq[ptSeq]("pretokenizers", c.Pretokenizers, parsePreTokenizer)
 	case "Split":
 		pat, err := c.Pattern.compile()
 		if err != nil {

@@ -570,17 +570,12 @@ func guardTemplate(src string) string {
 		}
 		k += i
 		switch src[k+1] {
-		case '#':
-			e := strings.Index(src[k:], "#}")
-			if e < 0 {
-				b.WriteString(src[i:])
-				return b.String()
+		case '#', '{': // a comment or an expression: copied whole
+			end := "}}"
+			if src[k+1] == '#' {
+				end = "#}"
 			}
-			b.WriteString(src[i : k+e+2])
-			i = k + e + 2
-			continue
-		case '{':
-			e := strings.Index(src[k:], "}}")
+			e := strings.Index(src[k:], end)
 			if e < 0 {
 				b.WriteString(src[i:])
 				return b.String()

@@ -550,6 +550,23 @@ type postConfig struct {
 	Cls []json.RawMessage `json:"cls"`
 }
 
+// parseSeq parses the members of a Sequence (a normalizer, pre-tokenizer,
+// post-processor or decoder of type "Sequence"; key names its list in
+// errors) with parse, leaving out null ones.
+func parseSeq[S ~[]T, T any](key string, raws []json.RawMessage, parse func(json.RawMessage) (T, error)) (S, error) {
+	var seq S
+	for i, r := range raws {
+		x, err := parse(r)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", key, i, err)
+		}
+		if any(x) != nil {
+			seq = append(seq, x)
+		}
+	}
+	return seq, nil
+}
+
 func parsePostProcessor(raw json.RawMessage) (postProcessor, error) {
 	if isNull(raw) {
 		return nil, nil
@@ -560,17 +577,7 @@ func parsePostProcessor(raw json.RawMessage) (postProcessor, error) {
 	}
 	switch c.Type {
 	case "Sequence":
-		var seq postSeq
-		for i, r := range c.Processors {
-			p, err := parsePostProcessor(r)
-			if err != nil {
-				return nil, fmt.Errorf("processors[%d]: %w", i, err)
-			}
-			if p != nil {
-				seq = append(seq, p)
-			}
-		}
-		return seq, nil
+		return parseSeq[postSeq]("processors", c.Processors, parsePostProcessor)
 	case "ByteLevel":
 		return postNone{}, nil
 	case "TemplateProcessing":

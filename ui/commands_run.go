@@ -10,6 +10,7 @@ import (
 	"github.com/aymanbagabas/go-osc52/v2"
 	tea "github.com/charmbracelet/bubbletea"
 
+	"github.com/ferrite-llm/ferrite/internal/units"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
 
@@ -40,7 +41,7 @@ func (m *model) cmdClear(string) tea.Cmd {
 		name := m.chatName
 		cmd = tea.Batch(cmd, m.saveCmd(m.chatTab, name, true))
 		note = fmt.Sprintf("Cleared. The cleared chat stays saved as %s: /load %s brings it back. The system prompt and settings are kept.",
-			shortPath(m.store.path(name)), name)
+			units.ShortPath(m.store.path(name)), name)
 	}
 	m.chat = m.newChat(m.chat.Settings, m.chat.System)
 	m.chatName = m.chat.ID
@@ -165,7 +166,7 @@ func (m *model) cmdExport(args string) tea.Cmd {
 	format := f[0]
 	path := "ferrite-chat-" + m.chat.ID + "." + format
 	if len(f) == 2 {
-		path = expandHome(f[1])
+		path = units.ExpandHome(f[1])
 	}
 	c := m.chat.clone()
 	c.Updated = m.now()
@@ -184,16 +185,6 @@ func (m *model) cmdExport(args string) tea.Cmd {
 		}
 		return exportedMsg{path: path, given: len(f) == 2, err: writeFileAtomic(path, data, 0o644)}
 	}
-}
-
-// expandHome replaces a leading "~/" by the home directory.
-func expandHome(p string) string {
-	if rest, ok := strings.CutPrefix(p, "~/"); ok {
-		if home, err := os.UserHomeDir(); err == nil {
-			return filepath.Join(home, rest)
-		}
-	}
-	return p
 }
 
 func (m *model) cmdCopy(string) tea.Cmd {
@@ -247,7 +238,7 @@ func (m *model) cmdLoad(args string) tea.Cmd {
 		}
 	}
 	if isChatPath(args) {
-		path := expandHome(args)
+		path := units.ExpandHome(args)
 		return func() tea.Msg {
 			if abs, err := filepath.Abs(path); err == nil {
 				path = abs

@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 
 	tea "github.com/charmbracelet/bubbletea"
+
+	"github.com/ferrite-llm/ferrite/internal/units"
 )
 
 // Switching models. /model NAME asks Models.Find in a command, then loads
@@ -145,7 +145,7 @@ func (m *model) onModelsListed(msg modelsListedMsg) {
 			b.WriteString(" · " + e.Quant)
 		}
 		if e.Path != "" && e.Source != "hf-cache" {
-			b.WriteString("  " + shortPath(e.Path))
+			b.WriteString("  " + units.ShortPath(e.Path))
 		}
 		if e.Problem != "" {
 			b.WriteString("  ⚠ " + e.Problem)
@@ -160,16 +160,6 @@ func sameModel(a, b ModelEntry) bool {
 		return a.Path == b.Path
 	}
 	return a.Name == b.Name
-}
-
-// shortPath writes the home directory as ~.
-func shortPath(p string) string {
-	if home, err := os.UserHomeDir(); err == nil && home != "" {
-		if rest, ok := strings.CutPrefix(p, home+string(filepath.Separator)); ok {
-			return "~/" + rest
-		}
-	}
-	return p
 }
 
 func (m *model) onModelFound(msg modelFoundMsg) tea.Cmd {
@@ -210,12 +200,19 @@ func (m *model) startLoad(e ModelEntry) tea.Cmd {
 // waitProgress reads the next stage; it ends (a nil message) once the
 // load is over.
 func waitProgress(id int, ch <-chan string) tea.Cmd {
+	return receive(ch, func(s string) tea.Msg { return loadProgressMsg{id: id, stage: s} })
+}
+
+// receive is a command that waits for ch's next value and returns msg of
+// it, or nil once ch is closed: the self-re-issuing pull of a progress
+// channel (the message's handler issues it again).
+func receive[T any](ch <-chan T, msg func(T) tea.Msg) tea.Cmd {
 	return func() tea.Msg {
-		s, ok := <-ch
+		v, ok := <-ch
 		if !ok {
 			return nil
 		}
-		return loadProgressMsg{id: id, stage: s}
+		return msg(v)
 	}
 }
 

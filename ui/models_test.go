@@ -27,6 +27,16 @@ func twoModels(a *fakeEngine) (*fakeModels, *fakeEngine) {
 	return f, b
 }
 
+// switchOptions are testOptions with twoModels(a) to switch to, a's
+// closing recorded in f (f.closedNames).
+func switchOptions(t *testing.T, a *fakeEngine) (Options, *fakeModels, *fakeEngine) {
+	f, b := twoModels(a)
+	opts := testOptions(t)
+	opts.Models = f
+	opts.Closer = f.closer(a.info.Name)
+	return opts, f, b
+}
+
 func TestModelsList(t *testing.T) {
 	a := newFakeEngine()
 	f, _ := twoModels(a)
@@ -56,11 +66,8 @@ func TestModelsList(t *testing.T) {
 func TestModelSwitchWhileAReplyRuns(t *testing.T) {
 	hold := make(chan struct{})
 	a := newFakeEngine(fakeReply{chunks: []string{"slow answer from A"}, hold: hold})
-	f, b := twoModels(a)
+	opts, f, b := switchOptions(t, a)
 	f.hold = make(chan struct{})
-	opts := testOptions(t)
-	opts.Models = f
-	opts.Closer = f.closer(a.info.Name)
 	h := start(t, a, opts)
 
 	h.line("question for A")
@@ -108,10 +115,7 @@ func TestModelSwitchWhileAReplyRuns(t *testing.T) {
 
 func TestModelLoadFailureKeepsTheCurrentOne(t *testing.T) {
 	a := newFakeEngine(fakeReply{chunks: []string{"still A"}})
-	f, _ := twoModels(a)
-	opts := testOptions(t)
-	opts.Models = f
-	opts.Closer = f.closer(a.info.Name)
+	opts, f, _ := switchOptions(t, a)
 	h := start(t, a, opts)
 	h.line("/model broken")
 	h.untilNotice("Could not load broken: no .safetensors weights in /models/broken. Still using Fake-1B.")
@@ -148,10 +152,7 @@ func TestModelNameCompletes(t *testing.T) {
 
 func TestModelSwitchByNumberClosesAnIdleEngineAtOnce(t *testing.T) {
 	a := newFakeEngine()
-	f, _ := twoModels(a)
-	opts := testOptions(t)
-	opts.Models = f
-	opts.Closer = f.closer(a.info.Name)
+	opts, f, _ := switchOptions(t, a)
 	h := start(t, a, opts)
 	h.line("/model 2")
 	h.untilNotice("Switched to Model-B")
@@ -170,10 +171,7 @@ func TestModelWithoutCatalog(t *testing.T) {
 
 func TestRunClosesOwnedEngines(t *testing.T) {
 	a := newFakeEngine()
-	f, _ := twoModels(a)
-	opts := testOptions(t)
-	opts.Models = f
-	opts.Closer = f.closer(a.info.Name)
+	opts, f, _ := switchOptions(t, a)
 	in, _, done := runChat(t, t.Context(), a, opts)
 	_, _ = in.Write([]byte("/model Model-B\r"))
 	for range 500 {

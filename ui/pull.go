@@ -93,13 +93,7 @@ func (m *model) startPull(name string) tea.Cmd {
 // waitPull reads the next progress report; it ends (a nil message) once
 // the pull is over.
 func waitPull(id int, ch <-chan PullProgress) tea.Cmd {
-	return func() tea.Msg {
-		p, ok := <-ch
-		if !ok {
-			return nil
-		}
-		return pullMsg{id: id, progress: p}
-	}
+	return receive(ch, func(p PullProgress) tea.Msg { return pullMsg{id: id, progress: p} })
 }
 
 func (m *model) onPull(msg pullMsg) tea.Cmd {

@@ -109,6 +109,13 @@ type Options struct {
 	// the activation buffers a prompt that long needs, worker start-up),
 	// as llama-bench warms up with a run of the measured size.
 	Warmup bool
+	// WarmupCase runs each case's own requests once more before the timed
+	// ones, untimed and for warmupCaseGen tokens, on the case's runtime:
+	// the one-time costs of the case's batch shape (a GPU backend's GEMM
+	// plans, the eager first decode step and the graph capture of the
+	// second) then fall before the measurement, as a long-running server
+	// pays them once, and the decode window holds only the steady state.
+	WarmupCase bool
 	// NoPrime skips each case's untimed one-token request, which also
 	// writes to every page of the new runtime's KV cache so that the
 	// timed requests do not pay the kernel's first-touch page faults
@@ -125,6 +132,11 @@ type Options struct {
 	// them (the CUDA backend under FERRITE_CUDA_PROFILE=1).
 	Profiler kernels.Profiler
 }
+
+// warmupCaseGen is the tokens a request of WarmupCase generates: two
+// decode steps, the second sighting of a step being what a GPU backend
+// captures as a graph.
+const warmupCaseGen = 3
 
 // Case is one point of the sweep.
 type Case struct {
@@ -350,6 +362,13 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 			if err != nil {
 				rt.Close()
 				return out, fmt.Errorf("bench: %v: priming: %w", c, err)
+			}
+		}
+		if o.WarmupCase {
+			w := Case{Concurrency: c.Concurrency, PromptLen: c.PromptLen, GenLen: min(c.GenLen, warmupCaseGen), MTP: c.MTP}
+			if _, err := runCase(ctx, rt, pm, w, info.Vocab, o.Seed, o.Prompts); err != nil {
+				rt.Close()
+				return out, fmt.Errorf("bench: %v: warm-up: %w", c, err)
 			}
 		}
 		g0, _ := kernels.StepGraphStats(dev)

@@ -89,9 +89,7 @@ func TestFootprint(t *testing.T) {
 
 // TestRun sweeps a tiny random llama and checks the measurements add up.
 func TestRun(t *testing.T) {
-	be := cpu.New(1)
-	defer be.Close()
-	m := tinyLlama(t, be)
+	m := tinyLlama(t)
 	opts := Options{Concurrency: []int{1, 3}, PromptLens: []int{4}, GenLens: []int{3}, MTP: []bool{true, false}, Seed: 1, Warmup: true}
 	res, err := Run(context.Background(), m, opts)
 	if err != nil {
@@ -197,9 +195,7 @@ func (p *fakeProfiler) WriteProfile(w io.Writer) error {
 // table in the case's Profile, handed to Done as each case ends; untouched
 // while it is not profiling.
 func TestRunProfiler(t *testing.T) {
-	be := cpu.New(1)
-	defer be.Close()
-	m := tinyLlama(t, be)
+	m := tinyLlama(t)
 	for _, on := range []bool{true, false} {
 		p := &fakeProfiler{on: on}
 		var done []Result
@@ -252,7 +248,7 @@ func TestWatchKeepsInterfaces(t *testing.T) {
 	if !spec || !mtp || !state {
 		t.Errorf("glm5_next behind watch: SpecModel %v, MTPModel %v, StateModel %v", spec, mtp, state)
 	}
-	w, _ = watch(tinyLlama(t, be))
+	w, _ = watch(tinyLlama(t))
 	if _, ok := w.(model.MTPModel); ok {
 		t.Error("llama behind watch is an MTPModel")
 	}
@@ -261,8 +257,9 @@ func TestWatchKeepsInterfaces(t *testing.T) {
 	}
 }
 
-// tinyLlama is a one-layer llama of width 32 with random weights on be.
-func tinyLlama(t *testing.T, be kernels.Backend) model.Model {
+// tinyLlama is a one-layer random llama on a one-worker CPU backend (closed
+// when the test ends).
+func tinyLlama(t *testing.T) model.Model {
 	t.Helper()
 	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
 		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -270,6 +267,8 @@ func tinyLlama(t *testing.T, be kernels.Backend) model.Model {
 	if err != nil {
 		t.Fatal(err)
 	}
+	be := cpu.New(1)
+	t.Cleanup(func() { be.Close() })
 	return randomModel(t, be, cfg)
 }
 
@@ -281,4 +280,47 @@ func randomModel(t *testing.T, be kernels.Backend, cfg *config.Config) model.Mod
 		t.Fatal(err)
 	}
 	return m
+}
+
+// stepCounter counts the forward passes of each batch size.
+type stepCounter struct {
+	model.Model
+	seqs map[int]int
+}
+
+// Unwrap returns the counted model (model.NewCache finds its device).
+func (c *stepCounter) Unwrap() model.Model { return c.Model }
+
+func (c *stepCounter) Forward(b *model.Batch) (*model.Output, error) {
+	c.seqs[len(b.Seqs)]++
+	return c.Model.Forward(b)
+}
+
+// TestRunWarmupCase checks Options.WarmupCase: each case's requests run
+// once more before the timed ones (extra passes of the case's batch size,
+// warmupCaseGen tokens a request), and the timed results count only the
+// timed requests.
+func TestRunWarmupCase(t *testing.T) {
+	m := tinyLlama(t)
+	var res [2][]Result
+	var passes [2]map[int]int
+	for i, warm := range []bool{false, true} {
+		c := &stepCounter{Model: m, seqs: map[int]int{}}
+		r, err := Run(context.Background(), c, Options{Concurrency: []int{3}, PromptLens: []int{4}, GenLens: []int{6}, Seed: 1,
+			NoPrime: true, WarmupCase: warm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res[i], passes[i] = r, c.seqs
+	}
+	for i := range res {
+		if r := res[i][0]; r.GeneratedTokens != 3*6 || r.PromptTokens != 3*4 || r.Steps != res[0][0].Steps {
+			t.Errorf("warm-up %v: %+v", i == 1, r)
+		}
+	}
+	// The warm-up's three requests: a prompt pass and warmupCaseGen − 1
+	// decode passes of 3 sequences (prompts may share the first pass).
+	if extra := passes[1][3] - passes[0][3]; extra < warmupCaseGen-1 || extra > warmupCaseGen {
+		t.Errorf("passes of 3 sequences: %d with the warm-up, %d without; want %d or %d more", passes[1][3], passes[0][3], warmupCaseGen-1, warmupCaseGen)
+	}
 }

@@ -312,6 +312,21 @@ func TestRope(t *testing.T) {
 	}
 }
 
+// RopeHas finds a key wherever Rope reads it, and nowhere else.
+func TestRopeHas(t *testing.T) {
+	for text, want := range map[string]bool{
+		`{"partial_rotary_factor": 0.5}`:                      true,
+		`{"rope_parameters": {"partial_rotary_factor": 0.5}}`: true,
+		`{"rope_scaling": {"partial_rotary_factor": 0.5}}`:    true,
+		`{"rope_scaling": {"factor": 2}, "rotary_pct": 0.5}`:  false,
+		`{"partial_rotary_factor": null}`:                     false,
+	} {
+		if got := mustParse(t, text).RopeHas("partial_rotary_factor"); got != want {
+			t.Errorf("%s: RopeHas = %v, want %v", text, got, want)
+		}
+	}
+}
+
 func TestConcurrentGetters(t *testing.T) {
 	c := mustParse(t, llama)
 	var wg sync.WaitGroup

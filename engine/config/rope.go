@@ -47,6 +47,13 @@ func (c *Config) Rope() RopeParams { return c.rope("full_attention") }
 // by layer type, and Rope's otherwise.
 func (c *Config) RopeFor(layerType string) RopeParams { return c.rope(layerType) }
 
+// RopeHas reports whether key is set in any of the places Rope reads:
+// rope_parameters, the top level or rope_scaling (for an architecture
+// whose default differs from Rope's, such as partial_rotary_factor).
+func (c *Config) RopeHas(key string) bool {
+	return c.Has(key) || c.Sub("rope_parameters").Has(key) || c.Sub("rope_scaling").Has(key)
+}
+
 func (c *Config) rope(layerType string) RopeParams {
 	params := c.Sub("rope_parameters")
 	if perLayerType(params) {

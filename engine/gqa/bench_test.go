@@ -7,6 +7,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
 )
 
 // BenchmarkAttention times one layer's attention over the paged cache at
@@ -35,10 +36,7 @@ func BenchmarkAttention(b *testing.B) {
 }
 
 func randVec(rng *rand.Rand, n int) []float32 {
-	v := make([]float32, n)
-	for i := range v {
-		v[i] = float32(rng.NormFloat64())
-	}
+	v := kerneltest.RandN(rng, n)
 	return v
 }
 

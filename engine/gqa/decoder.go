@@ -178,6 +178,33 @@ type Inputs struct {
 	hRec                                            []int32
 }
 
+// Reserve sizes the step inputs for steps of at most tokens tokens over at
+// most seqs sequences of at most blocks cache blocks each (see
+// model.StepReserver); hybrid also sizes the recurrent-state rows. Outside
+// a step only.
+func (in *Inputs) Reserve(dev kernels.Device, tokens, seqs, blocks int, hybrid bool) error {
+	// ids, positions, sequences, slots, hidden rows, logit rows: one each
+	// per token; the block table: seqs rows of tableWidth(blocks).
+	if err := ensure(dev, &in.packed, kernels.I32, 6*tokens+seqs*tableWidth(blocks), 1, 64); err != nil {
+		return fmt.Errorf("step inputs: %w", err)
+	}
+	if !hybrid {
+		return nil
+	}
+	// starts (seqs+1), state rows (seqs), record rows (tokens).
+	if err := ensure(dev, &in.rec, kernels.I32, 2*seqs+1+tokens, 1, 64); err != nil {
+		return fmt.Errorf("step inputs: %w", err)
+	}
+	return nil
+}
+
+// ReserveSteps implements model.StepReserver.
+func (d *Decoder) ReserveSteps(tokens, seqs, blocks int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.in.Reserve(d.Dev, tokens, seqs, blocks, len(d.States) > 0)
+}
+
 // EnsureI32 returns an I32 (n, 1) view of *t, reallocating it (larger)
 // when too small: a step input kept on the device between steps.
 func EnsureI32(dev kernels.Device, t *kernels.Tensor, n int) (kernels.Tensor, error) {

@@ -127,10 +127,7 @@ func TestFoldedSharedExpert(t *testing.T) {
 	for i := range ex {
 		ex[i] = kernels.Expert{Gate: mat(inter, hidden), Up: mat(inter, hidden), Down: mat(hidden, inter)}
 	}
-	xv := make([]float32, n*hidden)
-	for i := range xv {
-		xv[i] = float32(rng.NormFloat64())
-	}
+	xv := kerneltest.RandN(rng, n*hidden)
 	for _, r := range []nn.Router{
 		{W: mat(experts, hidden), Scoring: nn.SoftmaxScoring, TopK: 2, NormTopK: true, Scale: 1},
 		{W: mat(experts, hidden), Scoring: nn.SigmoidScoring, TopK: 3, NormTopK: true, Scale: 1.8, Bias: []float32{0.1, -0.2, 0, 0.3, 0.05}},

@@ -34,6 +34,21 @@ type MTPDecoder struct {
 	spec specInputs // SpecDrafts' device inputs
 }
 
+// ReserveSteps implements model.StepReserver: the decoder's step inputs
+// and the NextN layer's (tokens, hidden) input hidden states.
+func (m *MTPDecoder) ReserveSteps(tokens, seqs, blocks int) error {
+	if err := m.Decoder.ReserveSteps(tokens, seqs, blocks); err != nil {
+		return err
+	}
+	d := m.Decoder
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := ensure(d.Dev, &d.in.hid, kernels.F32, tokens, m.Embed.Cols, 16); err != nil {
+		return fmt.Errorf("mtp: step inputs: %w", err)
+	}
+	return nil
+}
+
 // HasNextN reports whether the config declares a NextN layer
 // (num_nextn_predict_layers ≥ 1) and the checkpoint holds it, as
 // model.layers.{layers}.

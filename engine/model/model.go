@@ -302,3 +302,33 @@ func (b *Batch) Validate(vocab int, layout kvcache.Layout) error {
 	}
 	return nil
 }
+
+// StepReserver is implemented by models that keep a step's inputs (token
+// ids, row maps, block tables) in device buffers between steps. The
+// runtime calls ReserveSteps once, before its first step, with its limits,
+// so those buffers are sized by the limits rather than grown by whichever
+// steps the schedule happens to form: a model's memory then does not depend
+// on timing, and steps within the limits never reallocate.
+type StepReserver interface {
+	// ReserveSteps sizes the step inputs for steps of at most tokens
+	// tokens over at most seqs sequences of at most blocks cache blocks
+	// each. Buffers never shrink; a later larger step still grows them.
+	ReserveSteps(tokens, seqs, blocks int) error
+}
+
+// ReserveSteps calls ReserveSteps on the StepReserver m is or wraps (a
+// wrapper exposes what it wraps with an Unwrap() Model method); it does
+// nothing for other models.
+func ReserveSteps(m Model, tokens, seqs, blocks int) error {
+	for m != nil {
+		if r, ok := m.(StepReserver); ok {
+			return r.ReserveSteps(tokens, seqs, blocks)
+		}
+		w, ok := m.(interface{ Unwrap() Model })
+		if !ok {
+			return nil
+		}
+		m = w.Unwrap()
+	}
+	return nil
+}

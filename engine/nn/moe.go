@@ -66,3 +66,48 @@ func (s GroupedMoEShape) Check() error {
 	}
 	return nil
 }
+
+// SoftmaxMoE loads a Mixtral/Qwen-style MoE block under prefix
+// ("model.layers.3.mlp"): a softmax router prefix.gate.weight (experts,
+// hidden) that picks topK experts, their weights renormalised when
+// normTopK, and the routed experts under prefix.experts (names, inter
+// wide). A shared expert, where there is one, is the caller's to add.
+func (l *Loader) SoftmaxMoE(prefix string, names MLPNames, experts, topK int, normTopK bool, hidden, inter int) *MoE {
+	return &MoE{
+		Router: Router{
+			W:        l.Mat(prefix+".gate.weight", experts, hidden), // (experts, hidden)
+			Scoring:  SoftmaxScoring,
+			TopK:     topK,
+			NormTopK: normTopK,
+			Scale:    1,
+		},
+		Experts: l.Experts(prefix+".experts", names, experts, hidden, inter),
+	}
+}
+
+// GroupedMoE loads a DeepSeek-V3-style (noaux_tc) MoE block of shape s
+// under prefix ("model.layers.3.mlp"): a sigmoid router prefix.gate.weight
+// (s.Experts, hidden) with prefix.gate.e_score_correction_bias for the
+// selection only, grouped top-k, the chosen weights renormalised when
+// normTopK and times scale (routed_scaling_factor); the routed experts
+// under prefix.experts; and s.Shared shared experts fused into one MLP,
+// prefix.shared_experts (s.Inter·s.Shared wide), when s.Shared > 0.
+func (l *Loader) GroupedMoE(prefix string, s GroupedMoEShape, hidden int, normTopK bool, scale float32) *MoE {
+	moe := &MoE{
+		Router: Router{
+			W:          l.Mat(prefix+".gate.weight", s.Experts, hidden), // (experts, hidden)
+			Bias:       l.Vec(prefix+".gate.e_score_correction_bias", s.Experts),
+			Scoring:    SigmoidScoring,
+			TopK:       s.TopK,
+			NormTopK:   normTopK,
+			Scale:      scale,
+			Groups:     s.Groups,
+			TopKGroups: s.TopKGroups,
+		},
+		Experts: l.Experts(prefix+".experts", HFNames, s.Experts, hidden, s.Inter),
+	}
+	if s.Shared > 0 {
+		moe.Shared = l.MLP(prefix+".shared_experts", HFNames, hidden, s.Inter*s.Shared, false)
+	}
+	return moe
+}

@@ -6,6 +6,7 @@ import (
 	goruntime "runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -257,4 +258,23 @@ func collectAll(streams []*runtime.Stream) []runtime.Result {
 	}
 	wg.Wait()
 	return res
+}
+
+// runJobs calls job(i) for every i < total from workers goroutines, each
+// taking the next i in turn, and returns when all are done.
+func runJobs(workers, total int, job func(i int)) {
+	var next atomic.Int32
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= total {
+					return
+				}
+				job(i)
+			}
+		})
+	}
+	wg.Wait()
 }

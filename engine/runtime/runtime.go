@@ -244,6 +244,14 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 	if info.MaxContext > 0 {
 		limit = min(limit, info.MaxContext)
 	}
+	// Step inputs sized by the limits, not by the steps timing happens to form.
+	if err := model.ReserveSteps(m, opts.MaxBatchTokens, opts.MaxSeqs, (limit+cs.BlockSize-1)/cs.BlockSize); err != nil {
+		cache.Release()
+		if states != nil {
+			states.Release()
+		}
+		return nil, fmt.Errorf("runtime: %w", err)
+	}
 	r := &Runtime{
 		m:        m,
 		info:     info,

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -690,25 +691,15 @@ func (sc *scheduler) flushText(s *seq, now time.Time) {
 // wait puts s in the waiting queue at its arrival position.
 func (sc *scheduler) wait(s *seq) {
 	s.state = seqWaiting
-	i, _ := slices.BinarySearchFunc(sc.waiting, s.id, func(e *seq, id uint64) int { return cmpID(e.id, id) })
+	i, _ := slices.BinarySearchFunc(sc.waiting, s.id, func(e *seq, id uint64) int { return cmp.Compare(e.id, id) })
 	sc.waiting = slices.Insert(sc.waiting, i, s)
 }
 
 // insertRunning puts s in the running set at its arrival position.
 func (sc *scheduler) insertRunning(s *seq) {
 	s.state = seqRunning
-	i, _ := slices.BinarySearchFunc(sc.running, s.id, func(e *seq, id uint64) int { return cmpID(e.id, id) })
+	i, _ := slices.BinarySearchFunc(sc.running, s.id, func(e *seq, id uint64) int { return cmp.Compare(e.id, id) })
 	sc.running = slices.Insert(sc.running, i, s)
-}
-
-func cmpID(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // remove deletes s from list, keeping the order.

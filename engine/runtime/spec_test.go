@@ -9,7 +9,6 @@ import (
 	goruntime "runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -376,56 +375,45 @@ func TestSpecStress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var next atomic.Int32
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= total {
-					return
-				}
-				j := &jobs[i]
-				ctx, cancel := context.WithCancel(t.Context())
-				if j.timeout > 0 {
-					ctx, cancel = context.WithTimeout(t.Context(), j.timeout)
-				}
-				s, err := r.Generate(ctx, j.req)
-				if err != nil {
-					t.Errorf("job %d: %v", i, err)
-					cancel()
-					continue
-				}
-				if j.cancel {
-					s.Cancel()
-				}
-				got := s.Collect()
-				cancel()
-				greedy := j.req.Sampling.Temperature == 0
-				switch {
-				case got.Err != nil:
-					t.Errorf("job %d: %v", i, got.Err)
-				case got.Finish == runtime.FinishCancelled:
-					if !j.cancel && j.timeout == 0 {
-						t.Errorf("job %d: cancelled", i)
-					}
-					if greedy && !slices.Equal(got.Tokens, j.want[:min(len(got.Tokens), len(j.want))]) {
-						t.Errorf("job %d: cancelled after %v, want a prefix of %v", i, got.Tokens, j.want)
-					}
-				case greedy && (!slices.Equal(got.Tokens, j.want) || got.Finish != j.finish):
-					t.Errorf("job %d (draft %d):\n got %v %s\nwant %v %s", i, j.req.Draft, got.Tokens, got.Finish, j.want, j.finish)
-				case len(got.Tokens) > j.req.MaxTokens || got.Finish == runtime.FinishLength && len(got.Tokens) != j.req.MaxTokens:
-					t.Errorf("job %d: %d tokens, finish %s, MaxTokens %d", i, len(got.Tokens), got.Finish, j.req.MaxTokens)
-				}
-				for _, tok := range got.Tokens {
-					if slices.Contains(j.req.Stop, tok) {
-						t.Errorf("job %d: stop id %d emitted", i, tok)
-					}
-				}
+	runJobs(16, total, func(i int) {
+		j := &jobs[i]
+		ctx, cancel := context.WithCancel(t.Context())
+		if j.timeout > 0 {
+			ctx, cancel = context.WithTimeout(t.Context(), j.timeout)
+		}
+		s, err := r.Generate(ctx, j.req)
+		if err != nil {
+			t.Errorf("job %d: %v", i, err)
+			cancel()
+			return
+		}
+		if j.cancel {
+			s.Cancel()
+		}
+		got := s.Collect()
+		cancel()
+		greedy := j.req.Sampling.Temperature == 0
+		switch {
+		case got.Err != nil:
+			t.Errorf("job %d: %v", i, got.Err)
+		case got.Finish == runtime.FinishCancelled:
+			if !j.cancel && j.timeout == 0 {
+				t.Errorf("job %d: cancelled", i)
 			}
-		})
-	}
-	wg.Wait()
+			if greedy && !slices.Equal(got.Tokens, j.want[:min(len(got.Tokens), len(j.want))]) {
+				t.Errorf("job %d: cancelled after %v, want a prefix of %v", i, got.Tokens, j.want)
+			}
+		case greedy && (!slices.Equal(got.Tokens, j.want) || got.Finish != j.finish):
+			t.Errorf("job %d (draft %d):\n got %v %s\nwant %v %s", i, j.req.Draft, got.Tokens, got.Finish, j.want, j.finish)
+		case len(got.Tokens) > j.req.MaxTokens || got.Finish == runtime.FinishLength && len(got.Tokens) != j.req.MaxTokens:
+			t.Errorf("job %d: %d tokens, finish %s, MaxTokens %d", i, len(got.Tokens), got.Finish, j.req.MaxTokens)
+		}
+		for _, tok := range got.Tokens {
+			if slices.Contains(j.req.Stop, tok) {
+				t.Errorf("job %d: stop id %d emitted", i, tok)
+			}
+		}
+	})
 	st := waitIdle(t, r)
 	t.Logf("%d steps, %d preemptions, %d verify steps, acceptance %.3f; %d prefix hits, %d tokens reused",
 		st.Steps, st.Preemptions, st.VerifySteps, st.AcceptRate, st.PrefixHits, st.CachedTokens)

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	goruntime "runtime"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -88,75 +87,64 @@ func TestStress(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var next atomic.Int32
-	var wg sync.WaitGroup
 	var counts [jobSlow + 1]atomic.Int32
 	var cancelled, collateral atomic.Int32
-	for range 24 {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= total {
-					return
-				}
-				j := &jobs[i]
-				counts[j.kind].Add(1)
-				ctx, cancel := context.WithCancel(t.Context())
-				if j.kind == jobTimeout {
-					ctx, cancel = context.WithTimeout(t.Context(), j.delay)
-				}
-				s, err := r.Generate(ctx, j.req)
-				if j.kind == jobImpossible {
-					if !errors.Is(err, runtime.ErrPromptTooLong) || s != nil {
-						t.Errorf("job %d: impossible prompt of %d: %v", i, len(j.req.Prompt), err)
-					}
-					cancel()
-					continue
-				}
-				if err != nil {
-					t.Errorf("job %d: %v", i, err)
-					cancel()
-					continue
-				}
-				switch j.kind {
-				case jobCancel:
-					s.Cancel()
-				case jobSlow:
-					<-s.Done()
-				}
-				got := s.Collect()
-				cancel()
-				if (got.Err == nil) == (got.Finish == "") {
-					t.Errorf("job %d: final event has finish %q and error %v", i, got.Finish, got.Err)
-				}
-				var pe *runtime.PanicError
-				switch {
-				case j.kind == jobPanic:
-					if !errors.As(got.Err, &pe) {
-						t.Errorf("job %d: poisoned prompt: %s %v", i, got.Finish, got.Err)
-					}
-				case errors.As(got.Err, &pe):
-					collateral.Add(1) // shared a step with a poisoned prompt
-					if !slices.Equal(got.Tokens, j.want[:min(len(j.want), len(got.Tokens))]) {
-						t.Errorf("job %d: failed with %v after %v, want a prefix of %v", i, got.Err, got.Tokens, j.want)
-					}
-				case got.Err != nil:
-					t.Errorf("job %d: %v", i, got.Err)
-				case got.Finish == runtime.FinishCancelled:
-					if j.kind != jobCancel && j.kind != jobTimeout {
-						t.Errorf("job %d (kind %d): cancelled", i, j.kind)
-					}
-					cancelled.Add(1)
-					if len(got.Tokens) > len(j.want) || !slices.Equal(got.Tokens, j.want[:len(got.Tokens)]) {
-						t.Errorf("job %d: cancelled after %v, want a prefix of %v", i, got.Tokens, j.want)
-					}
-				case !slices.Equal(got.Tokens, j.want) || got.Finish != j.finish:
-					t.Errorf("job %d (kind %d):\n got %v %s\nwant %v %s", i, j.kind, got.Tokens, got.Finish, j.want, j.finish)
-				}
+	runJobs(24, total, func(i int) {
+		j := &jobs[i]
+		counts[j.kind].Add(1)
+		ctx, cancel := context.WithCancel(t.Context())
+		if j.kind == jobTimeout {
+			ctx, cancel = context.WithTimeout(t.Context(), j.delay)
+		}
+		s, err := r.Generate(ctx, j.req)
+		if j.kind == jobImpossible {
+			if !errors.Is(err, runtime.ErrPromptTooLong) || s != nil {
+				t.Errorf("job %d: impossible prompt of %d: %v", i, len(j.req.Prompt), err)
 			}
-		})
-	}
-	wg.Wait()
+			cancel()
+			return
+		}
+		if err != nil {
+			t.Errorf("job %d: %v", i, err)
+			cancel()
+			return
+		}
+		switch j.kind {
+		case jobCancel:
+			s.Cancel()
+		case jobSlow:
+			<-s.Done()
+		}
+		got := s.Collect()
+		cancel()
+		if (got.Err == nil) == (got.Finish == "") {
+			t.Errorf("job %d: final event has finish %q and error %v", i, got.Finish, got.Err)
+		}
+		var pe *runtime.PanicError
+		switch {
+		case j.kind == jobPanic:
+			if !errors.As(got.Err, &pe) {
+				t.Errorf("job %d: poisoned prompt: %s %v", i, got.Finish, got.Err)
+			}
+		case errors.As(got.Err, &pe):
+			collateral.Add(1) // shared a step with a poisoned prompt
+			if !slices.Equal(got.Tokens, j.want[:min(len(j.want), len(got.Tokens))]) {
+				t.Errorf("job %d: failed with %v after %v, want a prefix of %v", i, got.Err, got.Tokens, j.want)
+			}
+		case got.Err != nil:
+			t.Errorf("job %d: %v", i, got.Err)
+		case got.Finish == runtime.FinishCancelled:
+			if j.kind != jobCancel && j.kind != jobTimeout {
+				t.Errorf("job %d (kind %d): cancelled", i, j.kind)
+			}
+			cancelled.Add(1)
+			if len(got.Tokens) > len(j.want) || !slices.Equal(got.Tokens, j.want[:len(got.Tokens)]) {
+				t.Errorf("job %d: cancelled after %v, want a prefix of %v", i, got.Tokens, j.want)
+			}
+		case !slices.Equal(got.Tokens, j.want) || got.Finish != j.finish:
+			t.Errorf("job %d (kind %d):\n got %v %s\nwant %v %s", i, j.kind, got.Tokens, got.Finish, j.want, j.finish)
+		}
+	})
 	st := waitIdle(t, r)
 	var byKind []int32
 	for i := range counts {

@@ -2,6 +2,7 @@ package weights
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -130,9 +131,9 @@ func parseFile(path string, buf []byte) ([]*Tensor, map[string]string, error) {
 
 	slices.SortFunc(spans, func(a, b span) int {
 		if a.begin != b.begin {
-			return cmpU64(a.begin, b.begin)
+			return cmp.Compare(a.begin, b.begin)
 		}
-		return cmpU64(a.end, b.end)
+		return cmp.Compare(a.end, b.end)
 	})
 	var prev *span
 	for i := range spans {
@@ -151,16 +152,6 @@ func parseFile(path string, buf []byte) ([]*Tensor, map[string]string, error) {
 		tensors[i] = s.t
 	}
 	return tensors, meta, nil
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // checkEntry validates one header entry apart from its range in the file.

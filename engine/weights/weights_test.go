@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
 // vals returns n float32 values that every kernel dtype represents exactly:
@@ -482,14 +483,6 @@ func refDequant(q []byte, scale []float32, rows, cols, br, bc int) []float32 {
 	return out
 }
 
-func matF32(m *kernels.Mat) []float32 {
-	out := make([]float32, m.Rows*m.Cols)
-	for r := range m.Rows {
-		m.RowF32(out[r*m.Cols:(r+1)*m.Cols], r)
-	}
-	return out
-}
-
 func randn(n int, seed uint64) []float32 {
 	r := rand.New(rand.NewPCG(seed, 3))
 	v := make([]float32, n)
@@ -532,7 +525,7 @@ func TestF8BlockScales(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := refDequant(w.Data, scales, c.rows, c.cols, c.br, c.bc)
-			got := matF32(m)
+			got := ref.MatF32(m)
 			if !slices.Equal(got, want) {
 				t.Fatal("Mat.RowF32 differs from the reference dequantisation")
 			}
@@ -561,7 +554,7 @@ func TestF8BlockScales(t *testing.T) {
 		for i := range want {
 			want[i] *= 0.5
 		}
-		if got := matF32(m); !slices.Equal(got, want) {
+		if got := ref.MatF32(m); !slices.Equal(got, want) {
 			t.Fatalf("got %v want %v", got, want)
 		}
 	})
@@ -602,7 +595,7 @@ func TestExpert(t *testing.T) {
 		if &m.Data[0] != &full.Data[e*R*C*2] || len(m.Data) != R*C*2 {
 			t.Fatalf("expert %d: Data is not a view of the fused tensor", e)
 		}
-		if got := matF32(m); !slices.Equal(got, v[e*R*C:(e+1)*R*C]) {
+		if got := ref.MatF32(m); !slices.Equal(got, v[e*R*C:(e+1)*R*C]) {
 			t.Fatalf("expert %d: %v", e, got)
 		}
 	}
@@ -633,7 +626,7 @@ func TestExpert(t *testing.T) {
 			t.Fatalf("blocks %dx%d", m.BlockRows, m.BlockCols)
 		}
 		want := refDequant(q[e*FR*FC:(e+1)*FR*FC], sc[e*6:(e+1)*6], FR, FC, B, B)
-		if !slices.Equal(matF32(m), want) {
+		if !slices.Equal(ref.MatF32(m), want) {
 			t.Fatalf("expert %d differs from the reference dequantisation", e)
 		}
 	}
@@ -759,7 +752,7 @@ func TestConcurrentAccess(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				matF32(m)
+				ref.MatF32(m)
 				if _, err := s.Float32(fmt.Sprintf("l%d.norm", i), 32); err != nil {
 					t.Error(err)
 				}

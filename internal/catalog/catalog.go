@@ -47,6 +47,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine"
 	"github.com/ferrite-llm/ferrite/engine/gguf"
+	"github.com/ferrite-llm/ferrite/internal/units"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -95,10 +96,10 @@ type Options struct {
 // $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub.
 func HubCacheDir() string {
 	if d := os.Getenv("HF_HUB_CACHE"); d != "" {
-		return expandHome(d)
+		return units.ExpandHome(d)
 	}
 	if d := os.Getenv("HF_HOME"); d != "" {
-		return filepath.Join(expandHome(d), "hub")
+		return filepath.Join(units.ExpandHome(d), "hub")
 	}
 	return filepath.Join(xdg.CacheHome, "huggingface", "hub")
 }
@@ -135,52 +136,29 @@ func Discover(opts Options) ([]Entry, []error) {
 		}
 		add(e)
 	}
+	// scanned adds a place's entries and records its error.
+	scanned := func(es []Entry, err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, e := range es {
+			add(e)
+		}
+	}
+	// place scans dir, or def's folder when dir is unset.
+	place := func(dir string, def func() string, scan func(string) ([]Entry, error)) {
+		if dir == "" {
+			dir = def()
+		}
+		scanned(scan(dir))
+	}
 	for _, d := range opts.Dirs {
-		es, err := scanFolder(expandHome(d), SourceConfig, true)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, e := range es {
-			add(e)
-		}
+		scanned(scanFolder(units.ExpandHome(d), SourceConfig, true))
 	}
-	hub := opts.HubDir
-	if hub == "" {
-		hub = HubCacheDir()
-	}
-	es, err := scanHub(hub)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, e := range es {
-		add(e)
-	}
-	fd := opts.FerriteDir
-	if fd == "" {
-		fd = ModelsDir()
-	}
-	es, err = scanFolder(fd, SourceFerrite, false)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, e := range es {
-		add(e)
-	}
-	for _, place := range []struct {
-		dir, def string
-		scan     func(string) ([]Entry, error)
-	}{{opts.OllamaDir, OllamaModelsDir(), scanOllama}, {opts.LMStudioDir, LMStudioModelsDir(), scanLMStudio}} {
-		if place.dir == "" {
-			place.dir = place.def
-		}
-		es, err := place.scan(place.dir)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, e := range es {
-			add(e)
-		}
-	}
+	place(opts.HubDir, HubCacheDir, scanHub)
+	place(opts.FerriteDir, ModelsDir, func(dir string) ([]Entry, error) { return scanFolder(dir, SourceFerrite, false) })
+	place(opts.OllamaDir, OllamaModelsDir, scanOllama)
+	place(opts.LMStudioDir, LMStudioModelsDir, scanLMStudio)
 	return out, errs
 }
 
@@ -188,7 +166,7 @@ func Discover(opts Options) ([]Entry, []error) {
 // SourcePath). It fails when dir is neither a directory with a config.json
 // nor a GGUF file or a directory holding one GGUF model.
 func Probe(dir string) (Entry, error) {
-	dir = expandHome(dir)
+	dir = units.ExpandHome(dir)
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
@@ -492,15 +470,6 @@ func Load(e Entry, opts engine.Options) (*engine.Loaded, *tokenizer.Tokenizer, e
 func LooksLikePath(s string) bool {
 	return s == "." || s == ".." || filepath.IsAbs(s) ||
 		strings.HasPrefix(s, "./") || strings.HasPrefix(s, "../") || strings.HasPrefix(s, "~/")
-}
-
-func expandHome(p string) string {
-	if rest, ok := strings.CutPrefix(p, "~/"); ok {
-		if home, err := os.UserHomeDir(); err == nil {
-			return filepath.Join(home, rest)
-		}
-	}
-	return p
 }
 
 func exists(p string) bool {

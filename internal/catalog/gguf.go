@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/ferrite-llm/ferrite/engine/gguf"
+	"github.com/ferrite-llm/ferrite/internal/units"
 )
 
 // Where the models of other tools are found.
@@ -21,16 +22,16 @@ const (
 // OllamaModelsDir is ollama's store: $OLLAMA_MODELS, else ~/.ollama/models.
 func OllamaModelsDir() string {
 	if d := os.Getenv("OLLAMA_MODELS"); d != "" {
-		return expandHome(d)
+		return units.ExpandHome(d)
 	}
-	return expandHome("~/.ollama/models")
+	return units.ExpandHome("~/.ollama/models")
 }
 
 // LMStudioModelsDir is LM Studio's models folder: ~/.lmstudio/models, or
 // ~/.cache/lm-studio/models where only that older one exists.
 func LMStudioModelsDir() string {
-	dir := expandHome("~/.lmstudio/models")
-	if old := expandHome("~/.cache/lm-studio/models"); !exists(dir) && exists(old) {
+	dir := units.ExpandHome("~/.lmstudio/models")
+	if old := units.ExpandHome("~/.cache/lm-studio/models"); !exists(dir) && exists(old) {
 		return old
 	}
 	return dir

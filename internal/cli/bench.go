@@ -54,6 +54,7 @@ type benchFlags struct {
 	streamMiB      int
 	bandwidthGBps  float64
 	noWarmup       bool
+	warmupCase     bool
 	chat           bool
 	cpuProfile     string
 }
@@ -163,6 +164,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streamMiB, "stream-mib", 1024, "buffer size in MiB of the memory-bandwidth measurement")
 	fs.Float64Var(&f.bandwidthGBps, "bandwidth", 0, "memory bandwidth in GB/s for the roofline, instead of measuring it (0 = measure)")
 	fs.BoolVar(&f.noWarmup, "no-warmup", false, "skip the warm-up request")
+	fs.BoolVar(&f.warmupCase, "warmup-case", false, "before each case, run its requests once untimed for 3 tokens (its batch shape's one-time costs out of the measurement)")
 	fs.BoolVar(&f.chat, "chat", false, "prompts: chat questions through the model's chat template (needs its tokenizer), request i asking question i, instead of random tokens; --prompt-len is ignored (MTP acceptance on text the model knows)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the sweep (not the loading) to this file")
 }
@@ -544,7 +546,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		Prompts:     prompts,
 		Concurrency: f.concurrency, PromptLens: f.promptLens, GenLens: f.genLens, MTP: f.mtp,
 		Drafts: f.drafts, DraftMaxSeqs: f.draftMaxSeqs, DraftAlways: f.draftAlways,
-		Seed: f.seed, KVBudget: f.kvBudget, MaxBatchTokens: f.maxBatchTokens, Warmup: !f.noWarmup,
+		Seed: f.seed, KVBudget: f.kvBudget, MaxBatchTokens: f.maxBatchTokens, Warmup: !f.noWarmup, WarmupCase: f.warmupCase,
 		Progress: func(c bench.Case) { fmt.Fprintf(stderr, "running %v...\n", c) },
 	}
 	if p, ok := be.Backend.(kernels.Profiler); ok && p.Profiling() {

@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -33,72 +32,16 @@ func TestMain(m *testing.M) {
 	m.Run()
 }
 
-// byteTokenizer writes a byte-level BPE tokenizer.json with no merges (the
-// 256 byte symbols, then three ChatML specials) and a ChatML template into
-// dir: small enough for the fixtures' 512-token vocabulary.
+// fixtureModel is fixtures.ChatModel: a fixture's config and weights with
+// the byte tokenizer, in a temporary directory.
+func fixtureModel(t *testing.T, name string) string { return fixtures.ChatModel(t, name) }
+
+// byteTokenizer writes fixtures.WriteByteTokenizer's tokenizer into dir.
 func byteTokenizer(t *testing.T, dir string) {
 	t.Helper()
-	// The GPT-2 byte-to-unicode table: printable bytes map to themselves,
-	// the rest to U+0100 onwards.
-	vocab := map[string]int{}
-	next := 0
-	for b := range 256 {
-		printable := (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff)
-		r := rune(b)
-		if !printable {
-			r = rune(256 + next)
-			next++
-		}
-		vocab[string(r)] = b
+	if err := fixtures.WriteByteTokenizer(dir); err != nil {
+		t.Fatal(err)
 	}
-	specials := []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
-	var added []map[string]any
-	for i, s := range specials {
-		added = append(added, map[string]any{"id": 256 + i, "content": s, "special": true,
-			"single_word": false, "lstrip": false, "rstrip": false, "normalized": false})
-	}
-	tj := map[string]any{
-		"version":        "1.0",
-		"added_tokens":   added,
-		"normalizer":     nil,
-		"pre_tokenizer":  map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-		"post_processor": nil,
-		"decoder":        map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-		"model":          map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{}, "dropout": nil, "unk_token": nil, "fuse_unk": false, "byte_fallback": false},
-	}
-	tc := map[string]any{
-		"eos_token": "<|im_end|>",
-		"pad_token": "<|endoftext|>",
-		"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" +
-			"{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
-	}
-	for name, v := range map[string]any{"tokenizer.json": tj, "tokenizer_config.json": tc} {
-		b, err := json.Marshal(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// fixtureModel copies a reference fixture's config and weights into a temp
-// dir and adds the byte tokenizer.
-func fixtureModel(t *testing.T, name string) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, f := range []string{"config.json", "model.safetensors"} {
-		b, err := os.ReadFile(filepath.Join(fixtures.Dir(name), f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	byteTokenizer(t, dir)
-	return dir
 }
 
 func runCLI(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {

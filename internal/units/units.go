@@ -1,11 +1,35 @@
 // Package units writes sizes and durations for people: the chat's status
-// bar and lists, and the progress of ferrite pull.
+// bar and lists, and the progress of ferrite pull; and paths under the home
+// directory as people write them, with "~/".
 package units
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 )
+
+// ExpandHome replaces a leading "~/" by the home directory.
+func ExpandHome(p string) string {
+	if rest, ok := strings.CutPrefix(p, "~/"); ok {
+		if home, err := os.UserHomeDir(); err == nil {
+			return filepath.Join(home, rest)
+		}
+	}
+	return p
+}
+
+// ShortPath writes a path under the home directory with "~/".
+func ShortPath(p string) string {
+	if home, err := os.UserHomeDir(); err == nil && home != "" {
+		if rest, ok := strings.CutPrefix(p, home+string(filepath.Separator)); ok {
+			return "~/" + rest
+		}
+	}
+	return p
+}
 
 // Bytes prints a byte count in binary units: "512 B", "1.5 KiB", "2.0 GiB".
 func Bytes(n int64) string {

@@ -22,3 +22,17 @@ func TestDuration(t *testing.T) {
 		}
 	}
 }
+
+func TestHomePaths(t *testing.T) {
+	t.Setenv("HOME", "/home/ann")
+	for in, want := range map[string]string{"~/models/x": "/home/ann/models/x", "~x/y": "~x/y", "/tmp/~/z": "/tmp/~/z", "~": "~"} {
+		if got := ExpandHome(in); got != want {
+			t.Errorf("ExpandHome(%q) = %q, want %q", in, got, want)
+		}
+	}
+	for in, want := range map[string]string{"/home/ann/models/x": "~/models/x", "/home/annex/y": "/home/annex/y", "/home/ann": "/home/ann", "/srv/m": "/srv/m"} {
+		if got := ShortPath(in); got != want {
+			t.Errorf("ShortPath(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

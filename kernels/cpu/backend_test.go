@@ -112,10 +112,7 @@ func FuzzMatMul(f *testing.F) {
 		s[2] -= s[2] % d.BlockElems()
 		rng := rand.New(rand.NewPCG(seed, 1))
 		w := kerneltest.NewMat(rng, d, s[1], s[2], s[3], s[4])
-		x := make([]float32, s[0]*s[2])
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
+		x := kerneltest.RandN(rng, s[0]*s[2])
 		got := make([]float32, s[0]*s[1])
 		want := make([]float32, s[0]*s[1])
 		b.MatMul(got, x, w, s[0])

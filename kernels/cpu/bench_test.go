@@ -134,10 +134,7 @@ func benchMatMul(b *testing.B, be *cpu.Backend, s benchShape, copies int) {
 			ws = append(ws, &c)
 		}
 	}
-	x := make([]float32, s.n*s.cols)
-	for i := range x {
-		x[i] = float32(rng.NormFloat64())
-	}
+	x := kerneltest.RandN(rng, s.n*s.cols)
 	y := make([]float32, s.n*s.rows)
 	b.SetBytes(int64(len(w.Data)))
 	i := 0

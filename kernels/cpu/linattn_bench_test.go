@@ -6,6 +6,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
 )
 
 // BenchmarkDeltaRule runs the delta-rule op for one sequence: a decode
@@ -33,10 +34,7 @@ func BenchmarkDeltaRule(b *testing.B) {
 			}
 			up := func(rows, cols int) kernels.Tensor {
 				t, _ := d.Alloc(kernels.F32, rows, cols)
-				v := make([]float32, rows*cols)
-				for i := range v {
-					v[i] = float32(rng.NormFloat64())
-				}
+				v := kerneltest.RandN(rng, rows*cols)
 				d.WriteF32(t, v)
 				return t
 			}

@@ -51,14 +51,6 @@ func (b *Backend) angles(r *kernels.Rotary, pos kernels.Tensor) (*ropeTab, int) 
 	return b.ropeTable(r, maxPos(pos)+1), r.Dim / 2
 }
 
-// rotDim is r's rotated dims, 0 for nil.
-func rotDim(r *kernels.Rotary) int {
-	if r == nil {
-		return 0
-	}
-	return r.Dim
-}
-
 // interleaved is r's pairing, false for nil.
 func interleaved(r *kernels.Rotary) bool { return r != nil && r.Interleaved }
 
@@ -100,7 +92,7 @@ func (b *Backend) storeRows(c kernels.Tensor, n int, p *kernels.Paged, fn func(d
 func (b *Backend) StoreLatent(cache, kv, norm kernels.Tensor, eps float32, r *kernels.Rotary, p *kernels.Paged) {
 	contiguous(kv)
 	kl, w := norm.Elems(), kv.Cols
-	if cache.Cols != w || w-kl != rotDim(r) {
+	if cache.Cols != w || w-kl != r.RotatedDims() {
 		panic("cpu: StoreLatent shapes do not match")
 	}
 	xs, ns := f32(kv), f32(norm)[:kl]
@@ -114,7 +106,7 @@ func (b *Backend) StoreLatent(cache, kv, norm kernels.Tensor, eps float32, r *ke
 func (b *Backend) StoreIndexKey(cache, k, w, bias kernels.Tensor, eps float32, r *kernels.Rotary, p *kernels.Paged) {
 	contiguous(k)
 	d := k.Cols
-	if cache.Cols != d || w.Elems() != d || bias.Elems() != d || rotDim(r) > d {
+	if cache.Cols != d || w.Elems() != d || bias.Elems() != d || r.RotatedDims() > d {
 		panic("cpu: StoreIndexKey shapes do not match")
 	}
 	xs, ws, bs := f32(k), f32(w)[:d], f32(bias)[:d]
@@ -215,7 +207,7 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	switch {
 	case q.Cols != s.Heads*hd || out.Cols != s.Heads*s.V || out.Rows != n || cache.Cols != s.KVLora+s.Rope || !cache.Contiguous():
 		panic("cpu: AttentionMLA shapes do not match")
-	case kvB.Rows != s.Heads*(s.Nope+s.V) || kvB.Cols != s.KVLora || rotDim(r) != s.Rope:
+	case kvB.Rows != s.Heads*(s.Nope+s.V) || kvB.Cols != s.KVLora || r.RotatedDims() != s.Rope:
 		panic("cpu: AttentionMLA kv_b_proj or rotary does not match the shape")
 	case cache.DType != kernels.F32 && cache.DType != kernels.BF16:
 		panic("cpu: MLA cache dtype must be F32 or BF16")

@@ -23,10 +23,7 @@ func BenchmarkQDecode(b *testing.B) {
 	for _, n := range []int{1, 8} {
 		for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K, kernels.Q6K} {
 			w := kerneltest.NewMat(rng, dt, rows, cols, 0, 0)
-			x := make([]float32, n*cols)
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
+			x := kerneltest.RandN(rng, n*cols)
 			y := make([]float32, n*rows)
 			for _, cold := range []bool{false, true} {
 				copies := 1
@@ -81,10 +78,7 @@ func BenchmarkQPaths(b *testing.B) {
 	for _, n := range []int{1, 4, 8, 512} {
 		for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K, kernels.Q6K} {
 			w := kerneltest.NewMat(rng, dt, rows, cols, 0, 0)
-			x := make([]float32, n*cols)
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
+			x := kerneltest.RandN(rng, n*cols)
 			y := make([]float32, n*rows)
 			for _, path := range []string{"rows", "gemv", "x8", "avx2"} {
 				if path == "avx2" && !cpuinfo.VNNI() {

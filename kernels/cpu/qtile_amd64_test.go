@@ -47,10 +47,7 @@ func TestQTilesMatchGo(t *testing.T) {
 			}
 			for _, k := range ks {
 				w := kerneltest.NewMat(rng, dt, 1, k, 0, 0)
-				x := make([]float32, R*k)
-				for i := range x {
-					x[i] = float32(rng.NormFloat64())
-				}
+				x := kerneltest.RandN(rng, R*k)
 				x[3] = 0 // and a zero block:
 				for i := 32; i < 64; i++ {
 					x[i] = 0
@@ -105,10 +102,7 @@ func BenchmarkQTile(b *testing.B) {
 	for name, set := range qtileSets() {
 		for _, dt := range quantTypes {
 			w := kerneltest.NewMat(rng, dt, 1, k, 0, 0)
-			x := make([]float32, k)
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
+			x := kerneltest.RandN(rng, k)
 			var qx qrows
 			qx.quantize(x, 1, k, xGroup(dt))
 			b.Run(fmt.Sprintf("%s/%v/R1", name, dt), func(b *testing.B) {
@@ -146,10 +140,7 @@ func TestQGemvMatchGo(t *testing.T) {
 				for _, k := range []int{256, 512, 2816} {
 					const rows, ldy = 5, 7
 					w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
-					x := make([]float32, R*k)
-					for i := range x {
-						x[i] = float32(rng.NormFloat64())
-					}
+					x := kerneltest.RandN(rng, R*k)
 					for i := 300; i < 340 && i < k; i++ { // a zero block
 						x[i] = 0
 					}
@@ -196,10 +187,7 @@ func BenchmarkQGemvKernel(b *testing.B) {
 	for name, set := range qtileSets() {
 		for _, dt := range quantTypes {
 			w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
-			x := make([]float32, 4*k)
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
+			x := kerneltest.RandN(rng, 4*k)
 			var qx qrows
 			qx.quantize(x, 4, k, xGroup(dt))
 			y := make([]float32, 4*rows)

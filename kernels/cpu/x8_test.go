@@ -41,10 +41,7 @@ func TestX8MatchesRowTiles(t *testing.T) {
 			if dt == kernels.Q8_0 { // the extreme quants: −128 (a stored block may hold it) and 127
 				w.Data[2], w.Data[3], w.Data[4*34+5] = 0x80, 0x7f, 0x80
 			}
-			x := make([]float32, R*k)
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
+			x := kerneltest.RandN(rng, R*k)
 			for i := 0; i < 32; i++ { // a zero block in x row 1
 				x[k+i] = 0
 			}
@@ -151,10 +148,7 @@ func BenchmarkX8Kernel(b *testing.B) {
 			sets[name] = set
 		}
 		w := kerneltest.NewMat(rng, dt, rows, k, 0, 0)
-		x := make([]float32, 4*k)
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
+		x := kerneltest.RandN(rng, 4*k)
 		var qx qrows
 		qx.quantize(x, 4, k, xGroup(dt))
 		y := make([]float32, 4*rows)
@@ -193,10 +187,7 @@ func BenchmarkQPrefill(b *testing.B) {
 	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K} {
 		for _, s := range [][2]int{{3072, 1024}, {1024, 3072}} {
 			w := kerneltest.NewMat(rng, dt, s[0], s[1], 0, 0)
-			x := make([]float32, n*s[1])
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
+			x := kerneltest.RandN(rng, n*s[1])
 			y := make([]float32, n*s[0])
 			for _, on := range []bool{false, true} {
 				b.Run(fmt.Sprintf("%v/%dx%d/x8=%v", dt, s[0], s[1], on), func(b *testing.B) {
@@ -235,14 +226,8 @@ func TestLinearCatWritesInPlace(t *testing.T) {
 			ws := []*kernels.Mat{kerneltest.NewMat(rng, dt, 40, cols, 0, 0), kerneltest.NewMat(rng, dt, 19, cols, 0, 0),
 				kerneltest.NewMat(rng, dt, 24, cols, 0, 0)}
 			total := 40 + 19 + 24
-			xv := make([]float32, n*cols)
-			for i := range xv {
-				xv[i] = float32(rng.NormFloat64())
-			}
-			bv := make([]float32, total)
-			for i := range bv {
-				bv[i] = float32(rng.NormFloat64())
-			}
+			xv := kerneltest.RandN(rng, n*cols)
+			bv := kerneltest.RandN(rng, total)
 			x, _ := b.Alloc(kernels.F32, n, cols)
 			y, _ := b.Alloc(kernels.F32, n, total)
 			bias, _ := b.Alloc(kernels.F32, 1, total)
@@ -314,10 +299,7 @@ func TestRowsIndependentOfGrouping(t *testing.T) {
 		w1, w2 := kerneltest.NewMat(rng, dt, 13, cols, 0, 0), kerneltest.NewMat(rng, dt, 11, cols, 0, 0)
 		st := &kernels.Mat{DType: dt, Rows: 24, Cols: cols, Data: append(append([]byte(nil), w1.Data...), w2.Data...)}
 		for _, n := range []int{1, 5, 8, 37} {
-			x := make([]float32, n*cols)
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
+			x := kerneltest.RandN(rng, n*cols)
 			y1, y2, ys := make([]float32, n*13), make([]float32, n*11), make([]float32, n*24)
 			b.MatMul(y1, x, w1, n)
 			b.MatMul(y2, x, w2, n)

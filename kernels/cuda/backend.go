@@ -56,6 +56,7 @@ type Backend struct {
 	mlaTiles    int                      // key tiles a tensor-core attention split at least, 0 for 1 (benchmarks)
 	noFuse      bool                     // no fused attention (PrepareQKV inside, split merge): the default; FERRITE_CUDA_FUSE=1, SetFuse
 	fuseNorm    bool                     // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
+	gemv3Norm   bool                     // the norm-fused version-3 GEMVs (FERRITE_CUDA_GEMV=v3n, SetGEMV3Norm; gemv3.go)
 	noFuseQKV   bool                     // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
 	attnCnt     kernels.Tensor           // Attention's split counters (splitCounters); the zero Tensor until first used
 	attnWide    bool                     // Attention always with attnGroup query heads a block (tests compare)
@@ -71,10 +72,17 @@ type Backend struct {
 
 	presplit presplit // the last op's output, also split for cuBLASLt (opset.go's linearSplit)
 
+	fuseHalves   bool       // a split product's residual add and the next norm as one kernel (halves.go)
+	attnLenSplit int        // decode batches' attention splits each row's own keys, about this many blocks an SM (FERRITE_CUDA_ATTN_LENSPLIT; 0: off)
+	kSplit       int        // decode batches' 4,096–8,192-row split products in this many K parts (ksplit.go; 0: off)
+	halves       halvesPend // the product just queued whose epilogue a norm may join
+
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
 
 	mlaUK mlaUK // kv_b_proj's W_UK halves transposed (mla.go)
+
+	stepTime *stepTimer // host and GPU time of each step (FERRITE_CUDA_STEPTIME=1, steptime.go); nil when off
 }
 
 // OpenBackend opens GPU ordinal and returns a Backend that owns it, with
@@ -91,7 +99,11 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
 	b.noAttnPrefetch = os.Getenv("FERRITE_CUDA_ATTN_PREFETCH") == "0"
 	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
+	b.gemv3Norm = os.Getenv("FERRITE_CUDA_GEMV") == "v3n"
 	b.dec = decConfigFromEnv()
+	b.fuseHalves = fuseHalvesDefault()
+	b.attnLenSplit = attnLenSplitDefault()
+	b.kSplit = kSplitDefault()
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}
@@ -102,6 +114,19 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.cpu = cpu.New(threads)
 	b.skinny.rows, b.skinny.l2 = skinnyRowsDefault(), skinnyL2Default()
 	b.rowAttn.rows = rowAttnDefault()
+	if stepTimeEnabled() {
+		if err = d.do(func() error {
+			var err error
+			b.stepTime, err = newStepTimerL()
+			if err == nil && stepTimeOps() {
+				b.stepTime.ops = map[string]*opTime{}
+			}
+			return err
+		}); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
 	return b, nil
 }
 
@@ -134,7 +159,13 @@ func (b *Backend) Close() error {
 	b.mu.Unlock()
 	b.mem.weights.Store(0)
 	b.mem.tensors.Store(0)
-	b.dev.do(func() error { b.dropGraphL(); return nil })
+	b.dev.do(func() error {
+		b.dropGraphL()
+		if b.stepTime != nil {
+			b.stepTime.closeL()
+		}
+		return nil
+	})
 	b.cpu.Close()
 	return b.dev.Close() // frees every Buffer still allocated
 }

@@ -66,6 +66,10 @@ type Device struct {
 	// gemv_split, else rows a block of gemv_rows; set at Open.
 	gemvRows int
 
+	// gemv3 is the version-3 GEMV's blocks a multiprocessor (gemv3.go), 0
+	// for off; set at Open from FERRITE_CUDA_GEMV, ahead of gemvRows.
+	gemv3 int
+
 	// prefetch makes the split GEMVs ask L2 for their weight rows before
 	// they wait for the kernel before them (pdl.go's weightPrefetch); set
 	// at Open, changed only on the device thread.
@@ -125,6 +129,25 @@ const (
 	spinWait = 2 * time.Millisecond
 )
 
+// stepSpin is how long EndStep's caller polls for the step's end before
+// it parks: with FERRITE_CUDA_STEPSPIN=1 (off by default until measured)
+// stepSpinLong, so that a decode step of several milliseconds, which
+// outlasts spinWait, does not end in a parked goroutine's wake-up (GPU run
+// 1 of session 15: 120–130 µs from the device thread's return to
+// EndStep's, a step at 32 and 64 sequences); else spinWait.
+var stepSpin = stepSpinFor(spinOn, os.Getenv("FERRITE_CUDA_STEPSPIN"))
+
+// stepSpinFor is stepSpin for the spin switch and FERRITE_CUDA_STEPSPIN's
+// value.
+func stepSpinFor(spin bool, env string) time.Duration {
+	if spin && env == "1" {
+		return stepSpinLong
+	}
+	return spinWait
+}
+
+const stepSpinLong = 50 * time.Millisecond
+
 // thread is the device goroutine: it owns one OS thread for the Device's
 // life, then clears the context and hands the thread back to the runtime.
 func (d *Device) thread() {
@@ -158,11 +181,14 @@ func (d *Device) next() (f func(), ok bool) {
 // run executes f on the device thread and returns its error. Callers are
 // serialised (do holds mu; Open and Close run before and after everyone),
 // so the one-slot calls channel never makes a sender wait.
-func (d *Device) run(f func() error) error {
+func (d *Device) run(f func() error) error { return d.runSpin(f, spinWait) }
+
+// runSpin is run with the caller polling for up to spin before it parks.
+func (d *Device) runSpin(f func() error, spin time.Duration) error {
 	done := make(chan error, 1)
 	d.calls <- func() { done <- f() }
 	if spinOn {
-		for start := time.Now(); time.Since(start) < spinWait; {
+		for start := time.Now(); time.Since(start) < spin; {
 			select {
 			case err := <-done:
 				return err
@@ -175,13 +201,16 @@ func (d *Device) run(f func() error) error {
 
 // do runs f on the device thread unless the Device is closed or dead; a
 // sticky error from f marks it dead.
-func (d *Device) do(f func() error) error {
+func (d *Device) do(f func() error) error { return d.doSpin(f, spinWait) }
+
+// doSpin is do with the caller polling for up to spin (runSpin).
+func (d *Device) doSpin(f func() error, spin time.Duration) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return ErrClosed
 	}
-	return d.run(func() error {
+	return d.runSpin(func() error {
 		if d.dead != nil {
 			return d.dead
 		}
@@ -191,7 +220,7 @@ func (d *Device) do(f func() error) error {
 			d.dead = err
 		}
 		return err
-	})
+	}, spin)
 }
 
 // Err returns the sticky error that made the device unusable, or nil.
@@ -284,6 +313,7 @@ func (d *Device) setup() error {
 	}
 	d.pdl = pdlEnabled(d.Major) && d.prof == nil
 	d.gemvRows = gemvRowsDefault()
+	d.gemv3 = gemv3Default()
 	d.prefetch = os.Getenv("FERRITE_CUDA_PREFETCH") == "1"
 	return d.loadModule()
 }

@@ -34,7 +34,12 @@
 // FERRITE_CUDA_DNORM=gemv also norms a one-row product's output in that
 // GEMV's last block (ferrite_gemv_*_1n; measured slower, off).
 // FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of
-// that many rows a block. Two kernels for decode batches are in and off by default
+// that many rows a block. FERRITE_CUDA_GEMV=v3 runs the one-row
+// and row-exact products and the one-row SwiGLU GEMV as the version-3
+// GEMV (gemv3.go, src/ops_gemv3.cu: persistent blocks streaming their
+// rows through a cp.async ring in shared memory, the first tiles issued
+// before the PDL wait), v3n also the norm ops of one row with the norm in
+// that GEMV; off until a GPU run measures them faster. Two kernels for decode batches are in and off by default
 // until they beat what runs now: FERRITE_CUDA_SKINNY=N runs the products
 // of 2 to N rows as the skinny GEMM (skinny.go: tensor cores, the weight
 // read once, stream-K over one block a multiprocessor, the SwiGLU, bias
@@ -45,7 +50,14 @@
 // copy and memset with CUDA events into a per-kernel table;
 // FERRITE_CUDA_PROFILE=graph times the kernels of replayed step graphs
 // through event record nodes instead (profile.go, kernels.Profiler; ferrite
-// bench prints the table after each case). A MoE layer's
+// bench prints the table after each case). FERRITE_CUDA_STEPTIME=1 (or ops)
+// times each step's host parts and its graph's GPU time without changing
+// how it runs (steptime.go). Decode batches, off by default until measured:
+// FERRITE_CUDA_FUSE_HALVES=1 joins the split products' epilogues to the op
+// after them (halves.go), FERRITE_CUDA_ATTN_LENSPLIT=k deals each row's
+// own keys over the attention splits (attnsplit.go), FERRITE_CUDA_GEMM_KSPLIT=1
+// runs the smaller split products as a batch of two K halves (ksplit.go),
+// and FERRITE_CUDA_STEPSPIN=1 polls for a step's end instead of parking. A MoE layer's
 // experts are grouped GEMVs for up to 32 tokens (moe.go, src/ops_moe.cu: a
 // slot a pass below 4 tokens, register tiles from 4), an ungated shared
 // expert folded in (kernels.SharedExperts); FERRITE_MOE_KERNELS=v1,

@@ -193,6 +193,13 @@ func (b *Backend) runStepL(ops []func(*Device) error) error {
 	if d.prof != nil {
 		return d.prof.replayL(d, c.exec)
 	}
+	if st := b.stepTime; st != nil {
+		st.recordL(d, false)
+		err := check("cuGraphLaunch", call(driver.cuGraphLaunch, c.exec, d.stream))
+		st.recordL(d, true)
+		st.recorded = err == nil
+		return err
+	}
 	return check("cuGraphLaunch", call(driver.cuGraphLaunch, c.exec, d.stream))
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -203,6 +204,9 @@ func (b *Backend) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
 // device thread, unless the arena is about to free chunks those launches
 // may use: then it is launched now.
 func (b *Backend) BeginStep() {
+	if b.stepTime != nil {
+		b.stepTime.beginStep()
+	}
 	b.presplit = presplit{} // a split is used within its step only
 	b.dec.pend = decPend{}  // so is a Linear a norm may join (decode.go)
 	if b.arena.consolidates() || !lazyWrites {
@@ -228,17 +232,49 @@ func (b *Backend) EndStep() {
 	if b.Err() != nil {
 		return
 	}
-	err := b.dev.do(func() error {
+	st := b.stepTime
+	var n0 kernels.StepGraphs
+	if st != nil {
+		st.enter, n0 = time.Now(), b.graphs.n
+		if st.ops != nil {
+			st.charge("(after the last op)", st.enter.Sub(st.lastOp))
+		}
+	}
+	err := b.dev.doSpin(func() error {
+		if st != nil {
+			st.start = time.Now()
+		}
 		if err := runOps(b.dev, pre); err != nil {
 			return err
+		}
+		if st != nil {
+			st.uploaded = time.Now()
 		}
 		if err := b.runStepL(ops); err != nil {
 			return err
 		}
-		return b.dev.syncL()
-	})
+		if st != nil {
+			st.launched = time.Now()
+		}
+		err := b.dev.syncL()
+		if st != nil {
+			st.synced = time.Now()
+			st.harvestL()
+		}
+		return err
+	}, stepSpin)
 	if err != nil {
 		b.fail(err)
+	}
+	if st != nil {
+		kind := stepEager
+		switch n := b.graphs.n; {
+		case n.Captures > n0.Captures:
+			kind = stepCaptured
+		case n.Replays > n0.Replays:
+			kind = stepReplayed
+		}
+		st.endStep(kind)
 	}
 }
 

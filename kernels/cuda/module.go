@@ -28,11 +28,11 @@ var kernelNames = []string{
 	"ferrite_gemv_norm_f32", "ferrite_gemv_norm_bf16", "ferrite_gemv_norm_f16",
 	"ferrite_gemv_addnorm_f32", "ferrite_gemv_addnorm_bf16", "ferrite_gemv_addnorm_f16",
 	"ferrite_gemv_norm_swiglu_f32", "ferrite_gemv_norm_swiglu_bf16", "ferrite_gemv_norm_swiglu_f16",
-	"ferrite_swiglu_cat", "ferrite_add_halves_swiglu", "ferrite_prepare_qkv",
+	"ferrite_swiglu_cat", "ferrite_add_halves_swiglu", "ferrite_prepare_qkv", "ferrite_prepare_qkv_halves",
 	"ferrite_rmsnorm_f32", "ferrite_f32_to_bf16", "ferrite_fill_bf16",
 	// The op set (src/ops.cu).
 	"ferrite_swiglu", "ferrite_add_bias", "ferrite_f32_to_bf16x2", "ferrite_add_halves", "ferrite_copy_rows", "ferrite_embed", "ferrite_gather_rows",
-	"ferrite_add_rmsnorm", "ferrite_rmsnorm_bf16x2", "ferrite_rope", "ferrite_store_kv",
+	"ferrite_add_rmsnorm", "ferrite_rmsnorm_bf16x2", "ferrite_halves_rmsnorm_bf16x2", "ferrite_rope", "ferrite_store_kv",
 	"ferrite_attn_f32_1", "ferrite_attn_f32_2", "ferrite_attn_f32_4", "ferrite_attn_f32_8",
 	"ferrite_attn_bf16_1", "ferrite_attn_bf16_2", "ferrite_attn_bf16_4", "ferrite_attn_bf16_8",
 	"ferrite_attn_f32_1_g4", "ferrite_attn_f32_2_g4", "ferrite_attn_f32_4_g4", "ferrite_attn_f32_8_g4",
@@ -46,7 +46,12 @@ var kernelNames = []string{
 	"ferrite_route", "ferrite_moe_combine", "ferrite_moe_few_gate_up_1", "ferrite_moe_few_gate_up_8",
 	"ferrite_moe_few_down_1", "ferrite_moe_few_down_8", "ferrite_moe_sort", "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down",
 	"ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", "ferrite_moe_gt_gate_up_r1", "ferrite_moe_gt_gate_up_r2", "ferrite_moe_gt_gate_up_r4", "ferrite_moe_gt_down_r2",
-	"ferrite_moe_gt_down_r4", "ferrite_moe_gt_down_r8", "ferrite_moe_b1_1", "ferrite_moe_b1_3", "ferrite_moe_b1w_1", "ferrite_moe_b1w_3",
+	"ferrite_moe_gt_down_r4", "ferrite_moe_gt_down_r8", "ferrite_moe_b1_1", "ferrite_moe_b1_3",
+	// The same with FERRITE_MOE_PF's L2 prefetches.
+	"ferrite_moe_b1_1_pf", "ferrite_moe_b1_3_pf", "ferrite_moe_gt_gate_up_r1_pf", "ferrite_moe_gt_gate_up_r2_pf",
+	"ferrite_moe_gt_gate_up_r4_pf", "ferrite_moe_gt_down_r2_pf", "ferrite_moe_gt_down_r4_pf", "ferrite_moe_gt_down_r8_pf",
+	"ferrite_moe_gt_gate_up_r1_db", "ferrite_moe_gt_gate_up_r2_db", "ferrite_moe_gt_gate_up_r4_db", "ferrite_moe_gt_down_r2_db",
+	"ferrite_moe_gt_down_r4_db", "ferrite_moe_gt_down_r8_db",
 	// Random weights (src/randfill.cu).
 	"ferrite_random_fill",
 }

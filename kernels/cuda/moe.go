@@ -18,15 +18,48 @@ import (
 // it from the environment (moeConfigFromEnv), so one GPU run can compare;
 // tests and benchmarks set it directly.
 type moeConfig struct {
-	v1     bool // FERRITE_MOE_KERNELS=v1: no register tiles, slot a pass up to moeFewTokens, sorted tiles above (as before them)
-	pipe   int  // FERRITE_MOE_KERNELS=pipe, pipe16, piped, pipe16d: the streamed kernels (moe_pipe.go's pipeMode: warps a block | moePipeDyn) where they apply, from moeGTFrom tokens (or tiles slots)
-	slots8 bool // up to 8 slots of an expert a pass in ferrite_moe_few_* (tests, benchmarks)
-	few    int  // FERRITE_MOE_FEW: the most tokens the register tiles take (0: moeGTTokens)
-	tiles  int  // FERRITE_MOE_TILES: the register tiles from this many slots, also below moeGTFrom tokens (0: from moeGTFrom tokens only)
-	sb     int  // FERRITE_MOE_SB: the slots a register-tile block takes (0: enough blocks for twice the SMs)
-	gt     int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
-	b1     int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; the Wide ones ferrite_moe_b1w_*; 0: off)
-	b1Most int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
+	v1       bool // FERRITE_MOE_KERNELS=v1: no register tiles, slot a pass up to moeFewTokens, sorted tiles above (as before them)
+	pipe     int  // FERRITE_MOE_KERNELS=pipe, pipe16, piped, pipe16d: the streamed kernels (moe_pipe.go's pipeMode: warps a block | moePipeDyn) where they apply, from moeGTFrom tokens (or tiles slots); 0: above moeGTTokens only (pipeFor), nopipe (−1): never
+	slots8   bool // up to 8 slots of an expert a pass in ferrite_moe_few_* (tests, benchmarks)
+	few      int  // FERRITE_MOE_FEW: the most tokens the register tiles take (0: moeGTTokens)
+	tiles    int  // FERRITE_MOE_TILES: the register tiles from this many slots, also below moeGTFrom tokens (0: from moeGTFrom tokens only)
+	sb       int  // FERRITE_MOE_SB: the slots a register-tile block takes (0: enough blocks for twice the SMs)
+	gt       int  // FERRITE_MOE_GT: the register tiles' gate/up rows a warp, 1, 2 or 4 (0: moeGTRows); down takes twice as many
+	b1       int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
+	b1Most   int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
+	combine1 bool // FERRITE_MOE_COMBINE=1: ferrite_moe_combine one block a token (combineParts)
+	pf       int  // FERRITE_MOE_PF, FERRITE_MOE_PFD: the L2 prefetches of the register tiles and ferrite_moe_b1, moePFNext | moePFDouble | distance<<moePFDistShift (0: none)
+}
+
+// The L2 prefetch switches (src/ops_moe.cu kPFNext, kPFDistShift), which
+// pick the _pf twins of the register tiles and ferrite_moe_b1 (the default
+// kernels have none of their code). FERRITE_MOE_PFD=D (1 to 7): the
+// register tiles ask L2, each pass over their rows (512 bytes a row), for
+// the lines D passes on, on into the next expert's tile; ferrite_moe_b1
+// for the gate/up task D on. FERRITE_MOE_PF=2 (moePFNext): ferrite_moe_b1's
+// warps ask for their down rows after their gate/up tasks; 4
+// (moePFDouble): the register tiles' _db twins, which also ask for each
+// pass's weights (into registers) before the pass before multiplies; 6
+// both. They change no bits, only when weights arrive. (Asking for a
+// whole tile, or every later task, at once measured slower in GPU run 1
+// and is gone.)
+const (
+	moePFNext      = 4
+	moePFDistShift = 3
+	moePFDouble    = 1 << 6 // Go's: picks the _db kernels
+)
+
+// pfFlags maps FERRITE_MOE_PF's value (its bits 2 and 4) and
+// FERRITE_MOE_PFD's (0 to 7) to moeConfig.pf.
+func pfFlags(v, dist int) int {
+	f := 0
+	if v&2 != 0 {
+		f |= moePFNext
+	}
+	if v&4 != 0 {
+		f |= moePFDouble
+	}
+	return f | min(dist, 7)<<moePFDistShift
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -40,7 +73,8 @@ func moeConfigFromEnv() moeConfig {
 		return v
 	}
 	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", pipe: pipeMode(os.Getenv("FERRITE_MOE_KERNELS")), few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB"),
-		tiles: num("FERRITE_MOE_TILES")}
+		tiles: num("FERRITE_MOE_TILES"), pf: pfFlags(num("FERRITE_MOE_PF"), num("FERRITE_MOE_PFD")),
+		combine1: os.Getenv("FERRITE_MOE_COMBINE") == "1"}
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
 	}
@@ -53,7 +87,7 @@ func moeConfigFromEnv() moeConfig {
 	if v, ok := os.LookupEnv("FERRITE_MOE_B1"); ok {
 		if m, err := strconv.Atoi(v); err == nil && m == 0 {
 			c.b1 = 0
-		} else if err == nil && m >= moeB1Fused && m <= moeB1WideTwo {
+		} else if err == nil && m >= moeB1Fused && m <= moeB1Two {
 			c.b1, c.b1Most = m, moeB1Tokens
 		}
 	}
@@ -97,8 +131,19 @@ func (c moeConfig) useGT(n, k int) bool {
 }
 
 // gtLaunch names the register tiles' kernels and their weight rows a
-// block (8 warps of R rows).
+// block (8 warps of R rows): with c.pf their _pf twins (_db with
+// moePFDouble), which read it.
 func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows int) {
+	gateUp, guRows, down, downRows = c.gtKernels()
+	if c.pf&moePFDouble != 0 {
+		gateUp, down = gateUp+"_db", down+"_db"
+	} else if c.pf != 0 {
+		gateUp, down = gateUp+"_pf", down+"_pf"
+	}
+	return
+}
+
+func (c moeConfig) gtKernels() (gateUp string, guRows int, down string, downRows int) {
 	switch c.gt {
 	case 1:
 		return "ferrite_moe_gt_gate_up_r1", 1 * moeGEMVRows, "ferrite_moe_gt_down_r2", 2 * moeGEMVRows
@@ -121,6 +166,25 @@ func (c moeConfig) blockSlots(slots, rows, rowsPer, sms int) int {
 		sb = ceilDiv(sb, 2)
 	}
 	return sb
+}
+
+// combineParts is the blocks ferrite_moe_combine splits a token's columns
+// over for n tokens of hidden columns: enough to give every SM two (each
+// block sums whole columns as before, so the bits do not change), or one
+// with FERRITE_MOE_COMBINE=1 (as before session 15).
+func (b *Backend) combineParts(n, hidden int) int {
+	if b.moe.combine1 {
+		return 1
+	}
+	return max(1, min(ceilDiv(hidden, 256), ceilDiv(2*b.dev.SMs, n)))
+}
+
+// moeCombine launches ferrite_moe_combine for y (n, hidden) of row stride
+// yStride from ye (n·k, hidden) with ids and w (n, k), a token's columns
+// over parts blocks (combineParts).
+func (d *Device) moeCombine(y uint64, yStride int, ye, ids, w uint64, n, k, hidden, parts int) error {
+	return d.launch3L("ferrite_moe_combine", [3]uint32{uint32(n), uint32(parts), 1}, 256, 0, y, i32(yStride), ye, ids, w,
+		i32(k), i32(hidden))
 }
 
 // funcGetAttribute is the driver's cuFuncGetAttribute, looked up on first
@@ -171,7 +235,7 @@ func (d *Device) kernelResources(name string) (regs, local int, err error) {
 func (b *Backend) FoldsSharedExperts() bool { return os.Getenv("FERRITE_MOE_FOLD") != "0" }
 
 // The persistent grouped GEMV for 1 to moeB1Tokens tokens
-// (src/ops_moe_b1.cu): one block of 512 (or 1,024) threads a multiprocessor,
+// (src/ops_moe_b1.cu): one block of 512 threads a multiprocessor,
 // every chosen expert's gate/up and down rows spread over all of them.
 // moeB1Fused runs gate/up and down in one launch with a grid barrier
 // between (each warp's first down weights asked for before it),
@@ -179,20 +243,18 @@ func (b *Backend) FoldsSharedExperts() bool { return os.Getenv("FERRITE_MOE_FOLD
 // before its PDL wait. The bits are the slot-a-pass kernels' (and so the
 // register tiles').
 const (
-	moeB1Fused     = 1
-	moeB1Two       = 2
-	moeB1WideFused = 3 // ferrite_moe_b1w_*: blocks of 1,024 threads, 64 registers each
-	moeB1WideTwo   = 4
-	moeB1Tokens    = 3
-	moeB1Slots     = 192       // n·k
-	moeB1Smem      = 160 << 10 // the most shared memory for h (every slot's) a block takes
-	moeB1Fixed     = 40 << 10  // the most shared memory before h: the plan and each warp's products (src B1::kFixed)
+	moeB1Fused  = 1
+	moeB1Two    = 2
+	moeB1Tokens = 3
+	moeB1Slots  = 192       // n·k
+	moeB1Smem   = 160 << 10 // the most shared memory for h (every slot's) a block takes
+	moeB1Fixed  = 24 << 10  // the shared memory before h: the plan and each warp's products (src B1::kFixed)
 	// the kernel's modes (src/ops_moe_b1.cu kB1*)
 	moeB1ModeGateUp, moeB1ModeDown, moeB1ModeBoth = 1, 2, 3
 )
 
 func init() {
-	bigSmemKernels = append(bigSmemKernels, "ferrite_moe_b1_1", "ferrite_moe_b1_3", "ferrite_moe_b1w_1", "ferrite_moe_b1w_3")
+	bigSmemKernels = append(bigSmemKernels, "ferrite_moe_b1_1", "ferrite_moe_b1_3", "ferrite_moe_b1_1_pf", "ferrite_moe_b1_3_pf")
 }
 
 // moeB1Bar returns the device address of ferrite_moe_b1's grid barrier
@@ -251,12 +313,13 @@ func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Exp
 		return false
 	}
 	hidden, inter := experts[0].Down.Rows, experts[0].Down.Cols
-	name, threads, fixed := "ferrite_moe_b1_1", 512, 24<<10
-	if b.moe.b1 >= moeB1WideFused {
-		name, threads, fixed = "ferrite_moe_b1w_1", 1024, 40<<10
-	}
+	name, threads, fixed := "ferrite_moe_b1_1", 512, moeB1Fixed
 	if n > 1 {
-		name = name[:len(name)-1] + "3"
+		name = "ferrite_moe_b1_3"
+	}
+	pf := b.moe.pf &^ moePFDouble // the kernel's bits (moePFDouble is the register tiles')
+	if pf != 0 {
+		name += "_pf" // the same kernel with the prefetches (the plain one has none of their code)
 	}
 	smem, xp := fixed+n*k*inter*4, dptr(x)
 	bar, err := b.moeB1Bar()
@@ -276,13 +339,13 @@ func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Exp
 		return []uint64{i32(mode), y, i32(dst.Stride), h, xp, i32(x.Stride), ip, wp, table.ptr, i32(len(experts)),
 			i32(n), i32(k), i32(inter), i32(hidden), f32(limit), bar, i32(tc)}
 	}
-	fused := b.moe.b1 == moeB1Fused || b.moe.b1 == moeB1WideFused
+	fused := b.moe.b1 == moeB1Fused
 	guSmem, block := uint32(fixed+tcopy*tbytes), uint32(threads)
 	b.queue(func(d *Device) error {
 		if fused {
-			return d.launchL(name, grid, block, uint32(smem), args(moeB1ModeBoth, tcopy)...)
+			return d.launchL(name, grid, block, uint32(smem), args(moeB1ModeBoth, tcopy|pf)...)
 		}
-		if err := d.launchL(name, grid, block, guSmem, args(moeB1ModeGateUp, tcopy)...); err != nil {
+		if err := d.launchL(name, grid, block, guSmem, args(moeB1ModeGateUp, tcopy|pf)...); err != nil {
 			return err
 		}
 		return d.launchL(name, grid, block, uint32(smem), args(moeB1ModeDown, 0)...)

@@ -63,7 +63,9 @@ func TestOpsExpertsPaths(t *testing.T) {
 	}
 	checkExperts(t, b, "bf16/n=16", bf16, 16, 4, rng) // the register tiles
 	for _, c := range []moeConfig{{tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7}, {tiles: 1, sb: 256}, {tiles: 1, gt: 1},
-		{tiles: 1, gt: 2, sb: 5}, {gt: 2}, {gt: 1, sb: 3}} {
+		{tiles: 1, gt: 2, sb: 5}, {gt: 2}, {gt: 1, sb: 3}, {tiles: 1, pf: pfFlags(0, 3)},
+		{tiles: 1, gt: 1, sb: 7, pf: pfFlags(0, 1)}, {gt: 2, sb: 256, pf: pfFlags(2, 7)}, {tiles: 1, pf: pfFlags(4, 0)},
+		{tiles: 1, gt: 1, sb: 3, pf: pfFlags(4, 2)}, {gt: 2, pf: pfFlags(6, 1)}} {
 		b.moe = c
 		for _, n := range []int{1, 5, moeFewTokens + 3, moeGTTokens} {
 			checkExperts(t, b, fmt.Sprintf("mixed/%+v/n=%d", c, n), mixed, n, 4, rng)
@@ -78,7 +80,20 @@ func TestOpsExpertsPaths(t *testing.T) {
 	for _, n := range []int{moeFewTokens, 20} {
 		checkExperts(t, b, fmt.Sprint("mixed/v1/n=", n), mixed, n, 4, rng)
 	}
+	// Above moeGTTokens the streamed kernels (moePipeAuto); then the sorted
+	// tiles they replace there, with FERRITE_MOE_KERNELS=nopipe.
 	b.moe = moeConfig{}
+	checkExperts(t, b, fmt.Sprint("bf16/n=", moeGTTokens+1), bf16, moeGTTokens+1, 4, rng)
+	// hidden 1,040: ferrite_moe_combine splits a token's columns over up to
+	// 5 blocks (combineParts), or one (FERRITE_MOE_COMBINE=1).
+	wide := randExperts(rng, 8, 1040, 64)
+	for _, c := range []moeConfig{{}, {combine1: true}} {
+		b.moe = c
+		for _, n := range []int{8, moeGTTokens + 1} {
+			checkExperts(t, b, fmt.Sprintf("wide/%+v/n=%d", c, n), wide, n, 4, rng)
+		}
+	}
+	b.moe = moeConfig{pipe: -1}
 	for _, n := range []int{moeGTTokens + 1, 300} {
 		checkExperts(t, b, fmt.Sprint("bf16/mma/n=", n), bf16, n, 4, rng)
 		b.noMMA = true
@@ -90,7 +105,8 @@ func TestOpsExpertsPaths(t *testing.T) {
 // TestOpsExpertsRowExact checks that the grouped GEMV paths give every
 // token the bits of a call with that token alone (kernels.RowExact: a
 // speculative verification's rows reproduce plain decoding's): the
-// register tiles (every size, at 2 to 12 tokens) and the slot-a-pass
+// register tiles (every size, with and without the L2 prefetches, at 2 to
+// 12 tokens) and the slot-a-pass
 // kernels, on experts of mixed dtypes with tokens that share experts.
 func TestOpsExpertsRowExact(t *testing.T) {
 	b := openOps(t)
@@ -122,7 +138,9 @@ func TestOpsExpertsRowExact(t *testing.T) {
 	for i := range n {
 		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true}} {
+	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true},
+		{tiles: 1, pf: pfFlags(0, 2)}, {tiles: 1, sb: 5, gt: 1, pf: pfFlags(0, 4)}, {tiles: 1, pf: pfFlags(4, 0)},
+		{tiles: 1, gt: 2, sb: 5, pf: pfFlags(4, 3)}} {
 		b.moe = c
 		for _, rows := range []int{2, 8, n} {
 
@@ -212,9 +230,13 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // (FERRITE_MOE_GT; 4 by default), "tiles" the prefill path's sorted tiles
 // at a register-tile size (FERRITE_MOE_KERNELS=v1), "pipe", "pipe16",
 // "piped", "pipe16d" the streamed kernels (FERRITE_MOE_KERNELS of the same
-// name: moe_pipe.go) from moeGTFrom tokens. µs/layer is the step
-// over the layers; GB/s counts the chosen experts' weight bytes (distinct
-// experts of the step's tokens) over the step's wall time,
+// name: moe_pipe.go) from moeGTFrom tokens, "pfd2", "pfd4" the register
+// tiles with FERRITE_MOE_PFD's L2 prefetches (the lines 2 or 4 passes on),
+// "db" the _db kernels (FERRITE_MOE_PF=4: the next pass's weights asked for
+// before a pass multiplies), "+pfd2" with both, "gt=2" two gate/up rows a
+// warp (FERRITE_MOE_GT=2), "combine1" ferrite_moe_combine one block a
+// token (FERRITE_MOE_COMBINE=1). µs/layer is the step over the layers; GB/s counts the chosen experts' weight bytes
+// (distinct experts of the step's tokens) over the step's wall time,
 // TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
 	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 2, 4, 8, 16, 32, 64, 512})
@@ -282,6 +304,15 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 		}
 		if n > 1 && n <= moeFewTokens && n*k <= moeGEMVSlots {
 			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
+		}
+		if (moeConfig{}).useGT(n, k) {
+			vs = append(vs, variant{"/pfd2", moeConfig{pf: pfFlags(0, 2)}}, variant{"/pfd4", moeConfig{pf: pfFlags(0, 4)}},
+				variant{"/db", moeConfig{pf: pfFlags(4, 0)}}, variant{"/db+pfd2", moeConfig{pf: pfFlags(4, 2)}},
+				variant{"/gt=2+db", moeConfig{gt: 2, pf: pfFlags(4, 0)}}, variant{"/gt=2+db+pfd2", moeConfig{gt: 2, pf: pfFlags(4, 2)}},
+				variant{"/combine1", moeConfig{combine1: true}})
+		}
+		if n > moeGTTokens && n*k <= moePipeSlots {
+			vs = append(vs, variant{"/tiles", moeConfig{pipe: -1}})
 		}
 		if n >= moeGTFrom && n*k <= moePipeSlots {
 			vs = append(vs, variant{"/pipe", moeConfig{pipe: 8}}, variant{"/pipe16", moeConfig{pipe: 16}},

@@ -38,11 +38,16 @@ const flushAt = 32
 // that reads, writes or waits (exec) issues the waiting launches first.
 func (b *Backend) queue(f func(d *Device) error) {
 	b.presplit = presplit{} // whatever was split may change now (linearSplitSwiGLU)
+	b.halves = halvesPend{} // a norm joins only the product just before it (normSplit)
 	b.dec.pend = decPend{}  // a norm joins only the op just before it (decFuseNorm)
 	b.qmu.Lock()
 	b.pending = append(b.pending, f)
 	full := !b.inStep && len(b.pending) >= flushAt
+	timed := b.inStep && b.stepTime != nil && b.stepTime.ops != nil
 	b.qmu.Unlock()
+	if timed {
+		b.stepTime.queued()
+	}
 	if full {
 		b.exec(nil)
 	}
@@ -253,6 +258,9 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	y, xp := dptr(dst), dptr(x)
 	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 { // with SetRowExact, n > 1 gives each row these bits too
 		b.queue(func(d *Device) error {
+			if ok, err := d.swiglu3L(y, xp, dw, 1, inter, limit); ok {
+				return err
+			}
 			name, grid := k[0], uint32(inter)
 			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
 				name, grid = k[d.gemvRows/4], uint32(ceilDiv(inter, d.gemvRows/2))
@@ -290,6 +298,9 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 		return
 	}
 	rows := x.Rows
+	if b.normLinear3(dst, kernels.Tensor{}, x, kernels.Tensor{}, n, dw, bias, e.Accumulate) {
+		return
+	}
 	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
 		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
 		b.queue(func(d *Device) error {
@@ -299,7 +310,17 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 		return
 	}
 	if b.splitsNormed(dw, rows) { // the norm writes cuBLASLt's split input
-		b.splitGemm(b.splitNorm(x, n), dw, rows, addHalves(dptr(dst), bias, dw, rows, e.Accumulate))
+		xb, split := b.normSplit(x, n)
+		y, epi := dptr(dst), addHalves(dptr(dst), bias, dw, rows, e.Accumulate)
+		var fix *halvesFix
+		if !e.Accumulate && b.fuseHalves && b.inStep { // PrepareQKV may add the halves (halves.go)
+			fix = &halvesFix{}
+			epi = halvesOrPrep(fix, epi)
+		}
+		t := b.splitGemmXB(xb, split, dw, rows, epi)
+		if fix != nil {
+			b.halves = halvesPend{y: y, n: rows, dim: dw.Rows, fix: fix, t: t, bias: bias}
+		}
 		return
 	}
 	h := b.normed(x, n)
@@ -320,6 +341,9 @@ func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels
 		return
 	}
 	rows := x.Rows
+	if b.normLinear3(dst, sum, x, delta, n, dw, bias, e.Accumulate) {
+		return
+	}
 	if k, ok := gemvAddNormKernels[dw.DType]; ok && b.fusesNorm(x, n) && dptr(delta)%16 == 0 {
 		y, xp, nw, dp, sp := dptr(dst), dptr(x), dptr(n.W), dptr(delta), dptr(sum)
 		b.queue(func(d *Device) error {
@@ -357,6 +381,9 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 		b.fail(err)
 		return
 	}
+	if b.normSwiGLU3(dst, x, n, dw, limit) {
+		return
+	}
 	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
 		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
 		b.queue(func(d *Device) error {
@@ -366,7 +393,8 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 		return
 	}
 	if b.splitsNormed(dw, rows) {
-		b.splitSwiGLU(dptr(dst), b.splitNorm(x, n), dw, rows, limit)
+		xb, split := b.normSplit(x, n)
+		b.splitSwiGLU(dptr(dst), xb, split, dw, rows, limit)
 		return
 	}
 	b.SwiGLULinear(dst, b.normed(x, n), gate, up, limit)
@@ -380,15 +408,12 @@ func (b *Backend) splitsNormed(w *Weight, rows int) bool {
 	return !b.rowExact && w.DType == kernels.BF16 && rows > 1 && rows < gemmRoundRows && rows > b.skinny.rows && b.useGemm()
 }
 
-// splitNorm is splitGemm's split of RMSNorm(x) with hn, the norm and the
+// splitNorm is splitGemmXB's split of RMSNorm(x) with hn, the norm and the
 // split in one kernel (the bits of ferrite_add_rmsnorm and then
 // ferrite_f32_to_bf16x2).
 func (b *Backend) splitNorm(x kernels.Tensor, hn *kernels.HeadNorm) func(d *Device, xb uint64) error {
 	xp, nw, rows, dim := dptr(x), dptr(hn.W), x.Rows, x.Cols
-	block := uint32(256) // as norm
-	if rows < b.dev.SMs {
-		block = 1024
-	}
+	block := b.normBlock(rows)
 	return func(d *Device, xb uint64) error {
 		return d.launchL("ferrite_rmsnorm_bf16x2", uint32(rows), block, 0, xb, xp, nw, i32(rows), i32(dim), f32(hn.Eps), b32(hn.Offset))
 	}
@@ -496,11 +521,20 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 // of the op just queued and that op also wrote it split (presplit), the
 // split is not done again.
 func (b *Backend) linearSplit(y, x, bias uint64, w *Weight, n int, acc bool) {
-	if p := b.presplit; p.x == x && p.n == n && p.cols == w.Cols && x != 0 {
-		b.splitGemmXB(p.xb, nil, w, n, addHalves(y, bias, w, n, acc))
-		return
+	epi, fix := addHalves(y, bias, w, n, acc), (*halvesFix)(nil)
+	if acc && b.fuseHalves && b.inStep {
+		fix = &halvesFix{}
+		epi = halvesOrNorm(y, bias, w, n, fix, epi)
 	}
-	b.splitGemm(splitX(x, n, w.Cols), w, n, addHalves(y, bias, w, n, acc))
+	var t uint64
+	if p := b.presplit; p.x == x && p.n == n && p.cols == w.Cols && x != 0 {
+		t = b.splitGemmXB(p.xb, nil, w, n, epi)
+	} else {
+		t = b.splitGemmXB(dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)), splitX(x, n, w.Cols), w, n, epi) // (2n, cols) x split
+	}
+	if fix != nil {
+		b.halves = halvesPend{y: y, n: n, dim: w.Rows, fix: fix, t: t, bias: bias, acc: true}
+	}
 }
 
 // presplit is the float32 rows x (n, cols) that the op queued last also
@@ -515,43 +549,50 @@ type presplit struct {
 // the stacked [gate; up] w: y (n, w.Rows/2), written split as well for the
 // down projection that usually follows (presplit).
 func (b *Backend) linearSplitSwiGLU(y, x uint64, w *Weight, n int, limit float32) {
-	b.splitSwiGLU(y, splitX(x, n, w.Cols), w, n, limit)
+	b.splitSwiGLU(y, dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)), splitX(x, n, w.Cols), w, n, limit) // (2n, cols) x split
 }
 
-// splitSwiGLU is splitGemm of the stacked [gate; up] w with the SwiGLU
+// splitSwiGLU is splitGemmXB of the stacked [gate; up] w with the SwiGLU
 // epilogue into y (n, w.Rows/2), which it also leaves split (presplit).
-func (b *Backend) splitSwiGLU(y uint64, split func(d *Device, xb uint64) error, w *Weight, n int, limit float32) {
+func (b *Backend) splitSwiGLU(y, xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, limit float32) {
 	inter := w.Rows / 2
 	y2 := dptr(b.Scratch(kernels.BF16, 2*n, inter)) // (2n, inter) y as bf16 hi, then lo
-	b.splitGemm(split, w, n, swigluHalves(y, y2, w, n, limit))
+	b.splitGemmXB(xb, split, w, n, swigluHalves(y, y2, w, n, limit))
 	b.presplit = presplit{x: y, xb: y2, n: n, cols: inter}
 }
 
-// splitGemm queues split, which writes the bf16 hi and lo rows of the n
-// input rows into scratch xb (2n, w.Cols), their cuBLASLt product with w
-// into scratch t (2n, w.Rows), then epi(t).
-func (b *Backend) splitGemm(split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
-	b.splitGemmXB(dptr(b.Scratch(kernels.BF16, 2*n, w.Cols)), split, w, n, epi) // (2n, cols) x as bf16 hi, then lo
-}
-
-// splitGemmXB is splitGemm into the split input xb; with split nil, xb
-// already holds it.
-func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) {
-	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows)) // (2n, rows) the two products
+// splitGemmXB queues split, which writes the bf16 hi and lo rows of the n
+// input rows into xb (2n, w.Cols) (with split nil, xb already holds
+// them), their cuBLASLt product with w into scratch t (2n, w.Rows), then
+// epi(t); it returns t.
+func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) uint64 {
+	ks := b.kSplits(w, n)
+	rows := 2 * n
+	if ks > 0 {
+		rows *= ks // the other K parts' products follow (ksplit.go)
+	}
+	t := dptr(b.Scratch(kernels.F32, rows, w.Rows)) // (2n, rows) the two products
 	b.queue(func(d *Device) error {
 		if split != nil {
 			if err := split(d, xb); err != nil {
 				return err
 			}
 		}
-		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
+		var err error
+		if ks > 0 {
+			err = d.gemmKSplitL(t, xb, w, 2*n, ks)
+		} else {
+			err = d.gemmL(t, xb, w, 2*n, false)
+		}
+		if err != nil {
 			return err
 		}
 		return epi(d, t)
 	})
+	return t
 }
 
-// splitX is splitGemm's split of float32 rows x (n, cols).
+// splitX is splitGemmXB's split of float32 rows x (n, cols).
 func splitX(x uint64, n, cols int) func(d *Device, xb uint64) error {
 	return func(d *Device, xb uint64) error {
 		cnt := int64(n) * int64(cols)
@@ -704,6 +745,15 @@ func (b *Backend) PrepareQKV(q, kc, vc, qkv kernels.Tensor, qn, kn *kernels.Head
 	}
 	qp, kcp, vcp, src, pos, slot := dptr(q), dptr(kc), dptr(vc), dptr(qkv), dptr(p.Pos), dptr(p.Slot)
 	heads := s.Heads + 2*s.KVHeads
+	if h := b.halves; h.fix != nil && !h.fix.ran && !h.acc && h.y == src && h.n == n && h.dim == qkv.Cols && b.inStep {
+		h.fix.prep = true // the product's epilogue is this launch (halves.go)
+		b.queue(func(d *Device) error {
+			return d.launch3L("ferrite_prepare_qkv_halves", [3]uint32{uint32(n), uint32(ceilDiv(heads, prepHeads)), 1}, 128, 0,
+				qp, kcp, vcp, h.t, pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), i32(kc.Rows), b32(kc.DType == kernels.BF16),
+				i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), pa[0], pa[1], pa[2], pa[3], pa[4], pa[5], pa[6], pa[7], h.bias, src)
+		})
+		return
+	}
 	b.queue(func(d *Device) error {
 		return d.launch3L("ferrite_prepare_qkv", [3]uint32{uint32(n), uint32(ceilDiv(heads, prepHeads)), 1}, 128, 0,
 			qp, kcp, vcp, src, pos, i32(p.Pos.Stride), slot, i32(p.Slot.Stride), i32(kc.Rows), b32(kc.DType == kernels.BF16),
@@ -1021,7 +1071,15 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	chunks := ceilDiv(s.Heads/s.KVHeads, group)
 	maxKeys := p.Blocks.Cols * p.BlockSize
-	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(2*b.dev.SMs, blocks)))
+	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
+	if b.usePrefill(s, n) && !b.lenSplitDecode(n, p) {
+		ptile = b.prefillTile()
+	}
+	target, lensplit := 2*b.dev.SMs, 0
+	if b.attnLenSplit > 0 && n > 1 && qf == nil && ptile == 0 { // the rows' own keys dealt over the splits
+		target, lensplit = b.attnLenSplit*b.dev.SMs, 1
+	}
+	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(target, blocks)))
 	split := ceilDiv(ceilDiv(maxKeys, splits), 32) * 32 // keys per split, whole warp tiles
 	var part, cnt uint64
 	if splits > 1 {
@@ -1040,19 +1098,21 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	o, kcp, vcp := dptr(out), dptr(kc), dptr(vc)
 	pos, seq, bt := dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks)
-	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
-	if b.usePrefill(s, n) {
-		ptile = b.prefillTile()
-	}
 	name := attnKernels[g4][bf][dpl]
 	pf := n == 1 && !b.noAttnPrefetch // a decode row: its few blocks are latency-bound
 	var extra []uint64
+	var out2 uint64 // the output also split for the o projection (halves.go); 0: not
 	if qf != nil {
 		if g4 == 0 || ptile > 0 || n != 1 {
 			panic("cuda: the QKV form of attention wants one row and 4 query heads a block")
 		}
 		name = attnQKVKernels[bf][dpl]
 		extra = append([]uint64{qf.qkv, qf.slot, i32(qf.slots)}, qf.prep[:]...)
+	} else {
+		if b.fuseHalves && b.inStep && ptile == 0 && n > 1 {
+			out2 = dptr(b.Scratch(kernels.BF16, 2*n, qw)) // (2n, heads·hd) out as bf16 hi, then lo
+		}
+		extra = []uint64{out2, i32(lensplit)}
 	}
 	b.queue(func(d *Device) error {
 		if ptile > 0 {
@@ -1070,8 +1130,11 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 			return err
 		}
 		return d.launch3L("ferrite_attn_combine", [3]uint32{uint32(n), uint32(s.Heads), 1}, attnThread, 0,
-			o, part, i32(s.Heads), i32(s.HeadDim), i32(splits), seq, i32(n), i32(ptile))
+			o, part, i32(s.Heads), i32(s.HeadDim), i32(splits), seq, i32(n), i32(ptile), out2)
 	})
+	if out2 != 0 {
+		b.presplit = presplit{x: o, xb: out2, n: n, cols: qw}
+	}
 }
 
 // Route implements kernels.MoEOps.
@@ -1246,17 +1309,19 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		gateUp, guRows, down, downRows := b.moe.gtLaunch()
 		sbu := b.moe.blockSlots(slots, inter, guRows, sms)
 		sbd := b.moe.blockSlots(slots, hidden, downRows, sms)
+		pf := b.moe.pf &^ moePFDouble // the kernels' bits (gtLaunch picks _db)
+		parts := b.combineParts(n, hidden)
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
-				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit))
+				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit), i32(pf))
 			if err == nil {
 				err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, downRows)), uint32(ceilDiv(slots, sbd)), 1}, 256, 0,
-					ye, i32(hidden), h, i32(inter), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbd))
+					ye, i32(hidden), h, i32(inter), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbd), i32(pf))
 			}
 			if err != nil {
 				return err
 			}
-			return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
+			return d.moeCombine(y, dst.Stride, ye, ip, wp, n, k, hidden, parts)
 		})
 		return
 	}
@@ -1289,6 +1354,7 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	if mma {
 		gateUp, down, threads = "ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", 128
 	}
+	parts := b.combineParts(n, hidden)
 	b.queue(func(d *Device) error {
 		err := d.launchL("ferrite_moe_sort", 1, 1024, 0, off, tiles, perm, ye, ip, i32(n*k), i32(ne), i32(hidden))
 		if err != nil {
@@ -1304,6 +1370,6 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		if err != nil {
 			return err
 		}
-		return d.launchL("ferrite_moe_combine", uint32(n), 256, 0, y, i32(dst.Stride), ye, ip, wp, i32(k), i32(hidden))
+		return d.moeCombine(y, dst.Stride, ye, ip, wp, n, k, hidden, parts)
 	})
 }

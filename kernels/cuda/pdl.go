@@ -41,10 +41,14 @@ var pdlKernels = map[string]bool{
 	"ferrite_attn_bf16_1_g4": true, "ferrite_attn_bf16_2_g4": true, "ferrite_attn_bf16_4_g4": true, "ferrite_attn_bf16_8_g4": true,
 	"ferrite_attn_qkv_f32_1": true, "ferrite_attn_qkv_f32_2": true, "ferrite_attn_qkv_f32_4": true, "ferrite_attn_qkv_f32_8": true,
 	"ferrite_attn_qkv_bf16_1": true, "ferrite_attn_qkv_bf16_2": true, "ferrite_attn_qkv_bf16_4": true, "ferrite_attn_qkv_bf16_8": true,
-	"ferrite_route": true, "ferrite_moe_few_gate_up_1": true, "ferrite_moe_few_gate_up_8": true,
+	"ferrite_route": true, "ferrite_moe_combine": true, "ferrite_moe_few_gate_up_1": true, "ferrite_moe_few_gate_up_8": true,
 	"ferrite_moe_few_down_1": true, "ferrite_moe_few_down_8": true, "ferrite_moe_gt_gate_up_r1": true, "ferrite_moe_gt_gate_up_r2": true,
 	"ferrite_moe_gt_gate_up_r4": true, "ferrite_moe_gt_down_r2": true, "ferrite_moe_gt_down_r4": true, "ferrite_moe_gt_down_r8": true,
-	"ferrite_moe_b1_1": true, "ferrite_moe_b1_3": true, "ferrite_moe_b1w_1": true, "ferrite_moe_b1w_3": true,
+	"ferrite_moe_b1_1": true, "ferrite_moe_b1_3": true, "ferrite_moe_b1_1_pf": true, "ferrite_moe_b1_3_pf": true,
+	"ferrite_moe_gt_gate_up_r1_pf": true, "ferrite_moe_gt_gate_up_r2_pf": true, "ferrite_moe_gt_gate_up_r4_pf": true, "ferrite_moe_gt_down_r2_pf": true,
+	"ferrite_moe_gt_down_r4_pf": true, "ferrite_moe_gt_down_r8_pf": true,
+	"ferrite_moe_gt_gate_up_r1_db": true, "ferrite_moe_gt_gate_up_r2_db": true, "ferrite_moe_gt_gate_up_r4_db": true, "ferrite_moe_gt_down_r2_db": true,
+	"ferrite_moe_gt_down_r4_db": true, "ferrite_moe_gt_down_r8_db": true,
 }
 
 // pdlEnabled is whether a new Device of compute capability major uses PDL:

@@ -452,11 +452,30 @@ func (d *Device) profileTable() (profTable, error) {
 	return t, err
 }
 
-// Profiling implements kernels.Profiler.
-func (b *Backend) Profiling() bool { return b.dev.Profiling() }
+// Profiling implements kernels.Profiler: the device times its kernels
+// (FERRITE_CUDA_PROFILE) or the backend its steps (FERRITE_CUDA_STEPTIME=1).
+func (b *Backend) Profiling() bool { return b.dev.Profiling() || b.stepTime != nil }
 
 // ResetProfile implements kernels.Profiler.
-func (b *Backend) ResetProfile() { b.dev.ResetProfile() }
+func (b *Backend) ResetProfile() {
+	if b.dev.Profiling() {
+		b.dev.ResetProfile()
+	}
+	if b.stepTime != nil {
+		b.dev.do(func() error { b.stepTime.reset(); return nil })
+	}
+}
 
-// WriteProfile implements kernels.Profiler.
-func (b *Backend) WriteProfile(w io.Writer) error { return b.dev.WriteProfile(w) }
+// WriteProfile implements kernels.Profiler: the kernel table, then the
+// step times.
+func (b *Backend) WriteProfile(w io.Writer) error {
+	if b.dev.Profiling() {
+		if err := b.dev.WriteProfile(w); err != nil {
+			return err
+		}
+	}
+	if b.stepTime != nil {
+		return b.stepTime.write(w)
+	}
+	return nil
+}

@@ -47,8 +47,10 @@ func TestRowAttention(t *testing.T) {
 
 // BenchmarkRowAttention times Attention of a Qwen3-8B decode batch (32/8
 // heads of 128, bf16 cache, every row its own sequence at positions
-// ctx−17 to ctx−1) with rowattn (the default from 2 rows) and with the
-// split-KV kernel (rows=0): 36 calls a step over 8 distinct cache layers
+// ctx−17 to ctx−1, or with /spread ctx/2 to ctx−1 as a 128 + 128 bench's
+// rows are) with rowattn (the default from 2 rows), the split-KV kernel
+// (rows=0) and it with FERRITE_CUDA_ATTN_LENSPLIT (lensplit=k): 36 calls a
+// step over 8 distinct cache layers
 // (none in L2 when it is read again), the step replayed as a graph. µs/call
 // is the step's host wall time over 36; GB/s counts the keys and values
 // each call reads.
@@ -56,7 +58,11 @@ func BenchmarkRowAttention(b *testing.B) {
 	be := openOps(b)
 	const heads, kvHeads, hd, bs, ctx, layers, caches = 32, 8, 128, 16, 256, 36, 8
 	defer be.SetRowAttention(be.SetRowAttention(2))
-	for _, n := range []int{8, 32, 64} {
+	for _, c := range []struct {
+		n      int
+		spread bool
+	}{{8, false}, {32, false}, {64, false}, {32, true}, {64, true}} {
+		n := c.n
 		nb := ctx / bs
 		table := make([]int32, n*nb)
 		pos, seq := make([]int32, n), make([]int32, n)
@@ -65,6 +71,9 @@ func BenchmarkRowAttention(b *testing.B) {
 				table[i*nb+j] = int32(i*nb + j)
 			}
 			pos[i], seq[i] = int32(ctx-1-i%17), int32(i)
+			if c.spread {
+				pos[i] = int32(ctx/2 + (37*i)%(ctx/2))
+			}
 		}
 		var kc, vc []kernels.Tensor
 		var bytes float64
@@ -103,13 +112,20 @@ func BenchmarkRowAttention(b *testing.B) {
 		}
 		be.WriteF32(q, qv)
 		shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
-		var outs [2][]float32
-		for vi, rows := range []int{2, 0} {
+		// rowattn, the split-KV kernel, and it with each row's keys dealt
+		// evenly over about lensplit blocks an SM (FERRITE_CUDA_ATTN_LENSPLIT).
+		var outs [5][]float32
+		for vi, v := range []struct{ rows, lensplit int }{{2, 0}, {0, 0}, {0, 2}, {0, 4}, {0, 8}} {
+			rows := v.rows
 			name := "rowattn"
 			if rows == 0 {
 				name = "splitkv"
 			}
+			if v.lensplit > 0 {
+				name = fmt.Sprintf("splitkv/lensplit=%d", v.lensplit)
+			}
 			be.SetRowAttention(rows)
+			be.SetAttnLenSplit(v.lensplit)
 			var out kernels.Tensor
 			step := func() {
 				be.BeginStep()
@@ -119,7 +135,11 @@ func BenchmarkRowAttention(b *testing.B) {
 				}
 				be.EndStep()
 			}
-			b.Run(fmt.Sprintf("n=%d/ctx=%d/%s", n, ctx, name), func(b *testing.B) {
+			label := fmt.Sprintf("n=%d/ctx=%d", n, ctx)
+			if c.spread {
+				label += "/spread"
+			}
+			b.Run(label+"/"+name, func(b *testing.B) {
 				sec := timeSteps(b, be, step) / layers
 				b.ReportMetric(sec*1e6, "us/call")
 				b.ReportMetric(bytes/sec/1e9, "GB/s")
@@ -129,16 +149,19 @@ func BenchmarkRowAttention(b *testing.B) {
 				be.ReadF32(outs[vi], out)
 			}
 		}
-		if outs[0] == nil || outs[1] == nil {
-			continue
-		}
-		diff := 0.0
-		for i, v := range outs[0] {
-			diff = max(diff, math.Abs(float64(v-outs[1][i])))
-		}
-		b.Logf("n=%d: max |rowattn − splitkv| %.3g", n, diff)
-		if !(diff < 1e-3) {
-			b.Errorf("n=%d: rowattn and the split-KV kernel differ by %g", n, diff)
+		be.SetAttnLenSplit(0)
+		for vi, o := range outs {
+			if vi == 1 || o == nil || outs[1] == nil {
+				continue
+			}
+			diff := 0.0
+			for i, v := range o {
+				diff = max(diff, math.Abs(float64(v-outs[1][i])))
+			}
+			b.Logf("n=%d: variant %d: max |Δ| to splitkv %.3g", n, vi, diff)
+			if !(diff < 1e-3) {
+				b.Errorf("n=%d: variant %d and the split-KV kernel differ by %g", n, vi, diff)
+			}
 		}
 	}
 }

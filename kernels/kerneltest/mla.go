@@ -46,11 +46,7 @@ func newPaged(t *testing.T, d kernels.Device, rng *rand.Rand, seqs []attnSeq, bs
 	for _, s := range seqs {
 		g.maxBlocks = max(g.maxBlocks, (s.start+s.rows+bs-1)/bs)
 	}
-	perm := rng.Perm(g.slots() / bs)
-	g.blocks = make([]int32, len(seqs)*g.maxBlocks)
-	for i := range g.blocks {
-		g.blocks[i] = int32(perm[i])
-	}
+	g.blocks = scatteredBlocks(rng, len(seqs)*g.maxBlocks, g.slots()/bs)
 	g.bt = ints(t, d, len(seqs), g.maxBlocks, g.blocks)
 	return g
 }

@@ -210,7 +210,11 @@ func ints(t *testing.T, d kernels.Device, rows, cols int, v []int32) kernels.Ten
 	return x
 }
 
-func randn(rng *rand.Rand, n int) []float32 {
+func randn(rng *rand.Rand, n int) []float32 { return RandN(rng, n) }
+
+// RandN returns n standard normal values drawn from rng: the inputs of
+// most cases, here and in the backends' own tests.
+func RandN(rng *rand.Rand, n int) []float32 {
 	v := make([]float32, n)
 	for i := range v {
 		v[i] = float32(rng.NormFloat64())
@@ -445,6 +449,17 @@ func attentionTest(t *testing.T, d kernels.Device) {
 	}
 }
 
+// scatteredBlocks is a block table of n distinct blocks of a cache of
+// pool blocks, in random order (rng.Perm(pool)'s first n).
+func scatteredBlocks(rng *rand.Rand, n, pool int) []int32 {
+	perm := rng.Perm(pool)
+	blocks := make([]int32, n)
+	for i := range blocks {
+		blocks[i] = int32(perm[i])
+	}
+	return blocks
+}
+
 func attentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvHeads, hd, bs int, seqs []attnSeq, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 15))
 	qw, kw := heads*hd, kvHeads*hd
@@ -454,11 +469,7 @@ func attentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvHe
 	}
 	nBlocks := len(seqs)*maxBlocks + 3
 	// Block tables: a random permutation, so sequences interleave.
-	perm := rng.Perm(nBlocks)
-	blocks := make([]int32, len(seqs)*maxBlocks)
-	for i := range blocks {
-		blocks[i] = int32(perm[i])
-	}
+	blocks := scatteredBlocks(rng, len(seqs)*maxBlocks, nBlocks)
 	kc, err := d.Alloc(dt, nBlocks*bs, kw)
 	if err != nil {
 		t.Fatal(err)
@@ -935,24 +946,10 @@ func linearCatTest(t *testing.T, d kernels.Device) {
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.cols)))
-			var ws []*kernels.Mat
-			total := 0
-			for _, r := range c.rows {
-				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
-				total += r
-			}
+			ws, total := catWeights(rng, c.dt, c.rows, c.cols)
 			xv := randn(rng, c.n*c.cols)
 			x := newBuf(t, d, c.n, c.cols, xv)
-			var y0, bv []float32
-			if c.acc {
-				y0 = randn(rng, c.n*total)
-			}
-			y := newBuf(t, d, c.n, total, y0)
-			e := kernels.Epilogue{Accumulate: c.acc}
-			if c.bias {
-				bv = randn(rng, total)
-				e.Bias = newBuf(t, d, 1, total, bv).t
-			}
+			y, y0, bv, e := catOutput(t, d, rng, c.n, total, c.acc, c.bias)
 			// Twice: the second call finds the stacked weights cached.
 			for range 2 {
 				if c.acc {
@@ -979,22 +976,56 @@ func swigluLinearTest(t *testing.T, d kernels.Device) {
 			xv := randn(rng, c.n*c.cols)
 			x, y := newBuf(t, d, c.n, c.cols, xv), newBuf(t, d, c.n, c.inter, nil)
 			step(d, func() { d.SwiGLULinear(y.t, x.t, gate, up, c.limit) })
-			got := y.read(t, "y")
-			xr, _ := RoundX(d, xv, gate, c.n)
-			g, u := make([]float32, c.n*c.inter), make([]float32, c.n*c.inter)
-			ref.Linear(g, xr, gate, nil, false, c.n)
-			ref.Linear(u, xr, up, nil, false, c.n)
-			want := make([]float32, len(g))
-			ref.SwiGLUClamp(want, g, u, c.limit)
-			// silu'(g) ≤ 1.1 and |silu(g)| ≤ |g|, so the products' errors
-			// reach y scaled by |u| and |g| (+ the SwiGLU's own rounding).
-			compare(t, "y", got, want, LinearTol, func(i int) float64 {
-				r, j := i/c.inter, i%c.inter
-				gs, us := linearScale(xv, gate, r, j, 0), linearScale(xv, up, r, j, 0)
-				return 1.1*gs*math.Abs(float64(u[i])) + us*math.Abs(float64(g[i])) + gs*us + max(1, math.Abs(float64(want[i])))*RowOpTol/LinearTol
-			})
+			checkSwiGLULinear(t, d, y.read(t, "y"), xv, gate, up, c.n, c.limit)
 		})
 	}
+}
+
+// checkSwiGLULinear compares got (n, inter) with the reference
+// SwiGLUClamp(x·gateᵀ, x·upᵀ, limit) of the n rows x, rounded as d rounds
+// them.
+func checkSwiGLULinear(t *testing.T, d kernels.Device, got, x []float32, gate, up *kernels.Mat, n int, limit float32) {
+	t.Helper()
+	inter := gate.Rows
+	xr, _ := RoundX(d, x, gate, n)
+	g, u := make([]float32, n*inter), make([]float32, n*inter)
+	ref.Linear(g, xr, gate, nil, false, n)
+	ref.Linear(u, xr, up, nil, false, n)
+	want := make([]float32, len(g))
+	ref.SwiGLUClamp(want, g, u, limit)
+	// silu'(g) ≤ 1.1 and |silu(g)| ≤ |g|, so the products' errors reach y
+	// scaled by |u| and |g| (+ the SwiGLU's own rounding).
+	compare(t, "y", got, want, LinearTol, func(i int) float64 {
+		r, j := i/inter, i%inter
+		gs, us := linearScale(x, gate, r, j, 0), linearScale(x, up, r, j, 0)
+		return 1.1*gs*math.Abs(float64(u[i])) + us*math.Abs(float64(g[i])) + gs*us + max(1, math.Abs(float64(want[i])))*RowOpTol/LinearTol
+	})
+}
+
+// catWeights returns random weights of dtype dt for the *LinearCat ops,
+// (rows[i], cols) each, and their rows in all.
+func catWeights(rng *rand.Rand, dt kernels.DType, rows []int, cols int) (ws []*kernels.Mat, total int) {
+	for _, r := range rows {
+		ws = append(ws, NewMat(rng, dt, r, cols, 0, 0))
+		total += r
+	}
+	return ws, total
+}
+
+// catOutput is a *LinearCat op's destination y (n, total), holding random
+// y0 when acc, and its epilogue: accumulating when acc, with a random bias
+// bv (1, total) when bias.
+func catOutput(t *testing.T, d kernels.Device, rng *rand.Rand, n, total int, acc, bias bool) (y *buf, y0, bv []float32, e kernels.Epilogue) {
+	if acc {
+		y0 = randn(rng, n*total)
+	}
+	y = newBuf(t, d, n, total, y0)
+	e.Accumulate = acc
+	if bias {
+		bv = randn(rng, total)
+		e.Bias = newBuf(t, d, 1, total, bv).t
+	}
+	return y, y0, bv, e
 }
 
 // normCase is a fused norm's input for the Norm* linear ops: x (n, cols),
@@ -1040,23 +1071,9 @@ func normLinearCatTest(t *testing.T, d kernels.Device) {
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,acc=%v,offset=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.acc, c.offset), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n)+100, uint64(c.cols)))
-			var ws []*kernels.Mat
-			total := 0
-			for _, r := range c.rows {
-				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
-				total += r
-			}
+			ws, total := catWeights(rng, c.dt, c.rows, c.cols)
 			x, xv, hn, h := normCase(t, d, rng, c.n, c.cols, c.offset)
-			var y0, bv []float32
-			if c.acc {
-				y0 = randn(rng, c.n*total)
-			}
-			y := newBuf(t, d, c.n, total, y0)
-			e := kernels.Epilogue{Accumulate: c.acc}
-			if c.bias {
-				bv = randn(rng, total)
-				e.Bias = newBuf(t, d, 1, total, bv).t
-			}
+			y, y0, bv, e := catOutput(t, d, rng, c.n, total, c.acc, c.bias)
 			for range 2 { // the second call finds the stacked weights cached
 				if c.acc {
 					d.WriteF32(y.t, y0)
@@ -1091,12 +1108,7 @@ func addNormLinearCatTest(t *testing.T, d kernels.Device) {
 	} {
 		t.Run(fmt.Sprintf("%v/n=%d,%vx%d,bias=%v,offset=%v", c.dt, c.n, c.rows, c.cols, c.bias, c.offset), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(c.n)+300, uint64(c.cols)))
-			var ws []*kernels.Mat
-			total := 0
-			for _, r := range c.rows {
-				ws = append(ws, NewMat(rng, c.dt, r, c.cols, 0, 0))
-				total += r
-			}
+			ws, total := catWeights(rng, c.dt, c.rows, c.cols)
 			x, xv, hn, _ := normCase(t, d, rng, c.n, c.cols, c.offset)
 			dv := randn(rng, c.n*c.cols)
 			delta, sum := newBuf(t, d, c.n, c.cols, dv), newBuf(t, d, c.n, c.cols, nil)
@@ -1108,13 +1120,7 @@ func addNormLinearCatTest(t *testing.T, d kernels.Device) {
 			d.ReadF32(wv, hn.W)
 			h := make([]float32, len(sv))
 			ref.RMSNorm(h, sv, wv, hn.Eps, c.offset, c.n)
-			var bv []float32
-			var e kernels.Epilogue
-			if c.bias {
-				bv = randn(rng, total)
-				e.Bias = newBuf(t, d, 1, total, bv).t
-			}
-			y := newBuf(t, d, c.n, total, nil)
+			y, _, bv, e := catOutput(t, d, rng, c.n, total, false, c.bias)
 			step(d, func() { d.AddNormLinearCat(y.t, sum.t, x.t, delta.t, hn, ws, e) })
 			for i, v := range sum.read(t, "sum") {
 				if math.Float32bits(v) != math.Float32bits(sv[i]) {
@@ -1152,18 +1158,7 @@ func normSwigluLinearTest(t *testing.T, d kernels.Device) {
 			x, _, hn, h := normCase(t, d, rng, c.n, c.cols, c.offset)
 			y := newBuf(t, d, c.n, c.inter, nil)
 			step(d, func() { d.NormSwiGLULinear(y.t, x.t, hn, gate, up, c.limit) })
-			got := y.read(t, "y")
-			hr, _ := RoundX(d, h, gate, c.n)
-			g, u := make([]float32, c.n*c.inter), make([]float32, c.n*c.inter)
-			ref.Linear(g, hr, gate, nil, false, c.n)
-			ref.Linear(u, hr, up, nil, false, c.n)
-			want := make([]float32, len(g))
-			ref.SwiGLUClamp(want, g, u, c.limit)
-			compare(t, "y", got, want, LinearTol, func(i int) float64 {
-				r, j := i/c.inter, i%c.inter
-				gs, us := linearScale(h, gate, r, j, 0), linearScale(h, up, r, j, 0)
-				return 1.1*gs*math.Abs(float64(u[i])) + us*math.Abs(float64(g[i])) + gs*us + max(1, math.Abs(float64(want[i])))*RowOpTol/LinearTol
-			})
+			checkSwiGLULinear(t, d, y.read(t, "y"), h, gate, up, c.n, c.limit)
 		})
 	}
 }
@@ -1192,11 +1187,7 @@ func prepareQKVCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, kvH
 	qw, kw := heads*hd, kvHeads*hd
 	maxBlocks := (start + n + bs - 1) / bs
 	nBlocks := maxBlocks + 2
-	perm := rng.Perm(nBlocks)
-	blocks := make([]int32, maxBlocks)
-	for i := range blocks {
-		blocks[i] = int32(perm[i])
-	}
+	blocks := scatteredBlocks(rng, maxBlocks, nBlocks)
 	pos, seq, slot := make([]int32, n), make([]int32, n), make([]int32, n)
 	for i := range n {
 		p := start + i
@@ -1303,11 +1294,7 @@ func qkvAttentionCase(t *testing.T, d kernels.Device, dt kernels.DType, heads, k
 	total := hist + n
 	maxBlocks := (total + bs - 1) / bs
 	nBlocks := maxBlocks + 2
-	perm := rng.Perm(nBlocks)
-	blocks := make([]int32, maxBlocks)
-	for i := range blocks {
-		blocks[i] = int32(perm[i])
-	}
+	blocks := scatteredBlocks(rng, maxBlocks, nBlocks)
 	pos, seq, slot := make([]int32, total), make([]int32, total), make([]int32, total)
 	for p := range total {
 		pos[p], slot[p] = int32(p), blocks[p/bs]*bs+int32(p%bs)

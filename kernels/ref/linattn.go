@@ -32,7 +32,7 @@ func ShortConv(y, x, w, state []float32, T, C, K int) {
 			for j := range K {
 				acc += float64(w[ch*K+j]) * float64(hist[(t+j)*C+ch])
 			}
-			y[t*C+ch] = float32(acc * sigmoid64(acc))
+			y[t*C+ch] = float32(acc * Sigmoid64(acc))
 		}
 	}
 	copy(state[:km1*C], hist[T*C:])
@@ -65,12 +65,12 @@ func DeltaGates(g, beta, a, b []float32, n *kernels.DeltaNet, aLog, dtBias []flo
 		for c := h * per; c < (h+1)*per; c++ {
 			x := float64(a[c] + dtBias[c]) // float32 sum, as HF
 			if n.LowerBound < 0 {
-				g[c] = float32(float64(n.LowerBound) * sigmoid64(e*x))
+				g[c] = float32(float64(n.LowerBound) * Sigmoid64(e*x))
 			} else {
 				g[c] = float32(-e * softplus64(x))
 			}
 		}
-		beta[h] = float32(sigmoid64(float64(b[h])))
+		beta[h] = float32(Sigmoid64(float64(b[h])))
 	}
 }
 
@@ -284,7 +284,7 @@ func GatedRMSNorm(y, x, z, w []float32, eps float32, gate kernels.Gate) {
 		inv := 1 / math.Sqrt(ss/float64(d)+float64(eps))
 		for i, e := range xr {
 			zi := float64(zr[i])
-			gz := sigmoid64(zi)
+			gz := Sigmoid64(zi)
 			if gate == kernels.GateSiLU {
 				gz *= zi
 			}
@@ -309,15 +309,6 @@ func SigmoidGate(y, x, gate []float32, c int, acc bool) {
 		}
 		y[i] = p
 	}
-}
-
-// sigmoid64 is 1/(1+e^{−x}) without overflow for large |x|.
-func sigmoid64(x float64) float64 {
-	if x >= 0 {
-		return 1 / (1 + math.Exp(-x))
-	}
-	e := math.Exp(x)
-	return e / (1 + e)
 }
 
 // softplus64 is torch's softplus (beta 1, threshold 20).

@@ -28,14 +28,6 @@ func (d *Device) angles(op string, r *kernels.Rotary, p int) (cos, sin []float32
 	return cos, sin
 }
 
-// rotDim is r's rotated dims, 0 for nil.
-func rotDim(r *kernels.Rotary) int {
-	if r == nil {
-		return 0
-	}
-	return r.Dim
-}
-
 // putRow stores row into slot s of cache layer c (F32 or BF16).
 func (d *Device) putRow(c kernels.Tensor, s int, row []float32) {
 	cv := d.view(c, c.DType)
@@ -60,7 +52,7 @@ func cacheLayer(op string, c kernels.Tensor, cols int) {
 func (d *Device) StoreLatent(cache, kv, norm kernels.Tensor, eps float32, r *kernels.Rotary, p *kernels.Paged) {
 	kl := norm.Cols
 	shape("StoreLatent norm", norm, 1, -1)
-	shape("StoreLatent", kv, -1, kl+rotDim(r))
+	shape("StoreLatent", kv, -1, kl+r.RotatedDims())
 	cacheLayer("StoreLatent", cache, kv.Cols)
 	pos, _, slot, _ := d.paged("StoreLatent", p, kv.Rows, cache.Rows)
 	xs, ns := d.in("StoreLatent", kv, kernels.F32), d.in("StoreLatent", norm, kernels.F32)
@@ -78,7 +70,7 @@ func (d *Device) StoreIndexKey(cache, k, w, b kernels.Tensor, eps float32, r *ke
 	shape("StoreIndexKey weight", w, 1, dim)
 	shape("StoreIndexKey bias", b, 1, dim)
 	cacheLayer("StoreIndexKey", cache, dim)
-	if rotDim(r) > dim {
+	if r.RotatedDims() > dim {
 		panic("strict: StoreIndexKey rotary wider than the key")
 	}
 	pos, _, slot, _ := d.paged("StoreIndexKey", p, k.Rows, cache.Rows)
@@ -128,7 +120,7 @@ func (d *Device) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r 
 		panic(fmt.Sprintf("strict: AttentionMLA: kv_b_proj (%d, %d) does not match %+v", kvB.Rows, kvB.Cols, s))
 	}
 	cacheLayer("AttentionMLA", cache, s.KVLora+s.Rope)
-	if rotDim(r) != s.Rope {
+	if r.RotatedDims() != s.Rope {
 		panic("strict: AttentionMLA rotary dim is not qk_rope_head_dim")
 	}
 	pos, seq, _, blocks := d.paged("AttentionMLA", p, q.Rows, cache.Rows)

@@ -193,10 +193,7 @@ func (d *Device) WriteF32(t kernels.Tensor, src []float32) {
 	if len(src) != t.Elems() {
 		panic("strict: WriteF32 length does not match the tensor")
 	}
-	v := d.view(t, kernels.F32)
-	for r := range t.Rows {
-		copy(v.f32[r*t.Stride:r*t.Stride+t.Cols], src[r*t.Cols:])
-	}
+	copyRows(d.view(t, kernels.F32).f32, t.Stride, src, t.Cols, t.Rows, t.Cols)
 }
 
 // WriteI32 implements kernels.Memory.
@@ -205,10 +202,7 @@ func (d *Device) WriteI32(t kernels.Tensor, src []int32) {
 	if len(src) != t.Elems() {
 		panic("strict: WriteI32 length does not match the tensor")
 	}
-	v := d.view(t, kernels.I32)
-	for r := range t.Rows {
-		copy(v.i32[r*t.Stride:r*t.Stride+t.Cols], src[r*t.Cols:])
-	}
+	copyRows(d.view(t, kernels.I32).i32, t.Stride, src, t.Cols, t.Rows, t.Cols)
 }
 
 // ReadF32 implements kernels.Memory; reading a poisoned element panics.
@@ -226,16 +220,21 @@ func (d *Device) Copy(dst, src kernels.Tensor) {
 		panic("strict: Copy between tensors of different dtype or shape")
 	}
 	s, t := d.view(src, src.DType), d.view(dst, dst.DType)
-	for r := range src.Rows {
-		a, b := r*src.Stride, r*dst.Stride
-		switch src.DType {
-		case kernels.F32:
-			copy(t.f32[b:b+dst.Cols], s.f32[a:a+src.Cols])
-		case kernels.I32:
-			copy(t.i32[b:b+dst.Cols], s.i32[a:a+src.Cols])
-		case kernels.BF16:
-			copy(t.bf16[b:b+dst.Cols], s.bf16[a:a+src.Cols])
-		}
+	switch src.DType {
+	case kernels.F32:
+		copyRows(t.f32, dst.Stride, s.f32, src.Stride, src.Rows, src.Cols)
+	case kernels.I32:
+		copyRows(t.i32, dst.Stride, s.i32, src.Stride, src.Rows, src.Cols)
+	case kernels.BF16:
+		copyRows(t.bf16, dst.Stride, s.bf16, src.Stride, src.Rows, src.Cols)
+	}
+}
+
+// copyRows copies rows rows of cols elements from src, whose rows start
+// sstride elements apart, to dst, whose rows start dstride apart.
+func copyRows[T any](dst []T, dstride int, src []T, sstride, rows, cols int) {
+	for r := range rows {
+		copy(dst[r*dstride:r*dstride+cols], src[r*sstride:r*sstride+cols])
 	}
 }
 

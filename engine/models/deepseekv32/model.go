@@ -12,23 +12,13 @@
 // index_head_dim index key.
 package deepseekv32
 
-import (
-	"github.com/ferrite-llm/ferrite/engine/config"
-	"github.com/ferrite-llm/ferrite/engine/model"
-	"github.com/ferrite-llm/ferrite/engine/models/mla"
-	"github.com/ferrite-llm/ferrite/kernels"
-)
+import "github.com/ferrite-llm/ferrite/engine/models/mla"
 
-func init() { model.Register("deepseek_v32", New) }
+func init() { mla.Register(spec) }
 
 // spec is DeepSeek-V3.2's fixed choices.
 var spec = mla.Spec{
 	Arch:       "deepseek_v32",
 	DSA:        true,
 	FirstDense: 3, // DeepseekV32Config's first_k_dense_replace default
-}
-
-// New builds a DeepSeek-V3.2 model.
-func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Model, error) {
-	return mla.New(cfg, w, be, spec)
 }

@@ -10,8 +10,6 @@
 package glm4moe
 
 import (
-	"fmt"
-
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/models/internal/transformer"
@@ -27,49 +25,34 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	if err != nil {
 		return nil, err
 	}
-	if !hasRotaryFactor(cfg) {
+	if !cfg.RopeHas("partial_rotary_factor") {
 		p.Rope.PartialRotaryFactor = 0.5 // Glm4MoeConfig's default
 	}
 	bias := cfg.BoolOr("attention_bias", false)
 	qkNorm := cfg.BoolOr("use_qk_norm", false)
-	experts := cfg.IntOr("n_routed_experts", 128)
-	shared := cfg.IntOr("n_shared_experts", 1)
-	topK := cfg.IntOr("num_experts_per_tok", 8)
-	moeInter := cfg.IntOr("moe_intermediate_size", 1408)
-	groups := cfg.IntOr("n_group", 1)
-	topKGroups := cfg.IntOr("topk_group", 1)
+	shape := nn.GroupedMoEShape{
+		Experts:    cfg.IntOr("n_routed_experts", 128),
+		Shared:     cfg.IntOr("n_shared_experts", 1),
+		TopK:       cfg.IntOr("num_experts_per_tok", 8),
+		Inter:      cfg.IntOr("moe_intermediate_size", 1408),
+		Groups:     cfg.IntOr("n_group", 1),
+		TopKGroups: cfg.IntOr("topk_group", 1),
+	}
 	scale := cfg.FloatOr("routed_scaling_factor", 1)
 	normTopK := cfg.BoolOr("norm_topk_prob", true)
 	firstDense := cfg.IntOr("first_k_dense_replace", 1)
 	if err := cfg.Err(); err != nil {
 		return nil, err
 	}
-	shape := nn.GroupedMoEShape{Experts: experts, TopK: topK, Inter: moeInter, Shared: shared, Groups: groups, TopKGroups: topKGroups}
 	if err := shape.Check(); err != nil {
 		return nil, err
 	}
 	ffn := func(l *nn.Loader, i int) nn.FFN {
-		pre := fmt.Sprintf("model.layers.%d.mlp", i)
+		pre := transformer.FFNPrefix(i)
 		if i < firstDense {
 			return l.MLP(pre, nn.HFNames, p.Hidden, p.Inter, false)
 		}
-		moe := &nn.MoE{
-			Router: nn.Router{
-				W:          l.Mat(pre+".gate.weight", experts, p.Hidden),
-				Bias:       l.Vec(pre+".gate.e_score_correction_bias", experts),
-				Scoring:    nn.SigmoidScoring,
-				TopK:       topK,
-				NormTopK:   normTopK,
-				Scale:      float32(scale),
-				Groups:     groups,
-				TopKGroups: topKGroups,
-			},
-			Experts: l.Experts(pre+".experts", nn.HFNames, experts, p.Hidden, moeInter),
-		}
-		if shared > 0 {
-			moe.Shared = l.MLP(pre+".shared_experts", nn.HFNames, p.Hidden, moeInter*shared, false)
-		}
-		return moe
+		return l.GroupedMoE(pre, shape, p.Hidden, normTopK, float32(scale))
 	}
 	// block loads model.layers.{i}; i = num_hidden_layers is the MTP layer's.
 	l, block, err := transformer.Blocks(w, p, transformer.AttnOptions{QKVBias: bias, QKNorm: qkNorm}, ffn)
@@ -81,12 +64,4 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 		layers[i] = block(i)
 	}
 	return newModel(cfg, l, p, layers, block, be)
-}
-
-// hasRotaryFactor reports whether the config sets partial_rotary_factor
-// anywhere config.Rope looks.
-func hasRotaryFactor(cfg *config.Config) bool {
-	return cfg.Has("partial_rotary_factor") ||
-		cfg.Sub("rope_parameters").Has("partial_rotary_factor") ||
-		cfg.Sub("rope_scaling").Has("partial_rotary_factor")
 }

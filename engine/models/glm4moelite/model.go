@@ -11,23 +11,13 @@
 // per token and layer.
 package glm4moelite
 
-import (
-	"github.com/ferrite-llm/ferrite/engine/config"
-	"github.com/ferrite-llm/ferrite/engine/model"
-	"github.com/ferrite-llm/ferrite/engine/models/mla"
-	"github.com/ferrite-llm/ferrite/kernels"
-)
+import "github.com/ferrite-llm/ferrite/engine/models/mla"
 
-func init() { model.Register("glm4_moe_lite", New) }
+func init() { mla.Register(spec) }
 
 // spec is GLM-4.7-Flash's fixed choices.
 var spec = mla.Spec{
 	Arch:              "glm4_moe_lite",
 	RopeInterleaveKey: true,
 	FirstDense:        1, // mlp_layer_types defaults to ["dense"] + ["sparse"]*(L-1)
-}
-
-// New builds a GLM-4.7-Flash model.
-func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Model, error) {
-	return mla.New(cfg, w, be, spec)
 }

@@ -386,6 +386,21 @@ func (m *Model) layerForward(c *gqa.Ctx, l *layer, i int, X, y, o, coef kernels.
 	}
 }
 
+// ReserveSteps implements model.StepReserver: the step's row maps and
+// state slots, the ids once per stream, and the NextN layer's inputs.
+func (m *Model) ReserveSteps(tokens, seqs, blocks int) error {
+	m.mu.Lock()
+	err := m.in.Reserve(m.dev, tokens, seqs, blocks, true)
+	if err == nil {
+		_, err = gqa.EnsureI32(m.dev, &m.streams.ids, tokens*m.p.hc)
+	}
+	m.mu.Unlock()
+	if err != nil || m.mtp == nil {
+		return err
+	}
+	return m.mtp.ReserveSteps(tokens, seqs, blocks)
+}
+
 // streamInputs are the step's token ids repeated once per stream, kept on
 // the device between steps.
 type streamInputs struct {

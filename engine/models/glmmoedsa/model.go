@@ -11,14 +11,9 @@
 // engine/models/mla; only full layers cache an index key.
 package glmmoedsa
 
-import (
-	"github.com/ferrite-llm/ferrite/engine/config"
-	"github.com/ferrite-llm/ferrite/engine/model"
-	"github.com/ferrite-llm/ferrite/engine/models/mla"
-	"github.com/ferrite-llm/ferrite/kernels"
-)
+import "github.com/ferrite-llm/ferrite/engine/models/mla"
 
-func init() { model.Register("glm_moe_dsa", New) }
+func init() { mla.Register(spec) }
 
 // spec is GLM-5's fixed choices.
 var spec = mla.Spec{
@@ -27,9 +22,4 @@ var spec = mla.Spec{
 	IndexerInterleaved: true,
 	SharedIndexers:     true,
 	FirstDense:         3, // GlmMoeDsaConfig's first_k_dense_replace default
-}
-
-// New builds a GLM-5 model.
-func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Model, error) {
-	return mla.New(cfg, w, be, spec)
 }

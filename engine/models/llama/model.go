@@ -4,12 +4,9 @@
 package llama
 
 import (
-	"fmt"
-
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/models/internal/transformer"
-	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
 
@@ -23,14 +20,9 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	}
 	attnBias := cfg.BoolOr("attention_bias", false)
 	mlpBias := cfg.BoolOr("mlp_bias", false)
-	if p.Inter <= 0 {
-		cfg.Int("intermediate_size")
-	}
+	transformer.RequireInter(cfg, p)
 	if err := cfg.Err(); err != nil {
 		return nil, err
 	}
-	mlp := func(l *nn.Loader, i int) nn.FFN {
-		return l.MLP(fmt.Sprintf("model.layers.%d.mlp", i), nn.HFNames, p.Hidden, p.Inter, mlpBias)
-	}
-	return transformer.Build(w, p, "llama", transformer.AttnOptions{QKVBias: attnBias, OBias: attnBias}, mlp, be)
+	return transformer.Build(w, p, "llama", transformer.AttnOptions{QKVBias: attnBias, OBias: attnBias}, transformer.DenseMLP(p, mlpBias), be)
 }

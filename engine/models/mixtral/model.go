@@ -26,9 +26,7 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	experts := cfg.Int("num_local_experts")
 	topK := cfg.Int("num_experts_per_tok")
 	window := cfg.IntOr("sliding_window", 0)
-	if p.Inter <= 0 {
-		cfg.Int("intermediate_size")
-	}
+	transformer.RequireInter(cfg, p)
 	if err := cfg.Err(); err != nil {
 		return nil, err
 	}
@@ -45,17 +43,7 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 		pre, names = "block_sparse_moe", nn.MixtralNames
 	}
 	moe := func(l *nn.Loader, i int) nn.FFN {
-		mp := fmt.Sprintf("model.layers.%d.%s", i, pre)
-		return &nn.MoE{
-			Router: nn.Router{
-				W:        l.Mat(mp+".gate.weight", experts, p.Hidden),
-				Scoring:  nn.SoftmaxScoring,
-				TopK:     topK,
-				NormTopK: true,
-				Scale:    1,
-			},
-			Experts: l.Experts(mp+".experts", names, experts, p.Hidden, p.Inter),
-		}
+		return l.SoftmaxMoE(fmt.Sprintf("model.layers.%d.%s", i, pre), names, experts, topK, true, p.Hidden, p.Inter)
 	}
 	return transformer.Build(w, p, "mixtral", transformer.AttnOptions{}, moe, be)
 }

@@ -2,7 +2,8 @@
 // architectures (deepseek_v32, glm_moe_dsa, glm4_moe_lite): multi-head
 // latent attention (MLA) and the DeepSeek Sparse Attention (DSA) lightning
 // indexer on the op set (kernels.MLAOps, kernels.SparseOps), and the model
-// assembly the architecture packages configure. Everything else is
+// assembly the architecture packages configure: each is a Spec and an init
+// calling Register. Everything else is
 // engine/gqa's: the Attention here is a gqa.Mixer inside gqa's pre-norm
 // Block, the FFN is gqa's MLP or grouped noaux_tc MoE, the embedding and
 // output head are gqa.Decoder's, and the NextN layer is gqa's MTPDecoder.

@@ -83,9 +83,9 @@ type params struct {
 type dims struct{ qLora, kvLora, nope, rope, v int }
 
 type moeParams struct {
-	experts, topK, inter, shared, groups, topKGroups int
-	scale                                            float64
-	normTopK                                         bool
+	nn.GroupedMoEShape
+	scale    float64 // routed_scaling_factor
+	normTopK bool
 }
 
 // schedule is what each layer is.
@@ -149,14 +149,16 @@ func readDefaults(cfg *config.Config, s Spec) params {
 			v:      cfg.Int("v_head_dim"),
 		},
 		moe: moeParams{
-			experts:    cfg.IntOr("n_routed_experts", cfg.IntOr("num_experts", 0)),
-			topK:       cfg.IntOr("num_experts_per_tok", 0),
-			inter:      cfg.IntOr("moe_intermediate_size", 0),
-			shared:     cfg.IntOr("n_shared_experts", 1),
-			groups:     cfg.IntOr("n_group", 1),
-			topKGroups: cfg.IntOr("topk_group", 1),
-			scale:      cfg.FloatOr("routed_scaling_factor", 1),
-			normTopK:   cfg.BoolOr("norm_topk_prob", true),
+			GroupedMoEShape: nn.GroupedMoEShape{
+				Experts:    cfg.IntOr("n_routed_experts", cfg.IntOr("num_experts", 0)),
+				TopK:       cfg.IntOr("num_experts_per_tok", 0),
+				Inter:      cfg.IntOr("moe_intermediate_size", 0),
+				Shared:     cfg.IntOr("n_shared_experts", 1),
+				Groups:     cfg.IntOr("n_group", 1),
+				TopKGroups: cfg.IntOr("topk_group", 1),
+			},
+			scale:    cfg.FloatOr("routed_scaling_factor", 1),
+			normTopK: cfg.BoolOr("norm_topk_prob", true),
 		},
 		nextn: cfg.IntOr("num_nextn_predict_layers", 0),
 	}
@@ -278,10 +280,8 @@ func (p *params) validateSchedule() error {
 		anySparse = anySparse || p.sparse[i]
 		anyDSA = anyDSA || p.dsa[i]
 	}
-	m := p.moe
 	if anySparse || p.nextn > 0 {
-		shape := nn.GroupedMoEShape{Experts: m.experts, TopK: m.topK, Inter: m.inter, Shared: m.shared, Groups: m.groups, TopKGroups: m.topKGroups}
-		if err := shape.Check(); err != nil {
+		if err := p.moe.Check(); err != nil {
 			return err
 		}
 	}
@@ -306,6 +306,14 @@ type ops struct {
 	dev kernels.Device
 	mla kernels.MLAOps
 	sp  kernels.SparseOps
+}
+
+// Register registers spec's architecture under its model_type (spec.Arch):
+// an MLA architecture's package is its Spec and an init calling Register.
+func Register(spec Spec) {
+	model.Register(spec.Arch, func(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Model, error) {
+		return New(cfg, w, be, spec)
+	})
 }
 
 // New builds an MLA model from cfg as spec describes it, on be, which must
@@ -449,24 +457,7 @@ func (b *builder) block(i int, sparse bool) (*gqa.Block, *Attention) {
 	mp := pre + "mlp"
 	var ffn nn.FFN
 	if sparse {
-		mo := p.moe
-		moe := &nn.MoE{
-			Router: nn.Router{
-				W:          l.Mat(mp+".gate.weight", mo.experts, p.hidden),
-				Bias:       l.Vec(mp+".gate.e_score_correction_bias", mo.experts),
-				Scoring:    nn.SigmoidScoring,
-				TopK:       mo.topK,
-				NormTopK:   mo.normTopK,
-				Scale:      float32(mo.scale),
-				Groups:     mo.groups,
-				TopKGroups: mo.topKGroups,
-			},
-			Experts: l.Experts(mp+".experts", nn.HFNames, mo.experts, p.hidden, mo.inter),
-		}
-		if mo.shared > 0 {
-			moe.Shared = l.MLP(mp+".shared_experts", nn.HFNames, p.hidden, mo.inter*mo.shared, false)
-		}
-		ffn = moe
+		ffn = l.GroupedMoE(mp, p.moe.GroupedMoEShape, p.hidden, p.moe.normTopK, float32(p.moe.scale))
 	} else {
 		if p.inter <= 0 {
 			l.Failf("layer %d is dense but intermediate_size is %d", i, p.inter)

@@ -5,12 +5,10 @@ package qwen3
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/model"
 	"github.com/ferrite-llm/ferrite/engine/models/internal/transformer"
-	"github.com/ferrite-llm/ferrite/engine/nn"
 	"github.com/ferrite-llm/ferrite/kernels"
 )
 
@@ -24,17 +22,12 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 	}
 	bias := cfg.BoolOr("attention_bias", false)
 	sliding := cfg.BoolOr("use_sliding_window", false)
-	if p.Inter <= 0 {
-		cfg.Int("intermediate_size")
-	}
+	transformer.RequireInter(cfg, p)
 	if err := cfg.Err(); err != nil {
 		return nil, err
 	}
 	if sliding {
 		return nil, errors.New("use_sliding_window: sliding-window attention is not supported")
 	}
-	mlp := func(l *nn.Loader, i int) nn.FFN {
-		return l.MLP(fmt.Sprintf("model.layers.%d.mlp", i), nn.HFNames, p.Hidden, p.Inter, false)
-	}
-	return transformer.Build(w, p, "qwen3", transformer.AttnOptions{QKVBias: bias, OBias: bias, QKNorm: true}, mlp, be)
+	return transformer.Build(w, p, "qwen3", transformer.AttnOptions{QKVBias: bias, OBias: bias, QKNorm: true}, transformer.DenseMLP(p, false), be)
 }

@@ -52,18 +52,9 @@ func New(cfg *config.Config, w model.WeightSource, be kernels.Backend) (model.Mo
 			expertsKey, experts, topK, moeInter, step)
 	}
 	ffn := func(l *nn.Loader, i int) nn.FFN {
-		pre := fmt.Sprintf("model.layers.%d.mlp", i)
+		pre := transformer.FFNPrefix(i)
 		if !slices.Contains(mlpOnly, i) && experts > 0 && (i+1)%step == 0 {
-			return &nn.MoE{
-				Router: nn.Router{
-					W:        l.Mat(pre+".gate.weight", experts, p.Hidden),
-					Scoring:  nn.SoftmaxScoring,
-					TopK:     topK,
-					NormTopK: normTopK,
-					Scale:    1,
-				},
-				Experts: l.Experts(pre+".experts", nn.HFNames, experts, p.Hidden, moeInter),
-			}
+			return l.SoftmaxMoE(pre, nn.HFNames, experts, topK, normTopK, p.Hidden, moeInter)
 		}
 		if p.Inter <= 0 {
 			l.Failf("layer %d is dense but intermediate_size is %d", i, p.Inter)

@@ -54,8 +54,7 @@ func readParams(cfg *config.Config) (params, error) {
 	if !cfg.Has("head_dim") {
 		p.HeadDim, p.Rope.HeadDim = 256, 256 // Qwen3NextConfig's default, not hidden/heads
 	}
-	if !cfg.Has("partial_rotary_factor") && !cfg.Sub("rope_parameters").Has("partial_rotary_factor") &&
-		!cfg.Sub("rope_scaling").Has("partial_rotary_factor") {
+	if !cfg.RopeHas("partial_rotary_factor") {
 		p.Rope.PartialRotaryFactor = 0.25
 	}
 	p.keyHeads = cfg.IntOr("linear_num_key_heads", 16)
@@ -224,16 +223,7 @@ func loadFFN(l *nn.Loader, p *params, prefix string, sparse bool) nn.FFN {
 		}
 		return l.MLP(prefix, nn.HFNames, p.Hidden, p.Inter, false)
 	}
-	moe := &nn.MoE{
-		Router: nn.Router{
-			W:        l.Mat(prefix+".gate.weight", p.experts, p.Hidden), // (experts, hidden)
-			Scoring:  nn.SoftmaxScoring,
-			TopK:     p.topK,
-			NormTopK: p.normTopK,
-			Scale:    1,
-		},
-		Experts: l.Experts(prefix+".experts", nn.HFNames, p.experts, p.Hidden, p.moeInter),
-	}
+	moe := l.SoftmaxMoE(prefix, nn.HFNames, p.experts, p.topK, p.normTopK, p.Hidden, p.moeInter)
 	if p.sharedInter > 0 {
 		moe.Shared = l.MLP(prefix+".shared_expert", nn.HFNames, p.Hidden, p.sharedInter, false)
 		moe.SharedGate = l.Linear(prefix+".shared_expert_gate", 1, p.Hidden, false) // (1, hidden)

@@ -85,6 +85,23 @@ __device__ inline double warp_sum_f64(double v) {
     return v;
 }
 
+// dot_x adds wv[e]·x[e] for the W::kE weights of one 16-byte load to acc,
+// in element order; x is 16-byte aligned, in global memory read through
+// the non-coherent cache (NC) or anywhere (shared memory) with plain loads.
+template <class W, bool NC = true>
+__device__ inline float dot_x(const float* wv, const float* __restrict__ x, float acc) {
+    const float4* xp = reinterpret_cast<const float4*>(x);
+#pragma unroll
+    for (int q = 0; q < W::kE / 4; q++) {
+        const float4 xv = NC ? __ldg(xp + q) : xp[q];
+        acc = fmaf(wv[4 * q], xv.x, acc);
+        acc = fmaf(wv[4 * q + 1], xv.y, acc);
+        acc = fmaf(wv[4 * q + 2], xv.z, acc);
+        acc = fmaf(wv[4 * q + 3], xv.w, acc);
+    }
+    return acc;
+}
+
 // store writes one output element through the linear epilogue: + bias[r]
 // when bias is set, + the old value when acc_y (a residual add).
 __device__ inline void store(float* y, float s, const float* bias, int r, int acc_y) {
@@ -125,19 +142,8 @@ __device__ void gemv(float* __restrict__ y, const float* __restrict__ x, const u
                 float wv[W::kE];
                 W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
 #pragma unroll
-                for (int j = 0; j < NB; j++) {
-                    if (j < nb) {
-                        const float4* xp = reinterpret_cast<const float4*>(xb + size_t(j) * cols + k);
-#pragma unroll
-                        for (int q = 0; q < W::kE / 4; q++) {
-                            float4 xv = __ldg(xp + q);
-                            acc[j] = fmaf(wv[4 * q], xv.x, acc[j]);
-                            acc[j] = fmaf(wv[4 * q + 1], xv.y, acc[j]);
-                            acc[j] = fmaf(wv[4 * q + 2], xv.z, acc[j]);
-                            acc[j] = fmaf(wv[4 * q + 3], xv.w, acc[j]);
-                        }
-                    }
-                }
+                for (int j = 0; j < NB; j++)
+                    if (j < nb) acc[j] = dot_x<W>(wv, xb + size_t(j) * cols + k, acc[j]);
             }
         } else {
             for (int k = lane; k < cols; k += 32) {
@@ -180,15 +186,7 @@ __device__ float split_dot(const uint8_t* __restrict__ row, const float* __restr
         for (int k = (p * 32 + lane) * W::kE; k < cols; k += kSplit * 32 * W::kE) {
             float wv[W::kE];
             W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
-            const float4* xp = reinterpret_cast<const float4*>(x + k);
-#pragma unroll
-            for (int q = 0; q < W::kE / 4; q++) {
-                float4 xv = __ldg(xp + q);
-                acc = fmaf(wv[4 * q], xv.x, acc);
-                acc = fmaf(wv[4 * q + 1], xv.y, acc);
-                acc = fmaf(wv[4 * q + 2], xv.z, acc);
-                acc = fmaf(wv[4 * q + 3], xv.w, acc);
-            }
+            acc = dot_x<W>(wv, x + k, acc);
         }
     } else {
         for (int k = p * 32 + lane; k < cols; k += kSplit * 32) acc = fmaf(W::one(row, k), x[k], acc);
@@ -216,19 +214,8 @@ __device__ void split_dot_rows(const uint8_t* __restrict__ row, const float* __r
             float wv[W::kE];
             W::vec(__ldg(reinterpret_cast<const uint4*>(row + size_t(k) * W::kSize)), wv);
 #pragma unroll
-            for (int j = 0; j < kSplitRows; j++) {
-                if (j < nr) {
-                    const float4* xp = reinterpret_cast<const float4*>(x + size_t(j) * cols + k);
-#pragma unroll
-                    for (int q = 0; q < W::kE / 4; q++) {
-                        float4 xv = __ldg(xp + q);
-                        a[j] = fmaf(wv[4 * q], xv.x, a[j]);
-                        a[j] = fmaf(wv[4 * q + 1], xv.y, a[j]);
-                        a[j] = fmaf(wv[4 * q + 2], xv.z, a[j]);
-                        a[j] = fmaf(wv[4 * q + 3], xv.w, a[j]);
-                    }
-                }
-            }
+            for (int j = 0; j < kSplitRows; j++)
+                if (j < nr) a[j] = dot_x<W>(wv, x + size_t(j) * cols + k, a[j]);
         }
     } else {
         for (int k = p * 32 + lane; k < cols; k += kSplit * 32) {

@@ -296,6 +296,17 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
         yr[c] = (r >= 0 && r < nsrc) ? x[size_t(r) * x_stride + c] : __int_as_float(0x7fc00000);
 }
 
+// rms_delta is add_rmsnorm's delta at (row r, column i): delta's value, or
+// with HALVES the sum of the split product's halves in delta (+ bias), as
+// ferrite_add_halves adds them.
+template <bool HALVES>
+__device__ inline float rms_delta(const float* delta, const float* bias, int rows, int dim, int r, int i) {
+    if (!HALVES) return delta[size_t(r) * dim + i];
+    float v = __fadd_rn(delta[size_t(r) * dim + i], delta[(size_t(rows) + r) * dim + i]);
+    if (bias) v = __fadd_rn(v, bias[i]);
+    return v;
+}
+
 // Fused residual add and RMSNorm: with delta set, res += delta first; then
 // y = w ⊙ res·rsqrt(mean(res²) + eps) ((1 + w) with offset), the mean of
 // squares summed in float64 and rounded to float32 before eps, as
@@ -308,9 +319,14 @@ extern "C" __global__ void ferrite_gather_rows(float* y, int y_stride, const flo
 // writes each normed value as cuBLASLt's split input instead
 // (ferrite_f32_to_bf16x2 of y): y2 (2·rows, dim) bf16, hi = bf16(v) in row
 // r, lo = bf16(v − hi) in row rows + r.
-template <bool SPLIT>
+//
+// With HALVES, delta is a split product's two halves t (2·rows, dim) (the
+// hi rows, then the lo rows) and the value added is ferrite_add_halves':
+// t[r] + t[rows + r] (+ hbias): ferrite_add_halves with acc into res and
+// then this norm, in one pass and with the same bits.
+template <bool SPLIT, bool HALVES = false>
 __device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* delta, const float* w, int rows, int dim,
-                            float eps, int offset, float* sum) {
+                            float eps, int offset, float* sum, const float* hbias = nullptr) {
     __shared__ double partial[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
@@ -331,7 +347,7 @@ __device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* del
             float v = in[i];
             wk[j] = w[i];
             if (delta) {
-                v = __fadd_rn(v, delta[size_t(r) * dim + i]);
+                v = __fadd_rn(v, rms_delta<HALVES>(delta, hbias, rows, dim, r, i));
                 xr[i] = v;
             }
             xk[j] = v;
@@ -341,7 +357,7 @@ __device__ void add_rmsnorm(float* y, uint16_t* y2, float* res, const float* del
     for (int i = threadIdx.x + kPre * blockDim.x; i < dim; i += blockDim.x) {
         float v = in[i];
         if (delta) {
-            v = __fadd_rn(v, delta[size_t(r) * dim + i]);
+            v = __fadd_rn(v, rms_delta<HALVES>(delta, hbias, rows, dim, r, i));
             xr[i] = v;
         }
         ss += double(v) * double(v);
@@ -392,6 +408,18 @@ extern "C" __global__ void __launch_bounds__(1024)
     ferrite_rmsnorm_bf16x2(uint16_t* y2, const float* x, const float* w, int rows, int dim, float eps, int offset) {
     FERRITE_PDL_WAIT();
     add_rmsnorm<true>(nullptr, y2, const_cast<float*>(x), nullptr, w, rows, dim, eps, offset, nullptr);
+}
+
+// ferrite_halves_rmsnorm_bf16x2 is ferrite_add_halves of a split product
+// t (2·rows, dim) with its bias (or none) into res (acc), then
+// ferrite_rmsnorm_bf16x2 of res into y2: one launch for two, the same bits
+// (a decode batch's o or down projection and the next sublayer's norm;
+// opset.go's halvesFix).
+extern "C" __global__ void __launch_bounds__(1024)
+    ferrite_halves_rmsnorm_bf16x2(uint16_t* y2, float* res, const float* t, const float* bias, const float* w, int rows,
+                                  int dim, float eps, int offset) {
+    FERRITE_PDL_WAIT();
+    add_rmsnorm<true, true>(nullptr, y2, res, t, w, rows, dim, eps, offset, nullptr, bias);
 }
 
 // Rotary embedding in place over x (n, heads·hd): the first 2·half dims of
@@ -460,18 +488,30 @@ struct PrepArgs {
     int half, flags;
 };
 
-// prep_head is one warp's PrepareQKV of the head of hd values at src into
-// vw (shared memory): a q (kind 0) or k (kind 1) head is normed (with its
-// weight: the float64 sum of squares, lane by lane over elements lane,
+// prep_norm copies the head of hd values at src into vw (shared memory) for
+// one warp and, for a q (kind 0) or k (kind 1) head with a norm weight,
+// norms it (the float64 sum of squares, lane by lane over elements lane,
 // lane + 32, … and then across the warp, the mean rounded to float32 as
-// kernels/ref.RMSNorm) and rotated at position pos (ferrite_rope's angles
-// and products); a v head (kind 2) is copied. Every lane of the warp calls
-// it.
-__device__ void prep_head(float* vw, const float* src, int hd, int kind, const PrepArgs& a, int pos) {
+// kernels/ref.RMSNorm). It reports whether the head is rotated next (not
+// a v head, kind 2, which is only copied). Every lane of the warp calls it.
+// With lo set, src and lo are the head in a split product's two halves and
+// the head is their sum (+ bias, the head's bias values), as
+// ferrite_add_halves sums them, also written to sum.
+__device__ bool prep_norm(float* vw, const float* src, int hd, int kind, const PrepArgs& a, const float* lo = nullptr,
+                          const float* bias = nullptr, float* sum = nullptr) {
     const int lane = threadIdx.x & 31;
-    for (int d = lane; d < hd; d += 32) vw[d] = src[d];
+    if (lo) {
+        for (int d = lane; d < hd; d += 32) {
+            float v = __fadd_rn(src[d], lo[d]);
+            if (bias) v = __fadd_rn(v, bias[d]);
+            vw[d] = v;
+            sum[d] = v;
+        }
+    } else {
+        for (int d = lane; d < hd; d += 32) vw[d] = src[d];
+    }
     __syncwarp();
-    if (kind == 2) return;
+    if (kind == 2) return false;
     const float* w = kind == 0 ? a.qn : a.kn;
     if (w) {
         const float eps = kind == 0 ? a.qeps : a.keps;
@@ -487,18 +527,31 @@ __device__ void prep_head(float* vw, const float* src, int hd, int kind, const P
         }
         __syncwarp();
     }
-    if (a.inv) {
-        const bool il = (a.flags >> 2) & 1;
-        for (int k = lane; k < a.half; k += 32) {
-            const double ang = double(__fmul_rn(float(pos), a.inv[k]));
-            const float c = __fmul_rn(float(cos(ang)), a.scale), sn = __fmul_rn(float(sin(ang)), a.scale);
-            const int ia = il ? 2 * k : k, ib = il ? 2 * k + 1 : k + a.half;
-            const float a0 = vw[ia], b0 = vw[ib];
-            vw[ia] = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, sn));
-            vw[ib] = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, sn));
-        }
-        __syncwarp();
+    return a.inv != nullptr;
+}
+
+// prep_rotate rotates pair k of the head in vw by the angle of cosine c and
+// sine sn (ferrite_rope's products; interleaved pairs with flags bit 2).
+__device__ inline void prep_rotate(float* vw, int k, float c, float sn, const PrepArgs& a) {
+    const bool il = (a.flags >> 2) & 1;
+    const int ia = il ? 2 * k : k, ib = il ? 2 * k + 1 : k + a.half;
+    const float a0 = vw[ia], b0 = vw[ib];
+    vw[ia] = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, sn));
+    vw[ib] = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, sn));
+}
+
+// prep_head is one warp's PrepareQKV of the head of hd values at src into
+// vw (shared memory): a q or k head is normed (prep_norm; lo, bias and sum
+// as there) and rotated at position pos (ferrite_rope's angles), a v head
+// copied. Every lane of the warp calls it.
+__device__ void prep_head(float* vw, const float* src, int hd, int kind, const PrepArgs& a, int pos,
+                          const float* lo = nullptr, const float* bias = nullptr, float* sum = nullptr) {
+    if (!prep_norm(vw, src, hd, kind, a, lo, bias, sum)) return;
+    for (int k = threadIdx.x & 31; k < a.half; k += 32) {
+        const double ang = double(__fmul_rn(float(pos), a.inv[k]));
+        prep_rotate(vw, k, __fmul_rn(float(cos(ang)), a.scale), __fmul_rn(float(sin(ang)), a.scale), a);
     }
+    __syncwarp();
 }
 
 // head_put is a warp's store of the hd values of vw at element e of a
@@ -508,6 +561,35 @@ __device__ inline void head_put(void* c, bool bf16, size_t e, const float* vw, i
         if (bf16) static_cast<uint16_t*>(c)[e + d] = f32_to_bf16(vw[d]);
         else static_cast<float*>(c)[e + d] = vw[d];
     }
+}
+
+}  // namespace
+
+namespace {
+
+// prepare_qkv is ferrite_prepare_qkv's body; with lo set (an element
+// offset into qkv), qkv holds a split product's halves (prep_head), bias
+// (or null) its bias, and their sums go to sum (n, (heads + 2·kvh)·hd).
+__device__ void prepare_qkv(float* q, void* kc, void* vc, const float* qkv, const int* pos, int pos_stride, const int* slot,
+                            int slot_stride, int slots, int bf16, int heads, int kvh, int hd, const PrepArgs& a, size_t lo,
+                            const float* bias, float* sum) {
+    __shared__ float v[kPrepWarps][256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = blockIdx.x, h = blockIdx.y * kPrepWarps + warp;
+    if (h >= heads + 2 * kvh) return;
+    const int kind = h < heads ? 0 : h < heads + kvh ? 1 : 2;  // q, k, v
+    const size_t at = (size_t(i) * (heads + 2 * kvh) + h) * hd;
+    prep_head(v[warp], qkv + at, hd, kind, a, pos[size_t(i) * pos_stride], lo ? qkv + at + lo : nullptr,
+              bias ? bias + size_t(h) * hd : nullptr, lo ? sum + at : nullptr);
+    if (kind == 0) {
+        float* dst = q + (size_t(i) * heads + h) * hd;
+        for (int d = lane; d < hd; d += 32) dst[d] = v[warp][d];
+        return;
+    }
+    const int s = slot[size_t(i) * slot_stride];
+    if (s < 0 || s >= slots) return;
+    const int kh = kind == 1 ? h - heads : h - heads - kvh;
+    head_put(kind == 1 ? kc : vc, bf16, size_t(s) * kvh * hd + size_t(kh) * hd, v[warp], hd);
 }
 
 }  // namespace
@@ -522,22 +604,24 @@ extern "C" __global__ void __launch_bounds__(128)
                         int slot_stride, int slots, int bf16, int heads, int kvh, int hd, const float* qn, float qeps,
                         const float* kn, float keps, const float* inv, int half, float scale, int flags) {
     FERRITE_PDL_WAIT();
-    __shared__ float v[kPrepWarps][256];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int i = blockIdx.x, h = blockIdx.y * kPrepWarps + warp;
-    if (h >= heads + 2 * kvh) return;
-    const int kind = h < heads ? 0 : h < heads + kvh ? 1 : 2;  // q, k, v
     const PrepArgs a{qn, kn, inv, qeps, keps, scale, half, flags};
-    prep_head(v[warp], qkv + (size_t(i) * (heads + 2 * kvh) + h) * hd, hd, kind, a, pos[size_t(i) * pos_stride]);
-    if (kind == 0) {
-        float* dst = q + (size_t(i) * heads + h) * hd;
-        for (int d = lane; d < hd; d += 32) dst[d] = v[warp][d];
-        return;
-    }
-    const int s = slot[size_t(i) * slot_stride];
-    if (s < 0 || s >= slots) return;
-    const int kh = kind == 1 ? h - heads : h - heads - kvh;
-    head_put(kind == 1 ? kc : vc, bf16, size_t(s) * kvh * hd + size_t(kh) * hd, v[warp], hd);
+    prepare_qkv(q, kc, vc, qkv, pos, pos_stride, slot, slot_stride, slots, bf16, heads, kvh, hd, a, 0, nullptr, nullptr);
+}
+
+// ferrite_prepare_qkv_halves is ferrite_prepare_qkv of the sum of a split
+// product's two halves t (2·n, (heads + 2·kvh)·hd) (+ bias), which it also
+// writes to qkv (n, (heads + 2·kvh)·hd) as ferrite_add_halves would: the
+// q/k/v product's epilogue and PrepareQKV in one launch, the same bits
+// (halves.go). Launch as ferrite_prepare_qkv.
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_prepare_qkv_halves(float* q, void* kc, void* vc, const float* t, const int* pos, int pos_stride, const int* slot,
+                               int slot_stride, int slots, int bf16, int heads, int kvh, int hd, const float* qn, float qeps,
+                               const float* kn, float keps, const float* inv, int half, float scale, int flags,
+                               const float* bias, float* qkv) {
+    FERRITE_PDL_WAIT();
+    const PrepArgs a{qn, kn, inv, qeps, keps, scale, half, flags};
+    const size_t lo = size_t(gridDim.x) * (heads + 2 * kvh) * hd;  // n rows of hi products first
+    prepare_qkv(q, kc, vc, t, pos, pos_stride, slot, slot_stride, slots, bf16, heads, kvh, hd, a, lo, bias, qkv);
 }
 
 // ---------------------------------------------------------------------------
@@ -594,7 +678,40 @@ struct AttnArgs {
     const int* slot;
     int slots;
     PrepArgs prep;
+    // With out2 set, out is also written split into bf16 hi and lo rows
+    // (2·n, heads·hd), the o projection's cuBLASLt input (halves.go).
+    uint16_t* out2;
+    // lensplit: each row's own keys are dealt evenly over the splits
+    // (attn_split) instead of split keys a split over the block table.
+    int lensplit;
 };
+
+// attn_split is the keys a split of row length len takes: a.split (the
+// block table's width over the splits), or with a.lensplit len over the
+// gridDim.z splits, rounded up to whole warp tiles, so that a row's splits
+// are even whatever the table's width (attnsplit.go).
+__device__ inline int attn_split(const AttnArgs& a, int len) {
+    if (!a.lensplit) return a.split;
+    const int z = int(gridDim.z);
+    return max(32, (len + 32 * z - 1) / (32 * z) * 32);
+}
+
+// attn_out stores element e of the attention's output v: to out, and with
+// out2 split into its bf16 terms, lo elements after hi
+// (ferrite_f32_to_bf16x2's bits).
+__device__ inline void attn_out(float* out, uint16_t* out2, size_t lo, size_t e, float v) {
+    out[e] = v;
+    if (out2) {
+        const uint16_t hi = f32_to_bf16(v);
+        out2[e] = hi;
+        out2[lo + e] = f32_to_bf16(__fsub_rn(v, __uint_as_float(uint32_t(hi) << 16)));
+    }
+}
+
+// attn_put is attn_out of the kernel's arguments.
+__device__ inline void attn_put(const AttnArgs& a, size_t e, float v) {
+    attn_out(a.out, a.out2, size_t(a.n) * a.heads * a.hd, e, v);
+}
 
 // attn_prefetch, with a.pf set, asks L2 for the keys and values of the
 // block's split before the kernel waits for the one before it: a thread a
@@ -608,7 +725,8 @@ __device__ inline void attn_prefetch(const AttnArgs& a) {
     if (!a.pf || a.ptile) return;
     const int i = blockIdx.x, kvh = blockIdx.y / a.chunks;
     const int len = a.pos[i] + 1;
-    const int k0 = blockIdx.z * a.split, k1 = min(len, k0 + a.split);
+    const int sp = attn_split(a, len);
+    const int k0 = blockIdx.z * sp, k1 = min(len, k0 + sp);
     const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
     const size_t kw = size_t(a.kvh) * a.hd, off = size_t(kvh) * a.hd;
     constexpr int esz = BF ? 2 : 4;
@@ -734,7 +852,8 @@ __device__ void attn_block(const AttnArgs& a) {
     // dim are the same either way).
     const bool cont = hd == 32 * DPL;
     const int len = a.pos[i] + 1;
-    const int k0 = blockIdx.z * a.split, k1 = min(len, k0 + a.split);
+    const int sp = attn_split(a, len);
+    const int k0 = blockIdx.z * sp, k1 = min(len, k0 + sp);
     const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
     const size_t kw = size_t(a.kvh) * hd;
     const size_t off = size_t(kvh) * hd;
@@ -753,7 +872,7 @@ __device__ void attn_block(const AttnArgs& a) {
                 for (int d = lane; d < hd; d += 32) sq[g][d] = 0.f;
             }
         }
-        if (int(blockIdx.z) == min(self / a.split, int(gridDim.z) - 1) && warp < 2) {
+        if (int(blockIdx.z) == min(self / sp, int(gridDim.z) - 1) && warp < 2) {
             float* vw = wacc[warp][0];  // free until the warps' merge
             prep_head(vw, row + size_t(a.heads + warp * a.kvh + kvh) * hd, hd, 1 + warp, a.prep, self);
             const int sl = a.slot[i];
@@ -894,7 +1013,7 @@ __device__ void attn_block(const AttnArgs& a) {
         }
         const int h = h0 + g;
         if (gridDim.z == 1) {
-            a.out[(size_t(i) * a.heads + h) * hd + d] = A / L;
+            attn_put(a, (size_t(i) * a.heads + h) * hd + d, A / L);
         } else {
             float* pp = a.part + ((size_t(i) * a.heads + h) * gridDim.z + blockIdx.z) * (hd + 2);
             if (d == 0) {
@@ -921,7 +1040,7 @@ __device__ void attn_block(const AttnArgs& a) {
     for (int t = threadIdx.x; t < ng * hd; t += blockDim.x) {
         const int g = t / hd, d = t % hd;
         const size_t h = size_t(i) * a.heads + h0 + g;
-        a.out[h * hd + d] = split_merge(a.part + h * gridDim.z * (hd + 2), gridDim.z, hd, d);
+        attn_put(a, h * hd + d, split_merge(a.part + h * gridDim.z * (hd + 2), gridDim.z, hd, d));
     }
 }
 
@@ -931,9 +1050,9 @@ __device__ void attn_block(const AttnArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
-        int chunks, int split, float scale, int ptile, int* cnt, int pf) {                             \
+        int chunks, int split, float scale, int ptile, int* cnt, int pf, uint16_t* out2, int lensplit) { \
         AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
-                   cnt, pf};                                                                           \
+                   cnt, pf, nullptr, nullptr, 0, PrepArgs{}, out2, lensplit};                          \
         attn_block<DPL, BF, G, false>(a);                                                              \
     }
 
@@ -979,11 +1098,13 @@ FERRITE_ATTN(ferrite_attn_bf16_8_g4, 8, true, 4)
 
 // Merges the splits of ferrite_attn_*: out (n, heads·hd) from part (n,
 // heads, splits, hd + 2), but for the rows of prefill.cu's tiles of ptile
-// rows (none when 0). Launch: grid (n, heads), 128 threads.
+// rows (none when 0); with out2 set, out also split as the attention
+// kernel's out2. Launch: grid (n, heads), 128 threads.
 extern "C" __global__ void ferrite_attn_combine(float* out, const float* part, int heads, int hd, int splits,
-                                                const int* seq, int n, int ptile) {
+                                                const int* seq, int n, int ptile, uint16_t* out2) {
     const int i = blockIdx.x, h = blockIdx.y;
     if (ptile && prefill_owns(seq, n, i, ptile)) return;
     const float* pp = part + (size_t(i) * heads + h) * splits * (hd + 2);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) out[(size_t(i) * heads + h) * hd + d] = split_merge(pp, splits, hd, d);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x)
+        attn_out(out, out2, size_t(n) * heads * hd, (size_t(i) * heads + h) * hd + d, split_merge(pp, splits, hd, d));
 }

@@ -88,36 +88,9 @@ __device__ inline void dec_load(const DecArgs& a, uint8_t* sk, uint8_t* sv, cons
 // computed before its PDL wait as prep_head computes them: the same bits.
 __device__ void dec_prep(float* vw, const float* src, int hd, int kind, const PrepArgs& a, const float* cs,
                          const float* sn) {
-    const int lane = threadIdx.x & 31;
-    for (int d = lane; d < hd; d += 32) vw[d] = src[d];
+    if (!prep_norm(vw, src, hd, kind, a)) return;
+    for (int k = threadIdx.x & 31; k < a.half; k += 32) prep_rotate(vw, k, cs[k], sn[k], a);
     __syncwarp();
-    if (kind == 2) return;
-    const float* w = kind == 0 ? a.qn : a.kn;
-    if (w) {
-        const float eps = kind == 0 ? a.qeps : a.keps;
-        const bool off = (a.flags >> kind) & 1;
-        double ss = 0;
-        for (int d = lane; d < hd; d += 32) ss += double(vw[d]) * double(vw[d]);
-        ss = warp_sum_f64(ss);
-        const float ms = float(ss / double(hd));
-        const float rs = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
-        for (int d = lane; d < hd; d += 32) {
-            const float sc = off ? __fadd_rn(1.0f, w[d]) : w[d];
-            vw[d] = __fmul_rn(sc, __fmul_rn(vw[d], rs));
-        }
-        __syncwarp();
-    }
-    if (a.inv) {
-        const bool il = (a.flags >> 2) & 1;
-        for (int k = lane; k < a.half; k += 32) {
-            const float c = cs[k], s = sn[k];
-            const int ia = il ? 2 * k : k, ib = il ? 2 * k + 1 : k + a.half;
-            const float a0 = vw[ia], b0 = vw[ib];
-            vw[ia] = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, s));
-            vw[ib] = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, s));
-        }
-        __syncwarp();
-    }
 }
 
 // dec_block is the whole of a ferrite_dattn kernel: one query row's
@@ -477,6 +450,51 @@ FERRITE_DATTN(ferrite_dattn_qkv_bf16_64_g8, 64, true, 8, true)
 FERRITE_DATTN(ferrite_dattn_qkv_bf16_128_g4, 128, true, 4, true)
 FERRITE_DATTN(ferrite_dattn_qkv_bf16_128_g8, 128, true, 8, true)
 
+namespace {
+
+// row_sq adds the squares of v's four values to ss in float64, in order.
+__device__ inline double row_sq(double ss, float4 v) {
+    ss += double(v.x) * double(v.x);
+    ss += double(v.y) * double(v.y);
+    ss += double(v.z) * double(v.z);
+    ss += double(v.w) * double(v.w);
+    return ss;
+}
+
+// row_norm_store ends a one-row RMSNorm of dim values whose block holds
+// float4 i = threadIdx.x + j·blockDim.x (i < n4) of the row in xv[j] and
+// of the weight in wv[j], and its share ss of Σx²: it sums ss over the
+// block (part: a double a warp; each warp adds the warps' sums itself, so
+// one barrier), rounds the mean to float32 before eps as kernels/ref.RMSNorm
+// and writes s ⊙ (x·inv) (s = 1 + w with off) to out.
+template <int kV>
+__device__ inline void row_norm_store(double ss, const float4 (&xv)[kV], const float4 (&wv)[kV], int n4, int dim,
+                                      float eps, int off, double* part, float* out) {
+    const int lane = threadIdx.x & 31;
+    ss = warp_sum_f64(ss);
+    if (lane == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    const double t = warp_sum_f64(lane < int(blockDim.x >> 5) ? part[lane] : 0.0);
+    const float ms = float(t / double(dim));
+    const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
+#pragma unroll
+    for (int j = 0; j < kV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i >= n4) continue;
+        const float4 s = off ? make_float4(__fadd_rn(1.0f, wv[j].x), __fadd_rn(1.0f, wv[j].y), __fadd_rn(1.0f, wv[j].z),
+                                           __fadd_rn(1.0f, wv[j].w))
+                             : wv[j];
+        float4 o;
+        o.x = __fmul_rn(s.x, __fmul_rn(xv[j].x, inv));
+        o.y = __fmul_rn(s.y, __fmul_rn(xv[j].y, inv));
+        o.z = __fmul_rn(s.z, __fmul_rn(xv[j].z, inv));
+        o.w = __fmul_rn(s.w, __fmul_rn(xv[j].w, inv));
+        reinterpret_cast<float4*>(out)[i] = o;
+    }
+}
+
+}  // namespace
+
 // ferrite_rmsnorm_row is ferrite_add_rmsnorm for rows of dim values, one
 // block a row, each row summed as alone (a row-exact step's rows get the
 // bits of one-row steps), dim a multiple of 4 up to 16·blockDim.x, every pointer at
@@ -519,33 +537,10 @@ extern "C" __global__ void __launch_bounds__(1024)
                 reinterpret_cast<float4*>(xr)[i] = v;
             }
             xv[j] = v;
-            ss += double(v.x) * double(v.x);
-            ss += double(v.y) * double(v.y);
-            ss += double(v.z) * double(v.z);
-            ss += double(v.w) * double(v.w);
+            ss = row_sq(ss, v);
         }
     }
-    ss = warp_sum_f64(ss);
-    const int lane = threadIdx.x & 31;
-    if (lane == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    const double t = warp_sum_f64(lane < int(blockDim.x >> 5) ? part[lane] : 0.0);
-    const float ms = float(t / double(dim));
-    const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
-#pragma unroll
-    for (int j = 0; j < kV; j++) {
-        const int i = threadIdx.x + j * blockDim.x;
-        if (i >= n4) continue;
-        const float4 s = offset ? make_float4(__fadd_rn(1.0f, wv[j].x), __fadd_rn(1.0f, wv[j].y), __fadd_rn(1.0f, wv[j].z),
-                                              __fadd_rn(1.0f, wv[j].w))
-                                : wv[j];
-        float4 o;
-        o.x = __fmul_rn(s.x, __fmul_rn(xv[j].x, inv));
-        o.y = __fmul_rn(s.y, __fmul_rn(xv[j].y, inv));
-        o.z = __fmul_rn(s.z, __fmul_rn(xv[j].z, inv));
-        o.w = __fmul_rn(s.w, __fmul_rn(xv[j].w, inv));
-        reinterpret_cast<float4*>(y)[i] = o;
-    }
+    row_norm_store<kV>(ss, xv, wv, n4, dim, eps, offset, part, y);
 }
 
 // The one-row GEMV that also norms its product (FERRITE_CUDA_DNORM=gemv,
@@ -590,7 +585,7 @@ __device__ void gemv_split_norm(float* y, const float* x, const uint8_t* w, int 
         if (threadIdx.x == 0) dec_arrive(cnt);
         return;
     }
-    const int n4 = rows >> 2, lane = threadIdx.x & 31;
+    const int n4 = rows >> 2;
     float4 wv[kV];
 #pragma unroll
     for (int j = 0; j < kV; j++) {
@@ -610,31 +605,9 @@ __device__ void gemv_split_norm(float* y, const float* x, const uint8_t* w, int 
     for (int j = 0; j < kV; j++) {
         const int i = threadIdx.x + j * blockDim.x;
         xv[j] = i < n4 ? __ldcg(reinterpret_cast<const float4*>(y) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        ss += double(xv[j].x) * double(xv[j].x);
-        ss += double(xv[j].y) * double(xv[j].y);
-        ss += double(xv[j].z) * double(xv[j].z);
-        ss += double(xv[j].w) * double(xv[j].w);
+        ss = row_sq(ss, xv[j]);
     }
-    ss = warp_sum_f64(ss);
-    if (lane == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    const double t = warp_sum_f64(lane < int(blockDim.x >> 5) ? part[lane] : 0.0);
-    const float ms = float(t / double(rows));
-    const float inv = float(1.0 / sqrt(double(__fadd_rn(ms, eps))));
-#pragma unroll
-    for (int j = 0; j < kV; j++) {
-        const int i = threadIdx.x + j * blockDim.x;
-        if (i >= n4) continue;
-        const float4 s = off ? make_float4(__fadd_rn(1.0f, wv[j].x), __fadd_rn(1.0f, wv[j].y), __fadd_rn(1.0f, wv[j].z),
-                                           __fadd_rn(1.0f, wv[j].w))
-                             : wv[j];
-        float4 o;
-        o.x = __fmul_rn(s.x, __fmul_rn(xv[j].x, inv));
-        o.y = __fmul_rn(s.y, __fmul_rn(xv[j].y, inv));
-        o.z = __fmul_rn(s.z, __fmul_rn(xv[j].z, inv));
-        o.w = __fmul_rn(s.w, __fmul_rn(xv[j].w, inv));
-        reinterpret_cast<float4*>(h)[i] = o;
-    }
+    row_norm_store<kV>(ss, xv, wv, n4, rows, eps, off, part, h);
 }
 
 }  // namespace

@@ -9,10 +9,12 @@ src = sys.argv[1]
 want = {
     "convert.cu": ["__device__ inline uint16_t f32_to_bf16("],
     "gemv.cu": ["constexpr int kWarpsPerBlock", "struct F32W {", "struct BF16W {", "__device__ inline float warp_sum(",
-                "__device__ inline double warp_sum_f64(", "__device__ inline void store(",
+                "__device__ inline double warp_sum_f64(", "__device__ inline float dot_x(",
+                "__device__ inline void store(",
                 "constexpr int kSplit =", "__device__ inline void split_prefetch(",
                 "__device__ float split_dot(", "__device__ inline float split_total(", "__device__ void gemv_split("],
-    "ops.cu": ["__device__ inline float warp_max(", "struct PrepArgs {", "__device__ inline void head_put("],
+    "ops.cu": ["__device__ inline float warp_max(", "struct PrepArgs {", "__device__ bool prep_norm(",
+               "__device__ inline void prep_rotate(", "__device__ inline void head_put("],
 }
 out = []
 for f, starts in want.items():

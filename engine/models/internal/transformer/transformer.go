@@ -1,10 +1,11 @@
 // Package transformer holds the loading code shared by the decoder-only
 // GQA architectures (llama, qwen3, qwen3_moe, mixtral, glm4_moe): reading
 // the common hyperparameters from config.json (the rotary embedding also
-// for engine/models/mla), loading an attention block,
-// and wrapping blocks with the embedding, final norm and LM head into a
-// gqa.Decoder on the op set (NewModel). Each architecture package keeps
-// what differs: its FFN, its optional tensors and its config quirks.
+// for engine/models/mla), loading an attention block and dense MLPs
+// (DenseMLP), and wrapping blocks with the embedding, final norm and LM
+// head into a gqa.Decoder on the op set (NewModel). Each architecture
+// package keeps what differs: its MoE FFN (through nn.Loader's MoE
+// loaders), its optional tensors and its config quirks.
 package transformer
 
 import (
@@ -157,9 +158,29 @@ func NewModel(l *nn.Loader, p Params, arch string, blocks []*nn.Block, be kernel
 	return gqa.New(dev, arch, embed, blocks, norm, head, p.Layout(), p.MaxContext)
 }
 
-// FFNLoader loads layer i's FFN with l (under model.layers.{i}.mlp, or
-// where the checkpoint names it).
+// FFNLoader loads layer i's FFN with l (under FFNPrefix(i), or where the
+// checkpoint names it).
 type FFNLoader func(l *nn.Loader, i int) nn.FFN
+
+// FFNPrefix is where layer i's FFN is: "model.layers.{i}.mlp".
+func FFNPrefix(i int) string { return fmt.Sprintf("model.layers.%d.mlp", i) }
+
+// DenseMLP loads every layer's FFN as a SwiGLU MLP of p.Inter under
+// FFNPrefix(i), with biases when bias (Llama's mlp_bias).
+func DenseMLP(p Params, bias bool) FFNLoader {
+	return func(l *nn.Loader, i int) nn.FFN {
+		return l.MLP(FFNPrefix(i), nn.HFNames, p.Hidden, p.Inter, bias)
+	}
+}
+
+// RequireInter records intermediate_size as missing in cfg when Read found
+// none (Read leaves Inter 0 then), for the architectures whose every layer
+// needs it.
+func RequireInter(cfg *config.Config, p Params) {
+	if p.Inter <= 0 {
+		cfg.Int("intermediate_size")
+	}
+}
 
 // Blocks returns a loader over w and block, which loads model.layers.{i}:
 // the attention with o, ffn's FFN and the block's two norms. An MTP layer
