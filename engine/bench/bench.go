@@ -198,6 +198,9 @@ type Result struct {
 	MTPAcceptance  *float64 `json:"mtp_acceptance,omitempty"`
 	DraftTokens    int      `json:"mtp_draft_tokens,omitempty"`
 	AcceptedTokens int      `json:"mtp_accepted_tokens,omitempty"`
+	// OneStepDrafts counts the steps that ran their drafts and verification
+	// as one device step (runtime.Options.OneStepDrafts).
+	OneStepDrafts uint64 `json:"mtp_one_step_steps,omitempty"`
 
 	// Roofline (filled by Roofline.Apply): decode steps per second, the
 	// weight bytes one step over this batch reads, the weight bytes per
@@ -501,7 +504,8 @@ func runCase(ctx context.Context, rt *runtime.Runtime, pm *peakModel, c Case, vo
 	}
 
 	r := Result{Case: c, KVBudget: after.KVBudget, PeakKVBytes: pm.peak.Load(),
-		Preemptions: after.Preemptions - before.Preemptions, Steps: after.Steps - before.Steps}
+		Preemptions: after.Preemptions - before.Preemptions, Steps: after.Steps - before.Steps,
+		OneStepDrafts: after.Passes.OneStep - before.Passes.OneStep}
 	var (
 		firstTok, lastTok, lastFirst time.Time
 		decodeToks                   int
@@ -641,6 +645,12 @@ type peakModel struct {
 func (p *peakModel) Unwrap() model.Model { return p.Model }
 
 func (p *peakModel) Forward(b *model.Batch) (*model.Output, error) {
+	p.note(b)
+	return p.Model.Forward(b)
+}
+
+// note prefaults b's cache when asked and records its bytes in use.
+func (p *peakModel) note(b *model.Batch) {
 	if b.Cache != nil && p.prefault.CompareAndSwap(true, false) {
 		b.Cache.Prefault()
 	}
@@ -653,11 +663,10 @@ func (p *peakModel) Forward(b *model.Batch) (*model.Output, error) {
 			}
 		}
 	}
-	return p.Model.Forward(b)
 }
 
-// The optional model interfaces, one method each, so that embedding them
-// next to *peakModel promotes nothing ambiguous.
+// The optional model interfaces, with methods of their own, so that
+// embedding them next to *peakModel promotes nothing ambiguous.
 type (
 	mtpForwarder interface {
 		ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error)
@@ -665,15 +674,50 @@ type (
 	stateLayouter interface {
 		StateLayout() []linattn.LayerShape
 	}
+	specForwarder interface {
+		SpecReady() bool
+		ForwardSpec(s *model.SpecStep) ([]*model.Output, *model.Output, error)
+	}
 )
 
+// peakSpec is a model.SpecModel's ForwardSpec behind a peakModel: the
+// verification's cache use is noted as Forward's is.
+type peakSpec struct {
+	p  *peakModel
+	sm specForwarder
+}
+
+func (s peakSpec) SpecReady() bool { return s.sm.SpecReady() }
+
+func (s peakSpec) ForwardSpec(st *model.SpecStep) ([]*model.Output, *model.Output, error) {
+	if st.Verify != nil {
+		s.p.note(st.Verify)
+	}
+	return s.sm.ForwardSpec(st)
+}
+
 // watch wraps m in a peakModel that keeps m's optional interfaces
-// (model.MTPModel, model.StateModel), which the runtime may look for.
+// (model.MTPModel, model.SpecModel, model.StateModel), which the runtime
+// may look for.
 func watch(m model.Model) (model.Model, *peakModel) {
 	p := &peakModel{Model: m}
 	mtp, isMTP := m.(mtpForwarder)
 	st, isState := m.(stateLayouter)
+	sm, isSpec := m.(specForwarder)
 	switch {
+	case isMTP && isSpec && isState:
+		return struct {
+			*peakModel
+			mtpForwarder
+			specForwarder
+			stateLayouter
+		}{p, mtp, peakSpec{p, sm}, st}, p
+	case isMTP && isSpec:
+		return struct {
+			*peakModel
+			mtpForwarder
+			specForwarder
+		}{p, mtp, peakSpec{p, sm}}, p
 	case isMTP && isState:
 		return struct {
 			*peakModel

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	_ "github.com/ferrite-llm/ferrite/engine/models/all"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
@@ -152,10 +154,7 @@ func TestRunReleasesMemory(t *testing.T) {
 	}
 	be := cpu.New(1)
 	defer be.Close()
-	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := randomModel(t, be, cfg)
 	loaded := be.MemoryUse().Tensors
 	opts := Options{Concurrency: []int{1, 2, 4}, PromptLens: []int{4, 9}, GenLens: []int{3}, Seed: 1, Warmup: true}
 	sweep := func() int64 {
@@ -226,6 +225,38 @@ func TestRunProfiler(t *testing.T) {
 	}
 }
 
+// TestWatchKeepsInterfaces checks that the bench's model wrapper keeps the
+// optional interfaces the runtime looks for: a speculating glm5_next stays
+// a model.SpecModel (one-step speculation), model.MTPModel and
+// model.StateModel; a llama is none of them.
+func TestWatchKeepsInterfaces(t *testing.T) {
+	dir := fixtures.Dir("glm5_next")
+	if _, err := os.Stat(dir); err != nil {
+		t.Skip("fixture glm5_next not present")
+	}
+	cfg, err := config.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(1)
+	defer be.Close()
+	m := randomModel(t, be, cfg)
+	w, _ := watch(m)
+	_, spec := w.(model.SpecModel)
+	_, mtp := w.(model.MTPModel)
+	_, state := w.(model.StateModel)
+	if !spec || !mtp || !state {
+		t.Errorf("glm5_next behind watch: SpecModel %v, MTPModel %v, StateModel %v", spec, mtp, state)
+	}
+	w, _ = watch(tinyLlama(t))
+	if _, ok := w.(model.MTPModel); ok {
+		t.Error("llama behind watch is an MTPModel")
+	}
+	if _, ok := w.(model.SpecModel); ok {
+		t.Error("llama behind watch is a SpecModel")
+	}
+}
+
 // tinyLlama is a one-layer random llama on a one-worker CPU backend (closed
 // when the test ends).
 func tinyLlama(t *testing.T) model.Model {
@@ -238,6 +269,12 @@ func tinyLlama(t *testing.T) model.Model {
 	}
 	be := cpu.New(1)
 	t.Cleanup(func() { be.Close() })
+	return randomModel(t, be, cfg)
+}
+
+// randomModel is cfg's model with random float32 weights on be.
+func randomModel(t *testing.T, be kernels.Backend, cfg *config.Config) model.Model {
+	t.Helper()
 	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
 	if err != nil {
 		t.Fatal(err)

@@ -725,6 +725,9 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 		} else if r.MTP {
 			note = "no drafts verified (see --draft-max-seqs)"
 		}
+		if r.OneStepDrafts > 0 {
+			note = "drafts and verification in one device step"
+		}
 		dec, perReq, steps, wgb, roof := num(r.DecodeTokPerSec), num(r.PerReqDecodeTPS), num(r.DecodeStepsPerSec),
 			fmt.Sprintf("%.2f", r.WeightBytesPerSec/1e9), fmt.Sprintf("%.0f%%", 100*r.RooflineFraction)
 		if r.GenLen < 2 { // one token a request: no decode steps
