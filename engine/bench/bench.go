@@ -109,12 +109,17 @@ type Options struct {
 	// the activation buffers a prompt that long needs, worker start-up),
 	// as llama-bench warms up with a run of the measured size.
 	Warmup bool
-	// WarmupCase runs each case's own requests once more before the timed
-	// ones, untimed and for warmupCaseGen tokens, on the case's runtime:
-	// the one-time costs of the case's batch shape (a GPU backend's GEMM
-	// plans, the eager first decode step and the graph capture of the
-	// second) then fall before the measurement, as a long-running server
-	// pays them once, and the decode window holds only the steady state.
+	// WarmupCase runs, before each case's timed requests and on its
+	// runtime, untimed: first enough requests of the case's prompt to fill
+	// two steps of the step token budget (one token each), so that a step
+	// as large as any of the case's has run — a GPU backend's scratch
+	// arena, sized by the largest step, then no longer grows and is
+	// re-laid out (and its step graphs re-captured) inside the
+	// measurement, which the prompts' arrival order otherwise decides —
+	// and then the case's own requests for warmupCaseGen tokens: the
+	// one-time costs of the case's batch shape (GEMM plans, the eager first
+	// decode step and the graph capture of the second). The decode window
+	// then holds the steady state, as a long-running server runs.
 	WarmupCase bool
 	// NoPrime skips each case's untimed one-token request, which also
 	// writes to every page of the new runtime's KV cache so that the
@@ -131,6 +136,15 @@ type Options struct {
 	// timed requests and its table written to the case's Profile after
 	// them (the CUDA backend under FERRITE_CUDA_PROFILE=1).
 	Profiler kernels.Profiler
+}
+
+// batchTokens is the runtimes' step token budget: Options.MaxBatchTokens,
+// or the model's preferred budget (at least maxSeqs).
+func (o *Options) batchTokens(m model.Model, maxSeqs int) int {
+	if o.MaxBatchTokens > 0 {
+		return o.MaxBatchTokens
+	}
+	return max(runtime.BatchTokens(m), maxSeqs)
 }
 
 // warmupCaseGen is the tokens a request of WarmupCase generates: two
@@ -313,10 +327,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 	newRuntime := func(c Case) (*runtime.Runtime, error) {
 		// Conversation reuse off: the prompts are random, and cached
 		// prefixes would only hold cache blocks (and show in peak KV).
-		ro := runtime.Options{KVBudget: budget, MaxBatchTokens: o.MaxBatchTokens, MaxSeqs: maxSeqs, PrefixCache: -1}
-		if ro.MaxBatchTokens == 0 {
-			ro.MaxBatchTokens = max(runtime.BatchTokens(m), maxSeqs)
-		}
+		ro := runtime.Options{KVBudget: budget, MaxBatchTokens: o.batchTokens(m, maxSeqs), MaxSeqs: maxSeqs, PrefixCache: -1}
 		if c.MTP {
 			if _, ok := m.(model.MTPModel); !ok {
 				return nil, fmt.Errorf("%w (%s has no MTP module)", ErrMTPUnavailable, info.Arch)
@@ -365,10 +376,12 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 			}
 		}
 		if o.WarmupCase {
-			w := Case{Concurrency: c.Concurrency, PromptLen: c.PromptLen, GenLen: min(c.GenLen, warmupCaseGen), MTP: c.MTP}
-			if _, err := runCase(ctx, rt, pm, w, info.Vocab, o.Seed, o.Prompts); err != nil {
-				rt.Close()
-				return out, fmt.Errorf("bench: %v: warm-up: %w", c, err)
+			fill := Case{Concurrency: max(c.Concurrency, (2*o.batchTokens(m, maxSeqs)+c.PromptLen-1)/c.PromptLen), PromptLen: c.PromptLen, GenLen: 1}
+			for _, w := range []Case{fill, {Concurrency: c.Concurrency, PromptLen: c.PromptLen, GenLen: min(c.GenLen, warmupCaseGen), MTP: c.MTP}} {
+				if _, err := runCase(ctx, rt, pm, w, info.Vocab, o.Seed, o.Prompts); err != nil {
+					rt.Close()
+					return out, fmt.Errorf("bench: %v: warm-up: %w", c, err)
+				}
 			}
 		}
 		g0, _ := kernels.StepGraphStats(dev)

@@ -282,45 +282,47 @@ func randomModel(t *testing.T, be kernels.Backend, cfg *config.Config) model.Mod
 	return m
 }
 
-// stepCounter counts the forward passes of each batch size.
-type stepCounter struct {
+// tokenCounter counts the tokens of the forward passes.
+type tokenCounter struct {
 	model.Model
-	seqs map[int]int
+	tokens int
 }
 
 // Unwrap returns the counted model (model.NewCache finds its device).
-func (c *stepCounter) Unwrap() model.Model { return c.Model }
+func (c *tokenCounter) Unwrap() model.Model { return c.Model }
 
-func (c *stepCounter) Forward(b *model.Batch) (*model.Output, error) {
-	c.seqs[len(b.Seqs)]++
+func (c *tokenCounter) Forward(b *model.Batch) (*model.Output, error) {
+	c.tokens += b.Tokens()
 	return c.Model.Forward(b)
 }
 
-// TestRunWarmupCase checks Options.WarmupCase: each case's requests run
-// once more before the timed ones (extra passes of the case's batch size,
-// warmupCaseGen tokens a request), and the timed results count only the
+// TestRunWarmupCase checks Options.WarmupCase: before each case's timed
+// requests the model runs, untimed, requests that fill two steps of the
+// token budget (the prompt and one token each) and then the case's own
+// requests for warmupCaseGen tokens; the timed results count only the
 // timed requests.
 func TestRunWarmupCase(t *testing.T) {
 	m := tinyLlama(t)
+	const conc, prompt, gen, budget = 3, 4, 6, 10
 	var res [2][]Result
-	var passes [2]map[int]int
+	var tokens [2]int
 	for i, warm := range []bool{false, true} {
-		c := &stepCounter{Model: m, seqs: map[int]int{}}
-		r, err := Run(context.Background(), c, Options{Concurrency: []int{3}, PromptLens: []int{4}, GenLens: []int{6}, Seed: 1,
-			NoPrime: true, WarmupCase: warm})
+		c := &tokenCounter{Model: m}
+		r, err := Run(context.Background(), c, Options{Concurrency: []int{conc}, PromptLens: []int{prompt}, GenLens: []int{gen}, Seed: 1,
+			NoPrime: true, WarmupCase: warm, MaxBatchTokens: budget})
 		if err != nil {
 			t.Fatal(err)
 		}
-		res[i], passes[i] = r, c.seqs
+		res[i], tokens[i] = r, c.tokens
 	}
 	for i := range res {
-		if r := res[i][0]; r.GeneratedTokens != 3*6 || r.PromptTokens != 3*4 || r.Steps != res[0][0].Steps {
+		if r := res[i][0]; r.GeneratedTokens != conc*gen || r.PromptTokens != conc*prompt {
 			t.Errorf("warm-up %v: %+v", i == 1, r)
 		}
 	}
-	// The warm-up's three requests: a prompt pass and warmupCaseGen − 1
-	// decode passes of 3 sequences (prompts may share the first pass).
-	if extra := passes[1][3] - passes[0][3]; extra < warmupCaseGen-1 || extra > warmupCaseGen {
-		t.Errorf("passes of 3 sequences: %d with the warm-up, %d without; want %d or %d more", passes[1][3], passes[0][3], warmupCaseGen-1, warmupCaseGen)
+	fill := (2*budget + prompt - 1) / prompt // 5 requests of a prompt and one token
+	want := fill*prompt + conc*(prompt+warmupCaseGen-1)
+	if extra := tokens[1] - tokens[0]; extra != want {
+		t.Errorf("the warm-up ran %d tokens through the model, want %d (%d to fill the budget, then %d requests of %d)", extra, want, fill, conc, warmupCaseGen)
 	}
 }

@@ -67,12 +67,18 @@ func (d *Device) SetGEMV3(bps int) {
 }
 
 // gemv3Grid returns the blocks and the outputs a block for outs outputs
-// (FERRITE_CUDA_GEMV3_BPS blocks a multiprocessor; 2 when the plain
-// version-3 GEMV is off and only the norm-fused one runs).
-func (d *Device) gemv3Grid(outs int) (grid uint32, rpb int) {
+// of a kernel taking smem bytes of dynamic shared memory:
+// FERRITE_CUDA_GEMV3_BPS blocks a multiprocessor (2 when the plain
+// version-3 GEMV is off and only the norm-fused one runs), at most 2 when
+// the kernel takes more than the ring (three of the norm-fused blocks
+// would not fit beside each other: the third would run as a second wave).
+func (d *Device) gemv3Grid(outs, smem int) (grid uint32, rpb int) {
 	bps := d.gemv3
 	if bps == 0 {
 		bps = 2
+	}
+	if smem > gemv3Ring {
+		bps = min(bps, 2)
 	}
 	rpb = ceilDiv(outs, max(1, d.SMs*bps))
 	return uint32(ceilDiv(outs, rpb)), rpb
@@ -114,7 +120,7 @@ func (d *Device) linear3L(y, x uint64, w *Weight, n int, bias uint64, acc bool) 
 	if !ok {
 		return false, nil
 	}
-	grid, rpb := d.gemv3Grid(w.Rows)
+	grid, rpb := d.gemv3Grid(w.Rows, smem)
 	for j := 0; j < n; j += gemv3Rows {
 		err := d.launchL(name, grid, gemvBlock, uint32(smem), y+uint64(j*w.Rows*4), x+uint64(j*w.Cols*4), w.Buf.ptr,
 			i32(min(gemv3Rows, n-j)), i32(w.Rows), i32(w.Cols), i32(rpb), bias, b32(acc), 0, 0, 0, 0, 0)
@@ -129,7 +135,7 @@ func (d *Device) linear3L(y, x uint64, w *Weight, n int, bias uint64, acc bool) 
 // stacked [gate; up] dw for n rows of x, and reports whether it did.
 func (d *Device) swiglu3L(y, x uint64, dw *Weight, n, inter int, limit float32) (bool, error) {
 	name, smem, ok := d.gemv3Takes(dw, x, 1)
-	grid, rpb := d.gemv3Grid(inter)
+	grid, rpb := d.gemv3Grid(inter, smem)
 	if !ok || rpb > gemv3MaxRows {
 		return false, nil
 	}
@@ -183,7 +189,7 @@ func (b *Backend) normLinear3(dst, sum, x, delta kernels.Tensor, n *kernels.Head
 	name, smem, _ := gemv3Fits(dw, dptr(x), 2, b.dev.SmemOptIn)
 	y, xp, nw, rows := dptr(dst), dptr(x), dptr(n.W), x.Rows
 	b.queue(func(d *Device) error {
-		grid, rpb := d.gemv3Grid(dw.Rows)
+		grid, rpb := d.gemv3Grid(dw.Rows, smem)
 		for j := range rows {
 			xo := uint64(j * dw.Cols * 4)
 			dj, sj := dl, sp
@@ -211,7 +217,7 @@ func (b *Backend) normSwiGLU3(dst, x kernels.Tensor, n *kernels.HeadNorm, dw *We
 	name, smem, _ := gemv3Fits(dw, dptr(x), 3, b.dev.SmemOptIn)
 	y, xp, nw, rows, inter := dptr(dst), dptr(x), dptr(n.W), x.Rows, dw.Rows/2
 	b.queue(func(d *Device) error {
-		grid, rpb := d.gemv3Grid(inter)
+		grid, rpb := d.gemv3Grid(inter, smem)
 		for j := range rows {
 			err := d.launchL(name, grid, gemvBlock, uint32(smem), y+uint64(j*inter*4), xp+uint64(j*dw.Cols*4), dw.Buf.ptr,
 				i32(1), i32(inter), i32(dw.Cols), i32(rpb), f32(limit), nw, f32(n.Eps), b32(n.Offset))

@@ -47,11 +47,9 @@ var kernelNames = []string{
 	"ferrite_moe_few_down_1", "ferrite_moe_few_down_8", "ferrite_moe_sort", "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down",
 	"ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", "ferrite_moe_gt_gate_up_r1", "ferrite_moe_gt_gate_up_r2", "ferrite_moe_gt_gate_up_r4", "ferrite_moe_gt_down_r2",
 	"ferrite_moe_gt_down_r4", "ferrite_moe_gt_down_r8", "ferrite_moe_b1_1", "ferrite_moe_b1_3",
-	// The same with FERRITE_MOE_PF's L2 prefetches.
-	"ferrite_moe_b1_1_pf", "ferrite_moe_b1_3_pf", "ferrite_moe_gt_gate_up_r1_pf", "ferrite_moe_gt_gate_up_r2_pf",
-	"ferrite_moe_gt_gate_up_r4_pf", "ferrite_moe_gt_down_r2_pf", "ferrite_moe_gt_down_r4_pf", "ferrite_moe_gt_down_r8_pf",
-	"ferrite_moe_gt_gate_up_r1_db", "ferrite_moe_gt_gate_up_r2_db", "ferrite_moe_gt_gate_up_r4_db", "ferrite_moe_gt_down_r2_db",
-	"ferrite_moe_gt_down_r4_db", "ferrite_moe_gt_down_r8_db",
+	"ferrite_moe_gt_gate_up_r1_cv", "ferrite_moe_gt_gate_up_r2_cv",
+	"ferrite_moe_gt_gate_up_r4_cv", "ferrite_moe_gt_down_r2_cv",
+	"ferrite_moe_gt_down_r4_cv", "ferrite_moe_gt_down_r8_cv",
 	// Random weights (src/randfill.cu).
 	"ferrite_random_fill",
 }
@@ -92,8 +90,11 @@ func (d *Device) loadModule() error {
 var bigSmemKernels []string
 
 // raiseSmem sets SmemOptIn and raises bigSmemKernels' dynamic shared
-// memory limit to it. Without cuFuncSetAttribute, or when the driver
-// refuses, SmemOptIn stays 0 (the ops then take their other kernels).
+// memory limit to it, less the kernel's static shared memory (the driver
+// refuses a limit whose sum with it passes the opt-in maximum; a kernel
+// with static shared memory then takes up to SmemOptIn less that).
+// Without cuFuncSetAttribute, or when the driver refuses, SmemOptIn stays
+// 0 (the ops then take their other kernels).
 func (d *Device) raiseSmem() error {
 	if driver.cuFuncSetAttribute == 0 {
 		return nil
@@ -102,9 +103,17 @@ func (d *Device) raiseSmem() error {
 	if err != nil {
 		return err
 	}
-	const maxDynamicSmem = 8 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	const (
+		staticSmem     = 1 // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+		maxDynamicSmem = 8 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	)
 	for _, name := range bigSmemKernels {
-		if check("cuFuncSetAttribute "+name, call(driver.cuFuncSetAttribute, d.fns[name], maxDynamicSmem, uintptr(optIn))) != nil {
+		var static int32
+		if driver.cuFuncGetAttribute != 0 &&
+			check("cuFuncGetAttribute "+name, call(driver.cuFuncGetAttribute, uintptr(unsafe.Pointer(&static)), staticSmem, d.fns[name])) != nil {
+			return nil
+		}
+		if check("cuFuncSetAttribute "+name, call(driver.cuFuncSetAttribute, d.fns[name], maxDynamicSmem, uintptr(optIn-int(static)))) != nil {
 			return nil
 		}
 	}
