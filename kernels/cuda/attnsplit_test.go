@@ -23,6 +23,7 @@ func TestDecodeBatchPrefill(t *testing.T) {
 	shape := kernels.AttnShape{Heads: heads, KVHeads: kvh, HeadDim: hd, Scale: 0.088}
 	rng := rand.New(rand.NewPCG(13, 4))
 	for _, n := range []int{64, 96} {
+		decodePrefill = false // the previous n's last launch set it
 		if !b.usePrefill(shape, n) {
 			t.Skipf("no prefill kernel at %d rows", n)
 		}
