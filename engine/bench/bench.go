@@ -109,12 +109,17 @@ type Options struct {
 	// the activation buffers a prompt that long needs, worker start-up),
 	// as llama-bench warms up with a run of the measured size.
 	Warmup bool
-	// WarmupCase runs each case's own requests once more before the timed
-	// ones, untimed and for warmupCaseGen tokens, on the case's runtime:
-	// the one-time costs of the case's batch shape (a GPU backend's GEMM
-	// plans, the eager first decode step and the graph capture of the
-	// second) then fall before the measurement, as a long-running server
-	// pays them once, and the decode window holds only the steady state.
+	// WarmupCase runs, before each case's timed requests and on its
+	// runtime, untimed: first enough requests of the case's prompt to fill
+	// two steps of the step token budget (one token each), so that a step
+	// as large as any of the case's has run — a GPU backend's scratch
+	// arena, sized by the largest step, then no longer grows and is
+	// re-laid out (and its step graphs re-captured) inside the
+	// measurement, which the prompts' arrival order otherwise decides —
+	// and then the case's own requests for warmupCaseGen tokens: the
+	// one-time costs of the case's batch shape (GEMM plans, the eager first
+	// decode step and the graph capture of the second). The decode window
+	// then holds the steady state, as a long-running server runs.
 	WarmupCase bool
 	// NoPrime skips each case's untimed one-token request, which also
 	// writes to every page of the new runtime's KV cache so that the
@@ -131,6 +136,15 @@ type Options struct {
 	// timed requests and its table written to the case's Profile after
 	// them (the CUDA backend under FERRITE_CUDA_PROFILE=1).
 	Profiler kernels.Profiler
+}
+
+// batchTokens is the runtimes' step token budget: Options.MaxBatchTokens,
+// or the model's preferred budget (at least maxSeqs).
+func (o *Options) batchTokens(m model.Model, maxSeqs int) int {
+	if o.MaxBatchTokens > 0 {
+		return o.MaxBatchTokens
+	}
+	return max(runtime.BatchTokens(m), maxSeqs)
 }
 
 // warmupCaseGen is the tokens a request of WarmupCase generates: two
@@ -184,6 +198,9 @@ type Result struct {
 	MTPAcceptance  *float64 `json:"mtp_acceptance,omitempty"`
 	DraftTokens    int      `json:"mtp_draft_tokens,omitempty"`
 	AcceptedTokens int      `json:"mtp_accepted_tokens,omitempty"`
+	// OneStepDrafts counts the steps that ran their drafts and verification
+	// as one device step (runtime.Options.OneStepDrafts).
+	OneStepDrafts uint64 `json:"mtp_one_step_steps,omitempty"`
 
 	// Roofline (filled by Roofline.Apply): decode steps per second, the
 	// weight bytes one step over this batch reads, the weight bytes per
@@ -310,10 +327,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 	newRuntime := func(c Case) (*runtime.Runtime, error) {
 		// Conversation reuse off: the prompts are random, and cached
 		// prefixes would only hold cache blocks (and show in peak KV).
-		ro := runtime.Options{KVBudget: budget, MaxBatchTokens: o.MaxBatchTokens, MaxSeqs: maxSeqs, PrefixCache: -1}
-		if ro.MaxBatchTokens == 0 {
-			ro.MaxBatchTokens = max(runtime.BatchTokens(m), maxSeqs)
-		}
+		ro := runtime.Options{KVBudget: budget, MaxBatchTokens: o.batchTokens(m, maxSeqs), MaxSeqs: maxSeqs, PrefixCache: -1}
 		if c.MTP {
 			if _, ok := m.(model.MTPModel); !ok {
 				return nil, fmt.Errorf("%w (%s has no MTP module)", ErrMTPUnavailable, info.Arch)
@@ -362,10 +376,12 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 			}
 		}
 		if o.WarmupCase {
-			w := Case{Concurrency: c.Concurrency, PromptLen: c.PromptLen, GenLen: min(c.GenLen, warmupCaseGen), MTP: c.MTP}
-			if _, err := runCase(ctx, rt, pm, w, info.Vocab, o.Seed, o.Prompts); err != nil {
-				rt.Close()
-				return out, fmt.Errorf("bench: %v: warm-up: %w", c, err)
+			fill := Case{Concurrency: max(c.Concurrency, (2*o.batchTokens(m, maxSeqs)+c.PromptLen-1)/c.PromptLen), PromptLen: c.PromptLen, GenLen: 1}
+			for _, w := range []Case{fill, {Concurrency: c.Concurrency, PromptLen: c.PromptLen, GenLen: min(c.GenLen, warmupCaseGen), MTP: c.MTP}} {
+				if _, err := runCase(ctx, rt, pm, w, info.Vocab, o.Seed, o.Prompts); err != nil {
+					rt.Close()
+					return out, fmt.Errorf("bench: %v: warm-up: %w", c, err)
+				}
 			}
 		}
 		g0, _ := kernels.StepGraphStats(dev)
@@ -488,7 +504,8 @@ func runCase(ctx context.Context, rt *runtime.Runtime, pm *peakModel, c Case, vo
 	}
 
 	r := Result{Case: c, KVBudget: after.KVBudget, PeakKVBytes: pm.peak.Load(),
-		Preemptions: after.Preemptions - before.Preemptions, Steps: after.Steps - before.Steps}
+		Preemptions: after.Preemptions - before.Preemptions, Steps: after.Steps - before.Steps,
+		OneStepDrafts: after.Passes.OneStep - before.Passes.OneStep}
 	var (
 		firstTok, lastTok, lastFirst time.Time
 		decodeToks                   int
@@ -628,6 +645,12 @@ type peakModel struct {
 func (p *peakModel) Unwrap() model.Model { return p.Model }
 
 func (p *peakModel) Forward(b *model.Batch) (*model.Output, error) {
+	p.note(b)
+	return p.Model.Forward(b)
+}
+
+// note prefaults b's cache when asked and records its bytes in use.
+func (p *peakModel) note(b *model.Batch) {
 	if b.Cache != nil && p.prefault.CompareAndSwap(true, false) {
 		b.Cache.Prefault()
 	}
@@ -640,11 +663,10 @@ func (p *peakModel) Forward(b *model.Batch) (*model.Output, error) {
 			}
 		}
 	}
-	return p.Model.Forward(b)
 }
 
-// The optional model interfaces, one method each, so that embedding them
-// next to *peakModel promotes nothing ambiguous.
+// The optional model interfaces, with methods of their own, so that
+// embedding them next to *peakModel promotes nothing ambiguous.
 type (
 	mtpForwarder interface {
 		ForwardMTP(b *model.Batch, hidden [][]float32) (*model.Output, error)
@@ -652,15 +674,50 @@ type (
 	stateLayouter interface {
 		StateLayout() []linattn.LayerShape
 	}
+	specForwarder interface {
+		SpecReady() bool
+		ForwardSpec(s *model.SpecStep) ([]*model.Output, *model.Output, error)
+	}
 )
 
+// peakSpec is a model.SpecModel's ForwardSpec behind a peakModel: the
+// verification's cache use is noted as Forward's is.
+type peakSpec struct {
+	p  *peakModel
+	sm specForwarder
+}
+
+func (s peakSpec) SpecReady() bool { return s.sm.SpecReady() }
+
+func (s peakSpec) ForwardSpec(st *model.SpecStep) ([]*model.Output, *model.Output, error) {
+	if st.Verify != nil {
+		s.p.note(st.Verify)
+	}
+	return s.sm.ForwardSpec(st)
+}
+
 // watch wraps m in a peakModel that keeps m's optional interfaces
-// (model.MTPModel, model.StateModel), which the runtime may look for.
+// (model.MTPModel, model.SpecModel, model.StateModel), which the runtime
+// may look for.
 func watch(m model.Model) (model.Model, *peakModel) {
 	p := &peakModel{Model: m}
 	mtp, isMTP := m.(mtpForwarder)
 	st, isState := m.(stateLayouter)
+	sm, isSpec := m.(specForwarder)
 	switch {
+	case isMTP && isSpec && isState:
+		return struct {
+			*peakModel
+			mtpForwarder
+			specForwarder
+			stateLayouter
+		}{p, mtp, peakSpec{p, sm}, st}, p
+	case isMTP && isSpec:
+		return struct {
+			*peakModel
+			mtpForwarder
+			specForwarder
+		}{p, mtp, peakSpec{p, sm}}, p
 	case isMTP && isState:
 		return struct {
 			*peakModel

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/ferrite-llm/ferrite/engine/model"
 	_ "github.com/ferrite-llm/ferrite/engine/models/all"
 	"github.com/ferrite-llm/ferrite/engine/randweights"
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
@@ -152,10 +154,7 @@ func TestRunReleasesMemory(t *testing.T) {
 	}
 	be := cpu.New(1)
 	defer be.Close()
-	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := randomModel(t, be, cfg)
 	loaded := be.MemoryUse().Tensors
 	opts := Options{Concurrency: []int{1, 2, 4}, PromptLens: []int{4, 9}, GenLens: []int{3}, Seed: 1, Warmup: true}
 	sweep := func() int64 {
@@ -226,6 +225,38 @@ func TestRunProfiler(t *testing.T) {
 	}
 }
 
+// TestWatchKeepsInterfaces checks that the bench's model wrapper keeps the
+// optional interfaces the runtime looks for: a speculating glm5_next stays
+// a model.SpecModel (one-step speculation), model.MTPModel and
+// model.StateModel; a llama is none of them.
+func TestWatchKeepsInterfaces(t *testing.T) {
+	dir := fixtures.Dir("glm5_next")
+	if _, err := os.Stat(dir); err != nil {
+		t.Skip("fixture glm5_next not present")
+	}
+	cfg, err := config.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(1)
+	defer be.Close()
+	m := randomModel(t, be, cfg)
+	w, _ := watch(m)
+	_, spec := w.(model.SpecModel)
+	_, mtp := w.(model.MTPModel)
+	_, state := w.(model.StateModel)
+	if !spec || !mtp || !state {
+		t.Errorf("glm5_next behind watch: SpecModel %v, MTPModel %v, StateModel %v", spec, mtp, state)
+	}
+	w, _ = watch(tinyLlama(t))
+	if _, ok := w.(model.MTPModel); ok {
+		t.Error("llama behind watch is an MTPModel")
+	}
+	if _, ok := w.(model.SpecModel); ok {
+		t.Error("llama behind watch is a SpecModel")
+	}
+}
+
 // tinyLlama is a one-layer random llama on a one-worker CPU backend (closed
 // when the test ends).
 func tinyLlama(t *testing.T) model.Model {
@@ -238,6 +269,12 @@ func tinyLlama(t *testing.T) model.Model {
 	}
 	be := cpu.New(1)
 	t.Cleanup(func() { be.Close() })
+	return randomModel(t, be, cfg)
+}
+
+// randomModel is cfg's model with random float32 weights on be.
+func randomModel(t *testing.T, be kernels.Backend, cfg *config.Config) model.Model {
+	t.Helper()
 	m, err := model.New(cfg, randweights.New(1, kernels.F32), be)
 	if err != nil {
 		t.Fatal(err)
@@ -245,45 +282,47 @@ func tinyLlama(t *testing.T) model.Model {
 	return m
 }
 
-// stepCounter counts the forward passes of each batch size.
-type stepCounter struct {
+// tokenCounter counts the tokens of the forward passes.
+type tokenCounter struct {
 	model.Model
-	seqs map[int]int
+	tokens int
 }
 
 // Unwrap returns the counted model (model.NewCache finds its device).
-func (c *stepCounter) Unwrap() model.Model { return c.Model }
+func (c *tokenCounter) Unwrap() model.Model { return c.Model }
 
-func (c *stepCounter) Forward(b *model.Batch) (*model.Output, error) {
-	c.seqs[len(b.Seqs)]++
+func (c *tokenCounter) Forward(b *model.Batch) (*model.Output, error) {
+	c.tokens += b.Tokens()
 	return c.Model.Forward(b)
 }
 
-// TestRunWarmupCase checks Options.WarmupCase: each case's requests run
-// once more before the timed ones (extra passes of the case's batch size,
-// warmupCaseGen tokens a request), and the timed results count only the
+// TestRunWarmupCase checks Options.WarmupCase: before each case's timed
+// requests the model runs, untimed, requests that fill two steps of the
+// token budget (the prompt and one token each) and then the case's own
+// requests for warmupCaseGen tokens; the timed results count only the
 // timed requests.
 func TestRunWarmupCase(t *testing.T) {
 	m := tinyLlama(t)
+	const conc, prompt, gen, budget = 3, 4, 6, 10
 	var res [2][]Result
-	var passes [2]map[int]int
+	var tokens [2]int
 	for i, warm := range []bool{false, true} {
-		c := &stepCounter{Model: m, seqs: map[int]int{}}
-		r, err := Run(context.Background(), c, Options{Concurrency: []int{3}, PromptLens: []int{4}, GenLens: []int{6}, Seed: 1,
-			NoPrime: true, WarmupCase: warm})
+		c := &tokenCounter{Model: m}
+		r, err := Run(context.Background(), c, Options{Concurrency: []int{conc}, PromptLens: []int{prompt}, GenLens: []int{gen}, Seed: 1,
+			NoPrime: true, WarmupCase: warm, MaxBatchTokens: budget})
 		if err != nil {
 			t.Fatal(err)
 		}
-		res[i], passes[i] = r, c.seqs
+		res[i], tokens[i] = r, c.tokens
 	}
 	for i := range res {
-		if r := res[i][0]; r.GeneratedTokens != 3*6 || r.PromptTokens != 3*4 || r.Steps != res[0][0].Steps {
+		if r := res[i][0]; r.GeneratedTokens != conc*gen || r.PromptTokens != conc*prompt {
 			t.Errorf("warm-up %v: %+v", i == 1, r)
 		}
 	}
-	// The warm-up's three requests: a prompt pass and warmupCaseGen − 1
-	// decode passes of 3 sequences (prompts may share the first pass).
-	if extra := passes[1][3] - passes[0][3]; extra < warmupCaseGen-1 || extra > warmupCaseGen {
-		t.Errorf("passes of 3 sequences: %d with the warm-up, %d without; want %d or %d more", passes[1][3], passes[0][3], warmupCaseGen-1, warmupCaseGen)
+	fill := (2*budget + prompt - 1) / prompt // 5 requests of a prompt and one token
+	want := fill*prompt + conc*(prompt+warmupCaseGen-1)
+	if extra := tokens[1] - tokens[0]; extra != want {
+		t.Errorf("the warm-up ran %d tokens through the model, want %d (%d to fill the budget, then %d requests of %d)", extra, want, fill, conc, warmupCaseGen)
 	}
 }

@@ -129,7 +129,8 @@
 // estimate of its acceptance (given the earlier ones passed) and the
 // sequence drafts while the estimated chance that all drafts so far pass is
 // at least 1/4; when the first draft is hardly ever accepted (< 10 %) it
-// only probes with one draft every 8 steps. Drafts also stop short of
+// only probes with one draft every 8 steps, and its MTP module takes the
+// hidden states of the steps in between with the probe, in one pass. Drafts also stop short of
 // MaxTokens, the length limit, the step's token budget and the free cache
 // blocks; they never preempt. In steps with more than Options.DraftMaxSeqs
 // running sequences (default 8) nothing is drafted: a large batch is

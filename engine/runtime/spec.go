@@ -262,8 +262,10 @@ func (sc *scheduler) draft() (*model.Output, error) {
 		if end <= sp.mtpDone {
 			continue
 		}
-		if sp.k == 0 && defer_ && sp.mtpDone >= s.nPrompt && end-sp.mtpDone < maxMTPBacklog {
-			continue // drafting is off: feed the MTP module later, in one go
+		if sp.k == 0 && (defer_ || sp.acc[0] < offBelow) && sp.mtpDone >= s.nPrompt && end-sp.mtpDone < maxMTPBacklog {
+			// Drafting is off, for everyone or for this sequence until
+			// its next probe: feed the MTP module later, in one go.
+			continue
 		}
 		if sp.mtpDone < s.nPrompt {
 			sc.mtpPrompt = true // prefill work: the step is not timed (cost.go)

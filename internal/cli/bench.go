@@ -164,7 +164,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streamMiB, "stream-mib", 1024, "buffer size in MiB of the memory-bandwidth measurement")
 	fs.Float64Var(&f.bandwidthGBps, "bandwidth", 0, "memory bandwidth in GB/s for the roofline, instead of measuring it (0 = measure)")
 	fs.BoolVar(&f.noWarmup, "no-warmup", false, "skip the warm-up request")
-	fs.BoolVar(&f.warmupCase, "warmup-case", false, "before each case, run its requests once untimed for 3 tokens (its batch shape's one-time costs out of the measurement)")
+	fs.BoolVar(&f.warmupCase, "warmup-case", false, "before each case, run untimed requests filling two steps, then its own requests for 3 tokens (the largest step and its batch shape's one-time costs out of the measurement)")
 	fs.BoolVar(&f.chat, "chat", false, "prompts: chat questions through the model's chat template (needs its tokenizer), request i asking question i, instead of random tokens; --prompt-len is ignored (MTP acceptance on text the model knows)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the sweep (not the loading) to this file")
 }
@@ -724,6 +724,9 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 			acc = fmt.Sprintf("%.0f%%", 100**r.MTPAcceptance)
 		} else if r.MTP {
 			note = "no drafts verified (see --draft-max-seqs)"
+		}
+		if r.OneStepDrafts > 0 {
+			note = "drafts and verification in one device step"
 		}
 		dec, perReq, steps, wgb, roof := num(r.DecodeTokPerSec), num(r.PerReqDecodeTPS), num(r.DecodeStepsPerSec),
 			fmt.Sprintf("%.2f", r.WeightBytesPerSec/1e9), fmt.Sprintf("%.0f%%", 100*r.RooflineFraction)

@@ -23,6 +23,7 @@ type Backend struct {
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 	mla   mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
 	x8    x8Cache              // Q4_0 and Q8_0 weights repacked for the x8 kernels, per weight
+	res   residentCache        // BF16 weights copied into huge pages, per weight
 	// experts is set while Experts runs: its MatMuls are routed experts'
 	// (x8Persistent keeps no Q8_0 expert packed).
 	experts bool
@@ -118,9 +119,29 @@ func (b *Backend) matMulInlineTo(y []float32, ldy int, x []float32, w *kernels.M
 	var m matmul
 	m.init(y, x, w, n, 1, xs, b.bf16x, b.x8Packed(w))
 	m.ldy = ldy
+	m.useResident(b.resident(w, n))
 	m.convertX(0, m.convertUnits())
 	for t := range m.tasks {
 		m.task(t, scratch)
+	}
+}
+
+// resident returns the resident copy of w (residentCache) for a MatMul of
+// n rows, made on first use over the workers (call it without holding the
+// pool), or nil.
+func (b *Backend) resident(w *kernels.Mat, n int) []byte {
+	return b.res.data(w, bf16Path(w, n, b.bf16x), b.experts, b.Parallel)
+}
+
+// useResident points m's tasks at d, the resident copy of its weight, if
+// not nil.
+func (m *matmul) useResident(d []byte) {
+	if d == nil || m.bt == nil {
+		return
+	}
+	m.wd = d
+	if m.bt.gemvHuge != nil {
+		m.gemv = m.bt.gemvHuge
 	}
 }
 
@@ -170,7 +191,7 @@ func (b *Backend) matMulTo(y []float32, ldy int, x []float32, w *kernels.Mat, n 
 		}
 		return
 	}
-	pk := b.x8Packed(w)
+	pk, res := b.x8Packed(w), b.resident(w, n)
 	p := b.pool
 	if !p.acquire() {
 		var scratch []float32
@@ -178,10 +199,11 @@ func (b *Backend) matMulTo(y []float32, ldy int, x []float32, w *kernels.Mat, n 
 		return
 	}
 	defer p.release()
-	m := &p.mm
+	m := &p.mm[0]
 	m.init(y, x, w, n, p.workers, &p.xs, b.bf16x, pk)
 	m.ldy = ldy
-	defer func() { m.y, m.x, m.w = nil, nil, nil }()
+	defer func() { m.y, m.x, m.w, m.wd = nil, nil, nil, nil }()
+	m.useResident(res)
 	if m.convertUnits() > 0 {
 		b.convertX(m)
 	}
@@ -193,7 +215,82 @@ func (b *Backend) matMulTo(y []float32, ldy int, x []float32, w *kernels.Mat, n 
 		return
 	}
 	j := &p.job
-	j.fn, j.mm = nil, m
+	j.fn, j.mm = nil, p.mm[:1]
 	j.next.Store(0)
 	p.run(nw)
+}
+
+// maxFused is the most weights matMulsTo runs as one parallel call.
+const maxFused = 3
+
+// mmOut is where one weight's product goes: y (n, ldy), its first w.Rows
+// columns.
+type mmOut struct {
+	y   []float32
+	ldy int
+}
+
+// matMulsTo is matMulTo for each weight of ws over the same x (n rows),
+// into outs[i]. BF16 weights of one width on the VDPBF16PS path run as one
+// parallel call (x rounded once, the tasks of every weight taken off one
+// counter: a decode step's q, k and v, or gate and up, with one hand-off
+// to the helpers instead of three or two); a task's results are those of
+// the same rows in a call of their own. Other weights go one by one.
+func (b *Backend) matMulsTo(outs []mmOut, x []float32, ws []*kernels.Mat, n int) {
+	if !b.fusable(ws, n) {
+		for i, w := range ws {
+			b.matMulTo(outs[i].y, outs[i].ldy, x, w, n)
+		}
+		return
+	}
+	var res [maxFused][]byte
+	for i, w := range ws {
+		res[i] = b.resident(w, n)
+	}
+	p := b.pool
+	if !p.acquire() {
+		for i, w := range ws {
+			b.matMulTo(outs[i].y, outs[i].ldy, x, w, n) // inline
+		}
+		return
+	}
+	defer p.release()
+	tasks := 0
+	for i, w := range ws {
+		m := &p.mm[i]
+		m.init(outs[i].y[:(n-1)*outs[i].ldy+w.Rows], x, w, n, p.workers, &p.xs, b.bf16x, nil)
+		m.ldy = outs[i].ldy
+		m.useResident(res[i])
+		tasks += m.tasks
+	}
+	defer func() {
+		for i := range ws {
+			m := &p.mm[i]
+			m.y, m.x, m.w, m.wd = nil, nil, nil, nil
+		}
+	}()
+	b.convertX(&p.mm[0]) // one x for all: the same rows and width
+	j := &p.job
+	j.fn, j.mm = nil, p.mm[:len(ws)]
+	j.next.Store(0)
+	if nw := min(tasks, p.workers); nw > 1 {
+		p.run(nw)
+		return
+	}
+	j.do(0, &p.scratch[0])
+	j.mm = nil
+}
+
+// fusable reports whether matMulsTo runs ws as one call: two to maxFused
+// BF16 weights of one width, all on the VDPBF16PS path for n rows.
+func (b *Backend) fusable(ws []*kernels.Mat, n int) bool {
+	if len(ws) < 2 || len(ws) > maxFused || n == 0 || b.rowExact && n > 1 {
+		return false
+	}
+	for _, w := range ws {
+		if w.DType != kernels.BF16 || w.Cols != ws[0].Cols || w.Rows == 0 || bf16Path(w, n, b.bf16x) != pathBF16 {
+			return false
+		}
+	}
+	return true
 }

@@ -68,6 +68,7 @@ type bf16TileSet struct {
 	r1c1, r1c4, r4c4 bf16TileFunc
 	gemm             *gemmTileSet
 	gemv             gemvFunc // one x row against a block of weight rows, or nil
+	gemvHuge         gemvFunc // the same for weights in huge pages (residentCache), or nil: gemv
 
 	// Prefill attention's P·V as outer products (attention.go, pvVDP),
 	// with the gemm tiles: two value rows interleaved, and 1 to 4
@@ -280,13 +281,13 @@ func (m *matmul) btask(r0, r1, i0, i1 int) {
 	if i1-i0 > 1 {
 		step = max(4, weightBlock/max(2*cols, 1)&^3)
 	}
-	t, x, ld, data := m.bt, m.xb.x, m.xb.ld, m.w.Data
+	t, x, ld, data := m.bt, m.xb.x, m.xb.ld, m.wd
 	if t.gemm != nil && i1-i0 > 1 && !gemmTilesOff.Load() {
 		m.gemmTask(r0, r1, i0, i1)
 		return
 	}
-	if t.gemv != nil && i1-i0 == 1 {
-		t.gemv(m.y[i0*ldy+r0:i0*ldy+r1], x[i0*ld:(i0+1)*ld], data[2*r0*cols:2*r1*cols], cols, cols, r1-r0)
+	if m.gemv != nil && i1-i0 == 1 {
+		m.gemv(m.y[i0*ldy+r0:i0*ldy+r1], x[i0*ld:(i0+1)*ld], data[2*r0*cols:2*r1*cols], cols, cols, r1-r0)
 		return
 	}
 	for s0 := r0; s0 < r1; s0 += step {
@@ -331,7 +332,7 @@ func (m *matmul) gemmTask(r0, r1, i0, i1 int) {
 		kc = roundUp(ceilDiv(cols, ceilDiv(cols, gemmKC)), 32)
 	}
 	step := max(g.C, weightBlock/(2*kc)/g.C*g.C)
-	x, ld, data := m.xb.x, m.xb.ld, m.w.Data
+	x, ld, data := m.xb.x, m.xb.ld, m.wd
 	for s0 := r0; s0 < r1; s0 += step {
 		s1 := min(r1, s0+step)
 		for k0 := 0; k0 == 0 || k0 < cols; k0 += kc { // once for cols = 0: y = 0

@@ -471,3 +471,44 @@ func TestPVPairsMatchGo(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkGemvPlacement streams 512 MiB of BF16 weights (rows of 1024
+// columns) through each gemv kernel on one thread, from Go heap memory (4
+// KiB pages) and from hugeBytes (transparent huge pages): the choice of
+// residentCache and of vdpbf16GemmTiles.gemvHuge. cpu-ns/op is the
+// thread's CPU time (on a shared machine the wall time includes others').
+func BenchmarkGemvPlacement(b *testing.B) {
+	if !cpuinfo.BF16() {
+		b.Skip("no AVX-512 BF16")
+	}
+	const size, cols, task = 512 << 20, 1024, 256 // bytes, columns, rows a call
+	heap, huge := make([]byte, size), hugeBytes(size)
+	for i := 0; i < size; i += 2 {
+		v := kernels.F32ToBF16(float32(int(i%509)-254) / 4096)
+		heap[i], heap[i+1] = byte(v), byte(v>>8)
+	}
+	copy(huge, heap)
+	x := make([]uint16, cols)
+	for i := range x {
+		x[i] = kernels.F32ToBF16(1)
+	}
+	y := make([]float32, task)
+	for _, mem := range []struct {
+		name string
+		w    []byte
+	}{{"heap", heap}, {"huge", huge}} {
+		for _, k := range []struct {
+			name string
+			f    gemvFunc
+		}{{"P0", gemvBF16}, {"P4096", gemvBF16P4096}} {
+			b.Run(mem.name+"/"+k.name, func(b *testing.B) {
+				b.SetBytes(size)
+				cpuLoop(b, func() {
+					for r0 := 0; r0 < size/(2*cols); r0 += task {
+						k.f(y, x, mem.w[2*r0*cols:2*(r0+task)*cols], cols, cols, task)
+					}
+				})
+			})
+		}
+	}
+}

@@ -80,36 +80,13 @@ func benchAttn(b *testing.B, rows int) {
 		b.Run(v, func(b *testing.B) {
 			attnGemmOff.Store(v == "f32keys")
 			defer attnGemmOff.Store(false)
-			be := New(1)
+			be, ints, f32t := attnBackend()
 			defer be.Close()
-			be.SetBF16Activations(true)
-			rng := rand.New(rand.NewPCG(1, 2))
 			kw := kvHeads * hd
 			nb := (ctx + bs - 1) / bs
 			kc, _ := be.Alloc(kernels.BF16, nb*bs, kw)
 			vc, _ := be.Alloc(kernels.BF16, nb*bs, kw)
-			pos, seq, blocks := make([]int32, ctx), make([]int32, ctx), make([]int32, nb)
-			for i := range blocks {
-				blocks[i] = int32(i)
-			}
-			for p := range ctx {
-				pos[p] = int32(p)
-			}
-			ints := func(v []int32, r, cols int) kernels.Tensor {
-				t, _ := be.Alloc(kernels.I32, r, cols)
-				be.WriteI32(t, v)
-				return t
-			}
-			f32t := func(r, cols int) kernels.Tensor {
-				v := make([]float32, r*cols)
-				for i := range v {
-					v[i] = float32(rng.NormFloat64())
-				}
-				t, _ := be.Alloc(kernels.F32, r, cols)
-				be.WriteF32(t, v)
-				return t
-			}
-			p := &kernels.Paged{Pos: ints(pos, ctx, 1), Seq: ints(seq, ctx, 1), Slot: ints(pos, ctx, 1), Blocks: ints(blocks, 1, nb), BlockSize: bs}
+			p := onePaged(ints, ctx, bs)
 			be.StoreKV(kc, vc, f32t(ctx, kw), f32t(ctx, kw), p)
 			q := f32t(rows, heads*hd)
 			out, _ := be.Alloc(kernels.F32, rows, heads*hd)

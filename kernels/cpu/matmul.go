@@ -23,6 +23,7 @@ type matmul struct {
 	y, x   []float32 // (n, w.Rows) with row stride ldy, (n, w.Cols)
 	ldy    int
 	w      *kernels.Mat
+	wd     []byte // the weight bytes the bf16 path reads: w.Data, or its resident copy
 	n      int
 	tiles  *tileSet
 	esz    int          // bytes per weight element
@@ -31,6 +32,7 @@ type matmul struct {
 	x8     *x8Set       // Q8_0 and Q4_0 on the x8 path (x8.go): its kernels,
 	pk     []byte       // and the persistently packed weights (nil: packed per task)
 	bt     *bf16TileSet // the bf16 path only (bf16.go): its tiles,
+	gemv   gemvFunc     // the one-x-row kernel for wd,
 	xb     *bf16Rows    // and x rounded to bfloat16
 	ak     *amxKernels  // the AMX path only (amx.go): its kernels,
 	xa     *amxX        // and x rounded and packed
@@ -51,7 +53,7 @@ type xbufs struct {
 // (which the caller does before the tasks run, with m.convertX). pk is w
 // kept packed for the x8 kernels (x8Cache), or nil.
 func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs, bf16 bool, pk []byte) {
-	*m = matmul{y: y, x: x, w: w, n: n, ldy: w.Rows}
+	*m = matmul{y: y, x: x, w: w, wd: w.Data, n: n, ldy: w.Rows}
 	gran := 4 // output rows per row chunk: a multiple of the tiles' rows
 	m.bc = min(n, batchChunk)
 	switch path := bf16Path(w, n, bf16); {
@@ -72,6 +74,7 @@ func (m *matmul) init(y, x []float32, w *kernels.Mat, n, workers int, xs *xbufs,
 		}
 	case path == pathBF16:
 		m.bt, m.xb = bf16TilesFor(), &xs.b
+		m.gemv = m.bt.gemv
 		m.xb.resize(n, w.Cols)
 	default:
 		m.tiles, m.esz = tilesFor(w.DType), w.DType.Size()

@@ -72,10 +72,20 @@ func (b *Backend) LinearCat(dst, x kernels.Tensor, ws []*kernels.Mat, e kernels.
 		bias = f32(e.Bias)[:total]
 	}
 	if !e.Accumulate {
-		c0 := 0
-		for _, w := range ws {
-			b.matMulTo(y[c0:], total, xs, w, n)
-			c0 += w.Rows
+		if len(ws) <= maxFused {
+			var outs [maxFused]mmOut
+			c0 := 0
+			for i, w := range ws {
+				outs[i] = mmOut{y[c0:], total}
+				c0 += w.Rows
+			}
+			b.matMulsTo(outs[:len(ws)], xs, ws, n)
+		} else {
+			c0 := 0
+			for _, w := range ws {
+				b.matMulTo(y[c0:], total, xs, w, n)
+				c0 += w.Rows
+			}
 		}
 		if bias != nil {
 			b.Parallel(n, func(lo, hi int) {
@@ -119,9 +129,15 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	n, inter := x.Rows, gate.Rows
 	t := grow(&b.tmp, 2*n*inter)
 	g, u := t[:n*inter], t[n*inter:]
-	b.MatMul(g, f32(x), gate, n)
-	b.MatMul(u, f32(x), up, n)
+	xs := f32(x)
+	kernels.CheckMatMul(g, xs, gate, n)
+	kernels.CheckMatMul(u, xs, up, n)
+	b.matMulsTo([]mmOut{{g, inter}, {u, inter}}, xs, []*kernels.Mat{gate, up}, n)
 	y := f32(dst)
+	if len(y) < minConvertSplit { // a decode step's: less than a hand-off costs
+		swiglu(y, g, u, limit)
+		return
+	}
 	b.Parallel(len(y), func(lo, hi int) { swiglu(y[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 

@@ -30,9 +30,9 @@ type pool struct {
 	quit    chan struct{}
 	closing sync.Once
 
-	job job    // the call in flight
-	mm  matmul // the MatMul in flight
-	xs  xbufs  // its x converted for the tiles (int8 or bfloat16)
+	job job              // the call in flight
+	mm  [maxFused]matmul // the MatMuls in flight (one, or matMulsTo's)
+	xs  xbufs            // its x converted for the tiles (int8 or bfloat16)
 	// convertFn is mm.convertX, as a func value made once: the Parallel job
 	// that converts mm's x rows [lo, hi).
 	convertFn func(lo, hi int)
@@ -40,11 +40,12 @@ type pool struct {
 }
 
 // job is one parallel call, shared by its workers: either a Parallel (fn
-// over n split nw ways) or a MatMul (mm's tasks, taken off next).
+// over n split nw ways) or one or more MatMuls (the tasks of mm[0], then
+// of mm[1], ..., taken off next).
 type job struct {
 	fn    func(lo, hi int)
 	n, nw int
-	mm    *matmul
+	mm    []matmul
 	next  atomic.Int64
 }
 
@@ -54,14 +55,22 @@ func (j *job) do(w int, scratch *[]float32) {
 		j.fn(w*j.n/j.nw, (w+1)*j.n/j.nw)
 		return
 	}
-	for t := int(j.next.Add(1) - 1); t < j.mm.tasks; t = int(j.next.Add(1) - 1) {
-		j.mm.task(t, scratch)
+	for t := int(j.next.Add(1) - 1); ; t = int(j.next.Add(1) - 1) {
+		i := 0
+		for i < len(j.mm) && t >= j.mm[i].tasks {
+			t -= j.mm[i].tasks
+			i++
+		}
+		if i == len(j.mm) {
+			return
+		}
+		j.mm[i].task(t, scratch)
 	}
 }
 
 func newPool(workers int) *pool {
 	p := &pool{workers: workers, quit: make(chan struct{}), scratch: make([][]float32, workers)}
-	p.convertFn = func(lo, hi int) { p.mm.convertX(lo, hi) }
+	p.convertFn = func(lo, hi int) { p.mm[0].convertX(lo, hi) }
 	for w := 1; w < workers; w++ {
 		ch := make(chan *job, 1) // buffered: the caller never waits for a polling helper
 		p.wake = append(p.wake, ch)

@@ -168,7 +168,7 @@ var vdpbf16Tiles = bf16TileSet{r1c1: tileBF16xR1C1, r1c4: tileBF16xR1C4, r4c4: t
 // VDPBF16PS runs at full rate (no AMX: see bf16MaxRows). The gemv kernel
 // prefetches 4 KiB ahead: on the shared Zen 5 VM BenchmarkGemvCold gave
 // 35-54 GB/s with and without, and for the 1-row tiles, medians within 5 %.
-var vdpbf16GemmTiles = bf16TileSet{r1c1: tileBF16xR1C1, r1c4: tileBF16xR1C4, r4c4: tileBF16xR4C4, gemv: gemvBF16P4096,
+var vdpbf16GemmTiles = bf16TileSet{r1c1: tileBF16xR1C1, r1c4: tileBF16xR1C4, r4c4: tileBF16xR4C4, gemv: gemvBF16P4096, gemvHuge: gemvBF16,
 	pair: pairBF16, pv: [4]pvPairsFunc{pvPairsR1, pvPairsR2, pvPairsR3, pvPairsR4},
 	transpose: transpose16, qk: [4]pvPairsFunc{qkPairsR1, qkPairsR2, qkPairsR3, qkPairsR4}, gemm: &gemmTileSet{
 		R: 4, C: 6,

@@ -72,10 +72,8 @@ type Backend struct {
 
 	presplit presplit // the last op's output, also split for cuBLASLt (opset.go's linearSplit)
 
-	fuseHalves   bool       // a split product's residual add and the next norm as one kernel (halves.go)
-	attnLenSplit int        // decode batches' attention splits each row's own keys, about this many blocks an SM (FERRITE_CUDA_ATTN_LENSPLIT; 0: off)
-	kSplit       int        // decode batches' 4,096–8,192-row split products in this many K parts (ksplit.go; 0: off)
-	halves       halvesPend // the product just queued whose epilogue a norm may join
+	fuseHalves bool       // a split product's residual add and the next norm as one kernel (halves.go)
+	halves     halvesPend // the product just queued whose epilogue a norm may join
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
@@ -102,8 +100,6 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.gemv3Norm = os.Getenv("FERRITE_CUDA_GEMV") == "v3n"
 	b.dec = decConfigFromEnv()
 	b.fuseHalves = fuseHalvesDefault()
-	b.attnLenSplit = attnLenSplitDefault()
-	b.kSplit = kSplitDefault()
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
 		b.ybuf, err = d.Alloc(stagingBytes)
 	}

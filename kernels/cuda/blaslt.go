@@ -21,7 +21,6 @@ var lt struct {
 	descCreate, descDestroy, descSetAttr                             uintptr
 	layoutCreate, layoutDestroy                                      uintptr
 	prefCreate, prefDestroy, prefSetAttr, heuristic, matmul, version uintptr
-	layoutSetAttr                                                    uintptr // optional: the K-split products (ksplit.go)
 }
 
 func loadBlasLt() error {
@@ -41,9 +40,6 @@ func loadBlasLt() error {
 			"cublasLtMatmulAlgoGetHeuristic":       &lt.heuristic, "cublasLtMatmul": &lt.matmul,
 			"cublasLtGetVersion": &lt.version,
 		})
-		if lt.err == nil {
-			optionalSymbols(lib, map[string]*uintptr{"cublasLtMatrixLayoutSetAttribute": &lt.layoutSetAttr})
-		}
 	})
 	return lt.err
 }
@@ -88,7 +84,7 @@ type heuristicResult struct {
 type blasLt struct {
 	handle    uintptr
 	workspace *Buffer
-	plans     map[[4]int]*gemmPlan // by (n, rows, cols, K parts)
+	plans     map[[3]int]*gemmPlan
 }
 
 // gemmPlan is a matmul descriptor, its layouts and the algorithm chosen
@@ -108,7 +104,7 @@ func (d *Device) blasLtL() (*blasLt, error) {
 	if d.ltErr = loadBlasLt(); d.ltErr != nil {
 		return nil, d.ltErr
 	}
-	b := &blasLt{plans: map[[4]int]*gemmPlan{}}
+	b := &blasLt{plans: map[[3]int]*gemmPlan{}}
 	if d.ltErr = checkLt("cublasLtCreate", call(lt.create, uintptr(unsafe.Pointer(&b.handle)))); d.ltErr != nil {
 		return nil, d.ltErr
 	}
@@ -145,13 +141,8 @@ func (p *gemmPlan) destroy() {
 // plan returns the plan for y (n, rows) f32 = x (n, cols) bf16 · w (rows,
 // cols) bf16ᵀ. In cuBLASLt's column-major terms y is (rows × n, ld rows) =
 // op_T(W: cols × rows, ld cols) · (X: cols × n, ld cols).
-func (b *blasLt) plan(n, rows, cols int) (*gemmPlan, error) { return b.planParts(n, rows, cols, 1) }
-
-// planParts is plan for a product whose K is cut into parts equal parts,
-// run as one strided batch of parts products (ksplit.go): part p is x's
-// and w's columns [p·cols/parts, (p+1)·cols/parts) into y + p·n·rows.
-func (b *blasLt) planParts(n, rows, cols, parts int) (*gemmPlan, error) {
-	key := [4]int{n, rows, cols, parts}
+func (b *blasLt) plan(n, rows, cols int) (*gemmPlan, error) {
+	key := [3]int{n, rows, cols}
 	if p := b.plans[key]; p != nil {
 		return p, nil
 	}
@@ -168,16 +159,9 @@ func (b *blasLt) planParts(n, rows, cols, parts int) (*gemmPlan, error) {
 		out      *uintptr
 		dtype    uintptr
 		r, c, ld int
-		stride   int64 // elements between the batch's parts
-	}{{&p.a, cudaR16BF, cols / parts, rows, cols, int64(cols / parts)}, {&p.b, cudaR16BF, cols / parts, n, cols, int64(cols / parts)},
-		{&p.c, cudaR32F, rows, n, rows, int64(rows) * int64(n)}} {
+	}{{&p.a, cudaR16BF, cols, rows, cols}, {&p.b, cudaR16BF, cols, n, cols}, {&p.c, cudaR32F, rows, n, rows}} {
 		if err := checkLt("cublasLtMatrixLayoutCreate", call(lt.layoutCreate, uintptr(unsafe.Pointer(l.out)), l.dtype, uintptr(l.r), uintptr(l.c), uintptr(l.ld))); err != nil {
 			return fail(err)
-		}
-		if parts > 1 {
-			if err := batchLayout(*l.out, parts, l.stride); err != nil {
-				return fail(err)
-			}
 		}
 	}
 	var pref uintptr
@@ -192,7 +176,7 @@ func (b *blasLt) planParts(n, rows, cols, parts int) (*gemmPlan, error) {
 	var found int32
 	var res [gemmTuneAlgos]heuristicResult
 	want := 1
-	if gemmTunes(n) && parts == 1 {
+	if gemmTunes(n) {
 		want = gemmTuneAlgos
 	}
 	if err := checkLt("cublasLtMatmulAlgoGetHeuristic", call(lt.heuristic, b.handle, p.desc, p.a, p.b, p.c, p.c, pref, uintptr(want),
@@ -319,11 +303,6 @@ func (d *Device) gemmL(y, x uint64, w *Weight, n int, acc bool) error {
 	if p.cands != nil && d.prof == nil {
 		d.tuneL(b, p, x, w, n)
 	}
-	return d.matmulL(b, p, y, x, w, n, acc)
-}
-
-// matmulL runs plan p: y (n, w.Rows) (+)= x · wᵀ, or its K parts.
-func (d *Device) matmulL(b *blasLt, p *gemmPlan, y, x uint64, w *Weight, n int, acc bool) error {
 	alpha, beta := float32(1), float32(0)
 	if acc {
 		beta = 1

@@ -55,12 +55,13 @@
 // times each step's host parts and its graph's GPU time without changing
 // how it runs (steptime.go). Decode batches, off by default until measured:
 // FERRITE_CUDA_FUSE_HALVES=1 joins the split products' epilogues to the op
-// after them (halves.go), FERRITE_CUDA_ATTN_LENSPLIT=k deals each row's
-// own keys over the attention splits (attnsplit.go), FERRITE_CUDA_GEMM_KSPLIT=1
-// runs the smaller split products as a batch of two K halves (ksplit.go),
-// and FERRITE_CUDA_STEPSPIN=1 polls for a step's end instead of parking. A MoE layer's
+// after them (halves.go), and FERRITE_CUDA_STEPSPIN=1 polls for a step's
+// end instead of parking; a batch of one row a sequence skips the prefill
+// attention kernel, which would own no tile (attnsplit.go;
+// FERRITE_CUDA_DECODE_PREFILL=1 runs it as before). A MoE layer's
 // experts are grouped GEMVs for up to 32 tokens (moe.go, src/ops_moe.cu: a
-// slot a pass below 4 tokens, register tiles from 4), an ungated shared
+// slot a pass below 4 tokens, register tiles from 4), streamed through
+// shared memory from 33 tokens up to 512 slots (moe_pipe.go), an ungated shared
 // expert folded in (kernels.SharedExperts); FERRITE_MOE_KERNELS=v1,
 // FERRITE_MOE_FOLD=0 and the other FERRITE_MOE_* switches of moeConfig
 // pick the earlier or other variants for comparison. One token runs
@@ -68,8 +69,8 @@
 // chosen expert's gate/up rows over all of them, then the down rows, two
 // launches, the second planning and loading before its PDL wait), with
 // the bits of the kernels it replaces; FERRITE_MOE_B1=1 runs them as one
-// launch with a grid barrier, =3 and =4 in blocks of 1,024 threads, each
-// for 1 to 3 tokens, and =0 not at all.
+// launch with a grid barrier, =2 as two for 1 to 3 tokens, and =0 not at
+// all.
 //
 // The kernels are CUDA C++ in src/, built by tools/cuda/build_fatbin.sh into
 // ferrite.fatbin (sm_90a machine code plus compute_80 PTX), embedded and

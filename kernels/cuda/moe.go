@@ -28,38 +28,7 @@ type moeConfig struct {
 	b1       int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
 	b1Most   int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
 	combine1 bool // FERRITE_MOE_COMBINE=1: ferrite_moe_combine one block a token (combineParts)
-	pf       int  // FERRITE_MOE_PF, FERRITE_MOE_PFD: the L2 prefetches of the register tiles and ferrite_moe_b1, moePFNext | moePFDouble | distance<<moePFDistShift (0: none)
-}
-
-// The L2 prefetch switches (src/ops_moe.cu kPFNext, kPFDistShift), which
-// pick the _pf twins of the register tiles and ferrite_moe_b1 (the default
-// kernels have none of their code). FERRITE_MOE_PFD=D (1 to 7): the
-// register tiles ask L2, each pass over their rows (512 bytes a row), for
-// the lines D passes on, on into the next expert's tile; ferrite_moe_b1
-// for the gate/up task D on. FERRITE_MOE_PF=2 (moePFNext): ferrite_moe_b1's
-// warps ask for their down rows after their gate/up tasks; 4
-// (moePFDouble): the register tiles' _db twins, which also ask for each
-// pass's weights (into registers) before the pass before multiplies; 6
-// both. They change no bits, only when weights arrive. (Asking for a
-// whole tile, or every later task, at once measured slower in GPU run 1
-// and is gone.)
-const (
-	moePFNext      = 4
-	moePFDistShift = 3
-	moePFDouble    = 1 << 6 // Go's: picks the _db kernels
-)
-
-// pfFlags maps FERRITE_MOE_PF's value (its bits 2 and 4) and
-// FERRITE_MOE_PFD's (0 to 7) to moeConfig.pf.
-func pfFlags(v, dist int) int {
-	f := 0
-	if v&2 != 0 {
-		f |= moePFNext
-	}
-	if v&4 != 0 {
-		f |= moePFDouble
-	}
-	return f | min(dist, 7)<<moePFDistShift
+	cv       bool // FERRITE_MOE_CV=1: the register tiles' _cv kernels (each weight widened once for all of a tile's slots)
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -73,7 +42,7 @@ func moeConfigFromEnv() moeConfig {
 		return v
 	}
 	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", pipe: pipeMode(os.Getenv("FERRITE_MOE_KERNELS")), few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB"),
-		tiles: num("FERRITE_MOE_TILES"), pf: pfFlags(num("FERRITE_MOE_PF"), num("FERRITE_MOE_PFD")),
+		tiles: num("FERRITE_MOE_TILES"), cv: os.Getenv("FERRITE_MOE_CV") == "1",
 		combine1: os.Getenv("FERRITE_MOE_COMBINE") == "1"}
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
@@ -131,18 +100,16 @@ func (c moeConfig) useGT(n, k int) bool {
 }
 
 // gtLaunch names the register tiles' kernels and their weight rows a
-// block (8 warps of R rows): with c.pf their _pf twins (_db with
-// moePFDouble), which read it.
+// block (8 warps of R rows): with c.cv their _cv twins.
 func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows int) {
 	gateUp, guRows, down, downRows = c.gtKernels()
-	if c.pf&moePFDouble != 0 {
-		gateUp, down = gateUp+"_db", down+"_db"
-	} else if c.pf != 0 {
-		gateUp, down = gateUp+"_pf", down+"_pf"
+	if c.cv {
+		gateUp, down = gateUp+"_cv", down+"_cv"
 	}
 	return
 }
 
+// gtKernels names the plain register-tile kernels for c.gt (gtLaunch).
 func (c moeConfig) gtKernels() (gateUp string, guRows int, down string, downRows int) {
 	switch c.gt {
 	case 1:
@@ -254,7 +221,7 @@ const (
 )
 
 func init() {
-	bigSmemKernels = append(bigSmemKernels, "ferrite_moe_b1_1", "ferrite_moe_b1_3", "ferrite_moe_b1_1_pf", "ferrite_moe_b1_3_pf")
+	bigSmemKernels = append(bigSmemKernels, "ferrite_moe_b1_1", "ferrite_moe_b1_3")
 }
 
 // moeB1Bar returns the device address of ferrite_moe_b1's grid barrier
@@ -317,10 +284,6 @@ func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Exp
 	if n > 1 {
 		name = "ferrite_moe_b1_3"
 	}
-	pf := b.moe.pf &^ moePFDouble // the kernel's bits (moePFDouble is the register tiles')
-	if pf != 0 {
-		name += "_pf" // the same kernel with the prefetches (the plain one has none of their code)
-	}
 	smem, xp := fixed+n*k*inter*4, dptr(x)
 	bar, err := b.moeB1Bar()
 	if err != nil {
@@ -343,9 +306,9 @@ func (b *Backend) expertsB1(dst, x, ids, w kernels.Tensor, experts []kernels.Exp
 	guSmem, block := uint32(fixed+tcopy*tbytes), uint32(threads)
 	b.queue(func(d *Device) error {
 		if fused {
-			return d.launchL(name, grid, block, uint32(smem), args(moeB1ModeBoth, tcopy|pf)...)
+			return d.launchL(name, grid, block, uint32(smem), args(moeB1ModeBoth, tcopy)...)
 		}
-		if err := d.launchL(name, grid, block, guSmem, args(moeB1ModeGateUp, tcopy|pf)...); err != nil {
+		if err := d.launchL(name, grid, block, guSmem, args(moeB1ModeGateUp, tcopy)...); err != nil {
 			return err
 		}
 		return d.launchL(name, grid, block, uint32(smem), args(moeB1ModeDown, 0)...)

@@ -14,16 +14,11 @@ import (
 	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
-// TestOpsExpertsB1 checks ferrite_moe_b1 (FERRITE_MOE_B1, both modes, with
-// and without the L2 prefetches of FERRITE_MOE_PF)
+// TestOpsExpertsB1 checks ferrite_moe_b1 (FERRITE_MOE_B1, both modes)
 // against kernels/ref.Experts and ExpertsClamp at 1 to 3 tokens: widths of
 // whole and partial 256-column strides, hidden wider than one load batch,
 // tokens that share experts, a token with an id out of range (its row NaN,
 // the others unaffected); and that the calls took the kernel.
-// b1Forms are the ferrite_moe_b1 configurations the tests run.
-var b1Forms = []moeConfig{{b1: moeB1Fused}, {b1: moeB1Two}, {b1: moeB1Fused, pf: pfFlags(2, 1)},
-	{b1: moeB1Two, pf: pfFlags(2, 0)}, {b1: moeB1Two, pf: pfFlags(0, 3)}, {b1: moeB1Two, pf: pfFlags(6, 1)}}
-
 func TestOpsExpertsB1(t *testing.T) {
 	b := openOps(t)
 	defer func(c moeConfig) { b.moe = c }(b.moe)
@@ -32,10 +27,10 @@ func TestOpsExpertsB1(t *testing.T) {
 		{12, 4, 256, 96}, {8, 3, 264, 512}, {6, 4, 2304, 264}, {5, 5, 512, 768},
 	} {
 		ex := randExperts(rng, sh.e, sh.hidden, sh.inter)
-		for _, c := range b1Forms {
-			b.moe = c
+		for _, mode := range []int{moeB1Fused, moeB1Two} {
+			b.moe = moeConfig{b1: mode}
 			for n := 1; n <= moeB1Tokens; n++ {
-				name := fmt.Sprintf("b1=%d/pf=%d/e=%d/k=%d/%dx%d/n=%d", c.b1, c.pf, sh.e, sh.k, sh.inter, sh.hidden, n)
+				name := fmt.Sprintf("b1=%d/e=%d/k=%d/%dx%d/n=%d", mode, sh.e, sh.k, sh.inter, sh.hidden, n)
 				x := f32Tensor(t, b, n, sh.hidden, make([]float32, n*sh.hidden))
 				if !b.b1Fits(x, n, sh.k, ex) {
 					t.Fatalf("%s: ferrite_moe_b1 does not take the call", name)
@@ -117,8 +112,8 @@ func TestOpsExpertsB1Exact(t *testing.T) {
 	for rows := 1; rows <= moeB1Tokens; rows++ {
 		x, id, w := xv[:rows*hidden], ids[:rows*k], wv[:rows*k]
 		want := run(moeConfig{}, rows, x, id, w)
-		for _, c := range b1Forms {
-			same(fmt.Sprintf("b1=%d pf=%d, %d tokens, against the slot-a-pass kernels", c.b1, c.pf, rows), run(c, rows, x, id, w), want)
+		for _, mode := range []int{moeB1Fused, moeB1Two} {
+			same(fmt.Sprintf("b1=%d, %d tokens, against the slot-a-pass kernels", mode, rows), run(moeConfig{b1: mode}, rows, x, id, w), want)
 		}
 	}
 	alone := make([]float32, n*hidden)
@@ -138,12 +133,9 @@ func TestOpsExpertsB1Exact(t *testing.T) {
 // and the folded shared expert, hidden 2048), 16 layers a step (each its
 // own random bf16 experts and random routing; a step's chosen experts,
 // 1.2 GB, far more than L2), the step a CUDA graph: "slot" the slot-a-pass
-// kernels (the default), "b1" ferrite_moe_b1 in one launch, "b1two" in
-// two, "+pf2" with FERRITE_MOE_PF=2's L2 prefetches (a warp's down rows
-// after its gate/up tasks), "+pfd1" FERRITE_MOE_PFD=1 (the next gate/up
-// task), "+pf2d1", "+pf2d2" both (the task 1 or 2 on).
-// µs/layer is the step over the layers; GB/s counts the distinct chosen
-// experts' weight bytes.
+// kernels, "b1" ferrite_moe_b1 in one launch, "b1two" in two (the
+// default). µs/layer is the step over the layers; GB/s counts the distinct
+// chosen experts' weight bytes.
 func BenchmarkMoEB1(b *testing.B) {
 	for _, m := range []struct {
 		name                        string
@@ -198,9 +190,7 @@ func benchMoEB1(b *testing.B, e, k, shared, hidden, inter, layers int) {
 		for _, v := range []struct {
 			name string
 			c    moeConfig
-		}{{"slot", moeConfig{}}, {"b1", moeConfig{b1: moeB1Fused}}, {"b1two", moeConfig{b1: moeB1Two}},
-			{"b1two+pf2", moeConfig{b1: moeB1Two, pf: pfFlags(2, 0)}}, {"b1two+pfd1", moeConfig{b1: moeB1Two, pf: pfFlags(0, 1)}},
-			{"b1two+pf2d1", moeConfig{b1: moeB1Two, pf: pfFlags(2, 1)}}, {"b1two+pf2d2", moeConfig{b1: moeB1Two, pf: pfFlags(2, 2)}}} {
+		}{{"slot", moeConfig{}}, {"b1", moeConfig{b1: moeB1Fused}}, {"b1two", moeConfig{b1: moeB1Two}}} {
 			be.moe = v.c
 			b.Run(fmt.Sprint("n=", n, "/", v.name), func(b *testing.B) {
 				sec := timeSteps(b, be, step)
@@ -215,7 +205,7 @@ func benchMoEB1(b *testing.B, e, k, shared, hidden, inter, layers int) {
 
 // TestMoEB1Config checks FERRITE_MOE_B1's reading: unset, ferrite_moe_b1
 // in two launches for one token only; 0 off; 1 or 2 that form for 1 to 3
-// tokens; anything else the default. And FERRITE_MOE_PF's.
+// tokens; anything else the default.
 func TestMoEB1Config(t *testing.T) {
 	for _, c := range []struct {
 		env        string
@@ -232,17 +222,6 @@ func TestMoEB1Config(t *testing.T) {
 		got := moeConfigFromEnv()
 		if got.b1 != c.b1 || got.b1Most != c.b1Most {
 			t.Errorf("FERRITE_MOE_B1=%q (set %v): b1 %d for up to %d tokens, want %d for up to %d", c.env, c.set, got.b1, got.b1Most, c.b1, c.b1Most)
-		}
-	}
-	for _, c := range []struct {
-		pf, pfd string
-		want    int
-	}{{"", "", 0}, {"0", "0", 0}, {"1", "", 0}, {"2", "", moePFNext}, {"4", "", moePFDouble}, {"x", "-1", 0},
-		{"", "2", 2 << moePFDistShift}, {"2", "9", moePFNext | 7<<moePFDistShift}, {"6", "1", moePFNext | moePFDouble | 1<<moePFDistShift}} {
-		t.Setenv("FERRITE_MOE_PF", c.pf)
-		t.Setenv("FERRITE_MOE_PFD", c.pfd)
-		if got := moeConfigFromEnv().pf; got != c.want {
-			t.Errorf("FERRITE_MOE_PF=%q FERRITE_MOE_PFD=%q: pf %d, want %d", c.pf, c.pfd, got, c.want)
 		}
 	}
 }

@@ -63,9 +63,8 @@ func TestOpsExpertsPaths(t *testing.T) {
 	}
 	checkExperts(t, b, "bf16/n=16", bf16, 16, 4, rng) // the register tiles
 	for _, c := range []moeConfig{{tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7}, {tiles: 1, sb: 256}, {tiles: 1, gt: 1},
-		{tiles: 1, gt: 2, sb: 5}, {gt: 2}, {gt: 1, sb: 3}, {tiles: 1, pf: pfFlags(0, 3)},
-		{tiles: 1, gt: 1, sb: 7, pf: pfFlags(0, 1)}, {gt: 2, sb: 256, pf: pfFlags(2, 7)}, {tiles: 1, pf: pfFlags(4, 0)},
-		{tiles: 1, gt: 1, sb: 3, pf: pfFlags(4, 2)}, {gt: 2, pf: pfFlags(6, 1)}} {
+		{tiles: 1, gt: 2, sb: 5}, {gt: 2}, {gt: 1, sb: 3}, {tiles: 1, cv: true}, {tiles: 1, gt: 2, sb: 5, cv: true},
+		{gt: 1, cv: true}, {tiles: 1, sb: 256, cv: true}} {
 		b.moe = c
 		for _, n := range []int{1, 5, moeFewTokens + 3, moeGTTokens} {
 			checkExperts(t, b, fmt.Sprintf("mixed/%+v/n=%d", c, n), mixed, n, 4, rng)
@@ -139,8 +138,7 @@ func TestOpsExpertsRowExact(t *testing.T) {
 		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
 	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true},
-		{tiles: 1, pf: pfFlags(0, 2)}, {tiles: 1, sb: 5, gt: 1, pf: pfFlags(0, 4)}, {tiles: 1, pf: pfFlags(4, 0)},
-		{tiles: 1, gt: 2, sb: 5, pf: pfFlags(4, 3)}} {
+		{tiles: 1, cv: true}, {tiles: 1, sb: 5, cv: true}, {tiles: 1, gt: 1, cv: true}, {tiles: 1, gt: 2, cv: true}} {
 		b.moe = c
 		for _, rows := range []int{2, 8, n} {
 
@@ -230,14 +228,13 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // (FERRITE_MOE_GT; 4 by default), "tiles" the prefill path's sorted tiles
 // at a register-tile size (FERRITE_MOE_KERNELS=v1), "pipe", "pipe16",
 // "piped", "pipe16d" the streamed kernels (FERRITE_MOE_KERNELS of the same
-// name: moe_pipe.go) from moeGTFrom tokens, "pfd2", "pfd4" the register
-// tiles with FERRITE_MOE_PFD's L2 prefetches (the lines 2 or 4 passes on),
-// "db" the _db kernels (FERRITE_MOE_PF=4: the next pass's weights asked for
-// before a pass multiplies), "+pfd2" with both, "gt=2" two gate/up rows a
-// warp (FERRITE_MOE_GT=2), "combine1" ferrite_moe_combine one block a
-// token (FERRITE_MOE_COMBINE=1). µs/layer is the step over the layers; GB/s counts the chosen experts' weight bytes
-// (distinct experts of the step's tokens) over the step's wall time,
-// TFLOP/s the slots' multiply-adds.
+// name: moe_pipe.go) from moeGTFrom tokens, "cv" the register tiles'
+// _cv kernels (FERRITE_MOE_CV=1: each weight widened once for all of a
+// tile's slots), "gt=2" two gate/up rows a warp (FERRITE_MOE_GT=2),
+// "combine1" ferrite_moe_combine one block a token
+// (FERRITE_MOE_COMBINE=1). µs/layer is the step over the layers; GB/s
+// counts the chosen experts' weight bytes (distinct experts of the step's
+// tokens) over the step's wall time, TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
 	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 2, 4, 8, 16, 32, 64, 512})
 }
@@ -306,9 +303,8 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
 		}
 		if (moeConfig{}).useGT(n, k) {
-			vs = append(vs, variant{"/pfd2", moeConfig{pf: pfFlags(0, 2)}}, variant{"/pfd4", moeConfig{pf: pfFlags(0, 4)}},
-				variant{"/db", moeConfig{pf: pfFlags(4, 0)}}, variant{"/db+pfd2", moeConfig{pf: pfFlags(4, 2)}},
-				variant{"/gt=2+db", moeConfig{gt: 2, pf: pfFlags(4, 0)}}, variant{"/gt=2+db+pfd2", moeConfig{gt: 2, pf: pfFlags(4, 2)}},
+			vs = append(vs, variant{"/cv", moeConfig{cv: true}}, variant{"/gt=2", moeConfig{gt: 2}},
+				variant{"/gt=2+cv", moeConfig{gt: 2, cv: true}}, variant{"/gt=1+cv", moeConfig{gt: 1, cv: true}},
 				variant{"/combine1", moeConfig{combine1: true}})
 		}
 		if n > moeGTTokens && n*k <= moePipeSlots {

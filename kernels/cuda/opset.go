@@ -566,25 +566,14 @@ func (b *Backend) splitSwiGLU(y, xb uint64, split func(d *Device, xb uint64) err
 // them), their cuBLASLt product with w into scratch t (2n, w.Rows), then
 // epi(t); it returns t.
 func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) uint64 {
-	ks := b.kSplits(w, n)
-	rows := 2 * n
-	if ks > 0 {
-		rows *= ks // the other K parts' products follow (ksplit.go)
-	}
-	t := dptr(b.Scratch(kernels.F32, rows, w.Rows)) // (2n, rows) the two products
+	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows)) // (2n, rows) the two products
 	b.queue(func(d *Device) error {
 		if split != nil {
 			if err := split(d, xb); err != nil {
 				return err
 			}
 		}
-		var err error
-		if ks > 0 {
-			err = d.gemmKSplitL(t, xb, w, 2*n, ks)
-		} else {
-			err = d.gemmL(t, xb, w, 2*n, false)
-		}
-		if err != nil {
+		if err := d.gemmL(t, xb, w, 2*n, false); err != nil {
 			return err
 		}
 		return epi(d, t)
@@ -1071,15 +1060,11 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	}
 	chunks := ceilDiv(s.Heads/s.KVHeads, group)
 	maxKeys := p.Blocks.Cols * p.BlockSize
-	ptile := 0 // the prefill kernel's row tile, 0 when it does not run
-	if b.usePrefill(s, n) && !b.lenSplitDecode(n, p) {
+	ptile := 0 // the prefill kernel's row tile, 0 when it does not run (attnsplit.go)
+	if b.usePrefill(s, n) && !decodeBatch(n, p) {
 		ptile = b.prefillTile()
 	}
-	target, lensplit := 2*b.dev.SMs, 0
-	if b.attnLenSplit > 0 && n > 1 && qf == nil && ptile == 0 { // the rows' own keys dealt over the splits
-		target, lensplit = b.attnLenSplit*b.dev.SMs, 1
-	}
-	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(target, blocks)))
+	splits := min(ceilDiv(maxKeys, attnSplit), max(1, ceilDiv(2*b.dev.SMs, blocks)))
 	split := ceilDiv(ceilDiv(maxKeys, splits), 32) * 32 // keys per split, whole warp tiles
 	var part, cnt uint64
 	if splits > 1 {
@@ -1112,7 +1097,7 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		if b.fuseHalves && b.inStep && ptile == 0 && n > 1 {
 			out2 = dptr(b.Scratch(kernels.BF16, 2*n, qw)) // (2n, heads·hd) out as bf16 hi, then lo
 		}
-		extra = []uint64{out2, i32(lensplit)}
+		extra = []uint64{out2}
 	}
 	b.queue(func(d *Device) error {
 		if ptile > 0 {
@@ -1309,14 +1294,13 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		gateUp, guRows, down, downRows := b.moe.gtLaunch()
 		sbu := b.moe.blockSlots(slots, inter, guRows, sms)
 		sbd := b.moe.blockSlots(slots, hidden, downRows, sms)
-		pf := b.moe.pf &^ moePFDouble // the kernels' bits (gtLaunch picks _db)
 		parts := b.combineParts(n, hidden)
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, guRows)), uint32(ceilDiv(slots, sbu)), 1}, 256, 0,
-				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit), i32(pf))
+				h, i32(inter), xp, i32(x.Stride), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbu), f32(limit))
 			if err == nil {
 				err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, downRows)), uint32(ceilDiv(slots, sbd)), 1}, 256, 0,
-					ye, i32(hidden), h, i32(inter), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbd), i32(pf))
+					ye, i32(hidden), h, i32(inter), ip, table.ptr, i32(len(experts)), i32(k), i32(slots), i32(sbd))
 			}
 			if err != nil {
 				return err

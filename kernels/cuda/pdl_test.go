@@ -72,7 +72,7 @@ func TestPDLKernelsWait(t *testing.T) {
 		// ferrite_moe_b1_*: the down half plans and asks for weights
 		// before its wait (ids from two launches back, weights never
 		// written); every other mode waits first.
-		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{[\s\\]*moe_b1<C, NT, PF>\(`).MatchString(src) &&
+		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{[\s\\]*moe_b1<C, NT>\(`).MatchString(src) &&
 			regexp.MustCompile(`__device__ void moe_b1\([^)]*\)\s*\{[^}]*if \(mode == kB1Down\) \{[^}]*FERRITE_PDL_WAIT\(\);\s*\} else \{\s*const MatDesc\* tb = b1_table\([^;]*\);`+wait).MatchString(src) {
 			continue
 		}

@@ -49,7 +49,8 @@ func TestRowAttention(t *testing.T) {
 // heads of 128, bf16 cache, every row its own sequence at positions
 // ctx−17 to ctx−1, or with /spread ctx/2 to ctx−1 as a 128 + 128 bench's
 // rows are) with rowattn (the default from 2 rows), the split-KV kernel
-// (rows=0) and it with FERRITE_CUDA_ATTN_LENSPLIT (lensplit=k): 36 calls a
+// (rows=0) and it after the prefill kernel as it ran before for 64 rows
+// (/prefill: FERRITE_CUDA_DECODE_PREFILL=1, attnsplit.go): 36 calls a
 // step over 8 distinct cache layers
 // (none in L2 when it is read again), the step replayed as a graph. µs/call
 // is the step's host wall time over 36; GB/s counts the keys and values
@@ -112,20 +113,22 @@ func BenchmarkRowAttention(b *testing.B) {
 		}
 		be.WriteF32(q, qv)
 		shape := kernels.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 1 / float32(math.Sqrt(hd))}
-		// rowattn, the split-KV kernel, and it with each row's keys dealt
-		// evenly over about lensplit blocks an SM (FERRITE_CUDA_ATTN_LENSPLIT).
-		var outs [5][]float32
-		for vi, v := range []struct{ rows, lensplit int }{{2, 0}, {0, 0}, {0, 2}, {0, 4}, {0, 8}} {
+		// rowattn, the split-KV kernel, and it after the prefill kernel.
+		var outs [3][]float32
+		for vi, v := range []struct {
+			rows    int
+			prefill bool
+		}{{2, false}, {0, false}, {0, true}} {
 			rows := v.rows
 			name := "rowattn"
 			if rows == 0 {
 				name = "splitkv"
 			}
-			if v.lensplit > 0 {
-				name = fmt.Sprintf("splitkv/lensplit=%d", v.lensplit)
+			if v.prefill {
+				name = "splitkv/prefill"
 			}
 			be.SetRowAttention(rows)
-			be.SetAttnLenSplit(v.lensplit)
+			decodePrefill = v.prefill
 			var out kernels.Tensor
 			step := func() {
 				be.BeginStep()
@@ -149,7 +152,7 @@ func BenchmarkRowAttention(b *testing.B) {
 				be.ReadF32(outs[vi], out)
 			}
 		}
-		be.SetAttnLenSplit(0)
+		decodePrefill = false
 		for vi, o := range outs {
 			if vi == 1 || o == nil || outs[1] == nil {
 				continue

@@ -404,8 +404,8 @@ func BenchmarkSkinny(b *testing.B) {
 		gx, chunks := skinnyGrid(ws[0], swiglu)
 		g := skinnyBlocks(gx, chunks, 0, d.SMs)
 		part := benchF32(b, d, 2*g*skinnyBlockRows*maxN)
-		xb := benchF32(b, d, maxN*s.cols)                  // the split x (2n, cols) bf16
-		tb := benchF32(b, d, 2*kSplitMaxParts*maxN*s.rows) // the GEMM's (2n, rows) products, a K split's parts
+		xb := benchF32(b, d, maxN*s.cols)   // the split x (2n, cols) bf16
+		tb := benchF32(b, d, 2*maxN*s.rows) // the GEMM's (2n, rows) products
 		for _, n := range []int{8, 16, 32, 64} {
 			run := func(name string, launch func(w *Weight) error) {
 				b.Run(fmt.Sprintf("%s_%dx%d/n=%d/%s", s.name, s.rows, s.cols, n, name), func(b *testing.B) {
@@ -432,36 +432,21 @@ func BenchmarkSkinny(b *testing.B) {
 					return d.skinnyL(y.ptr, x.ptr, 0, w, n, false, swiglu, 0, g, part.ptr, counters.ptr, f)
 				})
 			}
-			for _, ks := range []int{0, 2, 3, 4} { // cuBLASLt as the split path runs it, and K-split in ks parts (ksplit.go)
-				if ks > 0 && (lt.layoutSetAttr == 0 || s.rows > kSplitMaxRows || s.cols%(8*ks) != 0) {
-					continue
+			run("cublas", func(w *Weight) error {
+				cnt := int64(n) * int64(s.cols)
+				if err := d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb.ptr, x.ptr, uint64(cnt)); err != nil {
+					return err
 				}
-				name := "cublas"
-				if ks > 0 {
-					name = fmt.Sprintf("cublas/ksplit=%d", ks)
+				if err := d.gemmL(tb.ptr, xb.ptr, w, 2*n, false); err != nil {
+					return err
 				}
-				run(name, func(w *Weight) error {
-					cnt := int64(n) * int64(s.cols)
-					if err := d.launchL("ferrite_f32_to_bf16x2", d.elementwiseGrid(cnt), 256, 0, xb.ptr, x.ptr, uint64(cnt)); err != nil {
-						return err
-					}
-					var err error
-					if ks > 0 {
-						err = d.gemmKSplitL(tb.ptr, xb.ptr, w, 2*n, ks)
-					} else {
-						err = d.gemmL(tb.ptr, xb.ptr, w, 2*n, false)
-					}
-					if err != nil {
-						return err
-					}
-					total := int64(n) * int64(s.rows)
-					if !swiglu {
-						return d.launchL("ferrite_add_halves", d.elementwiseGrid(total), 256, 0, y.ptr, tb.ptr, uint64(0), uint64(total), i32(s.rows), b32(false))
-					}
-					half := int64(n) * int64(out)
-					return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(half), 256, 0, y.ptr, tb.ptr, uint64(half), i32(out), f32(0), uint64(0))
-				})
-			}
+				total := int64(n) * int64(s.rows)
+				if !swiglu {
+					return d.launchL("ferrite_add_halves", d.elementwiseGrid(total), 256, 0, y.ptr, tb.ptr, uint64(0), uint64(total), i32(s.rows), b32(false))
+				}
+				half := int64(n) * int64(out)
+				return d.launchL("ferrite_add_halves_swiglu", d.elementwiseGrid(half), 256, 0, y.ptr, tb.ptr, uint64(half), i32(out), f32(0), uint64(0))
+			})
 		}
 	}
 }

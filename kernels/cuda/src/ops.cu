@@ -681,20 +681,7 @@ struct AttnArgs {
     // With out2 set, out is also written split into bf16 hi and lo rows
     // (2·n, heads·hd), the o projection's cuBLASLt input (halves.go).
     uint16_t* out2;
-    // lensplit: each row's own keys are dealt evenly over the splits
-    // (attn_split) instead of split keys a split over the block table.
-    int lensplit;
 };
-
-// attn_split is the keys a split of row length len takes: a.split (the
-// block table's width over the splits), or with a.lensplit len over the
-// gridDim.z splits, rounded up to whole warp tiles, so that a row's splits
-// are even whatever the table's width (attnsplit.go).
-__device__ inline int attn_split(const AttnArgs& a, int len) {
-    if (!a.lensplit) return a.split;
-    const int z = int(gridDim.z);
-    return max(32, (len + 32 * z - 1) / (32 * z) * 32);
-}
 
 // attn_out stores element e of the attention's output v: to out, and with
 // out2 split into its bf16 terms, lo elements after hi
@@ -725,8 +712,7 @@ __device__ inline void attn_prefetch(const AttnArgs& a) {
     if (!a.pf || a.ptile) return;
     const int i = blockIdx.x, kvh = blockIdx.y / a.chunks;
     const int len = a.pos[i] + 1;
-    const int sp = attn_split(a, len);
-    const int k0 = blockIdx.z * sp, k1 = min(len, k0 + sp);
+    const int k0 = blockIdx.z * a.split, k1 = min(len, k0 + a.split);
     const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
     const size_t kw = size_t(a.kvh) * a.hd, off = size_t(kvh) * a.hd;
     constexpr int esz = BF ? 2 : 4;
@@ -852,8 +838,7 @@ __device__ void attn_block(const AttnArgs& a) {
     // dim are the same either way).
     const bool cont = hd == 32 * DPL;
     const int len = a.pos[i] + 1;
-    const int sp = attn_split(a, len);
-    const int k0 = blockIdx.z * sp, k1 = min(len, k0 + sp);
+    const int k0 = blockIdx.z * a.split, k1 = min(len, k0 + a.split);
     const int* bt = a.blocks + size_t(a.seq[i]) * a.max_blocks;
     const size_t kw = size_t(a.kvh) * hd;
     const size_t off = size_t(kvh) * hd;
@@ -872,7 +857,7 @@ __device__ void attn_block(const AttnArgs& a) {
                 for (int d = lane; d < hd; d += 32) sq[g][d] = 0.f;
             }
         }
-        if (int(blockIdx.z) == min(self / sp, int(gridDim.z) - 1) && warp < 2) {
+        if (int(blockIdx.z) == min(self / a.split, int(gridDim.z) - 1) && warp < 2) {
             float* vw = wacc[warp][0];  // free until the warps' merge
             prep_head(vw, row + size_t(a.heads + warp * a.kvh + kvh) * hd, hd, 1 + warp, a.prep, self);
             const int sl = a.slot[i];
@@ -1050,9 +1035,9 @@ __device__ void attn_block(const AttnArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                           \
         float* out, const float* q, const void* kc, const void* vc, const int* pos, const int* seq,     \
         const int* blocks, float* part, int max_blocks, int bs, int n, int heads, int kvh, int hd,      \
-        int chunks, int split, float scale, int ptile, int* cnt, int pf, uint16_t* out2, int lensplit) { \
+        int chunks, int split, float scale, int ptile, int* cnt, int pf, uint16_t* out2) {             \
         AttnArgs a{out, q, kc, vc, pos, seq, blocks, part, max_blocks, bs, n, heads, kvh, hd, chunks, split, scale, ptile, \
-                   cnt, pf, nullptr, nullptr, 0, PrepArgs{}, out2, lensplit};                          \
+                   cnt, pf, nullptr, nullptr, 0, PrepArgs{}, out2};                                    \
         attn_block<DPL, BF, G, false>(a);                                                              \
     }
 

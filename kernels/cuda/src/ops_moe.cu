@@ -21,27 +21,6 @@
 // then ferrite_moe_combine adds each token's experts.
 #include <stdint.h>
 
-// L2 prefetch switches of the grouped GEMVs (kernels/cuda FERRITE_MOE_PF,
-// FERRITE_MOE_PFD), read by their _pf / _db twins only. kPFNext:
-// ferrite_moe_b1's warps ask L2 for their down rows after their gate/up
-// tasks. Bits 3–5 (kPFDistShift) give a distance D: the register tiles ask
-// L2, each pass over their rows, for the lines D passes on (tile_stream),
-// on into the next expert's tile; ferrite_moe_b1 for its gate/up task D
-// on. Prefetches hold no registers and change no result. (Asking for a
-// whole tile, or every later task, at once measured slower in session 15's
-// GPU run 1: 483 against 414 µs a layer for GLM-4.7-Flash's experts at 32
-// tokens, more than L2 holds in flight.)
-constexpr int kPFNext = 4, kPFDistShift = 3;
-
-// l2_prefetch_warp asks L2 for the global bytes [p, p + n), a 128-byte
-// line a lane at a time over the warp (prefetch.global.L2: nothing waits
-// on it). Every line asked for holds some of those bytes.
-__device__ __forceinline__ void l2_prefetch_warp(const void* p, size_t n) {
-    const uintptr_t a = uintptr_t(p), first = a & ~uintptr_t(127), end = a + n;
-    for (uintptr_t l = first + uintptr_t(threadIdx.x & 31) * 128; l < end; l += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(l));
-}
-
 // route_key maps a selection value to an unsigned key in the same order
 // (−0 as +0), and NaN (taken) to 0, below every number.
 __device__ inline unsigned route_key(float v) {
@@ -545,40 +524,31 @@ __device__ inline void gt_sort(int* sid, int* srt, const int* ids, int slots, in
     __syncthreads();
 }
 
-// tile_stream asks L2 for the weights tile_dot loads pfd passes after pass
-// j (pass j: bytes [512j, 512j + 512) of each row): one 128-byte line a
-// lane, lane L line L % 4 of row L / 4 (rows a, then b with TWO), past the
-// rows' end from the next tile's (na, nb) when there is one.
-template <int R, bool TWO>
-__device__ __forceinline__ void tile_stream(const uint8_t* a, const uint8_t* b, const uint8_t* na, const uint8_t* nb,
-                                            size_t pitch, int nr, int bytes, int j, int pfd) {
-    const int lane = threadIdx.x & 31, q = lane >> 2;
-    if (q >= (TWO ? 2 : 1) * nr) return;
-    const bool second = TWO && q >= nr;
-    const int r = second ? q - nr : q;
-    int off = (j + pfd) * 512 + (lane & 3) * 128;
-    const uint8_t* base = second ? b : a;
-    if (off >= bytes) {
-        const int passes = (bytes + 511) / 512;
-        base = second ? nb : na;
-        off = (j + pfd - passes) * 512 + (lane & 3) * 128;
-        if (!base || off >= bytes) return;
+// tile_x loads a lane's W::kE input values at x (16-byte aligned).
+template <class W>
+__device__ __forceinline__ void tile_x(const float* x, float (&xv)[W::kE]) {
+    const float4* xp = reinterpret_cast<const float4*>(x);
+#pragma unroll
+    for (int f = 0; f < W::kE / 4; f++) {
+        const float4 t = __ldg(xp + f);
+        xv[4 * f] = t.x;
+        xv[4 * f + 1] = t.y;
+        xv[4 * f + 2] = t.z;
+        xv[4 * f + 3] = t.w;
     }
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + r * pitch + off));
 }
 
-// tile_load loads a lane's 16 bytes at column k of the nr rows a + r·pitch
-// (and b + r·pitch with TWO).
-template <class W, int R, bool TWO>
-__device__ __forceinline__ void tile_load(uint4 (&va)[R], uint4 (&vb)[R], const uint8_t* a, const uint8_t* b, size_t pitch,
-                                          int nr, int k) {
+// tile_fma widens a lane's packed weights v once and adds them times each
+// of the nc vectors' values xq[q] to acc[q], in element order.
+template <class W, int C>
+__device__ __forceinline__ void tile_fma(const uint4& v, const float (&xq)[C][W::kE], int nc, float (&acc)[C]) {
+    float wv[W::kE];
+    W::vec(v, wv);
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        if (r < nr) {
-            va[r] = __ldg(reinterpret_cast<const uint4*>(a + r * pitch + size_t(k) * W::kSize));
-            if (TWO) vb[r] = __ldg(reinterpret_cast<const uint4*>(b + r * pitch + size_t(k) * W::kSize));
-        }
-    }
+    for (int q = 0; q < C; q++)
+        if (q < nc)
+#pragma unroll
+            for (int c = 0; c < W::kE; c++) acc[q] = fmaf(wv[c], xq[q][c], acc[q]);
 }
 
 // tile_dot sets oa[r][q] = row_r·xs[q] (and ob[r][q] = brow_r·xs[q] when
@@ -588,51 +558,47 @@ __device__ __forceinline__ void tile_load(uint4 (&va)[R], uint4 (&vb)[R], const 
 // weight load serves nc vectors and each vector load nr rows (a register
 // tile), every output summed in rows_dot_vec<W, 1>'s order. The weights
 // stay packed in registers and are widened where they are used (GPU run
-// 2: widening the tile up front took 230 registers a thread). With pfd > 0
-// each pass first asks L2 for the weights pfd passes on (tile_stream),
-// from the next tile's rows na, nb past these; with DB each pass asks for
-// the next pass's weights (registers) before its products.
-template <class W, int R, int C, bool TWO, bool DB>
+// 2: widening the tile up front took 230 registers a thread): once a
+// vector, or with CV once for all nc vectors, whose values are then held
+// at once (the same products in the same order).
+template <class W, int R, int C, bool TWO, bool CV>
 __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, size_t pitch, int nr,
                                          const float* const (&xs)[C], int nc, int cols, float (&oa)[R][C],
-                                         float (&ob)[R][C], const uint8_t* na, const uint8_t* nb, int pfd) {
+                                         float (&ob)[R][C]) {
     const int lane = threadIdx.x & 31;
-    const int bytes = cols * W::kSize;
-    for (int j = 1; j < pfd; j++) tile_stream<R, TWO>(a, b, na, nb, pitch, nr, bytes, 0, j);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int q = 0; q < C; q++) oa[r][q] = ob[r][q] = 0.f;
-    int pass = 0;
-    uint4 pa[R], pb[R];  // DB: the next pass's weights, asked for before this pass's products
-    if (DB && lane * W::kE < cols) tile_load<W, R, TWO>(pa, pb, a, b, pitch, nr, lane * W::kE);
 #pragma unroll 1
-    for (int k = lane * W::kE; k < cols; k += 32 * W::kE, pass++) {
-        if (pfd) tile_stream<R, TWO>(a, b, na, nb, pitch, nr, bytes, pass, pfd);
+    for (int k = lane * W::kE; k < cols; k += 32 * W::kE) {
         uint4 va[R], vb[R];
-        if (DB) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (r < nr) {
+                va[r] = __ldg(reinterpret_cast<const uint4*>(a + r * pitch + size_t(k) * W::kSize));
+                if (TWO) vb[r] = __ldg(reinterpret_cast<const uint4*>(b + r * pitch + size_t(k) * W::kSize));
+            }
+        }
+        if (CV) {
+            float xq[C][W::kE];
+#pragma unroll
+            for (int q = 0; q < C; q++)
+                if (q < nc) tile_x<W>(xs[q] + k, xq[q]);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                va[r] = pa[r];
-                if (TWO) vb[r] = pb[r];
+                if (r < nr) {
+                    tile_fma<W, C>(va[r], xq, nc, oa[r]);
+                    if (TWO) tile_fma<W, C>(vb[r], xq, nc, ob[r]);
+                }
             }
-            if (k + 32 * W::kE < cols) tile_load<W, R, TWO>(pa, pb, a, b, pitch, nr, k + 32 * W::kE);
-        } else {
-            tile_load<W, R, TWO>(va, vb, a, b, pitch, nr, k);
+            continue;
         }
 #pragma unroll
         for (int q = 0; q < C; q++) {
             if (q < nc) {
                 float xv[W::kE];
-                const float4* xp = reinterpret_cast<const float4*>(xs[q] + k);
-#pragma unroll
-                for (int f = 0; f < W::kE / 4; f++) {
-                    const float4 t = __ldg(xp + f);
-                    xv[4 * f] = t.x;
-                    xv[4 * f + 1] = t.y;
-                    xv[4 * f + 2] = t.z;
-                    xv[4 * f + 3] = t.w;
-                }
+                tile_x<W>(xs[q] + k, xv);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     if (r < nr) {
@@ -660,21 +626,6 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
     }
 }
 
-// gt_next returns this warp's rows of the next expert of the block's
-// sorted slots (at place pn, when before p1) in *na (and *nb with GU),
-// or nullptr: only a view of ma's dtype and width, whose rows lie as these.
-template <bool GU>
-__device__ __forceinline__ void gt_next(const MatDesc& ma, const MatDesc* table, const int* sid, const int* srt, int pn,
-                                        int p1, int r0, const uint8_t** na, const uint8_t** nb) {
-    *na = *nb = nullptr;
-    if (pn >= p1) return;
-    const int e = sid[srt[pn]];
-    const MatDesc ta = table[3 * e + (GU ? 0 : 2)], tb = table[3 * e + 1];
-    const float* unused;
-    if (ta.dtype == ma.dtype && ta.cols == ma.cols) *na = mat_row(ta, r0, &unused);
-    if (GU && tb.dtype == ma.dtype && tb.cols == ma.cols) *nb = mat_row(tb, r0, &unused);
-}
-
 // moe_gt: the grouped GEMV as register tiles, for many slots. Block
 // (x, y) takes weight rows [x·8R, x·8R + 8R), R a warp, and the slots at
 // sorted places [y·sb, y·sb + sb); a warp runs its rows of an expert
@@ -682,14 +633,11 @@ __device__ __forceinline__ void gt_next(const MatDesc& ma, const MatDesc* table,
 // (weights 3e, 3e + 1) against x[t / k], out = h (slots, nrows = inter)
 // the SwiGLU; else the down rows (3e + 2) against in[t], out = ye (slots,
 // nrows = hidden) each slot's expert output, which ferrite_moe_combine
-// adds up. An id outside [0, experts) writes NaN into its slot's row. pf:
-// the L2 prefetches (tile_stream), only with PF (1: _pf;
-// 2: _db, which also double-buffers each pass's weights in registers).
-template <int R, int C, bool GU, int PF>
+// adds up. An id outside [0, experts) writes NaN into its slot's row. CV:
+// tile_dot's widen-once form (the _cv kernels).
+template <int R, int C, bool GU, bool CV>
 __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
-                       int experts, int k, int slots, int sb, float limit, int pf) {
-    if (!PF) pf = 0;  // the kernels without _pf / _db: no prefetch code at all
-    constexpr bool DB = PF == 2;
+                       int experts, int k, int slots, int sb, float limit) {
     __shared__ int sid[kMoeGtSlots], srt[kMoeGtSlots];
     int v0, nv;
     gt_sort(sid, srt, ids, slots, experts, &v0, &nv);
@@ -738,13 +686,10 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
             p += nc;
             continue;
         }
-        const uint8_t *na = nullptr, *nb = nullptr;
-        const int pfd = (pf >> kPFDistShift) & 7;
-        if (pfd) gt_next<GU>(ma, table, sid, srt, p + nc, p1, r0, &na, &nb);
         float oa[R][C], ob[R][C];
-        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU, DB>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
-        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU, DB>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
-        else tile_dot<F32W, R, C, GU, DB>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob, na, nb, pfd);
+        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU, CV>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU, CV>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else tile_dot<F32W, R, C, GU, CV>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
         if (lane == 0) {
 #pragma unroll
             for (int q = 0; q < C; q++) {
@@ -765,43 +710,36 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
 // against up to 4 slots of an expert: gate/up into h (n·k, inter) from x
 // (n, hidden); down into ye (n·k, hidden) from h, then
 // ferrite_moe_combine. Launch: grid (ceil(rows / (8·R)), ceil(n·k / sb)),
-// 256 threads; n·k ≤ 256; pf the L2 prefetch distance (kPFDistShift),
-// read only by the _pf and _db kernels (the others ignore it); the _db
-// kernels also hold the next pass's weights in registers. kernels/cuda runs
-// gate/up with R = 4 and down with R = 8 unless FERRITE_MOE_GT picks others.
-#define FERRITE_MOE_GT_GATE_UP(name, R, PF)                                                                \
+// 256 threads; n·k ≤ 256. kernels/cuda runs gate/up with R = 4 and down
+// with R = 8 unless FERRITE_MOE_GT picks others. The _cv kernels widen each
+// weight once for all of a tile's slots (FERRITE_MOE_CV).
+#define FERRITE_MOE_GT_GATE_UP(name, R, CV)                                                                \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,     \
-             int experts, int k, int slots, int sb, float limit, int pf) {                               \
+             int experts, int k, int slots, int sb, float limit) {                                       \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, true, PF>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit, pf);      \
+        moe_gt<R, 4, true, CV>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);          \
     }
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1, 0)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2, 0)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4, 0)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1_pf, 1, 1)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2_pf, 2, 1)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_pf, 4, 1)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1_db, 1, 2)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2_db, 2, 2)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_db, 4, 2)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1, false)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2, false)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4, false)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1_cv, 1, true)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2_cv, 2, true)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_cv, 4, true)
 
-#define FERRITE_MOE_GT_DOWN(name, R, PF)                                                                   \
+#define FERRITE_MOE_GT_DOWN(name, R, CV)                                                                   \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,      \
-             int experts, int k, int slots, int sb, int pf) {                                            \
+             int experts, int k, int slots, int sb) {                                                    \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, false, PF>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f, pf);        \
+        moe_gt<R, 4, false, CV>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);            \
     }
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2, 0)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4, 0)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8, 0)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2_pf, 2, 1)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4_pf, 4, 1)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_pf, 8, 1)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2_db, 2, 2)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4_db, 4, 2)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_db, 8, 2)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2, false)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4, false)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8, false)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2_cv, 2, true)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4_cv, 4, true)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_cv, 8, true)
 
 // ---------------------------------------------------------------------------
 // Grouped experts for many tokens (prefill): the slots sorted by expert,

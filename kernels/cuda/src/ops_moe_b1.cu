@@ -140,29 +140,15 @@ __device__ void b1_plan(B1Plan& P, const int* ids, const float* w, const MatDesc
     __syncthreads();
 }
 
-// b1_prefetch_task asks L2 for gate/up task's rows (unit, row).
-__device__ __forceinline__ void b1_prefetch_task(const B1Plan& P, int task, int inter, size_t pitch) {
-    const int u = task / inter, r = task - u * inter;
-    l2_prefetch_warp(P.pg[u] + r * pitch, pitch);
-    l2_prefetch_warp(P.pu[u] + r * pitch, pitch);
-}
-
 // b1_gate_up runs the grid's gate/up tasks (unit u, row r) of warp gw of
 // GW: h[s][r] = swiglu(gate_r·x[s / k], up_r·x[s / k]) for the unit's slots.
-// With a distance D (pf's bits from kPFDistShift) the warp first asks L2
-// for its tasks up to D on, then at each task for the task D on.
 template <int C, int NT>
 __device__ void b1_gate_up(const B1Plan& P, float* h, const float* x, int x_stride, int k, int inter, int hidden,
-                           float limit, int gw, int GW, int pf) {
+                           float limit, int gw, int GW) {
     const int lane = threadIdx.x & 31;
     const int total = P.nu * inter;
     const size_t pitch = size_t(hidden) * 2;
-    // Ask L2 for this warp's later tasks' rows pfd tasks ahead: their loads
-    // below then meet L2, not a DRAM round trip each.
-    const int pfd = (pf >> kPFDistShift) & 7;
-    for (int task = gw + GW, d = 1; task < total && d < pfd; task += GW, d++) b1_prefetch_task(P, task, inter, pitch);
     for (int task = gw; task < total; task += GW) {
-        if (pfd && task + pfd * GW < total) b1_prefetch_task(P, task + pfd * GW, inter, pitch);
         const int u = task / inter, r = task - u * inter;
         const int nc = P.un[u], p0 = P.u0[u];
         int sl[C];
@@ -355,11 +341,10 @@ __device__ __forceinline__ const MatDesc* b1_table(const MatDesc* table, int exp
     return reinterpret_cast<const MatDesc*>(dst);
 }
 
-template <int C, int NT, bool PF>
+template <int C, int NT>
 __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* x, int x_stride, const int* ids,
                        const float* w, const MatDesc* table, int experts, int n, int k, int inter, int hidden,
-                       float limit, unsigned* bar, int flags) {
-    if (!PF) flags &= 1;  // the kernels without _pf: no prefetch code at all
+                       float limit, unsigned* bar, int tcopy) {
     // Dynamic shared memory only (the whole of it opted in: no static
     // shared memory may add to it): the plan, each warp's row of part,
     // then h (n·k, inter) for down.
@@ -380,18 +365,10 @@ __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* 
         pre = b1_first_load(P, wv, gw, hidden, s2, inter);
         FERRITE_PDL_WAIT();
     } else {
-        const MatDesc* tb = b1_table(table, experts, flags & 1, b1_sm + kB1Fixed / 16);
+        const MatDesc* tb = b1_table(table, experts, tcopy, b1_sm + kB1Fixed / 16);
         FERRITE_PDL_WAIT();
         b1_plan<C>(P, ids, w, tb, experts, n, k);
-        b1_gate_up<C, NT>(P, h, x, x_stride, k, inter, hidden, limit, gw, GW, flags);
-        if (flags & kPFNext) {
-            // The down rows this warp takes (the same rows in the down
-            // launch, whose grid is this one's shape), asked of L2 while
-            // the other warps finish their gate/up tasks.
-            const size_t dp = size_t(inter) * 2;
-            for (int r = gw; r < hidden; r += GW)
-                for (int u = 0; u < P.nu; u++) l2_prefetch_warp(P.pd[u] + r * dp, dp);
-        }
+        b1_gate_up<C, NT>(P, h, x, x_stride, k, inter, hidden, limit, gw, GW);
         if (mode == kB1GateUp) return;
         pre = b1_first_load(P, wv, gw, hidden, s2, inter);
         b1_grid_sync(bar);
@@ -412,21 +389,16 @@ __device__ void moe_b1(int mode, float* y, int y_stride, float* h, const float* 
 // Launch: grid the multiprocessors (every block resident), 512 threads,
 // dynamic shared memory kFixed (24 KiB) + n·k·inter·4 bytes (kFixed for kB1GateUp); y (n, hidden), h (n·k, inter) scratch, ids and w (n, k)
 // contiguous, n·k ≤ 192, bar two zeroed words (kB1Both; each launch leaves
-// them for the next); flags: bit 0 (tcopy) the dynamic shared memory also
-// holds the expert table (3·experts·40 bytes after the first kFixed),
-// copied before the PDL wait (not for kB1Down), kPFNext and the distance
-// from kPFDistShift (ops_moe.cu) the L2 prefetches of b1_gate_up
-// and of each warp's down rows after it (kernels/cuda FERRITE_MOE_PF), only
-// in the _pf kernels. _1 for one token, _3 for up to three.
-#define FERRITE_MOE_B1(name, C, NT, PF)                                                                        \
+// them for the next); tcopy: the dynamic shared memory also holds the
+// expert table (3·experts·40 bytes after the first kFixed), copied before
+// the PDL wait (not for kB1Down). _1 for one token, _3 for up to three.
+#define FERRITE_MOE_B1(name, C, NT)                                                                            \
     extern "C" __global__ void __launch_bounds__(NT, 1)                                                        \
         name(int mode, float* y, int y_stride, float* h, const float* x, int x_stride, const int* ids,          \
              const float* w, const MatDesc* table, int experts, int n, int k, int inter, int hidden, float limit, \
-             unsigned* bar, int flags) {                                                                       \
-        moe_b1<C, NT, PF>(mode, y, y_stride, h, x, x_stride, ids, w, table, experts, n, k, inter, hidden, limit, bar,   \
-                  flags);                                                                                      \
+             unsigned* bar, int tcopy) {                                                                       \
+        moe_b1<C, NT>(mode, y, y_stride, h, x, x_stride, ids, w, table, experts, n, k, inter, hidden, limit, bar,   \
+                  tcopy);                                                                                      \
     }
-FERRITE_MOE_B1(ferrite_moe_b1_1, 1, 512, false)
-FERRITE_MOE_B1(ferrite_moe_b1_3, 3, 512, false)
-FERRITE_MOE_B1(ferrite_moe_b1_1_pf, 1, 512, true)
-FERRITE_MOE_B1(ferrite_moe_b1_3_pf, 3, 512, true)
+FERRITE_MOE_B1(ferrite_moe_b1_1, 1, 512)
+FERRITE_MOE_B1(ferrite_moe_b1_3, 3, 512)
