@@ -39,7 +39,8 @@
 // GEMV (gemv3.go, src/ops_gemv3.cu: persistent blocks streaming their
 // rows through a cp.async ring in shared memory, the first tiles issued
 // before the PDL wait), v3n also the norm ops of one row with the norm in
-// that GEMV; off until a GPU run measures them faster. Two kernels for decode batches are in and off by default
+// that GEMV; off (GPU run 3 of session 15: 1.6–2.7× slower than
+// gemv_split, BENCHMARKS.md §9). Two kernels for decode batches are in and off by default
 // until they beat what runs now: FERRITE_CUDA_SKINNY=N runs the products
 // of 2 to N rows as the skinny GEMM (skinny.go: tensor cores, the weight
 // read once, stream-K over one block a multiprocessor, the SwiGLU, bias

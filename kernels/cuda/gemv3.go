@@ -18,6 +18,10 @@ import (
 // normed into shared memory once a block. FERRITE_CUDA_GEMV3_BPS (1–3,
 // default 2) is its blocks a multiprocessor. A row's sums depend only on
 // its width, so row-exact steps and plain decoding agree.
+//
+// Measured slower than gemv_split at every shape (GPU run 3 of session
+// 15, BENCHMARKS.md §9): off, and to be removed with its sources when the
+// fatbin is next built.
 
 const (
 	gemv3Stages  = 4        // kGemv3Stages
