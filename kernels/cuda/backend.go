@@ -74,6 +74,7 @@ type Backend struct {
 
 	fuseHalves bool       // a split product's residual add and the next norm as one kernel (halves.go)
 	halves     halvesPend // the product just queued whose epilogue a norm may join
+	splitRows  int        // the most rows of a split product in the step being built (EndStep's poll)
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand

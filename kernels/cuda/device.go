@@ -129,24 +129,27 @@ const (
 	spinWait = 2 * time.Millisecond
 )
 
-// stepSpin is how long EndStep's caller polls for the step's end before
-// it parks: with FERRITE_CUDA_STEPSPIN=1 (off by default until measured)
-// stepSpinLong, so that a decode step of several milliseconds, which
-// outlasts spinWait, does not end in a parked goroutine's wake-up (GPU run
-// 1 of session 15: 120–130 µs from the device thread's return to
-// EndStep's, a step at 32 and 64 sequences); else spinWait.
-var stepSpin = stepSpinFor(spinOn, os.Getenv("FERRITE_CUDA_STEPSPIN"))
+// EndStep's caller polls for the end of a decode batch's step for up to
+// stepSpinLong, not spinWait, before it parks: a step of several
+// milliseconds outlasts spinWait, and a parked goroutine's wake-up cost
+// 120–140 µs a step at 32 and 64 sequences (GPU runs 1–3 of session 15;
+// with the long poll 5–9 µs, and 32 / 64 sequences 4,666 / 7,659 →
+// 4,793 / 7,886 tok/s in run 3). It keeps a CPU core busy while the GPU
+// runs the step, so it is bounded to decode batches of stepSpinRows rows or
+// more (steps whose products run split, up to gemmRoundRows rows: not one
+// row, not prompt chunks of gemmRoundRows tokens or more), where the
+// throughput is the point. FERRITE_CUDA_STEPSPIN=0 turns it off; it is off
+// wherever polling is (spinOn).
+var stepSpinOn = stepSpinFor(spinOn, os.Getenv("FERRITE_CUDA_STEPSPIN"))
 
-// stepSpinFor is stepSpin for the spin switch and FERRITE_CUDA_STEPSPIN's
+// stepSpinFor is stepSpinOn for the spin switch and FERRITE_CUDA_STEPSPIN's
 // value.
-func stepSpinFor(spin bool, env string) time.Duration {
-	if spin && env == "1" {
-		return stepSpinLong
-	}
-	return spinWait
-}
+func stepSpinFor(spin bool, env string) bool { return spin && env != "0" }
 
-const stepSpinLong = 50 * time.Millisecond
+const (
+	stepSpinLong = 50 * time.Millisecond
+	stepSpinRows = 8
+)
 
 // thread is the device goroutine: it owns one OS thread for the Device's
 // life, then clears the context and hands the thread back to the runtime.

@@ -53,12 +53,13 @@
 // through event record nodes instead (profile.go, kernels.Profiler; ferrite
 // bench prints the table after each case). FERRITE_CUDA_STEPTIME=1 (or ops)
 // times each step's host parts and its graph's GPU time without changing
-// how it runs (steptime.go). Decode batches, off by default until measured:
-// FERRITE_CUDA_FUSE_HALVES=1 joins the split products' epilogues to the op
-// after them (halves.go), and FERRITE_CUDA_STEPSPIN=1 polls for a step's
-// end instead of parking; a batch of one row a sequence skips the prefill
-// attention kernel, which would own no tile (attnsplit.go;
-// FERRITE_CUDA_DECODE_PREFILL=1 runs it as before). A MoE layer's
+// how it runs (steptime.go). Decode batches (on by default since GPU run 3
+// of session 15): the split products' epilogues run joined to the op after
+// them (halves.go; FERRITE_CUDA_FUSE_HALVES=0 turns it off), EndStep's
+// caller polls for the step's end rather than parking (device.go's
+// stepSpinOn; FERRITE_CUDA_STEPSPIN=0), and a batch of one row a sequence
+// skips the prefill attention kernel, which would own no tile
+// (attnsplit.go; FERRITE_CUDA_DECODE_PREFILL=1 runs it as before). A MoE layer's
 // experts are grouped GEMVs for up to 32 tokens (moe.go, src/ops_moe.cu: a
 // slot a pass below 4 tokens, register tiles from 4), streamed through
 // shared memory from 33 tokens up to 512 slots (moe_pipe.go), an ungated shared

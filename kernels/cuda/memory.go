@@ -204,6 +204,7 @@ func (b *Backend) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
 // device thread, unless the arena is about to free chunks those launches
 // may use: then it is launched now.
 func (b *Backend) BeginStep() {
+	b.splitRows = 0
 	if b.stepTime != nil {
 		b.stepTime.beginStep()
 	}
@@ -219,6 +220,15 @@ func (b *Backend) BeginStep() {
 	b.pre, b.pending = append(b.pre, b.pending...), nil
 	b.inStep = true
 	b.qmu.Unlock()
+}
+
+// stepSpin is how long EndStep's caller polls before it parks: long for a
+// decode batch (device.go's stepSpinOn).
+func (b *Backend) stepSpin() time.Duration {
+	if stepSpinOn && b.splitRows >= stepSpinRows {
+		return stepSpinLong
+	}
+	return spinWait
 }
 
 // EndStep implements kernels.Memory: it launches what was queued before
@@ -262,7 +272,7 @@ func (b *Backend) EndStep() {
 			st.harvestL()
 		}
 		return err
-	}, stepSpin)
+	}, b.stepSpin())
 	if err != nil {
 		b.fail(err)
 	}

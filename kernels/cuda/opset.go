@@ -566,6 +566,7 @@ func (b *Backend) splitSwiGLU(y, xb uint64, split func(d *Device, xb uint64) err
 // them), their cuBLASLt product with w into scratch t (2n, w.Rows), then
 // epi(t); it returns t.
 func (b *Backend) splitGemmXB(xb uint64, split func(d *Device, xb uint64) error, w *Weight, n int, epi func(d *Device, t uint64) error) uint64 {
+	b.splitRows = max(b.splitRows, n)
 	t := dptr(b.Scratch(kernels.F32, 2*n, w.Rows)) // (2n, rows) the two products
 	b.queue(func(d *Device) error {
 		if split != nil {

@@ -76,16 +76,29 @@ func TestStepTimerBook(t *testing.T) {
 	}
 }
 
-// TestStepSpin checks FERRITE_CUDA_STEPSPIN's setting: the long poll only
-// with the switch at 1 and polling on at all.
+// TestStepSpin checks EndStep's poll: on unless FERRITE_CUDA_STEPSPIN=0
+// or polling is off, and long only for a step with a split product of
+// stepSpinRows rows or more.
 func TestStepSpin(t *testing.T) {
 	for _, c := range []struct {
 		spin bool
 		env  string
-		want time.Duration
-	}{{true, "1", stepSpinLong}, {true, "", spinWait}, {true, "0", spinWait}, {false, "1", spinWait}} {
+		want bool
+	}{{true, "", true}, {true, "1", true}, {true, "0", false}, {false, "", false}} {
 		if got := stepSpinFor(c.spin, c.env); got != c.want {
 			t.Errorf("spin %v, %q: %v, want %v", c.spin, c.env, got, c.want)
+		}
+	}
+	defer func(on bool) { stepSpinOn = on }(stepSpinOn)
+	stepSpinOn = true
+	b := &Backend{}
+	for _, c := range []struct {
+		rows int
+		want time.Duration
+	}{{0, spinWait}, {1, spinWait}, {stepSpinRows - 1, spinWait}, {stepSpinRows, stepSpinLong}, {64, stepSpinLong}} {
+		b.splitRows = c.rows
+		if got := b.stepSpin(); got != c.want {
+			t.Errorf("%d split rows: %v, want %v", c.rows, got, c.want)
 		}
 	}
 }
