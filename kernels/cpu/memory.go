@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"os"
 	"runtime"
 	"sync/atomic"
 	"unsafe"
@@ -32,15 +33,24 @@ func (b *buffer) Elems() int { return b.elems }
 // with 4 KiB pages (FERRITE_CPU_HUGEPAGES=0).
 const hugeTensor = 1 << 20
 
+// hugeTensorsOn turns the huge pages of large tensors on
+// (FERRITE_CPU_HUGETENSORS=1); they are off by default. On the Zen 5 the
+// Qwen3-30B-A3B (8 layers, Q8_0) batch-1 decode ran 24.6–52.3 tok/s with
+// them against 56.9–58.3 without, in three interleaved pairs (2026-12-04
+// 00:42): fresh huge pages fault slowly on that VM, and a MoE step's large
+// tensors come and go. The resident weight copies (residentCache) keep
+// their huge pages: they are made once.
+var hugeTensorsOn = os.Getenv("FERRITE_CPU_HUGETENSORS") == "1"
+
 // newBuffer allocates n zeroed elements of dt (backed by float32 words so
 // every element type is naturally aligned; from hugeTensor bytes on in
-// huge pages).
+// huge pages when hugeTensorsOn).
 func newBuffer(dt kernels.DType, n int) *buffer {
 	size := dt.Size()
 	if size == 0 {
 		panic("cpu: tensors of dtype " + dt.String() + " are not supported")
 	}
-	if n*size >= hugeTensor {
+	if hugeTensorsOn && n*size >= hugeTensor {
 		b := hugeBytes((n*size + 3) &^ 3) // 2 MiB-aligned
 		return &buffer{b: b[:n*size], elems: n}
 	}

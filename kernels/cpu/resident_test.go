@@ -101,11 +101,13 @@ func TestResidentCopy(t *testing.T) {
 	}
 }
 
-// TestHugeTensor checks that a tensor of hugeTensor bytes or more is
+// TestHugeTensor checks that, with hugeTensorsOn, a tensor of hugeTensor bytes or more is
 // zeroed, sized and counted like a small one, and on Linux starts at a 2
 // MiB boundary (hugeBytes), with its bytes of its own (a second one does
 // not overlap it).
 func TestHugeTensor(t *testing.T) {
+	defer func(on bool) { hugeTensorsOn = on }(hugeTensorsOn)
+	hugeTensorsOn = true
 	b := New(1)
 	defer b.Close()
 	var ts []kernels.Tensor
