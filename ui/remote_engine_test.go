@@ -181,9 +181,13 @@ func TestRemoteEngineStreams(t *testing.T) {
 		t.Fatalf("text %q, last %+v", text, last)
 	}
 	u := last.Usage
-	// One token after the first, 20 ms later: at most 50 tok/s.
+	// One token after the first, sent 20 ms later: about 50 tok/s. The
+	// client reads the first token a little after the server sent it, so
+	// it can see slightly less than 20 ms between them (CI saw 19.6 ms,
+	// 50.9 tok/s): the bound leaves it 20 %, far below a buffered reply's
+	// absurd rates.
 	if u.PromptTokens != 5 || u.GeneratedTokens != 2 || u.TimeToFirstToken <= 0 || u.Total < u.TimeToFirstToken ||
-		u.DecodeTokensPerSec <= 0 || u.DecodeTokensPerSec > 50 {
+		u.DecodeTokensPerSec <= 0 || u.DecodeTokensPerSec > 60 {
 		t.Fatalf("usage %+v", u)
 	}
 	if r.PromptTokens() != 5 {
