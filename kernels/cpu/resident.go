@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"os"
-	"sync"
 	"sync/atomic"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -54,19 +53,9 @@ func residentFits(held, n int64) bool {
 	return avail == 0 || n <= avail/2
 }
 
-// residentCache holds the resident copies, per matrix.
-type residentCache struct {
-	mu    sync.Mutex
-	m     map[*kernels.Mat]*residentCopy
-	bytes atomic.Int64 // the copies' bytes, for MemoryUse from any goroutine
-}
-
-// residentCopy is one matrix's copy, made once; data is nil where none was
-// made (out of budget).
-type residentCopy struct {
-	once sync.Once
-	data []byte
-}
+// residentCache holds the resident copies, per matrix; a matrix's is nil
+// where none was made (out of budget).
+type residentCache struct{ weightCache[[]byte] }
 
 // residentOK reports whether MatMul keeps a resident copy of w on path:
 // BF16 weights on the VDPBF16PS path, not Transient, not a routed
@@ -82,28 +71,16 @@ func (c *residentCache) data(w *kernels.Mat, path int, expert bool, copyFn func(
 	if !residentOK(w, path, expert) {
 		return nil
 	}
-	c.mu.Lock()
-	e := c.m[w]
-	if e == nil {
-		if c.m == nil {
-			c.m = map[*kernels.Mat]*residentCopy{}
-		}
-		e = &residentCopy{}
-		c.m[w] = e
-	}
-	c.mu.Unlock()
-	e.once.Do(func() {
+	return c.get(w, func() ([]byte, int64) {
 		n := len(w.Data)
 		if !residentFits(c.bytes.Load(), int64(n)) {
-			return
+			return nil, 0
 		}
 		d := hugeBytes(n)
 		const chunk = 1 << 20
 		copyFn((n+chunk-1)/chunk, func(lo, hi int) {
 			copy(d[lo*chunk:min(n, hi*chunk)], w.Data[lo*chunk:min(n, hi*chunk)])
 		})
-		c.bytes.Add(int64(n))
-		e.data = d
+		return d, int64(n)
 	})
-	return e.data
 }

@@ -3,7 +3,6 @@ package cpu
 import (
 	"encoding/binary"
 	"os"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -237,15 +236,10 @@ func x8Go(d kernels.DType, R, G int) x8Func {
 }
 
 // x8Cache holds the persistently packed weights (Q4_0), per matrix.
-type x8Cache struct {
-	mu    sync.Mutex
-	m     map[*kernels.Mat]*x8Packed
-	bytes atomic.Int64 // the packed bytes held, for MemoryUse from any goroutine
-}
+type x8Cache struct{ weightCache[x8Packed] }
 
-// x8Packed is one matrix's packed whole groups, made once.
+// x8Packed is one matrix's packed whole groups.
 type x8Packed struct {
-	once sync.Once
 	data []byte
 	rows int // rows per group of data's layout
 }
@@ -271,26 +265,15 @@ func (c *x8Cache) packed(w *kernels.Mat, pack func(groups int, fn func(lo, hi in
 	if !x8Persistent(w, expert) {
 		return nil
 	}
-	c.mu.Lock()
-	e := c.m[w]
-	if e == nil {
-		if c.m == nil {
-			c.m = map[*kernels.Mat]*x8Packed{}
-		}
-		e = &x8Packed{}
-		c.m[w] = e
-	}
-	c.mu.Unlock()
-	e.once.Do(func() {
+	e := c.get(w, func() (x8Packed, int64) {
 		G := x8For(w.DType).rows
 		groups, rb := w.Rows/G, w.DType.RowBytes(w.Cols)
 		gsz := x8RowBytes(w.DType, w.Cols, G)
-		e.data = make([]byte, groups*gsz)
-		e.rows = G
-		c.bytes.Add(int64(len(e.data)))
+		p := x8Packed{data: make([]byte, groups*gsz), rows: G}
 		pack(groups, func(lo, hi int) {
-			packX8(e.data[lo*gsz:hi*gsz], w.Data[G*lo*rb:G*hi*rb], w.DType, w.Cols, hi-lo, G)
+			packX8(p.data[lo*gsz:hi*gsz], w.Data[G*lo*rb:G*hi*rb], w.DType, w.Cols, hi-lo, G)
 		})
+		return p, int64(len(p.data))
 	})
 	if x8For(w.DType).rows != e.rows { // the kernels changed (tests switching CPU features)
 		return nil

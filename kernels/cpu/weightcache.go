@@ -1,0 +1,46 @@
+package cpu
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// weightCache holds a value made once per weight matrix: a form MatMul
+// reads instead of the matrix itself (x8Cache's repacked Q4_0 and Q8_0
+// weights, residentCache's copies in huge pages), and the bytes those
+// values hold, for MemoryUse from any goroutine.
+type weightCache[V any] struct {
+	mu    sync.Mutex
+	m     map[*kernels.Mat]*weightEntry[V]
+	bytes atomic.Int64
+}
+
+// weightEntry is one matrix's value, made once.
+type weightEntry[V any] struct {
+	once sync.Once
+	v    V
+}
+
+// get returns w's value, made by build on first use; build returns the
+// value and the bytes it holds. Concurrent callers for one w wait for the
+// first one's build.
+func (c *weightCache[V]) get(w *kernels.Mat, build func() (V, int64)) V {
+	c.mu.Lock()
+	e := c.m[w]
+	if e == nil {
+		if c.m == nil {
+			c.m = map[*kernels.Mat]*weightEntry[V]{}
+		}
+		e = &weightEntry[V]{}
+		c.m[w] = e
+	}
+	c.mu.Unlock()
+	e.once.Do(func() {
+		var n int64
+		e.v, n = build()
+		c.bytes.Add(n)
+	})
+	return e.v
+}
