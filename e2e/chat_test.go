@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -63,8 +64,77 @@ func newTerm(t *testing.T, env []string, argv ...string) *term {
 	if out, err := tm.tmux(args...).CombinedOutput(); err != nil {
 		t.Fatalf("tmux: %v\n%s", err, out)
 	}
-	t.Cleanup(func() { _ = tm.tmux("kill-server").Run() })
+	// The cleanup waits for the program to be gone: the test's TempDir is
+	// removed after it, and a ferrite still saving its transcript on the way
+	// out would write into a folder being removed ("directory not empty").
+	t.Cleanup(func() {
+		pids := tm.processes()
+		_ = tm.tmux("kill-server").Run()
+		waitGone(t, pids, 20*time.Second)
+	})
 	return tm
+}
+
+// processes is the pane's process and its descendants, found through
+// /proc (nil where the session has already ended).
+func (tm *term) processes() []int {
+	out, err := tm.tmux("display-message", "-p", "-t", tm.name, "#{pane_pid}").Output()
+	if err != nil {
+		return nil
+	}
+	root, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …: comm may hold spaces, so read after its ')'.
+		rest := string(stat[strings.LastIndexByte(string(stat), ')')+1:])
+		if f := strings.Fields(rest); len(f) > 1 {
+			if ppid, err := strconv.Atoi(f[1]); err == nil {
+				children[ppid] = append(children[ppid], pid)
+			}
+		}
+	}
+	pids := []int{root}
+	for i := 0; i < len(pids); i++ {
+		pids = append(pids, children[pids[i]]...)
+	}
+	return pids
+}
+
+// waitGone waits until none of pids is a live process (a zombie counts as
+// gone: it has finished writing).
+func waitGone(t *testing.T, pids []int, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for _, pid := range pids {
+		for alive(pid) {
+			if time.Now().After(deadline) {
+				t.Logf("process %d still running %v after the terminal was closed", pid, limit)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+func alive(pid int) bool {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	rest := string(stat[strings.LastIndexByte(string(stat), ')')+1:])
+	f := strings.Fields(rest)
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
 
 // tmux is a tmux command addressed to this term's own server.
