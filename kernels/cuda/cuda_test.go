@@ -373,3 +373,16 @@ func stickyChildMain(t *testing.T) {
 	}
 	t.Log("sticky: ok:", err)
 }
+
+// TestDlopenNamesLibrary: a library that is not there gives a message
+// naming it, also where the loader's text is empty (dlerror read on
+// another OS thread).
+func TestDlopenNamesLibrary(t *testing.T) {
+	_, err := dlopen("libferrite-absent.so.1")
+	if err == nil || !strings.Contains(err.Error(), "libferrite-absent.so.1") {
+		t.Fatalf("dlopen of a missing library: %v, want a message naming it", err)
+	}
+	if err := loadError(errors.New(""), "libcuda.so.1"); err.Error() != "libcuda.so.1 not found" {
+		t.Errorf("an empty loader message gives %q", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -73,10 +74,20 @@ func dlopen(names ...string) (uintptr, error) {
 			}
 		}
 	}
-	if first != nil {
-		return 0, first // "libcuda.so.1: cannot open shared object file: ..."
+	return 0, loadError(first, names[0])
+}
+
+// loadError is dlopen's error for lib: the loader's own words
+// ("libcuda.so.1: cannot open shared object file: ..."), where it gave
+// any. dlerror's text is per OS thread, and a goroutine that moved
+// between purego's dlopen and dlerror reads none (the chat's /stats once
+// said "no GPU: no NVIDIA driver: " and nothing more): the message still
+// names the library.
+func loadError(first error, lib string) error {
+	if first != nil && strings.Contains(first.Error(), ".so") {
+		return first
 	}
-	return 0, fmt.Errorf("%s not found", names[0])
+	return fmt.Errorf("%s not found", lib)
 }
 
 // symbols resolves every name in table into its *uintptr from lib.
