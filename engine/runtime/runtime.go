@@ -200,6 +200,28 @@ func BatchTokens(m model.Model) int {
 	return DefaultMaxBatchTokens
 }
 
+// kvNeed is the KV budget New gives the cache: opts.KVBudget, or less
+// where the model's context bounds what can ever be held. Each running
+// sequence and each cached prefix holds at most the blocks of the context
+// and a speculative overhang (MaxDraft tokens), and one more, so a budget
+// above that would only be reserved, never used: the built-in model
+// (1,024 tokens at 1.5 KiB) reserved 1 GiB by default where 124 MiB hold
+// everything it can keep.
+func kvNeed(m model.Model, opts Options) int64 {
+	ctx := m.Info().MaxContext
+	per := m.CacheLayout().BytesPerToken()
+	if ctx <= 0 || per <= 0 {
+		return opts.KVBudget
+	}
+	bs := opts.BlockSize
+	if bs <= 0 {
+		bs = kvcache.DefaultBlockSize
+	}
+	seqs := int64(opts.MaxSeqs + max(opts.PrefixCache, 0))
+	need := seqs * int64((ctx+MaxDraft+bs-1)/bs+1) * int64(bs) * per
+	return min(opts.KVBudget, need)
+}
+
 // New starts a runtime serving m. The runtime owns m until Close: nothing
 // else may call m.Forward.
 func New(m model.Model, opts Options) (*Runtime, error) {
@@ -234,7 +256,7 @@ func New(m model.Model, opts Options) (*Runtime, error) {
 		return nil, err
 	}
 	padOn(m, &opts, states != nil)
-	cache, err := model.NewCache(m, kvcache.Options{BlockSize: opts.BlockSize, Budget: opts.KVBudget})
+	cache, err := model.NewCache(m, kvcache.Options{BlockSize: opts.BlockSize, Budget: kvNeed(m, opts)})
 	if err != nil {
 		return nil, fmt.Errorf("runtime: %w", err)
 	}

@@ -536,3 +536,29 @@ func TestDeviceMemoryInStats(t *testing.T) {
 		t.Errorf("Stats.Memory after a request = %+v, want %+v", got, want)
 	}
 }
+
+// TestKVBudgetBoundedByContext: a budget larger than the running sequences
+// and cached prefixes can ever hold at the model's context reserves only
+// what they can hold, and sequences of the whole context still run.
+func TestKVBudgetBoundedByContext(t *testing.T) {
+	m := build(t, tinyLlama) // context 96: 24 blocks of 4, 26 with a draft overhang
+	r := start(t, m, runtime.Options{KVBudget: budget(m, 100_000), MaxBatchTokens: 32, MaxSeqs: 2, PrefixCache: 3})
+	perSeq := (m.Info().MaxContext+runtime.MaxDraft+blockSize-1)/blockSize + 1
+	if st := r.Stats(); st.KVBlocksTotal != (2+3)*perSeq || st.KVBytesTotal != budget(m, (2+3)*perSeq) {
+		t.Fatalf("KV cache of %d blocks (%d bytes), want %d: 2 sequences and 3 cached prefixes of %d blocks",
+			st.KVBlocksTotal, st.KVBytesTotal, (2+3)*perSeq, perSeq)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range 6 {
+		req := runtime.Request{Prompt: randPrompt(rng, 80, m.Info().Vocab), MaxTokens: 16, Sampling: greedy}
+		want, _ := reference(t, m, req)
+		if got := generate(t, r, t.Context(), req).Collect(); got.Err != nil || !slices.Equal(got.Tokens, want) {
+			t.Fatalf("request %d: %v, tokens %v, want %v", i, got.Err, got.Tokens, want)
+		}
+	}
+	// A budget below the bound is kept as given.
+	small := start(t, m, runtime.Options{KVBudget: budget(m, 64), MaxBatchTokens: 32, MaxSeqs: 2, PrefixCache: 3})
+	if st := small.Stats(); st.KVBlocksTotal != 64 {
+		t.Errorf("a 64-block budget gave %d blocks", st.KVBlocksTotal)
+	}
+}

@@ -123,7 +123,7 @@ var Table = []Setting{
 		Help:  "CPU threads; 0 is one per core",
 		field: func(c *Config) any { return &c.Engine.Threads }},
 	{Key: "engine.kv_budget", Kind: Size, Default: ByteSize(1 << 30), Min: 1, Max: inf, Flag: "kv-budget", Run: true,
-		Help:  "memory of the KV cache; it also bounds the context when it holds fewer tokens than the model's",
+		Help:  "memory of the KV cache (never more than its sequences and cached prefixes can fill at the model's context); it also bounds the context when it holds fewer tokens than the model's",
 		field: func(c *Config) any { return &c.Engine.KVBudget }},
 	{Key: "engine.batch_tokens", Kind: Int, Default: 0, Min: 0, Max: 1 << 20, Flag: "batch-tokens",
 		Help:  "tokens one engine step may run; 0 is the runtime's default (512; on a GPU up to 4096 by its memory)",
