@@ -19,8 +19,8 @@ import (
 // It runs beside the engine's steps, so it keeps away from what is the
 // engine goroutine's alone: it works on goroutines of its own (spread), not
 // on the worker pool, which one call holds at a time (a MatMul finding the
-// pool held would run single-threaded), and it reads the backend's settings
-// (bf16x) once, when called. Everything it shares with MatMul is the
+// pool held would run single-threaded), and it reads the backend's setting
+// once, when called, from bf16xSet (bf16x is the engine goroutine's). Everything it shares with MatMul is the
 // weight caches, whose per-weight once makes a weight's form exactly once:
 // a MatMul of a weight being prepared waits for that copy instead of making
 // a second one, and one of a weight not reached yet makes it itself (over
@@ -40,7 +40,7 @@ var errClosed = errors.New("cpu: backend closed")
 // SetBF16Activations; it may run on any goroutine, beside the backend's
 // ops.
 func (b *Backend) PrepareWeights(ctx context.Context, ws []*kernels.Mat) error {
-	bf16x, nw := b.bf16x, b.pool.workers
+	bf16x, nw := b.bf16xSet.Load(), b.pool.workers
 	split := func(n int, fn func(lo, hi int)) { spread(nw, n, fn) }
 	for i, w := range ws {
 		if i > 0 && prepHook != nil {

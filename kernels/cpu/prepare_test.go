@@ -136,9 +136,9 @@ func TestPrepareWeights(t *testing.T) {
 }
 
 // TestPrepareWeightsBesideMatMul runs PrepareWeights on one goroutine while
-// another multiplies the same weights (run it with -race): every product
-// must have the bits of an unprepared backend's, and each weight's form be
-// made once.
+// another multiplies the same weights (run it with -race), switching bf16x
+// off for a while as an op may: every product must have the bits of an
+// unprepared backend's, and each weight's form be made once.
 func TestPrepareWeightsBesideMatMul(t *testing.T) {
 	ws, x, res, x8 := prepWeights(t)
 	want := unprepared(ws, x)
@@ -156,6 +156,11 @@ func TestPrepareWeightsBesideMatMul(t *testing.T) {
 				t.Error(err)
 			}
 		}()
+		// An op that switches bf16x off for a product of its own (mHC's
+		// mix), as the preparation starts: it must not read bf16x.
+		b.bf16x = false
+		b.MatMul(make([]float32, ws[2].Rows), x[:ws[2].Cols], ws[2], 1)
+		b.bf16x = true
 		got := matMulAll(b, ws, x)
 		wg.Wait()
 		sameBits(t, "beside PrepareWeights", got, want)
