@@ -19,7 +19,8 @@ import (
 // right after the model is built, on a goroutine of its own, rather than
 // in the first request, and rather than before Load returns: the chat then
 // opens as soon as the weights are mapped and the forms are made while the
-// user types (1.5 s of Qwen3-0.6B BF16 on two threads), a server is
+// user types (0.5–2.7 s for Qwen3-0.6B BF16 on two threads of a shared
+// VM, most of it page faults; BENCHMARKS.md §13, session 16), a server is
 // listening meanwhile, and a request that comes first loses nothing: a
 // MatMul of a weight being prepared waits for that one form, and one of a
 // weight not reached yet makes it as before (and the preparation then
@@ -59,7 +60,8 @@ func (r *WeightRecorder) Mat(name string, rows, cols int) (*kernels.Mat, error) 
 }
 
 // reRoutedExpert is a routed expert's matrix stored one per expert
-// (nn.Loader.Experts; a GGUF file's fused ones are asked for so too).
+// (nn.Loader.Experts; a GGUF file's experts are asked for under such
+// names too, and fused ones through Expert, which r does not record).
 var reRoutedExpert = regexp.MustCompile(`(?:^|\.)experts\.\d+\.`)
 
 // Prepare returns the matrices, of those m took through r, to prepare
