@@ -10,7 +10,10 @@
 // registered for the config's model_type; given a GGUF file it takes the
 // config, weights and tokenizer from package gguf instead (load_gguf.go).
 // Options.Quant turns the matrices into Q8_0 or Q4_K blocks as they load
-// (quantize.go). The caller loads the tokenizer with LoadTokenizer.
+// (quantize.go). The caller loads the tokenizer with LoadTokenizer. Load
+// then has the backend prepare the weights (prepare.go: the CPU's copies
+// and repacked matrices, which its first MatMuls would otherwise make) on a
+// goroutine of its own; Loaded.Close stops that and waits for it.
 //
 // Package map:
 //

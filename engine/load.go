@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -54,8 +55,13 @@ type Loaded struct {
 	Device, DeviceNote string
 
 	ownBackend *device.Backend
-	autoDevice bool         // the backend was chosen by --device auto
-	tally      *weightTally // the weights the model took (Memory)
+	autoDevice bool            // the backend was chosen by --device auto
+	tally      *weightTally    // the weights the model took (Memory)
+	rec        *WeightRecorder // the matrices it took by name (startPrepare)
+	// prepStop stops the backend's preparation of the weights, prepDone is
+	// closed when it has returned (startPrepare); nil when none runs.
+	prepStop context.CancelFunc
+	prepDone chan struct{}
 }
 
 // openDevice opens a device backend; tests replace it.
@@ -139,6 +145,8 @@ func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Optio
 		}
 	}
 	SetActivationPrecision(l.Backend, m)
+	l.Model = m
+	l.startPrepare()
 	return m, nil
 }
 
@@ -178,7 +186,8 @@ func (l *Loaded) DeviceErr() error {
 // source wraps src to quantize its matrices when opts.Quant asks for it.
 func (l *Loaded) source(src model.WeightSource, opts Options) model.WeightSource {
 	q, _ := Quantized(src, opts.Quant, l.Backend) // checked by checkQuant
-	l.tally = newWeightTally(q)
+	l.rec = NewWeightRecorder(q)
+	l.tally = newWeightTally(l.rec)
 	return l.tally
 }
 
@@ -246,6 +255,7 @@ func (l *Loaded) NewCache(budget int64, blockSize int) (*kvcache.Cache, error) {
 // Close releases the weights' memory mappings and the backend's workers
 // (when Load started them). The model must not be used afterwards.
 func (l *Loaded) Close() error {
+	l.stopPrepare()
 	var err error
 	if l.Weights != nil {
 		err = l.Weights.Close()

@@ -112,10 +112,7 @@ type expertGroup struct {
 	bytes int64 // all of them
 }
 
-var (
-	reLayer  = regexp.MustCompile(`(?:^|\.)layers\.(\d+)\.`)
-	reExpert = regexp.MustCompile(`^(.*\.experts)\.(\d+)\.`)
-)
+var reExpert = regexp.MustCompile(`^(.*\.experts)\.(\d+)\.`)
 
 // Footprint classifies what was loaded. layers is the main stack's depth
 // (model.Info().Layers: a layer index at or past it is an MTP layer) and
@@ -126,7 +123,7 @@ func (c *Counter) Footprint(layers, topK int) Footprint {
 	f := Footprint{TopK: topK}
 	untied := false
 	for _, t := range c.tensors {
-		if strings.HasSuffix(t.name, "lm_head.weight") && !isMTP(t.name, layers) {
+		if strings.HasSuffix(t.name, "lm_head.weight") && !model.MTPWeight(t.name, layers) {
 			untied = true
 		}
 	}
@@ -140,7 +137,7 @@ func (c *Counter) Footprint(layers, topK int) Footprint {
 		f.Params += t.params
 		f.TotalBytes += t.bytes
 		switch {
-		case isMTP(t.name, layers):
+		case model.MTPWeight(t.name, layers):
 			f.MTPBytes += t.bytes
 		case t.expert >= 0 || reExpert.MatchString(t.name):
 			g, e := t.name, t.expert
@@ -170,18 +167,6 @@ func (c *Counter) Footprint(layers, topK int) Footprint {
 	}
 	f.MoELayers = len(f.groups)
 	return f
-}
-
-// isMTP reports whether name belongs to the multi-token-prediction module.
-func isMTP(name string, layers int) bool {
-	if strings.HasPrefix(name, "mtp.") || strings.Contains(name, ".mtp.") {
-		return true
-	}
-	if m := reLayer.FindStringSubmatch(name); m != nil && layers > 0 {
-		i, _ := strconv.Atoi(m[1])
-		return i >= layers
-	}
-	return false
 }
 
 // ActiveExperts is the expected number of distinct experts, out of n, that

@@ -54,6 +54,7 @@ type benchFlags struct {
 	streamMiB      int
 	bandwidthGBps  float64
 	noWarmup       bool
+	noPrepare      bool
 	warmupCase     bool
 	chat           bool
 	cpuProfile     string
@@ -164,6 +165,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streamMiB, "stream-mib", 1024, "buffer size in MiB of the memory-bandwidth measurement")
 	fs.Float64Var(&f.bandwidthGBps, "bandwidth", 0, "memory bandwidth in GB/s for the roofline, instead of measuring it (0 = measure)")
 	fs.BoolVar(&f.noWarmup, "no-warmup", false, "skip the warm-up request")
+	fs.BoolVar(&f.noPrepare, "no-prepare", false, "leave the backend's one-time forms of the weights (the CPU's resident copies and repacked Q4_0/Q8_0) to the first MatMuls, in the warm-up or the first case, instead of making them after loading (prepare s)")
 	fs.BoolVar(&f.warmupCase, "warmup-case", false, "before each case, run untimed requests filling two steps, then its own requests for 3 tokens (the largest step and its batch shape's one-time costs out of the measurement)")
 	fs.BoolVar(&f.chat, "chat", false, "prompts: chat questions through the model's chat template (needs its tokenizer), request i asking question i, instead of random tokens; --prompt-len is ignored (MTP acceptance on text the model knows)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the sweep (not the loading) to this file")
@@ -288,7 +290,8 @@ func buildBenchGGUF(cfg *config.Config, g *gguf.Model, src model.WeightSource, q
 		return nil, fmt.Errorf("--quant: %w", err)
 	}
 	bm.quant = quant
-	bm.counter = bench.NewCounter(src)
+	bm.rec = engine.NewWeightRecorder(src)
+	bm.counter = bench.NewCounter(bm.rec)
 	if bm.model, err = model.New(bm.cfg, bm.counter, be.Backend); err != nil {
 		return nil, err
 	}
@@ -312,6 +315,7 @@ type benchModel struct {
 	cfg     *config.Config
 	model   model.Model
 	counter *bench.Counter
+	rec     *engine.WeightRecorder // the matrices by name, for the backend's preparation
 	backend *device.Backend
 	weights *weights.Set // nil for random weights or a GGUF file
 	gguf    *gguf.Model  // the GGUF file, or nil
@@ -319,6 +323,7 @@ type benchModel struct {
 	dtype   string // random weights' dtype, or a GGUF file's quantization
 	quant   string // --quant
 	loadSec float64
+	prepSec float64 // the backend's preparation of the weights (kernels.WeightPreparer), after loadSec
 }
 
 func (b *benchModel) Close() {
@@ -409,7 +414,8 @@ func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *device.Backe
 		return nil, fmt.Errorf("--quant: %w", err)
 	}
 	bm.quant = quant
-	bm.counter = bench.NewCounter(src)
+	bm.rec = engine.NewWeightRecorder(src)
+	bm.counter = bench.NewCounter(bm.rec)
 	if bm.model, err = model.New(cfg, bm.counter, be.Backend); err != nil {
 		if bm.weights != nil {
 			bm.weights.Close()
@@ -492,6 +498,7 @@ type benchModelJS struct {
 	Vocab           int     `json:"vocab"`
 	KVBytesPerToken int64   `json:"kv_bytes_per_token"`
 	LoadSec         float64 `json:"load_s"`
+	PrepareSec      float64 `json:"prepare_s"`
 }
 
 const (
@@ -528,6 +535,17 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer bm.Close()
+	if !f.noPrepare {
+		// The forms of the weights a backend makes once (the CPU's copies
+		// in huge pages, its repacked Q4_0/Q8_0) are made here, timed on
+		// their own, as the engine makes them after a load: the warm-up
+		// and the cases time steps on them, none the making of them.
+		start := time.Now()
+		if _, err := kernels.PrepareWeights(ctx, be.Backend, bm.rec.Prepare(bm.model)); err != nil {
+			return err
+		}
+		bm.prepSec = time.Since(start).Seconds()
+	}
 	info := bm.model.Info()
 	topK := bm.cfg.IntOr("num_experts_per_tok", 0)
 	fp := bm.counter.Footprint(info.Layers, topK)
@@ -590,7 +608,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 			Params: fp.Params, WeightBytes: fp.TotalBytes, DenseBytes: fp.DenseBytes, EmbeddingBytes: fp.EmbeddingBytes,
 			ExpertBytes: fp.ExpertBytes, MTPBytes: fp.MTPBytes, TiedEmbeddings: fp.Tied, MoELayers: fp.MoELayers,
 			Experts: fp.Experts, TopK: fp.TopK, Layers: info.Layers, Vocab: info.Vocab,
-			KVBytesPerToken: info.KVBytesPerToken, LoadSec: bm.loadSec},
+			KVBytesPerToken: info.KVBytesPerToken, LoadSec: bm.loadSec, PrepareSec: bm.prepSec},
 		Runs: results,
 	}
 	rep.Bandwidth.BytesPerSec, rep.Bandwidth.BufferBytes = bw.BytesPerSec, bw.BufferBytes
@@ -652,8 +670,8 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 	if m.Quant != "" {
 		src += " quantized to " + m.Quant
 	}
-	fmt.Fprintf(w, "model:     %s (%s), %s, %s params, %s of weights, %d layers, KV cache %s per token, load %.1f s\n",
-		m.Path, m.Arch, src, count(m.Params), gb(m.WeightBytes), m.Layers, kib(m.KVBytesPerToken), m.LoadSec)
+	fmt.Fprintf(w, "model:     %s (%s), %s, %s params, %s of weights, %d layers, KV cache %s per token, load %.1f s, prepare %.1f s\n",
+		m.Path, m.Arch, src, count(m.Params), gb(m.WeightBytes), m.Layers, kib(m.KVBytesPerToken), m.LoadSec, m.PrepareSec)
 	fmt.Fprintf(w, "machine:   %s, %d CPUs, %d threads, %s %s/%s\n",
 		rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.Threads, rep.Machine.GoVersion, rep.Machine.OS, rep.Machine.Arch)
 	if rep.Machine.DevNote != "" {

@@ -34,8 +34,12 @@ func TestBenchQuant(t *testing.T) {
 	js := filepath.Join(t.TempDir(), "bench.json")
 	var bytes [2]int64
 	for i, q := range []string{"", "q8_0"} {
-		code, out, errs := runCLI(t, "", "bench", "--model", dir, "--concurrency", "1", "--prompt-len", "5",
-			"--gen-len", "3", "--threads", "2", "--stream-mib", "8", "--quant", q, "--json", js)
+		args := []string{"bench", "--model", dir, "--concurrency", "1", "--prompt-len", "5",
+			"--gen-len", "3", "--threads", "2", "--stream-mib", "8", "--quant", q, "--json", js}
+		if i == 0 {
+			args = append(args, "--no-prepare")
+		}
+		code, out, errs := runCLI(t, "", args...)
 		if code != 0 {
 			t.Fatalf("--quant %q: exit %d: %s", q, code, errs)
 		}
@@ -48,12 +52,18 @@ func TestBenchQuant(t *testing.T) {
 		}
 		var rep struct {
 			Model struct {
-				Quant       string `json:"quant"`
-				WeightBytes int64  `json:"weight_bytes"`
+				Quant       string   `json:"quant"`
+				WeightBytes int64    `json:"weight_bytes"`
+				PrepareSec  *float64 `json:"prepare_s"`
 			} `json:"model"`
 		}
 		if err := json.Unmarshal(raw, &rep); err != nil {
 			t.Fatal(err)
+		}
+		// The weights' one-time forms are made after the load and timed on
+		// their own, unless --no-prepare.
+		if p := rep.Model.PrepareSec; p == nil || (*p == 0) != (i == 0) || !strings.Contains(out, ", prepare ") {
+			t.Errorf("prepare_s %v (--no-prepare %v), stdout:\n%s", p, i == 0, out)
 		}
 		if rep.Model.Quant != q {
 			t.Errorf("json quant %q, want %q", rep.Model.Quant, q)

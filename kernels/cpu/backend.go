@@ -33,6 +33,10 @@ type Backend struct {
 	allocated atomic.Int64 // bytes of the live tensors Alloc returned (MemoryUse)
 	bf16x     bool         // BF16 weights may take x rounded to bfloat16
 	rowExact  bool         // SetRowExact: MatMul runs row by row
+
+	// bf16xSet is SetBF16Activations' value, which PrepareWeights reads on
+	// its own goroutine (an op may switch bf16x off for a while).
+	bf16xSet atomic.Bool
 }
 
 // SetRowExact implements kernels.RowExact: while on, MatMul (under every
@@ -159,7 +163,10 @@ func (b *Backend) x8Packed(w *kernels.Mat) []byte {
 // differ from the float32 product by up to 2⁻⁸·Σ|x·w| (see bf16.go): the
 // precision of a model that keeps its KV cache in bfloat16 anyway. Call it
 // between MatMuls only.
-func (b *Backend) SetBF16Activations(on bool) { b.bf16x = on }
+func (b *Backend) SetBF16Activations(on bool) {
+	b.bf16x = on
+	b.bf16xSet.Store(on)
+}
 
 // RoundsXToBF16 reports whether MatMul(y, x, w, n) multiplies x rounded to
 // bfloat16 instead of x (the VDPBF16PS and AMX paths; see bf16.go, amx.go):

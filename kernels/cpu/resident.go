@@ -23,7 +23,10 @@ import (
 // weights are not copied, to bound the memory, nor any beyond
 // residentBudget (residentFits). FERRITE_CPU_RESIDENT=0 turns the copies
 // off; FERRITE_CPU_HUGEPAGES=0 keeps them (and large tensors) in 4 KiB
-// pages (hugeBytes).
+// pages (hugeBytes). A copy is made once per weight (weightCache): by
+// PrepareWeights, which the engine runs after a load (prepare.go), or else
+// by the weight's first MatMul, which waits for one PrepareWeights has
+// begun.
 
 // residentOff turns resident copies off (FERRITE_CPU_RESIDENT=0 in the
 // environment), so one build can run both.

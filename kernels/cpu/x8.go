@@ -25,8 +25,9 @@ import (
 // kernels (kernels/_generate/qx8.go) keep each row's sum in its own lane
 // and write a group's eight results with one store.
 //
-// Q4_0 and Q8_0 weights are repacked once per matrix, on its first MatMul,
-// and kept (x8Cache: as much memory again as the stored weights, which
+// Q4_0 and Q8_0 weights are repacked once per matrix, by PrepareWeights
+// after the load (prepare.go) or else on the matrix's first MatMul, and
+// kept (x8Cache: as much memory again as the stored weights, which
 // then are no longer read by MatMul): the layout serves decode too, where
 // llama.cpp's repacked Q4_0 read faster than the stored rows, and a batch
 // of 8 no longer packs its weights on every call (Q8_0 on a Zen 5,
