@@ -205,18 +205,46 @@ func softmaxKernel() {
 		"float32(1/sum). x·scale − max is one fused multiply-subtract.",
 	)
 	Pragma("noescape")
-	x := Load(Param("x").Base(), GP64())
-	n := Load(Param("x").Len(), GP64())
-	sx := Load(Param("scale"), XMM())
-	sv := YMM()
-	VBROADCASTSS(sx, sv)
+	x, n, sv := rowArgs()
 	l := newLanes(n)
+	m := scaledMax(l, x, sv, "softmax_max")
+	h := expSum(l, x, sv, m, "softmax_exp")
 
+	Comment("inv = float32(1/sum); x *= inv.")
+	one := XMM()
+	VCVTSS2SD(constVec(cOne), one, one)
+	VDIVSD(h, one, h)
+	VCVTSD2SS(h, h, h)
+	inv, t := YMM(), YMM()
+	VBROADCASTSS(h, inv)
+	l.loop("softmax_scale", func() {
+		l.load(l.at(x), t)
+		VMULPS(t, inv, t)
+		l.store(t, l.at(x))
+	})
+	VZEROUPPER()
+	RET()
+}
+
+// rowArgs loads a row kernel's x (its base and length) and its scale,
+// broadcast to every lane.
+func rowArgs() (x, n Register, sv VecVirtual) {
+	x = Load(Param("x").Base(), GP64())
+	n = Load(Param("x").Len(), GP64())
+	sx := Load(Param("scale"), XMM())
+	sv = YMM()
+	VBROADCASTSS(sx, sv)
+	return x, n, sv
+}
+
+// scaledMax emits the largest x·scale of the row at x (sv: scale in every
+// lane) into every lane of the returned vector; −inf for an empty row.
+func scaledMax(l *lanes, x Register, sv VecVirtual, name string) VecVirtual {
 	Comment("The largest x·scale.")
 	m, t, ninf := YMM(), YMM(), YMM()
 	VMOVUPS(constVec(cNegInf), ninf)
 	VMOVUPS(ninf, m)
-	l.loop("softmax_max", func() {
+	l.loop(name, func() {
 		l.load(l.at(x), t)
 		VMULPS(t, sv, t)
 		if l.tail {
@@ -225,12 +253,18 @@ func softmaxKernel() {
 		VMAXPS(t, m, m)
 	})
 	hmaxPS(m)
+	return m
+}
 
-	Comment("x = exp(x·scale − max), summed in float64.")
-	s0, s1, e := YMM(), YMM(), YMM()
+// expSum emits x = exp(x·scale − m) over the row at x (sv, m: scale and
+// the subtrahend in every lane), lanes below −87 0, and returns their sum
+// in float64 (low lane of the returned register).
+func expSum(l *lanes, x Register, sv, m VecVirtual, name string) VecVirtual {
+	Comment("x = exp(x·scale − m), summed in float64.")
+	s0, s1, e, t := YMM(), YMM(), YMM(), YMM()
 	VXORPD(s0, s0, s0)
 	VXORPD(s1, s1, s1)
-	l.loop("softmax_exp", func() {
+	l.loop(name, func() {
 		l.load(l.at(x), t)
 		VFMSUB213PS(m, sv, t)
 		expPS(t, e, true)
@@ -240,24 +274,47 @@ func softmaxKernel() {
 		l.store(e, l.at(x))
 		addPD(e, s0, s1)
 	})
-
-	Comment("inv = float32(1/sum); x *= inv.")
 	VADDPD(s1, s0, s0)
 	h := XMM()
 	VEXTRACTF128(U8(1), s0, h)
 	VADDPD(h, s0.AsX(), h)
 	VHADDPD(h, h, h)
-	one := XMM()
-	VCVTSS2SD(constVec(cOne), one, one)
-	VDIVSD(h, one, h)
-	VCVTSD2SS(h, h, h)
-	inv := YMM()
-	VBROADCASTSS(h, inv)
-	l.loop("softmax_scale", func() {
-		l.load(l.at(x), t)
-		VMULPS(t, inv, t)
-		l.store(t, l.at(x))
-	})
+	return h
+}
+
+// scaledMaxKernel is scaledMax as a function.
+func scaledMaxKernel() {
+	TEXT("scaledMaxF32", NOSPLIT, "func(x []float32, scale float32) float32")
+	Doc(
+		"scaledMaxF32 returns the largest x[i]·scale (each product rounded to",
+		"float32), −inf for an empty x: scaledMax (attention.go).",
+	)
+	Pragma("noescape")
+	x, n, sv := rowArgs()
+	m := scaledMax(newLanes(n), x, sv, "smax")
+	Store(m.AsX(), ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}
+
+// expSumKernel is expSum as a function.
+func expSumKernel() {
+	TEXT("expSumF32", NOSPLIT, "func(x []float32, scale, m float32) float64")
+	Doc(
+		"expSumF32 sets x[i] = exp(x[i]·scale − m) (one fused multiply-subtract,",
+		"then expPS; lanes below −87 are 0) and returns their sum in float64",
+		"(eight lanes, in some order): expSum (attention.go).",
+	)
+	Pragma("noescape")
+	x := Load(Param("x").Base(), GP64())
+	n := Load(Param("x").Len(), GP64())
+	sx := Load(Param("scale"), XMM())
+	mx := Load(Param("m"), XMM())
+	sv, mv := YMM(), YMM()
+	VBROADCASTSS(sx, sv)
+	VBROADCASTSS(mx, mv)
+	h := expSum(newLanes(n), x, sv, mv, "expsum")
+	Store(h, ReturnIndex(0))
 	VZEROUPPER()
 	RET()
 }
@@ -482,6 +539,8 @@ func normScaleKernel(offset bool) {
 func attnKernels() {
 	attnData()
 	softmaxKernel()
+	scaledMaxKernel()
+	expSumKernel()
 	swigluKernel()
 	sumSquaresKernel()
 	normScaleKernel(false)

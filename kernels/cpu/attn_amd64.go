@@ -25,6 +25,24 @@ func softmaxRow(x []float32, scale float32) {
 	softmax(x, scale)
 }
 
+// scaledMax returns the largest x[i]·scale, −inf for an empty x:
+// scaledMaxF32, or scaledMaxGo.
+func scaledMax(x []float32, scale float32) float32 {
+	if cpuinfo.AVX2FMA() {
+		return scaledMaxF32(x, scale)
+	}
+	return scaledMaxGo(x, scale)
+}
+
+// expSum sets x[i] = exp(x[i]·scale − m) and returns their sum in
+// float64: expSumF32, or expSumGo.
+func expSum(x []float32, scale, m float32) float64 {
+	if cpuinfo.AVX2FMA() {
+		return expSumF32(x, scale, m)
+	}
+	return expSumGo(x, scale, m)
+}
+
 // swiglu sets y[i] = silu(min(g[i], limit))·clamp(u[i], −limit, limit)
 // (limit 0: no clamp), y may be g: swigluF32 without a clamp, else
 // ref.SwiGLUClamp.

@@ -186,83 +186,83 @@ softmax_max_tail:
 	VMAXPS       X3, X4, X4
 	VBROADCASTSS X4, Y3
 
-	// x = exp(x·scale − max), summed in float64.
+	// x = exp(x·scale − m), summed in float64.
+	VXORPD Y4, Y4, Y4
 	VXORPD Y5, Y5, Y5
-	VXORPD Y6, Y6, Y6
 	XORQ   CX, CX
 
 softmax_exp:
 	CMPQ         CX, DX
 	JAE          softmax_exp_tail
-	VMOVUPS      (AX)(CX*4), Y4
-	VFMSUB213PS  Y3, Y0, Y4
-	VMAXPS       attnconsts<>+320(SB), Y4, Y7
-	VMINPS       attnconsts<>+352(SB), Y7, Y7
-	VMULPS       attnconsts<>+0(SB), Y7, Y8
+	VMOVUPS      (AX)(CX*4), Y7
+	VFMSUB213PS  Y3, Y0, Y7
+	VMAXPS       attnconsts<>+320(SB), Y7, Y6
+	VMINPS       attnconsts<>+352(SB), Y6, Y6
+	VMULPS       attnconsts<>+0(SB), Y6, Y8
 	VROUNDPS     $0x00, Y8, Y8
-	VFNMADD231PS attnconsts<>+32(SB), Y8, Y7
-	VFNMADD231PS attnconsts<>+64(SB), Y8, Y7
+	VFNMADD231PS attnconsts<>+32(SB), Y8, Y6
+	VFNMADD231PS attnconsts<>+64(SB), Y8, Y6
 	VMOVUPS      attnconsts<>+96(SB), Y9
-	VFMADD213PS  attnconsts<>+128(SB), Y7, Y9
-	VFMADD213PS  attnconsts<>+160(SB), Y7, Y9
-	VFMADD213PS  attnconsts<>+192(SB), Y7, Y9
-	VFMADD213PS  attnconsts<>+224(SB), Y7, Y9
-	VFMADD213PS  attnconsts<>+256(SB), Y7, Y9
-	VMULPS       Y7, Y7, Y10
-	VFMADD213PS  Y7, Y10, Y9
+	VFMADD213PS  attnconsts<>+128(SB), Y6, Y9
+	VFMADD213PS  attnconsts<>+160(SB), Y6, Y9
+	VFMADD213PS  attnconsts<>+192(SB), Y6, Y9
+	VFMADD213PS  attnconsts<>+224(SB), Y6, Y9
+	VFMADD213PS  attnconsts<>+256(SB), Y6, Y9
+	VMULPS       Y6, Y6, Y10
+	VFMADD213PS  Y6, Y10, Y9
 	VADDPS       attnconsts<>+288(SB), Y9, Y9
 	VCVTPS2DQ    Y8, Y8
 	VPADDD       attnconsts<>+384(SB), Y8, Y8
 	VPSLLD       $0x17, Y8, Y8
-	VMULPS       Y8, Y9, Y7
-	VCMPPS       $0x1d, attnconsts<>+320(SB), Y4, Y4
-	VANDPS       Y4, Y7, Y7
-	VMOVUPS      Y7, (AX)(CX*4)
-	VCVTPS2PD    X7, Y4
-	VADDPD       Y4, Y5, Y5
-	VEXTRACTF128 $0x01, Y7, X4
-	VCVTPS2PD    X4, Y4
-	VADDPD       Y4, Y6, Y6
+	VMULPS       Y8, Y9, Y6
+	VCMPPS       $0x1d, attnconsts<>+320(SB), Y7, Y7
+	VANDPS       Y7, Y6, Y6
+	VMOVUPS      Y6, (AX)(CX*4)
+	VCVTPS2PD    X6, Y7
+	VADDPD       Y7, Y4, Y4
+	VEXTRACTF128 $0x01, Y6, X6
+	VCVTPS2PD    X6, Y7
+	VADDPD       Y7, Y5, Y5
 	ADDQ         $0x08, CX
 	JMP          softmax_exp
 
 softmax_exp_tail:
-	VMASKMOVPS   (AX)(CX*4), Y2, Y4
-	VFMSUB213PS  Y3, Y0, Y4
-	VMAXPS       attnconsts<>+320(SB), Y4, Y0
+	VMASKMOVPS   (AX)(CX*4), Y2, Y7
+	VFMSUB213PS  Y3, Y0, Y7
+	VMAXPS       attnconsts<>+320(SB), Y7, Y0
 	VMINPS       attnconsts<>+352(SB), Y0, Y0
 	VMULPS       attnconsts<>+0(SB), Y0, Y3
 	VROUNDPS     $0x00, Y3, Y3
 	VFNMADD231PS attnconsts<>+32(SB), Y3, Y0
 	VFNMADD231PS attnconsts<>+64(SB), Y3, Y0
-	VMOVUPS      attnconsts<>+96(SB), Y7
-	VFMADD213PS  attnconsts<>+128(SB), Y0, Y7
-	VFMADD213PS  attnconsts<>+160(SB), Y0, Y7
-	VFMADD213PS  attnconsts<>+192(SB), Y0, Y7
-	VFMADD213PS  attnconsts<>+224(SB), Y0, Y7
-	VFMADD213PS  attnconsts<>+256(SB), Y0, Y7
+	VMOVUPS      attnconsts<>+96(SB), Y6
+	VFMADD213PS  attnconsts<>+128(SB), Y0, Y6
+	VFMADD213PS  attnconsts<>+160(SB), Y0, Y6
+	VFMADD213PS  attnconsts<>+192(SB), Y0, Y6
+	VFMADD213PS  attnconsts<>+224(SB), Y0, Y6
+	VFMADD213PS  attnconsts<>+256(SB), Y0, Y6
 	VMULPS       Y0, Y0, Y8
-	VFMADD213PS  Y0, Y8, Y7
-	VADDPS       attnconsts<>+288(SB), Y7, Y7
+	VFMADD213PS  Y0, Y8, Y6
+	VADDPS       attnconsts<>+288(SB), Y6, Y6
 	VCVTPS2DQ    Y3, Y3
 	VPADDD       attnconsts<>+384(SB), Y3, Y3
 	VPSLLD       $0x17, Y3, Y3
-	VMULPS       Y3, Y7, Y7
-	VCMPPS       $0x1d, attnconsts<>+320(SB), Y4, Y0
-	VANDPS       Y0, Y7, Y7
-	VANDPS       Y2, Y7, Y7
-	VMASKMOVPS   Y7, Y2, (AX)(CX*4)
-	VCVTPS2PD    X7, Y0
-	VADDPD       Y0, Y5, Y5
-	VEXTRACTF128 $0x01, Y7, X0
+	VMULPS       Y3, Y6, Y6
+	VCMPPS       $0x1d, attnconsts<>+320(SB), Y7, Y0
+	VANDPS       Y0, Y6, Y6
+	VANDPS       Y2, Y6, Y6
+	VMASKMOVPS   Y6, Y2, (AX)(CX*4)
+	VCVTPS2PD    X6, Y0
+	VADDPD       Y0, Y4, Y4
+	VEXTRACTF128 $0x01, Y6, X0
 	VCVTPS2PD    X0, Y0
-	VADDPD       Y0, Y6, Y6
+	VADDPD       Y0, Y5, Y5
+	VADDPD       Y5, Y4, Y4
+	VEXTRACTF128 $0x01, Y4, X0
+	VADDPD       X0, X4, X0
+	VHADDPD      X0, X0, X0
 
 	// inv = float32(1/sum); x *= inv.
-	VADDPD       Y6, Y5, Y5
-	VEXTRACTF128 $0x01, Y5, X0
-	VADDPD       X0, X5, X0
-	VHADDPD      X0, X0, X0
 	VCVTSS2SD    attnconsts<>+288(SB), X1, X1
 	VDIVSD       X0, X1, X0
 	VCVTSD2SS    X0, X0, X0
@@ -272,16 +272,157 @@ softmax_exp_tail:
 softmax_scale:
 	CMPQ    CX, DX
 	JAE     softmax_scale_tail
-	VMOVUPS (AX)(CX*4), Y4
-	VMULPS  Y4, Y0, Y4
-	VMOVUPS Y4, (AX)(CX*4)
+	VMOVUPS (AX)(CX*4), Y1
+	VMULPS  Y1, Y0, Y1
+	VMOVUPS Y1, (AX)(CX*4)
 	ADDQ    $0x08, CX
 	JMP     softmax_scale
 
 softmax_scale_tail:
-	VMASKMOVPS (AX)(CX*4), Y2, Y4
-	VMULPS     Y4, Y0, Y4
-	VMASKMOVPS Y4, Y2, (AX)(CX*4)
+	VMASKMOVPS (AX)(CX*4), Y2, Y1
+	VMULPS     Y1, Y0, Y1
+	VMASKMOVPS Y1, Y2, (AX)(CX*4)
+	VZEROUPPER
+	RET
+
+// func scaledMaxF32(x []float32, scale float32) float32
+// Requires: AVX, AVX2, SSE
+TEXT ·scaledMaxF32(SB), NOSPLIT, $0-36
+	MOVQ         x_base+0(FP), AX
+	MOVQ         x_len+8(FP), CX
+	MOVSS        scale+24(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         CX, DX
+	ANDQ         $0x07, DX
+	NEGQ         DX
+	LEAQ         tailmask<>+0(SB), BX
+	VMOVDQU      32(BX)(DX*4), Y1
+	MOVQ         CX, DX
+	ANDQ         $-8, DX
+
+	// The largest x·scale.
+	VMOVUPS attnconsts<>+416(SB), Y4
+	VMOVUPS Y4, Y2
+	XORQ    CX, CX
+
+smax:
+	CMPQ    CX, DX
+	JAE     smax_tail
+	VMOVUPS (AX)(CX*4), Y3
+	VMULPS  Y3, Y0, Y3
+	VMAXPS  Y3, Y2, Y2
+	ADDQ    $0x08, CX
+	JMP     smax
+
+smax_tail:
+	VMASKMOVPS   (AX)(CX*4), Y1, Y3
+	VMULPS       Y3, Y0, Y3
+	VBLENDVPS    Y1, Y3, Y4, Y3
+	VMAXPS       Y3, Y2, Y2
+	VEXTRACTF128 $0x01, Y2, X0
+	VMAXPS       X0, X2, X0
+	VPERMILPS    $0x4e, X0, X1
+	VMAXPS       X1, X0, X0
+	VPERMILPS    $0xb1, X0, X1
+	VMAXPS       X1, X0, X0
+	VBROADCASTSS X0, Y2
+	MOVSS        X2, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func expSumF32(x []float32, scale float32, m float32) float64
+// Requires: AVX, AVX2, FMA3, SSE, SSE2
+TEXT ·expSumF32(SB), NOSPLIT, $0-40
+	MOVQ         x_base+0(FP), AX
+	MOVQ         x_len+8(FP), CX
+	MOVSS        scale+24(FP), X0
+	MOVSS        m+28(FP), X1
+	VBROADCASTSS X0, Y0
+	VBROADCASTSS X1, Y1
+	MOVQ         CX, DX
+	ANDQ         $0x07, DX
+	NEGQ         DX
+	LEAQ         tailmask<>+0(SB), BX
+	VMOVDQU      32(BX)(DX*4), Y2
+	MOVQ         CX, DX
+	ANDQ         $-8, DX
+
+	// x = exp(x·scale − m), summed in float64.
+	VXORPD Y3, Y3, Y3
+	VXORPD Y4, Y4, Y4
+	XORQ   CX, CX
+
+expsum:
+	CMPQ         CX, DX
+	JAE          expsum_tail
+	VMOVUPS      (AX)(CX*4), Y6
+	VFMSUB213PS  Y1, Y0, Y6
+	VMAXPS       attnconsts<>+320(SB), Y6, Y5
+	VMINPS       attnconsts<>+352(SB), Y5, Y5
+	VMULPS       attnconsts<>+0(SB), Y5, Y7
+	VROUNDPS     $0x00, Y7, Y7
+	VFNMADD231PS attnconsts<>+32(SB), Y7, Y5
+	VFNMADD231PS attnconsts<>+64(SB), Y7, Y5
+	VMOVUPS      attnconsts<>+96(SB), Y8
+	VFMADD213PS  attnconsts<>+128(SB), Y5, Y8
+	VFMADD213PS  attnconsts<>+160(SB), Y5, Y8
+	VFMADD213PS  attnconsts<>+192(SB), Y5, Y8
+	VFMADD213PS  attnconsts<>+224(SB), Y5, Y8
+	VFMADD213PS  attnconsts<>+256(SB), Y5, Y8
+	VMULPS       Y5, Y5, Y9
+	VFMADD213PS  Y5, Y9, Y8
+	VADDPS       attnconsts<>+288(SB), Y8, Y8
+	VCVTPS2DQ    Y7, Y7
+	VPADDD       attnconsts<>+384(SB), Y7, Y7
+	VPSLLD       $0x17, Y7, Y7
+	VMULPS       Y7, Y8, Y5
+	VCMPPS       $0x1d, attnconsts<>+320(SB), Y6, Y6
+	VANDPS       Y6, Y5, Y5
+	VMOVUPS      Y5, (AX)(CX*4)
+	VCVTPS2PD    X5, Y6
+	VADDPD       Y6, Y3, Y3
+	VEXTRACTF128 $0x01, Y5, X5
+	VCVTPS2PD    X5, Y6
+	VADDPD       Y6, Y4, Y4
+	ADDQ         $0x08, CX
+	JMP          expsum
+
+expsum_tail:
+	VMASKMOVPS   (AX)(CX*4), Y2, Y6
+	VFMSUB213PS  Y1, Y0, Y6
+	VMAXPS       attnconsts<>+320(SB), Y6, Y0
+	VMINPS       attnconsts<>+352(SB), Y0, Y0
+	VMULPS       attnconsts<>+0(SB), Y0, Y1
+	VROUNDPS     $0x00, Y1, Y1
+	VFNMADD231PS attnconsts<>+32(SB), Y1, Y0
+	VFNMADD231PS attnconsts<>+64(SB), Y1, Y0
+	VMOVUPS      attnconsts<>+96(SB), Y5
+	VFMADD213PS  attnconsts<>+128(SB), Y0, Y5
+	VFMADD213PS  attnconsts<>+160(SB), Y0, Y5
+	VFMADD213PS  attnconsts<>+192(SB), Y0, Y5
+	VFMADD213PS  attnconsts<>+224(SB), Y0, Y5
+	VFMADD213PS  attnconsts<>+256(SB), Y0, Y5
+	VMULPS       Y0, Y0, Y7
+	VFMADD213PS  Y0, Y7, Y5
+	VADDPS       attnconsts<>+288(SB), Y5, Y5
+	VCVTPS2DQ    Y1, Y1
+	VPADDD       attnconsts<>+384(SB), Y1, Y1
+	VPSLLD       $0x17, Y1, Y1
+	VMULPS       Y1, Y5, Y5
+	VCMPPS       $0x1d, attnconsts<>+320(SB), Y6, Y0
+	VANDPS       Y0, Y5, Y5
+	VANDPS       Y2, Y5, Y5
+	VMASKMOVPS   Y5, Y2, (AX)(CX*4)
+	VCVTPS2PD    X5, Y0
+	VADDPD       Y0, Y3, Y3
+	VEXTRACTF128 $0x01, Y5, X0
+	VCVTPS2PD    X0, Y0
+	VADDPD       Y0, Y4, Y4
+	VADDPD       Y4, Y3, Y3
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPD       X0, X3, X0
+	VHADDPD      X0, X0, X0
+	MOVSD        X0, ret+32(FP)
 	VZEROUPPER
 	RET
 

@@ -12,6 +12,19 @@ package cpu
 //go:noescape
 func softmaxF32(x []float32, scale float32)
 
+// scaledMaxF32 returns the largest x[i]·scale (each product rounded to
+// float32), −inf for an empty x: scaledMax (attention.go).
+//
+//go:noescape
+func scaledMaxF32(x []float32, scale float32) float32
+
+// expSumF32 sets x[i] = exp(x[i]·scale − m) (one fused multiply-subtract,
+// then expPS; lanes below −87 are 0) and returns their sum in float64
+// (eight lanes, in some order): expSum (attention.go).
+//
+//go:noescape
+func expSumF32(x []float32, scale float32, m float32) float64
+
 // swigluF32 sets y[i] = silu(g[i])·u[i] = g[i]·u[i] / (1 + exp(−g[i])) for
 // i < len(g), exp as expPS (its argument clamped to [−87, 88]). y may be g.
 //
