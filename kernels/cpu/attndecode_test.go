@@ -18,12 +18,19 @@ import (
 func BenchmarkAttnDecodeCold(b *testing.B) { benchAttnDecode(b, 640, 28) }
 
 // BenchmarkAttnDecodeOld is the decode benchmarks on rowsByHeads (the
-// decode path before session 16), interleaved with the current one.
+// decode path before session 16) and on rows, one after the other: at
+// context 640 cold and warm, then cold at contexts from 16 to 4,096 (28
+// layers, or as many as make 300 MB).
 func BenchmarkAttnDecodeOld(b *testing.B) {
-	for _, c := range []struct {
+	type bench struct {
 		name        string
 		ctx, layers int
-	}{{"cold", 640, 28}, {"warm", 640, 1}, {"ctx64", 64, 28}, {"ctx2048", 2048, 28}} {
+	}
+	cases := []bench{{"cold", 640, 28}, {"warm", 640, 1}}
+	for _, ctx := range []int{16, 128, 512, 2048, 4096} {
+		cases = append(cases, bench{fmt.Sprintf("ctx%d", ctx), ctx, min(28, 300<<20/(4*ctx*1024))})
+	}
+	for _, c := range cases {
 		for _, old := range []bool{true, false} {
 			b.Run(fmt.Sprintf("%s/old=%v", c.name, old), func(b *testing.B) {
 				if old {
@@ -39,13 +46,6 @@ func BenchmarkAttnDecodeOld(b *testing.B) {
 // BenchmarkAttnDecodeWarm is BenchmarkAttnDecodeCold over one layer's
 // cache, read again every call (2.6 MB: from the last-level cache).
 func BenchmarkAttnDecodeWarm(b *testing.B) { benchAttnDecode(b, 640, 1) }
-
-// BenchmarkAttnDecodeCtx is BenchmarkAttnDecodeCold at other contexts.
-func BenchmarkAttnDecodeCtx(b *testing.B) {
-	for _, ctx := range []int{64, 512, 2048, 4096} {
-		b.Run(fmt.Sprint(ctx), func(b *testing.B) { benchAttnDecode(b, ctx, 28) })
-	}
-}
 
 // benchAttnDecode is the decode benchmarks at context ctx over layers
 // layers' caches.
