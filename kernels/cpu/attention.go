@@ -202,9 +202,10 @@ func (a *attnCall) rows(rows []int32) {
 
 // prefetchBlocks is how many blocks ahead of the one it reads a rows item
 // prefetches, a KV head at a time (about 4 KiB each for Qwen3-0.6B, spread
-// over the block's work): on the Zen 5, 2 blocks ahead in these small
-// steps ran BenchmarkAttnDecodeCold in 0.6–0.7 of the time whole blocks one
-// ahead took (session 16), and without prefetching it took 1.2×.
+// over the block's work): on the Zen 5 BenchmarkAttnDecodeCold took 155
+// µs so, 173 one block ahead, 200 three ahead, 231 prefetching whole
+// blocks one ahead at once (the path before) and 296 with no prefetch
+// (session 16, BENCHMARKS.md §13).
 const prefetchBlocks = 2
 
 // prefetchAhead asks for KV head kvh's part of the rows of the block
