@@ -348,13 +348,20 @@ func swigluKernel() {
 	RET()
 }
 
-// pvWidth is the columns one pass of attnPV<dt>R<rows> accumulates: 8
-// accumulators either way.
-func pvWidth(rows int) int { return 64 / rows }
+// pvWidth is the columns one pass of attnPV<dt>R<rows><suffix> accumulates:
+// 8 ymm accumulators in all for AVX2, 8 zmm a row for AVX-512 (a head of
+// 128 in one pass).
+func pvWidth(rows int, a isa) int {
+	if a.lanes == 16 {
+		return 128
+	}
+	return 64 / rows
+}
 
-func pvKernel(d dtype, rows int) {
-	name := fmt.Sprintf("attnPV%sR%d", d.name, rows)
-	W := pvWidth(rows)
+func pvKernel(d dtype, rows int, a isa) {
+	name := fmt.Sprintf("attnPV%sR%d%s", d.name, rows, a.suffix)
+	W := pvWidth(rows, a)
+	L := a.lanes
 	TEXT(name, NOSPLIT, "func(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)")
 	Doc(
 		fmt.Sprintf("%s adds P·V to o for %d probability rows of P over the value rows", name, rows),
@@ -391,18 +398,18 @@ func pvKernel(d dtype, rows int) {
 		op, pp = append(op, o1), append(pp, p1)
 	}
 	c, j, e, vc := GP64(), GP64(), GP64(), GP64()
-	c8 := &consts{isa: isas[0]}
+	c8 := &consts{isa: a}
 	acc := make([][]VecVirtual, rows)
 	for r := range acc {
-		for range W / 8 {
-			acc[r] = append(acc[r], YMM())
+		for range W / L {
+			acc[r] = append(acc[r], a.vec())
 		}
 	}
 	XORQ(c, c)
 	Label(name + "_chunk")
 	for r := range acc {
-		for q, a := range acc[r] {
-			VMOVUPS(Mem{Base: op[r], Index: c, Scale: 4, Disp: 32 * q}, a)
+		for q, v := range acc[r] {
+			VMOVUPS(Mem{Base: op[r], Index: c, Scale: 4, Disp: 4 * L * q}, v)
 		}
 	}
 	LEAQ(Mem{Base: vb, Index: c, Scale: uint8(d.size)}, vc)
@@ -413,12 +420,12 @@ func pvKernel(d dtype, rows int) {
 	MOVQ(Mem{Base: offs, Index: j, Scale: 8}, e)
 	bc := make([]VecVirtual, rows)
 	for r := range bc {
-		bc[r] = YMM()
+		bc[r] = a.vec()
 		VBROADCASTSS(Mem{Base: pp[r], Index: j, Scale: 4}, bc[r])
 	}
-	for q := range W / 8 {
-		t := YMM()
-		d.vec(Mem{Base: vc, Index: e, Scale: uint8(d.size), Disp: 8 * d.size * q}, t, c8)
+	for q := range W / L {
+		t := a.vec()
+		d.vec(Mem{Base: vc, Index: e, Scale: uint8(d.size), Disp: L * d.size * q}, t, c8)
 		for r := range rows {
 			VFMADD231PS(t, bc[r], acc[r][q])
 		}
@@ -427,8 +434,8 @@ func pvKernel(d dtype, rows int) {
 	JMP(LabelRef(name + "_key"))
 	Label(name + "_store")
 	for r := range acc {
-		for q, a := range acc[r] {
-			VMOVUPS(a, Mem{Base: op[r], Index: c, Scale: 4, Disp: 32 * q})
+		for q, v := range acc[r] {
+			VMOVUPS(v, Mem{Base: op[r], Index: c, Scale: 4, Disp: 4 * L * q})
 		}
 	}
 	ADDQ(U8(W), c)
@@ -546,8 +553,10 @@ func attnKernels() {
 	normScaleKernel(false)
 	normScaleKernel(true)
 	for _, d := range dtypes[:2] { // F32 and BF16: the KV cache's dtypes
-		for _, r := range []int{1, 2} {
-			pvKernel(d, r)
+		for _, a := range isas {
+			for _, r := range []int{1, 2} {
+				pvKernel(d, r, a)
+			}
 		}
 		prefetchKernel(d)
 	}

@@ -133,11 +133,19 @@ func TestSwiGLUMatchesRef(t *testing.T) {
 	}
 }
 
-// TestPVMatchesGo checks the attnPV kernels (through pv) against pvGo:
-// both sum over the keys in order, so they differ only by the fused
-// multiply-add's rounding.
+// TestPVMatchesGo checks the attnPV kernels (through pv, AVX-512 where
+// the CPU has it and with it switched off) against pvGo: both sum over the
+// keys in order, so they differ only by the fused multiply-add's rounding.
 func TestPVMatchesGo(t *testing.T) {
 	skipNoAVX2(t)
+	t.Run("AVX512", testPVMatchesGo)
+	t.Run("AVX2", func(t *testing.T) {
+		defer cpuinfo.DisableAVX512()()
+		testPVMatchesGo(t)
+	})
+}
+
+func testPVMatchesGo(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		for _, hd := range []int{32, 64, 96, 128, 256} {

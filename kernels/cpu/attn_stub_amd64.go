@@ -89,6 +89,44 @@ func attnPVF32R1(o []float32, ldo int, p []float32, ldp int, v []byte, offs []in
 //go:noescape
 func attnPVF32R2(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
 
+// attnPVF32R1AVX512 adds P·V to o for 1 probability rows of P over the value rows
+// at element offsets offs of v, in F32:
+//
+//	for r := range 1 {
+//		for c := range hd {
+//			sum := o[r*ldo+c]
+//			for i, e := range offs {
+//				j := e + c
+//				sum += p[r*ldp+i] * math.Float32frombits(binary.LittleEndian.Uint32(v[4*j:]))
+//			}
+//			o[r*ldo+c] = sum
+//		}
+//	}
+//
+// hd is a multiple of 128; the caller guarantees the bounds.
+//
+//go:noescape
+func attnPVF32R1AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+
+// attnPVF32R2AVX512 adds P·V to o for 2 probability rows of P over the value rows
+// at element offsets offs of v, in F32:
+//
+//	for r := range 2 {
+//		for c := range hd {
+//			sum := o[r*ldo+c]
+//			for i, e := range offs {
+//				j := e + c
+//				sum += p[r*ldp+i] * math.Float32frombits(binary.LittleEndian.Uint32(v[4*j:]))
+//			}
+//			o[r*ldo+c] = sum
+//		}
+//	}
+//
+// hd is a multiple of 128; the caller guarantees the bounds.
+//
+//go:noescape
+func attnPVF32R2AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+
 // prefetchRowsF32 asks for the cache lines of the F32 elements [e, e+n) of b
 // into L1 for every e in offs (PREFETCHT0 every 64 bytes); it reads
 // nothing and cannot fault.
@@ -133,6 +171,44 @@ func attnPVBF16R1(o []float32, ldo int, p []float32, ldp int, v []byte, offs []i
 //
 //go:noescape
 func attnPVBF16R2(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+
+// attnPVBF16R1AVX512 adds P·V to o for 1 probability rows of P over the value rows
+// at element offsets offs of v, in BF16:
+//
+//	for r := range 1 {
+//		for c := range hd {
+//			sum := o[r*ldo+c]
+//			for i, e := range offs {
+//				j := e + c
+//				sum += p[r*ldp+i] * kernels.BF16ToF32(binary.LittleEndian.Uint16(v[2*j:]))
+//			}
+//			o[r*ldo+c] = sum
+//		}
+//	}
+//
+// hd is a multiple of 128; the caller guarantees the bounds.
+//
+//go:noescape
+func attnPVBF16R1AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+
+// attnPVBF16R2AVX512 adds P·V to o for 2 probability rows of P over the value rows
+// at element offsets offs of v, in BF16:
+//
+//	for r := range 2 {
+//		for c := range hd {
+//			sum := o[r*ldo+c]
+//			for i, e := range offs {
+//				j := e + c
+//				sum += p[r*ldp+i] * kernels.BF16ToF32(binary.LittleEndian.Uint16(v[2*j:]))
+//			}
+//			o[r*ldo+c] = sum
+//		}
+//	}
+//
+// hd is a multiple of 128; the caller guarantees the bounds.
+//
+//go:noescape
+func attnPVBF16R2AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
 
 // prefetchRowsBF16 asks for the cache lines of the BF16 elements [e, e+n) of b
 // into L1 for every e in offs (PREFETCHT0 every 64 bytes); it reads
