@@ -3,9 +3,11 @@ package main
 // The AVX2/FMA kernels of CPU attention and the elementwise ops
 // (attn_amd64.s, attn_stub_amd64.go; `-set attn`): a vectorised float32 exp
 // (Cephes expf, the polynomial of kernels/cpu's expf), the softmax of one
-// score row, SwiGLU, and the P·V accumulation of one or two probability
-// rows over value rows found through a table of element offsets (the paged
-// cache's slots), read in F32 or BF16 and widened in registers.
+// score row and its two halves for split decode attention (the scaled
+// maximum; the exponentials and their sum), SwiGLU, and the P·V
+// accumulation of one or two probability rows over value rows found
+// through a table of element offsets (the paged cache's slots), read in
+// F32 or BF16 and widened in registers (P·V also in AVX-512).
 //
 // Loop tails run as masked vectors (VMASKMOVPS with a mask read from
 // tailMask at an offset of the remaining count), so no kernel has scalar
