@@ -3,9 +3,11 @@ package main
 // The AVX2/FMA kernels of CPU attention and the elementwise ops
 // (attn_amd64.s, attn_stub_amd64.go; `-set attn`): a vectorised float32 exp
 // (Cephes expf, the polynomial of kernels/cpu's expf), the softmax of one
-// score row, SwiGLU, and the P·V accumulation of one or two probability
-// rows over value rows found through a table of element offsets (the paged
-// cache's slots), read in F32 or BF16 and widened in registers.
+// score row and its two halves for split decode attention (the scaled
+// maximum; the exponentials and their sum), SwiGLU, and the P·V
+// accumulation of one or two probability rows over value rows found
+// through a table of element offsets (the paged cache's slots), read in
+// F32 or BF16 and widened in registers (P·V also in AVX-512).
 //
 // Loop tails run as masked vectors (VMASKMOVPS with a mask read from
 // tailMask at an offset of the remaining count), so no kernel has scalar
@@ -205,18 +207,46 @@ func softmaxKernel() {
 		"float32(1/sum). x·scale − max is one fused multiply-subtract.",
 	)
 	Pragma("noescape")
-	x := Load(Param("x").Base(), GP64())
-	n := Load(Param("x").Len(), GP64())
-	sx := Load(Param("scale"), XMM())
-	sv := YMM()
-	VBROADCASTSS(sx, sv)
+	x, n, sv := rowArgs()
 	l := newLanes(n)
+	m := scaledMax(l, x, sv, "softmax_max")
+	h := expSum(l, x, sv, m, "softmax_exp")
 
+	Comment("inv = float32(1/sum); x *= inv.")
+	one := XMM()
+	VCVTSS2SD(constVec(cOne), one, one)
+	VDIVSD(h, one, h)
+	VCVTSD2SS(h, h, h)
+	inv, t := YMM(), YMM()
+	VBROADCASTSS(h, inv)
+	l.loop("softmax_scale", func() {
+		l.load(l.at(x), t)
+		VMULPS(t, inv, t)
+		l.store(t, l.at(x))
+	})
+	VZEROUPPER()
+	RET()
+}
+
+// rowArgs loads a row kernel's x (its base and length) and its scale,
+// broadcast to every lane.
+func rowArgs() (x, n Register, sv VecVirtual) {
+	x = Load(Param("x").Base(), GP64())
+	n = Load(Param("x").Len(), GP64())
+	sx := Load(Param("scale"), XMM())
+	sv = YMM()
+	VBROADCASTSS(sx, sv)
+	return x, n, sv
+}
+
+// scaledMax emits the largest x·scale of the row at x (sv: scale in every
+// lane) into every lane of the returned vector; −inf for an empty row.
+func scaledMax(l *lanes, x Register, sv VecVirtual, name string) VecVirtual {
 	Comment("The largest x·scale.")
 	m, t, ninf := YMM(), YMM(), YMM()
 	VMOVUPS(constVec(cNegInf), ninf)
 	VMOVUPS(ninf, m)
-	l.loop("softmax_max", func() {
+	l.loop(name, func() {
 		l.load(l.at(x), t)
 		VMULPS(t, sv, t)
 		if l.tail {
@@ -225,12 +255,18 @@ func softmaxKernel() {
 		VMAXPS(t, m, m)
 	})
 	hmaxPS(m)
+	return m
+}
 
-	Comment("x = exp(x·scale − max), summed in float64.")
-	s0, s1, e := YMM(), YMM(), YMM()
+// expSum emits x = exp(x·scale − m) over the row at x (sv, m: scale and
+// the subtrahend in every lane), lanes below −87 0, and returns their sum
+// in float64 (low lane of the returned register).
+func expSum(l *lanes, x Register, sv, m VecVirtual, name string) VecVirtual {
+	Comment("x = exp(x·scale − m), summed in float64.")
+	s0, s1, e, t := YMM(), YMM(), YMM(), YMM()
 	VXORPD(s0, s0, s0)
 	VXORPD(s1, s1, s1)
-	l.loop("softmax_exp", func() {
+	l.loop(name, func() {
 		l.load(l.at(x), t)
 		VFMSUB213PS(m, sv, t)
 		expPS(t, e, true)
@@ -240,24 +276,47 @@ func softmaxKernel() {
 		l.store(e, l.at(x))
 		addPD(e, s0, s1)
 	})
-
-	Comment("inv = float32(1/sum); x *= inv.")
 	VADDPD(s1, s0, s0)
 	h := XMM()
 	VEXTRACTF128(U8(1), s0, h)
 	VADDPD(h, s0.AsX(), h)
 	VHADDPD(h, h, h)
-	one := XMM()
-	VCVTSS2SD(constVec(cOne), one, one)
-	VDIVSD(h, one, h)
-	VCVTSD2SS(h, h, h)
-	inv := YMM()
-	VBROADCASTSS(h, inv)
-	l.loop("softmax_scale", func() {
-		l.load(l.at(x), t)
-		VMULPS(t, inv, t)
-		l.store(t, l.at(x))
-	})
+	return h
+}
+
+// scaledMaxKernel is scaledMax as a function.
+func scaledMaxKernel() {
+	TEXT("scaledMaxF32", NOSPLIT, "func(x []float32, scale float32) float32")
+	Doc(
+		"scaledMaxF32 returns the largest x[i]·scale (each product rounded to",
+		"float32), −inf for an empty x: scaledMax (attention.go).",
+	)
+	Pragma("noescape")
+	x, n, sv := rowArgs()
+	m := scaledMax(newLanes(n), x, sv, "smax")
+	Store(m.AsX(), ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}
+
+// expSumKernel is expSum as a function.
+func expSumKernel() {
+	TEXT("expSumF32", NOSPLIT, "func(x []float32, scale, m float32) float64")
+	Doc(
+		"expSumF32 sets x[i] = exp(x[i]·scale − m) (one fused multiply-subtract,",
+		"then expPS; lanes below −87 are 0) and returns their sum in float64",
+		"(eight lanes, in some order): expSum (attention.go).",
+	)
+	Pragma("noescape")
+	x := Load(Param("x").Base(), GP64())
+	n := Load(Param("x").Len(), GP64())
+	sx := Load(Param("scale"), XMM())
+	mx := Load(Param("m"), XMM())
+	sv, mv := YMM(), YMM()
+	VBROADCASTSS(sx, sv)
+	VBROADCASTSS(mx, mv)
+	h := expSum(newLanes(n), x, sv, mv, "expsum")
+	Store(h, ReturnIndex(0))
 	VZEROUPPER()
 	RET()
 }
@@ -291,13 +350,20 @@ func swigluKernel() {
 	RET()
 }
 
-// pvWidth is the columns one pass of attnPV<dt>R<rows> accumulates: 8
-// accumulators either way.
-func pvWidth(rows int) int { return 64 / rows }
+// pvWidth is the columns one pass of attnPV<dt>R<rows><suffix> accumulates:
+// 8 ymm accumulators in all for AVX2, 8 zmm a row for AVX-512 (a head of
+// 128 in one pass).
+func pvWidth(rows int, a isa) int {
+	if a.lanes == 16 {
+		return 128
+	}
+	return 64 / rows
+}
 
-func pvKernel(d dtype, rows int) {
-	name := fmt.Sprintf("attnPV%sR%d", d.name, rows)
-	W := pvWidth(rows)
+func pvKernel(d dtype, rows int, a isa) {
+	name := fmt.Sprintf("attnPV%sR%d%s", d.name, rows, a.suffix)
+	W := pvWidth(rows, a)
+	L := a.lanes
 	TEXT(name, NOSPLIT, "func(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)")
 	Doc(
 		fmt.Sprintf("%s adds P·V to o for %d probability rows of P over the value rows", name, rows),
@@ -334,18 +400,18 @@ func pvKernel(d dtype, rows int) {
 		op, pp = append(op, o1), append(pp, p1)
 	}
 	c, j, e, vc := GP64(), GP64(), GP64(), GP64()
-	c8 := &consts{isa: isas[0]}
+	c8 := &consts{isa: a}
 	acc := make([][]VecVirtual, rows)
 	for r := range acc {
-		for range W / 8 {
-			acc[r] = append(acc[r], YMM())
+		for range W / L {
+			acc[r] = append(acc[r], a.vec())
 		}
 	}
 	XORQ(c, c)
 	Label(name + "_chunk")
 	for r := range acc {
-		for q, a := range acc[r] {
-			VMOVUPS(Mem{Base: op[r], Index: c, Scale: 4, Disp: 32 * q}, a)
+		for q, v := range acc[r] {
+			VMOVUPS(Mem{Base: op[r], Index: c, Scale: 4, Disp: 4 * L * q}, v)
 		}
 	}
 	LEAQ(Mem{Base: vb, Index: c, Scale: uint8(d.size)}, vc)
@@ -356,12 +422,12 @@ func pvKernel(d dtype, rows int) {
 	MOVQ(Mem{Base: offs, Index: j, Scale: 8}, e)
 	bc := make([]VecVirtual, rows)
 	for r := range bc {
-		bc[r] = YMM()
+		bc[r] = a.vec()
 		VBROADCASTSS(Mem{Base: pp[r], Index: j, Scale: 4}, bc[r])
 	}
-	for q := range W / 8 {
-		t := YMM()
-		d.vec(Mem{Base: vc, Index: e, Scale: uint8(d.size), Disp: 8 * d.size * q}, t, c8)
+	for q := range W / L {
+		t := a.vec()
+		d.vec(Mem{Base: vc, Index: e, Scale: uint8(d.size), Disp: L * d.size * q}, t, c8)
 		for r := range rows {
 			VFMADD231PS(t, bc[r], acc[r][q])
 		}
@@ -370,8 +436,8 @@ func pvKernel(d dtype, rows int) {
 	JMP(LabelRef(name + "_key"))
 	Label(name + "_store")
 	for r := range acc {
-		for q, a := range acc[r] {
-			VMOVUPS(a, Mem{Base: op[r], Index: c, Scale: 4, Disp: 32 * q})
+		for q, v := range acc[r] {
+			VMOVUPS(v, Mem{Base: op[r], Index: c, Scale: 4, Disp: 4 * L * q})
 		}
 	}
 	ADDQ(U8(W), c)
@@ -482,13 +548,17 @@ func normScaleKernel(offset bool) {
 func attnKernels() {
 	attnData()
 	softmaxKernel()
+	scaledMaxKernel()
+	expSumKernel()
 	swigluKernel()
 	sumSquaresKernel()
 	normScaleKernel(false)
 	normScaleKernel(true)
 	for _, d := range dtypes[:2] { // F32 and BF16: the KV cache's dtypes
-		for _, r := range []int{1, 2} {
-			pvKernel(d, r)
+		for _, a := range isas {
+			for _, r := range []int{1, 2} {
+				pvKernel(d, r, a)
+			}
 		}
 		prefetchKernel(d)
 	}

@@ -14,8 +14,8 @@ import (
 // prefillRows rows (a prompt chunk) runs as two matrix products per KV head
 // and query tile, each tile reading only the keys its last row can see
 // (causal skipping); the other rows (decode, short verification chunks) run
-// one (row, KV head) item per task, the group's query heads together,
-// scores from the matmul tiles straight off the F32 or BF16 cache.
+// as (row, range of blocks) items, split-KV: scores from the matmul tiles
+// straight off the F32 or BF16 cache, the ranges' partial softmaxes merged.
 
 // prefillRows is the chunk length from which a sequence's attention runs as
 // matrix products.
@@ -79,10 +79,15 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		a.chunk(lo, hi)
 		return true
 	})
-	if len(short) > 0 {
+	if len(short) > 0 && rowsHook != nil {
+		rowsHook(&a, short)
+	} else if len(short) > 0 {
 		a.rows(short)
 	}
 }
+
+// rowsHook, set by the benchmarks that compare, replaces rows.
+var rowsHook func(a *attnCall, rows []int32)
 
 // seqRuns calls whole for every run [lo, hi) of consecutive rows of one
 // sequence (seq holds each row's sequence) and returns, in order, the rows
@@ -112,108 +117,247 @@ func (a *attnCall) table(s int32) []int32 {
 	return a.blocks[int(s)*a.maxBlocks : (int(s)+1)*a.maxBlocks]
 }
 
-// rows computes the given rows one (row, part of the KV heads) item at a
-// time: scores off the cache with the matmul tiles, softmax, then P·V by
-// pv over the value rows at the row's slots. An item walks the cache block
-// by block, every KV head of its part within a block, so that it reads each
-// slot's keys and values of those heads as one contiguous run: the
-// hardware prefetchers follow that, where one head at a time would stride
-// through the whole layer once per head. Parts split the heads so that a
-// single row still keeps every worker busy.
+// rows computes the given rows (decode rows, short verification chunks)
+// as (row, split) items, flash-decoding style: a split is a range of
+// whole blocks of the row's positions, and its item walks them block by
+// block, reading every KV head of a block's keys (whole slot rows, one
+// contiguous run a block) for the scores off the matmul tiles, then per
+// query head the split's largest scaled score m and l = Σ exp(s·scale −
+// m) (the scores become those exponentials), then the block's values the
+// same way for o = Σ exp(s·scale − m)·v by pv. A row of one split is
+// o/l; a row of several is merged once they are all done: out =
+// Σ e^(m−M)·o / Σ e^(m−M)·l over its splits, M their largest m. A row
+// splits over the workers it would otherwise leave idle (threads/rows
+// splits), so that a batch-1 step reads each worker's own contiguous run
+// of the cache, where splitting the heads would have every worker stride
+// through every slot row.
 func (a *attnCall) rows(rows []int32) {
-	maxLen := 0
+	nb := 0 // blocks of the longest row
 	for _, i := range rows {
-		maxLen = max(maxLen, int(a.pos[i])+1)
+		nb = max(nb, (int(a.pos[i])+a.bs)/a.bs)
 	}
-	parts := min(a.kvh, max(1, a.b.Threads()/len(rows)))
-	tiles := tilesFor(a.dt)
-	esz := a.dt.Size()
-	kw := a.kvh * a.hd
-	hd, grp := a.hd, a.grp
-	vdp := a.gemmScores() && hd%32 == 0 // scores on the gemm tiles, the queries rounded
-	a.b.Parallel(len(rows)*parts, func(lo, hi int) {
-		sc := make([]float32, (a.kvh+parts-1)/parts*grp*maxLen) // (heads of the part, len) scores, then probabilities
-		offs := make([]int, maxLen)                             // element offsets of the row's positions in a cache layer
-		var qb []uint16                                         // (heads of the part, hd) queries rounded, for vdp
-		if vdp {
-			qb = make([]uint16, (a.kvh+parts-1)/parts*grp*hd)
+	splits := min(nb, max(1, a.b.Threads()/len(rows)))
+	span := (nb + splits - 1) / splits * a.bs // positions of the longest split
+	hd, nh := a.hd, a.heads
+	var ps *decodeScratch
+	var part, stat []float32
+	if splits > 1 {
+		ps = decodePool.Get().(*decodeScratch)
+		defer decodePool.Put(ps)
+		part = grow(&ps.sc, len(rows)*splits*nh*hd) // (row, split, head, hd) unnormalised outputs
+		stat = grow(&ps.inv, len(rows)*splits*nh*2) // (row, split, head) m and l
+	}
+	a.b.Parallel(len(rows)*splits, func(lo, hi int) {
+		s := decodePool.Get().(*decodeScratch)
+		defer decodePool.Put(s)
+		sc := grow(&s.sc, nh*span) // (heads, n) scores, then exponentials
+		if cap(s.offs) < span {
+			s.offs = make([]int, span)
 		}
-		last := -1
 		for item := lo; item < hi; item++ {
-			i, part := int(rows[item/parts]), item%parts
-			k0, k1 := part*a.kvh/parts, (part+1)*a.kvh/parts // KV heads [k0, k1)
-			bt := a.table(a.seq[i])
+			i, sp := int(rows[item/splits]), item%splits
 			ln := int(a.pos[i]) + 1
-			if i != last {
-				a.offsets(offs[:ln], bt)
-				last = i
+			rb := (ln + a.bs - 1) / a.bs // the row's blocks
+			p0, p1 := sp*rb/splits*a.bs, min(ln, (sp+1)*rb/splits*a.bs)
+			o := a.out[i*nh*hd : (i+1)*nh*hd] // (heads, hd)
+			var st []float32
+			if splits > 1 {
+				o = part[item*nh*hd : (item+1)*nh*hd]
+				st = stat[item*nh*2 : (item+1)*nh*2]
 			}
-			// Scores, block by block: keys of a block are kw apart. The
-			// part's heads stack as (kvh−k0)·grp + g.
-			run := (k1 - k0) * hd // elements of a slot the item reads
-			if vdp {
-				q := a.q[(i*a.heads+k0*grp)*hd : (i*a.heads+k1*grp)*hd]
-				roundBF16(qb[:len(q)], q)
-			}
-			for p0 := 0; p0 < ln; p0 += a.bs {
-				nk := min(a.bs, ln-p0)
-				if next := p0 + a.bs; next < ln { // the next block's keys, else the first values
-					prefetchRows(a.dt, a.kraw[k0*hd*esz:], offs[next:min(next+a.bs, ln)], run)
-				} else {
-					prefetchRows(a.dt, a.vraw[k0*hd*esz:], offs[:min(a.bs, ln)], run)
-				}
-				for kvh := k0; kvh < k1; kvh++ {
-					w := a.kraw[(offs[p0]+kvh*hd)*esz:]
-					qg := a.q[(i*a.heads+kvh*grp)*hd : (i*a.heads+(kvh+1)*grp)*hd] // (group, hd)
-					sg := sc[(kvh-k0)*grp*ln:]
-					if vdp {
-						a.scoresVDP(sg[p0:], ln, qb[(kvh-k0)*grp*hd:], w, nk)
-						continue
-					}
-					g := 0
-					for ; g+2 <= grp; g += 2 {
-						x, y := qg[g*hd:], sg[g*ln+p0:]
-						j := 0
-						for ; j+4 <= nk; j += 4 {
-							tiles.r2c4(y[j:], ln, x, hd, w[j*kw*esz:], kw, hd)
-						}
-						for ; j < nk; j++ {
-							tiles.r2c1(y[j:], ln, x, hd, w[j*kw*esz:], kw, hd)
-						}
-					}
-					for ; g < grp; g++ {
-						x, y := qg[g*hd:], sg[g*ln+p0:]
-						for j := range nk {
-							tiles.r1c1(y[j:], 1, x, hd, w[j*kw*esz:], kw, hd)
-						}
-					}
-				}
-			}
-			nh := (k1 - k0) * grp
-			for r := range nh {
-				softmaxRow(sc[r*ln:(r+1)*ln], a.scale)
-			}
-			o := a.out[(i*a.heads+k0*grp)*hd : (i*a.heads+k1*grp)*hd] // (heads of the part, hd)
 			clear(o)
-			for p0 := 0; p0 < ln; p0 += a.bs {
-				blk := offs[p0:min(p0+a.bs, ln)]
-				if next := p0 + a.bs; next < ln {
-					prefetchRows(a.dt, a.vraw[k0*hd*esz:], offs[next:min(next+a.bs, ln)], run)
+			if p0 >= p1 { // a short row's empty split
+				clear(st)
+				continue
+			}
+			n := p1 - p0
+			offs := s.offs[:n]
+			a.offsets(offs, a.table(a.seq[i])[p0/a.bs:])
+			a.splitScores(s, sc[:nh*n], i, offs)
+			inv := grow(&s.inv, nh) // one split's 1/l by head
+			for h := range nh {
+				x := sc[h*n : (h+1)*n]
+				m := scaledMax(x, a.scale)
+				l := expSum(x, a.scale, m)
+				if splits == 1 {
+					inv[h] = float32(1 / l)
+				} else {
+					st[2*h], st[2*h+1] = m, float32(l)
 				}
-				for kvh := k0; kvh < k1; kvh++ {
-					v := a.vraw[kvh*hd*esz:]
-					r0 := (kvh - k0) * grp
-					g := 0
-					for ; g+2 <= grp; g += 2 {
-						pv(a.dt, o[(r0+g)*hd:], hd, sc[(r0+g)*ln+p0:], ln, v, blk, hd, 2)
-					}
-					if g < grp {
-						pv(a.dt, o[(r0+g)*hd:], hd, sc[(r0+g)*ln+p0:], ln, v, blk, hd, 1)
-					}
+			}
+			a.splitPV(o, sc[:nh*n], offs)
+			if splits == 1 {
+				for h := range nh {
+					scale(o[h*hd:(h+1)*hd], o[h*hd:(h+1)*hd], inv[h])
 				}
 			}
 		}
 	})
+	if splits > 1 {
+		for r, i := range rows {
+			a.merge(a.out[int(i)*nh*hd:(int(i)+1)*nh*hd], part[r*splits*nh*hd:(r+1)*splits*nh*hd], stat[r*splits*nh*2:(r+1)*splits*nh*2], splits)
+		}
+	}
+}
+
+// prefetchBlocks is how many blocks ahead of the one it reads a rows item
+// prefetches, a KV head at a time (about 4 KiB each for Qwen3-0.6B, spread
+// over the block's work): on the Zen 5 BenchmarkAttnDecodeCold took 155
+// µs so, 173 one block ahead, 200 three ahead, 231 prefetching whole
+// blocks one ahead at once (the path before) and 296 with no prefetch
+// (session 16, BENCHMARKS.md §13).
+const prefetchBlocks = 2
+
+// prefetchAhead asks for KV head kvh's part of the rows of the block
+// prefetchBlocks ahead of position p0 in data (offs: the split's element
+// offsets, whole blocks but the last), or, past the split's last block,
+// of the first blocks of then (the values after the keys; nil: none).
+func (a *attnCall) prefetchAhead(data, then []byte, offs []int, p0, kvh int) {
+	n, e := len(offs), kvh*a.hd*a.dt.Size()
+	next := p0 + prefetchBlocks*a.bs
+	if next >= n {
+		if then == nil {
+			return
+		}
+		data, next = then, next-roundUp(n, a.bs)
+		if next >= n {
+			return
+		}
+	}
+	prefetchRows(a.dt, data[e:], offs[next:min(next+a.bs, n)], a.hd)
+}
+
+// splitScores sets sc (heads, n) to query row i's scores (unscaled) over
+// the n keys at element offsets offs, block by block (a block's offsets
+// run on, kw apart), every KV head of a block before the next, prefetching
+// ahead (prefetchAhead) the keys, then the first values.
+func (a *attnCall) splitScores(s *decodeScratch, sc []float32, i int, offs []int) {
+	tiles := tilesFor(a.dt)
+	hd, grp, n, kw := a.hd, a.grp, len(offs), a.kvh*a.hd
+	esz := a.dt.Size()
+	vdp := a.gemmScores() && hd%32 == 0 // scores on the gemm tiles, the queries rounded
+	var qb []uint16                     // (heads, hd) queries rounded, for vdp
+	if vdp {
+		qb = growU16(&s.qb, a.heads*hd)
+		roundBF16(qb, a.q[i*a.heads*hd:(i+1)*a.heads*hd])
+	}
+	for p0 := 0; p0 < n; p0 += a.bs {
+		nk := min(a.bs, n-p0)
+		for kvh := range a.kvh {
+			a.prefetchAhead(a.kraw, a.vraw, offs, p0, kvh)
+			w := a.kraw[(offs[p0]+kvh*hd)*esz:]
+			sg := sc[kvh*grp*n+p0:] // the group's heads, n apart
+			if vdp {
+				a.scoresVDP(sg, n, qb[kvh*grp*hd:], w, nk)
+				continue
+			}
+			qg := a.q[(i*a.heads+kvh*grp)*hd : (i*a.heads+(kvh+1)*grp)*hd] // (group, hd)
+			g := 0
+			for ; g+2 <= grp; g += 2 {
+				x, y := qg[g*hd:], sg[g*n:]
+				j := 0
+				for ; j+4 <= nk; j += 4 {
+					tiles.r2c4(y[j:], n, x, hd, w[j*kw*esz:], kw, hd)
+				}
+				for ; j < nk; j++ {
+					tiles.r2c1(y[j:], n, x, hd, w[j*kw*esz:], kw, hd)
+				}
+			}
+			for ; g < grp; g++ {
+				x, y := qg[g*hd:], sg[g*n:]
+				for j := range nk {
+					tiles.r1c1(y[j:], 1, x, hd, w[j*kw*esz:], kw, hd)
+				}
+			}
+		}
+	}
+}
+
+// splitPV adds P (heads, n) · V to o (heads, hd) over the value rows at
+// element offsets offs, block by block, every KV head of a block before
+// the next, two query heads of a group a pv call, prefetching ahead.
+func (a *attnCall) splitPV(o, p []float32, offs []int) {
+	hd, grp, n := a.hd, a.grp, len(offs)
+	esz := a.dt.Size()
+	for p0 := 0; p0 < n; p0 += a.bs {
+		blk := offs[p0:min(p0+a.bs, n)]
+		for kvh := range a.kvh {
+			a.prefetchAhead(a.vraw, nil, offs, p0, kvh)
+			v := a.vraw[kvh*hd*esz:]
+			r0 := kvh * grp
+			g := 0
+			for ; g+2 <= grp; g += 2 {
+				pv(a.dt, o[(r0+g)*hd:], hd, p[(r0+g)*n+p0:], n, v, blk, hd, 2)
+			}
+			if g < grp {
+				pv(a.dt, o[(r0+g)*hd:], hd, p[(r0+g)*n+p0:], n, v, blk, hd, 1)
+			}
+		}
+	}
+}
+
+// merge sets out (heads, hd) to one row's attention from its splits'
+// unnormalised outputs part (splits, heads, hd) and their (m, l) pairs in
+// stat (splits, heads, 2): out = Σ e^(m−M)·o / Σ e^(m−M)·l, M the
+// largest m of the splits with l > 0 (an empty split has l = 0).
+func (a *attnCall) merge(out, part, stat []float32, splits int) {
+	hd, nh := a.hd, a.heads
+	w := make([]float64, splits) // e^(m−M) by split
+	for h := range nh {
+		mx := float32(math.Inf(-1))
+		for s := range splits {
+			if stat[(s*nh+h)*2+1] > 0 {
+				mx = max(mx, stat[(s*nh+h)*2])
+			}
+		}
+		var den float64
+		for s := range splits {
+			w[s] = 0
+			if l := stat[(s*nh+h)*2+1]; l > 0 {
+				w[s] = math.Exp(float64(stat[(s*nh+h)*2] - mx))
+				den += w[s] * float64(l)
+			}
+		}
+		o := out[h*hd : (h+1)*hd]
+		clear(o)
+		for s := range splits {
+			if w[s] != 0 {
+				axpy(o, float32(w[s]/den), part[(s*nh+h)*hd:(s*nh+h+1)*hd])
+			}
+		}
+	}
+}
+
+// decodeScratch is one rows worker's scratch.
+type decodeScratch struct {
+	sc, inv []float32 // scores; 1/l by head (as the caller's: the splits' outputs, their m and l)
+	offs    []int     // the split's key offsets
+	qb      []uint16  // rounded queries
+}
+
+// decodePool recycles decodeScratch between calls and workers.
+var decodePool = sync.Pool{New: func() any { return new(decodeScratch) }}
+
+// scaledMaxGo returns the largest x[i]·scale (each product a float32),
+// −inf for an empty x: the pure-Go twin of scaledMaxF32.
+func scaledMaxGo(x []float32, scale float32) float32 {
+	m := float32(math.Inf(-1))
+	for _, v := range x {
+		m = max(m, v*scale)
+	}
+	return m
+}
+
+// expSumGo sets x[i] = exp(x[i]·scale − m) by expf (0 below −87) and
+// returns their sum in float64: the pure-Go twin of expSumF32.
+func expSumGo(x []float32, scale, m float32) float64 {
+	var sum float64
+	for i, v := range x {
+		e := expf(v*scale - m)
+		x[i] = e
+		sum += float64(e)
+	}
+	return sum
 }
 
 // scoresVDP is rows' scores of one KV head's query group over nk keys of

@@ -186,83 +186,83 @@ softmax_max_tail:
 	VMAXPS       X3, X4, X4
 	VBROADCASTSS X4, Y3
 
-	// x = exp(x·scale − max), summed in float64.
+	// x = exp(x·scale − m), summed in float64.
+	VXORPD Y4, Y4, Y4
 	VXORPD Y5, Y5, Y5
-	VXORPD Y6, Y6, Y6
 	XORQ   CX, CX
 
 softmax_exp:
 	CMPQ         CX, DX
 	JAE          softmax_exp_tail
-	VMOVUPS      (AX)(CX*4), Y4
-	VFMSUB213PS  Y3, Y0, Y4
-	VMAXPS       attnconsts<>+320(SB), Y4, Y7
-	VMINPS       attnconsts<>+352(SB), Y7, Y7
-	VMULPS       attnconsts<>+0(SB), Y7, Y8
+	VMOVUPS      (AX)(CX*4), Y7
+	VFMSUB213PS  Y3, Y0, Y7
+	VMAXPS       attnconsts<>+320(SB), Y7, Y6
+	VMINPS       attnconsts<>+352(SB), Y6, Y6
+	VMULPS       attnconsts<>+0(SB), Y6, Y8
 	VROUNDPS     $0x00, Y8, Y8
-	VFNMADD231PS attnconsts<>+32(SB), Y8, Y7
-	VFNMADD231PS attnconsts<>+64(SB), Y8, Y7
+	VFNMADD231PS attnconsts<>+32(SB), Y8, Y6
+	VFNMADD231PS attnconsts<>+64(SB), Y8, Y6
 	VMOVUPS      attnconsts<>+96(SB), Y9
-	VFMADD213PS  attnconsts<>+128(SB), Y7, Y9
-	VFMADD213PS  attnconsts<>+160(SB), Y7, Y9
-	VFMADD213PS  attnconsts<>+192(SB), Y7, Y9
-	VFMADD213PS  attnconsts<>+224(SB), Y7, Y9
-	VFMADD213PS  attnconsts<>+256(SB), Y7, Y9
-	VMULPS       Y7, Y7, Y10
-	VFMADD213PS  Y7, Y10, Y9
+	VFMADD213PS  attnconsts<>+128(SB), Y6, Y9
+	VFMADD213PS  attnconsts<>+160(SB), Y6, Y9
+	VFMADD213PS  attnconsts<>+192(SB), Y6, Y9
+	VFMADD213PS  attnconsts<>+224(SB), Y6, Y9
+	VFMADD213PS  attnconsts<>+256(SB), Y6, Y9
+	VMULPS       Y6, Y6, Y10
+	VFMADD213PS  Y6, Y10, Y9
 	VADDPS       attnconsts<>+288(SB), Y9, Y9
 	VCVTPS2DQ    Y8, Y8
 	VPADDD       attnconsts<>+384(SB), Y8, Y8
 	VPSLLD       $0x17, Y8, Y8
-	VMULPS       Y8, Y9, Y7
-	VCMPPS       $0x1d, attnconsts<>+320(SB), Y4, Y4
-	VANDPS       Y4, Y7, Y7
-	VMOVUPS      Y7, (AX)(CX*4)
-	VCVTPS2PD    X7, Y4
-	VADDPD       Y4, Y5, Y5
-	VEXTRACTF128 $0x01, Y7, X4
-	VCVTPS2PD    X4, Y4
-	VADDPD       Y4, Y6, Y6
+	VMULPS       Y8, Y9, Y6
+	VCMPPS       $0x1d, attnconsts<>+320(SB), Y7, Y7
+	VANDPS       Y7, Y6, Y6
+	VMOVUPS      Y6, (AX)(CX*4)
+	VCVTPS2PD    X6, Y7
+	VADDPD       Y7, Y4, Y4
+	VEXTRACTF128 $0x01, Y6, X6
+	VCVTPS2PD    X6, Y7
+	VADDPD       Y7, Y5, Y5
 	ADDQ         $0x08, CX
 	JMP          softmax_exp
 
 softmax_exp_tail:
-	VMASKMOVPS   (AX)(CX*4), Y2, Y4
-	VFMSUB213PS  Y3, Y0, Y4
-	VMAXPS       attnconsts<>+320(SB), Y4, Y0
+	VMASKMOVPS   (AX)(CX*4), Y2, Y7
+	VFMSUB213PS  Y3, Y0, Y7
+	VMAXPS       attnconsts<>+320(SB), Y7, Y0
 	VMINPS       attnconsts<>+352(SB), Y0, Y0
 	VMULPS       attnconsts<>+0(SB), Y0, Y3
 	VROUNDPS     $0x00, Y3, Y3
 	VFNMADD231PS attnconsts<>+32(SB), Y3, Y0
 	VFNMADD231PS attnconsts<>+64(SB), Y3, Y0
-	VMOVUPS      attnconsts<>+96(SB), Y7
-	VFMADD213PS  attnconsts<>+128(SB), Y0, Y7
-	VFMADD213PS  attnconsts<>+160(SB), Y0, Y7
-	VFMADD213PS  attnconsts<>+192(SB), Y0, Y7
-	VFMADD213PS  attnconsts<>+224(SB), Y0, Y7
-	VFMADD213PS  attnconsts<>+256(SB), Y0, Y7
+	VMOVUPS      attnconsts<>+96(SB), Y6
+	VFMADD213PS  attnconsts<>+128(SB), Y0, Y6
+	VFMADD213PS  attnconsts<>+160(SB), Y0, Y6
+	VFMADD213PS  attnconsts<>+192(SB), Y0, Y6
+	VFMADD213PS  attnconsts<>+224(SB), Y0, Y6
+	VFMADD213PS  attnconsts<>+256(SB), Y0, Y6
 	VMULPS       Y0, Y0, Y8
-	VFMADD213PS  Y0, Y8, Y7
-	VADDPS       attnconsts<>+288(SB), Y7, Y7
+	VFMADD213PS  Y0, Y8, Y6
+	VADDPS       attnconsts<>+288(SB), Y6, Y6
 	VCVTPS2DQ    Y3, Y3
 	VPADDD       attnconsts<>+384(SB), Y3, Y3
 	VPSLLD       $0x17, Y3, Y3
-	VMULPS       Y3, Y7, Y7
-	VCMPPS       $0x1d, attnconsts<>+320(SB), Y4, Y0
-	VANDPS       Y0, Y7, Y7
-	VANDPS       Y2, Y7, Y7
-	VMASKMOVPS   Y7, Y2, (AX)(CX*4)
-	VCVTPS2PD    X7, Y0
-	VADDPD       Y0, Y5, Y5
-	VEXTRACTF128 $0x01, Y7, X0
+	VMULPS       Y3, Y6, Y6
+	VCMPPS       $0x1d, attnconsts<>+320(SB), Y7, Y0
+	VANDPS       Y0, Y6, Y6
+	VANDPS       Y2, Y6, Y6
+	VMASKMOVPS   Y6, Y2, (AX)(CX*4)
+	VCVTPS2PD    X6, Y0
+	VADDPD       Y0, Y4, Y4
+	VEXTRACTF128 $0x01, Y6, X0
 	VCVTPS2PD    X0, Y0
-	VADDPD       Y0, Y6, Y6
+	VADDPD       Y0, Y5, Y5
+	VADDPD       Y5, Y4, Y4
+	VEXTRACTF128 $0x01, Y4, X0
+	VADDPD       X0, X4, X0
+	VHADDPD      X0, X0, X0
 
 	// inv = float32(1/sum); x *= inv.
-	VADDPD       Y6, Y5, Y5
-	VEXTRACTF128 $0x01, Y5, X0
-	VADDPD       X0, X5, X0
-	VHADDPD      X0, X0, X0
 	VCVTSS2SD    attnconsts<>+288(SB), X1, X1
 	VDIVSD       X0, X1, X0
 	VCVTSD2SS    X0, X0, X0
@@ -272,16 +272,157 @@ softmax_exp_tail:
 softmax_scale:
 	CMPQ    CX, DX
 	JAE     softmax_scale_tail
-	VMOVUPS (AX)(CX*4), Y4
-	VMULPS  Y4, Y0, Y4
-	VMOVUPS Y4, (AX)(CX*4)
+	VMOVUPS (AX)(CX*4), Y1
+	VMULPS  Y1, Y0, Y1
+	VMOVUPS Y1, (AX)(CX*4)
 	ADDQ    $0x08, CX
 	JMP     softmax_scale
 
 softmax_scale_tail:
-	VMASKMOVPS (AX)(CX*4), Y2, Y4
-	VMULPS     Y4, Y0, Y4
-	VMASKMOVPS Y4, Y2, (AX)(CX*4)
+	VMASKMOVPS (AX)(CX*4), Y2, Y1
+	VMULPS     Y1, Y0, Y1
+	VMASKMOVPS Y1, Y2, (AX)(CX*4)
+	VZEROUPPER
+	RET
+
+// func scaledMaxF32(x []float32, scale float32) float32
+// Requires: AVX, AVX2, SSE
+TEXT ·scaledMaxF32(SB), NOSPLIT, $0-36
+	MOVQ         x_base+0(FP), AX
+	MOVQ         x_len+8(FP), CX
+	MOVSS        scale+24(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         CX, DX
+	ANDQ         $0x07, DX
+	NEGQ         DX
+	LEAQ         tailmask<>+0(SB), BX
+	VMOVDQU      32(BX)(DX*4), Y1
+	MOVQ         CX, DX
+	ANDQ         $-8, DX
+
+	// The largest x·scale.
+	VMOVUPS attnconsts<>+416(SB), Y4
+	VMOVUPS Y4, Y2
+	XORQ    CX, CX
+
+smax:
+	CMPQ    CX, DX
+	JAE     smax_tail
+	VMOVUPS (AX)(CX*4), Y3
+	VMULPS  Y3, Y0, Y3
+	VMAXPS  Y3, Y2, Y2
+	ADDQ    $0x08, CX
+	JMP     smax
+
+smax_tail:
+	VMASKMOVPS   (AX)(CX*4), Y1, Y3
+	VMULPS       Y3, Y0, Y3
+	VBLENDVPS    Y1, Y3, Y4, Y3
+	VMAXPS       Y3, Y2, Y2
+	VEXTRACTF128 $0x01, Y2, X0
+	VMAXPS       X0, X2, X0
+	VPERMILPS    $0x4e, X0, X1
+	VMAXPS       X1, X0, X0
+	VPERMILPS    $0xb1, X0, X1
+	VMAXPS       X1, X0, X0
+	VBROADCASTSS X0, Y2
+	MOVSS        X2, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func expSumF32(x []float32, scale float32, m float32) float64
+// Requires: AVX, AVX2, FMA3, SSE, SSE2
+TEXT ·expSumF32(SB), NOSPLIT, $0-40
+	MOVQ         x_base+0(FP), AX
+	MOVQ         x_len+8(FP), CX
+	MOVSS        scale+24(FP), X0
+	MOVSS        m+28(FP), X1
+	VBROADCASTSS X0, Y0
+	VBROADCASTSS X1, Y1
+	MOVQ         CX, DX
+	ANDQ         $0x07, DX
+	NEGQ         DX
+	LEAQ         tailmask<>+0(SB), BX
+	VMOVDQU      32(BX)(DX*4), Y2
+	MOVQ         CX, DX
+	ANDQ         $-8, DX
+
+	// x = exp(x·scale − m), summed in float64.
+	VXORPD Y3, Y3, Y3
+	VXORPD Y4, Y4, Y4
+	XORQ   CX, CX
+
+expsum:
+	CMPQ         CX, DX
+	JAE          expsum_tail
+	VMOVUPS      (AX)(CX*4), Y6
+	VFMSUB213PS  Y1, Y0, Y6
+	VMAXPS       attnconsts<>+320(SB), Y6, Y5
+	VMINPS       attnconsts<>+352(SB), Y5, Y5
+	VMULPS       attnconsts<>+0(SB), Y5, Y7
+	VROUNDPS     $0x00, Y7, Y7
+	VFNMADD231PS attnconsts<>+32(SB), Y7, Y5
+	VFNMADD231PS attnconsts<>+64(SB), Y7, Y5
+	VMOVUPS      attnconsts<>+96(SB), Y8
+	VFMADD213PS  attnconsts<>+128(SB), Y5, Y8
+	VFMADD213PS  attnconsts<>+160(SB), Y5, Y8
+	VFMADD213PS  attnconsts<>+192(SB), Y5, Y8
+	VFMADD213PS  attnconsts<>+224(SB), Y5, Y8
+	VFMADD213PS  attnconsts<>+256(SB), Y5, Y8
+	VMULPS       Y5, Y5, Y9
+	VFMADD213PS  Y5, Y9, Y8
+	VADDPS       attnconsts<>+288(SB), Y8, Y8
+	VCVTPS2DQ    Y7, Y7
+	VPADDD       attnconsts<>+384(SB), Y7, Y7
+	VPSLLD       $0x17, Y7, Y7
+	VMULPS       Y7, Y8, Y5
+	VCMPPS       $0x1d, attnconsts<>+320(SB), Y6, Y6
+	VANDPS       Y6, Y5, Y5
+	VMOVUPS      Y5, (AX)(CX*4)
+	VCVTPS2PD    X5, Y6
+	VADDPD       Y6, Y3, Y3
+	VEXTRACTF128 $0x01, Y5, X5
+	VCVTPS2PD    X5, Y6
+	VADDPD       Y6, Y4, Y4
+	ADDQ         $0x08, CX
+	JMP          expsum
+
+expsum_tail:
+	VMASKMOVPS   (AX)(CX*4), Y2, Y6
+	VFMSUB213PS  Y1, Y0, Y6
+	VMAXPS       attnconsts<>+320(SB), Y6, Y0
+	VMINPS       attnconsts<>+352(SB), Y0, Y0
+	VMULPS       attnconsts<>+0(SB), Y0, Y1
+	VROUNDPS     $0x00, Y1, Y1
+	VFNMADD231PS attnconsts<>+32(SB), Y1, Y0
+	VFNMADD231PS attnconsts<>+64(SB), Y1, Y0
+	VMOVUPS      attnconsts<>+96(SB), Y5
+	VFMADD213PS  attnconsts<>+128(SB), Y0, Y5
+	VFMADD213PS  attnconsts<>+160(SB), Y0, Y5
+	VFMADD213PS  attnconsts<>+192(SB), Y0, Y5
+	VFMADD213PS  attnconsts<>+224(SB), Y0, Y5
+	VFMADD213PS  attnconsts<>+256(SB), Y0, Y5
+	VMULPS       Y0, Y0, Y7
+	VFMADD213PS  Y0, Y7, Y5
+	VADDPS       attnconsts<>+288(SB), Y5, Y5
+	VCVTPS2DQ    Y1, Y1
+	VPADDD       attnconsts<>+384(SB), Y1, Y1
+	VPSLLD       $0x17, Y1, Y1
+	VMULPS       Y1, Y5, Y5
+	VCMPPS       $0x1d, attnconsts<>+320(SB), Y6, Y0
+	VANDPS       Y0, Y5, Y5
+	VANDPS       Y2, Y5, Y5
+	VMASKMOVPS   Y5, Y2, (AX)(CX*4)
+	VCVTPS2PD    X5, Y0
+	VADDPD       Y0, Y3, Y3
+	VEXTRACTF128 $0x01, Y5, X0
+	VCVTPS2PD    X0, Y0
+	VADDPD       Y0, Y4, Y4
+	VADDPD       Y4, Y3, Y3
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPD       X0, X3, X0
+	VHADDPD      X0, X0, X0
+	MOVSD        X0, ret+32(FP)
 	VZEROUPPER
 	RET
 
@@ -611,6 +752,161 @@ attnPVF32R2_store:
 	VZEROUPPER
 	RET
 
+// func attnPVF32R1AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+// Requires: AVX, AVX512F
+TEXT ·attnPVF32R1AVX512(SB), NOSPLIT, $0-120
+	MOVQ o_base+0(FP), AX
+	MOVQ ldo+24(FP), CX
+	MOVQ p_base+32(FP), CX
+	MOVQ ldp+56(FP), DX
+	MOVQ v_base+64(FP), DX
+	MOVQ offs_base+88(FP), BX
+	MOVQ offs_len+96(FP), SI
+	MOVQ hd+112(FP), DI
+	XORQ R8, R8
+
+attnPVF32R1AVX512_chunk:
+	VMOVUPS (AX)(R8*4), Z0
+	VMOVUPS 64(AX)(R8*4), Z1
+	VMOVUPS 128(AX)(R8*4), Z2
+	VMOVUPS 192(AX)(R8*4), Z3
+	VMOVUPS 256(AX)(R8*4), Z4
+	VMOVUPS 320(AX)(R8*4), Z5
+	VMOVUPS 384(AX)(R8*4), Z6
+	VMOVUPS 448(AX)(R8*4), Z7
+	LEAQ    (DX)(R8*4), R11
+	XORQ    R9, R9
+
+attnPVF32R1AVX512_key:
+	CMPQ         R9, SI
+	JAE          attnPVF32R1AVX512_store
+	MOVQ         (BX)(R9*8), R10
+	VBROADCASTSS (CX)(R9*4), Z8
+	VMOVUPS      (R11)(R10*4), Z9
+	VFMADD231PS  Z9, Z8, Z0
+	VMOVUPS      64(R11)(R10*4), Z9
+	VFMADD231PS  Z9, Z8, Z1
+	VMOVUPS      128(R11)(R10*4), Z9
+	VFMADD231PS  Z9, Z8, Z2
+	VMOVUPS      192(R11)(R10*4), Z9
+	VFMADD231PS  Z9, Z8, Z3
+	VMOVUPS      256(R11)(R10*4), Z9
+	VFMADD231PS  Z9, Z8, Z4
+	VMOVUPS      320(R11)(R10*4), Z9
+	VFMADD231PS  Z9, Z8, Z5
+	VMOVUPS      384(R11)(R10*4), Z9
+	VFMADD231PS  Z9, Z8, Z6
+	VMOVUPS      448(R11)(R10*4), Z9
+	VFMADD231PS  Z9, Z8, Z7
+	INCQ         R9
+	JMP          attnPVF32R1AVX512_key
+
+attnPVF32R1AVX512_store:
+	VMOVUPS Z0, (AX)(R8*4)
+	VMOVUPS Z1, 64(AX)(R8*4)
+	VMOVUPS Z2, 128(AX)(R8*4)
+	VMOVUPS Z3, 192(AX)(R8*4)
+	VMOVUPS Z4, 256(AX)(R8*4)
+	VMOVUPS Z5, 320(AX)(R8*4)
+	VMOVUPS Z6, 384(AX)(R8*4)
+	VMOVUPS Z7, 448(AX)(R8*4)
+	ADDQ    $0x80, R8
+	CMPQ    R8, DI
+	JB      attnPVF32R1AVX512_chunk
+	VZEROUPPER
+	RET
+
+// func attnPVF32R2AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+// Requires: AVX, AVX512F
+TEXT ·attnPVF32R2AVX512(SB), NOSPLIT, $0-120
+	MOVQ o_base+0(FP), AX
+	MOVQ ldo+24(FP), CX
+	MOVQ p_base+32(FP), DX
+	MOVQ ldp+56(FP), BX
+	MOVQ v_base+64(FP), SI
+	MOVQ offs_base+88(FP), DI
+	MOVQ offs_len+96(FP), R8
+	MOVQ hd+112(FP), R9
+	LEAQ (AX)(CX*4), CX
+	LEAQ (DX)(BX*4), BX
+	XORQ R10, R10
+
+attnPVF32R2AVX512_chunk:
+	VMOVUPS (AX)(R10*4), Z0
+	VMOVUPS 64(AX)(R10*4), Z1
+	VMOVUPS 128(AX)(R10*4), Z2
+	VMOVUPS 192(AX)(R10*4), Z3
+	VMOVUPS 256(AX)(R10*4), Z4
+	VMOVUPS 320(AX)(R10*4), Z5
+	VMOVUPS 384(AX)(R10*4), Z6
+	VMOVUPS 448(AX)(R10*4), Z7
+	VMOVUPS (CX)(R10*4), Z8
+	VMOVUPS 64(CX)(R10*4), Z9
+	VMOVUPS 128(CX)(R10*4), Z10
+	VMOVUPS 192(CX)(R10*4), Z11
+	VMOVUPS 256(CX)(R10*4), Z12
+	VMOVUPS 320(CX)(R10*4), Z13
+	VMOVUPS 384(CX)(R10*4), Z14
+	VMOVUPS 448(CX)(R10*4), Z15
+	LEAQ    (SI)(R10*4), R13
+	XORQ    R11, R11
+
+attnPVF32R2AVX512_key:
+	CMPQ         R11, R8
+	JAE          attnPVF32R2AVX512_store
+	MOVQ         (DI)(R11*8), R12
+	VBROADCASTSS (DX)(R11*4), Z16
+	VBROADCASTSS (BX)(R11*4), Z17
+	VMOVUPS      (R13)(R12*4), Z18
+	VFMADD231PS  Z18, Z16, Z0
+	VFMADD231PS  Z18, Z17, Z8
+	VMOVUPS      64(R13)(R12*4), Z18
+	VFMADD231PS  Z18, Z16, Z1
+	VFMADD231PS  Z18, Z17, Z9
+	VMOVUPS      128(R13)(R12*4), Z18
+	VFMADD231PS  Z18, Z16, Z2
+	VFMADD231PS  Z18, Z17, Z10
+	VMOVUPS      192(R13)(R12*4), Z18
+	VFMADD231PS  Z18, Z16, Z3
+	VFMADD231PS  Z18, Z17, Z11
+	VMOVUPS      256(R13)(R12*4), Z18
+	VFMADD231PS  Z18, Z16, Z4
+	VFMADD231PS  Z18, Z17, Z12
+	VMOVUPS      320(R13)(R12*4), Z18
+	VFMADD231PS  Z18, Z16, Z5
+	VFMADD231PS  Z18, Z17, Z13
+	VMOVUPS      384(R13)(R12*4), Z18
+	VFMADD231PS  Z18, Z16, Z6
+	VFMADD231PS  Z18, Z17, Z14
+	VMOVUPS      448(R13)(R12*4), Z18
+	VFMADD231PS  Z18, Z16, Z7
+	VFMADD231PS  Z18, Z17, Z15
+	INCQ         R11
+	JMP          attnPVF32R2AVX512_key
+
+attnPVF32R2AVX512_store:
+	VMOVUPS Z0, (AX)(R10*4)
+	VMOVUPS Z1, 64(AX)(R10*4)
+	VMOVUPS Z2, 128(AX)(R10*4)
+	VMOVUPS Z3, 192(AX)(R10*4)
+	VMOVUPS Z4, 256(AX)(R10*4)
+	VMOVUPS Z5, 320(AX)(R10*4)
+	VMOVUPS Z6, 384(AX)(R10*4)
+	VMOVUPS Z7, 448(AX)(R10*4)
+	VMOVUPS Z8, (CX)(R10*4)
+	VMOVUPS Z9, 64(CX)(R10*4)
+	VMOVUPS Z10, 128(CX)(R10*4)
+	VMOVUPS Z11, 192(CX)(R10*4)
+	VMOVUPS Z12, 256(CX)(R10*4)
+	VMOVUPS Z13, 320(CX)(R10*4)
+	VMOVUPS Z14, 384(CX)(R10*4)
+	VMOVUPS Z15, 448(CX)(R10*4)
+	ADDQ    $0x80, R10
+	CMPQ    R10, R9
+	JB      attnPVF32R2AVX512_chunk
+	VZEROUPPER
+	RET
+
 // func prefetchRowsF32(b []byte, offs []int, n int)
 // Requires: MMX+
 TEXT ·prefetchRowsF32(SB), NOSPLIT, $0-56
@@ -773,6 +1069,177 @@ attnPVBF16R2_store:
 	ADDQ    $0x20, R10
 	CMPQ    R10, R9
 	JB      attnPVBF16R2_chunk
+	VZEROUPPER
+	RET
+
+// func attnPVBF16R1AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+// Requires: AVX, AVX512F
+TEXT ·attnPVBF16R1AVX512(SB), NOSPLIT, $0-120
+	MOVQ o_base+0(FP), AX
+	MOVQ ldo+24(FP), CX
+	MOVQ p_base+32(FP), CX
+	MOVQ ldp+56(FP), DX
+	MOVQ v_base+64(FP), DX
+	MOVQ offs_base+88(FP), BX
+	MOVQ offs_len+96(FP), SI
+	MOVQ hd+112(FP), DI
+	XORQ R8, R8
+
+attnPVBF16R1AVX512_chunk:
+	VMOVUPS (AX)(R8*4), Z0
+	VMOVUPS 64(AX)(R8*4), Z1
+	VMOVUPS 128(AX)(R8*4), Z2
+	VMOVUPS 192(AX)(R8*4), Z3
+	VMOVUPS 256(AX)(R8*4), Z4
+	VMOVUPS 320(AX)(R8*4), Z5
+	VMOVUPS 384(AX)(R8*4), Z6
+	VMOVUPS 448(AX)(R8*4), Z7
+	LEAQ    (DX)(R8*2), R11
+	XORQ    R9, R9
+
+attnPVBF16R1AVX512_key:
+	CMPQ         R9, SI
+	JAE          attnPVBF16R1AVX512_store
+	MOVQ         (BX)(R9*8), R10
+	VBROADCASTSS (CX)(R9*4), Z8
+	VPMOVZXWD    (R11)(R10*2), Z9
+	VPSLLD       $0x10, Z9, Z9
+	VFMADD231PS  Z9, Z8, Z0
+	VPMOVZXWD    32(R11)(R10*2), Z9
+	VPSLLD       $0x10, Z9, Z9
+	VFMADD231PS  Z9, Z8, Z1
+	VPMOVZXWD    64(R11)(R10*2), Z9
+	VPSLLD       $0x10, Z9, Z9
+	VFMADD231PS  Z9, Z8, Z2
+	VPMOVZXWD    96(R11)(R10*2), Z9
+	VPSLLD       $0x10, Z9, Z9
+	VFMADD231PS  Z9, Z8, Z3
+	VPMOVZXWD    128(R11)(R10*2), Z9
+	VPSLLD       $0x10, Z9, Z9
+	VFMADD231PS  Z9, Z8, Z4
+	VPMOVZXWD    160(R11)(R10*2), Z9
+	VPSLLD       $0x10, Z9, Z9
+	VFMADD231PS  Z9, Z8, Z5
+	VPMOVZXWD    192(R11)(R10*2), Z9
+	VPSLLD       $0x10, Z9, Z9
+	VFMADD231PS  Z9, Z8, Z6
+	VPMOVZXWD    224(R11)(R10*2), Z9
+	VPSLLD       $0x10, Z9, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	INCQ         R9
+	JMP          attnPVBF16R1AVX512_key
+
+attnPVBF16R1AVX512_store:
+	VMOVUPS Z0, (AX)(R8*4)
+	VMOVUPS Z1, 64(AX)(R8*4)
+	VMOVUPS Z2, 128(AX)(R8*4)
+	VMOVUPS Z3, 192(AX)(R8*4)
+	VMOVUPS Z4, 256(AX)(R8*4)
+	VMOVUPS Z5, 320(AX)(R8*4)
+	VMOVUPS Z6, 384(AX)(R8*4)
+	VMOVUPS Z7, 448(AX)(R8*4)
+	ADDQ    $0x80, R8
+	CMPQ    R8, DI
+	JB      attnPVBF16R1AVX512_chunk
+	VZEROUPPER
+	RET
+
+// func attnPVBF16R2AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+// Requires: AVX, AVX512F
+TEXT ·attnPVBF16R2AVX512(SB), NOSPLIT, $0-120
+	MOVQ o_base+0(FP), AX
+	MOVQ ldo+24(FP), CX
+	MOVQ p_base+32(FP), DX
+	MOVQ ldp+56(FP), BX
+	MOVQ v_base+64(FP), SI
+	MOVQ offs_base+88(FP), DI
+	MOVQ offs_len+96(FP), R8
+	MOVQ hd+112(FP), R9
+	LEAQ (AX)(CX*4), CX
+	LEAQ (DX)(BX*4), BX
+	XORQ R10, R10
+
+attnPVBF16R2AVX512_chunk:
+	VMOVUPS (AX)(R10*4), Z0
+	VMOVUPS 64(AX)(R10*4), Z1
+	VMOVUPS 128(AX)(R10*4), Z2
+	VMOVUPS 192(AX)(R10*4), Z3
+	VMOVUPS 256(AX)(R10*4), Z4
+	VMOVUPS 320(AX)(R10*4), Z5
+	VMOVUPS 384(AX)(R10*4), Z6
+	VMOVUPS 448(AX)(R10*4), Z7
+	VMOVUPS (CX)(R10*4), Z8
+	VMOVUPS 64(CX)(R10*4), Z9
+	VMOVUPS 128(CX)(R10*4), Z10
+	VMOVUPS 192(CX)(R10*4), Z11
+	VMOVUPS 256(CX)(R10*4), Z12
+	VMOVUPS 320(CX)(R10*4), Z13
+	VMOVUPS 384(CX)(R10*4), Z14
+	VMOVUPS 448(CX)(R10*4), Z15
+	LEAQ    (SI)(R10*2), R13
+	XORQ    R11, R11
+
+attnPVBF16R2AVX512_key:
+	CMPQ         R11, R8
+	JAE          attnPVBF16R2AVX512_store
+	MOVQ         (DI)(R11*8), R12
+	VBROADCASTSS (DX)(R11*4), Z16
+	VBROADCASTSS (BX)(R11*4), Z17
+	VPMOVZXWD    (R13)(R12*2), Z18
+	VPSLLD       $0x10, Z18, Z18
+	VFMADD231PS  Z18, Z16, Z0
+	VFMADD231PS  Z18, Z17, Z8
+	VPMOVZXWD    32(R13)(R12*2), Z18
+	VPSLLD       $0x10, Z18, Z18
+	VFMADD231PS  Z18, Z16, Z1
+	VFMADD231PS  Z18, Z17, Z9
+	VPMOVZXWD    64(R13)(R12*2), Z18
+	VPSLLD       $0x10, Z18, Z18
+	VFMADD231PS  Z18, Z16, Z2
+	VFMADD231PS  Z18, Z17, Z10
+	VPMOVZXWD    96(R13)(R12*2), Z18
+	VPSLLD       $0x10, Z18, Z18
+	VFMADD231PS  Z18, Z16, Z3
+	VFMADD231PS  Z18, Z17, Z11
+	VPMOVZXWD    128(R13)(R12*2), Z18
+	VPSLLD       $0x10, Z18, Z18
+	VFMADD231PS  Z18, Z16, Z4
+	VFMADD231PS  Z18, Z17, Z12
+	VPMOVZXWD    160(R13)(R12*2), Z18
+	VPSLLD       $0x10, Z18, Z18
+	VFMADD231PS  Z18, Z16, Z5
+	VFMADD231PS  Z18, Z17, Z13
+	VPMOVZXWD    192(R13)(R12*2), Z18
+	VPSLLD       $0x10, Z18, Z18
+	VFMADD231PS  Z18, Z16, Z6
+	VFMADD231PS  Z18, Z17, Z14
+	VPMOVZXWD    224(R13)(R12*2), Z18
+	VPSLLD       $0x10, Z18, Z18
+	VFMADD231PS  Z18, Z16, Z7
+	VFMADD231PS  Z18, Z17, Z15
+	INCQ         R11
+	JMP          attnPVBF16R2AVX512_key
+
+attnPVBF16R2AVX512_store:
+	VMOVUPS Z0, (AX)(R10*4)
+	VMOVUPS Z1, 64(AX)(R10*4)
+	VMOVUPS Z2, 128(AX)(R10*4)
+	VMOVUPS Z3, 192(AX)(R10*4)
+	VMOVUPS Z4, 256(AX)(R10*4)
+	VMOVUPS Z5, 320(AX)(R10*4)
+	VMOVUPS Z6, 384(AX)(R10*4)
+	VMOVUPS Z7, 448(AX)(R10*4)
+	VMOVUPS Z8, (CX)(R10*4)
+	VMOVUPS Z9, 64(CX)(R10*4)
+	VMOVUPS Z10, 128(CX)(R10*4)
+	VMOVUPS Z11, 192(CX)(R10*4)
+	VMOVUPS Z12, 256(CX)(R10*4)
+	VMOVUPS Z13, 320(CX)(R10*4)
+	VMOVUPS Z14, 384(CX)(R10*4)
+	VMOVUPS Z15, 448(CX)(R10*4)
+	ADDQ    $0x80, R10
+	CMPQ    R10, R9
+	JB      attnPVBF16R2AVX512_chunk
 	VZEROUPPER
 	RET
 

@@ -56,6 +56,49 @@ func TestSoftmaxMatchesGo(t *testing.T) {
 	softmaxF32(nil, 1) // no element: nothing read or written
 }
 
+// TestExpSumMatchesGo checks scaledMaxF32 and expSumF32 (the split
+// softmax of rows) against their Go twins: the same maximum, exponentials
+// within a few float32 ulp (the fused multiply-subtract aside), lanes below
+// −87 0 in both, and sums within float32 rounding of each other.
+func TestExpSumMatchesGo(t *testing.T) {
+	skipNoAVX2(t)
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, n := range []int{0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 64, 100, 513} {
+		for _, spread := range []float64{1, 30, 300} {
+			x := make([]float32, n)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64() * spread)
+			}
+			m, mg := scaledMaxF32(x, 0.125), scaledMaxGo(x, 0.125)
+			if m != mg {
+				t.Fatalf("n=%d spread %g: max %g, Go %g", n, spread, m, mg)
+			}
+			if n == 0 {
+				if !math.IsInf(float64(m), -1) || expSumF32(nil, 1, 0) != 0 {
+					t.Fatalf("empty: max %g", m)
+				}
+				continue
+			}
+			want := append([]float32(nil), x...)
+			sg := expSumGo(want, 0.125, m)
+			got := append(make([]float32, 0, n+1), x...)
+			got = append(got, -1)[:n] // a guard past the end
+			s := expSumF32(got, 0.125, m)
+			if got[:n+1][n] != -1 {
+				t.Fatalf("n=%d: wrote past the end", n)
+			}
+			for i := range got {
+				if d := math.Abs(float64(got[i] - want[i])); d > 4e-7*math.Abs(float64(want[i]))+1e-30 || (want[i] == 0) != (got[i] == 0) {
+					t.Fatalf("n=%d spread %g: x[%d]=%g: %g, Go %g", n, spread, i, x[i], got[i], want[i])
+				}
+			}
+			if math.Abs(s-sg) > 1e-6*sg || s < 1 {
+				t.Errorf("n=%d spread %g: sum %g, Go %g", n, spread, s, sg)
+			}
+		}
+	}
+}
+
 // TestSwiGLUMatchesRef checks swigluF32 against ref.SwiGLU (float64 exp),
 // in place too, over arguments far into both tails of the sigmoid.
 func TestSwiGLUMatchesRef(t *testing.T) {
@@ -90,11 +133,19 @@ func TestSwiGLUMatchesRef(t *testing.T) {
 	}
 }
 
-// TestPVMatchesGo checks the attnPV kernels (through pv) against pvGo:
-// both sum over the keys in order, so they differ only by the fused
-// multiply-add's rounding.
+// TestPVMatchesGo checks the attnPV kernels (through pv, AVX-512 where
+// the CPU has it and with it switched off) against pvGo: both sum over the
+// keys in order, so they differ only by the fused multiply-add's rounding.
 func TestPVMatchesGo(t *testing.T) {
 	skipNoAVX2(t)
+	t.Run("AVX512", testPVMatchesGo)
+	t.Run("AVX2", func(t *testing.T) {
+		defer cpuinfo.DisableAVX512()()
+		testPVMatchesGo(t)
+	})
+}
+
+func testPVMatchesGo(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		for _, hd := range []int{32, 64, 96, 128, 256} {

@@ -10,6 +10,13 @@ import (
 // softmaxRow replaces x with softmax(scale·x).
 func softmaxRow(x []float32, scale float32) { softmax(x, scale) }
 
+// scaledMax returns the largest x[i]·scale, −inf for an empty x.
+func scaledMax(x []float32, scale float32) float32 { return scaledMaxGo(x, scale) }
+
+// expSum sets x[i] = exp(x[i]·scale − m) and returns their sum in
+// float64.
+func expSum(x []float32, scale, m float32) float64 { return expSumGo(x, scale, m) }
+
 // swiglu sets y[i] = silu(min(g[i], limit))·clamp(u[i], −limit, limit)
 // (limit 0: no clamp); y may be g.
 func swiglu(y, g, u []float32, limit float32) { ref.SwiGLUClamp(y, g, u, limit) }

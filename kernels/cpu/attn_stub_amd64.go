@@ -12,6 +12,19 @@ package cpu
 //go:noescape
 func softmaxF32(x []float32, scale float32)
 
+// scaledMaxF32 returns the largest x[i]·scale (each product rounded to
+// float32), −inf for an empty x: scaledMax (attention.go).
+//
+//go:noescape
+func scaledMaxF32(x []float32, scale float32) float32
+
+// expSumF32 sets x[i] = exp(x[i]·scale − m) (one fused multiply-subtract,
+// then expPS; lanes below −87 are 0) and returns their sum in float64
+// (eight lanes, in some order): expSum (attention.go).
+//
+//go:noescape
+func expSumF32(x []float32, scale float32, m float32) float64
+
 // swigluF32 sets y[i] = silu(g[i])·u[i] = g[i]·u[i] / (1 + exp(−g[i])) for
 // i < len(g), exp as expPS (its argument clamped to [−87, 88]). y may be g.
 //
@@ -76,6 +89,44 @@ func attnPVF32R1(o []float32, ldo int, p []float32, ldp int, v []byte, offs []in
 //go:noescape
 func attnPVF32R2(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
 
+// attnPVF32R1AVX512 adds P·V to o for 1 probability rows of P over the value rows
+// at element offsets offs of v, in F32:
+//
+//	for r := range 1 {
+//		for c := range hd {
+//			sum := o[r*ldo+c]
+//			for i, e := range offs {
+//				j := e + c
+//				sum += p[r*ldp+i] * math.Float32frombits(binary.LittleEndian.Uint32(v[4*j:]))
+//			}
+//			o[r*ldo+c] = sum
+//		}
+//	}
+//
+// hd is a multiple of 128; the caller guarantees the bounds.
+//
+//go:noescape
+func attnPVF32R1AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+
+// attnPVF32R2AVX512 adds P·V to o for 2 probability rows of P over the value rows
+// at element offsets offs of v, in F32:
+//
+//	for r := range 2 {
+//		for c := range hd {
+//			sum := o[r*ldo+c]
+//			for i, e := range offs {
+//				j := e + c
+//				sum += p[r*ldp+i] * math.Float32frombits(binary.LittleEndian.Uint32(v[4*j:]))
+//			}
+//			o[r*ldo+c] = sum
+//		}
+//	}
+//
+// hd is a multiple of 128; the caller guarantees the bounds.
+//
+//go:noescape
+func attnPVF32R2AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+
 // prefetchRowsF32 asks for the cache lines of the F32 elements [e, e+n) of b
 // into L1 for every e in offs (PREFETCHT0 every 64 bytes); it reads
 // nothing and cannot fault.
@@ -120,6 +171,44 @@ func attnPVBF16R1(o []float32, ldo int, p []float32, ldp int, v []byte, offs []i
 //
 //go:noescape
 func attnPVBF16R2(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+
+// attnPVBF16R1AVX512 adds P·V to o for 1 probability rows of P over the value rows
+// at element offsets offs of v, in BF16:
+//
+//	for r := range 1 {
+//		for c := range hd {
+//			sum := o[r*ldo+c]
+//			for i, e := range offs {
+//				j := e + c
+//				sum += p[r*ldp+i] * kernels.BF16ToF32(binary.LittleEndian.Uint16(v[2*j:]))
+//			}
+//			o[r*ldo+c] = sum
+//		}
+//	}
+//
+// hd is a multiple of 128; the caller guarantees the bounds.
+//
+//go:noescape
+func attnPVBF16R1AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
+
+// attnPVBF16R2AVX512 adds P·V to o for 2 probability rows of P over the value rows
+// at element offsets offs of v, in BF16:
+//
+//	for r := range 2 {
+//		for c := range hd {
+//			sum := o[r*ldo+c]
+//			for i, e := range offs {
+//				j := e + c
+//				sum += p[r*ldp+i] * kernels.BF16ToF32(binary.LittleEndian.Uint16(v[2*j:]))
+//			}
+//			o[r*ldo+c] = sum
+//		}
+//	}
+//
+// hd is a multiple of 128; the caller guarantees the bounds.
+//
+//go:noescape
+func attnPVBF16R2AVX512(o []float32, ldo int, p []float32, ldp int, v []byte, offs []int, hd int)
 
 // prefetchRowsBF16 asks for the cache lines of the BF16 elements [e, e+n) of b
 // into L1 for every e in offs (PREFETCHT0 every 64 bytes); it reads

@@ -1,20 +1,57 @@
 package cpu
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
 )
 
 // BenchmarkAttnDecodeCold is a decode step's attention over 28 layers'
-// BF16 caches (Qwen3-0.6B heads, one row at context 640) on one worker
-// with bfloat16 activations, thread CPU time: 73 MB of keys and values,
-// which a step reads from memory, as here (SetBytes: the cache bytes of
-// one call).
-func BenchmarkAttnDecodeCold(b *testing.B) {
-	const heads, kvHeads, hd, bs, ctx, layers = 16, 8, 128, 16, 640, 28
-	be, ints, f32t := attnBackend()
+// BF16 caches (Qwen3-0.6B heads, one row at context 640) with bfloat16
+// activations, thread CPU time of the calling worker: 73 MB of keys and
+// values, which a step reads from memory, as here (SetBytes: the cache
+// bytes of one call). The backend has as many workers as -cpu.
+func BenchmarkAttnDecodeCold(b *testing.B) { benchAttnDecode(b, 640, 28) }
+
+// BenchmarkAttnDecodeOld is the decode benchmarks on rowsByHeads (the
+// decode path before session 16) and on rows, one after the other: at
+// context 640 cold and warm, then cold at contexts from 16 to 4,096 (28
+// layers, or as many as make 300 MB).
+func BenchmarkAttnDecodeOld(b *testing.B) {
+	type bench struct {
+		name        string
+		ctx, layers int
+	}
+	cases := []bench{{"cold", 640, 28}, {"warm", 640, 1}}
+	for _, ctx := range []int{16, 128, 512, 2048, 4096} {
+		cases = append(cases, bench{fmt.Sprintf("ctx%d", ctx), ctx, min(28, 300<<20/(4*ctx*1024))})
+	}
+	for _, c := range cases {
+		for _, old := range []bool{true, false} {
+			b.Run(fmt.Sprintf("%s/old=%v", c.name, old), func(b *testing.B) {
+				if old {
+					rowsHook = (*attnCall).rowsByHeads
+					defer func() { rowsHook = nil }()
+				}
+				benchAttnDecode(b, c.ctx, c.layers)
+			})
+		}
+	}
+}
+
+// BenchmarkAttnDecodeWarm is BenchmarkAttnDecodeCold over one layer's
+// cache, read again every call (2.6 MB: from the last-level cache).
+func BenchmarkAttnDecodeWarm(b *testing.B) { benchAttnDecode(b, 640, 1) }
+
+// benchAttnDecode is the decode benchmarks at context ctx over layers
+// layers' caches.
+func benchAttnDecode(b *testing.B, ctx, layers int) {
+	const heads, kvHeads, hd, bs = 16, 8, 128, 16
+	be, ints, f32t := attnBackend(runtime.GOMAXPROCS(0))
 	defer be.Close()
 	kw := kvHeads * hd
 	nb := (ctx + bs - 1) / bs
@@ -39,11 +76,11 @@ func BenchmarkAttnDecodeCold(b *testing.B) {
 	})
 }
 
-// attnBackend returns the attention benchmarks' backend (one worker,
+// attnBackend returns the attention benchmarks' backend (threads workers,
 // bfloat16 activations) and makers of its tensors: an I32 tensor (r, cols)
 // holding v, and an F32 one of normal random values.
-func attnBackend() (be *Backend, ints func(v []int32, r, cols int) kernels.Tensor, f32t func(r, cols int) kernels.Tensor) {
-	be = New(1)
+func attnBackend(threads int) (be *Backend, ints func(v []int32, r, cols int) kernels.Tensor, f32t func(r, cols int) kernels.Tensor) {
+	be = New(threads)
 	be.SetBF16Activations(true)
 	rng := rand.New(rand.NewPCG(1, 2))
 	ints = func(v []int32, r, cols int) kernels.Tensor {
@@ -75,4 +112,21 @@ func onePaged(ints func(v []int32, r, cols int) kernels.Tensor, ctx, bs int) *ke
 		pos[p] = int32(p)
 	}
 	return &kernels.Paged{Pos: ints(pos, ctx, 1), Seq: ints(seq, ctx, 1), Slot: ints(pos, ctx, 1), Blocks: ints(blocks, 1, nb), BlockSize: bs}
+}
+
+// TestAttentionSplits runs the conformance suite's attention cases on
+// backends of 1, 3 and 8 workers: a decode row splits its blocks into as
+// many ranges as there are workers per row (rows), so these cover no
+// merge, an odd split and splits longer than a short row's blocks.
+func TestAttentionSplits(t *testing.T) {
+	for _, threads := range []int{1, 3, 8} {
+		for _, bf16 := range []bool{false, true} {
+			t.Run(fmt.Sprintf("threads=%d/bf16=%v", threads, bf16), func(t *testing.T) {
+				b := New(threads)
+				defer b.Close()
+				b.SetBF16Activations(bf16)
+				kerneltest.RunAttentionOps(t, b)
+			})
+		}
+	}
 }

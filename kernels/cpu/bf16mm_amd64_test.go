@@ -80,7 +80,7 @@ func benchAttn(b *testing.B, rows int) {
 		b.Run(v, func(b *testing.B) {
 			attnGemmOff.Store(v == "f32keys")
 			defer attnGemmOff.Store(false)
-			be, ints, f32t := attnBackend()
+			be, ints, f32t := attnBackend(1)
 			defer be.Close()
 			kw := kvHeads * hd
 			nb := (ctx + bs - 1) / bs

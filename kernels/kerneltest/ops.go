@@ -441,6 +441,17 @@ func attentionTest(t *testing.T, d kernels.Device) {
 			{32, 8, 128, 16, []attnSeq{{200, 1}}},
 			{32, 4, 128, 16, []attnSeq{{700, 1}}},
 			{16, 2, 64, 16, []attnSeq{{40, 1}}},
+			// Decode rows of 1 to 4,100 keys (a block of 16 exactly, one
+			// key less and more) at groups of 1, 2 and 4, several lengths
+			// in one call and single rows: a backend may split a row's
+			// blocks into ranges and merge their partial softmaxes, which
+			// must weigh each range by its own maximum.
+			{8, 8, 64, 16, []attnSeq{{0, 1}, {14, 1}, {15, 1}, {16, 1}, {299, 1}, {999, 1}}},
+			{16, 8, 64, 16, []attnSeq{{4099, 1}}},
+			{16, 8, 128, 16, []attnSeq{{16, 1}}},
+			{16, 4, 128, 16, []attnSeq{{999, 1}, {16, 1}, {299, 1}, {0, 1}}},
+			{8, 2, 64, 16, []attnSeq{{14, 1}}},
+			{8, 2, 32, 16, []attnSeq{{299, 3}, {999, 2}}}, // short verification chunks
 		} {
 			t.Run(fmt.Sprintf("%v/%d", dt, ci), func(t *testing.T) {
 				attentionCase(t, d, dt, c.heads, c.kvHeads, c.hd, c.bs, c.seqs, uint64(ci))
