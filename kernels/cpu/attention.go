@@ -79,15 +79,10 @@ func (b *Backend) Attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		a.chunk(lo, hi)
 		return true
 	})
-	if len(short) > 0 && rowsHook != nil {
-		rowsHook(&a, short)
-	} else if len(short) > 0 {
+	if len(short) > 0 {
 		a.rows(short)
 	}
 }
-
-// rowsHook, set by the benchmarks that compare, replaces rows.
-var rowsHook func(a *attnCall, rows []int32)
 
 // seqRuns calls whole for every run [lo, hi) of consecutive rows of one
 // sequence (seq holds each row's sequence) and returns, in order, the rows

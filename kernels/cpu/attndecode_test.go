@@ -17,29 +17,11 @@ import (
 // bytes of one call). The backend has as many workers as -cpu.
 func BenchmarkAttnDecodeCold(b *testing.B) { benchAttnDecode(b, 640, 28) }
 
-// BenchmarkAttnDecodeOld is the decode benchmarks on rowsByHeads (the
-// decode path before session 16) and on rows, one after the other: at
-// context 640 cold and warm, then cold at contexts from 16 to 4,096 (28
-// layers, or as many as make 300 MB).
-func BenchmarkAttnDecodeOld(b *testing.B) {
-	type bench struct {
-		name        string
-		ctx, layers int
-	}
-	cases := []bench{{"cold", 640, 28}, {"warm", 640, 1}}
+// BenchmarkAttnDecodeContexts is BenchmarkAttnDecodeCold at contexts from
+// 16 to 4,096 (28 layers, or as many as make 300 MB).
+func BenchmarkAttnDecodeContexts(b *testing.B) {
 	for _, ctx := range []int{16, 128, 512, 2048, 4096} {
-		cases = append(cases, bench{fmt.Sprintf("ctx%d", ctx), ctx, min(28, 300<<20/(4*ctx*1024))})
-	}
-	for _, c := range cases {
-		for _, old := range []bool{true, false} {
-			b.Run(fmt.Sprintf("%s/old=%v", c.name, old), func(b *testing.B) {
-				if old {
-					rowsHook = (*attnCall).rowsByHeads
-					defer func() { rowsHook = nil }()
-				}
-				benchAttnDecode(b, c.ctx, c.layers)
-			})
-		}
+		b.Run(fmt.Sprintf("ctx%d", ctx), func(b *testing.B) { benchAttnDecode(b, ctx, min(28, 300<<20/(4*ctx*1024))) })
 	}
 }
 
