@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 
 	"github.com/ferrite-llm/ferrite/engine/config"
 	"github.com/ferrite-llm/ferrite/engine/gguf"
@@ -253,8 +254,16 @@ func (l *Loaded) NewCache(budget int64, blockSize int) (*kvcache.Cache, error) {
 }
 
 // Close releases the weights' memory mappings and the backend's workers
-// (when Load started them). The model must not be used afterwards.
+// (when Load started them), then returns the freed memory to the system.
+// The model must not be used afterwards.
 func (l *Loaded) Close() error {
+	// A model's memory is gigabytes of large allocations (the CPU's weight
+	// copies, the KV cache) that become garbage at once here; left to the
+	// collector's pacing, the next model's allocations come before it runs
+	// and the process holds both (switching between a BF16 and a Q4_0
+	// Qwen3-0.6B five times in one process grew it to 4.5 GB, against
+	// 1.2–2.1 GB with this).
+	defer debug.FreeOSMemory()
 	l.stopPrepare()
 	var err error
 	if l.Weights != nil {

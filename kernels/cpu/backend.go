@@ -66,9 +66,21 @@ func (b *Backend) Name() string { return "cpu" }
 // Threads returns the number of workers, the caller included.
 func (b *Backend) Threads() int { return b.pool.workers }
 
-// Close stops the helper goroutines. The backend keeps working after Close,
-// single-threaded. Close waits for an in-flight call and is idempotent.
-func (b *Backend) Close() { b.pool.close() }
+// Close stops the helper goroutines and lets go of the forms MatMul keeps
+// per weight (the resident copies and x8 packings, MLA's per-head splits:
+// as much memory again as the model's weights, which would otherwise stay
+// for as long as anything holds the backend). The backend keeps working
+// after Close, single-threaded, making such forms again where it needs
+// them. Close waits for an in-flight call and is idempotent; call it after
+// PrepareWeights has returned.
+func (b *Backend) Close() {
+	b.pool.close()
+	b.x8.drop()
+	b.res.drop()
+	b.mla.mu.Lock()
+	b.mla.m = nil
+	b.mla.mu.Unlock()
+}
 
 // Parallel calls fn on min(n, Threads()) contiguous, non-empty sub-ranges
 // that together cover [0, n) exactly once, concurrently, and returns when

@@ -213,3 +213,24 @@ func TestPrepareWeightsStops(t *testing.T) {
 	got := matMulAll(b, ws, x) // single-threaded now, on forms MatMul makes
 	sameBits(t, "after Close", got, unprepared(ws, x))
 }
+
+// TestCloseDropsWeightForms: Close lets go of the forms MatMul keeps per
+// weight (a model switched away from would otherwise keep as much memory
+// again as its weights for as long as the backend is held), and the
+// backend, single-threaded after Close, still gives the same bits.
+func TestCloseDropsWeightForms(t *testing.T) {
+	ws, x, res, x8 := prepWeights(t)
+	b := newBF16x(2)
+	want := matMulAll(b, ws, x)
+	if r, p := b.res.bytes.Load(), b.x8.bytes.Load(); r != res || p != x8 {
+		t.Fatalf("MatMul made %d resident and %d packed bytes, want %d and %d", r, p, res, x8)
+	}
+	if res+x8 == 0 {
+		t.Skip("no per-weight forms on this CPU")
+	}
+	b.Close()
+	if r, p, n := b.res.bytes.Load(), b.x8.bytes.Load(), len(b.res.m)+len(b.x8.m); r != 0 || p != 0 || n != 0 {
+		t.Errorf("after Close: %d resident and %d packed bytes in %d entries, want none", r, p, n)
+	}
+	sameBits(t, "after Close", matMulAll(b, ws, x), want)
+}

@@ -45,3 +45,13 @@ func (c *weightCache[V]) get(w *kernels.Mat, build func() (V, int64)) V {
 	})
 	return e.v
 }
+
+// drop forgets every value (Backend.Close): their memory then goes as soon
+// as the collector finds it, whoever still holds the backend, instead of
+// with the backend. A get after drop makes the value again.
+func (c *weightCache[V]) drop() {
+	c.mu.Lock()
+	c.m = nil
+	c.bytes.Store(0)
+	c.mu.Unlock()
+}
