@@ -20,7 +20,7 @@ func BenchmarkAttnDecodeCold(b *testing.B) { benchAttnDecode(b, 640, 28) }
 // BenchmarkAttnDecodeContexts is BenchmarkAttnDecodeCold at contexts from
 // 16 to 4,096 (28 layers, or as many as make 300 MB).
 func BenchmarkAttnDecodeContexts(b *testing.B) {
-	for _, ctx := range []int{16, 128, 512, 2048, 4096} {
+	for _, ctx := range []int{16, 128, 512, 1024, 2048, 4096} {
 		b.Run(fmt.Sprintf("ctx%d", ctx), func(b *testing.B) { benchAttnDecode(b, ctx, min(28, 300<<20/(4*ctx*1024))) })
 	}
 }
