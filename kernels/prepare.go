@@ -23,6 +23,16 @@ type WeightPreparer interface {
 	PrepareWeights(ctx context.Context, ws []*Mat) error
 }
 
+// WeightCopier is an optional capability of a Backend that keeps whole
+// copies of some weight matrices (the CPU backend's resident BF16 copies):
+// HasCopy reports whether w has one made, which MatMul reads instead of
+// w.Data. The caller may then give back the pages behind w.Data where they
+// can come back from a file (engine/weights.ReleasePages); a path that
+// still reads w.Data faults them in again.
+type WeightCopier interface {
+	HasCopy(w *Mat) bool
+}
+
 // PrepareWeights calls be.PrepareWeights(ctx, ws) when be is a
 // WeightPreparer and reports whether it is, with its error.
 func PrepareWeights(ctx context.Context, be any, ws []*Mat) (bool, error) {

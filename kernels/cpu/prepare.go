@@ -65,6 +65,13 @@ func (b *Backend) PrepareWeights(ctx context.Context, ws []*kernels.Mat) error {
 	return nil
 }
 
+// HasCopy implements kernels.WeightCopier: whether w has a resident copy
+// (resident.go), made by PrepareWeights or a MatMul.
+func (b *Backend) HasCopy(w *kernels.Mat) bool {
+	d, ok := b.res.peek(w)
+	return ok && d != nil
+}
+
 // prepHook, when set (tests), is called after PrepareWeights' weight i.
 var prepHook func(i int)
 

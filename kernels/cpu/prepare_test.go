@@ -234,3 +234,22 @@ func TestCloseDropsWeightForms(t *testing.T) {
 	}
 	sameBits(t, "after Close", matMulAll(b, ws, x), want)
 }
+
+// TestHasCopy: HasCopy reports a BF16 weight's resident copy once made, and
+// no copy for a weight that has none (a packed Q8_0 one reads its packing,
+// which is not a copy of its bytes).
+func TestHasCopy(t *testing.T) {
+	ws, x, res, _ := prepWeights(t)
+	b := newBF16x(1)
+	defer b.Close()
+	if b.HasCopy(ws[0]) {
+		t.Fatal("HasCopy before any MatMul")
+	}
+	matMulAll(b, ws, x)
+	if got := b.HasCopy(ws[0]); got != (res > 0) {
+		t.Errorf("HasCopy of the BF16 weight = %v with %d resident bytes", got, res)
+	}
+	if b.HasCopy(ws[1]) || b.HasCopy(ws[2]) {
+		t.Error("HasCopy of a quantized weight")
+	}
+}

@@ -22,6 +22,7 @@ type weightCache[V any] struct {
 type weightEntry[V any] struct {
 	once sync.Once
 	v    V
+	made atomic.Bool // v is made (peek)
 }
 
 // get returns w's value, made by build on first use; build returns the
@@ -42,8 +43,21 @@ func (c *weightCache[V]) get(w *kernels.Mat, build func() (V, int64)) V {
 		var n int64
 		e.v, n = build()
 		c.bytes.Add(n)
+		e.made.Store(true)
 	})
 	return e.v
+}
+
+// peek returns w's value and true where it has been made, without making
+// it.
+func (c *weightCache[V]) peek(w *kernels.Mat) (v V, ok bool) {
+	c.mu.Lock()
+	e := c.m[w]
+	c.mu.Unlock()
+	if e == nil || !e.made.Load() {
+		return v, false
+	}
+	return e.v, true
 }
 
 // drop forgets every value (Backend.Close): their memory then goes as soon
