@@ -85,7 +85,7 @@ func (r *WeightRecorder) prepare(keep any, layers int) []*kernels.Mat {
 	defer r.mu.Unlock()
 	untied := false
 	for _, t := range r.mats {
-		if strings.HasSuffix(t.name, "lm_head.weight") && !model.MTPWeight(t.name, layers) {
+		if model.OutputHead(t.name, layers) {
 			untied = true
 		}
 	}

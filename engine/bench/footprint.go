@@ -123,7 +123,7 @@ func (c *Counter) Footprint(layers, topK int) Footprint {
 	f := Footprint{TopK: topK}
 	untied := false
 	for _, t := range c.tensors {
-		if strings.HasSuffix(t.name, "lm_head.weight") && !model.MTPWeight(t.name, layers) {
+		if model.OutputHead(t.name, layers) {
 			untied = true
 		}
 	}

@@ -23,3 +23,10 @@ func MTPWeight(name string, layers int) bool {
 	}
 	return false
 }
+
+// OutputHead reports whether the checkpoint tensor name is the main
+// stack's output head (lm_head.weight, not an MTP module's): a checkpoint
+// holding one does not tie its input embedding to the head.
+func OutputHead(name string, layers int) bool {
+	return strings.HasSuffix(name, "lm_head.weight") && !MTPWeight(name, layers)
+}
