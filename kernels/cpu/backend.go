@@ -77,9 +77,7 @@ func (b *Backend) Close() {
 	b.pool.close()
 	b.x8.drop()
 	b.res.drop()
-	b.mla.mu.Lock()
-	b.mla.m = nil
-	b.mla.mu.Unlock()
+	b.mla.drop()
 }
 
 // Parallel calls fn on min(n, Threads()) contiguous, non-empty sub-ranges

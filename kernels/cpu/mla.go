@@ -129,6 +129,13 @@ type mlaSplits struct {
 	m  map[*kernels.Mat]*mlaSplit
 }
 
+// drop forgets every split (Backend.Close), as weightCache.drop does.
+func (s *mlaSplits) drop() {
+	s.mu.Lock()
+	s.m = nil
+	s.mu.Unlock()
+}
+
 // split returns kvB's per-head matrices, building them on first use.
 func (s *mlaSplits) split(kvB *kernels.Mat, sh kernels.MLAShape) *mlaSplit {
 	s.mu.Lock()
