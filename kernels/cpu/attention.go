@@ -190,7 +190,7 @@ func (a *attnCall) rows(rows []int32) {
 	})
 	if splits > 1 {
 		for r, i := range rows {
-			a.merge(a.out[int(i)*nh*hd:(int(i)+1)*nh*hd], part[r*splits*nh*hd:(r+1)*splits*nh*hd], stat[r*splits*nh*2:(r+1)*splits*nh*2], splits)
+			a.merge(ps, a.out[int(i)*nh*hd:(int(i)+1)*nh*hd], part[r*splits*nh*hd:(r+1)*splits*nh*hd], stat[r*splits*nh*2:(r+1)*splits*nh*2], splits)
 		}
 	}
 }
@@ -295,9 +295,12 @@ func (a *attnCall) splitPV(o, p []float32, offs []int) {
 // unnormalised outputs part (splits, heads, hd) and their (m, l) pairs in
 // stat (splits, heads, 2): out = Σ e^(m−M)·o / Σ e^(m−M)·l, M the
 // largest m of the splits with l > 0 (an empty split has l = 0).
-func (a *attnCall) merge(out, part, stat []float32, splits int) {
+func (a *attnCall) merge(scr *decodeScratch, out, part, stat []float32, splits int) {
 	hd, nh := a.hd, a.heads
-	w := make([]float64, splits) // e^(m−M) by split
+	if cap(scr.w) < splits {
+		scr.w = make([]float64, splits)
+	}
+	w := scr.w[:splits] // e^(m−M) by split
 	for h := range nh {
 		mx := float32(math.Inf(-1))
 		for s := range splits {
@@ -328,6 +331,7 @@ type decodeScratch struct {
 	sc, inv []float32 // scores; 1/l by head (as the caller's: the splits' outputs, their m and l)
 	offs    []int     // the split's key offsets
 	qb      []uint16  // rounded queries
+	w       []float64 // merge's weights by split
 }
 
 // decodePool recycles decodeScratch between calls and workers.
