@@ -93,13 +93,7 @@ func (tm *term) processes() []int {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid …: comm may hold spaces, so read after its ')'.
-		rest := string(stat[strings.LastIndexByte(string(stat), ')')+1:])
-		if f := strings.Fields(rest); len(f) > 1 {
+		if f := procStat(pid); len(f) > 1 {
 			if ppid, err := strconv.Atoi(f[1]); err == nil {
 				children[ppid] = append(children[ppid], pid)
 			}
@@ -127,14 +121,21 @@ func waitGone(t *testing.T, pids []int, limit time.Duration) {
 	}
 }
 
+// alive reports whether pid is a running process (not a zombie).
 func alive(pid int) bool {
+	f := procStat(pid)
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+// procStat is the fields of /proc/PID/stat after the command's name
+// (state, ppid, …), nil where the process is gone. The name, in
+// parentheses, may hold spaces, so the fields start after its last ')'.
+func procStat(pid int) []string {
 	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return false
+		return nil
 	}
-	rest := string(stat[strings.LastIndexByte(string(stat), ')')+1:])
-	f := strings.Fields(rest)
-	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+	return strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
 }
 
 // tmux is a tmux command addressed to this term's own server.
