@@ -37,7 +37,11 @@ import (
 // and FERRITE_CUDA_DATTN_SPLITS set the keys a split at least (default
 // 32), the blocks the splits aim at (2·SMs) and the splits at most (64);
 // FERRITE_CUDA_DATTN_G4=1 gives a block 4 query heads for any group (a
-// group of 8 in two chunks, each reading the keys). FERRITE_CUDA_DNORM=1
+// group of 8 in two chunks, each reading the keys).
+// FERRITE_CUDA_DATTN_BATCH=N runs decode batches of 2 to N rows (each row
+// a sequence of its own) on ferrite_dattn too (default decBatchRowsDef;
+// 0: the split-KV kernel), their splits aimed at
+// FERRITE_CUDA_DATTN_BATCH_BLOCKS blocks (4·SMs). FERRITE_CUDA_DNORM=1
 // runs one-row RMSNorm and AddRMSNorm as ferrite_rmsnorm_row;
 // FERRITE_CUDA_DNORM=gemv also joins the RMSNorm of a one-row Linear's
 // output (the o and down products adding into the residual stream, then
@@ -87,6 +91,9 @@ const (
 	decThreads    = 128
 	decMinKeysDef = 32
 	decMaxRows    = 64 // rows ferrite_dattn takes in a row-exact step (a speculative verification's)
+	// decBatchRowsDef is the most rows of a decode batch (a row a
+	// sequence) ferrite_dattn takes by default (FERRITE_CUDA_DATTN_BATCH).
+	decBatchRowsDef = 256
 )
 
 // Decode attention modes (decState.attn).
@@ -110,6 +117,11 @@ type decState struct {
 	gemvNorm bool
 	pend     decPend        // the Linear just queued whose norm may still join it
 	cnt      kernels.Tensor // ferrite_gemv_*_1n's counter (one zeroed int32); the zero Tensor until first used
+	// batchRows: decode batches of 2 to batchRows rows, every row a
+	// sequence of its own, run ferrite_dattn too (0: the split-KV kernel),
+	// their splits aimed at batchBlocks blocks for the whole batch (0: four
+	// a multiprocessor).
+	batchRows, batchBlocks int
 }
 
 // decPend is the last queued one-row Linear that can norm its product y
@@ -135,7 +147,13 @@ type decFix struct {
 // a block, the one-row norm kernel; FERRITE_CUDA_DATTN=0, =1,
 // FERRITE_CUDA_DATTN_G4=0 and FERRITE_CUDA_DNORM=0 switch back.
 func decConfigFromEnv() decState {
-	c := decState{attn: decAttnQKV, norm: true, g4: os.Getenv("FERRITE_CUDA_DATTN_G4") != "0"}
+	c := decState{attn: decAttnQKV, norm: true, g4: os.Getenv("FERRITE_CUDA_DATTN_G4") != "0", batchRows: decBatchRowsDef}
+	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_BATCH")); err == nil && n >= 0 {
+		c.batchRows = n
+	}
+	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_DATTN_BATCH_BLOCKS")); err == nil && n > 0 {
+		c.batchBlocks = n
+	}
 	switch os.Getenv("FERRITE_CUDA_DATTN") {
 	case "0":
 		c.attn = decAttnOff
@@ -167,6 +185,16 @@ func decConfigFromEnv() decState {
 func (b *Backend) SetDecodeAttention(mode, minKeys, blocks int) int {
 	prev := b.dec.attn
 	b.dec.attn, b.dec.minKeys, b.dec.blocks = mode, minKeys, blocks
+	return prev
+}
+
+// SetDecodeBatch sets the most rows of a decode batch ferrite_dattn takes
+// (0: none, the split-KV kernel runs them) and the blocks its splits aim at
+// (0: the default) for the steps that follow, and returns the previous
+// row limit: a switch for tests and benchmarks.
+func (b *Backend) SetDecodeBatch(rows, blocks int) int {
+	prev := b.dec.batchRows
+	b.dec.batchRows, b.dec.batchBlocks = max(0, rows), max(0, blocks)
 	return prev
 }
 
@@ -274,16 +302,23 @@ func decGroup(grp int, only4 bool) (g, chunks int) {
 
 // decAttnFits reports whether ferrite_dattn takes an attention of shape s
 // over the caches kc, vc into out (q the queries, or the zero Tensor for
-// the QKV form): the mode on, one row, or up to decMaxRows rows of a
+// the QKV form): the mode on, one row, up to decMaxRows rows of a
 // row-exact step (kernels.RowExact: each row's sums are those of the row
-// alone, so a speculative verification's rows get plain decoding's bits;
-// other decode batches keep the split-KV kernel), head dim 64 or 128,
-// caches at 16-byte addresses (cp.async), and few enough blocks for the
-// split counters.
+// alone, so a speculative verification's rows get plain decoding's bits),
+// or a decode batch (decBatch), head dim 64 or 128, caches at 16-byte
+// addresses (cp.async), and few enough blocks for the split counters.
 func (b *Backend) decAttnFits(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape) bool {
 	n := out.Rows
-	if b.dec.attn == decAttnOff || n < 1 || n > 1 && (!b.rowExact || n > decMaxRows) || (s.HeadDim != 64 && s.HeadDim != 128) ||
-		b.usePrefill(s, n) {
+	if b.dec.attn == decAttnOff || n < 1 || (s.HeadDim != 64 && s.HeadDim != 128) {
+		return false
+	}
+	switch {
+	case n == 1:
+	case b.rowExact:
+		if n > decMaxRows || b.usePrefill(s, n) {
+			return false
+		}
+	case !b.decBatch(n, p):
 		return false
 	}
 	if s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || (kc.DType != kernels.F32 && kc.DType != kernels.BF16) || kc.DType != vc.DType {
@@ -300,13 +335,31 @@ func (b *Backend) decAttnFits(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s
 	return align%16 == 0
 }
 
+// decBatch reports whether the n rows of p are a decode batch that
+// ferrite_dattn takes: 2 to dec.batchRows rows, each a sequence of its own
+// (decodeBatch), not row-exact.
+func (b *Backend) decBatch(n int, p *kernels.Paged) bool {
+	return n > 1 && n <= b.dec.batchRows && !b.rowExact && p.Blocks.Valid() && decodeBatch(n, p)
+}
+
 // decAttention queues ferrite_dattn (decAttnFits): with qf the QKV form of
 // one row (q the zero Tensor), which prepares and stores the row's q, k
-// and v itself.
+// and v itself. One row and a row-exact step's rows get the splits of one
+// row (each row's bits as alone); a decode batch's splits are counted over
+// all its rows' blocks, and its rows, of distinct sequences, copy their
+// first tile before the kernel's PDL wait.
 func (b *Backend) decAttention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s kernels.AttnShape, qf *qkvForm) {
 	g, chunks := decGroup(s.Heads/s.KVHeads, b.dec.g4)
 	cols, n := s.KVHeads*chunks, out.Rows
-	splits, split := decSplits(cols, p.Blocks.Cols*p.BlockSize, b.dev.SMs, b.dec.blocks, b.dec.minKeys, b.dec.splits)
+	batch := qf == nil && b.decBatch(n, p)
+	target, blocks := b.dec.blocks, cols
+	if batch {
+		target, blocks = b.dec.batchBlocks, cols*n
+		if target <= 0 {
+			target = 4 * b.dev.SMs
+		}
+	}
+	splits, split := decSplits(blocks, p.Blocks.Cols*p.BlockSize, b.dev.SMs, target, b.dec.minKeys, b.dec.splits)
 	var part, cnt uint64
 	if splits > 1 {
 		part = dptr(b.Scratch(kernels.F32, n*splits*s.Heads, s.HeadDim+2)) // per row (splits, heads, hd) sums, then (splits, heads, 2) max and sum
@@ -340,6 +393,7 @@ func (b *Backend) decAttention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, 
 	}
 	args := append([]uint64{dptr(out), qp, dptr(kc), dptr(vc), dptr(p.Pos), dptr(p.Seq), dptr(p.Blocks), part, cnt,
 		i32(p.Blocks.Cols), i32(p.BlockSize), i32(s.Heads), i32(s.KVHeads), i32(chunks), i32(split), f32(s.Scale)}, extra[:]...)
+	args = append(args, b32(batch))
 	b.queue(func(d *Device) error {
 		return d.launch3L(name, [3]uint32{uint32(cols), uint32(splits), uint32(n)}, decThreads, 0, args...)
 	})

@@ -972,10 +972,12 @@ func (b *Backend) PreferredBatchTokens() int {
 	return t
 }
 
-// attnCounters is how many (row, KV head, chunk) blocks of a split-KV
-// attention launch splitCounters covers: splits > 1 only when the blocks
-// number fewer than 2·SMs.
-const attnCounters = 1024
+// attnCounters is how many (row, KV head, chunk) blocks of a split
+// attention launch splitCounters covers: the split-KV kernel splits only
+// when the blocks number fewer than 2·SMs; ferrite_dattn takes decode
+// batches of up to decBatchRowsDef rows (decode.go) of up to 16 block
+// columns.
+const attnCounters = 4096
 
 // splitCounters returns the device address of the attention kernel's
 // split counters (attnCounters zeroed int32, allocated on first use; each
@@ -1037,7 +1039,7 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 	if p.Pos.Stride != 1 && n > 1 || p.Seq.Stride != 1 && n > 1 {
 		panic("cuda: Attention wants contiguous positions and sequences")
 	}
-	if qf == nil && b.decAttnFits(out, q, kc, vc, p, s) { // one row (decode.go)
+	if qf == nil && b.decAttnFits(out, q, kc, vc, p, s) { // one row, a row-exact step or a decode batch (decode.go)
 		b.decAttention(out, q, kc, vc, p, s, nil)
 		return
 	}

@@ -65,6 +65,10 @@ struct DecArgs {
     const int* slot;
     int slots;
     PrepArgs prep;
+    // Every row is a sequence of its own (a decode batch): no other row of
+    // the step stores keys a row reads, so every row copies its first tile
+    // before the wait, as one row does.
+    bool distinct;
 };
 
 // dec_load issues the copies of the keys and values of positions [t0, t1)
@@ -108,10 +112,10 @@ __device__ void dec_prep(float* vw, const float* src, int hd, int kind, const Pr
 // max, sum and unnormalised output to part; the last split to finish
 // (a counter per block column) merges them, in split order. With one split
 // the block writes out itself. Launch: grid (kvh·chunks, splits, rows),
-// 128 threads; G ∈ {4, 8}, HD ∈ {64, 128}; the QKV form one row. Every
-// row's sums are those of a call with that row alone (a verification's
-// rows get plain decoding's bits); with more than one row the first tile
-// is copied after the wait.
+// 128 threads; G ∈ {4, 8}, HD ∈ {64, 128}; the QKV form one row. At the
+// same split, every row's sums are those of a call with that row alone (a
+// verification's rows get plain decoding's bits); more than one row copy
+// the first tile after the wait unless they are distinct sequences.
 template <int HD, bool BF, int G, bool QKV>
 __device__ void dec_block(const DecArgs& a) {
     using T = DecTile<HD, BF>;
@@ -138,10 +142,10 @@ __device__ void dec_block(const DecArgs& a) {
     const int k1 = min(len, k0 + a.split);
     const int* bt = a.blocks + size_t(a.seq[row]) * a.max_blocks;
     const size_t kvw = size_t(a.kvh) * HD, off = size_t(kvh) * HD;
-    // One row: no other row of the step stores keys its split reads, so
-    // the first tile is copied before the wait. More rows (of one sequence,
-    // maybe) copy after it.
-    const bool early = gridDim.z == 1;
+    // One row, or rows of distinct sequences (a decode batch): no other row
+    // of the step stores keys its split reads, so the first tile is copied
+    // before the wait. Rows of one sequence (a verification's) copy after it.
+    const bool early = gridDim.z == 1 || a.distinct;
     if (early) {
         dec_load<HD, BF>(a, sk, sv, bt, k0, min(k1, k0 + T::kKeys), self, kvw, off);
         dec_cp_commit();
@@ -427,9 +431,9 @@ __device__ void dec_block(const DecArgs& a) {
         float* out, const float* q, void* kc, void* vc, const int* pos, const int* seq, const int* blocks,   \
         float* part, int* cnt, int max_blocks, int bs, int heads, int kvh, int chunks, int split, float scale, \
         const float* qkv, const int* slot, int slots, const float* qn, float qeps, const float* kn, float keps, \
-        const float* inv, int half, float rscale, int flags) {                                               \
+        const float* inv, int half, float rscale, int flags, int distinct) {                                 \
         DecArgs a{out, q, kc, vc, pos, seq, blocks, part, cnt, max_blocks, bs, heads, kvh, chunks, split, scale, \
-                  qkv, slot, slots, PrepArgs{qn, kn, inv, qeps, keps, rscale, half, flags}};                 \
+                  qkv, slot, slots, PrepArgs{qn, kn, inv, qeps, keps, rscale, half, flags}, distinct != 0};  \
         dec_block<HD, BF, G, QKV>(a);                                                                        \
     }
 

@@ -32,7 +32,7 @@ static void dec_splits(int cols, int max_keys, int sms, int target, int min_keys
 
 using DAttn = void (*)(float*, const float*, void*, void*, const int*, const int*, const int*, float*, int*, int, int, int,
                        int, int, int, float, const float*, const int*, int, const float*, float, const float*, float,
-                       const float*, int, float, int);
+                       const float*, int, float, int, int);
 
 static DAttn dattn_kernel(bool qkv, bool bf, int hd, int g) {
     const DAttn k[2][2][2][2] = {
@@ -161,7 +161,7 @@ static void attn_case(const AttnCase& c) {
         k(out.data(), c.qkv ? nullptr : q.data(), kc.data(), vc.data(), pos.data(), seq.data(), table.data(),
           splits > 1 ? part.data() : nullptr, splits > 1 ? cnt.data() : nullptr, width, bs, c.heads, c.kvh, chunks, split,
           scale, c.qkv ? qkv.data() : nullptr, slot.data(), slots, qn.data(), 1e-6f, kn.data(), 1e-5f, inv.data(), half,
-          1.0f, il ? 4 : 0);
+          1.0f, il ? 4 : 0, 0);
     });
     char name[160];
     std::snprintf(name, sizeof name, "dattn heads %d/%d hd %d %s ctx %d keys %d target %d %s", c.heads, c.kvh, hd,
