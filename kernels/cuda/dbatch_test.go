@@ -44,7 +44,7 @@ func TestDecodeBatch(t *testing.T) {
 	defer b.SetDecodeBatch(b.SetDecodeBatch(decBatchRowsDef, 0), 0)
 	for _, c := range []struct {
 		heads, kvh, hd, n, maxLen int
-		dt                      kernels.DType
+		dt                        kernels.DType
 	}{
 		{32, 8, 128, 2, 300, kernels.BF16},
 		{32, 8, 128, 33, 700, kernels.BF16},
