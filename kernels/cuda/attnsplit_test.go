@@ -19,6 +19,7 @@ import (
 func TestDecodeBatchPrefill(t *testing.T) {
 	b := openOps(t)
 	defer func() { decodePrefill = false }()
+	defer b.SetDecodeBatch(b.SetDecodeBatch(0, 0), 0) // the split-KV kernel's decode batches (ferrite_dattn's: TestDecodeBatch)
 	const heads, kvh, hd, bs, nb = 32, 8, 128, 16, 32
 	shape := kernels.AttnShape{Heads: heads, KVHeads: kvh, HeadDim: hd, Scale: 0.088}
 	rng := rand.New(rand.NewPCG(13, 4))

@@ -21,11 +21,11 @@ func TestDecodeBatchSplits(t *testing.T) {
 	const sms, cols = 132, 8
 	for _, n := range []int{2, 8, 32, 64, 256} {
 		one, _ := decSplits(cols, 256, sms, 0, 0, 0)
-		s, split := decSplits(cols*n, 256, sms, 4*sms, 0, 0)
+		s, split := decSplits(cols*n, 256, sms, 0, 0, 0)
 		if s < 1 || s*split < 256 || s > one {
 			t.Errorf("%d rows over 256 keys: %d splits of %d (one row: %d)", n, s, split, one)
 		}
-		if cols*n >= 4*sms && s != 1 {
+		if cols*n >= 2*sms && s != 1 {
 			t.Errorf("%d rows over 256 keys: %d splits, want 1 (%d blocks already)", n, s, cols*n)
 		}
 	}
@@ -182,7 +182,7 @@ func decodeBatchCase(t *testing.T, b *Backend, dt kernels.DType, heads, kvh, hd,
 // (32/8 heads of 128, bf16 cache, every row its own sequence at positions
 // ctx−17 to ctx−1, or with /spread ctx/2 to ctx−1 as a 128 + 128 bench's
 // rows are) on the split-KV kernel and on ferrite_dattn with its splits
-// aimed at 2, 4 (the default) and 8 blocks a multiprocessor: 36 calls a
+// aimed at 2 (the default), 4 and 8 blocks a multiprocessor: 36 calls a
 // step over 8 distinct cache layers (none in L2 when it is read again),
 // the step replayed as a graph. µs/call is the step's host wall time over
 // 36; GB/s counts the keys and values each call reads. The variants'
@@ -249,7 +249,7 @@ func BenchmarkDecodeBatchAttention(b *testing.B) {
 		for _, v := range []struct {
 			name         string
 			rows, blocks int
-		}{{"splitkv", 0, 0}, {"dattn", decBatchRowsDef, 0}, {"dattn/2sm", decBatchRowsDef, 2 * be.dev.SMs},
+		}{{"splitkv", 0, 0}, {"dattn", decBatchRowsDef, 0}, {"dattn/4sm", decBatchRowsDef, 4 * be.dev.SMs},
 			{"dattn/8sm", decBatchRowsDef, 8 * be.dev.SMs}} {
 			be.SetDecodeBatch(v.rows, v.blocks)
 			var out kernels.Tensor

@@ -41,7 +41,7 @@ import (
 // FERRITE_CUDA_DATTN_BATCH=N runs decode batches of 2 to N rows (each row
 // a sequence of its own) on ferrite_dattn too (default decBatchRowsDef;
 // 0: the split-KV kernel), their splits aimed at
-// FERRITE_CUDA_DATTN_BATCH_BLOCKS blocks (4·SMs). FERRITE_CUDA_DNORM=1
+// FERRITE_CUDA_DATTN_BATCH_BLOCKS blocks (2·SMs). FERRITE_CUDA_DNORM=1
 // runs one-row RMSNorm and AddRMSNorm as ferrite_rmsnorm_row;
 // FERRITE_CUDA_DNORM=gemv also joins the RMSNorm of a one-row Linear's
 // output (the o and down products adding into the residual stream, then
@@ -119,8 +119,8 @@ type decState struct {
 	cnt      kernels.Tensor // ferrite_gemv_*_1n's counter (one zeroed int32); the zero Tensor until first used
 	// batchRows: decode batches of 2 to batchRows rows, every row a
 	// sequence of its own, run ferrite_dattn too (0: the split-KV kernel),
-	// their splits aimed at batchBlocks blocks for the whole batch (0: four
-	// a multiprocessor).
+	// their splits aimed at batchBlocks blocks for the whole batch (0: two
+	// a multiprocessor, as one row's).
 	batchRows, batchBlocks int
 }
 
@@ -355,9 +355,6 @@ func (b *Backend) decAttention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, 
 	target, blocks := b.dec.blocks, cols
 	if batch {
 		target, blocks = b.dec.batchBlocks, cols*n
-		if target <= 0 {
-			target = 4 * b.dev.SMs
-		}
 	}
 	splits, split := decSplits(blocks, p.Blocks.Cols*p.BlockSize, b.dev.SMs, target, b.dec.minKeys, b.dec.splits)
 	var part, cnt uint64
