@@ -258,9 +258,6 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	y, xp := dptr(dst), dptr(x)
 	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 { // with SetRowExact, n > 1 gives each row these bits too
 		b.queue(func(d *Device) error {
-			if ok, err := d.swiglu3L(y, xp, dw, 1, inter, limit); ok {
-				return err
-			}
 			name, grid := k[0], uint32(inter)
 			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
 				name, grid = k[d.gemvRows/4], uint32(ceilDiv(inter, d.gemvRows/2))
@@ -298,9 +295,6 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 		return
 	}
 	rows := x.Rows
-	if b.normLinear3(dst, kernels.Tensor{}, x, kernels.Tensor{}, n, dw, bias, e.Accumulate) {
-		return
-	}
 	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
 		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
 		b.queue(func(d *Device) error {
@@ -341,9 +335,6 @@ func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels
 		return
 	}
 	rows := x.Rows
-	if b.normLinear3(dst, sum, x, delta, n, dw, bias, e.Accumulate) {
-		return
-	}
 	if k, ok := gemvAddNormKernels[dw.DType]; ok && b.fusesNorm(x, n) && dptr(delta)%16 == 0 {
 		y, xp, nw, dp, sp := dptr(dst), dptr(x), dptr(n.W), dptr(delta), dptr(sum)
 		b.queue(func(d *Device) error {
@@ -379,9 +370,6 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 	dw, err := b.stacked(gate, up)
 	if err != nil {
 		b.fail(err)
-		return
-	}
-	if b.normSwiGLU3(dst, x, n, dw, limit) {
 		return
 	}
 	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
