@@ -227,9 +227,8 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // at a register-tile size (FERRITE_MOE_KERNELS=v1), "pipe", "pipe16",
 // "piped", "pipe16d" the streamed kernels (FERRITE_MOE_KERNELS of the same
 // name: moe_pipe.go) from moeGTFrom tokens, "gt=2" two gate/up rows a
-// warp (FERRITE_MOE_GT=2),
-// "combine1" ferrite_moe_combine one block a token
-// (FERRITE_MOE_COMBINE=1). µs/layer is the step over the layers; GB/s
+// warp (FERRITE_MOE_GT=2), "combine1" ferrite_moe_combine one block a
+// token (FERRITE_MOE_COMBINE=1). µs/layer is the step over the layers; GB/s
 // counts the chosen experts' weight bytes (distinct experts of the step's
 // tokens) over the step's wall time, TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
