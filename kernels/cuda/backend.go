@@ -64,7 +64,6 @@ type Backend struct {
 	noAttnPrefetch bool
 
 	dec     decState     // the one-row decode kernels (decode.go)
-	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
 	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
 
 	moePipeCnt kernels.Tensor // the streamed experts' item counters (moe_pipe.go); the zero Tensor until first used
@@ -107,7 +106,6 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b.cpu = cpu.New(threads)
-	b.skinny.rows, b.skinny.l2 = skinnyRowsDefault(), skinnyL2Default()
 	b.rowAttn.rows = rowAttnDefault()
 	if stepTimeEnabled() {
 		if err = d.do(func() error {

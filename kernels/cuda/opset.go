@@ -190,8 +190,6 @@ func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
 	case b.rowExact && n > 1, fewRows(w, n):
 		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
-	case b.useSkinny(w, n, x):
-		b.linearSkinny(y, x, bias, w, n, acc, false, 0)
 	case n == 1 || w.DType != kernels.BF16 || !b.useGemm():
 		b.queue(func(d *Device) error { return d.linearL(y, x, w, n, bias, acc) })
 	case n < gemmRoundRows:
@@ -268,9 +266,6 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	}
 	switch {
 	case b.rowExact: // below
-	case b.useSkinny(dw, n, xp): // the SwiGLU in the skinny GEMM's epilogue
-		b.linearSkinny(y, xp, 0, dw, n, false, true, limit)
-		return
 	case dw.DType == kernels.BF16 && n < gemmRoundRows && b.useGemm(): // linearW's split product
 		b.linearSplitSwiGLU(y, xp, dw, n, limit)
 		return
@@ -393,7 +388,7 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 // write its split input (ferrite_rmsnorm_bf16x2) in place of the normed
 // rows and their split.
 func (b *Backend) splitsNormed(w *Weight, rows int) bool {
-	return !b.rowExact && w.DType == kernels.BF16 && rows > 1 && rows < gemmRoundRows && rows > b.skinny.rows && b.useGemm()
+	return !b.rowExact && w.DType == kernels.BF16 && rows > 1 && rows < gemmRoundRows && b.useGemm()
 }
 
 // splitNorm is splitGemmXB's split of RMSNorm(x) with hn, the norm and the

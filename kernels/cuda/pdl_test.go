@@ -31,13 +31,12 @@ func cudaSources(t *testing.T) string {
 
 // TestPDLKernelsWait checks that every kernel launched with programmatic
 // dependent launch starts with FERRITE_PDL_WAIT(), directly or through the
-// macro that defines it, after at most a weight prefetch (pdl.go; the
-// skinny GEMM's first weight stages, skinny.cu): without
+// macro that defines it, after at most a weight prefetch (pdl.go): without
 // the wait it could read its inputs before the kernel that writes them has
 // finished.
 func TestPDLKernelsWait(t *testing.T) {
 	src := cudaSources(t)
-	const wait = `(?:[\s\\]*(?:(?:split|swiglu)_prefetch<W>\(pf, w, [^;]*\)|attn_prefetch<BF>\(a\)|skinny_prefetch<NT, SWIGLU>\(w, [^;]*\));)?[\s\\]*FERRITE_PDL_WAIT\(\);`
+	const wait = `(?:[\s\\]*(?:(?:split|swiglu)_prefetch<W>\(pf, w, [^;]*\)|attn_prefetch<BF>\(a\));)?[\s\\]*FERRITE_PDL_WAIT\(\);`
 	for name := range pdlKernels {
 		q := regexp.QuoteMeta(name)
 		if regexp.MustCompile(`__global__[^{;]*?\b` + q + `\([^)]*\)\s*\{` + wait).MatchString(src) {
