@@ -56,7 +56,6 @@ type Backend struct {
 	mlaTiles    int                      // key tiles a tensor-core attention split at least, 0 for 1 (benchmarks)
 	noFuse      bool                     // no fused attention (PrepareQKV inside, split merge): the default; FERRITE_CUDA_FUSE=1, SetFuse
 	fuseNorm    bool                     // the norm-fused GEMVs (FERRITE_CUDA_FUSE_NORM=1, SetFuseNorm)
-	gemv3Norm   bool                     // the norm-fused version-3 GEMVs (FERRITE_CUDA_GEMV=v3n, SetGEMV3Norm; gemv3.go)
 	noFuseQKV   bool                     // QKVAttention as PrepareQKV and Attention (FERRITE_CUDA_FUSE_QKV=0)
 	attnCnt     kernels.Tensor           // Attention's split counters (splitCounters); the zero Tensor until first used
 	attnWide    bool                     // Attention always with attnGroup query heads a block (tests compare)
@@ -65,7 +64,6 @@ type Backend struct {
 	noAttnPrefetch bool
 
 	dec     decState     // the one-row decode kernels (decode.go)
-	skinny  skinnyState  // the skinny GEMM of 2–64 rows (skinny.go)
 	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
 
 	moePipeCnt kernels.Tensor // the streamed experts' item counters (moe_pipe.go); the zero Tensor until first used
@@ -98,7 +96,6 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
 	b.noAttnPrefetch = os.Getenv("FERRITE_CUDA_ATTN_PREFETCH") == "0"
 	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
-	b.gemv3Norm = os.Getenv("FERRITE_CUDA_GEMV") == "v3n"
 	b.dec = decConfigFromEnv()
 	b.fuseHalves = fuseHalvesDefault()
 	if b.xbuf, err = d.Alloc(stagingBytes); err == nil {
@@ -109,7 +106,6 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b.cpu = cpu.New(threads)
-	b.skinny.rows, b.skinny.l2 = skinnyRowsDefault(), skinnyL2Default()
 	b.rowAttn.rows = rowAttnDefault()
 	if stepTimeEnabled() {
 		if err = d.do(func() error {

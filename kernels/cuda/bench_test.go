@@ -91,22 +91,13 @@ func timeLaunches(b *testing.B, d *Device, reps int, launch func(i int) error) t
 // BenchmarkGEMV measures the batch-1 bf16 GEMV at each Qwen3-8B shape,
 // rotating over enough weight copies (≥ 1 GiB) that none is in L2 when it
 // is read again. GB/s counts the weight, x and y bytes once per call.
-// split is the decode kernel Linear runs by default (four warps a row);
-// v3/bps=N the version-3 GEMV (gemv3.go) at N blocks a multiprocessor.
+// split is the decode kernel Linear runs by default (four warps a row).
 // Launches are back to back, with PDL where the GPU has it.
 func BenchmarkGEMV(b *testing.B) {
 	d := needGPU(b)
-	defer d.SetGEMV3(gemv3Default())
 	for _, s := range qwen3_8B {
-		for _, bps := range []int{0, 1, 2, 3} {
-			d.SetGEMV3(bps)
-			name := "split"
-			if bps > 0 {
-				name = fmt.Sprintf("v3/bps=%d", bps)
-			}
-			gemv := func(y, x uint64, w *Weight) error { return d.linearL(y, x, w, 1, 0, false) }
-			benchGEMV(b, d, fmt.Sprintf("%s_%dx%d/%s", s.name, s.rows, s.cols, name), s.rows, s.cols, gemv)
-		}
+		gemv := func(y, x uint64, w *Weight) error { return d.linearL(y, x, w, 1, 0, false) }
+		benchGEMV(b, d, fmt.Sprintf("%s_%dx%d/split", s.name, s.rows, s.cols), s.rows, s.cols, gemv)
 	}
 }
 
@@ -129,8 +120,7 @@ func benchGEMV(b *testing.B, d *Device, name string, rows, cols int, gemv func(y
 // weights) launched eagerly, one op after another: the floor a batch-1 step
 // of this model reaches with these kernels, before attention and the small
 // kernels. tok/s is 1 / step time. Variants: the GEMV layout (rows=0 four
-// warps a row, 4 or 8 rows a block; v3 the version-3 GEMV of gemv3.go
-// at that many blocks a multiprocessor), programmatic dependent launch and the
+// warps a row, 4 or 8 rows a block), programmatic dependent launch and the
 // split GEMVs' weight prefetch before their PDL wait (pdl.go).
 func BenchmarkDecodeStep8B(b *testing.B) {
 	d := needGPU(b)
@@ -148,20 +138,16 @@ func BenchmarkDecodeStep8B(b *testing.B) {
 	defer d.SetGEMVRows(gemvRowsDefault())
 	defer d.SetPDL(pdlEnabled(d.Major))
 	defer d.SetPrefetch(false)
-	defer d.SetGEMV3(gemv3Default())
 	for _, c := range []struct {
 		rows          int // 0: gemv_split; 4, 8: gemv_rows with that many rows a block
-		v3            int // the version-3 GEMV at v3 blocks a multiprocessor (gemv3.go), 0 for none
 		pdl, prefetch bool
-	}{{0, 0, false, false}, {0, 0, true, false}, {0, 1, true, false}, {0, 2, true, false}, {0, 3, true, false},
-		{0, 2, false, false}, {4, 0, true, false}} {
+	}{{0, false, false}, {0, true, false}, {4, true, false}} {
 		d.SetGEMVRows(c.rows)
 		d.SetPrefetch(c.prefetch)
-		d.SetGEMV3(c.v3)
 		if d.SetPDL(c.pdl) != c.pdl {
 			continue // no PDL on this GPU or driver
 		}
-		b.Run(fmt.Sprintf("rows=%d/v3=%d/pdl=%v/prefetch=%v", c.rows, c.v3, c.pdl, c.prefetch), func(b *testing.B) {
+		b.Run(fmt.Sprintf("rows=%d/pdl=%v/prefetch=%v", c.rows, c.pdl, c.prefetch), func(b *testing.B) {
 			el := timeLaunches(b, d, b.N, func(int) error {
 				for _, w := range step {
 					if err := d.linearL(y.ptr, x.ptr, w, 1, 0, false); err != nil {
@@ -307,8 +293,6 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 	caches := map[int][2][]kernels.Tensor{}
 	defer be.dev.SetGEMVRows(gemvRowsDefault())
 	defer be.dev.SetPrefetch(false)
-	defer be.dev.SetGEMV3(gemv3Default())
-	defer be.SetGEMV3Norm(false)
 	defer be.SetFuseNorm(false)
 	defer be.SetFuse(false)
 	defer func() { be.noAttnPrefetch = false }()
@@ -347,11 +331,6 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		{name: "fused/ctx=512/pdl/gnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/ctx=512/pdl/dattnqkv/gnorm", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
 		{name: "fused/linear/pdl/gnorm", ctx: 512, lin: true, pdl: true, fused: true},
-		// The version-3 GEMV (gemv3.go), by name: /v3 (2 blocks a multiprocessor), /v3n (with the norms fused).
-		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v3", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
-		{name: "fused/ctx=512/pdl/dattnqkv/dnorm/v3n", ctx: 512, lin: true, rest: true, pdl: true, fused: true},
-		{name: "fused/linear/pdl/v3", ctx: 512, lin: true, pdl: true, fused: true},
-		{name: "fused/linear/pdl/v3n", ctx: 512, lin: true, pdl: true, fused: true},
 		{"all/ctx=512", 512, true, true, false, false, 0, false, false, false, false, false}, {"all/ctx=512/eager", 512, true, true, true, false, 0, false, false, false, false, false},
 		{"all/ctx=512/pdl", 512, true, true, false, true, 0, false, false, false, false, false}, {"all/ctx=512/eager/pdl", 512, true, true, true, true, 0, false, false, false, false, false},
 		{"all/ctx=512/pdl/rows=4", 512, true, true, false, true, 4, false, false, false, false, false}, {"all/ctx=512/pdl/rows=8", 512, true, true, false, true, 8, false, false, false, false, false},
@@ -378,13 +357,6 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		be.SetDecodeAttention(dmode, 0, 0)
 		be.SetDecodeNorm(dnorm)
 		be.SetGemvNorm(gnorm)
-		v3 := strings.HasSuffix(c.name, "/v3") || strings.HasSuffix(c.name, "/v3n")
-		bps := 0
-		if v3 {
-			bps = 2
-		}
-		be.dev.SetGEMV3(bps)
-		be.SetGEMV3Norm(strings.HasSuffix(c.name, "/v3n"))
 		const bs = 16
 		nb := c.ctx / bs
 		table := make([]int32, nb)
@@ -515,7 +487,7 @@ func BenchmarkOpsDecodeStep8B(b *testing.B) {
 		}
 		got := make([]float32, vocab)
 		be.ReadF32(got, logits)
-		if c.fused && (c.fuseNorm || dmode != decAttnOff || dnorm || v3) { // other bits: how far the logits moved
+		if c.fused && (c.fuseNorm || dmode != decAttnOff || dnorm) { // other bits: how far the logits moved
 			diff, top := 0.0, 0.0
 			for i, v := range got {
 				diff, top = max(diff, math.Abs(float64(v-logitsF[i]))), max(top, math.Abs(float64(logitsF[i])))

@@ -194,7 +194,7 @@ func (b *blasLt) plan(n, rows, cols int) (*gemmPlan, error) {
 	return p, nil
 }
 
-// The skinny products of decode batches (the split input's 2·rows up to
+// The few-row products of decode batches (the split input's 2·rows up to
 // gemmTuneRows) take the fastest of the heuristic's first gemmTuneAlgos
 // algorithms, timed once per shape on its first call (tuneL), which runs
 // eagerly: a step is captured as a graph only on its trace's second

@@ -66,10 +66,6 @@ type Device struct {
 	// gemv_split, else rows a block of gemv_rows; set at Open.
 	gemvRows int
 
-	// gemv3 is the version-3 GEMV's blocks a multiprocessor (gemv3.go), 0
-	// for off; set at Open from FERRITE_CUDA_GEMV, ahead of gemvRows.
-	gemv3 int
-
 	// prefetch makes the split GEMVs ask L2 for their weight rows before
 	// they wait for the kernel before them (pdl.go's weightPrefetch); set
 	// at Open, changed only on the device thread.
@@ -316,7 +312,6 @@ func (d *Device) setup() error {
 	}
 	d.pdl = pdlEnabled(d.Major) && d.prof == nil
 	d.gemvRows = gemvRowsDefault()
-	d.gemv3 = gemv3Default()
 	d.prefetch = os.Getenv("FERRITE_CUDA_PREFETCH") == "1"
 	return d.loadModule()
 }

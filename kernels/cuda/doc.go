@@ -34,19 +34,9 @@
 // FERRITE_CUDA_DNORM=gemv also norms a one-row product's output in that
 // GEMV's last block (ferrite_gemv_*_1n; measured slower, off).
 // FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of
-// that many rows a block. FERRITE_CUDA_GEMV=v3 runs the one-row
-// and row-exact products and the one-row SwiGLU GEMV as the version-3
-// GEMV (gemv3.go, src/ops_gemv3.cu: persistent blocks streaming their
-// rows through a cp.async ring in shared memory, the first tiles issued
-// before the PDL wait), v3n also the norm ops of one row with the norm in
-// that GEMV; off (GPU run 3 of session 15: 1.6–2.7× slower than
-// gemv_split, BENCHMARKS.md §9). Two kernels for decode batches are in and off by default
-// until they beat what runs now: FERRITE_CUDA_SKINNY=N runs the products
-// of 2 to N rows as the skinny GEMM (skinny.go: tensor cores, the weight
-// read once, stream-K over one block a multiprocessor, the SwiGLU, bias
-// and residual add in its epilogue; FERRITE_CUDA_SKINNY_L2=1–3 adds L2
-// hints to its weight loads) instead of cuBLASLt, FERRITE_CUDA_ROWATTN=N the attention of N rows or more as
-// rowattn (rowattn.go: the lanes across the head dims, the keys split to
+// that many rows a block. A kernel for decode batches is in and off by
+// default until it beats what runs now: FERRITE_CUDA_ROWATTN=N runs the
+// attention of N rows or more as rowattn (rowattn.go: the lanes across the head dims, the keys split to
 // fill the GPU) instead of the split-KV kernel. FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
 // copy and memset with CUDA events into a per-kernel table;
 // FERRITE_CUDA_PROFILE=graph times the kernels of replayed step graphs

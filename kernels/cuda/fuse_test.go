@@ -17,8 +17,7 @@ import (
 
 // TestNormFused checks the norm-fused GEMVs (NormLinearCat,
 // NormSwiGLULinear, AddNormLinearCat) at model widths, fused
-// (SetFuseNorm(true)), as the norm-fused version-3 GEMVs (SetGEMV3Norm)
-// and as RMSNorm then the product: all within LinearTol of
+// (SetFuseNorm(true)) and as RMSNorm then the product: all within LinearTol of
 // the references over the reference's normed rows, with the worst error logged as a fraction
 // of its tolerance; and, with SetRowExact, every row of a 4-row call equal
 // bit for bit to a call of that row alone (speculative == plain greedy).
@@ -28,17 +27,11 @@ func TestNormFused(t *testing.T) {
 		b.SetFuseNorm(true)
 		kerneltest.RunNormOps(t, b)
 	})
-	t.Run("conformance/v3n", func(t *testing.T) { // the same, the norm-fused version-3 GEMVs (gemv3.go)
-		b := openOps(t)
-		b.SetGEMV3Norm(true)
-		kerneltest.RunNormOps(t, b)
-	})
 	b := openOps(t)
 	defer b.SetFuseNorm(false)
-	defer b.SetGEMV3Norm(false)
 	logKernelResources(t, b.dev, "ferrite_gemv_bf16_1", "ferrite_gemv_norm_bf16", "ferrite_gemv_addnorm_bf16",
 		"ferrite_gemv_swiglu_bf16", "ferrite_gemv_norm_swiglu_bf16", "ferrite_gemv_bf16_x", "ferrite_attn_bf16_4_g4",
-		"ferrite_attn_qkv_bf16_4", "ferrite_attn_bf16_4", "ferrite_gemv3_bf16", "ferrite_gemv3_swiglu_bf16", "ferrite_gemv3n_bf16", "ferrite_gemv3n_swiglu_bf16")
+		"ferrite_attn_qkv_bf16_4", "ferrite_attn_bf16_4")
 	for _, c := range []struct {
 		cols, q, kv, inter int
 		offset             bool
@@ -111,20 +104,8 @@ func TestNormFused(t *testing.T) {
 			}
 			return lin, sw
 		}
-		for _, mode := range []string{"fused", "v3n", "unfused"} {
+		for _, mode := range []string{"fused", "unfused"} {
 			b.SetFuseNorm(mode == "fused")
-			b.SetGEMV3Norm(mode == "v3n")
-			if mode == "v3n" { // the cases take the norm-fused version-3 GEMVs
-				x := f32Tensor(t, b, 1, c.cols, xv[:c.cols])
-				dw, err := b.stacked(ws...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !b.norm3(x, hn, dw, false) {
-					t.Fatalf("cols %d: no norm-fused version-3 GEMV", c.cols)
-				}
-				b.Free(x)
-			}
 			name := fmt.Sprintf("cols %d offset %v %s", c.cols, c.offset, mode)
 			lin, sw := run(1, 0)
 			worst := 0.0

@@ -191,14 +191,13 @@ func TestFuseHalvesPrep(t *testing.T) {
 	}
 }
 
-// halvesBackend is the fusion tests' backend: cuBLASLt's split products
-// (no skinny GEMM), the fusion switched per case and restored at the end.
+// halvesBackend is the fusion tests' backend: cuBLASLt's split products,
+// the fusion switched per case and restored at the end.
 func halvesBackend(t *testing.T) *Backend {
 	b := openOps(t)
 	if !b.useGemm() {
 		t.Skipf("no cuBLASLt: %v", b.gemmErr)
 	}
-	b.SetSkinnyRows(0)
 	prev := b.SetFuseHalves(false)
 	t.Cleanup(func() { b.SetFuseHalves(prev) })
 	return b

@@ -47,9 +47,6 @@ var kernelNames = []string{
 	"ferrite_moe_few_down_1", "ferrite_moe_few_down_8", "ferrite_moe_sort", "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down",
 	"ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", "ferrite_moe_gt_gate_up_r1", "ferrite_moe_gt_gate_up_r2", "ferrite_moe_gt_gate_up_r4", "ferrite_moe_gt_down_r2",
 	"ferrite_moe_gt_down_r4", "ferrite_moe_gt_down_r8", "ferrite_moe_b1_1", "ferrite_moe_b1_3",
-	"ferrite_moe_gt_gate_up_r1_cv", "ferrite_moe_gt_gate_up_r2_cv",
-	"ferrite_moe_gt_gate_up_r4_cv", "ferrite_moe_gt_down_r2_cv",
-	"ferrite_moe_gt_down_r4_cv", "ferrite_moe_gt_down_r8_cv",
 	// Random weights (src/randfill.cu).
 	"ferrite_random_fill",
 }

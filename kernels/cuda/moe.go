@@ -28,7 +28,6 @@ type moeConfig struct {
 	b1       int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
 	b1Most   int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
 	combine1 bool // FERRITE_MOE_COMBINE=1: ferrite_moe_combine one block a token (combineParts)
-	cv       bool // FERRITE_MOE_CV=1: the register tiles' _cv kernels (each weight widened once for all of a tile's slots)
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -42,8 +41,7 @@ func moeConfigFromEnv() moeConfig {
 		return v
 	}
 	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", pipe: pipeMode(os.Getenv("FERRITE_MOE_KERNELS")), few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB"),
-		tiles: num("FERRITE_MOE_TILES"), cv: os.Getenv("FERRITE_MOE_CV") == "1",
-		combine1: os.Getenv("FERRITE_MOE_COMBINE") == "1"}
+		tiles: num("FERRITE_MOE_TILES"), combine1: os.Getenv("FERRITE_MOE_COMBINE") == "1"}
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
 	}
@@ -99,18 +97,9 @@ func (c moeConfig) useGT(n, k int) bool {
 	return n >= moeGTFrom && n <= most
 }
 
-// gtLaunch names the register tiles' kernels and their weight rows a
-// block (8 warps of R rows): with c.cv their _cv twins.
+// gtLaunch names the register tiles' kernels for c.gt and their weight
+// rows a block (8 warps of R rows).
 func (c moeConfig) gtLaunch() (gateUp string, guRows int, down string, downRows int) {
-	gateUp, guRows, down, downRows = c.gtKernels()
-	if c.cv {
-		gateUp, down = gateUp+"_cv", down+"_cv"
-	}
-	return
-}
-
-// gtKernels names the plain register-tile kernels for c.gt (gtLaunch).
-func (c moeConfig) gtKernels() (gateUp string, guRows int, down string, downRows int) {
 	switch c.gt {
 	case 1:
 		return "ferrite_moe_gt_gate_up_r1", 1 * moeGEMVRows, "ferrite_moe_gt_down_r2", 2 * moeGEMVRows

@@ -63,8 +63,7 @@ func TestOpsExpertsPaths(t *testing.T) {
 	}
 	checkExperts(t, b, "bf16/n=16", bf16, 16, 4, rng) // the register tiles
 	for _, c := range []moeConfig{{tiles: 1}, {tiles: 1, sb: 1}, {tiles: 1, sb: 7}, {tiles: 1, sb: 256}, {tiles: 1, gt: 1},
-		{tiles: 1, gt: 2, sb: 5}, {gt: 2}, {gt: 1, sb: 3}, {tiles: 1, cv: true}, {tiles: 1, gt: 2, sb: 5, cv: true},
-		{gt: 1, cv: true}, {tiles: 1, sb: 256, cv: true}} {
+		{tiles: 1, gt: 2, sb: 5}, {gt: 2}, {gt: 1, sb: 3}} {
 		b.moe = c
 		for _, n := range []int{1, 5, moeFewTokens + 3, moeGTTokens} {
 			checkExperts(t, b, fmt.Sprintf("mixed/%+v/n=%d", c, n), mixed, n, 4, rng)
@@ -137,8 +136,7 @@ func TestOpsExpertsRowExact(t *testing.T) {
 	for i := range n {
 		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true},
-		{tiles: 1, cv: true}, {tiles: 1, sb: 5, cv: true}, {tiles: 1, gt: 1, cv: true}, {tiles: 1, gt: 2, cv: true}} {
+	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true}} {
 		b.moe = c
 		for _, rows := range []int{2, 8, n} {
 
@@ -228,11 +226,9 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // (FERRITE_MOE_GT; 4 by default), "tiles" the prefill path's sorted tiles
 // at a register-tile size (FERRITE_MOE_KERNELS=v1), "pipe", "pipe16",
 // "piped", "pipe16d" the streamed kernels (FERRITE_MOE_KERNELS of the same
-// name: moe_pipe.go) from moeGTFrom tokens, "cv" the register tiles'
-// _cv kernels (FERRITE_MOE_CV=1: each weight widened once for all of a
-// tile's slots), "gt=2" two gate/up rows a warp (FERRITE_MOE_GT=2),
-// "combine1" ferrite_moe_combine one block a token
-// (FERRITE_MOE_COMBINE=1). µs/layer is the step over the layers; GB/s
+// name: moe_pipe.go) from moeGTFrom tokens, "gt=2" two gate/up rows a
+// warp (FERRITE_MOE_GT=2), "combine1" ferrite_moe_combine one block a
+// token (FERRITE_MOE_COMBINE=1). µs/layer is the step over the layers; GB/s
 // counts the chosen experts' weight bytes (distinct experts of the step's
 // tokens) over the step's wall time, TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
@@ -303,9 +299,7 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
 		}
 		if (moeConfig{}).useGT(n, k) {
-			vs = append(vs, variant{"/cv", moeConfig{cv: true}}, variant{"/gt=2", moeConfig{gt: 2}},
-				variant{"/gt=2+cv", moeConfig{gt: 2, cv: true}}, variant{"/gt=1+cv", moeConfig{gt: 1, cv: true}},
-				variant{"/combine1", moeConfig{combine1: true}})
+			vs = append(vs, variant{"/gt=2", moeConfig{gt: 2}}, variant{"/combine1", moeConfig{combine1: true}})
 		}
 		if n > moeGTTokens && n*k <= moePipeSlots {
 			vs = append(vs, variant{"/tiles", moeConfig{pipe: -1}})

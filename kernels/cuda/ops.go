@@ -188,11 +188,6 @@ func (d *Device) linearL(y, x uint64, w *Weight, n int, bias uint64, acc bool) e
 	if n == 0 || w.Rows == 0 {
 		return nil
 	}
-	if n == 1 {
-		if ok, err := d.linear3L(y, x, w, n, bias, acc); ok {
-			return err
-		}
-	}
 	nb := 1 // kernels for n = 1 (decode) and for n in chunks of 8
 	if n > 1 {
 		nb = 0
@@ -226,9 +221,6 @@ func (d *Device) linearExactL(y, x uint64, w *Weight, n int, bias uint64, acc bo
 	name, ok := gemvExactKernels[w.DType]
 	if !ok || n == 0 || w.Rows == 0 {
 		return d.linearL(y, x, w, n, bias, acc)
-	}
-	if ok, err := d.linear3L(y, x, w, n, bias, acc); ok { // the version-3 GEMV's sums, row by row
-		return err
 	}
 	grid := uint32(ceilDiv(w.Rows, gemvBlock/32/gemvSplit))
 	return d.launchL(name, grid, gemvBlock, 0, y, x, w.Buf.ptr, i32(n), i32(w.Rows), i32(w.Cols), bias, b32(acc), i32(d.prefetchBlocks()))

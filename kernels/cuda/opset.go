@@ -190,8 +190,6 @@ func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
 	switch {
 	case b.rowExact && n > 1, fewRows(w, n):
 		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
-	case b.useSkinny(w, n, x):
-		b.linearSkinny(y, x, bias, w, n, acc, false, 0)
 	case n == 1 || w.DType != kernels.BF16 || !b.useGemm():
 		b.queue(func(d *Device) error { return d.linearL(y, x, w, n, bias, acc) })
 	case n < gemmRoundRows:
@@ -258,9 +256,6 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	y, xp := dptr(dst), dptr(x)
 	if k, ok := gemvSwiGLU[dw.DType]; ok && n == 1 { // with SetRowExact, n > 1 gives each row these bits too
 		b.queue(func(d *Device) error {
-			if ok, err := d.swiglu3L(y, xp, dw, 1, inter, limit); ok {
-				return err
-			}
 			name, grid := k[0], uint32(inter)
 			if d.gemvRows > 0 { // gemvRows weight rows, half of them outputs, a block
 				name, grid = k[d.gemvRows/4], uint32(ceilDiv(inter, d.gemvRows/2))
@@ -271,9 +266,6 @@ func (b *Backend) SwiGLULinear(dst, x kernels.Tensor, gate, up *kernels.Mat, lim
 	}
 	switch {
 	case b.rowExact: // below
-	case b.useSkinny(dw, n, xp): // the SwiGLU in the skinny GEMM's epilogue
-		b.linearSkinny(y, xp, 0, dw, n, false, true, limit)
-		return
 	case dw.DType == kernels.BF16 && n < gemmRoundRows && b.useGemm(): // linearW's split product
 		b.linearSplitSwiGLU(y, xp, dw, n, limit)
 		return
@@ -298,9 +290,6 @@ func (b *Backend) NormLinearCat(dst, x kernels.Tensor, n *kernels.HeadNorm, ws [
 		return
 	}
 	rows := x.Rows
-	if b.normLinear3(dst, kernels.Tensor{}, x, kernels.Tensor{}, n, dw, bias, e.Accumulate) {
-		return
-	}
 	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
 		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
 		b.queue(func(d *Device) error {
@@ -341,9 +330,6 @@ func (b *Backend) AddNormLinearCat(dst, sum, x, delta kernels.Tensor, n *kernels
 		return
 	}
 	rows := x.Rows
-	if b.normLinear3(dst, sum, x, delta, n, dw, bias, e.Accumulate) {
-		return
-	}
 	if k, ok := gemvAddNormKernels[dw.DType]; ok && b.fusesNorm(x, n) && dptr(delta)%16 == 0 {
 		y, xp, nw, dp, sp := dptr(dst), dptr(x), dptr(n.W), dptr(delta), dptr(sum)
 		b.queue(func(d *Device) error {
@@ -381,9 +367,6 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 		b.fail(err)
 		return
 	}
-	if b.normSwiGLU3(dst, x, n, dw, limit) {
-		return
-	}
 	if k, ok := gemvNormKernels[dw.DType]; ok && b.fusesNorm(x, n) {
 		y, xp, nw := dptr(dst), dptr(x), dptr(n.W)
 		b.queue(func(d *Device) error {
@@ -405,7 +388,7 @@ func (b *Backend) NormSwiGLULinear(dst, x kernels.Tensor, n *kernels.HeadNorm, g
 // write its split input (ferrite_rmsnorm_bf16x2) in place of the normed
 // rows and their split.
 func (b *Backend) splitsNormed(w *Weight, rows int) bool {
-	return !b.rowExact && w.DType == kernels.BF16 && rows > 1 && rows < gemmRoundRows && rows > b.skinny.rows && b.useGemm()
+	return !b.rowExact && w.DType == kernels.BF16 && rows > 1 && rows < gemmRoundRows && b.useGemm()
 }
 
 // splitNorm is splitGemmXB's split of RMSNorm(x) with hn, the norm and the

@@ -73,7 +73,6 @@ func TestOpsLinearGemm(t *testing.T) {
 	if !b.useGemm() {
 		t.Skipf("no cuBLASLt: %v", b.gemmErr)
 	}
-	b.SetSkinnyRows(0) // 2 to 64 rows would take the skinny GEMM (TestSkinny)
 	for _, n := range []int{2, 9, 40, 165, gemmRoundRows + 44} {
 		rng := rand.New(rand.NewPCG(uint64(n), 4))
 		const rows, cols = 96, 256

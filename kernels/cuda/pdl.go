@@ -45,9 +45,6 @@ var pdlKernels = map[string]bool{
 	"ferrite_moe_few_down_1": true, "ferrite_moe_few_down_8": true, "ferrite_moe_gt_gate_up_r1": true, "ferrite_moe_gt_gate_up_r2": true,
 	"ferrite_moe_gt_gate_up_r4": true, "ferrite_moe_gt_down_r2": true, "ferrite_moe_gt_down_r4": true, "ferrite_moe_gt_down_r8": true,
 	"ferrite_moe_b1_1": true, "ferrite_moe_b1_3": true,
-	"ferrite_moe_gt_gate_up_r1_cv": true, "ferrite_moe_gt_gate_up_r2_cv": true,
-	"ferrite_moe_gt_gate_up_r4_cv": true, "ferrite_moe_gt_down_r2_cv": true,
-	"ferrite_moe_gt_down_r4_cv": true, "ferrite_moe_gt_down_r8_cv": true,
 }
 
 // pdlEnabled is whether a new Device of compute capability major uses PDL:

@@ -31,13 +31,12 @@ func cudaSources(t *testing.T) string {
 
 // TestPDLKernelsWait checks that every kernel launched with programmatic
 // dependent launch starts with FERRITE_PDL_WAIT(), directly or through the
-// macro that defines it, after at most a weight prefetch (pdl.go; the
-// skinny GEMM's first weight stages, skinny.cu): without
+// macro that defines it, after at most a weight prefetch (pdl.go): without
 // the wait it could read its inputs before the kernel that writes them has
 // finished.
 func TestPDLKernelsWait(t *testing.T) {
 	src := cudaSources(t)
-	const wait = `(?:[\s\\]*(?:(?:split|swiglu)_prefetch<W>\(pf, w, [^;]*\)|attn_prefetch<BF>\(a\)|skinny_prefetch<NT, SWIGLU>\(w, [^;]*\));)?[\s\\]*FERRITE_PDL_WAIT\(\);`
+	const wait = `(?:[\s\\]*(?:(?:split|swiglu)_prefetch<W>\(pf, w, [^;]*\)|attn_prefetch<BF>\(a\));)?[\s\\]*FERRITE_PDL_WAIT\(\);`
 	for name := range pdlKernels {
 		q := regexp.QuoteMeta(name)
 		if regexp.MustCompile(`__global__[^{;]*?\b` + q + `\([^)]*\)\s*\{` + wait).MatchString(src) {
@@ -58,12 +57,6 @@ func TestPDLKernelsWait(t *testing.T) {
 		// (dec_block's and ferrite_rmsnorm_row's comments say why).
 		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{[\s\\]*DecArgs a\{[^;]*\};[\s\\]*dec_block<`).MatchString(src) &&
 			decPreWaitOK(src) {
-			continue
-		}
-		// The version-3 GEMVs (ops_gemv3.cu): before the wait gemv3 copies
-		// only its first weight tiles into its ring.
-		if m != nil && regexp.MustCompile(`#define `+m[1]+`\([^)]*\)[^{]*\{[\s\\]*gemv3_(?:linear|swiglu)<W, NORM>\(`).MatchString(src) &&
-			regexp.MustCompile(`for \(int t = 0; t < kGemv3Stages - 1; t\+\+\) gemv3_issue\(ring, st, t\);\s*FERRITE_PDL_WAIT\(\);`).MatchString(src) {
 			continue
 		}
 		if name == "ferrite_rmsnorm_row" && regexp.MustCompile(`ferrite_rmsnorm_row\([^)]*\)\s*\{[^}]*\}\s*FERRITE_PDL_WAIT\(\);`).MatchString(src) {

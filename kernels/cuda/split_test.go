@@ -20,7 +20,6 @@ func TestPresplit(t *testing.T) {
 	if !b.useGemm() {
 		t.Skipf("no cuBLASLt: %v", b.gemmErr)
 	}
-	b.SetSkinnyRows(0)
 	const n, hidden, inter = 24, 128, 200
 	rng := rand.New(rand.NewPCG(5, 6))
 	gate, up := kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0), kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)

@@ -42,13 +42,9 @@
 #              GLM-4.7-Flash 1/32 (128+32), glm5next-8l 1/32 (128+32),
 #              ferrite-tiny as shipped with MTP on and off (128+64); all
 #              into prof.log (~110-190 s)
-#   batch      (not in the default list) decode batches, off by default:
-#              their tests in a process of their own (FERRITE_TEST_BATCH=1:
-#              the skinny GEMM, rowattn), BenchmarkSkinny (the skinny GEMM
-#              against cuBLASLt at Qwen3-8B shapes, 8-64 rows) into
-#              batch.log, then ferrite bench, Qwen3-8B 32/64 128+64 with the
-#              skinny GEMM on (FERRITE_CUDA_SKINNY=64, batch-on) and off
-#              (batch-off), back to back (~150 s)
+#   batch      (not in the default list) the decode-batch kernel that is
+#              off by default (rowattn): its tests in a process of their
+#              own (FERRITE_TEST_BATCH=1) into batch.log
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
 # (default 540) have passed, so a hang still returns the fatbin and the logs.
 # Writes to $OUT: ferrite.fatbin, fatbin.sha256, *.log, *.json.
@@ -159,13 +155,8 @@ if want prof; then
 fi
 if want batch; then
 	(cd k && FERRITE_TEST_DEVICE=cuda FERRITE_TEST_BATCH=1 run batch-test 40 batch.log ../cuda.test -test.v -test.count 1 \
-		-test.run 'TestSkinny|TestRowAttention/^Attention$')
+		-test.run 'TestRowAttention/^Attention$')
 	grep -hE '^(--- FAIL|FAIL|ok|panic)|worst|max error' "$out/batch.log" | sed -E 's/ +/ /g' | head -80
-	(cd k && run batch-bench 45 batch.log ../cuda.test -test.run XXX -test.bench 'Skinny' -test.benchtime 50x)
-	grep -hE '^Benchmark|rc=' "$out/batch.log" | sed -E 's/ +/ /g'
-	# the skinny GEMM on and off, back to back
-	FERRITE_CUDA_SKINNY=64 bench batch-on 45 --model "$dev/qwen3-8b" --concurrency 32,64 --prompt-len 128 --gen-len 64
-	bench batch-off 45 --model "$dev/qwen3-8b" --concurrency 32,64 --prompt-len 128 --gen-len 64
 fi
 if want hybrid; then
 	# MTP at batch 1 (issue 13 item 5): speculative greedy == plain greedy on

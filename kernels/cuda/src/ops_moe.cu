@@ -538,19 +538,6 @@ __device__ __forceinline__ void tile_x(const float* x, float (&xv)[W::kE]) {
     }
 }
 
-// tile_fma widens a lane's packed weights v once and adds them times each
-// of the nc vectors' values xq[q] to acc[q], in element order.
-template <class W, int C>
-__device__ __forceinline__ void tile_fma(const uint4& v, const float (&xq)[C][W::kE], int nc, float (&acc)[C]) {
-    float wv[W::kE];
-    W::vec(v, wv);
-#pragma unroll
-    for (int q = 0; q < C; q++)
-        if (q < nc)
-#pragma unroll
-            for (int c = 0; c < W::kE; c++) acc[q] = fmaf(wv[c], xq[q][c], acc[q]);
-}
-
 // tile_dot sets oa[r][q] = row_r·xs[q] (and ob[r][q] = brow_r·xs[q] when
 // TWO) for r < nr rows a + r·pitch (b + r·pitch) and q < nc vectors: rows
 // of cols values of dtype W in 16-byte loads (rows and xs 16-byte
@@ -558,10 +545,9 @@ __device__ __forceinline__ void tile_fma(const uint4& v, const float (&xq)[C][W:
 // weight load serves nc vectors and each vector load nr rows (a register
 // tile), every output summed in rows_dot_vec<W, 1>'s order. The weights
 // stay packed in registers and are widened where they are used (GPU run
-// 2: widening the tile up front took 230 registers a thread): once a
-// vector, or with CV once for all nc vectors, whose values are then held
-// at once (the same products in the same order).
-template <class W, int R, int C, bool TWO, bool CV>
+// 2: widening the tile up front took 230 registers a thread), once a
+// vector.
+template <class W, int R, int C, bool TWO>
 __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, size_t pitch, int nr,
                                          const float* const (&xs)[C], int nc, int cols, float (&oa)[R][C],
                                          float (&ob)[R][C]) {
@@ -579,20 +565,6 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
                 va[r] = __ldg(reinterpret_cast<const uint4*>(a + r * pitch + size_t(k) * W::kSize));
                 if (TWO) vb[r] = __ldg(reinterpret_cast<const uint4*>(b + r * pitch + size_t(k) * W::kSize));
             }
-        }
-        if (CV) {
-            float xq[C][W::kE];
-#pragma unroll
-            for (int q = 0; q < C; q++)
-                if (q < nc) tile_x<W>(xs[q] + k, xq[q]);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (r < nr) {
-                    tile_fma<W, C>(va[r], xq, nc, oa[r]);
-                    if (TWO) tile_fma<W, C>(vb[r], xq, nc, ob[r]);
-                }
-            }
-            continue;
         }
 #pragma unroll
         for (int q = 0; q < C; q++) {
@@ -633,9 +605,8 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
 // (weights 3e, 3e + 1) against x[t / k], out = h (slots, nrows = inter)
 // the SwiGLU; else the down rows (3e + 2) against in[t], out = ye (slots,
 // nrows = hidden) each slot's expert output, which ferrite_moe_combine
-// adds up. An id outside [0, experts) writes NaN into its slot's row. CV:
-// tile_dot's widen-once form (the _cv kernels).
-template <int R, int C, bool GU, bool CV>
+// adds up. An id outside [0, experts) writes NaN into its slot's row.
+template <int R, int C, bool GU>
 __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
                        int experts, int k, int slots, int sb, float limit) {
     __shared__ int sid[kMoeGtSlots], srt[kMoeGtSlots];
@@ -687,9 +658,9 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
             continue;
         }
         float oa[R][C], ob[R][C];
-        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU, CV>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
-        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU, CV>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
-        else tile_dot<F32W, R, C, GU, CV>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        if (ma.dtype == kBF16) tile_dot<BF16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else if (ma.dtype == kF16) tile_dot<F16W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
+        else tile_dot<F32W, R, C, GU>(ra, rb, pitch, nr, xs, nc, ma.cols, oa, ob);
         if (lane == 0) {
 #pragma unroll
             for (int q = 0; q < C; q++) {
@@ -711,35 +682,28 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
 // (n, hidden); down into ye (n·k, hidden) from h, then
 // ferrite_moe_combine. Launch: grid (ceil(rows / (8·R)), ceil(n·k / sb)),
 // 256 threads; n·k ≤ 256. kernels/cuda runs gate/up with R = 4 and down
-// with R = 8 unless FERRITE_MOE_GT picks others. The _cv kernels widen each
-// weight once for all of a tile's slots (FERRITE_MOE_CV).
-#define FERRITE_MOE_GT_GATE_UP(name, R, CV)                                                                \
+// with R = 8 unless FERRITE_MOE_GT picks others.
+#define FERRITE_MOE_GT_GATE_UP(name, R)                                                                  \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
-        name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,     \
+        name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,    \
              int experts, int k, int slots, int sb, float limit) {                                       \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, true, CV>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);          \
+        moe_gt<R, 4, true>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);             \
     }
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1, false)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2, false)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4, false)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1_cv, 1, true)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2_cv, 2, true)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_cv, 4, true)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4)
 
-#define FERRITE_MOE_GT_DOWN(name, R, CV)                                                                   \
+#define FERRITE_MOE_GT_DOWN(name, R)                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
-        name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,      \
+        name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,     \
              int experts, int k, int slots, int sb) {                                                    \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, false, CV>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);            \
+        moe_gt<R, 4, false>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);               \
     }
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2, false)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4, false)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8, false)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2_cv, 2, true)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4_cv, 4, true)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_cv, 8, true)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8)
 
 // ---------------------------------------------------------------------------
 // Grouped experts for many tokens (prefill): the slots sorted by expert,

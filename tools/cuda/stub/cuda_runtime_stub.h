@@ -112,7 +112,7 @@ __device__ float exp2f(float);
 __device__ size_t __cvta_generic_to_shared(const void*);
 __device__ uint4 make_uint4(unsigned, unsigned, unsigned, unsigned);
 __device__ float2 make_float2(float, float);
-// The skinny GEMM's split-K hand-over (src/skinny.cu).
+// The split hand-overs (src/ops.cu, ops_decode.cu, ops_moe_b1.cu, ...).
 __device__ void __threadfence();
 __device__ float __ldcg(const float*);
 // The decode-batch attention's narrow cache loads (src/rowattn.cu).
