@@ -13,10 +13,11 @@ import (
 // kernel takes the rest. In a decode batch every row is its own sequence
 // (the block table has a row a row), so the prefill kernel owns no tile
 // and only exits; GPU run 1 of session 15 had it at 4.4 µs a layer at 64
-// sequences, and run 2's BenchmarkRowAttention measured the decode
-// batch's attention at 49.5 µs a layer without it against 53.1 with it
-// (64 rows, 128–255 keys). So such a batch skips it: the split-KV kernel
-// then runs every row as it ran them before (the same bits).
+// sequences, and run 2's benchmark of the decode batch's attention
+// measured 49.5 µs a layer without it against 53.1 with it (64 rows,
+// 128–255 keys). So such a batch skips it: the split-KV kernel then runs
+// every row as it ran them before (the same bits), when ferrite_dattn
+// does not take the batch (decode.go's decBatch).
 // FERRITE_CUDA_DECODE_PREFILL=1 launches it anyway, as before.
 var decodePrefill = os.Getenv("FERRITE_CUDA_DECODE_PREFILL") == "1"
 

@@ -63,8 +63,7 @@ type Backend struct {
 	// keys and values before its PDL wait (FERRITE_CUDA_ATTN_PREFETCH=0)
 	noAttnPrefetch bool
 
-	dec     decState     // the one-row decode kernels (decode.go)
-	rowAttn rowAttnState // the decode-batch attention (rowattn.go)
+	dec decState // the decode kernels of one row, a verification and decode batches (decode.go)
 
 	moePipeCnt kernels.Tensor // the streamed experts' item counters (moe_pipe.go); the zero Tensor until first used
 
@@ -106,7 +105,6 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 		return nil, err
 	}
 	b.cpu = cpu.New(threads)
-	b.rowAttn.rows = rowAttnDefault()
 	if stepTimeEnabled() {
 		if err = d.do(func() error {
 			var err error

@@ -386,14 +386,3 @@ func TestDlopenNamesLibrary(t *testing.T) {
 		t.Errorf("an empty loader message gives %q", err)
 	}
 }
-
-// batchTest skips t unless FERRITE_TEST_BATCH=1: the decode-batch kernel
-// that is off by default (rowattn) runs its GPU tests in a process of
-// their own (device stage batch), so that a fault there cannot take the
-// rest of the suite's device with it.
-func batchTest(t *testing.T) {
-	t.Helper()
-	if os.Getenv("FERRITE_TEST_BATCH") != "1" {
-		t.Skip("FERRITE_TEST_BATCH=1 runs the decode-batch kernels' tests")
-	}
-}

@@ -34,10 +34,10 @@
 // FERRITE_CUDA_DNORM=gemv also norms a one-row product's output in that
 // GEMV's last block (ferrite_gemv_*_1n; measured slower, off).
 // FERRITE_CUDA_GEMV_ROWS=4 or 8 picks the GEMV of
-// that many rows a block. A kernel for decode batches is in and off by
-// default until it beats what runs now: FERRITE_CUDA_ROWATTN=N runs the
-// attention of N rows or more as rowattn (rowattn.go: the lanes across the head dims, the keys split to
-// fill the GPU) instead of the split-KV kernel. FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
+// that many rows a block. Decode batches of up to 256 rows (a row a
+// sequence) run ferrite_dattn too, the rows copying their first tile
+// before the PDL wait (FERRITE_CUDA_DATTN_BATCH=0: the split-KV kernel).
+// FERRITE_CUDA_PROFILE=1 runs eagerly and times every kernel, GEMM,
 // copy and memset with CUDA events into a per-kernel table;
 // FERRITE_CUDA_PROFILE=graph times the kernels of replayed step graphs
 // through event record nodes instead (profile.go, kernels.Profiler; ferrite

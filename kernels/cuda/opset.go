@@ -1026,9 +1026,6 @@ func (b *Backend) attention(out, q, kc, vc kernels.Tensor, p *kernels.Paged, s k
 		b.decAttention(out, q, kc, vc, p, s, nil)
 		return
 	}
-	if qf == nil && b.rowAttention(out, q, kc, vc, p, s) { // decode batches (rowattn.go)
-		return
-	}
 	dpl := 0
 	for 32<<dpl < s.HeadDim {
 		dpl++

@@ -42,9 +42,6 @@
 #              GLM-4.7-Flash 1/32 (128+32), glm5next-8l 1/32 (128+32),
 #              ferrite-tiny as shipped with MTP on and off (128+64); all
 #              into prof.log (~110-190 s)
-#   batch      (not in the default list) the decode-batch kernel that is
-#              off by default (rowattn): its tests in a process of their
-#              own (FERRITE_TEST_BATCH=1) into batch.log
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
 # (default 540) have passed, so a hang still returns the fatbin and the logs.
 # Writes to $OUT: ferrite.fatbin, fatbin.sha256, *.log, *.json.
@@ -152,11 +149,6 @@ if want prof; then
 	# with PROF_MODE=graph the replayed graphs are timed instead.
 	profbench 25 --model "$root/builtin/model" --concurrency 1 --prompt-len 128 --gen-len 64 --mtp on,off
 	grep -E '^GPU profile|^mode|^ *total \(' "$out/prof.log" | cut -c1-160
-fi
-if want batch; then
-	(cd k && FERRITE_TEST_DEVICE=cuda FERRITE_TEST_BATCH=1 run batch-test 40 batch.log ../cuda.test -test.v -test.count 1 \
-		-test.run 'TestRowAttention/^Attention$')
-	grep -hE '^(--- FAIL|FAIL|ok|panic)|worst|max error' "$out/batch.log" | sed -E 's/ +/ /g' | head -80
 fi
 if want hybrid; then
 	# MTP at batch 1 (issue 13 item 5): speculative greedy == plain greedy on

@@ -71,6 +71,8 @@ __device__ uint4 __ldg(const uint4*);
 __device__ float4 __ldg(const float4*);
 __device__ float __ldg(const float*);
 __device__ float __ldcg(const float*);
+// Read-only 32-bit loads (src/ops_moe_b1.cu's expert descriptors).
+__device__ unsigned __ldg(const unsigned*);
 __device__ uint4 __ldcg(const uint4*);
 __device__ unsigned short __ldcg(const unsigned short*);
 __device__ uint2 __ldcg(const uint2*);
@@ -115,7 +117,3 @@ __device__ float2 make_float2(float, float);
 // The split hand-overs (src/ops.cu, ops_decode.cu, ops_moe_b1.cu, ...).
 __device__ void __threadfence();
 __device__ float __ldcg(const float*);
-// The decode-batch attention's narrow cache loads (src/rowattn.cu).
-__device__ unsigned short __ldg(const unsigned short*);
-__device__ unsigned __ldg(const unsigned*);
-__device__ uint2 __ldg(const uint2*);
