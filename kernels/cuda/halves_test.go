@@ -92,6 +92,10 @@ func TestFuseHalves(t *testing.T) {
 // the stream — and both fusions do happen.
 func TestFuseHalvesPrep(t *testing.T) {
 	b := halvesBackend(t)
+	// The split-KV kernel's split output: decode batches on ferrite_dattn
+	// (the default, decode.go) write none, and the o projection splits
+	// its input itself.
+	defer b.SetDecodeBatch(b.SetDecodeBatch(0, 0), 0)
 	const hidden, heads, kvh, hd, bs = 256, 4, 2, 64, 16
 	const width = (heads + 2*kvh) * hd
 	rng := rand.New(rand.NewPCG(13, 2))
