@@ -107,7 +107,15 @@ type Options struct {
 	// Warmup runs one request of the longest prompt on its own runtime
 	// before the sweep (first-touch page faults of mapped weights and of
 	// the activation buffers a prompt that long needs, worker start-up),
-	// as llama-bench warms up with a run of the measured size.
+	// as llama-bench warms up with a run of the measured size. On a device
+	// that replays steps as graphs (kernels.StepGrapher: a GPU) it then
+	// runs, on that runtime, requests of the longest prompt that fill two
+	// steps of the token budget (one token each, fillCase), so that the
+	// backend's step scratch has grown to the largest step the sweep can
+	// form before any case is timed, as llama.cpp reserves its compute
+	// buffers for the largest batch when a context is made. The cases'
+	// own one-time costs (GEMM plans, the first eager step of a shape and
+	// its graph capture) stay in their windows; WarmupCase takes those out.
 	Warmup bool
 	// WarmupCase runs, before each case's timed requests and on its
 	// runtime, untimed: first enough requests of the case's prompt to fill
@@ -145,6 +153,14 @@ func (o *Options) batchTokens(m model.Model, maxSeqs int) int {
 		return o.MaxBatchTokens
 	}
 	return max(runtime.BatchTokens(m), maxSeqs)
+}
+
+// fillCase is the untimed requests that fill two steps of a token budget
+// of budget tokens with c's prompts (one token each, at least c's
+// concurrency of them): with them queued, the runtime forms the largest
+// step c's runtime can.
+func fillCase(c Case, budget int) Case {
+	return Case{Concurrency: max(c.Concurrency, (2*budget+c.PromptLen-1)/c.PromptLen), PromptLen: c.PromptLen, GenLen: 1}
 }
 
 // warmupCaseGen is the tokens a request of WarmupCase generates: two
@@ -321,7 +337,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 	wm, pm := watch(m)
 	maxSeqs := slices.Max(o.Concurrency)
 	var dev any // the model's device, for its step-graph counts
-	if dm, ok := m.(model.DeviceModel); ok {
+	if dm := model.AsDevice(m); dm != nil {
 		dev = dm.Device()
 	}
 	newRuntime := func(c Case) (*runtime.Runtime, error) {
@@ -341,7 +357,12 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		_, err = runCase(ctx, rt, pm, Case{Concurrency: 1, PromptLen: slices.Max(o.PromptLens), GenLen: 2}, info.Vocab, o.Seed, o.Prompts)
+		w := Case{Concurrency: 1, PromptLen: slices.Max(o.PromptLens), GenLen: 2}
+		_, err = runCase(ctx, rt, pm, w, info.Vocab, o.Seed, o.Prompts)
+		if _, graphs := kernels.StepGraphStats(dev); err == nil && graphs {
+			w.Concurrency = maxSeqs
+			_, err = runCase(ctx, rt, pm, fillCase(w, o.batchTokens(m, maxSeqs)), info.Vocab, o.Seed, o.Prompts)
+		}
 		rt.Close()
 		if err != nil {
 			return nil, fmt.Errorf("bench: warm-up: %w", err)
@@ -376,8 +397,7 @@ func Run(ctx context.Context, m model.Model, o Options) ([]Result, error) {
 			}
 		}
 		if o.WarmupCase {
-			fill := Case{Concurrency: max(c.Concurrency, (2*o.batchTokens(m, maxSeqs)+c.PromptLen-1)/c.PromptLen), PromptLen: c.PromptLen, GenLen: 1}
-			for _, w := range []Case{fill, {Concurrency: c.Concurrency, PromptLen: c.PromptLen, GenLen: min(c.GenLen, warmupCaseGen), MTP: c.MTP}} {
+			for _, w := range []Case{fillCase(c, o.batchTokens(m, maxSeqs)), {Concurrency: c.Concurrency, PromptLen: c.PromptLen, GenLen: min(c.GenLen, warmupCaseGen), MTP: c.MTP}} {
 				if _, err := runCase(ctx, rt, pm, w, info.Vocab, o.Seed, o.Prompts); err != nil {
 					rt.Close()
 					return out, fmt.Errorf("bench: %v: warm-up: %w", c, err)

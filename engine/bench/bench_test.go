@@ -326,3 +326,44 @@ func TestRunWarmupCase(t *testing.T) {
 		t.Errorf("the warm-up ran %d tokens through the model, want %d (%d to fill the budget, then %d requests of %d)", extra, want, fill, conc, warmupCaseGen)
 	}
 }
+
+// graphBackend is the CPU backend saying it replays steps as graphs, as
+// a GPU backend does (kernels.StepGrapher).
+type graphBackend struct{ *cpu.Backend }
+
+func (graphBackend) StepGraphStats() kernels.StepGraphs { return kernels.StepGraphs{} }
+
+// TestRunWarmupFillsSteps checks Options.Warmup on a device that replays
+// steps as graphs: after the warm-up request it runs untimed requests of
+// the longest prompt that fill two steps of the token budget (fillCase),
+// so that the backend's step scratch reaches its largest size before the
+// sweep; on other devices it does not.
+func TestRunWarmupFillsSteps(t *testing.T) {
+	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
+		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(1)
+	t.Cleanup(func() { be.Close() })
+	const prompt, gen, budget = 4, 3, 10
+	opts := Options{Concurrency: []int{1}, PromptLens: []int{prompt}, GenLens: []int{gen}, Seed: 1, NoPrime: true, Warmup: true,
+		MaxBatchTokens: budget}
+	var tokens [2]int
+	for i, dev := range []kernels.Backend{be, graphBackend{be}} {
+		c := &tokenCounter{Model: randomModel(t, dev, cfg)}
+		r, err := Run(context.Background(), c, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r[0].GeneratedTokens != gen || r[0].PromptTokens != prompt {
+			t.Errorf("timed case: %+v", r[0])
+		}
+		tokens[i] = c.tokens
+	}
+	fill := (2*budget + prompt - 1) / prompt // requests of a prompt and one token
+	if extra := tokens[1] - tokens[0]; extra != fill*prompt {
+		t.Errorf("the graph device's warm-up ran %d tokens more than the plain one's, want %d (%d requests of %d)", extra, fill*prompt, fill, prompt)
+	}
+}
