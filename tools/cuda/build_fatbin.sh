@@ -11,6 +11,8 @@
 # sources compile as one translation unit (one CUDA module) into sm_90a
 # machine code (Hopper, with wgmma) plus compute_80 PTX, which the driver
 # compiles at load time for any other GPU of compute capability 8.0 or newer.
+# Every entry is compressed (-compress-all): nvcc 13.0 once left the sm_90a
+# code uncompressed, 11.9 MB instead of 5.3.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 kdir="$(cd "${1:-$here/../../kernels/cuda}" && pwd)"
@@ -31,6 +33,7 @@ trap 'rm -rf "$tmp"' EXIT
 "$NVCC" -fatbin -O3 -std=c++17 -Xptxas -v --threads 0 \
 	-gencode=arch=compute_90a,code=sm_90a \
 	-gencode=arch=compute_80,code=compute_80 \
+	-Xfatbin=-compress-all \
 	-o "$out/ferrite.fatbin" "$tmp/ferrite.cu"
 
 {
