@@ -261,15 +261,21 @@ func TestWatchKeepsInterfaces(t *testing.T) {
 // when the test ends).
 func tinyLlama(t *testing.T) model.Model {
 	t.Helper()
+	be := cpu.New(1)
+	t.Cleanup(func() { be.Close() })
+	return randomModel(t, be, tinyLlamaConfig(t))
+}
+
+// tinyLlamaConfig is tinyLlama's config.
+func tinyLlamaConfig(t *testing.T) *config.Config {
+	t.Helper()
 	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
 		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
 		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	be := cpu.New(1)
-	t.Cleanup(func() { be.Close() })
-	return randomModel(t, be, cfg)
+	return cfg
 }
 
 // randomModel is cfg's model with random float32 weights on be.
@@ -339,12 +345,7 @@ func (graphBackend) StepGraphStats() kernels.StepGraphs { return kernels.StepGra
 // so that the backend's step scratch reaches its largest size before the
 // sweep; on other devices it does not.
 func TestRunWarmupFillsSteps(t *testing.T) {
-	cfg, err := config.Parse("config.json", []byte(`{"model_type": "llama", "hidden_size": 32,
-		"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-		"vocab_size": 64, "max_position_embeddings": 128, "tie_word_embeddings": true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := tinyLlamaConfig(t)
 	be := cpu.New(1)
 	t.Cleanup(func() { be.Close() })
 	const prompt, gen, budget = 4, 3, 10

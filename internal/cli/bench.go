@@ -164,7 +164,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.jsonPath, "json", "", "also write the results as JSON to this file")
 	fs.IntVar(&f.streamMiB, "stream-mib", 1024, "buffer size in MiB of the memory-bandwidth measurement")
 	fs.Float64Var(&f.bandwidthGBps, "bandwidth", 0, "memory bandwidth in GB/s for the roofline, instead of measuring it (0 = measure)")
-	fs.BoolVar(&f.noWarmup, "no-warmup", false, "skip the warm-up request")
+	fs.BoolVar(&f.noWarmup, "no-warmup", false, "skip the warm-up (a request of the longest prompt; on a GPU also requests filling two steps of the token budget)")
 	fs.BoolVar(&f.noPrepare, "no-prepare", false, "leave the backend's one-time forms of the weights (the CPU's resident copies and repacked Q4_0/Q8_0) to the first MatMuls, in the warm-up or the first case, instead of making them after loading (prepare s)")
 	fs.BoolVar(&f.warmupCase, "warmup-case", false, "before each case, run untimed requests filling two steps, then its own requests for 3 tokens (the largest step and its batch shape's one-time costs out of the measurement)")
 	fs.BoolVar(&f.chat, "chat", false, "prompts: chat questions through the model's chat template (needs its tokenizer), request i asking question i, instead of random tokens; --prompt-len is ignored (MTP acceptance on text the model knows)")

@@ -44,18 +44,8 @@ func TestDecodeBatchPrefill(t *testing.T) {
 			t.Fatalf("n=%d: %d sequences taken for a decode batch", n, n/2)
 		}
 		q := f32Tensor(t, b, n, heads*hd, randF32(rng, n*heads*hd))
-		var caches [2]kernels.Tensor
-		for c := range caches {
-			ct, err := b.Alloc(kernels.BF16, n*nb*bs, kvh*hd)
-			if err == nil {
-				tb, _ := ct.Buffer()
-				err = b.dev.FillBF16(tb.(*tensorBuf).buf, int64(ct.Elems()), uint64(c+1), 1)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			caches[c] = ct
-		}
+		kcs, vcs := randCaches(t, b, 1, n*nb*bs, kvh*hd)
+		caches := [2]kernels.Tensor{kcs[0], vcs[0]}
 		var outs [2][]float32
 		for i, pre := range []bool{false, true} {
 			decodePrefill = pre

@@ -178,6 +178,29 @@ func decodeBatchCase(t *testing.T, b *Backend, dt kernels.DType, heads, kvh, hd,
 	}
 }
 
+// randCaches allocates layers pairs of bf16 key and value caches of
+// (rows, cols) filled on the device with random values (pair l's keys from
+// seed 2l+1, its values from 2l+2).
+func randCaches(t testing.TB, be *Backend, layers, rows, cols int) (kc, vc []kernels.Tensor) {
+	t.Helper()
+	for l := range 2 * layers {
+		c, err := be.Alloc(kernels.BF16, rows, cols)
+		if err == nil {
+			cb, _ := c.Buffer()
+			err = be.dev.FillBF16(cb.(*tensorBuf).buf, int64(c.Elems()), uint64(l+1), 1)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l%2 == 0 {
+			kc = append(kc, c)
+		} else {
+			vc = append(vc, c)
+		}
+	}
+	return kc, vc
+}
+
 // BenchmarkDecodeBatchAttention times Attention of a Qwen3-8B decode batch
 // (32/8 heads of 128, bf16 cache, every row its own sequence at positions
 // ctx−17 to ctx−1, or with /spread ctx/2 to ctx−1 as a 128 + 128 bench's
@@ -208,23 +231,8 @@ func BenchmarkDecodeBatchAttention(b *testing.B) {
 				pos[i] = int32(ctx/2 + (37*i)%(ctx/2))
 			}
 		}
-		var kc, vc []kernels.Tensor
+		kc, vc := randCaches(b, be, caches, n*ctx, kvHeads*hd)
 		var bytes float64
-		for l := range 2 * caches {
-			t, err := be.Alloc(kernels.BF16, n*ctx, kvHeads*hd)
-			if err == nil {
-				tb, _ := t.Buffer()
-				err = be.dev.FillBF16(tb.(*tensorBuf).buf, int64(t.Elems()), uint64(l+1), 1)
-			}
-			if err != nil {
-				b.Fatal(err)
-			}
-			if l%2 == 0 {
-				kc = append(kc, t)
-			} else {
-				vc = append(vc, t)
-			}
-		}
 		for _, p := range pos {
 			bytes += float64(p+1) * kvHeads * hd * 2 * 2
 		}

@@ -439,22 +439,7 @@ func BenchmarkDecodeAttention(b *testing.B) {
 				table[i] = int32(i)
 			}
 			kw := sh.kvh * hd
-			var kc, vc []kernels.Tensor
-			for l := range 2 * layers {
-				t, err := be.Alloc(kernels.BF16, width*bs, kw)
-				if err == nil {
-					tb, _ := t.Buffer()
-					err = be.dev.FillBF16(tb.(*tensorBuf).buf, int64(t.Elems()), uint64(l+1), 1)
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
-				if l%2 == 0 {
-					kc = append(kc, t)
-				} else {
-					vc = append(vc, t)
-				}
-			}
+			kc, vc := randCaches(b, be, layers, width*bs, kw)
 			p := &kernels.Paged{Pos: i32TensorB(b, be, []int32{int32(ctx - 1)}), Seq: i32TensorB(b, be, []int32{0}),
 				Slot: i32TensorB(b, be, []int32{int32(ctx - 1)}), BlockSize: bs}
 			bt, err := be.Alloc(kernels.I32, 1, width)
