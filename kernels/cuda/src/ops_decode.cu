@@ -19,16 +19,13 @@ constexpr int kDecMaxSplits = 64;  // splits a merge takes (decode.go's decSplit
 // one KV head, the rows as the cache stores them (HD values of kEsz
 // bytes). Key rows are kPitch bytes apart, 16 more than a row, so that the
 // eight lanes of a 16-byte shared load phase read eight rows in distinct
-// banks (the score loop gives each lane a key). A block holds kStages
-// tiles: two where they fit in 36 KiB (the next tile's copies then run
-// while the block works on this one), else one.
+// banks (the score loop gives each lane a key).
 template <int HD, bool BF>
 struct DecTile {
     static constexpr int kEsz = BF ? 2 : 4;
     static constexpr int kRowB = HD * kEsz;
     static constexpr int kPitch = kRowB + 16;
-    static constexpr int kKeys = 32;
-    static constexpr int kStages = 2 * kKeys * (kPitch + kRowB) <= 36864 ? 2 : 1;
+    static constexpr int kKeys = 16384 / kRowB < 64 ? 16384 / kRowB : 64;
     static constexpr int kSeg = kRowB / 16;  // 16-byte pieces a row
 };
 
@@ -45,9 +42,6 @@ __device__ inline void dec_cp16(void* dst, const void* src) {
 __device__ inline void dec_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 __device__ inline void dec_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// dec_cp_wait_prior waits for every committed group but the newest.
-__device__ inline void dec_cp_wait_prior() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 #endif
 
 // DecArgs are a ferrite_dattn launch's arguments. Block (x, y, z): KV
@@ -113,9 +107,8 @@ __device__ void dec_prep(float* vw, const float* src, int hd, int kind, const Pr
 // QKV form computes the rotation's cos and sin. After the wait: the
 // queries (from q, or prepared from the qkv row, whose split holding the
 // row's position also prepares and stores its key and value), then per
-// tile of 32 keys the scores (a lane a key, a warp a head), the tile's
-// online softmax, and the values (a thread a dim); where two tiles fit
-// (DecTile::kStages) the next tile's copies are in flight meanwhile. A split writes its running
+// tile the scores (a lane a key, a warp a head), the tile's online
+// softmax, and the values (a thread a dim). A split writes its running
 // max, sum and unnormalised output to part; the last split to finish
 // (a counter per block column) merges them, in split order. With one split
 // the block writes out itself. Launch: grid (kvh·chunks, splits, rows),
@@ -130,8 +123,8 @@ __device__ void dec_block(const DecArgs& a) {
     constexpr int kNH = G / kDecWarps;    // heads a warp scores (1 or 2)
     constexpr int kHS = kDecThreads / HD; // head sets of the value loop (a thread a dim)
     constexpr int kGT = G / kHS;          // heads a thread sums values for
-    __shared__ __align__(16) uint8_t sk_[T::kStages][T::kKeys * T::kPitch];
-    __shared__ __align__(16) uint8_t sv_[T::kStages][T::kKeys * T::kRowB];
+    __shared__ __align__(16) uint8_t sk[T::kKeys * T::kPitch];
+    __shared__ __align__(16) uint8_t sv[T::kKeys * T::kRowB];
     __shared__ __align__(16) float sq[G][HD];
     __shared__ __align__(16) float sp[G][T::kKeys];  // the tile's probabilities
     __shared__ __align__(16) float skv[2][HD];       // the QKV form: the row's key and value
@@ -154,7 +147,7 @@ __device__ void dec_block(const DecArgs& a) {
     // before the wait. Rows of one sequence (a verification's) copy after it.
     const bool early = gridDim.z == 1 || a.distinct;
     if (early) {
-        dec_load<HD, BF>(a, sk_[0], sv_[0], bt, k0, min(k1, k0 + T::kKeys), self, kvw, off);
+        dec_load<HD, BF>(a, sk, sv, bt, k0, min(k1, k0 + T::kKeys), self, kvw, off);
         dec_cp_commit();
     }
     PrepArgs pa = a.prep;  // the QKV form: with the norm weights in shared memory
@@ -175,7 +168,7 @@ __device__ void dec_block(const DecArgs& a) {
     }
     FERRITE_PDL_WAIT();
     if (!early) {
-        dec_load<HD, BF>(a, sk_[0], sv_[0], bt, k0, min(k1, k0 + T::kKeys), self, kvw, off);
+        dec_load<HD, BF>(a, sk, sv, bt, k0, min(k1, k0 + T::kKeys), self, kvw, off);
         dec_cp_commit();
     }
 
@@ -226,16 +219,12 @@ __device__ void dec_block(const DecArgs& a) {
     for (int i = 0; i < kGT; i++) acc[i] = 0.f;
     const int d = threadIdx.x % HD, hs = threadIdx.x / HD;
 
-    for (int t0 = k0, stage = 0; t0 < k1; t0 += T::kKeys, stage = (stage + 1) % T::kStages) {
+    for (int t0 = k0; t0 < k1; t0 += T::kKeys) {
         const int t1 = min(k1, t0 + T::kKeys), tn = t1 - t0;
-        uint8_t* const sk = sk_[stage];
-        uint8_t* const sv = sv_[stage];
         if (t0 != k0) {  // a later tile (a split of more than kKeys keys)
             __syncthreads();  // the last tile's rows have been read
-            if constexpr (T::kStages == 1) {
-                dec_load<HD, BF>(a, sk, sv, bt, t0, t1, self, kvw, off);
-                dec_cp_commit();
-            }
+            dec_load<HD, BF>(a, sk, sv, bt, t0, t1, self, kvw, off);
+            dec_cp_commit();
         }
         if (self >= t0 && self < t1) {  // the row's own key and value
             const int j = self - t0;
@@ -258,22 +247,7 @@ __device__ void dec_block(const DecArgs& a) {
                 dec_cp_commit();
             }
         }
-        // Two stages: the next tile's copies are issued before this one is
-        // used (into the stage the last tile used, read by now), and the
-        // wait leaves them in flight.
-        bool ahead = false;
-        if constexpr (T::kStages == 2) {
-            if (t1 < k1) {
-                dec_load<HD, BF>(a, sk_[stage ^ 1], sv_[stage ^ 1], bt, t1, min(k1, t1 + T::kKeys), self, kvw, off);
-                dec_cp_commit();
-                ahead = true;
-            }
-        }
-        if (ahead) {
-            dec_cp_wait_prior();
-        } else {
-            dec_cp_wait();
-        }
+        dec_cp_wait();
         __syncthreads();
 
         // Scores, a lane a key (rows lane, lane + 32, …), the warp's heads
@@ -409,7 +383,7 @@ __device__ void dec_block(const DecArgs& a) {
 #pragma unroll
         for (int z = 0; z < kDecPre; z++) av[i][z] = z < nz && hs + kHS * i < ng ? __ldcg(pa + size_t(z) * a.heads * HD) : 0.f;
     }
-    float* zw = reinterpret_cast<float*>(sk_[0]);  // (G, kDecMaxSplits) the splits' weights exp(m_z − M)
+    float* zw = reinterpret_cast<float*>(sk);  // (G, kDecMaxSplits) the splits' weights exp(m_z − M)
     for (int g = warp; g < ng; g += kDecWarps) {
         float mz[kDecMaxSplits / 32], lz[kDecMaxSplits / 32];
         float mx = -INFINITY;

@@ -167,7 +167,6 @@ inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst
 inline void dec_cp16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
 inline void dec_cp_commit() {}
 inline void dec_cp_wait() {}
-inline void dec_cp_wait_prior() {}
 inline void dec_arrive(int* p) { __atomic_fetch_add(p, 1, __ATOMIC_RELEASE); }
 inline int dec_acquire(const int* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
