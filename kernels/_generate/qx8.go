@@ -207,32 +207,7 @@ func x8BlockQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			}
 		}
 	}
-	msum := make([]VecVirtual, p.rows)
-	for j := range 8 {
-		for r := range p.rows {
-			b := YMM()
-			VPBROADCASTD(p.bs(r, 4*j), b) // Σq of the sub-block's two halves
-			if j == 0 {
-				msum[r] = YMM()
-				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, msum[r])
-			} else {
-				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, b)
-				VPADDD(b, msum[r], msum[r])
-			}
-		}
-	}
-	for r := range p.rows { // the scales widened per x row: no register is free for them
-		d, e := YMM(), YMM()
-		VBROADCASTSS(p.ds(r, 0), d)
-		VCVTPH2PS(Mem{Base: p.wp}, e)
-		VMULPS(d, e, e)
-		VCVTDQ2PS(isum[r], isum[r])
-		VFMADD231PS(isum[r], e, acc[r])
-		VCVTPH2PS(Mem{Base: p.wp, Disp: 16}, e)
-		VMULPS(d, e, e)
-		VCVTDQ2PS(msum[r], msum[r])
-		VFNMADD231PS(msum[r], e, acc[r])
-	}
+	x8Q4KMins(p, isum, acc)
 }
 
 // The VNNI x8 kernels (qx8*R1VNNI, qx8*R4VNNI) read the same layout and
@@ -373,6 +348,12 @@ func x8VNNIQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			}
 		}
 	}
+	x8Q4KMins(p, isum, acc)
+}
+
+// x8Q4KMins ends a Q4_K block: the mins times x's Σq per 16 columns (bs)
+// summed like the scales, then per x row acc += d·dx·isum − dmin·dx·msum.
+func x8Q4KMins(p x8Ptrs, isum, acc []VecVirtual) {
 	msum := make([]VecVirtual, p.rows)
 	for j := range 8 {
 		for r := range p.rows {
@@ -387,7 +368,7 @@ func x8VNNIQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			}
 		}
 	}
-	for r := range p.rows {
+	for r := range p.rows { // the scales widened per x row: no register is free for them
 		d, e := YMM(), YMM()
 		VBROADCASTSS(p.ds(r, 0), d)
 		VCVTPH2PS(Mem{Base: p.wp}, e)
