@@ -115,15 +115,7 @@ func x8BlockQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			}
 		}
 	}
-	dw := YMM()
-	VCVTPH2PS(Mem{Base: p.wp}, dw)
-	for r := range p.rows {
-		d := YMM()
-		VBROADCASTSS(p.ds(r, 0), d)
-		VMULPS(dw, d, d)
-		VCVTDQ2PS(isum[r], isum[r])
-		VFMADD231PS(isum[r], d, acc[r])
-	}
+	x8Q8Scale(p, isum, acc)
 }
 
 // x8BlockQ4_0: per vector v of nibbles, the low ones against x's bytes
@@ -151,18 +143,11 @@ func x8BlockQ4_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			VPADDW(t, s16[r], s16[r])
 		}
 	}
-	dw := YMM()
-	VCVTPH2PS(Mem{Base: p.wp}, dw)
-	for r := range p.rows {
-		i, d, s := YMM(), YMM(), YMM()
+	x8Q40Scale(p, acc, func(r int) VecVirtual {
+		i := YMM()
 		VPMADDWD(c.ones, s16[r], i)
-		VCVTDQ2PS(i, i)
-		VBROADCASTSS(p.ds(r, 0), d)
-		VBROADCASTSS(p.ds(r, 4), s)
-		VMULPS(x8Four8, s, s)
-		VFMSUB213PS(s, d, i)       // d·Σn·q − 8·s in each row's lane
-		VFMADD231PS(i, dw, acc[r]) // acc += dw·that
-	}
+		return i
+	})
 }
 
 // x8BlockQ4K is one Q4_K super-block of eight rows, packed as d and
@@ -252,19 +237,27 @@ func x8VNNIQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			VPDPBUSD_BCST(p.q(r, 4*ch), w, isum[r][ch%chains])
 		}
 	}
+	sum := make([]VecVirtual, p.rows)
 	for r := range p.rows {
 		for i := 1; i < chains; i++ {
 			VPADDD(isum[r][i], isum[r][0], isum[r][0])
 		}
+		sum[r] = isum[r][0]
 	}
+	x8Q8Scale(p, sum, acc)
+}
+
+// x8Q8Scale ends a Q8_0 block: per x row r, acc[r] += dw·d·isum[r], dw
+// the eight (or sixteen) weight rows' scales and d x row r's.
+func x8Q8Scale(p x8Ptrs, isum, acc []VecVirtual) {
 	dw := p.vec()
 	VCVTPH2PS(Mem{Base: p.wp}, dw)
 	for r := range p.rows {
 		d := p.vec()
 		VBROADCASTSS(p.ds(r, 0), d)
 		VMULPS(dw, d, d)
-		VCVTDQ2PS(isum[r][0], isum[r][0])
-		VFMADD231PS(isum[r][0], d, acc[r])
+		VCVTDQ2PS(isum[r], isum[r])
+		VFMADD231PS(isum[r], d, acc[r])
 	}
 }
 
@@ -293,10 +286,17 @@ func x8VNNIQ4_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 	for r := range p.rows {
 		VPADDD(odd[r], isum[r], isum[r])
 	}
+	x8Q40Scale(p, acc, func(r int) VecVirtual { return isum[r] })
+}
+
+// x8Q40Scale ends a Q4_0 block: per x row r, isum(r) emits (or returns)
+// the row's int32 sums Σn·q, and acc[r] += dw·(d·Σn·q − 8·s).
+func x8Q40Scale(p x8Ptrs, acc []VecVirtual, isum func(r int) VecVirtual) {
 	dw := p.vec()
 	VCVTPH2PS(Mem{Base: p.wp}, dw)
 	for r := range p.rows {
-		i, d, s := isum[r], p.vec(), p.vec()
+		i := isum(r)
+		d, s := p.vec(), p.vec()
 		VCVTDQ2PS(i, i)
 		VBROADCASTSS(p.ds(r, 0), d)
 		VBROADCASTSS(p.ds(r, 4), s)
