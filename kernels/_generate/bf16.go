@@ -111,15 +111,7 @@ func bf16Tile(s bf16Shape) {
 
 	Label(name + "_tail")
 	Comment("The last k%32 columns: weights under a mask of k%32 ones.")
-	rem := GP64()
-	MOVQ(k, rem)
-	ANDQ(U8(31), rem)
-	JZ(LabelRef(name + "_reduce"))
-	bits := GP32()
-	MOVL(U32(0xffffffff), bits)
-	BZHIL(rem.As32(), bits, bits)
-	mask := K()
-	KMOVD(bits, mask)
+	_, mask := tailMask32(k, name+"_reduce")
 	step(0, mask)
 
 	Label(name + "_reduce")
@@ -160,6 +152,24 @@ func bf16Tile(s bf16Shape) {
 	}
 	VZEROUPPER()
 	RET()
+}
+
+// tailMask32 sets rem = k%32 and returns it with a mask of rem one bits,
+// which loads the last, partial 32-column chunk of a BF16 row. With skip
+// it first jumps there when rem is 0.
+func tailMask32(k Register, skip string) (rem GPVirtual, mask OpmaskVirtual) {
+	rem = GP64()
+	MOVQ(k, rem)
+	ANDQ(U8(31), rem)
+	if skip != "" {
+		JZ(LabelRef(skip))
+	}
+	bits := GP32()
+	MOVL(U32(0xffffffff), bits)
+	BZHIL(rem.As32(), bits, bits)
+	mask = K()
+	KMOVD(bits, mask)
+	return rem, mask
 }
 
 // bf16Round rounds float32 to bfloat16 (ties to even, NaN kept NaN), the
