@@ -272,13 +272,7 @@ func q4kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 			for r := range p.rows {
 				t := YMM()
 				VPMADDUBSW(p.q(r, 32*j), n, t)
-				if j == 0 {
-					isum[r] = YMM()
-					VPMADDWD(s, t, isum[r])
-				} else {
-					VPMADDWD(s, t, t)
-					VPADDD(t, isum[r], isum[r])
-				}
+				sumInto(&isum[r], j == 0, t, VPADDD, func(d VecVirtual) { VPMADDWD(s, t, d) })
 			}
 		}
 	}
@@ -339,13 +333,7 @@ func q6kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 			for r := range p.rows {
 				t := YMM()
 				VPMADDUBSW(p.q(r, 32*b), u, t)
-				if b == 0 {
-					isum[r] = YMM()
-					VPMADDWD(s, t, isum[r])
-				} else {
-					VPMADDWD(s, t, t)
-					VPADDD(t, isum[r], isum[r])
-				}
+				sumInto(&isum[r], b == 0, t, VPADDD, func(d VecVirtual) { VPMADDWD(s, t, d) })
 			}
 		}
 	}

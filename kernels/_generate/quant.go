@@ -852,3 +852,16 @@ func qtileEnd(acc, sub []VecVirtual) {
 	VZEROUPPER()
 	RET()
 }
+
+// sumInto emits op, the next term of the running sum *sum: the first term
+// (first) op writes into a new register that becomes *sum, later ones into
+// t, which add (VPADDD for int32 sums, VPADDW for int16) then adds in.
+func sumInto(sum *VecVirtual, first bool, t VecVirtual, add func(...Op), op func(dst VecVirtual)) {
+	if first {
+		*sum = YMM()
+		op(*sum)
+		return
+	}
+	op(t)
+	add(t, *sum, *sum)
+}

@@ -106,13 +106,7 @@ func x8BlockQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			VPBROADCASTD(p.q(r, 4*ch), x)
 			VPSIGNB(w, x, x)
 			VPMADDUBSW(x, aw, x)
-			if ch == 0 {
-				isum[r] = YMM()
-				VPMADDWD(c.ones, x, isum[r])
-			} else {
-				VPMADDWD(c.ones, x, x)
-				VPADDD(x, isum[r], isum[r])
-			}
+			sumInto(&isum[r], ch == 0, x, VPADDD, func(d VecVirtual) { VPMADDWD(c.ones, x, d) })
 		}
 	}
 	x8Q8Scale(p, isum, acc)
@@ -131,13 +125,7 @@ func x8BlockQ4_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 		for r := range p.rows {
 			x, t := YMM(), YMM()
 			VPBROADCASTD(p.q(r, 4*v), x)
-			if v == 0 {
-				s16[r] = YMM()
-				VPMADDUBSW(x, lo, s16[r])
-			} else {
-				VPMADDUBSW(x, lo, x)
-				VPADDW(x, s16[r], s16[r])
-			}
+			sumInto(&s16[r], v == 0, x, VPADDW, func(d VecVirtual) { VPMADDUBSW(x, lo, d) })
 			VPBROADCASTD(p.q(r, 16+4*v), t)
 			VPMADDUBSW(t, hi, t)
 			VPADDW(t, s16[r], s16[r])
@@ -173,23 +161,11 @@ func x8BlockQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			for r := range p.rows {
 				x := YMM()
 				VPBROADCASTD(p.q(r, 32*j+4*v), x)
-				if v == 0 {
-					s16[r] = YMM()
-					VPMADDUBSW(x, w, s16[r])
-				} else {
-					VPMADDUBSW(x, w, x)
-					VPADDW(x, s16[r], s16[r])
-				}
+				sumInto(&s16[r], v == 0, x, VPADDW, func(d VecVirtual) { VPMADDUBSW(x, w, d) })
 			}
 		}
 		for r := range p.rows {
-			if j == 0 {
-				isum[r] = YMM()
-				VPMADDWD(Mem{Base: p.wp, Disp: 32 + 32*j}, s16[r], isum[r])
-			} else {
-				VPMADDWD(Mem{Base: p.wp, Disp: 32 + 32*j}, s16[r], s16[r])
-				VPADDD(s16[r], isum[r], isum[r])
-			}
+			sumInto(&isum[r], j == 0, s16[r], VPADDD, func(d VecVirtual) { VPMADDWD(Mem{Base: p.wp, Disp: 32 + 32*j}, s16[r], d) })
 		}
 	}
 	x8Q4KMins(p, isum, acc)
@@ -339,13 +315,7 @@ func x8VNNIQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 		sc := YMM()
 		VPSRLD(U8(16), Mem{Base: p.wp, Disp: 32 + 32*j}, sc) // (sc, sc) → sc
 		for r := range p.rows {
-			if j == 0 {
-				isum[r] = YMM()
-				VPMULLD(sc, sj[r], isum[r])
-			} else {
-				VPMULLD(sc, sj[r], sj[r])
-				VPADDD(sj[r], isum[r], isum[r])
-			}
+			sumInto(&isum[r], j == 0, sj[r], VPADDD, func(d VecVirtual) { VPMULLD(sc, sj[r], d) })
 		}
 	}
 	x8Q4KMins(p, isum, acc)
@@ -359,13 +329,7 @@ func x8Q4KMins(p x8Ptrs, isum, acc []VecVirtual) {
 		for r := range p.rows {
 			b := YMM()
 			VPBROADCASTD(p.bs(r, 4*j), b) // Σq of the sub-block's two halves
-			if j == 0 {
-				msum[r] = YMM()
-				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, msum[r])
-			} else {
-				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, b)
-				VPADDD(b, msum[r], msum[r])
-			}
+			sumInto(&msum[r], j == 0, b, VPADDD, func(d VecVirtual) { VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, d) })
 		}
 	}
 	for r := range p.rows { // the scales widened per x row: no register is free for them
