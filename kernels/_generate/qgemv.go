@@ -276,6 +276,14 @@ func q4kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 			}
 		}
 	}
+	q4kGemvEnd(p, mins, acc, func(r int) VecVirtual { return isum[r] })
+}
+
+// q4kGemvEnd ends a Q4_K super-block: the eight mins (bytes of mins)
+// widened to int16 pairs, and per x row r, isum(r) emits (or returns) the
+// row's eight int32 sums Σ scⱼ·Σ nⱼ·q, and acc[r] += dw·d·that −
+// dmin·d·Σⱼ mⱼ·Σⱼq.
+func q4kGemvEnd(p gemvPtrs, mins VecVirtual, acc []VecVirtual, isum func(r int) VecVirtual) {
 	mnv, hi := YMM(), XMM()
 	VPMOVZXBW(mins, mnv.AsX())
 	VPUNPCKHWD(mnv.AsX(), mnv.AsX(), hi)
@@ -285,12 +293,13 @@ func q4kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 	VPBROADCASTD(Mem{Base: p.wp}, v)
 	VCVTPH2PS(v.AsX(), v) // dw dmin dw dmin ...
 	for r := range p.rows {
+		i := isum(r)
 		msum := YMM()
 		VPMADDWD(p.bs(r, 0), mnv, msum) // mⱼ·Σⱼq in lane j
 		a, b := superScales(v, p.ds(r, 0))
-		VCVTDQ2PS(isum[r], isum[r])
+		VCVTDQ2PS(i, i)
 		VCVTDQ2PS(msum, msum)
-		VFMADD231PS(isum[r], a, acc[r])
+		VFMADD231PS(i, a, acc[r])
 		VFNMADD231PS(msum, b, acc[r])
 	}
 }
@@ -754,23 +763,10 @@ func q4kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 			VPDPWSSD(scl, t, isum[r])
 		}
 	}
-	mnv, hi := YMM(), XMM()
-	VPMOVZXBW(mins, mnv.AsX())
-	VPUNPCKHWD(mnv.AsX(), mnv.AsX(), hi)
-	VPUNPCKLWD(mnv.AsX(), mnv.AsX(), mnv.AsX())
-	VINSERTI128(U8(1), hi, mnv, mnv) // m0 m0 m1 m1 ... m7 m7
-	v := YMM()
-	VPBROADCASTD(Mem{Base: p.wp}, v)
-	VCVTPH2PS(v.AsX(), v) // dw dmin dw dmin ...
-	for r := range p.rows {
-		lo, msum := YMM(), YMM()
+	q4kGemvEnd(p, mins, acc, func(r int) VecVirtual { // fold the zmm sums to eight lanes
+		lo := YMM()
 		VEXTRACTI64X4(U8(1), isum[r], lo)
 		VPADDD(isum[r].AsY(), lo, lo)
-		VPMADDWD(p.bs(r, 0), mnv, msum) // mⱼ·Σⱼq in lane j
-		a, b := superScales(v, p.ds(r, 0))
-		VCVTDQ2PS(lo, lo)
-		VCVTDQ2PS(msum, msum)
-		VFMADD231PS(lo, a, acc[r])
-		VFNMADD231PS(msum, b, acc[r])
-	}
+		return lo
+	})
 }
