@@ -349,16 +349,24 @@ func q6kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 	// − 32·Σ sc·Σq over the 16 sub-blocks of 16 columns.
 	sc16 := YMM()
 	VPMOVSXBW(Mem{Base: p.wp, Disp: 192}, sc16)
+	q6kGemvEnd(p, sc16, acc, func(r int) VecVirtual { return isum[r] })
+}
+
+// q6kGemvEnd ends a Q6_K super-block, sc16 its sixteen scales as int16:
+// per x row r, isum(r) emits (or returns) the row's eight int32 sums
+// Σ sc·Σ q6·q, less 32·Σ sc·Σq, and acc[r] += dw·d·that.
+func q6kGemvEnd(p gemvPtrs, sc16 VecVirtual, acc []VecVirtual, isum func(r int) VecVirtual) {
 	dw := f16Bcast(Mem{Base: p.wp, Disp: 208})
 	for r := range p.rows {
+		i := isum(r)
 		off, d := YMM(), YMM()
 		VPMADDWD(p.bs(r, 0), sc16, off)
 		VPSLLD(U8(5), off, off)
-		VPSUBD(off, isum[r], isum[r])
+		VPSUBD(off, i, i)
 		VBROADCASTSS(p.ds(r, 0), d)
 		VMULPS(dw, d, d)
-		VCVTDQ2PS(isum[r], isum[r])
-		VFMADD231PS(isum[r], d, acc[r])
+		VCVTDQ2PS(i, i)
+		VFMADD231PS(i, d, acc[r])
 	}
 }
 
@@ -685,18 +693,17 @@ func q6kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 			}
 		}
 	}
-	dw := f16Bcast(Mem{Base: p.wp, Disp: 208})
-	for r := range p.rows {
-		lo, off, d := YMM(), YMM(), YMM()
+	q6kGemvEnd(p, sc16, acc, foldZ(isum))
+}
+
+// foldZ is the isum argument of q4kGemvEnd and q6kGemvEnd for sums in zmm
+// registers: it folds x row r's sums to eight lanes.
+func foldZ(isum []VecVirtual) func(r int) VecVirtual {
+	return func(r int) VecVirtual {
+		lo := YMM()
 		VEXTRACTI64X4(U8(1), isum[r], lo)
 		VPADDD(isum[r].AsY(), lo, lo)
-		VPMADDWD(p.bs(r, 0), sc16, off)
-		VPSLLD(U8(5), off, off)
-		VPSUBD(off, lo, lo)
-		VBROADCASTSS(p.ds(r, 0), d)
-		VMULPS(dw, d, d)
-		VCVTDQ2PS(lo, lo)
-		VFMADD231PS(lo, d, acc[r])
+		return lo
 	}
 }
 
@@ -763,10 +770,5 @@ func q4kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 			VPDPWSSD(scl, t, isum[r])
 		}
 	}
-	q4kGemvEnd(p, mins, acc, func(r int) VecVirtual { // fold the zmm sums to eight lanes
-		lo := YMM()
-		VEXTRACTI64X4(U8(1), isum[r], lo)
-		VPADDD(isum[r].AsY(), lo, lo)
-		return lo
-	})
+	q4kGemvEnd(p, mins, acc, foldZ(isum))
 }
