@@ -370,6 +370,19 @@ func q6kGemvEnd(p gemvPtrs, sc16 VecVirtual, acc []VecVirtual, isum func(r int) 
 	}
 }
 
+// xRewind stores k, k/4 and k/8 in a new 24-byte local: the bytes the x
+// pointers into q, ds and bs advance over k columns, which rewind them.
+func xRewind() Mem {
+	t := Load(Param("k"), GP64())
+	back := AllocLocal(24)
+	MOVQ(t, back)
+	SHRQ(U8(2), t)
+	MOVQ(t, back.Offset(8))
+	SHRQ(U8(1), t)
+	MOVQ(t, back.Offset(16))
+	return back
+}
+
 // prefetchAhead is how many bytes ahead of the weight block the gemv
 // kernels prefetch: the hardware prefetchers stop at 4 KiB pages, and a
 // decode step streams the weights from memory.
@@ -404,13 +417,7 @@ func qgemv(k gemvKernel, R int) {
 	}
 	// Per weight row the x pointers advance k bytes (q), k/4 (ds) and
 	// k/8 (bs); the loop rewinds them by these after every weight row.
-	kq := Load(Param("k"), GP64())
-	back := AllocLocal(24)
-	MOVQ(kq, back)
-	SHRQ(U8(2), kq)
-	MOVQ(kq, back.Offset(8))
-	SHRQ(U8(1), kq)
-	MOVQ(kq, back.Offset(16))
+	back := xRewind()
 	rows := AllocLocal(8)
 	r := Load(Param("rows"), GP64())
 	MOVQ(r, rows)
@@ -460,11 +467,7 @@ func qgemv(k gemvKernel, R int) {
 	JE(LabelRef(name + "_done"))
 	acc := make([][]VecVirtual, unroll) // [unroll][R]
 	for u := range acc {
-		for range R {
-			v := YMM()
-			VXORPS(v, v, v)
-			acc[u] = append(acc[u], v)
-		}
+		acc[u] = zeros(R)
 	}
 	n := Load(Param("k"), GP64())
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks

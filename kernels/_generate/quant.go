@@ -346,19 +346,11 @@ func qtile(a qisa, k qkernel, R int) {
 	}
 	acc := make([][]VecVirtual, unroll) // [unroll][R]
 	for u := range acc {
-		for range R {
-			v := YMM()
-			VXORPS(v, v, v)
-			acc[u] = append(acc[u], v)
-		}
+		acc[u] = zeros(R)
 	}
 	var sub []VecVirtual
 	if k.usesSum {
-		for range R {
-			v := YMM()
-			VXORPS(v, v, v)
-			sub = append(sub, v)
-		}
+		sub = zeros(R)
 	}
 	c := &qctx{qisa: a, low4: bcastB(0x0f)}
 	if !a.vnni {
@@ -864,4 +856,14 @@ func sumInto(sum *VecVirtual, first bool, t VecVirtual, add func(...Op), op func
 	}
 	op(t)
 	add(t, *sum, *sum)
+}
+
+// zeros returns n new ymm registers set to zero.
+func zeros(n int) []VecVirtual {
+	v := make([]VecVirtual, n)
+	for i := range v {
+		v[i] = YMM()
+		VXORPS(v[i], v[i], v[i])
+	}
+	return v
 }

@@ -417,15 +417,7 @@ func qx8(k x8Kernel, R int, vnni, wide bool) {
 	}
 	// After a group the x pointers go back k bytes (q), k/4 (ds) and k/8
 	// (bs).
-	back := AllocLocal(24)
-	{
-		t := Load(Param("k"), GP64())
-		MOVQ(t, back)
-		SHRQ(U8(2), t)
-		MOVQ(t, back.Offset(8))
-		SHRQ(U8(1), t)
-		MOVQ(t, back.Offset(16))
-	}
+	back := xRewind()
 	groups := AllocLocal(8)
 	{
 		t := Load(Param("groups"), GP64())
