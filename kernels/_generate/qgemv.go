@@ -431,11 +431,7 @@ func qgemv(k gemvKernel, R int) {
 		LEAQ(Mem{Base: p.ldq, Index: p.ldq, Scale: 2}, p.ldq3)
 		p.dsOff, p.bsOff = AllocLocal(24), AllocLocal(24)
 		if k.elems == 32 { // the inner loop reads ds for every block: keep its offsets in registers
-			p.ldds, p.ldds3 = GP64(), GP64()
-			MOVQ(p.ldq, p.ldds)
-			SHRQ(U8(2), p.ldds)
-			MOVQ(p.ldq3, p.ldds3)
-			SHRQ(U8(2), p.ldds3)
+			p.ldds, p.ldds3 = shrStrides(p.ldq, p.ldq3, 2)
 		}
 		t := GP64()
 		for i := range 3 { // ldq·(i+1)/4 and /8
@@ -665,11 +661,7 @@ func q6kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 	low4, m30, lsh, rsh := c[0], c[1], c[2], c[3]
 	sc16 := YMM()
 	VPMOVSXBW(Mem{Base: p.wp, Disp: 192}, sc16)
-	isum := make([]VecVirtual, p.rows)
-	for r := range p.rows {
-		isum[r] = ZMM()
-		VPSUBD(isum[r], isum[r], isum[r])
-	}
+	isum := zerosZ(p.rows)
 	for h := range 2 {
 		ql, qh := ZMM(), ZMM()
 		VMOVDQU64(Mem{Base: p.wp, Disp: 64 * h}, ql)
@@ -689,14 +681,21 @@ func q6kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 			b := 4*h + 2*g2 // first x block
 			VMOVDQU64(q6PermData.Offset(64*(b/2)), idx)
 			VPERMW(sc16.AsZ(), idx, scl)
-			for r := range p.rows {
-				t := ZMM()
-				VPMADDUBSW(p.q(r, 32*b), u, t)
-				VPDPWSSD(scl, t, isum[r])
-			}
+			scaledPairSums(p, 32*b, u, scl, isum)
 		}
 	}
 	q6kGemvEnd(p, sc16, acc, foldZ(isum))
+}
+
+// scaledPairSums adds, per x row r, x's 64 bytes at off (of the block) against
+// the unsigned bytes u as int16 pair sums (VPMADDUBSW), times the int16
+// scales scl (VPDPWSSD), into the zmm isum[r].
+func scaledPairSums(p gemvPtrs, off int, u, scl VecVirtual, isum []VecVirtual) {
+	for r := range p.rows {
+		t := ZMM()
+		VPMADDUBSW(p.q(r, off), u, t)
+		VPDPWSSD(scl, t, isum[r])
+	}
 }
 
 // foldZ is the isum argument of q4kGemvEnd and q6kGemvEnd for sums in zmm
@@ -755,11 +754,7 @@ func q4kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 	VPMOVZXBW(scv, scv)
 	mins := XMM()
 	VMOVQ(mn8, mins)
-	isum := make([]VecVirtual, p.rows)
-	for r := range p.rows {
-		isum[r] = ZMM()
-		VPSUBD(isum[r], isum[r], isum[r])
-	}
+	isum := zerosZ(p.rows)
 	for h := range 4 {
 		u, scl, idx := ZMM(), ZMM(), ZMM()
 		VBROADCASTI64X4(Mem{Base: p.wp, Disp: 16 + 32*h}, u)
@@ -767,11 +762,7 @@ func q4kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 		VPANDD(low4, u, u)
 		VMOVDQU64(k4PermData.Offset(64*h), idx)
 		VPERMW(scv.AsZ(), idx, scl)
-		for r := range p.rows {
-			t := ZMM()
-			VPMADDUBSW(p.q(r, 64*h), u, t)
-			VPDPWSSD(scl, t, isum[r])
-		}
+		scaledPairSums(p, 64*h, u, scl, isum)
 	}
 	q4kGemvEnd(p, mins, acc, foldZ(isum))
 }

@@ -858,6 +858,27 @@ func sumInto(sum *VecVirtual, first bool, t VecVirtual, add func(...Op), op func
 	add(t, *sum, *sum)
 }
 
+// zerosZ returns n new zmm registers set to zero.
+func zerosZ(n int) []VecVirtual {
+	v := make([]VecVirtual, n)
+	for i := range v {
+		v[i] = ZMM()
+		VPSUBD(v[i], v[i], v[i])
+	}
+	return v
+}
+
+// shrStrides returns new registers holding ld>>s and ld3>>s: the strides of
+// one and of three rows of an array with 2^s times fewer bytes a row.
+func shrStrides(ld, ld3 GPVirtual, s uint8) (GPVirtual, GPVirtual) {
+	a, a3 := GP64(), GP64()
+	MOVQ(ld, a)
+	SHRQ(U8(s), a)
+	MOVQ(ld3, a3)
+	SHRQ(U8(s), a3)
+	return a, a3
+}
+
 // zeros returns n new ymm registers set to zero.
 func zeros(n int) []VecVirtual {
 	v := make([]VecVirtual, n)

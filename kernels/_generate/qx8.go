@@ -402,17 +402,10 @@ func qx8(k x8Kernel, R int, vnni, wide bool) {
 	if R > 1 {
 		p.ldq, p.ldq3 = Load(Param("ldq"), GP64()).(GPVirtual), GP64()
 		LEAQ(Mem{Base: p.ldq, Index: p.ldq, Scale: 2}, p.ldq3)
-		p.ldd, p.ldd3 = GP64(), GP64() // ds row stride in bytes: ldq/32 pairs of 8 bytes
-		MOVQ(p.ldq, p.ldd)
-		SHRQ(U8(2), p.ldd)
-		MOVQ(p.ldq3, p.ldd3)
-		SHRQ(U8(2), p.ldd3)
-		if useBs { // bs row stride in bytes: ldq/16 int16s
-			p.ldb, p.ldb3 = GP64(), GP64()
-			MOVQ(p.ldd, p.ldb)
-			SHRQ(U8(1), p.ldb)
-			MOVQ(p.ldd3, p.ldb3)
-			SHRQ(U8(1), p.ldb3)
+		// Row strides in bytes: ds, ldq/32 pairs of 8 bytes; bs, ldq/16 int16s.
+		p.ldd, p.ldd3 = shrStrides(p.ldq, p.ldq3, 2)
+		if useBs {
+			p.ldb, p.ldb3 = shrStrides(p.ldd, p.ldd3, 1)
 		}
 	}
 	// After a group the x pointers go back k bytes (q), k/4 (ds) and k/8
