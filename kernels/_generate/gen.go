@@ -260,11 +260,7 @@ func tile(a isa, d dtype, s shape) {
 	for r := range acc {
 		acc[r] = make([][]VecVirtual, s.C)
 		for c := range acc[r] {
-			for range s.U {
-				v := a.vec()
-				VXORPS(v, v, v)
-				acc[r][c] = append(acc[r][c], v)
-			}
+			acc[r][c] = zeros(s.U, a.vec)
 		}
 	}
 	// The constants come after the accumulators so that those get the
@@ -455,11 +451,7 @@ func sum() {
 	Pragma("noescape")
 	p := Load(Param("x").Base(), GP64())
 	n := Load(Param("x").Len(), GP64())
-	acc := make([]VecVirtual, 8)
-	for j := range acc {
-		acc[j] = YMM()
-		VXORPS(acc[j], acc[j], acc[j])
-	}
+	acc := zeros(8, YMM)
 	Label("sum_loop")
 	CMPQ(n, U8(64))
 	JB(LabelRef("sum_tail"))

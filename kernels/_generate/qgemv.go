@@ -463,7 +463,7 @@ func qgemv(k gemvKernel, R int) {
 	JE(LabelRef(name + "_done"))
 	acc := make([][]VecVirtual, unroll) // [unroll][R]
 	for u := range acc {
-		acc[u] = zeros(R)
+		acc[u] = zeros(R, YMM)
 	}
 	n := Load(Param("k"), GP64())
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
@@ -661,7 +661,7 @@ func q6kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 	low4, m30, lsh, rsh := c[0], c[1], c[2], c[3]
 	sc16 := YMM()
 	VPMOVSXBW(Mem{Base: p.wp, Disp: 192}, sc16)
-	isum := zerosZ(p.rows)
+	isum := zerosInt(p.rows, ZMM)
 	for h := range 2 {
 		ql, qh := ZMM(), ZMM()
 		VMOVDQU64(Mem{Base: p.wp, Disp: 64 * h}, ql)
@@ -754,7 +754,7 @@ func q4kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 	VPMOVZXBW(scv, scv)
 	mins := XMM()
 	VMOVQ(mn8, mins)
-	isum := zerosZ(p.rows)
+	isum := zerosInt(p.rows, ZMM)
 	for h := range 4 {
 		u, scl, idx := ZMM(), ZMM(), ZMM()
 		VBROADCASTI64X4(Mem{Base: p.wp, Disp: 16 + 32*h}, u)

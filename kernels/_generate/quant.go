@@ -346,11 +346,11 @@ func qtile(a qisa, k qkernel, R int) {
 	}
 	acc := make([][]VecVirtual, unroll) // [unroll][R]
 	for u := range acc {
-		acc[u] = zeros(R)
+		acc[u] = zeros(R, YMM)
 	}
 	var sub []VecVirtual
 	if k.usesSum {
-		sub = zeros(R)
+		sub = zeros(R, YMM)
 	}
 	c := &qctx{qisa: a, low4: bcastB(0x0f)}
 	if !a.vnni {
@@ -608,15 +608,7 @@ func qtileBiased512(bt biased32, R int) {
 	xs := xrows(q0, ds0, R)
 	SHRQ(U8(5), n) // blocks
 
-	acc, corr := make([]VecVirtual, R), make([]VecVirtual, R)
-	for r := range R {
-		acc[r] = ZMM()
-		VXORPS(acc[r], acc[r], acc[r])
-	}
-	for r := range R {
-		corr[r] = ZMM()
-		VXORPS(corr[r], corr[r], corr[r])
-	}
+	acc, corr := zeros(R, ZMM), zeros(R, ZMM)
 	c := bt.consts()
 
 	// An odd block first, on ymm: 256-bit writes clear the upper halves,
@@ -740,11 +732,7 @@ func qtileQ6K512(R int) {
 	xs := xrows(q0, ds0, R)
 	SHRQ(U8(8), n) // super-blocks
 
-	acc := make([]VecVirtual, R)
-	for r := range acc {
-		acc[r] = ZMM()
-		VXORPS(acc[r], acc[r], acc[r])
-	}
+	acc := zeros(R, ZMM)
 	low4, three, b32 := bcastZ(0x0f0f0f0f), bcastZ(0x03030303), bcastZ(0x20202020)
 	shift := []VecVirtual{ZMM(), ZMM()}
 	for p := range shift {
@@ -858,11 +846,12 @@ func sumInto(sum *VecVirtual, first bool, t VecVirtual, add func(...Op), op func
 	add(t, *sum, *sum)
 }
 
-// zerosZ returns n new zmm registers set to zero.
-func zerosZ(n int) []VecVirtual {
+// zerosInt returns n new registers of vec set to zero with VPSUBD: a zero
+// idiom avo knows, with an EVEX form (AVX-512 F, where VXORPS needs DQ).
+func zerosInt(n int, vec func() VecVirtual) []VecVirtual {
 	v := make([]VecVirtual, n)
 	for i := range v {
-		v[i] = ZMM()
+		v[i] = vec()
 		VPSUBD(v[i], v[i], v[i])
 	}
 	return v
@@ -879,11 +868,11 @@ func shrStrides(ld, ld3 GPVirtual, s uint8) (GPVirtual, GPVirtual) {
 	return a, a3
 }
 
-// zeros returns n new ymm registers set to zero.
-func zeros(n int) []VecVirtual {
+// zeros returns n new registers of vec (YMM or ZMM) set to zero.
+func zeros(n int, vec func() VecVirtual) []VecVirtual {
 	v := make([]VecVirtual, n)
 	for i := range v {
-		v[i] = YMM()
+		v[i] = vec()
 		VXORPS(v[i], v[i], v[i])
 	}
 	return v

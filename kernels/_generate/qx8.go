@@ -431,15 +431,11 @@ func qx8(k x8Kernel, R int, vnni, wide bool) {
 	}
 
 	Label(name + "_group")
-	acc := make([]VecVirtual, R)
-	for r := range acc {
-		acc[r] = vec()
-		if vnni {
-			VPSUBD(acc[r], acc[r], acc[r]) // a zero idiom avo knows, with an EVEX form
-		} else {
-			VXORPS(acc[r], acc[r], acc[r])
-		}
+	zero := zeros
+	if vnni {
+		zero = zerosInt
 	}
+	acc := zero(R, vec)
 	n := Load(Param("k"), GP64())
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
 	Label(name + "_blk")
