@@ -60,29 +60,30 @@ type gemvPtrs struct {
 }
 
 // q is x row r's int8 value at byte off (of the current block).
-func (p gemvPtrs) q(r, off int) Mem {
-	switch r {
-	case 0:
-		return Mem{Base: p.qp, Disp: off}
-	case 3:
-		return Mem{Base: p.qp, Index: p.ldq3, Scale: 1, Disp: off}
-	}
-	return Mem{Base: p.qp, Index: p.ldq, Scale: uint8(r), Disp: off}
-}
+func (p gemvPtrs) q(r, off int) Mem { return stridedRow(p.qp, p.ldq, p.ldq3, r, off) }
 
 // ds is x row r's float32 at byte off of the (d, s) pairs; bs its int16
-// sums at byte off. Rows past the first load their offset into a register.
+// sums at byte off. Rows past the first load their offset into a register
+// (ds: unless its strides are in ldds, ldds3).
 func (p gemvPtrs) ds(r, off int) Mem {
-	switch {
-	case r == 0 || p.ldds == nil:
-	case r == 3:
-		return Mem{Base: p.dsp, Index: p.ldds3, Scale: 1, Disp: off}
-	default:
-		return Mem{Base: p.dsp, Index: p.ldds, Scale: uint8(r), Disp: off}
+	if r == 0 || p.ldds == nil {
+		return rowMem(p.dsp, p.dsOff, r, off)
 	}
-	return rowMem(p.dsp, p.dsOff, r, off)
+	return stridedRow(p.dsp, p.ldds, p.ldds3, r, off)
 }
 func (p gemvPtrs) bs(r, off int) Mem { return rowMem(p.bsp, p.bsOff, r, off) }
+
+// stridedRow addresses byte off of row r < 4 of an array at base whose
+// row stride is ld (ld3: three rows) bytes.
+func stridedRow(base, ld, ld3 GPVirtual, r, off int) Mem {
+	switch r {
+	case 0:
+		return Mem{Base: base, Disp: off}
+	case 3:
+		return Mem{Base: base, Index: ld3, Scale: 1, Disp: off}
+	}
+	return Mem{Base: base, Index: ld, Scale: uint8(r), Disp: off}
+}
 
 func rowMem(base GPVirtual, offs Mem, r, off int) Mem {
 	if r == 0 {

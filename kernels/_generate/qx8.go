@@ -71,19 +71,9 @@ type x8Ptrs struct {
 // (Q4_0) c in a group block: after the g float16 scales, g·4 bytes each.
 func (p x8Ptrs) chunk(c int) int { return 2*p.g + 4*p.g*c }
 
-func (p x8Ptrs) rowMem(base, ld, ld3 GPVirtual, r, off int) Mem {
-	switch r {
-	case 0:
-		return Mem{Base: base, Disp: off}
-	case 3:
-		return Mem{Base: base, Index: ld3, Scale: 1, Disp: off}
-	}
-	return Mem{Base: base, Index: ld, Scale: uint8(r), Disp: off}
-}
-
-func (p x8Ptrs) q(r, off int) Mem  { return p.rowMem(p.qp, p.ldq, p.ldq3, r, off) }
-func (p x8Ptrs) ds(r, off int) Mem { return p.rowMem(p.dsp, p.ldd, p.ldd3, r, off) }
-func (p x8Ptrs) bs(r, off int) Mem { return p.rowMem(p.bsp, p.ldb, p.ldb3, r, off) }
+func (p x8Ptrs) q(r, off int) Mem  { return stridedRow(p.qp, p.ldq, p.ldq3, r, off) }
+func (p x8Ptrs) ds(r, off int) Mem { return stridedRow(p.dsp, p.ldd, p.ldd3, r, off) }
+func (p x8Ptrs) bs(r, off int) Mem { return stridedRow(p.bsp, p.ldb, p.ldb3, r, off) }
 
 var x8Kernels = []x8Kernel{
 	{name: "Q8_0", elems: 32, bytes: 16 + 256, block: x8BlockQ8_0, vnni: x8VNNIQ8_0},
