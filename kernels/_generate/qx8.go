@@ -154,8 +154,9 @@ func x8BlockQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 				sumInto(&s16[r], v == 0, x, VPADDW, func(d VecVirtual) { VPMADDUBSW(x, w, d) })
 			}
 		}
+		sc := Mem{Base: p.wp, Disp: 32 + 32*j} // sub-block j's scales
 		for r := range p.rows {
-			sumInto(&isum[r], j == 0, s16[r], VPADDD, func(d VecVirtual) { VPMADDWD(Mem{Base: p.wp, Disp: 32 + 32*j}, s16[r], d) })
+			sumInto(&isum[r], j == 0, s16[r], VPADDD, func(d VecVirtual) { VPMADDWD(sc, s16[r], d) })
 		}
 	}
 	x8Q4KMins(p, isum, acc)
@@ -316,10 +317,11 @@ func x8VNNIQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 func x8Q4KMins(p x8Ptrs, isum, acc []VecVirtual) {
 	msum := make([]VecVirtual, p.rows)
 	for j := range 8 {
+		mn := Mem{Base: p.wp, Disp: 288 + 32*j} // sub-block j's mins
 		for r := range p.rows {
 			b := YMM()
 			VPBROADCASTD(p.bs(r, 4*j), b) // Σq of the sub-block's two halves
-			sumInto(&msum[r], j == 0, b, VPADDD, func(d VecVirtual) { VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, d) })
+			sumInto(&msum[r], j == 0, b, VPADDD, func(d VecVirtual) { VPMADDWD(mn, b, d) })
 		}
 	}
 	for r := range p.rows { // the scales widened per x row: no register is free for them
