@@ -198,6 +198,17 @@ func addPD(e VecVirtual, s0, s1 VecVirtual) {
 	VADDPD(d, s1, s1)
 }
 
+// sumPD returns the sum of the float64 lanes of s0 and s1 in the low lane
+// of an xmm register (s0 is overwritten).
+func sumPD(s0, s1 VecVirtual) VecVirtual {
+	VADDPD(s1, s0, s0)
+	h := XMM()
+	VEXTRACTF128(U8(1), s0, h)
+	VADDPD(h, s0.AsX(), h)
+	VHADDPD(h, h, h)
+	return h
+}
+
 func softmaxKernel() {
 	TEXT("softmaxF32", NOSPLIT, "func(x []float32, scale float32)")
 	Doc(
@@ -276,12 +287,7 @@ func expSum(l *lanes, x Register, sv, m VecVirtual, name string) VecVirtual {
 		l.store(e, l.at(x))
 		addPD(e, s0, s1)
 	})
-	VADDPD(s1, s0, s0)
-	h := XMM()
-	VEXTRACTF128(U8(1), s0, h)
-	VADDPD(h, s0.AsX(), h)
-	VHADDPD(h, h, h)
-	return h
+	return sumPD(s0, s1)
 }
 
 // scaledMaxKernel is scaledMax as a function.
@@ -500,11 +506,7 @@ func sumSquaresKernel() {
 		VCVTPS2PD(h, d)
 		VFMADD231PD(d, d, s1)
 	})
-	VADDPD(s1, s0, s0)
-	h := XMM()
-	VEXTRACTF128(U8(1), s0, h)
-	VADDPD(h, s0.AsX(), h)
-	VHADDPD(h, h, h)
+	h := sumPD(s0, s1)
 	Store(h, ReturnIndex(0))
 	VZEROUPPER()
 	RET()

@@ -75,26 +75,7 @@ func bf16Tile(s bf16Shape) {
 	)
 	Pragma("noescape")
 
-	yp := Load(Param("y").Base(), GP64())
-	ldy := Load(Param("ldy"), GP64())
-	xb := Load(Param("x").Base(), GP64())
-	ldx := Load(Param("ldx"), GP64())
-	wb := Load(Param("w").Base(), GP64())
-	ldw := Load(Param("ldw"), GP64())
-	k := Load(Param("k"), GP64())
-
-	xp := []GPVirtual{xb.(GPVirtual)}
-	for r := 1; r < s.R; r++ {
-		p := GP64()
-		LEAQ(Mem{Base: xp[r-1], Index: ldx, Scale: 2}, p)
-		xp = append(xp, p)
-	}
-	wp := []GPVirtual{wb.(GPVirtual)}
-	for c := 1; c < s.C; c++ {
-		p := GP64()
-		LEAQ(Mem{Base: wp[c-1], Index: ldw, Scale: 2}, p)
-		wp = append(wp, p)
-	}
+	yp, ldy, k, xp, wp := tileArgs(s.R, s.C, 2, 2)
 	acc := func(u, r, c int) VecPhysical { return zmm((u*s.R+r)*s.C + c) }
 	wv := func(u, c int) VecPhysical { return zmm(16 + u*s.C + c) }
 	xv := func(u, r int) VecPhysical { return zmm(24 + u*s.R + r) }
@@ -126,39 +107,11 @@ func bf16Tile(s bf16Shape) {
 	MOVQ(k, kfull)
 	ANDQ(I8(-32), kfull)
 	XORQ(i, i)
-	if s.U > 1 {
-		Comment(fmt.Sprintf("Main loop, %d columns a step.", 32*s.U))
-		lim := GP64()
-		MOVQ(kfull, lim)
-		SUBQ(U32(32*s.U), lim)
-		Label(name + "_loopU")
-		CMPQ(i, lim)
-		JG(LabelRef(name + "_loop1"))
-		for u := range s.U {
-			step(u, nil)
-		}
-		ADDQ(U32(32*s.U), i)
-		JMP(LabelRef(name + "_loopU"))
-	}
-	Comment("32 columns a step.")
-	Label(name + "_loop1")
-	CMPQ(i, kfull)
-	JAE(LabelRef(name + "_tail"))
-	step(0, nil)
-	ADDQ(U8(32), i)
-	JMP(LabelRef(name + "_loop1"))
+	columnLoops(name, i, kfull, 32, s.U, func(u int) { step(u, nil) }, name+"_tail")
 
 	Label(name + "_tail")
 	Comment("The last k%32 columns: weights under a mask of k%32 ones.")
-	rem := GP64()
-	MOVQ(k, rem)
-	ANDQ(U8(31), rem)
-	JZ(LabelRef(name + "_reduce"))
-	bits := GP32()
-	MOVL(U32(0xffffffff), bits)
-	BZHIL(rem.As32(), bits, bits)
-	mask := K()
-	KMOVD(bits, mask)
+	_, mask := tailMask32(k, name+"_reduce")
 	step(0, mask)
 
 	Label(name + "_reduce")
@@ -199,6 +152,24 @@ func bf16Tile(s bf16Shape) {
 	}
 	VZEROUPPER()
 	RET()
+}
+
+// tailMask32 sets rem = k%32 and returns it with a mask of rem one bits,
+// which loads the last, partial 32-column chunk of a BF16 row. With skip
+// it first jumps there when rem is 0.
+func tailMask32(k Register, skip string) (rem GPVirtual, mask OpmaskVirtual) {
+	rem = GP64()
+	MOVQ(k, rem)
+	ANDQ(U8(31), rem)
+	if skip != "" {
+		JZ(LabelRef(skip))
+	}
+	bits := GP32()
+	MOVL(U32(0xffffffff), bits)
+	BZHIL(rem.As32(), bits, bits)
+	mask = K()
+	KMOVD(bits, mask)
+	return rem, mask
 }
 
 // bf16Round rounds float32 to bfloat16 (ties to even, NaN kept NaN), the

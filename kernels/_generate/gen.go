@@ -254,36 +254,13 @@ func tile(a isa, d dtype, s shape) {
 	)
 	Pragma("noescape")
 
-	yp := Load(Param("y").Base(), GP64())
-	ldy := Load(Param("ldy"), GP64())
-	xb := Load(Param("x").Base(), GP64())
-	ldx := Load(Param("ldx"), GP64())
-	wb := Load(Param("w").Base(), GP64())
-	ldw := Load(Param("ldw"), GP64())
-	k := Load(Param("k"), GP64())
-
-	xp := []GPVirtual{xb.(GPVirtual)}
-	for r := 1; r < s.R; r++ {
-		p := GP64()
-		LEAQ(Mem{Base: xp[r-1], Index: ldx, Scale: 4}, p)
-		xp = append(xp, p)
-	}
-	wp := []GPVirtual{wb.(GPVirtual)}
-	for c := 1; c < s.C; c++ {
-		p := GP64()
-		LEAQ(Mem{Base: wp[c-1], Index: ldw, Scale: uint8(d.size)}, p)
-		wp = append(wp, p)
-	}
+	yp, ldy, k, xp, wp := tileArgs(s.R, s.C, 4, uint8(d.size))
 
 	acc := make([][][]VecVirtual, s.R)
 	for r := range acc {
 		acc[r] = make([][]VecVirtual, s.C)
 		for c := range acc[r] {
-			for range s.U {
-				v := a.vec()
-				VXORPS(v, v, v)
-				acc[r][c] = append(acc[r][c], v)
-			}
+			acc[r][c] = zeros(s.U, a.vec)
 		}
 	}
 	// The constants come after the accumulators so that those get the
@@ -343,27 +320,7 @@ func tile(a isa, d dtype, s shape) {
 
 	Label(name + "_main")
 	XORQ(i, i)
-	if s.U > 1 {
-		Comment(fmt.Sprintf("Main loop, %d columns a step.", L*s.U))
-		lim := GP64()
-		MOVQ(k8, lim)
-		SUBQ(U32(L*s.U), lim)
-		Label(name + "_loopU")
-		CMPQ(i, lim)
-		JG(LabelRef(name + "_loop1"))
-		for u := range s.U {
-			step(u)
-		}
-		ADDQ(U32(L*s.U), i)
-		JMP(LabelRef(name + "_loopU"))
-	}
-	Comment(fmt.Sprintf("%d columns a step.", L))
-	Label(name + "_loop1")
-	CMPQ(i, k8)
-	JAE(LabelRef(name + "_reduce"))
-	step(0)
-	ADDQ(U8(L), i)
-	JMP(LabelRef(name + "_loop1"))
+	columnLoops(name, i, k8, L, s.U, step, name+"_reduce")
 
 	Label(name + "_reduce")
 	for r := range s.R {
@@ -424,6 +381,62 @@ func tile(a isa, d dtype, s shape) {
 	RET()
 }
 
+// tileArgs loads the arguments of a tile's signature (y []float32, ldy int,
+// x []T, ldx int, w []byte, ldw int, k int): y's base, ldy and k, and the
+// addresses of the R x rows (xSize bytes an element) and the C weight rows
+// (wSize bytes an element).
+func tileArgs(R, C int, xSize, wSize uint8) (yp, ldy, k Register, xp, wp []GPVirtual) {
+	yp = Load(Param("y").Base(), GP64())
+	ldy = Load(Param("ldy"), GP64())
+	xb := Load(Param("x").Base(), GP64())
+	ldx := Load(Param("ldx"), GP64())
+	wb := Load(Param("w").Base(), GP64())
+	ldw := Load(Param("ldw"), GP64())
+	k = Load(Param("k"), GP64())
+
+	xp = []GPVirtual{xb.(GPVirtual)}
+	for r := 1; r < R; r++ {
+		p := GP64()
+		LEAQ(Mem{Base: xp[r-1], Index: ldx, Scale: xSize}, p)
+		xp = append(xp, p)
+	}
+	wp = []GPVirtual{wb.(GPVirtual)}
+	for c := 1; c < C; c++ {
+		p := GP64()
+		LEAQ(Mem{Base: wp[c-1], Index: ldw, Scale: wSize}, p)
+		wp = append(wp, p)
+	}
+	return
+}
+
+// columnLoops emits a tile's main loops over the columns i < kfull (a
+// multiple of L; i starts at 0): unrolled U times while U·L columns are
+// left, then L columns a step, and then jumps to label done. step(u)
+// emits the L columns at i + L·u.
+func columnLoops(name string, i, kfull GPVirtual, L, U int, step func(u int), done string) {
+	if U > 1 {
+		Comment(fmt.Sprintf("Main loop, %d columns a step.", L*U))
+		lim := GP64()
+		MOVQ(kfull, lim)
+		SUBQ(U32(L*U), lim)
+		Label(name + "_loopU")
+		CMPQ(i, lim)
+		JG(LabelRef(name + "_loop1"))
+		for u := range U {
+			step(u)
+		}
+		ADDQ(U32(L*U), i)
+		JMP(LabelRef(name + "_loopU"))
+	}
+	Comment(fmt.Sprintf("%d columns a step.", L))
+	Label(name + "_loop1")
+	CMPQ(i, kfull)
+	JAE(LabelRef(done))
+	step(0)
+	ADDQ(U8(L), i)
+	JMP(LabelRef(name + "_loop1"))
+}
+
 // sum is a streaming read: BenchmarkStreamRead measures the memory bandwidth
 // with it, which the Go compiler's scalar adds cannot saturate.
 func sum() {
@@ -438,11 +451,7 @@ func sum() {
 	Pragma("noescape")
 	p := Load(Param("x").Base(), GP64())
 	n := Load(Param("x").Len(), GP64())
-	acc := make([]VecVirtual, 8)
-	for j := range acc {
-		acc[j] = YMM()
-		VXORPS(acc[j], acc[j], acc[j])
-	}
+	acc := zeros(8, YMM)
 	Label("sum_loop")
 	CMPQ(n, U8(64))
 	JB(LabelRef("sum_tail"))

@@ -60,29 +60,30 @@ type gemvPtrs struct {
 }
 
 // q is x row r's int8 value at byte off (of the current block).
-func (p gemvPtrs) q(r, off int) Mem {
-	switch r {
-	case 0:
-		return Mem{Base: p.qp, Disp: off}
-	case 3:
-		return Mem{Base: p.qp, Index: p.ldq3, Scale: 1, Disp: off}
-	}
-	return Mem{Base: p.qp, Index: p.ldq, Scale: uint8(r), Disp: off}
-}
+func (p gemvPtrs) q(r, off int) Mem { return stridedRow(p.qp, p.ldq, p.ldq3, r, off) }
 
 // ds is x row r's float32 at byte off of the (d, s) pairs; bs its int16
-// sums at byte off. Rows past the first load their offset into a register.
+// sums at byte off. Rows past the first load their offset into a register
+// (ds: unless its strides are in ldds, ldds3).
 func (p gemvPtrs) ds(r, off int) Mem {
-	switch {
-	case r == 0 || p.ldds == nil:
-	case r == 3:
-		return Mem{Base: p.dsp, Index: p.ldds3, Scale: 1, Disp: off}
-	default:
-		return Mem{Base: p.dsp, Index: p.ldds, Scale: uint8(r), Disp: off}
+	if r == 0 || p.ldds == nil {
+		return rowMem(p.dsp, p.dsOff, r, off)
 	}
-	return rowMem(p.dsp, p.dsOff, r, off)
+	return stridedRow(p.dsp, p.ldds, p.ldds3, r, off)
 }
 func (p gemvPtrs) bs(r, off int) Mem { return rowMem(p.bsp, p.bsOff, r, off) }
+
+// stridedRow addresses byte off of row r < 4 of an array at base whose
+// row stride is ld (ld3: three rows) bytes.
+func stridedRow(base, ld, ld3 GPVirtual, r, off int) Mem {
+	switch r {
+	case 0:
+		return Mem{Base: base, Disp: off}
+	case 3:
+		return Mem{Base: base, Index: ld3, Scale: 1, Disp: off}
+	}
+	return Mem{Base: base, Index: ld, Scale: uint8(r), Disp: off}
+}
 
 func rowMem(base GPVirtual, offs Mem, r, off int) Mem {
 	if r == 0 {
@@ -272,16 +273,18 @@ func q4kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 			for r := range p.rows {
 				t := YMM()
 				VPMADDUBSW(p.q(r, 32*j), n, t)
-				if j == 0 {
-					isum[r] = YMM()
-					VPMADDWD(s, t, isum[r])
-				} else {
-					VPMADDWD(s, t, t)
-					VPADDD(t, isum[r], isum[r])
-				}
+				sumInto(&isum[r], j == 0, t, VPADDD, func(d VecVirtual) { VPMADDWD(s, t, d) })
 			}
 		}
 	}
+	q4kGemvEnd(p, mins, acc, func(r int) VecVirtual { return isum[r] })
+}
+
+// q4kGemvEnd ends a Q4_K super-block: the eight mins (bytes of mins)
+// widened to int16 pairs, and per x row r, isum(r) emits (or returns) the
+// row's eight int32 sums Σ scⱼ·Σ nⱼ·q, and acc[r] += dw·d·that −
+// dmin·d·Σⱼ mⱼ·Σⱼq.
+func q4kGemvEnd(p gemvPtrs, mins VecVirtual, acc []VecVirtual, isum func(r int) VecVirtual) {
 	mnv, hi := YMM(), XMM()
 	VPMOVZXBW(mins, mnv.AsX())
 	VPUNPCKHWD(mnv.AsX(), mnv.AsX(), hi)
@@ -291,12 +294,13 @@ func q4kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 	VPBROADCASTD(Mem{Base: p.wp}, v)
 	VCVTPH2PS(v.AsX(), v) // dw dmin dw dmin ...
 	for r := range p.rows {
+		i := isum(r)
 		msum := YMM()
 		VPMADDWD(p.bs(r, 0), mnv, msum) // mⱼ·Σⱼq in lane j
 		a, b := superScales(v, p.ds(r, 0))
-		VCVTDQ2PS(isum[r], isum[r])
+		VCVTDQ2PS(i, i)
 		VCVTDQ2PS(msum, msum)
-		VFMADD231PS(isum[r], a, acc[r])
+		VFMADD231PS(i, a, acc[r])
 		VFNMADD231PS(msum, b, acc[r])
 	}
 }
@@ -339,30 +343,45 @@ func q6kGemvBlock(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 			for r := range p.rows {
 				t := YMM()
 				VPMADDUBSW(p.q(r, 32*b), u, t)
-				if b == 0 {
-					isum[r] = YMM()
-					VPMADDWD(s, t, isum[r])
-				} else {
-					VPMADDWD(s, t, t)
-					VPADDD(t, isum[r], isum[r])
-				}
+				sumInto(&isum[r], b == 0, t, VPADDD, func(d VecVirtual) { VPMADDWD(s, t, d) })
 			}
 		}
 	}
 	// − 32·Σ sc·Σq over the 16 sub-blocks of 16 columns.
 	sc16 := YMM()
 	VPMOVSXBW(Mem{Base: p.wp, Disp: 192}, sc16)
+	q6kGemvEnd(p, sc16, acc, func(r int) VecVirtual { return isum[r] })
+}
+
+// q6kGemvEnd ends a Q6_K super-block, sc16 its sixteen scales as int16:
+// per x row r, isum(r) emits (or returns) the row's eight int32 sums
+// Σ sc·Σ q6·q, less 32·Σ sc·Σq, and acc[r] += dw·d·that.
+func q6kGemvEnd(p gemvPtrs, sc16 VecVirtual, acc []VecVirtual, isum func(r int) VecVirtual) {
 	dw := f16Bcast(Mem{Base: p.wp, Disp: 208})
 	for r := range p.rows {
+		i := isum(r)
 		off, d := YMM(), YMM()
 		VPMADDWD(p.bs(r, 0), sc16, off)
 		VPSLLD(U8(5), off, off)
-		VPSUBD(off, isum[r], isum[r])
+		VPSUBD(off, i, i)
 		VBROADCASTSS(p.ds(r, 0), d)
 		VMULPS(dw, d, d)
-		VCVTDQ2PS(isum[r], isum[r])
-		VFMADD231PS(isum[r], d, acc[r])
+		VCVTDQ2PS(i, i)
+		VFMADD231PS(i, d, acc[r])
 	}
+}
+
+// xRewind stores k, k/4 and k/8 in a new 24-byte local: the bytes the x
+// pointers into q, ds and bs advance over k columns, which rewind them.
+func xRewind() Mem {
+	t := Load(Param("k"), GP64())
+	back := AllocLocal(24)
+	MOVQ(t, back)
+	SHRQ(U8(2), t)
+	MOVQ(t, back.Offset(8))
+	SHRQ(U8(1), t)
+	MOVQ(t, back.Offset(16))
+	return back
 }
 
 // prefetchAhead is how many bytes ahead of the weight block the gemv
@@ -399,13 +418,7 @@ func qgemv(k gemvKernel, R int) {
 	}
 	// Per weight row the x pointers advance k bytes (q), k/4 (ds) and
 	// k/8 (bs); the loop rewinds them by these after every weight row.
-	kq := Load(Param("k"), GP64())
-	back := AllocLocal(24)
-	MOVQ(kq, back)
-	SHRQ(U8(2), kq)
-	MOVQ(kq, back.Offset(8))
-	SHRQ(U8(1), kq)
-	MOVQ(kq, back.Offset(16))
+	back := xRewind()
 	rows := AllocLocal(8)
 	r := Load(Param("rows"), GP64())
 	MOVQ(r, rows)
@@ -419,11 +432,7 @@ func qgemv(k gemvKernel, R int) {
 		LEAQ(Mem{Base: p.ldq, Index: p.ldq, Scale: 2}, p.ldq3)
 		p.dsOff, p.bsOff = AllocLocal(24), AllocLocal(24)
 		if k.elems == 32 { // the inner loop reads ds for every block: keep its offsets in registers
-			p.ldds, p.ldds3 = GP64(), GP64()
-			MOVQ(p.ldq, p.ldds)
-			SHRQ(U8(2), p.ldds)
-			MOVQ(p.ldq3, p.ldds3)
-			SHRQ(U8(2), p.ldds3)
+			p.ldds, p.ldds3 = shrStrides(p.ldq, p.ldq3, 2)
 		}
 		t := GP64()
 		for i := range 3 { // ldq·(i+1)/4 and /8
@@ -455,11 +464,7 @@ func qgemv(k gemvKernel, R int) {
 	JE(LabelRef(name + "_done"))
 	acc := make([][]VecVirtual, unroll) // [unroll][R]
 	for u := range acc {
-		for range R {
-			v := YMM()
-			VXORPS(v, v, v)
-			acc[u] = append(acc[u], v)
-		}
+		acc[u] = zeros(R, YMM)
 	}
 	n := Load(Param("k"), GP64())
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
@@ -657,11 +662,7 @@ func q6kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 	low4, m30, lsh, rsh := c[0], c[1], c[2], c[3]
 	sc16 := YMM()
 	VPMOVSXBW(Mem{Base: p.wp, Disp: 192}, sc16)
-	isum := make([]VecVirtual, p.rows)
-	for r := range p.rows {
-		isum[r] = ZMM()
-		VPSUBD(isum[r], isum[r], isum[r])
-	}
+	isum := zerosInt(p.rows, ZMM)
 	for h := range 2 {
 		ql, qh := ZMM(), ZMM()
 		VMOVDQU64(Mem{Base: p.wp, Disp: 64 * h}, ql)
@@ -681,25 +682,31 @@ func q6kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 			b := 4*h + 2*g2 // first x block
 			VMOVDQU64(q6PermData.Offset(64*(b/2)), idx)
 			VPERMW(sc16.AsZ(), idx, scl)
-			for r := range p.rows {
-				t := ZMM()
-				VPMADDUBSW(p.q(r, 32*b), u, t)
-				VPDPWSSD(scl, t, isum[r])
-			}
+			scaledPairSums(p, 32*b, u, scl, isum)
 		}
 	}
-	dw := f16Bcast(Mem{Base: p.wp, Disp: 208})
+	q6kGemvEnd(p, sc16, acc, foldZ(isum))
+}
+
+// scaledPairSums adds, per x row r, x's 64 bytes at off (of the block) against
+// the unsigned bytes u as int16 pair sums (VPMADDUBSW), times the int16
+// scales scl (VPDPWSSD), into the zmm isum[r].
+func scaledPairSums(p gemvPtrs, off int, u, scl VecVirtual, isum []VecVirtual) {
 	for r := range p.rows {
-		lo, off, d := YMM(), YMM(), YMM()
+		t := ZMM()
+		VPMADDUBSW(p.q(r, off), u, t)
+		VPDPWSSD(scl, t, isum[r])
+	}
+}
+
+// foldZ is the isum argument of q4kGemvEnd and q6kGemvEnd for sums in zmm
+// registers: it folds x row r's sums to eight lanes.
+func foldZ(isum []VecVirtual) func(r int) VecVirtual {
+	return func(r int) VecVirtual {
+		lo := YMM()
 		VEXTRACTI64X4(U8(1), isum[r], lo)
 		VPADDD(isum[r].AsY(), lo, lo)
-		VPMADDWD(p.bs(r, 0), sc16, off)
-		VPSLLD(U8(5), off, off)
-		VPSUBD(off, lo, lo)
-		VBROADCASTSS(p.ds(r, 0), d)
-		VMULPS(dw, d, d)
-		VCVTDQ2PS(lo, lo)
-		VFMADD231PS(lo, d, acc[r])
+		return lo
 	}
 }
 
@@ -748,11 +755,7 @@ func q4kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 	VPMOVZXBW(scv, scv)
 	mins := XMM()
 	VMOVQ(mn8, mins)
-	isum := make([]VecVirtual, p.rows)
-	for r := range p.rows {
-		isum[r] = ZMM()
-		VPSUBD(isum[r], isum[r], isum[r])
-	}
+	isum := zerosInt(p.rows, ZMM)
 	for h := range 4 {
 		u, scl, idx := ZMM(), ZMM(), ZMM()
 		VBROADCASTI64X4(Mem{Base: p.wp, Disp: 16 + 32*h}, u)
@@ -760,29 +763,7 @@ func q4kGemvBlock512(c []VecVirtual, p gemvPtrs, _ int, acc []VecVirtual) {
 		VPANDD(low4, u, u)
 		VMOVDQU64(k4PermData.Offset(64*h), idx)
 		VPERMW(scv.AsZ(), idx, scl)
-		for r := range p.rows {
-			t := ZMM()
-			VPMADDUBSW(p.q(r, 64*h), u, t)
-			VPDPWSSD(scl, t, isum[r])
-		}
+		scaledPairSums(p, 64*h, u, scl, isum)
 	}
-	mnv, hi := YMM(), XMM()
-	VPMOVZXBW(mins, mnv.AsX())
-	VPUNPCKHWD(mnv.AsX(), mnv.AsX(), hi)
-	VPUNPCKLWD(mnv.AsX(), mnv.AsX(), mnv.AsX())
-	VINSERTI128(U8(1), hi, mnv, mnv) // m0 m0 m1 m1 ... m7 m7
-	v := YMM()
-	VPBROADCASTD(Mem{Base: p.wp}, v)
-	VCVTPH2PS(v.AsX(), v) // dw dmin dw dmin ...
-	for r := range p.rows {
-		lo, msum := YMM(), YMM()
-		VEXTRACTI64X4(U8(1), isum[r], lo)
-		VPADDD(isum[r].AsY(), lo, lo)
-		VPMADDWD(p.bs(r, 0), mnv, msum) // mⱼ·Σⱼq in lane j
-		a, b := superScales(v, p.ds(r, 0))
-		VCVTDQ2PS(lo, lo)
-		VCVTDQ2PS(msum, msum)
-		VFMADD231PS(lo, a, acc[r])
-		VFNMADD231PS(msum, b, acc[r])
-	}
+	q4kGemvEnd(p, mins, acc, foldZ(isum))
 }

@@ -346,19 +346,11 @@ func qtile(a qisa, k qkernel, R int) {
 	}
 	acc := make([][]VecVirtual, unroll) // [unroll][R]
 	for u := range acc {
-		for range R {
-			v := YMM()
-			VXORPS(v, v, v)
-			acc[u] = append(acc[u], v)
-		}
+		acc[u] = zeros(R, YMM)
 	}
 	var sub []VecVirtual
 	if k.usesSum {
-		for range R {
-			v := YMM()
-			VXORPS(v, v, v)
-			sub = append(sub, v)
-		}
+		sub = zeros(R, YMM)
 	}
 	c := &qctx{qisa: a, low4: bcastB(0x0f)}
 	if !a.vnni {
@@ -616,15 +608,7 @@ func qtileBiased512(bt biased32, R int) {
 	xs := xrows(q0, ds0, R)
 	SHRQ(U8(5), n) // blocks
 
-	acc, corr := make([]VecVirtual, R), make([]VecVirtual, R)
-	for r := range R {
-		acc[r] = ZMM()
-		VXORPS(acc[r], acc[r], acc[r])
-	}
-	for r := range R {
-		corr[r] = ZMM()
-		VXORPS(corr[r], corr[r], corr[r])
-	}
+	acc, corr := zeros(R, ZMM), zeros(R, ZMM)
 	c := bt.consts()
 
 	// An odd block first, on ymm: 256-bit writes clear the upper halves,
@@ -748,11 +732,7 @@ func qtileQ6K512(R int) {
 	xs := xrows(q0, ds0, R)
 	SHRQ(U8(8), n) // super-blocks
 
-	acc := make([]VecVirtual, R)
-	for r := range acc {
-		acc[r] = ZMM()
-		VXORPS(acc[r], acc[r], acc[r])
-	}
+	acc := zeros(R, ZMM)
 	low4, three, b32 := bcastZ(0x0f0f0f0f), bcastZ(0x03030303), bcastZ(0x20202020)
 	shift := []VecVirtual{ZMM(), ZMM()}
 	for p := range shift {
@@ -851,4 +831,49 @@ func qtileEnd(acc, sub []VecVirtual) {
 	}
 	VZEROUPPER()
 	RET()
+}
+
+// sumInto emits op, the next term of the running sum *sum: the first term
+// (first) op writes into a new register that becomes *sum, later ones into
+// t, which add (VPADDD for int32 sums, VPADDW for int16) then adds in.
+func sumInto(sum *VecVirtual, first bool, t VecVirtual, add func(...Op), op func(dst VecVirtual)) {
+	if first {
+		*sum = YMM()
+		op(*sum)
+		return
+	}
+	op(t)
+	add(t, *sum, *sum)
+}
+
+// zerosInt returns n new registers of vec set to zero with VPSUBD: a zero
+// idiom avo knows, with an EVEX form (AVX-512 F, where VXORPS needs DQ).
+func zerosInt(n int, vec func() VecVirtual) []VecVirtual {
+	v := make([]VecVirtual, n)
+	for i := range v {
+		v[i] = vec()
+		VPSUBD(v[i], v[i], v[i])
+	}
+	return v
+}
+
+// shrStrides returns new registers holding ld>>s and ld3>>s: the strides of
+// one and of three rows of an array with 2^s times fewer bytes a row.
+func shrStrides(ld, ld3 GPVirtual, s uint8) (GPVirtual, GPVirtual) {
+	a, a3 := GP64(), GP64()
+	MOVQ(ld, a)
+	SHRQ(U8(s), a)
+	MOVQ(ld3, a3)
+	SHRQ(U8(s), a3)
+	return a, a3
+}
+
+// zeros returns n new registers of vec (YMM or ZMM) set to zero.
+func zeros(n int, vec func() VecVirtual) []VecVirtual {
+	v := make([]VecVirtual, n)
+	for i := range v {
+		v[i] = vec()
+		VXORPS(v[i], v[i], v[i])
+	}
+	return v
 }

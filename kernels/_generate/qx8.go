@@ -71,19 +71,9 @@ type x8Ptrs struct {
 // (Q4_0) c in a group block: after the g float16 scales, g·4 bytes each.
 func (p x8Ptrs) chunk(c int) int { return 2*p.g + 4*p.g*c }
 
-func (p x8Ptrs) rowMem(base, ld, ld3 GPVirtual, r, off int) Mem {
-	switch r {
-	case 0:
-		return Mem{Base: base, Disp: off}
-	case 3:
-		return Mem{Base: base, Index: ld3, Scale: 1, Disp: off}
-	}
-	return Mem{Base: base, Index: ld, Scale: uint8(r), Disp: off}
-}
-
-func (p x8Ptrs) q(r, off int) Mem  { return p.rowMem(p.qp, p.ldq, p.ldq3, r, off) }
-func (p x8Ptrs) ds(r, off int) Mem { return p.rowMem(p.dsp, p.ldd, p.ldd3, r, off) }
-func (p x8Ptrs) bs(r, off int) Mem { return p.rowMem(p.bsp, p.ldb, p.ldb3, r, off) }
+func (p x8Ptrs) q(r, off int) Mem  { return stridedRow(p.qp, p.ldq, p.ldq3, r, off) }
+func (p x8Ptrs) ds(r, off int) Mem { return stridedRow(p.dsp, p.ldd, p.ldd3, r, off) }
+func (p x8Ptrs) bs(r, off int) Mem { return stridedRow(p.bsp, p.ldb, p.ldb3, r, off) }
 
 var x8Kernels = []x8Kernel{
 	{name: "Q8_0", elems: 32, bytes: 16 + 256, block: x8BlockQ8_0, vnni: x8VNNIQ8_0},
@@ -106,24 +96,10 @@ func x8BlockQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			VPBROADCASTD(p.q(r, 4*ch), x)
 			VPSIGNB(w, x, x)
 			VPMADDUBSW(x, aw, x)
-			if ch == 0 {
-				isum[r] = YMM()
-				VPMADDWD(c.ones, x, isum[r])
-			} else {
-				VPMADDWD(c.ones, x, x)
-				VPADDD(x, isum[r], isum[r])
-			}
+			sumInto(&isum[r], ch == 0, x, VPADDD, func(d VecVirtual) { VPMADDWD(c.ones, x, d) })
 		}
 	}
-	dw := YMM()
-	VCVTPH2PS(Mem{Base: p.wp}, dw)
-	for r := range p.rows {
-		d := YMM()
-		VBROADCASTSS(p.ds(r, 0), d)
-		VMULPS(dw, d, d)
-		VCVTDQ2PS(isum[r], isum[r])
-		VFMADD231PS(isum[r], d, acc[r])
-	}
+	x8Q8Scale(p, isum, acc)
 }
 
 // x8BlockQ4_0: per vector v of nibbles, the low ones against x's bytes
@@ -139,30 +115,17 @@ func x8BlockQ4_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 		for r := range p.rows {
 			x, t := YMM(), YMM()
 			VPBROADCASTD(p.q(r, 4*v), x)
-			if v == 0 {
-				s16[r] = YMM()
-				VPMADDUBSW(x, lo, s16[r])
-			} else {
-				VPMADDUBSW(x, lo, x)
-				VPADDW(x, s16[r], s16[r])
-			}
+			sumInto(&s16[r], v == 0, x, VPADDW, func(d VecVirtual) { VPMADDUBSW(x, lo, d) })
 			VPBROADCASTD(p.q(r, 16+4*v), t)
 			VPMADDUBSW(t, hi, t)
 			VPADDW(t, s16[r], s16[r])
 		}
 	}
-	dw := YMM()
-	VCVTPH2PS(Mem{Base: p.wp}, dw)
-	for r := range p.rows {
-		i, d, s := YMM(), YMM(), YMM()
+	x8Q40Scale(p, acc, func(r int) VecVirtual {
+		i := YMM()
 		VPMADDWD(c.ones, s16[r], i)
-		VCVTDQ2PS(i, i)
-		VBROADCASTSS(p.ds(r, 0), d)
-		VBROADCASTSS(p.ds(r, 4), s)
-		VMULPS(x8Four8, s, s)
-		VFMSUB213PS(s, d, i)       // d·Σn·q − 8·s in each row's lane
-		VFMADD231PS(i, dw, acc[r]) // acc += dw·that
-	}
+		return i
+	})
 }
 
 // x8BlockQ4K is one Q4_K super-block of eight rows, packed as d and
@@ -188,51 +151,15 @@ func x8BlockQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			for r := range p.rows {
 				x := YMM()
 				VPBROADCASTD(p.q(r, 32*j+4*v), x)
-				if v == 0 {
-					s16[r] = YMM()
-					VPMADDUBSW(x, w, s16[r])
-				} else {
-					VPMADDUBSW(x, w, x)
-					VPADDW(x, s16[r], s16[r])
-				}
+				sumInto(&s16[r], v == 0, x, VPADDW, func(d VecVirtual) { VPMADDUBSW(x, w, d) })
 			}
 		}
+		sc := Mem{Base: p.wp, Disp: 32 + 32*j} // sub-block j's scales
 		for r := range p.rows {
-			if j == 0 {
-				isum[r] = YMM()
-				VPMADDWD(Mem{Base: p.wp, Disp: 32 + 32*j}, s16[r], isum[r])
-			} else {
-				VPMADDWD(Mem{Base: p.wp, Disp: 32 + 32*j}, s16[r], s16[r])
-				VPADDD(s16[r], isum[r], isum[r])
-			}
+			sumInto(&isum[r], j == 0, s16[r], VPADDD, func(d VecVirtual) { VPMADDWD(sc, s16[r], d) })
 		}
 	}
-	msum := make([]VecVirtual, p.rows)
-	for j := range 8 {
-		for r := range p.rows {
-			b := YMM()
-			VPBROADCASTD(p.bs(r, 4*j), b) // Σq of the sub-block's two halves
-			if j == 0 {
-				msum[r] = YMM()
-				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, msum[r])
-			} else {
-				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, b)
-				VPADDD(b, msum[r], msum[r])
-			}
-		}
-	}
-	for r := range p.rows { // the scales widened per x row: no register is free for them
-		d, e := YMM(), YMM()
-		VBROADCASTSS(p.ds(r, 0), d)
-		VCVTPH2PS(Mem{Base: p.wp}, e)
-		VMULPS(d, e, e)
-		VCVTDQ2PS(isum[r], isum[r])
-		VFMADD231PS(isum[r], e, acc[r])
-		VCVTPH2PS(Mem{Base: p.wp, Disp: 16}, e)
-		VMULPS(d, e, e)
-		VCVTDQ2PS(msum[r], msum[r])
-		VFNMADD231PS(msum[r], e, acc[r])
-	}
+	x8Q4KMins(p, isum, acc)
 }
 
 // The VNNI x8 kernels (qx8*R1VNNI, qx8*R4VNNI) read the same layout and
@@ -277,19 +204,27 @@ func x8VNNIQ8_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 			VPDPBUSD_BCST(p.q(r, 4*ch), w, isum[r][ch%chains])
 		}
 	}
+	sum := make([]VecVirtual, p.rows)
 	for r := range p.rows {
 		for i := 1; i < chains; i++ {
 			VPADDD(isum[r][i], isum[r][0], isum[r][0])
 		}
+		sum[r] = isum[r][0]
 	}
+	x8Q8Scale(p, sum, acc)
+}
+
+// x8Q8Scale ends a Q8_0 block: per x row r, acc[r] += dw·d·isum[r], dw
+// the eight (or sixteen) weight rows' scales and d x row r's.
+func x8Q8Scale(p x8Ptrs, isum, acc []VecVirtual) {
 	dw := p.vec()
 	VCVTPH2PS(Mem{Base: p.wp}, dw)
 	for r := range p.rows {
 		d := p.vec()
 		VBROADCASTSS(p.ds(r, 0), d)
 		VMULPS(dw, d, d)
-		VCVTDQ2PS(isum[r][0], isum[r][0])
-		VFMADD231PS(isum[r][0], d, acc[r])
+		VCVTDQ2PS(isum[r], isum[r])
+		VFMADD231PS(isum[r], d, acc[r])
 	}
 }
 
@@ -318,10 +253,17 @@ func x8VNNIQ4_0(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 	for r := range p.rows {
 		VPADDD(odd[r], isum[r], isum[r])
 	}
+	x8Q40Scale(p, acc, func(r int) VecVirtual { return isum[r] })
+}
+
+// x8Q40Scale ends a Q4_0 block: per x row r, isum(r) emits (or returns)
+// the row's int32 sums Σn·q, and acc[r] += dw·(d·Σn·q − 8·s).
+func x8Q40Scale(p x8Ptrs, acc []VecVirtual, isum func(r int) VecVirtual) {
 	dw := p.vec()
 	VCVTPH2PS(Mem{Base: p.wp}, dw)
 	for r := range p.rows {
-		i, d, s := isum[r], p.vec(), p.vec()
+		i := isum(r)
+		d, s := p.vec(), p.vec()
 		VCVTDQ2PS(i, i)
 		VBROADCASTSS(p.ds(r, 0), d)
 		VBROADCASTSS(p.ds(r, 4), s)
@@ -364,30 +306,25 @@ func x8VNNIQ4K(c x8Consts, p x8Ptrs, acc []VecVirtual) {
 		sc := YMM()
 		VPSRLD(U8(16), Mem{Base: p.wp, Disp: 32 + 32*j}, sc) // (sc, sc) → sc
 		for r := range p.rows {
-			if j == 0 {
-				isum[r] = YMM()
-				VPMULLD(sc, sj[r], isum[r])
-			} else {
-				VPMULLD(sc, sj[r], sj[r])
-				VPADDD(sj[r], isum[r], isum[r])
-			}
+			sumInto(&isum[r], j == 0, sj[r], VPADDD, func(d VecVirtual) { VPMULLD(sc, sj[r], d) })
 		}
 	}
+	x8Q4KMins(p, isum, acc)
+}
+
+// x8Q4KMins ends a Q4_K block: the mins times x's Σq per 16 columns (bs)
+// summed like the scales, then per x row acc += d·dx·isum − dmin·dx·msum.
+func x8Q4KMins(p x8Ptrs, isum, acc []VecVirtual) {
 	msum := make([]VecVirtual, p.rows)
 	for j := range 8 {
+		mn := Mem{Base: p.wp, Disp: 288 + 32*j} // sub-block j's mins
 		for r := range p.rows {
 			b := YMM()
 			VPBROADCASTD(p.bs(r, 4*j), b) // Σq of the sub-block's two halves
-			if j == 0 {
-				msum[r] = YMM()
-				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, msum[r])
-			} else {
-				VPMADDWD(Mem{Base: p.wp, Disp: 288 + 32*j}, b, b)
-				VPADDD(b, msum[r], msum[r])
-			}
+			sumInto(&msum[r], j == 0, b, VPADDD, func(d VecVirtual) { VPMADDWD(mn, b, d) })
 		}
 	}
-	for r := range p.rows {
+	for r := range p.rows { // the scales widened per x row: no register is free for them
 		d, e := YMM(), YMM()
 		VBROADCASTSS(p.ds(r, 0), d)
 		VCVTPH2PS(Mem{Base: p.wp}, e)
@@ -457,30 +394,15 @@ func qx8(k x8Kernel, R int, vnni, wide bool) {
 	if R > 1 {
 		p.ldq, p.ldq3 = Load(Param("ldq"), GP64()).(GPVirtual), GP64()
 		LEAQ(Mem{Base: p.ldq, Index: p.ldq, Scale: 2}, p.ldq3)
-		p.ldd, p.ldd3 = GP64(), GP64() // ds row stride in bytes: ldq/32 pairs of 8 bytes
-		MOVQ(p.ldq, p.ldd)
-		SHRQ(U8(2), p.ldd)
-		MOVQ(p.ldq3, p.ldd3)
-		SHRQ(U8(2), p.ldd3)
-		if useBs { // bs row stride in bytes: ldq/16 int16s
-			p.ldb, p.ldb3 = GP64(), GP64()
-			MOVQ(p.ldd, p.ldb)
-			SHRQ(U8(1), p.ldb)
-			MOVQ(p.ldd3, p.ldb3)
-			SHRQ(U8(1), p.ldb3)
+		// Row strides in bytes: ds, ldq/32 pairs of 8 bytes; bs, ldq/16 int16s.
+		p.ldd, p.ldd3 = shrStrides(p.ldq, p.ldq3, 2)
+		if useBs {
+			p.ldb, p.ldb3 = shrStrides(p.ldd, p.ldd3, 1)
 		}
 	}
 	// After a group the x pointers go back k bytes (q), k/4 (ds) and k/8
 	// (bs).
-	back := AllocLocal(24)
-	{
-		t := Load(Param("k"), GP64())
-		MOVQ(t, back)
-		SHRQ(U8(2), t)
-		MOVQ(t, back.Offset(8))
-		SHRQ(U8(1), t)
-		MOVQ(t, back.Offset(16))
-	}
+	back := xRewind()
 	groups := AllocLocal(8)
 	{
 		t := Load(Param("groups"), GP64())
@@ -501,15 +423,11 @@ func qx8(k x8Kernel, R int, vnni, wide bool) {
 	}
 
 	Label(name + "_group")
-	acc := make([]VecVirtual, R)
-	for r := range acc {
-		acc[r] = vec()
-		if vnni {
-			VPSUBD(acc[r], acc[r], acc[r]) // a zero idiom avo knows, with an EVEX form
-		} else {
-			VXORPS(acc[r], acc[r], acc[r])
-		}
+	zero := zeros
+	if vnni {
+		zero = zerosInt
 	}
+	acc := zero(R, vec)
 	n := Load(Param("k"), GP64())
 	SHRQ(U8(map[int]uint8{32: 5, 256: 8}[k.elems]), n) // blocks
 	Label(name + "_blk")
