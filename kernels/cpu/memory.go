@@ -170,10 +170,11 @@ func (b *Backend) Free(t kernels.Tensor) {
 // allocated, Alloc's tensors not yet freed (Free, or the garbage collector
 // for a tensor dropped without it) and the Scratch arena. Weights are only
 // the copies MatMul keeps (x8Cache's repacked weights, residentCache's
-// BF16 weights in huge pages): otherwise the CPU runs the model's weights
+// BF16 weights in huge pages) and AttentionMLA's per-head splits of
+// kv_b_proj (mlaSplits): otherwise the CPU runs the model's weights
 // where they lie, mapped from the file or converted at load.
 func (b *Backend) MemoryUse() kernels.MemoryUse {
-	return kernels.MemoryUse{Weights: b.x8.bytes.Load() + b.res.bytes.Load(), Tensors: b.allocated.Load(), Arena: b.arena.bytes.Load()}
+	return kernels.MemoryUse{Weights: b.x8.bytes.Load() + b.res.bytes.Load() + b.mla.bytes.Load(), Tensors: b.allocated.Load(), Arena: b.arena.bytes.Load()}
 }
 
 // Scratch implements kernels.Memory.

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -123,17 +124,50 @@ type mlaSplit struct {
 	uv []*kernels.Mat // (Heads) each (V, KVLora) = W_UV_h
 }
 
-// mlaSplits caches the splits per kv_b_proj weight.
+// mlaSplits caches the splits per kv_b_proj weight, made by the weight's
+// first absorbed AttentionMLA or, for a weight declared with its shape
+// (DeclareKVB), by PrepareWeights.
 type mlaSplits struct {
-	mu sync.Mutex
-	m  map[*kernels.Mat]*mlaSplit
+	mu    sync.Mutex
+	m     map[*kernels.Mat]*mlaSplit
+	decl  map[*kernels.Mat]kernels.MLAShape // DeclareKVB's, for PrepareWeights
+	bytes atomic.Int64                      // the splits' bytes (MemoryUse)
 }
 
-// drop forgets every split (Backend.Close), as weightCache.drop does.
+// drop forgets every split and declaration (Backend.Close), as
+// weightCache.drop does.
 func (s *mlaSplits) drop() {
 	s.mu.Lock()
-	s.m = nil
+	s.m, s.decl = nil, nil
+	s.bytes.Store(0)
 	s.mu.Unlock()
+}
+
+// DeclareKVB implements kernels.KVBDeclarer: PrepareWeights makes kvB's
+// per-head split (the absorbed form's) when kvB is among its weights and
+// s.Form is not MLANaive. A kvB that does not match s is not recorded
+// (AttentionMLA rejects such a call).
+func (b *Backend) DeclareKVB(kvB *kernels.Mat, s kernels.MLAShape) {
+	if kvB == nil || s.Heads <= 0 || kvB.Rows != s.Heads*(s.Nope+s.V) || kvB.Cols != s.KVLora {
+		return
+	}
+	b.mla.mu.Lock()
+	defer b.mla.mu.Unlock()
+	if b.mla.decl == nil {
+		b.mla.decl = map[*kernels.Mat]kernels.MLAShape{}
+	}
+	b.mla.decl[kvB] = s
+}
+
+// prepare makes w's split where w was declared (DeclareKVB) for the
+// absorbed form.
+func (s *mlaSplits) prepare(w *kernels.Mat) {
+	s.mu.Lock()
+	sh, ok := s.decl[w]
+	s.mu.Unlock()
+	if ok && sh.Form != kernels.MLANaive {
+		s.split(w, sh)
+	}
 }
 
 // split returns kvB's per-head matrices, building them on first use.
@@ -185,6 +219,7 @@ func (s *mlaSplits) split(kvB *kernels.Mat, sh kernels.MLAShape) *mlaSplit {
 			}
 		}
 		sp.uk[h], sp.uv[h] = uk, uv
+		s.bytes.Add(int64(len(uk.Data) + len(uv.Data)))
 	}
 	s.m[kvB] = sp
 	return sp
