@@ -58,6 +58,19 @@ func newBuffer(dt kernels.DType, n int) *buffer {
 	return &buffer{b: unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(words)*4)[:n*size], elems: n}
 }
 
+// prefaulted returns n zeroed bytes of Go memory whose pages are mapped
+// already (prefault, on Linux), for memory that is written whole right
+// away (the x8 packings): where it comes fresh from the system, one call
+// maps it rather than a fault per 4 KiB page as it is written, each a trap
+// into the kernel, which on this VM cost more than the packing (Qwen3-0.6B
+// Q8_0, two threads: the preparation's system time a median 1.1 s before,
+// 0.3 s after; BENCHMARKS.md, session 17).
+func prefaulted(n int) []byte {
+	b := make([]byte, n)
+	prefault(b)
+	return b
+}
+
 // mem returns t's buffer, panicking when t belongs to another backend.
 func mem(t kernels.Tensor) (*buffer, int) {
 	b, off := t.Buffer()
