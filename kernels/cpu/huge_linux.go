@@ -72,7 +72,7 @@ const madvPopulateWrite = 23
 // prefault has the kernel map every whole page of b, writable, in one call
 // (MADV_POPULATE_WRITE), before b is written, and reports whether it did:
 // memory fresh from the system otherwise takes a fault per 4 KiB page as it
-// is first written, each a trap into this VM's kernel. b's contents do not
+// is first written, each a trap into the kernel. b's contents do not
 // change. A kernel without it (EINVAL before Linux 5.14) leaves b to fault
 // as it is written.
 func prefault(b []byte) bool {

@@ -293,7 +293,8 @@ func mlaDecode(t *testing.T, b *Backend, kvB *kernels.Mat, s kernels.MLAShape, s
 // absorbed AttentionMLA makes none and gets the bits of a backend that
 // made it itself; and that it makes none for a weight not declared, one
 // declared for the naive form or with a shape it does not match, or one
-// declared but not among the weights it is given.
+// declared but not among the weights it is given; and that beside
+// AttentionMLA each split is made once.
 func TestPrepareMLASplits(t *testing.T) {
 	s := kernels.MLAShape{Heads: 3, Nope: 8, V: 6, KVLora: 32, Scale: 0.3}
 	rng := rand.New(rand.NewPCG(17, 17))
@@ -303,7 +304,7 @@ func TestPrepareMLASplits(t *testing.T) {
 			lazy := New(2)
 			defer lazy.Close()
 			want := mlaDecode(t, lazy, kvB, s, 1)
-			if len(lazy.mla.m) != 1 {
+			if _, ok := lazy.mla.peek(kvB); !ok || len(lazy.mla.m) != 1 {
 				t.Fatalf("the first AttentionMLA made %d splits, want 1", len(lazy.mla.m))
 			}
 
@@ -313,16 +314,59 @@ func TestPrepareMLASplits(t *testing.T) {
 			if err := b.PrepareWeights(context.Background(), []*kernels.Mat{kvB}); err != nil {
 				t.Fatal(err)
 			}
-			sp := b.mla.m[kvB]
-			if sp == nil {
+			sp, ok := b.mla.peek(kvB)
+			if !ok || sp == nil {
 				t.Fatal("PrepareWeights made no split of the declared kv_b_proj")
 			}
+			made := b.mla.bytes.Load()
 			got := mlaDecode(t, b, kvB, s, 1)
-			if len(b.mla.m) != 1 || b.mla.m[kvB] != sp {
+			if sp2, _ := b.mla.peek(kvB); len(b.mla.m) != 1 || sp2 != sp || b.mla.bytes.Load() != made {
 				t.Errorf("AttentionMLA after PrepareWeights made a split of its own")
 			}
 			sameBits(t, "prepared split", [][]float32{got}, [][]float32{want})
 		})
+	}
+
+	// Beside AttentionMLA on the same weights (run it with -race): one
+	// split each, the same bits.
+	kvBs := []*kernels.Mat{
+		kerneltest.NewMat(rng, kernels.BF16, s.Heads*(s.Nope+s.V), s.KVLora, 0, 0),
+		kerneltest.NewMat(rng, kernels.Q8_0, s.Heads*(s.Nope+s.V), s.KVLora, 0, 0),
+	}
+	lazy := New(2)
+	var want [][]float32
+	for _, w := range kvBs {
+		want = append(want, mlaDecode(t, lazy, w, s, 2))
+	}
+	one := lazy.mla.bytes.Load()
+	lazy.Close()
+	for round := range 4 {
+		b := New(2)
+		for _, w := range kvBs {
+			b.DeclareKVB(w, s)
+		}
+		order := kvBs
+		if round%2 == 1 {
+			order = []*kernels.Mat{kvBs[1], kvBs[0]}
+		}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.PrepareWeights(context.Background(), order); err != nil {
+				t.Error(err)
+			}
+		}()
+		var got [][]float32
+		for _, w := range kvBs {
+			got = append(got, mlaDecode(t, b, w, s, 2))
+		}
+		wg.Wait()
+		sameBits(t, "beside PrepareWeights", got, want)
+		if n := b.mla.bytes.Load(); n != one {
+			t.Errorf("round %d: %d bytes of splits, want one split each: %d", round, n, one)
+		}
+		b.Close()
 	}
 
 	kvB := kerneltest.NewMat(rng, kernels.BF16, s.Heads*(s.Nope+s.V), s.KVLora, 0, 0)
