@@ -15,18 +15,19 @@ import (
 
 // Weight preparation. A backend may keep, per weight matrix, a form of it
 // made on the matrix's first MatMul (kernels.WeightPreparer: the CPU's
-// copies of BF16 weights in huge pages and repacked Q4_0/Q8_0 weights,
-// seconds of CPU time for a whole model). Load has the backend make them
-// right after the model is built, on a goroutine of its own, rather than
-// in the first request, and rather than before Load returns: the chat then
-// opens as soon as the weights are mapped and the forms are made while the
-// user types (0.5–2.7 s for Qwen3-0.6B BF16 on two threads of a shared
-// VM, most of it page faults; BENCHMARKS.md §13, session 16), a server is
-// listening meanwhile, and a request that comes first loses nothing: a
-// MatMul of a weight being prepared waits for that one form, and one of a
-// weight not reached yet makes it as before (and the preparation then
-// finds it made). Loaded.Close stops the preparation and waits for it
-// before it closes the backend.
+// copies of BF16 weights in huge pages and repacked Q4_0/Q8_0 weights, and
+// the per-head splits of the kv_b_proj matrices an MLA model declares,
+// kernels.KVBDeclarer; seconds of CPU time for a whole model). Load has the
+// backend make them right after the model is built, on a goroutine of its
+// own, rather than in the first request, and rather than before Load
+// returns: the chat then opens as soon as the weights are mapped and the
+// forms are made while the user types (0.5–2.7 s for Qwen3-0.6B BF16 on two
+// threads of a shared VM, most of it kernel time; BENCHMARKS.md §13,
+// sessions 16 and 17), a server is listening meanwhile, and a request that
+// comes first loses nothing: a MatMul of a weight being prepared waits for
+// that one form, and one of a weight not reached yet makes it as before
+// (and the preparation then finds it made). Loaded.Close stops the
+// preparation and waits for it before it closes the backend.
 
 // WeightRecorder is a model.WeightSource that passes requests on and keeps
 // the matrices the model took through Mat, by name, so that Prepare can

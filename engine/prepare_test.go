@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/model"
+	"github.com/ferrite-llm/ferrite/engine/runtime"
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
@@ -124,5 +125,48 @@ func TestLoadPreparesWeights(t *testing.T) {
 		default:
 			t.Fatal("Close returned before the preparation stopped")
 		}
+	}
+}
+
+// TestLoadPreparesMLASplits checks that Load has the CPU backend make an
+// MLA model's per-head kv_b_proj splits with the other forms (the model
+// declares its kv_b_proj matrices, kernels.DeclareKVB): a request's prefill
+// and absorbed decode steps then make no weight form more.
+func TestLoadPreparesMLASplits(t *testing.T) {
+	for _, name := range []string{"glm4_moe_lite", "glm_moe_dsa", "glm5_next"} {
+		t.Run(name, func(t *testing.T) {
+			l, err := Load(filepath.Join("..", "testdata", "models", name), Options{Threads: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if err := l.WaitPrepared(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			be := l.Backend.(kernels.MemoryReporter)
+			prepared := be.MemoryUse().Weights
+			if prepared == 0 {
+				t.Fatal("no kv_b_proj split prepared before a request")
+			}
+			rt, err := runtime.New(l.Model, runtime.Options{KVBudget: 4 << 20, MaxSeqs: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rt.Close()
+			prompt := make([]int32, 20)
+			for i := range prompt {
+				prompt[i] = int32(3 + 7*i)
+			}
+			st, err := rt.Generate(context.Background(), runtime.Request{Prompt: prompt, MaxTokens: 4, Draft: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r := st.Collect(); r.Err != nil || len(r.Tokens) != 4 {
+				t.Fatalf("generation: %d tokens, %v", len(r.Tokens), r.Err)
+			}
+			if w := be.MemoryUse().Weights; w != prepared {
+				t.Errorf("a request made %d bytes of weight forms more after the preparation (%d)", w-prepared, prepared)
+			}
+		})
 	}
 }

@@ -42,3 +42,24 @@ func PrepareWeights(ctx context.Context, be any, ws []*Mat) (bool, error) {
 	}
 	return true, p.PrepareWeights(ctx, ws)
 }
+
+// KVBDeclarer is an optional capability of a WeightPreparer with MLAOps
+// that keeps, per kv_b_proj matrix, a form of it made on the matrix's first
+// AttentionMLA (the CPU backend's per-head W_UK and W_UV for the absorbed
+// form): that form needs the layer's MLAShape, which a Mat does not carry.
+// An MLA model declares each layer's kv_b_proj with its shape as it is
+// built (DeclareKVB); PrepareWeights then makes that form too for a
+// declared matrix among its ws, as the first AttentionMLA in the absorbed
+// form would (none for a shape whose Form is MLANaive). A declaration makes
+// nothing by itself.
+type KVBDeclarer interface {
+	DeclareKVB(kvB *Mat, s MLAShape)
+}
+
+// DeclareKVB calls be.DeclareKVB(kvB, s) when be is a KVBDeclarer and kvB
+// is not nil.
+func DeclareKVB(be any, kvB *Mat, s MLAShape) {
+	if d, ok := be.(KVBDeclarer); ok && kvB != nil {
+		d.DeclareKVB(kvB, s)
+	}
+}

@@ -58,6 +58,19 @@ func newBuffer(dt kernels.DType, n int) *buffer {
 	return &buffer{b: unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(words)*4)[:n*size], elems: n}
 }
 
+// prefaulted returns n zeroed bytes of Go memory whose pages are mapped
+// already (prefault, on Linux), for memory that is written whole right
+// away (the x8 packings): where it comes fresh from the system, one call
+// maps it rather than a fault per 4 KiB page as it is written, each a trap
+// into the kernel, which on this VM cost more than the packing (Qwen3-0.6B
+// Q8_0, two threads: the preparation's system time a median 1.1 s before,
+// 0.3 s after; BENCHMARKS.md, session 17).
+func prefaulted(n int) []byte {
+	b := make([]byte, n)
+	prefault(b)
+	return b
+}
+
 // mem returns t's buffer, panicking when t belongs to another backend.
 func mem(t kernels.Tensor) (*buffer, int) {
 	b, off := t.Buffer()
@@ -170,10 +183,11 @@ func (b *Backend) Free(t kernels.Tensor) {
 // allocated, Alloc's tensors not yet freed (Free, or the garbage collector
 // for a tensor dropped without it) and the Scratch arena. Weights are only
 // the copies MatMul keeps (x8Cache's repacked weights, residentCache's
-// BF16 weights in huge pages): otherwise the CPU runs the model's weights
+// BF16 weights in huge pages) and AttentionMLA's per-head splits of
+// kv_b_proj (mlaSplits): otherwise the CPU runs the model's weights
 // where they lie, mapped from the file or converted at load.
 func (b *Backend) MemoryUse() kernels.MemoryUse {
-	return kernels.MemoryUse{Weights: b.x8.bytes.Load() + b.res.bytes.Load(), Tensors: b.allocated.Load(), Arena: b.arena.bytes.Load()}
+	return kernels.MemoryUse{Weights: b.x8.bytes.Load() + b.res.bytes.Load() + b.mla.bytes.Load(), Tensors: b.allocated.Load(), Arena: b.arena.bytes.Load()}
 }
 
 // Scratch implements kernels.Memory.

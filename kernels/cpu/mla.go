@@ -123,29 +123,59 @@ type mlaSplit struct {
 	uv []*kernels.Mat // (Heads) each (V, KVLora) = W_UV_h
 }
 
-// mlaSplits caches the splits per kv_b_proj weight.
+// mlaSplits caches the splits per kv_b_proj weight (weightCache: a split
+// is made once, a caller for one being made waits for it and no other),
+// made by the weight's first absorbed AttentionMLA or, for a weight
+// declared with its shape (DeclareKVB), by PrepareWeights.
 type mlaSplits struct {
-	mu sync.Mutex
-	m  map[*kernels.Mat]*mlaSplit
+	weightCache[*mlaSplit]
+	dmu  sync.Mutex
+	decl map[*kernels.Mat]kernels.MLAShape // DeclareKVB's, for PrepareWeights
 }
 
-// drop forgets every split (Backend.Close), as weightCache.drop does.
+// drop forgets every split and declaration (Backend.Close).
 func (s *mlaSplits) drop() {
-	s.mu.Lock()
-	s.m = nil
-	s.mu.Unlock()
+	s.weightCache.drop()
+	s.dmu.Lock()
+	s.decl = nil
+	s.dmu.Unlock()
+}
+
+// DeclareKVB implements kernels.KVBDeclarer: PrepareWeights makes kvB's
+// per-head split (the absorbed form's) when kvB is among its weights and
+// s.Form is not MLANaive. A kvB that does not match s is not recorded
+// (AttentionMLA rejects such a call).
+func (b *Backend) DeclareKVB(kvB *kernels.Mat, s kernels.MLAShape) {
+	if kvB == nil || s.Heads <= 0 || kvB.Rows != s.Heads*(s.Nope+s.V) || kvB.Cols != s.KVLora {
+		return
+	}
+	b.mla.dmu.Lock()
+	defer b.mla.dmu.Unlock()
+	if b.mla.decl == nil {
+		b.mla.decl = map[*kernels.Mat]kernels.MLAShape{}
+	}
+	b.mla.decl[kvB] = s
+}
+
+// prepare makes w's split where w was declared (DeclareKVB) for the
+// absorbed form.
+func (s *mlaSplits) prepare(w *kernels.Mat) {
+	s.dmu.Lock()
+	sh, ok := s.decl[w]
+	s.dmu.Unlock()
+	if ok && sh.Form != kernels.MLANaive {
+		s.split(w, sh)
+	}
 }
 
 // split returns kvB's per-head matrices, building them on first use.
 func (s *mlaSplits) split(kvB *kernels.Mat, sh kernels.MLAShape) *mlaSplit {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if sp := s.m[kvB]; sp != nil {
-		return sp
-	}
-	if s.m == nil {
-		s.m = map[*kernels.Mat]*mlaSplit{}
-	}
+	return s.get(kvB, func() (*mlaSplit, int64) { return newSplit(kvB, sh) })
+}
+
+// newSplit builds kvB's per-head matrices and returns them with their
+// bytes.
+func newSplit(kvB *kernels.Mat, sh kernels.MLAShape) (*mlaSplit, int64) {
 	nh, dn, dv, kl := sh.Heads, sh.Nope, sh.V, sh.KVLora
 	dt := kvB.DType
 	exact := dt == kernels.F32 || dt == kernels.BF16 || dt == kernels.F16
@@ -158,6 +188,7 @@ func (s *mlaSplits) split(kvB *kernels.Mat, sh kernels.MLAShape) *mlaSplit {
 		return &kernels.Mat{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, rows*cols*es)}
 	}
 	sp := &mlaSplit{uk: make([]*kernels.Mat, nh), uv: make([]*kernels.Mat, nh)}
+	var n int64
 	for h := range nh {
 		uk, uv := newMat(kl, dn), newMat(dv, kl)
 		for d := range dn {
@@ -185,9 +216,9 @@ func (s *mlaSplits) split(kvB *kernels.Mat, sh kernels.MLAShape) *mlaSplit {
 			}
 		}
 		sp.uk[h], sp.uv[h] = uk, uv
+		n += int64(len(uk.Data) + len(uv.Data))
 	}
-	s.m[kvB] = sp
-	return sp
+	return sp, n
 }
 
 // mlaCall is one AttentionMLA call's operands, unpacked.

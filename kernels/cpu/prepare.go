@@ -9,10 +9,12 @@ import (
 )
 
 // Weight preparation. MatMul makes a weight's resident copy (resident.go)
-// or x8 packing (x8.go) on the weight's first MatMul, which puts the work
-// of the whole model (0.5–2.7 s for Qwen3-0.6B in BF16 on two threads,
-// most of it the page faults of the mapped file and of the huge pages) into
-// the first request's time to first token. PrepareWeights makes them ahead
+// or x8 packing (x8.go) on the weight's first MatMul, and AttentionMLA a
+// kv_b_proj's per-head split on its first absorbed call (mla.go), which
+// puts the work of the whole model (0.5–2.7 s for Qwen3-0.6B in BF16 on two
+// threads of a shared VM, most of it kernel time: the clearing of the fresh
+// huge pages the copies go to, and for Q8_0 the faults of the packing's
+// 4 KiB pages) into the first request. PrepareWeights makes them ahead
 // of time, through the same caches and by the same rules, so a MatMul finds
 // them made; the engine runs it on a goroutine of its own right after a
 // model loads, while the chat opens and the user types.
@@ -36,7 +38,9 @@ var errClosed = errors.New("cpu: backend closed")
 // would make them now: the x8 packing of a Q4_0 or Q8_0 weight, the resident
 // copy of a BF16 weight on the VDPBF16PS path (x8Persistent, residentOK,
 // residentBudget, FERRITE_CPU_RESIDENT=0 and FERRITE_CPU_X8=0 apply as in
-// MatMul). ws holds no routed expert (MatMul keeps no Q8_0 or BF16 form of
+// MatMul), and the per-head split of a kv_b_proj declared with its shape
+// (DeclareKVB), as the first AttentionMLA in the absorbed form would make
+// it. ws holds no routed expert (MatMul keeps no Q8_0 or BF16 form of
 // one). It stops, returning ctx.Err() (errClosed after Close), before the
 // next weight once ctx is done or the backend closed. Call it after
 // SetBF16Activations; it may run on any goroutine, beside the backend's
@@ -61,6 +65,7 @@ func (b *Backend) PrepareWeights(ctx context.Context, ws []*kernels.Mat) error {
 		}
 		b.x8.packed(w, split, false)
 		b.res.data(w, bf16Path(w, 1, bf16x), false, split)
+		b.mla.prepare(w)
 	}
 	return nil
 }

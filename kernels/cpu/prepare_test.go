@@ -253,3 +253,148 @@ func TestHasCopy(t *testing.T) {
 		t.Error("HasCopy of a quantized weight")
 	}
 }
+
+// mlaDecode returns the output of one AttentionMLA decode row on b in the
+// absorbed form (position 5 of one sequence over random F32 latents, no
+// rotated dims), drawn from seed.
+func mlaDecode(t *testing.T, b *Backend, kvB *kernels.Mat, s kernels.MLAShape, seed uint64) []float32 {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 17))
+	const bs, pos = 8, 5
+	alloc := func(dt kernels.DType, rows, cols int) kernels.Tensor {
+		x, err := b.Alloc(dt, rows, cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	i32 := func(v int32) kernels.Tensor {
+		x := alloc(kernels.I32, 1, 1)
+		b.WriteI32(x, []int32{v})
+		return x
+	}
+	cache := alloc(kernels.F32, bs, s.KVLora)
+	b.WriteF32(cache, kerneltest.RandN(rng, bs*s.KVLora))
+	q := alloc(kernels.F32, 1, s.Heads*(s.Nope+s.Rope))
+	b.WriteF32(q, kerneltest.RandN(rng, s.Heads*(s.Nope+s.Rope)))
+	out := alloc(kernels.F32, 1, s.Heads*s.V)
+	p := &kernels.Paged{Pos: i32(pos), Seq: i32(0), Slot: i32(pos), Blocks: i32(0), BlockSize: bs}
+	s.Form = kernels.MLAAbsorbed
+	b.BeginStep()
+	b.AttentionMLA(out, q, cache, kvB, nil, p, s, kernels.Tensor{})
+	b.EndStep()
+	y := make([]float32, s.Heads*s.V)
+	b.ReadF32(y, out)
+	return y
+}
+
+// TestPrepareMLASplits checks that PrepareWeights makes the per-head split
+// of a kv_b_proj declared with its shape (DeclareKVB), so that the first
+// absorbed AttentionMLA makes none and gets the bits of a backend that
+// made it itself; and that it makes none for a weight not declared, one
+// declared for the naive form or with a shape it does not match, or one
+// declared but not among the weights it is given; and that beside
+// AttentionMLA each split is made once.
+func TestPrepareMLASplits(t *testing.T) {
+	s := kernels.MLAShape{Heads: 3, Nope: 8, V: 6, KVLora: 32, Scale: 0.3}
+	rng := rand.New(rand.NewPCG(17, 17))
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.Q8_0, kernels.F32} {
+		t.Run(dt.String(), func(t *testing.T) {
+			kvB := kerneltest.NewMat(rng, dt, s.Heads*(s.Nope+s.V), s.KVLora, 0, 0)
+			lazy := New(2)
+			defer lazy.Close()
+			want := mlaDecode(t, lazy, kvB, s, 1)
+			if _, ok := lazy.mla.peek(kvB); !ok || len(lazy.mla.m) != 1 {
+				t.Fatalf("the first AttentionMLA made %d splits, want 1", len(lazy.mla.m))
+			}
+
+			b := New(2)
+			defer b.Close()
+			b.DeclareKVB(kvB, s)
+			if err := b.PrepareWeights(context.Background(), []*kernels.Mat{kvB}); err != nil {
+				t.Fatal(err)
+			}
+			sp, ok := b.mla.peek(kvB)
+			if !ok || sp == nil {
+				t.Fatal("PrepareWeights made no split of the declared kv_b_proj")
+			}
+			made := b.mla.bytes.Load()
+			got := mlaDecode(t, b, kvB, s, 1)
+			if sp2, _ := b.mla.peek(kvB); len(b.mla.m) != 1 || sp2 != sp || b.mla.bytes.Load() != made {
+				t.Errorf("AttentionMLA after PrepareWeights made a split of its own")
+			}
+			sameBits(t, "prepared split", [][]float32{got}, [][]float32{want})
+		})
+	}
+
+	// Beside AttentionMLA on the same weights (run it with -race): one
+	// split each, the same bits.
+	kvBs := []*kernels.Mat{
+		kerneltest.NewMat(rng, kernels.BF16, s.Heads*(s.Nope+s.V), s.KVLora, 0, 0),
+		kerneltest.NewMat(rng, kernels.Q8_0, s.Heads*(s.Nope+s.V), s.KVLora, 0, 0),
+	}
+	lazy := New(2)
+	var want [][]float32
+	for _, w := range kvBs {
+		want = append(want, mlaDecode(t, lazy, w, s, 2))
+	}
+	one := lazy.mla.bytes.Load()
+	lazy.Close()
+	for round := range 4 {
+		b := New(2)
+		for _, w := range kvBs {
+			b.DeclareKVB(w, s)
+		}
+		order := kvBs
+		if round%2 == 1 {
+			order = []*kernels.Mat{kvBs[1], kvBs[0]}
+		}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.PrepareWeights(context.Background(), order); err != nil {
+				t.Error(err)
+			}
+		}()
+		var got [][]float32
+		for _, w := range kvBs {
+			got = append(got, mlaDecode(t, b, w, s, 2))
+		}
+		wg.Wait()
+		sameBits(t, "beside PrepareWeights", got, want)
+		if n := b.mla.bytes.Load(); n != one {
+			t.Errorf("round %d: %d bytes of splits, want one split each: %d", round, n, one)
+		}
+		b.Close()
+	}
+
+	kvB := kerneltest.NewMat(rng, kernels.BF16, s.Heads*(s.Nope+s.V), s.KVLora, 0, 0)
+	other := kerneltest.NewMat(rng, kernels.BF16, 16, s.KVLora, 0, 0)
+	naive := s
+	naive.Form = kernels.MLANaive
+	wide := s
+	wide.KVLora *= 2
+	for name, c := range map[string]struct {
+		decl bool
+		s    kernels.MLAShape
+		ws   []*kernels.Mat
+	}{
+		"not declared":   {false, s, []*kernels.Mat{kvB}},
+		"naive":          {true, naive, []*kernels.Mat{kvB}},
+		"shape mismatch": {true, wide, []*kernels.Mat{kvB}},
+		"not in ws":      {true, s, []*kernels.Mat{other}},
+	} {
+		b := New(1)
+		if c.decl {
+			b.DeclareKVB(kvB, c.s)
+		}
+		if err := b.PrepareWeights(context.Background(), c.ws); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(b.mla.m); n != 0 {
+			t.Errorf("%s: PrepareWeights made %d splits", name, n)
+		}
+		b.Close()
+	}
+}

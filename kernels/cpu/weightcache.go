@@ -9,7 +9,8 @@ import (
 
 // weightCache holds a value made once per weight matrix: a form MatMul
 // reads instead of the matrix itself (x8Cache's repacked Q4_0 and Q8_0
-// weights, residentCache's copies in huge pages), and the bytes those
+// weights, residentCache's copies in huge pages; mlaSplits' per-head
+// kv_b_proj matrices, for AttentionMLA), and the bytes those
 // values hold, for MemoryUse from any goroutine. MatMul (on the engine's
 // goroutine) and PrepareWeights (on its own) both go through get.
 type weightCache[V any] struct {

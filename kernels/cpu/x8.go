@@ -270,7 +270,7 @@ func (c *x8Cache) packed(w *kernels.Mat, pack func(groups int, fn func(lo, hi in
 		G := x8For(w.DType).rows
 		groups, rb := w.Rows/G, w.DType.RowBytes(w.Cols)
 		gsz := x8RowBytes(w.DType, w.Cols, G)
-		p := x8Packed{data: make([]byte, groups*gsz), rows: G}
+		p := x8Packed{data: prefaulted(groups * gsz), rows: G}
 		pack(groups, func(lo, hi int) {
 			packX8(p.data[lo*gsz:hi*gsz], w.Data[G*lo*rb:G*hi*rb], w.DType, w.Cols, hi-lo, G)
 		})

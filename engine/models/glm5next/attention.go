@@ -61,6 +61,7 @@ func (l *loader) dsa(pre string, layer int, own bool) *dsa {
 			Scale: float32(1 / math.Sqrt(float64(p.nope))),
 		},
 	}
+	kernels.DeclareKVB(l.dev, d.kvb, d.shape) // its per-head split is then made after the load
 	if own {
 		d.idx = l.indexer(pre + "indexer.")
 	}

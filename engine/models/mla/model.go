@@ -446,6 +446,7 @@ func (b *builder) block(i int, sparse bool) (*gqa.Block, *Attention) {
 		KVB:     l.Mat(at+"kv_b_proj.weight", p.heads*(d.nope+d.v), d.kvLora),
 		O:       u.Linear(l.Linear(at+"o_proj", p.hidden, p.heads*d.v, p.bias)),
 	}
+	kernels.DeclareKVB(b.ops.mla, a.KVB, a.Shape) // its per-head split is then made after the load
 	if d.qLora > 0 {
 		qa := u.Linear(l.Linear(at+"q_a_proj", d.qLora, p.hidden, p.bias))
 		a.QA = &qa
