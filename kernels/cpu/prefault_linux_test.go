@@ -77,8 +77,8 @@ func TestPrefault(t *testing.T) {
 }
 
 // TestPrefaulted checks that the memory prefaulted returns (the x8
-// packings') takes few page faults as it is written where a fresh
-// allocation as large takes one a page. It is skipped where that
+// packings') takes fewer faults, by at least half its pages, as it is
+// written than a fresh allocation as large, which takes one a page. It is skipped where that
 // allocation took few (memory the Go heap had in use already, or huge
 // pages).
 func TestPrefaulted(t *testing.T) {
@@ -103,8 +103,10 @@ func TestPrefaulted(t *testing.T) {
 	if fresh < pages/2 {
 		t.Skipf("a fresh %d-byte allocation written page by page took %d faults: nothing to measure here", n, fresh)
 	}
-	if f := write(d); f > pages/8 {
-		t.Errorf("writing the %d pages of prefaulted(%d) took %d page faults (a fresh allocation: %d)", pages, n, f, fresh)
+	// Compared with the fresh allocation's count, not with zero: under the
+	// race detector every first write also faults in its shadow memory.
+	if f := write(d); fresh-f < pages/2 {
+		t.Errorf("writing the %d pages of prefaulted(%d) took %d page faults, a fresh allocation %d: under half the pages' faults saved", pages, n, f, fresh)
 	}
 	if len(d) != n {
 		t.Fatalf("prefaulted(%d) is %d bytes", n, len(d))
