@@ -78,9 +78,9 @@ func TestPrefault(t *testing.T) {
 
 // TestPrefaulted checks that the memory prefaulted returns (the x8
 // packings') takes fewer faults, by at least half its pages, as it is
-// written than a fresh allocation as large, which takes one a page. It is skipped where that
-// allocation took few (memory the Go heap had in use already, or huge
-// pages).
+// written than a fresh allocation as large, which takes one a page. It is
+// skipped where that allocation took few (memory the Go heap had in use
+// already, or huge pages).
 func TestPrefaulted(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
