@@ -201,6 +201,18 @@ func randCaches(t testing.TB, be *Backend, layers, rows, cols int) (kc, vc []ker
 	return kc, vc
 }
 
+// readDiff reads out and returns its values with their largest absolute
+// difference from base (0 when base is nil).
+func readDiff(be *Backend, out kernels.Tensor, base []float32) ([]float32, float64) {
+	got := make([]float32, out.Elems())
+	be.ReadF32(got, out)
+	diff := 0.0
+	for i := range base {
+		diff = max(diff, math.Abs(float64(got[i]-base[i])))
+	}
+	return got, diff
+}
+
 // BenchmarkDecodeBatchAttention times Attention of a Qwen3-8B decode batch
 // (32/8 heads of 128, bf16 cache, every row its own sequence at positions
 // ctx−17 to ctx−1, or with /spread ctx/2 to ctx−1 as a 128 + 128 bench's
@@ -281,15 +293,10 @@ func BenchmarkDecodeBatchAttention(b *testing.B) {
 			if !out.Valid() {
 				continue
 			}
-			got := make([]float32, n*heads*hd)
-			be.ReadF32(got, out)
+			got, diff := readDiff(be, out, base)
 			if base == nil {
 				base = got
 				continue
-			}
-			diff := 0.0
-			for i, x := range got {
-				diff = max(diff, math.Abs(float64(x-base[i])))
 			}
 			if !(diff < 1e-3) {
 				b.Errorf("%s/%s: differs from the split-KV kernel by %g", label, v.name, diff)

@@ -489,15 +489,10 @@ func BenchmarkDecodeAttention(b *testing.B) {
 				if !out.Valid() {
 					continue
 				}
-				got := make([]float32, sh.heads*hd)
-				be.ReadF32(got, out)
+				got, diff := readDiff(be, out, ref0)
 				if ref0 == nil {
 					ref0 = got
 					continue
-				}
-				diff := 0.0
-				for i, x := range got {
-					diff = max(diff, math.Abs(float64(x-ref0[i])))
 				}
 				if !(diff < 1e-3) {
 					b.Errorf("%s ctx %d %s: differs from old by %g", sh.name, ctx, v.name, diff)
