@@ -201,16 +201,26 @@ func randCaches(t testing.TB, be *Backend, layers, rows, cols int) (kc, vc []ker
 	return kc, vc
 }
 
-// readDiff reads out and returns its values with their largest absolute
-// difference from base (0 when base is nil).
-func readDiff(be *Backend, out kernels.Tensor, base []float32) ([]float32, float64) {
+// sameOutput reads a benchmark variant's output out (when it ran) into
+// *base for the first variant, and fails b when a later one differs from
+// it by 1e-3 or more.
+func sameOutput(b *testing.B, be *Backend, out kernels.Tensor, base *[]float32, what string) {
+	if !out.Valid() {
+		return
+	}
 	got := make([]float32, out.Elems())
 	be.ReadF32(got, out)
-	diff := 0.0
-	for i := range base {
-		diff = max(diff, math.Abs(float64(got[i]-base[i])))
+	if *base == nil {
+		*base = got
+		return
 	}
-	return got, diff
+	diff := 0.0
+	for i := range got {
+		diff = max(diff, math.Abs(float64(got[i]-(*base)[i])))
+	}
+	if !(diff < 1e-3) {
+		b.Errorf("%s: differs from the first variant by %g", what, diff)
+	}
 }
 
 // BenchmarkDecodeBatchAttention times Attention of a Qwen3-8B decode batch
@@ -290,17 +300,7 @@ func BenchmarkDecodeBatchAttention(b *testing.B) {
 				b.ReportMetric(sec*1e6, "us/call")
 				b.ReportMetric(bytes/sec/1e9, "GB/s")
 			})
-			if !out.Valid() {
-				continue
-			}
-			got, diff := readDiff(be, out, base)
-			if base == nil {
-				base = got
-				continue
-			}
-			if !(diff < 1e-3) {
-				b.Errorf("%s/%s: differs from the split-KV kernel by %g", label, v.name, diff)
-			}
+			sameOutput(b, be, out, &base, label+"/"+v.name)
 		}
 	}
 }

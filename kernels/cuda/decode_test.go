@@ -486,17 +486,7 @@ func BenchmarkDecodeAttention(b *testing.B) {
 				b.Run(fmt.Sprintf("%s/ctx=%d/%s", sh.name, ctx, v.name), func(b *testing.B) {
 					b.ReportMetric(timeSteps(b, be, step)/layers*1e6, "us/layer")
 				})
-				if !out.Valid() {
-					continue
-				}
-				got, diff := readDiff(be, out, ref0)
-				if ref0 == nil {
-					ref0 = got
-					continue
-				}
-				if !(diff < 1e-3) {
-					b.Errorf("%s ctx %d %s: differs from old by %g", sh.name, ctx, v.name, diff)
-				}
+				sameOutput(b, be, out, &ref0, fmt.Sprintf("%s ctx %d %s", sh.name, ctx, v.name))
 			}
 		}
 	}
