@@ -65,6 +65,14 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
 )
 NAME = "ferrite-tiny"
+# chat questions the evaluations ask beside the held-out dictionary ones (train.py, train_mtp.py)
+CHAT_QUESTIONS = [
+    "Who are you?", "hello", "What can you do?", "Tell me a quote about time.", "Tell me a quote about love.",
+    "What is the opposite of hot?", "Give me a synonym for happy.", "Use candid in a sentence.",
+    "What does ephemeral mean?", "What is the capital of France?", "Give me a Bible verse about light.",
+    "What does the Devil's Dictionary say about lawyer?", "What does hack mean in hacker jargon?",
+    "What does blorptic mean?", "thanks!",
+]
 
 torch = None
 nn = None
@@ -982,14 +990,7 @@ def evaluate(model, blk, tok, evals, args, summary, outdir):
     for it in evals:
         if it["kind"] == "seen_define_new_phrasing":
             items.append(dict(it, kind="seen_define_train_phrasing", question=f"What does {it['word']} mean?"))
-    extra = [
-        {"kind": "chat", "question": q, "word": None, "gold": None}
-        for q in ["Who are you?", "hello", "What can you do?", "Tell me a quote about time.",
-                  "Tell me a quote about love.", "What is the opposite of hot?", "Give me a synonym for happy.",
-                  "Use candid in a sentence.", "What does ephemeral mean?", "What is the capital of France?",
-                  "Give me a Bible verse about light.", "What does the Devil's Dictionary say about lawyer?",
-                  "What does hack mean in hacker jargon?", "What does blorptic mean?", "thanks!"]
-    ]
+    extra = [{"kind": "chat", "question": q, "word": None, "gold": None} for q in CHAT_QUESTIONS]
     items += extra
     prompts = [tok.encode(render([{"role": "user", "content": it["question"]}], True), add_special_tokens=False).ids
                for it in items]

@@ -376,10 +376,9 @@ def main():
     rng = random.Random(args.seed)
     # evaluation questions: the chat questions of train.py's evaluation and held-out dictionary ones
     evals = tr.load_jsonl(os.path.join(args.corpus, "eval.jsonl.gz"))
-    qs = ["Who are you?", "hello", "What can you do?", "Tell me a quote about time.", "Tell me a quote about love.",
-          "What is the opposite of hot?", "Give me a synonym for happy.", "Use candid in a sentence.",
-          "What does ephemeral mean?", "Give me a Bible verse about light.", "What does hack mean in hacker jargon?",
-          "Use meticulous in a sentence.", "thanks!"]
+    # (the 2026-12-04 run asked 13 chat questions: train.py's list without the capital of France, the Devil's
+    # Dictionary and blorptic, with "Use meticulous in a sentence.")
+    qs = list(tr.CHAT_QUESTIONS)
     qs += [e["question"] for e in rng.sample(evals, min(len(evals), args.eval_prompts)) if e.get("question")]
     eval_prompts = [tok.encode(tr.render([{"role": "user", "content": q}], True), add_special_tokens=False).ids for q in qs]
     summary["eval_questions"] = len(eval_prompts)
