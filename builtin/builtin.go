@@ -10,7 +10,8 @@
 // describes it: data and licences, training, evaluation and limits.
 //
 // The files under model/ are embedded with go:embed: config.json and
-// generation_config.json as transformers saved them, the tokenizer
+// generation_config.json as transformers saved them (the latter with
+// do_sample false added: greedy decoding unless asked otherwise), the tokenizer
 // (tokenizer.json, tokenizer_config.json, chat_template.jinja), and the
 // weights, model.gguf: a GGUF file holding the matrices in Q8_0 (the MoE
 // router gates, MLA's kv_b_proj and the indexer's compress gate in BF16, as

@@ -36,6 +36,8 @@ type Tokenizer struct {
 	addEOS        bool
 	cleanUp       bool
 
+	sampling Sampling // generation_config.json's recommended sampling
+
 	chatTemplate string
 	templateName string
 	tmplOnce     sync.Once
@@ -312,14 +314,32 @@ func appendUnique(s []int32, id int32) []int32 {
 	return append(s, id)
 }
 
+// Sampling is the sampling a model's generation_config.json recommends,
+// as transformers reads it: nil where the file says nothing.
+type Sampling struct {
+	DoSample    *bool    // do_sample: false is greedy decoding
+	Temperature *float64 // temperature
+	TopP        *float64 // top_p
+	TopK        *int     // top_k
+}
+
+// Sampling returns the sampling the model's generation_config.json
+// recommends (all nil without one).
+func (t *Tokenizer) Sampling() Sampling { return t.sampling }
+
 func (t *Tokenizer) applyGenerationConfig(data []byte) error {
 	var g struct {
-		EOS json.RawMessage `json:"eos_token_id"`
-		BOS *int32          `json:"bos_token_id"`
+		EOS         json.RawMessage `json:"eos_token_id"`
+		BOS         *int32          `json:"bos_token_id"`
+		DoSample    *bool           `json:"do_sample"`
+		Temperature *float64        `json:"temperature"`
+		TopP        *float64        `json:"top_p"`
+		TopK        *int            `json:"top_k"`
 	}
 	if err := json.Unmarshal(data, &g); err != nil {
 		return jsonError(data, err)
 	}
+	t.sampling = Sampling{DoSample: g.DoSample, Temperature: g.Temperature, TopP: g.TopP, TopK: g.TopK}
 	if !isNull(g.EOS) {
 		var one int32
 		var many []int32

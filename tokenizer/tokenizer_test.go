@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -170,6 +171,49 @@ const tinyTokenizer = `{
   "decoder": {"type": "ByteLevel"},
   "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "Ġ": 3, "Ġab": 4}, "merges": [["a", "b"], "Ġ ab"]}
 }`
+
+func TestLoadSampling(t *testing.T) {
+	for _, c := range []struct {
+		gen  string
+		want string
+	}{
+		{`{"eos_token_id": 5}`, "{<nil> <nil> <nil> <nil>}"},
+		{`{"do_sample": false}`, "{false <nil> <nil> <nil>}"},
+		{`{"do_sample": true, "temperature": 0.6, "top_p": 0.95, "top_k": 20}`, "{true 0.6 0.95 20}"},
+		{`{"temperature": 1.0}`, "{<nil> 1 <nil> <nil>}"},
+	} {
+		dir := writeDir(t, map[string]string{"tokenizer.json": tinyTokenizer, "generation_config.json": c.gen})
+		tok, err := Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := tok.Sampling()
+		str := func(p any) string {
+			switch v := p.(type) {
+			case *bool:
+				if v != nil {
+					return fmt.Sprint(*v)
+				}
+			case *float64:
+				if v != nil {
+					return fmt.Sprint(*v)
+				}
+			case *int:
+				if v != nil {
+					return fmt.Sprint(*v)
+				}
+			}
+			return "<nil>"
+		}
+		if got := "{" + str(s.DoSample) + " " + str(s.Temperature) + " " + str(s.TopP) + " " + str(s.TopK) + "}"; got != c.want {
+			t.Errorf("%s: Sampling = %s, want %s", c.gen, got, c.want)
+		}
+	}
+	dir := writeDir(t, map[string]string{"tokenizer.json": tinyTokenizer, "generation_config.json": `{"top_k": "many"}`})
+	if _, err := Load(dir); err == nil {
+		t.Error("top_k \"many\": no error")
+	}
+}
 
 func TestLoadConfigFiles(t *testing.T) {
 	dir := writeDir(t, map[string]string{

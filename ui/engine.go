@@ -34,6 +34,9 @@ type ModelInfo struct {
 	MaxContext int    `json:"max_context,omitempty"` // most tokens (prompt + reply) one request may hold; 0: unknown
 	MTP        bool   `json:"mtp,omitempty"`         // the model has an MTP module (speculative decoding)
 	Draft      int    `json:"draft,omitempty"`       // the engine's draft tokens per step when Settings.Draft is 0; 0: off
+	// Sampling is what the model's generation_config.json recommends
+	// (settings.Config.SamplingFor applies it to a new chat's settings).
+	Sampling tokenizer.Sampling `json:"-"`
 	// KVLimited says MaxContext is what the KV cache holds (its size is
 	// set by the KV budget), less than the model's own context.
 	KVLimited bool `json:"kv_limited,omitempty"`

@@ -157,7 +157,9 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		fmt.Fprintf(stderr, "ferrite: %v%s\n", err, logHint(logPath))
 		return 1
 	}
-	chatSettings := ui.SettingsOf(cfg.Sampling)
+	// The model's recommended sampling (its generation_config.json) in
+	// place of the defaults the file and the flags left.
+	chatSettings := ui.SettingsOf(cfg.SamplingFor(eng.Info().Sampling))
 	opts := ui.Options{
 		Settings:  &chatSettings,
 		System:    cfg.SystemPrompt,
@@ -309,7 +311,7 @@ func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, pro
 	}
 	_, hasMTP := s.lm.Model.(model.MTPModel)
 	info := ui.ModelInfo{Name: e.Name, Arch: s.lm.Model.Info().Arch, MTP: hasMTP, Draft: s.draft,
-		Device: s.lm.Device, DeviceNote: s.lm.DeviceNote}
+		Device: s.lm.Device, DeviceNote: s.lm.DeviceNote, Sampling: s.tok.Sampling()}
 	return ui.NewRuntimeEngine(s.rt, s.tok, info), sessionCloser{s}, nil
 }
 

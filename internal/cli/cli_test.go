@@ -87,6 +87,47 @@ func TestRunGreedyIsDeterministic(t *testing.T) {
 	}
 }
 
+// TestRunModelSampling checks that the sampling a model's
+// generation_config.json recommends replaces the defaults the file and
+// the flags left, and only those.
+func TestRunModelSampling(t *testing.T) {
+	dir := fixtureModel(t, "qwen3")
+	gen := filepath.Join(dir, "generation_config.json")
+	run := func(extra ...string) string {
+		t.Helper()
+		args := append([]string{"run", "--model", dir, "--max-tokens", "24", "--config", filepath.Join(dir, "none.toml")}, extra...)
+		code, out, errs := runCLI(t, "", append(args, "hello there")...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, errs)
+		}
+		return out
+	}
+	if err := os.WriteFile(filepath.Join(dir, "none.toml"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	write := func(text string) {
+		t.Helper()
+		if err := os.WriteFile(gen, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// do_sample false: greedy whatever the seed, as --temperature 0 is.
+	write(`{"do_sample": false}`)
+	greedy := run("--temperature", "0")
+	if a, b := run("--seed", "1"), run("--seed", "2"); a != greedy || b != greedy {
+		t.Errorf("do_sample false: seeds 1 and 2 give %q and %q, want the greedy %q", a, b, greedy)
+	}
+	// ...but a temperature given as a flag wins: the seeds then differ.
+	if a, b := run("--seed", "1", "--temperature", "2"), run("--seed", "2", "--temperature", "2"); a == b {
+		t.Errorf("--temperature 2 over do_sample false: seeds 1 and 2 give the same %q", a)
+	}
+	// A recommended temperature is taken: 0 here is greedy.
+	write(`{"do_sample": true, "temperature": 0, "top_k": 5}`)
+	if a := run("--seed", "3"); a != greedy {
+		t.Errorf("temperature 0 recommended: %q, want the greedy %q", a, greedy)
+	}
+}
+
 func TestRunErrors(t *testing.T) {
 	cases := []struct {
 		name string

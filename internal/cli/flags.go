@@ -207,6 +207,7 @@ func (f *cmdFlags) loadConfig(fs *flag.FlagSet) (cfg settings.Config, warn, err 
 	}
 	for key, v := range f.given {
 		settings.Lookup(key).Put(&cfg, v)
+		cfg.Give(key)
 	}
 	return cfg, warn, nil
 }

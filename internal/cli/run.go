@@ -172,7 +172,7 @@ func generate(ctx context.Context, s *session, cfg *settings.Config, raw bool, p
 		Prompt:    ids,
 		MaxTokens: maxTokens,
 		Stop:      tok.EOS(),
-		Sampling:  sampling(cfg.Sampling),
+		Sampling:  sampling(cfg.SamplingFor(tok.Sampling())),
 	})
 	if err != nil {
 		return err

@@ -32,6 +32,8 @@ import (
 
 	"github.com/BurntSushi/toml"
 	"github.com/adrg/xdg"
+
+	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
 // Config is the whole file. The TOML keys are the field tags.
@@ -57,6 +59,49 @@ type Config struct {
 	// Endpoints are the [[endpoints]] tables: remote servers whose models
 	// the chat lists as NAME/MODEL (endpoints.go; not rows of Table).
 	Endpoints []Endpoint `toml:"-"`
+
+	// Given holds the keys the file or a flag set (Give); the others
+	// have their Table defaults, which a model's recommended sampling
+	// may replace (SamplingFor). nil when none was set.
+	Given map[string]bool `toml:"-"`
+}
+
+// Give records that the file or a flag set key.
+func (c *Config) Give(key string) {
+	if c.Given == nil {
+		c.Given = map[string]bool{}
+	}
+	c.Given[key] = true
+}
+
+// SamplingFor is c's sampling with what a model's generation_config.json
+// recommends in place of the defaults of the keys neither the file nor a
+// flag gave, as transformers reads that file: do_sample false is greedy
+// decoding (temperature 0), otherwise its temperature, top_p and top_k
+// are taken where they lie in the settings' ranges.
+func (c *Config) SamplingFor(rec tokenizer.Sampling) Sampling {
+	s := c.Sampling
+	free := func(key string) bool { return !c.Given[key] }
+	if rec.DoSample != nil && !*rec.DoSample {
+		if free("sampling.temperature") {
+			s.Temperature = 0
+		}
+		return s
+	}
+	inRange := func(key string, v float64) bool {
+		t := Lookup(key)
+		return !math.IsNaN(v) && v >= t.Min && v <= t.Max
+	}
+	if v := rec.Temperature; v != nil && free("sampling.temperature") && inRange("sampling.temperature", *v) {
+		s.Temperature = *v
+	}
+	if v := rec.TopP; v != nil && free("sampling.top_p") && inRange("sampling.top_p", *v) {
+		s.TopP = *v
+	}
+	if v := rec.TopK; v != nil && free("sampling.top_k") && inRange("sampling.top_k", float64(*v)) {
+		s.TopK = *v
+	}
+	return s
 }
 
 // Sampling is the sampling defaults of a new chat (/set changes them).
@@ -221,6 +266,7 @@ func Parse(data []byte) (Config, error) {
 			continue
 		}
 		s.Put(&c, v)
+		c.Give(key)
 	}
 	eps, eprobs := parseEndpoints(raw[endpointsKey], data)
 	probs = append(probs, eprobs...)

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/adrg/xdg"
+
+	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
 func TestMissingFileIsDefaults(t *testing.T) {
@@ -64,6 +66,11 @@ quant = "q4_k"
 		Sampling: Sampling{Temperature: 0.2, TopP: 0.9, TopK: 20, MinP: 0, RepeatPenalty: 1.1, Seed: 7, MaxTokens: 300},
 		MTP:      MTP{Mode: "off", Draft: 2},
 		Engine:   Engine{Device: "cuda:1", Threads: 4, KVBudget: 512 << 20, BatchTokens: 256, MaxSeqs: 8, Quant: "q4_k"},
+	}
+	for _, s := range Table {
+		if s.Key != "debug_log" { // the one key the file leaves out
+			want.Give(s.Key)
+		}
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("config =\n%+v\nwant\n%+v", c, want)
@@ -483,5 +490,44 @@ func TestEveryConfigFieldHasARow(t *testing.T) {
 		if v.Addr().Pointer() != p {
 			t.Errorf("%s: the row fills another field than its key's", s.Key)
 		}
+	}
+}
+
+func TestSamplingFor(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	k := func(v int) *int { return &v }
+	no, yes := false, true
+	qwen := tokenizer.Sampling{DoSample: &yes, Temperature: f(0.6), TopP: f(0.95), TopK: k(20)}
+	for _, c := range []struct {
+		name string
+		file string
+		rec  tokenizer.Sampling
+		want [3]float64 // temperature, top_p, top_k
+	}{
+		{"nothing recommended", "", tokenizer.Sampling{}, [3]float64{0.7, 0.95, 40}},
+		{"greedy recommended", "", tokenizer.Sampling{DoSample: &no, Temperature: f(0.9)}, [3]float64{0, 0.95, 40}},
+		{"greedy, the file's temperature wins", "[sampling]\ntemperature = 0.3\n", tokenizer.Sampling{DoSample: &no}, [3]float64{0.3, 0.95, 40}},
+		{"Qwen3's recommendation", "", qwen, [3]float64{0.6, 0.95, 20}},
+		{"the file's top_k wins", "[sampling]\ntop_k = 50\n", qwen, [3]float64{0.6, 0.95, 50}},
+		{"out of range ignored", "", tokenizer.Sampling{Temperature: f(9), TopP: f(1.5), TopK: k(-1)}, [3]float64{0.7, 0.95, 40}},
+	} {
+		cfg, err := Parse([]byte(c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := cfg.SamplingFor(c.rec)
+		if got := [3]float64{s.Temperature, s.TopP, float64(s.TopK)}; got != c.want {
+			t.Errorf("%s: temperature, top_p, top_k = %v, want %v", c.name, got, c.want)
+		}
+		if s.MinP != cfg.Sampling.MinP || s.MaxTokens != cfg.Sampling.MaxTokens {
+			t.Errorf("%s: other sampling settings changed: %+v", c.name, s)
+		}
+	}
+	// A flag gives its key as the file does (internal/cli's loadConfig).
+	cfg := Default()
+	cfg.Sampling.Temperature = 1.2
+	cfg.Give("sampling.temperature")
+	if s := cfg.SamplingFor(qwen); s.Temperature != 1.2 || s.TopK != 20 {
+		t.Errorf("given temperature: %+v", s)
 	}
 }
