@@ -168,3 +168,26 @@ func TestSeveralModels(t *testing.T) {
 	waitIdle(t, tiny.Runtime)
 	waitIdle(t, thinker.Runtime)
 }
+
+// TestModelSamplingDefaults: a request that gives no temperature gets the
+// model's recommended sampling (ferrite-tiny's generation_config.json says
+// do_sample false: greedy), not OpenAI's temperature 1; one that gives a
+// temperature samples.
+func TestModelSamplingDefaults(t *testing.T) {
+	b := tinyBackend(t, defaultTestRuntime())
+	ts := startServer(t, Options{Models: []Model{loaded("ferrite-tiny", b)}}, true)
+	q := `{"messages":[{"role":"user","content":"Tell me a quote about time."}],"max_tokens":24,`
+	greedy := chatJSON(t, ts, q+`"temperature":0}`).Choices[0].Message.Content
+	for _, c := range chatJSON(t, ts, q+`"n":3,"seed":7}`).Choices {
+		if c.Message.Content != greedy {
+			t.Errorf("no temperature given: choice %d is %q, want the greedy %q", c.Index, c.Message.Content, greedy)
+		}
+	}
+	distinct := map[string]bool{}
+	for _, c := range chatJSON(t, ts, q+`"n":3,"seed":7,"temperature":1.5}`).Choices {
+		distinct[c.Message.Content] = true
+	}
+	if len(distinct) < 2 {
+		t.Errorf("temperature 1.5: the 3 choices are all %q", greedy)
+	}
+}

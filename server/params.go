@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/ferrite-llm/ferrite/engine/sample"
+	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
 // maxChoices is the most completions (n) one request may ask for, as /regen
@@ -111,6 +112,29 @@ func (r *samplingRequest) params(defaultMax int) (genParams, *apiError) {
 		return p, paramError("logit_bias", "logit_bias is not supported")
 	}
 	return p, nil
+}
+
+// modelDefaults puts the sampling the model recommends (its
+// generation_config.json, as transformers reads it) where r gave none, in
+// place of OpenAI's defaults, as vLLM's server does: do_sample false is
+// greedy decoding; otherwise its temperature, top_p and top_k, where they
+// lie in the ranges a request may give.
+func (r *samplingRequest) modelDefaults(p *genParams, rec tokenizer.Sampling) {
+	if rec.DoSample != nil && !*rec.DoSample {
+		if r.Temperature == nil {
+			p.sampling.Temperature = 0
+		}
+		return
+	}
+	if v := rec.Temperature; v != nil && r.Temperature == nil && *v >= 0 && *v <= 2 {
+		p.sampling.Temperature = float32(*v)
+	}
+	if v := rec.TopP; v != nil && r.TopP == nil && *v > 0 && *v <= 1 {
+		p.sampling.TopP = float32(*v)
+	}
+	if v := rec.TopK; v != nil && r.TopK == nil && *v >= 0 {
+		p.sampling.TopK = *v
+	}
 }
 
 // checkRange stores *v in dst when it is given and within [lo, hi].
