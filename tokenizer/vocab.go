@@ -54,6 +54,8 @@ type BPEVocab struct {
 
 	ChatTemplate string // Jinja source; "" when none
 	TemplateName string // names the template in errors
+
+	Sampling Sampling // the sampling the model's file recommends (Tokenizer.Sampling)
 }
 
 // NewBPE builds a Tokenizer from a BPEVocab. It goes through the same
@@ -170,6 +172,7 @@ func NewBPE(v BPEVocab) (*Tokenizer, error) {
 		t.specialNames["eos_token"] = v.Tokens[v.EOS[0]]
 	}
 	t.chatTemplate, t.templateName = v.ChatTemplate, v.TemplateName
+	t.sampling = v.Sampling
 	return t, nil
 }
 

@@ -123,11 +123,38 @@ func (m *Model) Tokenizer() (*tokenizer.Tokenizer, error) {
 	} else if ok {
 		v.AddBOS = b
 	}
+	v.Sampling = recommendedSampling(meta)
 	t, err := tokenizer.NewBPE(v)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return t, nil
+}
+
+// recommendedSampling is the sampling the file recommends: llama.cpp's
+// general.sampling.temp, .top_p and .top_k, which its converter copies
+// from generation_config.json (top_k ≤ 0 is off). A key of the wrong type
+// is ignored: a recommendation never stops a load.
+func recommendedSampling(meta Metadata) tokenizer.Sampling {
+	var s tokenizer.Sampling
+	num := func(key string) (float64, bool) {
+		v, ok := meta.Get(key)
+		if !ok {
+			return 0, false
+		}
+		return v.Float()
+	}
+	if f, ok := num("general.sampling.temp"); ok {
+		s.Temperature = &f
+	}
+	if f, ok := num("general.sampling.top_p"); ok {
+		s.TopP = &f
+	}
+	if f, ok := num("general.sampling.top_k"); ok {
+		k := max(int(f), 0)
+		s.TopK = &k
+	}
+	return s
 }
 
 // errNoTokenizer is returned by Tokenizer for a file without tokenizer.ggml.model.

@@ -137,6 +137,42 @@ func TestTokenizerErrors(t *testing.T) {
 	}
 }
 
+// TestRecommendedSampling reads the sampling llama.cpp's converter writes
+// (general.sampling.*, from generation_config.json) as the tokenizer's.
+func TestRecommendedSampling(t *testing.T) {
+	w := &ggufwrite.Writer{}
+	ggufwrite.AddByteTokenizer(w, 300)
+	tok, err := openWriter(t, w).Tokenizer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := tok.Sampling(); s.Temperature != nil || s.TopP != nil || s.TopK != nil || s.DoSample != nil {
+		t.Errorf("no sampling keys: %+v", s)
+	}
+	w.Set("general.sampling.temp", float32(0.6))
+	w.Set("general.sampling.top_p", float32(0.95))
+	w.Set("general.sampling.top_k", int32(20))
+	tok, err = openWriter(t, w).Tokenizer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := tok.Sampling()
+	if s.Temperature == nil || s.TopP == nil || s.TopK == nil ||
+		float32(*s.Temperature) != 0.6 || float32(*s.TopP) != 0.95 || *s.TopK != 20 {
+		t.Fatalf("sampling %+v", s)
+	}
+	// top_k -1 (llama.cpp: off) is 0, ferrite's off; a string is ignored.
+	w.Set("general.sampling.top_k", int32(-1))
+	w.Set("general.sampling.temp", "hot")
+	tok, err = openWriter(t, w).Tokenizer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := tok.Sampling(); s.TopK == nil || *s.TopK != 0 || s.Temperature != nil {
+		t.Errorf("top_k -1 and a string temperature: %+v", s)
+	}
+}
+
 // spVocab is the SentencePiece-style fixture (tokenizer/testdata/sp) as a
 // GGUF vocabulary: pieces by id, kinds, and unique scores that rank each
 // piece a merge makes by its merge's rank (others lowest).
