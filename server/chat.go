@@ -69,7 +69,7 @@ func (s *Server) chatRequest(req *chatRequest) (genParams, prompt, *served, *api
 	if e != nil {
 		return p, prompt{}, nil, e
 	}
-	req.modelDefaults(&p, m.b.Tokenizer.Sampling())
+	req.modelDefaults(&p, m.b.Sampling)
 	opts, e := templateOptions(req.ChatTemplateKwargs)
 	if e != nil {
 		return p, prompt{}, nil, e

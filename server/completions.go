@@ -26,7 +26,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) *apiE
 	if e != nil {
 		return e
 	}
-	req.modelDefaults(&p, m.b.Tokenizer.Sampling())
+	req.modelDefaults(&p, m.b.Sampling)
 	tok := m.b.Tokenizer
 	var prompts []prompt
 	var echo []string // each prompt's text, for echo

@@ -47,7 +47,7 @@ func tinyBackend(t testing.TB, opts runtime.Options) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Backend{Runtime: rt, Tokenizer: tok, Reasoning: IsReasoning(tok), Close: func() { rt.Close() }}
+	return &Backend{Runtime: rt, Tokenizer: tok, Sampling: tok.Sampling(), Reasoning: IsReasoning(tok), Close: func() { rt.Close() }}
 }
 
 // loaded is a Model whose loader returns b at once.

@@ -27,6 +27,10 @@ type Backend struct {
 	// strings at token boundaries).
 	Runtime   *runtime.Runtime
 	Tokenizer *tokenizer.Tokenizer
+	// Sampling is what the model recommends, used where a request gives
+	// no temperature, top_p or top_k (Tokenizer.Sampling, unless the
+	// model's store says more: catalog.Entry.Recommended).
+	Sampling tokenizer.Sampling
 	// Reasoning makes chat replies that open with a <think> block come
 	// back with it as reasoning_content (see IsReasoning).
 	Reasoning bool

@@ -76,6 +76,25 @@ type Entry struct {
 	// Problem says why the directory may not load (no safetensors, an
 	// unreadable config.json); "" when it looks complete.
 	Problem string
+	// Sampling is what the store recommends beside the model's own files
+	// (ollama's params layer); it wins over the tokenizer's (Recommended).
+	Sampling tokenizer.Sampling
+}
+
+// Recommended is the sampling to recommend for e's model, whose tokenizer
+// is tok: the store's values where it has them, else the model files'.
+func (e Entry) Recommended(tok *tokenizer.Tokenizer) tokenizer.Sampling {
+	s := tok.Sampling()
+	if e.Sampling.Temperature != nil {
+		s.Temperature, s.DoSample = e.Sampling.Temperature, nil
+	}
+	if e.Sampling.TopP != nil {
+		s.TopP = e.Sampling.TopP
+	}
+	if e.Sampling.TopK != nil {
+		s.TopK = e.Sampling.TopK
+	}
+	return s
 }
 
 // Options say where Discover looks.

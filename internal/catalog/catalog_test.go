@@ -11,6 +11,7 @@ import (
 	"github.com/adrg/xdg"
 
 	"github.com/ferrite-llm/ferrite/engine"
+	"github.com/ferrite-llm/ferrite/internal/fixtures"
 	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
@@ -233,5 +234,30 @@ func TestLoadUsesOpen(t *testing.T) {
 	}
 	if _, _, err := Load(Entry{Name: "x"}, engine.Options{}); err == nil {
 		t.Error("an entry with nothing to load loaded")
+	}
+}
+
+// TestRecommended: the store's sampling (ollama's params) wins over what
+// the model's files recommend, key by key, and a store temperature
+// undoes a do_sample false.
+func TestRecommended(t *testing.T) {
+	dir := t.TempDir()
+	if err := fixtures.WriteByteTokenizer(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), []byte(`{"do_sample": false, "top_k": 5}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := (Entry{}).Recommended(tok); s.DoSample == nil || *s.DoSample || s.TopK == nil || *s.TopK != 5 || s.Temperature != nil {
+		t.Errorf("no store sampling: %+v, want the files' do_sample false, top_k 5", s)
+	}
+	temp, topP := 0.6, 0.9
+	s := Entry{Sampling: tokenizer.Sampling{Temperature: &temp, TopP: &topP}}.Recommended(tok)
+	if s.DoSample != nil || s.Temperature == nil || *s.Temperature != 0.6 || *s.TopP != 0.9 || s.TopK == nil || *s.TopK != 5 {
+		t.Errorf("store temperature 0.6, top_p 0.9 over the files': %+v", s)
 	}
 }

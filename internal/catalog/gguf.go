@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/engine/gguf"
 	"github.com/ferrite-llm/ferrite/internal/units"
+	"github.com/ferrite-llm/ferrite/tokenizer"
 )
 
 // Where the models of other tools are found.
@@ -120,6 +121,7 @@ func scanLMStudio(dir string) ([]Entry, error) {
 const (
 	ollamaModelLayer  = "application/vnd.ollama.image.model"
 	ollamaTensorLayer = "application/vnd.ollama.image.tensor"
+	ollamaParamsLayer = "application/vnd.ollama.image.params"
 	ollamaRegistry    = "registry.ollama.ai"
 )
 
@@ -189,7 +191,7 @@ func ollamaEntry(dir, manifest, name string) Entry {
 		e.Problem = fmt.Sprintf("manifest %s: %v", manifest, err)
 		return e
 	}
-	var model string
+	var model, params string
 	var tensors bool
 	for _, l := range m.Layers {
 		switch l.MediaType {
@@ -197,6 +199,8 @@ func ollamaEntry(dir, manifest, name string) Entry {
 			model = l.Digest
 		case ollamaTensorLayer:
 			tensors = true
+		case ollamaParamsLayer:
+			params = l.Digest
 		}
 	}
 	if model == "" {
@@ -217,5 +221,31 @@ func ollamaEntry(dir, manifest, name string) Entry {
 		e.Problem = "the model blob is missing or not a GGUF file"
 		return e
 	}
-	return describeGGUF(blob, name, SourceOllama) // a projector layer, if any, is not used
+	e = describeGGUF(blob, name, SourceOllama) // a projector layer, if any, is not used
+	e.Sampling = ollamaSampling(dir, params)
+	return e
+}
+
+// ollamaSampling is the sampling of a manifest's params layer, the JSON
+// ollama keeps a model's parameters in ({"temperature": 0.6, "top_k":
+// 20, "top_p": 0.95, ...}); none when there is no such layer or it cannot
+// be read: a recommendation never hides a model.
+func ollamaSampling(dir, digest string) tokenizer.Sampling {
+	hex, ok := strings.CutPrefix(digest, "sha256:")
+	if !ok || hex == "" || strings.ContainsAny(hex, `/\.`) {
+		return tokenizer.Sampling{}
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "blobs", "sha256-"+hex))
+	if err != nil || len(data) > 1<<20 {
+		return tokenizer.Sampling{}
+	}
+	var p struct {
+		Temperature *float64 `json:"temperature"`
+		TopP        *float64 `json:"top_p"`
+		TopK        *int     `json:"top_k"`
+	}
+	if json.Unmarshal(data, &p) != nil {
+		return tokenizer.Sampling{}
+	}
+	return tokenizer.Sampling{Temperature: p.Temperature, TopP: p.TopP, TopK: p.TopK}
 }

@@ -113,6 +113,7 @@ func TestDiscoverOtherTools(t *testing.T) {
 	ollamaModel(t, ollama, "registry.ollama.ai", "library", "qwen3-tiny", "latest", map[string][]byte{
 		"application/vnd.ollama.image.model":    qwen,
 		"application/vnd.ollama.image.template": []byte("{{ .Prompt }}"),
+		"application/vnd.ollama.image.params":   []byte(`{"repeat_penalty":1,"stop":["<|im_start|>","<|im_end|>"],"temperature":0.6,"top_k":20,"top_p":0.95}`),
 	})
 	ollamaModel(t, ollama, "registry.ollama.ai", "someone", "llama-tiny", "1b", map[string][]byte{
 		"application/vnd.ollama.image.model": llama,
@@ -181,6 +182,15 @@ func TestDiscoverOtherTools(t *testing.T) {
 			(w.problem == "") != (e.Problem == "") || !strings.Contains(e.Problem, w.problem) {
 			t.Errorf("%s = %+v, want %+v", w.name, e, w)
 		}
+	}
+	// ollama's params layer is the entry's recommended sampling; a model
+	// without one recommends what its tokenizer does.
+	if sm := index["qwen3-tiny:latest"].Sampling; sm.Temperature == nil || *sm.Temperature != 0.6 ||
+		sm.TopP == nil || *sm.TopP != 0.95 || sm.TopK == nil || *sm.TopK != 20 {
+		t.Errorf("qwen3-tiny:latest: sampling %+v, want ollama's params 0.6 / 0.95 / 20", sm)
+	}
+	if sm := index["someone/llama-tiny:1b"].Sampling; sm.Temperature != nil || sm.TopP != nil || sm.TopK != nil {
+		t.Errorf("someone/llama-tiny:1b has no params layer: sampling %+v", sm)
 	}
 	// Names resolve as ollama users type them.
 	for q, name := range map[string]string{"qwen3-tiny": "qwen3-tiny:latest", "someone/llama-tiny:1b": "someone/llama-tiny:1b", "Qwen3-Tiny-F16": "pub/Qwen3-Tiny-GGUF/Qwen3-Tiny-F16"} {

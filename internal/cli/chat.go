@@ -157,8 +157,9 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		fmt.Fprintf(stderr, "ferrite: %v%s\n", err, logHint(logPath))
 		return 1
 	}
-	// The model's recommended sampling (its generation_config.json) in
-	// place of the defaults the file and the flags left.
+	// The model's recommended sampling (its generation_config.json or
+	// GGUF metadata, or its ollama parameters) in place of the defaults
+	// the file and the flags left.
 	chatSettings := ui.SettingsOf(cfg.SamplingFor(eng.Info().Sampling))
 	opts := ui.Options{
 		Settings:  &chatSettings,
@@ -311,7 +312,7 @@ func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, pro
 	}
 	_, hasMTP := s.lm.Model.(model.MTPModel)
 	info := ui.ModelInfo{Name: e.Name, Arch: s.lm.Model.Info().Arch, MTP: hasMTP, Draft: s.draft,
-		Device: s.lm.Device, DeviceNote: s.lm.DeviceNote, Sampling: s.tok.Sampling()}
+		Device: s.lm.Device, DeviceNote: s.lm.DeviceNote, Sampling: s.sampling}
 	return ui.NewRuntimeEngine(s.rt, s.tok, info), sessionCloser{s}, nil
 }
 
@@ -371,6 +372,7 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 	if err != nil {
 		return nil, nil, err
 	}
+	s.sampling = e.Recommended(s.tok)
 	if err := ctx.Err(); err != nil {
 		s.lm.Close()
 		return nil, nil, err
@@ -412,11 +414,12 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 
 // session is a loaded model with its tokenizer and a running runtime.
 type session struct {
-	name  string
-	lm    *engine.Loaded
-	tok   *tokenizer.Tokenizer
-	rt    *runtime.Runtime
-	draft int // the runtime's Options.Draft
+	name     string
+	lm       *engine.Loaded
+	tok      *tokenizer.Tokenizer
+	rt       *runtime.Runtime
+	draft    int                // the runtime's Options.Draft
+	sampling tokenizer.Sampling // what the model and its store recommend (catalog.Entry.Recommended)
 }
 
 // Close stops the runtime and releases the model.

@@ -172,7 +172,7 @@ func generate(ctx context.Context, s *session, cfg *settings.Config, raw bool, p
 		Prompt:    ids,
 		MaxTokens: maxTokens,
 		Stop:      tok.EOS(),
-		Sampling:  sampling(cfg.SamplingFor(tok.Sampling())),
+		Sampling:  sampling(cfg.SamplingFor(s.sampling)),
 	})
 	if err != nil {
 		return err

@@ -143,7 +143,7 @@ func serveLoader(cat *chatModels, e catalog.Entry) func(context.Context) (*serve
 		if err != nil {
 			return nil, err
 		}
-		return &server.Backend{Runtime: s.rt, Tokenizer: s.tok, Reasoning: server.IsReasoning(s.tok), Close: s.Close}, nil
+		return &server.Backend{Runtime: s.rt, Tokenizer: s.tok, Sampling: s.sampling, Reasoning: server.IsReasoning(s.tok), Close: s.Close}, nil
 	}
 }
 
