@@ -1,8 +1,10 @@
 package ui
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -477,5 +479,24 @@ func TestRestoredInputIsDimmed(t *testing.T) {
 	in.SetValue("hello")
 	if in.View() != plain {
 		t.Error("text set again is still drawn as restored")
+	}
+}
+
+// TestOpeningNotes: Options.Notes show as notices after the welcome,
+// before the warnings.
+func TestOpeningNotes(t *testing.T) {
+	m := newModel(newFakeEngine(), Options{ChatsDir: t.TempDir(), Notes: []string{"Sampling as m recommends: temperature 0."},
+		Warnings: []string{"config.toml: ignored"}})
+	var got []string
+	for _, e := range m.view.entries {
+		got = append(got, fmt.Sprintf("%d %s", e.kind, e.text))
+	}
+	want := []string{
+		fmt.Sprintf("%d Chatting with Fake-1B (fake). Type /help for commands and keys.", entryNotice),
+		fmt.Sprintf("%d Sampling as m recommends: temperature 0.", entryNotice),
+		fmt.Sprintf("%d config.toml: ignored", entryWarning),
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("opening entries\n%q\nwant\n%q", got, want)
 	}
 }

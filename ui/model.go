@@ -49,6 +49,9 @@ type Options struct {
 	// Warnings are shown when the chat opens (a configuration file that
 	// was ignored, for example).
 	Warnings []string
+	// Notes are shown when the chat opens, after the welcome (the
+	// sampling the model recommends, for example).
+	Notes []string
 	// Log is the debug log: engine errors with their stacks, load and
 	// save failures; nil: none. LogPath is its file, named in the chat's
 	// error messages.
@@ -305,6 +308,9 @@ func newModel(eng Engine, opts Options) *model {
 	m.chatTab = m.newTab(settings, opts.System)
 	m.tabs = []*chatTab{m.chatTab}
 	m.welcome()
+	for _, n := range opts.Notes {
+		m.view.notice(entryNotice, n)
+	}
 	for _, w := range opts.Warnings {
 		m.view.notice(entryWarning, w)
 	}

@@ -160,7 +160,8 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	// The model's recommended sampling (its generation_config.json or
 	// GGUF metadata, or its ollama parameters) in place of the defaults
 	// the file and the flags left.
-	chatSettings := ui.SettingsOf(cfg.SamplingFor(eng.Info().Sampling))
+	sampling := cfg.SamplingFor(eng.Info().Sampling)
+	chatSettings := ui.SettingsOf(sampling)
 	opts := ui.Options{
 		Settings:  &chatSettings,
 		System:    cfg.SystemPrompt,
@@ -175,6 +176,9 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		Log:       log,
 		LogPath:   logPath,
 	}
+	if note := samplingNote(e.Name, cfg.Sampling, sampling); note != "" {
+		opts.Notes = append(opts.Notes, note)
+	}
 	if warn != nil {
 		opts.Warnings = append(opts.Warnings, warn.Error()+" (the chat uses the defaults)")
 	}
@@ -185,6 +189,29 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return 1
 	}
 	return 0
+}
+
+// samplingNote says which sampling values the model's recommendation set
+// in place of ferrite's defaults (before → after); "" when none.
+func samplingNote(model string, before, after settings.Sampling) string {
+	var set []string
+	if after.Temperature != before.Temperature {
+		t := fmt.Sprintf("temperature %g", after.Temperature)
+		if after.Temperature == 0 {
+			t += " (greedy decoding)"
+		}
+		set = append(set, t)
+	}
+	if after.TopP != before.TopP {
+		set = append(set, fmt.Sprintf("top_p %g", after.TopP))
+	}
+	if after.TopK != before.TopK {
+		set = append(set, fmt.Sprintf("top_k %d", after.TopK))
+	}
+	if len(set) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("Sampling as %s recommends: %s. /set changes it; the configuration file and the flags win.", model, strings.Join(set, ", "))
 }
 
 // logHint points to the debug log after an error message, when there is
