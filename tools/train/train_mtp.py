@@ -259,10 +259,6 @@ def main():
     with safe_open(ck, "pt") as f:
         meta = f.metadata()
         orig = {k: f.get_tensor(k) for k in f.keys()}
-    cfgj = json.load(open(os.path.join(args.checkpoint, "config.json")))
-    tc = cfgj["text_config"]
-    targs = argparse.Namespace(hidden=tc["hidden_size"], heads=tc["num_attention_heads"], inter=tc["intermediate_size"],
-                               moe_inter=tc["moe_intermediate_size"], experts=tc["n_routed_experts"])
     from transformers import Glm5NextForConditionalGeneration
 
     # the main model through transformers' own loading (the checkpoint's names are converted on load)
