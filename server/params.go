@@ -114,18 +114,11 @@ func (r *samplingRequest) params(defaultMax int) (genParams, *apiError) {
 	return p, nil
 }
 
-// modelDefaults puts the sampling the model recommends (its
-// generation_config.json, as transformers reads it) where r gave none, in
-// place of OpenAI's defaults, as vLLM's server does: do_sample false is
-// greedy decoding; otherwise its temperature, top_p and top_k, where they
-// lie in the ranges a request may give.
+// modelDefaults puts the sampling the model recommends (Backend.Sampling:
+// its temperature, top_p and top_k, where they lie in the ranges a request
+// may give) where r gave none, in place of OpenAI's defaults, as vLLM's
+// server does.
 func (r *samplingRequest) modelDefaults(p *genParams, rec tokenizer.Sampling) {
-	if rec.DoSample != nil && !*rec.DoSample {
-		if r.Temperature == nil {
-			p.sampling.Temperature = 0
-		}
-		return
-	}
 	if v := rec.Temperature; v != nil && r.Temperature == nil && *v >= 0 && *v <= 2 {
 		p.sampling.Temperature = float32(*v)
 	}

@@ -314,11 +314,12 @@ func appendUnique(s []int32, id int32) []int32 {
 	return append(s, id)
 }
 
-// Sampling is the sampling a model's generation_config.json recommends,
-// as transformers reads it: nil where the file says nothing.
+// Sampling is the sampling a model's files recommend: nil where they say
+// nothing. generation_config.json is read as transformers reads it:
+// do_sample false is greedy decoding, a Temperature of 0 (its other
+// values are then unused).
 type Sampling struct {
-	DoSample    *bool    // do_sample: false is greedy decoding
-	Temperature *float64 // temperature
+	Temperature *float64 // temperature; 0 is greedy
 	TopP        *float64 // top_p
 	TopK        *int     // top_k
 }
@@ -339,7 +340,11 @@ func (t *Tokenizer) applyGenerationConfig(data []byte) error {
 	if err := json.Unmarshal(data, &g); err != nil {
 		return jsonError(data, err)
 	}
-	t.sampling = Sampling{DoSample: g.DoSample, Temperature: g.Temperature, TopP: g.TopP, TopK: g.TopK}
+	t.sampling = Sampling{Temperature: g.Temperature, TopP: g.TopP, TopK: g.TopK}
+	if g.DoSample != nil && !*g.DoSample {
+		greedy := 0.0
+		t.sampling = Sampling{Temperature: &greedy}
+	}
 	if !isNull(g.EOS) {
 		var one int32
 		var many []int32

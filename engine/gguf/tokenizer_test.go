@@ -146,7 +146,7 @@ func TestRecommendedSampling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := tok.Sampling(); s.Temperature != nil || s.TopP != nil || s.TopK != nil || s.DoSample != nil {
+	if s := tok.Sampling(); s.Temperature != nil || s.TopP != nil || s.TopK != nil {
 		t.Errorf("no sampling keys: %+v", s)
 	}
 	w.Set("general.sampling.temp", float32(0.6))

@@ -86,7 +86,7 @@ type Entry struct {
 func (e Entry) Recommended(tok *tokenizer.Tokenizer) tokenizer.Sampling {
 	s := tok.Sampling()
 	if e.Sampling.Temperature != nil {
-		s.Temperature, s.DoSample = e.Sampling.Temperature, nil
+		s.Temperature = e.Sampling.Temperature
 	}
 	if e.Sampling.TopP != nil {
 		s.TopP = e.Sampling.TopP

@@ -239,7 +239,7 @@ func TestLoadUsesOpen(t *testing.T) {
 
 // TestRecommended: the store's sampling (ollama's params) wins over what
 // the model's files recommend, key by key, and a store temperature
-// undoes a do_sample false.
+// undoes a do_sample false (greedy: temperature 0).
 func TestRecommended(t *testing.T) {
 	dir := t.TempDir()
 	if err := fixtures.WriteByteTokenizer(dir); err != nil {
@@ -252,12 +252,15 @@ func TestRecommended(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := (Entry{}).Recommended(tok); s.DoSample == nil || *s.DoSample || s.TopK == nil || *s.TopK != 5 || s.Temperature != nil {
-		t.Errorf("no store sampling: %+v, want the files' do_sample false, top_k 5", s)
+	if s := (Entry{}).Recommended(tok); s.Temperature == nil || *s.Temperature != 0 || s.TopK != nil {
+		t.Errorf("no store sampling: %+v, want the files' do_sample false: temperature 0", s)
 	}
-	temp, topP := 0.6, 0.9
+	temp, topP, topK := 0.6, 0.9, 7
 	s := Entry{Sampling: tokenizer.Sampling{Temperature: &temp, TopP: &topP}}.Recommended(tok)
-	if s.DoSample != nil || s.Temperature == nil || *s.Temperature != 0.6 || *s.TopP != 0.9 || s.TopK == nil || *s.TopK != 5 {
+	if s.Temperature == nil || *s.Temperature != 0.6 || s.TopP == nil || *s.TopP != 0.9 {
 		t.Errorf("store temperature 0.6, top_p 0.9 over the files': %+v", s)
+	}
+	if s := (Entry{Sampling: tokenizer.Sampling{TopK: &topK}}).Recommended(tok); s.Temperature == nil || *s.Temperature != 0 || *s.TopK != 7 {
+		t.Errorf("store top_k 7 beside the files' greedy: %+v", s)
 	}
 }

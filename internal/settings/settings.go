@@ -74,20 +74,13 @@ func (c *Config) Give(key string) {
 	c.Given[key] = true
 }
 
-// SamplingFor is c's sampling with what a model's generation_config.json
-// recommends in place of the defaults of the keys neither the file nor a
-// flag gave, as transformers reads that file: do_sample false is greedy
-// decoding (temperature 0), otherwise its temperature, top_p and top_k
-// are taken where they lie in the settings' ranges.
+// SamplingFor is c's sampling with what a model recommends (its
+// generation_config.json or GGUF metadata: tokenizer.Sampling) in place of
+// the defaults of the keys neither the file nor a flag gave, where the
+// values lie in the settings' ranges.
 func (c *Config) SamplingFor(rec tokenizer.Sampling) Sampling {
 	s := c.Sampling
 	free := func(key string) bool { return !c.Given[key] }
-	if rec.DoSample != nil && !*rec.DoSample {
-		if free("sampling.temperature") {
-			s.Temperature = 0
-		}
-		return s
-	}
 	inRange := func(key string, v float64) bool {
 		t := Lookup(key)
 		return !math.IsNaN(v) && v >= t.Min && v <= t.Max

@@ -496,8 +496,7 @@ func TestEveryConfigFieldHasARow(t *testing.T) {
 func TestSamplingFor(t *testing.T) {
 	f := func(v float64) *float64 { return &v }
 	k := func(v int) *int { return &v }
-	no, yes := false, true
-	qwen := tokenizer.Sampling{DoSample: &yes, Temperature: f(0.6), TopP: f(0.95), TopK: k(20)}
+	qwen := tokenizer.Sampling{Temperature: f(0.6), TopP: f(0.95), TopK: k(20)}
 	for _, c := range []struct {
 		name string
 		file string
@@ -505,8 +504,8 @@ func TestSamplingFor(t *testing.T) {
 		want [3]float64 // temperature, top_p, top_k
 	}{
 		{"nothing recommended", "", tokenizer.Sampling{}, [3]float64{0.7, 0.95, 40}},
-		{"greedy recommended", "", tokenizer.Sampling{DoSample: &no, Temperature: f(0.9)}, [3]float64{0, 0.95, 40}},
-		{"greedy, the file's temperature wins", "[sampling]\ntemperature = 0.3\n", tokenizer.Sampling{DoSample: &no}, [3]float64{0.3, 0.95, 40}},
+		{"greedy recommended", "", tokenizer.Sampling{Temperature: f(0)}, [3]float64{0, 0.95, 40}},
+		{"greedy, the file's temperature wins", "[sampling]\ntemperature = 0.3\n", tokenizer.Sampling{Temperature: f(0)}, [3]float64{0.3, 0.95, 40}},
 		{"Qwen3's recommendation", "", qwen, [3]float64{0.6, 0.95, 20}},
 		{"the file's top_k wins", "[sampling]\ntop_k = 50\n", qwen, [3]float64{0.6, 0.95, 50}},
 		{"out of range ignored", "", tokenizer.Sampling{Temperature: f(9), TopP: f(1.5), TopK: k(-1)}, [3]float64{0.7, 0.95, 40}},
