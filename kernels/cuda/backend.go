@@ -62,6 +62,9 @@ type Backend struct {
 	// noAttnPrefetch: a one-row Attention's kernel does not ask L2 for its
 	// keys and values before its PDL wait (FERRITE_CUDA_ATTN_PREFETCH=0)
 	noAttnPrefetch bool
+	// noDeltaChunk: DeltaRule runs every sequence row by row, none in the
+	// chunked form (FERRITE_CUDA_DELTA_CHUNK=0; linattn.go's deltaChunked)
+	noDeltaChunk bool
 
 	dec decState // the decode kernels of one row, a verification and decode batches (decode.go)
 
@@ -94,6 +97,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") != "1"
 	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
 	b.noAttnPrefetch = os.Getenv("FERRITE_CUDA_ATTN_PREFETCH") == "0"
+	b.noDeltaChunk = os.Getenv("FERRITE_CUDA_DELTA_CHUNK") == "0"
 	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
 	b.dec = decConfigFromEnv()
 	b.fuseHalves = fuseHalvesDefault()

@@ -17,6 +17,8 @@ func init() {
 	kernelNames = append(kernelNames, "ferrite_short_conv", "ferrite_delta_prep",
 		"ferrite_delta_rule_1", "ferrite_delta_rule_2", "ferrite_delta_rule_4", "ferrite_delta_rule_8",
 		"ferrite_gated_rmsnorm", "ferrite_sigmoid_gate")
+	kernelNames = append(kernelNames, deltaChunkKernels[:]...)
+	bigSmemKernels = append(bigSmemKernels, deltaChunkKernels[:]...)
 }
 
 // Limits of the kernels: the convolution's width, the key head size.
@@ -28,6 +30,50 @@ const (
 
 // deltaKernels[i] handles key heads of up to 32·2^i.
 var deltaKernels = [4]string{"ferrite_delta_rule_1", "ferrite_delta_rule_2", "ferrite_delta_rule_4", "ferrite_delta_rule_8"}
+
+// The chunked form of the delta rule (src/ops_linattn_chunk.cu) for the
+// sequences of a call longer than deltaRecurrentMax rows: chunks of
+// deltaChunkL rows, deltaChunkCols state columns a block of
+// deltaChunkThreads threads; deltaChunkKernels[i] handles key heads of up
+// to 32·2^i (128 at most: a block's shared memory holds the chunk's
+// float64 products, deltaChunkSmem).
+const (
+	deltaRecurrentMax = 8 // kDeltaRecurrentMax: longer sequences keep the state in float64 across the call
+	deltaChunkL       = 32
+	deltaChunkCols    = 32
+	deltaChunkThreads = 256
+)
+
+var deltaChunkKernels = [3]string{"ferrite_delta_chunk_1", "ferrite_delta_chunk_2", "ferrite_delta_chunk_4"}
+
+// deltaChunkSmem is the chunked kernel's dynamic shared memory for key
+// heads of dk (ChunkSmem in src/ops_linattn_chunk.cu): eg/Kt (L, dk), M
+// (2L, dk+1), S (dk, cols), A and P (L, L+1), R (2L, cols), Vn (L, cols),
+// e^{Γ_{L−1}} (dk) and β (L) in float64; k and q (L, dk) in float32.
+func deltaChunkSmem(dk int) int {
+	const L, C = deltaChunkL, deltaChunkCols
+	doubles := L*dk + 2*L*(dk+1) + dk*C + 2*L*(L+1) + 2*L*C + L*C + dk + L
+	return doubles*8 + 2*L*dk*4
+}
+
+// deltaChunked reports whether a DeltaRule call of rows over seqs
+// sequences with key heads of dk runs its long sequences in the chunked
+// form: some sequence can be longer than deltaRecurrentMax rows, no state
+// is recorded after each row (recording steps are verifications, at most
+// deltaRecurrentMax rows a sequence), the key heads fit a chunked kernel
+// and its shared memory fits the device's blocks; FERRITE_CUDA_DELTA_CHUNK=0
+// (noDeltaChunk) keeps every sequence on the row-by-row kernel.
+func (b *Backend) deltaChunked(rows, seqs, dk int, recording bool) int {
+	kpl := 0
+	for 32<<kpl < dk {
+		kpl++
+	}
+	if b.noDeltaChunk || recording || rows-seqs+1 <= deltaRecurrentMax || kpl >= len(deltaChunkKernels) ||
+		deltaChunkSmem(dk) > b.dev.SmemOptIn {
+		return -1
+	}
+	return kpl
+}
 
 // recurrent checks r against a step of n rows and a state tensor (F32,
 // width cols) and returns the sequence count.
@@ -82,6 +128,10 @@ func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurren
 // sequence's rows with its part of the state in registers: token by token
 // with the state rounded after every row for up to 8 rows, in float64
 // across the call beyond (the contract's two forms; see ops_linattn.cu).
+// Where deltaChunked says so, the sequences of more than 8 rows run in the
+// chunked WY form instead (ferrite_delta_chunk_*, the same float64
+// arithmetic up to the order of its sums, 32 rows a step), and the
+// row-by-row kernel skips them.
 func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Recurrent, n *kernels.DeltaNet) {
 	f32Contig("DeltaRule", out, qkv, a, bt, n.ALog, n.DtBias)
 	H, Hk, dk, dv := n.Heads, n.KeyHeads, n.DK, n.DV
@@ -114,15 +164,22 @@ func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Re
 	o, xp, ap, bp, alog, dtb := dptr(out), dptr(qkv), dptr(a), dptr(bt), dptr(n.ALog), dptr(n.DtBias)
 	st, start, slot := dptr(state), dptr(r.Start), dptr(r.Slot)
 	rec, recStride := record("DeltaRule", r, rows)
+	ck := b.deltaChunked(rows, seqs, dk, rec != 0)
 	b.queue(func(d *Device) error {
 		err := d.launchL("ferrite_delta_prep", uint32(rows), 128, 0, qk, dec, beta, xp, ap, bp, alog, dtb,
 			i32(w), i32(H), i32(Hk), i32(dk), b32(n.PerChannel), f32(n.LowerBound))
 		if err != nil {
 			return err
 		}
-		return d.launch3L(deltaKernels[kpl], [3]uint32{uint32(seqs), uint32(H), uint32(ceilDiv(dv, deltaBlockV))}, 128, 0,
+		err = d.launch3L(deltaKernels[kpl], [3]uint32{uint32(seqs), uint32(H), uint32(ceilDiv(dv, deltaBlockV))}, 128, 0,
 			o, qk, xp, dec, beta, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride),
-			i32(H), i32(Hk), i32(dk), i32(dv), b32(n.PerChannel), rec, recStride)
+			i32(H), i32(Hk), i32(dk), i32(dv), b32(n.PerChannel), rec, recStride, b32(ck >= 0))
+		if err != nil || ck < 0 {
+			return err
+		}
+		return d.launch3L(deltaChunkKernels[ck], [3]uint32{uint32(seqs), uint32(H), uint32(ceilDiv(dv, deltaChunkCols))},
+			deltaChunkThreads, uint32(deltaChunkSmem(dk)), o, qk, xp, dec, beta, st, i32(state.Stride), start,
+			i32(r.Start.Stride), slot, i32(r.Slot.Stride), i32(H), i32(Hk), i32(dk), i32(dv), b32(n.PerChannel))
 	})
 }
 

@@ -350,6 +350,115 @@ func TestHyperShapes(t *testing.T) {
 	}
 }
 
+// TestDeltaChunked checks which DeltaRule calls take the chunked form
+// (no GPU needed).
+func TestDeltaChunked(t *testing.T) {
+	b := &Backend{dev: &Device{SmemOptIn: 227 << 10}}
+	for _, c := range []struct {
+		rows, seqs, dk int
+		rec, off       bool
+		want           int
+	}{
+		{4096, 1, 128, false, false, 2}, // a prompt at Qwen3-Next's heads
+		{9, 1, 64, false, false, 1},     // the shortest sequence the chunked form takes
+		{100, 3, 32, false, false, 0},
+		{8, 1, 128, false, false, -1},   // token by token: the rounded form
+		{64, 64, 128, false, false, -1}, // a decode batch: a row a sequence
+		{71, 64, 128, false, false, -1}, // no sequence can pass 8 rows
+		{72, 64, 128, false, false, 2},
+		{4096, 1, 128, true, false, -1},  // states recorded after each row
+		{4096, 1, 200, false, false, -1}, // key heads above 128
+		{4096, 1, 128, false, true, -1},  // FERRITE_CUDA_DELTA_CHUNK=0
+	} {
+		b.noDeltaChunk = c.off
+		if got := b.deltaChunked(c.rows, c.seqs, c.dk, c.rec); got != c.want {
+			t.Errorf("%+v: deltaChunked %d, want %d", c, got, c.want)
+		}
+	}
+	b.noDeltaChunk = false
+	if b.dev.SmemOptIn = deltaChunkSmem(128) - 1; b.deltaChunked(4096, 1, 128, false) != -1 {
+		t.Error("the chunked kernel chosen where its shared memory does not fit")
+	}
+	if got := deltaChunkSmem(128); got > 227<<10 {
+		t.Errorf("deltaChunkSmem(128) = %d, more than an H100/H200 block's 227 KiB", got)
+	}
+}
+
+// TestDeltaRuleChunkedShapes runs the delta rule's chunked form (sequences
+// of more than 8 rows, 32 rows a chunk: whole and partial chunks, partial
+// column tiles, per-head and per-channel decays, decays that vanish within
+// a chunk) against kernels/ref.DeltaRuleChunked, and against the
+// row-by-row kernel (FERRITE_CUDA_DELTA_CHUNK=0), whose float64 form
+// differs from it only in the order of float64 sums.
+func TestDeltaRuleChunkedShapes(t *testing.T) {
+	b := openOps(t)
+	for i, c := range []struct {
+		name    string
+		n       kernels.DeltaNet
+		lens    []int
+		alogMax float64 // A_log up to this: larger, faster decays
+	}{
+		{"gdn-qwen3-next", kernels.DeltaNet{Heads: 32, KeyHeads: 16, DK: 128, DV: 128}, []int{1, 300, 5, 33, 64}, 1},
+		{"kda-ferrite-tiny", kernels.DeltaNet{Heads: 5, KeyHeads: 5, DK: 64, DV: 64, PerChannel: true, LowerBound: -5}, []int{9, 100, 2}, 1},
+		{"gdn-small-partial", kernels.DeltaNet{Heads: 4, KeyHeads: 2, DK: 32, DV: 40}, []int{70, 8, 41}, 1},
+		{"gdn-vanishing", kernels.DeltaNet{Heads: 2, KeyHeads: 2, DK: 64, DV: 64}, []int{129}, 6},
+		{"kda-softplus", kernels.DeltaNet{Heads: 3, KeyHeads: 1, DK: 128, DV: 96, PerChannel: true}, []int{50}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(i), 77))
+			n := c.n
+			gw := n.Heads
+			if n.PerChannel {
+				gw *= n.DK
+			}
+			aLog, dtB := make([]float32, n.Heads), randF32(rng, gw)
+			for j := range aLog {
+				aLog[j] = float32(rng.Float64() * c.alogMax)
+			}
+			n.ALog, n.DtBias = f32Tensor(t, b, 1, n.Heads, aLog), f32Tensor(t, b, 1, gw, dtB)
+			rows := 0
+			for _, l := range c.lens {
+				rows += l
+			}
+			if b.deltaChunked(rows, len(c.lens), n.DK, false) < 0 {
+				t.Fatalf("%d rows of %d sequences, key heads of %d: not the chunked form", rows, len(c.lens), n.DK)
+			}
+			slots := make([]int32, len(c.lens))
+			for j := range slots {
+				slots[j] = int32(len(slots) - 1 - j)
+			}
+			w, sw := n.QKVWidth(), n.StateWidth()
+			qkv, a, bv := randF32(rng, rows*w), randF32(rng, rows*gw), randF32(rng, rows*n.Heads)
+			sv := randF32(rng, len(slots)*sw)
+			for j := range sv {
+				sv[j] *= 0.3
+			}
+			got, gotSt := deltaRun(t, b, &n, c.lens, slots, qkv, a, bv, sv)
+			b.noDeltaChunk = true
+			row, rowSt := deltaRun(t, b, &n, c.lens, slots, qkv, a, bv, sv)
+			b.noDeltaChunk = false
+
+			want, wantSt := make([]float32, rows*n.Heads*n.DV), slices.Clone(sv)
+			r0, ow := 0, n.Heads*n.DV
+			for j, l := range c.lens {
+				s := wantSt[int(slots[j])*sw : int(slots[j]+1)*sw]
+				if l <= deltaRecurrentMax {
+					ref.DeltaRule(want[r0*ow:], qkv[r0*w:], a[r0*gw:], bv[r0*n.Heads:], s, l, &n, aLog, dtB)
+				} else {
+					ref.DeltaRuleChunked(want[r0*ow:], qkv[r0*w:], a[r0*gw:], bv[r0*n.Heads:], s, l, 64, &n, aLog, dtB)
+				}
+				r0 += l
+			}
+			// Both sides are float64 throughout, rounded once: the bound is a
+			// few float32 ulps (q, k and the gates are formed on each side).
+			checkRel(t, "out against the reference", got, want, 1e-5)
+			checkRel(t, "state against the reference", gotSt, wantSt, 1e-5)
+			checkRel(t, "out against the row-by-row kernel", got, row, 1e-6)
+			checkRel(t, "state against the row-by-row kernel", gotSt, rowSt, 1e-6)
+		})
+	}
+}
+
 // BenchmarkLinearAttention times one Gated DeltaNet layer's linear-attention
 // ops at Qwen3-Next-80B-A3B's shape (32 value heads, 16 key heads, head
 // size 128, a 4-tap convolution over the 8192 q/k/v channels): ShortConv,
@@ -377,9 +486,14 @@ func BenchmarkLinearAttention(b *testing.B) {
 	convW, normW := tensor(C, K, 0.5), tensor(1, dv, 1)
 	for _, c := range []struct {
 		name       string
-		seqs, rows int // sequences, rows each
-	}{{"decode/seqs=1", 1, 1}, {"decode/seqs=64", 64, 1}, {"prefill/rows=512", 1, 512}, {"prefill/rows=4096", 1, 4096}} {
+		seqs, rows int  // sequences, rows each
+		rowwise    bool // FERRITE_CUDA_DELTA_CHUNK=0: the row-by-row kernel, not the chunked form
+	}{{"decode/seqs=1", 1, 1, false}, {"decode/seqs=64", 64, 1, false}, {"prefill/rows=512", 1, 512, false},
+		{"prefill/rows=512/rowwise", 1, 512, true}, {"prefill/rows=4096", 1, 4096, false},
+		{"prefill/rows=4096/rowwise", 1, 4096, true}, {"prefill/seqs=8/rows=512", 8, 512, false}} {
 		b.Run(c.name, func(b *testing.B) {
+			be.noDeltaChunk = c.rowwise
+			defer func() { be.noDeltaChunk = false }()
 			N := c.seqs * c.rows
 			x, a, bt := tensor(N, C, 1), tensor(N, H, 1), tensor(N, H, 1)
 			out, z := tensor(N, H*dv, 0), tensor(N, H*dv, 1)

@@ -11,6 +11,11 @@
 #              niced), its benchmarks last (tools/cuda/llamacpp_gpu.sh)
 #   tests      kernels/cuda (the op-set conformance suite), kernels/device,
 #              the engine fixtures, qwen3next, glm5next and the mla family
+#   linattn    the delta rule's chunked form against the row-by-row kernel
+#              (FERRITE_CUDA_DELTA_CHUNK=0): BenchmarkLinearAttention, then
+#              ferrite bench prefill, qwen3_next (small) at 512 and 2,048
+#              tokens (1 and 8 requests) and ferrite-tiny at 512, the two
+#              forms interleaved twice (~3 min)
 #   steps      (after hybrid) the decode-step, sampling, linear-attention, prefill-attention
 #              and MoE kernel benchmarks
 #   bench8b    ferrite bench, Qwen3-8B, concurrency 1/8/32/64, 128+128
@@ -50,7 +55,7 @@ root="$PWD"
 dev="$root/.device-out"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
-STAGES=" ${STAGES:-build llama tests steps bench8b prefill rows8 moe glm5 hybrid} "
+STAGES=" ${STAGES:-build llama tests linattn steps bench8b prefill rows8 moe glm5 hybrid} "
 DEADLINE="${DEADLINE:-540}"
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 # run NAME SECONDS LOG CMD...: CMD under a timeout of at most SECONDS, not
@@ -114,6 +119,19 @@ bench() { # bench NAME SECONDS ARGS...: ferrite bench into NAME.log and NAME.jso
 	run "$name" "$limit" "$name.log" ./ferrite bench --device cuda --bandwidth 4300 --json "$out/$name.json" "$@"
 	grep -vE '^\s*$' "$out/$name.log" | tail -12
 }
+if want linattn; then
+	(cd k && run linattn-bench 60 linattn.log ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x)
+	grep -hE '^Benchmark|rc=' "$out/linattn.log"
+	for pass in 1 2; do
+		bench "qwen3next-chunk$pass" 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 \
+			--prompt-len 512,2048 --gen-len 8
+		FERRITE_CUDA_DELTA_CHUNK=0 bench "qwen3next-rows$pass" 60 --model "$root/engine/testdata/qwen3next-small" \
+			--concurrency 1,8 --prompt-len 512,2048 --gen-len 8
+		bench "tiny-chunk$pass" 30 --model "$root/builtin/model" --concurrency 1,8 --prompt-len 512 --gen-len 8 --mtp off
+		FERRITE_CUDA_DELTA_CHUNK=0 bench "tiny-rows$pass" 30 --model "$root/builtin/model" --concurrency 1,8 \
+			--prompt-len 512 --gen-len 8 --mtp off
+	done
+fi
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1
 want fuseattn && FERRITE_CUDA_FUSE=1 bench fuseattn 60 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 128 \

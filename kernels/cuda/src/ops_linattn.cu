@@ -162,6 +162,7 @@ struct DeltaArgs {
     const int* rec;      // (n) at rec_stride: the slot receiving the state after each row, or −1; null: none
     int state_stride, start_stride, slot_stride, rec_stride;
     int hv, hk, dk, dv, per_channel;
+    int skip_long;  // leave sequences of more than kDeltaRecurrentMax rows to ferrite_delta_chunk_*
 };
 
 // warp_sum_n sums each of v[0..N) over the warp, in every lane: the
@@ -211,6 +212,7 @@ __device__ void delta_rule(const DeltaArgs& a) {
     const int dk = a.dk, dv = a.dv;
     const int r0 = a.start[size_t(s) * a.start_stride], r1 = a.start[size_t(s + 1) * a.start_stride];
     const bool round = r1 - r0 <= kDeltaRecurrentMax;
+    if (a.skip_long && !round) return;  // the chunked form's (ops_linattn_chunk.cu)
     const int kh = h / (a.hv / a.hk);
     const int qkw = 2 * a.hk * dk, qkv_w = qkw + a.hv * dv, gw = a.per_channel ? a.hv * dk : a.hv;
     float* S0 = a.state + size_t(a.slot[size_t(s) * a.slot_stride]) * a.state_stride + size_t(h) * dk * dv;
@@ -302,9 +304,9 @@ __device__ void delta_rule(const DeltaArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                                  \
         float* out, const float* qk, const float* qkv, const double* dec, const float* beta, float* state,    \
         int state_stride, const int* start, int start_stride, const int* slot, int slot_stride, int hv, int hk, \
-        int dk, int dv, int per_channel, const int* rec, int rec_stride) {                                    \
+        int dk, int dv, int per_channel, const int* rec, int rec_stride, int skip_long) {                     \
         DeltaArgs a{out, qk, qkv, dec, beta, state, start, slot, rec, state_stride, start_stride, slot_stride, \
-                    rec_stride, hv, hk, dk, dv, per_channel};                                                 \
+                    rec_stride, hv, hk, dk, dv, per_channel, skip_long};                                      \
         delta_rule<KPL>(a);                                                                                   \
     }
 

@@ -31,6 +31,7 @@ inline dim3u threadIdx, blockIdx;
 inline dim3u blockDim, gridDim;
 
 #define __device__
+#define __forceinline__ inline
 #define __global__
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
@@ -185,3 +186,11 @@ inline void launch(dim3u grid, unsigned threads, const std::function<void()>& fn
 
 // gemv.cu's L2 prefetch: nothing to do here.
 inline void weight_prefetch(int, const uint8_t*, size_t) {}
+
+// A kernel's dynamic shared memory (extern __shared__ on the GPU): the
+// harness sizes it before a launch; kernels read it under FERRITE_HOST_EMU.
+inline std::vector<uint64_t> emu_dyn_smem_store;
+inline uint8_t* emu_dyn_smem(size_t bytes) {
+    if (emu_dyn_smem_store.size() * 8 < bytes) emu_dyn_smem_store.assign((bytes + 7) / 8, 0);
+    return reinterpret_cast<uint8_t*>(emu_dyn_smem_store.data());
+}

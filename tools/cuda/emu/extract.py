@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Prints the definitions tools/cuda/emu's harness needs from kernels/cuda/src
-(the helpers ops_decode.cu uses from the files sorted before it), by their
+(the helpers ops_decode.cu, or with "linattn" the linear-attention files, use
+from the files sorted before them), by their
 first line: a definition runs to the next line that is "}" or "};", a
 one-line one ends at its ";". A "template <...>" line just before is kept."""
 import sys
 
 src = sys.argv[1]
+suite = sys.argv[2] if len(sys.argv) > 2 else "decode"
 want = {
     "convert.cu": ["__device__ inline uint16_t f32_to_bf16("],
     "gemv.cu": ["constexpr int kWarpsPerBlock", "struct F32W {", "struct BF16W {", "__device__ inline float warp_sum(",
@@ -16,6 +18,11 @@ want = {
     "ops.cu": ["__device__ inline float warp_max(", "struct PrepArgs {", "__device__ bool prep_norm(",
                "__device__ inline void prep_rotate(", "__device__ inline void head_put("],
 }
+if suite == "linattn":  # what ops_linattn.cu and ops_linattn_chunk.cu use
+    want = {
+        "gemv.cu": ["__device__ inline double warp_sum_f64("],
+        "ops_common.cu": ["__device__ inline double block_sum_f64("],
+    }
 out = []
 for f, starts in want.items():
     lines = open(f"{src}/{f}").read().split("\n")

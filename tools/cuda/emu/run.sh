@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs kernels/cuda/src/ops_decode.cu's kernels on the host against
-# double-precision references, without a GPU (emu.h: one OS thread, the
-# blocks one after another, a block's threads as fibers):
+# Runs kernels/cuda/src's kernels on the host against double-precision
+# references, without a GPU (emu.h: one OS thread, the blocks one after
+# another, a block's threads as fibers):
 #
-#	nice -n 19 tools/cuda/emu/run.sh [-quick]
+#	nice -n 19 tools/cuda/emu/run.sh [-quick]   # ops_decode.cu (main.cpp)
+#	nice -n 19 tools/cuda/emu/run.sh -linattn   # the delta rule's kernels (linattn.cpp)
 #
 # Checks logic (indices, splits, tiles, the merge, the counters), not speed
 # or the GPU's exact bits.
@@ -12,12 +13,24 @@ here="$(cd "$(dirname "$0")" && pwd)"
 src="$here/../../../kernels/cuda/src"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-{
-	echo "#include \"$here/emu.h\""
-	python3 "$here/extract.py" "$src"
-	echo "#define FERRITE_HOST_EMU"
-	echo "#include \"$src/ops_decode.cu\""
-	echo "#include \"$here/main.cpp\""
-} >"$tmp/emu.cpp"
+if [ "${1:-}" = "-linattn" ]; then
+	shift
+	{
+		echo "#include \"$here/emu.h\""
+		python3 "$here/extract.py" "$src" linattn
+		echo "#define FERRITE_HOST_EMU"
+		echo "#include \"$src/ops_linattn.cu\""
+		echo "#include \"$src/ops_linattn_chunk.cu\""
+		echo "#include \"$here/linattn.cpp\""
+	} >"$tmp/emu.cpp"
+else
+	{
+		echo "#include \"$here/emu.h\""
+		python3 "$here/extract.py" "$src"
+		echo "#define FERRITE_HOST_EMU"
+		echo "#include \"$src/ops_decode.cu\""
+		echo "#include \"$here/main.cpp\""
+	} >"$tmp/emu.cpp"
+fi
 "${CXX:-g++}" -std=c++20 -O1 -ffp-contract=off -w -o "$tmp/emu" "$tmp/emu.cpp"
 "$tmp/emu" "$@"

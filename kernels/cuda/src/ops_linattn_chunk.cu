@@ -1,0 +1,328 @@
+// The gated delta rule's chunked WY (UT-transform) form, for prefill: the
+// sequences of more than kDeltaRecurrentMax rows of a DeltaRule call, which
+// ferrite_delta_rule_* (ops_linattn.cu) would otherwise step through one row
+// at a time. The arithmetic is kernels/ref.DeltaRuleChunked's (and
+// kernels/cpu's chunk form's), all in float64, the state kept in float64
+// across the call and rounded to float32 once at its end. For one value
+// head and a chunk of L ≤ kChunkL rows r, s, with the per-step decays
+// e^{g_r} (per channel c, or one per head broadcast over c) and
+// Γ_r = Σ_{u≤r} g_u within the chunk:
+//
+//	A[r,s] = β_r Σ_c k_{r,c} k_{s,c} e^{Γ_{r,c}−Γ_{s,c}}  (s < r)   T = (I + A)⁻¹
+//	P[r,s] =     Σ_c q_{r,c} k_{s,c} e^{Γ_{r,c}−Γ_{s,c}}  (s ≤ r)
+//	M      = [β e^Γ ⊙ K ; e^Γ ⊙ Q]     R = M·S₀
+//	Y      = βV − R[:L]                Vn = T·Y
+//	O      = R[L:] + P·Vn
+//	S      = diag(e^{Γ_{L−1}})·S₀ + Ktᵀ·Vn,   Kt[r,c] = k_{r,c} e^{Γ_{L−1,c}−Γ_{r,c}}
+//
+// Every decay factor is a running product of per-step factors ≤ 1 taken
+// inside the lower triangle (kernels/cpu's form), so nothing overflows.
+//
+// Block (sequence s, value head h, column tile z) owns the state columns
+// [kChunkCols·z, kChunkCols·z + kChunkCols) of the head and walks the
+// sequence's chunks in order; the column-free parts of a chunk (A, T, P, M,
+// Kt) are formed by every column tile of the head. The file sorts after
+// ops_linattn.cu in the one translation unit (tools/cuda/build_fatbin.sh):
+// it uses its DeltaArgs, warp_sum_n and kDeltaRecurrentMax.
+//
+// Launch: grid (seqs, hv, ceil(dv / kChunkCols)), kChunkThreads threads,
+// chunk_smem(dk) bytes of dynamic shared memory; dk ≤ 32·KPL ≤ kChunkThreads.
+#include <stdint.h>
+
+namespace {
+
+constexpr int kChunkL = 32;         // rows a chunk
+constexpr int kChunkCols = 32;      // state columns a block
+constexpr int kChunkThreads = 256;  // threads a block (8 warps)
+constexpr int kChunkLP = kChunkL + 1;  // row stride of A and P (no bank conflicts across rows)
+
+// ChunkSmem lays out the block's shared memory for key heads of dk.
+struct ChunkSmem {
+    float* kf;      // (L, dk) the chunk's normalised k rows
+    float* qf;      // (L, dk) its q rows
+    double* eg;     // (L, dk) per-step decays e^{g}; then Kt
+    double* M;      // (2L, dk + 1): rows r < L β e^Γ ⊙ k_r, rows L + r e^Γ ⊙ q_r
+    double* S;      // (dk, kChunkCols) the block's state columns
+    double* A;      // (L, LP) A, then T = (I + A)⁻¹ (strictly lower part)
+    double* P;      // (L, LP)
+    double* R;      // (2L, kChunkCols) M·S₀; rows < L become Y
+    double* Vn;     // (L, kChunkCols)
+    double* eL;     // (dk) e^{Γ_{L−1}}
+    double* beta;   // (L)
+};
+
+__device__ inline ChunkSmem chunk_layout(uint8_t* base, int dk) {
+    ChunkSmem m;
+    double* d = reinterpret_cast<double*>(base);
+    m.eg = d;
+    d += size_t(kChunkL) * dk;
+    m.M = d;
+    d += size_t(2 * kChunkL) * (dk + 1);
+    m.S = d;
+    d += size_t(dk) * kChunkCols;
+    m.A = d;
+    d += kChunkL * kChunkLP;
+    m.P = d;
+    d += kChunkL * kChunkLP;
+    m.R = d;
+    d += 2 * kChunkL * kChunkCols;
+    m.Vn = d;
+    d += kChunkL * kChunkCols;
+    m.eL = d;
+    d += dk;
+    m.beta = d;
+    d += kChunkL;
+    m.kf = reinterpret_cast<float*>(d);
+    m.qf = m.kf + size_t(kChunkL) * dk;
+    return m;
+}
+
+template <int KPL>
+__device__ void delta_chunk(const DeltaArgs& a) {
+#ifdef FERRITE_HOST_EMU
+    uint8_t* chunk_smem_base = emu_dyn_smem(0);  // tools/cuda/emu's, sized by its harness
+#else
+    extern __shared__ __align__(16) uint8_t chunk_smem_base[];
+#endif
+    const int s = blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int nthreads = blockDim.x;
+    const int dk = a.dk, dv = a.dv;
+    const int r0 = a.start[size_t(s) * a.start_stride], r1 = a.start[size_t(s + 1) * a.start_stride];
+    if (r1 - r0 <= kDeltaRecurrentMax) return;  // ferrite_delta_rule_*'s (the whole block)
+    const int j0 = blockIdx.z * kChunkCols;
+    const int jn = min(kChunkCols, dv - j0);  // the block's columns
+    const int kh = h / (a.hv / a.hk);
+    const int qkw = 2 * a.hk * dk, qkv_w = qkw + a.hv * dv, gw = a.per_channel ? a.hv * dk : a.hv;
+    const int mp = dk + 1;  // M's row stride
+    ChunkSmem m = chunk_layout(chunk_smem_base, dk);
+    float* S0 = a.state + size_t(a.slot[size_t(s) * a.slot_stride]) * a.state_stride + size_t(h) * dk * dv;
+
+    for (int i = tid; i < dk * kChunkCols; i += nthreads) {
+        const int c = i / kChunkCols, j = i % kChunkCols;
+        m.S[i] = j < jn ? double(S0[size_t(c) * dv + j0 + j]) : 0.0;
+    }
+
+    for (int t0 = r0; t0 < r1; t0 += kChunkL) {
+        const int L = min(kChunkL, r1 - t0);
+        // Load the chunk: k, q, the decays, β.
+        for (int i = tid; i < L * dk; i += nthreads) {
+            const int r = i / dk, c = i % dk;
+            const float* qr = a.qk + size_t(t0 + r) * qkw + size_t(kh) * dk;
+            m.qf[i] = qr[c];
+            m.kf[i] = qr[size_t(a.hk) * dk + c];
+            m.eg[i] = a.dec[size_t(t0 + r) * gw + (a.per_channel ? h * dk + c : h)];
+        }
+        for (int r = tid; r < L; r += nthreads) m.beta[r] = double(a.beta[size_t(t0 + r) * a.hv + h]);
+        __syncthreads();
+
+        // M's rows and e^{Γ_{L−1}}: a thread a channel, Γ as a running product.
+        if (tid < dk) {
+            const int c = tid;
+            double e = 1.0;
+            for (int r = 0; r < L; r++) {
+                e *= m.eg[r * dk + c];
+                m.M[size_t(r) * mp + c] = m.beta[r] * e * double(m.kf[r * dk + c]);
+                m.M[size_t(kChunkL + r) * mp + c] = e * double(m.qf[r * dk + c]);
+            }
+            m.eL[c] = e;
+        }
+        // A and P: warp w takes the columns s ≡ w (mod 8); its lanes hold
+        // kd = k_s ⊙ e^{Γ_r − Γ_s} for channels lane + 32i as r runs on,
+        // four rows' sums reduced at once.
+        for (int sc = warp; sc < L; sc += nthreads >> 5) {
+            double kd[KPL];
+            double pss = 0;
+#pragma unroll
+            for (int i = 0; i < KPL; i++) {
+                const int c = lane + 32 * i;
+                kd[i] = c < dk ? double(m.kf[sc * dk + c]) : 0.0;
+                if (c < dk) pss += double(m.qf[sc * dk + c]) * kd[i];
+            }
+            pss = warp_sum_f64(pss);
+            if (lane == 0) m.P[sc * kChunkLP + sc] = pss;
+            for (int rb = sc + 1; rb < L; rb += 4) {
+                double red[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) red[u] = 0.0;
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int r = rb + u;
+                    if (r < L) {
+#pragma unroll
+                        for (int i = 0; i < KPL; i++) {
+                            const int c = lane + 32 * i;
+                            if (c < dk) {
+                                kd[i] *= m.eg[r * dk + c];
+                                red[u] += double(m.kf[r * dk + c]) * kd[i];
+                                red[4 + u] += double(m.qf[r * dk + c]) * kd[i];
+                            }
+                        }
+                    }
+                }
+                warp_sum_n<8>(red);
+                if (lane == 0) {
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        const int r = rb + u;
+                        if (r < L) {
+                            m.A[r * kChunkLP + sc] = m.beta[r] * red[u];
+                            m.P[r * kChunkLP + sc] = red[4 + u];
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        // Kt over eg (each thread reads its channel's factor before it
+        // overwrites it), then warp 0 forms T while the others form R.
+        if (tid < dk) {
+            const int c = tid;
+            double e = 1.0;
+            for (int r = L - 1; r >= 0; r--) {
+                const double f = m.eg[r * dk + c];
+                m.eg[r * dk + c] = double(m.kf[r * dk + c]) * e;
+                e *= f;
+            }
+        }
+        if (warp == 0) {
+            // T = (I + A)⁻¹ by forward substitution, row by row, in place:
+            // T[r,s] = −A[r,s] − Σ_{j=s+1}^{r−1} A[r,j]·T[j,s]; lane s.
+            for (int r = 1; r < L; r++) {
+                double acc0 = 0, acc1 = 0;
+                if (lane < r) {
+                    acc0 = -m.A[r * kChunkLP + lane];
+                    int j = lane + 1;
+                    for (; j + 1 < r; j += 2) {
+                        acc0 -= m.A[r * kChunkLP + j] * m.A[j * kChunkLP + lane];
+                        acc1 -= m.A[r * kChunkLP + j + 1] * m.A[(j + 1) * kChunkLP + lane];
+                    }
+                    if (j < r) acc0 -= m.A[r * kChunkLP + j] * m.A[j * kChunkLP + lane];
+                }
+                __syncwarp();
+                if (lane < r) m.A[r * kChunkLP + lane] = acc0 + acc1;
+                __syncwarp();
+            }
+        } else {
+            // R = M·S₀ in 4 × 4 tiles: 2L/4 row tiles × kChunkCols/4 column tiles.
+            constexpr int kTiles = (2 * kChunkL / 4) * (kChunkCols / 4);
+            for (int t = tid - 32; t < kTiles; t += nthreads - 32) {
+                const int rt = t / (kChunkCols / 4), ct = t % (kChunkCols / 4);
+                const int rr = rt * 4, jj = ct * 4;
+                const bool live = rr < L || (rr >= kChunkL && rr - kChunkL < L);
+                if (!live) continue;
+                double acc[4][4] = {};
+                for (int c = 0; c < dk; c++) {
+                    double mv[4], sv[4];
+#pragma unroll
+                    for (int u = 0; u < 4; u++) mv[u] = m.M[size_t(rr + u) * mp + c];
+#pragma unroll
+                    for (int v = 0; v < 4; v++) sv[v] = m.S[c * kChunkCols + jj + v];
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+#pragma unroll
+                        for (int v = 0; v < 4; v++) acc[u][v] += mv[u] * sv[v];
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++) m.R[(rr + u) * kChunkCols + jj + v] = acc[u][v];
+            }
+        }
+        __syncthreads();
+
+        // Y = βV − R[:L], in place; a thread a row and four columns.
+        for (int i = tid; i < L * (kChunkCols / 4); i += nthreads) {
+            const int r = i / (kChunkCols / 4), jj = (i % (kChunkCols / 4)) * 4;
+            const float* vr = a.qkv + size_t(t0 + r) * qkv_w + qkw + size_t(h) * dv + j0;
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const double bv = jj + v < jn ? m.beta[r] * double(vr[jj + v]) : 0.0;
+                m.R[r * kChunkCols + jj + v] = bv - m.R[r * kChunkCols + jj + v];
+            }
+        }
+        __syncthreads();
+
+        // Vn = T·Y (T unit lower triangular).
+        for (int i = tid; i < L * (kChunkCols / 4); i += nthreads) {
+            const int r = i / (kChunkCols / 4), jj = (i % (kChunkCols / 4)) * 4;
+            double acc[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) acc[v] = m.R[r * kChunkCols + jj + v];
+            for (int sc = 0; sc < r; sc++) {
+                const double tv = m.A[r * kChunkLP + sc];
+#pragma unroll
+                for (int v = 0; v < 4; v++) acc[v] += tv * m.R[sc * kChunkCols + jj + v];
+            }
+#pragma unroll
+            for (int v = 0; v < 4; v++) m.Vn[r * kChunkCols + jj + v] = acc[v];
+        }
+        __syncthreads();
+
+        // O = R[L:] + P·Vn to the output rows.
+        for (int i = tid; i < L * (kChunkCols / 4); i += nthreads) {
+            const int r = i / (kChunkCols / 4), jj = (i % (kChunkCols / 4)) * 4;
+            double acc[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) acc[v] = m.R[(kChunkL + r) * kChunkCols + jj + v];
+            for (int sc = 0; sc <= r; sc++) {
+                const double pv = m.P[r * kChunkLP + sc];
+#pragma unroll
+                for (int v = 0; v < 4; v++) acc[v] += pv * m.Vn[sc * kChunkCols + jj + v];
+            }
+            float* orow = a.out + size_t(t0 + r) * a.hv * dv + size_t(h) * dv + j0;
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+                if (jj + v < jn) orow[jj + v] = float(acc[v]);
+        }
+        // S = diag(e^{Γ_{L−1}})·S₀ + Ktᵀ·Vn in 4 × 4 tiles (R no longer reads S).
+        for (int t = tid; t < ((dk + 3) / 4) * (kChunkCols / 4); t += nthreads) {
+            const int cc = (t / (kChunkCols / 4)) * 4, jj = (t % (kChunkCols / 4)) * 4;
+            double acc[4][4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int v = 0; v < 4; v++)
+                    acc[u][v] = cc + u < dk ? m.eL[cc + u] * m.S[(cc + u) * kChunkCols + jj + v] : 0.0;
+            for (int r = 0; r < L; r++) {
+                double kv[4], vv[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) kv[u] = cc + u < dk ? m.eg[r * dk + cc + u] : 0.0;
+#pragma unroll
+                for (int v = 0; v < 4; v++) vv[v] = m.Vn[r * kChunkCols + jj + v];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++) acc[u][v] += kv[u] * vv[v];
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int v = 0; v < 4; v++)
+                    if (cc + u < dk) m.S[(cc + u) * kChunkCols + jj + v] = acc[u][v];
+        }
+        __syncthreads();
+    }
+
+    for (int i = tid; i < dk * kChunkCols; i += nthreads) {
+        const int c = i / kChunkCols, j = i % kChunkCols;
+        if (j < jn) S0[size_t(c) * dv + j0 + j] = float(m.S[i]);
+    }
+}
+
+}  // namespace
+
+#define FERRITE_DELTA_CHUNK(name, KPL)                                                                        \
+    extern "C" __global__ void __launch_bounds__(kChunkThreads) name(                                          \
+        float* out, const float* qk, const float* qkv, const double* dec, const float* beta, float* state,    \
+        int state_stride, const int* start, int start_stride, const int* slot, int slot_stride, int hv, int hk, \
+        int dk, int dv, int per_channel) {                                                                    \
+        DeltaArgs a{out, qk, qkv, dec, beta, state, start, slot, nullptr, state_stride, start_stride,          \
+                    slot_stride, 0, hv, hk, dk, dv, per_channel, 0};                                           \
+        delta_chunk<KPL>(a);                                                                                  \
+    }
+
+FERRITE_DELTA_CHUNK(ferrite_delta_chunk_1, 1)
+FERRITE_DELTA_CHUNK(ferrite_delta_chunk_2, 2)
+FERRITE_DELTA_CHUNK(ferrite_delta_chunk_4, 4)
