@@ -61,7 +61,7 @@ func deltaChunkSmem(dk int) int {
 // form: some sequence can be longer than deltaRecurrentMax rows, no state
 // is recorded after each row (recording steps are verifications, at most
 // deltaRecurrentMax rows a sequence), the key heads fit a chunked kernel
-// and its shared memory fits the device's blocks; FERRITE_CUDA_DELTA_CHUNK=0
+// (a multiple of 4 up to 128) and its shared memory fits the device's blocks; FERRITE_CUDA_DELTA_CHUNK=0
 // (noDeltaChunk) keeps every sequence on the row-by-row kernel.
 func (b *Backend) deltaChunked(rows, seqs, dk int, recording bool) int {
 	kpl := 0
@@ -69,7 +69,7 @@ func (b *Backend) deltaChunked(rows, seqs, dk int, recording bool) int {
 		kpl++
 	}
 	if b.noDeltaChunk || recording || rows-seqs+1 <= deltaRecurrentMax || kpl >= len(deltaChunkKernels) ||
-		deltaChunkSmem(dk) > b.dev.SmemOptIn {
+		dk%4 != 0 || deltaChunkSmem(dk) > b.dev.SmemOptIn {
 		return -1
 	}
 	return kpl

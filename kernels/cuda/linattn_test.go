@@ -368,6 +368,7 @@ func TestDeltaChunked(t *testing.T) {
 		{72, 64, 128, false, false, 2},
 		{4096, 1, 128, true, false, -1},  // states recorded after each row
 		{4096, 1, 200, false, false, -1}, // key heads above 128
+		{4096, 1, 30, false, false, -1},  // not a multiple of 4
 		{4096, 1, 128, false, true, -1},  // FERRITE_CUDA_DELTA_CHUNK=0
 	} {
 		b.noDeltaChunk = c.off
@@ -387,9 +388,9 @@ func TestDeltaChunked(t *testing.T) {
 // TestDeltaRuleChunkedShapes runs the delta rule's chunked form (sequences
 // of more than 8 rows, 32 rows a chunk: whole and partial chunks, partial
 // column tiles, per-head and per-channel decays, decays that vanish within
-// a chunk) against kernels/ref.DeltaRuleChunked, and against the
-// row-by-row kernel (FERRITE_CUDA_DELTA_CHUNK=0), whose float64 form
-// differs from it only in the order of float64 sums.
+// a chunk) against kernels/ref.DeltaRule (and DeltaRuleChunked where that
+// is quick), and against the row-by-row kernel (FERRITE_CUDA_DELTA_CHUNK=0),
+// whose float64 form differs from it only in the order of float64 sums.
 func TestDeltaRuleChunkedShapes(t *testing.T) {
 	b := openOps(t)
 	for i, c := range []struct {
@@ -438,21 +439,33 @@ func TestDeltaRuleChunkedShapes(t *testing.T) {
 			row, rowSt := deltaRun(t, b, &n, c.lens, slots, qkv, a, bv, sv)
 			b.noDeltaChunk = false
 
-			want, wantSt := make([]float32, rows*n.Heads*n.DV), slices.Clone(sv)
-			r0, ow := 0, n.Heads*n.DV
-			for j, l := range c.lens {
-				s := wantSt[int(slots[j])*sw : int(slots[j]+1)*sw]
-				if l <= deltaRecurrentMax {
-					ref.DeltaRule(want[r0*ow:], qkv[r0*w:], a[r0*gw:], bv[r0*n.Heads:], s, l, &n, aLog, dtB)
-				} else {
-					ref.DeltaRuleChunked(want[r0*ow:], qkv[r0*w:], a[r0*gw:], bv[r0*n.Heads:], s, l, 64, &n, aLog, dtB)
+			// The recurrent reference rounds the state after every row, the
+			// chunked forms once: kerneltest.DeltaRuleTol covers the drift.
+			// Where it is quick (small heads), the chunked reference too, in
+			// chunks of 16: both sides float64 throughout, rounded once, so a
+			// few float32 ulps apart (q, k and the gates are formed on each side).
+			for _, chunked := range []bool{false, true} {
+				if chunked && n.Heads*n.DK*n.DV > 1<<16 {
+					continue
 				}
-				r0 += l
+				want, wantSt := make([]float32, rows*n.Heads*n.DV), slices.Clone(sv)
+				r0, ow := 0, n.Heads*n.DV
+				for j, l := range c.lens {
+					s := wantSt[int(slots[j])*sw : int(slots[j]+1)*sw]
+					if chunked && l > deltaRecurrentMax {
+						ref.DeltaRuleChunked(want[r0*ow:], qkv[r0*w:], a[r0*gw:], bv[r0*n.Heads:], s, l, 16, &n, aLog, dtB)
+					} else {
+						ref.DeltaRule(want[r0*ow:], qkv[r0*w:], a[r0*gw:], bv[r0*n.Heads:], s, l, &n, aLog, dtB)
+					}
+					r0 += l
+				}
+				tol, what := kerneltest.DeltaRuleTol, "the recurrent reference"
+				if chunked {
+					tol, what = 1e-5, "the chunked reference"
+				}
+				checkRel(t, "out against "+what, got, want, tol)
+				checkRel(t, "state against "+what, gotSt, wantSt, tol)
 			}
-			// Both sides are float64 throughout, rounded once: the bound is a
-			// few float32 ulps (q, k and the gates are formed on each side).
-			checkRel(t, "out against the reference", got, want, 1e-5)
-			checkRel(t, "state against the reference", gotSt, wantSt, 1e-5)
 			checkRel(t, "out against the row-by-row kernel", got, row, 1e-6)
 			checkRel(t, "state against the row-by-row kernel", gotSt, rowSt, 1e-6)
 		})

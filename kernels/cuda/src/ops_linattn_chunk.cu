@@ -98,23 +98,73 @@ __device__ void delta_chunk(const DeltaArgs& a) {
     ChunkSmem m = chunk_layout(chunk_smem_base, dk);
     float* S0 = a.state + size_t(a.slot[size_t(s) * a.slot_stride]) * a.state_stride + size_t(h) * dk * dv;
 
-    for (int i = tid; i < dk * kChunkCols; i += nthreads) {
-        const int c = i / kChunkCols, j = i % kChunkCols;
-        m.S[i] = j < jn ? double(S0[size_t(c) * dv + j0 + j]) : 0.0;
+    // The state columns, kLoad loads in flight a thread at a time.
+    constexpr int kLoad = 8;
+    for (int i0 = 0; i0 < dk * kChunkCols; i0 += kLoad * nthreads) {
+        float sv[kLoad];
+#pragma unroll
+        for (int u = 0; u < kLoad; u++) {
+            const int i = i0 + u * nthreads + tid, c = i / kChunkCols, j = i % kChunkCols;
+            sv[u] = i < dk * kChunkCols && j < jn ? S0[size_t(c) * dv + j0 + j] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kLoad; u++)
+            if (i0 + u * nthreads + tid < dk * kChunkCols) m.S[i0 + u * nthreads + tid] = double(sv[u]);
     }
+
+    // The next chunk's inputs travel in registers while this one is
+    // computed: k, q and the decays four channels a load (dk a multiple of
+    // 4), v for the Y step (row tid / 8, columns 4·(tid % 8) …), β.
+    float4 nq[KPL], nk[KPL];
+    double ne[KPL][4];
+    float nv[4];
+    float nb = 0.f;
+    auto load = [&](int t0) {
+        const int L = min(kChunkL, r1 - t0);
+#pragma unroll
+        for (int u = 0; u < KPL; u++) {
+            const int e = 4 * (u * kChunkThreads + tid), r = e / dk, c = e % dk;
+            if (r < L) {
+                const float* qr = a.qk + size_t(t0 + r) * qkw + size_t(kh) * dk + c;
+                nq[u] = __ldg(reinterpret_cast<const float4*>(qr));
+                nk[u] = __ldg(reinterpret_cast<const float4*>(qr + size_t(a.hk) * dk));
+                const double* dr = a.dec + size_t(t0 + r) * gw;
+                if (a.per_channel) {
+#pragma unroll
+                    for (int w = 0; w < 4; w++) ne[u][w] = __ldg(dr + h * dk + c + w);
+                } else {
+                    const double g = __ldg(dr + h);
+#pragma unroll
+                    for (int w = 0; w < 4; w++) ne[u][w] = g;
+                }
+            }
+        }
+        const int vr = tid / (kChunkCols / 4), vj = (tid % (kChunkCols / 4)) * 4;
+        const float* vp = a.qkv + size_t(t0 + vr) * qkv_w + qkw + size_t(h) * dv + j0 + vj;
+#pragma unroll
+        for (int w = 0; w < 4; w++) nv[w] = vr < L && vj + w < jn ? __ldg(vp + w) : 0.f;
+        if (tid < L) nb = __ldg(a.beta + size_t(t0 + tid) * a.hv + h);
+    };
+    load(r0);
 
     for (int t0 = r0; t0 < r1; t0 += kChunkL) {
         const int L = min(kChunkL, r1 - t0);
-        // Load the chunk: k, q, the decays, β.
-        for (int i = tid; i < L * dk; i += nthreads) {
-            const int r = i / dk, c = i % dk;
-            const float* qr = a.qk + size_t(t0 + r) * qkw + size_t(kh) * dk;
-            m.qf[i] = qr[c];
-            m.kf[i] = qr[size_t(a.hk) * dk + c];
-            m.eg[i] = a.dec[size_t(t0 + r) * gw + (a.per_channel ? h * dk + c : h)];
+#pragma unroll
+        for (int u = 0; u < KPL; u++) {
+            const int e = 4 * (u * kChunkThreads + tid), r = e / dk;
+            if (r < L) {
+                *reinterpret_cast<float4*>(m.qf + e) = nq[u];
+                *reinterpret_cast<float4*>(m.kf + e) = nk[u];
+#pragma unroll
+                for (int w = 0; w < 4; w++) m.eg[e + w] = ne[u][w];
+            }
         }
-        for (int r = tid; r < L; r += nthreads) m.beta[r] = double(a.beta[size_t(t0 + r) * a.hv + h]);
+        if (tid < L) m.beta[tid] = double(nb);
+        float vcur[4];
+#pragma unroll
+        for (int w = 0; w < 4; w++) vcur[w] = nv[w];
         __syncthreads();
+        if (t0 + kChunkL < r1) load(t0 + kChunkL);
 
         // M's rows and e^{Γ_{L−1}}: a thread a channel, Γ as a running product.
         if (tid < dk) {
@@ -188,20 +238,22 @@ __device__ void delta_chunk(const DeltaArgs& a) {
         }
         if (warp == 0) {
             // T = (I + A)⁻¹ by forward substitution, row by row, in place:
-            // T[r,s] = −A[r,s] − Σ_{j=s+1}^{r−1} A[r,j]·T[j,s]; lane s.
+            // T[r,s] = −A[r,s] − Σ_{j=s+1}^{r−1} A[r,j]·T[j,s]; lane s. Every
+            // lane runs j over the whole row (T[j,s] = 0 for j ≤ s), so the
+            // loads of a row pipeline.
             for (int r = 1; r < L; r++) {
-                double acc0 = 0, acc1 = 0;
-                if (lane < r) {
-                    acc0 = -m.A[r * kChunkLP + lane];
-                    int j = lane + 1;
-                    for (; j + 1 < r; j += 2) {
-                        acc0 -= m.A[r * kChunkLP + j] * m.A[j * kChunkLP + lane];
-                        acc1 -= m.A[r * kChunkLP + j + 1] * m.A[(j + 1) * kChunkLP + lane];
-                    }
-                    if (j < r) acc0 -= m.A[r * kChunkLP + j] * m.A[j * kChunkLP + lane];
+                double acc[4] = {0, 0, 0, 0};
+                const double* ar = m.A + r * kChunkLP;
+                int j = 0;
+                for (; j + 4 <= r; j += 4) {
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        acc[u] -= ar[j + u] * (j + u > lane ? m.A[(j + u) * kChunkLP + lane] : 0.0);
                 }
+                for (; j < r; j++) acc[0] -= ar[j] * (j > lane ? m.A[j * kChunkLP + lane] : 0.0);
+                const double t = (acc[0] + acc[1]) + (acc[2] + acc[3]) - (lane < r ? ar[lane] : 0.0);
                 __syncwarp();
-                if (lane < r) m.A[r * kChunkLP + lane] = acc0 + acc1;
+                if (lane < r) m.A[r * kChunkLP + lane] = t;
                 __syncwarp();
             }
         } else {
@@ -213,6 +265,7 @@ __device__ void delta_chunk(const DeltaArgs& a) {
                 const bool live = rr < L || (rr >= kChunkL && rr - kChunkL < L);
                 if (!live) continue;
                 double acc[4][4] = {};
+#pragma unroll 4
                 for (int c = 0; c < dk; c++) {
                     double mv[4], sv[4];
 #pragma unroll
@@ -232,14 +285,14 @@ __device__ void delta_chunk(const DeltaArgs& a) {
         }
         __syncthreads();
 
-        // Y = βV − R[:L], in place; a thread a row and four columns.
-        for (int i = tid; i < L * (kChunkCols / 4); i += nthreads) {
-            const int r = i / (kChunkCols / 4), jj = (i % (kChunkCols / 4)) * 4;
-            const float* vr = a.qkv + size_t(t0 + r) * qkv_w + qkw + size_t(h) * dv + j0;
+        // Y = βV − R[:L], in place; a thread a row and four columns (v
+        // loaded with the chunk: L · kChunkCols / 4 ≤ kChunkThreads).
+        {
+            const int r = tid / (kChunkCols / 4), jj = (tid % (kChunkCols / 4)) * 4;
+            if (r < L) {
 #pragma unroll
-            for (int v = 0; v < 4; v++) {
-                const double bv = jj + v < jn ? m.beta[r] * double(vr[jj + v]) : 0.0;
-                m.R[r * kChunkCols + jj + v] = bv - m.R[r * kChunkCols + jj + v];
+                for (int v = 0; v < 4; v++)
+                    m.R[r * kChunkCols + jj + v] = m.beta[r] * double(vcur[v]) - m.R[r * kChunkCols + jj + v];
             }
         }
         __syncthreads();
@@ -285,6 +338,7 @@ __device__ void delta_chunk(const DeltaArgs& a) {
 #pragma unroll
                 for (int v = 0; v < 4; v++)
                     acc[u][v] = cc + u < dk ? m.eL[cc + u] * m.S[(cc + u) * kChunkCols + jj + v] : 0.0;
+#pragma unroll 4
             for (int r = 0; r < L; r++) {
                 double kv[4], vv[4];
 #pragma unroll

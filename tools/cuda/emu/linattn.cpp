@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
         {2, 2, 32, 40, false, 0, 400, {64, 65}},  // decays that vanish within a chunk
         {2, 1, 128, 64, false, 0, 16, {100}},
         {2, 2, 128, 32, true, -5, 16, {45, 8}},
+        {3, 1, 96, 40, true, -5, 16, {41}},  // a key head short of its kernel's 128
     };
     for (size_t i = 0; i < cases.size(); i++) {
         if (quick && i >= 3) break;
