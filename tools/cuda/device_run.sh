@@ -9,7 +9,8 @@
 #   build      the fatbin (nvcc; skipped when the prepared one came along)
 #   llama      llama.cpp's CUDA build and GGUFs in the background (CPU only,
 #              niced), its benchmarks last (tools/cuda/llamacpp_gpu.sh)
-#   tests      kernels/cuda (the op-set conformance suite), kernels/device,
+#   tests      kernels/cuda (the op-set conformance suite; CUDA_TEST_RUN=regexp
+#              runs those of its tests only), kernels/device,
 #              the engine fixtures, qwen3next, glm5next and the mla family
 #   linattn    the delta rule's chunked form against the row-by-row kernel
 #              (FERRITE_CUDA_DELTA_CHUNK=0): BenchmarkLinearAttention, then
@@ -100,7 +101,7 @@ if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$root" /work/main; fi
 
 if want tests; then
 	export FERRITE_TEST_DEVICE=cuda
-	(cd k && run cuda.test 110 cuda-tests.log ../cuda.test -test.v -test.count 1)
+	(cd k && run cuda.test 110 cuda-tests.log ../cuda.test -test.v -test.count 1 -test.run "${CUDA_TEST_RUN:-.}")
 	run device.test 20 cuda-tests.log ./device.test -test.v
 	(cd "$root/engine" && run engine.test 90 fixtures.log "$dev/engine.test" -test.v -test.count 1 \
 		-test.run 'TestFixtures|TestAutoDevice|TestBuiltinOnDevice|TestPrefillOnDevice')
