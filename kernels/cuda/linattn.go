@@ -47,13 +47,18 @@ const (
 var deltaChunkKernels = [3]string{"ferrite_delta_chunk_1", "ferrite_delta_chunk_2", "ferrite_delta_chunk_4"}
 
 // deltaChunkSmem is the chunked kernel's dynamic shared memory for key
-// heads of dk (ChunkSmem in src/ops_linattn_chunk.cu): eg/Kt (L, dk), M
-// (2L, dk+1), S (dk, cols), A and P (L, L+1), R (2L, cols), Vn (L, cols),
-// e^{Γ_{L−1}} (dk) and β (L) in float64; k and q (L, dk) in float32.
-func deltaChunkSmem(dk int) int {
+// heads of dk (chunk_layout in src/ops_linattn_chunk.cu), in float64: S
+// (dk, cols), A and P (L, L+1), R (2L, cols), Vn (L, cols), β (L); per
+// channel also eg/Kt (L, dk), M (2L, dk+1), e^{Γ_{L−1}} (dk, even) and, in
+// float32, k and q (L, dk); with one decay a head k and q (L, dk+1) and
+// three (L) decay columns.
+func deltaChunkSmem(dk int, perChannel bool) int {
 	const L, C = deltaChunkL, deltaChunkCols
-	doubles := L*dk + 2*L*(dk+1) + dk*C + 2*L*(L+1) + 2*L*C + L*C + dk + L
-	return doubles*8 + 2*L*dk*4
+	doubles := dk*C + 2*L*(L+1) + 2*L*C + L*C + L
+	if perChannel {
+		return (doubles+L*dk+2*L*(dk+1)+dk+(dk&1))*8 + 2*L*dk*4
+	}
+	return (doubles + 2*L*(dk+1) + 3*L) * 8
 }
 
 // deltaChunked reports whether a DeltaRule call of rows over seqs
@@ -63,13 +68,13 @@ func deltaChunkSmem(dk int) int {
 // deltaRecurrentMax rows a sequence), the key heads fit a chunked kernel
 // (a multiple of 4 up to 128) and its shared memory fits the device's blocks; FERRITE_CUDA_DELTA_CHUNK=0
 // (noDeltaChunk) keeps every sequence on the row-by-row kernel.
-func (b *Backend) deltaChunked(rows, seqs, dk int, recording bool) int {
+func (b *Backend) deltaChunked(rows, seqs, dk int, perChannel, recording bool) int {
 	kpl := 0
 	for 32<<kpl < dk {
 		kpl++
 	}
 	if b.noDeltaChunk || recording || rows-seqs+1 <= deltaRecurrentMax || kpl >= len(deltaChunkKernels) ||
-		dk%4 != 0 || deltaChunkSmem(dk) > b.dev.SmemOptIn {
+		dk%4 != 0 || deltaChunkSmem(dk, perChannel) > b.dev.SmemOptIn {
 		return -1
 	}
 	return kpl
@@ -164,7 +169,7 @@ func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Re
 	o, xp, ap, bp, alog, dtb := dptr(out), dptr(qkv), dptr(a), dptr(bt), dptr(n.ALog), dptr(n.DtBias)
 	st, start, slot := dptr(state), dptr(r.Start), dptr(r.Slot)
 	rec, recStride := record("DeltaRule", r, rows)
-	ck := b.deltaChunked(rows, seqs, dk, rec != 0)
+	ck := b.deltaChunked(rows, seqs, dk, n.PerChannel, rec != 0)
 	b.queue(func(d *Device) error {
 		err := d.launchL("ferrite_delta_prep", uint32(rows), 128, 0, qk, dec, beta, xp, ap, bp, alog, dtb,
 			i32(w), i32(H), i32(Hk), i32(dk), b32(n.PerChannel), f32(n.LowerBound))
@@ -178,7 +183,7 @@ func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Re
 			return err
 		}
 		return d.launch3L(deltaChunkKernels[ck], [3]uint32{uint32(seqs), uint32(H), uint32(ceilDiv(dv, deltaChunkCols))},
-			deltaChunkThreads, uint32(deltaChunkSmem(dk)), o, qk, xp, dec, beta, st, i32(state.Stride), start,
+			deltaChunkThreads, uint32(deltaChunkSmem(dk, n.PerChannel)), o, qk, xp, dec, beta, st, i32(state.Stride), start,
 			i32(r.Start.Stride), slot, i32(r.Slot.Stride), i32(H), i32(Hk), i32(dk), i32(dv), b32(n.PerChannel))
 	})
 }

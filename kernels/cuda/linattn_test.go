@@ -372,16 +372,18 @@ func TestDeltaChunked(t *testing.T) {
 		{4096, 1, 128, false, true, -1},  // FERRITE_CUDA_DELTA_CHUNK=0
 	} {
 		b.noDeltaChunk = c.off
-		if got := b.deltaChunked(c.rows, c.seqs, c.dk, c.rec); got != c.want {
+		if got := b.deltaChunked(c.rows, c.seqs, c.dk, c.dk == 64, c.rec); got != c.want {
 			t.Errorf("%+v: deltaChunked %d, want %d", c, got, c.want)
 		}
 	}
 	b.noDeltaChunk = false
-	if b.dev.SmemOptIn = deltaChunkSmem(128) - 1; b.deltaChunked(4096, 1, 128, false) != -1 {
-		t.Error("the chunked kernel chosen where its shared memory does not fit")
-	}
-	if got := deltaChunkSmem(128); got > 227<<10 {
-		t.Errorf("deltaChunkSmem(128) = %d, more than an H100/H200 block's 227 KiB", got)
+	for _, pc := range []bool{false, true} {
+		if b.dev.SmemOptIn = deltaChunkSmem(128, pc) - 1; b.deltaChunked(4096, 1, 128, pc, false) != -1 {
+			t.Errorf("per channel %v: the chunked kernel chosen where its shared memory does not fit", pc)
+		}
+		if got := deltaChunkSmem(128, pc); got > 227<<10 {
+			t.Errorf("deltaChunkSmem(128, %v) = %d, more than an H100/H200 block's 227 KiB", pc, got)
+		}
 	}
 }
 
@@ -421,7 +423,7 @@ func TestDeltaRuleChunkedShapes(t *testing.T) {
 			for _, l := range c.lens {
 				rows += l
 			}
-			if b.deltaChunked(rows, len(c.lens), n.DK, false) < 0 {
+			if b.deltaChunked(rows, len(c.lens), n.DK, n.PerChannel, false) < 0 {
 				t.Fatalf("%d rows of %d sequences, key heads of %d: not the chunked form", rows, len(c.lens), n.DK)
 			}
 			slots := make([]int32, len(c.lens))

@@ -24,10 +24,11 @@ static float randn() { return std::normal_distribution<float>(0, 1)(rng); }
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // chunk_smem is linattn.go's deltaChunkSmem.
-static size_t chunk_smem(int dk) {
+static size_t chunk_smem(int dk, bool pc) {
     const size_t L = kChunkL, LP = kChunkLP, C = kChunkCols;
-    const size_t doubles = L * dk + 2 * L * (dk + 1) + size_t(dk) * C + 2 * L * LP + 2 * L * C + L * C + dk + L;
-    return doubles * 8 + 2 * L * dk * 4;
+    const size_t doubles = size_t(dk) * C + 2 * L * LP + 2 * L * C + L * C + L;
+    if (pc) return (doubles + L * dk + 2 * L * (dk + 1) + dk + (dk & 1)) * 8 + 2 * L * dk * 4;
+    return (doubles + 2 * L * (dk + 1) + 3 * L) * 8;
 }
 
 using Delta = void (*)(float*, const float*, const float*, const double*, const float*, float*, int, const int*, int,
@@ -81,7 +82,7 @@ static void run_case(const Case& c) {
         rule[kpl](got.data(), qk.data(), qkv.data(), dec.data(), beta.data(), gotSt.data(), st_w, start.data(), 1,
                   slot.data(), 1, c.hv, c.hk, c.dk, c.dv, c.per_channel, nullptr, 0, 1);
     });
-    emu_dyn_smem(chunk_smem(c.dk));
+    emu_dyn_smem(chunk_smem(c.dk, c.per_channel));
     launch(dim3u{unsigned(seqs), unsigned(c.hv), unsigned(ceil_div(c.dv, kChunkCols))}, kChunkThreads, [&] {
         chunk[kpl](got.data(), qk.data(), qkv.data(), dec.data(), beta.data(), gotSt.data(), st_w, start.data(), 1,
                    slot.data(), 1, c.hv, c.hk, c.dk, c.dv, c.per_channel);
