@@ -62,9 +62,13 @@ type Backend struct {
 	// noAttnPrefetch: a one-row Attention's kernel does not ask L2 for its
 	// keys and values before its PDL wait (FERRITE_CUDA_ATTN_PREFETCH=0)
 	noAttnPrefetch bool
-	// noDeltaChunk: DeltaRule runs every sequence row by row, none in the
-	// chunked form (FERRITE_CUDA_DELTA_CHUNK=0; linattn.go's deltaChunked)
-	noDeltaChunk bool
+	// deltaChunk: DeltaRule runs the long sequences of a call in the
+	// chunked form (FERRITE_CUDA_DELTA_CHUNK=1; linattn.go's deltaChunked;
+	// off by default: measured slower than the row-by-row kernel)
+	deltaChunk bool
+	// noConvRows: ShortConv steps every sequence's rows in order, never all
+	// rows at once (FERRITE_CUDA_CONV_ROWS=0; linattn.go's convRows)
+	noConvRows bool
 
 	dec decState // the decode kernels of one row, a verification and decode batches (decode.go)
 
@@ -97,7 +101,8 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") != "1"
 	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
 	b.noAttnPrefetch = os.Getenv("FERRITE_CUDA_ATTN_PREFETCH") == "0"
-	b.noDeltaChunk = os.Getenv("FERRITE_CUDA_DELTA_CHUNK") == "0"
+	b.deltaChunk = os.Getenv("FERRITE_CUDA_DELTA_CHUNK") == "1"
+	b.noConvRows = os.Getenv("FERRITE_CUDA_CONV_ROWS") == "0"
 	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
 	b.dec = decConfigFromEnv()
 	b.fuseHalves = fuseHalvesDefault()

@@ -14,7 +14,7 @@ import "github.com/ferrite-llm/ferrite/kernels"
 var _ kernels.LinearAttentionOps = (*Backend)(nil)
 
 func init() {
-	kernelNames = append(kernelNames, "ferrite_short_conv", "ferrite_delta_prep",
+	kernelNames = append(kernelNames, "ferrite_short_conv", "ferrite_short_conv_rows", "ferrite_short_conv_state", "ferrite_delta_prep",
 		"ferrite_delta_rule_1", "ferrite_delta_rule_2", "ferrite_delta_rule_4", "ferrite_delta_rule_8",
 		"ferrite_gated_rmsnorm", "ferrite_sigmoid_gate")
 	kernelNames = append(kernelNames, deltaChunkKernels[:]...)
@@ -23,6 +23,7 @@ func init() {
 
 // Limits of the kernels: the convolution's width, the key head size.
 const (
+	convRun     = 16 // rows a thread of ferrite_short_conv_rows (kConvRun)
 	convMaxK    = 8
 	deltaMaxDK  = 256
 	deltaBlockV = 8 // state columns per block of ferrite_delta_rule_*
@@ -66,14 +67,17 @@ func deltaChunkSmem(dk int, perChannel bool) int {
 // form: some sequence can be longer than deltaRecurrentMax rows, no state
 // is recorded after each row (recording steps are verifications, at most
 // deltaRecurrentMax rows a sequence), the key heads fit a chunked kernel
-// (a multiple of 4 up to 128) and its shared memory fits the device's blocks; FERRITE_CUDA_DELTA_CHUNK=0
-// (noDeltaChunk) keeps every sequence on the row-by-row kernel.
+// (a multiple of 4 up to 128) and its shared memory fits the device's
+// blocks. Off unless FERRITE_CUDA_DELTA_CHUNK=1 (deltaChunk): on the H200
+// it measured slower than the row-by-row kernel (BENCHMARKS.md, "Hybrid
+// prefill on the GPU: the short convolution over all rows, the chunked
+// delta rule").
 func (b *Backend) deltaChunked(rows, seqs, dk int, perChannel, recording bool) int {
 	kpl := 0
 	for 32<<kpl < dk {
 		kpl++
 	}
-	if b.noDeltaChunk || recording || rows-seqs+1 <= deltaRecurrentMax || kpl >= len(deltaChunkKernels) ||
+	if !b.deltaChunk || recording || rows-seqs+1 <= deltaRecurrentMax || kpl >= len(deltaChunkKernels) ||
 		dk%4 != 0 || deltaChunkSmem(dk, perChannel) > b.dev.SmemOptIn {
 		return -1
 	}
@@ -106,8 +110,12 @@ func record(op string, r *kernels.Recurrent, n int) (uint64, uint64) {
 	return dptr(r.Record), i32(r.Record.Stride)
 }
 
-// ShortConv implements kernels.LinearAttentionOps: a thread per (sequence,
-// channel) runs the sequence's rows in order.
+// ShortConv implements kernels.LinearAttentionOps. Where convRows says so
+// (a prompt: some sequence longer than deltaRecurrentMax rows, no states
+// recorded), every row at once: ferrite_short_conv_rows into y (a scratch
+// copy when dst is x), ferrite_short_conv_state for the states, then the
+// copy to dst; otherwise a thread per (sequence, channel) runs the
+// sequence's rows in order (ferrite_short_conv). The same bits either way.
 func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurrent) {
 	f32Contig("ShortConv", dst, x, w)
 	C, K := x.Cols, w.Cols
@@ -120,11 +128,40 @@ func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurren
 	}
 	y, xp, wp, st, start, slot := dptr(dst), dptr(x), dptr(w), dptr(state), dptr(r.Start), dptr(r.Slot)
 	rec, recStride := record("ShortConv", r, x.Rows)
+	if b.convRows(x.Rows, seqs, rec != 0) {
+		out, inPlace := dst, dptr(dst) == dptr(x)
+		if inPlace {
+			out = b.Scratch(kernels.F32, x.Rows, C)
+		}
+		yp, n, cb := dptr(out), x.Rows, uint32(ceilDiv(C, 128))
+		b.queue(func(d *Device) error {
+			err := d.launch3L("ferrite_short_conv_rows", [3]uint32{uint32(ceilDiv(n, convRun)), cb, 1}, 128, 0,
+				yp, xp, wp, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride), i32(seqs),
+				i32(n), i32(C), i32(K))
+			if err != nil {
+				return err
+			}
+			return d.launch3L("ferrite_short_conv_state", [3]uint32{uint32(seqs), cb, 1}, 128, 0,
+				xp, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride), i32(C), i32(K))
+		})
+		if inPlace {
+			b.Copy(dst, out)
+		}
+		return
+	}
 	b.queue(func(d *Device) error {
 		return d.launch3L("ferrite_short_conv", [3]uint32{uint32(seqs), uint32(ceilDiv(C, 128)), 1}, 128, 0,
 			y, xp, wp, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride), i32(C), i32(K),
 			rec, recStride)
 	})
+}
+
+// convRows reports whether a ShortConv call of rows over seqs sequences
+// runs every row at once: some sequence can be longer than
+// deltaRecurrentMax rows and no state is recorded after each row;
+// FERRITE_CUDA_CONV_ROWS=0 (noConvRows) keeps the row-by-row kernel.
+func (b *Backend) convRows(rows, seqs int, recording bool) bool {
+	return !b.noConvRows && !recording && rows-seqs+1 > deltaRecurrentMax
 }
 
 // DeltaRule implements kernels.LinearAttentionOps: ferrite_delta_prep
@@ -133,10 +170,10 @@ func (b *Backend) ShortConv(dst, x, w, state kernels.Tensor, r *kernels.Recurren
 // sequence's rows with its part of the state in registers: token by token
 // with the state rounded after every row for up to 8 rows, in float64
 // across the call beyond (the contract's two forms; see ops_linattn.cu).
-// Where deltaChunked says so, the sequences of more than 8 rows run in the
-// chunked WY form instead (ferrite_delta_chunk_*, the same float64
-// arithmetic up to the order of its sums, 32 rows a step), and the
-// row-by-row kernel skips them.
+// Where deltaChunked says so (FERRITE_CUDA_DELTA_CHUNK=1), the sequences of
+// more than 8 rows run in the chunked WY form instead (ferrite_delta_chunk_*,
+// the same float64 arithmetic up to the order of its sums, 32 rows a step),
+// and the row-by-row kernel skips them.
 func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Recurrent, n *kernels.DeltaNet) {
 	f32Contig("DeltaRule", out, qkv, a, bt, n.ALog, n.DtBias)
 	H, Hk, dk, dv := n.Heads, n.KeyHeads, n.DK, n.DV

@@ -350,10 +350,104 @@ func TestHyperShapes(t *testing.T) {
 	}
 }
 
+// TestShortConvRows runs ShortConv's every-row-at-once kernels (convRows:
+// prompts) in place and out of place, over sequences shorter than the
+// kernel's history, of one row, crossing and filling its runs of 16 rows,
+// against the row-by-row kernel (FERRITE_CUDA_CONV_ROWS=0) bit for bit,
+// outputs and states.
+func TestShortConvRows(t *testing.T) {
+	b := openOps(t)
+	for i, c := range []struct {
+		C, K int
+		lens []int
+	}{
+		{300, 4, []int{1, 100, 2, 33, 16}},
+		{8192, 4, []int{512}},
+		{64, 2, []int{17, 1, 40}},
+		{130, 8, []int{3, 60}},
+	} {
+		for _, inPlace := range []bool{false, true} {
+			t.Run(fmt.Sprintf("C=%d/K=%d/lens=%v/inplace=%v", c.C, c.K, c.lens, inPlace), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(i), 33))
+				C, K, seqs := c.C, c.K, len(c.lens)
+				start, slots, rows := []int32{0}, make([]int32, seqs), 0
+				for j, l := range c.lens {
+					rows += l
+					start = append(start, int32(rows))
+					slots[j] = int32(seqs - 1 - j)
+				}
+				if !b.convRows(rows, seqs, false) {
+					t.Fatalf("%d rows of %d sequences: not the every-row kernels", rows, seqs)
+				}
+				xv, wv, sv := randF32(rng, rows*C), randF32(rng, C*K), randF32(rng, seqs*(K-1)*C)
+				run := func(rowwise bool) (y, st []float32) {
+					b.noConvRows = rowwise
+					defer func() { b.noConvRows = false }()
+					x, w := f32Tensor(t, b, rows, C, xv), f32Tensor(t, b, C, K, wv)
+					s := f32Tensor(t, b, seqs, (K-1)*C, sv)
+					dst := x
+					if !inPlace {
+						dst = f32Tensor(t, b, rows, C, make([]float32, rows*C))
+					}
+					r := &kernels.Recurrent{Start: i32Tensor(t, b, seqs+1, 1, start), Slot: i32Tensor(t, b, seqs, 1, slots)}
+					b.BeginStep()
+					b.ShortConv(dst, x, w, s, r)
+					b.EndStep()
+					y, st = make([]float32, rows*C), make([]float32, len(sv))
+					b.ReadF32(y, dst)
+					b.ReadF32(st, s)
+					if !inPlace {
+						b.Free(dst)
+					}
+					for _, v := range []kernels.Tensor{x, w, s, r.Start, r.Slot} {
+						b.Free(v)
+					}
+					return y, st
+				}
+				got, gotSt := run(false)
+				want, wantSt := run(true)
+				for e := range want {
+					if math.Float32bits(got[e]) != math.Float32bits(want[e]) {
+						t.Fatalf("y[%d] = %g, the row-by-row kernel %g", e, got[e], want[e])
+					}
+				}
+				for e := range wantSt {
+					if math.Float32bits(gotSt[e]) != math.Float32bits(wantSt[e]) {
+						t.Fatalf("state %d = %g, the row-by-row kernel %g", e, gotSt[e], wantSt[e])
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestConvRows checks which ShortConv calls run every row at once (no GPU
+// needed).
+func TestConvRows(t *testing.T) {
+	b := &Backend{}
+	for _, c := range []struct {
+		rows, seqs int
+		rec, off   bool
+		want       bool
+	}{
+		{2048, 1, false, false, true},
+		{9, 1, false, false, true},
+		{8, 1, false, false, false},   // a verification's rows: row by row
+		{64, 64, false, false, false}, // a decode batch
+		{2048, 1, true, false, false}, // states recorded
+		{2048, 1, false, true, false}, // FERRITE_CUDA_CONV_ROWS=0
+	} {
+		b.noConvRows = c.off
+		if got := b.convRows(c.rows, c.seqs, c.rec); got != c.want {
+			t.Errorf("%+v: convRows %v, want %v", c, got, c.want)
+		}
+	}
+}
+
 // TestDeltaChunked checks which DeltaRule calls take the chunked form
 // (no GPU needed).
 func TestDeltaChunked(t *testing.T) {
-	b := &Backend{dev: &Device{SmemOptIn: 227 << 10}}
+	b := &Backend{dev: &Device{SmemOptIn: 227 << 10}, deltaChunk: true}
 	for _, c := range []struct {
 		rows, seqs, dk int
 		rec, off       bool
@@ -369,14 +463,14 @@ func TestDeltaChunked(t *testing.T) {
 		{4096, 1, 128, true, false, -1},  // states recorded after each row
 		{4096, 1, 200, false, false, -1}, // key heads above 128
 		{4096, 1, 30, false, false, -1},  // not a multiple of 4
-		{4096, 1, 128, false, true, -1},  // FERRITE_CUDA_DELTA_CHUNK=0
+		{4096, 1, 128, false, true, -1},  // without FERRITE_CUDA_DELTA_CHUNK=1
 	} {
-		b.noDeltaChunk = c.off
+		b.deltaChunk = !c.off
 		if got := b.deltaChunked(c.rows, c.seqs, c.dk, c.dk == 64, c.rec); got != c.want {
 			t.Errorf("%+v: deltaChunked %d, want %d", c, got, c.want)
 		}
 	}
-	b.noDeltaChunk = false
+	b.deltaChunk = true
 	for _, pc := range []bool{false, true} {
 		if b.dev.SmemOptIn = deltaChunkSmem(128, pc) - 1; b.deltaChunked(4096, 1, 128, pc, false) != -1 {
 			t.Errorf("per channel %v: the chunked kernel chosen where its shared memory does not fit", pc)
@@ -423,6 +517,8 @@ func TestDeltaRuleChunkedShapes(t *testing.T) {
 			for _, l := range c.lens {
 				rows += l
 			}
+			b.deltaChunk = true
+			defer func() { b.deltaChunk = false }()
 			if b.deltaChunked(rows, len(c.lens), n.DK, n.PerChannel, false) < 0 {
 				t.Fatalf("%d rows of %d sequences, key heads of %d: not the chunked form", rows, len(c.lens), n.DK)
 			}
@@ -437,9 +533,8 @@ func TestDeltaRuleChunkedShapes(t *testing.T) {
 				sv[j] *= 0.3
 			}
 			got, gotSt := deltaRun(t, b, &n, c.lens, slots, qkv, a, bv, sv)
-			b.noDeltaChunk = true
+			b.deltaChunk = false
 			row, rowSt := deltaRun(t, b, &n, c.lens, slots, qkv, a, bv, sv)
-			b.noDeltaChunk = false
 
 			// The recurrent reference rounds the state after every row, the
 			// chunked forms once: kerneltest.DeltaRuleTol covers the drift.
@@ -502,13 +597,16 @@ func BenchmarkLinearAttention(b *testing.B) {
 	for _, c := range []struct {
 		name       string
 		seqs, rows int  // sequences, rows each
-		rowwise    bool // FERRITE_CUDA_DELTA_CHUNK=0: the row-by-row kernel, not the chunked form
-	}{{"decode/seqs=1", 1, 1, false}, {"decode/seqs=64", 64, 1, false}, {"prefill/rows=512", 1, 512, false},
-		{"prefill/rows=512/rowwise", 1, 512, true}, {"prefill/rows=4096", 1, 4096, false},
-		{"prefill/rows=4096/rowwise", 1, 4096, true}, {"prefill/seqs=8/rows=512", 8, 512, false}} {
+		chunk      bool // FERRITE_CUDA_DELTA_CHUNK=1: the chunked delta rule
+		rowConv    bool // FERRITE_CUDA_CONV_ROWS=0: ShortConv row by row
+	}{{"decode/seqs=1", 1, 1, false, false}, {"decode/seqs=64", 64, 1, false, false},
+		{"prefill/rows=512", 1, 512, false, false}, {"prefill/rows=512/chunk", 1, 512, true, false},
+		{"prefill/rows=512/rowconv", 1, 512, false, true}, {"prefill/rows=4096", 1, 4096, false, false},
+		{"prefill/rows=4096/chunk", 1, 4096, true, false}, {"prefill/rows=4096/rowconv", 1, 4096, false, true},
+		{"prefill/seqs=8/rows=512", 8, 512, false, false}, {"prefill/seqs=8/rows=512/chunk", 8, 512, true, false}} {
 		b.Run(c.name, func(b *testing.B) {
-			be.noDeltaChunk = c.rowwise
-			defer func() { be.noDeltaChunk = false }()
+			be.deltaChunk, be.noConvRows = c.chunk, c.rowConv
+			defer func() { be.deltaChunk, be.noConvRows = false, false }()
 			N := c.seqs * c.rows
 			x, a, bt := tensor(N, C, 1), tensor(N, H, 1), tensor(N, H, 1)
 			out, z := tensor(N, H*dv, 0), tensor(N, H*dv, 1)

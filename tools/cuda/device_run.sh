@@ -12,11 +12,11 @@
 #   tests      kernels/cuda (the op-set conformance suite; CUDA_TEST_RUN=regexp
 #              runs those of its tests only), kernels/device,
 #              the engine fixtures, qwen3next, glm5next and the mla family
-#   linattn    the delta rule's chunked form against the row-by-row kernel
-#              (FERRITE_CUDA_DELTA_CHUNK=0): BenchmarkLinearAttention, then
-#              ferrite bench prefill, qwen3_next (small) at 512 and 2,048
-#              tokens (1 and 8 requests) and ferrite-tiny at 512, the two
-#              forms interleaved twice (~3 min)
+#   linattn    hybrid prefill: BenchmarkLinearAttention, then ferrite bench,
+#              qwen3_next (small) at 512 and 2,048 tokens (1 and 8 requests)
+#              and ferrite-tiny at 512, each by default, with ShortConv row by
+#              row (FERRITE_CUDA_CONV_ROWS=0) and with the chunked delta rule
+#              (FERRITE_CUDA_DELTA_CHUNK=1), interleaved twice (~1 min)
 #   steps      (after hybrid) the decode-step, sampling, linear-attention, prefill-attention
 #              and MoE kernel benchmarks
 #   bench8b    ferrite bench, Qwen3-8B, concurrency 1/8/32/64, 128+128
@@ -124,14 +124,17 @@ if want linattn; then
 	(cd k && run linattn-bench 60 linattn.log ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x)
 	grep -hE '^Benchmark|rc=' "$out/linattn.log"
 	for pass in 1 2; do
-		bench "qwen3next-chunk$pass" 45 --model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 \
-			--prompt-len 512,2048 --gen-len 8
-		FERRITE_CUDA_DELTA_CHUNK=0 bench "qwen3next-rows$pass" 60 --model "$root/engine/testdata/qwen3next-small" \
-			--concurrency 1,8 --prompt-len 512,2048 --gen-len 8
-		bench "tiny-chunk$pass" 30 --model "$root/builtin/model" --concurrency 1,8 --prompt-len 512 --gen-len 8 --mtp off
-		FERRITE_CUDA_DELTA_CHUNK=0 bench "tiny-rows$pass" 30 --model "$root/builtin/model" --concurrency 1,8 \
-			--prompt-len 512 --gen-len 8 --mtp off
+		for v in default FERRITE_CUDA_CONV_ROWS=0 FERRITE_CUDA_DELTA_CHUNK=1; do
+			echo "== pass $pass $v" >>"$out/linattn-bench.log"
+			env ${v/default/} ./ferrite bench --device cuda --bandwidth 4300 --json "$out/qwen3next-${v%%=*}-$pass.json" \
+				--model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512,2048 --gen-len 8 \
+				>>"$out/linattn-bench.log" 2>&1
+			env ${v/default/} ./ferrite bench --device cuda --bandwidth 4300 --json "$out/tiny-${v%%=*}-$pass.json" \
+				--model "$root/builtin/model" --concurrency 1,8 --prompt-len 512 --gen-len 8 --mtp off \
+				>>"$out/linattn-bench.log" 2>&1
+		done
 	done
+	grep -hE '^== pass|^ +[0-9]+ +[0-9]+ +8 ' "$out/linattn-bench.log"
 fi
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1

@@ -88,6 +88,89 @@ extern "C" __global__ void __launch_bounds__(128)
         if (j < K - 1) st[size_t(j) * C + ch] = win[j];
 }
 
+// ShortConv of long sequences, every row at once: ferrite_short_conv_rows
+// writes y (n, C), never in place, from x and the states, which it only
+// reads; ferrite_short_conv_state then leaves each sequence's last K−1 raw
+// inputs in its slot. Each output is ferrite_short_conv's sum, in its
+// order, so the bits are the same. No recording (kernels.Recurrent.Record:
+// ferrite_short_conv's). Launch: grid (ceil(n / kConvRun), ceil(C/128)),
+// 128 threads; then grid (seqs, ceil(C/128)), 128 threads.
+namespace {
+constexpr int kConvRun = 16;  // rows a thread of ferrite_short_conv_rows
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_short_conv_rows(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w,
+                            const float* __restrict__ state, int state_stride, const int* __restrict__ start,
+                            int start_stride, const int* __restrict__ slot, int slot_stride, int seqs, int n, int C,
+                            int K) {
+    const int ch = blockIdx.y * blockDim.x + threadIdx.x;
+    const int t0 = blockIdx.x * kConvRun, t1 = min(n, t0 + kConvRun);
+    if (ch >= C || t0 >= n) return;
+    double wc[kConvMaxK];
+#pragma unroll
+    for (int j = 0; j < kConvMaxK; j++) wc[j] = j < K ? double(w[size_t(ch) * K + j]) : 0.0;
+    // The sequence holding row t0: the last s with start[s] ≤ t0.
+    int lo = 0, hi = seqs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (start[size_t(mid) * start_stride] <= t0) lo = mid; else hi = mid - 1;
+    }
+    int s = lo, r0 = start[size_t(s) * start_stride], r1 = start[size_t(s + 1) * start_stride];
+    // win[j], j < K−1: the raw input K−1−j rows before row t; filled at
+    // the run's first row and at each sequence start (the state's rows
+    // K−1 + (idx − r0) before the sequence's first row r0).
+    float win[kConvMaxK];
+#define FERRITE_CONV_FILL(t)                                                                                  \
+    do {                                                                                                      \
+        const float* st = state + size_t(slot[size_t(s) * slot_stride]) * state_stride;                      \
+        _Pragma("unroll") for (int j = 0; j < kConvMaxK - 1; j++) {                                           \
+            const int idx = (t) - (K - 1) + j;                                                                \
+            win[j] = j >= K - 1 ? 0.f : idx >= r0 ? x[size_t(idx) * C + ch] : st[size_t(K - 1 + idx - r0) * C + ch]; \
+        }                                                                                                     \
+    } while (0)
+    FERRITE_CONV_FILL(t0);
+    for (int t = t0; t < t1; t++) {
+        if (t == r1) {  // the next sequence starts here
+            while (t == r1) {
+                s++;
+                r0 = r1;
+                r1 = start[size_t(s + 1) * start_stride];
+            }
+            FERRITE_CONV_FILL(t);
+        }
+        const float xt = x[size_t(t) * C + ch];
+        double acc = 0;
+#pragma unroll
+        for (int j = 0; j < kConvMaxK - 1; j++)
+            if (j < K - 1) acc += wc[j] * double(win[j]);
+        acc += wc[K - 1] * double(xt);
+        y[size_t(t) * C + ch] = float(acc * sigmoid64(acc));
+#pragma unroll
+        for (int j = 0; j < kConvMaxK - 1; j++) win[j] = j < K - 2 ? win[j + 1] : (j == K - 2 ? xt : win[j]);
+    }
+#undef FERRITE_CONV_FILL
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_short_conv_state(const float* __restrict__ x, float* state, int state_stride, const int* start,
+                             int start_stride, const int* slot, int slot_stride, int C, int K) {
+    const int s = blockIdx.x;
+    const int ch = blockIdx.y * blockDim.x + threadIdx.x;
+    if (ch >= C) return;
+    const int r0 = start[size_t(s) * start_stride], T = start[size_t(s + 1) * start_stride] - r0;
+    float* st = state + size_t(slot[size_t(s) * slot_stride]) * state_stride;
+    float nw[kConvMaxK];  // the new state: history (K−1 old ++ T new) rows T … T + K − 2
+#pragma unroll
+    for (int j = 0; j < kConvMaxK - 1; j++) {
+        const int idx = T + j - (K - 1);  // ≥ 0: a new row; < 0: an old state row
+        nw[j] = j >= K - 1 ? 0.f : idx >= 0 ? x[size_t(r0 + idx) * C + ch] : st[size_t(K - 1 + idx) * C + ch];
+    }
+#pragma unroll
+    for (int j = 0; j < kConvMaxK - 1; j++)
+        if (j < K - 1) st[size_t(j) * C + ch] = nw[j];
+}
+
 // The delta rule's per-row inputs (kernels/ref.prepare): qk (n, 2·hk·dk)
 // = [q | k] with every head L2-normalised (x/sqrt(Σx² + 1e-6), q then
 // times float32(dk^-½)), the decays dec (n, gw) = e^g in float64 of the

@@ -114,7 +114,41 @@ static void run_case(const Case& c) {
                 c.hk, c.dk, c.dv, c.per_channel, lens.c_str(), eo, diff, want.size(), es);
 }
 
+// conv_case runs ShortConv's every-row kernels against ferrite_short_conv
+// (row by row), which they must equal bit for bit, outputs and states.
+static void conv_case(int C, int K, std::vector<int> lens) {
+    const int seqs = int(lens.size());
+    std::vector<int> start(seqs + 1, 0), slot(seqs);
+    for (int s = 0; s < seqs; s++) start[s + 1] = start[s] + lens[s], slot[s] = seqs - 1 - s;
+    const int n = start[seqs];
+    std::vector<float> x(size_t(n) * C), w(size_t(C) * K), st0(size_t(seqs) * (K - 1) * C);
+    for (auto& v : x) v = randn();
+    for (auto& v : w) v = randn();
+    for (auto& v : st0) v = randn();
+    std::vector<float> want = x, wantSt = st0, got(x.size(), NAN), gotSt = st0;
+    const int sw = (K - 1) * C;
+    launch(dim3u{unsigned(seqs), unsigned(ceil_div(C, 128)), 1}, 128, [&] {
+        ferrite_short_conv(want.data(), want.data(), w.data(), wantSt.data(), sw, start.data(), 1, slot.data(), 1, C, K,
+                           nullptr, 0);
+    });
+    launch(dim3u{unsigned(ceil_div(n, kConvRun)), unsigned(ceil_div(C, 128)), 1}, 128, [&] {
+        ferrite_short_conv_rows(got.data(), x.data(), w.data(), gotSt.data(), sw, start.data(), 1, slot.data(), 1, seqs,
+                                n, C, K);
+    });
+    launch(dim3u{unsigned(seqs), unsigned(ceil_div(C, 128)), 1}, 128, [&] {
+        ferrite_short_conv_state(x.data(), gotSt.data(), sw, start.data(), 1, slot.data(), 1, C, K);
+    });
+    size_t dy = 0, ds = 0;
+    for (size_t i = 0; i < want.size(); i++) dy += std::memcmp(&got[i], &want[i], 4) != 0;
+    for (size_t i = 0; i < wantSt.size(); i++) ds += std::memcmp(&gotSt[i], &wantSt[i], 4) != 0;
+    CHECK(dy == 0 && ds == 0, "short_conv_rows C %d K %d: %zu outputs, %zu state values differ", C, K, dy, ds);
+    std::printf("short_conv_rows C %d K %d seqs %d: %zu outputs, %zu state values differ\n", C, K, seqs, dy, ds);
+}
+
 int main(int argc, char** argv) {
+    conv_case(300, 4, {1, 100, 2, 33, 16});
+    conv_case(64, 2, {17, 1, 40});
+    conv_case(130, 8, {3, 60, 0, 5});
     const bool quick = argc > 1 && std::string(argv[1]) == "-quick";
     std::vector<Case> cases = {
         {2, 1, 32, 32, false, 0, 16, {40, 3, 33}},
