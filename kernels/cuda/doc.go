@@ -96,4 +96,11 @@
 // a row shares each key tile in shared memory, the query and probabilities
 // split into bf16 terms for float32 accuracy); FERRITE_MLA_TC=0 keeps the
 // CUDA-core kernels.
+//
+// The linear-attention ops of a prompt (linattn.go): ShortConv runs every
+// row at once (FERRITE_CUDA_CONV_ROWS=0 keeps the kernel that steps
+// through each sequence's rows, as decode and verification steps do);
+// DeltaRule's chunked WY form (src/ops_linattn_chunk.cu) is opt-in,
+// FERRITE_CUDA_DELTA_CHUNK=1, as it measured slower than the row-by-row
+// kernel.
 package cuda
