@@ -73,6 +73,41 @@ func deltaRun(t *testing.T, b *Backend, n *kernels.DeltaNet, lens []int, slots [
 	return out, st
 }
 
+// deltaCase is one random DeltaRule call: lens sequences in slots in
+// reverse order, A_log drawn from [0, alogMax) (larger: faster decays), the
+// state scaled by 0.3; newDeltaCase also uploads n's ALog and DtBias.
+type deltaCase struct {
+	rows, gw, w, sw int
+	slots           []int32
+	aLog, dtB       []float32
+	qkv, a, bv, sv  []float32
+}
+
+func newDeltaCase(t *testing.T, b *Backend, rng *rand.Rand, n *kernels.DeltaNet, lens []int, alogMax float64) *deltaCase {
+	c := &deltaCase{gw: n.Heads, w: n.QKVWidth(), sw: n.StateWidth()}
+	if n.PerChannel {
+		c.gw *= n.DK
+	}
+	c.aLog, c.dtB = make([]float32, n.Heads), randF32(rng, c.gw)
+	for j := range c.aLog {
+		c.aLog[j] = float32(rng.Float64() * alogMax)
+	}
+	n.ALog, n.DtBias = f32Tensor(t, b, 1, n.Heads, c.aLog), f32Tensor(t, b, 1, c.gw, c.dtB)
+	for _, l := range lens {
+		c.rows += l
+	}
+	c.slots = make([]int32, len(lens))
+	for j := range c.slots {
+		c.slots[j] = int32(len(c.slots) - 1 - j)
+	}
+	c.qkv, c.a, c.bv = randF32(rng, c.rows*c.w), randF32(rng, c.rows*c.gw), randF32(rng, c.rows*n.Heads)
+	c.sv = randF32(rng, len(c.slots)*c.sw)
+	for j := range c.sv {
+		c.sv[j] *= 0.3
+	}
+	return c
+}
+
 // TestDeltaRuleShapes checks the delta rule at model shapes (Qwen3-Next's
 // Gated DeltaNet, ferrite-tiny's KDA, a key head of 200 over partial lanes
 // and a partial column tile) against the recurrent reference, and that a
@@ -92,29 +127,9 @@ func TestDeltaRuleShapes(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(i), 31))
 			n := c.n
-			gw := n.Heads
-			if n.PerChannel {
-				gw *= n.DK
-			}
-			aLog, dtB := make([]float32, n.Heads), randF32(rng, gw)
-			for j := range aLog {
-				aLog[j] = float32(rng.Float64())
-			}
-			n.ALog, n.DtBias = f32Tensor(t, b, 1, n.Heads, aLog), f32Tensor(t, b, 1, gw, dtB)
-			rows := 0
-			for _, l := range c.lens {
-				rows += l
-			}
-			slots := make([]int32, len(c.lens))
-			for j := range slots {
-				slots[j] = int32(len(slots) - 1 - j)
-			}
-			w, sw := n.QKVWidth(), n.StateWidth()
-			qkv, a, bv := randF32(rng, rows*w), randF32(rng, rows*gw), randF32(rng, rows*n.Heads)
-			sv := randF32(rng, len(slots)*sw)
-			for j := range sv {
-				sv[j] *= 0.3
-			}
+			d := newDeltaCase(t, b, rng, &n, c.lens, 1)
+			rows, gw, w, sw, slots := d.rows, d.gw, d.w, d.sw, d.slots
+			qkv, a, bv, sv, aLog, dtB := d.qkv, d.a, d.bv, d.sv, d.aLog, d.dtB
 			got, gotSt := deltaRun(t, b, &n, c.lens, slots, qkv, a, bv, sv)
 
 			want, wantSt := make([]float32, rows*n.Heads*n.DV), slices.Clone(sv)
@@ -504,33 +519,13 @@ func TestDeltaRuleChunkedShapes(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(i), 77))
 			n := c.n
-			gw := n.Heads
-			if n.PerChannel {
-				gw *= n.DK
-			}
-			aLog, dtB := make([]float32, n.Heads), randF32(rng, gw)
-			for j := range aLog {
-				aLog[j] = float32(rng.Float64() * c.alogMax)
-			}
-			n.ALog, n.DtBias = f32Tensor(t, b, 1, n.Heads, aLog), f32Tensor(t, b, 1, gw, dtB)
-			rows := 0
-			for _, l := range c.lens {
-				rows += l
-			}
+			d := newDeltaCase(t, b, rng, &n, c.lens, c.alogMax)
+			rows, gw, w, sw, slots := d.rows, d.gw, d.w, d.sw, d.slots
+			qkv, a, bv, sv, aLog, dtB := d.qkv, d.a, d.bv, d.sv, d.aLog, d.dtB
 			b.deltaChunk = true
 			defer func() { b.deltaChunk = false }()
 			if b.deltaChunked(rows, len(c.lens), n.DK, n.PerChannel, false) < 0 {
 				t.Fatalf("%d rows of %d sequences, key heads of %d: not the chunked form", rows, len(c.lens), n.DK)
-			}
-			slots := make([]int32, len(c.lens))
-			for j := range slots {
-				slots[j] = int32(len(slots) - 1 - j)
-			}
-			w, sw := n.QKVWidth(), n.StateWidth()
-			qkv, a, bv := randF32(rng, rows*w), randF32(rng, rows*gw), randF32(rng, rows*n.Heads)
-			sv := randF32(rng, len(slots)*sw)
-			for j := range sv {
-				sv[j] *= 0.3
 			}
 			got, gotSt := deltaRun(t, b, &n, c.lens, slots, qkv, a, bv, sv)
 			b.deltaChunk = false

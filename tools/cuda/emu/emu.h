@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <vector>
 
 struct alignas(16) uint4 { unsigned x, y, z, w; };
@@ -194,3 +195,18 @@ inline uint8_t* emu_dyn_smem(size_t bytes) {
     if (emu_dyn_smem_store.size() * 8 < bytes) emu_dyn_smem_store.assign((bytes + 7) / 8, 0);
     return reinterpret_cast<uint8_t*>(emu_dyn_smem_store.data());
 }
+
+// What the harnesses share: CHECK counts a check and prints the first 20
+// failures; randn draws N(0, 1) inputs from one seeded stream.
+inline int failures = 0, checks = 0;
+#define CHECK(cond, ...)                  \
+    do {                                  \
+        checks++;                         \
+        if (!(cond) && failures++ < 20) { \
+            std::printf(__VA_ARGS__);     \
+            std::printf("\n");            \
+        }                                 \
+    } while (0)
+inline std::mt19937_64 rng(1);
+inline float randn() { return std::normal_distribution<float>(0, 1)(rng); }
+inline int ceil_div(int a, int b) { return (a + b - 1) / b; }

@@ -3,25 +3,13 @@
 // kernels (ferrite_delta_chunk_*, beside ferrite_delta_rule_* with
 // skip_long for the short sequences) against ferrite_delta_rule_* alone,
 // which steps every row and keeps a long sequence's state in float64 across
-// the call: the same arithmetic up to the order of float64 sums.
+// the call: the same arithmetic up to the order of float64 sums; and
+// ShortConv's every-row kernels against ferrite_short_conv, bit for bit.
 #include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string>
 
-static int failures = 0, checks = 0;
-#define CHECK(cond, ...)                       \
-    do {                                       \
-        checks++;                              \
-        if (!(cond) && failures++ < 20) {      \
-            std::printf(__VA_ARGS__);          \
-            std::printf("\n");                 \
-        }                                      \
-    } while (0)
-
-static std::mt19937_64 rng(1);
-static float randn() { return std::normal_distribution<float>(0, 1)(rng); }
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // chunk_smem is linattn.go's deltaChunkSmem.
 static size_t chunk_smem(int dk, bool pc) {

@@ -5,20 +5,7 @@
 #include <cstdio>
 #include <random>
 
-static int failures = 0, checks = 0;
-#define CHECK(cond, ...)                       \
-    do {                                       \
-        checks++;                              \
-        if (!(cond) && failures++ < 20) {      \
-            std::printf(__VA_ARGS__);          \
-            std::printf("\n");                 \
-        }                                      \
-    } while (0)
-
-static std::mt19937_64 rng(1);
-static float randn() { return std::normal_distribution<float>(0, 1)(rng); }
 static float unbf(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // dec_splits is decode.go's decSplits.
 static void dec_splits(int cols, int max_keys, int sms, int target, int min_keys, int* splits, int* split) {
