@@ -69,10 +69,6 @@ type Backend struct {
 	// noConvRows: ShortConv steps every sequence's rows in order, never all
 	// rows at once (FERRITE_CUDA_CONV_ROWS=0; linattn.go's convRows)
 	noConvRows bool
-	// noDeltaStage: DeltaRule's row kernel reads a long sequence's rows from
-	// global memory as it comes to them (FERRITE_CUDA_DELTA_STAGE=0;
-	// linattn.go's deltaStaged)
-	noDeltaStage bool
 
 	dec decState // the decode kernels of one row, a verification and decode batches (decode.go)
 
@@ -107,7 +103,6 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.noAttnPrefetch = os.Getenv("FERRITE_CUDA_ATTN_PREFETCH") == "0"
 	b.deltaChunk = os.Getenv("FERRITE_CUDA_DELTA_CHUNK") == "1"
 	b.noConvRows = os.Getenv("FERRITE_CUDA_CONV_ROWS") == "0"
-	b.noDeltaStage = os.Getenv("FERRITE_CUDA_DELTA_STAGE") == "0"
 	b.fuseNorm = os.Getenv("FERRITE_CUDA_FUSE_NORM") == "1"
 	b.dec = decConfigFromEnv()
 	b.fuseHalves = fuseHalvesDefault()

@@ -19,7 +19,6 @@ func init() {
 		"ferrite_gated_rmsnorm", "ferrite_sigmoid_gate")
 	kernelNames = append(kernelNames, deltaChunkKernels[:]...)
 	bigSmemKernels = append(bigSmemKernels, deltaChunkKernels[:]...)
-	bigSmemKernels = append(bigSmemKernels, deltaKernels[:]...)
 }
 
 // Limits of the kernels: the convolution's width, the key head size.
@@ -61,35 +60,6 @@ func deltaChunkSmem(dk int, perChannel bool) int {
 		return (doubles+L*dk+2*L*(dk+1)+dk+(dk&1))*8 + 2*L*dk*4
 	}
 	return (doubles + 2*L*(dk+1) + 3*L) * 8
-}
-
-// deltaStage is the rows a stage of ferrite_delta_rule_* holds when it
-// stages a long sequence's rows through shared memory (kDeltaStage).
-const deltaStage = 16
-
-// deltaStageBytes is one stage buffer (delta_stage_bytes in
-// src/ops_linattn.cu): the decays in float64 ((deltaStage, dk) per channel,
-// (deltaStage) for one a head), then q and k (deltaStage, dk), v
-// (deltaStage, deltaBlockV) and β (deltaStage) in float32, rounded up to 16
-// bytes.
-func deltaStageBytes(dk int, perChannel bool) int {
-	d := deltaStage
-	if perChannel {
-		d *= dk
-	}
-	b := d*8 + (2*deltaStage*dk+deltaStage*deltaBlockV+deltaStage)*4
-	return (b + 15) &^ 15
-}
-
-// deltaStaged reports whether ferrite_delta_rule_* stages the rows of a
-// call's long sequences through shared memory (two buffers of
-// deltaStageBytes): some sequence can be longer than deltaRecurrentMax
-// rows, dk and dv are multiples of 4 (16-byte copies) and the buffers fit
-// a block; FERRITE_CUDA_DELTA_STAGE=0 (noDeltaStage) reads every row from
-// global memory as it comes. The bits are the same either way.
-func (b *Backend) deltaStaged(rows, seqs, dk, dv int, perChannel bool) bool {
-	return !b.noDeltaStage && rows-seqs+1 > deltaRecurrentMax && dk%4 == 0 && dv%4 == 0 &&
-		2*deltaStageBytes(dk, perChannel) <= max(48<<10, b.dev.SmemOptIn)
 }
 
 // deltaChunked reports whether a DeltaRule call of rows over seqs
@@ -199,9 +169,7 @@ func (b *Backend) convRows(rows, seqs int, recording bool) bool {
 // (sequence, value head, 8 state columns) runs the rule over the
 // sequence's rows with its part of the state in registers: token by token
 // with the state rounded after every row for up to 8 rows, in float64
-// across the call beyond (the contract's two forms; see ops_linattn.cu),
-// a long sequence's rows staged through shared memory 16 at a time where
-// deltaStaged says so.
+// across the call beyond (the contract's two forms; see ops_linattn.cu).
 // Where deltaChunked says so (FERRITE_CUDA_DELTA_CHUNK=1), the sequences of
 // more than 8 rows run in the chunked WY form instead (ferrite_delta_chunk_*,
 // the same float64 arithmetic up to the order of its sums, 32 rows a step),
@@ -239,19 +207,15 @@ func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Re
 	st, start, slot := dptr(state), dptr(r.Start), dptr(r.Slot)
 	rec, recStride := record("DeltaRule", r, rows)
 	ck := b.deltaChunked(rows, seqs, dk, n.PerChannel, rec != 0)
-	var smem uint32
-	if ck < 0 && b.deltaStaged(rows, seqs, dk, dv, n.PerChannel) {
-		smem = uint32(2 * deltaStageBytes(dk, n.PerChannel))
-	}
 	b.queue(func(d *Device) error {
 		err := d.launchL("ferrite_delta_prep", uint32(rows), 128, 0, qk, dec, beta, xp, ap, bp, alog, dtb,
 			i32(w), i32(H), i32(Hk), i32(dk), b32(n.PerChannel), f32(n.LowerBound))
 		if err != nil {
 			return err
 		}
-		err = d.launch3L(deltaKernels[kpl], [3]uint32{uint32(seqs), uint32(H), uint32(ceilDiv(dv, deltaBlockV))}, 128, smem,
+		err = d.launch3L(deltaKernels[kpl], [3]uint32{uint32(seqs), uint32(H), uint32(ceilDiv(dv, deltaBlockV))}, 128, 0,
 			o, qk, xp, dec, beta, st, i32(state.Stride), start, i32(r.Start.Stride), slot, i32(r.Slot.Stride),
-			i32(H), i32(Hk), i32(dk), i32(dv), b32(n.PerChannel), rec, recStride, b32(ck >= 0), b32(smem > 0))
+			i32(H), i32(Hk), i32(dk), i32(dv), b32(n.PerChannel), rec, recStride, b32(ck >= 0))
 		if err != nil || ck < 0 {
 			return err
 		}

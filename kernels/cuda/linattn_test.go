@@ -7,7 +7,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -437,35 +436,6 @@ func TestShortConvRows(t *testing.T) {
 	}
 }
 
-// TestDeltaStaged checks which DeltaRule calls stage their rows through
-// shared memory (no GPU needed).
-func TestDeltaStaged(t *testing.T) {
-	b := &Backend{dev: &Device{SmemOptIn: 227 << 10}}
-	for _, c := range []struct {
-		rows, seqs, dk, dv int
-		pc, off            bool
-		want               bool
-	}{
-		{4096, 1, 128, 128, false, false, true},
-		{9, 1, 64, 64, true, false, true},
-		{8, 1, 128, 128, false, false, false},   // token by token
-		{64, 64, 128, 128, false, false, false}, // a decode batch
-		{4096, 1, 200, 20, true, false, true},
-		{4096, 1, 30, 32, false, false, false},  // 16-byte copies need dk a multiple of 4
-		{4096, 1, 32, 30, false, false, false},  // … and dv
-		{4096, 1, 128, 128, false, true, false}, // FERRITE_CUDA_DELTA_STAGE=0
-	} {
-		b.noDeltaStage = c.off
-		if got := b.deltaStaged(c.rows, c.seqs, c.dk, c.dv, c.pc); got != c.want {
-			t.Errorf("%+v: deltaStaged %v, want %v", c, got, c.want)
-		}
-	}
-	b.noDeltaStage = false
-	if b.dev.SmemOptIn = 0; b.deltaStaged(4096, 1, 256, 256, true) {
-		t.Error("staged where two buffers pass 48 KiB and the device raises no limit")
-	}
-}
-
 // TestConvRows checks which ShortConv calls run every row at once (no GPU
 // needed).
 func TestConvRows(t *testing.T) {
@@ -560,25 +530,6 @@ func TestDeltaRuleChunkedShapes(t *testing.T) {
 			got, gotSt := deltaRun(t, b, &n, c.lens, slots, qkv, a, bv, sv)
 			b.deltaChunk = false
 			row, rowSt := deltaRun(t, b, &n, c.lens, slots, qkv, a, bv, sv)
-			// The row kernel with its rows staged through shared memory (the
-			// default for these calls) and reading them as it comes to them:
-			// the same arithmetic, the same bits.
-			if !b.deltaStaged(rows, len(c.lens), n.DK, n.DV, n.PerChannel) {
-				t.Fatalf("%d rows of %d sequences: the row kernel does not stage them", rows, len(c.lens))
-			}
-			b.noDeltaStage = true
-			flat, flatSt := deltaRun(t, b, &n, c.lens, slots, qkv, a, bv, sv)
-			b.noDeltaStage = false
-			for e := range flat {
-				if math.Float32bits(flat[e]) != math.Float32bits(row[e]) {
-					t.Fatalf("out %d = %g staged, %g unstaged", e, row[e], flat[e])
-				}
-			}
-			for e := range flatSt {
-				if math.Float32bits(flatSt[e]) != math.Float32bits(rowSt[e]) {
-					t.Fatalf("state %d = %g staged, %g unstaged", e, rowSt[e], flatSt[e])
-				}
-			}
 
 			// The recurrent reference rounds the state after every row, the
 			// chunked forms once: kerneltest.DeltaRuleTol covers the drift.
@@ -647,12 +598,10 @@ func BenchmarkLinearAttention(b *testing.B) {
 		{"prefill/rows=512", 1, 512, false, false}, {"prefill/rows=512/chunk", 1, 512, true, false},
 		{"prefill/rows=512/rowconv", 1, 512, false, true}, {"prefill/rows=4096", 1, 4096, false, false},
 		{"prefill/rows=4096/chunk", 1, 4096, true, false}, {"prefill/rows=4096/rowconv", 1, 4096, false, true},
-		{"prefill/rows=4096/unstaged", 1, 4096, false, false},
 		{"prefill/seqs=8/rows=512", 8, 512, false, false}, {"prefill/seqs=8/rows=512/chunk", 8, 512, true, false}} {
 		b.Run(c.name, func(b *testing.B) {
 			be.deltaChunk, be.noConvRows = c.chunk, c.rowConv
-			be.noDeltaStage = strings.HasSuffix(c.name, "/unstaged")
-			defer func() { be.deltaChunk, be.noConvRows, be.noDeltaStage = false, false, false }()
+			defer func() { be.deltaChunk, be.noConvRows = false, false }()
 			N := c.seqs * c.rows
 			x, a, bt := tensor(N, C, 1), tensor(N, H, 1), tensor(N, H, 1)
 			out, z := tensor(N, H*dv, 0), tensor(N, H*dv, 1)

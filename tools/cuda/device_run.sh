@@ -15,8 +15,7 @@
 #   linattn    hybrid prefill: BenchmarkLinearAttention, then ferrite bench,
 #              qwen3_next (small) at 512 and 2,048 tokens (1 and 8 requests)
 #              and ferrite-tiny at 512, each by default, with ShortConv row by
-#              row (FERRITE_CUDA_CONV_ROWS=0), with the delta rule's rows unstaged
-#              (FERRITE_CUDA_DELTA_STAGE=0) and with the chunked delta rule
+#              row (FERRITE_CUDA_CONV_ROWS=0) and with the chunked delta rule
 #              (FERRITE_CUDA_DELTA_CHUNK=1), interleaved twice (~1 min)
 #   steps      (after hybrid) the decode-step, sampling, linear-attention, prefill-attention
 #              and MoE kernel benchmarks
@@ -125,7 +124,7 @@ if want linattn; then
 	(cd k && run linattn-bench 60 linattn.log ../cuda.test -test.run XXX -test.bench LinearAttention -test.benchtime 5x)
 	grep -hE '^Benchmark|rc=' "$out/linattn.log"
 	for pass in 1 2; do
-		for v in default FERRITE_CUDA_DELTA_STAGE=0 FERRITE_CUDA_CONV_ROWS=0 FERRITE_CUDA_DELTA_CHUNK=1; do
+		for v in default FERRITE_CUDA_CONV_ROWS=0 FERRITE_CUDA_DELTA_CHUNK=1; do
 			echo "== pass $pass $v" >>"$out/linattn-bench.log"
 			env ${v/default/} ./ferrite bench --device cuda --bandwidth 4300 --json "$out/qwen3next-${v%%=*}-$pass.json" \
 				--model "$root/engine/testdata/qwen3next-small" --concurrency 1,8 --prompt-len 512,2048 --gen-len 8 \

@@ -225,9 +225,7 @@ extern "C" __global__ void __launch_bounds__(128)
 // WY form (kernels/ref.DeltaRuleChunked): the same arithmetic as the
 // chunked form up to the order of float64 sums.
 //
-// Launch: grid (seqs, hv, ceil(dv/8)), 128 threads; dk ≤ 32·KPL; with
-// stage, 2·delta_stage_bytes(dk, per_channel) bytes of dynamic shared
-// memory and dk, dv multiples of 4.
+// Launch: grid (seqs, hv, ceil(dv/8)), 128 threads; dk ≤ 32·KPL.
 
 namespace {
 
@@ -248,7 +246,6 @@ struct DeltaArgs {
     int state_stride, start_stride, slot_stride, rec_stride;
     int hv, hk, dk, dv, per_channel;
     int skip_long;  // leave sequences of more than kDeltaRecurrentMax rows to ferrite_delta_chunk_*
-    int stage;      // stage a long sequence's rows through shared memory (delta_stage_bytes × 2 of it)
 };
 
 // warp_sum_n sums each of v[0..N) over the warp, in every lane: the
@@ -289,56 +286,16 @@ __device__ __forceinline__ void delta_store(float* D, const double (&S)[KPL][kDe
     }
 }
 
-// A sequence of more than kDeltaRecurrentMax rows (with DeltaArgs.stage)
-// reads its rows from shared memory, kDeltaStage at a time: while the block
-// works through one stage, the next one's q, k, decays (per channel), v
-// columns and β are on their way (cp.async, β and a head's decay through
-// registers), so the rows' global loads no longer sit in the recurrence's
-// path. Two buffers of delta_stage_bytes each (dynamic shared memory);
-// dk and dv multiples of 4.
-constexpr int kDeltaStage = 16;
-constexpr int kDeltaBlockV = kDeltaWarps * kDeltaCols;  // state columns a block
-
-// delta_stage_bytes is one stage buffer's size, a multiple of 16 (linattn.go's
-// deltaStageBytes).
-__device__ inline size_t delta_stage_bytes(int dk, int per_channel) {
-    const size_t b = size_t(per_channel ? kDeltaStage * dk : kDeltaStage) * 8 +
-                     size_t(2 * kDeltaStage * dk + kDeltaStage * kDeltaBlockV + kDeltaStage) * 4;
-    return (b + 15) & ~size_t(15);
-}
-
-// DeltaStage lays out one stage buffer: q and k (kDeltaStage, dk) float,
-// the decays (kDeltaStage, dk) double per channel or (kDeltaStage) for one
-// a head, v (kDeltaStage, 8) and β (kDeltaStage) float.
-struct DeltaStage {
-    float *q, *k, *v, *b;
-    double* d;
-};
-
-__device__ inline DeltaStage delta_stage(uint8_t* base, int dk, int per_channel) {
-    DeltaStage st;
-    st.d = reinterpret_cast<double*>(base);
-    st.q = reinterpret_cast<float*>(st.d + (per_channel ? kDeltaStage * dk : kDeltaStage));
-    st.k = st.q + kDeltaStage * dk;
-    st.v = st.k + kDeltaStage * dk;
-    st.b = st.v + kDeltaStage * kDeltaBlockV;
-    return st;
-}
-
 template <int KPL>
 __device__ void delta_rule(const DeltaArgs& a) {
     const int s = blockIdx.x, h = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int j0 = (blockIdx.z * kDeltaWarps + warp) * kDeltaCols;
+    if (j0 >= a.dv) return;  // the whole warp; the block never synchronises
     const int dk = a.dk, dv = a.dv;
     const int r0 = a.start[size_t(s) * a.start_stride], r1 = a.start[size_t(s + 1) * a.start_stride];
     const bool round = r1 - r0 <= kDeltaRecurrentMax;
     if (a.skip_long && !round) return;  // the chunked form's (ops_linattn_chunk.cu)
-    const bool staged = a.stage && !round;
-    // Without stages a warp past dv leaves at once (the block never
-    // synchronises); with them it runs along for the barriers, its stores
-    // all guarded.
-    if (j0 >= a.dv && !staged) return;
     const int kh = h / (a.hv / a.hk);
     const int qkw = 2 * a.hk * dk, qkv_w = qkw + a.hv * dv, gw = a.per_channel ? a.hv * dk : a.hv;
     float* S0 = a.state + size_t(a.slot[size_t(s) * a.slot_stride]) * a.state_stride + size_t(h) * dk * dv;
@@ -353,75 +310,10 @@ __device__ void delta_rule(const DeltaArgs& a) {
             S[i][col] = c < dk && j < dv ? double(S0[size_t(c) * dv + j]) : 0.0;
         }
     }
-#ifdef FERRITE_HOST_EMU
-    uint8_t* stage_base = emu_dyn_smem(0);  // tools/cuda/emu's, sized by its harness
-#else
-    extern __shared__ __align__(16) uint8_t stage_base[];
-#endif
-    const int jb = blockIdx.z * kDeltaBlockV;  // the block's first column
-    const size_t stage_bytes = delta_stage_bytes(dk, a.per_channel);
-    // Stage t (rows r0 + kDeltaStage·t …) into buffer t & 1: the copies
-    // issued now, β and a head's decay into registers, stored by
-    // stage_finish after the copies have landed.
-    float sb = 0.f;
-    double sd = 0.0;
-    auto stage_issue = [&](int t) {
-        const DeltaStage st = delta_stage(stage_base + (t & 1) * stage_bytes, dk, a.per_channel);
-        const int rs = r0 + t * kDeltaStage, n = min(kDeltaStage, r1 - rs);
-        const int qc = dk / 4;  // 16-byte pieces of a q or k row
-        for (int i = threadIdx.x; i < n * qc; i += blockDim.x) {
-            const int r = i / qc, c = (i % qc) * 4;
-            const float* qr = a.qk + size_t(rs + r) * qkw + size_t(kh) * dk + c;
-            dec_cp16(st.q + r * dk + c, qr);
-            dec_cp16(st.k + r * dk + c, qr + size_t(a.hk) * dk);
-        }
-        if (a.per_channel) {
-            const int dc = dk / 2;  // 16-byte pieces of a row's decays
-            for (int i = threadIdx.x; i < n * dc; i += blockDim.x) {
-                const int r = i / dc, c = (i % dc) * 2;
-                dec_cp16(st.d + r * dk + c, a.dec + size_t(rs + r) * gw + size_t(h) * dk + c);
-            }
-        }
-        for (int i = threadIdx.x; i < n * (kDeltaBlockV / 4); i += blockDim.x) {
-            const int r = i / (kDeltaBlockV / 4), c = (i % (kDeltaBlockV / 4)) * 4;
-            if (jb + c < dv) dec_cp16(st.v + r * kDeltaBlockV + c, a.qkv + size_t(rs + r) * qkv_w + qkw + size_t(h) * dv + jb + c);
-        }
-        dec_cp_commit();
-        if (int(threadIdx.x) < n) {
-            sb = a.beta[size_t(rs + threadIdx.x) * a.hv + h];
-            if (!a.per_channel) sd = a.dec[size_t(rs + threadIdx.x) * gw + h];
-        }
-    };
-    auto stage_finish = [&](int t) {
-        const DeltaStage st = delta_stage(stage_base + (t & 1) * stage_bytes, dk, a.per_channel);
-        dec_cp_wait();
-        if (int(threadIdx.x) < min(kDeltaStage, r1 - (r0 + t * kDeltaStage))) {
-            st.b[threadIdx.x] = sb;
-            if (!a.per_channel) st.d[threadIdx.x] = sd;
-        }
-        __syncthreads();
-    };
     // The next row's inputs, loaded while the current row is computed.
     float nk[KPL], nq[KPL], nv[kDeltaCols], nb = 0.f;
     double nd[KPL];
     auto load = [&](int r) {
-        if (staged) {
-            const int t = (r - r0) / kDeltaStage, i = (r - r0) % kDeltaStage;
-            const DeltaStage st = delta_stage(stage_base + (t & 1) * stage_bytes, dk, a.per_channel);
-#pragma unroll
-            for (int u = 0; u < KPL; u++) {
-                const int c = lane + 32 * u;
-                const bool in = c < dk;
-                nk[u] = in ? st.k[i * dk + c] : 0.f;
-                nq[u] = in ? st.q[i * dk + c] : 0.f;
-                nd[u] = in ? st.d[a.per_channel ? i * dk + c : i] : 0.0;
-            }
-#pragma unroll
-            for (int col = 0; col < kDeltaCols; col++)
-                nv[col] = j0 + col < dv ? st.v[i * kDeltaBlockV + warp * kDeltaCols + col] : 0.f;
-            nb = st.b[i];
-            return;
-        }
         const float* qr = a.qk + size_t(r) * qkw + size_t(kh) * dk;  // (dk) normalised q
         const float* kr = qr + size_t(a.hk) * dk;                    // (dk) normalised k
         const double* dr = a.dec + size_t(r) * gw;
@@ -444,11 +336,6 @@ __device__ void delta_rule(const DeltaArgs& a) {
     double red[2 * kDeltaCols];
 #pragma unroll
     for (int col = 0; col < kDeltaCols; col++) red[kDeltaCols + col] = 0.0;
-    if (staged) {
-        stage_issue(0);
-        stage_finish(0);
-        if (r1 - r0 > kDeltaStage) stage_issue(1);
-    }
     if (r0 < r1) load(r0);
     for (int r = r0; r < r1; r++) {
         double kc[KPL], qc[KPL], dec[KPL], v[kDeltaCols];
@@ -461,17 +348,7 @@ __device__ void delta_rule(const DeltaArgs& a) {
 #pragma unroll
         for (int col = 0; col < kDeltaCols; col++) v[col] = double(nv[col]);
         const double bt = double(nb);
-        if (r + 1 < r1) {
-            if (staged && (r + 1 - r0) % kDeltaStage == 0) {
-                // Row r + 1 opens stage t: it has landed once every
-                // thread's copies have; then stage t + 1 goes into the
-                // buffer every thread has finished reading.
-                const int t = (r + 1 - r0) / kDeltaStage;
-                stage_finish(t);
-                if (r0 + (t + 1) * kDeltaStage < r1) stage_issue(t + 1);
-            }
-            load(r + 1);
-        }
+        if (r + 1 < r1) load(r + 1);
 #pragma unroll
         for (int col = 0; col < kDeltaCols; col++) {
             red[col] = 0;
@@ -510,9 +387,9 @@ __device__ void delta_rule(const DeltaArgs& a) {
     extern "C" __global__ void __launch_bounds__(128) name(                                                  \
         float* out, const float* qk, const float* qkv, const double* dec, const float* beta, float* state,    \
         int state_stride, const int* start, int start_stride, const int* slot, int slot_stride, int hv, int hk, \
-        int dk, int dv, int per_channel, const int* rec, int rec_stride, int skip_long, int stage) {          \
+        int dk, int dv, int per_channel, const int* rec, int rec_stride, int skip_long) {                     \
         DeltaArgs a{out, qk, qkv, dec, beta, state, start, slot, rec, state_stride, start_stride, slot_stride, \
-                    rec_stride, hv, hk, dk, dv, per_channel, skip_long, stage};                               \
+                    rec_stride, hv, hk, dk, dv, per_channel, skip_long};                                      \
         delta_rule<KPL>(a);                                                                                   \
     }
 

@@ -470,7 +470,7 @@ __device__ void delta_chunk(const DeltaArgs& a) {
         int state_stride, const int* start, int start_stride, const int* slot, int slot_stride, int hv, int hk, \
         int dk, int dv, int per_channel) {                                                                    \
         DeltaArgs a{out, qk, qkv, dec, beta, state, start, slot, nullptr, state_stride, start_stride,          \
-                    slot_stride, 0, hv, hk, dk, dv, per_channel, 0, 0};                                           \
+                    slot_stride, 0, hv, hk, dk, dv, per_channel, 0};                                           \
         if (per_channel)                                                                                      \
             delta_chunk<KPL, true>(a);                                                                        \
         else                                                                                                  \
