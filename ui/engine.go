@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/ferrite-llm/ferrite/internal/settings"
@@ -173,6 +174,47 @@ func DefaultSettings() Settings { return SettingsOf(settings.Default().Sampling)
 func SettingsOf(s settings.Sampling) Settings {
 	return Settings{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK, MinP: s.MinP,
 		RepeatPenalty: s.RepeatPenalty, Seed: s.Seed, MaxTokens: s.MaxTokens}
+}
+
+// SamplingNote says which of temperature, top_p and top_k the model's
+// recommendation set in place of before (before → after); "" when none.
+func SamplingNote(model string, before, after Settings) string {
+	var set []string
+	if after.Temperature != before.Temperature {
+		t := fmt.Sprintf("temperature %g", after.Temperature)
+		if after.Temperature == 0 {
+			t += " (greedy decoding)"
+		}
+		set = append(set, t)
+	}
+	if after.TopP != before.TopP {
+		set = append(set, fmt.Sprintf("top_p %g", after.TopP))
+	}
+	if after.TopK != before.TopK {
+		set = append(set, fmt.Sprintf("top_k %d", after.TopK))
+	}
+	if len(set) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("Sampling as %s recommends: %s. /set changes it; the configuration file and the flags win.", model, strings.Join(set, ", "))
+}
+
+// followRecommendation moves s's temperature, top_p and top_k that still
+// have the values before (what the previous model's recommendation gave)
+// to after's (what the new model's gives); a value /set changed stays.
+// It reports whether any moved.
+func (s *Settings) followRecommendation(before, after Settings) bool {
+	moved := false
+	if s.Temperature == before.Temperature && after.Temperature != before.Temperature {
+		s.Temperature, moved = after.Temperature, true
+	}
+	if s.TopP == before.TopP && after.TopP != before.TopP {
+		s.TopP, moved = after.TopP, true
+	}
+	if s.TopK == before.TopK && after.TopK != before.TopK {
+		s.TopK, moved = after.TopK, true
+	}
+	return moved
 }
 
 // Reply is the consumer side of one generation.

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferrite-llm/ferrite/tokenizer"
+
 	tea "github.com/charmbracelet/bubbletea"
 	"github.com/charmbracelet/lipgloss"
 	"github.com/muesli/termenv"
@@ -52,6 +54,13 @@ type Options struct {
 	// Notes are shown when the chat opens, after the welcome (the
 	// sampling the model recommends, for example).
 	Notes []string
+	// SamplingFor is the sampling a chat starts with for a model that
+	// recommends rec (its generation_config.json or GGUF metadata:
+	// ModelInfo.Sampling), the configuration file's and the flags' values
+	// kept (settings.Config.SamplingFor). With it, /model applies the new
+	// model's recommendation to the open chats' settings that still have
+	// the previous model's (onModelLoaded); nil: /model keeps the settings.
+	SamplingFor func(rec tokenizer.Sampling) Settings
 	// Log is the debug log: engine errors with their stacks, load and
 	// save failures; nil: none. LogPath is its file, named in the chat's
 	// error messages.

@@ -250,6 +250,18 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 	if !slices.ContainsFunc(m.modelList, func(e ModelEntry) bool { return sameModel(e, m.cur.entry) }) {
 		m.modelList = append(m.modelList, m.cur.entry)
 	}
+	// The new model's recommended sampling, where a chat still has the
+	// previous model's.
+	var samplingNote string
+	if f := m.opts.SamplingFor; f != nil {
+		before, after := f(old.info.Sampling), f(m.info.Sampling)
+		for _, t := range m.tabs {
+			prev := t.chat.Settings
+			if t.chat.Settings.followRecommendation(before, after) && t == m.chatTab {
+				samplingNote = SamplingNote(m.info.Name, prev, t.chat.Settings)
+			}
+		}
+	}
 	for _, t := range m.tabs {
 		t.chat.Model = m.info
 		t.view.modelName = m.info.Name
@@ -276,6 +288,9 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 		fmt.Fprintf(&b, " %s finishes the %d replies in progress (esc stops them), then it is closed.", old.info.Name, old.active)
 	}
 	m.view.notice(entryNotice, b.String())
+	if samplingNote != "" {
+		m.view.notice(entryNotice, samplingNote)
+	}
 	return tea.Batch(m.maybeClose(old), m.fetchStats())
 }
 

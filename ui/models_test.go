@@ -2,10 +2,13 @@ package ui
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferrite-llm/ferrite/tokenizer"
 
 	tea "github.com/charmbracelet/bubbletea"
 )
@@ -250,5 +253,77 @@ func TestModelOpenedByFolderIsListed(t *testing.T) {
 	h.until("the second switch to model-c", func(m *model) bool { return m.loading == nil && m.info.Name == "model-c" })
 	if m := h.final(); m.info.Name != "model-c" {
 		t.Errorf("using %s, want model-c", m.info.Name)
+	}
+}
+
+// TestModelSwitchFollowsTheRecommendation: /model applies the new model's
+// recommended sampling (Options.SamplingFor) to the chat's settings that
+// still have the previous model's, and says so; a value /set changed
+// stays. Without SamplingFor the settings stay as they are.
+func TestModelSwitchFollowsTheRecommendation(t *testing.T) {
+	f64 := func(v float64) *float64 { return &v }
+	i := func(v int) *int { return &v }
+	recommend := func(rec tokenizer.Sampling) Settings { // settings.Config.SamplingFor with nothing given
+		s := DefaultSettings()
+		if rec.Temperature != nil {
+			s.Temperature = *rec.Temperature
+		}
+		if rec.TopP != nil {
+			s.TopP = *rec.TopP
+		}
+		if rec.TopK != nil {
+			s.TopK = *rec.TopK
+		}
+		return s
+	}
+	for _, follow := range []bool{true, false} {
+		t.Run(fmt.Sprintf("follow=%v", follow), func(t *testing.T) {
+			a := newFakeEngine()
+			a.info.Sampling = tokenizer.Sampling{Temperature: f64(0)} // greedy
+			opts, _, b := switchOptions(t, a)
+			b.info.Sampling = tokenizer.Sampling{Temperature: f64(0.6), TopK: i(20)}
+			first := recommend(a.info.Sampling)
+			opts.Settings = &first
+			if follow {
+				opts.SamplingFor = recommend
+			}
+			h := start(t, a, opts)
+			h.line("/set top_k 5")
+			h.untilNotice("Set top_k.")
+			h.line("/model Model-B")
+			h.untilNotice("Switched to Model-B")
+			if follow {
+				h.untilNotice("Sampling as Model-B recommends: temperature 0.6. /set changes it")
+			}
+			m := h.final()
+			s := m.chat.Settings
+			want := 0.0
+			if follow {
+				want = 0.6
+			}
+			if s.Temperature != want || s.TopK != 5 || s.TopP != first.TopP {
+				t.Errorf("after /model: temperature %g, top_k %d, top_p %g; want %g, 5 (set), %g", s.Temperature, s.TopK, s.TopP, want, first.TopP)
+			}
+			if !follow && lastNotice(m, "Sampling as") != "" {
+				t.Errorf("a sampling note without Options.SamplingFor: %q", lastNotice(m, "Sampling as"))
+			}
+		})
+	}
+}
+
+func TestSamplingNote(t *testing.T) {
+	d := DefaultSettings()
+	if n := SamplingNote("m", d, d); n != "" {
+		t.Errorf("nothing recommended: note %q", n)
+	}
+	g := d
+	g.Temperature = 0
+	if n := SamplingNote("ferrite-tiny", d, g); n != "Sampling as ferrite-tiny recommends: temperature 0 (greedy decoding). /set changes it; the configuration file and the flags win." {
+		t.Errorf("greedy: note %q", n)
+	}
+	q := d
+	q.Temperature, q.TopK = 0.6, 20
+	if n := SamplingNote("qwen3", d, q); !strings.Contains(n, "temperature 0.6, top_k 20.") || strings.Contains(n, "top_p") {
+		t.Errorf("qwen3: note %q", n)
 	}
 }

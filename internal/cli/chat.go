@@ -173,10 +173,12 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		Model:     uiEntry(e),
 		Closer:    closer, // Run closes it
 		Puller:    chatPuller{},
-		Log:       log,
-		LogPath:   logPath,
+		// /model applies the new model's recommendation as a new chat would.
+		SamplingFor: func(rec tokenizer.Sampling) ui.Settings { return ui.SettingsOf(cfg.SamplingFor(rec)) },
+		Log:         log,
+		LogPath:     logPath,
 	}
-	if note := samplingNote(e.Name, cfg.Sampling, sampling); note != "" {
+	if note := ui.SamplingNote(e.Name, ui.SettingsOf(cfg.Sampling), chatSettings); note != "" {
 		opts.Notes = append(opts.Notes, note)
 	}
 	if warn != nil {
@@ -189,29 +191,6 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return 1
 	}
 	return 0
-}
-
-// samplingNote says which sampling values the model's recommendation set
-// in place of ferrite's defaults (before → after); "" when none.
-func samplingNote(model string, before, after settings.Sampling) string {
-	var set []string
-	if after.Temperature != before.Temperature {
-		t := fmt.Sprintf("temperature %g", after.Temperature)
-		if after.Temperature == 0 {
-			t += " (greedy decoding)"
-		}
-		set = append(set, t)
-	}
-	if after.TopP != before.TopP {
-		set = append(set, fmt.Sprintf("top_p %g", after.TopP))
-	}
-	if after.TopK != before.TopK {
-		set = append(set, fmt.Sprintf("top_k %d", after.TopK))
-	}
-	if len(set) == 0 {
-		return ""
-	}
-	return fmt.Sprintf("Sampling as %s recommends: %s. /set changes it; the configuration file and the flags win.", model, strings.Join(set, ", "))
 }
 
 // logHint points to the debug log after an error message, when there is

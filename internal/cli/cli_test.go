@@ -13,7 +13,6 @@ import (
 
 	"github.com/ferrite-llm/ferrite/builtin"
 	"github.com/ferrite-llm/ferrite/internal/fixtures"
-	"github.com/ferrite-llm/ferrite/internal/settings"
 	"github.com/ferrite-llm/ferrite/kernels/device"
 )
 
@@ -353,21 +352,4 @@ func TestRunDevice(t *testing.T) {
 		t.Fatalf("--device cuda without a GPU: exit %d, stderr %q; want exit 1 and one line", code, errs)
 	}
 	t.Logf("--device cuda: %s", errs)
-}
-
-func TestSamplingNote(t *testing.T) {
-	d := settings.Default().Sampling
-	if n := samplingNote("m", d, d); n != "" {
-		t.Errorf("nothing recommended: note %q", n)
-	}
-	g := d
-	g.Temperature = 0
-	if n := samplingNote("ferrite-tiny", d, g); n != "Sampling as ferrite-tiny recommends: temperature 0 (greedy decoding). /set changes it; the configuration file and the flags win." {
-		t.Errorf("greedy: note %q", n)
-	}
-	q := d
-	q.Temperature, q.TopK = 0.6, 20
-	if n := samplingNote("qwen3", d, q); !strings.Contains(n, "temperature 0.6, top_k 20.") || strings.Contains(n, "top_p") {
-		t.Errorf("qwen3: note %q", n)
-	}
 }
