@@ -58,9 +58,12 @@ func (m *LinearAttention) StateShape() linattn.LayerShape {
 func (m *LinearAttention) Forward(c *Ctx, y, h kernels.Tensor) {
 	dev, n, net := c.Dev, c.N, &m.Net
 	s, conv := c.States(m.Slot)
-	qkv := dev.Scratch(kernels.F32, n, net.QKVWidth()) // (N, 2·Hk·DK + Hv·DV) [q | k | v]
-	m.QKV.Forward(dev, qkv, h, false)
-	c.Lin.ShortConv(qkv, qkv, m.Conv, conv, c.Rec)
+	raw := dev.Scratch(kernels.F32, n, net.QKVWidth()) // (N, 2·Hk·DK + Hv·DV) [q | k | v] before the convolution
+	m.QKV.Forward(dev, raw, h, false)
+	// Out of place: a GPU convolves a prompt's rows all at once, which in
+	// place would need a copy of them (kernels/cuda's ShortConv).
+	qkv := dev.Scratch(kernels.F32, n, net.QKVWidth()) // (N, 2·Hk·DK + Hv·DV) convolved
+	c.Lin.ShortConv(qkv, raw, m.Conv, conv, c.Rec)
 	a := dev.Scratch(kernels.F32, n, m.A.Out()) // (N, Hv) or (N, Hv·DK)
 	m.A.forward(c, a, h)
 	b := dev.Scratch(kernels.F32, n, net.Heads) // (N, Hv)
