@@ -65,28 +65,38 @@ func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genP
 	j := &job{total: len(prompts) * p.n, cancel: cancel}
 	j.unwatch = context.AfterFunc(s.abort, abort)
 	j.pieces = make(chan piece, 4*j.total)
-	streams := make([]*runtime.Stream, 0, j.total)
+	// Every choice of every prompt is queued at once (GenerateAll), so that
+	// the choices start in the same step whenever the request comes: a
+	// seeded request's text does not depend on the timing of its own
+	// admission.
+	reqs := make([]runtime.Request, 0, j.total)
 	for _, pr := range prompts {
 		j.prompt = append(j.prompt, len(pr.ids))
 		for i := range p.n {
-			st, err := b.Runtime.Generate(gctx, runtime.Request{
+			reqs = append(reqs, runtime.Request{
 				Prompt:    pr.ids,
 				MaxTokens: p.maxTokens,
 				Sampling:  p.choiceSampling(i),
 				Stop:      b.Tokenizer.EOS(),
 			})
-			if err != nil {
-				j.close()
-				if errors.Is(err, runtime.ErrPromptTooLong) {
+		}
+	}
+	streams, err := b.Runtime.GenerateAll(gctx, reqs)
+	if err != nil {
+		j.close()
+		if errors.Is(err, runtime.ErrPromptTooLong) {
+			// The prompt that cannot fit, for the error's param.
+			for _, pr := range prompts {
+				if len(pr.ids) > limit {
 					return nil, contextError(pr.param, len(pr.ids), 0, limit, kv)
 				}
-				if errors.Is(err, runtime.ErrClosed) {
-					return nil, unavailable("the server is shutting down")
-				}
-				return nil, badRequest("%v", err)
 			}
-			streams = append(streams, st)
+			return nil, contextError(prompts[0].param, len(prompts[0].ids), 0, limit, kv)
 		}
+		if errors.Is(err, runtime.ErrClosed) {
+			return nil, unavailable("the server is shutting down")
+		}
+		return nil, badRequest("%v", err)
 	}
 	m.metrics.requests.Add(1)
 	for idx, st := range streams {

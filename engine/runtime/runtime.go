@@ -392,45 +392,65 @@ func (r *Runtime) SeqLimit() LengthLimit {
 // (final event Done with FinishCancelled) and frees its cache blocks at the
 // next step boundary.
 func (r *Runtime) Generate(ctx context.Context, req Request) (*Stream, error) {
-	if err := r.validate(&req); err != nil {
+	st, err := r.GenerateAll(ctx, []Request{req})
+	if err != nil {
 		return nil, err
 	}
-	req.Stop = slices.Clone(req.Stop) // the caller may reuse its slices
-	ctx, cancel := context.WithCancel(ctx)
-	s := &seq{
-		req:     req,
-		tokens:  append(make([]int32, 0, len(req.Prompt)+min(max(req.MaxTokens, 16), 4096)), req.Prompt...),
-		nPrompt: len(req.Prompt),
-		sampler: sample.New(req.Sampling),
-		arrived: time.Now(),
-	}
-	if r.opts.NewDecoder != nil {
-		s.dec = r.opts.NewDecoder()
-	}
-	if k := r.draftLen(req.Draft); k > 0 {
-		s.sp = newSpecSeq(k)
+	return st[0], nil
+}
+
+// GenerateAll queues every request of reqs at once, so that the scheduler
+// admits them at the same step boundary (a request's n choices: their
+// steps, and so a seeded sampler's tokens, do not depend on when each was
+// queued), and returns their streams in order. It fails, queuing none, as
+// Generate fails for any of them.
+func (r *Runtime) GenerateAll(ctx context.Context, reqs []Request) ([]*Stream, error) {
+	seqs := make([]*seq, len(reqs))
+	for i, req := range reqs {
+		if err := r.validate(&req); err != nil {
+			return nil, err
+		}
+		req.Stop = slices.Clone(req.Stop) // the caller may reuse its slices
+		s := &seq{
+			req:     req,
+			tokens:  append(make([]int32, 0, len(req.Prompt)+min(max(req.MaxTokens, 16), 4096)), req.Prompt...),
+			nPrompt: len(req.Prompt),
+			sampler: sample.New(req.Sampling),
+			arrived: time.Now(),
+		}
+		if r.opts.NewDecoder != nil {
+			s.dec = r.opts.NewDecoder()
+		}
+		if k := r.draftLen(req.Draft); k > 0 {
+			s.sp = newSpecSeq(k)
+		}
+		seqs[i] = s
 	}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
-		cancel()
 		return nil, ErrClosed
 	}
-	r.nextID++
-	s.id = r.nextID
-	s.stream = newStream(s.id, cancel)
-	if ctx.Err() != nil {
-		s.cancelled.Store(true) // cancelled already: run nothing
+	streams := make([]*Stream, len(seqs))
+	for i, s := range seqs {
+		sctx, cancel := context.WithCancel(ctx)
+		r.nextID++
+		s.id = r.nextID
+		s.stream = newStream(s.id, cancel)
+		if sctx.Err() != nil {
+			s.cancelled.Store(true) // cancelled already: run nothing
+		}
+		s.stopWatch = context.AfterFunc(sctx, func() {
+			s.cancelled.Store(true)
+			r.poke()
+		})
+		s.cancelCtx = cancel
+		streams[i] = s.stream
 	}
-	s.stopWatch = context.AfterFunc(ctx, func() {
-		s.cancelled.Store(true)
-		r.poke()
-	})
-	s.cancelCtx = cancel
-	r.incoming = append(r.incoming, s)
+	r.incoming = append(r.incoming, seqs...)
 	r.mu.Unlock()
 	r.poke()
-	return s.stream, nil
+	return streams, nil
 }
 
 // validate checks what can be checked before queueing.
