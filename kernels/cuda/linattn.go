@@ -32,6 +32,16 @@ const (
 // deltaKernels[i] handles key heads of up to 32·2^i.
 var deltaKernels = [4]string{"ferrite_delta_rule_1", "ferrite_delta_rule_2", "ferrite_delta_rule_4", "ferrite_delta_rule_8"}
 
+// keyLanes is i of the delta-rule kernels (deltaKernels[i],
+// deltaChunkKernels[i]) for key heads of dk: the least with 32·2^i ≥ dk.
+func keyLanes(dk int) int {
+	i := 0
+	for 32<<i < dk {
+		i++
+	}
+	return i
+}
+
 // The chunked form of the delta rule (src/ops_linattn_chunk.cu) for the
 // sequences of a call longer than deltaRecurrentMax rows: chunks of
 // deltaChunkL rows, deltaChunkCols state columns a block of
@@ -73,10 +83,7 @@ func deltaChunkSmem(dk int, perChannel bool) int {
 // prefill on the GPU: the short convolution over all rows, the chunked
 // delta rule").
 func (b *Backend) deltaChunked(rows, seqs, dk int, perChannel, recording bool) int {
-	kpl := 0
-	for 32<<kpl < dk {
-		kpl++
-	}
+	kpl := keyLanes(dk)
 	if !b.deltaChunk || recording || rows-seqs+1 <= deltaRecurrentMax || kpl >= len(deltaChunkKernels) ||
 		dk%4 != 0 || deltaChunkSmem(dk, perChannel) > b.dev.SmemOptIn {
 		return -1
@@ -196,10 +203,7 @@ func (b *Backend) DeltaRule(out, qkv, a, bt, state kernels.Tensor, r *kernels.Re
 	if seqs == 0 || rows == 0 {
 		return
 	}
-	kpl := 0
-	for 32<<kpl < dk {
-		kpl++
-	}
+	kpl := keyLanes(dk)
 	qk := dptr(b.Scratch(kernels.F32, rows, 2*Hk*dk)) // (rows, 2·Hk·DK) normalised [q | k]
 	dec := dptr(b.Scratch(kernels.F32, rows, 2*gw))   // (rows, gw) float64 decays e^g
 	beta := dptr(b.Scratch(kernels.F32, rows, H))     // (rows, H) write strengths
