@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	"github.com/ferrite-llm/ferrite/engine/runtime"
@@ -85,13 +86,10 @@ func (s *Server) start(ctx context.Context, m *served, prompts []prompt, p *genP
 	if err != nil {
 		j.close()
 		if errors.Is(err, runtime.ErrPromptTooLong) {
-			// The prompt that cannot fit, for the error's param.
-			for _, pr := range prompts {
-				if len(pr.ids) > limit {
-					return nil, contextError(pr.param, len(pr.ids), 0, limit, kv)
-				}
-			}
-			return nil, contextError(prompts[0].param, len(prompts[0].ids), 0, limit, kv)
+			// The checks above name a prompt longer than the limit; here
+			// the runtime found one that can never fit: the longest.
+			pr := slices.MaxFunc(prompts, func(a, b prompt) int { return len(a.ids) - len(b.ids) })
+			return nil, contextError(pr.param, len(pr.ids), 0, limit, kv)
 		}
 		if errors.Is(err, runtime.ErrClosed) {
 			return nil, unavailable("the server is shutting down")
