@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -79,4 +80,62 @@ func TestLazyWrites(t *testing.T) {
 	b.ReadF32s([][]float32{g1}, []kernels.Tensor{cols})
 	b.ReadF32(g2, cols)
 	equal("a strided view", g1, g2)
+}
+
+// TestCopyShapes runs Copy's three piece sizes: one long row (a recurrent
+// state: 16-byte pieces over the whole grid), a strided view of 12-byte
+// rows (4-byte pieces) and bf16 views of 6-byte rows (single bytes), each
+// against the bytes it must move and leave alone.
+func TestCopyShapes(t *testing.T) {
+	b := openOps(t)
+	rng := rand.New(rand.NewPCG(5, 6))
+	check := func(what string, got, want []float32) {
+		t.Helper()
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s: [%d] = %#x, want %#x", what, i, math.Float32bits(got[i]), math.Float32bits(want[i]))
+			}
+		}
+	}
+	// One row of 1 MiB.
+	v := randF32(rng, 1<<18)
+	x, y := f32Tensor(t, b, 1, 1<<18, v), f32Tensor(t, b, 1, 1<<18, make([]float32, 1<<18))
+	b.Copy(y, x)
+	got := make([]float32, 1<<18)
+	b.ReadF32(got, y)
+	check("one long row", got, v)
+
+	// Three of every row's 64 floats, into a (8, 3) tensor.
+	src := randF32(rng, 8*64)
+	xs := f32Tensor(t, b, 8, 64, src)
+	view := xs
+	view.Cols = 3
+	ys := f32Tensor(t, b, 8, 3, make([]float32, 24))
+	b.Copy(ys, view)
+	want := make([]float32, 24)
+	for r := range 8 {
+		copy(want[r*3:r*3+3], src[r*64:r*64+3])
+	}
+	got = make([]float32, 24)
+	b.ReadF32(got, ys)
+	check("a strided view", got, want)
+
+	// bf16 views: three of every row's 16 bf16 values (6 of its 32 bytes).
+	sv, dv := randF32(rng, 4*8), randF32(rng, 4*8)
+	xb, yb := f32Tensor(t, b, 4, 8, sv), f32Tensor(t, b, 4, 8, dv)
+	bv, dvw := xb, yb
+	for _, p := range []*kernels.Tensor{&bv, &dvw} {
+		p.DType, p.Cols, p.Stride = kernels.BF16, 3, 16
+	}
+	b.Copy(dvw, bv)
+	want = slices.Clone(dv)
+	for r := range 4 {
+		// 6 bytes: the first float and the low half (bf16 element 2) of the second.
+		want[r*8] = sv[r*8]
+		lo := math.Float32bits(sv[r*8+1]) & 0xffff
+		want[r*8+1] = math.Float32frombits(math.Float32bits(dv[r*8+1])&0xffff0000 | lo)
+	}
+	got = make([]float32, 32)
+	b.ReadF32(got, yb)
+	check("bf16 views", got, want)
 }

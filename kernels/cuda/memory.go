@@ -417,7 +417,7 @@ func (b *Backend) Copy(dst, src kernels.Tensor) {
 		return
 	}
 	b.queue(func(d *Device) error {
-		return d.launchL("ferrite_copy_rows", uint32(dst.Rows), 256, 0,
+		return d.launchL("ferrite_copy_rows", d.elementwiseGrid(max(int64(dst.Rows)*int64(dst.Cols)*esz/16, 1)), 256, 0,
 			dp, uint64(int64(dst.Stride)*esz), sp, uint64(int64(src.Stride)*esz), i32(dst.Rows), i32(int(int64(dst.Cols)*esz)))
 	})
 }

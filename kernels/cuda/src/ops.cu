@@ -247,20 +247,31 @@ extern "C" __global__ void ferrite_add_halves(float* y, const float* t, const fl
     }
 }
 
-// Row copy: rows of row_bytes bytes, dst_stride and src_stride bytes apart.
-// Launch: one block per row.
+// Row copy: rows of row_bytes bytes, dst_stride and src_stride bytes apart,
+// every 16-byte (else 4-byte, else single-byte) piece of every row a
+// grid-stride step, so one long row (a recurrent state) spreads over the
+// GPU like many short ones. Launch: any 1-D grid of 256 threads.
+namespace {
+template <class T>
+__device__ inline void copy_rows_as(uint8_t* dst, int64_t dst_stride, const uint8_t* src, int64_t src_stride, int rows,
+                                    int row_bytes) {
+    const int64_t per = row_bytes / int64_t(sizeof(T)), total = per * rows;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t r = i / per, c = i - r * per;
+        reinterpret_cast<T*>(dst + r * dst_stride)[c] = reinterpret_cast<const T*>(src + r * src_stride)[c];
+    }
+}
+}  // namespace
+
 extern "C" __global__ void ferrite_copy_rows(uint8_t* dst, int64_t dst_stride, const uint8_t* src, int64_t src_stride,
                                              int rows, int row_bytes) {
-    const int r = blockIdx.x;
-    if (r >= rows) return;
-    uint8_t* d = dst + r * dst_stride;
-    const uint8_t* s = src + r * src_stride;
-    if ((row_bytes | (int)(dst_stride & 3) | (int)(src_stride & 3) | (int)(uintptr_t(d) & 3) | (int)(uintptr_t(s) & 3)) % 4 == 0) {
-        for (int i = threadIdx.x; i < row_bytes / 4; i += blockDim.x)
-            reinterpret_cast<uint32_t*>(d)[i] = reinterpret_cast<const uint32_t*>(s)[i];
-    } else {
-        for (int i = threadIdx.x; i < row_bytes; i += blockDim.x) d[i] = s[i];
-    }
+    const int64_t a = int64_t(row_bytes) | dst_stride | src_stride | int64_t(uintptr_t(dst)) | int64_t(uintptr_t(src));
+    if (a % 16 == 0)
+        copy_rows_as<uint4>(dst, dst_stride, src, src_stride, rows, row_bytes);
+    else if (a % 4 == 0)
+        copy_rows_as<uint32_t>(dst, dst_stride, src, src_stride, rows, row_bytes);
+    else
+        copy_rows_as<uint8_t>(dst, dst_stride, src, src_stride, rows, row_bytes);
 }
 
 // Embedding gather: y[i] (cols) = row ids[i] of the weight w (rows, cols),
