@@ -27,11 +27,12 @@ type Backend struct {
 	dev *Device
 	cpu *cpu.Backend
 
-	mu      sync.Mutex // guards weights, experts, b1BF16, err
-	weights map[*kernels.Mat]*Weight
-	experts map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
-	stacks  map[stackKey]*Weight        // weights stacked by rows (LinearCat, SwiGLULinear)
-	err     error
+	mu       sync.Mutex // guards weights, experts, b1BF16, err
+	weights  map[*kernels.Mat]*Weight
+	experts  map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
+	stacks   map[stackKey]*Weight        // weights stacked by rows (LinearCat, SwiGLULinear)
+	qweights map[*kernels.Mat]*Weight    // quantized weights in their blocks (linWeight, quant.go)
+	err      error
 
 	arena    arena      // the op set's per-step scratch
 	mem      memAccount // device memory by kind (MemoryUse)
@@ -155,7 +156,7 @@ func (b *Backend) WeightBytes() int64 { return b.mem.weights.Load() }
 // Close frees the cached weights and the device, and stops the CPU pool.
 func (b *Backend) Close() error {
 	b.mu.Lock()
-	b.weights, b.experts, b.stacks = nil, nil, nil
+	b.weights, b.experts, b.stacks, b.qweights = nil, nil, nil, nil
 	b.mu.Unlock()
 	b.mem.weights.Store(0)
 	b.mem.tensors.Store(0)

@@ -21,6 +21,13 @@ type Weight struct {
 	Rows, Cols           int
 	Scale                *Buffer
 	BlockRows, BlockCols int
+
+	// Block-quantized weights (quant.go): DOff is the byte offset in Buf of
+	// the scale section of src/ops_quant.cu's layout; Segs, when set, are
+	// the parts of a stack of several dtypes (one each, rows in order), and
+	// Buf is nil.
+	DOff int64
+	Segs []*Weight
 }
 
 // UploadMat copies m to the device, or generates there the values of a
@@ -68,7 +75,10 @@ func (d *Device) UploadStack(ms []*kernels.Mat) (*Weight, error) {
 	decode := false
 	rows := 0
 	for i, m := range ms {
-		if m.Cols != first.Cols || m.DType != first.DType || m.BlockRows != first.BlockRows || m.BlockCols != first.BlockCols {
+		// Quantized weights of several dtypes (a Q4_K_M file's q, k and v),
+		// or beside float ones, stack as their float32 decoding.
+		mixedQuant := m.DType.Quantized() || first.DType.Quantized()
+		if m.Cols != first.Cols || (m.DType != first.DType && !mixedQuant) || m.BlockRows != first.BlockRows || m.BlockCols != first.BlockCols {
 			return nil, fmt.Errorf("cuda: cannot stack %v (%d, %d) onto %v (%d, %d)", m.DType, m.Rows, m.Cols, first.DType, first.Rows, first.Cols)
 		}
 		decode = decode || m.DType.Quantized() || (m.DType == kernels.F8E4M3 && i < len(ms)-1 && m.Rows%m.BlockRows != 0)
@@ -119,7 +129,13 @@ func (d *Device) UploadStack(ms []*kernels.Mat) (*Weight, error) {
 
 // Bytes is the device memory the weight takes.
 func (w *Weight) Bytes() int64 {
-	n := w.Buf.Size()
+	n := int64(0)
+	for _, s := range w.Segs {
+		n += s.Bytes()
+	}
+	if w.Buf != nil {
+		n += w.Buf.Size()
+	}
 	if w.Scale != nil {
 		n += w.Scale.Size()
 	}
@@ -131,6 +147,11 @@ func (w *Weight) Free() error {
 	err := w.Buf.Free()
 	if e := w.Scale.Free(); err == nil {
 		err = e
+	}
+	for _, s := range w.Segs {
+		if e := s.Free(); err == nil {
+			err = e
+		}
 	}
 	return err
 }

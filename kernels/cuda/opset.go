@@ -139,7 +139,7 @@ func (b *Backend) Linear(dst, x kernels.Tensor, w *kernels.Mat, e kernels.Epilog
 	if n == 0 || w.Rows == 0 {
 		return
 	}
-	dw, err := b.weight(w)
+	dw, err := b.linWeight(w)
 	if err != nil {
 		b.fail(err)
 		return
@@ -187,6 +187,10 @@ func fewRows(w *Weight, n int) bool {
 // for one row (and for weights cuBLASLt does not take), cuBLASLt above;
 // with SetRowExact, the one-row GEMV's sums for every row.
 func (b *Backend) linearW(y, x, bias uint64, w *Weight, n int, acc bool) {
+	if w.DType.Quantized() {
+		b.linearQuant(y, x, bias, w, n, acc)
+		return
+	}
 	switch {
 	case b.rowExact && n > 1, fewRows(w, n):
 		b.queue(func(d *Device) error { return d.linearExactL(y, x, w, n, bias, acc) })
@@ -487,7 +491,11 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 	if w := b.stacks[key]; w != nil {
 		return w, nil
 	}
-	w, err := b.dev.UploadStack(ms)
+	upload := b.dev.UploadStack
+	if quantable(ms...) {
+		upload = b.dev.UploadQuant
+	}
+	w, err := upload(ms)
 	if err != nil {
 		return nil, err
 	}

@@ -32,6 +32,10 @@
 #              speed-up per draft length; ferrite-tiny again with
 #              FERRITE_CUDA_FEWROWS=0 and SPIN=0), ferrite bench, qwen3_next (small)
 #              and ferrite-tiny with MTP on/off at draft 1 (cost-aware, forced)
+#   quant      (not in the default list) BenchmarkQuantGEMV, then ferrite bench,
+#              Qwen3-8B with --quant q4_k and q8_0 (GGML blocks on the
+#              device) and bf16, batch 1 and 8 (128+128) and prompts of 512
+#              and 4,096 tokens, interleaved (~3 min)
 #   fuseattn   (not in the default list) ferrite bench, Qwen3-8B batch 1 with
 #              the fused attention on (FERRITE_CUDA_FUSE=1: PrepareQKV and
 #              the split merge in the attention kernel; off by default) for
@@ -135,6 +139,16 @@ if want linattn; then
 		done
 	done
 	grep -hE '^== pass|^ +[0-9]+ +[0-9]+ +8 ' "$out/linattn-bench.log"
+fi
+if want quant; then
+	(cd k && run quant-gemv 60 quant.log ../cuda.test -test.run XXX -test.bench QuantGEMV -test.benchtime 5x)
+	grep -hE '^Benchmark|rc=' "$out/quant.log"
+	for v in q4_k bf16 q8_0; do
+		q=(--quant "$v")
+		[ "$v" = bf16 ] && q=()
+		bench "quant-$v" 90 --model "$dev/qwen3-8b" "${q[@]}" --concurrency 1,8 --prompt-len 128 --gen-len 128
+		bench "quant-$v-prefill" 60 --model "$dev/qwen3-8b" "${q[@]}" --concurrency 1 --prompt-len 512,4096 --gen-len 1
+	done
 fi
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1

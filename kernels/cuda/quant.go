@@ -1,0 +1,321 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// GGML block-quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: the GGUF
+// files of ollama, LM Studio and llama.cpp) stay in their blocks on the
+// device for the linear ops (Linear, LinearCat, SwiGLULinear and their
+// norm forms), a quarter to a seventh of their float32 decoding's bytes.
+// Decode steps (up to quantGemvRows rows, and a verification's rows under
+// SetRowExact) run src/ops_quant.cu's GEMV over the blocks; wider products
+// decode the weight exactly into bfloat16 scratch (ferrite_qbf16_*) and run
+// the bf16 product (linearQuant): two terms below gemmRoundRows rows, one
+// (a relative 2⁻⁹ a weight, as x's own rounding there) from then on.
+// The other ops that read weights (Embed, the experts, MLA's kv_b) keep
+// the float32 decoding (Backend.weight). FERRITE_CUDA_QUANT=0 decodes
+// every quantized weight to float32, as before.
+
+// quantOn is whether quantized weights keep their blocks on the device.
+var quantOn = os.Getenv("FERRITE_CUDA_QUANT") != "0"
+
+// quantGemvRows is the most rows of x the quantized GEMV takes outside the
+// row-exact mode: it reads the weight once per row of x.
+const quantGemvRows = 8
+
+// quantKernelNames are a type's GEMVs (2 and 4 rows a warp) and its
+// decoding into bfloat16.
+type quantKernelNames struct {
+	gemv [2]string
+	bf16 string
+}
+
+var quantKernels = map[kernels.DType]quantKernelNames{
+	kernels.Q8_0: {[2]string{"ferrite_qgemv_q8_0_r2", "ferrite_qgemv_q8_0_r4"}, "ferrite_qbf16_q8_0"},
+	kernels.Q4_0: {[2]string{"ferrite_qgemv_q4_0_r2", "ferrite_qgemv_q4_0_r4"}, "ferrite_qbf16_q4_0"},
+	kernels.Q4K:  {[2]string{"ferrite_qgemv_q4_k_r2", "ferrite_qgemv_q4_k_r4"}, "ferrite_qbf16_q4_k"},
+	kernels.Q5K:  {[2]string{"ferrite_qgemv_q5_k_r2", "ferrite_qgemv_q5_k_r4"}, "ferrite_qbf16_q5_k"},
+	kernels.Q6K:  {[2]string{"ferrite_qgemv_q6_k_r2", "ferrite_qgemv_q6_k_r4"}, "ferrite_qbf16_q6_k"},
+}
+
+func init() {
+	for _, k := range quantKernels {
+		kernelNames = append(kernelNames, k.gemv[0], k.gemv[1], k.bf16)
+		pdlKernels[k.gemv[0]], pdlKernels[k.gemv[1]], pdlKernels[k.bf16] = true, true, true
+	}
+}
+
+// quantRowsPerWarp is the quantized GEMV's rows a warp (2 or 4;
+// FERRITE_CUDA_QGEMV_R), a block being 4 warps.
+var quantRowsPerWarp = func() int {
+	if os.Getenv("FERRITE_CUDA_QGEMV_R") == "2" {
+		return 2
+	}
+	return 4
+}()
+
+// quantSplitScales reports whether dt's device layout moves the blocks'
+// float16 scales to a section of their own (so that every load is 16-byte
+// aligned), and how many bytes of a block stay in the first section.
+func quantSplitScales(dt kernels.DType) (split bool, keep int) {
+	switch dt {
+	case kernels.Q8_0:
+		return true, 32
+	case kernels.Q4_0:
+		return true, 16
+	case kernels.Q6K:
+		return true, 208
+	}
+	return false, dt.BlockBytes()
+}
+
+// quantLayout returns the rows of ms (one block-quantized dtype, one
+// width) one after another in src/ops_quant.cu's device layout, and the
+// byte offset of its scale section (0 where the blocks keep their scales):
+// Q4_K and Q5_K blocks as they are; Q8_0, Q4_0 and Q6_K blocks without
+// their float16 scale d, which moves, block by block, to the section after
+// the rows (16-byte aligned). The layout loses nothing (quantUnlayout).
+func quantLayout(ms []*kernels.Mat) (data []byte, dsec int64) {
+	dt, cols := ms[0].DType, ms[0].Cols
+	be, bb := dt.BlockElems(), dt.BlockBytes()
+	split, keep := quantSplitScales(dt)
+	rows := 0
+	for _, m := range ms {
+		rows += m.Rows
+	}
+	blocks := rows * (cols / be)
+	if !split {
+		data = make([]byte, 0, blocks*bb)
+		for _, m := range ms {
+			data = append(data, m.Data[:m.Rows*dt.RowBytes(cols)]...)
+		}
+		return data, 0
+	}
+	dsec = int64(blocks*keep+15) &^ 15
+	data = make([]byte, dsec+int64(2*blocks))
+	// Q8_0 and Q4_0 hold d first, Q6_K last.
+	dAt, qAt := 0, 2
+	if dt == kernels.Q6K {
+		dAt, qAt = 208, 0
+	}
+	i := 0
+	for _, m := range ms {
+		for b := range m.Rows * (cols / be) {
+			blk := m.Data[b*bb : (b+1)*bb]
+			copy(data[i*keep:(i+1)*keep], blk[qAt:qAt+keep])
+			copy(data[dsec+int64(2*i):], blk[dAt:dAt+2])
+			i++
+		}
+	}
+	return data, dsec
+}
+
+// quantUnlayout is quantLayout's inverse: the GGML blocks of rows rows
+// of cols elements of dt from their device layout (for tests).
+func quantUnlayout(dt kernels.DType, rows, cols int, data []byte, dsec int64) []byte {
+	split, keep := quantSplitScales(dt)
+	if !split {
+		return data[:rows*dt.RowBytes(cols)]
+	}
+	bb := dt.BlockBytes()
+	dAt, qAt := 0, 2
+	if dt == kernels.Q6K {
+		dAt, qAt = 208, 0
+	}
+	blocks := rows * (cols / dt.BlockElems())
+	out := make([]byte, blocks*bb)
+	for i := range blocks {
+		blk := out[i*bb : (i+1)*bb]
+		copy(blk[qAt:qAt+keep], data[i*keep:(i+1)*keep])
+		copy(blk[dAt:dAt+2], data[dsec+int64(2*i):dsec+int64(2*i)+2])
+	}
+	return out
+}
+
+// quantWidthOK reports whether rows of cols elements of dt can keep their
+// blocks on the device: whole blocks, and rows whose device bytes are a
+// multiple of 16 (the GEMV's aligned loads).
+func quantWidthOK(dt kernels.DType, cols int) bool {
+	if !dt.Quantized() || cols <= 0 || cols%dt.BlockElems() != 0 || cols%32 != 0 {
+		return false
+	}
+	_, keep := quantSplitScales(dt)
+	return cols/dt.BlockElems()*keep%16 == 0
+}
+
+// UploadQuant copies ms (block-quantized, one width; dtypes may differ) to
+// the device in their blocks, stacked by rows: one Weight of ms's dtype,
+// or, for several dtypes (a Q4_K_M file's q, k and v), a Weight whose
+// Segs are one per run of equal dtypes. The caller frees it with Free.
+func (d *Device) UploadQuant(ms []*kernels.Mat) (*Weight, error) {
+	var segs [][]*kernels.Mat
+	for i, m := range ms {
+		if !quantWidthOK(m.DType, m.Cols) || m.Cols != ms[0].Cols {
+			return nil, fmt.Errorf("cuda: no quantized GEMV for %v rows of %d", m.DType, m.Cols)
+		}
+		if m.Data == nil {
+			return nil, fmt.Errorf("cuda: quantized %v weight without data", m.DType)
+		}
+		if i == 0 || m.DType != ms[i-1].DType {
+			segs = append(segs, nil)
+		}
+		segs[len(segs)-1] = append(segs[len(segs)-1], m)
+	}
+	upload := func(ms []*kernels.Mat) (*Weight, error) {
+		data, dsec := quantLayout(ms)
+		w := &Weight{DType: ms[0].DType, Cols: ms[0].Cols, DOff: dsec}
+		for _, m := range ms {
+			w.Rows += m.Rows
+		}
+		var err error
+		if w.Buf, err = d.Alloc(int64(len(data))); err != nil {
+			return nil, err
+		}
+		if err = w.Buf.Upload(0, data); err != nil {
+			w.Free()
+			return nil, err
+		}
+		return w, nil
+	}
+	if len(segs) == 1 {
+		return upload(segs[0])
+	}
+	w := &Weight{DType: ms[0].DType, Cols: ms[0].Cols}
+	for _, s := range segs {
+		sw, err := upload(s)
+		if err != nil {
+			w.Free()
+			return nil, err
+		}
+		w.Segs = append(w.Segs, sw)
+		w.Rows += sw.Rows
+	}
+	return w, nil
+}
+
+// quantable reports whether ms keep their blocks on the device.
+func quantable(ms ...*kernels.Mat) bool {
+	if !quantOn {
+		return false
+	}
+	for _, m := range ms {
+		if !quantWidthOK(m.DType, m.Cols) || m.Data == nil || m.Transient {
+			return false
+		}
+	}
+	return true
+}
+
+// segs is w's parts of one dtype each: w itself unless it is a stack of
+// several.
+func (w *Weight) segs() []*Weight {
+	if w.Segs != nil {
+		return w.Segs
+	}
+	return []*Weight{w}
+}
+
+// quantGemvL queues y (n, w.Rows) = x · wᵀ (+ bias) (+ y) for a quantized
+// w, a GEMV launch per segment into its columns of y.
+func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool) error {
+	r := quantRowsPerWarp
+	c0 := 0
+	for _, s := range w.segs() {
+		k, ok := quantKernels[s.DType]
+		if !ok {
+			return fmt.Errorf("cuda: no quantized GEMV for %v", s.DType)
+		}
+		sb := uint64(0)
+		if bias != 0 {
+			sb = bias + uint64(4*c0)
+		}
+		name := k.gemv[r/4]
+		if err := d.launchL(name, uint32(ceilDiv(s.Rows, 4*r)), 128, 0, y+uint64(4*c0), x, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
+			i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc)); err != nil {
+			return err
+		}
+		c0 += s.Rows
+	}
+	return nil
+}
+
+// quantBF16L queues the exact decoding of w, rounded to bfloat16, into
+// hi (w.Rows, w.Cols) and, when lo is not 0, the rest rounded to bfloat16
+// into lo.
+func (d *Device) quantBF16L(hi, lo uint64, w *Weight) error {
+	r0 := 0
+	for _, s := range w.segs() {
+		k, ok := quantKernels[s.DType]
+		if !ok {
+			return fmt.Errorf("cuda: no quantized decoding for %v", s.DType)
+		}
+		off, lp := uint64(2*r0*s.Cols), uint64(0)
+		if lo != 0 {
+			lp = lo + off
+		}
+		parts := int64(s.Rows) * int64(s.Cols/32)
+		if err := d.launchL(k.bf16, d.elementwiseGrid(parts), 256, 0, hi+off, lp, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
+			i32(s.Rows), i32(s.Cols)); err != nil {
+			return err
+		}
+		r0 += s.Rows
+	}
+	return nil
+}
+
+// linearQuant is linearW for a quantized w: the GEMV over its blocks for
+// up to quantGemvRows rows of x (any rows under SetRowExact); else w
+// decoded into bf16 scratch for linearW's bf16 product: in two terms,
+// hi and lo (about float32 accuracy, as linearW's split x) below
+// gemmRoundRows rows, in one from there on, where x is rounded to bf16
+// too.
+func (b *Backend) linearQuant(y, x, bias uint64, w *Weight, n int, acc bool) {
+	if b.rowExact || n <= quantGemvRows {
+		b.queue(func(d *Device) error { return d.quantGemvL(y, x, bias, w, n, acc) })
+		return
+	}
+	view := func(p uint64) *Weight {
+		return &Weight{Buf: &Buffer{dev: b.dev, ptr: p, size: int64(w.Rows) * int64(w.Cols) * 2}, DType: kernels.BF16, Rows: w.Rows, Cols: w.Cols}
+	}
+	hi, lo := dptr(b.Scratch(kernels.BF16, w.Rows, w.Cols)), uint64(0) // (rows, cols) w decoded: bf16 terms
+	if n < gemmRoundRows {
+		lo = dptr(b.Scratch(kernels.BF16, w.Rows, w.Cols))
+	}
+	b.queue(func(d *Device) error { return d.quantBF16L(hi, lo, w) })
+	b.linearW(y, x, bias, view(hi), n, acc)
+	if lo != 0 {
+		b.linearW(y, x, 0, view(lo), n, true)
+	}
+}
+
+// linWeight is weight for the linear ops: a quantized m's blocks
+// (UploadQuant) where quantable, else weight's copy.
+func (b *Backend) linWeight(m *kernels.Mat) (*Weight, error) {
+	if !quantable(m) {
+		return b.weight(m)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.weights == nil {
+		return nil, ErrClosed
+	}
+	if w := b.qweights[m]; w != nil {
+		return w, nil
+	}
+	w, err := b.dev.UploadQuant([]*kernels.Mat{m})
+	if err != nil {
+		return nil, err
+	}
+	if b.qweights == nil {
+		b.qweights = map[*kernels.Mat]*Weight{}
+	}
+	b.qweights[m] = w
+	b.mem.weights.Add(w.Bytes())
+	return w, nil
+}

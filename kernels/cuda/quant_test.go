@@ -1,0 +1,258 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+)
+
+var quantTypes = []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K, kernels.Q5K, kernels.Q6K}
+
+// TestQuantLayout: the device layout gives back every block (no GPU), its
+// scale section is 16-byte aligned, and every width of whole blocks can
+// keep its blocks.
+func TestQuantLayout(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, dt := range quantTypes {
+		for _, cols := range []int{256, 512, 2304, 4096} {
+			a, b := kerneltest.NewMat(rng, dt, 3, cols, 0, 0), kerneltest.NewMat(rng, dt, 5, cols, 0, 0)
+			if !quantWidthOK(dt, cols) {
+				t.Fatalf("%v × %d: not kept in blocks", dt, cols)
+			}
+			data, dsec := quantLayout([]*kernels.Mat{a, b})
+			if dsec%16 != 0 {
+				t.Fatalf("%v × %d: scale section at %d", dt, cols, dsec)
+			}
+			want := append(append([]byte{}, a.Data...), b.Data...)
+			if got := quantUnlayout(dt, 8, cols, data, dsec); !bytes.Equal(got, want) {
+				t.Fatalf("%v × %d: the layout loses bytes", dt, cols)
+			}
+		}
+	}
+	if quantWidthOK(kernels.Q8_0, 48) || quantWidthOK(kernels.BF16, 256) {
+		t.Fatal("a width of partial blocks, or bf16, kept as blocks")
+	}
+}
+
+// quantWant is y (n, w.Rows) = x · wᵀ through kernels.MatMulRef (the exact
+// decoding) and, per element, Σ |w|·|x| for its tolerance.
+func quantWant(x []float32, w *kernels.Mat, n int) (want, mag []float32) {
+	want, mag = make([]float32, n*w.Rows), make([]float32, n*w.Rows)
+	kernels.MatMulRef(want, x, w, n)
+	row := make([]float32, w.Cols)
+	for r := range w.Rows {
+		w.RowF32(row, r)
+		for j := range n {
+			s := 0.0
+			for k, v := range row {
+				s += math.Abs(float64(v) * float64(x[j*w.Cols+k]))
+			}
+			mag[j*w.Rows+r] = float32(s)
+		}
+	}
+	return want, mag
+}
+
+// checkQuant fails where |got − want| > tol · mag.
+func checkQuant(t *testing.T, what string, got, want, mag []float32, tol float64) {
+	t.Helper()
+	worst, at := 0.0, 0
+	for i := range want {
+		e := math.Abs(float64(got[i])-float64(want[i])) / max(float64(mag[i]), 1e-30)
+		if math.IsNaN(float64(got[i])) {
+			e = math.Inf(1)
+		}
+		if e > worst {
+			worst, at = e, i
+		}
+	}
+	if worst > tol {
+		t.Errorf("%s: element %d = %g, want %g (error %.3g of Σ|w·x| > %g)", what, at, got[at], want[at], worst, tol)
+	}
+}
+
+// quantTol is the tolerance of a quantized product of n rows against the
+// exact decoding, of Σ|w·x|: the GEMV (float32 sums of A·Σf·x − B·Σx), the
+// bf16 product of the weights' two bf16 terms with x's two, and from
+// gemmRoundRows rows of one term each (2⁻⁹ a weight, 2⁻⁹ an input).
+func quantTol(n int) float64 {
+	switch {
+	case n <= quantGemvRows:
+		return 2e-5
+	case n < gemmRoundRows:
+		return 5e-5
+	}
+	return 8e-3
+}
+
+// TestQuantLinear runs Linear over every quantized dtype's blocks, for the
+// GEMV's rows of x (1–8, with bias and the residual add) and the decoded
+// bf16 product's (9 and more), against kernels.MatMulRef; each row of
+// x alone gives the bits it gets in a batch.
+func TestQuantLinear(t *testing.T) {
+	b := openOps(t)
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, dt := range quantTypes {
+		for _, sh := range []struct{ rows, cols int }{{1, 256}, {7, 512}, {33, 1024}, {130, 2304}, {257, 4096}} {
+			w := kerneltest.NewMat(rng, dt, sh.rows, sh.cols, 0, 0)
+			for _, n := range []int{1, 3, 8, 9, 40, 300} {
+				if n == 300 && sh.rows != 130 {
+					continue
+				}
+				name := fmt.Sprintf("%v/%dx%d/n=%d", dt, sh.rows, sh.cols, n)
+				xv := randF32(rng, n*sh.cols)
+				want, mag := quantWant(xv, w, n)
+				x, y := f32Tensor(t, b, n, sh.cols, xv), f32Tensor(t, b, n, sh.rows, make([]float32, (n)*(sh.rows)))
+				b.BeginStep()
+				b.Linear(y, x, w, kernels.Epilogue{})
+				b.EndStep()
+				got := make([]float32, n*sh.rows)
+				b.ReadF32(got, y)
+				checkQuant(t, name, got, want, mag, quantTol(n))
+				if n == 3 { // bias and the residual add
+					bv, y0 := randF32(rng, sh.rows), randF32(rng, n*sh.rows)
+					bias, y2 := f32Tensor(t, b, 1, sh.rows, bv), f32Tensor(t, b, n, sh.rows, y0)
+					b.BeginStep()
+					b.Linear(y2, x, w, kernels.Epilogue{Bias: bias, Accumulate: true})
+					b.EndStep()
+					b.ReadF32(got, y2)
+					for j := range n {
+						for r := range sh.rows {
+							want[j*sh.rows+r] += bv[r] + y0[j*sh.rows+r]
+							mag[j*sh.rows+r] += float32(math.Abs(float64(bv[r])) + math.Abs(float64(y0[j*sh.rows+r])))
+						}
+					}
+					checkQuant(t, name+"/bias+acc", got, want, mag, quantTol(n))
+				}
+			}
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	// Row-exact: 12 rows of x under SetRowExact take the GEMV, each row
+	// the bits it gets alone.
+	w := kerneltest.NewMat(rng, kernels.Q4K, 100, 1024, 0, 0)
+	const n = 12
+	xv := randF32(rng, n*1024)
+	x, y := f32Tensor(t, b, n, 1024, xv), f32Tensor(t, b, n, 100, make([]float32, (n)*(100)))
+	b.SetRowExact(true)
+	b.BeginStep()
+	b.Linear(y, x, w, kernels.Epilogue{})
+	b.EndStep()
+	b.SetRowExact(false)
+	all := make([]float32, n*100)
+	b.ReadF32(all, y)
+	one := make([]float32, 100)
+	for j := range n {
+		x1, y1 := f32Tensor(t, b, 1, 1024, xv[j*1024:(j+1)*1024]), f32Tensor(t, b, 1, 100, make([]float32, (1)*(100)))
+		b.BeginStep()
+		b.Linear(y1, x1, w, kernels.Epilogue{})
+		b.EndStep()
+		b.ReadF32(one, y1)
+		for r, v := range one {
+			if math.Float32bits(v) != math.Float32bits(all[j*100+r]) {
+				t.Fatalf("row-exact: row %d output %d = %g in the batch, %g alone", j, r, all[j*100+r], v)
+			}
+		}
+	}
+}
+
+// TestQuantLinearCat stacks a Q4_K_M file's q, k and v (Q4_K, Q4_K,
+// Q6_K: one segment each dtype) for LinearCat, and a gate and up for
+// SwiGLULinear, against the reference on the exact decoding.
+func TestQuantLinearCat(t *testing.T) {
+	b := openOps(t)
+	rng := rand.New(rand.NewPCG(9, 10))
+	const cols = 1024
+	ws := []*kernels.Mat{kerneltest.NewMat(rng, kernels.Q4K, 64, cols, 0, 0), kerneltest.NewMat(rng, kernels.Q4K, 32, cols, 0, 0),
+		kerneltest.NewMat(rng, kernels.Q6K, 32, cols, 0, 0)}
+	for _, n := range []int{1, 2, 12} {
+		xv := randF32(rng, n*cols)
+		bv := randF32(rng, 128)
+		x, y, bias := f32Tensor(t, b, n, cols, xv), f32Tensor(t, b, n, 128, make([]float32, (n)*(128))), f32Tensor(t, b, 1, 128, bv)
+		b.BeginStep()
+		b.LinearCat(y, x, ws, kernels.Epilogue{Bias: bias})
+		b.EndStep()
+		got := make([]float32, n*128)
+		b.ReadF32(got, y)
+		tol := quantTol(n)
+		c0 := 0
+		for _, w := range ws {
+			want, mag := quantWant(xv, w, n)
+			part := make([]float32, n*w.Rows)
+			for j := range n {
+				for r := range w.Rows {
+					part[j*w.Rows+r] = got[j*128+c0+r] - bv[c0+r]
+				}
+			}
+			checkQuant(t, fmt.Sprintf("LinearCat %v n=%d", w.DType, n), part, want, mag, tol)
+			c0 += w.Rows
+		}
+	}
+	gate, up := kerneltest.NewMat(rng, kernels.Q4K, 96, cols, 0, 0), kerneltest.NewMat(rng, kernels.Q4K, 96, cols, 0, 0)
+	xv := randF32(rng, cols)
+	x, y := f32Tensor(t, b, 1, cols, xv), f32Tensor(t, b, 1, 96, make([]float32, (1)*(96)))
+	b.BeginStep()
+	b.SwiGLULinear(y, x, gate, up, 0)
+	b.EndStep()
+	got := make([]float32, 96)
+	b.ReadF32(got, y)
+	g, gm := quantWant(xv, gate, 1)
+	u, um := quantWant(xv, up, 1)
+	for i := range got {
+		s := float64(g[i]) / (1 + math.Exp(-float64(g[i])))
+		want := s * float64(u[i])
+		bound := 1e-5 * (float64(gm[i])*math.Abs(float64(u[i])) + math.Abs(s)*float64(um[i]) + 1e-20)
+		if math.Abs(float64(got[i])-want) > bound {
+			t.Fatalf("SwiGLULinear output %d = %g, want %g", i, got[i], want)
+		}
+	}
+}
+
+// BenchmarkQuantGEMV times the one-row quantized GEMV at Qwen3-8B's decode
+// shapes (the weight's copies cycled past L2), µs a call and the weight's
+// GB/s.
+func BenchmarkQuantGEMV(b *testing.B) {
+	be := openOps(b)
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, dt := range []kernels.DType{kernels.Q4K, kernels.Q6K, kernels.Q8_0} {
+		for _, sh := range []struct {
+			name       string
+			rows, cols int
+		}{{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 24576, 4096}, {"down", 4096, 12288}} {
+			bytes := int64(sh.rows) * int64(dt.RowBytes(sh.cols))
+			copies := int(max(1, (1<<30)/bytes))
+			ws := make([]*kernels.Mat, copies)
+			for i := range ws {
+				ws[i] = kerneltest.NewMat(rng, dt, sh.rows, sh.cols, 0, 0)
+			}
+			x, y := f32Tensor(b, be, 1, sh.cols, randF32(rng, sh.cols)), f32Tensor(b, be, 1, sh.rows, make([]float32, (1)*(sh.rows)))
+			for _, w := range ws { // upload outside the timing
+				be.BeginStep()
+				be.Linear(y, x, w, kernels.Epilogue{})
+				be.EndStep()
+			}
+			b.Run(fmt.Sprintf("%v/%s", dt, sh.name), func(b *testing.B) {
+				const calls = 20
+				for b.Loop() {
+					be.BeginStep()
+					for i := range calls {
+						be.Linear(y, x, ws[i%copies], kernels.Epilogue{})
+					}
+					be.EndStep()
+				}
+				per := b.Elapsed().Seconds() / float64(b.N*calls)
+				b.ReportMetric(per*1e6, "µs/call")
+				b.ReportMetric(float64(bytes)/per/1e9, "GB/s")
+			})
+		}
+	}
+}
