@@ -159,6 +159,13 @@ inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 template <class T>
 T __ldg(const T* p) { return *p; }
+// float16 as its bits (normal and subnormal values only).
+inline uint16_t __ushort_as_half(uint16_t h) { return h; }
+inline float __half2float(uint16_t h) {
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const float v = e ? std::ldexp(float(1024 + m), e - 25) : std::ldexp(float(m), -24);
+    return (h & 0x8000) ? -v : v;
+}
 template <class T>
 T __ldcg(const T* p) { return *p; }
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }

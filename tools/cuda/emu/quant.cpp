@@ -1,0 +1,149 @@
+// The harness of tools/cuda/emu/run.sh -quant (included after
+// ops_quant.cu): the quantized GEMV (both row counts a warp, 1 and 3 rows
+// of x) against a double-precision product of the exact decoding, and the
+// bf16 decoding's two terms bit for bit against the decoding rounded on the
+// host. The blocks are random bytes with finite float16 scales, laid out
+// as kernels/cuda's quantLayout lays them out; the decoding follows
+// kernels/quant.go.
+#include <cstdio>
+#include <random>
+#include <string>
+
+enum QT { Q8_0, Q4_0, Q4K, Q5K, Q6K };
+static const char* qname[] = {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"};
+static int belems(QT t) { return t <= Q4_0 ? 32 : 256; }
+static int bbytes(QT t) { return t == Q8_0 ? 34 : t == Q4_0 ? 18 : t == Q4K ? 144 : t == Q5K ? 176 : 210; }
+
+static float h2f(uint16_t h) { return __half2float(h); }
+static uint16_t f2h_pow(int e, int m) { return uint16_t(((e + 15) << 10) | m); }  // 2^e·(1 + m/1024)
+
+// scale_min is kernels.ScaleMinK4.
+static void scale_min(int j, const uint8_t* s, int& sc, int& m) {
+    if (j < 4) sc = s[j] & 63, m = s[j + 4] & 63;
+    else sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+}
+
+// dequant decodes one block as kernels/quant.go does (float32 rounding).
+static void dequant(QT t, const uint8_t* b, float* y) {
+    auto f16 = [&](int o) { return h2f(uint16_t(b[o] | b[o + 1] << 8)); };
+    switch (t) {
+    case Q8_0: {
+        const float d = f16(0);
+        for (int i = 0; i < 32; i++) y[i] = float(int8_t(b[2 + i])) * d;
+        break;
+    }
+    case Q4_0: {
+        const float d = f16(0);
+        for (int j = 0; j < 16; j++) y[j] = d * float(int(b[2 + j] & 15) - 8), y[j + 16] = d * float(int(b[2 + j] >> 4) - 8);
+        break;
+    }
+    case Q4K:
+    case Q5K: {
+        const bool five = t == Q5K;
+        const float d = f16(0), dmin = f16(2);
+        const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
+        for (int s = 0; s < 8; s++) {
+            int c, m;
+            scale_min(s, sc, c, m);
+            const float d1 = d * float(c), m1 = dmin * float(m);
+            for (int l = 0; l < 32; l++) {
+                int v = (qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 15;
+                if (five) v |= ((qh[l] >> s) & 1) << 4;
+                y[32 * s + l] = float(d1 * float(v)) - m1;
+            }
+        }
+        break;
+    }
+    case Q6K: {
+        const uint8_t *ql = b, *qh = b + 128, *sc = b + 192;
+        const float d = f16(208);
+        for (int e = 0; e < 256; e++) {
+            const int h = e / 128, g = e / 32 % 4, l = e % 32;
+            const int lo = (ql[64 * h + 32 * (g & 1) + l] >> (4 * (g / 2))) & 15, hi = (qh[32 * h + l] >> (2 * g)) & 3;
+            y[e] = (d * float(int8_t(sc[e / 16]))) * float((lo | hi << 4) - 32);
+        }
+        break;
+    }
+    }
+}
+
+// layout is quantLayout: Q8_0, Q4_0 and Q6_K blocks lose d to a section
+// of their own at dsec.
+static std::vector<uint8_t> layout(QT t, const std::vector<uint8_t>& blocks, size_t& dsec) {
+    const int bb = bbytes(t);
+    const size_t n = blocks.size() / bb;
+    if (t == Q4K || t == Q5K) {
+        dsec = 0;
+        return blocks;
+    }
+    const int keep = t == Q8_0 ? 32 : t == Q4_0 ? 16 : 208, q = t == Q6K ? 0 : 2, d = t == Q6K ? 208 : 0;
+    dsec = (n * keep + 15) & ~size_t(15);
+    std::vector<uint8_t> out(dsec + 2 * n);
+    for (size_t i = 0; i < n; i++) {
+        std::memcpy(&out[i * keep], &blocks[i * bb + q], keep);
+        std::memcpy(&out[dsec + 2 * i], &blocks[i * bb + d], 2);
+    }
+    return out;
+}
+
+using Gemv = void (*)(float*, const float*, const uint8_t*, const uint8_t*, int, int, int, int, const float*, int);
+using Bf16 = void (*)(uint16_t*, uint16_t*, const uint8_t*, const uint8_t*, int, int);
+
+static void run_case(QT t, int rows, int cols) {
+    const Gemv gemv[5][2] = {{ferrite_qgemv_q8_0_r2, ferrite_qgemv_q8_0_r4}, {ferrite_qgemv_q4_0_r2, ferrite_qgemv_q4_0_r4},
+                             {ferrite_qgemv_q4_k_r2, ferrite_qgemv_q4_k_r4}, {ferrite_qgemv_q5_k_r2, ferrite_qgemv_q5_k_r4},
+                             {ferrite_qgemv_q6_k_r2, ferrite_qgemv_q6_k_r4}};
+    const Bf16 bf16[5] = {ferrite_qbf16_q8_0, ferrite_qbf16_q4_0, ferrite_qbf16_q4_k, ferrite_qbf16_q5_k, ferrite_qbf16_q6_k};
+    const int bb = bbytes(t), be = belems(t), nb = rows * (cols / be);
+    std::vector<uint8_t> blocks(size_t(nb) * bb);
+    for (auto& v : blocks) v = uint8_t(rng());
+    for (int i = 0; i < nb; i++) {  // finite scales: d (and dmin) 2^e·(1 + m/1024)
+        uint8_t* b = &blocks[size_t(i) * bb];
+        for (int o : t == Q6K ? std::vector<int>{208} : t >= Q4K ? std::vector<int>{0, 2} : std::vector<int>{0}) {
+            const uint16_t h = f2h_pow(-12 + int(rng() % 3), int(rng() % 1024));
+            b[o] = uint8_t(h), b[o + 1] = uint8_t(h >> 8);
+        }
+    }
+    std::vector<float> w(size_t(rows) * cols);
+    for (int i = 0; i < nb; i++) dequant(t, &blocks[size_t(i) * bb], &w[size_t(i) * be]);
+    size_t dsec;
+    std::vector<uint8_t> dev = layout(t, blocks, dsec);
+    for (int n : {1, 3}) {
+        std::vector<float> x(size_t(n) * cols);
+        for (auto& v : x) v = randn();
+        for (int r : {2, 4}) {
+            std::vector<float> y(size_t(n) * rows, -1.f);
+            launch(dim3u{unsigned(ceil_div(rows, 4 * r)), 1, 1}, 128, [&] {
+                gemv[t][r / 4](y.data(), x.data(), dev.data(), dev.data() + dsec, n, rows, cols, rows, nullptr, 0);
+            });
+            for (int j = 0; j < n; j++)
+                for (int o = 0; o < rows; o++) {
+                    double s = 0, mag = 0;
+                    for (int k = 0; k < cols; k++) {
+                        s += double(w[size_t(o) * cols + k]) * x[size_t(j) * cols + k];
+                        mag += std::fabs(double(w[size_t(o) * cols + k]) * x[size_t(j) * cols + k]);
+                    }
+                    const double e = std::fabs(y[size_t(j) * rows + o] - s) / mag;
+                    CHECK(e < 2e-5, "%s %dx%d n=%d r=%d: y[%d][%d] = %g, want %g (error %.3g)", qname[t], rows, cols, n, r, j, o,
+                          y[size_t(j) * rows + o], s, e);
+                }
+        }
+    }
+    std::vector<uint16_t> hi(w.size()), lo(w.size());
+    launch(dim3u{7, 1, 1}, 256, [&] { bf16[t](hi.data(), lo.data(), dev.data(), dev.data() + dsec, rows, cols); });
+    for (size_t i = 0; i < w.size(); i++) {
+        const uint16_t h = f32_to_bf16(w[i]), l = f32_to_bf16(w[i] - __uint_as_float(uint32_t(h) << 16));
+        CHECK(hi[i] == h && lo[i] == l, "%s %dx%d: bf16 terms of element %zu: %04x %04x, want %04x %04x (%g)", qname[t], rows,
+              cols, i, hi[i], lo[i], h, l, w[i]);
+    }
+}
+
+int main() {
+    for (QT t : {Q8_0, Q4_0, Q4K, Q5K, Q6K}) {
+        run_case(t, 5, 256);
+        run_case(t, 9, 1280);
+        run_case(t, 3, 2048);
+    }
+    std::printf("%d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
