@@ -29,31 +29,34 @@ var quantOn = os.Getenv("FERRITE_CUDA_QUANT") != "0"
 // row-exact mode: it reads the weight once per row of x.
 const quantGemvRows = 8
 
-// quantKernelNames are a type's GEMVs (2 and 4 rows a warp) and its
-// decoding into bfloat16.
+// quantKernelNames are a type's GEMVs (one row of x, 2 or 4 weight rows
+// a block; up to 8 rows of x, 2 weight rows a block) and its decoding into
+// bfloat16.
 type quantKernelNames struct {
-	gemv [2]string
+	gemv [3]string
 	bf16 string
 }
 
 var quantKernels = map[kernels.DType]quantKernelNames{
-	kernels.Q8_0: {[2]string{"ferrite_qgemv_q8_0_r2", "ferrite_qgemv_q8_0_r4"}, "ferrite_qbf16_q8_0"},
-	kernels.Q4_0: {[2]string{"ferrite_qgemv_q4_0_r2", "ferrite_qgemv_q4_0_r4"}, "ferrite_qbf16_q4_0"},
-	kernels.Q4K:  {[2]string{"ferrite_qgemv_q4_k_r2", "ferrite_qgemv_q4_k_r4"}, "ferrite_qbf16_q4_k"},
-	kernels.Q5K:  {[2]string{"ferrite_qgemv_q5_k_r2", "ferrite_qgemv_q5_k_r4"}, "ferrite_qbf16_q5_k"},
-	kernels.Q6K:  {[2]string{"ferrite_qgemv_q6_k_r2", "ferrite_qgemv_q6_k_r4"}, "ferrite_qbf16_q6_k"},
+	kernels.Q8_0: {[3]string{"ferrite_qgemv_q8_0_r2", "ferrite_qgemv_q8_0_r4", "ferrite_qgemv_q8_0_b8"}, "ferrite_qbf16_q8_0"},
+	kernels.Q4_0: {[3]string{"ferrite_qgemv_q4_0_r2", "ferrite_qgemv_q4_0_r4", "ferrite_qgemv_q4_0_b8"}, "ferrite_qbf16_q4_0"},
+	kernels.Q4K:  {[3]string{"ferrite_qgemv_q4_k_r2", "ferrite_qgemv_q4_k_r4", "ferrite_qgemv_q4_k_b8"}, "ferrite_qbf16_q4_k"},
+	kernels.Q5K:  {[3]string{"ferrite_qgemv_q5_k_r2", "ferrite_qgemv_q5_k_r4", "ferrite_qgemv_q5_k_b8"}, "ferrite_qbf16_q5_k"},
+	kernels.Q6K:  {[3]string{"ferrite_qgemv_q6_k_r2", "ferrite_qgemv_q6_k_r4", "ferrite_qgemv_q6_k_b8"}, "ferrite_qbf16_q6_k"},
 }
 
 func init() {
 	for _, k := range quantKernels {
-		kernelNames = append(kernelNames, k.gemv[0], k.gemv[1], k.bf16)
-		pdlKernels[k.gemv[0]], pdlKernels[k.gemv[1]], pdlKernels[k.bf16] = true, true, true
+		kernelNames = append(kernelNames, k.gemv[0], k.gemv[1], k.gemv[2], k.bf16)
+		for _, name := range []string{k.gemv[0], k.gemv[1], k.gemv[2], k.bf16} {
+			pdlKernels[name] = true
+		}
 	}
 }
 
-// quantRowsPerWarp is the quantized GEMV's rows a warp (2 or 4;
-// FERRITE_CUDA_QGEMV_R), a block being 4 warps.
-var quantRowsPerWarp = func() int {
+// quantRowsPerBlock is the one-row quantized GEMV's weight rows a block
+// of 4 warps (2 or 4; FERRITE_CUDA_QGEMV_R).
+var quantRowsPerBlock = func() int {
 	if os.Getenv("FERRITE_CUDA_QGEMV_R") == "2" {
 		return 2
 	}
@@ -224,7 +227,6 @@ func (w *Weight) segs() []*Weight {
 // quantGemvL queues y (n, w.Rows) = x · wᵀ (+ bias) (+ y) for a quantized
 // w, a GEMV launch per segment into its columns of y.
 func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool) error {
-	r := quantRowsPerWarp
 	c0 := 0
 	for _, s := range w.segs() {
 		k, ok := quantKernels[s.DType]
@@ -235,8 +237,11 @@ func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool) error
 		if bias != 0 {
 			sb = bias + uint64(4*c0)
 		}
-		name := k.gemv[r/4]
-		if err := d.launchL(name, uint32(ceilDiv(s.Rows, 4*r)), 128, 0, y+uint64(4*c0), x, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
+		name, r := k.gemv[2], 2 // up to 8 rows of x at once
+		if n == 1 {
+			name, r = k.gemv[quantRowsPerBlock/4], quantRowsPerBlock
+		}
+		if err := d.launchL(name, uint32(ceilDiv(s.Rows, r)), 128, 0, y+uint64(4*c0), x, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
 			i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc)); err != nil {
 			return err
 		}

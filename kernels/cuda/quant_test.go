@@ -217,9 +217,9 @@ func TestQuantLinearCat(t *testing.T) {
 	}
 }
 
-// BenchmarkQuantGEMV times the one-row quantized GEMV at Qwen3-8B's decode
-// shapes (the weight's copies cycled past L2), µs a call and the weight's
-// GB/s.
+// BenchmarkQuantGEMV times the quantized GEMV at Qwen3-8B's decode shapes
+// for 1 and 8 rows of x (the weight's copies, 512 MB, cycled past L2), µs
+// a call and the weight's GB/s.
 func BenchmarkQuantGEMV(b *testing.B) {
 	be := openOps(b)
 	rng := rand.New(rand.NewPCG(11, 12))
@@ -229,30 +229,33 @@ func BenchmarkQuantGEMV(b *testing.B) {
 			rows, cols int
 		}{{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 24576, 4096}, {"down", 4096, 12288}} {
 			bytes := int64(sh.rows) * int64(dt.RowBytes(sh.cols))
-			copies := int(max(1, (1<<30)/bytes))
+			copies := int(max(1, (512<<20)/bytes))
 			ws := make([]*kernels.Mat, copies)
-			for i := range ws {
-				ws[i] = kerneltest.NewMat(rng, dt, sh.rows, sh.cols, 0, 0)
+			ws[0] = kerneltest.NewMat(rng, dt, sh.rows, sh.cols, 0, 0)
+			for i := 1; i < copies; i++ { // the same values in buffers of their own
+				ws[i] = &kernels.Mat{DType: dt, Rows: sh.rows, Cols: sh.cols, Data: ws[0].Data}
 			}
-			x, y := f32Tensor(b, be, 1, sh.cols, randF32(rng, sh.cols)), f32Tensor(b, be, 1, sh.rows, make([]float32, (1)*(sh.rows)))
-			for _, w := range ws { // upload outside the timing
-				be.BeginStep()
-				be.Linear(y, x, w, kernels.Epilogue{})
-				be.EndStep()
-			}
-			b.Run(fmt.Sprintf("%v/%s", dt, sh.name), func(b *testing.B) {
-				const calls = 20
-				for b.Loop() {
+			for _, n := range []int{1, 8} {
+				x, y := f32Tensor(b, be, n, sh.cols, randF32(rng, n*sh.cols)), f32Tensor(b, be, n, sh.rows, make([]float32, n*sh.rows))
+				for _, w := range ws { // upload outside the timing
 					be.BeginStep()
-					for i := range calls {
-						be.Linear(y, x, ws[i%copies], kernels.Epilogue{})
-					}
+					be.Linear(y, x, w, kernels.Epilogue{})
 					be.EndStep()
 				}
-				per := b.Elapsed().Seconds() / float64(b.N*calls)
-				b.ReportMetric(per*1e6, "µs/call")
-				b.ReportMetric(float64(bytes)/per/1e9, "GB/s")
-			})
+				b.Run(fmt.Sprintf("%v/%s/n=%d", dt, sh.name, n), func(b *testing.B) {
+					const calls = 20
+					for b.Loop() {
+						be.BeginStep()
+						for i := range calls {
+							be.Linear(y, x, ws[i%copies], kernels.Epilogue{})
+						}
+						be.EndStep()
+					}
+					per := b.Elapsed().Seconds() / float64(b.N*calls)
+					b.ReportMetric(per*1e6, "µs/call")
+					b.ReportMetric(float64(bytes)/per/1e9, "GB/s")
+				})
+			}
 		}
 	}
 }

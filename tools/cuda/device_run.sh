@@ -141,14 +141,19 @@ if want linattn; then
 	grep -hE '^== pass|^ +[0-9]+ +[0-9]+ +8 ' "$out/linattn-bench.log"
 fi
 if want quant; then
-	(cd k && run quant-gemv 60 quant.log ../cuda.test -test.run XXX -test.bench QuantGEMV -test.benchtime 5x)
+	(cd k && run quant-gemv 100 quant.log ../cuda.test -test.run XXX -test.bench QuantGEMV -test.benchtime 5x)
+	(cd k && FERRITE_CUDA_QGEMV_R=2 run quant-gemv-r2 40 quant.log ../cuda.test -test.run XXX \
+		-test.bench 'QuantGEMV/Q4_K/.*/n=1' -test.benchtime 5x)
 	grep -hE '^Benchmark|rc=' "$out/quant.log"
-	for v in q4_k bf16 q8_0; do
+	FERRITE_TEST_DEVICE=cuda bash -c "cd '$root/engine' && '$dev/engine.test' -test.v -test.count 1 \
+		-test.run 'TestMTPOnDevice/ferrite-tiny'" >"$out/quant-mtp.log" 2>&1
+	grep -E '^(--- |ok|FAIL)' "$out/quant-mtp.log" | tail -5
+	for v in q4_k q8_0 bf16; do
 		q=(--quant "$v")
 		[ "$v" = bf16 ] && q=()
 		bench "quant-$v" 90 --model "$dev/qwen3-8b" "${q[@]}" --concurrency 1,8 --prompt-len 128 --gen-len 128
-		bench "quant-$v-prefill" 60 --model "$dev/qwen3-8b" "${q[@]}" --concurrency 1 --prompt-len 512,4096 --gen-len 1
 	done
+	FERRITE_CUDA_QGEMV_R=2 bench quant-q4_k-r2 70 --model "$dev/qwen3-8b" --quant q4_k --concurrency 1 --prompt-len 128 --gen-len 128
 fi
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1

@@ -184,57 +184,89 @@ __device__ inline void load16(const float* __restrict__ x, float (&v)[16]) {
     }
 }
 
+// quant_part_dot is the contribution of one part of a row (raw, runs c)
+// to its dot product with x's 32 values xa (run 0) and xb (run 1), whose
+// sums are sa and sb: A0·Σf·xa − B0·sa + A1·Σf·xb − B1·sb, rounded the
+// same way wherever it is called (the kernels' rows get the same bits).
+template <class Q>
+__device__ inline float quant_part_dot(const typename Q::Raw& raw, const float (&xa)[16], const float (&xb)[16], float sa,
+                                       float sb) {
+    const QRun c = Q::run(raw, 0);
+    float fa = 0.f, fb = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        fa = fmaf(qmagic<Q::kBits>(Q::q(raw, i)), xa[i], fa);
+        fb = fmaf(qmagic<Q::kBits>(Q::q(raw, 16 + i)), xb[i], fb);
+    }
+    float A0, B0, A1, B1;
+    Q::ab(c.sc[0], c.mn[0], A0, B0);
+    Q::ab(c.sc[1], c.mn[1], A1, B1);
+    return __fadd_rn(__fsub_rn(__fmul_rn(A0, fa), __fmul_rn(B0, sa)), __fsub_rn(__fmul_rn(A1, fb), __fmul_rn(B1, sb)));
+}
+
 // quant_gemv: y[j·ldy + r] = row r of w · x_j (+ bias[r]) (+ the old y),
-// for j < n. A warp takes R rows and walks their parts lane by lane, each
-// lane's 32 x values held for all R rows; a row's sum does not depend on n
-// or on the other rows (kernels.RowExact holds).
-template <class Q, int R>
+// for j < n. A block of 4 warps takes R rows; its 128 lanes deal a row's
+// parts among them (lane L of warp v: parts 32v + L, + 128, …), each
+// lane's 32 x values of a part held for all R rows (and, NB > 1, the R
+// rows' blocks held for NB rows of x); the warps' sums meet in shared
+// memory and are added in warp order. A row's sum does not depend on n,
+// NB, R or the other rows (kernels.RowExact holds).
+template <class Q, int R, int NB>
 __device__ void quant_gemv(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
                            const uint8_t* __restrict__ ds, int n, int rows, int cols, int ldy,
                            const float* __restrict__ bias, int acc_y) {
+    constexpr int kWarps = 4;
+    __shared__ float part[kWarps][R * NB];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int r0 = (blockIdx.x * (blockDim.x >> 5) + warp) * R;
-    if (r0 >= rows) return;
+    const int r0 = blockIdx.x * R;
     const int parts = cols / 32;
-    for (int j = 0; j < n; j++) {
-        const float* xj = x + size_t(j) * cols;
-        float acc[R];
+    for (int j0 = 0; j0 < n; j0 += NB) {
+        const int nb = min(NB, n - j0);
+        float acc[R][NB];
 #pragma unroll
-        for (int r = 0; r < R; r++) acc[r] = 0.f;
-        for (int p = lane; p < parts; p += 32) {
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < NB; j++) acc[r][j] = 0.f;
+        for (int p = warp * 32 + lane; p < parts; p += kWarps * 32) {
             typename Q::Raw raw[R];
 #pragma unroll
             for (int r = 0; r < R; r++)
                 if (r0 + r < rows) raw[r] = Q::load(w, ds, r0 + r, cols, p);
             int o0, o1;
             Q::offs(p, o0, o1);
-            float xa[16], xb[16];
-            load16(xj + o0, xa);
-            load16(xj + o1, xb);
-            float sa = 0.f, sb = 0.f;
 #pragma unroll
-            for (int i = 0; i < 16; i++) sa += xa[i], sb += xb[i];
+            for (int j = 0; j < NB; j++) {
+                if (j >= nb) break;
+                const float* xj = x + size_t(j0 + j) * cols;
+                float xa[16], xb[16];
+                load16(xj + o0, xa);
+                load16(xj + o1, xb);
+                float sa = 0.f, sb = 0.f;
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (r0 + r >= rows) continue;
-                const QRun c = Q::run(raw[r], 0);
-                float fa = 0.f, fb = 0.f;
+                for (int i = 0; i < 16; i++) sa += xa[i], sb += xb[i];
 #pragma unroll
-                for (int i = 0; i < 16; i++) {
-                    fa = fmaf(qmagic<Q::kBits>(Q::q(raw[r], i)), xa[i], fa);
-                    fb = fmaf(qmagic<Q::kBits>(Q::q(raw[r], 16 + i)), xb[i], fb);
-                }
-                float A0, B0, A1, B1;
-                Q::ab(c.sc[0], c.mn[0], A0, B0);
-                Q::ab(c.sc[1], c.mn[1], A1, B1);
-                acc[r] += (A0 * fa - B0 * sa) + (A1 * fb - B1 * sb);
+                for (int r = 0; r < R; r++)
+                    if (r0 + r < rows) acc[r][j] = __fadd_rn(acc[r][j], quant_part_dot<Q>(raw[r], xa, xb, sa, sb));
             }
         }
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const float s = warp_sum(acc[r]);
-            if (lane == 0 && r0 + r < rows) store(y + size_t(j) * ldy + r0 + r, s, bias, r0 + r, acc_y);
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                const float s = warp_sum(acc[r][j]);
+                if (lane == 0) part[warp][r * NB + j] = s;
+            }
+        __syncthreads();
+        if (int(threadIdx.x) < R * NB) {
+            const int r = threadIdx.x / NB, j = threadIdx.x % NB;
+            if (r0 + r < rows && j < nb) {
+                float s = part[0][threadIdx.x];
+#pragma unroll
+                for (int v = 1; v < kWarps; v++) s += part[v][threadIdx.x];
+                store(y + size_t(j0 + j) * ldy + r0 + r, s, bias, r0 + r, acc_y);
+            }
         }
+        __syncthreads();
     }
 }
 
@@ -279,12 +311,12 @@ __device__ void quant_bf16(uint16_t* __restrict__ hi, uint16_t* __restrict__ lo,
 
 }  // namespace
 
-#define FERRITE_QGEMV(name, Q, R)                                                                               \
+#define FERRITE_QGEMV(name, Q, R, NB)                                                                               \
     extern "C" __global__ void __launch_bounds__(128) name(float* y, const float* x, const uint8_t* w, const uint8_t* ds, \
                                                            int n, int rows, int cols, int ldy, const float* bias,        \
                                                            int acc_y) {                                                  \
         FERRITE_PDL_WAIT();                                                                                             \
-        quant_gemv<Q, R>(y, x, w, ds, n, rows, cols, ldy, bias, acc_y);                                                 \
+        quant_gemv<Q, R, NB>(y, x, w, ds, n, rows, cols, ldy, bias, acc_y);                                                 \
     }
 
 #define FERRITE_QBF16(name, Q)                                                                                          \
@@ -294,16 +326,21 @@ __device__ void quant_bf16(uint16_t* __restrict__ hi, uint16_t* __restrict__ lo,
         quant_bf16<Q>(hi, lo, w, ds, rows, cols);                                                                       \
     }
 
-FERRITE_QGEMV(ferrite_qgemv_q8_0_r2, Q8_0Q, 2)
-FERRITE_QGEMV(ferrite_qgemv_q8_0_r4, Q8_0Q, 4)
-FERRITE_QGEMV(ferrite_qgemv_q4_0_r2, Q4_0Q, 2)
-FERRITE_QGEMV(ferrite_qgemv_q4_0_r4, Q4_0Q, 4)
-FERRITE_QGEMV(ferrite_qgemv_q4_k_r2, QKQ<false>, 2)
-FERRITE_QGEMV(ferrite_qgemv_q4_k_r4, QKQ<false>, 4)
-FERRITE_QGEMV(ferrite_qgemv_q5_k_r2, QKQ<true>, 2)
-FERRITE_QGEMV(ferrite_qgemv_q5_k_r4, QKQ<true>, 4)
-FERRITE_QGEMV(ferrite_qgemv_q6_k_r2, Q6KQ, 2)
-FERRITE_QGEMV(ferrite_qgemv_q6_k_r4, Q6KQ, 4)
+FERRITE_QGEMV(ferrite_qgemv_q8_0_r2, Q8_0Q, 2, 1)
+FERRITE_QGEMV(ferrite_qgemv_q8_0_r4, Q8_0Q, 4, 1)
+FERRITE_QGEMV(ferrite_qgemv_q8_0_b8, Q8_0Q, 2, 8)
+FERRITE_QGEMV(ferrite_qgemv_q4_0_r2, Q4_0Q, 2, 1)
+FERRITE_QGEMV(ferrite_qgemv_q4_0_r4, Q4_0Q, 4, 1)
+FERRITE_QGEMV(ferrite_qgemv_q4_0_b8, Q4_0Q, 2, 8)
+FERRITE_QGEMV(ferrite_qgemv_q4_k_r2, QKQ<false>, 2, 1)
+FERRITE_QGEMV(ferrite_qgemv_q4_k_r4, QKQ<false>, 4, 1)
+FERRITE_QGEMV(ferrite_qgemv_q4_k_b8, QKQ<false>, 2, 8)
+FERRITE_QGEMV(ferrite_qgemv_q5_k_r2, QKQ<true>, 2, 1)
+FERRITE_QGEMV(ferrite_qgemv_q5_k_r4, QKQ<true>, 4, 1)
+FERRITE_QGEMV(ferrite_qgemv_q5_k_b8, QKQ<true>, 2, 8)
+FERRITE_QGEMV(ferrite_qgemv_q6_k_r2, Q6KQ, 2, 1)
+FERRITE_QGEMV(ferrite_qgemv_q6_k_r4, Q6KQ, 4, 1)
+FERRITE_QGEMV(ferrite_qgemv_q6_k_b8, Q6KQ, 2, 8)
 FERRITE_QBF16(ferrite_qbf16_q8_0, Q8_0Q)
 FERRITE_QBF16(ferrite_qbf16_q4_0, Q4_0Q)
 FERRITE_QBF16(ferrite_qbf16_q4_k, QKQ<false>)

@@ -90,9 +90,11 @@ using Gemv = void (*)(float*, const float*, const uint8_t*, const uint8_t*, int,
 using Bf16 = void (*)(uint16_t*, uint16_t*, const uint8_t*, const uint8_t*, int, int);
 
 static void run_case(QT t, int rows, int cols) {
-    const Gemv gemv[5][2] = {{ferrite_qgemv_q8_0_r2, ferrite_qgemv_q8_0_r4}, {ferrite_qgemv_q4_0_r2, ferrite_qgemv_q4_0_r4},
-                             {ferrite_qgemv_q4_k_r2, ferrite_qgemv_q4_k_r4}, {ferrite_qgemv_q5_k_r2, ferrite_qgemv_q5_k_r4},
-                             {ferrite_qgemv_q6_k_r2, ferrite_qgemv_q6_k_r4}};
+    const Gemv gemv[5][3] = {{ferrite_qgemv_q8_0_r2, ferrite_qgemv_q8_0_r4, ferrite_qgemv_q8_0_b8},
+                             {ferrite_qgemv_q4_0_r2, ferrite_qgemv_q4_0_r4, ferrite_qgemv_q4_0_b8},
+                             {ferrite_qgemv_q4_k_r2, ferrite_qgemv_q4_k_r4, ferrite_qgemv_q4_k_b8},
+                             {ferrite_qgemv_q5_k_r2, ferrite_qgemv_q5_k_r4, ferrite_qgemv_q5_k_b8},
+                             {ferrite_qgemv_q6_k_r2, ferrite_qgemv_q6_k_r4, ferrite_qgemv_q6_k_b8}};
     const Bf16 bf16[5] = {ferrite_qbf16_q8_0, ferrite_qbf16_q4_0, ferrite_qbf16_q4_k, ferrite_qbf16_q5_k, ferrite_qbf16_q6_k};
     const int bb = bbytes(t), be = belems(t), nb = rows * (cols / be);
     std::vector<uint8_t> blocks(size_t(nb) * bb);
@@ -108,14 +110,26 @@ static void run_case(QT t, int rows, int cols) {
     for (int i = 0; i < nb; i++) dequant(t, &blocks[size_t(i) * bb], &w[size_t(i) * be]);
     size_t dsec;
     std::vector<uint8_t> dev = layout(t, blocks, dsec);
-    for (int n : {1, 3}) {
+    std::vector<float> one;  // the form-0 results of the last n, for the bits of the others
+    for (int n : {1, 3, 11}) {
         std::vector<float> x(size_t(n) * cols);
         for (auto& v : x) v = randn();
-        for (int r : {2, 4}) {
+        for (int f = 0; f < 3; f++) {  // 2 and 4 rows a block one row of x at a time, 2 rows and 8 of x
+            const int r = f == 1 ? 4 : 2;
             std::vector<float> y(size_t(n) * rows, -1.f);
-            launch(dim3u{unsigned(ceil_div(rows, 4 * r)), 1, 1}, 128, [&] {
-                gemv[t][r / 4](y.data(), x.data(), dev.data(), dev.data() + dsec, n, rows, cols, rows, nullptr, 0);
+            launch(dim3u{unsigned(ceil_div(rows, r)), 1, 1}, 128, [&] {
+                if (f < 2) {
+                    for (int j = 0; j < n; j++)  // as quantGemvL: this form takes one row of x
+                        gemv[t][f](y.data() + size_t(j) * rows, x.data() + size_t(j) * cols, dev.data(), dev.data() + dsec, 1,
+                                   rows, cols, rows, nullptr, 0);
+                } else {
+                    gemv[t][2](y.data(), x.data(), dev.data(), dev.data() + dsec, n, rows, cols, rows, nullptr, 0);
+                }
             });
+            if (f == 0) one = y;
+            for (size_t i = 0; i < y.size(); i++)
+                CHECK(std::memcmp(&y[i], &one[i], 4) == 0, "%s %dx%d n=%d form %d: y[%zu] = %g, %g in form 0", qname[t], rows,
+                      cols, n, f, i, y[i], one[i]);
             for (int j = 0; j < n; j++)
                 for (int o = 0; o < rows; o++) {
                     double s = 0, mag = 0;
@@ -124,7 +138,7 @@ static void run_case(QT t, int rows, int cols) {
                         mag += std::fabs(double(w[size_t(o) * cols + k]) * x[size_t(j) * cols + k]);
                     }
                     const double e = std::fabs(y[size_t(j) * rows + o] - s) / mag;
-                    CHECK(e < 2e-5, "%s %dx%d n=%d r=%d: y[%d][%d] = %g, want %g (error %.3g)", qname[t], rows, cols, n, r, j, o,
+                    CHECK(e < 2e-5, "%s %dx%d n=%d form %d: y[%d][%d] = %g, want %g (error %.3g)", qname[t], rows, cols, n, f, j, o,
                           y[size_t(j) * rows + o], s, e);
                 }
         }
