@@ -5,6 +5,7 @@ package cuda
 import (
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -26,8 +27,14 @@ import (
 var quantOn = os.Getenv("FERRITE_CUDA_QUANT") != "0"
 
 // quantGemvRows is the most rows of x the quantized GEMV takes outside the
-// row-exact mode: it reads the weight once per row of x.
-const quantGemvRows = 8
+// row-exact mode (it reads the weight once per 8 rows of x):
+// FERRITE_CUDA_QGEMV_ROWS, default 8.
+var quantGemvRows = func() int {
+	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_QGEMV_ROWS")); err == nil && n >= 1 {
+		return n
+	}
+	return 8
+}()
 
 // quantKernelNames are a type's GEMVs (one row of x, 2 or 4 weight rows
 // a block; up to 8 rows of x, 2 weight rows a block) and its decoding into

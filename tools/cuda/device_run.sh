@@ -32,10 +32,11 @@
 #              speed-up per draft length; ferrite-tiny again with
 #              FERRITE_CUDA_FEWROWS=0 and SPIN=0), ferrite bench, qwen3_next (small)
 #              and ferrite-tiny with MTP on/off at draft 1 (cost-aware, forced)
-#   quant      (not in the default list) BenchmarkQuantGEMV, then ferrite bench,
-#              Qwen3-8B with --quant q4_k and q8_0 (GGML blocks on the
-#              device) and bf16, batch 1 and 8 (128+128) and prompts of 512
-#              and 4,096 tokens, interleaved (~3 min)
+#   quant      (not in the default list) BenchmarkQuantGEMV, engine
+#              TestMTPOnDevice/ferrite-tiny, then ferrite bench, Qwen3-8B
+#              with --quant q4_k and q8_0 (GGML blocks on the device) and
+#              bf16 at 1/8/32 sequences (128+128), and q4_k with 2 weight
+#              rows a block and the GEMV up to 64 rows (~4 min)
 #   fuseattn   (not in the default list) ferrite bench, Qwen3-8B batch 1 with
 #              the fused attention on (FERRITE_CUDA_FUSE=1: PrepareQKV and
 #              the split merge in the attention kernel; off by default) for
@@ -151,9 +152,10 @@ if want quant; then
 	for v in q4_k q8_0 bf16; do
 		q=(--quant "$v")
 		[ "$v" = bf16 ] && q=()
-		bench "quant-$v" 90 --model "$dev/qwen3-8b" "${q[@]}" --concurrency 1,8 --prompt-len 128 --gen-len 128
+		bench "quant-$v" 90 --model "$dev/qwen3-8b" "${q[@]}" --concurrency 1,8,32 --prompt-len 128 --gen-len 128
 	done
-	FERRITE_CUDA_QGEMV_R=2 bench quant-q4_k-r2 70 --model "$dev/qwen3-8b" --quant q4_k --concurrency 1 --prompt-len 128 --gen-len 128
+	FERRITE_CUDA_QGEMV_R=2 FERRITE_CUDA_QGEMV_ROWS=64 bench quant-q4_k-r2-rows64 70 --model "$dev/qwen3-8b" --quant q4_k \
+		--concurrency 1,32 --prompt-len 128 --gen-len 128
 fi
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1

@@ -90,6 +90,15 @@ __device__ inline ChunkSmem chunk_layout(uint8_t* base, int dk) {
     return m;
 }
 
+// outer4 adds the outer product a·bᵀ to a 4 × 4 tile (the M·S₀ and state
+// update tiles' inner step).
+__device__ inline void outer4(double (&acc)[4][4], const double (&a)[4], const double (&b)[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int v = 0; v < 4; v++) acc[u][v] += a[u] * b[v];
+}
+
 // delta_chunk runs the block's (sequence, head, column tile); PC: a decay
 // per channel (KDA) — the decayed products by running products along each
 // column of A and P (kernels/cpu's form); otherwise one decay a head
@@ -361,10 +370,7 @@ __device__ void delta_chunk(const DeltaArgs& a) {
                     for (int u = 0; u < 4; u++) mv[u] = X[u * xp + c];
 #pragma unroll
                     for (int v = 0; v < 4; v++) sv[v] = m.S[c * kChunkCols + jj + v];
-#pragma unroll
-                    for (int u = 0; u < 4; u++)
-#pragma unroll
-                        for (int v = 0; v < 4; v++) acc[u][v] += mv[u] * sv[v];
+                    outer4(acc, mv, sv);
                 }
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
@@ -442,10 +448,7 @@ __device__ void delta_chunk(const DeltaArgs& a) {
                     kv[u] = cc + u >= dk ? 0.0 : PC ? m.eg[r * dk + cc + u] : m.kd[r * xp + cc + u] * m.eGL[r];
 #pragma unroll
                 for (int v = 0; v < 4; v++) vv[v] = m.Vn[r * kChunkCols + jj + v];
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-#pragma unroll
-                    for (int v = 0; v < 4; v++) acc[u][v] += kv[u] * vv[v];
+                outer4(acc, kv, vv);
             }
 #pragma unroll
             for (int u = 0; u < 4; u++)

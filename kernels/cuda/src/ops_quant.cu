@@ -29,11 +29,23 @@ __device__ inline uint32_t qbyte(const uint4& v, int i) {
     return (w >> (8 * (i & 3))) & 0xffu;
 }
 
-// qmagic is 1 + q / 2^B as a float32 (q < 2^B, B ≤ 8).
+// qword is the 32-bit word of v that holds byte i (compile-time after
+// unrolling).
+__device__ inline uint32_t qword(const uint4& v, int i) { return i < 4 ? v.x : i < 8 ? v.y : i < 12 ? v.z : v.w; }
+
+// qbits moves bits lo…lo+B−1 of w (lo compile-time after unrolling) to
+// bits 23−B…22, the top of a float32's mantissa, the rest cleared: a mask,
+// then a shift that the compiler joins to qf's add (IMAD or LEA.HI).
 template <int B>
-__device__ inline float qmagic(uint32_t q) {
-    return __uint_as_float(0x3f800000u | (q << (23 - B)));
+__device__ inline uint32_t qbits(uint32_t w, int lo) {
+    const int sh = 23 - B - lo;
+    const uint32_t m = w & (((1u << B) - 1) << lo);
+    return sh >= 0 ? m << sh : m >> -sh;
 }
+
+// qf is the float32 1 + field / 2^B for the bits qbits (or a sum of such
+// fields of B bits in all) made.
+__device__ inline float qf(uint32_t bits) { return __uint_as_float(bits + 0x3f800000u); }
 
 __device__ inline float qhalf(const uint8_t* p) { return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p))); }
 
@@ -55,6 +67,9 @@ struct Q8_0Q {
         return Raw{__ldg(q), __ldg(q + 1), qhalf(ds + 2 * (size_t(r) * (cols / 32) + p))};
     }
     __device__ static uint32_t q(const Raw& v, int i) { return (i < 16 ? qbyte(v.a, i) : qbyte(v.b, i - 16)) ^ 0x80u; }
+    __device__ static float f(const Raw& v, int i) {
+        return qf(qbits<8>(qword(i < 16 ? v.a : v.b, i & 15) ^ 0x80808080u, 8 * (i & 3)));
+    }
     __device__ static QRun run(const Raw& v, int) { return QRun{{v.d, v.d}, {0.f, 0.f}}; }
     __device__ static float exact(uint32_t q, float sc, float) { return __fmul_rn(float(int(q) - 128), sc); }
     __device__ static void ab(float sc, float, float& A, float& B) { A = 256.f * sc, B = 384.f * sc; }
@@ -73,6 +88,7 @@ struct Q4_0Q {
         return Raw{__ldg(q), qhalf(ds + 2 * (size_t(r) * (cols / 32) + p))};
     }
     __device__ static uint32_t q(const Raw& v, int i) { return i < 16 ? qbyte(v.a, i) & 15u : qbyte(v.a, i - 16) >> 4; }
+    __device__ static float f(const Raw& v, int i) { return qf(qbits<4>(qword(v.a, i & 15), 8 * (i & 3) + 4 * (i >> 4))); }
     __device__ static QRun run(const Raw& v, int) { return QRun{{v.d, v.d}, {0.f, 0.f}}; }
     __device__ static float exact(uint32_t q, float sc, float) { return __fmul_rn(sc, float(int(q) - 8)); }
     __device__ static void ab(float sc, float, float& A, float& B) { A = 16.f * sc, B = 24.f * sc; }
@@ -81,12 +97,11 @@ struct Q4_0Q {
 // The K quants' 6-bit scale and min of sub-block j (kernels.ScaleMinK4)
 // from a block's first 16 bytes h (d, dmin, scales[12]).
 __device__ inline void scale_min_k4(const uint4& h, int j, float& sc, float& m) {
-    const auto s = [&](int i) { return qbyte(h, 4 + i); };
-    if (j < 4) {
-        sc = float(s(j) & 63u), m = float(s(j + 4) & 63u);
-    } else {
-        sc = float((s(j + 4) & 15u) | ((s(j - 4) >> 6) << 4)), m = float((s(j + 4) >> 4) | ((s(j) >> 6) << 4));
-    }
+    const int sh = 8 * (j & 3);
+    const uint32_t b0 = (h.y >> sh) & 0xffu, b1 = (h.z >> sh) & 0xffu, b2 = (h.w >> sh) & 0xffu;
+    const bool hi = j >= 4;
+    sc = float(hi ? (b2 & 15u) | ((b0 >> 6) << 4) : b0 & 63u);
+    m = float(hi ? (b2 >> 4) | ((b1 >> 6) << 4) : b1 & 63u);
 }
 
 // Q4_K and Q5_K (F = 5): w = d·sc·q − dmin·m per sub-block of 32. Part t
@@ -120,6 +135,13 @@ struct QKQ {
         uint32_t q = (qbyte(v.qs, l) >> (4 * k)) & 15u;
         if (F) q |= ((qbyte(v.qh, l) >> s) & 1u) << 4;
         return q;
+    }
+    __device__ static float f(const Raw& v, int i) {
+        const int k = i >> 4, l = i & 15;
+        if (!F) return qf(qbits<4>(qword(v.qs, l), 8 * (l & 3) + 4 * k));
+        // the nibble below the fifth bit, bit s of qh's byte l (s per run)
+        const uint32_t h = qword(v.qh, l) >> (2 * (v.t >> 1) + k);
+        return qf((qbits<4>(qword(v.qs, l), 8 * (l & 3) + 4 * k) >> 1) + qbits<1>(h, 8 * (l & 3)));
     }
     __device__ static QRun run(const Raw& v, int) {
         const float d = __half2float(__ushort_as_half(uint16_t(v.h.x))), dmin = __half2float(__ushort_as_half(uint16_t(v.h.x >> 16)));
@@ -170,6 +192,11 @@ struct Q6KQ {
         const int k = i >> 4, l = i & 15, g = ((v.t >> 1) & 1) + 2 * k;
         return ((qbyte(v.ql, l) >> (4 * k)) & 15u) | (((qbyte(v.qh, l) >> (2 * g)) & 3u) << 4);
     }
+    __device__ static float f(const Raw& v, int i) {
+        const int k = i >> 4, l = i & 15, g = ((v.t >> 1) & 1) + 2 * k;
+        const uint32_t h = qword(v.qh, l) >> (2 * g);  // qh's bits 2g, 2g + 1 of byte l at 8·(l & 3)
+        return qf((qbits<4>(qword(v.ql, l), 8 * (l & 3) + 4 * k) >> 2) + qbits<2>(h, 8 * (l & 3)));
+    }
     __device__ static QRun run(const Raw& v, int) { return QRun{{v.sc0, v.sc1}, {0.f, 0.f}}; }
     __device__ static float exact(uint32_t q, float sc, float) { return __fmul_rn(sc, float(int(q) - 32)); }
     __device__ static void ab(float sc, float, float& A, float& B) { A = 64.f * sc, B = 96.f * sc; }
@@ -184,31 +211,55 @@ __device__ inline void load16(const float* __restrict__ x, float (&v)[16]) {
     }
 }
 
-// quant_part_dot is the contribution of one part of a row (raw, runs c)
-// to its dot product with x's 32 values xa (run 0) and xb (run 1), whose
-// sums are sa and sb: A0·Σf·xa − B0·sa + A1·Σf·xb − B1·sb, rounded the
-// same way wherever it is called (the kernels' rows get the same bits).
+// QDec is one part of a row ready for its dot products: f = 1 + q / 2^bits
+// of its 32 elements (run 0, then run 1) and the runs' w = A·f − B.
+struct QDec {
+    float f[32];
+    float A0, B0, A1, B1;
+};
+
 template <class Q>
-__device__ inline float quant_part_dot(const typename Q::Raw& raw, const float (&xa)[16], const float (&xb)[16], float sa,
-                                       float sb) {
+__device__ inline QDec quant_dec(const typename Q::Raw& raw) {
+    QDec d;
+#pragma unroll
+    for (int i = 0; i < 32; i++) d.f[i] = Q::f(raw, i);
     const QRun c = Q::run(raw, 0);
+    Q::ab(c.sc[0], c.mn[0], d.A0, d.B0);
+    Q::ab(c.sc[1], c.mn[1], d.A1, d.B1);
+    return d;
+}
+
+// quant_part_dot is a decoded part's contribution to its row's dot
+// product with x's 32 values xa (run 0) and xb (run 1), whose sums are sa
+// and sb: A0·Σf·xa − B0·sa + A1·Σf·xb − B1·sb, rounded the same way
+// wherever it is called (every form of the kernel gives a row the same
+// bits).
+__device__ inline float quant_part_dot(const QDec& d, const float (&xa)[16], const float (&xb)[16], float sa, float sb) {
     float fa = 0.f, fb = 0.f;
 #pragma unroll
     for (int i = 0; i < 16; i++) {
-        fa = fmaf(qmagic<Q::kBits>(Q::q(raw, i)), xa[i], fa);
-        fb = fmaf(qmagic<Q::kBits>(Q::q(raw, 16 + i)), xb[i], fb);
+        fa = fmaf(d.f[i], xa[i], fa);
+        fb = fmaf(d.f[16 + i], xb[i], fb);
     }
-    float A0, B0, A1, B1;
-    Q::ab(c.sc[0], c.mn[0], A0, B0);
-    Q::ab(c.sc[1], c.mn[1], A1, B1);
-    return __fadd_rn(__fsub_rn(__fmul_rn(A0, fa), __fmul_rn(B0, sa)), __fsub_rn(__fmul_rn(A1, fb), __fmul_rn(B1, sb)));
+    return __fadd_rn(__fsub_rn(__fmul_rn(d.A0, fa), __fmul_rn(d.B0, sa)), __fsub_rn(__fmul_rn(d.A1, fb), __fmul_rn(d.B1, sb)));
+}
+
+// quant_x loads a part's 32 values of the row x (runs at o0 and o1) and
+// their sums.
+__device__ inline void quant_x(const float* __restrict__ x, int o0, int o1, float (&xa)[16], float (&xb)[16], float& sa,
+                               float& sb) {
+    load16(x + o0, xa);
+    load16(x + o1, xb);
+    sa = 0.f, sb = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) sa += xa[i], sb += xb[i];
 }
 
 // quant_gemv: y[j·ldy + r] = row r of w · x_j (+ bias[r]) (+ the old y),
 // for j < n. A block of 4 warps takes R rows; its 128 lanes deal a row's
 // parts among them (lane L of warp v: parts 32v + L, + 128, …), each
-// lane's 32 x values of a part held for all R rows (and, NB > 1, the R
-// rows' blocks held for NB rows of x); the warps' sums meet in shared
+// lane's 32 x values of a part held for all R rows and the R rows' part
+// decoded once for up to NB rows of x; the warps' sums meet in shared
 // memory and are added in warp order. A row's sum does not depend on n,
 // NB, R or the other rows (kernels.RowExact holds).
 template <class Q, int R, int NB>
@@ -228,25 +279,32 @@ __device__ void quant_gemv(float* __restrict__ y, const float* __restrict__ x, c
 #pragma unroll
             for (int j = 0; j < NB; j++) acc[r][j] = 0.f;
         for (int p = warp * 32 + lane; p < parts; p += kWarps * 32) {
-            typename Q::Raw raw[R];
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                if (r0 + r < rows) raw[r] = Q::load(w, ds, r0 + r, cols, p);
             int o0, o1;
             Q::offs(p, o0, o1);
+            if (NB == 1) {  // the rows' loads first, then each row decoded as its products need it
+                typename Q::Raw raw[R];
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    if (r0 + r < rows) raw[r] = Q::load(w, ds, r0 + r, cols, p);
+                float xa[16], xb[16], sa, sb;
+                quant_x(x + size_t(j0) * cols, o0, o1, xa, xb, sa, sb);
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    if (r0 + r < rows) acc[r][0] = __fadd_rn(acc[r][0], quant_part_dot(quant_dec<Q>(raw[r]), xa, xb, sa, sb));
+                continue;
+            }
+            QDec dec[R];  // the R rows' part, decoded once for every row of x
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (r0 + r < rows) dec[r] = quant_dec<Q>(Q::load(w, ds, r0 + r, cols, p));
 #pragma unroll
             for (int j = 0; j < NB; j++) {
                 if (j >= nb) break;
-                const float* xj = x + size_t(j0 + j) * cols;
-                float xa[16], xb[16];
-                load16(xj + o0, xa);
-                load16(xj + o1, xb);
-                float sa = 0.f, sb = 0.f;
-#pragma unroll
-                for (int i = 0; i < 16; i++) sa += xa[i], sb += xb[i];
+                float xa[16], xb[16], sa, sb;
+                quant_x(x + size_t(j0 + j) * cols, o0, o1, xa, xb, sa, sb);
 #pragma unroll
                 for (int r = 0; r < R; r++)
-                    if (r0 + r < rows) acc[r][j] = __fadd_rn(acc[r][j], quant_part_dot<Q>(raw[r], xa, xb, sa, sb));
+                    if (r0 + r < rows) acc[r][j] = __fadd_rn(acc[r][j], quant_part_dot(dec[r], xa, xb, sa, sb));
             }
         }
 #pragma unroll
