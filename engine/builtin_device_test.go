@@ -58,6 +58,15 @@ func TestBuiltinOnDevice(t *testing.T) {
 		return l
 	}
 	dev, ref := load(Options{Device: spec}), load(Options{Backend: strict.New()})
+	compareOnDevice(t, dev, ref, builtinDeviceTol)
+}
+
+// compareOnDevice compares dev's logits with ref's (the strict backend) on
+// a random 40-token prompt and 8 cached decode steps that follow ref's
+// greedy choices, within tol of the largest logit, and fails where the
+// greedy tokens differ beyond a near-tie.
+func compareOnDevice(t *testing.T, dev, ref *Loaded, tol float64) {
+	t.Helper()
 	t.Logf("device %s", dev.Device)
 
 	rng := rand.New(rand.NewPCG(13, 14))
@@ -78,7 +87,7 @@ func TestBuiltinOnDevice(t *testing.T) {
 		r.logits = e.Step(t, r.s, prompt, model.AllLogits)
 		runs[i] = r
 	}
-	rel := modeltest.Compare(t, "prompt logits", runs[0].logits, runs[1].logits, builtinDeviceTol)
+	rel := modeltest.Compare(t, "prompt logits", runs[0].logits, runs[1].logits, tol)
 	t.Logf("prompt logits: relative error %.3g", rel)
 	// Greedy decoding from the reference's choices, so one near-tie does
 	// not change every later step: the device's logits at each step and
@@ -88,7 +97,7 @@ func TestBuiltinOnDevice(t *testing.T) {
 	for step := range 8 {
 		d := runs[0].e.Step(t, runs[0].s, []int32{next}, model.LastLogits)
 		r := runs[1].e.Step(t, runs[1].s, []int32{next}, model.LastLogits)
-		rel = max(rel, modeltest.Compare(t, "decode logits", d, r, builtinDeviceTol))
+		rel = max(rel, modeltest.Compare(t, "decode logits", d, r, tol))
 		if gd, gr := fixtures.Argmax(d), fixtures.Argmax(r); gd != gr {
 			t.Logf("step %d: greedy %d on the device, %d in the reference (top-2 gap %.3g)", step, gd, gr, fixtures.Top2Gap(r))
 			if fixtures.Top2Gap(r) > 1e-2 {
@@ -98,4 +107,33 @@ func TestBuiltinOnDevice(t *testing.T) {
 		next = fixtures.Argmax(r)
 	}
 	t.Logf("prompt and decode logits: largest relative error %.3g", rel)
+}
+
+// quantizedDeviceTol bounds max|device − strict| / max|strict| of a
+// fixture's logits with its matrices quantized to Q4_K (the head Q6_K): the
+// device's GEMV over the blocks and, for the prompt's rows, the bf16
+// product of the blocks' exact decoding in two bf16 terms, against strict's
+// float64 loops over the same exact decoding.
+const quantizedDeviceTol = 1e-3
+
+// TestQuantizedOnDevice runs the qwen3 fixture quantized to Q4_K as it
+// loads (--quant q4_k: GGML blocks that kernels/cuda keeps on the device
+// for the linear ops) on the device FERRITE_TEST_DEVICE names, against the
+// strict backend on the same blocks.
+func TestQuantizedOnDevice(t *testing.T) {
+	spec := os.Getenv("FERRITE_TEST_DEVICE")
+	if spec == "" || strings.HasPrefix(spec, "cpu") {
+		t.Skip("FERRITE_TEST_DEVICE names no GPU")
+	}
+	dir := filepath.Join("..", "testdata", "models", "qwen3")
+	load := func(opts Options) *Loaded {
+		opts.KVFloat32, opts.Threads, opts.Quant = true, 2, "q4_k"
+		l, err := Load(dir, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	compareOnDevice(t, load(Options{Device: spec}), load(Options{Backend: strict.New()}), quantizedDeviceTol)
 }
