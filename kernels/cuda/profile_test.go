@@ -187,7 +187,7 @@ func TestProfile(t *testing.T) {
 	if err != nil || b.Err() != nil {
 		t.Fatal(err, b.Err())
 	}
-	if i, ok := rowByLabel(tb, "copy_rows grid=4x1x1 blk=256"); tb.steps != 3 || !ok || tb.rows[i].calls != 3 {
+	if i, ok := rowByLabel(tb, "copy_rows grid=1x1x1 blk=256"); tb.steps != 3 || !ok || tb.rows[i].calls != 3 {
 		sb.Reset()
 		tb.write(&sb)
 		t.Errorf("3 steps of one Copy: want 3 steps and 3 copy_rows calls, got\n%s", sb.String())
@@ -241,7 +241,7 @@ func TestProfileGraph(t *testing.T) {
 		var sb strings.Builder
 		tb.write(&sb)
 		t.Log("\n" + sb.String())
-		i, ok := rowByLabel(tb, "copy_rows grid=4x1x1 blk=256")
+		i, ok := rowByLabel(tb, "copy_rows grid=1x1x1 blk=256")
 		if tb.steps != wantSteps || !ok || tb.rows[i].calls != wantSteps || !(tb.rows[i].us > 0) || tb.rows[i].us/float64(wantSteps) > 1e4 {
 			t.Errorf("%s: want %d steps and copy_rows calls, 0 < µs/call < 1e4", what, wantSteps)
 		}
