@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"fmt"
+	"math/bits"
 	"os"
 	"strconv"
 
@@ -36,36 +37,41 @@ var quantGemvRows = func() int {
 	return 8
 }()
 
-// quantKernelNames are a type's GEMVs (one row of x, 2 or 4 weight rows
-// a block; up to 8 rows of x, 2 weight rows a block) and its decoding into
-// bfloat16.
+// quantKernelNames are a type's GEMVs for one row of x (2, 4 or 8 weight
+// rows a block: one1[0], [1], [2]) and for up to 8 rows of x (2 weight rows
+// a block), and its decoding into bfloat16.
 type quantKernelNames struct {
-	gemv [3]string
+	one1 [3]string
+	b8   string
 	bf16 string
 }
 
 var quantKernels = map[kernels.DType]quantKernelNames{
-	kernels.Q8_0: {[3]string{"ferrite_qgemv_q8_0_r2", "ferrite_qgemv_q8_0_r4", "ferrite_qgemv_q8_0_b8"}, "ferrite_qbf16_q8_0"},
-	kernels.Q4_0: {[3]string{"ferrite_qgemv_q4_0_r2", "ferrite_qgemv_q4_0_r4", "ferrite_qgemv_q4_0_b8"}, "ferrite_qbf16_q4_0"},
-	kernels.Q4K:  {[3]string{"ferrite_qgemv_q4_k_r2", "ferrite_qgemv_q4_k_r4", "ferrite_qgemv_q4_k_b8"}, "ferrite_qbf16_q4_k"},
-	kernels.Q5K:  {[3]string{"ferrite_qgemv_q5_k_r2", "ferrite_qgemv_q5_k_r4", "ferrite_qgemv_q5_k_b8"}, "ferrite_qbf16_q5_k"},
-	kernels.Q6K:  {[3]string{"ferrite_qgemv_q6_k_r2", "ferrite_qgemv_q6_k_r4", "ferrite_qgemv_q6_k_b8"}, "ferrite_qbf16_q6_k"},
+	kernels.Q8_0: {[3]string{"ferrite_qgemv_q8_0_r2", "ferrite_qgemv_q8_0_r4", "ferrite_qgemv_q8_0_r8"}, "ferrite_qgemv_q8_0_b8", "ferrite_qbf16_q8_0"},
+	kernels.Q4_0: {[3]string{"ferrite_qgemv_q4_0_r2", "ferrite_qgemv_q4_0_r4", "ferrite_qgemv_q4_0_r8"}, "ferrite_qgemv_q4_0_b8", "ferrite_qbf16_q4_0"},
+	kernels.Q4K:  {[3]string{"ferrite_qgemv_q4_k_r2", "ferrite_qgemv_q4_k_r4", "ferrite_qgemv_q4_k_r8"}, "ferrite_qgemv_q4_k_b8", "ferrite_qbf16_q4_k"},
+	kernels.Q5K:  {[3]string{"ferrite_qgemv_q5_k_r2", "ferrite_qgemv_q5_k_r4", "ferrite_qgemv_q5_k_r8"}, "ferrite_qgemv_q5_k_b8", "ferrite_qbf16_q5_k"},
+	kernels.Q6K:  {[3]string{"ferrite_qgemv_q6_k_r2", "ferrite_qgemv_q6_k_r4", "ferrite_qgemv_q6_k_r8"}, "ferrite_qgemv_q6_k_b8", "ferrite_qbf16_q6_k"},
 }
 
 func init() {
 	for _, k := range quantKernels {
-		kernelNames = append(kernelNames, k.gemv[0], k.gemv[1], k.gemv[2], k.bf16)
-		for _, name := range []string{k.gemv[0], k.gemv[1], k.gemv[2], k.bf16} {
+		for _, name := range []string{k.one1[0], k.one1[1], k.one1[2], k.b8, k.bf16} {
+			kernelNames = append(kernelNames, name)
 			pdlKernels[name] = true
 		}
 	}
 }
 
 // quantRowsPerBlock is the one-row quantized GEMV's weight rows a block
-// of 4 warps (2 or 4; FERRITE_CUDA_QGEMV_R).
+// of 4 warps (2, 4 or 8; FERRITE_CUDA_QGEMV_R), all of them loaded before
+// any is multiplied.
 var quantRowsPerBlock = func() int {
-	if os.Getenv("FERRITE_CUDA_QGEMV_R") == "2" {
+	switch os.Getenv("FERRITE_CUDA_QGEMV_R") {
+	case "2":
 		return 2
+	case "8":
+		return 8
 	}
 	return 4
 }()
@@ -244,9 +250,9 @@ func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool) error
 		if bias != 0 {
 			sb = bias + uint64(4*c0)
 		}
-		name, r := k.gemv[2], 2 // up to 8 rows of x at once
+		name, r := k.b8, 2 // up to 8 rows of x at once
 		if n == 1 {
-			name, r = k.gemv[quantRowsPerBlock/4], quantRowsPerBlock
+			name, r = k.one1[bits.Len(uint(quantRowsPerBlock))-2], quantRowsPerBlock
 		}
 		if err := d.launchL(name, uint32(ceilDiv(s.Rows, r)), 128, 0, y+uint64(4*c0), x, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
 			i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc)); err != nil {

@@ -90,11 +90,11 @@ using Gemv = void (*)(float*, const float*, const uint8_t*, const uint8_t*, int,
 using Bf16 = void (*)(uint16_t*, uint16_t*, const uint8_t*, const uint8_t*, int, int);
 
 static void run_case(QT t, int rows, int cols) {
-    const Gemv gemv[5][3] = {{ferrite_qgemv_q8_0_r2, ferrite_qgemv_q8_0_r4, ferrite_qgemv_q8_0_b8},
-                             {ferrite_qgemv_q4_0_r2, ferrite_qgemv_q4_0_r4, ferrite_qgemv_q4_0_b8},
-                             {ferrite_qgemv_q4_k_r2, ferrite_qgemv_q4_k_r4, ferrite_qgemv_q4_k_b8},
-                             {ferrite_qgemv_q5_k_r2, ferrite_qgemv_q5_k_r4, ferrite_qgemv_q5_k_b8},
-                             {ferrite_qgemv_q6_k_r2, ferrite_qgemv_q6_k_r4, ferrite_qgemv_q6_k_b8}};
+    const Gemv gemv[5][4] = {{ferrite_qgemv_q8_0_r2, ferrite_qgemv_q8_0_r4, ferrite_qgemv_q8_0_b8, ferrite_qgemv_q8_0_r8},
+                             {ferrite_qgemv_q4_0_r2, ferrite_qgemv_q4_0_r4, ferrite_qgemv_q4_0_b8, ferrite_qgemv_q4_0_r8},
+                             {ferrite_qgemv_q4_k_r2, ferrite_qgemv_q4_k_r4, ferrite_qgemv_q4_k_b8, ferrite_qgemv_q4_k_r8},
+                             {ferrite_qgemv_q5_k_r2, ferrite_qgemv_q5_k_r4, ferrite_qgemv_q5_k_b8, ferrite_qgemv_q5_k_r8},
+                             {ferrite_qgemv_q6_k_r2, ferrite_qgemv_q6_k_r4, ferrite_qgemv_q6_k_b8, ferrite_qgemv_q6_k_r8}};
     const Bf16 bf16[5] = {ferrite_qbf16_q8_0, ferrite_qbf16_q4_0, ferrite_qbf16_q4_k, ferrite_qbf16_q5_k, ferrite_qbf16_q6_k};
     const int bb = bbytes(t), be = belems(t), nb = rows * (cols / be);
     std::vector<uint8_t> blocks(size_t(nb) * bb);
@@ -114,11 +114,11 @@ static void run_case(QT t, int rows, int cols) {
     for (int n : {1, 3, 11}) {
         std::vector<float> x(size_t(n) * cols);
         for (auto& v : x) v = randn();
-        for (int f = 0; f < 3; f++) {  // 2 and 4 rows a block one row of x at a time, 2 rows and 8 of x
-            const int r = f == 1 ? 4 : 2;
+        for (int f = 0; f < 4; f++) {  // 2, 4 (and, f = 3, 8) rows a block one row of x at a time; 2 rows and 8 of x
+            const int r = f == 1 ? 4 : f == 3 ? 8 : 2;
             std::vector<float> y(size_t(n) * rows, -1.f);
             launch(dim3u{unsigned(ceil_div(rows, r)), 1, 1}, 128, [&] {
-                if (f < 2) {
+                if (f != 2) {
                     for (int j = 0; j < n; j++)  // as quantGemvL: this form takes one row of x
                         gemv[t][f](y.data() + size_t(j) * rows, x.data() + size_t(j) * cols, dev.data(), dev.data() + dsec, 1,
                                    rows, cols, rows, nullptr, 0);
