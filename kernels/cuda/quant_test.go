@@ -259,3 +259,41 @@ func BenchmarkQuantGEMV(b *testing.B) {
 		}
 	}
 }
+
+// TestQuantGemvForms runs the one-row GEMV at 2, 4 and 8 weight rows a
+// block (quantRowsPerBlock) and the up-to-8-rows form on every quantized
+// dtype: each row of the result must have the same bits in every form
+// (the contract kernels.RowExact relies on between decode steps and
+// verifications).
+func TestQuantGemvForms(t *testing.T) {
+	b := openOps(t)
+	rng := rand.New(rand.NewPCG(13, 14))
+	defer func(r int) { quantRowsPerBlock = r }(quantRowsPerBlock)
+	const rows, cols, n = 37, 1280, 3
+	for _, dt := range quantTypes {
+		w := kerneltest.NewMat(rng, dt, rows, cols, 0, 0)
+		xv := randF32(rng, n*cols)
+		x := f32Tensor(t, b, n, cols, xv)
+		run := func(x kernels.Tensor, n int) []float32 {
+			y := f32Tensor(t, b, n, rows, make([]float32, n*rows))
+			b.BeginStep()
+			b.Linear(y, x, w, kernels.Epilogue{})
+			b.EndStep()
+			got := make([]float32, n*rows)
+			b.ReadF32(got, y)
+			return got
+		}
+		batch := run(x, n) // the up-to-8-rows form
+		for _, r := range []int{2, 4, 8} {
+			quantRowsPerBlock = r
+			for j := range n {
+				one := run(f32Tensor(t, b, 1, cols, xv[j*cols:(j+1)*cols]), 1)
+				for i, v := range one {
+					if math.Float32bits(v) != math.Float32bits(batch[j*rows+i]) {
+						t.Fatalf("%v, %d rows a block: row %d output %d = %g, %g in the batch", dt, r, j, i, v, batch[j*rows+i])
+					}
+				}
+			}
+		}
+	}
+}
