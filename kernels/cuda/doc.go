@@ -103,4 +103,11 @@
 // DeltaRule's chunked WY form (src/ops_linattn_chunk.cu) is opt-in,
 // FERRITE_CUDA_DELTA_CHUNK=1, as it measured slower than the row-by-row
 // kernel.
+//
+// GGML-quantized weights (quant.go) keep their blocks on the device for the
+// linear ops: src/ops_quant.cu's GEMV for up to 8 rows of x
+// (FERRITE_CUDA_QGEMV_ROWS sets the limit; FERRITE_CUDA_QGEMV_R=2 or 8 the
+// one-row form's weight rows a block, 4 by default), an exact decoding
+// into bf16 scratch for wider products; FERRITE_CUDA_QUANT=0 decodes them
+// to float32 at load as before.
 package cuda
