@@ -224,19 +224,29 @@ func (b *Backend) GeneratesRandom() bool { return true }
 
 // weight returns m's device copy, uploading it on first use.
 func (b *Backend) weight(m *kernels.Mat) (*Weight, error) {
+	return cachedWeight(b, &b.weights, m, func() (*Weight, error) { return b.dev.UploadMat(m) })
+}
+
+// cachedWeight returns (*cache)[key], or, on first use, the Weight upload
+// makes, kept there and counted in the backend's weight bytes: the caches
+// of weight, stacked and linWeight, under b.mu (ErrClosed once closed).
+func cachedWeight[K comparable](b *Backend, cache *map[K]*Weight, key K, upload func() (*Weight, error)) (*Weight, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.weights == nil {
 		return nil, ErrClosed
 	}
-	if w := b.weights[m]; w != nil {
+	if w := (*cache)[key]; w != nil {
 		return w, nil
 	}
-	w, err := b.dev.UploadMat(m)
+	w, err := upload()
 	if err != nil {
 		return nil, err
 	}
-	b.weights[m] = w
+	if *cache == nil {
+		*cache = map[K]*Weight{}
+	}
+	(*cache)[key] = w
 	b.mem.weights.Add(w.Bytes())
 	return w, nil
 }

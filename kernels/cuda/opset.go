@@ -483,28 +483,11 @@ func (b *Backend) stacked(ms ...*kernels.Mat) (*Weight, error) {
 			panic("cuda: LinearCat or SwiGLULinear of a Transient matrix")
 		}
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.weights == nil {
-		return nil, ErrClosed
-	}
-	if w := b.stacks[key]; w != nil {
-		return w, nil
-	}
 	upload := b.dev.UploadStack
 	if quantable(ms...) {
 		upload = b.dev.UploadQuant
 	}
-	w, err := upload(ms)
-	if err != nil {
-		return nil, err
-	}
-	if b.stacks == nil {
-		b.stacks = map[stackKey]*Weight{}
-	}
-	b.stacks[key] = w
-	b.mem.weights.Add(w.Bytes())
-	return w, nil
+	return cachedWeight(b, &b.stacks, key, func() (*Weight, error) { return upload(ms) })
 }
 
 // linearSplit is Linear through cuBLASLt with x split into bf16 hi and lo

@@ -318,22 +318,5 @@ func (b *Backend) linWeight(m *kernels.Mat) (*Weight, error) {
 	if !quantable(m) {
 		return b.weight(m)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.weights == nil {
-		return nil, ErrClosed
-	}
-	if w := b.qweights[m]; w != nil {
-		return w, nil
-	}
-	w, err := b.dev.UploadQuant([]*kernels.Mat{m})
-	if err != nil {
-		return nil, err
-	}
-	if b.qweights == nil {
-		b.qweights = map[*kernels.Mat]*Weight{}
-	}
-	b.qweights[m] = w
-	b.mem.weights.Add(w.Bytes())
-	return w, nil
+	return cachedWeight(b, &b.qweights, m, func() (*Weight, error) { return b.dev.UploadQuant([]*kernels.Mat{m}) })
 }
