@@ -97,6 +97,7 @@ func quantSplitScales(dt kernels.DType) (split bool, keep int) {
 // Q4_K and Q5_K blocks as they are; Q8_0, Q4_0 and Q6_K blocks without
 // their float16 scale d, which moves, block by block, to the section after
 // the rows (16-byte aligned). The layout loses nothing (quantUnlayout).
+// One Q4_K or Q5_K matrix is returned as its own Data, not copied.
 func quantLayout(ms []*kernels.Mat) (data []byte, dsec int64) {
 	dt, cols := ms[0].DType, ms[0].Cols
 	be, bb := dt.BlockElems(), dt.BlockBytes()
@@ -106,6 +107,9 @@ func quantLayout(ms []*kernels.Mat) (data []byte, dsec int64) {
 		rows += m.Rows
 	}
 	blocks := rows * (cols / be)
+	if !split && len(ms) == 1 { // the blocks as they are: no copy of (often memory-mapped) bytes
+		return ms[0].Data[:blocks*bb], 0
+	}
 	if !split {
 		data = make([]byte, 0, blocks*bb)
 		for _, m := range ms {

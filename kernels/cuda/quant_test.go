@@ -36,6 +36,10 @@ func TestQuantLayout(t *testing.T) {
 			}
 		}
 	}
+	one := kerneltest.NewMat(rng, kernels.Q4K, 2, 512, 0, 0)
+	if data, dsec := quantLayout([]*kernels.Mat{one}); dsec != 0 || &data[0] != &one.Data[0] || len(data) != len(one.Data) {
+		t.Fatal("one Q4_K matrix: the layout copies its blocks")
+	}
 	if quantWidthOK(kernels.Q8_0, 48) || quantWidthOK(kernels.BF16, 256) {
 		t.Fatal("a width of partial blocks, or bf16, kept as blocks")
 	}
