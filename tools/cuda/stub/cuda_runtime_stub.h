@@ -71,6 +71,7 @@ __device__ uint4 __ldg(const uint4*);
 __device__ float4 __ldg(const float4*);
 __device__ float __ldg(const float*);
 __device__ double __ldg(const double*);
+__device__ unsigned char __ldg(const unsigned char*);
 __device__ float __ldcg(const float*);
 // Read-only 32-bit loads (src/ops_moe_b1.cu's expert descriptors).
 __device__ unsigned __ldg(const unsigned*);
