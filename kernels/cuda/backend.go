@@ -27,7 +27,7 @@ type Backend struct {
 	dev *Device
 	cpu *cpu.Backend
 
-	mu       sync.Mutex // guards weights, experts, b1BF16, err
+	mu       sync.Mutex // guards the weight caches (weights, stacks, qweights), experts, b1BF16, err
 	weights  map[*kernels.Mat]*Weight
 	experts  map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
 	stacks   map[stackKey]*Weight        // weights stacked by rows (LinearCat, SwiGLULinear)

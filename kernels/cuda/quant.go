@@ -76,19 +76,25 @@ var quantRowsPerBlock = func() int {
 	return 4
 }()
 
-// quantSplitScales reports whether dt's device layout moves the blocks'
-// float16 scales to a section of their own (so that every load is 16-byte
-// aligned), and how many bytes of a block stay in the first section.
-func quantSplitScales(dt kernels.DType) (split bool, keep int) {
+// quantSplit is how dt's device layout splits a block: the keep bytes
+// from qAt on stay in the first section, the float16 scale d at dAt moves
+// to a section of its own (so that every load is 16-byte aligned), where
+// split; Q4_K and Q5_K blocks stay whole.
+type quantSplit struct {
+	split          bool
+	keep, qAt, dAt int
+}
+
+func quantSplitOf(dt kernels.DType) quantSplit {
 	switch dt {
 	case kernels.Q8_0:
-		return true, 32
+		return quantSplit{true, 32, 2, 0}
 	case kernels.Q4_0:
-		return true, 16
+		return quantSplit{true, 16, 2, 0}
 	case kernels.Q6K:
-		return true, 208
+		return quantSplit{true, 208, 0, 208}
 	}
-	return false, dt.BlockBytes()
+	return quantSplit{keep: dt.BlockBytes()}
 }
 
 // quantLayout returns the rows of ms (one block-quantized dtype, one
@@ -101,35 +107,30 @@ func quantSplitScales(dt kernels.DType) (split bool, keep int) {
 func quantLayout(ms []*kernels.Mat) (data []byte, dsec int64) {
 	dt, cols := ms[0].DType, ms[0].Cols
 	be, bb := dt.BlockElems(), dt.BlockBytes()
-	split, keep := quantSplitScales(dt)
+	sp := quantSplitOf(dt)
 	rows := 0
 	for _, m := range ms {
 		rows += m.Rows
 	}
 	blocks := rows * (cols / be)
-	if !split && len(ms) == 1 { // the blocks as they are: no copy of (often memory-mapped) bytes
+	if !sp.split && len(ms) == 1 { // the blocks as they are: no copy of (often memory-mapped) bytes
 		return ms[0].Data[:blocks*bb], 0
 	}
-	if !split {
+	if !sp.split {
 		data = make([]byte, 0, blocks*bb)
 		for _, m := range ms {
 			data = append(data, m.Data[:m.Rows*dt.RowBytes(cols)]...)
 		}
 		return data, 0
 	}
-	dsec = int64(blocks*keep+15) &^ 15
+	dsec = int64(blocks*sp.keep+15) &^ 15
 	data = make([]byte, dsec+int64(2*blocks))
-	// Q8_0 and Q4_0 hold d first, Q6_K last.
-	dAt, qAt := 0, 2
-	if dt == kernels.Q6K {
-		dAt, qAt = 208, 0
-	}
 	i := 0
 	for _, m := range ms {
 		for b := range m.Rows * (cols / be) {
 			blk := m.Data[b*bb : (b+1)*bb]
-			copy(data[i*keep:(i+1)*keep], blk[qAt:qAt+keep])
-			copy(data[dsec+int64(2*i):], blk[dAt:dAt+2])
+			copy(data[i*sp.keep:(i+1)*sp.keep], blk[sp.qAt:sp.qAt+sp.keep])
+			copy(data[dsec+int64(2*i):], blk[sp.dAt:sp.dAt+2])
 			i++
 		}
 	}
@@ -139,21 +140,17 @@ func quantLayout(ms []*kernels.Mat) (data []byte, dsec int64) {
 // quantUnlayout is quantLayout's inverse: the GGML blocks of rows rows
 // of cols elements of dt from their device layout (for tests).
 func quantUnlayout(dt kernels.DType, rows, cols int, data []byte, dsec int64) []byte {
-	split, keep := quantSplitScales(dt)
-	if !split {
+	sp := quantSplitOf(dt)
+	if !sp.split {
 		return data[:rows*dt.RowBytes(cols)]
 	}
 	bb := dt.BlockBytes()
-	dAt, qAt := 0, 2
-	if dt == kernels.Q6K {
-		dAt, qAt = 208, 0
-	}
 	blocks := rows * (cols / dt.BlockElems())
 	out := make([]byte, blocks*bb)
 	for i := range blocks {
 		blk := out[i*bb : (i+1)*bb]
-		copy(blk[qAt:qAt+keep], data[i*keep:(i+1)*keep])
-		copy(blk[dAt:dAt+2], data[dsec+int64(2*i):dsec+int64(2*i)+2])
+		copy(blk[sp.qAt:sp.qAt+sp.keep], data[i*sp.keep:(i+1)*sp.keep])
+		copy(blk[sp.dAt:sp.dAt+2], data[dsec+int64(2*i):dsec+int64(2*i)+2])
 	}
 	return out
 }
@@ -165,8 +162,7 @@ func quantWidthOK(dt kernels.DType, cols int) bool {
 	if !dt.Quantized() || cols <= 0 || cols%dt.BlockElems() != 0 || cols%32 != 0 {
 		return false
 	}
-	_, keep := quantSplitScales(dt)
-	return cols/dt.BlockElems()*keep%16 == 0
+	return cols/dt.BlockElems()*quantSplitOf(dt).keep%16 == 0
 }
 
 // UploadQuant copies ms (block-quantized, one width; dtypes may differ) to
