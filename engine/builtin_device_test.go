@@ -78,7 +78,6 @@ func compareOnDevice(t *testing.T, dev, ref *Loaded, tol float64) {
 		e      *modeltest.Env
 		s      *modeltest.Seq
 		logits []float32
-		greedy []int32
 	}
 	runs := [2]*run{}
 	for i, l := range []*Loaded{dev, ref} {
