@@ -115,24 +115,32 @@ func compareOnDevice(t *testing.T, dev, ref *Loaded, tol float64) {
 // float64 loops over the same exact decoding.
 const quantizedDeviceTol = 1e-3
 
-// TestQuantizedOnDevice runs the qwen3 fixture quantized to Q4_K as it
-// loads (--quant q4_k: GGML blocks that kernels/cuda keeps on the device
-// for the linear ops) on the device FERRITE_TEST_DEVICE names, against the
-// strict backend on the same blocks.
+// TestQuantizedOnDevice runs the qwen3 and qwen3_moe fixtures quantized
+// to Q4_K as they load (--quant q4_k: GGML blocks, Q8_0 where a width is
+// not a multiple of 256, that kernels/cuda keeps on the device for the
+// linear ops and the experts) on the device FERRITE_TEST_DEVICE names,
+// against the strict backend on the same blocks.
 func TestQuantizedOnDevice(t *testing.T) {
 	spec := os.Getenv("FERRITE_TEST_DEVICE")
 	if spec == "" || strings.HasPrefix(spec, "cpu") {
 		t.Skip("FERRITE_TEST_DEVICE names no GPU")
 	}
-	dir := filepath.Join("..", "testdata", "models", "qwen3")
-	load := func(opts Options) *Loaded {
-		opts.KVFloat32, opts.Threads, opts.Quant = true, 2, "q4_k"
-		l, err := Load(dir, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		return l
+	for _, name := range []string{"qwen3", "qwen3_moe"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("..", "testdata", "models", name)
+			if _, err := os.Stat(dir); err != nil {
+				t.Skipf("fixture %s not present", name)
+			}
+			load := func(opts Options) *Loaded {
+				opts.KVFloat32, opts.Threads, opts.Quant = true, 2, "q4_k"
+				l, err := Load(dir, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { l.Close() })
+				return l
+			}
+			compareOnDevice(t, load(Options{Device: spec}), load(Options{Backend: strict.New()}), quantizedDeviceTol)
+		})
 	}
-	compareOnDevice(t, load(Options{Device: spec}), load(Options{Backend: strict.New()}), quantizedDeviceTol)
 }

@@ -27,9 +27,10 @@ type Backend struct {
 	dev *Device
 	cpu *cpu.Backend
 
-	mu       sync.Mutex // guards the weight caches (weights, stacks, qweights), experts, b1BF16, err
+	mu       sync.Mutex // guards the weight caches (weights, stacks, qweights), experts, qexperts, b1BF16, err
 	weights  map[*kernels.Mat]*Weight
 	experts  map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
+	qexperts map[*kernels.Expert]bool    // expert lists that keep a matrix in GGML blocks (expertTable: the _q kernels)
 	stacks   map[stackKey]*Weight        // weights stacked by rows (LinearCat, SwiGLULinear)
 	qweights map[*kernels.Mat]*Weight    // quantized weights in their blocks (linWeight, quant.go)
 	err      error
@@ -156,7 +157,7 @@ func (b *Backend) WeightBytes() int64 { return b.mem.weights.Load() }
 // Close frees the cached weights and the device, and stops the CPU pool.
 func (b *Backend) Close() error {
 	b.mu.Lock()
-	b.weights, b.experts, b.stacks, b.qweights = nil, nil, nil, nil
+	b.weights, b.experts, b.qexperts, b.stacks, b.qweights = nil, nil, nil, nil, nil
 	b.mu.Unlock()
 	b.mem.weights.Store(0)
 	b.mem.tensors.Store(0)

@@ -1130,7 +1130,9 @@ const expertDescBytes = 40
 
 // expertTable returns the device table of experts' weight descriptors,
 // three per expert (gate, up, down), uploading the weights and the table
-// on first use; it is cached per expert list.
+// on first use; it is cached per expert list. Block-quantized experts stay
+// in their blocks where quantable (the grouped GEMVs and the tiled GEMMs
+// read them, src/ops_common_quant.cu), else they are decoded to float32.
 func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	key := &experts[0]
 	b.mu.Lock()
@@ -1140,14 +1142,20 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 		return t, nil
 	}
 	raw := make([]byte, 3*len(experts)*expertDescBytes)
+	quant := false // some matrix kept in its blocks
 	put := func(i int, m *kernels.Mat, row0 int) error {
-		w, err := b.weight(m)
+		// A block-quantized expert keeps its blocks (linWeight), its
+		// scale the address of their scale section.
+		w, err := b.linWeight(m)
 		if err != nil {
 			return err
 		}
 		var scale uint64
 		if w.Scale != nil {
 			scale = w.Scale.ptr
+		}
+		if w.DType.Quantized() {
+			scale, quant = w.Buf.ptr+uint64(w.DOff), true
 		}
 		d := raw[i*expertDescBytes:]
 		binary.LittleEndian.PutUint64(d[0:], w.Buf.ptr)
@@ -1184,9 +1192,9 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.experts == nil {
-		b.experts = map[*kernels.Expert]*Buffer{}
+		b.experts, b.qexperts = map[*kernels.Expert]*Buffer{}, map[*kernels.Expert]bool{}
 	}
-	b.experts[key] = t
+	b.experts[key], b.qexperts[key] = t, quant
 	return t, nil
 }
 
@@ -1253,6 +1261,16 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		b.fail(err)
 		return
 	}
+	b.mu.Lock()
+	quant := b.qexperts[&experts[0]]
+	b.mu.Unlock()
+	// q names a kernel's form that also reads experts in GGML blocks.
+	q := func(name string) string {
+		if quant {
+			return name + "_q"
+		}
+		return name
+	}
 	h := dptr(b.Scratch(kernels.F32, n*k, inter)) // (n·k, inter) SwiGLU of each slot
 	if b.expertsB1(dst, x, ids, w, experts, table, h, limit) {
 		return
@@ -1266,6 +1284,10 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		slots, sms := n*k, b.dev.SMs
 		ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
 		gateUp, guRows, down, downRows := b.moe.gtLaunch()
+		if quant { // one row size in the _q form
+			gateUp, guRows, down, downRows = moeConfig{}.gtLaunch()
+			gateUp, down = q(gateUp), q(down)
+		}
 		sbu := b.moe.blockSlots(slots, inter, guRows, sms)
 		sbd := b.moe.blockSlots(slots, hidden, downRows, sms)
 		parts := b.combineParts(n, hidden)
@@ -1287,9 +1309,9 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
-		gateUp, down := "ferrite_moe_few_gate_up_1", "ferrite_moe_few_down_1"
+		gateUp, down := q("ferrite_moe_few_gate_up_1"), q("ferrite_moe_few_down_1")
 		if n > 1 && b.moe.slots8 {
-			gateUp, down = "ferrite_moe_few_gate_up_8", "ferrite_moe_few_down_8"
+			gateUp, down = q("ferrite_moe_few_gate_up_8"), q("ferrite_moe_few_down_8")
 		}
 		b.queue(func(d *Device) error {
 			err := d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
@@ -1308,7 +1330,7 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	tiles := dptr(b.Scratch(kernels.I32, 1, ne+1))  // (experts + 1) 64-slot tiles before each expert
 	perm := dptr(b.Scratch(kernels.I32, 1, n*k))    // (n·k) the slots sorted by expert
 	gy := uint32(ceilDiv(n*k, moeTileM) + ne)
-	gateUp, down, threads := "ferrite_moe_tile_gate_up", "ferrite_moe_tile_down", uint32(256)
+	gateUp, down, threads := q("ferrite_moe_tile_gate_up"), q("ferrite_moe_tile_down"), uint32(256)
 	if mma {
 		gateUp, down, threads = "ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", 128
 	}

@@ -301,3 +301,88 @@ func TestQuantGemvForms(t *testing.T) {
 		}
 	}
 }
+
+// quantExpertsTol bounds Experts on block-quantized experts against
+// kernels/ref.Experts on their exact decoding, of max |y|: the grouped
+// GEMVs' per-row error (quantTol's 2e-5 of Σ|w·x|, which is up to
+// √cols times |y| for random rows) through the SwiGLU and the down
+// product; the tiled GEMMs multiply the exact decoding in float32.
+const quantExpertsTol = 1e-3
+
+// TestQuantExperts runs Experts on experts that keep their GGML blocks on
+// the device (every quantized dtype, fused and separate gate/up, a Q6_K
+// down under Q4_K as in Q4_K_M files, one gate quantized beside a bf16 up)
+// on every path — the slot-a-pass GEMVs, their 8-slot form, the register
+// tiles, the sorted tiles — against kernels/ref.Experts, checks that the
+// GEMV paths give each token the bits of its call alone
+// (kernels.RowExact), and that the blocks, not a float32 decoding, are
+// what the device holds.
+func TestQuantExperts(t *testing.T) {
+	b := openOps(t)
+	defer func(c moeConfig) { b.moe = c }(b.moe)
+	const e, k, hidden, inter = 11, 4, 512, 256
+	rng := rand.New(rand.NewPCG(61, 62))
+	ex := make([]kernels.Expert, e)
+	for i := range ex {
+		dt := quantTypes[i%len(quantTypes)]
+		switch {
+		case i == e-1:
+			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, kernels.Q4K, inter, hidden, 0, 0),
+				Up: kerneltest.NewMat(rng, kernels.BF16, inter, hidden, 0, 0)}
+		case i%2 == 0:
+			ex[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, dt, 2*inter, hidden, 0, 0)}
+		default:
+			ex[i] = kernels.Expert{Gate: kerneltest.NewMat(rng, dt, inter, hidden, 0, 0), Up: kerneltest.NewMat(rng, dt, inter, hidden, 0, 0)}
+		}
+		down := dt
+		if dt == kernels.Q4K && i%2 == 0 {
+			down = kernels.Q6K
+		}
+		ex[i].Down = kerneltest.NewMat(rng, down, hidden, inter, 0, 0)
+	}
+	for _, c := range []moeConfig{{}, {slots8: true, v1: true}, {tiles: 1}, {pipe: -1}} {
+		b.moe = c
+		for _, n := range []int{1, 3, 8, moeFewTokens + 1, moeGTTokens, moeGTTokens + 1, 200} {
+			checkExpertsTol(t, b, fmt.Sprintf("quant/%+v/n=%d", c, n), ex, n, k, rng, quantExpertsTol)
+		}
+	}
+	b.mu.Lock()
+	for _, x := range ex {
+		for _, m := range []*kernels.Mat{x.GateUp, x.Gate, x.Down} {
+			if m != nil && b.qweights[m] == nil {
+				t.Errorf("a %v expert matrix is not in its blocks on the device", m.DType)
+			}
+		}
+	}
+	b.mu.Unlock()
+
+	// Row-exact: each token's bits those of its call alone.
+	const n = 12
+	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
+	ids := make([]int32, n*k)
+	for i := range n {
+		for j, p := range rng.Perm(e)[:k] {
+			ids[i*k+j] = int32(p)
+		}
+	}
+	b.moe = moeConfig{}
+	alone := make([]float32, n*hidden)
+	for i := range n {
+		copy(alone[i*hidden:], expertsOnDevice(t, b, ex, 1, k, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
+	}
+	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, gt: 1}, {slots8: true}} {
+		b.moe = c
+		for _, rows := range []int{2, 8, n} {
+			got := expertsOnDevice(t, b, ex, rows, k, xv[:rows*hidden], ids[:rows*k], wv[:rows*k])
+			differ := 0
+			for i, v := range got {
+				if math.Float32bits(v) != math.Float32bits(alone[i]) {
+					differ++
+				}
+			}
+			if differ > 0 {
+				t.Errorf("quant %+v, %d tokens: %d of %d outputs differ from the tokens' calls alone", c, rows, differ, len(got))
+			}
+		}
+	}
+}

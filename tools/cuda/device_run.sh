@@ -37,6 +37,10 @@
 #              with --quant q4_k and q8_0 (GGML blocks on the device) and
 #              bf16 at 1/8/32 sequences (128+128), and q4_k with 2 weight
 #              rows a block and the GEMV up to 64 rows (~4 min)
+#   qmoe       (not in the default list) BenchmarkMoE and BenchmarkMoEQuant
+#              (bf16 and Q4_K/Q6_K experts in their blocks) at 1/8/32/512
+#              tokens, then ferrite bench, Qwen3-30B-A3B cut to 12 of 48
+#              layers, --quant q4_k and bf16 at 1/8/32 (128+64) (~4 min)
 #   fuseattn   (not in the default list) ferrite bench, Qwen3-8B batch 1 with
 #              the fused attention on (FERRITE_CUDA_FUSE=1: PrepareQKV and
 #              the split merge in the attention kernel; off by default) for
@@ -156,6 +160,16 @@ if want quant; then
 	done
 	FERRITE_CUDA_QGEMV_R=2 FERRITE_CUDA_QGEMV_ROWS=64 bench quant-q4_k-r2-rows64 70 --model "$dev/qwen3-8b" --quant q4_k \
 		--concurrency 1,32 --prompt-len 128 --gen-len 128
+fi
+if want qmoe; then
+	(cd k && run moe-quant 150 qmoe.log ../cuda.test -test.run XXX -test.bench 'MoE(Quant)?/n=(1|8|32|512)$' \
+		-test.benchtime 5x)
+	grep -hE '^Benchmark|rc=' "$out/qmoe.log"
+	mkdir -p "$dev/qwen3-30b-a3b-12l"
+	sed 's/"num_hidden_layers": 48/"num_hidden_layers": 12/' "$dev/qwen3-30b-a3b/config.json" \
+		>"$dev/qwen3-30b-a3b-12l/config.json"
+	bench qmoe-q4_k 130 --model "$dev/qwen3-30b-a3b-12l" --quant q4_k --concurrency 1,8,32 --prompt-len 128 --gen-len 64
+	bench qmoe-bf16 60 --model "$dev/qwen3-30b-a3b-12l" --concurrency 1,8,32 --prompt-len 128 --gen-len 64
 fi
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1

@@ -288,10 +288,27 @@ __device__ void row_dot(const MatDesc& m, const uint8_t* row, const float* srow,
 
 // desc_dot sets oa[j] = a_r·xs[j] and, when b is set, ob[j] = b_r·xs[j],
 // for row r of the views a and b (one pass over both when they share a
-// dtype and width); xal says every xs[j] is 16-byte aligned.
-template <int NB>
+// dtype and width; a block-quantized one is read in its blocks,
+// ops_common_quant.cu, only where Q: the _q kernels, which keep the
+// others' registers off the bf16 ones); xal says every xs[j] is 16-byte
+// aligned.
+template <int NB, bool Q = false>
 __device__ void desc_dot(const MatDesc& a, const MatDesc* b, int r, const float* (&xs)[NB], int nx, bool xal,
                          float (&oa)[NB], float (&ob)[NB]) {
+    if (Q && (is_quant(a.dtype) || (b && is_quant(b->dtype)))) {
+        auto one = [&](const MatDesc& m, float (&o)[NB]) {
+            if (is_quant(m.dtype)) {
+                quant_desc_dot<NB>(m, r, xs, nx, xal, o);
+                return;
+            }
+            const float* s;
+            const uint8_t* row = mat_row(m, r, &s);
+            row_dot<NB>(m, row, s, vec_ok(m, row, xal), xs, nx, o);
+        };
+        one(a, oa);
+        if (b) one(*b, ob);
+        return;
+    }
     const float *sa, *sb = nullptr;
     const uint8_t* ra = mat_row(a, r, &sa);
     const bool va = vec_ok(a, ra, xal);
@@ -316,7 +333,7 @@ __device__ void desc_dot(const MatDesc& a, const MatDesc* b, int r, const float*
 // with ids[t] = e = ids[s], when s is the first such slot (the other
 // blocks of that expert return at once). An id outside [0, experts)
 // writes NaN into its own slot's row.
-template <int NB>
+template <int NB, bool Q>
 __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table,
                                 int experts, int k, int slots, int inter, float limit) {
     const int s = blockIdx.y, lane = threadIdx.x & 31;
@@ -336,7 +353,7 @@ __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const in
     int nx = 0;
     auto flush = [&]() {
         float gv[NB], uv[NB];
-        desc_dot<NB>(g, &u, r, xs, nx, xal, gv, uv);
+        desc_dot<NB, Q>(g, &u, r, xs, nx, xal, gv, uv);
         if (lane == 0) {
 #pragma unroll
             for (int q = 0; q < NB; q++)
@@ -369,7 +386,7 @@ __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const in
 // each (row, token) adds its k products in increasing expert id (float32
 // products and sums, kernels/ref.Experts). An id outside [0, experts)
 // makes its token's row NaN.
-template <int NB>
+template <int NB, bool Q>
 __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* ids, const float* w,
                              const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
     __shared__ float part[kMoeDownRows][kMoeMaxSlots];  // (row, slot) expert products
@@ -442,7 +459,7 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
                 }
             }
             float o[NB], unused[NB];
-            desc_dot<NB>(d, nullptr, r, xs, nx, xal, o, unused);
+            desc_dot<NB, Q>(d, nullptr, r, xs, nx, xal, o, unused);
             if (lane == 0) {
 #pragma unroll
                 for (int q = 0; q < NB; q++)
@@ -466,28 +483,34 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
 }  // namespace
 
 // Launch: grid (ceil(inter / 8), n·k), 256 threads; h (n·k, inter); n·k ≤
-// 512. The _1 kernel is for one token, _8 for up to 8 tokens an expert.
-#define FERRITE_MOE_FEW_GATE_UP(name, NB)                                                                    \
+// 512. The _1 kernel is for one token, _8 for up to 8 tokens an expert;
+// the _q kernels (every kernel of this file so named) also read experts
+// kept in GGML blocks.
+#define FERRITE_MOE_FEW_GATE_UP(name, NB, Q)                                                                 \
     extern "C" __global__ void __launch_bounds__(256)                                                       \
         name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
              int slots, int inter, float limit) {                                                           \
         FERRITE_PDL_WAIT();                                                                                 \
-        moe_few_gate_up<NB>(h, x, x_stride, ids, table, experts, k, slots, inter, limit);                    \
+        moe_few_gate_up<NB, Q>(h, x, x_stride, ids, table, experts, k, slots, inter, limit);                 \
     }
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1)
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1, false)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8, false)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1_q, 1, true)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8_q, 8, true)
 
 // Launch: grid ceil(hidden / 4), 256 threads; y (n, hidden), w (n, k)
 // contiguous; n·k ≤ 512.
-#define FERRITE_MOE_FEW_DOWN(name, NB)                                                                       \
+#define FERRITE_MOE_FEW_DOWN(name, NB, Q)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                                       \
         name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
              int experts, int n, int k, int inter, int hidden) {                                            \
         FERRITE_PDL_WAIT();                                                                                 \
-        moe_few_down<NB>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                       \
+        moe_few_down<NB, Q>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                    \
     }
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1, false)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8, false)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_q, 1, true)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8_q, 8, true)
 
 // ---------------------------------------------------------------------------
 // Grouped experts as register tiles (4 to 32 tokens). Every block sorts
@@ -606,7 +629,7 @@ __device__ __forceinline__ void tile_dot(const uint8_t* a, const uint8_t* b, siz
 // the SwiGLU; else the down rows (3e + 2) against in[t], out = ye (slots,
 // nrows = hidden) each slot's expert output, which ferrite_moe_combine
 // adds up. An id outside [0, experts) writes NaN into its slot's row.
-template <int R, int C, bool GU>
+template <int R, int C, bool GU, bool Q>
 __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, const int* ids, const MatDesc* table,
                        int experts, int k, int slots, int sb, float limit) {
     __shared__ int sid[kMoeGtSlots], srt[kMoeGtSlots];
@@ -637,6 +660,23 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
         }
         const MatDesc ma = table[3 * e + (GU ? 0 : 2)];
         const MatDesc mb = table[3 * e + 1];
+        if (Q && (is_quant(ma.dtype) || (GU && is_quant(mb.dtype)))) {
+            // Block-quantized: each row's blocks decoded once for the nc
+            // slots (ops_common_quant.cu), the bits of the slot-a-pass
+            // kernels.
+#pragma unroll 1
+            for (int r = 0; r < nr; r++) {
+                float a[C], b[C];
+                desc_dot<C, true>(ma, GU ? &mb : nullptr, r0 + r, xs, nc, xal, a, b);
+                if (lane == 0) {
+#pragma unroll
+                    for (int q = 0; q < C; q++)
+                        if (q < nc) out[size_t(sl[q]) * nrows + r0 + r] = GU ? swiglu_clamp1(a[q], b[q], limit) : a[q];
+                }
+            }
+            p += nc;
+            continue;
+        }
         const float* unused;
         const uint8_t* ra = mat_row(ma, r0, &unused);
         const uint8_t* rb = GU ? mat_row(mb, r0, &unused) : ra;
@@ -683,27 +723,29 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
 // ferrite_moe_combine. Launch: grid (ceil(rows / (8·R)), ceil(n·k / sb)),
 // 256 threads; n·k ≤ 256. kernels/cuda runs gate/up with R = 4 and down
 // with R = 8 unless FERRITE_MOE_GT picks others.
-#define FERRITE_MOE_GT_GATE_UP(name, R)                                                                  \
+#define FERRITE_MOE_GT_GATE_UP(name, R, Q)                                                               \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,    \
              int experts, int k, int slots, int sb, float limit) {                                       \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, true>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);             \
+        moe_gt<R, 4, true, Q>(h, inter, x, x_stride, ids, table, experts, k, slots, sb, limit);          \
     }
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2)
-FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r1, 1, false)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r2, 2, false)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4, false)
+FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_q, 4, true)
 
-#define FERRITE_MOE_GT_DOWN(name, R)                                                                     \
+#define FERRITE_MOE_GT_DOWN(name, R, Q)                                                                  \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,     \
              int experts, int k, int slots, int sb) {                                                    \
         FERRITE_PDL_WAIT();                                                                              \
-        moe_gt<R, 4, false>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);               \
+        moe_gt<R, 4, false, Q>(ye, hidden, h, inter, ids, table, experts, k, slots, sb, 0.f);            \
     }
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4)
-FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r2, 2, false)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r4, 4, false)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8, 8, false)
+FERRITE_MOE_GT_DOWN(ferrite_moe_gt_down_r8_q, 8, true)
 
 // ---------------------------------------------------------------------------
 // Grouped experts for many tokens (prefill): the slots sorted by expert,
@@ -718,7 +760,8 @@ constexpr int kTileM = 64;  // slots a block (kernels/cuda moeTileM)
 constexpr int kTileN = 64;  // weight rows a block
 constexpr int kTileK = 32;  // k per shared-memory stage
 
-// desc_elem is element (r, c) of the view m.
+// desc_elem is element (r, c) of the view m (not block-quantized:
+// moe_tile decodes those a run at a time).
 __device__ inline float desc_elem(const MatDesc& m, int r, int c) {
     const float* srow;
     const uint8_t* row = mat_row(m, r, &srow);
@@ -756,7 +799,7 @@ __device__ int tile_slots(int* slot, int* row_in, int g, const int* off, const i
 // silu(gate·x[s / k])·(up·x[s / k]), inter = ncols) or down (ye[s] =
 // down·h[s], hidden = ncols), kdim the inner width. 256 threads, each 4
 // slots × 4 rows.
-template <bool GU>
+template <bool GU, bool Q>
 __device__ void moe_tile(float* out, int ncols, const float* in, int in_stride, const int* off, const int* tiles,
                          const int* perm, const MatDesc* table, int experts, int k, int kdim, float limit) {
     __shared__ __align__(16) float xs[kTileK][kTileM + 4];
@@ -782,11 +825,28 @@ __device__ void moe_tile(float* out, int ncols, const float* in, int in_stride, 
             const int kk = t % kTileK, m = t / kTileK, c = k0 + kk, r = row_in[m];
             xs[kk][m] = (r >= 0 && c < kdim) ? in[size_t(r) * in_stride + c] : 0.f;
         }
-        for (int t = threadIdx.x; t < kTileN * kTileK; t += blockDim.x) {
-            const int kk = t % kTileK, nn = t / kTileK, c = k0 + kk, r = n0 + nn;
-            const bool ok = r < ncols && c < kdim;
-            ws[0][kk][nn] = ok ? desc_elem(wa, r, c) : 0.f;
-            if (GU) ws[GU ? 1 : 0][kk][nn] = ok ? desc_elem(wb, r, c) : 0.f;
+#pragma unroll
+        for (int q = 0; q < (GU ? 2 : 1); q++) {
+            const MatDesc& wq = q == 0 ? wa : wb;
+            if (Q && is_quant(wq.dtype)) {
+                // A thread a run of 16 columns (kdim is a multiple of 32).
+                for (int t = threadIdx.x; t < 2 * kTileN; t += blockDim.x) {
+                    const int nn = t >> 1, c0 = 16 * (t & 1), r = n0 + nn;
+                    float v[16];
+                    if (r < ncols && k0 + c0 < kdim) quant_run16(wq, r, k0 + c0, v);
+                    else {
+#pragma unroll
+                        for (int i = 0; i < 16; i++) v[i] = 0.f;
+                    }
+#pragma unroll
+                    for (int i = 0; i < 16; i++) ws[q][c0 + i][nn] = v[i];
+                }
+                continue;
+            }
+            for (int t = threadIdx.x; t < kTileN * kTileK; t += blockDim.x) {
+                const int kk = t % kTileK, nn = t / kTileK, c = k0 + kk, r = n0 + nn;
+                ws[q][kk][nn] = r < ncols && c < kdim ? desc_elem(wq, r, c) : 0.f;
+            }
         }
         __syncthreads();
 #pragma unroll 8
@@ -988,19 +1048,25 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 // Gate/up tiles: h (slots, inter) from x (n, hidden). Launch: grid
 // (ceil(inter / 64), ceil(slots / 64) + experts), 256 threads.
-extern "C" __global__ void __launch_bounds__(256)
-    ferrite_moe_tile_gate_up(float* h, int inter, const float* x, int x_stride, const int* off, const int* tiles,
-                             const int* perm, const MatDesc* table, int experts, int k, int hidden, float limit) {
-    moe_tile<true>(h, inter, x, x_stride, off, tiles, perm, table, experts, k, hidden, limit);
-}
+#define FERRITE_MOE_TILE_GATE_UP(name, Q)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                           \
+        name(float* h, int inter, const float* x, int x_stride, const int* off, const int* tiles, const int* perm, \
+             const MatDesc* table, int experts, int k, int hidden, float limit) {                               \
+        moe_tile<true, Q>(h, inter, x, x_stride, off, tiles, perm, table, experts, k, hidden, limit);           \
+    }
+FERRITE_MOE_TILE_GATE_UP(ferrite_moe_tile_gate_up, false)
+FERRITE_MOE_TILE_GATE_UP(ferrite_moe_tile_gate_up_q, true)
 
 // Down tiles: ye (slots, hidden) from h (slots, inter). Launch: grid
 // (ceil(hidden / 64), ceil(slots / 64) + experts), 256 threads.
-extern "C" __global__ void __launch_bounds__(256)
-    ferrite_moe_tile_down(float* ye, int hidden, const float* h, const int* off, const int* tiles, const int* perm,
-                          const MatDesc* table, int experts, int k, int inter) {
-    moe_tile<false>(ye, hidden, h, inter, off, tiles, perm, table, experts, k, inter, 0.f);
-}
+#define FERRITE_MOE_TILE_DOWN(name, Q)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                                           \
+        name(float* ye, int hidden, const float* h, const int* off, const int* tiles, const int* perm,           \
+             const MatDesc* table, int experts, int k, int inter) {                                             \
+        moe_tile<false, Q>(ye, hidden, h, inter, off, tiles, perm, table, experts, k, inter, 0.f);              \
+    }
+FERRITE_MOE_TILE_DOWN(ferrite_moe_tile_down, false)
+FERRITE_MOE_TILE_DOWN(ferrite_moe_tile_down_q, true)
 
 // The same on tensor cores (moe_mma): every gate, up and down weight bf16,
 // hidden and inter multiples of 32, x's stride a multiple of 4. Launch:

@@ -23,10 +23,11 @@ if suite == "linattn":  # what ops_linattn.cu and ops_linattn_chunk.cu use
         "gemv.cu": ["__device__ inline double warp_sum_f64("],
         "ops_common.cu": ["__device__ inline double block_sum_f64("],
     }
-if suite == "quant":  # what ops_quant.cu uses
+if suite == "quant":  # what ops_common_quant.cu and ops_quant.cu use
     want = {
         "convert.cu": ["__device__ inline uint16_t f32_to_bf16("],
         "gemv.cu": ["__device__ inline float warp_sum(", "__device__ inline void store("],
+        "ops_common.cu": ["struct MatDesc {"],
     }
 out = []
 for f, starts in want.items():

@@ -152,11 +152,82 @@ static void run_case(QT t, int rows, int cols) {
     }
 }
 
+// run_expert checks ops_common_quant.cu's reading of one expert matrix
+// through a MatDesc (ops_moe.cu's desc_dot and moe_tile): quant_run16 bit
+// for bit against the host decoding for every run of the view's rows, and
+// quant_desc_dot for 1 and 4 rows of x (aligned and not) against a
+// double-precision product, the forms' bits equal.
+static void run_expert(QT t, int rows, int cols, int row0) {
+    const int bb = bbytes(t), be = belems(t), nb = rows * (cols / be);
+    std::vector<uint8_t> blocks(size_t(nb) * bb);
+    for (auto& v : blocks) v = uint8_t(rng());
+    for (int i = 0; i < nb; i++) {
+        uint8_t* b = &blocks[size_t(i) * bb];
+        for (int o : t == Q6K ? std::vector<int>{208} : t >= Q4K ? std::vector<int>{0, 2} : std::vector<int>{0}) {
+            const uint16_t h = f2h_pow(-12 + int(rng() % 3), int(rng() % 1024));
+            b[o] = uint8_t(h), b[o + 1] = uint8_t(h >> 8);
+        }
+    }
+    std::vector<float> w(size_t(rows) * cols);
+    for (int i = 0; i < nb; i++) dequant(t, &blocks[size_t(i) * bb], &w[size_t(i) * be]);
+    size_t dsec;
+    std::vector<uint8_t> dev = layout(t, blocks, dsec);
+    const MatDesc m{dev.data(), reinterpret_cast<const float*>(dev.data() + dsec), kQ8_0 + int(t), rows - row0, cols, 1, 1, row0};
+    for (int r = 0; r < rows - row0; r++)
+        for (int c0 = 0; c0 < cols; c0 += 16) {
+            float v[16];
+            quant_run16(m, r, c0, v);
+            for (int e = 0; e < 16; e++)
+                CHECK(std::memcmp(&v[e], &w[size_t(r + row0) * cols + c0 + e], 4) == 0, "%s expert %dx%d: run at (%d, %d)[%d] = %g, want %g",
+                      qname[t], rows, cols, r, c0, e, v[e], w[size_t(r + row0) * cols + c0 + e]);
+        }
+    std::vector<float> x(4 * cols + 1);
+    for (auto& v : x) v = randn();
+    for (int al = 0; al < 2; al++) {
+        const float* xb = x.data() + (al ? 0 : 1);  // malloc aligns x.data() to 16 bytes; + 1 does not
+        const bool xal = (uintptr_t(xb) & 15) == 0;
+        for (int r = 0; r < rows - row0; r++) {
+            float one[4], four[4];
+            for (int j = 0; j < 4; j++) {
+                const float* xs[1] = {xb + size_t(j) * cols};
+                float o[1];
+                launch(dim3u{1, 1, 1}, 32, [&] {
+                    float oo[1];
+                    quant_desc_dot<1>(m, r, xs, 1, xal, oo);
+                    if (threadIdx.x == 0) o[0] = oo[0];
+                });
+                one[j] = o[0];
+            }
+            const float* xs4[4] = {xb, xb + cols, xb + 2 * size_t(cols), xb + 3 * size_t(cols)};
+            launch(dim3u{1, 1, 1}, 32, [&] {
+                float oo[4];
+                quant_desc_dot<4>(m, r, xs4, 3, xal, oo);  // three of four: the fourth stays out
+                if (threadIdx.x == 0)
+                    for (int j = 0; j < 3; j++) four[j] = oo[j];
+            });
+            for (int j = 0; j < 4; j++) {
+                if (j < 3)
+                    CHECK(std::memcmp(&one[j], &four[j], 4) == 0, "%s expert %dx%d: row %d x%d: %g alone, %g of 3", qname[t], rows, cols,
+                          r, j, one[j], four[j]);
+                double s = 0, mag = 0;
+                for (int k = 0; k < cols; k++) {
+                    s += double(w[size_t(r + row0) * cols + k]) * xb[size_t(j) * cols + k];
+                    mag += std::fabs(double(w[size_t(r + row0) * cols + k]) * xb[size_t(j) * cols + k]);
+                }
+                CHECK(std::fabs(one[j] - s) / mag < 2e-5, "%s expert %dx%d: row %d x%d = %g, want %g", qname[t], rows, cols, r, j,
+                      one[j], s);
+            }
+        }
+    }
+}
+
 int main() {
     for (QT t : {Q8_0, Q4_0, Q4K, Q5K, Q6K}) {
         run_case(t, 5, 256);
         run_case(t, 9, 1280);
         run_case(t, 3, 2048);
+        run_expert(t, 6, 256, 0);
+        run_expert(t, 8, 1536, 3);  // the up half of a fused gate_up: row0 = 3
     }
     std::printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;

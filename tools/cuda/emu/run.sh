@@ -5,7 +5,7 @@
 #
 #	nice -n 19 tools/cuda/emu/run.sh [-quick]   # ops_decode.cu (main.cpp)
 #	nice -n 19 tools/cuda/emu/run.sh -linattn   # the delta rule's kernels (linattn.cpp)
-#	nice -n 19 tools/cuda/emu/run.sh -quant     # the quantized GEMV and decoding (quant.cpp)
+#	nice -n 19 tools/cuda/emu/run.sh -quant     # the quantized GEMV, decoding and experts' rows (quant.cpp)
 #
 # Checks logic (indices, splits, tiles, the merge, the counters), not speed
 # or the GPU's exact bits.
@@ -30,6 +30,7 @@ elif [ "${1:-}" = "-quant" ]; then
 		echo "#include \"$here/emu.h\""
 		python3 "$here/extract.py" "$src" quant
 		echo "#define FERRITE_HOST_EMU"
+		echo "#include \"$src/ops_common_quant.cu\""
 		echo "#include \"$src/ops_quant.cu\""
 		echo "#include \"$here/quant.cpp\""
 	} >"$tmp/emu.cpp"
