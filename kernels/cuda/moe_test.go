@@ -291,6 +291,7 @@ func benchMoEExperts(b *testing.B, exs [][]kernels.Expert, k int, sizes []int) {
 	be := openOps(b)
 	layers, e := len(exs), len(exs[0])
 	hidden, inter := exs[0][0].Down.Rows, exs[0][0].Down.Cols
+	quant := exs[0][0].Down.DType.Quantized()
 	expertBytes := 0 // one expert's weight bytes
 	for _, m := range []*kernels.Mat{exs[0][0].Gate, exs[0][0].Up, exs[0][0].Down} {
 		expertBytes += m.Rows * m.DType.RowBytes(m.Cols)
@@ -339,7 +340,10 @@ func benchMoEExperts(b *testing.B, exs [][]kernels.Expert, k int, sizes []int) {
 			}
 		}
 		if n > 1 && n <= moeFewTokens && n*k <= moeGEMVSlots {
-			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}})
+			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}}, variant{"/slot8", moeConfig{v1: true, slots8: true}})
+			if quant { // the slot-a-pass kernels are their default there
+				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}})
+			}
 		}
 		if (moeConfig{}).useGT(n, k) {
 			vs = append(vs, variant{"/gt=2", moeConfig{gt: 2}}, variant{"/combine1", moeConfig{combine1: true}})

@@ -1280,7 +1280,10 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		b.expertsPipe(dst, x, ip, wp, h, table, len(experts), n, k, hidden, inter, limit)
 		return
 	}
-	if b.moe.useGT(n, k) {
+	// Block-quantized experts decode every row they read, so up to
+	// moeFewTokens tokens their slot-a-pass kernels, with a warp's loads
+	// of a row's blocks all in flight, beat the register tiles (BENCHMARKS.md, 9).
+	if b.moe.useGT(n, k) && (!quant || n > moeFewTokens || b.moe.tiles > 0) {
 		slots, sms := n*k, b.dev.SMs
 		ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
 		gateUp, guRows, down, downRows := b.moe.gtLaunch()
@@ -1309,7 +1312,10 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
-		gateUp, down := q("ferrite_moe_few_gate_up_1"), q("ferrite_moe_few_down_1")
+		gateUp, down, downRows := q("ferrite_moe_few_gate_up_1"), q("ferrite_moe_few_down_1"), 4
+		if quant {
+			downRows = 1 // src/ops_moe.cu kMoeDownRows, 1 in the _q form
+		}
 		if n > 1 && b.moe.slots8 {
 			gateUp, down = q("ferrite_moe_few_gate_up_8"), q("ferrite_moe_few_down_8")
 		}
@@ -1319,7 +1325,7 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 			if err != nil {
 				return err
 			}
-			return d.launchL(down, uint32(ceilDiv(hidden, 4)), 256, 0, y, i32(dst.Stride), h, ip, wp,
+			return d.launchL(down, uint32(ceilDiv(hidden, downRows)), 256, 0, y, i32(dst.Stride), h, ip, wp,
 				table.ptr, i32(len(experts)), i32(n), i32(k), i32(inter), i32(hidden))
 		})
 		return

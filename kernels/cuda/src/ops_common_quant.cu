@@ -306,20 +306,25 @@ __device__ inline void quant_run16(const MatDesc& m, int r, int c0, float (&v)[1
     }
 }
 
-// quant_row_dot sets o[j] = row rr of the Q matrix (w, ds) · xs[j] for
-// j < nx, in every lane: lane L takes the row's parts L, L + 32, …, each
-// decoded once for every x, its sums added in part order, then the warp's
-// (quant_gemv's rounding per part). AL: every xs[j] is 16-byte aligned.
-template <class Q, int NB, bool AL>
-__device__ void quant_row_dot(const uint8_t* __restrict__ w, const uint8_t* __restrict__ ds, int rr, int cols,
-                              const float* (&xs)[NB], int nx, float (&o)[NB]) {
+// quant_rows_dot sets oa[j] = row ra of the Q matrix (wa, dsa) · xs[j]
+// and, when TWO, ob[j] = row rb of (wb, dsb) · xs[j], for j < nx, in
+// every lane (both matrices cols wide): lane L takes the rows' parts L,
+// L + 32, …, two parts of both rows loaded before any is decoded (a
+// decode step's few rows a warp are latency-bound), each decoded once for
+// every x, its sums added in part order, then the warp's (quant_gemv's
+// rounding per part: a row's bits do not depend on TWO, NB or nx). AL:
+// every xs[j] is 16-byte aligned.
+template <class Q, int NB, bool AL, bool TWO>
+__device__ void quant_rows_dot(const uint8_t* __restrict__ wa, const uint8_t* __restrict__ dsa, int ra,
+                               const uint8_t* __restrict__ wb, const uint8_t* __restrict__ dsb, int rb, int cols,
+                               const float* (&xs)[NB], int nx, float (&oa)[NB], float (&ob)[NB]) {
     const int lane = threadIdx.x & 31, parts = cols / 32;
 #pragma unroll
-    for (int j = 0; j < NB; j++) o[j] = 0.f;
-    for (int p = lane; p < parts; p += 32) {
+    for (int j = 0; j < NB; j++) oa[j] = ob[j] = 0.f;
+    auto add = [&](const typename Q::Raw& raw, int p, float (&o)[NB]) {
         int o0, o1;
         Q::offs(p, o0, o1);
-        const QDec d = quant_dec<Q>(Q::load(w, ds, rr, cols, p));
+        const QDec d = quant_dec<Q>(raw);
 #pragma unroll
         for (int j = 0; j < NB; j++) {
             if (j < nx) {
@@ -328,31 +333,58 @@ __device__ void quant_row_dot(const uint8_t* __restrict__ w, const uint8_t* __re
                 o[j] = __fadd_rn(o[j], quant_part_dot(d, xa, xb, sa, sb));
             }
         }
+    };
+    for (int p = lane; p < parts; p += 64) {
+        const bool two = p + 32 < parts;
+        typename Q::Raw a0 = Q::load(wa, dsa, ra, cols, p), a1, b0, b1;
+        if (TWO) b0 = Q::load(wb, dsb, rb, cols, p);
+        if (two) {
+            a1 = Q::load(wa, dsa, ra, cols, p + 32);
+            if (TWO) b1 = Q::load(wb, dsb, rb, cols, p + 32);
+        }
+        add(a0, p, oa);
+        if (TWO) add(b0, p, ob);
+        if (two) {
+            add(a1, p + 32, oa);
+            if (TWO) add(b1, p + 32, ob);
+        }
     }
 #pragma unroll
-    for (int j = 0; j < NB; j++) o[j] = warp_sum(o[j]);
+    for (int j = 0; j < NB; j++) {
+        oa[j] = warp_sum(oa[j]);
+        if (TWO) ob[j] = warp_sum(ob[j]);
+    }
 }
 
-// quant_row_dot_al is quant_row_dot for row r of the view m, x aligned
-// or not.
+// quant_desc_dot_q is quant_rows_dot for row ra of the view a and, when
+// b is set, row rb of the view b (of a's dtype and width), x aligned or
+// not.
 template <class Q, int NB>
-__device__ inline void quant_row_dot_al(const MatDesc& m, int r, const float* (&xs)[NB], int nx, bool xal, float (&o)[NB]) {
-    const uint8_t* ds = reinterpret_cast<const uint8_t*>(m.scale);
-    if (xal) quant_row_dot<Q, NB, true>(m.data, ds, r + m.row0, m.cols, xs, nx, o);
-    else quant_row_dot<Q, NB, false>(m.data, ds, r + m.row0, m.cols, xs, nx, o);
+__device__ inline void quant_desc_dot_q(const MatDesc& a, int ra, const MatDesc* b, int rb, const float* (&xs)[NB], int nx,
+                                        bool xal, float (&oa)[NB], float (&ob)[NB]) {
+    const uint8_t* da = reinterpret_cast<const uint8_t*>(a.scale);
+    const uint8_t *wb = a.data, *db = da;
+    if (b) wb = b->data, db = reinterpret_cast<const uint8_t*>(b->scale), rb += b->row0;
+    ra += a.row0;
+    if (b && xal) quant_rows_dot<Q, NB, true, true>(a.data, da, ra, wb, db, rb, a.cols, xs, nx, oa, ob);
+    else if (b) quant_rows_dot<Q, NB, false, true>(a.data, da, ra, wb, db, rb, a.cols, xs, nx, oa, ob);
+    else if (xal) quant_rows_dot<Q, NB, true, false>(a.data, da, ra, wb, db, rb, a.cols, xs, nx, oa, ob);
+    else quant_rows_dot<Q, NB, false, false>(a.data, da, ra, wb, db, rb, a.cols, xs, nx, oa, ob);
 }
 
-// quant_desc_dot sets o[j] = row r of the view m of a block-quantized
-// matrix · xs[j] for j < nx (m.cols values each; xal: all 16-byte
-// aligned), the same in every lane.
+// quant_desc_dot sets oa[j] = row ra of the view a of a block-quantized
+// matrix · xs[j] for j < nx (a.cols values each; xal: all 16-byte
+// aligned), the same in every lane, and, when b is set (a view of a's
+// dtype and width), ob[j] = its row rb · xs[j] in the same pass.
 template <int NB>
-__device__ void quant_desc_dot(const MatDesc& m, int r, const float* (&xs)[NB], int nx, bool xal, float (&o)[NB]) {
-    switch (m.dtype) {
-    case kQ8_0: quant_row_dot_al<Q8_0Q, NB>(m, r, xs, nx, xal, o); break;
-    case kQ4_0: quant_row_dot_al<Q4_0Q, NB>(m, r, xs, nx, xal, o); break;
-    case kQ4K: quant_row_dot_al<QKQ<false>, NB>(m, r, xs, nx, xal, o); break;
-    case kQ5K: quant_row_dot_al<QKQ<true>, NB>(m, r, xs, nx, xal, o); break;
-    default: quant_row_dot_al<Q6KQ, NB>(m, r, xs, nx, xal, o); break;
+__device__ void quant_desc_dot(const MatDesc& a, int ra, const MatDesc* b, int rb, const float* (&xs)[NB], int nx, bool xal,
+                               float (&oa)[NB], float (&ob)[NB]) {
+    switch (a.dtype) {
+    case kQ8_0: quant_desc_dot_q<Q8_0Q, NB>(a, ra, b, rb, xs, nx, xal, oa, ob); break;
+    case kQ4_0: quant_desc_dot_q<Q4_0Q, NB>(a, ra, b, rb, xs, nx, xal, oa, ob); break;
+    case kQ4K: quant_desc_dot_q<QKQ<false>, NB>(a, ra, b, rb, xs, nx, xal, oa, ob); break;
+    case kQ5K: quant_desc_dot_q<QKQ<true>, NB>(a, ra, b, rb, xs, nx, xal, oa, ob); break;
+    default: quant_desc_dot_q<Q6KQ, NB>(a, ra, b, rb, xs, nx, xal, oa, ob); break;
     }
 }
 

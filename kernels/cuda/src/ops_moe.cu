@@ -187,7 +187,7 @@ extern "C" __global__ void ferrite_moe_combine(float* y, int y_stride, const flo
 namespace {
 
 constexpr int kMoeMaxSlots = 512;  // kernels/cuda moeFewTokens (8) · k (≤ 64)
-constexpr int kMoeDownRows = 4;    // hidden rows per ferrite_moe_few_down block
+constexpr int kMoeDownRows = 4;    // hidden rows per ferrite_moe_few_down block (1 for the _q ones)
 
 // mat_row is row r of the view m and, for F8E4M3, its row of block scales.
 __device__ inline const uint8_t* mat_row(const MatDesc& m, int r, const float** srow) {
@@ -296,9 +296,14 @@ template <int NB, bool Q = false>
 __device__ void desc_dot(const MatDesc& a, const MatDesc* b, int r, const float* (&xs)[NB], int nx, bool xal,
                          float (&oa)[NB], float (&ob)[NB]) {
     if (Q && (is_quant(a.dtype) || (b && is_quant(b->dtype)))) {
+        if (b && a.dtype == b->dtype && a.cols == b->cols) {  // both rows in one pass
+            quant_desc_dot<NB>(a, r, b, r, xs, nx, xal, oa, ob);
+            return;
+        }
         auto one = [&](const MatDesc& m, float (&o)[NB]) {
             if (is_quant(m.dtype)) {
-                quant_desc_dot<NB>(m, r, xs, nx, xal, o);
+                float unused[NB];
+                quant_desc_dot<NB>(m, r, nullptr, 0, xs, nx, xal, o, unused);
                 return;
             }
             const float* s;
@@ -379,23 +384,25 @@ __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const in
     if (nx > 0) flush();
 }
 
-// moe_few_down: block x computes rows [x·R, x·R + R) (R = kMoeDownRows) of
+// moe_few_down: block x computes rows [x·R, x·R + R) (R = kMoeDownRows; 1
+// for the _q kernels, whose block-quantized rows each take a warp's
+// latency-bound pass, so that a warp takes one task rather than four) of
 // y[i] (hidden) = Σ_j w[i, j]·down_{ids[i, j]}·h[i·k + j] for the n
 // tokens: each warp takes (row, expert) tasks, the products of one expert's
 // row with the h of every slot that chose it land in shared memory, then
 // each (row, token) adds its k products in increasing expert id (float32
 // products and sums, kernels/ref.Experts). An id outside [0, experts)
 // makes its token's row NaN.
-template <int NB, bool Q>
+template <int NB, bool Q, int DR = Q ? 1 : kMoeDownRows>
 __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* ids, const float* w,
                              const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
-    __shared__ float part[kMoeDownRows][kMoeMaxSlots];  // (row, slot) expert products
+    __shared__ float part[DR][kMoeMaxSlots];            // (row, slot) expert products
     __shared__ int next[kMoeMaxSlots];                  // the next slot of the same expert, or −1
     __shared__ int first[kMoeMaxSlots];                 // the first slot of each expert (and each bad id)
     __shared__ int order[kMoeMaxSlots];                 // (token, k) its slots' j by expert id, stable
     __shared__ int nfirst;
     const int slots = n * k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r0 = blockIdx.x * kMoeDownRows;
+    const int r0 = blockIdx.x * DR;
     for (int s = threadIdx.x; s < slots; s += blockDim.x) {
         const int e = ids[s];
         int nx = -1;
@@ -435,9 +442,9 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
     }
     __syncthreads();
     const bool xal = (uintptr_t(h) & 15) == 0 && (inter & 3) == 0;
-    for (int task = warp; task < kMoeDownRows * nfirst; task += blockDim.x >> 5) {
-        const int rr = task % kMoeDownRows, r = r0 + rr;
-        const int s0 = first[task / kMoeDownRows];
+    for (int task = warp; task < DR * nfirst; task += blockDim.x >> 5) {
+        const int rr = task % DR, r = r0 + rr;
+        const int s0 = first[task / DR];
         if (r >= hidden) continue;
         const int e = ids[s0];
         if (e < 0 || e >= experts) {
@@ -468,8 +475,8 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
         }
     }
     __syncthreads();
-    for (int t = threadIdx.x; t < kMoeDownRows * n; t += blockDim.x) {
-        const int rr = t % kMoeDownRows, i = t / kMoeDownRows, r = r0 + rr;
+    for (int t = threadIdx.x; t < DR * n; t += blockDim.x) {
+        const int rr = t % DR, i = t / DR, r = r0 + rr;
         if (r >= hidden) continue;
         float acc = 0.f;
         for (int q = 0; q < k; q++) {
@@ -664,15 +671,23 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
             // Block-quantized: each row's blocks decoded once for the nc
             // slots (ops_common_quant.cu), the bits of the slot-a-pass
             // kernels.
+            // Gate and up a row in one pass; down two rows a pass.
 #pragma unroll 1
-            for (int r = 0; r < nr; r++) {
+            for (int r = 0; r < nr;) {
                 float a[C], b[C];
-                desc_dot<C, true>(ma, GU ? &mb : nullptr, r0 + r, xs, nc, xal, a, b);
+                const bool pair = !GU && r + 1 < nr && is_quant(ma.dtype);
+                if (pair) quant_desc_dot<C>(ma, r0 + r, &ma, r0 + r + 1, xs, nc, xal, a, b);
+                else desc_dot<C, true>(ma, GU ? &mb : nullptr, r0 + r, xs, nc, xal, a, b);
                 if (lane == 0) {
 #pragma unroll
-                    for (int q = 0; q < C; q++)
-                        if (q < nc) out[size_t(sl[q]) * nrows + r0 + r] = GU ? swiglu_clamp1(a[q], b[q], limit) : a[q];
+                    for (int q = 0; q < C; q++) {
+                        if (q < nc) {
+                            out[size_t(sl[q]) * nrows + r0 + r] = GU ? swiglu_clamp1(a[q], b[q], limit) : a[q];
+                            if (pair) out[size_t(sl[q]) * nrows + r0 + r + 1] = b[q];
+                        }
+                    }
                 }
+                r += pair ? 2 : 1;
             }
             p += nc;
             continue;

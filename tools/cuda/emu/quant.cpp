@@ -155,8 +155,9 @@ static void run_case(QT t, int rows, int cols) {
 // run_expert checks ops_common_quant.cu's reading of one expert matrix
 // through a MatDesc (ops_moe.cu's desc_dot and moe_tile): quant_run16 bit
 // for bit against the host decoding for every run of the view's rows, and
-// quant_desc_dot for 1 and 4 rows of x (aligned and not) against a
-// double-precision product, the forms' bits equal.
+// quant_desc_dot for one row and 1 x (aligned and not) against a
+// double-precision product, and for two rows and 3 of 4 x in one pass with
+// the bits of each alone.
 static void run_expert(QT t, int rows, int cols, int row0) {
     const int bb = bbytes(t), be = belems(t), nb = rows * (cols / be);
     std::vector<uint8_t> blocks(size_t(nb) * bb);
@@ -183,39 +184,43 @@ static void run_expert(QT t, int rows, int cols, int row0) {
         }
     std::vector<float> x(4 * cols + 1);
     for (auto& v : x) v = randn();
+    const int vr = rows - row0;  // the view's rows
     for (int al = 0; al < 2; al++) {
         const float* xb = x.data() + (al ? 0 : 1);  // malloc aligns x.data() to 16 bytes; + 1 does not
         const bool xal = (uintptr_t(xb) & 15) == 0;
-        for (int r = 0; r < rows - row0; r++) {
-            float one[4], four[4];
+        std::vector<float> one(size_t(vr) * 4);  // (row, x) alone
+        for (int r = 0; r < vr; r++)
             for (int j = 0; j < 4; j++) {
                 const float* xs[1] = {xb + size_t(j) * cols};
-                float o[1];
                 launch(dim3u{1, 1, 1}, 32, [&] {
-                    float oo[1];
-                    quant_desc_dot<1>(m, r, xs, 1, xal, oo);
-                    if (threadIdx.x == 0) o[0] = oo[0];
+                    float oa[1], ob[1];
+                    quant_desc_dot<1>(m, r, nullptr, 0, xs, 1, xal, oa, ob);
+                    if (threadIdx.x == 0) one[size_t(r) * 4 + j] = oa[0];
                 });
-                one[j] = o[0];
-            }
-            const float* xs4[4] = {xb, xb + cols, xb + 2 * size_t(cols), xb + 3 * size_t(cols)};
-            launch(dim3u{1, 1, 1}, 32, [&] {
-                float oo[4];
-                quant_desc_dot<4>(m, r, xs4, 3, xal, oo);  // three of four: the fourth stays out
-                if (threadIdx.x == 0)
-                    for (int j = 0; j < 3; j++) four[j] = oo[j];
-            });
-            for (int j = 0; j < 4; j++) {
-                if (j < 3)
-                    CHECK(std::memcmp(&one[j], &four[j], 4) == 0, "%s expert %dx%d: row %d x%d: %g alone, %g of 3", qname[t], rows, cols,
-                          r, j, one[j], four[j]);
                 double s = 0, mag = 0;
                 for (int k = 0; k < cols; k++) {
                     s += double(w[size_t(r + row0) * cols + k]) * xb[size_t(j) * cols + k];
                     mag += std::fabs(double(w[size_t(r + row0) * cols + k]) * xb[size_t(j) * cols + k]);
                 }
-                CHECK(std::fabs(one[j] - s) / mag < 2e-5, "%s expert %dx%d: row %d x%d = %g, want %g", qname[t], rows, cols, r, j,
-                      one[j], s);
+                CHECK(std::fabs(one[size_t(r) * 4 + j] - s) / mag < 2e-5, "%s expert %dx%d: row %d x%d = %g, want %g", qname[t], rows,
+                      cols, r, j, one[size_t(r) * 4 + j], s);
+            }
+        // Two rows (r and another) against three of four x in one pass: the bits of each alone.
+        const float* xs4[4] = {xb, xb + cols, xb + 2 * size_t(cols), xb + 3 * size_t(cols)};
+        for (int r = 0; r < vr; r++) {
+            const int r2 = (r + 1 + r % 3) % vr;
+            float fa[4], fb[4];
+            launch(dim3u{1, 1, 1}, 32, [&] {
+                float oa[4], ob[4];
+                quant_desc_dot<4>(m, r, &m, r2, xs4, 3, xal, oa, ob);
+                if (threadIdx.x == 0)
+                    for (int j = 0; j < 3; j++) fa[j] = oa[j], fb[j] = ob[j];
+            });
+            for (int j = 0; j < 3; j++) {
+                CHECK(std::memcmp(&fa[j], &one[size_t(r) * 4 + j], 4) == 0, "%s expert %dx%d: row %d x%d: %g in a pair, %g alone",
+                      qname[t], rows, cols, r, j, fa[j], one[size_t(r) * 4 + j]);
+                CHECK(std::memcmp(&fb[j], &one[size_t(r2) * 4 + j], 4) == 0, "%s expert %dx%d: row %d x%d: %g in a pair, %g alone",
+                      qname[t], rows, cols, r2, j, fb[j], one[size_t(r2) * 4 + j]);
             }
         }
     }
