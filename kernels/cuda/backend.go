@@ -29,10 +29,10 @@ type Backend struct {
 
 	mu       sync.Mutex // guards the weight caches (weights, stacks, qweights), experts, qexperts, b1BF16, err
 	weights  map[*kernels.Mat]*Weight
-	experts  map[*kernels.Expert]*Buffer // expert lists' descriptor tables (expertTable)
-	qexperts map[*kernels.Expert]bool    // expert lists that keep a matrix in GGML blocks (expertTable: the _q kernels)
-	stacks   map[stackKey]*Weight        // weights stacked by rows (LinearCat, SwiGLULinear)
-	qweights map[*kernels.Mat]*Weight    // quantized weights in their blocks (linWeight, quant.go)
+	experts  map[*kernels.Expert]*Buffer     // expert lists' descriptor tables (expertTable)
+	qexperts map[*kernels.Expert]expertKinds // what an expert list's device weights are (expertTable)
+	stacks   map[stackKey]*Weight            // weights stacked by rows (LinearCat, SwiGLULinear)
+	qweights map[*kernels.Mat]*Weight        // quantized weights in their blocks (linWeight, quant.go)
 	err      error
 
 	arena    arena      // the op set's per-step scratch

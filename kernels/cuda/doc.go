@@ -108,6 +108,9 @@
 // linear ops: src/ops_quant.cu's GEMV for up to 8 rows of x
 // (FERRITE_CUDA_QGEMV_ROWS sets the limit; FERRITE_CUDA_QGEMV_R=2 or 8 the
 // one-row form's weight rows a block, 4 by default), an exact decoding
-// into bf16 scratch for wider products; FERRITE_CUDA_QUANT=0 decodes them
-// to float32 at load as before.
+// into bf16 scratch for wider products. Quantized MoE experts keep theirs
+// for the grouped GEMVs, register tiles and CUDA-core tiles (the _q forms
+// of src/ops_moe.cu's kernels), and a prefill of 256 tokens and more
+// decodes the chosen experts into bf16 for the tensor cores.
+// FERRITE_CUDA_QUANT=0 decodes them to float32 at load as before.
 package cuda

@@ -48,8 +48,9 @@ var kernelNames = []string{
 	"ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", "ferrite_moe_gt_gate_up_r1", "ferrite_moe_gt_gate_up_r2", "ferrite_moe_gt_gate_up_r4", "ferrite_moe_gt_down_r2",
 	"ferrite_moe_gt_down_r4", "ferrite_moe_gt_down_r8", "ferrite_moe_b1_1", "ferrite_moe_b1_3",
 	// the forms that also read experts in GGML blocks (src/ops_common_quant.cu)
-	"ferrite_moe_few_gate_up_1_q", "ferrite_moe_few_gate_up_8_q", "ferrite_moe_few_down_1_q", "ferrite_moe_few_down_8_q",
+	"ferrite_moe_few_gate_up_1_q", "ferrite_moe_few_down_1_q",
 	"ferrite_moe_gt_gate_up_r4_q", "ferrite_moe_gt_down_r8_q", "ferrite_moe_tile_gate_up_q", "ferrite_moe_tile_down_q",
+	"ferrite_moe_qdecode", "ferrite_moe_few_gate_up_1_q1", "ferrite_moe_few_down_1_q1",
 	// Random weights (src/randfill.cu).
 	"ferrite_random_fill",
 }

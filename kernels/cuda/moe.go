@@ -28,6 +28,7 @@ type moeConfig struct {
 	b1       int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
 	b1Most   int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
 	combine1 bool // FERRITE_MOE_COMBINE=1: ferrite_moe_combine one block a token (combineParts)
+	q1       bool // FERRITE_MOE_Q1=1: quantized experts' slot-a-pass kernels without their two-blocks-an-SM bound (the _q1 forms)
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -41,7 +42,7 @@ func moeConfigFromEnv() moeConfig {
 		return v
 	}
 	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", pipe: pipeMode(os.Getenv("FERRITE_MOE_KERNELS")), few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB"),
-		tiles: num("FERRITE_MOE_TILES"), combine1: os.Getenv("FERRITE_MOE_COMBINE") == "1"}
+		tiles: num("FERRITE_MOE_TILES"), combine1: os.Getenv("FERRITE_MOE_COMBINE") == "1", q1: os.Getenv("FERRITE_MOE_Q1") == "1"}
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
 	}

@@ -1128,6 +1128,18 @@ func (b *Backend) Route(ids, w, logits kernels.Tensor, r *kernels.Router) {
 // int32 (dtype, rows, cols, block rows, block cols, first row).
 const expertDescBytes = 40
 
+// expertKinds is what an expert list's weights are on the device.
+type expertKinds struct {
+	quant bool // some matrix kept in GGML blocks: the _q kernels
+	qbf16 bool // quant, and every other matrix bf16: a prefill may decode the blocks for the tensor cores (ferrite_moe_qdecode)
+}
+
+// moeDecodeMost is the most bytes of bf16 ferrite_moe_qdecode decodes a
+// call's block-quantized experts into (one layer's experts: 1.2 GB for
+// Qwen3-30B-A3B's 128 of 768); larger expert sets keep to the CUDA-core
+// tiles.
+const moeDecodeMost = 4 << 30
+
 // expertTable returns the device table of experts' weight descriptors,
 // three per expert (gate, up, down), uploading the weights and the table
 // on first use; it is cached per expert list. Block-quantized experts stay
@@ -1142,7 +1154,7 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 		return t, nil
 	}
 	raw := make([]byte, 3*len(experts)*expertDescBytes)
-	quant := false // some matrix kept in its blocks
+	kinds := expertKinds{qbf16: true}
 	put := func(i int, m *kernels.Mat, row0 int) error {
 		// A block-quantized expert keeps its blocks (linWeight), its
 		// scale the address of their scale section.
@@ -1155,7 +1167,9 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 			scale = w.Scale.ptr
 		}
 		if w.DType.Quantized() {
-			scale, quant = w.Buf.ptr+uint64(w.DOff), true
+			scale, kinds.quant = w.Buf.ptr+uint64(w.DOff), true
+		} else if w.DType != kernels.BF16 {
+			kinds.qbf16 = false
 		}
 		d := raw[i*expertDescBytes:]
 		binary.LittleEndian.PutUint64(d[0:], w.Buf.ptr)
@@ -1192,9 +1206,10 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.experts == nil {
-		b.experts, b.qexperts = map[*kernels.Expert]*Buffer{}, map[*kernels.Expert]bool{}
+		b.experts, b.qexperts = map[*kernels.Expert]*Buffer{}, map[*kernels.Expert]expertKinds{}
 	}
-	b.experts[key], b.qexperts[key] = t, quant
+	kinds.qbf16 = kinds.qbf16 && kinds.quant
+	b.experts[key], b.qexperts[key] = t, kinds
 	return t, nil
 }
 
@@ -1238,7 +1253,8 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		panic("cuda: Experts shapes do not match")
 	}
 	// The tensor-core kernels take bf16 weights and widths of 32s.
-	mma := !b.noMMA && hidden%32 == 0 && inter%32 == 0 && x.Stride%4 == 0
+	shapeMMA := !b.noMMA && hidden%32 == 0 && inter%32 == 0 && x.Stride%4 == 0
+	mma := shapeMMA
 	for _, ex := range experts {
 		gateRows := 0
 		if ex.GateUp != nil {
@@ -1262,8 +1278,9 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		return
 	}
 	b.mu.Lock()
-	quant := b.qexperts[&experts[0]]
+	kinds := b.qexperts[&experts[0]]
 	b.mu.Unlock()
+	quant := kinds.quant
 	// q names a kernel's form that also reads experts in GGML blocks.
 	q := func(name string) string {
 		if quant {
@@ -1315,8 +1332,11 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		gateUp, down, downRows := q("ferrite_moe_few_gate_up_1"), q("ferrite_moe_few_down_1"), 4
 		if quant {
 			downRows = 1 // src/ops_moe.cu kMoeDownRows, 1 in the _q form
+			if b.moe.q1 {
+				gateUp, down = gateUp+"1", down+"1"
+			}
 		}
-		if n > 1 && b.moe.slots8 {
+		if n > 1 && b.moe.slots8 && !quant { // (no _8 form of the _q kernels)
 			gateUp, down = q("ferrite_moe_few_gate_up_8"), q("ferrite_moe_few_down_8")
 		}
 		b.queue(func(d *Device) error {
@@ -1337,8 +1357,17 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	perm := dptr(b.Scratch(kernels.I32, 1, n*k))    // (n·k) the slots sorted by expert
 	gy := uint32(ceilDiv(n*k, moeTileM) + ne)
 	gateUp, down, threads := q("ferrite_moe_tile_gate_up"), q("ferrite_moe_tile_down"), uint32(256)
-	if mma {
+	// A prefill of block-quantized experts, from as many rows as the linear
+	// ops round x to bf16 for (gemmRoundRows), decodes the chosen ones
+	// into bf16 (rounded: a relative 2⁻⁹ a weight) for the tensor cores.
+	qdecode := kinds.qbf16 && shapeMMA && n >= gemmRoundRows && 3*ne*inter*hidden*2 <= moeDecodeMost
+	tab, wbf := table.ptr, uint64(0)
+	if mma || qdecode {
 		gateUp, down, threads = "ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", 128
+	}
+	if qdecode {
+		wbf = dptr(b.Scratch(kernels.BF16, 3*ne, inter*hidden))     // (3·experts, inter·hidden) the chosen experts' views in bf16
+		tab = dptr(b.Scratch(kernels.I32, 3*ne, expertDescBytes/4)) // (3·experts) their descriptors
 	}
 	parts := b.combineParts(n, hidden)
 	b.queue(func(d *Device) error {
@@ -1346,13 +1375,20 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		if err != nil {
 			return err
 		}
+		if qdecode {
+			err = d.launchL("ferrite_moe_qdecode", d.elementwiseGrid(int64(3*ne)*int64(inter*hidden/16)), 256, 0, wbf, tab, table.ptr,
+				off, i32(ne), i32(inter), i32(hidden))
+			if err != nil {
+				return err
+			}
+		}
 		err = d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, moeTileM)), gy, 1}, threads, 0,
-			h, i32(inter), xp, i32(x.Stride), off, tiles, perm, table.ptr, i32(ne), i32(k), i32(hidden), f32(limit))
+			h, i32(inter), xp, i32(x.Stride), off, tiles, perm, tab, i32(ne), i32(k), i32(hidden), f32(limit))
 		if err != nil {
 			return err
 		}
 		err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, moeTileM)), gy, 1}, threads, 0,
-			ye, i32(hidden), h, off, tiles, perm, table.ptr, i32(ne), i32(k), i32(inter))
+			ye, i32(hidden), h, off, tiles, perm, tab, i32(ne), i32(k), i32(inter))
 		if err != nil {
 			return err
 		}

@@ -20,9 +20,12 @@ import (
 // decode the weight exactly into bfloat16 scratch (ferrite_qbf16_*) and run
 // the bf16 product (linearQuant): two terms below gemmRoundRows rows, one
 // (a relative 2⁻⁹ a weight, as x's own rounding there) from then on.
-// The other ops that read weights (Embed, the experts, MLA's kv_b) keep
-// the float32 decoding (Backend.weight). FERRITE_CUDA_QUANT=0 decodes
-// every quantized weight to float32, as before.
+// The MoE experts keep their blocks too (expertTable): src/ops_moe.cu's _q
+// kernels read them through src/ops_common_quant.cu, and a prefill of
+// gemmRoundRows tokens and more decodes the chosen experts into bf16 for
+// the tensor cores (ferrite_moe_qdecode). Embed and MLA's kv_b keep the
+// float32 decoding (Backend.weight). FERRITE_CUDA_QUANT=0 decodes every
+// quantized weight to float32, as before.
 
 // quantOn is whether quantized weights keep their blocks on the device.
 var quantOn = os.Getenv("FERRITE_CUDA_QUANT") != "0"

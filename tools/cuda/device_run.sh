@@ -101,7 +101,7 @@ fi
 if [ -f k/ferrite.fatbin ] || ! want build; then
 	echo "using the prepared fatbin" >>"$out/build.log"
 else
-	run build 240 build.log bash tools/cuda/build_fatbin.sh k k
+	run build 330 build.log bash tools/cuda/build_fatbin.sh k k
 fi
 cp k/ferrite.fatbin k/fatbin.sha256 "$out/" 2>/dev/null
 export FERRITE_CUDA_FATBIN="$dev/k/ferrite.fatbin"
@@ -162,7 +162,7 @@ if want quant; then
 		--concurrency 1,32 --prompt-len 128 --gen-len 128
 fi
 if want qmoe; then
-	(cd k && run moe-quant 150 qmoe.log ../cuda.test -test.run XXX -test.bench 'MoE(Quant)?/n=(1|8|32|512)$' \
+	(cd k && run moe-quant 150 qmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE(Quant)?$/^n=(1|8|32|512)$/^(slot|slot8|gt|q1)$' \
 		-test.benchtime 5x)
 	grep -hE '^Benchmark|rc=' "$out/qmoe.log"
 	mkdir -p "$dev/qwen3-30b-a3b-12l"

@@ -238,7 +238,7 @@ struct QDec {
 };
 
 template <class Q>
-__device__ inline QDec quant_dec(const typename Q::Raw& raw) {
+__device__ __forceinline__ QDec quant_dec(const typename Q::Raw& raw) {
     QDec d;
 #pragma unroll
     for (int i = 0; i < 32; i++) d.f[i] = Q::f(raw, i);
@@ -253,7 +253,7 @@ __device__ inline QDec quant_dec(const typename Q::Raw& raw) {
 // and sb: A0·Σf·xa − B0·sa + A1·Σf·xb − B1·sb, rounded the same way
 // wherever it is called (every form of the kernel gives a row the same
 // bits).
-__device__ inline float quant_part_dot(const QDec& d, const float (&xa)[16], const float (&xb)[16], float sa, float sb) {
+__device__ __forceinline__ float quant_part_dot(const QDec& d, const float (&xa)[16], const float (&xb)[16], float sa, float sb) {
     float fa = 0.f, fb = 0.f;
 #pragma unroll
     for (int i = 0; i < 16; i++) {
@@ -264,11 +264,10 @@ __device__ inline float quant_part_dot(const QDec& d, const float (&xa)[16], con
 }
 
 // quant_x loads a part's 32 values of the row x (runs at o0 and o1) and
-// their sums; AL: x is 16-byte aligned (float4 loads).
-template <bool AL = true>
-__device__ inline void quant_x(const float* __restrict__ x, int o0, int o1, float (&xa)[16], float (&xb)[16], float& sa,
-                               float& sb) {
-    if (AL) {
+// their sums; al: x is 16-byte aligned (float4 loads).
+__device__ __forceinline__ void quant_x(const float* __restrict__ x, int o0, int o1, float (&xa)[16], float (&xb)[16], float& sa,
+                               float& sb, bool al = true) {
+    if (al) {
         load16(x + o0, xa);
         load16(x + o1, xb);
     } else {
@@ -283,7 +282,7 @@ __device__ inline void quant_x(const float* __restrict__ x, int o0, int o1, floa
 // quant_run16_q sets v to columns c0…c0+15 (c0 a multiple of 16: one run)
 // of row r of a Q matrix, decoded exactly.
 template <class Q>
-__device__ inline void quant_run16_q(const uint8_t* w, const uint8_t* ds, int r, int cols, int c0, float (&v)[16]) {
+__device__ __forceinline__ void quant_run16_q(const uint8_t* w, const uint8_t* ds, int r, int cols, int c0, float (&v)[16]) {
     int p, i;
     Q::where(c0, p, i);
     const typename Q::Raw raw = Q::load(w, ds, r, cols, p);
@@ -294,7 +293,7 @@ __device__ inline void quant_run16_q(const uint8_t* w, const uint8_t* ds, int r,
 }
 
 // quant_run16 is quant_run16_q for row r of the view m.
-__device__ inline void quant_run16(const MatDesc& m, int r, int c0, float (&v)[16]) {
+__device__ __forceinline__ void quant_run16(const MatDesc& m, int r, int c0, float (&v)[16]) {
     const uint8_t* ds = reinterpret_cast<const uint8_t*>(m.scale);
     const int rr = r + m.row0;
     switch (m.dtype) {
@@ -312,12 +311,12 @@ __device__ inline void quant_run16(const MatDesc& m, int r, int c0, float (&v)[1
 // L + 32, …, two parts of both rows loaded before any is decoded (a
 // decode step's few rows a warp are latency-bound), each decoded once for
 // every x, its sums added in part order, then the warp's (quant_gemv's
-// rounding per part: a row's bits do not depend on TWO, NB or nx). AL:
+// rounding per part: a row's bits do not depend on TWO, NB or nx). al:
 // every xs[j] is 16-byte aligned.
-template <class Q, int NB, bool AL, bool TWO>
-__device__ void quant_rows_dot(const uint8_t* __restrict__ wa, const uint8_t* __restrict__ dsa, int ra,
+template <class Q, int NB, bool TWO>
+__device__ __forceinline__ void quant_rows_dot(const uint8_t* __restrict__ wa, const uint8_t* __restrict__ dsa, int ra,
                                const uint8_t* __restrict__ wb, const uint8_t* __restrict__ dsb, int rb, int cols,
-                               const float* (&xs)[NB], int nx, float (&oa)[NB], float (&ob)[NB]) {
+                               const float* (&xs)[NB], int nx, bool al, float (&oa)[NB], float (&ob)[NB]) {
     const int lane = threadIdx.x & 31, parts = cols / 32;
 #pragma unroll
     for (int j = 0; j < NB; j++) oa[j] = ob[j] = 0.f;
@@ -329,7 +328,7 @@ __device__ void quant_rows_dot(const uint8_t* __restrict__ wa, const uint8_t* __
         for (int j = 0; j < NB; j++) {
             if (j < nx) {
                 float xa[16], xb[16], sa, sb;
-                quant_x<AL>(xs[j], o0, o1, xa, xb, sa, sb);
+                quant_x(xs[j], o0, o1, xa, xb, sa, sb, al);
                 o[j] = __fadd_rn(o[j], quant_part_dot(d, xa, xb, sa, sb));
             }
         }
@@ -360,16 +359,14 @@ __device__ void quant_rows_dot(const uint8_t* __restrict__ wa, const uint8_t* __
 // b is set, row rb of the view b (of a's dtype and width), x aligned or
 // not.
 template <class Q, int NB>
-__device__ inline void quant_desc_dot_q(const MatDesc& a, int ra, const MatDesc* b, int rb, const float* (&xs)[NB], int nx,
+__device__ __forceinline__ void quant_desc_dot_q(const MatDesc& a, int ra, const MatDesc* b, int rb, const float* (&xs)[NB], int nx,
                                         bool xal, float (&oa)[NB], float (&ob)[NB]) {
     const uint8_t* da = reinterpret_cast<const uint8_t*>(a.scale);
     const uint8_t *wb = a.data, *db = da;
     if (b) wb = b->data, db = reinterpret_cast<const uint8_t*>(b->scale), rb += b->row0;
     ra += a.row0;
-    if (b && xal) quant_rows_dot<Q, NB, true, true>(a.data, da, ra, wb, db, rb, a.cols, xs, nx, oa, ob);
-    else if (b) quant_rows_dot<Q, NB, false, true>(a.data, da, ra, wb, db, rb, a.cols, xs, nx, oa, ob);
-    else if (xal) quant_rows_dot<Q, NB, true, false>(a.data, da, ra, wb, db, rb, a.cols, xs, nx, oa, ob);
-    else quant_rows_dot<Q, NB, false, false>(a.data, da, ra, wb, db, rb, a.cols, xs, nx, oa, ob);
+    if (b) quant_rows_dot<Q, NB, true>(a.data, da, ra, wb, db, rb, a.cols, xs, nx, xal, oa, ob);
+    else quant_rows_dot<Q, NB, false>(a.data, da, ra, wb, db, rb, a.cols, xs, nx, xal, oa, ob);
 }
 
 // quant_desc_dot sets oa[j] = row ra of the view a of a block-quantized
@@ -377,7 +374,7 @@ __device__ inline void quant_desc_dot_q(const MatDesc& a, int ra, const MatDesc*
 // aligned), the same in every lane, and, when b is set (a view of a's
 // dtype and width), ob[j] = its row rb · xs[j] in the same pass.
 template <int NB>
-__device__ void quant_desc_dot(const MatDesc& a, int ra, const MatDesc* b, int rb, const float* (&xs)[NB], int nx, bool xal,
+__device__ __forceinline__ void quant_desc_dot(const MatDesc& a, int ra, const MatDesc* b, int rb, const float* (&xs)[NB], int nx, bool xal,
                                float (&oa)[NB], float (&ob)[NB]) {
     switch (a.dtype) {
     case kQ8_0: quant_desc_dot_q<Q8_0Q, NB>(a, ra, b, rb, xs, nx, xal, oa, ob); break;

@@ -295,23 +295,21 @@ __device__ void row_dot(const MatDesc& m, const uint8_t* row, const float* srow,
 template <int NB, bool Q = false>
 __device__ void desc_dot(const MatDesc& a, const MatDesc* b, int r, const float* (&xs)[NB], int nx, bool xal,
                          float (&oa)[NB], float (&ob)[NB]) {
-    if (Q && (is_quant(a.dtype) || (b && is_quant(b->dtype)))) {
-        if (b && a.dtype == b->dtype && a.cols == b->cols) {  // both rows in one pass
+    if (Q) {
+        // A pass over a block-quantized row (and b's, of a's dtype and
+        // width); anything else through the plain form into arrays of its
+        // own, so that a call there does not move oa and ob to local memory.
+        if (is_quant(a.dtype) && (!b || (b->dtype == a.dtype && b->cols == a.cols))) {
             quant_desc_dot<NB>(a, r, b, r, xs, nx, xal, oa, ob);
             return;
         }
-        auto one = [&](const MatDesc& m, float (&o)[NB]) {
-            if (is_quant(m.dtype)) {
-                float unused[NB];
-                quant_desc_dot<NB>(m, r, nullptr, 0, xs, nx, xal, o, unused);
-                return;
-            }
-            const float* s;
-            const uint8_t* row = mat_row(m, r, &s);
-            row_dot<NB>(m, row, s, vec_ok(m, row, xal), xs, nx, o);
-        };
-        one(a, oa);
-        if (b) one(*b, ob);
+        float ta[NB], tb[NB], unused[NB];
+        if (is_quant(a.dtype)) quant_desc_dot<NB>(a, r, nullptr, 0, xs, nx, xal, ta, unused);
+        else desc_dot<NB, false>(a, b && !is_quant(b->dtype) ? b : nullptr, r, xs, nx, xal, ta, tb);
+        if (b && is_quant(b->dtype)) quant_desc_dot<NB>(*b, r, nullptr, 0, xs, nx, xal, tb, unused);
+        else if (b && is_quant(a.dtype)) desc_dot<NB, false>(*b, nullptr, r, xs, nx, xal, tb, unused);
+#pragma unroll
+        for (int j = 0; j < NB; j++) oa[j] = ta[j], ob[j] = b ? tb[j] : 0.f;
         return;
     }
     const float *sa, *sb = nullptr;
@@ -489,12 +487,19 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
 
 }  // namespace
 
+// The launch bounds of the kernels below: the _q forms take two blocks an
+// SM at least (their decoding would take 255 registers a thread, one block
+// an SM, for latency-bound passes over a row's blocks).
+#define FERRITE_MOE_BOUNDS_false __launch_bounds__(256)
+#define FERRITE_MOE_BOUNDS_true __launch_bounds__(256, 2)
+#define FERRITE_MOE_BOUNDS_one __launch_bounds__(256)  // the _q1 forms, for comparison (kernels/cuda moeConfig.q1)
+
 // Launch: grid (ceil(inter / 8), n·k), 256 threads; h (n·k, inter); n·k ≤
 // 512. The _1 kernel is for one token, _8 for up to 8 tokens an expert;
-// the _q kernels (every kernel of this file so named) also read experts
-// kept in GGML blocks.
+// the _q kernels (every kernel of this file so named; _1 only here) also
+// read experts kept in GGML blocks.
 #define FERRITE_MOE_FEW_GATE_UP(name, NB, Q)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256)                                                       \
+    extern "C" __global__ void FERRITE_MOE_BOUNDS_##Q                                                      \
         name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
              int slots, int inter, float limit) {                                                           \
         FERRITE_PDL_WAIT();                                                                                 \
@@ -503,12 +508,19 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
 FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1, false)
 FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8, false)
 FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1_q, 1, true)
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8_q, 8, true)
+#define FERRITE_MOE_FEW_GATE_UP_Q1(name)                                                                     \
+    extern "C" __global__ void FERRITE_MOE_BOUNDS_one                                                       \
+        name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
+             int slots, int inter, float limit) {                                                           \
+        FERRITE_PDL_WAIT();                                                                                 \
+        moe_few_gate_up<1, true>(h, x, x_stride, ids, table, experts, k, slots, inter, limit);              \
+    }
+FERRITE_MOE_FEW_GATE_UP_Q1(ferrite_moe_few_gate_up_1_q1)
 
 // Launch: grid ceil(hidden / 4), 256 threads; y (n, hidden), w (n, k)
 // contiguous; n·k ≤ 512.
 #define FERRITE_MOE_FEW_DOWN(name, NB, Q)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256)                                                       \
+    extern "C" __global__ void FERRITE_MOE_BOUNDS_##Q                                                      \
         name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
              int experts, int n, int k, int inter, int hidden) {                                            \
         FERRITE_PDL_WAIT();                                                                                 \
@@ -517,7 +529,14 @@ FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8_q, 8, true)
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1, false)
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8, false)
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_q, 1, true)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8_q, 8, true)
+#define FERRITE_MOE_FEW_DOWN_Q1(name)                                                                        \
+    extern "C" __global__ void FERRITE_MOE_BOUNDS_one                                                       \
+        name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
+             int experts, int n, int k, int inter, int hidden) {                                            \
+        FERRITE_PDL_WAIT();                                                                                 \
+        moe_few_down<1, true>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                 \
+    }
+FERRITE_MOE_FEW_DOWN_Q1(ferrite_moe_few_down_1_q1)
 
 // ---------------------------------------------------------------------------
 // Grouped experts as register tiles (4 to 32 tokens). Every block sorts
@@ -671,23 +690,16 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
             // Block-quantized: each row's blocks decoded once for the nc
             // slots (ops_common_quant.cu), the bits of the slot-a-pass
             // kernels.
-            // Gate and up a row in one pass; down two rows a pass.
+            // Gate and up a row in one pass.
 #pragma unroll 1
-            for (int r = 0; r < nr;) {
+            for (int r = 0; r < nr; r++) {
                 float a[C], b[C];
-                const bool pair = !GU && r + 1 < nr && is_quant(ma.dtype);
-                if (pair) quant_desc_dot<C>(ma, r0 + r, &ma, r0 + r + 1, xs, nc, xal, a, b);
-                else desc_dot<C, true>(ma, GU ? &mb : nullptr, r0 + r, xs, nc, xal, a, b);
+                desc_dot<C, true>(ma, GU ? &mb : nullptr, r0 + r, xs, nc, xal, a, b);
                 if (lane == 0) {
 #pragma unroll
-                    for (int q = 0; q < C; q++) {
-                        if (q < nc) {
-                            out[size_t(sl[q]) * nrows + r0 + r] = GU ? swiglu_clamp1(a[q], b[q], limit) : a[q];
-                            if (pair) out[size_t(sl[q]) * nrows + r0 + r + 1] = b[q];
-                        }
-                    }
+                    for (int q = 0; q < C; q++)
+                        if (q < nc) out[size_t(sl[q]) * nrows + r0 + r] = GU ? swiglu_clamp1(a[q], b[q], limit) : a[q];
                 }
-                r += pair ? 2 : 1;
             }
             p += nc;
             continue;
@@ -739,7 +751,7 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
 // 256 threads; n·k ≤ 256. kernels/cuda runs gate/up with R = 4 and down
 // with R = 8 unless FERRITE_MOE_GT picks others.
 #define FERRITE_MOE_GT_GATE_UP(name, R, Q)                                                               \
-    extern "C" __global__ void __launch_bounds__(256)                                                    \
+    extern "C" __global__ void FERRITE_MOE_BOUNDS_##Q                                                   \
         name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,    \
              int experts, int k, int slots, int sb, float limit) {                                       \
         FERRITE_PDL_WAIT();                                                                              \
@@ -751,7 +763,7 @@ FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4, false)
 FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_q, 4, true)
 
 #define FERRITE_MOE_GT_DOWN(name, R, Q)                                                                  \
-    extern "C" __global__ void __launch_bounds__(256)                                                    \
+    extern "C" __global__ void FERRITE_MOE_BOUNDS_##Q                                                   \
         name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,     \
              int experts, int k, int slots, int sb) {                                                    \
         FERRITE_PDL_WAIT();                                                                              \
@@ -1082,6 +1094,40 @@ FERRITE_MOE_TILE_GATE_UP(ferrite_moe_tile_gate_up_q, true)
     }
 FERRITE_MOE_TILE_DOWN(ferrite_moe_tile_down, false)
 FERRITE_MOE_TILE_DOWN(ferrite_moe_tile_down_q, true)
+
+// The experts in GGML blocks that some slot chose (off[e + 1] > off[e],
+// ferrite_moe_sort's), decoded exactly and rounded to bf16 (f32_to_bf16)
+// into wbf, so that the tensor-core kernels below take a prefill's
+// block-quantized experts: view i = 3e + m of table (gate, up, down; each
+// per = inter·hidden elements) at wbf + i·per, row by row; out (3·experts)
+// the views' descriptors, bf16 ones for those, the others' (bf16 already)
+// as table has them. Launch: any 1-D grid of 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_qdecode(uint16_t* wbf, MatDesc* out, const MatDesc* table, const int* off, int experts, int inter, int hidden) {
+    const size_t per = size_t(inter) * hidden, runs = per / 16;  // a thread decodes a run of 16
+    const size_t tid = blockIdx.x * size_t(blockDim.x) + threadIdx.x, nth = size_t(gridDim.x) * blockDim.x;
+    for (size_t i = tid; i < size_t(3) * experts; i += nth) {
+        MatDesc d = table[i];
+        if (is_quant(d.dtype)) d = MatDesc{reinterpret_cast<const uint8_t*>(wbf + i * per), nullptr, kBF16, d.rows, d.cols, 1, 1, 0};
+        out[i] = d;
+    }
+    for (size_t u = tid; u < 3 * experts * runs; u += nth) {
+        const size_t i = u / runs, q = u % runs;
+        const int e = int(i / 3);
+        if (off[e + 1] == off[e]) continue;  // no slot chose e
+        const MatDesc m = table[i];
+        if (!is_quant(m.dtype)) continue;
+        const int r = int(q / (m.cols / 16)), c0 = int(q % (m.cols / 16)) * 16;
+        float v[16];
+        quant_run16(m, r, c0, v);
+        uint32_t p[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) p[j] = uint32_t(f32_to_bf16(v[2 * j])) | uint32_t(f32_to_bf16(v[2 * j + 1])) << 16;
+        uint4* dst = reinterpret_cast<uint4*>(wbf + i * per + size_t(r) * m.cols + c0);
+        dst[0] = uint4{p[0], p[1], p[2], p[3]};
+        dst[1] = uint4{p[4], p[5], p[6], p[7]};
+    }
+}
 
 // The same on tensor cores (moe_mma): every gate, up and down weight bf16,
 // hidden and inter multiples of 32, x's stride a multiple of 4. Launch:
