@@ -498,45 +498,31 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
 // 512. The _1 kernel is for one token, _8 for up to 8 tokens an expert;
 // the _q kernels (every kernel of this file so named; _1 only here) also
 // read experts kept in GGML blocks.
-#define FERRITE_MOE_FEW_GATE_UP(name, NB, Q)                                                                 \
-    extern "C" __global__ void FERRITE_MOE_BOUNDS_##Q                                                      \
+#define FERRITE_MOE_FEW_GATE_UP(name, NB, Q, B)                                                              \
+    extern "C" __global__ void FERRITE_MOE_BOUNDS_##B                                                      \
         name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
              int slots, int inter, float limit) {                                                           \
         FERRITE_PDL_WAIT();                                                                                 \
         moe_few_gate_up<NB, Q>(h, x, x_stride, ids, table, experts, k, slots, inter, limit);                 \
     }
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1, false)
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8, false)
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1_q, 1, true)
-#define FERRITE_MOE_FEW_GATE_UP_Q1(name)                                                                     \
-    extern "C" __global__ void FERRITE_MOE_BOUNDS_one                                                       \
-        name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
-             int slots, int inter, float limit) {                                                           \
-        FERRITE_PDL_WAIT();                                                                                 \
-        moe_few_gate_up<1, true>(h, x, x_stride, ids, table, experts, k, slots, inter, limit);              \
-    }
-FERRITE_MOE_FEW_GATE_UP_Q1(ferrite_moe_few_gate_up_1_q1)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1, false, false)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8, false, false)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1_q, 1, true, true)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1_q1, 1, true, one)
 
 // Launch: grid ceil(hidden / 4), 256 threads; y (n, hidden), w (n, k)
 // contiguous; n·k ≤ 512.
-#define FERRITE_MOE_FEW_DOWN(name, NB, Q)                                                                    \
-    extern "C" __global__ void FERRITE_MOE_BOUNDS_##Q                                                      \
+#define FERRITE_MOE_FEW_DOWN(name, NB, Q, B)                                                                 \
+    extern "C" __global__ void FERRITE_MOE_BOUNDS_##B                                                      \
         name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
              int experts, int n, int k, int inter, int hidden) {                                            \
         FERRITE_PDL_WAIT();                                                                                 \
         moe_few_down<NB, Q>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                    \
     }
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1, false)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8, false)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_q, 1, true)
-#define FERRITE_MOE_FEW_DOWN_Q1(name)                                                                        \
-    extern "C" __global__ void FERRITE_MOE_BOUNDS_one                                                       \
-        name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
-             int experts, int n, int k, int inter, int hidden) {                                            \
-        FERRITE_PDL_WAIT();                                                                                 \
-        moe_few_down<1, true>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                 \
-    }
-FERRITE_MOE_FEW_DOWN_Q1(ferrite_moe_few_down_1_q1)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1, false, false)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8, false, false)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_q, 1, true, true)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_q1, 1, true, one)
 
 // ---------------------------------------------------------------------------
 // Grouped experts as register tiles (4 to 32 tokens). Every block sorts
