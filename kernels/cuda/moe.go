@@ -28,7 +28,7 @@ type moeConfig struct {
 	b1       int  // FERRITE_MOE_B1: 1 to 3 tokens as ferrite_moe_b1_* (moeB1Fused: one launch, moeB1Two: two; 0: off)
 	b1Most   int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
 	combine1 bool // FERRITE_MOE_COMBINE=1: ferrite_moe_combine one block a token (combineParts)
-	q1       bool // FERRITE_MOE_Q1=1: quantized experts' slot-a-pass kernels without their two-blocks-an-SM bound (the _q1 forms)
+	q1       bool // FERRITE_MOE_Q1=1: quantized experts' slot-a-pass down kernel one row a block (ferrite_moe_few_down_1_q1), not 4
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed

@@ -1329,12 +1329,9 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
-		gateUp, down, downRows := q("ferrite_moe_few_gate_up_1"), q("ferrite_moe_few_down_1"), 4
-		if quant {
-			downRows = 1 // src/ops_moe.cu kMoeDownRows, 1 in the _q form
-			if b.moe.q1 {
-				gateUp, down = gateUp+"1", down+"1"
-			}
+		gateUp, down, downRows := q("ferrite_moe_few_gate_up_1"), q("ferrite_moe_few_down_1"), 4 // src/ops_moe.cu kMoeDownRows
+		if quant && b.moe.q1 {
+			down, downRows = down+"1", 1
 		}
 		if n > 1 && b.moe.slots8 && !quant { // (no _8 form of the _q kernels)
 			gateUp, down = q("ferrite_moe_few_gate_up_8"), q("ferrite_moe_few_down_8")

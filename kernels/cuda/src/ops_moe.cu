@@ -187,7 +187,7 @@ extern "C" __global__ void ferrite_moe_combine(float* y, int y_stride, const flo
 namespace {
 
 constexpr int kMoeMaxSlots = 512;  // kernels/cuda moeFewTokens (8) · k (≤ 64)
-constexpr int kMoeDownRows = 4;    // hidden rows per ferrite_moe_few_down block (1 for the _q ones)
+constexpr int kMoeDownRows = 4;    // hidden rows per ferrite_moe_few_down block
 
 // mat_row is row r of the view m and, for F8E4M3, its row of block scales.
 __device__ inline const uint8_t* mat_row(const MatDesc& m, int r, const float** srow) {
@@ -382,16 +382,15 @@ __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const in
     if (nx > 0) flush();
 }
 
-// moe_few_down: block x computes rows [x·R, x·R + R) (R = kMoeDownRows; 1
-// for the _q kernels, whose block-quantized rows each take a warp's
-// latency-bound pass, so that a warp takes one task rather than four) of
+// moe_few_down: block x computes rows [x·DR, x·DR + DR) (kMoeDownRows, or
+// 1 in the _q1 form: a warp takes one task rather than four) of
 // y[i] (hidden) = Σ_j w[i, j]·down_{ids[i, j]}·h[i·k + j] for the n
 // tokens: each warp takes (row, expert) tasks, the products of one expert's
 // row with the h of every slot that chose it land in shared memory, then
 // each (row, token) adds its k products in increasing expert id (float32
 // products and sums, kernels/ref.Experts). An id outside [0, experts)
 // makes its token's row NaN.
-template <int NB, bool Q, int DR = Q ? 1 : kMoeDownRows>
+template <int NB, bool Q, int DR>
 __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* ids, const float* w,
                              const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
     __shared__ float part[DR][kMoeMaxSlots];            // (row, slot) expert products
@@ -487,42 +486,35 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
 
 }  // namespace
 
-// The launch bounds of the kernels below: the _q forms take two blocks an
-// SM at least (their decoding would take 255 registers a thread, one block
-// an SM, for latency-bound passes over a row's blocks).
-#define FERRITE_MOE_BOUNDS_false __launch_bounds__(256)
-#define FERRITE_MOE_BOUNDS_true __launch_bounds__(256, 2)
-#define FERRITE_MOE_BOUNDS_one __launch_bounds__(256)  // the _q1 forms, for comparison (kernels/cuda moeConfig.q1)
-
 // Launch: grid (ceil(inter / 8), n·k), 256 threads; h (n·k, inter); n·k ≤
 // 512. The _1 kernel is for one token, _8 for up to 8 tokens an expert;
 // the _q kernels (every kernel of this file so named; _1 only here) also
 // read experts kept in GGML blocks.
-#define FERRITE_MOE_FEW_GATE_UP(name, NB, Q, B)                                                              \
-    extern "C" __global__ void FERRITE_MOE_BOUNDS_##B                                                      \
+#define FERRITE_MOE_FEW_GATE_UP(name, NB, Q)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256)                                                       \
         name(float* h, const float* x, int x_stride, const int* ids, const MatDesc* table, int experts, int k, \
              int slots, int inter, float limit) {                                                           \
         FERRITE_PDL_WAIT();                                                                                 \
         moe_few_gate_up<NB, Q>(h, x, x_stride, ids, table, experts, k, slots, inter, limit);                 \
     }
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1, false, false)
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8, false, false)
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1_q, 1, true, true)
-FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1_q1, 1, true, one)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1, 1, false)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_8, 8, false)
+FERRITE_MOE_FEW_GATE_UP(ferrite_moe_few_gate_up_1_q, 1, true)
 
-// Launch: grid ceil(hidden / 4), 256 threads; y (n, hidden), w (n, k)
-// contiguous; n·k ≤ 512.
-#define FERRITE_MOE_FEW_DOWN(name, NB, Q, B)                                                                 \
-    extern "C" __global__ void FERRITE_MOE_BOUNDS_##B                                                      \
+// Launch: grid ceil(hidden / DR), 256 threads; y (n, hidden), w (n, k)
+// contiguous; n·k ≤ 512. DR (moe_few_down's rows a block) is 4 but in
+// the _q1 form, 1.
+#define FERRITE_MOE_FEW_DOWN(name, NB, Q, DR)                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                                       \
         name(float* y, int y_stride, const float* h, const int* ids, const float* w, const MatDesc* table,    \
              int experts, int n, int k, int inter, int hidden) {                                            \
         FERRITE_PDL_WAIT();                                                                                 \
-        moe_few_down<NB, Q>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                    \
+        moe_few_down<NB, Q, DR>(y, y_stride, h, ids, w, table, experts, n, k, inter, hidden);                \
     }
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1, false, false)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8, false, false)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_q, 1, true, true)
-FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_q1, 1, true, one)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1, false, kMoeDownRows)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8, false, kMoeDownRows)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_q, 1, true, kMoeDownRows)
+FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_q1, 1, true, 1)
 
 // ---------------------------------------------------------------------------
 // Grouped experts as register tiles (4 to 32 tokens). Every block sorts
@@ -737,7 +729,7 @@ __device__ void moe_gt(float* out, int nrows, const float* in, int in_stride, co
 // 256 threads; n·k ≤ 256. kernels/cuda runs gate/up with R = 4 and down
 // with R = 8 unless FERRITE_MOE_GT picks others.
 #define FERRITE_MOE_GT_GATE_UP(name, R, Q)                                                               \
-    extern "C" __global__ void FERRITE_MOE_BOUNDS_##Q                                                   \
+    extern "C" __global__ void __launch_bounds__(256)                                                  \
         name(float* h, int inter, const float* x, int x_stride, const int* ids, const MatDesc* table,    \
              int experts, int k, int slots, int sb, float limit) {                                       \
         FERRITE_PDL_WAIT();                                                                              \
@@ -749,7 +741,7 @@ FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4, 4, false)
 FERRITE_MOE_GT_GATE_UP(ferrite_moe_gt_gate_up_r4_q, 4, true)
 
 #define FERRITE_MOE_GT_DOWN(name, R, Q)                                                                  \
-    extern "C" __global__ void FERRITE_MOE_BOUNDS_##Q                                                   \
+    extern "C" __global__ void __launch_bounds__(256)                                                  \
         name(float* ye, int hidden, const float* h, int inter, const int* ids, const MatDesc* table,     \
              int experts, int k, int slots, int sb) {                                                    \
         FERRITE_PDL_WAIT();                                                                              \
