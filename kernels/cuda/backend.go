@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/cpu"
@@ -84,6 +85,10 @@ type Backend struct {
 
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
+
+	dmu       sync.Mutex   // guards dbuf
+	dbuf      *Buffer      // the wide products' weight decoding (decodeBuf); older, smaller ones stay until Close
+	dbufBytes atomic.Int64 // every decode buffer's bytes (MemoryUse counts them with the arena)
 
 	mlaUK mlaUK // kv_b_proj's W_UK halves transposed (mla.go)
 
@@ -250,6 +255,31 @@ func cachedWeight[K comparable](b *Backend, cache *map[K]*Weight, key K, upload 
 	(*cache)[key] = w
 	b.mem.weights.Add(w.Bytes())
 	return w, nil
+}
+
+// decodeBuf returns the address of a device buffer of at least size bytes
+// for a weight's decoding that one op writes and then reads (linearQuant's
+// bf16 terms, a prefill's experts in bf16), shared by every op: one
+// stream's launches run in order (a PDL kernel waits for the one before
+// it to complete), so an op's decoding begins after the last op's product
+// has read its own. A Scratch tensor instead would take fresh arena bytes
+// for each layer of a step (12 Qwen3-30B-A3B layers in Q4_K took a 24.7 GB
+// arena for one prefill step). A larger size allocates a new buffer; the
+// old one stays until Close, as queued launches and captured graphs may
+// still name it.
+func (b *Backend) decodeBuf(size int64) (uint64, error) {
+	b.dmu.Lock()
+	defer b.dmu.Unlock()
+	if b.dbuf != nil && b.dbuf.size >= size {
+		return b.dbuf.ptr, nil
+	}
+	buf, err := b.dev.Alloc(alignUp(max(size, 1), 1<<20))
+	if err != nil {
+		return 0, err
+	}
+	b.dbuf = buf
+	b.dbufBytes.Add(buf.size)
+	return buf.ptr, nil
 }
 
 // transientL copies a Transient m into the backend's scratch weight

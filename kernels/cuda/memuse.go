@@ -81,5 +81,5 @@ func (a *arena) capacity() int64 {
 // free memory from the driver (cuMemGetInfo, at most once a second; 0 when
 // the driver lacks it).
 func (b *Backend) MemoryUse() kernels.MemoryUse {
-	return b.mem.use(b.arena.capacity(), time.Now(), b.dev.MemInfo)
+	return b.mem.use(b.arena.capacity()+b.dbufBytes.Load(), time.Now(), b.dev.MemInfo)
 }

@@ -1136,8 +1136,8 @@ type expertKinds struct {
 
 // moeDecodeMost is the most bytes of bf16 ferrite_moe_qdecode decodes a
 // call's block-quantized experts into (one layer's experts: 1.2 GB for
-// Qwen3-30B-A3B's 128 of 768); larger expert sets keep to the CUDA-core
-// tiles.
+// Qwen3-30B-A3B's 128 of 768, in the decode buffer every layer shares);
+// larger expert sets keep to the CUDA-core tiles.
 const moeDecodeMost = 4 << 30
 
 // expertTable returns the device table of experts' weight descriptors,
@@ -1358,13 +1358,19 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	// ops round x to bf16 for (gemmRoundRows), decodes the chosen ones
 	// into bf16 (rounded: a relative 2⁻⁹ a weight) for the tensor cores.
 	qdecode := kinds.qbf16 && shapeMMA && n >= gemmRoundRows && 3*ne*inter*hidden*2 <= moeDecodeMost
+	// They go to the shared decode buffer (decodeBuf), and where it cannot
+	// grow to hold them, to the CUDA-core tiles.
 	tab, wbf := table.ptr, uint64(0)
+	if qdecode {
+		views := alignUp(int64(3*ne)*int64(inter*hidden)*2, arenaAlign)
+		p, err := b.decodeBuf(views + int64(3*ne*expertDescBytes))
+		if err == nil {
+			wbf, tab = p, p+uint64(views) // (3·experts, inter·hidden) the chosen experts' views in bf16, then their descriptors
+		}
+		qdecode = err == nil
+	}
 	if mma || qdecode {
 		gateUp, down, threads = "ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", 128
-	}
-	if qdecode {
-		wbf = dptr(b.Scratch(kernels.BF16, 3*ne, inter*hidden))     // (3·experts, inter·hidden) the chosen experts' views in bf16
-		tab = dptr(b.Scratch(kernels.I32, 3*ne, expertDescBytes/4)) // (3·experts) their descriptors
 	}
 	parts := b.combineParts(n, hidden)
 	b.queue(func(d *Device) error {

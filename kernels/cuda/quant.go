@@ -292,7 +292,8 @@ func (d *Device) quantBF16L(hi, lo uint64, w *Weight) error {
 
 // linearQuant is linearW for a quantized w: the GEMV over its blocks for
 // up to quantGemvRows rows of x (any rows under SetRowExact); else w
-// decoded into bf16 scratch for linearW's bf16 product: in two terms,
+// decoded into the shared decode buffer (decodeBuf) for linearW's bf16
+// product: in two terms,
 // hi and lo (about float32 accuracy, as linearW's split x) below
 // gemmRoundRows rows, in one from there on, where x is rounded to bf16
 // too.
@@ -304,9 +305,19 @@ func (b *Backend) linearQuant(y, x, bias uint64, w *Weight, n int, acc bool) {
 	view := func(p uint64) *Weight {
 		return &Weight{Buf: &Buffer{dev: b.dev, ptr: p, size: int64(w.Rows) * int64(w.Cols) * 2}, DType: kernels.BF16, Rows: w.Rows, Cols: w.Cols}
 	}
-	hi, lo := dptr(b.Scratch(kernels.BF16, w.Rows, w.Cols)), uint64(0) // (rows, cols) w decoded: bf16 terms
+	// hi, lo (rows, cols): w decoded, bf16 terms, in the shared decode buffer
+	terms, half := int64(1), alignUp(int64(w.Rows)*int64(w.Cols)*2, arenaAlign)
 	if n < gemmRoundRows {
-		lo = dptr(b.Scratch(kernels.BF16, w.Rows, w.Cols))
+		terms = 2
+	}
+	hi, err := b.decodeBuf(terms * half)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	lo := uint64(0)
+	if terms == 2 {
+		lo = hi + uint64(half)
 	}
 	b.queue(func(d *Device) error { return d.quantBF16L(hi, lo, w) })
 	b.linearW(y, x, bias, view(hi), n, acc)
