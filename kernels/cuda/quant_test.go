@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferrite-llm/ferrite/kernels"
 	"github.com/ferrite-llm/ferrite/kernels/kerneltest"
+	"github.com/ferrite-llm/ferrite/kernels/ref"
 )
 
 var quantTypes = []kernels.DType{kernels.Q8_0, kernels.Q4_0, kernels.Q4K, kernels.Q5K, kernels.Q6K}
@@ -394,5 +395,90 @@ func TestQuantExperts(t *testing.T) {
 				t.Errorf("quant %+v, %d tokens: %d of %d outputs differ from the tokens' calls alone", c, rows, differ, len(got))
 			}
 		}
+	}
+}
+
+// TestQuantDecodeShared runs, in one step, six quantized Linear products
+// of 40 rows (each decoding its weight into bf16) with a 300-token Experts
+// call (decoding the chosen experts) between them: every op's decoding
+// goes to the one shared decode buffer in stream order, so each output
+// must still match its reference, the buffer must be as large as the
+// largest decoding, and the step's arena must not hold the decodings (it
+// did: a Q4_K 8B's benchmark sweep grew the arena to 59 GB, bf16's to 42.6).
+func TestQuantDecodeShared(t *testing.T) {
+	b := openOps(t)
+	rng := rand.New(rand.NewPCG(71, 72))
+	const n, cols = 40, 1024
+	type lin struct {
+		w     *kernels.Mat
+		x, y  kernels.Tensor
+		want  []float32
+		mag   []float32
+		bytes int64 // the decoding's two bf16 terms
+	}
+	var lins []lin
+	most := int64(0)
+	for i := range 6 {
+		w := kerneltest.NewMat(rng, quantTypes[i%len(quantTypes)], 256*(i+1), cols, 0, 0)
+		xv := randF32(rng, n*cols)
+		want, mag := quantWant(xv, w, n)
+		l := lin{w: w, x: f32Tensor(t, b, n, cols, xv), y: f32Tensor(t, b, n, w.Rows, make([]float32, n*w.Rows)),
+			want: want, mag: mag, bytes: 2 * alignUp(int64(w.Rows*cols*2), arenaAlign)}
+		most = max(most, l.bytes)
+		lins = append(lins, l)
+	}
+	const e, k, hidden, inter, tokens = 6, 2, 512, 256, 300
+	ex := make([]kernels.Expert, e)
+	for i := range ex {
+		ex[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.Q4K, 2*inter, hidden, 0, 0),
+			Down: kerneltest.NewMat(rng, kernels.Q6K, hidden, inter, 0, 0)}
+	}
+	most = max(most, alignUp(int64(3*e*inter*hidden*2), arenaAlign)+int64(3*e*expertDescBytes))
+	xv, wv := randF32(rng, tokens*hidden), randF32(rng, tokens*k)
+	ids := make([]int32, tokens*k)
+	for i := range tokens {
+		for j, p := range rng.Perm(e)[:k] {
+			ids[i*k+j] = int32(p)
+		}
+	}
+	xe, we := f32Tensor(t, b, tokens, hidden, xv), f32Tensor(t, b, tokens, k, wv)
+	ie, ye := i32Tensor(t, b, tokens, k, ids), f32Tensor(t, b, tokens, hidden, make([]float32, tokens*hidden))
+	b.BeginStep()
+	for i, l := range lins {
+		b.Linear(l.y, l.x, l.w, kernels.Epilogue{})
+		if i == 2 {
+			b.Experts(ye, xe, ie, we, ex)
+		}
+	}
+	b.arena.mu.Lock()
+	used := b.arena.used
+	b.arena.mu.Unlock()
+	b.EndStep()
+	for i, l := range lins {
+		got := make([]float32, n*l.w.Rows)
+		b.ReadF32(got, l.y)
+		checkQuant(t, fmt.Sprintf("linear %d (%v)", i, l.w.DType), got, l.want, l.mag, quantTol(n))
+	}
+	got := make([]float32, tokens*hidden)
+	b.ReadF32(got, ye)
+	want := make([]float32, tokens*hidden)
+	ref.Experts(want, xv, ids, wv, tokens, ex)
+	m, worst := 0.0, 0.0
+	for i, v := range want {
+		m = max(m, math.Abs(float64(v)))
+		worst = max(worst, math.Abs(float64(got[i])-float64(v)))
+	}
+	if !(worst <= quantDecodedTol*m) {
+		t.Errorf("experts between the products: max |Δ| %.3g, %.3g of max |y| %.3g", worst, worst/m, m)
+	}
+	if got := b.dbuf.size; got < most || got > alignUp(most, 1<<20) {
+		t.Errorf("the decode buffer holds %d bytes, want the largest decoding's %d", got, most)
+	}
+	sum := int64(0)
+	for _, l := range lins {
+		sum += l.bytes
+	}
+	if used >= sum {
+		t.Errorf("the step's arena took %d bytes, as much as the products' decodings (%d)", used, sum)
 	}
 }
