@@ -4,7 +4,6 @@ package cuda
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -56,34 +55,8 @@ func TestOpsExpertsPipeRowExact(t *testing.T) {
 	const e, k, hidden, inter, n = 6, 4, 264, 72, 24
 	rng := rand.New(rand.NewPCG(61, 62))
 	ex := randExperts(rng, e, hidden, inter)
-	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
-	ids := make([]int32, n*k)
-	for i := range n {
-		for j, p := range rng.Perm(e)[:k] {
-			ids[i*k+j] = int32(p)
-		}
-	}
-	b.moe = moeConfig{}
-	alone := make([]float32, n*hidden)
-	for i := range n {
-		copy(alone[i*hidden:], expertsOnDevice(t, b, ex, 1, k, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
-	}
-	for _, c := range []moeConfig{{pipe: 8}, {pipe: 8, tiles: 1}, {pipe: 16}, {pipe: 16, tiles: 1},
-		{pipe: 8 | moePipeDyn}, {pipe: 16 | moePipeDyn, tiles: 1}} {
-		b.moe = c
-		for _, rows := range []int{2, moeGTFrom, 9, n} {
-			got := expertsOnDevice(t, b, ex, rows, k, xv[:rows*hidden], ids[:rows*k], wv[:rows*k])
-			differ := 0
-			for i, v := range got {
-				if math.Float32bits(v) != math.Float32bits(alone[i]) {
-					differ++
-				}
-			}
-			if differ > 0 {
-				t.Errorf("%+v, %d tokens: %d of %d outputs differ from the tokens' calls alone", c, rows, differ, len(got))
-			}
-		}
-	}
+	checkExpertsRowExact(t, b, rng, "", ex, n, k, []moeConfig{{pipe: 8}, {pipe: 8, tiles: 1}, {pipe: 16}, {pipe: 16, tiles: 1},
+		{pipe: 8 | moePipeDyn}, {pipe: 16 | moePipeDyn, tiles: 1}}, []int{2, moeGTFrom, 9, n})
 }
 
 // TestExpertsClampPipe checks ExpertsClamp on the streamed kernels against

@@ -122,26 +122,33 @@ func TestOpsExpertsRowExact(t *testing.T) {
 		}
 		ex[i].Down = kerneltest.NewMat(rng, kernels.BF16, hidden, inter, 0, 0)
 	}
+	checkExpertsRowExact(t, b, rng, "", ex, n, k,
+		[]moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true}}, []int{2, 8, n})
+}
+
+// checkExpertsRowExact runs Experts on n random tokens of k distinct
+// experts each, one token a call with the default config, then under each
+// of configs at each token count of rows, and fails where a token's output
+// differs in a bit from its call alone (kernels.RowExact).
+func checkExpertsRowExact(t *testing.T, b *Backend, rng *rand.Rand, name string, ex []kernels.Expert, n, k int, configs []moeConfig, rows []int) {
+	t.Helper()
+	hidden := ex[0].Down.Rows
 	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
 	ids := make([]int32, n*k)
 	for i := range n {
-		for j, p := range rng.Perm(e)[:k] {
+		for j, p := range rng.Perm(len(ex))[:k] {
 			ids[i*k+j] = int32(p)
 		}
-	}
-	run := func(rows int, x []float32, id []int32, w []float32) []float32 {
-		return expertsOnDevice(t, b, ex, rows, k, x, id, w)
 	}
 	b.moe = moeConfig{}
 	alone := make([]float32, n*hidden)
 	for i := range n {
-		copy(alone[i*hidden:], run(1, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
+		copy(alone[i*hidden:], expertsOnDevice(t, b, ex, 1, k, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
 	}
-	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, sb: 5}, {tiles: 1, gt: 1}, {tiles: 1, gt: 2}, {slots8: true}} {
+	for _, c := range configs {
 		b.moe = c
-		for _, rows := range []int{2, 8, n} {
-
-			got := run(rows, xv[:rows*hidden], ids[:rows*k], wv[:rows*k])
+		for _, r := range rows {
+			got := expertsOnDevice(t, b, ex, r, k, xv[:r*hidden], ids[:r*k], wv[:r*k])
 			differ := 0
 			for i, v := range got {
 				if math.Float32bits(v) != math.Float32bits(alone[i]) {
@@ -149,7 +156,7 @@ func TestOpsExpertsRowExact(t *testing.T) {
 				}
 			}
 			if differ > 0 {
-				t.Errorf("%+v, %d tokens: %d of %d outputs differ from the tokens' calls alone", c, rows, differ, len(got))
+				t.Errorf("%s%+v, %d tokens: %d of %d outputs differ from the tokens' calls alone", name, c, r, differ, len(got))
 			}
 		}
 	}

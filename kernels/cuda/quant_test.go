@@ -368,34 +368,8 @@ func TestQuantExperts(t *testing.T) {
 	b.mu.Unlock()
 
 	// Row-exact: each token's bits those of its call alone.
-	const n = 12
-	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
-	ids := make([]int32, n*k)
-	for i := range n {
-		for j, p := range rng.Perm(e)[:k] {
-			ids[i*k+j] = int32(p)
-		}
-	}
-	b.moe = moeConfig{}
-	alone := make([]float32, n*hidden)
-	for i := range n {
-		copy(alone[i*hidden:], expertsOnDevice(t, b, ex, 1, k, xv[i*hidden:(i+1)*hidden], ids[i*k:(i+1)*k], wv[i*k:(i+1)*k]))
-	}
-	for _, c := range []moeConfig{{}, {tiles: 1}, {tiles: 1, gt: 1}, {slots8: true}, {q1: true}} {
-		b.moe = c
-		for _, rows := range []int{2, 8, n} {
-			got := expertsOnDevice(t, b, ex, rows, k, xv[:rows*hidden], ids[:rows*k], wv[:rows*k])
-			differ := 0
-			for i, v := range got {
-				if math.Float32bits(v) != math.Float32bits(alone[i]) {
-					differ++
-				}
-			}
-			if differ > 0 {
-				t.Errorf("quant %+v, %d tokens: %d of %d outputs differ from the tokens' calls alone", c, rows, differ, len(got))
-			}
-		}
-	}
+	checkExpertsRowExact(t, b, rng, "quant ", ex, 12, k, []moeConfig{{}, {tiles: 1}, {tiles: 1, gt: 1}, {slots8: true}, {q1: true}},
+		[]int{2, 8, 12})
 }
 
 // TestQuantDecodeShared runs, in one step, six quantized Linear products

@@ -86,6 +86,25 @@ static std::vector<uint8_t> layout(QT t, const std::vector<uint8_t>& blocks, siz
     return out;
 }
 
+// random_matrix returns rows × cols of random t blocks (finite scales: d,
+// and dmin, 2^e·(1 + m/1024)) in the device layout, its scale section at
+// dsec, and sets w to their decoding.
+static std::vector<uint8_t> random_matrix(QT t, int rows, int cols, std::vector<float>& w, size_t& dsec) {
+    const int bb = bbytes(t), be = belems(t), nb = rows * (cols / be);
+    std::vector<uint8_t> blocks(size_t(nb) * bb);
+    for (auto& v : blocks) v = uint8_t(rng());
+    for (int i = 0; i < nb; i++) {
+        uint8_t* b = &blocks[size_t(i) * bb];
+        for (int o : t == Q6K ? std::vector<int>{208} : t >= Q4K ? std::vector<int>{0, 2} : std::vector<int>{0}) {
+            const uint16_t h = f2h_pow(-12 + int(rng() % 3), int(rng() % 1024));
+            b[o] = uint8_t(h), b[o + 1] = uint8_t(h >> 8);
+        }
+    }
+    w.assign(size_t(rows) * cols, 0.f);
+    for (int i = 0; i < nb; i++) dequant(t, &blocks[size_t(i) * bb], &w[size_t(i) * be]);
+    return layout(t, blocks, dsec);
+}
+
 using Gemv = void (*)(float*, const float*, const uint8_t*, const uint8_t*, int, int, int, int, const float*, int);
 using Bf16 = void (*)(uint16_t*, uint16_t*, const uint8_t*, const uint8_t*, int, int);
 
@@ -96,20 +115,9 @@ static void run_case(QT t, int rows, int cols) {
                              {ferrite_qgemv_q5_k_r2, ferrite_qgemv_q5_k_r4, ferrite_qgemv_q5_k_b8, ferrite_qgemv_q5_k_r8},
                              {ferrite_qgemv_q6_k_r2, ferrite_qgemv_q6_k_r4, ferrite_qgemv_q6_k_b8, ferrite_qgemv_q6_k_r8}};
     const Bf16 bf16[5] = {ferrite_qbf16_q8_0, ferrite_qbf16_q4_0, ferrite_qbf16_q4_k, ferrite_qbf16_q5_k, ferrite_qbf16_q6_k};
-    const int bb = bbytes(t), be = belems(t), nb = rows * (cols / be);
-    std::vector<uint8_t> blocks(size_t(nb) * bb);
-    for (auto& v : blocks) v = uint8_t(rng());
-    for (int i = 0; i < nb; i++) {  // finite scales: d (and dmin) 2^e·(1 + m/1024)
-        uint8_t* b = &blocks[size_t(i) * bb];
-        for (int o : t == Q6K ? std::vector<int>{208} : t >= Q4K ? std::vector<int>{0, 2} : std::vector<int>{0}) {
-            const uint16_t h = f2h_pow(-12 + int(rng() % 3), int(rng() % 1024));
-            b[o] = uint8_t(h), b[o + 1] = uint8_t(h >> 8);
-        }
-    }
-    std::vector<float> w(size_t(rows) * cols);
-    for (int i = 0; i < nb; i++) dequant(t, &blocks[size_t(i) * bb], &w[size_t(i) * be]);
+    std::vector<float> w;
     size_t dsec;
-    std::vector<uint8_t> dev = layout(t, blocks, dsec);
+    const std::vector<uint8_t> dev = random_matrix(t, rows, cols, w, dsec);
     std::vector<float> one;  // the form-0 results of the last n, for the bits of the others
     for (int n : {1, 3, 11}) {
         std::vector<float> x(size_t(n) * cols);
@@ -159,20 +167,9 @@ static void run_case(QT t, int rows, int cols) {
 // double-precision product, and for two rows and 3 of 4 x in one pass with
 // the bits of each alone.
 static void run_expert(QT t, int rows, int cols, int row0) {
-    const int bb = bbytes(t), be = belems(t), nb = rows * (cols / be);
-    std::vector<uint8_t> blocks(size_t(nb) * bb);
-    for (auto& v : blocks) v = uint8_t(rng());
-    for (int i = 0; i < nb; i++) {
-        uint8_t* b = &blocks[size_t(i) * bb];
-        for (int o : t == Q6K ? std::vector<int>{208} : t >= Q4K ? std::vector<int>{0, 2} : std::vector<int>{0}) {
-            const uint16_t h = f2h_pow(-12 + int(rng() % 3), int(rng() % 1024));
-            b[o] = uint8_t(h), b[o + 1] = uint8_t(h >> 8);
-        }
-    }
-    std::vector<float> w(size_t(rows) * cols);
-    for (int i = 0; i < nb; i++) dequant(t, &blocks[size_t(i) * bb], &w[size_t(i) * be]);
+    std::vector<float> w;
     size_t dsec;
-    std::vector<uint8_t> dev = layout(t, blocks, dsec);
+    const std::vector<uint8_t> dev = random_matrix(t, rows, cols, w, dsec);
     const MatDesc m{dev.data(), reinterpret_cast<const float*>(dev.data() + dsec), kQ8_0 + int(t), rows - row0, cols, 1, 1, row0};
     for (int r = 0; r < rows - row0; r++)
         for (int c0 = 0; c0 < cols; c0 += 16) {
