@@ -263,8 +263,8 @@ func cachedWeight[K comparable](b *Backend, cache *map[K]*Weight, key K, upload 
 // stream's launches run in order (a PDL kernel waits for the one before
 // it to complete), so an op's decoding begins after the last op's product
 // has read its own. A Scratch tensor instead would take fresh arena bytes
-// for each layer of a step (12 Qwen3-30B-A3B layers in Q4_K took a 24.7 GB
-// arena for one prefill step). A larger size allocates a new buffer; the
+// for each layer of a step (a prefill step of 12 Qwen3-30B-A3B layers in
+// Q4_K grew the arena to 24.7 GB). A larger size allocates a new buffer; the
 // old one stays until Close, as queued launches and captured graphs may
 // still name it.
 func (b *Backend) decodeBuf(size int64) (uint64, error) {

@@ -1297,9 +1297,10 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		b.expertsPipe(dst, x, ip, wp, h, table, len(experts), n, k, hidden, inter, limit)
 		return
 	}
-	// Block-quantized experts decode every row they read, so up to
-	// moeFewTokens tokens their slot-a-pass kernels, with a warp's loads
-	// of a row's blocks all in flight, beat the register tiles (BENCHMARKS.md, 9).
+	// Block-quantized experts decode every row they read; up to
+	// moeFewTokens tokens their slot-a-pass kernels, many more warps in
+	// flight, beat the register tiles (323 against 426 µs a layer at 8
+	// tokens, BENCHMARKS.md, 9).
 	if b.moe.useGT(n, k) && (!quant || n > moeFewTokens || b.moe.tiles > 0) {
 		slots, sms := n*k, b.dev.SMs
 		ye := dptr(b.Scratch(kernels.F32, slots, hidden)) // (n·k, hidden) each slot's expert output
