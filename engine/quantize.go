@@ -106,15 +106,25 @@ func (q *quantSource) quantize(name string, e int, m *kernels.Mat) (*kernels.Mat
 		return d, nil
 	}
 	q.mu.Unlock()
-	out := &kernels.Mat{DType: dt, Rows: m.Rows, Cols: m.Cols, Data: make([]byte, m.Rows*dt.RowBytes(m.Cols))}
-	rb := dt.RowBytes(m.Cols)
-	q.be.Parallel(m.Rows, func(lo, hi int) {
-		row := make([]float32, m.Cols) // (cols) one decoded row
-		for r := lo; r < hi; r++ {
-			m.RowF32(row, r)
-			kernels.QuantizeRow(dt, out.Data[r*rb:(r+1)*rb], row)
-		}
-	})
+	var out *kernels.Mat
+	if m.Random != nil && m.Data == nil {
+		// Random weights a device would generate (benchmarks): random
+		// blocks of dt from the same seed and of the same magnitude
+		// (kernels.RandomFill), made at memory speed, where quantizing the
+		// random values took minutes for a 30B model.
+		out = &kernels.Mat{DType: dt, Rows: m.Rows, Cols: m.Cols, Random: m.Random}
+		out.Materialize()
+	} else {
+		out = &kernels.Mat{DType: dt, Rows: m.Rows, Cols: m.Cols, Data: make([]byte, m.Rows*dt.RowBytes(m.Cols))}
+		rb := dt.RowBytes(m.Cols)
+		q.be.Parallel(m.Rows, func(lo, hi int) {
+			row := make([]float32, m.Cols) // (cols) one decoded row
+			for r := lo; r < hi; r++ {
+				m.RowF32(row, r)
+				kernels.QuantizeRow(dt, out.Data[r*rb:(r+1)*rb], row)
+			}
+		})
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if d, ok := q.done[key]; ok {

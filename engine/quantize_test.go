@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -246,5 +247,47 @@ func TestQuantPlan(t *testing.T) {
 	}
 	if _, err := Load(fixtures.Dir("qwen3"), Options{Quant: "int4"}); err == nil || !strings.Contains(err.Error(), "int4") {
 		t.Errorf("Load with Quant int4: %v, want an error naming it", err)
+	}
+}
+
+// TestQuantRandomBlocks: random weights a device would generate (Data
+// nil, as Load leaves them for the GPU) become random blocks of the target
+// dtype with their seed, not the quantization of their values (minutes
+// for a 30B model); weights with values are still quantized from them.
+func TestQuantRandomBlocks(t *testing.T) {
+	src := randweights.New(3, kernels.BF16)
+	src.Deferred = true
+	q, err := Quantized(src, "q4_k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := q.Expert("model.layers.0.mlp.experts.down_proj.weight", 5, 512, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := src.Expert("model.layers.0.mlp.experts.down_proj.weight", 5, 512, 1024)
+	if m.DType != kernels.Q4K || len(m.Data) != 512*kernels.Q4K.RowBytes(1024) || m.Random == nil || *m.Random != *raw.Random {
+		t.Fatalf("got %v, %d bytes, random %v; want Q4_K blocks of the source's seed", m.DType, len(m.Data), m.Random)
+	}
+	want := &kernels.Mat{DType: kernels.Q4K, Rows: 512, Cols: 1024, Random: raw.Random}
+	want.Materialize()
+	if !bytes.Equal(m.Data, want.Data) {
+		t.Fatal("the blocks are not kernels.RandomFill's")
+	}
+	// With values (the CPU's random weights), the values are quantized.
+	vals := randweights.New(3, kernels.BF16)
+	be := cpu.New(1)
+	defer be.Close()
+	qv, _ := Quantized(vals, "q4_k", be)
+	mv, err := qv.Mat("model.layers.0.mlp.up_proj.weight", 256, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src2, _ := vals.Mat("model.layers.0.mlp.up_proj.weight", 256, 1024)
+	row, qrow := make([]float32, 1024), make([]float32, 1024)
+	src2.RowF32(row, 7)
+	mv.RowF32(qrow, 7)
+	if rel, _ := fixtures.RelErr(qrow, row); !(rel < 0.2) {
+		t.Fatalf("quantized random values: relative error %.3g", rel)
 	}
 }

@@ -1,6 +1,8 @@
 package kernels
 
 import (
+	"encoding/binary"
+	"math"
 	"math/bits"
 	"sync"
 )
@@ -13,7 +15,11 @@ import (
 // with its own splitmix64 stream (state Seed ^ offset·0xbf58476d1ce4e5b9),
 // so any byte range can be computed without the ones before it: one
 // stream output makes four 16-bit values (8 bytes) or one F32 (4 bytes),
-// and a chunk's tail shorter than that stays zero.
+// and a chunk's tail shorter than that stays zero. The block-quantized
+// dtypes get random blocks: random bytes whose float16 scales (d, and
+// Q4_K's and Q5_K's dmin) are then set to one value a matrix that keeps
+// |w| within 2^Top (quantScales) — for benchmarks at real size, made at
+// memory speed instead of by quantizing random values.
 type RandomFill struct {
 	Seed uint64
 	Top  int
@@ -50,8 +56,9 @@ func (m *Mat) Materialize() {
 	m.Data = data
 }
 
-// Fill writes the values into data (F32, BF16 or F16; another dtype is
-// left untouched), RandomChunk bytes per goroutine, at most 8 at a time.
+// Fill writes the values into data (F32, BF16, F16 or a block-quantized
+// dtype; another is left untouched), RandomChunk bytes per goroutine, at
+// most 8 at a time.
 func (f RandomFill) Fill(data []byte, dt DType) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 8)
@@ -66,9 +73,69 @@ func (f RandomFill) Fill(data []byte, dt DType) {
 		}()
 	}
 	wg.Wait()
+	if dt.Quantized() {
+		setQuantScales(data, dt, f.Top)
+	}
+}
+
+// quantScales returns where a block-quantized dtype's float16 scales sit
+// in its block and the values RandomFill gives them so that |w| ≤ 2^top:
+// the largest |q| times the largest sub-block scale times d is 2^top
+// (Q4_K and Q5_K: dmin is 8 and 16 times d, their mins half the range).
+func quantScales(dt DType, top int) (offs []int, vals []float32) {
+	t := math.Ldexp(1, top)
+	switch dt {
+	case Q8_0:
+		return []int{0}, []float32{float32(t / 128)}
+	case Q4_0:
+		return []int{0}, []float32{float32(t / 8)}
+	case Q4K:
+		d := t / (63 * 15)
+		return []int{0, 2}, []float32{float32(d), float32(8 * d)}
+	case Q5K:
+		d := t / (63 * 31)
+		return []int{0, 2}, []float32{float32(d), float32(16 * d)}
+	case Q6K:
+		return []int{208}, []float32{float32(t / (128 * 32))}
+	}
+	return nil, nil
+}
+
+// setQuantScales sets the scales of every whole block of dt in data
+// (quantScales).
+func setQuantScales(data []byte, dt DType, top int) {
+	offs, vals := quantScales(dt, top)
+	bb := dt.BlockBytes()
+	var h [2]uint16
+	for i, v := range vals {
+		h[i] = F32ToF16(v)
+	}
+	blocks := len(data) / bb
+	var wg sync.WaitGroup
+	const per = 1 << 16 // blocks a goroutine
+	sem := make(chan struct{}, 8)
+	for b0 := 0; b0 < blocks; b0 += per {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			for b := b0; b < min(b0+per, blocks); b++ {
+				for i, o := range offs {
+					binary.LittleEndian.PutUint16(data[b*bb+o:], h[i])
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func fillChunk(data []byte, dt DType, top int, r *SplitMix64) {
+	if dt.Quantized() { // random bytes; Fill sets the scales after
+		for i := 0; i+8 <= len(data); i += 8 {
+			binary.LittleEndian.PutUint64(data[i:], r.Next())
+		}
+		return
+	}
 	switch dt {
 	case BF16, F16:
 		tab := halfTable(dt, top)

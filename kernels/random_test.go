@@ -3,6 +3,7 @@ package kernels
 import (
 	"bytes"
 	"encoding/binary"
+	"math"
 	"math/bits"
 	"testing"
 )
@@ -65,6 +66,50 @@ func TestRandomFillDirect(t *testing.T) {
 				}
 				t.Fatalf("%v, %d bytes: byte %d computed directly %#x, Fill %#x", dt, n, i, got[i], want[i])
 			}
+		}
+	}
+}
+
+// TestRandomFillQuant: a Random Mat of each block-quantized dtype
+// materializes to the same blocks for the same seed (others for another),
+// spanning several of Fill's chunks, and decodes to finite weights of
+// both signs within 2^Top that are not all alike: usable weights for
+// benchmarks at real size.
+func TestRandomFillQuant(t *testing.T) {
+	for _, dt := range []DType{Q8_0, Q4_0, Q4K, Q5K, Q6K} {
+		const rows, cols, top = 4096, 2048, -5
+		mat := func(seed uint64) *Mat {
+			m := &Mat{DType: dt, Rows: rows, Cols: cols, Random: &RandomFill{Seed: seed, Top: top}}
+			m.Materialize()
+			return m
+		}
+		a, b, c := mat(9), mat(9), mat(10)
+		if int64(len(a.Data)) <= RandomChunk || len(a.Data) != rows*dt.RowBytes(cols) {
+			t.Fatalf("%v: %d bytes", dt, len(a.Data))
+		}
+		if !bytes.Equal(a.Data, b.Data) || bytes.Equal(a.Data, c.Data) {
+			t.Fatalf("%v: the blocks do not follow the seed", dt)
+		}
+		limit := math.Ldexp(1, top) * 1.002 // the scales' rounding to float16
+		row := make([]float32, cols)
+		var neg, pos int
+		seen := map[float32]bool{}
+		for r := 0; r < rows; r += 97 {
+			a.RowF32(row, r)
+			for _, v := range row {
+				if math.IsNaN(float64(v)) || math.Abs(float64(v)) > limit {
+					t.Fatalf("%v: row %d holds %g, want within %g", dt, r, v, limit)
+				}
+				if v < 0 {
+					neg++
+				} else if v > 0 {
+					pos++
+				}
+				seen[v] = true
+			}
+		}
+		if neg == 0 || pos == 0 || len(seen) < 16 { // Q4_0: one d a matrix, 16 levels
+			t.Fatalf("%v: %d negative, %d positive, %d distinct weights", dt, neg, pos, len(seen))
 		}
 	}
 }
