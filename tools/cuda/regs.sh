@@ -5,8 +5,8 @@
 # (an awk regular expression, default: all), the registers a thread, the
 # bytes of stack frame and spill stores ptxas reports, the CALL
 # instructions left in its SASS (functions not inlined: their array
-# arguments live in local memory) and its local-memory instructions
-# (STL/LDL):
+# arguments live in local memory), its local-memory instructions (STL/LDL)
+# and its SASS instructions in all:
 #
 #	tools/cuda/regs.sh [PATTERN]     # e.g. 'moe_(few|gt)'
 #
@@ -37,7 +37,7 @@ nvcc -ccbin clang-14 -cubin -O3 -std=c++17 -arch=sm_90 -Xptxas -v -o "$tmp/all.c
 	tail -20 "$tmp/ptxas.log" >&2
 	exit 1
 }
-printf '%-44s %5s %7s %7s %5s %6s\n' kernel regs stack spill calls local
+printf '%-44s %5s %7s %7s %5s %6s %7s\n' kernel regs stack spill calls local sass
 awk -v pat="$pattern" '
 	/Compiling entry function/ { f = $0; sub(/.*function ./, "", f); sub(/. for .*/, "", f) }
 	/bytes stack frame/ { stack = $1; spill = $5 }
@@ -46,5 +46,6 @@ awk -v pat="$pattern" '
 	sass="$(cuobjdump -sass -fun "$name" "$tmp/all.cubin")"
 	calls=$(grep -c 'CALL\.REL' <<<"$sass" || true)
 	local_ops=$(grep -cE '\b(STL|LDL)' <<<"$sass" || true)
-	printf '%-44s %5s %7s %7s %5s %6s\n' "$name" "$regs" "$stack" "$spill" "$calls" "$local_ops"
+	instrs=$(grep -cE '^ +/\*[0-9a-f]{4,}\*/' <<<"$sass" || true)
+	printf '%-44s %5s %7s %7s %5s %6s %7s\n' "$name" "$regs" "$stack" "$spill" "$calls" "$local_ops" "$instrs"
 done
