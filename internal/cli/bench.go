@@ -320,6 +320,7 @@ type benchModel struct {
 	weights *weights.Set // nil for random weights or a GGUF file
 	gguf    *gguf.Model  // the GGUF file, or nil
 	random  bool
+	blocks  bool   // random weights made as random blocks of --quant's dtype (on a GPU)
 	dtype   string // random weights' dtype, or a GGUF file's quantization
 	quant   string // --quant
 	loadSec float64
@@ -406,7 +407,7 @@ func loadBenchModel(path, dtypeFlag, quant string, seed uint64, be *device.Backe
 		// (kernels.RandomFill) instead of quantizing values: seconds, not
 		// minutes, for a 30B model.
 		if g, ok := be.Backend.(kernels.RandomGenerator); ok && g.GeneratesRandom() {
-			rw.Deferred = true
+			rw.Deferred, bm.blocks = true, quant != ""
 		}
 		src = rw
 	}
@@ -485,6 +486,7 @@ type benchModelJS struct {
 	Path            string  `json:"path"`
 	Arch            string  `json:"arch"`
 	RandomWeights   bool    `json:"random_weights"`
+	RandomBlocks    bool    `json:"random_blocks,omitempty"` // random weights as random blocks of Quant's dtype, not quantized values
 	DType           string  `json:"dtype,omitempty"`
 	Quant           string  `json:"quant,omitempty"`
 	Params          int64   `json:"params"`
@@ -607,7 +609,7 @@ func runBench(ctx context.Context, f *benchFlags, stdout, stderr io.Writer) erro
 		Date: time.Now().UTC().Format(time.RFC3339),
 		Machine: benchMachine{CPU: cpuModel(), CPUs: goruntime.NumCPU(), Threads: be.Threads(), Device: be.Desc, DevNote: be.Note,
 			GoVersion: goruntime.Version(), OS: goruntime.GOOS, Arch: goruntime.GOARCH},
-		Model: benchModelJS{Path: f.model, Arch: info.Arch, RandomWeights: bm.random, DType: bm.dtype, Quant: bm.quant,
+		Model: benchModelJS{Path: f.model, Arch: info.Arch, RandomWeights: bm.random, RandomBlocks: bm.blocks, DType: bm.dtype, Quant: bm.quant,
 			Params: fp.Params, WeightBytes: fp.TotalBytes, DenseBytes: fp.DenseBytes, EmbeddingBytes: fp.EmbeddingBytes,
 			ExpertBytes: fp.ExpertBytes, MTPBytes: fp.MTPBytes, TiedEmbeddings: fp.Tied, MoELayers: fp.MoELayers,
 			Experts: fp.Experts, TopK: fp.TopK, Layers: info.Layers, Vocab: info.Vocab,
@@ -665,12 +667,14 @@ func printBench(w io.Writer, rep *benchReport, fp bench.Footprint, rl bench.Roof
 	m := &rep.Model
 	src := "checkpoint"
 	switch {
+	case m.RandomBlocks:
+		src = "random " + m.Quant + " blocks"
 	case m.RandomWeights:
 		src = "random " + m.DType + " weights"
 	case m.DType != "":
 		src = "GGUF " + m.DType
 	}
-	if m.Quant != "" {
+	if m.Quant != "" && !m.RandomBlocks {
 		src += " quantized to " + m.Quant
 	}
 	fmt.Fprintf(w, "model:     %s (%s), %s, %s params, %s of weights, %d layers, KV cache %s per token, load %.1f s, prepare %.1f s\n",

@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"flag"
+	"github.com/ferrite-llm/ferrite/engine/bench"
 	"io"
 	"os"
 	"path/filepath"
@@ -330,5 +331,16 @@ func TestBenchKVBudgetTakesASize(t *testing.T) {
 	}
 	if err := fs.Parse([]string{"--kv-budget", "1 GB"}); err != nil || f.kvBudget != 1e9 {
 		t.Fatalf("--kv-budget 1 GB: %d, %v", f.kvBudget, err)
+	}
+}
+
+// TestBenchRandomBlocksLabel: random weights a GPU made as random blocks
+// of --quant's dtype are reported as such, not as quantized values.
+func TestBenchRandomBlocksLabel(t *testing.T) {
+	var out strings.Builder
+	rep := &benchReport{Model: benchModelJS{Path: "m", Arch: "qwen3", RandomWeights: true, RandomBlocks: true, DType: "bf16", Quant: "q4_k"}}
+	printBench(&out, rep, bench.Footprint{}, bench.Roofline{})
+	if s := out.String(); !strings.Contains(s, "random q4_k blocks,") || strings.Contains(s, "quantized to") {
+		t.Errorf("report:\n%s", s)
 	}
 }
