@@ -3,13 +3,14 @@ package cli
 import (
 	"encoding/json"
 	"flag"
-	"github.com/ferrite-llm/ferrite/engine/bench"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferrite-llm/ferrite/engine/bench"
 )
 
 // tinyLlama writes a config.json alone (no weights: bench makes random
