@@ -86,9 +86,10 @@ type Backend struct {
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
 
-	dmu       sync.Mutex   // guards dbuf
-	dbuf      *Buffer      // the wide products' weight decoding (decodeBuf); older, smaller ones stay until Close
-	dbufBytes atomic.Int64 // every decode buffer's bytes (MemoryUse counts them with the arena)
+	dmu        sync.Mutex   // guards dbuf
+	dbuf       *Buffer      // the wide products' weight decoding (decodeBuf); older, smaller ones stay until Close
+	dbufBytes  atomic.Int64 // every decode buffer's bytes (MemoryUse counts them with the arena)
+	decodeMost int64        // tests: decodeBuf fails above this many bytes, as where the device has no room (0: no limit)
 
 	mlaUK mlaUK // kv_b_proj's W_UK halves transposed (mla.go)
 
@@ -266,12 +267,17 @@ func cachedWeight[K comparable](b *Backend, cache *map[K]*Weight, key K, upload 
 // for each layer of a step (a prefill step of 12 Qwen3-30B-A3B layers in
 // Q4_K grew the arena to 24.7 GB). A larger size allocates a new buffer; the
 // old one stays until Close, as queued launches and captured graphs may
-// still name it.
+// still name it. Where the device has no room, its callers take a slower
+// path that needs none (linearQuant the GEMV over the blocks, Experts the
+// CUDA-core tiles).
 func (b *Backend) decodeBuf(size int64) (uint64, error) {
 	b.dmu.Lock()
 	defer b.dmu.Unlock()
 	if b.dbuf != nil && b.dbuf.size >= size {
 		return b.dbuf.ptr, nil
+	}
+	if b.decodeMost > 0 && size > b.decodeMost {
+		return 0, fmt.Errorf("cuda: no room for a %d-byte decoding", size)
 	}
 	buf, err := b.dev.Alloc(alignUp(max(size, 1), 1<<20))
 	if err != nil {

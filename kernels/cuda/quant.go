@@ -311,8 +311,8 @@ func (b *Backend) linearQuant(y, x, bias uint64, w *Weight, n int, acc bool) {
 		terms = 2
 	}
 	hi, err := b.decodeBuf(terms * half)
-	if err != nil {
-		b.fail(err)
+	if err != nil { // no room for the decoding: the GEMV takes any rows, slower
+		b.queue(func(d *Device) error { return d.quantGemvL(y, x, bias, w, n, acc) })
 		return
 	}
 	lo := uint64(0)

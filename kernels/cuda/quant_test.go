@@ -456,3 +456,33 @@ func TestQuantDecodeShared(t *testing.T) {
 		t.Errorf("the step's arena took %d bytes, as much as the products' decodings (%d)", used, sum)
 	}
 }
+
+// TestQuantDecodeFallback: where the device has no room for a decoding
+// (decodeBuf fails), a wide quantized product takes the GEMV over the
+// blocks and a prefill's experts the CUDA-core tiles: the results hold at
+// those paths' tolerances and nothing is decoded.
+func TestQuantDecodeFallback(t *testing.T) {
+	b := openOps(t)
+	b.decodeMost = 1
+	rng := rand.New(rand.NewPCG(81, 82))
+	const n, cols = 40, 1024
+	w := kerneltest.NewMat(rng, kernels.Q4K, 300, cols, 0, 0)
+	xv := randF32(rng, n*cols)
+	want, mag := quantWant(xv, w, n)
+	x, y := f32Tensor(t, b, n, cols, xv), f32Tensor(t, b, n, w.Rows, make([]float32, n*w.Rows))
+	b.BeginStep()
+	b.Linear(y, x, w, kernels.Epilogue{})
+	b.EndStep()
+	got := make([]float32, n*w.Rows)
+	b.ReadF32(got, y)
+	checkQuant(t, "linear without a decoding", got, want, mag, quantTol(1))
+	ex := make([]kernels.Expert, 5)
+	for i := range ex {
+		ex[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.Q4K, 2*256, 512, 0, 0),
+			Down: kerneltest.NewMat(rng, kernels.Q6K, 512, 256, 0, 0)}
+	}
+	checkExpertsTol(t, b, "experts without a decoding", ex, gemmRoundRows+10, 2, rng, quantExpertsTol)
+	if got := b.dbufBytes.Load(); got != 0 {
+		t.Errorf("%d bytes of decode buffers, want none", got)
+	}
+}
