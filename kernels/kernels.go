@@ -85,6 +85,20 @@ func (d DType) BlockBytes() int {
 	return d.Size()
 }
 
+// ScaleOffsets is where a block-quantized type's float16 scales sit in its
+// block: d, and for Q4_K and Q5_K dmin after it (nil for plain types).
+func (d DType) ScaleOffsets() []int {
+	switch d {
+	case Q8_0, Q4_0:
+		return []int{0}
+	case Q4K, Q5K:
+		return []int{0, 2}
+	case Q6K:
+		return []int{208}
+	}
+	return nil
+}
+
 // RowBytes is how many bytes a row of cols elements takes; cols must be a
 // multiple of BlockElems().
 func (d DType) RowBytes(cols int) int { return cols / d.BlockElems() * d.BlockBytes() }

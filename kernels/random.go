@@ -78,33 +78,33 @@ func (f RandomFill) Fill(data []byte, dt DType) {
 	}
 }
 
-// quantScales returns where a block-quantized dtype's float16 scales sit
-// in its block and the values RandomFill gives them so that |w| ≤ 2^top:
-// the largest |q| times the largest sub-block scale times d is 2^top
-// (Q4_K and Q5_K: dmin is 8 and 16 times d, their mins half the range).
-func quantScales(dt DType, top int) (offs []int, vals []float32) {
+// quantScales returns the values RandomFill gives a block-quantized
+// dtype's float16 scales (DType.ScaleOffsets) so that |w| ≤ 2^top: the
+// largest |q| times the largest sub-block scale times d is 2^top (Q4_K and
+// Q5_K: dmin is 8 and 16 times d, their mins half the range).
+func quantScales(dt DType, top int) []float32 {
 	t := math.Ldexp(1, top)
 	switch dt {
 	case Q8_0:
-		return []int{0}, []float32{float32(t / 128)}
+		return []float32{float32(t / 128)}
 	case Q4_0:
-		return []int{0}, []float32{float32(t / 8)}
+		return []float32{float32(t / 8)}
 	case Q4K:
 		d := t / (63 * 15)
-		return []int{0, 2}, []float32{float32(d), float32(8 * d)}
+		return []float32{float32(d), float32(8 * d)}
 	case Q5K:
 		d := t / (63 * 31)
-		return []int{0, 2}, []float32{float32(d), float32(16 * d)}
+		return []float32{float32(d), float32(16 * d)}
 	case Q6K:
-		return []int{208}, []float32{float32(t / (128 * 32))}
+		return []float32{float32(t / (128 * 32))}
 	}
-	return nil, nil
+	return nil
 }
 
 // setQuantScales sets the scales of every whole block of dt in data
 // (quantScales).
 func setQuantScales(data []byte, dt DType, top int) {
-	offs, vals := quantScales(dt, top)
+	offs, vals := dt.ScaleOffsets(), quantScales(dt, top)
 	bb := dt.BlockBytes()
 	var h [2]uint16
 	for i, v := range vals {

@@ -335,7 +335,7 @@ func benchMoEExperts(b *testing.B, exs [][]kernels.Expert, k int, sizes []int) {
 			c    moeConfig
 		}
 		vs := []variant{{"", moeConfig{}}}
-		if quant && n == 1 {
+		if quant && n <= moeFewTokens { // the slot-a-pass kernels are their default there
 			vs = append(vs, variant{"/q1", moeConfig{q1: true}})
 		}
 		if n*k <= moeGEMVSlots && n <= moeGTTokens {
@@ -351,8 +351,8 @@ func benchMoEExperts(b *testing.B, exs [][]kernels.Expert, k int, sizes []int) {
 		}
 		if n > 1 && n <= moeFewTokens && n*k <= moeGEMVSlots {
 			vs = append(vs, variant{"/gt=1", moeConfig{tiles: 1, gt: 1}}, variant{"/slot8", moeConfig{v1: true, slots8: true}})
-			if quant { // the slot-a-pass kernels are their default there
-				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}}, variant{"/q1", moeConfig{q1: true}})
+			if quant {
+				vs = append(vs, variant{"/gt", moeConfig{tiles: 1}})
 			}
 		}
 		if (moeConfig{}).useGT(n, k) {

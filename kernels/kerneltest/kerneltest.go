@@ -355,17 +355,14 @@ func fillMat(rng *rand.Rand, m *kernels.Mat, blockRows, blockCols int) {
 	}
 }
 
-// quantScales says where a quantized dtype's float16 scales sit in its block
-// and the binary exponents they are drawn from.
-var quantScales = map[kernels.DType]struct {
-	offs     []int
-	emin, em int
-}{
-	kernels.Q8_0: {[]int{0}, -11, -9},
-	kernels.Q4_0: {[]int{0}, -8, -6},
-	kernels.Q4K:  {[]int{0, 2}, -13, -11},
-	kernels.Q5K:  {[]int{0, 2}, -14, -12},
-	kernels.Q6K:  {[]int{208}, -16, -13}, // float16 subnormals below 2⁻¹⁴
+// quantScales says the binary exponents a quantized dtype's float16 scales
+// (kernels.DType.ScaleOffsets) are drawn from.
+var quantScales = map[kernels.DType]struct{ emin, em int }{
+	kernels.Q8_0: {-11, -9},
+	kernels.Q4_0: {-8, -6},
+	kernels.Q4K:  {-13, -11},
+	kernels.Q5K:  {-14, -12},
+	kernels.Q6K:  {-16, -13}, // float16 subnormals below 2⁻¹⁴
 }
 
 // fillBlocks fills a quantized m with random blocks.
@@ -376,7 +373,7 @@ func fillBlocks(rng *rand.Rand, m *kernels.Mat) {
 	qs := quantScales[m.DType]
 	bb := m.DType.BlockBytes()
 	for b := 0; b+bb <= len(m.Data); b += bb {
-		for _, o := range qs.offs {
+		for _, o := range m.DType.ScaleOffsets() {
 			v := math.Ldexp(1+rng.Float64(), qs.emin+rng.IntN(qs.em-qs.emin+1))
 			if rng.IntN(2) == 0 {
 				v = -v
