@@ -57,6 +57,10 @@ func TestBuiltinOnDevice(t *testing.T) {
 		t.Cleanup(func() { l.Close() })
 		return l
 	}
+	// The device's quantized GEMV on float32 x: its default, int8 x as the
+	// CPU's, is as far from strict as the CPU is (0.20 of the largest
+	// logit, the k-pool's selection amplifying x's rounding).
+	t.Setenv("FERRITE_CUDA_QX8", "0")
 	dev, ref := load(Options{Device: spec}), load(Options{Backend: strict.New()})
 	compareOnDevice(t, dev, ref, builtinDeviceTol)
 }
@@ -115,18 +119,31 @@ func compareOnDevice(t *testing.T, dev, ref *Loaded, tol float64) {
 // float64 loops over the same exact decoding.
 const quantizedDeviceTol = 1e-3
 
+// quantizedX8Tol is quantizedDeviceTol where the decode steps' GEMV
+// multiplies x quantized to int8 (the default, as the CPU backend does;
+// the prompt's rows take the bf16 product): the CPU backend, int8 x for
+// every row, measures 1.5–2.4e-2 against strict on these fixtures.
+const quantizedX8Tol = 5e-2
+
 // TestQuantizedOnDevice runs the qwen3 and qwen3_moe fixtures quantized
 // to Q4_K as they load (--quant q4_k: GGML blocks, Q8_0 where a width is
 // not a multiple of 256, that kernels/cuda keeps on the device for the
 // linear ops and the experts) on the device FERRITE_TEST_DEVICE names,
-// against the strict backend on the same blocks.
+// against the strict backend on the same blocks: with the GEMV on float32
+// x (FERRITE_CUDA_QX8=0) within quantizedDeviceTol, and on int8 x (the
+// default) within quantizedX8Tol.
 func TestQuantizedOnDevice(t *testing.T) {
 	spec := os.Getenv("FERRITE_TEST_DEVICE")
 	if spec == "" || strings.HasPrefix(spec, "cpu") {
 		t.Skip("FERRITE_TEST_DEVICE names no GPU")
 	}
-	for _, name := range []string{"qwen3", "qwen3_moe"} {
-		t.Run(name, func(t *testing.T) {
+	for _, c := range []struct {
+		name, qx8 string
+		tol       float64
+	}{{"qwen3", "0", quantizedDeviceTol}, {"qwen3_moe", "0", quantizedDeviceTol}, {"qwen3-x8", "1", quantizedX8Tol}, {"qwen3_moe-x8", "1", quantizedX8Tol}} {
+		name := strings.TrimSuffix(c.name, "-x8")
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("FERRITE_CUDA_QX8", c.qx8)
 			dir := filepath.Join("..", "testdata", "models", name)
 			if _, err := os.Stat(dir); err != nil {
 				t.Skipf("fixture %s not present", name)
@@ -140,7 +157,7 @@ func TestQuantizedOnDevice(t *testing.T) {
 				t.Cleanup(func() { l.Close() })
 				return l
 			}
-			compareOnDevice(t, load(Options{Device: spec}), load(Options{Backend: strict.New()}), quantizedDeviceTol)
+			compareOnDevice(t, load(Options{Device: spec}), load(Options{Backend: strict.New()}), c.tol)
 		})
 	}
 }

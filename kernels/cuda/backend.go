@@ -86,8 +86,10 @@ type Backend struct {
 	xbuf, ybuf *Buffer // stagingBytes each: MatMul's device copies of x and y
 	tbuf, tscl *Buffer // transient weights' data and scales, grown on demand
 
-	dmu        sync.Mutex   // guards dbuf
+	dmu        sync.Mutex   // guards dbuf and qxbuf
 	dbuf       *Buffer      // the wide products' weight decoding (decodeBuf); older, smaller ones stay until Close
+	qxbuf      *Buffer      // the quantized GEMV's int8 rows of x (qxBuf); older, smaller ones stay until Close
+	noQX8      bool         // the quantized GEMV multiplies float32 x, not int8 (FERRITE_CUDA_QX8=0; quant.go)
 	dbufBytes  atomic.Int64 // every decode buffer's bytes (MemoryUse counts them with the arena)
 	decodeMost int64        // tests: decodeBuf fails above this many bytes, as where the device has no room (0: no limit)
 
@@ -107,6 +109,7 @@ func OpenBackend(ordinal, threads int) (*Backend, error) {
 	b.graphs.enabled = graphsEnabled() && (!d.Profiling() || d.prof.graph)
 	b.moe = moeConfigFromEnv()
 	b.noFuse = os.Getenv("FERRITE_CUDA_FUSE") != "1"
+	b.noQX8 = os.Getenv("FERRITE_CUDA_QX8") == "0"
 	b.noFuseQKV = os.Getenv("FERRITE_CUDA_FUSE_QKV") == "0"
 	b.noAttnPrefetch = os.Getenv("FERRITE_CUDA_ATTN_PREFETCH") == "0"
 	b.deltaChunk = os.Getenv("FERRITE_CUDA_DELTA_CHUNK") == "1"
@@ -271,19 +274,30 @@ func cachedWeight[K comparable](b *Backend, cache *map[K]*Weight, key K, upload 
 // path that needs none (linearQuant the GEMV over the blocks, Experts the
 // CUDA-core tiles).
 func (b *Backend) decodeBuf(size int64) (uint64, error) {
-	b.dmu.Lock()
-	defer b.dmu.Unlock()
-	if b.dbuf != nil && b.dbuf.size >= size {
-		return b.dbuf.ptr, nil
-	}
 	if b.decodeMost > 0 && size > b.decodeMost {
 		return 0, fmt.Errorf("cuda: no room for a %d-byte decoding", size)
+	}
+	return b.sharedBuf(&b.dbuf, size)
+}
+
+// qxBuf is decodeBuf for the quantized GEMV's int8 rows of x (quantGemvL),
+// which one op writes and its GEMV then reads: a buffer of its own, as a
+// product that found no room in decodeBuf takes the GEMV.
+func (b *Backend) qxBuf(size int64) (uint64, error) { return b.sharedBuf(&b.qxbuf, size) }
+
+// sharedBuf returns *cur's address where it holds size bytes, else that of
+// a new buffer (whole MiB) that replaces it; the old one stays until Close.
+func (b *Backend) sharedBuf(cur **Buffer, size int64) (uint64, error) {
+	b.dmu.Lock()
+	defer b.dmu.Unlock()
+	if *cur != nil && (*cur).size >= size {
+		return (*cur).ptr, nil
 	}
 	buf, err := b.dev.Alloc(alignUp(max(size, 1), 1<<20))
 	if err != nil {
 		return 0, err
 	}
-	b.dbuf = buf
+	*cur = buf
 	b.dbufBytes.Add(buf.size)
 	return buf.ptr, nil
 }

@@ -42,28 +42,32 @@ var quantGemvRows = func() int {
 
 // quantKernelNames are a type's GEMVs for one row of x (2, 4 or 8 weight
 // rows a block: one1[0], [1], [2]) and for up to 8 rows of x (2 weight rows
-// a block), and its decoding into bfloat16.
+// a block), its decoding into bfloat16, and its GEMVs over int8 rows of x
+// (x8one: one row, 4 weight rows a block; x8b8: up to 8, 2).
 type quantKernelNames struct {
-	one1 [3]string
-	b8   string
-	bf16 string
+	one1        [3]string
+	b8          string
+	bf16        string
+	x8one, x8b8 string
 }
 
 var quantKernels = map[kernels.DType]quantKernelNames{
-	kernels.Q8_0: {[3]string{"ferrite_qgemv_q8_0_r2", "ferrite_qgemv_q8_0_r4", "ferrite_qgemv_q8_0_r8"}, "ferrite_qgemv_q8_0_b8", "ferrite_qbf16_q8_0"},
-	kernels.Q4_0: {[3]string{"ferrite_qgemv_q4_0_r2", "ferrite_qgemv_q4_0_r4", "ferrite_qgemv_q4_0_r8"}, "ferrite_qgemv_q4_0_b8", "ferrite_qbf16_q4_0"},
-	kernels.Q4K:  {[3]string{"ferrite_qgemv_q4_k_r2", "ferrite_qgemv_q4_k_r4", "ferrite_qgemv_q4_k_r8"}, "ferrite_qgemv_q4_k_b8", "ferrite_qbf16_q4_k"},
-	kernels.Q5K:  {[3]string{"ferrite_qgemv_q5_k_r2", "ferrite_qgemv_q5_k_r4", "ferrite_qgemv_q5_k_r8"}, "ferrite_qgemv_q5_k_b8", "ferrite_qbf16_q5_k"},
-	kernels.Q6K:  {[3]string{"ferrite_qgemv_q6_k_r2", "ferrite_qgemv_q6_k_r4", "ferrite_qgemv_q6_k_r8"}, "ferrite_qgemv_q6_k_b8", "ferrite_qbf16_q6_k"},
+	kernels.Q8_0: {[3]string{"ferrite_qgemv_q8_0_r2", "ferrite_qgemv_q8_0_r4", "ferrite_qgemv_q8_0_r8"}, "ferrite_qgemv_q8_0_b8", "ferrite_qbf16_q8_0", "ferrite_qgemv8_q8_0_r4", "ferrite_qgemv8_q8_0_b8"},
+	kernels.Q4_0: {[3]string{"ferrite_qgemv_q4_0_r2", "ferrite_qgemv_q4_0_r4", "ferrite_qgemv_q4_0_r8"}, "ferrite_qgemv_q4_0_b8", "ferrite_qbf16_q4_0", "ferrite_qgemv8_q4_0_r4", "ferrite_qgemv8_q4_0_b8"},
+	kernels.Q4K:  {[3]string{"ferrite_qgemv_q4_k_r2", "ferrite_qgemv_q4_k_r4", "ferrite_qgemv_q4_k_r8"}, "ferrite_qgemv_q4_k_b8", "ferrite_qbf16_q4_k", "ferrite_qgemv8_q4_k_r4", "ferrite_qgemv8_q4_k_b8"},
+	kernels.Q5K:  {[3]string{"ferrite_qgemv_q5_k_r2", "ferrite_qgemv_q5_k_r4", "ferrite_qgemv_q5_k_r8"}, "ferrite_qgemv_q5_k_b8", "ferrite_qbf16_q5_k", "ferrite_qgemv8_q5_k_r4", "ferrite_qgemv8_q5_k_b8"},
+	kernels.Q6K:  {[3]string{"ferrite_qgemv_q6_k_r2", "ferrite_qgemv_q6_k_r4", "ferrite_qgemv_q6_k_r8"}, "ferrite_qgemv_q6_k_b8", "ferrite_qbf16_q6_k", "ferrite_qgemv8_q6_k_r4", "ferrite_qgemv8_q6_k_b8"},
 }
 
 func init() {
 	for _, k := range quantKernels {
-		for _, name := range []string{k.one1[0], k.one1[1], k.one1[2], k.b8, k.bf16} {
+		for _, name := range []string{k.one1[0], k.one1[1], k.one1[2], k.b8, k.bf16, k.x8one, k.x8b8} {
 			kernelNames = append(kernelNames, name)
 			pdlKernels[name] = true
 		}
 	}
+	kernelNames = append(kernelNames, "ferrite_qx8")
+	pdlKernels["ferrite_qx8"] = true
 }
 
 // quantRowsPerBlock is the one-row quantized GEMV's weight rows a block
@@ -240,10 +244,32 @@ func (w *Weight) segs() []*Weight {
 	return []*Weight{w}
 }
 
+// quantX8Bytes is the device bytes of n rows of x of cols values
+// quantized to int8 (ferrite_qx8): the values, then a (d, Σq) pair per 16
+// columns.
+func quantX8Bytes(n, cols int) int64 {
+	return alignUp(int64(n)*int64(cols), 16) + int64(n)*int64(cols/16)*8
+}
+
+// quantXGroup is the columns that share one scale when x is quantized to
+// int8 for weights of dt: a K quant's super-block, else a block of 32 (the
+// CPU backend's xGroup).
+func quantXGroup(dt kernels.DType) int {
+	if dt.BlockElems() == 256 {
+		return 256
+	}
+	return 32
+}
+
 // quantGemvL queues y (n, w.Rows) = x · wᵀ (+ bias) (+ y) for a quantized
-// w, a GEMV launch per segment into its columns of y.
-func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool) error {
-	c0 := 0
+// w, a GEMV launch per segment into its columns of y. Where xq is not 0
+// (quantX8Bytes(n, w.Cols) bytes), x is first quantized to int8 there
+// (ferrite_qx8, again only where a segment's scale group differs from the
+// last one's) and the GEMVs multiply it with dp4a, as the CPU backend
+// does; else they multiply x's float32 values.
+func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool, xq uint64) error {
+	c0, group := 0, 0
+	xe := xq + uint64(alignUp(int64(n)*int64(w.Cols), 16))
 	for _, s := range w.segs() {
 		k, ok := quantKernels[s.DType]
 		if !ok {
@@ -253,17 +279,50 @@ func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool) error
 		if bias != 0 {
 			sb = bias + uint64(4*c0)
 		}
-		name, r := k.b8, 2 // up to 8 rows of x at once
-		if n == 1 {
-			name, r = k.one1[bits.Len(uint(quantRowsPerBlock))-2], quantRowsPerBlock
+		var err error
+		switch {
+		case xq != 0:
+			if g := quantXGroup(s.DType); g != group {
+				group = g
+				if err = d.launch3L("ferrite_qx8", [3]uint32{uint32(ceilDiv(s.Cols, 256)), uint32(n), 1}, 256, 0,
+					xq, xe, x, i32(s.Cols), i32(g)); err != nil {
+					return err
+				}
+			}
+			name, r := k.x8b8, 2 // up to 8 rows of x at once
+			if n == 1 {
+				name, r = k.x8one, 4
+			}
+			err = d.launchL(name, uint32(ceilDiv(s.Rows, r)), 128, 0, y+uint64(4*c0), xq, xe, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
+				i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc))
+		default:
+			name, r := k.b8, 2 // up to 8 rows of x at once
+			if n == 1 {
+				name, r = k.one1[bits.Len(uint(quantRowsPerBlock))-2], quantRowsPerBlock
+			}
+			err = d.launchL(name, uint32(ceilDiv(s.Rows, r)), 128, 0, y+uint64(4*c0), x, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
+				i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc))
 		}
-		if err := d.launchL(name, uint32(ceilDiv(s.Rows, r)), 128, 0, y+uint64(4*c0), x, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
-			i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc)); err != nil {
+		if err != nil {
 			return err
 		}
 		c0 += s.Rows
 	}
 	return nil
+}
+
+// quantX8 returns the buffer for quantGemvL's int8 rows of x of n rows of
+// w.Cols, or 0 where the GEMV multiplies float32 x (FERRITE_CUDA_QX8=0, or
+// no room).
+func (b *Backend) quantX8(w *Weight, n int) uint64 {
+	if b.noQX8 {
+		return 0
+	}
+	xq, err := b.qxBuf(quantX8Bytes(n, w.Cols))
+	if err != nil {
+		return 0
+	}
+	return xq
 }
 
 // quantBF16L queues the exact decoding of w, rounded to bfloat16, into
@@ -299,7 +358,8 @@ func (d *Device) quantBF16L(hi, lo uint64, w *Weight) error {
 // too.
 func (b *Backend) linearQuant(y, x, bias uint64, w *Weight, n int, acc bool) {
 	if b.rowExact || n <= quantGemvRows {
-		b.queue(func(d *Device) error { return d.quantGemvL(y, x, bias, w, n, acc) })
+		xq := b.quantX8(w, n)
+		b.queue(func(d *Device) error { return d.quantGemvL(y, x, bias, w, n, acc, xq) })
 		return
 	}
 	view := func(p uint64) *Weight {
@@ -312,7 +372,8 @@ func (b *Backend) linearQuant(y, x, bias uint64, w *Weight, n int, acc bool) {
 	}
 	hi, err := b.decodeBuf(terms * half)
 	if err != nil { // no room for the decoding: the GEMV takes any rows, slower
-		b.queue(func(d *Device) error { return d.quantGemvL(y, x, bias, w, n, acc) })
+		xq := b.quantX8(w, n)
+		b.queue(func(d *Device) error { return d.quantGemvL(y, x, bias, w, n, acc, xq) })
 		return
 	}
 	lo := uint64(0)

@@ -46,9 +46,41 @@ func TestQuantLayout(t *testing.T) {
 	}
 }
 
+// quantX8Round is x as the int8 GEMV multiplies it: d·q, each group of
+// group columns quantized as kernels/cpu's quantizeXGo does (d = amax/127,
+// q = x·(127/amax) rounded half away from zero).
+func quantX8Round(x []float32, group int) []float32 {
+	out := make([]float32, len(x))
+	for g0 := 0; g0 < len(x); g0 += group {
+		var amax float32
+		for _, v := range x[g0 : g0+group] {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		if amax == 0 {
+			continue
+		}
+		d, id := amax/127, 127/amax
+		for i, v := range x[g0 : g0+group] {
+			t := v * id
+			var q int32
+			if t >= 0 {
+				q = min(int32(t+0.5), 127)
+			} else {
+				q = max(int32(t-0.5), -127)
+			}
+			out[g0+i] = d * float32(q)
+		}
+	}
+	return out
+}
+
 // quantWant is y (n, w.Rows) = x · wᵀ through kernels.MatMulRef (the exact
-// decoding) and, per element, Σ |w|·|x| for its tolerance.
-func quantWant(x []float32, w *kernels.Mat, n int) (want, mag []float32) {
+// decoding) and, per element, Σ |w|·|x| for its tolerance; with x8, of x
+// rounded as the int8 GEMV takes it (quantX8Round).
+func quantWant(x []float32, w *kernels.Mat, n int, x8 bool) (want, mag []float32) {
+	if x8 {
+		x = quantX8Round(x[:n*w.Cols], quantXGroup(w.DType))
+	}
 	want, mag = make([]float32, n*w.Rows), make([]float32, n*w.Rows)
 	kernels.MatMulRef(want, x, w, n)
 	row := make([]float32, w.Cols)
@@ -103,17 +135,29 @@ func quantTol(n int) float64 {
 // x alone gives the bits it gets in a batch.
 func TestQuantLinear(t *testing.T) {
 	b := openOps(t)
+	defer func() { b.noQX8 = false }()
 	rng := rand.New(rand.NewPCG(7, 8))
+	for _, fx := range []bool{false, true} { // int8 x in the GEMV (the default), then float32 x (FERRITE_CUDA_QX8=0)
+		b.noQX8 = fx
+		testQuantLinear(t, b, rng)
+	}
+}
+
+func testQuantLinear(t *testing.T, b *Backend, rng *rand.Rand) {
 	for _, dt := range quantTypes {
 		for _, sh := range []struct{ rows, cols int }{{1, 256}, {7, 512}, {33, 1024}, {130, 2304}, {257, 4096}} {
 			w := kerneltest.NewMat(rng, dt, sh.rows, sh.cols, 0, 0)
 			for _, n := range []int{1, 3, 8, 9, 40, 300} {
-				if n == 300 && sh.rows != 130 {
+				if n == 300 && sh.rows != 130 || b.noQX8 && n > quantGemvRows {
 					continue
 				}
-				name := fmt.Sprintf("%v/%dx%d/n=%d", dt, sh.rows, sh.cols, n)
+				x8 := !b.noQX8 && n <= quantGemvRows
+				name := fmt.Sprintf("%v/%dx%d/n=%d/x8=%v", dt, sh.rows, sh.cols, n, x8)
 				xv := randF32(rng, n*sh.cols)
-				want, mag := quantWant(xv, w, n)
+				if n == 3 { // a row of zeros: its int8 scale is 0
+					clear(xv[sh.cols : 2*sh.cols])
+				}
+				want, mag := quantWant(xv, w, n, x8)
 				x, y := f32Tensor(t, b, n, sh.cols, xv), f32Tensor(t, b, n, sh.rows, make([]float32, (n)*(sh.rows)))
 				b.BeginStep()
 				b.Linear(y, x, w, kernels.Epilogue{})
@@ -191,7 +235,7 @@ func TestQuantLinearCat(t *testing.T) {
 		tol := quantTol(n)
 		c0 := 0
 		for _, w := range ws {
-			want, mag := quantWant(xv, w, n)
+			want, mag := quantWant(xv, w, n, !b.noQX8 && n <= quantGemvRows)
 			part := make([]float32, n*w.Rows)
 			for j := range n {
 				for r := range w.Rows {
@@ -210,8 +254,8 @@ func TestQuantLinearCat(t *testing.T) {
 	b.EndStep()
 	got := make([]float32, 96)
 	b.ReadF32(got, y)
-	g, gm := quantWant(xv, gate, 1)
-	u, um := quantWant(xv, up, 1)
+	g, gm := quantWant(xv, gate, 1, !b.noQX8)
+	u, um := quantWant(xv, up, 1, !b.noQX8)
 	for i := range got {
 		s := float64(g[i]) / (1 + math.Exp(-float64(g[i])))
 		want := s * float64(u[i])
@@ -247,19 +291,27 @@ func BenchmarkQuantGEMV(b *testing.B) {
 					be.Linear(y, x, w, kernels.Epilogue{})
 					be.EndStep()
 				}
-				b.Run(fmt.Sprintf("%v/%s/n=%d", dt, sh.name, n), func(b *testing.B) {
-					const calls = 20
-					for b.Loop() {
-						be.BeginStep()
-						for i := range calls {
-							be.Linear(y, x, ws[i%copies], kernels.Epilogue{})
-						}
-						be.EndStep()
+				for _, fx := range []bool{false, true} { // int8 x (the default), float32 x
+					be.noQX8 = fx
+					name := fmt.Sprintf("%v/%s/n=%d", dt, sh.name, n)
+					if fx {
+						name += "/fx"
 					}
-					per := b.Elapsed().Seconds() / float64(b.N*calls)
-					b.ReportMetric(per*1e6, "µs/call")
-					b.ReportMetric(float64(bytes)/per/1e9, "GB/s")
-				})
+					b.Run(name, func(b *testing.B) {
+						const calls = 20
+						for b.Loop() {
+							be.BeginStep()
+							for i := range calls {
+								be.Linear(y, x, ws[i%copies], kernels.Epilogue{})
+							}
+							be.EndStep()
+						}
+						per := b.Elapsed().Seconds() / float64(b.N*calls)
+						b.ReportMetric(per*1e6, "µs/call")
+						b.ReportMetric(float64(bytes)/per/1e9, "GB/s")
+					})
+				}
+				be.noQX8 = false
 			}
 		}
 	}
@@ -273,9 +325,11 @@ func BenchmarkQuantGEMV(b *testing.B) {
 func TestQuantGemvForms(t *testing.T) {
 	b := openOps(t)
 	rng := rand.New(rand.NewPCG(13, 14))
-	defer func(r int) { quantRowsPerBlock = r }(quantRowsPerBlock)
+	defer func(r int) { quantRowsPerBlock, b.noQX8 = r, false }(quantRowsPerBlock)
 	const rows, cols, n = 37, 1280, 3
-	for _, dt := range quantTypes {
+	for i := range 2 * len(quantTypes) {
+		dt := quantTypes[i%len(quantTypes)]
+		b.noQX8 = i >= len(quantTypes) // int8 x, then float32 x
 		w := kerneltest.NewMat(rng, dt, rows, cols, 0, 0)
 		xv := randF32(rng, n*cols)
 		x := f32Tensor(t, b, n, cols, xv)
@@ -295,7 +349,7 @@ func TestQuantGemvForms(t *testing.T) {
 				one := run(f32Tensor(t, b, 1, cols, xv[j*cols:(j+1)*cols]), 1)
 				for i, v := range one {
 					if math.Float32bits(v) != math.Float32bits(batch[j*rows+i]) {
-						t.Fatalf("%v, %d rows a block: row %d output %d = %g, %g in the batch", dt, r, j, i, v, batch[j*rows+i])
+						t.Fatalf("%v (float32 x %v), %d rows a block: row %d output %d = %g, %g in the batch", dt, b.noQX8, r, j, i, v, batch[j*rows+i])
 					}
 				}
 			}
@@ -395,7 +449,7 @@ func TestQuantDecodeShared(t *testing.T) {
 	for i := range 6 {
 		w := kerneltest.NewMat(rng, quantTypes[i%len(quantTypes)], 256*(i+1), cols, 0, 0)
 		xv := randF32(rng, n*cols)
-		want, mag := quantWant(xv, w, n)
+		want, mag := quantWant(xv, w, n, false)
 		l := lin{w: w, x: f32Tensor(t, b, n, cols, xv), y: f32Tensor(t, b, n, w.Rows, make([]float32, n*w.Rows)),
 			want: want, mag: mag, bytes: 2 * alignUp(int64(w.Rows*cols*2), arenaAlign)}
 		most = max(most, l.bytes)
@@ -468,7 +522,7 @@ func TestQuantDecodeFallback(t *testing.T) {
 	const n, cols = 40, 1024
 	w := kerneltest.NewMat(rng, kernels.Q4K, 300, cols, 0, 0)
 	xv := randF32(rng, n*cols)
-	want, mag := quantWant(xv, w, n)
+	want, mag := quantWant(xv, w, n, !b.noQX8) // the GEMV, on int8 x
 	x, y := f32Tensor(t, b, n, cols, xv), f32Tensor(t, b, n, w.Rows, make([]float32, n*w.Rows))
 	b.BeginStep()
 	b.Linear(y, x, w, kernels.Epilogue{})
@@ -482,7 +536,7 @@ func TestQuantDecodeFallback(t *testing.T) {
 			Down: kerneltest.NewMat(rng, kernels.Q6K, 512, 256, 0, 0)}
 	}
 	checkExpertsTol(t, b, "experts without a decoding", ex, gemmRoundRows+10, 2, rng, quantExpertsTol)
-	if got := b.dbufBytes.Load(); got != 0 {
-		t.Errorf("%d bytes of decode buffers, want none", got)
+	if b.dbuf != nil {
+		t.Errorf("a %d-byte decode buffer, want none", b.dbuf.size)
 	}
 }

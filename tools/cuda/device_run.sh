@@ -32,11 +32,12 @@
 #              speed-up per draft length; ferrite-tiny again with
 #              FERRITE_CUDA_FEWROWS=0 and SPIN=0), ferrite bench, qwen3_next (small)
 #              and ferrite-tiny with MTP on/off at draft 1 (cost-aware, forced)
-#   quant      (not in the default list) BenchmarkQuantGEMV, engine
-#              TestMTPOnDevice/ferrite-tiny, then ferrite bench, Qwen3-8B
-#              with --quant q4_k and q8_0 (GGML blocks on the device) and
-#              bf16 at 1/8/32 sequences (128+128), and q4_k with 2 weight
-#              rows a block and the GEMV up to 64 rows (~4 min)
+#   quant      (not in the default list) BenchmarkQuantGEMV (int8 and
+#              float32 x), engine TestMTPOnDevice/ferrite-tiny, then ferrite
+#              bench, Qwen3-8B with --quant q4_k and q8_0 (random blocks),
+#              each with int8 x (the default) and float32 x
+#              (FERRITE_CUDA_QX8=0), interleaved twice, and bf16, at 1/8
+#              sequences (128+128) (~4 min)
 #   qmoe       (not in the default list) BenchmarkMoE and BenchmarkMoEQuant
 #              (bf16 and Q4_K/Q6_K experts in their blocks) at 1/8/32/512
 #              tokens, then ferrite bench, Qwen3-30B-A3B, --quant q4_k
@@ -148,20 +149,22 @@ if want linattn; then
 	grep -hE '^== pass|^ +[0-9]+ +[0-9]+ +8 ' "$out/linattn-bench.log"
 fi
 if want quant; then
-	(cd k && run quant-gemv 100 quant.log ../cuda.test -test.run XXX -test.bench QuantGEMV -test.benchtime 5x)
-	(cd k && FERRITE_CUDA_QGEMV_R=2 run quant-gemv-r2 40 quant.log ../cuda.test -test.run XXX \
-		-test.bench 'QuantGEMV/Q4_K/.*/n=1' -test.benchtime 5x)
+	(cd k && run quant-gemv 120 quant.log ../cuda.test -test.run XXX -test.bench QuantGEMV -test.benchtime 5x)
 	grep -hE '^Benchmark|rc=' "$out/quant.log"
 	FERRITE_TEST_DEVICE=cuda bash -c "cd '$root/engine' && '$dev/engine.test' -test.v -test.count 1 \
 		-test.run 'TestMTPOnDevice/ferrite-tiny'" >"$out/quant-mtp.log" 2>&1
 	grep -E '^(--- |ok|FAIL)' "$out/quant-mtp.log" | tail -5
-	for v in q4_k q8_0 bf16; do
-		q=(--quant "$v")
-		[ "$v" = bf16 ] && q=()
-		bench "quant-$v" 90 --model "$dev/qwen3-8b" "${q[@]}" --concurrency 1,8,32 --prompt-len 128 --gen-len 128
+	# int8 x (the default) and float32 x (FERRITE_CUDA_QX8=0) interleaved, twice; bf16 beside them
+	for pass in 1 2; do
+		for v in q4_k q4_k-fx q8_0 q8_0-fx bf16; do
+			q=(--quant "${v%-fx}")
+			[ "$v" = bf16 ] && q=()
+			fx=1
+			[ "$v" != "${v%-fx}" ] && fx=0
+			[ "$v" = bf16 ] && [ "$pass" = 2 ] && continue
+			FERRITE_CUDA_QX8=$fx bench "quant-$v-$pass" 60 --model "$dev/qwen3-8b" "${q[@]}" --concurrency 1,8 --prompt-len 128 --gen-len 128
+		done
 	done
-	FERRITE_CUDA_QGEMV_R=2 FERRITE_CUDA_QGEMV_ROWS=64 bench quant-q4_k-r2-rows64 70 --model "$dev/qwen3-8b" --quant q4_k \
-		--concurrency 1,32 --prompt-len 128 --gen-len 128
 fi
 if want qmoe; then
 	(cd k && run moe-quant 150 qmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE(Quant)?$/^n=(1|8|32|512)$' \

@@ -56,6 +56,16 @@ __device__ inline float qf(uint32_t bits) { return __uint_as_float(bits + 0x3f80
 
 __device__ inline float qhalf(const uint8_t* p) { return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p))); }
 
+// idot4 is c + Σ q_i·x_i over the 16 signed bytes of q and x (dp4a: four
+// products and their sum an instruction).
+__device__ inline int idot4(const uint4& q, const uint4& x, int c) {
+    return __dp4a(int(q.w), int(x.w), __dp4a(int(q.z), int(x.z), __dp4a(int(q.y), int(x.y), __dp4a(int(q.x), int(x.x), c))));
+}
+
+// qmap applies f to each 32-bit word of v.
+template <class F>
+__device__ inline uint4 qmap(const uint4& v, F f) { return uint4{f(v.x), f(v.y), f(v.z), f(v.w)}; }
+
 // QRun are a part's two runs' scales and mins (exact's sc and mn).
 struct QRun {
     float sc[2], mn[2];
@@ -81,6 +91,12 @@ struct Q8_0Q {
     __device__ static QRun run(const Raw& v, int) { return QRun{{v.d, v.d}, {0.f, 0.f}}; }
     __device__ static float exact(uint32_t q, float sc, float) { return __fmul_rn(float(int(q) - 128), sc); }
     __device__ static void ab(float sc, float, float& A, float& B) { A = 256.f * sc, B = 384.f * sc; }
+    // int8 activations (quant_part_dot8): w = sc·(q8 − kOff) − mn, q8 the
+    // runs' integers that idot multiplies (here the int8 values).
+    static constexpr int kOff = 0;
+    __device__ static void idot(const Raw& v, const uint4& xa, const uint4& xb, int& s0, int& s1) {
+        s0 = idot4(v.a, xa, 0), s1 = idot4(v.b, xb, 0);
+    }
 };
 
 // Q4_0: w = d·(q − 8); byte j holds element j (low nibble) and j + 16.
@@ -101,6 +117,11 @@ struct Q4_0Q {
     __device__ static QRun run(const Raw& v, int) { return QRun{{v.d, v.d}, {0.f, 0.f}}; }
     __device__ static float exact(uint32_t q, float sc, float) { return __fmul_rn(sc, float(int(q) - 8)); }
     __device__ static void ab(float sc, float, float& A, float& B) { A = 16.f * sc, B = 24.f * sc; }
+    static constexpr int kOff = 8;
+    __device__ static void idot(const Raw& v, const uint4& xa, const uint4& xb, int& s0, int& s1) {
+        s0 = idot4(qmap(v.a, [](uint32_t w) { return w & 0x0f0f0f0fu; }), xa, 0);
+        s1 = idot4(qmap(v.a, [](uint32_t w) { return (w >> 4) & 0x0f0f0f0fu; }), xb, 0);
+    }
 };
 
 // The K quants' 6-bit scale and min of sub-block j (kernels.ScaleMinK4)
@@ -172,6 +193,19 @@ struct QKQ {
     __device__ static void ab(float sc, float mn, float& A, float& B) {
         A = float(1 << kBits) * sc, B = __fadd_rn(A, mn);
     }
+    static constexpr int kOff = 0;
+    __device__ static void idot(const Raw& v, const uint4& xa, const uint4& xb, int& s0, int& s1) {
+        const int s = 2 * (v.t >> 1);  // run 0's bit of qh's bytes; run 1's is s + 1
+        uint4 q0 = qmap(v.qs, [](uint32_t w) { return w & 0x0f0f0f0fu; });
+        uint4 q1 = qmap(v.qs, [](uint32_t w) { return (w >> 4) & 0x0f0f0f0fu; });
+        if (F) {
+            q0 = uint4{q0.x | ((v.qh.x >> s) & 0x01010101u) << 4, q0.y | ((v.qh.y >> s) & 0x01010101u) << 4,
+                       q0.z | ((v.qh.z >> s) & 0x01010101u) << 4, q0.w | ((v.qh.w >> s) & 0x01010101u) << 4};
+            q1 = uint4{q1.x | ((v.qh.x >> (s + 1)) & 0x01010101u) << 4, q1.y | ((v.qh.y >> (s + 1)) & 0x01010101u) << 4,
+                       q1.z | ((v.qh.z >> (s + 1)) & 0x01010101u) << 4, q1.w | ((v.qh.w >> (s + 1)) & 0x01010101u) << 4};
+        }
+        s0 = idot4(q0, xa, 0), s1 = idot4(q1, xb, 0);
+    }
 };
 
 // Q6_K: w = d·sc·(q − 32), q six bits, a scale per 16 elements. Part t of
@@ -219,6 +253,17 @@ struct Q6KQ {
     __device__ static QRun run(const Raw& v, int) { return QRun{{v.sc0, v.sc1}, {0.f, 0.f}}; }
     __device__ static float exact(uint32_t q, float sc, float) { return __fmul_rn(sc, float(int(q) - 32)); }
     __device__ static void ab(float sc, float, float& A, float& B) { A = 64.f * sc, B = 96.f * sc; }
+    static constexpr int kOff = 32;
+    __device__ static void idot(const Raw& v, const uint4& xa, const uint4& xb, int& s0, int& s1) {
+        const int g = 2 * ((v.t >> 1) & 1);  // run 0's two bits of qh's bytes; run 1's are g + 4
+        const uint4 q0{(v.ql.x & 0x0f0f0f0fu) | ((v.qh.x >> g) & 0x03030303u) << 4, (v.ql.y & 0x0f0f0f0fu) | ((v.qh.y >> g) & 0x03030303u) << 4,
+                       (v.ql.z & 0x0f0f0f0fu) | ((v.qh.z >> g) & 0x03030303u) << 4, (v.ql.w & 0x0f0f0f0fu) | ((v.qh.w >> g) & 0x03030303u) << 4};
+        const uint4 q1{((v.ql.x >> 4) & 0x0f0f0f0fu) | ((v.qh.x >> (g + 4)) & 0x03030303u) << 4,
+                       ((v.ql.y >> 4) & 0x0f0f0f0fu) | ((v.qh.y >> (g + 4)) & 0x03030303u) << 4,
+                       ((v.ql.z >> 4) & 0x0f0f0f0fu) | ((v.qh.z >> (g + 4)) & 0x03030303u) << 4,
+                       ((v.ql.w >> 4) & 0x0f0f0f0fu) | ((v.qh.w >> (g + 4)) & 0x03030303u) << 4};
+        s0 = idot4(q0, xa, 0), s1 = idot4(q1, xb, 0);
+    }
 };
 
 // load16 reads 16 floats from x (16-byte aligned) into v.
@@ -277,6 +322,37 @@ __device__ __forceinline__ void quant_x(const float* __restrict__ x, int o0, int
     sa = 0.f, sb = 0.f;
 #pragma unroll
     for (int i = 0; i < 16; i++) sa += xa[i], sb += xb[i];
+}
+
+// QX8 is a part's 32 values of a row of x quantized to int8 (ferrite_qx8):
+// the runs at o0 (a) and o1 (b), and each run's (scale d as float bits,
+// Σq) pair; both runs lie in one group of x, so they share d.
+struct QX8 {
+    uint4 a, b;
+    uint2 ea, eb;
+};
+
+// quant_x8 loads a part's runs at o0 and o1 of a row of x quantized to int8:
+// xq its values, xe its (d, Σq) pair per 16 columns.
+__device__ __forceinline__ QX8 quant_x8(const int8_t* __restrict__ xq, const uint2* __restrict__ xe, int o0, int o1) {
+    return QX8{__ldg(reinterpret_cast<const uint4*>(xq + o0)), __ldg(reinterpret_cast<const uint4*>(xq + o1)), __ldg(xe + (o0 >> 4)),
+               __ldg(xe + (o1 >> 4))};
+}
+
+// quant_part_dot8 is a part's contribution to its row's dot product with
+// int8-quantized x: d·Σ_k (sc_k·(Σ q8·xq − kOff·Σxq) − mn_k·Σxq), each
+// run's integer sums exact (dp4a), rounded the same way wherever it is
+// called. The weights are exact; x is d·xq (|x − d·xq| ≤ d/2), as the CPU
+// backend's kernels/cpu/quant.go multiplies them.
+template <class Q>
+__device__ __forceinline__ float quant_part_dot8(const typename Q::Raw& raw, const QX8& x) {
+    int s0, s1;
+    Q::idot(raw, x.a, x.b, s0, s1);
+    const QRun c = Q::run(raw, 0);
+    const int b0 = int(x.ea.y), b1 = int(x.eb.y);
+    const float r0 = __fsub_rn(__fmul_rn(c.sc[0], float(s0 - Q::kOff * b0)), __fmul_rn(c.mn[0], float(b0)));
+    const float r1 = __fsub_rn(__fmul_rn(c.sc[1], float(s1 - Q::kOff * b1)), __fmul_rn(c.mn[1], float(b1)));
+    return __fmul_rn(__uint_as_float(x.ea.x), __fadd_rn(r0, r1));
 }
 
 // quant_run16_q sets v to columns c0…c0+15 (c0 a multiple of 16: one run)

@@ -79,6 +79,99 @@ __device__ void quant_gemv(float* __restrict__ y, const float* __restrict__ x, c
     }
 }
 
+// quant_x8_rows quantizes rows of x (n, cols) to int8 as the CPU backend
+// does (kernels/cpu/quant.go, quantizeXGo; the same bits): one scale
+// d = amax/127 per group of 32 or 256 columns (a K quant's super-block),
+// q = round(x·(127/amax)) half away from zero, into xq (n, cols) and, per
+// 16 columns, (d as float bits, Σq) into xe (n, cols/16). A block of 256
+// threads takes 256 columns of a row (blockIdx.y), a thread one value.
+__device__ void quant_x8_rows(int8_t* __restrict__ xq, uint2* __restrict__ xe, const float* __restrict__ x, int cols, int group) {
+    __shared__ float wmax[8];
+    const int c = blockIdx.x * 256 + threadIdx.x, lane = threadIdx.x & 31;
+    if (blockIdx.x * 256 + (threadIdx.x & ~31) >= cols) return;  // a whole warp past the row (cols is a multiple of 32)
+    const size_t at = size_t(blockIdx.y) * cols + c;
+    const float v = x[at];
+    float amax = __uint_as_float(__float_as_uint(v) & 0x7fffffffu);  // |v|, as kernels/cpu clears the sign bit
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (group == 256) {  // cols is a multiple of 256: every warp of the block is here
+        if (lane == 0) wmax[threadIdx.x >> 5] = amax;
+        __syncthreads();
+#pragma unroll
+        for (int w = 0; w < 8; w++) amax = fmaxf(amax, wmax[w]);
+    }
+    int q = 0;
+    float d = 0.f;
+    if (amax != 0.f) {
+        d = __fdiv_rn(amax, 127.f);
+        const float t = __fmul_rn(v, __fdiv_rn(127.f, amax));
+        q = t >= 0.f ? min(__float2int_rz(__fadd_rn(t, 0.5f)), 127) : max(__float2int_rz(__fsub_rn(t, 0.5f)), -127);
+    }
+    xq[at] = int8_t(q);
+    int sum = q;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((lane & 15) == 0) xe[at >> 4] = uint2{__float_as_uint(d), uint32_t(sum)};
+}
+
+// quant_gemv8 is quant_gemv over int8-quantized rows of x (quant_x8_rows'
+// xq and xe): each part's runs dotted in integers (dp4a), one float
+// combination a part (quant_part_dot8). A block of 4 warps takes R rows,
+// its lanes deal the parts as quant_gemv's do, and a row's sum does not
+// depend on n, NB, R or the other rows.
+template <class Q, int R, int NB>
+__device__ void quant_gemv8(float* __restrict__ y, const int8_t* __restrict__ xq, const uint2* __restrict__ xe,
+                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ ds, int n, int rows, int cols, int ldy,
+                            const float* __restrict__ bias, int acc_y) {
+    constexpr int kWarps = 4;
+    __shared__ float part[kWarps][R * NB];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r0 = blockIdx.x * R;
+    const int parts = cols / 32;
+    for (int j0 = 0; j0 < n; j0 += NB) {
+        const int nb = min(NB, n - j0);
+        float acc[R][NB];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < NB; j++) acc[r][j] = 0.f;
+        for (int p = warp * 32 + lane; p < parts; p += kWarps * 32) {
+            int o0, o1;
+            Q::offs(p, o0, o1);
+            typename Q::Raw raw[R];  // the R rows' part, loaded first
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (r0 + r < rows) raw[r] = Q::load(w, ds, r0 + r, cols, p);
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                if (j >= nb) break;
+                const QX8 xv = quant_x8(xq + size_t(j0 + j) * cols, xe + size_t(j0 + j) * (cols / 16), o0, o1);
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    if (r0 + r < rows) acc[r][j] = __fadd_rn(acc[r][j], quant_part_dot8<Q>(raw[r], xv));
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                const float s = warp_sum(acc[r][j]);
+                if (lane == 0) part[warp][r * NB + j] = s;
+            }
+        __syncthreads();
+        if (int(threadIdx.x) < R * NB) {
+            const int r = threadIdx.x / NB, j = threadIdx.x % NB;
+            if (r0 + r < rows && j < nb) {
+                float s = part[0][threadIdx.x];
+#pragma unroll
+                for (int v = 1; v < kWarps; v++) s += part[v][threadIdx.x];
+                store(y + size_t(j0 + j) * ldy + r0 + r, s, bias, r0 + r, acc_y);
+            }
+        }
+        __syncthreads();
+    }
+}
+
 // quant_bf16 writes the exact decoding of w's rows (rows, cols), rounded to
 // bfloat16 (f32_to_bf16), to hi and, when lo is set, the rest rounded to
 // bfloat16 to lo (hi + lo: 16 bits of the value's mantissa): a thread a
@@ -135,6 +228,19 @@ __device__ void quant_bf16(uint16_t* __restrict__ hi, uint16_t* __restrict__ lo,
         quant_bf16<Q>(hi, lo, w, ds, rows, cols);                                                                       \
     }
 
+#define FERRITE_QGEMV8(name, Q, R, NB)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) name(float* y, const int8_t* xq, const uint2* xe, const uint8_t* w,  \
+                                                           const uint8_t* ds, int n, int rows, int cols, int ldy,          \
+                                                           const float* bias, int acc_y) {                                 \
+        FERRITE_PDL_WAIT();                                                                                             \
+        quant_gemv8<Q, R, NB>(y, xq, xe, w, ds, n, rows, cols, ldy, bias, acc_y);                                         \
+    }
+
+extern "C" __global__ void __launch_bounds__(256) ferrite_qx8(int8_t* xq, uint2* xe, const float* x, int cols, int group) {
+    FERRITE_PDL_WAIT();
+    quant_x8_rows(xq, xe, x, cols, group);
+}
+
 FERRITE_QGEMV(ferrite_qgemv_q8_0_r2, Q8_0Q, 2, 1)
 FERRITE_QGEMV(ferrite_qgemv_q8_0_r4, Q8_0Q, 4, 1)
 FERRITE_QGEMV(ferrite_qgemv_q8_0_r8, Q8_0Q, 8, 1)
@@ -160,3 +266,13 @@ FERRITE_QBF16(ferrite_qbf16_q4_0, Q4_0Q)
 FERRITE_QBF16(ferrite_qbf16_q4_k, QKQ<false>)
 FERRITE_QBF16(ferrite_qbf16_q5_k, QKQ<true>)
 FERRITE_QBF16(ferrite_qbf16_q6_k, Q6KQ)
+FERRITE_QGEMV8(ferrite_qgemv8_q8_0_r4, Q8_0Q, 4, 1)
+FERRITE_QGEMV8(ferrite_qgemv8_q8_0_b8, Q8_0Q, 2, 8)
+FERRITE_QGEMV8(ferrite_qgemv8_q4_0_r4, Q4_0Q, 4, 1)
+FERRITE_QGEMV8(ferrite_qgemv8_q4_0_b8, Q4_0Q, 2, 8)
+FERRITE_QGEMV8(ferrite_qgemv8_q4_k_r4, QKQ<false>, 4, 1)
+FERRITE_QGEMV8(ferrite_qgemv8_q4_k_b8, QKQ<false>, 2, 8)
+FERRITE_QGEMV8(ferrite_qgemv8_q5_k_r4, QKQ<true>, 4, 1)
+FERRITE_QGEMV8(ferrite_qgemv8_q5_k_b8, QKQ<true>, 2, 8)
+FERRITE_QGEMV8(ferrite_qgemv8_q6_k_r4, Q6KQ, 4, 1)
+FERRITE_QGEMV8(ferrite_qgemv8_q6_k_b8, Q6KQ, 2, 8)

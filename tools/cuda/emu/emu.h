@@ -152,6 +152,13 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float fabsf(float x) { return std::fabs(x); }
+inline int __float2int_rz(float x) { return int(x); }
+// __dp4a is c + the four products of a's and b's signed bytes.
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += int(int8_t(a >> (8 * i))) * int(int8_t(b >> (8 * i)));
+    return c;
+}
 inline float expf(float x) { return std::exp(x); }
 inline float fmaxf(float a, float b) { return std::fmax(a, b); }
 inline float fmaf(float a, float b, float c) { return std::fma(a, b, c); }

@@ -160,6 +160,84 @@ static void run_case(QT t, int rows, int cols) {
     }
 }
 
+// quant_x8_host is kernels/cpu/quant.go's quantizeXGo for one row: q and,
+// per 16 columns, (d, Σq).
+static void quant_x8_host(const float* x, int cols, int group, int8_t* q, float* d16, int* s16) {
+    for (int g = 0; g < cols / group; g++) {
+        float amax = 0.f;
+        for (int i = 0; i < group; i++) amax = std::max(amax, std::fabs(x[g * group + i]));
+        const float d = amax / 127.f, id = amax == 0.f ? 0.f : 127.f / amax;
+        for (int i = 0; i < group; i++) {
+            const int c = g * group + i;
+            int qi = 0;
+            if (amax != 0.f) {
+                const float t = x[c] * id;
+                qi = t >= 0.f ? std::min(int(t + 0.5f), 127) : std::max(int(t - 0.5f), -127);
+            }
+            q[c] = int8_t(qi);
+            if (c % 16 == 0) d16[c / 16] = amax == 0.f ? 0.f : d, s16[c / 16] = 0;
+            s16[c / 16] += qi;
+        }
+    }
+}
+
+using Gemv8 = void (*)(float*, const int8_t*, const uint2*, const uint8_t*, const uint8_t*, int, int, int, int, const float*, int);
+
+// run_case8 checks ferrite_qx8 bit for bit against the host's quantization
+// of x (a zero row among them), and the int8-activation GEMV, one row of x
+// at a time (4 weight rows a block) and up to 8 (2), each row's bits
+// equal in both, against a double-precision product of the exact decoding
+// with x's int8 rounding d·q.
+static void run_case8(QT t, int rows, int cols) {
+    const Gemv8 gemv[5][2] = {{ferrite_qgemv8_q8_0_r4, ferrite_qgemv8_q8_0_b8}, {ferrite_qgemv8_q4_0_r4, ferrite_qgemv8_q4_0_b8},
+                              {ferrite_qgemv8_q4_k_r4, ferrite_qgemv8_q4_k_b8}, {ferrite_qgemv8_q5_k_r4, ferrite_qgemv8_q5_k_b8},
+                              {ferrite_qgemv8_q6_k_r4, ferrite_qgemv8_q6_k_b8}};
+    const int group = belems(t);
+    std::vector<float> w;
+    size_t dsec;
+    const std::vector<uint8_t> dev = random_matrix(t, rows, cols, w, dsec);
+    for (int n : {1, 3, 11}) {
+        std::vector<float> x(size_t(n) * cols);
+        for (auto& v : x) v = randn() * (1 + 30 * (rng() % 8 == 0));  // some outliers, so groups differ in d
+        if (n == 3) std::fill(x.begin() + cols, x.begin() + 2 * cols, 0.f);
+        std::vector<int8_t> xq(x.size(), 99);
+        std::vector<uint2> xe(x.size() / 16);
+        launch(dim3u{unsigned(ceil_div(cols, 256)), unsigned(n), 1}, 256, [&] { ferrite_qx8(xq.data(), xe.data(), x.data(), cols, group); });
+        std::vector<int8_t> hq(x.size());
+        std::vector<float> hd(x.size() / 16);
+        std::vector<int> hs(x.size() / 16);
+        for (int j = 0; j < n; j++)
+            quant_x8_host(&x[size_t(j) * cols], cols, group, &hq[size_t(j) * cols], &hd[size_t(j) * cols / 16], &hs[size_t(j) * cols / 16]);
+        for (size_t i = 0; i < x.size(); i++) CHECK(xq[i] == hq[i], "%s qx8 cols %d n=%d: q[%zu] = %d, want %d", qname[t], cols, n, i, xq[i], hq[i]);
+        for (size_t i = 0; i < xe.size(); i++)
+            CHECK(xe[i].x == __float_as_uint(hd[i]) && int(xe[i].y) == hs[i], "%s qx8 cols %d n=%d: run %zu (%g, %d), want (%g, %d)", qname[t],
+                  cols, n, i, __uint_as_float(xe[i].x), int(xe[i].y), hd[i], hs[i]);
+        std::vector<float> one(size_t(n) * rows, -1.f), all(size_t(n) * rows, -1.f);
+        launch(dim3u{unsigned(ceil_div(rows, 4)), 1, 1}, 128, [&] {
+            for (int j = 0; j < n; j++)
+                gemv[t][0](one.data() + size_t(j) * rows, xq.data() + size_t(j) * cols, xe.data() + size_t(j) * cols / 16, dev.data(),
+                           dev.data() + dsec, 1, rows, cols, rows, nullptr, 0);
+        });
+        launch(dim3u{unsigned(ceil_div(rows, 2)), 1, 1}, 128,
+               [&] { gemv[t][1](all.data(), xq.data(), xe.data(), dev.data(), dev.data() + dsec, n, rows, cols, rows, nullptr, 0); });
+        for (size_t i = 0; i < one.size(); i++)
+            CHECK(std::memcmp(&one[i], &all[i], 4) == 0, "%s gemv8 %dx%d n=%d: y[%zu] = %g alone, %g with 8", qname[t], rows, cols, n, i,
+                  one[i], all[i]);
+        for (int j = 0; j < n; j++)
+            for (int o = 0; o < rows; o++) {
+                double s = 0, mag = 0;
+                for (int k = 0; k < cols; k++) {
+                    const double xv = double(hd[(size_t(j) * cols + k) / 16]) * hq[size_t(j) * cols + k];
+                    s += double(w[size_t(o) * cols + k]) * xv;
+                    mag += std::fabs(double(w[size_t(o) * cols + k]) * xv);
+                }
+                const double e = mag == 0 ? std::fabs(one[size_t(j) * rows + o]) : std::fabs(one[size_t(j) * rows + o] - s) / mag;
+                CHECK(e < 2e-5, "%s gemv8 %dx%d n=%d: y[%d][%d] = %g, want %g (error %.3g)", qname[t], rows, cols, n, j, o,
+                      one[size_t(j) * rows + o], s, e);
+            }
+    }
+}
+
 // run_expert checks ops_common_quant.cu's reading of one expert matrix
 // through a MatDesc (ops_moe.cu's desc_dot and moe_tile): quant_run16 bit
 // for bit against the host decoding for every run of the view's rows, and
@@ -228,6 +306,9 @@ int main() {
         run_case(t, 5, 256);
         run_case(t, 9, 1280);
         run_case(t, 3, 2048);
+        run_case8(t, 5, 256);
+        run_case8(t, 9, 1280);
+        run_case8(t, 3, 2048);
         run_expert(t, 6, 256, 0);
         run_expert(t, 8, 1536, 3);  // the up half of a fused gate_up: row0 = 3
     }

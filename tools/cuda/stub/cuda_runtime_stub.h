@@ -75,6 +75,9 @@ __device__ unsigned char __ldg(const unsigned char*);
 __device__ float __ldcg(const float*);
 // Read-only 32-bit loads (src/ops_moe_b1.cu's expert descriptors).
 __device__ unsigned __ldg(const unsigned*);
+__device__ uint2 __ldg(const uint2*);
+__device__ int __dp4a(int, int, int);
+__device__ int __float2int_rz(float);
 __device__ uint4 __ldcg(const uint4*);
 __device__ unsigned short __ldcg(const unsigned short*);
 __device__ uint2 __ldcg(const uint2*);
