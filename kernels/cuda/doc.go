@@ -106,8 +106,10 @@
 //
 // GGML-quantized weights (quant.go) keep their blocks on the device for the
 // linear ops: src/ops_quant.cu's GEMV for up to 8 rows of x
-// (FERRITE_CUDA_QGEMV_ROWS sets the limit; FERRITE_CUDA_QGEMV_R=2 or 8 the
-// one-row form's weight rows a block, 4 by default), an exact decoding
+// (FERRITE_CUDA_QGEMV_ROWS sets the limit), on x quantized to int8 with
+// dp4a products (FERRITE_CUDA_QX8=0: on float32 x, where
+// FERRITE_CUDA_QGEMV_R=2 or 8 sets the one-row form's weight rows a block,
+// 4 by default), an exact decoding
 // into bf16 scratch for wider products. Quantized MoE experts keep theirs
 // for the grouped GEMVs, register tiles and CUDA-core tiles (the _q forms
 // of src/ops_moe.cu's kernels), and a prefill of 256 tokens and more

@@ -50,7 +50,7 @@ var kernelNames = []string{
 	// the forms that also read experts in GGML blocks (src/ops_common_quant.cu)
 	"ferrite_moe_few_gate_up_1_q", "ferrite_moe_few_down_1_q",
 	"ferrite_moe_gt_gate_up_r4_q", "ferrite_moe_gt_down_r8_q", "ferrite_moe_tile_gate_up_q", "ferrite_moe_tile_down_q",
-	"ferrite_moe_qdecode", "ferrite_moe_few_down_1_q1",
+	"ferrite_moe_qdecode", "ferrite_moe_few_down_1_q1", "ferrite_moe_few_gate_up_1_q8", "ferrite_moe_few_down_1_q8",
 	// Random weights (src/randfill.cu).
 	"ferrite_random_fill",
 }

@@ -189,6 +189,14 @@ func checkExperts(t *testing.T, b *Backend, name string, ex []kernels.Expert, n,
 // checkExpertsTol is checkExperts within tol of max |y|.
 func checkExpertsTol(t *testing.T, b *Backend, name string, ex []kernels.Expert, n, k int, rng *rand.Rand, tol float64) {
 	t.Helper()
+	checkExpertsRounded(t, b, name, ex, n, k, rng, tol, nil, nil)
+}
+
+// checkExpertsRounded is checkExpertsTol against ref.ExpertsRounded: x
+// rounded by rx, each SwiGLU output by rh (nil: as they are).
+func checkExpertsRounded(t *testing.T, b *Backend, name string, ex []kernels.Expert, n, k int, rng *rand.Rand, tol float64,
+	rx, rh func([]float32) []float32) {
+	t.Helper()
 	hidden := ex[0].Down.Rows
 	good := max(n-1, 1) // tokens with valid ids
 	xv, wv := randF32(rng, n*hidden), randF32(rng, n*k)
@@ -203,7 +211,7 @@ func checkExpertsTol(t *testing.T, b *Backend, name string, ex []kernels.Expert,
 	}
 	got := expertsOnDevice(t, b, ex, n, k, xv, ids, wv)
 	want := make([]float32, good*hidden)
-	ref.Experts(want, xv[:good*hidden], ids[:good*k], wv[:good*k], good, ex)
+	ref.ExpertsRounded(want, xv[:good*hidden], ids[:good*k], wv[:good*k], good, ex, 0, rx, rh)
 	m := 0.0
 	for _, v := range want {
 		m = max(m, math.Abs(float64(v)))

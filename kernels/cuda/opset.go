@@ -1132,6 +1132,24 @@ const expertDescBytes = 40
 type expertKinds struct {
 	quant bool // some matrix kept in GGML blocks: the _q kernels
 	qbf16 bool // quant, and every other matrix bf16: a prefill may decode the blocks for the tensor cores (ferrite_moe_qdecode)
+	// guGroup and dGroup are the columns an int8 scale of x (gates and
+	// ups) and of h (downs) spans (quantXGroup) where every such matrix is
+	// block-quantized with one group, else −1: the _q8 kernels need both.
+	guGroup, dGroup int
+}
+
+// x8 reports whether the experts take int8 activations (the _q8 kernels).
+func (k expertKinds) x8() bool { return k.guGroup > 0 && k.dGroup > 0 }
+
+// group folds matrix dtype dt into a role's group g (0: none seen yet).
+func (k expertKinds) group(g int, dt kernels.DType) int {
+	switch {
+	case g < 0 || !dt.Quantized():
+		return -1
+	case g == 0 || g == quantXGroup(dt):
+		return quantXGroup(dt)
+	}
+	return -1
 }
 
 // moeDecodeMost is the most bytes of bf16 ferrite_moe_qdecode decodes a
@@ -1139,6 +1157,40 @@ type expertKinds struct {
 // Qwen3-30B-A3B's 128 of 768, in the decode buffer every layer shares);
 // larger expert sets keep to the CUDA-core tiles.
 const moeDecodeMost = 4 << 30
+
+// expertsFewX8 is Experts' slot-a-pass kernels for up to moeFewTokens
+// tokens on int8 activations, as the linear ops' quantized GEMV: x
+// quantized (ferrite_qx8), the gate/up kernel on it into h (n·k, inter),
+// h quantized in turn into the same buffer (the gate/up kernel has read
+// x's by then: a stream's launches run in order), the down kernel on it.
+// It reports false, queuing nothing, where there is no room for them.
+func (b *Backend) expertsFewX8(y uint64, yStride int, xp uint64, xStride int, ip, wp, h uint64, table *Buffer, kinds expertKinds,
+	ne, n, k, hidden, inter int, limit float32) bool {
+	q := b.quantX8(&Weight{Cols: max(hidden, inter)}, n*k)
+	if q == 0 { // no room: the float32 forms
+		return false
+	}
+	xe := q + uint64(alignUp(int64(n)*int64(hidden), 16))
+	he := q + uint64(alignUp(int64(n*k)*int64(inter), 16))
+	b.queue(func(d *Device) error {
+		err := d.launch3L("ferrite_qx8", [3]uint32{uint32(ceilDiv(hidden, 256)), uint32(n), 1}, 256, 0,
+			q, xe, xp, i32(xStride), i32(hidden), i32(kinds.guGroup))
+		if err == nil {
+			err = d.launch3L("ferrite_moe_few_gate_up_1_q8", [3]uint32{uint32(ceilDiv(inter, 8)), uint32(n * k), 1}, 256, 0,
+				h, q, xe, i32(hidden), ip, table.ptr, i32(ne), i32(k), i32(n*k), i32(inter), f32(limit))
+		}
+		if err == nil {
+			err = d.launch3L("ferrite_qx8", [3]uint32{uint32(ceilDiv(inter, 256)), uint32(n * k), 1}, 256, 0,
+				q, he, h, i32(inter), i32(inter), i32(kinds.dGroup))
+		}
+		if err != nil {
+			return err
+		}
+		return d.launchL("ferrite_moe_few_down_1_q8", uint32(ceilDiv(hidden, 4)), 256, 0, y, i32(yStride), q, he, ip, wp,
+			table.ptr, i32(ne), i32(n), i32(k), i32(inter), i32(hidden))
+	})
+	return true
+}
 
 // expertTable returns the device table of experts' weight descriptors,
 // three per expert (gate, up, down), uploading the weights and the table
@@ -1170,6 +1222,11 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 			scale, kinds.quant = w.Buf.ptr+uint64(w.DOff), true
 		} else if w.DType != kernels.BF16 {
 			kinds.qbf16 = false
+		}
+		if i%3 == 2 {
+			kinds.dGroup = kinds.group(kinds.dGroup, w.DType)
+		} else {
+			kinds.guGroup = kinds.group(kinds.guGroup, w.DType)
 		}
 		d := raw[i*expertDescBytes:]
 		binary.LittleEndian.PutUint64(d[0:], w.Buf.ptr)
@@ -1330,6 +1387,10 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		// A slot a pass (the one-token kernels; an expert two tokens share
 		// is read twice, the second time from cache) measured 1.6–1.7× the
 		// speed of 8 slots a pass at 4 and 8 tokens (BENCHMARKS.md, 9).
+		if quant && kinds.x8() && !b.noQX8 && !b.moe.q1 &&
+			b.expertsFewX8(y, dst.Stride, xp, x.Stride, ip, wp, h, table, kinds, len(experts), n, k, hidden, inter, limit) {
+			return
+		}
 		gateUp, down, downRows := q("ferrite_moe_few_gate_up_1"), q("ferrite_moe_few_down_1"), 4 // src/ops_moe.cu kMoeDownRows
 		if quant && b.moe.q1 {
 			down, downRows = down+"1", 1

@@ -16,7 +16,9 @@ import (
 // device for the linear ops (Linear, LinearCat, SwiGLULinear and their
 // norm forms), a quarter to a seventh of their float32 decoding's bytes.
 // Decode steps (up to quantGemvRows rows, and a verification's rows under
-// SetRowExact) run src/ops_quant.cu's GEMV over the blocks; wider products
+// SetRowExact) run src/ops_quant.cu's GEMV over the blocks, on x
+// quantized to int8 as the CPU backend quantizes it (ferrite_qx8, then
+// dp4a: quantGemvL; FERRITE_CUDA_QX8=0 keeps float32 x); wider products
 // decode the weight exactly into bfloat16 scratch (ferrite_qbf16_*) and run
 // the bf16 product (linearQuant): two terms below gemmRoundRows rows, one
 // (a relative 2⁻⁹ a weight, as x's own rounding there) from then on.
@@ -285,7 +287,7 @@ func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool, xq ui
 			if g := quantXGroup(s.DType); g != group {
 				group = g
 				if err = d.launch3L("ferrite_qx8", [3]uint32{uint32(ceilDiv(s.Cols, 256)), uint32(n), 1}, 256, 0,
-					xq, xe, x, i32(s.Cols), i32(g)); err != nil {
+					xq, xe, x, i32(s.Cols), i32(s.Cols), i32(g)); err != nil {
 					return err
 				}
 			}

@@ -426,6 +426,58 @@ func TestQuantExperts(t *testing.T) {
 		[]int{2, 8, 12})
 }
 
+// quantX8ExpertsTol bounds the int8-activation experts (_q8) against
+// ref.ExpertsRounded on the same rounding of x and of each SwiGLU output,
+// of max |y|: the device's SwiGLU outputs differ from the reference's in
+// float32 rounding, so one within that of a half step of its int8 grid
+// rounds to the other neighbour (±d for that element, ~5e-4 of max |y| at
+// these shapes); x itself is the same on both sides.
+const quantX8ExpertsTol = 2e-3
+
+// TestQuantExpertsX8 runs Experts on experts whose gates, ups and downs are
+// all block-quantized with one int8 scale group each (a Q4_K_M file's Q4_K
+// gate/up beside Q6_K downs; Q8_0; Q5_K beside Q4_K): up to moeFewTokens
+// tokens take the int8-activation kernels (ferrite_qx8, then the _q8
+// forms), checked against ref.ExpertsRounded with x and every SwiGLU
+// output rounded as ferrite_qx8 rounds them, each token's bits those of
+// its call alone; with FERRITE_CUDA_QX8=0 the float32 forms against
+// ref.Experts.
+func TestQuantExpertsX8(t *testing.T) {
+	b := openOps(t)
+	defer func(c moeConfig) { b.moe, b.noQX8 = c, false }(b.moe)
+	const e, k, hidden, inter = 9, 4, 512, 256
+	rng := rand.New(rand.NewPCG(91, 92))
+	for _, c := range []struct {
+		gu, down kernels.DType
+		fused    bool
+	}{{kernels.Q4K, kernels.Q6K, true}, {kernels.Q8_0, kernels.Q8_0, false}, {kernels.Q5K, kernels.Q4K, false}} {
+		ex := make([]kernels.Expert, e)
+		for i := range ex {
+			if c.fused {
+				ex[i].GateUp = kerneltest.NewMat(rng, c.gu, 2*inter, hidden, 0, 0)
+			} else {
+				ex[i].Gate, ex[i].Up = kerneltest.NewMat(rng, c.gu, inter, hidden, 0, 0), kerneltest.NewMat(rng, c.gu, inter, hidden, 0, 0)
+			}
+			ex[i].Down = kerneltest.NewMat(rng, c.down, hidden, inter, 0, 0)
+		}
+		rx := func(v []float32) []float32 { return quantX8Round(v, quantXGroup(c.gu)) }
+		rh := func(v []float32) []float32 { return quantX8Round(v, quantXGroup(c.down)) }
+		b.moe, b.noQX8 = moeConfig{}, false
+		for _, n := range []int{1, 3, moeFewTokens} {
+			checkExpertsRounded(t, b, fmt.Sprintf("%v+%v/x8/n=%d", c.gu, c.down, n), ex, n, k, rng, quantX8ExpertsTol, rx, rh)
+		}
+		b.mu.Lock()
+		kinds := b.qexperts[&ex[0]]
+		b.mu.Unlock()
+		if want := (expertKinds{quant: true, qbf16: true, guGroup: quantXGroup(c.gu), dGroup: quantXGroup(c.down)}); kinds != want {
+			t.Errorf("%v+%v: expert kinds %+v, want %+v", c.gu, c.down, kinds, want)
+		}
+		checkExpertsRowExact(t, b, rng, fmt.Sprintf("%v+%v x8 ", c.gu, c.down), ex, moeFewTokens, k, []moeConfig{{}}, []int{2, moeFewTokens})
+		b.noQX8 = true
+		checkExpertsTol(t, b, fmt.Sprintf("%v+%v/float32 x/n=3", c.gu, c.down), ex, 3, k, rng, quantExpertsTol)
+	}
+}
+
 // TestQuantDecodeShared runs, in one step, six quantized Linear products
 // of 40 rows (each decoding its weight into bf16) with a 300-token Experts
 // call (decoding the chosen experts) between them: every op's decoding

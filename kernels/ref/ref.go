@@ -286,10 +286,11 @@ func rank(v []float32) []int32 {
 
 // Expert sets y (hidden) = down(silu(gate(x))·up(x)) for one token x
 // (hidden), float64 dot products.
-func Expert(y, x []float32, e *kernels.Expert) { expert(y, x, e, 0) }
+func Expert(y, x []float32, e *kernels.Expert) { expert(y, x, e, 0, nil) }
 
-// expert is Expert with its SwiGLU clamped at limit (0: none).
-func expert(y, x []float32, e *kernels.Expert, limit float32) {
+// expert is Expert with its SwiGLU clamped at limit (0: none) and its
+// output rounded by rh (nil: as it is) before the down product.
+func expert(y, x []float32, e *kernels.Expert, limit float32, rh func([]float32) []float32) {
 	inter := e.Down.Cols
 	g, u := make([]float32, inter), make([]float32, inter)
 	if e.GateUp != nil {
@@ -302,6 +303,9 @@ func expert(y, x []float32, e *kernels.Expert, limit float32) {
 		kernels.MatMulRef(u, x, e.Up, 1)
 	}
 	SwiGLUClamp(g, g, u, limit)
+	if rh != nil {
+		g = rh(g)
+	}
 	kernels.MatMulRef(y, g, e.Down, 1)
 }
 
@@ -314,6 +318,14 @@ func Experts(y, x []float32, ids []int32, w []float32, n int, experts []kernels.
 // ExpertsClamp is Experts with every expert's SwiGLU clamped at limit
 // (kernels.ClampOps; 0: no clamp).
 func ExpertsClamp(y, x []float32, ids []int32, w []float32, n int, experts []kernels.Expert, limit float32) {
+	ExpertsRounded(y, x, ids, w, n, experts, limit, nil, nil)
+}
+
+// ExpertsRounded is ExpertsClamp on each token's x as rx returns it and
+// each expert's SwiGLU output as rh returns it (nil: as they are): what a
+// backend that quantizes its products' activations computes.
+func ExpertsRounded(y, x []float32, ids []int32, w []float32, n int, experts []kernels.Expert, limit float32,
+	rx, rh func([]float32) []float32) {
 	hidden := experts[0].Down.Rows
 	k := len(ids) / max(n, 1)
 	ye := make([]float32, hidden)
@@ -326,7 +338,11 @@ func ExpertsClamp(y, x []float32, ids []int32, w []float32, n int, experts []ker
 		}
 		slices.SortStableFunc(order, func(a, b int) int { return int(ids[i*k+a] - ids[i*k+b]) })
 		for _, j := range order {
-			expert(ye, x[i*hidden:(i+1)*hidden], &experts[ids[i*k+j]], limit)
+			xi := x[i*hidden : (i+1)*hidden]
+			if rx != nil {
+				xi = rx(xi)
+			}
+			expert(ye, xi, &experts[ids[i*k+j]], limit, rh)
 			for d, v := range ye {
 				yr[d] += w[i*k+j] * v
 			}

@@ -39,11 +39,14 @@
 #              (FERRITE_CUDA_QX8=0), interleaved twice, and bf16, at 1/8
 #              sequences (128+128) (~4 min)
 #   qmoe       (not in the default list) BenchmarkMoE and BenchmarkMoEQuant
-#              (bf16 and Q4_K/Q6_K experts in their blocks) at 1/8/32/512
-#              tokens, then ferrite bench, Qwen3-30B-A3B, --quant q4_k
-#              (random blocks made on the host) and bf16 at 1/8/32
-#              (128+64) (~3 min; session 21 ran it cut to 12 layers, when
-#              --quant still quantized random values on the host)
+#              (bf16 and Q4_K/Q6_K experts in their blocks) at 1/8 tokens,
+#              BenchmarkMoEQuant again on float32 x (FERRITE_CUDA_QX8=0),
+#              then ferrite bench, Qwen3-30B-A3B, --quant q4_k (random
+#              blocks made on the host) at 1/8 (128+64), int8 and float32 x
+#              (~2 min)
+#   qgguf      (not in the default list) after the llama stage's prep:
+#              ferrite bench on the Q4_K_M GGUF llama-quantize wrote
+#              (Qwen3-8B shape), 1/8 sequences, int8 and float32 x
 #   fuseattn   (not in the default list) ferrite bench, Qwen3-8B batch 1 with
 #              the fused attention on (FERRITE_CUDA_FUSE=1: PrepareQKV and
 #              the split merge in the attention kernel; off by default) for
@@ -167,11 +170,25 @@ if want quant; then
 	done
 fi
 if want qmoe; then
-	(cd k && run moe-quant 150 qmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE(Quant)?$/^n=(1|8|32|512)$' \
+	(cd k && run moe-quant 90 qmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE(Quant)?$/^n=(1|8)$' \
 		-test.benchtime 5x)
-	grep -hE '^Benchmark|rc=' "$out/qmoe.log"
-	bench qmoe-q4_k 100 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 1,8,32 --prompt-len 128 --gen-len 64
-	bench qmoe-bf16 80 --model "$dev/qwen3-30b-a3b" --concurrency 1,8,32 --prompt-len 128 --gen-len 64
+	(cd k && FERRITE_CUDA_QX8=0 run moe-quant-fx 60 qmoe.log ../cuda.test -test.run XXX \
+		-test.bench '^BenchmarkMoEQuant$/^n=(1|8)$' -test.benchtime 5x)
+	grep -hE '^Benchmark|rc=|^== ' "$out/qmoe.log"
+	bench qmoe-q4_k 60 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 1,8 --prompt-len 128 --gen-len 64
+	FERRITE_CUDA_QX8=0 bench qmoe-q4_k-fx 60 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 1,8 --prompt-len 128 \
+		--gen-len 64
+fi
+if want qgguf; then
+	# ferrite on the Q4_K_M file llama.cpp quantized (the llama stage's prep), int8 and float32 x
+	gguf=/tmp/llamacpp/qwen3-8b-q4_k_m.gguf
+	while [ ! -f "$out/llama/prep.done" ] && ((SECONDS < DEADLINE - 150)); do sleep 2; done
+	if [ -s "$gguf" ]; then
+		bench qgguf 60 --model "$gguf" --concurrency 1,8 --prompt-len 128 --gen-len 128
+		FERRITE_CUDA_QX8=0 bench qgguf-fx 60 --model "$gguf" --concurrency 1,8 --prompt-len 128 --gen-len 128
+	else
+		echo "qgguf: no $gguf" | tee -a "$out/qgguf.log"
+	fi
 fi
 want bench8b && bench bench8b 150 --model "$dev/qwen3-8b" --concurrency 1,8,32,64 --prompt-len 128 --gen-len 128
 want prefill && bench prefill 100 --model "$dev/qwen3-8b" --concurrency 1 --prompt-len 512,4096 --gen-len 1

@@ -17,7 +17,8 @@
 # Logs go to $OUT/llama/ (build.log, randgguf.log, quantize.log,
 # llama-bench-*.log, batched-bench-*.log, prep.done); the build and the
 # files to $LLAMA_WORK (default /tmp/llamacpp). Each step runs under its
-# own timeout; Q4K=0 skips the Q4_K_M file, PREP_WAIT (seconds, 480)
+# own timeout; Q4K=0 skips the Q4_K_M file, Q4K_ONLY=1 benchmarks only it,
+# NPL sets batched-bench's sequence counts (1,8,32,64), PREP_WAIT (seconds, 480)
 # bounds bench's wait for prep. For a dry run elsewhere: CONFIG (a config
 # directory instead of qwen3-8b), LAYERS (keep that many), CUDA=OFF.
 set -uo pipefail
@@ -116,14 +117,15 @@ bench() {
 	echo "waited $waited s for prep: $(cat "$out/prep.done" 2>/dev/null || echo 'not done')"
 	nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.max.sm --format=csv
 	[ -x "$bin/llama-bench" ] || { echo "no llama-bench"; tail -20 "$out/build.log"; return 1; }
-	local f name
-	for f in "$bf16" "$q4k"; do
+	local f name files=("$bf16" "$q4k")
+	[ "${Q4K_ONLY:-0}" = 1 ] && files=("$q4k")
+	for f in "${files[@]}"; do
 		[ -s "$f" ] || continue
 		name="$(basename "$f" .gguf)"
 		(timeout 180 "$bin/llama-bench" -m "$f" -ngl 99 -fa 1 -p 512,4096 -n 128 2>&1
 			echo "llama-bench rc=$?") >"$out/llama-bench-$name.log"
 		(timeout 180 "$bin/llama-batched-bench" -m "$f" -ngl 99 -fa 1 -c 40000 \
-			-npp 128 -ntg 128 -npl 1,8,32,64 2>&1
+			-npp 128 -ntg 128 -npl "${NPL:-1,8,32,64}" 2>&1
 			echo "batched-bench rc=$?") >"$out/batched-bench-$name.log"
 		grep -E '^\|' "$out/llama-bench-$name.log" "$out/batched-bench-$name.log"
 		tail -q -n 1 "$out/llama-bench-$name.log" "$out/batched-bench-$name.log"

@@ -355,6 +355,50 @@ __device__ __forceinline__ float quant_part_dot8(const typename Q::Raw& raw, con
     return __fmul_rn(__uint_as_float(x.ea.x), __fadd_rn(r0, r1));
 }
 
+// quant_rows_dot8_q sets oa = row ra of a · x and, when TWO, ob = row rb
+// of b (of a's dtype and width) · x, x a row quantized to int8 (xq, xe:
+// quant_x8_rows'), the same in every lane: lane L takes parts L, L + 32,
+// …, each part's sum added in part order (quant_part_dot8), then the
+// warp's; one pass over both rows, two parts in flight a lane.
+template <class Q, bool TWO>
+__device__ __forceinline__ void quant_rows_dot8_q(const MatDesc& a, int ra, const MatDesc& b, int rb, const int8_t* __restrict__ xq,
+                                                  const uint2* __restrict__ xe, float& oa, float& ob) {
+    const int lane = threadIdx.x & 31, cols = a.cols, parts = cols / 32;
+    const uint8_t *da = reinterpret_cast<const uint8_t*>(a.scale), *db = reinterpret_cast<const uint8_t*>(b.scale);
+    float sa = 0.f, sb = 0.f;
+#pragma unroll 2
+    for (int p = lane; p < parts; p += 32) {
+        int o0, o1;
+        Q::offs(p, o0, o1);
+        const typename Q::Raw wa = Q::load(a.data, da, ra + a.row0, cols, p);
+        typename Q::Raw wb;
+        if (TWO) wb = Q::load(b.data, db, rb + b.row0, cols, p);
+        const QX8 xv = quant_x8(xq, xe, o0, o1);
+        sa = __fadd_rn(sa, quant_part_dot8<Q>(wa, xv));
+        if (TWO) sb = __fadd_rn(sb, quant_part_dot8<Q>(wb, xv));
+    }
+    oa = warp_sum(sa);
+    if (TWO) ob = warp_sum(sb);
+}
+
+// quant_rows_dot8 is quant_rows_dot8_q by a's dtype: oa = row ra of the
+// view a · x (int8, xq and xe) and, when b is set (a view of a's dtype and
+// width), ob = row rb of b · x.
+__device__ __forceinline__ void quant_rows_dot8(const MatDesc& a, int ra, const MatDesc* b, int rb, const int8_t* xq, const uint2* xe,
+                                                float& oa, float& ob) {
+#define FERRITE_QROWS8(Q)                                                \
+    if (b) quant_rows_dot8_q<Q, true>(a, ra, *b, rb, xq, xe, oa, ob);    \
+    else quant_rows_dot8_q<Q, false>(a, ra, a, ra, xq, xe, oa, ob);
+    switch (a.dtype) {
+    case kQ8_0: FERRITE_QROWS8(Q8_0Q) break;
+    case kQ4_0: FERRITE_QROWS8(Q4_0Q) break;
+    case kQ4K: FERRITE_QROWS8(QKQ<false>) break;
+    case kQ5K: FERRITE_QROWS8(QKQ<true>) break;
+    default: FERRITE_QROWS8(Q6KQ) break;
+    }
+#undef FERRITE_QROWS8
+}
+
 // quant_run16_q sets v to columns c0…c0+15 (c0 a multiple of 16: one run)
 // of row r of a Q matrix, decoded exactly.
 template <class Q>

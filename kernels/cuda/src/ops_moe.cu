@@ -382,6 +382,44 @@ __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const in
     if (nx > 0) flush();
 }
 
+// moe_few_gate_up8 is moe_few_gate_up<1, true> on x quantized to int8
+// (xq, xe: quant_x8_rows' rows, one a token, hidden columns) for experts
+// whose gates and ups are all block-quantized with one scale group
+// (kernels/cuda expertKinds.x8): a warp's gate and up rows in one pass when
+// they share a dtype.
+__device__ void moe_few_gate_up8(float* h, const int8_t* xq, const uint2* xe, int hidden, const int* ids, const MatDesc* table,
+                                 int experts, int k, int slots, int inter, float limit) {
+    const int s = blockIdx.y, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= inter) return;
+    const int e = ids[s];
+    if (e < 0 || e >= experts) {
+        if (lane == 0) h[size_t(s) * inter + r] = __int_as_float(0x7fc00000);
+        return;
+    }
+    for (int t0 = 0; t0 < s; t0 += 32)
+        if (__any_sync(0xffffffffu, t0 + lane < s && ids[t0 + lane] == e)) return;
+    const MatDesc g = table[3 * e], u = table[3 * e + 1];
+    const bool joint = g.dtype == u.dtype;
+    for (int t0 = s; t0 < slots; t0 += 32) {
+        unsigned m = __ballot_sync(0xffffffffu, t0 + lane < slots && ids[t0 + lane] == e);
+        while (m) {
+            const int t = t0 + __ffs(int(m)) - 1;
+            m &= m - 1;
+            const int8_t* xr = xq + size_t(t / k) * hidden;
+            const uint2* er = xe + size_t(t / k) * (hidden / 16);
+            float gv, uv, unused;
+            if (joint) {
+                quant_rows_dot8(g, r, &u, r, xr, er, gv, uv);
+            } else {
+                quant_rows_dot8(g, r, nullptr, 0, xr, er, gv, unused);
+                quant_rows_dot8(u, r, nullptr, 0, xr, er, uv, unused);
+            }
+            if (lane == 0) h[size_t(t) * inter + r] = swiglu_clamp1(gv, uv, limit);
+        }
+    }
+}
+
 // moe_few_down: block x computes rows [x·DR, x·DR + DR) (kMoeDownRows, or
 // 1 in the _q1 form: a warp takes one task rather than four) of
 // y[i] (hidden) = Σ_j w[i, j]·down_{ids[i, j]}·h[i·k + j] for the n
@@ -390,9 +428,12 @@ __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const in
 // each (row, token) adds its k products in increasing expert id (float32
 // products and sums, kernels/ref.Experts). An id outside [0, experts)
 // makes its token's row NaN.
-template <int NB, bool Q, int DR>
+// X8: h quantized to int8 (hq, he: quant_x8_rows' rows, one a slot), every
+// down block-quantized (NB 1).
+template <int NB, bool Q, int DR, bool X8 = false>
 __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* ids, const float* w,
-                             const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
+                             const MatDesc* table, int experts, int n, int k, int inter, int hidden,
+                             const int8_t* hq = nullptr, const uint2* he = nullptr) {
     __shared__ float part[DR][kMoeMaxSlots];            // (row, slot) expert products
     __shared__ int next[kMoeMaxSlots];                  // the next slot of the same expert, or −1
     __shared__ int first[kMoeMaxSlots];                 // the first slot of each expert (and each bad id)
@@ -449,6 +490,14 @@ __device__ void moe_few_down(float* y, int y_stride, const float* h, const int* 
             continue;
         }
         const MatDesc d = table[3 * e + 2];
+        if constexpr (X8) {
+            for (int s = s0; s >= 0; s = next[s]) {
+                float o, unused;
+                quant_rows_dot8(d, r, nullptr, 0, hq + size_t(s) * inter, he + size_t(s) * (inter / 16), o, unused);
+                if (lane == 0) part[rr][s] = o;
+            }
+            continue;
+        }
         for (int s = s0; s >= 0;) {
             int sl[NB];
             const float* xs[NB];
@@ -515,6 +564,23 @@ FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1, 1, false, kMoeDownRows)
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_8, 8, false, kMoeDownRows)
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_q, 1, true, kMoeDownRows)
 FERRITE_MOE_FEW_DOWN(ferrite_moe_few_down_1_q1, 1, true, 1)
+
+// The _q8 forms: x (gate/up) and h (down) quantized to int8 by ferrite_qx8
+// first (kernels/cuda expertKinds.x8). Launch as the _q kernels, with xq
+// and xe in place of x and x_stride (gate/up: hidden columns a row) and
+// hq, he after the down kernel's arguments.
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_few_gate_up_1_q8(float* h, const int8_t* xq, const uint2* xe, int hidden, const int* ids, const MatDesc* table,
+                                 int experts, int k, int slots, int inter, float limit) {
+    FERRITE_PDL_WAIT();
+    moe_few_gate_up8(h, xq, xe, hidden, ids, table, experts, k, slots, inter, limit);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    ferrite_moe_few_down_1_q8(float* y, int y_stride, const int8_t* hq, const uint2* he, const int* ids, const float* w,
+                              const MatDesc* table, int experts, int n, int k, int inter, int hidden) {
+    FERRITE_PDL_WAIT();
+    moe_few_down<1, true, kMoeDownRows, true>(y, y_stride, nullptr, ids, w, table, experts, n, k, inter, hidden, hq, he);
+}
 
 // ---------------------------------------------------------------------------
 // Grouped experts as register tiles (4 to 32 tokens). Every block sorts

@@ -79,18 +79,19 @@ __device__ void quant_gemv(float* __restrict__ y, const float* __restrict__ x, c
     }
 }
 
-// quant_x8_rows quantizes rows of x (n, cols) to int8 as the CPU backend
+// quant_x8_rows quantizes rows of x (n, cols; row i at x + i·x_stride) to int8 as the CPU backend
 // does (kernels/cpu/quant.go, quantizeXGo; the same bits): one scale
 // d = amax/127 per group of 32 or 256 columns (a K quant's super-block),
 // q = round(x·(127/amax)) half away from zero, into xq (n, cols) and, per
 // 16 columns, (d as float bits, Σq) into xe (n, cols/16). A block of 256
 // threads takes 256 columns of a row (blockIdx.y), a thread one value.
-__device__ void quant_x8_rows(int8_t* __restrict__ xq, uint2* __restrict__ xe, const float* __restrict__ x, int cols, int group) {
+__device__ void quant_x8_rows(int8_t* __restrict__ xq, uint2* __restrict__ xe, const float* __restrict__ x, int x_stride, int cols,
+                              int group) {
     __shared__ float wmax[8];
     const int c = blockIdx.x * 256 + threadIdx.x, lane = threadIdx.x & 31;
     if (blockIdx.x * 256 + (threadIdx.x & ~31) >= cols) return;  // a whole warp past the row (cols is a multiple of 32)
     const size_t at = size_t(blockIdx.y) * cols + c;
-    const float v = x[at];
+    const float v = x[size_t(blockIdx.y) * x_stride + c];
     float amax = __uint_as_float(__float_as_uint(v) & 0x7fffffffu);  // |v|, as kernels/cpu clears the sign bit
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -236,9 +237,10 @@ __device__ void quant_bf16(uint16_t* __restrict__ hi, uint16_t* __restrict__ lo,
         quant_gemv8<Q, R, NB>(y, xq, xe, w, ds, n, rows, cols, ldy, bias, acc_y);                                         \
     }
 
-extern "C" __global__ void __launch_bounds__(256) ferrite_qx8(int8_t* xq, uint2* xe, const float* x, int cols, int group) {
+extern "C" __global__ void __launch_bounds__(256) ferrite_qx8(int8_t* xq, uint2* xe, const float* x, int x_stride, int cols,
+                                                               int group) {
     FERRITE_PDL_WAIT();
-    quant_x8_rows(xq, xe, x, cols, group);
+    quant_x8_rows(xq, xe, x, x_stride, cols, group);
 }
 
 FERRITE_QGEMV(ferrite_qgemv_q8_0_r2, Q8_0Q, 2, 1)

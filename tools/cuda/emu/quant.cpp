@@ -202,7 +202,7 @@ static void run_case8(QT t, int rows, int cols) {
         if (n == 3) std::fill(x.begin() + cols, x.begin() + 2 * cols, 0.f);
         std::vector<int8_t> xq(x.size(), 99);
         std::vector<uint2> xe(x.size() / 16);
-        launch(dim3u{unsigned(ceil_div(cols, 256)), unsigned(n), 1}, 256, [&] { ferrite_qx8(xq.data(), xe.data(), x.data(), cols, group); });
+        launch(dim3u{unsigned(ceil_div(cols, 256)), unsigned(n), 1}, 256, [&] { ferrite_qx8(xq.data(), xe.data(), x.data(), cols, cols, group); });
         std::vector<int8_t> hq(x.size());
         std::vector<float> hd(x.size() / 16);
         std::vector<int> hs(x.size() / 16);
@@ -280,6 +280,44 @@ static void run_expert(QT t, int rows, int cols, int row0) {
                 CHECK(std::fabs(one[size_t(r) * 4 + j] - s) / mag < 2e-5, "%s expert %dx%d: row %d x%d = %g, want %g", qname[t], rows,
                       cols, r, j, one[size_t(r) * 4 + j], s);
             }
+        // quant_rows_dot8 (the _q8 experts): x quantized on the host, one
+        // row against a double-precision product of x's rounding, two rows
+        // in one pass with the bits of each alone.
+        if (al) {
+            const int group = belems(t);
+            std::vector<int8_t> q(cols);
+            std::vector<float> d16(cols / 16);
+            std::vector<int> s16(cols / 16);
+            quant_x8_host(xb, cols, group, q.data(), d16.data(), s16.data());
+            std::vector<uint2> e16(cols / 16);
+            for (int i = 0; i < cols / 16; i++) e16[i] = uint2{__float_as_uint(d16[i]), uint32_t(s16[i])};
+            std::vector<float> one8(vr);
+            for (int r = 0; r < vr; r++) {
+                launch(dim3u{1, 1, 1}, 32, [&] {
+                    float o, unused;
+                    quant_rows_dot8(m, r, nullptr, 0, q.data(), e16.data(), o, unused);
+                    if (threadIdx.x == 0) one8[r] = o;
+                });
+                double s = 0, mag = 0;
+                for (int c = 0; c < cols; c++) {
+                    const double xv = double(d16[c / 16]) * q[c];
+                    s += double(w[size_t(r + row0) * cols + c]) * xv;
+                    mag += std::fabs(double(w[size_t(r + row0) * cols + c]) * xv);
+                }
+                CHECK(std::fabs(one8[r] - s) <= 2e-5 * mag, "%s expert %dx%d: int8 row %d = %g, want %g", qname[t], rows, cols, r, one8[r], s);
+            }
+            for (int r = 0; r < vr; r++) {
+                const int r2 = (r + 1 + r % 3) % vr;
+                float pa = 0, pb = 0;
+                launch(dim3u{1, 1, 1}, 32, [&] {
+                    float oa, ob;
+                    quant_rows_dot8(m, r, &m, r2, q.data(), e16.data(), oa, ob);
+                    if (threadIdx.x == 0) pa = oa, pb = ob;
+                });
+                CHECK(std::memcmp(&pa, &one8[r], 4) == 0 && std::memcmp(&pb, &one8[r2], 4) == 0,
+                      "%s expert %dx%d: int8 rows %d, %d: %g, %g in a pair, %g, %g alone", qname[t], rows, cols, r, r2, pa, pb, one8[r], one8[r2]);
+            }
+        }
         // Two rows (r and another) against three of four x in one pass: the bits of each alone.
         const float* xs4[4] = {xb, xb + cols, xb + 2 * size_t(cols), xb + 3 * size_t(cols)};
         for (int r = 0; r < vr; r++) {
