@@ -116,7 +116,7 @@ if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$root" /work/main; fi
 
 if want tests; then
 	export FERRITE_TEST_DEVICE=cuda
-	(cd k && run cuda.test 110 cuda-tests.log ../cuda.test -test.v -test.count 1 -test.run "${CUDA_TEST_RUN:-.}")
+	(cd k && run cuda.test 160 cuda-tests.log ../cuda.test -test.v -test.count 1 -test.run "${CUDA_TEST_RUN:-.}")
 	run device.test 20 cuda-tests.log ./device.test -test.v
 	(cd "$root/engine" && run engine.test 90 fixtures.log "$dev/engine.test" -test.v -test.count 1 \
 		-test.run 'TestFixtures|TestAutoDevice|TestBuiltinOnDevice|TestQuantizedOnDevice|TestPrefillOnDevice|TestMTPOnDevice')
