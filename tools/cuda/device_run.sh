@@ -65,7 +65,9 @@
 #              into prof.log (~110-190 s)
 # Each stage runs under its own timeout and is skipped once DEADLINE seconds
 # (default 540) have passed, so a hang still returns the fatbin and the logs.
-# Writes to $OUT: ferrite.fatbin, fatbin.sha256, *.log, *.json.
+# Writes to $OUT: ferrite.fatbin, fatbin.sha256, and logs.tgz (every
+# *.log and *.json, packed at the end; do not tar $OUT again after it:
+# that overwrote a run's results in session 22).
 set -uo pipefail
 root="$PWD"
 dev="$root/.device-out"

@@ -10,7 +10,7 @@
 # CUDA source). The ferrite binary is built from a copy of the checkout whose
 # built-in model weights are emptied (megabytes the bench never reads).
 #
-#	tools/cuda/prepare_device_run.sh [DEST]
+#	[BINS="cuda engine"] [KEEP_FATBIN=1] tools/cuda/prepare_device_run.sh [DEST]
 set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 dest="$(realpath -m "${1:-$src/.device-out}")"
@@ -18,13 +18,14 @@ rm -rf "$dest"
 mkdir -p "$dest/k" "$dest/tools/cuda" "$dest/qwen3-8b" "$dest/qwen3-30b-a3b"
 cd "$src"
 export CGO_ENABLED=0
-go test -c -ldflags=-s -o "$dest/mla.test" ./engine/models/mla
-go test -c -ldflags=-s -o "$dest/cuda.test" ./kernels/cuda
-go test -c -ldflags=-s -o "$dest/device.test" ./kernels/device
-go test -c -ldflags=-s -o "$dest/engine.test" ./engine
-# The hybrids' own suites (linear attention, mHC, k-pool on the GPU).
-go test -c -ldflags=-s -o "$dest/qwen3next.test" ./engine/models/qwen3next
-go test -c -ldflags=-s -o "$dest/glm5next.test" ./engine/models/glm5next
+# BINS names the test binaries to build (default: all of them); the
+# travelling tree holds 64 MiB, and each binary is 7–9 MB compressed.
+bins=" ${BINS:-mla cuda device engine qwen3next glm5next} "
+declare -A pkg=([mla]=./engine/models/mla [cuda]=./kernels/cuda [device]=./kernels/device [engine]=./engine
+	[qwen3next]=./engine/models/qwen3next [glm5next]=./engine/models/glm5next) # the last two: the hybrids' own suites
+for b in mla cuda device engine qwen3next glm5next; do
+	[[ "$bins" == *" $b "* ]] && go test -c -ldflags=-s -o "$dest/$b.test" "${pkg[$b]}"
+done
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp"
