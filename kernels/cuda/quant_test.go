@@ -426,6 +426,40 @@ func TestQuantExperts(t *testing.T) {
 		[]int{2, 8, 12})
 }
 
+// TestExpertKindsX8 checks which expert sets take the int8-activation
+// kernels (expertKinds.x8, folded matrix by matrix in expertTable): every
+// gate/up, and every down, block-quantized with one scale group each.
+func TestExpertKindsX8(t *testing.T) {
+	fold := func(gu, down []kernels.DType) expertKinds {
+		var k expertKinds
+		for _, dt := range gu {
+			k.guGroup = k.group(k.guGroup, dt)
+		}
+		for _, dt := range down {
+			k.dGroup = k.group(k.dGroup, dt)
+		}
+		return k
+	}
+	for _, c := range []struct {
+		gu, down []kernels.DType
+		x8       bool
+	}{
+		{[]kernels.DType{kernels.Q4K, kernels.Q4K}, []kernels.DType{kernels.Q6K, kernels.Q4K}, true}, // Q4_K_M: one group of 256
+		{[]kernels.DType{kernels.Q8_0, kernels.Q4_0}, []kernels.DType{kernels.Q8_0}, true},           // groups of 32
+		{[]kernels.DType{kernels.Q4K, kernels.Q8_0}, []kernels.DType{kernels.Q6K}, false},            // 256 beside 32
+		{[]kernels.DType{kernels.Q4K, kernels.BF16}, []kernels.DType{kernels.Q6K}, false},            // a bf16 up
+		{[]kernels.DType{kernels.Q4K}, []kernels.DType{kernels.Q6K, kernels.F32}, false},             // a float32 down
+		{[]kernels.DType{kernels.BF16}, []kernels.DType{kernels.BF16}, false},
+	} {
+		if got := fold(c.gu, c.down).x8(); got != c.x8 {
+			t.Errorf("gate/up %v, down %v: x8 %v, want %v", c.gu, c.down, got, c.x8)
+		}
+	}
+	if quantX8Bytes(3, 512) != 3*512+3*32*8 || quantX8Bytes(1, 40) != 48+2*8 {
+		t.Errorf("quantX8Bytes: %d, %d", quantX8Bytes(3, 512), quantX8Bytes(1, 40))
+	}
+}
+
 // quantX8ExpertsTol bounds the int8-activation experts (_q8) against
 // ref.ExpertsRounded on the same rounding of x and of each SwiGLU output,
 // of max |y|: the device's SwiGLU outputs differ from the reference's in
