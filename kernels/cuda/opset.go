@@ -1138,11 +1138,16 @@ type expertKinds struct {
 	guGroup, dGroup int
 }
 
+// moeDownRows is the hidden rows a block of the slot-a-pass down kernels
+// takes but in their _q1 form (src/ops_moe.cu's kMoeDownRows).
+const moeDownRows = 4
+
 // x8 reports whether the experts take int8 activations (the _q8 kernels).
 func (k expertKinds) x8() bool { return k.guGroup > 0 && k.dGroup > 0 }
 
-// group folds matrix dtype dt into a role's group g (0: none seen yet).
-func (k expertKinds) group(g int, dt kernels.DType) int {
+// foldXGroup folds matrix dtype dt into a role's scale group g (0: none
+// seen yet; −1: not one group of block-quantized matrices).
+func foldXGroup(g int, dt kernels.DType) int {
 	switch {
 	case g < 0 || !dt.Quantized():
 		return -1
@@ -1166,7 +1171,7 @@ const moeDecodeMost = 4 << 30
 // It reports false, queuing nothing, where there is no room for them.
 func (b *Backend) expertsFewX8(y uint64, yStride int, xp uint64, xStride int, ip, wp, h uint64, table *Buffer, kinds expertKinds,
 	ne, n, k, hidden, inter int, limit float32) bool {
-	q := b.quantX8(&Weight{Cols: max(hidden, inter)}, n*k)
+	q := b.quantX8(n*k, max(hidden, inter)) // x (n, hidden), then h (n·k, inter)
 	if q == 0 { // no room: the float32 forms
 		return false
 	}
@@ -1186,7 +1191,7 @@ func (b *Backend) expertsFewX8(y uint64, yStride int, xp uint64, xStride int, ip
 		if err != nil {
 			return err
 		}
-		return d.launchL("ferrite_moe_few_down_1_q8", uint32(ceilDiv(hidden, 4)), 256, 0, y, i32(yStride), q, he, ip, wp,
+		return d.launchL("ferrite_moe_few_down_1_q8", uint32(ceilDiv(hidden, moeDownRows)), 256, 0, y, i32(yStride), q, he, ip, wp,
 			table.ptr, i32(ne), i32(n), i32(k), i32(inter), i32(hidden))
 	})
 	return true
@@ -1224,9 +1229,9 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 			kinds.qbf16 = false
 		}
 		if i%3 == 2 {
-			kinds.dGroup = kinds.group(kinds.dGroup, w.DType)
+			kinds.dGroup = foldXGroup(kinds.dGroup, w.DType)
 		} else {
-			kinds.guGroup = kinds.group(kinds.guGroup, w.DType)
+			kinds.guGroup = foldXGroup(kinds.guGroup, w.DType)
 		}
 		d := raw[i*expertDescBytes:]
 		binary.LittleEndian.PutUint64(d[0:], w.Buf.ptr)
@@ -1391,7 +1396,7 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 			b.expertsFewX8(y, dst.Stride, xp, x.Stride, ip, wp, h, table, kinds, len(experts), n, k, hidden, inter, limit) {
 			return
 		}
-		gateUp, down, downRows := q("ferrite_moe_few_gate_up_1"), q("ferrite_moe_few_down_1"), 4 // src/ops_moe.cu kMoeDownRows
+		gateUp, down, downRows := q("ferrite_moe_few_gate_up_1"), q("ferrite_moe_few_down_1"), moeDownRows
 		if quant && b.moe.q1 {
 			down, downRows = down+"1", 1
 		}

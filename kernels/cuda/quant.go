@@ -313,14 +313,14 @@ func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool, xq ui
 	return nil
 }
 
-// quantX8 returns the buffer for quantGemvL's int8 rows of x of n rows of
-// w.Cols, or 0 where the GEMV multiplies float32 x (FERRITE_CUDA_QX8=0, or
-// no room).
-func (b *Backend) quantX8(w *Weight, n int) uint64 {
+// quantX8 returns the buffer for n int8 rows of x of cols values
+// (quantGemvL's, the experts' _q8 kernels'), or 0 where they multiply
+// float32 x (FERRITE_CUDA_QX8=0, or no room).
+func (b *Backend) quantX8(n, cols int) uint64 {
 	if b.noQX8 {
 		return 0
 	}
-	xq, err := b.qxBuf(quantX8Bytes(n, w.Cols))
+	xq, err := b.qxBuf(quantX8Bytes(n, cols))
 	if err != nil {
 		return 0
 	}
@@ -360,7 +360,7 @@ func (d *Device) quantBF16L(hi, lo uint64, w *Weight) error {
 // too.
 func (b *Backend) linearQuant(y, x, bias uint64, w *Weight, n int, acc bool) {
 	if b.rowExact || n <= quantGemvRows {
-		xq := b.quantX8(w, n)
+		xq := b.quantX8(n, w.Cols)
 		b.queue(func(d *Device) error { return d.quantGemvL(y, x, bias, w, n, acc, xq) })
 		return
 	}
@@ -374,7 +374,7 @@ func (b *Backend) linearQuant(y, x, bias uint64, w *Weight, n int, acc bool) {
 	}
 	hi, err := b.decodeBuf(terms * half)
 	if err != nil { // no room for the decoding: the GEMV takes any rows, slower
-		xq := b.quantX8(w, n)
+		xq := b.quantX8(n, w.Cols)
 		b.queue(func(d *Device) error { return d.quantGemvL(y, x, bias, w, n, acc, xq) })
 		return
 	}

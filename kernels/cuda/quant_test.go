@@ -433,10 +433,10 @@ func TestExpertKindsX8(t *testing.T) {
 	fold := func(gu, down []kernels.DType) expertKinds {
 		var k expertKinds
 		for _, dt := range gu {
-			k.guGroup = k.group(k.guGroup, dt)
+			k.guGroup = foldXGroup(k.guGroup, dt)
 		}
 		for _, dt := range down {
-			k.dGroup = k.group(k.dGroup, dt)
+			k.dGroup = foldXGroup(k.dGroup, dt)
 		}
 		return k
 	}
