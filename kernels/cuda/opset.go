@@ -1171,8 +1171,9 @@ const moeDecodeMost = 4 << 30
 // It reports false, queuing nothing, where there is no room for them.
 func (b *Backend) expertsFewX8(y uint64, yStride int, xp uint64, xStride int, ip, wp, h uint64, table *Buffer, kinds expertKinds,
 	ne, n, k, hidden, inter int, limit float32) bool {
-	q := b.quantX8(n*k, max(hidden, inter)) // x (n, hidden), then h (n·k, inter)
-	if q == 0 {                             // no room: the float32 forms
+	// x (n, hidden), then h (n·k, inter); no room: the float32 forms
+	q := b.quantX8(n*k, max(hidden, inter))
+	if q == 0 {
 		return false
 	}
 	xe := q + uint64(alignUp(int64(n)*int64(hidden), 16))
