@@ -313,18 +313,22 @@ func swigluTest(t *testing.T, d kernels.Device) {
 
 func embedTest(t *testing.T, d kernels.Device) {
 	rng := rand.New(rand.NewPCG(7, 8))
-	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-		w := NewMat(rng, dt, 11, 24, 0, 0)
+	for _, c := range []struct {
+		dt   kernels.DType
+		cols int
+	}{{kernels.F32, 24}, {kernels.BF16, 24}, {kernels.Q8_0, 64}, {kernels.Q4_0, 96}, {kernels.Q4K, 256}, {kernels.Q5K, 512},
+		{kernels.Q6K, 256}} { // a GGUF's table keeps its blocks; each row decodes exactly
+		w := NewMat(rng, c.dt, 11, c.cols, 0, 0)
 		id := []int32{3, 0, 10, 3, 7}
-		y := newBuf(t, d, len(id), 24, nil)
+		y := newBuf(t, d, len(id), c.cols, nil)
 		it := ints(t, d, len(id), 1, id)
 		step(d, func() { d.Embed(y.t, w, it) })
 		got := y.read(t, "y")
-		want := make([]float32, len(id)*24)
+		want := make([]float32, len(id)*c.cols)
 		for i, r := range id {
-			w.RowF32(want[i*24:(i+1)*24], int(r))
+			w.RowF32(want[i*c.cols:(i+1)*c.cols], int(r))
 		}
-		compare(t, dt.String(), got, want, 0, rowScale(want))
+		compare(t, c.dt.String(), got, want, 0, rowScale(want))
 	}
 }
 
