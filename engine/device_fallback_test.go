@@ -110,3 +110,48 @@ func TestAutoDeviceKeepsHybrids(t *testing.T) {
 		})
 	}
 }
+
+// memGPU is a device with the op set that reports free device memory.
+type memGPU struct {
+	kernels.Device
+	free int64
+}
+
+func (memGPU) Name() string { return "fake-gpu" }
+
+func (g memGPU) MemoryUse() kernels.MemoryUse {
+	return kernels.MemoryUse{OnDevice: true, Total: 2*g.free + 1, Free: g.free}
+}
+
+// TestDeviceMemoryFit: a model whose weights, with deviceReserve to
+// spare, exceed the device's free memory loads on the CPU under --device
+// auto, saying why with the numbers, and fails to load on an explicit
+// device with them; with room it stays on the device.
+func TestDeviceMemoryFit(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	fakeGPU(t, memGPU{c, deviceReserve}) // the reserve and nothing for the weights
+	l, err := Load(fixtures.Dir("qwen3"), Options{Threads: 1, Device: "auto"})
+	if err != nil {
+		t.Fatalf("auto: %v", err)
+	}
+	defer l.Close()
+	if !strings.HasPrefix(l.Device, "cpu") || !strings.Contains(l.DeviceNote, "fake-gpu:0 has 0.5 GiB free") ||
+		!strings.Contains(l.DeviceNote, "the weights take") {
+		t.Errorf("auto: device %q, note %q; want the CPU and why", l.Device, l.DeviceNote)
+	}
+	if _, err := Load(fixtures.Dir("qwen3"), Options{Threads: 1, Device: "cuda"}); err == nil ||
+		!strings.Contains(err.Error(), "GiB free: run it on the CPU (--device cpu)") {
+		t.Errorf("explicit device without room: %v, want the numbers and the way out", err)
+	}
+
+	fakeGPU(t, memGPU{c, 64 << 30})
+	g, err := Load(fixtures.Dir("qwen3"), Options{Threads: 1, Device: "auto"})
+	if err != nil {
+		t.Fatalf("auto with room: %v", err)
+	}
+	defer g.Close()
+	if g.Device != "fake-gpu:0" || g.DeviceNote != "" {
+		t.Errorf("auto with room: device %q, note %q; want the fake GPU", g.Device, g.DeviceNote)
+	}
+}

@@ -123,18 +123,29 @@ func Load(dir string, opts Options) (*Loaded, error) {
 func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Options) (model.Model, error) {
 	m, err := model.New(cfg, l.source(src, opts), l.Backend)
 	var missing *model.OpsError
-	if err != nil && l.autoDevice && errors.As(err, &missing) {
-		// --device auto took a backend without the ops this architecture
-		// needs (the op set, or its MLA capability): run on the CPU
-		// instead, and say why.
-		gpu := l.Device
+	var why string // why --device auto leaves the device it opened for the CPU
+	switch {
+	case err != nil && l.autoDevice && errors.As(err, &missing):
+		// a backend without the ops this architecture needs (the op set,
+		// or its MLA capability)
+		why = fmt.Sprintf("%s does not run %s yet (it lacks %s)", l.Device, cfg.ModelType, missing.Missing)
+	case err == nil:
+		// a device without the memory for the weights: fail here, with
+		// the numbers, rather than at the first step's upload
+		if short := deviceShort(l.Backend, l.Device, l.tally.total()); short != "" {
+			if !l.autoDevice {
+				return nil, fmt.Errorf("%s: run it on the CPU (--device cpu) or pick a smaller or quantized model", short)
+			}
+			why = short
+		}
+	}
+	if why != "" { // run on the CPU instead, and say why
 		l.ownBackend.Close()
 		b, cerr := openDevice(device.Spec{Kind: device.CPU}, opts.Threads)
 		if cerr != nil {
 			return nil, cerr
 		}
-		l.ownBackend, l.Backend, l.Device = b, b.Backend, b.Desc
-		l.DeviceNote = fmt.Sprintf("%s does not run %s yet (it lacks %s)", gpu, cfg.ModelType, missing.Missing)
+		l.ownBackend, l.Backend, l.Device, l.DeviceNote = b, b.Backend, b.Desc, why
 		m, err = model.New(cfg, l.source(src, opts), l.Backend)
 	}
 	if err != nil {
@@ -149,6 +160,28 @@ func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Optio
 	l.Model = m
 	l.startPrepare()
 	return m, nil
+}
+
+// deviceReserve is the device memory Load keeps free beyond the weights
+// when it checks that a model fits (deviceShort): the KV cache, the step
+// arena and the driver's own take it.
+const deviceReserve = 512 << 20
+
+// deviceShort says why a device backend (be, named desc) has no room for
+// weights of need bytes as the model loaded them (the host's bytes: a
+// lower bound of the device's, whose copies keep the same blocks or widen
+// them), or returns "" where they fit with deviceReserve to spare or the
+// backend does not report a device's free memory.
+func deviceShort(be kernels.Backend, desc string, need int64) string {
+	r, ok := be.(kernels.MemoryReporter)
+	if !ok {
+		return ""
+	}
+	u := r.MemoryUse()
+	if !u.OnDevice || u.Free <= 0 || need+deviceReserve <= u.Free {
+		return ""
+	}
+	return fmt.Sprintf("the weights take %.1f GiB and %s has %.1f GiB free", float64(need)/(1<<30), desc, float64(u.Free)/(1<<30))
 }
 
 // SetActivationPrecision tells be (if it has the choice, as the CPU backend
