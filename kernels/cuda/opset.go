@@ -1164,7 +1164,7 @@ func foldXGroup(g int, dt kernels.DType) int {
 const moeDecodeMost = 4 << 30
 
 // expertsFewX8 is Experts' slot-a-pass kernels for up to moeFewTokens
-// tokens on int8 activations, as the linear ops' quantized GEMV: x
+// tokens (any count in the row-exact mode) on int8 activations, as the linear ops' quantized GEMV: x
 // quantized (ferrite_qx8), the gate/up kernel on it into h (n·k, inter),
 // h quantized in turn into the same buffer (the gate/up kernel has read
 // x's by then: a stream's launches run in order), the down kernel on it.
@@ -1358,6 +1358,13 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
 	if b.usePipe(n, k) && pipeFits(experts, hidden, inter, x.Stride) {
 		b.expertsPipe(dst, x, ip, wp, h, table, len(experts), n, k, hidden, inter, limit)
+		return
+	}
+	// The row-exact mode (a speculative verification) gives each token the
+	// bits it gets alone: experts on int8 x keep to their slot-a-pass
+	// kernels past moeFewTokens too (the register tiles read float32 x).
+	if b.rowExact && n > moeFewTokens && quant && kinds.x8() && !b.noQX8 && !b.moe.q1 &&
+		b.expertsFewX8(y, dst.Stride, xp, x.Stride, ip, wp, h, table, kinds, len(experts), n, k, hidden, inter, limit) {
 		return
 	}
 	// Block-quantized experts decode every row they read; up to

@@ -507,6 +507,11 @@ func TestQuantExpertsX8(t *testing.T) {
 			t.Errorf("%v+%v: expert kinds %+v, want %+v", c.gu, c.down, kinds, want)
 		}
 		checkExpertsRowExact(t, b, rng, fmt.Sprintf("%v+%v x8 ", c.gu, c.down), ex, moeFewTokens, k, []moeConfig{{}}, []int{2, moeFewTokens})
+		// A verification of more tokens (the row-exact mode) keeps to them.
+		b.SetRowExact(true)
+		checkExpertsRowExact(t, b, rng, fmt.Sprintf("%v+%v x8 row-exact ", c.gu, c.down), ex, 12, k, []moeConfig{{}},
+			[]int{moeFewTokens + 1, 12})
+		b.SetRowExact(false)
 		b.noQX8 = true
 		checkExpertsTol(t, b, fmt.Sprintf("%v+%v/float32 x/n=3", c.gu, c.down), ex, 3, k, rng, quantExpertsTol)
 	}
