@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -126,7 +127,8 @@ func (g memGPU) MemoryUse() kernels.MemoryUse {
 // TestDeviceMemoryFit: a model whose weights, with deviceReserve to
 // spare, exceed the device's free memory loads on the CPU under --device
 // auto, saying why with the numbers, and fails to load on an explicit
-// device with them; with room it stays on the device.
+// device, or under auto with KeepDevice, with a DeviceMemoryError; with
+// room it stays on the device.
 func TestDeviceMemoryFit(t *testing.T) {
 	c := cpu.New(1)
 	defer c.Close()
@@ -140,9 +142,16 @@ func TestDeviceMemoryFit(t *testing.T) {
 		!strings.Contains(l.DeviceNote, "the weights take") {
 		t.Errorf("auto: device %q, note %q; want the CPU and why", l.Device, l.DeviceNote)
 	}
+	var dme *DeviceMemoryError
 	if _, err := Load(fixtures.Dir("qwen3"), Options{Threads: 1, Device: "cuda"}); err == nil ||
-		!strings.Contains(err.Error(), "GiB free: run it on the CPU (--device cpu)") {
+		!strings.Contains(err.Error(), "GiB free: run it on the CPU (--device cpu)") || !errors.As(err, &dme) {
 		t.Errorf("explicit device without room: %v, want the numbers and the way out", err)
+	}
+	// KeepDevice: auto fails too, with the numbers, for a caller that can
+	// make room.
+	_, err = Load(fixtures.Dir("qwen3"), Options{Threads: 1, Device: "auto", KeepDevice: true})
+	if !errors.As(err, &dme) || dme.Device != "fake-gpu:0" || dme.Free != deviceReserve || dme.Need <= 0 {
+		t.Errorf("auto, KeepDevice, without room: %v (%+v), want a DeviceMemoryError", err, dme)
 	}
 
 	fakeGPU(t, memGPU{c, 64 << 30})
@@ -154,4 +163,9 @@ func TestDeviceMemoryFit(t *testing.T) {
 	if g.Device != "fake-gpu:0" || g.DeviceNote != "" {
 		t.Errorf("auto with room: device %q, note %q; want the fake GPU", g.Device, g.DeviceNote)
 	}
+	k, err := Load(fixtures.Dir("qwen3"), Options{Threads: 1, Device: "auto", KeepDevice: true})
+	if err != nil {
+		t.Fatalf("auto, KeepDevice, with room: %v", err)
+	}
+	k.Close()
 }

@@ -39,6 +39,11 @@ type Options struct {
 	// Quant, when set ("q8_0" or "q4_k", see QuantTypes), quantizes the
 	// matrices in memory as the model is built (see quantize.go for which).
 	Quant string
+	// KeepDevice makes a model whose weights do not fit the device's free
+	// memory fail with a *DeviceMemoryError under Device "auto" too,
+	// instead of running on the CPU: for a caller that can make room (the
+	// chat's /model, which unloads the model it has and tries again).
+	KeepDevice bool
 }
 
 // Loaded is a model ready to run, with what it was built from. The caller
@@ -132,11 +137,14 @@ func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Optio
 	case err == nil:
 		// a device without the memory for the weights: fail here, with
 		// the numbers, rather than at the first step's upload
-		if short := deviceShort(l.Backend, l.Device, l.tally.total()); short != "" {
+		if short := deviceShort(l.Backend, l.Device, l.tally.total()); short != nil {
 			if !l.autoDevice {
-				return nil, fmt.Errorf("%s: run it on the CPU (--device cpu) or pick a smaller or quantized model", short)
+				return nil, fmt.Errorf("%w: run it on the CPU (--device cpu) or pick a smaller or quantized model", short)
 			}
-			why = short
+			if opts.KeepDevice {
+				return nil, short
+			}
+			why = short.Error()
 		}
 	}
 	if why != "" { // run on the CPU instead, and say why
@@ -167,21 +175,32 @@ func (l *Loaded) newModel(cfg *config.Config, src model.WeightSource, opts Optio
 // arena and the driver's own take it.
 const deviceReserve = 512 << 20
 
+// DeviceMemoryError is a model whose weights do not fit the free memory
+// of the device Load opened, with deviceReserve to spare.
+type DeviceMemoryError struct {
+	Device     string // the device, as Loaded.Device names it
+	Need, Free int64  // the weights' bytes as loaded; the device's free bytes
+}
+
+func (e *DeviceMemoryError) Error() string {
+	return fmt.Sprintf("the weights take %.1f GiB and %s has %.1f GiB free", float64(e.Need)/(1<<30), e.Device, float64(e.Free)/(1<<30))
+}
+
 // deviceShort says why a device backend (be, named desc) has no room for
 // weights of need bytes as the model loaded them (the host's bytes: a
 // lower bound of the device's, whose copies keep the same blocks or widen
-// them), or returns "" where they fit with deviceReserve to spare or the
+// them), or returns nil where they fit with deviceReserve to spare or the
 // backend does not report a device's free memory.
-func deviceShort(be kernels.Backend, desc string, need int64) string {
+func deviceShort(be kernels.Backend, desc string, need int64) *DeviceMemoryError {
 	r, ok := be.(kernels.MemoryReporter)
 	if !ok {
-		return ""
+		return nil
 	}
 	u := r.MemoryUse()
 	if !u.OnDevice || u.Free <= 0 || need+deviceReserve <= u.Free {
-		return ""
+		return nil
 	}
-	return fmt.Sprintf("the weights take %.1f GiB and %s has %.1f GiB free", float64(need)/(1<<30), desc, float64(u.Free)/(1<<30))
+	return &DeviceMemoryError{Device: desc, Need: need, Free: u.Free}
 }
 
 // SetActivationPrecision tells be (if it has the choice, as the CPU backend

@@ -27,7 +27,9 @@
 // remote endpoints. Options.Puller lets /pull download models in the
 // background (internal/hub). With
 // Options.Closer the chat owns its engines and closes each one once it is
-// done with it.
+// done with it; a model on a GPU (ModelInfo.DeviceMemory) it closes before
+// loading one that does not fit beside it (LoadOptions.KeepDevice,
+// ErrNoRoom), and loads it back if that one fails.
 //
 // # Structure
 //

@@ -3,6 +3,7 @@ package ui
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -48,6 +49,10 @@ type ModelInfo struct {
 	// H200 (...)"); DeviceNote why --device auto took the CPU.
 	Device     string `json:"device,omitempty"`
 	DeviceNote string `json:"device_note,omitempty"`
+	// DeviceMemory says the model holds a device's own memory (a GPU's),
+	// which unloading it gives back: /model loads a model that does not
+	// fit beside it once it is unloaded (LoadOptions.KeepDevice).
+	DeviceMemory bool `json:"device_memory,omitempty"`
 }
 
 // contextLimit names what bounds a request, with its size: the model's
@@ -322,8 +327,23 @@ type Models interface {
 	// from any goroutine, but not after Load returns. Load gives up with
 	// ctx's error when ctx is cancelled. The Closer releases the engine
 	// and the model; the chat calls it once no reply uses the engine.
-	Load(ctx context.Context, e ModelEntry, progress func(stage string)) (Engine, io.Closer, error)
+	Load(ctx context.Context, e ModelEntry, opts LoadOptions, progress func(stage string)) (Engine, io.Closer, error)
 }
+
+// LoadOptions control Models.Load.
+type LoadOptions struct {
+	// KeepDevice says the chat's model holds a device's memory, which it
+	// can give back: a model that does not fit the device's free memory
+	// beside it then fails with an error wrapping ErrNoRoom instead of
+	// running elsewhere (the CPU), and the chat unloads its model and
+	// loads again without KeepDevice.
+	KeepDevice bool
+}
+
+// ErrNoRoom is what Models.Load's error wraps for a model that does not
+// fit the device's free memory (LoadOptions.KeepDevice); the rest of the
+// message says by how much.
+var ErrNoRoom = errors.New("no room on the device")
 
 // ModelEntry is one model Models knows.
 type ModelEntry struct {

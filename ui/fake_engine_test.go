@@ -182,6 +182,11 @@ type fakeModels struct {
 	fail    map[string]error
 	hold    chan struct{} // when set, Load waits for it to be closed after its first stage
 	closed  []string      // the engines closed, in order
+	// room, when set, says whether the model named fits the device beside
+	// the engines not yet closed; a Load with KeepDevice of one that does
+	// not fails with ErrNoRoom.
+	room  func(name string) bool
+	loads []string // "NAME keep=BOOL" for each Load, in order
 }
 
 func (f *fakeModels) List(context.Context) ([]ModelEntry, error) {
@@ -200,8 +205,15 @@ func (f *fakeModels) Find(_ context.Context, name string) (ModelEntry, error) {
 	return ModelEntry{}, fmt.Errorf("no model %q", name)
 }
 
-func (f *fakeModels) Load(ctx context.Context, e ModelEntry, progress func(string)) (Engine, io.Closer, error) {
+func (f *fakeModels) Load(ctx context.Context, e ModelEntry, opts LoadOptions, progress func(string)) (Engine, io.Closer, error) {
 	progress("reading weights")
+	f.mu.Lock()
+	f.loads = append(f.loads, fmt.Sprintf("%s keep=%v", e.Name, opts.KeepDevice))
+	roomy := f.room == nil || f.room(e.Name)
+	f.mu.Unlock()
+	if opts.KeepDevice && !roomy {
+		return nil, nil, fmt.Errorf("%w: the weights take 15.0 GiB and fake-gpu:0 has 7.5 GiB free", ErrNoRoom)
+	}
 	if f.hold != nil {
 		select {
 		case <-f.hold:

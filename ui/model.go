@@ -145,6 +145,13 @@ type (
 		eng    Engine
 		closer io.Closer
 		err    error
+		keep   bool       // loaded with LoadOptions.KeepDevice
+		freed  *engineRef // the engine unloaded to make room for it (loadAfterUnload), or nil
+		// After a failure with freed set: freed's model loaded again
+		// (back, backCloser), or why not (backErr).
+		back       Engine
+		backCloser io.Closer
+		backErr    error
 	}
 	engineClosedMsg struct { // an engine the chat switched away from was closed
 		name string
@@ -190,6 +197,9 @@ type engineRef struct {
 	active  int       // generations in flight on it
 	retired bool      // another model took over; closed once active is 0
 	closed  bool
+	// unloaded: closed to make room on its device for the model loading
+	// (or that failed to load); no reply may start on it (engineGone).
+	unloaded bool
 }
 
 // loadState is a model being loaded.

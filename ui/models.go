@@ -2,6 +2,7 @@ package ui
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -177,24 +178,95 @@ func (m *model) onModelFound(msg modelFoundMsg) tea.Cmd {
 	return m.startLoad(msg.entry)
 }
 
-// startLoad loads e in a command, with its progress read by another.
+// startLoad loads e in a command, with its progress read by another. A
+// model on a GPU (ModelInfo.DeviceMemory) asks the load to keep to the
+// device: one that does not fit beside it comes back with ErrNoRoom, and
+// onModelLoaded makes room (makeRoom).
 func (m *model) startLoad(e ModelEntry) tea.Cmd {
+	keep := m.canUnload()
+	models := m.opts.Models
+	return m.beginLoad(e, func(ctx context.Context, report func(string)) modelLoadedMsg {
+		eng, closer, err := models.Load(ctx, e, LoadOptions{KeepDevice: keep}, report)
+		return modelLoadedMsg{entry: e, eng: eng, closer: closer, err: err, keep: keep}
+	})
+}
+
+// beginLoad runs load in a command as the model loading (m.loading), with
+// its progress read by another.
+func (m *model) beginLoad(e ModelEntry, load func(ctx context.Context, report func(string)) modelLoadedMsg) tea.Cmd {
 	m.loadSeq++
 	ctx, cancel := context.WithCancel(context.Background())
 	p := newProgress[string](8)
 	m.loading = &loadState{id: m.loadSeq, entry: e, stage: "starting", started: m.now(), cancel: cancel, progress: p.ch}
-	id, models := m.loadSeq, m.opts.Models
-	load := func() (msg tea.Msg) {
+	id := m.loadSeq
+	run := func() (msg tea.Msg) {
 		defer p.close()
 		defer func() {
 			if r := recover(); r != nil {
 				msg = modelLoadedMsg{id: id, entry: e, err: panicError(r)}
 			}
 		}()
-		eng, closer, err := models.Load(ctx, e, p.report)
-		return modelLoadedMsg{id: id, entry: e, eng: eng, closer: closer, err: err}
+		lm := load(ctx, p.report)
+		lm.id = id
+		return lm
 	}
-	return tea.Batch(load, waitProgress(id, p.ch), m.startTicking())
+	return tea.Batch(run, waitProgress(id, p.ch), m.startTicking())
+}
+
+// canUnload reports whether the current model holds a GPU's memory that
+// the chat can give back by closing it.
+func (m *model) canUnload() bool {
+	c := m.cur
+	return c.info.DeviceMemory && c.closer != nil && !c.closed && m.opts.Models != nil
+}
+
+// makeRoom follows a load that kept to the device and found no room
+// (ErrNoRoom): the current model, once idle, is unloaded and e loaded
+// again (loadAfterUnload); with replies running on it, the user is told
+// how to make room.
+func (m *model) makeRoom(e ModelEntry, err error) tea.Cmd {
+	old := m.cur
+	why := strings.TrimPrefix(err.Error(), ErrNoRoom.Error()+": ")
+	if old.active > 0 {
+		m.view.notice(entryWarning, fmt.Sprintf("%s does not fit beside %s (%s). Stop %s's replies (esc), then /model %s again: it is unloaded first. Still using %s.",
+			e.Name, old.info.Name, why, old.info.Name, e.Name, old.info.Name))
+		return nil
+	}
+	m.view.notice(entryNotice, fmt.Sprintf("%s does not fit beside %s (%s): unloading %s to make room.", e.Name, old.info.Name, why, old.info.Name))
+	old.unloaded, old.retired, old.closed = true, true, true
+	m.engines = slices.DeleteFunc(m.engines, func(x *engineRef) bool { return x == old })
+	return m.loadAfterUnload(e, old)
+}
+
+// loadAfterUnload closes old, then loads e; where e fails, it loads old's
+// model again.
+func (m *model) loadAfterUnload(e ModelEntry, old *engineRef) tea.Cmd {
+	models := m.opts.Models
+	return m.beginLoad(e, func(ctx context.Context, report func(string)) modelLoadedMsg {
+		report("unloading " + old.info.Name)
+		if err := old.closer.Close(); err != nil {
+			report("unloading " + old.info.Name + " failed: " + err.Error())
+		}
+		msg := modelLoadedMsg{entry: e, freed: old}
+		msg.eng, msg.closer, msg.err = models.Load(ctx, e, LoadOptions{}, report)
+		if msg.err != nil {
+			report("loading " + old.info.Name + " again")
+			msg.back, msg.backCloser, msg.backErr = models.Load(context.Background(), old.entry, LoadOptions{}, report)
+		}
+		return msg
+	})
+}
+
+// engineGone says why no reply can start now (the model was unloaded to
+// make room for another), or "" when one can.
+func (m *model) engineGone() string {
+	if !m.cur.unloaded {
+		return ""
+	}
+	if l := m.loading; l != nil {
+		return fmt.Sprintf("%s was unloaded to make room: wait for %s to load", m.cur.info.Name, l.entry.Name)
+	}
+	return "no model is loaded: /model NAME opens one"
 }
 
 // waitProgress reads the next stage; it ends (a nil message) once the
@@ -233,7 +305,13 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 	m.loading = nil
 	l.cancel()
 	if msg.err != nil {
+		if msg.keep && errors.Is(msg.err, ErrNoRoom) {
+			return m.makeRoom(msg.entry, msg.err)
+		}
 		m.logger().Error("model load failed", "model", msg.entry.Name, "err", msg.err)
+		if msg.freed != nil {
+			return m.onLoadBack(msg)
+		}
 		m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. Still using %s.%s", msg.entry.Name, msg.err, m.info.Name, m.logHint()))
 		return nil
 	}
@@ -280,6 +358,9 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 		b.WriteString(")")
 	}
 	fmt.Fprintf(&b, " in %.1fs.", m.now().Sub(l.started).Seconds())
+	if msg.freed != nil {
+		fmt.Fprintf(&b, " %s was unloaded to make room.", msg.freed.info.Name)
+	}
 	if m.info.Draft > 0 {
 		fmt.Fprintf(&b, " MTP speculative decoding is on (%d draft tokens).", m.info.Draft)
 	}
@@ -292,6 +373,27 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 		m.view.notice(entryNotice, samplingNote)
 	}
 	return tea.Batch(m.maybeClose(old), m.fetchStats())
+}
+
+// onLoadBack follows a model that failed to load after the current one
+// was unloaded for it: the current one's model is in use again if it
+// loaded back, else the chat has none until /model opens one.
+func (m *model) onLoadBack(msg modelLoadedMsg) tea.Cmd {
+	old := msg.freed
+	if msg.backErr != nil {
+		m.logger().Error("model reload failed", "model", old.info.Name, "err", msg.backErr)
+		m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. Loading %s again failed too: %v. /model NAME opens a model.%s",
+			msg.entry.Name, msg.err, old.info.Name, msg.backErr, m.logHint()))
+		return nil
+	}
+	m.cur = &engineRef{eng: msg.back, info: msg.back.Info(), entry: old.entry, closer: msg.backCloser}
+	m.engines = append(m.engines, m.cur)
+	m.info = m.cur.info
+	if m.cur.entry.Name == "" {
+		m.cur.entry.Name = m.info.Name
+	}
+	m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. %s is loaded again and in use.%s", msg.entry.Name, msg.err, old.info.Name, m.logHint()))
+	return m.fetchStats()
 }
 
 // maybeClose closes e once another model has taken over and no reply

@@ -327,3 +327,105 @@ func TestSamplingNote(t *testing.T) {
 		t.Errorf("qwen3: note %q", n)
 	}
 }
+
+// gpuSwitch is switchOptions with A on a GPU (ModelInfo.DeviceMemory) and
+// Model-B too large to fit beside it: it fits once A is closed.
+func gpuSwitch(t *testing.T, a *fakeEngine) (Options, *fakeModels, *fakeEngine) {
+	a.info.DeviceMemory = true
+	opts, f, b := switchOptions(t, a)
+	f.room = func(name string) bool { return name != "Model-B" || slices.Contains(f.closed, "Fake-1B") }
+	return opts, f, b
+}
+
+func (f *fakeModels) loadsDone() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.loads...)
+}
+
+// TestModelSwitchMakesRoomOnTheGPU: a model that does not fit the GPU
+// beside the one in use is loaded after that one is unloaded, and says so;
+// while it loads, nothing can be sent to the unloaded model.
+func TestModelSwitchMakesRoomOnTheGPU(t *testing.T) {
+	a := newFakeEngine()
+	opts, f, b := gpuSwitch(t, a)
+	f.hold = make(chan struct{})
+	h := start(t, a, opts)
+	h.line("/model Model-B")
+	h.untilNotice("Model-B does not fit beside Fake-1B (the weights take 15.0 GiB and fake-gpu:0 has 7.5 GiB free): unloading Fake-1B to make room.")
+	h.until("A to be closed", func(*model) bool { return slices.Equal(f.closedNames(), []string{"Fake-1B"}) })
+	h.line("question while B loads")
+	h.waitFor("Fake-1B was unloaded to make room: wait for Model-B to load")
+	close(f.hold)
+	h.untilNotice("Fake-1B was unloaded to make room.")
+	h.line("question for B")
+	h.waitFor("from B")
+	h.settle()
+	m := h.final()
+	if m.info.Name != "Model-B" || len(a.requests()) != 0 || len(b.requests()) != 1 {
+		t.Errorf("model %s; A got %d requests, B %d", m.info.Name, len(a.requests()), len(b.requests()))
+	}
+	if got, want := f.loadsDone(), []string{"Model-B keep=true", "Model-B keep=false"}; !slices.Equal(got, want) {
+		t.Errorf("loads %q, want %q", got, want)
+	}
+	if got := f.closedNames(); !slices.Equal(got, []string{"Fake-1B"}) {
+		t.Errorf("closed %v, want A once", got)
+	}
+}
+
+// TestModelSwitchNeedsRoomWhileAReplyRuns: with a reply running on the
+// model in use, nothing is unloaded; the user is told how to make room.
+func TestModelSwitchNeedsRoomWhileAReplyRuns(t *testing.T) {
+	hold := make(chan struct{})
+	a := newFakeEngine(fakeReply{chunks: []string{"slow answer from A"}, hold: hold})
+	opts, f, _ := gpuSwitch(t, a)
+	h := start(t, a, opts)
+	h.line("question for A")
+	h.waitFor("generating")
+	h.line("/model Model-B")
+	h.untilNotice("Stop Fake-1B's replies (esc), then /model Model-B again: it is unloaded first. Still using Fake-1B.")
+	close(hold)
+	h.waitFor("slow answer from A")
+	h.settle()
+	m := h.final()
+	if m.info.Name != "Fake-1B" || len(f.closedNames()) != 0 {
+		t.Errorf("model %s, closed %v; want A kept", m.info.Name, f.closedNames())
+	}
+}
+
+// TestModelSwitchAfterUnloadFails: when the model fails to load after the
+// one in use was unloaded for it, that one is loaded again; when that
+// fails too, nothing can be sent until /model opens a model.
+func TestModelSwitchAfterUnloadFails(t *testing.T) {
+	a := newFakeEngine(fakeReply{chunks: []string{"A again"}})
+	opts, f, _ := gpuSwitch(t, a)
+	f.fail["Model-B"] = errBoom
+	f.engines["Fake-1B"] = a
+	h := start(t, a, opts)
+	h.line("/model Model-B")
+	h.untilNotice("Could not load Model-B: boom: the engine fell over. Fake-1B is loaded again and in use.")
+	h.line("hello")
+	h.waitFor("A again")
+	h.settle()
+	if got, want := f.loadsDone(), []string{"Model-B keep=true", "Model-B keep=false", "Fake-1B keep=false"}; !slices.Equal(got, want) {
+		t.Errorf("loads %q, want %q", got, want)
+	}
+
+	// The model in use again is on the GPU too: the next switch makes room
+	// again, and this time A cannot be loaded back.
+	f.mu.Lock()
+	f.room = func(string) bool { return false }
+	f.mu.Unlock()
+	delete(f.engines, "Fake-1B")
+	h.line("/model Model-B")
+	h.untilNotice("Loading Fake-1B again failed too: no engine for Fake-1B. /model NAME opens a model.")
+	h.line("anyone there?")
+	h.waitFor("no model is loaded: /model NAME opens one")
+	delete(f.fail, "Model-B")
+	h.line("/model Model-B")
+	h.untilNotice("Switched to Model-B")
+	m := h.final()
+	if m.info.Name != "Model-B" {
+		t.Errorf("model %s, want Model-B", m.info.Name)
+	}
+}

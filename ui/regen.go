@@ -68,6 +68,10 @@ func (m *model) cmdRegen(args string) tea.Cmd {
 		m.view.notice(entryWarning, "A reply is being generated: wait for it, or stop it with esc, then /regen.")
 		return nil
 	}
+	if why := m.engineGone(); why != "" {
+		m.view.notice(entryWarning, "Cannot regenerate now: "+why+".")
+		return nil
+	}
 	var cmds []tea.Cmd
 	if t.choice != nil { // keep the option shown, then start again from it
 		cmds = append(cmds, m.pick(t, t.choice.sel))

@@ -123,6 +123,10 @@ func (m *model) submit() tea.Cmd {
 		m.reject("a reply is being generated (esc stops it) · typing replaces the message")
 		return nil
 	}
+	if why := m.engineGone(); why != "" {
+		m.reject(why)
+		return nil
+	}
 	var keep tea.Cmd
 	if ch := m.choice; ch != nil { // sending keeps the alternative shown
 		if ch.opts[ch.sel].streaming {

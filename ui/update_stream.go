@@ -322,6 +322,9 @@ func (m *model) onStatsTick() tea.Cmd {
 }
 
 func (m *model) fetchStats() tea.Cmd {
+	if m.cur.unloaded {
+		return nil
+	}
 	eng, last := m.cur.eng, m.stats
 	return func() (msg tea.Msg) {
 		defer func() {

@@ -149,7 +149,7 @@ func cmdChat(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	} else {
 		fmt.Fprintf(stderr, "loading %s…\n", e.Name)
 	}
-	eng, closer, err := cat.open(ctx, e, true, func(string) {})
+	eng, closer, err := cat.open(ctx, e, openMode{strict: true}, func(string) {})
 	if tty {
 		fmt.Fprint(stderr, "\r\x1b[K")
 	}
@@ -284,8 +284,9 @@ func (c *chatModels) Find(_ context.Context, name string) (ui.ModelEntry, error)
 	return uiEntry(e), err
 }
 
-// Load implements ui.Models.
-func (c *chatModels) Load(ctx context.Context, me ui.ModelEntry, progress func(string)) (ui.Engine, io.Closer, error) {
+// Load implements ui.Models. A model that does not fit the device's free
+// memory with opts.KeepDevice fails with an error wrapping ui.ErrNoRoom.
+func (c *chatModels) Load(ctx context.Context, me ui.ModelEntry, opts ui.LoadOptions, progress func(string)) (ui.Engine, io.Closer, error) {
 	var e catalog.Entry
 	var err error
 	if me.Path != "" {
@@ -297,36 +298,57 @@ func (c *chatModels) Load(ctx context.Context, me ui.ModelEntry, progress func(s
 	if err != nil {
 		return nil, nil, err
 	}
-	return c.open(ctx, e, false, progress)
+	eng, closer, err := c.open(ctx, e, openMode{keepDevice: opts.KeepDevice}, progress)
+	if opts.KeepDevice {
+		err = noRoom(err)
+	}
+	return eng, closer, err
+}
+
+// noRoom is err, or, where a model did not fit the device's free memory
+// (*engine.DeviceMemoryError), ui.ErrNoRoom with the numbers: the chat
+// then unloads its model to make room.
+func noRoom(err error) error {
+	if dme := (*engine.DeviceMemoryError)(nil); errors.As(err, &dme) {
+		return fmt.Errorf("%w: %w", ui.ErrNoRoom, dme)
+	}
+	return err
+}
+
+// openMode says how open loads a model: strict makes mtp = "on" fail for
+// a model without an MTP module (the model the chat starts with, as with
+// `ferrite run`; a model switched to later just runs without
+// speculation); keepDevice is engine.Options.KeepDevice (a /model switch
+// from a model on a GPU, which the chat can unload to make room).
+type openMode struct {
+	strict, keepDevice bool
 }
 
 func uiEntry(e catalog.Entry) ui.ModelEntry {
 	return ui.ModelEntry{Name: e.Name, Arch: e.Arch, Quant: e.Quant, Source: e.Source, Path: e.Dir, Size: e.Size, Problem: e.Problem}
 }
 
-// open loads e and starts a runtime on it, reporting its stages. strict
-// makes mtp = "on" fail for a model without an MTP module (the model the
-// chat starts with, as with `ferrite run`); a model switched to later
-// just runs without speculation.
-func (c *chatModels) open(ctx context.Context, e catalog.Entry, strict bool, progress func(string)) (ui.Engine, io.Closer, error) {
+// open loads e as mode says and starts a runtime on it, reporting its
+// stages.
+func (c *chatModels) open(ctx context.Context, e catalog.Entry, mode openMode, progress func(string)) (ui.Engine, io.Closer, error) {
 	if e.Source == sourceRemote {
 		return c.remote.open(e)
 	}
-	s, err := c.openSession(ctx, e, strict, progress)
+	s, err := c.openSession(ctx, e, mode, progress)
 	if err != nil {
 		return nil, nil, err
 	}
 	_, hasMTP := s.lm.Model.(model.MTPModel)
 	info := ui.ModelInfo{Name: e.Name, Arch: s.lm.Model.Info().Arch, MTP: hasMTP, Draft: s.draft,
-		Device: s.lm.Device, DeviceNote: s.lm.DeviceNote, Sampling: s.sampling}
+		Device: s.lm.Device, DeviceNote: s.lm.DeviceNote, Sampling: s.sampling, DeviceMemory: s.lm.Memory().OnDevice}
 	return ui.NewRuntimeEngine(s.rt, s.tok, info), sessionCloser{s}, nil
 }
 
 // openSession loads e and starts a runtime on it (see open), and records
 // the time each stage took, or why it failed, in the debug log.
-func (c *chatModels) openSession(ctx context.Context, e catalog.Entry, strict bool, progress func(string)) (*session, error) {
+func (c *chatModels) openSession(ctx context.Context, e catalog.Entry, mode openMode, progress func(string)) (*session, error) {
 	start := time.Now()
-	s, stages, err := c.load(ctx, e, strict, progress)
+	s, stages, err := c.load(ctx, e, mode, progress)
 	if err != nil {
 		c.logger().Error("model load failed", "model", e.Name, "dir", e.Dir, "err", err, "after", time.Since(start))
 		return nil, err
@@ -345,7 +367,7 @@ type stage struct {
 	took time.Duration
 }
 
-func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, progress func(string)) (*session, []stage, error) {
+func (c *chatModels) load(ctx context.Context, e catalog.Entry, mode openMode, progress func(string)) (*session, []stage, error) {
 	var stages []stage
 	t := time.Now()
 	step := func(name string) {
@@ -353,7 +375,7 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 		stages = append(stages, stage{name, now.Sub(t)})
 		t = now
 	}
-	eo := engine.Options{Threads: c.cfg.Engine.Threads, Quant: c.cfg.Engine.Quant, Device: c.cfg.Engine.Device}
+	eo := engine.Options{Threads: c.cfg.Engine.Threads, Quant: c.cfg.Engine.Quant, Device: c.cfg.Engine.Device, KeepDevice: mode.keepDevice}
 	s := &session{name: e.Name}
 	var err error
 	if e.Open != nil {
@@ -386,7 +408,7 @@ func (c *chatModels) load(ctx context.Context, e catalog.Entry, strict bool, pro
 	progress("starting the runtime")
 	mtp := c.cfg.MTP
 	_, hasMTP := s.lm.Model.(model.MTPModel)
-	if !strict && mtp.Mode == "on" && !hasMTP {
+	if !mode.strict && mtp.Mode == "on" && !hasMTP {
 		mtp.Mode = "auto"
 	}
 	if s.draft, err = draftTokens(mtp, s.lm.Model); err != nil {

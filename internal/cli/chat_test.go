@@ -2,7 +2,9 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -198,7 +200,7 @@ func TestQuantReachesTheEngine(t *testing.T) {
 	cfg.Engine.Quant = "int4" // the flags and the file reject it: only the engine can have said so
 	c := &chatModels{cfg: cfg}
 	for _, e := range []catalog.Entry{builtinEntry(), {Name: "qwen3", Dir: fixtureModel(t, "qwen3")}} {
-		if _, err := c.openSession(context.Background(), e, true, func(string) {}); err == nil || !strings.Contains(err.Error(), `unknown quantization "int4"`) {
+		if _, err := c.openSession(context.Background(), e, openMode{strict: true}, func(string) {}); err == nil || !strings.Contains(err.Error(), `unknown quantization "int4"`) {
 			t.Errorf("%s with quant int4: %v, want the engine's error", e.Name, err)
 		}
 	}
@@ -245,7 +247,7 @@ func TestChatModelsListsAndLoads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, closer, err := c.Load(ctx, e, func(s string) { stages = append(stages, s) })
+	eng, closer, err := c.Load(ctx, e, ui.LoadOptions{}, func(s string) { stages = append(stages, s) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,23 +295,23 @@ func TestChatModelsListsAndLoads(t *testing.T) {
 
 	// A model without weights fails to load with the reason.
 	be, _ := c.Find(ctx, "broken")
-	if _, _, err := c.Load(ctx, be, func(string) {}); err == nil {
+	if _, _, err := c.Load(ctx, be, ui.LoadOptions{}, func(string) {}); err == nil {
 		t.Error("the broken model loaded")
 	}
 	// A cancelled load gives up.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, _, err := c.Load(cctx, e, func(string) {}); err == nil {
+	if _, _, err := c.Load(cctx, e, ui.LoadOptions{}, func(string) {}); err == nil {
 		t.Error("a cancelled load succeeded")
 	}
 	// mtp = "on" refuses a model without MTP at start, not when switching.
 	cfg.MTP.Mode = "on"
 	c = &chatModels{cfg: cfg}
 	qe, _ := c.find("qwen3")
-	if _, _, err := c.open(ctx, qe, true, func(string) {}); err == nil || !strings.Contains(err.Error(), "no MTP module") {
+	if _, _, err := c.open(ctx, qe, openMode{strict: true}, func(string) {}); err == nil || !strings.Contains(err.Error(), "no MTP module") {
 		t.Errorf("strict: %v", err)
 	}
-	eng, closer, err = c.open(ctx, qe, false, func(string) {})
+	eng, closer, err = c.open(ctx, qe, openMode{}, func(string) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,4 +319,21 @@ func TestChatModelsListsAndLoads(t *testing.T) {
 		t.Errorf("info = %+v", eng.Info())
 	}
 	closer.Close()
+}
+
+// TestNoRoom: a load that found too little device memory becomes
+// ui.ErrNoRoom with the numbers (the chat's /model makes room on it);
+// other failures stay as they are.
+func TestNoRoom(t *testing.T) {
+	dme := &engine.DeviceMemoryError{Device: "cuda:0 NVIDIA H200", Need: 15 << 30, Free: 7 << 29}
+	err := noRoom(fmt.Errorf("%w: run it on the CPU (--device cpu) or pick a smaller or quantized model", dme))
+	if !errors.Is(err, ui.ErrNoRoom) || err.Error() != "no room on the device: the weights take 15.0 GiB and cuda:0 NVIDIA H200 has 3.5 GiB free" {
+		t.Errorf("noRoom(device memory) = %v", err)
+	}
+	if err := noRoom(errors.New("no .safetensors weights")); errors.Is(err, ui.ErrNoRoom) || err.Error() != "no .safetensors weights" {
+		t.Errorf("noRoom(other) = %v", err)
+	}
+	if noRoom(nil) != nil {
+		t.Error("noRoom(nil) is not nil")
+	}
 }

@@ -36,7 +36,7 @@ func TestEnginePanicStackReachesTheLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := c.openSession(context.Background(), e, true, func(string) {})
+	s, err := c.openSession(context.Background(), e, openMode{strict: true}, func(string) {})
 	if err != nil {
 		t.Fatal(err)
 	}

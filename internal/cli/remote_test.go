@@ -71,14 +71,14 @@ func TestRemoteEndpointsInTheCatalog(t *testing.T) {
 			t.Errorf("Find(%q) = %+v, %v", name, e, err)
 		}
 	}
-	eng, closer, err := cat.Load(context.Background(), got["gpu/Qwen/Qwen3-32B"], func(string) {})
+	eng, closer, err := cat.Load(context.Background(), got["gpu/Qwen/Qwen3-32B"], ui.LoadOptions{}, func(string) {})
 	if err != nil || closer != nil {
 		t.Fatal(err, closer)
 	}
 	if info := eng.Info(); !info.Remote || info.MaxContext != 32768 || info.Name != "gpu/Qwen/Qwen3-32B" {
 		t.Errorf("info %+v", info)
 	}
-	if _, _, err := cat.Load(context.Background(), got["down"], func(string) {}); err == nil || !strings.Contains(err.Error(), "connection refused") {
+	if _, _, err := cat.Load(context.Background(), got["down"], ui.LoadOptions{}, func(string) {}); err == nil || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("loading the unreachable endpoint: %v", err)
 	}
 	if e, err := rem.first(context.Background()); err != nil || e.Name != "gpu/Qwen/Qwen3-32B" {

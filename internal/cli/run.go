@@ -62,7 +62,7 @@ func generateOnce(ctx context.Context, cmd string, args []string, f *cmdFlags, f
 	e, err := cat.resolve(st.cfg.DefaultModel)
 	if err == nil {
 		var s *session
-		if s, err = cat.openSession(ctx, e, true, func(string) {}); err == nil {
+		if s, err = cat.openSession(ctx, e, openMode{strict: true}, func(string) {}); err == nil {
 			err = generate(ctx, s, &st.cfg, f.raw, prompt, stdout, stderr, st.log)
 			s.Close()
 		}

@@ -139,7 +139,7 @@ func serveModels(cat *chatModels, names []string, def string) ([]server.Model, e
 // text decoder: the server decodes each request's ids itself).
 func serveLoader(cat *chatModels, e catalog.Entry) func(context.Context) (*server.Backend, error) {
 	return func(ctx context.Context) (*server.Backend, error) {
-		s, err := cat.openSession(ctx, e, true, func(stage string) { cat.logger().Info(stage, "model", e.Name) })
+		s, err := cat.openSession(ctx, e, openMode{strict: true}, func(stage string) { cat.logger().Info(stage, "model", e.Name) })
 		if err != nil {
 			return nil, err
 		}
