@@ -168,7 +168,7 @@ func (m *model) onModelFound(msg modelFoundMsg) tea.Cmd {
 		m.view.notice(entryWarning, "/model "+msg.name+": "+msg.err.Error())
 		return nil
 	}
-	if sameModel(msg.entry, m.cur.entry) {
+	if sameModel(msg.entry, m.cur.entry) && !m.cur.unloaded {
 		m.view.notice(entryNotice, "Already using "+msg.entry.Name+".")
 		return nil
 	}
@@ -238,8 +238,8 @@ func (m *model) makeRoom(e ModelEntry, err error) tea.Cmd {
 	return m.loadAfterUnload(e, old)
 }
 
-// loadAfterUnload closes old, then loads e; where e fails, it loads old's
-// model again.
+// loadAfterUnload closes old, then loads e; where e fails (but not
+// because the chat quits), it loads old's model again.
 func (m *model) loadAfterUnload(e ModelEntry, old *engineRef) tea.Cmd {
 	models := m.opts.Models
 	return m.beginLoad(e, func(ctx context.Context, report func(string)) modelLoadedMsg {
@@ -249,9 +249,13 @@ func (m *model) loadAfterUnload(e ModelEntry, old *engineRef) tea.Cmd {
 		}
 		msg := modelLoadedMsg{entry: e, freed: old}
 		msg.eng, msg.closer, msg.err = models.Load(ctx, e, LoadOptions{}, report)
-		if msg.err != nil {
+		switch {
+		case msg.err == nil:
+		case ctx.Err() != nil: // the chat is quitting
+			msg.backErr = ctx.Err()
+		default:
 			report("loading " + old.info.Name + " again")
-			msg.back, msg.backCloser, msg.backErr = models.Load(context.Background(), old.entry, LoadOptions{}, report)
+			msg.back, msg.backCloser, msg.backErr = models.Load(ctx, old.entry, LoadOptions{}, report)
 		}
 		return msg
 	})

@@ -421,11 +421,21 @@ func TestModelSwitchAfterUnloadFails(t *testing.T) {
 	h.untilNotice("Loading Fake-1B again failed too: no engine for Fake-1B. /model NAME opens a model.")
 	h.line("anyone there?")
 	h.waitFor("no model is loaded: /model NAME opens one")
+	// /model opens the unloaded model again (it is not "already in use"),
+	// then, once B loads, a switch to B unloads A once more.
+	f.mu.Lock()
+	f.engines["Fake-1B"] = a
 	delete(f.fail, "Model-B")
+	f.mu.Unlock()
+	h.line("/model Fake-1B")
+	h.untilNotice("Switched to Fake-1B")
 	h.line("/model Model-B")
 	h.untilNotice("Switched to Model-B")
 	m := h.final()
 	if m.info.Name != "Model-B" {
 		t.Errorf("model %s, want Model-B", m.info.Name)
+	}
+	if got, want := f.closedNames(), []string{"Fake-1B", "Fake-1B", "Fake-1B"}; !slices.Equal(got, want) {
+		t.Errorf("closed %v, want A each time B needed its room", got)
 	}
 }
