@@ -58,7 +58,7 @@ type Device struct {
 	steps  int // completed steps
 
 	allocated atomic.Int64 // bytes of the tensors Alloc returned and Free did not release
-	scratch   int64        // bytes of the Scratch tensors of the current (or last) step
+	scratch   atomic.Int64 // bytes of the Scratch tensors of the current (or last) step (MemoryUse may read it from another goroutine)
 }
 
 var _ kernels.Device = (*Device)(nil)
@@ -140,7 +140,7 @@ func (d *Device) Free(t kernels.Tensor) {
 // the arena the Scratch bytes of the current or last step (strict
 // allocates every Scratch tensor afresh).
 func (d *Device) MemoryUse() kernels.MemoryUse {
-	return kernels.MemoryUse{Tensors: d.allocated.Load(), Arena: d.scratch}
+	return kernels.MemoryUse{Tensors: d.allocated.Load(), Arena: d.scratch.Load()}
 }
 
 // Scratch implements kernels.Memory: a fresh, poisoned tensor.
@@ -149,7 +149,7 @@ func (d *Device) Scratch(dt kernels.DType, rows, cols int) kernels.Tensor {
 		panic("strict: Scratch outside a step")
 	}
 	t, b := d.alloc(dt, rows, cols)
-	d.scratch += int64(rows * cols * dt.Size())
+	d.scratch.Add(int64(rows * cols * dt.Size()))
 	for i := range b.f32 {
 		b.f32[i] = poisonF32
 	}
@@ -168,7 +168,7 @@ func (d *Device) BeginStep() {
 		panic("strict: BeginStep inside a step")
 	}
 	d.inStep = true
-	d.scratch = 0
+	d.scratch.Store(0)
 }
 
 // EndStep implements kernels.Memory.
