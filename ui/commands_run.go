@@ -102,6 +102,9 @@ func (m *model) cmdStats(string) tea.Cmd {
 	if m.info.Arch != "" {
 		fmt.Fprintf(&b, " (%s)", m.info.Arch)
 	}
+	if m.cur.unloaded {
+		b.WriteString(", unloaded to make room for another (/model NAME opens a model)")
+	}
 	if limit := m.info.MaxContext; limit > 0 {
 		fmt.Fprintf(&b, ", context %d tokens", limit)
 		if m.info.KVLimited {

@@ -421,6 +421,8 @@ func TestModelSwitchAfterUnloadFails(t *testing.T) {
 	h.untilNotice("Loading Fake-1B again failed too: no engine for Fake-1B. /model NAME opens a model.")
 	h.line("anyone there?")
 	h.waitFor("no model is loaded: /model NAME opens one")
+	h.line("/stats")
+	h.untilNotice("Model: Fake-1B (fake), unloaded to make room for another")
 	// /model opens the unloaded model again (it is not "already in use"),
 	// then, once B loads, a switch to B unloads A once more.
 	f.mu.Lock()
