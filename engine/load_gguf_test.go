@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/gguf"
+	"github.com/ferrite-llm/ferrite/engine/internal/modeltest"
 	"github.com/ferrite-llm/ferrite/engine/kvcache"
 	"github.com/ferrite-llm/ferrite/engine/linattn"
 	"github.com/ferrite-llm/ferrite/engine/model"
@@ -354,4 +355,76 @@ func TestLoadCheckpointGGUF(t *testing.T) {
 	if _, err := Load(write(false), Options{Threads: 1}); err == nil || !strings.Contains(err.Error(), "safetensors") {
 		t.Errorf("a GGUF file with llama.cpp's names beside config.json: %v, want the missing safetensors", err)
 	}
+}
+
+// TestGGUFKVBParts: an MLA model whose GGUF stores attn_k_b as F16 and
+// attn_v_b as Q8_0 (llama.cpp's files keep them in other types than the
+// rest) runs its absorbed attention (decode) on those tensors as stored
+// (Mat.KVB) instead of a float32 split of the rebuilt kv_b_proj: decode
+// logits within 1e-2 of the same file with the halves' values stored as
+// F32 (the split), yet not the same bits (the parts ran), the prompt's
+// (the naive form) the same.
+func TestGGUFKVBParts(t *testing.T) {
+	fx, err := fixtures.Load("glm4_moe_lite")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt, _, _ := fx.Ints("prompt_ids")
+	parts, plain := mixedKVB(t, "glm4_moe_lite"), mixedKVB(t, "glm4_moe_lite")
+	for i, tn := range parts.Tensors {
+		if !strings.Contains(tn.Name, "attn_k_b") && !strings.Contains(tn.Name, "attn_v_b") {
+			continue
+		}
+		vals := ggufwrite.DecodeF32(tn.Data)
+		if strings.Contains(tn.Name, "attn_k_b") {
+			parts.Tensors[i].Type, parts.Tensors[i].Data = ggufwrite.F16, weights.NewTensor(kernels.F16, []int{len(vals)}, vals).Data
+			(&kernels.Mat{DType: kernels.F16, Rows: 1, Cols: len(vals), Data: parts.Tensors[i].Data}).RowF32(vals, 0)
+		} else {
+			parts.Tensors[i].Type, parts.Tensors[i].Data = ggufwrite.Q8_0, ggufwrite.QuantizeQ8_0(vals)
+			(&kernels.Mat{DType: kernels.Q8_0, Rows: 1, Cols: len(vals), Data: parts.Tensors[i].Data}).RowF32(vals, 0)
+		}
+		plain.Tensors[i].Data = ggufwrite.EncodeF32(vals) // the same values, F32
+	}
+	load := func(w *ggufwrite.Writer, file string) *Loaded {
+		path := filepath.Join(t.TempDir(), file)
+		if err := w.WriteFile(path); err != nil {
+			t.Fatal(err)
+		}
+		l, err := Load(path, Options{Threads: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	lp, lq := load(parts, "parts.gguf"), load(plain, "plain.gguf")
+	ep, eq := modeltest.NewEnv(t, lp.Model, 16, 128, 1), modeltest.NewEnv(t, lq.Model, 16, 128, 1)
+	sp, sq := ep.NewSeq(t), eq.NewSeq(t)
+	got, want := ep.Step(t, sp, prompt, model.LastLogits), eq.Step(t, sq, prompt, model.LastLogits)
+	if !slices.Equal(got, want) {
+		t.Errorf("prompt logits differ (the naive form does not use the parts)")
+	}
+	worst, same := 0.0, true
+	next := fixtures.Argmax(want)
+	for range 8 {
+		got, want = ep.Step(t, sp, []int32{next}, model.LastLogits), eq.Step(t, sq, []int32{next}, model.LastLogits)
+		worst = max(worst, modeltest.Compare(t, "decode logits", got, want, 1e-2))
+		same = same && slices.Equal(got, want)
+		next = fixtures.Argmax(want)
+	}
+	t.Logf("decode logits: largest relative error %.3g", worst)
+	if same {
+		t.Error("decode logits have the float32 split's bits: the stored parts did not run")
+	}
+}
+
+// mixedKVB converts fixture name to an F32 GGUF (its attn_k_b and
+// attn_v_b F32 too).
+func mixedKVB(t *testing.T, name string) *ggufwrite.Writer {
+	t.Helper()
+	w, err := ggufwrite.Convert(fixtures.Dir(name), ggufwrite.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }

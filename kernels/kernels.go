@@ -139,4 +139,18 @@ type Mat struct {
 	// Materialize: a backend that generates them where it keeps its copy
 	// (kernels.RandomGenerator) never needs them on the host.
 	Random *RandomFill
+
+	// KVB, on an MLA kv_b_proj whose file stores it already split per
+	// head (a GGUF's attn_k_b and attn_v_b), is that split in its stored
+	// dtype; Data still holds the whole matrix.
+	KVB *KVBHeads
+}
+
+// KVBHeads is an MLA kv_b_proj split per head as the absorbed form uses
+// it, views of a file's tensors (Mat.KVB): UK[h] (KVLora, Nope) is
+// W_UK_hᵀ, UV[h] (V, KVLora) is W_UV_h. A backend may multiply by them
+// instead of splitting the matrix itself: a GGUF's blocks stay blocks
+// (the CPU's split of a block-quantized kv_b_proj would be float32).
+type KVBHeads struct {
+	UK, UV []*Mat
 }

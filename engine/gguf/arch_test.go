@@ -175,7 +175,7 @@ func TestUnsupportedTensorType(t *testing.T) {
 }
 
 // TestJoinKVB rebuilds kv_b_proj from split halves of different types,
-// which gives an F32 matrix.
+// which gives an F32 matrix carrying the halves as stored, per head.
 func TestJoinKVB(t *testing.T) {
 	const heads, nope, v, lora = 2, 2, 3, 4
 	// kv_b_proj rows h·(nope+v)+r, columns j hold 100h + 10r + j.
@@ -215,6 +215,48 @@ func TestJoinKVB(t *testing.T) {
 	}
 	if m.DType != kernels.F32 || !slices.Equal(ggufwrite.DecodeF32(m.Data), want) {
 		t.Errorf("kv_b_proj %v %v, want %v", m.DType, ggufwrite.DecodeF32(m.Data), want)
+	}
+	// The halves as stored, per head (Mat.KVB): UK[h] (lora, nope) is
+	// W_UK_hᵀ, UV[h] (v, lora) W_UV_h, the same values in their dtypes;
+	// a second Mat of the same name has the same parts.
+	hs := m.KVB
+	if hs == nil || len(hs.UK) != heads || len(hs.UV) != heads {
+		t.Fatalf("kv_b_proj's parts: %+v", hs)
+	}
+	for h := range heads {
+		uk, uv := hs.UK[h], hs.UV[h]
+		if uk.DType != kernels.F16 || uk.Rows != lora || uk.Cols != nope || uv.DType != kernels.F32 || uv.Rows != v || uv.Cols != lora {
+			t.Fatalf("head %d: UK %v %dx%d, UV %v %dx%d", h, uk.DType, uk.Rows, uk.Cols, uv.DType, uv.Rows, uv.Cols)
+		}
+		row := make([]float32, max(nope, lora))
+		for j := range lora {
+			uk.RowF32(row[:nope], j)
+			for r := range nope {
+				if x := want[(h*(nope+v)+r)*lora+j]; row[r] != x {
+					t.Errorf("UK[%d][%d][%d] = %g, want %g", h, j, r, row[r], x)
+				}
+			}
+		}
+		for r := range v {
+			uv.RowF32(row[:lora], r)
+			for j := range lora {
+				if x := want[(h*(nope+v)+nope+r)*lora+j]; row[j] != x {
+					t.Errorf("UV[%d][%d][%d] = %g, want %g", h, r, j, row[j], x)
+				}
+			}
+		}
+	}
+	if m2, err := ws.Mat(name, heads*(nope+v), lora); err != nil || m2.KVB != hs {
+		t.Errorf("a second kv_b_proj: parts %p, want %p (%v)", m2.KVB, hs, err)
+	}
+	// Halves of one plain type rebuild in it, with no parts.
+	w.Tensors[1] = ggufwrite.Tensor{Name: "blk.0.attn_v_b.weight", Type: ggufwrite.F16, Dims: []uint64{lora, v, heads}, Data: weightsF16(vb)}
+	ws2, err := openWriter(t, w).Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := ws2.Mat(name, heads*(nope+v), lora); err != nil || m.DType != kernels.F16 || m.KVB != nil {
+		t.Errorf("F16 halves: %v, parts %v (%v)", m.DType, m.KVB, err)
 	}
 	if _, err := ws.Mat(name, heads*(nope+v), lora+1); err == nil {
 		t.Error("wrong shape accepted")

@@ -34,9 +34,10 @@ type Weights struct {
 	// (CheckpointWeights).
 	asStored bool
 
-	mu     sync.Mutex
-	copies map[string][]byte        // un-permuted and rebuilt matrices, by GGUF name
-	joined map[string]kernels.DType // the dtype of each rebuilt matrix
+	mu       sync.Mutex
+	copies   map[string][]byte            // un-permuted and rebuilt matrices, by GGUF name
+	joined   map[string]kernels.DType     // the dtype of each rebuilt matrix
+	kvbParts map[string]*kernels.KVBHeads // a rebuilt kv_b_proj's parts as stored (joinKVB), by GGUF name
 }
 
 // Weights returns the model's tensors as a weight source for model.New,
@@ -46,7 +47,8 @@ func (m *Model) Weights() (*Weights, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: %s", m.Path, Unsupported(m.Meta.Arch()))
 	}
-	w := &Weights{m: m, permuteQK: a.permuteQK, copies: map[string][]byte{}, joined: map[string]kernels.DType{}}
+	w := &Weights{m: m, permuteQK: a.permuteQK, copies: map[string][]byte{}, joined: map[string]kernels.DType{},
+		kvbParts: map[string]*kernels.KVBHeads{}}
 	prefix := m.Meta.Arch() + "."
 	get := func(key string, def int) int {
 		u, ok, err := m.Meta.uintKey(m.Path, prefix+key)
@@ -91,7 +93,8 @@ func (m *Model) KeepsCheckpointNames() bool {
 // comes from elsewhere (the checkpoint's config.json): Config does not apply
 // to such a file.
 func (m *Model) CheckpointWeights() *Weights {
-	return &Weights{m: m, asStored: true, copies: map[string][]byte{}, joined: map[string]kernels.DType{}}
+	return &Weights{m: m, asStored: true, copies: map[string][]byte{}, joined: map[string]kernels.DType{},
+		kvbParts: map[string]*kernels.KVBHeads{}}
 }
 
 // ref is where a Hugging Face tensor lives in the GGUF file.
@@ -438,7 +441,8 @@ func (w *Weights) unpermute(r ref, t *TensorInfo, rows, rowBytes int) ([]byte, e
 // attention: attn_k_b, each head's nope rows transposed (ne = [nope,
 // kv_lora, heads]), and attn_v_b, each head's v rows (ne = [kv_lora, v,
 // heads]). The result is a copy, kept; it stays in the stored dtype when
-// both are the same plain float type, else it is F32.
+// both are the same plain float type, else it is F32 and carries the two
+// as stored, per head (Mat.KVB), for the absorbed form.
 func (w *Weights) joinKVB(r ref, rows, cols int) (*kernels.Mat, error) {
 	blk := strings.TrimSuffix(r.name, "attn_kv_b.weight")
 	kb, vb := w.m.tensors[blk+"attn_k_b.weight"], w.m.tensors[blk+"attn_v_b.weight"]
@@ -458,11 +462,20 @@ func (w *Weights) joinKVB(r ref, rows, cols int) (*kernels.Mat, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if d, ok := w.copies[r.name]; ok {
-		return &kernels.Mat{DType: w.joined[r.name], Rows: rows, Cols: cols, Data: d}, nil
+		return &kernels.Mat{DType: w.joined[r.name], Rows: rows, Cols: cols, Data: d, KVB: w.kvbParts[r.name]}, nil
 	}
 	out := kernels.F32
 	if kd == vd && !kd.Quantized() {
 		out = kd
+	}
+	if out != kd || out != vd { // the parts as stored, for the absorbed form (Mat.KVB)
+		hs := &kernels.KVBHeads{UK: make([]*kernels.Mat, heads), UV: make([]*kernels.Mat, heads)}
+		kr, vr := cols*kd.RowBytes(nope), v*vd.RowBytes(cols)
+		for h := range heads {
+			hs.UK[h] = &kernels.Mat{DType: kd, Rows: cols, Cols: nope, Data: kb.Data[h*kr : (h+1)*kr]}
+			hs.UV[h] = &kernels.Mat{DType: vd, Rows: v, Cols: cols, Data: vb.Data[h*vr : (h+1)*vr]}
+		}
+		w.kvbParts[r.name] = hs
 	}
 	size := out.Size()
 	data := make([]byte, rows*cols*size)
@@ -498,7 +511,7 @@ func (w *Weights) joinKVB(r ref, rows, cols int) (*kernels.Mat, error) {
 	}
 	w.copies[r.name] = data
 	w.joined[r.name] = out
-	return &kernels.Mat{DType: out, Rows: rows, Cols: cols, Data: data}, nil
+	return &kernels.Mat{DType: out, Rows: rows, Cols: cols, Data: data, KVB: w.kvbParts[r.name]}, nil
 }
 
 // joinQKVZ rebuilds Qwen3-Next's in_proj_qkvz (per key head g: q dk rows,

@@ -117,7 +117,8 @@ func (b *Backend) StoreIndexKey(cache, k, w, bias kernels.Tensor, eps float32, r
 }
 
 // mlaSplit is kv_b_proj split per head for the absorbed form, in the
-// weight's dtype (exactly) or float32 for other dtypes.
+// weight's dtype (exactly) or float32 for other dtypes, or as its file
+// stores it split (Mat.KVB).
 type mlaSplit struct {
 	uk []*kernels.Mat // (Heads) each (KVLora, Nope) = W_UK_hᵀ, so x·ukᵀ = x·W_UK_h
 	uv []*kernels.Mat // (Heads) each (V, KVLora) = W_UV_h
@@ -174,9 +175,14 @@ func (s *mlaSplits) split(kvB *kernels.Mat, sh kernels.MLAShape) *mlaSplit {
 }
 
 // newSplit builds kvB's per-head matrices and returns them with their
-// bytes.
+// bytes; a kvB stored split (Mat.KVB, a GGUF's attn_k_b and attn_v_b)
+// gives its parts as they are, no bytes.
 func newSplit(kvB *kernels.Mat, sh kernels.MLAShape) (*mlaSplit, int64) {
 	nh, dn, dv, kl := sh.Heads, sh.Nope, sh.V, sh.KVLora
+	if hs := kvB.KVB; hs != nil && len(hs.UK) == nh && len(hs.UV) == nh && nh > 0 &&
+		hs.UK[0].Rows == kl && hs.UK[0].Cols == dn && hs.UV[0].Rows == dv && hs.UV[0].Cols == kl {
+		return &mlaSplit{uk: hs.UK, uv: hs.UV}, 0
+	}
 	dt := kvB.DType
 	exact := dt == kernels.F32 || dt == kernels.BF16 || dt == kernels.F16
 	if !exact {

@@ -3,6 +3,7 @@ package cpu
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -40,7 +41,7 @@ var errClosed = errors.New("cpu: backend closed")
 // residentBudget, FERRITE_CPU_RESIDENT=0 and FERRITE_CPU_X8=0 apply as in
 // MatMul), and the per-head split of a kv_b_proj declared with its shape
 // (DeclareKVB), as the first AttentionMLA in the absorbed form would make
-// it. ws holds no routed expert (MatMul keeps no Q8_0 or BF16 form of
+// it (or, for one its file stores split, Mat.KVB, those parts' forms). ws holds no routed expert (MatMul keeps no Q8_0 or BF16 form of
 // one). It stops, returning ctx.Err() (errClosed after Close), before the
 // next weight once ctx is done or the backend closed. Call it after
 // SetBF16Activations; it may run on any goroutine, beside the backend's
@@ -66,6 +67,12 @@ func (b *Backend) PrepareWeights(ctx context.Context, ws []*kernels.Mat) error {
 		b.x8.packed(w, split, false)
 		b.res.data(w, bf16Path(w, 1, bf16x), false, split)
 		b.mla.prepare(w)
+		if hs := w.KVB; hs != nil { // a kv_b_proj's parts as its file stores them: the absorbed form's matrices
+			for _, p := range append(slices.Clip(hs.UK), hs.UV...) {
+				b.x8.packed(p, split, false)
+				b.res.data(p, bf16Path(p, 1, bf16x), false, split)
+			}
+		}
 	}
 	return nil
 }
