@@ -358,8 +358,8 @@ func TestLoadCheckpointGGUF(t *testing.T) {
 }
 
 // TestGGUFKVBParts: an MLA model whose GGUF stores attn_k_b as F16 and
-// attn_v_b as Q8_0 (llama.cpp's files keep them in other types than the
-// rest) runs its absorbed attention (decode) on those tensors as stored
+// attn_v_b as Q8_0 (llama-quantize quantizes them, in a fallback type
+// where a row is not whole K-quant blocks) runs its absorbed attention (decode) on those tensors as stored
 // (Mat.KVB) instead of a float32 split of the rebuilt kv_b_proj: decode
 // logits within 1e-2 of the same file with the halves' values stored as
 // F32 (the split), yet not the same bits (the parts ran), the prompt's
