@@ -17,6 +17,13 @@
 // layers fits in memory:
 //
 //	go run ./tools/randgguf -config engine/testdata/qwen3-30b-a3b -layers 8 -type q8_0 -o qwen3-30b-a3b-8l-q8_0.gguf
+//
+// Other architectures take the tensors ferrite's model asks for, recorded
+// while it is built on random weights (recordSource). -kvb q8_0 stores an
+// MLA model's attn_k_b and attn_v_b in Q8_0 where their rows are whole
+// blocks, as llama-quantize does (the converter keeps them F32):
+//
+//	go run ./tools/randgguf -config engine/testdata/glm4.7-flash -layers 8 -type q8_0 -kvb q8_0 -o glm47flash-8l-q8_0.gguf
 package main
 
 import (
@@ -26,12 +33,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strings"
 
+	econfig "github.com/ferrite-llm/ferrite/engine/config"
+	"github.com/ferrite-llm/ferrite/engine/model"
+	_ "github.com/ferrite-llm/ferrite/engine/models/all" // every architecture, for recordSource
 	"github.com/ferrite-llm/ferrite/engine/randweights"
 	"github.com/ferrite-llm/ferrite/engine/weights"
 	"github.com/ferrite-llm/ferrite/internal/ggufwrite"
 	"github.com/ferrite-llm/ferrite/kernels"
+	"github.com/ferrite-llm/ferrite/kernels/cpu"
 )
 
 func main() {
@@ -40,8 +53,9 @@ func main() {
 	layers := flag.Int("layers", 0, "keep only the first N layers (0: all)")
 	typ := flag.String("type", "bf16", "matrix type: bf16, f16, f32 or q8_0")
 	seed := flag.Uint64("seed", 1, "seed of the random weights")
+	kvb := flag.String("kvb", "", "an MLA model's attn_k_b and attn_v_b: q8_0 where their rows are whole blocks (default: as the matrices' -type allows, F32 for q8_0)")
 	flag.Parse()
-	if err := run(*cfgDir, *out, *typ, *layers, *seed); err != nil {
+	if err := runKVB(*cfgDir, *out, *typ, *layers, *seed, *kvb); err != nil {
 		fmt.Fprintln(os.Stderr, "randgguf:", err)
 		os.Exit(1)
 	}
@@ -50,9 +64,15 @@ func main() {
 var types = map[string]uint32{"bf16": ggufwrite.BF16, "f16": ggufwrite.F16, "f32": ggufwrite.F32, "q8_0": ggufwrite.Q8_0}
 
 func run(cfgDir, out, typ string, layers int, seed uint64) error {
+	return runKVB(cfgDir, out, typ, layers, seed, "")
+}
+
+// runKVB is run with attn_k_b and attn_v_b stored as kvb says ("" or
+// "q8_0").
+func runKVB(cfgDir, out, typ string, layers int, seed uint64, kvb string) error {
 	t, ok := types[typ]
-	if cfgDir == "" || out == "" || !ok {
-		return errors.New("usage: randgguf -config DIR -o FILE.gguf [-type bf16|f16|f32|q8_0] [-layers N] [-seed S]")
+	if cfgDir == "" || out == "" || !ok || (kvb != "" && kvb != "q8_0") {
+		return errors.New("usage: randgguf -config DIR -o FILE.gguf [-type bf16|f16|f32|q8_0] [-layers N] [-seed S] [-kvb q8_0]")
 	}
 	raw, err := os.ReadFile(filepath.Join(cfgDir, "config.json"))
 	if err != nil {
@@ -70,6 +90,11 @@ func run(cfgDir, out, typ string, layers int, seed uint64) error {
 		return err
 	}
 	if layers > 0 && layers < cfg.Layers {
+		for k, v := range m { // per-layer lists (mlp_layer_types, layer_types) cut too
+			if l, ok := v.([]any); ok && len(l) == cfg.Layers {
+				m[k] = l[:layers]
+			}
+		}
 		m["num_hidden_layers"], cfg.Layers = layers, layers
 	}
 	if theta, ok := m["rope_theta"]; ok && m["rope_parameters"] == nil {
@@ -96,7 +121,12 @@ func run(cfgDir, out, typ string, layers int, seed uint64) error {
 	if err := os.WriteFile(filepath.Join(tmp, "config.json"), raw, 0o644); err != nil {
 		return err
 	}
-	src, err := newSource(cfg, seed)
+	var src ggufwrite.Source
+	if known(cfg.ModelType) {
+		src, err = newSource(cfg, seed)
+	} else {
+		src, err = recordSource(tmp, seed)
+	}
 	if err != nil {
 		return err
 	}
@@ -104,9 +134,21 @@ func run(cfgDir, out, typ string, layers int, seed uint64) error {
 	if err != nil {
 		return err
 	}
+	if kvb == "q8_0" {
+		for i := range w.Tensors {
+			tn := &w.Tensors[i]
+			if (strings.Contains(tn.Name, "attn_k_b") || strings.Contains(tn.Name, "attn_v_b")) && tn.Type == ggufwrite.F32 &&
+				tn.Data != nil && tn.Dims[0]%32 == 0 {
+				tn.Type, tn.Data = ggufwrite.Q8_0, ggufwrite.QuantizeQ8_0(ggufwrite.DecodeF32(tn.Data))
+			}
+		}
+	}
 	ggufwrite.AddByteTokenizer(w, cfg.Vocab)
 	return w.WriteFile(out)
 }
+
+// known reports whether newSource lists model type mt's tensors itself.
+func known(mt string) bool { return mt == "qwen3" || mt == "qwen3_moe" || mt == "llama" }
 
 // config is the part of config.json the tensor list depends on.
 type config struct {
@@ -227,4 +269,54 @@ func (s *source) Float32(name string, shape ...int) ([]float32, error) {
 		m.RowF32(out[r*shape[1]:(r+1)*shape[1]], r)
 	}
 	return out, nil
+}
+
+// recordSource lists the tensors ferrite's model of the config in dir
+// asks for, with their shapes, by building it on random weights (the
+// matrices stay unmade: randweights' are lazy) with fused expert tensors
+// reported missing, so that experts come one by one as the converter
+// stacks them.
+func recordSource(dir string, seed uint64) (*source, error) {
+	cfg, err := econfig.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	rw := randweights.New(seed, kernels.BF16)
+	rw.Missing = func(name string) bool { return fusedExperts.MatchString(name) }
+	s := &source{seed: seed, shapes: map[string][]int{}}
+	r := &recorder{Source: rw, s: s}
+	be := cpu.New(1)
+	defer be.Close()
+	if _, err := model.New(cfg, r, be); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// fusedExperts are the fused 3-D expert tensors a model takes where a
+// checkpoint has them.
+var fusedExperts = regexp.MustCompile(`experts\.(gate_up_proj|gate_proj|up_proj|down_proj)$`)
+
+// recorder is a model.WeightSource that notes each tensor asked for in
+// s, in order.
+type recorder struct {
+	*randweights.Source
+	s *source
+}
+
+func (r *recorder) note(name string, shape []int) {
+	if _, ok := r.s.shapes[name]; !ok {
+		r.s.names = append(r.s.names, name)
+		r.s.shapes[name] = slices.Clone(shape)
+	}
+}
+
+func (r *recorder) Mat(name string, rows, cols int) (*kernels.Mat, error) {
+	r.note(name, []int{rows, cols})
+	return r.Source.Mat(name, rows, cols)
+}
+
+func (r *recorder) Float32(name string, shape ...int) ([]float32, error) {
+	r.note(name, shape)
+	return r.Source.Float32(name, shape...)
 }

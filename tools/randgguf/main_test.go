@@ -56,8 +56,12 @@ func TestWritesLoadableGGUF(t *testing.T) {
 	if f, ok := v.Float(); !ok || f != 1e6 {
 		t.Errorf("rope.freq_base %v, want 1e6", v)
 	}
-	if err := run(fixtures.Dir("glm4_moe"), out, "bf16", 0, 1); err == nil {
-		t.Error("a glm4_moe config was accepted")
+	bad := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bad, "config.json"), []byte(`{"model_type": "nonesuch", "num_hidden_layers": 1}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(bad, out, "bf16", 0, 1); err == nil {
+		t.Error("an unknown model_type was accepted")
 	}
 	if err := run(fixtures.Dir("qwen3"), out, "q3_k", 0, 1); err == nil {
 		t.Error("an unknown type was accepted")
@@ -151,5 +155,38 @@ func TestMoE(t *testing.T) {
 	defer l.Close()
 	if got := l.Config.IntOr("num_hidden_layers", 0); got != 4 {
 		t.Errorf("%d layers, want 4", got)
+	}
+}
+
+// TestMLA writes the glm4_moe_lite fixture's shape (an architecture whose
+// tensors come from recording ferrite's model, recordSource) in Q8_0 with
+// -kvb q8_0: attn_v_b (rows of kv_lora 32) in Q8_0, attn_k_b (rows of nope
+// 16) F32, as llama-quantize would leave them; ferrite loads it.
+func TestMLA(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "mla.gguf")
+	if err := runKVB(fixtures.Dir("glm4_moe_lite"), out, "q8_0", 0, 5, "q8_0"); err != nil {
+		t.Fatal(err)
+	}
+	m, err := gguf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, okK := m.Tensor("blk.1.attn_k_b.weight")
+	vb, okV := m.Tensor("blk.1.attn_v_b.weight")
+	exps, okE := m.Tensor("blk.1.ffn_gate_exps.weight")
+	if !okK || !okV || !okE || kb.Type != gguf.TypeF32 || vb.Type != gguf.TypeQ8_0 || exps.Type != gguf.TypeQ8_0 {
+		t.Errorf("attn_k_b %+v, attn_v_b %+v, ffn_gate_exps %+v", kb, vb, exps)
+	}
+	m.Close()
+	l, err := engine.Load(out, engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if got := l.Model.Info().Arch; got != "glm4_moe_lite" {
+		t.Errorf("arch %q", got)
+	}
+	if err := runKVB(fixtures.Dir("glm4_moe_lite"), out, "q8_0", 0, 5, "q4_0"); err == nil {
+		t.Error("-kvb q4_0 was accepted")
 	}
 }
