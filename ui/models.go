@@ -217,7 +217,7 @@ func (m *model) beginLoad(e ModelEntry, load func(ctx context.Context, report fu
 // the chat can give back by closing it.
 func (m *model) canUnload() bool {
 	c := m.cur
-	return c.info.DeviceMemory && c.closer != nil && !c.closed && m.opts.Models != nil
+	return c.info.DeviceMemory && c.closer != nil && !c.closed
 }
 
 // makeRoom follows a load that kept to the device and found no room
@@ -320,12 +320,7 @@ func (m *model) onModelLoaded(msg modelLoadedMsg) tea.Cmd {
 		return nil
 	}
 	old := m.cur
-	m.cur = &engineRef{eng: msg.eng, info: msg.eng.Info(), entry: msg.entry, closer: msg.closer}
-	m.engines = append(m.engines, m.cur)
-	m.info = m.cur.info
-	if m.cur.entry.Name == "" {
-		m.cur.entry.Name = m.info.Name
-	}
+	m.use(msg.eng, msg.closer, msg.entry)
 	if !slices.ContainsFunc(m.opened, func(e ModelEntry) bool { return sameModel(e, m.cur.entry) }) {
 		m.opened = append(m.opened, m.cur.entry)
 	}
@@ -390,14 +385,20 @@ func (m *model) onLoadBack(msg modelLoadedMsg) tea.Cmd {
 			msg.entry.Name, msg.err, old.info.Name, msg.backErr, m.logHint()))
 		return nil
 	}
-	m.cur = &engineRef{eng: msg.back, info: msg.back.Info(), entry: old.entry, closer: msg.backCloser}
+	m.use(msg.back, msg.backCloser, old.entry)
+	m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. %s is loaded again and in use.%s", msg.entry.Name, msg.err, old.info.Name, m.logHint()))
+	return m.fetchStats()
+}
+
+// use makes eng (of entry e, closed by closer) the current engine, one of
+// the chat's.
+func (m *model) use(eng Engine, closer io.Closer, e ModelEntry) {
+	m.cur = &engineRef{eng: eng, info: eng.Info(), entry: e, closer: closer}
 	m.engines = append(m.engines, m.cur)
 	m.info = m.cur.info
 	if m.cur.entry.Name == "" {
 		m.cur.entry.Name = m.info.Name
 	}
-	m.view.notice(entryError, fmt.Sprintf("Could not load %s: %v. %s is loaded again and in use.%s", msg.entry.Name, msg.err, old.info.Name, m.logHint()))
-	return m.fetchStats()
 }
 
 // maybeClose closes e once another model has taken over and no reply

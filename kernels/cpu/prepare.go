@@ -41,8 +41,8 @@ var errClosed = errors.New("cpu: backend closed")
 // residentBudget, FERRITE_CPU_RESIDENT=0 and FERRITE_CPU_X8=0 apply as in
 // MatMul), and the per-head split of a kv_b_proj declared with its shape
 // (DeclareKVB), as the first AttentionMLA in the absorbed form would make
-// it (or, for one its file stores split, Mat.KVB, those parts' forms). ws holds no routed expert (MatMul keeps no Q8_0 or BF16 form of
-// one). It stops, returning ctx.Err() (errClosed after Close), before the
+// it (or, for one its file stores split, Mat.KVB, those parts' forms). ws
+// holds no routed expert (MatMul keeps no Q8_0 or BF16 form of one). It stops, returning ctx.Err() (errClosed after Close), before the
 // next weight once ctx is done or the backend closed. Call it after
 // SetBF16Activations; it may run on any goroutine, beside the backend's
 // ops.

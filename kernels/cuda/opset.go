@@ -1164,8 +1164,8 @@ func foldXGroup(g int, dt kernels.DType) int {
 const moeDecodeMost = 4 << 30
 
 // expertsFewX8 is Experts' slot-a-pass kernels for up to moeFewTokens
-// tokens (any count in the row-exact mode) on int8 activations, as the linear ops' quantized GEMV: x
-// quantized (ferrite_qx8), the gate/up kernel on it into h (n·k, inter),
+// tokens (any count in the row-exact mode) on int8 activations, as the
+// linear ops' quantized GEMV: x quantized (ferrite_qx8), the gate/up kernel on it into h (n·k, inter),
 // h quantized in turn into the same buffer (the gate/up kernel has read
 // x's by then: a stream's launches run in order), the down kernel on it.
 // It reports false, queuing nothing, where there is no room for them.

@@ -55,7 +55,7 @@ func main() {
 	seed := flag.Uint64("seed", 1, "seed of the random weights")
 	kvb := flag.String("kvb", "", "an MLA model's attn_k_b and attn_v_b: q8_0 where their rows are whole blocks (default: as the matrices' -type allows, F32 for q8_0)")
 	flag.Parse()
-	if err := runKVB(*cfgDir, *out, *typ, *layers, *seed, *kvb); err != nil {
+	if err := run(*cfgDir, *out, *typ, *layers, *seed, *kvb); err != nil {
 		fmt.Fprintln(os.Stderr, "randgguf:", err)
 		os.Exit(1)
 	}
@@ -63,13 +63,9 @@ func main() {
 
 var types = map[string]uint32{"bf16": ggufwrite.BF16, "f16": ggufwrite.F16, "f32": ggufwrite.F32, "q8_0": ggufwrite.Q8_0}
 
-func run(cfgDir, out, typ string, layers int, seed uint64) error {
-	return runKVB(cfgDir, out, typ, layers, seed, "")
-}
-
-// runKVB is run with attn_k_b and attn_v_b stored as kvb says ("" or
-// "q8_0").
-func runKVB(cfgDir, out, typ string, layers int, seed uint64, kvb string) error {
+// run writes the GGUF; kvb says how attn_k_b and attn_v_b are stored
+// ("" as the converter stores them, or "q8_0").
+func run(cfgDir, out, typ string, layers int, seed uint64, kvb string) error {
 	t, ok := types[typ]
 	if cfgDir == "" || out == "" || !ok || (kvb != "" && kvb != "q8_0") {
 		return errors.New("usage: randgguf -config DIR -o FILE.gguf [-type bf16|f16|f32|q8_0] [-layers N] [-seed S] [-kvb q8_0]")

@@ -18,7 +18,7 @@ import (
 // checks the tensors and their types, and has ferrite load and run it.
 func TestWritesLoadableGGUF(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "m.gguf")
-	if err := run(fixtures.Dir("qwen3"), out, "bf16", 1, 7); err != nil {
+	if err := run(fixtures.Dir("qwen3"), out, "bf16", 1, 7, ""); err != nil {
 		t.Fatal(err)
 	}
 	m, err := gguf.Open(out)
@@ -45,7 +45,7 @@ func TestWritesLoadableGGUF(t *testing.T) {
 		t.Errorf("%d layers, want 1", got)
 	}
 	// The real Qwen3-0.6B config (top-level rope_theta) cut to one layer.
-	if err := run("../../engine/testdata/qwen3-0.6b", out, "bf16", 1, 7); err != nil {
+	if err := run("../../engine/testdata/qwen3-0.6b", out, "bf16", 1, 7, ""); err != nil {
 		t.Fatal(err)
 	}
 	if m, err = gguf.Open(out); err != nil {
@@ -60,10 +60,10 @@ func TestWritesLoadableGGUF(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bad, "config.json"), []byte(`{"model_type": "nonesuch", "num_hidden_layers": 1}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(bad, out, "bf16", 0, 1); err == nil {
+	if err := run(bad, out, "bf16", 0, 1, ""); err == nil {
 		t.Error("an unknown model_type was accepted")
 	}
-	if err := run(fixtures.Dir("qwen3"), out, "q3_k", 0, 1); err == nil {
+	if err := run(fixtures.Dir("qwen3"), out, "q3_k", 0, 1, ""); err == nil {
 		t.Error("an unknown type was accepted")
 	}
 }
@@ -75,7 +75,7 @@ func TestSeeded(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name string, seed uint64) []byte {
 		out := filepath.Join(dir, name)
-		if err := run(fixtures.Dir("qwen3"), out, "bf16", 1, seed); err != nil {
+		if err := run(fixtures.Dir("qwen3"), out, "bf16", 1, seed, ""); err != nil {
 			t.Fatal(err)
 		}
 		b, err := os.ReadFile(out)
@@ -108,7 +108,7 @@ func TestSeeded(t *testing.T) {
 func TestMoE(t *testing.T) {
 	dir := fixtures.Dir("qwen3_moe")
 	out := filepath.Join(t.TempDir(), "moe.gguf")
-	if err := run(dir, out, "q8_0", 0, 3); err != nil {
+	if err := run(dir, out, "q8_0", 0, 3, ""); err != nil {
 		t.Fatal(err)
 	}
 	m, err := gguf.Open(out)
@@ -164,7 +164,7 @@ func TestMoE(t *testing.T) {
 // 16) F32, as llama-quantize would leave them; ferrite loads it.
 func TestMLA(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "mla.gguf")
-	if err := runKVB(fixtures.Dir("glm4_moe_lite"), out, "q8_0", 0, 5, "q8_0"); err != nil {
+	if err := run(fixtures.Dir("glm4_moe_lite"), out, "q8_0", 0, 5, "q8_0"); err != nil {
 		t.Fatal(err)
 	}
 	m, err := gguf.Open(out)
@@ -186,7 +186,7 @@ func TestMLA(t *testing.T) {
 	if got := l.Model.Info().Arch; got != "glm4_moe_lite" {
 		t.Errorf("arch %q", got)
 	}
-	if err := runKVB(fixtures.Dir("glm4_moe_lite"), out, "q8_0", 0, 5, "q4_0"); err == nil {
+	if err := run(fixtures.Dir("glm4_moe_lite"), out, "q8_0", 0, 5, "q4_0"); err == nil {
 		t.Error("-kvb q4_0 was accepted")
 	}
 }
