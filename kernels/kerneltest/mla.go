@@ -24,6 +24,14 @@ const (
 	// against the bound above stays below 2⁻⁹ (up to 1.5e-4 seen on the
 	// CPU backend), while the outputs themselves are a few per cent of it.
 	MLABF16Tol = 1.0 / (1 << 9)
+	// MLASplitTol replaces MLATol for a kv_b_proj whose halves are
+	// block-quantized and stored split (Mat.KVB, a GGUF's attn_k_b and
+	// attn_v_b): a backend may quantize both products' x to int8
+	// (QuantTol), each element off by up to max|x|/254 of its block,
+	// which the softmax carries on from the scores. The CPU backend's
+	// int8 products stray up to 3.9e-3 of the bound in these cases; a
+	// head's part taken from the next head strays 2.3e-2 to 0.69.
+	MLASplitTol = 1.0 / (1 << 7)
 	// IndexerTol (IndexerScores): scale is Σ_h |w_h|·Scale·max_t Σ_d
 	// |q_h,d·k_t,d|, the bound on a row's scores.
 	IndexerTol = 1e-5
@@ -129,17 +137,28 @@ type mlaCase struct {
 	topK                         int // 0: dense; else a random selection of at most topK positions
 	inter                        bool
 	wdt                          kernels.DType
+	// split, when set, stores kv_b_proj's halves per head as a GGUF does
+	// (Mat.KVB): W_UK_hᵀ in split[0], W_UV_h in split[1]; the matrix's
+	// Data is their exact float32 rebuild (wdt is then unused).
+	split *[2]kernels.DType
 }
 
 func mlaTest(t *testing.T, d kernels.Device, ops kernels.MLAOps) {
 	cases := []mlaCase{
-		{4, 8, 4, 6, 16, 4, []attnSeq{{0, 1}}, 0, true, kernels.BF16},
-		{2, 8, 4, 8, 24, 4, []attnSeq{{9, 1}, {0, 3}, {20, 1}}, 0, false, kernels.F32},   // decode rows
-		{3, 4, 8, 4, 12, 8, []attnSeq{{5, 1}, {0, 40}, {33, 17}}, 0, true, kernels.BF16}, // mixed
-		{2, 8, 4, 8, 16, 4, []attnSeq{{0, 30}, {25, 2}, {10, 1}}, 6, true, kernels.F8E4M3},
-		{5, 16, 8, 16, 32, 16, []attnSeq{{40, 3}, {0, 20}}, 9, false, kernels.BF16},
-		{2, 8, 0, 8, 16, 4, []attnSeq{{0, 9}, {12, 1}}, 5, false, kernels.BF16}, // NoPE (no rotary)
-		{3, 6, 2, 5, 15, 4, []attnSeq{{0, 5}, {7, 1}}, 0, true, kernels.F32},    // odd widths: no vector loads
+		{4, 8, 4, 6, 16, 4, []attnSeq{{0, 1}}, 0, true, kernels.BF16, nil},
+		{2, 8, 4, 8, 24, 4, []attnSeq{{9, 1}, {0, 3}, {20, 1}}, 0, false, kernels.F32, nil},   // decode rows
+		{3, 4, 8, 4, 12, 8, []attnSeq{{5, 1}, {0, 40}, {33, 17}}, 0, true, kernels.BF16, nil}, // mixed
+		{2, 8, 4, 8, 16, 4, []attnSeq{{0, 30}, {25, 2}, {10, 1}}, 6, true, kernels.F8E4M3, nil},
+		{5, 16, 8, 16, 32, 16, []attnSeq{{40, 3}, {0, 20}}, 9, false, kernels.BF16, nil},
+		{2, 8, 0, 8, 16, 4, []attnSeq{{0, 9}, {12, 1}}, 5, false, kernels.BF16, nil}, // NoPE (no rotary)
+		{3, 6, 2, 5, 15, 4, []attnSeq{{0, 5}, {7, 1}}, 0, true, kernels.F32, nil},    // odd widths: no vector loads
+		// kv_b_proj split per head as a GGUF stores it (Mat.KVB): Q8_0
+		// rows of 32 and 64, F16 W_UK beside Q8_0 W_UV (GLM-4.7-Flash's
+		// usual file), K-quant rows of 256 (the latent's width).
+		{3, 32, 8, 16, 64, 4, []attnSeq{{0, 5}, {9, 1}, {3, 2}}, 0, true, 0, &[2]kernels.DType{kernels.Q8_0, kernels.Q8_0}},
+		{2, 32, 4, 8, 64, 4, []attnSeq{{12, 1}, {0, 6}}, 5, false, 0, &[2]kernels.DType{kernels.F16, kernels.Q8_0}},
+		{2, 64, 8, 8, 256, 8, []attnSeq{{20, 1}, {0, 3}}, 0, true, 0, &[2]kernels.DType{kernels.Q4_0, kernels.Q6K}},
+		{2, 32, 8, 16, 256, 8, []attnSeq{{0, 2}, {7, 1}}, 0, false, 0, &[2]kernels.DType{kernels.Q8_0, kernels.Q4K}},
 	}
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		for ci, c := range cases {
@@ -168,7 +187,12 @@ func mlaCaseRun(t *testing.T, d kernels.Device, ops kernels.MLAOps, dt kernels.D
 	normV := randn(rng, c.kl)
 	norm := newBuf(t, d, 1, c.kl, normV).t
 	const eps = 1e-6
-	kvB := NewMat(rng, c.wdt, c.heads*(c.nope+c.v), c.kl, 4, 8)
+	var kvB *kernels.Mat
+	if c.split != nil {
+		kvB = SplitKVB(rng, kernels.MLAShape{Heads: c.heads, Nope: c.nope, V: c.v, KVLora: c.kl}, c.split[0], c.split[1])
+	} else {
+		kvB = NewMat(rng, c.wdt, c.heads*(c.nope+c.v), c.kl, 4, 8)
+	}
 	s := kernels.MLAShape{Heads: c.heads, Nope: c.nope, Rope: c.rope, V: c.v, KVLora: c.kl, Scale: float32(1 / math.Sqrt(float64(c.nope+c.rope))), Form: form}
 
 	// Every position's kv_a output and its expected cache row: the cached
@@ -285,7 +309,43 @@ func mlaCaseRun(t *testing.T, d kernels.Device, ops kernels.MLAOps, dt kernels.D
 		// rows absorbed, or every attended latent in the naive form).
 		tol = MLABF16Tol
 	}
+	if c.split != nil && (c.split[0].Quantized() || c.split[1].Quantized()) {
+		tol = max(tol, MLASplitTol)
+	}
 	compare(t, "out", out.read(t, "out"), wantOut, tol, func(k int) float64 { return scale[k/(c.heads*c.v)] + 1e-30 })
+}
+
+// SplitKVB returns a kv_b_proj of shape s stored split per head
+// (Mat.KVB) in the dtypes uk (W_UK_hᵀ, (KVLora, Nope) a head) and uv
+// (W_UV_h, (V, KVLora)), random values, as engine/gguf's joinKVB gives a
+// GGUF's attn_k_b and attn_v_b: each head's part a view of one matrix of
+// all heads, Data the exact float32 rebuild (Heads·(Nope+V), KVLora).
+func SplitKVB(rng *rand.Rand, s kernels.MLAShape, uk, uv kernels.DType) *kernels.Mat {
+	nh, dn, dv, kl := s.Heads, s.Nope, s.V, s.KVLora
+	ukAll := NewMat(rng, uk, nh*kl, dn, 4, 8) // (heads·kl, nope): W_UK_hᵀ stacked
+	uvAll := NewMat(rng, uv, nh*dv, kl, 4, 8) // (heads·v, kl): W_UV_h stacked
+	hs := &kernels.KVBHeads{UK: make([]*kernels.Mat, nh), UV: make([]*kernels.Mat, nh)}
+	kr, vr := kl*uk.RowBytes(dn), dv*uv.RowBytes(kl)
+	for h := range nh {
+		hs.UK[h] = &kernels.Mat{DType: uk, Rows: kl, Cols: dn, Data: ukAll.Data[h*kr : (h+1)*kr]}
+		hs.UV[h] = &kernels.Mat{DType: uv, Rows: dv, Cols: kl, Data: uvAll.Data[h*vr : (h+1)*vr]}
+	}
+	ukF, uvF := ref.MatF32(ukAll), ref.MatF32(uvAll)
+	w := make([]float32, nh*(dn+dv)*kl)
+	for h := range nh {
+		base := h * (dn + dv) * kl
+		for c := range kl {
+			for k := range dn {
+				w[base+k*kl+c] = ukF[(h*kl+c)*dn+k]
+			}
+		}
+		copy(w[base+dn*kl:base+(dn+dv)*kl], uvF[h*dv*kl:(h+1)*dv*kl])
+	}
+	m := &kernels.Mat{DType: kernels.F32, Rows: nh * (dn + dv), Cols: kl, Data: make([]byte, 4*len(w)), KVB: hs}
+	for i, v := range w {
+		putU32(m.Data[4*i:], math.Float32bits(v))
+	}
+	return m
 }
 
 type indexerCase struct {
@@ -445,18 +505,23 @@ func checkTopK(t *testing.T, d kernels.Device, sp kernels.SparseOps, sc []float3
 // out; then the same latent under other head counts (DeepSeek-V3's 128
 // heads of 128 + 64, 8 heads with a 37-wide selection, a 12-head prefill
 // chunk whose early rows leave splits empty), for kernels that tile the
-// heads. The float64 reference
+// heads; and GLM-4.7-Flash's kv_b_proj stored split as a GGUF stores it. The float64 reference
 // takes seconds: for devices (kernels/cuda's tests), not for RunOps.
 func MLAWide(t *testing.T, d kernels.Device, ops kernels.MLAOps) {
 	cases := []mlaCase{
-		{20, 192, 64, 256, 512, 16, []attnSeq{{1200, 1}, {0, 3}, {700, 2}}, 0, true, kernels.BF16},
-		{20, 192, 64, 256, 512, 64, []attnSeq{{2200, 1}, {2080, 2}}, 2048, false, kernels.BF16},
+		{20, 192, 64, 256, 512, 16, []attnSeq{{1200, 1}, {0, 3}, {700, 2}}, 0, true, kernels.BF16, nil},
+		{20, 192, 64, 256, 512, 64, []attnSeq{{2200, 1}, {2080, 2}}, 2048, false, kernels.BF16, nil},
 		// A prefill chunk beside a long decode row: too many blocks to
 		// split the context, so each split must take all of it.
-		{20, 192, 64, 256, 512, 16, []attnSeq{{0, 120}, {600, 1}}, 0, true, kernels.BF16},
-		{128, 128, 64, 128, 512, 16, []attnSeq{{300, 1}, {0, 2}, {77, 1}}, 0, false, kernels.BF16},
-		{8, 64, 64, 64, 512, 16, []attnSeq{{150, 1}, {31, 3}}, 37, true, kernels.BF16},
-		{12, 32, 64, 32, 512, 16, []attnSeq{{0, 40}}, 0, true, kernels.BF16},
+		{20, 192, 64, 256, 512, 16, []attnSeq{{0, 120}, {600, 1}}, 0, true, kernels.BF16, nil},
+		{128, 128, 64, 128, 512, 16, []attnSeq{{300, 1}, {0, 2}, {77, 1}}, 0, false, kernels.BF16, nil},
+		{8, 64, 64, 64, 512, 16, []attnSeq{{150, 1}, {31, 3}}, 37, true, kernels.BF16, nil},
+		{12, 32, 64, 32, 512, 16, []attnSeq{{0, 40}}, 0, true, kernels.BF16, nil},
+		// GLM-4.7-Flash from a GGUF: kv_b_proj's halves as stored
+		// (Mat.KVB), Q8_0 both (llama-quantize's Q8_0 file), F16 W_UK
+		// beside Q6_K W_UV (a K-quant file's).
+		{20, 192, 64, 256, 512, 16, []attnSeq{{900, 1}, {0, 3}, {40, 1}}, 0, true, 0, &[2]kernels.DType{kernels.Q8_0, kernels.Q8_0}},
+		{20, 192, 64, 256, 512, 16, []attnSeq{{0, 24}, {300, 1}}, 0, true, 0, &[2]kernels.DType{kernels.F16, kernels.Q6K}},
 	}
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		for ci, c := range cases {
