@@ -1,5 +1,7 @@
 package cpu
 
+import "github.com/ferrite-llm/ferrite/kernels"
+
 // ForceGenericBF16 sends BF16 weights through the bf16 path with its pure-Go
 // tiles, on any CPU, until restore is called.
 func ForceGenericBF16() (restore func()) {
@@ -12,4 +14,10 @@ func ForceGenericBF16() (restore func()) {
 func ForceGenericX8() (restore func()) {
 	old := forceGenericX8.Swap(true)
 	return func() { forceGenericX8.Store(old) }
+}
+
+// HeadMatMuls is headMatMuls (the absorbed MLA's per-head products, side
+// by side over the workers), for the benchmarks.
+func (b *Backend) HeadMatMuls(ys []float32, yn int, xs []float32, xn int, ws []*kernels.Mat, m int) {
+	b.headMatMuls(ys, yn, xs, xn, ws, m)
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -365,17 +366,19 @@ func (a *mlaCall) absorbed(rows []int32) {
 	qw := nh * hd
 	sp := b.mla.split(a.kvB, s)
 
-	qc := make([]float32, m*nh*kw)       // (m, Heads, KVLora+Rope): [W_UK_hᵀ q_nope_h | q_pe_h]
-	in := make([]float32, m*max(dn, kl)) // (m, Nope) q_nope of one head, then (m, KVLora) its latents
-	ob := make([]float32, m*max(kl, dv)) // (m, KVLora) absorbed queries, then (m, V) head outputs
+	qc := make([]float32, m*nh*kw)          // (m, Heads, KVLora+Rope): [W_UK_hᵀ q_nope_h | q_pe_h]
+	in := make([]float32, nh*m*max(dn, kl)) // (Heads, m, Nope) q_nope per head, then (Heads, m, KVLora) its latents
+	ob := make([]float32, nh*m*max(kl, dv)) // (Heads, m, KVLora) absorbed queries, then (Heads, m, V) head outputs
 	for h := range nh {
 		for r, i := range rows {
-			copy(in[r*dn:(r+1)*dn], a.q[int(i)*qw+h*hd:])
+			copy(in[(h*m+r)*dn:(h*m+r+1)*dn], a.q[int(i)*qw+h*hd:])
 		}
-		b.MatMul(ob[:m*kl], in[:m*dn], sp.uk[h], m)
+	}
+	b.headMatMuls(ob, m*kl, in, m*dn, sp.uk, m)
+	for h := range nh {
 		for r, i := range rows {
 			dst := qc[(r*nh+h)*kw : (r*nh+h+1)*kw]
-			copy(dst[:kl], ob[r*kl:(r+1)*kl])
+			copy(dst[:kl], ob[(h*m+r)*kl:(h*m+r+1)*kl])
 			copy(dst[kl:], a.q[int(i)*qw+h*hd+dn:int(i)*qw+(h+1)*hd])
 		}
 	}
@@ -434,13 +437,40 @@ func (a *mlaCall) absorbed(rows []int32) {
 
 	for h := range nh {
 		for r := range rows {
-			copy(in[r*kl:(r+1)*kl], lat[(r*nh+h)*kl:])
-		}
-		b.MatMul(ob[:m*dv], in[:m*kl], sp.uv[h], m)
-		for r, i := range rows {
-			copy(a.out[int(i)*nh*dv+h*dv:], ob[r*dv:(r+1)*dv])
+			copy(in[(h*m+r)*kl:(h*m+r+1)*kl], lat[(r*nh+h)*kl:])
 		}
 	}
+	b.headMatMuls(ob, m*dv, in, m*kl, sp.uv, m)
+	for h := range nh {
+		for r, i := range rows {
+			copy(a.out[int(i)*nh*dv+h*dv:], ob[(h*m+r)*dv:(h*m+r+1)*dv])
+		}
+	}
+}
+
+// headMatMuls sets y_h = x_h·ws[h]ᵀ (m rows) for every head h, y_h and x_h
+// the h-th runs of ys and xs (yn and xn values each). Where there are at
+// least as many heads as workers, the heads run side by side, each
+// product inline on one worker (as a decode's experts do, ExpertsClamp):
+// a head's matrices are small (GLM-4.7-Flash's W_UK_hᵀ is 104 KB of Q8_0),
+// and a MatMul per head paid the pool's hand-off twenty times a layer. A
+// product's values do not depend on which worker runs it.
+func (b *Backend) headMatMuls(ys []float32, yn int, xs []float32, xn int, ws []*kernels.Mat, m int) {
+	nh := len(ws)
+	if nh < b.pool.workers {
+		for h, w := range ws {
+			b.MatMul(ys[h*yn:(h+1)*yn], xs[h*xn:(h+1)*xn], w, m)
+		}
+		return
+	}
+	bufs := make([]xbufs, nh)
+	scratch := make([][]float32, nh)
+	var next atomic.Int64
+	b.Parallel(b.pool.workers, func(int, int) {
+		for h := int(next.Add(1) - 1); h < nh; h = int(next.Add(1) - 1) {
+			b.matMulInline(ys[h*yn:(h+1)*yn], xs[h*xn:(h+1)*xn], ws[h], m, &bufs[h], &scratch[h])
+		}
+	})
 }
 
 // naiveTile is the number of keys the naive form expands at a time for a

@@ -75,5 +75,28 @@ func BenchmarkMLAProjections(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/layers, "µs/layer")
 		})
+		// The same products as AttentionMLA now runs them: a layer's heads
+		// side by side over the workers (headMatMuls), W_UK's then W_UV's.
+		qs, lats := make([]float32, heads*nope), make([]float32, heads*kl)
+		for h := range heads {
+			copy(qs[h*nope:], q)
+			copy(lats[h*kl:], lat)
+		}
+		ys := make([]float32, heads*max(kl, v))
+		b.Run(dt.String()+"/heads", func(b *testing.B) {
+			step := func() {
+				for l := range layers {
+					be.HeadMatMuls(ys, kl, qs, nope, mk[l], 1)
+					be.HeadMatMuls(ys, v, lats, kl, mv[l], 1)
+				}
+			}
+			step()
+			b.SetBytes(bytes)
+			b.ResetTimer()
+			for range b.N {
+				step()
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/layers, "µs/layer")
+		})
 	}
 }
