@@ -22,6 +22,7 @@ type Backend struct {
 	lin   linScratch           // the delta rule's normalised q/k and gates
 	rope  map[ropeKey]*ropeTab // cos/sin tables per Rotary
 	mla   mlaSplits            // kv_b_proj split per head, per weight (absorbed MLA)
+	heads sideBySide           // the absorbed MLA's per-head products (headMatMuls)
 	x8    x8Cache              // Q4_0 and Q8_0 weights repacked for the x8 kernels, per weight
 	res   residentCache        // BF16 weights copied into huge pages, per weight
 	// experts is set while Experts runs: its MatMuls are routed experts'

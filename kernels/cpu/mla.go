@@ -5,7 +5,6 @@ import (
 	"math"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/ferrite-llm/ferrite/kernels"
@@ -453,8 +452,9 @@ func (a *mlaCall) absorbed(rows []int32) {
 // least as many heads as workers, the heads run side by side, each
 // product inline on one worker (as a decode's experts do, ExpertsClamp):
 // a head's matrices are small (GLM-4.7-Flash's W_UK_hᵀ is 104 KB of Q8_0),
-// and a MatMul per head paid the pool's hand-off twenty times a layer. A
-// product's values do not depend on which worker runs it.
+// and a MatMul per head paid the pool's hand-off twenty times a layer
+// (sideBySide, its buffers kept between calls). A product's values do not
+// depend on which worker runs it.
 func (b *Backend) headMatMuls(ys []float32, yn int, xs []float32, xn int, ws []*kernels.Mat, m int) {
 	nh := len(ws)
 	if nh < b.pool.workers {
@@ -463,13 +463,8 @@ func (b *Backend) headMatMuls(ys []float32, yn int, xs []float32, xn int, ws []*
 		}
 		return
 	}
-	bufs := make([]xbufs, nh)
-	scratch := make([][]float32, nh)
-	var next atomic.Int64
-	b.Parallel(b.pool.workers, func(int, int) {
-		for h := int(next.Add(1) - 1); h < nh; h = int(next.Add(1) - 1) {
-			b.matMulInline(ys[h*yn:(h+1)*yn], xs[h*xn:(h+1)*xn], ws[h], m, &bufs[h], &scratch[h])
-		}
+	b.heads.run(b, nh, func(h int, xb *xbufs, scratch *[]float32) {
+		b.matMulInline(ys[h*yn:(h+1)*yn], xs[h*xn:(h+1)*xn], ws[h], m, xb, scratch)
 	})
 }
 

@@ -408,10 +408,35 @@ type moeScratch struct {
 	tw          []float32
 	xe, gu, h   []float32
 	ye          []float32
-	act         []int        // experts with tokens
-	next        atomic.Int64 // side by side: the next of act to run
-	xb          []xbufs      // per active expert: its products' converted x
-	scratch     [][]float32
+	act         []int      // experts with tokens
+	side        sideBySide // the active experts side by side, one a worker
+}
+
+// sideBySide runs items side by side over the workers, each item's
+// products inline on one worker, the workers taking items off a counter
+// (on a busy machine one may fall behind): a decode's experts
+// (ExpertsClamp) and the absorbed MLA's heads (headMatMuls), products too
+// small to split. Item i converts its x into xb[i] and works in
+// scratch[i], both kept between calls.
+type sideBySide struct {
+	next    atomic.Int64
+	xb      []xbufs
+	scratch [][]float32
+}
+
+// run calls fn(i, its xbufs, its scratch) for every i < n over b's workers
+// and returns when all have returned.
+func (s *sideBySide) run(b *Backend, n int, fn func(i int, xb *xbufs, scratch *[]float32)) {
+	for len(s.xb) < n {
+		s.xb = append(s.xb, xbufs{})
+		s.scratch = append(s.scratch, nil)
+	}
+	s.next.Store(0)
+	b.Parallel(b.pool.workers, func(int, int) {
+		for i := int(s.next.Add(1) - 1); i < n; i = int(s.next.Add(1) - 1) {
+			fn(i, &s.xb[i], &s.scratch[i])
+		}
+	})
 }
 
 // moeSideBySide is the most tokens an expert may have for the experts to
@@ -518,19 +543,10 @@ func (b *Backend) ExpertsClamp(dst, x, ids, w kernels.Tensor, experts []kernels.
 		}
 		return
 	}
-	for len(s.xb) < len(s.act) {
-		s.xb = append(s.xb, xbufs{})
-		s.scratch = append(s.scratch, nil)
-	}
-	// The workers take experts off a counter: on a busy machine one may
-	// fall behind.
-	s.next.Store(0)
-	b.Parallel(b.pool.workers, func(int, int) {
-		for a := int(s.next.Add(1) - 1); a < len(s.act); a = int(s.next.Add(1) - 1) {
-			run(s.act[a], s.count[s.act[a]], func(y, x []float32, w *kernels.Mat, n int) {
-				b.matMulInline(y, x, w, n, &s.xb[a], &s.scratch[a])
-			})
-		}
+	s.side.run(b, len(s.act), func(a int, xb *xbufs, scratch *[]float32) {
+		run(s.act[a], s.count[s.act[a]], func(y, x []float32, w *kernels.Mat, n int) {
+			b.matMulInline(y, x, w, n, xb, scratch)
+		})
 	})
 	for _, e := range s.act { // in increasing expert id, as documented
 		add(e, s.count[e])
