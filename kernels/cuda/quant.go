@@ -18,10 +18,13 @@ import (
 // Decode steps (up to quantGemvRows rows, and a verification's rows under
 // SetRowExact) run src/ops_quant.cu's GEMV over the blocks, on x
 // quantized to int8 as the CPU backend quantizes it (ferrite_qx8, then
-// dp4a: quantGemvL; FERRITE_CUDA_QX8=0 keeps float32 x); wider products
-// decode the weight exactly into bfloat16 scratch (ferrite_qbf16_*) and run
-// the bf16 product (linearQuant): two terms below gemmRoundRows rows, one
-// (a relative 2⁻⁹ a weight, as x's own rounding there) from then on.
+// dp4a: quantGemvL; FERRITE_CUDA_QX8=0 keeps float32 x); wider decode
+// batches, up to quantMMQRows rows, multiply the blocks with that int8 x on
+// the tensor cores (ferrite_qmmq_*: mma.sync s8, quantMMQL); wider products
+// still (prefill) decode the weight exactly into bfloat16 scratch
+// (ferrite_qbf16_*) and run the bf16 product (linearQuant): two terms
+// below gemmRoundRows rows, one (a relative 2⁻⁹ a weight, as x's own
+// rounding there) from then on.
 // The MoE experts keep their blocks too (expertTable): src/ops_moe.cu's _q
 // kernels read them through src/ops_common_quant.cu, and a prefill of
 // gemmRoundRows tokens and more decodes the chosen experts into bf16 for
@@ -42,34 +45,63 @@ var quantGemvRows = func() int {
 	return 8
 }()
 
+// quantMMQRows is the most rows of x the tensor-core product over the
+// blocks takes (from quantGemvRows + 1; 0: none, the bf16 decoding's
+// product takes them): FERRITE_CUDA_MMQ_ROWS, default gemmRoundRows − 1.
+var quantMMQRows = func() int {
+	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_MMQ_ROWS")); err == nil && n >= 0 {
+		return n
+	}
+	return gemmRoundRows - 1
+}()
+
+// The tensor-core product's tiles (src/ops_quant.cu's kMmqRows and
+// kMmqChunk): a block's weight rows and the columns it stages at a time.
+const (
+	mmqRows  = 128
+	mmqChunk = 128
+)
+
+// mmqMaxSplits is the most column splits of a tensor-core product (tests
+// set it to 1 for the single-split form).
+var mmqMaxSplits = 16
+
 // quantKernelNames are a type's GEMVs for one row of x (2, 4 or 8 weight
 // rows a block: one1[0], [1], [2]) and for up to 8 rows of x (2 weight rows
-// a block), its decoding into bfloat16, and its GEMVs over int8 rows of x
-// (x8one: one row, 4 weight rows a block; x8b8: up to 8, 2).
+// a block), its decoding into bfloat16, its GEMVs over int8 rows of x
+// (x8one: one row, 4 weight rows a block; x8b8: up to 8, 2) and its
+// tensor-core products over int8 rows of x (mmq[0]: 16 rows of x a block,
+// mmq[1]: 32).
 type quantKernelNames struct {
 	one1        [3]string
 	b8          string
 	bf16        string
 	x8one, x8b8 string
+	mmq         [2]string
 }
 
 var quantKernels = map[kernels.DType]quantKernelNames{
-	kernels.Q8_0: {[3]string{"ferrite_qgemv_q8_0_r2", "ferrite_qgemv_q8_0_r4", "ferrite_qgemv_q8_0_r8"}, "ferrite_qgemv_q8_0_b8", "ferrite_qbf16_q8_0", "ferrite_qgemv8_q8_0_r4", "ferrite_qgemv8_q8_0_b8"},
-	kernels.Q4_0: {[3]string{"ferrite_qgemv_q4_0_r2", "ferrite_qgemv_q4_0_r4", "ferrite_qgemv_q4_0_r8"}, "ferrite_qgemv_q4_0_b8", "ferrite_qbf16_q4_0", "ferrite_qgemv8_q4_0_r4", "ferrite_qgemv8_q4_0_b8"},
-	kernels.Q4K:  {[3]string{"ferrite_qgemv_q4_k_r2", "ferrite_qgemv_q4_k_r4", "ferrite_qgemv_q4_k_r8"}, "ferrite_qgemv_q4_k_b8", "ferrite_qbf16_q4_k", "ferrite_qgemv8_q4_k_r4", "ferrite_qgemv8_q4_k_b8"},
-	kernels.Q5K:  {[3]string{"ferrite_qgemv_q5_k_r2", "ferrite_qgemv_q5_k_r4", "ferrite_qgemv_q5_k_r8"}, "ferrite_qgemv_q5_k_b8", "ferrite_qbf16_q5_k", "ferrite_qgemv8_q5_k_r4", "ferrite_qgemv8_q5_k_b8"},
-	kernels.Q6K:  {[3]string{"ferrite_qgemv_q6_k_r2", "ferrite_qgemv_q6_k_r4", "ferrite_qgemv_q6_k_r8"}, "ferrite_qgemv_q6_k_b8", "ferrite_qbf16_q6_k", "ferrite_qgemv8_q6_k_r4", "ferrite_qgemv8_q6_k_b8"},
+	kernels.Q8_0: {[3]string{"ferrite_qgemv_q8_0_r2", "ferrite_qgemv_q8_0_r4", "ferrite_qgemv_q8_0_r8"}, "ferrite_qgemv_q8_0_b8", "ferrite_qbf16_q8_0", "ferrite_qgemv8_q8_0_r4", "ferrite_qgemv8_q8_0_b8",
+		[2]string{"ferrite_qmmq_q8_0_x16", "ferrite_qmmq_q8_0_x32"}},
+	kernels.Q4_0: {[3]string{"ferrite_qgemv_q4_0_r2", "ferrite_qgemv_q4_0_r4", "ferrite_qgemv_q4_0_r8"}, "ferrite_qgemv_q4_0_b8", "ferrite_qbf16_q4_0", "ferrite_qgemv8_q4_0_r4", "ferrite_qgemv8_q4_0_b8",
+		[2]string{"ferrite_qmmq_q4_0_x16", "ferrite_qmmq_q4_0_x32"}},
+	kernels.Q4K: {[3]string{"ferrite_qgemv_q4_k_r2", "ferrite_qgemv_q4_k_r4", "ferrite_qgemv_q4_k_r8"}, "ferrite_qgemv_q4_k_b8", "ferrite_qbf16_q4_k", "ferrite_qgemv8_q4_k_r4", "ferrite_qgemv8_q4_k_b8",
+		[2]string{"ferrite_qmmq_q4_k_x16", "ferrite_qmmq_q4_k_x32"}},
+	kernels.Q5K: {[3]string{"ferrite_qgemv_q5_k_r2", "ferrite_qgemv_q5_k_r4", "ferrite_qgemv_q5_k_r8"}, "ferrite_qgemv_q5_k_b8", "ferrite_qbf16_q5_k", "ferrite_qgemv8_q5_k_r4", "ferrite_qgemv8_q5_k_b8",
+		[2]string{"ferrite_qmmq_q5_k_x16", "ferrite_qmmq_q5_k_x32"}},
+	kernels.Q6K: {[3]string{"ferrite_qgemv_q6_k_r2", "ferrite_qgemv_q6_k_r4", "ferrite_qgemv_q6_k_r8"}, "ferrite_qgemv_q6_k_b8", "ferrite_qbf16_q6_k", "ferrite_qgemv8_q6_k_r4", "ferrite_qgemv8_q6_k_b8",
+		[2]string{"ferrite_qmmq_q6_k_x16", "ferrite_qmmq_q6_k_x32"}},
 }
 
 func init() {
 	for _, k := range quantKernels {
-		for _, name := range []string{k.one1[0], k.one1[1], k.one1[2], k.b8, k.bf16, k.x8one, k.x8b8} {
+		for _, name := range []string{k.one1[0], k.one1[1], k.one1[2], k.b8, k.bf16, k.x8one, k.x8b8, k.mmq[0], k.mmq[1]} {
 			kernelNames = append(kernelNames, name)
 			pdlKernels[name] = true
 		}
 	}
-	kernelNames = append(kernelNames, "ferrite_qx8")
-	pdlKernels["ferrite_qx8"] = true
+	kernelNames = append(kernelNames, "ferrite_qx8", "ferrite_qmmq_sum")
+	pdlKernels["ferrite_qx8"], pdlKernels["ferrite_qmmq_sum"] = true, true
 }
 
 // quantRowsPerBlock is the one-row quantized GEMV's weight rows a block
@@ -266,12 +298,11 @@ func quantXGroup(dt kernels.DType) int {
 // quantGemvL queues y (n, w.Rows) = x · wᵀ (+ bias) (+ y) for a quantized
 // w, a GEMV launch per segment into its columns of y. Where xq is not 0
 // (quantX8Bytes(n, w.Cols) bytes), x is first quantized to int8 there
-// (ferrite_qx8, again only where a segment's scale group differs from the
-// last one's) and the GEMVs multiply it with dp4a, as the CPU backend
+// (quantXL) and the GEMVs multiply it with dp4a, as the CPU backend
 // does; else they multiply x's float32 values.
 func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool, xq uint64) error {
-	c0, group := 0, 0
-	xe := xq + uint64(alignUp(int64(n)*int64(w.Cols), 16))
+	q := quantX{xq: xq, xe: xq + uint64(alignUp(int64(n)*int64(w.Cols), 16))}
+	c0 := 0
 	for _, s := range w.segs() {
 		k, ok := quantKernels[s.DType]
 		if !ok {
@@ -284,18 +315,14 @@ func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool, xq ui
 		var err error
 		switch {
 		case xq != 0:
-			if g := quantXGroup(s.DType); g != group {
-				group = g
-				if err = d.launch3L("ferrite_qx8", [3]uint32{uint32(ceilDiv(s.Cols, 256)), uint32(n), 1}, 256, 0,
-					xq, xe, x, i32(s.Cols), i32(s.Cols), i32(g)); err != nil {
-					return err
-				}
+			if err = q.quantize(d, x, s, n); err != nil {
+				return err
 			}
 			name, r := k.x8b8, 2 // up to 8 rows of x at once
 			if n == 1 {
 				name, r = k.x8one, 4
 			}
-			err = d.launchL(name, uint32(ceilDiv(s.Rows, r)), 128, 0, y+uint64(4*c0), xq, xe, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
+			err = d.launchL(name, uint32(ceilDiv(s.Rows, r)), 128, 0, y+uint64(4*c0), q.xq, q.xe, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
 				i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc))
 		default:
 			name, r := k.b8, 2 // up to 8 rows of x at once
@@ -311,6 +338,77 @@ func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool, xq ui
 		c0 += s.Rows
 	}
 	return nil
+}
+
+// quantX is where x goes quantized to int8 (quantX8Bytes: the values at
+// xq, the (d, Σq) pairs at xe) and the scale group it was last quantized
+// for (0: not yet).
+type quantX struct {
+	xq, xe uint64
+	group  int
+}
+
+// quantize queues ferrite_qx8 of x's n rows for the segment s, unless x
+// is already there for s's scale group.
+func (q *quantX) quantize(d *Device, x uint64, s *Weight, n int) error {
+	g := quantXGroup(s.DType)
+	if g == q.group {
+		return nil
+	}
+	q.group = g
+	return d.launch3L("ferrite_qx8", [3]uint32{uint32(ceilDiv(s.Cols, 256)), uint32(n), 1}, 256, 0,
+		q.xq, q.xe, x, i32(s.Cols), i32(s.Cols), i32(g))
+}
+
+// mmqSplits is how many column splits the tensor-core product of a rows ×
+// cols weight takes: enough blocks for two a multiprocessor, at most one
+// chunk of columns a split and mmqMaxSplits. It depends on the weight's
+// shape only, so a row of x gets the same bits in any batch.
+func (d *Device) mmqSplits(rows, cols int) int {
+	return max(1, min(ceilDiv(2*d.SMs, ceilDiv(rows, mmqRows)), cols/mmqChunk, mmqMaxSplits))
+}
+
+// quantMMQL queues y (n, w.Rows) = x · wᵀ (+ bias) (+ y) for a quantized
+// w on the tensor cores: x quantized to int8 at xq (quantX8Bytes(n,
+// w.Cols) bytes), then a ferrite_qmmq launch per segment; with more than
+// one split (mmqSplits), each writes its sums to ws (splits·n, w.Rows) and
+// ferrite_qmmq_sum adds them into y.
+func (d *Device) quantMMQL(y, x, bias uint64, w *Weight, n int, acc bool, xq, ws uint64, splits int) error {
+	q := quantX{xq: xq, xe: xq + uint64(alignUp(int64(n)*int64(w.Cols), 16))}
+	c0 := 0
+	for _, s := range w.segs() {
+		k, ok := quantKernels[s.DType]
+		if !ok {
+			return fmt.Errorf("cuda: no quantized product for %v", s.DType)
+		}
+		if err := q.quantize(d, x, s, n); err != nil {
+			return err
+		}
+		name, xr := k.mmq[1], 32
+		if n <= 16 {
+			name, xr = k.mmq[0], 16
+		}
+		sb := uint64(0)
+		if bias != 0 && splits == 1 {
+			sb = bias + uint64(4*c0)
+		}
+		wsp := uint64(0)
+		if ws != 0 {
+			wsp = ws + uint64(4*c0)
+		}
+		grid := [3]uint32{uint32(ceilDiv(s.Rows, mmqRows)), uint32(ceilDiv(n, xr)), uint32(splits)}
+		if err := d.launch3L(name, grid, 128, 0, y+uint64(4*c0), wsp, q.xq, q.xe, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
+			i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc && splits == 1)); err != nil {
+			return err
+		}
+		c0 += s.Rows
+	}
+	if splits == 1 {
+		return nil
+	}
+	out := int64(n) * int64(w.Rows)
+	return d.launchL("ferrite_qmmq_sum", uint32(ceilDiv(int(out), 256)), 256, 0, y, ws, bias, i32(n), i32(w.Rows), i32(w.Rows),
+		i32(splits), b32(acc))
 }
 
 // quantX8 returns the buffer for n int8 rows of x of cols values
@@ -352,17 +450,27 @@ func (d *Device) quantBF16L(hi, lo uint64, w *Weight) error {
 }
 
 // linearQuant is linearW for a quantized w: the GEMV over its blocks for
-// up to quantGemvRows rows of x (any rows under SetRowExact); else w
+// up to quantGemvRows rows of x (any rows under SetRowExact), the
+// tensor-core product over its blocks up to quantMMQRows (mmqFits); else w
 // decoded into the shared decode buffer (decodeBuf) for linearW's bf16
-// product: in two terms,
-// hi and lo (about float32 accuracy, as linearW's split x) below
-// gemmRoundRows rows, in one from there on, where x is rounded to bf16
-// too.
+// product: in two terms, hi and lo (about float32 accuracy, as linearW's
+// split x) below gemmRoundRows rows, in one from there on, where x is
+// rounded to bf16 too.
 func (b *Backend) linearQuant(y, x, bias uint64, w *Weight, n int, acc bool) {
 	if b.rowExact || n <= quantGemvRows {
 		xq := b.quantX8(n, w.Cols)
 		b.queue(func(d *Device) error { return d.quantGemvL(y, x, bias, w, n, acc, xq) })
 		return
+	}
+	if b.mmqFits(n, w.Cols) {
+		if xq := b.quantX8(n, w.Cols); xq != 0 {
+			splits, ws := b.dev.mmqSplits(w.Rows, w.Cols), uint64(0)
+			if splits > 1 {
+				ws = dptr(b.Scratch(kernels.F32, splits*n, w.Rows)) // (splits·n, rows) each split's sums
+			}
+			b.queue(func(d *Device) error { return d.quantMMQL(y, x, bias, w, n, acc, xq, ws, splits) })
+			return
+		}
 	}
 	view := func(p uint64) *Weight {
 		return &Weight{Buf: &Buffer{dev: b.dev, ptr: p, size: int64(w.Rows) * int64(w.Cols) * 2}, DType: kernels.BF16, Rows: w.Rows, Cols: w.Cols}
@@ -387,6 +495,20 @@ func (b *Backend) linearQuant(y, x, bias uint64, w *Weight, n int, acc bool) {
 	if lo != 0 {
 		b.linearW(y, x, 0, view(lo), n, true)
 	}
+}
+
+// mmqFits reports whether n rows of x (past the GEMV's) of cols values
+// take the tensor-core product over a quantized weight's blocks: int8 x
+// on, at most quantMMQRows rows, whole column chunks.
+func (b *Backend) mmqFits(n, cols int) bool {
+	return !b.noQX8 && n <= quantMMQRows && cols%mmqChunk == 0
+}
+
+// x8Rows reports whether a product of n rows of x (cols values) over a
+// quantized weight multiplies x quantized to int8 (the GEMV's and the
+// tensor-core product's rows), outside the row-exact mode.
+func (b *Backend) x8Rows(n, cols int) bool {
+	return !b.noQX8 && (n <= quantGemvRows || b.mmqFits(n, cols))
 }
 
 // linWeight is weight for the linear ops: a quantized m's blocks

@@ -116,12 +116,14 @@ func checkQuant(t *testing.T, what string, got, want, mag []float32, tol float64
 }
 
 // quantTol is the tolerance of a quantized product of n rows against the
-// exact decoding, of Σ|w·x|: the GEMV (float32 sums of A·Σf·x − B·Σx), the
-// bf16 product of the weights' two bf16 terms with x's two, and from
-// gemmRoundRows rows of one term each (2⁻⁹ a weight, 2⁻⁹ an input).
-func quantTol(n int) float64 {
+// exact decoding (x8: with x rounded as ferrite_qx8 rounds it), of
+// Σ|w·x|: the GEMV and the tensor-core product (float32 sums of each
+// part's or run's terms), the bf16 product of the weights' two bf16 terms
+// with x's two, and from gemmRoundRows rows of one term each (2⁻⁹ a
+// weight, 2⁻⁹ an input).
+func quantTol(x8 bool, n int) float64 {
 	switch {
-	case n <= quantGemvRows:
+	case x8 || n <= quantGemvRows:
 		return 2e-5
 	case n < gemmRoundRows:
 		return 5e-5
@@ -135,10 +137,15 @@ func quantTol(n int) float64 {
 // x alone gives the bits it gets in a batch.
 func TestQuantLinear(t *testing.T) {
 	b := openOps(t)
-	defer func() { b.noQX8 = false }()
+	defer func(s int) { b.noQX8, mmqMaxSplits = false, s }(mmqMaxSplits)
 	rng := rand.New(rand.NewPCG(7, 8))
-	for _, fx := range []bool{false, true} { // int8 x in the GEMV (the default), then float32 x (FERRITE_CUDA_QX8=0)
-		b.noQX8 = fx
+	for _, m := range []struct {
+		fx     bool
+		splits int
+	}{{false, mmqMaxSplits}, {false, 1}, {true, mmqMaxSplits}} {
+		// int8 x in the GEMV and the tensor-core product (the default); the
+		// latter in one split; float32 x (FERRITE_CUDA_QX8=0)
+		b.noQX8, mmqMaxSplits = m.fx, m.splits
 		testQuantLinear(t, b, rng)
 	}
 }
@@ -148,11 +155,11 @@ func testQuantLinear(t *testing.T, b *Backend, rng *rand.Rand) {
 		for _, sh := range []struct{ rows, cols int }{{1, 256}, {7, 512}, {33, 1024}, {130, 2304}, {257, 4096}} {
 			w := kerneltest.NewMat(rng, dt, sh.rows, sh.cols, 0, 0)
 			for _, n := range []int{1, 3, 8, 9, 40, 300} {
-				if n == 300 && sh.rows != 130 || b.noQX8 && n > quantGemvRows {
+				if n == 300 && sh.rows != 130 || mmqMaxSplits == 1 && !b.mmqFits(n, sh.cols) {
 					continue
 				}
-				x8 := !b.noQX8 && n <= quantGemvRows
-				name := fmt.Sprintf("%v/%dx%d/n=%d/x8=%v", dt, sh.rows, sh.cols, n, x8)
+				x8 := b.x8Rows(n, sh.cols)
+				name := fmt.Sprintf("%v/%dx%d/n=%d/x8=%v/splits≤%d", dt, sh.rows, sh.cols, n, x8, mmqMaxSplits)
 				xv := randF32(rng, n*sh.cols)
 				if n == 3 { // a row of zeros: its int8 scale is 0
 					clear(xv[sh.cols : 2*sh.cols])
@@ -164,8 +171,8 @@ func testQuantLinear(t *testing.T, b *Backend, rng *rand.Rand) {
 				b.EndStep()
 				got := make([]float32, n*sh.rows)
 				b.ReadF32(got, y)
-				checkQuant(t, name, got, want, mag, quantTol(n))
-				if n == 3 { // bias and the residual add
+				checkQuant(t, name, got, want, mag, quantTol(x8, n))
+				if n == 3 || n == 40 { // bias and the residual add
 					bv, y0 := randF32(rng, sh.rows), randF32(rng, n*sh.rows)
 					bias, y2 := f32Tensor(t, b, 1, sh.rows, bv), f32Tensor(t, b, n, sh.rows, y0)
 					b.BeginStep()
@@ -178,13 +185,31 @@ func testQuantLinear(t *testing.T, b *Backend, rng *rand.Rand) {
 							mag[j*sh.rows+r] += float32(math.Abs(float64(bv[r])) + math.Abs(float64(y0[j*sh.rows+r])))
 						}
 					}
-					checkQuant(t, name+"/bias+acc", got, want, mag, quantTol(n))
+					checkQuant(t, name+"/bias+acc", got, want, mag, quantTol(x8, n))
 				}
 			}
 		}
 	}
 	if t.Failed() {
 		return
+	}
+	if b.mmqFits(40, 2304) { // the tensor-core product: a row's bits do not depend on the rows beside it
+		w := kerneltest.NewMat(rng, kernels.Q6K, 300, 2304, 0, 0)
+		xv := randF32(rng, 40*2304)
+		var outs [2][]float32
+		for i, n := range []int{40, 11} {
+			x, y := f32Tensor(t, b, n, 2304, xv[:n*2304]), f32Tensor(t, b, n, 300, make([]float32, n*300))
+			b.BeginStep()
+			b.Linear(y, x, w, kernels.Epilogue{})
+			b.EndStep()
+			outs[i] = make([]float32, n*300)
+			b.ReadF32(outs[i], y)
+		}
+		for i, v := range outs[1] {
+			if math.Float32bits(v) != math.Float32bits(outs[0][i]) {
+				t.Fatalf("tensor-core product: row %d output %d = %g among 11 rows, %g among 40", i/300, i%300, v, outs[0][i])
+			}
+		}
 	}
 	// Row-exact: 12 rows of x under SetRowExact take the GEMV, each row
 	// the bits it gets alone.
@@ -232,10 +257,10 @@ func TestQuantLinearCat(t *testing.T) {
 		b.EndStep()
 		got := make([]float32, n*128)
 		b.ReadF32(got, y)
-		tol := quantTol(n)
+		tol := quantTol(b.x8Rows(n, cols), n)
 		c0 := 0
 		for _, w := range ws {
-			want, mag := quantWant(xv, w, n, !b.noQX8 && n <= quantGemvRows)
+			want, mag := quantWant(xv, w, n, b.x8Rows(n, cols))
 			part := make([]float32, n*w.Rows)
 			for j := range n {
 				for r := range w.Rows {
@@ -266,9 +291,10 @@ func TestQuantLinearCat(t *testing.T) {
 	}
 }
 
-// BenchmarkQuantGEMV times the quantized GEMV at Qwen3-8B's decode shapes
-// for 1 and 8 rows of x (the weight's copies, 512 MB, cycled past L2), µs
-// a call and the weight's GB/s.
+// BenchmarkQuantGEMV times the quantized products at Qwen3-8B's decode
+// shapes for 1 and 8 rows of x (the GEMV) and 32 and 64 (the tensor-core
+// product; with float32 x, "/fx", the bf16 decoding's product), the
+// weight's copies (512 MB) cycled past L2: µs a call and the weight's GB/s.
 func BenchmarkQuantGEMV(b *testing.B) {
 	be := openOps(b)
 	rng := rand.New(rand.NewPCG(11, 12))
@@ -284,7 +310,7 @@ func BenchmarkQuantGEMV(b *testing.B) {
 			for i := 1; i < copies; i++ { // the same values in buffers of their own
 				ws[i] = &kernels.Mat{DType: dt, Rows: sh.rows, Cols: sh.cols, Data: ws[0].Data}
 			}
-			for _, n := range []int{1, 8} {
+			for _, n := range []int{1, 8, 32, 64} {
 				x, y := f32Tensor(b, be, n, sh.cols, randF32(rng, n*sh.cols)), f32Tensor(b, be, n, sh.rows, make([]float32, n*sh.rows))
 				for _, w := range ws { // upload outside the timing
 					be.BeginStep()
@@ -526,6 +552,8 @@ func TestQuantExpertsX8(t *testing.T) {
 // did: a Q4_K 8B's benchmark sweep grew the arena to 59 GB, bf16's to 42.6).
 func TestQuantDecodeShared(t *testing.T) {
 	b := openOps(t)
+	defer func(r int) { quantMMQRows = r }(quantMMQRows)
+	quantMMQRows = 0 // 40 rows decode their weights
 	rng := rand.New(rand.NewPCG(71, 72))
 	const n, cols = 40, 1024
 	type lin struct {
@@ -576,7 +604,7 @@ func TestQuantDecodeShared(t *testing.T) {
 	for i, l := range lins {
 		got := make([]float32, n*l.w.Rows)
 		b.ReadF32(got, l.y)
-		checkQuant(t, fmt.Sprintf("linear %d (%v)", i, l.w.DType), got, l.want, l.mag, quantTol(n))
+		checkQuant(t, fmt.Sprintf("linear %d (%v)", i, l.w.DType), got, l.want, l.mag, quantTol(false, n))
 	}
 	got := make([]float32, tokens*hidden)
 	b.ReadF32(got, ye)
@@ -608,6 +636,8 @@ func TestQuantDecodeShared(t *testing.T) {
 // those paths' tolerances and nothing is decoded.
 func TestQuantDecodeFallback(t *testing.T) {
 	b := openOps(t)
+	defer func(r int) { quantMMQRows = r }(quantMMQRows)
+	quantMMQRows = 0 // 40 rows would decode their weight
 	b.decodeMost = 1
 	rng := rand.New(rand.NewPCG(81, 82))
 	const n, cols = 40, 1024
@@ -620,7 +650,7 @@ func TestQuantDecodeFallback(t *testing.T) {
 	b.EndStep()
 	got := make([]float32, n*w.Rows)
 	b.ReadF32(got, y)
-	checkQuant(t, "linear without a decoding", got, want, mag, quantTol(1))
+	checkQuant(t, "linear without a decoding", got, want, mag, quantTol(!b.noQX8, n))
 	ex := make([]kernels.Expert, 5)
 	for i := range ex {
 		ex[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.Q4K, 2*256, 512, 0, 0),

@@ -11,7 +11,9 @@
 #              niced), its benchmarks last (tools/cuda/llamacpp_gpu.sh)
 #   tests      kernels/cuda (the op-set conformance suite; CUDA_TEST_RUN=regexp
 #              runs those of its tests only), kernels/device,
-#              the engine fixtures, qwen3next, glm5next and the mla family
+#              the engine fixtures (ENGINE_TEST_RUN=regexp: those tests
+#              only), qwen3next, glm5next and the mla family (not with
+#              TESTS_QUICK=1)
 #   linattn    hybrid prefill: BenchmarkLinearAttention, then ferrite bench,
 #              qwen3_next (small) at 512 and 2,048 tokens (1 and 8 requests)
 #              and ferrite-tiny at 512, each by default, with ShortConv row by
@@ -38,6 +40,12 @@
 #              each with int8 x (the default) and float32 x
 #              (FERRITE_CUDA_QX8=0), interleaved twice, and bf16, at 1/8
 #              sequences (128+128) (~4 min)
+#   mmq        (not in the default list) BenchmarkQuantGEMV at 32 and 64
+#              rows of x (the tensor-core product; "/fx": the bf16
+#              decoding's), then ferrite bench, Qwen3-8B --quant q4_k at
+#              8/32/64 sequences (128+128) with the tensor-core product
+#              (the default) and without (FERRITE_CUDA_MMQ_ROWS=0),
+#              interleaved twice, and bf16 at 32/64 (~4 min)
 #   qmoe       (not in the default list) BenchmarkMoE and BenchmarkMoEQuant
 #              (bf16 and Q4_K/Q6_K experts in their blocks) at 1/8 tokens,
 #              BenchmarkMoEQuant again on float32 x (FERRITE_CUDA_QX8=0),
@@ -121,11 +129,13 @@ if want tests; then
 	(cd k && run cuda.test 160 cuda-tests.log ../cuda.test -test.v -test.count 1 -test.run "${CUDA_TEST_RUN:-.}")
 	run device.test 20 cuda-tests.log ./device.test -test.v
 	(cd "$root/engine" && run engine.test 90 fixtures.log "$dev/engine.test" -test.v -test.count 1 \
-		-test.run 'TestFixtures|TestAutoDevice|TestBuiltinOnDevice|TestQuantizedOnDevice|TestPrefillOnDevice|TestMTPOnDevice')
-	for p in qwen3next glm5next; do
-		(cd "$root/engine/models/$p" && run "$p.test" 60 "$p.log" "$dev/$p.test" -test.v -test.count 1 -test.run '/device')
-	done
-	(cd "$root/engine/models/mla" && run mla.test 45 mla.log "$dev/mla.test" -test.v -test.count 1 -test.run 'TestConformance')
+		-test.run "${ENGINE_TEST_RUN:-TestFixtures|TestAutoDevice|TestBuiltinOnDevice|TestQuantizedOnDevice|TestPrefillOnDevice|TestMTPOnDevice}")
+	if [ "${TESTS_QUICK:-}" != 1 ]; then
+		for p in qwen3next glm5next; do
+			(cd "$root/engine/models/$p" && run "$p.test" 60 "$p.log" "$dev/$p.test" -test.v -test.count 1 -test.run '/device')
+		done
+		(cd "$root/engine/models/mla" && run mla.test 45 mla.log "$dev/mla.test" -test.v -test.count 1 -test.run 'TestConformance')
+	fi
 	unset FERRITE_TEST_DEVICE
 	grep -hE '^(--- FAIL|FAIL|ok|panic)|rc=' "$out"/cuda-tests.log "$out"/fixtures.log "$out"/qwen3next.log \
 		"$out"/glm5next.log "$out"/mla.log | tail -60
@@ -170,6 +180,19 @@ if want quant; then
 			FERRITE_CUDA_QX8=$fx bench "quant-$v-$pass" 60 --model "$dev/qwen3-8b" "${q[@]}" --concurrency 1,8 --prompt-len 128 --gen-len 128
 		done
 	done
+fi
+if want mmq; then
+	(cd k && run quant-mmq 150 mmq.log ../cuda.test -test.run XXX -test.bench 'QuantGEMV/.*/n=(32|64)' -test.benchtime 5x)
+	grep -hE '^Benchmark|rc=' "$out/mmq.log"
+	for pass in 1 2; do
+		for v in mmq dec; do
+			m=255
+			[ "$v" = dec ] && m=0
+			FERRITE_CUDA_MMQ_ROWS=$m bench "mmq-$v-$pass" 70 --model "$dev/qwen3-8b" --quant q4_k --concurrency 8,32,64 \
+				--prompt-len 128 --gen-len 128
+		done
+	done
+	bench mmq-bf16 60 --model "$dev/qwen3-8b" --concurrency 32,64 --prompt-len 128 --gen-len 128
 fi
 if want qmoe; then
 	(cd k && run moe-quant 90 qmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE(Quant)?$/^n=(1|8)$' \

@@ -114,6 +114,17 @@ __device__ inline int flag_scan(bool f, int* before, int* cnt) {
 
 }  // namespace
 
+// mma_s8 is d += a·b for a 16×16 int8 tile a (row-major fragment: lane
+// 4g + t holds row g's columns 4t…4t+3 in a0, row g + 8's in a1), a 16×8
+// int8 tile b (column-major: b0 is rows 4t…4t+3 of column g) and int32 d
+// (m16n8k16; d0, d1 row g, columns 2t, 2t + 1; d2, d3 row g + 8). The host
+// emulation (tools/cuda/emu/emu.h) has its own.
+__device__ inline void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
 // mma_bf16 is d += a·b for a 16×16 bf16 tile a (row-major fragment), a
 // 16×8 bf16 tile b (column-major fragment) and float32 d (m16n8k16).
 __device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

@@ -56,16 +56,6 @@ __device__ inline float qf(uint32_t bits) { return __uint_as_float(bits + 0x3f80
 
 __device__ inline float qhalf(const uint8_t* p) { return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p))); }
 
-// idot4 is c + Σ q_i·x_i over the 16 signed bytes of q and x (dp4a: four
-// products and their sum an instruction).
-__device__ inline int idot4(const uint4& q, const uint4& x, int c) {
-    return __dp4a(int(q.w), int(x.w), __dp4a(int(q.z), int(x.z), __dp4a(int(q.y), int(x.y), __dp4a(int(q.x), int(x.x), c))));
-}
-
-// qmap applies f to each 32-bit word of v.
-template <class F>
-__device__ inline uint4 qmap(const uint4& v, F f) { return uint4{f(v.x), f(v.y), f(v.z), f(v.w)}; }
-
 // QRun are a part's two runs' scales and mins (exact's sc and mn).
 struct QRun {
     float sc[2], mn[2];
@@ -91,12 +81,13 @@ struct Q8_0Q {
     __device__ static QRun run(const Raw& v, int) { return QRun{{v.d, v.d}, {0.f, 0.f}}; }
     __device__ static float exact(uint32_t q, float sc, float) { return __fmul_rn(float(int(q) - 128), sc); }
     __device__ static void ab(float sc, float, float& A, float& B) { A = 256.f * sc, B = 384.f * sc; }
-    // int8 activations (quant_part_dot8): w = sc·(q8 − kOff) − mn, q8 the
-    // runs' integers that idot multiplies (here the int8 values).
+    // int8 activations (quant_part_dot8, quant_mmq): w = sc·(q8 − kOff) − mn
+    // (kMin: whether mn can be other than 0); q8 sets q0 and q1 to word w
+    // (0…3: elements 4w…4w+3) of run 0's and run 1's q8 (here the int8
+    // values), a signed byte each.
     static constexpr int kOff = 0;
-    __device__ static void idot(const Raw& v, const uint4& xa, const uint4& xb, int& s0, int& s1) {
-        s0 = idot4(v.a, xa, 0), s1 = idot4(v.b, xb, 0);
-    }
+    static constexpr bool kMin = false;
+    __device__ static void q8(const Raw& v, int w, uint32_t& q0, uint32_t& q1) { q0 = qword(v.a, 4 * w), q1 = qword(v.b, 4 * w); }
 };
 
 // Q4_0: w = d·(q − 8); byte j holds element j (low nibble) and j + 16.
@@ -118,9 +109,10 @@ struct Q4_0Q {
     __device__ static float exact(uint32_t q, float sc, float) { return __fmul_rn(sc, float(int(q) - 8)); }
     __device__ static void ab(float sc, float, float& A, float& B) { A = 16.f * sc, B = 24.f * sc; }
     static constexpr int kOff = 8;
-    __device__ static void idot(const Raw& v, const uint4& xa, const uint4& xb, int& s0, int& s1) {
-        s0 = idot4(qmap(v.a, [](uint32_t w) { return w & 0x0f0f0f0fu; }), xa, 0);
-        s1 = idot4(qmap(v.a, [](uint32_t w) { return (w >> 4) & 0x0f0f0f0fu; }), xb, 0);
+    static constexpr bool kMin = false;
+    __device__ static void q8(const Raw& v, int w, uint32_t& q0, uint32_t& q1) {
+        const uint32_t b = qword(v.a, 4 * w);
+        q0 = b & 0x0f0f0f0fu, q1 = (b >> 4) & 0x0f0f0f0fu;
     }
 };
 
@@ -194,17 +186,15 @@ struct QKQ {
         A = float(1 << kBits) * sc, B = __fadd_rn(A, mn);
     }
     static constexpr int kOff = 0;
-    __device__ static void idot(const Raw& v, const uint4& xa, const uint4& xb, int& s0, int& s1) {
-        const int s = 2 * (v.t >> 1);  // run 0's bit of qh's bytes; run 1's is s + 1
-        uint4 q0 = qmap(v.qs, [](uint32_t w) { return w & 0x0f0f0f0fu; });
-        uint4 q1 = qmap(v.qs, [](uint32_t w) { return (w >> 4) & 0x0f0f0f0fu; });
-        if (F) {
-            q0 = uint4{q0.x | ((v.qh.x >> s) & 0x01010101u) << 4, q0.y | ((v.qh.y >> s) & 0x01010101u) << 4,
-                       q0.z | ((v.qh.z >> s) & 0x01010101u) << 4, q0.w | ((v.qh.w >> s) & 0x01010101u) << 4};
-            q1 = uint4{q1.x | ((v.qh.x >> (s + 1)) & 0x01010101u) << 4, q1.y | ((v.qh.y >> (s + 1)) & 0x01010101u) << 4,
-                       q1.z | ((v.qh.z >> (s + 1)) & 0x01010101u) << 4, q1.w | ((v.qh.w >> (s + 1)) & 0x01010101u) << 4};
+    static constexpr bool kMin = true;
+    __device__ static void q8(const Raw& v, int w, uint32_t& q0, uint32_t& q1) {
+        const uint32_t b = qword(v.qs, 4 * w);
+        q0 = b & 0x0f0f0f0fu, q1 = (b >> 4) & 0x0f0f0f0fu;
+        if (F) {  // the fifth bits: bit s of qh's bytes for run 0, s + 1 for run 1
+            const uint32_t h = qword(v.qh, 4 * w);
+            const int s = 2 * (v.t >> 1);
+            q0 |= ((h >> s) & 0x01010101u) << 4, q1 |= ((h >> (s + 1)) & 0x01010101u) << 4;
         }
-        s0 = idot4(q0, xa, 0), s1 = idot4(q1, xb, 0);
     }
 };
 
@@ -254,15 +244,11 @@ struct Q6KQ {
     __device__ static float exact(uint32_t q, float sc, float) { return __fmul_rn(sc, float(int(q) - 32)); }
     __device__ static void ab(float sc, float, float& A, float& B) { A = 64.f * sc, B = 96.f * sc; }
     static constexpr int kOff = 32;
-    __device__ static void idot(const Raw& v, const uint4& xa, const uint4& xb, int& s0, int& s1) {
+    static constexpr bool kMin = false;
+    __device__ static void q8(const Raw& v, int w, uint32_t& q0, uint32_t& q1) {
+        const uint32_t l = qword(v.ql, 4 * w), h = qword(v.qh, 4 * w);
         const int g = 2 * ((v.t >> 1) & 1);  // run 0's two bits of qh's bytes; run 1's are g + 4
-        const uint4 q0{(v.ql.x & 0x0f0f0f0fu) | ((v.qh.x >> g) & 0x03030303u) << 4, (v.ql.y & 0x0f0f0f0fu) | ((v.qh.y >> g) & 0x03030303u) << 4,
-                       (v.ql.z & 0x0f0f0f0fu) | ((v.qh.z >> g) & 0x03030303u) << 4, (v.ql.w & 0x0f0f0f0fu) | ((v.qh.w >> g) & 0x03030303u) << 4};
-        const uint4 q1{((v.ql.x >> 4) & 0x0f0f0f0fu) | ((v.qh.x >> (g + 4)) & 0x03030303u) << 4,
-                       ((v.ql.y >> 4) & 0x0f0f0f0fu) | ((v.qh.y >> (g + 4)) & 0x03030303u) << 4,
-                       ((v.ql.z >> 4) & 0x0f0f0f0fu) | ((v.qh.z >> (g + 4)) & 0x03030303u) << 4,
-                       ((v.ql.w >> 4) & 0x0f0f0f0fu) | ((v.qh.w >> (g + 4)) & 0x03030303u) << 4};
-        s0 = idot4(q0, xa, 0), s1 = idot4(q1, xb, 0);
+        q0 = (l & 0x0f0f0f0fu) | ((h >> g) & 0x03030303u) << 4, q1 = ((l >> 4) & 0x0f0f0f0fu) | ((h >> (g + 4)) & 0x03030303u) << 4;
     }
 };
 
@@ -346,8 +332,13 @@ __device__ __forceinline__ QX8 quant_x8(const int8_t* __restrict__ xq, const uin
 // backend's kernels/cpu/quant.go multiplies them.
 template <class Q>
 __device__ __forceinline__ float quant_part_dot8(const typename Q::Raw& raw, const QX8& x) {
-    int s0, s1;
-    Q::idot(raw, x.a, x.b, s0, s1);
+    int s0 = 0, s1 = 0;  // each run's Σ q8·xq (dp4a: four products and their sum an instruction)
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        uint32_t q0, q1;
+        Q::q8(raw, w, q0, q1);
+        s0 = __dp4a(int(q0), int(qword(x.a, 4 * w)), s0), s1 = __dp4a(int(q1), int(qword(x.b, 4 * w)), s1);
+    }
     const QRun c = Q::run(raw, 0);
     const int b0 = int(x.ea.y), b1 = int(x.eb.y);
     const float r0 = __fsub_rn(__fmul_rn(c.sc[0], float(s0 - Q::kOff * b0)), __fmul_rn(c.mn[0], float(b0)));

@@ -6,6 +6,35 @@
 
 namespace {
 
+// quant_gemv_store ends a pass of the quantized GEMVs (4 warps): each
+// warp's sums acc (R weight rows from r0, NB rows of x, nb of them real)
+// meet in part and are added in warp order into y[j·ldy + r0 + r]
+// (+ bias) (+ the old y).
+template <int R, int NB>
+__device__ __forceinline__ void quant_gemv_store(float (*part)[R * NB], const float (&acc)[R][NB], float* __restrict__ y, int r0, int rows,
+                                                 int nb, int ldy, const float* __restrict__ bias, int acc_y) {
+    constexpr int kWarps = 4;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            const float s = warp_sum(acc[r][j]);
+            if (lane == 0) part[warp][r * NB + j] = s;
+        }
+    __syncthreads();
+    if (int(threadIdx.x) < R * NB) {
+        const int r = threadIdx.x / NB, j = threadIdx.x % NB;
+        if (r0 + r < rows && j < nb) {
+            float s = part[0][threadIdx.x];
+#pragma unroll
+            for (int v = 1; v < kWarps; v++) s += part[v][threadIdx.x];
+            store(y + size_t(j) * ldy + r0 + r, s, bias, r0 + r, acc_y);
+        }
+    }
+    __syncthreads();
+}
+
 // quant_gemv: y[j·ldy + r] = row r of w · x_j (+ bias[r]) (+ the old y),
 // for j < n. A block of 4 warps takes R rows; its 128 lanes deal a row's
 // parts among them (lane L of warp v: parts 32v + L, + 128, …), each
@@ -58,24 +87,7 @@ __device__ void quant_gemv(float* __restrict__ y, const float* __restrict__ x, c
                     if (r0 + r < rows) acc[r][j] = __fadd_rn(acc[r][j], quant_part_dot(dec[r], xa, xb, sa, sb));
             }
         }
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int j = 0; j < NB; j++) {
-                const float s = warp_sum(acc[r][j]);
-                if (lane == 0) part[warp][r * NB + j] = s;
-            }
-        __syncthreads();
-        if (int(threadIdx.x) < R * NB) {
-            const int r = threadIdx.x / NB, j = threadIdx.x % NB;
-            if (r0 + r < rows && j < nb) {
-                float s = part[0][threadIdx.x];
-#pragma unroll
-                for (int v = 1; v < kWarps; v++) s += part[v][threadIdx.x];
-                store(y + size_t(j0 + j) * ldy + r0 + r, s, bias, r0 + r, acc_y);
-            }
-        }
-        __syncthreads();
+        quant_gemv_store<R, NB>(part, acc, y + size_t(j0) * ldy, r0, rows, nb, ldy, bias, acc_y);
     }
 }
 
@@ -152,25 +164,132 @@ __device__ void quant_gemv8(float* __restrict__ y, const int8_t* __restrict__ xq
                     if (r0 + r < rows) acc[r][j] = __fadd_rn(acc[r][j], quant_part_dot8<Q>(raw[r], xv));
             }
         }
+        quant_gemv_store<R, NB>(part, acc, y + size_t(j0) * ldy, r0, rows, nb, ldy, bias, acc_y);
+    }
+}
+
+// i2f is v as a float32, exactly for |v| < 2^22, in two full-rate
+// instructions (an integer add into the mantissa of 1.5·2^23, then a float
+// subtraction) where I2F runs at an eighth of the FMA rate.
+__device__ inline float i2f(int v) { return __fsub_rn(__int_as_float(v + 0x4B400000), 12582912.f); }
+
+// The tensor-core product's tiles: a block of 4 warps takes kMmqRows weight
+// rows (a warp 32: two tiles of 16), x's columns kMmqChunk at a time (4
+// parts of every dtype).
+constexpr int kMmqRows = 128, kMmqChunk = 128;
+
+// quant_mmq: y[j·ldy + r] = row r of w · x_j (+ bias[r]) (+ the old y) for
+// j < n, x quantized to int8 (quant_x8_rows' xq, xe), on the tensor cores
+// (mma.sync m16n8k16 s8 → s32): decode batches wider than the GEMV's. A
+// block takes kMmqRows weight rows and NT·8 rows of x (blockIdx.y), over
+// split blockIdx.z of gridDim.z of the column chunks; each chunk of x is
+// staged in shared memory (a row 16 bytes longer than the chunk: the
+// fragments' loads meet no bank conflicts). A part's run (16 weights, one
+// scale) is one mma a tile of 16 weight rows and 8 rows of x: lane 4g + t
+// holds word t of rows g and g + 8's run (Q::q8) and of x row g's, and
+// gets the dot products of rows g, g + 8 with x rows 2t, 2t + 1, combined
+// in float32 as d·Σ_k (sc_k·(s_k − kOff·Σxq_k) − mn_k·Σxq_k). With one
+// split, y gets the sums; with more, ws[z] (n, ldy) gets split z's and
+// ferrite_qmmq_sum adds them in split order. A row's sums do not depend on
+// n, NT or the other rows of x (only on the splits, which the caller
+// chooses from w's shape).
+template <class Q, int NT>
+__device__ void quant_mmq(float* __restrict__ y, float* __restrict__ ws, const int8_t* __restrict__ xq, const uint2* __restrict__ xe,
+                          const uint8_t* __restrict__ w, const uint8_t* __restrict__ ds, int n, int rows, int cols, int ldy,
+                          const float* __restrict__ bias, int acc_y) {
+    constexpr int kX = NT * 8;                                     // rows of x a block
+    __shared__ __align__(16) int8_t xs[kX][kMmqChunk + 16];        // (kX, chunk) x's int8 values
+    __shared__ __align__(16) uint2 xes[kX][kMmqChunk / 16];        // (kX, chunk/16) x's (d, Σq) a run
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.x * kMmqRows + warp * 32, j0 = blockIdx.y * kX;
+    const int chunks = cols / kMmqChunk, c0 = blockIdx.z * chunks / gridDim.z, c1 = (blockIdx.z + 1) * chunks / gridDim.z;
+    int wr[2][2];  // the weight rows of [tile][g, g + 8], the last one past the end
 #pragma unroll
-        for (int r = 0; r < R; r++)
+    for (int m = 0; m < 2; m++)
 #pragma unroll
-            for (int j = 0; j < NB; j++) {
-                const float s = warp_sum(acc[r][j]);
-                if (lane == 0) part[warp][r * NB + j] = s;
-            }
-        __syncthreads();
-        if (int(threadIdx.x) < R * NB) {
-            const int r = threadIdx.x / NB, j = threadIdx.x % NB;
-            if (r0 + r < rows && j < nb) {
-                float s = part[0][threadIdx.x];
+        for (int h = 0; h < 2; h++) wr[m][h] = min(r0 + 16 * m + 8 * h + g, rows - 1);
+    float acc[2][NT][4];  // [tile][x tile][d's element]
 #pragma unroll
-                for (int v = 1; v < kWarps; v++) s += part[v][threadIdx.x];
-                store(y + size_t(j0 + j) * ldy + r0 + r, s, bias, r0 + r, acc_y);
-            }
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int q = 0; q < NT; q++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[m][q][i] = 0.f;
+    for (int c = c0; c < c1; c++) {
+        __syncthreads();  // the last chunk's fragments are read
+        for (int i = threadIdx.x; i < kX * 8; i += 128) {
+            const int j = i >> 3, q = i & 7;
+            uint4 v{};
+            if (j0 + j < n) v = __ldg(reinterpret_cast<const uint4*>(xq + size_t(j0 + j) * cols + c * kMmqChunk) + q);
+            reinterpret_cast<uint4*>(xs[j])[q] = v;
+        }
+        for (int i = threadIdx.x; i < kX * 4; i += 128) {
+            const int j = i >> 2, q = i & 3;
+            uint4 v{};
+            if (j0 + j < n) v = __ldg(reinterpret_cast<const uint4*>(xe + size_t(j0 + j) * (cols / 16) + c * (kMmqChunk / 16)) + q);
+            reinterpret_cast<uint4*>(xes[j])[q] = v;
         }
         __syncthreads();
+#pragma unroll 1
+        for (int pp = 0; pp < kMmqChunk / 32; pp++) {
+            const int p = c * (kMmqChunk / 32) + pp;
+            int o0, o1;
+            Q::offs(p, o0, o1);
+            o0 -= c * kMmqChunk, o1 -= c * kMmqChunk;
+            typename Q::Raw raw[2][2];
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) raw[m][h] = Q::load(w, ds, wr[m][h], cols, p);
+            uint32_t a[2][2][2];         // [tile][run][g, g + 8] the A fragments
+            float sc[2][2][2], mn[2][2][2];  // [tile][g, g + 8][run]
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    Q::q8(raw[m][h], t, a[m][0][h], a[m][1][h]);
+                    const QRun cr = Q::run(raw[m][h], 0);
+#pragma unroll
+                    for (int k = 0; k < 2; k++) sc[m][h][k] = cr.sc[k], mn[m][h][k] = cr.mn[k];
+                }
+#pragma unroll
+            for (int q = 0; q < NT; q++) {
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&xs[8 * q + g][o0 + 4 * t]);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&xs[8 * q + g][o1 + 4 * t]);
+                float dx[2];
+                int xs0[2], xs1[2];  // [x row 2t, 2t + 1] each run's Σxq
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const uint2 u0 = xes[8 * q + 2 * t + e][o0 >> 4], u1 = xes[8 * q + 2 * t + e][o1 >> 4];
+                    dx[e] = __uint_as_float(u0.x), xs0[e] = int(u0.y), xs1[e] = int(u1.y);
+                }
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    int s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
+                    mma_s8(s0, a[m][0][0], a[m][0][1], b0);
+                    mma_s8(s1, a[m][1][0], a[m][1][1], b1);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int h = i >> 1, e = i & 1;
+                        float v = fmaf(sc[m][h][0], i2f(s0[i] - Q::kOff * xs0[e]), __fmul_rn(sc[m][h][1], i2f(s1[i] - Q::kOff * xs1[e])));
+                        if (Q::kMin) v = fmaf(-mn[m][h][0], i2f(xs0[e]), fmaf(-mn[m][h][1], i2f(xs1[e]), v));
+                        acc[m][q][i] = fmaf(dx[e], v, acc[m][q][i]);
+                    }
+                }
+            }
+        }
     }
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int q = 0; q < NT; q++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = r0 + 16 * m + 8 * (i >> 1) + g, j = j0 + 8 * q + 2 * t + (i & 1);
+                if (r >= rows || j >= n) continue;
+                if (gridDim.z == 1) store(y + size_t(j) * ldy + r, acc[m][q][i], bias, r, acc_y);
+                else ws[(size_t(blockIdx.z) * n + j) * ldy + r] = acc[m][q][i];
+            }
 }
 
 // quant_bf16 writes the exact decoding of w's rows (rows, cols), rounded to
@@ -268,6 +387,21 @@ FERRITE_QBF16(ferrite_qbf16_q4_0, Q4_0Q)
 FERRITE_QBF16(ferrite_qbf16_q4_k, QKQ<false>)
 FERRITE_QBF16(ferrite_qbf16_q5_k, QKQ<true>)
 FERRITE_QBF16(ferrite_qbf16_q6_k, Q6KQ)
+#define FERRITE_QMMQ(name, Q, NT)                                                                                       extern "C" __global__ void __launch_bounds__(128) name(float* y, float* ws, const int8_t* xq, const uint2* xe,                                                                     const uint8_t* w, const uint8_t* ds, int n, int rows, int cols,                                                             int ldy, const float* bias, int acc_y) {                                 FERRITE_PDL_WAIT();                                                                                                     quant_mmq<Q, NT>(y, ws, xq, xe, w, ds, n, rows, cols, ldy, bias, acc_y);                                              }
+
+// ferrite_qmmq_sum: y[j·ldy + r] = Σ_z ws[(z·n + j)·ldy + r] in split
+// order (+ bias[r]) (+ the old y), for j < n, r < rows: quant_mmq's splits.
+extern "C" __global__ void __launch_bounds__(256) ferrite_qmmq_sum(float* y, const float* ws, const float* bias, int n, int rows,
+                                                                    int ldy, int splits, int acc_y) {
+    FERRITE_PDL_WAIT();
+    const size_t i = size_t(blockIdx.x) * 256 + threadIdx.x;
+    if (i >= size_t(n) * rows) return;
+    const int j = int(i / rows), r = int(i % rows);
+    float s = ws[size_t(j) * ldy + r];
+    for (int z = 1; z < splits; z++) s += ws[(size_t(z) * n + j) * ldy + r];
+    store(y + size_t(j) * ldy + r, s, bias, r, acc_y);
+}
+
 FERRITE_QGEMV8(ferrite_qgemv8_q8_0_r4, Q8_0Q, 4, 1)
 FERRITE_QGEMV8(ferrite_qgemv8_q8_0_b8, Q8_0Q, 2, 8)
 FERRITE_QGEMV8(ferrite_qgemv8_q4_0_r4, Q4_0Q, 4, 1)
@@ -278,3 +412,13 @@ FERRITE_QGEMV8(ferrite_qgemv8_q5_k_r4, QKQ<true>, 4, 1)
 FERRITE_QGEMV8(ferrite_qgemv8_q5_k_b8, QKQ<true>, 2, 8)
 FERRITE_QGEMV8(ferrite_qgemv8_q6_k_r4, Q6KQ, 4, 1)
 FERRITE_QGEMV8(ferrite_qgemv8_q6_k_b8, Q6KQ, 2, 8)
+FERRITE_QMMQ(ferrite_qmmq_q8_0_x16, Q8_0Q, 2)
+FERRITE_QMMQ(ferrite_qmmq_q8_0_x32, Q8_0Q, 4)
+FERRITE_QMMQ(ferrite_qmmq_q4_0_x16, Q4_0Q, 2)
+FERRITE_QMMQ(ferrite_qmmq_q4_0_x32, Q4_0Q, 4)
+FERRITE_QMMQ(ferrite_qmmq_q4_k_x16, QKQ<false>, 2)
+FERRITE_QMMQ(ferrite_qmmq_q4_k_x32, QKQ<false>, 4)
+FERRITE_QMMQ(ferrite_qmmq_q5_k_x16, QKQ<true>, 2)
+FERRITE_QMMQ(ferrite_qmmq_q5_k_x32, QKQ<true>, 4)
+FERRITE_QMMQ(ferrite_qmmq_q6_k_x16, Q6KQ, 2)
+FERRITE_QMMQ(ferrite_qmmq_q6_k_x32, Q6KQ, 4)

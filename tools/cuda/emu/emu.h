@@ -145,6 +145,27 @@ T __shfl_xor_sync(unsigned, T v, int o) { return emu_shfl(v, int(threadIdx.x & 3
 template <class T>
 T __shfl_sync(unsigned, T v, int lane) { return emu_shfl(v, lane); }
 
+// mma_s8 is ops_common.cu's mma.sync m16n8k16 s8 → s32, d += a·b, from
+// the PTX ISA's fragment layouts: lane 4g + t holds A's row g (a0) and
+// row g + 8 (a1), columns 4t…4t+3, B's rows 4t…4t+3 of column g (b0), and
+// d's rows g (d0, d1) and g + 8 (d2, d3), columns 2t and 2t + 1.
+inline uint32_t emu_frag[1024][3];
+inline void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    const int t = threadIdx.x, base = t & ~31, lane = t & 31;
+    emu_frag[t][0] = a0, emu_frag[t][1] = a1, emu_frag[t][2] = b0;
+    __syncwarp();
+    auto byte = [](uint32_t w, int i) { return int(int8_t(w >> (8 * i))); };
+    for (int i = 0; i < 4; i++) {
+        const int row = (lane >> 2) + 8 * (i >> 1), col = 2 * (lane & 3) + (i & 1);
+        for (int k = 0; k < 16; k++) {
+            const int a = byte(emu_frag[base + 4 * (row & 7) + k / 4][row >> 3], k & 3);
+            const int b = byte(emu_frag[base + 4 * col + k / 4][2], k & 3);
+            d[i] += a * b;
+        }
+    }
+    __syncwarp();
+}
+
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }

@@ -238,6 +238,69 @@ static void run_case8(QT t, int rows, int cols) {
     }
 }
 
+using Mmq = void (*)(float*, float*, const int8_t*, const uint2*, const uint8_t*, const uint8_t*, int, int, int, int, const float*, int);
+
+// run_mmq checks the tensor-core product (quant_mmq, mma_s8 emulated from
+// the PTX fragment layouts) against a double-precision product of the
+// exact decoding with x's int8 rounding, in one split and in three
+// (ferrite_qmmq_sum), 16 and 32 rows of x a block; a row's bits do not
+// depend on the rows of x beside it or on the block's; bias and the
+// residual add in the last case.
+static void run_mmq(QT t, int rows, int cols) {
+    const Mmq mmq[5][2] = {{ferrite_qmmq_q8_0_x16, ferrite_qmmq_q8_0_x32}, {ferrite_qmmq_q4_0_x16, ferrite_qmmq_q4_0_x32},
+                           {ferrite_qmmq_q4_k_x16, ferrite_qmmq_q4_k_x32}, {ferrite_qmmq_q5_k_x16, ferrite_qmmq_q5_k_x32},
+                           {ferrite_qmmq_q6_k_x16, ferrite_qmmq_q6_k_x32}};
+    const int group = belems(t);
+    std::vector<float> w;
+    size_t dsec;
+    const std::vector<uint8_t> dev = random_matrix(t, rows, cols, w, dsec);
+    const int n = 21;
+    std::vector<float> x(size_t(n) * cols);
+    for (auto& v : x) v = randn() * (1 + 30 * (rng() % 8 == 0));
+    std::fill(x.begin() + 2 * cols, x.begin() + 3 * cols, 0.f);  // a row of zeros
+    std::vector<int8_t> xq(x.size());
+    std::vector<uint2> xe(x.size() / 16);
+    launch(dim3u{unsigned(ceil_div(cols, 256)), unsigned(n), 1}, 256, [&] { ferrite_qx8(xq.data(), xe.data(), x.data(), cols, cols, group); });
+    std::vector<float> bias(rows), y0(size_t(n) * rows);
+    for (auto& v : bias) v = randn();
+    for (auto& v : y0) v = randn();
+    for (int splits : {1, 3}) {
+        std::vector<float> first;  // the first form's results: every other form's bits
+        for (int f = 0; f < 3; f++) {  // 16 rows of x a block; 32; 32 with only the first 9 rows of x
+            const int nx = f == 2 ? 9 : n, kx = f == 0 ? 16 : 32;
+            const bool ba = splits == 3 && f == 1;  // bias and the residual add
+            std::vector<float> y(size_t(nx) * rows, -1.f), ws(size_t(splits) * nx * rows, -2.f);
+            if (ba) std::copy(y0.begin(), y0.begin() + y.size(), y.begin());
+            launch(dim3u{unsigned(ceil_div(rows, 128)), unsigned(ceil_div(nx, kx)), unsigned(splits)}, 128, [&] {
+                mmq[t][f != 0](y.data(), ws.data(), xq.data(), xe.data(), dev.data(), dev.data() + dsec, nx, rows, cols, rows,
+                               splits == 1 && ba ? bias.data() : nullptr, ba);
+            });
+            if (splits > 1)
+                launch(dim3u{unsigned(ceil_div(nx * rows, 256)), 1, 1}, 256,
+                       [&] { ferrite_qmmq_sum(y.data(), ws.data(), ba ? bias.data() : nullptr, nx, rows, rows, splits, ba); });
+            if (ba)
+                for (int j = 0; j < nx; j++)
+                    for (int o = 0; o < rows; o++) y[size_t(j) * rows + o] -= bias[o] + y0[size_t(j) * rows + o];
+            if (f == 0) first = y;
+            for (size_t i = 0; i < y.size() && !ba; i++)
+                CHECK(std::memcmp(&y[i], &first[i], 4) == 0, "%s mmq %dx%d splits %d form %d: y[%zu] = %g, %g in form 0", qname[t], rows, cols,
+                      splits, f, i, y[i], first[i]);
+            for (int j = 0; j < nx; j++)
+                for (int o = 0; o < rows; o++) {
+                    double s = 0, mag = 0;
+                    for (int k = 0; k < cols; k++) {
+                        const double xv = double(__uint_as_float(xe[(size_t(j) * cols + k) / 16].x)) * xq[size_t(j) * cols + k];
+                        s += double(w[size_t(o) * cols + k]) * xv;
+                        mag += std::fabs(double(w[size_t(o) * cols + k]) * xv);
+                    }
+                    const double got = y[size_t(j) * rows + o], e = mag == 0 ? std::fabs(got) : std::fabs(got - s) / mag;
+                    CHECK(e < (ba ? 1e-4 : 2e-5), "%s mmq %dx%d splits %d form %d: y[%d][%d] = %g, want %g (error %.3g)", qname[t], rows,
+                          cols, splits, f, j, o, got, s, e);
+                }
+        }
+    }
+}
+
 // run_expert checks ops_common_quant.cu's reading of one expert matrix
 // through a MatDesc (ops_moe.cu's desc_dot and moe_tile): quant_run16 bit
 // for bit against the host decoding for every run of the view's rows, and
@@ -347,6 +410,8 @@ int main() {
         run_case8(t, 5, 256);
         run_case8(t, 9, 1280);
         run_case8(t, 3, 2048);
+        run_mmq(t, 130, 1280);
+        run_mmq(t, 20, 512);
         run_expert(t, 6, 256, 0);
         run_expert(t, 8, 1536, 3);  // the up half of a fused gate_up: row0 = 3
     }
