@@ -109,8 +109,10 @@
 // (FERRITE_CUDA_QGEMV_ROWS sets the limit), on x quantized to int8 with
 // dp4a products (FERRITE_CUDA_QX8=0: on float32 x, where
 // FERRITE_CUDA_QGEMV_R=2 or 8 sets the one-row form's weight rows a block,
-// 4 by default), an exact decoding
-// into bf16 scratch for wider products. Quantized MoE experts keep theirs
+// 4 by default), the tensor-core product over the blocks on that int8 x
+// for decode batches up to 255 rows (ferrite_qmmq_*: mma.sync s8;
+// FERRITE_CUDA_MMQ_ROWS sets the limit, 0 turns it off), and an exact
+// decoding into bf16 scratch for wider products. Quantized MoE experts keep theirs
 // for the grouped GEMVs, register tiles and CUDA-core tiles (the _q forms
 // of src/ops_moe.cu's kernels), and a prefill of 256 tokens and more
 // decodes the chosen experts into bf16 for the tensor cores.
