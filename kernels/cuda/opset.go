@@ -626,6 +626,19 @@ func (b *Backend) Embed(dst kernels.Tensor, w *kernels.Mat, ids kernels.Tensor) 
 	if dst.Rows == 0 {
 		return
 	}
+	if quantable(w) { // the table in its blocks (the linear ops' upload, shared with a tied head)
+		dw, err := b.linWeight(w)
+		if err != nil {
+			b.fail(err)
+			return
+		}
+		y, id := dptr(dst), dptr(ids)
+		b.queue(func(d *Device) error {
+			return d.launchL("ferrite_embed_q", uint32(dst.Rows), 256, 0, y, i32(dst.Stride), dw.Buf.ptr, dw.Buf.ptr+uint64(dw.DOff), id,
+				i32(ids.Stride), i32(dst.Rows), i32(dw.Rows), i32(dw.Cols), i32(int(dw.DType)))
+		})
+		return
+	}
 	dw, err := b.weight(w)
 	if err != nil {
 		b.fail(err)

@@ -28,8 +28,10 @@ import (
 // The MoE experts keep their blocks too (expertTable): src/ops_moe.cu's _q
 // kernels read them through src/ops_common_quant.cu, and a prefill of
 // gemmRoundRows tokens and more decodes the chosen experts into bf16 for
-// the tensor cores (ferrite_moe_qdecode). Embed and MLA's kv_b keep the
-// float32 decoding (Backend.weight). FERRITE_CUDA_QUANT=0 decodes every
+// the tensor cores (ferrite_moe_qdecode). Embed reads its table's blocks
+// too (ferrite_embed_q: a row decoded as it is gathered; a tied head
+// shares the upload); MLA's kv_b keeps the float32 decoding
+// (Backend.weight). FERRITE_CUDA_QUANT=0 decodes every
 // quantized weight to float32, as before.
 
 // quantOn is whether quantized weights keep their blocks on the device.
@@ -100,8 +102,10 @@ func init() {
 			pdlKernels[name] = true
 		}
 	}
-	kernelNames = append(kernelNames, "ferrite_qx8", "ferrite_qmmq_sum")
-	pdlKernels["ferrite_qx8"], pdlKernels["ferrite_qmmq_sum"] = true, true
+	for _, name := range []string{"ferrite_qx8", "ferrite_qmmq_sum", "ferrite_embed_q"} {
+		kernelNames = append(kernelNames, name)
+		pdlKernels[name] = true
+	}
 }
 
 // quantRowsPerBlock is the one-row quantized GEMV's weight rows a block

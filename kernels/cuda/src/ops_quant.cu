@@ -387,6 +387,32 @@ FERRITE_QBF16(ferrite_qbf16_q4_0, Q4_0Q)
 FERRITE_QBF16(ferrite_qbf16_q4_k, QKQ<false>)
 FERRITE_QBF16(ferrite_qbf16_q5_k, QKQ<true>)
 FERRITE_QBF16(ferrite_qbf16_q6_k, Q6KQ)
+// ferrite_embed_q: y[i] (cols) = row ids[i] of the block-quantized table w
+// (rows, cols; quantLayout's device layout, ds its scale section, dtype
+// its device code), decoded exactly as kernels.Mat.RowF32 (quant_run16);
+// an id outside the table writes NaN. Launch: a block of 256 threads a
+// row of y, a thread a run of 16 columns at a time.
+extern "C" __global__ void __launch_bounds__(256) ferrite_embed_q(float* y, int y_stride, const uint8_t* w, const uint8_t* ds,
+                                                                   const int* ids, int ids_stride, int n, int rows, int cols,
+                                                                   int dtype) {
+    FERRITE_PDL_WAIT();
+    const int i = blockIdx.x;
+    if (i >= n) return;
+    const int id = ids[size_t(i) * ids_stride];
+    float* yr = y + size_t(i) * y_stride;
+    if (id < 0 || id >= rows) {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const MatDesc m{w, reinterpret_cast<const float*>(ds), dtype, rows, cols, 1, 1, 0};
+    for (int c0 = 16 * threadIdx.x; c0 < cols; c0 += 16 * blockDim.x) {
+        float v[16];
+        quant_run16(m, id, c0, v);
+#pragma unroll
+        for (int e = 0; e < 16; e++) yr[c0 + e] = v[e];
+    }
+}
+
 #define FERRITE_QMMQ(name, Q, NT)                                                                                       extern "C" __global__ void __launch_bounds__(128) name(float* y, float* ws, const int8_t* xq, const uint2* xe,                                                                     const uint8_t* w, const uint8_t* ds, int n, int rows, int cols,                                                             int ldy, const float* bias, int acc_y) {                                 FERRITE_PDL_WAIT();                                                                                                     quant_mmq<Q, NT>(y, ws, xq, xe, w, ds, n, rows, cols, ldy, bias, acc_y);                                              }
 
 // ferrite_qmmq_sum: y[j·ldy + r] = Σ_z ws[(z·n + j)·ldy + r] in split

@@ -301,6 +301,28 @@ static void run_mmq(QT t, int rows, int cols) {
     }
 }
 
+// run_embed checks ferrite_embed_q: each gathered row bit for bit the host
+// decoding, NaN for an id outside the table.
+static void run_embed(QT t, int rows, int cols) {
+    std::vector<float> w;
+    size_t dsec;
+    const std::vector<uint8_t> dev = random_matrix(t, rows, cols, w, dsec);
+    const std::vector<int> ids = {rows - 1, 0, -1, 2, rows, 2};
+    const int n = int(ids.size()), stride = cols + 3;
+    std::vector<float> y(size_t(n) * stride, 7.f);
+    launch(dim3u{unsigned(n), 1, 1}, 256, [&] {
+        ferrite_embed_q(y.data(), stride, dev.data(), dev.data() + dsec, ids.data(), 1, n, rows, cols, kQ8_0 + int(t));
+    });
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < stride; c++) {
+            const float got = y[size_t(i) * stride + c];
+            if (c >= cols) CHECK(got == 7.f, "%s embed: row %d column %d past the row written", qname[t], i, c);
+            else if (ids[i] < 0 || ids[i] >= rows) CHECK(std::isnan(got), "%s embed: id %d column %d = %g, want NaN", qname[t], ids[i], c, got);
+            else CHECK(std::memcmp(&got, &w[size_t(ids[i]) * cols + c], 4) == 0, "%s embed: id %d column %d = %g, want %g", qname[t], ids[i], c,
+                       got, w[size_t(ids[i]) * cols + c]);
+        }
+}
+
 // run_expert checks ops_common_quant.cu's reading of one expert matrix
 // through a MatDesc (ops_moe.cu's desc_dot and moe_tile): quant_run16 bit
 // for bit against the host decoding for every run of the view's rows, and
@@ -412,6 +434,7 @@ int main() {
         run_case8(t, 3, 2048);
         run_mmq(t, 130, 1280);
         run_mmq(t, 20, 512);
+        run_embed(t, 5, 4608);
         run_expert(t, 6, 256, 0);
         run_expert(t, 8, 1536, 3);  // the up half of a fused gate_up: row0 = 3
     }
