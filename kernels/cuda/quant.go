@@ -64,6 +64,12 @@ const (
 	mmqChunk = 128
 )
 
+// mmqInt picks the tensor-core product's integer-combining forms
+// (ferrite_qmmq_*i: a K quant's runs summed in integers over a chunk of
+// columns, fewer instructions a run and more registers):
+// FERRITE_CUDA_MMQ_INT=1, until measured.
+var mmqInt = os.Getenv("FERRITE_CUDA_MMQ_INT") == "1"
+
 // mmqMaxSplits is the most column splits of a tensor-core product (tests
 // set it to 1 for the single-split form).
 var mmqMaxSplits = 16
@@ -72,32 +78,33 @@ var mmqMaxSplits = 16
 // rows a block: one1[0], [1], [2]) and for up to 8 rows of x (2 weight rows
 // a block), its decoding into bfloat16, its GEMVs over int8 rows of x
 // (x8one: one row, 4 weight rows a block; x8b8: up to 8, 2) and its
-// tensor-core products over int8 rows of x (mmq[0]: 16 rows of x a block,
-// mmq[1]: 32).
+// tensor-core products over int8 rows of x (mmq[f][0]: 16 rows of x a
+// block, mmq[f][1]: 32; f = 1 the integer-combining forms, mmqInt).
 type quantKernelNames struct {
 	one1        [3]string
 	b8          string
 	bf16        string
 	x8one, x8b8 string
-	mmq         [2]string
+	mmq         [2][2]string
 }
 
 var quantKernels = map[kernels.DType]quantKernelNames{
 	kernels.Q8_0: {[3]string{"ferrite_qgemv_q8_0_r2", "ferrite_qgemv_q8_0_r4", "ferrite_qgemv_q8_0_r8"}, "ferrite_qgemv_q8_0_b8", "ferrite_qbf16_q8_0", "ferrite_qgemv8_q8_0_r4", "ferrite_qgemv8_q8_0_b8",
-		[2]string{"ferrite_qmmq_q8_0_x16", "ferrite_qmmq_q8_0_x32"}},
+		[2][2]string{{"ferrite_qmmq_q8_0_x16", "ferrite_qmmq_q8_0_x32"}, {"ferrite_qmmq_q8_0_x16i", "ferrite_qmmq_q8_0_x32i"}}},
 	kernels.Q4_0: {[3]string{"ferrite_qgemv_q4_0_r2", "ferrite_qgemv_q4_0_r4", "ferrite_qgemv_q4_0_r8"}, "ferrite_qgemv_q4_0_b8", "ferrite_qbf16_q4_0", "ferrite_qgemv8_q4_0_r4", "ferrite_qgemv8_q4_0_b8",
-		[2]string{"ferrite_qmmq_q4_0_x16", "ferrite_qmmq_q4_0_x32"}},
+		[2][2]string{{"ferrite_qmmq_q4_0_x16", "ferrite_qmmq_q4_0_x32"}, {"ferrite_qmmq_q4_0_x16i", "ferrite_qmmq_q4_0_x32i"}}},
 	kernels.Q4K: {[3]string{"ferrite_qgemv_q4_k_r2", "ferrite_qgemv_q4_k_r4", "ferrite_qgemv_q4_k_r8"}, "ferrite_qgemv_q4_k_b8", "ferrite_qbf16_q4_k", "ferrite_qgemv8_q4_k_r4", "ferrite_qgemv8_q4_k_b8",
-		[2]string{"ferrite_qmmq_q4_k_x16", "ferrite_qmmq_q4_k_x32"}},
+		[2][2]string{{"ferrite_qmmq_q4_k_x16", "ferrite_qmmq_q4_k_x32"}, {"ferrite_qmmq_q4_k_x16i", "ferrite_qmmq_q4_k_x32i"}}},
 	kernels.Q5K: {[3]string{"ferrite_qgemv_q5_k_r2", "ferrite_qgemv_q5_k_r4", "ferrite_qgemv_q5_k_r8"}, "ferrite_qgemv_q5_k_b8", "ferrite_qbf16_q5_k", "ferrite_qgemv8_q5_k_r4", "ferrite_qgemv8_q5_k_b8",
-		[2]string{"ferrite_qmmq_q5_k_x16", "ferrite_qmmq_q5_k_x32"}},
+		[2][2]string{{"ferrite_qmmq_q5_k_x16", "ferrite_qmmq_q5_k_x32"}, {"ferrite_qmmq_q5_k_x16i", "ferrite_qmmq_q5_k_x32i"}}},
 	kernels.Q6K: {[3]string{"ferrite_qgemv_q6_k_r2", "ferrite_qgemv_q6_k_r4", "ferrite_qgemv_q6_k_r8"}, "ferrite_qgemv_q6_k_b8", "ferrite_qbf16_q6_k", "ferrite_qgemv8_q6_k_r4", "ferrite_qgemv8_q6_k_b8",
-		[2]string{"ferrite_qmmq_q6_k_x16", "ferrite_qmmq_q6_k_x32"}},
+		[2][2]string{{"ferrite_qmmq_q6_k_x16", "ferrite_qmmq_q6_k_x32"}, {"ferrite_qmmq_q6_k_x16i", "ferrite_qmmq_q6_k_x32i"}}},
 }
 
 func init() {
 	for _, k := range quantKernels {
-		for _, name := range []string{k.one1[0], k.one1[1], k.one1[2], k.b8, k.bf16, k.x8one, k.x8b8, k.mmq[0], k.mmq[1]} {
+		for _, name := range []string{k.one1[0], k.one1[1], k.one1[2], k.b8, k.bf16, k.x8one, k.x8b8, k.mmq[0][0], k.mmq[0][1], k.mmq[1][0],
+			k.mmq[1][1]} {
 			kernelNames = append(kernelNames, name)
 			pdlKernels[name] = true
 		}
@@ -388,9 +395,13 @@ func (d *Device) quantMMQL(y, x, bias uint64, w *Weight, n int, acc bool, xq, ws
 		if err := q.quantize(d, x, s, n); err != nil {
 			return err
 		}
-		name, xr := k.mmq[1], 32
+		f := 0
+		if mmqInt {
+			f = 1
+		}
+		name, xr := k.mmq[f][1], 32
 		if n <= 16 {
-			name, xr = k.mmq[0], 16
+			name, xr = k.mmq[f][0], 16
 		}
 		sb := uint64(0)
 		if bias != 0 && splits == 1 {

@@ -137,15 +137,16 @@ func quantTol(x8 bool, n int) float64 {
 // x alone gives the bits it gets in a batch.
 func TestQuantLinear(t *testing.T) {
 	b := openOps(t)
-	defer func(s int) { b.noQX8, mmqMaxSplits = false, s }(mmqMaxSplits)
+	defer func(s int, i bool) { b.noQX8, mmqMaxSplits, mmqInt = false, s, i }(mmqMaxSplits, mmqInt)
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, m := range []struct {
-		fx     bool
+		fx, ie bool
 		splits int
-	}{{false, mmqMaxSplits}, {false, 1}, {true, mmqMaxSplits}} {
+	}{{false, false, mmqMaxSplits}, {false, false, 1}, {false, true, mmqMaxSplits}, {false, true, 1}, {true, false, mmqMaxSplits}} {
 		// int8 x in the GEMV and the tensor-core product (the default); the
-		// latter in one split; float32 x (FERRITE_CUDA_QX8=0)
-		b.noQX8, mmqMaxSplits = m.fx, m.splits
+		// latter in one split, and its integer-combining forms; float32 x
+		// (FERRITE_CUDA_QX8=0)
+		b.noQX8, mmqInt, mmqMaxSplits = m.fx, m.ie, m.splits
 		testQuantLinear(t, b, rng)
 	}
 }
@@ -155,11 +156,11 @@ func testQuantLinear(t *testing.T, b *Backend, rng *rand.Rand) {
 		for _, sh := range []struct{ rows, cols int }{{1, 256}, {7, 512}, {33, 1024}, {130, 2304}, {257, 4096}} {
 			w := kerneltest.NewMat(rng, dt, sh.rows, sh.cols, 0, 0)
 			for _, n := range []int{1, 3, 8, 9, 40, 300} {
-				if n == 300 && sh.rows != 130 || mmqMaxSplits == 1 && !b.mmqFits(n, sh.cols) {
+				if n == 300 && sh.rows != 130 || (mmqMaxSplits == 1 || mmqInt) && !b.mmqFits(n, sh.cols) {
 					continue
 				}
 				x8 := b.x8Rows(n, sh.cols)
-				name := fmt.Sprintf("%v/%dx%d/n=%d/x8=%v/splits≤%d", dt, sh.rows, sh.cols, n, x8, mmqMaxSplits)
+				name := fmt.Sprintf("%v/%dx%d/n=%d/x8=%v/splits≤%d/int=%v", dt, sh.rows, sh.cols, n, x8, mmqMaxSplits, mmqInt)
 				xv := randF32(rng, n*sh.cols)
 				if n == 3 { // a row of zeros: its int8 scale is 0
 					clear(xv[sh.cols : 2*sh.cols])
@@ -293,7 +294,8 @@ func TestQuantLinearCat(t *testing.T) {
 
 // BenchmarkQuantGEMV times the quantized products at Qwen3-8B's decode
 // shapes for 1 and 8 rows of x (the GEMV) and 32 and 64 (the tensor-core
-// product; with float32 x, "/fx", the bf16 decoding's product), the
+// product, "/int" its integer-combining forms; with float32 x, "/fx", the
+// bf16 decoding's product), the
 // weight's copies (512 MB) cycled past L2: µs a call and the weight's GB/s.
 func BenchmarkQuantGEMV(b *testing.B) {
 	be := openOps(b)
@@ -317,12 +319,12 @@ func BenchmarkQuantGEMV(b *testing.B) {
 					be.Linear(y, x, w, kernels.Epilogue{})
 					be.EndStep()
 				}
-				for _, fx := range []bool{false, true} { // int8 x (the default), float32 x
-					be.noQX8 = fx
-					name := fmt.Sprintf("%v/%s/n=%d", dt, sh.name, n)
-					if fx {
-						name += "/fx"
+				for _, form := range []string{"", "/int", "/fx"} { // int8 x (the default), its integer-combining forms, float32 x
+					if form == "/int" && n <= quantGemvRows {
+						continue
 					}
+					be.noQX8, mmqInt = form == "/fx", form == "/int"
+					name := fmt.Sprintf("%v/%s/n=%d%s", dt, sh.name, n, form)
 					b.Run(name, func(b *testing.B) {
 						const calls = 20
 						for b.Loop() {
@@ -337,7 +339,7 @@ func BenchmarkQuantGEMV(b *testing.B) {
 						b.ReportMetric(float64(bytes)/per/1e9, "GB/s")
 					})
 				}
-				be.noQX8 = false
+				be.noQX8, mmqInt = false, false
 			}
 		}
 	}

@@ -44,8 +44,10 @@
 #              rows of x (the tensor-core product; "/fx": the bf16
 #              decoding's), then ferrite bench, Qwen3-8B --quant q4_k at
 #              8/32/64 sequences (128+128) with the tensor-core product
-#              (the default) and without (FERRITE_CUDA_MMQ_ROWS=0),
-#              interleaved twice, and bf16 at 32/64 (~4 min)
+#              (the default), its integer-combining forms
+#              (FERRITE_CUDA_MMQ_INT=1) and without it
+#              (FERRITE_CUDA_MMQ_ROWS=0), interleaved twice, and bf16 at
+#              32/64 (~5 min)
 #   qmoe       (not in the default list) BenchmarkMoE and BenchmarkMoEQuant
 #              (bf16 and Q4_K/Q6_K experts in their blocks) at 1/8 tokens,
 #              BenchmarkMoEQuant again on float32 x (FERRITE_CUDA_QX8=0),
@@ -185,11 +187,12 @@ if want mmq; then
 	(cd k && run quant-mmq 150 mmq.log ../cuda.test -test.run XXX -test.bench 'QuantGEMV/.*/n=(32|64)' -test.benchtime 5x)
 	grep -hE '^Benchmark|rc=' "$out/mmq.log"
 	for pass in 1 2; do
-		for v in mmq dec; do
-			m=255
+		for v in mmq mmqi dec; do
+			m=255 i=0
 			[ "$v" = dec ] && m=0
-			FERRITE_CUDA_MMQ_ROWS=$m bench "mmq-$v-$pass" 70 --model "$dev/qwen3-8b" --quant q4_k --concurrency 8,32,64 \
-				--prompt-len 128 --gen-len 128
+			[ "$v" = mmqi ] && i=1
+			FERRITE_CUDA_MMQ_ROWS=$m FERRITE_CUDA_MMQ_INT=$i bench "mmq-$v-$pass" 70 --model "$dev/qwen3-8b" --quant q4_k \
+				--concurrency 8,32,64 --prompt-len 128 --gen-len 128
 		done
 	done
 	bench mmq-bf16 60 --model "$dev/qwen3-8b" --concurrency 32,64 --prompt-len 128 --gen-len 128

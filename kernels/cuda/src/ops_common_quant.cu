@@ -118,12 +118,12 @@ struct Q4_0Q {
 
 // The K quants' 6-bit scale and min of sub-block j (kernels.ScaleMinK4)
 // from a block's first 16 bytes h (d, dmin, scales[12]).
-__device__ inline void scale_min_k4(const uint4& h, int j, float& sc, float& m) {
+__device__ inline void scale_min_k4(const uint4& h, int j, int& sc, int& m) {
     const int sh = 8 * (j & 3);
     const uint32_t b0 = (h.y >> sh) & 0xffu, b1 = (h.z >> sh) & 0xffu, b2 = (h.w >> sh) & 0xffu;
     const bool hi = j >= 4;
-    sc = float(hi ? (b2 & 15u) | ((b0 >> 6) << 4) : b0 & 63u);
-    m = float(hi ? (b2 >> 4) | ((b1 >> 6) << 4) : b1 & 63u);
+    sc = int(hi ? (b2 & 15u) | ((b0 >> 6) << 4) : b0 & 63u);
+    m = int(hi ? (b2 >> 4) | ((b1 >> 6) << 4) : b1 & 63u);
 }
 
 // Q4_K and Q5_K (F = 5): w = d·sc·q − dmin·m per sub-block of 32. Part t
@@ -171,15 +171,23 @@ struct QKQ {
         return qf((qbits<4>(qword(v.qs, l), 8 * (l & 3) + 4 * k) >> 1) + qbits<1>(h, 8 * (l & 3)));
     }
     __device__ static QRun run(const Raw& v, int) {
-        const float d = __half2float(__ushort_as_half(uint16_t(v.h.x))), dmin = __half2float(__ushort_as_half(uint16_t(v.h.x >> 16)));
+        float d, dmin;
+        dd(v, d, dmin);
+        int sc[2], m[2];
+        iscales(v, sc, m);
         QRun o;
 #pragma unroll
-        for (int k = 0; k < 2; k++) {
-            float sc, m;
-            scale_min_k4(v.h, 2 * (v.t >> 1) + k, sc, m);
-            o.sc[k] = __fmul_rn(d, sc), o.mn[k] = __fmul_rn(dmin, m);
-        }
+        for (int k = 0; k < 2; k++) o.sc[k] = __fmul_rn(d, float(sc[k])), o.mn[k] = __fmul_rn(dmin, float(m[k]));
         return o;
+    }
+    // dd is the super-block's d and dmin, iscales the part's runs' 6-bit
+    // scales and mins (quant_mmq's integer sums: w = d·sc·q − dmin·m).
+    __device__ static void dd(const Raw& v, float& d, float& dmin) {
+        d = __half2float(__ushort_as_half(uint16_t(v.h.x))), dmin = __half2float(__ushort_as_half(uint16_t(v.h.x >> 16)));
+    }
+    __device__ static void iscales(const Raw& v, int (&sc)[2], int (&m)[2]) {
+#pragma unroll
+        for (int k = 0; k < 2; k++) scale_min_k4(v.h, 2 * (v.t >> 1) + k, sc[k], m[k]);
     }
     __device__ static float exact(uint32_t q, float sc, float mn) { return __fsub_rn(__fmul_rn(sc, float(q)), mn); }
     __device__ static void ab(float sc, float mn, float& A, float& B) {
@@ -206,7 +214,8 @@ struct Q6KQ {
     static constexpr int kBits = 6, kBlock = 256, kBytes = 208;
     struct Raw {
         uint4 ql, qh;
-        float sc0, sc1;
+        float d;
+        int s0, s1;  // the runs' int8 scales
         int t;
     };
     __device__ static void offs(int p, int& o0, int& o1) {
@@ -226,9 +235,9 @@ struct Q6KQ {
         v.t = t;
         v.ql = __ldg(reinterpret_cast<const uint4*>(b + 64 * h + 32 * g + 16 * u));
         v.qh = __ldg(reinterpret_cast<const uint4*>(b + 128 + 32 * h + 16 * u));
-        const float d = qhalf(ds + 2 * sb);
+        v.d = qhalf(ds + 2 * sb);
         const int s = 8 * h + 2 * g + u;  // the scale of run 0; run 1's is s + 4
-        v.sc0 = __fmul_rn(d, float(int8_t(__ldg(b + 192 + s)))), v.sc1 = __fmul_rn(d, float(int8_t(__ldg(b + 196 + s))));
+        v.s0 = int8_t(__ldg(b + 192 + s)), v.s1 = int8_t(__ldg(b + 196 + s));
         return v;
     }
     __device__ static uint32_t q(const Raw& v, int i) {
@@ -240,7 +249,9 @@ struct Q6KQ {
         const uint32_t h = qword(v.qh, l) >> (2 * g);  // qh's bits 2g, 2g + 1 of byte l at 8·(l & 3)
         return qf((qbits<4>(qword(v.ql, l), 8 * (l & 3) + 4 * k) >> 2) + qbits<2>(h, 8 * (l & 3)));
     }
-    __device__ static QRun run(const Raw& v, int) { return QRun{{v.sc0, v.sc1}, {0.f, 0.f}}; }
+    __device__ static QRun run(const Raw& v, int) { return QRun{{__fmul_rn(v.d, float(v.s0)), __fmul_rn(v.d, float(v.s1))}, {0.f, 0.f}}; }
+    __device__ static void dd(const Raw& v, float& d, float& dmin) { d = v.d, dmin = 0.f; }
+    __device__ static void iscales(const Raw& v, int (&sc)[2], int (&m)[2]) { sc[0] = v.s0, sc[1] = v.s1, m[0] = m[1] = 0; }
     __device__ static float exact(uint32_t q, float sc, float) { return __fmul_rn(sc, float(int(q) - 32)); }
     __device__ static void ab(float sc, float, float& A, float& B) { A = 64.f * sc, B = 96.f * sc; }
     static constexpr int kOff = 32;

@@ -192,8 +192,12 @@ constexpr int kMmqRows = 128, kMmqChunk = 128;
 // split, y gets the sums; with more, ws[z] (n, ldy) gets split z's and
 // ferrite_qmmq_sum adds them in split order. A row's sums do not depend on
 // n, NT or the other rows of x (only on the splits, which the caller
-// chooses from w's shape).
-template <class Q, int NT>
+// chooses from w's shape). IE: the K quants' runs are combined in integers
+// over a chunk (Σ sc_k·(s_k − kOff·Σxq_k) and Σ m_k·Σxq_k, then
+// d·S − dmin·M in float32 once a chunk; a chunk lies in one super-block
+// and one scale group of x), a block-of-32 type's two runs in one integer
+// a part: fewer instructions a run, more registers.
+template <class Q, int NT, bool IE>
 __device__ void quant_mmq(float* __restrict__ y, float* __restrict__ ws, const int8_t* __restrict__ xq, const uint2* __restrict__ xe,
                           const uint8_t* __restrict__ w, const uint8_t* __restrict__ ds, int n, int rows, int cols, int ldy,
                           const float* __restrict__ bias, int acc_y) {
@@ -215,7 +219,18 @@ __device__ void quant_mmq(float* __restrict__ y, float* __restrict__ ws, const i
         for (int q = 0; q < NT; q++)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[m][q][i] = 0.f;
+    constexpr bool kSuper = IE && Q::kBlock == 256;  // integer sums over a chunk
     for (int c = c0; c < c1; c++) {
+        int S[2][NT][4], M[2][NT][4];  // kSuper: [tile][x tile][d's element] Σ sc·s, Σ m·Σxq
+        float dk[2][2], dmk[2][2], dxk[NT][2];  // kSuper: the chunk's d, dmin [tile][g, g + 8] and x's d [x tile][2t, 2t + 1]
+        if (kSuper) {
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int q = 0; q < NT; q++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) S[m][q][i] = 0, M[m][q][i] = 0;
+        }
         __syncthreads();  // the last chunk's fragments are read
         for (int i = threadIdx.x; i < kX * 8; i += 128) {
             const int j = i >> 3, q = i & 7;
@@ -241,13 +256,19 @@ __device__ void quant_mmq(float* __restrict__ y, float* __restrict__ ws, const i
             for (int m = 0; m < 2; m++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) raw[m][h] = Q::load(w, ds, wr[m][h], cols, p);
-            uint32_t a[2][2][2];         // [tile][run][g, g + 8] the A fragments
-            float sc[2][2][2], mn[2][2][2];  // [tile][g, g + 8][run]
+            uint32_t a[2][2][2];             // [tile][run][g, g + 8] the A fragments
+            float sc[2][2][2], mn[2][2][2];  // [tile][g, g + 8][run]; !IE: the runs' scales and mins, else sc[·][·][0] d
+            int isc[2][2][2], imn[2][2][2];  // kSuper: [tile][g, g + 8][run] the integer scales and mins
 #pragma unroll
             for (int m = 0; m < 2; m++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     Q::q8(raw[m][h], t, a[m][0][h], a[m][1][h]);
+                    if constexpr (kSuper) {
+                        Q::iscales(raw[m][h], isc[m][h], imn[m][h]);
+                        Q::dd(raw[m][h], dk[m][h], dmk[m][h]);
+                        continue;
+                    }
                     const QRun cr = Q::run(raw[m][h], 0);
 #pragma unroll
                     for (int k = 0; k < 2; k++) sc[m][h][k] = cr.sc[k], mn[m][h][k] = cr.mn[k];
@@ -262,6 +283,7 @@ __device__ void quant_mmq(float* __restrict__ y, float* __restrict__ ws, const i
                 for (int e = 0; e < 2; e++) {
                     const uint2 u0 = xes[8 * q + 2 * t + e][o0 >> 4], u1 = xes[8 * q + 2 * t + e][o1 >> 4];
                     dx[e] = __uint_as_float(u0.x), xs0[e] = int(u0.y), xs1[e] = int(u1.y);
+                    if (kSuper) dxk[q][e] = dx[e];
                 }
 #pragma unroll
                 for (int m = 0; m < 2; m++) {
@@ -271,12 +293,33 @@ __device__ void quant_mmq(float* __restrict__ y, float* __restrict__ ws, const i
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int h = i >> 1, e = i & 1;
-                        float v = fmaf(sc[m][h][0], i2f(s0[i] - Q::kOff * xs0[e]), __fmul_rn(sc[m][h][1], i2f(s1[i] - Q::kOff * xs1[e])));
-                        if (Q::kMin) v = fmaf(-mn[m][h][0], i2f(xs0[e]), fmaf(-mn[m][h][1], i2f(xs1[e]), v));
-                        acc[m][q][i] = fmaf(dx[e], v, acc[m][q][i]);
+                        const int z0 = s0[i] - Q::kOff * xs0[e], z1 = s1[i] - Q::kOff * xs1[e];
+                        if (kSuper) {
+                            S[m][q][i] += isc[m][h][0] * z0 + isc[m][h][1] * z1;
+                            if (Q::kMin) M[m][q][i] += imn[m][h][0] * xs0[e] + imn[m][h][1] * xs1[e];
+                        } else if (IE) {  // one scale d a part (sc[·][·][0] = sc[·][·][1], no mins)
+                            acc[m][q][i] = fmaf(__fmul_rn(dx[e], sc[m][h][0]), i2f(z0 + z1), acc[m][q][i]);
+                        } else {
+                            float v = fmaf(sc[m][h][0], i2f(z0), __fmul_rn(sc[m][h][1], i2f(z1)));
+                            if (Q::kMin) v = fmaf(-mn[m][h][0], i2f(xs0[e]), fmaf(-mn[m][h][1], i2f(xs1[e]), v));
+                            acc[m][q][i] = fmaf(dx[e], v, acc[m][q][i]);
+                        }
                     }
                 }
             }
+        }
+        if (kSuper) {  // the chunk's integer sums, in float32 once
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int q = 0; q < NT; q++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int h = i >> 1, e = i & 1;
+                        float v = __fmul_rn(dk[m][h], float(S[m][q][i]));
+                        if (Q::kMin) v = fmaf(-dmk[m][h], float(M[m][q][i]), v);
+                        acc[m][q][i] = fmaf(dxk[q][e], v, acc[m][q][i]);
+                    }
         }
     }
 #pragma unroll
@@ -413,7 +456,13 @@ extern "C" __global__ void __launch_bounds__(256) ferrite_embed_q(float* y, int 
     }
 }
 
-#define FERRITE_QMMQ(name, Q, NT)                                                                                       extern "C" __global__ void __launch_bounds__(128) name(float* y, float* ws, const int8_t* xq, const uint2* xe,                                                                     const uint8_t* w, const uint8_t* ds, int n, int rows, int cols,                                                             int ldy, const float* bias, int acc_y) {                                 FERRITE_PDL_WAIT();                                                                                                     quant_mmq<Q, NT>(y, ws, xq, xe, w, ds, n, rows, cols, ldy, bias, acc_y);                                              }
+#define FERRITE_QMMQ(name, Q, NT, IE)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) name(float* y, float* ws, const int8_t* xq, const uint2* xe,         \
+                                                           const uint8_t* w, const uint8_t* ds, int n, int rows, int cols, \
+                                                           int ldy, const float* bias, int acc_y) {                        \
+        FERRITE_PDL_WAIT();                                                                                                \
+        quant_mmq<Q, NT, IE>(y, ws, xq, xe, w, ds, n, rows, cols, ldy, bias, acc_y);                                       \
+    }
 
 // ferrite_qmmq_sum: y[j·ldy + r] = Σ_z ws[(z·n + j)·ldy + r] in split
 // order (+ bias[r]) (+ the old y), for j < n, r < rows: quant_mmq's splits.
@@ -438,13 +487,23 @@ FERRITE_QGEMV8(ferrite_qgemv8_q5_k_r4, QKQ<true>, 4, 1)
 FERRITE_QGEMV8(ferrite_qgemv8_q5_k_b8, QKQ<true>, 2, 8)
 FERRITE_QGEMV8(ferrite_qgemv8_q6_k_r4, Q6KQ, 4, 1)
 FERRITE_QGEMV8(ferrite_qgemv8_q6_k_b8, Q6KQ, 2, 8)
-FERRITE_QMMQ(ferrite_qmmq_q8_0_x16, Q8_0Q, 2)
-FERRITE_QMMQ(ferrite_qmmq_q8_0_x32, Q8_0Q, 4)
-FERRITE_QMMQ(ferrite_qmmq_q4_0_x16, Q4_0Q, 2)
-FERRITE_QMMQ(ferrite_qmmq_q4_0_x32, Q4_0Q, 4)
-FERRITE_QMMQ(ferrite_qmmq_q4_k_x16, QKQ<false>, 2)
-FERRITE_QMMQ(ferrite_qmmq_q4_k_x32, QKQ<false>, 4)
-FERRITE_QMMQ(ferrite_qmmq_q5_k_x16, QKQ<true>, 2)
-FERRITE_QMMQ(ferrite_qmmq_q5_k_x32, QKQ<true>, 4)
-FERRITE_QMMQ(ferrite_qmmq_q6_k_x16, Q6KQ, 2)
-FERRITE_QMMQ(ferrite_qmmq_q6_k_x32, Q6KQ, 4)
+FERRITE_QMMQ(ferrite_qmmq_q8_0_x16, Q8_0Q, 2, false)
+FERRITE_QMMQ(ferrite_qmmq_q8_0_x16i, Q8_0Q, 2, true)
+FERRITE_QMMQ(ferrite_qmmq_q8_0_x32, Q8_0Q, 4, false)
+FERRITE_QMMQ(ferrite_qmmq_q8_0_x32i, Q8_0Q, 4, true)
+FERRITE_QMMQ(ferrite_qmmq_q4_0_x16, Q4_0Q, 2, false)
+FERRITE_QMMQ(ferrite_qmmq_q4_0_x16i, Q4_0Q, 2, true)
+FERRITE_QMMQ(ferrite_qmmq_q4_0_x32, Q4_0Q, 4, false)
+FERRITE_QMMQ(ferrite_qmmq_q4_0_x32i, Q4_0Q, 4, true)
+FERRITE_QMMQ(ferrite_qmmq_q4_k_x16, QKQ<false>, 2, false)
+FERRITE_QMMQ(ferrite_qmmq_q4_k_x16i, QKQ<false>, 2, true)
+FERRITE_QMMQ(ferrite_qmmq_q4_k_x32, QKQ<false>, 4, false)
+FERRITE_QMMQ(ferrite_qmmq_q4_k_x32i, QKQ<false>, 4, true)
+FERRITE_QMMQ(ferrite_qmmq_q5_k_x16, QKQ<true>, 2, false)
+FERRITE_QMMQ(ferrite_qmmq_q5_k_x16i, QKQ<true>, 2, true)
+FERRITE_QMMQ(ferrite_qmmq_q5_k_x32, QKQ<true>, 4, false)
+FERRITE_QMMQ(ferrite_qmmq_q5_k_x32i, QKQ<true>, 4, true)
+FERRITE_QMMQ(ferrite_qmmq_q6_k_x16, Q6KQ, 2, false)
+FERRITE_QMMQ(ferrite_qmmq_q6_k_x16i, Q6KQ, 2, true)
+FERRITE_QMMQ(ferrite_qmmq_q6_k_x32, Q6KQ, 4, false)
+FERRITE_QMMQ(ferrite_qmmq_q6_k_x32i, Q6KQ, 4, true)

@@ -245,11 +245,16 @@ using Mmq = void (*)(float*, float*, const int8_t*, const uint2*, const uint8_t*
 // exact decoding with x's int8 rounding, in one split and in three
 // (ferrite_qmmq_sum), 16 and 32 rows of x a block; a row's bits do not
 // depend on the rows of x beside it or on the block's; bias and the
-// residual add in the last case.
-static void run_mmq(QT t, int rows, int cols) {
-    const Mmq mmq[5][2] = {{ferrite_qmmq_q8_0_x16, ferrite_qmmq_q8_0_x32}, {ferrite_qmmq_q4_0_x16, ferrite_qmmq_q4_0_x32},
-                           {ferrite_qmmq_q4_k_x16, ferrite_qmmq_q4_k_x32}, {ferrite_qmmq_q5_k_x16, ferrite_qmmq_q5_k_x32},
-                           {ferrite_qmmq_q6_k_x16, ferrite_qmmq_q6_k_x32}};
+// residual add in the last case; ie: the integer-combining forms.
+static void run_mmq(QT t, int rows, int cols, bool ie) {
+    const Mmq forms[2][5][2] = {
+        {{ferrite_qmmq_q8_0_x16, ferrite_qmmq_q8_0_x32}, {ferrite_qmmq_q4_0_x16, ferrite_qmmq_q4_0_x32},
+         {ferrite_qmmq_q4_k_x16, ferrite_qmmq_q4_k_x32}, {ferrite_qmmq_q5_k_x16, ferrite_qmmq_q5_k_x32},
+         {ferrite_qmmq_q6_k_x16, ferrite_qmmq_q6_k_x32}},
+        {{ferrite_qmmq_q8_0_x16i, ferrite_qmmq_q8_0_x32i}, {ferrite_qmmq_q4_0_x16i, ferrite_qmmq_q4_0_x32i},
+         {ferrite_qmmq_q4_k_x16i, ferrite_qmmq_q4_k_x32i}, {ferrite_qmmq_q5_k_x16i, ferrite_qmmq_q5_k_x32i},
+         {ferrite_qmmq_q6_k_x16i, ferrite_qmmq_q6_k_x32i}}};
+    const auto& mmq = forms[ie];
     const int group = belems(t);
     std::vector<float> w;
     size_t dsec;
@@ -283,7 +288,7 @@ static void run_mmq(QT t, int rows, int cols) {
                     for (int o = 0; o < rows; o++) y[size_t(j) * rows + o] -= bias[o] + y0[size_t(j) * rows + o];
             if (f == 0) first = y;
             for (size_t i = 0; i < y.size() && !ba; i++)
-                CHECK(std::memcmp(&y[i], &first[i], 4) == 0, "%s mmq %dx%d splits %d form %d: y[%zu] = %g, %g in form 0", qname[t], rows, cols,
+                CHECK(std::memcmp(&y[i], &first[i], 4) == 0, "%s mmq%s %dx%d splits %d form %d: y[%zu] = %g, %g in form 0", qname[t], ie ? "i" : "", rows, cols,
                       splits, f, i, y[i], first[i]);
             for (int j = 0; j < nx; j++)
                 for (int o = 0; o < rows; o++) {
@@ -294,7 +299,7 @@ static void run_mmq(QT t, int rows, int cols) {
                         mag += std::fabs(double(w[size_t(o) * cols + k]) * xv);
                     }
                     const double got = y[size_t(j) * rows + o], e = mag == 0 ? std::fabs(got) : std::fabs(got - s) / mag;
-                    CHECK(e < (ba ? 1e-4 : 2e-5), "%s mmq %dx%d splits %d form %d: y[%d][%d] = %g, want %g (error %.3g)", qname[t], rows,
+                    CHECK(e < (ba ? 1e-4 : 2e-5), "%s mmq%s %dx%d splits %d form %d: y[%d][%d] = %g, want %g (error %.3g)", qname[t], ie ? "i" : "", rows,
                           cols, splits, f, j, o, got, s, e);
                 }
         }
@@ -432,8 +437,10 @@ int main() {
         run_case8(t, 5, 256);
         run_case8(t, 9, 1280);
         run_case8(t, 3, 2048);
-        run_mmq(t, 130, 1280);
-        run_mmq(t, 20, 512);
+        for (bool ie : {false, true}) {
+            run_mmq(t, 130, 1280, ie);
+            run_mmq(t, 20, 512, ie);
+        }
         run_embed(t, 5, 4608);
         run_expert(t, 6, 256, 0);
         run_expert(t, 8, 1536, 3);  // the up half of a fused gate_up: row0 = 3
