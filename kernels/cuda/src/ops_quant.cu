@@ -178,149 +178,179 @@ __device__ inline float i2f(int v) { return __fsub_rn(__int_as_float(v + 0x4B400
 // parts of every dtype).
 constexpr int kMmqRows = 128, kMmqChunk = 128;
 
-// quant_mmq: y[j·ldy + r] = row r of w · x_j (+ bias[r]) (+ the old y) for
-// j < n, x quantized to int8 (quant_x8_rows' xq, xe), on the tensor cores
-// (mma.sync m16n8k16 s8 → s32): decode batches wider than the GEMV's. A
-// block takes kMmqRows weight rows and NT·8 rows of x (blockIdx.y), over
-// split blockIdx.z of gridDim.z of the column chunks; each chunk of x is
-// staged in shared memory (a row 16 bytes longer than the chunk: the
-// fragments' loads meet no bank conflicts). A part's run (16 weights, one
-// scale) is one mma a tile of 16 weight rows and 8 rows of x: lane 4g + t
-// holds word t of rows g and g + 8's run (Q::q8) and of x row g's, and
-// gets the dot products of rows g, g + 8 with x rows 2t, 2t + 1, combined
-// in float32 as d·Σ_k (sc_k·(s_k − kOff·Σxq_k) − mn_k·Σxq_k). With one
-// split, y gets the sums; with more, ws[z] (n, ldy) gets split z's and
-// ferrite_qmmq_sum adds them in split order. A row's sums do not depend on
-// n, NT or the other rows of x (only on the splits, which the caller
-// chooses from w's shape). IE: the K quants' runs are combined in integers
-// over a chunk (Σ sc_k·(s_k − kOff·Σxq_k) and Σ m_k·Σxq_k, then
-// d·S − dmin·M in float32 once a chunk; a chunk lies in one super-block
-// and one scale group of x), a block-of-32 type's two runs in one integer
-// a part: fewer instructions a run, more registers.
+// MmqX is a block's chunk of NT·8 rows of int8 x in shared memory: their
+// values (a row 16 bytes longer than the chunk, so that the fragments'
+// loads meet no bank conflicts) and each run's (d, Σq) pair.
+template <int NT>
+struct MmqX {
+    int8_t q[NT * 8][kMmqChunk + 16];
+    uint2 e[NT * 8][kMmqChunk / 16];
+};
+
+// mmq_stage copies chunk c of x's rows src(j) (j < NT·8; −1: zeros) from
+// the int8 values xq and pairs xe (cols wide rows) into s. The caller
+// synchronises the block before and after.
+template <int NT, class F>
+__device__ __forceinline__ void mmq_stage(MmqX<NT>& s, const int8_t* __restrict__ xq, const uint2* __restrict__ xe, int cols, int c,
+                                          F src) {
+    for (int i = threadIdx.x; i < NT * 8 * 8; i += blockDim.x) {
+        const int j = i >> 3, q = i & 7, r = src(j);
+        uint4 v{};
+        if (r >= 0) v = __ldg(reinterpret_cast<const uint4*>(xq + size_t(r) * cols + c * kMmqChunk) + q);
+        reinterpret_cast<uint4*>(s.q[j])[q] = v;
+    }
+    for (int i = threadIdx.x; i < NT * 8 * 4; i += blockDim.x) {
+        const int j = i >> 2, q = i & 3, r = src(j);
+        uint4 v{};
+        if (r >= 0) v = __ldg(reinterpret_cast<const uint4*>(xe + size_t(r) * (cols / 16) + c * (kMmqChunk / 16)) + q);
+        reinterpret_cast<uint4*>(s.e[j])[q] = v;
+    }
+}
+
+// MmqW is where a warp's two tiles of 16 weight rows are: tile m's matrix
+// (w[m], its scale section ds[m]; quantLayout's) and rows r[m][0] (the
+// lane's g) and r[m][1] (g + 8), of cols columns.
+struct MmqW {
+    const uint8_t* w[2];
+    const uint8_t* ds[2];
+    int r[2][2];
+    int cols;
+};
+
+// mmq_chunk adds to acc ([tile][x tile][the mma's element]) the dot
+// products of the warp's two tiles with the first nq·8 rows of s, chunk c,
+// on the tensor cores (mma.sync m16n8k16 s8 → s32). A part's run (16
+// weights, one scale) is one mma a tile of 16 weight rows and 8 rows of x:
+// lane 4g + t holds word t of rows g and g + 8's run (Q::q8) and of x row
+// g's, and gets the dot products of rows g, g + 8 with x rows 2t, 2t + 1,
+// combined in float32 as d·Σ_k (sc_k·(s_k − kOff·Σxq_k) − mn_k·Σxq_k). IE:
+// the K quants' runs are combined in integers over the chunk
+// (Σ sc_k·(s_k − kOff·Σxq_k) and Σ m_k·Σxq_k, then d·S − dmin·M in float32
+// once; a chunk lies in one super-block and one scale group of x), a
+// block-of-32 type's two runs in one integer a part: fewer instructions a
+// run, more registers. A row's sums depend only on its own row of x.
 template <class Q, int NT, bool IE>
-__device__ void quant_mmq(float* __restrict__ y, float* __restrict__ ws, const int8_t* __restrict__ xq, const uint2* __restrict__ xe,
-                          const uint8_t* __restrict__ w, const uint8_t* __restrict__ ds, int n, int rows, int cols, int ldy,
-                          const float* __restrict__ bias, int acc_y) {
-    constexpr int kX = NT * 8;                                     // rows of x a block
-    __shared__ __align__(16) int8_t xs[kX][kMmqChunk + 16];        // (kX, chunk) x's int8 values
-    __shared__ __align__(16) uint2 xes[kX][kMmqChunk / 16];        // (kX, chunk/16) x's (d, Σq) a run
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = blockIdx.x * kMmqRows + warp * 32, j0 = blockIdx.y * kX;
-    const int chunks = cols / kMmqChunk, c0 = blockIdx.z * chunks / gridDim.z, c1 = (blockIdx.z + 1) * chunks / gridDim.z;
-    int wr[2][2];  // the weight rows of [tile][g, g + 8], the last one past the end
+__device__ __forceinline__ void mmq_chunk(float (&acc)[2][NT][4], const MmqW& wt, const MmqX<NT>& s, int c, int nq) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    constexpr bool kSuper = IE && Q::kBlock == 256;  // integer sums over the chunk
+    int S[2][NT][4], M[2][NT][4];                    // kSuper: Σ sc·s, Σ m·Σxq, as acc
+    float dk[2][2], dmk[2][2], dxk[NT][2];           // kSuper: the chunk's d, dmin [tile][g, g + 8] and x's d [x tile][2t, 2t + 1]
+    if (kSuper) {
 #pragma unroll
-    for (int m = 0; m < 2; m++)
+        for (int m = 0; m < 2; m++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) wr[m][h] = min(r0 + 16 * m + 8 * h + g, rows - 1);
-    float acc[2][NT][4];  // [tile][x tile][d's element]
+            for (int q = 0; q < NT; q++)
 #pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int q = 0; q < NT; q++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[m][q][i] = 0.f;
-    constexpr bool kSuper = IE && Q::kBlock == 256;  // integer sums over a chunk
-    for (int c = c0; c < c1; c++) {
-        int S[2][NT][4], M[2][NT][4];  // kSuper: [tile][x tile][d's element] Σ sc·s, Σ m·Σxq
-        float dk[2][2], dmk[2][2], dxk[NT][2];  // kSuper: the chunk's d, dmin [tile][g, g + 8] and x's d [x tile][2t, 2t + 1]
-        if (kSuper) {
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int q = 0; q < NT; q++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) S[m][q][i] = 0, M[m][q][i] = 0;
-        }
-        __syncthreads();  // the last chunk's fragments are read
-        for (int i = threadIdx.x; i < kX * 8; i += 128) {
-            const int j = i >> 3, q = i & 7;
-            uint4 v{};
-            if (j0 + j < n) v = __ldg(reinterpret_cast<const uint4*>(xq + size_t(j0 + j) * cols + c * kMmqChunk) + q);
-            reinterpret_cast<uint4*>(xs[j])[q] = v;
-        }
-        for (int i = threadIdx.x; i < kX * 4; i += 128) {
-            const int j = i >> 2, q = i & 3;
-            uint4 v{};
-            if (j0 + j < n) v = __ldg(reinterpret_cast<const uint4*>(xe + size_t(j0 + j) * (cols / 16) + c * (kMmqChunk / 16)) + q);
-            reinterpret_cast<uint4*>(xes[j])[q] = v;
-        }
-        __syncthreads();
+                for (int i = 0; i < 4; i++) S[m][q][i] = 0, M[m][q][i] = 0;
+    }
 #pragma unroll 1
-        for (int pp = 0; pp < kMmqChunk / 32; pp++) {
-            const int p = c * (kMmqChunk / 32) + pp;
-            int o0, o1;
-            Q::offs(p, o0, o1);
-            o0 -= c * kMmqChunk, o1 -= c * kMmqChunk;
-            typename Q::Raw raw[2][2];
+    for (int pp = 0; pp < kMmqChunk / 32; pp++) {
+        const int p = c * (kMmqChunk / 32) + pp;
+        int o0, o1;
+        Q::offs(p, o0, o1);
+        o0 -= c * kMmqChunk, o1 -= c * kMmqChunk;
+        typename Q::Raw raw[2][2];
 #pragma unroll
-            for (int m = 0; m < 2; m++)
+        for (int m = 0; m < 2; m++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) raw[m][h] = Q::load(w, ds, wr[m][h], cols, p);
-            uint32_t a[2][2][2];             // [tile][run][g, g + 8] the A fragments
-            float sc[2][2][2], mn[2][2][2];  // [tile][g, g + 8][run]; !IE: the runs' scales and mins, else sc[·][·][0] d
-            int isc[2][2][2], imn[2][2][2];  // kSuper: [tile][g, g + 8][run] the integer scales and mins
+            for (int h = 0; h < 2; h++) raw[m][h] = Q::load(wt.w[m], wt.ds[m], wt.r[m][h], wt.cols, p);
+        uint32_t a[2][2][2];             // [tile][run][g, g + 8] the A fragments
+        float sc[2][2][2], mn[2][2][2];  // [tile][g, g + 8][run]; !IE: the runs' scales and mins, else sc[·][·][0] d
+        int isc[2][2][2], imn[2][2][2];  // kSuper: [tile][g, g + 8][run] the integer scales and mins
 #pragma unroll
-            for (int m = 0; m < 2; m++)
+        for (int m = 0; m < 2; m++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    Q::q8(raw[m][h], t, a[m][0][h], a[m][1][h]);
-                    if constexpr (kSuper) {
-                        Q::iscales(raw[m][h], isc[m][h], imn[m][h]);
-                        Q::dd(raw[m][h], dk[m][h], dmk[m][h]);
-                        continue;
-                    }
-                    const QRun cr = Q::run(raw[m][h], 0);
-#pragma unroll
-                    for (int k = 0; k < 2; k++) sc[m][h][k] = cr.sc[k], mn[m][h][k] = cr.mn[k];
+            for (int h = 0; h < 2; h++) {
+                Q::q8(raw[m][h], t, a[m][0][h], a[m][1][h]);
+                if constexpr (kSuper) {
+                    Q::iscales(raw[m][h], isc[m][h], imn[m][h]);
+                    Q::dd(raw[m][h], dk[m][h], dmk[m][h]);
+                    continue;
                 }
+                const QRun cr = Q::run(raw[m][h], 0);
 #pragma unroll
-            for (int q = 0; q < NT; q++) {
-                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&xs[8 * q + g][o0 + 4 * t]);
-                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&xs[8 * q + g][o1 + 4 * t]);
-                float dx[2];
-                int xs0[2], xs1[2];  // [x row 2t, 2t + 1] each run's Σxq
+                for (int k = 0; k < 2; k++) sc[m][h][k] = cr.sc[k], mn[m][h][k] = cr.mn[k];
+            }
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const uint2 u0 = xes[8 * q + 2 * t + e][o0 >> 4], u1 = xes[8 * q + 2 * t + e][o1 >> 4];
-                    dx[e] = __uint_as_float(u0.x), xs0[e] = int(u0.y), xs1[e] = int(u1.y);
-                    if (kSuper) dxk[q][e] = dx[e];
-                }
+        for (int q = 0; q < NT; q++) {
+            if (q >= nq) break;
+            const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&s.q[8 * q + g][o0 + 4 * t]);
+            const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&s.q[8 * q + g][o1 + 4 * t]);
+            float dx[2];
+            int xs0[2], xs1[2];  // [x row 2t, 2t + 1] each run's Σxq
 #pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    int s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
-                    mma_s8(s0, a[m][0][0], a[m][0][1], b0);
-                    mma_s8(s1, a[m][1][0], a[m][1][1], b1);
+            for (int e = 0; e < 2; e++) {
+                const uint2 u0 = s.e[8 * q + 2 * t + e][o0 >> 4], u1 = s.e[8 * q + 2 * t + e][o1 >> 4];
+                dx[e] = __uint_as_float(u0.x), xs0[e] = int(u0.y), xs1[e] = int(u1.y);
+                if (kSuper) dxk[q][e] = dx[e];
+            }
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int h = i >> 1, e = i & 1;
-                        const int z0 = s0[i] - Q::kOff * xs0[e], z1 = s1[i] - Q::kOff * xs1[e];
-                        if (kSuper) {
-                            S[m][q][i] += isc[m][h][0] * z0 + isc[m][h][1] * z1;
-                            if (Q::kMin) M[m][q][i] += imn[m][h][0] * xs0[e] + imn[m][h][1] * xs1[e];
-                        } else if (IE) {  // one scale d a part (sc[·][·][0] = sc[·][·][1], no mins)
-                            acc[m][q][i] = fmaf(__fmul_rn(dx[e], sc[m][h][0]), i2f(z0 + z1), acc[m][q][i]);
-                        } else {
-                            float v = fmaf(sc[m][h][0], i2f(z0), __fmul_rn(sc[m][h][1], i2f(z1)));
-                            if (Q::kMin) v = fmaf(-mn[m][h][0], i2f(xs0[e]), fmaf(-mn[m][h][1], i2f(xs1[e]), v));
-                            acc[m][q][i] = fmaf(dx[e], v, acc[m][q][i]);
-                        }
+            for (int m = 0; m < 2; m++) {
+                int s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
+                mma_s8(s0, a[m][0][0], a[m][0][1], b0);
+                mma_s8(s1, a[m][1][0], a[m][1][1], b1);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int h = i >> 1, e = i & 1;
+                    const int z0 = s0[i] - Q::kOff * xs0[e], z1 = s1[i] - Q::kOff * xs1[e];
+                    if (kSuper) {
+                        S[m][q][i] += isc[m][h][0] * z0 + isc[m][h][1] * z1;
+                        if (Q::kMin) M[m][q][i] += imn[m][h][0] * xs0[e] + imn[m][h][1] * xs1[e];
+                    } else if (IE) {  // one scale d a part (sc[·][·][0] = sc[·][·][1], no mins)
+                        acc[m][q][i] = fmaf(__fmul_rn(dx[e], sc[m][h][0]), i2f(z0 + z1), acc[m][q][i]);
+                    } else {
+                        float v = fmaf(sc[m][h][0], i2f(z0), __fmul_rn(sc[m][h][1], i2f(z1)));
+                        if (Q::kMin) v = fmaf(-mn[m][h][0], i2f(xs0[e]), fmaf(-mn[m][h][1], i2f(xs1[e]), v));
+                        acc[m][q][i] = fmaf(dx[e], v, acc[m][q][i]);
                     }
                 }
             }
         }
-        if (kSuper) {  // the chunk's integer sums, in float32 once
+    }
+    if (kSuper) {  // the chunk's integer sums, in float32 once
 #pragma unroll
-            for (int m = 0; m < 2; m++)
+        for (int m = 0; m < 2; m++)
 #pragma unroll
-                for (int q = 0; q < NT; q++)
+            for (int q = 0; q < NT; q++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int h = i >> 1, e = i & 1;
-                        float v = __fmul_rn(dk[m][h], float(S[m][q][i]));
-                        if (Q::kMin) v = fmaf(-dmk[m][h], float(M[m][q][i]), v);
-                        acc[m][q][i] = fmaf(dxk[q][e], v, acc[m][q][i]);
-                    }
-        }
+                for (int i = 0; i < 4; i++) {
+                    if (q >= nq) break;
+                    const int h = i >> 1, e = i & 1;
+                    float v = __fmul_rn(dk[m][h], float(S[m][q][i]));
+                    if (Q::kMin) v = fmaf(-dmk[m][h], float(M[m][q][i]), v);
+                    acc[m][q][i] = fmaf(dxk[q][e], v, acc[m][q][i]);
+                }
+    }
+}
+
+// quant_mmq: y[j·ldy + r] = row r of w · x_j (+ bias[r]) (+ the old y) for
+// j < n, x quantized to int8 (quant_x8_rows' xq, xe), on the tensor cores
+// (mmq_chunk): decode batches wider than the GEMV's. A block takes
+// kMmqRows weight rows and NT·8 rows of x (blockIdx.y), over split
+// blockIdx.z of gridDim.z of the column chunks, each chunk of x staged in
+// shared memory. With one split, y gets the sums; with more, ws[z] (n,
+// ldy) gets split z's and ferrite_qmmq_sum adds them in split order. A
+// row's sums do not depend on n, NT or the other rows of x (only on the
+// splits, which the caller chooses from w's shape).
+template <class Q, int NT, bool IE>
+__device__ void quant_mmq(float* __restrict__ y, float* __restrict__ ws, const int8_t* __restrict__ xq, const uint2* __restrict__ xe,
+                          const uint8_t* __restrict__ w, const uint8_t* __restrict__ ds, int n, int rows, int cols, int ldy,
+                          const float* __restrict__ bias, int acc_y) {
+    __shared__ __align__(16) MmqX<NT> s;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.x * kMmqRows + warp * 32, j0 = blockIdx.y * NT * 8;
+    const int chunks = cols / kMmqChunk, c0 = blockIdx.z * chunks / gridDim.z, c1 = (blockIdx.z + 1) * chunks / gridDim.z;
+    MmqW wt{{w, w}, {ds, ds}, {}, cols};
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wt.r[m][h] = min(r0 + 16 * m + 8 * h + g, rows - 1);  // the last row past the end
+    float acc[2][NT][4] = {};
+    for (int c = c0; c < c1; c++) {
+        __syncthreads();  // the last chunk's fragments are read
+        mmq_stage<NT>(s, xq, xe, cols, c, [&](int j) { return j0 + j < n ? j0 + j : -1; });
+        __syncthreads();
+        mmq_chunk<Q, NT, IE>(acc, wt, s, c, NT);
     }
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -333,6 +363,81 @@ __device__ void quant_mmq(float* __restrict__ y, float* __restrict__ ws, const i
                 if (gridDim.z == 1) store(y + size_t(j) * ldy + r, acc[m][q][i], bias, r, acc_y);
                 else ws[(size_t(blockIdx.z) * n + j) * ldy + r] = acc[m][q][i];
             }
+}
+
+// moe_mmq_q is the experts' grouped product on the tensor cores for
+// block-quantized experts of the dtype Q: block (x, g) takes tile g of the
+// sorted slots (ferrite_moe_sort's: expert e with tiles[e] ≤ g <
+// tiles[e + 1], up to kTileM of its slots, tile_slots), 32 slots of x at a
+// time, x's int8 rows (xq, xe, kdim wide) those of the slots' tokens (GU)
+// or the slots (down). GU: warp v takes output rows r0 = 64x + 16v, its
+// tile 0 the gate's rows and tile 1 the up's, h[s] (slots, nrows = inter)
+// = the SwiGLU; else warp v takes the down's rows 128x + 32v …, ye[s]
+// (slots, nrows = hidden) each slot's expert output (ferrite_moe_combine
+// adds them). A slot's sums depend only on its own row of x.
+template <class Q, bool GU>
+__device__ void moe_mmq_q(float* __restrict__ out, int nrows, const int8_t* __restrict__ xq, const uint2* __restrict__ xe, int kdim,
+                          const MatDesc& ma, const MatDesc& mb, const int* slot, const int* row_in, int cnt, MmqX<4>& s, float limit) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = GU ? blockIdx.x * 64 + warp * 16 : blockIdx.x * kMmqRows + warp * 32;
+    MmqW wt{{ma.data, (GU ? mb : ma).data},
+            {reinterpret_cast<const uint8_t*>(ma.scale), reinterpret_cast<const uint8_t*>((GU ? mb : ma).scale)},
+            {},
+            kdim};
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wt.r[m][h] = min((GU ? r0 : r0 + 16 * m) + 8 * h + g, nrows - 1) + (GU && m ? mb.row0 : ma.row0);
+    for (int s0 = 0; s0 < cnt; s0 += 32) {
+        const int nq = min(4, (cnt - s0 + 7) / 8);
+        float acc[2][4][4] = {};
+        for (int c = 0; c < kdim / kMmqChunk; c++) {
+            __syncthreads();  // the last chunk's fragments are read
+            mmq_stage<4>(s, xq, xe, kdim, c, [&](int j) { return s0 + j < cnt ? row_in[s0 + j] : -1; });
+            __syncthreads();
+            mmq_chunk<Q, 4, false>(acc, wt, s, c, nq);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = s0 + 8 * q + 2 * t + (i & 1);
+                if (j >= cnt) continue;
+                const int sl = slot[j];
+                if (GU) {
+                    const int r = r0 + 8 * (i >> 1) + g;
+                    if (r < nrows) out[size_t(sl) * nrows + r] = swiglu_clamp1(acc[0][q][i], acc[1][q][i], limit);
+                } else {
+#pragma unroll
+                    for (int m = 0; m < 2; m++) {
+                        const int r = r0 + 16 * m + 8 * (i >> 1) + g;
+                        if (r < nrows) out[size_t(sl) * nrows + r] = acc[m][q][i];
+                    }
+                }
+            }
+    }
+}
+
+// moe_mmq is moe_mmq_q by the dtype of tile g's expert (its gate and up,
+// or its down, all of one dtype: the caller checks).
+template <bool GU>
+__device__ void moe_mmq(float* out, int nrows, const int8_t* xq, const uint2* xe, int kdim, const int* off, const int* tiles,
+                        const int* perm, const MatDesc* table, int experts, int k, float limit) {
+    __shared__ __align__(16) MmqX<4> s;
+    __shared__ int row_in[kTileM], slot[kTileM];
+    const int g = blockIdx.y;
+    if (g >= tiles[experts]) return;
+    const int e = tile_slots<GU>(slot, row_in, g, off, tiles, perm, experts, k);
+    const int cnt = min(kTileM, off[e + 1] - off[e] - (g - tiles[e]) * kTileM);
+    const MatDesc ma = table[3 * e + (GU ? 0 : 2)], mb = table[3 * e + 1];
+    switch (ma.dtype) {
+    case kQ8_0: moe_mmq_q<Q8_0Q, GU>(out, nrows, xq, xe, kdim, ma, mb, slot, row_in, cnt, s, limit); break;
+    case kQ4_0: moe_mmq_q<Q4_0Q, GU>(out, nrows, xq, xe, kdim, ma, mb, slot, row_in, cnt, s, limit); break;
+    case kQ4K: moe_mmq_q<QKQ<false>, GU>(out, nrows, xq, xe, kdim, ma, mb, slot, row_in, cnt, s, limit); break;
+    case kQ5K: moe_mmq_q<QKQ<true>, GU>(out, nrows, xq, xe, kdim, ma, mb, slot, row_in, cnt, s, limit); break;
+    default: moe_mmq_q<Q6KQ, GU>(out, nrows, xq, xe, kdim, ma, mb, slot, row_in, cnt, s, limit); break;
+    }
 }
 
 // quant_bf16 writes the exact decoding of w's rows (rows, cols), rounded to
@@ -463,6 +568,25 @@ extern "C" __global__ void __launch_bounds__(256) ferrite_embed_q(float* y, int 
         FERRITE_PDL_WAIT();                                                                                                \
         quant_mmq<Q, NT, IE>(y, ws, xq, xe, w, ds, n, rows, cols, ldy, bias, acc_y);                                       \
     }
+
+// The experts' grouped product over their blocks on int8 x (moe_mmq):
+// gate/up with the SwiGLU into h (slots, inter) from x's int8 rows (n,
+// hidden); down into ye (slots, hidden) from h's (slots, inter), then
+// ferrite_moe_combine. Launch: grid (ceil(inter / 64), ceil(slots / 64) +
+// experts) and (ceil(hidden / 128), the same), 128 threads, after
+// ferrite_moe_sort.
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_moe_mmq_gate_up(float* h, int inter, const int8_t* xq, const uint2* xe, int hidden, const int* off, const int* tiles,
+                            const int* perm, const MatDesc* table, int experts, int k, float limit) {
+    FERRITE_PDL_WAIT();
+    moe_mmq<true>(h, inter, xq, xe, hidden, off, tiles, perm, table, experts, k, limit);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    ferrite_moe_mmq_down(float* ye, int hidden, const int8_t* hq, const uint2* he, int inter, const int* off, const int* tiles,
+                         const int* perm, const MatDesc* table, int experts, int k) {
+    FERRITE_PDL_WAIT();
+    moe_mmq<false>(ye, hidden, hq, he, inter, off, tiles, perm, table, experts, k, 0.f);
+}
 
 // ferrite_qmmq_sum: y[j·ldy + r] = Σ_z ws[(z·n + j)·ldy + r] in split
 // order (+ bias[r]) (+ the old y), for j < n, r < rows: quant_mmq's splits.

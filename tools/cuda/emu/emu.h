@@ -182,6 +182,7 @@ inline int __dp4a(int a, int b, int c) {
 }
 inline float expf(float x) { return std::exp(x); }
 inline float fmaxf(float a, float b) { return std::fmax(a, b); }
+inline float fminf(float a, float b) { return std::fmin(a, b); }
 inline float fmaf(float a, float b, float c) { return std::fma(a, b, c); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

@@ -3,7 +3,7 @@
 (the helpers ops_decode.cu, or with "linattn" the linear-attention files, use
 from the files sorted before them), by their
 first line: a definition runs to the next line that is "}" or "};", a
-one-line one ends at its ";". A "template <...>" line just before is kept."""
+one-line one (or a constexpr line) ends at its ";". A "template <...>" line just before is kept."""
 import sys
 
 src = sys.argv[1]
@@ -27,7 +27,9 @@ if suite == "quant":  # what ops_common_quant.cu and ops_quant.cu use
     want = {
         "convert.cu": ["__device__ inline uint16_t f32_to_bf16("],
         "gemv.cu": ["__device__ inline float warp_sum(", "__device__ inline void store("],
+        "ops.cu": ["__device__ inline float swiglu1(", "__device__ inline float swiglu_clamp1("],
         "ops_common.cu": ["struct MatDesc {"],
+        "ops_moe.cu": ["constexpr int kTileM =", "__device__ int tile_slots("],
     }
 out = []
 for f, starts in want.items():
@@ -40,7 +42,7 @@ for f, starts in want.items():
         if i > 0 and lines[i - 1].startswith("template <"):
             i -= 1
         j = idx[0]
-        if not lines[j].rstrip().endswith(";"):
+        if not lines[j].rstrip().endswith(";") and not lines[j].startswith("constexpr "):
             while lines[j] not in ("}", "};"):
                 j += 1
         out += lines[i:j + 1] + [""]

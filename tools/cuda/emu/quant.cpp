@@ -328,6 +328,84 @@ static void run_embed(QT t, int rows, int cols) {
         }
 }
 
+// run_moe_mmq checks the experts' grouped tensor-core product
+// (ferrite_moe_mmq_gate_up, _down) on slots sorted as ferrite_moe_sort
+// sorts them: gate/up's SwiGLU against double-precision products of the
+// exact decoding with x's int8 rounding, down against the same of h's
+// (quantized on the host), every slot; expert 0 takes every token's first
+// slot, so its slots fill two tiles, the first past 32.
+static void run_moe_mmq(QT gt, QT dt, int hidden, int inter) {
+    const int ne = 5, n = 70, k = 2, slots = n * k;
+    std::vector<float> gu[ne], dw[ne];
+    std::vector<uint8_t> gud[ne], dd[ne];
+    size_t gus[ne], dss[ne];
+    std::vector<MatDesc> table(3 * ne);
+    for (int e = 0; e < ne; e++) {
+        gud[e] = random_matrix(gt, 2 * inter, hidden, gu[e], gus[e]);
+        dd[e] = random_matrix(dt, hidden, inter, dw[e], dss[e]);
+        const float* gsc = reinterpret_cast<const float*>(gud[e].data() + gus[e]);
+        table[3 * e] = MatDesc{gud[e].data(), gsc, kQ8_0 + int(gt), inter, hidden, 1, 1, 0};
+        table[3 * e + 1] = MatDesc{gud[e].data(), gsc, kQ8_0 + int(gt), inter, hidden, 1, 1, inter};
+        table[3 * e + 2] = MatDesc{dd[e].data(), reinterpret_cast<const float*>(dd[e].data() + dss[e]), kQ8_0 + int(dt), hidden, inter, 1, 1, 0};
+    }
+    std::vector<int> ids(slots);
+    for (int i = 0; i < n; i++) ids[i * k] = 0, ids[i * k + 1] = 1 + int(rng() % (ne - 1));
+    // ferrite_moe_sort's off, tiles and perm
+    std::vector<int> off(ne + 1, 0), tiles(ne + 1, 0), perm;
+    for (int e = 0; e < ne; e++) {
+        for (int sl = 0; sl < slots; sl++)
+            if (ids[sl] == e) perm.push_back(sl);
+        off[e + 1] = int(perm.size());
+        tiles[e + 1] = tiles[e] + ceil_div(off[e + 1] - off[e], kTileM);
+    }
+    std::vector<float> x(size_t(n) * hidden);
+    for (auto& v : x) v = randn();
+    std::vector<int8_t> xq(x.size());
+    std::vector<uint2> xe(x.size() / 16);
+    launch(dim3u{unsigned(ceil_div(hidden, 256)), unsigned(n), 1}, 256, [&] { ferrite_qx8(xq.data(), xe.data(), x.data(), hidden, hidden, belems(gt)); });
+    const unsigned gy = unsigned(ceil_div(slots, kTileM) + ne);
+    std::vector<float> h(size_t(slots) * inter, -7.f);
+    launch(dim3u{unsigned(ceil_div(inter, 64)), gy, 1}, 128, [&] {
+        ferrite_moe_mmq_gate_up(h.data(), inter, xq.data(), xe.data(), hidden, off.data(), tiles.data(), perm.data(), table.data(), ne, k, 0.f);
+    });
+    for (int sl = 0; sl < slots; sl++) {
+        const int tok = sl / k, e = ids[sl];
+        for (int r = 0; r < inter; r++) {
+            double a = 0, b = 0, ma = 0, mb = 0;
+            for (int c = 0; c < hidden; c++) {
+                const double xv = double(__uint_as_float(xe[(size_t(tok) * hidden + c) / 16].x)) * xq[size_t(tok) * hidden + c];
+                a += double(gu[e][size_t(r) * hidden + c]) * xv, ma += std::fabs(double(gu[e][size_t(r) * hidden + c]) * xv);
+                b += double(gu[e][size_t(inter + r) * hidden + c]) * xv, mb += std::fabs(double(gu[e][size_t(inter + r) * hidden + c]) * xv);
+            }
+            const double sg = a / (1 + std::exp(-a)), want = sg * b;
+            const double bound = 2e-5 * (ma * std::fabs(b) + std::fabs(sg) * mb) + 1e-30;
+            const float got = h[size_t(sl) * inter + r];
+            CHECK(std::fabs(got - want) <= bound, "%s+%s moe gate/up slot %d (expert %d) row %d = %g, want %g", qname[gt], qname[dt], sl, e, r,
+                  got, want);
+        }
+    }
+    std::vector<int8_t> hq(h.size());
+    std::vector<uint2> he(h.size() / 16);
+    launch(dim3u{unsigned(ceil_div(inter, 256)), unsigned(slots), 1}, 256, [&] { ferrite_qx8(hq.data(), he.data(), h.data(), inter, inter, belems(dt)); });
+    std::vector<float> ye(size_t(slots) * hidden, -7.f);
+    launch(dim3u{unsigned(ceil_div(hidden, 128)), gy, 1}, 128, [&] {
+        ferrite_moe_mmq_down(ye.data(), hidden, hq.data(), he.data(), inter, off.data(), tiles.data(), perm.data(), table.data(), ne, k);
+    });
+    for (int sl = 0; sl < slots; sl++) {
+        const int e = ids[sl];
+        for (int r = 0; r < hidden; r++) {
+            double a = 0, ma = 0;
+            for (int c = 0; c < inter; c++) {
+                const double hv = double(__uint_as_float(he[(size_t(sl) * inter + c) / 16].x)) * hq[size_t(sl) * inter + c];
+                a += double(dw[e][size_t(r) * inter + c]) * hv, ma += std::fabs(double(dw[e][size_t(r) * inter + c]) * hv);
+            }
+            const float got = ye[size_t(sl) * hidden + r];
+            CHECK(std::fabs(got - a) <= 2e-5 * ma + 1e-30, "%s+%s moe down slot %d (expert %d) row %d = %g, want %g", qname[gt], qname[dt], sl,
+                  e, r, got, a);
+        }
+    }
+}
+
 // run_expert checks ops_common_quant.cu's reading of one expert matrix
 // through a MatDesc (ops_moe.cu's desc_dot and moe_tile): quant_run16 bit
 // for bit against the host decoding for every run of the view's rows, and
@@ -430,6 +508,10 @@ static void run_expert(QT t, int rows, int cols, int row0) {
 }
 
 int main() {
+    run_moe_mmq(Q4K, Q6K, 512, 256);
+    run_moe_mmq(Q8_0, Q8_0, 256, 384);
+    run_moe_mmq(Q5K, Q4K, 256, 512);
+    run_moe_mmq(Q4_0, Q6K, 384, 256);
     for (QT t : {Q8_0, Q4_0, Q4K, Q5K, Q6K}) {
         run_case(t, 5, 256);
         run_case(t, 9, 1280);
