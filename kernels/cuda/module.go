@@ -51,6 +51,7 @@ var kernelNames = []string{
 	"ferrite_moe_few_gate_up_1_q", "ferrite_moe_few_down_1_q",
 	"ferrite_moe_gt_gate_up_r4_q", "ferrite_moe_gt_down_r8_q", "ferrite_moe_tile_gate_up_q", "ferrite_moe_tile_down_q",
 	"ferrite_moe_qdecode", "ferrite_moe_few_down_1_q1", "ferrite_moe_few_gate_up_1_q8", "ferrite_moe_few_down_1_q8",
+	"ferrite_moe_mmq_gate_up", "ferrite_moe_mmq_down",
 	// Random weights (src/randfill.cu).
 	"ferrite_random_fill",
 }

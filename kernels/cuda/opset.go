@@ -1149,6 +1149,9 @@ type expertKinds struct {
 	// ups) and of h (downs) spans (quantXGroup) where every such matrix is
 	// block-quantized with one group, else −1: the _q8 kernels need both.
 	guGroup, dGroup int
+	// oneDT: every gate and up is of one dtype, every down of one: the
+	// grouped tensor-core product (ferrite_moe_mmq_*) needs it, with x8.
+	oneDT bool
 }
 
 // moeDownRows is the hidden rows a block of the slot-a-pass down kernels
@@ -1157,6 +1160,15 @@ const moeDownRows = 4
 
 // x8 reports whether the experts take int8 activations (the _q8 kernels).
 func (k expertKinds) x8() bool { return k.guGroup > 0 && k.dGroup > 0 }
+
+// mmq reports whether the experts take the grouped tensor-core product
+// on int8 activations (ferrite_moe_mmq_*).
+func (k expertKinds) mmq() bool { return k.x8() && k.oneDT }
+
+// moeMMQ is whether 9 to 255 tokens of experts that can take it run the
+// grouped tensor-core product (FERRITE_CUDA_MOE_MMQ=0: the register tiles
+// and the CUDA-core tiles, on float32 x).
+var moeMMQ = os.Getenv("FERRITE_CUDA_MOE_MMQ") != "0"
 
 // foldXGroup folds matrix dtype dt into a role's scale group g (0: none
 // seen yet; −1: not one group of block-quantized matrices).
@@ -1211,6 +1223,57 @@ func (b *Backend) expertsFewX8(y uint64, yStride int, xp uint64, xStride int, ip
 	return true
 }
 
+// expertsMMQ runs n tokens (moeFewTokens < n < gemmRoundRows) of experts
+// whose gates and ups are of one block-quantized dtype and downs of one
+// (kinds.mmq) as grouped products on the tensor cores: ferrite_moe_sort
+// sorts the slots by expert, ferrite_qx8 quantizes x, then
+// ferrite_moe_mmq_gate_up writes each slot's SwiGLU into h, ferrite_qx8
+// quantizes h (into the same buffer: x's int8 copy is read by then),
+// ferrite_moe_mmq_down writes each slot's output, and ferrite_moe_combine
+// adds a token's. It returns false where they do not apply.
+func (b *Backend) expertsMMQ(y uint64, yStride int, xp uint64, xStride int, ip, wp, h uint64, kinds expertKinds, table *Buffer,
+	ne, n, k, hidden, inter int, limit float32) bool {
+	if !moeMMQ || b.noQX8 || !kinds.mmq() || n <= moeFewTokens || n >= gemmRoundRows || hidden%mmqChunk != 0 || inter%mmqChunk != 0 {
+		return false
+	}
+	q := b.quantX8(n*k, max(hidden, inter)) // x (n, hidden), then h (n·k, inter)
+	if q == 0 {
+		return false
+	}
+	xe := q + uint64(alignUp(int64(n)*int64(hidden), 16))
+	he := q + uint64(alignUp(int64(n*k)*int64(inter), 16))
+	ye := dptr(b.Scratch(kernels.F32, n*k, hidden)) // (n·k, hidden) each slot's expert output
+	off := dptr(b.Scratch(kernels.I32, 1, ne+1))    // (experts + 1) where each expert's slots start in perm
+	tiles := dptr(b.Scratch(kernels.I32, 1, ne+1))  // (experts + 1) 64-slot tiles before each expert
+	perm := dptr(b.Scratch(kernels.I32, 1, n*k))    // (n·k) the slots sorted by expert
+	gy := uint32(ceilDiv(n*k, moeTileM) + ne)
+	parts := b.combineParts(n, hidden)
+	b.queue(func(d *Device) error {
+		err := d.launchL("ferrite_moe_sort", 1, 1024, 0, off, tiles, perm, ye, ip, i32(n*k), i32(ne), i32(hidden))
+		if err == nil {
+			err = d.launch3L("ferrite_qx8", [3]uint32{uint32(ceilDiv(hidden, 256)), uint32(n), 1}, 256, 0,
+				q, xe, xp, i32(xStride), i32(hidden), i32(kinds.guGroup))
+		}
+		if err == nil {
+			err = d.launch3L("ferrite_moe_mmq_gate_up", [3]uint32{uint32(ceilDiv(inter, 64)), gy, 1}, 128, 0,
+				h, i32(inter), q, xe, i32(hidden), off, tiles, perm, table.ptr, i32(ne), i32(k), f32(limit))
+		}
+		if err == nil {
+			err = d.launch3L("ferrite_qx8", [3]uint32{uint32(ceilDiv(inter, 256)), uint32(n * k), 1}, 256, 0,
+				q, he, h, i32(inter), i32(inter), i32(kinds.dGroup))
+		}
+		if err == nil {
+			err = d.launch3L("ferrite_moe_mmq_down", [3]uint32{uint32(ceilDiv(hidden, mmqRows)), gy, 1}, 128, 0,
+				ye, i32(hidden), q, he, i32(inter), off, tiles, perm, table.ptr, i32(ne), i32(k))
+		}
+		if err != nil {
+			return err
+		}
+		return d.moeCombine(y, yStride, ye, ip, wp, n, k, hidden, parts)
+	})
+	return true
+}
+
 // expertTable returns the device table of experts' weight descriptors,
 // three per expert (gate, up, down), uploading the weights and the table
 // on first use; it is cached per expert list. Block-quantized experts stay
@@ -1225,7 +1288,8 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 		return t, nil
 	}
 	raw := make([]byte, 3*len(experts)*expertDescBytes)
-	kinds := expertKinds{qbf16: true}
+	kinds := expertKinds{qbf16: true, oneDT: true}
+	var roleDT [2]*kernels.DType // the dtype of the gates and ups, of the downs
 	put := func(i int, m *kernels.Mat, row0 int) error {
 		// A block-quantized expert keeps its blocks (linWeight), its
 		// scale the address of their scale section.
@@ -1246,6 +1310,11 @@ func (b *Backend) expertTable(experts []kernels.Expert) (*Buffer, error) {
 			kinds.dGroup = foldXGroup(kinds.dGroup, w.DType)
 		} else {
 			kinds.guGroup = foldXGroup(kinds.guGroup, w.DType)
+		}
+		if dt := &roleDT[i%3/2]; *dt == nil {
+			*dt = &w.DType
+		} else if **dt != w.DType {
+			kinds.oneDT = false
 		}
 		d := raw[i*expertDescBytes:]
 		binary.LittleEndian.PutUint64(d[0:], w.Buf.ptr)
@@ -1378,6 +1447,9 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 	// kernels past moeFewTokens too (the register tiles read float32 x).
 	if b.rowExact && n > moeFewTokens && quant && kinds.x8() && !b.noQX8 && !b.moe.q1 &&
 		b.expertsFewX8(y, dst.Stride, xp, x.Stride, ip, wp, h, table, kinds, len(experts), n, k, hidden, inter, limit) {
+		return
+	}
+	if quant && !b.rowExact && b.expertsMMQ(y, dst.Stride, xp, x.Stride, ip, wp, h, kinds, table, len(experts), n, k, hidden, inter, limit) {
 		return
 	}
 	// Block-quantized experts decode every row they read; up to

@@ -47,6 +47,7 @@ var pdlKernels = map[string]bool{
 	"ferrite_moe_b1_1": true, "ferrite_moe_b1_3": true, "ferrite_moe_few_gate_up_1_q": true,
 	"ferrite_moe_few_down_1_q": true, "ferrite_moe_gt_gate_up_r4_q": true, "ferrite_moe_gt_down_r8_q": true,
 	"ferrite_moe_few_down_1_q1": true, "ferrite_moe_few_gate_up_1_q8": true, "ferrite_moe_few_down_1_q8": true,
+	"ferrite_moe_mmq_gate_up": true, "ferrite_moe_mmq_down": true,
 }
 
 // pdlEnabled is whether a new Device of compute capability major uses PDL:

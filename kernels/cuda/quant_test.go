@@ -500,10 +500,11 @@ const quantX8ExpertsTol = 2e-3
 // all block-quantized with one int8 scale group each (a Q4_K_M file's Q4_K
 // gate/up beside Q6_K downs; Q8_0; Q5_K beside Q4_K): up to moeFewTokens
 // tokens take the int8-activation kernels (ferrite_qx8, then the _q8
-// forms), checked against ref.ExpertsRounded with x and every SwiGLU
-// output rounded as ferrite_qx8 rounds them, each token's bits those of
-// its call alone; with FERRITE_CUDA_QX8=0 the float32 forms against
-// ref.Experts.
+// forms), from there to 255 the grouped tensor-core product
+// (ferrite_moe_mmq_*), checked against ref.ExpertsRounded with x and every
+// SwiGLU output rounded as ferrite_qx8 rounds them; up to moeFewTokens
+// each token's bits are those of its call alone, past it those of any
+// batch; with FERRITE_CUDA_QX8=0 the float32 forms against ref.Experts.
 func TestQuantExpertsX8(t *testing.T) {
 	b := openOps(t)
 	defer func(c moeConfig) { b.moe, b.noQX8 = c, false }(b.moe)
@@ -525,13 +526,27 @@ func TestQuantExpertsX8(t *testing.T) {
 		rx := func(v []float32) []float32 { return quantX8Round(v, quantXGroup(c.gu)) }
 		rh := func(v []float32) []float32 { return quantX8Round(v, quantXGroup(c.down)) }
 		b.moe, b.noQX8 = moeConfig{}, false
-		for _, n := range []int{1, 3, moeFewTokens} {
+		for _, n := range []int{1, 3, moeFewTokens, moeFewTokens + 1, 40, 100, 200} { // from 9 tokens the grouped tensor-core product
 			checkExpertsRounded(t, b, fmt.Sprintf("%v+%v/x8/n=%d", c.gu, c.down, n), ex, n, k, rng, quantX8ExpertsTol, rx, rh)
+		}
+		// The grouped tensor-core product: a token's bits do not depend on
+		// the tokens beside it.
+		xv, wv, ids := randF32(rng, 100*hidden), randF32(rng, 100*k), make([]int32, 100*k)
+		for i := range 100 {
+			for j, p := range rng.Perm(e)[:k] {
+				ids[i*k+j] = int32(p)
+			}
+		}
+		many, few := expertsOnDevice(t, b, ex, 100, k, xv, ids, wv), expertsOnDevice(t, b, ex, 40, k, xv[:40*hidden], ids[:40*k], wv[:40*k])
+		for i, v := range few {
+			if math.Float32bits(v) != math.Float32bits(many[i]) {
+				t.Fatalf("%v+%v: token %d output %d = %g among 40 tokens, %g among 100", c.gu, c.down, i/hidden, i%hidden, v, many[i])
+			}
 		}
 		b.mu.Lock()
 		kinds := b.qexperts[&ex[0]]
 		b.mu.Unlock()
-		if want := (expertKinds{quant: true, qbf16: true, guGroup: quantXGroup(c.gu), dGroup: quantXGroup(c.down)}); kinds != want {
+		if want := (expertKinds{quant: true, qbf16: true, guGroup: quantXGroup(c.gu), dGroup: quantXGroup(c.down), oneDT: true}); kinds != want {
 			t.Errorf("%v+%v: expert kinds %+v, want %+v", c.gu, c.down, kinds, want)
 		}
 		checkExpertsRowExact(t, b, rng, fmt.Sprintf("%v+%v x8 ", c.gu, c.down), ex, moeFewTokens, k, []moeConfig{{}}, []int{2, moeFewTokens})

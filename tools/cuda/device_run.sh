@@ -49,11 +49,11 @@
 #              (FERRITE_CUDA_MMQ_ROWS=0), interleaved twice, and bf16 at
 #              32/64 (~5 min)
 #   qmoe       (not in the default list) BenchmarkMoE and BenchmarkMoEQuant
-#              (bf16 and Q4_K/Q6_K experts in their blocks) at 1/8 tokens,
-#              BenchmarkMoEQuant again on float32 x (FERRITE_CUDA_QX8=0),
-#              then ferrite bench, Qwen3-30B-A3B, --quant q4_k (random
-#              blocks made on the host) at 1/8 (128+64), int8 and float32 x
-#              (~2 min)
+#              (bf16 and Q4_K/Q6_K experts in their blocks) at 1/8/32
+#              tokens, BenchmarkMoEQuant at 32 again without the grouped
+#              tensor-core product (FERRITE_CUDA_MOE_MMQ=0), then ferrite
+#              bench, Qwen3-30B-A3B, --quant q4_k (random blocks) at 1/8/32
+#              (128+64), and at 32 without it (~3 min)
 #   qgguf      (not in the default list) after the llama stage's prep:
 #              ferrite bench on the Q4_K_M GGUF llama-quantize wrote
 #              (Qwen3-8B shape), 1/8 sequences, int8 and float32 x
@@ -198,13 +198,13 @@ if want mmq; then
 	bench mmq-bf16 60 --model "$dev/qwen3-8b" --concurrency 32,64 --prompt-len 128 --gen-len 128
 fi
 if want qmoe; then
-	(cd k && run moe-quant 90 qmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE(Quant)?$/^n=(1|8)$' \
+	(cd k && run moe-quant 90 qmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE(Quant)?$/^n=(1|8|32)$' \
 		-test.benchtime 5x)
-	(cd k && FERRITE_CUDA_QX8=0 run moe-quant-fx 60 qmoe.log ../cuda.test -test.run XXX \
-		-test.bench '^BenchmarkMoEQuant$/^n=(1|8)$' -test.benchtime 5x)
+	(cd k && FERRITE_CUDA_MOE_MMQ=0 run moe-quant-nommq 60 qmoe.log ../cuda.test -test.run XXX \
+		-test.bench '^BenchmarkMoEQuant$/^n=32$' -test.benchtime 5x)
 	grep -hE '^Benchmark|rc=|^== ' "$out/qmoe.log"
-	bench qmoe-q4_k 60 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 1,8 --prompt-len 128 --gen-len 64
-	FERRITE_CUDA_QX8=0 bench qmoe-q4_k-fx 60 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 1,8 --prompt-len 128 \
+	bench qmoe-q4_k 70 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 1,8,32 --prompt-len 128 --gen-len 64
+	FERRITE_CUDA_MOE_MMQ=0 bench qmoe-q4_k-nommq 60 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 32 --prompt-len 128 \
 		--gen-len 64
 fi
 if want qgguf; then
