@@ -313,37 +313,42 @@ func quantXGroup(dt kernels.DType) int {
 // does; else they multiply x's float32 values.
 func (d *Device) quantGemvL(y, x, bias uint64, w *Weight, n int, acc bool, xq uint64) error {
 	q := quantX{xq: xq, xe: xq + uint64(alignUp(int64(n)*int64(w.Cols), 16))}
-	c0 := 0
-	for _, s := range w.segs() {
-		k, ok := quantKernels[s.DType]
-		if !ok {
-			return fmt.Errorf("cuda: no quantized GEMV for %v", s.DType)
-		}
+	return eachSeg(w, func(s *Weight, k quantKernelNames, c0 int) error {
 		sb := uint64(0)
 		if bias != 0 {
 			sb = bias + uint64(4*c0)
 		}
-		var err error
-		switch {
-		case xq != 0:
-			if err = q.quantize(d, x, s, n); err != nil {
+		if xq != 0 {
+			if err := q.quantize(d, x, s, n); err != nil {
 				return err
 			}
 			name, r := k.x8b8, 2 // up to 8 rows of x at once
 			if n == 1 {
 				name, r = k.x8one, 4
 			}
-			err = d.launchL(name, uint32(ceilDiv(s.Rows, r)), 128, 0, y+uint64(4*c0), q.xq, q.xe, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
-				i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc))
-		default:
-			name, r := k.b8, 2 // up to 8 rows of x at once
-			if n == 1 {
-				name, r = k.one1[bits.Len(uint(quantRowsPerBlock))-2], quantRowsPerBlock
-			}
-			err = d.launchL(name, uint32(ceilDiv(s.Rows, r)), 128, 0, y+uint64(4*c0), x, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
+			return d.launchL(name, uint32(ceilDiv(s.Rows, r)), 128, 0, y+uint64(4*c0), q.xq, q.xe, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
 				i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc))
 		}
-		if err != nil {
+		name, r := k.b8, 2 // up to 8 rows of x at once
+		if n == 1 {
+			name, r = k.one1[bits.Len(uint(quantRowsPerBlock))-2], quantRowsPerBlock
+		}
+		return d.launchL(name, uint32(ceilDiv(s.Rows, r)), 128, 0, y+uint64(4*c0), x, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
+			i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc))
+	})
+}
+
+// eachSeg calls f for each of the quantized w's segments (segs) with its
+// dtype's kernels and its first column in w's rows of output, in order,
+// until f fails.
+func eachSeg(w *Weight, f func(s *Weight, k quantKernelNames, c0 int) error) error {
+	c0 := 0
+	for _, s := range w.segs() {
+		k, ok := quantKernels[s.DType]
+		if !ok {
+			return fmt.Errorf("cuda: no quantized kernels for %v", s.DType)
+		}
+		if err := f(s, k, c0); err != nil {
 			return err
 		}
 		c0 += s.Rows
@@ -386,12 +391,7 @@ func (d *Device) mmqSplits(rows, cols int) int {
 // ferrite_qmmq_sum adds them into y.
 func (d *Device) quantMMQL(y, x, bias uint64, w *Weight, n int, acc bool, xq, ws uint64, splits int) error {
 	q := quantX{xq: xq, xe: xq + uint64(alignUp(int64(n)*int64(w.Cols), 16))}
-	c0 := 0
-	for _, s := range w.segs() {
-		k, ok := quantKernels[s.DType]
-		if !ok {
-			return fmt.Errorf("cuda: no quantized product for %v", s.DType)
-		}
+	err := eachSeg(w, func(s *Weight, k quantKernelNames, c0 int) error {
 		if err := q.quantize(d, x, s, n); err != nil {
 			return err
 		}
@@ -412,11 +412,11 @@ func (d *Device) quantMMQL(y, x, bias uint64, w *Weight, n int, acc bool, xq, ws
 			wsp = ws + uint64(4*c0)
 		}
 		grid := [3]uint32{uint32(ceilDiv(s.Rows, mmqRows)), uint32(ceilDiv(n, xr)), uint32(splits)}
-		if err := d.launch3L(name, grid, 128, 0, y+uint64(4*c0), wsp, q.xq, q.xe, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
-			i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc && splits == 1)); err != nil {
-			return err
-		}
-		c0 += s.Rows
+		return d.launch3L(name, grid, 128, 0, y+uint64(4*c0), wsp, q.xq, q.xe, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
+			i32(n), i32(s.Rows), i32(s.Cols), i32(w.Rows), sb, b32(acc && splits == 1))
+	})
+	if err != nil {
+		return err
 	}
 	if splits == 1 {
 		return nil
@@ -444,24 +444,14 @@ func (b *Backend) quantX8(n, cols int) uint64 {
 // hi (w.Rows, w.Cols) and, when lo is not 0, the rest rounded to bfloat16
 // into lo.
 func (d *Device) quantBF16L(hi, lo uint64, w *Weight) error {
-	r0 := 0
-	for _, s := range w.segs() {
-		k, ok := quantKernels[s.DType]
-		if !ok {
-			return fmt.Errorf("cuda: no quantized decoding for %v", s.DType)
-		}
+	return eachSeg(w, func(s *Weight, k quantKernelNames, r0 int) error {
 		off, lp := uint64(2*r0*s.Cols), uint64(0)
 		if lo != 0 {
 			lp = lo + off
 		}
 		parts := int64(s.Rows) * int64(s.Cols/32)
-		if err := d.launchL(k.bf16, d.elementwiseGrid(parts), 256, 0, hi+off, lp, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff),
-			i32(s.Rows), i32(s.Cols)); err != nil {
-			return err
-		}
-		r0 += s.Rows
-	}
-	return nil
+		return d.launchL(k.bf16, d.elementwiseGrid(parts), 256, 0, hi+off, lp, s.Buf.ptr, s.Buf.ptr+uint64(s.DOff), i32(s.Rows), i32(s.Cols))
+	})
 }
 
 // linearQuant is linearW for a quantized w: the GEMV over its blocks for

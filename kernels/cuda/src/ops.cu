@@ -274,20 +274,34 @@ extern "C" __global__ void ferrite_copy_rows(uint8_t* dst, int64_t dst_stride, c
         copy_rows_as<uint8_t>(dst, dst_stride, src, src_stride, rows, row_bytes);
 }
 
+namespace {
+
+// embed_id is the embedding gathers' start, a block a row of y: it sets yr
+// to block i's row of y (cols wide) and returns its id in the table (rows
+// long), or −1 where the id is outside it, after writing NaN into the row.
+__device__ inline int embed_id(float*& yr, float* y, int y_stride, const int* ids, int ids_stride, int rows, int cols) {
+    const int i = blockIdx.x;
+    const int id = ids[size_t(i) * ids_stride];
+    yr = y + size_t(i) * y_stride;
+    if (id < 0 || id >= rows) {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = __int_as_float(0x7fc00000);
+        return -1;
+    }
+    return id;
+}
+
+}  // namespace
+
 // Embedding gather: y[i] (cols) = row ids[i] of the weight w (rows, cols),
 // decoded exactly as kernels.Mat.RowF32 (an F8E4M3 weight with its block
 // scales). An id outside the table writes NaN. Launch: one block per row.
 extern "C" __global__ void ferrite_embed(float* y, int y_stride, const uint8_t* w, const float* scale, const int* ids,
                                          int ids_stride, int n, int rows, int cols, int dtype, int br, int bc) {
     FERRITE_PDL_WAIT();
-    const int i = blockIdx.x;
-    if (i >= n) return;
-    const int id = ids[size_t(i) * ids_stride];
-    float* yr = y + size_t(i) * y_stride;
-    if (id < 0 || id >= rows) {
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = __int_as_float(0x7fc00000);
-        return;
-    }
+    if (int(blockIdx.x) >= n) return;
+    float* yr;
+    const int id = embed_id(yr, y, y_stride, ids, ids_stride, rows, cols);
+    if (id < 0) return;
     const int size = dtype == kF32 ? 4 : dtype == kF8E4M3 ? 1 : 2;
     const uint8_t* row = w + size_t(id) * cols * size;
     const float* srow = dtype == kF8E4M3 ? scale + size_t(id / br) * ((cols + bc - 1) / bc) : nullptr;

@@ -544,14 +544,10 @@ extern "C" __global__ void __launch_bounds__(256) ferrite_embed_q(float* y, int 
                                                                    const int* ids, int ids_stride, int n, int rows, int cols,
                                                                    int dtype) {
     FERRITE_PDL_WAIT();
-    const int i = blockIdx.x;
-    if (i >= n) return;
-    const int id = ids[size_t(i) * ids_stride];
-    float* yr = y + size_t(i) * y_stride;
-    if (id < 0 || id >= rows) {
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = __int_as_float(0x7fc00000);
-        return;
-    }
+    if (int(blockIdx.x) >= n) return;
+    float* yr;
+    const int id = embed_id(yr, y, y_stride, ids, ids_stride, rows, cols);
+    if (id < 0) return;
     const MatDesc m{w, reinterpret_cast<const float*>(ds), dtype, rows, cols, 1, 1, 0};
     for (int c0 = 16 * threadIdx.x; c0 < cols; c0 += 16 * blockDim.x) {
         float v[16];

@@ -27,7 +27,7 @@ if suite == "quant":  # what ops_common_quant.cu and ops_quant.cu use
     want = {
         "convert.cu": ["__device__ inline uint16_t f32_to_bf16("],
         "gemv.cu": ["__device__ inline float warp_sum(", "__device__ inline void store("],
-        "ops.cu": ["__device__ inline float swiglu1(", "__device__ inline float swiglu_clamp1("],
+        "ops.cu": ["__device__ inline float swiglu1(", "__device__ inline float swiglu_clamp1(", "__device__ inline int embed_id("],
         "ops_common.cu": ["struct MatDesc {"],
         "ops_moe.cu": ["constexpr int kTileM =", "__device__ int tile_slots("],
     }
