@@ -502,11 +502,12 @@ func (b *Backend) linearQuant(y, x, bias uint64, w *Weight, n int, acc bool) {
 	}
 }
 
-// mmqFits reports whether n rows of x (past the GEMV's) of cols values
-// take the tensor-core product over a quantized weight's blocks: int8 x
-// on, at most quantMMQRows rows, whole column chunks.
+// mmqFits reports whether n rows of x of cols values take the
+// tensor-core product over a quantized weight's blocks outside the
+// row-exact mode: int8 x on, more rows than the GEMV's and at most
+// quantMMQRows, whole column chunks.
 func (b *Backend) mmqFits(n, cols int) bool {
-	return !b.noQX8 && n <= quantMMQRows && cols%mmqChunk == 0
+	return !b.noQX8 && n > quantGemvRows && n <= quantMMQRows && cols%mmqChunk == 0
 }
 
 // x8Rows reports whether a product of n rows of x (cols values) over a

@@ -488,6 +488,43 @@ func TestExpertKindsX8(t *testing.T) {
 	}
 }
 
+// TestMMQRoute checks, without a GPU, which products take the tensor-core
+// product over the blocks (mmqFits, x8Rows) and its column splits
+// (mmqSplits): enough blocks for two a multiprocessor where the columns
+// allow, never more splits than chunks or mmqMaxSplits, and one split for
+// a weight wide enough alone.
+func TestMMQRoute(t *testing.T) {
+	var b Backend
+	for _, c := range []struct {
+		n, cols int
+		mmq, x8 bool
+	}{{1, 4096, false, true}, {quantGemvRows, 4096, false, true}, {quantGemvRows + 1, 4096, true, true}, {40, 2304, true, true},
+		{40, 2300, false, false}, {quantMMQRows, 4096, true, true}, {quantMMQRows + 1, 4096, false, false}} {
+		if got := b.mmqFits(c.n, c.cols); got != c.mmq {
+			t.Errorf("mmqFits(%d, %d) = %v, want %v", c.n, c.cols, got, c.mmq)
+		}
+		if got := b.x8Rows(c.n, c.cols); got != c.x8 {
+			t.Errorf("x8Rows(%d, %d) = %v, want %v", c.n, c.cols, got, c.x8)
+		}
+	}
+	b.noQX8 = true
+	if b.mmqFits(40, 4096) || b.x8Rows(1, 4096) {
+		t.Errorf("FERRITE_CUDA_QX8=0 still takes int8 x")
+	}
+	d := &Device{SMs: 132}
+	for _, c := range []struct{ rows, cols, want int }{
+		{6144, 4096, 6}, {4096, 4096, 9}, {24576, 4096, 2}, {4096, 12288, 9}, {151936, 4096, 1}, {100, 256, 2}, {100, 128, 1}, {300, 2304, 16},
+	} {
+		got := d.mmqSplits(c.rows, c.cols)
+		if got != c.want {
+			t.Errorf("mmqSplits(%d, %d) = %d, want %d", c.rows, c.cols, got, c.want)
+		}
+		if blocks := ceilDiv(c.rows, mmqRows) * got; got < min(c.cols/mmqChunk, mmqMaxSplits) && blocks < 2*d.SMs {
+			t.Errorf("mmqSplits(%d, %d) = %d: %d blocks, fewer than two a multiprocessor", c.rows, c.cols, got, blocks)
+		}
+	}
+}
+
 // quantX8ExpertsTol bounds the int8-activation experts (_q8) against
 // ref.ExpertsRounded on the same rounding of x and of each SwiGLU output,
 // of max |y|: the device's SwiGLU outputs differ from the reference's in
