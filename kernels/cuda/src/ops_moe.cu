@@ -331,6 +331,23 @@ __device__ void desc_dot(const MatDesc& a, const MatDesc* b, int r, const float*
     row_dot<NB>(*b, rb, sb, vb, xs, nx, ob);
 }
 
+// moe_few_first is the slot-a-pass gate/up kernels' start for block
+// (x, s)'s warp at row r: it sets e = ids[s] and reports whether s is that
+// expert's first slot (the block that computes its rows for every slot;
+// the other blocks of the expert return at once). An id outside [0,
+// experts) writes NaN into its own slot's row r and reports false.
+__device__ __forceinline__ bool moe_few_first(float* h, const int* ids, int s, int r, int inter, int experts, int& e) {
+    const int lane = threadIdx.x & 31;
+    e = ids[s];
+    if (e < 0 || e >= experts) {
+        if (lane == 0) h[size_t(s) * inter + r] = __int_as_float(0x7fc00000);
+        return false;
+    }
+    for (int t0 = 0; t0 < s; t0 += 32)
+        if (__any_sync(0xffffffffu, t0 + lane < s && ids[t0 + lane] == e)) return false;
+    return true;
+}
+
 // moe_few_gate_up: block (x, s) computes rows [8x, 8x + 8) of
 // h[t] (inter) = silu(gate_e·x[t / k])·(up_e·x[t / k]) for every slot t
 // with ids[t] = e = ids[s], when s is the first such slot (the other
@@ -341,14 +358,8 @@ __device__ void moe_few_gate_up(float* h, const float* x, int x_stride, const in
                                 int experts, int k, int slots, int inter, float limit) {
     const int s = blockIdx.y, lane = threadIdx.x & 31;
     const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (r >= inter) return;
-    const int e = ids[s];
-    if (e < 0 || e >= experts) {
-        if (lane == 0) h[size_t(s) * inter + r] = __int_as_float(0x7fc00000);
-        return;
-    }
-    for (int t0 = 0; t0 < s; t0 += 32)
-        if (__any_sync(0xffffffffu, t0 + lane < s && ids[t0 + lane] == e)) return;
+    int e;
+    if (r >= inter || !moe_few_first(h, ids, s, r, inter, experts, e)) return;
     const MatDesc g = table[3 * e], u = table[3 * e + 1];
     const bool xal = (uintptr_t(x) & 15) == 0 && (x_stride & 3) == 0;
     int sl[NB];
@@ -391,14 +402,8 @@ __device__ void moe_few_gate_up8(float* h, const int8_t* xq, const uint2* xe, in
                                  int experts, int k, int slots, int inter, float limit) {
     const int s = blockIdx.y, lane = threadIdx.x & 31;
     const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (r >= inter) return;
-    const int e = ids[s];
-    if (e < 0 || e >= experts) {
-        if (lane == 0) h[size_t(s) * inter + r] = __int_as_float(0x7fc00000);
-        return;
-    }
-    for (int t0 = 0; t0 < s; t0 += 32)
-        if (__any_sync(0xffffffffu, t0 + lane < s && ids[t0 + lane] == e)) return;
+    int e;
+    if (r >= inter || !moe_few_first(h, ids, s, r, inter, experts, e)) return;
     const MatDesc g = table[3 * e], u = table[3 * e + 1];
     const bool joint = g.dtype == u.dtype;
     for (int t0 = s; t0 < slots; t0 += 32) {
