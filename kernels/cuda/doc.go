@@ -114,7 +114,11 @@
 // FERRITE_CUDA_MMQ_ROWS sets the limit, 0 turns it off), and an exact
 // decoding into bf16 scratch for wider products. Quantized MoE experts keep theirs
 // for the grouped GEMVs, register tiles and CUDA-core tiles (the _q forms
-// of src/ops_moe.cu's kernels), and a prefill of 256 tokens and more
-// decodes the chosen experts into bf16 for the tensor cores.
+// of src/ops_moe.cu's kernels); 9 to 255 tokens of experts whose gates and
+// ups share a dtype and whose downs share one take the grouped tensor-core
+// product on int8 x (ferrite_moe_mmq_*; FERRITE_CUDA_MOE_MMQ sets the
+// limit, 0 turns it off), and a prefill of 256 tokens and more decodes the
+// chosen experts into bf16 for the tensor cores. Embed gathers a quantized
+// table's rows from its blocks.
 // FERRITE_CUDA_QUANT=0 decodes them to float32 at load as before.
 package cuda

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"math"
 	"os"
+	"strconv"
 
 	"github.com/ferrite-llm/ferrite/kernels"
 )
@@ -1165,10 +1166,17 @@ func (k expertKinds) x8() bool { return k.guGroup > 0 && k.dGroup > 0 }
 // on int8 activations (ferrite_moe_mmq_*).
 func (k expertKinds) mmq() bool { return k.x8() && k.oneDT }
 
-// moeMMQ is whether 9 to 255 tokens of experts that can take it run the
-// grouped tensor-core product (FERRITE_CUDA_MOE_MMQ=0: the register tiles
-// and the CUDA-core tiles, on float32 x).
-var moeMMQ = os.Getenv("FERRITE_CUDA_MOE_MMQ") != "0"
+// moeMMQTokens is the most tokens of experts that can take it
+// (expertKinds.mmq) the grouped tensor-core product takes, from
+// moeFewTokens + 1: FERRITE_CUDA_MOE_MMQ, default gemmRoundRows − 1 (from
+// there a prefill decodes the chosen experts into bf16 for the tensor
+// cores); 0 keeps the register tiles and the CUDA-core tiles on float32 x.
+var moeMMQTokens = func() int {
+	if n, err := strconv.Atoi(os.Getenv("FERRITE_CUDA_MOE_MMQ")); err == nil && n >= 0 {
+		return n
+	}
+	return gemmRoundRows - 1
+}()
 
 // foldXGroup folds matrix dtype dt into a role's scale group g (0: none
 // seen yet; −1: not one group of block-quantized matrices).
@@ -1223,7 +1231,7 @@ func (b *Backend) expertsFewX8(y uint64, yStride int, xp uint64, xStride int, ip
 	return true
 }
 
-// expertsMMQ runs n tokens (moeFewTokens < n < gemmRoundRows) of experts
+// expertsMMQ runs n tokens (moeFewTokens < n ≤ moeMMQTokens) of experts
 // whose gates and ups are of one block-quantized dtype and downs of one
 // (kinds.mmq) as grouped products on the tensor cores: ferrite_moe_sort
 // sorts the slots by expert, ferrite_qx8 quantizes x, then
@@ -1233,7 +1241,7 @@ func (b *Backend) expertsFewX8(y uint64, yStride int, xp uint64, xStride int, ip
 // adds a token's. It returns false where they do not apply.
 func (b *Backend) expertsMMQ(y uint64, yStride int, xp uint64, xStride int, ip, wp, h uint64, kinds expertKinds, table *Buffer,
 	ne, n, k, hidden, inter int, limit float32) bool {
-	if !moeMMQ || b.noQX8 || !kinds.mmq() || n <= moeFewTokens || n >= gemmRoundRows || hidden%mmqChunk != 0 || inter%mmqChunk != 0 {
+	if b.noQX8 || !kinds.mmq() || n <= moeFewTokens || n > moeMMQTokens || hidden%mmqChunk != 0 || inter%mmqChunk != 0 {
 		return false
 	}
 	q := b.quantX8(n*k, max(hidden, inter)) // x (n, hidden), then h (n·k, inter)

@@ -26,7 +26,9 @@ import (
 // below gemmRoundRows rows, one (a relative 2⁻⁹ a weight, as x's own
 // rounding there) from then on.
 // The MoE experts keep their blocks too (expertTable): src/ops_moe.cu's _q
-// kernels read them through src/ops_common_quant.cu, and a prefill of
+// kernels read them through src/ops_common_quant.cu, 9 to moeMMQTokens
+// tokens of experts of one dtype a role run the grouped tensor-core
+// product on int8 x (expertsMMQ, ferrite_moe_mmq_*), and a prefill of
 // gemmRoundRows tokens and more decodes the chosen experts into bf16 for
 // the tensor cores (ferrite_moe_qdecode). Embed reads its table's blocks
 // too (ferrite_embed_q: a row decoded as it is gathered; a tied head

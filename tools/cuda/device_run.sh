@@ -47,13 +47,16 @@
 #              (the default), its integer-combining forms
 #              (FERRITE_CUDA_MMQ_INT=1) and without it
 #              (FERRITE_CUDA_MMQ_ROWS=0), interleaved twice, and bf16 at
-#              32/64 (~5 min)
+#              32/64; prefill of 512 and 4,096 tokens with the product at
+#              every row count against the default (~6 min)
 #   qmoe       (not in the default list) BenchmarkMoE and BenchmarkMoEQuant
 #              (bf16 and Q4_K/Q6_K experts in their blocks) at 1/8/32
 #              tokens, BenchmarkMoEQuant at 32 again without the grouped
 #              tensor-core product (FERRITE_CUDA_MOE_MMQ=0), then ferrite
 #              bench, Qwen3-30B-A3B, --quant q4_k (random blocks) at 1/8/32
-#              (128+64), and at 32 without it (~3 min)
+#              (128+64), and at 32 without it; prefill of 512 and 4,096
+#              tokens with the products at every size against the default
+#              (~4 min)
 #   qgguf      (not in the default list) after the llama stage's prep:
 #              ferrite bench on the Q4_K_M GGUF llama-quantize wrote
 #              (Qwen3-8B shape), 1/8 sequences, int8 and float32 x
@@ -196,6 +199,13 @@ if want mmq; then
 		done
 	done
 	bench mmq-bf16 60 --model "$dev/qwen3-8b" --concurrency 32,64 --prompt-len 128 --gen-len 128
+	# prefill: the tensor-core product at every row count against the bf16 decoding's product (the default from 256)
+	for v in dec mmq; do
+		m=255
+		[ "$v" = mmq ] && m=1000000
+		FERRITE_CUDA_MMQ_ROWS=$m bench "mmq-prefill-$v" 60 --model "$dev/qwen3-8b" --quant q4_k --concurrency 1 \
+			--prompt-len 512,4096 --gen-len 1
+	done
 fi
 if want qmoe; then
 	(cd k && run moe-quant 90 qmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE(Quant)?$/^n=(1|8|32)$' \
@@ -206,6 +216,10 @@ if want qmoe; then
 	bench qmoe-q4_k 70 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 1,8,32 --prompt-len 128 --gen-len 64
 	FERRITE_CUDA_MOE_MMQ=0 bench qmoe-q4_k-nommq 60 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 32 --prompt-len 128 \
 		--gen-len 64
+	# prefill: the grouped tensor-core product at every token count against the chosen experts decoded into bf16
+	FERRITE_CUDA_MOE_MMQ=1000000 FERRITE_CUDA_MMQ_ROWS=1000000 bench qmoe-prefill-mmq 60 --model "$dev/qwen3-30b-a3b" \
+		--quant q4_k --concurrency 1 --prompt-len 512,4096 --gen-len 1
+	bench qmoe-prefill-dec 60 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 1 --prompt-len 512,4096 --gen-len 1
 fi
 if want qgguf; then
 	# ferrite on the Q4_K_M file llama.cpp quantized (the llama stage's prep), int8 and float32 x
