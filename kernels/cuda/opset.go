@@ -1231,7 +1231,7 @@ func (b *Backend) expertsFewX8(y uint64, yStride int, xp uint64, xStride int, ip
 	return true
 }
 
-// expertsMMQ runs n tokens (moeFewTokens < n ≤ moeMMQTokens) of experts
+// expertsMMQ runs n tokens (moeFewTokens < n ≤ most) of experts
 // whose gates and ups are of one block-quantized dtype and downs of one
 // (kinds.mmq) as grouped products on the tensor cores: ferrite_moe_sort
 // sorts the slots by expert, ferrite_qx8 quantizes x, then
@@ -1240,8 +1240,8 @@ func (b *Backend) expertsFewX8(y uint64, yStride int, xp uint64, xStride int, ip
 // ferrite_moe_mmq_down writes each slot's output, and ferrite_moe_combine
 // adds a token's. It returns false where they do not apply.
 func (b *Backend) expertsMMQ(y uint64, yStride int, xp uint64, xStride int, ip, wp, h uint64, kinds expertKinds, table *Buffer,
-	ne, n, k, hidden, inter int, limit float32) bool {
-	if b.noQX8 || !kinds.mmq() || n <= moeFewTokens || n > moeMMQTokens || hidden%mmqChunk != 0 || inter%mmqChunk != 0 {
+	ne, n, k, hidden, inter, most int, limit float32) bool {
+	if b.noQX8 || !kinds.mmq() || moeMMQTokens == 0 || n <= moeFewTokens || n > most || hidden%mmqChunk != 0 || inter%mmqChunk != 0 {
 		return false
 	}
 	q := b.quantX8(n*k, max(hidden, inter)) // x (n, hidden), then h (n·k, inter)
@@ -1457,7 +1457,7 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		b.expertsFewX8(y, dst.Stride, xp, x.Stride, ip, wp, h, table, kinds, len(experts), n, k, hidden, inter, limit) {
 		return
 	}
-	if quant && !b.rowExact && b.expertsMMQ(y, dst.Stride, xp, x.Stride, ip, wp, h, kinds, table, len(experts), n, k, hidden, inter, limit) {
+	if quant && !b.rowExact && b.expertsMMQ(y, dst.Stride, xp, x.Stride, ip, wp, h, kinds, table, len(experts), n, k, hidden, inter, moeMMQTokens, limit) {
 		return
 	}
 	// Block-quantized experts decode every row they read; up to
@@ -1516,18 +1516,14 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		return
 	}
 	ne := len(experts)
-	ye := dptr(b.Scratch(kernels.F32, n*k, hidden)) // (n·k, hidden) each slot's expert output
-	off := dptr(b.Scratch(kernels.I32, 1, ne+1))    // (experts + 1) where each expert's slots start in perm
-	tiles := dptr(b.Scratch(kernels.I32, 1, ne+1))  // (experts + 1) 64-slot tiles before each expert
-	perm := dptr(b.Scratch(kernels.I32, 1, n*k))    // (n·k) the slots sorted by expert
-	gy := uint32(ceilDiv(n*k, moeTileM) + ne)
-	gateUp, down, threads := q("ferrite_moe_tile_gate_up"), q("ferrite_moe_tile_down"), uint32(256)
 	// A prefill of block-quantized experts, from as many rows as the linear
 	// ops round x to bf16 for (gemmRoundRows), decodes the chosen ones
 	// into bf16 (rounded: a relative 2⁻⁹ a weight) for the tensor cores.
 	qdecode := kinds.qbf16 && shapeMMA && n >= gemmRoundRows && 3*ne*inter*hidden*2 <= moeDecodeMost
-	// They go to the shared decode buffer (decodeBuf), and where it cannot
-	// grow to hold them, to the CUDA-core tiles.
+	// They go to the shared decode buffer (decodeBuf); where it cannot
+	// grow to hold them (or they are too many), the grouped tensor-core
+	// product takes them where it can (expertsMMQ, with no decoding), else
+	// the CUDA-core tiles.
 	tab, wbf := table.ptr, uint64(0)
 	if qdecode {
 		views := alignUp(int64(3*ne)*int64(inter*hidden)*2, arenaAlign)
@@ -1537,6 +1533,16 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		}
 		qdecode = err == nil
 	}
+	if quant && !qdecode && n >= gemmRoundRows &&
+		b.expertsMMQ(y, dst.Stride, xp, x.Stride, ip, wp, h, kinds, table, ne, n, k, hidden, inter, n, limit) {
+		return
+	}
+	ye := dptr(b.Scratch(kernels.F32, n*k, hidden)) // (n·k, hidden) each slot's expert output
+	off := dptr(b.Scratch(kernels.I32, 1, ne+1))    // (experts + 1) where each expert's slots start in perm
+	tiles := dptr(b.Scratch(kernels.I32, 1, ne+1))  // (experts + 1) 64-slot tiles before each expert
+	perm := dptr(b.Scratch(kernels.I32, 1, n*k))    // (n·k) the slots sorted by expert
+	gy := uint32(ceilDiv(n*k, moeTileM) + ne)
+	gateUp, down, threads := q("ferrite_moe_tile_gate_up"), q("ferrite_moe_tile_down"), uint32(256)
 	if mma || qdecode {
 		gateUp, down, threads = "ferrite_moe_mma_gate_up", "ferrite_moe_mma_down", 128
 	}

@@ -30,7 +30,8 @@ import (
 // tokens of experts of one dtype a role run the grouped tensor-core
 // product on int8 x (expertsMMQ, ferrite_moe_mmq_*), and a prefill of
 // gemmRoundRows tokens and more decodes the chosen experts into bf16 for
-// the tensor cores (ferrite_moe_qdecode). Embed reads its table's blocks
+// the tensor cores (ferrite_moe_qdecode; where the decode buffer cannot
+// hold them, expertsMMQ takes them if it can). Embed reads its table's blocks
 // too (ferrite_embed_q: a row decoded as it is gathered; a tied head
 // shares the upload); MLA's kv_b keeps the float32 decoding
 // (Backend.weight). FERRITE_CUDA_QUANT=0 decodes every

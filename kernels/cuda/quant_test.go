@@ -686,11 +686,12 @@ func TestQuantDecodeShared(t *testing.T) {
 
 // TestQuantDecodeFallback: where the device has no room for a decoding
 // (decodeBuf fails), a wide quantized product takes the GEMV over the
-// blocks and a prefill's experts the CUDA-core tiles: the results hold at
-// those paths' tolerances and nothing is decoded.
+// blocks, and a prefill's experts the grouped tensor-core product on int8 x
+// (with FERRITE_CUDA_QX8=0, the CUDA-core tiles): the results hold at those
+// paths' tolerances and nothing is decoded.
 func TestQuantDecodeFallback(t *testing.T) {
 	b := openOps(t)
-	defer func(r int) { quantMMQRows = r }(quantMMQRows)
+	defer func(r int) { quantMMQRows, b.noQX8 = r, false }(quantMMQRows)
 	quantMMQRows = 0 // 40 rows would decode their weight
 	b.decodeMost = 1
 	rng := rand.New(rand.NewPCG(81, 82))
@@ -710,7 +711,11 @@ func TestQuantDecodeFallback(t *testing.T) {
 		ex[i] = kernels.Expert{GateUp: kerneltest.NewMat(rng, kernels.Q4K, 2*256, 512, 0, 0),
 			Down: kerneltest.NewMat(rng, kernels.Q6K, 512, 256, 0, 0)}
 	}
-	checkExpertsTol(t, b, "experts without a decoding", ex, gemmRoundRows+10, 2, rng, quantExpertsTol)
+	rx := func(v []float32) []float32 { return quantX8Round(v, quantXGroup(kernels.Q4K)) }
+	rh := func(v []float32) []float32 { return quantX8Round(v, quantXGroup(kernels.Q6K)) }
+	checkExpertsRounded(t, b, "experts without a decoding, int8 x", ex, gemmRoundRows+10, 2, rng, quantX8ExpertsTol, rx, rh)
+	b.noQX8 = true
+	checkExpertsTol(t, b, "experts without a decoding, float32 x", ex, gemmRoundRows+10, 2, rng, quantExpertsTol)
 	if b.dbuf != nil {
 		t.Errorf("a %d-byte decode buffer, want none", b.dbuf.size)
 	}
