@@ -29,6 +29,7 @@ type moeConfig struct {
 	b1Most   int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
 	combine1 bool // FERRITE_MOE_COMBINE=1: ferrite_moe_combine one block a token (combineParts)
 	q1       bool // FERRITE_MOE_Q1=1: quantized experts' slot-a-pass down kernel one row a block (ferrite_moe_few_down_1_q1), not 4
+	tc       int  // FERRITE_MOE_TC: the most tokens of bf16 experts the tensor-core decode kernels take from moeTCFrom (moe_tc.go); 0 none (a config made in a test), moeTCTokens from the environment
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -43,6 +44,10 @@ func moeConfigFromEnv() moeConfig {
 	}
 	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", pipe: pipeMode(os.Getenv("FERRITE_MOE_KERNELS")), few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB"),
 		tiles: num("FERRITE_MOE_TILES"), combine1: os.Getenv("FERRITE_MOE_COMBINE") == "1", q1: os.Getenv("FERRITE_MOE_Q1") == "1"}
+	c.tc = moeTCTokens
+	if v, err := strconv.Atoi(os.Getenv("FERRITE_MOE_TC")); err == nil && v >= 0 {
+		c.tc = v
+	}
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r
 	}

@@ -250,7 +250,9 @@ func checkExpertsRounded(t *testing.T, b *Backend, name string, ex []kernels.Exp
 // "piped", "pipe16d" the streamed kernels (FERRITE_MOE_KERNELS of the same
 // name: moe_pipe.go) from moeGTFrom tokens, "gt=2" two gate/up rows a
 // warp (FERRITE_MOE_GT=2), "combine1" ferrite_moe_combine one block a
-// token (FERRITE_MOE_COMBINE=1). µs/layer is the step over the layers; GB/s
+// token (FERRITE_MOE_COMBINE=1), "notc" without the tensor-core decode
+// kernels (FERRITE_MOE_TC=0; moe_tc.go) where they are the default.
+// µs/layer is the step over the layers; GB/s
 // counts the chosen experts' weight bytes (distinct experts of the step's
 // tokens) over the step's wall time, TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
@@ -342,7 +344,12 @@ func benchMoEExperts(b *testing.B, exs [][]kernels.Expert, k int, sizes []int) {
 			name string
 			c    moeConfig
 		}
-		vs := []variant{{"", moeConfig{}}}
+		// The default (the tensor-core decode kernels where they apply);
+		// the variants below keep them off, so each names its path.
+		vs := []variant{{"", moeConfig{tc: moeTCTokens}}}
+		if !quant && (moeConfig{tc: moeTCTokens}).useTC(n) {
+			vs = append(vs, variant{"/notc", moeConfig{}})
+		}
 		if quant && n <= moeFewTokens { // the slot-a-pass kernels are their default there
 			vs = append(vs, variant{"/q1", moeConfig{q1: true}})
 		}

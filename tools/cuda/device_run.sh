@@ -57,6 +57,12 @@
 #              (128+64), and at 32 without it; prefill of 512 and 4,096
 #              tokens with the products at every size against the default
 #              (~4 min)
+#   tcmoe      (not in the default list) BenchmarkMoEGLM and BenchmarkMoE at
+#              4/8/32/64 tokens with the bf16 experts' tensor-core decode
+#              kernels (the default) and without them ("/notc",
+#              FERRITE_MOE_TC=0), then ferrite bench, GLM-4.7-Flash at
+#              8/32/64 and Qwen3-30B-A3B at 8/32 (128+64), with and without
+#              them, interleaved twice (~6 min)
 #   qgguf      (not in the default list) after the llama stage's prep:
 #              ferrite bench on the Q4_K_M GGUF llama-quantize wrote
 #              (Qwen3-8B shape), 1/8 sequences, int8 and float32 x
@@ -220,6 +226,23 @@ if want qmoe; then
 	FERRITE_CUDA_MOE_MMQ=1000000 FERRITE_CUDA_MMQ_ROWS=1000000 bench qmoe-prefill-mmq 60 --model "$dev/qwen3-30b-a3b" \
 		--quant q4_k --concurrency 1 --prompt-len 512,4096 --gen-len 1
 	bench qmoe-prefill-dec 60 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 1 --prompt-len 512,4096 --gen-len 1
+fi
+if want tcmoe; then
+	(cd k && run tc-moe-glm 110 tcmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoEGLM$/^n=(4|8|32|64)(/notc)?$' \
+		-test.benchtime 10x)
+	(cd k && run tc-moe-30b 100 tcmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE$/^n=(8|32|64)(/notc)?$' \
+		-test.benchtime 10x)
+	grep -hE '^Benchmark|rc=|^== ' "$out/tcmoe.log"
+	for pass in a b; do
+		for v in tc notc; do
+			t=256
+			[ "$v" = notc ] && t=0
+			FERRITE_MOE_TC=$t bench "tcmoe-glm-$v-$pass" 80 --model "$root/engine/testdata/glm4.7-flash" --concurrency 8,32,64 \
+				--prompt-len 128 --gen-len 64
+			FERRITE_MOE_TC=$t bench "tcmoe-30b-$v-$pass" 60 --model "$dev/qwen3-30b-a3b" --concurrency 8,32 --prompt-len 128 \
+				--gen-len 64
+		done
+	done
 fi
 if want qgguf; then
 	# ferrite on the Q4_K_M file llama.cpp quantized (the llama stage's prep), int8 and float32 x

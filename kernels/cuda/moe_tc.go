@@ -1,0 +1,85 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import "github.com/ferrite-llm/ferrite/kernels"
+
+// Grouped bf16 experts for decode batches on the tensor cores
+// (src/ops_moe_tc.cu): from moeTCFrom tokens up to moeConfig.tc,
+// bf16 experts run ferrite_moe_sort, ferrite_bf16_terms3 (x's three bf16
+// terms), ferrite_moe_tc_gate_up (each slot's SwiGLU, as its terms),
+// ferrite_moe_tc_down and ferrite_moe_combine. The register tiles and the
+// streamed kernels, which they replace there, widen every weight once per
+// slot on the CUDA cores and read the chosen experts at 2.3–2.6 TB/s
+// (GLM-4.7-Flash at 32 tokens: 407–414 µs a layer, BENCHMARKS.md 9); here
+// a weight goes from memory into an mma fragment as it is.
+//
+// The products are exact (x in three bf16 terms) and a token's bits do
+// not depend on the other tokens of the call, but they are not the
+// one-token kernels' bits: the row-exact mode (a speculative
+// verification) keeps to the register tiles and the streamed kernels.
+
+const (
+	moeTCFrom   = 4   // the fewest tokens
+	moeTCTokens = 256 // the most tokens by default (FERRITE_MOE_TC)
+	moeTCWarps  = 4   // warps a block (src kMtcWarps)
+)
+
+func init() {
+	names := []string{"ferrite_bf16_terms3", "ferrite_moe_tc_gate_up", "ferrite_moe_tc_down"}
+	kernelNames = append(kernelNames, names...)
+	for _, n := range names {
+		pdlKernels[n] = true
+	}
+}
+
+// useTC reports whether n tokens take the tensor-core decode kernels
+// under c (outside the row-exact mode).
+func (c moeConfig) useTC(n int) bool { return n >= moeTCFrom && n <= c.tc }
+
+// tcFits reports whether x's n tokens take the tensor-core decode
+// kernels: n within useTC, the row-exact mode off, x's rows 16-byte
+// aligned. The caller checks the experts' dtypes and widths.
+func (b *Backend) tcFits(x kernels.Tensor, n int) bool {
+	return !b.rowExact && b.moe.useTC(n) && x.Stride%4 == 0 && dptr(x)%16 == 0
+}
+
+// expertsTC queues Experts (y (n, hidden) of row stride yStride, x, ids
+// ip and weights wp (n, k)) of ne bf16 experts (table) as the tensor-core
+// decode kernels where tcFits, and reports whether it did. The caller has
+// checked the experts' dtypes and the widths (multiples of 32).
+func (b *Backend) expertsTC(y uint64, yStride int, x kernels.Tensor, ip, wp uint64, table *Buffer, ne, n, k, hidden, inter int,
+	limit float32) bool {
+	if !b.tcFits(x, n) {
+		return false
+	}
+	slots := n * k
+	xt := dptr(b.Scratch(kernels.BF16, 3*n, hidden))    // (3, n, hidden) x's terms: hi, mid, lo
+	ht := dptr(b.Scratch(kernels.BF16, 3*slots, inter)) // (3, n·k, inter) each slot's SwiGLU's terms
+	ye := dptr(b.Scratch(kernels.F32, slots, hidden))   // (n·k, hidden) each slot's expert output
+	off := dptr(b.Scratch(kernels.I32, 1, ne+1))        // (experts + 1) where each expert's slots start in perm
+	tiles := dptr(b.Scratch(kernels.I32, 1, ne+1))      // (experts + 1) 64-slot tiles before each expert
+	perm := dptr(b.Scratch(kernels.I32, 1, slots))      // (n·k) the slots sorted by expert
+	gy := uint32(ceilDiv(slots, moeTileM) + ne)
+	parts := b.combineParts(n, hidden)
+	xp, xs := dptr(x), x.Stride
+	b.queue(func(d *Device) error {
+		err := d.launchL("ferrite_moe_sort", 1, 1024, 0, off, tiles, perm, ye, ip, i32(slots), i32(ne), i32(hidden))
+		if err == nil {
+			err = d.launchL("ferrite_bf16_terms3", d.elementwiseGrid(int64(n*hidden/4)), 256, 0, xt, xp, i32(xs), i32(n), i32(hidden))
+		}
+		if err == nil {
+			err = d.launch3L("ferrite_moe_tc_gate_up", [3]uint32{uint32(ceilDiv(inter, 16*moeTCWarps)), gy, 1}, 32*moeTCWarps, 0,
+				ht, i32(slots), i32(inter), xt, i32(n), i32(hidden), off, tiles, perm, table.ptr, i32(ne), i32(k), f32(limit))
+		}
+		if err == nil {
+			err = d.launch3L("ferrite_moe_tc_down", [3]uint32{uint32(ceilDiv(hidden, 32*moeTCWarps)), gy, 1}, 32*moeTCWarps, 0,
+				ye, i32(hidden), ht, i32(slots), i32(inter), off, tiles, perm, table.ptr, i32(ne), i32(k))
+		}
+		if err != nil {
+			return err
+		}
+		return d.moeCombine(y, yStride, ye, ip, wp, n, k, hidden, parts)
+	})
+	return true
+}

@@ -1,0 +1,102 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ferrite-llm/ferrite/kernels"
+)
+
+// TestMoETCRoute checks which calls take the tensor-core decode kernels
+// (moe_tc.go), without a GPU: FERRITE_MOE_TC's default, its token bounds
+// and 0 (off), the row-exact mode and x's alignment.
+func TestMoETCRoute(t *testing.T) {
+	t.Setenv("FERRITE_MOE_TC", "")
+	if c := moeConfigFromEnv(); c.tc != moeTCTokens {
+		t.Errorf("FERRITE_MOE_TC unset: tc = %d, want %d", c.tc, moeTCTokens)
+	}
+	for v, want := range map[string]int{"0": 0, "64": 64, "x": moeTCTokens, "-3": moeTCTokens} {
+		t.Setenv("FERRITE_MOE_TC", v)
+		if c := moeConfigFromEnv(); c.tc != want {
+			t.Errorf("FERRITE_MOE_TC=%s: tc = %d, want %d", v, c.tc, want)
+		}
+	}
+	b := &Backend{moe: moeConfig{tc: moeTCTokens}}
+	x := func(n, stride int, p uint64) kernels.Tensor {
+		return kernels.NewTensor(&tensorBuf{ptr: p, elems: n * stride}, kernels.F32, n, 256, stride, 0)
+	}
+	for _, c := range []struct {
+		n, stride int
+		p         uint64
+		want      bool
+	}{{moeTCFrom - 1, 256, 4096, false}, {moeTCFrom, 256, 4096, true}, {32, 256, 4096, true}, {moeTCTokens, 260, 4096, true},
+		{moeTCTokens + 1, 256, 4096, false}, {32, 258, 4096, false}, {32, 256, 4104, false}} {
+		if got := b.tcFits(x(c.n, c.stride, c.p), c.n); got != c.want {
+			t.Errorf("tcFits(%d tokens, stride %d, at %#x) = %v, want %v", c.n, c.stride, c.p, got, c.want)
+		}
+	}
+	b.SetRowExact(true)
+	if b.tcFits(x(32, 256, 4096), 32) {
+		t.Error("the row-exact mode takes the tensor-core decode kernels")
+	}
+	b.SetRowExact(false)
+	b.moe.tc = 0
+	if b.tcFits(x(32, 256, 4096), 32) {
+		t.Error("FERRITE_MOE_TC=0 takes the tensor-core decode kernels")
+	}
+}
+
+// TestExpertsTC runs bf16 experts (fused and separate gate/up) through the
+// tensor-core decode kernels at every kind of token count — one B tile,
+// several, an expert's slots in more than one 32-slot pass and in two
+// 64-slot tiles, the most tokens — within kerneltest.ExpertsTol of
+// kernels/ref.Experts (a token with a bad expert id gets NaN); a token's
+// bits are the same among 40 tokens and 100; other bits than the register
+// tiles' (so the kernels ran); and in the row-exact mode the tokens' bits
+// alone.
+func TestExpertsTC(t *testing.T) {
+	b := openOps(t)
+	defer func(c moeConfig) { b.moe = c }(b.moe)
+	const e, k, hidden, inter = 12, 4, 256, 96
+	rng := rand.New(rand.NewPCG(121, 122))
+	ex := randExperts(rng, e, hidden, inter)
+	b.moe = moeConfig{tc: moeTCTokens}
+	for _, n := range []int{moeTCFrom, 9, moeGTTokens, 40, 100, moeTCTokens} {
+		checkExperts(t, b, fmt.Sprint("tc/n=", n), ex, n, k, rng)
+	}
+	// One expert chosen by every token: 100 slots, two tiles, the first in
+	// two passes.
+	hot := make([]kernels.Expert, 3)
+	copy(hot, ex[:3])
+	checkExperts(t, b, "tc/3 experts/n=100", hot, 100, 3, rng)
+	xv, wv, ids := randF32(rng, 100*hidden), randF32(rng, 100*k), make([]int32, 100*k)
+	for i := range 100 {
+		for j, p := range rng.Perm(e)[:k] {
+			ids[i*k+j] = int32(p)
+		}
+	}
+	many, few := expertsOnDevice(t, b, ex, 100, k, xv, ids, wv), expertsOnDevice(t, b, ex, 40, k, xv[:40*hidden], ids[:40*k], wv[:40*k])
+	for i, v := range few {
+		if math.Float32bits(v) != math.Float32bits(many[i]) {
+			t.Fatalf("token %d output %d = %g among 40 tokens, %g among 100", i/hidden, i%hidden, v, many[i])
+		}
+	}
+	b.moe = moeConfig{} // the register tiles
+	tiles, differ := expertsOnDevice(t, b, ex, 40, k, xv[:40*hidden], ids[:40*k], wv[:40*k]), 0
+	for i, v := range few {
+		if math.Float32bits(v) != math.Float32bits(tiles[i]) {
+			differ++
+		}
+	}
+	t.Logf("40 tokens: %d of %d outputs differ in bits from the register tiles'", differ, len(few))
+	if differ == 0 {
+		t.Error("the tensor-core decode kernels gave the register tiles' bits everywhere: did they run?")
+	}
+	b.SetRowExact(true)
+	defer b.SetRowExact(false)
+	checkExpertsRowExact(t, b, rng, "row-exact ", ex, 12, k, []moeConfig{{tc: moeTCTokens}}, []int{moeTCFrom, 12})
+}
