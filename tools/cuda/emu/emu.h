@@ -166,6 +166,44 @@ inline void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
     __syncwarp();
 }
 
+// mma_bf16 is ops_common.cu's mma.sync m16n8k16 bf16 → f32, d += a·b,
+// from the PTX ISA's fragment layouts: lane 4g + t holds A's (row, column
+// pairs) (g, 2t…2t+1) in a[0], (g + 8, 2t…) in a[1], (g, 2t+8…2t+9) in
+// a[2], (g + 8, 2t+8…) in a[3], the low half first; B's rows 2t…2t+1 of
+// column g in b0, rows 2t+8…2t+9 in b1; d as mma_s8's. The products and
+// their sum are taken in double precision and added to d once (the GPU
+// sums in float32 in its own order: results agree to rounding).
+inline uint32_t emu_frag16[1024][6];
+inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const int t = threadIdx.x, base = t & ~31, lane = t & 31;
+    for (int i = 0; i < 4; i++) emu_frag16[t][i] = a[i];
+    emu_frag16[t][4] = b0, emu_frag16[t][5] = b1;
+    __syncwarp();
+    auto half = [](uint32_t w, int i) {
+        const uint32_t u = (w >> (16 * i)) & 0xffffu;
+        float f;
+        const uint32_t bits = u << 16;
+        std::memcpy(&f, &bits, 4);
+        return double(f);
+    };
+    for (int i = 0; i < 4; i++) {
+        const int row = (lane >> 2) + 8 * (i >> 1), col = 2 * (lane & 3) + (i & 1);
+        double sum = d[i];
+        for (int k = 0; k < 16; k++) {
+            // A (row, k): lane 4·(row % 8) + (k % 8) / 2, register (row ≥ 8) + 2·(k ≥ 8), half k % 2.
+            const double av = half(emu_frag16[base + 4 * (row & 7) + (k & 7) / 2][(row >> 3) + 2 * (k >> 3)], k & 1);
+            // B (k, col): lane 4·col + (k % 8) / 2, register 4 + (k ≥ 8), half k % 2.
+            const double bv = half(emu_frag16[base + 4 * col + (k & 7) / 2][4 + (k >> 3)], k & 1);
+            sum += av * bv;
+        }
+        d[i] = float(sum);
+    }
+    __syncwarp();
+}
+
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Prints the definitions tools/cuda/emu's harness needs from kernels/cuda/src
-(the helpers ops_decode.cu, or with "linattn" the linear-attention files, use
+(the helpers ops_decode.cu, or with "linattn" the linear-attention files,
+"quant" the quantized products, "moe" ops_moe_tc.cu and moe_mma, use
 from the files sorted before them), by their
 first line: a definition runs to the next line that is "}" or "};", a
 one-line one (or a constexpr line) ends at its ";". A "template <...>" line just before is kept."""
@@ -30,6 +31,15 @@ if suite == "quant":  # what ops_common_quant.cu and ops_quant.cu use
         "ops.cu": ["__device__ inline float swiglu1(", "__device__ inline float swiglu_clamp1(", "__device__ inline int embed_id("],
         "ops_common.cu": ["struct MatDesc {"],
         "ops_moe.cu": ["constexpr int kTileM =", "__device__ int tile_slots("],
+    }
+if suite == "moe":  # what ops_moe_tc.cu uses
+    want = {
+        "convert.cu": ["__device__ inline uint16_t f32_to_bf16("],
+        "ops.cu": ["constexpr int kF32 =", "__device__ inline float swiglu1(", "__device__ inline float swiglu_clamp1("],
+        "ops_common.cu": ["struct MatDesc {"],
+        "ops_moe.cu": ["__device__ inline const uint8_t* mat_row(", "constexpr int kTileM =", "constexpr int kTileN =",
+                       "__device__ int tile_slots(", "constexpr int kMmaPad =", "constexpr int kMmaTerms =",
+                       "__device__ void moe_mma("],
     }
 out = []
 for f, starts in want.items():

@@ -6,6 +6,7 @@
 #	nice -n 19 tools/cuda/emu/run.sh [-quick]   # ops_decode.cu (main.cpp)
 #	nice -n 19 tools/cuda/emu/run.sh -linattn   # the delta rule's kernels (linattn.cpp)
 #	nice -n 19 tools/cuda/emu/run.sh -quant     # the quantized GEMV, decoding and experts' rows (quant.cpp)
+#	nice -n 19 tools/cuda/emu/run.sh -moe       # bf16 experts on the tensor cores, decode batches and prefill (moe.cpp)
 #
 # Checks logic (indices, splits, tiles, the merge, the counters), not speed
 # or the GPU's exact bits.
@@ -33,6 +34,15 @@ elif [ "${1:-}" = "-quant" ]; then
 		echo "#include \"$src/ops_common_quant.cu\""
 		echo "#include \"$src/ops_quant.cu\""
 		echo "#include \"$here/quant.cpp\""
+	} >"$tmp/emu.cpp"
+elif [ "${1:-}" = "-moe" ]; then
+	shift
+	{
+		echo "#include \"$here/emu.h\""
+		python3 "$here/extract.py" "$src" moe
+		echo "#define FERRITE_HOST_EMU"
+		echo "#include \"$src/ops_moe_tc.cu\""
+		echo "#include \"$here/moe.cpp\""
 	} >"$tmp/emu.cpp"
 else
 	{
