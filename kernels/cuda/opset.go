@@ -1238,7 +1238,8 @@ func (b *Backend) expertsFewX8(y uint64, yStride int, xp uint64, xStride int, ip
 // ferrite_moe_mmq_gate_up writes each slot's SwiGLU into h, ferrite_qx8
 // quantizes h (into the same buffer: x's int8 copy is read by then),
 // ferrite_moe_mmq_down writes each slot's output, and ferrite_moe_combine
-// adds a token's. It returns false where they do not apply.
+// adds a token's. It returns false where they do not apply; the caller
+// keeps the row-exact mode off it (a token's bits are not its bits alone).
 func (b *Backend) expertsMMQ(y uint64, yStride int, xp uint64, xStride int, ip, wp, h uint64, kinds expertKinds, table *Buffer,
 	ne, n, k, hidden, inter, most int, limit float32) bool {
 	if b.noQX8 || !kinds.mmq() || moeMMQTokens == 0 || n <= moeFewTokens || n > most || hidden%mmqChunk != 0 || inter%mmqChunk != 0 {
