@@ -29,6 +29,7 @@ type moeConfig struct {
 	b1Most   int  // the most tokens b1 takes (0: moeB1Tokens); from the environment 1 unless FERRITE_MOE_B1 is set
 	combine1 bool // FERRITE_MOE_COMBINE=1: ferrite_moe_combine one block a token (combineParts)
 	q1       bool // FERRITE_MOE_Q1=1: quantized experts' slot-a-pass down kernel one row a block (ferrite_moe_few_down_1_q1), not 4
+	tcU4     bool // FERRITE_MOE_TC_U4=1: the tensor-core decode kernels' _u4 forms (4 chunks of weights in flight a warp, not 2)
 	tc       int  // FERRITE_MOE_TC: the most tokens of bf16 experts the tensor-core decode kernels take from moeTCFrom (moe_tc.go); 0 none (a config made in a test), moeTCTokens from the environment
 }
 
@@ -44,7 +45,7 @@ func moeConfigFromEnv() moeConfig {
 	}
 	c := moeConfig{v1: os.Getenv("FERRITE_MOE_KERNELS") == "v1", pipe: pipeMode(os.Getenv("FERRITE_MOE_KERNELS")), few: num("FERRITE_MOE_FEW"), sb: num("FERRITE_MOE_SB"),
 		tiles: num("FERRITE_MOE_TILES"), combine1: os.Getenv("FERRITE_MOE_COMBINE") == "1", q1: os.Getenv("FERRITE_MOE_Q1") == "1"}
-	c.tc = moeTCTokens
+	c.tc, c.tcU4 = moeTCTokens, os.Getenv("FERRITE_MOE_TC_U4") == "1"
 	if v, err := strconv.Atoi(os.Getenv("FERRITE_MOE_TC")); err == nil && v >= 0 {
 		c.tc = v
 	}

@@ -26,7 +26,8 @@ const (
 )
 
 func init() {
-	names := []string{"ferrite_bf16_terms3", "ferrite_moe_tc_gate_up", "ferrite_moe_tc_down"}
+	names := []string{"ferrite_bf16_terms3", "ferrite_moe_tc_gate_up", "ferrite_moe_tc_down", "ferrite_moe_tc_gate_up_u4",
+		"ferrite_moe_tc_down_u4"}
 	kernelNames = append(kernelNames, names...)
 	for _, n := range names {
 		pdlKernels[n] = true
@@ -63,17 +64,21 @@ func (b *Backend) expertsTC(y uint64, yStride int, x kernels.Tensor, ip, wp uint
 	gy := uint32(ceilDiv(slots, moeTileM) + ne)
 	parts := b.combineParts(n, hidden)
 	xp, xs := dptr(x), x.Stride
+	gateUp, down := "ferrite_moe_tc_gate_up", "ferrite_moe_tc_down"
+	if b.moe.tcU4 {
+		gateUp, down = gateUp+"_u4", down+"_u4"
+	}
 	b.queue(func(d *Device) error {
 		err := d.launchL("ferrite_moe_sort", 1, 1024, 0, off, tiles, perm, ye, ip, i32(slots), i32(ne), i32(hidden))
 		if err == nil {
 			err = d.launchL("ferrite_bf16_terms3", d.elementwiseGrid(int64(n*hidden/4)), 256, 0, xt, xp, i32(xs), i32(n), i32(hidden))
 		}
 		if err == nil {
-			err = d.launch3L("ferrite_moe_tc_gate_up", [3]uint32{uint32(ceilDiv(inter, 16*moeTCWarps)), gy, 1}, 32*moeTCWarps, 0,
+			err = d.launch3L(gateUp, [3]uint32{uint32(ceilDiv(inter, 16*moeTCWarps)), gy, 1}, 32*moeTCWarps, 0,
 				ht, i32(slots), i32(inter), xt, i32(n), i32(hidden), off, tiles, perm, table.ptr, i32(ne), i32(k), f32(limit))
 		}
 		if err == nil {
-			err = d.launch3L("ferrite_moe_tc_down", [3]uint32{uint32(ceilDiv(hidden, 32*moeTCWarps)), gy, 1}, 32*moeTCWarps, 0,
+			err = d.launch3L(down, [3]uint32{uint32(ceilDiv(hidden, 32*moeTCWarps)), gy, 1}, 32*moeTCWarps, 0,
 				ye, i32(hidden), ht, i32(slots), i32(inter), off, tiles, perm, table.ptr, i32(ne), i32(k))
 		}
 		if err != nil {

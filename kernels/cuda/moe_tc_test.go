@@ -13,7 +13,7 @@ import (
 
 // TestMoETCRoute checks which calls take the tensor-core decode kernels
 // (moe_tc.go), without a GPU: FERRITE_MOE_TC's default, its token bounds
-// and 0 (off), the row-exact mode and x's alignment.
+// and 0 (off), FERRITE_MOE_TC_U4, the row-exact mode and x's alignment.
 func TestMoETCRoute(t *testing.T) {
 	t.Setenv("FERRITE_MOE_TC", "")
 	if c := moeConfigFromEnv(); c.tc != moeTCTokens {
@@ -24,6 +24,11 @@ func TestMoETCRoute(t *testing.T) {
 		if c := moeConfigFromEnv(); c.tc != want {
 			t.Errorf("FERRITE_MOE_TC=%s: tc = %d, want %d", v, c.tc, want)
 		}
+	}
+	t.Setenv("FERRITE_MOE_TC", "")
+	t.Setenv("FERRITE_MOE_TC_U4", "1")
+	if c := moeConfigFromEnv(); !c.tcU4 || c.tc != moeTCTokens {
+		t.Errorf("FERRITE_MOE_TC_U4=1: %+v, want the _u4 forms", c)
 	}
 	b := &Backend{moe: moeConfig{tc: moeTCTokens}}
 	x := func(n, stride int, p uint64) kernels.Tensor {
@@ -51,9 +56,9 @@ func TestMoETCRoute(t *testing.T) {
 }
 
 // TestExpertsTC runs bf16 experts (fused and separate gate/up) through the
-// tensor-core decode kernels at every kind of token count — one B tile,
-// several, an expert's slots in more than one 32-slot pass and in two
-// 64-slot tiles, the most tokens — within kerneltest.ExpertsTol of
+// tensor-core decode kernels (and their _u4 forms) at every kind of token
+// count — one B tile, several, an expert's slots in more than one 32-slot
+// pass and in two 64-slot tiles, the most tokens — within kerneltest.ExpertsTol of
 // kernels/ref.Experts (a token with a bad expert id gets NaN); a token's
 // bits are the same among 40 tokens and 100; other bits than the register
 // tiles' (so the kernels ran); and in the row-exact mode the tokens' bits
@@ -73,6 +78,12 @@ func TestExpertsTC(t *testing.T) {
 	hot := make([]kernels.Expert, 3)
 	copy(hot, ex[:3])
 	checkExperts(t, b, "tc/3 experts/n=100", hot, 100, 3, rng)
+	b.moe.tcU4 = true // the _u4 forms: hidden 256 is 2 chunks of 4, inter 96 one of 3
+	for _, n := range []int{9, 100} {
+		checkExperts(t, b, fmt.Sprint("tc-u4/n=", n), ex, n, k, rng)
+	}
+	checkExperts(t, b, "tc-u4/3 experts/n=100", hot, 100, 3, rng)
+	b.moe.tcU4 = false
 	xv, wv, ids := randF32(rng, 100*hidden), randF32(rng, 100*k), make([]int32, 100*k)
 	for i := range 100 {
 		for j, p := range rng.Perm(e)[:k] {

@@ -251,7 +251,8 @@ func checkExpertsRounded(t *testing.T, b *Backend, name string, ex []kernels.Exp
 // name: moe_pipe.go) from moeGTFrom tokens, "gt=2" two gate/up rows a
 // warp (FERRITE_MOE_GT=2), "combine1" ferrite_moe_combine one block a
 // token (FERRITE_MOE_COMBINE=1), "notc" without the tensor-core decode
-// kernels (FERRITE_MOE_TC=0; moe_tc.go) where they are the default.
+// kernels (FERRITE_MOE_TC=0; moe_tc.go) where they are the default,
+// "tc-u4" their _u4 forms (FERRITE_MOE_TC_U4=1).
 // µs/layer is the step over the layers; GB/s
 // counts the chosen experts' weight bytes (distinct experts of the step's
 // tokens) over the step's wall time, TFLOP/s the slots' multiply-adds.
@@ -348,7 +349,7 @@ func benchMoEExperts(b *testing.B, exs [][]kernels.Expert, k int, sizes []int) {
 		// the variants below keep them off, so each names its path.
 		vs := []variant{{"", moeConfig{tc: moeTCTokens}}}
 		if !quant && (moeConfig{tc: moeTCTokens}).useTC(n) {
-			vs = append(vs, variant{"/notc", moeConfig{}})
+			vs = append(vs, variant{"/notc", moeConfig{}}, variant{"/tc-u4", moeConfig{tc: moeTCTokens, tcU4: true}})
 		}
 		if quant && n <= moeFewTokens { // the slot-a-pass kernels are their default there
 			vs = append(vs, variant{"/q1", moeConfig{q1: true}})

@@ -59,10 +59,12 @@
 #              (~4 min)
 #   tcmoe      (not in the default list) BenchmarkMoEGLM and BenchmarkMoE at
 #              4/8/32/64 tokens with the bf16 experts' tensor-core decode
-#              kernels (the default) and without them ("/notc",
+#              kernels (the default), their _u4 forms ("/tc-u4",
+#              FERRITE_MOE_TC_U4=1) and without them ("/notc",
 #              FERRITE_MOE_TC=0), then ferrite bench, GLM-4.7-Flash at
 #              8/32/64 and Qwen3-30B-A3B at 8/32 (128+64), with and without
-#              them, interleaved twice (~6 min)
+#              them, interleaved twice, GLM with the _u4 forms once
+#              (~8 min: give it a call of its own)
 #   qgguf      (not in the default list) after the llama stage's prep:
 #              ferrite bench on the Q4_K_M GGUF llama-quantize wrote
 #              (Qwen3-8B shape), 1/8 sequences, int8 and float32 x
@@ -228,17 +230,24 @@ if want qmoe; then
 	bench qmoe-prefill-dec 60 --model "$dev/qwen3-30b-a3b" --quant q4_k --concurrency 1 --prompt-len 512,4096 --gen-len 1
 fi
 if want tcmoe; then
-	(cd k && run tc-moe-glm 110 tcmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoEGLM$/^n=(4|8|32|64)(/notc)?$' \
-		-test.benchtime 10x)
-	(cd k && run tc-moe-30b 100 tcmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE$/^n=(8|32|64)(/notc)?$' \
+	(cd k && run tc-moe-glm 110 tcmoe.log ../cuda.test -test.run XXX \
+		-test.bench '^BenchmarkMoEGLM$/^n=(4|8|32|64)(/notc|/tc-u4)?$' -test.benchtime 10x)
+	(cd k && run tc-moe-30b 100 tcmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE$/^n=(8|32|64)(/notc|/tc-u4)?$' \
 		-test.benchtime 10x)
 	grep -hE '^Benchmark|rc=|^== ' "$out/tcmoe.log"
+	# ferrite bench: the kernels (tc), their _u4 forms and without them (notc), most telling first
 	for pass in a b; do
+		for v in tc notc u4; do
+			[ "$pass" = b ] && [ "$v" = u4 ] && continue
+			t=256 u=0
+			[ "$v" = notc ] && t=0
+			[ "$v" = u4 ] && u=1
+			FERRITE_MOE_TC=$t FERRITE_MOE_TC_U4=$u bench "tcmoe-glm-$v-$pass" 80 --model "$root/engine/testdata/glm4.7-flash" \
+				--concurrency 8,32,64 --prompt-len 128 --gen-len 64
+		done
 		for v in tc notc; do
 			t=256
 			[ "$v" = notc ] && t=0
-			FERRITE_MOE_TC=$t bench "tcmoe-glm-$v-$pass" 80 --model "$root/engine/testdata/glm4.7-flash" --concurrency 8,32,64 \
-				--prompt-len 128 --gen-len 64
 			FERRITE_MOE_TC=$t bench "tcmoe-30b-$v-$pass" 60 --model "$dev/qwen3-30b-a3b" --concurrency 8,32 --prompt-len 128 \
 				--gen-len 64
 		done

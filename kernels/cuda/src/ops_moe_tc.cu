@@ -37,7 +37,6 @@ namespace {
 
 constexpr int kMtcWarps = 4;   // warps a block (kernels/cuda moeTCWarps)
 constexpr int kMtcSub = 4;     // 8-slot B tiles a pass
-constexpr int kMtcUnroll = 2;  // 32-column chunks whose weights a warp loads before it multiplies
 
 // bf16_terms3 splits v into three bf16 terms, hi = bf16(v), mid =
 // bf16(v − hi), lo = bf16(v − hi − mid) (each difference exact in
@@ -54,8 +53,11 @@ __device__ inline void bf16_terms3(float v, uint16_t (&t)[3]) {
 // plane elements, a row (token for GU, slot for down) of kdim; GU writes
 // the SwiGLU's terms into ht (three planes of slots × nout), down the
 // slots' outputs into ye (slots, nout). nout is a multiple of 16 (GU) or
-// 32 (down), kdim of 32, rows 16-byte aligned.
-template <bool GU>
+// 32 (down), kdim of 32, rows 16-byte aligned. A warp loads U chunks of
+// 32 columns of its weights (4U 16-byte loads a lane) before it
+// multiplies any: 2 by default, 4 in the _u4 kernels (FERRITE_MOE_TC_U4),
+// for an A/B of bytes in flight against registers.
+template <bool GU, int U>
 __device__ void moe_tc(float* __restrict__ ye, uint16_t* __restrict__ ht, size_t out_plane, int nout,
                        const uint16_t* __restrict__ in, size_t plane, int kdim, const int* off, const int* tiles,
                        const int* perm, const MatDesc* table, int experts, int k, float limit) {
@@ -90,16 +92,16 @@ __device__ void moe_tc(float* __restrict__ ye, uint16_t* __restrict__ ht, size_t
 #pragma unroll
                 for (int c = 0; c < 4; c++) acc[j][q][c] = 0.f;
         }
-        for (int c0 = 0; c0 < kdim; c0 += 32 * kMtcUnroll) {
-            uint4 a[kMtcUnroll][4];
+        for (int c0 = 0; c0 < kdim; c0 += 32 * U) {
+            uint4 a[U][4];
 #pragma unroll
-            for (int u = 0; u < kMtcUnroll; u++)
+            for (int u = 0; u < U; u++)
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     a[u][i] = c0 + 32 * u < kdim ? __ldg(reinterpret_cast<const uint4*>(wr[i] + size_t(c0 + 32 * u) * 2))
                                                  : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int u = 0; u < kMtcUnroll; u++) {
+            for (int u = 0; u < U; u++) {
                 if (c0 + 32 * u >= kdim) break;
 #pragma unroll
                 for (int j = 0; j < kMtcSub; j++) {
@@ -175,19 +177,26 @@ extern "C" __global__ void __launch_bounds__(256)
 // Launch: grid (ceil(inter / 64), ceil(slots / kTileM) + experts), 128
 // threads; every gate, up and down weight bf16, hidden and inter multiples
 // of 32.
-extern "C" __global__ void __launch_bounds__(128)
-    ferrite_moe_tc_gate_up(uint16_t* ht, int slots, int inter, const uint16_t* xt, int n, int hidden, const int* off,
-                           const int* tiles, const int* perm, const MatDesc* table, int experts, int k, float limit) {
-    FERRITE_PDL_WAIT();
-    moe_tc<true>(nullptr, ht, size_t(slots) * inter, inter, xt, size_t(n) * hidden, hidden, off, tiles, perm, table,
-                 experts, k, limit);
-}
+#define FERRITE_MOE_TC_GATE_UP(name, U)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128)                                                                \
+        name(uint16_t* ht, int slots, int inter, const uint16_t* xt, int n, int hidden, const int* off,               \
+             const int* tiles, const int* perm, const MatDesc* table, int experts, int k, float limit) {              \
+        FERRITE_PDL_WAIT();                                                                                          \
+        moe_tc<true, U>(nullptr, ht, size_t(slots) * inter, inter, xt, size_t(n) * hidden, hidden, off, tiles, perm, \
+                        table, experts, k, limit);                                                                   \
+    }
+FERRITE_MOE_TC_GATE_UP(ferrite_moe_tc_gate_up, 2)
+FERRITE_MOE_TC_GATE_UP(ferrite_moe_tc_gate_up_u4, 4)
 
 // Down: ye (slots, hidden) from ht. Launch: grid (ceil(hidden / 128),
 // ceil(slots / kTileM) + experts), 128 threads.
-extern "C" __global__ void __launch_bounds__(128)
-    ferrite_moe_tc_down(float* ye, int hidden, const uint16_t* ht, int slots, int inter, const int* off, const int* tiles,
-                        const int* perm, const MatDesc* table, int experts, int k) {
-    FERRITE_PDL_WAIT();
-    moe_tc<false>(ye, nullptr, 0, hidden, ht, size_t(slots) * inter, inter, off, tiles, perm, table, experts, k, 0.f);
-}
+#define FERRITE_MOE_TC_DOWN(name, U)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(128)                                                                   \
+        name(float* ye, int hidden, const uint16_t* ht, int slots, int inter, const int* off, const int* tiles,          \
+             const int* perm, const MatDesc* table, int experts, int k) {                                               \
+        FERRITE_PDL_WAIT();                                                                                             \
+        moe_tc<false, U>(ye, nullptr, 0, hidden, ht, size_t(slots) * inter, inter, off, tiles, perm, table, experts, k, \
+                         0.f);                                                                                          \
+    }
+FERRITE_MOE_TC_DOWN(ferrite_moe_tc_down, 2)
+FERRITE_MOE_TC_DOWN(ferrite_moe_tc_down_u4, 4)

@@ -20,6 +20,7 @@ struct Case {
 // matrix, odd ones apart), n tokens of k slots, expert 0 every token's
 // first slot (so it fills more than one 32-slot pass and, past 64 tokens,
 // two tiles), x in rows of stride hidden + 4.
+template <bool U4>
 static void run_tc(const Case& cs) {
     const int ne = cs.ne, n = cs.n, k = cs.k, hidden = cs.hidden, inter = cs.inter, slots = n * k;
     std::vector<std::vector<uint16_t>> gu(ne), gate(ne), up(ne), dw(ne);
@@ -81,7 +82,7 @@ static void run_tc(const Case& cs) {
     const size_t hplane = size_t(slots) * inter;
     std::vector<uint16_t> ht(3 * hplane, 0xffff);
     launch(dim3u{unsigned(ceil_div(inter, 16 * kMtcWarps)), gy, 1}, 128, [&] {
-        ferrite_moe_tc_gate_up(ht.data(), slots, inter, xt.data(), n, hidden, off.data(), tiles.data(), perm.data(), table.data(), ne, k,
+        (U4 ? ferrite_moe_tc_gate_up_u4 : ferrite_moe_tc_gate_up)(ht.data(), slots, inter, xt.data(), n, hidden, off.data(), tiles.data(), perm.data(), table.data(), ne, k,
                                cs.limit);
     });
     // The prefill's tiles on the same input (f32 h).
@@ -116,7 +117,7 @@ static void run_tc(const Case& cs) {
     }
     std::vector<float> ye(size_t(slots) * hidden, -7.f), yem(size_t(slots) * hidden, -7.f);
     launch(dim3u{unsigned(ceil_div(hidden, 32 * kMtcWarps)), gy, 1}, 128, [&] {
-        ferrite_moe_tc_down(ye.data(), hidden, ht.data(), slots, inter, off.data(), tiles.data(), perm.data(), table.data(), ne, k);
+        (U4 ? ferrite_moe_tc_down_u4 : ferrite_moe_tc_down)(ye.data(), hidden, ht.data(), slots, inter, off.data(), tiles.data(), perm.data(), table.data(), ne, k);
     });
     launch(dim3u{unsigned(ceil_div(hidden, kTileN)), gy, 1}, 128, [&] {
         moe_mma<false>(yem.data(), hidden, h.data(), inter, off.data(), tiles.data(), perm.data(), table.data(), ne, k, inter, 0.f);
@@ -138,9 +139,12 @@ static void run_tc(const Case& cs) {
 }
 
 int main() {
-    run_tc(Case{5, 70, 2, 288, 160, 0.f});  // expert 0: 70 slots, two tiles, the first in two passes; partial blocks
-    run_tc(Case{9, 12, 4, 256, 96, 0.f});   // a few slots an expert, one B tile
-    run_tc(Case{4, 37, 3, 96, 64, 0.05f});  // the clamped SwiGLU; 37 slots in expert 0: a pass of 5 B tiles' worth
+    for (bool u4 : {false, true}) {
+        auto run = u4 ? run_tc<true> : run_tc<false>;
+        run(Case{5, 70, 2, 288, 160, 0.f});  // expert 0: 70 slots, two tiles, the first in two passes; partial blocks, a last chunk alone
+        run(Case{9, 12, 4, 256, 96, 0.f});   // a few slots an expert, one B tile
+        run(Case{4, 37, 3, 96, 64, 0.05f});  // the clamped SwiGLU; 37 slots in expert 0: a pass of 5 B tiles' worth
+    }
     std::printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }
