@@ -84,20 +84,9 @@ func TestExpertsTC(t *testing.T) {
 	}
 	checkExperts(t, b, "tc-u4/3 experts/n=100", hot, 100, 3, rng)
 	b.moe.tcU4 = false
-	xv, wv, ids := randF32(rng, 100*hidden), randF32(rng, 100*k), make([]int32, 100*k)
-	for i := range 100 {
-		for j, p := range rng.Perm(e)[:k] {
-			ids[i*k+j] = int32(p)
-		}
-	}
-	many, few := expertsOnDevice(t, b, ex, 100, k, xv, ids, wv), expertsOnDevice(t, b, ex, 40, k, xv[:40*hidden], ids[:40*k], wv[:40*k])
-	for i, v := range few {
-		if math.Float32bits(v) != math.Float32bits(many[i]) {
-			t.Fatalf("token %d output %d = %g among 40 tokens, %g among 100", i/hidden, i%hidden, v, many[i])
-		}
-	}
+	xv, ids, wv, few := checkBatchBits(t, b, "", ex, k, rng)
 	b.moe = moeConfig{} // the register tiles
-	tiles, differ := expertsOnDevice(t, b, ex, 40, k, xv[:40*hidden], ids[:40*k], wv[:40*k]), 0
+	tiles, differ := expertsOnDevice(t, b, ex, 40, k, xv, ids, wv), 0
 	for i, v := range few {
 		if math.Float32bits(v) != math.Float32bits(tiles[i]) {
 			differ++

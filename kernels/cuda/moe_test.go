@@ -162,6 +162,30 @@ func checkExpertsRowExact(t *testing.T, b *Backend, rng *rand.Rand, name string,
 	}
 }
 
+// checkBatchBits runs Experts on 100 random tokens of k distinct experts
+// each and on their first 40, fails where a token's output differs in a
+// bit between the two calls (name starts the message), and returns the 40
+// tokens' x, ids, routing weights and outputs.
+func checkBatchBits(t *testing.T, b *Backend, name string, ex []kernels.Expert, k int, rng *rand.Rand) (xv []float32, ids []int32, wv, few []float32) {
+	t.Helper()
+	hidden := ex[0].Down.Rows
+	xv, wv, ids = randF32(rng, 100*hidden), randF32(rng, 100*k), make([]int32, 100*k)
+	for i := range 100 {
+		for j, p := range rng.Perm(len(ex))[:k] {
+			ids[i*k+j] = int32(p)
+		}
+	}
+	many := expertsOnDevice(t, b, ex, 100, k, xv, ids, wv)
+	xv, ids, wv = xv[:40*hidden], ids[:40*k], wv[:40*k]
+	few = expertsOnDevice(t, b, ex, 40, k, xv, ids, wv)
+	for i, v := range few {
+		if math.Float32bits(v) != math.Float32bits(many[i]) {
+			t.Fatalf("%stoken %d output %d = %g among 40 tokens, %g among 100", name, i/hidden, i%hidden, v, many[i])
+		}
+	}
+	return xv, ids, wv, few
+}
+
 // expertsOnDevice runs Experts in one step on n tokens x (n, hidden) of k
 // experts each (ids, w (n, k)) and returns y (n, hidden).
 func expertsOnDevice(t *testing.T, b *Backend, ex []kernels.Expert, n, k int, xv []float32, ids []int32, wv []float32) []float32 {

@@ -568,18 +568,7 @@ func TestQuantExpertsX8(t *testing.T) {
 		}
 		// The grouped tensor-core product: a token's bits do not depend on
 		// the tokens beside it.
-		xv, wv, ids := randF32(rng, 100*hidden), randF32(rng, 100*k), make([]int32, 100*k)
-		for i := range 100 {
-			for j, p := range rng.Perm(e)[:k] {
-				ids[i*k+j] = int32(p)
-			}
-		}
-		many, few := expertsOnDevice(t, b, ex, 100, k, xv, ids, wv), expertsOnDevice(t, b, ex, 40, k, xv[:40*hidden], ids[:40*k], wv[:40*k])
-		for i, v := range few {
-			if math.Float32bits(v) != math.Float32bits(many[i]) {
-				t.Fatalf("%v+%v: token %d output %d = %g among 40 tokens, %g among 100", c.gu, c.down, i/hidden, i%hidden, v, many[i])
-			}
-		}
+		checkBatchBits(t, b, fmt.Sprintf("%v+%v: ", c.gu, c.down), ex, k, rng)
 		b.mu.Lock()
 		kinds := b.qexperts[&ex[0]]
 		b.mu.Unlock()

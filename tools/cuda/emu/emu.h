@@ -284,3 +284,17 @@ inline int failures = 0, checks = 0;
 inline std::mt19937_64 rng(1);
 inline float randn() { return std::normal_distribution<float>(0, 1)(rng); }
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// host_sort is ferrite_moe_sort on the host: off[e] (ne + 1) where expert
+// e's slots start in perm, tiles[e] (ne + 1) the tiles of tile slots before
+// it, perm the slots of ids by expert, each expert's in slot order.
+inline void host_sort(const std::vector<int>& ids, int ne, int tile, std::vector<int>& off, std::vector<int>& tiles,
+                      std::vector<int>& perm) {
+    off.assign(ne + 1, 0), tiles.assign(ne + 1, 0), perm.clear();
+    for (int e = 0; e < ne; e++) {
+        for (int sl = 0; sl < int(ids.size()); sl++)
+            if (ids[sl] == e) perm.push_back(sl);
+        off[e + 1] = int(perm.size());
+        tiles[e + 1] = tiles[e] + ceil_div(off[e + 1] - off[e], tile);
+    }
+}

@@ -53,14 +53,8 @@ static void run_tc(const Case& cs) {
         ids[i * k] = 0;
         for (int j = 1; j < k; j++) ids[i * k + j] = 1 + int(rng() % (ne - 1));
     }
-    // ferrite_moe_sort's off, tiles and perm
-    std::vector<int> off(ne + 1, 0), tiles(ne + 1, 0), perm;
-    for (int e = 0; e < ne; e++) {
-        for (int sl = 0; sl < slots; sl++)
-            if (ids[sl] == e) perm.push_back(sl);
-        off[e + 1] = int(perm.size());
-        tiles[e + 1] = tiles[e] + ceil_div(off[e + 1] - off[e], kTileM);
-    }
+    std::vector<int> off, tiles, perm;  // ferrite_moe_sort's
+    host_sort(ids, ne, kTileM, off, tiles, perm);
     const int stride = hidden + 4;
     std::vector<float> x(size_t(n) * stride, 1e30f);
     for (int i = 0; i < n; i++)

@@ -350,14 +350,8 @@ static void run_moe_mmq(QT gt, QT dt, int hidden, int inter) {
     }
     std::vector<int> ids(slots);
     for (int i = 0; i < n; i++) ids[i * k] = 0, ids[i * k + 1] = 1 + int(rng() % (ne - 1));
-    // ferrite_moe_sort's off, tiles and perm
-    std::vector<int> off(ne + 1, 0), tiles(ne + 1, 0), perm;
-    for (int e = 0; e < ne; e++) {
-        for (int sl = 0; sl < slots; sl++)
-            if (ids[sl] == e) perm.push_back(sl);
-        off[e + 1] = int(perm.size());
-        tiles[e + 1] = tiles[e] + ceil_div(off[e + 1] - off[e], kTileM);
-    }
+    std::vector<int> off, tiles, perm;  // ferrite_moe_sort's
+    host_sort(ids, ne, kTileM, off, tiles, perm);
     std::vector<float> x(size_t(n) * hidden);
     for (auto& v : x) v = randn();
     std::vector<int8_t> xq(x.size());
