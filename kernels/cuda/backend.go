@@ -28,12 +28,13 @@ type Backend struct {
 	dev *Device
 	cpu *cpu.Backend
 
-	mu       sync.Mutex // guards the weight caches (weights, stacks, qweights), experts, qexperts, b1BF16, err
+	mu       sync.Mutex // guards the weight caches (weights, stacks, qweights, kvbParts), experts, qexperts, b1BF16, err
 	weights  map[*kernels.Mat]*Weight
 	experts  map[*kernels.Expert]*Buffer     // expert lists' descriptor tables (expertTable)
 	qexperts map[*kernels.Expert]expertKinds // what an expert list's device weights are (expertTable)
 	stacks   map[stackKey]*Weight            // weights stacked by rows (LinearCat, SwiGLULinear)
 	qweights map[*kernels.Mat]*Weight        // quantized weights in their blocks (linWeight, quant.go)
+	kvbParts map[*kernels.Mat]*Weight        // a kv_b_proj's halves as its file stores them, by their head 0's part (kvbWeights, mla.go)
 	err      error
 
 	arena    arena      // the op set's per-step scratch
@@ -166,7 +167,7 @@ func (b *Backend) WeightBytes() int64 { return b.mem.weights.Load() }
 // Close frees the cached weights and the device, and stops the CPU pool.
 func (b *Backend) Close() error {
 	b.mu.Lock()
-	b.weights, b.experts, b.qexperts, b.stacks, b.qweights = nil, nil, nil, nil, nil
+	b.weights, b.experts, b.qexperts, b.stacks, b.qweights, b.kvbParts = nil, nil, nil, nil, nil, nil
 	b.mu.Unlock()
 	b.mem.weights.Store(0)
 	b.mem.tensors.Store(0)

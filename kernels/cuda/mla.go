@@ -24,7 +24,7 @@ var (
 
 func init() {
 	kernelNames = append(kernelNames,
-		"ferrite_mla_store_latent", "ferrite_dsa_store_key", "ferrite_mla_uk_t", "ferrite_mla_proj", "ferrite_mla_combine",
+		"ferrite_mla_store_latent", "ferrite_dsa_store_key", "ferrite_mla_uk_t", "ferrite_mla_proj", "ferrite_mla_proj_q_1", "ferrite_mla_proj_q_8", "ferrite_mla_combine",
 		"ferrite_mla_attn_f32_1", "ferrite_mla_attn_f32_2", "ferrite_mla_attn_f32_4",
 		"ferrite_mla_attn_bf16_1", "ferrite_mla_attn_bf16_2", "ferrite_mla_attn_bf16_4",
 		"ferrite_dsa_scores_f32", "ferrite_dsa_scores_bf16", "ferrite_topk",
@@ -33,10 +33,15 @@ func init() {
 	// The decode chain of an MLA layer starts each kernel with
 	// FERRITE_PDL_WAIT() (TestPDLKernelsWait), so each may be launched
 	// while the one before drains.
-	for _, k := range append([]string{"ferrite_mla_store_latent", "ferrite_rope", "ferrite_mla_proj", "ferrite_mla_proj_tc_8", "ferrite_mla_proj_tc_32", "ferrite_mla_merge"}, mlaTCKernels[:]...) {
+	for _, k := range append([]string{"ferrite_mla_store_latent", "ferrite_rope", "ferrite_mla_proj", "ferrite_mla_proj_q_1", "ferrite_mla_proj_q_8", "ferrite_mla_proj_tc_8", "ferrite_mla_proj_tc_32", "ferrite_mla_merge"}, mlaTCKernels[:]...) {
 		pdlKernels[k] = true
 	}
 }
+
+// kvbOn is false when FERRITE_CUDA_KVB=0: AttentionMLA then uploads a
+// GGUF's kv_b_proj as the float32 matrix rebuilt from its halves, as before
+// kvbWeights (for A/B comparisons).
+var kvbOn = os.Getenv("FERRITE_CUDA_KVB") != "0"
 
 // mlaTCKernels[nt−1] is the tensor-core latent attention (src/tensor_mla.cu)
 // for groups of up to 8·nt heads.
@@ -233,6 +238,57 @@ func (b *Backend) ukWeight(kvB *kernels.Mat, dw *Weight, s kernels.MLAShape) (*W
 	return w, nil
 }
 
+// kvbWeights returns kv_b_proj's halves as its file stores them
+// (kvB.KVB, a GGUF's attn_k_b and attn_v_b) on the device, every head's
+// part stacked by rows: uk (heads·kl, dn), head h's W_UK_hᵀ at rows h·kl…
+// (the layout ukWeight makes), and uv (heads·dv, kl), head h's W_UV_h at
+// rows h·dv…. A block-quantized half keeps its blocks (UploadQuant, for
+// ferrite_mla_proj_q), a float half its bits; ok is false where kvB has
+// no such halves or one cannot stay as it is (another shape, mixed
+// dtypes, rows of partial blocks, FERRITE_CUDA_QUANT=0 or
+// FERRITE_CUDA_KVB=0), and AttentionMLA
+// then uploads the whole matrix, which for a quantized half is float32:
+// GLM-4.7-Flash's 18.4 MB a layer against 4.9 in Q8_0.
+func (b *Backend) kvbWeights(kvB *kernels.Mat, s kernels.MLAShape) (uk, uv *Weight, ok bool, err error) {
+	hs := kvB.KVB
+	if hs == nil || !kvbOn || s.Nope == 0 || !kvbHalfOK(hs.UK, s.Heads, s.KVLora, s.Nope) || !kvbHalfOK(hs.UV, s.Heads, s.V, s.KVLora) {
+		return nil, nil, false, nil
+	}
+	upload := func(ms []*kernels.Mat) (*Weight, error) {
+		return cachedWeight(b, &b.kvbParts, ms[0], func() (*Weight, error) {
+			if ms[0].DType.Quantized() {
+				return b.dev.UploadQuant(ms)
+			}
+			return b.dev.UploadStack(ms)
+		})
+	}
+	if uk, err = upload(hs.UK); err == nil {
+		uv, err = upload(hs.UV)
+	}
+	return uk, uv, err == nil, err
+}
+
+// kvbHalfOK reports whether ms, one half of a kv_b_proj stored split
+// (kernels.KVBHeads), can go to the device as it is: heads parts of rows ×
+// cols in one dtype, block-quantized in whole blocks the quantized kernels
+// take (quantable), or F32, BF16 or F16.
+func kvbHalfOK(ms []*kernels.Mat, heads, rows, cols int) bool {
+	if len(ms) != heads || heads == 0 {
+		return false
+	}
+	for _, m := range ms {
+		if m.DType != ms[0].DType || m.Rows != rows || m.Cols != cols || m.Data == nil {
+			return false
+		}
+	}
+	switch dt := ms[0].DType; {
+	case dt.Quantized():
+		return quantable(ms...)
+	default:
+		return dt == kernels.F32 || dt == kernels.BF16 || dt == kernels.F16
+	}
+}
+
 // AttentionMLA implements kernels.MLAOps in the absorbed form, whatever
 // s.Form asks (both forms compute the same attention; the form is a choice
 // of cost, and on the GPU the absorbed one wins at every shape: its latent
@@ -243,8 +299,9 @@ func (b *Backend) ukWeight(kvB *kernels.Mat, dw *Weight, s kernels.MLAShape) (*W
 // ukWeight); the latent attention split over the keys (tcPlan: on tensor
 // cores, merged by ferrite_mla_merge; else ferrite_mla_attn_*, merged by
 // ferrite_mla_combine); then W_UV_h·lat per head over kv_b_proj. The
-// projections are ferrite_mla_proj_tc for BF16 weights, else
-// ferrite_mla_proj; FERRITE_MLA_TC=0 keeps every step off the tensor cores.
+// projections are ferrite_mla_proj_tc for BF16 weights, ferrite_mla_proj_q
+// (_1, _8) for a GGUF's block-quantized halves (kvbWeights), else ferrite_mla_proj;
+// FERRITE_MLA_TC=0 keeps every step off the tensor cores.
 func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r *kernels.Rotary, p *kernels.Paged, s kernels.MLAShape, sel kernels.Tensor) {
 	f32Contig("AttentionMLA", out, q)
 	bf := cacheDType("AttentionMLA", cache)
@@ -271,10 +328,16 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 	if n == 0 {
 		return
 	}
-	dw, err := b.weight(kvB)
-	var uk *Weight
-	if err == nil && s.Nope > 0 {
-		uk, err = b.ukWeight(kvB, dw, s)
+	// W_UK_hᵀ (uk) and W_UV_h (uv, head h's rows from h·vStride + vRow0):
+	// the halves as the file stores them, or kv_b_proj's own rows and
+	// their transposition.
+	uk, uv, split, err := b.kvbWeights(kvB, s)
+	vStride, vRow0 := s.V, 0
+	if err == nil && !split {
+		vStride, vRow0 = s.Nope+s.V, s.Nope
+		if uv, err = b.weight(kvB); err == nil && s.Nope > 0 {
+			uk, err = b.ukWeight(kvB, uv, s)
+		}
 	}
 	if err != nil {
 		b.fail(err)
@@ -308,6 +371,14 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 		nq, projName = 1, "ferrite_mla_proj_tc_8"
 	}
 	proj := func(d *Device, y uint64, yRS, yHS int, x uint64, xRS, xHS, rows, wHRows, row0 int, w *Weight) error {
+		if w.DType.Quantized() { // a GGUF's half in its blocks (kvbWeights; row0 is 0), one row or 8 a block
+			name, nb := "ferrite_mla_proj_q_1", 1
+			if n > 1 {
+				name, nb = "ferrite_mla_proj_q_8", 8
+			}
+			return d.launch3L(name, [3]uint32{uint32(ceilDiv(rows, mlaRows)), uint32(s.Heads), uint32(ceilDiv(n, nb))}, 256, 0,
+				y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows), w.Buf.ptr, w.Buf.ptr+uint64(w.DOff), i32(int(w.DType)), i32(w.Cols))
+		}
 		if smem := mlaProjSmem(w.Cols, nq); projTC && w.DType == kernels.BF16 && w.Cols%16 == 0 && xRS%2 == 0 && xHS%2 == 0 && smem <= b.dev.SmemOptIn {
 			return d.launch3L(projName, [3]uint32{uint32(ceilDiv(rows, 32)), uint32(s.Heads), uint32(ceilDiv(n, 8*nq))},
 				256, uint32(smem), y, i32(yRS), i32(yHS), x, i32(xRS), i32(xHS), i32(n), i32(rows), i32(wHRows),
@@ -333,7 +404,7 @@ func (b *Backend) AttentionMLA(out, q, cache kernels.Tensor, kvB *kernels.Mat, r
 		if err := attend(d); err != nil {
 			return err
 		}
-		return proj(d, o, s.Heads*s.V, s.V, lat, s.Heads*kl, kl, s.V, s.Nope+s.V, s.Nope, dw)
+		return proj(d, o, s.Heads*s.V, s.V, lat, s.Heads*kl, kl, s.V, vStride, vRow0, uv)
 	})
 }
 

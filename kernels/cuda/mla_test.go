@@ -326,105 +326,143 @@ func TestMLAUKTranspose(t *testing.T) {
 	}
 }
 
-// TestMLARowExact checks AttentionMLA at GLM-4.7-Flash's shape with
-// SetRowExact on: every row of a batch (two decode rows of different
-// sequences and contexts, then a verification of three rows of one
-// sequence) gets the bits it gets alone, through the per-head projections
-// and the split latent attention; and, as a control, that the batch is
-// not bit-identical with SetRowExact off when the split plan depends on
-// the rows (logged only: equal bits there are allowed).
-func TestMLARowExact(t *testing.T) {
-	be := openOps(t)
-	const heads, nope, rope, dv, kl, bs = 20, 192, 64, 256, 512, 16
-	kw, qw := kl+rope, heads*(nope+rope)
-	s := kernels.MLAShape{Heads: heads, Nope: nope, Rope: rope, V: dv, KVLora: kl, Scale: 1 / float32(math.Sqrt(nope+rope))}
-	if be.tcPlan(true, s, 1, 1024).nt == 0 {
-		t.Skip("the tensor-core MLA kernels are off (FERRITE_MLA_TC=0) or do not fit; the CUDA-core ones split by the batch")
-	}
-	alloc := func(dt kernels.DType, rows, cols int) kernels.Tensor {
-		x, err := be.Alloc(dt, rows, cols)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return x
-	}
-	fill := func(x kernels.Tensor, seed uint64, scale float32) {
-		tb, _ := x.Buffer()
-		if err := be.dev.FillBF16(tb.(*tensorBuf).buf, int64(x.Elems()), seed, scale); err != nil {
-			t.Fatal(err)
-		}
-	}
-	kvB := &kernels.Mat{DType: kernels.BF16, Rows: heads * (nope + dv), Cols: kl}
-	w := alloc(kernels.BF16, kvB.Rows, kvB.Cols)
-	fill(w, 3, 1/float32(math.Sqrt(kl)))
-	tb, _ := w.Buffer()
-	be.weights[kvB] = &Weight{Buf: tb.(*tensorBuf).buf, DType: kernels.BF16, Rows: kvB.Rows, Cols: kvB.Cols}
+// mlaRig is an AttentionMLA setup at GLM-4.7-Flash's shape (20 heads of
+// 192 + 64 query dims, 256 value dims, a 512-wide latent): a random BF16
+// cache of two sequences of 1,024 positions in interleaved blocks of 16,
+// the rotary table, and three random query rows.
+type mlaRig struct {
+	t             *testing.T
+	be            *Backend
+	s             kernels.MLAShape
+	cache, blocks kernels.Tensor
+	r             *kernels.Rotary
+	q0            []float32 // (3, heads·(nope+rope))
+}
+
+const mlaRigBS = 16 // the rig's cache block size
+
+func newMLARig(t *testing.T, be *Backend) *mlaRig {
+	const heads, nope, rope, dv, kl = 20, 192, 64, 256, 512
+	g := &mlaRig{t: t, be: be, s: kernels.MLAShape{Heads: heads, Nope: nope, Rope: rope, V: dv, KVLora: kl, Scale: 1 / float32(math.Sqrt(nope+rope))}}
 	const nb = 64 // blocks a sequence: 1,024 positions
-	cache := alloc(kernels.BF16, 2*nb*bs, kw)
-	fill(cache, 4, 1)
+	g.cache = g.alloc(kernels.BF16, 2*nb*mlaRigBS, kl+rope)
+	g.fill(g.cache, 4, 1)
 	table := make([]int32, 2*nb)
 	for i := range table {
 		table[i] = int32((i * 37) % (2 * nb)) // interleaved blocks
 	}
-	blocks := alloc(kernels.I32, 2, nb)
-	be.WriteI32(blocks, table)
+	g.blocks = g.alloc(kernels.I32, 2, nb)
+	be.WriteI32(g.blocks, table)
 	inv := make([]float32, rope/2)
 	for i := range inv {
 		inv[i] = float32(math.Pow(1e6, -float64(2*i)/rope))
 	}
-	r := &kernels.Rotary{InvFreq: alloc(kernels.F32, 1, rope/2), Dim: rope, Interleaved: true, Scale: 1}
-	be.WriteF32(r.InvFreq, inv)
+	g.r = &kernels.Rotary{InvFreq: g.alloc(kernels.F32, 1, rope/2), Dim: rope, Interleaved: true, Scale: 1}
+	be.WriteF32(g.r.InvFreq, inv)
 	rng := rand.New(rand.NewPCG(5, 6))
-	q0 := make([]float32, 3*qw)
-	for i := range q0 {
-		q0[i] = float32(rng.NormFloat64())
+	g.q0 = make([]float32, 3*heads*(nope+rope))
+	for i := range g.q0 {
+		g.q0[i] = float32(rng.NormFloat64())
 	}
-	// run attends rows (sequence, position) with the queries of q0's rows
-	// qrows and returns their outputs.
-	run := func(seq, pos []int32, qrows []int) []float32 {
-		n := len(seq)
-		p := &kernels.Paged{Pos: alloc(kernels.I32, n, 1), Seq: alloc(kernels.I32, n, 1), Blocks: blocks, BlockSize: bs}
-		be.WriteI32(p.Pos, pos)
-		be.WriteI32(p.Seq, seq)
-		q, out := alloc(kernels.F32, n, qw), alloc(kernels.F32, n, heads*dv)
-		qh := make([]float32, 0, n*qw)
-		for _, j := range qrows {
-			qh = append(qh, q0[j*qw:(j+1)*qw]...)
-		}
-		be.WriteF32(q, qh)
-		be.BeginStep()
-		be.AttentionMLA(out, q, cache, kvB, r, p, s, kernels.Tensor{})
-		be.EndStep()
-		got := make([]float32, n*heads*dv)
-		be.ReadF32(got, out)
-		for _, x := range []kernels.Tensor{p.Pos, p.Seq, q, out} {
-			be.Free(x)
-		}
-		return got
+	return g
+}
+
+func (g *mlaRig) alloc(dt kernels.DType, rows, cols int) kernels.Tensor {
+	x, err := g.be.Alloc(dt, rows, cols)
+	if err != nil {
+		g.t.Fatal(err)
 	}
-	for _, c := range []struct {
-		name     string
-		seq, pos []int32
-	}{
-		{"two sequences", []int32{0, 1}, []int32{1000, 230}},
-		{"verification", []int32{1, 1, 1}, []int32{700, 701, 702}},
-	} {
-		qrows := []int{0, 1, 2}[:len(c.seq)]
+	return x
+}
+
+// fill sets x (BF16) to seeded random values of the given scale.
+func (g *mlaRig) fill(x kernels.Tensor, seed uint64, scale float32) {
+	tb, _ := x.Buffer()
+	if err := g.be.dev.FillBF16(tb.(*tensorBuf).buf, int64(x.Elems()), seed, scale); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// run attends rows (sequence, position) with the queries of q0's rows
+// qrows over kv_b_proj kvB and returns their outputs (rows, heads·v).
+func (g *mlaRig) run(kvB *kernels.Mat, seq, pos []int32, qrows []int) []float32 {
+	be, s := g.be, g.s
+	n, qw := len(seq), s.Heads*(s.Nope+s.Rope)
+	p := &kernels.Paged{Pos: g.alloc(kernels.I32, n, 1), Seq: g.alloc(kernels.I32, n, 1), Blocks: g.blocks, BlockSize: mlaRigBS}
+	be.WriteI32(p.Pos, pos)
+	be.WriteI32(p.Seq, seq)
+	q, out := g.alloc(kernels.F32, n, qw), g.alloc(kernels.F32, n, s.Heads*s.V)
+	qh := make([]float32, 0, n*qw)
+	for _, j := range qrows {
+		qh = append(qh, g.q0[j*qw:(j+1)*qw]...)
+	}
+	be.WriteF32(q, qh)
+	be.BeginStep()
+	be.AttentionMLA(out, q, g.cache, kvB, g.r, p, s, kernels.Tensor{})
+	be.EndStep()
+	got := make([]float32, n*s.Heads*s.V)
+	be.ReadF32(got, out)
+	for _, x := range []kernels.Tensor{p.Pos, p.Seq, q, out} {
+		be.Free(x)
+	}
+	return got
+}
+
+// rowExactDiffs runs the batch seq, pos (queries q0[:len(seq)]) and each
+// of its rows alone and counts the output values whose bits differ (or
+// that are NaN), logging the first.
+func (g *mlaRig) rowExactDiffs(kvB *kernels.Mat, name string, seq, pos []int32) int {
+	qrows := []int{0, 1, 2}[:len(seq)]
+	width := g.s.Heads * g.s.V
+	batch := g.run(kvB, seq, pos, qrows)
+	diff := 0
+	for i := range seq {
+		alone := g.run(kvB, seq[i:i+1], pos[i:i+1], qrows[i:i+1])
+		for k, x := range alone {
+			if y := batch[i*width+k]; math.Float32bits(x) != math.Float32bits(y) || math.IsNaN(float64(x)) {
+				if diff == 0 {
+					g.t.Logf("%s: row %d value %d: batch %g, alone %g", name, i, k, y, x)
+				}
+				diff++
+			}
+		}
+	}
+	return diff
+}
+
+// mlaRowCases are the batches the row-exact tests run: two decode rows of
+// different sequences and contexts, and a verification of three rows of
+// one sequence.
+var mlaRowCases = []struct {
+	name     string
+	seq, pos []int32
+}{
+	{"two sequences", []int32{0, 1}, []int32{1000, 230}},
+	{"verification", []int32{1, 1, 1}, []int32{700, 701, 702}},
+}
+
+// TestMLARowExact checks AttentionMLA at GLM-4.7-Flash's shape with
+// SetRowExact on: every row of a batch (mlaRowCases) gets the bits it gets
+// alone, through the per-head projections and the split latent attention;
+// and, as a control, that the batch is not bit-identical with SetRowExact
+// off when the split plan depends on the rows (logged only: equal bits
+// there are allowed).
+func TestMLARowExact(t *testing.T) {
+	be := openOps(t)
+	g := newMLARig(t, be)
+	if be.tcPlan(true, g.s, 1, 1024).nt == 0 {
+		t.Skip("the tensor-core MLA kernels are off (FERRITE_MLA_TC=0) or do not fit; the CUDA-core ones split by the batch")
+	}
+	s := g.s
+	kvB := &kernels.Mat{DType: kernels.BF16, Rows: s.Heads * (s.Nope + s.V), Cols: s.KVLora}
+	w := g.alloc(kernels.BF16, kvB.Rows, kvB.Cols)
+	g.fill(w, 3, 1/float32(math.Sqrt(float64(s.KVLora))))
+	tb, _ := w.Buffer()
+	be.weights[kvB] = &Weight{Buf: tb.(*tensorBuf).buf, DType: kernels.BF16, Rows: kvB.Rows, Cols: kvB.Cols}
+	for _, c := range mlaRowCases {
 		for _, exact := range []bool{true, false} {
 			be.SetRowExact(exact)
-			batch := run(c.seq, c.pos, qrows)
-			diff := 0
-			for i := range c.seq {
-				alone := run(c.seq[i:i+1], c.pos[i:i+1], qrows[i:i+1])
-				for k, x := range alone {
-					if y := batch[i*heads*dv+k]; math.Float32bits(x) != math.Float32bits(y) || math.IsNaN(float64(x)) {
-						if diff == 0 {
-							t.Logf("%s, row exact %v: row %d value %d: batch %g, alone %g", c.name, exact, i, k, y, x)
-						}
-						diff++
-					}
-				}
-			}
+			diff := g.rowExactDiffs(kvB, fmt.Sprintf("%s, row exact %v", c.name, exact), c.seq, c.pos)
 			switch {
 			case exact && diff > 0:
 				t.Errorf("%s: %d values differ between the batch and the rows alone with SetRowExact", c.name, diff)
@@ -434,4 +472,63 @@ func TestMLARowExact(t *testing.T) {
 		}
 	}
 	be.SetRowExact(false)
+}
+
+// TestMLAKVBParts runs AttentionMLA at GLM-4.7-Flash's shape on kv_b_proj
+// stored split as a GGUF stores it (Mat.KVB, kerneltest.SplitKVB): Q8_0
+// W_UK beside Q6_K W_UV, and F16 W_UK beside Q8_0 W_UV. The halves go to
+// the device as stored and the float32 matrix does not (kvbWeights); the
+// outputs are those of the float32 matrix (the same exact weights, float32
+// x: only the sums' order differs, which the softmax carries on) to 1e-4
+// of each row's largest; and with SetRowExact every row of a batch gets
+// the bits it gets alone.
+func TestMLAKVBParts(t *testing.T) {
+	be := openOps(t)
+	g := newMLARig(t, be)
+	s := g.s
+	if !quantOn {
+		t.Skip("FERRITE_CUDA_QUANT=0: quantized halves are decoded to float32")
+	}
+	for i, dts := range [][2]kernels.DType{{kernels.Q8_0, kernels.Q6K}, {kernels.F16, kernels.Q8_0}} {
+		name := fmt.Sprintf("%v+%v", dts[0], dts[1])
+		kvB := kerneltest.SplitKVB(rand.New(rand.NewPCG(uint64(i), 9)), s, dts[0], dts[1])
+		whole := &kernels.Mat{DType: kvB.DType, Rows: kvB.Rows, Cols: kvB.Cols, Data: kvB.Data} // no parts
+		seq, pos := mlaRowCases[0].seq, mlaRowCases[0].pos
+		got := g.run(kvB, seq, pos, []int{0, 1})
+		if be.weights[kvB] != nil {
+			t.Errorf("%s: the float32 kv_b_proj went to the device beside its halves", name)
+		}
+		for h, want := range []struct {
+			m    *kernels.Mat
+			rows int
+		}{{kvB.KVB.UK[0], s.Heads * s.KVLora}, {kvB.KVB.UV[0], s.Heads * s.V}} {
+			if w := be.kvbParts[want.m]; w == nil || w.DType != want.m.DType || w.Rows != want.rows || w.Cols != want.m.Cols {
+				t.Errorf("%s: half %d on the device: %+v, want %v (%d, %d)", name, h, w, want.m.DType, want.rows, want.m.Cols)
+			}
+		}
+		ref := g.run(whole, seq, pos, []int{0, 1})
+		width := s.Heads * s.V
+		for r := range len(seq) {
+			var big float64
+			for _, x := range ref[r*width : (r+1)*width] {
+				big = max(big, math.Abs(float64(x)))
+			}
+			for k := r * width; k < (r+1)*width; k++ {
+				if d := math.Abs(float64(got[k] - ref[k])); !(d <= 1e-4*big) {
+					t.Errorf("%s: row %d value %d = %g, %g from the float32 kv_b_proj (largest %g)", name, r, k-r*width, got[k], ref[k], big)
+					break
+				}
+			}
+		}
+		if be.tcPlan(true, s, 1, 1024).nt == 0 {
+			continue // the CUDA-core latent attention splits by the batch
+		}
+		be.SetRowExact(true)
+		for _, c := range mlaRowCases {
+			if diff := g.rowExactDiffs(kvB, name+", "+c.name, c.seq, c.pos); diff > 0 {
+				t.Errorf("%s, %s: %d values differ between the batch and the rows alone with SetRowExact", name, c.name, diff)
+			}
+		}
+		be.SetRowExact(false)
+	}
 }

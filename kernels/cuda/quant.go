@@ -33,8 +33,9 @@ import (
 // the tensor cores (ferrite_moe_qdecode; where the decode buffer cannot
 // hold them, expertsMMQ takes them if it can). Embed reads its table's blocks
 // too (ferrite_embed_q: a row decoded as it is gathered; a tied head
-// shares the upload); MLA's kv_b keeps the float32 decoding
-// (Backend.weight). FERRITE_CUDA_QUANT=0 decodes every
+// shares the upload). MLA's kv_b_proj from a GGUF keeps its halves'
+// blocks (kvbWeights, ferrite_mla_proj_q); a whole quantized kv_b_proj
+// keeps the float32 decoding (Backend.weight). FERRITE_CUDA_QUANT=0 decodes every
 // quantized weight to float32, as before.
 
 // quantOn is whether quantized weights keep their blocks on the device.

@@ -117,6 +117,52 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
+// mla_proj_q is ferrite_mla_proj over a block-quantized weight
+// (ops_common_quant.cu's device layout, wd the byte address of its d
+// section): the halves of kv_b_proj as a GGUF stores them, attn_k_b
+// (heads·kl, dn) and attn_v_b (heads·dv, kl) (kernels.Mat.KVB), head h's
+// rows from h·w_hrows. A warp per output row decodes each part of the row
+// once for the block's up to NB query rows (float32 x), the parts' sums
+// added in part order, so a row's bits depend neither on the query rows
+// beside it nor on NB (quant_row_dot). Launch: grid (ceil(rows / 8),
+// heads, ceil(n / NB)), 256 threads.
+template <int NB>
+__device__ __forceinline__ void mla_proj_q(float* y, int y_rs, int y_hs, const float* x, int x_rs, int x_hs, int n, int rows,
+                                           int w_hrows, const uint8_t* wdata, const uint8_t* wd, int wdtype, int wcols) {
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int h = blockIdx.y;
+    if (r >= rows) return;
+    const MatDesc w{wdata, reinterpret_cast<const float*>(wd), wdtype, 0, wcols, 1, 1, 0};
+    const int i0 = blockIdx.z * NB, nx = min(n - i0, NB);
+    const float* xs[NB];
+    bool al = true;
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        xs[j] = x + size_t(i0 + min(j, nx - 1)) * x_rs + size_t(h) * x_hs;
+        al = al && (reinterpret_cast<uintptr_t>(xs[j]) & 15) == 0;
+    }
+    float o[NB], unused[NB];
+    quant_desc_dot<NB>(w, h * w_hrows + r, nullptr, 0, xs, nx, al, o, unused);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+            if (j < nx) y[size_t(i0 + j) * y_rs + size_t(h) * y_hs + r] = o[j];
+    }
+}
+
+// ferrite_mla_proj_q_1 (a decode row: fewer registers, more warps
+// resident) and ferrite_mla_proj_q_8 (8 query rows a block) are mla_proj_q
+// after the PDL wait.
+#define FERRITE_MLA_PROJ_Q(name, NB)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256)                                                                   \
+        name(float* y, int y_rs, int y_hs, const float* x, int x_rs, int x_hs, int n, int rows, int w_hrows,            \
+             const uint8_t* wdata, const uint8_t* wd, int wdtype, int wcols) {                                           \
+        FERRITE_PDL_WAIT();                                                                                             \
+        mla_proj_q<NB>(y, y_rs, y_hs, x, x_rs, x_hs, n, rows, w_hrows, wdata, wd, wdtype, wcols);                     \
+    }
+FERRITE_MLA_PROJ_Q(ferrite_mla_proj_q_1, 1)
+FERRITE_MLA_PROJ_Q(ferrite_mla_proj_q_8, 8)
+
 // W_UK transposed, once per kv_b_proj: dst (heads·kl, dn), its row h·kl + c
 // being column c of W_UK_h (rows h·(dn + dv) … h·(dn + dv) + dn − 1 of w,
 // kl wide). F32, BF16 and F16 keep their bits; F8E4M3 is decoded with its
