@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Prints the definitions tools/cuda/emu's harness needs from kernels/cuda/src
 (the helpers ops_decode.cu, or with "linattn" the linear-attention files,
-"quant" the quantized products, "moe" ops_moe_tc.cu and moe_mma, use
+"quant" the quantized products, "quant_mla" ops_mla.cu's kernel over
+a GGUF's blocks (printed after ops_common_quant.cu), "moe" ops_moe_tc.cu and moe_mma, use
 from the files sorted before them), by their
 first line: a definition runs to the next line that is "}" or "};", a
-one-line one (or a constexpr line) ends at its ";". A "template <...>" line just before is kept."""
+one-line one (or a constexpr line) ends at its ";". A "template <...>" or
+'extern "C"' line just before is kept (a kernel is named by its indented
+second line)."""
 import sys
 
 src = sys.argv[1]
@@ -32,6 +35,8 @@ if suite == "quant":  # what ops_common_quant.cu and ops_quant.cu use
         "ops_common.cu": ["struct MatDesc {"],
         "ops_moe.cu": ["constexpr int kTileM =", "__device__ int tile_slots("],
     }
+if suite == "quant_mla":  # after ops_common_quant.cu: the MLA projection over a GGUF's blocks
+    want = {"ops_mla.cu": ["__device__ __forceinline__ void mla_proj_q("]}
 if suite == "moe":  # what ops_moe_tc.cu uses
     want = {
         "convert.cu": ["__device__ inline uint16_t f32_to_bf16("],
@@ -49,7 +54,7 @@ for f, starts in want.items():
         if len(idx) != 1:
             sys.exit(f"extract: {f}: {st!r} found {len(idx)} times")
         i = idx[0]
-        if i > 0 and lines[i - 1].startswith("template <"):
+        if i > 0 and (lines[i - 1].startswith("template <") or lines[i - 1].startswith('extern "C"')):
             i -= 1
         j = idx[0]
         if not lines[j].rstrip().endswith(";") and not lines[j].startswith("constexpr "):

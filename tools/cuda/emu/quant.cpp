@@ -501,6 +501,54 @@ static void run_expert(QT t, int rows, int cols, int row0) {
     }
 }
 
+// run_mla_proj checks mla_proj_q (ops_mla.cu's ferrite_mla_proj_q_*), AttentionMLA's
+// per-head products over a GGUF's attn_k_b or attn_v_b blocks:
+// y[i·y_rs + h·y_hs + r] = W[h·hrows + r]·x[i·x_rs + h·x_hs], x a head's
+// first cols values of x_hs (as the absorbed query reads q_nope from a
+// query head), for 1, 3 and 11 query rows (8 a block: two blocks), against a
+// double-precision product of the exact decoding, each row's bits those of
+// the row launched alone in the one-row form, y's gaps between heads
+// untouched.
+static void run_mla_proj(QT t, int heads, int hrows, int cols, int xpad) {
+    std::vector<float> w;
+    size_t dsec;
+    const std::vector<uint8_t> dev = random_matrix(t, heads * hrows, cols, w, dsec);
+    const int x_hs = cols + xpad, x_rs = heads * x_hs, y_hs = hrows + 3, y_rs = heads * y_hs;
+    const unsigned gx = unsigned(ceil_div(hrows, 8));
+    for (int n : {1, 3, 11}) {
+        std::vector<float> x(size_t(n) * x_rs);
+        for (auto& v : x) v = randn();
+        std::vector<float> y(size_t(n) * y_rs, -7.f), alone(size_t(n) * y_rs, -7.f);
+        launch(dim3u{gx, unsigned(heads), unsigned(ceil_div(n, 8))}, 256, [&] {
+            mla_proj_q<8>(y.data(), y_rs, y_hs, x.data(), x_rs, x_hs, n, hrows, hrows, dev.data(), dev.data() + dsec, kQ8_0 + int(t), cols);
+        });
+        for (int i = 0; i < n; i++)
+            launch(dim3u{gx, unsigned(heads), 1}, 256, [&] {  // one row a block (ferrite_mla_proj_q_1)
+                mla_proj_q<1>(alone.data() + size_t(i) * y_rs, y_rs, y_hs, x.data() + size_t(i) * x_rs, x_rs, x_hs, 1, hrows, hrows,
+                                   dev.data(), dev.data() + dsec, kQ8_0 + int(t), cols);
+            });
+        for (int i = 0; i < n; i++)
+            for (int h = 0; h < heads; h++)
+                for (int r = 0; r < y_hs; r++) {
+                    const size_t at = size_t(i) * y_rs + size_t(h) * y_hs + r;
+                    if (r >= hrows) {
+                        CHECK(y[at] == -7.f, "%s mla_proj %d heads of %dx%d n=%d: y[%d][%d][%d] past the head's rows written", qname[t], heads,
+                              hrows, cols, n, i, h, r);
+                        continue;
+                    }
+                    CHECK(std::memcmp(&y[at], &alone[at], 4) == 0, "%s mla_proj %d heads of %dx%d n=%d: y[%d][%d][%d] = %g, %g alone", qname[t],
+                          heads, hrows, cols, n, i, h, r, y[at], alone[at]);
+                    double s = 0, mag = 0;
+                    for (int k = 0; k < cols; k++) {
+                        const double p = double(w[(size_t(h) * hrows + r) * cols + k]) * x[size_t(i) * x_rs + size_t(h) * x_hs + k];
+                        s += p, mag += std::fabs(p);
+                    }
+                    CHECK(std::fabs(y[at] - s) <= 2e-5 * mag + 1e-30, "%s mla_proj %d heads of %dx%d n=%d: y[%d][%d][%d] = %g, want %g", qname[t],
+                          heads, hrows, cols, n, i, h, r, y[at], s);
+                }
+    }
+}
+
 int main() {
     run_moe_mmq(Q4K, Q6K, 512, 256);
     run_moe_mmq(Q8_0, Q8_0, 256, 384);
@@ -520,6 +568,9 @@ int main() {
         run_embed(t, 5, 4608);
         run_expert(t, 6, 256, 0);
         run_expert(t, 8, 1536, 3);  // the up half of a fused gate_up: row0 = 3
+        run_mla_proj(t, 3, 20, 512, 0);  // attn_v_b: a head's 20 rows (a partial block of 8) over the latent
+        run_mla_proj(t, 2, 8, 256, 5);   // x not 16-byte aligned
+        if (belems(t) == 32) run_mla_proj(t, 3, 12, 192, 64);  // attn_k_b at GLM-4.7-Flash's nope: q_nope of 256-wide heads
     }
     std::printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;

@@ -5,7 +5,7 @@
 #
 #	nice -n 19 tools/cuda/emu/run.sh [-quick]   # ops_decode.cu (main.cpp)
 #	nice -n 19 tools/cuda/emu/run.sh -linattn   # the delta rule's kernels (linattn.cpp)
-#	nice -n 19 tools/cuda/emu/run.sh -quant     # the quantized GEMV, decoding and experts' rows (quant.cpp)
+#	nice -n 19 tools/cuda/emu/run.sh -quant     # the quantized GEMV, decoding, experts' rows and MLA's projection (quant.cpp)
 #	nice -n 19 tools/cuda/emu/run.sh -moe       # bf16 experts on the tensor cores, decode batches and prefill (moe.cpp)
 #
 # Checks logic (indices, splits, tiles, the merge, the counters), not speed
@@ -33,6 +33,7 @@ elif [ "${1:-}" = "-quant" ]; then
 		echo "#define FERRITE_HOST_EMU"
 		echo "#include \"$src/ops_common_quant.cu\""
 		echo "#include \"$src/ops_quant.cu\""
+		python3 "$here/extract.py" "$src" quant_mla
 		echo "#include \"$here/quant.cpp\""
 	} >"$tmp/emu.cpp"
 elif [ "${1:-}" = "-moe" ]; then
