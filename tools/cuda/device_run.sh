@@ -65,6 +65,12 @@
 #              8/32/64 and Qwen3-30B-A3B at 8/32 (128+64), with and without
 #              them, interleaved twice, GLM with the _u4 forms once
 #              (~8 min: give it a call of its own)
+#   kvb        (not in the default list) ferrite bench on a GGUF of
+#              GLM-4.7-Flash's shape cut to 4 layers (randgguf, Q8_0,
+#              attn_k_b and attn_v_b in Q8_0: written first, ~1 min), 1/8
+#              sequences (128+128), with the halves in their blocks (the
+#              default) and as the float32 kv_b_proj (FERRITE_CUDA_KVB=0),
+#              interleaved twice
 #   qgguf      (not in the default list) after the llama stage's prep:
 #              ferrite bench on the Q4_K_M GGUF llama-quantize wrote
 #              (Qwen3-8B shape), 1/8 sequences, int8 and float32 x
@@ -117,7 +123,7 @@ for f in *.xz; do
 	[ -e "$f" ] || continue
 	xz -dkf "$f" 2>/dev/null || python3 -c 'import lzma,sys; open(sys.argv[1][:-3],"wb").write(lzma.open(sys.argv[1]).read())' "$f"
 done
-chmod +x ./*.test ferrite 2>/dev/null
+chmod +x ./*.test ferrite randgguf 2>/dev/null
 
 
 if want llama && [ -f llama/llamacpp_gpu.sh ]; then
@@ -250,6 +256,18 @@ if want tcmoe; then
 			[ "$v" = notc ] && t=0
 			FERRITE_MOE_TC=$t bench "tcmoe-30b-$v-$pass" 60 --model "$dev/qwen3-30b-a3b" --concurrency 8,32 --prompt-len 128 \
 				--gen-len 64
+		done
+	done
+fi
+if want kvb; then
+	g=/tmp/glm47flash-4l-q8_0.gguf
+	[ -s "$g" ] || run kvb-gguf 180 kvb.log ./randgguf -config "$root/engine/testdata/glm4.7-flash" -layers 4 -type q8_0 \
+		-kvb q8_0 -o "$g"
+	for pass in a b; do
+		for v in parts f32; do
+			k=1
+			[ "$v" = f32 ] && k=0
+			FERRITE_CUDA_KVB=$k bench "kvb-$v-$pass" 50 --model "$g" --concurrency 1,8 --prompt-len 128 --gen-len 128
 		done
 	done
 fi

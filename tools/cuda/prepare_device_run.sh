@@ -3,7 +3,7 @@
 # tools/cuda/device_run.sh on the GPU machine: the test binaries of
 # kernels/cuda, kernels/device, engine, engine/models/qwen3next and
 # engine/models/glm5next, a ferrite binary for `ferrite
-# bench`, kernels/cuda's CUDA sources, build_fatbin.sh and the Qwen3-8B
+# bench`, tools/randgguf (the kvb stage's GGUF), kernels/cuda's CUDA sources, build_fatbin.sh and the Qwen3-8B
 # config, binaries xz-compressed to fit the 64 MiB the working tree may
 # take. With KEEP_FATBIN=1 the committed fatbin and manifest go along and
 # device_run.sh uses them instead of building (for runs that change no
@@ -30,7 +30,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp"
 for f in "$tmp"/builtin/model/model.*; do : >"$f"; done
-(cd "$tmp" && go build -ldflags=-s -o "$dest/ferrite" .)
+(cd "$tmp" && go build -ldflags=-s -o "$dest/ferrite" . && go build -ldflags=-s -o "$dest/randgguf" ./tools/randgguf)
 cp -r kernels/cuda/src "$dest/k/"
 if [ "${KEEP_FATBIN:-0}" = 1 ]; then
 	cp kernels/cuda/ferrite.fatbin kernels/cuda/fatbin.sha256 "$dest/k/"
@@ -39,5 +39,5 @@ cp tools/cuda/build_fatbin.sh "$dest/tools/cuda/"
 cp tools/cuda/device_run.sh "$dest/"
 cp engine/testdata/qwen3-8b/config.json "$dest/qwen3-8b/"
 cp engine/testdata/qwen3-30b-a3b/config.json "$dest/qwen3-30b-a3b/"
-xz -T2 -6 "$dest"/*.test "$dest/ferrite"
+xz -T2 -6 "$dest"/*.test "$dest/ferrite" "$dest/randgguf"
 du -sh "$dest"
