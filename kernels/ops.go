@@ -292,6 +292,7 @@ type Expert struct {
 	Gate   *Mat // (inter, hidden); nil if fused
 	Up     *Mat // (inter, hidden); nil if fused
 	Down   *Mat // (hidden, inter)
+	Shared bool // a shared expert folded in (Router.Shared): every token of a call takes it
 }
 
 // MoEOps route tokens to experts and run them.

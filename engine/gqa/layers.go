@@ -446,7 +446,7 @@ func foldShared(m *MoE, sh *nn.MLP) {
 		sh.Gate.W.Cols != e.Down.Rows || sh.Up.W.Cols != e.Down.Rows {
 		return
 	}
-	m.Experts = append(slices.Clip(m.Experts), kernels.Expert{Gate: sh.Gate.W, Up: sh.Up.W, Down: sh.Down.W})
+	m.Experts = append(slices.Clip(m.Experts), kernels.Expert{Gate: sh.Gate.W, Up: sh.Up.W, Down: sh.Down.W, Shared: true})
 	m.Router.Shared = 1
 	m.Shared = nil
 }

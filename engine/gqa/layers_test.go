@@ -151,6 +151,11 @@ func TestFoldedSharedExpert(t *testing.T) {
 		if fm.Router.Shared != 1 || len(fm.Experts) != experts+1 || fm.Shared != nil {
 			t.Fatalf("%v: not folded: Router.Shared %d, %d experts", r.Scoring, fm.Router.Shared, len(fm.Experts))
 		}
+		for i, e := range fm.Experts {
+			if e.Shared != (i == experts) {
+				t.Fatalf("%v: expert %d of %d marked Shared %v", r.Scoring, i, experts+1, e.Shared)
+			}
+		}
 		if pm.Router.Shared != 0 || len(pm.Experts) != experts || pm.Shared == nil {
 			t.Fatalf("%v: folded on a device without kernels.SharedExperts", r.Scoring)
 		}

@@ -53,9 +53,10 @@
 // experts are grouped GEMVs for up to 32 tokens (moe.go, src/ops_moe.cu: a
 // slot a pass below 4 tokens, register tiles from 4), streamed through
 // shared memory from 33 tokens up to 512 slots (moe_pipe.go), an ungated shared
-// expert folded in (kernels.SharedExperts); bf16 experts of 4 to 256 tokens
-// run on the tensor cores instead outside the row-exact mode (moe_tc.go,
-// src/ops_moe_tc.cu; FERRITE_MOE_TC=N the most tokens, 0 none); FERRITE_MOE_KERNELS=v1,
+// expert folded in (kernels.SharedExperts); bf16 experts of 16 to 256
+// tokens with no shared expert folded in run on the tensor cores instead
+// outside the row-exact mode (moe_tc.go, src/ops_moe_tc.cu;
+// FERRITE_MOE_TC=N the most tokens, 0 none; FERRITE_MOE_TC_FROM=N the fewest); FERRITE_MOE_KERNELS=v1,
 // FERRITE_MOE_FOLD=0 and the other FERRITE_MOE_* switches of moeConfig
 // pick the earlier or other variants for comparison. One token runs
 // persistent kernels of a block an SM instead (src/ops_moe_b1.cu: every

@@ -30,7 +30,8 @@ type moeConfig struct {
 	combine1 bool // FERRITE_MOE_COMBINE=1: ferrite_moe_combine one block a token (combineParts)
 	q1       bool // FERRITE_MOE_Q1=1: quantized experts' slot-a-pass down kernel one row a block (ferrite_moe_few_down_1_q1), not 4
 	tcU4     bool // FERRITE_MOE_TC_U4=1: the tensor-core decode kernels' _u4 forms (4 chunks of weights in flight a warp, not 2)
-	tc       int  // FERRITE_MOE_TC: the most tokens of bf16 experts the tensor-core decode kernels take from moeTCFrom (moe_tc.go); 0 none (a config made in a test), moeTCTokens from the environment
+	tc       int  // FERRITE_MOE_TC: the most tokens of bf16 experts the tensor-core decode kernels take (moe_tc.go); 0 none (a config made in a test), moeTCTokens from the environment
+	tcFrom   int  // FERRITE_MOE_TC_FROM: the fewest tokens they take, at least moeTCMin; moeTCFrom from the environment
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -48,6 +49,10 @@ func moeConfigFromEnv() moeConfig {
 	c.tc, c.tcU4 = moeTCTokens, os.Getenv("FERRITE_MOE_TC_U4") == "1"
 	if v, err := strconv.Atoi(os.Getenv("FERRITE_MOE_TC")); err == nil && v >= 0 {
 		c.tc = v
+	}
+	c.tcFrom = moeTCFrom
+	if v := num("FERRITE_MOE_TC_FROM"); v > 0 {
+		c.tcFrom = v
 	}
 	if r := num("FERRITE_MOE_GT"); r == 1 || r == 2 || r == 4 {
 		c.gt = r

@@ -5,7 +5,7 @@ package cuda
 import "github.com/ferrite-llm/ferrite/kernels"
 
 // Grouped bf16 experts for decode batches on the tensor cores
-// (src/ops_moe_tc.cu): from moeTCFrom tokens up to moeConfig.tc,
+// (src/ops_moe_tc.cu): from moeConfig.tcFrom tokens up to moeConfig.tc,
 // bf16 experts run ferrite_moe_sort, ferrite_bf16_terms3 (x's three bf16
 // terms), ferrite_moe_tc_gate_up (each slot's SwiGLU, as its terms),
 // ferrite_moe_tc_down and ferrite_moe_combine. The register tiles and the
@@ -20,10 +20,18 @@ import "github.com/ferrite-llm/ferrite/kernels"
 // verification) keeps to the register tiles and the streamed kernels.
 
 const (
-	moeTCFrom   = 4   // the fewest tokens
+	moeTCMin    = 4   // the fewest tokens the kernels take
+	moeTCFrom   = 16  // the fewest tokens by default (FERRITE_MOE_TC_FROM)
 	moeTCTokens = 256 // the most tokens by default (FERRITE_MOE_TC)
 	moeTCWarps  = 4   // warps a block (src kMtcWarps)
 )
+
+// From 16 tokens by default: on the H200 (session 26, BENCHMARKS.md 9) the
+// kernels took 117 and 182 µs a GLM-4.7-Flash layer at 4 and 8 tokens
+// against the register tiles' 99 and 161, 251 against 257 at 16, 320
+// against 410 at 32 and 362 against 703 at 64; Qwen3-30B-A3B's experts
+// alike (190 against 167 at 8, 247 against 267 at 16, 328 against 431 at
+// 32).
 
 func init() {
 	names := []string{"ferrite_bf16_terms3", "ferrite_moe_tc_gate_up", "ferrite_moe_tc_down", "ferrite_moe_tc_gate_up_u4",
@@ -36,24 +44,31 @@ func init() {
 
 // useTC reports whether n tokens take the tensor-core decode kernels
 // under c (outside the row-exact mode).
-func (c moeConfig) useTC(n int) bool { return n >= moeTCFrom && n <= c.tc }
+func (c moeConfig) useTC(n int) bool { return n >= max(c.tcFrom, moeTCMin) && n <= c.tc }
 
 // tcFits reports whether x's n tokens take the tensor-core decode
-// kernels: n within useTC, the row-exact mode off, x's rows 16-byte
-// aligned. The caller checks the experts' dtypes and widths.
-func (b *Backend) tcFits(x kernels.Tensor, n int) bool {
-	return !b.rowExact && b.moe.useTC(n) && x.Stride%4 == 0 && dptr(x)%16 == 0
+// kernels for experts: n within useTC, the row-exact mode off, x's rows
+// 16-byte aligned, and no shared expert folded in. A folded shared
+// expert (every token's last slot) made them slower end to end: ferrite
+// bench GLM-4.7-Flash, whose shared expert is folded, gave 1,016–1,022
+// tok/s at 32 sequences with them against 1,120–1,126 without and 670
+// against 750 at 16, where Qwen3-30B-A3B (no shared expert) gained 1.24×
+// at 32 (session 26). The caller checks the experts' dtypes and widths.
+func (b *Backend) tcFits(x kernels.Tensor, n int, experts []kernels.Expert) bool {
+	shared := len(experts) > 0 && experts[len(experts)-1].Shared
+	return !b.rowExact && !shared && b.moe.useTC(n) && x.Stride%4 == 0 && dptr(x)%16 == 0
 }
 
 // expertsTC queues Experts (y (n, hidden) of row stride yStride, x, ids
 // ip and weights wp (n, k)) of ne bf16 experts (table) as the tensor-core
 // decode kernels where tcFits, and reports whether it did. The caller has
 // checked the experts' dtypes and the widths (multiples of 32).
-func (b *Backend) expertsTC(y uint64, yStride int, x kernels.Tensor, ip, wp uint64, table *Buffer, ne, n, k, hidden, inter int,
-	limit float32) bool {
-	if !b.tcFits(x, n) {
+func (b *Backend) expertsTC(y uint64, yStride int, x kernels.Tensor, ip, wp uint64, table *Buffer, experts []kernels.Expert, n, k, hidden,
+	inter int, limit float32) bool {
+	if !b.tcFits(x, n, experts) {
 		return false
 	}
+	ne := len(experts)
 	slots := n * k
 	xt := dptr(b.Scratch(kernels.BF16, 3*n, hidden))    // (3, n, hidden) x's terms: hi, mid, lo
 	ht := dptr(b.Scratch(kernels.BF16, 3*slots, inter)) // (3, n·k, inter) each slot's SwiGLU's terms

@@ -13,7 +13,8 @@ import (
 
 // TestMoETCRoute checks which calls take the tensor-core decode kernels
 // (moe_tc.go), without a GPU: FERRITE_MOE_TC's default, its token bounds
-// and 0 (off), FERRITE_MOE_TC_U4, the row-exact mode and x's alignment.
+// and 0 (off), FERRITE_MOE_TC_FROM, FERRITE_MOE_TC_U4, the row-exact mode,
+// x's alignment and a folded shared expert.
 func TestMoETCRoute(t *testing.T) {
 	t.Setenv("FERRITE_MOE_TC", "")
 	if c := moeConfigFromEnv(); c.tc != moeTCTokens {
@@ -26,31 +27,46 @@ func TestMoETCRoute(t *testing.T) {
 		}
 	}
 	t.Setenv("FERRITE_MOE_TC", "")
+	for v, want := range map[string]int{"": moeTCFrom, "8": 8, "0": moeTCFrom, "x": moeTCFrom} {
+		t.Setenv("FERRITE_MOE_TC_FROM", v)
+		if c := moeConfigFromEnv(); c.tcFrom != want {
+			t.Errorf("FERRITE_MOE_TC_FROM=%q: tcFrom = %d, want %d", v, c.tcFrom, want)
+		}
+	}
+	t.Setenv("FERRITE_MOE_TC_FROM", "")
 	t.Setenv("FERRITE_MOE_TC_U4", "1")
 	if c := moeConfigFromEnv(); !c.tcU4 || c.tc != moeTCTokens {
 		t.Errorf("FERRITE_MOE_TC_U4=1: %+v, want the _u4 forms", c)
 	}
-	b := &Backend{moe: moeConfig{tc: moeTCTokens}}
+	b := &Backend{moe: moeConfig{tc: moeTCTokens, tcFrom: moeTCFrom}}
 	x := func(n, stride int, p uint64) kernels.Tensor {
 		return kernels.NewTensor(&tensorBuf{ptr: p, elems: n * stride}, kernels.F32, n, 256, stride, 0)
 	}
+	routed := make([]kernels.Expert, 4)
 	for _, c := range []struct {
 		n, stride int
 		p         uint64
 		want      bool
 	}{{moeTCFrom - 1, 256, 4096, false}, {moeTCFrom, 256, 4096, true}, {32, 256, 4096, true}, {moeTCTokens, 260, 4096, true},
 		{moeTCTokens + 1, 256, 4096, false}, {32, 258, 4096, false}, {32, 256, 4104, false}} {
-		if got := b.tcFits(x(c.n, c.stride, c.p), c.n); got != c.want {
+		if got := b.tcFits(x(c.n, c.stride, c.p), c.n, routed); got != c.want {
 			t.Errorf("tcFits(%d tokens, stride %d, at %#x) = %v, want %v", c.n, c.stride, c.p, got, c.want)
 		}
 	}
+	if shared := append(routed, kernels.Expert{Shared: true}); b.tcFits(x(32, 256, 4096), 32, shared) {
+		t.Error("experts with a folded shared expert take the tensor-core decode kernels")
+	}
+	b.moe.tcFrom = 0 // a config made in a test: from the kernels' fewest
+	if !b.tcFits(x(moeTCMin, 256, 4096), moeTCMin, routed) || b.tcFits(x(moeTCMin-1, 256, 4096), moeTCMin-1, routed) {
+		t.Errorf("tcFrom 0: the kernels do not start at %d tokens", moeTCMin)
+	}
 	b.SetRowExact(true)
-	if b.tcFits(x(32, 256, 4096), 32) {
+	if b.tcFits(x(32, 256, 4096), 32, routed) {
 		t.Error("the row-exact mode takes the tensor-core decode kernels")
 	}
 	b.SetRowExact(false)
 	b.moe.tc = 0
-	if b.tcFits(x(32, 256, 4096), 32) {
+	if b.tcFits(x(32, 256, 4096), 32, routed) {
 		t.Error("FERRITE_MOE_TC=0 takes the tensor-core decode kernels")
 	}
 }
@@ -70,7 +86,7 @@ func TestExpertsTC(t *testing.T) {
 	rng := rand.New(rand.NewPCG(121, 122))
 	ex := randExperts(rng, e, hidden, inter)
 	b.moe = moeConfig{tc: moeTCTokens}
-	for _, n := range []int{moeTCFrom, 9, moeGTTokens, 40, 100, moeTCTokens} {
+	for _, n := range []int{moeTCMin, 9, moeGTTokens, 40, 100, moeTCTokens} {
 		checkExperts(t, b, fmt.Sprint("tc/n=", n), ex, n, k, rng)
 	}
 	// One expert chosen by every token: 100 slots, two tiles, the first in
@@ -98,5 +114,5 @@ func TestExpertsTC(t *testing.T) {
 	}
 	b.SetRowExact(true)
 	defer b.SetRowExact(false)
-	checkExpertsRowExact(t, b, rng, "row-exact ", ex, 12, k, []moeConfig{{tc: moeTCTokens}}, []int{moeTCFrom, 12})
+	checkExpertsRowExact(t, b, rng, "row-exact ", ex, 12, k, []moeConfig{{tc: moeTCTokens}}, []int{moeTCMin, 12})
 }

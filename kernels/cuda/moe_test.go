@@ -369,11 +369,18 @@ func benchMoEExperts(b *testing.B, exs [][]kernels.Expert, k int, sizes []int) {
 			name string
 			c    moeConfig
 		}
-		// The default (the tensor-core decode kernels where they apply);
-		// the variants below keep them off, so each names its path.
-		vs := []variant{{"", moeConfig{tc: moeTCTokens}}}
-		if !quant && (moeConfig{tc: moeTCTokens}).useTC(n) {
-			vs = append(vs, variant{"/notc", moeConfig{}}, variant{"/tc-u4", moeConfig{tc: moeTCTokens, tcU4: true}})
+		// The default (the tensor-core decode kernels from moeTCFrom
+		// tokens); "/notc" keeps them off, "/tc" takes them below
+		// moeTCFrom, and the other variants name their own paths.
+		def := moeConfig{tc: moeTCTokens, tcFrom: moeTCFrom}
+		vs := []variant{{"", def}}
+		if tc := (moeConfig{tc: moeTCTokens}); !quant && tc.useTC(n) {
+			if def.useTC(n) {
+				vs = append(vs, variant{"/notc", moeConfig{}})
+			} else { // below moeTCFrom: the kernels where the default keeps them off
+				vs = append(vs, variant{"/tc", tc})
+			}
+			vs = append(vs, variant{"/tc-u4", moeConfig{tc: moeTCTokens, tcU4: true}})
 		}
 		if quant && n <= moeFewTokens { // the slot-a-pass kernels are their default there
 			vs = append(vs, variant{"/q1", moeConfig{q1: true}})

@@ -1383,8 +1383,9 @@ const (
 // (SwiGLU fused) and down (routing weights and the sum in increasing expert
 // id fused) GEMV kernels; up to moeGTTokens their register-tile form
 // (moe.go), each chosen expert's rows read once for all the tokens that
-// chose it. Bf16 experts from moeTCFrom tokens to moeConfig.tc run on the
-// tensor cores outside the row-exact mode (moe_tc.go). More: the slots sorted by expert on
+// chose it. Bf16 experts from moeConfig.tcFrom tokens to moeConfig.tc, with no
+// shared expert folded in, run on the tensor cores outside the row-exact
+// mode (moe_tc.go). More: the slots sorted by expert on
 // the device, the gate/up (SwiGLU fused) and down tiled grouped GEMMs (on
 // tensor cores, x split into three bf16 terms, when every weight is bf16),
 // and a last kernel that adds each token's slots in increasing expert id.
@@ -1448,7 +1449,7 @@ func (b *Backend) runExperts(dst, x, ids, w kernels.Tensor, experts []kernels.Ex
 		return
 	}
 	y, xp, ip, wp := dptr(dst), dptr(x), dptr(ids), dptr(w)
-	if mma && b.expertsTC(y, dst.Stride, x, ip, wp, table, len(experts), n, k, hidden, inter, limit) {
+	if mma && b.expertsTC(y, dst.Stride, x, ip, wp, table, experts, n, k, hidden, inter, limit) {
 		return
 	}
 	if b.usePipe(n, k) && pipeFits(experts, hidden, inter, x.Stride) {
