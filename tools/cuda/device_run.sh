@@ -148,7 +148,7 @@ if want tests; then
 	(cd k && run cuda.test 160 cuda-tests.log ../cuda.test -test.v -test.count 1 -test.run "${CUDA_TEST_RUN:-.}")
 	run device.test 20 cuda-tests.log ./device.test -test.v
 	(cd "$root/engine" && run engine.test 90 fixtures.log "$dev/engine.test" -test.v -test.count 1 \
-		-test.run "${ENGINE_TEST_RUN:-TestFixtures|TestAutoDevice|TestBuiltinOnDevice|TestQuantizedOnDevice|TestPrefillOnDevice|TestMTPOnDevice}")
+		-test.run "${ENGINE_TEST_RUN:-TestFixtures|TestAutoDevice|TestBuiltinOnDevice|TestQuantizedOnDevice|TestPrefillOnDevice|TestMTPOnDevice|TestMoEManySeqsOnDevice|TestGGUFKVBParts}")
 	if [ "${TESTS_QUICK:-}" != 1 ]; then
 		for p in qwen3next glm5next; do
 			(cd "$root/engine/models/$p" && run "$p.test" 60 "$p.log" "$dev/$p.test" -test.v -test.count 1 -test.run '/device')
