@@ -32,6 +32,7 @@ type moeConfig struct {
 	tcU4     bool // FERRITE_MOE_TC_U4=1: the tensor-core decode kernels' _u4 forms (4 chunks of weights in flight a warp, not 2)
 	tc       int  // FERRITE_MOE_TC: the most tokens of bf16 experts the tensor-core decode kernels take (moe_tc.go); 0 none (a config made in a test), moeTCTokens from the environment
 	tcFrom   int  // FERRITE_MOE_TC_FROM: the fewest tokens they take, at least moeTCMin; moeTCFrom from the environment
+	tcShared bool // FERRITE_MOE_TC_SHARED=1: they take experts with a folded shared expert too (for the A/B; off by default)
 }
 
 // moeConfigFromEnv reads the FERRITE_MOE_* switches; unset or malformed
@@ -50,7 +51,7 @@ func moeConfigFromEnv() moeConfig {
 	if v, err := strconv.Atoi(os.Getenv("FERRITE_MOE_TC")); err == nil && v >= 0 {
 		c.tc = v
 	}
-	c.tcFrom = moeTCFrom
+	c.tcFrom, c.tcShared = moeTCFrom, os.Getenv("FERRITE_MOE_TC_SHARED") == "1"
 	if v := num("FERRITE_MOE_TC_FROM"); v > 0 {
 		c.tcFrom = v
 	}

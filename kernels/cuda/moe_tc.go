@@ -53,9 +53,10 @@ func (c moeConfig) useTC(n int) bool { return n >= max(c.tcFrom, moeTCMin) && n 
 // bench GLM-4.7-Flash, whose shared expert is folded, gave 1,016–1,022
 // tok/s at 32 sequences with them against 1,120–1,126 without and 670
 // against 750 at 16, where Qwen3-30B-A3B (no shared expert) gained 1.24×
-// at 32 (session 26). The caller checks the experts' dtypes and widths.
+// at 32 (session 26); FERRITE_MOE_TC_SHARED=1 takes them there anyway.
+// The caller checks the experts' dtypes and widths.
 func (b *Backend) tcFits(x kernels.Tensor, n int, experts []kernels.Expert) bool {
-	shared := len(experts) > 0 && experts[len(experts)-1].Shared
+	shared := len(experts) > 0 && experts[len(experts)-1].Shared && !b.moe.tcShared
 	return !b.rowExact && !shared && b.moe.useTC(n) && x.Stride%4 == 0 && dptr(x)%16 == 0
 }
 

@@ -13,8 +13,9 @@ import (
 
 // TestMoETCRoute checks which calls take the tensor-core decode kernels
 // (moe_tc.go), without a GPU: FERRITE_MOE_TC's default, its token bounds
-// and 0 (off), FERRITE_MOE_TC_FROM, FERRITE_MOE_TC_U4, the row-exact mode,
-// x's alignment and a folded shared expert.
+// and 0 (off), FERRITE_MOE_TC_FROM, FERRITE_MOE_TC_SHARED,
+// FERRITE_MOE_TC_U4, the row-exact mode, x's alignment and a folded shared
+// expert.
 func TestMoETCRoute(t *testing.T) {
 	t.Setenv("FERRITE_MOE_TC", "")
 	if c := moeConfigFromEnv(); c.tc != moeTCTokens {
@@ -34,6 +35,14 @@ func TestMoETCRoute(t *testing.T) {
 		}
 	}
 	t.Setenv("FERRITE_MOE_TC_FROM", "")
+	if c := moeConfigFromEnv(); c.tcShared {
+		t.Error("FERRITE_MOE_TC_SHARED unset: the tensor-core kernels take a folded shared expert")
+	}
+	t.Setenv("FERRITE_MOE_TC_SHARED", "1")
+	if c := moeConfigFromEnv(); !c.tcShared {
+		t.Error("FERRITE_MOE_TC_SHARED=1 not read")
+	}
+	t.Setenv("FERRITE_MOE_TC_SHARED", "")
 	t.Setenv("FERRITE_MOE_TC_U4", "1")
 	if c := moeConfigFromEnv(); !c.tcU4 || c.tc != moeTCTokens {
 		t.Errorf("FERRITE_MOE_TC_U4=1: %+v, want the _u4 forms", c)
@@ -53,9 +62,15 @@ func TestMoETCRoute(t *testing.T) {
 			t.Errorf("tcFits(%d tokens, stride %d, at %#x) = %v, want %v", c.n, c.stride, c.p, got, c.want)
 		}
 	}
-	if shared := append(routed, kernels.Expert{Shared: true}); b.tcFits(x(32, 256, 4096), 32, shared) {
+	shared := append(routed, kernels.Expert{Shared: true})
+	if b.tcFits(x(32, 256, 4096), 32, shared) {
 		t.Error("experts with a folded shared expert take the tensor-core decode kernels")
 	}
+	b.moe.tcShared = true
+	if !b.tcFits(x(32, 256, 4096), 32, shared) {
+		t.Error("FERRITE_MOE_TC_SHARED=1: experts with a folded shared expert keep off the tensor-core decode kernels")
+	}
+	b.moe.tcShared = false
 	b.moe.tcFrom = 0 // a config made in a test: from the kernels' fewest
 	if !b.tcFits(x(moeTCMin, 256, 4096), moeTCMin, routed) || b.tcFits(x(moeTCMin-1, 256, 4096), moeTCMin-1, routed) {
 		t.Errorf("tcFrom 0: the kernels do not start at %d tokens", moeTCMin)

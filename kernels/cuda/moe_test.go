@@ -281,17 +281,29 @@ func checkExpertsRounded(t *testing.T, b *Backend, name string, ex []kernels.Exp
 // counts the chosen experts' weight bytes (distinct experts of the step's
 // tokens) over the step's wall time, TFLOP/s the slots' multiply-adds.
 func BenchmarkMoE(b *testing.B) {
-	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 2, 4, 8, 16, 32, 64, 512})
+	benchMoE(b, 128, 8, 2048, 768, 48, []int{1, 2, 4, 8, 16, 32, 64, 512}, false)
 }
 
 // BenchmarkMoEGLM is BenchmarkMoE on GLM-4.7-Flash's routed experts (64
 // of 1,536, top 4, hidden 2048, 46 layers, 55 GB), at its bench's batch
 // sizes.
 func BenchmarkMoEGLM(b *testing.B) {
-	benchMoE(b, 64, 4, 2048, 1536, 46, []int{1, 2, 4, 8, 16, 32, 64})
+	benchMoE(b, 64, 4, 2048, 1536, 46, []int{1, 2, 4, 8, 16, 32, 64}, false)
 }
 
-func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
+// BenchmarkMoEGLMShared is BenchmarkMoEGLM with GLM-4.7-Flash's shared
+// expert folded in as the model runs it on the GPU (kernels.SharedExperts):
+// a 65th expert of the same shape, every token's fifth slot. Session 26
+// measured the tensor-core decode kernels faster in BenchmarkMoEGLM but
+// slower end to end on this model; "/tc" forces them
+// (FERRITE_MOE_TC_SHARED=1) where the default keeps them off.
+func BenchmarkMoEGLMShared(b *testing.B) {
+	benchMoE(b, 64, 4, 2048, 1536, 46, []int{8, 16, 32, 64}, true)
+}
+
+// benchMoE times e random bf16 experts of hidden × inter a layer, top k,
+// plus a folded shared expert when shared.
+func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int, shared bool) {
 	mat := randomMats()
 	exs := make([][]kernels.Expert, layers)
 	for l := range exs {
@@ -299,6 +311,12 @@ func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int) {
 		for i := range exs[l] {
 			exs[l][i] = kernels.Expert{Gate: mat(inter, hidden), Up: mat(inter, hidden), Down: mat(hidden, inter)}
 		}
+		if shared {
+			exs[l] = append(exs[l], kernels.Expert{Gate: mat(inter, hidden), Up: mat(inter, hidden), Down: mat(hidden, inter), Shared: true})
+		}
+	}
+	if shared {
+		k++
 	}
 	benchMoEExperts(b, exs, k, sizes)
 }
@@ -338,6 +356,11 @@ func benchMoEExperts(b *testing.B, exs [][]kernels.Expert, k int, sizes []int) {
 	for _, m := range []*kernels.Mat{exs[0][0].Gate, exs[0][0].Up, exs[0][0].Down} {
 		expertBytes += m.Rows * m.DType.RowBytes(m.Cols)
 	}
+	shared := exs[0][e-1].Shared // a folded shared expert: every token's last slot
+	routed, nShared := e, 0
+	if shared {
+		routed, nShared = e-1, 1
+	}
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, n := range sizes {
 		x := f32Tensor(b, be, n, hidden, randF32(rng, n*hidden))
@@ -349,7 +372,11 @@ func benchMoEExperts(b *testing.B, exs [][]kernels.Expert, k int, sizes []int) {
 			v := make([]int32, n*k)
 			used := map[int32]bool{}
 			for i := range n {
-				for j, p := range rng.Perm(e)[:k] {
+				if shared { // k − 1 routed experts, then the shared one
+					v[i*k+k-1] = int32(e - 1)
+					used[int32(e-1)] = true
+				}
+				for j, p := range rng.Perm(routed)[:k-nShared] {
 					v[i*k+j] = int32(p)
 					used[int32(p)] = true
 				}
@@ -374,7 +401,9 @@ func benchMoEExperts(b *testing.B, exs [][]kernels.Expert, k int, sizes []int) {
 		// moeTCFrom, and the other variants name their own paths.
 		def := moeConfig{tc: moeTCTokens, tcFrom: moeTCFrom}
 		vs := []variant{{"", def}}
-		if tc := (moeConfig{tc: moeTCTokens}); !quant && tc.useTC(n) {
+		if shared && !quant && def.useTC(n) {
+			vs = append(vs, variant{"/tc", moeConfig{tc: moeTCTokens, tcFrom: moeTCFrom, tcShared: true}})
+		} else if tc := (moeConfig{tc: moeTCTokens}); !quant && tc.useTC(n) {
 			if def.useTC(n) {
 				vs = append(vs, variant{"/notc", moeConfig{}})
 			} else { // below moeTCFrom: the kernels where the default keeps them off

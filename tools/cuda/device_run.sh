@@ -61,10 +61,14 @@
 #              4/8/32/64 tokens with the bf16 experts' tensor-core decode
 #              kernels (the default), their _u4 forms ("/tc-u4",
 #              FERRITE_MOE_TC_U4=1) and without them ("/notc",
-#              FERRITE_MOE_TC=0), then ferrite bench, GLM-4.7-Flash at
-#              8/32/64 and Qwen3-30B-A3B at 8/32 (128+64), with and without
+#              FERRITE_MOE_TC=0), BenchmarkMoEGLMShared at 16/32/64
+#              (GLM's shared expert folded in; "/tc" forces the kernels,
+#              FERRITE_MOE_TC_SHARED=1), then ferrite bench, GLM-4.7-Flash
+#              at 8/32/64 (the kernels forced onto its folded shared
+#              expert) and Qwen3-30B-A3B at 8/32 (128+64), with and without
 #              them, interleaved twice, GLM with the _u4 forms once
-#              (~8 min: give it a call of its own)
+#              (~8 min: give it a call of its own; GLM fails at 64 until
+#              the MoE failure of session 26 is mended, BENCHMARKS.md 9)
 #   kvb        (not in the default list) ferrite bench on a GGUF of
 #              GLM-4.7-Flash's shape cut to 4 layers (randgguf, Q8_0,
 #              attn_k_b and attn_v_b in Q8_0: written first, ~1 min), 1/8
@@ -240,6 +244,8 @@ if want tcmoe; then
 		-test.bench '^BenchmarkMoEGLM$/^n=(4|8|32|64)(/notc|/tc-u4)?$' -test.benchtime 10x)
 	(cd k && run tc-moe-30b 100 tcmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoE$/^n=(8|32|64)(/notc|/tc-u4)?$' \
 		-test.benchtime 10x)
+	(cd k && run tc-moe-glm-shared 100 tcmoe.log ../cuda.test -test.run XXX -test.bench '^BenchmarkMoEGLMShared$/^n=(16|32|64)(/tc)?$' \
+		-test.benchtime 10x)
 	grep -hE '^Benchmark|rc=|^== ' "$out/tcmoe.log"
 	# ferrite bench: the kernels (tc), their _u4 forms and without them (notc), most telling first
 	for pass in a b; do
@@ -248,7 +254,7 @@ if want tcmoe; then
 			t=256 u=0
 			[ "$v" = notc ] && t=0
 			[ "$v" = u4 ] && u=1
-			FERRITE_MOE_TC=$t FERRITE_MOE_TC_U4=$u bench "tcmoe-glm-$v-$pass" 80 --model "$root/engine/testdata/glm4.7-flash" \
+			FERRITE_MOE_TC=$t FERRITE_MOE_TC_U4=$u FERRITE_MOE_TC_SHARED=1 bench "tcmoe-glm-$v-$pass" 80 --model "$root/engine/testdata/glm4.7-flash" \
 				--concurrency 8,32,64 --prompt-len 128 --gen-len 64
 		done
 		for v in tc notc; do
