@@ -21,9 +21,10 @@ import (
 // that ferrite bench failed there ("best entry id -2147483648 outside the
 // vocabulary": NaN logits) for Qwen3-30B-A3B and GLM-4.7-Flash from 36
 // sequences of 128-token prompts at that budget, not at 33, not with
-// FERRITE_MOE_KERNELS=v1 or FERRITE_MOE_COMBINE=1 (BENCHMARKS.md 9); the
-// fixtures, too narrow for ferrite_moe_combine to split a token's columns,
-// passed. Every request must finish with its 8 tokens and no error.
+// one run each with FERRITE_MOE_KERNELS=v1, FERRITE_MOE_FEW=16 or
+// FERRITE_MOE_COMBINE=1, which points to an intermittent fault
+// (BENCHMARKS.md 9); the fixtures passed. So the case runs three times;
+// every request must finish with its 8 tokens and no error.
 func TestMoEManySeqsOnDevice(t *testing.T) {
 	dev := os.Getenv("FERRITE_TEST_DEVICE")
 	if dev == "" || dev == "cpu" {
@@ -50,30 +51,32 @@ func TestMoEManySeqsOnDevice(t *testing.T) {
 	}
 	defer rt.Close()
 	rng := rand.New(rand.NewPCG(5, 6))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	streams := make([]*runtime.Stream, seqs)
-	for i := range streams {
-		p := make([]int32, promptLen)
-		for j := range p {
-			p[j] = int32(rng.IntN(4096))
+	for round := range 3 {
+		streams := make([]*runtime.Stream, seqs)
+		for i := range streams {
+			p := make([]int32, promptLen)
+			for j := range p {
+				p[j] = int32(rng.IntN(4096))
+			}
+			if streams[i], err = rt.Generate(ctx, runtime.Request{Prompt: p, MaxTokens: gen, Sampling: sample.Params{}}); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if streams[i], err = rt.Generate(ctx, runtime.Request{Prompt: p, MaxTokens: gen, Sampling: sample.Params{}}); err != nil {
+		results := make([]runtime.Result, seqs)
+		var wg sync.WaitGroup
+		for i, s := range streams {
+			wg.Go(func() { results[i] = s.Collect() })
+		}
+		wg.Wait()
+		for i, r := range results {
+			if r.Err != nil || len(r.Tokens) != gen {
+				t.Errorf("round %d, request %d: %d tokens, error %v", round, i, len(r.Tokens), r.Err)
+			}
+		}
+		if err := l.DeviceErr(); err != nil {
 			t.Fatal(err)
 		}
-	}
-	results := make([]runtime.Result, seqs)
-	var wg sync.WaitGroup
-	for i, s := range streams {
-		wg.Go(func() { results[i] = s.Collect() })
-	}
-	wg.Wait()
-	for i, r := range results {
-		if r.Err != nil || len(r.Tokens) != gen {
-			t.Errorf("request %d: %d tokens, error %v", i, len(r.Tokens), r.Err)
-		}
-	}
-	if err := l.DeviceErr(); err != nil {
-		t.Fatal(err)
 	}
 }
