@@ -140,10 +140,7 @@ const quantizedX8CPUTol = 1e-3
 // x (FERRITE_CUDA_QX8=0) within quantizedDeviceTol, and on int8 x (the
 // default) within quantizedX8Tol.
 func TestQuantizedOnDevice(t *testing.T) {
-	spec := os.Getenv("FERRITE_TEST_DEVICE")
-	if spec == "" || strings.HasPrefix(spec, "cpu") {
-		t.Skip("FERRITE_TEST_DEVICE names no GPU")
-	}
+	spec := testGPU(t)
 	for _, c := range []struct {
 		name, qx8 string
 		tol       float64

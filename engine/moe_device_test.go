@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -26,19 +24,12 @@ import (
 // (BENCHMARKS.md 9); the fixtures passed. So the case runs three times;
 // every request must finish with its 8 tokens and no error.
 func TestMoEManySeqsOnDevice(t *testing.T) {
-	dev := os.Getenv("FERRITE_TEST_DEVICE")
-	if dev == "" || dev == "cpu" {
-		t.Skip("FERRITE_TEST_DEVICE names no GPU")
-	}
-	dir := t.TempDir()
-	cfg := `{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "head_dim": 128, "hidden_size": 2048,
+	dev := testGPU(t)
+	dir := configDir(t, `{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "head_dim": 128, "hidden_size": 2048,
 		"intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
 		"norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [], "num_attention_heads": 32,
 		"num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 4096, "max_position_embeddings": 4096,
-		"rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}`
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
+		"rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}`)
 	l, err := Load(dir, Options{Threads: 2, RandomWeights: true, Seed: 11, Device: dev})
 	if err != nil {
 		t.Fatal(err)

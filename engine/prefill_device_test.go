@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ferrite-llm/ferrite/engine/model"
@@ -27,18 +28,11 @@ const prefillTol = 2e-2
 // one key too many moves rows 0 / 100 / 298 by 0.73 / 0.11 / 0.08 of the
 // largest logit).
 func TestPrefillOnDevice(t *testing.T) {
-	dev := os.Getenv("FERRITE_TEST_DEVICE")
-	if dev == "" || dev == "cpu" {
-		t.Skip("FERRITE_TEST_DEVICE names no GPU")
-	}
-	dir := t.TempDir()
-	cfg := `{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 128, "hidden_size": 512,
+	dev := testGPU(t)
+	dir := configDir(t, `{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 128, "hidden_size": 512,
 		"intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 2,
 		"vocab_size": 1024, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-		"tie_word_embeddings": true, "torch_dtype": "bfloat16"}`
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
+		"tie_word_embeddings": true, "torch_dtype": "bfloat16"}`)
 	load := func(device string) *Loaded {
 		l, err := Load(dir, Options{Threads: 2, RandomWeights: true, Seed: 7, Device: device})
 		if err != nil {
@@ -101,4 +95,26 @@ func TestPrefillOnDevice(t *testing.T) {
 			t.Errorf("chunks %v: %d of %d rows off", chunks, bad, n)
 		}
 	}
+}
+
+// testGPU returns the device FERRITE_TEST_DEVICE names and skips the test
+// where it names no GPU.
+func testGPU(t *testing.T) string {
+	t.Helper()
+	dev := os.Getenv("FERRITE_TEST_DEVICE")
+	if dev == "" || strings.HasPrefix(dev, "cpu") {
+		t.Skip("FERRITE_TEST_DEVICE names no GPU")
+	}
+	return dev
+}
+
+// configDir returns a temporary model directory holding config.json cfg
+// (for RandomWeights).
+func configDir(t *testing.T, cfg string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
