@@ -14,15 +14,15 @@ import (
 // TestMoEManySeqsOnDevice runs 40 requests of 128 random tokens at once,
 // 8 greedy tokens each, through a random Qwen3-30B-A3B-wide MoE cut to 2
 // layers on FERRITE_TEST_DEVICE, with the step budget ferrite bench had
-// (4,096 tokens): 32 prompts in the first step, then 32 decoding rows beside
-// the other 8 prompts, then 40 decoding rows. Session 26 found on the H200
-// that ferrite bench failed there ("best entry id -2147483648 outside the
-// vocabulary": NaN logits) for Qwen3-30B-A3B and GLM-4.7-Flash from 36
-// sequences of 128-token prompts at that budget, not at 33, not with
-// one run each with FERRITE_MOE_KERNELS=v1, FERRITE_MOE_FEW=16 or
-// FERRITE_MOE_COMBINE=1, which points to an intermittent fault
-// (BENCHMARKS.md 9); the fixtures passed. So the case runs three times;
-// every request must finish with its 8 tokens and no error.
+// (4,096 tokens), so steps hold decoding rows beside more than 256 prompt
+// rows. Session 26 found on the H200 that ferrite bench failed there
+// ("best entry id -2147483648 outside the vocabulary": NaN logits) for
+// Qwen3-30B-A3B and GLM-4.7-Flash from 36 sequences of 128-token prompts
+// at that budget, but not at 33; single runs with FERRITE_MOE_KERNELS=v1,
+// FERRITE_MOE_FEW=16 or FERRITE_MOE_COMBINE=1 passed, which points to an
+// intermittent fault (BENCHMARKS.md 9), and the fixtures passed. So the
+// case runs three times; every request must finish with its 8 tokens and
+// no error.
 func TestMoEManySeqsOnDevice(t *testing.T) {
 	dev := testGPU(t)
 	dir := configDir(t, `{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "head_dim": 128, "hidden_size": 2048,

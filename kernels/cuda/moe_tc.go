@@ -19,19 +19,17 @@ import "github.com/ferrite-llm/ferrite/kernels"
 // one-token kernels' bits: the row-exact mode (a speculative
 // verification) keeps to the register tiles and the streamed kernels.
 
+// moeTCFrom is 16: on the H200 (session 26, BENCHMARKS.md 9) the kernels
+// took 117 and 182 µs a GLM-4.7-Flash layer at 4 and 8 tokens against the
+// register tiles' 99 and 161, 251 against 257 at 16, 320 against 410 at
+// 32 and 362 against 703 at 64; Qwen3-30B-A3B's experts alike (190
+// against 167 at 8, 247 against 267 at 16, 328 against 431 at 32).
 const (
 	moeTCMin    = 4   // the fewest tokens the kernels take
 	moeTCFrom   = 16  // the fewest tokens by default (FERRITE_MOE_TC_FROM)
 	moeTCTokens = 256 // the most tokens by default (FERRITE_MOE_TC)
 	moeTCWarps  = 4   // warps a block (src kMtcWarps)
 )
-
-// From 16 tokens by default: on the H200 (session 26, BENCHMARKS.md 9) the
-// kernels took 117 and 182 µs a GLM-4.7-Flash layer at 4 and 8 tokens
-// against the register tiles' 99 and 161, 251 against 257 at 16, 320
-// against 410 at 32 and 362 against 703 at 64; Qwen3-30B-A3B's experts
-// alike (190 against 167 at 8, 247 against 267 at 16, 328 against 431 at
-// 32).
 
 func init() {
 	names := []string{"ferrite_bf16_terms3", "ferrite_moe_tc_gate_up", "ferrite_moe_tc_down", "ferrite_moe_tc_gate_up_u4",

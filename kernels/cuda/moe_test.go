@@ -306,17 +306,14 @@ func BenchmarkMoEGLMShared(b *testing.B) {
 func benchMoE(b *testing.B, e, k, hidden, inter, layers int, sizes []int, shared bool) {
 	mat := randomMats()
 	exs := make([][]kernels.Expert, layers)
+	if shared {
+		e, k = e+1, k+1 // the shared expert last, every token's last slot
+	}
 	for l := range exs {
 		exs[l] = make([]kernels.Expert, e)
 		for i := range exs[l] {
-			exs[l][i] = kernels.Expert{Gate: mat(inter, hidden), Up: mat(inter, hidden), Down: mat(hidden, inter)}
+			exs[l][i] = kernels.Expert{Gate: mat(inter, hidden), Up: mat(inter, hidden), Down: mat(hidden, inter), Shared: shared && i == e-1}
 		}
-		if shared {
-			exs[l] = append(exs[l], kernels.Expert{Gate: mat(inter, hidden), Up: mat(inter, hidden), Down: mat(hidden, inter), Shared: true})
-		}
-	}
-	if shared {
-		k++
 	}
 	benchMoEExperts(b, exs, k, sizes)
 }
@@ -402,7 +399,9 @@ func benchMoEExperts(b *testing.B, exs [][]kernels.Expert, k int, sizes []int) {
 		def := moeConfig{tc: moeTCTokens, tcFrom: moeTCFrom}
 		vs := []variant{{"", def}}
 		if shared && !quant && def.useTC(n) {
-			vs = append(vs, variant{"/tc", moeConfig{tc: moeTCTokens, tcFrom: moeTCFrom, tcShared: true}})
+			forced := def
+			forced.tcShared = true
+			vs = append(vs, variant{"/tc", forced})
 		} else if tc := (moeConfig{tc: moeTCTokens}); !quant && tc.useTC(n) {
 			if def.useTC(n) {
 				vs = append(vs, variant{"/notc", moeConfig{}})
